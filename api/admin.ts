@@ -1,0 +1,22 @@
+// /admin/queues: the BullMQ dashboard (bull-board), behind SERVICE_ADMIN_KEYS.
+import { createBullBoard } from '@bull-board/api';
+import { BullMQAdapter } from '@bull-board/api/bullMQAdapter';
+import { ExpressAdapter } from '@bull-board/express';
+import { Router } from 'express';
+import type { Queues } from '../engine/queues.js';
+import { requireAdmin } from './auth.js';
+
+export const DASHBOARD_PATH = '/admin/queues';
+
+export function adminRouter(opts: { queues: Queues; adminKeys: string[] }): Router {
+  const serverAdapter = new ExpressAdapter();
+  serverAdapter.setBasePath(DASHBOARD_PATH);
+  createBullBoard({
+    queues: opts.queues.all().map((q) => new BullMQAdapter(q, { readOnlyMode: false })),
+    serverAdapter,
+    options: { uiConfig: { boardTitle: 'Automation queues' } },
+  });
+  const router = Router();
+  router.use(DASHBOARD_PATH, requireAdmin(opts.adminKeys), serverAdapter.getRouter());
+  return router;
+}

@@ -1,0 +1,86 @@
+// Builds the Express app from its dependencies. Opens no connection: api/main.ts and main.ts do.
+import { randomUUID } from 'node:crypto';
+import express, { type Express } from 'express';
+import * as OpenApiValidator from 'express-openapi-validator';
+import { pinoHttp } from 'pino-http';
+import { NotFoundError } from '../engine/errors.js';
+import type { Engine } from '../engine/index.js';
+import type { Logger } from '../engine/log.js';
+import type { Queues } from '../engine/queues.js';
+import type { Redis } from '../engine/redis.js';
+import type { Store } from '../engine/store/port.js';
+import { adminRouter } from './admin.js';
+import { authenticate } from './auth.js';
+import { docsRouter } from './docs.js';
+import { problemHandler } from './problem.js';
+import { automationsRouter } from './routes/automations.js';
+import { healthRouter } from './routes/health.js';
+import { loadSpec } from './spec.js';
+
+export type AppDeps = {
+  engine: Engine;
+  redis: Redis;
+  store: Store;
+  queues: Queues;
+  log: Logger;
+  auth: 'required' | 'none';
+  adminKeys: string[];
+  /** /openapi.json, /docs and /redoc exist only when true (never in production) */
+  docs: boolean;
+  /** validate our own responses against the spec too: on in tests */
+  validateResponses?: boolean;
+};
+
+export const BODY_LIMIT = '1mb';
+const REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
+
+export function createApp(deps: AppDeps): Express {
+  const app = express();
+  app.disable('x-powered-by');
+  app.set('query parser', 'simple');
+
+  app.use(
+    pinoHttp({
+      logger: deps.log,
+      genReqId: (req, res) => {
+        const given = req.headers['x-request-id'];
+        const id = typeof given === 'string' && REQUEST_ID.test(given) ? given : randomUUID();
+        res.setHeader('X-Request-Id', id);
+        return id;
+      },
+      // method, path and status only: no headers, no bodies, no query strings (they may carry secrets)
+      serializers: {
+        req: (req: { id: string; method: string; url: string }) => ({ id: req.id, method: req.method, path: req.url.split('?')[0] }),
+        res: (res: { statusCode: number }) => ({ status: res.statusCode }),
+      },
+      customLogLevel: (_req, res, err) => (err || res.statusCode >= 500 ? 'error' : 'info'),
+      autoLogging: { ignore: (req) => req.url === '/healthz' || req.url === '/readyz' },
+    }),
+  );
+
+  const spec = loadSpec();
+  app.use(healthRouter({ redis: deps.redis, store: deps.store }));
+  if (deps.docs) app.use(docsRouter(spec));
+  app.use(adminRouter({ queues: deps.queues, adminKeys: deps.adminKeys }));
+
+  app.use('/api/v1', express.json({ limit: BODY_LIMIT, type: ['application/json', 'application/*+json'], strict: true }));
+  app.use('/api/v1', authenticate({ mode: deps.auth, apiKeys: deps.engine.apiKeys }));
+  app.use(
+    OpenApiValidator.middleware({
+      apiSpec: spec as never,
+      validateRequests: { allErrors: true, allowUnknownQueryParameters: false, coerceTypes: true },
+      validateResponses: deps.validateResponses ?? false,
+      validateSecurity: false,
+      validateFormats: true,
+      ignorePaths: (p: string) => !p.startsWith('/api/'),
+    }),
+  );
+
+  app.use('/api/v1/automations', automationsRouter(deps.engine));
+
+  app.use((req) => {
+    throw new NotFoundError(`no route ${req.method} ${req.path}`);
+  });
+  app.use(problemHandler());
+  return app;
+}

@@ -1,0 +1,73 @@
+// /openapi.json, /docs (Swagger UI) and /redoc, served from npm packages (no CDN). The caller
+// mounts this router only outside production.
+import { createRequire } from 'node:module';
+import path from 'node:path';
+import express, { Router } from 'express';
+
+const require = createRequire(import.meta.url);
+const SWAGGER_DIR = path.dirname(require.resolve('swagger-ui-dist/package.json'));
+const REDOC_BUNDLE = require.resolve('redoc/bundles/redoc.standalone.js');
+
+const SWAGGER_PAGE = `<!doctype html>
+<html lang="en">
+<head>
+  <meta charset="utf-8">
+  <title>Automation Backend API</title>
+  <meta name="viewport" content="width=device-width, initial-scale=1">
+  <link rel="stylesheet" href="/docs/assets/swagger-ui.css">
+</head>
+<body>
+  <div id="swagger-ui"></div>
+  <script src="/docs/assets/swagger-ui-bundle.js"></script>
+  <script src="/docs/assets/swagger-ui-standalone-preset.js"></script>
+  <script src="/docs/init.js"></script>
+</body>
+</html>`;
+
+// "Try it out" calls this same origin; persistAuthorization keeps the key across reloads.
+const SWAGGER_INIT = `window.ui = SwaggerUIBundle({
+  url: '/openapi.json',
+  dom_id: '#swagger-ui',
+  deepLinking: true,
+  persistAuthorization: true,
+  displayRequestDuration: true,
+  presets: [SwaggerUIBundle.presets.apis, SwaggerUIStandalonePreset],
+  plugins: [SwaggerUIBundle.plugins.DownloadUrl],
+  layout: 'StandaloneLayout'
+});`;
+
+const REDOC_PAGE = `<!doctype html>
+<html lang="en">
+<head>
+  <meta charset="utf-8">
+  <title>Automation Backend API reference</title>
+  <meta name="viewport" content="width=device-width, initial-scale=1">
+  <style>body { margin: 0; padding: 0; }</style>
+</head>
+<body>
+  <redoc spec-url="/openapi.json"></redoc>
+  <script src="/redoc/redoc.standalone.js"></script>
+</body>
+</html>`;
+
+export function docsRouter(spec: object): Router {
+  const router = Router();
+  const json = JSON.stringify(spec);
+  router.get('/openapi.json', (_req, res) => {
+    res.type('application/json').send(json);
+  });
+  router.get('/docs', (_req, res) => {
+    res.type('html').send(SWAGGER_PAGE);
+  });
+  router.get('/docs/init.js', (_req, res) => {
+    res.type('application/javascript').send(SWAGGER_INIT);
+  });
+  router.use('/docs/assets', express.static(SWAGGER_DIR, { index: false, maxAge: '1h' }));
+  router.get('/redoc', (_req, res) => {
+    res.type('html').send(REDOC_PAGE);
+  });
+  router.get('/redoc/redoc.standalone.js', (_req, res) => {
+    res.sendFile(REDOC_BUNDLE, { maxAge: '1h' });
+  });
+  return router;
+}

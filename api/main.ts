@@ -1,0 +1,16 @@
+// The `web` process: the HTTP API only (Procfile).
+import { runMain } from '../engine/lifecycle.js';
+import { openRuntime } from '../engine/runtime.js';
+import { startWebServer } from './server.js';
+
+await runMain('web', async (config, log) => {
+  const rt = await openRuntime(config, log, { watchTemplates: true });
+  const web = await startWebServer(rt);
+  log.info({ url: web.url }, 'web listening');
+  return {
+    async close() {
+      await web.close();
+      await rt.close();
+    },
+  };
+});

@@ -1,0 +1,128 @@
+// The one place errors become HTTP: RFC 9457 problem+json with a stable `code` and the request id.
+// Anything we do not recognise is a 500 that shows no internals.
+import type { ErrorRequestHandler, Request } from 'express';
+import { AppError, ValidationError, type FieldError } from '../engine/errors.js';
+
+export type Problem = {
+  type: string;
+  title: string;
+  status: number;
+  code: string;
+  detail?: string;
+  instance?: string;
+  request_id: string;
+  errors?: FieldError[];
+};
+
+const STATUS_OF_CODE: Record<string, number> = {
+  'bad-request': 400,
+  'validation-failed': 400,
+  'malformed-json': 400,
+  unauthorized: 401,
+  'not-found': 404,
+  'method-not-allowed': 405,
+  conflict: 409,
+  'payload-too-large': 413,
+  'unsupported-media-type': 415,
+  unavailable: 503,
+  internal: 500,
+};
+
+const TITLES: Record<number, string> = {
+  400: 'Bad Request',
+  401: 'Unauthorized',
+  404: 'Not Found',
+  405: 'Method Not Allowed',
+  409: 'Conflict',
+  413: 'Payload Too Large',
+  415: 'Unsupported Media Type',
+  500: 'Internal Server Error',
+  503: 'Service Unavailable',
+};
+
+const CODE_OF_STATUS: Record<number, string> = Object.fromEntries(
+  Object.entries(STATUS_OF_CODE)
+    .filter(([code]) => !['validation-failed', 'malformed-json'].includes(code))
+    .map(([code, status]) => [status, code]),
+);
+
+type HttpLikeError = Error & {
+  status?: number;
+  statusCode?: number;
+  type?: string;
+  errors?: { path?: string; message?: string }[];
+  expose?: boolean;
+};
+
+/** Maps any error to the problem it shows. Pure: the caller writes it. */
+export function toProblem(err: unknown, requestId: string, instance: string): Problem {
+  const base = { request_id: requestId, instance };
+  if (err instanceof AppError) {
+    const status = STATUS_OF_CODE[err.code] ?? 500;
+    return {
+      type: `/problems/${err.code}`,
+      title: TITLES[status] ?? 'Error',
+      status,
+      code: err.code,
+      detail: status === 500 ? 'The service failed to handle this request.' : err.message,
+      ...(err instanceof ValidationError ? { errors: err.errors } : {}),
+      ...base,
+    };
+  }
+  const e = err as HttpLikeError;
+  const status = e?.status ?? e?.statusCode;
+  // body-parser: malformed JSON, too large, bad charset
+  if (e?.type === 'entity.parse.failed') {
+    return problem(400, 'malformed-json', 'The body is not valid JSON.', base);
+  }
+  if (e?.type === 'entity.too.large') return problem(413, 'payload-too-large', 'The body is over the 1 MB limit.', base);
+  if (e?.type === 'charset.unsupported' || e?.type === 'encoding.unsupported') {
+    return problem(415, 'unsupported-media-type', e.message, base);
+  }
+  // express-openapi-validator and other http-errors shaped errors
+  if (typeof status === 'number' && status >= 400 && status < 500) {
+    const errors = Array.isArray(e.errors) ? uniqueErrors(e.errors.map((i) => ({ path: normalisePath(i.path ?? ''), message: i.message ?? 'invalid' }))) : undefined;
+    const code = CODE_OF_STATUS[status] ?? 'bad-request';
+    const detail = errors?.length ? errors.map((i) => `${i.path} ${i.message}`).join('; ') : e.message;
+    return { ...problem(status, code, detail, base), ...(errors?.length ? { errors } : {}) };
+  }
+  return problem(500, 'internal', 'The service failed to handle this request.', base);
+}
+
+function problem(status: number, code: string, detail: string, base: { request_id: string; instance: string }): Problem {
+  return { type: `/problems/${code}`, title: TITLES[status] ?? 'Error', status, code, detail, ...base };
+}
+
+function uniqueErrors(errors: FieldError[]): FieldError[] {
+  const seen = new Set<string>();
+  return errors.filter((e) => {
+    const key = `${e.path}\u0000${e.message}`;
+    return seen.has(key) ? false : (seen.add(key), true);
+  });
+}
+
+/** express-openapi-validator writes `.body.name` or `/body/name`; we always answer JSON pointers. */
+function normalisePath(p: string): string {
+  if (!p) return '/';
+  return p.startsWith('/') ? p : `/${p.replace(/^\./, '').replace(/\./g, '/')}`;
+}
+
+export function requestIdOf(req: Request): string {
+  return String((req as Request & { id?: unknown }).id ?? '');
+}
+
+export function problemHandler(): ErrorRequestHandler {
+  return (err, req, res, _next) => {
+    const p = toProblem(err, requestIdOf(req), req.originalUrl.split('?')[0] ?? '/');
+    if (p.status >= 500) req.log?.error({ err }, 'request failed');
+    else req.log?.info({ code: p.code, status: p.status }, 'request refused');
+    if (res.headersSent) {
+      res.end();
+      return;
+    }
+    if (p.status === 401) res.setHeader('WWW-Authenticate', 'Bearer realm="api"');
+    const allow = (err as { headers?: Record<string, string> }).headers?.Allow;
+    if (p.status === 405 && allow) res.setHeader('Allow', allow);
+    res.status(p.status).type('application/problem+json').send(JSON.stringify(p));
+  };
+}

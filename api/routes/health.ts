@@ -1,0 +1,29 @@
+// Liveness and readiness, unauthenticated. Readiness asks Redis and the store, each with a deadline.
+import { Router } from 'express';
+import { withTimeout, type Redis } from '../../engine/redis.js';
+import type { Store } from '../../engine/store/port.js';
+
+type Check = { ok: boolean; latency_ms: number; error?: string };
+
+async function check(probe: () => Promise<unknown>): Promise<Check> {
+  const started = performance.now();
+  try {
+    await withTimeout(probe(), 1000, 'no answer');
+    return { ok: true, latency_ms: Math.round((performance.now() - started) * 100) / 100 };
+  } catch (err) {
+    return { ok: false, latency_ms: Math.round(performance.now() - started), error: (err as Error).message };
+  }
+}
+
+export function healthRouter(deps: { redis: Redis; store: Store }): Router {
+  const router = Router();
+  router.get('/healthz', (_req, res) => {
+    res.json({ status: 'ok' });
+  });
+  router.get('/readyz', async (_req, res) => {
+    const [redis, store] = await Promise.all([check(() => deps.redis.ping()), check(() => deps.store.ping())]);
+    const ready = redis.ok && store.ok;
+    res.status(ready ? 200 : 503).json({ status: ready ? 'ready' : 'unavailable', checks: { redis, store } });
+  });
+  return router;
+}

@@ -1,0 +1,41 @@
+// Starts the HTTP server on a runtime and stops it: no new connections, in-flight requests finish.
+import type { AddressInfo } from 'node:net';
+import type { Server } from 'node:http';
+import type { Runtime } from '../engine/runtime.js';
+import { createApp } from './app.js';
+
+export type WebServer = { server: Server; url: string; close(): Promise<void> };
+
+export async function startWebServer(rt: Runtime, opts: { port?: number; host?: string; validateResponses?: boolean } = {}): Promise<WebServer> {
+  const { config } = rt;
+  const app = createApp({
+    engine: rt.engine,
+    redis: rt.redis,
+    store: rt.store,
+    queues: rt.queues,
+    log: rt.log,
+    auth: config.auth,
+    adminKeys: config.adminKeys,
+    docs: !config.isProduction,
+    validateResponses: opts.validateResponses,
+  });
+  const port = opts.port ?? config.port;
+  const server = opts.host ? app.listen(port, opts.host) : app.listen(port);
+  await new Promise<void>((resolve, reject) => {
+    server.once('listening', resolve);
+    server.once('error', reject);
+  });
+  server.keepAliveTimeout = 65_000; // above common load balancers' idle timeouts
+  const bound = (server.address() as AddressInfo).port;
+  const url = `http://${opts.host && opts.host !== '0.0.0.0' && opts.host !== '::' ? opts.host : 'localhost'}:${bound}`;
+  return {
+    server,
+    url,
+    async close() {
+      await new Promise<void>((resolve) => {
+        server.close(() => resolve());
+        server.closeIdleConnections();
+      });
+    },
+  };
+}

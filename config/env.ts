@@ -1,0 +1,187 @@
+// The only reader of process.env. Parses every variable once, at start, into a typed Config;
+// a bad environment throws one ConfigError that names every bad variable.
+import path from 'node:path';
+import { z } from 'zod';
+
+export type ApiKeySeed = { tenantId: string; key: string };
+
+export type Config = {
+  nodeEnv: string;
+  isProduction: boolean;
+  port: number;
+  redisUrl: string;
+  mongodbUri: string | undefined;
+  dataDir: string;
+  queuePrefix: string;
+  apiKeys: ApiKeySeed[];
+  auth: 'required' | 'none';
+  workspaceRoot: string;
+  auditAllowSensitivePaths: boolean;
+  adminKeys: string[];
+  secretKey: string | undefined;
+  tenantMaxRunning: number;
+  agent: { baseUrl: string | undefined; apiKey: string | undefined; model: string | undefined };
+  webhookReplayWindowSeconds: number;
+  logLevel: string;
+  shutdownGraceSeconds: number;
+  runBudget: { defaultSeconds: number; maxSeconds: number };
+};
+
+export class ConfigError extends Error {
+  constructor(readonly problems: string[]) {
+    super(`invalid environment:\n${problems.map((p) => `  - ${p}`).join('\n')}`);
+    this.name = 'ConfigError';
+  }
+}
+
+export const TENANT_ID_PATTERN = /^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$/;
+const TRUE = new Set(['1', 'true', 'yes', 'on']);
+const FALSE = new Set(['0', 'false', 'no', 'off', '']);
+
+const flag = z
+  .string()
+  .optional()
+  .transform((v, ctx) => {
+    const s = (v ?? '').trim().toLowerCase();
+    if (TRUE.has(s)) return true;
+    if (FALSE.has(s)) return false;
+    ctx.addIssue({ code: 'custom', message: `expected 1/0, true/false, yes/no or on/off, got "${v}"` });
+    return z.NEVER;
+  });
+
+const int = (def: number, min: number, max: number) =>
+  z
+    .string()
+    .optional()
+    .transform((v, ctx) => {
+      if (v === undefined || v.trim() === '') return def;
+      const n = Number(v);
+      if (!Number.isInteger(n) || n < min || n > max) {
+        ctx.addIssue({ code: 'custom', message: `expected a whole number from ${min} to ${max}, got "${v}"` });
+        return z.NEVER;
+      }
+      return n;
+    });
+
+const optionalText = z
+  .string()
+  .optional()
+  .transform((v) => (v === undefined || v.trim() === '' ? undefined : v.trim()));
+
+const url = (protocols: string[], def?: string) =>
+  z
+    .string()
+    .optional()
+    .transform((v, ctx) => {
+      const s = v === undefined || v.trim() === '' ? def : v.trim();
+      if (s === undefined) return undefined;
+      try {
+        const u = new URL(s);
+        if (!protocols.includes(u.protocol)) throw new Error('protocol');
+        return s;
+      } catch {
+        ctx.addIssue({ code: 'custom', message: `expected a ${protocols.join(' or ')} URL` });
+        return z.NEVER;
+      }
+    });
+
+const list = z
+  .string()
+  .optional()
+  .transform((v) => (v ?? '').split(',').map((s) => s.trim()).filter(Boolean));
+
+const apiKeySeeds = list.transform((items, ctx) => {
+  const seeds: ApiKeySeed[] = [];
+  for (const [i, item] of items.entries()) {
+    const at = item.indexOf(':');
+    const tenantId = item.slice(0, at);
+    const key = item.slice(at + 1);
+    if (at < 1 || !TENANT_ID_PATTERN.test(tenantId) || key.length < 16) {
+      // never echo the key itself: this message reaches logs
+      ctx.addIssue({ code: 'custom', message: `entry ${i + 1} must be tenant:key with a tenant id of letters, digits, _ or - and a key of at least 16 characters` });
+      return z.NEVER;
+    }
+    seeds.push({ tenantId, key });
+  }
+  return seeds;
+});
+
+const schema = z.object({
+  NODE_ENV: z.string().optional().transform((v) => v?.trim() || 'development'),
+  PORT: int(8080, 0, 65535),
+  REDIS_URL: url(['redis:', 'rediss:'], 'redis://127.0.0.1:6379'),
+  MONGODB_URI: url(['mongodb:', 'mongodb+srv:']),
+  SERVICE_DATA_DIR: z.string().optional().transform((v) => path.resolve(v?.trim() || 'data')),
+  SERVICE_QUEUE_PREFIX: z
+    .string()
+    .optional()
+    .transform((v) => v?.trim() || 'svc')
+    .pipe(z.string().regex(/^[A-Za-z0-9_.-]{1,64}$/, 'expected 1-64 letters, digits, _ . or -')),
+  SERVICE_API_KEYS: apiKeySeeds,
+  SERVICE_AUTH: z
+    .string()
+    .optional()
+    .transform((v) => v?.trim() || 'required')
+    .pipe(z.enum(['required', 'none'], { message: 'expected "required" or "none"' })),
+  SERVICE_WORKSPACE_ROOT: z.string().optional().transform((v) => path.resolve(v?.trim() || '.')),
+  SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS: flag,
+  SERVICE_ADMIN_KEYS: list.refine((keys) => keys.every((k) => k.length >= 16), 'every admin key must be at least 16 characters'),
+  SERVICE_SECRET_KEY: optionalText.refine(
+    (v) => v === undefined || /^[0-9a-fA-F]{64}$/.test(v) || Buffer.from(v, 'base64').length === 32,
+    'expected 32 bytes as 64 hex characters or base64',
+  ),
+  SERVICE_TENANT_MAX_RUNNING: int(10, 1, 10_000),
+  SERVICE_AGENT_BASE_URL: url(['http:', 'https:']),
+  SERVICE_AGENT_API_KEY: optionalText,
+  SERVICE_AGENT_MODEL: optionalText,
+  SERVICE_WEBHOOK_REPLAY_WINDOW_SECONDS: int(300, 1, 86_400),
+  SERVICE_SHUTDOWN_GRACE_SECONDS: int(10, 0, 3600),
+  SERVICE_RUN_DEFAULT_BUDGET_SECONDS: int(600, 1, 86_400),
+  SERVICE_RUN_MAX_BUDGET_SECONDS: int(3600, 1, 86_400),
+  LOG_LEVEL: z
+    .string()
+    .optional()
+    .transform((v) => v?.trim() || 'info')
+    .pipe(z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'], { message: 'expected a pino level' })),
+});
+
+export function parseEnv(env: Record<string, string | undefined>): Config {
+  const parsed = schema.safeParse(env);
+  if (!parsed.success) {
+    throw new ConfigError(parsed.error.issues.map((i) => `${String(i.path[0])}: ${i.message}`));
+  }
+  const e = parsed.data;
+  const isProduction = e.NODE_ENV === 'production';
+  const problems: string[] = [];
+  if (isProduction && e.SERVICE_AUTH === 'none') problems.push('SERVICE_AUTH: "none" is refused when NODE_ENV=production');
+  if (isProduction && !e.SERVICE_SECRET_KEY) problems.push('SERVICE_SECRET_KEY: required when NODE_ENV=production');
+  if (e.SERVICE_RUN_DEFAULT_BUDGET_SECONDS > e.SERVICE_RUN_MAX_BUDGET_SECONDS) {
+    problems.push('SERVICE_RUN_DEFAULT_BUDGET_SECONDS: must not exceed SERVICE_RUN_MAX_BUDGET_SECONDS');
+  }
+  if (problems.length) throw new ConfigError(problems);
+  return {
+    nodeEnv: e.NODE_ENV,
+    isProduction,
+    port: e.PORT,
+    redisUrl: e.REDIS_URL as string,
+    mongodbUri: e.MONGODB_URI,
+    dataDir: e.SERVICE_DATA_DIR,
+    queuePrefix: e.SERVICE_QUEUE_PREFIX,
+    apiKeys: e.SERVICE_API_KEYS,
+    auth: e.SERVICE_AUTH,
+    workspaceRoot: e.SERVICE_WORKSPACE_ROOT,
+    auditAllowSensitivePaths: e.SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS,
+    adminKeys: e.SERVICE_ADMIN_KEYS,
+    secretKey: e.SERVICE_SECRET_KEY,
+    tenantMaxRunning: e.SERVICE_TENANT_MAX_RUNNING,
+    agent: { baseUrl: e.SERVICE_AGENT_BASE_URL, apiKey: e.SERVICE_AGENT_API_KEY, model: e.SERVICE_AGENT_MODEL },
+    webhookReplayWindowSeconds: e.SERVICE_WEBHOOK_REPLAY_WINDOW_SECONDS,
+    logLevel: e.LOG_LEVEL,
+    shutdownGraceSeconds: e.SERVICE_SHUTDOWN_GRACE_SECONDS,
+    runBudget: { defaultSeconds: e.SERVICE_RUN_DEFAULT_BUDGET_SECONDS, maxSeconds: e.SERVICE_RUN_MAX_BUDGET_SECONDS },
+  };
+}
+
+export function loadConfig(): Config {
+  return parseEnv(process.env);
+}

@@ -1,0 +1,137 @@
+// Automations: reusable, triggerable definitions of work, scoped to one tenant.
+// Every change is a conditional update in the store: an archived automation cannot change.
+import { ConflictError, NotFoundError, ValidationError, type FieldError } from './errors.js';
+import { newId } from './ids.js';
+import { DEFAULT_AGENT_TOOLS, type Automation, type AutomationDefinition, type AutomationPatch, type AutomationStatus, type Budget } from './model.js';
+import type { Page } from './store/port.js';
+import type { EngineDeps } from './deps.js';
+import { instantiateTemplate } from './templates.js';
+import { validateTriggers } from './triggers.js';
+
+const LIVE: AutomationStatus[] = ['enabled', 'disabled'];
+
+export type AutomationList = { status?: AutomationStatus[]; include_archived?: boolean; limit?: number; cursor?: string };
+
+export function automationsOf(deps: EngineDeps) {
+  const { store, clock, limits } = deps;
+
+  function budgetOf(given: Partial<Budget> | undefined, at: string, errors: FieldError[], base?: Budget): Budget {
+    const seconds = given?.seconds ?? base?.seconds ?? limits.defaultBudgetSeconds;
+    if (seconds > limits.maxBudgetSeconds) {
+      errors.push({ path: `${at}/seconds`, message: `must be at most ${limits.maxBudgetSeconds} (SERVICE_RUN_MAX_BUDGET_SECONDS)` });
+    }
+    const maxSteps = given?.max_steps ?? base?.max_steps;
+    return maxSteps === undefined ? { seconds } : { seconds, max_steps: maxSteps };
+  }
+
+  function check(errors: FieldError[]): void {
+    if (errors.length) throw new ValidationError(errors.map((e) => `${e.path}: ${e.message}`).join('; '), errors);
+  }
+
+  function checkWork(def: Pick<AutomationDefinition, 'steps' | 'goal' | 'tool_allowlist'>, errors: FieldError[]): void {
+    const hasSteps = Array.isArray(def.steps) && def.steps.length > 0;
+    const hasGoal = typeof def.goal === 'string' && def.goal.trim() !== '';
+    if (!hasSteps && !hasGoal) errors.push({ path: '/body', message: 'give the work to do: non-empty steps, or a goal for the agent' });
+    if (hasSteps && def.tool_allowlist) {
+      const allowed = new Set(def.tool_allowlist);
+      def.steps!.forEach((s, i) => {
+        if (!allowed.has(s.tool)) errors.push({ path: `/body/steps/${i}/tool`, message: `"${s.tool}" is not in tool_allowlist` });
+      });
+    }
+  }
+
+  async function mustGet(tenantId: string, id: string): Promise<Automation> {
+    const found = await store.automations.get(tenantId, id);
+    if (!found) throw new NotFoundError(`no automation ${id}`);
+    return found;
+  }
+
+  /** A conditional update that says why it did not apply: gone (404) or archived (409). */
+  async function change(tenantId: string, id: string, changes: Partial<Automation>): Promise<Automation> {
+    const updated = await store.automations.update(tenantId, id, { ...changes, updated_at: clock.now().toISOString() }, LIVE);
+    if (updated) return updated;
+    const current = await mustGet(tenantId, id);
+    throw new ConflictError(`automation ${id} is ${current.status} and cannot change`, { status: current.status });
+  }
+
+  return {
+    async create(tenantId: string, def: AutomationDefinition, template: Automation['template'] = null): Promise<Automation> {
+      const errors: FieldError[] = [];
+      const triggers = def.triggers ?? [{ type: 'manual' as const }];
+      errors.push(...validateTriggers(triggers));
+      const budget = budgetOf(def.budget, '/body/budget', errors);
+      checkWork(def, errors);
+      check(errors);
+      const now = clock.now().toISOString();
+      const automation: Automation = {
+        id: newId('aut'),
+        tenant_id: tenantId,
+        name: def.name,
+        description: def.description ?? null,
+        status: def.status ?? 'enabled',
+        triggers,
+        tool_allowlist: def.tool_allowlist ?? (def.steps?.length ? [...new Set(def.steps.map((s) => s.tool))] : [...DEFAULT_AGENT_TOOLS]),
+        budget,
+        steps: def.steps && def.steps.length ? def.steps : null,
+        goal: def.goal?.trim() ? def.goal : null,
+        inputs: def.inputs ?? {},
+        template,
+        created_at: now,
+        updated_at: now,
+      };
+      await store.automations.insert(automation);
+      deps.log.info({ tenant_id: tenantId, automation_id: automation.id, template_id: template?.id }, 'automation created');
+      return automation;
+    },
+
+    /** Creates an automation from a built-in template and the caller's variables. */
+    async createFromTemplate(tenantId: string, req: { template_id: string; variables?: Record<string, unknown>; name?: string }): Promise<Automation> {
+      const template = deps.templates.get(req.template_id);
+      if (!template) {
+        throw new ValidationError(`no template ${req.template_id}`, [
+          { path: '/body/template_id', message: `unknown template; GET /api/v1/automations/templates lists them` },
+        ]);
+      }
+      const { definition, variables } = instantiateTemplate(template, req.variables ?? {});
+      return this.create(tenantId, req.name ? { ...definition, name: req.name } : definition, { id: template.id, variables });
+    },
+
+    get: mustGet,
+
+    async list(tenantId: string, q: AutomationList = {}): Promise<Page<Automation>> {
+      const statuses = q.status?.length ? q.status : q.include_archived ? [...LIVE, 'archived' as const] : undefined;
+      return store.automations.list(tenantId, { statuses, limit: q.limit ?? 20, cursor: q.cursor });
+    },
+
+    async update(tenantId: string, id: string, patch: AutomationPatch): Promise<Automation> {
+      const current = await mustGet(tenantId, id);
+      const errors: FieldError[] = [];
+      if (patch.triggers) errors.push(...validateTriggers(patch.triggers));
+      const changes: Partial<Automation> = {};
+      if (patch.name !== undefined) changes.name = patch.name;
+      if (patch.description !== undefined) changes.description = patch.description;
+      if (patch.triggers !== undefined) changes.triggers = patch.triggers;
+      if (patch.tool_allowlist !== undefined) changes.tool_allowlist = patch.tool_allowlist;
+      if (patch.budget !== undefined) changes.budget = budgetOf(patch.budget, '/body/budget', errors, current.budget);
+      if (changes.tool_allowlist && current.steps) checkWork({ steps: current.steps, goal: current.goal ?? undefined, tool_allowlist: changes.tool_allowlist }, errors);
+      check(errors);
+      return change(tenantId, id, changes);
+    },
+
+    enable: (tenantId: string, id: string) => change(tenantId, id, { status: 'enabled' }),
+    disable: (tenantId: string, id: string) => change(tenantId, id, { status: 'disabled' }),
+
+    /** Soft delete; archiving an archived automation is a no-op, so DELETE is idempotent. */
+    async archive(tenantId: string, id: string): Promise<Automation> {
+      const now = clock.now().toISOString();
+      const archived = await store.automations.update(tenantId, id, { status: 'archived', updated_at: now }, LIVE);
+      if (archived) {
+        deps.log.info({ tenant_id: tenantId, automation_id: id }, 'automation archived');
+        return archived;
+      }
+      return mustGet(tenantId, id);
+    },
+  };
+}
+
+export type Automations = ReturnType<typeof automationsOf>;

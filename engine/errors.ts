@@ -1,0 +1,37 @@
+// One hierarchy of errors for the whole service. Codes are stable, kebab-case and listed in
+// api/openapi.yaml; the HTTP edge (api/problem.ts) and the worker edge translate them.
+export type FieldError = { path: string; message: string };
+
+export abstract class AppError extends Error {
+  abstract readonly code: string;
+  readonly retryable: boolean = false;
+  constructor(message: string, readonly details: Record<string, unknown> = {}, opts?: ErrorOptions) {
+    super(message, opts);
+    this.name = new.target.name;
+  }
+}
+
+export class NotFoundError extends AppError {
+  readonly code = 'not-found';
+}
+
+export class ConflictError extends AppError {
+  readonly code = 'conflict';
+}
+
+/** Input that passed the schema but not the engine's own rules (a cron expression, a time zone, a budget). */
+export class ValidationError extends AppError {
+  readonly code = 'validation-failed';
+  constructor(message: string, readonly errors: FieldError[]) {
+    super(message, { errors });
+  }
+}
+
+export class UnauthorizedError extends AppError {
+  readonly code = 'unauthorized';
+}
+
+export class UnavailableError extends AppError {
+  readonly code = 'unavailable';
+  override readonly retryable = true;
+}

@@ -1,0 +1,54 @@
+// How an entry point lives and dies: config and start-up errors print one clear line and exit 1;
+// SIGTERM/SIGINT stop taking work and close everything within the grace period, then exit.
+import { ConfigError, loadConfig, type Config } from '../config/env.js';
+import { createLogger, type Logger } from './log.js';
+import { RedisUnreachableError } from './redis.js';
+
+export type Stoppable = { close(): Promise<void> };
+
+export async function runMain(name: string, start: (config: Config, log: Logger) => Promise<Stoppable>): Promise<void> {
+  let config: Config;
+  try {
+    config = loadConfig();
+  } catch (err) {
+    if (err instanceof ConfigError) {
+      process.stderr.write(`${name}: ${err.message}\n`);
+      process.exit(1);
+    }
+    throw err;
+  }
+  const log = createLogger(config.logLevel).child({ process: name });
+  let running: Stoppable;
+  try {
+    running = await start(config, log);
+  } catch (err) {
+    if (err instanceof RedisUnreachableError) process.stderr.write(`${name}: ${err.message}\n`);
+    else log.fatal({ err }, 'start-up failed');
+    process.exit(1);
+  }
+
+  let stopping = false;
+  const stop = async (signal: string) => {
+    if (stopping) {
+      log.warn({ signal }, 'second signal: exiting now');
+      process.exit(1);
+    }
+    stopping = true;
+    log.info({ signal, grace_seconds: config.shutdownGraceSeconds }, 'shutting down');
+    const deadline = setTimeout(() => {
+      log.error('grace period over: exiting with work unfinished');
+      process.exit(1);
+    }, config.shutdownGraceSeconds * 1000);
+    deadline.unref();
+    try {
+      await running.close();
+      log.info('stopped cleanly');
+      process.exit(0);
+    } catch (err) {
+      log.error({ err }, 'shutdown failed');
+      process.exit(1);
+    }
+  };
+  process.once('SIGTERM', () => void stop('SIGTERM'));
+  process.once('SIGINT', () => void stop('SIGINT'));
+}

@@ -1,0 +1,67 @@
+// Records as the store keeps them and the API shows them (snake_case, ISO 8601 UTC times).
+
+export const TOOL_NAMES = ['shell', 'read_file', 'write_file', 'list_files', 'http', 'message', 'gates', 'audit', 'agent'] as const;
+export type ToolName = (typeof TOOL_NAMES)[number];
+
+/** What an agent may use when an automation names a goal but no tool_allowlist: it reads, it does not change. */
+export const DEFAULT_AGENT_TOOLS: readonly ToolName[] = ['read_file', 'list_files', 'message'];
+
+export const WEBHOOK_PROVIDERS = ['codehost', 'chat', 'tracker', 'pager', 'email', 'generic'] as const;
+export type WebhookProvider = (typeof WEBHOOK_PROVIDERS)[number];
+
+export const AUTOMATION_STATUSES = ['enabled', 'disabled', 'archived'] as const;
+export type AutomationStatus = (typeof AUTOMATION_STATUSES)[number];
+
+export type Trigger =
+  | { type: 'manual' }
+  | { type: 'cron'; schedule: string; timezone: string }
+  | { type: 'webhook'; provider: WebhookProvider; events?: string[] }
+  | { type: 'file_change'; paths: string[]; debounce_ms?: number };
+
+export type Step = { tool: ToolName; args: Record<string, unknown>; name?: string };
+
+export type Budget = { seconds: number; max_steps?: number };
+
+/** What a caller supplies to create an automation; everything else is the service's. */
+export type AutomationDefinition = {
+  name: string;
+  description?: string | null;
+  status?: 'enabled' | 'disabled';
+  triggers?: Trigger[];
+  tool_allowlist?: ToolName[];
+  budget?: Partial<Budget>;
+  steps?: Step[];
+  goal?: string;
+  inputs?: Record<string, unknown>;
+};
+
+export type AutomationPatch = Partial<Pick<Automation, 'name' | 'description' | 'triggers' | 'tool_allowlist'>> & {
+  budget?: Partial<Budget>;
+};
+
+export type Automation = {
+  id: string;
+  tenant_id: string;
+  name: string;
+  description: string | null;
+  status: AutomationStatus;
+  triggers: Trigger[];
+  tool_allowlist: ToolName[];
+  budget: Budget;
+  steps: Step[] | null;
+  goal: string | null;
+  inputs: Record<string, unknown>;
+  template: { id: string; variables: Record<string, unknown> } | null;
+  created_at: string;
+  updated_at: string;
+};
+
+export type ApiKeyRecord = {
+  id: string;
+  tenant_id: string;
+  /** sha256 hex of the key; the key itself is never stored */
+  hash: string;
+  label: string | null;
+  source: 'bootstrap' | 'cli' | 'api';
+  created_at: string;
+};

@@ -1,0 +1,26 @@
+// Queue names and the queue registry, in one place. Every queue shares one connection and the
+// SERVICE_QUEUE_PREFIX, so tests and deployments sharing a Redis never see each other's jobs.
+import { Queue } from 'bullmq';
+import type { Redis } from './redis.js';
+
+export const QUEUE_NAMES = ['runs'] as const;
+export type QueueName = (typeof QUEUE_NAMES)[number];
+
+export type Queues = {
+  readonly prefix: string;
+  get(name: QueueName): Queue;
+  all(): Queue[];
+  close(): Promise<void>;
+};
+
+export function createQueues(connection: Redis, prefix: string): Queues {
+  const queues = new Map<QueueName, Queue>(QUEUE_NAMES.map((name) => [name, new Queue(name, { connection, prefix })]));
+  return {
+    prefix,
+    get: (name) => queues.get(name)!,
+    all: () => [...queues.values()],
+    async close() {
+      await Promise.all([...queues.values()].map((q) => q.close()));
+    },
+  };
+}

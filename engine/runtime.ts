@@ -1,0 +1,68 @@
+// Opens everything a process needs, in order, and closes it in reverse. Only the entry points
+// (api/main.ts, workers/main.ts, main.ts, cli/main.ts) call this: they are the only openers of connections.
+import type { Config } from '../config/env.js';
+import { TEMPLATES_DIR } from '../config/paths.js';
+import { systemClock, type Clock } from './clock.js';
+import { createEngine, type Engine } from './index.js';
+import type { Logger } from './log.js';
+import { createQueues, type Queues } from './queues.js';
+import { createRedis, probeRedis, type Redis } from './redis.js';
+import { openStore } from './store/index.js';
+import type { Store } from './store/port.js';
+import { createTemplateCatalog } from './templates.js';
+
+export type Runtime = {
+  config: Config;
+  log: Logger;
+  clock: Clock;
+  redis: Redis;
+  store: Store;
+  queues: Queues;
+  engine: Engine;
+  close(): Promise<void>;
+};
+
+export type RuntimeOptions = { watchTemplates?: boolean; templatesDir?: string; clock?: Clock };
+
+export async function openRuntime(config: Config, log: Logger, opts: RuntimeOptions = {}): Promise<Runtime> {
+  await probeRedis(config.redisUrl);
+  const closers: (() => Promise<unknown>)[] = [];
+  try {
+    const redis = createRedis(config.redisUrl, `${config.queuePrefix}:main`);
+    redis.on('error', (err) => log.warn({ err: err.message }, 'redis connection error'));
+    closers.push(() => redis.quit().catch(() => redis.disconnect()));
+    const store = await openStore({ mongodbUri: config.mongodbUri, dataDir: config.dataDir });
+    closers.push(() => store.close());
+    const queues = createQueues(redis, config.queuePrefix);
+    closers.push(() => queues.close());
+    const templates = createTemplateCatalog({ dir: opts.templatesDir ?? TEMPLATES_DIR, log: log.child({ component: 'templates' }) });
+    await templates.load();
+    if (opts.watchTemplates) await templates.watch();
+    closers.push(() => templates.close());
+    const clock = opts.clock ?? systemClock;
+    const engine = createEngine({
+      store,
+      clock,
+      log,
+      templates,
+      limits: { defaultBudgetSeconds: config.runBudget.defaultSeconds, maxBudgetSeconds: config.runBudget.maxSeconds },
+    });
+    await engine.apiKeys.seed(config.apiKeys);
+    log.info({ store: store.kind, templates: templates.list().length, queue_prefix: config.queuePrefix }, 'runtime open');
+    return { config, log, clock, redis, store, queues, engine, close: () => closeAll(closers) };
+  } catch (err) {
+    await closeAll(closers);
+    throw err;
+  }
+}
+
+async function closeAll(closers: (() => Promise<unknown>)[]): Promise<void> {
+  for (const close of closers.reverse()) {
+    try {
+      await close();
+    } catch {
+      // closing is best effort: one failure must not keep the rest open
+    }
+  }
+  closers.length = 0;
+}

@@ -1,0 +1,101 @@
+// MongoDB adapter (mongoose): used when MONGODB_URI is set. Same contract as the SQLite adapter;
+// conditional updates are single findOneAndUpdate calls with the expected status in the filter.
+import mongoose, { Schema, type Connection, type Model } from 'mongoose';
+import type { ApiKeyRecord, Automation } from '../../model.js';
+import { decodeCursor, toPage, type ApiKeyRepo, type AutomationRepo, type Store } from '../port.js';
+
+type Stored<T extends { id: string }> = Omit<T, 'id'> & { _id: string };
+
+function toStored<T extends { id: string }>(doc: T): Stored<T> {
+  const { id, ...rest } = doc;
+  return { _id: id, ...rest } as Stored<T>;
+}
+
+function fromStored<T extends { id: string }>(doc: Stored<T> | null): T | null {
+  if (!doc) return null;
+  const { _id, ...rest } = doc as Stored<T> & { __v?: number };
+  delete (rest as { __v?: number }).__v;
+  return { id: _id, ...rest } as unknown as T;
+}
+
+const loose = { strict: false, versionKey: false, minimize: false } as const;
+
+const automationSchema = new Schema({ _id: String, tenant_id: { type: String, required: true }, status: { type: String, required: true } }, loose);
+automationSchema.index({ tenant_id: 1, _id: -1 });
+automationSchema.index({ tenant_id: 1, status: 1, _id: -1 });
+
+const apiKeySchema = new Schema({ _id: String, tenant_id: { type: String, required: true }, hash: { type: String, required: true } }, loose);
+apiKeySchema.index({ hash: 1 }, { unique: true });
+apiKeySchema.index({ tenant_id: 1, _id: 1 });
+
+export async function openMongoStore(uri: string): Promise<Store> {
+  const conn = await mongoose.createConnection(uri, { serverSelectionTimeoutMS: 5000 }).asPromise();
+  const automations = conn.model<Stored<Automation>>('Automation', automationSchema, 'automations');
+  const apiKeys = conn.model<Stored<ApiKeyRecord>>('ApiKey', apiKeySchema, 'api_keys');
+  await Promise.all([automations.init(), apiKeys.init()]);
+  return {
+    kind: 'mongo',
+    automations: automationRepo(automations),
+    apiKeys: apiKeyRepo(apiKeys),
+    async ping() {
+      await pingConnection(conn);
+    },
+    async close() {
+      await conn.close();
+    },
+  };
+}
+
+async function pingConnection(conn: Connection): Promise<void> {
+  if (!conn.db) throw new Error('MongoDB connection is not open');
+  await conn.db.admin().ping();
+}
+
+function definedOnly<T extends object>(changes: T): Partial<T> {
+  return Object.fromEntries(Object.entries(changes).filter(([, v]) => v !== undefined)) as Partial<T>;
+}
+
+function automationRepo(model: Model<Stored<Automation>>): AutomationRepo {
+  return {
+    async insert(a) {
+      await model.collection.insertOne(toStored(a) as never);
+    },
+    async get(tenantId, id) {
+      return fromStored(await model.findOne({ _id: id, tenant_id: tenantId }).lean<Stored<Automation>>());
+    },
+    async list(tenantId, q) {
+      const after = decodeCursor(q.cursor);
+      const filter: Record<string, unknown> = { tenant_id: tenantId, status: q.statuses ? { $in: q.statuses } : { $ne: 'archived' } };
+      if (after) filter._id = { $lt: after };
+      const rows = await model.find(filter).sort({ _id: -1 }).limit(q.limit + 1).lean<Stored<Automation>[]>();
+      return toPage(rows.map((r) => fromStored(r)!), q.limit);
+    },
+    async update(tenantId, id, changes, ifStatusIn) {
+      const updated = await model
+        .findOneAndUpdate({ _id: id, tenant_id: tenantId, status: { $in: ifStatusIn } }, { $set: definedOnly(changes) }, { returnDocument: 'after' })
+        .lean<Stored<Automation>>();
+      return fromStored(updated);
+    },
+  };
+}
+
+function apiKeyRepo(model: Model<Stored<ApiKeyRecord>>): ApiKeyRepo {
+  return {
+    async insert(k) {
+      try {
+        await model.collection.insertOne(toStored(k) as never);
+        return true;
+      } catch (err) {
+        if ((err as { code?: number }).code === 11000) return false;
+        throw err;
+      }
+    },
+    async findByHash(hash) {
+      return fromStored(await model.findOne({ hash }).lean<Stored<ApiKeyRecord>>());
+    },
+    async list(tenantId) {
+      const rows = await model.find({ tenant_id: tenantId }).sort({ _id: 1 }).lean<Stored<ApiKeyRecord>[]>();
+      return rows.map((r) => fromStored(r)!);
+    },
+  };
+}

@@ -1,0 +1,67 @@
+// The store port: typed repositories with the tenant id on every method that reads or changes
+// tenant data. Two adapters implement it (sqlite/, mongo/); one contract suite tests both.
+import { ValidationError } from '../errors.js';
+import type { ApiKeyRecord, Automation, AutomationStatus } from '../model.js';
+
+export type Page<T> = { items: T[]; next_cursor: string | null };
+
+export type AutomationQuery = {
+  /** only these statuses; when absent, every status but archived */
+  statuses?: AutomationStatus[];
+  limit: number;
+  cursor?: string;
+};
+
+export type AutomationChanges = Partial<Omit<Automation, 'id' | 'tenant_id' | 'created_at'>>;
+
+export interface AutomationRepo {
+  insert(automation: Automation): Promise<void>;
+  get(tenantId: string, id: string): Promise<Automation | null>;
+  list(tenantId: string, query: AutomationQuery): Promise<Page<Automation>>;
+  /** Applies `changes` only while the status is one of `ifStatusIn`; null when no row matched. */
+  update(tenantId: string, id: string, changes: AutomationChanges, ifStatusIn: AutomationStatus[]): Promise<Automation | null>;
+}
+
+export interface ApiKeyRepo {
+  /** Inserts unless a key with the same hash exists; true when inserted. */
+  insert(record: ApiKeyRecord): Promise<boolean>;
+  /** Resolves a presented key's hash to its record: the one lookup that finds the tenant. */
+  findByHash(hash: string): Promise<ApiKeyRecord | null>;
+  list(tenantId: string): Promise<ApiKeyRecord[]>;
+}
+
+export interface Store {
+  readonly kind: 'sqlite' | 'mongo';
+  readonly automations: AutomationRepo;
+  readonly apiKeys: ApiKeyRepo;
+  /** Throws when the store cannot be reached. */
+  ping(): Promise<void>;
+  close(): Promise<void>;
+}
+
+/** Cursors are opaque to clients: the id of the last item seen, base64url-encoded. */
+export function encodeCursor(lastId: string): string {
+  return Buffer.from(JSON.stringify({ after: lastId })).toString('base64url');
+}
+
+export function decodeCursor(cursor: string | undefined): string | undefined {
+  if (!cursor) return undefined;
+  try {
+    const parsed: unknown = JSON.parse(Buffer.from(cursor, 'base64url').toString('utf8'));
+    if (parsed && typeof parsed === 'object' && typeof (parsed as { after?: unknown }).after === 'string') {
+      return (parsed as { after: string }).after;
+    }
+  } catch {
+    // falls through to the error below
+  }
+  throw new ValidationError('the cursor is not one this service issued', [
+    { path: '/query/cursor', message: 'pass the next_cursor of a previous page unchanged' },
+  ]);
+}
+
+/** Fetch one more than asked to learn whether a next page exists. */
+export function toPage<T extends { id: string }>(rows: T[], limit: number): Page<T> {
+  const items = rows.slice(0, limit);
+  const last = items[items.length - 1];
+  return { items, next_cursor: rows.length > limit && last ? encodeCursor(last.id) : null };
+}

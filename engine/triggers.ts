@@ -1,0 +1,60 @@
+// Trigger rules the schema cannot express: a cron expression that parses, a real IANA time zone,
+// file globs that stay inside the workspace. Triggers are validated here and fire in the run engine.
+import path from 'node:path';
+import { CronExpressionParser } from 'cron-parser';
+import type { FieldError } from './errors.js';
+import type { Trigger } from './model.js';
+
+export function isTimeZone(zone: string): boolean {
+  try {
+    new Intl.DateTimeFormat('en-US', { timeZone: zone });
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** The next time a cron trigger fires after `from`, or null when the expression never fires. */
+export function nextCronFire(schedule: string, timezone: string, from: Date): Date | null {
+  try {
+    return CronExpressionParser.parse(schedule, { tz: timezone, currentDate: from }).next().toDate();
+  } catch {
+    return null;
+  }
+}
+
+function cronError(schedule: string): string | null {
+  const fields = schedule.trim().split(/\s+/);
+  if (!schedule.trim().startsWith('@') && (fields.length < 5 || fields.length > 6)) {
+    return `expected 5 fields (minute hour day month weekday) or 6 with seconds first, got ${fields.length}`;
+  }
+  try {
+    CronExpressionParser.parse(schedule, { tz: 'UTC' }).next();
+    return null;
+  } catch (err) {
+    return `not a valid cron expression: ${(err as Error).message}`;
+  }
+}
+
+function globError(glob: string): string | null {
+  if (path.isAbsolute(glob) || /^[A-Za-z]:[\\/]/.test(glob)) return 'must be relative to the workspace root';
+  if (glob.split(/[\\/]/).includes('..')) return 'must not climb out of the workspace root with ..';
+  return null;
+}
+
+export function validateTriggers(triggers: Trigger[], at = '/body/triggers'): FieldError[] {
+  const errors: FieldError[] = [];
+  triggers.forEach((t, i) => {
+    if (t.type === 'cron') {
+      const bad = cronError(t.schedule);
+      if (bad) errors.push({ path: `${at}/${i}/schedule`, message: bad });
+      if (!isTimeZone(t.timezone)) errors.push({ path: `${at}/${i}/timezone`, message: `"${t.timezone}" is not an IANA time zone` });
+    } else if (t.type === 'file_change') {
+      t.paths.forEach((glob, j) => {
+        const bad = globError(glob);
+        if (bad) errors.push({ path: `${at}/${i}/paths/${j}`, message: bad });
+      });
+    }
+  });
+  return errors;
+}

@@ -1,0 +1,31 @@
+// `npm start`: the API and the workers in one process, on the embedded defaults (SQLite store,
+// local Redis). Prints where the docs and the dashboard are and how to call the API.
+import { startWebServer } from './api/server.js';
+import { DASHBOARD_PATH } from './api/admin.js';
+import { runMain } from './engine/lifecycle.js';
+import { openRuntime } from './engine/runtime.js';
+import { startWorkers } from './workers/index.js';
+
+await runMain('service', async (config, log) => {
+  const rt = await openRuntime(config, log, { watchTemplates: true });
+  const workers = await startWorkers(rt);
+  const web = await startWebServer(rt);
+  const lines = [
+    '',
+    `Automation backend listening on ${web.url} (store: ${rt.store.kind}, redis: ${config.redisUrl.replace(/\/\/[^@]*@/, '//***@')})`,
+    config.isProduction ? '  API docs: off in production' : `  API docs:  ${web.url}/docs  (Swagger UI)   ${web.url}/redoc   ${web.url}/openapi.json`,
+    `  Queues:    ${web.url}${DASHBOARD_PATH}  ${config.adminKeys.length ? '(HTTP Basic, any user, password = a key of SERVICE_ADMIN_KEYS)' : '(set SERVICE_ADMIN_KEYS to open it)'}`,
+    config.auth === 'none'
+      ? `  Auth:      off (SERVICE_AUTH=none): curl ${web.url}/api/v1/automations`
+      : `  Call it:   npm run cli -- keys create --tenant acme   then   curl -H "Authorization: Bearer <key>" ${web.url}/api/v1/automations`,
+    '',
+  ];
+  process.stdout.write(lines.join('\n') + '\n');
+  return {
+    async close() {
+      await web.close();
+      await workers.close();
+      await rt.close();
+    },
+  };
+});
