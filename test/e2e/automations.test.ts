@@ -1,0 +1,249 @@
+import { expect } from 'chai';
+import { KEYS, startHarness, type Harness } from '../support/harness.js';
+
+const definition = {
+  name: 'Nightly tests',
+  description: 'Runs the tests every night',
+  triggers: [{ type: 'cron', schedule: '0 3 * * *', timezone: 'Europe/Paris' }, { type: 'manual' }],
+  tool_allowlist: ['shell', 'message'],
+  budget: { seconds: 300, max_steps: 10 },
+  steps: [{ tool: 'shell', args: { command: 'npm test' } }],
+};
+
+describe('automations API', () => {
+  let h: Harness;
+  before(async () => {
+    h = await startHarness();
+  });
+  after(async () => {
+    await h.close();
+  });
+
+  async function create(body: object = definition, key = KEYS.a) {
+    const res = await h.call('POST', '/api/v1/automations', { body, key });
+    expect(res.status, res.text).to.equal(201);
+    return res;
+  }
+
+  it('creates from a definition: 201, Location, every field', async () => {
+    const res = await create();
+    const a = res.body;
+    expect(res.headers.get('location')).to.equal(`/api/v1/automations/${a.id}`);
+    expect(a.id).to.match(/^aut_[0-9a-z]{26}$/);
+    expect(a).to.deep.include({
+      tenant_id: 'tenant-a',
+      name: 'Nightly tests',
+      status: 'enabled',
+      goal: null,
+      template: null,
+      budget: { seconds: 300, max_steps: 10 },
+      tool_allowlist: ['shell', 'message'],
+    });
+    expect(a.triggers).to.deep.equal(definition.triggers);
+    expect(a.created_at).to.equal(a.updated_at);
+    const got = await h.call('GET', res.headers.get('location')!);
+    expect(got.status).to.equal(200);
+    expect(got.body).to.deep.equal(a);
+  });
+
+  it('fills defaults: a manual trigger, the configured budget, and read-only tools for a goal', async () => {
+    const { body } = await create({ name: 'Ask', goal: 'Summarise the README' });
+    expect(body.triggers).to.deep.equal([{ type: 'manual' }]);
+    expect(body.budget).to.deep.equal({ seconds: h.config.runBudget.defaultSeconds });
+    expect(body.tool_allowlist).to.deep.equal(['read_file', 'list_files', 'message']);
+    expect(body.steps).to.equal(null);
+  });
+
+  it('validates triggers of every kind and says which field is wrong', async () => {
+    const bad = await h.call('POST', '/api/v1/automations', {
+      body: { ...definition, triggers: [{ type: 'cron', schedule: '0 25 * * *', timezone: 'Europe/Atlantis' }] },
+    });
+    expect(bad.status).to.equal(400);
+    expect(bad.headers.get('content-type')).to.contain('application/problem+json');
+    expect(bad.body.code).to.equal('validation-failed');
+    expect(bad.body.errors.map((e: { path: string }) => e.path)).to.deep.equal(['/body/triggers/0/schedule', '/body/triggers/0/timezone']);
+
+    const provider = await h.call('POST', '/api/v1/automations', { body: { ...definition, triggers: [{ type: 'webhook', provider: 'fax' }] } });
+    expect(provider.status).to.equal(400);
+    expect(JSON.stringify(provider.body.errors)).to.contain('provider');
+
+    const ok = await create({
+      ...definition,
+      triggers: [
+        { type: 'webhook', provider: 'codehost', events: ['push', 'pull_request.opened'] },
+        { type: 'file_change', paths: ['src/**/*.ts'], debounce_ms: 250 },
+        { type: 'cron', schedule: '*/30 * * * * *', timezone: 'UTC' },
+      ],
+    });
+    expect(ok.body.triggers).to.have.length(3);
+
+    const outside = await h.call('POST', '/api/v1/automations', { body: { ...definition, triggers: [{ type: 'file_change', paths: ['../../etc/*'] }] } });
+    expect(outside.status).to.equal(400);
+    expect(outside.body.errors[0].path).to.equal('/body/triggers/0/paths/0');
+  });
+
+  it('refuses work that is missing, tools outside the allowlist, and budgets over the maximum', async () => {
+    const none = await h.call('POST', '/api/v1/automations', { body: { name: 'nothing to do' } });
+    expect(none.status).to.equal(400);
+    const tool = await h.call('POST', '/api/v1/automations', { body: { ...definition, tool_allowlist: ['message'] } });
+    expect(tool.status).to.equal(400);
+    expect(tool.body.errors[0]).to.deep.include({ path: '/body/steps/0/tool' });
+    const budget = await h.call('POST', '/api/v1/automations', { body: { ...definition, budget: { seconds: h.config.runBudget.maxSeconds + 1 } } });
+    expect(budget.status).to.equal(400);
+    expect(budget.body.errors[0].path).to.equal('/body/budget/seconds');
+  });
+
+  it('lists the tenant’s own, newest first, with cursor pages and a status filter', async () => {
+    const h2 = await startHarness();
+    try {
+      const ids: string[] = [];
+      for (let i = 0; i < 5; i++) ids.push((await h2.call('POST', '/api/v1/automations', { body: { ...definition, name: `n${i}` } })).body.id);
+      await h2.call('POST', '/api/v1/automations', { body: { ...definition, name: 'other tenant' }, key: KEYS.b });
+      await h2.call('POST', `/api/v1/automations/${ids[1]}/disable`);
+      await h2.call('DELETE', `/api/v1/automations/${ids[0]}`);
+
+      const seen: string[] = [];
+      let cursor: string | null = null;
+      do {
+        const page: { body: { data: { name: string }[]; next_cursor: string | null } } = await h2.call('GET', `/api/v1/automations?limit=2${cursor ? `&cursor=${cursor}` : ''}`);
+        seen.push(...page.body.data.map((a) => a.name));
+        cursor = page.body.next_cursor;
+      } while (cursor);
+      expect(seen).to.deep.equal(['n4', 'n3', 'n2', 'n1']);
+
+      const disabled = await h2.call('GET', '/api/v1/automations?status=disabled');
+      expect(disabled.body.data.map((a: { name: string }) => a.name)).to.deep.equal(['n1']);
+      const archived = await h2.call('GET', '/api/v1/automations?status=archived');
+      expect(archived.body.data.map((a: { name: string }) => a.name)).to.deep.equal(['n0']);
+      const both = await h2.call('GET', '/api/v1/automations?status=enabled,disabled&limit=10');
+      expect(both.body.data).to.have.length(4);
+      const all = await h2.call('GET', '/api/v1/automations?include_archived=true&limit=100');
+      expect(all.body.data).to.have.length(5);
+      const bad = await h2.call('GET', '/api/v1/automations?limit=500');
+      expect(bad.status).to.equal(400);
+      const badCursor = await h2.call('GET', '/api/v1/automations?cursor=forged');
+      expect(badCursor.status, badCursor.text).to.equal(400);
+      expect(badCursor.body.errors[0].path).to.equal('/query/cursor');
+    } finally {
+      await h2.close();
+    }
+  });
+
+  it('patches only name, description, triggers, tool_allowlist and budget', async () => {
+    const { body: a } = await create();
+    const patched = await h.call('PATCH', `/api/v1/automations/${a.id}`, {
+      body: { name: 'Renamed', description: null, budget: { seconds: 120 }, triggers: [{ type: 'manual' }] },
+    });
+    expect(patched.status).to.equal(200);
+    expect(patched.body).to.deep.include({ name: 'Renamed', description: null, budget: { seconds: 120, max_steps: 10 } });
+    expect(patched.body.updated_at >= a.updated_at).to.equal(true);
+    for (const forbidden of [{ status: 'disabled' }, { steps: [] }, { id: 'aut_x' }, { tenant_id: 'tenant-b' }, {}]) {
+      const res = await h.call('PATCH', `/api/v1/automations/${a.id}`, { body: forbidden });
+      expect(res.status, JSON.stringify(forbidden)).to.equal(400);
+    }
+    const merge = await h.call('PATCH', `/api/v1/automations/${a.id}`, { raw: JSON.stringify({ name: 'Merged' }), headers: { 'content-type': 'application/merge-patch+json' } });
+    expect(merge.status).to.equal(200);
+    expect(merge.body.name).to.equal('Merged');
+    const unchanged = await h.call('GET', `/api/v1/automations/${a.id}`);
+    expect(unchanged.body.status).to.equal('enabled');
+    expect(unchanged.body.steps).to.deep.equal(definition.steps);
+  });
+
+  it('enables and disables, then archives softly and idempotently; archived cannot change (409)', async () => {
+    const { body: a } = await create();
+    expect((await h.call('POST', `/api/v1/automations/${a.id}/disable`)).body.status).to.equal('disabled');
+    expect((await h.call('POST', `/api/v1/automations/${a.id}/enable`)).body.status).to.equal('enabled');
+    expect((await h.call('DELETE', `/api/v1/automations/${a.id}`)).status).to.equal(204);
+    expect((await h.call('DELETE', `/api/v1/automations/${a.id}`)).status).to.equal(204);
+    const kept = await h.rt.store.automations.get('tenant-a', a.id);
+    expect(kept?.status).to.equal('archived');
+    expect((await h.call('GET', `/api/v1/automations/${a.id}`)).body.status).to.equal('archived');
+    for (const [method, path, body] of [
+      ['POST', `/api/v1/automations/${a.id}/enable`, undefined],
+      ['POST', `/api/v1/automations/${a.id}/disable`, undefined],
+      ['PATCH', `/api/v1/automations/${a.id}`, { name: 'zombie' }],
+    ] as const) {
+      const res = await h.call(method, path, { body });
+      expect(res.status, `${method} ${path}`).to.equal(409);
+      expect(res.body.code).to.equal('conflict');
+    }
+    expect((await h.rt.store.automations.get('tenant-a', a.id))?.name).to.equal(a.name);
+  });
+
+  it('answers 404 to tenant B for every route on tenant A’s automation, and changes nothing', async () => {
+    const { body: a } = await create();
+    const calls: [string, string, object?][] = [
+      ['GET', `/api/v1/automations/${a.id}`],
+      ['PATCH', `/api/v1/automations/${a.id}`, { name: 'mine now' }],
+      ['POST', `/api/v1/automations/${a.id}/enable`],
+      ['POST', `/api/v1/automations/${a.id}/disable`],
+      ['DELETE', `/api/v1/automations/${a.id}`],
+    ];
+    for (const [method, path, body] of calls) {
+      const res = await h.call(method, path, { key: KEYS.b, body });
+      expect(res.status, `${method} ${path}`).to.equal(404);
+      expect(res.body.code).to.equal('not-found');
+    }
+    const list = await h.call('GET', '/api/v1/automations?include_archived=true&limit=100', { key: KEYS.b });
+    expect(list.body.data.map((x: { id: string }) => x.id)).not.to.include(a.id);
+    expect(await h.rt.store.automations.get('tenant-a', a.id)).to.deep.equal(a);
+  });
+});
+
+describe('automation templates API', () => {
+  let h: Harness;
+  before(async () => {
+    h = await startHarness();
+  });
+  after(async () => {
+    await h.close();
+  });
+
+  it('lists exactly the 8 built-in templates with their variables', async () => {
+    const res = await h.call('GET', '/api/v1/automations/templates');
+    expect(res.status).to.equal(200);
+    expect(res.body.data).to.have.length(8);
+    for (const t of res.body.data) {
+      expect(t).to.include.keys('id', 'name', 'description', 'variables', 'automation');
+      for (const v of t.variables) expect(v).to.include.keys('name', 'type', 'required', 'description');
+    }
+  });
+
+  it('instantiates every template into a valid automation (201)', async () => {
+    const templates = (await h.call('GET', '/api/v1/automations/templates')).body.data as { id: string; variables: { name: string; type: string; required: boolean }[] }[];
+    for (const t of templates) {
+      const variables = Object.fromEntries(t.variables.filter((v) => v.required).map((v) => [v.name, v.name === 'session_id' ? 'ses_example' : 'acme/api']));
+      const res = await h.call('POST', '/api/v1/automations/templates/instantiate', { body: { template_id: t.id, variables } });
+      expect(res.status, `${t.id}: ${res.text}`).to.equal(201);
+      expect(res.body.template).to.deep.include({ id: t.id });
+      expect(res.headers.get('location')).to.equal(`/api/v1/automations/${res.body.id}`);
+      expect(JSON.stringify(res.body)).not.to.match(/\{\{/);
+    }
+  });
+
+  it('applies variables and keeps them with the automation; POST /automations takes a template too', async () => {
+    const res = await h.call('POST', '/api/v1/automations', { body: { template_id: 'nightly-audit', variables: { timezone: 'Asia/Tokyo', schedule: '30 1 * * *' }, name: 'Tokyo audit' } });
+    expect(res.status).to.equal(201);
+    expect(res.body.name).to.equal('Tokyo audit');
+    expect(res.body.triggers[0]).to.deep.equal({ type: 'cron', schedule: '30 1 * * *', timezone: 'Asia/Tokyo' });
+    expect(res.body.template).to.deep.equal({ id: 'nightly-audit', variables: { schedule: '30 1 * * *', timezone: 'Asia/Tokyo' } });
+  });
+
+  it('names a missing required variable and an unknown one (400)', async () => {
+    const res = await h.call('POST', '/api/v1/automations/templates/instantiate', { body: { template_id: 'pr-review', variables: { colour: 'blue' } } });
+    expect(res.status).to.equal(400);
+    expect(res.body.errors.map((e: { path: string }) => e.path).sort()).to.deep.equal(['/body/variables/colour', '/body/variables/repository']);
+    expect(res.body.detail).to.contain('colour').and.contain('repository');
+  });
+
+  it('refuses an unknown template and a variable that makes a bad trigger', async () => {
+    const unknown = await h.call('POST', '/api/v1/automations/templates/instantiate', { body: { template_id: 'no-such-template' } });
+    expect(unknown.status).to.equal(400);
+    expect(unknown.body.errors[0].path).to.equal('/body/template_id');
+    const zone = await h.call('POST', '/api/v1/automations/templates/instantiate', { body: { template_id: 'nightly-audit', variables: { timezone: 'Moon/Base' } } });
+    expect(zone.status).to.equal(400);
+    expect(zone.body.errors[0].path).to.equal('/body/triggers/0/timezone');
+    const before = await h.call('GET', '/api/v1/automations?limit=100');
+    expect(before.body.data.filter((a: { template: { id: string } | null }) => a.template?.id === 'nightly-audit' && a.triggers[0].timezone === 'Moon/Base')).to.have.length(0);
+  });
+});

@@ -1,0 +1,55 @@
+import fs from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { expect } from 'chai';
+import Database from 'better-sqlite3';
+import { openSqliteStore } from '../../engine/store/sqlite/index.js';
+import { MIGRATIONS } from '../../engine/store/sqlite/migrations.js';
+import { automationFixture, storeContract } from './store-contract.js';
+
+describe('SQLite store', () => {
+  let dir: string;
+  before(async () => {
+    dir = await fs.mkdtemp(path.join(os.tmpdir(), 'svc-sqlite-'));
+  });
+  after(async () => {
+    await fs.rm(dir, { recursive: true, force: true });
+  });
+
+  let n = 0;
+  storeContract('sqlite', async () => openSqliteStore(path.join(dir, `contract-${n++}.sqlite`)));
+
+  it('uses WAL and records its migrations', async () => {
+    const file = path.join(dir, 'wal.sqlite');
+    const store = openSqliteStore(file);
+    await store.close();
+    const db = new Database(file, { readonly: true });
+    expect(db.pragma('journal_mode', { simple: true })).to.equal('wal');
+    expect(db.pragma('user_version', { simple: true })).to.equal(MIGRATIONS.length);
+    db.close();
+  });
+
+  it('keeps data across reopen, and sees writes of another connection to the same file', async () => {
+    const file = path.join(dir, 'shared.sqlite');
+    const one = openSqliteStore(file);
+    const two = openSqliteStore(file);
+    const a = automationFixture('t1');
+    await one.automations.insert(a);
+    expect(await two.automations.get('t1', a.id)).to.deep.equal(a);
+    await two.automations.update('t1', a.id, { status: 'disabled' }, ['enabled']);
+    expect(await one.automations.update('t1', a.id, { status: 'archived' }, ['enabled'])).to.equal(null);
+    await one.close();
+    await two.close();
+    const again = openSqliteStore(file);
+    expect((await again.automations.get('t1', a.id))!.status).to.equal('disabled');
+    await again.close();
+  });
+
+  it('fails ping once closed', async () => {
+    const store = openSqliteStore(path.join(dir, 'closed.sqlite'));
+    await store.close();
+    let failed = false;
+    await store.ping().catch(() => (failed = true));
+    expect(failed).to.equal(true);
+  });
+});

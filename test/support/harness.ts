@@ -1,0 +1,117 @@
+// Starts the real service for a test: app on an ephemeral port, in-process workers, real Redis with
+// a unique SERVICE_QUEUE_PREFIX, a fresh SQLite file. close() closes every connection and removes
+// what the test left in Redis and on disk.
+import { randomBytes } from 'node:crypto';
+import fs from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { Writable } from 'node:stream';
+import { Redis } from 'ioredis';
+import { startWebServer, type WebServer } from '../../api/server.js';
+import { parseEnv, type Config } from '../../config/env.js';
+import { createLogger } from '../../engine/log.js';
+import { openRuntime, type Runtime, type RuntimeOptions } from '../../engine/runtime.js';
+import { startWorkers, type Workers } from '../../workers/index.js';
+
+export const REDIS_URL = process.env.REDIS_URL ?? 'redis://127.0.0.1:6379';
+
+export const KEYS = {
+  a: 'key-tenant-a-0123456789abcdef',
+  b: 'key-tenant-b-0123456789abcdef',
+  admin: 'admin-key-0123456789abcdef',
+};
+
+export type Reply<T = any> = { status: number; headers: Headers; body: T; text: string };
+
+export type CallOptions = { key?: string | null; body?: unknown; raw?: string | Buffer; headers?: Record<string, string> };
+
+export type Harness = {
+  url: string;
+  config: Config;
+  rt: Runtime;
+  web: WebServer;
+  workers: Workers;
+  /** every log line the service wrote, as text */
+  logs: string[];
+  call<T = any>(method: string, path: string, opts?: CallOptions): Promise<Reply<T>>;
+  close(): Promise<void>;
+};
+
+export function uniquePrefix(): string {
+  return `test-${randomBytes(6).toString('hex')}`;
+}
+
+export async function startHarness(opts: { env?: Record<string, string>; runtime?: RuntimeOptions } = {}): Promise<Harness> {
+  const dataDir = await fs.mkdtemp(path.join(os.tmpdir(), 'svc-test-'));
+  const config = parseEnv({
+    REDIS_URL,
+    SERVICE_QUEUE_PREFIX: uniquePrefix(),
+    SERVICE_DATA_DIR: dataDir,
+    SERVICE_API_KEYS: `tenant-a:${KEYS.a},tenant-b:${KEYS.b}`,
+    SERVICE_ADMIN_KEYS: KEYS.admin,
+    LOG_LEVEL: 'info',
+    ...opts.env,
+  });
+  const logs: string[] = [];
+  const sink = new Writable({
+    write(chunk, _enc, done) {
+      logs.push(String(chunk));
+      done();
+    },
+  });
+  const log = createLogger(config.logLevel, sink);
+  const rt = await openRuntime(config, log, opts.runtime);
+  const workers = await startWorkers(rt);
+  const web = await startWebServer(rt, { port: 0, host: '127.0.0.1', validateResponses: true });
+
+  async function call<T>(method: string, p: string, o: CallOptions = {}): Promise<Reply<T>> {
+    const headers: Record<string, string> = { ...o.headers };
+    const key = o.key === undefined ? KEYS.a : o.key;
+    if (key) headers.authorization ??= `Bearer ${key}`;
+    let body: string | Buffer | undefined = o.raw;
+    if (o.body !== undefined) {
+      body = JSON.stringify(o.body);
+      headers['content-type'] ??= 'application/json';
+    }
+    const res = await fetch(`${web.url}${p}`, { method, headers, body });
+    const text = await res.text();
+    let parsed: unknown = text;
+    try {
+      parsed = text ? JSON.parse(text) : undefined;
+    } catch {
+      // not JSON: keep the text
+    }
+    return { status: res.status, headers: res.headers, body: parsed as T, text };
+  }
+
+  return {
+    url: web.url,
+    config,
+    rt,
+    web,
+    workers,
+    logs,
+    call,
+    async close() {
+      await web.close();
+      await workers.close();
+      await rt.close();
+      await deleteRedisPrefix(config.queuePrefix);
+      await fs.rm(dataDir, { recursive: true, force: true });
+    },
+  };
+}
+
+export async function deleteRedisPrefix(prefix: string): Promise<void> {
+  const redis = new Redis(REDIS_URL);
+  try {
+    let cursor = '0';
+    do {
+      const [next, keys] = await redis.scan(cursor, 'MATCH', `${prefix}:*`, 'COUNT', 500);
+      cursor = next;
+      if (keys.length) await redis.del(...keys);
+    } while (cursor !== '0');
+  } finally {
+    redis.disconnect();
+  }
+}

@@ -1,0 +1,60 @@
+import { expect } from 'chai';
+import path from 'node:path';
+import { ConfigError, parseEnv } from '../../config/env.js';
+
+describe('config/env', () => {
+  it('gives every variable of DESIGN.md its default', () => {
+    const c = parseEnv({});
+    expect(c.port).to.equal(8080);
+    expect(c.redisUrl).to.equal('redis://127.0.0.1:6379');
+    expect(c.mongodbUri).to.equal(undefined);
+    expect(c.dataDir).to.equal(path.resolve('data'));
+    expect(c.queuePrefix).to.equal('svc');
+    expect(c.apiKeys).to.deep.equal([]);
+    expect(c.auth).to.equal('required');
+    expect(c.workspaceRoot).to.equal(path.resolve('.'));
+    expect(c.auditAllowSensitivePaths).to.equal(false);
+    expect(c.adminKeys).to.deep.equal([]);
+    expect(c.tenantMaxRunning).to.equal(10);
+    expect(c.webhookReplayWindowSeconds).to.equal(300);
+    expect(c.logLevel).to.equal('info');
+  });
+
+  it('parses tenant:key pairs and admin keys', () => {
+    const c = parseEnv({ SERVICE_API_KEYS: 'acme:0123456789abcdef0, beta:fedcba9876543210x', SERVICE_ADMIN_KEYS: 'admin0123456789abc' });
+    expect(c.apiKeys).to.deep.equal([
+      { tenantId: 'acme', key: '0123456789abcdef0' },
+      { tenantId: 'beta', key: 'fedcba9876543210x' },
+    ]);
+    expect(c.adminKeys).to.deep.equal(['admin0123456789abc']);
+  });
+
+  it('reads 1/0 and true/false flags correctly', () => {
+    expect(parseEnv({ SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS: '1' }).auditAllowSensitivePaths).to.equal(true);
+    expect(parseEnv({ SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS: 'true' }).auditAllowSensitivePaths).to.equal(true);
+    expect(parseEnv({ SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS: '0' }).auditAllowSensitivePaths).to.equal(false);
+    expect(parseEnv({ SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS: 'false' }).auditAllowSensitivePaths).to.equal(false);
+  });
+
+  it('names every bad variable in one error', () => {
+    try {
+      parseEnv({ PORT: 'eighty', REDIS_URL: 'http://x', SERVICE_AUTH: 'maybe', SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS: 'perhaps', SERVICE_TENANT_MAX_RUNNING: '0' });
+      expect.fail('should have thrown');
+    } catch (err) {
+      expect(err).to.be.instanceOf(ConfigError);
+      const text = (err as Error).message;
+      for (const name of ['PORT', 'REDIS_URL', 'SERVICE_AUTH', 'SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS', 'SERVICE_TENANT_MAX_RUNNING']) {
+        expect(text).to.contain(name);
+      }
+    }
+  });
+
+  it('refuses SERVICE_AUTH=none and a missing secret key in production', () => {
+    expect(() => parseEnv({ NODE_ENV: 'production', SERVICE_AUTH: 'none' })).to.throw(ConfigError, /SERVICE_AUTH[\s\S]*SERVICE_SECRET_KEY/);
+    expect(() => parseEnv({ NODE_ENV: 'production', SERVICE_SECRET_KEY: 'ab'.repeat(32) })).not.to.throw();
+  });
+
+  it('never echoes an API key in its error', () => {
+    expect(() => parseEnv({ SERVICE_API_KEYS: 'acme:short-secret' })).to.throw(ConfigError).that.satisfies((e: Error) => !e.message.includes('short-secret'));
+  });
+});

@@ -1,0 +1,33 @@
+import { expect } from 'chai';
+import { isTimeZone, nextCronFire, validateTriggers } from '../../engine/triggers.js';
+
+describe('engine/triggers', () => {
+  it('accepts 5-field and 6-field (seconds first) cron expressions', () => {
+    expect(validateTriggers([{ type: 'cron', schedule: '0 9 * * MON-FRI', timezone: 'Europe/Paris' }])).to.deep.equal([]);
+    expect(validateTriggers([{ type: 'cron', schedule: '*/10 * * * * *', timezone: 'UTC' }])).to.deep.equal([]);
+  });
+
+  it('says which part of a cron trigger is wrong', () => {
+    const errors = validateTriggers([
+      { type: 'manual' },
+      { type: 'cron', schedule: '61 * * * *', timezone: 'Mars/Olympus' },
+      { type: 'cron', schedule: '* * *', timezone: 'UTC' },
+    ]);
+    expect(errors.map((e) => e.path)).to.deep.equal(['/body/triggers/1/schedule', '/body/triggers/1/timezone', '/body/triggers/2/schedule']);
+    expect(errors[0]!.message).to.match(/0-59/);
+    expect(errors[1]!.message).to.contain('Mars/Olympus');
+    expect(errors[2]!.message).to.match(/5 fields/);
+  });
+
+  it('keeps file_change globs inside the workspace', () => {
+    const errors = validateTriggers([{ type: 'file_change', paths: ['src/**/*.ts', '/etc/passwd', '../outside/*'] }]);
+    expect(errors.map((e) => e.path)).to.deep.equal(['/body/triggers/0/paths/1', '/body/triggers/0/paths/2']);
+  });
+
+  it('knows IANA zones and computes the next fire in that zone', () => {
+    expect(isTimeZone('America/New_York')).to.equal(true);
+    expect(isTimeZone('Nowhere/Special')).to.equal(false);
+    const next = nextCronFire('0 9 * * *', 'Europe/Paris', new Date('2026-01-15T12:00:00Z'));
+    expect(next?.toISOString()).to.equal('2026-01-16T08:00:00.000Z');
+  });
+});
