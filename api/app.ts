@@ -63,12 +63,13 @@ export function createApp(deps: AppDeps): Express {
   if (deps.docs) app.use(docsRouter(spec));
   app.use(adminRouter({ queues: deps.queues, adminKeys: deps.adminKeys }));
 
-  app.use('/api/v1', express.json({ limit: BODY_LIMIT, type: ['application/json', 'application/*+json'], strict: true }));
+  // who is calling comes first: an unauthenticated body is never parsed
   app.use('/api/v1', authenticate({ mode: deps.auth, apiKeys: deps.engine.apiKeys }));
+  app.use('/api/v1', express.json({ limit: BODY_LIMIT, type: ['application/json', 'application/*+json'], strict: true }));
   app.use(
     OpenApiValidator.middleware({
       apiSpec: spec as never,
-      validateRequests: { allErrors: true, allowUnknownQueryParameters: false, coerceTypes: true },
+      validateRequests: { allErrors: true, allowUnknownQueryParameters: false }, // query is coerced, bodies are not
       validateResponses: deps.validateResponses ?? false,
       validateSecurity: false,
       validateFormats: true,

@@ -120,7 +120,7 @@ export function problemHandler(): ErrorRequestHandler {
       res.end();
       return;
     }
-    if (p.status === 401) res.setHeader('WWW-Authenticate', 'Bearer realm="api"');
+    if (p.status === 401 && !res.hasHeader('WWW-Authenticate')) res.setHeader('WWW-Authenticate', 'Bearer realm="api"');
     const allow = (err as { headers?: Record<string, string> }).headers?.Allow;
     if (p.status === 405 && allow) res.setHeader('Allow', allow);
     res.status(p.status).type('application/problem+json').send(JSON.stringify(p));

@@ -1,0 +1,114 @@
+import { spawnSync } from 'node:child_process';
+import { expect } from 'chai';
+import { KEYS, startHarness, type Harness } from '../support/harness.js';
+
+describe('authentication', () => {
+  let h: Harness;
+  before(async () => {
+    h = await startHarness();
+  });
+  after(async () => {
+    await h.close();
+  });
+
+  it('answers 401 problem+json with no key, a wrong key or a malformed header', async () => {
+    for (const headers of [{}, { authorization: 'Bearer not-a-key' }, { 'x-api-key': 'nope' }, { authorization: 'Basic Zm9vOmJhcg==' }]) {
+      const res = await h.call('GET', '/api/v1/automations', { key: null, headers });
+      expect(res.status, JSON.stringify(headers)).to.equal(401);
+      expect(res.headers.get('content-type')).to.contain('application/problem+json');
+      expect(res.headers.get('www-authenticate')).to.contain('Bearer');
+      expect(res.body).to.include({ code: 'unauthorized', status: 401 });
+      expect(res.body.request_id).to.equal(res.headers.get('x-request-id'));
+    }
+  });
+
+  it('takes the key as Bearer or as X-API-Key', async () => {
+    expect((await h.call('GET', '/api/v1/automations', { key: null, headers: { authorization: `Bearer ${KEYS.a}` } })).status).to.equal(200);
+    expect((await h.call('GET', '/api/v1/automations', { key: null, headers: { 'x-api-key': KEYS.a } })).status).to.equal(200);
+  });
+
+  it('checks the key before the body: no key and a bad body is still 401, and nothing is stored', async () => {
+    const res = await h.call('POST', '/api/v1/automations', { key: null, raw: '{"name":', headers: { 'content-type': 'application/json' } });
+    expect(res.status).to.equal(401);
+    const wrong = await h.call('POST', '/api/v1/automations', { key: 'wrong-key', body: { name: 'x', goal: 'y' } });
+    expect(wrong.status).to.equal(401);
+    expect((await h.call('GET', '/api/v1/automations')).body.data).to.have.length(0);
+  });
+
+  it('stores keys hashed, never in clear', async () => {
+    const all = [...(await h.rt.store.apiKeys.list('tenant-a')), ...(await h.rt.store.apiKeys.list('tenant-b'))];
+    expect(all).to.have.length(2);
+    for (const k of all) {
+      expect(k.hash).to.match(/^[0-9a-f]{64}$/);
+      expect(JSON.stringify(k)).not.to.contain(KEYS.a).and.not.to.contain(KEYS.b);
+    }
+  });
+
+  it('never writes a key or an Authorization header to the logs', async () => {
+    await h.call('GET', '/api/v1/automations', { key: null, headers: { authorization: `Bearer ${KEYS.a}`, 'x-request-id': 'trace-me-1' } });
+    await h.call('GET', '/api/v1/automations', { key: null, headers: { 'x-api-key': KEYS.b } });
+    const text = h.logs.join('');
+    expect(text).to.contain('trace-me-1');
+    expect(text).not.to.contain(KEYS.a);
+    expect(text).not.to.contain(KEYS.b);
+  });
+
+  it('opens the queue dashboard only with an admin key (HTTP Basic or Bearer), never a tenant key', async () => {
+    const basic = (user: string, pass: string) => `Basic ${Buffer.from(`${user}:${pass}`).toString('base64')}`;
+    const none = await h.call('GET', '/admin/queues', { key: null });
+    expect(none.status).to.equal(401);
+    expect(none.headers.get('www-authenticate')).to.contain('Basic');
+    expect((await h.call('GET', '/admin/queues', { key: null, headers: { authorization: basic('ops', KEYS.a) } })).status).to.equal(401);
+    expect((await h.call('GET', '/admin/queues', { key: KEYS.a })).status).to.equal(401);
+    const page = await h.call('GET', '/admin/queues', { key: null, headers: { authorization: basic('ops', KEYS.admin) } });
+    expect(page.status).to.equal(200);
+    expect(page.text).to.contain('<div id="root">');
+    const api = await h.call('GET', '/admin/queues/api/queues', { key: KEYS.admin });
+    expect(api.status).to.equal(200);
+    expect(api.body.queues.map((q: { name: string }) => q.name)).to.include('runs');
+  });
+});
+
+describe('SERVICE_AUTH=none', () => {
+  it('lets local callers in without a key, as the tenant "local"', async () => {
+    const h = await startHarness({ env: { SERVICE_AUTH: 'none' } });
+    try {
+      const res = await h.call('POST', '/api/v1/automations', { key: null, body: { name: 'local', goal: 'say hi' } });
+      expect(res.status).to.equal(201);
+      expect(res.body.tenant_id).to.equal('local');
+    } finally {
+      await h.close();
+    }
+  });
+});
+
+describe('cli keys create', () => {
+  it('prints a new key once; the key then works for its tenant only', async () => {
+    const h = await startHarness();
+    try {
+      const out = spawnSync(process.execPath, ['--import', 'tsx', 'cli/main.ts', 'keys', 'create', '--tenant', 'tenant-c', '--label', 'ci'], {
+        env: { ...process.env, SERVICE_DATA_DIR: h.config.dataDir, LOG_LEVEL: 'silent' },
+        encoding: 'utf8',
+      });
+      expect(out.status, out.stderr).to.equal(0);
+      const key = out.stdout.trim();
+      expect(key).to.match(/^sk_[A-Za-z0-9_-]{43}$/);
+      expect(out.stderr).to.contain('tenant-c');
+      const created = await h.call('POST', '/api/v1/automations', { key, body: { name: 'from cli key', goal: 'x' } });
+      expect(created.status).to.equal(201);
+      expect(created.body.tenant_id).to.equal('tenant-c');
+      expect((await h.call('GET', `/api/v1/automations/${created.body.id}`, { key: KEYS.a })).status).to.equal(404);
+      const [record] = await h.rt.store.apiKeys.list('tenant-c');
+      expect(record).to.include({ label: 'ci', source: 'cli' });
+      expect(JSON.stringify(record)).not.to.contain(key);
+    } finally {
+      await h.close();
+    }
+  });
+
+  it('refuses a missing or malformed tenant with usage', () => {
+    const out = spawnSync(process.execPath, ['--import', 'tsx', 'cli/main.ts', 'keys', 'create', '--tenant', 'bad tenant!'], { encoding: 'utf8' });
+    expect(out.status).to.equal(2);
+    expect(out.stderr).to.contain('usage:');
+  });
+});

@@ -1,0 +1,76 @@
+import { expect } from 'chai';
+import { startHarness, type Harness } from '../support/harness.js';
+
+describe('bad input', () => {
+  let h: Harness;
+  before(async () => {
+    h = await startHarness();
+  });
+  after(async () => {
+    await h.close();
+  });
+
+  async function expectProblem(res: { status: number; headers: Headers; body: any }, status: number, code: string) {
+    expect(res.status).to.equal(status);
+    expect(res.headers.get('content-type')).to.contain('application/problem+json');
+    expect(res.body).to.include({ status, code });
+    expect(res.body.request_id).to.be.a('string').and.equal(res.headers.get('x-request-id'));
+    expect(res.body.title).to.be.a('string');
+    expect(res.body.type).to.equal(`/problems/${code}`);
+  }
+
+  it('malformed JSON is a 400 malformed-json', async () => {
+    await expectProblem(await h.call('POST', '/api/v1/automations', { raw: '{"name": "x",', headers: { 'content-type': 'application/json' } }), 400, 'malformed-json');
+  });
+
+  it('a body that is not JSON is a 415', async () => {
+    await expectProblem(await h.call('POST', '/api/v1/automations', { raw: 'name=x', headers: { 'content-type': 'application/x-www-form-urlencoded' } }), 415, 'unsupported-media-type');
+    await expectProblem(await h.call('POST', '/api/v1/automations', { raw: 'hello', headers: { 'content-type': 'text/plain' } }), 415, 'unsupported-media-type');
+  });
+
+  it('a body over 1 MB is a 413', async () => {
+    const big = JSON.stringify({ name: 'x', goal: 'g'.repeat(1024 * 1024 + 10) });
+    await expectProblem(await h.call('POST', '/api/v1/automations', { raw: big, headers: { 'content-type': 'application/json' } }), 413, 'payload-too-large');
+  });
+
+  it('unknown fields and wrong types are a 400 listing each one', async () => {
+    const res = await h.call('POST', '/api/v1/automations', { body: { name: 42, goal: 'g', colour: 'red' } });
+    await expectProblem(res, 400, 'bad-request');
+    const paths = res.body.errors.map((e: { path: string }) => e.path);
+    expect(paths).to.include('/body/colour').and.include('/body/name');
+  });
+
+  it('unknown query parameters, bad ids and unknown routes are refused as problems', async () => {
+    await expectProblem(await h.call('GET', '/api/v1/automations?colour=red'), 400, 'bad-request');
+    await expectProblem(await h.call('GET', '/api/v1/automations/not-an-id'), 400, 'bad-request');
+    await expectProblem(await h.call('GET', '/api/v1/automations/aut_00000000000000000000000000'), 404, 'not-found');
+    await expectProblem(await h.call('GET', '/api/v1/nothing-here'), 404, 'not-found');
+    await expectProblem(await h.call('PUT', '/api/v1/automations'), 405, 'method-not-allowed');
+    await expectProblem(await h.call('GET', '/nowhere', { key: null }), 404, 'not-found');
+  });
+
+  it('echoes a given X-Request-Id and makes one otherwise', async () => {
+    const given = await h.call('GET', '/api/v1/automations', { headers: { 'x-request-id': 'ci-run-42.step-3' } });
+    expect(given.headers.get('x-request-id')).to.equal('ci-run-42.step-3');
+    const made = await h.call('GET', '/api/v1/automations', { headers: { 'x-request-id': 'bad id with spaces' } });
+    expect(made.headers.get('x-request-id')).to.match(/^[0-9a-f-]{36}$/);
+  });
+
+  it('changes nothing and stays up after a burst of bad requests', async () => {
+    const bad = [
+      h.call('POST', '/api/v1/automations', { raw: '{', headers: { 'content-type': 'application/json' } }),
+      h.call('POST', '/api/v1/automations', { raw: '[]', headers: { 'content-type': 'application/json' } }),
+      h.call('POST', '/api/v1/automations', { raw: 'null', headers: { 'content-type': 'application/json' } }),
+      h.call('POST', '/api/v1/automations', { raw: '"text"', headers: { 'content-type': 'application/json' } }),
+      h.call('POST', '/api/v1/automations', { raw: '{"name":"x","goal":"y","__proto__":{"polluted":true}}', headers: { 'content-type': 'application/json' } }),
+      h.call('POST', '/api/v1/automations', { raw: Buffer.from([0xff, 0xfe, 0x00]), headers: { 'content-type': 'application/json' } }),
+      h.call('POST', '/api/v1/automations', { raw: '{}', headers: { 'content-type': 'application/json; charset=latin9' } }),
+      h.call('PATCH', '/api/v1/automations/aut_00000000000000000000000000', { body: { triggers: 'every day' } }),
+    ];
+    const statuses = (await Promise.all(bad)).map((r) => r.status);
+    for (const s of statuses) expect(s).to.be.within(400, 499);
+    expect(({} as Record<string, unknown>).polluted).to.equal(undefined);
+    expect((await h.call('GET', '/api/v1/automations')).body.data).to.have.length(0);
+    expect((await h.call('GET', '/healthz', { key: null })).status).to.equal(200);
+  });
+});
