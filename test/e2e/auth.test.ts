@@ -12,7 +12,8 @@ describe('authentication', () => {
   });
 
   it('answers 401 problem+json with no key, a wrong key or a malformed header', async () => {
-    for (const headers of [{}, { authorization: 'Bearer not-a-key' }, { 'x-api-key': 'nope' }, { authorization: 'Basic Zm9vOmJhcg==' }]) {
+    const attempts: Record<string, string>[] = [{}, { authorization: 'Bearer not-a-key' }, { 'x-api-key': 'nope' }, { authorization: 'Basic Zm9vOmJhcg==' }];
+    for (const headers of attempts) {
       const res = await h.call('GET', '/api/v1/automations', { key: null, headers });
       expect(res.status, JSON.stringify(headers)).to.equal(401);
       expect(res.headers.get('content-type')).to.contain('application/problem+json');

@@ -1,0 +1,110 @@
+// The entry points as ops run them: start, print, answer, and stop cleanly on SIGTERM; fail fast
+// with one clear line when Redis is down or the environment is bad.
+import { spawn, type ChildProcess } from 'node:child_process';
+import fs from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { expect } from 'chai';
+import { deleteRedisPrefix, KEYS, REDIS_URL, uniquePrefix } from '../support/harness.js';
+
+type Proc = { child: ChildProcess; out: () => string; exited: Promise<{ code: number | null; ms: number }> };
+
+function start(entry: string, env: Record<string, string>): Proc {
+  const started = Date.now();
+  // detached: its own process group, so cleanup can kill the whole group
+  const child = spawn(process.execPath, ['--import', 'tsx', entry], { env: { ...process.env, ...env }, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
+  let out = '';
+  child.stdout!.on('data', (d) => (out += d));
+  child.stderr!.on('data', (d) => (out += d));
+  const exited = new Promise<{ code: number | null; ms: number }>((resolve) => child.on('exit', (code) => resolve({ code, ms: Date.now() - started })));
+  return { child, out: () => out, exited };
+}
+
+async function waitFor(p: Proc, pattern: RegExp, ms = 15_000): Promise<RegExpMatchArray> {
+  const until = Date.now() + ms;
+  for (;;) {
+    const m = p.out().match(pattern);
+    if (m) return m;
+    if (Date.now() > until || p.child.exitCode !== null) throw new Error(`no ${pattern} in output:\n${p.out()}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+describe('processes', function () {
+  this.timeout(40_000);
+  const procs: Proc[] = [];
+  let dataDir: string;
+  let prefix: string;
+  beforeEach(async () => {
+    dataDir = await fs.mkdtemp(path.join(os.tmpdir(), 'svc-proc-'));
+    prefix = uniquePrefix();
+  });
+  afterEach(async () => {
+    for (const p of procs.splice(0)) {
+      try {
+        process.kill(-p.child.pid!, 'SIGKILL');
+      } catch {
+        // already gone
+      }
+    }
+    await deleteRedisPrefix(prefix);
+    await fs.rm(dataDir, { recursive: true, force: true });
+  });
+
+  const env = () => ({ REDIS_URL, SERVICE_QUEUE_PREFIX: prefix, SERVICE_DATA_DIR: dataDir, PORT: '0', SERVICE_API_KEYS: `acme:${KEYS.a}`, SERVICE_ADMIN_KEYS: KEYS.admin, LOG_LEVEL: 'info' });
+
+  it('npm start (main.ts) serves the API and workers, prints where things are, and stops cleanly on SIGTERM', async () => {
+    const p = start('main.ts', env());
+    procs.push(p);
+    const [, url] = await waitFor(p, /listening on (http:\/\/localhost:\d+)/);
+    await waitFor(p, /API docs: +http:\/\/localhost:\d+\/docs/);
+    await waitFor(p, /Queues: +http:\/\/localhost:\d+\/admin\/queues/);
+    await waitFor(p, /keys create --tenant/);
+    expect(p.out()).to.match(/worker process ready|workers ready/);
+    const res = await fetch(`${url}/api/v1/automations`, { headers: { authorization: `Bearer ${KEYS.a}` } });
+    expect(res.status).to.equal(200);
+    p.child.kill('SIGTERM');
+    const { code } = await p.exited;
+    expect(code, p.out()).to.equal(0);
+    expect(p.out()).to.contain('stopped cleanly');
+    expect(p.out()).not.to.contain(KEYS.a);
+  });
+
+  it('the Procfile web and worker processes start and stop cleanly', async () => {
+    const web = start('api/main.ts', env());
+    const worker = start('workers/main.ts', env());
+    procs.push(web, worker);
+    const [, url] = await waitFor(web, /"url":"(http:\/\/localhost:\d+)"/);
+    await waitFor(worker, /worker process ready|workers ready/);
+    expect((await fetch(`${url}/readyz`)).status).to.equal(200);
+    web.child.kill('SIGTERM');
+    worker.child.kill('SIGTERM');
+    expect((await web.exited).code, web.out()).to.equal(0);
+    expect((await worker.exited).code, worker.out()).to.equal(0);
+  });
+
+  it('says in one line that Redis cannot be reached, and how to fix it, instead of hanging', async () => {
+    const p = start('main.ts', { ...env(), REDIS_URL: 'redis://127.0.0.1:1' });
+    procs.push(p);
+    const { code, ms } = await p.exited;
+    expect(code).to.equal(1);
+    expect(ms).to.be.below(10_000);
+    const lines = p.out().trim().split('\n');
+    expect(lines.some((l) => /Redis is not reachable at redis:\/\/127\.0\.0\.1:1.*REDIS_URL/.test(l)), p.out()).to.equal(true);
+  });
+
+  it('stops before listening when the environment is bad, naming each bad variable', async () => {
+    const p = start('main.ts', { ...env(), PORT: 'eighty', SERVICE_AUTH: 'sometimes' });
+    procs.push(p);
+    const { code } = await p.exited;
+    expect(code).to.equal(1);
+    expect(p.out()).to.contain('PORT').and.contain('SERVICE_AUTH');
+  });
+
+  it('refuses SERVICE_AUTH=none in production', async () => {
+    const p = start('api/main.ts', { ...env(), NODE_ENV: 'production', SERVICE_AUTH: 'none', SERVICE_SECRET_KEY: 'ab'.repeat(32) });
+    procs.push(p);
+    expect((await p.exited).code).to.equal(1);
+    expect(p.out()).to.contain('SERVICE_AUTH: "none" is refused when NODE_ENV=production');
+  });
+});
