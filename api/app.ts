@@ -42,6 +42,8 @@ export function createApp(deps: AppDeps): Express {
   app.use(
     pinoHttp({
       logger: deps.log,
+      // request lines carry only the id; the request itself is serialised once, on the completion line
+      quietReqLogger: true,
       genReqId: (req, res) => {
         const given = req.headers['x-request-id'];
         const id = typeof given === 'string' && REQUEST_ID.test(given) ? given : randomUUID();

@@ -5,14 +5,26 @@ import { CronExpressionParser } from 'cron-parser';
 import type { FieldError } from './errors.js';
 import type { Trigger } from './model.js';
 
-export function isTimeZone(zone: string): boolean {
+/** Remembers what a pure, costly check answered (zone and cron parsing cost ~0.1-1 ms each); bounded. */
+function memo<T>(compute: (key: string) => T, max = 2000): (key: string) => T {
+  const seen = new Map<string, T>();
+  return (key) => {
+    if (seen.has(key)) return seen.get(key)!;
+    const value = compute(key);
+    if (seen.size >= max) seen.delete(seen.keys().next().value!);
+    seen.set(key, value);
+    return value;
+  };
+}
+
+export const isTimeZone = memo((zone: string): boolean => {
   try {
     new Intl.DateTimeFormat('en-US', { timeZone: zone });
     return true;
   } catch {
     return false;
   }
-}
+});
 
 /** The next time a cron trigger fires after `from`, or null when the expression never fires. */
 export function nextCronFire(schedule: string, timezone: string, from: Date): Date | null {
@@ -23,7 +35,7 @@ export function nextCronFire(schedule: string, timezone: string, from: Date): Da
   }
 }
 
-function cronError(schedule: string): string | null {
+const cronError = memo((schedule: string): string | null => {
   const fields = schedule.trim().split(/\s+/);
   if (!schedule.trim().startsWith('@') && (fields.length < 5 || fields.length > 6)) {
     return `expected 5 fields (minute hour day month weekday) or 6 with seconds first, got ${fields.length}`;
@@ -34,7 +46,7 @@ function cronError(schedule: string): string | null {
   } catch (err) {
     return `not a valid cron expression: ${(err as Error).message}`;
   }
-}
+});
 
 function globError(glob: string): string | null {
   if (path.isAbsolute(glob) || /^[A-Za-z]:[\\/]/.test(glob)) return 'must be relative to the workspace root';

@@ -45,6 +45,19 @@ function automationRepo(db: Database.Database): AutomationRepo {
   const get = db.prepare<[string, string], { doc: string }>('SELECT doc FROM automations WHERE tenant_id = ? AND id = ?');
   const write = db.prepare('UPDATE automations SET status = ?, doc = ? WHERE tenant_id = ? AND id = ?');
   const read = (row: { doc: string } | undefined): Automation | null => (row ? (JSON.parse(row.doc) as Automation) : null);
+  // one prepared statement per shape of list query (how many statuses, whether a cursor), made once
+  const listStatements = new Map<string, Database.Statement<unknown[], { doc: string }>>();
+  const listStatement = (statuses: number, hasCursor: boolean) => {
+    const shape = `${statuses}:${hasCursor}`;
+    let stmt = listStatements.get(shape);
+    if (!stmt) {
+      const where = ['tenant_id = ?', statuses ? `status IN (${Array(statuses).fill('?').join(', ')})` : "status <> 'archived'"];
+      if (hasCursor) where.push('id < ?');
+      stmt = db.prepare<unknown[], { doc: string }>(`SELECT doc FROM automations WHERE ${where.join(' AND ')} ORDER BY id DESC LIMIT ?`);
+      listStatements.set(shape, stmt);
+    }
+    return stmt;
+  };
 
   const update = db.transaction((tenantId: string, id: string, changes: Partial<Automation>, ifStatusIn: string[]) => {
     const current = read(get.get(tenantId, id));
@@ -63,21 +76,9 @@ function automationRepo(db: Database.Database): AutomationRepo {
     },
     async list(tenantId, q) {
       const after = decodeCursor(q.cursor);
-      const where = ['tenant_id = ?'];
-      const params: unknown[] = [tenantId];
-      if (q.statuses) {
-        where.push(`status IN (${q.statuses.map(() => '?').join(', ')})`);
-        params.push(...q.statuses);
-      } else {
-        where.push("status <> 'archived'");
-      }
-      if (after) {
-        where.push('id < ?');
-        params.push(after);
-      }
-      const rows = db
-        .prepare<unknown[], { doc: string }>(`SELECT doc FROM automations WHERE ${where.join(' AND ')} ORDER BY id DESC LIMIT ?`)
-        .all(...params, q.limit + 1);
+      const statuses = q.statuses ?? [];
+      const params: unknown[] = [tenantId, ...statuses, ...(after ? [after] : []), q.limit + 1];
+      const rows = listStatement(statuses.length, Boolean(after)).all(...params);
       return toPage(rows.map((r) => JSON.parse(r.doc) as Automation), q.limit);
     },
     async update(tenantId, id, changes, ifStatusIn) {
