@@ -1,6 +1,7 @@
 // The OpenAPI file is the contract: it lints clean, every operation is complete, and every
 // operation answers on a route (no operation exists only on paper).
 import { spawnSync } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import { expect } from 'chai';
 import { loadSpec } from '../../api/spec.js';
 import { startHarness } from '../support/harness.js';
@@ -44,6 +45,12 @@ describe('api/openapi.yaml', function () {
         expect(Object.keys(resolved?.content ?? {}), `${method} ${path} ${status}`).to.include('application/problem+json');
       }
     }
+  });
+
+  it('matches the handler types generated from it (npm run gen:types)', () => {
+    const run = spawnSync('node_modules/.bin/openapi-typescript', ['api/openapi.yaml'], { encoding: 'utf8' });
+    expect(run.status, run.stderr).to.equal(0);
+    expect(run.stdout.trim(), 'api/schema.d.ts is stale: run npm run gen:types').to.equal(readFileSync('api/schema.d.ts', 'utf8').trim());
   });
 
   it('has a route for every operation', async () => {
