@@ -65,3 +65,72 @@ export type ApiKeyRecord = {
   source: 'bootstrap' | 'cli' | 'api';
   created_at: string;
 };
+
+export const RUN_KINDS = ['autonomy', 'vibe', 'automation', 'session_task', 'audit'] as const;
+export type RunKind = (typeof RUN_KINDS)[number];
+
+export const RUN_STATUSES = ['queued', 'running', 'succeeded', 'failed', 'canceled', 'timed_out'] as const;
+export type RunStatus = (typeof RUN_STATUSES)[number];
+export const TERMINAL_RUN_STATUSES: readonly RunStatus[] = ['succeeded', 'failed', 'canceled', 'timed_out'];
+
+export type StepStatus = 'pending' | 'running' | 'succeeded' | 'failed' | 'canceled' | 'timed_out' | 'skipped';
+
+export type ErrorInfo = { code: string; message: string };
+
+export type StepRecord = {
+  index: number;
+  name: string | null;
+  tool: string;
+  args: Record<string, unknown>;
+  status: StepStatus;
+  /** who asked for it: the definition's steps, or the agent */
+  source: 'plan' | 'agent';
+  started_at: string | null;
+  finished_at: string | null;
+  duration_ms: number | null;
+  output: Record<string, unknown> | null;
+  error: ErrorInfo | null;
+};
+
+export type RunTrigger =
+  | { type: 'api'; request_id?: string }
+  | { type: 'manual'; request_id?: string }
+  | { type: 'cron'; schedule: string; timezone: string; fire_at: string }
+  | { type: 'webhook'; provider: string; delivery_id: string; event?: string }
+  | { type: 'file_change'; paths: string[] };
+
+export type AgentTurn = {
+  index: number;
+  at: string;
+  /** what the model answered: text, tool calls, or both */
+  content: string | null;
+  tool_calls: { id: string; tool: string; args: Record<string, unknown> }[];
+  usage?: { prompt_tokens?: number; completion_tokens?: number };
+};
+
+export type Run = {
+  id: string;
+  tenant_id: string;
+  kind: RunKind;
+  status: RunStatus;
+  session_id: string;
+  automation_id: string | null;
+  trigger: RunTrigger;
+  goal: string | null;
+  steps: StepRecord[];
+  tool_allowlist: string[];
+  workspace: string;
+  budget: Budget;
+  usage: { steps: number; model_turns: number; seconds: number };
+  inputs: Record<string, unknown>;
+  agent_turns: AgentTurn[];
+  summary: string | null;
+  error: ErrorInfo | null;
+  result: { diff?: string; changed_files?: string[]; final_answer?: string } | null;
+  idempotency_key: string | null;
+  request_id: string | null;
+  created_at: string;
+  started_at: string | null;
+  finished_at: string | null;
+  duration_ms: number | null;
+};

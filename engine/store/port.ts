@@ -1,7 +1,7 @@
 // The store port: typed repositories with the tenant id on every method that reads or changes
 // tenant data. Two adapters implement it (sqlite/, mongo/); one contract suite tests both.
 import { ValidationError } from '../errors.js';
-import type { ApiKeyRecord, Automation, AutomationStatus } from '../model.js';
+import type { ApiKeyRecord, Automation, AutomationStatus, Run, RunKind, RunStatus, Trigger } from '../model.js';
 
 export type Page<T> = { items: T[]; next_cursor: string | null };
 
@@ -20,6 +20,27 @@ export interface AutomationRepo {
   list(tenantId: string, query: AutomationQuery): Promise<Page<Automation>>;
   /** Applies `changes` only while the status is one of `ifStatusIn`; null when no row matched. */
   update(tenantId: string, id: string, changes: AutomationChanges, ifStatusIn: AutomationStatus[]): Promise<Automation | null>;
+  /** System use (trigger reconcilers): enabled automations of every tenant with a trigger of this type. */
+  listEnabledWithTrigger(type: Trigger['type']): Promise<Automation[]>;
+}
+
+export type RunChanges = Partial<Omit<Run, 'id' | 'tenant_id' | 'created_at' | 'kind'>>;
+
+export type RunStats = { counts: Partial<Record<RunStatus, number>>; durations_ms: number[]; last: Run | null };
+
+export interface RunRepo {
+  insert(run: Run): Promise<void>;
+  get(tenantId: string, id: string): Promise<Run | null>;
+  /** Applies `changes` only while the status is one of `ifStatusIn`: every transition is conditional. */
+  update(tenantId: string, id: string, changes: RunChanges, ifStatusIn: RunStatus[]): Promise<Run | null>;
+  listByAutomation(tenantId: string, automationId: string, q: { limit: number; cursor?: string }): Promise<Page<Run>>;
+  listBySession(tenantId: string, sessionId: string, q: { limit: number; cursor?: string }): Promise<Page<Run>>;
+  /** Counts by status, durations of the latest finished runs (newest first), and the latest run. */
+  automationStats(tenantId: string, automationId: string, recent: number): Promise<RunStats>;
+  /** Durations of the tenant's latest finished runs of a kind, newest first. */
+  recentDurations(tenantId: string, kind: RunKind, limit: number): Promise<number[]>;
+  /** System use (the reconciler): runs of every tenant in a status, created before a time. */
+  listStale(status: RunStatus, createdBefore: string, limit: number): Promise<Run[]>;
 }
 
 export interface ApiKeyRepo {
@@ -34,6 +55,7 @@ export interface Store {
   readonly kind: 'sqlite' | 'mongo';
   readonly automations: AutomationRepo;
   readonly apiKeys: ApiKeyRepo;
+  readonly runs: RunRepo;
   /** Throws when the store cannot be reached. */
   ping(): Promise<void>;
   close(): Promise<void>;

@@ -1,7 +1,7 @@
 // One contract for every store adapter. Each adapter's test file calls storeContract with a factory.
 import { expect } from 'chai';
 import { newId } from '../../engine/ids.js';
-import type { ApiKeyRecord, Automation } from '../../engine/model.js';
+import type { ApiKeyRecord, Automation, Run } from '../../engine/model.js';
 import type { Store } from '../../engine/store/port.js';
 
 export function automationFixture(tenantId: string, over: Partial<Automation> = {}): Automation {
@@ -21,6 +21,36 @@ export function automationFixture(tenantId: string, over: Partial<Automation> = 
     template: null,
     created_at: now,
     updated_at: now,
+    ...over,
+  };
+}
+
+export function runFixture(tenantId: string, over: Partial<Run> = {}): Run {
+  return {
+    id: newId('run'),
+    tenant_id: tenantId,
+    kind: 'automation',
+    status: 'queued',
+    session_id: newId('ses'),
+    automation_id: null,
+    trigger: { type: 'api' },
+    goal: null,
+    steps: [],
+    tool_allowlist: ['shell'],
+    workspace: '/tmp',
+    budget: { seconds: 60 },
+    usage: { steps: 0, model_turns: 0, seconds: 0 },
+    inputs: {},
+    agent_turns: [],
+    summary: null,
+    error: null,
+    result: null,
+    idempotency_key: null,
+    request_id: null,
+    created_at: new Date().toISOString(),
+    started_at: null,
+    finished_at: null,
+    duration_ms: null,
     ...over,
   };
 }
@@ -94,6 +124,65 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
         error = err;
       }
       expect(error).to.have.property('code', 'validation-failed');
+    });
+
+    it('lists enabled automations of every tenant that have a trigger of a type', async () => {
+      const cron = automationFixture('t1', { triggers: [{ type: 'manual' }, { type: 'cron', schedule: '* * * * *', timezone: 'UTC' }] });
+      const other = automationFixture('t2', { triggers: [{ type: 'cron', schedule: '0 * * * *', timezone: 'UTC' }] });
+      const disabled = automationFixture('t1', { status: 'disabled', triggers: [{ type: 'cron', schedule: '* * * * *', timezone: 'UTC' }] });
+      const manual = automationFixture('t1');
+      for (const a of [cron, other, disabled, manual]) await store.automations.insert(a);
+      const found = await store.automations.listEnabledWithTrigger('cron');
+      expect(found.map((a) => a.id).sort()).to.deep.equal([cron.id, other.id].sort());
+    });
+
+    it('round-trips a run and moves it only from the expected status', async () => {
+      const r = runFixture('t1', { steps: [{ index: 0, name: null, tool: 'shell', args: { command: 'x' }, status: 'pending', source: 'plan', started_at: null, finished_at: null, duration_ms: null, output: null, error: null }] });
+      await store.runs.insert(r);
+      expect(await store.runs.get('t1', r.id)).to.deep.equal(r);
+      expect(await store.runs.get('t2', r.id)).to.equal(null);
+      const started = await store.runs.update('t1', r.id, { status: 'running', started_at: new Date().toISOString() }, ['queued']);
+      expect(started!.status).to.equal('running');
+      // a replayed transition does not apply twice
+      expect(await store.runs.update('t1', r.id, { status: 'running' }, ['queued'])).to.equal(null);
+      expect(await store.runs.update('t2', r.id, { status: 'failed' }, ['running'])).to.equal(null);
+      const done = await store.runs.update('t1', r.id, { status: 'succeeded', finished_at: new Date().toISOString(), duration_ms: 42 }, ['running']);
+      expect(done).to.deep.include({ status: 'succeeded', duration_ms: 42, kind: 'automation' });
+      expect(done!.steps).to.deep.equal(r.steps);
+    });
+
+    it('pages runs of an automation and of a session, newest first', async () => {
+      const runs: Run[] = [];
+      for (let i = 0; i < 5; i++) {
+        const r = runFixture('t1', { automation_id: 'aut_x', session_id: 'ses_x', summary: `r${i}` });
+        await store.runs.insert(r);
+        runs.push(r);
+      }
+      await store.runs.insert(runFixture('t2', { automation_id: 'aut_x', session_id: 'ses_x' }));
+      const first = await store.runs.listByAutomation('t1', 'aut_x', { limit: 3 });
+      expect(first.items.map((r) => r.summary)).to.deep.equal(['r4', 'r3', 'r2']);
+      const second = await store.runs.listByAutomation('t1', 'aut_x', { limit: 3, cursor: first.next_cursor! });
+      expect(second.items.map((r) => r.summary)).to.deep.equal(['r1', 'r0']);
+      expect(second.next_cursor).to.equal(null);
+      expect((await store.runs.listBySession('t1', 'ses_x', { limit: 10 })).items).to.have.length(5);
+    });
+
+    it('computes automation stats, recent durations and stale runs', async () => {
+      const old = new Date(Date.now() - 60_000).toISOString();
+      const at = (ms: number) => new Date(Date.now() - ms).toISOString();
+      await store.runs.insert(runFixture('t1', { automation_id: 'aut_s', status: 'succeeded', duration_ms: 100, finished_at: at(3000) }));
+      await store.runs.insert(runFixture('t1', { automation_id: 'aut_s', status: 'failed', duration_ms: 300, finished_at: at(2000) }));
+      await store.runs.insert(runFixture('t1', { automation_id: 'aut_s', status: 'succeeded', duration_ms: 200, finished_at: at(1000) }));
+      const stale = runFixture('t1', { automation_id: 'aut_s', status: 'queued', created_at: old });
+      await store.runs.insert(stale);
+      const stats = await store.runs.automationStats('t1', 'aut_s', 10);
+      expect(stats.counts).to.deep.equal({ succeeded: 2, failed: 1, queued: 1 });
+      expect(stats.durations_ms).to.deep.equal([200, 300, 100]);
+      expect(stats.last!.id).to.equal(stale.id);
+      expect(await store.runs.recentDurations('t1', 'automation', 2)).to.deep.equal([200, 300]);
+      expect(await store.runs.recentDurations('t2', 'automation', 2)).to.deep.equal([]);
+      const found = await store.runs.listStale('queued', new Date(Date.now() - 30_000).toISOString(), 10);
+      expect(found.map((r) => r.id)).to.deep.equal([stale.id]);
     });
 
     it('stores api keys by hash, once, and finds them by hash', async () => {

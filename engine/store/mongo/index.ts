@@ -1,8 +1,8 @@
 // MongoDB adapter (mongoose): used when MONGODB_URI is set. Same contract as the SQLite adapter;
 // conditional updates are single findOneAndUpdate calls with the expected status in the filter.
 import mongoose, { Schema, type Connection, type Model } from 'mongoose';
-import type { ApiKeyRecord, Automation } from '../../model.js';
-import { decodeCursor, toPage, type ApiKeyRepo, type AutomationRepo, type Store } from '../port.js';
+import type { ApiKeyRecord, Automation, Run } from '../../model.js';
+import { decodeCursor, toPage, type ApiKeyRepo, type AutomationRepo, type RunRepo, type RunStats, type Store } from '../port.js';
 
 type Stored<T extends { id: string }> = Omit<T, 'id'> & { _id: string };
 
@@ -24,6 +24,15 @@ const automationSchema = new Schema({ _id: String, tenant_id: { type: String, re
 automationSchema.index({ tenant_id: 1, _id: -1 });
 automationSchema.index({ tenant_id: 1, status: 1, _id: -1 });
 
+const runSchema = new Schema(
+  { _id: String, tenant_id: { type: String, required: true }, kind: String, status: String, automation_id: String, session_id: String, created_at: String, finished_at: String },
+  loose,
+);
+runSchema.index({ tenant_id: 1, automation_id: 1, _id: -1 });
+runSchema.index({ tenant_id: 1, session_id: 1, _id: -1 });
+runSchema.index({ tenant_id: 1, kind: 1, finished_at: -1 });
+runSchema.index({ status: 1, created_at: 1 });
+
 const apiKeySchema = new Schema({ _id: String, tenant_id: { type: String, required: true }, hash: { type: String, required: true } }, loose);
 apiKeySchema.index({ hash: 1 }, { unique: true });
 apiKeySchema.index({ tenant_id: 1, _id: 1 });
@@ -32,11 +41,13 @@ export async function openMongoStore(uri: string): Promise<Store> {
   const conn = await mongoose.createConnection(uri, { serverSelectionTimeoutMS: 5000 }).asPromise();
   const automations = conn.model<Stored<Automation>>('Automation', automationSchema, 'automations');
   const apiKeys = conn.model<Stored<ApiKeyRecord>>('ApiKey', apiKeySchema, 'api_keys');
-  await Promise.all([automations.init(), apiKeys.init()]);
+  const runs = conn.model<Stored<Run>>('Run', runSchema, 'runs');
+  await Promise.all([automations.init(), apiKeys.init(), runs.init()]);
   return {
     kind: 'mongo',
     automations: automationRepo(automations),
     apiKeys: apiKeyRepo(apiKeys),
+    runs: runRepo(runs),
     async ping() {
       await pingConnection(conn);
     },
@@ -75,6 +86,60 @@ function automationRepo(model: Model<Stored<Automation>>): AutomationRepo {
         .findOneAndUpdate({ _id: id, tenant_id: tenantId, status: { $in: ifStatusIn } }, { $set: definedOnly(changes) }, { returnDocument: 'after' })
         .lean<Stored<Automation>>();
       return fromStored(updated);
+    },
+    async listEnabledWithTrigger(type) {
+      const rows = await model.find({ status: 'enabled', 'triggers.type': type }).sort({ _id: 1 }).lean<Stored<Automation>[]>();
+      return rows.map((r) => fromStored(r)!);
+    },
+  };
+}
+
+function runRepo(model: Model<Stored<Run>>): RunRepo {
+  const page = async (filter: Record<string, unknown>, q: { limit: number; cursor?: string }) => {
+    const after = decodeCursor(q.cursor);
+    if (after) filter._id = { $lt: after };
+    const rows = await model.find(filter).sort({ _id: -1 }).limit(q.limit + 1).lean<Stored<Run>[]>();
+    return toPage(rows.map((r) => fromStored(r)!), q.limit);
+  };
+  return {
+    async insert(r) {
+      await model.collection.insertOne(toStored(r) as never);
+    },
+    async get(tenantId, id) {
+      return fromStored(await model.findOne({ _id: id, tenant_id: tenantId }).lean<Stored<Run>>());
+    },
+    async update(tenantId, id, changes, ifStatusIn) {
+      const updated = await model
+        .findOneAndUpdate({ _id: id, tenant_id: tenantId, status: { $in: ifStatusIn } }, { $set: definedOnly(changes) }, { returnDocument: 'after' })
+        .lean<Stored<Run>>();
+      return fromStored(updated);
+    },
+    listByAutomation: (tenantId, automationId, q) => page({ tenant_id: tenantId, automation_id: automationId }, q),
+    listBySession: (tenantId, sessionId, q) => page({ tenant_id: tenantId, session_id: sessionId }, q),
+    async automationStats(tenantId, automationId, recent): Promise<RunStats> {
+      const grouped = await model.aggregate<{ _id: Run['status']; n: number }>([
+        { $match: { tenant_id: tenantId, automation_id: automationId } },
+        { $group: { _id: '$status', n: { $sum: 1 } } },
+      ]);
+      const durations = await model
+        .find({ tenant_id: tenantId, automation_id: automationId, duration_ms: { $ne: null } }, { duration_ms: 1 })
+        .sort({ _id: -1 })
+        .limit(recent)
+        .lean<{ duration_ms: number }[]>();
+      const last = await model.findOne({ tenant_id: tenantId, automation_id: automationId }).sort({ _id: -1 }).lean<Stored<Run>>();
+      return { counts: Object.fromEntries(grouped.map((g) => [g._id, g.n])), durations_ms: durations.map((d) => d.duration_ms), last: fromStored(last) };
+    },
+    async recentDurations(tenantId, kind, limit) {
+      const rows = await model
+        .find({ tenant_id: tenantId, kind, finished_at: { $ne: null }, duration_ms: { $ne: null } }, { duration_ms: 1 })
+        .sort({ finished_at: -1 })
+        .limit(limit)
+        .lean<{ duration_ms: number }[]>();
+      return rows.map((r) => r.duration_ms);
+    },
+    async listStale(status, createdBefore, limit) {
+      const rows = await model.find({ status, created_at: { $lt: createdBefore } }).sort({ created_at: 1 }).limit(limit).lean<Stored<Run>[]>();
+      return rows.map((r) => fromStored(r)!);
     },
   };
 }

@@ -4,8 +4,8 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import Database from 'better-sqlite3';
-import type { ApiKeyRecord, Automation } from '../../model.js';
-import { decodeCursor, toPage, type ApiKeyRepo, type AutomationRepo, type Store } from '../port.js';
+import type { ApiKeyRecord, Automation, Run } from '../../model.js';
+import { decodeCursor, toPage, type ApiKeyRepo, type AutomationRepo, type RunRepo, type RunStats, type Store } from '../port.js';
 import { MIGRATIONS } from './migrations.js';
 
 export function openSqliteStore(file: string): Store {
@@ -20,6 +20,7 @@ export function openSqliteStore(file: string): Store {
     kind: 'sqlite',
     automations: automationRepo(db),
     apiKeys: apiKeyRepo(db),
+    runs: runRepo(db),
     async ping() {
       db.prepare('SELECT 1').get();
     },
@@ -44,6 +45,9 @@ function automationRepo(db: Database.Database): AutomationRepo {
   const insert = db.prepare('INSERT INTO automations (id, tenant_id, status, doc) VALUES (?, ?, ?, ?)');
   const get = db.prepare<[string, string], { doc: string }>('SELECT doc FROM automations WHERE tenant_id = ? AND id = ?');
   const write = db.prepare('UPDATE automations SET status = ?, doc = ? WHERE tenant_id = ? AND id = ?');
+  const withTrigger = db.prepare<[string], { doc: string }>(
+    "SELECT doc FROM automations WHERE status = 'enabled' AND EXISTS (SELECT 1 FROM json_each(doc, '$.triggers') WHERE json_extract(value, '$.type') = ?) ORDER BY id",
+  );
   const read = (row: { doc: string } | undefined): Automation | null => (row ? (JSON.parse(row.doc) as Automation) : null);
   // one prepared statement per shape of list query (how many statuses, whether a cursor), made once
   const listStatements = new Map<string, Database.Statement<unknown[], { doc: string }>>();
@@ -83,6 +87,80 @@ function automationRepo(db: Database.Database): AutomationRepo {
     },
     async update(tenantId, id, changes, ifStatusIn) {
       return update.immediate(tenantId, id, changes, ifStatusIn);
+    },
+    async listEnabledWithTrigger(type) {
+      return withTrigger.all(type).map((r) => JSON.parse(r.doc) as Automation);
+    },
+  };
+}
+
+function runRepo(db: Database.Database): RunRepo {
+  const insert = db.prepare(
+    'INSERT INTO runs (id, tenant_id, kind, status, automation_id, session_id, created_at, finished_at, duration_ms, doc) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
+  );
+  const get = db.prepare<[string, string], { doc: string }>('SELECT doc FROM runs WHERE tenant_id = ? AND id = ?');
+  const write = db.prepare('UPDATE runs SET status = ?, finished_at = ?, duration_ms = ?, doc = ? WHERE tenant_id = ? AND id = ?');
+  const byAutomation = db.prepare<[string, string, string, number], { doc: string }>(
+    'SELECT doc FROM runs WHERE tenant_id = ? AND automation_id = ? AND id < ? ORDER BY id DESC LIMIT ?',
+  );
+  const bySession = db.prepare<[string, string, string, number], { doc: string }>(
+    'SELECT doc FROM runs WHERE tenant_id = ? AND session_id = ? AND id < ? ORDER BY id DESC LIMIT ?',
+  );
+  const counts = db.prepare<[string, string], { status: string; n: number }>(
+    'SELECT status, COUNT(*) AS n FROM runs WHERE tenant_id = ? AND automation_id = ? GROUP BY status',
+  );
+  const durationsOfAutomation = db.prepare<[string, string, number], { duration_ms: number }>(
+    'SELECT duration_ms FROM runs WHERE tenant_id = ? AND automation_id = ? AND duration_ms IS NOT NULL ORDER BY id DESC LIMIT ?',
+  );
+  const latestOfAutomation = db.prepare<[string, string], { doc: string }>('SELECT doc FROM runs WHERE tenant_id = ? AND automation_id = ? ORDER BY id DESC LIMIT 1');
+  const durationsOfKind = db.prepare<[string, string, number], { duration_ms: number }>(
+    'SELECT duration_ms FROM runs WHERE tenant_id = ? AND kind = ? AND finished_at IS NOT NULL AND duration_ms IS NOT NULL ORDER BY finished_at DESC LIMIT ?',
+  );
+  const stale = db.prepare<[string, string, number], { doc: string }>('SELECT doc FROM runs WHERE status = ? AND created_at < ? ORDER BY created_at LIMIT ?');
+  const read = (row: { doc: string } | undefined): Run | null => (row ? (JSON.parse(row.doc) as Run) : null);
+  // the largest possible id: a cursor-less page starts below it
+  const TOP = '\uffff';
+
+  const update = db.transaction((tenantId: string, id: string, changes: Partial<Run>, ifStatusIn: string[]) => {
+    const current = read(get.get(tenantId, id));
+    if (!current || !ifStatusIn.includes(current.status)) return null;
+    const next: Run = { ...current, ...changes, id: current.id, tenant_id: current.tenant_id, kind: current.kind, created_at: current.created_at };
+    write.run(next.status, next.finished_at, next.duration_ms, JSON.stringify(next), tenantId, id);
+    return next;
+  });
+
+  return {
+    async insert(r) {
+      insert.run(r.id, r.tenant_id, r.kind, r.status, r.automation_id, r.session_id, r.created_at, r.finished_at, r.duration_ms, JSON.stringify(r));
+    },
+    async get(tenantId, id) {
+      return read(get.get(tenantId, id));
+    },
+    async update(tenantId, id, changes, ifStatusIn) {
+      return update.immediate(tenantId, id, changes, ifStatusIn);
+    },
+    async listByAutomation(tenantId, automationId, q) {
+      const rows = byAutomation.all(tenantId, automationId, decodeCursor(q.cursor) ?? TOP, q.limit + 1);
+      return toPage(rows.map((r) => read(r)!), q.limit);
+    },
+    async listBySession(tenantId, sessionId, q) {
+      const rows = bySession.all(tenantId, sessionId, decodeCursor(q.cursor) ?? TOP, q.limit + 1);
+      return toPage(rows.map((r) => read(r)!), q.limit);
+    },
+    async automationStats(tenantId, automationId, recent): Promise<RunStats> {
+      const byStatus: RunStats['counts'] = {};
+      for (const row of counts.all(tenantId, automationId)) byStatus[row.status as Run['status']] = row.n;
+      return {
+        counts: byStatus,
+        durations_ms: durationsOfAutomation.all(tenantId, automationId, recent).map((r) => r.duration_ms),
+        last: read(latestOfAutomation.get(tenantId, automationId)),
+      };
+    },
+    async recentDurations(tenantId, kind, limit) {
+      return durationsOfKind.all(tenantId, kind, limit).map((r) => r.duration_ms);
+    },
+    async listStale(status, createdBefore, limit) {
+      return stale.all(status, createdBefore, limit).map((r) => read(r)!);
     },
   };
 }

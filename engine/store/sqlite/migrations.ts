@@ -18,3 +18,21 @@ export const MIGRATIONS: string[] = [
   CREATE INDEX api_keys_by_tenant ON api_keys (tenant_id, id);
   `,
 ];
+MIGRATIONS.push(`
+  CREATE TABLE runs (
+    id TEXT PRIMARY KEY,
+    tenant_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    status TEXT NOT NULL,
+    automation_id TEXT,
+    session_id TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    finished_at TEXT,
+    duration_ms INTEGER,
+    doc TEXT NOT NULL
+  );
+  CREATE INDEX runs_by_automation ON runs (tenant_id, automation_id, id);
+  CREATE INDEX runs_by_session ON runs (tenant_id, session_id, id);
+  CREATE INDEX runs_by_kind_finished ON runs (tenant_id, kind, finished_at);
+  CREATE INDEX runs_by_status_created ON runs (status, created_at);
+`);
