@@ -22,6 +22,8 @@ const STATUS_OF_CODE: Record<string, number> = {
   'not-found': 404,
   'method-not-allowed': 405,
   conflict: 409,
+  'agent-not-configured': 422,
+  'idempotency-key-reused': 422,
   'payload-too-large': 413,
   'unsupported-media-type': 415,
   unavailable: 503,
@@ -36,13 +38,14 @@ const TITLES: Record<number, string> = {
   409: 'Conflict',
   413: 'Payload Too Large',
   415: 'Unsupported Media Type',
+  422: 'Unprocessable Content',
   500: 'Internal Server Error',
   503: 'Service Unavailable',
 };
 
 const CODE_OF_STATUS: Record<number, string> = Object.fromEntries(
   Object.entries(STATUS_OF_CODE)
-    .filter(([code]) => !['validation-failed', 'malformed-json'].includes(code))
+    .filter(([code]) => !['validation-failed', 'malformed-json', 'agent-not-configured', 'idempotency-key-reused'].includes(code))
     .map(([code, status]) => [status, code]),
 );
 

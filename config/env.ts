@@ -25,7 +25,19 @@ export type Config = {
   logLevel: string;
   shutdownGraceSeconds: number;
   runBudget: { defaultSeconds: number; maxSeconds: number };
+  workerConcurrency: number;
+  /** the http tool may reach private and loopback addresses */
+  httpAllowPrivate: boolean;
+  sseHeartbeatSeconds: number;
+  reconcileIntervalSeconds: number;
+  /** how long a worker's lock on a run lasts; a dead worker's run is noticed within about twice this */
+  stalledIntervalSeconds: number;
+  fileTriggerRefreshSeconds: number;
+  /** the environment a shell step starts from: a short allowlist, never the service's secrets */
+  childEnv: Record<string, string>;
 };
+
+const CHILD_ENV_NAMES = ['PATH', 'HOME', 'LANG', 'LANGUAGE', 'TZ', 'TERM', 'SHELL', 'USER', 'LOGNAME', 'TMPDIR'];
 
 export class ConfigError extends Error {
   constructor(readonly problems: string[]) {
@@ -138,6 +150,12 @@ const schema = z.object({
   SERVICE_SHUTDOWN_GRACE_SECONDS: int(10, 0, 3600),
   SERVICE_RUN_DEFAULT_BUDGET_SECONDS: int(600, 1, 86_400),
   SERVICE_RUN_MAX_BUDGET_SECONDS: int(3600, 1, 86_400),
+  SERVICE_WORKER_CONCURRENCY: int(10, 1, 1000),
+  SERVICE_HTTP_ALLOW_PRIVATE: flag,
+  SERVICE_SSE_HEARTBEAT_SECONDS: int(15, 1, 300),
+  SERVICE_RECONCILE_INTERVAL_SECONDS: int(30, 1, 3600),
+  SERVICE_STALLED_INTERVAL_SECONDS: int(15, 1, 600),
+  SERVICE_FILE_TRIGGER_REFRESH_SECONDS: int(5, 1, 3600),
   LOG_LEVEL: z
     .string()
     .optional()
@@ -179,6 +197,13 @@ export function parseEnv(env: Record<string, string | undefined>): Config {
     logLevel: e.LOG_LEVEL,
     shutdownGraceSeconds: e.SERVICE_SHUTDOWN_GRACE_SECONDS,
     runBudget: { defaultSeconds: e.SERVICE_RUN_DEFAULT_BUDGET_SECONDS, maxSeconds: e.SERVICE_RUN_MAX_BUDGET_SECONDS },
+    workerConcurrency: e.SERVICE_WORKER_CONCURRENCY,
+    httpAllowPrivate: e.SERVICE_HTTP_ALLOW_PRIVATE,
+    sseHeartbeatSeconds: e.SERVICE_SSE_HEARTBEAT_SECONDS,
+    reconcileIntervalSeconds: e.SERVICE_RECONCILE_INTERVAL_SECONDS,
+    stalledIntervalSeconds: e.SERVICE_STALLED_INTERVAL_SECONDS,
+    fileTriggerRefreshSeconds: e.SERVICE_FILE_TRIGGER_REFRESH_SECONDS,
+    childEnv: Object.fromEntries(CHILD_ENV_NAMES.filter((n) => env[n] !== undefined).map((n) => [n, env[n] as string])),
   };
 }
 

@@ -35,3 +35,13 @@ export class UnavailableError extends AppError {
   readonly code = 'unavailable';
   override readonly retryable = true;
 }
+
+/** A goal-driven run with no model endpoint configured (SERVICE_AGENT_BASE_URL). */
+export class AgentNotConfiguredError extends AppError {
+  readonly code = 'agent-not-configured';
+}
+
+/** The same Idempotency-Key came back with a different request. */
+export class IdempotencyKeyReusedError extends AppError {
+  readonly code = 'idempotency-key-reused';
+}

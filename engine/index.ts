@@ -2,12 +2,18 @@
 import { apiKeysOf } from './api-keys.js';
 import { automationsOf } from './automations.js';
 import type { EngineDeps } from './deps.js';
+import { executorOf } from './executor.js';
+import { runsOf } from './runs.js';
 
 export function createEngine(deps: EngineDeps) {
+  const runs = runsOf(deps);
   return {
     automations: automationsOf(deps),
     apiKeys: apiKeysOf(deps),
     templates: deps.templates,
+    runs,
+    executor: executorOf(deps, runs),
+    deps,
   };
 }
 

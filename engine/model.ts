@@ -126,7 +126,7 @@ export type Run = {
   agent_turns: AgentTurn[];
   summary: string | null;
   error: ErrorInfo | null;
-  result: { diff?: string; changed_files?: string[]; final_answer?: string } | null;
+  result: { diff?: string; diff_truncated?: boolean; changed_files?: string[]; final_answer?: string } | null;
   idempotency_key: string | null;
   request_id: string | null;
   created_at: string;

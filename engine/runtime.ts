@@ -3,6 +3,8 @@
 import type { Config } from '../config/env.js';
 import { TEMPLATES_DIR } from '../config/paths.js';
 import { systemClock, type Clock } from './clock.js';
+import { createTenantSlots } from './concurrency.js';
+import { createEventLog, EventHub } from './events.js';
 import { createEngine, type Engine } from './index.js';
 import type { Logger } from './log.js';
 import { createQueues, type Queues } from './queues.js';
@@ -19,6 +21,8 @@ export type Runtime = {
   store: Store;
   queues: Queues;
   engine: Engine;
+  /** fans the event log out to this process's SSE clients; one blocking reader per process */
+  hub: EventHub;
   close(): Promise<void>;
 };
 
@@ -40,16 +44,31 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
     if (opts.watchTemplates) await templates.watch();
     closers.push(() => templates.close());
     const clock = opts.clock ?? systemClock;
+    const events = createEventLog(redis, config.queuePrefix, clock);
+    const hub = new EventHub(redis, events);
+    closers.push(() => hub.close());
+    const agent = config.agent.baseUrl && config.agent.model ? { baseUrl: config.agent.baseUrl, apiKey: config.agent.apiKey, model: config.agent.model } : undefined;
     const engine = createEngine({
       store,
       clock,
       log,
       templates,
+      redis,
+      queues,
+      events,
+      slots: createTenantSlots(redis, config.queuePrefix, config.tenantMaxRunning),
       limits: { defaultBudgetSeconds: config.runBudget.defaultSeconds, maxBudgetSeconds: config.runBudget.maxSeconds },
+      settings: {
+        workspaceRoot: config.workspaceRoot,
+        agent,
+        childEnv: config.childEnv,
+        httpAllowPrivate: config.httpAllowPrivate,
+        workerConcurrency: config.workerConcurrency,
+      },
     });
     await engine.apiKeys.seed(config.apiKeys);
     log.info({ store: store.kind, templates: templates.list().length, queue_prefix: config.queuePrefix }, 'runtime open');
-    return { config, log, clock, redis, store, queues, engine, close: () => closeAll(closers) };
+    return { config, log, clock, redis, store, queues, engine, hub, close: () => closeAll(closers) };
   } catch (err) {
     await closeAll(closers);
     throw err;

@@ -1,0 +1,59 @@
+// Per-tenant concurrency on Redis (open-source BullMQ has no groups). A tenant's admitted runs are a
+// set; the rest wait in the tenant's own list and hold no worker slot, so one tenant's backlog never
+// sits in front of another tenant's runs. Sets, not counters: a replayed release cannot free twice.
+import type { Redis } from './redis.js';
+
+const ADMIT = `
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return 1 end
+if redis.call('SCARD', KEYS[1]) < tonumber(ARGV[2]) and redis.call('LLEN', KEYS[2]) == 0 then
+  redis.call('SADD', KEYS[1], ARGV[1])
+  return 1
+end
+if not redis.call('LPOS', KEYS[2], ARGV[1]) then redis.call('RPUSH', KEYS[2], ARGV[1]) end
+return 0`;
+
+const RELEASE = `
+redis.call('SREM', KEYS[1], ARGV[1])
+redis.call('LREM', KEYS[2], 0, ARGV[1])
+local admitted = {}
+while redis.call('SCARD', KEYS[1]) < tonumber(ARGV[2]) do
+  local nextId = redis.call('LPOP', KEYS[2])
+  if not nextId then break end
+  redis.call('SADD', KEYS[1], nextId)
+  table.insert(admitted, nextId)
+end
+return admitted`;
+
+export type TenantSlots = {
+  /** true: the run may go to the queue now; false: it waits in the tenant's list */
+  admit(tenantId: string, runId: string): Promise<boolean>;
+  /** frees the run's slot (or its place in line) and returns the runs admitted in its place */
+  release(tenantId: string, runId: string): Promise<string[]>;
+  running(tenantId: string): Promise<number>;
+  waiting(tenantId: string): Promise<number>;
+  isAdmitted(tenantId: string, runId: string): Promise<boolean>;
+  isWaiting(tenantId: string, runId: string): Promise<boolean>;
+  readonly limit: number;
+};
+
+export function createTenantSlots(redis: Redis, prefix: string, limit: number): TenantSlots {
+  const running = (t: string) => `${prefix}:tenant:${t}:running`;
+  const pending = (t: string) => `${prefix}:tenant:${t}:pending`;
+  return {
+    limit,
+    async admit(tenantId, runId) {
+      return (await redis.eval(ADMIT, 2, running(tenantId), pending(tenantId), runId, limit)) === 1;
+    },
+    async release(tenantId, runId) {
+      return (await redis.eval(RELEASE, 2, running(tenantId), pending(tenantId), runId, limit)) as string[];
+    },
+    running: (t) => redis.scard(running(t)),
+    waiting: (t) => redis.llen(pending(t)),
+    async isAdmitted(t, runId) {
+      return (await redis.sismember(running(t), runId)) === 1;
+    },
+    async isWaiting(t, runId) {
+      return (await redis.lpos(pending(t), runId)) !== null;
+    },
+  };
+}

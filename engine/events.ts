@@ -1,0 +1,171 @@
+// The event log: every state change is appended to a Redis Stream per scope (a run session, a
+// session trace, an audit), capped by length. One EventHub per process reads the streams its
+// subscribers watch with a single blocking connection and fans events out in memory, so a thousand
+// SSE clients of one run cost one XREAD, not a thousand.
+import type { Redis } from './redis.js';
+
+export type ServiceEvent = {
+  /** the stream entry id: SSE `id:`, and the Last-Event-ID to resume from */
+  id: string;
+  type: string;
+  at: string;
+  tenant_id: string;
+  session_id?: string;
+  run_id?: string;
+  data: Record<string, unknown>;
+};
+
+export type NewEvent = Omit<ServiceEvent, 'id' | 'at'>;
+
+const MAX_LEN = 10_000;
+const TTL_SECONDS = 7 * 24 * 3600;
+
+/** Compares stream ids ("ms-seq") numerically. */
+export function compareIds(a: string, b: string): number {
+  const [am = 0, as = 0] = a.split('-').map(Number);
+  const [bm = 0, bs = 0] = b.split('-').map(Number);
+  return am - bm || as - bs;
+}
+
+export function isStreamId(id: string): boolean {
+  return /^\d{1,15}-\d{1,10}$/.test(id);
+}
+
+export type EventLog = {
+  key(scope: string): string;
+  append(scope: string, event: NewEvent): Promise<ServiceEvent>;
+  /** events after `afterId` (exclusive), oldest first */
+  after(scope: string, afterId: string, count?: number): Promise<ServiceEvent[]>;
+};
+
+function parseEntries(entries: [string, string[]][]): ServiceEvent[] {
+  return entries.map(([id, fields]) => ({ id, ...(JSON.parse(fields[1]!) as Omit<ServiceEvent, 'id'>) }));
+}
+
+export function createEventLog(redis: Redis, prefix: string, clock: { now(): Date } = { now: () => new Date() }): EventLog {
+  const key = (scope: string) => `${prefix}:events:${scope}`;
+  return {
+    key,
+    async append(scope, event) {
+      const body = { ...event, at: clock.now().toISOString() };
+      const k = key(scope);
+      const [[err, id]] = (await redis.multi().xadd(k, 'MAXLEN', '~', MAX_LEN, '*', 'e', JSON.stringify(body)).expire(k, TTL_SECONDS).exec()) as [[Error | null, string]];
+      if (err) throw err;
+      return { id, ...body };
+    },
+    async after(scope, afterId, count = 1000) {
+      const entries = (await redis.xrange(key(scope), `(${afterId}`, '+', 'COUNT', count)) as [string, string[]][];
+      return parseEntries(entries);
+    },
+  };
+}
+
+export type Subscription = { close(): void };
+
+type Subscriber = { lastId: string; replaying: boolean; buffer: ServiceEvent[]; deliver: (e: ServiceEvent) => void };
+
+/**
+ * Fans events out to in-process subscribers. A subscriber gets every event after the id it names,
+ * exactly once and in order: it is registered before its history is read, live events that arrive
+ * meanwhile are buffered, and anything at or below what it has already seen is dropped.
+ */
+export class EventHub {
+  private readonly scopes = new Map<string, { cursor: string; subs: Set<Subscriber> }>();
+  private reader: Redis | undefined;
+  private readerId: number | undefined;
+  private running = false;
+  private loop: Promise<void> | undefined;
+  private wake: (() => void) | undefined;
+
+  constructor(
+    private readonly redis: Redis,
+    private readonly log: EventLog,
+  ) {}
+
+  async subscribe(scope: string, afterId: string, deliver: (e: ServiceEvent) => void): Promise<Subscription> {
+    const sub: Subscriber = { lastId: afterId, replaying: true, buffer: [], deliver };
+    let entry = this.scopes.get(scope);
+    if (!entry) {
+      // the hub reads a new scope live from its current end; each subscriber replays what came before
+      const [latest] = (await this.redis.xrevrange(this.log.key(scope), '+', '-', 'COUNT', 1)) as [string, string[]][];
+      entry = this.scopes.get(scope) ?? { cursor: latest?.[0] ?? '0-0', subs: new Set() };
+      this.scopes.set(scope, entry);
+    }
+    entry.subs.add(sub);
+    const closed = { value: false };
+    const emit = (e: ServiceEvent) => {
+      if (closed.value || compareIds(e.id, sub.lastId) <= 0) return;
+      sub.lastId = e.id;
+      deliver(e);
+    };
+    sub.deliver = (e) => (sub.replaying ? sub.buffer.push(e) : emit(e));
+    await this.ensureReading();
+    this.interrupt();
+    for (;;) {
+      const history = await this.log.after(scope, sub.lastId);
+      history.forEach(emit);
+      if (history.length < 1000) break;
+    }
+    sub.replaying = false;
+    sub.buffer.splice(0).forEach(emit);
+    return {
+      close: () => {
+        closed.value = true;
+        const e = this.scopes.get(scope);
+        e?.subs.delete(sub);
+        if (e && e.subs.size === 0) this.scopes.delete(scope);
+      },
+    };
+  }
+
+  private async ensureReading(): Promise<void> {
+    if (this.running) return;
+    this.running = true;
+    this.reader = this.redis.duplicate({ connectionName: 'event-hub' });
+    this.reader.on('error', () => {}); // the loop below sees failures and retries
+    this.readerId = Number(await this.reader.client('ID'));
+    this.loop = this.read();
+  }
+
+  /** Wakes the blocking XREAD so it picks up a scope just added. */
+  private interrupt(): void {
+    if (this.wake) this.wake();
+    else if (this.readerId !== undefined) void this.redis.client('UNBLOCK', this.readerId).catch(() => {});
+  }
+
+  private async read(): Promise<void> {
+    while (this.running) {
+      const scopes = [...this.scopes.entries()];
+      if (scopes.length === 0) {
+        await new Promise<void>((resolve) => (this.wake = resolve));
+        this.wake = undefined;
+        continue;
+      }
+      try {
+        const keys = scopes.map(([s]) => this.log.key(s));
+        const ids = scopes.map(([, e]) => e.cursor);
+        const res = (await this.reader!.xread('COUNT', 500, 'BLOCK', 1000, 'STREAMS', ...keys, ...ids)) as [string, [string, string[]][]][] | null;
+        for (const [key, entries] of res ?? []) {
+          const scope = scopes.find(([s]) => this.log.key(s) === key)?.[0];
+          const entry = scope ? this.scopes.get(scope) : undefined;
+          if (!entry) continue;
+          const events = parseEntries(entries);
+          entry.cursor = events[events.length - 1]?.id ?? entry.cursor;
+          for (const e of events) for (const sub of entry.subs) sub.deliver(e);
+        }
+      } catch {
+        if (!this.running) return;
+        await new Promise((r) => setTimeout(r, 200));
+      }
+    }
+  }
+
+  async close(): Promise<void> {
+    this.running = false;
+    this.wake?.();
+    if (this.readerId !== undefined) await this.redis.client('UNBLOCK', this.readerId).catch(() => {});
+    await this.loop;
+    this.reader?.disconnect();
+    this.scopes.clear();
+  }
+}

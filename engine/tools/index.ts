@@ -1,0 +1,11 @@
+// The tools a step may call, by name. `agent` is handled by the executor itself (it plans steps);
+// gates and audit come with their own capabilities.
+import { listFilesTool, readFileTool, writeFileTool } from './files.js';
+import { httpTool } from './http.js';
+import { messageTool } from './message.js';
+import { shellTool } from './shell.js';
+import type { Tool } from './tool.js';
+
+export const TOOLS: ReadonlyMap<string, Tool> = new Map([shellTool, readFileTool, writeFileTool, listFilesTool, httpTool, messageTool].map((t) => [t.name, t]));
+
+export { ToolError, type Tool, type ToolContext, type ToolResult } from './tool.js';

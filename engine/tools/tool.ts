@@ -1,0 +1,69 @@
+// What a tool is: a named function the run engine calls for a step, with a JSON schema the agent
+// sees. Tools get the run's workspace, an AbortSignal (budget and cancel) and a way to stream output.
+import type { ErrorInfo } from '../model.js';
+
+export type ToolContext = {
+  workspace: string;
+  signal: AbortSignal;
+  /** streams a chunk of output as an event while the step runs */
+  output(stream: 'stdout' | 'stderr', text: string): void;
+  /** appends an event to the run's session log */
+  emit(type: string, data: Record<string, unknown>): Promise<void>;
+  childEnv: Record<string, string>;
+  httpAllowPrivate: boolean;
+};
+
+export type ToolResult = { output: Record<string, unknown>; error?: ErrorInfo };
+
+export type Tool = {
+  name: string;
+  description: string;
+  /** JSON schema of args, offered to the agent */
+  parameters: Record<string, unknown>;
+  execute(args: Record<string, unknown>, ctx: ToolContext): Promise<ToolResult>;
+};
+
+/** A step that failed for a reason the caller can act on; `code` is stable. */
+export class ToolError extends Error {
+  constructor(
+    readonly code: string,
+    message: string,
+  ) {
+    super(message);
+    this.name = 'ToolError';
+  }
+}
+
+export function stringArg(args: Record<string, unknown>, name: string, required = true): string {
+  const v = args[name];
+  if (typeof v === 'string' && (v !== '' || !required)) return v;
+  if (v === undefined && !required) return '';
+  throw new ToolError('invalid-args', `args.${name} must be a${required ? ' non-empty' : ''} string`);
+}
+
+/** Keeps the last `max` bytes of a stream of text, remembering whether anything was dropped. */
+export class TailBuffer {
+  private chunks: Buffer[] = [];
+  private size = 0;
+  truncated = false;
+  constructor(private readonly max: number) {}
+  push(chunk: Buffer): void {
+    this.chunks.push(chunk);
+    this.size += chunk.length;
+    while (this.size > this.max && this.chunks.length) {
+      const first = this.chunks[0]!;
+      const over = this.size - this.max;
+      if (first.length <= over) {
+        this.chunks.shift();
+        this.size -= first.length;
+      } else {
+        this.chunks[0] = first.subarray(over);
+        this.size -= over;
+      }
+      this.truncated = true;
+    }
+  }
+  text(): string {
+    return Buffer.concat(this.chunks).toString('utf8');
+  }
+}
