@@ -4,6 +4,7 @@ import express, { type Express } from 'express';
 import * as OpenApiValidator from 'express-openapi-validator';
 import { pinoHttp } from 'pino-http';
 import { NotFoundError } from '../engine/errors.js';
+import type { EventHub } from '../engine/events.js';
 import type { Engine } from '../engine/index.js';
 import type { Logger } from '../engine/log.js';
 import type { Queues } from '../engine/queues.js';
@@ -14,11 +15,15 @@ import { authenticate } from './auth.js';
 import { docsRouter } from './docs.js';
 import { problemHandler } from './problem.js';
 import { automationsRouter } from './routes/automations.js';
+import { autonomyRouter } from './routes/autonomy.js';
 import { healthRouter } from './routes/health.js';
+import { runsRouter } from './routes/runs.js';
 import { loadSpec } from './spec.js';
 
 export type AppDeps = {
   engine: Engine;
+  hub: EventHub;
+  sseHeartbeatMs: number;
   redis: Redis;
   store: Store;
   queues: Queues;
@@ -80,6 +85,8 @@ export function createApp(deps: AppDeps): Express {
   );
 
   app.use('/api/v1/automations', automationsRouter(deps.engine));
+  app.use('/api/v1/autonomy', autonomyRouter(deps.engine, { hub: deps.hub, heartbeatMs: deps.sseHeartbeatMs }));
+  app.use('/api/v1/runs', runsRouter(deps.engine));
 
   app.use((req) => {
     throw new NotFoundError(`no route ${req.method} ${req.path}`);

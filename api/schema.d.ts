@@ -194,6 +194,203 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/automations/run": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Run an automation now
+         * @description Starts a run of an enabled automation (202). A disabled automation is a 409; an archived one is a 404.
+         */
+        post: operations["runAutomation"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/automations/{id}/status": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The automation's id. */
+                id: components["parameters"]["AutomationId"];
+            };
+            cookie?: never;
+        };
+        /**
+         * Run status and metrics of an automation
+         * @description The last run, counts by status, success rate, p50/p95 duration of the latest 100 finished runs, and the next scheduled fire.
+         */
+        get: operations["getAutomationStatus"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/automations/{id}/history": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The automation's id. */
+                id: components["parameters"]["AutomationId"];
+            };
+            cookie?: never;
+        };
+        /** Recent runs of an automation */
+        get: operations["getAutomationHistory"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/autonomy/run": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Start an autonomy run
+         * @description Starts a budgeted run in the workspace: explicit `steps`, or a `goal` the agent plans (needs
+         *     SERVICE_AGENT_BASE_URL; 422 otherwise). Answers 202 with the run, its session and its events URL;
+         *     with `stream: true` the response itself is the SSE stream of the run until it ends.
+         */
+        post: operations["runAutonomy"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/autonomy/vibe/run": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Start a vibe coding run
+         * @description As an autonomy run, but on a scratch copy of the workspace (a git worktree at HEAD when it is a
+         *     repository), so the original is untouched. The finished run carries the unified diff of what it
+         *     changed and the changed files (`result` of `GET /api/v1/runs/{id}`).
+         */
+        post: operations["runVibe"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/autonomy/streaming/{session_id}/events": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Events of a run session (SSE)
+         * @description Server-sent events: `id`, `event` and `data` (JSON) lines. Events: `run.queued`, `run.started`,
+         *     `step.started`, `step.output`, `step.finished`, `agent.turn`, `message`, `workspace.ready` and
+         *     `run.finished` (the last; the stream then closes). A comment line every
+         *     SERVICE_SSE_HEARTBEAT_SECONDS keeps proxies from closing it. Reconnect with `Last-Event-ID` (or
+         *     `last_event_id`) to receive only what was missed.
+         */
+        get: operations["streamRunSession"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/autonomy/reliability-context": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Budget and concurrency hints
+         * @description Default and maximum budget, budgets suggested from recent durations of each kind, workers and their concurrency, the tenant's limit and running count, queue depths.
+         */
+        get: operations["getReliabilityContext"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/runs/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The run's id. */
+                id: components["parameters"]["RunId"];
+            };
+            cookie?: never;
+        };
+        /**
+         * Get a run
+         * @description The run with its steps (status, output, timing), agent turns, summary, budget and usage, and for a vibe run the diff.
+         */
+        get: operations["getRun"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/runs/{id}/cancel": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The run's id. */
+                id: components["parameters"]["RunId"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Cancel a run
+         * @description A queued run is canceled at once (200). A running run is asked to stop (202); its step in flight is aborted and its processes killed, and it ends `canceled`. A finished run is a 409.
+         */
+        post: operations["cancelRun"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -224,7 +421,7 @@ export interface components {
             detail?: string;
             instance?: string;
             /** @enum {string} */
-            code: "bad-request" | "validation-failed" | "malformed-json" | "unauthorized" | "not-found" | "method-not-allowed" | "conflict" | "payload-too-large" | "unsupported-media-type" | "unavailable" | "internal";
+            code: "bad-request" | "validation-failed" | "malformed-json" | "unauthorized" | "not-found" | "method-not-allowed" | "conflict" | "agent-not-configured" | "idempotency-key-reused" | "payload-too-large" | "unsupported-media-type" | "unavailable" | "internal";
             request_id: string;
             errors?: {
                 /** @description JSON pointer to the bad field, prefixed by where it was (`/body`, `/query`, `/path`). */
@@ -399,6 +596,201 @@ export interface components {
                 [key: string]: unknown;
             };
         };
+        ErrorInfo: {
+            /** @description Stable, for example tool-not-allowed, nonzero-exit, budget-exceeded, canceled, worker-lost, max-steps-reached, agent-error, path-outside-workspace, address-not-allowed. */
+            code: string;
+            message: string;
+        } | null;
+        /** @enum {string} */
+        RunStatus: "queued" | "running" | "succeeded" | "failed" | "canceled" | "timed_out";
+        /** @enum {string} */
+        RunKind: "autonomy" | "vibe" | "automation" | "session_task" | "audit";
+        /** @description Give `steps`, or a `goal` for the agent. */
+        AutonomyRunRequest: {
+            goal?: string;
+            steps?: components["schemas"]["Step"][];
+            /** @description The run's tool allowlist. Defaults to the tools of `steps`, or to read_file, list_files and message for a goal. */
+            tools?: components["schemas"]["ToolName"][];
+            /** @description A folder inside SERVICE_WORKSPACE_ROOT, relative to it; default the root itself. */
+            workspace?: string;
+            /** @description Wall-clock bound of the whole run. Default SERVICE_RUN_DEFAULT_BUDGET_SECONDS, at most SERVICE_RUN_MAX_BUDGET_SECONDS. */
+            budget_seconds?: number;
+            /** @description Most tool calls the run may make. */
+            max_steps?: number;
+            inputs?: {
+                [key: string]: unknown;
+            };
+            /**
+             * @description Answer with the run's SSE stream instead of 202.
+             * @default false
+             */
+            stream: boolean;
+        };
+        RunAccepted: {
+            run_id: string;
+            session_id: string;
+            status: components["schemas"]["RunStatus"];
+            /** @description The SSE stream of the run's session. */
+            events_url: string;
+            run: components["schemas"]["Run"];
+        };
+        StepRecord: {
+            index: number;
+            name: string | null;
+            tool: string;
+            args: {
+                [key: string]: unknown;
+            };
+            /** @enum {string} */
+            status: "pending" | "running" | "succeeded" | "failed" | "canceled" | "timed_out" | "skipped";
+            /** @enum {string} */
+            source: "plan" | "agent";
+            /** Format: date-time */
+            started_at: string | null;
+            /** Format: date-time */
+            finished_at: string | null;
+            duration_ms: number | null;
+            /** @description What the tool returned (for shell, exit_code, stdout and stderr, each capped to its last 64 KB). */
+            output: {
+                [key: string]: unknown;
+            } | null;
+            error: components["schemas"]["ErrorInfo"];
+        };
+        AgentTurn: {
+            index: number;
+            /** Format: date-time */
+            at: string;
+            content: string | null;
+            tool_calls: {
+                id: string;
+                tool: string;
+                args: {
+                    [key: string]: unknown;
+                };
+            }[];
+            usage?: {
+                [key: string]: unknown;
+            };
+        };
+        Run: {
+            id: string;
+            tenant_id: string;
+            kind: components["schemas"]["RunKind"];
+            status: components["schemas"]["RunStatus"];
+            session_id: string;
+            automation_id: string | null;
+            /** @description Who or what started the run (`api`, `manual`, `cron`, `webhook`, `file_change`) and its details. */
+            trigger: {
+                /** @enum {string} */
+                type: "api" | "manual" | "cron" | "webhook" | "file_change";
+            } & {
+                [key: string]: unknown;
+            };
+            goal: string | null;
+            steps: components["schemas"]["StepRecord"][];
+            tool_allowlist: string[];
+            workspace: string;
+            budget: {
+                seconds: number;
+                max_steps?: number;
+            };
+            usage: {
+                steps: number;
+                model_turns: number;
+                seconds: number;
+            };
+            inputs: {
+                [key: string]: unknown;
+            };
+            agent_turns: components["schemas"]["AgentTurn"][];
+            summary: string | null;
+            error: components["schemas"]["ErrorInfo"];
+            result: {
+                /** @description Unified diff of what a vibe run changed. */
+                diff?: string;
+                diff_truncated?: boolean;
+                changed_files?: string[];
+                final_answer?: string;
+            } | null;
+            idempotency_key?: string | null;
+            request_id?: string | null;
+            /** Format: date-time */
+            created_at: string;
+            /** Format: date-time */
+            started_at: string | null;
+            /** Format: date-time */
+            finished_at: string | null;
+            duration_ms: number | null;
+        };
+        RunSummary: {
+            id: string;
+            status: components["schemas"]["RunStatus"];
+            trigger: {
+                [key: string]: unknown;
+            };
+            summary: string | null;
+            error: components["schemas"]["ErrorInfo"];
+            /** Format: date-time */
+            created_at: string;
+            /** Format: date-time */
+            started_at: string | null;
+            /** Format: date-time */
+            finished_at: string | null;
+            duration_ms: number | null;
+        };
+        RunSummaryPage: {
+            data: components["schemas"]["RunSummary"][];
+            next_cursor: string | null;
+        };
+        AutomationRunStatus: {
+            automation_id: string;
+            status: components["schemas"]["AutomationStatus"];
+            last_run: null | components["schemas"]["RunSummary"];
+            counts: {
+                queued: number;
+                running: number;
+                succeeded: number;
+                failed: number;
+                canceled: number;
+                timed_out: number;
+            };
+            /** @description succeeded / finished, of all runs; null before the first finishes. */
+            success_rate: number | null;
+            duration_ms: {
+                p50: number;
+                p95: number;
+                sample: number;
+            } | null;
+            /**
+             * Format: date-time
+             * @description The next cron fire of an enabled automation.
+             */
+            next_fire_at: string | null;
+        };
+        ReliabilityContext: {
+            budget: {
+                default_seconds: number;
+                max_seconds: number;
+                /** @description By run kind, 1.5 times the p95 of the tenant's latest 50 durations (at least 30 s, at most the maximum); the default when there is no history. */
+                suggested_seconds: {
+                    [key: string]: number;
+                };
+            };
+            workers: {
+                count: number;
+                concurrency_per_worker: number;
+            };
+            tenant: {
+                max_running: number;
+                running: number;
+                waiting: number;
+            };
+            queues: {
+                [key: string]: {
+                    [key: string]: number;
+                };
+            };
+        };
     };
     responses: {
         /** @description The automation. */
@@ -420,6 +812,37 @@ export interface components {
             };
             content: {
                 "application/json": components["schemas"]["Automation"];
+            };
+        };
+        /** @description Accepted; the run is stored and will run. */
+        RunAccepted: {
+            headers: {
+                Location: components["headers"]["Location"];
+                "X-Request-Id": components["headers"]["RequestId"];
+                /** @description true when an Idempotency-Key returned an earlier run. */
+                "Idempotent-Replayed"?: string;
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": components["schemas"]["RunAccepted"];
+            };
+        };
+        /** @description The run session's server-sent events, until `run.finished`. */
+        RunEventStream: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "text/event-stream": string;
+            };
+        };
+        /** @description The request is well formed but cannot be done (`agent-not-configured`, `idempotency-key-reused`). */
+        Unprocessable: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
             };
         };
         /** @description Malformed JSON (`malformed-json`), input that breaks the schema (`bad-request`, with `errors[]`) or the service's rules (`validation-failed`). */
@@ -483,6 +906,10 @@ export interface components {
         AutomationId: components["schemas"]["AutomationId"];
         /** @description Items per page. */
         Limit: number;
+        /** @description The run's id. */
+        RunId: string;
+        /** @description Send the same key to make a retry return the first run instead of starting another. Kept 24 hours; the same key with a different body is a 422. */
+        IdempotencyKey: string;
         /** @description The `next_cursor` of the previous page. */
         Cursor: string;
     };
@@ -767,6 +1194,262 @@ export interface operations {
         requestBody?: never;
         responses: {
             200: components["responses"]["AutomationOk"];
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+        };
+    };
+    runAutomation: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description Send the same key to make a retry return the first run instead of starting another. Kept 24 hours; the same key with a different body is a 422. */
+                "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": {
+                    automation_id: components["schemas"]["AutomationId"];
+                    /** @description Merged over the automation's own inputs for this run. */
+                    inputs?: {
+                        [key: string]: unknown;
+                    };
+                };
+            };
+        };
+        responses: {
+            202: components["responses"]["RunAccepted"];
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
+            422: components["responses"]["Unprocessable"];
+        };
+    };
+    getAutomationStatus: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The automation's id. */
+                id: components["parameters"]["AutomationId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Status and metrics. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AutomationRunStatus"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+        };
+    };
+    getAutomationHistory: {
+        parameters: {
+            query?: {
+                /** @description Items per page. */
+                limit?: components["parameters"]["Limit"];
+                /** @description The `next_cursor` of the previous page. */
+                cursor?: components["parameters"]["Cursor"];
+            };
+            header?: never;
+            path: {
+                /** @description The automation's id. */
+                id: components["parameters"]["AutomationId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description A page of runs, newest first, with status, duration and summary. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RunSummaryPage"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+        };
+    };
+    runAutonomy: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description Send the same key to make a retry return the first run instead of starting another. Kept 24 hours; the same key with a different body is a 422. */
+                "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "steps": [
+                 *         {
+                 *           "tool": "shell",
+                 *           "args": {
+                 *             "command": "npm test"
+                 *           }
+                 *         }
+                 *       ],
+                 *       "budget_seconds": 300
+                 *     }
+                 */
+                "application/json": components["schemas"]["AutonomyRunRequest"];
+            };
+        };
+        responses: {
+            200: components["responses"]["RunEventStream"];
+            202: components["responses"]["RunAccepted"];
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
+            422: components["responses"]["Unprocessable"];
+        };
+    };
+    runVibe: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description Send the same key to make a retry return the first run instead of starting another. Kept 24 hours; the same key with a different body is a 422. */
+                "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["AutonomyRunRequest"];
+            };
+        };
+        responses: {
+            200: components["responses"]["RunEventStream"];
+            202: components["responses"]["RunAccepted"];
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
+            422: components["responses"]["Unprocessable"];
+        };
+    };
+    streamRunSession: {
+        parameters: {
+            query?: {
+                last_event_id?: string;
+            };
+            header?: {
+                "Last-Event-ID"?: string;
+            };
+            path: {
+                session_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: components["responses"]["RunEventStream"];
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+        };
+    };
+    getReliabilityContext: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Hints. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ReliabilityContext"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+        };
+    };
+    getRun: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The run's id. */
+                id: components["parameters"]["RunId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The run. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Run"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+        };
+    };
+    cancelRun: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The run's id. */
+                id: components["parameters"]["RunId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Canceled. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Run"];
+                };
+            };
+            /** @description Cancel requested; watch the run or its events for the end. */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Run"];
+                };
+            };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];

@@ -10,6 +10,8 @@ export async function startWebServer(rt: Runtime, opts: { port?: number; host?: 
   const { config } = rt;
   const app = createApp({
     engine: rt.engine,
+    hub: rt.hub,
+    sseHeartbeatMs: config.sseHeartbeatSeconds * 1000,
     redis: rt.redis,
     store: rt.store,
     queues: rt.queues,

@@ -4,15 +4,24 @@ import { ConflictError, NotFoundError, ValidationError, type FieldError } from '
 import { newId } from './ids.js';
 import { DEFAULT_AGENT_TOOLS, type Automation, type AutomationDefinition, type AutomationPatch, type AutomationStatus, type Budget } from './model.js';
 import type { Page } from './store/port.js';
+import type { RunRequest, Runs } from './runs.js';
+import type { Run, RunStatus, RunTrigger } from './model.js';
 import type { EngineDeps } from './deps.js';
 import { instantiateTemplate } from './templates.js';
-import { validateTriggers } from './triggers.js';
+import { percentile } from './stats.js';
+import { nextCronFire, validateTriggers } from './triggers.js';
 
 const LIVE: AutomationStatus[] = ['enabled', 'disabled'];
 
 export type AutomationList = { status?: AutomationStatus[]; include_archived?: boolean; limit?: number; cursor?: string };
 
-export function automationsOf(deps: EngineDeps) {
+const RUN_STATUSES_ZERO: Record<RunStatus, number> = { queued: 0, running: 0, succeeded: 0, failed: 0, canceled: 0, timed_out: 0 };
+
+export function runSummaryOf(r: Run) {
+  return { id: r.id, status: r.status, trigger: r.trigger, summary: r.summary, error: r.error, created_at: r.created_at, started_at: r.started_at, finished_at: r.finished_at, duration_ms: r.duration_ms };
+}
+
+export function automationsOf(deps: EngineDeps, runs: Runs) {
   const { store, clock, limits } = deps;
 
   function budgetOf(given: Partial<Budget> | undefined, at: string, errors: FieldError[], base?: Budget): Budget {
@@ -120,6 +129,57 @@ export function automationsOf(deps: EngineDeps) {
 
     enable: (tenantId: string, id: string) => change(tenantId, id, { status: 'enabled' }),
     disable: (tenantId: string, id: string) => change(tenantId, id, { status: 'disabled' }),
+
+    /** The run request an automation makes; the caller starts it (so Idempotency-Key can wrap it). */
+    async runRequest(tenantId: string, id: string, opts: { inputs?: Record<string, unknown>; trigger: RunTrigger; request_id?: string }): Promise<RunRequest> {
+      const a = await mustGet(tenantId, id);
+      if (a.status === 'archived') throw new NotFoundError(`no automation ${id}`);
+      if (a.status === 'disabled') throw new ConflictError(`automation ${id} is disabled; enable it to run it`, { status: a.status });
+      return {
+        kind: 'automation',
+        goal: a.goal,
+        steps: a.steps,
+        tool_allowlist: a.tool_allowlist,
+        budget_seconds: a.budget.seconds,
+        max_steps: a.budget.max_steps,
+        inputs: { ...a.inputs, ...opts.inputs },
+        automation_id: a.id,
+        trigger: opts.trigger,
+        request_id: opts.request_id,
+      };
+    },
+
+    async run(tenantId: string, id: string, opts: { inputs?: Record<string, unknown>; trigger: RunTrigger; request_id?: string }): Promise<Run> {
+      return runs.create(tenantId, await this.runRequest(tenantId, id, opts));
+    },
+
+    async status(tenantId: string, id: string) {
+      const a = await mustGet(tenantId, id);
+      const stats = await store.runs.automationStats(tenantId, id, 100);
+      const counts = { ...RUN_STATUSES_ZERO, ...stats.counts };
+      const finished = counts.succeeded + counts.failed + counts.canceled + counts.timed_out;
+      const now = clock.now();
+      const fires = a.status === 'enabled'
+        ? a.triggers.flatMap((t) => (t.type === 'cron' ? [nextCronFire(t.schedule, t.timezone, now)] : [])).filter((d): d is Date => d !== null)
+        : [];
+      return {
+        automation_id: id,
+        status: a.status,
+        last_run: stats.last ? runSummaryOf(stats.last) : null,
+        counts,
+        success_rate: finished ? Math.round((counts.succeeded / finished) * 1000) / 1000 : null,
+        duration_ms: stats.durations_ms.length
+          ? { p50: percentile(stats.durations_ms, 50), p95: percentile(stats.durations_ms, 95), sample: stats.durations_ms.length }
+          : null,
+        next_fire_at: fires.length ? new Date(Math.min(...fires.map((d) => d.getTime()))).toISOString() : null,
+      };
+    },
+
+    async history(tenantId: string, id: string, q: { limit?: number; cursor?: string }) {
+      await mustGet(tenantId, id);
+      const page = await store.runs.listByAutomation(tenantId, id, { limit: q.limit ?? 20, cursor: q.cursor });
+      return { data: page.items.map(runSummaryOf), next_cursor: page.next_cursor };
+    },
 
     /** Soft delete; archiving an archived automation is a no-op, so DELETE is idempotent. */
     async archive(tenantId: string, id: string): Promise<Automation> {

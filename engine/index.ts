@@ -8,7 +8,7 @@ import { runsOf } from './runs.js';
 export function createEngine(deps: EngineDeps) {
   const runs = runsOf(deps);
   return {
-    automations: automationsOf(deps),
+    automations: automationsOf(deps, runs),
     apiKeys: apiKeysOf(deps),
     templates: deps.templates,
     runs,

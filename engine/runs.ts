@@ -15,6 +15,7 @@ import { newId } from './ids.js';
 import { DEFAULT_AGENT_TOOLS, TERMINAL_RUN_STATUSES, type Run, type RunKind, type RunTrigger, type Step, type StepRecord } from './model.js';
 import { jobIdOfRun, type Queues } from './queues.js';
 import { resolveWorkspace } from './workspace.js';
+import { percentile } from './stats.js';
 
 export type RunRequest = {
   kind: RunKind;
@@ -181,6 +182,26 @@ export function runsOf(deps: EngineDeps) {
       await redis.set(cancelKey(prefix, id), '1', 'EX', 24 * 3600);
       await redis.publish(CANCEL_CHANNEL(prefix), id);
       return mustGet(tenantId, id);
+    },
+
+    /** Budget and concurrency hints for a tenant: what the studio shows before a run starts. */
+    async reliabilityContext(tenantId: string) {
+      const suggested: Record<string, number> = {};
+      for (const kind of ['autonomy', 'vibe', 'automation'] as const) {
+        const recent = await store.runs.recentDurations(tenantId, kind, 50);
+        suggested[kind] = recent.length
+          ? Math.min(limits.maxBudgetSeconds, Math.max(30, Math.ceil((percentile(recent, 95) * 1.5) / 1000)))
+          : limits.defaultBudgetSeconds;
+      }
+      const queueDepths: Record<string, Record<string, number>> = {};
+      for (const q of queues.all()) queueDepths[q.name] = await q.getJobCounts('waiting', 'active', 'delayed', 'prioritized', 'failed', 'completed');
+      const workers = await queues.get('runs').getWorkersCount();
+      return {
+        budget: { default_seconds: limits.defaultBudgetSeconds, max_seconds: limits.maxBudgetSeconds, suggested_seconds: suggested },
+        workers: { count: workers, concurrency_per_worker: settings.workerConcurrency },
+        tenant: { max_running: slots.limit, running: await slots.running(tenantId), waiting: await slots.waiting(tenantId) },
+        queues: queueDepths,
+      };
     },
 
     async isCancelRequested(runId: string): Promise<boolean> {

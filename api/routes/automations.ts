@@ -2,6 +2,7 @@
 import { Router, type Request } from 'express';
 import type { Engine } from '../../engine/index.js';
 import { tenantOf } from '../auth.js';
+import { acceptRun, idempotencyKeyOf } from './runs.js';
 import type { components, operations } from '../schema.js';
 
 // Request types come from api/openapi.yaml (npm run gen:types); passing them to the engine makes the
@@ -26,6 +27,22 @@ export function automationsRouter(engine: Engine): Router {
     const body = req.body as Schemas['AutomationDefinition'] | Schemas['TemplateInstantiation'];
     const created = 'template_id' in body ? await automations.createFromTemplate(tenantOf(req), body) : await automations.create(tenantOf(req), body);
     res.status(201).location(location(created.id)).json(created);
+  });
+
+  router.post('/run', async (req, res) => {
+    const body = req.body as operations['runAutomation']['requestBody']['content']['application/json'];
+    const tenantId = tenantOf(req);
+    const request = await automations.runRequest(tenantId, body.automation_id, { inputs: body.inputs, trigger: { type: 'manual', request_id: String(req.id) }, request_id: String(req.id) });
+    const { run, replayed } = await engine.runs.createIdempotent(tenantId, idempotencyKeyOf(req), { automation_id: body.automation_id, inputs: body.inputs ?? {} }, request);
+    acceptRun(res, run, replayed);
+  });
+
+  router.get('/:id/status', async (req, res) => {
+    res.json(await automations.status(tenantOf(req), idOf(req)));
+  });
+
+  router.get('/:id/history', async (req, res) => {
+    res.json(await automations.history(tenantOf(req), idOf(req), req.query as { limit?: number; cursor?: string }));
   });
 
   router.get('/templates', (_req, res) => {

@@ -1,0 +1,55 @@
+// /api/v1/autonomy: autonomy and vibe runs, their SSE streams, and reliability hints.
+import { Router, type Request, type Response } from 'express';
+import { NotFoundError } from '../../engine/errors.js';
+import type { EventHub } from '../../engine/events.js';
+import type { Engine } from '../../engine/index.js';
+import type { RunKind } from '../../engine/model.js';
+import { runScope } from '../../engine/runs.js';
+import { tenantOf } from '../auth.js';
+import type { components } from '../schema.js';
+import { lastEventIdOf, streamEvents } from '../sse.js';
+import { acceptRun, idempotencyKeyOf, runLocation } from './runs.js';
+
+type AutonomyRunRequest = components['schemas']['AutonomyRunRequest'];
+
+export function autonomyRouter(engine: Engine, opts: { hub: EventHub; heartbeatMs: number }): Router {
+  const router = Router();
+
+  const watch = (req: Request, res: Response, sessionId: string, afterId: string, extra: { status?: number; headers?: Record<string, string> } = {}) =>
+    streamEvents(req, res, { hub: opts.hub, scope: runScope(sessionId), afterId, heartbeatMs: opts.heartbeatMs, isLast: (e) => e.type === 'run.finished', ...extra });
+
+  const start = (kind: RunKind) => async (req: Request, res: Response) => {
+    const body = req.body as AutonomyRunRequest;
+    const { stream, ...work } = body;
+    const { run, replayed } = await engine.runs.createIdempotent(tenantOf(req), idempotencyKeyOf(req), { kind, work }, {
+      kind,
+      goal: work.goal,
+      steps: work.steps?.map((s) => ({ ...s, args: s.args ?? {} })),
+      tool_allowlist: work.tools,
+      workspace: work.workspace,
+      budget_seconds: work.budget_seconds,
+      max_steps: work.max_steps,
+      inputs: work.inputs,
+      trigger: { type: 'api', request_id: String(req.id) },
+      request_id: String(req.id),
+    });
+    if (stream) await watch(req, res, run.session_id, '0-0', { headers: { Location: runLocation(run.id) } });
+    else acceptRun(res, run, replayed);
+  };
+
+  router.post('/run', start('autonomy'));
+  router.post('/vibe/run', start('vibe'));
+
+  router.get('/streaming/:session_id/events', async (req, res) => {
+    const sessionId = String(req.params.session_id);
+    const owned = await engine.deps.store.runs.listBySession(tenantOf(req), sessionId, { limit: 1 });
+    if (!owned.items.length) throw new NotFoundError(`no run session ${sessionId}`);
+    await watch(req, res, sessionId, lastEventIdOf(req));
+  });
+
+  router.get('/reliability-context', async (req, res) => {
+    res.json(await engine.runs.reliabilityContext(tenantOf(req)));
+  });
+
+  return router;
+}

@@ -1,0 +1,52 @@
+// Server-sent events: `id:`, `event:`, `data:` lines, a heartbeat comment, resumable from
+// Last-Event-ID, and closed after the terminal event. Events come from the process's EventHub.
+import type { Request, Response } from 'express';
+import type { EventHub, ServiceEvent } from '../engine/events.js';
+
+export type SseOptions = {
+  hub: EventHub;
+  scope: string;
+  afterId: string;
+  heartbeatMs: number;
+  /** the stream ends after this event is sent */
+  isLast(e: ServiceEvent): boolean;
+  status?: number;
+  headers?: Record<string, string>;
+};
+
+export function lastEventIdOf(req: Request): string {
+  const header = req.headers['last-event-id'];
+  const query = (req.query as { last_event_id?: string }).last_event_id;
+  return (typeof header === 'string' && header) || query || '0-0';
+}
+
+export async function streamEvents(req: Request, res: Response, opts: SseOptions): Promise<void> {
+  res.status(opts.status ?? 200);
+  res.set({
+    'Content-Type': 'text/event-stream; charset=utf-8',
+    'Cache-Control': 'no-cache, no-transform',
+    Connection: 'keep-alive',
+    'X-Accel-Buffering': 'no', // nginx: do not buffer the stream
+    ...opts.headers,
+  });
+  res.flushHeaders();
+  res.write('retry: 2000\n\n');
+  let ended = false;
+  let sub: { close(): void } | undefined;
+  const heartbeat = setInterval(() => res.write(': heartbeat\n\n'), opts.heartbeatMs);
+  const end = () => {
+    if (ended) return;
+    ended = true;
+    clearInterval(heartbeat);
+    sub?.close();
+    res.end();
+  };
+  req.on('close', end);
+  const send = (e: ServiceEvent) => {
+    if (ended) return;
+    res.write(`id: ${e.id}\nevent: ${e.type}\ndata: ${JSON.stringify(e)}\n\n`);
+    if (opts.isLast(e)) setImmediate(end);
+  };
+  sub = await opts.hub.subscribe(opts.scope, opts.afterId, send);
+  if (ended) sub.close();
+}
