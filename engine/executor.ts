@@ -39,6 +39,10 @@ export function executorOf(deps: EngineDeps, runs: Runs) {
     }
   }
 
+  /** Keeps the stored run's progress current while it runs (GET /runs/{id} shows it). */
+  const saveProgress = (run: Run) =>
+    store.runs.update(run.tenant_id, run.id, { steps: run.steps, usage: run.usage, agent_turns: run.agent_turns }, ['running']).then(() => undefined);
+
   async function execute(runId: string, tenantId: string): Promise<void> {
     const found = await store.runs.get(tenantId, runId);
     if (!found) return;
@@ -152,6 +156,7 @@ export function executorOf(deps: EngineDeps, runs: Runs) {
       result = { output: {}, error: { code: 'tool-unavailable', message: `${step.tool} cannot run in this service yet` } };
     } else {
       step.status = 'running';
+      await saveProgress(run);
       const streamer = outputStreamer(run, step);
       const ctx: ToolContext = {
         workspace,
@@ -178,6 +183,7 @@ export function executorOf(deps: EngineDeps, runs: Runs) {
     step.duration_ms = finished.getTime() - started.getTime();
     step.output = result.output;
     step.error = stop?.error ?? result.error ?? null;
+    await saveProgress(run);
     await emit(run, 'step.finished', { index: step.index, tool: step.tool, status: step.status, duration_ms: step.duration_ms, error: step.error, exit_code: result.output.exit_code });
     return result;
   }

@@ -28,6 +28,8 @@ export type CallOptions = { key?: string | null; body?: unknown; raw?: string | 
 export type Harness = {
   url: string;
   config: Config;
+  /** SERVICE_WORKSPACE_ROOT of this harness: a fresh folder */
+  workspace: string;
   rt: Runtime;
   web: WebServer;
   workers: Workers;
@@ -41,8 +43,10 @@ export function uniquePrefix(): string {
   return `test-${randomBytes(6).toString('hex')}`;
 }
 
-export async function startHarness(opts: { env?: Record<string, string>; runtime?: RuntimeOptions } = {}): Promise<Harness> {
+export async function startHarness(opts: { env?: Record<string, string>; runtime?: RuntimeOptions; workers?: boolean } = {}): Promise<Harness> {
   const dataDir = await fs.mkdtemp(path.join(os.tmpdir(), 'svc-test-'));
+  const workspace = path.join(dataDir, 'workspace');
+  await fs.mkdir(workspace);
   const config = parseEnv({
     REDIS_URL,
     SERVICE_QUEUE_PREFIX: uniquePrefix(),
@@ -50,6 +54,8 @@ export async function startHarness(opts: { env?: Record<string, string>; runtime
     SERVICE_API_KEYS: `tenant-a:${KEYS.a},tenant-b:${KEYS.b}`,
     SERVICE_ADMIN_KEYS: KEYS.admin,
     LOG_LEVEL: 'info',
+    SERVICE_WORKSPACE_ROOT: workspace,
+    SERVICE_SSE_HEARTBEAT_SECONDS: '1',
     ...opts.env,
   });
   const logs: string[] = [];
@@ -61,7 +67,7 @@ export async function startHarness(opts: { env?: Record<string, string>; runtime
   });
   const log = createLogger(config.logLevel, sink);
   const rt = await openRuntime(config, log, opts.runtime);
-  const workers = await startWorkers(rt);
+  const workers = opts.workers === false ? { workers: [], close: async () => {} } : await startWorkers(rt);
   const web = await startWebServer(rt, { port: 0, host: '127.0.0.1', validateResponses: true });
 
   async function call<T>(method: string, p: string, o: CallOptions = {}): Promise<Reply<T>> {
@@ -87,6 +93,7 @@ export async function startHarness(opts: { env?: Record<string, string>; runtime
   return {
     url: web.url,
     config,
+    workspace: config.workspaceRoot,
     rt,
     web,
     workers,
@@ -100,6 +107,17 @@ export async function startHarness(opts: { env?: Record<string, string>; runtime
       await fs.rm(dataDir, { recursive: true, force: true });
     },
   };
+}
+
+/** Polls until `check` answers truthy; fails with `what` after `ms`. */
+export async function eventually<T>(check: () => Promise<T> | T, what: string, ms = 10_000): Promise<T> {
+  const until = Date.now() + ms;
+  for (;;) {
+    const value = await check();
+    if (value) return value;
+    if (Date.now() > until) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 25));
+  }
 }
 
 export async function deleteRedisPrefix(prefix: string): Promise<void> {

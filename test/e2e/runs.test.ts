@@ -1,0 +1,167 @@
+import fs from 'node:fs/promises';
+import path from 'node:path';
+import { expect } from 'chai';
+import { eventually, KEYS, startHarness, type Harness } from '../support/harness.js';
+
+type RunBody = Record<string, any>;
+
+describe('autonomy runs', function () {
+  this.timeout(30_000);
+  let h: Harness;
+  before(async () => {
+    h = await startHarness();
+  });
+  after(async () => {
+    await h.close();
+  });
+
+  async function start(body: object, key = KEYS.a, headers: Record<string, string> = {}) {
+    const res = await h.call('POST', '/api/v1/autonomy/run', { body, key, headers });
+    expect(res.status, res.text).to.equal(202);
+    return res;
+  }
+  const finished = (id: string, key = KEYS.a) =>
+    eventually(async () => {
+      const r = await h.call<RunBody>('GET', `/api/v1/runs/${id}`, { key });
+      return ['succeeded', 'failed', 'canceled', 'timed_out'].includes(r.body.status) ? r.body : null;
+    }, `run ${id} to finish`, 20_000);
+
+  it('runs shell steps to success: 202, Location, output, timing, summary', async () => {
+    const res = await start({ steps: [{ tool: 'shell', args: { command: 'echo hello; echo oops >&2' } }, { tool: 'message', args: { text: 'done' } }], tools: ['shell', 'message'] });
+    expect(res.headers.get('location')).to.equal(`/api/v1/runs/${res.body.run_id}`);
+    expect(res.body.events_url).to.equal(`/api/v1/autonomy/streaming/${res.body.session_id}/events`);
+    expect(res.body.run.status).to.equal('queued');
+    const run = await finished(res.body.run_id);
+    expect(run.status).to.equal('succeeded');
+    expect(run.steps[0]).to.deep.include({ status: 'succeeded', tool: 'shell' });
+    expect(run.steps[0].output).to.deep.include({ exit_code: 0, stdout: 'hello\n', stderr: 'oops\n' });
+    expect(run.steps[0].duration_ms).to.be.a('number');
+    expect(run.summary).to.equal('2 steps succeeded');
+    expect(run.duration_ms).to.be.a('number');
+    expect(run.usage.steps).to.equal(2);
+    expect(run.started_at >= run.created_at).to.equal(true);
+  });
+
+  it('fails a step whose tool is not allowed, before anything of it runs', async () => {
+    const marker = path.join(h.workspace, 'should-not-exist');
+    const res = await start({ steps: [{ tool: 'shell', args: { command: `touch ${marker}` } }], tools: ['message'] });
+    const run = await finished(res.body.run_id);
+    expect(run.status).to.equal('failed');
+    expect(run.error.code).to.equal('tool-not-allowed');
+    expect(run.steps[0].error.code).to.equal('tool-not-allowed');
+    expect(await fs.stat(marker).catch(() => null)).to.equal(null);
+  });
+
+  it('fails on a nonzero exit and skips the rest', async () => {
+    const res = await start({ steps: [{ tool: 'shell', args: { command: 'exit 3' } }, { tool: 'shell', args: { command: 'true' } }] });
+    const run = await finished(res.body.run_id);
+    expect(run.status).to.equal('failed');
+    expect(run.error.code).to.equal('nonzero-exit');
+    expect(run.steps.map((s: RunBody) => s.status)).to.deep.equal(['failed', 'skipped']);
+  });
+
+  it('ends timed_out within 2 s of the budget and kills the step’s processes', async () => {
+    const pidFile = path.join(h.workspace, 'bg.pid');
+    const res = await start({ steps: [{ tool: 'shell', args: { command: `sleep 30 & echo $! > ${pidFile}; wait` } }], budget_seconds: 1 });
+    const run = await finished(res.body.run_id);
+    expect(run.status).to.equal('timed_out');
+    expect(run.error.code).to.equal('budget-exceeded');
+    const overshoot = new Date(run.finished_at).getTime() - new Date(run.started_at).getTime() - 1000;
+    expect(overshoot).to.be.below(2000);
+    const pid = Number((await fs.readFile(pidFile, 'utf8')).trim());
+    await eventually(() => {
+      try {
+        process.kill(pid, 0);
+        return false;
+      } catch {
+        return true;
+      }
+    }, 'the background sleep to be killed', 3000);
+  });
+
+  it('stops after max_steps', async () => {
+    const res = await start({ steps: [1, 2, 3].map((i) => ({ tool: 'shell', args: { command: `echo ${i}` } })), max_steps: 2 });
+    const run = await finished(res.body.run_id);
+    expect(run.status).to.equal('failed');
+    expect(run.error.code).to.equal('max-steps-reached');
+    expect(run.steps.map((s: RunBody) => s.status)).to.deep.equal(['succeeded', 'succeeded', 'skipped']);
+  });
+
+  it('cancels a running run: the step is aborted and the run ends canceled', async () => {
+    const res = await start({ steps: [{ tool: 'shell', args: { command: 'sleep 30' } }], budget_seconds: 60 });
+    await eventually(async () => (await h.call<RunBody>('GET', `/api/v1/runs/${res.body.run_id}`)).body.steps[0].status === 'running', 'the step to run');
+    const cancel = await h.call('POST', `/api/v1/runs/${res.body.run_id}/cancel`);
+    expect(cancel.status).to.equal(202);
+    const run = await finished(res.body.run_id);
+    expect(run.status).to.equal('canceled');
+    expect(run.steps[0].status).to.equal('canceled');
+    expect(new Date(run.finished_at).getTime() - new Date(run.started_at).getTime()).to.be.below(5000);
+    const again = await h.call('POST', `/api/v1/runs/${res.body.run_id}/cancel`);
+    expect(again.status).to.equal(409);
+  });
+
+  it('keeps file tools inside the workspace, links included', async () => {
+    await fs.symlink('/etc', path.join(h.workspace, 'escape'));
+    for (const p of ['../../../../etc/passwd', '/etc/passwd', 'escape/passwd']) {
+      const res = await start({ steps: [{ tool: 'read_file', args: { path: p } }] });
+      const run = await finished(res.body.run_id);
+      expect(run.error.code, p).to.equal('path-outside-workspace');
+    }
+    const ok = await start({ steps: [{ tool: 'write_file', args: { path: 'notes/a.txt', content: 'hi' } }, { tool: 'read_file', args: { path: 'notes/a.txt' } }, { tool: 'list_files', args: {} }] });
+    const run = await finished(ok.body.run_id);
+    expect(run.status, JSON.stringify(run.error)).to.equal('succeeded');
+    expect(run.steps[1].output.content).to.equal('hi');
+    expect(run.steps[2].output.files).to.include('notes/a.txt');
+  });
+
+  it('refuses private and loopback addresses in the http tool', async () => {
+    const res = await start({ steps: [{ tool: 'http', args: { url: `${h.url}/healthz` } }] });
+    const run = await finished(res.body.run_id);
+    expect(run.error.code).to.equal('address-not-allowed');
+    const named = await start({ steps: [{ tool: 'http', args: { url: h.url.replace('127.0.0.1', 'localhost') + '/healthz' } }] });
+    expect((await finished(named.body.run_id)).error.code).to.equal('address-not-allowed');
+  });
+
+  it('gives shell steps a scrubbed environment', async () => {
+    const res = await start({ steps: [{ tool: 'shell', args: { command: 'env' } }] });
+    const run = await finished(res.body.run_id);
+    const names = (run.steps[0].output.stdout as string).split('\n').filter(Boolean).map((l) => l.split('=')[0]);
+    for (const n of names) expect(['PATH', 'HOME', 'LANG', 'LANGUAGE', 'TZ', 'TERM', 'SHELL', 'USER', 'LOGNAME', 'TMPDIR', 'PWD', 'SHLVL', '_', 'OLDPWD']).to.include(n);
+    expect(run.steps[0].output.stdout).not.to.contain(KEYS.a);
+  });
+
+  it('refuses a goal with no agent endpoint (422), bad budgets (400), and another tenant’s run (404)', async () => {
+    const goal = await h.call('POST', '/api/v1/autonomy/run', { body: { goal: 'fix the tests' } });
+    expect(goal.status).to.equal(422);
+    expect(goal.body.code).to.equal('agent-not-configured');
+    const budget = await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'true' } }], budget_seconds: 999_999 } });
+    expect(budget.status).to.equal(400);
+    const res = await start({ steps: [{ tool: 'shell', args: { command: 'true' } }] });
+    expect((await h.call('GET', `/api/v1/runs/${res.body.run_id}`, { key: KEYS.b })).status).to.equal(404);
+    expect((await h.call('POST', `/api/v1/runs/${res.body.run_id}/cancel`, { key: KEYS.b })).status).to.equal(404);
+    expect((await h.call('GET', `/api/v1/autonomy/streaming/${res.body.session_id}/events`, { key: KEYS.b })).status).to.equal(404);
+  });
+
+  it('answers the same run for the same Idempotency-Key and body; 422 for another body', async () => {
+    const body = { steps: [{ tool: 'shell', args: { command: 'echo once' } }] };
+    const first = await start(body, KEYS.a, { 'idempotency-key': 'deploy-42' });
+    const second = await start(body, KEYS.a, { 'idempotency-key': 'deploy-42' });
+    expect(second.body.run_id).to.equal(first.body.run_id);
+    expect(second.headers.get('idempotent-replayed')).to.equal('true');
+    const other = await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'echo twice' } }] }, headers: { 'idempotency-key': 'deploy-42' } });
+    expect(other.status).to.equal(422);
+    expect(other.body.code).to.equal('idempotency-key-reused');
+    const otherTenant = await start(body, KEYS.b, { 'idempotency-key': 'deploy-42' });
+    expect(otherTenant.body.run_id).not.to.equal(first.body.run_id);
+  });
+
+  it('reports budget and concurrency hints', async () => {
+    const res = await h.call('GET', '/api/v1/autonomy/reliability-context');
+    expect(res.status).to.equal(200);
+    expect(res.body.budget).to.deep.include({ default_seconds: h.config.runBudget.defaultSeconds, max_seconds: h.config.runBudget.maxSeconds });
+    expect(res.body.budget.suggested_seconds.autonomy).to.be.a('number');
+    expect(res.body.workers.count).to.be.at.least(1);
+    expect(res.body.tenant.max_running).to.equal(h.config.tenantMaxRunning);
+    expect(res.body.queues.runs).to.include.keys('waiting', 'active');
+  });
+});
