@@ -1,0 +1,91 @@
+// The run session stream through a real SSE client (the eventsource package), including a reconnect
+// in the middle of a run, and the POST that answers with the stream itself.
+import { expect } from 'chai';
+import { EventSource } from 'eventsource';
+import { compareIds } from '../../engine/events.js';
+import { eventually, KEYS, startHarness, type Harness } from '../support/harness.js';
+
+type Received = { id: string; type: string; data: Record<string, any> };
+
+function open(h: Harness, sessionId: string, lastEventId?: string) {
+  const received: Received[] = [];
+  const es = new EventSource(`${h.url}/api/v1/autonomy/streaming/${sessionId}/events`, {
+    fetch: (input, init) =>
+      fetch(input, { ...init, headers: { ...(init?.headers as Record<string, string>), authorization: `Bearer ${KEYS.a}`, ...(lastEventId ? { 'last-event-id': lastEventId } : {}) } }),
+  });
+  const types = ['run.queued', 'run.started', 'step.started', 'step.output', 'step.finished', 'message', 'run.finished'];
+  let ended = false;
+  for (const t of types) {
+    es.addEventListener(t, (e) => {
+      received.push({ id: e.lastEventId, type: t, data: JSON.parse(e.data) });
+      if (t === 'run.finished') {
+        ended = true;
+        es.close();
+      }
+    });
+  }
+  return { es, received, isEnded: () => ended };
+}
+
+describe('run session streams', function () {
+  this.timeout(30_000);
+  let h: Harness;
+  before(async () => {
+    h = await startHarness();
+  });
+  after(async () => {
+    await h.close();
+  });
+
+  it('streams a run to its end, then closes; a reconnect with Last-Event-ID gets only what was missed', async () => {
+    const steps = [1, 2, 3, 4, 5, 6].map((i) => ({ tool: 'shell', args: { command: `echo line-${i}; sleep 0.15` } }));
+    const { body } = await h.call('POST', '/api/v1/autonomy/run', { body: { steps } });
+    const first = open(h, body.session_id);
+    await eventually(() => first.received.filter((e) => e.type === 'step.finished').length >= 2, 'two steps');
+    first.es.close();
+    const seen = [...first.received];
+    const last = seen[seen.length - 1]!.id;
+    const second = open(h, body.session_id, last);
+    await eventually(() => second.isEnded(), 'the terminal event', 15_000);
+    const all = [...seen, ...second.received];
+    const ids = all.map((e) => e.id);
+    expect(new Set(ids).size, 'no duplicates').to.equal(ids.length);
+    expect(second.received.every((e) => compareIds(e.id, last) > 0)).to.equal(true);
+    expect(all[0]!.type).to.equal('run.queued');
+    expect(all[all.length - 1]!.type).to.equal('run.finished');
+    expect(all[all.length - 1]!.data.data.status).to.equal('succeeded');
+    expect(all.filter((e) => e.type === 'step.finished')).to.have.length(6);
+    const output = all.filter((e) => e.type === 'step.output').map((e) => e.data.data.text).join('');
+    expect(output).to.equal([1, 2, 3, 4, 5, 6].map((i) => `line-${i}\n`).join(''));
+    // a fresh subscriber after the end replays everything and closes
+    const late = open(h, body.session_id);
+    await eventually(() => late.isEnded(), 'the replayed terminal event');
+    expect(late.received.map((e) => e.id)).to.deep.equal(ids);
+  });
+
+  it('sends heartbeats while a run is quiet', async () => {
+    const { body } = await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'sleep 2.5' } }] } });
+    const res = await fetch(`${h.url}/api/v1/autonomy/streaming/${body.session_id}/events`, { headers: { authorization: `Bearer ${KEYS.a}` } });
+    expect(res.headers.get('content-type')).to.contain('text/event-stream');
+    const text = await res.text();
+    expect(text).to.contain(': heartbeat');
+    expect(text).to.contain('event: run.finished');
+  });
+
+  it('answers POST with stream: true as the run’s own SSE stream until it ends', async () => {
+    const res = await fetch(`${h.url}/api/v1/autonomy/run`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${KEYS.a}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ stream: true, steps: [{ tool: 'shell', args: { command: 'echo streamed' } }] }),
+    });
+    expect(res.status).to.equal(200);
+    expect(res.headers.get('content-type')).to.contain('text/event-stream');
+    expect(res.headers.get('location')).to.match(/^\/api\/v1\/runs\/run_/);
+    const text = await res.text();
+    const types = [...text.matchAll(/^event: (.+)$/gm)].map((m) => m[1]);
+    expect(types[0]).to.equal('run.queued');
+    expect(types).to.include('step.output');
+    expect(types[types.length - 1]).to.equal('run.finished');
+    expect(text).to.contain('streamed');
+  });
+});
