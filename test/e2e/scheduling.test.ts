@@ -1,0 +1,125 @@
+// Per-tenant concurrency, queued cancels, the reconciler, and runs whose worker dies.
+import { spawn } from 'node:child_process';
+import { expect } from 'chai';
+import { newId } from '../../engine/ids.js';
+import { runFixture } from '../integration/store-contract.js';
+import { eventually, KEYS, startHarness, type Harness } from '../support/harness.js';
+
+type RunBody = Record<string, any>;
+const TERMINAL = ['succeeded', 'failed', 'canceled', 'timed_out'];
+
+async function runStatus(h: Harness, id: string, key = KEYS.a): Promise<RunBody> {
+  return (await h.call<RunBody>('GET', `/api/v1/runs/${id}`, { key })).body;
+}
+
+describe('scheduling', function () {
+  this.timeout(40_000);
+
+  it('runs at most SERVICE_TENANT_MAX_RUNNING of a tenant at once, and another tenant does not wait behind it', async () => {
+    const h = await startHarness({ env: { SERVICE_TENANT_MAX_RUNNING: '2' } });
+    try {
+      const slow = { steps: [{ tool: 'shell', args: { command: 'sleep 1' } }] };
+      const a: string[] = [];
+      for (let i = 0; i < 5; i++) a.push((await h.call('POST', '/api/v1/autonomy/run', { body: slow })).body.run_id);
+      const b = (await h.call('POST', '/api/v1/autonomy/run', { body: slow, key: KEYS.b })).body.run_id;
+      let maxRunning = 0;
+      let bStartedWhileAWaited = false;
+      await eventually(async () => {
+        const runs = await Promise.all(a.map((id) => runStatus(h, id)));
+        const running = runs.filter((r) => r.status === 'running').length;
+        maxRunning = Math.max(maxRunning, running);
+        const other = await runStatus(h, b, KEYS.b);
+        if (other.status !== 'queued' && runs.some((r) => r.status === 'queued')) bStartedWhileAWaited = true;
+        return runs.every((r) => TERMINAL.includes(r.status)) && TERMINAL.includes(other.status);
+      }, 'every run to finish', 20_000);
+      expect(maxRunning).to.equal(2);
+      expect(bStartedWhileAWaited, "tenant B's run started while tenant A's backlog waited").to.equal(true);
+      const runs = await Promise.all(a.map((id) => runStatus(h, id)));
+      expect(runs.every((r) => r.status === 'succeeded')).to.equal(true);
+      // first come, first served within the tenant
+      const starts = runs.map((r) => r.started_at as string);
+      expect([...starts].sort()).to.deep.equal(starts);
+    } finally {
+      await h.close();
+    }
+  });
+
+  it('cancels a queued run at once and lets the next one in', async () => {
+    const h = await startHarness({ env: { SERVICE_TENANT_MAX_RUNNING: '1' } });
+    try {
+      const first = (await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'sleep 1' } }] } })).body.run_id;
+      const second = (await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'true' } }] } })).body.run_id;
+      const third = (await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'true' } }] } })).body.run_id;
+      const cancel = await h.call('POST', `/api/v1/runs/${second}/cancel`);
+      expect(cancel.status).to.equal(200);
+      expect(cancel.body.status).to.equal('canceled');
+      await eventually(async () => (await runStatus(h, third)).status === 'succeeded', 'the third run');
+      expect((await runStatus(h, first)).status).to.equal('succeeded');
+      expect((await runStatus(h, second)).steps[0].status).to.equal('pending');
+    } finally {
+      await h.close();
+    }
+  });
+
+  it('re-enqueues a queued run that lost its job (the reconciler), so a 202 is never lost', async () => {
+    const h = await startHarness();
+    try {
+      // the store write happened, the job add did not (a crash between the two)
+      const ws = h.workspace;
+      const orphan = runFixture('tenant-a', {
+        id: newId('run'),
+        kind: 'autonomy',
+        workspace: ws,
+        created_at: new Date(Date.now() - 60_000).toISOString(),
+        steps: [{ index: 0, name: null, tool: 'shell', args: { command: 'echo recovered' }, status: 'pending', source: 'plan', started_at: null, finished_at: null, duration_ms: null, output: null, error: null }],
+      });
+      await h.rt.store.runs.insert(orphan);
+      const repaired = await h.rt.engine.runs.reconcile();
+      expect(repaired.requeued).to.equal(1);
+      await eventually(async () => (await runStatus(h, orphan.id)).status === 'succeeded', 'the recovered run');
+      expect((await runStatus(h, orphan.id)).steps[0].output.stdout).to.equal('recovered\n');
+      expect((await h.rt.engine.runs.reconcile()).requeued).to.equal(0);
+    } finally {
+      await h.close();
+    }
+  });
+
+  it('ends a run failed with worker-lost when its worker is killed with SIGKILL', async () => {
+    const stalled = 1;
+    const h = await startHarness({ workers: false, env: { SERVICE_STALLED_INTERVAL_SECONDS: String(stalled) } });
+    const env = {
+      ...process.env,
+      REDIS_URL: h.config.redisUrl,
+      SERVICE_QUEUE_PREFIX: h.config.queuePrefix,
+      SERVICE_DATA_DIR: h.config.dataDir,
+      SERVICE_WORKSPACE_ROOT: h.workspace,
+      SERVICE_STALLED_INTERVAL_SECONDS: String(stalled),
+      LOG_LEVEL: 'warn',
+    };
+    const worker = spawn(process.execPath, ['--import', 'tsx', 'workers/main.ts'], { env, detached: true, stdio: 'ignore' });
+    let second: ReturnType<typeof spawn> | undefined;
+    try {
+      const id = (await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'sleep 60' } }], budget_seconds: 120 } })).body.run_id;
+      await eventually(async () => (await runStatus(h, id)).status === 'running', 'the run to start', 15_000);
+      process.kill(-worker.pid!, 'SIGKILL');
+      const killedAt = Date.now();
+      second = spawn(process.execPath, ['--import', 'tsx', 'workers/main.ts'], { env, detached: true, stdio: 'ignore' });
+      const run = await eventually(async () => {
+        const r = await runStatus(h, id);
+        return TERMINAL.includes(r.status) ? r : null;
+      }, 'the lost run to end', 2 * stalled * 1000 + 30_000);
+      expect(run.status).to.equal('failed');
+      expect(run.error.code).to.equal('worker-lost');
+      expect(Date.now() - killedAt).to.be.below(stalled * 2000 + 30_000);
+    } finally {
+      for (const p of [worker, second]) {
+        try {
+          process.kill(-p!.pid!, 'SIGKILL');
+        } catch {
+          // gone
+        }
+      }
+      await h.close();
+    }
+  });
+});
