@@ -1,0 +1,155 @@
+// Goal-driven runs: the real HTTP client of the agent loop against a local server that plays a
+// scripted OpenAI-compatible conversation with tool calls.
+import fs from 'node:fs/promises';
+import path from 'node:path';
+import { expect } from 'chai';
+import { eventually, KEYS, startHarness, type Harness } from '../support/harness.js';
+import { startScriptedModel, type ScriptedModel, type ScriptedTurn } from '../support/scripted-model.js';
+
+type RunBody = Record<string, any>;
+
+async function withAgent(script: ScriptedTurn[], fn: (h: Harness, model: ScriptedModel) => Promise<void>) {
+  const model = await startScriptedModel(script);
+  const h = await startHarness({ env: { SERVICE_AGENT_BASE_URL: model.url, SERVICE_AGENT_API_KEY: 'sk-model-secret-123', SERVICE_AGENT_MODEL: 'scripted-1' } });
+  try {
+    await fn(h, model);
+  } finally {
+    await h.close();
+    await model.close();
+  }
+}
+
+async function finished(h: Harness, id: string): Promise<RunBody> {
+  return eventually(async () => {
+    const r = (await h.call<RunBody>('GET', `/api/v1/runs/${id}`)).body;
+    return ['succeeded', 'failed', 'canceled', 'timed_out'].includes(r.status) ? r : null;
+  }, 'the run to finish', 15_000);
+}
+
+describe('agent runs', function () {
+  this.timeout(30_000);
+
+  it('plans steps through the model until it answers without a tool call', async () => {
+    const script: ScriptedTurn[] = [
+      { content: 'I will write the file first.', tool_calls: [{ name: 'write_file', args: { path: 'out/answer.txt', content: '42' } }] },
+      { tool_calls: [{ name: 'read_file', args: { path: 'out/answer.txt' } }] },
+      { content: 'The answer is 42.\nDetails follow.' },
+    ];
+    await withAgent(script, async (h, model) => {
+      const res = await h.call('POST', '/api/v1/autonomy/run', { body: { goal: 'Find the answer', tools: ['read_file', 'write_file'], inputs: { topic: 'life' } } });
+      expect(res.status).to.equal(202);
+      const run = await finished(h, res.body.run_id);
+      expect(run.status, JSON.stringify(run.error)).to.equal('succeeded');
+      expect(run.summary).to.equal('The answer is 42.');
+      expect(run.result.final_answer).to.equal('The answer is 42.\nDetails follow.');
+      expect(run.steps.map((s: RunBody) => [s.tool, s.source, s.status])).to.deep.equal([
+        ['write_file', 'agent', 'succeeded'],
+        ['read_file', 'agent', 'succeeded'],
+      ]);
+      expect(run.steps[1].output.content).to.equal('42');
+      expect(run.agent_turns).to.have.length(3);
+      expect(run.agent_turns[0].tool_calls[0]).to.deep.include({ tool: 'write_file' });
+      expect(run.usage.model_turns).to.equal(3);
+      expect(await fs.readFile(path.join(h.workspace, 'out/answer.txt'), 'utf8')).to.equal('42');
+
+      // what the model was sent: the goal, only the allowed tools, the tool results, the key
+      expect(model.requests).to.have.length(3);
+      const first = model.requests[0]!;
+      expect(first.headers.authorization).to.equal('Bearer sk-model-secret-123');
+      expect(first.body.model).to.equal('scripted-1');
+      expect(first.body.tools.map((t: RunBody) => t.function.name).sort()).to.deep.equal(['read_file', 'write_file']);
+      expect(first.body.messages[1].content).to.contain('Find the answer').and.contain('life');
+      const third = model.requests[2]!.body.messages;
+      expect(third.filter((m: RunBody) => m.role === 'tool')).to.have.length(2);
+      expect(third[third.length - 1].content).to.contain('42');
+
+      const events = await h.rt.engine.deps.events.after(`session:${res.body.session_id}`, '0-0');
+      expect(events.filter((e) => e.type === 'agent.turn')).to.have.length(3);
+      expect(h.logs.join('')).not.to.contain('sk-model-secret-123');
+    });
+  });
+
+  it('refuses a tool call outside the allowlist and tells the model', async () => {
+    const script: ScriptedTurn[] = [{ tool_calls: [{ name: 'shell', args: { command: 'touch pwned' } }] }, { content: 'Could not run it.' }];
+    await withAgent(script, async (h, model) => {
+      const res = await h.call('POST', '/api/v1/autonomy/run', { body: { goal: 'try to escape', tools: ['read_file'] } });
+      const run = await finished(h, res.body.run_id);
+      expect(run.steps[0]).to.deep.include({ tool: 'shell', status: 'failed' });
+      expect(run.steps[0].error.code).to.equal('tool-not-allowed');
+      expect(await fs.stat(path.join(h.workspace, 'pwned')).catch(() => null)).to.equal(null);
+      expect(model.requests[1]!.body.messages.at(-1).content).to.contain('tool-not-allowed');
+    });
+  });
+
+  it('stops at max_steps, and fails with agent-error when the endpoint fails', async () => {
+    const loop: ScriptedTurn[] = [{ tool_calls: [{ name: 'list_files', args: {} }] }];
+    await withAgent(loop, async (h) => {
+      const res = await h.call('POST', '/api/v1/autonomy/run', { body: { goal: 'list forever', tools: ['list_files'], max_steps: 3 } });
+      const run = await finished(h, res.body.run_id);
+      expect(run.status).to.equal('failed');
+      expect(run.error.code).to.equal('max-steps-reached');
+      expect(run.steps).to.have.length(3);
+    });
+    await withAgent([{ status: 500 }], async (h) => {
+      const res = await h.call('POST', '/api/v1/autonomy/run', { body: { goal: 'anything' } });
+      const run = await finished(h, res.body.run_id);
+      expect(run.status).to.equal('failed');
+      expect(run.error.code).to.equal('agent-error');
+    });
+  });
+
+  it('ends timed_out when the budget runs out during the agent loop', async () => {
+    await withAgent([{ tool_calls: [{ name: 'shell', args: { command: 'sleep 20' } }] }], async (h) => {
+      const res = await h.call('POST', '/api/v1/autonomy/run', { body: { goal: 'wait', tools: ['shell'], budget_seconds: 1 } });
+      const run = await finished(h, res.body.run_id);
+      expect(run.status).to.equal('timed_out');
+      expect(new Date(run.finished_at).getTime() - new Date(run.started_at).getTime()).to.be.below(3000);
+    });
+  });
+});
+
+describe('vibe runs', function () {
+  this.timeout(30_000);
+  it('changes a scratch worktree, not the repository, and returns the diff', async () => {
+    const h = await startHarness();
+    try {
+      const { execFileSync: git } = await import('node:child_process');
+      const repo = path.join(h.workspace, 'repo');
+      await fs.mkdir(repo);
+      await fs.writeFile(path.join(repo, 'README.md'), 'hello\n');
+      const g = (...args: string[]) => git('git', ['-c', 'user.name=t', '-c', 'user.email=t@t', ...args], { cwd: repo });
+      g('init', '-q');
+      g('add', '-A');
+      g('commit', '-qm', 'init');
+      const res = await h.call('POST', '/api/v1/autonomy/vibe/run', {
+        body: { workspace: 'repo', steps: [{ tool: 'write_file', args: { path: 'README.md', content: 'hello, world\n' } }, { tool: 'write_file', args: { path: 'src/new.txt', content: 'new\n' } }] },
+      });
+      expect(res.status).to.equal(202);
+      const run = await finished(h, res.body.run_id);
+      expect(run.status, JSON.stringify(run.error)).to.equal('succeeded');
+      expect(run.kind).to.equal('vibe');
+      expect(run.result.changed_files).to.deep.equal(['README.md', 'src/new.txt']);
+      expect(run.result.diff).to.contain('-hello\n+hello, world').and.contain('+++ b/src/new.txt');
+      expect(await fs.readFile(path.join(repo, 'README.md'), 'utf8')).to.equal('hello\n');
+      expect(await fs.stat(path.join(repo, 'src')).catch(() => null)).to.equal(null);
+      expect(g('worktree', 'list').toString().trim().split('\n')).to.have.length(1);
+    } finally {
+      await h.close();
+    }
+  });
+
+  it('works on a copy of a folder that is not a repository', async () => {
+    const h = await startHarness();
+    try {
+      await fs.writeFile(path.join(h.workspace, 'a.txt'), 'one\n');
+      const res = await h.call('POST', '/api/v1/autonomy/vibe/run', { body: { steps: [{ tool: 'shell', args: { command: 'echo two >> a.txt' } }] } });
+      const run = await finished(h, res.body.run_id);
+      expect(run.status).to.equal('succeeded');
+      expect(run.result.changed_files).to.deep.equal(['a.txt']);
+      expect(run.result.diff).to.contain('+two');
+      expect(await fs.readFile(path.join(h.workspace, 'a.txt'), 'utf8')).to.equal('one\n');
+    } finally {
+      await h.close();
+    }
+  });
+});

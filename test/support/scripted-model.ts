@@ -1,0 +1,50 @@
+// A local server that speaks the OpenAI chat-completions protocol and plays a scripted conversation:
+// each request gets the next scripted answer. It records what it was sent. No model runs here.
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+
+export type ScriptedTurn = { content?: string | null; tool_calls?: { name: string; args: Record<string, unknown> }[] } | { status: number };
+
+export type ScriptedModel = {
+  url: string;
+  requests: { headers: http.IncomingHttpHeaders; body: any }[];
+  close(): Promise<void>;
+};
+
+export async function startScriptedModel(script: ScriptedTurn[]): Promise<ScriptedModel> {
+  const requests: ScriptedModel['requests'] = [];
+  let turn = 0;
+  const server = http.createServer((req, res) => {
+    let raw = '';
+    req.on('data', (d) => (raw += d));
+    req.on('end', () => {
+      if (req.method !== 'POST' || req.url !== '/v1/chat/completions') {
+        res.writeHead(404).end();
+        return;
+      }
+      const body = JSON.parse(raw);
+      requests.push({ headers: req.headers, body });
+      const next = script[Math.min(turn++, script.length - 1)]!;
+      if ('status' in next) {
+        res.writeHead(next.status, { 'content-type': 'application/json' }).end('{"error":{"message":"scripted failure"}}');
+        return;
+      }
+      const message = {
+        role: 'assistant',
+        content: next.content ?? null,
+        ...(next.tool_calls?.length
+          ? { tool_calls: next.tool_calls.map((c, i) => ({ id: `call_${turn}_${i}`, type: 'function', function: { name: c.name, arguments: JSON.stringify(c.args) } })) }
+          : {}),
+      };
+      res.writeHead(200, { 'content-type': 'application/json' }).end(
+        JSON.stringify({ id: `chatcmpl-${turn}`, object: 'chat.completion', model: body.model, choices: [{ index: 0, message, finish_reason: next.tool_calls?.length ? 'tool_calls' : 'stop' }], usage: { prompt_tokens: 10, completion_tokens: 5 } }),
+      );
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  return {
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/v1`,
+    requests,
+    close: () => new Promise((r) => server.close(() => r())),
+  };
+}
