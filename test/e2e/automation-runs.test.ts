@@ -1,0 +1,74 @@
+import { expect } from 'chai';
+import { eventually, KEYS, startHarness, type Harness } from '../support/harness.js';
+
+type Body = Record<string, any>;
+
+describe('automation runs', function () {
+  this.timeout(30_000);
+  let h: Harness;
+  before(async () => {
+    h = await startHarness();
+  });
+  after(async () => {
+    await h.close();
+  });
+
+  const create = async (over: object = {}) =>
+    (
+      await h.call('POST', '/api/v1/automations', {
+        body: { name: 'echo', steps: [{ tool: 'shell', args: { command: 'echo "$0"' } }], inputs: { greeting: 'hi' }, triggers: [{ type: 'manual' }, { type: 'cron', schedule: '0 3 * * *', timezone: 'Europe/Paris' }], ...over },
+      })
+    ).body;
+
+  it('starts a run (202), which then shows in the history and the status', async () => {
+    const a = await create();
+    const started = await h.call('POST', '/api/v1/automations/run', { body: { automation_id: a.id, inputs: { extra: 1 } } });
+    expect(started.status, started.text).to.equal(202);
+    expect(started.body.run).to.deep.include({ kind: 'automation', automation_id: a.id });
+    expect(started.body.run.trigger.type).to.equal('manual');
+    expect(started.body.run.inputs).to.deep.equal({ greeting: 'hi', extra: 1 });
+    const failing = await h.call('POST', '/api/v1/automations', { body: { name: 'fails', steps: [{ tool: 'shell', args: { command: 'exit 1' } }] } });
+    await h.call('POST', '/api/v1/automations/run', { body: { automation_id: failing.body.id } });
+    await eventually(async () => (await h.call<Body>('GET', `/api/v1/runs/${started.body.run_id}`)).body.status === 'succeeded', 'the run');
+    await h.call('POST', '/api/v1/automations/run', { body: { automation_id: a.id } });
+    await eventually(async () => (await h.call<Body>('GET', `/api/v1/automations/${a.id}/status`)).body.counts.succeeded === 2, 'two runs');
+
+    const history = await h.call('GET', `/api/v1/automations/${a.id}/history?limit=1`);
+    expect(history.status).to.equal(200);
+    expect(history.body.data).to.have.length(1);
+    expect(history.body.data[0]).to.include.keys('id', 'status', 'duration_ms', 'summary');
+    const page2 = await h.call('GET', `/api/v1/automations/${a.id}/history?limit=1&cursor=${history.body.next_cursor}`);
+    expect(page2.body.data[0].id).to.equal(started.body.run_id);
+    expect(page2.body.next_cursor).to.equal(null);
+
+    const status = (await h.call('GET', `/api/v1/automations/${a.id}/status`)).body;
+    expect(status.counts).to.deep.include({ succeeded: 2, failed: 0, queued: 0 });
+    expect(status.success_rate).to.equal(1);
+    expect(status.duration_ms.sample).to.equal(2);
+    expect(status.duration_ms.p50).to.be.a('number');
+    expect(status.last_run.status).to.equal('succeeded');
+    expect(new Date(status.next_fire_at).getTime()).to.be.greaterThan(Date.now());
+  });
+
+  it('refuses a disabled automation (409) and an archived one (404), and tenant B’s request for A’s (404)', async () => {
+    const a = await create();
+    expect((await h.call('POST', '/api/v1/automations/run', { body: { automation_id: a.id }, key: KEYS.b })).status).to.equal(404);
+    expect((await h.call('GET', `/api/v1/automations/${a.id}/status`, { key: KEYS.b })).status).to.equal(404);
+    expect((await h.call('GET', `/api/v1/automations/${a.id}/history`, { key: KEYS.b })).status).to.equal(404);
+    await h.call('POST', `/api/v1/automations/${a.id}/disable`);
+    const disabled = await h.call('POST', '/api/v1/automations/run', { body: { automation_id: a.id } });
+    expect(disabled.status).to.equal(409);
+    expect((await h.call('GET', `/api/v1/automations/${a.id}/status`)).body.next_fire_at).to.equal(null);
+    await h.call('DELETE', `/api/v1/automations/${a.id}`);
+    expect((await h.call('POST', '/api/v1/automations/run', { body: { automation_id: a.id } })).status).to.equal(404);
+    expect((await h.call('GET', `/api/v1/automations/${a.id}/history`)).body.data).to.deep.equal([]);
+  });
+
+  it('runs an automation once per Idempotency-Key', async () => {
+    const a = await create();
+    const headers = { 'idempotency-key': `nightly-${a.id}` };
+    const one = await h.call('POST', '/api/v1/automations/run', { body: { automation_id: a.id }, headers });
+    const two = await h.call('POST', '/api/v1/automations/run', { body: { automation_id: a.id }, headers });
+    expect(two.body.run_id).to.equal(one.body.run_id);
+  });
+});
