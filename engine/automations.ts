@@ -21,7 +21,12 @@ export function runSummaryOf(r: Run) {
   return { id: r.id, status: r.status, trigger: r.trigger, summary: r.summary, error: r.error, created_at: r.created_at, started_at: r.started_at, finished_at: r.finished_at, duration_ms: r.duration_ms };
 }
 
-export function automationsOf(deps: EngineDeps, runs: Runs) {
+export type AutomationHooks = {
+  /** after any change of an automation's triggers or status (keeps cron schedulers in step) */
+  changed(a: Automation): Promise<void>;
+};
+
+export function automationsOf(deps: EngineDeps, runs: Runs, hooks: AutomationHooks) {
   const { store, clock, limits } = deps;
 
   function budgetOf(given: Partial<Budget> | undefined, at: string, errors: FieldError[], base?: Budget): Budget {
@@ -56,9 +61,15 @@ export function automationsOf(deps: EngineDeps, runs: Runs) {
   }
 
   /** A conditional update that says why it did not apply: gone (404) or archived (409). */
+  /** Tells the hooks; a failure there is logged, and the periodic reconcile repairs it. */
+  async function changed(a: Automation): Promise<Automation> {
+    await hooks.changed(a).catch((err: unknown) => deps.log.warn({ automation_id: a.id, err: (err as Error).message }, 'automation hooks failed; the reconciler will repair'));
+    return a;
+  }
+
   async function change(tenantId: string, id: string, changes: Partial<Automation>): Promise<Automation> {
     const updated = await store.automations.update(tenantId, id, { ...changes, updated_at: clock.now().toISOString() }, LIVE);
-    if (updated) return updated;
+    if (updated) return changed(updated);
     const current = await mustGet(tenantId, id);
     throw new ConflictError(`automation ${id} is ${current.status} and cannot change`, { status: current.status });
   }
@@ -90,7 +101,7 @@ export function automationsOf(deps: EngineDeps, runs: Runs) {
       };
       await store.automations.insert(automation);
       deps.log.info({ tenant_id: tenantId, automation_id: automation.id, template_id: template?.id }, 'automation created');
-      return automation;
+      return changed(automation);
     },
 
     /** Creates an automation from a built-in template and the caller's variables. */
@@ -187,7 +198,7 @@ export function automationsOf(deps: EngineDeps, runs: Runs) {
       const archived = await store.automations.update(tenantId, id, { status: 'archived', updated_at: now }, LIVE);
       if (archived) {
         deps.log.info({ tenant_id: tenantId, automation_id: id }, 'automation archived');
-        return archived;
+        return changed(archived);
       }
       return mustGet(tenantId, id);
     },

@@ -2,7 +2,9 @@
 // for cancel requests and the reconciler. Each Worker duplicates the connection for its blocking
 // reads. close() stops taking jobs and lets running ones finish.
 import { Worker, type Processor } from 'bullmq';
+import { fileTriggersOf } from '../engine/file-triggers.js';
 import type { QueueName } from '../engine/queues.js';
+import type { CronJob } from '../engine/schedules.js';
 import type { Runtime } from '../engine/runtime.js';
 
 export type Processors = Partial<Record<QueueName, { processor: Processor; concurrency: number }>>;
@@ -17,6 +19,12 @@ export function processorsOf(rt: Runtime): Processors {
       processor: async (job) => {
         const { run_id, tenant_id } = job.data as RunJob;
         await rt.engine.executor.execute(run_id, tenant_id);
+      },
+    },
+    triggers: {
+      concurrency: 5,
+      processor: async (job) => {
+        if (job.name === 'cron') await rt.engine.fireCron(job.data as CronJob, String(job.id), new Date(job.timestamp));
       },
     },
   };
@@ -50,8 +58,17 @@ export async function startWorkers(rt: Runtime, processors: Processors = process
     if (rt.engine.executor.abort(runId)) rt.log.info({ run_id: runId }, 'run cancel requested');
   });
 
+  const fileTriggers = fileTriggersOf(rt.engine.deps, {
+    refreshMs: rt.config.fileTriggerRefreshSeconds * 1000,
+    ignore: [rt.config.dataDir],
+    fire: (a, trigger) => rt.engine.fire(a.tenant_id, a.id, trigger),
+  });
+  await fileTriggers.start();
+
   const reconcile = () =>
-    rt.engine.runs.reconcile().catch((err: unknown) => rt.log.warn({ err: (err as Error).message }, 'reconcile failed'));
+    Promise.all([rt.engine.runs.reconcile(), rt.engine.schedules.reconcile()]).catch((err: unknown) =>
+      rt.log.warn({ err: (err as Error).message }, 'reconcile failed'),
+    );
   const reconciler = setInterval(reconcile, rt.config.reconcileIntervalSeconds * 1000);
   reconciler.unref();
   void reconcile();
@@ -61,6 +78,7 @@ export async function startWorkers(rt: Runtime, processors: Processors = process
     workers,
     async close() {
       clearInterval(reconciler);
+      await fileTriggers.close();
       await Promise.all(workers.map((w) => w.close()));
       await cancels.quit().catch(() => cancels.disconnect());
     },

@@ -110,11 +110,11 @@ export async function startHarness(opts: { env?: Record<string, string>; runtime
 }
 
 /** Polls until `check` answers truthy; fails with `what` after `ms`. */
-export async function eventually<T>(check: () => Promise<T> | T, what: string, ms = 10_000): Promise<T> {
+export async function eventually<T>(check: () => Promise<T> | T, what: string, ms = 10_000): Promise<NonNullable<T>> {
   const until = Date.now() + ms;
   for (;;) {
     const value = await check();
-    if (value) return value;
+    if (value) return value as NonNullable<T>;
     if (Date.now() > until) throw new Error(`timed out waiting for ${what}`);
     await new Promise((r) => setTimeout(r, 25));
   }

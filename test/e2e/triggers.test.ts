@@ -1,0 +1,116 @@
+// Triggers that fire by themselves: cron through BullMQ job schedulers, file_change through chokidar.
+import fs from 'node:fs/promises';
+import path from 'node:path';
+import { expect } from 'chai';
+import { startWorkers } from '../../workers/index.js';
+import { automationFixture } from '../integration/store-contract.js';
+import { eventually, startHarness, type Harness } from '../support/harness.js';
+
+type Body = Record<string, any>;
+
+async function history(h: Harness, id: string): Promise<Body[]> {
+  return (await h.call<Body>('GET', `/api/v1/automations/${id}/history?limit=100`)).body.data;
+}
+async function schedulers(h: Harness): Promise<string[]> {
+  return (await h.rt.queues.get('triggers').getJobSchedulers(0, -1)).map((s) => s.key);
+}
+
+describe('cron triggers', function () {
+  this.timeout(30_000);
+  let h: Harness;
+  before(async () => {
+    h = await startHarness();
+  });
+  after(async () => {
+    await h.close();
+  });
+
+  it('fires on schedule, once per tick even with two worker processes, and stops when disabled', async () => {
+    const extra = await startWorkers(h.rt); // a second set of workers on the same queues
+    try {
+      const a = (
+        await h.call('POST', '/api/v1/automations', { body: { name: 'tick', triggers: [{ type: 'cron', schedule: '* * * * * *', timezone: 'UTC' }], steps: [{ tool: 'shell', args: { command: 'true' } }] } })
+      ).body;
+      expect(await schedulers(h)).to.include(`cron-${a.id}-0`);
+      const runs = await eventually(async () => {
+        const r = await history(h, a.id);
+        return r.length >= 3 ? r : null;
+      }, 'three cron runs', 10_000);
+      expect(runs.every((r) => r.trigger.type === 'cron' && r.trigger.schedule === '* * * * * *')).to.equal(true);
+      const ticks = runs.map((r) => r.trigger.fire_at);
+      expect(new Set(ticks).size, 'one run per tick').to.equal(ticks.length);
+
+      await h.call('POST', `/api/v1/automations/${a.id}/disable`);
+      expect(await schedulers(h)).not.to.include(`cron-${a.id}-0`);
+      await new Promise((r) => setTimeout(r, 1500));
+      const settled = (await history(h, a.id)).length;
+      await new Promise((r) => setTimeout(r, 2000));
+      expect((await history(h, a.id)).length).to.equal(settled);
+
+      await h.call('POST', `/api/v1/automations/${a.id}/enable`);
+      expect(await schedulers(h)).to.include(`cron-${a.id}-0`);
+      await h.call('PATCH', `/api/v1/automations/${a.id}`, { body: { triggers: [{ type: 'manual' }] } });
+      expect(await schedulers(h)).not.to.include(`cron-${a.id}-0`);
+      await h.call('PATCH', `/api/v1/automations/${a.id}`, { body: { triggers: [{ type: 'cron', schedule: '0 0 1 1 *', timezone: 'Asia/Tokyo' }] } });
+      expect(await schedulers(h)).to.include(`cron-${a.id}-0`);
+      await h.call('DELETE', `/api/v1/automations/${a.id}`);
+      expect(await schedulers(h)).not.to.include(`cron-${a.id}-0`);
+    } finally {
+      await extra.close();
+    }
+  });
+
+  it('reconciles schedulers with the store at start-up', async () => {
+    const missing = automationFixture('tenant-a', { triggers: [{ type: 'cron', schedule: '0 4 * * *', timezone: 'Europe/Berlin' }] });
+    await h.rt.store.automations.insert(missing); // written without its scheduler
+    await h.rt.queues.get('triggers').upsertJobScheduler('cron-aut_gone-0', { pattern: '0 5 * * *' }, { name: 'cron', data: {} });
+    await h.rt.engine.schedules.reconcile();
+    const ids = await schedulers(h);
+    expect(ids).to.include(`cron-${missing.id}-0`);
+    expect(ids).not.to.include('cron-aut_gone-0');
+    const scheduler = (await h.rt.queues.get('triggers').getJobSchedulers(0, -1)).find((s) => s.key === `cron-${missing.id}-0`);
+    expect(scheduler).to.deep.include({ pattern: '0 4 * * *', tz: 'Europe/Berlin' });
+  });
+});
+
+describe('file_change triggers', function () {
+  this.timeout(30_000);
+  let h: Harness;
+  before(async () => {
+    h = await startHarness({ env: { SERVICE_FILE_TRIGGER_REFRESH_SECONDS: '1' } });
+  });
+  after(async () => {
+    await h.close();
+  });
+
+  it('starts one debounced run for a burst of matching changes, and none for others', async () => {
+    const a = (
+      await h.call('POST', '/api/v1/automations', {
+        body: { name: 'on ts change', triggers: [{ type: 'file_change', paths: ['src/**/*.ts'], debounce_ms: 300 }], steps: [{ tool: 'shell', args: { command: 'true' } }] },
+      })
+    ).body;
+    await new Promise((r) => setTimeout(r, 1500)); // the watcher refreshes its automations every second
+    await fs.mkdir(path.join(h.workspace, 'src/lib'), { recursive: true });
+    await fs.writeFile(path.join(h.workspace, 'src/a.ts'), 'a');
+    await fs.writeFile(path.join(h.workspace, 'src/lib/b.ts'), 'b');
+    await fs.writeFile(path.join(h.workspace, 'README.md'), 'not watched');
+    const runs = await eventually(async () => {
+      const r = await history(h, a.id);
+      return r.length ? r : null;
+    }, 'a file_change run', 10_000);
+    await new Promise((r) => setTimeout(r, 800));
+    const all = await history(h, a.id);
+    expect(all).to.have.length(1);
+    expect(runs[0]!.trigger).to.deep.equal({ type: 'file_change', paths: ['src/a.ts', 'src/lib/b.ts'] });
+
+    await fs.writeFile(path.join(h.workspace, 'notes.txt'), 'x');
+    await new Promise((r) => setTimeout(r, 800));
+    expect(await history(h, a.id)).to.have.length(1);
+
+    await h.call('POST', `/api/v1/automations/${a.id}/disable`);
+    await new Promise((r) => setTimeout(r, 1500));
+    await fs.writeFile(path.join(h.workspace, 'src/c.ts'), 'c');
+    await new Promise((r) => setTimeout(r, 1000));
+    expect(await history(h, a.id)).to.have.length(1);
+  });
+});
