@@ -19,6 +19,7 @@ import { autonomyRouter } from './routes/autonomy.js';
 import { healthRouter } from './routes/health.js';
 import { runsRouter } from './routes/runs.js';
 import { loadSpec } from './spec.js';
+import { OpenStreams } from './sse.js';
 
 export type AppDeps = {
   engine: Engine;
@@ -43,6 +44,18 @@ export function createApp(deps: AppDeps): Express {
   const app = express();
   app.disable('x-powered-by');
   app.set('query parser', 'simple');
+  const streams = new OpenStreams();
+  app.locals.streams = streams;
+
+  const { httpDuration } = deps.engine.deps.metrics;
+  app.use((req, res, next) => {
+    const started = performance.now();
+    res.once('finish', () => {
+      const route = req.route ? `${req.baseUrl}${String(req.route.path)}` : 'unmatched';
+      httpDuration.observe({ method: req.method, route, status: String(res.statusCode) }, (performance.now() - started) / 1000);
+    });
+    next();
+  });
 
   app.use(
     pinoHttp({
@@ -68,7 +81,7 @@ export function createApp(deps: AppDeps): Express {
   const spec = loadSpec();
   app.use(healthRouter({ redis: deps.redis, store: deps.store }));
   if (deps.docs) app.use(docsRouter(spec));
-  app.use(adminRouter({ queues: deps.queues, adminKeys: deps.adminKeys }));
+  app.use(adminRouter({ queues: deps.queues, adminKeys: deps.adminKeys, metrics: deps.engine.deps.metrics }));
 
   // who is calling comes first: an unauthenticated body is never parsed
   app.use('/api/v1', authenticate({ mode: deps.auth, apiKeys: deps.engine.apiKeys }));
@@ -85,7 +98,7 @@ export function createApp(deps: AppDeps): Express {
   );
 
   app.use('/api/v1/automations', automationsRouter(deps.engine));
-  app.use('/api/v1/autonomy', autonomyRouter(deps.engine, { hub: deps.hub, heartbeatMs: deps.sseHeartbeatMs }));
+  app.use('/api/v1/autonomy', autonomyRouter(deps.engine, { hub: deps.hub, heartbeatMs: deps.sseHeartbeatMs, streams }));
   app.use('/api/v1/runs', runsRouter(deps.engine));
 
   app.use((req) => {

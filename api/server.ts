@@ -3,6 +3,7 @@ import type { AddressInfo } from 'node:net';
 import type { Server } from 'node:http';
 import type { Runtime } from '../engine/runtime.js';
 import { createApp } from './app.js';
+import type { OpenStreams } from './sse.js';
 
 export type WebServer = { server: Server; url: string; close(): Promise<void> };
 
@@ -36,6 +37,8 @@ export async function startWebServer(rt: Runtime, opts: { port?: number; host?: 
     async close() {
       await new Promise<void>((resolve) => {
         server.close(() => resolve());
+        // open event streams end now: their clients resume on another instance with Last-Event-ID
+        (app.locals.streams as OpenStreams).closeAll();
         server.closeIdleConnections();
       });
     },

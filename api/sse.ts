@@ -3,7 +3,23 @@
 import type { Request, Response } from 'express';
 import type { EventHub, ServiceEvent } from '../engine/events.js';
 
+/** The open streams of an app, so shutdown can end them: clients resume elsewhere with Last-Event-ID. */
+export class OpenStreams {
+  private readonly ends = new Set<() => void>();
+  add(end: () => void): () => void {
+    this.ends.add(end);
+    return () => this.ends.delete(end);
+  }
+  get size(): number {
+    return this.ends.size;
+  }
+  closeAll(): void {
+    for (const end of [...this.ends]) end();
+  }
+}
+
 export type SseOptions = {
+  streams: OpenStreams;
   hub: EventHub;
   scope: string;
   afterId: string;
@@ -38,9 +54,11 @@ export async function streamEvents(req: Request, res: Response, opts: SseOptions
     if (ended) return;
     ended = true;
     clearInterval(heartbeat);
+    forget();
     sub?.close();
     res.end();
   };
+  const forget = opts.streams.add(end);
   req.on('close', end);
   const send = (e: ServiceEvent) => {
     if (ended) return;

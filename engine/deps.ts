@@ -4,6 +4,7 @@ import type { Clock } from './clock.js';
 import type { TenantSlots } from './concurrency.js';
 import type { EventLog } from './events.js';
 import type { Logger } from './log.js';
+import type { Metrics } from './metrics.js';
 import type { Queues } from './queues.js';
 import type { Redis } from './redis.js';
 import type { Store } from './store/port.js';
@@ -30,4 +31,5 @@ export type EngineDeps = {
   events: EventLog;
   slots: TenantSlots;
   settings: EngineSettings;
+  metrics: Metrics;
 };

@@ -34,6 +34,8 @@ export function executorOf(deps: EngineDeps, runs: Runs) {
       ['running'],
     );
     if (done) {
+      deps.metrics.runDuration.observe({ kind: done.kind, status: done.status }, (done.duration_ms ?? 0) / 1000);
+      deps.metrics.runsFinished.inc({ kind: done.kind, status: done.status });
       await emit(done, 'run.finished', { status: done.status, summary: done.summary, error: done.error, duration_ms: done.duration_ms, result: done.result ? { changed_files: done.result.changed_files } : null });
       log.info({ tenant_id: run.tenant_id, run_id: run.id, status: done.status, duration_ms: done.duration_ms, request_id: run.request_id }, 'run finished');
     }

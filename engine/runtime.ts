@@ -6,6 +6,7 @@ import { systemClock, type Clock } from './clock.js';
 import { createTenantSlots } from './concurrency.js';
 import { createEventLog, EventHub } from './events.js';
 import { createEngine, type Engine } from './index.js';
+import { createMetrics } from './metrics.js';
 import type { Logger } from './log.js';
 import { createQueues, type Queues } from './queues.js';
 import { createRedis, probeRedis, type Redis } from './redis.js';
@@ -56,6 +57,7 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
       redis,
       queues,
       events,
+      metrics: createMetrics({ store, queues }),
       slots: createTenantSlots(redis, config.queuePrefix, config.tenantMaxRunning),
       limits: { defaultBudgetSeconds: config.runBudget.defaultSeconds, maxBudgetSeconds: config.runBudget.maxSeconds },
       settings: {

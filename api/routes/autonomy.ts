@@ -7,16 +7,16 @@ import type { RunKind } from '../../engine/model.js';
 import { runScope } from '../../engine/runs.js';
 import { tenantOf } from '../auth.js';
 import type { components } from '../schema.js';
-import { lastEventIdOf, streamEvents } from '../sse.js';
+import { lastEventIdOf, streamEvents, type OpenStreams } from '../sse.js';
 import { acceptRun, idempotencyKeyOf, runLocation } from './runs.js';
 
 type AutonomyRunRequest = components['schemas']['AutonomyRunRequest'];
 
-export function autonomyRouter(engine: Engine, opts: { hub: EventHub; heartbeatMs: number }): Router {
+export function autonomyRouter(engine: Engine, opts: { hub: EventHub; heartbeatMs: number; streams: OpenStreams }): Router {
   const router = Router();
 
   const watch = (req: Request, res: Response, sessionId: string, afterId: string, extra: { status?: number; headers?: Record<string, string> } = {}) =>
-    streamEvents(req, res, { hub: opts.hub, scope: runScope(sessionId), afterId, heartbeatMs: opts.heartbeatMs, isLast: (e) => e.type === 'run.finished', ...extra });
+    streamEvents(req, res, { streams: opts.streams, hub: opts.hub, scope: runScope(sessionId), afterId, heartbeatMs: opts.heartbeatMs, isLast: (e) => e.type === 'run.finished', ...extra });
 
   const start = (kind: RunKind) => async (req: Request, res: Response) => {
     const body = req.body as AutonomyRunRequest;

@@ -39,6 +39,8 @@ export interface RunRepo {
   automationStats(tenantId: string, automationId: string, recent: number): Promise<RunStats>;
   /** Durations of the tenant's latest finished runs of a kind, newest first. */
   recentDurations(tenantId: string, kind: RunKind, limit: number): Promise<number[]>;
+  /** System use (metrics): how many runs of every tenant there are, by kind and status. */
+  countByKindAndStatus(): Promise<{ kind: RunKind; status: RunStatus; count: number }[]>;
   /** System use (the reconciler): runs of every tenant in a status, created before a time. */
   listStale(status: RunStatus, createdBefore: string, limit: number): Promise<Run[]>;
 }

@@ -183,6 +183,12 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect(await store.runs.recentDurations('t2', 'automation', 2)).to.deep.equal([]);
       const found = await store.runs.listStale('queued', new Date(Date.now() - 30_000).toISOString(), 10);
       expect(found.map((r) => r.id)).to.deep.equal([stale.id]);
+      const counts = await store.runs.countByKindAndStatus();
+      expect(counts.sort((x, y) => x.status.localeCompare(y.status))).to.deep.equal([
+        { kind: 'automation', status: 'failed', count: 1 },
+        { kind: 'automation', status: 'queued', count: 1 },
+        { kind: 'automation', status: 'succeeded', count: 2 },
+      ]);
     });
 
     it('stores api keys by hash, once, and finds them by hash', async () => {

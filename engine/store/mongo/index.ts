@@ -137,6 +137,10 @@ function runRepo(model: Model<Stored<Run>>): RunRepo {
         .lean<{ duration_ms: number }[]>();
       return rows.map((r) => r.duration_ms);
     },
+    async countByKindAndStatus() {
+      const rows = await model.aggregate<{ _id: { kind: Run['kind']; status: Run['status'] }; count: number }>([{ $group: { _id: { kind: '$kind', status: '$status' }, count: { $sum: 1 } } }]);
+      return rows.map((r) => ({ kind: r._id.kind, status: r._id.status, count: r.count }));
+    },
     async listStale(status, createdBefore, limit) {
       const rows = await model.find({ status, created_at: { $lt: createdBefore } }).sort({ created_at: 1 }).limit(limit).lean<Stored<Run>[]>();
       return rows.map((r) => fromStored(r)!);

@@ -117,6 +117,7 @@ function runRepo(db: Database.Database): RunRepo {
     'SELECT duration_ms FROM runs WHERE tenant_id = ? AND kind = ? AND finished_at IS NOT NULL AND duration_ms IS NOT NULL ORDER BY finished_at DESC LIMIT ?',
   );
   const stale = db.prepare<[string, string, number], { doc: string }>('SELECT doc FROM runs WHERE status = ? AND created_at < ? ORDER BY created_at LIMIT ?');
+  const byKindStatus = db.prepare<[], { kind: Run['kind']; status: Run['status']; count: number }>('SELECT kind, status, COUNT(*) AS count FROM runs GROUP BY kind, status');
   const read = (row: { doc: string } | undefined): Run | null => (row ? (JSON.parse(row.doc) as Run) : null);
   // the largest possible id: a cursor-less page starts below it
   const TOP = '\uffff';
@@ -161,6 +162,9 @@ function runRepo(db: Database.Database): RunRepo {
     },
     async listStale(status, createdBefore, limit) {
       return stale.all(status, createdBefore, limit).map((r) => read(r)!);
+    },
+    async countByKindAndStatus() {
+      return byKindStatus.all();
     },
   };
 }

@@ -1,0 +1,56 @@
+// Prometheus metrics (prom-client). Counts that must hold across processes (runs by kind and status,
+// queue depths) are read from the store and Redis at scrape time; latencies are this process's own.
+import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+import type { Queues } from './queues.js';
+import type { Store } from './store/port.js';
+
+export type Metrics = {
+  registry: Registry;
+  httpDuration: Histogram<'method' | 'route' | 'status'>;
+  runDuration: Histogram<'kind' | 'status'>;
+  runsFinished: Counter<'kind' | 'status'>;
+};
+
+export function createMetrics(deps: { store: Store; queues: Queues }): Metrics {
+  const registry = new Registry();
+  collectDefaultMetrics({ register: registry });
+  const httpDuration = new Histogram({
+    name: 'http_request_duration_seconds',
+    help: 'HTTP request latency by method, route and status',
+    labelNames: ['method', 'route', 'status'] as const,
+    buckets: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
+    registers: [registry],
+  });
+  const runDuration = new Histogram({
+    name: 'run_duration_seconds',
+    help: 'Duration of runs finished by this process, by kind and final status',
+    labelNames: ['kind', 'status'] as const,
+    buckets: [0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600],
+    registers: [registry],
+  });
+  const runsFinished = new Counter({ name: 'runs_finished_total', help: 'Runs finished by this process, by kind and status', labelNames: ['kind', 'status'] as const, registers: [registry] });
+  new Gauge({
+    name: 'runs',
+    help: 'Runs in the store by kind and status (all processes)',
+    labelNames: ['kind', 'status'] as const,
+    registers: [registry],
+    async collect() {
+      this.reset();
+      for (const row of await deps.store.runs.countByKindAndStatus()) this.set({ kind: row.kind, status: row.status }, row.count);
+    },
+  });
+  new Gauge({
+    name: 'queue_jobs',
+    help: 'BullMQ jobs by queue and state',
+    labelNames: ['queue', 'state'] as const,
+    registers: [registry],
+    async collect() {
+      this.reset();
+      for (const q of deps.queues.all()) {
+        const counts = await q.getJobCounts('waiting', 'active', 'delayed', 'prioritized', 'failed', 'completed');
+        for (const [state, n] of Object.entries(counts)) this.set({ queue: q.name, state }, n);
+      }
+    },
+  });
+  return { registry, httpDuration, runDuration, runsFinished };
+}
