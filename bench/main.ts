@@ -6,6 +6,7 @@ import os from 'node:os';
 import path from 'node:path';
 import autocannon from 'autocannon';
 import { deleteRedisPrefix, uniquePrefix } from '../test/support/harness.js';
+import { runBenchmarks } from './runs.js';
 
 const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 50);
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 8);
@@ -43,6 +44,37 @@ async function load(opts: { url: string; method: 'GET' | 'POST'; body?: string; 
   return { rps: r.requests.average, p50: r.latency.p50, p99: r.latency.p99, errors: r.errors + r.timeouts, non2xx: r.non2xx };
 }
 
+/** POST /api/v1/autonomy/run (auth, validation, store, event, tenant slot, enqueue) against bare Express + queue.add. */
+async function runCreation(): Promise<[string, Result, Result]> {
+  const dataDir = await fs.mkdtemp(path.join(os.tmpdir(), 'svc-bench-runs-'));
+  const prefix = uniquePrefix();
+  const web = await startServer('api/main.ts', {
+    PORT: '0',
+    SERVICE_DATA_DIR: dataDir,
+    SERVICE_QUEUE_PREFIX: prefix,
+    SERVICE_API_KEYS: `bench:${KEY}`,
+    SERVICE_WORKSPACE_ROOT: dataDir,
+    SERVICE_TENANT_MAX_RUNNING: '10000',
+    LOG_LEVEL: 'warn',
+    NODE_ENV: 'production',
+    SERVICE_SECRET_KEY: 'ab'.repeat(32),
+  });
+  const bare = await startServer('bench/servers/bare-express-queue.ts', { SERVICE_QUEUE_PREFIX: prefix });
+  const body = JSON.stringify({ steps: [{ tool: 'message', args: { text: 'noop' } }] });
+  try {
+    return [
+      'POST /api/v1/autonomy/run (one no-op step) vs Express + queue.add',
+      await load({ url: `${web.url}/api/v1/autonomy/run`, method: 'POST', headers: { authorization: `Bearer ${KEY}`, 'content-type': 'application/json' }, body }),
+      await load({ url: `${bare.url}/api/v1/autonomy/run`, method: 'POST', headers: { 'content-type': 'application/json' }, body }),
+    ];
+  } finally {
+    stop(web.child);
+    stop(bare.child);
+    await deleteRedisPrefix(prefix);
+    await fs.rm(dataDir, { recursive: true, force: true });
+  }
+}
+
 async function main(): Promise<void> {
   const dataDir = await fs.mkdtemp(path.join(os.tmpdir(), 'svc-bench-'));
   const prefix = uniquePrefix();
@@ -70,6 +102,7 @@ async function main(): Promise<void> {
       await load({ url: `${service.url}/api/v1/automations?limit=20`, method: 'GET', headers: auth }),
       await load({ url: `${bare.url}/api/v1/automations`, method: 'GET' }),
     ]);
+    rows.push(await runCreation());
     rows.push([
       'POST /api/v1/automations (create)',
       await load({ url: `${service.url}/api/v1/automations`, method: 'POST', headers: auth, body: definition }),
@@ -82,6 +115,9 @@ async function main(): Promise<void> {
     for (const [name, s, b] of rows) {
       console.log(`| ${name} | ${s.rps.toFixed(0)} | ${b.rps.toFixed(0)} | ${(s.rps / b.rps).toFixed(2)} | ${s.p50} / ${s.p99} | ${b.p50} / ${b.p99} | ${s.errors + s.non2xx} |`);
     }
+    console.log('\n| run engine | service | raw BullMQ | ratio |');
+    console.log('|---|---|---|---|');
+    for (const line of await runBenchmarks()) console.log(line);
   } finally {
     stop(service.child);
     stop(bare.child);

@@ -13,6 +13,7 @@ import { makeScratch, type Scratch } from './workspace.js';
 const OUTPUT_FLUSH_MS = 50;
 const OUTPUT_FLUSH_BYTES = 16 * 1024;
 const STREAMED_MAX_BYTES = 1024 * 1024;
+const PROGRESS_SAVE_MS = 200;
 
 type StopReason = { status: Extract<RunStatus, 'canceled' | 'timed_out'>; error: ErrorInfo };
 
@@ -25,6 +26,7 @@ export function executorOf(deps: EngineDeps, runs: Runs) {
     events.append(runScope(run.session_id), { type, tenant_id: run.tenant_id, session_id: run.session_id, run_id: run.id, data });
 
   async function finish(run: Run, changes: Partial<Run>): Promise<void> {
+    stopSavingProgress(run.id);
     const finishedAt = clock.now();
     const started = new Date(run.started_at ?? run.created_at).getTime();
     const done = await store.runs.update(
@@ -41,9 +43,25 @@ export function executorOf(deps: EngineDeps, runs: Runs) {
     }
   }
 
-  /** Keeps the stored run's progress current while it runs (GET /runs/{id} shows it). */
-  const saveProgress = (run: Run) =>
-    store.runs.update(run.tenant_id, run.id, { steps: run.steps, usage: run.usage, agent_turns: run.agent_turns }, ['running']).then(() => undefined);
+  /**
+   * Keeps the stored run's progress current while it runs (GET /runs/{id} shows it), at most every
+   * PROGRESS_SAVE_MS: a run of quick steps writes its progress once, when it finishes.
+   */
+  const progressTimers = new Map<string, NodeJS.Timeout>();
+  const saveProgress = (run: Run) => {
+    if (progressTimers.has(run.id)) return;
+    const timer = setTimeout(() => {
+      progressTimers.delete(run.id);
+      void store.runs
+        .update(run.tenant_id, run.id, { steps: run.steps, usage: run.usage, agent_turns: run.agent_turns }, ['running'])
+        .catch((err: unknown) => log.warn({ run_id: run.id, err: (err as Error).message }, 'progress not saved'));
+    }, PROGRESS_SAVE_MS);
+    progressTimers.set(run.id, timer);
+  };
+  const stopSavingProgress = (runId: string) => {
+    clearTimeout(progressTimers.get(runId));
+    progressTimers.delete(runId);
+  };
 
   async function execute(runId: string, tenantId: string): Promise<void> {
     const found = await store.runs.get(tenantId, runId);
@@ -158,7 +176,7 @@ export function executorOf(deps: EngineDeps, runs: Runs) {
       result = { output: {}, error: { code: 'tool-unavailable', message: `${step.tool} cannot run in this service yet` } };
     } else {
       step.status = 'running';
-      await saveProgress(run);
+      saveProgress(run);
       const streamer = outputStreamer(run, step);
       const ctx: ToolContext = {
         workspace,
@@ -185,7 +203,7 @@ export function executorOf(deps: EngineDeps, runs: Runs) {
     step.duration_ms = finished.getTime() - started.getTime();
     step.output = result.output;
     step.error = stop?.error ?? result.error ?? null;
-    await saveProgress(run);
+    saveProgress(run);
     await emit(run, 'step.finished', { index: step.index, tool: step.tool, status: step.status, duration_ms: step.duration_ms, error: step.error, exit_code: result.output.exit_code });
     return result;
   }

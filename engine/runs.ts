@@ -116,8 +116,12 @@ export function runsOf(deps: EngineDeps) {
       duration_ms: null,
     };
     await store.runs.insert(run);
-    await events.append(runScope(run.session_id), { type: 'run.queued', tenant_id: tenantId, session_id: run.session_id, run_id: run.id, data: { kind: run.kind, trigger: run.trigger } });
-    await admit(run);
+    // run.queued is in the log before the job exists, so it always precedes run.started
+    const [, admitted] = await Promise.all([
+      events.append(runScope(run.session_id), { type: 'run.queued', tenant_id: tenantId, session_id: run.session_id, run_id: run.id, data: { kind: run.kind, trigger: run.trigger } }),
+      slots.admit(run.tenant_id, run.id),
+    ]);
+    if (admitted) await enqueueRun(queues, run);
     log.info({ tenant_id: tenantId, run_id: run.id, kind: run.kind, request_id: run.request_id }, 'run queued');
     return run;
   }
