@@ -7,6 +7,7 @@ await runMain('web', async (config, log) => {
   const rt = await openRuntime(config, log, { watchTemplates: true });
   const web = await startWebServer(rt);
   log.info({ url: web.url }, 'web listening');
+  process.stdout.write(`web listening on ${web.url}\n`);
   return {
     async close() {
       await web.close();

@@ -18,10 +18,18 @@ function startServer(entry: string, env: Record<string, string>): Promise<{ chil
   const child = spawn(process.execPath, ['--import', 'tsx', entry], { env: { ...process.env, ...env }, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
   let out = '';
   return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => {
+      stop(child);
+      reject(new Error(`${entry} did not say where it listens within 30 s:\n${out}`));
+    }, 30_000);
+    child.once('exit', () => clearTimeout(timer));
     const onData = (d: Buffer) => {
       out += d;
       const m = /listening on (http:\/\/(?:localhost|127\.0\.0\.1):\d+)/.exec(out);
-      if (m) resolve({ child, url: m[1]!.replace('localhost', '127.0.0.1') });
+      if (m) {
+        clearTimeout(timer);
+        resolve({ child, url: m[1]!.replace('localhost', '127.0.0.1') });
+      }
     };
     child.stdout!.on('data', onData);
     child.stderr!.on('data', onData);
@@ -38,6 +46,7 @@ function stop(child: ChildProcess): void {
 }
 
 async function load(opts: { url: string; method: 'GET' | 'POST'; body?: string; headers?: Record<string, string> }): Promise<Result> {
+  process.stderr.write(`bench: ${opts.method} ${opts.url}\n`);
   // a short warm-up lets V8 optimise before we measure
   await autocannon({ ...opts, connections: CONNECTIONS, duration: 2 });
   const r = await autocannon({ ...opts, connections: CONNECTIONS, duration: SECONDS });
@@ -48,6 +57,7 @@ async function load(opts: { url: string; method: 'GET' | 'POST'; body?: string; 
 async function runCreation(): Promise<[string, Result, Result]> {
   const dataDir = await fs.mkdtemp(path.join(os.tmpdir(), 'svc-bench-runs-'));
   const prefix = uniquePrefix();
+  const servers: ChildProcess[] = [];
   const web = await startServer('api/main.ts', {
     PORT: '0',
     SERVICE_DATA_DIR: dataDir,
@@ -59,17 +69,18 @@ async function runCreation(): Promise<[string, Result, Result]> {
     NODE_ENV: 'production',
     SERVICE_SECRET_KEY: 'ab'.repeat(32),
   });
-  const bare = await startServer('bench/servers/bare-express-queue.ts', { SERVICE_QUEUE_PREFIX: prefix });
+  servers.push(web.child);
   const body = JSON.stringify({ steps: [{ tool: 'message', args: { text: 'noop' } }] });
   try {
+    const bare = await startServer('bench/servers/bare-express-queue.ts', { SERVICE_QUEUE_PREFIX: prefix });
+    servers.push(bare.child);
     return [
       'POST /api/v1/autonomy/run (one no-op step) vs Express + queue.add',
       await load({ url: `${web.url}/api/v1/autonomy/run`, method: 'POST', headers: { authorization: `Bearer ${KEY}`, 'content-type': 'application/json' }, body }),
       await load({ url: `${bare.url}/api/v1/autonomy/run`, method: 'POST', headers: { 'content-type': 'application/json' }, body }),
     ];
   } finally {
-    stop(web.child);
-    stop(bare.child);
+    servers.forEach(stop);
     await deleteRedisPrefix(prefix);
     await fs.rm(dataDir, { recursive: true, force: true });
   }

@@ -136,9 +136,14 @@ async function engineLatency(): Promise<number[]> {
 }
 
 export async function runBenchmarks(): Promise<string[]> {
+  const step = (what: string) => process.stderr.write(`bench: ${what}\n`);
+  step(`raw BullMQ throughput, ${RUNS} jobs`);
   const raw = await rawThroughput();
+  step(`engine throughput, ${RUNS} runs`);
   const ours = await engineThroughput();
+  step(`raw BullMQ latency, ${SEQUENTIAL} jobs`);
   const rawLat = await rawLatency();
+  step(`engine latency, ${SEQUENTIAL} runs`);
   const ourLat = await engineLatency();
   const f = (n: number) => n.toFixed(2);
   return [

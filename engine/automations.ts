@@ -23,7 +23,7 @@ export function runSummaryOf(r: Run) {
 
 export type AutomationHooks = {
   /** after any change of an automation's triggers or status (keeps cron schedulers in step) */
-  changed(a: Automation): Promise<void>;
+  changed(a: Automation, before?: Automation): Promise<void>;
 };
 
 export function automationsOf(deps: EngineDeps, runs: Runs, hooks: AutomationHooks) {
@@ -62,14 +62,14 @@ export function automationsOf(deps: EngineDeps, runs: Runs, hooks: AutomationHoo
 
   /** A conditional update that says why it did not apply: gone (404) or archived (409). */
   /** Tells the hooks; a failure there is logged, and the periodic reconcile repairs it. */
-  async function changed(a: Automation): Promise<Automation> {
-    await hooks.changed(a).catch((err: unknown) => deps.log.warn({ automation_id: a.id, err: (err as Error).message }, 'automation hooks failed; the reconciler will repair'));
+  async function changed(a: Automation, before?: Automation): Promise<Automation> {
+    await hooks.changed(a, before).catch((err: unknown) => deps.log.warn({ automation_id: a.id, err: (err as Error).message }, 'automation hooks failed; the reconciler will repair'));
     return a;
   }
 
-  async function change(tenantId: string, id: string, changes: Partial<Automation>): Promise<Automation> {
+  async function change(tenantId: string, id: string, changes: Partial<Automation>, before?: Automation): Promise<Automation> {
     const updated = await store.automations.update(tenantId, id, { ...changes, updated_at: clock.now().toISOString() }, LIVE);
-    if (updated) return changed(updated);
+    if (updated) return changed(updated, before);
     const current = await mustGet(tenantId, id);
     throw new ConflictError(`automation ${id} is ${current.status} and cannot change`, { status: current.status });
   }
@@ -135,7 +135,7 @@ export function automationsOf(deps: EngineDeps, runs: Runs, hooks: AutomationHoo
       if (patch.budget !== undefined) changes.budget = budgetOf(patch.budget, '/body/budget', errors, current.budget);
       if (changes.tool_allowlist && current.steps) checkWork({ steps: current.steps, goal: current.goal ?? undefined, tool_allowlist: changes.tool_allowlist }, errors);
       check(errors);
-      return change(tenantId, id, changes);
+      return change(tenantId, id, changes, current);
     },
 
     enable: (tenantId: string, id: string) => change(tenantId, id, { status: 'enabled' }),

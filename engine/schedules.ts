@@ -35,14 +35,17 @@ export function schedulesOf(deps: Pick<EngineDeps, 'queues' | 'store' | 'log'>) 
     for (const [id, w] of want) {
       await queue.upsertJobScheduler(id, { pattern: w.pattern, tz: w.tz }, { name: 'cron', data: w.data, opts: { removeOnComplete: { count: 100 }, removeOnFail: { count: 500 } } });
     }
-    for (const id of have) if (!want.has(id)) await queue.removeJobScheduler(id);
+    for (const id of have) if (!want.has(id)) await queue.removeJobScheduler(id); // a no-op when absent
   }
 
   return {
-    /** Brings one automation's schedulers in line with its triggers and status. */
-    async sync(a: Automation): Promise<void> {
-      const have = (await existingIds()).filter((id) => id.startsWith(`${PREFIX}${a.id}-`));
-      await apply(wanted(a), have);
+    /**
+     * Brings one automation's schedulers in line with its triggers and status. `before` is the
+     * automation as it was, so only its own scheduler ids are touched: no listing of all schedulers.
+     */
+    async sync(a: Automation, before?: Automation): Promise<void> {
+      const had = (before ?? a).triggers.flatMap((t, i) => (t.type === 'cron' ? [schedulerIdOf(a.id, i)] : []));
+      await apply(wanted(a), had);
     },
     /** Brings every scheduler in line with the store: what start-up runs. */
     async reconcile(): Promise<{ schedulers: number }> {
