@@ -3,7 +3,7 @@
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import { expect } from 'chai';
-import { eventually, KEYS, startHarness, type Harness } from '../support/harness.js';
+import { finishedRun, startHarness, type Harness } from '../support/harness.js';
 import { startScriptedModel, type ScriptedModel, type ScriptedTurn } from '../support/scripted-model.js';
 
 type RunBody = Record<string, any>;
@@ -19,12 +19,7 @@ async function withAgent(script: ScriptedTurn[], fn: (h: Harness, model: Scripte
   }
 }
 
-async function finished(h: Harness, id: string): Promise<RunBody> {
-  return eventually(async () => {
-    const r = (await h.call<RunBody>('GET', `/api/v1/runs/${id}`)).body;
-    return ['succeeded', 'failed', 'canceled', 'timed_out'].includes(r.status) ? r : null;
-  }, 'the run to finish', 15_000);
-}
+const finished = (h: Harness, id: string) => finishedRun(h, id);
 
 describe('agent runs', function () {
   this.timeout(30_000);

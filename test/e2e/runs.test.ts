@@ -1,7 +1,7 @@
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import { expect } from 'chai';
-import { eventually, KEYS, startHarness, type Harness } from '../support/harness.js';
+import { eventually, finishedRun, KEYS, startHarness, type Harness } from '../support/harness.js';
 
 type RunBody = Record<string, any>;
 
@@ -20,11 +20,7 @@ describe('autonomy runs', function () {
     expect(res.status, res.text).to.equal(202);
     return res;
   }
-  const finished = (id: string, key = KEYS.a) =>
-    eventually(async () => {
-      const r = await h.call<RunBody>('GET', `/api/v1/runs/${id}`, { key });
-      return ['succeeded', 'failed', 'canceled', 'timed_out'].includes(r.body.status) ? r.body : null;
-    }, `run ${id} to finish`, 20_000);
+  const finished = (id: string) => finishedRun(h, id);
 
   it('runs shell steps to success: 202, Location, output, timing, summary', async () => {
     const res = await start({ steps: [{ tool: 'shell', args: { command: 'echo hello; echo oops >&2' } }, { tool: 'message', args: { text: 'done' } }], tools: ['shell', 'message'] });

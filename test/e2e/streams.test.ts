@@ -63,6 +63,25 @@ describe('run session streams', function () {
     expect(late.received.map((e) => e.id)).to.deep.equal(ids);
   });
 
+  it('lets a run started through each route be watched to its end', async () => {
+    const automation = (await h.call('POST', '/api/v1/automations', { body: { name: 'watched', steps: [{ tool: 'shell', args: { command: 'echo automation' } }] } })).body;
+    const started = [
+      await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'echo autonomy' } }] } }),
+      await h.call('POST', '/api/v1/autonomy/vibe/run', { body: { steps: [{ tool: 'write_file', args: { path: 'vibe.txt', content: 'x' } }] } }),
+      await h.call('POST', '/api/v1/automations/run', { body: { automation_id: automation.id } }),
+    ];
+    for (const res of started) {
+      expect(res.status, res.text).to.equal(202);
+      const stream = await fetch(`${h.url}${res.body.events_url}`, { headers: { authorization: `Bearer ${KEYS.a}` } });
+      const text = await stream.text(); // ends after run.finished
+      const types = [...text.matchAll(/^event: (.+)$/gm)].map((m) => m[1]);
+      expect(types[0], res.body.run.kind).to.equal('run.queued');
+      expect(types).to.include('run.started').and.include('step.finished');
+      expect(types.at(-1)).to.equal('run.finished');
+      expect(text).to.contain('"status":"succeeded"');
+    }
+  });
+
   it('sends heartbeats while a run is quiet', async () => {
     const { body } = await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'sleep 2.5' } }] } });
     const res = await fetch(`${h.url}/api/v1/autonomy/streaming/${body.session_id}/events`, { headers: { authorization: `Bearer ${KEYS.a}` } });
