@@ -19,7 +19,7 @@ function startServer(entry: string, env: Record<string, string>): Promise<{ chil
   let out = '';
   return new Promise((resolve, reject) => {
     const timer = setTimeout(() => {
-      stop(child);
+      void stop(child);
       reject(new Error(`${entry} did not say where it listens within 30 s:\n${out}`));
     }, 30_000);
     child.once('exit', () => clearTimeout(timer));
@@ -37,12 +37,16 @@ function startServer(entry: string, env: Record<string, string>): Promise<{ chil
   });
 }
 
-function stop(child: ChildProcess): void {
+/** Kills the server's process group and waits for it, so nothing writes to Redis after clean-up. */
+async function stop(child: ChildProcess): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return;
+  const exited = new Promise((resolve) => child.once('exit', resolve));
   try {
     process.kill(-child.pid!, 'SIGKILL');
   } catch {
-    // gone already
+    return; // gone already
   }
+  await exited;
 }
 
 async function load(opts: { url: string; method: 'GET' | 'POST'; body?: string; headers?: Record<string, string> }): Promise<Result> {
@@ -80,7 +84,7 @@ async function runCreation(): Promise<[string, Result, Result]> {
       await load({ url: `${bare.url}/api/v1/autonomy/run`, method: 'POST', headers: { 'content-type': 'application/json' }, body }),
     ];
   } finally {
-    servers.forEach(stop);
+    await Promise.all(servers.map(stop));
     await deleteRedisPrefix(prefix);
     await fs.rm(dataDir, { recursive: true, force: true });
   }
@@ -130,8 +134,7 @@ async function main(): Promise<void> {
     console.log('|---|---|---|---|');
     for (const line of await runBenchmarks()) console.log(line);
   } finally {
-    stop(service.child);
-    stop(bare.child);
+    await Promise.all([stop(service.child), stop(bare.child)]);
     await deleteRedisPrefix(prefix);
     await fs.rm(dataDir, { recursive: true, force: true });
   }

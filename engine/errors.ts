@@ -31,11 +31,6 @@ export class UnauthorizedError extends AppError {
   readonly code = 'unauthorized';
 }
 
-export class UnavailableError extends AppError {
-  readonly code = 'unavailable';
-  override readonly retryable = true;
-}
-
 /** A goal-driven run with no model endpoint configured (SERVICE_AGENT_BASE_URL). */
 export class AgentNotConfiguredError extends AppError {
   readonly code = 'agent-not-configured';

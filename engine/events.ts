@@ -27,10 +27,6 @@ export function compareIds(a: string, b: string): number {
   return am - bm || as - bs;
 }
 
-export function isStreamId(id: string): boolean {
-  return /^\d{1,15}-\d{1,10}$/.test(id);
-}
-
 export type EventLog = {
   key(scope: string): string;
   append(scope: string, event: NewEvent): Promise<ServiceEvent>;
