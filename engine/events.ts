@@ -38,15 +38,22 @@ function parseEntries(entries: [string, string[]][]): ServiceEvent[] {
   return entries.map(([id, fields]) => ({ id, ...(JSON.parse(fields[1]!) as Omit<ServiceEvent, 'id'>) }));
 }
 
+// append and refresh the stream's TTL in one round trip
+const APPEND = `local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', 'e', ARGV[2])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return id`;
+
+type AppendingRedis = Redis & { appendEvent(key: string, maxLen: number, body: string, ttl: number): Promise<string> };
+
 export function createEventLog(redis: Redis, prefix: string, clock: { now(): Date } = { now: () => new Date() }): EventLog {
   const key = (scope: string) => `${prefix}:events:${scope}`;
+  if (!('appendEvent' in redis)) redis.defineCommand('appendEvent', { numberOfKeys: 1, lua: APPEND });
+  const appending = redis as AppendingRedis;
   return {
     key,
     async append(scope, event) {
       const body = { ...event, at: clock.now().toISOString() };
-      const k = key(scope);
-      // two commands written back to back (no MULTI: a transaction costs more than it protects here)
-      const [id] = await Promise.all([redis.xadd(k, 'MAXLEN', '~', MAX_LEN, '*', 'e', JSON.stringify(body)) as Promise<string>, redis.expire(k, TTL_SECONDS)]);
+      const id = await appending.appendEvent(key(scope), MAX_LEN, JSON.stringify(body), TTL_SECONDS);
       return { id, ...body };
     },
     async after(scope, afterId, count = 1000) {
