@@ -4,7 +4,7 @@ import { ConflictError, NotFoundError, ValidationError, type FieldError } from '
 import { newId } from './ids.js';
 import { DEFAULT_AGENT_TOOLS, type Automation, type AutomationDefinition, type AutomationPatch, type AutomationStatus, type Budget } from './model.js';
 import type { Page } from './store/port.js';
-import type { RunRequest, Runs } from './runs.js';
+import type { RunRequest } from './runs.js';
 import type { Run, RunStatus, RunTrigger } from './model.js';
 import type { EngineDeps } from './deps.js';
 import { instantiateTemplate } from './templates.js';
@@ -26,7 +26,7 @@ export type AutomationHooks = {
   changed(a: Automation, before?: Automation): Promise<void>;
 };
 
-export function automationsOf(deps: EngineDeps, runs: Runs, hooks: AutomationHooks) {
+export function automationsOf(deps: EngineDeps, hooks: AutomationHooks) {
   const { store, clock, limits } = deps;
 
   function budgetOf(given: Partial<Budget> | undefined, at: string, errors: FieldError[], base?: Budget): Budget {
@@ -160,9 +160,6 @@ export function automationsOf(deps: EngineDeps, runs: Runs, hooks: AutomationHoo
       };
     },
 
-    async run(tenantId: string, id: string, opts: { inputs?: Record<string, unknown>; trigger: RunTrigger; request_id?: string }): Promise<Run> {
-      return runs.create(tenantId, await this.runRequest(tenantId, id, opts));
-    },
 
     async status(tenantId: string, id: string) {
       const a = await mustGet(tenantId, id);

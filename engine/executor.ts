@@ -6,7 +6,7 @@ import { AgentError, runAgent } from './agent.js';
 import type { EngineDeps } from './deps.js';
 import type { ServiceEvent } from './events.js';
 import type { ErrorInfo, Run, RunStatus, StepRecord } from './model.js';
-import { runScope, type Runs } from './runs.js';
+import { appendRunEvent, type Runs } from './runs.js';
 import { TOOLS, ToolError, type ToolContext, type ToolResult } from './tools/index.js';
 import { makeScratch, type Scratch } from './workspace.js';
 
@@ -22,8 +22,7 @@ export function executorOf(deps: EngineDeps, runs: Runs) {
   /** the AbortController of each run this process is executing, for cancel requests */
   const inFlight = new Map<string, AbortController>();
 
-  const emit = (run: Run, type: string, data: Record<string, unknown>): Promise<ServiceEvent> =>
-    events.append(runScope(run.session_id), { type, tenant_id: run.tenant_id, session_id: run.session_id, run_id: run.id, data });
+  const emit = (run: Run, type: string, data: Record<string, unknown>): Promise<ServiceEvent> => appendRunEvent(events, run, type, data);
 
   async function finish(run: Run, changes: Partial<Run>): Promise<void> {
     stopSavingProgress(run.id);
@@ -247,7 +246,6 @@ export function executorOf(deps: EngineDeps, runs: Runs) {
       c?.abort({ status: 'canceled', error: { code: 'canceled', message: 'canceled while running' } } satisfies StopReason);
       return Boolean(c);
     },
-    inFlight: () => inFlight.size,
   };
 }
 

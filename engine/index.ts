@@ -11,7 +11,7 @@ import { schedulesOf, type CronJob } from './schedules.js';
 export function createEngine(deps: EngineDeps) {
   const runs = runsOf(deps);
   const schedules = schedulesOf(deps);
-  const automations = automationsOf(deps, runs, { changed: (a, before) => schedules.sync(a, before) });
+  const automations = automationsOf(deps, { changed: (a, before) => schedules.sync(a, before) });
 
   /** Starts an automation's run from a trigger; a disabled or archived automation never fires. */
   async function fire(tenantId: string, automationId: string, trigger: RunTrigger, idempotencyKey?: string) {

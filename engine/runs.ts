@@ -45,6 +45,11 @@ export async function enqueueRun(queues: Queues, run: Pick<Run, 'id' | 'tenant_i
   );
 }
 
+/** Appends an event about a run to its session's log: the one way run events are written. */
+export function appendRunEvent(events: EngineDeps['events'], run: Pick<Run, 'id' | 'tenant_id' | 'session_id'>, type: string, data: Record<string, unknown>) {
+  return events.append(runScope(run.session_id), { type, tenant_id: run.tenant_id, session_id: run.session_id, run_id: run.id, data });
+}
+
 export function runsOf(deps: EngineDeps) {
   const { store, clock, log, limits, events, slots, queues, redis, settings } = deps;
   const prefix = queues.prefix;
@@ -118,7 +123,7 @@ export function runsOf(deps: EngineDeps) {
     await store.runs.insert(run);
     // run.queued is in the log before the job exists, so it always precedes run.started
     const [, admitted] = await Promise.all([
-      events.append(runScope(run.session_id), { type: 'run.queued', tenant_id: tenantId, session_id: run.session_id, run_id: run.id, data: { kind: run.kind, trigger: run.trigger } }),
+      appendRunEvent(events, run, 'run.queued', { kind: run.kind, trigger: run.trigger }),
       slots.admit(run.tenant_id, run.id),
     ]);
     if (admitted) await enqueueRun(queues, run);
@@ -136,6 +141,12 @@ export function runsOf(deps: EngineDeps) {
     create,
     get: mustGet,
     release,
+
+    /** A session's events are its tenant's only: another tenant's session is a 404. */
+    async assertSession(tenantId: string, sessionId: string): Promise<void> {
+      const owned = await store.runs.listBySession(tenantId, sessionId, { limit: 1 });
+      if (!owned.items.length) throw new NotFoundError(`no run session ${sessionId}`);
+    },
 
     /**
      * Creates the run once per Idempotency-Key: the same key with the same request answers the same
@@ -179,7 +190,7 @@ export function runsOf(deps: EngineDeps) {
       if (canceled) {
         await queues.get('runs').remove(jobIdOfRun(id)).catch(() => 0);
         await release(tenantId, id);
-        await events.append(runScope(run.session_id), { type: 'run.finished', tenant_id: tenantId, session_id: run.session_id, run_id: id, data: { status: 'canceled', summary: canceled.summary, error: canceled.error } });
+        await appendRunEvent(events, run, 'run.finished', { status: 'canceled', summary: canceled.summary, error: canceled.error });
         return canceled;
       }
       // running: tell whichever worker holds it; the key covers a worker that has not subscribed yet
@@ -240,7 +251,7 @@ export function runsOf(deps: EngineDeps) {
           ['running'],
         );
         if (failed) {
-          await events.append(runScope(run.session_id), { type: 'run.finished', tenant_id: run.tenant_id, session_id: run.session_id, run_id: run.id, data: { status: 'failed', error: failed.error } });
+          await appendRunEvent(events, run, 'run.finished', { status: 'failed', error: failed.error });
           await release(run.tenant_id, run.id);
           lost++;
         }

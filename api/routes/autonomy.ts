@@ -1,6 +1,5 @@
 // /api/v1/autonomy: autonomy and vibe runs, their SSE streams, and reliability hints.
 import { Router, type Request, type Response } from 'express';
-import { NotFoundError } from '../../engine/errors.js';
 import type { EventHub } from '../../engine/events.js';
 import type { Engine } from '../../engine/index.js';
 import type { RunKind } from '../../engine/model.js';
@@ -42,8 +41,7 @@ export function autonomyRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
 
   router.get('/streaming/:session_id/events', async (req, res) => {
     const sessionId = String(req.params.session_id);
-    const owned = await engine.deps.store.runs.listBySession(tenantOf(req), sessionId, { limit: 1 });
-    if (!owned.items.length) throw new NotFoundError(`no run session ${sessionId}`);
+    await engine.runs.assertSession(tenantOf(req), sessionId);
     await watch(req, res, sessionId, lastEventIdOf(req));
   });
 
