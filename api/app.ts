@@ -18,6 +18,7 @@ import { automationsRouter } from './routes/automations.js';
 import { autonomyRouter } from './routes/autonomy.js';
 import { healthRouter } from './routes/health.js';
 import { runsRouter } from './routes/runs.js';
+import { webhookDeliveriesRouter, webhookIntakeRouter, webhookSecretsRouter } from './routes/webhooks.js';
 import { loadSpec } from './spec.js';
 import { OpenStreams } from './sse.js';
 
@@ -83,6 +84,9 @@ export function createApp(deps: AppDeps): Express {
   if (deps.docs) app.use(docsRouter(spec));
   app.use(adminRouter({ queues: deps.queues, adminKeys: deps.adminKeys, metrics: deps.engine.deps.metrics }));
 
+  // providers sign the bytes they send: the intake reads them raw, with no API key, before any parser
+  app.use('/webhooks', webhookIntakeRouter(deps.engine));
+
   // who is calling comes first: an unauthenticated body is never parsed
   app.use('/api/v1', authenticate({ mode: deps.auth, apiKeys: deps.engine.apiKeys }));
   app.use('/api/v1', express.json({ limit: BODY_LIMIT, type: ['application/json', 'application/*+json'], strict: true }));
@@ -100,6 +104,8 @@ export function createApp(deps: AppDeps): Express {
   app.use('/api/v1/automations', automationsRouter(deps.engine));
   app.use('/api/v1/autonomy', autonomyRouter(deps.engine, { hub: deps.hub, heartbeatMs: deps.sseHeartbeatMs, streams }));
   app.use('/api/v1/runs', runsRouter(deps.engine));
+  app.use('/api/v1/webhook-secrets', webhookSecretsRouter(deps.engine));
+  app.use('/api/v1/webhook-deliveries', webhookDeliveriesRouter(deps.engine));
 
   app.use((req) => {
     throw new NotFoundError(`no route ${req.method} ${req.path}`);

@@ -1,7 +1,7 @@
 // The one place errors become HTTP: RFC 9457 problem+json with a stable `code` and the request id.
 // Anything we do not recognise is a 500 that shows no internals.
 import type { ErrorRequestHandler, Request } from 'express';
-import { AppError, ValidationError, type FieldError } from '../engine/errors.js';
+import { AppError, RateLimitedError, ValidationError, type FieldError } from '../engine/errors.js';
 
 export type Problem = {
   type: string;
@@ -24,8 +24,15 @@ const STATUS_OF_CODE: Record<string, number> = {
   conflict: 409,
   'agent-not-configured': 422,
   'idempotency-key-reused': 422,
+  'webhook-signature-missing': 401,
+  'webhook-signature-invalid': 401,
+  'webhook-timestamp-outside-window': 401,
+  'webhook-not-configured': 403,
+  'webhook-replay': 409,
+  'webhook-payload-invalid': 400,
   'payload-too-large': 413,
   'unsupported-media-type': 415,
+  'rate-limited': 429,
   unavailable: 503,
   internal: 500,
 };
@@ -33,19 +40,21 @@ const STATUS_OF_CODE: Record<string, number> = {
 const TITLES: Record<number, string> = {
   400: 'Bad Request',
   401: 'Unauthorized',
+  403: 'Forbidden',
   404: 'Not Found',
   405: 'Method Not Allowed',
   409: 'Conflict',
   413: 'Payload Too Large',
   415: 'Unsupported Media Type',
   422: 'Unprocessable Content',
+  429: 'Too Many Requests',
   500: 'Internal Server Error',
   503: 'Service Unavailable',
 };
 
 const CODE_OF_STATUS: Record<number, string> = Object.fromEntries(
   Object.entries(STATUS_OF_CODE)
-    .filter(([code]) => !['validation-failed', 'malformed-json', 'agent-not-configured', 'idempotency-key-reused'].includes(code))
+    .filter(([code]) => !code.startsWith('webhook-') && !['validation-failed', 'malformed-json', 'agent-not-configured', 'idempotency-key-reused'].includes(code))
     .map(([code, status]) => [status, code]),
 );
 
@@ -78,7 +87,10 @@ export function toProblem(err: unknown, requestId: string, instance: string): Pr
   if (e?.type === 'entity.parse.failed') {
     return problem(400, 'malformed-json', 'The body is not valid JSON.', base);
   }
-  if (e?.type === 'entity.too.large') return problem(413, 'payload-too-large', 'The body is over the 1 MB limit.', base);
+  if (e?.type === 'entity.too.large') {
+    const limit = (e as { limit?: number }).limit;
+    return problem(413, 'payload-too-large', `The body is over the ${limit ? `${Math.round(limit / 1024 / 1024)} MB ` : ''}limit.`, base);
+  }
   if (e?.type === 'charset.unsupported' || e?.type === 'encoding.unsupported') {
     return problem(415, 'unsupported-media-type', e.message, base);
   }
@@ -124,6 +136,7 @@ export function problemHandler(): ErrorRequestHandler {
       return;
     }
     if (p.status === 401 && !res.hasHeader('WWW-Authenticate')) res.setHeader('WWW-Authenticate', 'Bearer realm="api"');
+    if (err instanceof RateLimitedError) res.setHeader('Retry-After', String(err.retryAfterSeconds));
     const allow = (err as { headers?: Record<string, string> }).headers?.Allow;
     if (p.status === 405 && allow) res.setHeader('Allow', allow);
     res.status(p.status).type('application/problem+json').send(JSON.stringify(p));

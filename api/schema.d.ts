@@ -391,6 +391,287 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/webhooks/{tenant_id}/codehost": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The tenant the provider delivers to. */
+                tenant_id: components["parameters"]["WebhookTenantId"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Code-host webhook (GitHub scheme)
+         * @description GitHub's scheme: `X-Hub-Signature-256: sha256=<hex HMAC-SHA256 of the raw body>` under the tenant's
+         *     `codehost` secret (either of two while rotating). The event is `X-GitHub-Event` (with the body's
+         *     `action`), the delivery id `X-GitHub-Delivery`. No timestamp is signed, so what is signed must not
+         *     repeat: a delivery id already accepted, or the same signed body within the replay window
+         *     (`SERVICE_WEBHOOK_REPLAY_WINDOW_SECONDS`), is `webhook-replay` (409). `ping` is answered 200 like
+         *     any delivery. JSON bodies and GitHub's form content type (`payload=`) both work.
+         */
+        post: operations["receiveCodehostWebhook"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/webhooks/{tenant_id}/chat": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The tenant the provider delivers to. */
+                tenant_id: components["parameters"]["WebhookTenantId"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Chat webhook (Slack scheme)
+         * @description Slack's scheme: `X-Chat-Signature: v0=<hex HMAC-SHA256 of "v0:<timestamp>:<raw body>">` and
+         *     `X-Chat-Request-Timestamp` (unix seconds); Slack's own `X-Slack-Signature` and
+         *     `X-Slack-Request-Timestamp` are accepted too. A timestamp more than 5 minutes from now, either way,
+         *     is `webhook-timestamp-outside-window`. A `url_verification` request is answered with its
+         *     `challenge` once the signature checks. Events API JSON, slash commands and interactions
+         *     (form-encoded, `payload=`) all work; commands and interactions are answered with an empty 200.
+         *     A retry with the same `event_id` is acknowledged (`duplicate`) and not processed again.
+         */
+        post: operations["receiveChatWebhook"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/webhooks/{tenant_id}/tracker": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The tenant the provider delivers to. */
+                tenant_id: components["parameters"]["WebhookTenantId"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Issue-tracker webhook (Linear scheme)
+         * @description Linear's scheme: `Tracker-Signature` (or `Linear-Signature`) holds the bare hex HMAC-SHA256 of the
+         *     raw body. The body's signed `webhookTimestamp` (milliseconds) must be inside the replay window, either
+         *     way. The event is the body's `type` and `action`; `Tracker-Delivery` (or `Linear-Delivery`) is the
+         *     delivery id, and a retry with the same id is acknowledged (`duplicate`), not processed again.
+         */
+        post: operations["receiveTrackerWebhook"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/webhooks/{tenant_id}/pager": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The tenant the provider delivers to. */
+                tenant_id: components["parameters"]["WebhookTenantId"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Incident webhook (PagerDuty v3 scheme)
+         * @description PagerDuty v3's scheme: `X-Pager-Signature` (or `X-PagerDuty-Signature`) holds `v1=<hex HMAC-SHA256
+         *     of the raw body>` entries separated by commas; any entry made by any of the tenant's current secrets
+         *     passes, so keys rotate without a gap. `event.id` in the body is the idempotency key: a second delivery
+         *     of it is acknowledged (`duplicate`) and not processed again. The event is `event.event_type`.
+         */
+        post: operations["receivePagerWebhook"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/webhooks/{tenant_id}/email": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The tenant the provider delivers to. */
+                tenant_id: components["parameters"]["WebhookTenantId"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Inbound email (SendGrid, Postmark, Mailgun)
+         * @description SendGrid Inbound Parse (`multipart/form-data`), Postmark inbound (JSON) and Mailgun routes (form or
+         *     multipart), normalized to one event: from, to, cc, subject, text, html, message id and attachments
+         *     (name, type, size; their bytes are not kept). Authenticated by HTTP Basic with the tenant's `email`
+         *     secret as password (put it in the URL you give SendGrid or Postmark:
+         *     `https://user:<secret>@host/webhooks/<tenant>/email`), or by Mailgun's `timestamp`, `token` and
+         *     `signature` fields (hex HMAC-SHA256 of timestamp + token under the secret; the timestamp inside the
+         *     window, a token never accepted twice). Bodies up to 25 MB.
+         */
+        post: operations["receiveEmailWebhook"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/webhooks/{tenant_id}/generic": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The tenant the provider delivers to. */
+                tenant_id: components["parameters"]["WebhookTenantId"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Generic signed webhook
+         * @description For any sender: `X-Service-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<raw body>">`,
+         *     with one or more `v1` entries (rotation); `t` must be inside the replay window, either way, and the
+         *     same signature is accepted once. The event is `X-Service-Event` or the body's `type`; the delivery id
+         *     is `X-Service-Delivery` or the body's `id`, and a second delivery of it is acknowledged (`duplicate`).
+         */
+        post: operations["receiveGenericWebhook"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/webhook-secrets": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Which webhook kinds have secrets
+         * @description The kinds this tenant has secrets for, how many (two while rotating) and when they were set. Never the secrets.
+         */
+        get: operations["listWebhookSecrets"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/webhook-secrets/{kind}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                kind: components["parameters"]["WebhookKind"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        /**
+         * Set a kind's signing secrets
+         * @description Replaces the secrets of one kind. Give two while rotating: the new one and the one the provider
+         *     still signs with; requests signed by either pass. Secrets are encrypted at rest (AES-256-GCM under
+         *     `SERVICE_SECRET_KEY`) and never shown again. Changes apply to this process at once and to other
+         *     processes within 5 seconds.
+         */
+        put: operations["putWebhookSecret"];
+        post?: never;
+        /**
+         * Remove a kind's secrets
+         * @description From then on that kind's requests are refused (`webhook-not-configured`).
+         */
+        delete: operations["deleteWebhookSecret"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/webhook-deliveries": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Deliveries received
+         * @description Accepted deliveries and rejected requests (metadata only), newest first.
+         */
+        get: operations["listWebhookDeliveries"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/webhook-deliveries/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The delivery's id. */
+                id: components["parameters"]["DeliveryId"];
+            };
+            cookie?: never;
+        };
+        /**
+         * Get a delivery
+         * @description The delivery with its kept headers, body, normalized event and the runs it started.
+         */
+        get: operations["getWebhookDelivery"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/webhook-deliveries/{id}/replay": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The delivery's id. */
+                id: components["parameters"]["DeliveryId"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Replay a delivery
+         * @description Matches a processed delivery against the tenant's automations again, as they are now, and starts
+         *     their runs, without verifying it again (it was verified when it arrived). The new runs are added
+         *     to `runs` and `attempts` grows by one. A rejected or not yet processed delivery is a 409.
+         */
+        post: operations["replayWebhookDelivery"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -421,13 +702,66 @@ export interface components {
             detail?: string;
             instance?: string;
             /** @enum {string} */
-            code: "bad-request" | "validation-failed" | "malformed-json" | "unauthorized" | "not-found" | "method-not-allowed" | "conflict" | "agent-not-configured" | "idempotency-key-reused" | "payload-too-large" | "unsupported-media-type" | "unavailable" | "internal";
+            code: "bad-request" | "validation-failed" | "malformed-json" | "unauthorized" | "not-found" | "method-not-allowed" | "conflict" | "agent-not-configured" | "idempotency-key-reused" | "payload-too-large" | "unsupported-media-type" | "unavailable" | "internal" | "webhook-signature-missing" | "webhook-signature-invalid" | "webhook-timestamp-outside-window" | "webhook-not-configured" | "webhook-replay" | "webhook-payload-invalid" | "rate-limited";
             request_id: string;
             errors?: {
                 /** @description JSON pointer to the bad field, prefixed by where it was (`/body`, `/query`, `/path`). */
                 path: string;
                 message: string;
             }[];
+        };
+        WebhookSecretPut: {
+            /** @description One secret, or two while rotating (new first). */
+            secrets: string[];
+        };
+        WebhookSecretInfo: {
+            kind: components["schemas"]["WebhookProvider"];
+            secret_count: number;
+            /** Format: date-time */
+            created_at: string;
+            /** Format: date-time */
+            updated_at: string;
+        };
+        WebhookReceipt: {
+            delivery_id: string;
+            /** @enum {string} */
+            status: "accepted" | "duplicate";
+        };
+        /**
+         * @description `received` (stored, being matched), `processed`, `failed` (no run could start), `rejected` (metadata only).
+         * @enum {string}
+         */
+        DeliveryStatus: "received" | "processed" | "failed" | "rejected";
+        WebhookDelivery: {
+            id: string;
+            tenant_id: string;
+            kind: components["schemas"]["WebhookProvider"];
+            status: components["schemas"]["DeliveryStatus"];
+            event: string | null;
+            action: string | null;
+            provider_delivery_id: string | null;
+            /** @description Event names, ids and retry counts; never credentials or signatures. */
+            headers: {
+                [key: string]: string;
+            };
+            content_type: string | null;
+            /** @description The raw body; null for rejected requests and for email, whose event holds its content. */
+            body: string | null;
+            body_size: number;
+            body_sha256: string | null;
+            /** @description The normalized event; runs receive it as `inputs.event`. */
+            event_payload: Record<string, never> | null;
+            rejection: components["schemas"]["ErrorInfo"];
+            runs: {
+                automation_id: string;
+                run_id: string;
+            }[];
+            attempts: number;
+            error: components["schemas"]["ErrorInfo"];
+            /** Format: date-time */
+            received_at: string;
+            /** Format: date-time */
+            processed_at: string | null;
         };
         /** @example aut_01jd7k2m9x4b8c6v5n3q1w0e2r */
         AutomationId: string;
@@ -793,6 +1127,87 @@ export interface components {
         };
     };
     responses: {
+        /**
+         * @description Verified and stored (`accepted`; it will be matched to automations), a provider's retry of an id
+         *     already stored (`duplicate`; not processed again), or the chat handshake's `challenge`. Slash
+         *     commands and interactions get an empty body. `X-Delivery-Id` names the delivery.
+         */
+        WebhookAccepted: {
+            headers: {
+                "X-Delivery-Id"?: string;
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": components["schemas"]["WebhookReceipt"] | {
+                    challenge: string;
+                };
+            };
+        };
+        /** @description Signed, but the body is not what this kind sends (`webhook-payload-invalid`). */
+        WebhookPayloadInvalid: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
+        /** @description No signature or credentials (`webhook-signature-missing`), none that any current secret makes (`webhook-signature-invalid`), or a signed timestamp outside the window (`webhook-timestamp-outside-window`). */
+        WebhookUnauthorized: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
+        /** @description The tenant has no secret for this kind, so nothing can be verified (`webhook-not-configured`). */
+        WebhookNotConfigured: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
+        /** @description No such tenant, or no such kind (`not-found`). */
+        WebhookNotFound: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
+        /** @description This signed request, delivery id or Mailgun token was already accepted (`webhook-replay`). */
+        WebhookReplay: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
+        /** @description The tenant sent more webhook requests this minute than `SERVICE_WEBHOOK_RATE_LIMIT_PER_MINUTE` (`rate-limited`). */
+        RateLimited: {
+            headers: {
+                /** @description Seconds until the limit resets. */
+                "Retry-After"?: number;
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
+        /** @description The delivery. */
+        DeliveryOk: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": components["schemas"]["WebhookDelivery"];
+            };
+        };
         /** @description The automation. */
         AutomationOk: {
             headers: {
@@ -882,7 +1297,7 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"];
             };
         };
-        /** @description The body is over 1 MB (`payload-too-large`). */
+        /** @description The body is over 1 MB, or 25 MB for inbound email (`payload-too-large`). */
         PayloadTooLarge: {
             headers: {
                 [name: string]: unknown;
@@ -902,6 +1317,11 @@ export interface components {
         };
     };
     parameters: {
+        /** @description The tenant the provider delivers to. */
+        WebhookTenantId: string;
+        WebhookKind: components["schemas"]["WebhookProvider"];
+        /** @description The delivery's id. */
+        DeliveryId: string;
         /** @description The automation's id. */
         AutomationId: components["schemas"]["AutomationId"];
         /** @description Items per page. */
@@ -1450,6 +1870,341 @@ export interface operations {
                     "application/json": components["schemas"]["Run"];
                 };
             };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+        };
+    };
+    receiveCodehostWebhook: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description `sha256=<hex>` */
+                "X-Hub-Signature-256"?: string;
+                /** @description The event name, such as `push`. */
+                "X-GitHub-Event"?: string;
+                /** @description The delivery id; one delivery per id. */
+                "X-GitHub-Delivery"?: string;
+            };
+            path: {
+                /** @description The tenant the provider delivers to. */
+                tenant_id: components["parameters"]["WebhookTenantId"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": Record<string, never>;
+                "application/x-www-form-urlencoded": Record<string, never>;
+            };
+        };
+        responses: {
+            200: components["responses"]["WebhookAccepted"];
+            400: components["responses"]["WebhookPayloadInvalid"];
+            401: components["responses"]["WebhookUnauthorized"];
+            403: components["responses"]["WebhookNotConfigured"];
+            404: components["responses"]["WebhookNotFound"];
+            409: components["responses"]["WebhookReplay"];
+            413: components["responses"]["PayloadTooLarge"];
+            429: components["responses"]["RateLimited"];
+        };
+    };
+    receiveChatWebhook: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description `v0=<hex>` (or `X-Slack-Signature`) */
+                "X-Chat-Signature"?: string;
+                /** @description Unix seconds (or `X-Slack-Request-Timestamp`) */
+                "X-Chat-Request-Timestamp"?: string;
+            };
+            path: {
+                /** @description The tenant the provider delivers to. */
+                tenant_id: components["parameters"]["WebhookTenantId"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": Record<string, never>;
+                "application/x-www-form-urlencoded": Record<string, never>;
+            };
+        };
+        responses: {
+            200: components["responses"]["WebhookAccepted"];
+            400: components["responses"]["WebhookPayloadInvalid"];
+            401: components["responses"]["WebhookUnauthorized"];
+            403: components["responses"]["WebhookNotConfigured"];
+            404: components["responses"]["WebhookNotFound"];
+            409: components["responses"]["WebhookReplay"];
+            413: components["responses"]["PayloadTooLarge"];
+            429: components["responses"]["RateLimited"];
+        };
+    };
+    receiveTrackerWebhook: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description Bare hex HMAC (or `Linear-Signature`) */
+                "Tracker-Signature"?: string;
+                /** @description The delivery id (or `Linear-Delivery`) */
+                "Tracker-Delivery"?: string;
+            };
+            path: {
+                /** @description The tenant the provider delivers to. */
+                tenant_id: components["parameters"]["WebhookTenantId"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": Record<string, never>;
+            };
+        };
+        responses: {
+            200: components["responses"]["WebhookAccepted"];
+            400: components["responses"]["WebhookPayloadInvalid"];
+            401: components["responses"]["WebhookUnauthorized"];
+            403: components["responses"]["WebhookNotConfigured"];
+            404: components["responses"]["WebhookNotFound"];
+            409: components["responses"]["WebhookReplay"];
+            413: components["responses"]["PayloadTooLarge"];
+            429: components["responses"]["RateLimited"];
+        };
+    };
+    receivePagerWebhook: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description `v1=<hex>[,v1=<hex>…]` (or `X-PagerDuty-Signature`) */
+                "X-Pager-Signature"?: string;
+            };
+            path: {
+                /** @description The tenant the provider delivers to. */
+                tenant_id: components["parameters"]["WebhookTenantId"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": Record<string, never>;
+            };
+        };
+        responses: {
+            200: components["responses"]["WebhookAccepted"];
+            400: components["responses"]["WebhookPayloadInvalid"];
+            401: components["responses"]["WebhookUnauthorized"];
+            403: components["responses"]["WebhookNotConfigured"];
+            404: components["responses"]["WebhookNotFound"];
+            409: components["responses"]["WebhookReplay"];
+            413: components["responses"]["PayloadTooLarge"];
+            429: components["responses"]["RateLimited"];
+        };
+    };
+    receiveEmailWebhook: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description `Basic <base64 of user:secret>`, unless Mailgun signs the body */
+                Authorization?: string;
+            };
+            path: {
+                /** @description The tenant the provider delivers to. */
+                tenant_id: components["parameters"]["WebhookTenantId"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "multipart/form-data": Record<string, never>;
+                "application/json": Record<string, never>;
+                "application/x-www-form-urlencoded": Record<string, never>;
+            };
+        };
+        responses: {
+            200: components["responses"]["WebhookAccepted"];
+            400: components["responses"]["WebhookPayloadInvalid"];
+            401: components["responses"]["WebhookUnauthorized"];
+            403: components["responses"]["WebhookNotConfigured"];
+            404: components["responses"]["WebhookNotFound"];
+            409: components["responses"]["WebhookReplay"];
+            413: components["responses"]["PayloadTooLarge"];
+            429: components["responses"]["RateLimited"];
+        };
+    };
+    receiveGenericWebhook: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description `t=<unix seconds>,v1=<hex>[,v1=<hex>…]` */
+                "X-Service-Signature"?: string;
+                /** @description The event name (optional). */
+                "X-Service-Event"?: string;
+                /** @description The delivery id (optional). */
+                "X-Service-Delivery"?: string;
+            };
+            path: {
+                /** @description The tenant the provider delivers to. */
+                tenant_id: components["parameters"]["WebhookTenantId"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": Record<string, never>;
+            };
+        };
+        responses: {
+            200: components["responses"]["WebhookAccepted"];
+            400: components["responses"]["WebhookPayloadInvalid"];
+            401: components["responses"]["WebhookUnauthorized"];
+            403: components["responses"]["WebhookNotConfigured"];
+            404: components["responses"]["WebhookNotFound"];
+            409: components["responses"]["WebhookReplay"];
+            413: components["responses"]["PayloadTooLarge"];
+            429: components["responses"]["RateLimited"];
+        };
+    };
+    listWebhookSecrets: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The configured kinds. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        data: components["schemas"]["WebhookSecretInfo"][];
+                    };
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+        };
+    };
+    putWebhookSecret: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                kind: components["parameters"]["WebhookKind"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WebhookSecretPut"];
+            };
+        };
+        responses: {
+            /** @description Set. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookSecretInfo"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
+        };
+    };
+    deleteWebhookSecret: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                kind: components["parameters"]["WebhookKind"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Removed. */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+        };
+    };
+    listWebhookDeliveries: {
+        parameters: {
+            query?: {
+                kind?: components["schemas"]["WebhookProvider"];
+                status?: components["schemas"]["DeliveryStatus"];
+                /** @description Items per page. */
+                limit?: components["parameters"]["Limit"];
+                /** @description The `next_cursor` of the previous page. */
+                cursor?: components["parameters"]["Cursor"];
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description A page of deliveries. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        data: components["schemas"]["WebhookDelivery"][];
+                        next_cursor: string | null;
+                    };
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+        };
+    };
+    getWebhookDelivery: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The delivery's id. */
+                id: components["parameters"]["DeliveryId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: components["responses"]["DeliveryOk"];
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+        };
+    };
+    replayWebhookDelivery: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The delivery's id. */
+                id: components["parameters"]["DeliveryId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: components["responses"]["DeliveryOk"];
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];

@@ -22,6 +22,8 @@ export type Config = {
   tenantMaxRunning: number;
   agent: { baseUrl: string | undefined; apiKey: string | undefined; model: string | undefined };
   webhookReplayWindowSeconds: number;
+  /** webhook requests one tenant may send per minute, over all kinds; more answer 429 */
+  webhookRateLimitPerMinute: number;
   logLevel: string;
   shutdownGraceSeconds: number;
   runBudget: { defaultSeconds: number; maxSeconds: number };
@@ -147,6 +149,7 @@ const schema = z.object({
   SERVICE_AGENT_API_KEY: optionalText,
   SERVICE_AGENT_MODEL: optionalText,
   SERVICE_WEBHOOK_REPLAY_WINDOW_SECONDS: int(300, 1, 86_400),
+  SERVICE_WEBHOOK_RATE_LIMIT_PER_MINUTE: int(1200, 1, 10_000_000),
   SERVICE_SHUTDOWN_GRACE_SECONDS: int(10, 0, 3600),
   SERVICE_RUN_DEFAULT_BUDGET_SECONDS: int(600, 1, 86_400),
   SERVICE_RUN_MAX_BUDGET_SECONDS: int(3600, 1, 86_400),
@@ -194,6 +197,7 @@ export function parseEnv(env: Record<string, string | undefined>): Config {
     tenantMaxRunning: e.SERVICE_TENANT_MAX_RUNNING,
     agent: { baseUrl: e.SERVICE_AGENT_BASE_URL, apiKey: e.SERVICE_AGENT_API_KEY, model: e.SERVICE_AGENT_MODEL },
     webhookReplayWindowSeconds: e.SERVICE_WEBHOOK_REPLAY_WINDOW_SECONDS,
+    webhookRateLimitPerMinute: e.SERVICE_WEBHOOK_RATE_LIMIT_PER_MINUTE,
     logLevel: e.LOG_LEVEL,
     shutdownGraceSeconds: e.SERVICE_SHUTDOWN_GRACE_SECONDS,
     runBudget: { defaultSeconds: e.SERVICE_RUN_DEFAULT_BUDGET_SECONDS, maxSeconds: e.SERVICE_RUN_MAX_BUDGET_SECONDS },

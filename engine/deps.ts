@@ -7,6 +7,7 @@ import type { Logger } from './log.js';
 import type { Metrics } from './metrics.js';
 import type { Queues } from './queues.js';
 import type { Redis } from './redis.js';
+import type { SecretBox } from './secret-box.js';
 import type { Store } from './store/port.js';
 import type { TemplateCatalog } from './templates.js';
 
@@ -18,6 +19,8 @@ export type EngineSettings = {
   childEnv: Record<string, string>;
   httpAllowPrivate: boolean;
   workerConcurrency: number;
+  webhookReplayWindowSeconds: number;
+  webhookRateLimitPerMinute: number;
 };
 
 export type EngineDeps = {
@@ -32,4 +35,6 @@ export type EngineDeps = {
   slots: TenantSlots;
   settings: EngineSettings;
   metrics: Metrics;
+  /** seals tenant secrets at rest */
+  secretBox: SecretBox;
 };

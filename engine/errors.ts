@@ -40,3 +40,35 @@ export class AgentNotConfiguredError extends AppError {
 export class IdempotencyKeyReusedError extends AppError {
   readonly code = 'idempotency-key-reused';
 }
+
+/** A webhook intake refusal: each reason has its own code so a provider's delivery log says why. */
+export class WebhookRejectedError extends AppError {
+  constructor(
+    readonly code:
+      | 'webhook-signature-missing'
+      | 'webhook-signature-invalid'
+      | 'webhook-timestamp-outside-window'
+      | 'webhook-replay'
+      | 'webhook-not-configured'
+      | 'webhook-payload-invalid',
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+/** Too many requests for one tenant; `retryAfterSeconds` goes out as Retry-After. */
+export class RateLimitedError extends AppError {
+  readonly code = 'rate-limited';
+  constructor(message: string, readonly retryAfterSeconds: number) {
+    super(message, { retry_after_seconds: retryAfterSeconds });
+  }
+}
+
+export class PayloadTooLargeError extends AppError {
+  readonly code = 'payload-too-large';
+}
+
+export class UnsupportedMediaTypeError extends AppError {
+  readonly code = 'unsupported-media-type';
+}

@@ -7,6 +7,7 @@ import { executorOf } from './executor.js';
 import type { RunTrigger } from './model.js';
 import { runsOf } from './runs.js';
 import { schedulesOf, type CronJob } from './schedules.js';
+import { webhooksOf } from './webhooks/index.js';
 
 export function createEngine(deps: EngineDeps) {
   const runs = runsOf(deps);
@@ -14,9 +15,9 @@ export function createEngine(deps: EngineDeps) {
   const automations = automationsOf(deps, { changed: (a, before) => schedules.sync(a, before) });
 
   /** Starts an automation's run from a trigger; a disabled or archived automation never fires. */
-  async function fire(tenantId: string, automationId: string, trigger: RunTrigger, idempotencyKey?: string) {
+  async function fire(tenantId: string, automationId: string, trigger: RunTrigger, idempotencyKey?: string, inputs?: Record<string, unknown>) {
     try {
-      const request = await automations.runRequest(tenantId, automationId, { trigger });
+      const request = await automations.runRequest(tenantId, automationId, { trigger, inputs });
       return (await runs.createIdempotent(tenantId, idempotencyKey, { trigger }, request)).run;
     } catch (err) {
       if (!(err instanceof NotFoundError || err instanceof ConflictError)) throw err;
@@ -34,6 +35,7 @@ export function createEngine(deps: EngineDeps) {
     runs,
     schedules,
     executor: executorOf(deps, runs),
+    webhooks: webhooksOf(deps, fire),
     fire,
     /** one tick of a cron scheduler: its job id makes the run once, even if the job runs twice */
     fireCron: async (job: CronJob, jobId: string, firedAt: Date) => {

@@ -9,6 +9,7 @@ export type Metrics = {
   httpDuration: Histogram<'method' | 'route' | 'status'>;
   runDuration: Histogram<'kind' | 'status'>;
   runsFinished: Counter<'kind' | 'status'>;
+  webhookRequests: Counter<'kind' | 'outcome'>;
 };
 
 export function createMetrics(deps: { store: Store; queues: Queues }): Metrics {
@@ -52,5 +53,11 @@ export function createMetrics(deps: { store: Store; queues: Queues }): Metrics {
       }
     },
   });
-  return { registry, httpDuration, runDuration, runsFinished };
+  const webhookRequests = new Counter({
+    name: 'webhook_requests_total',
+    help: 'Webhook requests seen by this process, by kind and outcome (accepted, duplicate, handshake, or the rejection code)',
+    labelNames: ['kind', 'outcome'] as const,
+    registers: [registry],
+  });
+  return { registry, httpDuration, runDuration, runsFinished, webhookRequests };
 }

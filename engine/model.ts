@@ -134,3 +134,44 @@ export type Run = {
   finished_at: string | null;
   duration_ms: number | null;
 };
+
+/** A tenant's signing secrets for one webhook kind: one, or two while rotating. Sealed at rest. */
+export type WebhookSecretRecord = {
+  tenant_id: string;
+  kind: WebhookProvider;
+  /** AES-256-GCM sealed values (engine/secret-box.ts); never shown */
+  sealed: { v: 1; iv: string; tag: string; ct: string }[];
+  created_at: string;
+  updated_at: string;
+};
+
+export const DELIVERY_STATUSES = ['received', 'processed', 'failed', 'rejected'] as const;
+export type DeliveryStatus = (typeof DELIVERY_STATUSES)[number];
+
+/** One request to a webhook route: accepted ones keep their body; rejected ones only metadata. */
+export type WebhookDelivery = {
+  id: string;
+  tenant_id: string;
+  kind: WebhookProvider;
+  status: DeliveryStatus;
+  /** the provider's event type (`push`, `app_mention`, `Issue`, `incident.triggered`, `email`) and action */
+  event: string | null;
+  action: string | null;
+  /** the provider's own id of this event; one delivery per id */
+  provider_delivery_id: string | null;
+  headers: Record<string, string>;
+  content_type: string | null;
+  /** the raw body as received (UTF-8); null for rejected requests and for email, whose event keeps it */
+  body: string | null;
+  body_size: number;
+  body_sha256: string | null;
+  /** the normalized event that runs receive as `inputs.event` */
+  event_payload: Record<string, unknown> | null;
+  rejection: ErrorInfo | null;
+  runs: { automation_id: string; run_id: string }[];
+  /** how many times it was matched: 1 after processing, +1 per replay */
+  attempts: number;
+  error: ErrorInfo | null;
+  received_at: string;
+  processed_at: string | null;
+};

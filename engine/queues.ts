@@ -3,7 +3,7 @@
 import { Queue } from 'bullmq';
 import type { Redis } from './redis.js';
 
-export const QUEUE_NAMES = ['runs', 'triggers'] as const;
+export const QUEUE_NAMES = ['runs', 'triggers', 'webhooks'] as const;
 export type QueueName = (typeof QUEUE_NAMES)[number];
 
 /** Job ids derive from domain ids, so adding a run's job twice is a no-op. */

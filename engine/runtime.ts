@@ -13,6 +13,7 @@ import { createRedis, probeRedis, type Redis } from './redis.js';
 import { openStore } from './store/index.js';
 import type { Store } from './store/port.js';
 import { createTemplateCatalog } from './templates.js';
+import { createSecretBox, loadSecretKey, SECRET_KEY_FILE } from './secret-box.js';
 
 export type Runtime = {
   config: Config;
@@ -48,6 +49,8 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
     const events = createEventLog(redis, config.queuePrefix, clock);
     const hub = new EventHub(redis, events);
     closers.push(() => hub.close());
+    const secretKey = loadSecretKey(config);
+    if (secretKey.source === 'generated') log.warn({ file: `${config.dataDir}/${SECRET_KEY_FILE}` }, 'generated a secret key for webhook secrets; set SERVICE_SECRET_KEY in production');
     const agent = config.agent.baseUrl && config.agent.model ? { baseUrl: config.agent.baseUrl, apiKey: config.agent.apiKey, model: config.agent.model } : undefined;
     const engine = createEngine({
       store,
@@ -66,7 +69,10 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
         childEnv: config.childEnv,
         httpAllowPrivate: config.httpAllowPrivate,
         workerConcurrency: config.workerConcurrency,
+        webhookReplayWindowSeconds: config.webhookReplayWindowSeconds,
+        webhookRateLimitPerMinute: config.webhookRateLimitPerMinute,
       },
+      secretBox: createSecretBox(secretKey.key),
     });
     await engine.apiKeys.seed(config.apiKeys);
     log.info({ store: store.kind, templates: templates.list().length, queue_prefix: config.queuePrefix }, 'runtime open');

@@ -27,6 +27,13 @@ export function processorsOf(rt: Runtime): Processors {
         if (job.name === 'cron') await rt.engine.fireCron(job.data as CronJob, String(job.id), new Date(job.timestamp));
       },
     },
+    webhooks: {
+      concurrency: 10,
+      processor: async (job) => {
+        const { tenant_id, delivery_id } = job.data as { tenant_id: string; delivery_id: string };
+        await rt.engine.webhooks.process(tenant_id, delivery_id);
+      },
+    },
   };
 }
 
@@ -66,7 +73,7 @@ export async function startWorkers(rt: Runtime, processors: Processors = process
   await fileTriggers.start();
 
   const reconcile = () =>
-    Promise.all([rt.engine.runs.reconcile(), rt.engine.schedules.reconcile()]).catch((err: unknown) =>
+    Promise.all([rt.engine.runs.reconcile(), rt.engine.schedules.reconcile(), rt.engine.webhooks.reconcile()]).catch((err: unknown) =>
       rt.log.warn({ err: (err as Error).message }, 'reconcile failed'),
     );
   const reconciler = setInterval(reconcile, rt.config.reconcileIntervalSeconds * 1000);

@@ -1,7 +1,7 @@
 // The store port: typed repositories with the tenant id on every method that reads or changes
 // tenant data. Two adapters implement it (sqlite/, mongo/); one contract suite tests both.
 import { ValidationError } from '../errors.js';
-import type { ApiKeyRecord, Automation, AutomationStatus, Run, RunKind, RunStatus, Trigger } from '../model.js';
+import type { ApiKeyRecord, Automation, AutomationStatus, DeliveryStatus, Run, RunKind, RunStatus, Trigger, WebhookDelivery, WebhookProvider, WebhookSecretRecord } from '../model.js';
 
 export type Page<T> = { items: T[]; next_cursor: string | null };
 
@@ -20,8 +20,8 @@ export interface AutomationRepo {
   list(tenantId: string, query: AutomationQuery): Promise<Page<Automation>>;
   /** Applies `changes` only while the status is one of `ifStatusIn`; null when no row matched. */
   update(tenantId: string, id: string, changes: AutomationChanges, ifStatusIn: AutomationStatus[]): Promise<Automation | null>;
-  /** System use (trigger reconcilers): enabled automations of every tenant with a trigger of this type. */
-  listEnabledWithTrigger(type: Trigger['type']): Promise<Automation[]>;
+  /** Enabled automations with a trigger of this type: of one tenant, or (system use: trigger reconcilers) of all. */
+  listEnabledWithTrigger(type: Trigger['type'], tenantId?: string): Promise<Automation[]>;
 }
 
 export type RunChanges = Partial<Omit<Run, 'id' | 'tenant_id' | 'created_at' | 'kind'>>;
@@ -53,11 +53,39 @@ export interface ApiKeyRepo {
   list(tenantId: string): Promise<ApiKeyRecord[]>;
 }
 
+export interface WebhookSecretRepo {
+  /** Inserts or replaces the tenant's secrets for one kind. */
+  put(record: WebhookSecretRecord): Promise<void>;
+  list(tenantId: string): Promise<WebhookSecretRecord[]>;
+  /** true when there was one to delete */
+  delete(tenantId: string, kind: WebhookProvider): Promise<boolean>;
+}
+
+export type DeliveryQuery = { kind?: WebhookProvider; status?: DeliveryStatus; limit: number; cursor?: string };
+export type DeliveryChanges = Partial<Pick<WebhookDelivery, 'status' | 'runs' | 'attempts' | 'error' | 'processed_at'>>;
+
+export interface DeliveryRepo {
+  /**
+   * Inserts a delivery. When the tenant already has one of this kind with the same provider_delivery_id,
+   * nothing is written and that one is returned; null means it was inserted.
+   */
+  insert(delivery: WebhookDelivery): Promise<WebhookDelivery | null>;
+  get(tenantId: string, id: string): Promise<WebhookDelivery | null>;
+  /** Newest first. */
+  list(tenantId: string, query: DeliveryQuery): Promise<Page<WebhookDelivery>>;
+  /** Applies `changes` only while the status is one of `ifStatusIn`; null when no row matched. */
+  update(tenantId: string, id: string, changes: DeliveryChanges, ifStatusIn: DeliveryStatus[]): Promise<WebhookDelivery | null>;
+  /** System use (the reconciler): deliveries of every tenant in a status, received before a time. */
+  listStale(status: DeliveryStatus, receivedBefore: string, limit: number): Promise<WebhookDelivery[]>;
+}
+
 export interface Store {
   readonly kind: 'sqlite' | 'mongo';
   readonly automations: AutomationRepo;
   readonly apiKeys: ApiKeyRepo;
   readonly runs: RunRepo;
+  readonly webhookSecrets: WebhookSecretRepo;
+  readonly deliveries: DeliveryRepo;
   /** Throws when the store cannot be reached. */
   ping(): Promise<void>;
   close(): Promise<void>;

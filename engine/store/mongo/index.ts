@@ -1,8 +1,8 @@
 // MongoDB adapter (mongoose): used when MONGODB_URI is set. Same contract as the SQLite adapter;
 // conditional updates are single findOneAndUpdate calls with the expected status in the filter.
 import mongoose, { Schema, type Connection, type Model } from 'mongoose';
-import type { ApiKeyRecord, Automation, Run } from '../../model.js';
-import { decodeCursor, toPage, type ApiKeyRepo, type AutomationRepo, type RunRepo, type RunStats, type Store } from '../port.js';
+import type { ApiKeyRecord, Automation, Run, WebhookDelivery, WebhookSecretRecord } from '../../model.js';
+import { decodeCursor, toPage, type ApiKeyRepo, type AutomationRepo, type DeliveryRepo, type RunRepo, type RunStats, type Store, type WebhookSecretRepo } from '../port.js';
 
 type Stored<T extends { id: string }> = Omit<T, 'id'> & { _id: string };
 
@@ -37,17 +37,37 @@ const apiKeySchema = new Schema({ _id: String, tenant_id: { type: String, requir
 apiKeySchema.index({ hash: 1 }, { unique: true });
 apiKeySchema.index({ tenant_id: 1, _id: 1 });
 
+const webhookSecretSchema = new Schema({ _id: String, tenant_id: { type: String, required: true }, kind: { type: String, required: true } }, loose);
+webhookSecretSchema.index({ tenant_id: 1, kind: 1 }, { unique: true });
+
+const deliverySchema = new Schema(
+  { _id: String, tenant_id: { type: String, required: true }, kind: String, status: String, provider_delivery_id: String, received_at: String },
+  loose,
+);
+deliverySchema.index({ tenant_id: 1, _id: -1 });
+deliverySchema.index({ tenant_id: 1, kind: 1, _id: -1 });
+deliverySchema.index({ tenant_id: 1, status: 1, _id: -1 });
+deliverySchema.index({ status: 1, received_at: 1 });
+deliverySchema.index(
+  { tenant_id: 1, kind: 1, provider_delivery_id: 1 },
+  { unique: true, partialFilterExpression: { provider_delivery_id: { $type: 'string' } } },
+);
+
 export async function openMongoStore(uri: string): Promise<Store> {
   const conn = await mongoose.createConnection(uri, { serverSelectionTimeoutMS: 5000 }).asPromise();
   const automations = conn.model<Stored<Automation>>('Automation', automationSchema, 'automations');
   const apiKeys = conn.model<Stored<ApiKeyRecord>>('ApiKey', apiKeySchema, 'api_keys');
   const runs = conn.model<Stored<Run>>('Run', runSchema, 'runs');
-  await Promise.all([automations.init(), apiKeys.init(), runs.init()]);
+  const webhookSecrets = conn.model<WebhookSecretRecord & { _id: string }>('WebhookSecret', webhookSecretSchema, 'webhook_secrets');
+  const deliveries = conn.model<Stored<WebhookDelivery>>('Delivery', deliverySchema, 'deliveries');
+  await Promise.all([automations.init(), apiKeys.init(), runs.init(), webhookSecrets.init(), deliveries.init()]);
   return {
     kind: 'mongo',
     automations: automationRepo(automations),
     apiKeys: apiKeyRepo(apiKeys),
     runs: runRepo(runs),
+    webhookSecrets: webhookSecretRepo(webhookSecrets),
+    deliveries: deliveryRepo(deliveries),
     async ping() {
       await pingConnection(conn);
     },
@@ -87,8 +107,9 @@ function automationRepo(model: Model<Stored<Automation>>): AutomationRepo {
         .lean<Stored<Automation>>();
       return fromStored(updated);
     },
-    async listEnabledWithTrigger(type) {
-      const rows = await model.find({ status: 'enabled', 'triggers.type': type }).sort({ _id: 1 }).lean<Stored<Automation>[]>();
+    async listEnabledWithTrigger(type, tenantId) {
+      const filter: Record<string, unknown> = { status: 'enabled', 'triggers.type': type, ...(tenantId === undefined ? {} : { tenant_id: tenantId }) };
+      const rows = await model.find(filter).sort({ _id: 1 }).lean<Stored<Automation>[]>();
       return rows.map((r) => fromStored(r)!);
     },
   };
@@ -164,6 +185,57 @@ function apiKeyRepo(model: Model<Stored<ApiKeyRecord>>): ApiKeyRepo {
     },
     async list(tenantId) {
       const rows = await model.find({ tenant_id: tenantId }).sort({ _id: 1 }).lean<Stored<ApiKeyRecord>[]>();
+      return rows.map((r) => fromStored(r)!);
+    },
+  };
+}
+
+function webhookSecretRepo(model: Model<WebhookSecretRecord & { _id: string }>): WebhookSecretRepo {
+  const strip = ({ _id, ...rest }: WebhookSecretRecord & { _id: string }) => rest as WebhookSecretRecord;
+  return {
+    async put(r) {
+      await model.collection.replaceOne({ _id: `${r.tenant_id}:${r.kind}` } as never, { ...r }, { upsert: true });
+    },
+    async list(tenantId) {
+      const rows = await model.find({ tenant_id: tenantId }).sort({ kind: 1 }).lean<(WebhookSecretRecord & { _id: string })[]>();
+      return rows.map(strip);
+    },
+    async delete(tenantId, kind) {
+      return (await model.deleteOne({ _id: `${tenantId}:${kind}` })).deletedCount === 1;
+    },
+  };
+}
+
+function deliveryRepo(model: Model<Stored<WebhookDelivery>>): DeliveryRepo {
+  return {
+    async insert(d) {
+      try {
+        await model.collection.insertOne(toStored(d) as never);
+        return null;
+      } catch (err) {
+        if ((err as { code?: number }).code !== 11000 || d.provider_delivery_id === null) throw err;
+        const found = await model.findOne({ tenant_id: d.tenant_id, kind: d.kind, provider_delivery_id: d.provider_delivery_id }).lean<Stored<WebhookDelivery>>();
+        return fromStored(found);
+      }
+    },
+    async get(tenantId, id) {
+      return fromStored(await model.findOne({ _id: id, tenant_id: tenantId }).lean<Stored<WebhookDelivery>>());
+    },
+    async list(tenantId, q) {
+      const filter: Record<string, unknown> = { tenant_id: tenantId, ...(q.kind ? { kind: q.kind } : {}), ...(q.status ? { status: q.status } : {}) };
+      const after = decodeCursor(q.cursor);
+      if (after) filter._id = { $lt: after };
+      const rows = await model.find(filter).sort({ _id: -1 }).limit(q.limit + 1).lean<Stored<WebhookDelivery>[]>();
+      return toPage(rows.map((r) => fromStored(r)!), q.limit);
+    },
+    async update(tenantId, id, changes, ifStatusIn) {
+      const updated = await model
+        .findOneAndUpdate({ _id: id, tenant_id: tenantId, status: { $in: ifStatusIn } }, { $set: definedOnly(changes) }, { returnDocument: 'after' })
+        .lean<Stored<WebhookDelivery>>();
+      return fromStored(updated);
+    },
+    async listStale(status, receivedBefore, limit) {
+      const rows = await model.find({ status, received_at: { $lt: receivedBefore } }).sort({ received_at: 1 }).limit(limit).lean<Stored<WebhookDelivery>[]>();
       return rows.map((r) => fromStored(r)!);
     },
   };

@@ -4,9 +4,12 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import Database from 'better-sqlite3';
-import type { ApiKeyRecord, Automation, Run } from '../../model.js';
-import { decodeCursor, toPage, type ApiKeyRepo, type AutomationRepo, type RunRepo, type RunStats, type Store } from '../port.js';
+import type { ApiKeyRecord, Automation, Run, WebhookDelivery, WebhookSecretRecord } from '../../model.js';
+import { decodeCursor, toPage, type ApiKeyRepo, type AutomationRepo, type DeliveryRepo, type RunRepo, type RunStats, type Store, type WebhookSecretRepo } from '../port.js';
 import { MIGRATIONS } from './migrations.js';
+
+/** Larger than any id: a page without a cursor starts below it. */
+const TOP = '\uffff';
 
 export function openSqliteStore(file: string): Store {
   if (file !== ':memory:') fs.mkdirSync(path.dirname(file), { recursive: true });
@@ -21,6 +24,8 @@ export function openSqliteStore(file: string): Store {
     automations: automationRepo(db),
     apiKeys: apiKeyRepo(db),
     runs: runRepo(db),
+    webhookSecrets: webhookSecretRepo(db),
+    deliveries: deliveryRepo(db),
     async ping() {
       db.prepare('SELECT 1').get();
     },
@@ -45,8 +50,10 @@ function automationRepo(db: Database.Database): AutomationRepo {
   const insert = db.prepare('INSERT INTO automations (id, tenant_id, status, doc) VALUES (?, ?, ?, ?)');
   const get = db.prepare<[string, string], { doc: string }>('SELECT doc FROM automations WHERE tenant_id = ? AND id = ?');
   const write = db.prepare('UPDATE automations SET status = ?, doc = ? WHERE tenant_id = ? AND id = ?');
-  const withTrigger = db.prepare<[string], { doc: string }>(
-    "SELECT doc FROM automations WHERE status = 'enabled' AND EXISTS (SELECT 1 FROM json_each(doc, '$.triggers') WHERE json_extract(value, '$.type') = ?) ORDER BY id",
+  const hasTrigger = "EXISTS (SELECT 1 FROM json_each(doc, '$.triggers') WHERE json_extract(value, '$.type') = ?)";
+  const withTrigger = db.prepare<[string], { doc: string }>(`SELECT doc FROM automations WHERE status = 'enabled' AND ${hasTrigger} ORDER BY id`);
+  const withTriggerOfTenant = db.prepare<[string, string], { doc: string }>(
+    `SELECT doc FROM automations WHERE tenant_id = ? AND status = 'enabled' AND ${hasTrigger} ORDER BY id`,
   );
   const read = (row: { doc: string } | undefined): Automation | null => (row ? (JSON.parse(row.doc) as Automation) : null);
   // one prepared statement per shape of list query (how many statuses, whether a cursor), made once
@@ -88,8 +95,9 @@ function automationRepo(db: Database.Database): AutomationRepo {
     async update(tenantId, id, changes, ifStatusIn) {
       return update.immediate(tenantId, id, changes, ifStatusIn);
     },
-    async listEnabledWithTrigger(type) {
-      return withTrigger.all(type).map((r) => JSON.parse(r.doc) as Automation);
+    async listEnabledWithTrigger(type, tenantId) {
+      const rows = tenantId === undefined ? withTrigger.all(type) : withTriggerOfTenant.all(tenantId, type);
+      return rows.map((r) => JSON.parse(r.doc) as Automation);
     },
   };
 }
@@ -119,8 +127,6 @@ function runRepo(db: Database.Database): RunRepo {
   const stale = db.prepare<[string, string, number], { doc: string }>('SELECT doc FROM runs WHERE status = ? AND created_at < ? ORDER BY created_at LIMIT ?');
   const byKindStatus = db.prepare<[], { kind: Run['kind']; status: Run['status']; count: number }>('SELECT kind, status, COUNT(*) AS count FROM runs GROUP BY kind, status');
   const read = (row: { doc: string } | undefined): Run | null => (row ? (JSON.parse(row.doc) as Run) : null);
-  // the largest possible id: a cursor-less page starts below it
-  const TOP = '\uffff';
 
   const update = db.transaction((tenantId: string, id: string, changes: Partial<Run>, ifStatusIn: string[]) => {
     const current = read(get.get(tenantId, id));
@@ -183,6 +189,76 @@ function apiKeyRepo(db: Database.Database): ApiKeyRepo {
     },
     async list(tenantId) {
       return byTenant.all(tenantId).map((r) => JSON.parse(r.doc) as ApiKeyRecord);
+    },
+  };
+}
+
+function webhookSecretRepo(db: Database.Database): WebhookSecretRepo {
+  const put = db.prepare('INSERT INTO webhook_secrets (tenant_id, kind, doc) VALUES (?, ?, ?) ON CONFLICT (tenant_id, kind) DO UPDATE SET doc = excluded.doc');
+  const byTenant = db.prepare<[string], { doc: string }>('SELECT doc FROM webhook_secrets WHERE tenant_id = ? ORDER BY kind');
+  const remove = db.prepare('DELETE FROM webhook_secrets WHERE tenant_id = ? AND kind = ?');
+  return {
+    async put(r) {
+      put.run(r.tenant_id, r.kind, JSON.stringify(r));
+    },
+    async list(tenantId) {
+      return byTenant.all(tenantId).map((r) => JSON.parse(r.doc) as WebhookSecretRecord);
+    },
+    async delete(tenantId, kind) {
+      return remove.run(tenantId, kind).changes === 1;
+    },
+  };
+}
+
+function deliveryRepo(db: Database.Database): DeliveryRepo {
+  const insert = db.prepare(
+    'INSERT INTO deliveries (id, tenant_id, kind, status, provider_delivery_id, received_at, doc) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING',
+  );
+  const byProviderId = db.prepare<[string, string, string], { doc: string }>('SELECT doc FROM deliveries WHERE tenant_id = ? AND kind = ? AND provider_delivery_id = ?');
+  const get = db.prepare<[string, string], { doc: string }>('SELECT doc FROM deliveries WHERE tenant_id = ? AND id = ?');
+  const write = db.prepare('UPDATE deliveries SET status = ?, doc = ? WHERE tenant_id = ? AND id = ?');
+  const stale = db.prepare<[string, string, number], { doc: string }>('SELECT doc FROM deliveries WHERE status = ? AND received_at < ? ORDER BY received_at LIMIT ?');
+  const read = (row: { doc: string } | undefined): WebhookDelivery | null => (row ? (JSON.parse(row.doc) as WebhookDelivery) : null);
+  const listStatements = new Map<string, Database.Statement<unknown[], { doc: string }>>();
+  const listStatement = (kind: boolean, status: boolean) => {
+    const shape = `${kind}:${status}`;
+    let stmt = listStatements.get(shape);
+    if (!stmt) {
+      const where = ['tenant_id = ?', ...(kind ? ['kind = ?'] : []), ...(status ? ['status = ?'] : []), 'id < ?'];
+      stmt = db.prepare<unknown[], { doc: string }>(`SELECT doc FROM deliveries WHERE ${where.join(' AND ')} ORDER BY id DESC LIMIT ?`);
+      listStatements.set(shape, stmt);
+    }
+    return stmt;
+  };
+  const insertOrFind = db.transaction((d: WebhookDelivery): WebhookDelivery | null => {
+    const inserted = insert.run(d.id, d.tenant_id, d.kind, d.status, d.provider_delivery_id, d.received_at, JSON.stringify(d)).changes === 1;
+    if (inserted || d.provider_delivery_id === null) return null;
+    return read(byProviderId.get(d.tenant_id, d.kind, d.provider_delivery_id));
+  });
+  const update = db.transaction((tenantId: string, id: string, changes: Partial<WebhookDelivery>, ifStatusIn: string[]) => {
+    const current = read(get.get(tenantId, id));
+    if (!current || !ifStatusIn.includes(current.status)) return null;
+    const next: WebhookDelivery = { ...current, ...changes, id: current.id, tenant_id: current.tenant_id };
+    write.run(next.status, JSON.stringify(next), tenantId, id);
+    return next;
+  });
+  return {
+    async insert(d) {
+      return insertOrFind.immediate(d);
+    },
+    async get(tenantId, id) {
+      return read(get.get(tenantId, id));
+    },
+    async list(tenantId, q) {
+      const params: unknown[] = [tenantId, ...(q.kind ? [q.kind] : []), ...(q.status ? [q.status] : []), decodeCursor(q.cursor) ?? TOP, q.limit + 1];
+      const rows = listStatement(Boolean(q.kind), Boolean(q.status)).all(...params);
+      return toPage(rows.map((r) => read(r)!), q.limit);
+    },
+    async update(tenantId, id, changes, ifStatusIn) {
+      return update.immediate(tenantId, id, changes, ifStatusIn);
+    },
+    async listStale(status, receivedBefore, limit) {
+      return stale.all(status, receivedBefore, limit).map((r) => read(r)!);
     },
   };
 }

@@ -36,3 +36,25 @@ MIGRATIONS.push(`
   CREATE INDEX runs_by_kind_finished ON runs (tenant_id, kind, finished_at);
   CREATE INDEX runs_by_status_created ON runs (status, created_at);
 `);
+MIGRATIONS.push(`
+  CREATE TABLE webhook_secrets (
+    tenant_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    doc TEXT NOT NULL,
+    PRIMARY KEY (tenant_id, kind)
+  );
+  CREATE TABLE deliveries (
+    id TEXT PRIMARY KEY,
+    tenant_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    status TEXT NOT NULL,
+    provider_delivery_id TEXT,
+    received_at TEXT NOT NULL,
+    doc TEXT NOT NULL
+  );
+  CREATE INDEX deliveries_by_tenant ON deliveries (tenant_id, id);
+  CREATE INDEX deliveries_by_kind ON deliveries (tenant_id, kind, id);
+  CREATE INDEX deliveries_by_status ON deliveries (tenant_id, status, id);
+  CREATE INDEX deliveries_by_status_received ON deliveries (status, received_at);
+  CREATE UNIQUE INDEX deliveries_provider_id ON deliveries (tenant_id, kind, provider_delivery_id);
+`);

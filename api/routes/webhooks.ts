@@ -1,0 +1,76 @@
+// Webhook intake (/webhooks/{tenant_id}/{kind}, no API key) and its management routes under
+// /api/v1 (secrets, deliveries). The intake reads the raw bytes itself, before any parser, because
+// signatures are over exactly what was sent.
+import express, { Router, type NextFunction, type Request, type Response } from 'express';
+import { TENANT_ID_PATTERN } from '../../config/env.js';
+import { NotFoundError } from '../../engine/errors.js';
+import type { Engine } from '../../engine/index.js';
+import { WEBHOOK_PROVIDERS, type WebhookProvider } from '../../engine/model.js';
+import { BODY_LIMIT_BYTES } from '../../engine/webhooks/index.js';
+import { tenantOf } from '../auth.js';
+import type { operations } from '../schema.js';
+
+const isKind = (k: string): k is WebhookProvider => (WEBHOOK_PROVIDERS as readonly string[]).includes(k);
+
+export function webhookIntakeRouter(engine: Engine): Router {
+  const router = Router();
+  // every content type is read as bytes, inflated if the sender compressed it, never parsed here
+  const rawSmall = express.raw({ type: () => true, limit: BODY_LIMIT_BYTES.codehost });
+  const rawLarge = express.raw({ type: () => true, limit: BODY_LIMIT_BYTES.email });
+
+  router.post(
+    '/:tenant_id/:kind',
+    // unknown tenant ids and kinds, and tenants over their rate, are refused before the body is read
+    async (req: Request, _res: Response, next: NextFunction) => {
+      const tenantId = String(req.params.tenant_id);
+      const kind = String(req.params.kind);
+      if (!TENANT_ID_PATTERN.test(tenantId) || !isKind(kind)) throw new NotFoundError(`no webhook route ${req.path}`);
+      await engine.webhooks.admit(tenantId);
+      next();
+    },
+    (req: Request, res: Response, next: NextFunction) => (req.params.kind === 'email' ? rawLarge : rawSmall)(req, res, next),
+    async (req: Request, res: Response) => {
+      const body = Buffer.isBuffer(req.body) ? req.body : Buffer.alloc(0);
+      const receipt = await engine.webhooks.receive(String(req.params.tenant_id), req.params.kind as WebhookProvider, req.headers, body);
+      if (receipt.delivery_id) res.setHeader('X-Delivery-Id', receipt.delivery_id);
+      if (receipt.body) res.status(receipt.status).json(receipt.body);
+      else res.status(receipt.status).end();
+    },
+  );
+  return router;
+}
+
+type DeliveriesQuery = NonNullable<operations['listWebhookDeliveries']['parameters']['query']>;
+type SecretPut = operations['putWebhookSecret']['requestBody']['content']['application/json'];
+
+export function webhookSecretsRouter(engine: Engine): Router {
+  const router = Router();
+  router.get('/', async (req, res) => {
+    res.json({ data: await engine.webhooks.secrets.list(tenantOf(req)) });
+  });
+  router.put('/:kind', async (req, res) => {
+    const body = req.body as SecretPut;
+    res.json(await engine.webhooks.secrets.put(tenantOf(req), req.params.kind as WebhookProvider, body.secrets));
+  });
+  router.delete('/:kind', async (req, res) => {
+    await engine.webhooks.secrets.delete(tenantOf(req), req.params.kind as WebhookProvider);
+    res.status(204).end();
+  });
+  return router;
+}
+
+export function webhookDeliveriesRouter(engine: Engine): Router {
+  const router = Router();
+  router.get('/', async (req, res) => {
+    const q = req.query as DeliveriesQuery;
+    const page = await engine.webhooks.list(tenantOf(req), { kind: q.kind, status: q.status, limit: q.limit ?? 20, cursor: q.cursor });
+    res.json({ data: page.items, next_cursor: page.next_cursor });
+  });
+  router.get('/:id', async (req, res) => {
+    res.json(await engine.webhooks.get(tenantOf(req), String(req.params.id)));
+  });
+  router.post('/:id/replay', async (req, res) => {
+    res.json(await engine.webhooks.replay(tenantOf(req), String(req.params.id)));
+  });
+  return router;
+}

@@ -1,0 +1,64 @@
+// Encryption at rest for tenant secrets: AES-256-GCM under SERVICE_SECRET_KEY, a fresh 96-bit nonce
+// per seal, and the owner (tenant and kind) as additional data, so a sealed value moved to another
+// tenant's row does not open. Outside production a missing key is generated once into the data
+// directory (mode 0600); production refuses to start without one (config/env.ts).
+import { createCipheriv, createDecipheriv, randomBytes } from 'node:crypto';
+import fs from 'node:fs';
+import path from 'node:path';
+
+export type Sealed = { v: 1; iv: string; tag: string; ct: string };
+
+export type SecretBox = {
+  seal(plaintext: string, owner: string): Sealed;
+  open(sealed: Sealed, owner: string): string;
+};
+
+export const SECRET_KEY_FILE = 'secret.key';
+
+/** The 32-byte key: from SERVICE_SECRET_KEY (hex or base64), else the data dir's key file, made when absent. */
+export function loadSecretKey(opts: { secretKey: string | undefined; dataDir: string; isProduction: boolean }): { key: Buffer; source: 'env' | 'file' | 'generated' } {
+  if (opts.secretKey) return { key: decodeKey(opts.secretKey), source: 'env' };
+  if (opts.isProduction) throw new Error('SERVICE_SECRET_KEY is required when NODE_ENV=production');
+  const file = path.join(opts.dataDir, SECRET_KEY_FILE);
+  fs.mkdirSync(opts.dataDir, { recursive: true });
+  try {
+    // `wx`: of two processes starting at once, one writes and the other reads what it wrote
+    fs.writeFileSync(file, `${randomBytes(32).toString('hex')}\n`, { flag: 'wx', mode: 0o600 });
+    return { key: readKeyFile(file), source: 'generated' };
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
+    return { key: readKeyFile(file), source: 'file' };
+  }
+}
+
+function readKeyFile(file: string): Buffer {
+  for (let attempt = 0; ; attempt++) {
+    const text = fs.readFileSync(file, 'utf8').trim();
+    if (text || attempt >= 50) return decodeKey(text);
+    Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 10); // the other process is mid-write
+  }
+}
+
+function decodeKey(text: string): Buffer {
+  const key = /^[0-9a-fA-F]{64}$/.test(text) ? Buffer.from(text, 'hex') : Buffer.from(text, 'base64');
+  if (key.length !== 32) throw new Error('the secret key must be 32 bytes, as 64 hex characters or base64');
+  return key;
+}
+
+export function createSecretBox(key: Buffer): SecretBox {
+  return {
+    seal(plaintext, owner) {
+      const iv = randomBytes(12);
+      const cipher = createCipheriv('aes-256-gcm', key, iv);
+      cipher.setAAD(Buffer.from(owner));
+      const ct = Buffer.concat([cipher.update(plaintext, 'utf8'), cipher.final()]);
+      return { v: 1, iv: iv.toString('base64'), tag: cipher.getAuthTag().toString('base64'), ct: ct.toString('base64') };
+    },
+    open(sealed, owner) {
+      const decipher = createDecipheriv('aes-256-gcm', key, Buffer.from(sealed.iv, 'base64'));
+      decipher.setAAD(Buffer.from(owner));
+      decipher.setAuthTag(Buffer.from(sealed.tag, 'base64'));
+      return Buffer.concat([decipher.update(Buffer.from(sealed.ct, 'base64')), decipher.final()]).toString('utf8');
+    },
+  };
+}

@@ -1,0 +1,298 @@
+// Webhook intake: tenant secrets (sealed at rest), verification, replay and duplicate checks, the
+// delivery outbox (stored before it is acknowledged, then matched by a job) and replays on request.
+import type { EngineDeps } from '../deps.js';
+import { ConflictError, NotFoundError, PayloadTooLargeError, RateLimitedError, WebhookRejectedError, AppError } from '../errors.js';
+import { newId } from '../ids.js';
+import type { DeliveryStatus, RunTrigger, WebhookDelivery, WebhookProvider, WebhookSecretRecord } from '../model.js';
+import type { Redis } from '../redis.js';
+import type { DeliveryQuery } from '../store/port.js';
+import { CHAT_WINDOW_SECONDS, eventMatches, keptHeaders, sha256Hex, verifyDelivery, type Headers, type Verified } from './verify.js';
+
+export { eventMatches } from './verify.js';
+
+/** Email carries attachments; everything else is small. */
+export const BODY_LIMIT_BYTES: Record<WebhookProvider, number> = {
+  codehost: 1024 * 1024,
+  chat: 1024 * 1024,
+  tracker: 1024 * 1024,
+  pager: 1024 * 1024,
+  email: 25 * 1024 * 1024,
+  generic: 1024 * 1024,
+};
+
+/** How long one process trusts its copy of a tenant's secrets; changes made in this process apply at once. */
+const SECRET_CACHE_MS = 5000;
+const STALE_AFTER_MS = 30_000;
+
+type Fire = (tenantId: string, automationId: string, trigger: RunTrigger, idempotencyKey: string, inputs: Record<string, unknown>) => Promise<{ id: string } | null>;
+
+export type Receipt = {
+  status: number;
+  /** absent: answer with no body (Slack shows a command's response body to the user) */
+  body?: Record<string, unknown>;
+  delivery_id?: string;
+};
+
+type TenantSecrets = { at: number; known: boolean; byKind: Map<WebhookProvider, string[]>; records: WebhookSecretRecord[] };
+
+type LimitingRedis = Redis & { webhookRate(key: string, windowMs: number): Promise<[number, number]> };
+
+// count this request and answer [count in this window, ms until the window ends], in one round trip
+const RATE = `local n = redis.call('INCR', KEYS[1])
+if n == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
+return {n, redis.call('PTTL', KEYS[1])}`;
+
+export const jobIdOfDelivery = (deliveryId: string) => `delivery-${deliveryId}`;
+
+export function webhooksOf(deps: EngineDeps, fire: Fire) {
+  const { store, clock, log, queues, secretBox, redis } = deps;
+  const { webhookReplayWindowSeconds: windowSeconds, webhookRateLimitPerMinute: perMinute } = deps.settings;
+  const prefix = queues.prefix;
+  const cache = new Map<string, TenantSecrets>();
+  if (!('webhookRate' in redis)) redis.defineCommand('webhookRate', { numberOfKeys: 1, lua: RATE });
+  const limiting = redis as LimitingRedis;
+  const owner = (tenantId: string, kind: WebhookProvider) => `webhook-secret:${tenantId}:${kind}`;
+
+  async function secretsOf(tenantId: string): Promise<TenantSecrets> {
+    const cached = cache.get(tenantId);
+    if (cached && Date.now() - cached.at < SECRET_CACHE_MS) return cached;
+    const records = await store.webhookSecrets.list(tenantId);
+    const byKind = new Map(records.map((r) => [r.kind, r.sealed.map((s) => secretBox.open(s, owner(tenantId, r.kind)))] as const));
+    // a tenant exists once it has an API key; secrets can only be set with one
+    const known = records.length > 0 || (await store.apiKeys.list(tenantId)).length > 0;
+    const entry = { at: Date.now(), known, byKind, records };
+    cache.set(tenantId, entry);
+    if (cache.size > 10_000) cache.delete(cache.keys().next().value!);
+    return entry;
+  }
+
+  const secretView = (r: WebhookSecretRecord) => ({ kind: r.kind, secret_count: r.sealed.length, created_at: r.created_at, updated_at: r.updated_at });
+
+  async function enqueue(d: Pick<WebhookDelivery, 'id' | 'tenant_id'>): Promise<void> {
+    await queues
+      .get('webhooks')
+      .add('delivery', { delivery_id: d.id, tenant_id: d.tenant_id }, { jobId: jobIdOfDelivery(d.id), attempts: 5, backoff: { type: 'exponential', delay: 1000 }, removeOnComplete: { count: 1000 }, removeOnFail: { count: 5000 } });
+  }
+
+  async function recordRejection(tenantId: string, kind: WebhookProvider, headers: Headers, size: number, err: WebhookRejectedError): Promise<void> {
+    const now = clock.now().toISOString();
+    const kept = keptHeaders(headers);
+    await store.deliveries
+      .insert({
+        id: newId('whd'),
+        tenant_id: tenantId,
+        kind,
+        status: 'rejected',
+        event: null,
+        action: null,
+        provider_delivery_id: null,
+        headers: kept,
+        content_type: kept['content-type'] ?? null,
+        body: null,
+        body_size: size,
+        body_sha256: null,
+        event_payload: null,
+        rejection: { code: err.code, message: err.message },
+        runs: [],
+        attempts: 0,
+        error: null,
+        received_at: now,
+        processed_at: null,
+      })
+      .catch((e: unknown) => log.warn({ err: (e as Error).message }, 'could not record a rejected webhook'));
+  }
+
+  /** Starts the runs of every enabled automation whose webhook trigger takes this delivery. */
+  async function dispatch(d: WebhookDelivery, attempt: number): Promise<Pick<WebhookDelivery, 'runs' | 'error'>> {
+    const automations = await store.automations.listEnabledWithTrigger('webhook', d.tenant_id);
+    const runs: WebhookDelivery['runs'] = [];
+    let error: WebhookDelivery['error'] = null;
+    for (const a of automations) {
+      const takes = a.triggers.some((t) => t.type === 'webhook' && t.provider === d.kind && eventMatches(t.events, d.event, d.action));
+      if (!takes) continue;
+      const trigger: RunTrigger = { type: 'webhook', provider: d.kind, delivery_id: d.id, ...(d.event ? { event: d.event } : {}) };
+      try {
+        const run = await fire(d.tenant_id, a.id, trigger, `webhook:${d.id}:${attempt}:${a.id}`, { event: d.event_payload });
+        if (run) runs.push({ automation_id: a.id, run_id: run.id });
+      } catch (err) {
+        // the automation cannot run as defined (no agent endpoint, a bad budget): say so, start the others
+        if (!(err instanceof AppError)) throw err;
+        error = { code: err.code, message: `automation ${a.id}: ${err.message}` };
+      }
+    }
+    return { runs, error };
+  }
+
+  return {
+    /** Counts a request against its tenant's per-minute limit; throws RateLimitedError past it. Before the body is read. */
+    async admit(tenantId: string): Promise<void> {
+      const bucket = Math.floor(Date.now() / 60_000);
+      const [count, ttlMs] = await limiting.webhookRate(`${prefix}:webhook-rate:${tenantId}:${bucket}`, 61_000);
+      if (count > perMinute) {
+        deps.metrics.webhookRequests.inc({ kind: 'any', outcome: 'rate-limited' });
+        throw new RateLimitedError(`this tenant sent more than ${perMinute} webhook requests this minute`, Math.max(1, Math.ceil(Math.min(ttlMs, 60_000) / 1000)));
+      }
+    },
+
+    /** Verifies, de-duplicates and stores one request; the answer to give the provider. */
+    async receive(tenantId: string, kind: WebhookProvider, headers: Headers, body: Buffer): Promise<Receipt> {
+      const tenant = await secretsOf(tenantId);
+      if (!tenant.known) throw new NotFoundError(`no tenant ${tenantId}`);
+      const count = (outcome: string) => deps.metrics.webhookRequests.inc({ kind, outcome });
+      if (body.length > BODY_LIMIT_BYTES[kind]) throw new PayloadTooLargeError(`the body is over the ${BODY_LIMIT_BYTES[kind] / 1024 / 1024} MB limit`);
+
+      let verified: Verified;
+      let replaySlot: string | null = null;
+      try {
+        const secrets = tenant.byKind.get(kind);
+        if (!secrets?.length) throw new WebhookRejectedError('webhook-not-configured', `no ${kind} secret is set for this tenant: PUT /api/v1/webhook-secrets/${kind}`);
+        verified = await verifyDelivery(kind, { headers, body }, { secrets, nowMs: clock.now().getTime(), windowSeconds });
+        if (verified.handshake) {
+          count('handshake');
+          return { status: 200, body: verified.handshake };
+        }
+        if (verified.replayKey) {
+          const window = kind === 'chat' ? CHAT_WINDOW_SECONDS : windowSeconds;
+          // a signature stays valid past its window in the other direction too: remember it for both
+          replaySlot = `${prefix}:webhook-seen:${tenantId}:${kind}:${sha256Hex(verified.replayKey)}`;
+          const fresh = await redis.set(replaySlot, '1', 'EX', window * 2 + 1, 'NX');
+          if (!fresh) {
+            replaySlot = null;
+            throw new WebhookRejectedError('webhook-replay', 'this signed request was already accepted');
+          }
+        }
+      } catch (err) {
+        if (err instanceof WebhookRejectedError) {
+          count(err.code);
+          await recordRejection(tenantId, kind, headers, body.length, err);
+        }
+        throw err;
+      }
+
+      const kept = keptHeaders(headers);
+      const delivery: WebhookDelivery = {
+        id: newId('whd'),
+        tenant_id: tenantId,
+        kind,
+        status: 'received',
+        event: verified.event,
+        action: verified.action,
+        provider_delivery_id: verified.providerId,
+        headers: kept,
+        content_type: kept['content-type'] ?? null,
+        body: verified.keepBody ? body.toString('utf8') : null,
+        body_size: body.length,
+        body_sha256: sha256Hex(body),
+        event_payload: verified.event_payload,
+        rejection: null,
+        runs: [],
+        attempts: 0,
+        error: null,
+        received_at: clock.now().toISOString(),
+        processed_at: null,
+      };
+      let existing: WebhookDelivery | null;
+      try {
+        existing = await store.deliveries.insert(delivery);
+      } catch (err) {
+        // not stored, so not accepted: the provider's retry must not look like a replay
+        if (replaySlot) await redis.del(replaySlot).catch(() => undefined);
+        throw err;
+      }
+      if (existing) {
+        if (verified.repeatIs === 'replay') {
+          const err = new WebhookRejectedError('webhook-replay', `delivery ${verified.providerId} was already accepted as ${existing.id}`);
+          count(err.code);
+          await recordRejection(tenantId, kind, headers, body.length, err);
+          throw err;
+        }
+        count('duplicate');
+        return { status: 200, delivery_id: existing.id, body: verified.emptyReply ? undefined : { delivery_id: existing.id, status: 'duplicate' } };
+      }
+      // stored: from here the delivery will be processed, by this job or by the reconciler
+      try {
+        await enqueue(delivery);
+      } catch (err) {
+        log.warn({ delivery_id: delivery.id, err: (err as Error).message }, 'delivery stored but not queued; the reconciler will queue it');
+      }
+      count('accepted');
+      return { status: 200, delivery_id: delivery.id, body: verified.emptyReply ? undefined : { delivery_id: delivery.id, status: 'accepted' } };
+    },
+
+    /** The job: match a stored delivery to automations and start their runs, once. */
+    async process(tenantId: string, deliveryId: string): Promise<WebhookDelivery | null> {
+      const d = await store.deliveries.get(tenantId, deliveryId);
+      if (!d || d.status !== 'received') return d;
+      const { runs, error } = await dispatch(d, 1);
+      const done = await store.deliveries.update(tenantId, d.id, { status: error && !runs.length ? 'failed' : 'processed', runs, error, attempts: 1, processed_at: clock.now().toISOString() }, ['received']);
+      log.info({ delivery_id: d.id, kind: d.kind, event: d.event, runs: runs.length }, 'webhook delivery processed');
+      return done;
+    },
+
+    /** Matches a delivery again and starts new runs, without verifying it again. */
+    async replay(tenantId: string, deliveryId: string): Promise<WebhookDelivery> {
+      const d = await store.deliveries.get(tenantId, deliveryId);
+      if (!d) throw new NotFoundError(`no delivery ${deliveryId}`);
+      if (d.status === 'rejected') throw new ConflictError('a rejected delivery was never verified, so it cannot be replayed', { status: d.status });
+      if (d.status === 'received') throw new ConflictError('this delivery has not been processed yet', { status: d.status });
+      const attempt = d.attempts + 1;
+      // claim the attempt first, so two replays at once start two sets of runs, not one set twice
+      const claimed = await store.deliveries.update(tenantId, d.id, { attempts: attempt }, [d.status]);
+      if (!claimed || claimed.attempts !== attempt) throw new ConflictError('this delivery changed while replaying; retry');
+      const { runs, error } = await dispatch(claimed, attempt);
+      const done = await store.deliveries.update(
+        tenantId,
+        d.id,
+        { status: error && !runs.length ? 'failed' : 'processed', runs: [...claimed.runs, ...runs], error, processed_at: clock.now().toISOString() },
+        ['processed', 'failed'],
+      );
+      return done ?? claimed;
+    },
+
+    async get(tenantId: string, deliveryId: string): Promise<WebhookDelivery> {
+      const d = await store.deliveries.get(tenantId, deliveryId);
+      if (!d) throw new NotFoundError(`no delivery ${deliveryId}`);
+      return d;
+    },
+
+    list: (tenantId: string, q: DeliveryQuery) => store.deliveries.list(tenantId, q),
+
+    /** Queues deliveries that were stored but whose job was lost (Redis failed between the two). */
+    async reconcile(): Promise<number> {
+      const before = new Date(clock.now().getTime() - STALE_AFTER_MS).toISOString();
+      const stale = await store.deliveries.listStale('received', before, 500);
+      for (const d of stale) await enqueue(d);
+      return stale.length;
+    },
+
+    secrets: {
+      async put(tenantId: string, kind: WebhookProvider, secrets: string[]) {
+        const now = clock.now().toISOString();
+        const current = (await store.webhookSecrets.list(tenantId)).find((r) => r.kind === kind);
+        const record: WebhookSecretRecord = {
+          tenant_id: tenantId,
+          kind,
+          sealed: secrets.map((s) => secretBox.seal(s, owner(tenantId, kind))),
+          created_at: current?.created_at ?? now,
+          updated_at: now,
+        };
+        await store.webhookSecrets.put(record);
+        cache.delete(tenantId);
+        log.info({ tenant_id: tenantId, kind, count: secrets.length }, 'webhook secret set');
+        return secretView(record);
+      },
+      async list(tenantId: string) {
+        return (await store.webhookSecrets.list(tenantId)).map(secretView);
+      },
+      async delete(tenantId: string, kind: WebhookProvider) {
+        const deleted = await store.webhookSecrets.delete(tenantId, kind);
+        cache.delete(tenantId);
+        if (!deleted) throw new NotFoundError(`no ${kind} secret is set`);
+        log.info({ tenant_id: tenantId, kind }, 'webhook secret deleted');
+      },
+    },
+  };
+}
+
+export type Webhooks = ReturnType<typeof webhooksOf>;
+export type { DeliveryStatus };

@@ -1,0 +1,313 @@
+// How each provider kind signs its requests, and what a verified request means: its event type,
+// the provider's id for it, what must not be seen twice, and the normalized event runs receive.
+// Pure functions over the exact bytes received; every comparison is constant-time.
+import { createHash, createHmac, timingSafeEqual } from 'node:crypto';
+import { WebhookRejectedError } from '../errors.js';
+import type { WebhookProvider } from '../model.js';
+import { parseEmail } from './email.js';
+
+export type Headers = Record<string, string | string[] | undefined>;
+
+export type Inbound = { headers: Headers; body: Buffer };
+
+export type VerifyContext = {
+  /** the tenant's current secrets for this kind: one, or two while rotating */
+  secrets: string[];
+  nowMs: number;
+  windowSeconds: number;
+};
+
+export type Verified = {
+  event: string | null;
+  action: string | null;
+  /** the provider's own id of this event: one delivery per id */
+  providerId: string | null;
+  /** when a second request carries the same provider id: a replay to refuse (409), or a retry to acknowledge (200) */
+  repeatIs: 'replay' | 'retry';
+  /** what was signed; seen again within the window it is a replay */
+  replayKey: string | null;
+  /** the normalized event: what matching reads and runs receive */
+  event_payload: Record<string, unknown>;
+  /** false when the raw body is not worth keeping (email: the event holds what matters, not the attachments) */
+  keepBody: boolean;
+  /** an answer that is not a delivery: the chat url_verification handshake */
+  handshake?: Record<string, unknown>;
+  /** Slack shows a slash command's or interaction's response body to the user: answer with none */
+  emptyReply?: boolean;
+};
+
+/** The chat window is Slack's own five minutes, whatever the configured window of the other kinds. */
+export const CHAT_WINDOW_SECONDS = 300;
+
+export function header(headers: Headers, name: string): string | undefined {
+  const v = headers[name];
+  return Array.isArray(v) ? v[0] : v;
+}
+
+export function sha256Hex(data: Buffer | string): string {
+  return createHash('sha256').update(data).digest('hex');
+}
+
+function hmacHex(secret: string, ...parts: (Buffer | string)[]): string {
+  const h = createHmac('sha256', secret);
+  for (const p of parts) h.update(p);
+  return h.digest('hex');
+}
+
+const HEX_SHA256 = /^[0-9a-fA-F]{64}$/;
+
+/** Constant-time equality of two hex digests (any case); false for anything that is not one. */
+function sameHex(expected: string, given: string): boolean {
+  if (!HEX_SHA256.test(given)) return false;
+  return timingSafeEqual(Buffer.from(expected, 'hex'), Buffer.from(given, 'hex'));
+}
+
+/** The first candidate signature that any secret produces, or null. Every pair is compared. */
+function matchAny(secrets: string[], candidates: string[], sign: (secret: string) => string): string | null {
+  let matched: string | null = null;
+  for (const secret of secrets) {
+    const expected = sign(secret);
+    for (const c of candidates) if (sameHex(expected, c) && matched === null) matched = c.toLowerCase();
+  }
+  return matched;
+}
+
+function missing(what: string): never {
+  throw new WebhookRejectedError('webhook-signature-missing', `${what} is missing`);
+}
+
+function invalid(what: string): never {
+  throw new WebhookRejectedError('webhook-signature-invalid', `${what} does not match any of this tenant's secrets for this kind`);
+}
+
+function checkWindow(atMs: number, ctx: VerifyContext, windowSeconds = ctx.windowSeconds): void {
+  if (!Number.isFinite(atMs)) throw new WebhookRejectedError('webhook-timestamp-outside-window', 'the signed timestamp is missing or not a number');
+  const skew = (atMs - ctx.nowMs) / 1000;
+  if (Math.abs(skew) > windowSeconds) {
+    throw new WebhookRejectedError(
+      'webhook-timestamp-outside-window',
+      `the signed timestamp is ${Math.round(Math.abs(skew))} s ${skew < 0 ? 'old' : 'in the future'}; the window is ${windowSeconds} s either way`,
+    );
+  }
+}
+
+function mediaType(headers: Headers): string {
+  return (header(headers, 'content-type') ?? '').split(';')[0]!.trim().toLowerCase();
+}
+
+function asObject(v: unknown): Record<string, unknown> {
+  return v && typeof v === 'object' && !Array.isArray(v) ? (v as Record<string, unknown>) : {};
+}
+
+function str(v: unknown): string | null {
+  return typeof v === 'string' && v.length ? v : typeof v === 'number' ? String(v) : null;
+}
+
+function parseJson(body: Buffer, what = 'the body'): Record<string, unknown> {
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(body.toString('utf8'));
+  } catch {
+    throw new WebhookRejectedError('webhook-payload-invalid', `${what} is not valid JSON`);
+  }
+  if (!parsed || typeof parsed !== 'object' || Array.isArray(parsed)) throw new WebhookRejectedError('webhook-payload-invalid', `${what} must be a JSON object`);
+  return parsed as Record<string, unknown>;
+}
+
+function parseForm(body: Buffer): Record<string, string> {
+  return Object.fromEntries(new URLSearchParams(body.toString('utf8')));
+}
+
+/** A JSON body, or a form whose `payload` field holds the JSON (GitHub's form content type, Slack's interactions). */
+function jsonOrFormPayload(inb: Inbound): Record<string, unknown> {
+  if (mediaType(inb.headers) === 'application/x-www-form-urlencoded') {
+    const form = parseForm(inb.body);
+    if (form.payload === undefined) throw new WebhookRejectedError('webhook-payload-invalid', 'a form body must carry the event in its `payload` field');
+    return parseJson(Buffer.from(form.payload), 'the `payload` field');
+  }
+  return parseJson(inb.body);
+}
+
+/** GitHub: `X-Hub-Signature-256: sha256=<hex HMAC of the body>`. No timestamp is signed, so what was signed must never repeat. */
+function codehost(inb: Inbound, ctx: VerifyContext): Verified {
+  const given = header(inb.headers, 'x-hub-signature-256') ?? missing('X-Hub-Signature-256');
+  const hex = given.startsWith('sha256=') ? given.slice(7) : '';
+  const matched = matchAny(ctx.secrets, [hex], (s) => hmacHex(s, inb.body)) ?? invalid('X-Hub-Signature-256');
+  const payload = jsonOrFormPayload(inb);
+  const event = header(inb.headers, 'x-github-event') ?? null;
+  return {
+    event,
+    action: str(payload.action),
+    providerId: header(inb.headers, 'x-github-delivery') ?? null,
+    repeatIs: 'replay',
+    replayKey: matched,
+    event_payload: payload,
+    keepBody: true,
+  };
+}
+
+/** Slack: `v0=<hex HMAC of "v0:<timestamp>:<body>">`, five minutes either way; JSON events, or forms for commands and interactions. */
+function chat(inb: Inbound, ctx: VerifyContext): Verified {
+  const given = header(inb.headers, 'x-chat-signature') ?? header(inb.headers, 'x-slack-signature') ?? missing('X-Chat-Signature (or X-Slack-Signature)');
+  const ts = header(inb.headers, 'x-chat-request-timestamp') ?? header(inb.headers, 'x-slack-request-timestamp') ?? missing('X-Chat-Request-Timestamp (or X-Slack-Request-Timestamp)');
+  const hex = given.startsWith('v0=') ? given.slice(3) : '';
+  const matched = matchAny(ctx.secrets, [hex], (s) => hmacHex(s, `v0:${ts}:`, inb.body)) ?? invalid('X-Chat-Signature');
+  checkWindow(/^\d{1,12}$/.test(ts) ? Number(ts) * 1000 : NaN, ctx, CHAT_WINDOW_SECONDS);
+  const base = { repeatIs: 'retry' as const, replayKey: `${ts}:${matched}`, keepBody: true };
+
+  if (mediaType(inb.headers) === 'application/x-www-form-urlencoded') {
+    const form = parseForm(inb.body);
+    if (form.payload !== undefined) {
+      const payload = parseJson(Buffer.from(form.payload), 'the `payload` field');
+      const actions = Array.isArray(payload.actions) ? payload.actions : [];
+      return { ...base, event: str(payload.type) ?? 'interaction', action: str(asObject(actions[0]).action_id), providerId: null, event_payload: payload, emptyReply: true };
+    }
+    if (form.command !== undefined) {
+      return { ...base, event: 'slash_command', action: form.command, providerId: null, event_payload: form, emptyReply: true };
+    }
+    throw new WebhookRejectedError('webhook-payload-invalid', 'a form body must be a slash command (`command`) or an interaction (`payload`)');
+  }
+  const payload = parseJson(inb.body);
+  if (payload.type === 'url_verification') {
+    if (typeof payload.challenge !== 'string') throw new WebhookRejectedError('webhook-payload-invalid', 'url_verification carries no challenge');
+    return { ...base, event: 'url_verification', action: null, providerId: null, event_payload: payload, handshake: { challenge: payload.challenge } };
+  }
+  const inner = asObject(payload.event);
+  return {
+    ...base,
+    event: str(inner.type) ?? str(payload.type),
+    action: str(inner.subtype),
+    providerId: str(payload.event_id),
+    event_payload: payload,
+  };
+}
+
+/** Linear: `Tracker-Signature` (or `Linear-Signature`) is the bare hex HMAC of the body; `webhookTimestamp` (ms) in the body is signed. */
+function tracker(inb: Inbound, ctx: VerifyContext): Verified {
+  const given = header(inb.headers, 'tracker-signature') ?? header(inb.headers, 'linear-signature') ?? missing('Tracker-Signature (or Linear-Signature)');
+  const matched = matchAny(ctx.secrets, [given], (s) => hmacHex(s, inb.body)) ?? invalid('Tracker-Signature');
+  const payload = parseJson(inb.body);
+  checkWindow(typeof payload.webhookTimestamp === 'number' ? payload.webhookTimestamp : NaN, ctx);
+  return {
+    event: str(payload.type) ?? header(inb.headers, 'linear-event') ?? null,
+    action: str(payload.action),
+    providerId: header(inb.headers, 'tracker-delivery') ?? header(inb.headers, 'linear-delivery') ?? str(payload.webhookId) ?? null,
+    repeatIs: 'retry',
+    replayKey: matched,
+    event_payload: payload,
+    keepBody: true,
+  };
+}
+
+/** PagerDuty v3: `v1=<hex>` entries separated by commas; any entry that any current secret makes passes. */
+function pager(inb: Inbound, ctx: VerifyContext): Verified {
+  const given = header(inb.headers, 'x-pager-signature') ?? header(inb.headers, 'x-pagerduty-signature') ?? missing('X-Pager-Signature (or X-PagerDuty-Signature)');
+  const entries = given.split(',').map((e) => e.trim()).filter((e) => e.startsWith('v1=')).map((e) => e.slice(3));
+  const matched = matchAny(ctx.secrets, entries, (s) => hmacHex(s, inb.body)) ?? invalid('X-Pager-Signature');
+  const payload = parseJson(inb.body);
+  const event = asObject(payload.event);
+  return {
+    event: str(event.event_type),
+    action: null,
+    providerId: str(event.id),
+    repeatIs: 'retry',
+    replayKey: matched,
+    event_payload: payload,
+    keepBody: true,
+  };
+}
+
+/** Ours: `X-Service-Signature: t=<unix s>,v1=<hex HMAC of "<t>.<body>">[,v1=…]`, t inside the window. */
+function generic(inb: Inbound, ctx: VerifyContext): Verified {
+  const given = header(inb.headers, 'x-service-signature') ?? missing('X-Service-Signature');
+  const parts = given.split(',').map((p) => p.trim());
+  const t = parts.find((p) => p.startsWith('t='))?.slice(2);
+  const entries = parts.filter((p) => p.startsWith('v1=')).map((p) => p.slice(3));
+  if (t === undefined || !/^\d{1,12}$/.test(t) || !entries.length) invalid('X-Service-Signature (expected t=<unix seconds>,v1=<hex>)');
+  const matched = matchAny(ctx.secrets, entries, (s) => hmacHex(s, `${t}.`, inb.body)) ?? invalid('X-Service-Signature');
+  checkWindow(Number(t) * 1000, ctx);
+  const payload = parseJson(inb.body);
+  return {
+    event: header(inb.headers, 'x-service-event') ?? str(payload.type) ?? str(payload.event),
+    action: str(payload.action),
+    providerId: header(inb.headers, 'x-service-delivery') ?? str(payload.id),
+    repeatIs: 'retry',
+    replayKey: `${t}:${matched}`,
+    event_payload: payload,
+    keepBody: true,
+  };
+}
+
+/** Inbound mail: HTTP Basic with the tenant's email secret as password (SendGrid, Postmark), or Mailgun's signature fields. */
+async function email(inb: Inbound, ctx: VerifyContext): Promise<Verified> {
+  const authorization = header(inb.headers, 'authorization');
+  const basic = authorization?.match(/^Basic\s+([A-Za-z0-9+/=]+)\s*$/i);
+  if (authorization !== undefined && !basic) invalid('Authorization (expected Basic)');
+  let basicOk = false;
+  if (basic) {
+    const decoded = Buffer.from(basic[1]!, 'base64').toString('utf8');
+    const password = decoded.slice(decoded.indexOf(':') + 1);
+    basicOk = matchAny(ctx.secrets, [sha256Hex(password)], (s) => sha256Hex(s)) !== null;
+    if (!basicOk) invalid('the Basic password');
+  }
+  const parsed = await parseEmail(header(inb.headers, 'content-type') ?? '', inb.body);
+  const base = { event: 'email', action: null, keepBody: false, event_payload: parsed.email as unknown as Record<string, unknown> };
+  if (basicOk) return { ...base, providerId: parsed.email.message_id, repeatIs: 'retry', replayKey: null };
+
+  const { timestamp, token, signature } = parsed.mailgun ?? {};
+  if (!timestamp || !token || !signature) missing('credentials (HTTP Basic, or Mailgun’s timestamp, token and signature fields)');
+  matchAny(ctx.secrets, [signature], (s) => hmacHex(s, timestamp, token)) ?? invalid('the Mailgun signature');
+  checkWindow(/^\d{1,12}$/.test(timestamp) ? Number(timestamp) * 1000 : NaN, ctx);
+  // a Mailgun token signs one request: seen again, ever, it is a replay
+  return { ...base, providerId: `mailgun-token:${token}`, repeatIs: 'replay', replayKey: null };
+}
+
+const VERIFIERS: Record<WebhookProvider, (inb: Inbound, ctx: VerifyContext) => Verified | Promise<Verified>> = {
+  codehost,
+  chat,
+  tracker,
+  pager,
+  email,
+  generic,
+};
+
+export async function verifyDelivery(kind: WebhookProvider, inb: Inbound, ctx: VerifyContext): Promise<Verified> {
+  return VERIFIERS[kind](inb, ctx);
+}
+
+/** The headers a delivery keeps: event names, ids and retry counts. Never credentials or signatures. */
+export const KEPT_HEADERS = [
+  'content-type',
+  'user-agent',
+  'x-github-event',
+  'x-github-delivery',
+  'x-github-hook-id',
+  'x-github-hook-installation-target-type',
+  'x-github-hook-installation-target-id',
+  'x-slack-retry-num',
+  'x-slack-retry-reason',
+  'x-chat-request-timestamp',
+  'x-slack-request-timestamp',
+  'linear-delivery',
+  'linear-event',
+  'tracker-delivery',
+  'tracker-event',
+  'x-webhook-id',
+  'x-service-event',
+  'x-service-delivery',
+];
+
+export function keptHeaders(headers: Headers): Record<string, string> {
+  const kept: Record<string, string> = {};
+  for (const name of KEPT_HEADERS) {
+    const v = header(headers, name);
+    if (v !== undefined) kept[name] = v.slice(0, 512);
+  }
+  return kept;
+}
+
+/** Does a webhook trigger's event filter take this event? No filter takes all; `push`, `push.opened`-style names and `*` match. */
+export function eventMatches(filter: string[] | undefined, event: string | null, action: string | null): boolean {
+  if (!filter?.length) return true;
+  return filter.some((f) => f === '*' || (event !== null && (f === event || (action !== null && f === `${event}.${action}`))));
+}

@@ -1,0 +1,514 @@
+import { LinearWebhookClient } from '@linear/sdk/webhooks';
+import { isValidSlackRequest } from '@slack/bolt';
+import { verify as octokitVerify } from '@octokit/webhooks-methods';
+import { expect } from 'chai';
+import { createHmac, randomUUID } from 'node:crypto';
+import fs from 'node:fs';
+import path from 'node:path';
+import Database from 'better-sqlite3';
+import { newId } from '../../engine/ids.js';
+import { eventually, finishedRun, KEYS, startHarness, type Harness, type Reply } from '../support/harness.js';
+import * as sign from '../support/signers.js';
+
+type Body = Record<string, any>;
+
+const hmacHex = (secret: string, data: string) => createHmac('sha256', secret).update(data).digest('hex');
+
+const SECRET = {
+  codehost: 'codehost-secret-0123456789',
+  codehostOld: 'codehost-old-secret-98765',
+  chat: '8f742231b10e8888abcd99yyyzzz85a5',
+  tracker: 'lin_wh_tracker-secret-0123456789',
+  pager: 'pager-secret-new-0123456789',
+  pagerOld: 'pager-secret-old-0123456789',
+  email: 'email-inbound-password-0123',
+  generic: 'generic-secret-0123456789ab',
+};
+
+describe('webhook intake', function () {
+  this.timeout(30_000);
+  let h: Harness;
+
+  async function post(kind: string, signed: sign.Signed, tenant = 'tenant-a'): Promise<Reply<Body>> {
+    const res = await fetch(`${h.url}/webhooks/${tenant}/${kind}`, { method: 'POST', headers: signed.headers, body: signed.body });
+    const text = await res.text();
+    let body: unknown = text;
+    try {
+      body = text ? JSON.parse(text) : undefined;
+    } catch {
+      // not JSON
+    }
+    return { status: res.status, headers: res.headers, body: body as Body, text };
+  }
+
+  const delivery = async (id: string, key = KEYS.a) => (await h.call<Body>('GET', `/api/v1/webhook-deliveries/${id}`, { key })).body;
+
+  before(async () => {
+    h = await startHarness();
+    const put = async (kind: string, secrets: string[]) => {
+      const r = await h.call('PUT', `/api/v1/webhook-secrets/${kind}`, { body: { secrets } });
+      expect(r.status, r.text).to.equal(200);
+    };
+    await put('codehost', [SECRET.codehost, SECRET.codehostOld]);
+    await put('chat', [SECRET.chat]);
+    await put('tracker', [SECRET.tracker]);
+    await put('pager', [SECRET.pager, SECRET.pagerOld]);
+    await put('email', [SECRET.email]);
+    await put('generic', [SECRET.generic]);
+  });
+  after(async () => {
+    await h.close();
+  });
+
+  describe('codehost (GitHub scheme)', () => {
+    it('accepts a delivery signed by @octokit/webhooks-methods, stores it before answering, and keeps no signature', async () => {
+      const signed = await sign.codehost(SECRET.codehost, { ref: 'refs/heads/main', action: 'synchronize' }, { event: 'push' });
+      expect(await octokitVerify(SECRET.codehost, signed.body as string, signed.headers['x-hub-signature-256']!)).to.equal(true);
+      const r = await post('codehost', signed);
+      expect(r.status, r.text).to.equal(200);
+      expect(r.body.status).to.equal('accepted');
+      expect(r.headers.get('x-delivery-id')).to.equal(r.body.delivery_id);
+      const d = await delivery(r.body.delivery_id);
+      expect(d).to.deep.include({ kind: 'codehost', event: 'push', action: 'synchronize', provider_delivery_id: signed.headers['x-github-delivery'], body: signed.body });
+      expect(d.headers['x-github-event']).to.equal('push');
+      expect(d.headers).to.not.have.property('x-hub-signature-256');
+      expect(d.event_payload).to.deep.equal({ ref: 'refs/heads/main', action: 'synchronize' });
+    });
+
+    it('answers ping, and takes GitHub’s form content type (payload=)', async () => {
+      const ping = await post('codehost', await sign.codehost(SECRET.codehost, { zen: 'Keep it logically awesome.', hook_id: 1 }, { event: 'ping' }));
+      expect(ping.status, ping.text).to.equal(200);
+      const form = `payload=${encodeURIComponent(JSON.stringify({ action: 'opened', number: 7 }))}`;
+      const signed = await sign.codehost(SECRET.codehost, {}, { event: 'pull_request' });
+      const r = await post('codehost', { body: form, headers: { ...signed.headers, 'content-type': 'application/x-www-form-urlencoded', 'x-hub-signature-256': `sha256=${hmacHex(SECRET.codehost, form)}` } });
+      expect(r.status, r.text).to.equal(200);
+      expect((await delivery(r.body.delivery_id)).event_payload).to.deep.equal({ action: 'opened', number: 7 });
+    });
+
+    it('takes the old secret while rotating, and refuses a bad signature, a changed byte and a missing header, each with its code', async () => {
+      expect((await post('codehost', await sign.codehost(SECRET.codehostOld, { n: 1 }))).status).to.equal(200);
+      const wrong = await post('codehost', await sign.codehost('not-the-secret-at-all', { n: 2 }));
+      expect(wrong.status).to.equal(401);
+      expect(wrong.headers.get('content-type')).to.match(/application\/problem\+json/);
+      expect(wrong.body.code).to.equal('webhook-signature-invalid');
+      const good = await sign.codehost(SECRET.codehost, { n: 3 });
+      const tampered = await post('codehost', { ...good, body: (good.body as string).replace('3', '4') });
+      expect(tampered.body.code).to.equal('webhook-signature-invalid');
+      const { 'x-hub-signature-256': _dropped, ...unsigned } = good.headers;
+      const missing = await post('codehost', { body: good.body, headers: unsigned });
+      expect(missing.status).to.equal(401);
+      expect(missing.body.code).to.equal('webhook-signature-missing');
+      // rejected requests are kept as metadata only
+      const rejected = (await h.call<Body>('GET', '/api/v1/webhook-deliveries?kind=codehost&status=rejected')).body.data;
+      expect(rejected.map((d: Body) => d.rejection.code)).to.include.members(['webhook-signature-invalid', 'webhook-signature-missing']);
+      for (const d of rejected) expect(d).to.deep.include({ body: null, event_payload: null, status: 'rejected' });
+    });
+
+    it('refuses a replay: the same delivery, the same id with another body, the same signed body with another id', async () => {
+      const signed = await sign.codehost(SECRET.codehost, { replay: randomUUID() });
+      expect((await post('codehost', signed)).status).to.equal(200);
+      const again = await post('codehost', signed);
+      expect(again.status).to.equal(409);
+      expect(again.body.code).to.equal('webhook-replay');
+      const sameId = await sign.codehost(SECRET.codehost, { other: 1 }, { delivery: signed.headers['x-github-delivery'] });
+      expect((await post('codehost', sameId)).body.code).to.equal('webhook-replay');
+      const sameBody = { ...signed, headers: { ...signed.headers, 'x-github-delivery': randomUUID() } };
+      expect((await post('codehost', sameBody)).body.code).to.equal('webhook-replay');
+    });
+
+    it('answers 413 over 1 MB, 404 for an unknown tenant or kind, 403 for a tenant without a secret for the kind', async () => {
+      const big = await sign.codehost(SECRET.codehost, { blob: 'x'.repeat(1024 * 1024) });
+      const tooBig = await post('codehost', big);
+      expect(tooBig.status).to.equal(413);
+      expect(tooBig.body.code).to.equal('payload-too-large');
+      const small = await sign.codehost(SECRET.codehost, { n: 1 });
+      expect((await post('codehost', small, 'no-such-tenant')).status).to.equal(404);
+      expect((await post('nosuchkind', small)).status).to.equal(404);
+      const unconfigured = await post('codehost', small, 'tenant-b');
+      expect(unconfigured.status).to.equal(403);
+      expect(unconfigured.body.code).to.equal('webhook-not-configured');
+    });
+  });
+
+  describe('chat (Slack scheme)', () => {
+    const event = (id = `Ev${randomUUID()}`) => JSON.stringify({ type: 'event_callback', event_id: id, event: { type: 'app_mention', text: 'deploy' } });
+    const slackValid = (s: sign.Signed, nowMs = Date.now()) =>
+      isValidSlackRequest({
+        signingSecret: SECRET.chat,
+        body: s.body as string,
+        headers: { 'x-slack-signature': s.headers['x-chat-signature'] ?? s.headers['x-slack-signature']!, 'x-slack-request-timestamp': Number(s.headers['x-chat-request-timestamp'] ?? s.headers['x-slack-request-timestamp']) },
+        nowMilliseconds: nowMs,
+      });
+
+    it('accepts an event that Slack’s own verifier accepts, under our header names and Slack’s', async () => {
+      for (const names of ['chat', 'slack'] as const) {
+        const signed = sign.chat(SECRET.chat, event(), { names });
+        expect(slackValid(signed)).to.equal(true);
+        const r = await post('chat', signed);
+        expect(r.status, r.text).to.equal(200);
+        expect((await delivery(r.body.delivery_id)).event).to.equal('app_mention');
+      }
+    });
+
+    it('refuses a timestamp more than 5 minutes away, in either direction (Slack’s verifier only checks the past)', async () => {
+      for (const skew of [-301, 301]) {
+        const signed = sign.chat(SECRET.chat, event(), { ts: Math.floor(Date.now() / 1000) + skew });
+        expect(slackValid(signed)).to.equal(skew > 0);
+        const r = await post('chat', signed);
+        expect(r.status).to.equal(401);
+        expect(r.body.code).to.equal('webhook-timestamp-outside-window');
+      }
+      const inside = sign.chat(SECRET.chat, event(), { ts: Math.floor(Date.now() / 1000) - 240 });
+      expect((await post('chat', inside)).status).to.equal(200);
+    });
+
+    it('answers url_verification with its challenge once the signature checks', async () => {
+      const body = JSON.stringify({ type: 'url_verification', token: 'legacy', challenge: 'c-3po' });
+      const r = await post('chat', sign.chat(SECRET.chat, body));
+      expect(r.status).to.equal(200);
+      expect(r.body).to.deep.equal({ challenge: 'c-3po' });
+      const forged = await post('chat', sign.chat('not-the-signing-secret', body));
+      expect(forged.status).to.equal(401);
+      expect(forged.text).to.not.include('c-3po');
+    });
+
+    it('takes slash commands and interactions as forms, answering with an empty body', async () => {
+      const command = new URLSearchParams({ command: '/deploy', text: 'prod', user_id: 'U1', trigger_id: 't1' }).toString();
+      const r = await post('chat', sign.chat(SECRET.chat, command, { contentType: 'application/x-www-form-urlencoded' }));
+      expect(r.status, r.text).to.equal(200);
+      expect(r.text).to.equal('');
+      const d = await delivery(r.headers.get('x-delivery-id')!);
+      expect(d).to.deep.include({ event: 'slash_command', action: '/deploy' });
+      const interaction = new URLSearchParams({ payload: JSON.stringify({ type: 'block_actions', actions: [{ action_id: 'approve' }] }) }).toString();
+      const i = await post('chat', sign.chat(SECRET.chat, interaction, { contentType: 'application/x-www-form-urlencoded' }));
+      expect(i.status).to.equal(200);
+      expect(await delivery(i.headers.get('x-delivery-id')!)).to.deep.include({ event: 'block_actions', action: 'approve' });
+    });
+
+    it('acknowledges a retry of the same event_id without storing it twice, and refuses the same signed request as a replay', async () => {
+      const body = event();
+      const first = sign.chat(SECRET.chat, body);
+      const a = await post('chat', first);
+      const retry = sign.chat(SECRET.chat, body, { ts: Math.floor(Date.now() / 1000) + 1 });
+      const b = await post('chat', { ...retry, headers: { ...retry.headers, 'x-slack-retry-num': '1' } });
+      expect(b.status).to.equal(200);
+      expect(b.body).to.deep.equal({ delivery_id: a.body.delivery_id, status: 'duplicate' });
+      const replay = await post('chat', first);
+      expect(replay.status).to.equal(409);
+      expect(replay.body.code).to.equal('webhook-replay');
+    });
+  });
+
+  describe('tracker (Linear scheme)', () => {
+    const linear = new LinearWebhookClient(SECRET.tracker);
+
+    it('accepts what @linear/sdk’s webhook client verifies, under both header names', async () => {
+      for (const names of ['tracker', 'linear'] as const) {
+        const signed = sign.tracker(SECRET.tracker, { type: 'Issue', action: 'create', data: { id: 'i1' } }, { names });
+        expect(linear.verify(Buffer.from(signed.body as string), signed.headers[`${names}-signature`]!)).to.equal(true);
+        const r = await post('tracker', signed);
+        expect(r.status, r.text).to.equal(200);
+        expect(await delivery(r.body.delivery_id)).to.deep.include({ event: 'Issue', action: 'create' });
+      }
+    });
+
+    it('refuses a signed webhookTimestamp outside the window, either way, and a bad signature', async () => {
+      for (const skew of [-301_000, 301_000]) {
+        const signed = sign.tracker(SECRET.tracker, { type: 'Issue', action: 'update' }, { at: Date.now() + skew });
+        expect(() => linear.verify(Buffer.from(signed.body as string), signed.headers['tracker-signature']!)).to.throw(/timestamp/);
+        const r = await post('tracker', signed);
+        expect(r.status).to.equal(401);
+        expect(r.body.code).to.equal('webhook-timestamp-outside-window');
+      }
+      const bad = sign.tracker('lin_wh_wrong', { type: 'Issue' });
+      expect((await post('tracker', bad)).body.code).to.equal('webhook-signature-invalid');
+    });
+
+    it('acknowledges a redelivery of the same id once', async () => {
+      const id = randomUUID();
+      const a = await post('tracker', sign.tracker(SECRET.tracker, { type: 'Comment', action: 'create' }, { delivery: id }));
+      const b = await post('tracker', sign.tracker(SECRET.tracker, { type: 'Comment', action: 'create', n: 2 }, { delivery: id }));
+      expect(b.body).to.deep.equal({ delivery_id: a.body.delivery_id, status: 'duplicate' });
+    });
+  });
+
+  describe('pager (PagerDuty v3 scheme)', () => {
+    const incident = (id = randomUUID()) => ({ event: { id, event_type: 'incident.triggered', resource_type: 'incident', data: { id: 'PABC' } } });
+
+    it('passes when any v1 entry matches any current secret (rotation), under both header names', async () => {
+      const r1 = await post('pager', sign.pager([SECRET.pagerOld], incident(), { extra: ['v1=deadbeef'] }));
+      expect(r1.status, r1.text).to.equal(200);
+      expect((await delivery(r1.body.delivery_id)).event).to.equal('incident.triggered');
+      const r2 = await post('pager', sign.pager(['some-other-key', SECRET.pager], incident(), { names: 'pagerduty' }));
+      expect(r2.status).to.equal(200);
+      const none = await post('pager', sign.pager(['k1-not-ours', 'k2-not-ours'], incident()));
+      expect(none.status).to.equal(401);
+      expect(none.body.code).to.equal('webhook-signature-invalid');
+    });
+
+    it('uses event.id as the idempotency key', async () => {
+      const id = randomUUID();
+      const a = await post('pager', sign.pager([SECRET.pager], incident(id)));
+      const b = await post('pager', sign.pager([SECRET.pagerOld], { ...incident(id), retried: true }));
+      expect(b.status).to.equal(200);
+      expect(b.body).to.deep.equal({ delivery_id: a.body.delivery_id, status: 'duplicate' });
+    });
+  });
+
+  describe('email', () => {
+    async function multipart(fields: Record<string, string>, files: { field: string; name: string; type: string; bytes: number }[] = []): Promise<{ body: Buffer; contentType: string }> {
+      const form = new FormData();
+      for (const [k, v] of Object.entries(fields)) form.append(k, v);
+      for (const f of files) form.append(f.field, new Blob([Buffer.alloc(f.bytes, 7)], { type: f.type }), f.name);
+      const res = new Response(form);
+      return { body: Buffer.from(await res.arrayBuffer()), contentType: res.headers.get('content-type')! };
+    }
+
+    it('normalizes a SendGrid Inbound Parse multipart post with attachments (Basic auth)', async () => {
+      const { body, contentType } = await multipart(
+        {
+          from: 'Ada <ada@example.com>',
+          to: 'ops@in.example.com, "Doe, Jane" <jane@example.com>',
+          cc: 'cc@example.com',
+          subject: 'Build failed',
+          text: 'see log',
+          html: '<p>see log</p>',
+          headers: 'Received: x\nMessage-ID: <m1@example.com>\nSubject: Build failed',
+          'attachment-info': JSON.stringify({ attachment1: { filename: 'log.txt', type: 'text/plain' } }),
+        },
+        [{ field: 'attachment1', name: 'log.txt', type: 'text/plain', bytes: 2048 }],
+      );
+      const r = await post('email', { body, headers: { 'content-type': contentType, authorization: sign.basicAuth(SECRET.email) } });
+      expect(r.status, r.text).to.equal(200);
+      const d = await delivery(r.body.delivery_id);
+      expect(d.event).to.equal('email');
+      expect(d.body).to.equal(null);
+      expect(d.event_payload).to.deep.equal({
+        provider: 'sendgrid',
+        from: 'Ada <ada@example.com>',
+        to: ['ops@in.example.com', '"Doe, Jane" <jane@example.com>'],
+        cc: ['cc@example.com'],
+        subject: 'Build failed',
+        text: 'see log',
+        html: '<p>see log</p>',
+        message_id: '<m1@example.com>',
+        attachments: [{ name: 'log.txt', type: 'text/plain', size: 2048 }],
+      });
+    });
+
+    it('normalizes a Postmark inbound JSON post (Basic auth), and refuses a wrong password or none', async () => {
+      const body = JSON.stringify({
+        From: 'ci@example.com',
+        To: 'inbox@in.example.com',
+        Cc: '',
+        Subject: 'Nightly',
+        TextBody: 'ok',
+        HtmlBody: '<b>ok</b>',
+        MessageID: 'pm-1',
+        Attachments: [{ Name: 'r.pdf', ContentType: 'application/pdf', ContentLength: 12, Content: 'AAAA' }],
+      });
+      const r = await post('email', { body, headers: { 'content-type': 'application/json', authorization: sign.basicAuth(SECRET.email) } });
+      expect(r.status, r.text).to.equal(200);
+      expect((await delivery(r.body.delivery_id)).event_payload).to.deep.include({ provider: 'postmark', subject: 'Nightly', message_id: 'pm-1', to: ['inbox@in.example.com'], cc: [], attachments: [{ name: 'r.pdf', type: 'application/pdf', size: 12 }] });
+      const wrong = await post('email', { body, headers: { 'content-type': 'application/json', authorization: sign.basicAuth('wrong-password') } });
+      expect(wrong.status).to.equal(401);
+      expect(wrong.body.code).to.equal('webhook-signature-invalid');
+      const none = await post('email', { body, headers: { 'content-type': 'application/json' } });
+      expect(none.body.code).to.equal('webhook-signature-missing');
+    });
+
+    it('takes a Mailgun route post by its signature fields; a token is never taken twice; a forged one is refused', async () => {
+      const fields = { ...sign.mailgunFields(SECRET.email), sender: 'bob@example.com', from: 'Bob <bob@example.com>', recipient: 'in@example.com', subject: 'Hi', 'body-plain': 'hello', 'Message-Id': '<mg1@example.com>' };
+      const { body, contentType } = await multipart(fields, [{ field: 'attachment-1', name: 'a.png', type: 'image/png', bytes: 10 }]);
+      const r = await post('email', { body, headers: { 'content-type': contentType } });
+      expect(r.status, r.text).to.equal(200);
+      expect((await delivery(r.body.delivery_id)).event_payload).to.deep.include({ provider: 'mailgun', from: 'Bob <bob@example.com>', to: ['in@example.com'], text: 'hello', attachments: [{ name: 'a.png', type: 'image/png', size: 10 }] });
+      const again = await post('email', { body: new URLSearchParams(fields).toString(), headers: { 'content-type': 'application/x-www-form-urlencoded' } });
+      expect(again.status).to.equal(409);
+      expect(again.body.code).to.equal('webhook-replay');
+      const forged = { ...sign.mailgunFields('not-the-key'), subject: 'x' };
+      const f = await post('email', { body: new URLSearchParams(forged).toString(), headers: { 'content-type': 'application/x-www-form-urlencoded' } });
+      expect(f.body.code).to.equal('webhook-signature-invalid');
+    });
+
+    it('takes a body between 1 and 25 MB, and refuses one over 25 MB', async () => {
+      const { body, contentType } = await multipart({ from: 'a@example.com', to: 'b@example.com', subject: 'big' }, [{ field: 'attachment1', name: 'big.bin', type: 'application/octet-stream', bytes: 3 * 1024 * 1024 }]);
+      const r = await post('email', { body, headers: { 'content-type': contentType, authorization: sign.basicAuth(SECRET.email) } });
+      expect(r.status, r.text).to.equal(200);
+      const huge = await post('email', { body: Buffer.alloc(25 * 1024 * 1024 + 1, 32), headers: { 'content-type': 'application/json', authorization: sign.basicAuth(SECRET.email) } });
+      expect(huge.status).to.equal(413);
+    });
+  });
+
+  describe('generic', () => {
+    it('takes t=,v1= with several v1 entries; refuses t outside the window either way, and the same signature twice', async () => {
+      const signed = sign.generic(['wrong-secret-1', SECRET.generic], { type: 'deploy.finished', id: randomUUID() });
+      const r = await post('generic', signed);
+      expect(r.status, r.text).to.equal(200);
+      expect((await delivery(r.body.delivery_id)).event).to.equal('deploy.finished');
+      const replay = await post('generic', signed);
+      expect(replay.status).to.equal(409);
+      expect(replay.body.code).to.equal('webhook-replay');
+      for (const skew of [-301, 301]) {
+        const late = await post('generic', sign.generic([SECRET.generic], { n: skew }, { t: Math.floor(Date.now() / 1000) + skew }));
+        expect(late.status).to.equal(401);
+        expect(late.body.code).to.equal('webhook-timestamp-outside-window');
+      }
+      const malformed = await post('generic', { body: '{}', headers: { 'content-type': 'application/json', 'x-service-signature': 'v1=abc' } });
+      expect(malformed.body.code).to.equal('webhook-signature-invalid');
+    });
+
+    it('refuses a signed body that is not a JSON object as webhook-payload-invalid', async () => {
+      const r = await post('generic', { ...sign.generic([SECRET.generic], {}), body: 'not json' });
+      expect(r.status).to.equal(401); // the signature covers the body: a changed body fails it first
+      const t = Math.floor(Date.now() / 1000);
+      const good = { body: 'not json', headers: { 'content-type': 'application/json', 'x-service-signature': `t=${t},v1=${hmacHex(SECRET.generic, `${t}.not json`)}` } };
+      const invalid = await post('generic', good);
+      expect(invalid.status).to.equal(400);
+      expect(invalid.body.code).to.equal('webhook-payload-invalid');
+    });
+  });
+
+  describe('secrets', () => {
+    it('lists configured kinds without the secrets, seals them at rest in a 0600-keyed store, never logs them', async () => {
+      const list = await h.call('GET', '/api/v1/webhook-secrets');
+      expect(list.status).to.equal(200);
+      expect(list.body.data.map((s: Body) => s.kind)).to.have.members(['chat', 'codehost', 'email', 'generic', 'pager', 'tracker']);
+      expect(list.body.data.find((s: Body) => s.kind === 'pager').secret_count).to.equal(2);
+      for (const secret of Object.values(SECRET)) {
+        expect(list.text).to.not.include(secret);
+        expect(h.logs.join('')).to.not.include(secret);
+      }
+      const keyFile = path.join(h.config.dataDir, 'secret.key');
+      expect(fs.statSync(keyFile).mode & 0o777).to.equal(0o600);
+      const db = new Database(path.join(h.config.dataDir, 'service.sqlite'), { readonly: true });
+      try {
+        const rows = db.prepare('SELECT doc FROM webhook_secrets').all() as { doc: string }[];
+        expect(rows).to.have.length(6);
+        for (const { doc } of rows) for (const secret of Object.values(SECRET)) expect(doc).to.not.include(secret);
+      } finally {
+        db.close();
+      }
+      expect((await h.call('GET', '/api/v1/webhook-secrets', { key: KEYS.b })).body.data).to.deep.equal([]);
+    });
+
+    it('validates the body, and after DELETE the kind is refused as not configured', async () => {
+      expect((await h.call('PUT', '/api/v1/webhook-secrets/generic', { body: { secrets: [] } })).status).to.equal(400);
+      expect((await h.call('PUT', '/api/v1/webhook-secrets/generic', { body: { secrets: ['a', 'b', 'c'] } })).status).to.equal(400);
+      expect((await h.call('PUT', '/api/v1/webhook-secrets/nope', { body: { secrets: ['long-enough-secret'] } })).status).to.equal(400);
+      expect((await h.call('PUT', '/api/v1/webhook-secrets/generic', { body: { secrets: ['long-enough-secret'] }, key: null })).status).to.equal(401);
+      const b = await h.call('PUT', '/api/v1/webhook-secrets/generic', { body: { secrets: ['tenant-b-generic-secret'] }, key: KEYS.b });
+      expect(b.status).to.equal(200);
+      expect((await h.call('DELETE', '/api/v1/webhook-secrets/generic', { key: KEYS.b })).status).to.equal(204);
+      expect((await h.call('DELETE', '/api/v1/webhook-secrets/generic', { key: KEYS.b })).status).to.equal(404);
+      const r = await post('generic', sign.generic(['tenant-b-generic-secret'], { n: 1 }), 'tenant-b');
+      expect(r.status).to.equal(403);
+      expect(r.body.code).to.equal('webhook-not-configured');
+    });
+  });
+
+  describe('deliveries and runs', () => {
+    it('starts the run of each matching automation, with the event as input and the delivery as trigger; replay starts it again', async () => {
+      const mk = async (name: string, trigger: object) =>
+        (await h.call<Body>('POST', '/api/v1/automations', { body: { name, steps: [{ tool: 'shell', args: { command: 'echo built' } }], triggers: [trigger] } })).body;
+      const onPush = await mk('on push', { type: 'webhook', provider: 'codehost', events: ['push'] });
+      const onPrOpened = await mk('on pr opened', { type: 'webhook', provider: 'codehost', events: ['pull_request.opened'] });
+      const onTracker = await mk('on tracker', { type: 'webhook', provider: 'tracker' });
+
+      const r = await post('codehost', await sign.codehost(SECRET.codehost, { ref: 'refs/heads/main', after: 'abc' }, { event: 'push' }));
+      const id = r.body.delivery_id;
+      const processed = await eventually(async () => {
+        const d = await delivery(id);
+        return d.status === 'processed' ? d : null;
+      }, 'the delivery to be processed');
+      expect(processed.runs).to.have.length(1);
+      expect(processed.runs[0].automation_id).to.equal(onPush.id);
+      const run = await finishedRun(h, processed.runs[0].run_id);
+      expect(run.status).to.equal('succeeded');
+      expect(run.trigger).to.deep.equal({ type: 'webhook', provider: 'codehost', delivery_id: id, event: 'push' });
+      expect(run.inputs.event).to.deep.equal({ ref: 'refs/heads/main', after: 'abc' });
+      const history = (await h.call<Body>('GET', `/api/v1/automations/${onPush.id}/history`)).body.data;
+      expect(history.map((x: Body) => x.id)).to.include(run.id);
+
+      const pr = await post('codehost', await sign.codehost(SECRET.codehost, { action: 'opened' }, { event: 'pull_request' }));
+      const prDone = await eventually(async () => {
+        const d = await delivery(pr.body.delivery_id);
+        return d.status === 'processed' ? d : null;
+      }, 'the pull_request delivery');
+      expect(prDone.runs.map((x: Body) => x.automation_id)).to.deep.equal([onPrOpened.id]);
+      expect(onTracker.id).to.be.a('string');
+
+      const replayed = await h.call<Body>('POST', `/api/v1/webhook-deliveries/${id}/replay`);
+      expect(replayed.status, replayed.text).to.equal(200);
+      expect(replayed.body.attempts).to.equal(2);
+      expect(replayed.body.runs).to.have.length(2);
+      const second = replayed.body.runs[1].run_id;
+      expect(second).to.not.equal(run.id);
+      expect((await finishedRun(h, second)).status).to.equal('succeeded');
+      expect((await h.call<Body>('GET', `/api/v1/automations/${onPush.id}/history`)).body.data.map((x: Body) => x.id)).to.include.members([run.id, second]);
+
+      // a disabled automation is not matched
+      await h.call('POST', `/api/v1/automations/${onPush.id}/disable`);
+      const later = await post('codehost', await sign.codehost(SECRET.codehost, { ref: 'x' }, { event: 'push' }));
+      const none = await eventually(async () => {
+        const d = await delivery(later.body.delivery_id);
+        return d.status === 'processed' ? d : null;
+      }, 'the delivery after disabling');
+      expect(none.runs).to.deep.equal([]);
+    });
+
+    it('lists with kind and status filters and cursors, hides one tenant’s deliveries from another, and refuses replaying a rejection', async () => {
+      const page1 = await h.call<Body>('GET', '/api/v1/webhook-deliveries?kind=pager&limit=2');
+      expect(page1.status).to.equal(200);
+      expect(page1.body.data).to.have.length(2);
+      expect(page1.body.data.every((d: Body) => d.kind === 'pager')).to.equal(true);
+      const page2 = await h.call<Body>('GET', `/api/v1/webhook-deliveries?kind=pager&limit=2&cursor=${page1.body.next_cursor}`);
+      expect(page2.body.data[0].id < page1.body.data[1].id).to.equal(true);
+      const rejected = (await h.call<Body>('GET', '/api/v1/webhook-deliveries?status=rejected&limit=1')).body.data[0];
+      expect((await h.call('POST', `/api/v1/webhook-deliveries/${rejected.id}/replay`)).status).to.equal(409);
+      expect((await h.call('GET', `/api/v1/webhook-deliveries/${rejected.id}`, { key: KEYS.b })).status).to.equal(404);
+      expect((await h.call<Body>('GET', '/api/v1/webhook-deliveries', { key: KEYS.b })).body.data.every((d: Body) => d.tenant_id === 'tenant-b')).to.equal(true);
+      expect((await h.call('GET', '/api/v1/webhook-deliveries?status=nope')).status).to.equal(400);
+    });
+  });
+});
+
+describe('webhook rate limit', function () {
+  this.timeout(20_000);
+  let h: Harness;
+  before(async () => {
+    h = await startHarness({ env: { SERVICE_WEBHOOK_RATE_LIMIT_PER_MINUTE: '3' }, workers: false });
+    await h.call('PUT', '/api/v1/webhook-secrets/generic', { body: { secrets: [SECRET.generic] } });
+  });
+  after(async () => {
+    await h.close();
+  });
+
+  it('answers 429 with Retry-After past the tenant’s limit, and leaves other tenants alone', async () => {
+    const statuses: number[] = [];
+    let last: Response | undefined;
+    for (let i = 0; i < 4; i++) {
+      const s = sign.generic([SECRET.generic], { i });
+      last = await fetch(`${h.url}/webhooks/tenant-a/generic`, { method: 'POST', headers: s.headers, body: s.body });
+      statuses.push(last.status);
+    }
+    expect(statuses).to.deep.equal([200, 200, 200, 429]);
+    const retryAfter = Number(last!.headers.get('retry-after'));
+    expect(retryAfter).to.be.within(1, 61);
+    expect(((await last!.json()) as Body).code).to.equal('rate-limited');
+    const other = await fetch(`${h.url}/webhooks/tenant-b/generic`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}' });
+    expect(other.status).to.equal(403);
+  });
+
+  it('keeps an accepted delivery when no worker runs, and the reconciler queues one whose job was lost', async () => {
+    const store = h.rt.store;
+    const d = (await store.deliveries.list('tenant-a', { kind: 'generic', status: 'received', limit: 10 })).items;
+    expect(d.length).to.equal(3);
+    await h.rt.queues.get('webhooks').obliterate({ force: true });
+    const old = new Date(Date.now() - 60_000).toISOString();
+    const orphan = { ...d[0]!, id: newId('whd'), provider_delivery_id: null, received_at: old };
+    await store.deliveries.insert(orphan);
+    expect(await h.rt.engine.webhooks.reconcile()).to.equal(1);
+    expect(await h.rt.queues.get('webhooks').getJob(`delivery-${orphan.id}`)).to.not.equal(undefined);
+  });
+});
