@@ -1,7 +1,7 @@
 // One contract for every store adapter. Each adapter's test file calls storeContract with a factory.
 import { expect } from 'chai';
 import { newId } from '../../engine/ids.js';
-import type { ApiKeyRecord, Automation, Run } from '../../engine/model.js';
+import type { ApiKeyRecord, Automation, Run, WebhookDelivery, WebhookSecretRecord } from '../../engine/model.js';
 import type { Store } from '../../engine/store/port.js';
 
 export function automationFixture(tenantId: string, over: Partial<Automation> = {}): Automation {
@@ -51,6 +51,31 @@ export function runFixture(tenantId: string, over: Partial<Run> = {}): Run {
     started_at: null,
     finished_at: null,
     duration_ms: null,
+    ...over,
+  };
+}
+
+export function deliveryFixture(tenantId: string, over: Partial<WebhookDelivery> = {}): WebhookDelivery {
+  return {
+    id: newId('whd'),
+    tenant_id: tenantId,
+    kind: 'codehost',
+    status: 'received',
+    event: 'push',
+    action: null,
+    provider_delivery_id: null,
+    headers: { 'x-github-event': 'push' },
+    content_type: 'application/json',
+    body: '{"a":1}',
+    body_size: 7,
+    body_sha256: 'ab'.repeat(32),
+    event_payload: { a: 1, nested: { list: [1, null] } },
+    rejection: null,
+    runs: [],
+    attempts: 0,
+    error: null,
+    received_at: new Date().toISOString(),
+    processed_at: null,
     ...over,
   };
 }
@@ -199,6 +224,74 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect(await store.apiKeys.findByHash('cd'.repeat(32))).to.equal(null);
       expect(await store.apiKeys.list('t1')).to.deep.equal([k]);
       expect(await store.apiKeys.list('t2')).to.deep.equal([]);
+    });
+
+    it('keeps one secret record per tenant and kind, replaces it, lists and deletes it per tenant', async () => {
+      const now = new Date().toISOString();
+      const rec: WebhookSecretRecord = { tenant_id: 't1', kind: 'pager', sealed: [{ v: 1, iv: 'aXY=', tag: 'dGFn', ct: 'Y3Q=' }], created_at: now, updated_at: now };
+      await store.webhookSecrets.put(rec);
+      const rotated = { ...rec, sealed: [...rec.sealed, { v: 1 as const, iv: 'aXYy', tag: 'dGFnMg==', ct: 'Y3Qy' }] };
+      await store.webhookSecrets.put(rotated);
+      await store.webhookSecrets.put({ ...rec, kind: 'chat' });
+      expect(await store.webhookSecrets.list('t1')).to.deep.equal([{ ...rec, kind: 'chat' }, rotated]);
+      expect(await store.webhookSecrets.list('t2')).to.deep.equal([]);
+      expect(await store.webhookSecrets.delete('t2', 'pager')).to.equal(false);
+      expect(await store.webhookSecrets.delete('t1', 'pager')).to.equal(true);
+      expect((await store.webhookSecrets.list('t1')).map((r) => r.kind)).to.deep.equal(['chat']);
+    });
+
+    it('stores a delivery once per provider id and kind, per tenant, and answers the first for a repeat', async () => {
+      const first = deliveryFixture('t1', { provider_delivery_id: 'gh-1' });
+      expect(await store.deliveries.insert(first)).to.equal(null);
+      expect(await store.deliveries.get('t1', first.id)).to.deep.equal(first);
+      expect(await store.deliveries.get('t2', first.id)).to.equal(null);
+      expect(await store.deliveries.insert(deliveryFixture('t1', { provider_delivery_id: 'gh-1' }))).to.deep.equal(first);
+      expect(await store.deliveries.insert(deliveryFixture('t1', { provider_delivery_id: 'gh-1', kind: 'pager' }))).to.equal(null);
+      expect(await store.deliveries.insert(deliveryFixture('t2', { provider_delivery_id: 'gh-1' }))).to.equal(null);
+      // without a provider id nothing collides
+      expect(await store.deliveries.insert(deliveryFixture('t1'))).to.equal(null);
+      expect(await store.deliveries.insert(deliveryFixture('t1'))).to.equal(null);
+    });
+
+    it('lists deliveries newest first by kind and status with cursors, updates them conditionally, finds stale ones', async () => {
+      const old = new Date(Date.now() - 60_000).toISOString();
+      const ds = [
+        deliveryFixture('t1', { received_at: old }),
+        deliveryFixture('t1', { kind: 'pager' }),
+        deliveryFixture('t1', { status: 'rejected', body: null }),
+        deliveryFixture('t1'),
+        deliveryFixture('t2'),
+      ];
+      for (const d of ds) await store.deliveries.insert(d);
+      const all = await store.deliveries.list('t1', { limit: 10 });
+      expect(all.items.map((d) => d.id)).to.deep.equal([ds[3]!.id, ds[2]!.id, ds[1]!.id, ds[0]!.id]);
+      const codehost = await store.deliveries.list('t1', { kind: 'codehost', status: 'received', limit: 1 });
+      expect(codehost.items.map((d) => d.id)).to.deep.equal([ds[3]!.id]);
+      const next = await store.deliveries.list('t1', { kind: 'codehost', status: 'received', limit: 1, cursor: codehost.next_cursor! });
+      expect(next.items.map((d) => d.id)).to.deep.equal([ds[0]!.id]);
+      expect(next.next_cursor).to.equal(null);
+      expect((await store.deliveries.list('t1', { status: 'rejected', limit: 10 })).items).to.have.length(1);
+      const done = await store.deliveries.update('t1', ds[0]!.id, { status: 'processed', runs: [{ automation_id: 'aut_x', run_id: 'run_y' }], attempts: 1 }, ['received']);
+      expect(done).to.deep.include({ status: 'processed', attempts: 1, event: 'push' });
+      expect(await store.deliveries.update('t1', ds[0]!.id, { status: 'failed' }, ['received'])).to.equal(null);
+      expect(await store.deliveries.update('t2', ds[3]!.id, { status: 'failed' }, ['received'])).to.equal(null);
+      expect((await store.deliveries.get('t1', ds[0]!.id))!.runs).to.deep.equal([{ automation_id: 'aut_x', run_id: 'run_y' }]);
+      await store.deliveries.update('t1', ds[1]!.id, {}, ['received']);
+      const stale = await store.deliveries.listStale('received', new Date(Date.now() - 1000).toISOString(), 10);
+      expect(stale.map((d) => d.id)).to.deep.equal([]);
+      const older = deliveryFixture('t2', { received_at: old });
+      await store.deliveries.insert(older);
+      expect((await store.deliveries.listStale('received', new Date(Date.now() - 30_000).toISOString(), 10)).map((d) => d.id)).to.deep.equal([older.id]);
+    });
+
+    it('lists enabled automations with a trigger type for one tenant', async () => {
+      const hook = automationFixture('t1', { triggers: [{ type: 'webhook', provider: 'codehost' }] });
+      await store.automations.insert(hook);
+      await store.automations.insert(automationFixture('t2', { triggers: [{ type: 'webhook', provider: 'codehost' }] }));
+      await store.automations.insert(automationFixture('t1', { status: 'disabled', triggers: [{ type: 'webhook', provider: 'codehost' }] }));
+      await store.automations.insert(automationFixture('t1'));
+      expect((await store.automations.listEnabledWithTrigger('webhook', 't1')).map((a) => a.id)).to.deep.equal([hook.id]);
+      expect(await store.automations.listEnabledWithTrigger('webhook')).to.have.length(2);
     });
   });
 }
