@@ -1,8 +1,6 @@
 // Builds the Express app from its dependencies. Opens no connection: api/main.ts and main.ts do.
-import { randomUUID } from 'node:crypto';
 import express, { type Express } from 'express';
 import * as OpenApiValidator from 'express-openapi-validator';
-import { pinoHttp } from 'pino-http';
 import { NotFoundError } from '../engine/errors.js';
 import type { EventHub } from '../engine/events.js';
 import type { Engine } from '../engine/index.js';
@@ -14,6 +12,7 @@ import { adminRouter } from './admin.js';
 import { authenticate } from './auth.js';
 import { docsRouter } from './docs.js';
 import { problemHandler } from './problem.js';
+import { requestLog } from './request-log.js';
 import { automationsRouter } from './routes/automations.js';
 import { autonomyRouter } from './routes/autonomy.js';
 import { healthRouter } from './routes/health.js';
@@ -39,7 +38,6 @@ export type AppDeps = {
 };
 
 export const BODY_LIMIT = '1mb';
-const REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
 
 export function createApp(deps: AppDeps): Express {
   const app = express();
@@ -48,44 +46,15 @@ export function createApp(deps: AppDeps): Express {
   const streams = new OpenStreams();
   app.locals.streams = streams;
 
-  const { httpDuration } = deps.engine.deps.metrics;
-  app.use((req, res, next) => {
-    const started = performance.now();
-    res.once('finish', () => {
-      const route = req.route ? `${req.baseUrl}${String(req.route.path)}` : 'unmatched';
-      httpDuration.observe({ method: req.method, route, status: String(res.statusCode) }, (performance.now() - started) / 1000);
-    });
-    next();
-  });
+  app.use(requestLog({ log: deps.log, httpDuration: deps.engine.deps.metrics.httpDuration, quiet: (p) => p === '/healthz' || p === '/readyz' }));
 
-  app.use(
-    pinoHttp({
-      logger: deps.log,
-      // request lines carry only the id; the request itself is serialised once, on the completion line
-      quietReqLogger: true,
-      genReqId: (req, res) => {
-        const given = req.headers['x-request-id'];
-        const id = typeof given === 'string' && REQUEST_ID.test(given) ? given : randomUUID();
-        res.setHeader('X-Request-Id', id);
-        return id;
-      },
-      // method, path and status only: no headers, no bodies, no query strings (they may carry secrets)
-      serializers: {
-        req: (req: { id: string; method: string; url: string }) => ({ id: req.id, method: req.method, path: req.url.split('?')[0] }),
-        res: (res: { statusCode: number }) => ({ status: res.statusCode }),
-      },
-      customLogLevel: (_req, res, err) => (err || res.statusCode >= 500 ? 'error' : 'info'),
-      autoLogging: { ignore: (req) => req.url === '/healthz' || req.url === '/readyz' },
-    }),
-  );
+  // providers sign the bytes they send: the intake reads them raw, with no API key, before any parser
+  app.use('/webhooks', webhookIntakeRouter(deps.engine));
 
   const spec = loadSpec();
   app.use(healthRouter({ redis: deps.redis, store: deps.store }));
   if (deps.docs) app.use(docsRouter(spec));
   app.use(adminRouter({ queues: deps.queues, adminKeys: deps.adminKeys, metrics: deps.engine.deps.metrics }));
-
-  // providers sign the bytes they send: the intake reads them raw, with no API key, before any parser
-  app.use('/webhooks', webhookIntakeRouter(deps.engine));
 
   // who is calling comes first: an unauthenticated body is never parsed
   app.use('/api/v1', authenticate({ mode: deps.auth, apiKeys: deps.engine.apiKeys }));

@@ -5,6 +5,7 @@ import { createHash, timingSafeEqual } from 'node:crypto';
 import type { Request, RequestHandler } from 'express';
 import type { ApiKeys } from '../engine/api-keys.js';
 import { UnauthorizedError } from '../engine/errors.js';
+import { bindToRequestLog } from './request-log.js';
 
 export const LOCAL_TENANT = 'local';
 
@@ -44,7 +45,7 @@ export function authenticate(opts: { mode: 'required' | 'none'; apiKeys: ApiKeys
     const record = await opts.apiKeys.resolve(key);
     if (!record) throw new UnauthorizedError('the API key is not valid');
     req.tenantId = record.tenant_id;
-    req.log?.setBindings?.({ tenant_id: record.tenant_id, key_id: record.id });
+    bindToRequestLog(req, { tenant_id: record.tenant_id, key_id: record.id });
     next();
   };
 }

@@ -1,61 +1,15 @@
 // npm run bench: HTTP throughput and latency of the service against a bare Express 5 baseline,
 // measured in the same run on the same machine, at the same concurrency. Prints a table of ratios.
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
-import autocannon from 'autocannon';
 import { deleteRedisPrefix, uniquePrefix } from '../test/support/harness.js';
+import { CONNECTIONS, load, SECONDS, startServer, stop, type Result } from './http.js';
 import { runBenchmarks } from './runs.js';
+import { webhookIntake } from './webhooks.js';
 
-const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 50);
-const SECONDS = Number(process.env.BENCH_SECONDS ?? 8);
 const KEY = 'bench-key-0123456789abcdef';
-
-type Result = { rps: number; p50: number; p99: number; errors: number; non2xx: number };
-
-function startServer(entry: string, env: Record<string, string>): Promise<{ child: ChildProcess; url: string }> {
-  const child = spawn(process.execPath, ['--import', 'tsx', entry], { env: { ...process.env, ...env }, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
-  let out = '';
-  return new Promise((resolve, reject) => {
-    const timer = setTimeout(() => {
-      void stop(child);
-      reject(new Error(`${entry} did not say where it listens within 30 s:\n${out}`));
-    }, 30_000);
-    child.once('exit', () => clearTimeout(timer));
-    const onData = (d: Buffer) => {
-      out += d;
-      const m = /listening on (http:\/\/(?:localhost|127\.0\.0\.1):\d+)/.exec(out);
-      if (m) {
-        clearTimeout(timer);
-        resolve({ child, url: m[1]!.replace('localhost', '127.0.0.1') });
-      }
-    };
-    child.stdout!.on('data', onData);
-    child.stderr!.on('data', onData);
-    child.once('exit', (code) => reject(new Error(`${entry} exited ${code}:\n${out}`)));
-  });
-}
-
-/** Kills the server's process group and waits for it, so nothing writes to Redis after clean-up. */
-async function stop(child: ChildProcess): Promise<void> {
-  if (child.exitCode !== null || child.signalCode !== null) return;
-  const exited = new Promise((resolve) => child.once('exit', resolve));
-  try {
-    process.kill(-child.pid!, 'SIGKILL');
-  } catch {
-    return; // gone already
-  }
-  await exited;
-}
-
-async function load(opts: { url: string; method: 'GET' | 'POST'; body?: string; headers?: Record<string, string> }): Promise<Result> {
-  process.stderr.write(`bench: ${opts.method} ${opts.url}\n`);
-  // a short warm-up lets V8 optimise before we measure
-  await autocannon({ ...opts, connections: CONNECTIONS, duration: 2 });
-  const r = await autocannon({ ...opts, connections: CONNECTIONS, duration: SECONDS });
-  return { rps: r.requests.average, p50: r.latency.p50, p99: r.latency.p99, errors: r.errors + r.timeouts, non2xx: r.non2xx };
-}
 
 /** POST /api/v1/autonomy/run (auth, validation, store, event, tenant slot, enqueue) against bare Express + queue.add. */
 async function runCreation(): Promise<[string, Result, Result]> {
@@ -118,6 +72,7 @@ async function main(): Promise<void> {
       await load({ url: `${bare.url}/api/v1/automations`, method: 'GET' }),
     ]);
     rows.push(await runCreation());
+    rows.push(...(await webhookIntake()));
     rows.push([
       'POST /api/v1/automations (create)',
       await load({ url: `${service.url}/api/v1/automations`, method: 'POST', headers: auth, body: definition }),
@@ -140,4 +95,8 @@ async function main(): Promise<void> {
   }
 }
 
-await main();
+if (process.env.BENCH_ONLY === 'webhooks') {
+  for (const [name, s, b] of await webhookIntake()) console.log(`| ${name} | ${s.rps.toFixed(0)} | ${b.rps.toFixed(0)} | ${(s.rps / b.rps).toFixed(2)} | ${s.p50} / ${s.p99} | ${b.p50} / ${b.p99} | ${s.errors + s.non2xx} |`);
+} else {
+  await main();
+}

@@ -20,12 +20,9 @@ export function webhookIntakeRouter(engine: Engine): Router {
 
   router.post(
     '/:tenant_id/:kind',
-    // unknown tenant ids and kinds, and tenants over their rate, are refused before the body is read
-    async (req: Request, _res: Response, next: NextFunction) => {
-      const tenantId = String(req.params.tenant_id);
-      const kind = String(req.params.kind);
-      if (!TENANT_ID_PATTERN.test(tenantId) || !isKind(kind)) throw new NotFoundError(`no webhook route ${req.path}`);
-      await engine.webhooks.admit(tenantId);
+    // malformed tenant ids and unknown kinds are refused before the body is read
+    (req: Request, _res: Response, next: NextFunction) => {
+      if (!TENANT_ID_PATTERN.test(String(req.params.tenant_id)) || !isKind(String(req.params.kind))) throw new NotFoundError(`no webhook route ${req.path}`);
       next();
     },
     (req: Request, res: Response, next: NextFunction) => (req.params.kind === 'email' ? rawLarge : rawSmall)(req, res, next),

@@ -35,12 +35,16 @@ export type Receipt = {
 
 type TenantSecrets = { at: number; known: boolean; byKind: Map<WebhookProvider, string[]>; records: WebhookSecretRecord[] };
 
-type LimitingRedis = Redis & { webhookRate(key: string, windowMs: number): Promise<[number, number]> };
+type GatingRedis = Redis & { webhookGate(rateKey: string, seenKey: string, windowMs: number, limit: number, seenTtlSeconds: number): Promise<[number, number]> };
 
-// count this request and answer [count in this window, ms until the window ends], in one round trip
-const RATE = `local n = redis.call('INCR', KEYS[1])
+// One round trip per request: count it against the tenant's minute, then (when a signed request has
+// a replay key) remember what was signed. Answers [1, 0] go on, [0, ms until the minute ends]
+// rate-limited, [2, 0] a replay. Seen keys are only written for requests within the limit.
+const GATE = `local n = redis.call('INCR', KEYS[1])
 if n == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
-return {n, redis.call('PTTL', KEYS[1])}`;
+if n > tonumber(ARGV[2]) then return {0, redis.call('PTTL', KEYS[1])} end
+if ARGV[3] ~= '0' and not redis.call('SET', KEYS[2], '1', 'EX', ARGV[3], 'NX') then return {2, 0} end
+return {1, 0}`;
 
 export const jobIdOfDelivery = (deliveryId: string) => `delivery-${deliveryId}`;
 
@@ -49,8 +53,8 @@ export function webhooksOf(deps: EngineDeps, fire: Fire) {
   const { webhookReplayWindowSeconds: windowSeconds, webhookRateLimitPerMinute: perMinute } = deps.settings;
   const prefix = queues.prefix;
   const cache = new Map<string, TenantSecrets>();
-  if (!('webhookRate' in redis)) redis.defineCommand('webhookRate', { numberOfKeys: 1, lua: RATE });
-  const limiting = redis as LimitingRedis;
+  if (!('webhookGate' in redis)) redis.defineCommand('webhookGate', { numberOfKeys: 2, lua: GATE });
+  const gating = redis as GatingRedis;
   const owner = (tenantId: string, kind: WebhookProvider) => `webhook-secret:${tenantId}:${kind}`;
 
   async function secretsOf(tenantId: string): Promise<TenantSecrets> {
@@ -64,6 +68,22 @@ export function webhooksOf(deps: EngineDeps, fire: Fire) {
     cache.set(tenantId, entry);
     if (cache.size > 10_000) cache.delete(cache.keys().next().value!);
     return entry;
+  }
+
+  /**
+   * Counts a request against its tenant's per-minute limit, over all kinds and outcomes, and claims
+   * its replay key if it has one: false when that key was already claimed (a replay).
+   */
+  async function gate(tenantId: string, kind: WebhookProvider, seenKey: string | null): Promise<boolean> {
+    const bucket = Math.floor(Date.now() / 60_000);
+    const window = kind === 'chat' ? CHAT_WINDOW_SECONDS : windowSeconds;
+    // a signature stays valid for a window either side of its timestamp: remember it for both
+    const [verdict, ttlMs] = await gating.webhookGate(`${prefix}:webhook-rate:${tenantId}:${bucket}`, seenKey ?? `${prefix}:webhook-seen:-`, 61_000, perMinute, seenKey ? window * 2 + 1 : 0);
+    if (verdict === 0) {
+      deps.metrics.webhookRequests.inc({ kind, outcome: 'rate-limited' });
+      throw new RateLimitedError(`this tenant sent more than ${perMinute} webhook requests this minute`, Math.max(1, Math.ceil(Math.min(ttlMs, 60_000) / 1000)));
+    }
+    return verdict === 1;
   }
 
   const secretView = (r: WebhookSecretRecord) => ({ kind: r.kind, secret_count: r.sealed.length, created_at: r.created_at, updated_at: r.updated_at });
@@ -124,16 +144,6 @@ export function webhooksOf(deps: EngineDeps, fire: Fire) {
   }
 
   return {
-    /** Counts a request against its tenant's per-minute limit; throws RateLimitedError past it. Before the body is read. */
-    async admit(tenantId: string): Promise<void> {
-      const bucket = Math.floor(Date.now() / 60_000);
-      const [count, ttlMs] = await limiting.webhookRate(`${prefix}:webhook-rate:${tenantId}:${bucket}`, 61_000);
-      if (count > perMinute) {
-        deps.metrics.webhookRequests.inc({ kind: 'any', outcome: 'rate-limited' });
-        throw new RateLimitedError(`this tenant sent more than ${perMinute} webhook requests this minute`, Math.max(1, Math.ceil(Math.min(ttlMs, 60_000) / 1000)));
-      }
-    },
-
     /** Verifies, de-duplicates and stores one request; the answer to give the provider. */
     async receive(tenantId: string, kind: WebhookProvider, headers: Headers, body: Buffer): Promise<Receipt> {
       const tenant = await secretsOf(tenantId);
@@ -142,27 +152,23 @@ export function webhooksOf(deps: EngineDeps, fire: Fire) {
       if (body.length > BODY_LIMIT_BYTES[kind]) throw new PayloadTooLargeError(`the body is over the ${BODY_LIMIT_BYTES[kind] / 1024 / 1024} MB limit`);
 
       let verified: Verified;
-      let replaySlot: string | null = null;
+      let seenKey: string | null = null;
       try {
         const secrets = tenant.byKind.get(kind);
         if (!secrets?.length) throw new WebhookRejectedError('webhook-not-configured', `no ${kind} secret is set for this tenant: PUT /api/v1/webhook-secrets/${kind}`);
         verified = await verifyDelivery(kind, { headers, body }, { secrets, nowMs: clock.now().getTime(), windowSeconds });
+        seenKey = verified.replayKey ? `${prefix}:webhook-seen:${tenantId}:${kind}:${sha256Hex(verified.replayKey)}` : null;
+        if (!(await gate(tenantId, kind, seenKey))) {
+          seenKey = null;
+          throw new WebhookRejectedError('webhook-replay', 'this signed request was already accepted');
+        }
         if (verified.handshake) {
           count('handshake');
           return { status: 200, body: verified.handshake };
         }
-        if (verified.replayKey) {
-          const window = kind === 'chat' ? CHAT_WINDOW_SECONDS : windowSeconds;
-          // a signature stays valid past its window in the other direction too: remember it for both
-          replaySlot = `${prefix}:webhook-seen:${tenantId}:${kind}:${sha256Hex(verified.replayKey)}`;
-          const fresh = await redis.set(replaySlot, '1', 'EX', window * 2 + 1, 'NX');
-          if (!fresh) {
-            replaySlot = null;
-            throw new WebhookRejectedError('webhook-replay', 'this signed request was already accepted');
-          }
-        }
       } catch (err) {
         if (err instanceof WebhookRejectedError) {
+          if (err.code !== 'webhook-replay') await gate(tenantId, kind, null); // refused requests count against the limit too
           count(err.code);
           await recordRejection(tenantId, kind, headers, body.length, err);
         }
@@ -196,7 +202,7 @@ export function webhooksOf(deps: EngineDeps, fire: Fire) {
         existing = await store.deliveries.insert(delivery);
       } catch (err) {
         // not stored, so not accepted: the provider's retry must not look like a replay
-        if (replaySlot) await redis.del(replaySlot).catch(() => undefined);
+        if (seenKey) await redis.del(seenKey).catch(() => undefined);
         throw err;
       }
       if (existing) {

@@ -52,6 +52,10 @@ describe('authentication', () => {
     expect(text).to.contain('trace-me-1');
     expect(text).not.to.contain(KEYS.a);
     expect(text).not.to.contain(KEYS.b);
+    // one completion line per request: its id, tenant, method, path and status, and none of its headers
+    const line = h.logs.map((l) => JSON.parse(l) as Record<string, any>).find((l) => l.req_id === 'trace-me-1' && l.msg === 'request completed');
+    expect(line).to.deep.include({ tenant_id: 'tenant-a', req: { method: 'GET', path: '/api/v1/automations' }, res: { status: 200 } });
+    expect(line!.response_ms).to.be.a('number');
   });
 
   it('opens the queue dashboard only with an admin key (HTTP Basic or Bearer), never a tenant key', async () => {

@@ -230,11 +230,6 @@ function deliveryRepo(db: Database.Database): DeliveryRepo {
     }
     return stmt;
   };
-  const insertOrFind = db.transaction((d: WebhookDelivery): WebhookDelivery | null => {
-    const inserted = insert.run(d.id, d.tenant_id, d.kind, d.status, d.provider_delivery_id, d.received_at, JSON.stringify(d)).changes === 1;
-    if (inserted || d.provider_delivery_id === null) return null;
-    return read(byProviderId.get(d.tenant_id, d.kind, d.provider_delivery_id));
-  });
   const update = db.transaction((tenantId: string, id: string, changes: Partial<WebhookDelivery>, ifStatusIn: string[]) => {
     const current = read(get.get(tenantId, id));
     if (!current || !ifStatusIn.includes(current.status)) return null;
@@ -242,9 +237,39 @@ function deliveryRepo(db: Database.Database): DeliveryRepo {
     write.run(next.status, JSON.stringify(next), tenantId, id);
     return next;
   });
+  const insertOne = (d: WebhookDelivery): WebhookDelivery | null => {
+    const inserted = insert.run(d.id, d.tenant_id, d.kind, d.status, d.provider_delivery_id, d.received_at, JSON.stringify(d)).changes === 1;
+    if (inserted || d.provider_delivery_id === null) return null;
+    return read(byProviderId.get(d.tenant_id, d.kind, d.provider_delivery_id));
+  };
+  // Group commit: deliveries that arrive in the same turn of the event loop are written in one
+  // transaction, so a burst pays for one commit rather than one each. Each caller still learns
+  // only after its row is committed.
+  type Pending = { d: WebhookDelivery; resolve(v: WebhookDelivery | null): void; reject(e: unknown): void };
+  let batch: Pending[] = [];
+  const insertAll = db.transaction((items: Pending[]) => items.map((p) => insertOne(p.d)));
+  const flush = () => {
+    const items = batch;
+    batch = [];
+    try {
+      const results = insertAll.immediate(items);
+      items.forEach((p, i) => p.resolve(results[i]!));
+    } catch {
+      // one bad row must not fail the others: write them one by one
+      for (const p of items) {
+        try {
+          p.resolve(insertOne(p.d));
+        } catch (err) {
+          p.reject(err);
+        }
+      }
+    }
+  };
   return {
-    async insert(d) {
-      return insertOrFind.immediate(d);
+    insert(d) {
+      return new Promise((resolve, reject) => {
+        if (batch.push({ d, resolve, reject }) === 1) setImmediate(flush);
+      });
     },
     async get(tenantId, id) {
       return read(get.get(tenantId, id));

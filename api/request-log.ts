@@ -1,0 +1,58 @@
+// The request id, the completion log line and the latency histogram of every request, in one
+// middleware. The per-request child logger is made only when something logs through it: most
+// requests log nothing but their completion line, and none at all below LOG_LEVEL=info.
+import { randomUUID } from 'node:crypto';
+import type { Request, RequestHandler } from 'express';
+import type { Logger } from '../engine/log.js';
+import type { Metrics } from '../engine/metrics.js';
+
+declare module 'express-serve-static-core' {
+  interface Request {
+    /** the request's id: the caller's X-Request-Id when well formed, else a new one */
+    id: string;
+    /** a logger whose lines carry the request id (and, once authenticated, the tenant) */
+    log: Logger;
+  }
+}
+
+const REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
+const BINDINGS = Symbol('log bindings');
+
+type WithBindings = Request & { [BINDINGS]?: Record<string, unknown> };
+
+/** Adds fields to every later line of this request's log, and to its completion line. */
+export function bindToRequestLog(req: Request, fields: Record<string, unknown>): void {
+  const r = req as WithBindings;
+  r[BINDINGS] = { ...r[BINDINGS], ...fields };
+  if (Object.getOwnPropertyDescriptor(req, 'log')?.value) req.log.setBindings(fields);
+}
+
+export function requestLog(opts: { log: Logger; httpDuration: Metrics['httpDuration']; quiet?: (path: string) => boolean }): RequestHandler {
+  const { log, httpDuration } = opts;
+  return (req, res, next) => {
+    const given = req.headers['x-request-id'];
+    const id = typeof given === 'string' && REQUEST_ID.test(given) ? given : randomUUID();
+    req.id = id;
+    res.setHeader('X-Request-Id', id);
+    Object.defineProperty(req, 'log', {
+      configurable: true,
+      enumerable: false,
+      get() {
+        const child = log.child({ req_id: id, ...(req as WithBindings)[BINDINGS] });
+        Object.defineProperty(req, 'log', { value: child, configurable: true, enumerable: false });
+        return child;
+      },
+    });
+    const started = performance.now();
+    res.once('finish', () => {
+      const ms = performance.now() - started;
+      const route = req.route ? `${req.baseUrl}${String(req.route.path)}` : 'unmatched';
+      httpDuration.observe({ method: req.method, route, status: String(res.statusCode) }, ms / 1000);
+      const level = res.statusCode >= 500 ? 'error' : 'info';
+      if (!log.isLevelEnabled(level) || opts.quiet?.(req.path)) return;
+      // method, path and status only: no headers, no bodies, no query strings (they may carry secrets)
+      req.log[level]({ req: { method: req.method, path: req.originalUrl.split('?')[0] }, res: { status: res.statusCode }, response_ms: Math.round(ms * 10) / 10 }, 'request completed');
+    });
+    next();
+  };
+}

@@ -1,0 +1,98 @@
+// Shared by the HTTP benchmarks: start a server as its own process group, load it with autocannon, stop it.
+import { spawn, type ChildProcess } from 'node:child_process';
+import autocannon from 'autocannon';
+import http from 'node:http';
+
+export const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 50);
+export const SECONDS = Number(process.env.BENCH_SECONDS ?? 8);
+
+export type Result = { rps: number; p50: number; p99: number; errors: number; non2xx: number };
+
+export function startServer(entry: string, env: Record<string, string>): Promise<{ child: ChildProcess; url: string }> {
+  const child = spawn(process.execPath, ['--import', 'tsx', entry], { env: { ...process.env, ...env }, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
+  let out = '';
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => {
+      void stop(child);
+      reject(new Error(`${entry} did not say where it listens within 30 s:\n${out}`));
+    }, 30_000);
+    child.once('exit', () => clearTimeout(timer));
+    const onData = (d: Buffer) => {
+      out += d;
+      const m = /listening on (http:\/\/(?:localhost|127\.0\.0\.1):\d+)/.exec(out);
+      if (m) {
+        clearTimeout(timer);
+        resolve({ child, url: m[1]!.replace('localhost', '127.0.0.1') });
+      }
+    };
+    child.stdout!.on('data', onData);
+    child.stderr!.on('data', onData);
+    child.once('exit', (code) => reject(new Error(`${entry} exited ${code}:\n${out}`)));
+  });
+}
+
+/** Kills the server's process group and waits for it, so nothing writes to Redis after clean-up. */
+export async function stop(child: ChildProcess): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return;
+  const exited = new Promise((resolve) => child.once('exit', resolve));
+  try {
+    process.kill(-child.pid!, 'SIGKILL');
+  } catch {
+    return; // gone already
+  }
+  await exited;
+}
+
+export type LoadOptions = Omit<autocannon.Options, 'connections' | 'duration'> & { url: string; connections?: number; overallRate?: number };
+
+export async function load(opts: LoadOptions): Promise<Result> {
+  process.stderr.write(`bench: ${opts.method} ${opts.url}${opts.overallRate ? ` at ${opts.overallRate} req/s` : ''}\n`);
+  // a short warm-up lets V8 optimise before we measure
+  await autocannon({ connections: CONNECTIONS, ...opts, duration: 2 });
+  const r = await autocannon({ connections: CONNECTIONS, ...opts, duration: SECONDS });
+  return { rps: r.requests.average, p50: r.latency.p50, p99: r.latency.p99, errors: r.errors + r.timeouts, non2xx: r.non2xx };
+}
+
+
+/**
+ * Open-loop load at a steady rate: request i leaves at start + i/rate whether or not earlier ones have
+ * answered, so a slow answer shows up as latency instead of lowering the rate (autocannon's
+ * overallRate sends each second's requests in a burst, which measures its own queueing).
+ */
+export async function paced(opts: { url: string; rate: number; seconds: number; request: () => { path: string; body: string; headers: Record<string, string> } }): Promise<Result> {
+  const agent = new http.Agent({ keepAlive: true, maxSockets: 64 });
+  const total = Math.round(opts.rate * opts.seconds);
+  const latencies: number[] = [];
+  let errors = 0;
+  let non2xx = 0;
+  const started = performance.now();
+  const one = (r: ReturnType<typeof opts.request>) =>
+    new Promise<void>((resolve) => {
+      const sent = performance.now();
+      const req = http.request(`${opts.url}${r.path}`, { method: 'POST', agent, headers: { ...r.headers, 'content-length': Buffer.byteLength(r.body) } }, (res) => {
+        res.resume();
+        res.once('end', () => {
+          latencies.push(performance.now() - sent);
+          if (res.statusCode! < 200 || res.statusCode! >= 300) non2xx++;
+          resolve();
+        });
+      });
+      req.once('error', () => {
+        errors++;
+        resolve();
+      });
+      req.end(r.body);
+    });
+  const inFlight: Promise<void>[] = [];
+  for (let i = 0; i < total; i++) {
+    const due = started + (i * 1000) / opts.rate;
+    const wait = due - performance.now();
+    if (wait > 1) await new Promise((r) => setTimeout(r, wait));
+    inFlight.push(one(opts.request()));
+  }
+  await Promise.all(inFlight);
+  agent.destroy();
+  const sorted = latencies.sort((a, b) => a - b);
+  const at = (q: number) => Math.round((sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))] ?? NaN) * 100) / 100;
+  return { rps: (latencies.length * 1000) / (performance.now() - started), p50: at(0.5), p99: at(0.99), errors, non2xx };
+}
