@@ -263,12 +263,27 @@ export function webhooksOf(deps: EngineDeps, fire: Fire) {
 
     list: (tenantId: string, q: DeliveryQuery) => store.deliveries.list(tenantId, q),
 
-    /** Queues deliveries that were stored but whose job was lost (Redis failed between the two). */
-    async reconcile(): Promise<number> {
+    /**
+     * Deliveries stored but never processed: a job lost between the store and Redis is queued again;
+     * a job that used up its attempts (Redis or the store failing for minutes) is retried.
+     */
+    async reconcile(): Promise<{ requeued: number; retried: number }> {
       const before = new Date(clock.now().getTime() - STALE_AFTER_MS).toISOString();
-      const stale = await store.deliveries.listStale('received', before, 500);
-      for (const d of stale) await enqueue(d);
-      return stale.length;
+      const queue = queues.get('webhooks');
+      let requeued = 0;
+      let retried = 0;
+      for (const d of await store.deliveries.listStale('received', before, 500)) {
+        const job = await queue.getJob(jobIdOfDelivery(d.id));
+        if (!job) {
+          await enqueue(d);
+          requeued++;
+        } else if (await job.isFailed()) {
+          await job.retry('failed');
+          retried++;
+        }
+      }
+      if (requeued || retried) log.warn({ requeued, retried }, 'reconciler repaired webhook deliveries');
+      return { requeued, retried };
     },
 
     secrets: {

@@ -1,6 +1,7 @@
 import { LinearWebhookClient } from '@linear/sdk/webhooks';
 import { isValidSlackRequest } from '@slack/bolt';
 import { verify as octokitVerify } from '@octokit/webhooks-methods';
+import { UnrecoverableError, Worker } from 'bullmq';
 import { expect } from 'chai';
 import { createHmac, randomUUID } from 'node:crypto';
 import fs from 'node:fs';
@@ -447,6 +448,10 @@ describe('webhook intake', function () {
       expect((await finishedRun(h, second)).status).to.equal('succeeded');
       expect((await h.call<Body>('GET', `/api/v1/automations/${onPush.id}/history`)).body.data.map((x: Body) => x.id)).to.include.members([run.id, second]);
 
+      const metrics = await h.call('GET', '/metrics', { key: KEYS.admin });
+      expect(metrics.text).to.match(/webhook_requests_total\{kind="codehost",outcome="accepted"\} \d+/);
+      expect(metrics.text).to.match(/webhook_requests_total\{kind="codehost",outcome="webhook-replay"\} \d+/);
+
       // a disabled automation is not matched
       await h.call('POST', `/api/v1/automations/${onPush.id}/disable`);
       const later = await post('codehost', await sign.codehost(SECRET.codehost, { ref: 'x' }, { event: 'push' }));
@@ -508,7 +513,20 @@ describe('webhook rate limit', function () {
     const old = new Date(Date.now() - 60_000).toISOString();
     const orphan = { ...d[0]!, id: newId('whd'), provider_delivery_id: null, received_at: old };
     await store.deliveries.insert(orphan);
-    expect(await h.rt.engine.webhooks.reconcile()).to.equal(1);
-    expect(await h.rt.queues.get('webhooks').getJob(`delivery-${orphan.id}`)).to.not.equal(undefined);
+    expect(await h.rt.engine.webhooks.reconcile()).to.deep.equal({ requeued: 1, retried: 0 });
+    const job = await h.rt.queues.get('webhooks').getJob(`delivery-${orphan.id}`);
+    expect(job).to.not.equal(undefined);
+    // a job that used up its attempts is retried, not left failed
+    const manual = new Worker('webhooks', null, { connection: h.rt.redis, prefix: h.config.queuePrefix });
+    try {
+      const taken = await manual.getNextJob('test-token');
+      expect(taken!.id).to.equal(job!.id);
+      await taken!.moveToFailed(new UnrecoverableError('store down'), 'test-token', false);
+    } finally {
+      await manual.close();
+    }
+    expect(await job!.isFailed()).to.equal(true);
+    expect(await h.rt.engine.webhooks.reconcile()).to.deep.equal({ requeued: 0, retried: 1 });
+    expect(await job!.isFailed()).to.equal(false);
   });
 });
