@@ -46,7 +46,7 @@ export async function stop(child: ChildProcess): Promise<void> {
 export type LoadOptions = Omit<autocannon.Options, 'connections' | 'duration'> & { url: string; connections?: number; overallRate?: number };
 
 export async function load(opts: LoadOptions): Promise<Result> {
-  process.stderr.write(`bench: ${opts.method} ${opts.url}${opts.overallRate ? ` at ${opts.overallRate} req/s` : ''}\n`);
+  process.stderr.write(`bench: ${opts.method ?? opts.requests?.[0]?.method ?? 'GET'} ${opts.url}${opts.overallRate ? ` at ${opts.overallRate} req/s` : ''}\n`);
   // a short warm-up lets V8 optimise before we measure
   await autocannon({ connections: CONNECTIONS, ...opts, duration: 2 });
   const r = await autocannon({ connections: CONNECTIONS, ...opts, duration: SECONDS });
@@ -60,6 +60,11 @@ export async function load(opts: LoadOptions): Promise<Result> {
  * overallRate sends each second's requests in a burst, which measures its own queueing).
  */
 export async function paced(opts: { url: string; rate: number; seconds: number; request: () => { path: string; body: string; headers: Record<string, string> } }): Promise<Result> {
+  await pacedOnce({ ...opts, seconds: 2 }); // warm-up at the same rate
+  return pacedOnce(opts);
+}
+
+async function pacedOnce(opts: { url: string; rate: number; seconds: number; request: () => { path: string; body: string; headers: Record<string, string> } }): Promise<Result> {
   const agent = new http.Agent({ keepAlive: true, maxSockets: 64 });
   const total = Math.round(opts.rate * opts.seconds);
   const latencies: number[] = [];

@@ -3,12 +3,10 @@
 import type { EngineDeps } from '../deps.js';
 import { ConflictError, NotFoundError, PayloadTooLargeError, RateLimitedError, WebhookRejectedError, AppError } from '../errors.js';
 import { newId } from '../ids.js';
-import type { DeliveryStatus, RunTrigger, WebhookDelivery, WebhookProvider, WebhookSecretRecord } from '../model.js';
+import type { RunTrigger, WebhookDelivery, WebhookProvider, WebhookSecretRecord } from '../model.js';
 import type { Redis } from '../redis.js';
 import type { DeliveryQuery } from '../store/port.js';
 import { CHAT_WINDOW_SECONDS, eventMatches, keptHeaders, sha256Hex, verifyDelivery, type Headers, type Verified } from './verify.js';
-
-export { eventMatches } from './verify.js';
 
 /** Email carries attachments; everything else is small. */
 export const BODY_LIMIT_BYTES: Record<WebhookProvider, number> = {
@@ -33,7 +31,7 @@ export type Receipt = {
   delivery_id?: string;
 };
 
-type TenantSecrets = { at: number; known: boolean; byKind: Map<WebhookProvider, string[]>; records: WebhookSecretRecord[] };
+type TenantSecrets = { at: number; known: boolean; byKind: Map<WebhookProvider, string[]> };
 
 type GatingRedis = Redis & { webhookGate(rateKey: string, seenKey: string, windowMs: number, limit: number, seenTtlSeconds: number): Promise<[number, number]> };
 
@@ -64,7 +62,7 @@ export function webhooksOf(deps: EngineDeps, fire: Fire) {
     const byKind = new Map(records.map((r) => [r.kind, r.sealed.map((s) => secretBox.open(s, owner(tenantId, r.kind)))] as const));
     // a tenant exists once it has an API key; secrets can only be set with one
     const known = records.length > 0 || (await store.apiKeys.list(tenantId)).length > 0;
-    const entry = { at: Date.now(), known, byKind, records };
+    const entry = { at: Date.now(), known, byKind };
     cache.set(tenantId, entry);
     if (cache.size > 10_000) cache.delete(cache.keys().next().value!);
     return entry;
@@ -75,7 +73,7 @@ export function webhooksOf(deps: EngineDeps, fire: Fire) {
    * its replay key if it has one: false when that key was already claimed (a replay).
    */
   async function gate(tenantId: string, kind: WebhookProvider, seenKey: string | null): Promise<boolean> {
-    const bucket = Math.floor(Date.now() / 60_000);
+    const bucket = Math.floor(clock.now().getTime() / 60_000);
     const window = kind === 'chat' ? CHAT_WINDOW_SECONDS : windowSeconds;
     // a signature stays valid for a window either side of its timestamp: remember it for both
     const [verdict, ttlMs] = await gating.webhookGate(`${prefix}:webhook-rate:${tenantId}:${bucket}`, seenKey ?? `${prefix}:webhook-seen:-`, 61_000, perMinute, seenKey ? window * 2 + 1 : 0);
@@ -314,6 +312,3 @@ export function webhooksOf(deps: EngineDeps, fire: Fire) {
     },
   };
 }
-
-export type Webhooks = ReturnType<typeof webhooksOf>;
-export type { DeliveryStatus };
