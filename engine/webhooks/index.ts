@@ -181,7 +181,8 @@ export function webhooksOf(deps: EngineDeps, fire: Fire) {
         status: 'received',
         event: verified.event,
         action: verified.action,
-        provider_delivery_id: verified.providerId,
+        // ids are short in practice; a longer one is cut, never allowed to bloat the unique index
+        provider_delivery_id: verified.providerId?.slice(0, 256) ?? null,
         headers: kept,
         content_type: kept['content-type'] ?? null,
         body: verified.keepBody ? body.toString('utf8') : null,
