@@ -361,6 +361,32 @@ describe('webhook intake', function () {
     });
   });
 
+  describe('bad input', () => {
+    it('answers every malformed request with a problem and stays up', async () => {
+      const t = Math.floor(Date.now() / 1000);
+      const cases: [string, sign.Signed][] = [
+        ['email', { body: '--x\r\nnot multipart', headers: { 'content-type': 'multipart/form-data', authorization: sign.basicAuth(SECRET.email) } }],
+        ['email', { body: Buffer.from([0xff, 0xfe, 0x00, 0x01]), headers: { 'content-type': 'multipart/form-data; boundary=zzz', authorization: sign.basicAuth(SECRET.email) } }],
+        ['email', { body: 'x', headers: { 'content-type': 'text/plain', authorization: sign.basicAuth(SECRET.email) } }],
+        ['email', { body: '{}', headers: { 'content-type': 'application/json', authorization: 'Bearer nope' } }],
+        ['chat', { body: 'a=b', headers: { 'content-type': 'application/x-www-form-urlencoded', 'x-chat-signature': 'v0=zz', 'x-chat-request-timestamp': 'soon' } }],
+        ['chat', sign.chat(SECRET.chat, 'payload=%7Bnot-json', { contentType: 'application/x-www-form-urlencoded' })],
+        ['codehost', { body: '', headers: { 'x-hub-signature-256': 'sha256=' } }],
+        ['codehost', { ...(await sign.codehost(SECRET.codehost, {})), body: '' }],
+        ['tracker', { body: '[]', headers: { 'content-type': 'application/json', 'tracker-signature': hmacHex(SECRET.tracker, '[]') } }],
+        ['pager', { body: '{}', headers: { 'x-pager-signature': ',,,v1=,v2=abc' } }],
+        ['generic', { body: 'null', headers: { 'x-service-signature': `t=${t},v1=${hmacHex(SECRET.generic, `${t}.null`)}` } }],
+      ];
+      for (const [kind, req] of cases) {
+        const r = await post(kind, req);
+        expect(r.status, `${kind}: ${r.text}`).to.be.within(400, 499);
+        expect(r.headers.get('content-type'), kind).to.match(/application\/problem\+json/);
+        expect(r.body.code, kind).to.match(/^webhook-/);
+      }
+      expect((await h.call('GET', '/healthz', { key: null })).status).to.equal(200);
+    });
+  });
+
   describe('secrets', () => {
     it('lists configured kinds without the secrets, seals them at rest in a 0600-keyed store, never logs them', async () => {
       const list = await h.call('GET', '/api/v1/webhook-secrets');
