@@ -46,10 +46,10 @@ export function createApp(deps: AppDeps): Express {
   const streams = new OpenStreams();
   app.locals.streams = streams;
 
-  app.use(requestLog({ log: deps.log, httpDuration: deps.engine.deps.metrics.httpDuration, quiet: (p) => p === '/healthz' || p === '/readyz' }));
+  app.use(requestLog(app, { log: deps.log, httpDuration: deps.engine.deps.metrics.httpDuration, quiet: (p) => p === '/healthz' || p === '/readyz' }));
 
   // providers sign the bytes they send: the intake reads them raw, with no API key, before any parser
-  app.use('/webhooks', webhookIntakeRouter(deps.engine));
+  app.use(webhookIntakeRouter(deps.engine));
 
   const spec = loadSpec();
   app.use(healthRouter({ redis: deps.redis, store: deps.store }));

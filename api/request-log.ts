@@ -2,7 +2,7 @@
 // middleware. The per-request child logger is made only when something logs through it: most
 // requests log nothing but their completion line, and none at all below LOG_LEVEL=info.
 import { randomUUID } from 'node:crypto';
-import type { Request, RequestHandler } from 'express';
+import type { Express, Request, RequestHandler } from 'express';
 import type { Logger } from '../engine/log.js';
 import type { Metrics } from '../engine/metrics.js';
 
@@ -17,32 +17,35 @@ declare module 'express-serve-static-core' {
 
 const REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
 const BINDINGS = Symbol('log bindings');
+const CHILD = Symbol('request logger');
 
-type WithBindings = Request & { [BINDINGS]?: Record<string, unknown> };
+type WithLog = Request & { [BINDINGS]?: Record<string, unknown>; [CHILD]?: Logger };
 
 /** Adds fields to every later line of this request's log, and to its completion line. */
 export function bindToRequestLog(req: Request, fields: Record<string, unknown>): void {
-  const r = req as WithBindings;
+  const r = req as WithLog;
   r[BINDINGS] = { ...r[BINDINGS], ...fields };
-  if (Object.getOwnPropertyDescriptor(req, 'log')?.value) req.log.setBindings(fields);
+  r[CHILD]?.setBindings(fields);
 }
 
-export function requestLog(opts: { log: Logger; httpDuration: Metrics['httpDuration']; quiet?: (path: string) => boolean }): RequestHandler {
+/**
+ * `app` is the Express app whose requests get `req.log`: the getter sits on its request prototype
+ * (`app.request`), so no request object is reshaped by defining a property on it.
+ */
+export function requestLog(app: Express, opts: { log: Logger; httpDuration: Metrics['httpDuration']; quiet?: (path: string) => boolean }): RequestHandler {
   const { log, httpDuration } = opts;
+  const loggerOf = (r: WithLog) => (r[CHILD] ??= log.child({ req_id: r.id, ...r[BINDINGS] }));
+  Object.defineProperty(app.request, 'log', {
+    configurable: true,
+    get(this: WithLog) {
+      return loggerOf(this);
+    },
+  });
   return (req, res, next) => {
     const given = req.headers['x-request-id'];
     const id = typeof given === 'string' && REQUEST_ID.test(given) ? given : randomUUID();
     req.id = id;
     res.setHeader('X-Request-Id', id);
-    Object.defineProperty(req, 'log', {
-      configurable: true,
-      enumerable: false,
-      get() {
-        const child = log.child({ req_id: id, ...(req as WithBindings)[BINDINGS] });
-        Object.defineProperty(req, 'log', { value: child, configurable: true, enumerable: false });
-        return child;
-      },
-    });
     const started = performance.now();
     res.once('finish', () => {
       const ms = performance.now() - started;
@@ -51,7 +54,8 @@ export function requestLog(opts: { log: Logger; httpDuration: Metrics['httpDurat
       const level = res.statusCode >= 500 ? 'error' : 'info';
       if (!log.isLevelEnabled(level) || opts.quiet?.(req.path)) return;
       // method, path and status only: no headers, no bodies, no query strings (they may carry secrets)
-      req.log[level]({ req: { method: req.method, path: req.originalUrl.split('?')[0] }, res: { status: res.statusCode }, response_ms: Math.round(ms * 10) / 10 }, 'request completed');
+      // a mounted sub-app (the queue dashboard) swaps the request's prototype: do not rely on req.log here
+      loggerOf(req)[level]({ req: { method: req.method, path: req.originalUrl.split('?')[0] }, res: { status: res.statusCode }, response_ms: Math.round(ms * 10) / 10 }, 'request completed');
     });
     next();
   };

@@ -19,7 +19,7 @@ export function webhookIntakeRouter(engine: Engine): Router {
   const rawLarge = express.raw({ type: () => true, limit: BODY_LIMIT_BYTES.email });
 
   router.post(
-    '/:tenant_id/:kind',
+    '/webhooks/:tenant_id/:kind',
     // malformed tenant ids and unknown kinds are refused before the body is read
     (req: Request, _res: Response, next: NextFunction) => {
       if (!TENANT_ID_PATTERN.test(String(req.params.tenant_id)) || !isKind(String(req.params.kind))) throw new NotFoundError(`no webhook route ${req.path}`);
