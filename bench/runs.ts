@@ -77,6 +77,7 @@ async function service(fn: (rt: Awaited<ReturnType<typeof openRuntime>>) => Prom
     SERVICE_WORKSPACE_ROOT: workspace,
     SERVICE_WORKER_CONCURRENCY: String(CONCURRENCY),
     SERVICE_TENANT_MAX_RUNNING: '10000',
+    SERVICE_SECRET_KEY: 'ab'.repeat(32),
     LOG_LEVEL: 'warn',
   });
   const rt = await openRuntime(config, createLogger('warn'));
