@@ -59,7 +59,15 @@ export function webhooksOf(deps: EngineDeps, fire: Fire) {
     const cached = cache.get(tenantId);
     if (cached && Date.now() - cached.at < SECRET_CACHE_MS) return cached;
     const records = await store.webhookSecrets.list(tenantId);
-    const byKind = new Map(records.map((r) => [r.kind, r.sealed.map((s) => secretBox.open(s, owner(tenantId, r.kind)))] as const));
+    const byKind = new Map<WebhookProvider, string[]>();
+    for (const r of records) {
+      try {
+        byKind.set(r.kind, r.sealed.map((s) => secretBox.open(s, owner(tenantId, r.kind))));
+      } catch {
+        // sealed under another key (SERVICE_SECRET_KEY changed) or altered: the kind cannot verify anything
+        log.error({ tenant_id: tenantId, kind: r.kind }, 'a webhook secret does not open with SERVICE_SECRET_KEY; set it again with PUT /api/v1/webhook-secrets/{kind}');
+      }
+    }
     // a tenant exists once it has an API key; secrets can only be set with one
     const known = records.length > 0 || (await store.apiKeys.list(tenantId)).length > 0;
     const entry = { at: Date.now(), known, byKind };
@@ -153,7 +161,7 @@ export function webhooksOf(deps: EngineDeps, fire: Fire) {
       let seenKey: string | null = null;
       try {
         const secrets = tenant.byKind.get(kind);
-        if (!secrets?.length) throw new WebhookRejectedError('webhook-not-configured', `no ${kind} secret is set for this tenant: PUT /api/v1/webhook-secrets/${kind}`);
+        if (!secrets?.length) throw new WebhookRejectedError('webhook-not-configured', `no usable ${kind} secret is set for this tenant: PUT /api/v1/webhook-secrets/${kind}`);
         verified = await verifyDelivery(kind, { headers, body }, { secrets, nowMs: clock.now().getTime(), windowSeconds });
         seenKey = verified.replayKey ? `${prefix}:webhook-seen:${tenantId}:${kind}:${sha256Hex(verified.replayKey)}` : null;
         if (!(await gate(tenantId, kind, seenKey))) {

@@ -89,8 +89,10 @@ describe('file_change triggers', function () {
         body: { name: 'on ts change', triggers: [{ type: 'file_change', paths: ['src/**/*.ts'], debounce_ms: 300 }], steps: [{ tool: 'shell', args: { command: 'true' } }] },
       })
     ).body;
-    await new Promise((r) => setTimeout(r, 1500)); // the watcher refreshes its automations every second
+    // the folders exist before the watcher starts, so the burst below is two file events, not a new
+    // folder that the watcher must first discover (which can land outside the debounce window)
     await fs.mkdir(path.join(h.workspace, 'src/lib'), { recursive: true });
+    await new Promise((r) => setTimeout(r, 1500)); // the watcher refreshes its automations every second
     await fs.writeFile(path.join(h.workspace, 'src/a.ts'), 'a');
     await fs.writeFile(path.join(h.workspace, 'src/lib/b.ts'), 'b');
     await fs.writeFile(path.join(h.workspace, 'README.md'), 'not watched');

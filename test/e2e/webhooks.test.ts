@@ -3,11 +3,12 @@ import { isValidSlackRequest } from '@slack/bolt';
 import { verify as octokitVerify } from '@octokit/webhooks-methods';
 import { UnrecoverableError, Worker } from 'bullmq';
 import { expect } from 'chai';
-import { createHmac, randomUUID } from 'node:crypto';
+import { createHmac, randomBytes, randomUUID } from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
 import Database from 'better-sqlite3';
 import { newId } from '../../engine/ids.js';
+import { createSecretBox } from '../../engine/secret-box.js';
 import { eventually, finishedRun, KEYS, startHarness, type Harness, type Reply } from '../support/harness.js';
 import * as sign from '../support/signers.js';
 
@@ -408,6 +409,18 @@ describe('webhook intake', function () {
         db.close();
       }
       expect((await h.call('GET', '/api/v1/webhook-secrets', { key: KEYS.b })).body.data).to.deep.equal([]);
+    });
+
+    it('refuses a kind whose stored secret no longer opens (SERVICE_SECRET_KEY changed) instead of failing', async () => {
+      const other = createSecretBox(randomBytes(32));
+      const now = new Date().toISOString();
+      // a tenant no request has touched yet, so no process holds its secrets in memory
+      await h.rt.store.webhookSecrets.put({ tenant_id: 'tenant-c', kind: 'pager', sealed: [other.seal('pager-c-secret-0123', 'webhook-secret:tenant-c:pager')], created_at: now, updated_at: now });
+      const r = await post('pager', sign.pager(['pager-c-secret-0123'], { event: { id: randomUUID(), event_type: 'incident.triggered' } }), 'tenant-c');
+      expect(r.status, r.text).to.equal(403);
+      expect(r.body.code).to.equal('webhook-not-configured');
+      expect(h.logs.join('')).to.include('does not open with SERVICE_SECRET_KEY');
+      await h.rt.store.webhookSecrets.delete('tenant-c', 'pager');
     });
 
     it('validates the body, and after DELETE the kind is refused as not configured', async () => {
