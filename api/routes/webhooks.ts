@@ -29,8 +29,10 @@ export function webhookIntakeRouter(engine: Engine): Router {
       const body = Buffer.isBuffer(req.body) ? req.body : Buffer.alloc(0);
       engine.webhooks.receive(tenantId, kind, req.headers, body).then((receipt) => {
         if (receipt.delivery_id) res.setHeader('X-Delivery-Id', receipt.delivery_id);
-        if (receipt.body) res.status(receipt.status).json(receipt.body);
-        else res.status(receipt.status).end();
+        res.statusCode = receipt.status;
+        // written directly: a provider never revalidates an acknowledgement, so no ETag is computed
+        if (receipt.body) res.setHeader('Content-Type', 'application/json; charset=utf-8').end(JSON.stringify(receipt.body));
+        else res.end();
       }, next);
     });
   });
