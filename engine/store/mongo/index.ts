@@ -46,8 +46,8 @@ const deliverySchema = new Schema(
 );
 deliverySchema.index({ tenant_id: 1, _id: -1 });
 deliverySchema.index({ tenant_id: 1, kind: 1, _id: -1 });
-deliverySchema.index({ tenant_id: 1, status: 1, _id: -1 });
-deliverySchema.index({ status: 1, received_at: 1 });
+// status first: a tenant's status filter and the reconciler's scan of received deliveries share it
+deliverySchema.index({ status: 1, tenant_id: 1, _id: -1 });
 deliverySchema.index(
   { tenant_id: 1, kind: 1, provider_delivery_id: 1 },
   { unique: true, partialFilterExpression: { provider_delivery_id: { $type: 'string' } } },
