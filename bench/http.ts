@@ -43,7 +43,7 @@ export async function stop(child: ChildProcess): Promise<void> {
   await exited;
 }
 
-export type LoadOptions = Omit<autocannon.Options, 'connections' | 'duration'> & { url: string; connections?: number; overallRate?: number };
+type LoadOptions = Omit<autocannon.Options, 'connections' | 'duration'> & { url: string; connections?: number; overallRate?: number };
 
 export async function load(opts: LoadOptions): Promise<Result> {
   process.stderr.write(`bench: ${opts.method ?? opts.requests?.[0]?.method ?? 'GET'} ${opts.url}${opts.overallRate ? ` at ${opts.overallRate} req/s` : ''}\n`);

@@ -68,7 +68,3 @@ export class RateLimitedError extends AppError {
 export class PayloadTooLargeError extends AppError {
   readonly code = 'payload-too-large';
 }
-
-export class UnsupportedMediaTypeError extends AppError {
-  readonly code = 'unsupported-media-type';
-}

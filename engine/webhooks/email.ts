@@ -71,7 +71,7 @@ function parseMultipart(contentType: string, body: Buffer): Promise<Form> {
 }
 
 /** Splits an address list on commas outside quotes and angle brackets. */
-export function addresses(list: unknown): string[] {
+function addresses(list: unknown): string[] {
   if (typeof list !== 'string') return [];
   const out: string[] = [];
   let current = '';

@@ -6,7 +6,7 @@ import { newId } from '../ids.js';
 import type { RunTrigger, WebhookDelivery, WebhookProvider, WebhookSecretRecord } from '../model.js';
 import type { Redis } from '../redis.js';
 import type { DeliveryQuery } from '../store/port.js';
-import { CHAT_WINDOW_SECONDS, eventMatches, keptHeaders, sha256Hex, verifyDelivery, type Headers, type Verified } from './verify.js';
+import { eventMatches, keptHeaders, sha256Hex, verifyDelivery, windowOf, type Headers, type Verified } from './verify.js';
 
 /** Email carries attachments; everything else is small. */
 export const BODY_LIMIT_BYTES: Record<WebhookProvider, number> = {
@@ -82,7 +82,7 @@ export function webhooksOf(deps: EngineDeps, fire: Fire) {
    */
   async function gate(tenantId: string, kind: WebhookProvider, seenKey: string | null): Promise<boolean> {
     const bucket = Math.floor(clock.now().getTime() / 60_000);
-    const window = kind === 'chat' ? CHAT_WINDOW_SECONDS : windowSeconds;
+    const window = windowOf(kind, windowSeconds);
     // a signature stays valid for a window either side of its timestamp: remember it for both
     const [verdict, ttlMs] = await gating.webhookGate(`${prefix}:webhook-rate:${tenantId}:${bucket}`, seenKey ?? `${prefix}:webhook-seen:-`, 61_000, perMinute, seenKey ? window * 2 + 1 : 0);
     if (verdict === 0) {

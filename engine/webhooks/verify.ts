@@ -37,7 +37,10 @@ export type Verified = {
 };
 
 /** The chat window is Slack's own five minutes, whatever the configured window of the other kinds. */
-export const CHAT_WINDOW_SECONDS = 300;
+const CHAT_WINDOW_SECONDS = 300;
+
+/** How far from now a kind's signed timestamp may be, either way. */
+export const windowOf = (kind: WebhookProvider, configuredSeconds: number) => (kind === 'chat' ? CHAT_WINDOW_SECONDS : configuredSeconds);
 
 export function header(headers: Headers, name: string): string | undefined {
   const v = headers[name];
@@ -152,7 +155,7 @@ function chat(inb: Inbound, ctx: VerifyContext): Verified {
   const ts = header(inb.headers, 'x-chat-request-timestamp') ?? header(inb.headers, 'x-slack-request-timestamp') ?? missing('X-Chat-Request-Timestamp (or X-Slack-Request-Timestamp)');
   const hex = given.startsWith('v0=') ? given.slice(3) : '';
   const matched = matchAny(ctx.secrets, [hex], (s) => hmacHex(s, `v0:${ts}:`, inb.body)) ?? invalid('X-Chat-Signature');
-  checkWindow(/^\d{1,12}$/.test(ts) ? Number(ts) * 1000 : NaN, ctx, CHAT_WINDOW_SECONDS);
+  checkWindow(/^\d{1,12}$/.test(ts) ? Number(ts) * 1000 : NaN, ctx, windowOf('chat', ctx.windowSeconds));
   const base = { repeatIs: 'retry' as const, replayKey: `${ts}:${matched}`, keepBody: true };
 
   if (mediaType(inb.headers) === 'application/x-www-form-urlencoded') {
@@ -276,7 +279,7 @@ export async function verifyDelivery(kind: WebhookProvider, inb: Inbound, ctx: V
 }
 
 /** The headers a delivery keeps: event names, ids and retry counts. Never credentials or signatures. */
-export const KEPT_HEADERS = [
+const KEPT_HEADERS = [
   'content-type',
   'user-agent',
   'x-github-event',
