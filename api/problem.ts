@@ -54,7 +54,9 @@ const TITLES: Record<number, string> = {
 
 const CODE_OF_STATUS: Record<number, string> = Object.fromEntries(
   Object.entries(STATUS_OF_CODE)
-    .filter(([code]) => !code.startsWith('webhook-') && !['validation-failed', 'malformed-json', 'agent-not-configured', 'idempotency-key-reused'].includes(code))
+    .filter(
+      ([code]) => !code.startsWith('webhook-') && !['validation-failed', 'malformed-json', 'agent-not-configured', 'idempotency-key-reused'].includes(code),
+    )
     .map(([code, status]) => [status, code]),
 );
 
@@ -96,7 +98,9 @@ export function toProblem(err: unknown, requestId: string, instance: string): Pr
   }
   // express-openapi-validator and other http-errors shaped errors
   if (typeof status === 'number' && status >= 400 && status < 500) {
-    const errors = Array.isArray(e.errors) ? uniqueErrors(e.errors.map((i) => ({ path: normalisePath(i.path ?? ''), message: i.message ?? 'invalid' }))) : undefined;
+    const errors = Array.isArray(e.errors)
+      ? uniqueErrors(e.errors.map((i) => ({ path: normalisePath(i.path ?? ''), message: i.message ?? 'invalid' })))
+      : undefined;
     const code = CODE_OF_STATUS[status] ?? 'bad-request';
     const detail = errors?.length ? errors.map((i) => `${i.path} ${i.message}`).join('; ') : e.message;
     return { ...problem(status, code, detail, base), ...(errors?.length ? { errors } : {}) };

@@ -55,7 +55,10 @@ export function requestLog(app: Express, opts: { log: Logger; httpDuration: Metr
       if (!log.isLevelEnabled(level) || opts.quiet?.(req.path)) return;
       // method, path and status only: no headers, no bodies, no query strings (they may carry secrets)
       // a mounted sub-app (the queue dashboard) swaps the request's prototype: do not rely on req.log here
-      loggerOf(req)[level]({ req: { method: req.method, path: req.originalUrl.split('?')[0] }, res: { status: res.statusCode }, response_ms: Math.round(ms * 10) / 10 }, 'request completed');
+      loggerOf(req)[level](
+        { req: { method: req.method, path: req.originalUrl.split('?')[0] }, res: { status: res.statusCode }, response_ms: Math.round(ms * 10) / 10 },
+        'request completed',
+      );
     });
     next();
   };

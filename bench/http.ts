@@ -53,18 +53,27 @@ export async function load(opts: LoadOptions): Promise<Result> {
   return { rps: r.requests.average, p50: r.latency.p50, p99: r.latency.p99, errors: r.errors + r.timeouts, non2xx: r.non2xx };
 }
 
-
 /**
  * Open-loop load at a steady rate: request i leaves at start + i/rate whether or not earlier ones have
  * answered, so a slow answer shows up as latency instead of lowering the rate (autocannon's
  * overallRate sends each second's requests in a burst, which measures its own queueing).
  */
-export async function paced(opts: { url: string; rate: number; seconds: number; request: () => { path: string; body: string; headers: Record<string, string> } }): Promise<Result> {
+export async function paced(opts: {
+  url: string;
+  rate: number;
+  seconds: number;
+  request: () => { path: string; body: string; headers: Record<string, string> };
+}): Promise<Result> {
   await pacedOnce({ ...opts, seconds: 2 }); // warm-up at the same rate
   return pacedOnce(opts);
 }
 
-async function pacedOnce(opts: { url: string; rate: number; seconds: number; request: () => { path: string; body: string; headers: Record<string, string> } }): Promise<Result> {
+async function pacedOnce(opts: {
+  url: string;
+  rate: number;
+  seconds: number;
+  request: () => { path: string; body: string; headers: Record<string, string> };
+}): Promise<Result> {
   const agent = new http.Agent({ keepAlive: true, maxSockets: 64 });
   const total = Math.round(opts.rate * opts.seconds);
   const latencies: number[] = [];
@@ -74,14 +83,18 @@ async function pacedOnce(opts: { url: string; rate: number; seconds: number; req
   const one = (r: ReturnType<typeof opts.request>) =>
     new Promise<void>((resolve) => {
       const sent = performance.now();
-      const req = http.request(`${opts.url}${r.path}`, { method: 'POST', agent, headers: { ...r.headers, 'content-length': Buffer.byteLength(r.body) } }, (res) => {
-        res.resume();
-        res.once('end', () => {
-          latencies.push(performance.now() - sent);
-          if (res.statusCode! < 200 || res.statusCode! >= 300) non2xx++;
-          resolve();
-        });
-      });
+      const req = http.request(
+        `${opts.url}${r.path}`,
+        { method: 'POST', agent, headers: { ...r.headers, 'content-length': Buffer.byteLength(r.body) } },
+        (res) => {
+          res.resume();
+          res.once('end', () => {
+            latencies.push(performance.now() - sent);
+            if (res.statusCode! < 200 || res.statusCode! >= 300) non2xx++;
+            resolve();
+          });
+        },
+      );
       req.once('error', () => {
         errors++;
         resolve();

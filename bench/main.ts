@@ -34,7 +34,12 @@ async function runCreation(): Promise<[string, Result, Result]> {
     servers.push(bare.child);
     return [
       'POST /api/v1/autonomy/run (one no-op step) vs Express + queue.add',
-      await load({ url: `${web.url}/api/v1/autonomy/run`, method: 'POST', headers: { authorization: `Bearer ${KEY}`, 'content-type': 'application/json' }, body }),
+      await load({
+        url: `${web.url}/api/v1/autonomy/run`,
+        method: 'POST',
+        headers: { authorization: `Bearer ${KEY}`, 'content-type': 'application/json' },
+        body,
+      }),
       await load({ url: `${bare.url}/api/v1/autonomy/run`, method: 'POST', headers: { 'content-type': 'application/json' }, body }),
     ];
   } finally {
@@ -57,7 +62,11 @@ async function main(): Promise<void> {
     SERVICE_SECRET_KEY: 'ab'.repeat(32),
   });
   const auth = { authorization: `Bearer ${KEY}`, 'content-type': 'application/json' };
-  const definition = JSON.stringify({ name: 'bench', triggers: [{ type: 'cron', schedule: '0 3 * * *', timezone: 'UTC' }], steps: [{ tool: 'shell', args: { command: 'true' } }] });
+  const definition = JSON.stringify({
+    name: 'bench',
+    triggers: [{ type: 'cron', schedule: '0 3 * * *', timezone: 'UTC' }],
+    steps: [{ tool: 'shell', args: { command: 'true' } }],
+  });
   let created: unknown;
   for (let i = 0; i < 20; i++) created = await (await fetch(`${service.url}/api/v1/automations`, { method: 'POST', headers: auth, body: definition })).json();
   const list = await (await fetch(`${service.url}/api/v1/automations?limit=20`, { headers: auth })).json();
@@ -83,7 +92,9 @@ async function main(): Promise<void> {
     console.log('| scenario | service req/s | bare Express req/s | ratio | service p50 / p99 ms | bare p50 / p99 ms | errors + non-2xx |');
     console.log('|---|---|---|---|---|---|---|');
     for (const [name, s, b] of rows) {
-      console.log(`| ${name} | ${s.rps.toFixed(0)} | ${b.rps.toFixed(0)} | ${(s.rps / b.rps).toFixed(2)} | ${s.p50} / ${s.p99} | ${b.p50} / ${b.p99} | ${s.errors + s.non2xx} |`);
+      console.log(
+        `| ${name} | ${s.rps.toFixed(0)} | ${b.rps.toFixed(0)} | ${(s.rps / b.rps).toFixed(2)} | ${s.p50} / ${s.p99} | ${b.p50} / ${b.p99} | ${s.errors + s.non2xx} |`,
+      );
     }
     console.log('\n| run engine | service | raw BullMQ | ratio |');
     console.log('|---|---|---|---|');
@@ -96,7 +107,10 @@ async function main(): Promise<void> {
 }
 
 if (process.env.BENCH_ONLY === 'webhooks') {
-  for (const [name, s, b] of await webhookIntake()) console.log(`| ${name} | ${s.rps.toFixed(0)} | ${b.rps.toFixed(0)} | ${(s.rps / b.rps).toFixed(2)} | ${s.p50} / ${s.p99} | ${b.p50} / ${b.p99} | ${s.errors + s.non2xx} |`);
+  for (const [name, s, b] of await webhookIntake())
+    console.log(
+      `| ${name} | ${s.rps.toFixed(0)} | ${b.rps.toFixed(0)} | ${(s.rps / b.rps).toFixed(2)} | ${s.p50} / ${s.p99} | ${b.p50} / ${b.p99} | ${s.errors + s.non2xx} |`,
+    );
 } else {
   await main();
 }

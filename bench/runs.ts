@@ -24,7 +24,8 @@ async function rawThroughput(): Promise<number> {
   const connection = new Redis(REDIS_URL, { maxRetriesPerRequest: null });
   const queue = new Queue('noop', { connection, prefix });
   try {
-    for (let i = 0; i < RUNS; i += 1000) await queue.addBulk(Array.from({ length: Math.min(1000, RUNS - i) }, (_, j) => ({ name: 'noop', data: { i: i + j }, opts: { removeOnComplete: true } })));
+    for (let i = 0; i < RUNS; i += 1000)
+      await queue.addBulk(Array.from({ length: Math.min(1000, RUNS - i) }, (_, j) => ({ name: 'noop', data: { i: i + j }, opts: { removeOnComplete: true } })));
     let done = 0;
     const started = performance.now();
     const finished = new Promise<void>((resolve) => {

@@ -73,7 +73,11 @@ export async function webhookIntake(): Promise<[string, Result, Result][]> {
       ours.push(await load({ url: web.url, requests: signedDeliveries() }));
       theirs.push(await load({ url: bare.url, requests: signedDeliveries() }));
     }
-    const throughput: [string, Result, Result] = ['POST /webhooks/{tenant}/codehost, signed deliveries, vs Express + queue.add (median of 3 alternating rounds)', median(ours), median(theirs)];
+    const throughput: [string, Result, Result] = [
+      'POST /webhooks/{tenant}/codehost, signed deliveries, vs Express + queue.add (median of 3 alternating rounds)',
+      median(ours),
+      median(theirs),
+    ];
     return [throughput, steady];
   } finally {
     await Promise.all(servers.map(stop));

@@ -102,7 +102,12 @@ const url = (protocols: string[], def?: string) =>
 const list = z
   .string()
   .optional()
-  .transform((v) => (v ?? '').split(',').map((s) => s.trim()).filter(Boolean));
+  .transform((v) =>
+    (v ?? '')
+      .split(',')
+      .map((s) => s.trim())
+      .filter(Boolean),
+  );
 
 const apiKeySeeds = list.transform((items, ctx) => {
   const seeds: ApiKeySeed[] = [];
@@ -112,7 +117,10 @@ const apiKeySeeds = list.transform((items, ctx) => {
     const key = item.slice(at + 1);
     if (at < 1 || !TENANT_ID_PATTERN.test(tenantId) || key.length < 16) {
       // never echo the key itself: this message reaches logs
-      ctx.addIssue({ code: 'custom', message: `entry ${i + 1} must be tenant:key with a tenant id of letters, digits, _ or - and a key of at least 16 characters` });
+      ctx.addIssue({
+        code: 'custom',
+        message: `entry ${i + 1} must be tenant:key with a tenant id of letters, digits, _ or - and a key of at least 16 characters`,
+      });
       return z.NEVER;
     }
     seeds.push({ tenantId, key });
@@ -121,11 +129,17 @@ const apiKeySeeds = list.transform((items, ctx) => {
 });
 
 const schema = z.object({
-  NODE_ENV: z.string().optional().transform((v) => v?.trim() || 'development'),
+  NODE_ENV: z
+    .string()
+    .optional()
+    .transform((v) => v?.trim() || 'development'),
   PORT: int(8080, 0, 65535),
   REDIS_URL: url(['redis:', 'rediss:'], 'redis://127.0.0.1:6379'),
   MONGODB_URI: url(['mongodb:', 'mongodb+srv:']),
-  SERVICE_DATA_DIR: z.string().optional().transform((v) => path.resolve(v?.trim() || 'data')),
+  SERVICE_DATA_DIR: z
+    .string()
+    .optional()
+    .transform((v) => path.resolve(v?.trim() || 'data')),
   SERVICE_QUEUE_PREFIX: z
     .string()
     .optional()
@@ -137,7 +151,10 @@ const schema = z.object({
     .optional()
     .transform((v) => v?.trim() || 'required')
     .pipe(z.enum(['required', 'none'], { message: 'expected "required" or "none"' })),
-  SERVICE_WORKSPACE_ROOT: z.string().optional().transform((v) => path.resolve(v?.trim() || '.')),
+  SERVICE_WORKSPACE_ROOT: z
+    .string()
+    .optional()
+    .transform((v) => path.resolve(v?.trim() || '.')),
   SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS: flag,
   SERVICE_ADMIN_KEYS: list.refine((keys) => keys.every((k) => k.length >= 16), 'every admin key must be at least 16 characters'),
   SERVICE_SECRET_KEY: optionalText.refine(

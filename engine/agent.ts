@@ -59,7 +59,11 @@ export async function runAgent(opts: {
       if (left !== undefined && left <= 0) return { answer: null, stopped_by: 'max_steps' };
       const result = await opts.callTool(call.tool, call.args);
       const content = JSON.stringify(result.error ? { error: result.error, output: result.output } : result.output);
-      messages.push({ role: 'tool', tool_call_id: call.id, content: content.length > RESULT_MAX_CHARS ? `${content.slice(0, RESULT_MAX_CHARS)}…(truncated)` : content });
+      messages.push({
+        role: 'tool',
+        tool_call_id: call.id,
+        content: content.length > RESULT_MAX_CHARS ? `${content.slice(0, RESULT_MAX_CHARS)}…(truncated)` : content,
+      });
       if (opts.signal.aborted) throw opts.signal.reason;
     }
   }

@@ -18,7 +18,17 @@ export type AutomationList = { status?: AutomationStatus[]; include_archived?: b
 const RUN_STATUSES_ZERO: Record<RunStatus, number> = { queued: 0, running: 0, succeeded: 0, failed: 0, canceled: 0, timed_out: 0 };
 
 export function runSummaryOf(r: Run) {
-  return { id: r.id, status: r.status, trigger: r.trigger, summary: r.summary, error: r.error, created_at: r.created_at, started_at: r.started_at, finished_at: r.finished_at, duration_ms: r.duration_ms };
+  return {
+    id: r.id,
+    status: r.status,
+    trigger: r.trigger,
+    summary: r.summary,
+    error: r.error,
+    created_at: r.created_at,
+    started_at: r.started_at,
+    finished_at: r.finished_at,
+    duration_ms: r.duration_ms,
+  };
 }
 
 export type AutomationHooks = {
@@ -63,7 +73,9 @@ export function automationsOf(deps: EngineDeps, hooks: AutomationHooks) {
   /** A conditional update that says why it did not apply: gone (404) or archived (409). */
   /** Tells the hooks; a failure there is logged, and the periodic reconcile repairs it. */
   async function changed(a: Automation, before?: Automation): Promise<Automation> {
-    await hooks.changed(a, before).catch((err: unknown) => deps.log.warn({ automation_id: a.id, err: (err as Error).message }, 'automation hooks failed; the reconciler will repair'));
+    await hooks
+      .changed(a, before)
+      .catch((err: unknown) => deps.log.warn({ automation_id: a.id, err: (err as Error).message }, 'automation hooks failed; the reconciler will repair'));
     return a;
   }
 
@@ -133,7 +145,8 @@ export function automationsOf(deps: EngineDeps, hooks: AutomationHooks) {
       if (patch.triggers !== undefined) changes.triggers = patch.triggers;
       if (patch.tool_allowlist !== undefined) changes.tool_allowlist = patch.tool_allowlist;
       if (patch.budget !== undefined) changes.budget = budgetOf(patch.budget, '/body/budget', errors, current.budget);
-      if (changes.tool_allowlist && current.steps) checkWork({ steps: current.steps, goal: current.goal ?? undefined, tool_allowlist: changes.tool_allowlist }, errors);
+      if (changes.tool_allowlist && current.steps)
+        checkWork({ steps: current.steps, goal: current.goal ?? undefined, tool_allowlist: changes.tool_allowlist }, errors);
       check(errors);
       return change(tenantId, id, changes, current);
     },
@@ -160,16 +173,16 @@ export function automationsOf(deps: EngineDeps, hooks: AutomationHooks) {
       };
     },
 
-
     async status(tenantId: string, id: string) {
       const a = await mustGet(tenantId, id);
       const stats = await store.runs.automationStats(tenantId, id, 100);
       const counts = { ...RUN_STATUSES_ZERO, ...stats.counts };
       const finished = counts.succeeded + counts.failed + counts.canceled + counts.timed_out;
       const now = clock.now();
-      const fires = a.status === 'enabled'
-        ? a.triggers.flatMap((t) => (t.type === 'cron' ? [nextCronFire(t.schedule, t.timezone, now)] : [])).filter((d): d is Date => d !== null)
-        : [];
+      const fires =
+        a.status === 'enabled'
+          ? a.triggers.flatMap((t) => (t.type === 'cron' ? [nextCronFire(t.schedule, t.timezone, now)] : [])).filter((d): d is Date => d !== null)
+          : [];
       return {
         automation_id: id,
         status: a.status,

@@ -5,7 +5,11 @@ export type FieldError = { path: string; message: string };
 export abstract class AppError extends Error {
   abstract readonly code: string;
   readonly retryable: boolean = false;
-  constructor(message: string, readonly details: Record<string, unknown> = {}, opts?: ErrorOptions) {
+  constructor(
+    message: string,
+    readonly details: Record<string, unknown> = {},
+    opts?: ErrorOptions,
+  ) {
     super(message, opts);
     this.name = new.target.name;
   }
@@ -22,7 +26,10 @@ export class ConflictError extends AppError {
 /** Input that passed the schema but not the engine's own rules (a cron expression, a time zone, a budget). */
 export class ValidationError extends AppError {
   readonly code = 'validation-failed';
-  constructor(message: string, readonly errors: FieldError[]) {
+  constructor(
+    message: string,
+    readonly errors: FieldError[],
+  ) {
     super(message, { errors });
   }
 }
@@ -60,7 +67,10 @@ export class WebhookRejectedError extends AppError {
 /** Too many requests for one tenant; `retryAfterSeconds` goes out as Retry-After. */
 export class RateLimitedError extends AppError {
   readonly code = 'rate-limited';
-  constructor(message: string, readonly retryAfterSeconds: number) {
+  constructor(
+    message: string,
+    readonly retryAfterSeconds: number,
+  ) {
     super(message, { retry_after_seconds: retryAfterSeconds });
   }
 }

@@ -31,13 +31,24 @@ export function executorOf(deps: EngineDeps, runs: Runs) {
     const done = await store.runs.update(
       run.tenant_id,
       run.id,
-      { ...changes, finished_at: finishedAt.toISOString(), duration_ms: finishedAt.getTime() - started, usage: { ...run.usage, seconds: (finishedAt.getTime() - started) / 1000 } },
+      {
+        ...changes,
+        finished_at: finishedAt.toISOString(),
+        duration_ms: finishedAt.getTime() - started,
+        usage: { ...run.usage, seconds: (finishedAt.getTime() - started) / 1000 },
+      },
       ['running'],
     );
     if (done) {
       deps.metrics.runDuration.observe({ kind: done.kind, status: done.status }, (done.duration_ms ?? 0) / 1000);
       deps.metrics.runsFinished.inc({ kind: done.kind, status: done.status });
-      await emit(done, 'run.finished', { status: done.status, summary: done.summary, error: done.error, duration_ms: done.duration_ms, result: done.result ? { changed_files: done.result.changed_files } : null });
+      await emit(done, 'run.finished', {
+        status: done.status,
+        summary: done.summary,
+        error: done.error,
+        duration_ms: done.duration_ms,
+        result: done.result ? { changed_files: done.result.changed_files } : null,
+      });
       log.info({ tenant_id: run.tenant_id, run_id: run.id, status: done.status, duration_ms: done.duration_ms, request_id: run.request_id }, 'run finished');
     }
   }
@@ -78,7 +89,14 @@ export function executorOf(deps: EngineDeps, runs: Runs) {
     const controller = new AbortController();
     inFlight.set(runId, controller);
     const budgetMs = run.budget.seconds * 1000;
-    const deadline = setTimeout(() => controller.abort({ status: 'timed_out', error: { code: 'budget-exceeded', message: `the budget of ${run.budget.seconds} s ran out` } } satisfies StopReason), budgetMs);
+    const deadline = setTimeout(
+      () =>
+        controller.abort({
+          status: 'timed_out',
+          error: { code: 'budget-exceeded', message: `the budget of ${run.budget.seconds} s ran out` },
+        } satisfies StopReason),
+      budgetMs,
+    );
     let scratch: Scratch | undefined;
     try {
       await emit(run, 'run.started', { kind: run.kind, budget: run.budget, queued_ms: startedAt.getTime() - new Date(run.created_at).getTime() });
@@ -99,7 +117,14 @@ export function executorOf(deps: EngineDeps, runs: Runs) {
       await finish(run, { status, error, summary, steps: run.steps, usage: run.usage, agent_turns: run.agent_turns, result: run.result });
     } catch (err) {
       log.error({ err, run_id: runId }, 'run failed unexpectedly');
-      await finish(run, { status: 'failed', error: { code: 'internal', message: 'the run failed unexpectedly' }, summary: 'failed: internal error', steps: run.steps, usage: run.usage, agent_turns: run.agent_turns });
+      await finish(run, {
+        status: 'failed',
+        error: { code: 'internal', message: 'the run failed unexpectedly' },
+        summary: 'failed: internal error',
+        steps: run.steps,
+        usage: run.usage,
+        agent_turns: run.agent_turns,
+      });
     } finally {
       clearTimeout(deadline);
       inFlight.delete(runId);
@@ -140,7 +165,19 @@ export function executorOf(deps: EngineDeps, runs: Runs) {
         signal,
         stepsLeft,
         callTool: async (tool, args) => {
-          const step: StepRecord = { index: run.steps.length, name: null, tool, args, status: 'pending', source: 'agent', started_at: null, finished_at: null, duration_ms: null, output: null, error: null };
+          const step: StepRecord = {
+            index: run.steps.length,
+            name: null,
+            tool,
+            args,
+            status: 'pending',
+            source: 'agent',
+            started_at: null,
+            finished_at: null,
+            duration_ms: null,
+            output: null,
+            error: null,
+          };
           run.steps.push(step);
           return runStep(run, step, workspace, signal);
         },
@@ -151,7 +188,8 @@ export function executorOf(deps: EngineDeps, runs: Runs) {
           await emit(run, 'agent.turn', full);
         },
       });
-      if (outcome.stopped_by === 'max_steps') return { summary: '', error: { code: 'max-steps-reached', message: `max_steps (${run.budget.max_steps}) reached before the agent finished` } };
+      if (outcome.stopped_by === 'max_steps')
+        return { summary: '', error: { code: 'max-steps-reached', message: `max_steps (${run.budget.max_steps}) reached before the agent finished` } };
       run.result = { final_answer: outcome.answer ?? '' };
       return { summary: (outcome.answer ?? 'the agent finished').split('\n')[0]!.slice(0, 300) };
     } catch (err) {
@@ -170,7 +208,10 @@ export function executorOf(deps: EngineDeps, runs: Runs) {
     const tool = TOOLS.get(step.tool);
     if (!run.tool_allowlist.includes(step.tool)) {
       // refused before anything of it runs
-      result = { output: {}, error: { code: 'tool-not-allowed', message: `${step.tool} is not in this run's tool allowlist (${run.tool_allowlist.join(', ') || 'empty'})` } };
+      result = {
+        output: {},
+        error: { code: 'tool-not-allowed', message: `${step.tool} is not in this run's tool allowlist (${run.tool_allowlist.join(', ') || 'empty'})` },
+      };
     } else if (!tool) {
       result = { output: {}, error: { code: 'tool-unavailable', message: `${step.tool} cannot run in this service yet` } };
     } else {
@@ -203,7 +244,14 @@ export function executorOf(deps: EngineDeps, runs: Runs) {
     step.output = result.output;
     step.error = stop?.error ?? result.error ?? null;
     saveProgress(run);
-    await emit(run, 'step.finished', { index: step.index, tool: step.tool, status: step.status, duration_ms: step.duration_ms, error: step.error, exit_code: result.output.exit_code });
+    await emit(run, 'step.finished', {
+      index: step.index,
+      tool: step.tool,
+      status: step.status,
+      duration_ms: step.duration_ms,
+      error: step.error,
+      exit_code: result.output.exit_code,
+    });
     return result;
   }
 

@@ -41,7 +41,12 @@ export function createEngine(deps: EngineDeps) {
     fireCron: async (job: CronJob, jobId: string, firedAt: Date) => {
       const a = await deps.store.automations.get(job.tenant_id, job.automation_id);
       const t = a?.triggers[job.trigger_index];
-      const trigger: RunTrigger = { type: 'cron', schedule: t?.type === 'cron' ? t.schedule : '', timezone: t?.type === 'cron' ? t.timezone : '', fire_at: firedAt.toISOString() };
+      const trigger: RunTrigger = {
+        type: 'cron',
+        schedule: t?.type === 'cron' ? t.schedule : '',
+        timezone: t?.type === 'cron' ? t.timezone : '',
+        fire_at: firedAt.toISOString(),
+      };
       return fire(job.tenant_id, job.automation_id, trigger, `cron:${jobId}`);
     },
     deps,

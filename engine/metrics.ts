@@ -29,7 +29,12 @@ export function createMetrics(deps: { store: Store; queues: Queues }): Metrics {
     buckets: [0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600],
     registers: [registry],
   });
-  const runsFinished = new Counter({ name: 'runs_finished_total', help: 'Runs finished by this process, by kind and status', labelNames: ['kind', 'status'] as const, registers: [registry] });
+  const runsFinished = new Counter({
+    name: 'runs_finished_total',
+    help: 'Runs finished by this process, by kind and status',
+    labelNames: ['kind', 'status'] as const,
+    registers: [registry],
+  });
   new Gauge({
     name: 'runs',
     help: 'Runs in the store by kind and status (all processes)',

@@ -35,7 +35,11 @@ export async function probeRedis(url: string, timeoutMs = 2000): Promise<void> {
   const probe = new Redis(url, { lazyConnect: true, connectTimeout: timeoutMs, retryStrategy: () => null, maxRetriesPerRequest: 0, enableOfflineQueue: false });
   probe.on('error', () => {}); // reported through the rejected promise below
   try {
-    await withTimeout(probe.connect().then(() => probe.ping()), timeoutMs, 'no answer');
+    await withTimeout(
+      probe.connect().then(() => probe.ping()),
+      timeoutMs,
+      'no answer',
+    );
   } catch (err) {
     throw new RedisUnreachableError(url, err);
   } finally {

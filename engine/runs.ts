@@ -2,14 +2,7 @@
 // outbox); the tenant's slots decide whether its job is added now or when a slot frees; the
 // reconciler re-admits queued runs that lost their job and fails running runs whose worker died.
 import { createHash } from 'node:crypto';
-import {
-  AgentNotConfiguredError,
-  ConflictError,
-  IdempotencyKeyReusedError,
-  NotFoundError,
-  ValidationError,
-  type FieldError,
-} from './errors.js';
+import { AgentNotConfiguredError, ConflictError, IdempotencyKeyReusedError, NotFoundError, ValidationError, type FieldError } from './errors.js';
 import type { EngineDeps } from './deps.js';
 import { newId } from './ids.js';
 import { DEFAULT_AGENT_TOOLS, TERMINAL_RUN_STATUSES, type Run, type RunKind, type RunTrigger, type Step, type StepRecord } from './model.js';
@@ -38,11 +31,13 @@ const cancelKey = (prefix: string, runId: string) => `${prefix}:run-cancel:${run
 const IDEMPOTENCY_TTL_SECONDS = 24 * 3600;
 
 export async function enqueueRun(queues: Queues, run: Pick<Run, 'id' | 'tenant_id' | 'request_id'>): Promise<void> {
-  await queues.get('runs').add(
-    'run',
-    { run_id: run.id, tenant_id: run.tenant_id, request_id: run.request_id },
-    { jobId: jobIdOfRun(run.id), removeOnComplete: { count: 1000 }, removeOnFail: { count: 5000 } },
-  );
+  await queues
+    .get('runs')
+    .add(
+      'run',
+      { run_id: run.id, tenant_id: run.tenant_id, request_id: run.request_id },
+      { jobId: jobIdOfRun(run.id), removeOnComplete: { count: 1000 }, removeOnFail: { count: 5000 } },
+    );
 }
 
 /** Appends an event about a run to its session's log: the one way run events are written. */
@@ -74,10 +69,13 @@ export function runsOf(deps: EngineDeps) {
     const goal = req.goal?.trim() ? req.goal : null;
     if (!steps && !goal) errors.push({ path: '/body', message: 'give the work to do: non-empty steps, or a goal for the agent' });
     const seconds = req.budget_seconds ?? limits.defaultBudgetSeconds;
-    if (seconds > limits.maxBudgetSeconds) errors.push({ path: '/body/budget_seconds', message: `must be at most ${limits.maxBudgetSeconds} (SERVICE_RUN_MAX_BUDGET_SECONDS)` });
+    if (seconds > limits.maxBudgetSeconds)
+      errors.push({ path: '/body/budget_seconds', message: `must be at most ${limits.maxBudgetSeconds} (SERVICE_RUN_MAX_BUDGET_SECONDS)` });
     if (errors.length) throw new ValidationError(errors.map((e) => `${e.path}: ${e.message}`).join('; '), errors);
     if (!steps && !settings.agent) {
-      throw new AgentNotConfiguredError('this run names a goal and no steps, and no agent endpoint is configured (SERVICE_AGENT_BASE_URL, SERVICE_AGENT_MODEL)');
+      throw new AgentNotConfiguredError(
+        'this run names a goal and no steps, and no agent endpoint is configured (SERVICE_AGENT_BASE_URL, SERVICE_AGENT_MODEL)',
+      );
     }
     const workspace = await resolveWorkspace(settings.workspaceRoot, req.workspace);
     const now = clock.now().toISOString();
@@ -184,11 +182,20 @@ export function runsOf(deps: EngineDeps) {
       const canceled = await store.runs.update(
         tenantId,
         id,
-        { status: 'canceled', finished_at: now.toISOString(), duration_ms: 0, error: { code: 'canceled', message: 'canceled before it started' }, summary: 'canceled before it started' },
+        {
+          status: 'canceled',
+          finished_at: now.toISOString(),
+          duration_ms: 0,
+          error: { code: 'canceled', message: 'canceled before it started' },
+          summary: 'canceled before it started',
+        },
         ['queued'],
       );
       if (canceled) {
-        await queues.get('runs').remove(jobIdOfRun(id)).catch(() => 0);
+        await queues
+          .get('runs')
+          .remove(jobIdOfRun(id))
+          .catch(() => 0);
         await release(tenantId, id);
         await appendRunEvent(events, run, 'run.finished', { status: 'canceled', summary: canceled.summary, error: canceled.error });
         return canceled;
@@ -247,7 +254,12 @@ export function runsOf(deps: EngineDeps) {
         const failed = await store.runs.update(
           run.tenant_id,
           run.id,
-          { status: 'failed', finished_at: clock.now().toISOString(), error: { code: 'worker-lost', message: 'the run’s job was lost' }, summary: 'failed: worker lost' },
+          {
+            status: 'failed',
+            finished_at: clock.now().toISOString(),
+            error: { code: 'worker-lost', message: 'the run’s job was lost' },
+            summary: 'failed: worker lost',
+          },
           ['running'],
         );
         if (failed) {

@@ -26,14 +26,19 @@ export function schedulesOf(deps: Pick<EngineDeps, 'queues' | 'store' | 'log'>) 
     const out = new Map<string, { pattern: string; tz: string; data: CronJob }>();
     if (a.status !== 'enabled') return out;
     a.triggers.forEach((t, i) => {
-      if (t.type === 'cron') out.set(schedulerIdOf(a.id, i), { pattern: t.schedule, tz: t.timezone, data: { tenant_id: a.tenant_id, automation_id: a.id, trigger_index: i } });
+      if (t.type === 'cron')
+        out.set(schedulerIdOf(a.id, i), { pattern: t.schedule, tz: t.timezone, data: { tenant_id: a.tenant_id, automation_id: a.id, trigger_index: i } });
     });
     return out;
   }
 
   async function apply(want: Map<string, { pattern: string; tz: string; data: CronJob }>, have: string[]): Promise<void> {
     for (const [id, w] of want) {
-      await queue.upsertJobScheduler(id, { pattern: w.pattern, tz: w.tz }, { name: 'cron', data: w.data, opts: { removeOnComplete: { count: 100 }, removeOnFail: { count: 500 } } });
+      await queue.upsertJobScheduler(
+        id,
+        { pattern: w.pattern, tz: w.tz },
+        { name: 'cron', data: w.data, opts: { removeOnComplete: { count: 100 }, removeOnFail: { count: 500 } } },
+      );
     }
     for (const id of have) if (!want.has(id)) await queue.removeJobScheduler(id); // a no-op when absent
   }

@@ -16,7 +16,10 @@ export type SecretBox = {
 export const SECRET_KEY_FILE = 'secret.key';
 
 /** The 32-byte key: from SERVICE_SECRET_KEY (hex or base64), else the data dir's key file, made when absent. */
-export function loadSecretKey(opts: { secretKey: string | undefined; dataDir: string; isProduction: boolean }): { key: Buffer; source: 'env' | 'file' | 'generated' } {
+export function loadSecretKey(opts: { secretKey: string | undefined; dataDir: string; isProduction: boolean }): {
+  key: Buffer;
+  source: 'env' | 'file' | 'generated';
+} {
   if (opts.secretKey) return { key: decodeKey(opts.secretKey), source: 'env' };
   if (opts.isProduction) throw new Error('SERVICE_SECRET_KEY is required when NODE_ENV=production');
   const file = path.join(opts.dataDir, SECRET_KEY_FILE);

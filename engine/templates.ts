@@ -42,7 +42,10 @@ const variableSchema = z
     type: z.enum(VARIABLE_TYPES),
     required: z.boolean().default(false),
     default: z.union([z.string(), z.number(), z.boolean()]).optional(),
-    enum: z.array(z.union([z.string(), z.number()])).min(1).optional(),
+    enum: z
+      .array(z.union([z.string(), z.number()]))
+      .min(1)
+      .optional(),
     description: z.string().min(1),
   })
   .strict();
@@ -125,7 +128,8 @@ export function instantiateTemplate(t: Template, given: Record<string, unknown>)
       continue;
     }
     if (!typeMatches(v.type, value)) errors.push({ path: `/body/variables/${v.name}`, message: `must be of type ${v.type}` });
-    else if (v.enum && !v.enum.includes(value as string | number)) errors.push({ path: `/body/variables/${v.name}`, message: `must be one of ${v.enum.join(', ')}` });
+    else if (v.enum && !v.enum.includes(value as string | number))
+      errors.push({ path: `/body/variables/${v.name}`, message: `must be one of ${v.enum.join(', ')}` });
     else values[v.name] = value;
   }
   if (errors.length) throw new ValidationError(`the variables do not fit template ${t.id}: ${errors.map((e) => e.path.split('/').pop()).join(', ')}`, errors);

@@ -32,8 +32,17 @@ export function automationsRouter(engine: Engine): Router {
   router.post('/run', async (req, res) => {
     const body = req.body as operations['runAutomation']['requestBody']['content']['application/json'];
     const tenantId = tenantOf(req);
-    const request = await automations.runRequest(tenantId, body.automation_id, { inputs: body.inputs, trigger: { type: 'manual', request_id: String(req.id) }, request_id: String(req.id) });
-    const { run, replayed } = await engine.runs.createIdempotent(tenantId, idempotencyKeyOf(req), { automation_id: body.automation_id, inputs: body.inputs ?? {} }, request);
+    const request = await automations.runRequest(tenantId, body.automation_id, {
+      inputs: body.inputs,
+      trigger: { type: 'manual', request_id: String(req.id) },
+      request_id: String(req.id),
+    });
+    const { run, replayed } = await engine.runs.createIdempotent(
+      tenantId,
+      idempotencyKeyOf(req),
+      { automation_id: body.automation_id, inputs: body.inputs ?? {} },
+      request,
+    );
     acceptRun(res, run, replayed);
   });
 

@@ -15,23 +15,36 @@ export function autonomyRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
   const router = Router();
 
   const watch = (req: Request, res: Response, sessionId: string, afterId: string, extra: { status?: number; headers?: Record<string, string> } = {}) =>
-    streamEvents(req, res, { streams: opts.streams, hub: opts.hub, scope: runScope(sessionId), afterId, heartbeatMs: opts.heartbeatMs, isLast: (e) => e.type === 'run.finished', ...extra });
+    streamEvents(req, res, {
+      streams: opts.streams,
+      hub: opts.hub,
+      scope: runScope(sessionId),
+      afterId,
+      heartbeatMs: opts.heartbeatMs,
+      isLast: (e) => e.type === 'run.finished',
+      ...extra,
+    });
 
   const start = (kind: RunKind) => async (req: Request, res: Response) => {
     const body = req.body as AutonomyRunRequest;
     const { stream, ...work } = body;
-    const { run, replayed } = await engine.runs.createIdempotent(tenantOf(req), idempotencyKeyOf(req), { kind, work }, {
-      kind,
-      goal: work.goal,
-      steps: work.steps?.map((s) => ({ ...s, args: s.args ?? {} })),
-      tool_allowlist: work.tools,
-      workspace: work.workspace,
-      budget_seconds: work.budget_seconds,
-      max_steps: work.max_steps,
-      inputs: work.inputs,
-      trigger: { type: 'api', request_id: String(req.id) },
-      request_id: String(req.id),
-    });
+    const { run, replayed } = await engine.runs.createIdempotent(
+      tenantOf(req),
+      idempotencyKeyOf(req),
+      { kind, work },
+      {
+        kind,
+        goal: work.goal,
+        steps: work.steps?.map((s) => ({ ...s, args: s.args ?? {} })),
+        tool_allowlist: work.tools,
+        workspace: work.workspace,
+        budget_seconds: work.budget_seconds,
+        max_steps: work.max_steps,
+        inputs: work.inputs,
+        trigger: { type: 'api', request_id: String(req.id) },
+        request_id: String(req.id),
+      },
+    );
     if (stream) await watch(req, res, run.session_id, '0-0', { headers: { Location: runLocation(run.id) } });
     else acceptRun(res, run, replayed);
   };

@@ -1,7 +1,19 @@
 // The store port: typed repositories with the tenant id on every method that reads or changes
 // tenant data. Two adapters implement it (sqlite/, mongo/); one contract suite tests both.
 import { ValidationError } from '../errors.js';
-import type { ApiKeyRecord, Automation, AutomationStatus, DeliveryStatus, Run, RunKind, RunStatus, Trigger, WebhookDelivery, WebhookProvider, WebhookSecretRecord } from '../model.js';
+import type {
+  ApiKeyRecord,
+  Automation,
+  AutomationStatus,
+  DeliveryStatus,
+  Run,
+  RunKind,
+  RunStatus,
+  Trigger,
+  WebhookDelivery,
+  WebhookProvider,
+  WebhookSecretRecord,
+} from '../model.js';
 
 export type Page<T> = { items: T[]; next_cursor: string | null };
 

@@ -22,7 +22,13 @@ export const BODY_LIMIT_BYTES: Record<WebhookProvider, number> = {
 const SECRET_CACHE_MS = 5000;
 const STALE_AFTER_MS = 30_000;
 
-type Fire = (tenantId: string, automationId: string, trigger: RunTrigger, idempotencyKey: string, inputs: Record<string, unknown>) => Promise<{ id: string } | null>;
+type Fire = (
+  tenantId: string,
+  automationId: string,
+  trigger: RunTrigger,
+  idempotencyKey: string,
+  inputs: Record<string, unknown>,
+) => Promise<{ id: string } | null>;
 
 export type Receipt = {
   status: number;
@@ -33,7 +39,9 @@ export type Receipt = {
 
 type TenantSecrets = { at: number; known: boolean; byKind: Map<WebhookProvider, string[]> };
 
-type GatingRedis = Redis & { webhookGate(rateKey: string, seenKey: string, windowMs: number, limit: number, seenTtlSeconds: number): Promise<[number, number]> };
+type GatingRedis = Redis & {
+  webhookGate(rateKey: string, seenKey: string, windowMs: number, limit: number, seenTtlSeconds: number): Promise<[number, number]>;
+};
 
 // One round trip per request: count it against the tenant's minute, then (when a signed request has
 // a replay key) remember what was signed. Answers [1, 0] go on, [0, ms until the minute ends]
@@ -62,10 +70,16 @@ export function webhooksOf(deps: EngineDeps, fire: Fire) {
     const byKind = new Map<WebhookProvider, string[]>();
     for (const r of records) {
       try {
-        byKind.set(r.kind, r.sealed.map((s) => secretBox.open(s, owner(tenantId, r.kind))));
+        byKind.set(
+          r.kind,
+          r.sealed.map((s) => secretBox.open(s, owner(tenantId, r.kind))),
+        );
       } catch {
         // sealed under another key (SERVICE_SECRET_KEY changed) or altered: the kind cannot verify anything
-        log.error({ tenant_id: tenantId, kind: r.kind }, 'a webhook secret does not open with SERVICE_SECRET_KEY; set it again with PUT /api/v1/webhook-secrets/{kind}');
+        log.error(
+          { tenant_id: tenantId, kind: r.kind },
+          'a webhook secret does not open with SERVICE_SECRET_KEY; set it again with PUT /api/v1/webhook-secrets/{kind}',
+        );
       }
     }
     // a tenant exists once it has an API key; secrets can only be set with one
@@ -84,10 +98,19 @@ export function webhooksOf(deps: EngineDeps, fire: Fire) {
     const bucket = Math.floor(clock.now().getTime() / 60_000);
     const window = windowOf(kind, windowSeconds);
     // a signature stays valid for a window either side of its timestamp: remember it for both
-    const [verdict, ttlMs] = await gating.webhookGate(`${prefix}:webhook-rate:${tenantId}:${bucket}`, seenKey ?? `${prefix}:webhook-seen:-`, 61_000, perMinute, seenKey ? window * 2 + 1 : 0);
+    const [verdict, ttlMs] = await gating.webhookGate(
+      `${prefix}:webhook-rate:${tenantId}:${bucket}`,
+      seenKey ?? `${prefix}:webhook-seen:-`,
+      61_000,
+      perMinute,
+      seenKey ? window * 2 + 1 : 0,
+    );
     if (verdict === 0) {
       deps.metrics.webhookRequests.inc({ kind, outcome: 'rate-limited' });
-      throw new RateLimitedError(`this tenant sent more than ${perMinute} webhook requests this minute`, Math.max(1, Math.ceil(Math.min(ttlMs, 60_000) / 1000)));
+      throw new RateLimitedError(
+        `this tenant sent more than ${perMinute} webhook requests this minute`,
+        Math.max(1, Math.ceil(Math.min(ttlMs, 60_000) / 1000)),
+      );
     }
     return verdict === 1;
   }
@@ -95,9 +118,17 @@ export function webhooksOf(deps: EngineDeps, fire: Fire) {
   const secretView = (r: WebhookSecretRecord) => ({ kind: r.kind, secret_count: r.sealed.length, created_at: r.created_at, updated_at: r.updated_at });
 
   async function enqueue(d: Pick<WebhookDelivery, 'id' | 'tenant_id'>): Promise<void> {
-    await queues
-      .get('webhooks')
-      .add('delivery', { delivery_id: d.id, tenant_id: d.tenant_id }, { jobId: jobIdOfDelivery(d.id), attempts: 5, backoff: { type: 'exponential', delay: 1000 }, removeOnComplete: { count: 1000 }, removeOnFail: { count: 5000 } });
+    await queues.get('webhooks').add(
+      'delivery',
+      { delivery_id: d.id, tenant_id: d.tenant_id },
+      {
+        jobId: jobIdOfDelivery(d.id),
+        attempts: 5,
+        backoff: { type: 'exponential', delay: 1000 },
+        removeOnComplete: { count: 1000 },
+        removeOnFail: { count: 5000 },
+      },
+    );
   }
 
   async function recordRejection(tenantId: string, kind: WebhookProvider, headers: Headers, size: number, err: WebhookRejectedError): Promise<void> {
@@ -161,7 +192,8 @@ export function webhooksOf(deps: EngineDeps, fire: Fire) {
       let seenKey: string | null = null;
       try {
         const secrets = tenant.byKind.get(kind);
-        if (!secrets?.length) throw new WebhookRejectedError('webhook-not-configured', `no usable ${kind} secret is set for this tenant: PUT /api/v1/webhook-secrets/${kind}`);
+        if (!secrets?.length)
+          throw new WebhookRejectedError('webhook-not-configured', `no usable ${kind} secret is set for this tenant: PUT /api/v1/webhook-secrets/${kind}`);
         verified = await verifyDelivery(kind, { headers, body }, { secrets, nowMs: clock.now().getTime(), windowSeconds });
         seenKey = verified.replayKey ? `${prefix}:webhook-seen:${tenantId}:${kind}:${sha256Hex(verified.replayKey)}` : null;
         if (!(await gate(tenantId, kind, seenKey))) {
@@ -237,7 +269,12 @@ export function webhooksOf(deps: EngineDeps, fire: Fire) {
       const d = await store.deliveries.get(tenantId, deliveryId);
       if (!d || d.status !== 'received') return d;
       const { runs, error } = await dispatch(d, 1);
-      const done = await store.deliveries.update(tenantId, d.id, { status: error && !runs.length ? 'failed' : 'processed', runs, error, attempts: 1, processed_at: clock.now().toISOString() }, ['received']);
+      const done = await store.deliveries.update(
+        tenantId,
+        d.id,
+        { status: error && !runs.length ? 'failed' : 'processed', runs, error, attempts: 1, processed_at: clock.now().toISOString() },
+        ['received'],
+      );
       log.info({ delivery_id: d.id, kind: d.kind, event: d.event, runs: runs.length }, 'webhook delivery processed');
       return done;
     },

@@ -113,7 +113,8 @@ function parseJson(body: Buffer, what = 'the body'): Record<string, unknown> {
   } catch {
     throw new WebhookRejectedError('webhook-payload-invalid', `${what} is not valid JSON`);
   }
-  if (!parsed || typeof parsed !== 'object' || Array.isArray(parsed)) throw new WebhookRejectedError('webhook-payload-invalid', `${what} must be a JSON object`);
+  if (!parsed || typeof parsed !== 'object' || Array.isArray(parsed))
+    throw new WebhookRejectedError('webhook-payload-invalid', `${what} must be a JSON object`);
   return parsed as Record<string, unknown>;
 }
 
@@ -152,7 +153,10 @@ function codehost(inb: Inbound, ctx: VerifyContext): Verified {
 /** Slack: `v0=<hex HMAC of "v0:<timestamp>:<body>">`, five minutes either way; JSON events, or forms for commands and interactions. */
 function chat(inb: Inbound, ctx: VerifyContext): Verified {
   const given = header(inb.headers, 'x-chat-signature') ?? header(inb.headers, 'x-slack-signature') ?? missing('X-Chat-Signature (or X-Slack-Signature)');
-  const ts = header(inb.headers, 'x-chat-request-timestamp') ?? header(inb.headers, 'x-slack-request-timestamp') ?? missing('X-Chat-Request-Timestamp (or X-Slack-Request-Timestamp)');
+  const ts =
+    header(inb.headers, 'x-chat-request-timestamp') ??
+    header(inb.headers, 'x-slack-request-timestamp') ??
+    missing('X-Chat-Request-Timestamp (or X-Slack-Request-Timestamp)');
   const hex = given.startsWith('v0=') ? given.slice(3) : '';
   const matched = matchAny(ctx.secrets, [hex], (s) => hmacHex(s, `v0:${ts}:`, inb.body)) ?? invalid('X-Chat-Signature');
   checkWindow(/^\d{1,12}$/.test(ts) ? Number(ts) * 1000 : NaN, ctx, windowOf('chat', ctx.windowSeconds));
@@ -163,7 +167,14 @@ function chat(inb: Inbound, ctx: VerifyContext): Verified {
     if (form.payload !== undefined) {
       const payload = parseJson(Buffer.from(form.payload), 'the `payload` field');
       const actions = Array.isArray(payload.actions) ? payload.actions : [];
-      return { ...base, event: str(payload.type) ?? 'interaction', action: str(asObject(actions[0]).action_id), providerId: null, event_payload: payload, emptyReply: true };
+      return {
+        ...base,
+        event: str(payload.type) ?? 'interaction',
+        action: str(asObject(actions[0]).action_id),
+        providerId: null,
+        event_payload: payload,
+        emptyReply: true,
+      };
     }
     if (form.command !== undefined) {
       return { ...base, event: 'slash_command', action: form.command, providerId: null, event_payload: form, emptyReply: true };
@@ -204,8 +215,13 @@ function tracker(inb: Inbound, ctx: VerifyContext): Verified {
 
 /** PagerDuty v3: `v1=<hex>` entries separated by commas; any entry that any current secret makes passes. */
 function pager(inb: Inbound, ctx: VerifyContext): Verified {
-  const given = header(inb.headers, 'x-pager-signature') ?? header(inb.headers, 'x-pagerduty-signature') ?? missing('X-Pager-Signature (or X-PagerDuty-Signature)');
-  const entries = given.split(',').map((e) => e.trim()).filter((e) => e.startsWith('v1=')).map((e) => e.slice(3));
+  const given =
+    header(inb.headers, 'x-pager-signature') ?? header(inb.headers, 'x-pagerduty-signature') ?? missing('X-Pager-Signature (or X-PagerDuty-Signature)');
+  const entries = given
+    .split(',')
+    .map((e) => e.trim())
+    .filter((e) => e.startsWith('v1='))
+    .map((e) => e.slice(3));
   const matched = matchAny(ctx.secrets, entries, (s) => hmacHex(s, inb.body)) ?? invalid('X-Pager-Signature');
   const payload = parseJson(inb.body);
   const event = asObject(payload.event);

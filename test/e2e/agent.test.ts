@@ -31,7 +31,9 @@ describe('agent runs', function () {
       { content: 'The answer is 42.\nDetails follow.' },
     ];
     await withAgent(script, async (h, model) => {
-      const res = await h.call('POST', '/api/v1/autonomy/run', { body: { goal: 'Find the answer', tools: ['read_file', 'write_file'], inputs: { topic: 'life' } } });
+      const res = await h.call('POST', '/api/v1/autonomy/run', {
+        body: { goal: 'Find the answer', tools: ['read_file', 'write_file'], inputs: { topic: 'life' } },
+      });
       expect(res.status).to.equal(202);
       const run = await finished(h, res.body.run_id);
       expect(run.status, JSON.stringify(run.error)).to.equal('succeeded');
@@ -117,7 +119,13 @@ describe('vibe runs', function () {
       g('add', '-A');
       g('commit', '-qm', 'init');
       const res = await h.call('POST', '/api/v1/autonomy/vibe/run', {
-        body: { workspace: 'repo', steps: [{ tool: 'write_file', args: { path: 'README.md', content: 'hello, world\n' } }, { tool: 'write_file', args: { path: 'src/new.txt', content: 'new\n' } }] },
+        body: {
+          workspace: 'repo',
+          steps: [
+            { tool: 'write_file', args: { path: 'README.md', content: 'hello, world\n' } },
+            { tool: 'write_file', args: { path: 'src/new.txt', content: 'new\n' } },
+          ],
+        },
       });
       expect(res.status).to.equal(202);
       const run = await finished(h, res.body.run_id);

@@ -16,7 +16,13 @@ describe('automation runs', function () {
   const create = async (over: object = {}) =>
     (
       await h.call('POST', '/api/v1/automations', {
-        body: { name: 'echo', steps: [{ tool: 'shell', args: { command: 'echo "$0"' } }], inputs: { greeting: 'hi' }, triggers: [{ type: 'manual' }, { type: 'cron', schedule: '0 3 * * *', timezone: 'Europe/Paris' }], ...over },
+        body: {
+          name: 'echo',
+          steps: [{ tool: 'shell', args: { command: 'echo "$0"' } }],
+          inputs: { greeting: 'hi' },
+          triggers: [{ type: 'manual' }, { type: 'cron', schedule: '0 3 * * *', timezone: 'Europe/Paris' }],
+          ...over,
+        },
       })
     ).body;
 

@@ -105,7 +105,10 @@ describe('automations API', () => {
       const seen: string[] = [];
       let cursor: string | null = null;
       do {
-        const page: { body: { data: { name: string }[]; next_cursor: string | null } } = await h2.call('GET', `/api/v1/automations?limit=2${cursor ? `&cursor=${cursor}` : ''}`);
+        const page: { body: { data: { name: string }[]; next_cursor: string | null } } = await h2.call(
+          'GET',
+          `/api/v1/automations?limit=2${cursor ? `&cursor=${cursor}` : ''}`,
+        );
         seen.push(...page.body.data.map((a) => a.name));
         cursor = page.body.next_cursor;
       } while (cursor);
@@ -141,7 +144,10 @@ describe('automations API', () => {
       const res = await h.call('PATCH', `/api/v1/automations/${a.id}`, { body: forbidden });
       expect(res.status, JSON.stringify(forbidden)).to.equal(400);
     }
-    const merge = await h.call('PATCH', `/api/v1/automations/${a.id}`, { raw: JSON.stringify({ name: 'Merged' }), headers: { 'content-type': 'application/merge-patch+json' } });
+    const merge = await h.call('PATCH', `/api/v1/automations/${a.id}`, {
+      raw: JSON.stringify({ name: 'Merged' }),
+      headers: { 'content-type': 'application/merge-patch+json' },
+    });
     expect(merge.status).to.equal(200);
     expect(merge.body.name).to.equal('Merged');
     const unchanged = await h.call('GET', `/api/v1/automations/${a.id}`);
@@ -210,7 +216,10 @@ describe('automation templates API', () => {
   });
 
   it('instantiates every template into a valid automation (201)', async () => {
-    const templates = (await h.call('GET', '/api/v1/automations/templates')).body.data as { id: string; variables: { name: string; type: string; required: boolean }[] }[];
+    const templates = (await h.call('GET', '/api/v1/automations/templates')).body.data as {
+      id: string;
+      variables: { name: string; type: string; required: boolean }[];
+    }[];
     for (const t of templates) {
       const variables = Object.fromEntries(t.variables.filter((v) => v.required).map((v) => [v.name, v.name === 'session_id' ? 'ses_example' : 'acme/api']));
       const res = await h.call('POST', '/api/v1/automations/templates/instantiate', { body: { template_id: t.id, variables } });
@@ -222,7 +231,9 @@ describe('automation templates API', () => {
   });
 
   it('applies variables and keeps them with the automation; POST /automations takes a template too', async () => {
-    const res = await h.call('POST', '/api/v1/automations', { body: { template_id: 'nightly-audit', variables: { timezone: 'Asia/Tokyo', schedule: '30 1 * * *' }, name: 'Tokyo audit' } });
+    const res = await h.call('POST', '/api/v1/automations', {
+      body: { template_id: 'nightly-audit', variables: { timezone: 'Asia/Tokyo', schedule: '30 1 * * *' }, name: 'Tokyo audit' },
+    });
     expect(res.status).to.equal(201);
     expect(res.body.name).to.equal('Tokyo audit');
     expect(res.body.triggers[0]).to.deep.equal({ type: 'cron', schedule: '30 1 * * *', timezone: 'Asia/Tokyo' });
@@ -240,7 +251,9 @@ describe('automation templates API', () => {
     const unknown = await h.call('POST', '/api/v1/automations/templates/instantiate', { body: { template_id: 'no-such-template' } });
     expect(unknown.status).to.equal(400);
     expect(unknown.body.errors[0].path).to.equal('/body/template_id');
-    const zone = await h.call('POST', '/api/v1/automations/templates/instantiate', { body: { template_id: 'nightly-audit', variables: { timezone: 'Moon/Base' } } });
+    const zone = await h.call('POST', '/api/v1/automations/templates/instantiate', {
+      body: { template_id: 'nightly-audit', variables: { timezone: 'Moon/Base' } },
+    });
     expect(zone.status).to.equal(400);
     expect(zone.body.errors[0].path).to.equal('/body/triggers/0/timezone');
     const before = await h.call('GET', '/api/v1/automations?limit=100');

@@ -21,7 +21,15 @@ describe('documentation in a browser', function () {
     h = await startHarness();
     browser = await chromium.launch({
       executablePath: CHROMIUM,
-      args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+      args: [
+        '--no-sandbox',
+        '--disable-gpu',
+        '--disable-quic',
+        '--no-first-run',
+        '--disable-background-networking',
+        '--disable-component-update',
+        '--disable-sync',
+      ],
     });
     await h.call('POST', '/api/v1/automations', { body: { name: 'seen through swagger', goal: 'x' } });
   });

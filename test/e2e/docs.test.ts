@@ -11,7 +11,9 @@ describe('documentation routes', () => {
       expect(spec.body.paths).to.have.property('/api/v1/automations');
       const docs = await h.call('GET', '/docs', { key: null });
       expect(docs.status).to.equal(200);
-      expect(docs.text).to.contain('/docs/assets/swagger-ui-bundle.js').and.not.match(/https?:\/\/(?!localhost)/);
+      expect(docs.text)
+        .to.contain('/docs/assets/swagger-ui-bundle.js')
+        .and.not.match(/https?:\/\/(?!localhost)/);
       expect((await h.call('GET', '/docs/assets/swagger-ui-bundle.js', { key: null })).status).to.equal(200);
       const redoc = await h.call('GET', '/redoc', { key: null });
       expect(redoc.status).to.equal(200);

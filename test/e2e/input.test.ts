@@ -20,12 +20,24 @@ describe('bad input', () => {
   }
 
   it('malformed JSON is a 400 malformed-json', async () => {
-    await expectProblem(await h.call('POST', '/api/v1/automations', { raw: '{"name": "x",', headers: { 'content-type': 'application/json' } }), 400, 'malformed-json');
+    await expectProblem(
+      await h.call('POST', '/api/v1/automations', { raw: '{"name": "x",', headers: { 'content-type': 'application/json' } }),
+      400,
+      'malformed-json',
+    );
   });
 
   it('a body that is not JSON is a 415', async () => {
-    await expectProblem(await h.call('POST', '/api/v1/automations', { raw: 'name=x', headers: { 'content-type': 'application/x-www-form-urlencoded' } }), 415, 'unsupported-media-type');
-    await expectProblem(await h.call('POST', '/api/v1/automations', { raw: 'hello', headers: { 'content-type': 'text/plain' } }), 415, 'unsupported-media-type');
+    await expectProblem(
+      await h.call('POST', '/api/v1/automations', { raw: 'name=x', headers: { 'content-type': 'application/x-www-form-urlencoded' } }),
+      415,
+      'unsupported-media-type',
+    );
+    await expectProblem(
+      await h.call('POST', '/api/v1/automations', { raw: 'hello', headers: { 'content-type': 'text/plain' } }),
+      415,
+      'unsupported-media-type',
+    );
   });
 
   it('a body over 1 MB is a 413', async () => {

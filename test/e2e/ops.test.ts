@@ -1,7 +1,6 @@
 import { expect } from 'chai';
 import { eventually, KEYS, startHarness } from '../support/harness.js';
 
-
 describe('operations', function () {
   this.timeout(30_000);
 
@@ -28,7 +27,9 @@ describe('operations', function () {
     const h = await startHarness();
     let closed = false;
     try {
-      const { body } = await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'sleep 20' } }], budget_seconds: 30 } });
+      const { body } = await h.call('POST', '/api/v1/autonomy/run', {
+        body: { steps: [{ tool: 'shell', args: { command: 'sleep 20' } }], budget_seconds: 30 },
+      });
       const res = await fetch(`${h.url}/api/v1/autonomy/streaming/${body.session_id}/events`, { headers: { authorization: `Bearer ${KEYS.a}` } });
       const reader = res.body!.getReader();
       let text = '';

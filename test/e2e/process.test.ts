@@ -51,7 +51,15 @@ describe('processes', function () {
     await fs.rm(dataDir, { recursive: true, force: true });
   });
 
-  const env = () => ({ REDIS_URL, SERVICE_QUEUE_PREFIX: prefix, SERVICE_DATA_DIR: dataDir, PORT: '0', SERVICE_API_KEYS: `acme:${KEYS.a}`, SERVICE_ADMIN_KEYS: KEYS.admin, LOG_LEVEL: 'info' });
+  const env = () => ({
+    REDIS_URL,
+    SERVICE_QUEUE_PREFIX: prefix,
+    SERVICE_DATA_DIR: dataDir,
+    PORT: '0',
+    SERVICE_API_KEYS: `acme:${KEYS.a}`,
+    SERVICE_ADMIN_KEYS: KEYS.admin,
+    LOG_LEVEL: 'info',
+  });
 
   it('npm start (main.ts) serves the API and workers, prints where things are, and stops cleanly on SIGTERM', async () => {
     const p = start('main.ts', env());
@@ -90,7 +98,10 @@ describe('processes', function () {
     expect(code).to.equal(1);
     expect(ms).to.be.below(10_000);
     const lines = p.out().trim().split('\n');
-    expect(lines.some((l) => /Redis is not reachable at redis:\/\/127\.0\.0\.1:1.*REDIS_URL/.test(l)), p.out()).to.equal(true);
+    expect(
+      lines.some((l) => /Redis is not reachable at redis:\/\/127\.0\.0\.1:1.*REDIS_URL/.test(l)),
+      p.out(),
+    ).to.equal(true);
   });
 
   it('stops before listening when the environment is bad, naming each bad variable', async () => {

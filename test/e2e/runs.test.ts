@@ -23,7 +23,13 @@ describe('autonomy runs', function () {
   const finished = (id: string) => finishedRun(h, id);
 
   it('runs shell steps to success: 202, Location, output, timing, summary', async () => {
-    const res = await start({ steps: [{ tool: 'shell', args: { command: 'echo hello; echo oops >&2' } }, { tool: 'message', args: { text: 'done' } }], tools: ['shell', 'message'] });
+    const res = await start({
+      steps: [
+        { tool: 'shell', args: { command: 'echo hello; echo oops >&2' } },
+        { tool: 'message', args: { text: 'done' } },
+      ],
+      tools: ['shell', 'message'],
+    });
     expect(res.headers.get('location')).to.equal(`/api/v1/runs/${res.body.run_id}`);
     expect(res.body.events_url).to.equal(`/api/v1/autonomy/streaming/${res.body.session_id}/events`);
     expect(res.body.run.status).to.equal('queued');
@@ -49,7 +55,12 @@ describe('autonomy runs', function () {
   });
 
   it('fails on a nonzero exit and skips the rest', async () => {
-    const res = await start({ steps: [{ tool: 'shell', args: { command: 'exit 3' } }, { tool: 'shell', args: { command: 'true' } }] });
+    const res = await start({
+      steps: [
+        { tool: 'shell', args: { command: 'exit 3' } },
+        { tool: 'shell', args: { command: 'true' } },
+      ],
+    });
     const run = await finished(res.body.run_id);
     expect(run.status).to.equal('failed');
     expect(run.error.code).to.equal('nonzero-exit');
@@ -65,14 +76,18 @@ describe('autonomy runs', function () {
     const overshoot = new Date(run.finished_at).getTime() - new Date(run.started_at).getTime() - 1000;
     expect(overshoot).to.be.below(2000);
     const pid = Number((await fs.readFile(pidFile, 'utf8')).trim());
-    await eventually(() => {
-      try {
-        process.kill(pid, 0);
-        return false;
-      } catch {
-        return true;
-      }
-    }, 'the background sleep to be killed', 3000);
+    await eventually(
+      () => {
+        try {
+          process.kill(pid, 0);
+          return false;
+        } catch {
+          return true;
+        }
+      },
+      'the background sleep to be killed',
+      3000,
+    );
   });
 
   it('stops after max_steps', async () => {
@@ -103,7 +118,13 @@ describe('autonomy runs', function () {
       const run = await finished(res.body.run_id);
       expect(run.error.code, p).to.equal('path-outside-workspace');
     }
-    const ok = await start({ steps: [{ tool: 'write_file', args: { path: 'notes/a.txt', content: 'hi' } }, { tool: 'read_file', args: { path: 'notes/a.txt' } }, { tool: 'list_files', args: {} }] });
+    const ok = await start({
+      steps: [
+        { tool: 'write_file', args: { path: 'notes/a.txt', content: 'hi' } },
+        { tool: 'read_file', args: { path: 'notes/a.txt' } },
+        { tool: 'list_files', args: {} },
+      ],
+    });
     const run = await finished(ok.body.run_id);
     expect(run.status, JSON.stringify(run.error)).to.equal('succeeded');
     expect(run.steps[1].output.content).to.equal('hi');
@@ -121,8 +142,12 @@ describe('autonomy runs', function () {
   it('gives shell steps a scrubbed environment', async () => {
     const res = await start({ steps: [{ tool: 'shell', args: { command: 'env' } }] });
     const run = await finished(res.body.run_id);
-    const names = (run.steps[0].output.stdout as string).split('\n').filter(Boolean).map((l) => l.split('=')[0]);
-    for (const n of names) expect(['PATH', 'HOME', 'LANG', 'LANGUAGE', 'TZ', 'TERM', 'SHELL', 'USER', 'LOGNAME', 'TMPDIR', 'PWD', 'SHLVL', '_', 'OLDPWD']).to.include(n);
+    const names = (run.steps[0].output.stdout as string)
+      .split('\n')
+      .filter(Boolean)
+      .map((l) => l.split('=')[0]);
+    for (const n of names)
+      expect(['PATH', 'HOME', 'LANG', 'LANGUAGE', 'TZ', 'TERM', 'SHELL', 'USER', 'LOGNAME', 'TMPDIR', 'PWD', 'SHLVL', '_', 'OLDPWD']).to.include(n);
     expect(run.steps[0].output.stdout).not.to.contain(KEYS.a);
   });
 
@@ -144,7 +169,10 @@ describe('autonomy runs', function () {
     const second = await start(body, KEYS.a, { 'idempotency-key': 'deploy-42' });
     expect(second.body.run_id).to.equal(first.body.run_id);
     expect(second.headers.get('idempotent-replayed')).to.equal('true');
-    const other = await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'echo twice' } }] }, headers: { 'idempotency-key': 'deploy-42' } });
+    const other = await h.call('POST', '/api/v1/autonomy/run', {
+      body: { steps: [{ tool: 'shell', args: { command: 'echo twice' } }] },
+      headers: { 'idempotency-key': 'deploy-42' },
+    });
     expect(other.status).to.equal(422);
     expect(other.body.code).to.equal('idempotency-key-reused');
     const otherTenant = await start(body, KEYS.b, { 'idempotency-key': 'deploy-42' });

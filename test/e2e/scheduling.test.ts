@@ -24,14 +24,18 @@ describe('scheduling', function () {
       const b = (await h.call('POST', '/api/v1/autonomy/run', { body: slow, key: KEYS.b })).body.run_id;
       let maxRunning = 0;
       let bStartedWhileAWaited = false;
-      await eventually(async () => {
-        const runs = await Promise.all(a.map((id) => runStatus(h, id)));
-        const running = runs.filter((r) => r.status === 'running').length;
-        maxRunning = Math.max(maxRunning, running);
-        const other = await runStatus(h, b, KEYS.b);
-        if (other.status !== 'queued' && runs.some((r) => r.status === 'queued')) bStartedWhileAWaited = true;
-        return runs.every((r) => TERMINAL.includes(r.status)) && TERMINAL.includes(other.status);
-      }, 'every run to finish', 20_000);
+      await eventually(
+        async () => {
+          const runs = await Promise.all(a.map((id) => runStatus(h, id)));
+          const running = runs.filter((r) => r.status === 'running').length;
+          maxRunning = Math.max(maxRunning, running);
+          const other = await runStatus(h, b, KEYS.b);
+          if (other.status !== 'queued' && runs.some((r) => r.status === 'queued')) bStartedWhileAWaited = true;
+          return runs.every((r) => TERMINAL.includes(r.status)) && TERMINAL.includes(other.status);
+        },
+        'every run to finish',
+        20_000,
+      );
       expect(maxRunning).to.equal(2);
       expect(bStartedWhileAWaited, "tenant B's run started while tenant A's backlog waited").to.equal(true);
       const runs = await Promise.all(a.map((id) => runStatus(h, id)));
@@ -71,7 +75,21 @@ describe('scheduling', function () {
         kind: 'autonomy',
         workspace: ws,
         created_at: new Date(Date.now() - 60_000).toISOString(),
-        steps: [{ index: 0, name: null, tool: 'shell', args: { command: 'echo recovered' }, status: 'pending', source: 'plan', started_at: null, finished_at: null, duration_ms: null, output: null, error: null }],
+        steps: [
+          {
+            index: 0,
+            name: null,
+            tool: 'shell',
+            args: { command: 'echo recovered' },
+            status: 'pending',
+            source: 'plan',
+            started_at: null,
+            finished_at: null,
+            duration_ms: null,
+            output: null,
+            error: null,
+          },
+        ],
       });
       await h.rt.store.runs.insert(orphan);
       const repaired = await h.rt.engine.runs.reconcile();
@@ -99,15 +117,20 @@ describe('scheduling', function () {
     const worker = spawn(process.execPath, ['--import', 'tsx', 'workers/main.ts'], { env, detached: true, stdio: 'ignore' });
     let second: ReturnType<typeof spawn> | undefined;
     try {
-      const id = (await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'sleep 60' } }], budget_seconds: 120 } })).body.run_id;
+      const id = (await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'sleep 60' } }], budget_seconds: 120 } }))
+        .body.run_id;
       await eventually(async () => (await runStatus(h, id)).status === 'running', 'the run to start', 15_000);
       process.kill(-worker.pid!, 'SIGKILL');
       const killedAt = Date.now();
       second = spawn(process.execPath, ['--import', 'tsx', 'workers/main.ts'], { env, detached: true, stdio: 'ignore' });
-      const run = await eventually(async () => {
-        const r = await runStatus(h, id);
-        return TERMINAL.includes(r.status) ? r : null;
-      }, 'the lost run to end', 2 * stalled * 1000 + 30_000);
+      const run = await eventually(
+        async () => {
+          const r = await runStatus(h, id);
+          return TERMINAL.includes(r.status) ? r : null;
+        },
+        'the lost run to end',
+        2 * stalled * 1000 + 30_000,
+      );
       expect(run.status).to.equal('failed');
       expect(run.error.code).to.equal('worker-lost');
       expect(Date.now() - killedAt).to.be.below(stalled * 2000 + 30_000);

@@ -11,7 +11,10 @@ function open(h: Harness, sessionId: string, lastEventId?: string) {
   const received: Received[] = [];
   const es = new EventSource(`${h.url}/api/v1/autonomy/streaming/${sessionId}/events`, {
     fetch: (input, init) =>
-      fetch(input, { ...init, headers: { ...(init?.headers as Record<string, string>), authorization: `Bearer ${KEYS.a}`, ...(lastEventId ? { 'last-event-id': lastEventId } : {}) } }),
+      fetch(input, {
+        ...init,
+        headers: { ...(init?.headers as Record<string, string>), authorization: `Bearer ${KEYS.a}`, ...(lastEventId ? { 'last-event-id': lastEventId } : {}) },
+      }),
   });
   const types = ['run.queued', 'run.started', 'step.started', 'step.output', 'step.finished', 'message', 'run.finished'];
   let ended = false;
@@ -55,7 +58,10 @@ describe('run session streams', function () {
     expect(all[all.length - 1]!.type).to.equal('run.finished');
     expect(all[all.length - 1]!.data.data.status).to.equal('succeeded');
     expect(all.filter((e) => e.type === 'step.finished')).to.have.length(6);
-    const output = all.filter((e) => e.type === 'step.output').map((e) => e.data.data.text).join('');
+    const output = all
+      .filter((e) => e.type === 'step.output')
+      .map((e) => e.data.data.text)
+      .join('');
     expect(output).to.equal([1, 2, 3, 4, 5, 6].map((i) => `line-${i}\n`).join(''));
     // a fresh subscriber after the end replays everything and closes
     const late = open(h, body.session_id);
@@ -64,7 +70,9 @@ describe('run session streams', function () {
   });
 
   it('lets a run started through each route be watched to its end', async () => {
-    const automation = (await h.call('POST', '/api/v1/automations', { body: { name: 'watched', steps: [{ tool: 'shell', args: { command: 'echo automation' } }] } })).body;
+    const automation = (
+      await h.call('POST', '/api/v1/automations', { body: { name: 'watched', steps: [{ tool: 'shell', args: { command: 'echo automation' } }] } })
+    ).body;
     const started = [
       await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'echo autonomy' } }] } }),
       await h.call('POST', '/api/v1/autonomy/vibe/run', { body: { steps: [{ tool: 'write_file', args: { path: 'vibe.txt', content: 'x' } }] } }),

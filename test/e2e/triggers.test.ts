@@ -29,13 +29,19 @@ describe('cron triggers', function () {
     const extra = await startWorkers(h.rt); // a second set of workers on the same queues
     try {
       const a = (
-        await h.call('POST', '/api/v1/automations', { body: { name: 'tick', triggers: [{ type: 'cron', schedule: '* * * * * *', timezone: 'UTC' }], steps: [{ tool: 'shell', args: { command: 'true' } }] } })
+        await h.call('POST', '/api/v1/automations', {
+          body: { name: 'tick', triggers: [{ type: 'cron', schedule: '* * * * * *', timezone: 'UTC' }], steps: [{ tool: 'shell', args: { command: 'true' } }] },
+        })
       ).body;
       expect(await schedulers(h)).to.include(`cron-${a.id}-0`);
-      const runs = await eventually(async () => {
-        const r = await history(h, a.id);
-        return r.length >= 3 ? r : null;
-      }, 'three cron runs', 10_000);
+      const runs = await eventually(
+        async () => {
+          const r = await history(h, a.id);
+          return r.length >= 3 ? r : null;
+        },
+        'three cron runs',
+        10_000,
+      );
       expect(runs.every((r) => r.trigger.type === 'cron' && r.trigger.schedule === '* * * * * *')).to.equal(true);
       const ticks = runs.map((r) => r.trigger.fire_at);
       expect(new Set(ticks).size, 'one run per tick').to.equal(ticks.length);
@@ -86,7 +92,11 @@ describe('file_change triggers', function () {
   it('starts one debounced run for a burst of matching changes, and none for others', async () => {
     const a = (
       await h.call('POST', '/api/v1/automations', {
-        body: { name: 'on ts change', triggers: [{ type: 'file_change', paths: ['src/**/*.ts'], debounce_ms: 300 }], steps: [{ tool: 'shell', args: { command: 'true' } }] },
+        body: {
+          name: 'on ts change',
+          triggers: [{ type: 'file_change', paths: ['src/**/*.ts'], debounce_ms: 300 }],
+          steps: [{ tool: 'shell', args: { command: 'true' } }],
+        },
       })
     ).body;
     // the folders exist before the watcher starts, so the burst below is two file events, not a new
@@ -96,10 +106,14 @@ describe('file_change triggers', function () {
     await fs.writeFile(path.join(h.workspace, 'src/a.ts'), 'a');
     await fs.writeFile(path.join(h.workspace, 'src/lib/b.ts'), 'b');
     await fs.writeFile(path.join(h.workspace, 'README.md'), 'not watched');
-    const runs = await eventually(async () => {
-      const r = await history(h, a.id);
-      return r.length ? r : null;
-    }, 'a file_change run', 10_000);
+    const runs = await eventually(
+      async () => {
+        const r = await history(h, a.id);
+        return r.length ? r : null;
+      },
+      'a file_change run',
+      10_000,
+    );
     await new Promise((r) => setTimeout(r, 800));
     const all = await history(h, a.id);
     expect(all).to.have.length(1);

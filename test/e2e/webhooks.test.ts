@@ -62,7 +62,13 @@ describe('webhook intake', function () {
       expect(r.body.status).to.equal('accepted');
       expect(r.headers.get('x-delivery-id')).to.equal(r.body.delivery_id);
       const d = await delivery(r.body.delivery_id);
-      expect(d).to.deep.include({ kind: 'codehost', event: 'push', action: 'synchronize', provider_delivery_id: signed.headers['x-github-delivery'], body: signed.body });
+      expect(d).to.deep.include({
+        kind: 'codehost',
+        event: 'push',
+        action: 'synchronize',
+        provider_delivery_id: signed.headers['x-github-delivery'],
+        body: signed.body,
+      });
       expect(d.headers['x-github-event']).to.equal('push');
       expect(d.headers).to.not.have.property('x-hub-signature-256');
       expect(d.event_payload).to.deep.equal({ ref: 'refs/heads/main', action: 'synchronize' });
@@ -73,7 +79,10 @@ describe('webhook intake', function () {
       expect(ping.status, ping.text).to.equal(200);
       const form = `payload=${encodeURIComponent(JSON.stringify({ action: 'opened', number: 7 }))}`;
       const signed = await sign.codehost(SECRET.codehost, {}, { event: 'pull_request' });
-      const r = await post('codehost', { body: form, headers: { ...signed.headers, 'content-type': 'application/x-www-form-urlencoded', 'x-hub-signature-256': `sha256=${hmacHex(SECRET.codehost, form)}` } });
+      const r = await post('codehost', {
+        body: form,
+        headers: { ...signed.headers, 'content-type': 'application/x-www-form-urlencoded', 'x-hub-signature-256': `sha256=${hmacHex(SECRET.codehost, form)}` },
+      });
       expect(r.status, r.text).to.equal(200);
       expect((await delivery(r.body.delivery_id)).event_payload).to.deep.equal({ action: 'opened', number: 7 });
     });
@@ -129,7 +138,10 @@ describe('webhook intake', function () {
       isValidSlackRequest({
         signingSecret: SECRET.chat,
         body: s.body as string,
-        headers: { 'x-slack-signature': s.headers['x-chat-signature'] ?? s.headers['x-slack-signature']!, 'x-slack-request-timestamp': Number(s.headers['x-chat-request-timestamp'] ?? s.headers['x-slack-request-timestamp']) },
+        headers: {
+          'x-slack-signature': s.headers['x-chat-signature'] ?? s.headers['x-slack-signature']!,
+          'x-slack-request-timestamp': Number(s.headers['x-chat-request-timestamp'] ?? s.headers['x-slack-request-timestamp']),
+        },
         nowMilliseconds: nowMs,
       });
 
@@ -249,7 +261,10 @@ describe('webhook intake', function () {
   });
 
   describe('email', () => {
-    async function multipart(fields: Record<string, string>, files: { field: string; name: string; type: string; bytes: number }[] = []): Promise<{ body: Buffer; contentType: string }> {
+    async function multipart(
+      fields: Record<string, string>,
+      files: { field: string; name: string; type: string; bytes: number }[] = [],
+    ): Promise<{ body: Buffer; contentType: string }> {
       const form = new FormData();
       for (const [k, v] of Object.entries(fields)) form.append(k, v);
       for (const f of files) form.append(f.field, new Blob([Buffer.alloc(f.bytes, 7)], { type: f.type }), f.name);
@@ -302,7 +317,14 @@ describe('webhook intake', function () {
       });
       const r = await post('email', { body, headers: { 'content-type': 'application/json', authorization: sign.basicAuth(SECRET.email) } });
       expect(r.status, r.text).to.equal(200);
-      expect((await delivery(r.body.delivery_id)).event_payload).to.deep.include({ provider: 'postmark', subject: 'Nightly', message_id: 'pm-1', to: ['inbox@in.example.com'], cc: [], attachments: [{ name: 'r.pdf', type: 'application/pdf', size: 12 }] });
+      expect((await delivery(r.body.delivery_id)).event_payload).to.deep.include({
+        provider: 'postmark',
+        subject: 'Nightly',
+        message_id: 'pm-1',
+        to: ['inbox@in.example.com'],
+        cc: [],
+        attachments: [{ name: 'r.pdf', type: 'application/pdf', size: 12 }],
+      });
       const wrong = await post('email', { body, headers: { 'content-type': 'application/json', authorization: sign.basicAuth('wrong-password') } });
       expect(wrong.status).to.equal(401);
       expect(wrong.body.code).to.equal('webhook-signature-invalid');
@@ -311,11 +333,25 @@ describe('webhook intake', function () {
     });
 
     it('takes a Mailgun route post by its signature fields; a token is never taken twice; a forged one is refused', async () => {
-      const fields = { ...sign.mailgunFields(SECRET.email), sender: 'bob@example.com', from: 'Bob <bob@example.com>', recipient: 'in@example.com', subject: 'Hi', 'body-plain': 'hello', 'Message-Id': '<mg1@example.com>' };
+      const fields = {
+        ...sign.mailgunFields(SECRET.email),
+        sender: 'bob@example.com',
+        from: 'Bob <bob@example.com>',
+        recipient: 'in@example.com',
+        subject: 'Hi',
+        'body-plain': 'hello',
+        'Message-Id': '<mg1@example.com>',
+      };
       const { body, contentType } = await multipart(fields, [{ field: 'attachment-1', name: 'a.png', type: 'image/png', bytes: 10 }]);
       const r = await post('email', { body, headers: { 'content-type': contentType } });
       expect(r.status, r.text).to.equal(200);
-      expect((await delivery(r.body.delivery_id)).event_payload).to.deep.include({ provider: 'mailgun', from: 'Bob <bob@example.com>', to: ['in@example.com'], text: 'hello', attachments: [{ name: 'a.png', type: 'image/png', size: 10 }] });
+      expect((await delivery(r.body.delivery_id)).event_payload).to.deep.include({
+        provider: 'mailgun',
+        from: 'Bob <bob@example.com>',
+        to: ['in@example.com'],
+        text: 'hello',
+        attachments: [{ name: 'a.png', type: 'image/png', size: 10 }],
+      });
       const again = await post('email', { body: new URLSearchParams(fields).toString(), headers: { 'content-type': 'application/x-www-form-urlencoded' } });
       expect(again.status).to.equal(409);
       expect(again.body.code).to.equal('webhook-replay');
@@ -325,10 +361,15 @@ describe('webhook intake', function () {
     });
 
     it('takes a body between 1 and 25 MB, and refuses one over 25 MB', async () => {
-      const { body, contentType } = await multipart({ from: 'a@example.com', to: 'b@example.com', subject: 'big' }, [{ field: 'attachment1', name: 'big.bin', type: 'application/octet-stream', bytes: 3 * 1024 * 1024 }]);
+      const { body, contentType } = await multipart({ from: 'a@example.com', to: 'b@example.com', subject: 'big' }, [
+        { field: 'attachment1', name: 'big.bin', type: 'application/octet-stream', bytes: 3 * 1024 * 1024 },
+      ]);
       const r = await post('email', { body, headers: { 'content-type': contentType, authorization: sign.basicAuth(SECRET.email) } });
       expect(r.status, r.text).to.equal(200);
-      const huge = await post('email', { body: Buffer.alloc(25 * 1024 * 1024 + 1, 32), headers: { 'content-type': 'application/json', authorization: sign.basicAuth(SECRET.email) } });
+      const huge = await post('email', {
+        body: Buffer.alloc(25 * 1024 * 1024 + 1, 32),
+        headers: { 'content-type': 'application/json', authorization: sign.basicAuth(SECRET.email) },
+      });
       expect(huge.status).to.equal(413);
     });
   });
@@ -355,7 +396,10 @@ describe('webhook intake', function () {
       const r = await post('generic', { ...sign.generic([SECRET.generic], {}), body: 'not json' });
       expect(r.status).to.equal(401); // the signature covers the body: a changed body fails it first
       const t = Math.floor(Date.now() / 1000);
-      const good = { body: 'not json', headers: { 'content-type': 'application/json', 'x-service-signature': `t=${t},v1=${hmacHex(SECRET.generic, `${t}.not json`)}` } };
+      const good = {
+        body: 'not json',
+        headers: { 'content-type': 'application/json', 'x-service-signature': `t=${t},v1=${hmacHex(SECRET.generic, `${t}.not json`)}` },
+      };
       const invalid = await post('generic', good);
       expect(invalid.status).to.equal(400);
       expect(invalid.body.code).to.equal('webhook-payload-invalid');
@@ -367,10 +411,19 @@ describe('webhook intake', function () {
       const t = Math.floor(Date.now() / 1000);
       const cases: [string, sign.Signed][] = [
         ['email', { body: '--x\r\nnot multipart', headers: { 'content-type': 'multipart/form-data', authorization: sign.basicAuth(SECRET.email) } }],
-        ['email', { body: Buffer.from([0xff, 0xfe, 0x00, 0x01]), headers: { 'content-type': 'multipart/form-data; boundary=zzz', authorization: sign.basicAuth(SECRET.email) } }],
+        [
+          'email',
+          {
+            body: Buffer.from([0xff, 0xfe, 0x00, 0x01]),
+            headers: { 'content-type': 'multipart/form-data; boundary=zzz', authorization: sign.basicAuth(SECRET.email) },
+          },
+        ],
         ['email', { body: 'x', headers: { 'content-type': 'text/plain', authorization: sign.basicAuth(SECRET.email) } }],
         ['email', { body: '{}', headers: { 'content-type': 'application/json', authorization: 'Bearer nope' } }],
-        ['chat', { body: 'a=b', headers: { 'content-type': 'application/x-www-form-urlencoded', 'x-chat-signature': 'v0=zz', 'x-chat-request-timestamp': 'soon' } }],
+        [
+          'chat',
+          { body: 'a=b', headers: { 'content-type': 'application/x-www-form-urlencoded', 'x-chat-signature': 'v0=zz', 'x-chat-request-timestamp': 'soon' } },
+        ],
         ['chat', sign.chat(SECRET.chat, 'payload=%7Bnot-json', { contentType: 'application/x-www-form-urlencoded' })],
         ['codehost', { body: '', headers: { 'x-hub-signature-256': 'sha256=' } }],
         ['codehost', { ...(await sign.codehost(SECRET.codehost, {})), body: '' }],
@@ -415,7 +468,13 @@ describe('webhook intake', function () {
       const other = createSecretBox(randomBytes(32));
       const now = new Date().toISOString();
       // a tenant no request has touched yet, so no process holds its secrets in memory
-      await h.rt.store.webhookSecrets.put({ tenant_id: 'tenant-c', kind: 'pager', sealed: [other.seal('pager-c-secret-0123', 'webhook-secret:tenant-c:pager')], created_at: now, updated_at: now });
+      await h.rt.store.webhookSecrets.put({
+        tenant_id: 'tenant-c',
+        kind: 'pager',
+        sealed: [other.seal('pager-c-secret-0123', 'webhook-secret:tenant-c:pager')],
+        created_at: now,
+        updated_at: now,
+      });
       const r = await post('pager', sign.pager(['pager-c-secret-0123'], { event: { id: randomUUID(), event_type: 'incident.triggered' } }), 'tenant-c');
       expect(r.status, r.text).to.equal(403);
       expect(r.body.code).to.equal('webhook-not-configured');
@@ -441,7 +500,11 @@ describe('webhook intake', function () {
   describe('deliveries and runs', () => {
     it('starts the run of each matching automation, with the event as input and the delivery as trigger; replay starts it again', async () => {
       const mk = async (name: string, trigger: object) =>
-        (await h.call<Body>('POST', '/api/v1/automations', { body: { name, steps: [{ tool: 'shell', args: { command: 'echo built' } }], triggers: [trigger] } })).body;
+        (
+          await h.call<Body>('POST', '/api/v1/automations', {
+            body: { name, steps: [{ tool: 'shell', args: { command: 'echo built' } }], triggers: [trigger] },
+          })
+        ).body;
       const onPush = await mk('on push', { type: 'webhook', provider: 'codehost', events: ['push'] });
       const onPrOpened = await mk('on pr opened', { type: 'webhook', provider: 'codehost', events: ['pull_request.opened'] });
       const onTracker = await mk('on tracker', { type: 'webhook', provider: 'tracker' });
@@ -502,7 +565,9 @@ describe('webhook intake', function () {
       const rejected = (await h.call<Body>('GET', '/api/v1/webhook-deliveries?status=rejected&limit=1')).body.data[0];
       expect((await h.call('POST', `/api/v1/webhook-deliveries/${rejected.id}/replay`)).status).to.equal(409);
       expect((await h.call('GET', `/api/v1/webhook-deliveries/${rejected.id}`, { key: KEYS.b })).status).to.equal(404);
-      expect((await h.call<Body>('GET', '/api/v1/webhook-deliveries', { key: KEYS.b })).body.data.every((d: Body) => d.tenant_id === 'tenant-b')).to.equal(true);
+      expect((await h.call<Body>('GET', '/api/v1/webhook-deliveries', { key: KEYS.b })).body.data.every((d: Body) => d.tenant_id === 'tenant-b')).to.equal(
+        true,
+      );
       expect((await h.call('GET', '/api/v1/webhook-deliveries?status=nope')).status).to.equal(400);
     });
   });

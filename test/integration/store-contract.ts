@@ -162,7 +162,23 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
     });
 
     it('round-trips a run and moves it only from the expected status', async () => {
-      const r = runFixture('t1', { steps: [{ index: 0, name: null, tool: 'shell', args: { command: 'x' }, status: 'pending', source: 'plan', started_at: null, finished_at: null, duration_ms: null, output: null, error: null }] });
+      const r = runFixture('t1', {
+        steps: [
+          {
+            index: 0,
+            name: null,
+            tool: 'shell',
+            args: { command: 'x' },
+            status: 'pending',
+            source: 'plan',
+            started_at: null,
+            finished_at: null,
+            duration_ms: null,
+            output: null,
+            error: null,
+          },
+        ],
+      });
       await store.runs.insert(r);
       expect(await store.runs.get('t1', r.id)).to.deep.equal(r);
       expect(await store.runs.get('t2', r.id)).to.equal(null);
@@ -228,7 +244,13 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
 
     it('keeps one secret record per tenant and kind, replaces it, lists and deletes it per tenant', async () => {
       const now = new Date().toISOString();
-      const rec: WebhookSecretRecord = { tenant_id: 't1', kind: 'pager', sealed: [{ v: 1, iv: 'aXY=', tag: 'dGFn', ct: 'Y3Q=' }], created_at: now, updated_at: now };
+      const rec: WebhookSecretRecord = {
+        tenant_id: 't1',
+        kind: 'pager',
+        sealed: [{ v: 1, iv: 'aXY=', tag: 'dGFn', ct: 'Y3Q=' }],
+        created_at: now,
+        updated_at: now,
+      };
       await store.webhookSecrets.put(rec);
       const rotated = { ...rec, sealed: [...rec.sealed, { v: 1 as const, iv: 'aXYy', tag: 'dGFnMg==', ct: 'Y3Qy' }] };
       await store.webhookSecrets.put(rotated);
@@ -271,7 +293,9 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect(next.items.map((d) => d.id)).to.deep.equal([ds[0]!.id]);
       expect(next.next_cursor).to.equal(null);
       expect((await store.deliveries.list('t1', { status: 'rejected', limit: 10 })).items).to.have.length(1);
-      const done = await store.deliveries.update('t1', ds[0]!.id, { status: 'processed', runs: [{ automation_id: 'aut_x', run_id: 'run_y' }], attempts: 1 }, ['received']);
+      const done = await store.deliveries.update('t1', ds[0]!.id, { status: 'processed', runs: [{ automation_id: 'aut_x', run_id: 'run_y' }], attempts: 1 }, [
+        'received',
+      ]);
       expect(done).to.deep.include({ status: 'processed', attempts: 1, event: 'push' });
       expect(await store.deliveries.update('t1', ds[0]!.id, { status: 'failed' }, ['received'])).to.equal(null);
       expect(await store.deliveries.update('t2', ds[3]!.id, { status: 'failed' }, ['received'])).to.equal(null);

@@ -124,10 +124,14 @@ const TERMINAL_STATUSES = ['succeeded', 'failed', 'canceled', 'timed_out'];
 
 /** The run once it has finished, read through the API. */
 export async function finishedRun(h: Harness, id: string, key = KEYS.a): Promise<Record<string, any>> {
-  return eventually(async () => {
-    const r = (await h.call<Record<string, any>>('GET', `/api/v1/runs/${id}`, { key })).body;
-    return TERMINAL_STATUSES.includes(r.status) ? r : null;
-  }, `run ${id} to finish`, 20_000);
+  return eventually(
+    async () => {
+      const r = (await h.call<Record<string, any>>('GET', `/api/v1/runs/${id}`, { key })).body;
+      return TERMINAL_STATUSES.includes(r.status) ? r : null;
+    },
+    `run ${id} to finish`,
+    20_000,
+  );
 }
 
 export async function deleteRedisPrefix(prefix: string): Promise<void> {

@@ -33,11 +33,23 @@ export async function startScriptedModel(script: ScriptedTurn[]): Promise<Script
         role: 'assistant',
         content: next.content ?? null,
         ...(next.tool_calls?.length
-          ? { tool_calls: next.tool_calls.map((c, i) => ({ id: `call_${turn}_${i}`, type: 'function', function: { name: c.name, arguments: JSON.stringify(c.args) } })) }
+          ? {
+              tool_calls: next.tool_calls.map((c, i) => ({
+                id: `call_${turn}_${i}`,
+                type: 'function',
+                function: { name: c.name, arguments: JSON.stringify(c.args) },
+              })),
+            }
           : {}),
       };
       res.writeHead(200, { 'content-type': 'application/json' }).end(
-        JSON.stringify({ id: `chatcmpl-${turn}`, object: 'chat.completion', model: body.model, choices: [{ index: 0, message, finish_reason: next.tool_calls?.length ? 'tool_calls' : 'stop' }], usage: { prompt_tokens: 10, completion_tokens: 5 } }),
+        JSON.stringify({
+          id: `chatcmpl-${turn}`,
+          object: 'chat.completion',
+          model: body.model,
+          choices: [{ index: 0, message, finish_reason: next.tool_calls?.length ? 'tool_calls' : 'stop' }],
+          usage: { prompt_tokens: 10, completion_tokens: 5 },
+        }),
       );
     });
   });

@@ -48,7 +48,9 @@ describe('architecture', function () {
   });
 
   it('has engine/ import nothing from api/, workers/ or cli/, and no import cycle', () => {
-    const violations = result.summary.violations.map((v) => `${v.rule.name}: ${v.from} -> ${v.to}${v.cycle ? ` (${v.cycle.map((c) => c.name).join(' -> ')})` : ''}`);
+    const violations = result.summary.violations.map(
+      (v) => `${v.rule.name}: ${v.from} -> ${v.to}${v.cycle ? ` (${v.cycle.map((c) => c.name).join(' -> ')})` : ''}`,
+    );
     expect(violations).to.deep.equal([]);
   });
 

@@ -18,7 +18,10 @@ describe('config/env', () => {
     expect(c.tenantMaxRunning).to.equal(10);
     expect(c.webhookReplayWindowSeconds).to.equal(300);
     expect(c.webhookRateLimitPerMinute).to.equal(1200);
-    expect(parseEnv({ SERVICE_WEBHOOK_RATE_LIMIT_PER_MINUTE: '30', SERVICE_WEBHOOK_REPLAY_WINDOW_SECONDS: '60' })).to.deep.include({ webhookRateLimitPerMinute: 30, webhookReplayWindowSeconds: 60 });
+    expect(parseEnv({ SERVICE_WEBHOOK_RATE_LIMIT_PER_MINUTE: '30', SERVICE_WEBHOOK_REPLAY_WINDOW_SECONDS: '60' })).to.deep.include({
+      webhookRateLimitPerMinute: 30,
+      webhookReplayWindowSeconds: 60,
+    });
     expect(c.logLevel).to.equal('info');
   });
 
@@ -40,12 +43,28 @@ describe('config/env', () => {
 
   it('names every bad variable in one error', () => {
     try {
-      parseEnv({ PORT: 'eighty', REDIS_URL: 'http://x', SERVICE_AUTH: 'maybe', SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS: 'perhaps', SERVICE_TENANT_MAX_RUNNING: '0', SERVICE_WEBHOOK_RATE_LIMIT_PER_MINUTE: '-1', SERVICE_SECRET_KEY: 'short' });
+      parseEnv({
+        PORT: 'eighty',
+        REDIS_URL: 'http://x',
+        SERVICE_AUTH: 'maybe',
+        SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS: 'perhaps',
+        SERVICE_TENANT_MAX_RUNNING: '0',
+        SERVICE_WEBHOOK_RATE_LIMIT_PER_MINUTE: '-1',
+        SERVICE_SECRET_KEY: 'short',
+      });
       expect.fail('should have thrown');
     } catch (err) {
       expect(err).to.be.instanceOf(ConfigError);
       const text = (err as Error).message;
-      for (const name of ['PORT', 'REDIS_URL', 'SERVICE_AUTH', 'SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS', 'SERVICE_TENANT_MAX_RUNNING', 'SERVICE_WEBHOOK_RATE_LIMIT_PER_MINUTE', 'SERVICE_SECRET_KEY']) {
+      for (const name of [
+        'PORT',
+        'REDIS_URL',
+        'SERVICE_AUTH',
+        'SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS',
+        'SERVICE_TENANT_MAX_RUNNING',
+        'SERVICE_WEBHOOK_RATE_LIMIT_PER_MINUTE',
+        'SERVICE_SECRET_KEY',
+      ]) {
         expect(text).to.contain(name);
       }
     }
@@ -57,6 +76,8 @@ describe('config/env', () => {
   });
 
   it('never echoes an API key in its error', () => {
-    expect(() => parseEnv({ SERVICE_API_KEYS: 'acme:short-secret' })).to.throw(ConfigError).that.satisfies((e: Error) => !e.message.includes('short-secret'));
+    expect(() => parseEnv({ SERVICE_API_KEYS: 'acme:short-secret' }))
+      .to.throw(ConfigError)
+      .that.satisfies((e: Error) => !e.message.includes('short-secret'));
   });
 });

@@ -20,7 +20,17 @@ describe('api/problem', () => {
   it('maps body-parser and validator errors', () => {
     expect(toProblem(Object.assign(new Error('x'), { type: 'entity.parse.failed', status: 400 }), 'r', '/').code).to.equal('malformed-json');
     expect(toProblem(Object.assign(new Error('x'), { type: 'entity.too.large', status: 413 }), 'r', '/').status).to.equal(413);
-    const v = toProblem(Object.assign(new Error('x'), { status: 400, errors: [{ path: '.body.name', message: 'required' }, { path: '.body.name', message: 'required' }] }), 'r', '/');
+    const v = toProblem(
+      Object.assign(new Error('x'), {
+        status: 400,
+        errors: [
+          { path: '.body.name', message: 'required' },
+          { path: '.body.name', message: 'required' },
+        ],
+      }),
+      'r',
+      '/',
+    );
     expect(v).to.include({ code: 'bad-request' });
     expect(v.errors).to.deep.equal([{ path: '/body/name', message: 'required' }]);
   });

@@ -46,7 +46,9 @@ describe('engine/templates', () => {
       expect(err).to.be.instanceOf(ValidationError);
       const paths = (err as ValidationError).errors.map((e) => e.path).sort();
       expect(paths).to.deep.equal(['/body/variables/colour', '/body/variables/level', '/body/variables/repo', '/body/variables/steps']);
-      expect((err as Error).message).to.contain('colour').and.contain('repo');
+      expect((err as Error).message)
+        .to.contain('colour')
+        .and.contain('repo');
     }
   });
 

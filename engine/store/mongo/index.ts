@@ -2,7 +2,17 @@
 // conditional updates are single findOneAndUpdate calls with the expected status in the filter.
 import mongoose, { Schema, type Connection, type Model } from 'mongoose';
 import type { ApiKeyRecord, Automation, Run, WebhookDelivery, WebhookSecretRecord } from '../../model.js';
-import { decodeCursor, toPage, type ApiKeyRepo, type AutomationRepo, type DeliveryRepo, type RunRepo, type RunStats, type Store, type WebhookSecretRepo } from '../port.js';
+import {
+  decodeCursor,
+  toPage,
+  type ApiKeyRepo,
+  type AutomationRepo,
+  type DeliveryRepo,
+  type RunRepo,
+  type RunStats,
+  type Store,
+  type WebhookSecretRepo,
+} from '../port.js';
 
 type Stored<T extends { id: string }> = Omit<T, 'id'> & { _id: string };
 
@@ -25,7 +35,16 @@ automationSchema.index({ tenant_id: 1, _id: -1 });
 automationSchema.index({ tenant_id: 1, status: 1, _id: -1 });
 
 const runSchema = new Schema(
-  { _id: String, tenant_id: { type: String, required: true }, kind: String, status: String, automation_id: String, session_id: String, created_at: String, finished_at: String },
+  {
+    _id: String,
+    tenant_id: { type: String, required: true },
+    kind: String,
+    status: String,
+    automation_id: String,
+    session_id: String,
+    created_at: String,
+    finished_at: String,
+  },
   loose,
 );
 runSchema.index({ tenant_id: 1, automation_id: 1, _id: -1 });
@@ -98,8 +117,15 @@ function automationRepo(model: Model<Stored<Automation>>): AutomationRepo {
       const after = decodeCursor(q.cursor);
       const filter: Record<string, unknown> = { tenant_id: tenantId, status: q.statuses ? { $in: q.statuses } : { $ne: 'archived' } };
       if (after) filter._id = { $lt: after };
-      const rows = await model.find(filter).sort({ _id: -1 }).limit(q.limit + 1).lean<Stored<Automation>[]>();
-      return toPage(rows.map((r) => fromStored(r)!), q.limit);
+      const rows = await model
+        .find(filter)
+        .sort({ _id: -1 })
+        .limit(q.limit + 1)
+        .lean<Stored<Automation>[]>();
+      return toPage(
+        rows.map((r) => fromStored(r)!),
+        q.limit,
+      );
     },
     async update(tenantId, id, changes, ifStatusIn) {
       const updated = await model
@@ -119,8 +145,15 @@ function runRepo(model: Model<Stored<Run>>): RunRepo {
   const page = async (filter: Record<string, unknown>, q: { limit: number; cursor?: string }) => {
     const after = decodeCursor(q.cursor);
     if (after) filter._id = { $lt: after };
-    const rows = await model.find(filter).sort({ _id: -1 }).limit(q.limit + 1).lean<Stored<Run>[]>();
-    return toPage(rows.map((r) => fromStored(r)!), q.limit);
+    const rows = await model
+      .find(filter)
+      .sort({ _id: -1 })
+      .limit(q.limit + 1)
+      .lean<Stored<Run>[]>();
+    return toPage(
+      rows.map((r) => fromStored(r)!),
+      q.limit,
+    );
   };
   return {
     async insert(r) {
@@ -159,11 +192,17 @@ function runRepo(model: Model<Stored<Run>>): RunRepo {
       return rows.map((r) => r.duration_ms);
     },
     async countByKindAndStatus() {
-      const rows = await model.aggregate<{ _id: { kind: Run['kind']; status: Run['status'] }; count: number }>([{ $group: { _id: { kind: '$kind', status: '$status' }, count: { $sum: 1 } } }]);
+      const rows = await model.aggregate<{ _id: { kind: Run['kind']; status: Run['status'] }; count: number }>([
+        { $group: { _id: { kind: '$kind', status: '$status' }, count: { $sum: 1 } } },
+      ]);
       return rows.map((r) => ({ kind: r._id.kind, status: r._id.status, count: r.count }));
     },
     async listStale(status, createdBefore, limit) {
-      const rows = await model.find({ status, created_at: { $lt: createdBefore } }).sort({ created_at: 1 }).limit(limit).lean<Stored<Run>[]>();
+      const rows = await model
+        .find({ status, created_at: { $lt: createdBefore } })
+        .sort({ created_at: 1 })
+        .limit(limit)
+        .lean<Stored<Run>[]>();
       return rows.map((r) => fromStored(r)!);
     },
   };
@@ -214,7 +253,9 @@ function deliveryRepo(model: Model<Stored<WebhookDelivery>>): DeliveryRepo {
         return null;
       } catch (err) {
         if ((err as { code?: number }).code !== 11000 || d.provider_delivery_id === null) throw err;
-        const found = await model.findOne({ tenant_id: d.tenant_id, kind: d.kind, provider_delivery_id: d.provider_delivery_id }).lean<Stored<WebhookDelivery>>();
+        const found = await model
+          .findOne({ tenant_id: d.tenant_id, kind: d.kind, provider_delivery_id: d.provider_delivery_id })
+          .lean<Stored<WebhookDelivery>>();
         return fromStored(found);
       }
     },
@@ -225,8 +266,15 @@ function deliveryRepo(model: Model<Stored<WebhookDelivery>>): DeliveryRepo {
       const filter: Record<string, unknown> = { tenant_id: tenantId, ...(q.kind ? { kind: q.kind } : {}), ...(q.status ? { status: q.status } : {}) };
       const after = decodeCursor(q.cursor);
       if (after) filter._id = { $lt: after };
-      const rows = await model.find(filter).sort({ _id: -1 }).limit(q.limit + 1).lean<Stored<WebhookDelivery>[]>();
-      return toPage(rows.map((r) => fromStored(r)!), q.limit);
+      const rows = await model
+        .find(filter)
+        .sort({ _id: -1 })
+        .limit(q.limit + 1)
+        .lean<Stored<WebhookDelivery>[]>();
+      return toPage(
+        rows.map((r) => fromStored(r)!),
+        q.limit,
+      );
     },
     async update(tenantId, id, changes, ifStatusIn) {
       const updated = await model
@@ -235,7 +283,11 @@ function deliveryRepo(model: Model<Stored<WebhookDelivery>>): DeliveryRepo {
       return fromStored(updated);
     },
     async listStale(status, receivedBefore, limit) {
-      const rows = await model.find({ status, received_at: { $lt: receivedBefore } }).sort({ received_at: 1 }).limit(limit).lean<Stored<WebhookDelivery>[]>();
+      const rows = await model
+        .find({ status, received_at: { $lt: receivedBefore } })
+        .sort({ received_at: 1 })
+        .limit(limit)
+        .lean<Stored<WebhookDelivery>[]>();
       return rows.map((r) => fromStored(r)!);
     },
   };

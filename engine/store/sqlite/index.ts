@@ -5,7 +5,17 @@ import fs from 'node:fs';
 import path from 'node:path';
 import Database from 'better-sqlite3';
 import type { ApiKeyRecord, Automation, Run, WebhookDelivery, WebhookSecretRecord } from '../../model.js';
-import { decodeCursor, toPage, type ApiKeyRepo, type AutomationRepo, type DeliveryRepo, type RunRepo, type RunStats, type Store, type WebhookSecretRepo } from '../port.js';
+import {
+  decodeCursor,
+  toPage,
+  type ApiKeyRepo,
+  type AutomationRepo,
+  type DeliveryRepo,
+  type RunRepo,
+  type RunStats,
+  type Store,
+  type WebhookSecretRepo,
+} from '../port.js';
 import { MIGRATIONS } from './migrations.js';
 
 /** Larger than any id: a page without a cursor starts below it. */
@@ -90,7 +100,10 @@ function automationRepo(db: Database.Database): AutomationRepo {
       const statuses = q.statuses ?? [];
       const params: unknown[] = [tenantId, ...statuses, ...(after ? [after] : []), q.limit + 1];
       const rows = listStatement(statuses.length, Boolean(after)).all(...params);
-      return toPage(rows.map((r) => JSON.parse(r.doc) as Automation), q.limit);
+      return toPage(
+        rows.map((r) => JSON.parse(r.doc) as Automation),
+        q.limit,
+      );
     },
     async update(tenantId, id, changes, ifStatusIn) {
       return update.immediate(tenantId, id, changes, ifStatusIn);
@@ -120,12 +133,16 @@ function runRepo(db: Database.Database): RunRepo {
   const durationsOfAutomation = db.prepare<[string, string, number], { duration_ms: number }>(
     'SELECT duration_ms FROM runs WHERE tenant_id = ? AND automation_id = ? AND duration_ms IS NOT NULL ORDER BY id DESC LIMIT ?',
   );
-  const latestOfAutomation = db.prepare<[string, string], { doc: string }>('SELECT doc FROM runs WHERE tenant_id = ? AND automation_id = ? ORDER BY id DESC LIMIT 1');
+  const latestOfAutomation = db.prepare<[string, string], { doc: string }>(
+    'SELECT doc FROM runs WHERE tenant_id = ? AND automation_id = ? ORDER BY id DESC LIMIT 1',
+  );
   const durationsOfKind = db.prepare<[string, string, number], { duration_ms: number }>(
     'SELECT duration_ms FROM runs WHERE tenant_id = ? AND kind = ? AND finished_at IS NOT NULL AND duration_ms IS NOT NULL ORDER BY finished_at DESC LIMIT ?',
   );
   const stale = db.prepare<[string, string, number], { doc: string }>('SELECT doc FROM runs WHERE status = ? AND created_at < ? ORDER BY created_at LIMIT ?');
-  const byKindStatus = db.prepare<[], { kind: Run['kind']; status: Run['status']; count: number }>('SELECT kind, status, COUNT(*) AS count FROM runs GROUP BY kind, status');
+  const byKindStatus = db.prepare<[], { kind: Run['kind']; status: Run['status']; count: number }>(
+    'SELECT kind, status, COUNT(*) AS count FROM runs GROUP BY kind, status',
+  );
   const read = (row: { doc: string } | undefined): Run | null => (row ? (JSON.parse(row.doc) as Run) : null);
 
   const update = db.transaction((tenantId: string, id: string, changes: Partial<Run>, ifStatusIn: string[]) => {
@@ -148,11 +165,17 @@ function runRepo(db: Database.Database): RunRepo {
     },
     async listByAutomation(tenantId, automationId, q) {
       const rows = byAutomation.all(tenantId, automationId, decodeCursor(q.cursor) ?? TOP, q.limit + 1);
-      return toPage(rows.map((r) => read(r)!), q.limit);
+      return toPage(
+        rows.map((r) => read(r)!),
+        q.limit,
+      );
     },
     async listBySession(tenantId, sessionId, q) {
       const rows = bySession.all(tenantId, sessionId, decodeCursor(q.cursor) ?? TOP, q.limit + 1);
-      return toPage(rows.map((r) => read(r)!), q.limit);
+      return toPage(
+        rows.map((r) => read(r)!),
+        q.limit,
+      );
     },
     async automationStats(tenantId, automationId, recent): Promise<RunStats> {
       const byStatus: RunStats['counts'] = {};
@@ -214,10 +237,14 @@ function deliveryRepo(db: Database.Database): DeliveryRepo {
   const insert = db.prepare(
     'INSERT INTO deliveries (id, tenant_id, kind, status, provider_delivery_id, received_at, doc) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING',
   );
-  const byProviderId = db.prepare<[string, string, string], { doc: string }>('SELECT doc FROM deliveries WHERE tenant_id = ? AND kind = ? AND provider_delivery_id = ?');
+  const byProviderId = db.prepare<[string, string, string], { doc: string }>(
+    'SELECT doc FROM deliveries WHERE tenant_id = ? AND kind = ? AND provider_delivery_id = ?',
+  );
   const get = db.prepare<[string, string], { doc: string }>('SELECT doc FROM deliveries WHERE tenant_id = ? AND id = ?');
   const write = db.prepare('UPDATE deliveries SET status = ?, doc = ? WHERE tenant_id = ? AND id = ?');
-  const stale = db.prepare<[string, string, number], { doc: string }>('SELECT doc FROM deliveries WHERE status = ? AND received_at < ? ORDER BY received_at LIMIT ?');
+  const stale = db.prepare<[string, string, number], { doc: string }>(
+    'SELECT doc FROM deliveries WHERE status = ? AND received_at < ? ORDER BY received_at LIMIT ?',
+  );
   const read = (row: { doc: string } | undefined): WebhookDelivery | null => (row ? (JSON.parse(row.doc) as WebhookDelivery) : null);
   const listStatements = new Map<string, Database.Statement<unknown[], { doc: string }>>();
   const listStatement = (kind: boolean, status: boolean) => {
@@ -277,7 +304,10 @@ function deliveryRepo(db: Database.Database): DeliveryRepo {
     async list(tenantId, q) {
       const params: unknown[] = [tenantId, ...(q.kind ? [q.kind] : []), ...(q.status ? [q.status] : []), decodeCursor(q.cursor) ?? TOP, q.limit + 1];
       const rows = listStatement(Boolean(q.kind), Boolean(q.status)).all(...params);
-      return toPage(rows.map((r) => read(r)!), q.limit);
+      return toPage(
+        rows.map((r) => read(r)!),
+        q.limit,
+      );
     },
     async update(tenantId, id, changes, ifStatusIn) {
       return update.immediate(tenantId, id, changes, ifStatusIn);
