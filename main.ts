@@ -2,8 +2,7 @@
 // local Redis). Prints where the docs and the dashboard are and how to call the API.
 import { startWebServer } from './api/server.js';
 import { DASHBOARD_PATH } from './api/admin.js';
-import { runMain } from './engine/lifecycle.js';
-import { openRuntime } from './engine/runtime.js';
+import { runMain, openRuntime } from './engine/process/index.js';
 import { startWorkers } from './workers/index.js';
 
 await runMain('service', async (config, log) => {

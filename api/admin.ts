@@ -3,8 +3,7 @@ import { createBullBoard } from '@bull-board/api';
 import { BullMQAdapter } from '@bull-board/api/bullMQAdapter';
 import { ExpressAdapter } from '@bull-board/express';
 import { Router } from 'express';
-import type { Metrics } from '../engine/metrics.js';
-import type { Queues } from '../engine/queues.js';
+import type { Metrics, Queues } from '../engine/platform/index.js';
 import { requireAdmin } from './auth.js';
 
 export const DASHBOARD_PATH = '/admin/queues';

@@ -1,13 +1,9 @@
 // Builds the Express app from its dependencies. Opens no connection: api/main.ts and main.ts do.
 import express, { type Express } from 'express';
 import * as OpenApiValidator from 'express-openapi-validator';
-import { NotFoundError } from '../engine/errors.js';
-import type { EventHub } from '../engine/events.js';
+import { NotFoundError, type EventHub, type Logger, type Metrics, type Queues, type Redis } from '../engine/platform/index.js';
 import type { Engine } from '../engine/index.js';
-import type { Logger } from '../engine/log.js';
-import type { Queues } from '../engine/queues.js';
-import type { Redis } from '../engine/redis.js';
-import type { Store } from '../engine/store/port.js';
+import type { Store } from '../engine/store/index.js';
 import { adminRouter } from './admin.js';
 import { authenticate } from './auth.js';
 import { docsRouter } from './docs.js';
@@ -24,6 +20,7 @@ import { OpenStreams } from './sse.js';
 export type AppDeps = {
   engine: Engine;
   hub: EventHub;
+  metrics: Metrics;
   sseHeartbeatMs: number;
   redis: Redis;
   store: Store;
@@ -46,7 +43,7 @@ export function createApp(deps: AppDeps): Express {
   const streams = new OpenStreams();
   app.locals.streams = streams;
 
-  app.use(requestLog(app, { log: deps.log, httpDuration: deps.engine.deps.metrics.httpDuration, quiet: (p) => p === '/healthz' || p === '/readyz' }));
+  app.use(requestLog(app, { log: deps.log, httpDuration: deps.metrics.httpDuration, quiet: (p) => p === '/healthz' || p === '/readyz' }));
 
   // providers sign the bytes they send: the intake reads them raw, with no API key, before any parser
   app.use(webhookIntakeRouter(deps.engine));
@@ -54,7 +51,7 @@ export function createApp(deps: AppDeps): Express {
   const spec = loadSpec();
   app.use(healthRouter({ redis: deps.redis, store: deps.store }));
   if (deps.docs) app.use(docsRouter(spec));
-  app.use(adminRouter({ queues: deps.queues, adminKeys: deps.adminKeys, metrics: deps.engine.deps.metrics }));
+  app.use(adminRouter({ queues: deps.queues, adminKeys: deps.adminKeys, metrics: deps.metrics }));
 
   // who is calling comes first: an unauthenticated body is never parsed
   app.use('/api/v1', authenticate({ mode: deps.auth, apiKeys: deps.engine.apiKeys }));

@@ -3,8 +3,8 @@
 // browser can open the dashboard. SERVICE_AUTH=none makes every API caller the tenant "local".
 import { createHash, timingSafeEqual } from 'node:crypto';
 import type { Request, RequestHandler } from 'express';
-import type { ApiKeys } from '../engine/api-keys.js';
-import { UnauthorizedError } from '../engine/errors.js';
+import type { ApiKeys } from '../engine/auth/index.js';
+import { UnauthorizedError } from '../engine/platform/index.js';
 import { bindToRequestLog } from './request-log.js';
 
 export const LOCAL_TENANT = 'local';

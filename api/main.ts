@@ -1,6 +1,5 @@
 // The `web` process: the HTTP API only (Procfile).
-import { runMain } from '../engine/lifecycle.js';
-import { openRuntime } from '../engine/runtime.js';
+import { runMain, openRuntime } from '../engine/process/index.js';
 import { startWebServer } from './server.js';
 
 await runMain('web', async (config, log) => {

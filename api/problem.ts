@@ -1,7 +1,7 @@
 // The one place errors become HTTP: RFC 9457 problem+json with a stable `code` and the request id.
 // Anything we do not recognise is a 500 that shows no internals.
 import type { ErrorRequestHandler, Request } from 'express';
-import { AppError, RateLimitedError, ValidationError, type FieldError } from '../engine/errors.js';
+import { AppError, RateLimitedError, ValidationError, type FieldError } from '../engine/platform/index.js';
 
 export type Problem = {
   type: string;

@@ -3,8 +3,7 @@
 // requests log nothing but their completion line, and none at all below LOG_LEVEL=info.
 import { randomUUID } from 'node:crypto';
 import type { Express, Request, RequestHandler } from 'express';
-import type { Logger } from '../engine/log.js';
-import type { Metrics } from '../engine/metrics.js';
+import type { Logger, Metrics } from '../engine/platform/index.js';
 
 declare module 'express-serve-static-core' {
   interface Request {

@@ -1,7 +1,7 @@
 // Starts the HTTP server on a runtime and stops it: no new connections, in-flight requests finish.
 import type { AddressInfo } from 'node:net';
 import type { Server } from 'node:http';
-import type { Runtime } from '../engine/runtime.js';
+import type { Runtime } from '../engine/process/index.js';
 import { createApp } from './app.js';
 import type { OpenStreams } from './sse.js';
 
@@ -12,6 +12,7 @@ export async function startWebServer(rt: Runtime, opts: { port?: number; host?: 
   const app = createApp({
     engine: rt.engine,
     hub: rt.hub,
+    metrics: rt.metrics,
     sseHeartbeatMs: config.sseHeartbeatSeconds * 1000,
     redis: rt.redis,
     store: rt.store,

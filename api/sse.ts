@@ -1,7 +1,7 @@
 // Server-sent events: `id:`, `event:`, `data:` lines, a heartbeat comment, resumable from
 // Last-Event-ID, and closed after the terminal event. Events come from the process's EventHub.
 import type { Request, Response } from 'express';
-import type { EventHub, ServiceEvent } from '../engine/events.js';
+import type { EventHub, ServiceEvent } from '../engine/platform/index.js';
 
 /** The open streams of an app, so shutdown can end them: clients resume elsewhere with Last-Event-ID. */
 export class OpenStreams {

@@ -7,9 +7,9 @@ import path from 'node:path';
 import { Queue, Worker } from 'bullmq';
 import { Redis } from 'ioredis';
 import { parseEnv } from '../config/env.js';
-import { createLogger } from '../engine/log.js';
-import { openRuntime } from '../engine/runtime.js';
-import { percentile } from '../engine/stats.js';
+import { createLogger } from '../engine/platform/log.js';
+import { openRuntime } from '../engine/process/runtime.js';
+import { percentile } from '../engine/platform/stats.js';
 import { startWorkers } from '../workers/index.js';
 import { deleteRedisPrefix, uniquePrefix } from '../test/support/harness.js';
 
@@ -97,7 +97,7 @@ async function engineThroughput(): Promise<number> {
     const started = performance.now();
     const workers = await startWorkers(rt);
     try {
-      const finished = rt.engine.deps.metrics.runsFinished;
+      const finished = rt.metrics.runsFinished;
       for (;;) {
         const total = (await finished.get()).values.reduce((n, v) => n + v.value, 0);
         if (total >= RUNS) break;
@@ -119,7 +119,7 @@ async function engineLatency(): Promise<number[]> {
       for (let i = 0; i < SEQUENTIAL; i++) {
         const t0 = performance.now();
         const run = await rt.engine.runs.create('bench', { kind: 'autonomy', steps: NOOP, trigger: { type: 'api' } });
-        const key = rt.engine.deps.events.key(`session:${run.session_id}`);
+        const key = rt.events.key(`session:${run.session_id}`);
         let last = '0-0';
         for (;;) {
           const res = (await reader.xread('BLOCK', 1000, 'STREAMS', key, last)) as [string, [string, string[]][]][] | null;

@@ -2,9 +2,8 @@
 // The command-line tool. `keys create --tenant T` prints a new API key once; it is stored hashed.
 import { parseArgs } from 'node:util';
 import { ConfigError, loadConfig, TENANT_ID_PATTERN } from '../config/env.js';
-import { apiKeysOf } from '../engine/api-keys.js';
-import { systemClock } from '../engine/clock.js';
-import { createLogger } from '../engine/log.js';
+import { apiKeysOf } from '../engine/auth/index.js';
+import { systemClock, createLogger } from '../engine/platform/index.js';
 import { openStore } from '../engine/store/index.js';
 
 const USAGE = `usage: automation-service keys create --tenant <tenant> [--label <text>]

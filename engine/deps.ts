@@ -1,39 +1,15 @@
-// What the engine is built from. Entry points open the connections and pass them in; tests pass their own.
-import type { AgentEndpoint } from './agent.js';
-import type { Clock } from './clock.js';
-import type { TenantSlots } from './concurrency.js';
-import type { EventLog } from './events.js';
-import type { Logger } from './log.js';
-import type { Metrics } from './metrics.js';
-import type { Queues } from './queues.js';
-import type { Redis } from './redis.js';
-import type { SecretBox } from './secret-box.js';
-import type { Store } from './store/port.js';
-import type { TemplateCatalog } from './templates.js';
+// What capabilities are built from: the platform's connections and services, and the store. Entry
+// points open them and pass them in; tests pass their own. Each capability picks what it uses.
+import type { Clock, EventLog, Logger, Metrics, Queues, Redis, SecretBox } from './platform/index.js';
+import type { Store } from './store/index.js';
 
-export type EngineLimits = { defaultBudgetSeconds: number; maxBudgetSeconds: number };
-
-export type EngineSettings = {
-  workspaceRoot: string;
-  agent: AgentEndpoint | undefined;
-  childEnv: Record<string, string>;
-  httpAllowPrivate: boolean;
-  workerConcurrency: number;
-  webhookReplayWindowSeconds: number;
-  webhookRateLimitPerMinute: number;
-};
-
-export type EngineDeps = {
+export type Platform = {
   store: Store;
   clock: Clock;
   log: Logger;
-  limits: EngineLimits;
-  templates: TemplateCatalog;
   redis: Redis;
   queues: Queues;
   events: EventLog;
-  slots: TenantSlots;
-  settings: EngineSettings;
   metrics: Metrics;
   /** seals tenant secrets at rest */
   secretBox: SecretBox;

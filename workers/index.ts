@@ -2,10 +2,9 @@
 // for cancel requests and the reconciler. Each Worker duplicates the connection for its blocking
 // reads. close() stops taking jobs and lets running ones finish.
 import { Worker, type Processor } from 'bullmq';
-import { fileTriggersOf } from '../engine/file-triggers.js';
-import type { QueueName } from '../engine/queues.js';
-import type { CronJob } from '../engine/schedules.js';
-import type { Runtime } from '../engine/runtime.js';
+import type { QueueName } from '../engine/platform/index.js';
+import type { CronJob } from '../engine/automations/index.js';
+import type { Runtime } from '../engine/process/index.js';
 
 export type Processors = Partial<Record<QueueName, { processor: Processor; concurrency: number }>>;
 
@@ -65,11 +64,7 @@ export async function startWorkers(rt: Runtime, processors: Processors = process
     if (rt.engine.executor.abort(runId)) rt.log.info({ run_id: runId }, 'run cancel requested');
   });
 
-  const fileTriggers = fileTriggersOf(rt.engine.deps, {
-    refreshMs: rt.config.fileTriggerRefreshSeconds * 1000,
-    ignore: [rt.config.dataDir],
-    fire: (a, trigger) => rt.engine.fire(a.tenant_id, a.id, trigger),
-  });
+  const fileTriggers = rt.engine.watchFiles({ refreshMs: rt.config.fileTriggerRefreshSeconds * 1000, ignore: [rt.config.dataDir] });
   await fileTriggers.start();
 
   const reconcile = () =>

@@ -1,6 +1,5 @@
 // The `worker` process: the BullMQ workers only (Procfile). Scale it horizontally.
-import { runMain } from '../engine/lifecycle.js';
-import { openRuntime } from '../engine/runtime.js';
+import { runMain, openRuntime } from '../engine/process/index.js';
 import { startWorkers } from './index.js';
 
 await runMain('worker', async (config, log) => {

@@ -1,9 +1,9 @@
 // /api/v1/autonomy: autonomy and vibe runs, their SSE streams, and reliability hints.
 import { Router, type Request, type Response } from 'express';
-import type { EventHub } from '../../engine/events.js';
+import type { EventHub } from '../../engine/platform/index.js';
 import type { Engine } from '../../engine/index.js';
-import type { RunKind } from '../../engine/model.js';
-import { runScope } from '../../engine/runs.js';
+import type { RunKind } from '../../engine/store/index.js';
+import { runScope } from '../../engine/runs/index.js';
 import { tenantOf } from '../auth.js';
 import type { components } from '../schema.js';
 import { lastEventIdOf, streamEvents, type OpenStreams } from '../sse.js';

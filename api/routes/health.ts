@@ -1,7 +1,7 @@
 // Liveness and readiness, unauthenticated. Readiness asks Redis and the store, each with a deadline.
 import { Router } from 'express';
-import { withTimeout, type Redis } from '../../engine/redis.js';
-import type { Store } from '../../engine/store/port.js';
+import { withTimeout, type Redis } from '../../engine/platform/index.js';
+import type { Store } from '../../engine/store/index.js';
 
 type Check = { ok: boolean; latency_ms: number; error?: string };
 

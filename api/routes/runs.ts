@@ -1,7 +1,7 @@
 // /api/v1/runs and the run-starting routes' shared answer.
 import { Router, type Request, type Response } from 'express';
 import type { Engine } from '../../engine/index.js';
-import type { Run } from '../../engine/model.js';
+import type { Run } from '../../engine/store/index.js';
 import { tenantOf } from '../auth.js';
 
 export const runLocation = (id: string) => `/api/v1/runs/${id}`;

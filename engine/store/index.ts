@@ -1,14 +1,6 @@
-// Chooses the adapter: MongoDB when a URI is given, else SQLite under the data directory.
-import path from 'node:path';
-import { openMongoStore } from './mongo/index.js';
-import type { Store } from './port.js';
-import { openSqliteStore } from './sqlite/index.js';
-
-export type StoreOptions = { mongodbUri: string | undefined; dataDir: string };
-
-export async function openStore(opts: StoreOptions): Promise<Store> {
-  if (opts.mongodbUri) return openMongoStore(opts.mongodbUri);
-  return openSqliteStore(path.join(opts.dataDir, 'service.sqlite'));
-}
-
-export type { Store } from './port.js';
+// The store: the port (typed repositories, the tenant id on every method), the records it keeps, and
+// the adapter chosen at start (SQLite embedded, MongoDB in production). The only code that imports
+// better-sqlite3 or mongoose.
+export * from './open.js';
+export * from './port.js';
+export * from './records.js';

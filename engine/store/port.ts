@@ -1,6 +1,6 @@
 // The store port: typed repositories with the tenant id on every method that reads or changes
 // tenant data. Two adapters implement it (sqlite/, mongo/); one contract suite tests both.
-import { ValidationError } from '../errors.js';
+import { ValidationError } from '../platform/index.js';
 import type {
   ApiKeyRecord,
   Automation,
@@ -13,7 +13,7 @@ import type {
   WebhookDelivery,
   WebhookProvider,
   WebhookSecretRecord,
-} from '../model.js';
+} from './records.js';
 
 export type Page<T> = { items: T[]; next_cursor: string | null };
 

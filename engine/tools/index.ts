@@ -8,4 +8,5 @@ import type { Tool } from './tool.js';
 
 export const TOOLS: ReadonlyMap<string, Tool> = new Map([shellTool, readFileTool, writeFileTool, listFilesTool, httpTool, messageTool].map((t) => [t.name, t]));
 
+export { resolveInside } from './files.js';
 export { ToolError, type Tool, type ToolContext, type ToolResult } from './tool.js';

@@ -1,6 +1,6 @@
 // What a tool is: a named function the run engine calls for a step, with a JSON schema the agent
 // sees. Tools get the run's workspace, an AbortSignal (budget and cancel) and a way to stream output.
-import type { ErrorInfo } from '../model.js';
+import type { ErrorInfo } from '../store/index.js';
 
 export type ToolContext = {
   workspace: string;

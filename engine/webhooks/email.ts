@@ -3,7 +3,7 @@
 // Attachments are counted, never kept: the event lists their name, type and size.
 import busboy from 'busboy';
 import { Readable } from 'node:stream';
-import { WebhookRejectedError } from '../errors.js';
+import { WebhookRejectedError } from '../platform/index.js';
 
 export type EmailAttachment = { name: string; type: string; size: number };
 

@@ -60,7 +60,7 @@ describe('agent runs', function () {
       expect(third.filter((m: RunBody) => m.role === 'tool')).to.have.length(2);
       expect(third[third.length - 1].content).to.contain('42');
 
-      const events = await h.rt.engine.deps.events.after(`session:${res.body.session_id}`, '0-0');
+      const events = await h.rt.events.after(`session:${res.body.session_id}`, '0-0');
       expect(events.filter((e) => e.type === 'agent.turn')).to.have.length(3);
       expect(h.logs.join('')).not.to.contain('sk-model-secret-123');
     });

@@ -1,7 +1,7 @@
 // Per-tenant concurrency, queued cancels, the reconciler, and runs whose worker dies.
 import { spawn } from 'node:child_process';
 import { expect } from 'chai';
-import { newId } from '../../engine/ids.js';
+import { newId } from '../../engine/platform/ids.js';
 import { runFixture } from '../integration/store-contract.js';
 import { eventually, KEYS, startHarness, type Harness } from '../support/harness.js';
 

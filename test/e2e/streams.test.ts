@@ -2,7 +2,7 @@
 // in the middle of a run, and the POST that answers with the stream itself.
 import { expect } from 'chai';
 import { EventSource } from 'eventsource';
-import { compareIds } from '../../engine/events.js';
+import { compareIds } from '../../engine/platform/events.js';
 import { eventually, KEYS, startHarness, type Harness } from '../support/harness.js';
 
 type Received = { id: string; type: string; data: Record<string, any> };

@@ -7,8 +7,8 @@ import { createHmac, randomBytes, randomUUID } from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
 import Database from 'better-sqlite3';
-import { newId } from '../../engine/ids.js';
-import { createSecretBox } from '../../engine/secret-box.js';
+import { newId } from '../../engine/platform/ids.js';
+import { createSecretBox } from '../../engine/platform/secret-box.js';
 import { eventually, finishedRun, KEYS, startHarness, type Harness, type Reply } from '../support/harness.js';
 import * as sign from '../support/signers.js';
 

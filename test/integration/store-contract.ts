@@ -1,7 +1,7 @@
 // One contract for every store adapter. Each adapter's test file calls storeContract with a factory.
 import { expect } from 'chai';
-import { newId } from '../../engine/ids.js';
-import type { ApiKeyRecord, Automation, Run, WebhookDelivery, WebhookSecretRecord } from '../../engine/model.js';
+import { newId } from '../../engine/platform/ids.js';
+import type { ApiKeyRecord, Automation, Run, WebhookDelivery, WebhookSecretRecord } from '../../engine/store/records.js';
 import type { Store } from '../../engine/store/port.js';
 
 export function automationFixture(tenantId: string, over: Partial<Automation> = {}): Automation {

@@ -4,8 +4,8 @@ import path from 'node:path';
 import { Writable } from 'node:stream';
 import { expect } from 'chai';
 import { TEMPLATES_DIR } from '../../config/paths.js';
-import { createLogger } from '../../engine/log.js';
-import { createTemplateCatalog, type TemplateCatalog } from '../../engine/templates.js';
+import { createLogger } from '../../engine/platform/log.js';
+import { createTemplateCatalog, type TemplateCatalog } from '../../engine/automations/templates.js';
 
 async function eventually(check: () => boolean, what: string, ms = 5000): Promise<void> {
   const until = Date.now() + ms;

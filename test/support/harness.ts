@@ -9,8 +9,8 @@ import { Writable } from 'node:stream';
 import { Redis } from 'ioredis';
 import { startWebServer, type WebServer } from '../../api/server.js';
 import { parseEnv, type Config } from '../../config/env.js';
-import { createLogger } from '../../engine/log.js';
-import { openRuntime, type Runtime, type RuntimeOptions } from '../../engine/runtime.js';
+import { createLogger } from '../../engine/platform/log.js';
+import { openRuntime, type Runtime, type RuntimeOptions } from '../../engine/process/runtime.js';
 import { startWorkers, type Workers } from '../../workers/index.js';
 
 export const REDIS_URL = process.env.REDIS_URL ?? 'redis://127.0.0.1:6379';

@@ -23,6 +23,38 @@ const RULES = {
       from: { path: '^(engine|workers|cli)/' },
       to: { path: '^(main\\.ts|api/main\\.ts|workers/main\\.ts)$' },
     },
+    {
+      // a capability is a folder with a face: another folder imports its index.ts, never a file behind it
+      name: 'capabilities-meet-through-faces',
+      severity: 'error' as const,
+      from: { path: '^engine/([^/]+)/' },
+      to: { path: '^engine/[^/]+/', pathNot: ['^engine/$1/', '^engine/[^/]+/index\\.ts$'] },
+    },
+    {
+      name: 'edges-use-faces',
+      severity: 'error' as const,
+      from: { path: '^(api|workers|cli)/|^main\\.ts$' },
+      to: { path: '^engine/[^/]+/', pathNot: '^engine/[^/]+/index\\.ts$' },
+    },
+    {
+      name: 'platform-imports-no-capability',
+      severity: 'error' as const,
+      from: { path: '^engine/platform/' },
+      to: { path: '^engine/', pathNot: '^engine/platform/' },
+    },
+    {
+      name: 'store-imports-only-platform',
+      severity: 'error' as const,
+      from: { path: '^engine/store/' },
+      to: { path: '^engine/', pathNot: '^engine/(store|platform)/' },
+    },
+    {
+      // capabilities are composed by engine/index.ts and started by process/; they never reach up to either
+      name: 'capabilities-do-not-reach-up',
+      severity: 'error' as const,
+      from: { path: '^engine/[^/]+/', pathNot: '^engine/process/' },
+      to: { path: '^engine/(index\\.ts|process/)' },
+    },
   ],
 };
 
@@ -42,7 +74,7 @@ describe('architecture', function () {
 
   it('reads the whole source tree', () => {
     const files = result.modules.map((m) => m.source);
-    expect(files).to.include('engine/automations.ts');
+    expect(files).to.include('engine/automations/automations.ts');
     expect(files).to.include('api/app.ts');
     expect(result.summary.totalCruised).to.be.greaterThan(20);
   });

@@ -1,6 +1,6 @@
 import { expect } from 'chai';
 import { toProblem } from '../../api/problem.js';
-import { ConflictError, NotFoundError, ValidationError } from '../../engine/errors.js';
+import { ConflictError, NotFoundError, ValidationError } from '../../engine/platform/errors.js';
 
 describe('api/problem', () => {
   it('maps engine errors to their status and stable code', () => {

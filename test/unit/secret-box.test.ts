@@ -3,7 +3,7 @@ import { randomBytes } from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { createSecretBox, loadSecretKey } from '../../engine/secret-box.js';
+import { createSecretBox, loadSecretKey } from '../../engine/platform/secret-box.js';
 
 describe('secret box', () => {
   const box = createSecretBox(randomBytes(32));

@@ -1,6 +1,6 @@
 import { expect } from 'chai';
-import { ValidationError } from '../../engine/errors.js';
-import { instantiateTemplate, parseTemplate } from '../../engine/templates.js';
+import { ValidationError } from '../../engine/platform/errors.js';
+import { instantiateTemplate, parseTemplate } from '../../engine/automations/templates.js';
 
 const GOOD = `
 id: sample

@@ -1,5 +1,5 @@
 import { expect } from 'chai';
-import { isTimeZone, nextCronFire, validateTriggers } from '../../engine/triggers.js';
+import { isTimeZone, nextCronFire, validateTriggers } from '../../engine/automations/triggers.js';
 
 describe('engine/triggers', () => {
   it('accepts 5-field and 6-field (seconds first) cron expressions', () => {

@@ -1,14 +1,21 @@
 // Automations: reusable, triggerable definitions of work, scoped to one tenant.
 // Every change is a conditional update in the store: an archived automation cannot change.
-import { ConflictError, NotFoundError, ValidationError, type FieldError } from './errors.js';
-import { newId } from './ids.js';
-import { DEFAULT_AGENT_TOOLS, type Automation, type AutomationDefinition, type AutomationPatch, type AutomationStatus, type Budget } from './model.js';
-import type { Page } from './store/port.js';
-import type { RunRequest } from './runs.js';
-import type { Run, RunStatus, RunTrigger } from './model.js';
-import type { EngineDeps } from './deps.js';
-import { instantiateTemplate } from './templates.js';
-import { percentile } from './stats.js';
+import { ConflictError, NotFoundError, ValidationError, type FieldError, newId, percentile } from '../platform/index.js';
+import {
+  DEFAULT_AGENT_TOOLS,
+  type Automation,
+  type AutomationDefinition,
+  type AutomationPatch,
+  type AutomationStatus,
+  type Budget,
+  type Page,
+  type Run,
+  type RunStatus,
+  type RunTrigger,
+} from '../store/index.js';
+import type { RunLimits, RunRequest } from '../runs/index.js';
+import type { Platform } from '../deps.js';
+import { instantiateTemplate, type TemplateCatalog } from './templates.js';
 import { nextCronFire, validateTriggers } from './triggers.js';
 
 const LIVE: AutomationStatus[] = ['enabled', 'disabled'];
@@ -36,7 +43,9 @@ export type AutomationHooks = {
   changed(a: Automation, before?: Automation): Promise<void>;
 };
 
-export function automationsOf(deps: EngineDeps, hooks: AutomationHooks) {
+export type AutomationsDeps = Pick<Platform, 'store' | 'clock' | 'log'> & { limits: RunLimits; templates: TemplateCatalog };
+
+export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
   const { store, clock, limits } = deps;
 
   function budgetOf(given: Partial<Budget> | undefined, at: string, errors: FieldError[], base?: Budget): Budget {

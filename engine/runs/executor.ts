@@ -3,11 +3,10 @@
 // `running` at start belonged to a worker that died (it ends failed with worker-lost). The budget is
 // an AbortSignal: at the deadline the step in flight is aborted and its processes killed.
 import { AgentError, runAgent } from './agent.js';
-import type { EngineDeps } from './deps.js';
-import type { ServiceEvent } from './events.js';
-import type { ErrorInfo, Run, RunStatus, StepRecord } from './model.js';
-import { appendRunEvent, type Runs } from './runs.js';
-import { TOOLS, ToolError, type ToolContext, type ToolResult } from './tools/index.js';
+import type { ServiceEvent } from '../platform/index.js';
+import type { ErrorInfo, Run, RunStatus, StepRecord } from '../store/index.js';
+import { appendRunEvent, type Runs, type RunsDeps } from './runs.js';
+import { TOOLS, ToolError, type ToolContext, type ToolResult } from '../tools/index.js';
 import { makeScratch, type Scratch } from './workspace.js';
 
 const OUTPUT_FLUSH_MS = 50;
@@ -17,7 +16,7 @@ const PROGRESS_SAVE_MS = 200;
 
 type StopReason = { status: Extract<RunStatus, 'canceled' | 'timed_out'>; error: ErrorInfo };
 
-export function executorOf(deps: EngineDeps, runs: Runs) {
+export function executorOf(deps: RunsDeps, runs: Runs) {
   const { store, clock, log, events, settings } = deps;
   /** the AbortController of each run this process is executing, for cancel requests */
   const inFlight = new Map<string, AbortController>();

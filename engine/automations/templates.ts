@@ -6,9 +6,8 @@ import path from 'node:path';
 import { watch, type FSWatcher } from 'chokidar';
 import { parse as parseYaml } from 'yaml';
 import { z } from 'zod';
-import { ValidationError, type FieldError } from './errors.js';
-import type { Logger } from './log.js';
-import type { AutomationDefinition } from './model.js';
+import { ValidationError, type FieldError, type Logger } from '../platform/index.js';
+import type { AutomationDefinition } from '../store/index.js';
 
 const VARIABLE_TYPES = ['string', 'integer', 'number', 'boolean'] as const;
 type VariableType = (typeof VARIABLE_TYPES)[number];

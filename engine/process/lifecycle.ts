@@ -1,8 +1,7 @@
 // How an entry point lives and dies: config and start-up errors print one clear line and exit 1;
 // SIGTERM/SIGINT stop taking work and close everything within the grace period, then exit.
-import { ConfigError, loadConfig, type Config } from '../config/env.js';
-import { createLogger, type Logger } from './log.js';
-import { RedisUnreachableError } from './redis.js';
+import { ConfigError, loadConfig, type Config } from '../../config/env.js';
+import { createLogger, type Logger, RedisUnreachableError } from '../platform/index.js';
 
 export type Stoppable = { close(): Promise<void> };
 

@@ -6,8 +6,8 @@ import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
-import { ValidationError } from './errors.js';
-import { resolveInside } from './tools/files.js';
+import { ValidationError } from '../platform/index.js';
+import { resolveInside } from '../tools/index.js';
 
 const exec = promisify(execFile);
 const GIT_ID = ['-c', 'user.name=automation-service', '-c', 'user.email=automation-service@localhost', '-c', 'commit.gpgsign=false'];

@@ -2,15 +2,15 @@
 // enabled automation, kept in step with every change and reconciled at start-up. BullMQ makes one
 // job per tick, however many processes run, and a tick's run is created once (its job id is the
 // Idempotency-Key), even if its job is delivered twice.
-import type { EngineDeps } from './deps.js';
-import type { Automation } from './model.js';
+import type { Platform } from '../deps.js';
+import type { Automation } from '../store/index.js';
 
 const PREFIX = 'cron-';
 export const schedulerIdOf = (automationId: string, triggerIndex: number) => `${PREFIX}${automationId}-${triggerIndex}`;
 
 export type CronJob = { tenant_id: string; automation_id: string; trigger_index: number };
 
-export function schedulesOf(deps: Pick<EngineDeps, 'queues' | 'store' | 'log'>) {
+export function schedulesOf(deps: Pick<Platform, 'queues' | 'store' | 'log'>) {
   const queue = deps.queues.get('triggers');
 
   async function existingIds(): Promise<string[]> {

@@ -1,12 +1,9 @@
 // API keys: random, shown once, stored as a sha256 hash and bound to one tenant. A presented key is
 // hashed and looked up by its hash, so no stored key is ever compared byte by byte.
 import { createHash, randomBytes } from 'node:crypto';
-import type { ApiKeySeed } from '../config/env.js';
-import type { Clock } from './clock.js';
-import { newId } from './ids.js';
-import type { Logger } from './log.js';
-import type { ApiKeyRecord } from './model.js';
-import type { Store } from './store/port.js';
+import type { ApiKeySeed } from '../../config/env.js';
+import { type Clock, newId, type Logger } from '../platform/index.js';
+import type { ApiKeyRecord, Store } from '../store/index.js';
 
 export function hashKey(key: string): string {
   return createHash('sha256').update(key, 'utf8').digest('hex');

@@ -4,18 +4,18 @@
 import path from 'node:path';
 import { watch, type FSWatcher } from 'chokidar';
 import picomatch from 'picomatch';
-import type { EngineDeps } from './deps.js';
-import type { Automation, RunTrigger } from './model.js';
+import type { Platform } from '../deps.js';
+import type { Automation, RunTrigger } from '../store/index.js';
 
 type Watched = { automation: Automation; matchers: { match: (p: string) => boolean; paths: string[]; debounceMs: number }[] };
 
 export type FileTriggers = { start(): Promise<void>; refresh(): Promise<void>; close(): Promise<void> };
 
 export function fileTriggersOf(
-  deps: Pick<EngineDeps, 'store' | 'redis' | 'queues' | 'log' | 'settings'>,
+  deps: Pick<Platform, 'store' | 'redis' | 'queues' | 'log'> & { workspaceRoot: string },
   opts: { refreshMs: number; ignore: string[]; fire(a: Automation, trigger: RunTrigger): Promise<unknown> },
 ): FileTriggers {
-  const root = deps.settings.workspaceRoot;
+  const root = deps.workspaceRoot;
   let watched: Watched[] = [];
   const pending = new Map<string, { timer: NodeJS.Timeout; paths: Set<string> }>();
   let watcher: FSWatcher | undefined;

@@ -2,13 +2,23 @@
 // outbox); the tenant's slots decide whether its job is added now or when a slot frees; the
 // reconciler re-admits queued runs that lost their job and fails running runs whose worker died.
 import { createHash } from 'node:crypto';
-import { AgentNotConfiguredError, ConflictError, IdempotencyKeyReusedError, NotFoundError, ValidationError, type FieldError } from './errors.js';
-import type { EngineDeps } from './deps.js';
-import { newId } from './ids.js';
-import { DEFAULT_AGENT_TOOLS, TERMINAL_RUN_STATUSES, type Run, type RunKind, type RunTrigger, type Step, type StepRecord } from './model.js';
-import { jobIdOfRun, type Queues } from './queues.js';
+import {
+  AgentNotConfiguredError,
+  ConflictError,
+  IdempotencyKeyReusedError,
+  NotFoundError,
+  ValidationError,
+  type FieldError,
+  newId,
+  jobIdOfRun,
+  type Queues,
+  percentile,
+} from '../platform/index.js';
+import type { Platform } from '../deps.js';
+import type { AgentEndpoint } from './agent.js';
+import type { TenantSlots } from './concurrency.js';
+import { DEFAULT_AGENT_TOOLS, TERMINAL_RUN_STATUSES, type Run, type RunKind, type RunTrigger, type Step, type StepRecord } from '../store/index.js';
 import { resolveWorkspace } from './workspace.js';
-import { percentile } from './stats.js';
 
 export type RunRequest = {
   kind: RunKind;
@@ -41,11 +51,27 @@ export async function enqueueRun(queues: Queues, run: Pick<Run, 'id' | 'tenant_i
 }
 
 /** Appends an event about a run to its session's log: the one way run events are written. */
-export function appendRunEvent(events: EngineDeps['events'], run: Pick<Run, 'id' | 'tenant_id' | 'session_id'>, type: string, data: Record<string, unknown>) {
+export type RunLimits = { defaultBudgetSeconds: number; maxBudgetSeconds: number };
+
+export type RunSettings = {
+  workspaceRoot: string;
+  agent: AgentEndpoint | undefined;
+  childEnv: Record<string, string>;
+  httpAllowPrivate: boolean;
+  workerConcurrency: number;
+};
+
+export type RunsDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'events' | 'queues' | 'redis' | 'metrics'> & {
+  slots: TenantSlots;
+  limits: RunLimits;
+  settings: RunSettings;
+};
+
+export function appendRunEvent(events: Platform['events'], run: Pick<Run, 'id' | 'tenant_id' | 'session_id'>, type: string, data: Record<string, unknown>) {
   return events.append(runScope(run.session_id), { type, tenant_id: run.tenant_id, session_id: run.session_id, run_id: run.id, data });
 }
 
-export function runsOf(deps: EngineDeps) {
+export function runsOf(deps: RunsDeps) {
   const { store, clock, log, limits, events, slots, queues, redis, settings } = deps;
   const prefix = queues.prefix;
 

@@ -1,7 +1,7 @@
 // Per-tenant concurrency on Redis (open-source BullMQ has no groups). A tenant's admitted runs are a
 // set; the rest wait in the tenant's own list and hold no worker slot, so one tenant's backlog never
 // sits in front of another tenant's runs. Sets, not counters: a replayed release cannot free twice.
-import type { Redis } from './redis.js';
+import type { Redis } from '../platform/index.js';
 
 const ADMIT = `
 if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return 1 end

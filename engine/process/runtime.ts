@@ -1,19 +1,29 @@
 // Opens everything a process needs, in order, and closes it in reverse. Only the entry points
 // (api/main.ts, workers/main.ts, main.ts, cli/main.ts) call this: they are the only openers of connections.
-import type { Config } from '../config/env.js';
-import { TEMPLATES_DIR } from '../config/paths.js';
-import { systemClock, type Clock } from './clock.js';
-import { createTenantSlots } from './concurrency.js';
-import { createEventLog, EventHub } from './events.js';
-import { createEngine, type Engine } from './index.js';
-import { createMetrics } from './metrics.js';
-import type { Logger } from './log.js';
-import { createQueues, type Queues } from './queues.js';
-import { createRedis, probeRedis, type Redis } from './redis.js';
-import { openStore } from './store/index.js';
-import type { Store } from './store/port.js';
-import { createTemplateCatalog } from './templates.js';
-import { createSecretBox, loadSecretKey, SECRET_KEY_FILE } from './secret-box.js';
+import type { Config } from '../../config/env.js';
+import { TEMPLATES_DIR } from '../../config/paths.js';
+import {
+  systemClock,
+  type Clock,
+  createEventLog,
+  EventHub,
+  type EventLog,
+  type Metrics,
+  createMetrics,
+  type Logger,
+  createQueues,
+  type Queues,
+  createRedis,
+  probeRedis,
+  type Redis,
+  createSecretBox,
+  loadSecretKey,
+  SECRET_KEY_FILE,
+} from '../platform/index.js';
+import { createTenantSlots } from '../runs/index.js';
+import { createEngine, type Engine } from '../index.js';
+import { openStore, type Store } from '../store/index.js';
+import { createTemplateCatalog } from '../automations/index.js';
 
 export type Runtime = {
   config: Config;
@@ -23,6 +33,8 @@ export type Runtime = {
   store: Store;
   queues: Queues;
   engine: Engine;
+  events: EventLog;
+  metrics: Metrics;
   /** fans the event log out to this process's SSE clients; one blocking reader per process */
   hub: EventHub;
   close(): Promise<void>;
@@ -48,6 +60,7 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
     const clock = opts.clock ?? systemClock;
     const events = createEventLog(redis, config.queuePrefix, clock);
     const hub = new EventHub(redis, events);
+    const metrics = createMetrics({ countRuns: () => store.runs.countByKindAndStatus(), queues });
     closers.push(() => hub.close());
     const secretKey = loadSecretKey(config);
     if (secretKey.source === 'generated')
@@ -62,7 +75,7 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
       redis,
       queues,
       events,
-      metrics: createMetrics({ store, queues }),
+      metrics,
       slots: createTenantSlots(redis, config.queuePrefix, config.tenantMaxRunning),
       limits: { defaultBudgetSeconds: config.runBudget.defaultSeconds, maxBudgetSeconds: config.runBudget.maxSeconds },
       settings: {
@@ -78,7 +91,7 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
     });
     await engine.apiKeys.seed(config.apiKeys);
     log.info({ store: store.kind, templates: templates.list().length, queue_prefix: config.queuePrefix }, 'runtime open');
-    return { config, log, clock, redis, store, queues, engine, hub, close: () => closeAll(closers) };
+    return { config, log, clock, redis, store, queues, engine, events, metrics, hub, close: () => closeAll(closers) };
   } catch (err) {
     await closeAll(closers);
     throw err;

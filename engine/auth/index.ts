@@ -1,0 +1,2 @@
+// Who may call: API keys, hashed at rest and bound to one tenant.
+export * from './api-keys.js';

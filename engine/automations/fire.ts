@@ -1,0 +1,42 @@
+// How a trigger starts an automation's run: the automation's run request, created once per
+// idempotency key. A disabled or archived automation never fires; its schedulers are brought in line.
+import type { Platform } from '../deps.js';
+import { ConflictError, NotFoundError } from '../platform/index.js';
+import type { Runs } from '../runs/index.js';
+import type { RunTrigger } from '../store/index.js';
+import type { Automations } from './automations.js';
+import type { CronJob, Schedules } from './schedules.js';
+
+export function firesOf(deps: Pick<Platform, 'store' | 'log'> & { automations: Automations; schedules: Schedules; runs: Pick<Runs, 'createIdempotent'> }) {
+  const { automations, schedules, runs } = deps;
+
+  async function fire(tenantId: string, automationId: string, trigger: RunTrigger, idempotencyKey?: string, inputs?: Record<string, unknown>) {
+    try {
+      const request = await automations.runRequest(tenantId, automationId, { trigger, inputs });
+      return (await runs.createIdempotent(tenantId, idempotencyKey, { trigger }, request)).run;
+    } catch (err) {
+      if (!(err instanceof NotFoundError || err instanceof ConflictError)) throw err;
+      deps.log.info({ automation_id: automationId, trigger: trigger.type }, 'trigger ignored: the automation is not enabled');
+      const a = await deps.store.automations.get(tenantId, automationId);
+      if (a) await schedules.sync(a);
+      return null;
+    }
+  }
+
+  /** One tick of a cron scheduler: its job id makes the run once, even if the job runs twice. */
+  async function fireCron(job: CronJob, jobId: string, firedAt: Date) {
+    const a = await deps.store.automations.get(job.tenant_id, job.automation_id);
+    const t = a?.triggers[job.trigger_index];
+    const trigger: RunTrigger = {
+      type: 'cron',
+      schedule: t?.type === 'cron' ? t.schedule : '',
+      timezone: t?.type === 'cron' ? t.timezone : '',
+      fire_at: firedAt.toISOString(),
+    };
+    return fire(job.tenant_id, job.automation_id, trigger, `cron:${jobId}`);
+  }
+
+  return { fire, fireCron };
+}
+
+export type Fires = ReturnType<typeof firesOf>;

@@ -1,0 +1,12 @@
+// The platform: what every capability uses. Redis and the queues, the typed event log, ids, the
+// clock, the error hierarchy, logging, metrics and sealing of secrets. It imports no capability.
+export * from './clock.js';
+export * from './errors.js';
+export * from './events.js';
+export * from './ids.js';
+export * from './log.js';
+export * from './metrics.js';
+export * from './queues.js';
+export * from './redis.js';
+export * from './secret-box.js';
+export * from './stats.js';

@@ -1,0 +1,29 @@
+import { Schema, type Model } from 'mongoose';
+import type { ApiKeyRecord } from '../records.js';
+import { type ApiKeyRepo } from '../port.js';
+import { fromStored, loose, toStored, type Stored } from './documents.js';
+
+export const apiKeySchema = new Schema({ _id: String, tenant_id: { type: String, required: true }, hash: { type: String, required: true } }, loose);
+apiKeySchema.index({ hash: 1 }, { unique: true });
+apiKeySchema.index({ tenant_id: 1, _id: 1 });
+
+export function apiKeyRepo(model: Model<Stored<ApiKeyRecord>>): ApiKeyRepo {
+  return {
+    async insert(k) {
+      try {
+        await model.collection.insertOne(toStored(k) as never);
+        return true;
+      } catch (err) {
+        if ((err as { code?: number }).code === 11000) return false;
+        throw err;
+      }
+    },
+    async findByHash(hash) {
+      return fromStored(await model.findOne({ hash }).lean<Stored<ApiKeyRecord>>());
+    },
+    async list(tenantId) {
+      const rows = await model.find({ tenant_id: tenantId }).sort({ _id: 1 }).lean<Stored<ApiKeyRecord>[]>();
+      return rows.map((r) => fromStored(r)!);
+    },
+  };
+}

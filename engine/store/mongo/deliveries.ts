@@ -1,0 +1,65 @@
+import { Schema, type Model } from 'mongoose';
+import type { WebhookDelivery } from '../records.js';
+import { decodeCursor, toPage, type DeliveryRepo } from '../port.js';
+import { definedOnly, fromStored, loose, toStored, type Stored } from './documents.js';
+
+export const deliverySchema = new Schema(
+  { _id: String, tenant_id: { type: String, required: true }, kind: String, status: String, provider_delivery_id: String, received_at: String },
+  loose,
+);
+deliverySchema.index({ tenant_id: 1, _id: -1 });
+deliverySchema.index({ tenant_id: 1, kind: 1, _id: -1 });
+// status first: a tenant's status filter and the reconciler's scan of received deliveries share it
+deliverySchema.index({ status: 1, tenant_id: 1, _id: -1 });
+deliverySchema.index(
+  { tenant_id: 1, kind: 1, provider_delivery_id: 1 },
+  { unique: true, partialFilterExpression: { provider_delivery_id: { $type: 'string' } } },
+);
+
+export function deliveryRepo(model: Model<Stored<WebhookDelivery>>): DeliveryRepo {
+  return {
+    async insert(d) {
+      try {
+        await model.collection.insertOne(toStored(d) as never);
+        return null;
+      } catch (err) {
+        if ((err as { code?: number }).code !== 11000 || d.provider_delivery_id === null) throw err;
+        const found = await model
+          .findOne({ tenant_id: d.tenant_id, kind: d.kind, provider_delivery_id: d.provider_delivery_id })
+          .lean<Stored<WebhookDelivery>>();
+        return fromStored(found);
+      }
+    },
+    async get(tenantId, id) {
+      return fromStored(await model.findOne({ _id: id, tenant_id: tenantId }).lean<Stored<WebhookDelivery>>());
+    },
+    async list(tenantId, q) {
+      const filter: Record<string, unknown> = { tenant_id: tenantId, ...(q.kind ? { kind: q.kind } : {}), ...(q.status ? { status: q.status } : {}) };
+      const after = decodeCursor(q.cursor);
+      if (after) filter._id = { $lt: after };
+      const rows = await model
+        .find(filter)
+        .sort({ _id: -1 })
+        .limit(q.limit + 1)
+        .lean<Stored<WebhookDelivery>[]>();
+      return toPage(
+        rows.map((r) => fromStored(r)!),
+        q.limit,
+      );
+    },
+    async update(tenantId, id, changes, ifStatusIn) {
+      const updated = await model
+        .findOneAndUpdate({ _id: id, tenant_id: tenantId, status: { $in: ifStatusIn } }, { $set: definedOnly(changes) }, { returnDocument: 'after' })
+        .lean<Stored<WebhookDelivery>>();
+      return fromStored(updated);
+    },
+    async listStale(status, receivedBefore, limit) {
+      const rows = await model
+        .find({ status, received_at: { $lt: receivedBefore } })
+        .sort({ received_at: 1 })
+        .limit(limit)
+        .lean<Stored<WebhookDelivery>[]>();
+      return rows.map((r) => fromStored(r)!);
+    },
+  };
+}

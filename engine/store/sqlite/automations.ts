@@ -1,0 +1,64 @@
+// Automations: a JSON document per row, with the columns the list filters on beside it.
+import type { Statement } from 'better-sqlite3';
+import type { Db } from './db.js';
+import type { Automation } from '../records.js';
+import { decodeCursor, toPage, type AutomationRepo } from '../port.js';
+
+export function automationRepo(db: Db): AutomationRepo {
+  const insert = db.prepare('INSERT INTO automations (id, tenant_id, status, doc) VALUES (?, ?, ?, ?)');
+  const get = db.prepare<[string, string], { doc: string }>('SELECT doc FROM automations WHERE tenant_id = ? AND id = ?');
+  const write = db.prepare('UPDATE automations SET status = ?, doc = ? WHERE tenant_id = ? AND id = ?');
+  const hasTrigger = "EXISTS (SELECT 1 FROM json_each(doc, '$.triggers') WHERE json_extract(value, '$.type') = ?)";
+  const withTrigger = db.prepare<[string], { doc: string }>(`SELECT doc FROM automations WHERE status = 'enabled' AND ${hasTrigger} ORDER BY id`);
+  const withTriggerOfTenant = db.prepare<[string, string], { doc: string }>(
+    `SELECT doc FROM automations WHERE tenant_id = ? AND status = 'enabled' AND ${hasTrigger} ORDER BY id`,
+  );
+  const read = (row: { doc: string } | undefined): Automation | null => (row ? (JSON.parse(row.doc) as Automation) : null);
+  // one prepared statement per shape of list query (how many statuses, whether a cursor), made once
+  const listStatements = new Map<string, Statement<unknown[], { doc: string }>>();
+  const listStatement = (statuses: number, hasCursor: boolean) => {
+    const shape = `${statuses}:${hasCursor}`;
+    let stmt = listStatements.get(shape);
+    if (!stmt) {
+      const where = ['tenant_id = ?', statuses ? `status IN (${Array(statuses).fill('?').join(', ')})` : "status <> 'archived'"];
+      if (hasCursor) where.push('id < ?');
+      stmt = db.prepare<unknown[], { doc: string }>(`SELECT doc FROM automations WHERE ${where.join(' AND ')} ORDER BY id DESC LIMIT ?`);
+      listStatements.set(shape, stmt);
+    }
+    return stmt;
+  };
+
+  const update = db.transaction((tenantId: string, id: string, changes: Partial<Automation>, ifStatusIn: string[]) => {
+    const current = read(get.get(tenantId, id));
+    if (!current || !ifStatusIn.includes(current.status)) return null;
+    const next: Automation = { ...current, ...changes, id: current.id, tenant_id: current.tenant_id, created_at: current.created_at };
+    write.run(next.status, JSON.stringify(next), tenantId, id);
+    return next;
+  });
+
+  return {
+    async insert(a) {
+      insert.run(a.id, a.tenant_id, a.status, JSON.stringify(a));
+    },
+    async get(tenantId, id) {
+      return read(get.get(tenantId, id));
+    },
+    async list(tenantId, q) {
+      const after = decodeCursor(q.cursor);
+      const statuses = q.statuses ?? [];
+      const params: unknown[] = [tenantId, ...statuses, ...(after ? [after] : []), q.limit + 1];
+      const rows = listStatement(statuses.length, Boolean(after)).all(...params);
+      return toPage(
+        rows.map((r) => JSON.parse(r.doc) as Automation),
+        q.limit,
+      );
+    },
+    async update(tenantId, id, changes, ifStatusIn) {
+      return update.immediate(tenantId, id, changes, ifStatusIn);
+    },
+    async listEnabledWithTrigger(type, tenantId) {
+      const rows = tenantId === undefined ? withTrigger.all(type) : withTriggerOfTenant.all(tenantId, type);
+      return rows.map((r) => JSON.parse(r.doc) as Automation);
+    },
+  };
+}

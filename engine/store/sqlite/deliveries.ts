@@ -1,0 +1,90 @@
+// Webhook deliveries, inserted in group commits; one row per provider delivery id.
+import type { Statement } from 'better-sqlite3';
+import type { WebhookDelivery } from '../records.js';
+import { decodeCursor, toPage, type DeliveryRepo } from '../port.js';
+import { TOP, type Db } from './db.js';
+
+export function deliveryRepo(db: Db): DeliveryRepo {
+  const insert = db.prepare(
+    'INSERT INTO deliveries (id, tenant_id, kind, status, provider_delivery_id, received_at, doc) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING',
+  );
+  const byProviderId = db.prepare<[string, string, string], { doc: string }>(
+    'SELECT doc FROM deliveries WHERE tenant_id = ? AND kind = ? AND provider_delivery_id = ?',
+  );
+  const get = db.prepare<[string, string], { doc: string }>('SELECT doc FROM deliveries WHERE tenant_id = ? AND id = ?');
+  const write = db.prepare('UPDATE deliveries SET status = ?, doc = ? WHERE tenant_id = ? AND id = ?');
+  const stale = db.prepare<[string, string, number], { doc: string }>(
+    'SELECT doc FROM deliveries WHERE status = ? AND received_at < ? ORDER BY received_at LIMIT ?',
+  );
+  const read = (row: { doc: string } | undefined): WebhookDelivery | null => (row ? (JSON.parse(row.doc) as WebhookDelivery) : null);
+  const listStatements = new Map<string, Statement<unknown[], { doc: string }>>();
+  const listStatement = (kind: boolean, status: boolean) => {
+    const shape = `${kind}:${status}`;
+    let stmt = listStatements.get(shape);
+    if (!stmt) {
+      const where = ['tenant_id = ?', ...(kind ? ['kind = ?'] : []), ...(status ? ['status = ?'] : []), 'id < ?'];
+      stmt = db.prepare<unknown[], { doc: string }>(`SELECT doc FROM deliveries WHERE ${where.join(' AND ')} ORDER BY id DESC LIMIT ?`);
+      listStatements.set(shape, stmt);
+    }
+    return stmt;
+  };
+  const update = db.transaction((tenantId: string, id: string, changes: Partial<WebhookDelivery>, ifStatusIn: string[]) => {
+    const current = read(get.get(tenantId, id));
+    if (!current || !ifStatusIn.includes(current.status)) return null;
+    const next: WebhookDelivery = { ...current, ...changes, id: current.id, tenant_id: current.tenant_id };
+    write.run(next.status, JSON.stringify(next), tenantId, id);
+    return next;
+  });
+  const insertOne = (d: WebhookDelivery): WebhookDelivery | null => {
+    const inserted = insert.run(d.id, d.tenant_id, d.kind, d.status, d.provider_delivery_id, d.received_at, JSON.stringify(d)).changes === 1;
+    if (inserted || d.provider_delivery_id === null) return null;
+    return read(byProviderId.get(d.tenant_id, d.kind, d.provider_delivery_id));
+  };
+  // Group commit: deliveries that arrive in the same turn of the event loop are written in one
+  // transaction, so a burst pays for one commit rather than one each. Each caller still learns
+  // only after its row is committed.
+  type Pending = { d: WebhookDelivery; resolve(v: WebhookDelivery | null): void; reject(e: unknown): void };
+  let batch: Pending[] = [];
+  const insertAll = db.transaction((items: Pending[]) => items.map((p) => insertOne(p.d)));
+  const flush = () => {
+    const items = batch;
+    batch = [];
+    try {
+      const results = insertAll.immediate(items);
+      items.forEach((p, i) => p.resolve(results[i]!));
+    } catch {
+      // one bad row must not fail the others: write them one by one
+      for (const p of items) {
+        try {
+          p.resolve(insertOne(p.d));
+        } catch (err) {
+          p.reject(err);
+        }
+      }
+    }
+  };
+  return {
+    insert(d) {
+      return new Promise((resolve, reject) => {
+        if (batch.push({ d, resolve, reject }) === 1) setImmediate(flush);
+      });
+    },
+    async get(tenantId, id) {
+      return read(get.get(tenantId, id));
+    },
+    async list(tenantId, q) {
+      const params: unknown[] = [tenantId, ...(q.kind ? [q.kind] : []), ...(q.status ? [q.status] : []), decodeCursor(q.cursor) ?? TOP, q.limit + 1];
+      const rows = listStatement(Boolean(q.kind), Boolean(q.status)).all(...params);
+      return toPage(
+        rows.map((r) => read(r)!),
+        q.limit,
+      );
+    },
+    async update(tenantId, id, changes, ifStatusIn) {
+      return update.immediate(tenantId, id, changes, ifStatusIn);
+    },
+    async listStale(status, receivedBefore, limit) {
+      return stale.all(status, receivedBefore, limit).map((r) => read(r)!);
+    },
+  };
+}

@@ -1,0 +1,361 @@
+// Webhook intake: tenant secrets (sealed at rest), verification, replay and duplicate checks, the
+// delivery outbox (stored before it is acknowledged, then matched by a job) and replays on request.
+import type { Platform } from '../deps.js';
+import { ConflictError, NotFoundError, PayloadTooLargeError, RateLimitedError, WebhookRejectedError, AppError, newId, type Redis } from '../platform/index.js';
+import type { RunTrigger, WebhookDelivery, WebhookProvider, WebhookSecretRecord, DeliveryQuery } from '../store/index.js';
+import { eventMatches, keptHeaders, sha256Hex, verifyDelivery, windowOf, type Headers, type Verified } from './verify.js';
+
+/** Email carries attachments; everything else is small. */
+export const BODY_LIMIT_BYTES: Record<WebhookProvider, number> = {
+  codehost: 1024 * 1024,
+  chat: 1024 * 1024,
+  tracker: 1024 * 1024,
+  pager: 1024 * 1024,
+  email: 25 * 1024 * 1024,
+  generic: 1024 * 1024,
+};
+
+/** How long one process trusts its copy of a tenant's secrets; changes made in this process apply at once. */
+const SECRET_CACHE_MS = 5000;
+const STALE_AFTER_MS = 30_000;
+
+type Fire = (
+  tenantId: string,
+  automationId: string,
+  trigger: RunTrigger,
+  idempotencyKey: string,
+  inputs: Record<string, unknown>,
+) => Promise<{ id: string } | null>;
+
+export type Receipt = {
+  status: number;
+  /** absent: answer with no body (Slack shows a command's response body to the user) */
+  body?: Record<string, unknown>;
+  delivery_id?: string;
+};
+
+type TenantSecrets = { at: number; known: boolean; byKind: Map<WebhookProvider, string[]> };
+
+type GatingRedis = Redis & {
+  webhookGate(rateKey: string, seenKey: string, windowMs: number, limit: number, seenTtlSeconds: number): Promise<[number, number]>;
+};
+
+// One round trip per request: count it against the tenant's minute, then (when a signed request has
+// a replay key) remember what was signed. Answers [1, 0] go on, [0, ms until the minute ends]
+// rate-limited, [2, 0] a replay. Seen keys are only written for requests within the limit.
+const GATE = `local n = redis.call('INCR', KEYS[1])
+if n == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
+if n > tonumber(ARGV[2]) then return {0, redis.call('PTTL', KEYS[1])} end
+if ARGV[3] ~= '0' and not redis.call('SET', KEYS[2], '1', 'EX', ARGV[3], 'NX') then return {2, 0} end
+return {1, 0}`;
+
+export const jobIdOfDelivery = (deliveryId: string) => `delivery-${deliveryId}`;
+
+export type WebhookSettings = { webhookReplayWindowSeconds: number; webhookRateLimitPerMinute: number };
+
+export type WebhooksDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'queues' | 'secretBox' | 'redis' | 'metrics'> & { settings: WebhookSettings };
+
+export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
+  const { store, clock, log, queues, secretBox, redis } = deps;
+  const { webhookReplayWindowSeconds: windowSeconds, webhookRateLimitPerMinute: perMinute } = deps.settings;
+  const prefix = queues.prefix;
+  const cache = new Map<string, TenantSecrets>();
+  if (!('webhookGate' in redis)) redis.defineCommand('webhookGate', { numberOfKeys: 2, lua: GATE });
+  const gating = redis as GatingRedis;
+  const owner = (tenantId: string, kind: WebhookProvider) => `webhook-secret:${tenantId}:${kind}`;
+
+  async function secretsOf(tenantId: string): Promise<TenantSecrets> {
+    const cached = cache.get(tenantId);
+    if (cached && Date.now() - cached.at < SECRET_CACHE_MS) return cached;
+    const records = await store.webhookSecrets.list(tenantId);
+    const byKind = new Map<WebhookProvider, string[]>();
+    for (const r of records) {
+      try {
+        byKind.set(
+          r.kind,
+          r.sealed.map((s) => secretBox.open(s, owner(tenantId, r.kind))),
+        );
+      } catch {
+        // sealed under another key (SERVICE_SECRET_KEY changed) or altered: the kind cannot verify anything
+        log.error(
+          { tenant_id: tenantId, kind: r.kind },
+          'a webhook secret does not open with SERVICE_SECRET_KEY; set it again with PUT /api/v1/webhook-secrets/{kind}',
+        );
+      }
+    }
+    // a tenant exists once it has an API key; secrets can only be set with one
+    const known = records.length > 0 || (await store.apiKeys.list(tenantId)).length > 0;
+    const entry = { at: Date.now(), known, byKind };
+    cache.set(tenantId, entry);
+    if (cache.size > 10_000) cache.delete(cache.keys().next().value!);
+    return entry;
+  }
+
+  /**
+   * Counts a request against its tenant's per-minute limit, over all kinds and outcomes, and claims
+   * its replay key if it has one: false when that key was already claimed (a replay).
+   */
+  async function gate(tenantId: string, kind: WebhookProvider, seenKey: string | null): Promise<boolean> {
+    const bucket = Math.floor(clock.now().getTime() / 60_000);
+    const window = windowOf(kind, windowSeconds);
+    // a signature stays valid for a window either side of its timestamp: remember it for both
+    const [verdict, ttlMs] = await gating.webhookGate(
+      `${prefix}:webhook-rate:${tenantId}:${bucket}`,
+      seenKey ?? `${prefix}:webhook-seen:-`,
+      61_000,
+      perMinute,
+      seenKey ? window * 2 + 1 : 0,
+    );
+    if (verdict === 0) {
+      deps.metrics.webhookRequests.inc({ kind, outcome: 'rate-limited' });
+      throw new RateLimitedError(
+        `this tenant sent more than ${perMinute} webhook requests this minute`,
+        Math.max(1, Math.ceil(Math.min(ttlMs, 60_000) / 1000)),
+      );
+    }
+    return verdict === 1;
+  }
+
+  const secretView = (r: WebhookSecretRecord) => ({ kind: r.kind, secret_count: r.sealed.length, created_at: r.created_at, updated_at: r.updated_at });
+
+  async function enqueue(d: Pick<WebhookDelivery, 'id' | 'tenant_id'>): Promise<void> {
+    await queues.get('webhooks').add(
+      'delivery',
+      { delivery_id: d.id, tenant_id: d.tenant_id },
+      {
+        jobId: jobIdOfDelivery(d.id),
+        attempts: 5,
+        backoff: { type: 'exponential', delay: 1000 },
+        removeOnComplete: { count: 1000 },
+        removeOnFail: { count: 5000 },
+      },
+    );
+  }
+
+  async function recordRejection(tenantId: string, kind: WebhookProvider, headers: Headers, size: number, err: WebhookRejectedError): Promise<void> {
+    const now = clock.now().toISOString();
+    const kept = keptHeaders(headers);
+    await store.deliveries
+      .insert({
+        id: newId('whd'),
+        tenant_id: tenantId,
+        kind,
+        status: 'rejected',
+        event: null,
+        action: null,
+        provider_delivery_id: null,
+        headers: kept,
+        content_type: kept['content-type'] ?? null,
+        body: null,
+        body_size: size,
+        body_sha256: null,
+        event_payload: null,
+        rejection: { code: err.code, message: err.message },
+        runs: [],
+        attempts: 0,
+        error: null,
+        received_at: now,
+        processed_at: null,
+      })
+      .catch((e: unknown) => log.warn({ err: (e as Error).message }, 'could not record a rejected webhook'));
+  }
+
+  /** Starts the runs of every enabled automation whose webhook trigger takes this delivery. */
+  async function dispatch(d: WebhookDelivery, attempt: number): Promise<Pick<WebhookDelivery, 'runs' | 'error'>> {
+    const automations = await store.automations.listEnabledWithTrigger('webhook', d.tenant_id);
+    const runs: WebhookDelivery['runs'] = [];
+    let error: WebhookDelivery['error'] = null;
+    for (const a of automations) {
+      const takes = a.triggers.some((t) => t.type === 'webhook' && t.provider === d.kind && eventMatches(t.events, d.event, d.action));
+      if (!takes) continue;
+      const trigger: RunTrigger = { type: 'webhook', provider: d.kind, delivery_id: d.id, ...(d.event ? { event: d.event } : {}) };
+      try {
+        const run = await fire(d.tenant_id, a.id, trigger, `webhook:${d.id}:${attempt}:${a.id}`, { event: d.event_payload });
+        if (run) runs.push({ automation_id: a.id, run_id: run.id });
+      } catch (err) {
+        // the automation cannot run as defined (no agent endpoint, a bad budget): say so, start the others
+        if (!(err instanceof AppError)) throw err;
+        error = { code: err.code, message: `automation ${a.id}: ${err.message}` };
+      }
+    }
+    return { runs, error };
+  }
+
+  return {
+    /** Verifies, de-duplicates and stores one request; the answer to give the provider. */
+    async receive(tenantId: string, kind: WebhookProvider, headers: Headers, body: Buffer): Promise<Receipt> {
+      const tenant = await secretsOf(tenantId);
+      if (!tenant.known) throw new NotFoundError(`no tenant ${tenantId}`);
+      const count = (outcome: string) => deps.metrics.webhookRequests.inc({ kind, outcome });
+      if (body.length > BODY_LIMIT_BYTES[kind]) throw new PayloadTooLargeError(`the body is over the ${BODY_LIMIT_BYTES[kind] / 1024 / 1024} MB limit`);
+
+      let verified: Verified;
+      let seenKey: string | null = null;
+      try {
+        const secrets = tenant.byKind.get(kind);
+        if (!secrets?.length)
+          throw new WebhookRejectedError('webhook-not-configured', `no usable ${kind} secret is set for this tenant: PUT /api/v1/webhook-secrets/${kind}`);
+        verified = await verifyDelivery(kind, { headers, body }, { secrets, nowMs: clock.now().getTime(), windowSeconds });
+        seenKey = verified.replayKey ? `${prefix}:webhook-seen:${tenantId}:${kind}:${sha256Hex(verified.replayKey)}` : null;
+        if (!(await gate(tenantId, kind, seenKey))) {
+          seenKey = null;
+          throw new WebhookRejectedError('webhook-replay', 'this signed request was already accepted');
+        }
+        if (verified.handshake) {
+          count('handshake');
+          return { status: 200, body: verified.handshake };
+        }
+      } catch (err) {
+        if (err instanceof WebhookRejectedError) {
+          if (err.code !== 'webhook-replay') await gate(tenantId, kind, null); // refused requests count against the limit too
+          count(err.code);
+          await recordRejection(tenantId, kind, headers, body.length, err);
+        }
+        throw err;
+      }
+
+      const kept = keptHeaders(headers);
+      const delivery: WebhookDelivery = {
+        id: newId('whd'),
+        tenant_id: tenantId,
+        kind,
+        status: 'received',
+        event: verified.event,
+        action: verified.action,
+        // ids are short in practice; a longer one is cut, never allowed to bloat the unique index
+        provider_delivery_id: verified.providerId?.slice(0, 256) ?? null,
+        headers: kept,
+        content_type: kept['content-type'] ?? null,
+        body: verified.keepBody ? body.toString('utf8') : null,
+        body_size: body.length,
+        body_sha256: sha256Hex(body),
+        event_payload: verified.event_payload,
+        rejection: null,
+        runs: [],
+        attempts: 0,
+        error: null,
+        received_at: clock.now().toISOString(),
+        processed_at: null,
+      };
+      let existing: WebhookDelivery | null;
+      try {
+        existing = await store.deliveries.insert(delivery);
+      } catch (err) {
+        // not stored, so not accepted: the provider's retry must not look like a replay
+        if (seenKey) await redis.del(seenKey).catch(() => undefined);
+        throw err;
+      }
+      if (existing) {
+        if (verified.repeatIs === 'replay') {
+          const err = new WebhookRejectedError('webhook-replay', `delivery ${verified.providerId} was already accepted as ${existing.id}`);
+          count(err.code);
+          await recordRejection(tenantId, kind, headers, body.length, err);
+          throw err;
+        }
+        count('duplicate');
+        return { status: 200, delivery_id: existing.id, body: verified.emptyReply ? undefined : { delivery_id: existing.id, status: 'duplicate' } };
+      }
+      // stored: from here the delivery will be processed, by this job or by the reconciler
+      try {
+        await enqueue(delivery);
+      } catch (err) {
+        log.warn({ delivery_id: delivery.id, err: (err as Error).message }, 'delivery stored but not queued; the reconciler will queue it');
+      }
+      count('accepted');
+      return { status: 200, delivery_id: delivery.id, body: verified.emptyReply ? undefined : { delivery_id: delivery.id, status: 'accepted' } };
+    },
+
+    /** The job: match a stored delivery to automations and start their runs, once. */
+    async process(tenantId: string, deliveryId: string): Promise<WebhookDelivery | null> {
+      const d = await store.deliveries.get(tenantId, deliveryId);
+      if (!d || d.status !== 'received') return d;
+      const { runs, error } = await dispatch(d, 1);
+      const done = await store.deliveries.update(
+        tenantId,
+        d.id,
+        { status: error && !runs.length ? 'failed' : 'processed', runs, error, attempts: 1, processed_at: clock.now().toISOString() },
+        ['received'],
+      );
+      log.info({ delivery_id: d.id, kind: d.kind, event: d.event, runs: runs.length }, 'webhook delivery processed');
+      return done;
+    },
+
+    /** Matches a delivery again and starts new runs, without verifying it again. */
+    async replay(tenantId: string, deliveryId: string): Promise<WebhookDelivery> {
+      const d = await store.deliveries.get(tenantId, deliveryId);
+      if (!d) throw new NotFoundError(`no delivery ${deliveryId}`);
+      if (d.status === 'rejected') throw new ConflictError('a rejected delivery was never verified, so it cannot be replayed', { status: d.status });
+      if (d.status === 'received') throw new ConflictError('this delivery has not been processed yet', { status: d.status });
+      const attempt = d.attempts + 1;
+      // claim the attempt first, so two replays at once start two sets of runs, not one set twice
+      const claimed = await store.deliveries.update(tenantId, d.id, { attempts: attempt }, [d.status]);
+      if (!claimed || claimed.attempts !== attempt) throw new ConflictError('this delivery changed while replaying; retry');
+      const { runs, error } = await dispatch(claimed, attempt);
+      const done = await store.deliveries.update(
+        tenantId,
+        d.id,
+        { status: error && !runs.length ? 'failed' : 'processed', runs: [...claimed.runs, ...runs], error, processed_at: clock.now().toISOString() },
+        ['processed', 'failed'],
+      );
+      return done ?? claimed;
+    },
+
+    async get(tenantId: string, deliveryId: string): Promise<WebhookDelivery> {
+      const d = await store.deliveries.get(tenantId, deliveryId);
+      if (!d) throw new NotFoundError(`no delivery ${deliveryId}`);
+      return d;
+    },
+
+    list: (tenantId: string, q: DeliveryQuery) => store.deliveries.list(tenantId, q),
+
+    /**
+     * Deliveries stored but never processed: a job lost between the store and Redis is queued again;
+     * a job that used up its attempts (Redis or the store failing for minutes) is retried.
+     */
+    async reconcile(): Promise<{ requeued: number; retried: number }> {
+      const before = new Date(clock.now().getTime() - STALE_AFTER_MS).toISOString();
+      const queue = queues.get('webhooks');
+      let requeued = 0;
+      let retried = 0;
+      for (const d of await store.deliveries.listStale('received', before, 500)) {
+        const job = await queue.getJob(jobIdOfDelivery(d.id));
+        if (!job) {
+          await enqueue(d);
+          requeued++;
+        } else if (await job.isFailed()) {
+          await job.retry('failed');
+          retried++;
+        }
+      }
+      if (requeued || retried) log.warn({ requeued, retried }, 'reconciler repaired webhook deliveries');
+      return { requeued, retried };
+    },
+
+    secrets: {
+      async put(tenantId: string, kind: WebhookProvider, secrets: string[]) {
+        const now = clock.now().toISOString();
+        const current = (await store.webhookSecrets.list(tenantId)).find((r) => r.kind === kind);
+        const record: WebhookSecretRecord = {
+          tenant_id: tenantId,
+          kind,
+          sealed: secrets.map((s) => secretBox.seal(s, owner(tenantId, kind))),
+          created_at: current?.created_at ?? now,
+          updated_at: now,
+        };
+        await store.webhookSecrets.put(record);
+        cache.delete(tenantId);
+        log.info({ tenant_id: tenantId, kind, count: secrets.length }, 'webhook secret set');
+        return secretView(record);
+      },
+      async list(tenantId: string) {
+        return (await store.webhookSecrets.list(tenantId)).map(secretView);
+      },
+      async delete(tenantId: string, kind: WebhookProvider) {
+        const deleted = await store.webhookSecrets.delete(tenantId, kind);
+        cache.delete(tenantId);
+        if (!deleted) throw new NotFoundError(`no ${kind} secret is set`);
+        log.info({ tenant_id: tenantId, kind }, 'webhook secret deleted');
+      },
+    },
+  };
+}
