@@ -1,40 +1,17 @@
 // The one place errors become HTTP: RFC 9457 problem+json with a stable `code` and the request id.
 // Anything we do not recognise is a 500 that shows no internals.
 import type { ErrorRequestHandler, Request } from 'express';
-import { AppError, RateLimitedError, ValidationError, type FieldError } from '../engine/platform/index.js';
+import { AppError, ERROR_STATUS, ValidationError, type ErrorCode, type FieldError } from '../engine/platform/index.js';
 
 export type Problem = {
   type: string;
   title: string;
   status: number;
-  code: string;
+  code: ErrorCode;
   detail?: string;
   instance?: string;
   request_id: string;
   errors?: FieldError[];
-};
-
-const STATUS_OF_CODE: Record<string, number> = {
-  'bad-request': 400,
-  'validation-failed': 400,
-  'malformed-json': 400,
-  unauthorized: 401,
-  'not-found': 404,
-  'method-not-allowed': 405,
-  conflict: 409,
-  'agent-not-configured': 422,
-  'idempotency-key-reused': 422,
-  'webhook-signature-missing': 401,
-  'webhook-signature-invalid': 401,
-  'webhook-timestamp-outside-window': 401,
-  'webhook-not-configured': 403,
-  'webhook-replay': 409,
-  'webhook-payload-invalid': 400,
-  'payload-too-large': 413,
-  'unsupported-media-type': 415,
-  'rate-limited': 429,
-  unavailable: 503,
-  internal: 500,
 };
 
 const TITLES: Record<number, string> = {
@@ -52,13 +29,17 @@ const TITLES: Record<number, string> = {
   503: 'Service Unavailable',
 };
 
-const CODE_OF_STATUS: Record<number, string> = Object.fromEntries(
-  Object.entries(STATUS_OF_CODE)
-    .filter(
-      ([code]) => !code.startsWith('webhook-') && !['validation-failed', 'malformed-json', 'agent-not-configured', 'idempotency-key-reused'].includes(code),
-    )
-    .map(([code, status]) => [status, code]),
-);
+/** The code of a 4xx that does not come from our own errors (the validator, body-parser). */
+const CODE_OF_STATUS: Partial<Record<number, ErrorCode>> = {
+  400: 'bad-request',
+  401: 'unauthorized',
+  404: 'not-found',
+  405: 'method-not-allowed',
+  409: 'conflict',
+  413: 'payload-too-large',
+  415: 'unsupported-media-type',
+  429: 'rate-limited',
+};
 
 type HttpLikeError = Error & {
   status?: number;
@@ -72,7 +53,7 @@ type HttpLikeError = Error & {
 export function toProblem(err: unknown, requestId: string, instance: string): Problem {
   const base = { request_id: requestId, instance };
   if (err instanceof AppError) {
-    const status = STATUS_OF_CODE[err.code] ?? 500;
+    const status: number = ERROR_STATUS[err.code];
     return {
       type: `/problems/${err.code}`,
       title: TITLES[status] ?? 'Error',
@@ -108,7 +89,7 @@ export function toProblem(err: unknown, requestId: string, instance: string): Pr
   return problem(500, 'internal', 'The service failed to handle this request.', base);
 }
 
-function problem(status: number, code: string, detail: string, base: { request_id: string; instance: string }): Problem {
+function problem(status: number, code: ErrorCode, detail: string, base: { request_id: string; instance: string }): Problem {
   return { type: `/problems/${code}`, title: TITLES[status] ?? 'Error', status, code, detail, ...base };
 }
 
@@ -140,7 +121,8 @@ export function problemHandler(): ErrorRequestHandler {
       return;
     }
     if (p.status === 401 && !res.hasHeader('WWW-Authenticate')) res.setHeader('WWW-Authenticate', 'Bearer realm="api"');
-    if (err instanceof RateLimitedError) res.setHeader('Retry-After', String(err.retryAfterSeconds));
+    const retryAfter = (err as { retryAfterSeconds?: unknown }).retryAfterSeconds;
+    if (err instanceof AppError && typeof retryAfter === 'number') res.setHeader('Retry-After', String(retryAfter));
     const allow = (err as { headers?: Record<string, string> }).headers?.Allow;
     if (p.status === 405 && allow) res.setHeader('Allow', allow);
     res.status(p.status).type('application/problem+json').send(JSON.stringify(p));

@@ -310,9 +310,9 @@ export interface paths {
         };
         /**
          * Events of a run session (SSE)
-         * @description Server-sent events: `id`, `event` and `data` (JSON) lines. Events: `run.queued`, `run.started`,
-         *     `step.started`, `step.output`, `step.finished`, `agent.turn`, `message`, `workspace.ready` and
-         *     `run.finished` (the last; the stream then closes). A comment line every
+         * @description Server-sent events: `id`, `event` and `data` (JSON) lines, one ServiceEvent each: `run.queued`,
+         *     `run.started`, `run.retrying`, `run.interrupted`, `workspace.ready`, `step.started`, `step.output`,
+         *     `step.finished`, `agent.turn`, `message.created` and `run.finished` (the last; the stream then closes). A comment line every
          *     SERVICE_SSE_HEARTBEAT_SECONDS keeps proxies from closing it. Reconnect with `Last-Event-ID` (or
          *     `last_event_id`) to receive only what was missed.
          */
@@ -339,6 +339,49 @@ export interface paths {
         get: operations["getReliabilityContext"];
         put?: never;
         post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/runs": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List runs
+         * @description The tenant's runs across automations, sessions and kinds, newest first, without their steps. Every filter is optional.
+         */
+        get: operations["listRuns"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/runs/{id}/rerun": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The run's id. */
+                id: components["parameters"]["RunId"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Re-run a finished run
+         * @description A new run of the same request (kind, steps or goal, tools, workspace, budget, retry policy, inputs), in a session of its own, linked to the first by `rerun_of`. A run that has not finished is a 409.
+         */
+        post: operations["rerunRun"];
         delete?: never;
         options?: never;
         head?: never;
@@ -858,6 +901,7 @@ export interface components {
             inputs?: {
                 [key: string]: unknown;
             };
+            retry?: components["schemas"]["RetryPolicyInput"];
         };
         /** @description A definition, or a template id with variables when `template_id` is present. */
         AutomationCreate: Record<string, never>;
@@ -876,6 +920,7 @@ export interface components {
             triggers?: components["schemas"]["Trigger"][];
             tool_allowlist?: components["schemas"]["ToolName"][];
             budget?: components["schemas"]["Budget"];
+            retry?: components["schemas"]["RetryPolicyInput"];
         };
         Automation: {
             id: components["schemas"]["AutomationId"];
@@ -890,6 +935,7 @@ export interface components {
                 max_steps?: number;
             };
             steps: components["schemas"]["Step"][] | null;
+            retry: components["schemas"]["RetryPolicy"];
             goal: string | null;
             inputs: {
                 [key: string]: unknown;
@@ -947,13 +993,14 @@ export interface components {
             tools?: components["schemas"]["ToolName"][];
             /** @description A folder inside SERVICE_WORKSPACE_ROOT, relative to it; default the root itself. */
             workspace?: string;
-            /** @description Wall-clock bound of the whole run. Default SERVICE_RUN_DEFAULT_BUDGET_SECONDS, at most SERVICE_RUN_MAX_BUDGET_SECONDS. */
+            /** @description Wall-clock bound of each attempt of the run. Default SERVICE_RUN_DEFAULT_BUDGET_SECONDS, at most SERVICE_RUN_MAX_BUDGET_SECONDS. */
             budget_seconds?: number;
             /** @description Most tool calls the run may make. */
             max_steps?: number;
             inputs?: {
                 [key: string]: unknown;
             };
+            retry?: components["schemas"]["RetryPolicyInput"];
             /**
              * @description Answer with the run's SSE stream instead of 202.
              * @default false
@@ -1013,16 +1060,20 @@ export interface components {
             status: components["schemas"]["RunStatus"];
             session_id: string;
             automation_id: string | null;
-            /** @description Who or what started the run (`api`, `manual`, `cron`, `webhook`, `file_change`) and its details. */
+            /** @description Who or what started the run (`api`, `manual`, `cron`, `webhook`, `file_change`, `rerun`) and its details. */
             trigger: {
                 /** @enum {string} */
-                type: "api" | "manual" | "cron" | "webhook" | "file_change";
+                type: "api" | "manual" | "cron" | "webhook" | "file_change" | "rerun";
             } & {
                 [key: string]: unknown;
             };
             goal: string | null;
-            steps: components["schemas"]["StepRecord"][];
+            /** @description The steps the run was asked to run (each attempt runs them), or null for a goal. */
+            plan: components["schemas"]["Step"][] | null;
+            /** @description The steps of the current attempt, with status, output and timing (on `GET /api/v1/runs/{id}`). */
+            steps?: components["schemas"]["StepRecord"][];
             tool_allowlist: string[];
+            /** @description The workspace as the request named it, relative to the workspace root (`.` for the root). */
             workspace: string;
             budget: {
                 seconds: number;
@@ -1033,10 +1084,18 @@ export interface components {
                 model_turns: number;
                 seconds: number;
             };
+            retry: components["schemas"]["RetryPolicy"];
+            /** @description The attempt under way, or the last one made. */
+            attempt: number;
+            /** @description Attempts before the current one, retried after a failure, lost with their worker, or interrupted by a deploy. */
+            attempts: components["schemas"]["Attempt"][];
+            /** @description The run this one re-runs. */
+            rerun_of: string | null;
             inputs: {
                 [key: string]: unknown;
             };
-            agent_turns: components["schemas"]["AgentTurn"][];
+            /** @description The model turns of the current attempt (on `GET /api/v1/runs/{id}`). */
+            agent_turns?: components["schemas"]["AgentTurn"][];
             summary: string | null;
             error: components["schemas"]["ErrorInfo"];
             result: {
@@ -1046,8 +1105,7 @@ export interface components {
                 changed_files?: string[];
                 final_answer?: string;
             } | null;
-            idempotency_key?: string | null;
-            request_id?: string | null;
+            request_id: string | null;
             /** Format: date-time */
             created_at: string;
             /** Format: date-time */
@@ -1055,6 +1113,283 @@ export interface components {
             /** Format: date-time */
             finished_at: string | null;
             duration_ms: number | null;
+        };
+        RunPage: {
+            data: components["schemas"]["Run"][];
+            next_cursor: string | null;
+        };
+        /**
+         * @description How a run is tried again after a failed attempt. `attempts` counts every try, the first included
+         *     (1: no retry). `on` says which endings are retried (default `failed`; `timed_out` when asked); a
+         *     run canceled through the API is never retried, and a deploy's interruption does not count.
+         */
+        RetryPolicyInput: {
+            attempts: number;
+            backoff?: {
+                /**
+                 * @default exponential
+                 * @enum {string}
+                 */
+                type: "fixed" | "exponential";
+                /** @default 1000 */
+                delay_ms: number;
+            };
+            on?: ("failed" | "timed_out")[];
+        } | null;
+        RetryPolicy: {
+            attempts: number;
+            backoff: {
+                /** @enum {string} */
+                type: "fixed" | "exponential";
+                delay_ms: number;
+            };
+            on: ("failed" | "timed_out")[];
+        } | null;
+        Attempt: {
+            attempt: number;
+            /** @enum {string} */
+            outcome: "retried" | "interrupted" | "lost";
+            status: components["schemas"]["RunStatus"];
+            error: components["schemas"]["ErrorInfo"];
+            /** Format: date-time */
+            started_at: string | null;
+            /** Format: date-time */
+            finished_at: string;
+            duration_ms: number | null;
+        };
+        /**
+         * @description One event of a stream, as the `data:` of a server-sent event. Every event has its stream `id`,
+         *     its `type`, the time `at`, the tenant, and the session and run it belongs to; `data` depends on
+         *     the type. The catalogue is one list in the service (engine/platform/event-types.ts).
+         */
+        ServiceEvent: components["schemas"]["EventRunQueued"] | components["schemas"]["EventRunStarted"] | components["schemas"]["EventRunRetrying"] | components["schemas"]["EventRunInterrupted"] | components["schemas"]["EventRunFinished"] | components["schemas"]["EventWorkspaceReady"] | components["schemas"]["EventStepStarted"] | components["schemas"]["EventStepOutput"] | components["schemas"]["EventStepFinished"] | components["schemas"]["EventAgentTurn"] | components["schemas"]["EventMessageCreated"];
+        /** @description A run was accepted and stored. */
+        EventRunQueued: {
+            id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "run.queued";
+            /** Format: date-time */
+            at: string;
+            tenant_id: string;
+            session_id?: string;
+            run_id?: string;
+            data: {
+                kind?: components["schemas"]["RunKind"];
+                trigger?: {
+                    [key: string]: unknown;
+                };
+                attempt?: number;
+                rerun_of?: string | null;
+            };
+        };
+        /** @description An attempt started on a worker. */
+        EventRunStarted: {
+            id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "run.started";
+            /** Format: date-time */
+            at: string;
+            tenant_id: string;
+            session_id?: string;
+            run_id?: string;
+            data: {
+                kind?: components["schemas"]["RunKind"];
+                attempt?: number;
+                budget?: {
+                    [key: string]: unknown;
+                };
+                queued_ms?: number;
+                sandbox?: string | null;
+            };
+        };
+        /** @description An attempt failed and the retry policy queued the next one after `delay_ms`. */
+        EventRunRetrying: {
+            id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "run.retrying";
+            /** Format: date-time */
+            at: string;
+            tenant_id: string;
+            session_id?: string;
+            run_id?: string;
+            data: {
+                attempt?: number;
+                next_attempt?: number;
+                status?: components["schemas"]["RunStatus"];
+                error?: components["schemas"]["ErrorInfo"];
+                delay_ms?: number;
+            };
+        };
+        /** @description The worker running an attempt shut down (a deploy); the run is queued again as the next attempt. */
+        EventRunInterrupted: {
+            id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "run.interrupted";
+            /** Format: date-time */
+            at: string;
+            tenant_id: string;
+            session_id?: string;
+            run_id?: string;
+            data: {
+                attempt?: number;
+                next_attempt?: number;
+                reason?: string;
+            };
+        };
+        /** @description The run ended; the last event of a run session. */
+        EventRunFinished: {
+            id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "run.finished";
+            /** Format: date-time */
+            at: string;
+            tenant_id: string;
+            session_id?: string;
+            run_id?: string;
+            data: {
+                status?: components["schemas"]["RunStatus"];
+                attempt?: number;
+                summary?: string | null;
+                error?: components["schemas"]["ErrorInfo"];
+                duration_ms?: number | null;
+                result?: {
+                    [key: string]: unknown;
+                } | null;
+            };
+        };
+        /** @description A vibe run's scratch copy is ready. */
+        EventWorkspaceReady: {
+            id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "workspace.ready";
+            /** Format: date-time */
+            at: string;
+            tenant_id: string;
+            session_id?: string;
+            run_id?: string;
+            data: {
+                /** @enum {string} */
+                kind?: "worktree" | "copy";
+            };
+        };
+        /** @description A step (tool call) started. */
+        EventStepStarted: {
+            id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "step.started";
+            /** Format: date-time */
+            at: string;
+            tenant_id: string;
+            session_id?: string;
+            run_id?: string;
+            data: {
+                index?: number;
+                tool?: string;
+                name?: string | null;
+                args?: {
+                    [key: string]: unknown;
+                };
+                /** @enum {string} */
+                source?: "plan" | "agent";
+            };
+        };
+        /** @description A chunk of a step's output (coalesced every 50 ms or 16 KB, up to 1 MB a step). */
+        EventStepOutput: {
+            id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "step.output";
+            /** Format: date-time */
+            at: string;
+            tenant_id: string;
+            session_id?: string;
+            run_id?: string;
+            data: {
+                index?: number;
+                /** @enum {string} */
+                stream?: "stdout" | "stderr";
+                text?: string;
+            };
+        };
+        /** @description A step ended. */
+        EventStepFinished: {
+            id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "step.finished";
+            /** Format: date-time */
+            at: string;
+            tenant_id: string;
+            session_id?: string;
+            run_id?: string;
+            data: {
+                index?: number;
+                tool?: string;
+                status?: string;
+                duration_ms?: number | null;
+                error?: components["schemas"]["ErrorInfo"];
+                exit_code?: number | null;
+            };
+        };
+        /** @description One model turn of the agent. */
+        EventAgentTurn: {
+            id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "agent.turn";
+            /** Format: date-time */
+            at: string;
+            tenant_id: string;
+            session_id?: string;
+            run_id?: string;
+            data: components["schemas"]["AgentTurn"];
+        };
+        /** @description A message posted to the session's log (the `message` tool). */
+        EventMessageCreated: {
+            id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "message.created";
+            /** Format: date-time */
+            at: string;
+            tenant_id: string;
+            session_id?: string;
+            run_id?: string;
+            data: {
+                /** @enum {string} */
+                role?: "assistant" | "system" | "user";
+                text?: string;
+                step?: number;
+            };
         };
         RunSummary: {
             id: string;
@@ -1242,13 +1577,16 @@ export interface components {
                 "application/json": components["schemas"]["RunAccepted"];
             };
         };
-        /** @description The run session's server-sent events, until `run.finished`. */
+        /**
+         * @description The run session's server-sent events, until `run.finished`. Each event is `id:` (the stream
+         *     position, for `Last-Event-ID`), `event:` (its type) and `data:` (one ServiceEvent as JSON).
+         */
         RunEventStream: {
             headers: {
                 [name: string]: unknown;
             };
             content: {
-                "text/event-stream": string;
+                "text/event-stream": components["schemas"]["ServiceEvent"];
             };
         };
         /** @description The request is well formed but cannot be done (`agent-not-configured`, `idempotency-key-reused`). */
@@ -1282,6 +1620,17 @@ export interface components {
         /** @description No such object for this tenant (`not-found`). */
         NotFound: {
             headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
+        /** @description The store or Redis did not answer in time (`unavailable`); nothing was started. Retry after `Retry-After` seconds (with the same Idempotency-Key). */
+        Unavailable: {
+            headers: {
+                /** @description Seconds to wait before retrying. */
+                "Retry-After"?: number;
                 [name: string]: unknown;
             };
             content: {
@@ -1650,6 +1999,7 @@ export interface operations {
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             422: components["responses"]["Unprocessable"];
+            503: components["responses"]["Unavailable"];
         };
     };
     getAutomationStatus: {
@@ -1745,6 +2095,7 @@ export interface operations {
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             422: components["responses"]["Unprocessable"];
+            503: components["responses"]["Unavailable"];
         };
     };
     runVibe: {
@@ -1770,6 +2121,7 @@ export interface operations {
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             422: components["responses"]["Unprocessable"];
+            503: components["responses"]["Unavailable"];
         };
     };
     streamRunSession: {
@@ -1812,6 +2164,61 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+        };
+    };
+    listRuns: {
+        parameters: {
+            query?: {
+                kind?: components["schemas"]["RunKind"];
+                status?: components["schemas"]["RunStatus"];
+                automation_id?: components["schemas"]["AutomationId"];
+                session_id?: string;
+                /** @description Items per page. */
+                limit?: components["parameters"]["Limit"];
+                /** @description The `next_cursor` of the previous page. */
+                cursor?: components["parameters"]["Cursor"];
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description A page of runs. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RunPage"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+        };
+    };
+    rerunRun: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description Send the same key to make a retry return the first run instead of starting another. Kept 24 hours; the same key with a different body is a 422. */
+                "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
+            };
+            path: {
+                /** @description The run's id. */
+                id: components["parameters"]["RunId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            202: components["responses"]["RunAccepted"];
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            422: components["responses"]["Unprocessable"];
+            503: components["responses"]["Unavailable"];
         };
     };
     getRun: {

@@ -1,7 +1,7 @@
 // Server-sent events: `id:`, `event:`, `data:` lines, a heartbeat comment, resumable from
 // Last-Event-ID, and closed after the terminal event. Events come from the process's EventHub.
 import type { Request, Response } from 'express';
-import type { EventHub, ServiceEvent } from '../engine/platform/index.js';
+import type { EventHub, Scope, ServiceEvent } from '../engine/platform/index.js';
 
 /** The open streams of an app, so shutdown can end them: clients resume elsewhere with Last-Event-ID. */
 export class OpenStreams {
@@ -21,11 +21,10 @@ export class OpenStreams {
 export type SseOptions = {
   streams: OpenStreams;
   hub: EventHub;
-  scope: string;
+  /** which log to read, and which event ends the stream */
+  scope: Scope;
   afterId: string;
   heartbeatMs: number;
-  /** the stream ends after this event is sent */
-  isLast(e: ServiceEvent): boolean;
   status?: number;
   headers?: Record<string, string>;
 };
@@ -63,8 +62,8 @@ export async function streamEvents(req: Request, res: Response, opts: SseOptions
   const send = (e: ServiceEvent) => {
     if (ended) return;
     res.write(`id: ${e.id}\nevent: ${e.type}\ndata: ${JSON.stringify(e)}\n\n`);
-    if (opts.isLast(e)) setImmediate(end);
+    if (opts.scope.isLast(e)) setImmediate(end);
   };
-  sub = await opts.hub.subscribe(opts.scope, opts.afterId, send);
+  sub = await opts.hub.subscribe(opts.scope.stream, opts.afterId, send);
   if (ended) sub.close();
 }

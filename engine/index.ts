@@ -1,7 +1,7 @@
 // The engine: what the service does, with no knowledge of HTTP or of BullMQ's workers.
 import { apiKeysOf } from './auth/index.js';
 import type { Platform } from './deps.js';
-import { executorOf, runsOf, type RunLimits, type RunSettings, type TenantSlots } from './runs/index.js';
+import { executorOf, runsOf, transitionsOf, type RunLimits, type RunSettings, type TenantSlots } from './runs/index.js';
 import { automationsOf, fileTriggersOf, firesOf, schedulesOf, type TemplateCatalog } from './automations/index.js';
 import { webhooksOf, type WebhookSettings } from './webhooks/index.js';
 
@@ -13,7 +13,9 @@ export type EngineDeps = Platform & {
 };
 
 export function createEngine(deps: EngineDeps) {
-  const runs = runsOf(deps);
+  const transitions = transitionsOf(deps);
+  const runs = runsOf(deps, transitions);
+  const executor = executorOf(deps, runs, transitions);
   const schedules = schedulesOf(deps);
   const automations = automationsOf(deps, { changed: (a, before) => schedules.sync(a, before) });
   const { fire, fireCron } = firesOf({ ...deps, automations, schedules, runs });
@@ -24,7 +26,7 @@ export function createEngine(deps: EngineDeps) {
     templates: deps.templates,
     runs,
     schedules,
-    executor: executorOf(deps, runs),
+    executor,
     webhooks: webhooksOf(deps, fire),
     fire,
     fireCron,

@@ -1,14 +1,26 @@
 // The BullMQ workers of this process: one Worker per queue that has a processor, plus the listener
 // for cancel requests and the reconciler. Each Worker duplicates the connection for its blocking
 // reads. close() stops taking jobs and lets running ones finish.
-import { Worker, type Processor } from 'bullmq';
-import type { QueueName } from '../engine/platform/index.js';
+import { UnrecoverableError, Worker, type Processor } from 'bullmq';
+import { AppError, type QueueName } from '../engine/platform/index.js';
 import type { CronJob } from '../engine/automations/index.js';
 import type { Runtime } from '../engine/process/index.js';
 
+/** How long before the end of the grace period running attempts are interrupted. */
+const INTERRUPT_MARGIN_MS = 2500;
+
 export type Processors = Partial<Record<QueueName, { processor: Processor; concurrency: number }>>;
 
-type RunJob = { run_id: string; tenant_id: string };
+type RunJob = { run_id: string; tenant_id: string; attempt?: number };
+
+/**
+ * The worker edge: an error the engine says is not worth retrying becomes BullMQ's UnrecoverableError;
+ * anything else (the store or Redis briefly away) is retried by BullMQ with the job's backoff.
+ */
+export function jobErrorOf(err: unknown): Error {
+  if (err instanceof AppError && !err.retryable) return new UnrecoverableError(`${err.code}: ${err.message}`);
+  return err instanceof Error ? err : new Error(String(err));
+}
 
 /** The processors of this service, by queue: thin, they parse the job and call the engine. */
 export function processorsOf(rt: Runtime): Processors {
@@ -16,21 +28,41 @@ export function processorsOf(rt: Runtime): Processors {
     runs: {
       concurrency: rt.config.workerConcurrency,
       processor: async (job) => {
-        const { run_id, tenant_id } = job.data as RunJob;
-        await rt.engine.executor.execute(run_id, tenant_id);
+        const { run_id, tenant_id, attempt } = job.data as RunJob;
+        let settled;
+        try {
+          settled = await rt.engine.executor.execute(run_id, tenant_id, attempt ?? 1);
+        } catch (err) {
+          throw jobErrorOf(err);
+        }
+        // a run that fails or times out fails its job too, so the dashboard shows the truth; BullMQ
+        // does not retry it (the run's own retry policy does, with a job per attempt)
+        if (!settled) return { skipped: true };
+        const { run, next } = settled;
+        if (next === 'retry' || run.status === 'failed' || run.status === 'timed_out') {
+          const what = next === 'retry' ? `attempt ${run.attempt - 1} failed; retrying as attempt ${run.attempt}` : `run ${run.status}`;
+          throw new UnrecoverableError(`${what}: ${run.error?.code ?? ''} ${run.error?.message ?? ''}`.trim());
+        }
+        return { status: run.status, next };
       },
     },
     triggers: {
       concurrency: 5,
       processor: async (job) => {
-        if (job.name === 'cron') await rt.engine.fireCron(job.data as CronJob, String(job.id), new Date(job.timestamp));
+        // a scheduler's job is made at the previous tick and delayed until its own: the tick is timestamp + delay
+        if (job.name !== 'cron') return;
+        await rt.engine.fireCron(job.data as CronJob, String(job.id), new Date(job.timestamp + (job.delay ?? 0))).catch((err) => {
+          throw jobErrorOf(err);
+        });
       },
     },
     webhooks: {
       concurrency: 10,
       processor: async (job) => {
         const { tenant_id, delivery_id } = job.data as { tenant_id: string; delivery_id: string };
-        await rt.engine.webhooks.process(tenant_id, delivery_id);
+        await rt.engine.webhooks.process(tenant_id, delivery_id).catch((err) => {
+          throw jobErrorOf(err);
+        });
       },
     },
   };
@@ -68,9 +100,11 @@ export async function startWorkers(rt: Runtime, processors: Processors = process
   await fileTriggers.start();
 
   const reconcile = () =>
-    Promise.all([rt.engine.runs.reconcile(), rt.engine.schedules.reconcile(), rt.engine.webhooks.reconcile()]).catch((err: unknown) =>
-      rt.log.warn({ err: (err as Error).message }, 'reconcile failed'),
-    );
+    Promise.all([
+      rt.engine.runs.reconcile({ isExecuting: rt.engine.executor.isExecuting }),
+      rt.engine.schedules.reconcile(),
+      rt.engine.webhooks.reconcile(),
+    ]).catch((err: unknown) => rt.log.warn({ err: (err as Error).message }, 'reconcile failed'));
   const reconciler = setInterval(reconcile, rt.config.reconcileIntervalSeconds * 1000);
   reconciler.unref();
   void reconcile();
@@ -81,7 +115,23 @@ export async function startWorkers(rt: Runtime, processors: Processors = process
     async close() {
       clearInterval(reconciler);
       await fileTriggers.close();
-      await Promise.all(workers.map((w) => w.close()));
+      const closing = Promise.all(workers.map((w) => w.close()));
+      // near the end of the grace period, attempts still running are interrupted: their steps are
+      // stopped (process groups killed) and they go back to the queue for another worker, rather
+      // than being cut off by the exit and found lost later
+      const graceMs = rt.config.shutdownGraceSeconds * 1000;
+      const timer = setTimeout(
+        () => {
+          const n = rt.engine.executor.interruptAll('the worker shut down (a deploy or a scale-in)');
+          if (n) rt.log.warn({ runs: n }, 'grace period ending: interrupting runs, they go back to the queue');
+        },
+        Math.max(0, graceMs - Math.min(INTERRUPT_MARGIN_MS, graceMs / 2)),
+      );
+      try {
+        await closing;
+      } finally {
+        clearTimeout(timer);
+      }
       await cancels.quit().catch(() => cancels.disconnect());
     },
   };

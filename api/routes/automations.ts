@@ -43,7 +43,7 @@ export function automationsRouter(engine: Engine): Router {
       { automation_id: body.automation_id, inputs: body.inputs ?? {} },
       request,
     );
-    acceptRun(res, run, replayed);
+    acceptRun(res, engine, run, replayed);
   });
 
   router.get('/:id/status', async (req, res) => {

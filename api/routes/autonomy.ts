@@ -1,9 +1,7 @@
 // /api/v1/autonomy: autonomy and vibe runs, their SSE streams, and reliability hints.
 import { Router, type Request, type Response } from 'express';
-import type { EventHub } from '../../engine/platform/index.js';
+import { scopes, type EventHub, type RunKind } from '../../engine/platform/index.js';
 import type { Engine } from '../../engine/index.js';
-import type { RunKind } from '../../engine/store/index.js';
-import { runScope } from '../../engine/runs/index.js';
 import { tenantOf } from '../auth.js';
 import type { components } from '../schema.js';
 import { lastEventIdOf, streamEvents, type OpenStreams } from '../sse.js';
@@ -18,10 +16,9 @@ export function autonomyRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
     streamEvents(req, res, {
       streams: opts.streams,
       hub: opts.hub,
-      scope: runScope(sessionId),
+      scope: scopes.runSession(sessionId),
       afterId,
       heartbeatMs: opts.heartbeatMs,
-      isLast: (e) => e.type === 'run.finished',
       ...extra,
     });
 
@@ -40,13 +37,14 @@ export function autonomyRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
         workspace: work.workspace,
         budget_seconds: work.budget_seconds,
         max_steps: work.max_steps,
+        retry: work.retry,
         inputs: work.inputs,
         trigger: { type: 'api', request_id: String(req.id) },
         request_id: String(req.id),
       },
     );
     if (stream) await watch(req, res, run.session_id, '0-0', { headers: { Location: runLocation(run.id) } });
-    else acceptRun(res, run, replayed);
+    else acceptRun(res, engine, run, replayed);
   };
 
   router.post('/run', start('autonomy'));

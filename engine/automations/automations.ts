@@ -13,7 +13,7 @@ import {
   type RunStatus,
   type RunTrigger,
 } from '../store/index.js';
-import type { RunLimits, RunRequest } from '../runs/index.js';
+import { retryPolicyOf, type RunLimits, type RunRequest } from '../runs/index.js';
 import type { Platform } from '../deps.js';
 import { instantiateTemplate, type TemplateCatalog } from './templates.js';
 import { nextCronFire, validateTriggers } from './triggers.js';
@@ -113,6 +113,7 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
         triggers,
         tool_allowlist: def.tool_allowlist ?? (def.steps?.length ? [...new Set(def.steps.map((s) => s.tool))] : [...DEFAULT_AGENT_TOOLS]),
         budget,
+        retry: retryPolicyOf(def.retry),
         steps: def.steps && def.steps.length ? def.steps : null,
         goal: def.goal?.trim() ? def.goal : null,
         inputs: def.inputs ?? {},
@@ -154,6 +155,7 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
       if (patch.triggers !== undefined) changes.triggers = patch.triggers;
       if (patch.tool_allowlist !== undefined) changes.tool_allowlist = patch.tool_allowlist;
       if (patch.budget !== undefined) changes.budget = budgetOf(patch.budget, '/body/budget', errors, current.budget);
+      if (patch.retry !== undefined) changes.retry = retryPolicyOf(patch.retry);
       if (changes.tool_allowlist && current.steps)
         checkWork({ steps: current.steps, goal: current.goal ?? undefined, tool_allowlist: changes.tool_allowlist }, errors);
       check(errors);
@@ -175,6 +177,7 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
         tool_allowlist: a.tool_allowlist,
         budget_seconds: a.budget.seconds,
         max_steps: a.budget.max_steps,
+        retry: a.retry,
         inputs: { ...a.inputs, ...opts.inputs },
         automation_id: a.id,
         trigger: opts.trigger,
@@ -207,7 +210,7 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
 
     async history(tenantId: string, id: string, q: { limit?: number; cursor?: string }) {
       await mustGet(tenantId, id);
-      const page = await store.runs.listByAutomation(tenantId, id, { limit: q.limit ?? 20, cursor: q.cursor });
+      const page = await store.runs.list(tenantId, { automation_id: id, limit: q.limit ?? 20, cursor: q.cursor });
       return { data: page.items.map(runSummaryOf), next_cursor: page.next_cursor };
     },
 

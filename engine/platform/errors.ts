@@ -1,9 +1,36 @@
-// One hierarchy of errors for the whole service. Codes are stable, kebab-case and listed in
-// api/openapi.yaml; the HTTP edge (api/problem.ts) and the worker edge translate them.
+// One hierarchy of errors for the whole service. Codes are stable, kebab-case, listed once (below,
+// with their HTTP status) and in api/openapi.yaml's Problem.code (a test keeps the two equal); the
+// HTTP edge (api/problem.ts) and the worker edge translate them.
 export type FieldError = { path: string; message: string };
 
+/** Every code the service answers with, and its HTTP status. A code missing here does not compile. */
+export const ERROR_STATUS = {
+  'bad-request': 400,
+  'validation-failed': 400,
+  'malformed-json': 400,
+  'webhook-payload-invalid': 400,
+  unauthorized: 401,
+  'webhook-signature-missing': 401,
+  'webhook-signature-invalid': 401,
+  'webhook-timestamp-outside-window': 401,
+  'webhook-not-configured': 403,
+  'not-found': 404,
+  'method-not-allowed': 405,
+  conflict: 409,
+  'webhook-replay': 409,
+  'payload-too-large': 413,
+  'unsupported-media-type': 415,
+  'agent-not-configured': 422,
+  'idempotency-key-reused': 422,
+  'rate-limited': 429,
+  internal: 500,
+  unavailable: 503,
+} as const satisfies Record<string, number>;
+
+export type ErrorCode = keyof typeof ERROR_STATUS;
+
 export abstract class AppError extends Error {
-  abstract readonly code: string;
+  abstract readonly code: ErrorCode;
   readonly retryable: boolean = false;
   constructor(
     message: string,
@@ -77,4 +104,17 @@ export class RateLimitedError extends AppError {
 
 export class PayloadTooLargeError extends AppError {
   readonly code = 'payload-too-large';
+}
+
+/** Something the service depends on (the store, Redis) did not answer: worth retrying after `retryAfterSeconds`. */
+export class ServiceUnavailableError extends AppError {
+  readonly code = 'unavailable';
+  override readonly retryable = true;
+  constructor(
+    message: string,
+    readonly retryAfterSeconds: number,
+    opts?: ErrorOptions,
+  ) {
+    super(message, { retry_after_seconds: retryAfterSeconds }, opts);
+  }
 }

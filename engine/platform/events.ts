@@ -2,20 +2,10 @@
 // session trace, an audit), capped by length. One EventHub per process reads the streams its
 // subscribers watch with a single blocking connection and fans events out in memory, so a thousand
 // SSE clients of one run cost one XREAD, not a thousand.
+import type { NewEvent, ServiceEvent } from './event-types.js';
 import type { Redis } from './redis.js';
 
-export type ServiceEvent = {
-  /** the stream entry id: SSE `id:`, and the Last-Event-ID to resume from */
-  id: string;
-  type: string;
-  at: string;
-  tenant_id: string;
-  session_id?: string;
-  run_id?: string;
-  data: Record<string, unknown>;
-};
-
-export type NewEvent = Omit<ServiceEvent, 'id' | 'at'>;
+export type { NewEvent, ServiceEvent } from './event-types.js';
 
 const MAX_LEN = 10_000;
 const TTL_SECONDS = 7 * 24 * 3600;
@@ -35,7 +25,7 @@ export type EventLog = {
 };
 
 function parseEntries(entries: [string, string[]][]): ServiceEvent[] {
-  return entries.map(([id, fields]) => ({ id, ...(JSON.parse(fields[1]!) as Omit<ServiceEvent, 'id'>) }));
+  return entries.map(([id, fields]) => ({ id, ...(JSON.parse(fields[1]!) as Omit<ServiceEvent, 'id'>) }) as ServiceEvent);
 }
 
 // append and refresh the stream's TTL in one round trip
@@ -54,7 +44,7 @@ export function createEventLog(redis: Redis, prefix: string, clock: { now(): Dat
     async append(scope, event) {
       const body = { ...event, at: clock.now().toISOString() };
       const id = await appending.appendEvent(key(scope), MAX_LEN, JSON.stringify(body), TTL_SECONDS);
-      return { id, ...body };
+      return { id, ...body } as ServiceEvent;
     },
     async after(scope, afterId, count = 1000) {
       const entries = (await redis.xrange(key(scope), `(${afterId}`, '+', 'COUNT', count)) as [string, string[]][];

@@ -2,6 +2,7 @@
 // clock, the error hierarchy, logging, metrics and sealing of secrets. It imports no capability.
 export * from './clock.js';
 export * from './errors.js';
+export * from './event-types.js';
 export * from './events.js';
 export * from './ids.js';
 export * from './log.js';
@@ -10,3 +11,4 @@ export * from './queues.js';
 export * from './redis.js';
 export * from './secret-box.js';
 export * from './stats.js';
+export * from './records.js';

@@ -7,7 +7,9 @@ export type Metrics = {
   registry: Registry;
   httpDuration: Histogram<'method' | 'route' | 'status'>;
   runDuration: Histogram<'kind' | 'status'>;
-  runsFinished: Counter<'kind' | 'status'>;
+  runsFinished: Counter<'kind' | 'status' | 'reason'>;
+  runsRetried: Counter<'kind' | 'status'>;
+  runQueueWait: Histogram<'kind'>;
   webhookRequests: Counter<'kind' | 'outcome'>;
 };
 
@@ -33,8 +35,21 @@ export function createMetrics(deps: { countRuns: RunCounter; queues: Queues }): 
   });
   const runsFinished = new Counter({
     name: 'runs_finished_total',
-    help: 'Runs finished by this process, by kind and status',
+    help: 'Runs finished by this process, by kind, status and reason (the error code; none when it succeeded)',
+    labelNames: ['kind', 'status', 'reason'] as const,
+    registers: [registry],
+  });
+  const runsRetried = new Counter({
+    name: 'runs_retried_total',
+    help: "Attempts that failed and were retried by their run's retry policy, by kind and status",
     labelNames: ['kind', 'status'] as const,
+    registers: [registry],
+  });
+  const runQueueWait = new Histogram({
+    name: 'run_queue_wait_seconds',
+    help: 'Time from a run (or its next attempt) being queued to its start, by kind',
+    labelNames: ['kind'] as const,
+    buckets: [0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300],
     registers: [registry],
   });
   new Gauge({
@@ -66,5 +81,5 @@ export function createMetrics(deps: { countRuns: RunCounter; queues: Queues }): 
     labelNames: ['kind', 'outcome'] as const,
     registers: [registry],
   });
-  return { registry, httpDuration, runDuration, runsFinished, webhookRequests };
+  return { registry, httpDuration, runDuration, runsFinished, runsRetried, runQueueWait, webhookRequests };
 }

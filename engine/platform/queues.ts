@@ -7,7 +7,8 @@ export const QUEUE_NAMES = ['runs', 'triggers', 'webhooks'] as const;
 export type QueueName = (typeof QUEUE_NAMES)[number];
 
 /** Job ids derive from domain ids, so adding a run's job twice is a no-op. */
-export const jobIdOfRun = (runId: string) => `run-${runId}`;
+/** One job per attempt of a run: a retry or an interrupted attempt gets a job of its own. */
+export const jobIdOfRun = (runId: string, attempt: number) => `run-${runId}-${attempt}`;
 
 export type Queues = {
   readonly prefix: string;

@@ -33,6 +33,8 @@ export type TenantSlots = {
   waiting(tenantId: string): Promise<number>;
   isAdmitted(tenantId: string, runId: string): Promise<boolean>;
   isWaiting(tenantId: string, runId: string): Promise<boolean>;
+  /** System use (the reconciler): every tenant's admitted and waiting runs, by tenant. */
+  holders(): Promise<Map<string, string[]>>;
   readonly limit: number;
 };
 
@@ -54,6 +56,24 @@ export function createTenantSlots(redis: Redis, prefix: string, limit: number): 
     },
     async isWaiting(t, runId) {
       return (await redis.lpos(pending(t), runId)) !== null;
+    },
+    async holders() {
+      const out = new Map<string, string[]>();
+      const tenants = new Set<string>();
+      let cursor = '0';
+      do {
+        const [next, keys] = await redis.scan(cursor, 'MATCH', `${prefix}:tenant:*`, 'COUNT', 500);
+        cursor = next;
+        for (const key of keys) {
+          const m = /^(.*):(running|pending)$/.exec(key.slice(`${prefix}:tenant:`.length));
+          if (m) tenants.add(m[1]!);
+        }
+      } while (cursor !== '0');
+      for (const tenantId of tenants) {
+        const [admitted, waiting] = await Promise.all([redis.smembers(running(tenantId)), redis.lrange(pending(tenantId), 0, -1)]);
+        out.set(tenantId, [...new Set([...admitted, ...waiting])]);
+      }
+      return out;
     },
   };
 }

@@ -1,7 +1,10 @@
-// Runs: one execution of work of any kind, its transitions, the executor, the agent loop, tenant
-// concurrency and workspaces.
-export * from './agent.js';
-export * from './concurrency.js';
-export * from './executor.js';
-export * from './runs.js';
-export * from './workspace.js';
+// Runs: one execution of work of any kind. transitions.ts is the only code that changes a run's
+// status; the executor runs one attempt with one program per kind of work (steps, agent, vibe);
+// tenant concurrency lives in Redis; workspaces are resolved inside the workspace root.
+export { AgentError, type AgentEndpoint } from './agent.js';
+export { createTenantSlots, type TenantSlots } from './concurrency.js';
+export { executorOf, type Executor } from './executor.js';
+export { retryPolicyOf } from './retry.js';
+export { runsOf, type RunLimits, type RunRequest, type Runs, type RunSettings, type RunsDeps } from './runs.js';
+export { REDIS_DEADLINE_MS, sessionStream, transitionsOf, type RunFinishedHook, type Transitions } from './transitions.js';
+export { resolveWorkspace } from './workspace.js';

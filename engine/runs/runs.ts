@@ -1,23 +1,36 @@
 // Runs: one execution of work, of any kind. A run is written `queued` before its job exists (the
-// outbox); the tenant's slots decide whether its job is added now or when a slot frees; the
-// reconciler re-admits queued runs that lost their job and fails running runs whose worker died.
+// outbox); the tenant's slots decide whether its job is added now or when a slot frees. Every change
+// of status goes through transitions.ts; the reconciler repairs what a crash or a lost job left.
 import { createHash } from 'node:crypto';
+import path from 'node:path';
+import type { Platform } from '../deps.js';
 import {
   AgentNotConfiguredError,
   ConflictError,
+  DEFAULT_AGENT_TOOLS,
   IdempotencyKeyReusedError,
-  NotFoundError,
-  ValidationError,
-  type FieldError,
-  newId,
+  isTerminal,
   jobIdOfRun,
-  type Queues,
+  newId,
+  NotFoundError,
   percentile,
+  ServiceUnavailableError,
+  ValidationError,
+  withTimeout,
+  type FieldError,
+  type RetryPolicyInput,
+  type Run,
+  type RunDetail,
+  type RunKind,
+  type RunTrigger,
+  type Step,
+  type StepRecord,
 } from '../platform/index.js';
-import type { Platform } from '../deps.js';
+import type { RunQuery } from '../store/index.js';
 import type { AgentEndpoint } from './agent.js';
 import type { TenantSlots } from './concurrency.js';
-import { DEFAULT_AGENT_TOOLS, TERMINAL_RUN_STATUSES, type Run, type RunKind, type RunTrigger, type Step, type StepRecord } from '../store/index.js';
+import { retryPolicyOf } from './retry.js';
+import { REDIS_DEADLINE_MS, type Transitions } from './transitions.js';
 import { resolveWorkspace } from './workspace.js';
 
 export type RunRequest = {
@@ -28,29 +41,15 @@ export type RunRequest = {
   workspace?: string;
   budget_seconds?: number;
   max_steps?: number;
+  retry?: RetryPolicyInput | null;
   inputs?: Record<string, unknown>;
   automation_id?: string | null;
   session_id?: string;
+  rerun_of?: string;
   trigger: RunTrigger;
   request_id?: string;
 };
 
-export const runScope = (sessionId: string) => `session:${sessionId}`;
-const CANCEL_CHANNEL = (prefix: string) => `${prefix}:run-cancel`;
-const cancelKey = (prefix: string, runId: string) => `${prefix}:run-cancel:${runId}`;
-const IDEMPOTENCY_TTL_SECONDS = 24 * 3600;
-
-export async function enqueueRun(queues: Queues, run: Pick<Run, 'id' | 'tenant_id' | 'request_id'>): Promise<void> {
-  await queues
-    .get('runs')
-    .add(
-      'run',
-      { run_id: run.id, tenant_id: run.tenant_id, request_id: run.request_id },
-      { jobId: jobIdOfRun(run.id), removeOnComplete: { count: 1000 }, removeOnFail: { count: 5000 } },
-    );
-}
-
-/** Appends an event about a run to its session's log: the one way run events are written. */
 export type RunLimits = { defaultBudgetSeconds: number; maxBudgetSeconds: number };
 
 export type RunSettings = {
@@ -67,27 +66,17 @@ export type RunsDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'events' | 'qu
   settings: RunSettings;
 };
 
-export function appendRunEvent(events: Platform['events'], run: Pick<Run, 'id' | 'tenant_id' | 'session_id'>, type: string, data: Record<string, unknown>) {
-  return events.append(runScope(run.session_id), { type, tenant_id: run.tenant_id, session_id: run.session_id, run_id: run.id, data });
-}
+const CANCEL_CHANNEL = (prefix: string) => `${prefix}:run-cancel`;
+const cancelKey = (prefix: string, runId: string) => `${prefix}:run-cancel:${runId}`;
+const IDEMPOTENCY_TTL_SECONDS = 24 * 3600;
+const REDIS_RETRY_AFTER_SECONDS = 2;
 
-export function runsOf(deps: RunsDeps) {
-  const { store, clock, log, limits, events, slots, queues, redis, settings } = deps;
+// removes an idempotency claim only if it is still ours: a claim that timed out may land later
+const RELEASE_CLAIM = `if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`;
+
+export function runsOf(deps: RunsDeps, transitions: Transitions) {
+  const { store, clock, log, limits, slots, queues, redis, settings } = deps;
   const prefix = queues.prefix;
-
-  /** Puts the run in line: its job now, or in its tenant's list until a slot frees. */
-  async function admit(run: Run): Promise<void> {
-    if (await slots.admit(run.tenant_id, run.id)) await enqueueRun(queues, run);
-  }
-
-  /** Frees a finished run's slot and sends the runs admitted in its place to the queue. */
-  async function release(tenantId: string, runId: string): Promise<void> {
-    for (const next of await slots.release(tenantId, runId)) {
-      const run = await store.runs.get(tenantId, next);
-      if (run?.status === 'queued') await enqueueRun(queues, run);
-      else await release(tenantId, next);
-    }
-  }
 
   async function create(tenantId: string, req: RunRequest, id = newId('run')): Promise<Run> {
     const errors: FieldError[] = [];
@@ -104,20 +93,6 @@ export function runsOf(deps: RunsDeps) {
       );
     }
     const workspace = await resolveWorkspace(settings.workspaceRoot, req.workspace);
-    const now = clock.now().toISOString();
-    const planned: StepRecord[] = (steps ?? []).map((s, index) => ({
-      index,
-      name: s.name ?? null,
-      tool: s.tool,
-      args: s.args ?? {},
-      status: 'pending',
-      source: 'plan',
-      started_at: null,
-      finished_at: null,
-      duration_ms: null,
-      output: null,
-      error: null,
-    }));
     const run: Run = {
       id,
       tenant_id: tenantId,
@@ -127,30 +102,26 @@ export function runsOf(deps: RunsDeps) {
       automation_id: req.automation_id ?? null,
       trigger: req.trigger,
       goal,
-      steps: planned,
+      plan: steps,
       tool_allowlist: req.tool_allowlist ?? (steps ? [...new Set(steps.map((s) => s.tool))] : [...DEFAULT_AGENT_TOOLS]),
       workspace,
       budget: req.max_steps === undefined ? { seconds } : { seconds, max_steps: req.max_steps },
+      retry: retryPolicyOf(req.retry),
+      attempt: 1,
+      attempts: [],
+      rerun_of: req.rerun_of ?? null,
       usage: { steps: 0, model_turns: 0, seconds: 0 },
       inputs: req.inputs ?? {},
-      agent_turns: [],
       summary: null,
       error: null,
       result: null,
-      idempotency_key: null,
       request_id: req.request_id ?? null,
-      created_at: now,
+      created_at: clock.now().toISOString(),
       started_at: null,
       finished_at: null,
       duration_ms: null,
     };
-    await store.runs.insert(run);
-    // run.queued is in the log before the job exists, so it always precedes run.started
-    const [, admitted] = await Promise.all([
-      appendRunEvent(events, run, 'run.queued', { kind: run.kind, trigger: run.trigger }),
-      slots.admit(run.tenant_id, run.id),
-    ]);
-    if (admitted) await enqueueRun(queues, run);
+    await transitions.queue(run);
     log.info({ tenant_id: tenantId, run_id: run.id, kind: run.kind, request_id: run.request_id }, 'run queued');
     return run;
   }
@@ -161,70 +132,127 @@ export function runsOf(deps: RunsDeps) {
     return run;
   }
 
+  /** The steps of a run's current attempt: those recorded, and the plan's steps not reached yet as pending. */
+  async function stepsOf(run: Run): Promise<StepRecord[]> {
+    const recorded = await store.runs.steps(run.tenant_id, run.id, run.attempt);
+    const pending = (run.plan ?? []).slice(recorded.filter((s) => s.source === 'plan').length).map((s, i): StepRecord => ({
+      index: recorded.length + i,
+      name: s.name ?? null,
+      tool: s.tool,
+      args: s.args ?? {},
+      status: isTerminal(run.status) && run.started_at ? 'skipped' : 'pending',
+      source: 'plan',
+      started_at: null,
+      finished_at: null,
+      duration_ms: null,
+      output: null,
+      error: null,
+    }));
+    return [...recorded, ...pending];
+  }
+
+  /**
+   * Creates the run once per Idempotency-Key: the same key with the same request answers the same
+   * run; with another request it is refused. Keys live 24 hours. When Redis cannot hold the key, the
+   * request is refused with 503 rather than risk running twice.
+   */
+  async function createIdempotent(tenantId: string, key: string | undefined, fingerprint: unknown, req: RunRequest): Promise<{ run: Run; replayed: boolean }> {
+    if (!key) return { run: await create(tenantId, req), replayed: false };
+    const hash = createHash('sha256').update(JSON.stringify(fingerprint)).digest('hex');
+    const slot = `${prefix}:idempotency:${tenantId}:${createHash('sha256').update(key).digest('hex')}`;
+    const id = newId('run');
+    const claim = JSON.stringify({ hash, run_id: id });
+    const claiming = redis.set(slot, claim, 'EX', IDEMPOTENCY_TTL_SECONDS, 'NX');
+    let won: string | null;
+    try {
+      won = await withTimeout(claiming, REDIS_DEADLINE_MS, 'Redis answer');
+    } catch (err) {
+      // the claim is still queued on the connection: take it back after it lands, so a retry is not refused
+      void claiming.then(() => redis.eval(RELEASE_CLAIM, 1, slot, claim)).catch(() => undefined);
+      throw new ServiceUnavailableError('Redis did not answer; retry this request with the same Idempotency-Key', REDIS_RETRY_AFTER_SECONDS, { cause: err });
+    }
+    if (won) {
+      try {
+        return { run: await create(tenantId, req, id), replayed: false };
+      } catch (err) {
+        await redis.eval(RELEASE_CLAIM, 1, slot, claim).catch(() => undefined);
+        throw err;
+      }
+    }
+    const held = JSON.parse((await redis.get(slot)) ?? '{}') as { hash?: string; run_id?: string };
+    if (held.hash !== hash) throw new IdempotencyKeyReusedError('this Idempotency-Key was used with a different request');
+    for (let i = 0; i < 50; i++) {
+      const run = await store.runs.get(tenantId, held.run_id!);
+      if (run) return { run, replayed: true };
+      await new Promise((r) => setTimeout(r, 20)); // the first request is still writing it
+    }
+    throw new ConflictError('a request with this Idempotency-Key is still being handled; retry');
+  }
+
+  /** The request that made a run, so it can be made again. */
+  function requestOf(run: Run): RunRequest {
+    return {
+      kind: run.kind,
+      goal: run.goal,
+      steps: run.plan,
+      tool_allowlist: run.tool_allowlist,
+      workspace: workspaceOf(run),
+      budget_seconds: run.budget.seconds,
+      max_steps: run.budget.max_steps,
+      retry: run.retry,
+      inputs: run.inputs,
+      automation_id: run.automation_id,
+      trigger: run.trigger,
+    };
+  }
+
+  /** The run's workspace as the caller named it: relative to the workspace root, never the server's path. */
+  function workspaceOf(run: Pick<Run, 'workspace'>): string {
+    return path.relative(settings.workspaceRoot, run.workspace) || '.';
+  }
+
   return {
     create,
-    get: mustGet,
-    release,
+    createIdempotent,
+    workspaceOf,
+    onRunFinished: transitions.onRunFinished,
+
+    async get(tenantId: string, id: string): Promise<RunDetail> {
+      const run = await mustGet(tenantId, id);
+      const [steps, agent_turns] = await Promise.all([stepsOf(run), store.runs.turns(tenantId, id, run.attempt)]);
+      return { ...run, steps, agent_turns };
+    },
+
+    list(tenantId: string, q: Omit<RunQuery, 'limit'> & { limit?: number }) {
+      return store.runs.list(tenantId, { ...q, limit: q.limit ?? 20 });
+    },
 
     /** A session's events are its tenant's only: another tenant's session is a 404. */
     async assertSession(tenantId: string, sessionId: string): Promise<void> {
-      const owned = await store.runs.listBySession(tenantId, sessionId, { limit: 1 });
+      const owned = await store.runs.list(tenantId, { session_id: sessionId, limit: 1 });
       if (!owned.items.length) throw new NotFoundError(`no run session ${sessionId}`);
     },
 
-    /**
-     * Creates the run once per Idempotency-Key: the same key with the same request answers the same
-     * run; with another request it is refused. Keys live 24 hours.
-     */
-    async createIdempotent(tenantId: string, key: string | undefined, fingerprint: unknown, req: RunRequest): Promise<{ run: Run; replayed: boolean }> {
-      if (!key) return { run: await create(tenantId, req), replayed: false };
-      const hash = createHash('sha256').update(JSON.stringify(fingerprint)).digest('hex');
-      const slot = `${prefix}:idempotency:${tenantId}:${createHash('sha256').update(key).digest('hex')}`;
-      const id = newId('run');
-      const won = await redis.set(slot, JSON.stringify({ hash, run_id: id }), 'EX', IDEMPOTENCY_TTL_SECONDS, 'NX');
-      if (won) {
-        try {
-          return { run: await create(tenantId, req, id), replayed: false };
-        } catch (err) {
-          await redis.del(slot);
-          throw err;
-        }
-      }
-      const held = JSON.parse((await redis.get(slot)) ?? '{}') as { hash?: string; run_id?: string };
-      if (held.hash !== hash) throw new IdempotencyKeyReusedError('this Idempotency-Key was used with a different request');
-      for (let i = 0; i < 50; i++) {
-        const run = await store.runs.get(tenantId, held.run_id!);
-        if (run) return { run, replayed: true };
-        await new Promise((r) => setTimeout(r, 20)); // the first request is still writing it
-      }
-      throw new ConflictError('a request with this Idempotency-Key is still being handled; retry');
+    /** A new run of the same request as a finished one, linked to it; its own session. */
+    async rerun(tenantId: string, id: string, key: string | undefined, requestId: string): Promise<{ run: Run; replayed: boolean }> {
+      const first = await mustGet(tenantId, id);
+      if (!isTerminal(first.status)) throw new ConflictError(`run ${id} is ${first.status}; re-run it once it has finished`, { status: first.status });
+      const req: RunRequest = {
+        ...requestOf(first),
+        rerun_of: first.id,
+        trigger: { type: 'rerun', run_id: first.id, request_id: requestId },
+        request_id: requestId,
+      };
+      return createIdempotent(tenantId, key, { rerun_of: id }, req);
     },
 
     /** Cancels a queued run at once; asks the worker running a run to stop it. */
     async cancel(tenantId: string, id: string): Promise<Run> {
       const run = await mustGet(tenantId, id);
-      if (TERMINAL_RUN_STATUSES.includes(run.status)) throw new ConflictError(`run ${id} is ${run.status} already`, { status: run.status });
-      const now = clock.now();
-      const canceled = await store.runs.update(
-        tenantId,
-        id,
-        {
-          status: 'canceled',
-          finished_at: now.toISOString(),
-          duration_ms: 0,
-          error: { code: 'canceled', message: 'canceled before it started' },
-          summary: 'canceled before it started',
-        },
-        ['queued'],
-      );
-      if (canceled) {
-        await queues
-          .get('runs')
-          .remove(jobIdOfRun(id))
-          .catch(() => 0);
-        await release(tenantId, id);
-        await appendRunEvent(events, run, 'run.finished', { status: 'canceled', summary: canceled.summary, error: canceled.error });
-        return canceled;
+      if (isTerminal(run.status)) throw new ConflictError(`run ${id} is ${run.status} already`, { status: run.status });
+      if (run.status === 'queued') {
+        const canceled = await transitions.cancel(run, 'canceled before it started');
+        if (canceled) return canceled;
       }
       // running: tell whichever worker holds it; the key covers a worker that has not subscribed yet
       await redis.set(cancelKey(prefix, id), '1', 'EX', 24 * 3600);
@@ -259,43 +287,52 @@ export function runsOf(deps: RunsDeps) {
     cancelChannel: CANCEL_CHANNEL(prefix),
 
     /**
-     * Recovers from lost writes: a queued run with no job and no place in line goes back in line; a
-     * running run whose job is gone (Redis lost it) ends failed with worker-lost.
+     * Repairs what crashes and lost jobs leave, so no run is stuck: a queued run whose job is gone,
+     * failed or completed goes back in line; a running run whose job is gone, failed or completed
+     * (its worker died, or Redis lost it) is lost (failed worker-lost, or retried by its policy); a
+     * tenant slot held by a run that has ended, or no longer exists, is freed. `isExecuting` tells
+     * the runs this process is executing right now, which are never touched.
      */
-    async reconcile(olderThanMs = 10_000): Promise<{ requeued: number; lost: number }> {
-      const before = new Date(clock.now().getTime() - olderThanMs).toISOString();
+    async reconcile(opts: { olderThanMs?: number; isExecuting?: (runId: string) => boolean } = {}): Promise<{ requeued: number; lost: number; freed: number }> {
+      const before = new Date(clock.now().getTime() - (opts.olderThanMs ?? 10_000)).toISOString();
       const queue = queues.get('runs');
       let requeued = 0;
       let lost = 0;
       for (const run of await store.runs.listStale('queued', before, 500)) {
-        if (await queue.getJob(jobIdOfRun(run.id))) continue;
+        const job = await queue.getJob(jobIdOfRun(run.id, run.attempt));
+        if (job) {
+          const state = await job.getState();
+          if (state === 'failed') {
+            await job.retry('failed');
+            requeued++;
+            continue;
+          }
+          if (state !== 'completed') continue; // waiting, delayed, active, prioritized: on its way
+          await job.remove();
+        }
         if (await slots.isWaiting(run.tenant_id, run.id)) continue;
-        if (await slots.isAdmitted(run.tenant_id, run.id)) await enqueueRun(queues, run);
-        else await admit(run);
+        if (await slots.isAdmitted(run.tenant_id, run.id)) await transitions.enqueue(run);
+        else await transitions.admit(run);
         requeued++;
       }
       for (const run of await store.runs.listStale('running', before, 500)) {
-        const overdue = new Date(run.started_at ?? run.created_at).getTime() + run.budget.seconds * 1000 + 60_000 < clock.now().getTime();
-        if (!overdue || (await queue.getJob(jobIdOfRun(run.id)))) continue;
-        const failed = await store.runs.update(
-          run.tenant_id,
-          run.id,
-          {
-            status: 'failed',
-            finished_at: clock.now().toISOString(),
-            error: { code: 'worker-lost', message: 'the run’s job was lost' },
-            summary: 'failed: worker lost',
-          },
-          ['running'],
-        );
-        if (failed) {
-          await appendRunEvent(events, run, 'run.finished', { status: 'failed', error: failed.error });
-          await release(run.tenant_id, run.id);
-          lost++;
+        if (opts.isExecuting?.(run.id)) continue;
+        const job = await queue.getJob(jobIdOfRun(run.id, run.attempt));
+        const state = job ? await job.getState() : 'missing';
+        if (state !== 'missing' && state !== 'failed' && state !== 'completed') continue;
+        if (await transitions.lose(run, `the run's job was ${state === 'missing' ? 'lost' : state} while the run was running`)) lost++;
+      }
+      let freed = 0;
+      for (const [tenantId, runIds] of await slots.holders()) {
+        for (const runId of runIds) {
+          const run = await store.runs.get(tenantId, runId);
+          if (run && !isTerminal(run.status)) continue;
+          await transitions.release(tenantId, runId);
+          freed++;
         }
       }
-      if (requeued || lost) log.warn({ requeued, lost }, 'reconciler repaired runs');
-      return { requeued, lost };
+      if (requeued || lost || freed) log.warn({ requeued, lost, freed }, 'reconciler repaired runs');
+      return { requeued, lost, freed };
     },
   };
 }

@@ -3,4 +3,4 @@
 // better-sqlite3 or mongoose.
 export * from './open.js';
 export * from './port.js';
-export * from './records.js';
+export * from '../platform/index.js';

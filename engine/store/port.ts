@@ -1,19 +1,21 @@
 // The store port: typed repositories with the tenant id on every method that reads or changes
 // tenant data. Two adapters implement it (sqlite/, mongo/); one contract suite tests both.
-import { ValidationError } from '../platform/index.js';
-import type {
-  ApiKeyRecord,
-  Automation,
-  AutomationStatus,
-  DeliveryStatus,
-  Run,
-  RunKind,
-  RunStatus,
-  Trigger,
-  WebhookDelivery,
-  WebhookProvider,
-  WebhookSecretRecord,
-} from './records.js';
+import {
+  ValidationError,
+  type AgentTurn,
+  type ApiKeyRecord,
+  type Automation,
+  type AutomationStatus,
+  type DeliveryStatus,
+  type Run,
+  type RunKind,
+  type RunStatus,
+  type StepRecord,
+  type Trigger,
+  type WebhookDelivery,
+  type WebhookProvider,
+  type WebhookSecretRecord,
+} from '../platform/index.js';
 
 export type Page<T> = { items: T[]; next_cursor: string | null };
 
@@ -38,15 +40,30 @@ export interface AutomationRepo {
 
 export type RunChanges = Partial<Omit<Run, 'id' | 'tenant_id' | 'created_at' | 'kind'>>;
 
+/** What a conditional update of a run expects to find: one of these statuses, and (when given) this attempt. */
+export type RunGuard = { status: RunStatus[]; attempt?: number };
+
 export type RunStats = { counts: Partial<Record<RunStatus, number>>; durations_ms: number[]; last: Run | null };
+
+export type RunQuery = { kind?: RunKind; status?: RunStatus; automation_id?: string; session_id?: string; limit: number; cursor?: string };
 
 export interface RunRepo {
   insert(run: Run): Promise<void>;
   get(tenantId: string, id: string): Promise<Run | null>;
-  /** Applies `changes` only while the status is one of `ifStatusIn`: every transition is conditional. */
-  update(tenantId: string, id: string, changes: RunChanges, ifStatusIn: RunStatus[]): Promise<Run | null>;
-  listByAutomation(tenantId: string, automationId: string, q: { limit: number; cursor?: string }): Promise<Page<Run>>;
-  listBySession(tenantId: string, sessionId: string, q: { limit: number; cursor?: string }): Promise<Page<Run>>;
+  /**
+   * Applies `changes` only while the run matches `guard`: every transition is conditional. `steps`
+   * are step records of the run's current attempt to write in the same transaction (new or changed).
+   */
+  update(tenantId: string, id: string, changes: RunChanges, guard: RunGuard, steps?: StepRecord[]): Promise<Run | null>;
+  /** Writes step records of an attempt (new or changed), whatever the run's status. */
+  putSteps(tenantId: string, runId: string, attempt: number, steps: StepRecord[]): Promise<void>;
+  /** The step records of one attempt, by index. */
+  steps(tenantId: string, runId: string, attempt: number): Promise<StepRecord[]>;
+  appendTurn(tenantId: string, runId: string, attempt: number, turn: AgentTurn): Promise<void>;
+  /** The agent turns of one attempt, in order. */
+  turns(tenantId: string, runId: string, attempt: number): Promise<AgentTurn[]>;
+  /** Newest first; every filter is optional. */
+  list(tenantId: string, q: RunQuery): Promise<Page<Run>>;
   /** Counts by status, durations of the latest finished runs (newest first), and the latest run. */
   automationStats(tenantId: string, automationId: string, recent: number): Promise<RunStats>;
   /** Durations of the tenant's latest finished runs of a kind, newest first. */

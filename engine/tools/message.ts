@@ -12,7 +12,7 @@ export const messageTool: Tool = {
   async execute(args, ctx) {
     const text = stringArg(args, 'text');
     const role = args.role === 'system' || args.role === 'user' ? args.role : 'assistant';
-    await ctx.emit('message', { role, text });
+    await ctx.message(role, text);
     return { output: { role, text } };
   },
 };

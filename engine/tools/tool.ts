@@ -7,8 +7,8 @@ export type ToolContext = {
   signal: AbortSignal;
   /** streams a chunk of output as an event while the step runs */
   output(stream: 'stdout' | 'stderr', text: string): void;
-  /** appends an event to the run's session log */
-  emit(type: string, data: Record<string, unknown>): Promise<void>;
+  /** posts a message to the run's session log (a message.created event) */
+  message(role: 'assistant' | 'system' | 'user', text: string): Promise<void>;
   childEnv: Record<string, string>;
   httpAllowPrivate: boolean;
 };

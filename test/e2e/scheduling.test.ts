@@ -75,21 +75,7 @@ describe('scheduling', function () {
         kind: 'autonomy',
         workspace: ws,
         created_at: new Date(Date.now() - 60_000).toISOString(),
-        steps: [
-          {
-            index: 0,
-            name: null,
-            tool: 'shell',
-            args: { command: 'echo recovered' },
-            status: 'pending',
-            source: 'plan',
-            started_at: null,
-            finished_at: null,
-            duration_ms: null,
-            output: null,
-            error: null,
-          },
-        ],
+        plan: [{ tool: 'shell', args: { command: 'echo recovered' } }],
       });
       await h.rt.store.runs.insert(orphan);
       const repaired = await h.rt.engine.runs.reconcile();

@@ -1,7 +1,7 @@
 // One contract for every store adapter. Each adapter's test file calls storeContract with a factory.
 import { expect } from 'chai';
 import { newId } from '../../engine/platform/ids.js';
-import type { ApiKeyRecord, Automation, Run, WebhookDelivery, WebhookSecretRecord } from '../../engine/store/records.js';
+import type { ApiKeyRecord, Automation, Run, WebhookDelivery, WebhookSecretRecord } from '../../engine/platform/records.js';
 import type { Store } from '../../engine/store/port.js';
 
 export function automationFixture(tenantId: string, over: Partial<Automation> = {}): Automation {
@@ -15,6 +15,7 @@ export function automationFixture(tenantId: string, over: Partial<Automation> = 
     triggers: [{ type: 'manual' }],
     tool_allowlist: ['shell'],
     budget: { seconds: 60 },
+    retry: null,
     steps: [{ tool: 'shell', args: { command: 'true' } }],
     goal: null,
     inputs: { nested: { deep: [1, 2, { x: null }] } },
@@ -35,17 +36,19 @@ export function runFixture(tenantId: string, over: Partial<Run> = {}): Run {
     automation_id: null,
     trigger: { type: 'api' },
     goal: null,
-    steps: [],
+    plan: [],
     tool_allowlist: ['shell'],
     workspace: '/tmp',
     budget: { seconds: 60 },
+    retry: null,
+    attempt: 1,
+    attempts: [],
+    rerun_of: null,
     usage: { steps: 0, model_turns: 0, seconds: 0 },
     inputs: {},
-    agent_turns: [],
     summary: null,
     error: null,
     result: null,
-    idempotency_key: null,
     request_id: null,
     created_at: new Date().toISOString(),
     started_at: null,
@@ -161,51 +164,80 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect(found.map((a) => a.id).sort()).to.deep.equal([cron.id, other.id].sort());
     });
 
-    it('round-trips a run and moves it only from the expected status', async () => {
-      const r = runFixture('t1', {
-        steps: [
-          {
-            index: 0,
-            name: null,
-            tool: 'shell',
-            args: { command: 'x' },
-            status: 'pending',
-            source: 'plan',
-            started_at: null,
-            finished_at: null,
-            duration_ms: null,
-            output: null,
-            error: null,
-          },
-        ],
-      });
+    it('round-trips a run and moves it only from the expected status and attempt', async () => {
+      const r = runFixture('t1', { plan: [{ tool: 'shell', args: { command: 'x' } }] });
       await store.runs.insert(r);
       expect(await store.runs.get('t1', r.id)).to.deep.equal(r);
       expect(await store.runs.get('t2', r.id)).to.equal(null);
-      const started = await store.runs.update('t1', r.id, { status: 'running', started_at: new Date().toISOString() }, ['queued']);
+      const started = await store.runs.update('t1', r.id, { status: 'running', started_at: new Date().toISOString() }, { status: ['queued'], attempt: 1 });
       expect(started!.status).to.equal('running');
-      // a replayed transition does not apply twice
-      expect(await store.runs.update('t1', r.id, { status: 'running' }, ['queued'])).to.equal(null);
-      expect(await store.runs.update('t2', r.id, { status: 'failed' }, ['running'])).to.equal(null);
-      const done = await store.runs.update('t1', r.id, { status: 'succeeded', finished_at: new Date().toISOString(), duration_ms: 42 }, ['running']);
+      // a replayed transition does not apply twice, nor one made for another attempt
+      expect(await store.runs.update('t1', r.id, { status: 'running' }, { status: ['queued'] })).to.equal(null);
+      expect(await store.runs.update('t1', r.id, { status: 'failed' }, { status: ['running'], attempt: 2 })).to.equal(null);
+      expect(await store.runs.update('t2', r.id, { status: 'failed' }, { status: ['running'] })).to.equal(null);
+      const done = await store.runs.update(
+        't1',
+        r.id,
+        { status: 'succeeded', finished_at: new Date().toISOString(), duration_ms: 42 },
+        { status: ['running'] },
+      );
       expect(done).to.deep.include({ status: 'succeeded', duration_ms: 42, kind: 'automation' });
-      expect(done!.steps).to.deep.equal(r.steps);
+      expect(done!.plan).to.deep.equal(r.plan);
     });
 
-    it('pages runs of an automation and of a session, newest first', async () => {
+    it('keeps step records and agent turns per attempt, apart from the run, and only for its tenant', async () => {
+      const r = runFixture('t1', { status: 'running' });
+      await store.runs.insert(r);
+      const step = (index: number, status: 'running' | 'succeeded') => ({
+        index,
+        name: null,
+        tool: 'shell',
+        args: { command: `echo ${index}` },
+        status,
+        source: 'plan' as const,
+        started_at: new Date().toISOString(),
+        finished_at: null,
+        duration_ms: null,
+        output: { deep: { list: [1, null] } },
+        error: null,
+      });
+      await store.runs.putSteps('t1', r.id, 1, [step(0, 'running')]);
+      await store.runs.update('t1', r.id, { summary: 'x' }, { status: ['running'] }, [step(0, 'succeeded'), step(1, 'running')]);
+      expect((await store.runs.steps('t1', r.id, 1)).map((s) => [s.index, s.status])).to.deep.equal([
+        [0, 'succeeded'],
+        [1, 'running'],
+      ]);
+      expect(await store.runs.steps('t1', r.id, 2)).to.deep.equal([]);
+      expect(await store.runs.steps('t2', r.id, 1)).to.deep.equal([]);
+      // a step write that rides on an update that does not apply is not written either
+      await store.runs.update('t1', r.id, { summary: 'y' }, { status: ['queued'] }, [step(2, 'running')]);
+      expect(await store.runs.steps('t1', r.id, 1)).to.have.length(2);
+      const turn = (index: number) => ({ index, at: new Date().toISOString(), content: `turn ${index}`, tool_calls: [] });
+      await store.runs.appendTurn('t1', r.id, 1, turn(0));
+      await store.runs.appendTurn('t1', r.id, 1, turn(1));
+      expect((await store.runs.turns('t1', r.id, 1)).map((t) => t.content)).to.deep.equal(['turn 0', 'turn 1']);
+      expect(await store.runs.turns('t2', r.id, 1)).to.deep.equal([]);
+    });
+
+    it('lists a tenant’s runs newest first, by automation, session, kind and status, in pages', async () => {
       const runs: Run[] = [];
       for (let i = 0; i < 5; i++) {
-        const r = runFixture('t1', { automation_id: 'aut_x', session_id: 'ses_x', summary: `r${i}` });
+        const r = runFixture('t1', { automation_id: 'aut_x', session_id: 'ses_x', summary: `r${i}`, status: i % 2 ? 'failed' : 'succeeded' });
         await store.runs.insert(r);
         runs.push(r);
       }
+      await store.runs.insert(runFixture('t1', { kind: 'autonomy', summary: 'other' }));
       await store.runs.insert(runFixture('t2', { automation_id: 'aut_x', session_id: 'ses_x' }));
-      const first = await store.runs.listByAutomation('t1', 'aut_x', { limit: 3 });
+      const first = await store.runs.list('t1', { automation_id: 'aut_x', limit: 3 });
       expect(first.items.map((r) => r.summary)).to.deep.equal(['r4', 'r3', 'r2']);
-      const second = await store.runs.listByAutomation('t1', 'aut_x', { limit: 3, cursor: first.next_cursor! });
+      const second = await store.runs.list('t1', { automation_id: 'aut_x', limit: 3, cursor: first.next_cursor! });
       expect(second.items.map((r) => r.summary)).to.deep.equal(['r1', 'r0']);
       expect(second.next_cursor).to.equal(null);
-      expect((await store.runs.listBySession('t1', 'ses_x', { limit: 10 })).items).to.have.length(5);
+      expect((await store.runs.list('t1', { session_id: 'ses_x', limit: 10 })).items).to.have.length(5);
+      expect((await store.runs.list('t1', { limit: 10 })).items).to.have.length(6);
+      expect((await store.runs.list('t1', { status: 'failed', limit: 10 })).items.map((r) => r.summary)).to.deep.equal(['r3', 'r1']);
+      expect((await store.runs.list('t1', { kind: 'autonomy', limit: 10 })).items.map((r) => r.summary)).to.deep.equal(['other']);
+      expect((await store.runs.list('t2', { limit: 10 })).items).to.have.length(1);
     });
 
     it('computes automation stats, recent durations and stale runs', async () => {

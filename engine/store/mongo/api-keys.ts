@@ -1,5 +1,5 @@
 import { Schema, type Model } from 'mongoose';
-import type { ApiKeyRecord } from '../records.js';
+import type { ApiKeyRecord } from '../../platform/index.js';
 import { type ApiKeyRepo } from '../port.js';
 import { fromStored, loose, toStored, type Stored } from './documents.js';
 

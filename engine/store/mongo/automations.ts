@@ -1,5 +1,5 @@
 import { Schema, type Model } from 'mongoose';
-import type { Automation } from '../records.js';
+import type { Automation } from '../../platform/index.js';
 import { decodeCursor, toPage, type AutomationRepo } from '../port.js';
 import { definedOnly, fromStored, loose, toStored, type Stored } from './documents.js';
 

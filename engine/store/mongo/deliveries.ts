@@ -1,5 +1,5 @@
 import { Schema, type Model } from 'mongoose';
-import type { WebhookDelivery } from '../records.js';
+import type { WebhookDelivery } from '../../platform/index.js';
 import { decodeCursor, toPage, type DeliveryRepo } from '../port.js';
 import { definedOnly, fromStored, loose, toStored, type Stored } from './documents.js';
 

@@ -2,13 +2,13 @@
 // conditional updates are single findOneAndUpdate calls with the expected status in the filter.
 // One file per repository, each with its schema and indexes.
 import mongoose, { type Connection } from 'mongoose';
-import type { ApiKeyRecord, Automation, Run, WebhookDelivery, WebhookSecretRecord } from '../records.js';
+import type { ApiKeyRecord, Automation, Run, WebhookDelivery, WebhookSecretRecord } from '../../platform/index.js';
 import type { Store } from '../port.js';
 import { apiKeyRepo, apiKeySchema } from './api-keys.js';
 import { automationRepo, automationSchema } from './automations.js';
 import { deliveryRepo, deliverySchema } from './deliveries.js';
 import type { Stored } from './documents.js';
-import { runRepo, runSchema } from './runs.js';
+import { runRepo, runSchema, runStepSchema, runTurnSchema } from './runs.js';
 import { webhookSecretRepo, webhookSecretSchema } from './webhook-secrets.js';
 
 export async function openMongoStore(uri: string): Promise<Store> {
@@ -16,14 +16,16 @@ export async function openMongoStore(uri: string): Promise<Store> {
   const automations = conn.model<Stored<Automation>>('Automation', automationSchema, 'automations');
   const apiKeys = conn.model<Stored<ApiKeyRecord>>('ApiKey', apiKeySchema, 'api_keys');
   const runs = conn.model<Stored<Run>>('Run', runSchema, 'runs');
+  const runSteps = conn.model('RunStep', runStepSchema, 'run_steps');
+  const runTurns = conn.model('RunTurn', runTurnSchema, 'run_turns');
   const webhookSecrets = conn.model<WebhookSecretRecord & { _id: string }>('WebhookSecret', webhookSecretSchema, 'webhook_secrets');
   const deliveries = conn.model<Stored<WebhookDelivery>>('Delivery', deliverySchema, 'deliveries');
-  await Promise.all([automations.init(), apiKeys.init(), runs.init(), webhookSecrets.init(), deliveries.init()]);
+  await Promise.all([automations.init(), apiKeys.init(), runs.init(), runSteps.init(), runTurns.init(), webhookSecrets.init(), deliveries.init()]);
   return {
     kind: 'mongo',
     automations: automationRepo(automations),
     apiKeys: apiKeyRepo(apiKeys),
-    runs: runRepo(runs),
+    runs: runRepo(runs, runSteps as never, runTurns as never),
     webhookSecrets: webhookSecretRepo(webhookSecrets),
     deliveries: deliveryRepo(deliveries),
     async ping() {

@@ -1,6 +1,6 @@
 import { Schema, type Model } from 'mongoose';
-import type { Run } from '../records.js';
-import { decodeCursor, toPage, type RunRepo, type RunStats } from '../port.js';
+import type { AgentTurn, Run, StepRecord } from '../../platform/index.js';
+import { decodeCursor, toPage, type RunQuery, type RunRepo, type RunStats } from '../port.js';
 import { definedOnly, fromStored, loose, toStored, type Stored } from './documents.js';
 
 export const runSchema = new Schema(
@@ -20,8 +20,19 @@ runSchema.index({ tenant_id: 1, automation_id: 1, _id: -1 });
 runSchema.index({ tenant_id: 1, session_id: 1, _id: -1 });
 runSchema.index({ tenant_id: 1, kind: 1, finished_at: -1 });
 runSchema.index({ status: 1, created_at: 1 });
+runSchema.index({ tenant_id: 1, _id: -1 });
+runSchema.index({ tenant_id: 1, status: 1, _id: -1 });
 
-export function runRepo(model: Model<Stored<Run>>): RunRepo {
+/** A step record or an agent turn of one attempt: `_id` is run, attempt and index. */
+type AttemptRow<T> = { _id: string; tenant_id: string; run_id: string; attempt: number; idx: number; doc: T };
+
+export const runStepSchema = new Schema({ _id: String, tenant_id: String, run_id: String, attempt: Number, idx: Number, doc: Object }, loose);
+runStepSchema.index({ run_id: 1, attempt: 1, idx: 1 });
+export const runTurnSchema = runStepSchema.clone();
+
+const rowId = (runId: string, attempt: number, idx: number) => `${runId}:${attempt}:${idx}`;
+
+export function runRepo(model: Model<Stored<Run>>, stepModel: Model<AttemptRow<StepRecord>>, turnModel: Model<AttemptRow<AgentTurn>>): RunRepo {
   const page = async (filter: Record<string, unknown>, q: { limit: number; cursor?: string }) => {
     const after = decodeCursor(q.cursor);
     if (after) filter._id = { $lt: after };
@@ -42,14 +53,49 @@ export function runRepo(model: Model<Stored<Run>>): RunRepo {
     async get(tenantId, id) {
       return fromStored(await model.findOne({ _id: id, tenant_id: tenantId }).lean<Stored<Run>>());
     },
-    async update(tenantId, id, changes, ifStatusIn) {
-      const updated = await model
-        .findOneAndUpdate({ _id: id, tenant_id: tenantId, status: { $in: ifStatusIn } }, { $set: definedOnly(changes) }, { returnDocument: 'after' })
-        .lean<Stored<Run>>();
-      return fromStored(updated);
+    async update(tenantId, id, changes, guard, steps = []) {
+      const filter: Record<string, unknown> = { _id: id, tenant_id: tenantId, status: { $in: guard.status } };
+      if (guard.attempt !== undefined) filter.attempt = guard.attempt;
+      const updated = fromStored(await model.findOneAndUpdate(filter, { $set: definedOnly(changes) }, { returnDocument: 'after' }).lean<Stored<Run>>());
+      // a replica set would make this one transaction; the steps are rewritten by the next write if this one is lost
+      if (updated && steps.length) await this.putSteps(tenantId, id, guard.attempt ?? updated.attempt, steps);
+      return updated;
     },
-    listByAutomation: (tenantId, automationId, q) => page({ tenant_id: tenantId, automation_id: automationId }, q),
-    listBySession: (tenantId, sessionId, q) => page({ tenant_id: tenantId, session_id: sessionId }, q),
+    async putSteps(tenantId, runId, attempt, steps) {
+      if (!steps.length) return;
+      await stepModel.bulkWrite(
+        steps.map((s) => ({
+          replaceOne: {
+            filter: { _id: rowId(runId, attempt, s.index) },
+            replacement: { _id: rowId(runId, attempt, s.index), tenant_id: tenantId, run_id: runId, attempt, idx: s.index, doc: s },
+            upsert: true,
+          },
+        })),
+      );
+    },
+    async steps(tenantId, runId, attempt) {
+      const rows = await stepModel.find({ run_id: runId, attempt, tenant_id: tenantId }).sort({ idx: 1 }).lean<AttemptRow<StepRecord>[]>();
+      return rows.map((r) => r.doc);
+    },
+    async appendTurn(tenantId, runId, attempt, turn) {
+      const _id = rowId(runId, attempt, turn.index);
+      await turnModel.replaceOne({ _id }, { _id, tenant_id: tenantId, run_id: runId, attempt, idx: turn.index, doc: turn }, { upsert: true });
+    },
+    async turns(tenantId, runId, attempt) {
+      const rows = await turnModel.find({ run_id: runId, attempt, tenant_id: tenantId }).sort({ idx: 1 }).lean<AttemptRow<AgentTurn>[]>();
+      return rows.map((r) => r.doc);
+    },
+    list: (tenantId, q: RunQuery) =>
+      page(
+        {
+          tenant_id: tenantId,
+          ...(q.kind ? { kind: q.kind } : {}),
+          ...(q.status ? { status: q.status } : {}),
+          ...(q.automation_id ? { automation_id: q.automation_id } : {}),
+          ...(q.session_id ? { session_id: q.session_id } : {}),
+        },
+        q,
+      ),
     async automationStats(tenantId, automationId, recent): Promise<RunStats> {
       const grouped = await model.aggregate<{ _id: Run['status']; n: number }>([
         { $match: { tenant_id: tenantId, automation_id: automationId } },

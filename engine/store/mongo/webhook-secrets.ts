@@ -1,5 +1,5 @@
 import { Schema, type Model } from 'mongoose';
-import type { WebhookSecretRecord } from '../records.js';
+import type { WebhookSecretRecord } from '../../platform/index.js';
 import { type WebhookSecretRepo } from '../port.js';
 import { loose } from './documents.js';
 

@@ -1,6 +1,6 @@
 // API keys, found by the hash of the key.
 import type { Db } from './db.js';
-import type { ApiKeyRecord } from '../records.js';
+import type { ApiKeyRecord } from '../../platform/index.js';
 import type { ApiKeyRepo } from '../port.js';
 
 export function apiKeyRepo(db: Db): ApiKeyRepo {

@@ -1,7 +1,7 @@
 // Automations: a JSON document per row, with the columns the list filters on beside it.
 import type { Statement } from 'better-sqlite3';
 import type { Db } from './db.js';
-import type { Automation } from '../records.js';
+import type { Automation } from '../../platform/index.js';
 import { decodeCursor, toPage, type AutomationRepo } from '../port.js';
 
 export function automationRepo(db: Db): AutomationRepo {

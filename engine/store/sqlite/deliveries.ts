@@ -1,6 +1,6 @@
 // Webhook deliveries, inserted in group commits; one row per provider delivery id.
 import type { Statement } from 'better-sqlite3';
-import type { WebhookDelivery } from '../records.js';
+import type { WebhookDelivery } from '../../platform/index.js';
 import { decodeCursor, toPage, type DeliveryRepo } from '../port.js';
 import { TOP, type Db } from './db.js';
 

@@ -59,3 +59,37 @@ MIGRATIONS.push(`
   CREATE INDEX deliveries_by_status ON deliveries (status, tenant_id, id);
   CREATE UNIQUE INDEX deliveries_provider_id ON deliveries (tenant_id, kind, provider_delivery_id);
 `);
+// Steps and agent turns leave the run's document for rows of their own, per attempt; runs gain
+// attempts, a retry policy and a link to the run they re-run; lists of a tenant's runs get indexes.
+MIGRATIONS.push(`
+  CREATE TABLE run_steps (
+    run_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    idx INTEGER NOT NULL,
+    tenant_id TEXT NOT NULL,
+    doc TEXT NOT NULL,
+    PRIMARY KEY (run_id, attempt, idx)
+  ) WITHOUT ROWID;
+  CREATE TABLE run_turns (
+    run_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    idx INTEGER NOT NULL,
+    tenant_id TEXT NOT NULL,
+    doc TEXT NOT NULL,
+    PRIMARY KEY (run_id, attempt, idx)
+  ) WITHOUT ROWID;
+  INSERT INTO run_steps (run_id, attempt, idx, tenant_id, doc)
+    SELECT runs.id, 1, s.value ->> '$.index', runs.tenant_id, s.value FROM runs, json_each(runs.doc, '$.steps') AS s;
+  INSERT INTO run_turns (run_id, attempt, idx, tenant_id, doc)
+    SELECT runs.id, 1, t.value ->> '$.index', runs.tenant_id, t.value FROM runs, json_each(runs.doc, '$.agent_turns') AS t;
+  UPDATE runs SET doc = json_set(
+    json_remove(doc, '$.steps', '$.agent_turns', '$.idempotency_key'),
+    '$.plan', CASE WHEN doc ->> '$.goal' IS NULL
+      THEN (SELECT json_group_array(json_object('tool', s.value ->> '$.tool', 'args', json(s.value -> '$.args'), 'name', s.value ->> '$.name'))
+            FROM json_each(doc, '$.steps') AS s WHERE s.value ->> '$.source' = 'plan')
+      ELSE NULL END,
+    '$.attempt', 1, '$.attempts', json('[]'), '$.retry', NULL, '$.rerun_of', NULL);
+  UPDATE automations SET doc = json_set(doc, '$.retry', NULL);
+  CREATE INDEX runs_by_tenant ON runs (tenant_id, id);
+  CREATE INDEX runs_by_tenant_status ON runs (tenant_id, status, id);
+`);

@@ -1,6 +1,8 @@
 // Runs: a JSON document per row, with the columns the lists, stats and the reconciler filter on.
-import type { Run } from '../records.js';
-import { decodeCursor, toPage, type RunRepo, type RunStats } from '../port.js';
+// Steps and agent turns are rows of their own, keyed by run, attempt and index.
+import type { Statement } from 'better-sqlite3';
+import type { AgentTurn, Run, StepRecord } from '../../platform/index.js';
+import { decodeCursor, toPage, type RunQuery, type RunRepo, type RunStats } from '../port.js';
 import { TOP, type Db } from './db.js';
 
 export function runRepo(db: Db): RunRepo {
@@ -9,11 +11,13 @@ export function runRepo(db: Db): RunRepo {
   );
   const get = db.prepare<[string, string], { doc: string }>('SELECT doc FROM runs WHERE tenant_id = ? AND id = ?');
   const write = db.prepare('UPDATE runs SET status = ?, finished_at = ?, duration_ms = ?, doc = ? WHERE tenant_id = ? AND id = ?');
-  const byAutomation = db.prepare<[string, string, string, number], { doc: string }>(
-    'SELECT doc FROM runs WHERE tenant_id = ? AND automation_id = ? AND id < ? ORDER BY id DESC LIMIT ?',
+  const putStep = db.prepare('INSERT OR REPLACE INTO run_steps (run_id, attempt, idx, tenant_id, doc) VALUES (?, ?, ?, ?, ?)');
+  const stepsOf = db.prepare<[string, number, string], { doc: string }>(
+    'SELECT doc FROM run_steps WHERE run_id = ? AND attempt = ? AND tenant_id = ? ORDER BY idx',
   );
-  const bySession = db.prepare<[string, string, string, number], { doc: string }>(
-    'SELECT doc FROM runs WHERE tenant_id = ? AND session_id = ? AND id < ? ORDER BY id DESC LIMIT ?',
+  const putTurn = db.prepare('INSERT OR REPLACE INTO run_turns (run_id, attempt, idx, tenant_id, doc) VALUES (?, ?, ?, ?, ?)');
+  const turnsOf = db.prepare<[string, number, string], { doc: string }>(
+    'SELECT doc FROM run_turns WHERE run_id = ? AND attempt = ? AND tenant_id = ? ORDER BY idx',
   );
   const counts = db.prepare<[string, string], { status: string; n: number }>(
     'SELECT status, COUNT(*) AS n FROM runs WHERE tenant_id = ? AND automation_id = ? GROUP BY status',
@@ -33,13 +37,33 @@ export function runRepo(db: Db): RunRepo {
   );
   const read = (row: { doc: string } | undefined): Run | null => (row ? (JSON.parse(row.doc) as Run) : null);
 
-  const update = db.transaction((tenantId: string, id: string, changes: Partial<Run>, ifStatusIn: string[]) => {
+  // one prepared statement per shape of list query (which filters are given), made once
+  const FILTERS = ['kind', 'status', 'automation_id', 'session_id'] as const;
+  const listStatements = new Map<string, Statement<unknown[], { doc: string }>>();
+  const listStatement = (given: readonly (typeof FILTERS)[number][]) => {
+    const shape = given.join(',');
+    let stmt = listStatements.get(shape);
+    if (!stmt) {
+      const where = ['tenant_id = ?', ...given.map((f) => `${f} = ?`), 'id < ?'];
+      stmt = db.prepare<unknown[], { doc: string }>(`SELECT doc FROM runs WHERE ${where.join(' AND ')} ORDER BY id DESC LIMIT ?`);
+      listStatements.set(shape, stmt);
+    }
+    return stmt;
+  };
+
+  const writeSteps = (tenantId: string, runId: string, attempt: number, steps: StepRecord[]) => {
+    for (const s of steps) putStep.run(runId, attempt, s.index, tenantId, JSON.stringify(s));
+  };
+
+  const update = db.transaction((tenantId: string, id: string, changes: Partial<Run>, status: string[], attempt: number | undefined, steps: StepRecord[]) => {
     const current = read(get.get(tenantId, id));
-    if (!current || !ifStatusIn.includes(current.status)) return null;
+    if (!current || !status.includes(current.status) || (attempt !== undefined && current.attempt !== attempt)) return null;
     const next: Run = { ...current, ...changes, id: current.id, tenant_id: current.tenant_id, kind: current.kind, created_at: current.created_at };
     write.run(next.status, next.finished_at, next.duration_ms, JSON.stringify(next), tenantId, id);
+    writeSteps(tenantId, id, current.attempt, steps);
     return next;
   });
+  const putSteps = db.transaction(writeSteps);
 
   return {
     async insert(r) {
@@ -48,18 +72,24 @@ export function runRepo(db: Db): RunRepo {
     async get(tenantId, id) {
       return read(get.get(tenantId, id));
     },
-    async update(tenantId, id, changes, ifStatusIn) {
-      return update.immediate(tenantId, id, changes, ifStatusIn);
+    async update(tenantId, id, changes, guard, steps = []) {
+      return update.immediate(tenantId, id, changes, guard.status, guard.attempt, steps);
     },
-    async listByAutomation(tenantId, automationId, q) {
-      const rows = byAutomation.all(tenantId, automationId, decodeCursor(q.cursor) ?? TOP, q.limit + 1);
-      return toPage(
-        rows.map((r) => read(r)!),
-        q.limit,
-      );
+    async putSteps(tenantId, runId, attempt, steps) {
+      if (steps.length) putSteps.immediate(tenantId, runId, attempt, steps);
     },
-    async listBySession(tenantId, sessionId, q) {
-      const rows = bySession.all(tenantId, sessionId, decodeCursor(q.cursor) ?? TOP, q.limit + 1);
+    async steps(tenantId, runId, attempt) {
+      return stepsOf.all(runId, attempt, tenantId).map((r) => JSON.parse(r.doc) as StepRecord);
+    },
+    async appendTurn(tenantId, runId, attempt, turn) {
+      putTurn.run(runId, attempt, turn.index, tenantId, JSON.stringify(turn));
+    },
+    async turns(tenantId, runId, attempt) {
+      return turnsOf.all(runId, attempt, tenantId).map((r) => JSON.parse(r.doc) as AgentTurn);
+    },
+    async list(tenantId, q: RunQuery) {
+      const given = FILTERS.filter((f) => q[f] !== undefined);
+      const rows = listStatement(given).all(tenantId, ...given.map((f) => q[f]), decodeCursor(q.cursor) ?? TOP, q.limit + 1);
       return toPage(
         rows.map((r) => read(r)!),
         q.limit,

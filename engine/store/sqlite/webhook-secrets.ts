@@ -1,6 +1,6 @@
 // A tenant's sealed webhook secrets, one row per kind.
 import type { Db } from './db.js';
-import type { WebhookSecretRecord } from '../records.js';
+import type { WebhookSecretRecord } from '../../platform/index.js';
 import type { WebhookSecretRepo } from '../port.js';
 
 export function webhookSecretRepo(db: Db): WebhookSecretRepo {

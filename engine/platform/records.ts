@@ -33,10 +33,12 @@ export type AutomationDefinition = {
   steps?: Step[];
   goal?: string;
   inputs?: Record<string, unknown>;
+  retry?: RetryPolicyInput | null;
 };
 
 export type AutomationPatch = Partial<Pick<Automation, 'name' | 'description' | 'triggers' | 'tool_allowlist'>> & {
   budget?: Partial<Budget>;
+  retry?: RetryPolicyInput | null;
 };
 
 export type Automation = {
@@ -48,6 +50,7 @@ export type Automation = {
   triggers: Trigger[];
   tool_allowlist: ToolName[];
   budget: Budget;
+  retry: RetryPolicy | null;
   steps: Step[] | null;
   goal: string | null;
   inputs: Record<string, unknown>;
@@ -72,6 +75,7 @@ export type RunKind = (typeof RUN_KINDS)[number];
 export const RUN_STATUSES = ['queued', 'running', 'succeeded', 'failed', 'canceled', 'timed_out'] as const;
 export type RunStatus = (typeof RUN_STATUSES)[number];
 export const TERMINAL_RUN_STATUSES: readonly RunStatus[] = ['succeeded', 'failed', 'canceled', 'timed_out'];
+export const isTerminal = (status: RunStatus): boolean => TERMINAL_RUN_STATUSES.includes(status);
 
 export type StepStatus = 'pending' | 'running' | 'succeeded' | 'failed' | 'canceled' | 'timed_out' | 'skipped';
 
@@ -97,7 +101,8 @@ export type RunTrigger =
   | { type: 'manual'; request_id?: string }
   | { type: 'cron'; schedule: string; timezone: string; fire_at: string }
   | { type: 'webhook'; provider: string; delivery_id: string; event?: string }
-  | { type: 'file_change'; paths: string[] };
+  | { type: 'file_change'; paths: string[] }
+  | { type: 'rerun'; run_id: string; request_id?: string };
 
 export type AgentTurn = {
   index: number;
@@ -108,6 +113,34 @@ export type AgentTurn = {
   usage?: { prompt_tokens?: number; completion_tokens?: number };
 };
 
+/** Which outcomes of an attempt a retry policy retries. A run canceled through the API is never retried. */
+export const RETRYABLE_STATUSES = ['failed', 'timed_out'] as const;
+
+/** How a run is tried again after a failed attempt: `attempts` counts every try, the first included. */
+export type RetryPolicy = {
+  attempts: number;
+  backoff: { type: 'fixed' | 'exponential'; delay_ms: number };
+  on: (typeof RETRYABLE_STATUSES)[number][];
+};
+
+/** A retry policy as a caller gives it; what is left out takes its default. */
+export type RetryPolicyInput = { attempts: number; backoff?: Partial<RetryPolicy['backoff']>; on?: RetryPolicy['on'] };
+
+/** An attempt that ended without ending the run: retried after a failure, or interrupted by a deploy. */
+export type AttemptRecord = {
+  attempt: number;
+  outcome: 'retried' | 'interrupted' | 'lost';
+  status: RunStatus;
+  error: ErrorInfo | null;
+  started_at: string | null;
+  finished_at: string;
+  duration_ms: number | null;
+};
+
+/**
+ * A run as the store keeps it. Its steps and agent turns are rows of their own (per attempt), so a
+ * long run's writes do not grow with its length; `plan` is the request's steps, what each attempt runs.
+ */
 export type Run = {
   id: string;
   tenant_id: string;
@@ -117,23 +150,32 @@ export type Run = {
   automation_id: string | null;
   trigger: RunTrigger;
   goal: string | null;
-  steps: StepRecord[];
+  plan: Step[] | null;
   tool_allowlist: string[];
+  /** the resolved folder on the server: internal, never shown as such */
   workspace: string;
   budget: Budget;
+  retry: RetryPolicy | null;
+  /** the attempt under way or last made, from 1 */
+  attempt: number;
+  /** attempts before the current one */
+  attempts: AttemptRecord[];
+  /** the run this one re-runs (POST /runs/{id}/rerun) */
+  rerun_of: string | null;
   usage: { steps: number; model_turns: number; seconds: number };
   inputs: Record<string, unknown>;
-  agent_turns: AgentTurn[];
   summary: string | null;
   error: ErrorInfo | null;
   result: { diff?: string; diff_truncated?: boolean; changed_files?: string[]; final_answer?: string } | null;
-  idempotency_key: string | null;
   request_id: string | null;
   created_at: string;
   started_at: string | null;
   finished_at: string | null;
   duration_ms: number | null;
 };
+
+/** A run with the steps and agent turns of its current attempt: what GET /runs/{id} shows. */
+export type RunDetail = Run & { steps: StepRecord[]; agent_turns: AgentTurn[] };
 
 /** A tenant's signing secrets for one webhook kind: one, or two while rotating. Sealed at rest. */
 export type WebhookSecretRecord = {

@@ -1,0 +1,84 @@
+// The catalogue of events: every event the service writes, by type, with its payload. Writers and
+// readers share this union, so a misspelt type or a missing field does not compile, and a reader's
+// `switch (e.type)` is checked for every case. api/openapi.yaml documents the same catalogue
+// (ServiceEvent); a unit test keeps the two lists equal.
+import type { AgentTurn, Budget, ErrorInfo, RunKind, RunStatus, RunTrigger, StepStatus } from './records.js';
+
+export type EventBody =
+  // a run's life: queued once, started once per attempt, then retried, interrupted, or finished once
+  | { type: 'run.queued'; data: { kind: RunKind; trigger: RunTrigger; attempt: number; rerun_of: string | null } }
+  | { type: 'run.started'; data: { kind: RunKind; attempt: number; budget: Budget; queued_ms: number; sandbox: string | null } }
+  | { type: 'run.retrying'; data: { attempt: number; next_attempt: number; status: RunStatus; error: ErrorInfo | null; delay_ms: number } }
+  | { type: 'run.interrupted'; data: { attempt: number; next_attempt: number; reason: string } }
+  | {
+      type: 'run.finished';
+      data: {
+        status: RunStatus;
+        attempt: number;
+        summary: string | null;
+        error: ErrorInfo | null;
+        duration_ms: number | null;
+        result: { changed_files?: string[] } | null;
+      };
+    }
+  | { type: 'workspace.ready'; data: { kind: 'worktree' | 'copy' } }
+  // a step: one tool call of a run
+  | { type: 'step.started'; data: { index: number; tool: string; name: string | null; args: Record<string, unknown>; source: 'plan' | 'agent' } }
+  | { type: 'step.output'; data: { index: number; stream: 'stdout' | 'stderr'; text: string } }
+  | {
+      type: 'step.finished';
+      data: { index: number; tool: string; status: StepStatus; duration_ms: number | null; error: ErrorInfo | null; exit_code?: number | null };
+    }
+  // the agent: one model turn
+  | { type: 'agent.turn'; data: AgentTurn }
+  // messages: what a run's `message` tool posts (and, in multi-agent sessions, the durable message log)
+  | { type: 'message.created'; data: { role: 'assistant' | 'system' | 'user'; text: string; step?: number } };
+
+export type EventType = EventBody['type'];
+
+/** Every event type, in catalogue order: what api/openapi.yaml must document. */
+export const EVENT_TYPES = [
+  'run.queued',
+  'run.started',
+  'run.retrying',
+  'run.interrupted',
+  'run.finished',
+  'workspace.ready',
+  'step.started',
+  'step.output',
+  'step.finished',
+  'agent.turn',
+  'message.created',
+] as const satisfies readonly EventType[];
+
+// a compile-time check that the list above names every type of the union
+type Missing = Exclude<EventType, (typeof EVENT_TYPES)[number]>;
+const everyTypeListed: Missing extends never ? true : Missing = true;
+void everyTypeListed;
+
+export type EventEnvelope = {
+  /** the stream entry id: SSE `id:`, and the Last-Event-ID to resume from */
+  id: string;
+  at: string;
+  tenant_id: string;
+  session_id?: string;
+  run_id?: string;
+};
+
+/** An event as it is stored and streamed. */
+export type ServiceEvent = EventEnvelope & EventBody;
+
+/** An event before the log gives it an id and a time. */
+export type NewEvent = Omit<EventEnvelope, 'id' | 'at'> & EventBody;
+
+export type EventOf<T extends EventType> = Extract<ServiceEvent, { type: T }>;
+
+/**
+ * A stream a client can watch: which log it reads, and which event ends it. A run session ends with
+ * its run; a session trace (multi-agent sessions) does not end when one task's run does.
+ */
+export type Scope = { stream: string; isLast(e: ServiceEvent): boolean };
+
+export const scopes = {
+  runSession: (sessionId: string): Scope => ({ stream: `session:${sessionId}`, isLast: (e) => e.type === 'run.finished' }),
+};

@@ -1,0 +1,170 @@
+// One attempt of a run as a worker executes it: its step records (kept current in the store at most
+// every PROGRESS_SAVE_MS, one row per changed step), its usage, the tool calls it makes and the events
+// they send. Programs (programs.ts) drive it; the executor settles it.
+import type { Platform } from '../deps.js';
+import type { AgentTurn, ErrorInfo, Run, RunStatus, StepRecord } from '../platform/index.js';
+import { TOOLS, ToolError, type ToolContext, type ToolResult } from '../tools/index.js';
+import type { Transitions } from './transitions.js';
+
+const OUTPUT_FLUSH_MS = 50;
+const OUTPUT_FLUSH_BYTES = 16 * 1024;
+const STREAMED_MAX_BYTES = 1024 * 1024;
+const PROGRESS_SAVE_MS = 200;
+
+/** Why an attempt was stopped before its work ended: the reason its AbortSignal carries. */
+export type StopReason = { status: Extract<RunStatus, 'canceled' | 'timed_out'>; error: ErrorInfo } | { status: 'interrupted'; error: ErrorInfo };
+
+export type AttemptDeps = Pick<Platform, 'store' | 'clock' | 'log'> & {
+  transitions: Pick<Transitions, 'emit'>;
+  settings: { childEnv: Record<string, string>; httpAllowPrivate: boolean };
+};
+
+export type Attempt = ReturnType<typeof startAttempt>;
+
+export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, signal: AbortSignal) {
+  const { store, clock, log, transitions } = deps;
+  const steps: StepRecord[] = [];
+  const usage = { steps: 0, model_turns: 0, seconds: 0 };
+  const dirty = new Set<StepRecord>();
+  let timer: NodeJS.Timeout | undefined;
+  const emit = transitions.emit.bind(null, run);
+
+  /** Writes the steps changed since the last save, at most every PROGRESS_SAVE_MS: quick runs write them once, at the end. */
+  const touch = (step: StepRecord) => {
+    dirty.add(step);
+    timer ??= setTimeout(() => {
+      timer = undefined;
+      void store.runs
+        .putSteps(run.tenant_id, run.id, run.attempt, takeDirty())
+        .catch((err: unknown) => log.warn({ run_id: run.id, err: (err as Error).message }, 'progress not saved'));
+    }, PROGRESS_SAVE_MS);
+  };
+
+  function takeDirty(): StepRecord[] {
+    const out = [...dirty];
+    dirty.clear();
+    return out;
+  }
+
+  const stopReason = (): StopReason | undefined => (signal.aborted ? (signal.reason as StopReason) : undefined);
+
+  async function runStep(step: StepRecord): Promise<ToolResult> {
+    steps.push(step);
+    const started = clock.now();
+    step.started_at = started.toISOString();
+    usage.steps++;
+    await emit({ type: 'step.started', data: { index: step.index, tool: step.tool, name: step.name, args: step.args, source: step.source } });
+    let result: ToolResult;
+    const tool = TOOLS.get(step.tool);
+    if (!run.tool_allowlist.includes(step.tool)) {
+      // refused before anything of it runs
+      result = {
+        output: {},
+        error: { code: 'tool-not-allowed', message: `${step.tool} is not in this run's tool allowlist (${run.tool_allowlist.join(', ') || 'empty'})` },
+      };
+    } else if (!tool) {
+      result = { output: {}, error: { code: 'tool-unavailable', message: `${step.tool} cannot run in this service yet` } };
+    } else {
+      step.status = 'running';
+      touch(step);
+      const streamer = outputStreamer(step);
+      const ctx: ToolContext = {
+        workspace: attempt.workspace,
+        signal,
+        output: streamer.push,
+        message: async (role, text) => void (await emit({ type: 'message.created', data: { role, text, step: step.index } })),
+        childEnv: deps.settings.childEnv,
+        httpAllowPrivate: deps.settings.httpAllowPrivate,
+      };
+      try {
+        result = await tool.execute(step.args, ctx);
+      } catch (err) {
+        if (err instanceof ToolError) result = { output: {}, error: { code: err.code, message: err.message } };
+        else if (signal.aborted) result = { output: {}, error: { code: 'aborted', message: 'stopped' } };
+        else throw err;
+      } finally {
+        await streamer.flush();
+      }
+    }
+    const finished = clock.now();
+    const stop = stopReason();
+    step.status = stop ? (stop.status === 'interrupted' ? 'canceled' : stop.status) : result.error ? 'failed' : 'succeeded';
+    step.finished_at = finished.toISOString();
+    step.duration_ms = finished.getTime() - started.getTime();
+    step.output = result.output;
+    step.error = stop?.error ?? result.error ?? null;
+    touch(step);
+    await emit({
+      type: 'step.finished',
+      data: {
+        index: step.index,
+        tool: step.tool,
+        status: step.status,
+        duration_ms: step.duration_ms,
+        error: step.error,
+        exit_code: result.output.exit_code as number | null | undefined,
+      },
+    });
+    return result;
+  }
+
+  /** Coalesces output chunks into step.output events (every 50 ms or 16 KB), up to 1 MB a step. */
+  function outputStreamer(step: StepRecord) {
+    const pending: Record<'stdout' | 'stderr', string> = { stdout: '', stderr: '' };
+    let streamed = 0;
+    let flushTimer: NodeJS.Timeout | undefined;
+    let chain = Promise.resolve();
+    const flush = () => {
+      clearTimeout(flushTimer);
+      flushTimer = undefined;
+      for (const stream of ['stdout', 'stderr'] as const) {
+        const text = pending[stream];
+        if (!text) continue;
+        pending[stream] = '';
+        chain = chain.then(() => emit({ type: 'step.output', data: { index: step.index, stream, text } }).then(() => undefined)).catch(() => undefined);
+      }
+      return chain;
+    };
+    return {
+      push(stream: 'stdout' | 'stderr', text: string) {
+        if (streamed >= STREAMED_MAX_BYTES) return;
+        const room = STREAMED_MAX_BYTES - streamed;
+        const piece = text.length > room ? text.slice(0, room) : text;
+        streamed += piece.length;
+        pending[stream] += piece;
+        if (pending.stdout.length + pending.stderr.length >= OUTPUT_FLUSH_BYTES) void flush();
+        else flushTimer ??= setTimeout(() => void flush(), OUTPUT_FLUSH_MS);
+      },
+      flush,
+    };
+  }
+
+  const attempt = {
+    run,
+    /** where tools act: the run's workspace, or a vibe run's scratch copy of it */
+    workspace,
+    signal,
+    steps,
+    usage,
+    stopReason,
+    runStep,
+    /** A new step record at the end of the attempt's list. */
+    newStep(fields: Pick<StepRecord, 'tool' | 'args' | 'name' | 'source'>): StepRecord {
+      return { index: steps.length, ...fields, status: 'pending', started_at: null, finished_at: null, duration_ms: null, output: null, error: null };
+    },
+    /** Records a model turn: a row of its own and an agent.turn event. */
+    async addTurn(turn: Omit<AgentTurn, 'index' | 'at'>, index: number): Promise<void> {
+      const full: AgentTurn = { ...turn, index, at: clock.now().toISOString() };
+      usage.model_turns++;
+      await store.runs.appendTurn(run.tenant_id, run.id, run.attempt, full);
+      await emit({ type: 'agent.turn', data: full });
+    },
+    /** Stops saving progress; returns the steps changed since the last save, for the settling write. */
+    close(): StepRecord[] {
+      clearTimeout(timer);
+      timer = undefined;
+      return takeDirty();
+    },
+  };
+  return attempt;
+}

@@ -1,0 +1,77 @@
+// What an attempt does, by kind of work: the plan's steps in order, or the agent loop towards a goal;
+// a vibe run does either on a scratch copy of its workspace and keeps the diff. Each program says how
+// the work ended; the executor turns that into the run's transition.
+import type { ErrorInfo, Run } from '../platform/index.js';
+import { TOOLS } from '../tools/index.js';
+import { AgentError, runAgent, type AgentEndpoint } from './agent.js';
+import type { Attempt } from './attempt.js';
+import { makeScratch } from './workspace.js';
+
+export type WorkOutcome = { summary: string; error?: ErrorInfo; result?: Run['result'] };
+
+const stepsLeft = (a: Attempt) => (a.run.budget.max_steps === undefined ? undefined : a.run.budget.max_steps - a.usage.steps);
+
+/** The plan's steps in order; the first failure skips the rest. */
+export async function stepsProgram(a: Attempt): Promise<WorkOutcome> {
+  const plan = a.run.plan ?? [];
+  for (const [i, s] of plan.entries()) {
+    if (a.signal.aborted) break;
+    const left = stepsLeft(a);
+    if (left !== undefined && left <= 0) {
+      return { summary: '', error: { code: 'max-steps-reached', message: `max_steps (${a.run.budget.max_steps}) reached before step ${i}` } };
+    }
+    const step = a.newStep({ tool: s.tool, args: s.args ?? {}, name: s.name ?? null, source: 'plan' });
+    const result = await a.runStep(step);
+    if (result.error && !a.signal.aborted) {
+      return { summary: '', error: { code: result.error.code, message: `step ${step.index} (${step.tool}): ${result.error.message}` } };
+    }
+  }
+  return { summary: `${plan.length} step${plan.length === 1 ? '' : 's'} succeeded` };
+}
+
+/** The agent loop: the model plans tool calls towards the goal, offered only the allowed tools. */
+export function agentProgram(endpoint: AgentEndpoint) {
+  return async (a: Attempt): Promise<WorkOutcome> => {
+    const allowed = a.run.tool_allowlist.map((t) => TOOLS.get(t)).filter((t) => t !== undefined);
+    let turns = 0;
+    try {
+      const outcome = await runAgent({
+        endpoint,
+        goal: a.run.goal ?? '',
+        inputs: a.run.inputs,
+        tools: allowed,
+        signal: a.signal,
+        stepsLeft: () => stepsLeft(a),
+        callTool: (tool, args) => a.runStep(a.newStep({ tool, args, name: null, source: 'agent' })),
+        onTurn: (turn) => a.addTurn(turn, turns++),
+      });
+      if (outcome.stopped_by === 'max_steps') {
+        return { summary: '', error: { code: 'max-steps-reached', message: `max_steps (${a.run.budget.max_steps}) reached before the agent finished` } };
+      }
+      return { summary: (outcome.answer ?? 'the agent finished').split('\n')[0]!.slice(0, 300), result: { final_answer: outcome.answer ?? '' } };
+    } catch (err) {
+      if (a.signal.aborted) return { summary: '' };
+      if (err instanceof AgentError) return { summary: '', error: { code: err.code, message: err.message } };
+      throw err;
+    }
+  };
+}
+
+/**
+ * A vibe run: the work runs on a scratch copy (a git worktree at HEAD, or a copy of a folder that is
+ * not a repository); the result carries the unified diff and the changed files; the original stays as it was.
+ */
+export function vibeProgram(work: (a: Attempt) => Promise<WorkOutcome>, onReady: (kind: 'worktree' | 'copy') => Promise<unknown>) {
+  return async (a: Attempt): Promise<WorkOutcome> => {
+    const scratch = await makeScratch(a.workspace);
+    try {
+      await onReady(scratch.kind);
+      a.workspace = scratch.dir;
+      const outcome = await work(a);
+      const { diff, changed_files, truncated } = await scratch.diff();
+      return { ...outcome, result: { ...outcome.result, diff, changed_files, ...(truncated ? { diff_truncated: true } : {}) } };
+    } finally {
+      await scratch.remove();
+    }
+  };
+}

@@ -1,0 +1,301 @@
+// The only code that changes a run's status. Each transition is one conditional update in the store
+// (the status, and the attempt, it expects), and when it applies it appends one typed event, records
+// metrics, moves the tenant slot and, when the run has ended, calls the "run finished" hooks that
+// sessions, gates and audits register. A transition that does not apply changes nothing.
+//
+//   queued  --start-->      running
+//   running --finish-->     succeeded | failed | timed_out | canceled      (or queued again: a retry)
+//   queued  --cancel-->     canceled
+//   running --lose-->       failed (worker-lost)                           (or queued again: a retry)
+//   running --interrupt-->  queued (attempt + 1): a deploy is not a failure
+import type { Platform } from '../deps.js';
+import {
+  jobIdOfRun,
+  ServiceUnavailableError,
+  withTimeout,
+  type AttemptRecord,
+  type ErrorInfo,
+  type EventBody,
+  type Run,
+  type RunStatus,
+  type StepRecord,
+} from '../platform/index.js';
+import type { TenantSlots } from './concurrency.js';
+import { retryDelayMs } from './retry.js';
+
+/** How long run creation waits for Redis before answering 202 on the strength of the store alone. */
+export const REDIS_DEADLINE_MS = 1500;
+const STORE_RETRY_AFTER_SECONDS = 5;
+
+export type RunFinishedHook = (run: Run) => Promise<void>;
+
+/** How an attempt ended, as the executor saw it. */
+export type Outcome = {
+  status: Extract<RunStatus, 'succeeded' | 'failed' | 'timed_out' | 'canceled'>;
+  error: ErrorInfo | null;
+  summary: string | null;
+  result?: Run['result'];
+  usage?: Run['usage'];
+};
+
+/** What a transition left the run as: ended, queued again for another attempt, or not applied. */
+export type Settled = { run: Run; next: 'ended' | 'retry' | 'interrupted' } | null;
+
+export type TransitionsDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'events' | 'metrics' | 'queues'> & { slots: TenantSlots };
+
+export const sessionStream = (sessionId: string) => `session:${sessionId}`;
+
+export function transitionsOf(deps: TransitionsDeps) {
+  const { store, clock, log, events, metrics, queues, slots } = deps;
+  const hooks: RunFinishedHook[] = [];
+
+  const emit = (run: Pick<Run, 'id' | 'tenant_id' | 'session_id'>, body: EventBody) =>
+    events.append(sessionStream(run.session_id), { tenant_id: run.tenant_id, session_id: run.session_id, run_id: run.id, ...body });
+
+  /** Adds the job of a run's current attempt; adding it twice is a no-op (the job id is deterministic). */
+  async function enqueue(run: Pick<Run, 'id' | 'tenant_id' | 'request_id' | 'attempt'>, delayMs = 0): Promise<void> {
+    await queues.get('runs').add(
+      'run',
+      { run_id: run.id, tenant_id: run.tenant_id, attempt: run.attempt, request_id: run.request_id },
+      {
+        jobId: jobIdOfRun(run.id, run.attempt),
+        delay: delayMs,
+        // infrastructure errors (the store or Redis briefly away) are retried; a run's own failure is not
+        attempts: 5,
+        backoff: { type: 'exponential', delay: 1000 },
+        removeOnComplete: { count: 1000 },
+        removeOnFail: { count: 5000 },
+      },
+    );
+  }
+
+  /** Puts a queued run in line: its job now, or in its tenant's list until a slot frees. */
+  async function admit(run: Run): Promise<void> {
+    if (await slots.admit(run.tenant_id, run.id)) await enqueue(run);
+  }
+
+  /** Frees a run's slot and sends the runs admitted in its place to the queue. */
+  async function release(tenantId: string, runId: string): Promise<void> {
+    for (const next of await slots.release(tenantId, runId)) {
+      const run = await store.runs.get(tenantId, next);
+      if (run?.status === 'queued') await enqueue(run);
+      else await release(tenantId, next);
+    }
+  }
+
+  const elapsed = (run: Run, at: Date) => at.getTime() - new Date(run.started_at ?? run.created_at).getTime();
+
+  const attemptRecord = (run: Run, outcome: AttemptRecord['outcome'], status: RunStatus, error: ErrorInfo | null, at: Date): AttemptRecord => ({
+    attempt: run.attempt,
+    outcome,
+    status,
+    error,
+    started_at: run.started_at,
+    finished_at: at.toISOString(),
+    duration_ms: run.started_at ? elapsed(run, at) : null,
+  });
+
+  /** The end of a run: event, metrics, slot, hooks. */
+  async function ended(run: Run): Promise<void> {
+    metrics.runDuration.observe({ kind: run.kind, status: run.status }, (run.duration_ms ?? 0) / 1000);
+    metrics.runsFinished.inc({ kind: run.kind, status: run.status, reason: run.error?.code ?? 'none' });
+    await emit(run, {
+      type: 'run.finished',
+      data: {
+        status: run.status,
+        attempt: run.attempt,
+        summary: run.summary,
+        error: run.error,
+        duration_ms: run.duration_ms,
+        result: run.result?.changed_files ? { changed_files: run.result.changed_files } : null,
+      },
+    });
+    await release(run.tenant_id, run.id);
+    log.info(
+      { tenant_id: run.tenant_id, run_id: run.id, status: run.status, attempt: run.attempt, duration_ms: run.duration_ms, request_id: run.request_id },
+      'run finished',
+    );
+    for (const hook of hooks) {
+      try {
+        await hook(run);
+      } catch (err) {
+        log.error({ err, run_id: run.id }, 'a run-finished hook failed');
+      }
+    }
+  }
+
+  /**
+   * An attempt that ended with `status`: the run ends, or (its retry policy says so) goes back to the
+   * queue for its next attempt after a backoff. Its tenant slot stays held while it waits.
+   */
+  async function settleAttempt(
+    run: Run,
+    status: Outcome['status'],
+    changes: Partial<Run>,
+    outcome: AttemptRecord['outcome'],
+    steps: StepRecord[],
+  ): Promise<Settled> {
+    const at = clock.now();
+    const error = changes.error ?? null;
+    const delay = status === 'canceled' ? null : retryDelayMs(run, status);
+    if (delay !== null) {
+      const retried = await store.runs.update(
+        run.tenant_id,
+        run.id,
+        {
+          status: 'queued',
+          attempt: run.attempt + 1,
+          attempts: [...run.attempts, attemptRecord(run, outcome === 'lost' ? 'lost' : 'retried', status, error, at)],
+          started_at: null,
+          usage: { steps: 0, model_turns: 0, seconds: 0 },
+          error,
+          summary: null,
+          result: null,
+        },
+        { status: ['running'], attempt: run.attempt },
+        steps,
+      );
+      if (!retried) return null;
+      await emit(retried, { type: 'run.retrying', data: { attempt: run.attempt, next_attempt: retried.attempt, status, error, delay_ms: delay } });
+      metrics.runsRetried.inc({ kind: run.kind, status });
+      await enqueue(retried, delay);
+      log.warn({ run_id: run.id, attempt: run.attempt, status, error_code: error?.code, delay_ms: delay }, 'run attempt failed; retrying');
+      return { run: retried, next: 'retry' };
+    }
+    const done = await store.runs.update(
+      run.tenant_id,
+      run.id,
+      {
+        ...changes,
+        status,
+        ...(outcome === 'lost' ? { attempts: [...run.attempts, attemptRecord(run, 'lost', status, error, at)] } : {}),
+        finished_at: at.toISOString(),
+        duration_ms: elapsed(run, at),
+      },
+      { status: ['running'], attempt: run.attempt },
+      steps,
+    );
+    if (!done) return null;
+    await ended(done);
+    return { run: done, next: 'ended' };
+  }
+
+  return {
+    /**
+     * A new run: stored `queued` first (the outbox; a failure here is the caller's 503), then its
+     * run.queued event and its place in line. When Redis does not answer within REDIS_DEADLINE_MS the
+     * run is still accepted: what is pending completes when Redis returns, and the reconciler queues
+     * the run if it never does.
+     */
+    async queue(run: Run): Promise<void> {
+      try {
+        await store.runs.insert(run);
+      } catch (err) {
+        log.error({ err, run_id: run.id }, 'a run could not be stored');
+        throw new ServiceUnavailableError('the store did not accept the run; retry shortly', STORE_RETRY_AFTER_SECONDS, { cause: err });
+      }
+      // run.queued is in the log before the job exists, so it always precedes run.started
+      const lined = Promise.all([
+        emit(run, { type: 'run.queued', data: { kind: run.kind, trigger: run.trigger, attempt: run.attempt, rerun_of: run.rerun_of } }),
+        slots.admit(run.tenant_id, run.id),
+      ]).then(([, admitted]) => (admitted ? enqueue(run) : undefined));
+      try {
+        await withTimeout(lined, REDIS_DEADLINE_MS, 'Redis answer');
+      } catch (err) {
+        lined.catch(() => undefined);
+        log.warn({ run_id: run.id, err: (err as Error).message }, 'run stored but not yet in line: it is queued when Redis answers');
+      }
+    },
+    enqueue,
+    admit,
+    release,
+
+    /** Registers what to do when any run ends (sessions, gates and audits): after its event, once per run. */
+    onRunFinished(hook: RunFinishedHook): void {
+      hooks.push(hook);
+    },
+
+    /** queued -> running, for the attempt the job was made for. */
+    async start(run: Run, sandbox: string | null): Promise<Run | null> {
+      const at = clock.now();
+      const started = await store.runs.update(
+        run.tenant_id,
+        run.id,
+        { status: 'running', started_at: at.toISOString() },
+        { status: ['queued'], attempt: run.attempt },
+      );
+      if (!started) return null;
+      const queuedMs = Math.max(0, at.getTime() - new Date(run.attempts.at(-1)?.finished_at ?? run.created_at).getTime());
+      metrics.runQueueWait.observe({ kind: run.kind }, queuedMs / 1000);
+      await emit(started, { type: 'run.started', data: { kind: run.kind, attempt: run.attempt, budget: run.budget, queued_ms: queuedMs, sandbox } });
+      return started;
+    },
+
+    /** running -> an end, or queued again when the retry policy asks for another attempt. */
+    finish(run: Run, outcome: Outcome, steps: StepRecord[] = []): Promise<Settled> {
+      const usage = outcome.usage ?? run.usage;
+      const seconds = elapsed(run, clock.now()) / 1000;
+      return settleAttempt(
+        run,
+        outcome.status,
+        { error: outcome.error, summary: outcome.summary, result: outcome.result ?? run.result, usage: { ...usage, seconds } },
+        'retried',
+        steps,
+      );
+    },
+
+    /** running -> failed (worker-lost): the worker running it died, or its job was lost. Retried by policy. */
+    lose(run: Run, message: string): Promise<Settled> {
+      const error = { code: 'worker-lost', message };
+      return settleAttempt(run, 'failed', { error, summary: 'failed: worker lost' }, 'lost', []);
+    },
+
+    /** queued -> canceled: a run that never started (its job, if any, is removed). */
+    async cancel(run: Run, message: string): Promise<Run | null> {
+      const at = clock.now();
+      const canceled = await store.runs.update(
+        run.tenant_id,
+        run.id,
+        { status: 'canceled', finished_at: at.toISOString(), duration_ms: 0, error: { code: 'canceled', message }, summary: message },
+        { status: ['queued'] },
+      );
+      if (!canceled) return null;
+      await queues
+        .get('runs')
+        .remove(jobIdOfRun(run.id, canceled.attempt))
+        .catch(() => 0);
+      await ended(canceled);
+      return canceled;
+    },
+
+    /**
+     * running -> queued as attempt + 1, at once: the worker is going away (a deploy), which is not the
+     * run's failure and does not count against its retry policy. The slot stays held.
+     */
+    async interrupt(run: Run, reason: string, steps: StepRecord[] = []): Promise<Run | null> {
+      const at = clock.now();
+      const requeued = await store.runs.update(
+        run.tenant_id,
+        run.id,
+        {
+          status: 'queued',
+          attempt: run.attempt + 1,
+          attempts: [...run.attempts, attemptRecord(run, 'interrupted', 'running', null, at)],
+          started_at: null,
+          usage: { steps: 0, model_turns: 0, seconds: 0 },
+        },
+        { status: ['running'], attempt: run.attempt },
+        steps,
+      );
+      if (!requeued) return null;
+      await emit(requeued, { type: 'run.interrupted', data: { attempt: run.attempt, next_attempt: requeued.attempt, reason } });
+      await enqueue(requeued);
+      log.warn({ run_id: run.id, attempt: run.attempt, reason }, 'run interrupted; queued for another worker');
+      return requeued;
+    },
+
+    emit,
+  };
+}
+
+export type Transitions = ReturnType<typeof transitionsOf>;
