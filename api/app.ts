@@ -36,6 +36,23 @@ export type AppDeps = {
 
 export const BODY_LIMIT = '1mb';
 
+/**
+ * The spec as the validator wants it: Ajv reads `discriminator` to check a oneOf against the one
+ * variant its property names (one error that names the missing field, not one per variant), but does
+ * not take `mapping`, which the documentation pages use. The variants' `type` enums say the same.
+ */
+function forValidator<T>(spec: T): T {
+  const strip = (node: unknown): unknown => {
+    if (Array.isArray(node)) return node.map(strip);
+    if (!node || typeof node !== 'object') return node;
+    const out: Record<string, unknown> = {};
+    for (const [k, v] of Object.entries(node))
+      out[k] = k === 'discriminator' && v && typeof v === 'object' ? { propertyName: (v as { propertyName: string }).propertyName } : strip(v);
+    return out;
+  };
+  return strip(spec) as T;
+}
+
 export function createApp(deps: AppDeps): Express {
   const app = express();
   app.disable('x-powered-by');
@@ -58,8 +75,9 @@ export function createApp(deps: AppDeps): Express {
   app.use('/api/v1', express.json({ limit: BODY_LIMIT, type: ['application/json', 'application/*+json'], strict: true }));
   app.use(
     OpenApiValidator.middleware({
-      apiSpec: spec as never,
-      validateRequests: { allErrors: true, allowUnknownQueryParameters: false }, // query is coerced, bodies are not
+      apiSpec: forValidator(spec) as never,
+      // query is coerced, bodies are not; a oneOf with a discriminator is checked against the variant its `type` names
+      validateRequests: { allErrors: true, allowUnknownQueryParameters: false, discriminator: true },
       validateResponses: deps.validateResponses ?? false,
       validateSecurity: false,
       validateFormats: true,

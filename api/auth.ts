@@ -10,7 +10,6 @@ import { bindToRequestLog } from './request-log.js';
 export const LOCAL_TENANT = 'local';
 
 declare global {
-  // eslint-disable-next-line @typescript-eslint/no-namespace
   namespace Express {
     interface Request {
       tenantId?: string;

@@ -93,7 +93,12 @@ function problem(status: number, code: ErrorCode, detail: string, base: { reques
   return { type: `/problems/${code}`, title: TITLES[status] ?? 'Error', status, code, detail, ...base };
 }
 
-function uniqueErrors(errors: FieldError[]): FieldError[] {
+/** Errors that only say a wrapper (if/then/else, oneOf) did not match: noise when a precise error is there too. */
+const WRAPPER = /^must match ("then"|"else") schema$|^must match exactly one schema in oneOf$/;
+
+function uniqueErrors(all: FieldError[]): FieldError[] {
+  const precise = all.filter((e) => !WRAPPER.test(e.message));
+  const errors = precise.length ? precise : all;
   const seen = new Set<string>();
   return errors.filter((e) => {
     const key = `${e.path}\u0000${e.message}`;

@@ -79,7 +79,6 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
     return found;
   }
 
-  /** A conditional update that says why it did not apply: gone (404) or archived (409). */
   /** Tells the hooks; a failure there is logged, and the periodic reconcile repairs it. */
   async function changed(a: Automation, before?: Automation): Promise<Automation> {
     await hooks
@@ -88,6 +87,7 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
     return a;
   }
 
+  /** A conditional update that says why it did not apply: gone (404) or archived (409). */
   async function change(tenantId: string, id: string, changes: Partial<Automation>, before?: Automation): Promise<Automation> {
     const updated = await store.automations.update(tenantId, id, { ...changes, updated_at: clock.now().toISOString() }, LIVE);
     if (updated) return changed(updated, before);

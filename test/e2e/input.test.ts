@@ -19,6 +19,14 @@ describe('bad input', () => {
     expect(res.body.type).to.equal(`/problems/${code}`);
   }
 
+  it('names the missing field of the trigger variant its type picks, in one error', async () => {
+    const res = await h.call('POST', '/api/v1/automations', {
+      body: { name: 'x', triggers: [{ type: 'cron', schedule: '0 3 * * *' }], steps: [{ tool: 'shell', args: { command: 'true' } }] },
+    });
+    await expectProblem(res, 400, 'bad-request');
+    expect(res.body.errors).to.deep.equal([{ path: '/body/triggers/0/timezone', message: "must have required property 'timezone'" }]);
+  });
+
   it('malformed JSON is a 400 malformed-json', async () => {
     await expectProblem(
       await h.call('POST', '/api/v1/automations', { raw: '{"name": "x",', headers: { 'content-type': 'application/json' } }),

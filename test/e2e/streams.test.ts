@@ -16,7 +16,7 @@ function open(h: Harness, sessionId: string, lastEventId?: string) {
         headers: { ...(init?.headers as Record<string, string>), authorization: `Bearer ${KEYS.a}`, ...(lastEventId ? { 'last-event-id': lastEventId } : {}) },
       }),
   });
-  const types = ['run.queued', 'run.started', 'step.started', 'step.output', 'step.finished', 'message', 'run.finished'];
+  const types = ['run.queued', 'run.started', 'step.started', 'step.output', 'step.finished', 'message.created', 'run.finished'];
   let ended = false;
   for (const t of types) {
     es.addEventListener(t, (e) => {

@@ -1,0 +1,182 @@
+// The run lifecycle under faults: every run reaches an end and every tenant slot is freed, whatever
+// fails (the store once, a job lost or failed, a worker gone); retry policies, re-runs and the list.
+import fs from 'node:fs/promises';
+import path from 'node:path';
+import { UnrecoverableError, Worker } from 'bullmq';
+import { expect } from 'chai';
+import { jobIdOfRun } from '../../engine/platform/index.js';
+import { eventually, finishedRun, KEYS, startHarness, type Harness } from '../support/harness.js';
+
+type Body = Record<string, any>;
+
+describe('run lifecycle', function () {
+  this.timeout(40_000);
+  let h: Harness;
+  before(async () => {
+    h = await startHarness({ env: { SERVICE_TENANT_MAX_RUNNING: '3' } });
+  });
+  after(async () => {
+    await h.close();
+  });
+
+  const start = async (body: object, key = KEYS.a) => {
+    const res = await h.call<Body>('POST', '/api/v1/autonomy/run', { body, key });
+    expect(res.status, res.text).to.equal(202);
+    return res.body.run_id as string;
+  };
+  const slotsOf = async (tenant: string) => ({ running: await h.rt.engine.runs.reliabilityContext(tenant).then((c) => c.tenant.running) });
+
+  it('finishes a run whose store read failed once inside the worker (the job is retried), and frees its slot', async () => {
+    const runs = h.rt.store.runs;
+    const original = runs.get.bind(runs);
+    let failed = 0;
+    runs.get = async (tenantId, id) => {
+      if (tenantId === 'tenant-a' && failed === 0 && new Error().stack?.includes('execute')) {
+        failed++;
+        throw new Error('SQLITE_BUSY: injected once');
+      }
+      return original(tenantId, id);
+    };
+    try {
+      const id = await start({ steps: [{ tool: 'shell', args: { command: 'echo survived' } }] });
+      const run = await finishedRun(h, id);
+      expect(failed).to.equal(1);
+      expect(run.status).to.equal('succeeded');
+      expect(run.steps[0].output.stdout).to.equal('survived\n');
+      await eventually(async () => (await slotsOf('tenant-a')).running === 0, 'the slot to be freed');
+    } finally {
+      runs.get = original;
+    }
+  });
+
+  it('retries a failed attempt by the run’s policy, shows each attempt, and fails the attempt’s job in BullMQ', async () => {
+    const marker = `retry-${Date.now()}`;
+    const id = await start({
+      steps: [{ tool: 'shell', args: { command: `if [ -f ${marker} ]; then echo second; else touch ${marker}; exit 7; fi` } }],
+      retry: { attempts: 3, backoff: { type: 'fixed', delay_ms: 100 } },
+    });
+    const run = await finishedRun(h, id);
+    expect(run.status).to.equal('succeeded');
+    expect(run.attempt).to.equal(2);
+    expect(run.attempts).to.have.length(1);
+    expect(run.attempts[0]).to.deep.include({ attempt: 1, outcome: 'retried', status: 'failed' });
+    expect(run.attempts[0].error.code).to.equal('nonzero-exit');
+    expect(run.steps[0].output.stdout).to.equal('second\n');
+    const events = await h.rt.events.after(`session:${run.session_id}`, '0-0');
+    expect(events.map((e) => e.type).filter((t) => t.startsWith('run.'))).to.deep.equal([
+      'run.queued',
+      'run.started',
+      'run.retrying',
+      'run.started',
+      'run.finished',
+    ]);
+    const first = await h.rt.queues.get('runs').getJob(jobIdOfRun(id, 1));
+    expect(await first!.getState()).to.equal('failed');
+    expect(first!.failedReason).to.match(/retrying as attempt 2/);
+    expect(await (await h.rt.queues.get('runs').getJob(jobIdOfRun(id, 2)))!.getState()).to.equal('completed');
+  });
+
+  it('does not retry a timed-out run unless asked, and stops after the policy’s attempts', async () => {
+    const timedOut = await finishedRun(h, await start({ steps: [{ tool: 'shell', args: { command: 'sleep 5' } }], budget_seconds: 1, retry: { attempts: 3 } }));
+    expect(timedOut).to.deep.include({ status: 'timed_out', attempt: 1 });
+    const exhausted = await finishedRun(
+      h,
+      await start({ steps: [{ tool: 'shell', args: { command: 'exit 1' } }], retry: { attempts: 2, backoff: { type: 'fixed', delay_ms: 50 } } }),
+    );
+    expect(exhausted).to.deep.include({ status: 'failed', attempt: 2 });
+    expect(exhausted.attempts.map((a: Body) => a.outcome)).to.deep.equal(['retried']);
+    // the last attempt's job failed too: the dashboard's Failed tab shows the run
+    const job = await h.rt.queues.get('runs').getJob(jobIdOfRun(exhausted.id, 2));
+    expect(await job!.getState()).to.equal('failed');
+    expect(job!.failedReason).to.match(/run failed: nonzero-exit/);
+  });
+
+  it('re-runs a finished run as a new run of the same request, linked to it; a run still going is a 409', async () => {
+    const id = await start({ steps: [{ tool: 'shell', args: { command: 'echo again' } }], workspace: '.' });
+    const first = await finishedRun(h, id);
+    const res = await h.call<Body>('POST', `/api/v1/runs/${id}/rerun`);
+    expect(res.status, res.text).to.equal(202);
+    expect(res.body.run.rerun_of).to.equal(id);
+    expect(res.body.session_id).not.to.equal(first.session_id);
+    const second = await finishedRun(h, res.body.run_id);
+    expect(second).to.deep.include({ status: 'succeeded', rerun_of: id, workspace: '.' });
+    expect(second.trigger).to.deep.include({ type: 'rerun', run_id: id });
+    expect(second.steps[0].output.stdout).to.equal('again\n');
+    const slow = await start({ steps: [{ tool: 'shell', args: { command: 'sleep 3' } }] });
+    expect((await h.call('POST', `/api/v1/runs/${slow}/rerun`)).status).to.equal(409);
+    expect((await h.call('POST', `/api/v1/runs/${id}/rerun`, { key: KEYS.b })).status).to.equal(404);
+    await h.call('POST', `/api/v1/runs/${slow}/cancel`);
+    await finishedRun(h, slow);
+  });
+
+  it('lists a tenant’s runs across kinds with filters and pages, and never another tenant’s', async () => {
+    const b = await start({ steps: [{ tool: 'message', args: { text: 'b' } }] }, KEYS.b);
+    await finishedRun(h, b, KEYS.b);
+    const all = await h.call<Body>('GET', '/api/v1/runs?limit=2');
+    expect(all.status).to.equal(200);
+    expect(all.body.data).to.have.length(2);
+    expect(all.body.next_cursor).to.be.a('string');
+    expect(all.body.data[0]).not.to.have.property('steps');
+    const next = await h.call<Body>('GET', `/api/v1/runs?limit=2&cursor=${all.body.next_cursor}`);
+    expect(next.body.data[0].id < all.body.data[1].id).to.equal(true);
+    const failed = await h.call<Body>('GET', '/api/v1/runs?status=failed&kind=autonomy&limit=100');
+    expect(failed.body.data.length).to.be.at.least(1);
+    expect(failed.body.data.every((r: Body) => r.status === 'failed' && r.kind === 'autonomy')).to.equal(true);
+    const mine = await h.call<Body>('GET', '/api/v1/runs?limit=100');
+    expect(mine.body.data.map((r: Body) => r.id)).not.to.include(b);
+    expect(mine.body.data.every((r: Body) => !path.isAbsolute(r.workspace))).to.equal(true);
+    expect((await h.call<Body>('GET', '/api/v1/runs?limit=100', { key: KEYS.b })).body.data.map((r: Body) => r.id)).to.deep.equal([b]);
+    expect((await h.call('GET', '/api/v1/runs?status=nope')).status).to.equal(400);
+  });
+
+  it('repairs a queued run whose job failed or vanished, a running run whose job is gone, and a slot held by an ended run', async () => {
+    const noWorkers = await startHarness({ workers: false });
+    try {
+      const post = async (command: string) =>
+        (await noWorkers.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command } }] } })).body.run_id as string;
+      const queue = noWorkers.rt.queues.get('runs');
+      // a job that used up its attempts while the run stayed queued
+      const failedJob = await post('echo one');
+      const connection = noWorkers.rt.redis.duplicate();
+      const failing = new Worker(
+        'runs',
+        async () => {
+          throw new UnrecoverableError('injected');
+        },
+        { connection, prefix: noWorkers.config.queuePrefix },
+      );
+      await eventually(async () => (await (await queue.getJob(jobIdOfRun(failedJob, 1)))?.getState()) === 'failed', 'the injected job failure');
+      await failing.close();
+      connection.disconnect();
+      // a job removed from Redis
+      const removed = await post('echo two');
+      await queue.remove(jobIdOfRun(removed, 1));
+      // a run marked running whose job is gone (its worker and its job lost together)
+      const lost = await post('echo three');
+      await queue.remove(jobIdOfRun(lost, 1));
+      await noWorkers.rt.store.runs.update('tenant-a', lost, { status: 'running', started_at: new Date().toISOString() }, { status: ['queued'] });
+      // a slot still held by a run that ended (a crash between its end and the release)
+      const ended = await post('echo four');
+      await queue.remove(jobIdOfRun(ended, 1));
+      await noWorkers.rt.store.runs.update('tenant-a', ended, { status: 'succeeded', finished_at: new Date().toISOString() }, { status: ['queued'] });
+      expect((await noWorkers.rt.engine.runs.reliabilityContext('tenant-a')).tenant.running).to.equal(4);
+      const repaired = await noWorkers.rt.engine.runs.reconcile({ olderThanMs: 0 });
+      expect(repaired).to.deep.equal({ requeued: 2, lost: 1, freed: 1 });
+      expect((await noWorkers.rt.store.runs.get('tenant-a', lost))!.error!.code).to.equal('worker-lost');
+      expect(await (await queue.getJob(jobIdOfRun(failedJob, 1)))!.getState()).to.equal('waiting');
+      expect(await (await queue.getJob(jobIdOfRun(removed, 1)))!.getState()).to.equal('waiting');
+      expect((await noWorkers.rt.engine.runs.reliabilityContext('tenant-a')).tenant.running).to.equal(2);
+      expect(await noWorkers.rt.engine.runs.reconcile({ olderThanMs: 0 })).to.deep.equal({ requeued: 0, lost: 0, freed: 0 });
+    } finally {
+      await noWorkers.close();
+    }
+  });
+
+  it('keeps run records free of server paths in answers', async () => {
+    await fs.mkdir(path.join(h.workspace, 'sub'), { recursive: true });
+    const id = await start({ steps: [{ tool: 'shell', args: { command: 'true' } }], workspace: 'sub' });
+    const run = await finishedRun(h, id);
+    expect(run.workspace).to.equal('sub');
+    expect(JSON.stringify(run)).not.to.contain(`"${h.workspace}`);
+  });
+});
