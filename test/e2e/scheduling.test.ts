@@ -1,5 +1,7 @@
 // Per-tenant concurrency, queued cancels, the reconciler, and runs whose worker dies.
 import { spawn } from 'node:child_process';
+import fs from 'node:fs/promises';
+import path from 'node:path';
 import { expect } from 'chai';
 import { newId } from '../../engine/platform/ids.js';
 import { runFixture } from '../integration/store-contract.js';
@@ -120,8 +122,71 @@ describe('scheduling', function () {
       expect(run.status).to.equal('failed');
       expect(run.error.code).to.equal('worker-lost');
       expect(Date.now() - killedAt).to.be.below(stalled * 2000 + 30_000);
+      await eventually(async () => (await h.rt.engine.runs.reliabilityContext('tenant-a')).tenant.running === 0, 'the lost run’s slot to be freed');
     } finally {
       for (const p of [worker, second]) {
+        try {
+          process.kill(-p!.pid!, 'SIGKILL');
+        } catch {
+          // gone
+        }
+      }
+      await h.close();
+    }
+  });
+
+  it('puts a run back in the queue when its worker is stopped by a deploy (SIGTERM): its steps are killed, another worker runs it as attempt 2', async () => {
+    const h = await startHarness({ workers: false });
+    const env = {
+      ...process.env,
+      REDIS_URL: h.config.redisUrl,
+      SERVICE_QUEUE_PREFIX: h.config.queuePrefix,
+      SERVICE_DATA_DIR: h.config.dataDir,
+      SERVICE_WORKSPACE_ROOT: h.workspace,
+      SERVICE_SHUTDOWN_GRACE_SECONDS: '4',
+      LOG_LEVEL: 'warn',
+    };
+    const spawnWorker = () => spawn(process.execPath, ['--import', 'tsx', 'workers/main.ts'], { env, detached: true, stdio: ['ignore', 'ignore', 'pipe'] });
+    const first = spawnWorker();
+    let second: ReturnType<typeof spawn> | undefined;
+    try {
+      const command = 'if [ -f deployed ]; then echo second; else touch deployed; sleep 60 & echo $! > sleep.pid; wait; fi';
+      const id = (await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command } }], budget_seconds: 120 } })).body.run_id;
+      await eventually(async () => (await runStatus(h, id)).steps[0].status === 'running', 'the step to run', 15_000);
+      const sleepPid = Number(await eventually(() => fs.readFile(path.join(h.workspace, 'sleep.pid'), 'utf8').catch(() => ''), 'the sleep to start'));
+      const exited = new Promise<number | null>((resolve) => first.once('exit', (code) => resolve(code)));
+      const stoppedAt = Date.now();
+      process.kill(first.pid!, 'SIGTERM');
+      expect(await exited).to.equal(0);
+      expect(Date.now() - stoppedAt).to.be.below(4000);
+      const alive = () => {
+        try {
+          process.kill(sleepPid, 0);
+          return true;
+        } catch {
+          return false;
+        }
+      };
+      await eventually(() => !alive(), 'the step’s sleep to be killed', 2000);
+      const requeued = await runStatus(h, id);
+      expect(requeued).to.deep.include({ status: 'queued', attempt: 2 });
+      second = spawnWorker();
+      const run = await eventually(
+        async () => {
+          const r = await runStatus(h, id);
+          return TERMINAL.includes(r.status) ? r : null;
+        },
+        'the interrupted run to end on the other worker',
+        20_000,
+      );
+      expect(run).to.deep.include({ status: 'succeeded', attempt: 2 });
+      expect(run.attempts.map((a: RunBody) => a.outcome)).to.deep.equal(['interrupted']);
+      expect(run.steps[0].output.stdout).to.equal('second\n');
+      const events = await h.rt.events.after(`session:${run.session_id}`, '0-0');
+      expect(events.map((e) => e.type)).to.include('run.interrupted');
+      expect((await h.rt.engine.runs.reliabilityContext('tenant-a')).tenant.running).to.equal(0);
+    } finally {
+      for (const p of [first, second]) {
         try {
           process.kill(-p!.pid!, 'SIGKILL');
         } catch {
