@@ -49,9 +49,10 @@ export function processorsOf(rt: Runtime): Processors {
     triggers: {
       concurrency: 5,
       processor: async (job) => {
-        // a scheduler's job is made at the previous tick and delayed until its own: the tick is timestamp + delay
+        // a scheduler's job is made at the previous tick; BullMQ keeps the tick it is for in opts.prevMillis
         if (job.name !== 'cron') return;
-        await rt.engine.fireCron(job.data as CronJob, String(job.id), new Date(job.timestamp + (job.delay ?? 0))).catch((err) => {
+        const tick = (job.opts as { prevMillis?: number }).prevMillis ?? job.timestamp + (job.delay ?? 0);
+        await rt.engine.fireCron(job.data as CronJob, String(job.id), new Date(tick)).catch((err) => {
           throw jobErrorOf(err);
         });
       },

@@ -91,6 +91,21 @@ describe('run lifecycle', function () {
     expect(job!.failedReason).to.match(/run failed: nonzero-exit/);
   });
 
+  it('carries an automation’s retry policy into its runs, with defaults filled in, and changes it by PATCH', async () => {
+    const created = await h.call<Body>('POST', '/api/v1/automations', {
+      body: { name: 'flaky', steps: [{ tool: 'shell', args: { command: 'exit 1' } }], retry: { attempts: 2, backoff: { delay_ms: 50 } } },
+    });
+    expect(created.status, created.text).to.equal(201);
+    expect(created.body.retry).to.deep.equal({ attempts: 2, backoff: { type: 'exponential', delay_ms: 50 }, on: ['failed'] });
+    const started = await h.call<Body>('POST', '/api/v1/automations/run', { body: { automation_id: created.body.id } });
+    const run = await finishedRun(h, started.body.run_id);
+    expect(run).to.deep.include({ status: 'failed', attempt: 2 });
+    const patched = await h.call<Body>('PATCH', `/api/v1/automations/${created.body.id}`, { body: { retry: null } });
+    expect(patched.body.retry).to.equal(null);
+    const bad = await h.call<Body>('PATCH', `/api/v1/automations/${created.body.id}`, { body: { retry: { attempts: 0 } } });
+    expect(bad.status).to.equal(400);
+  });
+
   it('re-runs a finished run as a new run of the same request, linked to it; a run still going is a 409', async () => {
     const id = await start({ steps: [{ tool: 'shell', args: { command: 'echo again' } }], workspace: '.' });
     const first = await finishedRun(h, id);

@@ -45,6 +45,12 @@ describe('cron triggers', function () {
       expect(runs.every((r) => r.trigger.type === 'cron' && r.trigger.schedule === '* * * * * *')).to.equal(true);
       const ticks = runs.map((r) => r.trigger.fire_at);
       expect(new Set(ticks).size, 'one run per tick').to.equal(ticks.length);
+      // fire_at is the tick itself (a whole second here), not the time its job was made at the tick before
+      expect(
+        ticks.every((t) => t.endsWith('.000Z')),
+        ticks.join(' '),
+      ).to.equal(true);
+      expect(runs.every((r) => r.created_at >= r.trigger.fire_at && Date.parse(r.created_at) - Date.parse(r.trigger.fire_at) < 1000)).to.equal(true);
 
       await h.call('POST', `/api/v1/automations/${a.id}/disable`);
       expect(await schedulers(h)).not.to.include(`cron-${a.id}-0`);

@@ -86,6 +86,21 @@ describe('architecture', function () {
     expect(violations).to.deep.equal([]);
   });
 
+  it('changes a run only in engine/runs/transitions.ts (nothing else inserts or updates a run)', async () => {
+    const { execFileSync } = await import('node:child_process');
+    let hits = '';
+    try {
+      hits = execFileSync('grep', ['-rlE', 'runs\\.(update|insert)\\(', 'main.ts', 'api', 'engine', 'workers', 'cli'], { encoding: 'utf8' });
+    } catch {
+      hits = '';
+    }
+    const writers = hits
+      .trim()
+      .split('\n')
+      .filter((f) => f && !f.startsWith('engine/store/'));
+    expect(writers).to.deep.equal(['engine/runs/transitions.ts']);
+  });
+
   it('keeps process.env inside config/env.ts', async () => {
     const { execFileSync } = await import('node:child_process');
     let hits = '';
