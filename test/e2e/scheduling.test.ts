@@ -10,6 +10,29 @@ import { eventually, KEYS, startHarness, type Harness } from '../support/harness
 type RunBody = Record<string, any>;
 const TERMINAL = ['succeeded', 'failed', 'canceled', 'timed_out'];
 
+/** The environment of a worker process that shares the harness's Redis prefix, store and workspace. */
+function workerEnv(h: Harness, extra: Record<string, string>): NodeJS.ProcessEnv {
+  return {
+    ...process.env,
+    REDIS_URL: h.config.redisUrl,
+    SERVICE_QUEUE_PREFIX: h.config.queuePrefix,
+    SERVICE_DATA_DIR: h.config.dataDir,
+    SERVICE_WORKSPACE_ROOT: h.workspace,
+    LOG_LEVEL: 'warn',
+    ...extra,
+  };
+}
+
+function killGroups(...procs: ({ pid?: number } | undefined)[]): void {
+  for (const p of procs) {
+    try {
+      if (p?.pid) process.kill(-p.pid, 'SIGKILL');
+    } catch {
+      // gone
+    }
+  }
+}
+
 async function runStatus(h: Harness, id: string, key = KEYS.a): Promise<RunBody> {
   return (await h.call<RunBody>('GET', `/api/v1/runs/${id}`, { key })).body;
 }
@@ -93,15 +116,7 @@ describe('scheduling', function () {
   it('ends a run failed with worker-lost when its worker is killed with SIGKILL', async () => {
     const stalled = 1;
     const h = await startHarness({ workers: false, env: { SERVICE_STALLED_INTERVAL_SECONDS: String(stalled) } });
-    const env = {
-      ...process.env,
-      REDIS_URL: h.config.redisUrl,
-      SERVICE_QUEUE_PREFIX: h.config.queuePrefix,
-      SERVICE_DATA_DIR: h.config.dataDir,
-      SERVICE_WORKSPACE_ROOT: h.workspace,
-      SERVICE_STALLED_INTERVAL_SECONDS: String(stalled),
-      LOG_LEVEL: 'warn',
-    };
+    const env = workerEnv(h, { SERVICE_STALLED_INTERVAL_SECONDS: String(stalled) });
     const worker = spawn(process.execPath, ['--import', 'tsx', 'workers/main.ts'], { env, detached: true, stdio: 'ignore' });
     let second: ReturnType<typeof spawn> | undefined;
     try {
@@ -124,28 +139,14 @@ describe('scheduling', function () {
       expect(Date.now() - killedAt).to.be.below(stalled * 2000 + 30_000);
       await eventually(async () => (await h.rt.engine.runs.reliabilityContext('tenant-a')).tenant.running === 0, 'the lost run’s slot to be freed');
     } finally {
-      for (const p of [worker, second]) {
-        try {
-          process.kill(-p!.pid!, 'SIGKILL');
-        } catch {
-          // gone
-        }
-      }
+      killGroups(worker, second);
       await h.close();
     }
   });
 
   it('puts a run back in the queue when its worker is stopped by a deploy (SIGTERM): its steps are killed, another worker runs it as attempt 2', async () => {
     const h = await startHarness({ workers: false });
-    const env = {
-      ...process.env,
-      REDIS_URL: h.config.redisUrl,
-      SERVICE_QUEUE_PREFIX: h.config.queuePrefix,
-      SERVICE_DATA_DIR: h.config.dataDir,
-      SERVICE_WORKSPACE_ROOT: h.workspace,
-      SERVICE_SHUTDOWN_GRACE_SECONDS: '4',
-      LOG_LEVEL: 'warn',
-    };
+    const env = workerEnv(h, { SERVICE_SHUTDOWN_GRACE_SECONDS: '4' });
     const spawnWorker = () => spawn(process.execPath, ['--import', 'tsx', 'workers/main.ts'], { env, detached: true, stdio: ['ignore', 'ignore', 'pipe'] });
     const first = spawnWorker();
     let second: ReturnType<typeof spawn> | undefined;
@@ -186,13 +187,7 @@ describe('scheduling', function () {
       expect(events.map((e) => e.type)).to.include('run.interrupted');
       expect((await h.rt.engine.runs.reliabilityContext('tenant-a')).tenant.running).to.equal(0);
     } finally {
-      for (const p of [first, second]) {
-        try {
-          process.kill(-p!.pid!, 'SIGKILL');
-        } catch {
-          // gone
-        }
-      }
+      killGroups(first, second);
       await h.close();
     }
   });

@@ -1,7 +1,7 @@
 import { Schema, type Model } from 'mongoose';
 import type { WebhookDelivery } from '../../platform/index.js';
-import { decodeCursor, toPage, type DeliveryRepo } from '../port.js';
-import { definedOnly, fromStored, loose, toStored, type Stored } from './documents.js';
+import type { DeliveryRepo } from '../port.js';
+import { definedOnly, fromStored, loose, pageOf, toStored, type Stored } from './documents.js';
 
 export const deliverySchema = new Schema(
   { _id: String, tenant_id: { type: String, required: true }, kind: String, status: String, provider_delivery_id: String, received_at: String },
@@ -33,20 +33,7 @@ export function deliveryRepo(model: Model<Stored<WebhookDelivery>>): DeliveryRep
     async get(tenantId, id) {
       return fromStored(await model.findOne({ _id: id, tenant_id: tenantId }).lean<Stored<WebhookDelivery>>());
     },
-    async list(tenantId, q) {
-      const filter: Record<string, unknown> = { tenant_id: tenantId, ...(q.kind ? { kind: q.kind } : {}), ...(q.status ? { status: q.status } : {}) };
-      const after = decodeCursor(q.cursor);
-      if (after) filter._id = { $lt: after };
-      const rows = await model
-        .find(filter)
-        .sort({ _id: -1 })
-        .limit(q.limit + 1)
-        .lean<Stored<WebhookDelivery>[]>();
-      return toPage(
-        rows.map((r) => fromStored(r)!),
-        q.limit,
-      );
-    },
+    list: (tenantId, q) => pageOf(model, { tenant_id: tenantId, ...(q.kind ? { kind: q.kind } : {}), ...(q.status ? { status: q.status } : {}) }, q),
     async update(tenantId, id, changes, ifStatusIn) {
       const updated = await model
         .findOneAndUpdate({ _id: id, tenant_id: tenantId, status: { $in: ifStatusIn } }, { $set: definedOnly(changes) }, { returnDocument: 'after' })

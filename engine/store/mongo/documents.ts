@@ -1,3 +1,5 @@
+import type { Model } from 'mongoose';
+import { decodeCursor, toPage, type Page } from '../port.js';
 // How records become MongoDB documents: the id is `_id`; mongoose adds nothing of its own.
 export type Stored<T extends { id: string }> = Omit<T, 'id'> & { _id: string };
 
@@ -17,4 +19,22 @@ export const loose = { strict: false, versionKey: false, minimize: false } as co
 
 export function definedOnly<T extends object>(changes: T): Partial<T> {
   return Object.fromEntries(Object.entries(changes).filter(([, v]) => v !== undefined)) as Partial<T>;
+}
+
+/** One page of a filtered collection, newest first, after the cursor's id. */
+export async function pageOf<T extends { id: string }>(
+  model: Model<Stored<T>>,
+  filter: Record<string, unknown>,
+  q: { limit: number; cursor?: string },
+): Promise<Page<T>> {
+  const after = decodeCursor(q.cursor);
+  const rows = await model
+    .find(after ? { ...filter, _id: { $lt: after } } : filter)
+    .sort({ _id: -1 })
+    .limit(q.limit + 1)
+    .lean<Stored<T>[]>();
+  return toPage(
+    rows.map((r) => fromStored(r)!),
+    q.limit,
+  );
 }

@@ -1,7 +1,7 @@
 import { Schema, type Model } from 'mongoose';
 import type { AgentTurn, Run, StepRecord } from '../../platform/index.js';
-import { decodeCursor, toPage, type RunQuery, type RunRepo, type RunStats } from '../port.js';
-import { definedOnly, fromStored, loose, toStored, type Stored } from './documents.js';
+import type { RunQuery, RunRepo, RunStats } from '../port.js';
+import { definedOnly, fromStored, loose, pageOf, toStored, type Stored } from './documents.js';
 
 export const runSchema = new Schema(
   {
@@ -33,19 +33,7 @@ export const runTurnSchema = runStepSchema.clone();
 const rowId = (runId: string, attempt: number, idx: number) => `${runId}:${attempt}:${idx}`;
 
 export function runRepo(model: Model<Stored<Run>>, stepModel: Model<AttemptRow<StepRecord>>, turnModel: Model<AttemptRow<AgentTurn>>): RunRepo {
-  const page = async (filter: Record<string, unknown>, q: { limit: number; cursor?: string }) => {
-    const after = decodeCursor(q.cursor);
-    if (after) filter._id = { $lt: after };
-    const rows = await model
-      .find(filter)
-      .sort({ _id: -1 })
-      .limit(q.limit + 1)
-      .lean<Stored<Run>[]>();
-    return toPage(
-      rows.map((r) => fromStored(r)!),
-      q.limit,
-    );
-  };
+  const page = (filter: Record<string, unknown>, q: { limit: number; cursor?: string }) => pageOf(model, filter, q);
   return {
     async insert(r) {
       await model.collection.insertOne(toStored(r) as never);
