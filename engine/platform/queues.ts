@@ -7,8 +7,11 @@ export const QUEUE_NAMES = ['runs', 'triggers', 'webhooks'] as const;
 export type QueueName = (typeof QUEUE_NAMES)[number];
 
 /** Job ids derive from domain ids, so adding a run's job twice is a no-op. */
-/** One job per attempt of a run: a retry or an interrupted attempt gets a job of its own. */
-export const jobIdOfRun = (runId: string, attempt: number) => `run-${runId}-${attempt}`;
+/**
+ * One job per attempt of a run: a retry or an interrupted attempt gets a job of its own. The first
+ * attempt keeps the id runs have always had, so jobs queued before attempts existed are still found.
+ */
+export const jobIdOfRun = (runId: string, attempt: number) => (attempt === 1 ? `run-${runId}` : `run-${runId}-${attempt}`);
 
 export type Queues = {
   readonly prefix: string;
