@@ -11,9 +11,10 @@ import { problemHandler } from './problem.js';
 import { requestLog } from './request-log.js';
 import { automationsRouter } from './routes/automations.js';
 import { autonomyRouter } from './routes/autonomy.js';
-import { healthRouter } from './routes/health.js';
+import { healthRouter, type SandboxReport } from './routes/health.js';
 import { runsRouter } from './routes/runs.js';
 import { webhookDeliveriesRouter, webhookIntakeRouter, webhookSecretsRouter } from './routes/webhooks.js';
+import { finiteNumericQuery } from './numeric-query.js';
 import { loadSpec } from './spec.js';
 import { OpenStreams } from './sse.js';
 
@@ -21,6 +22,7 @@ export type AppDeps = {
   engine: Engine;
   hub: EventHub;
   metrics: Metrics;
+  sandbox: SandboxReport;
   sseHeartbeatMs: number;
   redis: Redis;
   store: Store;
@@ -66,13 +68,14 @@ export function createApp(deps: AppDeps): Express {
   app.use(webhookIntakeRouter(deps.engine));
 
   const spec = loadSpec();
-  app.use(healthRouter({ redis: deps.redis, store: deps.store }));
+  app.use(healthRouter({ redis: deps.redis, store: deps.store, sandbox: deps.sandbox }));
   if (deps.docs) app.use(docsRouter(spec));
   app.use(adminRouter({ queues: deps.queues, adminKeys: deps.adminKeys, metrics: deps.metrics }));
 
   // who is calling comes first: an unauthenticated body is never parsed
   app.use('/api/v1', authenticate({ mode: deps.auth, apiKeys: deps.engine.apiKeys }));
   app.use('/api/v1', express.json({ limit: BODY_LIMIT, type: ['application/json', 'application/*+json'], strict: true }));
+  app.use(finiteNumericQuery(spec));
   app.use(
     OpenApiValidator.middleware({
       apiSpec: forValidator(spec) as never,

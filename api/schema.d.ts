@@ -726,6 +726,17 @@ export interface components {
         Readiness: {
             /** @enum {string} */
             status: "ready" | "unavailable";
+            /** @description Where tool processes run. `none` says they run unsandboxed, as the service's own user. */
+            sandbox: {
+                /** @enum {string} */
+                kind: "bwrap" | "none";
+                /**
+                 * @description How the number of processes of a step is bounded.
+                 * @enum {string}
+                 */
+                process_limit: "cgroup" | "rlimit" | "none";
+                warning?: string;
+            };
             checks: {
                 redis: components["schemas"]["Check"];
                 store: components["schemas"]["Check"];
@@ -745,7 +756,7 @@ export interface components {
             detail?: string;
             instance?: string;
             /** @enum {string} */
-            code: "bad-request" | "validation-failed" | "malformed-json" | "unauthorized" | "not-found" | "method-not-allowed" | "conflict" | "agent-not-configured" | "idempotency-key-reused" | "payload-too-large" | "unsupported-media-type" | "unavailable" | "internal" | "webhook-signature-missing" | "webhook-signature-invalid" | "webhook-timestamp-outside-window" | "webhook-not-configured" | "webhook-replay" | "webhook-payload-invalid" | "rate-limited";
+            code: "tool-not-permitted" | "network-not-permitted" | "bad-request" | "validation-failed" | "malformed-json" | "unauthorized" | "not-found" | "method-not-allowed" | "conflict" | "agent-not-configured" | "idempotency-key-reused" | "payload-too-large" | "unsupported-media-type" | "unavailable" | "internal" | "webhook-signature-missing" | "webhook-signature-invalid" | "webhook-timestamp-outside-window" | "webhook-not-configured" | "webhook-replay" | "webhook-payload-invalid" | "rate-limited";
             request_id: string;
             errors?: {
                 /** @description JSON pointer to the bad field, prefixed by where it was (`/body`, `/query`, `/path`). */
@@ -902,6 +913,8 @@ export interface components {
                 [key: string]: unknown;
             };
             retry?: components["schemas"]["RetryPolicyInput"];
+            /** @description Let the run's tool processes use the network. Refused (403 `network-not-permitted`) unless the operator sets SERVICE_SANDBOX_ALLOW_NETWORK=1. */
+            network?: boolean;
         };
         /** @description A definition, or a template id with variables when `template_id` is present. */
         AutomationCreate: Record<string, never>;
@@ -921,6 +934,7 @@ export interface components {
             tool_allowlist?: components["schemas"]["ToolName"][];
             budget?: components["schemas"]["Budget"];
             retry?: components["schemas"]["RetryPolicyInput"];
+            network?: boolean;
         };
         Automation: {
             id: components["schemas"]["AutomationId"];
@@ -936,6 +950,7 @@ export interface components {
             };
             steps: components["schemas"]["Step"][] | null;
             retry: components["schemas"]["RetryPolicy"];
+            network: boolean;
             goal: string | null;
             inputs: {
                 [key: string]: unknown;
@@ -1001,6 +1016,11 @@ export interface components {
                 [key: string]: unknown;
             };
             retry?: components["schemas"]["RetryPolicyInput"];
+            /**
+             * @description Let the run's tool processes use the network. Refused (403 `network-not-permitted`) unless the operator sets SERVICE_SANDBOX_ALLOW_NETWORK=1.
+             * @default false
+             */
+            network: boolean;
             /**
              * @description Answer with the run's SSE stream instead of 202.
              * @default false
@@ -1073,8 +1093,15 @@ export interface components {
             /** @description The steps of the current attempt, with status, output and timing (on `GET /api/v1/runs/{id}`). */
             steps?: components["schemas"]["StepRecord"][];
             tool_allowlist: string[];
-            /** @description The workspace as the request named it, relative to the workspace root (`.` for the root). */
+            /** @description The workspace as the request named it, relative to the tenant's workspace root (`.` for the root). */
             workspace: string;
+            /** @description Its tool processes may use the network. */
+            network: boolean;
+            /**
+             * @description The sandbox its last attempt's tool processes ran in; null before it started.
+             * @enum {string|null}
+             */
+            sandbox: "bwrap" | "none" | null;
             budget: {
                 seconds: number;
                 max_steps?: number;
@@ -1626,6 +1653,15 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"];
             };
         };
+        /** @description The operator does not allow what was asked for (`tool-not-permitted`, naming the tools; `network-not-permitted`). */
+        NotPermitted: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
         /** @description The store or Redis did not answer in time (`unavailable`); nothing was started. Retry after `Retry-After` seconds (with the same Idempotency-Key). */
         Unavailable: {
             headers: {
@@ -1808,6 +1844,7 @@ export interface operations {
             201: components["responses"]["AutomationCreated"];
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["NotPermitted"];
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
         };
@@ -1859,6 +1896,7 @@ export interface operations {
             201: components["responses"]["AutomationCreated"];
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["NotPermitted"];
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
         };
@@ -1925,6 +1963,7 @@ export interface operations {
             200: components["responses"]["AutomationOk"];
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["NotPermitted"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
             413: components["responses"]["PayloadTooLarge"];
@@ -1994,6 +2033,7 @@ export interface operations {
             202: components["responses"]["RunAccepted"];
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["NotPermitted"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
             413: components["responses"]["PayloadTooLarge"];
@@ -2092,6 +2132,7 @@ export interface operations {
             202: components["responses"]["RunAccepted"];
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["NotPermitted"];
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             422: components["responses"]["Unprocessable"];
@@ -2118,6 +2159,7 @@ export interface operations {
             202: components["responses"]["RunAccepted"];
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["NotPermitted"];
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             422: components["responses"]["Unprocessable"];
@@ -2215,6 +2257,7 @@ export interface operations {
             202: components["responses"]["RunAccepted"];
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["NotPermitted"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
             422: components["responses"]["Unprocessable"];

@@ -13,6 +13,11 @@ export async function startWebServer(rt: Runtime, opts: { port?: number; host?: 
     engine: rt.engine,
     hub: rt.hub,
     metrics: rt.metrics,
+    sandbox: {
+      kind: rt.sandbox.kind,
+      process_limit: rt.sandbox.processLimit,
+      ...(rt.sandbox.kind === 'none' ? { warning: 'tool processes run unsandboxed, as the service' } : {}),
+    },
     sseHeartbeatMs: config.sseHeartbeatSeconds * 1000,
     redis: rt.redis,
     store: rt.store,

@@ -2,6 +2,7 @@
 // a bad environment throws one ConfigError that names every bad variable.
 import path from 'node:path';
 import { z } from 'zod';
+import { TOOL_NAMES, type ToolName } from '../engine/platform/records.js';
 
 export type ApiKeySeed = { tenantId: string; key: string };
 
@@ -37,7 +38,14 @@ export type Config = {
   fileTriggerRefreshSeconds: number;
   /** the environment a shell step starts from: a short allowlist, never the service's secrets */
   childEnv: Record<string, string>;
+  /** how tool processes are isolated: `auto` picks bwrap when it is installed; `explicit` when SERVICE_SANDBOX was set */
+  sandbox: { mode: 'bwrap' | 'none' | 'auto'; explicit: boolean; allowNetwork: boolean; limits: SandboxLimits };
+  /** the tools tenants may use at all; a run's or automation's allowlist can only narrow it */
+  toolsAllowed: ToolName[];
 };
+
+/** Resource limits of one sandboxed step. */
+export type SandboxLimits = { cpuSeconds: number; memoryMb: number; processes: number; fileSizeMb: number };
 
 const CHILD_ENV_NAMES = ['PATH', 'HOME', 'LANG', 'LANGUAGE', 'TZ', 'TERM', 'SHELL', 'USER', 'LOGNAME', 'TMPDIR'];
 
@@ -151,10 +159,29 @@ const schema = z.object({
     .optional()
     .transform((v) => v?.trim() || 'required')
     .pipe(z.enum(['required', 'none'], { message: 'expected "required" or "none"' })),
+  SERVICE_SANDBOX: z
+    .string()
+    .optional()
+    .transform((v) => v?.trim() || 'auto')
+    .pipe(z.enum(['bwrap', 'none', 'auto'], { message: 'expected "bwrap" or "none"' })),
+  SERVICE_SANDBOX_ALLOW_NETWORK: flag,
+  SERVICE_SANDBOX_CPU_SECONDS: int(600, 1, 86_400),
+  SERVICE_SANDBOX_MEMORY_MB: int(4096, 64, 1_048_576),
+  SERVICE_SANDBOX_PROCESSES: int(256, 8, 100_000),
+  SERVICE_SANDBOX_FILE_SIZE_MB: int(1024, 1, 1_048_576),
+  SERVICE_TOOLS_ALLOWED: list.transform((names, ctx) => {
+    if (!names.length) return [...TOOL_NAMES];
+    const unknown = names.filter((n) => !(TOOL_NAMES as readonly string[]).includes(n));
+    if (unknown.length) {
+      ctx.addIssue({ code: 'custom', message: `unknown tools ${unknown.join(', ')}; expected some of ${TOOL_NAMES.join(', ')}` });
+      return z.NEVER;
+    }
+    return [...new Set(names)] as ToolName[];
+  }),
   SERVICE_WORKSPACE_ROOT: z
     .string()
     .optional()
-    .transform((v) => path.resolve(v?.trim() || '.')),
+    .transform((v) => path.resolve(v?.trim() || 'workspaces')),
   SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS: flag,
   SERVICE_ADMIN_KEYS: list.refine((keys) => keys.every((k) => k.length >= 16), 'every admin key must be at least 16 characters'),
   SERVICE_SECRET_KEY: optionalText.refine(
@@ -224,6 +251,18 @@ export function parseEnv(env: Record<string, string | undefined>): Config {
     reconcileIntervalSeconds: e.SERVICE_RECONCILE_INTERVAL_SECONDS,
     stalledIntervalSeconds: e.SERVICE_STALLED_INTERVAL_SECONDS,
     fileTriggerRefreshSeconds: e.SERVICE_FILE_TRIGGER_REFRESH_SECONDS,
+    sandbox: {
+      mode: e.SERVICE_SANDBOX,
+      explicit: e.SERVICE_SANDBOX !== 'auto',
+      allowNetwork: e.SERVICE_SANDBOX_ALLOW_NETWORK,
+      limits: {
+        cpuSeconds: e.SERVICE_SANDBOX_CPU_SECONDS,
+        memoryMb: e.SERVICE_SANDBOX_MEMORY_MB,
+        processes: e.SERVICE_SANDBOX_PROCESSES,
+        fileSizeMb: e.SERVICE_SANDBOX_FILE_SIZE_MB,
+      },
+    },
+    toolsAllowed: e.SERVICE_TOOLS_ALLOWED,
     childEnv: Object.fromEntries(CHILD_ENV_NAMES.filter((n) => env[n] !== undefined).map((n) => [n, env[n] as string])),
   };
 }

@@ -1,13 +1,15 @@
 // The engine: what the service does, with no knowledge of HTTP or of BullMQ's workers.
 import { apiKeysOf } from './auth/index.js';
 import type { Platform } from './deps.js';
-import { executorOf, runsOf, transitionsOf, type RunLimits, type RunSettings, type TenantSlots } from './runs/index.js';
+import { executorOf, runsOf, tenantRootPath, transitionsOf, type RunLimits, type RunSettings, type TenantSlots } from './runs/index.js';
 import { automationsOf, fileTriggersOf, firesOf, schedulesOf, type TemplateCatalog } from './automations/index.js';
 import { webhooksOf, type WebhookSettings } from './webhooks/index.js';
+import type { Sandbox } from './tools/index.js';
 
 export type EngineDeps = Platform & {
   templates: TemplateCatalog;
   slots: TenantSlots;
+  sandbox: Sandbox;
   limits: RunLimits;
   settings: RunSettings & WebhookSettings;
 };
@@ -32,7 +34,10 @@ export function createEngine(deps: EngineDeps) {
     fireCron,
     /** file_change triggers: one watcher on the workspace root; a matching change fires the automation */
     watchFiles: (opts: { refreshMs: number; ignore: string[] }) =>
-      fileTriggersOf({ ...deps, workspaceRoot: deps.settings.workspaceRoot }, { ...opts, fire: (a, trigger) => fire(a.tenant_id, a.id, trigger) }),
+      fileTriggersOf(
+        { ...deps, workspaceRoot: deps.settings.workspaceRoot, tenantRootOf: (t) => tenantRootPath(deps.settings, t) },
+        { ...opts, fire: (a, trigger) => fire(a.tenant_id, a.id, trigger) },
+      ),
   };
 }
 

@@ -38,6 +38,7 @@ export function autonomyRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
         budget_seconds: work.budget_seconds,
         max_steps: work.max_steps,
         retry: work.retry,
+        network: work.network,
         inputs: work.inputs,
         trigger: { type: 'api', request_id: String(req.id) },
         request_id: String(req.id),

@@ -15,7 +15,10 @@ async function check(probe: () => Promise<unknown>): Promise<Check> {
   }
 }
 
-export function healthRouter(deps: { redis: Redis; store: Store }): Router {
+/** What /readyz says of the tool sandbox: a service that runs tools unsandboxed says so. */
+export type SandboxReport = { kind: string; process_limit: string; warning?: string };
+
+export function healthRouter(deps: { redis: Redis; store: Store; sandbox: SandboxReport }): Router {
   const router = Router();
   router.get('/healthz', (_req, res) => {
     res.json({ status: 'ok' });
@@ -23,7 +26,7 @@ export function healthRouter(deps: { redis: Redis; store: Store }): Router {
   router.get('/readyz', async (_req, res) => {
     const [redis, store] = await Promise.all([check(() => deps.redis.ping()), check(() => deps.store.ping())]);
     const ready = redis.ok && store.ok;
-    res.status(ready ? 200 : 503).json({ status: ready ? 'ready' : 'unavailable', checks: { redis, store } });
+    res.status(ready ? 200 : 503).json({ status: ready ? 'ready' : 'unavailable', checks: { redis, store }, sandbox: deps.sandbox });
   });
   return router;
 }

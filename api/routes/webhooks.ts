@@ -3,9 +3,8 @@
 // signatures are over exactly what was sent.
 import express, { Router, type NextFunction, type Request, type Response } from 'express';
 import { TENANT_ID_PATTERN } from '../../config/env.js';
-import { NotFoundError } from '../../engine/platform/index.js';
+import { NotFoundError, WEBHOOK_PROVIDERS, type WebhookProvider } from '../../engine/platform/index.js';
 import type { Engine } from '../../engine/index.js';
-import { WEBHOOK_PROVIDERS, type WebhookProvider } from '../../engine/store/index.js';
 import { BODY_LIMIT_BYTES } from '../../engine/webhooks/index.js';
 import { tenantOf } from '../auth.js';
 import type { operations } from '../schema.js';

@@ -2,8 +2,8 @@
 // hashed and looked up by its hash, so no stored key is ever compared byte by byte.
 import { createHash, randomBytes } from 'node:crypto';
 import type { ApiKeySeed } from '../../config/env.js';
-import { type Clock, newId, type Logger } from '../platform/index.js';
-import type { ApiKeyRecord, Store } from '../store/index.js';
+import { type Clock, newId, type Logger, type ApiKeyRecord } from '../platform/index.js';
+import type { Store } from '../store/index.js';
 
 export function hashKey(key: string): string {
   return createHash('sha256').update(key, 'utf8').digest('hex');

@@ -1,19 +1,24 @@
 // Automations: reusable, triggerable definitions of work, scoped to one tenant.
 // Every change is a conditional update in the store: an archived automation cannot change.
-import { ConflictError, NotFoundError, ValidationError, type FieldError, newId, percentile } from '../platform/index.js';
 import {
+  ConflictError,
+  NotFoundError,
+  ValidationError,
+  type FieldError,
+  newId,
+  percentile,
   DEFAULT_AGENT_TOOLS,
   type Automation,
   type AutomationDefinition,
   type AutomationPatch,
   type AutomationStatus,
   type Budget,
-  type Page,
   type Run,
   type RunStatus,
   type RunTrigger,
-} from '../store/index.js';
-import { retryPolicyOf, type RunLimits, type RunRequest } from '../runs/index.js';
+} from '../platform/index.js';
+import { type Page } from '../store/index.js';
+import { allowlistOf, networkOf, retryPolicyOf, type RunLimits, type RunRequest, type ToolPolicy } from '../runs/index.js';
 import type { Platform } from '../deps.js';
 import { instantiateTemplate, type TemplateCatalog } from './templates.js';
 import { nextCronFire, validateTriggers } from './triggers.js';
@@ -43,7 +48,7 @@ export type AutomationHooks = {
   changed(a: Automation, before?: Automation): Promise<void>;
 };
 
-export type AutomationsDeps = Pick<Platform, 'store' | 'clock' | 'log'> & { limits: RunLimits; templates: TemplateCatalog };
+export type AutomationsDeps = Pick<Platform, 'store' | 'clock' | 'log'> & { limits: RunLimits; templates: TemplateCatalog; settings: ToolPolicy };
 
 export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
   const { store, clock, limits } = deps;
@@ -111,7 +116,8 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
         description: def.description ?? null,
         status: def.status ?? 'enabled',
         triggers,
-        tool_allowlist: def.tool_allowlist ?? (def.steps?.length ? [...new Set(def.steps.map((s) => s.tool))] : [...DEFAULT_AGENT_TOOLS]),
+        tool_allowlist: allowlistOf(deps.settings, def.tool_allowlist, def.steps?.length ? def.steps : null, '/body/tool_allowlist'),
+        network: networkOf(deps.settings, def.network),
         budget,
         retry: retryPolicyOf(def.retry),
         steps: def.steps && def.steps.length ? def.steps : null,
@@ -153,7 +159,8 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
       if (patch.name !== undefined) changes.name = patch.name;
       if (patch.description !== undefined) changes.description = patch.description;
       if (patch.triggers !== undefined) changes.triggers = patch.triggers;
-      if (patch.tool_allowlist !== undefined) changes.tool_allowlist = patch.tool_allowlist;
+      if (patch.tool_allowlist !== undefined) changes.tool_allowlist = allowlistOf(deps.settings, patch.tool_allowlist, null, '/body/tool_allowlist');
+      if (patch.network !== undefined) changes.network = networkOf(deps.settings, patch.network);
       if (patch.budget !== undefined) changes.budget = budgetOf(patch.budget, '/body/budget', errors, current.budget);
       if (patch.retry !== undefined) changes.retry = retryPolicyOf(patch.retry);
       if (changes.tool_allowlist && current.steps)
@@ -175,6 +182,7 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
         goal: a.goal,
         steps: a.steps,
         tool_allowlist: a.tool_allowlist,
+        network: a.network,
         budget_seconds: a.budget.seconds,
         max_steps: a.budget.max_steps,
         retry: a.retry,

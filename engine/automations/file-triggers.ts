@@ -5,14 +5,14 @@ import path from 'node:path';
 import { watch, type FSWatcher } from 'chokidar';
 import picomatch from 'picomatch';
 import type { Platform } from '../deps.js';
-import type { Automation, RunTrigger } from '../store/index.js';
+import type { Automation, RunTrigger } from '../platform/index.js';
 
-type Watched = { automation: Automation; matchers: { match: (p: string) => boolean; paths: string[]; debounceMs: number }[] };
+type Watched = { automation: Automation; tenantRoot: string; matchers: { match: (p: string) => boolean; paths: string[]; debounceMs: number }[] };
 
 export type FileTriggers = { start(): Promise<void>; refresh(): Promise<void>; close(): Promise<void> };
 
 export function fileTriggersOf(
-  deps: Pick<Platform, 'store' | 'redis' | 'queues' | 'log'> & { workspaceRoot: string },
+  deps: Pick<Platform, 'store' | 'redis' | 'queues' | 'log'> & { workspaceRoot: string; tenantRootOf(tenantId: string): string },
   opts: { refreshMs: number; ignore: string[]; fire(a: Automation, trigger: RunTrigger): Promise<unknown> },
 ): FileTriggers {
   const root = deps.workspaceRoot;
@@ -25,6 +25,7 @@ export function fileTriggersOf(
     const automations = await deps.store.automations.listEnabledWithTrigger('file_change');
     watched = automations.map((automation) => ({
       automation,
+      tenantRoot: deps.tenantRootOf(automation.tenant_id),
       matchers: automation.triggers.flatMap((t) =>
         t.type === 'file_change' ? [{ match: picomatch(t.paths, { dot: true }), paths: t.paths, debounceMs: t.debounce_ms ?? 500 }] : [],
       ),
@@ -32,8 +33,10 @@ export function fileTriggersOf(
   }
 
   function onChange(file: string): void {
-    const rel = path.relative(root, file).split(path.sep).join('/');
     for (const w of watched) {
+      // an automation's globs are relative to its own tenant's root, and see nothing outside it
+      if (!file.startsWith(w.tenantRoot + path.sep)) continue;
+      const rel = path.relative(w.tenantRoot, file).split(path.sep).join('/');
       const hit = w.matchers.find((m) => m.match(rel));
       if (!hit) continue;
       const key = w.automation.id;
@@ -65,7 +68,7 @@ export function fileTriggersOf(
       const ignored = opts.ignore.map((p) => path.resolve(p)).filter((p) => !(root === p || root.startsWith(p + path.sep)));
       watcher = watch(root, {
         ignoreInitial: true,
-        ignored: (p: string) => /(^|[\\/])(node_modules|\.git)([\\/]|$)/.test(p) || ignored.some((i) => p === i || p.startsWith(i + path.sep)),
+        ignored: (p: string) => /(^|[\\/])(node_modules|\.git|\.scratch)([\\/]|$)/.test(p) || ignored.some((i) => p === i || p.startsWith(i + path.sep)),
       });
       watcher.on('add', onChange).on('change', onChange).on('unlink', onChange);
       watcher.on('error', (err) => deps.log.warn({ err }, 'file watcher error'));

@@ -1,9 +1,8 @@
 // How a trigger starts an automation's run: the automation's run request, created once per
 // idempotency key. A disabled or archived automation never fires; its schedulers are brought in line.
 import type { Platform } from '../deps.js';
-import { ConflictError, NotFoundError } from '../platform/index.js';
+import { ConflictError, NotFoundError, type RunTrigger } from '../platform/index.js';
 import type { Runs } from '../runs/index.js';
-import type { RunTrigger } from '../store/index.js';
 import type { Automations } from './automations.js';
 import type { CronJob, Schedules } from './schedules.js';
 

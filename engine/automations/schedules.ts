@@ -3,7 +3,7 @@
 // job per tick, however many processes run, and a tick's run is created once (its job id is the
 // Idempotency-Key), even if its job is delivered twice.
 import type { Platform } from '../deps.js';
-import type { Automation } from '../store/index.js';
+import type { Automation } from '../platform/index.js';
 
 const PREFIX = 'cron-';
 export const schedulerIdOf = (automationId: string, triggerIndex: number) => `${PREFIX}${automationId}-${triggerIndex}`;

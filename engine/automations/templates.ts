@@ -6,8 +6,7 @@ import path from 'node:path';
 import { watch, type FSWatcher } from 'chokidar';
 import { parse as parseYaml } from 'yaml';
 import { z } from 'zod';
-import { ValidationError, type FieldError, type Logger } from '../platform/index.js';
-import type { AutomationDefinition } from '../store/index.js';
+import { ValidationError, type FieldError, type Logger, type AutomationDefinition } from '../platform/index.js';
 
 const VARIABLE_TYPES = ['string', 'integer', 'number', 'boolean'] as const;
 type VariableType = (typeof VARIABLE_TYPES)[number];

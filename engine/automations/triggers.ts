@@ -2,8 +2,7 @@
 // file globs that stay inside the workspace. Triggers are validated here and fire in the run engine.
 import path from 'node:path';
 import { CronExpressionParser } from 'cron-parser';
-import type { FieldError } from '../platform/index.js';
-import type { Trigger } from '../store/index.js';
+import type { FieldError, Trigger } from '../platform/index.js';
 
 /** Remembers what a pure, costly check answered (zone and cron parsing cost ~0.1-1 ms each); bounded. */
 function memo<T>(compute: (key: string) => T, max = 2000): (key: string) => T {

@@ -14,6 +14,8 @@ export const ERROR_STATUS = {
   'webhook-signature-invalid': 401,
   'webhook-timestamp-outside-window': 401,
   'webhook-not-configured': 403,
+  'tool-not-permitted': 403,
+  'network-not-permitted': 403,
   'not-found': 404,
   'method-not-allowed': 405,
   conflict: 409,
@@ -116,5 +118,16 @@ export class ServiceUnavailableError extends AppError {
     opts?: ErrorOptions,
   ) {
     super(message, { retry_after_seconds: retryAfterSeconds }, opts);
+  }
+}
+
+/** What the operator does not allow tenants (SERVICE_TOOLS_ALLOWED, SERVICE_SANDBOX_ALLOW_NETWORK). */
+export class NotPermittedError extends AppError {
+  constructor(
+    readonly code: 'tool-not-permitted' | 'network-not-permitted',
+    message: string,
+    details: Record<string, unknown> = {},
+  ) {
+    super(message, details);
   }
 }

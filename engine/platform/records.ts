@@ -34,9 +34,10 @@ export type AutomationDefinition = {
   goal?: string;
   inputs?: Record<string, unknown>;
   retry?: RetryPolicyInput | null;
+  network?: boolean;
 };
 
-export type AutomationPatch = Partial<Pick<Automation, 'name' | 'description' | 'triggers' | 'tool_allowlist'>> & {
+export type AutomationPatch = Partial<Pick<Automation, 'name' | 'description' | 'triggers' | 'tool_allowlist' | 'network'>> & {
   budget?: Partial<Budget>;
   retry?: RetryPolicyInput | null;
 };
@@ -51,6 +52,7 @@ export type Automation = {
   tool_allowlist: ToolName[];
   budget: Budget;
   retry: RetryPolicy | null;
+  network: boolean;
   steps: Step[] | null;
   goal: string | null;
   inputs: Record<string, unknown>;
@@ -154,6 +156,10 @@ export type Run = {
   tool_allowlist: string[];
   /** the resolved folder on the server: internal, never shown as such */
   workspace: string;
+  /** its tool processes may use the network (asked for, and allowed by the operator) */
+  network: boolean;
+  /** the sandbox its last attempt ran in (`bwrap`, `none`), or null before it started */
+  sandbox: string | null;
   budget: Budget;
   retry: RetryPolicy | null;
   /** the attempt under way or last made, from 1 */

@@ -21,7 +21,7 @@ export async function runMain(name: string, start: (config: Config, log: Logger)
   try {
     running = await start(config, log);
   } catch (err) {
-    if (err instanceof RedisUnreachableError) process.stderr.write(`${name}: ${err.message}\n`);
+    if (err instanceof RedisUnreachableError || err instanceof ConfigError) process.stderr.write(`${name}: ${err.message}\n`);
     else log.fatal({ err }, 'start-up failed');
     process.exit(1);
   }

@@ -1,6 +1,8 @@
 // Opens everything a process needs, in order, and closes it in reverse. Only the entry points
 // (api/main.ts, workers/main.ts, main.ts, cli/main.ts) call this: they are the only openers of connections.
-import type { Config } from '../../config/env.js';
+import fs from 'node:fs/promises';
+import path from 'node:path';
+import { ConfigError, type Config } from '../../config/env.js';
 import { TEMPLATES_DIR } from '../../config/paths.js';
 import {
   systemClock,
@@ -24,6 +26,7 @@ import { createTenantSlots } from '../runs/index.js';
 import { createEngine, type Engine } from '../index.js';
 import { openStore, type Store } from '../store/index.js';
 import { createTemplateCatalog } from '../automations/index.js';
+import { openSandbox, type Sandbox } from '../tools/index.js';
 
 export type Runtime = {
   config: Config;
@@ -35,6 +38,8 @@ export type Runtime = {
   engine: Engine;
   events: EventLog;
   metrics: Metrics;
+  /** where tool processes run: what /readyz reports */
+  sandbox: Sandbox;
   /** fans the event log out to this process's SSE clients; one blocking reader per process */
   hub: EventHub;
   close(): Promise<void>;
@@ -42,7 +47,44 @@ export type Runtime = {
 
 export type RuntimeOptions = { watchTemplates?: boolean; templatesDir?: string; clock?: Clock };
 
+/**
+ * The data dir must never be reachable from a workspace (its secret key opens every tenant's secrets):
+ * both are resolved, links included, before they are compared.
+ */
+async function checkDataDirOutsideWorkspaces(config: Config): Promise<void> {
+  await fs.mkdir(config.dataDir, { recursive: true });
+  await fs.mkdir(config.workspaceRoot, { recursive: true });
+  const [data, root] = await Promise.all([fs.realpath(config.dataDir), fs.realpath(config.workspaceRoot)]);
+  if (data === root || data.startsWith(root + path.sep)) {
+    throw new ConfigError([`SERVICE_DATA_DIR: ${data} is inside SERVICE_WORKSPACE_ROOT (${root}), where tools could read it; put one outside the other`]);
+  }
+}
+
+/** The sandbox of this process, and the start-up rules around it. */
+function openProcessSandbox(config: Config, log: Logger): Sandbox {
+  let sandbox: Sandbox;
+  try {
+    sandbox = openSandbox({ mode: config.sandbox.mode, limits: config.sandbox.limits, prefix: config.queuePrefix, pathVar: config.childEnv.PATH, log });
+  } catch (err) {
+    throw new ConfigError([`SERVICE_SANDBOX: ${(err as Error).message}`]);
+  }
+  if (sandbox.kind === 'none' && config.toolsAllowed.includes('shell')) {
+    if (config.isProduction && !config.sandbox.explicit) {
+      throw new ConfigError([
+        'SERVICE_SANDBOX: bwrap is not installed and tenants may use shell; install bubblewrap, take shell out of SERVICE_TOOLS_ALLOWED, or set SERVICE_SANDBOX=none to run tools unsandboxed',
+      ]);
+    }
+    log.warn(
+      { sandbox: 'none' },
+      'tool processes run without a sandbox: a shell step can read what the service can (set SERVICE_SANDBOX=bwrap after installing bubblewrap)',
+    );
+  }
+  return sandbox;
+}
+
 export async function openRuntime(config: Config, log: Logger, opts: RuntimeOptions = {}): Promise<Runtime> {
+  await checkDataDirOutsideWorkspaces(config);
+  const sandbox = openProcessSandbox(config, log);
   await probeRedis(config.redisUrl);
   const closers: (() => Promise<unknown>)[] = [];
   try {
@@ -77,9 +119,13 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
       events,
       metrics,
       slots: createTenantSlots(redis, config.queuePrefix, config.tenantMaxRunning),
+      sandbox,
       limits: { defaultBudgetSeconds: config.runBudget.defaultSeconds, maxBudgetSeconds: config.runBudget.maxSeconds },
       settings: {
         workspaceRoot: config.workspaceRoot,
+        singleTenant: config.auth === 'none',
+        toolsAllowed: config.toolsAllowed,
+        allowNetwork: config.sandbox.allowNetwork,
         agent,
         childEnv: config.childEnv,
         httpAllowPrivate: config.httpAllowPrivate,
@@ -91,7 +137,8 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
     });
     await engine.apiKeys.seed(config.apiKeys);
     log.info({ store: store.kind, templates: templates.list().length, queue_prefix: config.queuePrefix }, 'runtime open');
-    return { config, log, clock, redis, store, queues, engine, events, metrics, hub, close: () => closeAll(closers) };
+    log.info({ sandbox: sandbox.kind, process_limit: sandbox.processLimit }, 'tool sandbox');
+    return { config, log, clock, redis, store, queues, engine, events, metrics, sandbox, hub, close: () => closeAll(closers) };
   } catch (err) {
     await closeAll(closers);
     throw err;

@@ -1,7 +1,7 @@
 // The agent loop: a goal, the allowed tools, and an OpenAI-compatible chat-completions endpoint with
 // tool calling. Each model turn may call tools; their results go back to the model; the loop ends
 // when the model answers without a tool call, the budget ends, or max_steps is reached.
-import type { AgentTurn } from '../store/index.js';
+import type { AgentTurn } from '../platform/index.js';
 import type { Tool, ToolResult } from '../tools/index.js';
 
 export type AgentEndpoint = { baseUrl: string; apiKey: string | undefined; model: string };

@@ -3,7 +3,7 @@
 // they send. Programs (programs.ts) drive it; the executor settles it.
 import type { Platform } from '../deps.js';
 import type { AgentTurn, ErrorInfo, Run, RunStatus, StepRecord } from '../platform/index.js';
-import { TOOLS, ToolError, type ToolContext, type ToolResult } from '../tools/index.js';
+import { TOOLS, ToolError, type Sandbox, type ToolContext, type ToolResult } from '../tools/index.js';
 import type { Transitions } from './transitions.js';
 
 const OUTPUT_FLUSH_MS = 50;
@@ -16,7 +16,8 @@ export type StopReason = { status: Extract<RunStatus, 'canceled' | 'timed_out'>;
 
 export type AttemptDeps = Pick<Platform, 'store' | 'clock' | 'log'> & {
   transitions: Pick<Transitions, 'emit'>;
-  settings: { childEnv: Record<string, string>; httpAllowPrivate: boolean };
+  sandbox: Sandbox;
+  settings: { childEnv: Record<string, string>; httpAllowPrivate: boolean; toolsAllowed: readonly string[] };
 };
 
 export type Attempt = ReturnType<typeof startAttempt>;
@@ -56,11 +57,16 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
     await emit({ type: 'step.started', data: { index: step.index, tool: step.tool, name: step.name, args: step.args, source: step.source } });
     let result: ToolResult;
     const tool = TOOLS.get(step.tool);
-    if (!run.tool_allowlist.includes(step.tool)) {
+    if (!run.tool_allowlist.includes(step.tool) || !deps.settings.toolsAllowed.includes(step.tool)) {
       // refused before anything of it runs
       result = {
         output: {},
-        error: { code: 'tool-not-allowed', message: `${step.tool} is not in this run's tool allowlist (${run.tool_allowlist.join(', ') || 'empty'})` },
+        error: {
+          code: 'tool-not-allowed',
+          message: run.tool_allowlist.includes(step.tool)
+            ? `${step.tool} is not allowed by the operator (SERVICE_TOOLS_ALLOWED)`
+            : `${step.tool} is not in this run's tool allowlist (${run.tool_allowlist.join(', ') || 'empty'})`,
+        },
       };
     } else if (!tool) {
       result = { output: {}, error: { code: 'tool-unavailable', message: `${step.tool} cannot run in this service yet` } };
@@ -75,6 +81,9 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
         message: async (role, text) => void (await emit({ type: 'message.created', data: { role, text, step: step.index } })),
         childEnv: deps.settings.childEnv,
         httpAllowPrivate: deps.settings.httpAllowPrivate,
+        sandbox: deps.sandbox,
+        network: run.network,
+        binds: attempt.binds,
       };
       try {
         result = await tool.execute(step.args, ctx);
@@ -143,6 +152,8 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
     run,
     /** where tools act: the run's workspace, or a vibe run's scratch copy of it */
     workspace,
+    /** folders besides the workspace that sandboxed processes need (a scratch worktree's git directory) */
+    binds: [] as string[],
     signal,
     steps,
     usage,

@@ -8,6 +8,7 @@ import { startAttempt, type StopReason } from './attempt.js';
 import { agentProgram, stepsProgram, vibeProgram, type WorkOutcome } from './programs.js';
 import type { Runs, RunsDeps } from './runs.js';
 import type { Outcome, Settled, Transitions } from './transitions.js';
+import { scratchRoot } from './workspace.js';
 
 /** How many times the settling write is tried before the attempt is left for the reconciler. */
 const SETTLE_TRIES = 4;
@@ -48,7 +49,7 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions)
       // a previous delivery started it and its worker died: its steps may have had effects
       return transitions.lose(found, 'the worker running this attempt stopped');
     }
-    const run = await transitions.start(found, null);
+    const run = await transitions.start(found, deps.sandbox.kind);
     if (!run) return null; // canceled meanwhile
     const controller = new AbortController();
     inFlight.set(runId, controller);
@@ -60,12 +61,19 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions)
         } satisfies StopReason),
       run.budget.seconds * 1000,
     );
-    const a = startAttempt({ ...deps, transitions, settings }, run, run.workspace, controller.signal);
+    const a = startAttempt({ ...deps, transitions }, run, run.workspace, controller.signal);
     let outcome: Outcome;
     try {
       if (await runs.isCancelRequested(runId)) controller.abort({ status: 'canceled', error: { code: 'canceled', message: 'canceled' } } satisfies StopReason);
       const base = run.plan ? stepsProgram : agentProgram(settings.agent!);
-      const program = run.kind === 'vibe' ? vibeProgram(base, (kind) => transitions.emit(run, { type: 'workspace.ready', data: { kind } })) : base;
+      const program =
+        run.kind === 'vibe'
+          ? vibeProgram(
+              base,
+              () => scratchRoot(settings, run.tenant_id),
+              (kind) => transitions.emit(run, { type: 'workspace.ready', data: { kind } }),
+            )
+          : base;
       const work: WorkOutcome = await program(a);
       const stop = a.stopReason();
       if (stop?.status === 'interrupted') {

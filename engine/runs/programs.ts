@@ -61,12 +61,13 @@ export function agentProgram(endpoint: AgentEndpoint) {
  * A vibe run: the work runs on a scratch copy (a git worktree at HEAD, or a copy of a folder that is
  * not a repository); the result carries the unified diff and the changed files; the original stays as it was.
  */
-export function vibeProgram(work: (a: Attempt) => Promise<WorkOutcome>, onReady: (kind: 'worktree' | 'copy') => Promise<unknown>) {
+export function vibeProgram(work: (a: Attempt) => Promise<WorkOutcome>, area: () => Promise<string>, onReady: (kind: 'worktree' | 'copy') => Promise<unknown>) {
   return async (a: Attempt): Promise<WorkOutcome> => {
-    const scratch = await makeScratch(a.workspace);
+    const scratch = await makeScratch(a.workspace, await area());
     try {
       await onReady(scratch.kind);
       a.workspace = scratch.dir;
+      a.binds.push(...scratch.binds);
       const outcome = await work(a);
       const { diff, changed_files, truncated } = await scratch.diff();
       return { ...outcome, result: { ...outcome.result, diff, changed_files, ...(truncated ? { diff_truncated: true } : {}) } };

@@ -7,7 +7,6 @@ import type { Platform } from '../deps.js';
 import {
   AgentNotConfiguredError,
   ConflictError,
-  DEFAULT_AGENT_TOOLS,
   IdempotencyKeyReusedError,
   isTerminal,
   jobIdOfRun,
@@ -31,7 +30,9 @@ import type { AgentEndpoint } from './agent.js';
 import type { TenantSlots } from './concurrency.js';
 import { retryPolicyOf } from './retry.js';
 import { REDIS_DEADLINE_MS, type Transitions } from './transitions.js';
-import { resolveWorkspace } from './workspace.js';
+import { allowlistOf, networkOf, type ToolPolicy } from './policy.js';
+import { resolveWorkspace, tenantRoot, tenantRootPath } from './workspace.js';
+import type { Sandbox } from '../tools/index.js';
 
 export type RunRequest = {
   kind: RunKind;
@@ -42,6 +43,7 @@ export type RunRequest = {
   budget_seconds?: number;
   max_steps?: number;
   retry?: RetryPolicyInput | null;
+  network?: boolean;
   inputs?: Record<string, unknown>;
   automation_id?: string | null;
   session_id?: string;
@@ -52,8 +54,10 @@ export type RunRequest = {
 
 export type RunLimits = { defaultBudgetSeconds: number; maxBudgetSeconds: number };
 
-export type RunSettings = {
+export type RunSettings = ToolPolicy & {
   workspaceRoot: string;
+  /** SERVICE_AUTH=none: one local tenant, whose workspace is the root itself */
+  singleTenant: boolean;
   agent: AgentEndpoint | undefined;
   childEnv: Record<string, string>;
   httpAllowPrivate: boolean;
@@ -64,6 +68,7 @@ export type RunsDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'events' | 'qu
   slots: TenantSlots;
   limits: RunLimits;
   settings: RunSettings;
+  sandbox: Sandbox;
 };
 
 const CANCEL_CHANNEL = (prefix: string) => `${prefix}:run-cancel`;
@@ -92,7 +97,9 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
         'this run names a goal and no steps, and no agent endpoint is configured (SERVICE_AGENT_BASE_URL, SERVICE_AGENT_MODEL)',
       );
     }
-    const workspace = await resolveWorkspace(settings.workspaceRoot, req.workspace);
+    const tool_allowlist = allowlistOf(settings, req.tool_allowlist, steps, '/body/tools');
+    const network = networkOf(settings, req.network);
+    const workspace = await resolveWorkspace(await tenantRoot(settings, tenantId), req.workspace);
     const run: Run = {
       id,
       tenant_id: tenantId,
@@ -103,8 +110,10 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       trigger: req.trigger,
       goal,
       plan: steps,
-      tool_allowlist: req.tool_allowlist ?? (steps ? [...new Set(steps.map((s) => s.tool))] : [...DEFAULT_AGENT_TOOLS]),
+      tool_allowlist,
       workspace,
+      network,
+      sandbox: null,
       budget: req.max_steps === undefined ? { seconds } : { seconds, max_steps: req.max_steps },
       retry: retryPolicyOf(req.retry),
       attempt: 1,
@@ -200,15 +209,16 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       budget_seconds: run.budget.seconds,
       max_steps: run.budget.max_steps,
       retry: run.retry,
+      network: run.network,
       inputs: run.inputs,
       automation_id: run.automation_id,
       trigger: run.trigger,
     };
   }
 
-  /** The run's workspace as the caller named it: relative to the workspace root, never the server's path. */
-  function workspaceOf(run: Pick<Run, 'workspace'>): string {
-    return path.relative(settings.workspaceRoot, run.workspace) || '.';
+  /** The run's workspace as the caller named it: relative to its tenant's root, never the server's path. */
+  function workspaceOf(run: Pick<Run, 'workspace' | 'tenant_id'>): string {
+    return path.relative(tenantRootPath(settings, run.tenant_id), run.workspace) || '.';
   }
 
   return {

@@ -221,7 +221,7 @@ export function transitionsOf(deps: TransitionsDeps) {
       const started = await store.runs.update(
         run.tenant_id,
         run.id,
-        { status: 'running', started_at: at.toISOString() },
+        { status: 'running', started_at: at.toISOString(), sandbox },
         { status: ['queued'], attempt: run.attempt },
       );
       if (!started) return null;

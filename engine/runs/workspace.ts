@@ -1,9 +1,10 @@
-// Workspaces: where a run's tools act. A requested workspace is resolved inside the configured root.
-// A vibe run works on a scratch copy: a git worktree at HEAD when the workspace is a repository,
-// else a copy made into a fresh repository, so the diff of what the run changed comes from git.
+// Workspaces: where a run's tools act. Each tenant has its own root (SERVICE_WORKSPACE_ROOT/<tenant>,
+// made on first use; the root itself for the single local tenant of SERVICE_AUTH=none), and a run's
+// workspace is resolved inside its tenant's root. A vibe run works on a scratch copy in its tenant's
+// scratch area: a git worktree at HEAD when the workspace is a repository, else a copy made into a
+// fresh repository, so the diff of what the run changed comes from git.
 import { execFile } from 'node:child_process';
 import fs from 'node:fs/promises';
-import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { ValidationError } from '../platform/index.js';
@@ -13,6 +14,30 @@ const exec = promisify(execFile);
 const GIT_ID = ['-c', 'user.name=automation-service', '-c', 'user.email=automation-service@localhost', '-c', 'commit.gpgsign=false'];
 const DIFF_MAX_BYTES = 1024 * 1024;
 
+/** Where scratch copies go, per tenant: beside the tenants' folders, never in a shared temp folder. */
+export const SCRATCH_DIR = '.scratch';
+
+type Roots = { workspaceRoot: string; singleTenant: boolean };
+
+/** The folder a tenant's runs act under (not made). */
+export function tenantRootPath(roots: Roots, tenantId: string): string {
+  return roots.singleTenant ? roots.workspaceRoot : path.join(roots.workspaceRoot, tenantId);
+}
+
+/** A tenant's root, made on first use. */
+export async function tenantRoot(roots: Roots, tenantId: string): Promise<string> {
+  const dir = tenantRootPath(roots, tenantId);
+  await fs.mkdir(dir, { recursive: true });
+  return dir;
+}
+
+/** A tenant's scratch area (vibe runs' copies), made on first use. */
+export async function scratchRoot(roots: Roots, tenantId: string): Promise<string> {
+  const dir = path.join(roots.workspaceRoot, SCRATCH_DIR, tenantId);
+  await fs.mkdir(dir, { recursive: true });
+  return dir;
+}
+
 export async function resolveWorkspace(root: string, requested: string | undefined): Promise<string> {
   try {
     const dir = await resolveInside(root, requested ?? '.');
@@ -20,7 +45,7 @@ export async function resolveWorkspace(root: string, requested: string | undefin
     return dir;
   } catch (err) {
     throw new ValidationError(`workspace ${requested ?? '.'} is not a folder inside the workspace root`, [
-      { path: '/body/workspace', message: `must name a folder inside SERVICE_WORKSPACE_ROOT (${(err as Error).message})` },
+      { path: '/body/workspace', message: `must name a folder inside your workspace root (${(err as Error).message})` },
     ]);
   }
 }
@@ -41,13 +66,15 @@ async function repositoryOf(dir: string): Promise<string | null> {
 export type Scratch = {
   dir: string;
   kind: 'worktree' | 'copy';
+  /** folders outside `dir` that git needs inside a sandbox: the repository's git directory for a worktree */
+  binds: string[];
   /** unified diff of everything changed since the scratch was made, and the changed paths */
   diff(): Promise<{ diff: string; changed_files: string[]; truncated: boolean }>;
   remove(): Promise<void>;
 };
 
-export async function makeScratch(workspace: string): Promise<Scratch> {
-  const base = await fs.mkdtemp(path.join(os.tmpdir(), 'vibe-'));
+export async function makeScratch(workspace: string, area: string): Promise<Scratch> {
+  const base = await fs.mkdtemp(path.join(area, 'vibe-'));
   const repo = await repositoryOf(workspace);
   let dir: string;
   let kind: Scratch['kind'];
@@ -64,9 +91,11 @@ export async function makeScratch(workspace: string): Promise<Scratch> {
     await git(dir, ['commit', '-q', '--allow-empty', '-m', 'scratch copy']);
     kind = 'copy';
   }
+  const binds = repo ? [path.resolve(repo, (await git(repo, ['rev-parse', '--git-common-dir'])).trim())] : [];
   return {
     dir,
     kind,
+    binds,
     async diff() {
       await git(dir, ['add', '-A', '.']);
       const full = await git(dir, ['diff', '--cached', '--no-color', '--relative', 'HEAD']);

@@ -3,4 +3,3 @@
 // better-sqlite3 or mongoose.
 export * from './open.js';
 export * from './port.js';
-export * from '../platform/index.js';

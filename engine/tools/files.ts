@@ -83,7 +83,7 @@ export const listFilesTool: Tool = {
     const walk = async (d: string): Promise<void> => {
       for (const entry of await fs.readdir(d, { withFileTypes: true })) {
         if (files.length >= LIST_MAX) return;
-        if (entry.name === '.git' || entry.name === 'node_modules') continue;
+        if (entry.name === '.git' || entry.name === 'node_modules' || entry.name === '.scratch') continue;
         const full = path.join(d, entry.name);
         if (entry.isDirectory()) await walk(full);
         else files.push(path.relative(root, full));

@@ -1,42 +1,30 @@
 // http: one request. The address is checked at connect time (after DNS), so a name that resolves to
-// a private, loopback or link-local address is refused unless SERVICE_HTTP_ALLOW_PRIVATE=1.
+// anything but a public unicast address is refused unless SERVICE_HTTP_ALLOW_PRIVATE=1.
 import dns from 'node:dns';
 import http from 'node:http';
 import https from 'node:https';
 import net from 'node:net';
+import ipaddr from 'ipaddr.js';
 import { stringArg, TailBuffer, ToolError, type Tool } from './tool.js';
 
 const BODY_MAX_BYTES = 256 * 1024;
 const TIMEOUT_MS = 30_000;
 
-const PRIVATE = new net.BlockList();
-for (const [addr, bits] of [
-  ['0.0.0.0', 8],
-  ['10.0.0.0', 8],
-  ['100.64.0.0', 10],
-  ['127.0.0.0', 8],
-  ['169.254.0.0', 16],
-  ['172.16.0.0', 12],
-  ['192.0.0.0', 24],
-  ['192.168.0.0', 16],
-  ['198.18.0.0', 15],
-  ['224.0.0.0', 4],
-  ['240.0.0.0', 4],
-] as const)
-  PRIVATE.addSubnet(addr, bits, 'ipv4');
-for (const [addr, bits] of [
-  ['::', 128],
-  ['::1', 128],
-  ['fc00::', 7],
-  ['fe80::', 10],
-  ['ff00::', 8],
-] as const)
-  PRIVATE.addSubnet(addr, bits, 'ipv6');
-
+/**
+ * Only public unicast addresses may be reached: ipaddr.js's range list (maintained upstream) names every
+ * other range (loopback, private, link-local, carrier-grade NAT, NAT64 64:ff9b::/96, 6to4 2002::/16,
+ * Teredo, reserved, multicast...). An IPv4 address written as IPv6 (::ffff:a.b.c.d, ::a.b.c.d) is
+ * judged as the IPv4 address it carries.
+ */
 export function isPrivateAddress(address: string): boolean {
-  const mapped = /^::ffff:(\d+\.\d+\.\d+\.\d+)$/i.exec(address);
-  if (mapped) return PRIVATE.check(mapped[1]!, 'ipv4');
-  return PRIVATE.check(address, net.isIPv6(address) ? 'ipv6' : 'ipv4');
+  let parsed: ipaddr.IPv4 | ipaddr.IPv6;
+  try {
+    parsed = ipaddr.parse(address);
+  } catch {
+    return true; // not an address we can judge: refused
+  }
+  if (parsed.kind() === 'ipv6' && (parsed as ipaddr.IPv6).isIPv4MappedAddress()) parsed = (parsed as ipaddr.IPv6).toIPv4Address();
+  return parsed.range() !== 'unicast';
 }
 
 type LookupCallback = (err: NodeJS.ErrnoException | null, address: string | dns.LookupAddress[], family?: number) => void;

@@ -9,4 +9,5 @@ import type { Tool } from './tool.js';
 export const TOOLS: ReadonlyMap<string, Tool> = new Map([shellTool, readFileTool, writeFileTool, listFilesTool, httpTool, messageTool].map((t) => [t.name, t]));
 
 export { resolveInside } from './files.js';
+export { INSIDE_WORKSPACE, openSandbox, type Sandbox, type SandboxKind, type SandboxLimits } from './sandbox.js';
 export { ToolError, type Tool, type ToolContext, type ToolResult } from './tool.js';

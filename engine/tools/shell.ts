@@ -1,6 +1,6 @@
-// shell: a command in the run's workspace. Its own process group, so an abort kills the command and
-// everything it started; an environment of a short allowlist, never the service's secrets.
-import { spawn } from 'node:child_process';
+// shell: a command in the run's workspace, in the sandbox (sandbox.ts). Its own process group, so an
+// abort kills the command and everything it started; an environment of a short allowlist, never the
+// service's secrets.
 import { TailBuffer, stringArg, ToolError, type Tool } from './tool.js';
 
 export const OUTPUT_MAX_BYTES = 64 * 1024;
@@ -30,14 +30,15 @@ export const shellTool: Tool = {
     const extra = (args.env && typeof args.env === 'object' ? args.env : {}) as Record<string, unknown>;
     const env = { ...ctx.childEnv, ...Object.fromEntries(Object.entries(extra).map(([k, v]) => [k, String(v)])) };
     if (ctx.signal.aborted) throw new ToolError('aborted', 'the run was stopped before the command started');
-    const child = spawn('/bin/sh', ['-c', command], { cwd: ctx.workspace, env, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
+    const proc = ctx.sandbox.spawn(['/bin/sh', '-c', command], { workspace: ctx.workspace, env, network: ctx.network, binds: ctx.binds });
+    const { child } = proc;
     const stdout = new TailBuffer(OUTPUT_MAX_BYTES);
     const stderr = new TailBuffer(OUTPUT_MAX_BYTES);
-    child.stdout.on('data', (d: Buffer) => {
+    child.stdout!.on('data', (d: Buffer) => {
       stdout.push(d);
       ctx.output('stdout', d.toString('utf8'));
     });
-    child.stderr.on('data', (d: Buffer) => {
+    child.stderr!.on('data', (d: Buffer) => {
       stderr.push(d);
       ctx.output('stderr', d.toString('utf8'));
     });
@@ -51,7 +52,7 @@ export const shellTool: Tool = {
     try {
       const { code, signal } = await new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve, reject) => {
         child.once('error', reject);
-        child.once('close', (c, s) => resolve({ code: c, signal: s }));
+        child.once('close', (c: number | null, s: NodeJS.Signals | null) => resolve({ code: c, signal: s }));
       });
       // the command may have left children behind in its group: they go with it
       if (child.pid !== undefined) killGroup(child.pid, 'SIGKILL');
@@ -62,6 +63,7 @@ export const shellTool: Tool = {
     } finally {
       ctx.signal.removeEventListener('abort', onAbort);
       clearTimeout(killTimer);
+      proc.done();
     }
   },
 };

@@ -1,6 +1,7 @@
 // What a tool is: a named function the run engine calls for a step, with a JSON schema the agent
 // sees. Tools get the run's workspace, an AbortSignal (budget and cancel) and a way to stream output.
-import type { ErrorInfo } from '../store/index.js';
+import type { ErrorInfo } from '../platform/index.js';
+import type { Sandbox } from './sandbox.js';
 
 export type ToolContext = {
   workspace: string;
@@ -11,6 +12,12 @@ export type ToolContext = {
   message(role: 'assistant' | 'system' | 'user', text: string): Promise<void>;
   childEnv: Record<string, string>;
   httpAllowPrivate: boolean;
+  /** where the processes a tool starts run */
+  sandbox: Sandbox;
+  /** the run may use the network inside the sandbox (asked for, and allowed by the operator) */
+  network: boolean;
+  /** folders besides the workspace a sandboxed process needs (a worktree's git directory) */
+  binds: string[];
 };
 
 export type ToolResult = { output: Record<string, unknown>; error?: ErrorInfo };

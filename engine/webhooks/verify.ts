@@ -2,8 +2,7 @@
 // the provider's id for it, what must not be seen twice, and the normalized event runs receive.
 // Pure functions over the exact bytes received; every comparison is constant-time.
 import { createHash, createHmac, timingSafeEqual } from 'node:crypto';
-import { WebhookRejectedError } from '../platform/index.js';
-import type { WebhookProvider } from '../store/index.js';
+import { WebhookRejectedError, type WebhookProvider } from '../platform/index.js';
 import { parseEmail } from './email.js';
 
 export type Headers = Record<string, string | string[] | undefined>;

@@ -1,8 +1,21 @@
 // Webhook intake: tenant secrets (sealed at rest), verification, replay and duplicate checks, the
 // delivery outbox (stored before it is acknowledged, then matched by a job) and replays on request.
 import type { Platform } from '../deps.js';
-import { ConflictError, NotFoundError, PayloadTooLargeError, RateLimitedError, WebhookRejectedError, AppError, newId, type Redis } from '../platform/index.js';
-import type { RunTrigger, WebhookDelivery, WebhookProvider, WebhookSecretRecord, DeliveryQuery } from '../store/index.js';
+import {
+  ConflictError,
+  NotFoundError,
+  PayloadTooLargeError,
+  RateLimitedError,
+  WebhookRejectedError,
+  AppError,
+  newId,
+  type Redis,
+  type RunTrigger,
+  type WebhookDelivery,
+  type WebhookProvider,
+  type WebhookSecretRecord,
+} from '../platform/index.js';
+import type { DeliveryQuery } from '../store/index.js';
 import { eventMatches, keptHeaders, sha256Hex, verifyDelivery, windowOf, type Headers, type Verified } from './verify.js';
 
 /** Email carries attachments; everything else is small. */

@@ -47,7 +47,7 @@ describe('agent runs', function () {
       expect(run.agent_turns).to.have.length(3);
       expect(run.agent_turns[0].tool_calls[0]).to.deep.include({ tool: 'write_file' });
       expect(run.usage.model_turns).to.equal(3);
-      expect(await fs.readFile(path.join(h.workspace, 'out/answer.txt'), 'utf8')).to.equal('42');
+      expect(await fs.readFile(path.join(h.tenantDir(), 'out/answer.txt'), 'utf8')).to.equal('42');
 
       // what the model was sent: the goal, only the allowed tools, the tool results, the key
       expect(model.requests).to.have.length(3);
@@ -73,7 +73,7 @@ describe('agent runs', function () {
       const run = await finished(h, res.body.run_id);
       expect(run.steps[0]).to.deep.include({ tool: 'shell', status: 'failed' });
       expect(run.steps[0].error.code).to.equal('tool-not-allowed');
-      expect(await fs.stat(path.join(h.workspace, 'pwned')).catch(() => null)).to.equal(null);
+      expect(await fs.stat(path.join(h.tenantDir(), 'pwned')).catch(() => null)).to.equal(null);
       expect(model.requests[1]!.body.messages.at(-1).content).to.contain('tool-not-allowed');
     });
   });
@@ -111,7 +111,7 @@ describe('vibe runs', function () {
     const h = await startHarness();
     try {
       const { execFileSync: git } = await import('node:child_process');
-      const repo = path.join(h.workspace, 'repo');
+      const repo = path.join(h.tenantDir(), 'repo');
       await fs.mkdir(repo);
       await fs.writeFile(path.join(repo, 'README.md'), 'hello\n');
       const g = (...args: string[]) => git('git', ['-c', 'user.name=t', '-c', 'user.email=t@t', ...args], { cwd: repo });
@@ -144,13 +144,13 @@ describe('vibe runs', function () {
   it('works on a copy of a folder that is not a repository', async () => {
     const h = await startHarness();
     try {
-      await fs.writeFile(path.join(h.workspace, 'a.txt'), 'one\n');
+      await fs.writeFile(path.join(h.tenantDir(), 'a.txt'), 'one\n');
       const res = await h.call('POST', '/api/v1/autonomy/vibe/run', { body: { steps: [{ tool: 'shell', args: { command: 'echo two >> a.txt' } }] } });
       const run = await finished(h, res.body.run_id);
       expect(run.status).to.equal('succeeded');
       expect(run.result.changed_files).to.deep.equal(['a.txt']);
       expect(run.result.diff).to.contain('+two');
-      expect(await fs.readFile(path.join(h.workspace, 'a.txt'), 'utf8')).to.equal('one\n');
+      expect(await fs.readFile(path.join(h.tenantDir(), 'a.txt'), 'utf8')).to.equal('one\n');
     } finally {
       await h.close();
     }

@@ -188,10 +188,10 @@ describe('run lifecycle', function () {
   });
 
   it('keeps run records free of server paths in answers', async () => {
-    await fs.mkdir(path.join(h.workspace, 'sub'), { recursive: true });
+    await fs.mkdir(path.join(h.tenantDir(), 'sub'), { recursive: true });
     const id = await start({ steps: [{ tool: 'shell', args: { command: 'true' } }], workspace: 'sub' });
     const run = await finishedRun(h, id);
     expect(run.workspace).to.equal('sub');
-    expect(JSON.stringify(run)).not.to.contain(`"${h.workspace}`);
+    expect(JSON.stringify(run)).not.to.contain(h.workspace);
   });
 });

@@ -1,7 +1,7 @@
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import { expect } from 'chai';
-import { eventually, finishedRun, KEYS, startHarness, type Harness } from '../support/harness.js';
+import { eventually, finishedRun, KEYS, processesMatching, startHarness, type Harness } from '../support/harness.js';
 
 type RunBody = Record<string, any>;
 
@@ -45,8 +45,8 @@ describe('autonomy runs', function () {
   });
 
   it('fails a step whose tool is not allowed, before anything of it runs', async () => {
-    const marker = path.join(h.workspace, 'should-not-exist');
-    const res = await start({ steps: [{ tool: 'shell', args: { command: `touch ${marker}` } }], tools: ['message'] });
+    const marker = path.join(h.tenantDir(), 'should-not-exist');
+    const res = await start({ steps: [{ tool: 'shell', args: { command: 'touch should-not-exist' } }], tools: ['message'] });
     const run = await finished(res.body.run_id);
     expect(run.status).to.equal('failed');
     expect(run.error.code).to.equal('tool-not-allowed');
@@ -68,26 +68,15 @@ describe('autonomy runs', function () {
   });
 
   it('ends timed_out within 2 s of the budget and kills the step’s processes', async () => {
-    const pidFile = path.join(h.workspace, 'bg.pid');
-    const res = await start({ steps: [{ tool: 'shell', args: { command: `sleep 30 & echo $! > ${pidFile}; wait` } }], budget_seconds: 1 });
+    const marker = `sleep ${3000 + Math.floor(Math.random() * 5000)}`;
+    const res = await start({ steps: [{ tool: 'shell', args: { command: `${marker} & wait` } }], budget_seconds: 1 });
+    await eventually(() => processesMatching(marker) > 0, 'the background sleep to start', 3000);
     const run = await finished(res.body.run_id);
     expect(run.status).to.equal('timed_out');
     expect(run.error.code).to.equal('budget-exceeded');
     const overshoot = new Date(run.finished_at).getTime() - new Date(run.started_at).getTime() - 1000;
     expect(overshoot).to.be.below(2000);
-    const pid = Number((await fs.readFile(pidFile, 'utf8')).trim());
-    await eventually(
-      () => {
-        try {
-          process.kill(pid, 0);
-          return false;
-        } catch {
-          return true;
-        }
-      },
-      'the background sleep to be killed',
-      3000,
-    );
+    await eventually(() => processesMatching(marker) === 0, 'the background sleep to be killed', 3000);
   });
 
   it('stops after max_steps', async () => {
@@ -112,7 +101,7 @@ describe('autonomy runs', function () {
   });
 
   it('keeps file tools inside the workspace, links included', async () => {
-    await fs.symlink('/etc', path.join(h.workspace, 'escape'));
+    await fs.symlink('/etc', path.join(h.tenantDir(), 'escape'));
     for (const p of ['../../../../etc/passwd', '/etc/passwd', 'escape/passwd']) {
       const res = await start({ steps: [{ tool: 'read_file', args: { path: p } }] });
       const run = await finished(res.body.run_id);

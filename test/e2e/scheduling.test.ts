@@ -5,7 +5,7 @@ import path from 'node:path';
 import { expect } from 'chai';
 import { newId } from '../../engine/platform/ids.js';
 import { runFixture } from '../integration/store-contract.js';
-import { eventually, KEYS, startHarness, type Harness } from '../support/harness.js';
+import { eventually, KEYS, processesMatching, startHarness, type Harness } from '../support/harness.js';
 
 type RunBody = Record<string, any>;
 const TERMINAL = ['succeeded', 'failed', 'canceled', 'timed_out'];
@@ -94,7 +94,7 @@ describe('scheduling', function () {
     const h = await startHarness();
     try {
       // the store write happened, the job add did not (a crash between the two)
-      const ws = h.workspace;
+      const ws = h.tenantDir();
       const orphan = runFixture('tenant-a', {
         id: newId('run'),
         kind: 'autonomy',
@@ -151,24 +151,17 @@ describe('scheduling', function () {
     const first = spawnWorker();
     let second: ReturnType<typeof spawn> | undefined;
     try {
-      const command = 'if [ -f deployed ]; then echo second; else touch deployed; sleep 60 & echo $! > sleep.pid; wait; fi';
+      const marker = `sleep ${6000 + Math.floor(Math.random() * 3000)}`;
+      const command = `if [ -f deployed ]; then echo second; else touch deployed; ${marker} & wait; fi`;
       const id = (await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command } }], budget_seconds: 120 } })).body.run_id;
       await eventually(async () => (await runStatus(h, id)).steps[0].status === 'running', 'the step to run', 15_000);
-      const sleepPid = Number(await eventually(() => fs.readFile(path.join(h.workspace, 'sleep.pid'), 'utf8').catch(() => ''), 'the sleep to start'));
+      await eventually(() => processesMatching(marker) > 0, 'the sleep to start');
       const exited = new Promise<number | null>((resolve) => first.once('exit', (code) => resolve(code)));
       const stoppedAt = Date.now();
       process.kill(first.pid!, 'SIGTERM');
       expect(await exited).to.equal(0);
       expect(Date.now() - stoppedAt).to.be.below(4000);
-      const alive = () => {
-        try {
-          process.kill(sleepPid, 0);
-          return true;
-        } catch {
-          return false;
-        }
-      };
-      await eventually(() => !alive(), 'the step’s sleep to be killed', 2000);
+      await eventually(() => processesMatching(marker) === 0, 'the step’s sleep to be killed', 2000);
       const requeued = await runStatus(h, id);
       expect(requeued).to.deep.include({ status: 'queued', attempt: 2 });
       second = spawnWorker();

@@ -107,11 +107,11 @@ describe('file_change triggers', function () {
     ).body;
     // the folders exist before the watcher starts, so the burst below is two file events, not a new
     // folder that the watcher must first discover (which can land outside the debounce window)
-    await fs.mkdir(path.join(h.workspace, 'src/lib'), { recursive: true });
+    await fs.mkdir(path.join(h.tenantDir(), 'src/lib'), { recursive: true });
     await new Promise((r) => setTimeout(r, 1500)); // the watcher refreshes its automations every second
-    await fs.writeFile(path.join(h.workspace, 'src/a.ts'), 'a');
-    await fs.writeFile(path.join(h.workspace, 'src/lib/b.ts'), 'b');
-    await fs.writeFile(path.join(h.workspace, 'README.md'), 'not watched');
+    await fs.writeFile(path.join(h.tenantDir(), 'src/a.ts'), 'a');
+    await fs.writeFile(path.join(h.tenantDir(), 'src/lib/b.ts'), 'b');
+    await fs.writeFile(path.join(h.tenantDir(), 'README.md'), 'not watched');
     const runs = await eventually(
       async () => {
         const r = await history(h, a.id);
@@ -125,13 +125,13 @@ describe('file_change triggers', function () {
     expect(all).to.have.length(1);
     expect(runs[0]!.trigger).to.deep.equal({ type: 'file_change', paths: ['src/a.ts', 'src/lib/b.ts'] });
 
-    await fs.writeFile(path.join(h.workspace, 'notes.txt'), 'x');
+    await fs.writeFile(path.join(h.tenantDir(), 'notes.txt'), 'x');
     await new Promise((r) => setTimeout(r, 800));
     expect(await history(h, a.id)).to.have.length(1);
 
     await h.call('POST', `/api/v1/automations/${a.id}/disable`);
     await new Promise((r) => setTimeout(r, 1500));
-    await fs.writeFile(path.join(h.workspace, 'src/c.ts'), 'c');
+    await fs.writeFile(path.join(h.tenantDir(), 'src/c.ts'), 'c');
     await new Promise((r) => setTimeout(r, 1000));
     expect(await history(h, a.id)).to.have.length(1);
   });

@@ -1,7 +1,9 @@
 // Starts the real service for a test: app on an ephemeral port, in-process workers, real Redis with
 // a unique SERVICE_QUEUE_PREFIX, a fresh SQLite file. close() closes every connection and removes
 // what the test left in Redis and on disk.
+import { spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
+import { mkdirSync } from 'node:fs';
 import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -30,6 +32,8 @@ export type Harness = {
   config: Config;
   /** SERVICE_WORKSPACE_ROOT of this harness: a fresh folder */
   workspace: string;
+  /** a tenant's own workspace root (SERVICE_WORKSPACE_ROOT/<tenant>), made on first call */
+  tenantDir(tenant?: string): string;
   rt: Runtime;
   web: WebServer;
   workers: Workers;
@@ -94,6 +98,11 @@ export async function startHarness(opts: { env?: Record<string, string>; runtime
     url: web.url,
     config,
     workspace: config.workspaceRoot,
+    tenantDir(tenant = 'tenant-a') {
+      const dir = config.auth === 'none' ? config.workspaceRoot : path.join(config.workspaceRoot, tenant);
+      mkdirSync(dir, { recursive: true });
+      return dir;
+    },
     rt,
     web,
     workers,
@@ -146,4 +155,10 @@ export async function deleteRedisPrefix(prefix: string): Promise<void> {
   } finally {
     redis.disconnect();
   }
+}
+
+/** How many processes of this machine have a command line containing `text` (pgrep -f). */
+export function processesMatching(text: string): number {
+  const out = spawnSync('pgrep', ['-f', '--', text], { encoding: 'utf8' });
+  return out.stdout.split('\n').filter((l) => l.trim() && Number(l) !== process.pid).length;
 }

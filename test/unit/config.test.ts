@@ -12,7 +12,7 @@ describe('config/env', () => {
     expect(c.queuePrefix).to.equal('svc');
     expect(c.apiKeys).to.deep.equal([]);
     expect(c.auth).to.equal('required');
-    expect(c.workspaceRoot).to.equal(path.resolve('.'));
+    expect(c.workspaceRoot).to.equal(path.resolve('workspaces'));
     expect(c.auditAllowSensitivePaths).to.equal(false);
     expect(c.adminKeys).to.deep.equal([]);
     expect(c.tenantMaxRunning).to.equal(10);

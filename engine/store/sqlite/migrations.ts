@@ -93,3 +93,8 @@ MIGRATIONS.push(`
   CREATE INDEX runs_by_tenant ON runs (tenant_id, id);
   CREATE INDEX runs_by_tenant_status ON runs (tenant_id, status, id);
 `);
+// Runs and automations say whether their tools may use the network; runs, which sandbox ran them.
+MIGRATIONS.push(`
+  UPDATE runs SET doc = json_set(doc, '$.network', json('false'), '$.sandbox', NULL);
+  UPDATE automations SET doc = json_set(doc, '$.network', json('false'));
+`);

@@ -1,0 +1,277 @@
+// Every process a tool starts runs here. On Linux with bubblewrap (`bwrap`): new user, pid, ipc, uts
+// and (unless the run may use the network) network namespaces; uid/gid 65534 inside; the system
+// folders read-only, /etc without what is not world-readable (shadow files, private keys), the run's
+// workspace read-write at /workspace, a private /tmp, nothing else (no data dir, no other workspace, no
+// home of the service's user). `--die-with-parent` and the pid namespace make everything a step starts
+// (daemons included) die with it. Limits per step: CPU seconds, address space, file size and open
+// files through prlimit inside the sandbox, and the number of processes through a pids cgroup when
+// one can be made (RLIMIT_NPROC does not hold for a sandbox whose outside user is root).
+import { spawn, type ChildProcess } from 'node:child_process';
+import fs from 'node:fs';
+import path from 'node:path';
+import type { Logger } from '../platform/index.js';
+
+export type SandboxKind = 'bwrap' | 'none';
+
+export type SandboxLimits = { cpuSeconds: number; memoryMb: number; processes: number; fileSizeMb: number };
+
+export type SandboxSpawnOptions = {
+  /** the folder the process works in: read-write, seen inside as /workspace */
+  workspace: string;
+  env: Record<string, string>;
+  /** share the host's network (only when the operator allows it) */
+  network: boolean;
+  /** more folders to mount at the same path, read-write (a worktree's git directory) */
+  binds?: string[];
+};
+
+/** A process started in the sandbox; `done()` frees what the sandbox made for it once it has exited. */
+export type SandboxProcess = { child: ChildProcess; done(): void };
+
+export type Sandbox = {
+  readonly kind: SandboxKind;
+  /** how the number of processes of a step is bounded: a pids cgroup, RLIMIT_NPROC, or nothing */
+  readonly processLimit: 'cgroup' | 'rlimit' | 'none';
+  /** where the workspace is inside: what a step sees as its working folder */
+  workspacePath(workspace: string): string;
+  /** Starts argv in a new process group (kill the group to stop it all). */
+  spawn(argv: string[], opts: SandboxSpawnOptions): SandboxProcess;
+};
+
+export const INSIDE_WORKSPACE = '/workspace';
+const NOBODY = '65534';
+
+/** Finds a program on PATH, or null. */
+export function which(name: string, pathVar: string | undefined): string | null {
+  for (const dir of (pathVar ?? '/usr/local/bin:/usr/bin:/bin').split(':')) {
+    const file = path.join(dir, name);
+    try {
+      fs.accessSync(file, fs.constants.X_OK);
+      return file;
+    } catch {
+      // not here
+    }
+  }
+  return null;
+}
+
+/** The processes a step may have, by a pids cgroup of its own: v2 (unified) or v1 (pids controller). */
+function pidsCgroupRoot(prefix: string): string | null {
+  const candidates = [
+    { base: '/sys/fs/cgroup', marker: 'cgroup.controllers', v2: true },
+    { base: '/sys/fs/cgroup/unified', marker: 'cgroup.controllers', v2: true },
+    { base: '/sys/fs/cgroup/pids', marker: 'pids.max', v2: false },
+  ];
+  for (const c of candidates) {
+    try {
+      if (c.v2 && !fs.readFileSync(path.join(c.base, c.marker), 'utf8').split(/\s+/).includes('pids')) continue;
+      if (!c.v2 && !fs.existsSync(c.base)) continue;
+      const root = path.join(c.base, `${prefix}-sandbox`);
+      fs.mkdirSync(root, { recursive: true });
+      if (c.v2) fs.writeFileSync(path.join(root, 'cgroup.subtree_control'), '+pids');
+      // a probe: a child group whose limit can be written
+      const probe = path.join(root, 'probe');
+      fs.mkdirSync(probe, { recursive: true });
+      fs.writeFileSync(path.join(probe, 'pids.max'), '8');
+      fs.rmdirSync(probe);
+      return root;
+    } catch {
+      // not writable here: try the next
+    }
+  }
+  return null;
+}
+
+/** Paths under /etc that others may not read: masked inside the sandbox (an empty file or folder). */
+function etcSecrets(): { files: string[]; dirs: string[] } {
+  const files: string[] = [];
+  const dirs: string[] = [];
+  const walk = (dir: string, depth: number) => {
+    let entries: fs.Dirent[];
+    try {
+      entries = fs.readdirSync(dir, { withFileTypes: true });
+    } catch {
+      return;
+    }
+    for (const e of entries) {
+      const full = path.join(dir, e.name);
+      let st: fs.Stats;
+      try {
+        st = fs.lstatSync(full);
+      } catch {
+        continue;
+      }
+      if (st.isSymbolicLink()) continue;
+      if (st.isDirectory()) {
+        if ((st.mode & 0o005) !== 0o005) dirs.push(full);
+        else if (depth < 6) walk(full, depth + 1);
+      } else if ((st.mode & 0o004) === 0) files.push(full);
+    }
+  };
+  walk('/etc', 0);
+  return { files, dirs };
+}
+
+/** A top-level folder of / that is a link into /usr (merged /usr) is linked the same way inside. */
+function systemRoots(): string[] {
+  const args: string[] = ['--ro-bind', '/usr', '/usr'];
+  for (const name of ['bin', 'sbin', 'lib', 'lib32', 'lib64', 'libx32']) {
+    const p = `/${name}`;
+    let st: fs.Stats;
+    try {
+      st = fs.lstatSync(p);
+    } catch {
+      continue;
+    }
+    if (st.isSymbolicLink()) args.push('--symlink', fs.readlinkSync(p), p);
+    else if (st.isDirectory()) args.push('--ro-bind', p, p);
+  }
+  // Node.js installed outside /usr (nvm, /opt): its install folder, read-only
+  const nodeRoot = path.dirname(path.dirname(process.execPath));
+  if (!nodeRoot.startsWith('/usr/') && nodeRoot !== '/usr' && nodeRoot !== '/') args.push('--ro-bind', nodeRoot, nodeRoot);
+  return args;
+}
+
+function prlimitArgs(limits: SandboxLimits, nproc: boolean): string[] {
+  const mb = 1024 * 1024;
+  return [
+    `--cpu=${limits.cpuSeconds}`,
+    `--as=${limits.memoryMb * mb}`,
+    `--fsize=${limits.fileSizeMb * mb}`,
+    '--nofile=4096',
+    ...(nproc ? [`--nproc=${limits.processes}`] : []),
+  ];
+}
+
+let stepCounter = 0;
+
+export function bwrapSandbox(opts: { bwrap: string; prlimit: string; limits: SandboxLimits; prefix: string; log: Logger }): Sandbox {
+  const secrets = etcSecrets();
+  const cgroupRoot = pidsCgroupRoot(opts.prefix);
+  const isRoot = process.getuid?.() === 0;
+  const processLimit = cgroupRoot ? 'cgroup' : isRoot ? 'none' : 'rlimit';
+  if (processLimit === 'none')
+    opts.log.warn('no pids cgroup can be made and the service runs as root: sandboxed steps have no limit on their number of processes');
+  const fixed = [
+    '--unshare-user',
+    '--unshare-pid',
+    '--unshare-ipc',
+    '--unshare-uts',
+    '--unshare-cgroup-try',
+    '--uid',
+    NOBODY,
+    '--gid',
+    NOBODY,
+    '--hostname',
+    'sandbox',
+    ...systemRoots(),
+    '--ro-bind',
+    '/etc',
+    '/etc',
+    ...secrets.files.flatMap((f) => ['--ro-bind', '/dev/null', f]),
+    ...secrets.dirs.flatMap((d) => ['--tmpfs', d]),
+    '--proc',
+    '/proc',
+    '--dev',
+    '/dev',
+    '--tmpfs',
+    '/tmp',
+    '--die-with-parent',
+    '--new-session',
+    '--clearenv',
+  ];
+  return {
+    kind: 'bwrap',
+    processLimit,
+    workspacePath: () => INSIDE_WORKSPACE,
+    spawn(argv, o) {
+      const env = { ...o.env, HOME: '/tmp', PWD: INSIDE_WORKSPACE, TMPDIR: '/tmp' };
+      const args = [
+        ...fixed,
+        ...(o.network ? [] : ['--unshare-net']),
+        ...(o.binds ?? []).flatMap((b) => ['--bind', b, b]),
+        '--bind',
+        o.workspace,
+        INSIDE_WORKSPACE,
+        '--chdir',
+        INSIDE_WORKSPACE,
+        ...Object.entries(env).flatMap(([k, v]) => ['--setenv', k, v]),
+        '--',
+        opts.prlimit,
+        ...prlimitArgs(opts.limits, processLimit === 'rlimit'),
+        '--',
+        ...argv,
+      ];
+      let group: string | null = null;
+      if (cgroupRoot) {
+        group = path.join(cgroupRoot, `step-${process.pid}-${++stepCounter}`);
+        try {
+          fs.mkdirSync(group);
+          fs.writeFileSync(path.join(group, 'pids.max'), String(opts.limits.processes));
+        } catch (err) {
+          opts.log.warn({ err: (err as Error).message }, 'a step’s pids cgroup could not be made');
+          group = null;
+        }
+      }
+      // the first process joins the step's cgroup, then becomes bwrap: every process of the step is counted
+      const child = group
+        ? spawn('/bin/sh', ['-c', 'echo $$ > "$1" && shift && exec "$@"', 'sandbox', path.join(group, 'cgroup.procs'), opts.bwrap, ...args], {
+            env: {},
+            detached: true,
+            stdio: ['ignore', 'pipe', 'pipe'],
+          })
+        : spawn(opts.bwrap, args, { env: {}, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
+      return {
+        child,
+        done() {
+          if (!group) return;
+          const dir = group;
+          group = null;
+          const remove = (tries: number) => {
+            try {
+              fs.rmdirSync(dir);
+            } catch {
+              if (tries > 0) setTimeout(() => remove(tries - 1), 50).unref();
+            }
+          };
+          remove(20);
+        },
+      };
+    },
+  };
+}
+
+/** No isolation: the process runs as the service's own user, in the workspace itself. */
+export function noSandbox(): Sandbox {
+  return {
+    kind: 'none',
+    processLimit: 'none',
+    workspacePath: (workspace) => workspace,
+    spawn(argv, o) {
+      const child = spawn(argv[0]!, argv.slice(1), { cwd: o.workspace, env: o.env, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
+      return { child, done() {} };
+    },
+  };
+}
+
+/**
+ * The sandbox of this process: `bwrap` when asked for or (auto) when it is installed, else none.
+ * Throws when bwrap is asked for and missing.
+ */
+export function openSandbox(opts: {
+  mode: 'bwrap' | 'none' | 'auto';
+  limits: SandboxLimits;
+  prefix: string;
+  pathVar: string | undefined;
+  log: Logger;
+}): Sandbox {
+  if (opts.mode === 'none') return noSandbox();
+  const bwrap = which('bwrap', opts.pathVar);
+  const prlimit = which('prlimit', opts.pathVar);
+  if (!bwrap || !prlimit) {
+    if (opts.mode === 'bwrap')
+      throw new Error(`SERVICE_SANDBOX=bwrap, but ${bwrap ? 'prlimit' : 'bwrap'} is not installed (apt-get install bubblewrap util-linux)`);
+    return noSandbox();
+  }
+  return bwrapSandbox({ bwrap, prlimit, limits: opts.limits, prefix: opts.prefix, log: opts.log });
+}
