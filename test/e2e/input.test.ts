@@ -27,6 +27,16 @@ describe('bad input', () => {
     expect(res.body.errors).to.deep.equal([{ path: '/body/triggers/0/timezone', message: "must have required property 'timezone'" }]);
   });
 
+  it('answers a 400 for a numeric query parameter that is not a finite number in range', async () => {
+    for (const q of ['1e309', 'Infinity', '-Infinity', 'NaN', '-1', '0', '101', '1.5', '99999999999999999999']) {
+      const res = await h.call('GET', `/api/v1/automations?limit=${q}`);
+      expect(res.status, q).to.equal(400);
+      expect(res.body.errors[0].path, q).to.equal('/query/limit');
+    }
+    expect((await h.call('GET', '/api/v1/runs?limit=1e309')).status).to.equal(400);
+    expect((await h.call('GET', '/api/v1/webhook-deliveries?limit=Infinity')).status).to.equal(400);
+  });
+
   it('malformed JSON is a 400 malformed-json', async () => {
     await expectProblem(
       await h.call('POST', '/api/v1/automations', { raw: '{"name": "x",', headers: { 'content-type': 'application/json' } }),

@@ -118,4 +118,32 @@ describe('processes', function () {
     expect((await p.exited).code).to.equal(1);
     expect(p.out()).to.contain('SERVICE_AUTH: "none" is refused when NODE_ENV=production');
   });
+
+  it('refuses to start when the data dir is inside the workspace root, where tools could read the secret key', async () => {
+    const p = start('main.ts', { ...env(), SERVICE_WORKSPACE_ROOT: path.dirname(dataDir) });
+    procs.push(p);
+    expect((await p.exited).code).to.equal(1);
+    expect(p.out()).to.match(/SERVICE_DATA_DIR: .* is inside SERVICE_WORKSPACE_ROOT/);
+  });
+
+  it('refuses to start in production with no sandbox while tenants may use shell, unless SERVICE_SANDBOX=none is set', async () => {
+    const prod = {
+      ...env(),
+      NODE_ENV: 'production',
+      SERVICE_SECRET_KEY: 'ab'.repeat(32),
+      SERVICE_WORKSPACE_ROOT: path.join(dataDir, '..', `${path.basename(dataDir)}-ws`),
+    };
+    // a PATH with no bwrap on it: the sandbox cannot be found
+    const p = start('api/main.ts', { ...prod, PATH: '/nonexistent' });
+    procs.push(p);
+    expect((await p.exited).code).to.equal(1);
+    expect(p.out()).to.contain('SERVICE_SANDBOX: bwrap is not installed and tenants may use shell');
+    const explicit = start('api/main.ts', { ...prod, PATH: '/nonexistent', SERVICE_SANDBOX: 'none' });
+    procs.push(explicit);
+    const [, url] = await waitFor(explicit, /"url":"(http:\/\/localhost:\d+)"/);
+    const ready = (await (await fetch(`${url}/readyz`)).json()) as { sandbox: { kind: string; warning?: string } };
+    expect(ready.sandbox.kind).to.equal('none');
+    expect(ready.sandbox.warning).to.be.a('string');
+    expect(explicit.out()).to.contain('tool processes run without a sandbox');
+  });
 });

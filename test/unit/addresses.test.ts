@@ -1,0 +1,43 @@
+// The http tool's address rule: only public unicast addresses, however they are spelt.
+import { expect } from 'chai';
+import { isPrivateAddress } from '../../engine/tools/http.js';
+
+describe('http tool addresses', () => {
+  it('refuses loopback, private, link-local and special ranges in every spelling', () => {
+    for (const a of [
+      '127.0.0.1',
+      '127.1.2.3',
+      '0.0.0.0',
+      '10.0.0.1',
+      '172.16.5.4',
+      '192.168.1.1',
+      '169.254.169.254',
+      '100.64.0.1',
+      '224.0.0.1',
+      '255.255.255.255',
+      '::1',
+      '::',
+      '::ffff:127.0.0.1',
+      '::ffff:7f00:1',
+      '0:0:0:0:0:ffff:7f00:1',
+      '::127.0.0.1',
+      '64:ff9b::7f00:1',
+      '64:ff9b::a00:1',
+      '2002::1',
+      '2002:7f00:1::',
+      '2001::1',
+      'fe80::1',
+      'fc00::1',
+      'fd12:3456::1',
+      'ff02::1',
+      '2001:db8::1',
+      'not-an-address',
+    ]) {
+      expect(isPrivateAddress(a), a).to.equal(true);
+    }
+  });
+
+  it('lets public addresses through, IPv4 written as IPv6 included', () => {
+    for (const a of ['8.8.8.8', '1.1.1.1', '2606:4700:4700::1111', '::ffff:8.8.8.8']) expect(isPrivateAddress(a), a).to.equal(false);
+  });
+});
