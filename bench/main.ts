@@ -7,6 +7,7 @@ import path from 'node:path';
 import { deleteRedisPrefix, uniquePrefix } from '../test/support/harness.js';
 import { CONNECTIONS, load, SECONDS, startServer, stop, type Result } from './http.js';
 import { runBenchmarks } from './runs.js';
+import { sandboxCost } from './sandbox.js';
 import { webhookIntake } from './webhooks.js';
 
 const KEY = 'bench-key-0123456789abcdef';
@@ -99,6 +100,9 @@ async function main(): Promise<void> {
     console.log('\n| run engine | service | raw BullMQ | ratio |');
     console.log('|---|---|---|---|');
     for (const line of await runBenchmarks()) console.log(line);
+    console.log('\n| sandbox | bubblewrap | no sandbox | cost |');
+    console.log('|---|---|---|---|');
+    for (const line of await sandboxCost()) console.log(line);
   } finally {
     await Promise.all([stop(service.child), stop(bare.child)]);
     await deleteRedisPrefix(prefix);
@@ -106,7 +110,9 @@ async function main(): Promise<void> {
   }
 }
 
-if (process.env.BENCH_ONLY === 'webhooks') {
+if (process.env.BENCH_ONLY === 'sandbox') {
+  for (const line of await sandboxCost()) console.log(line);
+} else if (process.env.BENCH_ONLY === 'webhooks') {
   for (const [name, s, b] of await webhookIntake())
     console.log(
       `| ${name} | ${s.rps.toFixed(0)} | ${b.rps.toFixed(0)} | ${(s.rps / b.rps).toFixed(2)} | ${s.p50} / ${s.p99} | ${b.p50} / ${b.p99} | ${s.errors + s.non2xx} |`,

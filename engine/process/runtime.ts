@@ -84,9 +84,9 @@ function openProcessSandbox(config: Config, log: Logger): Sandbox {
 
 export async function openRuntime(config: Config, log: Logger, opts: RuntimeOptions = {}): Promise<Runtime> {
   await checkDataDirOutsideWorkspaces(config);
-  const sandbox = openProcessSandbox(config, log);
   await probeRedis(config.redisUrl);
-  const closers: (() => Promise<unknown>)[] = [];
+  const sandbox = openProcessSandbox(config, log);
+  const closers: (() => Promise<unknown>)[] = [async () => sandbox.close()];
   try {
     const redis = createRedis(config.redisUrl, `${config.queuePrefix}:main`);
     redis.on('error', (err) => log.warn({ err: err.message }, 'redis connection error'));

@@ -36,6 +36,8 @@ export type Sandbox = {
   workspacePath(workspace: string): string;
   /** Starts argv in a new process group (kill the group to stop it all). */
   spawn(argv: string[], opts: SandboxSpawnOptions): SandboxProcess;
+  /** Removes what the sandbox made for this process (its cgroup folder). */
+  close(): void;
 };
 
 export const INSIDE_WORKSPACE = '/workspace';
@@ -184,6 +186,15 @@ export function bwrapSandbox(opts: { bwrap: string; prlimit: string; limits: San
     kind: 'bwrap',
     processLimit,
     workspacePath: () => INSIDE_WORKSPACE,
+    close() {
+      if (!cgroupRoot) return;
+      try {
+        for (const d of fs.readdirSync(cgroupRoot, { withFileTypes: true })) if (d.isDirectory()) fs.rmdirSync(path.join(cgroupRoot, d.name));
+        fs.rmdirSync(cgroupRoot);
+      } catch {
+        // a step still running elsewhere in this prefix keeps it
+      }
+    },
     spawn(argv, o) {
       const env = { ...o.env, HOME: '/tmp', PWD: INSIDE_WORKSPACE, TMPDIR: '/tmp' };
       const args = [
@@ -247,6 +258,7 @@ export function noSandbox(): Sandbox {
     kind: 'none',
     processLimit: 'none',
     workspacePath: (workspace) => workspace,
+    close() {},
     spawn(argv, o) {
       const child = spawn(argv[0]!, argv.slice(1), { cwd: o.workspace, env: o.env, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
       return { child, done() {} };
