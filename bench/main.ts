@@ -20,9 +20,9 @@ async function runCreation(): Promise<[string, Result, Result]> {
   const web = await startServer('api/main.ts', {
     PORT: '0',
     SERVICE_DATA_DIR: dataDir,
+    SERVICE_WORKSPACE_ROOT: path.join(dataDir, 'workspaces'),
     SERVICE_QUEUE_PREFIX: prefix,
     SERVICE_API_KEYS: `bench:${KEY}`,
-    SERVICE_WORKSPACE_ROOT: dataDir,
     SERVICE_TENANT_MAX_RUNNING: '10000',
     LOG_LEVEL: 'warn',
     NODE_ENV: 'production',
@@ -56,6 +56,7 @@ async function main(): Promise<void> {
   const service = await startServer('main.ts', {
     PORT: '0',
     SERVICE_DATA_DIR: dataDir,
+    SERVICE_WORKSPACE_ROOT: path.join(dataDir, 'workspaces'),
     SERVICE_QUEUE_PREFIX: prefix,
     SERVICE_API_KEYS: `bench:${KEY}`,
     LOG_LEVEL: 'warn',

@@ -44,6 +44,7 @@ export async function webhookIntake(): Promise<[string, Result, Result][]> {
     const web = await startServer('api/main.ts', {
       PORT: '0',
       SERVICE_DATA_DIR: dataDir,
+      SERVICE_WORKSPACE_ROOT: path.join(dataDir, 'workspaces'),
       SERVICE_QUEUE_PREFIX: prefix,
       SERVICE_API_KEYS: `bench:${KEY}`,
       SERVICE_WEBHOOK_RATE_LIMIT_PER_MINUTE: '10000000',

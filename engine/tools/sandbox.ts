@@ -189,7 +189,9 @@ export function bwrapSandbox(opts: { bwrap: string; prlimit: string; limits: San
     close() {
       if (!cgroupRoot) return;
       try {
-        for (const d of fs.readdirSync(cgroupRoot, { withFileTypes: true })) if (d.isDirectory()) fs.rmdirSync(path.join(cgroupRoot, d.name));
+        // only this process's own step folders: another process of the same prefix may be using its own
+        const mine = `step-${process.pid}-`;
+        for (const d of fs.readdirSync(cgroupRoot, { withFileTypes: true })) if (d.isDirectory() && d.name.startsWith(mine)) fs.rmdirSync(path.join(cgroupRoot, d.name));
         fs.rmdirSync(cgroupRoot);
       } catch {
         // a step still running elsewhere in this prefix keeps it
