@@ -111,7 +111,12 @@ async function main(): Promise<void> {
   }
 }
 
-if (process.env.BENCH_ONLY === 'sandbox') {
+if (process.env.BENCH_ONLY === 'run-creation') {
+  const [name, s, b] = await runCreation();
+  console.log(
+    `| ${name} | ${s.rps.toFixed(0)} | ${b.rps.toFixed(0)} | ${(s.rps / b.rps).toFixed(2)} | ${s.p50} / ${s.p99} | ${b.p50} / ${b.p99} | ${s.errors + s.non2xx} |`,
+  );
+} else if (process.env.BENCH_ONLY === 'sandbox') {
   for (const line of await sandboxCost()) console.log(line);
 } else if (process.env.BENCH_ONLY === 'webhooks') {
   for (const [name, s, b] of await webhookIntake())

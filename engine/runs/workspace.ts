@@ -4,6 +4,7 @@
 // scratch area: a git worktree at HEAD when the workspace is a repository, else a copy made into a
 // fresh repository, so the diff of what the run changed comes from git.
 import { execFile } from 'node:child_process';
+import { existsSync } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import { promisify } from 'node:util';
@@ -24,10 +25,16 @@ export function tenantRootPath(roots: Roots, tenantId: string): string {
   return roots.singleTenant ? roots.workspaceRoot : path.join(roots.workspaceRoot, tenantId);
 }
 
-/** A tenant's root, made on first use. */
+/** Roots this process has made already: run creation need not ask the file system again. */
+const made = new Set<string>();
+
+/** A tenant's root, made on first use (and again if it was removed since). */
 export async function tenantRoot(roots: Roots, tenantId: string): Promise<string> {
   const dir = tenantRootPath(roots, tenantId);
-  await fs.mkdir(dir, { recursive: true });
+  if (!made.has(dir) || !existsSync(dir)) {
+    await fs.mkdir(dir, { recursive: true });
+    made.add(dir);
+  }
   return dir;
 }
 

@@ -191,7 +191,8 @@ export function bwrapSandbox(opts: { bwrap: string; prlimit: string; limits: San
       try {
         // only this process's own step folders: another process of the same prefix may be using its own
         const mine = `step-${process.pid}-`;
-        for (const d of fs.readdirSync(cgroupRoot, { withFileTypes: true })) if (d.isDirectory() && d.name.startsWith(mine)) fs.rmdirSync(path.join(cgroupRoot, d.name));
+        for (const d of fs.readdirSync(cgroupRoot, { withFileTypes: true }))
+          if (d.isDirectory() && d.name.startsWith(mine)) fs.rmdirSync(path.join(cgroupRoot, d.name));
         fs.rmdirSync(cgroupRoot);
       } catch {
         // a step still running elsewhere in this prefix keeps it
