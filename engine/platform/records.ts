@@ -223,3 +223,69 @@ export type WebhookDelivery = {
   received_at: string;
   processed_at: string | null;
 };
+
+export const SESSION_KINDS = ['multi_agent', 'autonomy', 'vibe'] as const;
+export type SessionKind = (typeof SESSION_KINDS)[number];
+
+export const SESSION_STATUSES = ['idle', 'running', 'waiting', 'paused', 'archived'] as const;
+export type SessionStatus = (typeof SESSION_STATUSES)[number];
+
+export type SessionOutcome = 'succeeded' | 'failed' | 'canceled';
+
+/**
+ * A session: what an autonomy or vibe run streams into (kind `autonomy`, `vibe`), or a multi-agent
+ * session with agents, a task DAG and a message log (kind `multi_agent`).
+ */
+export type Session = {
+  id: string;
+  tenant_id: string;
+  title: string | null;
+  goal: string | null;
+  kind: SessionKind;
+  status: SessionStatus;
+  /** set once every task (or the run) has ended; null while work remains */
+  outcome: SessionOutcome | null;
+  metadata: Record<string, unknown>;
+  created_at: string;
+  updated_at: string;
+};
+
+/** An agent of a multi-agent session. A task's run takes a snapshot of it: editing an agent never changes a run. */
+export type AgentRecord = {
+  id: string;
+  tenant_id: string;
+  session_id: string;
+  name: string;
+  role: string | null;
+  instructions: string | null;
+  tool_allowlist: ToolName[];
+  budget: Budget;
+  /** overrides SERVICE_AGENT_MODEL for this agent */
+  model: string | null;
+  created_at: string;
+  updated_at: string;
+};
+
+export const MESSAGE_ROLES = ['user', 'system', 'agent', 'tool'] as const;
+export type MessageRole = (typeof MESSAGE_ROLES)[number];
+
+export type MessagePart = { type: 'text'; text: string } | { type: 'data'; data: Record<string, unknown> };
+
+/** One entry of a session's durable message log; `seq` orders the log (1, 2, 3, … per session). */
+export type MessageRecord = {
+  id: string;
+  tenant_id: string;
+  session_id: string;
+  seq: number;
+  role: MessageRole;
+  /** who wrote it: an agent id, or null for a person or the system */
+  from: string | null;
+  /** an agent id, or null for all */
+  to: string | null;
+  kind: string;
+  parts: MessagePart[];
+  task_id: string | null;
+  run_id: string | null;
+  in_reply_to: string | null;
+  created_at: string;
+};

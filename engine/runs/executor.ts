@@ -3,7 +3,7 @@
 // again belonged to a worker that died (it is lost: failed, or retried by its policy). The budget is
 // an AbortSignal: at the deadline the step in flight is aborted and its processes killed. A worker
 // that is shutting down interrupts its attempts: they go back to the queue for another worker.
-import { isTerminal, type Run } from '../platform/index.js';
+import { isTerminal, type Run, type StepRecord } from '../platform/index.js';
 import { startAttempt, type StopReason } from './attempt.js';
 import { agentProgram, stepsProgram, vibeProgram, type WorkOutcome } from './programs.js';
 import type { Runs, RunsDeps } from './runs.js';
@@ -33,6 +33,11 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions)
         await new Promise((r) => setTimeout(r, 250 * 2 ** i));
       }
     }
+  }
+
+  /** Puts an interrupted attempt back in the queue; the steps it changed are written once, with it. */
+  async function interrupted(run: Run, reason: string, steps: StepRecord[]): Promise<Settled> {
+    return (await settle(() => transitions.interrupt(run, reason, steps))) ? { run, next: 'interrupted' } : null;
   }
 
   async function execute(runId: string, tenantId: string, attempt: number): Promise<Settled> {
@@ -77,7 +82,7 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions)
       const work: WorkOutcome = await program(a);
       const stop = a.stopReason();
       if (stop?.status === 'interrupted') {
-        return (await settle(() => transitions.interrupt(run, stop.error.message, a.close()))) ? { run, next: 'interrupted' } : null;
+        return interrupted(run, stop.error.message, a.close());
       }
       const status = stop?.status ?? (work.error ? 'failed' : 'succeeded');
       const error = stop?.error ?? work.error ?? null;
@@ -91,7 +96,7 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions)
     } catch (err) {
       const stop = a.stopReason();
       if (stop?.status === 'interrupted') {
-        return (await settle(() => transitions.interrupt(run, stop.error.message, a.close()))) ? { run, next: 'interrupted' } : null;
+        return interrupted(run, stop.error.message, a.close());
       }
       log.error({ err, run_id: runId }, 'run failed unexpectedly');
       outcome = { status: 'failed', error: { code: 'internal', message: 'the run failed unexpectedly' }, summary: 'failed: internal error', usage: a.usage };

@@ -2,14 +2,19 @@
 // tenant data. Two adapters implement it (sqlite/, mongo/); one contract suite tests both.
 import {
   ValidationError,
+  type AgentRecord,
   type AgentTurn,
   type ApiKeyRecord,
   type Automation,
   type AutomationStatus,
   type DeliveryStatus,
+  type MessageRecord,
   type Run,
   type RunKind,
   type RunStatus,
+  type Session,
+  type SessionKind,
+  type SessionStatus,
   type StepRecord,
   type Trigger,
   type WebhookDelivery,
@@ -108,6 +113,34 @@ export interface DeliveryRepo {
   listStale(status: DeliveryStatus, receivedBefore: string, limit: number): Promise<WebhookDelivery[]>;
 }
 
+export type SessionQuery = { status?: SessionStatus; kind?: SessionKind; limit: number; cursor?: string };
+export type SessionChanges = Partial<Pick<Session, 'title' | 'goal' | 'status' | 'outcome' | 'metadata' | 'updated_at'>>;
+
+export interface SessionRepo {
+  insert(session: Session): Promise<void>;
+  get(tenantId: string, id: string): Promise<Session | null>;
+  /** Newest first; archived sessions only when asked for by status. */
+  list(tenantId: string, q: SessionQuery): Promise<Page<Session>>;
+  /** Applies `changes` only while the status is one of `ifStatusIn`; null when no row matched. */
+  update(tenantId: string, id: string, changes: SessionChanges, ifStatusIn: SessionStatus[]): Promise<Session | null>;
+}
+
+export interface AgentRepo {
+  insert(agent: AgentRecord): Promise<void>;
+  get(tenantId: string, sessionId: string, id: string): Promise<AgentRecord | null>;
+  /** In the order they were added. */
+  list(tenantId: string, sessionId: string): Promise<AgentRecord[]>;
+}
+
+export type NewMessage = Omit<MessageRecord, 'seq'>;
+
+export interface MessageRepo {
+  /** Appends to the session's log, giving the message the next `seq` (1, 2, 3, … per session). */
+  append(message: NewMessage): Promise<MessageRecord>;
+  /** Oldest first, after the given `seq` (exclusive). */
+  list(tenantId: string, sessionId: string, q: { afterSeq?: number; limit: number }): Promise<MessageRecord[]>;
+}
+
 export interface Store {
   readonly kind: 'sqlite' | 'mongo';
   readonly automations: AutomationRepo;
@@ -115,6 +148,9 @@ export interface Store {
   readonly runs: RunRepo;
   readonly webhookSecrets: WebhookSecretRepo;
   readonly deliveries: DeliveryRepo;
+  readonly sessions: SessionRepo;
+  readonly agents: AgentRepo;
+  readonly messages: MessageRepo;
   /** Throws when the store cannot be reached. */
   ping(): Promise<void>;
   close(): Promise<void>;

@@ -1,7 +1,7 @@
 // One contract for every store adapter. Each adapter's test file calls storeContract with a factory.
 import { expect } from 'chai';
 import { newId } from '../../engine/platform/ids.js';
-import type { ApiKeyRecord, Automation, Run, WebhookDelivery, WebhookSecretRecord } from '../../engine/platform/records.js';
+import type { AgentRecord, ApiKeyRecord, Automation, Run, Session, WebhookDelivery, WebhookSecretRecord } from '../../engine/platform/records.js';
 import type { Store } from '../../engine/store/port.js';
 
 export function automationFixture(tenantId: string, over: Partial<Automation> = {}): Automation {
@@ -351,6 +351,88 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       await store.automations.insert(automationFixture('t1'));
       expect((await store.automations.listEnabledWithTrigger('webhook', 't1')).map((a) => a.id)).to.deep.equal([hook.id]);
       expect(await store.automations.listEnabledWithTrigger('webhook')).to.have.length(2);
+    });
+
+    it('keeps sessions per tenant, lists them by status and kind without archived ones, and updates them conditionally', async () => {
+      const now = new Date().toISOString();
+      const session = (tenant: string, over: Partial<Session> = {}): Session => ({
+        id: newId('ses'),
+        tenant_id: tenant,
+        title: 't',
+        goal: null,
+        kind: 'multi_agent',
+        status: 'idle',
+        outcome: null,
+        metadata: { nested: { list: [1, null] } },
+        created_at: now,
+        updated_at: now,
+        ...over,
+      });
+      const a = session('t1');
+      const b = session('t1', { kind: 'autonomy', status: 'running' });
+      const gone = session('t1', { status: 'archived' });
+      for (const x of [a, b, gone, session('t2')]) await store.sessions.insert(x);
+      expect(await store.sessions.get('t1', a.id)).to.deep.equal(a);
+      expect(await store.sessions.get('t2', a.id)).to.equal(null);
+      expect((await store.sessions.list('t1', { limit: 10 })).items.map((x) => x.id)).to.deep.equal([b.id, a.id]);
+      expect((await store.sessions.list('t1', { kind: 'autonomy', limit: 10 })).items.map((x) => x.id)).to.deep.equal([b.id]);
+      expect((await store.sessions.list('t1', { status: 'archived', limit: 10 })).items.map((x) => x.id)).to.deep.equal([gone.id]);
+      const first = await store.sessions.list('t1', { limit: 1 });
+      expect((await store.sessions.list('t1', { limit: 1, cursor: first.next_cursor! })).items.map((x) => x.id)).to.deep.equal([a.id]);
+      expect(await store.sessions.update('t1', a.id, { status: 'paused' }, ['running'])).to.equal(null);
+      expect((await store.sessions.update('t1', a.id, { status: 'paused', title: 'new' }, ['idle', 'running']))!).to.deep.include({
+        status: 'paused',
+        title: 'new',
+        kind: 'multi_agent',
+      });
+      expect(await store.sessions.update('t2', a.id, { status: 'idle' }, ['paused'])).to.equal(null);
+    });
+
+    it('keeps a session’s agents in the order they were added, per tenant', async () => {
+      const now = new Date().toISOString();
+      const agent = (name: string, tenant = 't1'): AgentRecord => ({
+        id: newId('agt'),
+        tenant_id: tenant,
+        session_id: 'ses_a',
+        name,
+        role: null,
+        instructions: 'do it',
+        tool_allowlist: ['read_file'],
+        budget: { seconds: 60 },
+        model: null,
+        created_at: now,
+        updated_at: now,
+      });
+      const [x, y] = [agent('x'), agent('y')];
+      for (const a of [x, y, agent('z', 't2')]) await store.agents.insert(a);
+      expect((await store.agents.list('t1', 'ses_a')).map((a) => a.name)).to.deep.equal(['x', 'y']);
+      expect(await store.agents.get('t1', 'ses_a', y.id)).to.deep.equal(y);
+      expect(await store.agents.get('t2', 'ses_a', y.id)).to.equal(null);
+      expect(await store.agents.get('t1', 'ses_other', y.id)).to.equal(null);
+    });
+
+    it('numbers a session’s messages 1, 2, 3 even when written at once, and pages them by seq per tenant', async () => {
+      const message = (i: number, session = 'ses_m', tenant = 't1') => ({
+        id: newId('msg'),
+        tenant_id: tenant,
+        session_id: session,
+        role: 'user' as const,
+        from: null,
+        to: null,
+        kind: 'text',
+        parts: [{ type: 'text' as const, text: `m${i}` }],
+        task_id: null,
+        run_id: null,
+        in_reply_to: null,
+        created_at: new Date().toISOString(),
+      });
+      const written = await Promise.all([1, 2, 3, 4, 5].map((i) => store.messages.append(message(i))));
+      expect(written.map((m) => m.seq).sort()).to.deep.equal([1, 2, 3, 4, 5]);
+      expect((await store.messages.append(message(9, 'ses_other'))).seq).to.equal(1);
+      const page = await store.messages.list('t1', 'ses_m', { limit: 2 });
+      expect(page.map((m) => m.seq)).to.deep.equal([1, 2]);
+      expect((await store.messages.list('t1', 'ses_m', { afterSeq: 2, limit: 10 })).map((m) => m.seq)).to.deep.equal([3, 4, 5]);
+      expect(await store.messages.list('t2', 'ses_m', { limit: 10 })).to.deep.equal([]);
     });
   });
 }

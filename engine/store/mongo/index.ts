@@ -2,13 +2,14 @@
 // conditional updates are single findOneAndUpdate calls with the expected status in the filter.
 // One file per repository, each with its schema and indexes.
 import mongoose, { type Connection } from 'mongoose';
-import type { ApiKeyRecord, Automation, Run, WebhookDelivery, WebhookSecretRecord } from '../../platform/index.js';
+import type { AgentRecord, ApiKeyRecord, Automation, MessageRecord, Run, Session, WebhookDelivery, WebhookSecretRecord } from '../../platform/index.js';
 import type { Store } from '../port.js';
 import { apiKeyRepo, apiKeySchema } from './api-keys.js';
 import { automationRepo, automationSchema } from './automations.js';
 import { deliveryRepo, deliverySchema } from './deliveries.js';
 import type { Stored } from './documents.js';
 import { runRepo, runSchema, runStepSchema, runTurnSchema } from './runs.js';
+import { agentRepo, agentSchema, messageCounterSchema, messageRepo, messageSchema, sessionRepo, sessionSchema } from './sessions.js';
 import { webhookSecretRepo, webhookSecretSchema } from './webhook-secrets.js';
 
 export async function openMongoStore(uri: string): Promise<Store> {
@@ -20,7 +21,12 @@ export async function openMongoStore(uri: string): Promise<Store> {
   const runTurns = conn.model('RunTurn', runTurnSchema, 'run_turns');
   const webhookSecrets = conn.model<WebhookSecretRecord & { _id: string }>('WebhookSecret', webhookSecretSchema, 'webhook_secrets');
   const deliveries = conn.model<Stored<WebhookDelivery>>('Delivery', deliverySchema, 'deliveries');
-  await Promise.all([automations.init(), apiKeys.init(), runs.init(), runSteps.init(), runTurns.init(), webhookSecrets.init(), deliveries.init()]);
+  const sessions = conn.model<Stored<Session>>('Session', sessionSchema, 'sessions');
+  const agents = conn.model<Stored<AgentRecord>>('Agent', agentSchema, 'agents');
+  const messages = conn.model<Stored<MessageRecord>>('Message', messageSchema, 'messages');
+  const counters = conn.model<{ _id: string; seq: number }>('MessageCounter', messageCounterSchema, 'message_counters');
+  const models = [automations, apiKeys, runs, runSteps, runTurns, webhookSecrets, deliveries, sessions, agents, messages, counters];
+  await Promise.all(models.map((m) => m.init()));
   return {
     kind: 'mongo',
     automations: automationRepo(automations),
@@ -28,6 +34,9 @@ export async function openMongoStore(uri: string): Promise<Store> {
     runs: runRepo(runs, runSteps as never, runTurns as never),
     webhookSecrets: webhookSecretRepo(webhookSecrets),
     deliveries: deliveryRepo(deliveries),
+    sessions: sessionRepo(sessions),
+    agents: agentRepo(agents),
+    messages: messageRepo(messages, counters),
     async ping() {
       await pingConnection(conn);
     },

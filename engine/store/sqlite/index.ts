@@ -8,6 +8,7 @@ import { automationRepo } from './automations.js';
 import { openDatabase } from './db.js';
 import { deliveryRepo } from './deliveries.js';
 import { runRepo } from './runs.js';
+import { agentRepo, messageRepo, sessionRepo } from './sessions.js';
 import { webhookSecretRepo } from './webhook-secrets.js';
 
 export function openSqliteStore(file: string): Store {
@@ -19,6 +20,9 @@ export function openSqliteStore(file: string): Store {
     runs: runRepo(db),
     webhookSecrets: webhookSecretRepo(db),
     deliveries: deliveryRepo(db),
+    sessions: sessionRepo(db),
+    agents: agentRepo(db),
+    messages: messageRepo(db),
     async ping() {
       db.prepare('SELECT 1').get();
     },

@@ -98,3 +98,30 @@ MIGRATIONS.push(`
   UPDATE runs SET doc = json_set(doc, '$.network', json('false'), '$.sandbox', NULL);
   UPDATE automations SET doc = json_set(doc, '$.network', json('false'));
 `);
+// Sessions, their agents and their durable message log (ordered by a per-session seq).
+MIGRATIONS.push(`
+  CREATE TABLE sessions (
+    id TEXT PRIMARY KEY,
+    tenant_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    status TEXT NOT NULL,
+    doc TEXT NOT NULL
+  );
+  CREATE INDEX sessions_by_tenant ON sessions (tenant_id, id);
+  CREATE INDEX sessions_by_tenant_status ON sessions (tenant_id, status, id);
+  CREATE TABLE agents (
+    id TEXT PRIMARY KEY,
+    tenant_id TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    doc TEXT NOT NULL
+  );
+  CREATE INDEX agents_by_session ON agents (tenant_id, session_id, id);
+  CREATE TABLE messages (
+    session_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    tenant_id TEXT NOT NULL,
+    id TEXT NOT NULL UNIQUE,
+    doc TEXT NOT NULL,
+    PRIMARY KEY (session_id, seq)
+  ) WITHOUT ROWID;
+`);

@@ -1,0 +1,71 @@
+// Sessions, their agents and their message log. A message's seq comes from a counter document per
+// session, incremented atomically, so concurrent writers never share one.
+import { Schema, type Model } from 'mongoose';
+import type { AgentRecord, MessageRecord, Session } from '../../platform/index.js';
+import type { AgentRepo, MessageRepo, SessionRepo } from '../port.js';
+import { definedOnly, fromStored, loose, pageOf, toStored, type Stored } from './documents.js';
+
+export const sessionSchema = new Schema({ _id: String, tenant_id: { type: String, required: true }, kind: String, status: String }, loose);
+sessionSchema.index({ tenant_id: 1, _id: -1 });
+sessionSchema.index({ tenant_id: 1, status: 1, _id: -1 });
+
+export const agentSchema = new Schema({ _id: String, tenant_id: { type: String, required: true }, session_id: String }, loose);
+agentSchema.index({ tenant_id: 1, session_id: 1, _id: 1 });
+
+export const messageSchema = new Schema({ _id: String, tenant_id: { type: String, required: true }, session_id: String, seq: Number }, loose);
+messageSchema.index({ session_id: 1, seq: 1 }, { unique: true });
+
+/** The last seq given in each session. */
+export const messageCounterSchema = new Schema({ _id: String, seq: Number }, loose);
+
+export function sessionRepo(model: Model<Stored<Session>>): SessionRepo {
+  return {
+    async insert(s) {
+      await model.collection.insertOne(toStored(s) as never);
+    },
+    async get(tenantId, id) {
+      return fromStored(await model.findOne({ _id: id, tenant_id: tenantId }).lean<Stored<Session>>());
+    },
+    list: (tenantId, q) => pageOf(model, { tenant_id: tenantId, status: q.status ?? { $ne: 'archived' }, ...(q.kind ? { kind: q.kind } : {}) }, q),
+    async update(tenantId, id, changes, ifStatusIn) {
+      const updated = await model
+        .findOneAndUpdate({ _id: id, tenant_id: tenantId, status: { $in: ifStatusIn } }, { $set: definedOnly(changes) }, { returnDocument: 'after' })
+        .lean<Stored<Session>>();
+      return fromStored(updated);
+    },
+  };
+}
+
+export function agentRepo(model: Model<Stored<AgentRecord>>): AgentRepo {
+  return {
+    async insert(a) {
+      await model.collection.insertOne(toStored(a) as never);
+    },
+    async get(tenantId, sessionId, id) {
+      return fromStored(await model.findOne({ _id: id, tenant_id: tenantId, session_id: sessionId }).lean<Stored<AgentRecord>>());
+    },
+    async list(tenantId, sessionId) {
+      const rows = await model.find({ tenant_id: tenantId, session_id: sessionId }).sort({ _id: 1 }).lean<Stored<AgentRecord>[]>();
+      return rows.map((r) => fromStored(r)!);
+    },
+  };
+}
+
+export function messageRepo(model: Model<Stored<MessageRecord>>, counters: Model<{ _id: string; seq: number }>): MessageRepo {
+  return {
+    async append(m) {
+      const counter = await counters.findOneAndUpdate({ _id: m.session_id }, { $inc: { seq: 1 } }, { upsert: true, returnDocument: 'after' }).lean();
+      const record: MessageRecord = { ...m, seq: counter!.seq };
+      await model.collection.insertOne(toStored(record) as never);
+      return record;
+    },
+    async list(tenantId, sessionId, q) {
+      const rows = await model
+        .find({ tenant_id: tenantId, session_id: sessionId, seq: { $gt: q.afterSeq ?? 0 } })
+        .sort({ seq: 1 })
+        .limit(q.limit)
+        .lean<Stored<MessageRecord>[]>();
+      return rows.map((r) => fromStored(r)!);
+    },
+  };
+}

@@ -1,0 +1,89 @@
+// Sessions, their agents and their message log. A message's seq is the next one of its session,
+// taken in the same IMMEDIATE transaction as the insert, so concurrent writers never share one.
+import type { Statement } from 'better-sqlite3';
+import type { AgentRecord, MessageRecord, Session } from '../../platform/index.js';
+import { decodeCursor, toPage, type AgentRepo, type MessageRepo, type NewMessage, type SessionRepo } from '../port.js';
+import { TOP, type Db } from './db.js';
+
+export function sessionRepo(db: Db): SessionRepo {
+  const insert = db.prepare('INSERT INTO sessions (id, tenant_id, kind, status, doc) VALUES (?, ?, ?, ?, ?)');
+  const get = db.prepare<[string, string], { doc: string }>('SELECT doc FROM sessions WHERE tenant_id = ? AND id = ?');
+  const write = db.prepare('UPDATE sessions SET status = ?, doc = ? WHERE tenant_id = ? AND id = ?');
+  const read = (row: { doc: string } | undefined): Session | null => (row ? (JSON.parse(row.doc) as Session) : null);
+  const listStatements = new Map<string, Statement<unknown[], { doc: string }>>();
+  const listStatement = (status: boolean, kind: boolean) => {
+    const shape = `${status}:${kind}`;
+    let stmt = listStatements.get(shape);
+    if (!stmt) {
+      const where = ['tenant_id = ?', status ? 'status = ?' : "status <> 'archived'", ...(kind ? ['kind = ?'] : []), 'id < ?'];
+      stmt = db.prepare<unknown[], { doc: string }>(`SELECT doc FROM sessions WHERE ${where.join(' AND ')} ORDER BY id DESC LIMIT ?`);
+      listStatements.set(shape, stmt);
+    }
+    return stmt;
+  };
+  const update = db.transaction((tenantId: string, id: string, changes: Partial<Session>, ifStatusIn: string[]) => {
+    const current = read(get.get(tenantId, id));
+    if (!current || !ifStatusIn.includes(current.status)) return null;
+    const next: Session = { ...current, ...changes, id: current.id, tenant_id: current.tenant_id, kind: current.kind, created_at: current.created_at };
+    write.run(next.status, JSON.stringify(next), tenantId, id);
+    return next;
+  });
+  return {
+    async insert(s) {
+      insert.run(s.id, s.tenant_id, s.kind, s.status, JSON.stringify(s));
+    },
+    async get(tenantId, id) {
+      return read(get.get(tenantId, id));
+    },
+    async list(tenantId, q) {
+      const params = [tenantId, ...(q.status ? [q.status] : []), ...(q.kind ? [q.kind] : []), decodeCursor(q.cursor) ?? TOP, q.limit + 1];
+      const rows = listStatement(Boolean(q.status), Boolean(q.kind)).all(...params);
+      return toPage(
+        rows.map((r) => read(r)!),
+        q.limit,
+      );
+    },
+    async update(tenantId, id, changes, ifStatusIn) {
+      return update.immediate(tenantId, id, changes, ifStatusIn);
+    },
+  };
+}
+
+export function agentRepo(db: Db): AgentRepo {
+  const insert = db.prepare('INSERT INTO agents (id, tenant_id, session_id, doc) VALUES (?, ?, ?, ?)');
+  const get = db.prepare<[string, string, string], { doc: string }>('SELECT doc FROM agents WHERE tenant_id = ? AND session_id = ? AND id = ?');
+  const list = db.prepare<[string, string], { doc: string }>('SELECT doc FROM agents WHERE tenant_id = ? AND session_id = ? ORDER BY id');
+  return {
+    async insert(a) {
+      insert.run(a.id, a.tenant_id, a.session_id, JSON.stringify(a));
+    },
+    async get(tenantId, sessionId, id) {
+      const row = get.get(tenantId, sessionId, id);
+      return row ? (JSON.parse(row.doc) as AgentRecord) : null;
+    },
+    async list(tenantId, sessionId) {
+      return list.all(tenantId, sessionId).map((r) => JSON.parse(r.doc) as AgentRecord);
+    },
+  };
+}
+
+export function messageRepo(db: Db): MessageRepo {
+  const last = db.prepare<[string], { seq: number | null }>('SELECT MAX(seq) AS seq FROM messages WHERE session_id = ?');
+  const insert = db.prepare('INSERT INTO messages (session_id, seq, tenant_id, id, doc) VALUES (?, ?, ?, ?, ?)');
+  const list = db.prepare<[string, string, number, number], { doc: string }>(
+    'SELECT doc FROM messages WHERE session_id = ? AND tenant_id = ? AND seq > ? ORDER BY seq LIMIT ?',
+  );
+  const append = db.transaction((m: NewMessage): MessageRecord => {
+    const record: MessageRecord = { ...m, seq: (last.get(m.session_id)?.seq ?? 0) + 1 };
+    insert.run(record.session_id, record.seq, record.tenant_id, record.id, JSON.stringify(record));
+    return record;
+  });
+  return {
+    async append(m) {
+      return append.immediate(m);
+    },
+    async list(tenantId, sessionId, q) {
+      return list.all(sessionId, tenantId, q.afterSeq ?? 0, q.limit).map((r) => JSON.parse(r.doc) as MessageRecord);
+    },
+  };
+}
