@@ -13,6 +13,7 @@ import { automationsRouter } from './routes/automations.js';
 import { autonomyRouter } from './routes/autonomy.js';
 import { healthRouter, type SandboxReport } from './routes/health.js';
 import { runsRouter } from './routes/runs.js';
+import { sessionsRouter } from './routes/sessions.js';
 import { webhookDeliveriesRouter, webhookIntakeRouter, webhookSecretsRouter } from './routes/webhooks.js';
 import { finiteNumericQuery } from './numeric-query.js';
 import { loadSpec } from './spec.js';
@@ -91,6 +92,7 @@ export function createApp(deps: AppDeps): Express {
   app.use('/api/v1/automations', automationsRouter(deps.engine));
   app.use('/api/v1/autonomy', autonomyRouter(deps.engine, { hub: deps.hub, heartbeatMs: deps.sseHeartbeatMs, streams }));
   app.use('/api/v1/runs', runsRouter(deps.engine));
+  app.use('/api/v1/sessions', sessionsRouter(deps.engine, { hub: deps.hub, heartbeatMs: deps.sseHeartbeatMs, streams }));
   app.use('/api/v1/webhook-secrets', webhookSecretsRouter(deps.engine));
   app.use('/api/v1/webhook-deliveries', webhookDeliveriesRouter(deps.engine));
 

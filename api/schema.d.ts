@@ -345,6 +345,148 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/sessions": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List sessions
+         * @description The tenant's sessions, newest first; archived ones only with `status=archived`. `kind=autonomy` lists the sessions of runs started through the autonomy routes.
+         */
+        get: operations["listSessions"];
+        put?: never;
+        /** Create a multi-agent session */
+        post: operations["createSession"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/sessions/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id. */
+                id: components["parameters"]["SessionId"];
+            };
+            cookie?: never;
+        };
+        /** Get a session with its agents and latest runs */
+        get: operations["getSession"];
+        put?: never;
+        post?: never;
+        /**
+         * Archive a session
+         * @description Cancels what runs in the session, then archives it (read-only from then on). Archiving an archived session changes nothing.
+         */
+        delete: operations["archiveSession"];
+        options?: never;
+        head?: never;
+        /**
+         * Update title, goal or status
+         * @description `status: paused` holds new work of a multi-agent session (running work finishes); `idle` or `running` resumes it. An archived session is read-only (409).
+         */
+        patch: operations["updateSession"];
+        trace?: never;
+    };
+    "/api/v1/sessions/{id}/agents": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id. */
+                id: components["parameters"]["SessionId"];
+            };
+            cookie?: never;
+        };
+        /** List a session's agents */
+        get: operations["listSessionAgents"];
+        put?: never;
+        /** Add an agent */
+        post: operations["addSessionAgent"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/sessions/{id}/messages": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id. */
+                id: components["parameters"]["SessionId"];
+            };
+            cookie?: never;
+        };
+        /**
+         * The session's durable message log
+         * @description Oldest first, by `seq`; `cursor` is the `next_cursor` of the previous page.
+         */
+        get: operations["listSessionMessages"];
+        put?: never;
+        /**
+         * Inject a user or system message
+         * @description Appends to the session's log (a `message.created` event on its trace). `to` names an agent of the session, or is absent for all. Only `user` and `system` messages may be injected.
+         */
+        post: operations["postSessionMessage"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/sessions/{id}/runs": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id. */
+                id: components["parameters"]["SessionId"];
+            };
+            cookie?: never;
+        };
+        /** Runs of a session, newest first */
+        get: operations["listSessionRuns"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/sessions/{id}/trace": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id. */
+                id: components["parameters"]["SessionId"];
+            };
+            cookie?: never;
+        };
+        /**
+         * Live trace of a session (SSE)
+         * @description The session's one event log as server-sent events (`run.*`, `step.*`, `agent.turn`,
+         *     `message.created`, `session.updated`). It does not end when a run does; it ends when the session is
+         *     archived. Heartbeat comments keep it open; reconnect with `Last-Event-ID` to get only what was missed.
+         */
+        get: operations["traceSession"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/runs": {
         parameters: {
             query?: never;
@@ -1184,12 +1326,146 @@ export interface components {
             finished_at: string;
             duration_ms: number | null;
         };
+        /** @enum {string} */
+        SessionKind: "multi_agent" | "autonomy" | "vibe";
+        /** @enum {string} */
+        SessionStatus: "idle" | "running" | "waiting" | "paused" | "archived";
+        Session: {
+            id: string;
+            tenant_id: string;
+            title: string | null;
+            goal: string | null;
+            kind: components["schemas"]["SessionKind"];
+            status: components["schemas"]["SessionStatus"];
+            /**
+             * @description Set once the work has ended; null while work remains.
+             * @enum {string|null}
+             */
+            outcome: "succeeded" | "failed" | "canceled" | null;
+            metadata: {
+                [key: string]: unknown;
+            };
+            /** Format: date-time */
+            created_at: string;
+            /** Format: date-time */
+            updated_at: string;
+        };
+        SessionDetail: {
+            id: string;
+            tenant_id: string;
+            title: string | null;
+            goal: string | null;
+            kind: components["schemas"]["SessionKind"];
+            status: components["schemas"]["SessionStatus"];
+            /** @enum {string|null} */
+            outcome: "succeeded" | "failed" | "canceled" | null;
+            metadata: {
+                [key: string]: unknown;
+            };
+            /** Format: date-time */
+            created_at: string;
+            /** Format: date-time */
+            updated_at: string;
+            agents: components["schemas"]["Agent"][];
+            /** @description The latest runs of the session, newest first. */
+            runs: components["schemas"]["Run"][];
+        };
+        SessionCreate: {
+            title?: string;
+            goal?: string;
+            metadata?: {
+                [key: string]: unknown;
+            };
+        };
+        SessionPatch: {
+            title?: string;
+            goal?: string;
+            /** @enum {string} */
+            status?: "paused" | "idle" | "running";
+            metadata?: {
+                [key: string]: unknown;
+            };
+        };
+        SessionPage: {
+            data: components["schemas"]["Session"][];
+            next_cursor: string | null;
+        };
+        Agent: {
+            id: string;
+            tenant_id: string;
+            session_id: string;
+            name: string;
+            role: string | null;
+            instructions: string | null;
+            tool_allowlist: components["schemas"]["ToolName"][];
+            budget: {
+                seconds: number;
+                max_steps?: number;
+            };
+            /** @description Overrides SERVICE_AGENT_MODEL for this agent's runs. */
+            model: string | null;
+            /** Format: date-time */
+            created_at: string;
+            /** Format: date-time */
+            updated_at: string;
+        };
+        AgentCreate: {
+            name: string;
+            role?: string;
+            instructions?: string;
+            tool_allowlist?: components["schemas"]["ToolName"][];
+            budget?: components["schemas"]["Budget"];
+            model?: string;
+        };
+        AgentList: {
+            data: components["schemas"]["Agent"][];
+        };
+        MessagePart: {
+            /** @enum {string} */
+            type: "text";
+            text: string;
+        } | {
+            /** @enum {string} */
+            type: "data";
+            data: {
+                [key: string]: unknown;
+            };
+        };
+        Message: {
+            id: string;
+            tenant_id: string;
+            session_id: string;
+            seq: number;
+            /** @enum {string} */
+            role: "user" | "system" | "agent" | "tool";
+            from: string | null;
+            to: string | null;
+            kind: string;
+            parts: components["schemas"]["MessagePart"][];
+            task_id: string | null;
+            run_id: string | null;
+            in_reply_to: string | null;
+            /** Format: date-time */
+            created_at: string;
+        };
+        MessageCreate: {
+            /** @enum {string} */
+            role: "user" | "system";
+            to?: string;
+            kind?: string;
+            parts: components["schemas"]["MessagePart"][];
+            in_reply_to?: string;
+        };
+        MessagePage: {
+            data: components["schemas"]["Message"][];
+            next_cursor: string | null;
+        };
         /**
          * @description One event of a stream, as the `data:` of a server-sent event. Every event has its stream `id`,
          *     its `type`, the time `at`, the tenant, and the session and run it belongs to; `data` depends on
          *     the type. The catalogue is one list in the service (engine/platform/event-types.ts).
          */
-        ServiceEvent: components["schemas"]["EventRunQueued"] | components["schemas"]["EventRunStarted"] | components["schemas"]["EventRunRetrying"] | components["schemas"]["EventRunInterrupted"] | components["schemas"]["EventRunFinished"] | components["schemas"]["EventWorkspaceReady"] | components["schemas"]["EventStepStarted"] | components["schemas"]["EventStepOutput"] | components["schemas"]["EventStepFinished"] | components["schemas"]["EventAgentTurn"] | components["schemas"]["EventMessageCreated"];
+        ServiceEvent: components["schemas"]["EventRunQueued"] | components["schemas"]["EventRunStarted"] | components["schemas"]["EventRunRetrying"] | components["schemas"]["EventRunInterrupted"] | components["schemas"]["EventRunFinished"] | components["schemas"]["EventWorkspaceReady"] | components["schemas"]["EventStepStarted"] | components["schemas"]["EventStepOutput"] | components["schemas"]["EventStepFinished"] | components["schemas"]["EventAgentTurn"] | components["schemas"]["EventMessageCreated"] | components["schemas"]["EventSessionUpdated"];
         /** @description A run was accepted and stored. */
         EventRunQueued: {
             id: string;
@@ -1398,7 +1674,7 @@ export interface components {
             run_id?: string;
             data: components["schemas"]["AgentTurn"];
         };
-        /** @description A message posted to the session's log (the `message` tool). */
+        /** @description A message posted to the session's log (the `message` tool, or the session's durable message log). */
         EventMessageCreated: {
             id: string;
             /**
@@ -1413,9 +1689,31 @@ export interface components {
             run_id?: string;
             data: {
                 /** @enum {string} */
-                role?: "assistant" | "system" | "user";
+                role?: "assistant" | "system" | "user" | "agent" | "tool";
                 text?: string;
                 step?: number;
+                message_id?: string;
+                seq?: number;
+                from?: string | null;
+                to?: string | null;
+            };
+        };
+        /** @description A session's status, outcome or title changed; `archived` ends its trace. */
+        EventSessionUpdated: {
+            id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "session.updated";
+            /** Format: date-time */
+            at: string;
+            tenant_id: string;
+            session_id?: string;
+            data: {
+                status?: components["schemas"]["SessionStatus"];
+                outcome?: string | null;
+                title?: string | null;
             };
         };
         RunSummary: {
@@ -1711,6 +2009,8 @@ export interface components {
         AutomationId: components["schemas"]["AutomationId"];
         /** @description Items per page. */
         Limit: number;
+        /** @description The session's id. */
+        SessionId: string;
         /** @description The run's id. */
         RunId: string;
         /** @description Send the same key to make a retry return the first run instead of starting another. Kept 24 hours; the same key with a different body is a 422. */
@@ -2206,6 +2506,342 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+        };
+    };
+    listSessions: {
+        parameters: {
+            query?: {
+                status?: components["schemas"]["SessionStatus"];
+                kind?: components["schemas"]["SessionKind"];
+                /** @description Items per page. */
+                limit?: components["parameters"]["Limit"];
+                /** @description The `next_cursor` of the previous page. */
+                cursor?: components["parameters"]["Cursor"];
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description A page of sessions. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SessionPage"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+        };
+    };
+    createSession: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "title": "Release 2.4",
+                 *       "goal": "Ship the release notes and the migration guide"
+                 *     }
+                 */
+                "application/json": components["schemas"]["SessionCreate"];
+            };
+        };
+        responses: {
+            /** @description Created. */
+            201: {
+                headers: {
+                    Location: components["headers"]["Location"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Session"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+        };
+    };
+    getSession: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id. */
+                id: components["parameters"]["SessionId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The session. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SessionDetail"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+        };
+    };
+    archiveSession: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id. */
+                id: components["parameters"]["SessionId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The archived session. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Session"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+        };
+    };
+    updateSession: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id. */
+                id: components["parameters"]["SessionId"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["SessionPatch"];
+            };
+        };
+        responses: {
+            /** @description The session. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Session"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+        };
+    };
+    listSessionAgents: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id. */
+                id: components["parameters"]["SessionId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The agents, in the order they were added. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AgentList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+        };
+    };
+    addSessionAgent: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id. */
+                id: components["parameters"]["SessionId"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["AgentCreate"];
+            };
+        };
+        responses: {
+            /** @description The agent. */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Agent"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["NotPermitted"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+        };
+    };
+    listSessionMessages: {
+        parameters: {
+            query?: {
+                /** @description Items per page. */
+                limit?: components["parameters"]["Limit"];
+                cursor?: string;
+            };
+            header?: never;
+            path: {
+                /** @description The session's id. */
+                id: components["parameters"]["SessionId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description A page of messages. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["MessagePage"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+        };
+    };
+    postSessionMessage: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id. */
+                id: components["parameters"]["SessionId"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "role": "user",
+                 *       "parts": [
+                 *         {
+                 *           "type": "text",
+                 *           "text": "Also update the changelog."
+                 *         }
+                 *       ]
+                 *     }
+                 */
+                "application/json": components["schemas"]["MessageCreate"];
+            };
+        };
+        responses: {
+            /** @description The message. */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Message"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+        };
+    };
+    listSessionRuns: {
+        parameters: {
+            query?: {
+                /** @description Items per page. */
+                limit?: components["parameters"]["Limit"];
+                /** @description The `next_cursor` of the previous page. */
+                cursor?: components["parameters"]["Cursor"];
+            };
+            header?: never;
+            path: {
+                /** @description The session's id. */
+                id: components["parameters"]["SessionId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description A page of runs. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RunPage"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+        };
+    };
+    traceSession: {
+        parameters: {
+            query?: {
+                last_event_id?: string;
+            };
+            header?: {
+                "Last-Event-ID"?: string;
+            };
+            path: {
+                /** @description The session's id. */
+                id: components["parameters"]["SessionId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The session's server-sent events. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/event-stream": components["schemas"]["ServiceEvent"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
         };
     };
     listRuns: {

@@ -59,10 +59,15 @@ export async function streamEvents(req: Request, res: Response, opts: SseOptions
   };
   const forget = opts.streams.add(end);
   req.on('close', end);
+  // after the scope's last event nothing more is sent, even what arrived in the same read
+  let last = false;
   const send = (e: ServiceEvent) => {
-    if (ended) return;
+    if (ended || last) return;
     res.write(`id: ${e.id}\nevent: ${e.type}\ndata: ${JSON.stringify(e)}\n\n`);
-    if (opts.scope.isLast(e)) setImmediate(end);
+    if (opts.scope.isLast(e)) {
+      last = true;
+      setImmediate(end);
+    }
   };
   sub = await opts.hub.subscribe(opts.scope.stream, opts.afterId, send);
   if (ended) sub.close();

@@ -4,6 +4,7 @@ import type { Platform } from './deps.js';
 import { executorOf, runsOf, tenantRootPath, transitionsOf, type RunLimits, type RunSettings, type TenantSlots } from './runs/index.js';
 import { automationsOf, fileTriggersOf, firesOf, schedulesOf, type TemplateCatalog } from './automations/index.js';
 import { webhooksOf, type WebhookSettings } from './webhooks/index.js';
+import { sessionsOf } from './sessions/index.js';
 import type { Sandbox } from './tools/index.js';
 
 export type EngineDeps = Platform & {
@@ -18,6 +19,7 @@ export function createEngine(deps: EngineDeps) {
   const transitions = transitionsOf(deps);
   const runs = runsOf(deps, transitions);
   const executor = executorOf(deps, runs, transitions);
+  const sessions = sessionsOf({ ...deps, runs });
   const schedules = schedulesOf(deps);
   const automations = automationsOf(deps, { changed: (a, before) => schedules.sync(a, before) });
   const { fire, fireCron } = firesOf({ ...deps, automations, schedules, runs });
@@ -27,6 +29,7 @@ export function createEngine(deps: EngineDeps) {
     apiKeys: apiKeysOf(deps),
     templates: deps.templates,
     runs,
+    sessions,
     schedules,
     executor,
     webhooks: webhooksOf(deps, fire),

@@ -44,6 +44,7 @@ export function autonomyRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
         request_id: String(req.id),
       },
     );
+    await engine.sessions.ensureRunSession(run);
     if (stream) await watch(req, res, run.session_id, '0-0', { headers: { Location: runLocation(run.id) } });
     else acceptRun(res, engine, run, replayed);
   };

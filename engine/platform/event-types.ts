@@ -2,7 +2,7 @@
 // readers share this union, so a misspelt type or a missing field does not compile, and a reader's
 // `switch (e.type)` is checked for every case. api/openapi.yaml documents the same catalogue
 // (ServiceEvent); a unit test keeps the two lists equal.
-import type { AgentTurn, Budget, ErrorInfo, RunKind, RunStatus, RunTrigger, StepStatus } from './records.js';
+import type { AgentTurn, Budget, ErrorInfo, RunKind, RunStatus, RunTrigger, SessionOutcome, SessionStatus, StepStatus } from './records.js';
 
 export type EventBody =
   // a run's life: queued once, started once per attempt, then retried, interrupted, or finished once
@@ -32,7 +32,20 @@ export type EventBody =
   // the agent: one model turn
   | { type: 'agent.turn'; data: AgentTurn }
   // messages: what a run's `message` tool posts (and, in multi-agent sessions, the durable message log)
-  | { type: 'message.created'; data: { role: 'assistant' | 'system' | 'user'; text: string; step?: number } };
+  | {
+      type: 'message.created';
+      data: {
+        role: 'assistant' | 'system' | 'user' | 'agent' | 'tool';
+        text: string;
+        step?: number;
+        message_id?: string;
+        seq?: number;
+        from?: string | null;
+        to?: string | null;
+      };
+    }
+  // a session: its status, outcome or title changed
+  | { type: 'session.updated'; data: { status: SessionStatus; outcome: SessionOutcome | null; title: string | null } };
 
 export type EventType = EventBody['type'];
 
@@ -49,6 +62,7 @@ export const EVENT_TYPES = [
   'step.finished',
   'agent.turn',
   'message.created',
+  'session.updated',
 ] as const satisfies readonly EventType[];
 
 // a compile-time check that the list above names every type of the union
@@ -81,4 +95,6 @@ export type Scope = { stream: string; isLast(e: ServiceEvent): boolean };
 
 export const scopes = {
   runSession: (sessionId: string): Scope => ({ stream: `session:${sessionId}`, isLast: (e) => e.type === 'run.finished' }),
+  /** the same log; it ends only when the session is archived */
+  sessionTrace: (sessionId: string): Scope => ({ stream: `session:${sessionId}`, isLast: (e) => e.type === 'session.updated' && e.data.status === 'archived' }),
 };

@@ -1,0 +1,78 @@
+// /api/v1/sessions: sessions, their agents, their message log, their runs and their live trace.
+import { Router, type Request } from 'express';
+import type { Engine } from '../../engine/index.js';
+import { scopes, type EventHub } from '../../engine/platform/index.js';
+import { tenantOf } from '../auth.js';
+import type { components, operations } from '../schema.js';
+import { lastEventIdOf, streamEvents, type OpenStreams } from '../sse.js';
+import { runView } from '../views.js';
+
+type Schemas = components['schemas'];
+const idOf = (req: Request) => String(req.params.id);
+const location = (id: string) => `/api/v1/sessions/${id}`;
+
+export function sessionsRouter(engine: Engine, opts: { hub: EventHub; heartbeatMs: number; streams: OpenStreams }): Router {
+  const router = Router();
+  const { sessions } = engine;
+
+  router.get('/', async (req, res) => {
+    const q = req.query as NonNullable<operations['listSessions']['parameters']['query']>;
+    const page = await sessions.list(tenantOf(req), q);
+    res.json({ data: page.items, next_cursor: page.next_cursor });
+  });
+
+  router.post('/', async (req, res) => {
+    const created = await sessions.create(tenantOf(req), req.body as Schemas['SessionCreate']);
+    res.status(201).location(location(created.id)).json(created);
+  });
+
+  router.get('/:id', async (req, res) => {
+    const detail = await sessions.detail(tenantOf(req), idOf(req));
+    res.json({ ...detail, runs: detail.runs.map((r) => runView(r, engine.runs)) });
+  });
+
+  router.patch('/:id', async (req, res) => {
+    res.json(await sessions.update(tenantOf(req), idOf(req), req.body as Schemas['SessionPatch']));
+  });
+
+  router.delete('/:id', async (req, res) => {
+    res.json(await sessions.archive(tenantOf(req), idOf(req)));
+  });
+
+  router.get('/:id/agents', async (req, res) => {
+    res.json({ data: await sessions.agents(tenantOf(req), idOf(req)) });
+  });
+
+  router.post('/:id/agents', async (req, res) => {
+    res.status(201).json(await sessions.addAgent(tenantOf(req), idOf(req), req.body as Schemas['AgentCreate']));
+  });
+
+  router.get('/:id/messages', async (req, res) => {
+    const q = req.query as { limit?: number; cursor?: string };
+    const page = await sessions.messages(tenantOf(req), idOf(req), { limit: q.limit, afterSeq: q.cursor ? Number(q.cursor) : undefined });
+    res.json({ data: page.items, next_cursor: page.next_cursor });
+  });
+
+  router.post('/:id/messages', async (req, res) => {
+    res.status(201).json(await sessions.postMessage(tenantOf(req), idOf(req), req.body as Schemas['MessageCreate']));
+  });
+
+  router.get('/:id/runs', async (req, res) => {
+    const page = await sessions.runs(tenantOf(req), idOf(req), req.query as { limit?: number; cursor?: string });
+    res.json({ data: page.items.map((r) => runView(r, engine.runs)), next_cursor: page.next_cursor });
+  });
+
+  router.get('/:id/trace', async (req, res) => {
+    const id = idOf(req);
+    await sessions.get(tenantOf(req), id);
+    await streamEvents(req, res, {
+      streams: opts.streams,
+      hub: opts.hub,
+      scope: scopes.sessionTrace(id),
+      afterId: lastEventIdOf(req),
+      heartbeatMs: opts.heartbeatMs,
+    });
+  });
+
+  return router;
+}

@@ -1,0 +1,244 @@
+// Sessions: the record every run streams into (kind `autonomy`/`vibe`, one per run made through the
+// autonomy routes) and multi-agent sessions (kind `multi_agent`) with agents and a durable message log.
+// An archived session is read-only. Every change is a conditional update and a `session.updated` event.
+import type { Platform } from '../deps.js';
+import {
+  ConflictError,
+  newId,
+  NotFoundError,
+  scopes,
+  type AgentRecord,
+  type Budget,
+  type MessagePart,
+  type MessageRecord,
+  type Run,
+  type Session,
+  type SessionKind,
+  type SessionOutcome,
+  type SessionStatus,
+  type ToolName,
+} from '../platform/index.js';
+import { allowlistOf, type RunLimits, type Runs, type ToolPolicy } from '../runs/index.js';
+import type { SessionQuery } from '../store/index.js';
+
+export type SessionsDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'events'> & { runs: Runs; limits: RunLimits; settings: ToolPolicy };
+
+const LIVE: SessionStatus[] = ['idle', 'running', 'waiting', 'paused'];
+
+const OUTCOME_OF_RUN: Record<string, SessionOutcome> = { succeeded: 'succeeded', failed: 'failed', timed_out: 'failed', canceled: 'canceled' };
+
+export function sessionsOf(deps: SessionsDeps) {
+  const { store, clock, events, runs } = deps;
+
+  async function mustGet(tenantId: string, id: string): Promise<Session> {
+    const s = await store.sessions.get(tenantId, id);
+    if (!s) throw new NotFoundError(`no session ${id}`);
+    return s;
+  }
+
+  /** A session that may still change: archived ones answer 409. */
+  async function mustBeLive(tenantId: string, id: string): Promise<Session> {
+    const s = await mustGet(tenantId, id);
+    if (s.status === 'archived') throw new ConflictError(`session ${id} is archived and read-only`, { status: s.status });
+    return s;
+  }
+
+  const emit = (s: Session) =>
+    events.append(scopes.sessionTrace(s.id).stream, {
+      type: 'session.updated',
+      tenant_id: s.tenant_id,
+      session_id: s.id,
+      data: { status: s.status, outcome: s.outcome, title: s.title },
+    });
+
+  async function change(tenantId: string, id: string, changes: Partial<Session>, ifStatusIn: SessionStatus[]): Promise<Session | null> {
+    const updated = await store.sessions.update(tenantId, id, { ...changes, updated_at: clock.now().toISOString() }, ifStatusIn);
+    if (updated) await emit(updated);
+    return updated;
+  }
+
+  // a run session follows its run: running while it runs, idle with the run's outcome once it ends
+  runs.onRunFinished(async (run: Run) => {
+    const s = await store.sessions.get(run.tenant_id, run.session_id);
+    if (!s || s.kind === 'multi_agent') return;
+    await change(run.tenant_id, s.id, { status: 'idle', outcome: OUTCOME_OF_RUN[run.status] ?? null }, ['running', 'idle']);
+  });
+
+  return {
+    get: mustGet,
+
+    /** The session of a run started through the autonomy routes: made once, even when the request is replayed. */
+    async ensureRunSession(run: Run): Promise<void> {
+      if (await store.sessions.get(run.tenant_id, run.session_id)) return;
+      const now = clock.now().toISOString();
+      const kind: SessionKind = run.kind === 'vibe' ? 'vibe' : 'autonomy';
+      const title = run.goal ? run.goal.split('\n')[0]!.slice(0, 200) : `${run.plan?.length ?? 0} step${run.plan?.length === 1 ? '' : 's'}`;
+      try {
+        await store.sessions.insert({
+          id: run.session_id,
+          tenant_id: run.tenant_id,
+          title,
+          goal: run.goal,
+          kind,
+          status: 'running',
+          outcome: null,
+          metadata: { run_id: run.id },
+          created_at: now,
+          updated_at: now,
+        });
+      } catch (err) {
+        // a concurrent replay of the same request made it first
+        if (!(await store.sessions.get(run.tenant_id, run.session_id))) throw err;
+      }
+    },
+
+    async create(tenantId: string, req: { title?: string; goal?: string; metadata?: Record<string, unknown> }): Promise<Session> {
+      const now = clock.now().toISOString();
+      const session: Session = {
+        id: newId('ses'),
+        tenant_id: tenantId,
+        title: req.title ?? null,
+        goal: req.goal ?? null,
+        kind: 'multi_agent',
+        status: 'idle',
+        outcome: null,
+        metadata: req.metadata ?? {},
+        created_at: now,
+        updated_at: now,
+      };
+      await store.sessions.insert(session);
+      await emit(session);
+      return session;
+    },
+
+    list(tenantId: string, q: Omit<SessionQuery, 'limit'> & { limit?: number }) {
+      return store.sessions.list(tenantId, { ...q, limit: q.limit ?? 20 });
+    },
+
+    /** The session with its agents and its latest runs. */
+    async detail(tenantId: string, id: string) {
+      const session = await mustGet(tenantId, id);
+      const [agents, latest] = await Promise.all([store.agents.list(tenantId, id), store.runs.list(tenantId, { session_id: id, limit: 10 })]);
+      return { ...session, agents, runs: latest.items };
+    },
+
+    /**
+     * Title, goal and status. `paused` holds new work (running work finishes); `idle` or `running`
+     * resumes it. Archiving is DELETE's.
+     */
+    async update(
+      tenantId: string,
+      id: string,
+      patch: { title?: string; goal?: string; status?: 'paused' | 'idle' | 'running'; metadata?: Record<string, unknown> },
+    ) {
+      const current = await mustBeLive(tenantId, id);
+      const changes: Partial<Session> = {};
+      if (patch.title !== undefined) changes.title = patch.title;
+      if (patch.goal !== undefined) changes.goal = patch.goal;
+      if (patch.metadata !== undefined) changes.metadata = patch.metadata;
+      if (patch.status !== undefined) {
+        if (current.kind !== 'multi_agent')
+          throw new ConflictError(`a ${current.kind} session follows its run; only multi-agent sessions are paused and resumed`);
+        changes.status = patch.status === 'paused' ? 'paused' : 'idle';
+      }
+      const updated = await change(tenantId, id, changes, LIVE);
+      if (!updated) throw new ConflictError(`session ${id} changed meanwhile; retry`);
+      return updated;
+    },
+
+    /** Cancels what runs in the session, then archives it; archiving an archived session changes nothing. */
+    async archive(tenantId: string, id: string): Promise<Session> {
+      const current = await mustGet(tenantId, id);
+      if (current.status === 'archived') return current;
+      for (const status of ['queued', 'running'] as const) {
+        for (const run of (await store.runs.list(tenantId, { session_id: id, status, limit: 100 })).items) {
+          await runs.cancel(tenantId, run.id).catch(() => undefined); // it may have ended meanwhile
+        }
+      }
+      return (await change(tenantId, id, { status: 'archived' }, LIVE)) ?? mustGet(tenantId, id);
+    },
+
+    async addAgent(
+      tenantId: string,
+      sessionId: string,
+      req: { name: string; role?: string; instructions?: string; tool_allowlist?: ToolName[]; budget?: Partial<Budget>; model?: string },
+    ): Promise<AgentRecord> {
+      await mustBeLive(tenantId, sessionId);
+      const now = clock.now().toISOString();
+      const seconds = Math.min(req.budget?.seconds ?? deps.limits.defaultBudgetSeconds, deps.limits.maxBudgetSeconds);
+      const agent: AgentRecord = {
+        id: newId('agt'),
+        tenant_id: tenantId,
+        session_id: sessionId,
+        name: req.name,
+        role: req.role ?? null,
+        instructions: req.instructions ?? null,
+        tool_allowlist: allowlistOf(deps.settings, req.tool_allowlist, null, '/body/tool_allowlist'),
+        budget: req.budget?.max_steps === undefined ? { seconds } : { seconds, max_steps: req.budget.max_steps },
+        model: req.model ?? null,
+        created_at: now,
+        updated_at: now,
+      };
+      await store.agents.insert(agent);
+      return agent;
+    },
+
+    async agents(tenantId: string, sessionId: string): Promise<AgentRecord[]> {
+      await mustGet(tenantId, sessionId);
+      return store.agents.list(tenantId, sessionId);
+    },
+
+    /** Appends a message to the session's log and tells its trace. People and the system inject `user` or `system` messages. */
+    async postMessage(
+      tenantId: string,
+      sessionId: string,
+      req: { role: 'user' | 'system'; to?: string | null; kind?: string; parts: MessagePart[]; in_reply_to?: string | null },
+    ): Promise<MessageRecord> {
+      await mustBeLive(tenantId, sessionId);
+      if (req.to && !(await store.agents.get(tenantId, sessionId, req.to))) throw new NotFoundError(`no agent ${req.to} in session ${sessionId}`);
+      const message = await store.messages.append({
+        id: newId('msg'),
+        tenant_id: tenantId,
+        session_id: sessionId,
+        role: req.role,
+        from: null,
+        to: req.to ?? null,
+        kind: req.kind ?? 'text',
+        parts: req.parts,
+        task_id: null,
+        run_id: null,
+        in_reply_to: req.in_reply_to ?? null,
+        created_at: clock.now().toISOString(),
+      });
+      await events.append(scopes.sessionTrace(sessionId).stream, {
+        type: 'message.created',
+        tenant_id: tenantId,
+        session_id: sessionId,
+        data: {
+          role: message.role,
+          text: message.parts.map((p) => (p.type === 'text' ? p.text : JSON.stringify(p.data))).join('\n'),
+          message_id: message.id,
+          seq: message.seq,
+          from: message.from,
+          to: message.to,
+        },
+      });
+      return message;
+    },
+
+    async messages(tenantId: string, sessionId: string, q: { afterSeq?: number; limit?: number }) {
+      await mustGet(tenantId, sessionId);
+      const limit = q.limit ?? 50;
+      const items = await store.messages.list(tenantId, sessionId, { afterSeq: q.afterSeq, limit: limit + 1 });
+      const page = items.slice(0, limit);
+      return { items: page, next_cursor: items.length > limit ? String(page.at(-1)!.seq) : null };
+    },
+
+    async runs(tenantId: string, sessionId: string, q: { limit?: number; cursor?: string }) {
+      await mustGet(tenantId, sessionId);
+      return store.runs.list(tenantId, { session_id: sessionId, limit: q.limit ?? 20, cursor: q.cursor });
+    },
+  };
+}
+
+export type Sessions = ReturnType<typeof sessionsOf>;

@@ -1,0 +1,157 @@
+// Sessions: the record of every autonomy run, multi-agent sessions with agents and a durable message
+// log, pause and archive, the live trace through a real SSE client, and tenant isolation on every route.
+import { expect } from 'chai';
+import { EventSource } from 'eventsource';
+import { eventually, finishedRun, KEYS, startHarness, type Harness } from '../support/harness.js';
+
+type Body = Record<string, any>;
+
+describe('sessions', function () {
+  this.timeout(30_000);
+  let h: Harness;
+  before(async () => {
+    h = await startHarness();
+  });
+  after(async () => {
+    await h.close();
+  });
+
+  const create = async (body: object = { title: 'Release', goal: 'ship it' }, key = KEYS.a) => {
+    const res = await h.call<Body>('POST', '/api/v1/sessions', { body, key });
+    expect(res.status, res.text).to.equal(201);
+    return res.body;
+  };
+
+  it('records a session for every autonomy run: running while it runs, idle with the run’s outcome after', async () => {
+    const res = await h.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'sleep 0.5' } }] } });
+    const sessionId = res.body.session_id;
+    const during = await h.call<Body>('GET', `/api/v1/sessions/${sessionId}`);
+    expect(during.body).to.deep.include({ kind: 'autonomy', status: 'running', outcome: null, title: '1 step' });
+    await finishedRun(h, res.body.run_id);
+    const done = await eventually(async () => {
+      const s = (await h.call<Body>('GET', `/api/v1/sessions/${sessionId}`)).body;
+      return s.status === 'idle' ? s : null;
+    }, 'the session to go idle');
+    expect(done.outcome).to.equal('succeeded');
+    expect(done.runs.map((r: Body) => r.id)).to.deep.equal([res.body.run_id]);
+    const listed = await h.call<Body>('GET', '/api/v1/sessions?kind=autonomy&limit=100');
+    expect(listed.body.data.map((s: Body) => s.id)).to.include(sessionId);
+    const runs = await h.call<Body>('GET', `/api/v1/sessions/${sessionId}/runs`);
+    expect(runs.body.data.map((r: Body) => r.id)).to.deep.equal([res.body.run_id]);
+    // a replayed request does not make a second session
+    const key = { 'idempotency-key': `sess-${Date.now()}` };
+    const first = await h.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'message', args: { text: 'x' } }] }, headers: key });
+    const again = await h.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'message', args: { text: 'x' } }] }, headers: key });
+    expect(again.body.session_id).to.equal(first.body.session_id);
+  });
+
+  it('creates, lists, updates, pauses and resumes a multi-agent session; an archived one is read-only', async () => {
+    const s = await create();
+    expect(s).to.deep.include({ kind: 'multi_agent', status: 'idle', outcome: null, title: 'Release', goal: 'ship it' });
+    const renamed = await h.call<Body>('PATCH', `/api/v1/sessions/${s.id}`, { body: { title: 'Release 2.4' } });
+    expect(renamed.body.title).to.equal('Release 2.4');
+    expect((await h.call<Body>('PATCH', `/api/v1/sessions/${s.id}`, { body: { status: 'paused' } })).body.status).to.equal('paused');
+    const paused = await h.call<Body>('GET', '/api/v1/sessions?status=paused&kind=multi_agent');
+    expect(paused.body.data.map((x: Body) => x.id)).to.include(s.id);
+    expect((await h.call<Body>('PATCH', `/api/v1/sessions/${s.id}`, { body: { status: 'running' } })).body.status).to.equal('idle');
+    const archived = await h.call<Body>('DELETE', `/api/v1/sessions/${s.id}`);
+    expect(archived.status).to.equal(200);
+    expect(archived.body.status).to.equal('archived');
+    expect((await h.call<Body>('DELETE', `/api/v1/sessions/${s.id}`)).body.status).to.equal('archived');
+    expect((await h.call('PATCH', `/api/v1/sessions/${s.id}`, { body: { title: 'x' } })).status).to.equal(409);
+    expect((await h.call('POST', `/api/v1/sessions/${s.id}/messages`, { body: { role: 'user', parts: [{ type: 'text', text: 'hi' }] } })).status).to.equal(409);
+    expect((await h.call('POST', `/api/v1/sessions/${s.id}/agents`, { body: { name: 'late' } })).status).to.equal(409);
+    const live = await h.call<Body>('GET', '/api/v1/sessions?limit=100');
+    expect(live.body.data.map((x: Body) => x.id)).not.to.include(s.id);
+    expect((await h.call<Body>('GET', '/api/v1/sessions?status=archived&limit=100')).body.data.map((x: Body) => x.id)).to.include(s.id);
+    // a run session follows its run: it is not paused by hand
+    const run = await h.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'message', args: { text: 'x' } }] } });
+    expect((await h.call('PATCH', `/api/v1/sessions/${run.body.session_id}`, { body: { status: 'paused' } })).status).to.equal(409);
+  });
+
+  it('archiving cancels what runs in the session', async () => {
+    const res = await h.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'sleep 30' } }] } });
+    await eventually(async () => (await h.call<Body>('GET', `/api/v1/runs/${res.body.run_id}`)).body.status === 'running', 'the run to start');
+    const archived = await h.call<Body>('DELETE', `/api/v1/sessions/${res.body.session_id}`);
+    expect(archived.body.status).to.equal('archived');
+    expect((await finishedRun(h, res.body.run_id)).status).to.equal('canceled');
+  });
+
+  it('adds agents and keeps a durable message log in seq order; only user and system messages are injected', async () => {
+    const s = await create({ title: 'log' });
+    const agent = await h.call<Body>('POST', `/api/v1/sessions/${s.id}/agents`, {
+      body: { name: 'writer', role: 'docs', instructions: 'Write clearly.', tool_allowlist: ['read_file', 'message'], budget: { seconds: 60 } },
+    });
+    expect(agent.status, agent.text).to.equal(201);
+    expect(agent.body).to.deep.include({ name: 'writer', session_id: s.id, model: null });
+    expect((await h.call<Body>('GET', `/api/v1/sessions/${s.id}/agents`)).body.data.map((a: Body) => a.id)).to.deep.equal([agent.body.id]);
+    expect((await h.call<Body>('GET', `/api/v1/sessions/${s.id}`)).body.agents.map((a: Body) => a.name)).to.deep.equal(['writer']);
+    const posted = [];
+    for (const [role, text] of [
+      ['user', 'first'],
+      ['system', 'second'],
+      ['user', 'third'],
+    ]) {
+      const r = await h.call<Body>('POST', `/api/v1/sessions/${s.id}/messages`, { body: { role, parts: [{ type: 'text', text }], to: agent.body.id } });
+      expect(r.status, r.text).to.equal(201);
+      posted.push(r.body);
+    }
+    expect(posted.map((m) => m.seq)).to.deep.equal([1, 2, 3]);
+    const page = await h.call<Body>('GET', `/api/v1/sessions/${s.id}/messages?limit=2`);
+    expect(page.body.data.map((m: Body) => m.parts[0].text)).to.deep.equal(['first', 'second']);
+    const rest = await h.call<Body>('GET', `/api/v1/sessions/${s.id}/messages?cursor=${page.body.next_cursor}`);
+    expect(rest.body.data.map((m: Body) => m.parts[0].text)).to.deep.equal(['third']);
+    expect(rest.body.next_cursor).to.equal(null);
+    expect((await h.call('POST', `/api/v1/sessions/${s.id}/messages`, { body: { role: 'agent', parts: [{ type: 'text', text: 'no' }] } })).status).to.equal(
+      400,
+    );
+    const unknownAgent = await h.call('POST', `/api/v1/sessions/${s.id}/messages`, {
+      body: { role: 'user', to: 'agt_01m00000000000000000000000', parts: [{ type: 'text', text: 'x' }] },
+    });
+    expect(unknownAgent.status).to.equal(404);
+  });
+
+  it('streams the trace through a real SSE client: messages and session changes, until the session is archived', async () => {
+    const s = await create({ title: 'trace' });
+    const received: { type: string; data: Body }[] = [];
+    const es = new EventSource(`${h.url}/api/v1/sessions/${s.id}/trace`, {
+      fetch: (input, init) => fetch(input, { ...init, headers: { ...(init?.headers as Record<string, string>), authorization: `Bearer ${KEYS.a}` } }),
+    });
+    let closed = false;
+    for (const t of ['session.updated', 'message.created']) es.addEventListener(t, (e) => received.push({ type: t, data: JSON.parse(e.data).data }));
+    es.onerror = () => {
+      closed = true;
+    };
+    try {
+      await eventually(() => received.length >= 1, 'the creation event');
+      await h.call('POST', `/api/v1/sessions/${s.id}/messages`, { body: { role: 'user', parts: [{ type: 'text', text: 'hello trace' }] } });
+      await eventually(() => received.some((e) => e.type === 'message.created'), 'the message event');
+      expect(received.find((e) => e.type === 'message.created')!.data).to.deep.include({ role: 'user', text: 'hello trace', seq: 1 });
+      await h.call('DELETE', `/api/v1/sessions/${s.id}`);
+      await eventually(() => received.some((e) => e.type === 'session.updated' && e.data.status === 'archived'), 'the archive event');
+      await eventually(() => closed || es.readyState !== EventSource.OPEN, 'the trace to end');
+    } finally {
+      es.close();
+    }
+  });
+
+  it('answers 404 for another tenant’s session on every route', async () => {
+    const s = await create({ title: 'mine' });
+    const other = { key: KEYS.b };
+    for (const [method, path, body] of [
+      ['GET', `/api/v1/sessions/${s.id}`],
+      ['PATCH', `/api/v1/sessions/${s.id}`, { title: 'x' }],
+      ['DELETE', `/api/v1/sessions/${s.id}`],
+      ['GET', `/api/v1/sessions/${s.id}/agents`],
+      ['POST', `/api/v1/sessions/${s.id}/agents`, { name: 'x' }],
+      ['GET', `/api/v1/sessions/${s.id}/messages`],
+      ['POST', `/api/v1/sessions/${s.id}/messages`, { role: 'user', parts: [{ type: 'text', text: 'x' }] }],
+      ['GET', `/api/v1/sessions/${s.id}/runs`],
+      ['GET', `/api/v1/sessions/${s.id}/trace`],
+    ] as [string, string, object?][]) {
+      expect((await h.call(method, path, { ...other, body })).status, `${method} ${path}`).to.equal(404);
+    }
+    expect((await h.call<Body>('GET', '/api/v1/sessions?limit=100', other)).body.data.map((x: Body) => x.id)).not.to.include(s.id);
+    expect((await h.call<Body>('GET', `/api/v1/sessions/${s.id}`)).body.status).to.equal('idle');
+  });
+});
