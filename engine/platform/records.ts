@@ -289,3 +289,30 @@ export type MessageRecord = {
   in_reply_to: string | null;
   created_at: string;
 };
+
+export const TASK_STATUSES = ['pending', 'queued', 'running', 'input_required', 'succeeded', 'failed', 'upstream_failed', 'canceled'] as const;
+export type TaskStatus = (typeof TASK_STATUSES)[number];
+export const TERMINAL_TASK_STATUSES: readonly TaskStatus[] = ['succeeded', 'failed', 'upstream_failed', 'canceled'];
+
+/** When a task may start: every dependency succeeded (`all_success`), or every one ended however (`all_done`). */
+export type TriggerRule = 'all_success' | 'all_done';
+
+/** A unit of work of a multi-agent session; `depends_on` are the DAG's edges. */
+export type TaskRecord = {
+  id: string;
+  tenant_id: string;
+  session_id: string;
+  title: string | null;
+  goal: string | null;
+  steps: Step[] | null;
+  agent_id: string | null;
+  depends_on: string[];
+  trigger_rule: TriggerRule;
+  status: TaskStatus;
+  attempts: number;
+  max_attempts: number;
+  run_ids: string[];
+  output: Record<string, unknown> | null;
+  created_at: string;
+  updated_at: string;
+};

@@ -16,6 +16,8 @@ import {
   type SessionKind,
   type SessionStatus,
   type StepRecord,
+  type TaskRecord,
+  type TaskStatus,
   type Trigger,
   type WebhookDelivery,
   type WebhookProvider,
@@ -141,6 +143,20 @@ export interface MessageRepo {
   list(tenantId: string, sessionId: string, q: { afterSeq?: number; limit: number }): Promise<MessageRecord[]>;
 }
 
+export type TaskChanges = Partial<Pick<TaskRecord, 'status' | 'attempts' | 'run_ids' | 'output' | 'updated_at'>>;
+
+export interface TaskRepo {
+  /** Inserts a batch of tasks of one session in one transaction: all or none. */
+  insertMany(tasks: TaskRecord[]): Promise<void>;
+  get(tenantId: string, sessionId: string, id: string): Promise<TaskRecord | null>;
+  /** Every task of a session, in creation order. */
+  list(tenantId: string, sessionId: string): Promise<TaskRecord[]>;
+  /** Applies `changes` only while the status is one of `ifStatusIn`; null when no row matched. */
+  update(tenantId: string, sessionId: string, id: string, changes: TaskChanges, ifStatusIn: TaskStatus[]): Promise<TaskRecord | null>;
+  /** System use (the reconciler): tasks of every tenant in a status, changed before a time. */
+  listStale(status: TaskStatus, updatedBefore: string, limit: number): Promise<TaskRecord[]>;
+}
+
 export interface Store {
   readonly kind: 'sqlite' | 'mongo';
   readonly automations: AutomationRepo;
@@ -151,6 +167,7 @@ export interface Store {
   readonly sessions: SessionRepo;
   readonly agents: AgentRepo;
   readonly messages: MessageRepo;
+  readonly tasks: TaskRepo;
   /** Throws when the store cannot be reached. */
   ping(): Promise<void>;
   close(): Promise<void>;

@@ -1,7 +1,7 @@
 // One contract for every store adapter. Each adapter's test file calls storeContract with a factory.
 import { expect } from 'chai';
 import { newId } from '../../engine/platform/ids.js';
-import type { AgentRecord, ApiKeyRecord, Automation, Run, Session, WebhookDelivery, WebhookSecretRecord } from '../../engine/platform/records.js';
+import type { AgentRecord, ApiKeyRecord, Automation, Run, Session, TaskRecord, WebhookDelivery, WebhookSecretRecord } from '../../engine/platform/records.js';
 import type { Store } from '../../engine/store/port.js';
 
 export function automationFixture(tenantId: string, over: Partial<Automation> = {}): Automation {
@@ -433,6 +433,53 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect(page.map((m) => m.seq)).to.deep.equal([1, 2]);
       expect((await store.messages.list('t1', 'ses_m', { afterSeq: 2, limit: 10 })).map((m) => m.seq)).to.deep.equal([3, 4, 5]);
       expect(await store.messages.list('t2', 'ses_m', { limit: 10 })).to.deep.equal([]);
+    });
+
+    it('keeps a session’s tasks by their own ids, inserts a batch all or none, lists in creation order and updates conditionally', async () => {
+      const at = (ms: number) => new Date(Date.UTC(2026, 0, 1) + ms).toISOString();
+      const task = (id: string, over: Partial<TaskRecord> = {}): TaskRecord => ({
+        id,
+        tenant_id: 't1',
+        session_id: 'ses_t',
+        title: id,
+        goal: null,
+        steps: [{ tool: 'shell', args: { command: 'true' } }],
+        agent_id: null,
+        depends_on: [],
+        trigger_rule: 'all_success',
+        status: 'pending',
+        attempts: 0,
+        max_attempts: 2,
+        run_ids: [],
+        output: null,
+        created_at: at(0),
+        updated_at: at(0),
+        ...over,
+      });
+      await store.tasks.insertMany([task('a'), task('b', { depends_on: ['a'], created_at: at(1) })]);
+      // the same ids in another session or tenant are other tasks
+      await store.tasks.insertMany([task('a', { session_id: 'ses_u' }), task('a', { tenant_id: 't2' })]);
+      // a batch with a repeated id writes nothing
+      let failed = false;
+      try {
+        await store.tasks.insertMany([task('c', { created_at: at(2) }), task('a')]);
+      } catch {
+        failed = true;
+      }
+      expect(failed).to.equal(true);
+      expect((await store.tasks.list('t1', 'ses_t')).map((t) => t.id)).to.deep.equal(['a', 'b']);
+      expect(await store.tasks.get('t2', 'ses_t', 'b')).to.equal(null);
+      expect((await store.tasks.get('t1', 'ses_t', 'b'))!.depends_on).to.deep.equal(['a']);
+      expect(await store.tasks.update('t1', 'ses_t', 'a', { status: 'running' }, ['queued'])).to.equal(null);
+      const done = await store.tasks.update('t1', 'ses_t', 'a', { status: 'succeeded', output: { ok: true }, run_ids: ['run_x'], updated_at: at(5) }, [
+        'pending',
+      ]);
+      expect(done).to.deep.include({ status: 'succeeded', id: 'a', session_id: 'ses_t' });
+      expect((await store.tasks.listStale('pending', at(10), 10)).map((t) => `${t.tenant_id}/${t.session_id}/${t.id}`).sort()).to.deep.equal([
+        't1/ses_t/b',
+        't1/ses_u/a',
+        't2/ses_t/a',
+      ]);
     });
   });
 }

@@ -10,6 +10,7 @@ import { deliveryRepo, deliverySchema } from './deliveries.js';
 import type { Stored } from './documents.js';
 import { runRepo, runSchema, runStepSchema, runTurnSchema } from './runs.js';
 import { agentRepo, agentSchema, messageCounterSchema, messageRepo, messageSchema, sessionRepo, sessionSchema } from './sessions.js';
+import { taskRepo, taskSchema } from './tasks.js';
 import { webhookSecretRepo, webhookSecretSchema } from './webhook-secrets.js';
 
 export async function openMongoStore(uri: string): Promise<Store> {
@@ -25,7 +26,8 @@ export async function openMongoStore(uri: string): Promise<Store> {
   const agents = conn.model<Stored<AgentRecord>>('Agent', agentSchema, 'agents');
   const messages = conn.model<Stored<MessageRecord>>('Message', messageSchema, 'messages');
   const counters = conn.model<{ _id: string; seq: number }>('MessageCounter', messageCounterSchema, 'message_counters');
-  const models = [automations, apiKeys, runs, runSteps, runTurns, webhookSecrets, deliveries, sessions, agents, messages, counters];
+  const tasks = conn.model('Task', taskSchema, 'tasks');
+  const models = [automations, apiKeys, runs, runSteps, runTurns, webhookSecrets, deliveries, sessions, agents, messages, counters, tasks];
   await Promise.all(models.map((m) => m.init()));
   return {
     kind: 'mongo',
@@ -37,6 +39,7 @@ export async function openMongoStore(uri: string): Promise<Store> {
     sessions: sessionRepo(sessions),
     agents: agentRepo(agents),
     messages: messageRepo(messages, counters),
+    tasks: taskRepo(tasks as never),
     async ping() {
       await pingConnection(conn);
     },

@@ -9,6 +9,7 @@ import { openDatabase } from './db.js';
 import { deliveryRepo } from './deliveries.js';
 import { runRepo } from './runs.js';
 import { agentRepo, messageRepo, sessionRepo } from './sessions.js';
+import { taskRepo } from './tasks.js';
 import { webhookSecretRepo } from './webhook-secrets.js';
 
 export function openSqliteStore(file: string): Store {
@@ -23,6 +24,7 @@ export function openSqliteStore(file: string): Store {
     sessions: sessionRepo(db),
     agents: agentRepo(db),
     messages: messageRepo(db),
+    tasks: taskRepo(db),
     async ping() {
       db.prepare('SELECT 1').get();
     },

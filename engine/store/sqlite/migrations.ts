@@ -125,3 +125,17 @@ MIGRATIONS.push(`
     PRIMARY KEY (session_id, seq)
   ) WITHOUT ROWID;
 `);
+// The tasks of multi-agent sessions: ids are the session's own (chosen by callers or the service).
+MIGRATIONS.push(`
+  CREATE TABLE tasks (
+    tenant_id TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    id TEXT NOT NULL,
+    status TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    doc TEXT NOT NULL,
+    PRIMARY KEY (tenant_id, session_id, id)
+  ) WITHOUT ROWID;
+  CREATE INDEX tasks_by_status_updated ON tasks (status, updated_at);
+`);

@@ -1,0 +1,75 @@
+// The task DAG's rules that need no state: what makes a batch of tasks valid (every error at once,
+// for one 422), and the DAG order tasks are listed in (topological, ties by creation).
+import type { FieldError } from '../platform/index.js';
+
+export type DagNode = { id: string; depends_on: string[]; agent_id?: string | null };
+
+/**
+ * Checks new tasks against the session's existing ones: unknown, duplicate and self dependencies,
+ * unknown agents, ids used twice, and cycles (a new task may depend on existing tasks, never the other
+ * way round, so a cycle can only run through new ones). Paths point into the request's `tasks` list.
+ */
+export function dagErrors(existing: readonly DagNode[], added: readonly DagNode[], agentIds: ReadonlySet<string>, at = '/body/tasks'): FieldError[] {
+  const errors: FieldError[] = [];
+  const known = new Set(existing.map((t) => t.id));
+  const addedIds = new Map<string, number>();
+  added.forEach((t, i) => {
+    if (known.has(t.id) || addedIds.has(t.id)) errors.push({ path: `${at}/${i}/id`, message: `task id ${t.id} is used twice` });
+    else addedIds.set(t.id, i);
+  });
+  added.forEach((t, i) => {
+    const seen = new Set<string>();
+    t.depends_on.forEach((dep, j) => {
+      const path = `${at}/${i}/depends_on/${j}`;
+      if (dep === t.id) errors.push({ path, message: 'a task cannot depend on itself' });
+      else if (seen.has(dep)) errors.push({ path, message: `${dep} is listed twice` });
+      else if (!known.has(dep) && !addedIds.has(dep)) errors.push({ path, message: `no task ${dep} in this session or this request` });
+      seen.add(dep);
+    });
+    if (t.agent_id && !agentIds.has(t.agent_id)) errors.push({ path: `${at}/${i}/agent_id`, message: `no agent ${t.agent_id} in this session` });
+  });
+  // cycles among the new tasks (Kahn: what cannot be ordered is on or behind a cycle)
+  const indegree = new Map<string, number>();
+  const dependents = new Map<string, string[]>();
+  for (const t of added) {
+    const deps = t.depends_on.filter((d) => addedIds.has(d) && d !== t.id);
+    indegree.set(t.id, new Set(deps).size);
+    for (const d of new Set(deps)) dependents.set(d, [...(dependents.get(d) ?? []), t.id]);
+  }
+  const queue = [...indegree].filter(([, n]) => n === 0).map(([id]) => id);
+  while (queue.length) {
+    const id = queue.shift()!;
+    for (const next of dependents.get(id) ?? []) {
+      const n = indegree.get(next)! - 1;
+      indegree.set(next, n);
+      if (n === 0) queue.push(next);
+    }
+  }
+  const cyclic = [...indegree].filter(([, n]) => n > 0).map(([id]) => id);
+  if (cyclic.length) errors.push({ path: at, message: `the dependencies form a cycle through ${cyclic.sort().join(', ')}` });
+  return errors;
+}
+
+/** Tasks in DAG order: every task after its dependencies; among those ready together, the first created first. */
+export function dagOrder<T extends DagNode & { created_at: string }>(tasks: readonly T[]): T[] {
+  const byId = new Map(tasks.map((t) => [t.id, t]));
+  const indegree = new Map(tasks.map((t) => [t.id, t.depends_on.filter((d) => byId.has(d)).length]));
+  const dependents = new Map<string, string[]>();
+  for (const t of tasks) for (const d of t.depends_on) if (byId.has(d)) dependents.set(d, [...(dependents.get(d) ?? []), t.id]);
+  const byCreation = (a: T, b: T) => a.created_at.localeCompare(b.created_at) || a.id.localeCompare(b.id);
+  const ready = tasks.filter((t) => indegree.get(t.id) === 0).sort(byCreation);
+  const out: T[] = [];
+  while (ready.length) {
+    const t = ready.shift()!;
+    out.push(t);
+    for (const next of dependents.get(t.id) ?? []) {
+      const n = indegree.get(next)! - 1;
+      indegree.set(next, n);
+      if (n === 0) {
+        ready.push(byId.get(next)!);
+        ready.sort(byCreation);
+      }
+    }
+  }
+  return out;
+}

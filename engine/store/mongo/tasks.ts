@@ -1,0 +1,53 @@
+// The tasks of multi-agent sessions; `_id` is tenant, session and the task's own id.
+import { Schema, type Model } from 'mongoose';
+import type { TaskRecord } from '../../platform/index.js';
+import type { TaskRepo } from '../port.js';
+import { definedOnly, loose } from './documents.js';
+
+type StoredTask = Omit<TaskRecord, 'id'> & { _id: string; task_id: string };
+
+export const taskSchema = new Schema({ _id: String, tenant_id: { type: String, required: true }, session_id: String, task_id: String, status: String }, loose);
+taskSchema.index({ tenant_id: 1, session_id: 1, created_at: 1 });
+taskSchema.index({ status: 1, updated_at: 1 });
+
+const keyOf = (tenantId: string, sessionId: string, id: string) => `${tenantId}:${sessionId}:${id}`;
+const toStored = (t: TaskRecord): StoredTask => {
+  const { id, ...rest } = t;
+  return { _id: keyOf(t.tenant_id, t.session_id, id), task_id: id, ...rest };
+};
+const fromStored = (d: StoredTask | null): TaskRecord | null => {
+  if (!d) return null;
+  const { _id, task_id, ...rest } = d as StoredTask & { __v?: number };
+  delete (rest as { __v?: number }).__v;
+  return { id: task_id, ...rest } as TaskRecord;
+};
+
+export function taskRepo(model: Model<StoredTask>): TaskRepo {
+  return {
+    async insertMany(tasks) {
+      // a replica set would make this one transaction; ordered inserts stop at the first failure
+      await model.collection.insertMany(tasks.map(toStored) as never[], { ordered: true });
+    },
+    async get(tenantId, sessionId, id) {
+      return fromStored(await model.findOne({ _id: keyOf(tenantId, sessionId, id) }).lean<StoredTask>());
+    },
+    async list(tenantId, sessionId) {
+      const rows = await model.find({ tenant_id: tenantId, session_id: sessionId }).sort({ created_at: 1, task_id: 1 }).lean<StoredTask[]>();
+      return rows.map((r) => fromStored(r)!);
+    },
+    async update(tenantId, sessionId, id, changes, ifStatusIn) {
+      const updated = await model
+        .findOneAndUpdate({ _id: keyOf(tenantId, sessionId, id), status: { $in: ifStatusIn } }, { $set: definedOnly(changes) }, { returnDocument: 'after' })
+        .lean<StoredTask>();
+      return fromStored(updated);
+    },
+    async listStale(status, updatedBefore, limit) {
+      const rows = await model
+        .find({ status, updated_at: { $lt: updatedBefore } })
+        .sort({ updated_at: 1 })
+        .limit(limit)
+        .lean<StoredTask[]>();
+      return rows.map((r) => fromStored(r)!);
+    },
+  };
+}

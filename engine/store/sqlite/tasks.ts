@@ -1,0 +1,40 @@
+// The tasks of multi-agent sessions, keyed by tenant, session and the task's own id.
+import type { TaskRecord } from '../../platform/index.js';
+import type { TaskRepo } from '../port.js';
+import type { Db } from './db.js';
+
+export function taskRepo(db: Db): TaskRepo {
+  const insert = db.prepare('INSERT INTO tasks (tenant_id, session_id, id, status, created_at, updated_at, doc) VALUES (?, ?, ?, ?, ?, ?, ?)');
+  const get = db.prepare<[string, string, string], { doc: string }>('SELECT doc FROM tasks WHERE tenant_id = ? AND session_id = ? AND id = ?');
+  const list = db.prepare<[string, string], { doc: string }>('SELECT doc FROM tasks WHERE tenant_id = ? AND session_id = ? ORDER BY created_at, id');
+  const write = db.prepare('UPDATE tasks SET status = ?, updated_at = ?, doc = ? WHERE tenant_id = ? AND session_id = ? AND id = ?');
+  const stale = db.prepare<[string, string, number], { doc: string }>('SELECT doc FROM tasks WHERE status = ? AND updated_at < ? ORDER BY updated_at LIMIT ?');
+  const read = (row: { doc: string } | undefined): TaskRecord | null => (row ? (JSON.parse(row.doc) as TaskRecord) : null);
+  const insertMany = db.transaction((tasks: TaskRecord[]) => {
+    for (const t of tasks) insert.run(t.tenant_id, t.session_id, t.id, t.status, t.created_at, t.updated_at, JSON.stringify(t));
+  });
+  const update = db.transaction((tenantId: string, sessionId: string, id: string, changes: Partial<TaskRecord>, ifStatusIn: string[]) => {
+    const current = read(get.get(tenantId, sessionId, id));
+    if (!current || !ifStatusIn.includes(current.status)) return null;
+    const next: TaskRecord = { ...current, ...changes, id, tenant_id: tenantId, session_id: sessionId, created_at: current.created_at };
+    write.run(next.status, next.updated_at, JSON.stringify(next), tenantId, sessionId, id);
+    return next;
+  });
+  return {
+    async insertMany(tasks) {
+      insertMany.immediate(tasks);
+    },
+    async get(tenantId, sessionId, id) {
+      return read(get.get(tenantId, sessionId, id));
+    },
+    async list(tenantId, sessionId) {
+      return list.all(tenantId, sessionId).map((r) => read(r)!);
+    },
+    async update(tenantId, sessionId, id, changes, ifStatusIn) {
+      return update.immediate(tenantId, sessionId, id, changes, ifStatusIn);
+    },
+    async listStale(status, updatedBefore, limit) {
+      return stale.all(status, updatedBefore, limit).map((r) => read(r)!);
+    },
+  };
+}

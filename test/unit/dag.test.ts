@@ -1,0 +1,47 @@
+// The task DAG's static rules: one list of every error, and the DAG order.
+import { expect } from 'chai';
+import { dagErrors, dagOrder } from '../../engine/sessions/dag.js';
+
+const node = (id: string, depends_on: string[] = [], agent_id: string | null = null) => ({ id, depends_on, agent_id });
+
+describe('task DAG rules', () => {
+  it('accepts a diamond, and new tasks that depend on existing ones', () => {
+    expect(dagErrors([], [node('a'), node('b', ['a']), node('c', ['a']), node('d', ['b', 'c'])], new Set())).to.deep.equal([]);
+    expect(dagErrors([node('a')], [node('e', ['a'])], new Set())).to.deep.equal([]);
+  });
+
+  it('lists every error at once: unknown, self and duplicate dependencies, unknown agents, reused ids, and a cycle', () => {
+    const errors = dagErrors(
+      [node('old')],
+      [node('a', ['a']), node('b', ['nope', 'old', 'old']), node('c', [], 'agt_ghost'), node('old'), node('x', ['y']), node('y', ['z']), node('z', ['x'])],
+      new Set(['agt_real']),
+    );
+    expect(errors).to.deep.include({ path: '/body/tasks/0/depends_on/0', message: 'a task cannot depend on itself' });
+    expect(errors).to.deep.include({ path: '/body/tasks/1/depends_on/0', message: 'no task nope in this session or this request' });
+    expect(errors).to.deep.include({ path: '/body/tasks/1/depends_on/2', message: 'old is listed twice' });
+    expect(errors).to.deep.include({ path: '/body/tasks/2/agent_id', message: 'no agent agt_ghost in this session' });
+    expect(errors).to.deep.include({ path: '/body/tasks/3/id', message: 'task id old is used twice' });
+    expect(errors).to.deep.include({ path: '/body/tasks', message: 'the dependencies form a cycle through x, y, z' });
+    expect(errors).to.have.length(6);
+  });
+
+  it('orders tasks after their dependencies, ties by creation', () => {
+    const t = (id: string, depends_on: string[], at: number) => ({ id, depends_on, created_at: new Date(at).toISOString() });
+    const order = dagOrder([t('d', ['b', 'c'], 1), t('c', ['a'], 2), t('b', ['a'], 3), t('a', [], 4), t('e', [], 5)]);
+    expect(order.map((x) => x.id)).to.deep.equal(['a', 'c', 'b', 'd', 'e']);
+  });
+
+  it('orders a random 200-task DAG so that every task comes after all its dependencies', () => {
+    const tasks: { id: string; depends_on: string[]; created_at: string }[] = [];
+    for (let i = 0; i < 200; i++) {
+      const deps = new Set<string>();
+      for (let k = 0; k < 3 && i > 0; k++) deps.add(`t${Math.floor(Math.random() * i)}`);
+      tasks.push({ id: `t${i}`, depends_on: [...deps], created_at: new Date(1_000_000 - i).toISOString() });
+    }
+    expect(dagErrors([], tasks, new Set())).to.deep.equal([]);
+    const order = dagOrder(tasks);
+    expect(order).to.have.length(200);
+    const position = new Map(order.map((t, i) => [t.id, i]));
+    for (const t of tasks) for (const d of t.depends_on) expect(position.get(d)!).to.be.below(position.get(t.id)!);
+  });
+});
