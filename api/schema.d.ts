@@ -415,6 +415,38 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/sessions/{id}/tasks": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id. */
+                id: components["parameters"]["SessionId"];
+            };
+            cookie?: never;
+        };
+        /**
+         * List tasks in DAG order
+         * @description Every task after its dependencies; tasks ready together in the order they were created.
+         */
+        get: operations["listSessionTasks"];
+        put?: never;
+        /**
+         * Add a task, or a whole DAG
+         * @description One task, or `{tasks: [...]}`. `depends_on` names tasks of the session or of the same request; ids are
+         *     the caller's or the service's. One 400 lists every error: unknown, self or duplicate dependency, a
+         *     cycle, an unknown agent. A task starts when its dependencies allow (`all_success`: every one succeeded;
+         *     `all_done`: every one ended); when one fails after its attempts, its `all_success` dependents end
+         *     `upstream_failed`, and independent branches go on. A task's run (kind `session_task`) gets the
+         *     outputs of its dependencies as `inputs.upstream`.
+         */
+        post: operations["addSessionTasks"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/sessions/{id}/messages": {
         parameters: {
             query?: never;
@@ -898,7 +930,7 @@ export interface components {
             detail?: string;
             instance?: string;
             /** @enum {string} */
-            code: "tool-not-permitted" | "network-not-permitted" | "bad-request" | "validation-failed" | "malformed-json" | "unauthorized" | "not-found" | "method-not-allowed" | "conflict" | "agent-not-configured" | "idempotency-key-reused" | "payload-too-large" | "unsupported-media-type" | "unavailable" | "internal" | "webhook-signature-missing" | "webhook-signature-invalid" | "webhook-timestamp-outside-window" | "webhook-not-configured" | "webhook-replay" | "webhook-payload-invalid" | "rate-limited";
+            code: "task-graph-invalid" | "tool-not-permitted" | "network-not-permitted" | "bad-request" | "validation-failed" | "malformed-json" | "unauthorized" | "not-found" | "method-not-allowed" | "conflict" | "agent-not-configured" | "idempotency-key-reused" | "payload-too-large" | "unsupported-media-type" | "unavailable" | "internal" | "webhook-signature-missing" | "webhook-signature-invalid" | "webhook-timestamp-outside-window" | "webhook-not-configured" | "webhook-replay" | "webhook-payload-invalid" | "rate-limited";
             request_id: string;
             errors?: {
                 /** @description JSON pointer to the bad field, prefixed by where it was (`/body`, `/query`, `/path`). */
@@ -1225,7 +1257,7 @@ export interface components {
             /** @description Who or what started the run (`api`, `manual`, `cron`, `webhook`, `file_change`, `rerun`) and its details. */
             trigger: {
                 /** @enum {string} */
-                type: "api" | "manual" | "cron" | "webhook" | "file_change" | "rerun";
+                type: "api" | "manual" | "cron" | "webhook" | "file_change" | "rerun" | "task";
             } & {
                 [key: string]: unknown;
             };
@@ -1366,7 +1398,13 @@ export interface components {
             created_at: string;
             /** Format: date-time */
             updated_at: string;
+            /** @description Tasks by status. */
+            task_counts: {
+                [key: string]: number;
+            };
             agents: components["schemas"]["Agent"][];
+            /** @description In DAG order. */
+            tasks: components["schemas"]["Task"][];
             /** @description The latest runs of the session, newest first. */
             runs: components["schemas"]["Run"][];
         };
@@ -1420,6 +1458,53 @@ export interface components {
         AgentList: {
             data: components["schemas"]["Agent"][];
         };
+        /** @enum {string} */
+        TaskStatus: "pending" | "queued" | "running" | "input_required" | "succeeded" | "failed" | "upstream_failed" | "canceled";
+        TaskInput: {
+            id?: string;
+            title?: string;
+            goal?: string;
+            steps?: components["schemas"]["Step"][];
+            agent_id?: string;
+            depends_on?: string[];
+            /**
+             * @description Default `all_success`. (Defaults are the service's, not the schema's, so a request is matched to one shape of TaskCreate.)
+             * @enum {string}
+             */
+            trigger_rule?: "all_success" | "all_done";
+            /** @description Tries of the task's run, the first included (a worker lost mid-run counts as a failed try). Default 2. */
+            max_attempts?: number;
+        };
+        TaskCreate: components["schemas"]["TaskInput"] | {
+            tasks: components["schemas"]["TaskInput"][];
+        };
+        Task: {
+            id: string;
+            tenant_id: string;
+            session_id: string;
+            title: string | null;
+            goal: string | null;
+            steps: components["schemas"]["Step"][] | null;
+            agent_id: string | null;
+            depends_on: string[];
+            /** @enum {string} */
+            trigger_rule: "all_success" | "all_done";
+            status: components["schemas"]["TaskStatus"];
+            attempts: number;
+            max_attempts: number;
+            run_ids: string[];
+            /** @description What its run left (status, summary, result, each step's output); what dependents receive as `inputs.upstream`. */
+            output: {
+                [key: string]: unknown;
+            } | null;
+            /** Format: date-time */
+            created_at: string;
+            /** Format: date-time */
+            updated_at: string;
+        };
+        TaskList: {
+            data: components["schemas"]["Task"][];
+        };
         MessagePart: {
             /** @enum {string} */
             type: "text";
@@ -1465,7 +1550,7 @@ export interface components {
          *     its `type`, the time `at`, the tenant, and the session and run it belongs to; `data` depends on
          *     the type. The catalogue is one list in the service (engine/platform/event-types.ts).
          */
-        ServiceEvent: components["schemas"]["EventRunQueued"] | components["schemas"]["EventRunStarted"] | components["schemas"]["EventRunRetrying"] | components["schemas"]["EventRunInterrupted"] | components["schemas"]["EventRunFinished"] | components["schemas"]["EventWorkspaceReady"] | components["schemas"]["EventStepStarted"] | components["schemas"]["EventStepOutput"] | components["schemas"]["EventStepFinished"] | components["schemas"]["EventAgentTurn"] | components["schemas"]["EventMessageCreated"] | components["schemas"]["EventSessionUpdated"];
+        ServiceEvent: components["schemas"]["EventRunQueued"] | components["schemas"]["EventRunStarted"] | components["schemas"]["EventRunRetrying"] | components["schemas"]["EventRunInterrupted"] | components["schemas"]["EventRunFinished"] | components["schemas"]["EventWorkspaceReady"] | components["schemas"]["EventStepStarted"] | components["schemas"]["EventStepOutput"] | components["schemas"]["EventStepFinished"] | components["schemas"]["EventAgentTurn"] | components["schemas"]["EventMessageCreated"] | components["schemas"]["EventTaskUpdated"] | components["schemas"]["EventSessionUpdated"];
         /** @description A run was accepted and stored. */
         EventRunQueued: {
             id: string;
@@ -1698,6 +1783,25 @@ export interface components {
                 to?: string | null;
             };
         };
+        /** @description A task of a multi-agent session changed status. */
+        EventTaskUpdated: {
+            id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "task.updated";
+            /** Format: date-time */
+            at: string;
+            tenant_id: string;
+            session_id?: string;
+            data: {
+                task_id?: string;
+                status?: components["schemas"]["TaskStatus"];
+                attempt?: number;
+                run_id?: string | null;
+            };
+        };
         /** @description A session's status, outcome or title changed; `archived` ends its trace. */
         EventSessionUpdated: {
             id: string;
@@ -1914,7 +2018,7 @@ export interface components {
                 "text/event-stream": components["schemas"]["ServiceEvent"];
             };
         };
-        /** @description The request is well formed but cannot be done (`agent-not-configured`, `idempotency-key-reused`). */
+        /** @description The request is well formed but cannot be done (`agent-not-configured`, `idempotency-key-reused`, `task-graph-invalid` with every error in `errors`). */
         Unprocessable: {
             headers: {
                 [name: string]: unknown;
@@ -2709,6 +2813,96 @@ export interface operations {
             403: components["responses"]["NotPermitted"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
+        };
+    };
+    listSessionTasks: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id. */
+                id: components["parameters"]["SessionId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The tasks. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TaskList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+        };
+    };
+    addSessionTasks: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id. */
+                id: components["parameters"]["SessionId"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "tasks": [
+                 *         {
+                 *           "id": "build",
+                 *           "steps": [
+                 *             {
+                 *               "tool": "shell",
+                 *               "args": {
+                 *                 "command": "npm run build"
+                 *               }
+                 *             }
+                 *           ]
+                 *         },
+                 *         {
+                 *           "id": "test",
+                 *           "depends_on": [
+                 *             "build"
+                 *           ],
+                 *           "steps": [
+                 *             {
+                 *               "tool": "shell",
+                 *               "args": {
+                 *                 "command": "npm test"
+                 *               }
+                 *             }
+                 *           ]
+                 *         }
+                 *       ]
+                 *     }
+                 */
+                "application/json": components["schemas"]["TaskCreate"];
+            };
+        };
+        responses: {
+            /** @description The tasks added. */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TaskList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["NotPermitted"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            422: components["responses"]["Unprocessable"];
         };
     };
     listSessionMessages: {

@@ -47,6 +47,16 @@ export function sessionsRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
     res.status(201).json(await sessions.addAgent(tenantOf(req), idOf(req), req.body as Schemas['AgentCreate']));
   });
 
+  router.get('/:id/tasks', async (req, res) => {
+    res.json({ data: await sessions.tasks(tenantOf(req), idOf(req)) });
+  });
+
+  router.post('/:id/tasks', async (req, res) => {
+    const body = req.body as Schemas['TaskCreate'];
+    const inputs = 'tasks' in body && Array.isArray(body.tasks) ? body.tasks : [body as Schemas['TaskInput']];
+    res.status(201).json({ data: await sessions.addTasks(tenantOf(req), idOf(req), inputs) });
+  });
+
   router.get('/:id/messages', async (req, res) => {
     const q = req.query as { limit?: number; cursor?: string };
     const page = await sessions.messages(tenantOf(req), idOf(req), { limit: q.limit, afterSeq: q.cursor ? Number(q.cursor) : undefined });

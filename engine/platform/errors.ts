@@ -24,6 +24,7 @@ export const ERROR_STATUS = {
   'unsupported-media-type': 415,
   'agent-not-configured': 422,
   'idempotency-key-reused': 422,
+  'task-graph-invalid': 422,
   'rate-limited': 429,
   internal: 500,
   unavailable: 503,
@@ -129,5 +130,16 @@ export class NotPermittedError extends AppError {
     details: Record<string, unknown> = {},
   ) {
     super(message, details);
+  }
+}
+
+/** Tasks whose dependencies do not make a DAG of the session (unknown, self or duplicate, a cycle) or name unknown agents: every error at once. */
+export class TaskGraphInvalidError extends AppError {
+  readonly code = 'task-graph-invalid';
+  constructor(
+    message: string,
+    readonly errors: FieldError[],
+  ) {
+    super(message, { errors });
   }
 }

@@ -2,7 +2,7 @@
 // readers share this union, so a misspelt type or a missing field does not compile, and a reader's
 // `switch (e.type)` is checked for every case. api/openapi.yaml documents the same catalogue
 // (ServiceEvent); a unit test keeps the two lists equal.
-import type { AgentTurn, Budget, ErrorInfo, RunKind, RunStatus, RunTrigger, SessionOutcome, SessionStatus, StepStatus } from './records.js';
+import type { AgentTurn, Budget, ErrorInfo, RunKind, RunStatus, RunTrigger, SessionOutcome, SessionStatus, StepStatus, TaskStatus } from './records.js';
 
 export type EventBody =
   // a run's life: queued once, started once per attempt, then retried, interrupted, or finished once
@@ -44,6 +44,8 @@ export type EventBody =
         to?: string | null;
       };
     }
+  // a task of a multi-agent session changed status
+  | { type: 'task.updated'; data: { task_id: string; status: TaskStatus; attempt: number; run_id: string | null } }
   // a session: its status, outcome or title changed
   | { type: 'session.updated'; data: { status: SessionStatus; outcome: SessionOutcome | null; title: string | null } };
 
@@ -62,6 +64,7 @@ export const EVENT_TYPES = [
   'step.finished',
   'agent.turn',
   'message.created',
+  'task.updated',
   'session.updated',
 ] as const satisfies readonly EventType[];
 

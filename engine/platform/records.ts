@@ -104,7 +104,8 @@ export type RunTrigger =
   | { type: 'cron'; schedule: string; timezone: string; fire_at: string }
   | { type: 'webhook'; provider: string; delivery_id: string; event?: string }
   | { type: 'file_change'; paths: string[] }
-  | { type: 'rerun'; run_id: string; request_id?: string };
+  | { type: 'rerun'; run_id: string; request_id?: string }
+  | { type: 'task'; task_id: string };
 
 export type AgentTurn = {
   index: number;

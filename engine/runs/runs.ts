@@ -226,6 +226,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
     createIdempotent,
     workspaceOf,
     onRunFinished: transitions.onRunFinished,
+    onRunStarted: transitions.onRunStarted,
 
     async get(tenantId: string, id: string): Promise<RunDetail> {
       const run = await mustGet(tenantId, id);

@@ -48,6 +48,7 @@ export const sessionStream = (sessionId: string) => `session:${sessionId}`;
 export function transitionsOf(deps: TransitionsDeps) {
   const { store, clock, log, events, metrics, queues, slots } = deps;
   const hooks: RunFinishedHook[] = [];
+  const startHooks: RunFinishedHook[] = [];
 
   const emit = (run: Pick<Run, 'id' | 'tenant_id' | 'session_id'>, body: EventBody) =>
     events.append(sessionStream(run.session_id), { tenant_id: run.tenant_id, session_id: run.session_id, run_id: run.id, ...body });
@@ -215,6 +216,11 @@ export function transitionsOf(deps: TransitionsDeps) {
       hooks.push(hook);
     },
 
+    /** Registers what to do when an attempt of any run starts (a session task goes `running`). */
+    onRunStarted(hook: RunFinishedHook): void {
+      startHooks.push(hook);
+    },
+
     /** queued -> running, for the attempt the job was made for. */
     async start(run: Run, sandbox: string | null): Promise<Run | null> {
       const at = clock.now();
@@ -228,6 +234,7 @@ export function transitionsOf(deps: TransitionsDeps) {
       const queuedMs = Math.max(0, at.getTime() - new Date(run.attempts.at(-1)?.finished_at ?? run.created_at).getTime());
       metrics.runQueueWait.observe({ kind: run.kind }, queuedMs / 1000);
       await emit(started, { type: 'run.started', data: { kind: run.kind, attempt: run.attempt, budget: run.budget, queued_ms: queuedMs, sandbox } });
+      for (const hook of startHooks) await hook(started).catch((err: unknown) => log.error({ err, run_id: run.id }, 'a run-started hook failed'));
       return started;
     },
 

@@ -20,8 +20,14 @@ import {
 } from '../platform/index.js';
 import { allowlistOf, type RunLimits, type Runs, type ToolPolicy } from '../runs/index.js';
 import type { SessionQuery } from '../store/index.js';
+import { dagStateOf } from './dag-state.js';
+import { tasksOf, type TaskInput } from './tasks.js';
 
-export type SessionsDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'events'> & { runs: Runs; limits: RunLimits; settings: ToolPolicy };
+export type SessionsDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'events' | 'redis' | 'queues'> & {
+  runs: Runs;
+  limits: RunLimits;
+  settings: ToolPolicy & { agent: unknown };
+};
 
 const LIVE: SessionStatus[] = ['idle', 'running', 'waiting', 'paused'];
 
@@ -56,6 +62,16 @@ export function sessionsOf(deps: SessionsDeps) {
     if (updated) await emit(updated);
     return updated;
   }
+
+  /** A multi-agent session's status and outcome follow its tasks. */
+  async function recount(tenantId: string, sessionId: string): Promise<void> {
+    const s = await store.sessions.get(tenantId, sessionId);
+    if (!s || s.kind !== 'multi_agent' || s.status === 'archived') return;
+    const next = tasks.statusOf(s, await store.tasks.list(tenantId, sessionId));
+    if (next.status !== s.status || next.outcome !== s.outcome) await change(tenantId, sessionId, next, [s.status]);
+  }
+
+  const tasks = tasksOf({ ...deps, dag: dagStateOf(deps.redis, deps.queues.prefix), recount });
 
   // a run session follows its run: running while it runs, idle with the run's outcome once it ends
   runs.onRunFinished(async (run: Run) => {
@@ -115,11 +131,26 @@ export function sessionsOf(deps: SessionsDeps) {
       return store.sessions.list(tenantId, { ...q, limit: q.limit ?? 20 });
     },
 
-    /** The session with its agents and its latest runs. */
+    /** The session with its agents, its tasks in DAG order, their counts by status, and its latest runs. */
     async detail(tenantId: string, id: string) {
       const session = await mustGet(tenantId, id);
-      const [agents, latest] = await Promise.all([store.agents.list(tenantId, id), store.runs.list(tenantId, { session_id: id, limit: 10 })]);
-      return { ...session, agents, runs: latest.items };
+      const [agents, all, latest] = await Promise.all([
+        store.agents.list(tenantId, id),
+        tasks.list(tenantId, id),
+        store.runs.list(tenantId, { session_id: id, limit: 10 }),
+      ]);
+      return { ...session, task_counts: tasks.countsOf(all), agents, tasks: all, runs: latest.items };
+    },
+
+    /** Adds one task or a whole DAG to a live session. */
+    async addTasks(tenantId: string, sessionId: string, inputs: TaskInput[]) {
+      const session = await mustBeLive(tenantId, sessionId);
+      return tasks.add(session, inputs);
+    },
+
+    async tasks(tenantId: string, sessionId: string) {
+      await mustGet(tenantId, sessionId);
+      return tasks.list(tenantId, sessionId);
     },
 
     /**
@@ -143,7 +174,13 @@ export function sessionsOf(deps: SessionsDeps) {
       }
       const updated = await change(tenantId, id, changes, LIVE);
       if (!updated) throw new ConflictError(`session ${id} changed meanwhile; retry`);
-      return updated;
+      if (current.status === 'paused' && updated.status !== 'paused') {
+        await tasks.resume(updated);
+        await recount(tenantId, id);
+        return mustGet(tenantId, id);
+      }
+      if (changes.status) await recount(tenantId, id);
+      return mustGet(tenantId, id);
     },
 
     /** Cancels what runs in the session, then archives it; archiving an archived session changes nothing. */

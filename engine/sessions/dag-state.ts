@@ -1,0 +1,127 @@
+// The task DAG's live state, in Redis, changed only by Lua scripts (DESIGN.md: a BullMQ job has one
+// parent, so a DAG is not a flow). Per session, under one hash tag so every key is in one slot:
+//   state    HASH task -> pending | queued | running | succeeded | failed | upstream_failed | canceled
+//   need     HASH task -> how many dependencies it has
+//   rule     HASH task -> all_success | all_done
+//   sat:<t>  SET  dependencies of t already satisfied (a set, not a counter: a replayed completion
+//                 cannot release a child twice)
+//   kids:<t> SET  tasks that depend on t
+// A completion is first-writer-wins: a task already ended is not ended again, and its dependents are
+// released once. A task is started only from `queued` (the fence).
+import type { Redis, TaskStatus, TriggerRule } from '../platform/index.js';
+
+const FAILED = `local function failed(s) return s == 'failed' or s == 'upstream_failed' or s == 'canceled' end`;
+
+// Ends tasks and walks their dependents: all_success dependents of a failure end upstream_failed (and
+// theirs after them); a dependent whose every dependency is satisfied becomes queued.
+const WALK = `${FAILED}
+local function walk(base, queue, ready, upstream)
+  local i = 1
+  while i <= #queue do
+    local done = queue[i]
+    local outcome = redis.call('HGET', base .. ':state', done)
+    for _, kid in ipairs(redis.call('SMEMBERS', base .. ':kids:' .. done)) do
+      if redis.call('HGET', base .. ':state', kid) == 'pending' then
+        local rule = redis.call('HGET', base .. ':rule', kid)
+        if outcome == 'succeeded' or rule == 'all_done' then
+          redis.call('SADD', base .. ':sat:' .. kid, done)
+          if redis.call('SCARD', base .. ':sat:' .. kid) >= tonumber(redis.call('HGET', base .. ':need', kid)) then
+            redis.call('HSET', base .. ':state', kid, 'queued')
+            table.insert(ready, kid)
+          end
+        elseif failed(outcome) then
+          redis.call('HSET', base .. ':state', kid, 'upstream_failed')
+          table.insert(upstream, kid)
+          table.insert(queue, kid)
+        end
+      end
+    end
+    i = i + 1
+  end
+end`;
+
+// ARGV[1]: JSON [{id, deps, rule}]. Registers the tasks, satisfies dependencies that already ended,
+// and answers {ready, upstream_failed}.
+const ADD = `${WALK}
+local base = KEYS[1]
+local tasks = cjson.decode(ARGV[1])
+local ready, upstream, queue = {}, {}, {}
+for _, t in ipairs(tasks) do
+  redis.call('HSET', base .. ':state', t.id, 'pending')
+  redis.call('HSET', base .. ':need', t.id, #t.deps)
+  redis.call('HSET', base .. ':rule', t.id, t.rule)
+  for _, d in ipairs(t.deps) do redis.call('SADD', base .. ':kids:' .. d, t.id) end
+end
+for _, t in ipairs(tasks) do
+  if redis.call('HGET', base .. ':state', t.id) == 'pending' then
+    for _, d in ipairs(t.deps) do
+      local s = redis.call('HGET', base .. ':state', d)
+      if s == 'succeeded' or (t.rule == 'all_done' and failed(s)) then
+        redis.call('SADD', base .. ':sat:' .. t.id, d)
+      elseif failed(s) and redis.call('HGET', base .. ':state', t.id) == 'pending' then
+        redis.call('HSET', base .. ':state', t.id, 'upstream_failed')
+        table.insert(upstream, t.id)
+        table.insert(queue, t.id)
+      end
+    end
+    if redis.call('HGET', base .. ':state', t.id) == 'pending' and redis.call('SCARD', base .. ':sat:' .. t.id) >= #t.deps then
+      redis.call('HSET', base .. ':state', t.id, 'queued')
+      table.insert(ready, t.id)
+    end
+  end
+end
+walk(base, queue, ready, upstream)
+return {ready, upstream}`;
+
+// ARGV[1]: the task, ARGV[2]: how it ended. Answers {ready, upstream_failed}, or nothing when it had ended already.
+const COMPLETE = `${WALK}
+local base = KEYS[1]
+local s = redis.call('HGET', base .. ':state', ARGV[1])
+if not s or s == 'succeeded' or failed(s) then return false end
+redis.call('HSET', base .. ':state', ARGV[1], ARGV[2])
+local ready, upstream = {}, {}
+walk(base, {ARGV[1]}, ready, upstream)
+return {ready, upstream}`;
+
+// queued -> running: 1 when this call moved it.
+const START = `if redis.call('HGET', KEYS[1] .. ':state', ARGV[1]) == 'queued' then
+  redis.call('HSET', KEYS[1] .. ':state', ARGV[1], 'running')
+  return 1
+end
+return 0`;
+
+type DagRedis = Redis & {
+  dagAdd(base: string, tasks: string): Promise<[string[], string[]]>;
+  dagComplete(base: string, task: string, outcome: string): Promise<[string[], string[]] | null>;
+  dagStart(base: string, task: string): Promise<number>;
+};
+
+export type DagChange = { ready: string[]; upstreamFailed: string[] };
+
+export function dagStateOf(redis: Redis, prefix: string) {
+  if (!('dagAdd' in redis)) {
+    redis.defineCommand('dagAdd', { numberOfKeys: 1, lua: ADD });
+    redis.defineCommand('dagComplete', { numberOfKeys: 1, lua: COMPLETE });
+    redis.defineCommand('dagStart', { numberOfKeys: 1, lua: START });
+  }
+  const r = redis as DagRedis;
+  const base = (sessionId: string) => `${prefix}:dag:{${sessionId}}`;
+  return {
+    async add(sessionId: string, tasks: { id: string; depends_on: string[]; trigger_rule: TriggerRule }[]): Promise<DagChange> {
+      const [ready, upstreamFailed] = await r.dagAdd(
+        base(sessionId),
+        JSON.stringify(tasks.map((t) => ({ id: t.id, deps: t.depends_on, rule: t.trigger_rule }))),
+      );
+      return { ready, upstreamFailed };
+    },
+    async complete(sessionId: string, taskId: string, outcome: Extract<TaskStatus, 'succeeded' | 'failed' | 'canceled'>): Promise<DagChange | null> {
+      const res = await r.dagComplete(base(sessionId), taskId, outcome);
+      return res ? { ready: res[0], upstreamFailed: res[1] } : null;
+    },
+    async start(sessionId: string, taskId: string): Promise<boolean> {
+      return (await r.dagStart(base(sessionId), taskId)) === 1;
+    },
+  };
+}
+
+export type DagState = ReturnType<typeof dagStateOf>;

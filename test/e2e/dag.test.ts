@@ -1,0 +1,136 @@
+// Multi-agent sessions' task DAG, executed for real: a diamond, a failing branch with an independent
+// one and an all_done task, pause and resume, validation in one 422, and DAG order.
+import { expect } from 'chai';
+import { eventually, KEYS, startHarness, type Harness } from '../support/harness.js';
+
+type Body = Record<string, any>;
+const TERMINAL = ['succeeded', 'failed', 'upstream_failed', 'canceled'];
+
+describe('task DAG', function () {
+  this.timeout(60_000);
+  let h: Harness;
+  before(async () => {
+    h = await startHarness();
+  });
+  after(async () => {
+    await h.close();
+  });
+
+  const session = async () => (await h.call<Body>('POST', '/api/v1/sessions', { body: { title: 'dag' } })).body.id as string;
+  const sh = (command: string) => [{ tool: 'shell', args: { command } }];
+  const settled = (id: string, count: number) =>
+    eventually(
+      async () => {
+        const s = (await h.call<Body>('GET', `/api/v1/sessions/${id}`)).body;
+        return s.tasks.length === count && s.tasks.every((t: Body) => TERMINAL.includes(t.status)) && s.outcome ? s : null;
+      },
+      'every task to end',
+      40_000,
+    );
+
+  it('runs a diamond: B and C after A, D after both; each starts only after its dependencies, and the session ends succeeded', async () => {
+    const id = await session();
+    const log = (name: string) => `echo ${name} $(date +%s%N) >> order.log`;
+    const res = await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, {
+      body: {
+        tasks: [
+          { id: 'd', depends_on: ['b', 'c'], steps: sh(log('d')) },
+          { id: 'a', steps: sh(`${log('a')}; echo from-a`) },
+          { id: 'b', depends_on: ['a'], steps: sh(`sleep 0.3; ${log('b')}`) },
+          { id: 'c', depends_on: ['a'], steps: sh(log('c')) },
+        ],
+      },
+    });
+    expect(res.status, res.text).to.equal(201);
+    const s = await settled(id, 4);
+    expect(s.outcome).to.equal('succeeded');
+    expect(s.status).to.equal('idle');
+    expect(s.tasks.map((t: Body) => t.id)).to.deep.equal(['a', 'b', 'c', 'd']);
+    expect(s.tasks.every((t: Body) => t.status === 'succeeded' && t.run_ids.length === 1)).to.equal(true);
+    expect(s.task_counts.succeeded).to.equal(4);
+    // the upstream outputs reach a task as inputs.upstream
+    const b = (await h.call<Body>('GET', `/api/v1/runs/${s.tasks[1].run_ids[0]}`)).body;
+    expect(b.kind).to.equal('session_task');
+    expect(b.inputs.upstream.a.steps[0].output.stdout).to.contain('from-a');
+    // every task ran once, and after all its dependencies
+    const order = (await h.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: sh('cat order.log'), workspace: '.' } })).body.run_id;
+    const out = await eventually(async () => {
+      const r = (await h.call<Body>('GET', `/api/v1/runs/${order}`)).body;
+      return r.status === 'succeeded' ? (r.steps[0].output.stdout as string) : null;
+    }, 'the log');
+    const at = Object.fromEntries(
+      out
+        .trim()
+        .split('\n')
+        .map((l) => l.split(' ') as [string, string]),
+    );
+    expect(Object.keys(at).sort()).to.deep.equal(['a', 'b', 'c', 'd']);
+    expect(out.trim().split('\n')).to.have.length(4);
+    expect(BigInt(at.a!) < BigInt(at.b!) && BigInt(at.a!) < BigInt(at.c!)).to.equal(true);
+    expect(BigInt(at.b!) < BigInt(at.d!) && BigInt(at.c!) < BigInt(at.d!)).to.equal(true);
+  });
+
+  it('fails a branch: its all_success dependents end upstream_failed, an independent branch succeeds, an all_done task runs', async () => {
+    const id = await session();
+    const res = await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, {
+      body: {
+        tasks: [
+          { id: 'bad', steps: sh('exit 3'), max_attempts: 1 },
+          { id: 'after-bad', depends_on: ['bad'], steps: sh('echo never') },
+          { id: 'later', depends_on: ['after-bad'], steps: sh('echo never') },
+          { id: 'free', steps: sh('echo free') },
+          { id: 'cleanup', depends_on: ['bad', 'free'], trigger_rule: 'all_done', steps: sh('echo cleanup') },
+        ],
+      },
+    });
+    expect(res.status, res.text).to.equal(201);
+    const s = await settled(id, 5);
+    const status = Object.fromEntries(s.tasks.map((t: Body) => [t.id, t.status]));
+    expect(status).to.deep.equal({ bad: 'failed', 'after-bad': 'upstream_failed', later: 'upstream_failed', free: 'succeeded', cleanup: 'succeeded' });
+    expect(s.outcome).to.equal('failed');
+    expect(s.tasks.find((t: Body) => t.id === 'later').run_ids).to.deep.equal([]);
+  });
+
+  it('holds new tasks while paused, releases them on resume, and takes tasks added to a running session', async () => {
+    const id = await session();
+    await h.call('PATCH', `/api/v1/sessions/${id}`, { body: { status: 'paused' } });
+    await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, { body: { id: 'held', steps: sh('echo held') } });
+    await new Promise((r) => setTimeout(r, 500));
+    const paused = (await h.call<Body>('GET', `/api/v1/sessions/${id}`)).body;
+    expect(paused.status).to.equal('paused');
+    expect(paused.tasks[0]).to.deep.include({ status: 'queued', run_ids: [] });
+    await h.call('PATCH', `/api/v1/sessions/${id}`, { body: { status: 'idle' } });
+    await settled(id, 1);
+    // a task added later may depend on one that has already ended
+    const more = await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, { body: { id: 'next', depends_on: ['held'], steps: sh('echo next') } });
+    expect(more.status, more.text).to.equal(201);
+    const s = await settled(id, 2);
+    expect(s.tasks.map((t: Body) => [t.id, t.status])).to.deep.equal([
+      ['held', 'succeeded'],
+      ['next', 'succeeded'],
+    ]);
+  });
+
+  it('answers one 422 listing every error of a batch, and adds nothing', async () => {
+    const id = await session();
+    const res = await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, {
+      body: {
+        tasks: [
+          { id: 'x', depends_on: ['y'], steps: sh('true') },
+          { id: 'y', depends_on: ['x', 'ghost'], steps: sh('true') },
+          { id: 'z', depends_on: ['z'], agent_id: 'agt_01m00000000000000000000000', steps: sh('true') },
+        ],
+      },
+    });
+    expect(res.status).to.equal(422);
+    expect(res.body.code).to.equal('task-graph-invalid');
+    const messages = res.body.errors.map((e: Body) => e.message);
+    expect(messages).to.include('no task ghost in this session or this request');
+    expect(messages).to.include('a task cannot depend on itself');
+    expect(messages).to.include('no agent agt_01m00000000000000000000000 in this session');
+    expect(messages.some((m: string) => m.startsWith('the dependencies form a cycle'))).to.equal(true);
+    expect((await h.call<Body>('GET', `/api/v1/sessions/${id}/tasks`)).body.data).to.deep.equal([]);
+    expect((await h.call('GET', `/api/v1/sessions/${id}/tasks`, { key: KEYS.b })).status).to.equal(404);
+    expect((await h.call('POST', `/api/v1/sessions/${id}/tasks`, { key: KEYS.b, body: { steps: sh('true') } })).status).to.equal(404);
+  });
+});
