@@ -103,6 +103,7 @@ export async function startWorkers(rt: Runtime, processors: Processors = process
   const reconcile = () =>
     Promise.all([
       rt.engine.runs.reconcile({ isExecuting: rt.engine.executor.isExecuting }),
+      rt.engine.sessions.reconcile(),
       rt.engine.schedules.reconcile(),
       rt.engine.webhooks.reconcile(),
     ]).catch((err: unknown) => rt.log.warn({ err: (err as Error).message }, 'reconcile failed'));

@@ -118,6 +118,10 @@ export function dagStateOf(redis: Redis, prefix: string) {
       const res = await r.dagComplete(base(sessionId), taskId, outcome);
       return res ? { ready: res[0], upstreamFailed: res[1] } : null;
     },
+    /** A task's state in Redis, or null when Redis does not know it (lost, or never added). */
+    async stateOf(sessionId: string, taskId: string): Promise<string | null> {
+      return r.hget(`${base(sessionId)}:state`, taskId);
+    },
     async start(sessionId: string, taskId: string): Promise<boolean> {
       return (await r.dagStart(base(sessionId), taskId)) === 1;
     },

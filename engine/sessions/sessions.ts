@@ -142,6 +142,9 @@ export function sessionsOf(deps: SessionsDeps) {
       return { ...session, task_counts: tasks.countsOf(all), agents, tasks: all, runs: latest.items };
     },
 
+    /** Repairs session tasks left behind by a crash (the worker's reconcile loop). */
+    reconcile: (olderThanMs?: number) => tasks.reconcile(olderThanMs),
+
     /** Adds one task or a whole DAG to a live session. */
     async addTasks(tenantId: string, sessionId: string, inputs: TaskInput[]) {
       const session = await mustBeLive(tenantId, sessionId);

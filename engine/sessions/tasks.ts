@@ -7,6 +7,7 @@
 import type { Platform } from '../deps.js';
 import {
   AgentNotConfiguredError,
+  isTerminal,
   scopes,
   TERMINAL_TASK_STATUSES,
   TaskGraphInvalidError,
@@ -196,6 +197,42 @@ export function tasksOf(deps: TasksDeps) {
         if (t.status === 'queued' && !t.run_ids.length)
           await dispatch(session, t.id).catch((err: unknown) => log.error({ err, task_id: t.id }, 'a held task could not start'));
       }
+    },
+
+    /**
+     * Repairs what a crash between two writes leaves, so no task is stuck: a task whose run has ended
+     * but which did not move (its process died before the hook) is finished now; a task that Redis made
+     * ready but that never got its run (pending or queued without one, its session not paused) starts now.
+     */
+    async reconcile(olderThanMs = 10_000): Promise<{ finished: number; started: number }> {
+      const before = new Date(clock.now().getTime() - olderThanMs).toISOString();
+      let finished = 0;
+      let started = 0;
+      for (const status of ['queued', 'running'] as const) {
+        for (const t of await store.tasks.listStale(status, before, 500)) {
+          const runId = t.run_ids.at(-1);
+          const run = runId ? await store.runs.get(t.tenant_id, runId) : null;
+          if (run && isTerminal(run.status)) {
+            await onRunFinished(run);
+            finished++;
+          } else if (!runId) {
+            const session = await store.sessions.get(t.tenant_id, t.session_id);
+            if (session && session.status !== 'paused' && session.status !== 'archived') {
+              await dispatch(session, t.id);
+              started++;
+            }
+          }
+        }
+      }
+      for (const t of await store.tasks.listStale('pending', before, 500)) {
+        if ((await dag.stateOf(t.session_id, t.id)) !== 'queued') continue;
+        const session = await store.sessions.get(t.tenant_id, t.session_id);
+        if (!session) continue;
+        await dispatch(session, t.id);
+        started++;
+      }
+      if (finished || started) log.warn({ finished, started }, 'reconciler repaired session tasks');
+      return { finished, started };
     },
 
     /** The session's status and outcome from its tasks. */

@@ -133,4 +133,36 @@ describe('task DAG', function () {
     expect((await h.call('GET', `/api/v1/sessions/${id}/tasks`, { key: KEYS.b })).status).to.equal(404);
     expect((await h.call('POST', `/api/v1/sessions/${id}/tasks`, { key: KEYS.b, body: { steps: sh('true') } })).status).to.equal(404);
   });
+
+  it('repairs a task whose run ended while no hook saw it (a process died between the two writes), and starts what it releases', async () => {
+    const quiet = await startHarness({ workers: false });
+    try {
+      const id = (await quiet.call<Body>('POST', '/api/v1/sessions', { body: { title: 'lost hook' } })).body.id;
+      const added = await quiet.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, {
+        body: {
+          tasks: [
+            { id: 'first', steps: sh('true') },
+            { id: 'second', depends_on: ['first'], steps: sh('true') },
+          ],
+        },
+      });
+      expect(added.status, added.text).to.equal(201);
+      const runId = added.body.data.find((t: Body) => t.id === 'first').run_ids[0];
+      // the run ends without its hooks (as if its worker died right after the store write)
+      const now = new Date().toISOString();
+      await quiet.rt.store.runs.update('tenant-a', runId, { status: 'running', started_at: now }, { status: ['queued'] });
+      await quiet.rt.store.runs.update('tenant-a', runId, { status: 'succeeded', finished_at: now, duration_ms: 1, summary: 'ok' }, { status: ['running'] });
+      const repaired = await quiet.rt.engine.sessions.reconcile(0);
+      expect(repaired.finished).to.equal(1);
+      const tasks = (await quiet.call<Body>('GET', `/api/v1/sessions/${id}/tasks`)).body.data;
+      expect(tasks.map((t: Body) => [t.id, t.status])).to.deep.equal([
+        ['first', 'succeeded'],
+        ['second', 'queued'],
+      ]);
+      expect(tasks[1].run_ids).to.have.length(1);
+      expect(await quiet.rt.engine.sessions.reconcile(0)).to.deep.equal({ finished: 0, started: 0 });
+    } finally {
+      await quiet.close();
+    }
+  });
 });
