@@ -8,6 +8,7 @@ import { deleteRedisPrefix, uniquePrefix } from '../test/support/harness.js';
 import { CONNECTIONS, load, SECONDS, startServer, stop, type Result } from './http.js';
 import { runBenchmarks } from './runs.js';
 import { sandboxCost } from './sandbox.js';
+import { dagBenchmarks } from './dag.js';
 import { webhookIntake } from './webhooks.js';
 
 const KEY = 'bench-key-0123456789abcdef';
@@ -101,6 +102,9 @@ async function main(): Promise<void> {
     console.log('\n| run engine | service | raw BullMQ | ratio |');
     console.log('|---|---|---|---|');
     for (const line of await runBenchmarks()) console.log(line);
+    console.log('\n| task DAG | service | BullMQ flow | ratio (goal <= 2x) |');
+    console.log('|---|---|---|---|');
+    for (const line of await dagBenchmarks()) console.log(line);
     console.log('\n| sandbox | bubblewrap | no sandbox | cost |');
     console.log('|---|---|---|---|');
     for (const line of await sandboxCost()) console.log(line);
@@ -111,7 +115,9 @@ async function main(): Promise<void> {
   }
 }
 
-if (process.env.BENCH_ONLY === 'run-creation') {
+if (process.env.BENCH_ONLY === 'dag') {
+  for (const line of await dagBenchmarks()) console.log(line);
+} else if (process.env.BENCH_ONLY === 'run-creation') {
   const [name, s, b] = await runCreation();
   console.log(
     `| ${name} | ${s.rps.toFixed(0)} | ${b.rps.toFixed(0)} | ${(s.rps / b.rps).toFixed(2)} | ${s.p50} / ${s.p99} | ${b.p50} / ${b.p99} | ${s.errors + s.non2xx} |`,

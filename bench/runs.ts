@@ -67,7 +67,7 @@ async function rawLatency(): Promise<number[]> {
   }
 }
 
-async function service(fn: (rt: Awaited<ReturnType<typeof openRuntime>>) => Promise<number | number[]>) {
+export async function service(fn: (rt: Awaited<ReturnType<typeof openRuntime>>) => Promise<number | number[]>) {
   const dataDir = await fs.mkdtemp(path.join(os.tmpdir(), 'svc-bench-engine-'));
   const workspace = path.join(dataDir, 'workspace');
   await fs.mkdir(workspace);

@@ -1,0 +1,102 @@
+// npm run bench (part three): the task DAG against a BullMQ flow, in one process, on the same Redis.
+//  - 100 no-op tasks (a random DAG, each with one `message` step) from POST to the session's end,
+//    against a BullMQ flow of one parent and 100 no-op children from add to the parent's completion
+//  - a layered DAG, 10 wide and 10 deep (each task after every task of the layer before)
+// The flow is a tree and runs its children in parallel; the DAG runs each task as a full run (stored,
+// events, tenant slot), at the same worker concurrency.
+import { FlowProducer, Worker } from 'bullmq';
+import { Redis } from 'ioredis';
+import { deleteRedisPrefix, uniquePrefix } from '../test/support/harness.js';
+import { service } from './runs.js';
+
+const REDIS_URL = process.env.REDIS_URL ?? 'redis://127.0.0.1:6379';
+const CONCURRENCY = Number(process.env.BENCH_CONCURRENCY ?? 10);
+const NOOP = [{ tool: 'message' as const, args: { text: 'noop' } }];
+
+async function rawFlow(children: number): Promise<number> {
+  const prefix = uniquePrefix();
+  const connection = new Redis(REDIS_URL, { maxRetriesPerRequest: null });
+  const flows = new FlowProducer({ connection, prefix });
+  let done: (() => void) | undefined;
+  const finished = new Promise<void>((r) => (done = r));
+  const worker = new Worker(
+    'flow',
+    async (job) => {
+      if (job.name === 'parent') done!();
+    },
+    { connection, prefix, concurrency: CONCURRENCY },
+  );
+  await worker.waitUntilReady();
+  try {
+    const t0 = performance.now();
+    await flows.add({
+      name: 'parent',
+      queueName: 'flow',
+      children: Array.from({ length: children }, (_, i) => ({ name: 'child', queueName: 'flow', data: { i } })),
+    });
+    await finished;
+    return performance.now() - t0;
+  } finally {
+    await worker.close();
+    await flows.close();
+    connection.disconnect();
+    await deleteRedisPrefix(prefix);
+  }
+}
+
+type TaskSpec = { id: string; depends_on: string[]; steps: typeof NOOP };
+
+function randomDag(n: number): TaskSpec[] {
+  const tasks: TaskSpec[] = [];
+  for (let i = 0; i < n; i++) {
+    const deps = new Set<string>();
+    for (let k = 0; k < 3 && i > 0; k++) if (Math.random() < 0.5) deps.add(`t${Math.floor(Math.random() * i)}`);
+    tasks.push({ id: `t${i}`, depends_on: [...deps], steps: NOOP });
+  }
+  return tasks;
+}
+
+function layeredDag(width: number, depth: number): TaskSpec[] {
+  const tasks: TaskSpec[] = [];
+  for (let d = 0; d < depth; d++)
+    for (let w = 0; w < width; w++)
+      tasks.push({ id: `l${d}w${w}`, depends_on: d ? Array.from({ length: width }, (_, k) => `l${d - 1}w${k}`) : [], steps: NOOP });
+  return tasks;
+}
+
+async function dagMs(tasks: TaskSpec[]): Promise<number> {
+  return (await service(async (rt) => {
+    const { startWorkers } = await import('../workers/index.js');
+    const workers = await startWorkers(rt);
+    try {
+      const session = await rt.engine.sessions.create('bench', { title: 'bench' });
+      const t0 = performance.now();
+      await rt.engine.sessions.addTasks('bench', session.id, tasks);
+      for (;;) {
+        const s = await rt.store.sessions.get('bench', session.id);
+        if (s?.outcome) {
+          if (s.outcome !== 'succeeded') throw new Error(`the bench DAG ended ${s.outcome}`);
+          return performance.now() - t0;
+        }
+        await new Promise((r) => setTimeout(r, 5));
+      }
+    } finally {
+      await workers.close();
+    }
+  })) as number;
+}
+
+export async function dagBenchmarks(): Promise<string[]> {
+  const step = (what: string) => process.stderr.write(`bench: ${what}\n`);
+  step('BullMQ flow, 100 children');
+  const flow = await rawFlow(100);
+  step('task DAG, 100 random tasks');
+  const random = await dagMs(randomDag(100));
+  step('task DAG, 10 wide x 10 deep');
+  const layered = await dagMs(layeredDag(10, 10));
+  const f = (n: number) => n.toFixed(0);
+  return [
+    `| 100 no-op tasks, random DAG, POST to the session's end vs a BullMQ flow of 100 no-op children | ${f(random)} ms | ${f(flow)} ms | ${(random / flow).toFixed(2)}x |`,
+    `| 100 no-op tasks, 10 wide x 10 deep (each after the whole layer before) vs the same flow | ${f(layered)} ms | ${f(flow)} ms | ${(layered / flow).toFixed(2)}x |`,
+  ];
+}
