@@ -64,9 +64,11 @@ export function sessionsOf(deps: SessionsDeps) {
   }
 
   /** A multi-agent session's status and outcome follow its tasks. */
-  async function recount(tenantId: string, sessionId: string): Promise<void> {
+  async function recount(tenantId: string, sessionId: string, started = false): Promise<void> {
     const s = await store.sessions.get(tenantId, sessionId);
     if (!s || s.kind !== 'multi_agent' || s.status === 'archived') return;
+    // a task that starts leaves a running session running: no need to read every task
+    if (started && s.status === 'running') return;
     const next = tasks.statusOf(s, await store.tasks.list(tenantId, sessionId));
     if (next.status !== s.status || next.outcome !== s.outcome) await change(tenantId, sessionId, next, [s.status]);
   }

@@ -41,7 +41,7 @@ type TasksDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'events'> & {
   settings: ToolPolicy & { agent: unknown };
   dag: DagState;
   /** tells the session that its tasks changed (status, outcome) */
-  recount(tenantId: string, sessionId: string): Promise<void>;
+  recount(tenantId: string, sessionId: string, started?: boolean): Promise<void>;
 };
 
 const OUTCOME: Record<string, Extract<TaskStatus, 'succeeded' | 'failed' | 'canceled'>> = {
@@ -117,7 +117,7 @@ export function tasksOf(deps: TasksDeps) {
     const taskId = run.trigger.task_id;
     await dag.start(run.session_id, taskId);
     await move({ tenant_id: run.tenant_id, session_id: run.session_id, id: taskId }, { status: 'running', attempts: run.attempt }, ['queued', 'running']);
-    await deps.recount(run.tenant_id, run.session_id);
+    await deps.recount(run.tenant_id, run.session_id, true);
   }
 
   async function onRunFinished(run: Run): Promise<void> {
