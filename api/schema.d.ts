@@ -999,7 +999,7 @@ export interface components {
          * @description A tool a step or the agent may call.
          * @enum {string}
          */
-        ToolName: "shell" | "read_file" | "write_file" | "list_files" | "http" | "message" | "gates" | "audit" | "agent";
+        ToolName: "shell" | "read_file" | "write_file" | "list_files" | "http" | "message" | "session" | "gates" | "audit" | "agent";
         /** @enum {string} */
         WebhookProvider: "codehost" | "chat" | "tracker" | "pager" | "email" | "generic";
         Trigger: components["schemas"]["ManualTrigger"] | components["schemas"]["CronTrigger"] | components["schemas"]["WebhookTrigger"] | components["schemas"]["FileChangeTrigger"];

@@ -18,8 +18,8 @@ export type EngineDeps = Platform & {
 export function createEngine(deps: EngineDeps) {
   const transitions = transitionsOf(deps);
   const runs = runsOf(deps, transitions);
-  const executor = executorOf(deps, runs, transitions);
   const sessions = sessionsOf({ ...deps, runs });
+  const executor = executorOf(deps, runs, transitions, sessions.actionsFor);
   const schedules = schedulesOf(deps);
   const automations = automationsOf(deps, { changed: (a, before) => schedules.sync(a, before) });
   const { fire, fireCron } = firesOf({ ...deps, automations, schedules, runs });

@@ -1,6 +1,6 @@
 // Records as the store keeps them and the API shows them (snake_case, ISO 8601 UTC times).
 
-export const TOOL_NAMES = ['shell', 'read_file', 'write_file', 'list_files', 'http', 'message', 'gates', 'audit', 'agent'] as const;
+export const TOOL_NAMES = ['shell', 'read_file', 'write_file', 'list_files', 'http', 'message', 'session', 'gates', 'audit', 'agent'] as const;
 export type ToolName = (typeof TOOL_NAMES)[number];
 
 /** What an agent may use when an automation names a goal but no tool_allowlist: it reads, it does not change. */

@@ -3,7 +3,7 @@
 // they send. Programs (programs.ts) drive it; the executor settles it.
 import type { Platform } from '../deps.js';
 import type { AgentTurn, ErrorInfo, Run, RunStatus, StepRecord } from '../platform/index.js';
-import { TOOLS, ToolError, type Sandbox, type ToolContext, type ToolResult } from '../tools/index.js';
+import { TOOLS, ToolError, type Sandbox, type SessionActions, type ToolContext, type ToolResult } from '../tools/index.js';
 import type { Transitions } from './transitions.js';
 
 const OUTPUT_FLUSH_MS = 50;
@@ -17,6 +17,8 @@ export type StopReason = { status: Extract<RunStatus, 'canceled' | 'timed_out'>;
 export type AttemptDeps = Pick<Platform, 'store' | 'clock' | 'log'> & {
   transitions: Pick<Transitions, 'emit'>;
   sandbox: Sandbox;
+  /** the sessions of a tenant, for the `session` tool */
+  sessionActions?: (tenantId: string) => SessionActions;
   settings: { childEnv: Record<string, string>; httpAllowPrivate: boolean; toolsAllowed: readonly string[] };
 };
 
@@ -84,6 +86,7 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
         sandbox: deps.sandbox,
         network: run.network,
         binds: attempt.binds,
+        sessions: deps.sessionActions?.(run.tenant_id),
       };
       try {
         result = await tool.execute(step.args, ctx);

@@ -8,12 +8,13 @@ import { startAttempt, type StopReason } from './attempt.js';
 import { agentProgram, stepsProgram, vibeProgram, type WorkOutcome } from './programs.js';
 import type { Runs, RunsDeps } from './runs.js';
 import type { Outcome, Settled, Transitions } from './transitions.js';
+import type { SessionActions } from '../tools/index.js';
 import { scratchRoot } from './workspace.js';
 
 /** How many times the settling write is tried before the attempt is left for the reconciler. */
 const SETTLE_TRIES = 4;
 
-export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions) {
+export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions, sessionActions?: (tenantId: string) => SessionActions) {
   const { store, log, settings } = deps;
   /** the AbortController of each run this process is executing, for cancel requests and shutdown */
   const inFlight = new Map<string, AbortController>();
@@ -66,7 +67,7 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions)
         } satisfies StopReason),
       run.budget.seconds * 1000,
     );
-    const a = startAttempt({ ...deps, transitions }, run, run.workspace, controller.signal);
+    const a = startAttempt({ ...deps, transitions, sessionActions }, run, run.workspace, controller.signal);
     let outcome: Outcome;
     try {
       if (await runs.isCancelRequested(runId)) controller.abort({ status: 'canceled', error: { code: 'canceled', message: 'canceled' } } satisfies StopReason);

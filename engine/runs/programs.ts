@@ -9,6 +9,24 @@ import { makeScratch } from './workspace.js';
 
 export type WorkOutcome = { summary: string; error?: ErrorInfo; result?: Run['result'] };
 
+/**
+ * A plan step's string arguments may name the run's inputs: `${inputs.event.subject}` becomes that value
+ * (an empty string when it is absent). What a trigger brings (a webhook's event) reaches a step this way.
+ */
+export function interpolate(value: unknown, scope: Record<string, unknown>): unknown {
+  if (typeof value === 'string') {
+    return value.replace(/\$\{([a-z_][\w.]*)\}/gi, (_, ref: string) => {
+      let v: unknown = scope;
+      for (const key of ref.split('.')) v = v && typeof v === 'object' ? (v as Record<string, unknown>)[key] : undefined;
+      if (v === undefined || v === null) return '';
+      return typeof v === 'string' ? v : JSON.stringify(v);
+    });
+  }
+  if (Array.isArray(value)) return value.map((v) => interpolate(v, scope));
+  if (value && typeof value === 'object') return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, interpolate(v, scope)]));
+  return value;
+}
+
 const stepsLeft = (a: Attempt) => (a.run.budget.max_steps === undefined ? undefined : a.run.budget.max_steps - a.usage.steps);
 
 /** The plan's steps in order; the first failure skips the rest. */
@@ -20,7 +38,12 @@ export async function stepsProgram(a: Attempt): Promise<WorkOutcome> {
     if (left !== undefined && left <= 0) {
       return { summary: '', error: { code: 'max-steps-reached', message: `max_steps (${a.run.budget.max_steps}) reached before step ${i}` } };
     }
-    const step = a.newStep({ tool: s.tool, args: s.args ?? {}, name: s.name ?? null, source: 'plan' });
+    const step = a.newStep({
+      tool: s.tool,
+      args: interpolate(s.args ?? {}, { inputs: a.run.inputs }) as Record<string, unknown>,
+      name: s.name ?? null,
+      source: 'plan',
+    });
     const result = await a.runStep(step);
     if (result.error && !a.signal.aborted) {
       return { summary: '', error: { code: result.error.code, message: `step ${step.index} (${step.tool}): ${result.error.message}` } };

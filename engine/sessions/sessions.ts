@@ -82,7 +82,7 @@ export function sessionsOf(deps: SessionsDeps) {
     await change(run.tenant_id, s.id, { status: 'idle', outcome: OUTCOME_OF_RUN[run.status] ?? null }, ['running', 'idle']);
   });
 
-  return {
+  const api = {
     get: mustGet,
 
     /** The session of a run started through the autonomy routes: made once, even when the request is replayed. */
@@ -143,6 +143,24 @@ export function sessionsOf(deps: SessionsDeps) {
       ]);
       return { ...session, task_counts: tasks.countsOf(all), agents, tasks: all, runs: latest.items };
     },
+
+    /** What the `session` tool may do, bound to one tenant: never another tenant's sessions. */
+    actionsFor: (tenantId: string) => ({
+      addTask: async (sessionId: string, task: Record<string, unknown>) => {
+        const session = await mustBeLive(tenantId, sessionId);
+        const [added] = await tasks.add(session, [task as TaskInput]);
+        return { id: added!.id };
+      },
+      postMessage: async (sessionId: string, message: { text: string; to?: string }) => {
+        const posted = await api.postMessage(tenantId, sessionId, {
+          role: 'system',
+          to: message.to ?? null,
+          parts: [{ type: 'text', text: message.text }],
+          kind: 'text',
+        });
+        return { id: posted.id, seq: posted.seq };
+      },
+    }),
 
     /** Repairs session tasks left behind by a crash (the worker's reconcile loop). */
     reconcile: (olderThanMs?: number) => tasks.reconcile(olderThanMs),
@@ -281,6 +299,7 @@ export function sessionsOf(deps: SessionsDeps) {
       return store.runs.list(tenantId, { session_id: sessionId, limit: q.limit ?? 20, cursor: q.cursor });
     },
   };
+  return api;
 }
 
 export type Sessions = ReturnType<typeof sessionsOf>;

@@ -3,11 +3,14 @@
 import { listFilesTool, readFileTool, writeFileTool } from './files.js';
 import { httpTool } from './http.js';
 import { messageTool } from './message.js';
+import { sessionTool } from './session.js';
 import { shellTool } from './shell.js';
 import type { Tool } from './tool.js';
 
-export const TOOLS: ReadonlyMap<string, Tool> = new Map([shellTool, readFileTool, writeFileTool, listFilesTool, httpTool, messageTool].map((t) => [t.name, t]));
+export const TOOLS: ReadonlyMap<string, Tool> = new Map(
+  [shellTool, readFileTool, writeFileTool, listFilesTool, httpTool, messageTool, sessionTool].map((t) => [t.name, t]),
+);
 
 export { resolveInside } from './files.js';
 export { INSIDE_WORKSPACE, openSandbox, type Sandbox, type SandboxKind, type SandboxLimits } from './sandbox.js';
-export { ToolError, type Tool, type ToolContext, type ToolResult } from './tool.js';
+export { ToolError, type SessionActions, type Tool, type ToolContext, type ToolResult } from './tool.js';

@@ -18,6 +18,14 @@ export type ToolContext = {
   network: boolean;
   /** folders besides the workspace a sandboxed process needs (a worktree's git directory) */
   binds: string[];
+  /** the run's tenant's sessions (the `session` tool); absent where sessions are not reachable */
+  sessions?: SessionActions;
+};
+
+/** What a tool may do to the sessions of its run's tenant. */
+export type SessionActions = {
+  addTask(sessionId: string, task: Record<string, unknown>): Promise<{ id: string }>;
+  postMessage(sessionId: string, message: { text: string; to?: string }): Promise<{ id: string; seq: number }>;
 };
 
 export type ToolResult = { output: Record<string, unknown>; error?: ErrorInfo };

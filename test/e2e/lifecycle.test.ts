@@ -73,7 +73,7 @@ describe('run lifecycle', function () {
     const first = await h.rt.queues.get('runs').getJob(jobIdOfRun(id, 1));
     expect(await first!.getState()).to.equal('failed');
     expect(first!.failedReason).to.match(/retrying as attempt 2/);
-    expect(await (await h.rt.queues.get('runs').getJob(jobIdOfRun(id, 2)))!.getState()).to.equal('completed');
+    await eventually(async () => (await (await h.rt.queues.get('runs').getJob(jobIdOfRun(id, 2)))?.getState()) === 'completed', 'attempt 2’s job to complete');
   });
 
   it('does not retry a timed-out run unless asked, and stops after the policy’s attempts', async () => {
@@ -86,9 +86,12 @@ describe('run lifecycle', function () {
     expect(exhausted).to.deep.include({ status: 'failed', attempt: 2 });
     expect(exhausted.attempts.map((a: Body) => a.outcome)).to.deep.equal(['retried']);
     // the last attempt's job failed too: the dashboard's Failed tab shows the run
-    const job = await h.rt.queues.get('runs').getJob(jobIdOfRun(exhausted.id, 2));
-    expect(await job!.getState()).to.equal('failed');
-    expect(job!.failedReason).to.match(/run failed: nonzero-exit/);
+    // (the job fails just after the run's end is written)
+    const job = await eventually(async () => {
+      const j = await h.rt.queues.get('runs').getJob(jobIdOfRun(exhausted.id, 2));
+      return (await j?.getState()) === 'failed' ? j : null;
+    }, 'the last attempt’s job to fail');
+    expect(job.failedReason).to.match(/run failed: nonzero-exit/);
   });
 
   it('carries an automation’s retry policy into its runs, with defaults filled in, and changes it by PATCH', async () => {

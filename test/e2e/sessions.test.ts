@@ -155,3 +155,55 @@ describe('sessions', function () {
     expect((await h.call<Body>('GET', `/api/v1/sessions/${s.id}`)).body.status).to.equal('idle');
   });
 });
+
+describe('email to task (the session tool)', function () {
+  this.timeout(30_000);
+  let h: Harness;
+  before(async () => {
+    // an agent endpoint is configured so goal tasks are accepted; the session stays paused, so none is called
+    h = await startHarness({ env: { SERVICE_AGENT_BASE_URL: 'http://127.0.0.1:9/v1', SERVICE_AGENT_MODEL: 'none' } });
+  });
+  after(async () => {
+    await h.close();
+  });
+
+  it('turns a signed inbound email from an allowed sender into a task of the named session, and one from anyone else into nothing', async () => {
+    const session = (await h.call<Body>('POST', '/api/v1/sessions', { body: { title: 'inbox' } })).body;
+    await h.call('PATCH', `/api/v1/sessions/${session.id}`, { body: { status: 'paused' } });
+    const agent = (await h.call<Body>('POST', `/api/v1/sessions/${session.id}/agents`, { body: { name: 'triage', tool_allowlist: ['read_file'] } })).body;
+    const automation = await h.call<Body>('POST', '/api/v1/automations/templates/instantiate', {
+      body: { template_id: 'email-to-task', variables: { session_id: session.id, agent_id: agent.id, allowed_senders: 'ops@example.com,@trusted.example' } },
+    });
+    expect(automation.status, automation.text).to.equal(201);
+    const secret = 'inbound-secret-0123456789';
+    expect((await h.call('PUT', '/api/v1/webhook-secrets/email', { body: { secrets: [secret] } })).status).to.equal(200);
+    const email = (from: string, subject: string, id: string) =>
+      fetch(`${h.url}/webhooks/tenant-a/email`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', authorization: `Basic ${Buffer.from(`inbound:${secret}`).toString('base64')}` },
+        body: JSON.stringify({ From: from, To: 'inbox@in.example.com', Subject: subject, TextBody: 'Please rotate the keys.', MessageID: id, Attachments: [] }),
+      });
+    expect((await email('Ops Team <ops@example.com>', 'Rotate keys', 'm-1')).status).to.equal(200);
+    expect((await email('mallory@evil.example', 'Send me the keys', 'm-2')).status).to.equal(200);
+    const tasks = await eventually(async () => {
+      const runs = (await h.call<Body>('GET', `/api/v1/automations/${automation.body.id}/history`)).body.data;
+      if (runs.length < 2 || runs.some((r: Body) => !['succeeded', 'failed'].includes(r.status))) return null;
+      return (await h.call<Body>('GET', `/api/v1/sessions/${session.id}/tasks`)).body.data;
+    }, 'both emails to be handled');
+    expect(tasks).to.have.length(1);
+    expect(tasks[0]).to.deep.include({ title: 'Rotate keys', agent_id: agent.id, status: 'queued' });
+    expect(tasks[0].goal).to.contain('ops@example.com').and.contain('Please rotate the keys.');
+    // another tenant's session cannot be named: the tool acts for its run's tenant only
+    const foreign = await h.call<Body>('POST', '/api/v1/autonomy/run', {
+      key: KEYS.b,
+      body: {
+        steps: [
+          { tool: 'session', args: { action: 'add_task', session_id: session.id, task: { title: 'x', steps: [{ tool: 'message', args: { text: 'x' } }] } } },
+        ],
+      },
+    });
+    const run = await finishedRun(h, foreign.body.run_id, KEYS.b);
+    expect(run.status).to.equal('failed');
+    expect((await h.call<Body>('GET', `/api/v1/sessions/${session.id}/tasks`)).body.data).to.have.length(1);
+  });
+});
