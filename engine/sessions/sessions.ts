@@ -4,6 +4,7 @@
 import type { Platform } from '../deps.js';
 import {
   ConflictError,
+  isTerminal,
   newId,
   NotFoundError,
   scopes,
@@ -76,17 +77,19 @@ export function sessionsOf(deps: SessionsDeps) {
   const tasks = tasksOf({ ...deps, dag: dagStateOf(deps.redis, deps.queues.prefix), recount });
 
   // a run session follows its run: running while it runs, idle with the run's outcome once it ends
-  runs.onRunFinished(async (run: Run) => {
+  async function followRun(run: Run): Promise<void> {
     const s = await store.sessions.get(run.tenant_id, run.session_id);
-    if (!s || s.kind === 'multi_agent') return;
+    if (!s || s.kind === 'multi_agent' || (s.status === 'idle' && s.outcome)) return;
     await change(run.tenant_id, s.id, { status: 'idle', outcome: OUTCOME_OF_RUN[run.status] ?? null }, ['running', 'idle']);
-  });
+  }
+  runs.onRunFinished(followRun);
 
   const api = {
     get: mustGet,
 
     /** The session of a run started through the autonomy routes: made once, even when the request is replayed. */
     async ensureRunSession(run: Run): Promise<void> {
+      if (run.kind !== 'autonomy' && run.kind !== 'vibe') return;
       if (await store.sessions.get(run.tenant_id, run.session_id)) return;
       const now = clock.now().toISOString();
       const kind: SessionKind = run.kind === 'vibe' ? 'vibe' : 'autonomy';
@@ -108,6 +111,9 @@ export function sessionsOf(deps: SessionsDeps) {
         // a concurrent replay of the same request made it first
         if (!(await store.sessions.get(run.tenant_id, run.session_id))) throw err;
       }
+      // a run that ended before its session existed was not seen by the hook below: follow it now
+      const current = await store.runs.get(run.tenant_id, run.id);
+      if (current && isTerminal(current.status)) await followRun(current);
     },
 
     async create(tenantId: string, req: { title?: string; goal?: string; metadata?: Record<string, unknown> }): Promise<Session> {
