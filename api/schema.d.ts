@@ -1284,6 +1284,9 @@ export interface components {
                 steps: number;
                 model_turns: number;
                 seconds: number;
+                /** @description The model's tokens of the prompts, summed over the attempt's turns. */
+                prompt_tokens?: number;
+                completion_tokens?: number;
             };
             retry: components["schemas"]["RetryPolicy"];
             /** @description The attempt under way, or the last one made. */
@@ -1398,6 +1401,11 @@ export interface components {
             created_at: string;
             /** Format: date-time */
             updated_at: string;
+            /** @description Model tokens of the session's tasks, summed from their runs. */
+            usage: {
+                prompt_tokens: number;
+                completion_tokens: number;
+            };
             /** @description Tasks by status. */
             task_counts: {
                 [key: string]: number;

@@ -169,7 +169,8 @@ export type Run = {
   attempts: AttemptRecord[];
   /** the run this one re-runs (POST /runs/{id}/rerun) */
   rerun_of: string | null;
-  usage: { steps: number; model_turns: number; seconds: number };
+  /** tokens are the model's own count, summed over the attempt's turns (absent before any) */
+  usage: { steps: number; model_turns: number; seconds: number; prompt_tokens?: number; completion_tokens?: number };
   inputs: Record<string, unknown>;
   summary: string | null;
   error: ErrorInfo | null;

@@ -27,7 +27,7 @@ export type Attempt = ReturnType<typeof startAttempt>;
 export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, signal: AbortSignal) {
   const { store, clock, log, transitions } = deps;
   const steps: StepRecord[] = [];
-  const usage = { steps: 0, model_turns: 0, seconds: 0 };
+  const usage: Run['usage'] = { steps: 0, model_turns: 0, seconds: 0 };
   const dirty = new Set<StepRecord>();
   let timer: NodeJS.Timeout | undefined;
   const emit = transitions.emit.bind(null, run);
@@ -170,6 +170,8 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
     async addTurn(turn: Omit<AgentTurn, 'index' | 'at'>, index: number): Promise<void> {
       const full: AgentTurn = { ...turn, index, at: clock.now().toISOString() };
       usage.model_turns++;
+      if (turn.usage?.prompt_tokens) usage.prompt_tokens = (usage.prompt_tokens ?? 0) + turn.usage.prompt_tokens;
+      if (turn.usage?.completion_tokens) usage.completion_tokens = (usage.completion_tokens ?? 0) + turn.usage.completion_tokens;
       await store.runs.appendTurn(run.tenant_id, run.id, run.attempt, full);
       await emit({ type: 'agent.turn', data: full });
     },

@@ -74,6 +74,8 @@ export type RunsDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'events' | 'qu
 const CANCEL_CHANNEL = (prefix: string) => `${prefix}:run-cancel`;
 const cancelKey = (prefix: string, runId: string) => `${prefix}:run-cancel:${runId}`;
 const IDEMPOTENCY_TTL_SECONDS = 24 * 3600;
+/** A claim whose run was never stored (its process died in between) frees the key this soon. */
+const IDEMPOTENCY_CLAIM_SECONDS = 30;
 const REDIS_RETRY_AFTER_SECONDS = 2;
 
 // removes an idempotency claim only if it is still ours: a claim that timed out may land later
@@ -171,7 +173,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
     const slot = `${prefix}:idempotency:${tenantId}:${createHash('sha256').update(key).digest('hex')}`;
     const id = newId('run');
     const claim = JSON.stringify({ hash, run_id: id });
-    const claiming = redis.set(slot, claim, 'EX', IDEMPOTENCY_TTL_SECONDS, 'NX');
+    const claiming = redis.set(slot, claim, 'EX', IDEMPOTENCY_CLAIM_SECONDS, 'NX');
     let won: string | null;
     try {
       won = await withTimeout(claiming, REDIS_DEADLINE_MS, 'Redis answer');
@@ -182,7 +184,10 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
     }
     if (won) {
       try {
-        return { run: await create(tenantId, req, id), replayed: false };
+        const run = await create(tenantId, req, id);
+        // stored: the key now holds for its full day
+        await redis.expire(slot, IDEMPOTENCY_TTL_SECONDS).catch(() => undefined);
+        return { run, replayed: false };
       } catch (err) {
         await redis.eval(RELEASE_CLAIM, 1, slot, claim).catch(() => undefined);
         throw err;

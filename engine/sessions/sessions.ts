@@ -147,7 +147,7 @@ export function sessionsOf(deps: SessionsDeps) {
         tasks.list(tenantId, id),
         store.runs.list(tenantId, { session_id: id, limit: 10 }),
       ]);
-      return { ...session, task_counts: tasks.countsOf(all), agents, tasks: all, runs: latest.items };
+      return { ...session, task_counts: tasks.countsOf(all), usage: tasks.usageOf(all), agents, tasks: all, runs: latest.items };
     },
 
     /** What the `session` tool may do, bound to one tenant: never another tenant's sessions. */
@@ -169,7 +169,15 @@ export function sessionsOf(deps: SessionsDeps) {
     }),
 
     /** Repairs session tasks left behind by a crash (the worker's reconcile loop). */
-    reconcile: (olderThanMs?: number) => tasks.reconcile(olderThanMs),
+    async reconcile(olderThanMs = 10_000) {
+      const repaired = await tasks.reconcile(olderThanMs);
+      // a session whose last change was lost with its process (all its tasks ended, its outcome unset)
+      const before = new Date(clock.now().getTime() - olderThanMs).toISOString();
+      for (const status of ['running', 'waiting'] as const) {
+        for (const s of await store.sessions.listStale(status, before, 200)) if (s.kind === 'multi_agent') await recount(s.tenant_id, s.id);
+      }
+      return repaired;
+    },
 
     /** Adds one task or a whole DAG to a live session. */
     async addTasks(tenantId: string, sessionId: string, inputs: TaskInput[]) {

@@ -125,7 +125,13 @@ export function tasksOf(deps: TasksDeps) {
     const taskId = run.trigger.task_id;
     const outcome = OUTCOME[run.status] ?? 'failed';
     const steps = await store.runs.steps(run.tenant_id, run.id, run.attempt);
-    const output = { status: run.status, summary: run.summary, result: run.result, steps: steps.map((s) => ({ tool: s.tool, output: s.output })) };
+    const output = {
+      status: run.status,
+      summary: run.summary,
+      result: run.result,
+      usage: run.usage,
+      steps: steps.map((s) => ({ tool: s.tool, output: s.output })),
+    };
     const change = await dag.complete(run.session_id, taskId, outcome);
     await move({ tenant_id: run.tenant_id, session_id: run.session_id, id: taskId }, { status: outcome, output, attempts: run.attempt }, [
       'pending',
@@ -252,6 +258,17 @@ export function tasksOf(deps: TasksDeps) {
               ? 'canceled'
               : 'succeeded';
       return { status, outcome };
+    },
+
+    /** Model tokens of the session's tasks, summed from their runs' usage. */
+    usageOf(tasks: TaskRecord[]): { prompt_tokens: number; completion_tokens: number } {
+      const sum = { prompt_tokens: 0, completion_tokens: 0 };
+      for (const t of tasks) {
+        const usage = (t.output?.usage ?? {}) as { prompt_tokens?: number; completion_tokens?: number };
+        sum.prompt_tokens += usage.prompt_tokens ?? 0;
+        sum.completion_tokens += usage.completion_tokens ?? 0;
+      }
+      return sum;
     },
 
     countsOf(tasks: TaskRecord[]): Record<TaskStatus, number> {

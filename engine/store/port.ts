@@ -125,6 +125,8 @@ export interface SessionRepo {
   list(tenantId: string, q: SessionQuery): Promise<Page<Session>>;
   /** Applies `changes` only while the status is one of `ifStatusIn`; null when no row matched. */
   update(tenantId: string, id: string, changes: SessionChanges, ifStatusIn: SessionStatus[]): Promise<Session | null>;
+  /** System use (the reconciler): sessions of every tenant in a status, not changed since a time. */
+  listStale(status: SessionStatus, updatedBefore: string, limit: number): Promise<Session[]>;
 }
 
 export interface AgentRepo {

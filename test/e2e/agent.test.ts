@@ -3,7 +3,7 @@
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import { expect } from 'chai';
-import { finishedRun, startHarness, type Harness } from '../support/harness.js';
+import { eventually, finishedRun, startHarness, type Harness } from '../support/harness.js';
 import { startScriptedModel, type ScriptedModel, type ScriptedTurn } from '../support/scripted-model.js';
 
 type RunBody = Record<string, any>;
@@ -154,5 +154,30 @@ describe('vibe runs', function () {
     } finally {
       await h.close();
     }
+  });
+
+  it('runs a session task with a goal through its agent, and sums the model’s tokens per run, task and session', async () => {
+    await withAgent([{ content: 'Reviewed.' }], async (h, model) => {
+      const session = (await h.call<RunBody>('POST', '/api/v1/sessions', { body: { title: 'agents' } })).body;
+      const agent = (
+        await h.call<RunBody>('POST', `/api/v1/sessions/${session.id}/agents`, {
+          body: { name: 'reviewer', instructions: 'Be brief.', tool_allowlist: ['read_file'] },
+        })
+      ).body;
+      const added = await h.call<RunBody>('POST', `/api/v1/sessions/${session.id}/tasks`, {
+        body: { id: 'review', goal: 'Review the change', agent_id: agent.id },
+      });
+      expect(added.status, added.text).to.equal(201);
+      const done = await eventually(async () => {
+        const s = (await h.call<RunBody>('GET', `/api/v1/sessions/${session.id}`)).body;
+        return s.outcome ? s : null;
+      }, 'the task to end');
+      expect(done.outcome).to.equal('succeeded');
+      expect(done.usage).to.deep.equal({ prompt_tokens: 10, completion_tokens: 5 });
+      const run = await finished(h, done.tasks[0].run_ids[0]);
+      expect(run.usage).to.deep.include({ model_turns: 1, prompt_tokens: 10, completion_tokens: 5 });
+      // the agent's instructions lead the goal it is given
+      expect(JSON.stringify(model.requests[0]!.body.messages)).to.contain('Be brief.').and.contain('Review the change');
+    });
   });
 });

@@ -67,14 +67,30 @@ describe('task DAG across worker processes', function () {
     const ends = async () => (await fs.readFile(log, 'utf8').catch(() => '')).split('\n').filter((l) => l.startsWith('E ')).length;
     await eventually(async () => (await ends()) >= 30, 'a third of the tasks to finish', 60_000);
     process.kill(-first.pid!, 'SIGKILL');
+    let last: Body = {};
     const session = await eventually(
       async () => {
-        const s = (await h.call<Body>('GET', `/api/v1/sessions/${id}`)).body;
-        return s.outcome ? s : null;
+        last = (await h.call<Body>('GET', `/api/v1/sessions/${id}`)).body;
+        return last.outcome ? last : null;
       },
       'the session to end',
       90_000,
-    );
+    ).catch(async (err) => {
+      const stuck = (last.tasks ?? []).filter((t: Body) => !['succeeded', 'failed', 'upstream_failed', 'canceled'].includes(t.status));
+      for (const t of stuck.slice(0, 5)) {
+        const run = t.run_ids.length ? (await h.call<Body>('GET', `/api/v1/runs/${t.run_ids.at(-1)}`)).body : null;
+        console.log(
+          'STUCK',
+          t.id,
+          t.status,
+          t.attempts,
+          JSON.stringify(t.depends_on),
+          run && JSON.stringify({ status: run.status, attempt: run.attempt, attempts: run.attempts, error: run.error }),
+        );
+      }
+      console.log('SESSION', last.status, last.outcome, JSON.stringify(last.task_counts));
+      throw err;
+    });
     expect(session.outcome).to.equal('succeeded');
     expect(session.status).to.equal('idle');
     expect(session.task_counts.succeeded).to.equal(100);

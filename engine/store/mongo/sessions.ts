@@ -8,6 +8,7 @@ import { definedOnly, fromStored, loose, pageOf, toStored, type Stored } from '.
 export const sessionSchema = new Schema({ _id: String, tenant_id: { type: String, required: true }, kind: String, status: String }, loose);
 sessionSchema.index({ tenant_id: 1, _id: -1 });
 sessionSchema.index({ tenant_id: 1, status: 1, _id: -1 });
+sessionSchema.index({ status: 1, updated_at: 1 });
 
 export const agentSchema = new Schema({ _id: String, tenant_id: { type: String, required: true }, session_id: String }, loose);
 agentSchema.index({ tenant_id: 1, session_id: 1, _id: 1 });
@@ -32,6 +33,14 @@ export function sessionRepo(model: Model<Stored<Session>>): SessionRepo {
         .findOneAndUpdate({ _id: id, tenant_id: tenantId, status: { $in: ifStatusIn } }, { $set: definedOnly(changes) }, { returnDocument: 'after' })
         .lean<Stored<Session>>();
       return fromStored(updated);
+    },
+    async listStale(status, updatedBefore, limit) {
+      const rows = await model
+        .find({ status, updated_at: { $lt: updatedBefore } })
+        .sort({ updated_at: 1 })
+        .limit(limit)
+        .lean<Stored<Session>[]>();
+      return rows.map((r) => fromStored(r)!);
     },
   };
 }

@@ -139,3 +139,7 @@ MIGRATIONS.push(`
   ) WITHOUT ROWID;
   CREATE INDEX tasks_by_status_updated ON tasks (status, updated_at);
 `);
+// The reconciler finds sessions whose status has not moved for a while.
+MIGRATIONS.push(`
+  CREATE INDEX sessions_by_status_updated ON sessions (status, json_extract(doc, '$.updated_at'));
+`);

@@ -10,6 +10,9 @@ export function sessionRepo(db: Db): SessionRepo {
   const get = db.prepare<[string, string], { doc: string }>('SELECT doc FROM sessions WHERE tenant_id = ? AND id = ?');
   const write = db.prepare('UPDATE sessions SET status = ?, doc = ? WHERE tenant_id = ? AND id = ?');
   const read = (row: { doc: string } | undefined): Session | null => (row ? (JSON.parse(row.doc) as Session) : null);
+  const stale = db.prepare<[string, string, number], { doc: string }>(
+    "SELECT doc FROM sessions WHERE status = ? AND json_extract(doc, '$.updated_at') < ? ORDER BY json_extract(doc, '$.updated_at') LIMIT ?",
+  );
   const listStatements = new Map<string, Statement<unknown[], { doc: string }>>();
   const listStatement = (status: boolean, kind: boolean) => {
     const shape = `${status}:${kind}`;
@@ -45,6 +48,9 @@ export function sessionRepo(db: Db): SessionRepo {
     },
     async update(tenantId, id, changes, ifStatusIn) {
       return update.immediate(tenantId, id, changes, ifStatusIn);
+    },
+    async listStale(status, updatedBefore, limit) {
+      return stale.all(status, updatedBefore, limit).map((r) => read(r)!);
     },
   };
 }
