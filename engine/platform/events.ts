@@ -5,8 +5,6 @@
 import type { NewEvent, ServiceEvent } from './event-types.js';
 import type { Redis } from './redis.js';
 
-export type { NewEvent, ServiceEvent } from './event-types.js';
-
 const MAX_LEN = 10_000;
 const TTL_SECONDS = 7 * 24 * 3600;
 

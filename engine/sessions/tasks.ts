@@ -78,8 +78,9 @@ export function tasksOf(deps: TasksDeps) {
       return;
     }
     const agent = task.agent_id ? await store.agents.get(session.tenant_id, session.id, task.agent_id) : null;
-    const upstream: Record<string, unknown> = {};
-    for (const dep of task.depends_on) upstream[dep] = (await store.tasks.get(session.tenant_id, session.id, dep))?.output ?? null;
+    // the outputs of its dependencies, from one read of the session's tasks rather than one per dependency
+    const outputs = task.depends_on.length ? new Map((await store.tasks.list(session.tenant_id, session.id)).map((t) => [t.id, t.output])) : new Map();
+    const upstream = Object.fromEntries(task.depends_on.map((dep) => [dep, outputs.get(dep) ?? null]));
     const { run } = await runs.createIdempotent(
       session.tenant_id,
       `task:${session.id}:${task.id}`,
