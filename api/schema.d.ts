@@ -1254,7 +1254,11 @@ export interface components {
             status: components["schemas"]["RunStatus"];
             session_id: string;
             automation_id: string | null;
-            /** @description Who or what started the run (`api`, `manual`, `cron`, `webhook`, `file_change`, `rerun`) and its details. */
+            /**
+             * @description Who or what started the run (`api`, `manual`, `cron`, `webhook`, `file_change`, `rerun`, `task`) and its details.
+             *     A session task's run names its `task_id`; a run started by an answer to its agent's question names
+             *     the run it `continues`, and `prior_attempts` counts the task's attempts before it.
+             */
             trigger: {
                 /** @enum {string} */
                 type: "api" | "manual" | "cron" | "webhook" | "file_change" | "rerun" | "task";
@@ -1308,7 +1312,27 @@ export interface components {
                 diff_truncated?: boolean;
                 changed_files?: string[];
                 final_answer?: string;
+                /**
+                 * @description The agent asked for input and the run ended, holding no worker. The question is a message
+                 *     (`kind: input_request`) in the session's log; a message that answers it (a reply to it, or a
+                 *     message to the agent or to all) starts the task's next run, which continues the conversation.
+                 */
+                input_required?: {
+                    question: string;
+                    message_id: string;
+                    seq: number;
+                };
+                /** @description A session task agent's conversation with the model (chat-completions messages), kept for the run that continues it. */
+                conversation?: Record<string, never>[];
             } | null;
+            /** @description The agent a session task's run was made for, as it was then (editing the agent never changes a run); null for other runs. */
+            agent: null | {
+                id: string;
+                name: string;
+                role: string | null;
+                /** @description The model its turns use; null for SERVICE_AGENT_MODEL. */
+                model: string | null;
+            };
             request_id: string | null;
             /** Format: date-time */
             created_at: string;
@@ -1789,6 +1813,8 @@ export interface components {
                 seq?: number;
                 from?: string | null;
                 to?: string | null;
+                /** @description `text`, or `input_request`: an agent asks for input and its task waits for the answer. */
+                kind?: string;
             };
         };
         /** @description A task of a multi-agent session changed status. */

@@ -21,7 +21,7 @@ export type Config = {
   adminKeys: string[];
   secretKey: string | undefined;
   tenantMaxRunning: number;
-  agent: { baseUrl: string | undefined; apiKey: string | undefined; model: string | undefined };
+  agent: { baseUrl: string | undefined; apiKey: string | undefined; model: string | undefined; timeoutSeconds: number; maxRetries: number };
   webhookReplayWindowSeconds: number;
   /** webhook requests one tenant may send per minute, over all kinds; more answer 429 */
   webhookRateLimitPerMinute: number;
@@ -192,6 +192,8 @@ const schema = z.object({
   SERVICE_AGENT_BASE_URL: url(['http:', 'https:']),
   SERVICE_AGENT_API_KEY: optionalText,
   SERVICE_AGENT_MODEL: optionalText,
+  SERVICE_AGENT_TIMEOUT_SECONDS: int(120, 1, 3600),
+  SERVICE_AGENT_MAX_RETRIES: int(3, 0, 10),
   SERVICE_WEBHOOK_REPLAY_WINDOW_SECONDS: int(300, 1, 86_400),
   SERVICE_WEBHOOK_RATE_LIMIT_PER_MINUTE: int(1200, 1, 10_000_000),
   SERVICE_SHUTDOWN_GRACE_SECONDS: int(10, 0, 3600),
@@ -239,7 +241,13 @@ export function parseEnv(env: Record<string, string | undefined>): Config {
     adminKeys: e.SERVICE_ADMIN_KEYS,
     secretKey: e.SERVICE_SECRET_KEY,
     tenantMaxRunning: e.SERVICE_TENANT_MAX_RUNNING,
-    agent: { baseUrl: e.SERVICE_AGENT_BASE_URL, apiKey: e.SERVICE_AGENT_API_KEY, model: e.SERVICE_AGENT_MODEL },
+    agent: {
+      baseUrl: e.SERVICE_AGENT_BASE_URL,
+      apiKey: e.SERVICE_AGENT_API_KEY,
+      model: e.SERVICE_AGENT_MODEL,
+      timeoutSeconds: e.SERVICE_AGENT_TIMEOUT_SECONDS,
+      maxRetries: e.SERVICE_AGENT_MAX_RETRIES,
+    },
     webhookReplayWindowSeconds: e.SERVICE_WEBHOOK_REPLAY_WINDOW_SECONDS,
     webhookRateLimitPerMinute: e.SERVICE_WEBHOOK_RATE_LIMIT_PER_MINUTE,
     logLevel: e.LOG_LEVEL,

@@ -42,6 +42,8 @@ export type EventBody =
         seq?: number;
         from?: string | null;
         to?: string | null;
+        /** `text`, or `input_request`: an agent asks for input and its task waits for the answer */
+        kind?: string;
       };
     }
   // a task of a multi-agent session changed status

@@ -1,17 +1,22 @@
 // Queue names and the queue registry, in one place. Every queue shares one connection and the
 // SERVICE_QUEUE_PREFIX, so tests and deployments sharing a Redis never see each other's jobs.
 import { Queue } from 'bullmq';
+import type { Run } from './records.js';
 import type { Redis } from './redis.js';
 
 export const QUEUE_NAMES = ['runs', 'triggers', 'webhooks'] as const;
 export type QueueName = (typeof QUEUE_NAMES)[number];
 
-/** Job ids derive from domain ids, so adding a run's job twice is a no-op. */
 /**
- * One job per attempt of a run: a retry or an interrupted attempt gets a job of its own. The first
- * attempt keeps the id runs have always had, so jobs queued before attempts existed are still found.
+ * Job ids derive from domain ids, so adding a job twice is a no-op. One job per attempt of a run: a
+ * retry or an interrupted attempt gets a job of its own. A session task's run is named by its task,
+ * `{session}__{task}__{attempt}`, the attempt counted over the task's runs; other runs' first attempt
+ * keeps the id runs have always had, so jobs queued before attempts existed are still found.
  */
-export const jobIdOfRun = (runId: string, attempt: number) => (attempt === 1 ? `run-${runId}` : `run-${runId}-${attempt}`);
+export function jobIdOfRun(run: Pick<Run, 'id' | 'session_id' | 'trigger'>, attempt: number): string {
+  if (run.trigger.type === 'task') return `${run.session_id}__${run.trigger.task_id}__${(run.trigger.prior_attempts ?? 0) + attempt}`;
+  return attempt === 1 ? `run-${run.id}` : `run-${run.id}-${attempt}`;
+}
 
 export type Queues = {
   readonly prefix: string;

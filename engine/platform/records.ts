@@ -105,7 +105,16 @@ export type RunTrigger =
   | { type: 'webhook'; provider: string; delivery_id: string; event?: string }
   | { type: 'file_change'; paths: string[] }
   | { type: 'rerun'; run_id: string; request_id?: string }
-  | { type: 'task'; task_id: string };
+  | {
+      type: 'task';
+      task_id: string;
+      /** attempts of the task's earlier runs: a run started by an answer continues the count */
+      prior_attempts?: number;
+      /** the run whose conversation this one continues (it asked for input) */
+      continues?: string;
+      /** the agent's inbox starts after this message seq */
+      inbox_after?: number;
+    };
 
 export type AgentTurn = {
   index: number;
@@ -174,13 +183,36 @@ export type Run = {
   inputs: Record<string, unknown>;
   summary: string | null;
   error: ErrorInfo | null;
-  result: { diff?: string; diff_truncated?: boolean; changed_files?: string[]; final_answer?: string } | null;
+  result: RunResult | null;
+  /** the agent a session task's run was made for, as it was then (editing the agent never changes a run) */
+  agent?: AgentSnapshot | null;
   request_id: string | null;
   created_at: string;
   started_at: string | null;
   finished_at: string | null;
   duration_ms: number | null;
 };
+
+export type RunResult = {
+  diff?: string;
+  diff_truncated?: boolean;
+  changed_files?: string[];
+  final_answer?: string;
+  /** the agent asked for input and the run ended: an answering message starts the task's next run */
+  input_required?: { question: string; message_id: string; seq: number };
+  /** the agent's conversation so far, kept for the run that continues it */
+  conversation?: ChatMessage[];
+};
+
+/** A message of an OpenAI-compatible chat-completions conversation. */
+export type ChatMessage =
+  | { role: 'system' | 'user'; content: string }
+  | { role: 'assistant'; content: string | null; tool_calls?: ChatToolCall[] }
+  | { role: 'tool'; tool_call_id: string; content: string };
+
+export type ChatToolCall = { id: string; type: 'function'; function: { name: string; arguments: string } };
+
+export type AgentSnapshot = { id: string; name: string; role: string | null; model: string | null };
 
 /** A run with the steps and agent turns of its current attempt: what GET /runs/{id} shows. */
 export type RunDetail = Run & { steps: StepRecord[]; agent_turns: AgentTurn[] };

@@ -107,8 +107,7 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
     const secretKey = loadSecretKey(config);
     if (secretKey.source === 'generated')
       log.warn({ file: `${config.dataDir}/${SECRET_KEY_FILE}` }, 'generated a secret key for webhook secrets; set SERVICE_SECRET_KEY in production');
-    const agent =
-      config.agent.baseUrl && config.agent.model ? { baseUrl: config.agent.baseUrl, apiKey: config.agent.apiKey, model: config.agent.model } : undefined;
+    const agent = config.agent.baseUrl && config.agent.model ? { ...config.agent, baseUrl: config.agent.baseUrl, model: config.agent.model } : undefined;
     const engine = createEngine({
       store,
       clock,

@@ -1,19 +1,19 @@
 // The agent loop: a goal, the allowed tools, and an OpenAI-compatible chat-completions endpoint with
-// tool calling. Each model turn may call tools; their results go back to the model; the loop ends
-// when the model answers without a tool call, the budget ends, or max_steps is reached.
-import type { AgentTurn } from '../platform/index.js';
+// tool calling, through the `openai` SDK (it retries 408, 429 and 5xx answers, honouring
+// `Retry-After`, and times a call out). Each model turn may call tools; their results go back to the
+// model; before each model call the agent's inbox (messages posted to it meanwhile) joins the
+// conversation. The loop ends when the model answers without a tool call, asks for input (the run
+// ends; the conversation is kept for the run that the answer starts), the budget ends, or max_steps is reached.
+import OpenAI from 'openai';
+import type { AgentTurn, ChatMessage, ChatToolCall } from '../platform/index.js';
 import type { Tool, ToolResult } from '../tools/index.js';
 
-export type AgentEndpoint = { baseUrl: string; apiKey: string | undefined; model: string };
+export type AgentEndpoint = { baseUrl: string; apiKey: string | undefined; model: string; timeoutSeconds: number; maxRetries: number };
 
-type ChatMessage =
-  | { role: 'system' | 'user'; content: string }
-  | { role: 'assistant'; content: string | null; tool_calls?: ToolCall[] }
-  | { role: 'tool'; tool_call_id: string; content: string };
-
-type ToolCall = { id: string; type: 'function'; function: { name: string; arguments: string } };
-
-export type AgentOutcome = { answer: string | null; stopped_by: 'answer' | 'max_steps' };
+export type AgentOutcome =
+  | { stopped_by: 'answer'; answer: string | null; conversation: ChatMessage[] }
+  | { stopped_by: 'max_steps'; conversation: ChatMessage[] }
+  | { stopped_by: 'input_required'; question: string; conversation: ChatMessage[] };
 
 export class AgentError extends Error {
   constructor(
@@ -26,39 +26,140 @@ export class AgentError extends Error {
 
 const RESULT_MAX_CHARS = 16_000;
 
+/** The pseudo-tool a session task's agent calls to ask a person (or another agent) for input. */
+export const ASK_TOOL = 'ask_for_input';
+const askTool = {
+  type: 'function' as const,
+  function: {
+    name: ASK_TOOL,
+    description: 'Ask for input you cannot find yourself. Your work pauses (nothing runs while you wait) and resumes with the answer as a new message.',
+    parameters: { type: 'object', required: ['question'], properties: { question: { type: 'string' } } },
+  },
+};
+
+/** One client per endpoint: the SDK keeps its connections. */
+export function modelClientOf(endpoint: AgentEndpoint) {
+  const client = new OpenAI({
+    baseURL: endpoint.baseUrl,
+    // a local endpoint may need no key: then no Authorization header is sent
+    apiKey: endpoint.apiKey ?? 'unused',
+    defaultHeaders: endpoint.apiKey ? {} : { Authorization: null },
+    // only what the service is configured with: nothing from OPENAI_* variables of the process
+    organization: null,
+    project: null,
+    adminAPIKey: null,
+    webhookSecret: null,
+    timeout: endpoint.timeoutSeconds * 1000,
+    maxRetries: endpoint.maxRetries,
+    logLevel: 'off',
+  });
+  return {
+    defaultModel: endpoint.model,
+    async complete(
+      model: string,
+      messages: ChatMessage[],
+      tools: unknown[],
+      signal: AbortSignal,
+    ): Promise<{ content: string | null; tool_calls: ChatToolCall[]; usage?: { prompt_tokens?: number; completion_tokens?: number } }> {
+      // the SDK's wait between retries does not listen to the signal: the budget and cancel must not wait for it
+      const stopped = new Promise<never>((_, reject) => {
+        if (signal.aborted) reject(signal.reason);
+        signal.addEventListener('abort', () => reject(signal.reason), { once: true });
+      });
+      const call = client.chat.completions.create(
+        {
+          model,
+          messages: messages as OpenAI.ChatCompletionMessageParam[],
+          ...(tools.length ? { tools: tools as OpenAI.ChatCompletionTool[], tool_choice: 'auto' } : {}),
+        },
+        { signal },
+      );
+      let body: OpenAI.ChatCompletion;
+      try {
+        body = await Promise.race([call, stopped]);
+      } catch (err) {
+        call.catch(() => undefined);
+        if (signal.aborted) throw signal.reason;
+        throw agentErrorOf(err, endpoint);
+      }
+      const message = body?.choices?.[0]?.message;
+      if (!message) throw new AgentError('agent-protocol', 'the model endpoint answered without choices[0].message');
+      const calls = (message.tool_calls ?? []).filter((c): c is ChatToolCall => c.type === 'function');
+      return {
+        content: message.content ?? null,
+        tool_calls: calls.map((c) => ({ id: c.id, type: 'function', function: { name: c.function.name, arguments: c.function.arguments } })),
+        usage: body.usage ? { prompt_tokens: body.usage.prompt_tokens, completion_tokens: body.usage.completion_tokens } : undefined,
+      };
+    },
+  };
+}
+
+export type ModelClient = ReturnType<typeof modelClientOf>;
+
+function agentErrorOf(err: unknown, endpoint: AgentEndpoint): AgentError {
+  const tries = `after ${endpoint.maxRetries + 1} tr${endpoint.maxRetries ? 'ies' : 'y'}`;
+  if (err instanceof OpenAI.APIConnectionTimeoutError)
+    return new AgentError('agent-error', `the model endpoint did not answer within ${endpoint.timeoutSeconds} s (${tries})`);
+  if (err instanceof OpenAI.APIConnectionError) return new AgentError('agent-error', `the model endpoint could not be reached (${tries})`);
+  if (err instanceof OpenAI.APIError) return new AgentError('agent-error', `the model endpoint answered HTTP ${err.status ?? '?'} (${tries})`);
+  return new AgentError('agent-protocol', `the model endpoint's answer could not be read: ${(err as Error).message}`);
+}
+
 export async function runAgent(opts: {
-  endpoint: AgentEndpoint;
+  client: ModelClient;
+  /** the agent's own model, or the endpoint's default */
+  model: string | null;
   goal: string;
   inputs: Record<string, unknown>;
   tools: Tool[];
+  /** where a run that answers a question picks up; absent for a fresh start */
+  conversation?: ChatMessage[];
+  /** offer the ask_for_input tool: the run may end waiting for an answer */
+  canAsk: boolean;
+  /** messages posted to this agent since it last looked, as text for the conversation */
+  inbox(): Promise<string[]>;
   signal: AbortSignal;
   /** how many more tool calls the run may make; undefined: no bound */
   stepsLeft: () => number | undefined;
   callTool(name: string, args: Record<string, unknown>): Promise<ToolResult>;
   onTurn(turn: Omit<AgentTurn, 'index' | 'at'>): Promise<void>;
 }): Promise<AgentOutcome> {
-  const messages: ChatMessage[] = [
-    {
-      role: 'system',
-      content:
-        'You are an automation agent working in a software workspace. Use the tools to reach the goal, ' +
-        'then answer with a short summary of what you did and found, without calling a tool.',
-    },
-    { role: 'user', content: Object.keys(opts.inputs).length ? `${opts.goal}\n\nInputs: ${JSON.stringify(opts.inputs)}` : opts.goal },
+  const messages: ChatMessage[] = opts.conversation
+    ? [...opts.conversation]
+    : [
+        {
+          role: 'system',
+          content:
+            'You are an automation agent working in a software workspace. Use the tools to reach the goal, ' +
+            'then answer with a short summary of what you did and found, without calling a tool.',
+        },
+        { role: 'user', content: Object.keys(opts.inputs).length ? `${opts.goal}\n\nInputs: ${JSON.stringify(opts.inputs)}` : opts.goal },
+      ];
+  const tools = [
+    ...opts.tools.map((t) => ({ type: 'function' as const, function: { name: t.name, description: t.description, parameters: t.parameters } })),
+    ...(opts.canAsk ? [askTool] : []),
   ];
-  const tools = opts.tools.map((t) => ({ type: 'function' as const, function: { name: t.name, description: t.description, parameters: t.parameters } }));
+  const model = opts.model ?? opts.client.defaultModel;
   for (;;) {
-    const message = await complete(opts.endpoint, messages, tools, opts.signal);
-    const calls = message.tool_calls ?? [];
+    for (const text of await opts.inbox()) messages.push({ role: 'user', content: text });
+    const message = await opts.client.complete(model, messages, tools, opts.signal);
+    const calls = message.tool_calls;
     const parsed = calls.map((c) => ({ id: c.id, tool: c.function.name, args: parseArgs(c.function.arguments) }));
-    await opts.onTurn({ content: message.content ?? null, tool_calls: parsed, usage: message.usage });
-    messages.push({ role: 'assistant', content: message.content ?? null, ...(calls.length ? { tool_calls: calls } : {}) });
-    if (calls.length === 0) return { answer: message.content ?? null, stopped_by: 'answer' };
+    await opts.onTurn({ content: message.content, tool_calls: parsed, usage: message.usage });
+    messages.push({ role: 'assistant', content: message.content, ...(calls.length ? { tool_calls: calls } : {}) });
+    if (calls.length === 0) return { stopped_by: 'answer', answer: message.content, conversation: messages };
+    let question: string | null = null;
     for (const call of parsed) {
-      const left = opts.stepsLeft();
-      if (left !== undefined && left <= 0) return { answer: null, stopped_by: 'max_steps' };
-      const result = await opts.callTool(call.tool, call.args);
-      const content = JSON.stringify(result.error ? { error: result.error, output: result.output } : result.output);
+      let content: string;
+      if (call.tool === ASK_TOOL && opts.canAsk) {
+        question = typeof call.args.question === 'string' && call.args.question.trim() ? call.args.question : 'What should I do next?';
+        content = JSON.stringify({ asked: true, note: 'The answer arrives as a message.' });
+      } else {
+        const left = opts.stepsLeft();
+        if (left !== undefined && left <= 0) return { stopped_by: 'max_steps', conversation: messages };
+        const result = await opts.callTool(call.tool, call.args);
+        content = JSON.stringify(result.error ? { error: result.error, output: result.output } : result.output);
+      }
       messages.push({
         role: 'tool',
         tool_call_id: call.id,
@@ -66,6 +167,7 @@ export async function runAgent(opts: {
       });
       if (opts.signal.aborted) throw opts.signal.reason;
     }
+    if (question !== null) return { stopped_by: 'input_required', question, conversation: messages };
   }
 }
 
@@ -76,29 +178,4 @@ function parseArgs(text: string): Record<string, unknown> {
   } catch {
     return {};
   }
-}
-
-async function complete(
-  endpoint: AgentEndpoint,
-  messages: ChatMessage[],
-  tools: unknown[],
-  signal: AbortSignal,
-): Promise<{ content?: string | null; tool_calls?: ToolCall[]; usage?: { prompt_tokens?: number; completion_tokens?: number } }> {
-  let res: Response;
-  try {
-    res = await fetch(`${endpoint.baseUrl.replace(/\/$/, '')}/chat/completions`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json', ...(endpoint.apiKey ? { authorization: `Bearer ${endpoint.apiKey}` } : {}) },
-      body: JSON.stringify({ model: endpoint.model, messages, ...(tools.length ? { tools, tool_choice: 'auto' } : {}) }),
-      signal,
-    });
-  } catch (err) {
-    if (signal.aborted) throw signal.reason;
-    throw new AgentError('agent-error', `the model endpoint did not answer: ${(err as Error).message}`);
-  }
-  if (!res.ok) throw new AgentError('agent-error', `the model endpoint answered HTTP ${res.status}`);
-  const body = (await res.json().catch(() => null)) as { choices?: { message?: Record<string, unknown> }[]; usage?: Record<string, number> } | null;
-  const message = body?.choices?.[0]?.message;
-  if (!message) throw new AgentError('agent-protocol', 'the model endpoint answered without choices[0].message');
-  return { ...(message as { content?: string | null; tool_calls?: ToolCall[] }), usage: body?.usage };
 }

@@ -17,8 +17,8 @@ export type StopReason = { status: Extract<RunStatus, 'canceled' | 'timed_out'>;
 export type AttemptDeps = Pick<Platform, 'store' | 'clock' | 'log'> & {
   transitions: Pick<Transitions, 'emit'>;
   sandbox: Sandbox;
-  /** the sessions of a tenant, for the `session` tool */
-  sessionActions?: (tenantId: string) => SessionActions;
+  /** what a run may do to its tenant's sessions (the `session` and `message` tools, an agent's inbox) */
+  sessionActions?: (run: Run) => SessionActions;
   settings: { childEnv: Record<string, string>; httpAllowPrivate: boolean; toolsAllowed: readonly string[] };
 };
 
@@ -31,6 +31,7 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
   const dirty = new Set<StepRecord>();
   let timer: NodeJS.Timeout | undefined;
   const emit = transitions.emit.bind(null, run);
+  const sessions = deps.sessionActions?.(run);
 
   /** Writes the steps changed since the last save, at most every PROGRESS_SAVE_MS: quick runs write them once, at the end. */
   const touch = (step: StepRecord) => {
@@ -86,7 +87,7 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
         sandbox: deps.sandbox,
         network: run.network,
         binds: attempt.binds,
-        sessions: deps.sessionActions?.(run.tenant_id),
+        sessions,
       };
       try {
         result = await tool.execute(step.args, ctx);
@@ -160,6 +161,8 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
     signal,
     steps,
     usage,
+    /** the run's tenant's sessions; `own` for a session task's run */
+    sessions,
     stopReason,
     runStep,
     /** A new step record at the end of the attempt's list. */

@@ -5,6 +5,7 @@
 // that is shutting down interrupts its attempts: they go back to the queue for another worker.
 import { isTerminal, type Run, type StepRecord } from '../platform/index.js';
 import { startAttempt, type StopReason } from './attempt.js';
+import { modelClientOf } from './agent.js';
 import { agentProgram, stepsProgram, vibeProgram, type WorkOutcome } from './programs.js';
 import type { Runs, RunsDeps } from './runs.js';
 import type { Outcome, Settled, Transitions } from './transitions.js';
@@ -14,10 +15,11 @@ import { scratchRoot } from './workspace.js';
 /** How many times the settling write is tried before the attempt is left for the reconciler. */
 const SETTLE_TRIES = 4;
 
-export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions, sessionActions?: (tenantId: string) => SessionActions) {
+export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions, sessionActions?: (run: Run) => SessionActions) {
   const { store, log, settings } = deps;
   /** the AbortController of each run this process is executing, for cancel requests and shutdown */
   const inFlight = new Map<string, AbortController>();
+  const model = settings.agent ? modelClientOf(settings.agent) : undefined;
 
   /**
    * A transition whose store write fails is tried again a few times (the work is done; a brief
@@ -71,7 +73,7 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
     let outcome: Outcome;
     try {
       if (await runs.isCancelRequested(runId)) controller.abort({ status: 'canceled', error: { code: 'canceled', message: 'canceled' } } satisfies StopReason);
-      const base = run.plan ? stepsProgram : agentProgram(settings.agent!);
+      const base = run.plan ? stepsProgram : agentProgram(model!, (id) => store.runs.get(run.tenant_id, id));
       const program =
         run.kind === 'vibe'
           ? vibeProgram(

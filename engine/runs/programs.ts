@@ -3,7 +3,7 @@
 // the work ended; the executor turns that into the run's transition.
 import type { ErrorInfo, Run } from '../platform/index.js';
 import { TOOLS } from '../tools/index.js';
-import { AgentError, runAgent, type AgentEndpoint } from './agent.js';
+import { AgentError, runAgent, type ModelClient } from './agent.js';
 import type { Attempt } from './attempt.js';
 import { makeScratch } from './workspace.js';
 
@@ -52,17 +52,35 @@ export async function stepsProgram(a: Attempt): Promise<WorkOutcome> {
   return { summary: `${plan.length} step${plan.length === 1 ? '' : 's'} succeeded` };
 }
 
-/** The agent loop: the model plans tool calls towards the goal, offered only the allowed tools. */
-export function agentProgram(endpoint: AgentEndpoint) {
+/**
+ * The agent loop: the model plans tool calls towards the goal, offered only the allowed tools. A
+ * session task's agent also reads its inbox between turns and may ask for input: the run then ends
+ * with the question (posted to the session's log) and its conversation, which the task's next run,
+ * started by the answer, continues.
+ */
+export function agentProgram(client: ModelClient, runOf: (runId: string) => Promise<Run | null>) {
   return async (a: Attempt): Promise<WorkOutcome> => {
     const allowed = a.run.tool_allowlist.map((t) => TOOLS.get(t)).filter((t) => t !== undefined);
+    const own = a.sessions?.own;
+    const trigger = a.run.trigger.type === 'task' ? a.run.trigger : null;
+    let seen = trigger?.inbox_after ?? 0;
     let turns = 0;
     try {
+      const continued = trigger?.continues ? (await runOf(trigger.continues))?.result?.conversation : undefined;
       const outcome = await runAgent({
-        endpoint,
+        client,
+        model: a.run.agent?.model ?? null,
         goal: a.run.goal ?? '',
         inputs: a.run.inputs,
         tools: allowed,
+        conversation: continued,
+        canAsk: Boolean(own),
+        inbox: async () => {
+          if (!own) return [];
+          const { texts, lastSeq } = await own.inbox(seen);
+          seen = lastSeq;
+          return texts;
+        },
         signal: a.signal,
         stepsLeft: () => stepsLeft(a),
         callTool: (tool, args) => a.runStep(a.newStep({ tool, args, name: null, source: 'agent' })),
@@ -71,7 +89,17 @@ export function agentProgram(endpoint: AgentEndpoint) {
       if (outcome.stopped_by === 'max_steps') {
         return { summary: '', error: { code: 'max-steps-reached', message: `max_steps (${a.run.budget.max_steps}) reached before the agent finished` } };
       }
-      return { summary: (outcome.answer ?? 'the agent finished').split('\n')[0]!.slice(0, 300), result: { final_answer: outcome.answer ?? '' } };
+      if (outcome.stopped_by === 'input_required') {
+        const asked = await own!.say({ text: outcome.question, kind: 'input_request' });
+        return {
+          summary: `waiting for input: ${outcome.question.split('\n')[0]!.slice(0, 280)}`,
+          result: { input_required: { question: outcome.question, message_id: asked.id, seq: asked.seq }, conversation: outcome.conversation },
+        };
+      }
+      return {
+        summary: (outcome.answer ?? 'the agent finished').split('\n')[0]!.slice(0, 300),
+        result: { final_answer: outcome.answer ?? '', ...(own ? { conversation: outcome.conversation } : {}) },
+      };
     } catch (err) {
       if (a.signal.aborted) return { summary: '' };
       if (err instanceof AgentError) return { summary: '', error: { code: err.code, message: err.message } };

@@ -6,6 +6,7 @@ import path from 'node:path';
 import type { Platform } from '../deps.js';
 import {
   AgentNotConfiguredError,
+  type AgentSnapshot,
   ConflictError,
   IdempotencyKeyReusedError,
   isTerminal,
@@ -48,6 +49,8 @@ export type RunRequest = {
   automation_id?: string | null;
   session_id?: string;
   rerun_of?: string;
+  /** a session task's agent, as it is now */
+  agent?: AgentSnapshot | null;
   trigger: RunTrigger;
   request_id?: string;
 };
@@ -121,6 +124,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       attempt: 1,
       attempts: [],
       rerun_of: req.rerun_of ?? null,
+      agent: req.agent ?? null,
       usage: { steps: 0, model_turns: 0, seconds: 0 },
       inputs: req.inputs ?? {},
       summary: null,
@@ -217,6 +221,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       network: run.network,
       inputs: run.inputs,
       automation_id: run.automation_id,
+      agent: run.agent ?? null,
       trigger: run.trigger,
     };
   }
@@ -232,6 +237,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
     workspaceOf,
     onRunFinished: transitions.onRunFinished,
     onRunStarted: transitions.onRunStarted,
+    guardStart: transitions.guardStart,
 
     async get(tenantId: string, id: string): Promise<RunDetail> {
       const run = await mustGet(tenantId, id);
@@ -315,7 +321,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       let requeued = 0;
       let lost = 0;
       for (const run of await store.runs.listStale('queued', before, 500)) {
-        const job = await queue.getJob(jobIdOfRun(run.id, run.attempt));
+        const job = await queue.getJob(jobIdOfRun(run, run.attempt));
         if (job) {
           const state = await job.getState();
           if (state === 'failed') {
@@ -333,7 +339,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       }
       for (const run of await store.runs.listStale('running', before, 500)) {
         if (opts.isExecuting?.(run.id)) continue;
-        const job = await queue.getJob(jobIdOfRun(run.id, run.attempt));
+        const job = await queue.getJob(jobIdOfRun(run, run.attempt));
         const state = job ? await job.getState() : 'missing';
         if (state !== 'missing' && state !== 'failed' && state !== 'completed') continue;
         if (await transitions.lose(run, `the run's job was ${state === 'missing' ? 'lost' : state} while the run was running`)) lost++;

@@ -29,6 +29,9 @@ const STORE_RETRY_AFTER_SECONDS = 5;
 
 export type RunFinishedHook = (run: Run) => Promise<void>;
 
+/** Says why a queued run must not start (a session task that already ended), or null. */
+export type StartGuard = (run: Run) => Promise<string | null>;
+
 /** How an attempt ended, as the executor saw it. */
 export type Outcome = {
   status: Extract<RunStatus, 'succeeded' | 'failed' | 'timed_out' | 'canceled'>;
@@ -49,17 +52,18 @@ export function transitionsOf(deps: TransitionsDeps) {
   const { store, clock, log, events, metrics, queues, slots } = deps;
   const hooks: RunFinishedHook[] = [];
   const startHooks: RunFinishedHook[] = [];
+  const guards: StartGuard[] = [];
 
   const emit = (run: Pick<Run, 'id' | 'tenant_id' | 'session_id'>, body: EventBody) =>
     events.append(sessionStream(run.session_id), { tenant_id: run.tenant_id, session_id: run.session_id, run_id: run.id, ...body });
 
   /** Adds the job of a run's current attempt; adding it twice is a no-op (the job id is deterministic). */
-  async function enqueue(run: Pick<Run, 'id' | 'tenant_id' | 'request_id' | 'attempt'>, delayMs = 0): Promise<void> {
+  async function enqueue(run: Pick<Run, 'id' | 'tenant_id' | 'request_id' | 'attempt' | 'session_id' | 'trigger'>, delayMs = 0): Promise<void> {
     await queues.get('runs').add(
       'run',
       { run_id: run.id, tenant_id: run.tenant_id, attempt: run.attempt, request_id: run.request_id },
       {
-        jobId: jobIdOfRun(run.id, run.attempt),
+        jobId: jobIdOfRun(run, run.attempt),
         delay: delayMs,
         // infrastructure errors (the store or Redis briefly away) are retried; a run's own failure is not
         attempts: 5,
@@ -181,7 +185,7 @@ export function transitionsOf(deps: TransitionsDeps) {
     return { run: done, next: 'ended' };
   }
 
-  return {
+  const api = {
     /**
      * A new run: stored `queued` first (the outbox; a failure here is the caller's 503), then its
      * run.queued event and its place in line. When Redis does not answer within REDIS_DEADLINE_MS the
@@ -221,8 +225,24 @@ export function transitionsOf(deps: TransitionsDeps) {
       startHooks.push(hook);
     },
 
-    /** queued -> running, for the attempt the job was made for. */
+    /** Registers a check made before an attempt starts; a run it refuses is canceled instead. */
+    guardStart(guard: StartGuard): void {
+      guards.push(guard);
+    },
+
+    /**
+     * queued -> running, for the attempt the job was made for; or queued -> canceled when a guard
+     * refuses it (the fence of a session task that already ended: it never runs again).
+     */
     async start(run: Run, sandbox: string | null): Promise<Run | null> {
+      for (const guard of guards) {
+        const refusal = await guard(run);
+        if (refusal) {
+          log.warn({ run_id: run.id, reason: refusal }, 'run refused at start');
+          await api.cancel(run, refusal);
+          return null;
+        }
+      }
       const at = clock.now();
       const started = await store.runs.update(
         run.tenant_id,
@@ -269,7 +289,7 @@ export function transitionsOf(deps: TransitionsDeps) {
       if (!canceled) return null;
       await queues
         .get('runs')
-        .remove(jobIdOfRun(run.id, canceled.attempt))
+        .remove(jobIdOfRun(run, canceled.attempt))
         .catch(() => 0);
       await ended(canceled);
       return canceled;
@@ -303,6 +323,7 @@ export function transitionsOf(deps: TransitionsDeps) {
 
     emit,
   };
+  return api;
 }
 
 export type Transitions = ReturnType<typeof transitionsOf>;

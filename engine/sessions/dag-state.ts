@@ -7,7 +7,7 @@
 //                 cannot release a child twice)
 //   kids:<t> SET  tasks that depend on t
 // A completion is first-writer-wins: a task already ended is not ended again, and its dependents are
-// released once. A task is started only from `queued` (the fence).
+// released once. A task that has ended never starts again (the fence).
 import type { Redis, TaskStatus, TriggerRule } from '../platform/index.js';
 
 const FAILED = `local function failed(s) return s == 'failed' or s == 'upstream_failed' or s == 'canceled' end`;
@@ -83,12 +83,14 @@ local ready, upstream = {}, {}
 walk(base, {ARGV[1]}, ready, upstream)
 return {ready, upstream}`;
 
-// queued -> running: 1 when this call moved it.
-const START = `if redis.call('HGET', KEYS[1] .. ':state', ARGV[1]) == 'queued' then
-  redis.call('HSET', KEYS[1] .. ':state', ARGV[1], 'running')
-  return 1
-end
-return 0`;
+// The fence: queued or running (another attempt, or a run after an answer) -> running, 1; a task
+// that has ended answers 0 and is not run again. A task Redis does not know (its keys were lost)
+// answers 1: the store is the truth, and its run is already there.
+const START = `${FAILED}
+local s = redis.call('HGET', KEYS[1] .. ':state', ARGV[1])
+if s == 'succeeded' or failed(s) then return 0 end
+if s then redis.call('HSET', KEYS[1] .. ':state', ARGV[1], 'running') end
+return 1`;
 
 type DagRedis = Redis & {
   dagAdd(base: string, tasks: string): Promise<[string[], string[]]>;

@@ -20,7 +20,8 @@ import {
   type ToolName,
 } from '../platform/index.js';
 import { allowlistOf, type RunLimits, type Runs, type ToolPolicy } from '../runs/index.js';
-import type { SessionQuery } from '../store/index.js';
+import type { NewMessage, SessionQuery } from '../store/index.js';
+import { ToolError, type SessionActions } from '../tools/index.js';
 import { dagStateOf } from './dag-state.js';
 import { tasksOf, type TaskInput } from './tasks.js';
 
@@ -83,6 +84,29 @@ export function sessionsOf(deps: SessionsDeps) {
     await change(run.tenant_id, s.id, { status: 'idle', outcome: OUTCOME_OF_RUN[run.status] ?? null }, ['running', 'idle']);
   }
   runs.onRunFinished(followRun);
+
+  /**
+   * Every message of a session's log is written here: stored with the next seq, sent as a
+   * `message.created` event on the trace, and given to the tasks waiting for input that it answers.
+   */
+  async function append(session: Session, m: Omit<NewMessage, 'id' | 'tenant_id' | 'session_id' | 'created_at'>): Promise<MessageRecord> {
+    const message = await store.messages.append({
+      ...m,
+      id: newId('msg'),
+      tenant_id: session.tenant_id,
+      session_id: session.id,
+      created_at: clock.now().toISOString(),
+    });
+    await events.append(scopes.sessionTrace(session.id).stream, {
+      type: 'message.created',
+      tenant_id: session.tenant_id,
+      session_id: session.id,
+      ...(message.run_id ? { run_id: message.run_id } : {}),
+      data: { role: message.role, text: textOf(message), message_id: message.id, seq: message.seq, from: message.from, to: message.to, kind: message.kind },
+    });
+    if (message.kind !== 'input_request') await tasks.answer(session, message);
+    return message;
+  }
 
   const api = {
     get: mustGet,
@@ -150,23 +174,64 @@ export function sessionsOf(deps: SessionsDeps) {
       return { ...session, task_counts: tasks.countsOf(all), usage: tasks.usageOf(all), agents, tasks: all, runs: latest.items };
     },
 
-    /** What the `session` tool may do, bound to one tenant: never another tenant's sessions. */
-    actionsFor: (tenantId: string) => ({
-      addTask: async (sessionId: string, task: Record<string, unknown>) => {
-        const session = await mustBeLive(tenantId, sessionId);
-        const [added] = await tasks.add(session, [task as TaskInput]);
-        return { id: added!.id };
-      },
-      postMessage: async (sessionId: string, message: { text: string; to?: string }) => {
-        const posted = await api.postMessage(tenantId, sessionId, {
-          role: 'system',
-          to: message.to ?? null,
-          parts: [{ type: 'text', text: message.text }],
-          kind: 'text',
-        });
-        return { id: posted.id, seq: posted.seq };
-      },
-    }),
+    /**
+     * What a run may do to its tenant's sessions (never another tenant's): add a task or post a message
+     * (the `session` tool); a session task's run also speaks as its agent in its own session and reads
+     * that agent's inbox.
+     */
+    actionsFor(run: Run): SessionActions {
+      const tenantId = run.tenant_id;
+      const actions: SessionActions = {
+        addTask: async (sessionId, task) => {
+          const session = await mustBeLive(tenantId, sessionId);
+          const [added] = await tasks.add(session, [taskInputOf(task)]);
+          return { id: added!.id };
+        },
+        postMessage: async (sessionId, message) => {
+          const posted = await api.postMessage(tenantId, sessionId, {
+            role: 'system',
+            to: message.to ?? null,
+            parts: [{ type: 'text', text: message.text }],
+            kind: 'text',
+          });
+          return { id: posted.id, seq: posted.seq };
+        },
+      };
+      if (run.trigger.type !== 'task') return actions;
+      const taskId = run.trigger.task_id;
+      const agentId = run.agent?.id ?? null;
+      actions.own = {
+        say: async ({ text, to, kind }) => {
+          const session = await mustBeLive(tenantId, run.session_id);
+          const agents = await store.agents.list(tenantId, session.id);
+          const target = to === undefined ? null : agents.find((a) => a.id === to || a.name === to);
+          if (to !== undefined && !target)
+            throw new ToolError('invalid-args', `no agent ${to} in this session (${agents.map((a) => a.name).join(', ') || 'none'})`);
+          const posted = await append(session, {
+            role: 'agent',
+            from: agentId,
+            to: target?.id ?? null,
+            kind: kind ?? 'text',
+            parts: [{ type: 'text', text }],
+            task_id: taskId,
+            run_id: run.id,
+            in_reply_to: null,
+          });
+          return { id: posted.id, seq: posted.seq };
+        },
+        inbox: async (afterSeq) => {
+          const page = await store.messages.list(tenantId, run.session_id, { afterSeq, limit: 200 });
+          if (!page.length) return { texts: [], lastSeq: afterSeq };
+          const mine = page.filter((m) => (m.to === null || m.to === agentId) && m.run_id !== run.id && !(agentId && m.from === agentId));
+          const names = mine.some((m) => m.from) ? new Map((await store.agents.list(tenantId, run.session_id)).map((a) => [a.id, a.name])) : new Map();
+          return {
+            texts: mine.map((m) => `Message from ${m.from ? `agent ${names.get(m.from) ?? m.from}` : m.role}${m.to ? ' to you' : ''}: ${textOf(m)}`),
+            lastSeq: page.at(-1)!.seq,
+          };
+        },
+      };
+      return actions;
+    },
 
     /** Repairs session tasks left behind by a crash (the worker's reconcile loop). */
     async reconcile(olderThanMs = 10_000) {
@@ -268,12 +333,9 @@ export function sessionsOf(deps: SessionsDeps) {
       sessionId: string,
       req: { role: 'user' | 'system'; to?: string | null; kind?: string; parts: MessagePart[]; in_reply_to?: string | null },
     ): Promise<MessageRecord> {
-      await mustBeLive(tenantId, sessionId);
+      const session = await mustBeLive(tenantId, sessionId);
       if (req.to && !(await store.agents.get(tenantId, sessionId, req.to))) throw new NotFoundError(`no agent ${req.to} in session ${sessionId}`);
-      const message = await store.messages.append({
-        id: newId('msg'),
-        tenant_id: tenantId,
-        session_id: sessionId,
+      return append(session, {
         role: req.role,
         from: null,
         to: req.to ?? null,
@@ -282,22 +344,7 @@ export function sessionsOf(deps: SessionsDeps) {
         task_id: null,
         run_id: null,
         in_reply_to: req.in_reply_to ?? null,
-        created_at: clock.now().toISOString(),
       });
-      await events.append(scopes.sessionTrace(sessionId).stream, {
-        type: 'message.created',
-        tenant_id: tenantId,
-        session_id: sessionId,
-        data: {
-          role: message.role,
-          text: message.parts.map((p) => (p.type === 'text' ? p.text : JSON.stringify(p.data))).join('\n'),
-          message_id: message.id,
-          seq: message.seq,
-          from: message.from,
-          to: message.to,
-        },
-      });
-      return message;
     },
 
     async messages(tenantId: string, sessionId: string, q: { afterSeq?: number; limit?: number }) {
@@ -317,3 +364,12 @@ export function sessionsOf(deps: SessionsDeps) {
 }
 
 export type Sessions = ReturnType<typeof sessionsOf>;
+
+const textOf = (m: MessageRecord) => m.parts.map((p) => (p.type === 'text' ? p.text : JSON.stringify(p.data))).join('\n');
+
+/** A task the `session` tool adds: only the fields a task has, whatever else the arguments carry. */
+function taskInputOf(t: Record<string, unknown>): TaskInput {
+  const str = (v: unknown) => (typeof v === 'string' && v ? v : undefined);
+  const deps = Array.isArray(t.depends_on) ? t.depends_on.filter((d): d is string => typeof d === 'string') : undefined;
+  return { title: str(t.title), goal: str(t.goal), agent_id: str(t.agent_id), depends_on: deps };
+}

@@ -13,6 +13,7 @@ import {
   TaskGraphInvalidError,
   newId,
   type AgentRecord,
+  type MessageRecord,
   type Run,
   type Session,
   type SessionStatus,
@@ -68,23 +69,20 @@ export function tasksOf(deps: TasksDeps) {
     return moved;
   }
 
-  /** Starts a ready task's run, unless its session is paused (then it waits, queued, for the resume). */
-  async function dispatch(session: Session, taskId: string): Promise<void> {
-    const task = await store.tasks.get(session.tenant_id, session.id, taskId);
-    // a task is started once: pending, or queued by a pause and not started since
-    if (!task || !(task.status === 'pending' || (task.status === 'queued' && !task.run_ids.length))) return;
-    if (session.status === 'paused' || session.status === 'archived') {
-      await move(task, { status: 'queued' }, ['pending']);
-      return;
-    }
+  /**
+   * A run of the task: its agent's snapshot and instructions, the outputs of its dependencies as
+   * `inputs.upstream`, and `max_attempts` as its retry policy. Made once per key: the task's first run,
+   * or the run an answer starts (`continues` the run that asked).
+   */
+  async function startRun(session: Session, task: TaskRecord, key: string, trigger: Omit<Extract<Run['trigger'], { type: 'task' }>, 'type' | 'task_id'>) {
     const agent = task.agent_id ? await store.agents.get(session.tenant_id, session.id, task.agent_id) : null;
     // the outputs of its dependencies, from one read of the session's tasks rather than one per dependency
     const outputs = task.depends_on.length ? new Map((await store.tasks.list(session.tenant_id, session.id)).map((t) => [t.id, t.output])) : new Map();
     const upstream = Object.fromEntries(task.depends_on.map((dep) => [dep, outputs.get(dep) ?? null]));
     const { run } = await runs.createIdempotent(
       session.tenant_id,
-      `task:${session.id}:${task.id}`,
-      { task: task.id },
+      key,
+      { task: task.id, key },
       {
         kind: 'session_task',
         session_id: session.id,
@@ -95,10 +93,66 @@ export function tasksOf(deps: TasksDeps) {
         max_steps: agent?.budget.max_steps,
         retry: task.max_attempts > 1 ? { attempts: task.max_attempts, backoff: { type: 'fixed', delay_ms: 200 } } : null,
         inputs: { upstream, task: { id: task.id, title: task.title } },
-        trigger: { type: 'task', task_id: task.id },
+        agent: agent ? { id: agent.id, name: agent.name, role: agent.role, model: agent.model } : null,
+        trigger: { type: 'task', task_id: task.id, ...trigger },
       },
     );
+    return run;
+  }
+
+  /** Starts a ready task's run, unless its session is paused (then it waits, queued, for the resume). */
+  async function dispatch(session: Session, taskId: string): Promise<void> {
+    const task = await store.tasks.get(session.tenant_id, session.id, taskId);
+    // a task is started once: pending, or queued by a pause and not started since
+    if (!task || !(task.status === 'pending' || (task.status === 'queued' && !task.run_ids.length))) return;
+    if (session.status === 'paused' || session.status === 'archived') {
+      await move(task, { status: 'queued' }, ['pending']);
+      return;
+    }
+    const inboxAfter = task.agent_id && task.goal ? await store.messages.lastSeq(session.tenant_id, session.id) : undefined;
+    const run = await startRun(session, task, `task:${session.id}:${task.id}`, {
+      prior_attempts: 0,
+      ...(inboxAfter === undefined ? {} : { inbox_after: inboxAfter }),
+    });
     await move(task, { status: 'queued', run_ids: [run.id], attempts: run.attempt }, ['pending', 'queued']);
+  }
+
+  /** What a task waiting for input asked: the question's message, from its output. */
+  const questionOf = (t: TaskRecord) => (t.output?.input_required ?? null) as { message_id: string; seq: number } | null;
+
+  /** Does this message answer the task's question: a reply to it, or a message to its agent or to all (not its own)? */
+  function answers(t: TaskRecord, m: MessageRecord): boolean {
+    const q = questionOf(t);
+    if (!q || m.seq <= q.seq || m.kind === 'input_request') return false;
+    if (t.agent_id && m.from === t.agent_id) return false;
+    return m.in_reply_to === q.message_id || m.to === null || m.to === t.agent_id;
+  }
+
+  /** The task's next run, which continues the conversation of the run that asked; the answer is in its inbox. */
+  async function continueTask(session: Session, task: TaskRecord): Promise<void> {
+    const q = questionOf(task)!;
+    const asked = task.run_ids.at(-1)!;
+    const run = await startRun(session, task, `task:${session.id}:${task.id}:${task.run_ids.length + 1}`, {
+      prior_attempts: task.attempts,
+      continues: asked,
+      inbox_after: q.seq,
+    });
+    await move(task, { status: 'queued', run_ids: [...task.run_ids, run.id], attempts: task.attempts + run.attempt }, ['input_required']);
+  }
+
+  /** Starts the next run of a waiting task when a message after its question answers it (held while the session is paused). */
+  async function continueIfAnswered(session: Session, task: TaskRecord): Promise<boolean> {
+    const q = questionOf(task);
+    if (task.status !== 'input_required' || !q || session.status === 'paused' || session.status === 'archived') return false;
+    for (let after = q.seq; ;) {
+      const page = await store.messages.list(session.tenant_id, session.id, { afterSeq: after, limit: 200 });
+      if (page.some((m) => answers(task, m))) {
+        await continueTask(session, task);
+        return true;
+      }
+      if (page.length < 200) return false;
+      after = page.at(-1)!.seq;
+    }
   }
 
   async function apply(session: Session, change: { ready: string[]; upstreamFailed: string[] }): Promise<void> {
@@ -113,38 +167,58 @@ export function tasksOf(deps: TasksDeps) {
     }
   }
 
+  /** The task's attempt of a run: its earlier runs' attempts, then this run's. */
+  const attemptOf = (run: Run) => (run.trigger.type === 'task' ? (run.trigger.prior_attempts ?? 0) : 0) + run.attempt;
+
+  /** The fence: a run of a task that already ended in Redis does not start (it is canceled instead). */
+  async function mayStart(run: Run): Promise<string | null> {
+    if (run.trigger.type !== 'task') return null;
+    return (await dag.start(run.session_id, run.trigger.task_id)) ? null : `task ${run.trigger.task_id} has already ended`;
+  }
+
   async function onRunStarted(run: Run): Promise<void> {
     if (run.trigger.type !== 'task') return;
-    const taskId = run.trigger.task_id;
-    await dag.start(run.session_id, taskId);
-    await move({ tenant_id: run.tenant_id, session_id: run.session_id, id: taskId }, { status: 'running', attempts: run.attempt }, ['queued', 'running']);
+    await move({ tenant_id: run.tenant_id, session_id: run.session_id, id: run.trigger.task_id }, { status: 'running', attempts: attemptOf(run) }, [
+      'queued',
+      'running',
+    ]);
     await deps.recount(run.tenant_id, run.session_id, true);
   }
 
   async function onRunFinished(run: Run): Promise<void> {
     if (run.trigger.type !== 'task') return;
-    const taskId = run.trigger.task_id;
+    const ref = { tenant_id: run.tenant_id, session_id: run.session_id, id: run.trigger.task_id };
+    const asked = run.status === 'succeeded' ? run.result?.input_required : undefined;
+    if (asked) {
+      // the task waits, holding no worker; it has not ended, so Redis keeps it running and releases nobody
+      const waiting = await move(
+        ref,
+        { status: 'input_required', output: { status: 'input_required', input_required: asked, run_id: run.id, usage: run.usage }, attempts: attemptOf(run) },
+        ['queued', 'running'],
+      );
+      await deps.recount(run.tenant_id, run.session_id);
+      // an answer posted before the task moved is not lost
+      const session = waiting && (await store.sessions.get(run.tenant_id, run.session_id));
+      if (waiting && session) await continueIfAnswered(session, waiting);
+      return;
+    }
     const outcome = OUTCOME[run.status] ?? 'failed';
     const steps = await store.runs.steps(run.tenant_id, run.id, run.attempt);
     const output = {
       status: run.status,
       summary: run.summary,
-      result: run.result,
+      result: run.result?.final_answer === undefined ? run.result : { final_answer: run.result.final_answer },
       usage: run.usage,
       steps: steps.map((s) => ({ tool: s.tool, output: s.output })),
     };
-    const change = await dag.complete(run.session_id, taskId, outcome);
-    await move({ tenant_id: run.tenant_id, session_id: run.session_id, id: taskId }, { status: outcome, output, attempts: run.attempt }, [
-      'pending',
-      'queued',
-      'running',
-      'input_required',
-    ]);
+    const change = await dag.complete(run.session_id, ref.id, outcome);
+    await move(ref, { status: outcome, output, attempts: attemptOf(run) }, ['pending', 'queued', 'running', 'input_required']);
     const session = await store.sessions.get(run.tenant_id, run.session_id);
     if (change && session) await apply(session, change);
     await deps.recount(run.tenant_id, run.session_id);
   }
 
+  runs.guardStart(mayStart);
   runs.onRunStarted(onRunStarted);
   runs.onRunFinished(onRunFinished);
 
@@ -198,11 +272,22 @@ export function tasksOf(deps: TasksDeps) {
       return dagOrder(await store.tasks.list(tenantId, sessionId));
     },
 
-    /** Starts the tasks that became ready while the session was paused. */
+    /** Starts the tasks that became ready, or were answered, while the session was paused. */
     async resume(session: Session): Promise<void> {
       for (const t of await store.tasks.list(session.tenant_id, session.id)) {
-        if (t.status === 'queued' && !t.run_ids.length)
-          await dispatch(session, t.id).catch((err: unknown) => log.error({ err, task_id: t.id }, 'a held task could not start'));
+        const started =
+          t.status === 'queued' && !t.run_ids.length ? dispatch(session, t.id) : t.status === 'input_required' ? continueIfAnswered(session, t) : null;
+        await started?.catch((err: unknown) => log.error({ err, task_id: t.id }, 'a held task could not start'));
+      }
+    },
+
+    /** A message was posted: the waiting tasks it answers start their next run. */
+    async answer(session: Session, message: MessageRecord): Promise<void> {
+      if (session.kind !== 'multi_agent' || session.status === 'paused') return;
+      const tasks = await store.tasks.list(session.tenant_id, session.id);
+      for (const t of tasks) {
+        if (t.status === 'input_required' && answers(t, message))
+          await continueTask(session, t).catch((err: unknown) => log.error({ err, task_id: t.id }, 'an answered task could not continue'));
       }
     },
 
@@ -237,6 +322,11 @@ export function tasksOf(deps: TasksDeps) {
         if (!session) continue;
         await dispatch(session, t.id);
         started++;
+      }
+      // an answer whose continuation was lost with its process
+      for (const t of await store.tasks.listStale('input_required', before, 500)) {
+        const session = await store.sessions.get(t.tenant_id, t.session_id);
+        if (session && (await continueIfAnswered(session, t))) started++;
       }
       if (finished || started) log.warn({ finished, started }, 'reconciler repaired session tasks');
       return { finished, started };

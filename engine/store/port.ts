@@ -143,6 +143,8 @@ export interface MessageRepo {
   append(message: NewMessage): Promise<MessageRecord>;
   /** Oldest first, after the given `seq` (exclusive). */
   list(tenantId: string, sessionId: string, q: { afterSeq?: number; limit: number }): Promise<MessageRecord[]>;
+  /** The seq of the session's latest message; 0 when it has none. */
+  lastSeq(tenantId: string, sessionId: string): Promise<number>;
 }
 
 export type TaskChanges = Partial<Pick<TaskRecord, 'status' | 'attempts' | 'run_ids' | 'output' | 'updated_at'>>;

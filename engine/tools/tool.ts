@@ -22,10 +22,20 @@ export type ToolContext = {
   sessions?: SessionActions;
 };
 
-/** What a tool may do to the sessions of its run's tenant. */
+/** What a run may do to the sessions of its tenant. */
 export type SessionActions = {
   addTask(sessionId: string, task: Record<string, unknown>): Promise<{ id: string }>;
   postMessage(sessionId: string, message: { text: string; to?: string }): Promise<{ id: string; seq: number }>;
+  /** a session task's run, in its own session, as its agent; absent for other runs */
+  own?: OwnSession;
+};
+
+/** A session task's run in its own session: it speaks as its agent and reads the agent's inbox. */
+export type OwnSession = {
+  /** posts to the session's log as the run's agent; `to` is an agent's id or name, or absent for all */
+  say(message: { text: string; to?: string; kind?: string }): Promise<{ id: string; seq: number }>;
+  /** what was posted to the run's agent (or to all) after `afterSeq`, by others, as lines for the conversation */
+  inbox(afterSeq: number): Promise<{ texts: string[]; lastSeq: number }>;
 };
 
 export type ToolResult = { output: Record<string, unknown>; error?: ErrorInfo };

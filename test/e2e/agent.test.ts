@@ -8,9 +8,11 @@ import { startScriptedModel, type ScriptedModel, type ScriptedTurn } from '../su
 
 type RunBody = Record<string, any>;
 
-async function withAgent(script: ScriptedTurn[], fn: (h: Harness, model: ScriptedModel) => Promise<void>) {
+async function withAgent(script: ScriptedTurn[], fn: (h: Harness, model: ScriptedModel) => Promise<void>, env: Record<string, string> = {}) {
   const model = await startScriptedModel(script);
-  const h = await startHarness({ env: { SERVICE_AGENT_BASE_URL: model.url, SERVICE_AGENT_API_KEY: 'sk-model-secret-123', SERVICE_AGENT_MODEL: 'scripted-1' } });
+  const h = await startHarness({
+    env: { SERVICE_AGENT_BASE_URL: model.url, SERVICE_AGENT_API_KEY: 'sk-model-secret-123', SERVICE_AGENT_MODEL: 'scripted-1', ...env },
+  });
   try {
     await fn(h, model);
   } finally {
@@ -87,12 +89,46 @@ describe('agent runs', function () {
       expect(run.error.code).to.equal('max-steps-reached');
       expect(run.steps).to.have.length(3);
     });
-    await withAgent([{ status: 500 }], async (h) => {
-      const res = await h.call('POST', '/api/v1/autonomy/run', { body: { goal: 'anything' } });
+    await withAgent(
+      [{ status: 500 }],
+      async (h, model) => {
+        const res = await h.call('POST', '/api/v1/autonomy/run', { body: { goal: 'anything' } });
+        const run = await finished(h, res.body.run_id);
+        expect(run.status).to.equal('failed');
+        expect(run.error.code).to.equal('agent-error');
+        expect(run.error.message).to.equal('the model endpoint answered HTTP 500 (after 2 tries)');
+        expect(model.requests).to.have.length(2);
+      },
+      { SERVICE_AGENT_MAX_RETRIES: '1' },
+    );
+  });
+
+  it('retries a 429 after its Retry-After and a 503, then goes on', async () => {
+    await withAgent([{ status: 429, headers: { 'retry-after': '1' } }, { status: 503 }, { content: 'Done after the rate limit.' }], async (h, model) => {
+      const res = await h.call('POST', '/api/v1/autonomy/run', { body: { goal: 'be patient' } });
       const run = await finished(h, res.body.run_id);
-      expect(run.status).to.equal('failed');
-      expect(run.error.code).to.equal('agent-error');
+      expect(run.status, JSON.stringify(run.error)).to.equal('succeeded');
+      expect(run.result.final_answer).to.equal('Done after the rate limit.');
+      expect(model.requests).to.have.length(3);
+      // the second request waited for the Retry-After of the first answer
+      expect(model.requests[1]!.at - model.requests[0]!.at).to.be.at.least(950);
+      expect(run.usage.model_turns).to.equal(1);
     });
+  });
+
+  it('times a model call out', async () => {
+    await withAgent(
+      [{ content: 'too late', delay_ms: 2500 }],
+      async (h, model) => {
+        const res = await h.call('POST', '/api/v1/autonomy/run', { body: { goal: 'wait for the model' } });
+        const run = await finished(h, res.body.run_id);
+        expect(run.status).to.equal('failed');
+        expect(run.error).to.deep.equal({ code: 'agent-error', message: 'the model endpoint did not answer within 1 s (after 1 try)' });
+        expect(run.duration_ms).to.be.below(3000);
+        expect(model.requests).to.have.length(1);
+      },
+      { SERVICE_AGENT_TIMEOUT_SECONDS: '1', SERVICE_AGENT_MAX_RETRIES: '0' },
+    );
   });
 
   it('ends timed_out when the budget runs out during the agent loop', async () => {

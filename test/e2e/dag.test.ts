@@ -17,7 +17,7 @@ describe('task DAG', function () {
   });
 
   const session = async () => (await h.call<Body>('POST', '/api/v1/sessions', { body: { title: 'dag' } })).body.id as string;
-  const sh = (command: string) => [{ tool: 'shell', args: { command } }];
+  const sh = (command: string) => [{ tool: 'shell' as const, args: { command } }];
   const settled = (id: string, count: number) =>
     eventually(
       async () => {
@@ -68,6 +68,25 @@ describe('task DAG', function () {
     expect(out.trim().split('\n')).to.have.length(4);
     expect(BigInt(at.a!) < BigInt(at.b!) && BigInt(at.a!) < BigInt(at.c!)).to.equal(true);
     expect(BigInt(at.b!) < BigInt(at.d!) && BigInt(at.c!) < BigInt(at.d!)).to.equal(true);
+    // one job per task attempt, named by the task
+    expect(await (await h.rt.queues.get('runs').getJob(`${id}__d__1`))?.getState()).to.equal('completed');
+
+    // the fence: another run of a task that has ended (a duplicate, a replay) is canceled before it starts
+    const again = await h.rt.engine.runs.create('tenant-a', {
+      kind: 'session_task',
+      session_id: id,
+      steps: sh(log('a-again')),
+      trigger: { type: 'task', task_id: 'a', prior_attempts: 1 },
+    });
+    const fenced = await eventually(async () => {
+      const r = (await h.call<Body>('GET', `/api/v1/runs/${again.id}`)).body;
+      return TERMINAL.includes(r.status) ? r : null;
+    }, 'the duplicate run to end');
+    expect(fenced.status).to.equal('canceled');
+    expect(fenced.error.message).to.equal('task a has already ended');
+    expect(fenced.started_at).to.equal(null);
+    const a = (await h.call<Body>('GET', `/api/v1/sessions/${id}/tasks`)).body.data[0];
+    expect([a.id, a.status, a.run_ids.length]).to.deep.equal(['a', 'succeeded', 1]);
   });
 
   it('fails a branch: its all_success dependents end upstream_failed, an independent branch succeeds, an all_done task runs', async () => {

@@ -9,6 +9,9 @@ import { eventually, finishedRun, KEYS, startHarness, type Harness } from '../su
 
 type Body = Record<string, any>;
 
+/** The job of an API run's attempt. */
+const jobOf = (id: string, attempt: number) => jobIdOfRun({ id, session_id: '', trigger: { type: 'api' } }, attempt);
+
 describe('run lifecycle', function () {
   this.timeout(40_000);
   let h: Harness;
@@ -70,10 +73,10 @@ describe('run lifecycle', function () {
       'run.started',
       'run.finished',
     ]);
-    const first = await h.rt.queues.get('runs').getJob(jobIdOfRun(id, 1));
+    const first = await h.rt.queues.get('runs').getJob(jobOf(id, 1));
     expect(await first!.getState()).to.equal('failed');
     expect(first!.failedReason).to.match(/retrying as attempt 2/);
-    await eventually(async () => (await (await h.rt.queues.get('runs').getJob(jobIdOfRun(id, 2)))?.getState()) === 'completed', 'attempt 2’s job to complete');
+    await eventually(async () => (await (await h.rt.queues.get('runs').getJob(jobOf(id, 2)))?.getState()) === 'completed', 'attempt 2’s job to complete');
   });
 
   it('does not retry a timed-out run unless asked, and stops after the policy’s attempts', async () => {
@@ -88,7 +91,7 @@ describe('run lifecycle', function () {
     // the last attempt's job failed too: the dashboard's Failed tab shows the run
     // (the job fails just after the run's end is written)
     const job = await eventually(async () => {
-      const j = await h.rt.queues.get('runs').getJob(jobIdOfRun(exhausted.id, 2));
+      const j = await h.rt.queues.get('runs').getJob(jobOf(exhausted.id, 2));
       return (await j?.getState()) === 'failed' ? j : null;
     }, 'the last attempt’s job to fail');
     expect(job.failedReason).to.match(/run failed: nonzero-exit/);
@@ -168,26 +171,26 @@ describe('run lifecycle', function () {
         },
         { connection, prefix: noWorkers.config.queuePrefix },
       );
-      await eventually(async () => (await (await queue.getJob(jobIdOfRun(failedJob, 1)))?.getState()) === 'failed', 'the injected job failure');
+      await eventually(async () => (await (await queue.getJob(jobOf(failedJob, 1)))?.getState()) === 'failed', 'the injected job failure');
       await failing.close();
       connection.disconnect();
       // a job removed from Redis
       const removed = await post('echo two');
-      await queue.remove(jobIdOfRun(removed, 1));
+      await queue.remove(jobOf(removed, 1));
       // a run marked running whose job is gone (its worker and its job lost together)
       const lost = await post('echo three');
-      await queue.remove(jobIdOfRun(lost, 1));
+      await queue.remove(jobOf(lost, 1));
       await noWorkers.rt.store.runs.update('tenant-a', lost, { status: 'running', started_at: new Date().toISOString() }, { status: ['queued'] });
       // a slot still held by a run that ended (a crash between its end and the release)
       const ended = await post('echo four');
-      await queue.remove(jobIdOfRun(ended, 1));
+      await queue.remove(jobOf(ended, 1));
       await noWorkers.rt.store.runs.update('tenant-a', ended, { status: 'succeeded', finished_at: new Date().toISOString() }, { status: ['queued'] });
       expect((await noWorkers.rt.engine.runs.reliabilityContext('tenant-a')).tenant.running).to.equal(4);
       const repaired = await noWorkers.rt.engine.runs.reconcile({ olderThanMs: 0 });
       expect(repaired).to.deep.equal({ requeued: 2, lost: 1, freed: 1 });
       expect((await noWorkers.rt.store.runs.get('tenant-a', lost))!.error!.code).to.equal('worker-lost');
-      expect(await (await queue.getJob(jobIdOfRun(failedJob, 1)))!.getState()).to.equal('waiting');
-      expect(await (await queue.getJob(jobIdOfRun(removed, 1)))!.getState()).to.equal('waiting');
+      expect(await (await queue.getJob(jobOf(failedJob, 1)))!.getState()).to.equal('waiting');
+      expect(await (await queue.getJob(jobOf(removed, 1)))!.getState()).to.equal('waiting');
       expect((await noWorkers.rt.engine.runs.reliabilityContext('tenant-a')).tenant.running).to.equal(2);
       expect(await noWorkers.rt.engine.runs.reconcile({ olderThanMs: 0 })).to.deep.equal({ requeued: 0, lost: 0, freed: 0 });
     } finally {

@@ -433,6 +433,9 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect(page.map((m) => m.seq)).to.deep.equal([1, 2]);
       expect((await store.messages.list('t1', 'ses_m', { afterSeq: 2, limit: 10 })).map((m) => m.seq)).to.deep.equal([3, 4, 5]);
       expect(await store.messages.list('t2', 'ses_m', { limit: 10 })).to.deep.equal([]);
+      expect(await store.messages.lastSeq('t1', 'ses_m')).to.equal(5);
+      expect(await store.messages.lastSeq('t2', 'ses_m')).to.equal(0);
+      expect(await store.messages.lastSeq('t1', 'ses_none')).to.equal(0);
     });
 
     it('keeps a session’s tasks by their own ids, inserts a batch all or none, lists in creation order and updates conditionally', async () => {

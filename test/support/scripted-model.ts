@@ -3,11 +3,20 @@
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 
-export type ScriptedTurn = { content?: string | null; tool_calls?: { name: string; args: Record<string, unknown> }[] } | { status: number };
+export type ScriptedTurn =
+  | {
+      content?: string | null;
+      tool_calls?: { name: string; args: Record<string, unknown> }[];
+      /** the answer waits for this (a test acts while the agent is between turns) */
+      gate?: Promise<unknown>;
+      /** the answer comes this late */
+      delay_ms?: number;
+    }
+  | { status: number; headers?: Record<string, string> };
 
 export type ScriptedModel = {
   url: string;
-  requests: { headers: http.IncomingHttpHeaders; body: any }[];
+  requests: { headers: http.IncomingHttpHeaders; body: any; at: number }[];
   close(): Promise<void>;
 };
 
@@ -17,25 +26,29 @@ export async function startScriptedModel(script: ScriptedTurn[]): Promise<Script
   const server = http.createServer((req, res) => {
     let raw = '';
     req.on('data', (d) => (raw += d));
-    req.on('end', () => {
+    req.on('end', async () => {
       if (req.method !== 'POST' || req.url !== '/v1/chat/completions') {
         res.writeHead(404).end();
         return;
       }
       const body = JSON.parse(raw);
-      requests.push({ headers: req.headers, body });
-      const next = script[Math.min(turn++, script.length - 1)]!;
+      requests.push({ headers: req.headers, body, at: Date.now() });
+      const index = ++turn;
+      const next = script[Math.min(index - 1, script.length - 1)]!;
       if ('status' in next) {
-        res.writeHead(next.status, { 'content-type': 'application/json' }).end('{"error":{"message":"scripted failure"}}');
+        res.writeHead(next.status, { 'content-type': 'application/json', ...next.headers }).end('{"error":{"message":"scripted failure"}}');
         return;
       }
+      await next.gate;
+      if (next.delay_ms) await new Promise((r) => setTimeout(r, next.delay_ms));
+      if (res.destroyed) return;
       const message = {
         role: 'assistant',
         content: next.content ?? null,
         ...(next.tool_calls?.length
           ? {
               tool_calls: next.tool_calls.map((c, i) => ({
-                id: `call_${turn}_${i}`,
+                id: `call_${index}_${i}`,
                 type: 'function',
                 function: { name: c.name, arguments: JSON.stringify(c.args) },
               })),
@@ -44,7 +57,7 @@ export async function startScriptedModel(script: ScriptedTurn[]): Promise<Script
       };
       res.writeHead(200, { 'content-type': 'application/json' }).end(
         JSON.stringify({
-          id: `chatcmpl-${turn}`,
+          id: `chatcmpl-${index}`,
           object: 'chat.completion',
           model: body.model,
           choices: [{ index: 0, message, finish_reason: next.tool_calls?.length ? 'tool_calls' : 'stop' }],

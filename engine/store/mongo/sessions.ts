@@ -76,5 +76,9 @@ export function messageRepo(model: Model<Stored<MessageRecord>>, counters: Model
         .lean<Stored<MessageRecord>[]>();
       return rows.map((r) => fromStored(r)!);
     },
+    async lastSeq(tenantId, sessionId) {
+      const last = await model.findOne({ tenant_id: tenantId, session_id: sessionId }).sort({ seq: -1 }).select({ seq: 1 }).lean<{ seq: number }>();
+      return last?.seq ?? 0;
+    },
   };
 }

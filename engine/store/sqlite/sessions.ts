@@ -79,6 +79,7 @@ export function messageRepo(db: Db): MessageRepo {
   const list = db.prepare<[string, string, number, number], { doc: string }>(
     'SELECT doc FROM messages WHERE session_id = ? AND tenant_id = ? AND seq > ? ORDER BY seq LIMIT ?',
   );
+  const lastOfTenant = db.prepare<[string, string], { seq: number | null }>('SELECT MAX(seq) AS seq FROM messages WHERE session_id = ? AND tenant_id = ?');
   const append = db.transaction((m: NewMessage): MessageRecord => {
     const record: MessageRecord = { ...m, seq: (last.get(m.session_id)?.seq ?? 0) + 1 };
     insert.run(record.session_id, record.seq, record.tenant_id, record.id, JSON.stringify(record));
@@ -90,6 +91,9 @@ export function messageRepo(db: Db): MessageRepo {
     },
     async list(tenantId, sessionId, q) {
       return list.all(sessionId, tenantId, q.afterSeq ?? 0, q.limit).map((r) => JSON.parse(r.doc) as MessageRecord);
+    },
+    async lastSeq(tenantId, sessionId) {
+      return lastOfTenant.get(sessionId, tenantId)?.seq ?? 0;
     },
   };
 }

@@ -1,0 +1,161 @@
+// The agents of a multi-agent session against a local scripted chat-completions server: an agent's own
+// model, its inbox read between turns, a question that ends its run and an answer that continues the
+// task in a new run, and messages from one agent to another.
+import { expect } from 'chai';
+import { eventually, finishedRun, startHarness, type Harness } from '../support/harness.js';
+import { startScriptedModel, type ScriptedModel, type ScriptedTurn } from '../support/scripted-model.js';
+
+type Body = Record<string, any>;
+
+async function withAgents(script: ScriptedTurn[], fn: (h: Harness, model: ScriptedModel, session: string) => Promise<void>) {
+  const model = await startScriptedModel(script);
+  const h = await startHarness({ env: { SERVICE_AGENT_BASE_URL: model.url, SERVICE_AGENT_MODEL: 'default-model' } });
+  try {
+    const session = (await h.call<Body>('POST', '/api/v1/sessions', { body: { title: 'agents' } })).body.id as string;
+    await fn(h, model, session);
+  } finally {
+    await h.close();
+    await model.close();
+  }
+}
+
+const agent = async (h: Harness, session: string, body: Body) => {
+  const res = await h.call<Body>('POST', `/api/v1/sessions/${session}/agents`, { body });
+  expect(res.status, res.text).to.equal(201);
+  return res.body;
+};
+
+const task = async (h: Harness, session: string, body: Body) => {
+  const res = await h.call<Body>('POST', `/api/v1/sessions/${session}/tasks`, { body });
+  expect(res.status, res.text).to.equal(201);
+  return res.body;
+};
+
+const sessionWhen = (h: Harness, session: string, test: (s: Body) => boolean, what: string) =>
+  eventually(async () => {
+    const s = (await h.call<Body>('GET', `/api/v1/sessions/${session}`)).body;
+    return test(s) ? s : null;
+  }, what);
+
+const text = (s: string) => [{ type: 'text', text: s }];
+
+describe('agents of a session', function () {
+  this.timeout(30_000);
+
+  it('calls the agent’s own model, and reads a message injected while it runs before its next model call', async () => {
+    let release!: () => void;
+    const gate = new Promise<void>((r) => (release = r));
+    const script: ScriptedTurn[] = [{ gate, tool_calls: [{ name: 'list_files', args: {} }] }, { content: 'Done; the changelog is noted.' }];
+    await withAgents(script, async (h, model, session) => {
+      const writer = await agent(h, session, { name: 'writer', tool_allowlist: ['list_files'], model: 'special-model' });
+      await task(h, session, { id: 'write', goal: 'Write the release notes', agent_id: writer.id });
+      await eventually(() => model.requests.length === 1, 'the first model call');
+      // while the agent waits for its model, a person writes to it, and someone else writes to another agent
+      const other = await agent(h, session, { name: 'other' });
+      for (const body of [
+        { role: 'user', to: writer.id, parts: text('Also update the changelog.') },
+        { role: 'user', to: other.id, parts: text('Not for the writer.') },
+      ])
+        expect((await h.call('POST', `/api/v1/sessions/${session}/messages`, { body })).status).to.equal(201);
+      release();
+      const done = await sessionWhen(h, session, (s) => s.outcome !== null, 'the task to end');
+      expect(done.outcome).to.equal('succeeded');
+      expect(model.requests.map((r) => r.body.model)).to.deep.equal(['special-model', 'special-model']);
+      const first = JSON.stringify(model.requests[0]!.body.messages);
+      const second = JSON.stringify(model.requests[1]!.body.messages);
+      expect(first).not.to.contain('changelog');
+      expect(second).to.contain('Message from user to you: Also update the changelog.');
+      expect(second).not.to.contain('Not for the writer.');
+      const run = await finishedRun(h, done.tasks[0].run_ids[0]);
+      expect(run.agent).to.deep.equal({ id: writer.id, name: 'writer', role: null, model: 'special-model' });
+    });
+  });
+
+  it('asks for input: the run ends and holds no worker, the task waits, and the answer continues the conversation in the task’s next run', async () => {
+    const script: ScriptedTurn[] = [
+      { content: 'I need to know where.', tool_calls: [{ name: 'ask_for_input', args: { question: 'Which branch should I deploy?' } }] },
+      { content: 'Deployed to main.' },
+    ];
+    await withAgents(script, async (h, model, session) => {
+      const deployer = await agent(h, session, { name: 'deployer', tool_allowlist: ['read_file'] });
+      await task(h, session, { id: 'deploy', goal: 'Deploy the service', agent_id: deployer.id });
+      const waiting = await sessionWhen(h, session, (s) => s.tasks[0].status === 'input_required', 'the task to wait');
+      expect(waiting.status).to.equal('waiting');
+      expect(waiting.outcome).to.equal(null);
+      const asked = await finishedRun(h, waiting.tasks[0].run_ids[0]);
+      expect(asked.status).to.equal('succeeded');
+      expect(asked.summary).to.equal('waiting for input: Which branch should I deploy?');
+      expect(asked.result.input_required.question).to.equal('Which branch should I deploy?');
+      expect(asked.trigger).to.deep.include({ type: 'task', task_id: 'deploy', prior_attempts: 0 });
+      // nothing of it is running: no job is active and no tenant slot is held
+      expect(await h.rt.queues.get('runs').getActiveCount()).to.equal(0);
+      expect((await h.rt.engine.runs.reliabilityContext('tenant-a')).tenant.running).to.equal(0);
+      // the question is in the session's log, from the agent
+      const log = (await h.call<Body>('GET', `/api/v1/sessions/${session}/messages`)).body.data;
+      const question = log.find((m: Body) => m.kind === 'input_request');
+      expect(question).to.deep.include({ role: 'agent', from: deployer.id, task_id: 'deploy', run_id: asked.id });
+      expect(question.parts[0].text).to.equal('Which branch should I deploy?');
+
+      const answer = await h.call('POST', `/api/v1/sessions/${session}/messages`, {
+        body: { role: 'user', in_reply_to: question.id, to: deployer.id, parts: text('Deploy main.') },
+      });
+      expect(answer.status).to.equal(201);
+      const done = await sessionWhen(h, session, (s) => s.outcome !== null, 'the task to end');
+      expect(done.outcome).to.equal('succeeded');
+      expect(done.status).to.equal('idle');
+      const t = done.tasks[0];
+      expect(t.status).to.equal('succeeded');
+      expect(t.run_ids).to.have.length(2);
+      expect(t.attempts).to.equal(2);
+      expect(t.output.result.final_answer).to.equal('Deployed to main.');
+      const next = await finishedRun(h, t.run_ids[1]);
+      expect(next.trigger).to.deep.include({ type: 'task', task_id: 'deploy', prior_attempts: 1, continues: asked.id });
+      // the second call continues the first conversation, with the answer after the question
+      expect(model.requests).to.have.length(2);
+      const messages = model.requests[1]!.body.messages as Body[];
+      expect(messages[0]!.role).to.equal('system');
+      expect(messages.find((m) => m.role === 'assistant')!.tool_calls[0].function.name).to.equal('ask_for_input');
+      expect(messages.at(-1)).to.deep.equal({ role: 'user', content: 'Message from user to you: Deploy main.' });
+      // each attempt of the task has its own deterministic job
+      const queue = h.rt.queues.get('runs');
+      expect(await (await queue.getJob(`${session}__deploy__1`))?.getState()).to.equal('completed');
+      expect(await (await queue.getJob(`${session}__deploy__2`))?.getState()).to.equal('completed');
+      // the session's trace told the story
+      const types = (await h.rt.events.after(`session:${session}`, '0-0')).map((e) => (e.type === 'task.updated' ? `task:${(e.data as Body).status}` : e.type));
+      expect(types.filter((x) => x.startsWith('task:'))).to.deep.equal([
+        'task:pending',
+        'task:queued',
+        'task:running',
+        'task:input_required',
+        'task:queued',
+        'task:running',
+        'task:succeeded',
+      ]);
+    });
+  });
+
+  it('lets an agent’s step message another agent of its session, by name, in the durable log', async () => {
+    await withAgents([{ content: 'unused' }], async (h, _model, session) => {
+      const writer = await agent(h, session, { name: 'writer', tool_allowlist: ['message'] });
+      const reviewer = await agent(h, session, { name: 'reviewer' });
+      await task(h, session, {
+        tasks: [
+          { id: 'ask', agent_id: writer.id, steps: [{ tool: 'message', args: { to: 'reviewer', text: 'Please review PR 7.' } }] },
+          { id: 'nobody', agent_id: writer.id, steps: [{ tool: 'message', args: { to: 'ghost', text: 'hello?' } }] },
+        ],
+      });
+      const done = await sessionWhen(h, session, (s) => s.outcome !== null, 'both tasks to end');
+      expect(done.tasks.map((t: Body) => [t.id, t.status])).to.deep.equal([
+        ['ask', 'succeeded'],
+        ['nobody', 'failed'],
+      ]);
+      const failed = await finishedRun(h, done.tasks[1].run_ids.at(-1));
+      expect(failed.steps[0].error.code).to.equal('invalid-args');
+      expect(failed.steps[0].error.message).to.contain('no agent ghost');
+      const log = (await h.call<Body>('GET', `/api/v1/sessions/${session}/messages`)).body.data;
+      expect(log).to.have.length(1);
+      expect(log[0]).to.deep.include({ role: 'agent', from: writer.id, to: reviewer.id, task_id: 'ask', kind: 'text' });
+      expect(log[0].parts).to.deep.equal(text('Please review PR 7.'));
+    });
+  });
+});
