@@ -189,8 +189,8 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
     if (won) {
       try {
         const run = await create(tenantId, req, id);
-        // stored: the key now holds for its full day
-        await redis.expire(slot, IDEMPOTENCY_TTL_SECONDS).catch(() => undefined);
+        // stored: the key now holds for its full day (not waited for: the claim already holds it for 30 s)
+        void redis.expire(slot, IDEMPOTENCY_TTL_SECONDS).catch(() => undefined);
         return { run, replayed: false };
       } catch (err) {
         await redis.eval(RELEASE_CLAIM, 1, slot, claim).catch(() => undefined);

@@ -71,7 +71,7 @@ export function sessionsOf(deps: SessionsDeps) {
     if (!s || s.kind !== 'multi_agent' || s.status === 'archived') return;
     // a task that starts leaves a running session running: no need to read every task
     if (started && s.status === 'running') return;
-    const next = tasks.statusOf(s, await store.tasks.list(tenantId, sessionId));
+    const next = tasks.statusOf(s, await store.tasks.counts(tenantId, sessionId));
     if (next.status !== s.status || next.outcome !== s.outcome) await change(tenantId, sessionId, next, [s.status]);
   }
 
@@ -203,7 +203,7 @@ export function sessionsOf(deps: SessionsDeps) {
       actions.own = {
         say: async ({ text, to, kind }) => {
           const session = await mustBeLive(tenantId, run.session_id);
-          const agents = await store.agents.list(tenantId, session.id);
+          const agents = to === undefined ? [] : await store.agents.list(tenantId, session.id);
           const target = to === undefined ? null : agents.find((a) => a.id === to || a.name === to);
           if (to !== undefined && !target)
             throw new ToolError('invalid-args', `no agent ${to} in this session (${agents.map((a) => a.name).join(', ') || 'none'})`);

@@ -9,6 +9,7 @@ import {
   AgentNotConfiguredError,
   isTerminal,
   scopes,
+  TASK_STATUSES,
   TERMINAL_TASK_STATUSES,
   TaskGraphInvalidError,
   newId,
@@ -74,11 +75,15 @@ export function tasksOf(deps: TasksDeps) {
    * `inputs.upstream`, and `max_attempts` as its retry policy. Made once per key: the task's first run,
    * or the run an answer starts (`continues` the run that asked).
    */
-  async function startRun(session: Session, task: TaskRecord, key: string, trigger: Omit<Extract<Run['trigger'], { type: 'task' }>, 'type' | 'task_id'>) {
+  async function startRun(
+    session: Session,
+    task: TaskRecord,
+    key: string,
+    trigger: Omit<Extract<Run['trigger'], { type: 'task' }>, 'type' | 'task_id'>,
+    known?: Map<string, TaskRecord>,
+  ) {
     const agent = task.agent_id ? await store.agents.get(session.tenant_id, session.id, task.agent_id) : null;
-    // the outputs of its dependencies, from one read of the session's tasks rather than one per dependency
-    const outputs = task.depends_on.length ? new Map((await store.tasks.list(session.tenant_id, session.id)).map((t) => [t.id, t.output])) : new Map();
-    const upstream = Object.fromEntries(task.depends_on.map((dep) => [dep, outputs.get(dep) ?? null]));
+    const upstream = await upstreamOf(session, task, known);
     const { run } = await runs.createIdempotent(
       session.tenant_id,
       key,
@@ -100,9 +105,41 @@ export function tasksOf(deps: TasksDeps) {
     return run;
   }
 
+  /**
+   * The outputs of a task's dependencies, from one read of the session's tasks (`known`, shared by the
+   * tasks one completion releases). A dependency that Redis has ended but whose own hook has not yet
+   * written its output (another worker, a moment behind) gives the output of its run.
+   */
+  async function upstreamOf(session: Session, task: TaskRecord, known?: Map<string, TaskRecord>): Promise<Record<string, unknown>> {
+    if (!task.depends_on.length) return {};
+    const tasks = known ?? new Map((await store.tasks.list(session.tenant_id, session.id)).map((t) => [t.id, t]));
+    const entries = await Promise.all(
+      task.depends_on.map(async (dep) => {
+        const t = tasks.get(dep);
+        if (!t || TERMINAL_TASK_STATUSES.includes(t.status)) return [dep, t?.output ?? null] as const;
+        const runId = t.run_ids.at(-1);
+        const run = runId ? await store.runs.get(session.tenant_id, runId) : null;
+        return [dep, run && isTerminal(run.status) ? await outputOf(run) : null] as const;
+      }),
+    );
+    return Object.fromEntries(entries);
+  }
+
+  /** What a finished run of a task leaves as the task's output (its dependents' `inputs.upstream`). */
+  async function outputOf(run: Run): Promise<Record<string, unknown>> {
+    const steps = await store.runs.steps(run.tenant_id, run.id, run.attempt);
+    return {
+      status: run.status,
+      summary: run.summary,
+      result: run.result?.final_answer === undefined ? run.result : { final_answer: run.result.final_answer },
+      usage: run.usage,
+      steps: steps.map((s) => ({ tool: s.tool, output: s.output })),
+    };
+  }
+
   /** Starts a ready task's run, unless its session is paused (then it waits, queued, for the resume). */
-  async function dispatch(session: Session, taskId: string): Promise<void> {
-    const task = await store.tasks.get(session.tenant_id, session.id, taskId);
+  async function dispatch(session: Session, taskId: string, known?: Map<string, TaskRecord>): Promise<void> {
+    const task = known?.get(taskId) ?? (await store.tasks.get(session.tenant_id, session.id, taskId));
     // a task is started once: pending, or queued by a pause and not started since
     if (!task || !(task.status === 'pending' || (task.status === 'queued' && !task.run_ids.length))) return;
     if (session.status === 'paused' || session.status === 'archived') {
@@ -110,10 +147,8 @@ export function tasksOf(deps: TasksDeps) {
       return;
     }
     const inboxAfter = task.agent_id && task.goal ? await store.messages.lastSeq(session.tenant_id, session.id) : undefined;
-    const run = await startRun(session, task, `task:${session.id}:${task.id}`, {
-      prior_attempts: 0,
-      ...(inboxAfter === undefined ? {} : { inbox_after: inboxAfter }),
-    });
+    const trigger = { prior_attempts: 0, ...(inboxAfter === undefined ? {} : { inbox_after: inboxAfter }) };
+    const run = await startRun(session, task, `task:${session.id}:${task.id}`, trigger, known);
     await move(task, { status: 'queued', run_ids: [run.id], attempts: run.attempt }, ['pending', 'queued']);
   }
 
@@ -155,16 +190,17 @@ export function tasksOf(deps: TasksDeps) {
     }
   }
 
+  /** What a change of the DAG released: dependents that cannot run end, ready tasks start, all at once. */
   async function apply(session: Session, change: { ready: string[]; upstreamFailed: string[] }): Promise<void> {
     for (const id of change.upstreamFailed)
       await move({ tenant_id: session.tenant_id, session_id: session.id, id }, { status: 'upstream_failed' }, ['pending', 'queued']);
-    for (const id of change.ready) {
-      try {
-        await dispatch(session, id);
-      } catch (err) {
-        log.error({ err, session_id: session.id, task_id: id }, 'a ready task could not be started');
-      }
-    }
+    if (!change.ready.length) return;
+    const known = new Map((await store.tasks.list(session.tenant_id, session.id)).map((t) => [t.id, t]));
+    await Promise.all(
+      change.ready.map((id) =>
+        dispatch(session, id, known).catch((err: unknown) => log.error({ err, session_id: session.id, task_id: id }, 'a ready task could not be started')),
+      ),
+    );
   }
 
   /** The task's attempt of a run: its earlier runs' attempts, then this run's. */
@@ -203,14 +239,7 @@ export function tasksOf(deps: TasksDeps) {
       return;
     }
     const outcome = OUTCOME[run.status] ?? 'failed';
-    const steps = await store.runs.steps(run.tenant_id, run.id, run.attempt);
-    const output = {
-      status: run.status,
-      summary: run.summary,
-      result: run.result?.final_answer === undefined ? run.result : { final_answer: run.result.final_answer },
-      usage: run.usage,
-      steps: steps.map((s) => ({ tool: s.tool, output: s.output })),
-    };
+    const output = await outputOf(run);
     const change = await dag.complete(run.session_id, ref.id, outcome);
     await move(ref, { status: outcome, output, attempts: attemptOf(run) }, ['pending', 'queued', 'running', 'input_required']);
     const session = await store.sessions.get(run.tenant_id, run.session_id);
@@ -264,7 +293,8 @@ export function tasksOf(deps: TasksDeps) {
       for (const t of records) await emit(t);
       await apply(session, await dag.add(session.id, records));
       await deps.recount(session.tenant_id, session.id);
-      return Promise.all(records.map(async (t) => (await store.tasks.get(t.tenant_id, t.session_id, t.id))!));
+      const stored = new Map((await store.tasks.list(session.tenant_id, session.id)).map((t) => [t.id, t]));
+      return records.map((t) => stored.get(t.id)!);
     },
 
     /** Every task of a session in DAG order (topological, ties by creation). */
@@ -284,6 +314,8 @@ export function tasksOf(deps: TasksDeps) {
     /** A message was posted: the waiting tasks it answers start their next run. */
     async answer(session: Session, message: MessageRecord): Promise<void> {
       if (session.kind !== 'multi_agent' || session.status === 'paused') return;
+      // most messages find no task waiting: a count answers that without reading every task
+      if (!(await store.tasks.counts(session.tenant_id, session.id)).input_required) return;
       const tasks = await store.tasks.list(session.tenant_id, session.id);
       for (const t of tasks) {
         if (t.status === 'input_required' && answers(t, message))
@@ -332,22 +364,13 @@ export function tasksOf(deps: TasksDeps) {
       return { finished, started };
     },
 
-    /** The session's status and outcome from its tasks. */
-    statusOf(session: Session, tasks: TaskRecord[]): { status: SessionStatus; outcome: Session['outcome'] } {
-      if (!tasks.length) return { status: session.status === 'paused' ? 'paused' : 'idle', outcome: null };
-      const active = tasks.some((t) => t.status === 'queued' || t.status === 'running' || t.status === 'pending');
-      const waiting = tasks.some((t) => t.status === 'input_required');
-      const ended = tasks.every((t) => TERMINAL_TASK_STATUSES.includes(t.status));
-      const status: SessionStatus =
-        session.status === 'paused' ? 'paused' : waiting ? 'waiting' : tasks.some((t) => t.status === 'queued' || t.status === 'running') ? 'running' : 'idle';
-      const outcome =
-        !ended || active
-          ? null
-          : tasks.some((t) => t.status === 'failed' || t.status === 'upstream_failed')
-            ? 'failed'
-            : tasks.some((t) => t.status === 'canceled')
-              ? 'canceled'
-              : 'succeeded';
+    /** The session's status and outcome from how many of its tasks are in each status. */
+    statusOf(session: Session, counts: Partial<Record<TaskStatus, number>>): { status: SessionStatus; outcome: Session['outcome'] } {
+      const n = (...statuses: TaskStatus[]) => statuses.reduce((sum, st) => sum + (counts[st] ?? 0), 0);
+      const total = n(...TASK_STATUSES);
+      const status: SessionStatus = session.status === 'paused' ? 'paused' : n('input_required') ? 'waiting' : n('queued', 'running') ? 'running' : 'idle';
+      if (!total || n(...TERMINAL_TASK_STATUSES) < total) return { status, outcome: null };
+      const outcome = n('failed', 'upstream_failed') ? 'failed' : n('canceled') ? 'canceled' : 'succeeded';
       return { status, outcome };
     },
 

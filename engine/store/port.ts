@@ -157,6 +157,8 @@ export interface TaskRepo {
   list(tenantId: string, sessionId: string): Promise<TaskRecord[]>;
   /** Applies `changes` only while the status is one of `ifStatusIn`; null when no row matched. */
   update(tenantId: string, sessionId: string, id: string, changes: TaskChanges, ifStatusIn: TaskStatus[]): Promise<TaskRecord | null>;
+  /** How many of a session's tasks are in each status (statuses with none are absent). */
+  counts(tenantId: string, sessionId: string): Promise<Partial<Record<TaskStatus, number>>>;
   /** System use (the reconciler): tasks of every tenant in a status, changed before a time. */
   listStale(status: TaskStatus, updatedBefore: string, limit: number): Promise<TaskRecord[]>;
 }

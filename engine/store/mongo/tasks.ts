@@ -1,6 +1,6 @@
 // The tasks of multi-agent sessions; `_id` is tenant, session and the task's own id.
 import { Schema, type Model } from 'mongoose';
-import type { TaskRecord } from '../../platform/index.js';
+import type { TaskRecord, TaskStatus } from '../../platform/index.js';
 import type { TaskRepo } from '../port.js';
 import { definedOnly, loose } from './documents.js';
 
@@ -40,6 +40,13 @@ export function taskRepo(model: Model<StoredTask>): TaskRepo {
         .findOneAndUpdate({ _id: keyOf(tenantId, sessionId, id), status: { $in: ifStatusIn } }, { $set: definedOnly(changes) }, { returnDocument: 'after' })
         .lean<StoredTask>();
       return fromStored(updated);
+    },
+    async counts(tenantId, sessionId) {
+      const rows = await model.aggregate<{ _id: TaskStatus; n: number }>([
+        { $match: { tenant_id: tenantId, session_id: sessionId } },
+        { $group: { _id: '$status', n: { $sum: 1 } } },
+      ]);
+      return Object.fromEntries(rows.map((r) => [r._id, r.n]));
     },
     async listStale(status, updatedBefore, limit) {
       const rows = await model

@@ -1,5 +1,5 @@
 // The tasks of multi-agent sessions, keyed by tenant, session and the task's own id.
-import type { TaskRecord } from '../../platform/index.js';
+import type { TaskRecord, TaskStatus } from '../../platform/index.js';
 import type { TaskRepo } from '../port.js';
 import type { Db } from './db.js';
 
@@ -9,6 +9,9 @@ export function taskRepo(db: Db): TaskRepo {
   const list = db.prepare<[string, string], { doc: string }>('SELECT doc FROM tasks WHERE tenant_id = ? AND session_id = ? ORDER BY created_at, id');
   const write = db.prepare('UPDATE tasks SET status = ?, updated_at = ?, doc = ? WHERE tenant_id = ? AND session_id = ? AND id = ?');
   const stale = db.prepare<[string, string, number], { doc: string }>('SELECT doc FROM tasks WHERE status = ? AND updated_at < ? ORDER BY updated_at LIMIT ?');
+  const counts = db.prepare<[string, string], { status: TaskStatus; n: number }>(
+    'SELECT status, COUNT(*) AS n FROM tasks WHERE tenant_id = ? AND session_id = ? GROUP BY status',
+  );
   const read = (row: { doc: string } | undefined): TaskRecord | null => (row ? (JSON.parse(row.doc) as TaskRecord) : null);
   const insertMany = db.transaction((tasks: TaskRecord[]) => {
     for (const t of tasks) insert.run(t.tenant_id, t.session_id, t.id, t.status, t.created_at, t.updated_at, JSON.stringify(t));
@@ -32,6 +35,9 @@ export function taskRepo(db: Db): TaskRepo {
     },
     async update(tenantId, sessionId, id, changes, ifStatusIn) {
       return update.immediate(tenantId, sessionId, id, changes, ifStatusIn);
+    },
+    async counts(tenantId, sessionId) {
+      return Object.fromEntries(counts.all(tenantId, sessionId).map((r) => [r.status, r.n]));
     },
     async listStale(status, updatedBefore, limit) {
       return stale.all(status, updatedBefore, limit).map((r) => read(r)!);
