@@ -20,6 +20,8 @@ export type Config = {
   auditAllowSensitivePaths: boolean;
   adminKeys: string[];
   secretKey: string | undefined;
+  /** the Ed25519 seed that signs the evidence ledger (SERVICE_EVIDENCE_KEY); generated into the data dir outside production */
+  evidenceKey: string | undefined;
   tenantMaxRunning: number;
   agent: { baseUrl: string | undefined; apiKey: string | undefined; model: string | undefined; timeoutSeconds: number; maxRetries: number };
   webhookReplayWindowSeconds: number;
@@ -188,6 +190,10 @@ const schema = z.object({
     (v) => v === undefined || /^[0-9a-fA-F]{64}$/.test(v) || Buffer.from(v, 'base64').length === 32,
     'expected 32 bytes as 64 hex characters or base64',
   ),
+  SERVICE_EVIDENCE_KEY: optionalText.refine(
+    (v) => v === undefined || /^[0-9a-fA-F]{64}$/.test(v) || Buffer.from(v, 'base64').length === 32,
+    'expected a 32-byte Ed25519 seed as 64 hex characters or base64',
+  ),
   SERVICE_TENANT_MAX_RUNNING: int(10, 1, 10_000),
   SERVICE_AGENT_BASE_URL: url(['http:', 'https:']),
   SERVICE_AGENT_API_KEY: optionalText,
@@ -222,6 +228,7 @@ export function parseEnv(env: Record<string, string | undefined>): Config {
   const problems: string[] = [];
   if (isProduction && e.SERVICE_AUTH === 'none') problems.push('SERVICE_AUTH: "none" is refused when NODE_ENV=production');
   if (isProduction && !e.SERVICE_SECRET_KEY) problems.push('SERVICE_SECRET_KEY: required when NODE_ENV=production');
+  if (isProduction && !e.SERVICE_EVIDENCE_KEY) problems.push('SERVICE_EVIDENCE_KEY: required when NODE_ENV=production');
   if (e.SERVICE_RUN_DEFAULT_BUDGET_SECONDS > e.SERVICE_RUN_MAX_BUDGET_SECONDS) {
     problems.push('SERVICE_RUN_DEFAULT_BUDGET_SECONDS: must not exceed SERVICE_RUN_MAX_BUDGET_SECONDS');
   }
@@ -240,6 +247,7 @@ export function parseEnv(env: Record<string, string | undefined>): Config {
     auditAllowSensitivePaths: e.SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS,
     adminKeys: e.SERVICE_ADMIN_KEYS,
     secretKey: e.SERVICE_SECRET_KEY,
+    evidenceKey: e.SERVICE_EVIDENCE_KEY,
     tenantMaxRunning: e.SERVICE_TENANT_MAX_RUNNING,
     agent: {
       baseUrl: e.SERVICE_AGENT_BASE_URL,

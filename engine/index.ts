@@ -5,9 +5,12 @@ import { executorOf, runsOf, tenantRootPath, transitionsOf, type RunLimits, type
 import { automationsOf, fileTriggersOf, firesOf, schedulesOf, type TemplateCatalog } from './automations/index.js';
 import { webhooksOf, type WebhookSettings } from './webhooks/index.js';
 import { sessionsOf } from './sessions/index.js';
+import { ledgerOf, type EvidenceSigner } from './evidence/index.js';
 import type { Sandbox } from './tools/index.js';
 
 export type EngineDeps = Platform & {
+  /** signs the evidence ledger */
+  signer: EvidenceSigner;
   templates: TemplateCatalog;
   slots: TenantSlots;
   sandbox: Sandbox;
@@ -25,6 +28,7 @@ export function createEngine(deps: EngineDeps) {
   const { fire, fireCron } = firesOf({ ...deps, automations, schedules, runs });
 
   return {
+    evidence: ledgerOf(deps),
     automations,
     apiKeys: apiKeysOf(deps),
     templates: deps.templates,

@@ -350,3 +350,41 @@ export type TaskRecord = {
   created_at: string;
   updated_at: string;
 };
+
+/**
+ * One entry of a tenant's evidence ledger: append-only, numbered from 1, each chained to the one
+ * before by `prev_hash` and signed. `hash` is the sha256 of the canonical JSON (RFC 8785) of every
+ * field but `hash`, `key_id` and `sig`; `sig` is Ed25519 over the hash's bytes. The payload itself is
+ * kept apart, by its digest.
+ */
+export type LedgerEntry = {
+  tenant_id: string;
+  seq: number;
+  at: string;
+  /** what happened: gate.result, gate.run, run.finished, audit.report, ... */
+  kind: string;
+  /** what it is about: a workspace and its commit and tree, a run, ... */
+  subject: LedgerSubject;
+  /** `sha256:<hex>` of the payload's canonical JSON */
+  payload_digest: string;
+  prev_hash: string;
+  hash: string;
+  /** the signing key's id: the first 16 hex characters of the sha256 of its raw public key */
+  key_id: string;
+  /** base64 Ed25519 signature of `hash` */
+  sig: string;
+};
+
+export type LedgerSubject = {
+  workspace?: string;
+  commit?: string | null;
+  tree?: string | null;
+  dirty?: boolean;
+  input_digest?: string;
+  run_id?: string;
+  gate_run_id?: string;
+  gate_id?: string;
+};
+
+/** A payload of the ledger, kept once by its digest (the canonical JSON text). */
+export type LedgerPayload = { digest: string; body: string };

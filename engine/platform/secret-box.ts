@@ -20,31 +20,42 @@ export function loadSecretKey(opts: { secretKey: string | undefined; dataDir: st
   key: Buffer;
   source: 'env' | 'file' | 'generated';
 } {
-  if (opts.secretKey) return { key: decodeKey(opts.secretKey), source: 'env' };
-  if (opts.isProduction) throw new Error('SERVICE_SECRET_KEY is required when NODE_ENV=production');
-  const file = path.join(opts.dataDir, SECRET_KEY_FILE);
+  return loadKeyBytes({ value: opts.secretKey, variable: 'SERVICE_SECRET_KEY', file: SECRET_KEY_FILE, dataDir: opts.dataDir, isProduction: opts.isProduction });
+}
+
+/**
+ * 32 bytes of key material: from the variable (hex or base64), else from a file of the data dir made
+ * once (mode 0600) outside production; production requires the variable.
+ */
+export function loadKeyBytes(opts: { value: string | undefined; variable: string; file: string; dataDir: string; isProduction: boolean }): {
+  key: Buffer;
+  source: 'env' | 'file' | 'generated';
+} {
+  if (opts.value) return { key: decodeKey(opts.value, opts.variable), source: 'env' };
+  if (opts.isProduction) throw new Error(`${opts.variable} is required when NODE_ENV=production`);
+  const file = path.join(opts.dataDir, opts.file);
   fs.mkdirSync(opts.dataDir, { recursive: true });
   try {
     // `wx`: of two processes starting at once, one writes and the other reads what it wrote
     fs.writeFileSync(file, `${randomBytes(32).toString('hex')}\n`, { flag: 'wx', mode: 0o600 });
-    return { key: readKeyFile(file), source: 'generated' };
+    return { key: readKeyFile(file, opts.variable), source: 'generated' };
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
-    return { key: readKeyFile(file), source: 'file' };
+    return { key: readKeyFile(file, opts.variable), source: 'file' };
   }
 }
 
-function readKeyFile(file: string): Buffer {
+function readKeyFile(file: string, variable: string): Buffer {
   for (let attempt = 0; ; attempt++) {
     const text = fs.readFileSync(file, 'utf8').trim();
-    if (text || attempt >= 50) return decodeKey(text);
+    if (text || attempt >= 50) return decodeKey(text, variable);
     Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 10); // the other process is mid-write
   }
 }
 
-function decodeKey(text: string): Buffer {
+function decodeKey(text: string, variable: string): Buffer {
   const key = /^[0-9a-fA-F]{64}$/.test(text) ? Buffer.from(text, 'hex') : Buffer.from(text, 'base64');
-  if (key.length !== 32) throw new Error('the secret key must be 32 bytes, as 64 hex characters or base64');
+  if (key.length !== 32) throw new Error(`${variable} must be 32 bytes, as 64 hex characters or base64`);
   return key;
 }
 

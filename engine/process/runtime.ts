@@ -19,6 +19,7 @@ import {
   probeRedis,
   type Redis,
   createSecretBox,
+  loadKeyBytes,
   loadSecretKey,
   SECRET_KEY_FILE,
 } from '../platform/index.js';
@@ -27,6 +28,7 @@ import { createEngine, type Engine } from '../index.js';
 import { openStore, type Store } from '../store/index.js';
 import { createTemplateCatalog } from '../automations/index.js';
 import { openSandbox, type Sandbox } from '../tools/index.js';
+import { EVIDENCE_KEY_FILE, signerOf } from '../evidence/index.js';
 
 export type Runtime = {
   config: Config;
@@ -107,6 +109,15 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
     const secretKey = loadSecretKey(config);
     if (secretKey.source === 'generated')
       log.warn({ file: `${config.dataDir}/${SECRET_KEY_FILE}` }, 'generated a secret key for webhook secrets; set SERVICE_SECRET_KEY in production');
+    const evidenceKey = loadKeyBytes({
+      value: config.evidenceKey,
+      variable: 'SERVICE_EVIDENCE_KEY',
+      file: EVIDENCE_KEY_FILE,
+      dataDir: config.dataDir,
+      isProduction: config.isProduction,
+    });
+    if (evidenceKey.source === 'generated')
+      log.warn({ file: `${config.dataDir}/${EVIDENCE_KEY_FILE}` }, 'generated a key that signs the evidence ledger; set SERVICE_EVIDENCE_KEY in production');
     const agent = config.agent.baseUrl && config.agent.model ? { ...config.agent, baseUrl: config.agent.baseUrl, model: config.agent.model } : undefined;
     const engine = createEngine({
       store,
@@ -133,6 +144,7 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
         webhookRateLimitPerMinute: config.webhookRateLimitPerMinute,
       },
       secretBox: createSecretBox(secretKey.key),
+      signer: signerOf(evidenceKey.key),
     });
     await engine.apiKeys.seed(config.apiKeys);
     log.info({ store: store.kind, templates: templates.list().length, queue_prefix: config.queuePrefix }, 'runtime open');

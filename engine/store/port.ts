@@ -8,6 +8,8 @@ import {
   type Automation,
   type AutomationStatus,
   type DeliveryStatus,
+  type LedgerEntry,
+  type LedgerPayload,
   type MessageRecord,
   type Run,
   type RunKind,
@@ -147,6 +149,23 @@ export interface MessageRepo {
   lastSeq(tenantId: string, sessionId: string): Promise<number>;
 }
 
+/** The head a new ledger entry chains to; null for an empty ledger. */
+export type LedgerHead = { seq: number; hash: string } | null;
+
+export interface EvidenceRepo {
+  /**
+   * Appends to a tenant's ledger atomically: `build` is given the head and returns the entries that
+   * follow it (numbered and chained from it); nothing else is appended in between. The payloads are
+   * kept by digest (a digest already kept is not written again).
+   */
+  append(tenantId: string, build: (head: LedgerHead) => LedgerEntry[], payloads: LedgerPayload[]): Promise<LedgerEntry[]>;
+  head(tenantId: string): Promise<LedgerEntry | null>;
+  /** Oldest first: entries after `afterSeq`, at or after `since`, up to `limit`. */
+  list(tenantId: string, q: { afterSeq?: number; since?: string; limit: number }): Promise<LedgerEntry[]>;
+  /** The payloads of these digests that the tenant's ledger keeps. */
+  payloads(tenantId: string, digests: string[]): Promise<LedgerPayload[]>;
+}
+
 export type TaskChanges = Partial<Pick<TaskRecord, 'status' | 'attempts' | 'run_ids' | 'output' | 'updated_at'>>;
 
 export interface TaskRepo {
@@ -174,6 +193,7 @@ export interface Store {
   readonly agents: AgentRepo;
   readonly messages: MessageRepo;
   readonly tasks: TaskRepo;
+  readonly evidence: EvidenceRepo;
   /** Throws when the store cannot be reached. */
   ping(): Promise<void>;
   close(): Promise<void>;

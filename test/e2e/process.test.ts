@@ -113,7 +113,13 @@ describe('processes', function () {
   });
 
   it('refuses SERVICE_AUTH=none in production', async () => {
-    const p = start('api/main.ts', { ...env(), NODE_ENV: 'production', SERVICE_AUTH: 'none', SERVICE_SECRET_KEY: 'ab'.repeat(32) });
+    const p = start('api/main.ts', {
+      ...env(),
+      NODE_ENV: 'production',
+      SERVICE_AUTH: 'none',
+      SERVICE_SECRET_KEY: 'ab'.repeat(32),
+      SERVICE_EVIDENCE_KEY: 'cd'.repeat(32),
+    });
     procs.push(p);
     expect((await p.exited).code).to.equal(1);
     expect(p.out()).to.contain('SERVICE_AUTH: "none" is refused when NODE_ENV=production');
@@ -131,6 +137,7 @@ describe('processes', function () {
       ...env(),
       NODE_ENV: 'production',
       SERVICE_SECRET_KEY: 'ab'.repeat(32),
+      SERVICE_EVIDENCE_KEY: 'cd'.repeat(32),
       SERVICE_WORKSPACE_ROOT: path.join(dataDir, '..', `${path.basename(dataDir)}-ws`),
     };
     // a PATH with no bwrap on it: the sandbox cannot be found

@@ -486,5 +486,44 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
         't2/ses_t/a',
       ]);
     });
+
+    it('appends a tenant’s ledger after its head, never twice to one head, keeps payloads once, and lists by seq and time', async () => {
+      const entry = (tenantId: string, seq: number, prev: string, at: string) => ({
+        tenant_id: tenantId,
+        seq,
+        at,
+        kind: 'gate.result',
+        subject: { workspace: '.', commit: null },
+        payload_digest: 'sha256:p',
+        prev_hash: prev,
+        hash: `h${seq}`,
+        key_id: 'k',
+        sig: 's',
+      });
+      const appendOne = (tenantId: string, at: string) =>
+        store.evidence.append(tenantId, (head) => [entry(tenantId, (head?.seq ?? 0) + 1, head?.hash ?? 'genesis', at)], [{ digest: 'sha256:p', body: '{}' }]);
+      // ten writers at once: one chain, no seq twice
+      await Promise.all(Array.from({ length: 10 }, (_, i) => appendOne('t1', `2026-01-01T00:00:0${i}.000Z`)));
+      const all = await store.evidence.list('t1', { limit: 100 });
+      expect(all.map((e) => e.seq)).to.deep.equal([1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+      expect(all.every((e, i) => e.prev_hash === (i ? all[i - 1]!.hash : 'genesis'))).to.equal(true);
+      expect((await store.evidence.head('t1'))!.seq).to.equal(10);
+      expect(await store.evidence.head('t2')).to.equal(null);
+      expect(await store.evidence.list('t2', { limit: 10 })).to.deep.equal([]);
+      // a batch after the head
+      const batch = await store.evidence.append(
+        't1',
+        (head) => [
+          entry('t1', head!.seq + 1, head!.hash, '2026-02-01T00:00:00.000Z'),
+          entry('t1', head!.seq + 2, `h${head!.seq + 1}`, '2026-02-01T00:00:00.000Z'),
+        ],
+        [],
+      );
+      expect(batch.map((e) => e.seq)).to.deep.equal([11, 12]);
+      expect((await store.evidence.list('t1', { afterSeq: 10, limit: 10 })).map((e) => e.seq)).to.deep.equal([11, 12]);
+      expect((await store.evidence.list('t1', { since: '2026-02-01T00:00:00.000Z', limit: 10 })).map((e) => e.seq)).to.deep.equal([11, 12]);
+      expect(await store.evidence.payloads('t1', ['sha256:p', 'sha256:none'])).to.deep.equal([{ digest: 'sha256:p', body: '{}' }]);
+      expect(await store.evidence.payloads('t2', ['sha256:p'])).to.deep.equal([]);
+    });
   });
 }

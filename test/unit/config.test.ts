@@ -51,6 +51,7 @@ describe('config/env', () => {
         SERVICE_TENANT_MAX_RUNNING: '0',
         SERVICE_WEBHOOK_RATE_LIMIT_PER_MINUTE: '-1',
         SERVICE_SECRET_KEY: 'short',
+        SERVICE_EVIDENCE_KEY: 'short',
       });
       expect.fail('should have thrown');
     } catch (err) {
@@ -64,15 +65,17 @@ describe('config/env', () => {
         'SERVICE_TENANT_MAX_RUNNING',
         'SERVICE_WEBHOOK_RATE_LIMIT_PER_MINUTE',
         'SERVICE_SECRET_KEY',
+        'SERVICE_EVIDENCE_KEY',
       ]) {
         expect(text).to.contain(name);
       }
     }
   });
 
-  it('refuses SERVICE_AUTH=none and a missing secret key in production', () => {
+  it('refuses SERVICE_AUTH=none and a missing secret or evidence key in production', () => {
     expect(() => parseEnv({ NODE_ENV: 'production', SERVICE_AUTH: 'none' })).to.throw(ConfigError, /SERVICE_AUTH[\s\S]*SERVICE_SECRET_KEY/);
-    expect(() => parseEnv({ NODE_ENV: 'production', SERVICE_SECRET_KEY: 'ab'.repeat(32) })).not.to.throw();
+    expect(() => parseEnv({ NODE_ENV: 'production', SERVICE_SECRET_KEY: 'ab'.repeat(32), SERVICE_EVIDENCE_KEY: 'cd'.repeat(32) })).not.to.throw();
+    expect(() => parseEnv({ NODE_ENV: 'production', SERVICE_SECRET_KEY: 'ab'.repeat(32) })).to.throw(ConfigError, /SERVICE_EVIDENCE_KEY: required/);
   });
 
   it('never echoes an API key in its error', () => {

@@ -7,6 +7,7 @@ import type { Store } from '../port.js';
 import { apiKeyRepo, apiKeySchema } from './api-keys.js';
 import { automationRepo, automationSchema } from './automations.js';
 import { deliveryRepo, deliverySchema } from './deliveries.js';
+import { evidenceRepo, ledgerPayloadSchema, ledgerSchema } from './evidence.js';
 import type { Stored } from './documents.js';
 import { runRepo, runSchema, runStepSchema, runTurnSchema } from './runs.js';
 import { agentRepo, agentSchema, messageCounterSchema, messageRepo, messageSchema, sessionRepo, sessionSchema } from './sessions.js';
@@ -27,7 +28,24 @@ export async function openMongoStore(uri: string): Promise<Store> {
   const messages = conn.model<Stored<MessageRecord>>('Message', messageSchema, 'messages');
   const counters = conn.model<{ _id: string; seq: number }>('MessageCounter', messageCounterSchema, 'message_counters');
   const tasks = conn.model('Task', taskSchema, 'tasks');
-  const models = [automations, apiKeys, runs, runSteps, runTurns, webhookSecrets, deliveries, sessions, agents, messages, counters, tasks];
+  const ledger = conn.model('Ledger', ledgerSchema, 'ledger');
+  const ledgerPayloads = conn.model('LedgerPayload', ledgerPayloadSchema, 'ledger_payloads');
+  const models = [
+    automations,
+    apiKeys,
+    runs,
+    runSteps,
+    runTurns,
+    webhookSecrets,
+    deliveries,
+    sessions,
+    agents,
+    messages,
+    counters,
+    tasks,
+    ledger,
+    ledgerPayloads,
+  ];
   await Promise.all(models.map((m) => m.init()));
   return {
     kind: 'mongo',
@@ -40,6 +58,7 @@ export async function openMongoStore(uri: string): Promise<Store> {
     agents: agentRepo(agents),
     messages: messageRepo(messages, counters),
     tasks: taskRepo(tasks as never),
+    evidence: evidenceRepo(ledger as never, ledgerPayloads as never),
     async ping() {
       await pingConnection(conn);
     },

@@ -7,6 +7,7 @@ import { apiKeyRepo } from './api-keys.js';
 import { automationRepo } from './automations.js';
 import { openDatabase } from './db.js';
 import { deliveryRepo } from './deliveries.js';
+import { evidenceRepo } from './evidence.js';
 import { runRepo } from './runs.js';
 import { agentRepo, messageRepo, sessionRepo } from './sessions.js';
 import { taskRepo } from './tasks.js';
@@ -25,6 +26,7 @@ export function openSqliteStore(file: string): Store {
     agents: agentRepo(db),
     messages: messageRepo(db),
     tasks: taskRepo(db),
+    evidence: evidenceRepo(db),
     async ping() {
       db.prepare('SELECT 1').get();
     },

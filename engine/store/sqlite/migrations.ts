@@ -143,3 +143,20 @@ MIGRATIONS.push(`
 MIGRATIONS.push(`
   CREATE INDEX sessions_by_status_updated ON sessions (status, json_extract(doc, '$.updated_at'));
 `);
+// The evidence ledger: one chain per tenant, and its payloads by digest.
+MIGRATIONS.push(`
+  CREATE TABLE ledger (
+    tenant_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    at TEXT NOT NULL,
+    doc TEXT NOT NULL,
+    PRIMARY KEY (tenant_id, seq)
+  ) WITHOUT ROWID;
+  CREATE INDEX ledger_by_at ON ledger (tenant_id, at);
+  CREATE TABLE ledger_payloads (
+    tenant_id TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    body TEXT NOT NULL,
+    PRIMARY KEY (tenant_id, digest)
+  ) WITHOUT ROWID;
+`);

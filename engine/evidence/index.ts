@@ -1,0 +1,7 @@
+// The evidence capability: the signed ledger, packs of evidence, and their offline verification.
+/** The seed's file in the data dir when SERVICE_EVIDENCE_KEY is unset (outside production). */
+export const EVIDENCE_KEY_FILE = 'evidence.key';
+
+export { keyIdOf, publicKeyFromPem, signerOf, verifySignature, type EvidenceSigner } from './keys.js';
+export { ledgerOf, type Ledger, type LedgerItem } from './ledger.js';
+export { canonicalJson, entryHash, GENESIS_HASH, payloadDigest, sha256Hex, verifyEntries, type EvidenceProblem } from './verify.js';

@@ -1,0 +1,50 @@
+// The evidence ledger: append-only per tenant, each entry chained to the one before and signed
+// (verify.ts says how). Payloads are canonical JSON kept by digest; an entry carries only the digest.
+import type { Platform } from '../deps.js';
+import type { LedgerEntry, LedgerSubject } from '../platform/index.js';
+import type { EvidenceSigner } from './keys.js';
+import { canonicalJson, entryHash, GENESIS_HASH, payloadDigest } from './verify.js';
+
+export type LedgerItem = { kind: string; subject: LedgerSubject; payload: unknown };
+
+export function ledgerOf(deps: Pick<Platform, 'store' | 'clock'> & { signer: EvidenceSigner }) {
+  const { store, clock, signer } = deps;
+  return {
+    publicKey: { key_id: signer.keyId, pem: signer.publicKeyPem },
+
+    /** Appends the items in order, after the tenant's head, in one atomic write. */
+    async append(tenantId: string, items: LedgerItem[]): Promise<LedgerEntry[]> {
+      const at = clock.now().toISOString();
+      const bodies = items.map((i) => canonicalJson(i.payload));
+      const payloads = bodies.map((body) => ({ digest: payloadDigest(body), body }));
+      return store.evidence.append(
+        tenantId,
+        (head) => {
+          let prev = head?.hash ?? GENESIS_HASH;
+          let seq = head?.seq ?? 0;
+          return items.map((item, i) => {
+            const fields = {
+              tenant_id: tenantId,
+              seq: ++seq,
+              at,
+              kind: item.kind,
+              subject: item.subject,
+              payload_digest: payloads[i]!.digest,
+              prev_hash: prev,
+            };
+            const hash = entryHash(fields);
+            prev = hash;
+            return { ...fields, hash, key_id: signer.keyId, sig: signer.sign(hash) };
+          });
+        },
+        payloads,
+      );
+    },
+
+    head: (tenantId: string) => store.evidence.head(tenantId),
+    list: (tenantId: string, q: { afterSeq?: number; since?: string; limit: number }) => store.evidence.list(tenantId, q),
+    payloads: (tenantId: string, digests: string[]) => store.evidence.payloads(tenantId, digests),
+  };
+}
+
+export type Ledger = ReturnType<typeof ledgerOf>;

@@ -1,0 +1,40 @@
+// The evidence ledger: entries keyed by tenant and seq, appended in one IMMEDIATE transaction that
+// reads the head and writes what follows it, so two writers never chain to the same head.
+import type { LedgerEntry } from '../../platform/index.js';
+import type { EvidenceRepo, LedgerHead } from '../port.js';
+import type { Db } from './db.js';
+
+export function evidenceRepo(db: Db): EvidenceRepo {
+  const headRow = db.prepare<[string], { doc: string }>('SELECT doc FROM ledger WHERE tenant_id = ? ORDER BY seq DESC LIMIT 1');
+  const insert = db.prepare('INSERT INTO ledger (tenant_id, seq, at, doc) VALUES (?, ?, ?, ?)');
+  const keep = db.prepare('INSERT OR IGNORE INTO ledger_payloads (tenant_id, digest, body) VALUES (?, ?, ?)');
+  const list = db.prepare<[string, number, string, number], { doc: string }>(
+    'SELECT doc FROM ledger WHERE tenant_id = ? AND seq > ? AND at >= ? ORDER BY seq LIMIT ?',
+  );
+  const payload = db.prepare<[string, string], { digest: string; body: string }>('SELECT digest, body FROM ledger_payloads WHERE tenant_id = ? AND digest = ?');
+  const head = (tenantId: string): LedgerEntry | null => {
+    const row = headRow.get(tenantId);
+    return row ? (JSON.parse(row.doc) as LedgerEntry) : null;
+  };
+  const append = db.transaction((tenantId: string, build: (head: LedgerHead) => LedgerEntry[], payloads: { digest: string; body: string }[]) => {
+    const last = head(tenantId);
+    const entries = build(last ? { seq: last.seq, hash: last.hash } : null);
+    for (const p of payloads) keep.run(tenantId, p.digest, p.body);
+    for (const e of entries) insert.run(tenantId, e.seq, e.at, JSON.stringify(e));
+    return entries;
+  });
+  return {
+    async append(tenantId, build, payloads) {
+      return append.immediate(tenantId, build, payloads);
+    },
+    async head(tenantId) {
+      return head(tenantId);
+    },
+    async list(tenantId, q) {
+      return list.all(tenantId, q.afterSeq ?? 0, q.since ?? '', q.limit).map((r) => JSON.parse(r.doc) as LedgerEntry);
+    },
+    async payloads(tenantId, digests) {
+      return [...new Set(digests)].map((d) => payload.get(tenantId, d)).filter((p) => p !== undefined);
+    },
+  };
+}

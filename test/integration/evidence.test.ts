@@ -1,0 +1,74 @@
+// The signed ledger on the real store: entries chain and verify; a change to any byte of an entry, a
+// signature, a link or a payload is caught, and the first bad entry is named.
+import { randomBytes } from 'node:crypto';
+import fs from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { expect } from 'chai';
+import { GENESIS_HASH, ledgerOf, publicKeyFromPem, signerOf, verifyEntries } from '../../engine/evidence/index.js';
+import { systemClock, type LedgerEntry } from '../../engine/platform/index.js';
+import { openStore, type Store } from '../../engine/store/index.js';
+
+describe('evidence ledger', () => {
+  let dir: string;
+  let store: Store;
+  before(async () => {
+    dir = await fs.mkdtemp(path.join(os.tmpdir(), 'ledger-'));
+    store = await openStore({ dataDir: dir, mongodbUri: undefined });
+  });
+  after(async () => {
+    await store.close();
+    await fs.rm(dir, { recursive: true, force: true });
+  });
+
+  it('chains and signs entries that verify with the public key alone; any change is caught at its entry', async () => {
+    const signer = signerOf(randomBytes(32));
+    const ledger = ledgerOf({ store, clock: systemClock, signer });
+    await ledger.append('acme', [
+      { kind: 'gate.result', subject: { workspace: '.', commit: 'a'.repeat(40) }, payload: { gate: 'test', conclusion: 'success' } },
+    ]);
+    await ledger.append('acme', [
+      { kind: 'gate.result', subject: { workspace: '.' }, payload: { gate: 'lint', conclusion: 'failure', annotations: [{ line: 3 }] } },
+      { kind: 'gate.run', subject: { workspace: '.' }, payload: { gates: ['test', 'lint'] } },
+    ]);
+    await ledger.append('other', [{ kind: 'gate.result', subject: {}, payload: { gate: 'x' } }]);
+    const entries = await ledger.list('acme', { limit: 10 });
+    expect(entries.map((e) => e.seq)).to.deep.equal([1, 2, 3]);
+    expect(entries[0]!.prev_hash).to.equal(GENESIS_HASH);
+    const payloads = new Map(
+      (
+        await ledger.payloads(
+          'acme',
+          entries.map((e) => e.payload_digest),
+        )
+      ).map((p) => [p.digest, p.body]),
+    );
+    const publicKey = publicKeyFromPem(ledger.publicKey.pem)!;
+    const check = (list: LedgerEntry[], bodies = payloads) => verifyEntries(list, { publicKey, keyId: signer.keyId, prevHash: GENESIS_HASH, payloads: bodies });
+    expect(check(entries)).to.equal(null);
+    expect((await ledger.list('other', { limit: 10 }))[0]!.seq).to.equal(1);
+
+    const tampered = (seq: number, change: (e: LedgerEntry) => void) => {
+      const copy = structuredClone(entries);
+      change(copy[seq - 1]!);
+      return check(copy);
+    };
+    expect(tampered(2, (e) => (e.kind = 'gate.resulT'))).to.deep.include({ part: 'entry', seq: 2 });
+    expect(tampered(1, (e) => (e.subject.commit = 'b'.repeat(40)))).to.deep.include({ part: 'entry', seq: 1 });
+    expect(tampered(3, (e) => (e.at = e.at.replace(/.$/, '1')))).to.deep.include({ part: 'entry', seq: 3 });
+    expect(tampered(2, (e) => (e.sig = `${e.sig[0] === 'A' ? 'B' : 'A'}${e.sig.slice(1)}`))).to.deep.include({ part: 'signature', seq: 2 });
+    expect(tampered(3, (e) => (e.prev_hash = `0${e.prev_hash.slice(1)}`))).to.deep.include({ part: 'chain', seq: 3 });
+    // an entry re-hashed after its change still fails: its signature no longer matches, and the next link breaks
+    expect(tampered(2, (e) => (e.hash = `f${e.hash.slice(1)}`))).to.deep.include({ seq: 2 });
+    // a dropped entry breaks the chain at the next one
+    expect(check([entries[0]!, entries[2]!])).to.deep.include({ part: 'chain', seq: 3 });
+    // a payload changed by one byte
+    const bodies = new Map(payloads);
+    const digest = entries[1]!.payload_digest;
+    bodies.set(digest, bodies.get(digest)!.replace('failure', 'success'));
+    expect(check(entries, bodies)).to.deep.include({ part: 'payload', seq: 2 });
+    // another key
+    const stranger = publicKeyFromPem(signerOf(randomBytes(32)).publicKeyPem)!;
+    expect(verifyEntries(entries, { publicKey: stranger, keyId: signer.keyId })).to.deep.include({ part: 'signature', seq: 1 });
+  });
+});
