@@ -1321,6 +1321,8 @@ export interface components {
                     question: string;
                     message_id: string;
                     seq: number;
+                    /** @description The last message seq the agent read; the run that continues reads what follows. */
+                    inbox_seq: number;
                 };
                 /** @description A session task agent's conversation with the model (chat-completions messages), kept for the run that continues it. */
                 conversation?: Record<string, never>[];
@@ -1525,10 +1527,16 @@ export interface components {
             attempts: number;
             max_attempts: number;
             run_ids: string[];
-            /** @description What its run left (status, summary, result, each step's output); what dependents receive as `inputs.upstream`. */
+            /**
+             * @description What its run left (status, summary, result, each step's output); what dependents receive as
+             *     `inputs.upstream`. `usage` sums every run of the task. While the task waits for input,
+             *     `input_required` holds the question.
+             */
             output: {
                 [key: string]: unknown;
             } | null;
+            /** @description Its agent's inbox starts after this message seq (the session's latest when the task was added). */
+            inbox_after?: number;
             /** Format: date-time */
             created_at: string;
             /** Format: date-time */
@@ -1569,6 +1577,7 @@ export interface components {
             /** @enum {string} */
             role: "user" | "system";
             to?: string;
+            /** @description What the message is (`text` by default). `input_request` is an agent's question and cannot be injected. */
             kind?: string;
             parts: components["schemas"]["MessagePart"][];
             in_reply_to?: string;

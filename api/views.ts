@@ -7,3 +7,11 @@ type RunViewOptions = { workspaceOf(run: Run): string };
 export function runView<T extends Run | RunDetail>(run: T, opts: RunViewOptions): T {
   return { ...run, workspace: opts.workspaceOf(run), agent: run.agent ?? null };
 }
+
+/** A run in a list: as runView, without an agent's conversation (GET /runs/{id} has it). */
+export function runListView(run: Run, opts: RunViewOptions): Run {
+  const view = runView(run, opts);
+  if (!view.result?.conversation) return view;
+  const { conversation: _, ...result } = view.result;
+  return { ...view, result };
+}

@@ -5,7 +5,7 @@ import type { Engine } from '../../engine/index.js';
 import type { Run } from '../../engine/platform/index.js';
 import { tenantOf } from '../auth.js';
 import type { operations } from '../schema.js';
-import { runView } from '../views.js';
+import { runListView, runView } from '../views.js';
 
 export const runLocation = (id: string) => `/api/v1/runs/${id}`;
 export const eventsUrl = (sessionId: string) => `/api/v1/autonomy/streaming/${sessionId}/events`;
@@ -28,7 +28,7 @@ export function runsRouter(engine: Engine): Router {
   router.get('/', async (req, res) => {
     const q = req.query as ListQuery;
     const page = await engine.runs.list(tenantOf(req), q);
-    res.json({ data: page.items.map((r) => runView(r, engine.runs)), next_cursor: page.next_cursor });
+    res.json({ data: page.items.map((r) => runListView(r, engine.runs)), next_cursor: page.next_cursor });
   });
   router.get('/:id', async (req, res) => {
     res.json(runView(await engine.runs.get(tenantOf(req), String(req.params.id)), engine.runs));

@@ -5,7 +5,7 @@ import { scopes, type EventHub } from '../../engine/platform/index.js';
 import { tenantOf } from '../auth.js';
 import type { components, operations } from '../schema.js';
 import { lastEventIdOf, streamEvents, type OpenStreams } from '../sse.js';
-import { runView } from '../views.js';
+import { runListView } from '../views.js';
 
 type Schemas = components['schemas'];
 const idOf = (req: Request) => String(req.params.id);
@@ -28,7 +28,7 @@ export function sessionsRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
 
   router.get('/:id', async (req, res) => {
     const detail = await sessions.detail(tenantOf(req), idOf(req));
-    res.json({ ...detail, runs: detail.runs.map((r) => runView(r, engine.runs)) });
+    res.json({ ...detail, runs: detail.runs.map((r) => runListView(r, engine.runs)) });
   });
 
   router.patch('/:id', async (req, res) => {
@@ -69,7 +69,7 @@ export function sessionsRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
 
   router.get('/:id/runs', async (req, res) => {
     const page = await sessions.runs(tenantOf(req), idOf(req), req.query as { limit?: number; cursor?: string });
-    res.json({ data: page.items.map((r) => runView(r, engine.runs)), next_cursor: page.next_cursor });
+    res.json({ data: page.items.map((r) => runListView(r, engine.runs)), next_cursor: page.next_cursor });
   });
 
   router.get('/:id/trace', async (req, res) => {

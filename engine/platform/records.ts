@@ -199,7 +199,13 @@ export type RunResult = {
   changed_files?: string[];
   final_answer?: string;
   /** the agent asked for input and the run ended: an answering message starts the task's next run */
-  input_required?: { question: string; message_id: string; seq: number };
+  input_required?: {
+    question: string;
+    message_id: string;
+    seq: number;
+    /** the last message seq its agent read: what comes after is new to the run that continues */
+    inbox_seq: number;
+  };
   /** the agent's conversation so far, kept for the run that continues it */
   conversation?: ChatMessage[];
 };
@@ -347,6 +353,8 @@ export type TaskRecord = {
   max_attempts: number;
   run_ids: string[];
   output: Record<string, unknown> | null;
+  /** its agent's inbox starts after this message seq: the session's latest when the task was added */
+  inbox_after?: number;
   created_at: string;
   updated_at: string;
 };

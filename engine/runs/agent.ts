@@ -24,7 +24,9 @@ export class AgentError extends Error {
   }
 }
 
-const RESULT_MAX_CHARS = 16_000;
+/** What one tool result or inbox message may add to the conversation. */
+const CONTENT_MAX_CHARS = 16_000;
+const capped = (text: string) => (text.length > CONTENT_MAX_CHARS ? `${text.slice(0, CONTENT_MAX_CHARS)}…(truncated)` : text);
 
 /** The pseudo-tool a session task's agent calls to ask a person (or another agent) for input. */
 export const ASK_TOOL = 'ask_for_input';
@@ -61,26 +63,37 @@ export function modelClientOf(endpoint: AgentEndpoint) {
       tools: unknown[],
       signal: AbortSignal,
     ): Promise<{ content: string | null; tool_calls: ChatToolCall[]; usage?: { prompt_tokens?: number; completion_tokens?: number } }> {
-      // the SDK's wait between retries does not listen to the signal: the budget and cancel must not wait for it
+      // one controller per call, tied to the run's signal and untied after: a long loop adds no listeners
+      // to the run's signal; and the SDK's wait between retries does not listen to a signal, so the
+      // budget and a cancel must not wait for it
+      const call = new AbortController();
+      let stop!: () => void;
       const stopped = new Promise<never>((_, reject) => {
-        if (signal.aborted) reject(signal.reason);
-        signal.addEventListener('abort', () => reject(signal.reason), { once: true });
+        stop = () => {
+          call.abort(signal.reason);
+          reject(signal.reason);
+        };
       });
-      const call = client.chat.completions.create(
+      stopped.catch(() => undefined);
+      if (signal.aborted) stop();
+      else signal.addEventListener('abort', stop, { once: true });
+      const request = client.chat.completions.create(
         {
           model,
           messages: messages as OpenAI.ChatCompletionMessageParam[],
           ...(tools.length ? { tools: tools as OpenAI.ChatCompletionTool[], tool_choice: 'auto' } : {}),
         },
-        { signal },
+        { signal: call.signal },
       );
       let body: OpenAI.ChatCompletion;
       try {
-        body = await Promise.race([call, stopped]);
+        body = await Promise.race([request, stopped]);
       } catch (err) {
-        call.catch(() => undefined);
+        request.catch(() => undefined);
         if (signal.aborted) throw signal.reason;
         throw agentErrorOf(err, endpoint);
+      } finally {
+        signal.removeEventListener('abort', stop);
       }
       const message = body?.choices?.[0]?.message;
       if (!message) throw new AgentError('agent-protocol', 'the model endpoint answered without choices[0].message');
@@ -141,7 +154,7 @@ export async function runAgent(opts: {
   ];
   const model = opts.model ?? opts.client.defaultModel;
   for (;;) {
-    for (const text of await opts.inbox()) messages.push({ role: 'user', content: text });
+    for (const text of await opts.inbox()) messages.push({ role: 'user', content: capped(text) });
     const message = await opts.client.complete(model, messages, tools, opts.signal);
     const calls = message.tool_calls;
     const parsed = calls.map((c) => ({ id: c.id, tool: c.function.name, args: parseArgs(c.function.arguments) }));
@@ -160,11 +173,7 @@ export async function runAgent(opts: {
         const result = await opts.callTool(call.tool, call.args);
         content = JSON.stringify(result.error ? { error: result.error, output: result.output } : result.output);
       }
-      messages.push({
-        role: 'tool',
-        tool_call_id: call.id,
-        content: content.length > RESULT_MAX_CHARS ? `${content.slice(0, RESULT_MAX_CHARS)}…(truncated)` : content,
-      });
+      messages.push({ role: 'tool', tool_call_id: call.id, content: capped(content) });
       if (opts.signal.aborted) throw opts.signal.reason;
     }
     if (question !== null) return { stopped_by: 'input_required', question, conversation: messages };

@@ -93,12 +93,15 @@ export function agentProgram(client: ModelClient, runOf: (runId: string) => Prom
         const asked = await own!.say({ text: outcome.question, kind: 'input_request' });
         return {
           summary: `waiting for input: ${outcome.question.split('\n')[0]!.slice(0, 280)}`,
-          result: { input_required: { question: outcome.question, message_id: asked.id, seq: asked.seq }, conversation: outcome.conversation },
+          result: {
+            input_required: { question: outcome.question, message_id: asked.id, seq: asked.seq, inbox_seq: seen },
+            conversation: outcome.conversation,
+          },
         };
       }
       return {
         summary: (outcome.answer ?? 'the agent finished').split('\n')[0]!.slice(0, 300),
-        result: { final_answer: outcome.answer ?? '', ...(own ? { conversation: outcome.conversation } : {}) },
+        result: { final_answer: outcome.answer ?? '' },
       };
     } catch (err) {
       if (a.signal.aborted) return { summary: '' };

@@ -68,10 +68,15 @@ export function sessionsOf(deps: SessionsDeps) {
   /** A multi-agent session's status and outcome follow its tasks. */
   async function recount(tenantId: string, sessionId: string, started = false): Promise<void> {
     const s = await store.sessions.get(tenantId, sessionId);
-    if (!s || s.kind !== 'multi_agent' || s.status === 'archived') return;
+    if (!s || s.kind !== 'multi_agent') return;
     // a task that starts leaves a running session running: no need to read every task
     if (started && s.status === 'running') return;
-    const next = tasks.statusOf(s, await store.tasks.counts(tenantId, sessionId));
+    const counts = await store.tasks.counts(tenantId, sessionId);
+    const counted = tasks.statusOf(s, counts);
+    // an archived session stays archived and gets its outcome once every task has ended: what its
+    // archiving stopped (canceled, and their dependents) makes it canceled unless a task failed on its own
+    const next =
+      s.status === 'archived' ? { status: s.status, outcome: counted.outcome === 'failed' && !counts.failed ? 'canceled' : counted.outcome } : counted;
     if (next.status !== s.status || next.outcome !== s.outcome) await change(tenantId, sessionId, next, [s.status]);
   }
 
@@ -188,11 +193,20 @@ export function sessionsOf(deps: SessionsDeps) {
           return { id: added!.id };
         },
         postMessage: async (sessionId, message) => {
-          const posted = await api.postMessage(tenantId, sessionId, {
+          // into its own session a task's run speaks as its agent (never as the system: it cannot answer itself)
+          if (actions.own && sessionId === run.session_id) return actions.own.say(message);
+          const session = await mustBeLive(tenantId, sessionId);
+          if (message.to && !(await store.agents.get(tenantId, sessionId, message.to)))
+            throw new ToolError('invalid-args', `no agent ${message.to} in session ${sessionId}`);
+          const posted = await append(session, {
             role: 'system',
+            from: null,
             to: message.to ?? null,
-            parts: [{ type: 'text', text: message.text }],
             kind: 'text',
+            parts: [{ type: 'text', text: message.text }],
+            task_id: null,
+            run_id: run.id,
+            in_reply_to: null,
           });
           return { id: posted.id, seq: posted.seq };
         },
@@ -285,16 +299,25 @@ export function sessionsOf(deps: SessionsDeps) {
       return mustGet(tenantId, id);
     },
 
-    /** Cancels what runs in the session, then archives it; archiving an archived session changes nothing. */
+    /**
+     * Archives the session, then ends what is in it: its queued and running runs are canceled, and every
+     * task not yet ended is canceled (in Redis too, so nothing it would release starts). Archiving an
+     * archived session changes nothing. The session keeps its outcome once its tasks have ended.
+     */
     async archive(tenantId: string, id: string): Promise<Session> {
       const current = await mustGet(tenantId, id);
       if (current.status === 'archived') return current;
+      // archived first: from here no task starts, no answer continues a task and no message is taken
+      const archived = await change(tenantId, id, { status: 'archived' }, LIVE);
+      if (!archived) return mustGet(tenantId, id);
       for (const status of ['queued', 'running'] as const) {
         for (const run of (await store.runs.list(tenantId, { session_id: id, status, limit: 100 })).items) {
           await runs.cancel(tenantId, run.id).catch(() => undefined); // it may have ended meanwhile
         }
       }
-      return (await change(tenantId, id, { status: 'archived' }, LIVE)) ?? mustGet(tenantId, id);
+      await tasks.cancelAll(archived);
+      await recount(tenantId, id);
+      return mustGet(tenantId, id);
     },
 
     async addAgent(

@@ -46,6 +46,10 @@ type TasksDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'events'> & {
   recount(tenantId: string, sessionId: string, started?: boolean): Promise<void>;
 };
 
+/** The reconciler reads stale tasks this many at a time, up to this many pages a pass. */
+const STALE_PAGE = 500;
+const STALE_PAGES = 40;
+
 const OUTCOME: Record<string, Extract<TaskStatus, 'succeeded' | 'failed' | 'canceled'>> = {
   succeeded: 'succeeded',
   failed: 'failed',
@@ -84,6 +88,10 @@ export function tasksOf(deps: TasksDeps) {
   ) {
     const agent = task.agent_id ? await store.agents.get(session.tenant_id, session.id, task.agent_id) : null;
     const upstream = await upstreamOf(session, task, known);
+    // a run that continues the task has what is left of its attempts and steps, not a fresh allowance
+    const attempts = Math.max(1, task.max_attempts - (trigger.prior_attempts ?? 0));
+    const stepsUsed = trigger.continues ? (taskUsage(task).steps ?? 0) : 0;
+    const maxSteps = agent?.budget.max_steps === undefined ? undefined : Math.max(1, agent.budget.max_steps - stepsUsed);
     const { run } = await runs.createIdempotent(
       session.tenant_id,
       key,
@@ -95,8 +103,8 @@ export function tasksOf(deps: TasksDeps) {
         steps: task.steps,
         tool_allowlist: agent?.tool_allowlist,
         budget_seconds: agent?.budget.seconds,
-        max_steps: agent?.budget.max_steps,
-        retry: task.max_attempts > 1 ? { attempts: task.max_attempts, backoff: { type: 'fixed', delay_ms: 200 } } : null,
+        max_steps: maxSteps,
+        retry: attempts > 1 ? { attempts, backoff: { type: 'fixed', delay_ms: 200 } } : null,
         inputs: { upstream, task: { id: task.id, title: task.title } },
         agent: agent ? { id: agent.id, name: agent.name, role: agent.role, model: agent.model } : null,
         trigger: { type: 'task', task_id: task.id, ...trigger },
@@ -142,36 +150,74 @@ export function tasksOf(deps: TasksDeps) {
     const task = known?.get(taskId) ?? (await store.tasks.get(session.tenant_id, session.id, taskId));
     // a task is started once: pending, or queued by a pause and not started since
     if (!task || !(task.status === 'pending' || (task.status === 'queued' && !task.run_ids.length))) return;
-    if (session.status === 'paused' || session.status === 'archived') {
+    if (session.status === 'archived') return cancelTask(session, task.id);
+    if (session.status === 'paused') {
       await move(task, { status: 'queued' }, ['pending']);
       return;
     }
-    const inboxAfter = task.agent_id && task.goal ? await store.messages.lastSeq(session.tenant_id, session.id) : undefined;
-    const trigger = { prior_attempts: 0, ...(inboxAfter === undefined ? {} : { inbox_after: inboxAfter }) };
+    const trigger = { prior_attempts: 0, ...(task.agent_id && task.goal ? { inbox_after: task.inbox_after ?? 0 } : {}) };
     const run = await startRun(session, task, `task:${session.id}:${task.id}`, trigger, known);
     await move(task, { status: 'queued', run_ids: [run.id], attempts: run.attempt }, ['pending', 'queued']);
   }
 
-  /** What a task waiting for input asked: the question's message, from its output. */
-  const questionOf = (t: TaskRecord) => (t.output?.input_required ?? null) as { message_id: string; seq: number } | null;
-
-  /** Does this message answer the task's question: a reply to it, or a message to its agent or to all (not its own)? */
-  function answers(t: TaskRecord, m: MessageRecord): boolean {
-    const q = questionOf(t);
-    if (!q || m.seq <= q.seq || m.kind === 'input_request') return false;
-    if (t.agent_id && m.from === t.agent_id) return false;
-    return m.in_reply_to === q.message_id || m.to === null || m.to === t.agent_id;
+  /** Cancels a task of an archived session, and what its end releases after it: nothing of it starts. */
+  async function cancelTask(session: Session, taskId: string): Promise<void> {
+    const change = await dag.complete(session.id, taskId, 'canceled');
+    await move({ tenant_id: session.tenant_id, session_id: session.id, id: taskId }, { status: 'canceled' }, [
+      'pending',
+      'queued',
+      'input_required',
+      'running',
+    ]);
+    for (const id of [...(change?.ready ?? []), ...(change?.upstreamFailed ?? [])]) await cancelTask(session, id);
   }
 
-  /** The task's next run, which continues the conversation of the run that asked; the answer is in its inbox. */
-  async function continueTask(session: Session, task: TaskRecord): Promise<void> {
-    const q = questionOf(task)!;
+  /** What a task waiting for input asked: the question's message, and how far its agent had read. */
+  const questionOf = (t: TaskRecord) => (t.output?.input_required ?? null) as { message_id: string; seq: number; inbox_seq?: number } | null;
+  /** Messages after this seq are new to the task's agent (those before were read by the run that asked). */
+  const readUpTo = (q: { seq: number; inbox_seq?: number }) => q.inbox_seq ?? q.seq;
+
+  /**
+   * Does this message answer the task's question: a reply to it, a message to its agent, or a person's
+   * message to all; never the agent's own, and never another agent's broadcast.
+   */
+  function answers(t: TaskRecord, m: MessageRecord): boolean {
+    const q = questionOf(t);
+    if (!q || m.seq <= readUpTo(q) || m.kind === 'input_request') return false;
+    if (t.agent_id && m.from === t.agent_id) return false;
+    return m.in_reply_to === q.message_id || (m.to !== null && m.to === t.agent_id) || (m.to === null && (m.role === 'user' || m.role === 'system'));
+  }
+
+  /** The token usage and steps of every run of the task so far (its output keeps the sum). */
+  const taskUsage = (t: TaskRecord) => (t.output?.usage ?? {}) as Partial<Run['usage']>;
+  const sumUsage = (before: Partial<Run['usage']>, run: Run['usage']): Run['usage'] => {
+    const sum = {
+      ...run,
+      steps: run.steps + (before.steps ?? 0),
+      model_turns: run.model_turns + (before.model_turns ?? 0),
+      seconds: run.seconds + (before.seconds ?? 0),
+    };
+    for (const k of ['prompt_tokens', 'completion_tokens'] as const)
+      if (before[k] !== undefined || run[k] !== undefined) sum[k] = (before[k] ?? 0) + (run[k] ?? 0);
+    return sum;
+  };
+
+  /**
+   * The task's next run, which continues the conversation of the run that asked; the answer is in its
+   * inbox. The task is read again first: an answer that arrives after the task has moved on does nothing.
+   */
+  async function continueTask(session: Session, seen: TaskRecord): Promise<void> {
+    const task = await store.tasks.get(seen.tenant_id, seen.session_id, seen.id);
+    const q = task && task.status === 'input_required' ? questionOf(task) : null;
+    if (!task || !q) return;
     const asked = task.run_ids.at(-1)!;
     const run = await startRun(session, task, `task:${session.id}:${task.id}:${task.run_ids.length + 1}`, {
       prior_attempts: task.attempts,
       continues: asked,
-      inbox_after: q.seq,
+      inbox_after: readUpTo(q),
     });
+    // a run made for an earlier question (the same key) has ended: it is not the task's next run
+    if (isTerminal(run.status)) return;
     await move(task, { status: 'queued', run_ids: [...task.run_ids, run.id], attempts: task.attempts + run.attempt }, ['input_required']);
   }
 
@@ -179,7 +225,7 @@ export function tasksOf(deps: TasksDeps) {
   async function continueIfAnswered(session: Session, task: TaskRecord): Promise<boolean> {
     const q = questionOf(task);
     if (task.status !== 'input_required' || !q || session.status === 'paused' || session.status === 'archived') return false;
-    for (let after = q.seq; ;) {
+    for (let after = readUpTo(q); ;) {
       const page = await store.messages.list(session.tenant_id, session.id, { afterSeq: after, limit: 200 });
       if (page.some((m) => answers(task, m))) {
         await continueTask(session, task);
@@ -187,6 +233,17 @@ export function tasksOf(deps: TasksDeps) {
       }
       if (page.length < 200) return false;
       after = page.at(-1)!.seq;
+    }
+  }
+
+  /** Every task in a status not changed since `before`, page by page (tasks that wait for good hide none of the rest). */
+  async function* stale(status: TaskStatus, before: string): AsyncGenerator<TaskRecord> {
+    let after: TaskRecord | undefined;
+    for (let page = 0; page < STALE_PAGES; page++) {
+      const tasks = await store.tasks.listStale(status, before, STALE_PAGE, after);
+      yield* tasks;
+      if (tasks.length < STALE_PAGE) return;
+      after = tasks.at(-1);
     }
   }
 
@@ -224,12 +281,15 @@ export function tasksOf(deps: TasksDeps) {
   async function onRunFinished(run: Run): Promise<void> {
     if (run.trigger.type !== 'task') return;
     const ref = { tenant_id: run.tenant_id, session_id: run.session_id, id: run.trigger.task_id };
+    // what the task's earlier runs used (a run that continues it adds to that)
+    const before = run.trigger.continues ? taskUsage((await store.tasks.get(ref.tenant_id, ref.session_id, ref.id)) ?? ({} as TaskRecord)) : {};
+    const usage = sumUsage(before, run.usage);
     const asked = run.status === 'succeeded' ? run.result?.input_required : undefined;
     if (asked) {
       // the task waits, holding no worker; it has not ended, so Redis keeps it running and releases nobody
       const waiting = await move(
         ref,
-        { status: 'input_required', output: { status: 'input_required', input_required: asked, run_id: run.id, usage: run.usage }, attempts: attemptOf(run) },
+        { status: 'input_required', output: { status: 'input_required', input_required: asked, run_id: run.id, usage }, attempts: attemptOf(run) },
         ['queued', 'running'],
       );
       await deps.recount(run.tenant_id, run.session_id);
@@ -239,7 +299,7 @@ export function tasksOf(deps: TasksDeps) {
       return;
     }
     const outcome = OUTCOME[run.status] ?? 'failed';
-    const output = await outputOf(run);
+    const output = { ...(await outputOf(run)), usage };
     const change = await dag.complete(run.session_id, ref.id, outcome);
     await move(ref, { status: outcome, output, attempts: attemptOf(run) }, ['pending', 'queued', 'running', 'input_required']);
     const session = await store.sessions.get(run.tenant_id, run.session_id);
@@ -254,7 +314,11 @@ export function tasksOf(deps: TasksDeps) {
   return {
     /** Adds one task or a whole DAG; every error of the batch comes back in one 422. */
     async add(session: Session, inputs: TaskInput[]): Promise<TaskRecord[]> {
-      const [existing, agents] = await Promise.all([store.tasks.list(session.tenant_id, session.id), store.agents.list(session.tenant_id, session.id)]);
+      const [existing, agents, lastSeq] = await Promise.all([
+        store.tasks.list(session.tenant_id, session.id),
+        store.agents.list(session.tenant_id, session.id),
+        store.messages.lastSeq(session.tenant_id, session.id),
+      ]);
       const now = clock.now();
       const records: TaskRecord[] = inputs.map((t, i) => ({
         id: t.id ?? newId('tsk'),
@@ -271,6 +335,7 @@ export function tasksOf(deps: TasksDeps) {
         max_attempts: t.max_attempts ?? 2,
         run_ids: [],
         output: null,
+        inbox_after: lastSeq,
         // one millisecond apart, so creation order breaks ties in DAG order as given
         created_at: new Date(now.getTime() + i).toISOString(),
         updated_at: now.toISOString(),
@@ -278,6 +343,8 @@ export function tasksOf(deps: TasksDeps) {
       const errors = dagErrors(existing, records, new Set(agents.map((a) => a.id)));
       records.forEach((t, i) => {
         if (!t.goal && !t.steps) errors.push({ path: `/body/tasks/${i}`, message: 'give the work to do: steps, or a goal for its agent' });
+        if (t.goal && t.steps)
+          errors.push({ path: `/body/tasks/${i}`, message: 'give steps or a goal, not both: a goal is for an agent to plan, steps are the plan' });
         if (t.goal && !t.steps && !t.agent_id) errors.push({ path: `/body/tasks/${i}/agent_id`, message: 'a task with a goal needs an agent to pursue it' });
       });
       if (errors.length) throw new TaskGraphInvalidError(errors.map((e) => `${e.path}: ${e.message}`).join('; '), errors);
@@ -311,6 +378,20 @@ export function tasksOf(deps: TasksDeps) {
       }
     },
 
+    /**
+     * Ends every task of an archived session that has not ended: canceled in Redis (nothing it would
+     * release starts) and in the store. A task whose run is still stopping ends with that run instead.
+     */
+    async cancelAll(session: Session): Promise<void> {
+      for (const t of await store.tasks.list(session.tenant_id, session.id)) {
+        if (TERMINAL_TASK_STATUSES.includes(t.status)) continue;
+        const runId = t.run_ids.at(-1);
+        const run = runId ? await store.runs.get(session.tenant_id, runId) : null;
+        if (run && !isTerminal(run.status) && t.status === 'running') continue;
+        await cancelTask(session, t.id);
+      }
+    },
+
     /** A message was posted: the waiting tasks it answers start their next run. */
     async answer(session: Session, message: MessageRecord): Promise<void> {
       if (session.kind !== 'multi_agent' || session.status === 'paused') return;
@@ -333,7 +414,7 @@ export function tasksOf(deps: TasksDeps) {
       let finished = 0;
       let started = 0;
       for (const status of ['queued', 'running'] as const) {
-        for (const t of await store.tasks.listStale(status, before, 500)) {
+        for await (const t of stale(status, before)) {
           const runId = t.run_ids.at(-1);
           const run = runId ? await store.runs.get(t.tenant_id, runId) : null;
           if (run && isTerminal(run.status)) {
@@ -348,7 +429,7 @@ export function tasksOf(deps: TasksDeps) {
           }
         }
       }
-      for (const t of await store.tasks.listStale('pending', before, 500)) {
+      for await (const t of stale('pending', before)) {
         if ((await dag.stateOf(t.session_id, t.id)) !== 'queued') continue;
         const session = await store.sessions.get(t.tenant_id, t.session_id);
         if (!session) continue;
@@ -356,7 +437,7 @@ export function tasksOf(deps: TasksDeps) {
         started++;
       }
       // an answer whose continuation was lost with its process
-      for (const t of await store.tasks.listStale('input_required', before, 500)) {
+      for await (const t of stale('input_required', before)) {
         const session = await store.sessions.get(t.tenant_id, t.session_id);
         if (session && (await continueIfAnswered(session, t))) started++;
       }

@@ -178,8 +178,11 @@ export interface TaskRepo {
   update(tenantId: string, sessionId: string, id: string, changes: TaskChanges, ifStatusIn: TaskStatus[]): Promise<TaskRecord | null>;
   /** How many of a session's tasks are in each status (statuses with none are absent). */
   counts(tenantId: string, sessionId: string): Promise<Partial<Record<TaskStatus, number>>>;
-  /** System use (the reconciler): tasks of every tenant in a status, changed before a time. */
-  listStale(status: TaskStatus, updatedBefore: string, limit: number): Promise<TaskRecord[]>;
+  /**
+   * System use (the reconciler): tasks of every tenant in a status, changed before a time, oldest first;
+   * `after` (the last task of the page before) pages on, so tasks that wait for good never hide the rest.
+   */
+  listStale(status: TaskStatus, updatedBefore: string, limit: number, after?: TaskRecord): Promise<TaskRecord[]>;
 }
 
 export interface Store {

@@ -108,6 +108,9 @@ describe('agents of a session', function () {
       expect(t.run_ids).to.have.length(2);
       expect(t.attempts).to.equal(2);
       expect(t.output.result.final_answer).to.equal('Deployed to main.');
+      // the tokens of both runs: two model calls of 10 prompt tokens each
+      expect(t.output.usage).to.deep.include({ model_turns: 2, prompt_tokens: 20, completion_tokens: 10 });
+      expect(done.usage).to.deep.equal({ prompt_tokens: 20, completion_tokens: 10 });
       const next = await finishedRun(h, t.run_ids[1]);
       expect(next.trigger).to.deep.include({ type: 'task', task_id: 'deploy', prior_attempts: 1, continues: asked.id });
       // the second call continues the first conversation, with the answer after the question
@@ -156,6 +159,149 @@ describe('agents of a session', function () {
       expect(log).to.have.length(1);
       expect(log[0]).to.deep.include({ role: 'agent', from: writer.id, to: reviewer.id, task_id: 'ask', kind: 'text' });
       expect(log[0].parts).to.deep.equal(text('Please review PR 7.'));
+    });
+  });
+
+  it('delivers a message to an agent whose task starts later, and one posted while it asks (which also answers it)', async () => {
+    let release!: () => void;
+    const gate = new Promise<void>((r) => (release = r));
+    const script: ScriptedTurn[] = [
+      { content: 'Reviewed PR 7.' },
+      { gate, tool_calls: [{ name: 'ask_for_input', args: { question: 'Which branch?' } }] },
+      { content: 'Deployed release-9.' },
+    ];
+    await withAgents(script, async (h, model, session) => {
+      const writer = await agent(h, session, { name: 'writer', tool_allowlist: ['message'] });
+      const reviewer = await agent(h, session, { name: 'reviewer', tool_allowlist: ['read_file'] });
+      const deployer = await agent(h, session, { name: 'deployer', tool_allowlist: ['read_file'] });
+      await task(h, session, {
+        tasks: [
+          { id: 'write', agent_id: writer.id, steps: [{ tool: 'message', args: { to: 'reviewer', text: 'Please review PR 7.' } }] },
+          { id: 'between', steps: [{ tool: 'list_files', args: {} }], depends_on: ['write'] },
+          { id: 'review', agent_id: reviewer.id, goal: 'Review what you are asked to', depends_on: ['between'] },
+          { id: 'deploy', agent_id: deployer.id, goal: 'Deploy', depends_on: ['review'] },
+        ],
+      });
+      // the writer's message was posted long before the reviewer's task started: it is in the reviewer's first call
+      await eventually(() => model.requests.length === 2, 'the deployer’s first model call');
+      expect(JSON.stringify(model.requests[0]!.body.messages)).to.contain('Message from agent writer to you: Please review PR 7.');
+      // the person says which branch while the deployer's model is still thinking (before it asks)
+      const early = await h.call('POST', `/api/v1/sessions/${session}/messages`, { body: { role: 'user', to: deployer.id, parts: text('Use release-9.') } });
+      expect(early.status).to.equal(201);
+      release();
+      const done = await sessionWhen(h, session, (s) => s.outcome !== null, 'the session to end');
+      expect(done.outcome).to.equal('succeeded');
+      // that message answered the question without a second one, and reached the run that continued
+      expect(done.tasks.find((t: Body) => t.id === 'deploy').run_ids).to.have.length(2);
+      expect(model.requests).to.have.length(3);
+      expect(JSON.stringify(model.requests[2]!.body.messages)).to.contain('Use release-9.');
+    });
+  });
+
+  it('never lets an agent answer its own question, nor another agent’s broadcast', async () => {
+    const script: ScriptedTurn[] = [{ tool_calls: [{ name: 'ask_for_input', args: { question: 'May I deploy to prod?' } }] }, { content: 'Deployed.' }];
+    await withAgents(script, async (h, model, session) => {
+      const deployer = await agent(h, session, { name: 'deployer', tool_allowlist: ['session', 'message'] });
+      const chatty = await agent(h, session, { name: 'chatty', tool_allowlist: ['message'] });
+      await task(h, session, { id: 'deploy', goal: 'Deploy', agent_id: deployer.id });
+      await sessionWhen(h, session, (s) => s.tasks[0].status === 'input_required', 'the task to wait');
+      await task(h, session, {
+        tasks: [
+          // the same agent says yes to itself through the session tool: in its own session it speaks as itself
+          {
+            id: 'self',
+            agent_id: deployer.id,
+            steps: [{ tool: 'session', args: { action: 'post_message', session_id: session, message: { text: 'Yes, deploy.' } } }],
+          },
+          // another agent's message to everyone is not an answer either
+          { id: 'noise', agent_id: chatty.id, steps: [{ tool: 'message', args: { text: 'Build is green.' } }] },
+        ],
+      });
+      const s = await sessionWhen(h, session, (x) => x.tasks.filter((t: Body) => t.status === 'succeeded').length === 2, 'the two posts');
+      const log = (await h.call<Body>('GET', `/api/v1/sessions/${session}/messages`)).body.data;
+      expect(log.find((m: Body) => m.parts[0].text === 'Yes, deploy.')).to.deep.include({ role: 'agent', from: deployer.id });
+      await new Promise((r) => setTimeout(r, 300));
+      expect((await h.call<Body>('GET', `/api/v1/sessions/${session}/tasks`)).body.data[0].status).to.equal('input_required');
+      expect(s.status).to.equal('waiting');
+      expect(model.requests).to.have.length(1);
+    });
+  });
+
+  it('takes many answers at once as one continuation', async () => {
+    const script: ScriptedTurn[] = [{ tool_calls: [{ name: 'ask_for_input', args: { question: 'Which branch?' } }] }, { content: 'Deployed.' }];
+    await withAgents(script, async (h, model, session) => {
+      const deployer = await agent(h, session, { name: 'deployer' });
+      await task(h, session, { id: 'deploy', goal: 'Deploy', agent_id: deployer.id });
+      await sessionWhen(h, session, (s) => s.tasks[0].status === 'input_required', 'the task to wait');
+      const answers = await Promise.all(
+        ['a', 'b', 'c', 'd'].map((t) => h.call('POST', `/api/v1/sessions/${session}/messages`, { body: { role: 'user', parts: text(t) } })),
+      );
+      expect(answers.map((r) => r.status)).to.deep.equal([201, 201, 201, 201]);
+      const done = await sessionWhen(h, session, (s) => s.outcome !== null, 'the task to end');
+      expect(done.tasks[0].run_ids).to.have.length(2);
+      expect(model.requests).to.have.length(2);
+    });
+  });
+
+  it('archiving ends every task: a waiting one, its dependent and a running one are canceled, and the session’s outcome is canceled', async () => {
+    const script: ScriptedTurn[] = [{ tool_calls: [{ name: 'ask_for_input', args: { question: 'Which branch?' } }] }];
+    await withAgents(script, async (h, _model, session) => {
+      const deployer = await agent(h, session, { name: 'deployer' });
+      await task(h, session, {
+        tasks: [
+          { id: 'deploy', goal: 'Deploy', agent_id: deployer.id },
+          { id: 'after', steps: [{ tool: 'list_files', args: {} }], depends_on: ['deploy'] },
+          { id: 'slow', steps: [{ tool: 'shell', args: { command: 'sleep 20' } }] },
+        ],
+      });
+      await sessionWhen(
+        h,
+        session,
+        (s) => s.tasks[0].status === 'input_required' && s.tasks.find((t: Body) => t.id === 'slow').status === 'running',
+        'one task to wait, one to run',
+      );
+      expect((await h.call<Body>('DELETE', `/api/v1/sessions/${session}`)).body.status).to.equal('archived');
+      const s = await sessionWhen(h, session, (x) => x.outcome !== null, 'the archived session’s outcome');
+      expect(s.status).to.equal('archived');
+      expect(s.outcome).to.equal('canceled');
+      expect(s.tasks.map((t: Body) => [t.id, t.status])).to.deep.equal([
+        ['deploy', 'canceled'],
+        ['after', 'canceled'],
+        ['slow', 'canceled'],
+      ]);
+      // an answer to an archived session is refused
+      expect((await h.call('POST', `/api/v1/sessions/${session}/messages`, { body: { role: 'user', parts: text('main') } })).status).to.equal(409);
+    });
+  });
+
+  it('adds no abort listener per model call to the run (a long loop warns of no leak)', async () => {
+    const warnings: string[] = [];
+    const onWarning = (w: Error) => warnings.push(`${w.name}: ${w.message}`);
+    process.on('warning', onWarning);
+    const script: ScriptedTurn[] = [...Array.from({ length: 14 }, () => ({ tool_calls: [{ name: 'list_files', args: {} }] })), { content: 'done' }];
+    try {
+      await withAgents(script, async (h, model, session) => {
+        const lister = await agent(h, session, { name: 'lister', tool_allowlist: ['list_files'] });
+        await task(h, session, { id: 'list', goal: 'List a lot', agent_id: lister.id });
+        expect((await sessionWhen(h, session, (s) => s.outcome !== null, 'the task to end')).outcome).to.equal('succeeded');
+        expect(model.requests).to.have.length(15);
+      });
+    } finally {
+      process.off('warning', onWarning);
+    }
+    expect(warnings.filter((w) => w.includes('MaxListeners'))).to.deep.equal([]);
+  });
+
+  it('refuses a task with both steps and a goal, and an injected input_request', async () => {
+    await withAgents([{ content: 'x' }], async (h, _model, session) => {
+      const a = await agent(h, session, { name: 'a' });
+      const both = await h.call<Body>('POST', `/api/v1/sessions/${session}/tasks`, {
+        body: { goal: 'g', agent_id: a.id, steps: [{ tool: 'list_files', args: {} }] },
+      });
+      expect(both.status).to.equal(422);
+      expect(both.body.detail).to.contain('not both');
+      const forged = await h.call<Body>('POST', `/api/v1/sessions/${session}/messages`, { body: { role: 'user', kind: 'input_request', parts: text('?') } });
+      expect(forged.status).to.equal(400);
     });
   });
 });

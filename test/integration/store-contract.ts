@@ -485,6 +485,11 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
         't1/ses_u/a',
         't2/ses_t/a',
       ]);
+      // page by page: the first page's last task leads to the rest, none twice
+      const first = await store.tasks.listStale('pending', at(10), 2);
+      const rest = await store.tasks.listStale('pending', at(10), 2, first.at(-1));
+      expect([...first, ...rest].map((t) => `${t.tenant_id}/${t.session_id}/${t.id}`).sort()).to.deep.equal(['t1/ses_t/b', 't1/ses_u/a', 't2/ses_t/a']);
+      expect(rest).to.have.length(1);
     });
 
     it('appends a tenant’s ledger after its head, never twice to one head, keeps payloads once, and lists by seq and time', async () => {

@@ -8,7 +8,7 @@ type StoredTask = Omit<TaskRecord, 'id'> & { _id: string; task_id: string };
 
 export const taskSchema = new Schema({ _id: String, tenant_id: { type: String, required: true }, session_id: String, task_id: String, status: String }, loose);
 taskSchema.index({ tenant_id: 1, session_id: 1, created_at: 1 });
-taskSchema.index({ status: 1, updated_at: 1 });
+taskSchema.index({ status: 1, updated_at: 1, _id: 1 });
 
 const keyOf = (tenantId: string, sessionId: string, id: string) => `${tenantId}:${sessionId}:${id}`;
 const toStored = (t: TaskRecord): StoredTask => {
@@ -48,10 +48,18 @@ export function taskRepo(model: Model<StoredTask>): TaskRepo {
       ]);
       return Object.fromEntries(rows.map((r) => [r._id, r.n]));
     },
-    async listStale(status, updatedBefore, limit) {
+    async listStale(status, updatedBefore, limit, after) {
+      const page = after
+        ? {
+            $or: [
+              { updated_at: { $gt: after.updated_at } },
+              { updated_at: after.updated_at, _id: { $gt: keyOf(after.tenant_id, after.session_id, after.id) } },
+            ],
+          }
+        : {};
       const rows = await model
-        .find({ status, updated_at: { $lt: updatedBefore } })
-        .sort({ updated_at: 1 })
+        .find({ status, updated_at: { $lt: updatedBefore }, ...page })
+        .sort({ updated_at: 1, _id: 1 })
         .limit(limit)
         .lean<StoredTask[]>();
       return rows.map((r) => fromStored(r)!);

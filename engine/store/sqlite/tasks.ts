@@ -8,7 +8,10 @@ export function taskRepo(db: Db): TaskRepo {
   const get = db.prepare<[string, string, string], { doc: string }>('SELECT doc FROM tasks WHERE tenant_id = ? AND session_id = ? AND id = ?');
   const list = db.prepare<[string, string], { doc: string }>('SELECT doc FROM tasks WHERE tenant_id = ? AND session_id = ? ORDER BY created_at, id');
   const write = db.prepare('UPDATE tasks SET status = ?, updated_at = ?, doc = ? WHERE tenant_id = ? AND session_id = ? AND id = ?');
-  const stale = db.prepare<[string, string, number], { doc: string }>('SELECT doc FROM tasks WHERE status = ? AND updated_at < ? ORDER BY updated_at LIMIT ?');
+  const stale = db.prepare<[string, string, string, string, string, string, number], { doc: string }>(
+    `SELECT doc FROM tasks WHERE status = ? AND updated_at < ? AND (updated_at, tenant_id, session_id, id) > (?, ?, ?, ?)
+     ORDER BY updated_at, tenant_id, session_id, id LIMIT ?`,
+  );
   const counts = db.prepare<[string, string], { status: TaskStatus; n: number }>(
     'SELECT status, COUNT(*) AS n FROM tasks WHERE tenant_id = ? AND session_id = ? GROUP BY status',
   );
@@ -39,8 +42,9 @@ export function taskRepo(db: Db): TaskRepo {
     async counts(tenantId, sessionId) {
       return Object.fromEntries(counts.all(tenantId, sessionId).map((r) => [r.status, r.n]));
     },
-    async listStale(status, updatedBefore, limit) {
-      return stale.all(status, updatedBefore, limit).map((r) => read(r)!);
+    async listStale(status, updatedBefore, limit, after) {
+      const from = after ? [after.updated_at, after.tenant_id, after.session_id, after.id] : ['', '', '', ''];
+      return stale.all(status, updatedBefore, from[0]!, from[1]!, from[2]!, from[3]!, limit).map((r) => read(r)!);
     },
   };
 }
