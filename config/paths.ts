@@ -16,3 +16,4 @@ function findRoot(from: string): string {
 export const PROJECT_ROOT = findRoot(path.dirname(fileURLToPath(import.meta.url)));
 export const OPENAPI_FILE = path.join(PROJECT_ROOT, 'api', 'openapi.yaml');
 export const TEMPLATES_DIR = path.join(PROJECT_ROOT, 'templates');
+export const GATES_SCHEMA_FILE = path.join(PROJECT_ROOT, 'config', 'gates.schema.json');

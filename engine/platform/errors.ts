@@ -25,6 +25,7 @@ export const ERROR_STATUS = {
   'agent-not-configured': 422,
   'idempotency-key-reused': 422,
   'task-graph-invalid': 422,
+  'gate-set-invalid': 422,
   'rate-limited': 429,
   internal: 500,
   unavailable: 503,
@@ -136,6 +137,17 @@ export class NotPermittedError extends AppError {
 /** Tasks whose dependencies do not make a DAG of the session (unknown, self or duplicate, a cycle) or name unknown agents: every error at once. */
 export class TaskGraphInvalidError extends AppError {
   readonly code = 'task-graph-invalid';
+  constructor(
+    message: string,
+    readonly errors: FieldError[],
+  ) {
+    super(message, { errors });
+  }
+}
+
+/** A workspace's gate set file (gates.yaml) that does not hold: every problem at once, with where it is. */
+export class GateSetInvalidError extends AppError {
+  readonly code = 'gate-set-invalid';
   constructor(
     message: string,
     readonly errors: FieldError[],

@@ -396,3 +396,36 @@ export type LedgerSubject = {
 
 /** A payload of the ledger, kept once by its digest (the canonical JSON text). */
 export type LedgerPayload = { digest: string; body: string };
+
+/** How a gate ended, in the vocabulary of GitHub's check runs. */
+export const GATE_CONCLUSIONS = ['success', 'failure', 'neutral', 'cancelled', 'skipped', 'timed_out'] as const;
+export type GateConclusion = (typeof GATE_CONCLUSIONS)[number];
+
+/** A line of a gate's report shown beside the code. */
+export type Annotation = { path: string | null; line: number | null; level: 'notice' | 'warning' | 'failure'; message: string; title?: string };
+
+/** What a gate's run is about: the workspace (as the tenant names it) and its git state. */
+export type GateSubject = { workspace: string; commit: string | null; tree: string | null; dirty: boolean | null };
+
+export type GateResult = {
+  gate_id: string;
+  name: string;
+  required: boolean;
+  conclusion: GateConclusion;
+  summary: string;
+  exit_code: number | null;
+  duration_ms: number;
+  /** the last 8 KB of its output */
+  output_tail: string;
+  annotations: Annotation[];
+  subject: GateSubject;
+  /** `sha256:` over its input files: a later digest that differs makes the result stale */
+  input_digest: string;
+  /** `sha256:` of the gate's definition (canonical JSON) */
+  definition_digest: string;
+  tool_versions: Record<string, string>;
+  /** files kept with the result, by sha256; their content is a ledger payload */
+  artifacts: { path: string; size: number; sha256: string; payload_digest: string }[];
+  started_at: string;
+  finished_at: string;
+};

@@ -1,0 +1,128 @@
+// A workspace's gate set: `gates.yaml` (or `.gates.yaml`) at its root, checked against
+// config/gates.schema.json with every error named; without one, a set detected from the workspace
+// (package.json scripts typecheck, lint, test and build, and a secret scan). The service's gate runs
+// and the CLI's `gates run` read it here, so both run the same set.
+import fs from 'node:fs/promises';
+import path from 'node:path';
+import Ajv2020Module from 'ajv/dist/2020.js';
+import YAML from 'yaml';
+import { GATES_SCHEMA_FILE } from '../../config/paths.js';
+import { canonicalJson, sha256Hex } from '../evidence/index.js';
+import { GateSetInvalidError, type FieldError } from '../platform/index.js';
+
+export type ReportFormat = 'tap' | 'junit' | 'eslint' | 'tsc';
+
+export type GateDefinition = {
+  id: string;
+  name: string;
+  required: boolean;
+  /** argv; for `shell: true`, ['/bin/sh', '-c', text] */
+  run: string[] | null;
+  builtin: 'secret-scan' | null;
+  timeout_seconds: number;
+  env: string[];
+  pass: 'exit_code' | 'report';
+  report: { format: ReportFormat; path?: string } | null;
+  /** globs; null: the git tree (every file outside a repository) */
+  inputs: string[] | null;
+  artifacts: string[];
+};
+
+export type GateSet = {
+  /** `gates.yaml`, `.gates.yaml`, or `detected` */
+  source: string;
+  gates: (GateDefinition & { digest: string })[];
+};
+
+export const GATE_FILES = ['gates.yaml', '.gates.yaml'] as const;
+const DETECTED_SCRIPTS = ['typecheck', 'lint', 'test', 'build'] as const;
+const DEFAULT_TIMEOUT_SECONDS = 600;
+
+const invalid = (file: string, errors: FieldError[]) =>
+  new GateSetInvalidError(`${file} is not a valid gate set: ${errors.map((e) => `${e.path || '/'} ${e.message}`).join('; ')}`, errors);
+
+// a CommonJS module whose types describe an ES default export
+const Ajv2020 = Ajv2020Module as unknown as typeof Ajv2020Module.default;
+let validator: ReturnType<InstanceType<typeof Ajv2020>['compile']> | undefined;
+async function validate(doc: unknown): Promise<FieldError[]> {
+  if (!validator) {
+    const ajv = new Ajv2020({ allErrors: true, strict: false });
+    validator = ajv.compile(JSON.parse(await fs.readFile(GATES_SCHEMA_FILE, 'utf8')) as object);
+  }
+  if (validator(doc)) return [];
+  return (validator.errors ?? []).map((e) => ({
+    path: e.instancePath,
+    message: e.keyword === 'additionalProperties' ? `has an unknown field ${String(e.params.additionalProperty)}` : (e.message ?? 'is not valid'),
+  }));
+}
+
+/** The gate set of a workspace (an absolute, resolved folder). */
+export async function loadGateSet(workspace: string): Promise<GateSet> {
+  for (const name of GATE_FILES) {
+    const file = path.join(workspace, name);
+    const stat = await fs.lstat(file).catch(() => null);
+    // a symbolic link could name a file outside the workspace: only a plain file is read
+    if (!stat) continue;
+    if (!stat.isFile()) throw invalid(name, [{ path: '', message: 'must be a plain file' }]);
+    if (stat.size > 256 * 1024) throw invalid(name, [{ path: '', message: 'is larger than 256 KB' }]);
+    let doc: unknown;
+    try {
+      doc = YAML.parse(await fs.readFile(file, 'utf8'));
+    } catch (err) {
+      throw invalid(name, [{ path: '', message: `is not YAML: ${(err as Error).message.split('\n')[0]}` }]);
+    }
+    const errors = await validate(doc);
+    const gates = errors.length ? [] : ((doc as { gates: Record<string, unknown>[] }).gates ?? []);
+    const ids = new Set<string>();
+    gates.forEach((g, i) => {
+      if (ids.has(g.id as string)) errors.push({ path: `/gates/${i}/id`, message: `repeats the id ${String(g.id)}` });
+      ids.add(g.id as string);
+      if (Boolean(g.run) === Boolean(g.builtin)) errors.push({ path: `/gates/${i}`, message: 'needs either run or builtin' });
+      if (g.shell && typeof g.run !== 'string') errors.push({ path: `/gates/${i}/run`, message: 'must be a string when shell is true' });
+      if (!g.shell && typeof g.run === 'string') errors.push({ path: `/gates/${i}/run`, message: 'must be an argv array (or set shell: true)' });
+      if (g.pass === 'report' && !g.report) errors.push({ path: `/gates/${i}/report`, message: 'is required when pass is report' });
+    });
+    if (errors.length) throw invalid(name, errors);
+    return withDigests(name, gates.map(normalize));
+  }
+  return withDigests('detected', await detect(workspace));
+}
+
+function normalize(g: Record<string, unknown>): GateDefinition {
+  const run = typeof g.run === 'string' ? ['/bin/sh', '-c', g.run] : ((g.run as string[] | undefined) ?? null);
+  return {
+    id: g.id as string,
+    name: (g.name as string | undefined) ?? (g.id as string),
+    required: g.required !== false,
+    run,
+    builtin: (g.builtin as GateDefinition['builtin'] | undefined) ?? null,
+    timeout_seconds: (g.timeout_seconds as number | undefined) ?? DEFAULT_TIMEOUT_SECONDS,
+    env: (g.env as string[] | undefined) ?? [],
+    pass: (g.pass as GateDefinition['pass'] | undefined) ?? 'exit_code',
+    report: (g.report as GateDefinition['report'] | undefined) ?? null,
+    inputs: (g.inputs as string[] | undefined) ?? null,
+    artifacts: (g.artifacts as string[] | undefined) ?? [],
+  };
+}
+
+/** The set a workspace without a gate file gets: its package.json scripts, and a secret scan. */
+async function detect(workspace: string): Promise<GateDefinition[]> {
+  const gates: GateDefinition[] = [];
+  const pkgFile = path.join(workspace, 'package.json');
+  const stat = await fs.lstat(pkgFile).catch(() => null);
+  if (stat?.isFile()) {
+    const pkg = JSON.parse(await fs.readFile(pkgFile, 'utf8').catch(() => '{}')) as { scripts?: Record<string, unknown> };
+    for (const script of DETECTED_SCRIPTS) {
+      if (typeof pkg.scripts?.[script] !== 'string') continue;
+      gates.push(
+        normalize({ id: script, name: `npm run ${script}`, run: script === 'test' ? ['npm', 'test', '--silent'] : ['npm', 'run', '--silent', script] }),
+      );
+    }
+  }
+  gates.push(normalize({ id: 'secrets', name: 'secret scan', builtin: 'secret-scan' }));
+  return gates;
+}
+
+function withDigests(source: string, gates: GateDefinition[]): GateSet {
+  return { source, gates: gates.map((g) => ({ ...g, digest: `sha256:${sha256Hex(canonicalJson(g))}` })) };
+}

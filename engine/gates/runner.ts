@@ -1,0 +1,170 @@
+// Runs one gate: its command in the sandbox, in the workspace, as untrusted code (or the built-in
+// secret scan), with its timeout; then what decides it (exit code 0, or its report), its
+// annotations, the subject and digests it is about, tool versions and the artifacts it keeps. The
+// service's gate runs and the CLI's `gates run` both call this.
+import fs from 'node:fs/promises';
+import path from 'node:path';
+import { glob } from 'tinyglobby';
+import { canonicalJson, payloadDigest, sha256Hex } from '../evidence/index.js';
+import type { GateConclusion, GateResult, GateSubject } from '../platform/index.js';
+import { runProcess, type Sandbox } from '../tools/index.js';
+import type { GateDefinition } from './definition.js';
+import { parseReport, type Report } from './reports.js';
+import { scanSecrets } from './secret-scan.js';
+import { inputFiles, type FileHasher, type GitState } from './subject.js';
+
+const OUTPUT_TAIL_BYTES = 8 * 1024;
+const REPORT_MAX_BYTES = 8 * 1024 * 1024;
+const ARTIFACT_MAX_BYTES = 1024 * 1024;
+const ARTIFACTS_MAX_BYTES = 5 * 1024 * 1024;
+
+export type GateContext = {
+  sandbox: Sandbox;
+  /** the workspace folder, absolute and resolved */
+  workspace: string;
+  /** the workspace as its tenant names it (relative to its root) */
+  workspaceName: string;
+  git: GitState;
+  hasher: FileHasher;
+  /** the environment every gate starts from (a short allowlist) */
+  baseEnv: Record<string, string>;
+  /** the value of a name a gate asks for, or undefined when it is not given to gates */
+  envValue(name: string): string | undefined;
+  network: boolean;
+  signal?: AbortSignal;
+  /** the output of the gate's command as it comes */
+  onOutput?(stream: 'stdout' | 'stderr', text: string): void;
+};
+
+/** An artifact's content, to keep as a ledger payload beside the result. */
+export type ArtifactPayload = { digest: string; body: string };
+
+let versions: Promise<Record<string, string>> | undefined;
+/** node, npm and git as the sandbox sees them, asked once per process. */
+function toolVersions(sandbox: Sandbox, workspace: string): Promise<Record<string, string>> {
+  versions ??= runProcess(sandbox, ['/bin/sh', '-c', 'node --version; npm --version; git --version'], {
+    workspace,
+    env: { PATH: '/usr/local/bin:/usr/bin:/bin', HOME: '/tmp' },
+    network: false,
+    maxBytes: 4096,
+    timeoutMs: 20_000,
+  }).then((r) => {
+    const [node, npm, git] = r.stdout.split('\n');
+    return Object.fromEntries(
+      Object.entries({ node: node?.trim(), npm: npm?.trim(), git: git?.replace('git version', '').trim() }).filter(([, v]) => v),
+    ) as Record<string, string>;
+  });
+  return versions;
+}
+
+export const subjectOf = (ctx: Pick<GateContext, 'workspaceName' | 'git'>): GateSubject => ({
+  workspace: ctx.workspaceName,
+  commit: ctx.git.commit,
+  tree: ctx.git.tree,
+  dirty: ctx.git.dirty,
+});
+
+/** The digest of a gate's inputs now: what a result is compared with to know whether it is stale. */
+export async function inputDigest(ctx: Pick<GateContext, 'workspace' | 'git' | 'hasher'>, gate: GateDefinition): Promise<string> {
+  return ctx.hasher.digest(ctx.workspace, await inputFiles(ctx.workspace, gate.inputs, ctx.git));
+}
+
+export async function runGate(
+  gate: GateDefinition & { digest: string },
+  ctx: GateContext,
+): Promise<{ result: GateResult; artifacts: ArtifactPayload[] }> {
+  const started = new Date();
+  const files = await inputFiles(ctx.workspace, gate.inputs, ctx.git);
+  const [digest, tools] = await Promise.all([ctx.hasher.digest(ctx.workspace, files), toolVersions(ctx.sandbox, ctx.workspace)]);
+  let conclusion: GateConclusion;
+  let summary: string;
+  let exitCode: number | null = null;
+  let tail = '';
+  let report: Report | null = null;
+  if (gate.builtin === 'secret-scan') {
+    const found = await scanSecrets(ctx.workspace, files);
+    report = { ok: !found.annotations.some((a) => a.level === 'failure'), annotations: found.annotations, summary: '' };
+    conclusion = ctx.signal?.aborted ? 'cancelled' : report.ok ? 'success' : 'failure';
+    summary = found.annotations.length ? `${found.annotations.length} secret${found.annotations.length === 1 ? '' : 's'} found in ${found.scanned} files` : `no secrets in ${found.scanned} files`;
+  } else {
+    const env: Record<string, string> = { ...ctx.baseEnv, CI: 'true' };
+    for (const name of gate.env) {
+      const value = ctx.envValue(name);
+      if (value !== undefined) env[name] = value;
+    }
+    const r = await runProcess(ctx.sandbox, gate.run!, {
+      workspace: ctx.workspace,
+      env,
+      network: ctx.network,
+      signal: ctx.signal,
+      timeoutMs: gate.timeout_seconds * 1000,
+      maxBytes: gate.report && !gate.report.path ? REPORT_MAX_BYTES : 64 * 1024,
+      onOutput: ctx.onOutput,
+    });
+    exitCode = r.exit_code;
+    const combined = `${r.stdout}${r.stderr ? `\n${r.stderr}` : ''}`;
+    tail = combined.length > OUTPUT_TAIL_BYTES ? combined.slice(-OUTPUT_TAIL_BYTES) : combined;
+    if (gate.report) report = await parseReport(gate.report.format, await reportText(ctx.workspace, gate.report.path, r.stdout), ctx.workspace);
+    if (r.aborted) {
+      conclusion = 'cancelled';
+      summary = 'stopped before it ended';
+    } else if (r.timed_out) {
+      conclusion = 'timed_out';
+      summary = `did not end within ${gate.timeout_seconds} s`;
+    } else {
+      const passed = gate.pass === 'report' ? Boolean(report?.ok) : r.exit_code === 0;
+      conclusion = passed ? 'success' : 'failure';
+      summary = report?.summary || (r.exit_code === 0 ? 'exited 0' : `exited ${r.exit_code ?? r.signal}`);
+    }
+  }
+  const kept = await keepArtifacts(ctx.workspace, gate.artifacts);
+  const finished = new Date();
+  return {
+    result: {
+      gate_id: gate.id,
+      name: gate.name,
+      required: gate.required,
+      conclusion,
+      summary,
+      exit_code: exitCode,
+      duration_ms: finished.getTime() - started.getTime(),
+      output_tail: tail,
+      annotations: report?.annotations ?? [],
+      subject: subjectOf(ctx),
+      input_digest: digest,
+      definition_digest: gate.digest,
+      tool_versions: tools,
+      artifacts: kept.map((a) => a.meta),
+      started_at: started.toISOString(),
+      finished_at: finished.toISOString(),
+    },
+    artifacts: kept.map((a) => a.payload),
+  };
+}
+
+/** A report file the command wrote (a plain file inside the workspace), or its standard output. */
+async function reportText(workspace: string, file: string | undefined, stdout: string): Promise<string> {
+  if (!file) return stdout;
+  const full = path.resolve(workspace, file);
+  if (!full.startsWith(workspace + path.sep)) return '';
+  const stat = await fs.lstat(full).catch(() => null);
+  if (!stat?.isFile() || stat.size > REPORT_MAX_BYTES) return '';
+  return fs.readFile(full, 'utf8');
+}
+
+async function keepArtifacts(workspace: string, globs: string[]) {
+  if (!globs.length) return [];
+  const files = (await glob(globs, { cwd: workspace, dot: true, onlyFiles: true, followSymbolicLinks: false, ignore: ['.git/**'] })).sort();
+  const kept: { meta: GateResult['artifacts'][number]; payload: ArtifactPayload }[] = [];
+  let total = 0;
+  for (const rel of files) {
+    const stat = await fs.lstat(path.join(workspace, rel)).catch(() => null);
+    if (!stat?.isFile() || stat.size > ARTIFACT_MAX_BYTES || total + stat.size > ARTIFACTS_MAX_BYTES) continue;
+    const content = await fs.readFile(path.join(workspace, rel));
+    total += content.length;
+    const body = canonicalJson({ path: rel, size: content.length, content_base64: content.toString('base64') });
+    const digest = payloadDigest(body);
+    kept.push({ meta: { path: rel, size: content.length, sha256: sha256Hex(content), payload_digest: digest }, payload: { digest, body } });
+  }
+  return kept;
+}

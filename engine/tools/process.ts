@@ -1,0 +1,90 @@
+// Runs one command to its end in the sandbox: its own process group (an abort or a timeout kills it
+// and everything it started), the last bytes of its output kept, output streamed as it comes.
+import type { Sandbox, SandboxSpawnOptions } from './sandbox.js';
+import { TailBuffer } from './tool.js';
+
+const KILL_GRACE_MS = 500;
+
+export type ProcessResult = {
+  exit_code: number | null;
+  signal: NodeJS.Signals | null;
+  stdout: string;
+  stderr: string;
+  truncated: boolean;
+  /** the timeout ended it */
+  timed_out: boolean;
+  /** the signal ended it */
+  aborted: boolean;
+  duration_ms: number;
+};
+
+function killGroup(pid: number, signal: NodeJS.Signals): void {
+  try {
+    process.kill(-pid, signal);
+  } catch {
+    // the group is gone already
+  }
+}
+
+export async function runProcess(
+  sandbox: Sandbox,
+  argv: string[],
+  opts: SandboxSpawnOptions & {
+    signal?: AbortSignal;
+    timeoutMs?: number;
+    maxBytes: number;
+    onOutput?: (stream: 'stdout' | 'stderr', text: string) => void;
+  },
+): Promise<ProcessResult> {
+  const started = performance.now();
+  const proc = sandbox.spawn(argv, opts);
+  const { child } = proc;
+  const stdout = new TailBuffer(opts.maxBytes);
+  const stderr = new TailBuffer(opts.maxBytes);
+  child.stdout!.on('data', (d: Buffer) => {
+    stdout.push(d);
+    opts.onOutput?.('stdout', d.toString('utf8'));
+  });
+  child.stderr!.on('data', (d: Buffer) => {
+    stderr.push(d);
+    opts.onOutput?.('stderr', d.toString('utf8'));
+  });
+  let killTimer: NodeJS.Timeout | undefined;
+  let timedOut = false;
+  const stop = () => {
+    if (child.pid === undefined || killTimer) return;
+    killGroup(child.pid, 'SIGTERM');
+    killTimer = setTimeout(() => killGroup(child.pid!, 'SIGKILL'), KILL_GRACE_MS);
+  };
+  const timeout = opts.timeoutMs
+    ? setTimeout(() => {
+        timedOut = true;
+        stop();
+      }, opts.timeoutMs)
+    : undefined;
+  opts.signal?.addEventListener('abort', stop, { once: true });
+  if (opts.signal?.aborted) stop();
+  try {
+    const { code, signal } = await new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve, reject) => {
+      child.once('error', reject);
+      child.once('close', (c: number | null, s: NodeJS.Signals | null) => resolve({ code: c, signal: s }));
+    });
+    // the command may have left children behind in its group: they go with it
+    if (child.pid !== undefined) killGroup(child.pid, 'SIGKILL');
+    return {
+      exit_code: code,
+      signal,
+      stdout: stdout.text(),
+      stderr: stderr.text(),
+      truncated: stdout.truncated || stderr.truncated,
+      timed_out: timedOut,
+      aborted: Boolean(opts.signal?.aborted),
+      duration_ms: Math.round(performance.now() - started),
+    };
+  } finally {
+    opts.signal?.removeEventListener('abort', stop);
+    clearTimeout(timeout);
+    clearTimeout(killTimer);
+    proc.done();
+  }
+}
