@@ -21,8 +21,7 @@ export async function parseReport(format: ReportFormat, text: string, workspace:
     return relative.startsWith('..') ? p : relative.split(path.sep).join('/');
   };
   try {
-    const report =
-      format === 'tap' ? await tap(text) : format === 'junit' ? junit(text, rel) : format === 'eslint' ? eslint(text, rel) : tsc(text, rel);
+    const report = format === 'tap' ? await tap(text) : format === 'junit' ? junit(text, rel) : format === 'eslint' ? eslint(text, rel) : tsc(text, rel);
     return { ...report, annotations: report.annotations.slice(0, MAX_ANNOTATIONS) };
   } catch (err) {
     return { ok: false, annotations: [], summary: `the ${format} report could not be read: ${(err as Error).message.split('\n')[0]}` };
@@ -55,10 +54,11 @@ function tap(text: string): Promise<Report> {
 type Rel = (p: string | undefined | null) => string | null;
 
 function junit(text: string, rel: Rel): Report {
-  const doc = new XMLParser({ ignoreAttributes: false, attributeNamePrefix: '', isArray: (name) => ['testsuite', 'testcase', 'failure', 'error'].includes(name) }).parse(text) as Record<
-    string,
-    unknown
-  >;
+  const doc = new XMLParser({
+    ignoreAttributes: false,
+    attributeNamePrefix: '',
+    isArray: (name) => ['testsuite', 'testcase', 'failure', 'error'].includes(name),
+  }).parse(text) as Record<string, unknown>;
   const root = (doc.testsuites ?? doc) as { testsuite?: Record<string, unknown>[] };
   if (!root.testsuite?.length) throw new Error('no <testsuite> in the JUnit report');
   const annotations: Annotation[] = [];
@@ -93,7 +93,11 @@ function eslint(text: string, rel: Rel): Report {
     })),
   );
   const errors = annotations.filter((a) => a.level === 'failure').length;
-  return { ok: errors === 0, annotations, summary: `${errors} error${errors === 1 ? '' : 's'}, ${annotations.length - errors} warning${annotations.length - errors === 1 ? '' : 's'}` };
+  return {
+    ok: errors === 0,
+    annotations,
+    summary: `${errors} error${errors === 1 ? '' : 's'}, ${annotations.length - errors} warning${annotations.length - errors === 1 ? '' : 's'}`,
+  };
 }
 
 function tsc(text: string, rel: Rel): Report {

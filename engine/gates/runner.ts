@@ -69,10 +69,7 @@ export async function inputDigest(ctx: Pick<GateContext, 'workspace' | 'git' | '
   return ctx.hasher.digest(ctx.workspace, await inputFiles(ctx.workspace, gate.inputs, ctx.git));
 }
 
-export async function runGate(
-  gate: GateDefinition & { digest: string },
-  ctx: GateContext,
-): Promise<{ result: GateResult; artifacts: ArtifactPayload[] }> {
+export async function runGate(gate: GateDefinition & { digest: string }, ctx: GateContext): Promise<{ result: GateResult; artifacts: ArtifactPayload[] }> {
   const started = new Date();
   const files = await inputFiles(ctx.workspace, gate.inputs, ctx.git);
   const [digest, tools] = await Promise.all([ctx.hasher.digest(ctx.workspace, files), toolVersions(ctx.sandbox, ctx.workspace)]);
@@ -85,7 +82,9 @@ export async function runGate(
     const found = await scanSecrets(ctx.workspace, files);
     report = { ok: !found.annotations.some((a) => a.level === 'failure'), annotations: found.annotations, summary: '' };
     conclusion = ctx.signal?.aborted ? 'cancelled' : report.ok ? 'success' : 'failure';
-    summary = found.annotations.length ? `${found.annotations.length} secret${found.annotations.length === 1 ? '' : 's'} found in ${found.scanned} files` : `no secrets in ${found.scanned} files`;
+    summary = found.annotations.length
+      ? `${found.annotations.length} secret${found.annotations.length === 1 ? '' : 's'} found in ${found.scanned} files`
+      : `no secrets in ${found.scanned} files`;
   } else {
     const env: Record<string, string> = { ...ctx.baseEnv, CI: 'true' };
     for (const name of gate.env) {

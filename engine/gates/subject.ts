@@ -28,7 +28,13 @@ export async function gitState(sandbox: Sandbox, workspace: string): Promise<Git
     'echo @@',
     `${q(GIT)} ls-files -z --cached --others --exclude-standard`,
   ].join('; ');
-  const r = await runProcess(sandbox, ['/bin/sh', '-c', script], { workspace, env: { PATH: '/usr/bin:/bin', HOME: '/tmp' }, network: false, maxBytes: 16 * 1024 * 1024, timeoutMs: 30_000 });
+  const r = await runProcess(sandbox, ['/bin/sh', '-c', script], {
+    workspace,
+    env: { PATH: '/usr/bin:/bin', HOME: '/tmp' },
+    network: false,
+    maxBytes: 16 * 1024 * 1024,
+    timeoutMs: 30_000,
+  });
   if (r.exit_code !== 0 || r.truncated) return none;
   const [head = '', status = '', files = ''] = r.stdout.split('@@\n');
   const [commit, tree] = head.trim().split('\n');

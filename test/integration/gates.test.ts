@@ -1,0 +1,193 @@
+// Gates on a real small TypeScript project made here: a gate set file checked with every error named,
+// one gate that passes (tsc), one that fails (node's test runner, read as TAP), one that times out,
+// one that looks for the service's secrets (which are not there), and the secret scan, all in the
+// real sandbox; the reports' parsers; subjects and digests.
+import { execFileSync } from 'node:child_process';
+import fs from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { expect } from 'chai';
+import { FileHasher, gitState, GATE_FILES, inputDigest, loadGateSet, parseReport, runGate, type GateContext } from '../../engine/gates/index.js';
+import { createLogger, GateSetInvalidError } from '../../engine/platform/index.js';
+import { openSandbox, type Sandbox } from '../../engine/tools/index.js';
+import { PROJECT_ROOT } from '../../config/paths.js';
+
+const TOKEN = `ghp_${'x1Y2'.repeat(9)}`;
+
+/** A small TypeScript project with a git repository, typescript copied into its node_modules. */
+export async function makeProject(dir: string, gates: string): Promise<void> {
+  await fs.mkdir(path.join(dir, 'src'), { recursive: true });
+  await fs.mkdir(path.join(dir, 'test'), { recursive: true });
+  await fs.writeFile(path.join(dir, 'package.json'), JSON.stringify({ name: 'small', private: true, type: 'module', scripts: { test: 'node --test' } }));
+  await fs.writeFile(
+    path.join(dir, 'tsconfig.json'),
+    JSON.stringify({ compilerOptions: { strict: true, noEmit: true, target: 'es2022', module: 'nodenext' }, include: ['src'] }),
+  );
+  await fs.writeFile(path.join(dir, 'src', 'add.ts'), 'export function add(a: number, b: number): number {\n  return a + b;\n}\n');
+  await fs.writeFile(
+    path.join(dir, 'test', 'add.test.mjs'),
+    "import test from 'node:test';\nimport assert from 'node:assert';\ntest('adds', () => assert.equal(1 + 1, 2));\ntest('is wrong', () => assert.equal(1 + 1, 3));\n",
+  );
+  await fs.writeFile(path.join(dir, '.gitignore'), 'node_modules\n');
+  await fs.writeFile(path.join(dir, 'gates.yaml'), gates);
+  await fs.cp(path.join(PROJECT_ROOT, 'node_modules', 'typescript'), path.join(dir, 'node_modules', 'typescript'), { recursive: true });
+  const git = (...args: string[]) => execFileSync('git', ['-c', 'user.name=t', '-c', 'user.email=t@t', ...args], { cwd: dir });
+  git('init', '-q');
+  git('add', '-A');
+  git('commit', '-qm', 'init');
+}
+
+export const GATES_YAML = `version: 1
+gates:
+  - id: typecheck
+    name: TypeScript
+    run: [node, node_modules/typescript/bin/tsc, -p, .]
+    report: { format: tsc }
+    inputs: ['src/**', tsconfig.json]
+  - id: test
+    run: node --test --test-reporter=tap test/
+    shell: true
+    pass: report
+    report: { format: tap }
+  - id: slow
+    run: [sleep, '30']
+    timeout_seconds: 1
+    required: false
+  - id: peek
+    run: 'cat "$DATA_DIR_GUESS/secret.key" 2>&1; echo "key=[$SERVICE_SECRET_KEY]"; ls /root 2>&1 | head -3'
+    shell: true
+    env: [SERVICE_SECRET_KEY, DATA_DIR_GUESS]
+  - id: secrets
+    builtin: secret-scan
+`;
+
+describe('gates', function () {
+  this.timeout(60_000);
+  let dir: string;
+  let sandbox: Sandbox;
+  before(async () => {
+    dir = await fs.realpath(await fs.mkdtemp(path.join(os.tmpdir(), 'gates-')));
+    sandbox = openSandbox({
+      mode: 'auto',
+      limits: { cpuSeconds: 60, memoryMb: 4096, processes: 256, fileSizeMb: 64 },
+      prefix: 'gates-test',
+      pathVar: process.env.PATH,
+      log: createLogger('silent'),
+    });
+  });
+  after(async () => {
+    sandbox.close();
+    await fs.rm(dir, { recursive: true, force: true });
+  });
+
+  it('names every problem of a gate set file at once, and detects a set from package.json without one', async () => {
+    const bad = path.join(dir, 'bad');
+    await fs.mkdir(bad);
+    await fs.writeFile(
+      path.join(bad, 'gates.yaml'),
+      'gates:\n  - id: a\n    run: [x]\n    colour: red\n  - id: a\n    builtin: secret-scan\n  - id: B!\n  - id: c\n    run: "echo hi"\n  - id: d\n    run: [x]\n    pass: report\n',
+    );
+    const err = await loadGateSet(bad).catch((e: unknown) => e);
+    expect(err).to.be.instanceOf(GateSetInvalidError);
+    const paths = (err as GateSetInvalidError).errors.map((e) => `${e.path} ${e.message}`);
+    expect(paths.join('\n')).to.contain('/gates/0 has an unknown field colour').and.contain('/gates/2/id');
+    await fs.writeFile(
+      path.join(bad, 'gates.yaml'),
+      'gates:\n  - id: a\n    run: [x]\n  - id: a\n    builtin: secret-scan\n  - id: c\n    run: "echo hi"\n  - id: d\n    run: [x]\n    pass: report\n',
+    );
+    const again = (await loadGateSet(bad).catch((e: unknown) => e)) as GateSetInvalidError;
+    expect(again.errors.map((e) => `${e.path} ${e.message}`)).to.deep.equal([
+      '/gates/1/id repeats the id a',
+      '/gates/2/run must be an argv array (or set shell: true)',
+      '/gates/3/report is required when pass is report',
+    ]);
+    await fs.rm(path.join(bad, 'gates.yaml'));
+    await fs.writeFile(path.join(bad, 'package.json'), JSON.stringify({ scripts: { test: 'x', lint: 'y', start: 'z' } }));
+    const detected = await loadGateSet(bad);
+    expect(detected.source).to.equal('detected');
+    expect(detected.gates.map((g) => [g.id, g.run, g.builtin])).to.deep.equal([
+      ['lint', ['npm', 'run', '--silent', 'lint'], null],
+      ['test', ['npm', 'test', '--silent'], null],
+      ['secrets', null, 'secret-scan'],
+    ]);
+    expect(GATE_FILES).to.deep.equal(['gates.yaml', '.gates.yaml']);
+  });
+
+  it('reads TAP, JUnit XML, ESLint JSON and tsc output into a verdict and annotations', async () => {
+    const tap = await parseReport(
+      'tap',
+      'TAP version 13\nok 1 - a\nnot ok 2 - b\n  ---\n  at:\n    fileName: test/b.js\n    lineNumber: 7\n  ...\n1..2\n',
+      '/w',
+    );
+    expect(tap).to.deep.include({ ok: false, summary: '1 of 2 passed, 1 failed' });
+    expect(tap.annotations[0]).to.deep.include({ path: 'test/b.js', line: 7, level: 'failure' });
+    const junit = await parseReport(
+      'junit',
+      '<testsuites><testsuite name="s"><testcase classname="C" name="ok"/><testcase classname="C" name="bad" file="/w/src/c.ts"><failure message="expected 2">trace</failure></testcase></testsuite></testsuites>',
+      '/w',
+    );
+    expect(junit.ok).to.equal(false);
+    expect(junit.annotations).to.deep.equal([{ path: 'src/c.ts', line: null, level: 'failure', title: 'C bad', message: 'expected 2' }]);
+    const eslint = await parseReport(
+      'eslint',
+      JSON.stringify([{ filePath: '/w/a.js', messages: [{ line: 3, severity: 1, message: 'unused', ruleId: 'no-unused-vars' }] }]),
+      '/w',
+    );
+    expect(eslint).to.deep.include({ ok: true, summary: '0 errors, 1 warning' });
+    const tsc = await parseReport('tsc', "src/a.ts(4,7): error TS2322: Type 'string' is not assignable to type 'number'.\n", '/w');
+    expect(tsc.annotations).to.deep.equal([
+      { path: 'src/a.ts', line: 4, level: 'failure', message: "TS2322: Type 'string' is not assignable to type 'number'." },
+    ]);
+    expect((await parseReport('junit', 'not xml at all <', '/w')).ok).to.equal(false);
+  });
+
+  it('runs a project’s gates in the sandbox: one passes, one fails with annotations, one times out, secrets stay out, the scan finds a token', async () => {
+    const project = path.join(dir, 'project');
+    await makeProject(project, GATES_YAML);
+    await fs.writeFile(path.join(project, 'src', 'config.ts'), `export const token = '${TOKEN}';\n`);
+    execFileSync('git', ['add', 'src/config.ts'], { cwd: project });
+    const set = await loadGateSet(project);
+    expect(set.source).to.equal('gates.yaml');
+    const git = await gitState(sandbox, project);
+    expect(git.commit).to.match(/^[0-9a-f]{40}$/);
+    expect(git.dirty).to.equal(true); // config.ts is staged, not committed
+    expect(git.files).to.include('src/config.ts').and.not.include('node_modules/typescript/package.json');
+    const ctx: GateContext = {
+      sandbox,
+      workspace: project,
+      workspaceName: 'project',
+      git,
+      hasher: new FileHasher(),
+      baseEnv: { PATH: '/usr/local/bin:/usr/bin:/bin', HOME: '/tmp' },
+      // the runner gives a gate only what the caller allows: here nothing of the service's own
+      envValue: (name) => (name.startsWith('SERVICE_') ? undefined : { DATA_DIR_GUESS: '/var/lib/svc' }[name]),
+      network: false,
+    };
+    const results = Object.fromEntries(await Promise.all(set.gates.map(async (g) => [g.id, (await runGate(g, ctx)).result] as const)));
+    expect(results.typecheck!.conclusion, results.typecheck!.output_tail).to.equal('success');
+    expect(results.typecheck!.subject).to.deep.equal({ workspace: 'project', commit: git.commit, tree: git.tree, dirty: true });
+    expect(results.test!.conclusion).to.equal('failure');
+    expect(results.test!.summary).to.equal('1 of 2 passed, 1 failed');
+    expect(results.test!.annotations[0]).to.deep.include({ level: 'failure' });
+    expect(results.test!.annotations[0]!.message).to.contain('is wrong');
+    expect(results.slow!.conclusion).to.equal('timed_out');
+    expect(results.slow!.duration_ms).to.be.below(5000);
+    expect(results.peek!.output_tail).to.contain('key=[]');
+    expect(results.secrets!.conclusion).to.equal('failure');
+    expect(results.secrets!.annotations[0]).to.deep.include({ path: 'src/config.ts', line: 1 });
+    // a found secret is masked wherever the result goes
+    expect(JSON.stringify(results)).not.to.contain(TOKEN);
+    for (const r of Object.values(results)) {
+      expect(r.definition_digest).to.match(/^sha256:[0-9a-f]{64}$/);
+      expect(r.tool_versions.node).to.match(/^v\d+/);
+    }
+    // the typecheck's inputs are its globs: a test file's change leaves its digest, a source change moves it
+    const typecheck = set.gates.find((g) => g.id === 'typecheck')!;
+    const before = results.typecheck!.input_digest;
+    expect(await inputDigest(ctx, typecheck)).to.equal(before);
+    await fs.appendFile(path.join(project, 'test', 'add.test.mjs'), '// more\n');
+    expect(await inputDigest(ctx, typecheck)).to.equal(before);
+    await fs.appendFile(path.join(project, 'src', 'add.ts'), '// more\n');
+    expect(await inputDigest(ctx, typecheck)).not.to.equal(before);
+  });
+});
