@@ -429,3 +429,28 @@ export type GateResult = {
   started_at: string;
   finished_at: string;
 };
+
+export const GATE_RUN_STATUSES = ['running', 'succeeded', 'failed', 'canceled'] as const;
+export type GateRunStatus = (typeof GATE_RUN_STATUSES)[number];
+
+/** One run of a workspace's gate set: a BullMQ flow of one job per gate under a job that seals the results. */
+export type GateRunRecord = {
+  id: string;
+  tenant_id: string;
+  /** the workspace as its tenant names it */
+  workspace: string;
+  status: GateRunStatus;
+  /** the gate set's file (`gates.yaml`, `.gates.yaml`) or `detected` */
+  source: string;
+  /** the gates it runs, in the set's order */
+  gates: string[];
+  /** what started it: a run's `gates` step, the API, or the CLI posting its results */
+  trigger: { type: 'run'; run_id: string; session_id: string } | { type: 'api' } | { type: 'cli' };
+  subject: GateSubject | null;
+  /** every gate's result, in the set's order, once sealed */
+  results: GateResult[];
+  /** the ledger entries that seal it */
+  ledger: { from_seq: number; to_seq: number; head_hash: string } | null;
+  created_at: string;
+  finished_at: string | null;
+};

@@ -8,6 +8,9 @@ import {
   type Automation,
   type AutomationStatus,
   type DeliveryStatus,
+  type GateResult,
+  type GateRunRecord,
+  type GateRunStatus,
   type LedgerEntry,
   type LedgerPayload,
   type MessageRecord,
@@ -166,6 +169,21 @@ export interface EvidenceRepo {
   payloads(tenantId: string, digests: string[]): Promise<LedgerPayload[]>;
 }
 
+export interface GateRunRepo {
+  insert(run: GateRunRecord): Promise<void>;
+  get(tenantId: string, id: string): Promise<GateRunRecord | null>;
+  /** Applies `changes` only while the status is one of `ifStatusIn`; null when no row matched. */
+  update(tenantId: string, id: string, changes: Partial<GateRunRecord>, ifStatusIn: GateRunStatus[]): Promise<GateRunRecord | null>;
+  /** Newest first, optionally of one workspace. */
+  list(tenantId: string, q: { workspace?: string; limit: number; cursor?: string }): Promise<Page<GateRunRecord>>;
+  /** Keeps one gate's result of a gate run (a result kept twice for the same run and gate is kept once). */
+  putResult(tenantId: string, gateRunId: string, result: GateResult): Promise<void>;
+  /** The results of one gate run, by gate id. */
+  results(tenantId: string, gateRunId: string): Promise<GateResult[]>;
+  /** The latest result of each gate of a workspace, by when it finished. */
+  latestResults(tenantId: string, workspace: string): Promise<GateResult[]>;
+}
+
 export type TaskChanges = Partial<Pick<TaskRecord, 'status' | 'attempts' | 'run_ids' | 'output' | 'updated_at'>>;
 
 export interface TaskRepo {
@@ -197,6 +215,7 @@ export interface Store {
   readonly messages: MessageRepo;
   readonly tasks: TaskRepo;
   readonly evidence: EvidenceRepo;
+  readonly gateRuns: GateRunRepo;
   /** Throws when the store cannot be reached. */
   ping(): Promise<void>;
   close(): Promise<void>;

@@ -530,5 +530,69 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect(await store.evidence.payloads('t1', ['sha256:p', 'sha256:none'])).to.deep.equal([{ digest: 'sha256:p', body: '{}' }]);
       expect(await store.evidence.payloads('t2', ['sha256:p'])).to.deep.equal([]);
     });
+
+    it('keeps gate runs per tenant with their results; the latest result of each gate of a workspace; conditional updates', async () => {
+      const subject = (workspace: string) => ({ workspace, commit: null, tree: null, dirty: null });
+      const gateRun = (tenantId: string, workspace: string) => ({
+        id: newId('grn'),
+        tenant_id: tenantId,
+        workspace,
+        status: 'running' as const,
+        source: 'gates.yaml',
+        gates: ['test', 'lint'],
+        trigger: { type: 'api' as const },
+        subject: subject(workspace),
+        results: [],
+        ledger: null,
+        created_at: new Date().toISOString(),
+        finished_at: null,
+      });
+      const result = (gate: string, workspace: string, at: string, conclusion: 'success' | 'failure') => ({
+        gate_id: gate,
+        name: gate,
+        required: true,
+        conclusion,
+        summary: '',
+        exit_code: conclusion === 'success' ? 0 : 1,
+        duration_ms: 1,
+        output_tail: '',
+        annotations: [],
+        subject: subject(workspace),
+        input_digest: 'sha256:i',
+        definition_digest: 'sha256:d',
+        tool_versions: {},
+        artifacts: [],
+        started_at: at,
+        finished_at: at,
+      });
+      const first = gateRun('t1', 'app');
+      const second = gateRun('t1', 'app');
+      const other = gateRun('t1', 'lib');
+      for (const r of [first, second, other, gateRun('t2', 'app')]) await store.gateRuns.insert(r);
+      const page = await store.gateRuns.list('t1', { workspace: 'app', limit: 1 });
+      expect(page.items.map((r) => r.id)).to.deep.equal([second.id]);
+      expect((await store.gateRuns.list('t1', { workspace: 'app', limit: 5, cursor: page.next_cursor! })).items.map((r) => r.id)).to.deep.equal([first.id]);
+      expect((await store.gateRuns.list('t1', { limit: 5 })).items).to.have.length(3);
+      expect(await store.gateRuns.get('t2', first.id)).to.equal(null);
+      await store.gateRuns.putResult('t1', first.id, result('test', 'app', '2026-01-01T00:00:01.000Z', 'failure'));
+      await store.gateRuns.putResult('t1', first.id, result('test', 'app', '2026-01-01T00:00:09.000Z', 'success')); // kept once: the first stays
+      await store.gateRuns.putResult('t1', first.id, result('lint', 'app', '2026-01-01T00:00:02.000Z', 'success'));
+      await store.gateRuns.putResult('t1', second.id, result('test', 'app', '2026-01-01T00:00:05.000Z', 'success'));
+      await store.gateRuns.putResult('t1', other.id, result('test', 'lib', '2026-01-01T00:00:07.000Z', 'failure'));
+      expect((await store.gateRuns.results('t1', first.id)).map((r) => [r.gate_id, r.conclusion]).sort()).to.deep.equal([
+        ['lint', 'success'],
+        ['test', 'failure'],
+      ]);
+      expect((await store.gateRuns.latestResults('t1', 'app')).map((r) => [r.gate_id, r.conclusion, r.finished_at])).to.deep.equal([
+        ['lint', 'success', '2026-01-01T00:00:02.000Z'],
+        ['test', 'success', '2026-01-01T00:00:05.000Z'],
+      ]);
+      expect(await store.gateRuns.latestResults('t2', 'app')).to.deep.equal([]);
+      expect(await store.gateRuns.update('t1', first.id, { status: 'succeeded' }, ['running'])).to.deep.include({
+        status: 'succeeded',
+        gates: ['test', 'lint'],
+      });
+      expect(await store.gateRuns.update('t1', first.id, { status: 'failed' }, ['running'])).to.equal(null);
+    });
   });
 }

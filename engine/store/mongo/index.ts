@@ -8,6 +8,7 @@ import { apiKeyRepo, apiKeySchema } from './api-keys.js';
 import { automationRepo, automationSchema } from './automations.js';
 import { deliveryRepo, deliverySchema } from './deliveries.js';
 import { evidenceRepo, ledgerPayloadSchema, ledgerSchema } from './evidence.js';
+import { gateResultSchema, gateRunRepo, gateRunSchema } from './gate-runs.js';
 import type { Stored } from './documents.js';
 import { runRepo, runSchema, runStepSchema, runTurnSchema } from './runs.js';
 import { agentRepo, agentSchema, messageCounterSchema, messageRepo, messageSchema, sessionRepo, sessionSchema } from './sessions.js';
@@ -30,6 +31,8 @@ export async function openMongoStore(uri: string): Promise<Store> {
   const tasks = conn.model('Task', taskSchema, 'tasks');
   const ledger = conn.model('Ledger', ledgerSchema, 'ledger');
   const ledgerPayloads = conn.model('LedgerPayload', ledgerPayloadSchema, 'ledger_payloads');
+  const gateRuns = conn.model('GateRun', gateRunSchema, 'gate_runs');
+  const gateResults = conn.model('GateResult', gateResultSchema, 'gate_results');
   const models = [
     automations,
     apiKeys,
@@ -45,6 +48,8 @@ export async function openMongoStore(uri: string): Promise<Store> {
     tasks,
     ledger,
     ledgerPayloads,
+    gateRuns,
+    gateResults,
   ];
   await Promise.all(models.map((m) => m.init()));
   return {
@@ -59,6 +64,7 @@ export async function openMongoStore(uri: string): Promise<Store> {
     messages: messageRepo(messages, counters),
     tasks: taskRepo(tasks as never),
     evidence: evidenceRepo(ledger as never, ledgerPayloads as never),
+    gateRuns: gateRunRepo(gateRuns as never, gateResults as never),
     async ping() {
       await pingConnection(conn);
     },

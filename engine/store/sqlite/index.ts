@@ -8,6 +8,7 @@ import { automationRepo } from './automations.js';
 import { openDatabase } from './db.js';
 import { deliveryRepo } from './deliveries.js';
 import { evidenceRepo } from './evidence.js';
+import { gateRunRepo } from './gate-runs.js';
 import { runRepo } from './runs.js';
 import { agentRepo, messageRepo, sessionRepo } from './sessions.js';
 import { taskRepo } from './tasks.js';
@@ -27,6 +28,7 @@ export function openSqliteStore(file: string): Store {
     messages: messageRepo(db),
     tasks: taskRepo(db),
     evidence: evidenceRepo(db),
+    gateRuns: gateRunRepo(db),
     async ping() {
       db.prepare('SELECT 1').get();
     },

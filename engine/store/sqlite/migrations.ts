@@ -160,3 +160,25 @@ MIGRATIONS.push(`
     PRIMARY KEY (tenant_id, digest)
   ) WITHOUT ROWID;
 `);
+// Gate runs, and each gate's result (the latest per workspace and gate answers smart gates).
+MIGRATIONS.push(`
+  CREATE TABLE gate_runs (
+    id TEXT PRIMARY KEY,
+    tenant_id TEXT NOT NULL,
+    workspace TEXT NOT NULL,
+    status TEXT NOT NULL,
+    doc TEXT NOT NULL
+  );
+  CREATE INDEX gate_runs_by_workspace ON gate_runs (tenant_id, workspace, id);
+  CREATE INDEX gate_runs_by_tenant ON gate_runs (tenant_id, id);
+  CREATE TABLE gate_results (
+    tenant_id TEXT NOT NULL,
+    gate_run_id TEXT NOT NULL,
+    gate_id TEXT NOT NULL,
+    workspace TEXT NOT NULL,
+    finished_at TEXT NOT NULL,
+    doc TEXT NOT NULL,
+    PRIMARY KEY (tenant_id, gate_run_id, gate_id)
+  ) WITHOUT ROWID;
+  CREATE INDEX gate_results_latest ON gate_results (tenant_id, workspace, gate_id, finished_at);
+`);

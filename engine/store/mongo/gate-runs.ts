@@ -1,0 +1,54 @@
+// Gate runs and their results; `_id` of a result is tenant, run and gate, so it is kept once.
+import { Schema, type Model } from 'mongoose';
+import type { GateResult, GateRunRecord } from '../../platform/index.js';
+import type { GateRunRepo } from '../port.js';
+import { definedOnly, fromStored, loose, pageOf, toStored, type Stored } from './documents.js';
+
+type StoredResult = { _id: string; tenant_id: string; gate_run_id: string; gate_id: string; workspace: string; finished_at: string; result: GateResult };
+
+export const gateRunSchema = new Schema({ _id: String, tenant_id: { type: String, required: true }, workspace: String, status: String }, loose);
+gateRunSchema.index({ tenant_id: 1, workspace: 1, _id: -1 });
+gateRunSchema.index({ tenant_id: 1, _id: -1 });
+export const gateResultSchema = new Schema({ _id: String, tenant_id: String, gate_run_id: String, gate_id: String, workspace: String, finished_at: String }, loose);
+gateResultSchema.index({ tenant_id: 1, workspace: 1, gate_id: 1, finished_at: -1 });
+gateResultSchema.index({ tenant_id: 1, gate_run_id: 1 });
+
+export function gateRunRepo(runs: Model<Stored<GateRunRecord>>, results: Model<StoredResult>): GateRunRepo {
+  return {
+    async insert(r) {
+      await runs.collection.insertOne(toStored(r) as never);
+    },
+    async get(tenantId, id) {
+      return fromStored(await runs.findOne({ _id: id, tenant_id: tenantId }).lean<Stored<GateRunRecord>>());
+    },
+    async update(tenantId, id, changes, ifStatusIn) {
+      const { id: _, tenant_id: __, ...rest } = changes;
+      const updated = await runs
+        .findOneAndUpdate({ _id: id, tenant_id: tenantId, status: { $in: ifStatusIn } }, { $set: definedOnly(rest) }, { returnDocument: 'after' })
+        .lean<Stored<GateRunRecord>>();
+      return fromStored(updated);
+    },
+    list(tenantId, q) {
+      return pageOf(runs, { tenant_id: tenantId, ...(q.workspace ? { workspace: q.workspace } : {}) }, q);
+    },
+    async putResult(tenantId, gateRunId, r) {
+      await results.updateOne(
+        { _id: `${tenantId}:${gateRunId}:${r.gate_id}` },
+        { $setOnInsert: { tenant_id: tenantId, gate_run_id: gateRunId, gate_id: r.gate_id, workspace: r.subject.workspace, finished_at: r.finished_at, result: r } },
+        { upsert: true },
+      );
+    },
+    async results(tenantId, gateRunId) {
+      return (await results.find({ tenant_id: tenantId, gate_run_id: gateRunId }).lean<StoredResult[]>()).map((r) => r.result);
+    },
+    async latestResults(tenantId, workspace) {
+      const rows = await results.aggregate<{ result: GateResult }>([
+        { $match: { tenant_id: tenantId, workspace } },
+        { $sort: { gate_id: 1, finished_at: -1 } },
+        { $group: { _id: '$gate_id', result: { $first: '$result' } } },
+        { $sort: { _id: 1 } },
+      ]);
+      return rows.map((r) => r.result);
+    },
+  };
+}
