@@ -930,7 +930,7 @@ export interface components {
             detail?: string;
             instance?: string;
             /** @enum {string} */
-            code: "task-graph-invalid" | "tool-not-permitted" | "network-not-permitted" | "bad-request" | "validation-failed" | "malformed-json" | "unauthorized" | "not-found" | "method-not-allowed" | "conflict" | "agent-not-configured" | "idempotency-key-reused" | "payload-too-large" | "unsupported-media-type" | "unavailable" | "internal" | "webhook-signature-missing" | "webhook-signature-invalid" | "webhook-timestamp-outside-window" | "webhook-not-configured" | "webhook-replay" | "webhook-payload-invalid" | "rate-limited";
+            code: "task-graph-invalid" | "gate-set-invalid" | "tool-not-permitted" | "network-not-permitted" | "bad-request" | "validation-failed" | "malformed-json" | "unauthorized" | "not-found" | "method-not-allowed" | "conflict" | "agent-not-configured" | "idempotency-key-reused" | "payload-too-large" | "unsupported-media-type" | "unavailable" | "internal" | "webhook-signature-missing" | "webhook-signature-invalid" | "webhook-timestamp-outside-window" | "webhook-not-configured" | "webhook-replay" | "webhook-payload-invalid" | "rate-limited";
             request_id: string;
             errors?: {
                 /** @description JSON pointer to the bad field, prefixed by where it was (`/body`, `/query`, `/path`). */
@@ -1591,7 +1591,7 @@ export interface components {
          *     its `type`, the time `at`, the tenant, and the session and run it belongs to; `data` depends on
          *     the type. The catalogue is one list in the service (engine/platform/event-types.ts).
          */
-        ServiceEvent: components["schemas"]["EventRunQueued"] | components["schemas"]["EventRunStarted"] | components["schemas"]["EventRunRetrying"] | components["schemas"]["EventRunInterrupted"] | components["schemas"]["EventRunFinished"] | components["schemas"]["EventWorkspaceReady"] | components["schemas"]["EventStepStarted"] | components["schemas"]["EventStepOutput"] | components["schemas"]["EventStepFinished"] | components["schemas"]["EventAgentTurn"] | components["schemas"]["EventMessageCreated"] | components["schemas"]["EventTaskUpdated"] | components["schemas"]["EventSessionUpdated"];
+        ServiceEvent: components["schemas"]["EventRunQueued"] | components["schemas"]["EventRunStarted"] | components["schemas"]["EventRunRetrying"] | components["schemas"]["EventRunInterrupted"] | components["schemas"]["EventRunFinished"] | components["schemas"]["EventWorkspaceReady"] | components["schemas"]["EventStepStarted"] | components["schemas"]["EventStepOutput"] | components["schemas"]["EventStepFinished"] | components["schemas"]["EventAgentTurn"] | components["schemas"]["EventMessageCreated"] | components["schemas"]["EventTaskUpdated"] | components["schemas"]["EventSessionUpdated"] | components["schemas"]["EventGateFinished"] | components["schemas"]["EventGateRunFinished"];
         /** @description A run was accepted and stored. */
         EventRunQueued: {
             id: string;
@@ -1845,6 +1845,54 @@ export interface components {
                 run_id?: string | null;
             };
         };
+        /** @description One gate of a gate run ended (on the session stream of the run whose `gates` step started it). */
+        EventGateFinished: {
+            id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "gate.finished";
+            /** Format: date-time */
+            at: string;
+            tenant_id: string;
+            session_id?: string;
+            run_id?: string;
+            data: {
+                gate_run_id?: string;
+                gate_id?: string;
+                conclusion?: components["schemas"]["GateConclusion"];
+                required?: boolean;
+                summary?: string;
+                duration_ms?: number;
+            };
+        };
+        /** @description A gate run was sealed into the evidence ledger. */
+        EventGateRunFinished: {
+            id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "gate.run_finished";
+            /** Format: date-time */
+            at: string;
+            tenant_id: string;
+            session_id?: string;
+            run_id?: string;
+            data: {
+                gate_run_id?: string;
+                /** @enum {string} */
+                status?: "running" | "succeeded" | "failed" | "canceled";
+                failed_required?: string[];
+                ledger_head?: string | null;
+            };
+        };
+        /**
+         * @description How a gate ended, in the vocabulary of GitHub's check runs.
+         * @enum {string}
+         */
+        GateConclusion: "success" | "failure" | "neutral" | "cancelled" | "skipped" | "timed_out";
         /** @description A session's status, outcome or title changed; `archived` ends its trace. */
         EventSessionUpdated: {
             id: string;
@@ -2061,7 +2109,7 @@ export interface components {
                 "text/event-stream": components["schemas"]["ServiceEvent"];
             };
         };
-        /** @description The request is well formed but cannot be done (`agent-not-configured`, `idempotency-key-reused`, `task-graph-invalid` with every error in `errors`). */
+        /** @description The request is well formed but cannot be done (`agent-not-configured`, `idempotency-key-reused`, `task-graph-invalid` and `gate-set-invalid` with every error in `errors`). */
         Unprocessable: {
             headers: {
                 [name: string]: unknown;

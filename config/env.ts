@@ -31,6 +31,8 @@ export type Config = {
   shutdownGraceSeconds: number;
   runBudget: { defaultSeconds: number; maxSeconds: number };
   workerConcurrency: number;
+  /** gates one worker process runs at once */
+  gatesConcurrency: number;
   /** the http tool may reach private and loopback addresses */
   httpAllowPrivate: boolean;
   sseHeartbeatSeconds: number;
@@ -206,6 +208,7 @@ const schema = z.object({
   SERVICE_RUN_DEFAULT_BUDGET_SECONDS: int(600, 1, 86_400),
   SERVICE_RUN_MAX_BUDGET_SECONDS: int(3600, 1, 86_400),
   SERVICE_WORKER_CONCURRENCY: int(10, 1, 1000),
+  SERVICE_GATES_CONCURRENCY: int(4, 1, 100),
   SERVICE_HTTP_ALLOW_PRIVATE: flag,
   SERVICE_SSE_HEARTBEAT_SECONDS: int(15, 1, 300),
   SERVICE_RECONCILE_INTERVAL_SECONDS: int(30, 1, 3600),
@@ -262,6 +265,7 @@ export function parseEnv(env: Record<string, string | undefined>): Config {
     shutdownGraceSeconds: e.SERVICE_SHUTDOWN_GRACE_SECONDS,
     runBudget: { defaultSeconds: e.SERVICE_RUN_DEFAULT_BUDGET_SECONDS, maxSeconds: e.SERVICE_RUN_MAX_BUDGET_SECONDS },
     workerConcurrency: e.SERVICE_WORKER_CONCURRENCY,
+    gatesConcurrency: e.SERVICE_GATES_CONCURRENCY,
     httpAllowPrivate: e.SERVICE_HTTP_ALLOW_PRIVATE,
     sseHeartbeatSeconds: e.SERVICE_SSE_HEARTBEAT_SECONDS,
     reconcileIntervalSeconds: e.SERVICE_RECONCILE_INTERVAL_SECONDS,

@@ -6,6 +6,7 @@ import { automationsOf, fileTriggersOf, firesOf, schedulesOf, type TemplateCatal
 import { webhooksOf, type WebhookSettings } from './webhooks/index.js';
 import { sessionsOf } from './sessions/index.js';
 import { ledgerOf, type EvidenceSigner } from './evidence/index.js';
+import { gateRunsOf } from './gates/index.js';
 import type { Sandbox } from './tools/index.js';
 
 export type EngineDeps = Platform & {
@@ -22,13 +23,32 @@ export function createEngine(deps: EngineDeps) {
   const transitions = transitionsOf(deps);
   const runs = runsOf(deps, transitions);
   const sessions = sessionsOf({ ...deps, runs });
-  const executor = executorOf(deps, runs, transitions, sessions.actionsFor);
+  const evidence = ledgerOf(deps);
+  const gates = gateRunsOf({ ...deps, ledger: evidence, settings: deps.settings });
+  const executor = executorOf(deps, runs, transitions, {
+    sessionActions: sessions.actionsFor,
+    // a vibe run works on a scratch copy, which gate runs (on the tenant's workspaces) cannot see
+    gateActions: (run) =>
+      run.kind === 'vibe'
+        ? undefined
+        : {
+            run: async ({ only }, signal) => {
+              const started = await gates.start(run.tenant_id, {
+                workspace: runs.workspaceOf(run),
+                only,
+                trigger: { type: 'run', run_id: run.id, session_id: run.session_id },
+              });
+              return gates.wait(run.tenant_id, started.id, signal);
+            },
+          },
+  });
   const schedules = schedulesOf(deps);
   const automations = automationsOf(deps, { changed: (a, before) => schedules.sync(a, before) });
   const { fire, fireCron } = firesOf({ ...deps, automations, schedules, runs });
 
   return {
-    evidence: ledgerOf(deps),
+    evidence,
+    gates,
     automations,
     apiKeys: apiKeysOf(deps),
     templates: deps.templates,

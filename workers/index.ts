@@ -4,6 +4,7 @@
 import { UnrecoverableError, Worker, type Processor } from 'bullmq';
 import { AppError, type QueueName } from '../engine/platform/index.js';
 import type { CronJob } from '../engine/automations/index.js';
+import type { GateJob } from '../engine/gates/index.js';
 import type { Runtime } from '../engine/process/index.js';
 
 /** How long before the end of the grace period running attempts are interrupted. */
@@ -44,6 +45,23 @@ export function processorsOf(rt: Runtime): Processors {
           throw new UnrecoverableError(`${what}: ${run.error?.code ?? ''} ${run.error?.message ?? ''}`.trim());
         }
         return { status: run.status, next };
+      },
+    },
+    gates: {
+      concurrency: rt.config.gatesConcurrency,
+      processor: async (job) => {
+        const { tenant_id, gate_run_id, gate_id } = job.data as GateJob;
+        try {
+          // a child runs one gate; the parent seals the results once every child has ended
+          if (job.name === 'gate' && gate_id) {
+            const result = await rt.engine.gates.runGateJob(tenant_id, gate_run_id, gate_id);
+            return result && { gate_id, conclusion: result.conclusion };
+          }
+          const sealed = await rt.engine.gates.seal(tenant_id, gate_run_id);
+          return sealed && { status: sealed.status };
+        } catch (err) {
+          throw jobErrorOf(err);
+        }
       },
     },
     triggers: {

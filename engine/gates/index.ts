@@ -4,3 +4,4 @@ export { GATE_FILES, loadGateSet, type GateDefinition, type GateSet, type Report
 export { parseReport, type Report } from './reports.js';
 export { inputDigest, runGate, subjectOf, type ArtifactPayload, type GateContext } from './runner.js';
 export { FileHasher, gitState, inputFiles, type GitState } from './subject.js';
+export { gateRunsOf, type GateJob, type GateRuns } from './gate-runs.js';

@@ -2,7 +2,20 @@
 // readers share this union, so a misspelt type or a missing field does not compile, and a reader's
 // `switch (e.type)` is checked for every case. api/openapi.yaml documents the same catalogue
 // (ServiceEvent); a unit test keeps the two lists equal.
-import type { AgentTurn, Budget, ErrorInfo, RunKind, RunStatus, RunTrigger, SessionOutcome, SessionStatus, StepStatus, TaskStatus } from './records.js';
+import type {
+  AgentTurn,
+  Budget,
+  ErrorInfo,
+  GateConclusion,
+  GateRunStatus,
+  RunKind,
+  RunStatus,
+  RunTrigger,
+  SessionOutcome,
+  SessionStatus,
+  StepStatus,
+  TaskStatus,
+} from './records.js';
 
 export type EventBody =
   // a run's life: queued once, started once per attempt, then retried, interrupted, or finished once
@@ -49,7 +62,13 @@ export type EventBody =
   // a task of a multi-agent session changed status
   | { type: 'task.updated'; data: { task_id: string; status: TaskStatus; attempt: number; run_id: string | null } }
   // a session: its status, outcome or title changed
-  | { type: 'session.updated'; data: { status: SessionStatus; outcome: SessionOutcome | null; title: string | null } };
+  | { type: 'session.updated'; data: { status: SessionStatus; outcome: SessionOutcome | null; title: string | null } }
+  // gates: one gate of a gate run ended; the gate run was sealed into the ledger
+  | {
+      type: 'gate.finished';
+      data: { gate_run_id: string; gate_id: string; conclusion: GateConclusion; required: boolean; summary: string; duration_ms: number };
+    }
+  | { type: 'gate.run_finished'; data: { gate_run_id: string; status: GateRunStatus; failed_required: string[]; ledger_head: string | null } };
 
 export type EventType = EventBody['type'];
 
@@ -68,6 +87,8 @@ export const EVENT_TYPES = [
   'message.created',
   'task.updated',
   'session.updated',
+  'gate.finished',
+  'gate.run_finished',
 ] as const satisfies readonly EventType[];
 
 // a compile-time check that the list above names every type of the union

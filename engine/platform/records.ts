@@ -387,7 +387,7 @@ export type LedgerSubject = {
   workspace?: string;
   commit?: string | null;
   tree?: string | null;
-  dirty?: boolean;
+  dirty?: boolean | null;
   input_digest?: string;
   run_id?: string;
   gate_run_id?: string;

@@ -3,7 +3,7 @@
 // they send. Programs (programs.ts) drive it; the executor settles it.
 import type { Platform } from '../deps.js';
 import type { AgentTurn, ErrorInfo, Run, RunStatus, StepRecord } from '../platform/index.js';
-import { TOOLS, ToolError, type Sandbox, type SessionActions, type ToolContext, type ToolResult } from '../tools/index.js';
+import { TOOLS, ToolError, type GateActions, type Sandbox, type SessionActions, type ToolContext, type ToolResult } from '../tools/index.js';
 import type { Transitions } from './transitions.js';
 
 const OUTPUT_FLUSH_MS = 50;
@@ -19,6 +19,8 @@ export type AttemptDeps = Pick<Platform, 'store' | 'clock' | 'log'> & {
   sandbox: Sandbox;
   /** what a run may do to its tenant's sessions (the `session` and `message` tools, an agent's inbox) */
   sessionActions?: (run: Run) => SessionActions;
+  /** the gates of a run's workspace, for the `gates` tool */
+  gateActions?: (run: Run) => GateActions | undefined;
   settings: { childEnv: Record<string, string>; httpAllowPrivate: boolean; toolsAllowed: readonly string[] };
 };
 
@@ -32,6 +34,7 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
   let timer: NodeJS.Timeout | undefined;
   const emit = transitions.emit.bind(null, run);
   const sessions = deps.sessionActions?.(run);
+  const gates = deps.gateActions?.(run);
 
   /** Writes the steps changed since the last save, at most every PROGRESS_SAVE_MS: quick runs write them once, at the end. */
   const touch = (step: StepRecord) => {
@@ -88,6 +91,7 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
         network: run.network,
         binds: attempt.binds,
         sessions,
+        gates,
       };
       try {
         result = await tool.execute(step.args, ctx);

@@ -9,13 +9,16 @@ import { modelClientOf } from './agent.js';
 import { agentProgram, stepsProgram, vibeProgram, type WorkOutcome } from './programs.js';
 import type { Runs, RunsDeps } from './runs.js';
 import type { Outcome, Settled, Transitions } from './transitions.js';
-import type { SessionActions } from '../tools/index.js';
+import type { GateActions, SessionActions } from '../tools/index.js';
 import { scratchRoot } from './workspace.js';
 
 /** How many times the settling write is tried before the attempt is left for the reconciler. */
 const SETTLE_TRIES = 4;
 
-export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions, sessionActions?: (run: Run) => SessionActions) {
+/** What runs may act on beyond their workspace: their tenant's sessions, their workspace's gates. */
+export type RunActions = { sessionActions?: (run: Run) => SessionActions; gateActions?: (run: Run) => GateActions | undefined };
+
+export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions, actions: RunActions = {}) {
   const { store, log, settings } = deps;
   /** the AbortController of each run this process is executing, for cancel requests and shutdown */
   const inFlight = new Map<string, AbortController>();
@@ -69,7 +72,7 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
         } satisfies StopReason),
       run.budget.seconds * 1000,
     );
-    const a = startAttempt({ ...deps, transitions, sessionActions }, run, run.workspace, controller.signal);
+    const a = startAttempt({ ...deps, transitions, ...actions }, run, run.workspace, controller.signal);
     let outcome: Outcome;
     try {
       if (await runs.isCancelRequested(runId)) controller.abort({ status: 'canceled', error: { code: 'canceled', message: 'canceled' } } satisfies StopReason);

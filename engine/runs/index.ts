@@ -8,4 +8,4 @@ export { allowlistOf, networkOf, type ToolPolicy } from './policy.js';
 export { retryPolicyOf } from './retry.js';
 export { runsOf, type RunLimits, type RunRequest, type Runs, type RunSettings, type RunsDeps } from './runs.js';
 export { REDIS_DEADLINE_MS, sessionStream, transitionsOf, type RunFinishedHook, type Transitions } from './transitions.js';
-export { resolveWorkspace, tenantRootPath } from './workspace.js';
+export { resolveWorkspace, tenantRoot, tenantRootPath } from './workspace.js';

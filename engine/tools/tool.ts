@@ -1,6 +1,6 @@
 // What a tool is: a named function the run engine calls for a step, with a JSON schema the agent
 // sees. Tools get the run's workspace, an AbortSignal (budget and cancel) and a way to stream output.
-import type { ErrorInfo } from '../platform/index.js';
+import type { ErrorInfo, GateRunRecord } from '../platform/index.js';
 import type { Sandbox } from './sandbox.js';
 
 export type ToolContext = {
@@ -20,6 +20,13 @@ export type ToolContext = {
   binds: string[];
   /** the run's tenant's sessions (the `session` tool); absent where sessions are not reachable */
   sessions?: SessionActions;
+  /** the gates of the run's workspace (the `gates` tool); absent where gates cannot run */
+  gates?: GateActions;
+};
+
+/** What the `gates` tool may do: run the gate set of the run's own workspace, and wait for its seal. */
+export type GateActions = {
+  run(req: { only?: string[] }, signal: AbortSignal): Promise<GateRunRecord>;
 };
 
 /** What a run may do to the sessions of its tenant. */

@@ -9,7 +9,10 @@ type StoredResult = { _id: string; tenant_id: string; gate_run_id: string; gate_
 export const gateRunSchema = new Schema({ _id: String, tenant_id: { type: String, required: true }, workspace: String, status: String }, loose);
 gateRunSchema.index({ tenant_id: 1, workspace: 1, _id: -1 });
 gateRunSchema.index({ tenant_id: 1, _id: -1 });
-export const gateResultSchema = new Schema({ _id: String, tenant_id: String, gate_run_id: String, gate_id: String, workspace: String, finished_at: String }, loose);
+export const gateResultSchema = new Schema(
+  { _id: String, tenant_id: String, gate_run_id: String, gate_id: String, workspace: String, finished_at: String },
+  loose,
+);
 gateResultSchema.index({ tenant_id: 1, workspace: 1, gate_id: 1, finished_at: -1 });
 gateResultSchema.index({ tenant_id: 1, gate_run_id: 1 });
 
@@ -34,7 +37,16 @@ export function gateRunRepo(runs: Model<Stored<GateRunRecord>>, results: Model<S
     async putResult(tenantId, gateRunId, r) {
       await results.updateOne(
         { _id: `${tenantId}:${gateRunId}:${r.gate_id}` },
-        { $setOnInsert: { tenant_id: tenantId, gate_run_id: gateRunId, gate_id: r.gate_id, workspace: r.subject.workspace, finished_at: r.finished_at, result: r } },
+        {
+          $setOnInsert: {
+            tenant_id: tenantId,
+            gate_run_id: gateRunId,
+            gate_id: r.gate_id,
+            workspace: r.subject.workspace,
+            finished_at: r.finished_at,
+            result: r,
+          },
+        },
         { upsert: true },
       );
     },

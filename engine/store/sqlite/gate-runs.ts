@@ -10,9 +10,7 @@ export function gateRunRepo(db: Db): GateRunRepo {
   const list = db.prepare<[string, string, string | null, number], { doc: string }>(
     'SELECT doc FROM gate_runs WHERE tenant_id = ? AND id < ? AND workspace = coalesce(?, workspace) ORDER BY id DESC LIMIT ?',
   );
-  const putResult = db.prepare(
-    'INSERT OR IGNORE INTO gate_results (tenant_id, gate_run_id, gate_id, workspace, finished_at, doc) VALUES (?, ?, ?, ?, ?, ?)',
-  );
+  const putResult = db.prepare('INSERT OR IGNORE INTO gate_results (tenant_id, gate_run_id, gate_id, workspace, finished_at, doc) VALUES (?, ?, ?, ?, ?, ?)');
   const results = db.prepare<[string, string], { doc: string }>('SELECT doc FROM gate_results WHERE tenant_id = ? AND gate_run_id = ?');
   // SQLite takes the other columns of the row that holds the MAX
   const latest = db.prepare<[string, string], { doc: string }>(

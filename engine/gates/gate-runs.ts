@@ -1,0 +1,264 @@
+// Gate runs: a workspace's gate set run as a BullMQ flow, one child job per gate under a parent that
+// seals the results into the evidence ledger. Every child has `ignoreDependencyOnFailure`, so a gate
+// whose job fails never strands the seal; a gate the seal finds without a result counts as cancelled.
+// The record is written before the flow exists; results are kept as each gate ends.
+import path from 'node:path';
+import { FlowProducer } from 'bullmq';
+import type { Platform } from '../deps.js';
+import type { Ledger } from '../evidence/index.js';
+import { newId, NotFoundError, scopes, ValidationError, type GateResult, type GateRunRecord, type GateSubject, type EventBody } from '../platform/index.js';
+import { resolveWorkspace, tenantRoot } from '../runs/index.js';
+import type { Sandbox } from '../tools/index.js';
+import { loadGateSet } from './definition.js';
+import { runGate, subjectOf } from './runner.js';
+import { FileHasher, gitState } from './subject.js';
+
+export type GatesDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'queues' | 'redis' | 'events'> & {
+  sandbox: Sandbox;
+  ledger: Ledger;
+  settings: { workspaceRoot: string; singleTenant: boolean; childEnv: Record<string, string> };
+};
+
+export type GateJob = { tenant_id: string; gate_run_id: string; gate_id?: string };
+
+const WAIT_POLL_MS = 200;
+const HASHERS_KEPT = 64;
+
+export function gateRunsOf(deps: GatesDeps) {
+  const { store, clock, log, queues, events, ledger, sandbox, settings } = deps;
+  const flows = new FlowProducer({ connection: deps.redis, prefix: queues.prefix });
+  /** gates this process is running, by gate run: a cancel stops them */
+  const running = new Map<string, Set<AbortController>>();
+  /** a file hasher per workspace folder: a digest after a change reads only what changed */
+  const hashers = new Map<string, FileHasher>();
+
+  function hasherOf(dir: string): FileHasher {
+    let h = hashers.get(dir);
+    if (!h) {
+      if (hashers.size >= HASHERS_KEPT) hashers.delete(hashers.keys().next().value!);
+      h = new FileHasher();
+      hashers.set(dir, h);
+    }
+    return h;
+  }
+
+  /** A workspace of the tenant: its folder, and its name relative to the tenant's root. */
+  async function workspaceOf(tenantId: string, requested: string | undefined): Promise<{ dir: string; name: string }> {
+    const root = await tenantRoot(settings, tenantId);
+    const dir = await resolveWorkspace(root, requested);
+    return { dir, name: path.relative(root, dir) || '.' };
+  }
+
+  async function mustGet(tenantId: string, id: string): Promise<GateRunRecord> {
+    const r = await store.gateRuns.get(tenantId, id);
+    if (!r) throw new NotFoundError(`no gate run ${id}`);
+    return r;
+  }
+
+  /** Events of a gate run started by a run's step go to that run's session stream. */
+  async function emit(r: GateRunRecord, body: EventBody): Promise<void> {
+    if (r.trigger.type !== 'run') return;
+    await events.append(scopes.runSession(r.trigger.session_id).stream, {
+      tenant_id: r.tenant_id,
+      session_id: r.trigger.session_id,
+      run_id: r.trigger.run_id,
+      ...body,
+    });
+  }
+
+  const api = {
+    workspaceOf,
+    hasherOf,
+
+    /** Starts the workspace's gates (or `only` those): the record first, then the flow. */
+    async start(tenantId: string, req: { workspace?: string; only?: string[]; trigger: GateRunRecord['trigger'] }): Promise<GateRunRecord> {
+      const ws = await workspaceOf(tenantId, req.workspace);
+      const set = await loadGateSet(ws.dir);
+      const unknown = (req.only ?? []).filter((id) => !set.gates.some((g) => g.id === id));
+      if (unknown.length)
+        throw new ValidationError(`no gate ${unknown.join(', ')} in ${set.source} (${set.gates.map((g) => g.id).join(', ')})`, [
+          { path: '/only', message: `unknown gates: ${unknown.join(', ')}` },
+        ]);
+      const gates = set.gates.filter((g) => !req.only?.length || req.only.includes(g.id)).map((g) => g.id);
+      const git = await gitState(sandbox, ws.dir);
+      const record: GateRunRecord = {
+        id: newId('grn'),
+        tenant_id: tenantId,
+        workspace: ws.name,
+        status: 'running',
+        source: set.source,
+        gates,
+        trigger: req.trigger,
+        subject: subjectOf({ workspaceName: ws.name, git }),
+        results: [],
+        ledger: null,
+        created_at: clock.now().toISOString(),
+        finished_at: null,
+      };
+      await store.gateRuns.insert(record);
+      const data = (gate_id?: string): GateJob => ({ tenant_id: tenantId, gate_run_id: record.id, ...(gate_id ? { gate_id } : {}) });
+      await flows.add({
+        name: 'seal',
+        queueName: 'gates',
+        data: data(),
+        opts: { jobId: `${record.id}__seal`, removeOnComplete: { count: 1000 }, removeOnFail: { count: 5000 } },
+        children: gates.map((id) => ({
+          name: 'gate',
+          queueName: 'gates',
+          data: data(id),
+          opts: { jobId: `${record.id}__${id}`, ignoreDependencyOnFailure: true, removeOnComplete: { count: 1000 }, removeOnFail: { count: 5000 } },
+        })),
+      });
+      log.info({ tenant_id: tenantId, gate_run_id: record.id, workspace: ws.name, gates }, 'gate run started');
+      return record;
+    },
+
+    /** A child job: one gate, in the sandbox; its result is kept at once. Null when the gate run is over. */
+    async runGateJob(tenantId: string, gateRunId: string, gateId: string): Promise<GateResult | null> {
+      const record = await store.gateRuns.get(tenantId, gateRunId);
+      if (!record || record.status !== 'running') return null;
+      const ws = await workspaceOf(tenantId, record.workspace);
+      const gate = (await loadGateSet(ws.dir)).gates.find((g) => g.id === gateId);
+      const git = await gitState(sandbox, ws.dir);
+      const ctx = { workspaceName: ws.name, git };
+      let result: GateResult;
+      if (!gate) {
+        const at = clock.now().toISOString();
+        result = skipped(gateId, subjectOf(ctx), 'the gate is no longer in the gate set', at);
+      } else {
+        const controller = new AbortController();
+        const mine = running.get(gateRunId) ?? new Set();
+        running.set(gateRunId, mine.add(controller));
+        try {
+          const ran = await runGate(gate, {
+            sandbox,
+            workspace: ws.dir,
+            workspaceName: ws.name,
+            git,
+            hasher: hasherOf(ws.dir),
+            baseEnv: settings.childEnv,
+            // a gate set is the tenant's: it gets none of the service's environment beyond the base
+            envValue: (name) => settings.childEnv[name],
+            network: false,
+            signal: controller.signal,
+          });
+          result = ran.result;
+          if (ran.artifacts.length) await store.evidence.append(tenantId, () => [], ran.artifacts);
+        } finally {
+          mine.delete(controller);
+          if (!mine.size) running.delete(gateRunId);
+        }
+      }
+      await store.gateRuns.putResult(tenantId, gateRunId, result);
+      await emit(record, {
+        type: 'gate.finished',
+        data: {
+          gate_run_id: gateRunId,
+          gate_id: gateId,
+          conclusion: result.conclusion,
+          required: result.required,
+          summary: result.summary,
+          duration_ms: result.duration_ms,
+        },
+      });
+      return result;
+    },
+
+    /** The parent job: every gate's result (cancelled when it has none) sealed into the ledger, once. */
+    async seal(tenantId: string, gateRunId: string): Promise<GateRunRecord | null> {
+      const record = await store.gateRuns.get(tenantId, gateRunId);
+      if (!record || record.status !== 'running') return record;
+      const kept = new Map((await store.gateRuns.results(tenantId, gateRunId)).map((r) => [r.gate_id, r]));
+      const at = clock.now().toISOString();
+      const subject = record.subject ?? { workspace: record.workspace, commit: null, tree: null, dirty: null };
+      const results = record.gates.map(
+        (id) => kept.get(id) ?? { ...skipped(id, subject, 'the gate did not report a result', at), conclusion: 'cancelled' as const },
+      );
+      const failedRequired = results.filter((r) => r.required && r.conclusion !== 'success').map((r) => r.gate_id);
+      const status = failedRequired.length ? 'failed' : 'succeeded';
+      const entries = await ledger.append(tenantId, [
+        ...results.map((r) => ({
+          kind: 'gate.result',
+          subject: { ...r.subject, input_digest: r.input_digest, gate_id: r.gate_id, gate_run_id: gateRunId },
+          payload: r,
+        })),
+        {
+          kind: 'gate.run',
+          subject: { ...subject, gate_run_id: gateRunId, ...(record.trigger.type === 'run' ? { run_id: record.trigger.run_id } : {}) },
+          payload: {
+            gate_run_id: gateRunId,
+            workspace: record.workspace,
+            source: record.source,
+            status,
+            trigger: record.trigger,
+            gates: results.map((r) => ({ gate_id: r.gate_id, conclusion: r.conclusion, required: r.required })),
+          },
+        },
+      ]);
+      const sealed = await store.gateRuns.update(
+        tenantId,
+        gateRunId,
+        { status, results, finished_at: at, ledger: { from_seq: entries[0]!.seq, to_seq: entries.at(-1)!.seq, head_hash: entries.at(-1)!.hash } },
+        ['running'],
+      );
+      if (sealed) {
+        await emit(sealed, {
+          type: 'gate.run_finished',
+          data: { gate_run_id: gateRunId, status, failed_required: failedRequired, ledger_head: sealed.ledger!.head_hash },
+        });
+        log.info({ tenant_id: tenantId, gate_run_id: gateRunId, status, failed_required: failedRequired }, 'gate run sealed');
+      }
+      return sealed ?? (await store.gateRuns.get(tenantId, gateRunId));
+    },
+
+    /** Stops a gate run: its gates running here are stopped, those not started do not start, nothing is sealed. */
+    async cancel(tenantId: string, gateRunId: string): Promise<GateRunRecord> {
+      const canceled = await store.gateRuns.update(tenantId, gateRunId, { status: 'canceled', finished_at: clock.now().toISOString() }, ['running']);
+      for (const c of running.get(gateRunId) ?? []) c.abort();
+      if (canceled)
+        await emit(canceled, { type: 'gate.run_finished', data: { gate_run_id: gateRunId, status: 'canceled', failed_required: [], ledger_head: null } });
+      return canceled ?? mustGet(tenantId, gateRunId);
+    },
+
+    /** Waits for a gate run to end; an abort cancels it. */
+    async wait(tenantId: string, gateRunId: string, signal?: AbortSignal): Promise<GateRunRecord> {
+      for (;;) {
+        const r = await mustGet(tenantId, gateRunId);
+        if (r.status !== 'running') return r;
+        if (signal?.aborted) return api.cancel(tenantId, gateRunId);
+        await new Promise((resolve) => setTimeout(resolve, WAIT_POLL_MS));
+      }
+    },
+
+    get: mustGet,
+    list: (tenantId: string, q: { workspace?: string; limit: number; cursor?: string }) => store.gateRuns.list(tenantId, q),
+
+    async close(): Promise<void> {
+      await flows.close();
+    },
+  };
+  return api;
+}
+
+function skipped(gateId: string, subject: GateSubject, summary: string, at: string): GateResult {
+  return {
+    gate_id: gateId,
+    name: gateId,
+    required: true,
+    conclusion: 'skipped',
+    summary,
+    exit_code: null,
+    duration_ms: 0,
+    output_tail: '',
+    annotations: [],
+    subject,
+    input_digest: '',
+    definition_digest: '',
+    tool_versions: {},
+    artifacts: [],
+    started_at: at,
+    finished_at: at,
+  };
+}
+
+export type GateRuns = ReturnType<typeof gateRunsOf>;
