@@ -345,6 +345,54 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/autonomy/smart-gates": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Gate readiness snapshot
+         * @description For a workspace of the tenant (default its root): each gate of its set (`gates.yaml`, `.gates.yaml`,
+         *     or the set detected from `package.json` plus a secret scan) is `passing`, `failing`, `stale` (its
+         *     inputs or definition changed since its latest result), `missing` (never run) or `running`. `ready`
+         *     when every required gate passes on the current inputs; `blocking` says why not. A file watcher
+         *     marks results stale within a second of a change; a snapshot without changes reuses its digests.
+         */
+        get: operations["getSmartGates"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/autonomy/evidence-pack": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Evidence pack snapshot
+         * @description The latest result of each gate for one subject (a commit; by default the latest one sealed), the gate
+         *     runs and runs that produced them, and the ledger range that seals them: an in-toto Statement (v1) in a
+         *     DSSE envelope signed with the ledger's Ed25519 key, with the public key. `format=tar` adds the ledger
+         *     slice and every payload it names (`pack.json`, `public-key.pem`, `ledger.jsonl`, `payloads/`), so the
+         *     pack stands alone: `automation-service gates verify <pack>` checks it offline.
+         */
+        get: operations["getEvidencePack"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/sessions": {
         parameters: {
             query?: never;
@@ -1888,6 +1936,65 @@ export interface components {
                 ledger_head?: string | null;
             };
         };
+        GateSubject: {
+            workspace: string;
+            commit: string | null;
+            tree: string | null;
+            dirty: boolean | null;
+        };
+        SmartGates: {
+            workspace: string;
+            /** @description `gates.yaml`, `.gates.yaml` or `detected`. */
+            source: string;
+            ready: boolean;
+            blocking: {
+                gate_id: string;
+                state: components["schemas"]["GateState"];
+                reason: string;
+            }[];
+            subject: components["schemas"]["GateSubject"];
+            gates: {
+                id: string;
+                name: string;
+                required: boolean;
+                state: components["schemas"]["GateState"];
+                last: null | {
+                    conclusion: components["schemas"]["GateConclusion"];
+                    summary: string;
+                    /** Format: date-time */
+                    finished_at: string;
+                    input_digest: string;
+                    gate_run_id: string | null;
+                };
+            }[];
+            /** Format: date-time */
+            checked_at: string;
+        };
+        /** @enum {string} */
+        GateState: "passing" | "failing" | "stale" | "missing" | "running";
+        EvidencePack: {
+            /** @description A DSSE envelope; the signature is over the pre-authentication encoding of the payload. */
+            envelope: {
+                /** @constant */
+                payloadType: "application/vnd.in-toto+json";
+                payload: string;
+                signatures: {
+                    keyid: string;
+                    sig: string;
+                }[];
+            };
+            public_key: {
+                key_id: string;
+                pem: string;
+            };
+            /** @description The in-toto Statement the envelope signs, decoded for reading (verification uses the envelope's). */
+            statement: {
+                _type: string;
+                subject: Record<string, never>[];
+                predicateType: string;
+                predicate: Record<string, never>;
+            };
+        };
         /**
          * @description How a gate ended, in the vocabulary of GitHub's check runs.
          * @enum {string}
@@ -2195,6 +2302,8 @@ export interface components {
         };
     };
     parameters: {
+        /** @description A folder of the tenant's workspace root, relative to it; default the root. */
+        WorkspaceQuery: string;
         /** @description The tenant the provider delivers to. */
         WebhookTenantId: string;
         WebhookKind: components["schemas"]["WebhookProvider"];
@@ -2701,6 +2810,65 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+        };
+    };
+    getSmartGates: {
+        parameters: {
+            query?: {
+                /** @description A folder of the tenant's workspace root, relative to it; default the root. */
+                workspace?: components["parameters"]["WorkspaceQuery"];
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The snapshot. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SmartGates"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            422: components["responses"]["Unprocessable"];
+        };
+    };
+    getEvidencePack: {
+        parameters: {
+            query?: {
+                /** @description A folder of the tenant's workspace root, relative to it; default the root. */
+                workspace?: components["parameters"]["WorkspaceQuery"];
+                /** @description A git commit (or tree) hash; default the latest commit with sealed results. */
+                subject?: string;
+                /** @description Only gate runs sealed at or after this time. */
+                since?: string;
+                format?: "json" | "tar";
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The pack. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["EvidencePack"];
+                    "application/x-tar": string;
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            422: components["responses"]["Unprocessable"];
         };
     };
     listSessions: {

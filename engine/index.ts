@@ -6,7 +6,7 @@ import { automationsOf, fileTriggersOf, firesOf, schedulesOf, type TemplateCatal
 import { webhooksOf, type WebhookSettings } from './webhooks/index.js';
 import { sessionsOf } from './sessions/index.js';
 import { ledgerOf, type EvidenceSigner } from './evidence/index.js';
-import { gateRunsOf } from './gates/index.js';
+import { evidencePacksOf, gateRunsOf, smartGatesOf } from './gates/index.js';
 import type { Sandbox } from './tools/index.js';
 
 export type EngineDeps = Platform & {
@@ -49,6 +49,8 @@ export function createEngine(deps: EngineDeps) {
   return {
     evidence,
     gates,
+    smartGates: smartGatesOf({ ...deps, gates }),
+    evidencePacks: evidencePacksOf({ ...deps, ledger: evidence, gates }),
     automations,
     apiKeys: apiKeysOf(deps),
     templates: deps.templates,

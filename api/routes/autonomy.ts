@@ -1,7 +1,9 @@
-// /api/v1/autonomy: autonomy and vibe runs, their SSE streams, and reliability hints.
+// /api/v1/autonomy: autonomy and vibe runs, their SSE streams, reliability hints, gate readiness and
+// evidence packs.
 import { Router, type Request, type Response } from 'express';
 import { scopes, type EventHub, type RunKind } from '../../engine/platform/index.js';
 import type { Engine } from '../../engine/index.js';
+import { packTar } from '../../engine/evidence/index.js';
 import { tenantOf } from '../auth.js';
 import type { components } from '../schema.js';
 import { lastEventIdOf, streamEvents, type OpenStreams } from '../sse.js';
@@ -60,6 +62,25 @@ export function autonomyRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
 
   router.get('/reliability-context', async (req, res) => {
     res.json(await engine.runs.reliabilityContext(tenantOf(req)));
+  });
+
+  router.get('/smart-gates', async (req, res) => {
+    const q = req.query as { workspace?: string };
+    res.json(await engine.smartGates.snapshot(tenantOf(req), q.workspace));
+  });
+
+  router.get('/evidence-pack', async (req, res) => {
+    const q = req.query as { workspace?: string; subject?: string; since?: string; format?: 'json' | 'tar' };
+    const built = await engine.evidencePacks.build(tenantOf(req), { workspace: q.workspace, subject: q.subject, since: q.since });
+    if (q.format !== 'tar') {
+      res.json(built.pack);
+      return;
+    }
+    const head = built.pack.statement.predicate.ledger!;
+    res
+      .type('application/x-tar')
+      .set('content-disposition', `attachment; filename="evidence-${head.from_seq}-${head.to_seq}.tar"`)
+      .send(await packTar(built.pack, built.entries, built.payloads));
   });
 
   return router;

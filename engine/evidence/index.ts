@@ -5,3 +5,17 @@ export const EVIDENCE_KEY_FILE = 'evidence.key';
 export { keyIdOf, publicKeyFromPem, signerOf, verifySignature, type EvidenceSigner } from './keys.js';
 export { ledgerOf, type Ledger, type LedgerItem } from './ledger.js';
 export { canonicalJson, entryHash, GENESIS_HASH, payloadDigest, sha256Hex, verifyEntries, type EvidenceProblem } from './verify.js';
+export {
+  envelopeOf,
+  IN_TOTO_PAYLOAD_TYPE,
+  packTar,
+  pae,
+  readPack,
+  STATEMENT_TYPE,
+  verifyPack,
+  type DsseEnvelope,
+  type PackFiles,
+  type PackJson,
+  type PackVerdict,
+  type Statement,
+} from './pack.js';

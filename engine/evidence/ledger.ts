@@ -3,6 +3,7 @@
 import type { Platform } from '../deps.js';
 import type { LedgerEntry, LedgerSubject } from '../platform/index.js';
 import type { EvidenceSigner } from './keys.js';
+import { envelopeOf, type Statement } from './pack.js';
 import { canonicalJson, entryHash, GENESIS_HASH, payloadDigest } from './verify.js';
 
 export type LedgerItem = { kind: string; subject: LedgerSubject; payload: unknown };
@@ -40,6 +41,9 @@ export function ledgerOf(deps: Pick<Platform, 'store' | 'clock'> & { signer: Evi
         payloads,
       );
     },
+
+    /** A statement in a DSSE envelope signed with the ledger's key. */
+    envelope: (statement: Statement) => envelopeOf(statement, signer),
 
     head: (tenantId: string) => store.evidence.head(tenantId),
     list: (tenantId: string, q: { afterSeq?: number; since?: string; limit: number }) => store.evidence.list(tenantId, q),

@@ -147,6 +147,7 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
       signer: signerOf(evidenceKey.key),
     });
     closers.push(() => engine.gates.close());
+    closers.push(() => engine.smartGates.close());
     await engine.apiKeys.seed(config.apiKeys);
     log.info({ store: store.kind, templates: templates.list().length, queue_prefix: config.queuePrefix }, 'runtime open');
     log.info({ sandbox: sandbox.kind, process_limit: sandbox.processLimit }, 'tool sandbox');

@@ -3,8 +3,8 @@
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import { expect } from 'chai';
-import { publicKeyFromPem, verifyEntries, GENESIS_HASH } from '../../engine/evidence/index.js';
-import { eventually, finishedRun, startHarness, type Harness } from '../support/harness.js';
+import { GENESIS_HASH, publicKeyFromPem, readPack, signerOf, verifyEntries, verifyPack, type PackFiles, type PackJson } from '../../engine/evidence/index.js';
+import { eventually, finishedRun, KEYS, startHarness, type Harness } from '../support/harness.js';
 import * as sign from '../support/signers.js';
 import { GATES_YAML, makeProject } from '../support/projects.js';
 
@@ -83,5 +83,104 @@ describe('gates in the service', function () {
         .sort(),
     ).to.deep.equal(['peek', 'secrets', 'slow', 'test', 'typecheck']);
     expect(events.find((e) => e.type === 'gate.run_finished')!.data).to.deep.include({ status: 'failed', failed_required: ['test'] });
+  });
+
+  it('answers a readiness snapshot: passing, failing, missing; stale within a second of a change; fast when nothing changed', async () => {
+    const snap = async (workspace?: string) => {
+      const res = await h.call<Body>('GET', `/api/v1/autonomy/smart-gates${workspace ? `?workspace=${workspace}` : ''}`);
+      expect(res.status, res.text).to.equal(200);
+      return res.body;
+    };
+    const first = await snap();
+    const state = (s: Body) => Object.fromEntries(s.gates.map((g: Body) => [g.id, g.state]));
+    expect(state(first)).to.deep.equal({ typecheck: 'passing', test: 'failing', slow: 'failing', peek: 'passing', secrets: 'passing' });
+    expect(first.ready).to.equal(false);
+    expect(first.blocking).to.deep.equal([{ gate_id: 'test', state: 'failing', reason: 'its last result was failure: 1 of 2 passed, 1 failed' }]);
+    expect(first.subject.commit).to.match(/^[0-9a-f]{40}$/);
+    // another tenant sees none of it
+    expect((await h.call<Body>('GET', '/api/v1/autonomy/smart-gates', { key: KEYS.b })).body.gates.every((g: Body) => g.state === 'missing')).to.equal(true);
+    // a change to a typecheck input makes it stale within a second; the test gate (the git tree) too
+    const changed = Date.now();
+    await fs.appendFile(path.join(h.tenantDir(), 'src', 'add.ts'), '// changed\n');
+    const stale = await eventually(async () => {
+      const s = await snap();
+      return state(s).typecheck === 'stale' ? s : null;
+    }, 'typecheck to go stale');
+    expect(Date.now() - changed).to.be.below(1000);
+    expect(state(stale)).to.deep.include({ typecheck: 'stale', test: 'stale', secrets: 'stale' });
+    expect(stale.blocking.find((b: Body) => b.gate_id === 'typecheck').reason).to.equal('its inputs changed since its last result');
+    expect(await snap('nowhere/else').catch(() => null)).to.equal(null);
+  });
+
+  it('stays under 50 ms on a 5,000-file repository after the first digest', async () => {
+    const big = path.join(h.tenantDir(), 'big');
+    for (let d = 0; d < 50; d++) {
+      await fs.mkdir(path.join(big, 'src', `d${d}`), { recursive: true });
+      await Promise.all(
+        Array.from({ length: 100 }, (_, f) => fs.writeFile(path.join(big, 'src', `d${d}`, `f${f}.ts`), `export const v${f} = ${d * 100 + f};\n`)),
+      );
+    }
+    await fs.writeFile(path.join(big, 'gates.yaml'), 'gates:\n  - id: ok\n    run: [/bin/true]\n');
+    const { execFileSync } = await import('node:child_process');
+    execFileSync('sh', ['-c', 'git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm init'], { cwd: big });
+    const started = await h.rt.engine.gates.start('tenant-a', { workspace: 'big', trigger: { type: 'api' } });
+    expect((await h.rt.engine.gates.wait('tenant-a', started.id)).status).to.equal('succeeded');
+    const timed = async () => {
+      const t0 = performance.now();
+      const res = await h.call<Body>('GET', '/api/v1/autonomy/smart-gates?workspace=big');
+      return { ms: performance.now() - t0, body: res.body };
+    };
+    const first = await timed();
+    expect(first.body.ready).to.equal(true);
+    const again = [await timed(), await timed(), await timed()];
+    console.log(`      smart gates on 5,000 files: first ${first.ms.toFixed(1)} ms, then ${again.map((t) => t.ms.toFixed(1)).join(' / ')} ms`);
+    expect(Math.min(...again.map((t) => t.ms))).to.be.below(50);
+    expect(again.every((t) => t.body.gates[0].state === 'passing')).to.equal(true);
+  });
+
+  it('packs the evidence of the latest commit as a signed in-toto statement; the tar verifies offline and a change to any part is caught', async () => {
+    const json = await h.call<Body>('GET', '/api/v1/autonomy/evidence-pack');
+    expect(json.status, json.text).to.equal(200);
+    const statement = json.body.statement;
+    expect(statement._type).to.equal('https://in-toto.io/Statement/v1');
+    expect(statement.subject[0].digest.gitCommit).to.match(/^[0-9a-f]{40}$/);
+    expect(statement.predicate.gates.map((g: Body) => [g.gate_id, g.conclusion])).to.deep.include.members([
+      ['typecheck', 'success'],
+      ['test', 'failure'],
+    ]);
+    expect(statement.predicate.ready).to.equal(false);
+    expect(verifyPack({ pack: json.body as PackJson, publicKeyPem: json.body.public_key.pem, entries: null, payloads: null })).to.deep.include({ ok: true });
+
+    const tarRes = await fetch(`${h.url}/api/v1/autonomy/evidence-pack?format=tar`, { headers: { authorization: `Bearer ${KEYS.a}` } });
+    expect(tarRes.headers.get('content-type')).to.contain('application/x-tar');
+    const tarBytes = Buffer.from(await tarRes.arrayBuffer());
+    const files = await readPack(tarBytes);
+    const good = verifyPack(files, { keyId: json.body.public_key.key_id });
+    expect(good).to.deep.include({ ok: true, entries: 6 });
+
+    const problem = (change: (f: PackFiles) => void) => {
+      const copy: PackFiles = structuredClone(files);
+      change(copy);
+      const v = verifyPack(copy);
+      return v.ok ? null : v.problem;
+    };
+    const flip = (text: string, at: number) => text.slice(0, at) + (text[at] === 'a' ? 'b' : 'a') + text.slice(at + 1);
+    expect(
+      problem((f) => (f.pack.envelope.payload = Buffer.from(flip(Buffer.from(f.pack.envelope.payload, 'base64').toString(), 40)).toString('base64'))),
+    ).to.deep.include({
+      part: 'envelope',
+    });
+    expect(problem((f) => (f.pack.envelope.signatures[0]!.sig = flip(f.pack.envelope.signatures[0]!.sig, 5)))).to.deep.include({ part: 'envelope' });
+    expect(problem((f) => (f.entries![2]!.at = flip(f.entries![2]!.at, 3)))).to.deep.include({ part: 'entry', seq: 3 });
+    expect(problem((f) => (f.entries![4]!.sig = flip(f.entries![4]!.sig, 9)))).to.deep.include({ part: 'signature', seq: 5 });
+    expect(problem((f) => f.entries!.splice(1, 1))).to.deep.include({ part: 'chain', seq: 3 });
+    const digest = files.entries![1]!.payload_digest;
+    expect(problem((f) => f.payloads!.set(digest, flip(f.payloads!.get(digest)!, 20)))).to.deep.include({ part: 'payload', seq: 2 });
+    expect(problem((f) => (f.publicKeyPem = signerOf(Buffer.alloc(32, 7)).publicKeyPem))).to.deep.include({ part: 'envelope' });
+    // a pinned key that is not the pack's
+    expect(verifyPack(files, { keyId: '0000000000000000' })).to.deep.include({ ok: false });
+    // another commit, or none sealed for it: 404
+    expect((await h.call('GET', '/api/v1/autonomy/evidence-pack?subject=0000000')).status).to.equal(404);
+    expect((await h.call('GET', '/api/v1/autonomy/evidence-pack', { key: KEYS.b })).status).to.equal(404);
   });
 });

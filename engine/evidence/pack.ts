@@ -1,0 +1,142 @@
+// Evidence packs: an in-toto Statement (v1) in a DSSE envelope signed with the ledger's key, and, as
+// a tar, the ledger entries and payloads it rests on, so that it stands alone. verifyPack checks a
+// pack with nothing but its files (and, to pin it, the key id one expects): the envelope's signature,
+// the statement's ledger range and head, each entry's hash, link and signature, each payload's digest,
+// and that every gate result the statement names is the one its entry sealed.
+import { Readable } from 'node:stream';
+import tar from 'tar-stream';
+import type { LedgerEntry } from '../platform/index.js';
+import { keyIdOf, publicKeyFromPem, verifySignature, type EvidenceSigner } from './keys.js';
+import { verifyEntries, type EvidenceProblem } from './verify.js';
+
+export const IN_TOTO_PAYLOAD_TYPE = 'application/vnd.in-toto+json';
+export const STATEMENT_TYPE = 'https://in-toto.io/Statement/v1';
+
+export type DsseEnvelope = { payloadType: string; payload: string; signatures: { keyid: string; sig: string }[] };
+
+/** What a statement's predicate says of the ledger and of each gate, as far as verification needs. */
+export type PackPredicate = {
+  ledger: { from_seq: number; to_seq: number; head_hash: string; key_id: string } | null;
+  gates: { gate_id: string; ledger_seq: number; payload_digest: string }[];
+  [more: string]: unknown;
+};
+
+export type Statement = {
+  _type: string;
+  subject: { name: string; digest: Record<string, string> }[];
+  predicateType: string;
+  predicate: PackPredicate;
+};
+
+/** DSSE's pre-authentication encoding: what is signed. */
+export function pae(payloadType: string, payload: Buffer): Buffer {
+  const type = Buffer.from(payloadType);
+  return Buffer.concat([Buffer.from(`DSSEv1 ${type.length} `), type, Buffer.from(` ${payload.length} `), payload]);
+}
+
+export function envelopeOf(statement: Statement, signer: EvidenceSigner): DsseEnvelope {
+  const payload = Buffer.from(JSON.stringify(statement));
+  return {
+    payloadType: IN_TOTO_PAYLOAD_TYPE,
+    payload: payload.toString('base64'),
+    signatures: [{ keyid: signer.keyId, sig: signer.sign(pae(IN_TOTO_PAYLOAD_TYPE, payload)) }],
+  };
+}
+
+/** A pack as JSON: the envelope, the public key, and the statement it signs (for reading; verification uses the envelope's). */
+export type PackJson = { envelope: DsseEnvelope; public_key: { key_id: string; pem: string }; statement: Statement };
+
+/** A pack's files: pack.json, public-key.pem, ledger.jsonl and payloads/<hex>.json. */
+export async function packTar(pack: PackJson, entries: LedgerEntry[], payloads: { digest: string; body: string }[]): Promise<Buffer> {
+  const p = tar.pack();
+  const add = (name: string, text: string) => new Promise<void>((resolve, reject) => p.entry({ name, mode: 0o644 }, text, (err) => (err ? reject(err) : resolve())));
+  const chunks: Buffer[] = [];
+  p.on('data', (c: unknown) => chunks.push(c as Buffer));
+  const done = new Promise<void>((resolve, reject) => {
+    p.on('end', resolve);
+    p.on('error', reject);
+  });
+  await add('pack.json', `${JSON.stringify(pack, null, 2)}\n`);
+  await add('public-key.pem', pack.public_key.pem);
+  await add('ledger.jsonl', entries.map((e) => JSON.stringify(e)).join('\n') + '\n');
+  for (const { digest, body } of payloads) await add(`payloads/${digest.replace(/^sha256:/, '')}.json`, body);
+  p.finalize();
+  await done;
+  return Buffer.concat(chunks);
+}
+
+export type PackFiles = { pack: PackJson; publicKeyPem: string; entries: LedgerEntry[] | null; payloads: Map<string, string> | null };
+
+/** Reads a pack: a tar of its files, or pack.json alone. Throws when it is neither. */
+export async function readPack(data: Buffer): Promise<PackFiles> {
+  const text = data.subarray(0, 1).toString() === '{' ? data.toString('utf8') : null;
+  if (text !== null) {
+    const pack = JSON.parse(text) as PackJson;
+    return { pack, publicKeyPem: pack.public_key?.pem ?? '', entries: null, payloads: null };
+  }
+  const files = new Map<string, string>();
+  const extract = tar.extract();
+  await new Promise<void>((resolve, reject) => {
+    extract.on('entry', (header, stream, next) => {
+      const parts: Buffer[] = [];
+      stream.on('data', (c: unknown) => parts.push(c as Buffer));
+      stream.on('end', () => {
+        files.set(header.name, Buffer.concat(parts).toString('utf8'));
+        next();
+      });
+      stream.resume();
+    });
+    extract.on('finish', resolve);
+    extract.on('error', reject);
+    Readable.from([data]).pipe(extract);
+  });
+  const packText = files.get('pack.json');
+  if (!packText) throw new Error('the pack has no pack.json');
+  const payloads = new Map<string, string>();
+  for (const [name, body] of files) if (name.startsWith('payloads/')) payloads.set(`sha256:${name.slice(9).replace(/\.json$/, '')}`, body);
+  const ledger = files.get('ledger.jsonl');
+  return {
+    pack: JSON.parse(packText) as PackJson,
+    publicKeyPem: files.get('public-key.pem') ?? '',
+    entries: ledger === undefined ? null : ledger.split('\n').filter(Boolean).map((l) => JSON.parse(l) as LedgerEntry),
+    payloads,
+  };
+}
+
+export type PackVerdict = { ok: true; statement: Statement; key_id: string; entries: number } | { ok: false; problem: EvidenceProblem };
+
+/** Checks a pack's files; `keyId` pins the key it must be signed with. */
+export function verifyPack(files: PackFiles, opts: { keyId?: string } = {}): PackVerdict {
+  const fail = (problem: EvidenceProblem): PackVerdict => ({ ok: false, problem });
+  const publicKey = publicKeyFromPem(files.publicKeyPem);
+  if (!publicKey) return fail({ part: 'envelope', message: 'the pack has no Ed25519 public key' });
+  const keyId = keyIdOf(publicKey);
+  if (opts.keyId && opts.keyId !== keyId) return fail({ part: 'envelope', message: `the pack is signed by key ${keyId}, not ${opts.keyId}` });
+  const env = files.pack.envelope;
+  const sig = env?.signatures?.find((s) => s.keyid === keyId);
+  if (!env || env.payloadType !== IN_TOTO_PAYLOAD_TYPE || !sig) return fail({ part: 'envelope', message: `the envelope has no signature by key ${keyId}` });
+  const payload = Buffer.from(env.payload, 'base64');
+  if (!verifySignature(publicKey, pae(env.payloadType, payload), sig.sig)) return fail({ part: 'envelope', message: "the envelope's signature does not verify" });
+  let statement: Statement;
+  try {
+    statement = JSON.parse(payload.toString('utf8')) as Statement;
+  } catch {
+    return fail({ part: 'statement', message: 'the signed statement is not JSON' });
+  }
+  if (statement._type !== STATEMENT_TYPE) return fail({ part: 'statement', message: `the statement is not an in-toto ${STATEMENT_TYPE}` });
+  const range = statement.predicate?.ledger;
+  if (!files.entries || !range) return { ok: true, statement, key_id: keyId, entries: 0 };
+  const entries = files.entries;
+  if (range.key_id !== keyId) return fail({ part: 'statement', message: `the statement names key ${range.key_id}, not the pack's ${keyId}` });
+  const problem = verifyEntries(entries, { publicKey, keyId, payloads: files.payloads ?? new Map() });
+  if (problem) return fail(problem);
+  if (entries[0]?.seq !== range.from_seq || entries.at(-1)?.seq !== range.to_seq)
+    return fail({ part: 'chain', message: `the ledger slice is ${entries[0]?.seq ?? '-'}..${entries.at(-1)?.seq ?? '-'}, the statement names ${range.from_seq}..${range.to_seq}` });
+  if (entries.at(-1)!.hash !== range.head_hash) return fail({ part: 'chain', seq: range.to_seq, message: "the ledger slice does not end at the statement's head hash" });
+  for (const g of statement.predicate.gates ?? []) {
+    const e = entries.find((x) => x.seq === g.ledger_seq);
+    if (!e || e.kind !== 'gate.result' || e.payload_digest !== g.payload_digest)
+      return fail({ part: 'statement', seq: g.ledger_seq, message: `gate ${g.gate_id} names entry ${g.ledger_seq}, which does not seal its result` });
+  }
+  return { ok: true, statement, key_id: keyId, entries: entries.length };
+}

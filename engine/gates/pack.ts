@@ -1,0 +1,101 @@
+// The evidence pack of a workspace: the latest result of each gate for one subject (a commit, by
+// default the latest one sealed), the gate runs and runs that produced them, and the ledger range
+// that seals them, as an in-toto Statement in a DSSE envelope signed with the ledger's key. As a tar
+// it carries the ledger slice and every payload it names, so it can be checked offline.
+import { STATEMENT_TYPE, type Ledger, type PackJson, type Statement } from '../evidence/index.js';
+import type { Platform } from '../deps.js';
+import { NotFoundError, type GateResult, type GateRunRecord, type LedgerEntry } from '../platform/index.js';
+import type { GateRuns } from './gate-runs.js';
+
+export const PREDICATE_TYPE = 'https://automation-backend.dev/evidence-pack/v1';
+const RUNS_SCANNED = 500;
+const SLICE_MAX = 10_000;
+
+export type EvidencePack = { pack: PackJson; entries: LedgerEntry[]; payloads: { digest: string; body: string }[] };
+
+export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledger: Ledger; gates: GateRuns }) {
+  const { store, clock, ledger, gates } = deps;
+
+  /** Sealed gate runs of the workspace, newest first, since a time. */
+  async function sealedRuns(tenantId: string, workspace: string, since?: string): Promise<GateRunRecord[]> {
+    const out: GateRunRecord[] = [];
+    let cursor: string | undefined;
+    while (out.length < RUNS_SCANNED) {
+      const page = await store.gateRuns.list(tenantId, { workspace, limit: 100, cursor });
+      out.push(...page.items.filter((r) => r.ledger && (r.status === 'succeeded' || r.status === 'failed') && (!since || (r.finished_at ?? '') >= since)));
+      if (!page.next_cursor) break;
+      cursor = page.next_cursor;
+    }
+    return out;
+  }
+
+  return {
+    async build(tenantId: string, q: { workspace?: string; subject?: string; since?: string }): Promise<EvidencePack> {
+      const ws = await gates.workspaceOf(tenantId, q.workspace);
+      const sealed = await sealedRuns(tenantId, ws.name, q.since);
+      const commit = q.subject ?? sealed[0]?.subject?.commit ?? null;
+      // for one commit: every sealed run of it; outside a repository, the latest run alone
+      const runs = commit ? sealed.filter((r) => r.subject?.commit === commit || r.subject?.tree === commit) : sealed.slice(0, 1);
+      if (!runs.length) throw new NotFoundError(`no sealed gate run of workspace ${ws.name}${q.subject ? ` for ${q.subject}` : ''}${q.since ? ` since ${q.since}` : ''}`);
+      // the latest result of each gate, and the entry that sealed it (results are sealed in order from from_seq)
+      const latest = new Map<string, { result: GateResult; run: GateRunRecord; seq: number }>();
+      for (const run of runs)
+        run.results.forEach((result, i) => {
+          if (!latest.has(result.gate_id)) latest.set(result.gate_id, { result, run, seq: run.ledger!.from_seq + i });
+        });
+      const from = Math.min(...runs.map((r) => r.ledger!.from_seq));
+      const to = Math.max(...runs.map((r) => r.ledger!.to_seq));
+      const entries = await ledger.list(tenantId, { afterSeq: from - 1, limit: Math.min(to - from + 1, SLICE_MAX) });
+      const head = entries.at(-1)!;
+      const bySeq = new Map(entries.map((e) => [e.seq, e]));
+      const payloads = await ledger.payloads(tenantId, entries.map((e) => e.payload_digest));
+      // artifacts are payloads too: the pack carries them so that it stands alone
+      const artifactDigests = [...latest.values()].flatMap(({ result }) => result.artifacts.map((a) => a.payload_digest));
+      if (artifactDigests.length) payloads.push(...(await ledger.payloads(tenantId, artifactDigests)));
+      const subject = runs[0]!.subject ?? { workspace: ws.name, commit: null, tree: null, dirty: null };
+      const gateRows = [...latest.values()].map(({ result, run, seq }) => ({
+        gate_id: result.gate_id,
+        name: result.name,
+        required: result.required,
+        conclusion: result.conclusion,
+        summary: result.summary,
+        finished_at: result.finished_at,
+        input_digest: result.input_digest,
+        definition_digest: result.definition_digest,
+        gate_run_id: run.id,
+        ledger_seq: seq,
+        payload_digest: bySeq.get(seq)?.payload_digest ?? '',
+      }));
+      const statement: Statement = {
+        _type: STATEMENT_TYPE,
+        subject: [
+          {
+            name: `workspace:${ws.name}`,
+            digest: subject.commit
+              ? { gitCommit: subject.commit, ...(subject.tree ? { gitTree: subject.tree } : {}) }
+              : { sha256: (gateRows[0]?.input_digest ?? '').replace(/^sha256:/, '') },
+          },
+        ],
+        predicateType: PREDICATE_TYPE,
+        predicate: {
+          workspace: ws.name,
+          generated_at: clock.now().toISOString(),
+          subject,
+          ready: gateRows.every((g) => !g.required || g.conclusion === 'success'),
+          gates: gateRows,
+          gate_runs: runs.map((r) => ({ gate_run_id: r.id, status: r.status, trigger: r.trigger, finished_at: r.finished_at, ledger: r.ledger })),
+          runs: [...new Set(runs.flatMap((r) => (r.trigger.type === 'run' ? [r.trigger.run_id] : [])))],
+          audits: [],
+          ledger: { from_seq: entries[0]!.seq, to_seq: head.seq, head_hash: head.hash, key_id: ledger.publicKey.key_id },
+        },
+      };
+      return {
+        pack: { envelope: ledger.envelope(statement), public_key: ledger.publicKey, statement },
+        entries,
+        payloads: [...new Map(payloads.map((p) => [p.digest, p])).values()],
+      };
+    },
+  };
+}
+
+export type EvidencePacks = ReturnType<typeof evidencePacksOf>;

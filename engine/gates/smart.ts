@@ -1,0 +1,132 @@
+// Smart gates: a workspace's readiness now. Each gate of its set is passing, failing, stale (its
+// inputs or its definition changed since its latest result), missing (never run) or running; the
+// workspace is ready when every required gate passes on the current inputs. A chokidar watcher per
+// workspace marks what it knows stale within a second of a change; until one comes, a snapshot reuses
+// the digests it computed, so a request does not rehash the tree.
+import { watch, type FSWatcher } from 'chokidar';
+import type { Platform } from '../deps.js';
+import type { GateResult, GateSubject } from '../platform/index.js';
+import type { Sandbox } from '../tools/index.js';
+import { loadGateSet, type GateDefinition } from './definition.js';
+import type { GateRuns } from './gate-runs.js';
+import { subjectOf } from './runner.js';
+import { inputFiles, gitState, type GitState } from './subject.js';
+
+export type GateState = 'passing' | 'failing' | 'stale' | 'missing' | 'running';
+
+export type SmartGates = {
+  workspace: string;
+  source: string;
+  ready: boolean;
+  blocking: { gate_id: string; state: GateState; reason: string }[];
+  subject: GateSubject;
+  gates: {
+    id: string;
+    name: string;
+    required: boolean;
+    state: GateState;
+    last: Pick<GateResult, 'conclusion' | 'summary' | 'finished_at' | 'input_digest'> & { gate_run_id: string | null } | null;
+  }[];
+  checked_at: string;
+};
+
+/** What a workspace's watcher knows: its git state and the digest of each input set, until a change. */
+type Known = { watcher: FSWatcher; ready: Promise<void>; git?: Promise<GitState>; digests: Map<string, Promise<string>>; used: number };
+
+const WATCHED_MAX = 32;
+const IGNORED = /(^|[/\\])(node_modules|\.git[/\\](objects|logs|lfs))([/\\]|$)/;
+
+export function smartGatesOf(deps: Pick<Platform, 'store' | 'clock'> & { sandbox: Sandbox; gates: GateRuns }) {
+  const { store, clock, sandbox, gates } = deps;
+  const known = new Map<string, Known>();
+
+  function knownOf(dir: string): Known {
+    let k = known.get(dir);
+    if (!k) {
+      if (known.size >= WATCHED_MAX) {
+        const [oldest] = [...known.entries()].sort((a, b) => a[1].used - b[1].used);
+        void oldest![1].watcher.close();
+        known.delete(oldest![0]);
+      }
+      const watcher = watch(dir, { ignored: (p) => IGNORED.test(p), ignoreInitial: true, followSymlinks: false });
+      const fresh: Known = { watcher, ready: new Promise((r) => watcher.once('ready', () => r())), digests: new Map(), used: 0 };
+      // any change forgets what was computed: the next snapshot computes it again (and rehashes only what changed)
+      watcher.on('all', () => {
+        fresh.git = undefined;
+        fresh.digests.clear();
+      });
+      watcher.on('error', () => undefined);
+      known.set(dir, fresh);
+      k = fresh;
+    }
+    k.used = Date.now();
+    return k;
+  }
+
+  return {
+    async snapshot(tenantId: string, workspace: string | undefined): Promise<SmartGates> {
+      const ws = await gates.workspaceOf(tenantId, workspace);
+      const k = knownOf(ws.dir);
+      await k.ready;
+      const set = await loadGateSet(ws.dir);
+      k.git ??= gitState(sandbox, ws.dir);
+      const git = await k.git;
+      const digestOf = (g: GateDefinition) => {
+        const key = JSON.stringify(g.inputs);
+        let d = k.digests.get(key);
+        if (!d) {
+          d = inputFiles(ws.dir, g.inputs, git).then((files) => gates.hasherOf(ws.dir).digest(ws.dir, files));
+          k.digests.set(key, d);
+        }
+        return d;
+      };
+      const [latest, recent] = await Promise.all([store.gateRuns.latestResults(tenantId, ws.name), store.gateRuns.list(tenantId, { workspace: ws.name, limit: 20 })]);
+      const byGate = new Map(latest.map((r) => [r.gate_id, r]));
+      const runningGates = new Set(recent.items.filter((r) => r.status === 'running').flatMap((r) => r.gates));
+      const runOf = new Map<string, string>();
+      for (const r of recent.items) for (const g of r.results) if (!runOf.has(g.gate_id)) runOf.set(g.gate_id, r.id);
+      const rows = await Promise.all(
+        set.gates.map(async (g) => {
+          const last = byGate.get(g.id);
+          let state: GateState;
+          let reason: string;
+          if (runningGates.has(g.id)) [state, reason] = ['running', 'a gate run is under way'];
+          else if (!last) [state, reason] = ['missing', 'it has never run'];
+          else if (last.definition_digest !== g.digest) [state, reason] = ['stale', 'its definition changed since its last result'];
+          else if (last.input_digest !== (await digestOf(g))) [state, reason] = ['stale', 'its inputs changed since its last result'];
+          else if (last.conclusion === 'success') [state, reason] = ['passing', ''];
+          else [state, reason] = ['failing', `its last result was ${last.conclusion}: ${last.summary}`];
+          return {
+            row: {
+              id: g.id,
+              name: g.name,
+              required: g.required,
+              state,
+              last: last
+                ? { conclusion: last.conclusion, summary: last.summary, finished_at: last.finished_at, input_digest: last.input_digest, gate_run_id: runOf.get(g.id) ?? null }
+                : null,
+            },
+            reason,
+          };
+        }),
+      );
+      const blocking = rows.filter(({ row }) => row.required && row.state !== 'passing').map(({ row, reason }) => ({ gate_id: row.id, state: row.state, reason }));
+      return {
+        workspace: ws.name,
+        source: set.source,
+        ready: blocking.length === 0,
+        blocking,
+        subject: subjectOf({ workspaceName: ws.name, git }),
+        gates: rows.map((r) => r.row),
+        checked_at: clock.now().toISOString(),
+      };
+    },
+
+    async close(): Promise<void> {
+      await Promise.all([...known.values()].map((k) => k.watcher.close()));
+      known.clear();
+    },
+  };
+}
+
+export type SmartGatesService = ReturnType<typeof smartGatesOf>;
