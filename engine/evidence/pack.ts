@@ -49,7 +49,8 @@ export type PackJson = { envelope: DsseEnvelope; public_key: { key_id: string; p
 /** A pack's files: pack.json, public-key.pem, ledger.jsonl and payloads/<hex>.json. */
 export async function packTar(pack: PackJson, entries: LedgerEntry[], payloads: { digest: string; body: string }[]): Promise<Buffer> {
   const p = tar.pack();
-  const add = (name: string, text: string) => new Promise<void>((resolve, reject) => p.entry({ name, mode: 0o644 }, text, (err) => (err ? reject(err) : resolve())));
+  const add = (name: string, text: string) =>
+    new Promise<void>((resolve, reject) => p.entry({ name, mode: 0o644 }, text, (err) => (err ? reject(err) : resolve())));
   const chunks: Buffer[] = [];
   p.on('data', (c: unknown) => chunks.push(c as Buffer));
   const done = new Promise<void>((resolve, reject) => {
@@ -98,7 +99,13 @@ export async function readPack(data: Buffer): Promise<PackFiles> {
   return {
     pack: JSON.parse(packText) as PackJson,
     publicKeyPem: files.get('public-key.pem') ?? '',
-    entries: ledger === undefined ? null : ledger.split('\n').filter(Boolean).map((l) => JSON.parse(l) as LedgerEntry),
+    entries:
+      ledger === undefined
+        ? null
+        : ledger
+            .split('\n')
+            .filter(Boolean)
+            .map((l) => JSON.parse(l) as LedgerEntry),
     payloads,
   };
 }
@@ -116,7 +123,8 @@ export function verifyPack(files: PackFiles, opts: { keyId?: string } = {}): Pac
   const sig = env?.signatures?.find((s) => s.keyid === keyId);
   if (!env || env.payloadType !== IN_TOTO_PAYLOAD_TYPE || !sig) return fail({ part: 'envelope', message: `the envelope has no signature by key ${keyId}` });
   const payload = Buffer.from(env.payload, 'base64');
-  if (!verifySignature(publicKey, pae(env.payloadType, payload), sig.sig)) return fail({ part: 'envelope', message: "the envelope's signature does not verify" });
+  if (!verifySignature(publicKey, pae(env.payloadType, payload), sig.sig))
+    return fail({ part: 'envelope', message: "the envelope's signature does not verify" });
   let statement: Statement;
   try {
     statement = JSON.parse(payload.toString('utf8')) as Statement;
@@ -131,8 +139,12 @@ export function verifyPack(files: PackFiles, opts: { keyId?: string } = {}): Pac
   const problem = verifyEntries(entries, { publicKey, keyId, payloads: files.payloads ?? new Map() });
   if (problem) return fail(problem);
   if (entries[0]?.seq !== range.from_seq || entries.at(-1)?.seq !== range.to_seq)
-    return fail({ part: 'chain', message: `the ledger slice is ${entries[0]?.seq ?? '-'}..${entries.at(-1)?.seq ?? '-'}, the statement names ${range.from_seq}..${range.to_seq}` });
-  if (entries.at(-1)!.hash !== range.head_hash) return fail({ part: 'chain', seq: range.to_seq, message: "the ledger slice does not end at the statement's head hash" });
+    return fail({
+      part: 'chain',
+      message: `the ledger slice is ${entries[0]?.seq ?? '-'}..${entries.at(-1)?.seq ?? '-'}, the statement names ${range.from_seq}..${range.to_seq}`,
+    });
+  if (entries.at(-1)!.hash !== range.head_hash)
+    return fail({ part: 'chain', seq: range.to_seq, message: "the ledger slice does not end at the statement's head hash" });
   for (const g of statement.predicate.gates ?? []) {
     const e = entries.find((x) => x.seq === g.ledger_seq);
     if (!e || e.kind !== 'gate.result' || e.payload_digest !== g.payload_digest)

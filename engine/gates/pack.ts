@@ -36,7 +36,8 @@ export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledg
       const commit = q.subject ?? sealed[0]?.subject?.commit ?? null;
       // for one commit: every sealed run of it; outside a repository, the latest run alone
       const runs = commit ? sealed.filter((r) => r.subject?.commit === commit || r.subject?.tree === commit) : sealed.slice(0, 1);
-      if (!runs.length) throw new NotFoundError(`no sealed gate run of workspace ${ws.name}${q.subject ? ` for ${q.subject}` : ''}${q.since ? ` since ${q.since}` : ''}`);
+      if (!runs.length)
+        throw new NotFoundError(`no sealed gate run of workspace ${ws.name}${q.subject ? ` for ${q.subject}` : ''}${q.since ? ` since ${q.since}` : ''}`);
       // the latest result of each gate, and the entry that sealed it (results are sealed in order from from_seq)
       const latest = new Map<string, { result: GateResult; run: GateRunRecord; seq: number }>();
       for (const run of runs)
@@ -48,7 +49,10 @@ export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledg
       const entries = await ledger.list(tenantId, { afterSeq: from - 1, limit: Math.min(to - from + 1, SLICE_MAX) });
       const head = entries.at(-1)!;
       const bySeq = new Map(entries.map((e) => [e.seq, e]));
-      const payloads = await ledger.payloads(tenantId, entries.map((e) => e.payload_digest));
+      const payloads = await ledger.payloads(
+        tenantId,
+        entries.map((e) => e.payload_digest),
+      );
       // artifacts are payloads too: the pack carries them so that it stands alone
       const artifactDigests = [...latest.values()].flatMap(({ result }) => result.artifacts.map((a) => a.payload_digest));
       if (artifactDigests.length) payloads.push(...(await ledger.payloads(tenantId, artifactDigests)));

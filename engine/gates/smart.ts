@@ -25,7 +25,7 @@ export type SmartGates = {
     name: string;
     required: boolean;
     state: GateState;
-    last: Pick<GateResult, 'conclusion' | 'summary' | 'finished_at' | 'input_digest'> & { gate_run_id: string | null } | null;
+    last: (Pick<GateResult, 'conclusion' | 'summary' | 'finished_at' | 'input_digest'> & { gate_run_id: string | null }) | null;
   }[];
   checked_at: string;
 };
@@ -80,7 +80,10 @@ export function smartGatesOf(deps: Pick<Platform, 'store' | 'clock'> & { sandbox
         }
         return d;
       };
-      const [latest, recent] = await Promise.all([store.gateRuns.latestResults(tenantId, ws.name), store.gateRuns.list(tenantId, { workspace: ws.name, limit: 20 })]);
+      const [latest, recent] = await Promise.all([
+        store.gateRuns.latestResults(tenantId, ws.name),
+        store.gateRuns.list(tenantId, { workspace: ws.name, limit: 20 }),
+      ]);
       const byGate = new Map(latest.map((r) => [r.gate_id, r]));
       const runningGates = new Set(recent.items.filter((r) => r.status === 'running').flatMap((r) => r.gates));
       const runOf = new Map<string, string>();
@@ -103,14 +106,22 @@ export function smartGatesOf(deps: Pick<Platform, 'store' | 'clock'> & { sandbox
               required: g.required,
               state,
               last: last
-                ? { conclusion: last.conclusion, summary: last.summary, finished_at: last.finished_at, input_digest: last.input_digest, gate_run_id: runOf.get(g.id) ?? null }
+                ? {
+                    conclusion: last.conclusion,
+                    summary: last.summary,
+                    finished_at: last.finished_at,
+                    input_digest: last.input_digest,
+                    gate_run_id: runOf.get(g.id) ?? null,
+                  }
                 : null,
             },
             reason,
           };
         }),
       );
-      const blocking = rows.filter(({ row }) => row.required && row.state !== 'passing').map(({ row, reason }) => ({ gate_id: row.id, state: row.state, reason }));
+      const blocking = rows
+        .filter(({ row }) => row.required && row.state !== 'passing')
+        .map(({ row, reason }) => ({ gate_id: row.id, state: row.state, reason }));
       return {
         workspace: ws.name,
         source: set.source,
