@@ -290,3 +290,8 @@ export function parseEnv(env: Record<string, string | undefined>): Config {
 export function loadConfig(): Config {
   return parseEnv(process.env);
 }
+
+/** A variable of this process's environment, for the CLI's `gates run` (a gate names what it needs). */
+export function environmentValue(name: string): string | undefined {
+  return process.env[name];
+}

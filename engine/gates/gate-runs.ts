@@ -26,7 +26,7 @@ const HASHERS_KEPT = 64;
 
 export function gateRunsOf(deps: GatesDeps) {
   const { store, clock, log, queues, events, ledger, sandbox, settings } = deps;
-  const flows = new FlowProducer({ connection: deps.redis, prefix: queues.prefix });
+  let flows: FlowProducer | undefined;
   /** gates this process is running, by gate run: a cancel stops them */
   const running = new Map<string, Set<AbortController>>();
   /** a file hasher per workspace folder: a digest after a change reads only what changed */
@@ -97,6 +97,7 @@ export function gateRunsOf(deps: GatesDeps) {
       };
       await store.gateRuns.insert(record);
       const data = (gate_id?: string): GateJob => ({ tenant_id: tenantId, gate_run_id: record.id, ...(gate_id ? { gate_id } : {}) });
+      flows ??= new FlowProducer({ connection: deps.redis, prefix: queues.prefix });
       await flows.add({
         name: 'seal',
         queueName: 'gates',
@@ -168,45 +169,14 @@ export function gateRunsOf(deps: GatesDeps) {
     async seal(tenantId: string, gateRunId: string): Promise<GateRunRecord | null> {
       const record = await store.gateRuns.get(tenantId, gateRunId);
       if (!record || record.status !== 'running') return record;
-      const kept = new Map((await store.gateRuns.results(tenantId, gateRunId)).map((r) => [r.gate_id, r]));
-      const at = clock.now().toISOString();
-      const subject = record.subject ?? { workspace: record.workspace, commit: null, tree: null, dirty: null };
-      const results = record.gates.map(
-        (id) => kept.get(id) ?? { ...skipped(id, subject, 'the gate did not report a result', at), conclusion: 'cancelled' as const },
-      );
-      const failedRequired = results.filter((r) => r.required && r.conclusion !== 'success').map((r) => r.gate_id);
-      const status = failedRequired.length ? 'failed' : 'succeeded';
-      const entries = await ledger.append(tenantId, [
-        ...results.map((r) => ({
-          kind: 'gate.result',
-          subject: { ...r.subject, input_digest: r.input_digest, gate_id: r.gate_id, gate_run_id: gateRunId },
-          payload: r,
-        })),
-        {
-          kind: 'gate.run',
-          subject: { ...subject, gate_run_id: gateRunId, ...(record.trigger.type === 'run' ? { run_id: record.trigger.run_id } : {}) },
-          payload: {
-            gate_run_id: gateRunId,
-            workspace: record.workspace,
-            source: record.source,
-            status,
-            trigger: record.trigger,
-            gates: results.map((r) => ({ gate_id: r.gate_id, conclusion: r.conclusion, required: r.required })),
-          },
-        },
-      ]);
-      const sealed = await store.gateRuns.update(
-        tenantId,
-        gateRunId,
-        { status, results, finished_at: at, ledger: { from_seq: entries[0]!.seq, to_seq: entries.at(-1)!.seq, head_hash: entries.at(-1)!.hash } },
-        ['running'],
-      );
+      const sealed = await sealGateRun({ store, clock, ledger }, record);
       if (sealed) {
+        const failedRequired = sealed.results.filter((r) => r.required && r.conclusion !== 'success').map((r) => r.gate_id);
         await emit(sealed, {
           type: 'gate.run_finished',
-          data: { gate_run_id: gateRunId, status, failed_required: failedRequired, ledger_head: sealed.ledger!.head_hash },
+          data: { gate_run_id: gateRunId, status: sealed.status, failed_required: failedRequired, ledger_head: sealed.ledger!.head_hash },
         });
-        log.info({ tenant_id: tenantId, gate_run_id: gateRunId, status, failed_required: failedRequired }, 'gate run sealed');
+        log.info({ tenant_id: tenantId, gate_run_id: gateRunId, status: sealed.status, failed_required: failedRequired }, 'gate run sealed');
       }
       return sealed ?? (await store.gateRuns.get(tenantId, gateRunId));
     },
@@ -234,10 +204,52 @@ export function gateRunsOf(deps: GatesDeps) {
     list: (tenantId: string, q: { workspace?: string; limit: number; cursor?: string }) => store.gateRuns.list(tenantId, q),
 
     async close(): Promise<void> {
-      await flows.close();
+      await flows?.close();
     },
   };
   return api;
+}
+
+/**
+ * Seals a gate run: every gate's kept result (cancelled when it has none), one ledger entry per
+ * result and one for the run, and the record's end, once (a run already sealed is left as it is).
+ * The service's seal job and the CLI's `gates run --record` both seal here.
+ */
+export async function sealGateRun(deps: Pick<Platform, 'store' | 'clock'> & { ledger: Ledger }, record: GateRunRecord): Promise<GateRunRecord | null> {
+  const { store, clock, ledger } = deps;
+  const tenantId = record.tenant_id;
+  const kept = new Map((await store.gateRuns.results(tenantId, record.id)).map((r) => [r.gate_id, r]));
+  const at = clock.now().toISOString();
+  const subject = record.subject ?? { workspace: record.workspace, commit: null, tree: null, dirty: null };
+  const results = record.gates.map(
+    (id) => kept.get(id) ?? { ...skipped(id, subject, 'the gate did not report a result', at), conclusion: 'cancelled' as const },
+  );
+  const status = results.some((r) => r.required && r.conclusion !== 'success') ? 'failed' : 'succeeded';
+  const entries = await ledger.append(tenantId, [
+    ...results.map((r) => ({
+      kind: 'gate.result',
+      subject: { ...r.subject, input_digest: r.input_digest, gate_id: r.gate_id, gate_run_id: record.id },
+      payload: r,
+    })),
+    {
+      kind: 'gate.run',
+      subject: { ...subject, gate_run_id: record.id, ...(record.trigger.type === 'run' ? { run_id: record.trigger.run_id } : {}) },
+      payload: {
+        gate_run_id: record.id,
+        workspace: record.workspace,
+        source: record.source,
+        status,
+        trigger: record.trigger,
+        gates: results.map((r) => ({ gate_id: r.gate_id, conclusion: r.conclusion, required: r.required })),
+      },
+    },
+  ]);
+  return store.gateRuns.update(
+    tenantId,
+    record.id,
+    { status, results, finished_at: at, ledger: { from_seq: entries[0]!.seq, to_seq: entries.at(-1)!.seq, head_hash: entries.at(-1)!.hash } },
+    ['running'],
+  );
 }
 
 function skipped(gateId: string, subject: GateSubject, summary: string, at: string): GateResult {

@@ -4,6 +4,6 @@ export { GATE_FILES, loadGateSet, type GateDefinition, type GateSet, type Report
 export { parseReport, type Report } from './reports.js';
 export { inputDigest, runGate, subjectOf, type ArtifactPayload, type GateContext } from './runner.js';
 export { FileHasher, gitState, inputFiles, type GitState } from './subject.js';
-export { gateRunsOf, type GateJob, type GateRuns } from './gate-runs.js';
+export { gateRunsOf, sealGateRun, type GateJob, type GateRuns } from './gate-runs.js';
 export { evidencePacksOf, PREDICATE_TYPE, type EvidencePack, type EvidencePacks } from './pack.js';
 export { smartGatesOf, type GateState, type SmartGates, type SmartGatesService } from './smart.js';

@@ -12,7 +12,7 @@ import { runProcess, type Sandbox } from '../tools/index.js';
 
 export type GitState = { commit: string | null; tree: string | null; dirty: boolean | null; files: string[] | null };
 
-const GIT = ['git', '-c', 'safe.directory=*', '-c', 'core.fsmonitor=false', '-c', 'core.hooksPath=/dev/null'];
+const GIT = ['git', '--no-optional-locks', '-c', 'safe.directory=*', '-c', 'core.fsmonitor=false', '-c', 'core.hooksPath=/dev/null'];
 const ALWAYS_IGNORED = ['.git/**', '**/node_modules/**'];
 
 /** The repository at the workspace's root, seen from the sandbox; all null outside a repository. */

@@ -1,5 +1,6 @@
 // Gates through the service: a signed GitHub push fires the gates-on-push automation, whose `gates`
 // step runs the workspace's gate set as a BullMQ flow (one job per gate, sealed into the ledger).
+import { spawnSync } from 'node:child_process';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import { expect } from 'chai';
@@ -182,5 +183,53 @@ describe('gates in the service', function () {
     // another commit, or none sealed for it: 404
     expect((await h.call('GET', '/api/v1/autonomy/evidence-pack?subject=0000000')).status).to.equal(404);
     expect((await h.call('GET', '/api/v1/autonomy/evidence-pack', { key: KEYS.b })).status).to.equal(404);
+  });
+
+  it('runs the same set from the CLI with the same results on the same tree, records into the same ledger, and verifies a pack offline', async () => {
+    const cli = (...args: string[]) =>
+      spawnSync(process.execPath, ['--import', 'tsx', 'cli/main.ts', 'gates', ...args], {
+        env: { ...process.env, SERVICE_DATA_DIR: h.config.dataDir, SERVICE_WORKSPACE_ROOT: h.workspace, LOG_LEVEL: 'silent' },
+        encoding: 'utf8',
+      });
+    const local = cli('run', '--workspace', h.tenantDir(), '--json');
+    expect(local.status, local.stderr).to.equal(1); // the test gate fails: a required gate
+    const mine = JSON.parse(local.stdout) as { results: Body[]; ready: boolean };
+    expect(mine.ready).to.equal(false);
+    const started = await h.rt.engine.gates.start('tenant-a', { trigger: { type: 'api' } });
+    const theirs = (await h.rt.engine.gates.wait('tenant-a', started.id)).results;
+    const facts = (rs: Body[]) => rs.map((r) => [r.gate_id, r.conclusion, r.input_digest, r.definition_digest, r.subject.commit, r.subject.dirty]);
+    expect(facts(mine.results)).to.deep.equal(facts(theirs));
+
+    // recorded: the CLI's run joins the tenant's ledger, signed with the same key, and the chain holds
+    const before = (await h.rt.engine.evidence.head('tenant-a'))!.seq;
+    const recorded = cli('run', '--workspace', h.tenantDir(), '--only', 'typecheck', '--record', '--tenant', 'tenant-a');
+    expect(recorded.status, recorded.stderr).to.equal(0);
+    expect(recorded.stdout)
+      .to.contain('ok    typecheck')
+      .and.contain('ready: every required gate passed')
+      .and.contain(`ledger entries ${before + 1}..${before + 2}`);
+    const entries = await h.rt.engine.evidence.list('tenant-a', { limit: 1000 });
+    const key = h.rt.engine.evidence.publicKey;
+    expect(verifyEntries(entries, { publicKey: publicKeyFromPem(key.pem)!, keyId: key.key_id, prevHash: GENESIS_HASH })).to.equal(null);
+    expect(entries.at(-1)!.kind).to.equal('gate.run');
+    const runs = await h.rt.engine.gates.list('tenant-a', { limit: 1 });
+    expect(runs.items[0]).to.deep.include({ status: 'succeeded', trigger: { type: 'cli' }, workspace: '.' });
+
+    // verify offline: the pack as served, then with one byte of a ledger entry changed
+    const tar = Buffer.from(
+      await (await fetch(`${h.url}/api/v1/autonomy/evidence-pack?format=tar`, { headers: { authorization: `Bearer ${KEYS.a}` } })).arrayBuffer(),
+    );
+    const file = path.join(h.config.dataDir, 'pack.tar');
+    await fs.writeFile(file, tar);
+    const ok = cli('verify', file, '--key', key.key_id);
+    expect(ok.status, ok.stdout + ok.stderr).to.equal(0);
+    expect(ok.stdout).to.contain(`ok: signed by key ${key.key_id} (pinned)`).and.contain('entries verified');
+    const at = tar.indexOf('"kind":"gate.result"');
+    tar[at + 9] = 'R'.charCodeAt(0);
+    await fs.writeFile(file, tar);
+    const bad = cli('verify', file);
+    expect(bad.status).to.equal(1);
+    expect(bad.stdout).to.match(/^FAILED \(entry, entry \d+\): entry \d+ does not match its hash/);
+    expect(cli('verify', path.join(h.config.dataDir, 'missing.tar')).status).to.equal(2);
   });
 });

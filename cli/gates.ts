@@ -1,0 +1,193 @@
+// `gates run` and `gates verify`: the same gate set the service runs, run here in-process (each
+// command in the sandbox), and offline verification of an evidence pack.
+import fs from 'node:fs/promises';
+import path from 'node:path';
+import { parseArgs } from 'node:util';
+import { environmentValue, loadConfig } from '../config/env.js';
+import { EVIDENCE_KEY_FILE, ledgerOf, readPack, signerOf, verifyPack } from '../engine/evidence/index.js';
+import { FileHasher, gitState, loadGateSet, runGate, sealGateRun, subjectOf, type ArtifactPayload, type GateContext } from '../engine/gates/index.js';
+import { createLogger, loadKeyBytes, newId, systemClock, type GateResult, type GateRunRecord } from '../engine/platform/index.js';
+import { tenantRootPath } from '../engine/runs/index.js';
+import { openStore } from '../engine/store/index.js';
+import { openSandbox } from '../engine/tools/index.js';
+
+const MARK: Record<GateResult['conclusion'], string> = {
+  success: 'ok  ',
+  failure: 'FAIL',
+  neutral: 'info',
+  cancelled: 'stop',
+  skipped: 'skip',
+  timed_out: 'TIME',
+};
+
+export class UsageError extends Error {}
+
+/** Runs the gates of a workspace; the exit code is 1 when a required gate does not pass. */
+export async function gatesRun(args: string[], out: (text: string) => void): Promise<number> {
+  const { values } = parseArgs({
+    args,
+    options: {
+      workspace: { type: 'string' },
+      only: { type: 'string', multiple: true },
+      json: { type: 'boolean' },
+      record: { type: 'boolean' },
+      tenant: { type: 'string' },
+    },
+    strict: true,
+  });
+  const config = loadConfig();
+  const dir = await fs.realpath(path.resolve(values.workspace ?? '.')).catch(() => {
+    throw new UsageError(`--workspace ${values.workspace} is not a folder`);
+  });
+  // recorded results name the workspace as the service does: relative to the tenant's root
+  let workspaceName = path.basename(dir);
+  if (values.record) {
+    if (!values.tenant) throw new UsageError('--record needs --tenant: the results join that tenant’s ledger');
+    const root = await fs
+      .realpath(tenantRootPath({ workspaceRoot: config.workspaceRoot, singleTenant: config.auth === 'none' }, values.tenant))
+      .catch(() => '');
+    if (!root || (dir !== root && !dir.startsWith(root + path.sep)))
+      throw new UsageError(`--workspace must be inside the tenant's workspace root (${root || 'missing'})`);
+    workspaceName = path.relative(root, dir) || '.';
+  }
+  const sandbox = openSandbox({
+    mode: config.sandbox.mode,
+    limits: config.sandbox.limits,
+    prefix: `cli-${process.pid}`,
+    pathVar: config.childEnv.PATH,
+    log: createLogger('warn'),
+  });
+  const controller = new AbortController();
+  const stop = () => controller.abort();
+  process.once('SIGINT', stop);
+  try {
+    const set = await loadGateSet(dir);
+    const unknown = (values.only ?? []).filter((id) => !set.gates.some((g) => g.id === id));
+    if (unknown.length) throw new UsageError(`no gate ${unknown.join(', ')} in ${set.source} (${set.gates.map((g) => g.id).join(', ')})`);
+    const gates = set.gates.filter((g) => !values.only?.length || values.only.includes(g.id));
+    const git = await gitState(sandbox, dir);
+    const ctx: GateContext = {
+      sandbox,
+      workspace: dir,
+      workspaceName,
+      git,
+      hasher: new FileHasher(),
+      baseEnv: config.childEnv,
+      envValue: environmentValue,
+      network: config.sandbox.allowNetwork,
+      signal: controller.signal,
+    };
+    if (!values.json)
+      out(`gates of ${dir} (${set.source}${git.commit ? `, ${git.commit.slice(0, 12)}${git.dirty ? ' with changes' : ''}` : ''}): ${gates.length}\n`);
+    const results = new Map<string, GateResult>();
+    const artifacts: ArtifactPayload[] = [];
+    const queue = [...gates];
+    const worker = async () => {
+      for (let g = queue.shift(); g; g = queue.shift()) {
+        const ran = await runGate(g, ctx);
+        results.set(g.id, ran.result);
+        artifacts.push(...ran.artifacts);
+        const r = ran.result;
+        if (!values.json)
+          out(
+            `  ${MARK[r.conclusion]}  ${r.gate_id.padEnd(20)} ${(r.duration_ms / 1000).toFixed(1).padStart(6)} s  ${r.summary}${r.required ? '' : ' (optional)'}\n`,
+          );
+      }
+    };
+    await Promise.all(Array.from({ length: Math.min(config.gatesConcurrency, gates.length) }, worker));
+    const ordered = gates.map((g) => results.get(g.id)!);
+    const failed = ordered.filter((r) => r.required && r.conclusion !== 'success').map((r) => r.gate_id);
+    let sealed: GateRunRecord | null = null;
+    if (values.record)
+      sealed = await record(values.tenant!, { workspace: workspaceName, source: set.source, subject: subjectOf(ctx), results: ordered, artifacts });
+    if (values.json) {
+      out(
+        `${JSON.stringify({ workspace: workspaceName, source: set.source, subject: subjectOf(ctx), ready: failed.length === 0, results: ordered, gate_run_id: sealed?.id ?? null, ledger: sealed?.ledger ?? null }, null, 2)}\n`,
+      );
+    } else {
+      out(failed.length ? `not ready: ${failed.join(', ')} did not pass\n` : 'ready: every required gate passed\n');
+      if (sealed?.ledger)
+        out(`recorded as ${sealed.id}: ledger entries ${sealed.ledger.from_seq}..${sealed.ledger.to_seq}, head ${sealed.ledger.head_hash.slice(0, 16)}\n`);
+    }
+    return failed.length ? 1 : 0;
+  } finally {
+    process.off('SIGINT', stop);
+    sandbox.close();
+  }
+}
+
+/** Writes results to the service's store and ledger, as a gate run the CLI made. */
+async function record(
+  tenantId: string,
+  run: { workspace: string; source: string; subject: GateRunRecord['subject']; results: GateResult[]; artifacts: ArtifactPayload[] },
+): Promise<GateRunRecord | null> {
+  const config = loadConfig();
+  const store = await openStore({ mongodbUri: config.mongodbUri, dataDir: config.dataDir });
+  try {
+    const key = loadKeyBytes({
+      value: config.evidenceKey,
+      variable: 'SERVICE_EVIDENCE_KEY',
+      file: EVIDENCE_KEY_FILE,
+      dataDir: config.dataDir,
+      isProduction: config.isProduction,
+    });
+    const ledger = ledgerOf({ store, clock: systemClock, signer: signerOf(key.key) });
+    const gateRun: GateRunRecord = {
+      id: newId('grn'),
+      tenant_id: tenantId,
+      workspace: run.workspace,
+      status: 'running',
+      source: run.source,
+      gates: run.results.map((r) => r.gate_id),
+      trigger: { type: 'cli' },
+      subject: run.subject,
+      results: [],
+      ledger: null,
+      created_at: new Date().toISOString(),
+      finished_at: null,
+    };
+    await store.gateRuns.insert(gateRun);
+    for (const r of run.results) await store.gateRuns.putResult(tenantId, gateRun.id, r);
+    if (run.artifacts.length) await store.evidence.append(tenantId, () => [], run.artifacts);
+    return await sealGateRun({ store, clock: systemClock, ledger }, gateRun);
+  } finally {
+    await store.close();
+  }
+}
+
+/** Checks an evidence pack offline; the exit code is 1 when anything in it does not hold. */
+export async function gatesVerify(args: string[], out: (text: string) => void): Promise<number> {
+  const { values, positionals } = parseArgs({ args, options: { key: { type: 'string' }, json: { type: 'boolean' } }, allowPositionals: true, strict: true });
+  const file = positionals[0];
+  if (!file || positionals.length > 1) throw new UsageError('gates verify takes one pack: a .tar (or the pack.json alone)');
+  const data = await fs.readFile(file).catch(() => {
+    throw new UsageError(`cannot read ${file}`);
+  });
+  let verdict;
+  try {
+    verdict = verifyPack(await readPack(data), { keyId: values.key });
+  } catch (err) {
+    verdict = { ok: false as const, problem: { part: 'envelope' as const, message: `not an evidence pack: ${(err as Error).message}` } };
+  }
+  if (values.json) {
+    out(`${JSON.stringify(verdict.ok ? { ok: true, key_id: verdict.key_id, entries: verdict.entries, statement: verdict.statement } : verdict, null, 2)}\n`);
+    return verdict.ok ? 0 : 1;
+  }
+  if (!verdict.ok) {
+    out(`FAILED (${verdict.problem.part}${verdict.problem.seq === undefined ? '' : `, entry ${verdict.problem.seq}`}): ${verdict.problem.message}\n`);
+    return 1;
+  }
+  const p = verdict.statement.predicate;
+  const subject = verdict.statement.subject[0];
+  out(`ok: signed by key ${verdict.key_id}${values.key ? ' (pinned)' : ''}\n`);
+  out(
+    `subject: ${subject?.name ?? '-'} ${Object.entries(subject?.digest ?? {})
+      .map(([k, v]) => `${k}:${v.slice(0, 12)}`)
+      .join(' ')}\n`,
+  );
+  if (p.ledger && verdict.entries)
+    out(`ledger: ${verdict.entries} entries verified (${p.ledger.from_seq}..${p.ledger.to_seq}), head ${p.ledger.head_hash.slice(0, 16)}\n`);
+  else out('ledger: not in this file (the envelope alone was checked; get the pack with format=tar to check its ledger)\n');
+  for (const g of p.gates) out(`  ${g.gate_id}: ${(g as { conclusion?: string }).conclusion ?? '?'} (entry ${g.ledger_seq})\n`);
+  return 0;
+}
