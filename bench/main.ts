@@ -9,6 +9,7 @@ import { CONNECTIONS, load, SECONDS, startServer, stop, type Result } from './ht
 import { runBenchmarks } from './runs.js';
 import { sandboxCost } from './sandbox.js';
 import { dagBenchmarks } from './dag.js';
+import { ledgerBenchmarks } from './ledger.js';
 import { webhookIntake } from './webhooks.js';
 
 const KEY = 'bench-key-0123456789abcdef';
@@ -105,6 +106,9 @@ async function main(): Promise<void> {
     console.log('\n| task DAG | service | BullMQ flow | ratio (goal <= 2x) |');
     console.log('|---|---|---|---|');
     for (const line of await dagBenchmarks()) console.log(line);
+    console.log('\n| evidence ledger | service | baseline | ratio |');
+    console.log('|---|---|---|---|');
+    for (const line of await ledgerBenchmarks()) console.log(line);
     console.log('\n| sandbox | bubblewrap | no sandbox | cost |');
     console.log('|---|---|---|---|');
     for (const line of await sandboxCost()) console.log(line);
@@ -115,7 +119,9 @@ async function main(): Promise<void> {
   }
 }
 
-if (process.env.BENCH_ONLY === 'dag') {
+if (process.env.BENCH_ONLY === 'ledger') {
+  for (const line of await ledgerBenchmarks()) console.log(line);
+} else if (process.env.BENCH_ONLY === 'dag') {
   for (const line of await dagBenchmarks()) console.log(line);
 } else if (process.env.BENCH_ONLY === 'run-creation') {
   const [name, s, b] = await runCreation();

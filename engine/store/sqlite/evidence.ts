@@ -6,6 +6,10 @@ import type { Db } from './db.js';
 
 export function evidenceRepo(db: Db): EvidenceRepo {
   const headRow = db.prepare<[string], { doc: string }>('SELECT doc FROM ledger WHERE tenant_id = ? ORDER BY seq DESC LIMIT 1');
+  // what an append chains to: the head's seq and hash, without reading its whole document
+  const headLink = db.prepare<[string], { seq: number; hash: string }>(
+    "SELECT seq, json_extract(doc, '$.hash') AS hash FROM ledger WHERE tenant_id = ? ORDER BY seq DESC LIMIT 1",
+  );
   const insert = db.prepare('INSERT INTO ledger (tenant_id, seq, at, doc) VALUES (?, ?, ?, ?)');
   const keep = db.prepare('INSERT OR IGNORE INTO ledger_payloads (tenant_id, digest, body) VALUES (?, ?, ?)');
   const list = db.prepare<[string, number, string, number], { doc: string }>(
@@ -17,8 +21,7 @@ export function evidenceRepo(db: Db): EvidenceRepo {
     return row ? (JSON.parse(row.doc) as LedgerEntry) : null;
   };
   const append = db.transaction((tenantId: string, build: (head: LedgerHead) => LedgerEntry[], payloads: { digest: string; body: string }[]) => {
-    const last = head(tenantId);
-    const entries = build(last ? { seq: last.seq, hash: last.hash } : null);
+    const entries = build(headLink.get(tenantId) ?? null);
     for (const p of payloads) keep.run(tenantId, p.digest, p.body);
     for (const e of entries) insert.run(tenantId, e.seq, e.at, JSON.stringify(e));
     return entries;
