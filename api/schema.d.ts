@@ -1244,6 +1244,13 @@ export interface components {
              */
             network: boolean;
             /**
+             * @description Vibe runs: after the edits, run the workspace's gate set on the scratch copy, each gate in the
+             *     sandbox; the results ride with the diff (`result.gates`), and a required gate that does not pass
+             *     fails the run. Refused (400) for autonomy runs: they have a `gates` step.
+             * @default false
+             */
+            gates: boolean;
+            /**
              * @description Answer with the run's SSE stream instead of 202.
              * @default false
              */
@@ -1372,6 +1379,18 @@ export interface components {
                     /** @description The last message seq the agent read; the run that continues reads what follows. */
                     inbox_seq: number;
                 };
+                /** @description A vibe run's gates on its scratch copy, after the edits. */
+                gates?: {
+                    ready: boolean;
+                    source?: string;
+                    results: {
+                        gate_id: string;
+                        required: boolean;
+                        conclusion: components["schemas"]["GateConclusion"];
+                        summary: string;
+                        annotations?: Record<string, never>[];
+                    }[];
+                };
                 /** @description A session task agent's conversation with the model (chat-completions messages), kept for the run that continues it. */
                 conversation?: Record<string, never>[];
             } | null;
@@ -1383,6 +1402,8 @@ export interface components {
                 /** @description The model its turns use; null for SERVICE_AGENT_MODEL. */
                 model: string | null;
             };
+            /** @description A vibe run that runs the workspace's gates on its scratch copy after the edits (`result.gates`). */
+            gates?: boolean;
             request_id: string | null;
             /** Format: date-time */
             created_at: string;

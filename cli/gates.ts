@@ -5,7 +5,7 @@ import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { environmentValue, loadConfig } from '../config/env.js';
 import { EVIDENCE_KEY_FILE, ledgerOf, readPack, signerOf, verifyPack } from '../engine/evidence/index.js';
-import { FileHasher, gitState, loadGateSet, runGate, sealGateRun, subjectOf, type ArtifactPayload, type GateContext } from '../engine/gates/index.js';
+import { FileHasher, gitState, loadGateSet, runGateSet, sealGateRun, subjectOf, type ArtifactPayload, type GateContext } from '../engine/gates/index.js';
 import { createLogger, loadKeyBytes, newId, systemClock, type GateResult, type GateRunRecord } from '../engine/platform/index.js';
 import { tenantRootPath } from '../engine/runs/index.js';
 import { openStore } from '../engine/store/index.js';
@@ -79,23 +79,15 @@ export async function gatesRun(args: string[], out: (text: string) => void): Pro
     };
     if (!values.json)
       out(`gates of ${dir} (${set.source}${git.commit ? `, ${git.commit.slice(0, 12)}${git.dirty ? ' with changes' : ''}` : ''}): ${gates.length}\n`);
-    const results = new Map<string, GateResult>();
-    const artifacts: ArtifactPayload[] = [];
-    const queue = [...gates];
-    const worker = async () => {
-      for (let g = queue.shift(); g; g = queue.shift()) {
-        const ran = await runGate(g, ctx);
-        results.set(g.id, ran.result);
-        artifacts.push(...ran.artifacts);
-        const r = ran.result;
+    const { results: ordered, artifacts } = await runGateSet(gates, ctx, {
+      concurrency: config.gatesConcurrency,
+      onResult: (r) => {
         if (!values.json)
           out(
             `  ${MARK[r.conclusion]}  ${r.gate_id.padEnd(20)} ${(r.duration_ms / 1000).toFixed(1).padStart(6)} s  ${r.summary}${r.required ? '' : ' (optional)'}\n`,
           );
-      }
-    };
-    await Promise.all(Array.from({ length: Math.min(config.gatesConcurrency, gates.length) }, worker));
-    const ordered = gates.map((g) => results.get(g.id)!);
+      },
+    });
     const failed = ordered.filter((r) => r.required && r.conclusion !== 'success').map((r) => r.gate_id);
     let sealed: GateRunRecord | null = null;
     if (values.record)

@@ -6,7 +6,7 @@ import { automationsOf, fileTriggersOf, firesOf, schedulesOf, type TemplateCatal
 import { webhooksOf, type WebhookSettings } from './webhooks/index.js';
 import { sessionsOf } from './sessions/index.js';
 import { ledgerOf, type EvidenceSigner } from './evidence/index.js';
-import { evidencePacksOf, gateRunsOf, smartGatesOf } from './gates/index.js';
+import { evidencePacksOf, FileHasher, gateRunsOf, gitState, loadGateSet, runGateSet, smartGatesOf } from './gates/index.js';
 import type { Sandbox } from './tools/index.js';
 
 export type EngineDeps = Platform & {
@@ -27,6 +27,27 @@ export function createEngine(deps: EngineDeps) {
   const gates = gateRunsOf({ ...deps, ledger: evidence, settings: deps.settings });
   const executor = executorOf(deps, runs, transitions, {
     sessionActions: sessions.actionsFor,
+    copyGates: async (run, dir, binds, signal) => {
+      const set = await loadGateSet(dir);
+      const ctx = {
+        sandbox: deps.sandbox,
+        workspace: dir,
+        workspaceName: runs.workspaceOf(run),
+        git: await gitState(deps.sandbox, dir, binds),
+        hasher: new FileHasher(),
+        baseEnv: deps.settings.childEnv,
+        envValue: (name: string) => deps.settings.childEnv[name],
+        network: run.network,
+        binds,
+        signal,
+      };
+      const { results } = await runGateSet(set.gates, ctx, { concurrency: deps.settings.gatesConcurrency });
+      return {
+        ready: results.every((r) => !r.required || r.conclusion === 'success'),
+        source: set.source,
+        results: results.map((r) => ({ gate_id: r.gate_id, required: r.required, conclusion: r.conclusion, summary: r.summary, annotations: r.annotations })),
+      };
+    },
     // a vibe run works on a scratch copy, which gate runs (on the tenant's workspaces) cannot see
     gateActions: (run) =>
       run.kind === 'vibe'

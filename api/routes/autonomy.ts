@@ -41,6 +41,7 @@ export function autonomyRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
         max_steps: work.max_steps,
         retry: work.retry,
         network: work.network,
+        gates: work.gates,
         inputs: work.inputs,
         trigger: { type: 'api', request_id: String(req.id) },
         request_id: String(req.id),

@@ -31,6 +31,8 @@ export type GateContext = {
   /** the value of a name a gate asks for, or undefined when it is not given to gates */
   envValue(name: string): string | undefined;
   network: boolean;
+  /** folders besides the workspace the sandbox mounts (a scratch worktree's git directory) */
+  binds?: string[];
   signal?: AbortSignal;
   /** the output of the gate's command as it comes */
   onOutput?(stream: 'stdout' | 'stderr', text: string): void;
@@ -95,6 +97,7 @@ export async function runGate(gate: GateDefinition & { digest: string }, ctx: Ga
       workspace: ctx.workspace,
       env,
       network: ctx.network,
+      binds: ctx.binds,
       signal: ctx.signal,
       timeoutMs: gate.timeout_seconds * 1000,
       maxBytes: gate.report && !gate.report.path ? REPORT_MAX_BYTES : 64 * 1024,
@@ -139,6 +142,27 @@ export async function runGate(gate: GateDefinition & { digest: string }, ctx: Ga
     },
     artifacts: kept.map((a) => a.payload),
   };
+}
+
+/** Runs gates side by side, at most `concurrency` at once; results in the gates' order. */
+export async function runGateSet(
+  gates: (GateDefinition & { digest: string })[],
+  ctx: GateContext,
+  opts: { concurrency: number; onResult?: (r: GateResult) => void },
+): Promise<{ results: GateResult[]; artifacts: ArtifactPayload[] }> {
+  const results = new Map<string, GateResult>();
+  const artifacts: ArtifactPayload[] = [];
+  const queue = [...gates];
+  const worker = async () => {
+    for (let g = queue.shift(); g; g = queue.shift()) {
+      const ran = await runGate(g, ctx);
+      results.set(g.id, ran.result);
+      artifacts.push(...ran.artifacts);
+      opts.onResult?.(ran.result);
+    }
+  };
+  await Promise.all(Array.from({ length: Math.max(1, Math.min(opts.concurrency, gates.length)) }, worker));
+  return { results: gates.map((g) => results.get(g.id)!), artifacts };
 }
 
 /** A report file the command wrote (a plain file inside the workspace), or its standard output. */

@@ -16,7 +16,7 @@ const GIT = ['git', '--no-optional-locks', '-c', 'safe.directory=*', '-c', 'core
 const ALWAYS_IGNORED = ['.git/**', '**/node_modules/**'];
 
 /** The repository at the workspace's root, seen from the sandbox; all null outside a repository. */
-export async function gitState(sandbox: Sandbox, workspace: string): Promise<GitState> {
+export async function gitState(sandbox: Sandbox, workspace: string, binds: string[] = []): Promise<GitState> {
   const none = { commit: null, tree: null, dirty: null, files: null };
   if (!(await fs.lstat(path.join(workspace, '.git')).catch(() => null))) return none;
   const q = (args: string[]) => args.map((a) => `'${a}'`).join(' ');

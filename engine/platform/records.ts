@@ -186,6 +186,8 @@ export type Run = {
   result: RunResult | null;
   /** the agent a session task's run was made for, as it was then (editing the agent never changes a run) */
   agent?: AgentSnapshot | null;
+  /** a vibe run runs the workspace's gates on its scratch copy after the edits */
+  gates?: boolean;
   request_id: string | null;
   created_at: string;
   started_at: string | null;
@@ -208,6 +210,14 @@ export type RunResult = {
   };
   /** the agent's conversation so far, kept for the run that continues it */
   conversation?: ChatMessage[];
+  /** a vibe run's gates, run on its scratch copy after the edits */
+  gates?: VibeGates;
+};
+
+export type VibeGates = {
+  ready: boolean;
+  source: string;
+  results: { gate_id: string; required: boolean; conclusion: GateConclusion; summary: string; annotations: Annotation[] }[];
 };
 
 /** A message of an OpenAI-compatible chat-completions conversation. */

@@ -140,6 +140,7 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
         childEnv: config.childEnv,
         httpAllowPrivate: config.httpAllowPrivate,
         workerConcurrency: config.workerConcurrency,
+        gatesConcurrency: config.gatesConcurrency,
         webhookReplayWindowSeconds: config.webhookReplayWindowSeconds,
         webhookRateLimitPerMinute: config.webhookRateLimitPerMinute,
       },

@@ -6,7 +6,7 @@
 import { isTerminal, type Run, type StepRecord } from '../platform/index.js';
 import { startAttempt, type StopReason } from './attempt.js';
 import { modelClientOf } from './agent.js';
-import { agentProgram, stepsProgram, vibeProgram, type WorkOutcome } from './programs.js';
+import { agentProgram, stepsProgram, vibeProgram, type CopyGates, type WorkOutcome } from './programs.js';
 import type { Runs, RunsDeps } from './runs.js';
 import type { Outcome, Settled, Transitions } from './transitions.js';
 import type { GateActions, SessionActions } from '../tools/index.js';
@@ -16,7 +16,12 @@ import { scratchRoot } from './workspace.js';
 const SETTLE_TRIES = 4;
 
 /** What runs may act on beyond their workspace: their tenant's sessions, their workspace's gates. */
-export type RunActions = { sessionActions?: (run: Run) => SessionActions; gateActions?: (run: Run) => GateActions | undefined };
+export type RunActions = {
+  sessionActions?: (run: Run) => SessionActions;
+  gateActions?: (run: Run) => GateActions | undefined;
+  /** a vibe run's gates on its scratch copy */
+  copyGates?: CopyGates;
+};
 
 export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions, actions: RunActions = {}) {
   const { store, log, settings } = deps;
@@ -83,6 +88,7 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
               base,
               () => scratchRoot(settings, run.tenant_id),
               (kind) => transitions.emit(run, { type: 'workspace.ready', data: { kind } }),
+              actions.copyGates,
             )
           : base;
       const work: WorkOutcome = await program(a);

@@ -1,7 +1,7 @@
 // What an attempt does, by kind of work: the plan's steps in order, or the agent loop towards a goal;
 // a vibe run does either on a scratch copy of its workspace and keeps the diff. Each program says how
 // the work ended; the executor turns that into the run's transition.
-import type { ErrorInfo, Run } from '../platform/index.js';
+import type { ErrorInfo, Run, VibeGates } from '../platform/index.js';
 import { TOOLS } from '../tools/index.js';
 import { AgentError, runAgent, type ModelClient } from './agent.js';
 import type { Attempt } from './attempt.js';
@@ -111,11 +111,21 @@ export function agentProgram(client: ModelClient, runOf: (runId: string) => Prom
   };
 }
 
+/** Runs a workspace's gates on a folder (a vibe run's scratch copy): given by the engine (gates). */
+export type CopyGates = (run: Run, dir: string, binds: string[], signal: AbortSignal) => Promise<VibeGates>;
+
 /**
  * A vibe run: the work runs on a scratch copy (a git worktree at HEAD, or a copy of a folder that is
- * not a repository); the result carries the unified diff and the changed files; the original stays as it was.
+ * not a repository); the result carries the unified diff and the changed files; the original stays as
+ * it was. With `gates: true` the workspace's gates run on the copy after the edits, their results ride
+ * with the diff, and a required gate that does not pass fails the run.
  */
-export function vibeProgram(work: (a: Attempt) => Promise<WorkOutcome>, area: () => Promise<string>, onReady: (kind: 'worktree' | 'copy') => Promise<unknown>) {
+export function vibeProgram(
+  work: (a: Attempt) => Promise<WorkOutcome>,
+  area: () => Promise<string>,
+  onReady: (kind: 'worktree' | 'copy') => Promise<unknown>,
+  gates?: CopyGates,
+) {
   return async (a: Attempt): Promise<WorkOutcome> => {
     const scratch = await makeScratch(a.workspace, await area());
     try {
@@ -123,8 +133,14 @@ export function vibeProgram(work: (a: Attempt) => Promise<WorkOutcome>, area: ()
       a.workspace = scratch.dir;
       a.binds.push(...scratch.binds);
       const outcome = await work(a);
+      const checked = a.run.gates && gates && !outcome.error && !a.signal.aborted ? await gates(a.run, scratch.dir, a.binds, a.signal) : undefined;
       const { diff, changed_files, truncated } = await scratch.diff();
-      return { ...outcome, result: { ...outcome.result, diff, changed_files, ...(truncated ? { diff_truncated: true } : {}) } };
+      const failed = checked?.results.filter((g) => g.required && g.conclusion !== 'success').map((g) => g.gate_id) ?? [];
+      return {
+        ...outcome,
+        ...(failed.length ? { error: { code: 'gates-failed', message: `required gates did not pass on the edited copy: ${failed.join(', ')}` } } : {}),
+        result: { ...outcome.result, diff, changed_files, ...(truncated ? { diff_truncated: true } : {}), ...(checked ? { gates: checked } : {}) },
+      };
     } finally {
       await scratch.remove();
     }

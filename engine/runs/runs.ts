@@ -51,6 +51,8 @@ export type RunRequest = {
   rerun_of?: string;
   /** a session task's agent, as it is now */
   agent?: AgentSnapshot | null;
+  /** vibe runs: run the gates on the scratch copy after the edits */
+  gates?: boolean;
   trigger: RunTrigger;
   request_id?: string;
 };
@@ -65,6 +67,8 @@ export type RunSettings = ToolPolicy & {
   childEnv: Record<string, string>;
   httpAllowPrivate: boolean;
   workerConcurrency: number;
+  /** gates run at once by one gate run on a copy (a vibe run's) */
+  gatesConcurrency: number;
 };
 
 export type RunsDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'events' | 'queues' | 'redis' | 'metrics'> & {
@@ -96,6 +100,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
     const seconds = req.budget_seconds ?? limits.defaultBudgetSeconds;
     if (seconds > limits.maxBudgetSeconds)
       errors.push({ path: '/body/budget_seconds', message: `must be at most ${limits.maxBudgetSeconds} (SERVICE_RUN_MAX_BUDGET_SECONDS)` });
+    if (req.gates && req.kind !== 'vibe') errors.push({ path: '/body/gates', message: 'gates: true is for vibe runs; other runs have a gates step' });
     if (errors.length) throw new ValidationError(errors.map((e) => `${e.path}: ${e.message}`).join('; '), errors);
     if (!steps && !settings.agent) {
       throw new AgentNotConfiguredError(
@@ -125,6 +130,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       attempts: [],
       rerun_of: req.rerun_of ?? null,
       agent: req.agent ?? null,
+      ...(req.gates ? { gates: true } : {}),
       usage: { steps: 0, model_turns: 0, seconds: 0 },
       inputs: req.inputs ?? {},
       summary: null,
@@ -222,6 +228,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       inputs: run.inputs,
       automation_id: run.automation_id,
       agent: run.agent ?? null,
+      gates: run.gates,
       trigger: run.trigger,
     };
   }

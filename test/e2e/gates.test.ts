@@ -232,4 +232,34 @@ describe('gates in the service', function () {
     expect(bad.stdout).to.match(/^FAILED \(entry, entry \d+\): entry \d+ does not match its hash/);
     expect(cli('verify', path.join(h.config.dataDir, 'missing.tar')).status).to.equal(2);
   });
+
+  it('runs the gates on a vibe run’s edited copy: a good edit passes with its diff, a broken one fails the run', async () => {
+    const repo = path.join(h.tenantDir(), 'vibe');
+    await fs.mkdir(path.join(repo, 'src'), { recursive: true });
+    await fs.writeFile(path.join(repo, 'src', 'app.mjs'), 'export const answer = 41;\n');
+    await fs.writeFile(path.join(repo, 'gates.yaml'), 'gates:\n  - id: syntax\n    run: [node, --check, src/app.mjs]\n');
+    spawnSync('sh', ['-c', 'git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm init'], { cwd: repo });
+    const vibe = async (content: string) => {
+      const res = await h.call<Body>('POST', '/api/v1/autonomy/vibe/run', {
+        body: { workspace: 'vibe', gates: true, steps: [{ tool: 'write_file', args: { path: 'src/app.mjs', content } }] },
+      });
+      expect(res.status, res.text).to.equal(202);
+      return finishedRun(h, res.body.run_id);
+    };
+    const good = await vibe('export const answer = 42;\n');
+    expect(good.status, JSON.stringify(good.error)).to.equal('succeeded');
+    expect(good.gates).to.equal(true);
+    expect(good.result.gates).to.deep.include({ ready: true, source: 'gates.yaml' });
+    expect(good.result.gates.results[0]).to.deep.include({ gate_id: 'syntax', conclusion: 'success' });
+    expect(good.result.diff).to.contain('+export const answer = 42;');
+    const bad = await vibe('export const answer = ;\n');
+    expect(bad.status).to.equal('failed');
+    expect(bad.error).to.deep.equal({ code: 'gates-failed', message: 'required gates did not pass on the edited copy: syntax' });
+    expect(bad.result.gates.results[0].conclusion).to.equal('failure');
+    expect(bad.result.changed_files).to.deep.equal(['src/app.mjs']);
+    // the workspace itself is as it was
+    expect(await fs.readFile(path.join(repo, 'src', 'app.mjs'), 'utf8')).to.equal('export const answer = 41;\n');
+    // gates: true is a vibe run's; an autonomy run has a gates step
+    expect((await h.call('POST', '/api/v1/autonomy/run', { body: { gates: true, steps: [{ tool: 'list_files', args: {} }] } })).status).to.equal(400);
+  });
 });
