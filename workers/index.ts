@@ -124,6 +124,7 @@ export async function startWorkers(rt: Runtime, processors: Processors = process
       rt.engine.sessions.reconcile(),
       rt.engine.schedules.reconcile(),
       rt.engine.webhooks.reconcile(),
+      rt.engine.gates.reconcile(),
     ]).catch((err: unknown) => rt.log.warn({ err: (err as Error).message }, 'reconcile failed'));
   const reconciler = setInterval(reconcile, rt.config.reconcileIntervalSeconds * 1000);
   reconciler.unref();

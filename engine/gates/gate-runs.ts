@@ -200,6 +200,27 @@ export function gateRunsOf(deps: GatesDeps) {
       }
     },
 
+    /**
+     * Repairs gate runs whose flow was lost (the process died between the record and the flow, or Redis
+     * lost the jobs): one whose seal job is gone or failed is sealed with what it has, or canceled
+     * when no gate reported anything. A gate run never stays `running` for good.
+     */
+    async reconcile(olderThanMs = 60_000): Promise<number> {
+      const before = new Date(clock.now().getTime() - olderThanMs).toISOString();
+      let repaired = 0;
+      for (const r of await store.gateRuns.listRunning(before, 200)) {
+        const seal = await queues.get('gates').getJob(`${r.id}__seal`);
+        const state = seal ? await seal.getState() : 'missing';
+        if (state !== 'missing' && state !== 'failed' && state !== 'unknown') continue;
+        const reported = await store.gateRuns.results(r.tenant_id, r.id);
+        if (reported.length) await api.seal(r.tenant_id, r.id);
+        else await api.cancel(r.tenant_id, r.id);
+        repaired++;
+      }
+      if (repaired) log.warn({ repaired }, 'reconciler ended gate runs whose flow was lost');
+      return repaired;
+    },
+
     get: mustGet,
     list: (tenantId: string, q: { workspace?: string; limit: number; cursor?: string }) => store.gateRuns.list(tenantId, q),
 

@@ -182,6 +182,8 @@ export interface GateRunRepo {
   results(tenantId: string, gateRunId: string): Promise<GateResult[]>;
   /** The latest result of each gate of a workspace, by when it finished. */
   latestResults(tenantId: string, workspace: string): Promise<GateResult[]>;
+  /** System use (the reconciler): running gate runs of every tenant made before a time, oldest first. */
+  listRunning(createdBefore: string, limit: number): Promise<GateRunRecord[]>;
 }
 
 export type TaskChanges = Partial<Pick<TaskRecord, 'status' | 'attempts' | 'run_ids' | 'output' | 'updated_at'>>;

@@ -5,6 +5,7 @@ import fs from 'node:fs/promises';
 import path from 'node:path';
 import { expect } from 'chai';
 import { GENESIS_HASH, publicKeyFromPem, readPack, signerOf, verifyEntries, verifyPack, type PackFiles, type PackJson } from '../../engine/evidence/index.js';
+import { newId } from '../../engine/platform/index.js';
 import { eventually, finishedRun, KEYS, startHarness, type Harness } from '../support/harness.js';
 import * as sign from '../support/signers.js';
 import { GATES_YAML, makeProject } from '../support/projects.js';
@@ -261,5 +262,55 @@ describe('gates in the service', function () {
     expect(await fs.readFile(path.join(repo, 'src', 'app.mjs'), 'utf8')).to.equal('export const answer = 41;\n');
     // gates: true is a vibe run's; an autonomy run has a gates step
     expect((await h.call('POST', '/api/v1/autonomy/run', { body: { gates: true, steps: [{ tool: 'list_files', args: {} }] } })).status).to.equal(400);
+  });
+
+  it('ends a gate run whose flow was lost: sealed with what it has, or canceled when nothing reported', async () => {
+    const lost = (gates: string[]) => ({
+      id: newId('grn'),
+      tenant_id: 'tenant-a',
+      workspace: 'vibe',
+      status: 'running' as const,
+      source: 'gates.yaml',
+      gates,
+      trigger: { type: 'api' as const },
+      subject: { workspace: 'vibe', commit: null, tree: null, dirty: null },
+      results: [],
+      ledger: null,
+      created_at: new Date(Date.now() - 5 * 60_000).toISOString(),
+      finished_at: null,
+    });
+    const nothing = lost(['syntax']);
+    const half = lost(['syntax', 'other']);
+    await h.rt.store.gateRuns.insert(nothing);
+    await h.rt.store.gateRuns.insert(half);
+    const at = new Date().toISOString();
+    await h.rt.store.gateRuns.putResult('tenant-a', half.id, {
+      gate_id: 'syntax',
+      name: 'syntax',
+      required: true,
+      conclusion: 'success',
+      summary: 'exited 0',
+      exit_code: 0,
+      duration_ms: 1,
+      output_tail: '',
+      annotations: [],
+      subject: half.subject,
+      input_digest: 'sha256:x',
+      definition_digest: 'sha256:y',
+      tool_versions: {},
+      artifacts: [],
+      started_at: at,
+      finished_at: at,
+    });
+    expect(await h.rt.engine.gates.reconcile()).to.equal(2);
+    expect((await h.rt.engine.gates.get('tenant-a', nothing.id)).status).to.equal('canceled');
+    const sealed = await h.rt.engine.gates.get('tenant-a', half.id);
+    expect(sealed.status).to.equal('failed');
+    expect(sealed.results.map((r) => [r.gate_id, r.conclusion])).to.deep.equal([
+      ['syntax', 'success'],
+      ['other', 'cancelled'],
+    ]);
+    expect(sealed.ledger).to.not.equal(null);
+    expect(await h.rt.engine.gates.reconcile()).to.equal(0);
   });
 });

@@ -593,6 +593,13 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
         gates: ['test', 'lint'],
       });
       expect(await store.gateRuns.update('t1', first.id, { status: 'failed' }, ['running'])).to.equal(null);
+      // the reconciler's view: running ones of every tenant, made before a time
+      const running = await store.gateRuns.listRunning(new Date(Date.now() + 1000).toISOString(), 10);
+      expect(running.map((r) => r.id).sort())
+        .to.include(second.id)
+        .and.include(other.id)
+        .and.not.include(first.id);
+      expect(await store.gateRuns.listRunning('2000-01-01T00:00:00.000Z', 10)).to.deep.equal([]);
     });
   });
 }

@@ -16,6 +16,9 @@ export function gateRunRepo(db: Db): GateRunRepo {
   const latest = db.prepare<[string, string], { doc: string }>(
     'SELECT doc, MAX(finished_at) FROM gate_results WHERE tenant_id = ? AND workspace = ? GROUP BY gate_id ORDER BY gate_id',
   );
+  const running = db.prepare<[string, number], { doc: string }>(
+    "SELECT doc FROM gate_runs WHERE status = 'running' AND json_extract(doc, '$.created_at') < ? ORDER BY json_extract(doc, '$.created_at') LIMIT ?",
+  );
   const read = (row: { doc: string } | undefined) => (row ? (JSON.parse(row.doc) as GateRunRecord) : null);
   const update = db.transaction((tenantId: string, id: string, changes: Partial<GateRunRecord>, ifStatusIn: string[]) => {
     const current = read(get.get(tenantId, id));
@@ -47,6 +50,9 @@ export function gateRunRepo(db: Db): GateRunRepo {
     },
     async results(tenantId, gateRunId) {
       return results.all(tenantId, gateRunId).map((row) => JSON.parse(row.doc) as GateResult);
+    },
+    async listRunning(createdBefore, limit) {
+      return running.all(createdBefore, limit).map((r) => read(r)!);
     },
     async latestResults(tenantId, workspace) {
       return latest.all(tenantId, workspace).map((row) => JSON.parse(row.doc) as GateResult);

@@ -187,3 +187,7 @@ MIGRATIONS.push(`
 MIGRATIONS.push(`
   DROP INDEX IF EXISTS ledger_by_at;
 `);
+// The reconciler finds gate runs that are still running.
+MIGRATIONS.push(`
+  CREATE INDEX gate_runs_by_status ON gate_runs (status, json_extract(doc, '$.created_at'));
+`);
