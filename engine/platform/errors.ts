@@ -54,15 +54,19 @@ export class ConflictError extends AppError {
   readonly code = 'conflict';
 }
 
-/** Input that passed the schema but not the engine's own rules (a cron expression, a time zone, a budget). */
-export class ValidationError extends AppError {
-  readonly code = 'validation-failed';
+/** An error that names every problem of what was asked at once, each with where it is. */
+abstract class ProblemsError extends AppError {
   constructor(
     message: string,
     readonly errors: FieldError[],
   ) {
     super(message, { errors });
   }
+}
+
+/** Input that passed the schema but not the engine's own rules (a cron expression, a time zone, a budget). */
+export class ValidationError extends ProblemsError {
+  readonly code = 'validation-failed';
 }
 
 export class UnauthorizedError extends AppError {
@@ -135,23 +139,11 @@ export class NotPermittedError extends AppError {
 }
 
 /** Tasks whose dependencies do not make a DAG of the session (unknown, self or duplicate, a cycle) or name unknown agents: every error at once. */
-export class TaskGraphInvalidError extends AppError {
+export class TaskGraphInvalidError extends ProblemsError {
   readonly code = 'task-graph-invalid';
-  constructor(
-    message: string,
-    readonly errors: FieldError[],
-  ) {
-    super(message, { errors });
-  }
 }
 
 /** A workspace's gate set file (gates.yaml) that does not hold: every problem at once, with where it is. */
-export class GateSetInvalidError extends AppError {
+export class GateSetInvalidError extends ProblemsError {
   readonly code = 'gate-set-invalid';
-  constructor(
-    message: string,
-    readonly errors: FieldError[],
-  ) {
-    super(message, { errors });
-  }
 }
