@@ -5,7 +5,17 @@ import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { environmentValue, loadConfig } from '../config/env.js';
 import { EVIDENCE_KEY_FILE, ledgerOf, readPack, signerOf, verifyPack } from '../engine/evidence/index.js';
-import { FileHasher, gitState, loadGateSet, runGateSet, sealGateRun, subjectOf, type ArtifactPayload, type GateContext } from '../engine/gates/index.js';
+import {
+  FileHasher,
+  gateEnv,
+  gitState,
+  loadGateSet,
+  runGateSet,
+  sealGateRun,
+  subjectOf,
+  type ArtifactPayload,
+  type GateContext,
+} from '../engine/gates/index.js';
 import { createLogger, loadKeyBytes, newId, systemClock, type GateResult, type GateRunRecord } from '../engine/platform/index.js';
 import { tenantRootPath } from '../engine/runs/index.js';
 import { openStore } from '../engine/store/index.js';
@@ -73,8 +83,9 @@ export async function gatesRun(args: string[], out: (text: string) => void): Pro
       git,
       hasher: new FileHasher(),
       baseEnv: config.childEnv,
-      envValue: environmentValue,
-      network: config.sandbox.allowNetwork,
+      envValue: gateEnv(environmentValue),
+      // as in the service: the network is off, so the CLI and the service give the same results
+      network: false,
       signal: controller.signal,
     };
     if (!values.json)
@@ -162,8 +173,10 @@ export async function gatesVerify(args: string[], out: (text: string) => void): 
     verdict = { ok: false as const, problem: { part: 'envelope' as const, message: `not an evidence pack: ${(err as Error).message}` } };
   }
   if (values.json) {
-    out(`${JSON.stringify(verdict.ok ? { ok: true, key_id: verdict.key_id, entries: verdict.entries, statement: verdict.statement } : verdict, null, 2)}\n`);
-    return verdict.ok ? 0 : 1;
+    out(
+      `${JSON.stringify(verdict.ok ? { ok: true, pinned: Boolean(values.key), key_id: verdict.key_id, entries: verdict.entries, statement: verdict.statement } : verdict, null, 2)}\n`,
+    );
+    return verdict.ok ? (values.key ? 0 : 3) : 1;
   }
   if (!verdict.ok) {
     out(`FAILED (${verdict.problem.part}${verdict.problem.seq === undefined ? '' : `, entry ${verdict.problem.seq}`}): ${verdict.problem.message}\n`);
@@ -171,7 +184,14 @@ export async function gatesVerify(args: string[], out: (text: string) => void): 
   }
   const p = verdict.statement.predicate;
   const subject = verdict.statement.subject[0];
-  out(`ok: signed by key ${verdict.key_id}${values.key ? ' (pinned)' : ''}\n`);
+  if (!values.key) {
+    // a pack checked against the key it carries proves only that someone signed it
+    out(
+      `UNPINNED: the pack holds together, signed by key ${verdict.key_id}, the key it carries itself; pass --key <the service's key id> to check it is the service's\n`,
+    );
+    return 3;
+  }
+  out(`ok: signed by key ${verdict.key_id} (pinned)\n`);
   out(
     `subject: ${subject?.name ?? '-'} ${Object.entries(subject?.digest ?? {})
       .map(([k, v]) => `${k}:${v.slice(0, 12)}`)

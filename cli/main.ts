@@ -16,9 +16,10 @@ const USAGE = `usage: automation-service <command>
                 run the workspace's gates (gates.yaml, or those detected), each in the sandbox;
                 exits 1 when a required gate does not pass; --record seals the results into the
                 service's ledger (its store and SERVICE_EVIDENCE_KEY, from the environment)
-  gates verify <pack.tar | pack.json> [--key KEY_ID] [--json]
+  gates verify <pack.tar | pack.json> --key KEY_ID [--json]
                 check an evidence pack offline: signature, hash chain, payload digests; exits 1
-                and names the first bad entry when anything does not hold
+                and names the first bad entry when anything does not hold, 3 when it holds but
+                no --key pinned the service's key (the evidence-pack answer's public_key.key_id)
 `;
 
 function fail(message: string): never {

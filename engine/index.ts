@@ -1,4 +1,5 @@
 // The engine: what the service does, with no knowledge of HTTP or of BullMQ's workers.
+import fs from 'node:fs/promises';
 import { apiKeysOf } from './auth/index.js';
 import type { Platform } from './deps.js';
 import { executorOf, runsOf, tenantRootPath, transitionsOf, type RunLimits, type RunSettings, type TenantSlots } from './runs/index.js';
@@ -6,7 +7,7 @@ import { automationsOf, fileTriggersOf, firesOf, schedulesOf, type TemplateCatal
 import { webhooksOf, type WebhookSettings } from './webhooks/index.js';
 import { sessionsOf } from './sessions/index.js';
 import { ledgerOf, type EvidenceSigner } from './evidence/index.js';
-import { evidencePacksOf, FileHasher, gateRunsOf, gitState, loadGateSet, runGateSet, smartGatesOf } from './gates/index.js';
+import { evidencePacksOf, FileHasher, gateEnv, gateRunsOf, gitState, loadGateSet, runGateSet, smartGatesOf } from './gates/index.js';
 import type { Sandbox } from './tools/index.js';
 
 export type EngineDeps = Platform & {
@@ -27,7 +28,9 @@ export function createEngine(deps: EngineDeps) {
   const gates = gateRunsOf({ ...deps, ledger: evidence, settings: deps.settings });
   const executor = executorOf(deps, runs, transitions, {
     sessionActions: sessions.actionsFor,
-    copyGates: async (run, dir, binds, signal) => {
+    copyGates: async (run, copy, binds, signal) => {
+      // the service reads the copy's files itself: every check is against its real path
+      const dir = await fs.realpath(copy);
       const set = await loadGateSet(dir);
       const ctx = {
         sandbox: deps.sandbox,
@@ -36,7 +39,7 @@ export function createEngine(deps: EngineDeps) {
         git: await gitState(deps.sandbox, dir, binds),
         hasher: new FileHasher(),
         baseEnv: deps.settings.childEnv,
-        envValue: (name: string) => deps.settings.childEnv[name],
+        envValue: gateEnv((name) => deps.settings.childEnv[name]),
         network: run.network,
         binds,
         signal,

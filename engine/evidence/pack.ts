@@ -7,7 +7,7 @@ import { Readable } from 'node:stream';
 import tar from 'tar-stream';
 import type { LedgerEntry } from '../platform/index.js';
 import { keyIdOf, publicKeyFromPem, verifySignature, type EvidenceSigner } from './keys.js';
-import { verifyEntries, type EvidenceProblem } from './verify.js';
+import { canonicalJson, payloadDigest, verifyEntries, type EvidenceProblem } from './verify.js';
 
 export const IN_TOTO_PAYLOAD_TYPE = 'application/vnd.in-toto+json';
 export const STATEMENT_TYPE = 'https://in-toto.io/Statement/v1';
@@ -132,7 +132,16 @@ export function verifyPack(files: PackFiles, opts: { keyId?: string } = {}): Pac
     return fail({ part: 'statement', message: 'the signed statement is not JSON' });
   }
   if (statement._type !== STATEMENT_TYPE) return fail({ part: 'statement', message: `the statement is not an in-toto ${STATEMENT_TYPE}` });
+  // what the pack shows for reading must be what was signed
+  if (files.pack.statement !== undefined && canonicalJson(files.pack.statement) !== canonicalJson(statement))
+    return fail({ part: 'statement', message: 'the readable statement in pack.json differs from the signed one' });
+  if (files.pack.public_key && (files.pack.public_key.pem !== files.publicKeyPem || files.pack.public_key.key_id !== keyId))
+    return fail({ part: 'envelope', message: 'the public key in pack.json differs from the one the pack is checked with' });
+  for (const [digest, body] of files.payloads ?? [])
+    if (payloadDigest(body) !== digest) return fail({ part: 'payload', message: `payload ${digest} does not match its digest` });
   const range = statement.predicate?.ledger;
+  // a tar carries its ledger slice: one without it proves nothing of the entries its statement names
+  if (files.payloads && !files.entries) return fail({ part: 'chain', message: 'the pack has no ledger.jsonl' });
   if (!files.entries || !range) return { ok: true, statement, key_id: keyId, entries: 0 };
   const entries = files.entries;
   if (range.key_id !== keyId) return fail({ part: 'statement', message: `the statement names key ${range.key_id}, not the pack's ${keyId}` });
@@ -147,7 +156,7 @@ export function verifyPack(files: PackFiles, opts: { keyId?: string } = {}): Pac
     return fail({ part: 'chain', seq: range.to_seq, message: "the ledger slice does not end at the statement's head hash" });
   for (const g of statement.predicate.gates ?? []) {
     const e = entries.find((x) => x.seq === g.ledger_seq);
-    if (!e || e.kind !== 'gate.result' || e.payload_digest !== g.payload_digest)
+    if (!e || e.kind !== 'gate.result' || e.payload_digest !== g.payload_digest || e.subject.gate_id !== g.gate_id)
       return fail({ part: 'statement', seq: g.ledger_seq, message: `gate ${g.gate_id} names entry ${g.ledger_seq}, which does not seal its result` });
   }
   return { ok: true, statement, key_id: keyId, entries: entries.length };

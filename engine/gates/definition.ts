@@ -9,6 +9,7 @@ import YAML from 'yaml';
 import { GATES_SCHEMA_FILE } from '../../config/paths.js';
 import { canonicalJson, sha256Hex } from '../evidence/index.js';
 import { GateSetInvalidError, type FieldError } from '../platform/index.js';
+import { staysInside } from './paths.js';
 
 export type ReportFormat = 'tap' | 'junit' | 'eslint' | 'tsc';
 
@@ -81,6 +82,13 @@ export async function loadGateSet(workspace: string): Promise<GateSet> {
       if (g.shell && typeof g.run !== 'string') errors.push({ path: `/gates/${i}/run`, message: 'must be a string when shell is true' });
       if (!g.shell && typeof g.run === 'string') errors.push({ path: `/gates/${i}/run`, message: 'must be an argv array (or set shell: true)' });
       if (g.pass === 'report' && !g.report) errors.push({ path: `/gates/${i}/report`, message: 'is required when pass is report' });
+      // what the service reads itself stays inside the workspace
+      for (const field of ['inputs', 'artifacts'] as const)
+        ((g[field] as string[] | undefined) ?? []).forEach((p, k) => {
+          if (!staysInside(p)) errors.push({ path: `/gates/${i}/${field}/${k}`, message: 'must be relative to the workspace, without ..' });
+        });
+      const report = g.report as { path?: string } | undefined;
+      if (report?.path && !staysInside(report.path)) errors.push({ path: `/gates/${i}/report/path`, message: 'must be relative to the workspace, without ..' });
     });
     if (errors.length) throw invalid(name, errors);
     return withDigests(name, gates.map(normalize));

@@ -10,7 +10,7 @@ import { newId, NotFoundError, scopes, ValidationError, type GateResult, type Ga
 import { resolveWorkspace, tenantRoot } from '../runs/index.js';
 import type { Sandbox } from '../tools/index.js';
 import { loadGateSet } from './definition.js';
-import { runGate, subjectOf } from './runner.js';
+import { gateEnv, runGate, subjectOf } from './runner.js';
 import { FileHasher, gitState } from './subject.js';
 
 export type GatesDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'queues' | 'redis' | 'events'> & {
@@ -22,6 +22,8 @@ export type GatesDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'queues' | 'r
 export type GateJob = { tenant_id: string; gate_run_id: string; gate_id?: string };
 
 const WAIT_POLL_MS = 200;
+/** A seal's claim: long enough to write the ledger; a process that dies holding it frees it this soon. */
+const SEAL_CLAIM_SECONDS = 120;
 const HASHERS_KEPT = 64;
 
 export function gateRunsOf(deps: GatesDeps) {
@@ -139,7 +141,7 @@ export function gateRunsOf(deps: GatesDeps) {
             hasher: hasherOf(ws.dir),
             baseEnv: settings.childEnv,
             // a gate set is the tenant's: it gets none of the service's environment beyond the base
-            envValue: (name) => settings.childEnv[name],
+            envValue: gateEnv((name) => settings.childEnv[name]),
             network: false,
             signal: controller.signal,
           });
@@ -169,6 +171,9 @@ export function gateRunsOf(deps: GatesDeps) {
     async seal(tenantId: string, gateRunId: string): Promise<GateRunRecord | null> {
       const record = await store.gateRuns.get(tenantId, gateRunId);
       if (!record || record.status !== 'running') return record;
+      // one seal at a time (a redelivered seal job, two reconcilers): the ledger gets its entries once
+      const claim = `${queues.prefix}:gates:seal:${gateRunId}`;
+      if ((await deps.redis.set(claim, '1', 'EX', SEAL_CLAIM_SECONDS, 'NX')) !== 'OK') return record;
       const sealed = await sealGateRun({ store, clock, ledger }, record);
       if (sealed) {
         const failedRequired = sealed.results.filter((r) => r.required && r.conclusion !== 'success').map((r) => r.gate_id);

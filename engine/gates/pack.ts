@@ -35,7 +35,9 @@ export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledg
       const sealed = await sealedRuns(tenantId, ws.name, q.since);
       const commit = q.subject ?? sealed[0]?.subject?.commit ?? null;
       // for one commit: every sealed run of it; outside a repository, the latest run alone
-      const runs = commit ? sealed.filter((r) => r.subject?.commit === commit || r.subject?.tree === commit) : sealed.slice(0, 1);
+      // a subject may be a prefix of the commit or tree (7 or more hex characters)
+      const named = (hash: string | null | undefined) => Boolean(commit && hash?.startsWith(commit));
+      const runs = commit ? sealed.filter((r) => named(r.subject?.commit) || named(r.subject?.tree)) : sealed.slice(0, 1);
       if (!runs.length)
         throw new NotFoundError(`no sealed gate run of workspace ${ws.name}${q.subject ? ` for ${q.subject}` : ''}${q.since ? ` since ${q.since}` : ''}`);
       // the latest result of each gate, and the entry that sealed it (results are sealed in order from from_seq)

@@ -2,15 +2,14 @@
 // secret scan), with its timeout; then what decides it (exit code 0, or its report), its
 // annotations, the subject and digests it is about, tool versions and the artifacts it keeps. The
 // service's gate runs and the CLI's `gates run` both call this.
-import fs from 'node:fs/promises';
-import path from 'node:path';
 import { glob } from 'tinyglobby';
 import { canonicalJson, payloadDigest, sha256Hex } from '../evidence/index.js';
 import type { GateConclusion, GateResult, GateSubject } from '../platform/index.js';
 import { runProcess, type Sandbox } from '../tools/index.js';
 import type { GateDefinition } from './definition.js';
 import { parseReport, type Report } from './reports.js';
-import { scanSecrets } from './secret-scan.js';
+import { maskSecrets, scanSecrets } from './secret-scan.js';
+import { readInside, staysInside } from './paths.js';
 import { inputFiles, type FileHasher, type GitState } from './subject.js';
 
 const OUTPUT_TAIL_BYTES = 8 * 1024;
@@ -59,6 +58,16 @@ function toolVersions(sandbox: Sandbox, workspace: string): Promise<Record<strin
   return versions;
 }
 
+/**
+ * What a gate may have of an environment: the names it asks for, from `source`, except the service's
+ * own configuration and anything that looks like a credential of it. The service and the CLI both
+ * pass a gate's names through this, so a gate set cannot make either hand over the service's secrets.
+ */
+export function gateEnv(source: (name: string) => string | undefined): (name: string) => string | undefined {
+  const refused = /^(SERVICE_|REDIS_|MONGODB_|NODE_OPTIONS$|LD_)/;
+  return (name) => (refused.test(name) ? undefined : source(name));
+}
+
 export const subjectOf = (ctx: Pick<GateContext, 'workspaceName' | 'git'>): GateSubject => ({
   workspace: ctx.workspaceName,
   commit: ctx.git.commit,
@@ -105,8 +114,15 @@ export async function runGate(gate: GateDefinition & { digest: string }, ctx: Ga
     });
     exitCode = r.exit_code;
     const combined = `${r.stdout}${r.stderr ? `\n${r.stderr}` : ''}`;
-    tail = combined.length > OUTPUT_TAIL_BYTES ? combined.slice(-OUTPUT_TAIL_BYTES) : combined;
-    if (gate.report) report = await parseReport(gate.report.format, await reportText(ctx.workspace, gate.report.path, r.stdout), ctx.workspace);
+    // what a gate printed is kept (results, ledger, packs): the secrets in it are not
+    tail = await maskSecrets(combined.length > OUTPUT_TAIL_BYTES ? combined.slice(-OUTPUT_TAIL_BYTES) : combined);
+    const text = gate.report ? await reportText(ctx.workspace, gate.report.path, r.stdout) : '';
+    // tsc says nothing when it finds nothing; other tools always write a report
+    if (gate.report)
+      report =
+        text.trim() || (gate.report.format === 'tsc' && r.exit_code === 0)
+          ? await parseReport(gate.report.format, text, ctx.workspace)
+          : { ok: false, annotations: [], summary: `no ${gate.report.format} report${gate.report.path ? ` in ${gate.report.path}` : ''}` };
     if (r.aborted) {
       conclusion = 'cancelled';
       summary = 'stopped before it ended';
@@ -114,7 +130,10 @@ export async function runGate(gate: GateDefinition & { digest: string }, ctx: Ga
       conclusion = 'timed_out';
       summary = `did not end within ${gate.timeout_seconds} s`;
     } else {
-      const passed = gate.pass === 'report' ? Boolean(report?.ok) : r.exit_code === 0;
+      // a report decides only when the command ran: one that could not start (127) or died passes nothing
+      const ran = r.exit_code !== null && r.exit_code !== 126 && r.exit_code !== 127;
+      // tsc's own verdict is its exit code (it can fail with nothing a parser reads)
+      const passed = gate.pass === 'report' ? ran && Boolean(report?.ok) && (gate.report?.format !== 'tsc' || r.exit_code === 0) : r.exit_code === 0;
       conclusion = passed ? 'success' : 'failure';
       summary = report?.summary || (r.exit_code === 0 ? 'exited 0' : `exited ${r.exit_code ?? r.signal}`);
     }
@@ -131,7 +150,7 @@ export async function runGate(gate: GateDefinition & { digest: string }, ctx: Ga
       exit_code: exitCode,
       duration_ms: finished.getTime() - started.getTime(),
       output_tail: tail,
-      annotations: report?.annotations ?? [],
+      annotations: await Promise.all((report?.annotations ?? []).map(async (a) => ({ ...a, message: await maskSecrets(a.message) }))),
       subject: subjectOf(ctx),
       input_digest: digest,
       definition_digest: gate.digest,
@@ -168,22 +187,19 @@ export async function runGateSet(
 /** A report file the command wrote (a plain file inside the workspace), or its standard output. */
 async function reportText(workspace: string, file: string | undefined, stdout: string): Promise<string> {
   if (!file) return stdout;
-  const full = path.resolve(workspace, file);
-  if (!full.startsWith(workspace + path.sep)) return '';
-  const stat = await fs.lstat(full).catch(() => null);
-  if (!stat?.isFile() || stat.size > REPORT_MAX_BYTES) return '';
-  return fs.readFile(full, 'utf8');
+  return (await readInside(workspace, file, REPORT_MAX_BYTES))?.toString('utf8') ?? '';
 }
 
 async function keepArtifacts(workspace: string, globs: string[]) {
   if (!globs.length) return [];
-  const files = (await glob(globs, { cwd: workspace, dot: true, onlyFiles: true, followSymbolicLinks: false, ignore: ['.git/**'] })).sort();
+  const files = (await glob(globs.filter(staysInside), { cwd: workspace, dot: true, onlyFiles: true, followSymbolicLinks: false, ignore: ['.git/**'] }))
+    .filter(staysInside)
+    .sort();
   const kept: { meta: GateResult['artifacts'][number]; payload: ArtifactPayload }[] = [];
   let total = 0;
   for (const rel of files) {
-    const stat = await fs.lstat(path.join(workspace, rel)).catch(() => null);
-    if (!stat?.isFile() || stat.size > ARTIFACT_MAX_BYTES || total + stat.size > ARTIFACTS_MAX_BYTES) continue;
-    const content = await fs.readFile(path.join(workspace, rel));
+    const content = await readInside(workspace, rel, ARTIFACT_MAX_BYTES);
+    if (!content || total + content.length > ARTIFACTS_MAX_BYTES) continue;
     total += content.length;
     const body = canonicalJson({ path: rel, size: content.length, content_base64: content.toString('base64') });
     const digest = payloadDigest(body);

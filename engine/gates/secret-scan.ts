@@ -1,10 +1,10 @@
 // The built-in secret scan: secretlint's recommended rules over the gate's input files, in the
 // service's process (it reads; it runs nothing of the workspace). What it finds is masked before it
 // becomes an annotation, so a found secret never reaches a result, the ledger or a log.
-import fs from 'node:fs/promises';
 import path from 'node:path';
 import { lintSource } from '@secretlint/core';
 import { creator as recommended } from '@secretlint/secretlint-rule-preset-recommend';
+import { readInside } from './paths.js';
 import type { Annotation } from './reports.js';
 
 const MAX_FILE_BYTES = 1024 * 1024;
@@ -14,11 +14,9 @@ export async function scanSecrets(workspace: string, files: string[]): Promise<{
   const annotations: Annotation[] = [];
   let scanned = 0;
   for (const rel of files) {
+    const content = await readInside(workspace, rel, MAX_FILE_BYTES);
+    if (!content || content.subarray(0, 8192).includes(0)) continue; // not a plain file inside, too large, or binary
     const file = path.join(workspace, rel);
-    const stat = await fs.lstat(file).catch(() => null);
-    if (!stat?.isFile() || stat.size > MAX_FILE_BYTES) continue;
-    const content = await fs.readFile(file).catch(() => null);
-    if (!content || content.subarray(0, 8192).includes(0)) continue; // binary
     scanned++;
     const result = await lintSource({
       source: { filePath: file, content: content.toString('utf8'), contentType: 'text' },
@@ -35,4 +33,17 @@ export async function scanSecrets(workspace: string, files: string[]): Promise<{
     }
   }
   return { annotations, scanned };
+}
+
+/** The text with every secret the recommended rules find replaced by `***` (a gate's output, a report's message). */
+export async function maskSecrets(text: string): Promise<string> {
+  if (!text) return text;
+  const result = await lintSource({
+    source: { filePath: '/output.txt', content: text, contentType: 'text' },
+    options: { config: CONFIG, locale: 'en', maskSecrets: true },
+  });
+  const ranges = result.messages.map((m) => m.range).sort((a, b) => b[0] - a[0]);
+  let masked = text;
+  for (const [start, end] of ranges) masked = `${masked.slice(0, start)}***${masked.slice(end)}`;
+  return masked;
 }

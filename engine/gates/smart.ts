@@ -31,7 +31,15 @@ export type SmartGates = {
 };
 
 /** What a workspace's watcher knows: its git state and the digest of each input set, until a change. */
-type Known = { watcher: FSWatcher; ready: Promise<void>; git?: Promise<GitState>; digests: Map<string, Promise<string>>; used: number };
+type Known = {
+  watcher: FSWatcher;
+  ready: Promise<void>;
+  /** counts the changes seen: what was computed before the latest change is not kept */
+  generation: number;
+  git?: Promise<GitState>;
+  digests: Map<string, Promise<string>>;
+  used: number;
+};
 
 const WATCHED_MAX = 32;
 const IGNORED = /(^|[/\\])(node_modules|\.git[/\\](objects|logs|lfs))([/\\]|$)/;
@@ -49,13 +57,20 @@ export function smartGatesOf(deps: Pick<Platform, 'store' | 'clock'> & { sandbox
         known.delete(oldest![0]);
       }
       const watcher = watch(dir, { ignored: (p) => IGNORED.test(p), ignoreInitial: true, followSymlinks: false });
-      const fresh: Known = { watcher, ready: new Promise((r) => watcher.once('ready', () => r())), digests: new Map(), used: 0 };
+      const fresh: Known = { watcher, ready: new Promise((r) => watcher.once('ready', () => r())), generation: 0, digests: new Map(), used: 0 };
       // any change forgets what was computed: the next snapshot computes it again (and rehashes only what changed)
-      watcher.on('all', () => {
+      const forget = () => {
+        fresh.generation++;
         fresh.git = undefined;
         fresh.digests.clear();
+      };
+      watcher.on('all', forget);
+      // a watcher that fails may miss changes: its workspace is watched afresh by the next snapshot
+      watcher.on('error', () => {
+        forget();
+        void watcher.close();
+        if (known.get(dir) === fresh) known.delete(dir);
       });
-      watcher.on('error', () => undefined);
       known.set(dir, fresh);
       k = fresh;
     }
@@ -69,16 +84,22 @@ export function smartGatesOf(deps: Pick<Platform, 'store' | 'clock'> & { sandbox
       const k = knownOf(ws.dir);
       await k.ready;
       const set = await loadGateSet(ws.dir);
-      k.git ??= gitState(sandbox, ws.dir);
-      const git = await k.git;
+      // what this snapshot computes is kept only if no change came while it computed it
+      const generation = k.generation;
+      const keep = <T>(p: Promise<T>, store: (p: Promise<T>) => void) => {
+        void p.then(() => (k.generation === generation ? store(p) : undefined)).catch(() => undefined);
+        return p;
+      };
+      const git = await (k.git ?? keep(gitState(sandbox, ws.dir), (p) => (k.git = p)));
       const digestOf = (g: GateDefinition) => {
         const key = JSON.stringify(g.inputs);
-        let d = k.digests.get(key);
-        if (!d) {
-          d = inputFiles(ws.dir, g.inputs, git).then((files) => gates.hasherOf(ws.dir).digest(ws.dir, files));
-          k.digests.set(key, d);
-        }
-        return d;
+        return (
+          k.digests.get(key) ??
+          keep(
+            inputFiles(ws.dir, g.inputs, git).then((files) => gates.hasherOf(ws.dir).digest(ws.dir, files)),
+            (p) => k.digests.set(key, p),
+          )
+        );
       };
       const [latest, recent] = await Promise.all([
         store.gateRuns.latestResults(tenantId, ws.name),

@@ -9,11 +9,14 @@ import fs from 'node:fs/promises';
 import path from 'node:path';
 import { glob } from 'tinyglobby';
 import { runProcess, type Sandbox } from '../tools/index.js';
+import { entryOf, readInside, staysInside } from './paths.js';
 
 export type GitState = { commit: string | null; tree: string | null; dirty: boolean | null; files: string[] | null };
 
 const GIT = ['git', '--no-optional-locks', '-c', 'safe.directory=*', '-c', 'core.fsmonitor=false', '-c', 'core.hooksPath=/dev/null'];
 const ALWAYS_IGNORED = ['.git/**', '**/node_modules/**'];
+/** A file larger than this is hashed by its size (its change of size still makes a result stale). */
+const HASH_MAX_BYTES = 64 * 1024 * 1024;
 
 /** The repository at the workspace's root, seen from the sandbox; all null outside a repository. */
 export async function gitState(sandbox: Sandbox, workspace: string, binds: string[] = []): Promise<GitState> {
@@ -51,7 +54,8 @@ export async function inputFiles(workspace: string, globs: string[] | null, git:
   const files = globs
     ? await glob(globs, { cwd: workspace, dot: true, ignore: ALWAYS_IGNORED, onlyFiles: true, followSymbolicLinks: false, expandDirectories: false })
     : (git.files ?? (await glob(['**'], { cwd: workspace, dot: true, ignore: ALWAYS_IGNORED, onlyFiles: true, followSymbolicLinks: false })));
-  return [...new Set(files)].sort();
+  // only paths that stay inside (a glob of the set cannot name `..`; git and the crawl do not either)
+  return [...new Set(files)].filter(staysInside).sort();
 }
 
 /** Hashes files by content, keeping each hash while the file's size and mtime stay the same. */
@@ -60,21 +64,21 @@ export class FileHasher {
 
   /** `sha256:<hex>` over every file's path and hash; a missing file counts as missing. */
   async digest(workspace: string, files: string[]): Promise<string> {
-    const lines = await Promise.all(files.map(async (f) => `${f}\0${await this.hashOf(path.join(workspace, f))}\n`));
+    const lines = await Promise.all(files.map(async (f) => `${f}\0${await this.hashOf(workspace, f)}\n`));
     return `sha256:${createHash('sha256').update(lines.join('')).digest('hex')}`;
   }
 
-  private async hashOf(file: string): Promise<string> {
-    const stat = await fs.lstat(file).catch(() => null);
-    if (!stat) return 'missing';
-    if (stat.isSymbolicLink()) return `link:${await fs.readlink(file).catch(() => '')}`;
-    if (!stat.isFile()) return 'other';
-    const seen = this.known.get(file);
-    if (seen && seen.size === stat.size && seen.mtimeMs === stat.mtimeMs) return seen.hash;
-    const hash = createHash('sha256')
-      .update(await fs.readFile(file).catch(() => Buffer.from('unreadable')))
-      .digest('hex');
-    this.known.set(file, { size: stat.size, mtimeMs: stat.mtimeMs, hash });
+  private async hashOf(workspace: string, rel: string): Promise<string> {
+    const entry = await entryOf(workspace, rel);
+    if (!entry) return 'missing';
+    if (entry.kind === 'link') return `link:${entry.target}`;
+    if (entry.kind === 'other') return 'other';
+    const key = path.join(workspace, rel);
+    const seen = this.known.get(key);
+    if (seen && seen.size === entry.size && seen.mtimeMs === entry.mtimeMs) return seen.hash;
+    const content = await readInside(workspace, rel, HASH_MAX_BYTES);
+    const hash = content ? createHash('sha256').update(content).digest('hex') : `large:${entry.size}`;
+    this.known.set(key, { size: entry.size, mtimeMs: entry.mtimeMs, hash });
     return hash;
   }
 }

@@ -65,8 +65,12 @@ export async function runProcess(
   opts.signal?.addEventListener('abort', stop, { once: true });
   if (opts.signal?.aborted) stop();
   try {
-    const { code, signal } = await new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve, reject) => {
-      child.once('error', reject);
+    const { code, signal } = await new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => {
+      // a program that cannot be started (outside a sandbox: it does not exist) ends as a shell's would: 127
+      child.once('error', (err: NodeJS.ErrnoException) => {
+        stderr.push(Buffer.from(`${argv[0]}: ${err.code === 'ENOENT' ? 'not found' : err.message}\n`));
+        resolve({ code: 127, signal: null });
+      });
       child.once('close', (c: number | null, s: NodeJS.Signals | null) => resolve({ code: c, signal: s }));
     });
     // the command may have left children behind in its group: they go with it

@@ -177,8 +177,16 @@ describe('gates in the service', function () {
     expect(problem((f) => (f.entries![4]!.sig = flip(f.entries![4]!.sig, 9)))).to.deep.include({ part: 'signature', seq: 5 });
     expect(problem((f) => f.entries!.splice(1, 1))).to.deep.include({ part: 'chain', seq: 3 });
     const digest = files.entries![1]!.payload_digest;
-    expect(problem((f) => f.payloads!.set(digest, flip(f.payloads!.get(digest)!, 20)))).to.deep.include({ part: 'payload', seq: 2 });
+    expect(problem((f) => f.payloads!.set(digest, flip(f.payloads!.get(digest)!, 20)))).to.deep.include({
+      part: 'payload',
+      message: `payload ${digest} does not match its digest`,
+    });
     expect(problem((f) => (f.publicKeyPem = signerOf(Buffer.alloc(32, 7)).publicKeyPem))).to.deep.include({ part: 'envelope' });
+    // what the pack shows must be what was signed; every payload file must match its digest; a tar needs its ledger
+    expect(problem((f) => (f.pack.statement.predicate.ready = true))).to.deep.include({ part: 'statement' });
+    expect(problem((f) => (f.pack.public_key.key_id = 'ffffffffffffffff'))).to.deep.include({ part: 'envelope' });
+    expect(problem((f) => f.payloads!.set('sha256:' + '0'.repeat(64), '{"forged":true}'))).to.deep.include({ part: 'payload' });
+    expect(problem((f) => (f.entries = null))).to.deep.include({ part: 'chain' });
     // a pinned key that is not the pack's
     expect(verifyPack(files, { keyId: '0000000000000000' })).to.deep.include({ ok: false });
     // another commit, or none sealed for it: 404
@@ -222,6 +230,9 @@ describe('gates in the service', function () {
     );
     const file = path.join(h.config.dataDir, 'pack.tar');
     await fs.writeFile(file, tar);
+    const unpinned = cli('verify', file);
+    expect(unpinned.status).to.equal(3);
+    expect(unpinned.stdout).to.contain('UNPINNED');
     const ok = cli('verify', file, '--key', key.key_id);
     expect(ok.status, ok.stdout + ok.stderr).to.equal(0);
     expect(ok.stdout).to.contain(`ok: signed by key ${key.key_id} (pinned)`).and.contain('entries verified');
@@ -312,5 +323,25 @@ describe('gates in the service', function () {
     ]);
     expect(sealed.ledger).to.not.equal(null);
     expect(await h.rt.engine.gates.reconcile()).to.equal(0);
+  });
+
+  it('seals a gate run once when two seals race', async () => {
+    const started = await h.rt.engine.gates.start('tenant-a', { workspace: 'vibe', trigger: { type: 'api' } });
+    const done = await h.rt.engine.gates.wait('tenant-a', started.id);
+    expect(done.status).to.equal('succeeded');
+    // more seals of a sealed run change nothing
+    const before = (await h.rt.engine.evidence.head('tenant-a'))!.seq;
+    await Promise.all([h.rt.engine.gates.seal('tenant-a', started.id), h.rt.engine.gates.seal('tenant-a', started.id)]);
+    expect((await h.rt.engine.evidence.head('tenant-a'))!.seq).to.equal(before);
+    const racing = await h.rt.store.gateRuns
+      .insert({ ...done, id: newId('grn'), status: 'running', results: [], ledger: null, finished_at: null })
+      .then(() => null);
+    void racing;
+    const copy = (await h.rt.engine.gates.list('tenant-a', { limit: 1 })).items[0]!;
+    await h.rt.store.gateRuns.putResult('tenant-a', copy.id, done.results[0]!);
+    const [a, b] = await Promise.all([h.rt.engine.gates.seal('tenant-a', copy.id), h.rt.engine.gates.seal('tenant-a', copy.id)]);
+    const entries = (await h.rt.engine.evidence.list('tenant-a', { afterSeq: before, limit: 100 })).filter((e) => e.subject.gate_run_id === copy.id);
+    expect(entries.map((e) => e.kind)).to.deep.equal(['gate.result', 'gate.run']);
+    expect([a?.status, b?.status].sort()).to.deep.equal(['running', 'succeeded']);
   });
 });

@@ -7,7 +7,7 @@ import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { expect } from 'chai';
-import { FileHasher, gitState, GATE_FILES, inputDigest, loadGateSet, parseReport, runGate, type GateContext } from '../../engine/gates/index.js';
+import { FileHasher, gateEnv, gitState, GATE_FILES, inputDigest, loadGateSet, parseReport, runGate, type GateContext } from '../../engine/gates/index.js';
 import { createLogger, GateSetInvalidError } from '../../engine/platform/index.js';
 import { openSandbox, type Sandbox } from '../../engine/tools/index.js';
 import { GATES_YAML, makeProject } from '../support/projects.js';
@@ -142,5 +142,67 @@ describe('gates', function () {
     expect(await inputDigest(ctx, typecheck)).to.equal(before);
     await fs.appendFile(path.join(project, 'src', 'add.ts'), '// more\n');
     expect(await inputDigest(ctx, typecheck)).not.to.equal(before);
+  });
+
+  it('reads nothing outside the workspace: .. and absolute paths are refused, a linked folder leads nowhere; a gate that cannot start fails; printed secrets are masked', async () => {
+    const ws = path.join(dir, 'escape');
+    await fs.mkdir(ws);
+    const outside = path.join(dir, 'host-secret.txt');
+    await fs.writeFile(outside, 'HOST-SECRET-1234567890');
+    await fs.writeFile(
+      path.join(ws, 'gates.yaml'),
+      'gates:\n  - id: a\n    run: [x]\n    artifacts: [../host-secret.txt, /etc/passwd]\n    inputs: [../*]\n    report: { format: tap, path: ../host-secret.txt }\n',
+    );
+    const refused = (await loadGateSet(ws).catch((e: unknown) => e)) as GateSetInvalidError;
+    expect(refused.errors.map((e) => e.path)).to.deep.equal(['/gates/0/inputs/0', '/gates/0/artifacts/0', '/gates/0/artifacts/1', '/gates/0/report/path']);
+    // a committed link to a folder outside: the globs and the report path go through it to nothing
+    await fs.symlink(dir, path.join(ws, 'up'));
+    await fs.writeFile(
+      path.join(ws, 'gates.yaml'),
+      [
+        'gates:',
+        '  - id: linked',
+        '    run: [/bin/true]',
+        '    artifacts: [up/*]',
+        '    inputs: [up/*, gates.yaml]',
+        '    pass: report',
+        '    report: { format: eslint, path: up/host-secret.txt }',
+        '  - id: nothing',
+        '    run: [no-such-program-here]',
+        '    pass: report',
+        '    report: { format: tsc }',
+        '  - id: prints',
+        `    run: 'echo token ${TOKEN}'`,
+        '    shell: true',
+        '',
+      ].join('\n'),
+    );
+    const set = await loadGateSet(ws);
+    const ctx: GateContext = {
+      sandbox,
+      workspace: ws,
+      workspaceName: 'escape',
+      git: await gitState(sandbox, ws),
+      hasher: new FileHasher(),
+      baseEnv: { PATH: '/usr/bin:/bin' },
+      envValue: () => undefined,
+      network: false,
+    };
+    const [linked, nothing, prints] = await Promise.all(set.gates.map(async (g) => (await runGate(g, ctx)).result));
+    expect(linked!.artifacts).to.deep.equal([]);
+    expect(linked!.conclusion).to.equal('failure');
+    expect(linked!.summary).to.equal('no eslint report in up/host-secret.txt');
+    expect(JSON.stringify(linked)).not.to.contain('HOST-SECRET');
+    expect(nothing!.conclusion).to.equal('failure');
+    expect(nothing!.exit_code).to.equal(127);
+    expect(prints!.output_tail).to.contain('token ***').and.not.contain(TOKEN);
+    // the service and the CLI give a gate none of the service's own variables
+    const env = gateEnv((name) => `value-of-${name}`);
+    expect([env('SERVICE_SECRET_KEY'), env('REDIS_URL'), env('MONGODB_URI'), env('NPM_CONFIG_CACHE')]).to.deep.equal([
+      undefined,
+      undefined,
+      undefined,
+      'value-of-NPM_CONFIG_CACHE',
+    ]);
   });
 });
