@@ -25,6 +25,30 @@ export function createEngine(deps: EngineDeps) {
   const runs = runsOf(deps, transitions);
   const sessions = sessionsOf({ ...deps, runs });
   const evidence = ledgerOf(deps);
+  // a run that ran gates leaves its end in the ledger too: a pack names the runs behind its results
+  runs.onRunFinished(async (run) => {
+    const ranGates = run.gates === true || Boolean(run.plan?.some((s) => s.tool === 'gates')) || (!run.plan && run.tool_allowlist.includes('gates'));
+    if (!ranGates) return;
+    await evidence.append(run.tenant_id, [
+      {
+        kind: 'run.finished',
+        subject: { workspace: runs.workspaceOf(run), run_id: run.id },
+        payload: {
+          run_id: run.id,
+          kind: run.kind,
+          status: run.status,
+          attempt: run.attempt,
+          trigger: run.trigger,
+          automation_id: run.automation_id,
+          summary: run.summary,
+          error: run.error,
+          started_at: run.started_at,
+          finished_at: run.finished_at,
+          ...(run.result?.gates ? { gates: run.result.gates.results.map((g) => ({ gate_id: g.gate_id, conclusion: g.conclusion })) } : {}),
+        },
+      },
+    ]);
+  });
   const gates = gateRunsOf({ ...deps, ledger: evidence, settings: deps.settings });
   const executor = executorOf(deps, runs, transitions, {
     sessionActions: sessions.actionsFor,

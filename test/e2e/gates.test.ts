@@ -62,7 +62,13 @@ describe('gates in the service', function () {
 
     // sealed: one entry per gate and one for the run, chained and signed
     const entries = await h.rt.engine.evidence.list('tenant-a', { limit: 100 });
-    expect(entries.map((e) => e.kind)).to.deep.equal(['gate.result', 'gate.result', 'gate.result', 'gate.result', 'gate.result', 'gate.run']);
+    // the run's end follows (it ran gates): the pack's runs are in the ledger too
+    const ranEnd = await eventually(
+      async () => (await h.rt.engine.evidence.list('tenant-a', { limit: 100 })).find((e) => e.kind === 'run.finished'),
+      'the run’s entry',
+    );
+    expect(ranEnd.subject).to.deep.equal({ workspace: '.', run_id: runId });
+    expect(entries.slice(0, 6).map((e) => e.kind)).to.deep.equal(['gate.result', 'gate.result', 'gate.result', 'gate.result', 'gate.result', 'gate.run']);
     expect(gateRun.ledger).to.deep.equal({ from_seq: 1, to_seq: 6, head_hash: entries[5]!.hash });
     const payloads = new Map(
       (
