@@ -16,10 +16,6 @@ export function evidenceRepo(db: Db): EvidenceRepo {
     'SELECT doc FROM ledger WHERE tenant_id = ? AND seq > ? AND at >= ? ORDER BY seq LIMIT ?',
   );
   const payload = db.prepare<[string, string], { digest: string; body: string }>('SELECT digest, body FROM ledger_payloads WHERE tenant_id = ? AND digest = ?');
-  const head = (tenantId: string): LedgerEntry | null => {
-    const row = headRow.get(tenantId);
-    return row ? (JSON.parse(row.doc) as LedgerEntry) : null;
-  };
   const append = db.transaction((tenantId: string, build: (head: LedgerHead) => LedgerEntry[], payloads: { digest: string; body: string }[]) => {
     const entries = build(headLink.get(tenantId) ?? null);
     for (const p of payloads) keep.run(tenantId, p.digest, p.body);
@@ -31,7 +27,8 @@ export function evidenceRepo(db: Db): EvidenceRepo {
       return append.immediate(tenantId, build, payloads);
     },
     async head(tenantId) {
-      return head(tenantId);
+      const row = headRow.get(tenantId);
+      return row ? (JSON.parse(row.doc) as LedgerEntry) : null;
     },
     async list(tenantId, q) {
       return list.all(tenantId, q.afterSeq ?? 0, q.since ?? '', q.limit).map((r) => JSON.parse(r.doc) as LedgerEntry);
