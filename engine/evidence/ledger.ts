@@ -20,10 +20,11 @@ export function ledgerOf(deps: Pick<Platform, 'store' | 'clock'> & { signer: Evi
       const payloads = bodies.map((body) => ({ digest: payloadDigest(body), body }));
       return store.evidence.append(
         tenantId,
-        (head) => {
+        (head, from) => {
           let prev = head?.hash ?? GENESIS_HASH;
           let seq = head?.seq ?? 0;
-          return items.map((item, i) => {
+          return items.slice(from).map((item, k) => {
+            const i = from + k;
             const fields = {
               tenant_id: tenantId,
               seq: ++seq,

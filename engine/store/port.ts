@@ -157,11 +157,13 @@ export type LedgerHead = { seq: number; hash: string } | null;
 
 export interface EvidenceRepo {
   /**
-   * Appends to a tenant's ledger atomically: `build` is given the head and returns the entries that
-   * follow it (numbered and chained from it); nothing else is appended in between. The payloads are
-   * kept by digest (a digest already kept is not written again).
+   * Appends to a tenant's ledger: `build` is given the head and returns the entries that follow it
+   * (numbered and chained from it), from its `from`-th item on; no other entry comes between the head
+   * and them. An adapter that cannot write them all at once (MongoDB without transactions) keeps what
+   * it wrote, which is a part of the chain, and builds the rest on the new head. The payloads are kept
+   * by digest (a digest already kept is not written again).
    */
-  append(tenantId: string, build: (head: LedgerHead) => LedgerEntry[], payloads: LedgerPayload[]): Promise<LedgerEntry[]>;
+  append(tenantId: string, build: (head: LedgerHead, from: number) => LedgerEntry[], payloads: LedgerPayload[]): Promise<LedgerEntry[]>;
   head(tenantId: string): Promise<LedgerEntry | null>;
   /** Oldest first: entries after `afterSeq`, at or after `since`, up to `limit`. */
   list(tenantId: string, q: { afterSeq?: number; since?: string; limit: number }): Promise<LedgerEntry[]>;

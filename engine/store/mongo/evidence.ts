@@ -1,5 +1,6 @@
 // The evidence ledger: `_id` is tenant and seq, so two writers that chain to the same head cannot both
-// insert; the loser reads the new head and builds again. Payloads are kept once per tenant and digest.
+// insert; the loser keeps what it wrote, reads the new head and builds the rest on it. Payloads are kept
+// once per tenant and digest.
 import { Schema, type Model } from 'mongoose';
 import type { LedgerEntry } from '../../platform/index.js';
 import type { EvidenceRepo, LedgerHead } from '../port.js';
@@ -38,17 +39,19 @@ export function evidenceRepo(ledger: Model<StoredEntry>, payloads: Model<StoredP
             },
           })),
         );
+      // what this call has written so far: a part of the chain that stays; the rest is built on the new head
+      const written: LedgerEntry[] = [];
       for (let i = 1; ; i++) {
         const last = await head(tenantId);
-        const entries = build(last ? ({ seq: last.seq, hash: last.hash } satisfies LedgerHead) : null);
+        const entries = build(last ? ({ seq: last.seq, hash: last.hash } satisfies LedgerHead) : null, written.length);
         try {
           await ledger.collection.insertMany(entries.map((e) => ({ _id: `${tenantId}:${e.seq}`, ...e })) as never[], { ordered: true });
-          return entries;
+          return [...written, ...entries];
         } catch (err) {
-          // another writer took this head; a partial batch of ours is removed before building again
+          // another writer took the next seq: ours up to it are in (ordered inserts stop at the first refusal)
           if ((err as { code?: number }).code !== DUPLICATE_KEY || i >= APPEND_TRIES) throw err;
           const inserted = (err as { result?: { insertedCount?: number } }).result?.insertedCount ?? 0;
-          if (inserted) await ledger.deleteMany({ _id: { $in: entries.slice(0, inserted).map((e) => `${tenantId}:${e.seq}`) } });
+          written.push(...entries.slice(0, inserted));
         }
       }
     },

@@ -16,8 +16,8 @@ export function evidenceRepo(db: Db): EvidenceRepo {
     'SELECT doc FROM ledger WHERE tenant_id = ? AND seq > ? AND at >= ? ORDER BY seq LIMIT ?',
   );
   const payload = db.prepare<[string, string], { digest: string; body: string }>('SELECT digest, body FROM ledger_payloads WHERE tenant_id = ? AND digest = ?');
-  const append = db.transaction((tenantId: string, build: (head: LedgerHead) => LedgerEntry[], payloads: { digest: string; body: string }[]) => {
-    const entries = build(headLink.get(tenantId) ?? null);
+  const append = db.transaction((tenantId: string, build: (head: LedgerHead, from: number) => LedgerEntry[], payloads: { digest: string; body: string }[]) => {
+    const entries = build(headLink.get(tenantId) ?? null, 0);
     for (const p of payloads) keep.run(tenantId, p.digest, p.body);
     for (const e of entries) insert.run(tenantId, e.seq, e.at, JSON.stringify(e));
     return entries;
