@@ -978,7 +978,7 @@ export interface components {
             detail?: string;
             instance?: string;
             /** @enum {string} */
-            code: "task-graph-invalid" | "gate-set-invalid" | "tool-not-permitted" | "network-not-permitted" | "bad-request" | "validation-failed" | "malformed-json" | "unauthorized" | "not-found" | "method-not-allowed" | "conflict" | "agent-not-configured" | "idempotency-key-reused" | "payload-too-large" | "unsupported-media-type" | "unavailable" | "internal" | "webhook-signature-missing" | "webhook-signature-invalid" | "webhook-timestamp-outside-window" | "webhook-not-configured" | "webhook-replay" | "webhook-payload-invalid" | "rate-limited";
+            code: "task-graph-invalid" | "gate-set-invalid" | "tool-not-permitted" | "network-not-permitted" | "path-not-permitted" | "bad-request" | "validation-failed" | "malformed-json" | "unauthorized" | "not-found" | "method-not-allowed" | "conflict" | "agent-not-configured" | "idempotency-key-reused" | "payload-too-large" | "unsupported-media-type" | "unavailable" | "internal" | "webhook-signature-missing" | "webhook-signature-invalid" | "webhook-timestamp-outside-window" | "webhook-not-configured" | "webhook-replay" | "webhook-payload-invalid" | "rate-limited";
             request_id: string;
             errors?: {
                 /** @description JSON pointer to the bad field, prefixed by where it was (`/body`, `/query`, `/path`). */
@@ -2274,7 +2274,7 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"];
             };
         };
-        /** @description The operator does not allow what was asked for (`tool-not-permitted`, naming the tools; `network-not-permitted`). */
+        /** @description The operator does not allow what was asked for (`tool-not-permitted`, naming the tools; `network-not-permitted`; `path-not-permitted` for an audit root the operator does not allow). */
         NotPermitted: {
             headers: {
                 [name: string]: unknown;

@@ -18,6 +18,8 @@ export type Config = {
   auth: 'required' | 'none';
   workspaceRoot: string;
   auditAllowSensitivePaths: boolean;
+  /** production: folders besides a tenant's root that audits may look at */
+  auditAllowedRoots: string[];
   adminKeys: string[];
   secretKey: string | undefined;
   /** the Ed25519 seed that signs the evidence ledger (SERVICE_EVIDENCE_KEY); generated into the data dir outside production */
@@ -187,6 +189,7 @@ const schema = z.object({
     .optional()
     .transform((v) => path.resolve(v?.trim() || 'workspaces')),
   SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS: flag,
+  SERVICE_AUDIT_ALLOWED_ROOTS: list,
   SERVICE_ADMIN_KEYS: list.refine((keys) => keys.every((k) => k.length >= 16), 'every admin key must be at least 16 characters'),
   SERVICE_SECRET_KEY: optionalText.refine(
     (v) => v === undefined || /^[0-9a-fA-F]{64}$/.test(v) || Buffer.from(v, 'base64').length === 32,
@@ -248,6 +251,7 @@ export function parseEnv(env: Record<string, string | undefined>): Config {
     auth: e.SERVICE_AUTH,
     workspaceRoot: e.SERVICE_WORKSPACE_ROOT,
     auditAllowSensitivePaths: e.SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS,
+    auditAllowedRoots: e.SERVICE_AUDIT_ALLOWED_ROOTS,
     adminKeys: e.SERVICE_ADMIN_KEYS,
     secretKey: e.SERVICE_SECRET_KEY,
     evidenceKey: e.SERVICE_EVIDENCE_KEY,

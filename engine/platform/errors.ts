@@ -16,6 +16,7 @@ export const ERROR_STATUS = {
   'webhook-not-configured': 403,
   'tool-not-permitted': 403,
   'network-not-permitted': 403,
+  'path-not-permitted': 403,
   'not-found': 404,
   'method-not-allowed': 405,
   conflict: 409,
@@ -146,4 +147,9 @@ export class TaskGraphInvalidError extends ProblemsError {
 /** A workspace's gate set file (gates.yaml) that does not hold: every problem at once, with where it is. */
 export class GateSetInvalidError extends ProblemsError {
   readonly code = 'gate-set-invalid';
+}
+
+/** A folder the operator does not let a tenant audit (/etc, /proc, /sys, or outside the allowed roots in production). */
+export class PathNotPermittedError extends AppError {
+  readonly code = 'path-not-permitted';
 }

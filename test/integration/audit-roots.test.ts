@@ -1,0 +1,79 @@
+// Where an audit may look: real paths, directories only; /etc, /proc and /sys refused however they are
+// named (.., a link, /proc/self/root, a bind mount) unless the operator allows them; in production only
+// the tenant's root and the allowed roots.
+import { execFileSync } from 'node:child_process';
+import fs from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { expect } from 'chai';
+import { resolveAuditRoot, type AuditRootPolicy } from '../../engine/audit/index.js';
+import { PathNotPermittedError, ValidationError } from '../../engine/platform/index.js';
+
+describe('audit roots', () => {
+  let dir: string;
+  let tenantRoot: string;
+  let policy: AuditRootPolicy;
+  before(async () => {
+    dir = await fs.realpath(await fs.mkdtemp(path.join(os.tmpdir(), 'audit-roots-')));
+    tenantRoot = path.join(dir, 'tenant');
+    await fs.mkdir(path.join(tenantRoot, 'app'), { recursive: true });
+    policy = { tenantRoot, isProduction: false, allowSensitive: false, allowedRoots: [] };
+  });
+  after(async () => {
+    await fs.rm(dir, { recursive: true, force: true });
+  });
+
+  const refused = async (requested: string, p = policy) => {
+    const err = await resolveAuditRoot(requested, p).then(
+      () => null,
+      (e: unknown) => e,
+    );
+    return err;
+  };
+
+  it('resolves the tenant root, a folder of it, or any readable directory outside production', async () => {
+    expect(await resolveAuditRoot(undefined, policy)).to.equal(tenantRoot);
+    expect(await resolveAuditRoot('app', policy)).to.equal(path.join(tenantRoot, 'app'));
+    expect(await resolveAuditRoot(dir, policy)).to.equal(dir);
+    expect(await refused('missing')).to.be.instanceOf(ValidationError);
+    await fs.writeFile(path.join(tenantRoot, 'file.txt'), 'x');
+    expect(await refused('file.txt')).to.be.instanceOf(ValidationError);
+  });
+
+  it('refuses /etc, /proc and /sys by name, through .., through a link and through /proc/self/root, unless allowed', async () => {
+    await fs.symlink('/etc', path.join(tenantRoot, 'etc-link'));
+    for (const requested of ['/etc', '/etc/ssl', '../../../../../../etc', 'etc-link', '/proc/self/root/etc', '/proc', '/proc/self', '/sys/kernel'])
+      expect(await refused(requested), requested).to.be.instanceOf(PathNotPermittedError);
+    expect(await resolveAuditRoot('etc-link', { ...policy, allowSensitive: true })).to.equal('/etc');
+  });
+
+  it('refuses a bind mount of /etc elsewhere (same device and inode)', async function () {
+    const mounted = path.join(dir, 'bind');
+    await fs.mkdir(mounted);
+    try {
+      execFileSync('mount', ['--bind', '/etc', mounted], { stdio: 'ignore' });
+    } catch {
+      console.log('      skipped: this machine cannot bind-mount (needs root and CAP_SYS_ADMIN)');
+      this.skip();
+    }
+    try {
+      expect(await fs.realpath(mounted)).to.equal(mounted); // the name says nothing of /etc
+      const err = await refused(mounted);
+      expect(err).to.be.instanceOf(PathNotPermittedError);
+      expect((err as Error).message).to.contain('the same folder as /etc');
+      expect(await refused(path.join(mounted, 'ssl'))).to.be.instanceOf(PathNotPermittedError);
+    } finally {
+      execFileSync('umount', [mounted], { stdio: 'ignore' });
+    }
+  });
+
+  it('in production, audits only the tenant root and the allowed roots', async () => {
+    const prod = { ...policy, isProduction: true, allowedRoots: [path.join(dir, 'shared')] };
+    await fs.mkdir(path.join(dir, 'shared', 'repo'), { recursive: true });
+    await fs.mkdir(path.join(dir, 'elsewhere'));
+    expect(await resolveAuditRoot('app', prod)).to.equal(path.join(tenantRoot, 'app'));
+    expect(await resolveAuditRoot(path.join(dir, 'shared', 'repo'), prod)).to.equal(path.join(dir, 'shared', 'repo'));
+    expect(await refused(path.join(dir, 'elsewhere'), prod)).to.be.instanceOf(PathNotPermittedError);
+    expect(await refused('..', prod)).to.be.instanceOf(PathNotPermittedError);
+  });
+});
