@@ -20,9 +20,14 @@ export function openDatabase(file: string): Db {
   return db;
 }
 
+/**
+ * Applies the migrations not yet applied. The version is read inside the write transaction: of two
+ * processes opening a new file at once (the Procfile's web and worker), the second waits for the first
+ * and then finds nothing left to do.
+ */
 function migrate(db: Db): void {
-  const current = db.pragma('user_version', { simple: true }) as number;
   const apply = db.transaction(() => {
+    const current = db.pragma('user_version', { simple: true }) as number;
     for (let v = current; v < MIGRATIONS.length; v++) {
       db.exec(MIGRATIONS[v]!);
       db.pragma(`user_version = ${v + 1}`);
