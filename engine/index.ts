@@ -1,5 +1,4 @@
 // The engine: what the service does, with no knowledge of HTTP or of BullMQ's workers.
-import fs from 'node:fs/promises';
 import { apiKeysOf } from './auth/index.js';
 import type { Platform } from './deps.js';
 import { executorOf, runsOf, tenantRootPath, transitionsOf, type RunLimits, type RunSettings, type TenantSlots } from './runs/index.js';
@@ -7,7 +6,7 @@ import { automationsOf, fileTriggersOf, firesOf, schedulesOf, type TemplateCatal
 import { webhooksOf, type WebhookSettings } from './webhooks/index.js';
 import { sessionsOf } from './sessions/index.js';
 import { ledgerOf, type EvidenceSigner } from './evidence/index.js';
-import { evidencePacksOf, FileHasher, gateEnv, gateRunsOf, gitState, loadGateSet, runGateSet, smartGatesOf } from './gates/index.js';
+import { evidencePacksOf, gateRunsOf, gatesOnCopy, smartGatesOf } from './gates/index.js';
 import type { Sandbox } from './tools/index.js';
 
 export type EngineDeps = Platform & {
@@ -52,29 +51,11 @@ export function createEngine(deps: EngineDeps) {
   const gates = gateRunsOf({ ...deps, ledger: evidence, settings: deps.settings });
   const executor = executorOf(deps, runs, transitions, {
     sessionActions: sessions.actionsFor,
-    copyGates: async (run, copy, binds, signal) => {
-      // the service reads the copy's files itself: every check is against its real path
-      const dir = await fs.realpath(copy);
-      const set = await loadGateSet(dir);
-      const ctx = {
-        sandbox: deps.sandbox,
-        workspace: dir,
-        workspaceName: runs.workspaceOf(run),
-        git: await gitState(deps.sandbox, dir, binds),
-        hasher: new FileHasher(),
-        baseEnv: deps.settings.childEnv,
-        envValue: gateEnv((name) => deps.settings.childEnv[name]),
-        network: run.network,
-        binds,
-        signal,
-      };
-      const { results } = await runGateSet(set.gates, ctx, { concurrency: deps.settings.gatesConcurrency });
-      return {
-        ready: results.every((r) => !r.required || r.conclusion === 'success'),
-        source: set.source,
-        results: results.map((r) => ({ gate_id: r.gate_id, required: r.required, conclusion: r.conclusion, summary: r.summary, annotations: r.annotations })),
-      };
-    },
+    copyGates: (run, copy, binds, signal) =>
+      gatesOnCopy(
+        { sandbox: deps.sandbox, childEnv: deps.settings.childEnv, concurrency: deps.settings.gatesConcurrency },
+        { dir: copy, workspaceName: runs.workspaceOf(run), network: run.network, binds, signal },
+      ),
     // a vibe run works on a scratch copy, which gate runs (on the tenant's workspaces) cannot see
     gateActions: (run) =>
       run.kind === 'vibe'

@@ -2,15 +2,16 @@
 // secret scan), with its timeout; then what decides it (exit code 0, or its report), its
 // annotations, the subject and digests it is about, tool versions and the artifacts it keeps. The
 // service's gate runs and the CLI's `gates run` both call this.
+import fs from 'node:fs/promises';
 import { glob } from 'tinyglobby';
 import { canonicalJson, payloadDigest, sha256Hex } from '../evidence/index.js';
-import type { GateConclusion, GateResult, GateSubject } from '../platform/index.js';
+import type { GateConclusion, GateResult, GateSubject, VibeGates } from '../platform/index.js';
 import { runProcess, type Sandbox } from '../tools/index.js';
-import type { GateDefinition } from './definition.js';
+import { loadGateSet, type GateDefinition } from './definition.js';
 import { parseReport, type Report } from './reports.js';
 import { maskSecrets, scanSecrets } from './secret-scan.js';
 import { readInside, staysInside } from './paths.js';
-import { inputFiles, type FileHasher, type GitState } from './subject.js';
+import { FileHasher, gitState, inputFiles, type GitState } from './subject.js';
 
 const OUTPUT_TAIL_BYTES = 8 * 1024;
 const REPORT_MAX_BYTES = 8 * 1024 * 1024;
@@ -182,6 +183,37 @@ export async function runGateSet(
   };
   await Promise.all(Array.from({ length: Math.max(1, Math.min(opts.concurrency, gates.length)) }, worker));
   return { results: gates.map((g) => results.get(g.id)!), artifacts };
+}
+
+/**
+ * A workspace's gate set run in-process on a folder that is not one of the tenant's workspaces (a vibe
+ * run's edited copy): its results, for the run's own result.
+ */
+export async function gatesOnCopy(
+  deps: { sandbox: Sandbox; childEnv: Record<string, string>; concurrency: number },
+  copy: { dir: string; workspaceName: string; network: boolean; binds: string[]; signal: AbortSignal },
+): Promise<VibeGates> {
+  // the service reads the copy's files itself: every check is against its real path
+  const dir = await fs.realpath(copy.dir);
+  const set = await loadGateSet(dir);
+  const ctx: GateContext = {
+    sandbox: deps.sandbox,
+    workspace: dir,
+    workspaceName: copy.workspaceName,
+    git: await gitState(deps.sandbox, dir, copy.binds),
+    hasher: new FileHasher(),
+    baseEnv: deps.childEnv,
+    envValue: gateEnv((name) => deps.childEnv[name]),
+    network: copy.network,
+    binds: copy.binds,
+    signal: copy.signal,
+  };
+  const { results } = await runGateSet(set.gates, ctx, { concurrency: deps.concurrency });
+  return {
+    ready: results.every((r) => !r.required || r.conclusion === 'success'),
+    source: set.source,
+    results: results.map((r) => ({ gate_id: r.gate_id, required: r.required, conclusion: r.conclusion, summary: r.summary, annotations: r.annotations })),
+  };
 }
 
 /** A report file the command wrote (a plain file inside the workspace), or its standard output. */
