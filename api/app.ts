@@ -11,6 +11,7 @@ import { problemHandler } from './problem.js';
 import { requestLog } from './request-log.js';
 import { automationsRouter } from './routes/automations.js';
 import { autonomyRouter } from './routes/autonomy.js';
+import { auditRouter } from './routes/audit.js';
 import { healthRouter, type SandboxReport } from './routes/health.js';
 import { runsRouter } from './routes/runs.js';
 import { sessionsRouter } from './routes/sessions.js';
@@ -91,6 +92,7 @@ export function createApp(deps: AppDeps): Express {
 
   app.use('/api/v1/automations', automationsRouter(deps.engine));
   app.use('/api/v1/autonomy', autonomyRouter(deps.engine, { hub: deps.hub, heartbeatMs: deps.sseHeartbeatMs, streams }));
+  app.use('/api/v1/autonomy', auditRouter(deps.engine, { hub: deps.hub, heartbeatMs: deps.sseHeartbeatMs, streams }));
   app.use('/api/v1/runs', runsRouter(deps.engine));
   app.use('/api/v1/sessions', sessionsRouter(deps.engine, { hub: deps.hub, heartbeatMs: deps.sseHeartbeatMs, streams }));
   app.use('/api/v1/webhook-secrets', webhookSecretsRouter(deps.engine));

@@ -393,6 +393,83 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/autonomy/workspace-audit/run": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Run the workspace audit
+         * @description Audits a folder (the `X-Service-Workspace-Root` header's, else `workspace` in the tenant's root, else the
+         *     tenant's root) in four phases, each in the sandbox, as one flow: `security` (secretlint's recommended
+         *     rules, private keys and `.env` files committed, world-writable files, risky package scripts),
+         *     `architecture` (dependency-cruiser: cycles, orphans, unresolvable imports, undeclared packages, layering
+         *     rules from `layers` or the workspace's `audit-layers.json`; the largest files and functions), `sanity`
+         *     (manifest and lockfile agree, licenses, README, tests, git state) and `health` (TODO/FIXME markers, stale
+         *     gate results, outdated dependencies; neutral when no registry answers). Answers the report when it is
+         *     done within `timeout_seconds`; past that, a 202 with the report's id and where to fetch it (the audit
+         *     goes on). A phase that fails or times out leaves the report `partial`, never stuck. Every report's
+         *     summary is appended to the evidence ledger (`audit.report`).
+         */
+        post: operations["runWorkspaceAudit"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/autonomy/workspace-audit/stream": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Run the workspace audit, streamed per phase (SSE)
+         * @description Starts the same audit as the POST (query parameters as its body) and streams one `phase_done` event
+         *     per phase as it ends (`data.data`: report_id, phase, status, counts by severity, score, duration_ms),
+         *     then one `report` event with the whole report; the stream then closes. Event ids are
+         *     `{report_id}/{position}`: a client that reconnects with `Last-Event-ID` resumes that audit where it
+         *     left off (no new audit starts). A comment line every SERVICE_SSE_HEARTBEAT_SECONDS keeps proxies from
+         *     closing it.
+         */
+        get: operations["streamWorkspaceAudit"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/autonomy/workspace-audit/{report_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * A recent audit report
+         * @description The report as it stands (`running` with the phases ended so far, then `completed` or `partial`). Reports are
+         *     kept in Redis for SERVICE_AUDIT_REPORT_TTL_SECONDS after they finish, at most SERVICE_AUDIT_REPORTS_MAX per
+         *     tenant (the oldest are dropped first): an older one is a 404 that says so. Its summary stays in the
+         *     evidence ledger.
+         */
+        get: operations["getWorkspaceAuditReport"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/sessions": {
         parameters: {
             query?: never;
@@ -1660,7 +1737,7 @@ export interface components {
          *     its `type`, the time `at`, the tenant, and the session and run it belongs to; `data` depends on
          *     the type. The catalogue is one list in the service (engine/platform/event-types.ts).
          */
-        ServiceEvent: components["schemas"]["EventRunQueued"] | components["schemas"]["EventRunStarted"] | components["schemas"]["EventRunRetrying"] | components["schemas"]["EventRunInterrupted"] | components["schemas"]["EventRunFinished"] | components["schemas"]["EventWorkspaceReady"] | components["schemas"]["EventStepStarted"] | components["schemas"]["EventStepOutput"] | components["schemas"]["EventStepFinished"] | components["schemas"]["EventAgentTurn"] | components["schemas"]["EventMessageCreated"] | components["schemas"]["EventTaskUpdated"] | components["schemas"]["EventSessionUpdated"] | components["schemas"]["EventGateFinished"] | components["schemas"]["EventGateRunFinished"];
+        ServiceEvent: components["schemas"]["EventRunQueued"] | components["schemas"]["EventRunStarted"] | components["schemas"]["EventRunRetrying"] | components["schemas"]["EventRunInterrupted"] | components["schemas"]["EventRunFinished"] | components["schemas"]["EventWorkspaceReady"] | components["schemas"]["EventStepStarted"] | components["schemas"]["EventStepOutput"] | components["schemas"]["EventStepFinished"] | components["schemas"]["EventAgentTurn"] | components["schemas"]["EventMessageCreated"] | components["schemas"]["EventTaskUpdated"] | components["schemas"]["EventSessionUpdated"] | components["schemas"]["EventGateFinished"] | components["schemas"]["EventGateRunFinished"] | components["schemas"]["EventAuditPhaseDone"] | components["schemas"]["EventAuditFinished"];
         /** @description A run was accepted and stored. */
         EventRunQueued: {
             id: string;
@@ -1956,6 +2033,135 @@ export interface components {
                 failed_required?: string[];
                 ledger_head?: string | null;
             };
+        };
+        /** @enum {string} */
+        AuditPhase: "security" | "architecture" | "sanity" | "health";
+        /** @enum {string} */
+        Severity: "critical" | "high" | "medium" | "low" | "info";
+        SeverityCounts: {
+            critical: number;
+            high: number;
+            medium: number;
+            low: number;
+            info: number;
+        };
+        /** @description An audit stream's event id, `{report_id}/{position}`. */
+        AuditEventId: string;
+        AuditLayer: {
+            name: string;
+            /** @description A regular expression on paths relative to the root (`^src/api/`). */
+            path: string;
+            /** @description The layers this one may import (besides itself). */
+            may_import?: string[];
+        };
+        AuditRequest: {
+            /** @description A folder of the tenant's workspace root, when no X-Service-Workspace-Root is sent. */
+            workspace?: string;
+            phases?: components["schemas"]["AuditPhase"][];
+            /** @description Layering rules for the architecture phase (else the workspace's audit-layers.json, if any). */
+            layers?: components["schemas"]["AuditLayer"][];
+            /**
+             * @description How long to wait for the report before answering 202.
+             * @default 30
+             */
+            timeout_seconds: number;
+        };
+        AuditAccepted: {
+            report_id: string;
+            /** @constant */
+            status: "running";
+            /** @description Where to fetch the report. */
+            location: string;
+            /** @description The audit's stream, to resume with `Last-Event-ID` `{report_id}/0-0`. */
+            stream: string;
+            /** @description The phases ended so far. */
+            phases?: components["schemas"]["AuditPhaseResult"][];
+        };
+        AuditFinding: {
+            rule: string;
+            severity: components["schemas"]["Severity"];
+            file: string | null;
+            line: number | null;
+            message: string;
+        };
+        AuditPhaseResult: {
+            phase: components["schemas"]["AuditPhase"];
+            /** @enum {string} */
+            status: "completed" | "failed" | "timed_out";
+            duration_ms: number;
+            /** @description Worst first, at most 1000; the rest are counted in `findings_omitted` and `counts`. */
+            findings: components["schemas"]["AuditFinding"][];
+            findings_omitted: number;
+            counts: components["schemas"]["SeverityCounts"];
+            /** @description 100 less 40 per critical, 15 per high, 5 per medium and 1 per low finding (at least 0); null when the phase did not complete. */
+            score: number | null;
+            metrics: {
+                [key: string]: unknown;
+            };
+            error: string | null;
+        };
+        AuditReport: {
+            report_id: string;
+            /** @description The folder's name in the tenant's root, or its real path when it lies outside it. */
+            workspace: string;
+            phases_requested: components["schemas"]["AuditPhase"][];
+            /** Format: date-time */
+            started_at: string;
+            /** Format: date-time */
+            finished_at: string | null;
+            /** @enum {string} */
+            status: "running" | "completed" | "partial";
+            trigger: {
+                /** @enum {string} */
+                type: "api" | "run";
+                request_id?: string;
+                run_id?: string;
+                session_id?: string;
+            };
+            phases: components["schemas"]["AuditPhaseResult"][];
+            totals: components["schemas"]["SeverityCounts"];
+            scores: {
+                [key: string]: number | null;
+            };
+            /** @description The summary's entry in the evidence ledger, once the report is assembled. */
+            ledger: null | {
+                seq: number;
+                hash: string;
+            };
+        };
+        /** @description One phase of an audit ended (SSE event name `phase_done`). */
+        EventAuditPhaseDone: {
+            id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "audit.phase_done";
+            /** Format: date-time */
+            at: string;
+            tenant_id: string;
+            data: {
+                report_id: string;
+                phase: components["schemas"]["AuditPhase"];
+                /** @enum {string} */
+                status: "completed" | "failed" | "timed_out";
+                counts: components["schemas"]["SeverityCounts"];
+                score: number | null;
+                duration_ms: number;
+            };
+        };
+        /** @description The audit's report was assembled (SSE event name `report`); the last event of its stream. */
+        EventAuditFinished: {
+            id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "audit.finished";
+            /** Format: date-time */
+            at: string;
+            tenant_id: string;
+            data: components["schemas"]["AuditReport"];
         };
         GateSubject: {
             workspace: string;
@@ -2323,6 +2529,13 @@ export interface components {
         };
     };
     parameters: {
+        /**
+         * @description The folder to audit (the one open in the client's editor), absolute or relative to the tenant's root. Resolved
+         *     to its real path; /etc, /proc and /sys (by path, by device and inode, by file system) are refused with 403
+         *     `path-not-permitted` unless SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS=1; in production only folders under the
+         *     tenant's root or SERVICE_AUDIT_ALLOWED_ROOTS.
+         */
+        WorkspaceRoot: string;
         /** @description A folder of the tenant's workspace root, relative to it; default the root. */
         WorkspaceQuery: string;
         /** @description The tenant the provider delivers to. */
@@ -2890,6 +3103,120 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             422: components["responses"]["Unprocessable"];
+        };
+    };
+    runWorkspaceAudit: {
+        parameters: {
+            query?: never;
+            header?: {
+                /**
+                 * @description The folder to audit (the one open in the client's editor), absolute or relative to the tenant's root. Resolved
+                 *     to its real path; /etc, /proc and /sys (by path, by device and inode, by file system) are refused with 403
+                 *     `path-not-permitted` unless SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS=1; in production only folders under the
+                 *     tenant's root or SERVICE_AUDIT_ALLOWED_ROOTS.
+                 */
+                "X-Service-Workspace-Root"?: components["parameters"]["WorkspaceRoot"];
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["AuditRequest"];
+            };
+        };
+        responses: {
+            /** @description The report, complete or partial. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AuditReport"];
+                };
+            };
+            /** @description Still running after `timeout_seconds`; fetch it at `Location`, or watch the stream. */
+            202: {
+                headers: {
+                    Location: components["headers"]["Location"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AuditAccepted"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["NotPermitted"];
+            404: components["responses"]["NotFound"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    streamWorkspaceAudit: {
+        parameters: {
+            query?: {
+                /** @description A folder of the tenant's workspace root, relative to it; default the root. */
+                workspace?: components["parameters"]["WorkspaceQuery"];
+                /** @description The phases to run, comma-separated or repeated; default all four. */
+                phases?: components["schemas"]["AuditPhase"][];
+                last_event_id?: components["schemas"]["AuditEventId"];
+            };
+            header?: {
+                /**
+                 * @description The folder to audit (the one open in the client's editor), absolute or relative to the tenant's root. Resolved
+                 *     to its real path; /etc, /proc and /sys (by path, by device and inode, by file system) are refused with 403
+                 *     `path-not-permitted` unless SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS=1; in production only folders under the
+                 *     tenant's root or SERVICE_AUDIT_ALLOWED_ROOTS.
+                 */
+                "X-Service-Workspace-Root"?: components["parameters"]["WorkspaceRoot"];
+                "Last-Event-ID"?: components["schemas"]["AuditEventId"];
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /**
+             * @description The audit's server-sent events: `event: phase_done` per phase, then `event: report`. Each `data:` is one
+             *     ServiceEvent (`audit.phase_done`, `audit.finished`) as JSON.
+             */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/event-stream": components["schemas"]["EventAuditPhaseDone"] | components["schemas"]["EventAuditFinished"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["NotPermitted"];
+            404: components["responses"]["NotFound"];
+        };
+    };
+    getWorkspaceAuditReport: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                report_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The report. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AuditReport"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
         };
     };
     listSessions: {

@@ -63,7 +63,7 @@ export async function streamEvents(req: Request, res: Response, opts: SseOptions
   let last = false;
   const send = (e: ServiceEvent) => {
     if (ended || last) return;
-    res.write(`id: ${e.id}\nevent: ${e.type}\ndata: ${JSON.stringify(e)}\n\n`);
+    res.write(`id: ${opts.scope.eventId?.(e) ?? e.id}\nevent: ${opts.scope.eventName?.(e) ?? e.type}\ndata: ${JSON.stringify(e)}\n\n`);
     if (opts.scope.isLast(e)) {
       last = true;
       setImmediate(end);

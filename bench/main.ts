@@ -11,6 +11,7 @@ import { sandboxCost } from './sandbox.js';
 import { dagBenchmarks } from './dag.js';
 import { ledgerBenchmarks } from './ledger.js';
 import { webhookIntake } from './webhooks.js';
+import { auditBenchmarks } from './audit.js';
 
 const KEY = 'bench-key-0123456789abcdef';
 
@@ -109,6 +110,9 @@ async function main(): Promise<void> {
     console.log('\n| evidence ledger | service | baseline | ratio |');
     console.log('|---|---|---|---|');
     for (const line of await ledgerBenchmarks()) console.log(line);
+    console.log('\n| workspace audit | service | baseline | ratio |');
+    console.log('|---|---|---|---|');
+    for (const line of await auditBenchmarks()) console.log(line);
     console.log('\n| sandbox | bubblewrap | no sandbox | cost |');
     console.log('|---|---|---|---|');
     for (const line of await sandboxCost()) console.log(line);
@@ -128,6 +132,8 @@ if (process.env.BENCH_ONLY === 'ledger') {
   console.log(
     `| ${name} | ${s.rps.toFixed(0)} | ${b.rps.toFixed(0)} | ${(s.rps / b.rps).toFixed(2)} | ${s.p50} / ${s.p99} | ${b.p50} / ${b.p99} | ${s.errors + s.non2xx} |`,
   );
+} else if (process.env.BENCH_ONLY === 'audit') {
+  for (const line of await auditBenchmarks()) console.log(line);
 } else if (process.env.BENCH_ONLY === 'sandbox') {
   for (const line of await sandboxCost()) console.log(line);
 } else if (process.env.BENCH_ONLY === 'webhooks') {

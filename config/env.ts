@@ -20,6 +20,7 @@ export type Config = {
   auditAllowSensitivePaths: boolean;
   /** production: folders besides a tenant's root that audits may look at */
   auditAllowedRoots: string[];
+  audit: { reportTtlSeconds: number; reportsMax: number; phaseTimeoutSeconds: number; registryUrl: string | null; concurrency: number };
   adminKeys: string[];
   secretKey: string | undefined;
   /** the Ed25519 seed that signs the evidence ledger (SERVICE_EVIDENCE_KEY); generated into the data dir outside production */
@@ -190,6 +191,15 @@ const schema = z.object({
     .transform((v) => path.resolve(v?.trim() || 'workspaces')),
   SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS: flag,
   SERVICE_AUDIT_ALLOWED_ROOTS: list,
+  SERVICE_AUDIT_REPORT_TTL_SECONDS: int(3600, 1, 30 * 86_400),
+  SERVICE_AUDIT_REPORTS_MAX: int(50, 1, 10_000),
+  SERVICE_AUDIT_PHASE_TIMEOUT_SECONDS: int(600, 1, 86_400),
+  SERVICE_AUDIT_CONCURRENCY: int(4, 1, 100),
+  SERVICE_AUDIT_REGISTRY_URL: z
+    .string()
+    .optional()
+    .transform((v) => v?.trim() || 'https://registry.npmjs.org')
+    .pipe(z.union([z.literal('none'), z.url({ protocol: /^https?$/, message: 'expected an http(s) URL or "none"' })])),
   SERVICE_ADMIN_KEYS: list.refine((keys) => keys.every((k) => k.length >= 16), 'every admin key must be at least 16 characters'),
   SERVICE_SECRET_KEY: optionalText.refine(
     (v) => v === undefined || /^[0-9a-fA-F]{64}$/.test(v) || Buffer.from(v, 'base64').length === 32,
@@ -252,6 +262,13 @@ export function parseEnv(env: Record<string, string | undefined>): Config {
     workspaceRoot: e.SERVICE_WORKSPACE_ROOT,
     auditAllowSensitivePaths: e.SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS,
     auditAllowedRoots: e.SERVICE_AUDIT_ALLOWED_ROOTS,
+    audit: {
+      reportTtlSeconds: e.SERVICE_AUDIT_REPORT_TTL_SECONDS,
+      reportsMax: e.SERVICE_AUDIT_REPORTS_MAX,
+      phaseTimeoutSeconds: e.SERVICE_AUDIT_PHASE_TIMEOUT_SECONDS,
+      registryUrl: e.SERVICE_AUDIT_REGISTRY_URL === 'none' ? null : e.SERVICE_AUDIT_REGISTRY_URL,
+      concurrency: e.SERVICE_AUDIT_CONCURRENCY,
+    },
     adminKeys: e.SERVICE_ADMIN_KEYS,
     secretKey: e.SERVICE_SECRET_KEY,
     evidenceKey: e.SERVICE_EVIDENCE_KEY,

@@ -8,6 +8,7 @@ import { sessionsOf } from './sessions/index.js';
 import { ledgerOf, type EvidenceSigner } from './evidence/index.js';
 import { evidencePacksOf, gateRunsOf, gatesOnCopy, smartGatesOf } from './gates/index.js';
 import type { Sandbox } from './tools/index.js';
+import { auditsOf, type AuditSettings } from './audit/index.js';
 
 export type EngineDeps = Platform & {
   /** signs the evidence ledger */
@@ -17,6 +18,7 @@ export type EngineDeps = Platform & {
   sandbox: Sandbox;
   limits: RunLimits;
   settings: RunSettings & WebhookSettings;
+  audit: Omit<AuditSettings, 'workspaceRoot' | 'singleTenant'>;
 };
 
 export function createEngine(deps: EngineDeps) {
@@ -49,6 +51,19 @@ export function createEngine(deps: EngineDeps) {
     ]);
   });
   const gates = gateRunsOf({ ...deps, ledger: evidence, settings: deps.settings });
+  const smartGates = smartGatesOf({ ...deps, gates });
+  const audits = auditsOf({
+    ...deps,
+    ledger: evidence,
+    settings: { ...deps.audit, workspaceRoot: deps.settings.workspaceRoot, singleTenant: deps.settings.singleTenant },
+    // the health phase's view of the gates: computed once, no watcher left behind in a worker
+    gateHealth: async (tenantId, workspace) => {
+      const snap = await smartGates.snapshot(tenantId, workspace, { watch: false });
+      return snap.gates.length
+        ? snap.gates.map((g) => ({ gate_id: g.id, required: g.required, state: g.state, reason: snap.blocking.find((b) => b.gate_id === g.id)?.reason ?? '' }))
+        : null;
+    },
+  });
   const executor = executorOf(deps, runs, transitions, {
     sessionActions: sessions.actionsFor,
     copyGates: (run, copy, binds, signal) =>
@@ -70,6 +85,21 @@ export function createEngine(deps: EngineDeps) {
               return gates.wait(run.tenant_id, started.id, signal);
             },
           },
+    // the same path as the audit routes: a flow of phases, the report in Redis, its summary in the ledger
+    auditActions: (run) =>
+      run.kind === 'vibe'
+        ? undefined
+        : {
+            run: async ({ phases, layers }, signal) => {
+              const started = await audits.start(run.tenant_id, {
+                workspace: runs.workspaceOf(run),
+                phases,
+                layers,
+                trigger: { type: 'run', run_id: run.id, session_id: run.session_id },
+              });
+              return audits.wait(run.tenant_id, started.report_id, { timeoutMs: Number.POSITIVE_INFINITY, signal });
+            },
+          },
   });
   const schedules = schedulesOf(deps);
   const automations = automationsOf(deps, { changed: (a, before) => schedules.sync(a, before) });
@@ -78,7 +108,8 @@ export function createEngine(deps: EngineDeps) {
   return {
     evidence,
     gates,
-    smartGates: smartGatesOf({ ...deps, gates }),
+    smartGates,
+    audits,
     evidencePacks: evidencePacksOf({ ...deps, ledger: evidence, gates }),
     automations,
     apiKeys: apiKeysOf(deps),

@@ -5,6 +5,7 @@ import { UnrecoverableError, Worker, type Processor } from 'bullmq';
 import { AppError, type QueueName } from '../engine/platform/index.js';
 import type { CronJob } from '../engine/automations/index.js';
 import type { GateJob } from '../engine/gates/index.js';
+import type { AuditJob } from '../engine/audit/index.js';
 import type { Runtime } from '../engine/process/index.js';
 
 /** How long before the end of the grace period running attempts are interrupted. */
@@ -59,6 +60,23 @@ export function processorsOf(rt: Runtime): Processors {
           }
           const sealed = await rt.engine.gates.seal(tenant_id, gate_run_id);
           return sealed && { status: sealed.status };
+        } catch (err) {
+          throw jobErrorOf(err);
+        }
+      },
+    },
+    audits: {
+      concurrency: rt.config.audit.concurrency,
+      processor: async (job) => {
+        const { tenant_id, report_id, phase } = job.data as AuditJob;
+        try {
+          // a child runs one phase; the parent assembles the report once every child has ended
+          if (job.name === 'phase' && phase) {
+            const result = await rt.engine.audits.runPhaseJob(tenant_id, report_id, phase);
+            return result && { phase, status: result.status };
+          }
+          const report = await rt.engine.audits.assemble(tenant_id, report_id);
+          return report && { status: report.status };
         } catch (err) {
           throw jobErrorOf(err);
         }
@@ -125,6 +143,7 @@ export async function startWorkers(rt: Runtime, processors: Processors = process
       rt.engine.schedules.reconcile(),
       rt.engine.webhooks.reconcile(),
       rt.engine.gates.reconcile(),
+      rt.engine.audits.reconcile(),
     ]).catch((err: unknown) => rt.log.warn({ err: (err as Error).message }, 'reconcile failed'));
   const reconciler = setInterval(reconcile, rt.config.reconcileIntervalSeconds * 1000);
   reconciler.unref();

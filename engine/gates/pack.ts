@@ -1,6 +1,6 @@
 // The evidence pack of a workspace: the latest result of each gate for one subject (a commit, by
 // default the latest one sealed), the gate runs and runs that produced them, and the ledger range
-// that seals them, as an in-toto Statement in a DSSE envelope signed with the ledger's key. As a tar
+// that seals them (with the summaries of the workspace's audits sealed in that range), as an in-toto Statement in a DSSE envelope signed with the ledger's key. As a tar
 // it carries the ledger slice and every payload it names, so it can be checked offline.
 import { STATEMENT_TYPE, type Ledger, type PackJson, type Statement } from '../evidence/index.js';
 import type { Platform } from '../deps.js';
@@ -72,6 +72,21 @@ export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledg
         ledger_seq: seq,
         payload_digest: bySeq.get(seq)?.payload_digest ?? '',
       }));
+      // the audits of the workspace sealed within the same slice: their summaries, by ledger entry
+      const payloadOf = new Map(payloads.map((p) => [p.digest, p.body]));
+      const audits = entries
+        .filter((e) => e.kind === 'audit.report' && e.subject.workspace === ws.name && payloadOf.has(e.payload_digest))
+        .map((e) => {
+          const p = JSON.parse(payloadOf.get(e.payload_digest)!) as { report_id: string; status: string; totals: Record<string, number>; finished_at: string };
+          return {
+            report_id: p.report_id,
+            status: p.status,
+            totals: p.totals,
+            finished_at: p.finished_at,
+            ledger_seq: e.seq,
+            payload_digest: e.payload_digest,
+          };
+        });
       const statement: Statement = {
         _type: STATEMENT_TYPE,
         subject: [
@@ -91,7 +106,7 @@ export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledg
           gates: gateRows,
           gate_runs: runs.map((r) => ({ gate_run_id: r.id, status: r.status, trigger: r.trigger, finished_at: r.finished_at, ledger: r.ledger })),
           runs: [...new Set(runs.flatMap((r) => (r.trigger.type === 'run' ? [r.trigger.run_id] : [])))],
-          audits: [],
+          audits,
           ledger: { from_seq: entries[0]!.seq, to_seq: head.seq, head_hash: head.hash, key_id: ledger.publicKey.key_id },
         },
       };

@@ -32,7 +32,8 @@ export type SmartGates = {
 
 /** What a workspace's watcher knows: its git state and the digest of each input set, until a change. */
 type Known = {
-  watcher: FSWatcher;
+  /** absent for a one-off snapshot (an audit's): nothing is kept for it */
+  watcher?: FSWatcher;
   ready: Promise<void>;
   /** counts the changes seen: what was computed before the latest change is not kept */
   generation: number;
@@ -53,7 +54,7 @@ export function smartGatesOf(deps: Pick<Platform, 'store' | 'clock'> & { sandbox
     if (!k) {
       if (known.size >= WATCHED_MAX) {
         const [oldest] = [...known.entries()].sort((a, b) => a[1].used - b[1].used);
-        void oldest![1].watcher.close();
+        void oldest![1].watcher?.close();
         known.delete(oldest![0]);
       }
       const watcher = watch(dir, { ignored: (p) => IGNORED.test(p), ignoreInitial: true, followSymlinks: false });
@@ -79,9 +80,10 @@ export function smartGatesOf(deps: Pick<Platform, 'store' | 'clock'> & { sandbox
   }
 
   return {
-    async snapshot(tenantId: string, workspace: string | undefined): Promise<SmartGates> {
+    /** The gates' readiness now; `watch: false` computes it once, without a watcher or a cache (an audit in a worker). */
+    async snapshot(tenantId: string, workspace: string | undefined, opts: { watch?: boolean } = {}): Promise<SmartGates> {
       const ws = await gates.workspaceOf(tenantId, workspace);
-      const k = knownOf(ws.dir);
+      const k: Known = opts.watch === false ? { ready: Promise.resolve(), generation: 0, digests: new Map(), used: 0 } : knownOf(ws.dir);
       await k.ready;
       const set = await loadGateSet(ws.dir);
       // what this snapshot computes is kept only if no change came while it computed it
@@ -155,7 +157,7 @@ export function smartGatesOf(deps: Pick<Platform, 'store' | 'clock'> & { sandbox
     },
 
     async close(): Promise<void> {
-      await Promise.all([...known.values()].map((k) => k.watcher.close()));
+      await Promise.all([...known.values()].map((k) => k.watcher?.close()));
       known.clear();
     },
   };

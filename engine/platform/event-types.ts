@@ -4,6 +4,10 @@
 // (ServiceEvent); a unit test keeps the two lists equal.
 import type {
   AgentTurn,
+  AuditPhase,
+  AuditReport,
+  PhaseStatus,
+  SeverityCounts,
   Budget,
   ErrorInfo,
   GateConclusion,
@@ -68,7 +72,13 @@ export type EventBody =
       type: 'gate.finished';
       data: { gate_run_id: string; gate_id: string; conclusion: GateConclusion; required: boolean; summary: string; duration_ms: number };
     }
-  | { type: 'gate.run_finished'; data: { gate_run_id: string; status: GateRunStatus; failed_required: string[]; ledger_head: string | null } };
+  | { type: 'gate.run_finished'; data: { gate_run_id: string; status: GateRunStatus; failed_required: string[]; ledger_head: string | null } }
+  // a workspace audit: one phase ended; the report is assembled (streamed as `phase_done` and `report`)
+  | {
+      type: 'audit.phase_done';
+      data: { report_id: string; phase: AuditPhase; status: PhaseStatus; counts: SeverityCounts; score: number | null; duration_ms: number };
+    }
+  | { type: 'audit.finished'; data: AuditReport };
 
 export type EventType = EventBody['type'];
 
@@ -89,6 +99,8 @@ export const EVENT_TYPES = [
   'session.updated',
   'gate.finished',
   'gate.run_finished',
+  'audit.phase_done',
+  'audit.finished',
 ] as const satisfies readonly EventType[];
 
 // a compile-time check that the list above names every type of the union
@@ -117,10 +129,27 @@ export type EventOf<T extends EventType> = Extract<ServiceEvent, { type: T }>;
  * A stream a client can watch: which log it reads, and which event ends it. A run session ends with
  * its run; a session trace (multi-agent sessions) does not end when one task's run does.
  */
-export type Scope = { stream: string; isLast(e: ServiceEvent): boolean };
+export type Scope = {
+  stream: string;
+  isLast(e: ServiceEvent): boolean;
+  /** the SSE `event:` name (default: the type) */
+  eventName?(e: ServiceEvent): string;
+  /** the SSE `id:` (default: the stream entry id); a stream a client cannot name again by its URL puts itself in the id */
+  eventId?(e: ServiceEvent): string;
+};
 
 export const scopes = {
   runSession: (sessionId: string): Scope => ({ stream: `session:${sessionId}`, isLast: (e) => e.type === 'run.finished' }),
   /** the same log; it ends only when the session is archived */
   sessionTrace: (sessionId: string): Scope => ({ stream: `session:${sessionId}`, isLast: (e) => e.type === 'session.updated' && e.data.status === 'archived' }),
+  /**
+   * An audit's log: `phase_done` per phase, then `report`. The stream route starts an audit, so a
+   * resuming client (same URL, Last-Event-ID) is known by its id: `{report_id}/{entry id}`.
+   */
+  audit: (reportId: string): Scope => ({
+    stream: `audit:${reportId}`,
+    isLast: (e) => e.type === 'audit.finished',
+    eventName: (e) => (e.type === 'audit.phase_done' ? 'phase_done' : e.type === 'audit.finished' ? 'report' : e.type),
+    eventId: (e) => `${reportId}/${e.id}`,
+  }),
 };

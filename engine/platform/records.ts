@@ -402,6 +402,7 @@ export type LedgerSubject = {
   run_id?: string;
   gate_run_id?: string;
   gate_id?: string;
+  report_id?: string;
 };
 
 /** A payload of the ledger, kept once by its digest (the canonical JSON text). */
@@ -463,4 +464,56 @@ export type GateRunRecord = {
   ledger: { from_seq: number; to_seq: number; head_hash: string } | null;
   created_at: string;
   finished_at: string | null;
+};
+
+/** The phases of a workspace audit, in the order a report lists them. */
+export const AUDIT_PHASES = ['security', 'architecture', 'sanity', 'health'] as const;
+export type AuditPhase = (typeof AUDIT_PHASES)[number];
+
+/** How bad a finding is, worst first; `info` is counted but costs a phase nothing of its score. */
+export const SEVERITIES = ['critical', 'high', 'medium', 'low', 'info'] as const;
+export type Severity = (typeof SEVERITIES)[number];
+export type SeverityCounts = Record<Severity, number>;
+
+export type AuditFinding = { rule: string; severity: Severity; file: string | null; line: number | null; message: string };
+
+/** `completed`: the phase ran to its end (with or without findings); `failed`/`timed_out`: it did not, and the report is partial. */
+export const PHASE_STATUSES = ['completed', 'failed', 'timed_out'] as const;
+export type PhaseStatus = (typeof PHASE_STATUSES)[number];
+
+export type AuditPhaseResult = {
+  phase: AuditPhase;
+  status: PhaseStatus;
+  duration_ms: number;
+  findings: AuditFinding[];
+  /** findings past the cap a phase keeps: counted, not listed */
+  findings_omitted: number;
+  counts: SeverityCounts;
+  /** 100 less what the findings cost; null when the phase did not complete */
+  score: number | null;
+  metrics: Record<string, unknown>;
+  error: string | null;
+};
+
+export const AUDIT_STATUSES = ['running', 'completed', 'partial'] as const;
+export type AuditStatus = (typeof AUDIT_STATUSES)[number];
+
+/** What an audit may be told beyond its root: the phases to run and the layers imports must respect. */
+export type AuditLayer = { name: string; path: string; may_import: string[] };
+export type AuditOptions = { phases: AuditPhase[]; layers: AuditLayer[] | null };
+
+export type AuditReport = {
+  report_id: string;
+  /** the workspace's name in its tenant's root, or the folder's real path when it lies outside it */
+  workspace: string;
+  phases_requested: AuditPhase[];
+  started_at: string;
+  finished_at: string | null;
+  status: AuditStatus;
+  trigger: { type: 'api'; request_id: string } | { type: 'run'; run_id: string; session_id: string };
+  phases: AuditPhaseResult[];
+  totals: SeverityCounts;
+  scores: Partial<Record<AuditPhase, number | null>>;
+  /** the summary's entry in the evidence ledger, once the report is complete */
+  ledger: { seq: number; hash: string } | null;
 };

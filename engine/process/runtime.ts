@@ -144,10 +144,20 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
         webhookReplayWindowSeconds: config.webhookReplayWindowSeconds,
         webhookRateLimitPerMinute: config.webhookRateLimitPerMinute,
       },
+      audit: {
+        isProduction: config.isProduction,
+        allowSensitivePaths: config.auditAllowSensitivePaths,
+        allowedRoots: config.auditAllowedRoots,
+        reportTtlSeconds: config.audit.reportTtlSeconds,
+        reportsMax: config.audit.reportsMax,
+        phaseTimeoutSeconds: config.audit.phaseTimeoutSeconds,
+        registryUrl: config.audit.registryUrl,
+      },
       secretBox: createSecretBox(secretKey.key),
       signer: signerOf(evidenceKey.key),
     });
     closers.push(() => engine.gates.close());
+    closers.push(() => engine.audits.close());
     closers.push(() => engine.smartGates.close());
     await engine.apiKeys.seed(config.apiKeys);
     log.info({ store: store.kind, templates: templates.list().length, queue_prefix: config.queuePrefix }, 'runtime open');

@@ -3,7 +3,7 @@
 // they send. Programs (programs.ts) drive it; the executor settles it.
 import type { Platform } from '../deps.js';
 import type { AgentTurn, ErrorInfo, Run, RunStatus, StepRecord } from '../platform/index.js';
-import { TOOLS, ToolError, type GateActions, type Sandbox, type SessionActions, type ToolContext, type ToolResult } from '../tools/index.js';
+import { TOOLS, ToolError, type AuditActions, type GateActions, type Sandbox, type SessionActions, type ToolContext, type ToolResult } from '../tools/index.js';
 import type { Transitions } from './transitions.js';
 
 const OUTPUT_FLUSH_MS = 50;
@@ -21,6 +21,8 @@ export type AttemptDeps = Pick<Platform, 'store' | 'clock' | 'log'> & {
   sessionActions?: (run: Run) => SessionActions;
   /** the gates of a run's workspace, for the `gates` tool */
   gateActions?: (run: Run) => GateActions | undefined;
+  /** the audit of a run's workspace, for the `audit` tool */
+  auditActions?: (run: Run) => AuditActions | undefined;
   settings: { childEnv: Record<string, string>; httpAllowPrivate: boolean; toolsAllowed: readonly string[] };
 };
 
@@ -35,6 +37,7 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
   const emit = transitions.emit.bind(null, run);
   const sessions = deps.sessionActions?.(run);
   const gates = deps.gateActions?.(run);
+  const audit = deps.auditActions?.(run);
 
   /** Writes the steps changed since the last save, at most every PROGRESS_SAVE_MS: quick runs write them once, at the end. */
   const touch = (step: StepRecord) => {
@@ -92,6 +95,7 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
         binds: attempt.binds,
         sessions,
         gates,
+        audit,
       };
       try {
         result = await tool.execute(step.args, ctx);

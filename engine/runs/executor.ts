@@ -9,7 +9,7 @@ import { modelClientOf } from './agent.js';
 import { agentProgram, stepsProgram, vibeProgram, type CopyGates, type WorkOutcome } from './programs.js';
 import type { Runs, RunsDeps } from './runs.js';
 import type { Outcome, Settled, Transitions } from './transitions.js';
-import type { GateActions, SessionActions } from '../tools/index.js';
+import type { AuditActions, GateActions, SessionActions } from '../tools/index.js';
 import { scratchRoot } from './workspace.js';
 
 /** How many times the settling write is tried before the attempt is left for the reconciler. */
@@ -19,6 +19,7 @@ const SETTLE_TRIES = 4;
 export type RunActions = {
   sessionActions?: (run: Run) => SessionActions;
   gateActions?: (run: Run) => GateActions | undefined;
+  auditActions?: (run: Run) => AuditActions | undefined;
   /** a vibe run's gates on its scratch copy */
   copyGates?: CopyGates;
 };

@@ -1,7 +1,8 @@
 // The tools a step may call, by name. `agent` is handled by the executor itself (it plans steps);
-// `gates` and `session` act through what the engine gives a run (ToolContext); audit comes later.
+// `gates`, `audit` and `session` act through what the engine gives a run (ToolContext).
 import { listFilesTool, readFileTool, writeFileTool } from './files.js';
 import { gatesTool } from './gates.js';
+import { auditTool } from './audit.js';
 import { httpTool } from './http.js';
 import { messageTool } from './message.js';
 import { sessionTool } from './session.js';
@@ -9,10 +10,10 @@ import { shellTool } from './shell.js';
 import type { Tool } from './tool.js';
 
 export const TOOLS: ReadonlyMap<string, Tool> = new Map(
-  [shellTool, readFileTool, writeFileTool, listFilesTool, httpTool, messageTool, sessionTool, gatesTool].map((t) => [t.name, t]),
+  [shellTool, readFileTool, writeFileTool, listFilesTool, httpTool, messageTool, sessionTool, gatesTool, auditTool].map((t) => [t.name, t]),
 );
 
 export { resolveInside } from './files.js';
 export { INSIDE_WORKSPACE, openSandbox, type Sandbox, type SandboxKind, type SandboxLimits } from './sandbox.js';
 export { runProcess, type ProcessResult } from './process.js';
-export { ToolError, type GateActions, type OwnSession, type SessionActions, type Tool, type ToolContext, type ToolResult } from './tool.js';
+export { ToolError, type AuditActions, type GateActions, type OwnSession, type SessionActions, type Tool, type ToolContext, type ToolResult } from './tool.js';

@@ -23,6 +23,10 @@ export type SandboxSpawnOptions = {
   network: boolean;
   /** more folders to mount at the same path, read-write (a worktree's git directory) */
   binds?: string[];
+  /** mount the workspace read-only (an audit reads it and writes nothing) */
+  readOnly?: boolean;
+  /** files and folders to mount at the same path, read-only (the service's own code an audit phase runs) */
+  readOnlyBinds?: string[];
 };
 
 /** A process started in the sandbox; `done()` frees what the sandbox made for it once it has exited. */
@@ -204,7 +208,8 @@ export function bwrapSandbox(opts: { bwrap: string; prlimit: string; limits: San
         ...fixed,
         ...(o.network ? [] : ['--unshare-net']),
         ...(o.binds ?? []).flatMap((b) => ['--bind', b, b]),
-        '--bind',
+        ...(o.readOnlyBinds ?? []).flatMap((b) => ['--ro-bind', b, b]),
+        o.readOnly ? '--ro-bind' : '--bind',
         o.workspace,
         INSIDE_WORKSPACE,
         '--chdir',

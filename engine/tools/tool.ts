@@ -1,6 +1,6 @@
 // What a tool is: a named function the run engine calls for a step, with a JSON schema the agent
 // sees. Tools get the run's workspace, an AbortSignal (budget and cancel) and a way to stream output.
-import type { ErrorInfo, GateRunRecord } from '../platform/index.js';
+import type { AuditLayer, AuditPhase, AuditReport, ErrorInfo, GateRunRecord } from '../platform/index.js';
 import type { Sandbox } from './sandbox.js';
 
 export type ToolContext = {
@@ -22,6 +22,13 @@ export type ToolContext = {
   sessions?: SessionActions;
   /** the gates of the run's workspace (the `gates` tool); absent where gates cannot run */
   gates?: GateActions;
+  /** the audit of the run's workspace (the `audit` tool); absent where it cannot run */
+  audit?: AuditActions;
+};
+
+/** What the `audit` tool may do: audit the run's own workspace, and wait for the report. */
+export type AuditActions = {
+  run(req: { phases?: AuditPhase[]; layers?: AuditLayer[] }, signal: AbortSignal): Promise<AuditReport>;
 };
 
 /** What the `gates` tool may do: run the gate set of the run's own workspace, and wait for its seal. */

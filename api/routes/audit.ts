@@ -1,0 +1,87 @@
+// /api/v1/autonomy/workspace-audit: run the audit and answer its report (or a 202 past the timeout),
+// stream it per phase (resumable: the event ids name the report), and fetch a recent report.
+import { Router, type Request } from 'express';
+import { scopes, type AuditPhase, type EventHub } from '../../engine/platform/index.js';
+import type { Engine } from '../../engine/index.js';
+import { tenantOf } from '../auth.js';
+import type { components } from '../schema.js';
+import { lastEventIdOf, streamEvents, type OpenStreams } from '../sse.js';
+
+type AuditRequest = components['schemas']['AuditRequest'];
+
+const BASE = '/api/v1/autonomy/workspace-audit';
+const DEFAULT_TIMEOUT_SECONDS = 30;
+
+const rootOf = (req: Request) => {
+  const header = req.headers['x-service-workspace-root'];
+  return typeof header === 'string' ? header : undefined;
+};
+
+export function auditRouter(engine: Engine, opts: { hub: EventHub; heartbeatMs: number; streams: OpenStreams }): Router {
+  const router = Router();
+
+  router.post('/workspace-audit/run', async (req, res) => {
+    const body = (req.body ?? {}) as AuditRequest;
+    const tenantId = tenantOf(req);
+    const started = await engine.audits.start(tenantId, {
+      root: rootOf(req),
+      workspace: body.workspace,
+      phases: body.phases,
+      layers: body.layers,
+      trigger: { type: 'api', request_id: String(req.id) },
+    });
+    // the wait ends with the client: a closed connection stops waiting (the audit goes on)
+    const gone = new AbortController();
+    res.on('close', () => gone.abort());
+    const report = await engine.audits.wait(tenantId, started.report_id, {
+      timeoutMs: (body.timeout_seconds ?? DEFAULT_TIMEOUT_SECONDS) * 1000,
+      signal: gone.signal,
+      keepRunning: true,
+    });
+    if (report.status !== 'running') {
+      res.json(report);
+      return;
+    }
+    const location = `${BASE}/${report.report_id}`;
+    res
+      .status(202)
+      .location(location)
+      .json({ report_id: report.report_id, status: 'running', location, stream: `${BASE}/stream`, phases: report.phases });
+  });
+
+  router.get('/workspace-audit/stream', async (req, res) => {
+    const tenantId = tenantOf(req);
+    const resumeFrom = lastEventIdOf(req);
+    let reportId: string;
+    let afterId = '0-0';
+    if (resumeFrom !== '0-0') {
+      // a reconnecting client: its audit, where it left off (the validator checked the id's shape)
+      [reportId, afterId] = resumeFrom.split('/') as [string, string];
+      await engine.audits.get(tenantId, reportId);
+    } else {
+      const q = req.query as { workspace?: string; phases?: AuditPhase[] };
+      reportId = (
+        await engine.audits.start(tenantId, {
+          root: rootOf(req),
+          workspace: q.workspace,
+          phases: q.phases,
+          trigger: { type: 'api', request_id: String(req.id) },
+        })
+      ).report_id;
+    }
+    await streamEvents(req, res, {
+      streams: opts.streams,
+      hub: opts.hub,
+      scope: scopes.audit(reportId),
+      afterId,
+      heartbeatMs: opts.heartbeatMs,
+      headers: { 'X-Report-Id': reportId, 'Content-Location': `${BASE}/${reportId}` },
+    });
+  });
+
+  router.get('/workspace-audit/:report_id', async (req, res) => {
+    res.json(await engine.audits.get(tenantOf(req), String(req.params.report_id)));
+  });
+
+  return router;
+}

@@ -1,0 +1,367 @@
+// Workspace audits: one BullMQ flow per audit, a child job per phase (each in the sandbox, each with
+// `ignoreDependencyOnFailure`, so a phase whose job fails never strands the report) under a parent
+// that assembles the report, writes its summary into the evidence ledger and ends the stream. The
+// report lives in Redis (reports.ts) from the start, so a fetch from any web process sees it as it
+// grows; each phase appends a `phase_done` event to the audit's log as it ends.
+import path from 'node:path';
+import { FlowProducer } from 'bullmq';
+import type { Platform } from '../deps.js';
+import { canonicalJson, sha256Hex, type Ledger } from '../evidence/index.js';
+import {
+  AUDIT_PHASES,
+  newId,
+  NotFoundError,
+  scopes,
+  SEVERITIES,
+  type AuditLayer,
+  type AuditOptions,
+  type AuditPhase,
+  type AuditPhaseResult,
+  type AuditReport,
+  type SeverityCounts,
+  ValidationError,
+} from '../platform/index.js';
+import { resolveWorkspace, tenantRoot } from '../runs/index.js';
+import type { Sandbox } from '../tools/index.js';
+import { parseLayers } from './phases/layers.js';
+import { checkOutdated } from './registry.js';
+import { reportStoreOf } from './reports.js';
+import { resolveAuditRoot } from './roots.js';
+import { PhaseError, runPhase } from './run-phase.js';
+
+export type AuditSettings = {
+  workspaceRoot: string;
+  singleTenant: boolean;
+  isProduction: boolean;
+  allowSensitivePaths: boolean;
+  allowedRoots: string[];
+  reportTtlSeconds: number;
+  reportsMax: number;
+  phaseTimeoutSeconds: number;
+  /** where outdated dependencies are looked up; null: not checked */
+  registryUrl: string | null;
+};
+
+/** What the service knows of a workspace's gates, for the health phase: null when it has no gate set. */
+export type GateHealth = (tenantId: string, workspace: string) => Promise<{ gate_id: string; required: boolean; state: string; reason: string }[] | null>;
+
+export type AuditsDeps = Pick<Platform, 'clock' | 'log' | 'queues' | 'redis' | 'events'> & {
+  sandbox: Sandbox;
+  ledger: Ledger;
+  gateHealth: GateHealth;
+  settings: AuditSettings;
+  fetch?: typeof fetch;
+};
+
+export type AuditJob = { tenant_id: string; report_id: string; phase?: AuditPhase };
+
+export type AuditRequest = {
+  /** X-Service-Workspace-Root: a folder (absolute, or relative to the tenant's root) */
+  root?: string;
+  /** a workspace of the tenant by name (used when no root is given) */
+  workspace?: string;
+  phases?: AuditPhase[];
+  /** layering rules as asked for (checked and completed by parseLayers) */
+  layers?: { name: string; path: string; may_import?: string[] }[] | null;
+  trigger: AuditReport['trigger'];
+};
+
+const WAIT_POLL_MS = 100;
+/** an assembly's claim: a redelivered parent job or a second reconciler leaves the ledger one entry */
+const ASSEMBLE_CLAIM_SECONDS = 120;
+const WEIGHTS: SeverityCounts = { critical: 40, high: 15, medium: 5, low: 1, info: 0 };
+
+const zero = (): SeverityCounts => ({ critical: 0, high: 0, medium: 0, low: 0, info: 0 });
+export const scoreOf = (counts: SeverityCounts): number => Math.max(0, 100 - SEVERITIES.reduce((s, k) => s + counts[k] * WEIGHTS[k], 0));
+
+export function auditsOf(deps: AuditsDeps) {
+  const { clock, log, queues, events, ledger, sandbox, settings } = deps;
+  const reports = reportStoreOf(deps.redis, { prefix: queues.prefix, ttlSeconds: settings.reportTtlSeconds, maxPerTenant: settings.reportsMax });
+  let flows: FlowProducer | undefined;
+  const running = new Map<string, Set<AbortController>>();
+
+  const notFound = (id: string) =>
+    new NotFoundError(
+      `no audit report ${id}: reports are kept for ${settings.reportTtlSeconds} s after they finish, the last ${settings.reportsMax} per tenant`,
+      { ttl_seconds: settings.reportTtlSeconds, reports_kept: settings.reportsMax },
+    );
+
+  /** The folder an audit reads, and its name: relative to the tenant's root when it lies inside it. */
+  async function rootOf(tenantId: string, req: Pick<AuditRequest, 'root' | 'workspace'>): Promise<{ dir: string; name: string; inTenant: boolean }> {
+    const tenant = await tenantRoot(settings, tenantId);
+    const dir =
+      req.root !== undefined && req.root !== ''
+        ? await resolveAuditRoot(req.root, {
+            tenantRoot: tenant,
+            isProduction: settings.isProduction,
+            allowSensitive: settings.allowSensitivePaths,
+            allowedRoots: settings.allowedRoots,
+          })
+        : await resolveWorkspace(tenant, req.workspace);
+    const rel = path.relative(tenant, dir);
+    const inTenant = !rel.startsWith('..') && !path.isAbsolute(rel);
+    return { dir, name: inTenant ? rel || '.' : dir, inTenant };
+  }
+
+  async function mustGet(tenantId: string, id: string) {
+    const got = await reports.get(tenantId, id);
+    if (!got) throw notFound(id);
+    return got;
+  }
+
+  /** The folder a report's phases read: its workspace name again (kept in the report), checked again. */
+  async function dirOf(tenantId: string, report: AuditReport): Promise<string> {
+    return (await rootOf(tenantId, path.isAbsolute(report.workspace) ? { root: report.workspace } : { workspace: report.workspace })).dir;
+  }
+
+  /** The health phase's part outside the sandbox: the gates' state, and outdated dependencies. */
+  async function healthExtras(tenantId: string, report: AuditReport, out: Awaited<ReturnType<typeof runPhase>>): Promise<void> {
+    const add = (f: AuditPhaseResult['findings'][number]) => {
+      out.counts[f.severity]++;
+      out.findings.push(f);
+    };
+    const gates = path.isAbsolute(report.workspace) ? null : await deps.gateHealth(tenantId, report.workspace).catch(() => null);
+    if (gates) {
+      const states: Record<string, number> = {};
+      for (const g of gates) {
+        states[g.state] = (states[g.state] ?? 0) + 1;
+        if (g.state === 'stale') add({ rule: 'stale-gate-result', severity: 'low', file: null, line: null, message: `gate ${g.gate_id}: ${g.reason}` });
+        else if (g.state === 'failing')
+          add({ rule: 'failing-gate', severity: g.required ? 'medium' : 'low', file: null, line: null, message: `gate ${g.gate_id}: ${g.reason}` });
+        else if (g.state === 'missing') add({ rule: 'gate-never-run', severity: 'info', file: null, line: null, message: `gate ${g.gate_id} has never run` });
+      }
+      out.metrics.gates = states;
+    } else out.metrics.gates = null;
+    const outdated = await checkOutdated(out.dependencies ?? [], settings.registryUrl, deps.fetch);
+    for (const f of outdated.findings) add(f);
+    out.metrics.outdated = outdated.metrics;
+  }
+
+  async function emitPhase(tenantId: string, id: string, r: AuditPhaseResult): Promise<void> {
+    await events.append(scopes.audit(id).stream, {
+      tenant_id: tenantId,
+      type: 'audit.phase_done',
+      data: { report_id: id, phase: r.phase, status: r.status, counts: r.counts, score: r.score, duration_ms: r.duration_ms },
+    });
+  }
+
+  const api = {
+    reports,
+    rootOf,
+
+    /** Starts an audit: the report (running) first, then the flow. */
+    async start(tenantId: string, req: AuditRequest): Promise<AuditReport> {
+      let layers: AuditLayer[] | null = null;
+      try {
+        layers = req.layers ? parseLayers(req.layers) : null;
+      } catch (err) {
+        throw new ValidationError(`layers: ${(err as Error).message}`, [{ path: '/layers', message: (err as Error).message }]);
+      }
+      const ws = await rootOf(tenantId, req);
+      const phases = AUDIT_PHASES.filter((p) => !req.phases?.length || req.phases.includes(p));
+      const now = clock.now();
+      const report: AuditReport = {
+        report_id: newId('aud'),
+        workspace: ws.name,
+        phases_requested: phases,
+        started_at: now.toISOString(),
+        finished_at: null,
+        status: 'running',
+        trigger: req.trigger,
+        phases: [],
+        totals: zero(),
+        scores: {},
+        ledger: null,
+      };
+      await reports.create(tenantId, report, { phases, layers }, now.getTime());
+      const data = (phase?: AuditPhase): AuditJob => ({ tenant_id: tenantId, report_id: report.report_id, ...(phase ? { phase } : {}) });
+      flows ??= new FlowProducer({ connection: deps.redis, prefix: queues.prefix });
+      await flows.add({
+        name: 'report',
+        queueName: 'audits',
+        data: data(),
+        opts: { jobId: `${report.report_id}__report`, removeOnComplete: { count: 1000 }, removeOnFail: { count: 5000 } },
+        children: phases.map((phase) => ({
+          name: 'phase',
+          queueName: 'audits',
+          data: data(phase),
+          opts: { jobId: `${report.report_id}__${phase}`, ignoreDependencyOnFailure: true, removeOnComplete: { count: 1000 }, removeOnFail: { count: 5000 } },
+        })),
+      });
+      log.info({ tenant_id: tenantId, report_id: report.report_id, workspace: ws.name, phases }, 'audit started');
+      return report;
+    },
+
+    /** A child job: one phase in the sandbox; its result is kept and streamed at once. Null when the report is over or gone. */
+    async runPhaseJob(tenantId: string, id: string, phase: AuditPhase): Promise<AuditPhaseResult | null> {
+      const got = await reports.get(tenantId, id);
+      if (!got || got.report.status !== 'running') return null;
+      const done = got.report.phases.find((p) => p.phase === phase);
+      if (done) return done; // a redelivered job: the phase already reported
+      const started = performance.now();
+      const controller = new AbortController();
+      const mine = running.get(id) ?? new Set();
+      running.set(id, mine.add(controller));
+      let result: AuditPhaseResult;
+      try {
+        const dir = await dirOf(tenantId, got.report);
+        const out = await runPhase(sandbox, dir, phase, {
+          layers: got.options.layers,
+          timeoutMs: settings.phaseTimeoutSeconds * 1000,
+          signal: controller.signal,
+        });
+        if (phase === 'health') await healthExtras(tenantId, got.report, out);
+        result = {
+          phase,
+          status: 'completed',
+          duration_ms: Math.round(performance.now() - started),
+          findings: out.findings,
+          findings_omitted: out.findings_omitted,
+          counts: out.counts,
+          score: scoreOf(out.counts),
+          metrics: out.metrics,
+          error: null,
+        };
+      } catch (err) {
+        // a phase that cannot run (its folder gone, a crash, its timeout) makes the report partial, not stuck
+        const status = err instanceof PhaseError ? err.status : 'failed';
+        result = {
+          phase,
+          status,
+          duration_ms: Math.round(performance.now() - started),
+          findings: [],
+          findings_omitted: 0,
+          counts: zero(),
+          score: null,
+          metrics: {},
+          error: (err as Error).message,
+        };
+        log.warn({ tenant_id: tenantId, report_id: id, phase, err: result.error }, 'audit phase did not complete');
+      } finally {
+        mine.delete(controller);
+        if (!mine.size) running.delete(id);
+      }
+      if (!(await reports.putPhase(tenantId, id, phase, result))) return null;
+      await emitPhase(tenantId, id, result);
+      return result;
+    },
+
+    /** The parent job: the report from every phase's result (failed when a phase has none), into the ledger, once. */
+    async assemble(tenantId: string, id: string): Promise<AuditReport | null> {
+      const got = await reports.get(tenantId, id);
+      if (!got) {
+        await reports.dropRunning(tenantId, id);
+        return null;
+      }
+      if (got.report.status !== 'running') return got.report;
+      const claim = `${queues.prefix}:audit:assemble:${id}`;
+      if ((await deps.redis.set(claim, '1', 'EX', ASSEMBLE_CLAIM_SECONDS, 'NX')) !== 'OK') return got.report;
+      const at = clock.now().toISOString();
+      const kept = new Map(got.report.phases.map((p) => [p.phase, p]));
+      const phases = got.report.phases_requested.map(
+        (phase): AuditPhaseResult =>
+          kept.get(phase) ?? {
+            phase,
+            status: 'failed',
+            duration_ms: 0,
+            findings: [],
+            findings_omitted: 0,
+            counts: zero(),
+            score: null,
+            metrics: {},
+            error: 'the phase did not report (its job failed or was lost)',
+          },
+      );
+      for (const p of phases) if (!kept.has(p.phase)) await emitPhase(tenantId, id, p);
+      const totals = zero();
+      for (const p of phases) for (const s of SEVERITIES) totals[s] += p.counts[s];
+      const report: AuditReport = {
+        ...got.report,
+        finished_at: at,
+        status: phases.every((p) => p.status === 'completed') ? 'completed' : 'partial',
+        phases,
+        totals,
+        scores: Object.fromEntries(phases.map((p) => [p.phase, p.score])),
+      };
+      const [entry] = await ledger.append(tenantId, [
+        {
+          kind: 'audit.report',
+          subject: { workspace: report.workspace, report_id: id, ...(report.trigger.type === 'run' ? { run_id: report.trigger.run_id } : {}) },
+          payload: {
+            report_id: id,
+            workspace: report.workspace,
+            status: report.status,
+            started_at: report.started_at,
+            finished_at: report.finished_at,
+            trigger: report.trigger,
+            totals,
+            scores: report.scores,
+            phases: phases.map((p) => ({
+              phase: p.phase,
+              status: p.status,
+              counts: p.counts,
+              score: p.score,
+              duration_ms: p.duration_ms,
+              findings_omitted: p.findings_omitted,
+            })),
+            /** the whole report's digest: a copy kept elsewhere can be checked against the ledger */
+            report_digest: sha256Hex(canonicalJson({ ...report, ledger: null })),
+          },
+        },
+      ]);
+      report.ledger = { seq: entry!.seq, hash: entry!.hash };
+      await reports.finish(tenantId, report);
+      await events.append(scopes.audit(id).stream, { tenant_id: tenantId, type: 'audit.finished', data: report });
+      log.info({ tenant_id: tenantId, report_id: id, status: report.status, totals }, 'audit finished');
+      return report;
+    },
+
+    /** The report now; a 404 problem when it is unknown, expired or evicted. */
+    async get(tenantId: string, id: string): Promise<AuditReport> {
+      return (await mustGet(tenantId, id)).report;
+    },
+
+    /**
+     * Waits for a report to be assembled, up to `timeoutMs`; the report as it stands then. An abort ends
+     * the wait, and stops the audit's phases running here unless `keepRunning` (a client that went away).
+     */
+    async wait(tenantId: string, id: string, opts: { timeoutMs: number; signal?: AbortSignal; keepRunning?: boolean }): Promise<AuditReport> {
+      const until = performance.now() + opts.timeoutMs;
+      for (;;) {
+        const { report } = await mustGet(tenantId, id);
+        if (report.status !== 'running' || performance.now() >= until) return report;
+        if (opts.signal?.aborted) {
+          if (!opts.keepRunning) for (const c of running.get(id) ?? []) c.abort();
+          return report;
+        }
+        await new Promise((resolve) => setTimeout(resolve, Math.min(WAIT_POLL_MS, Math.max(1, until - performance.now()))));
+      }
+    },
+
+    /**
+     * Finishes reports whose flow was lost (the process died between the report and the flow, or Redis
+     * lost the jobs) or that ran far past every phase's timeout: a report never stays `running` for good.
+     */
+    async reconcile(olderThanMs = 60_000): Promise<number> {
+      const now = clock.now().getTime();
+      const overdue = now - (2 * settings.phaseTimeoutSeconds * 1000 + 300_000);
+      let repaired = 0;
+      for (const { tenantId, id, startedMs } of await reports.listRunning(now - olderThanMs, 200)) {
+        const parent = await queues.get('audits').getJob(`${id}__report`);
+        const state = parent ? await parent.getState() : 'missing';
+        if (state !== 'missing' && state !== 'failed' && state !== 'unknown' && startedMs > overdue) continue;
+        await api.assemble(tenantId, id);
+        repaired++;
+      }
+      if (repaired) log.warn({ repaired }, 'reconciler finished audits whose flow was lost');
+      return repaired;
+    },
+
+    async close(): Promise<void> {
+      await flows?.close();
+    },
+  };
+  return api;
+}
+
+export type Audits = ReturnType<typeof auditsOf>;

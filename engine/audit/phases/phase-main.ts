@@ -1,0 +1,37 @@
+// The process of one audit phase, started by the service in the sandbox with the workspace as its
+// working folder (read-only): `node phase-main.js <phase> <options as JSON>`. It
+// prints one JSON line (PhaseOutput) and exits 0, or prints why it failed on stderr and exits 1.
+import type { AuditOptions, AuditPhase } from '../../platform/index.js';
+import { architecturePhase } from './architecture.js';
+import { healthPhase } from './health.js';
+import { sanityPhase } from './sanity.js';
+import { securityPhase } from './security.js';
+import { Findings, openWorkspace, type PhaseOutput } from './workspace.js';
+
+/** the findings a phase lists; more are counted, not listed (a report stays a few MB at most) */
+export const FINDINGS_CAP = 1000;
+
+async function main(phase: AuditPhase, options: Pick<AuditOptions, 'layers'>): Promise<PhaseOutput> {
+  const ws = await openWorkspace(process.cwd());
+  const findings = new Findings(FINDINGS_CAP);
+  let metrics: PhaseOutput['metrics'];
+  let dependencies: PhaseOutput['dependencies'];
+  if (phase === 'security') metrics = await securityPhase(ws, findings);
+  else if (phase === 'architecture') metrics = await architecturePhase(ws, findings, options.layers);
+  else if (phase === 'sanity') metrics = await sanityPhase(ws, findings);
+  else if (phase === 'health') ({ metrics, dependencies } = await healthPhase(ws, findings));
+  else throw new Error(`no phase ${String(phase)}`);
+  if (ws.truncated) metrics.files_truncated_at = ws.files.length;
+  const { findings: listed, omitted } = findings.result();
+  return { findings: listed, findings_omitted: omitted, counts: findings.counts, metrics, ...(dependencies ? { dependencies } : {}) };
+}
+
+const phase = process.argv[2] as AuditPhase;
+const options = JSON.parse(process.argv[3] ?? '{}') as Pick<AuditOptions, 'layers'>;
+main(phase, { layers: options.layers ?? null }).then(
+  (out) => process.stdout.write(`${JSON.stringify(out)}\n`),
+  (err: unknown) => {
+    process.stderr.write(`${(err as Error)?.stack ?? String(err)}\n`);
+    process.exitCode = 1;
+  },
+);

@@ -1,0 +1,155 @@
+// What a phase sees of the workspace: its files (those git knows, tracked and untracked but not
+// ignored; every file under the root outside a repository), read without following a link out of
+// the root, and its git state. This runs inside the audit's sandbox, as the phase's own process:
+// git is started with the repository's config unable to name programs, and nothing here writes.
+import { execFile } from 'node:child_process';
+import { constants } from 'node:fs';
+import fs from 'node:fs/promises';
+import path from 'node:path';
+import type { AuditFinding, Severity } from '../../platform/index.js';
+
+const GIT = ['--no-optional-locks', '-c', 'safe.directory=*', '-c', 'core.fsmonitor=false', '-c', 'core.hooksPath=/dev/null'];
+const SKIPPED_DIRS = new Set(['node_modules', '.git']);
+/** a tree larger than this is audited on its first files (the metric says so) */
+export const MAX_FILES = 100_000;
+
+export type GitInfo = {
+  commit: string | null;
+  /** the branch HEAD names; null when HEAD is detached */
+  branch: string | null;
+  detached: boolean;
+  /** paths with uncommitted changes (staged, unstaged or untracked) */
+  changed: string[];
+};
+
+export type Workspace = {
+  root: string;
+  files: string[];
+  /** files git tracks; null outside a repository */
+  tracked: Set<string> | null;
+  git: GitInfo | null;
+  truncated: boolean;
+};
+
+function git(root: string, args: string[]): Promise<string | null> {
+  return new Promise((resolve) => {
+    execFile(
+      'git',
+      [...GIT, ...args],
+      { cwd: root, maxBuffer: 256 * 1024 * 1024, env: { PATH: '/usr/local/bin:/usr/bin:/bin', HOME: '/tmp' } },
+      (err, stdout) => resolve(err ? null : stdout),
+    );
+  });
+}
+
+const insideTree = (rel: string) => rel !== '' && !path.isAbsolute(rel) && !rel.split('/').some((p) => p === '..' || SKIPPED_DIRS.has(p));
+
+async function crawl(root: string): Promise<string[]> {
+  const out: string[] = [];
+  const walk = async (rel: string) => {
+    if (out.length >= MAX_FILES) return;
+    const entries = await fs.readdir(path.join(root, rel), { withFileTypes: true }).catch(() => []);
+    for (const e of entries) {
+      const child = rel ? `${rel}/${e.name}` : e.name;
+      if (e.isDirectory() && !SKIPPED_DIRS.has(e.name)) await walk(child);
+      else if (e.isFile()) out.push(child);
+    }
+  };
+  await walk('');
+  return out;
+}
+
+export async function openWorkspace(root: string): Promise<Workspace> {
+  const isRepo = Boolean(await fs.lstat(path.join(root, '.git')).catch(() => null));
+  if (isRepo) {
+    const [cached, others, head, branch, status] = await Promise.all([
+      git(root, ['ls-files', '-z', '--cached']),
+      git(root, ['ls-files', '-z', '--others', '--exclude-standard']),
+      git(root, ['rev-parse', '--verify', '-q', 'HEAD']),
+      git(root, ['symbolic-ref', '-q', '--short', 'HEAD']),
+      git(root, ['status', '--porcelain=v1', '-z', '--untracked-files=normal']),
+    ]);
+    if (cached !== null && others !== null) {
+      const tracked = new Set(cached.split('\0').filter(insideTree));
+      const files = [...new Set([...tracked, ...others.split('\0').filter(insideTree)])].sort();
+      const changed = (status ?? '')
+        .split('\0')
+        .filter((l) => /^[ MADRCUT?!]{2} ./.test(l))
+        .map((l) => l.slice(3));
+      return {
+        root,
+        files: files.slice(0, MAX_FILES),
+        tracked,
+        git: { commit: head?.trim() || null, branch: branch?.trim() || null, detached: Boolean(head?.trim()) && !branch?.trim(), changed },
+        truncated: files.length > MAX_FILES,
+      };
+    }
+  }
+  const files = (await crawl(root)).sort();
+  return { root, files, tracked: null, git: null, truncated: files.length >= MAX_FILES };
+}
+
+const realDirs = new Map<string, Promise<string | null>>();
+
+/**
+ * A file's bytes when it is a regular file whose folder resolves inside the root (no link on the way
+ * out), at most `maxBytes`; null otherwise. The file itself is opened without following a link.
+ */
+export async function readInside(root: string, rel: string, maxBytes: number): Promise<Buffer | null> {
+  const dir = path.dirname(path.join(root, rel));
+  let real = realDirs.get(dir);
+  if (!real) realDirs.set(dir, (real = fs.realpath(dir).catch(() => null)));
+  const r = await real;
+  if (!r || (r !== root && !r.startsWith(root + path.sep))) return null;
+  const handle = await fs.open(path.join(root, rel), constants.O_RDONLY | constants.O_NOFOLLOW).catch(() => null);
+  if (!handle) return null;
+  try {
+    const st = await handle.stat();
+    if (!st.isFile() || st.size > maxBytes) return null;
+    return await handle.readFile();
+  } finally {
+    await handle.close();
+  }
+}
+
+/** A file's text, or null when it is not a text file inside (binary: a NUL in its first 8 KiB). */
+export async function readText(root: string, rel: string, maxBytes: number): Promise<string | null> {
+  const bytes = await readInside(root, rel, maxBytes);
+  if (!bytes || bytes.subarray(0, 8192).includes(0)) return null;
+  return bytes.toString('utf8');
+}
+
+/** Findings of one phase, at most `cap` listed (the worst kept when there are more); the rest counted. */
+export class Findings {
+  private readonly list: AuditFinding[] = [];
+  private readonly counted = { critical: 0, high: 0, medium: 0, low: 0, info: 0 };
+  constructor(private readonly cap: number) {}
+
+  add(rule: string, severity: Severity, file: string | null, line: number | null, message: string): void {
+    this.counted[severity]++;
+    this.list.push({ rule, severity, file, line, message });
+  }
+
+  get counts(): Record<Severity, number> {
+    return { ...this.counted };
+  }
+
+  /** the findings to report, worst first, and how many were left out */
+  result(): { findings: AuditFinding[]; omitted: number } {
+    const order = ['critical', 'high', 'medium', 'low', 'info'];
+    const sorted = [...this.list].sort(
+      (a, b) => order.indexOf(a.severity) - order.indexOf(b.severity) || (a.file ?? '').localeCompare(b.file ?? '') || (a.line ?? 0) - (b.line ?? 0),
+    );
+    return { findings: sorted.slice(0, this.cap), omitted: Math.max(0, sorted.length - this.cap) };
+  }
+}
+
+/** What a phase's process prints: its findings, its metrics, and what the service checks outside the sandbox. */
+export type PhaseOutput = {
+  findings: AuditFinding[];
+  findings_omitted: number;
+  counts: Record<Severity, number>;
+  metrics: Record<string, unknown>;
+  /** health: the declared dependencies, for the registry check the service makes (the sandbox has no network) */
+  dependencies?: { name: string; range: string; locked: string | null }[];
+};

@@ -1,0 +1,97 @@
+// Audit reports in Redis, so any web process can answer a fetch: one hash per report (its head, then
+// each phase's result as it ends; the whole report once assembled), kept for a TTL, and a capped
+// index per tenant (the oldest reports beyond the cap are dropped). Keys carry the tenant, so one
+// tenant cannot name another's report. A set of running reports lets the reconciler finish those
+// whose flow was lost.
+import type { AuditOptions, AuditPhase, AuditPhaseResult, AuditReport, Redis } from '../platform/index.js';
+
+export type ReportStoreSettings = { ttlSeconds: number; maxPerTenant: number; prefix: string };
+
+/** a running report outlives a long audit; once assembled it is kept for the TTL */
+const RUNNING_GRACE_SECONDS = 6 * 3600;
+
+// writes a phase only while the report exists (an evicted report is not brought back by a late phase)
+const PUT_IF_EXISTS = `if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return 1`;
+
+type ReportRedis = Redis & { auditPutIfExists(key: string, field: string, value: string): Promise<number> };
+
+export function reportStoreOf(redis: Redis, settings: ReportStoreSettings) {
+  const { prefix, ttlSeconds, maxPerTenant } = settings;
+  if (!('auditPutIfExists' in redis)) redis.defineCommand('auditPutIfExists', { numberOfKeys: 1, lua: PUT_IF_EXISTS });
+  const r = redis as ReportRedis;
+  // {tenant} is a hash tag: a tenant's reports and its index live in one Redis Cluster slot
+  const key = (tenantId: string, id: string) => `${prefix}:audit:{${tenantId}}:${id}`;
+  const index = (tenantId: string) => `${prefix}:audit-index:{${tenantId}}`;
+  const running = `${prefix}:audit-running`;
+  const member = (tenantId: string, id: string) => `${tenantId}\n${id}`;
+
+  /** drops what expired from the index, then the oldest reports beyond the cap */
+  async function trim(tenantId: string, nowMs: number): Promise<void> {
+    await redis.zremrangebyscore(index(tenantId), '-inf', nowMs - (ttlSeconds + RUNNING_GRACE_SECONDS) * 1000);
+    const excess = (await redis.zcard(index(tenantId))) - maxPerTenant;
+    if (excess <= 0) return;
+    const evicted = await redis.zrange(index(tenantId), 0, excess - 1);
+    const m = redis.multi();
+    for (const id of evicted) m.del(key(tenantId, id)).zrem(running, member(tenantId, id));
+    m.zrem(index(tenantId), ...evicted);
+    await m.exec();
+  }
+
+  return {
+    ttlSeconds,
+    maxPerTenant,
+
+    async create(tenantId: string, report: AuditReport, options: AuditOptions, nowMs: number): Promise<void> {
+      await redis
+        .multi()
+        .hset(key(tenantId, report.report_id), 'head', JSON.stringify(report), 'options', JSON.stringify(options))
+        .expire(key(tenantId, report.report_id), ttlSeconds + RUNNING_GRACE_SECONDS)
+        .zadd(index(tenantId), nowMs, report.report_id)
+        .zadd(running, nowMs, member(tenantId, report.report_id))
+        .exec();
+      await trim(tenantId, nowMs);
+    },
+
+    /** the report as it stands: while it runs, its head with the phases ended so far */
+    async get(tenantId: string, id: string): Promise<{ report: AuditReport; options: AuditOptions } | null> {
+      const h = await redis.hgetall(key(tenantId, id));
+      if (!h.head) return null;
+      const report = JSON.parse(h.head) as AuditReport;
+      if (report.status === 'running')
+        report.phases = report.phases_requested.flatMap((p) => (h[`phase:${p}`] ? [JSON.parse(h[`phase:${p}`]!) as AuditPhaseResult] : []));
+      return { report, options: JSON.parse(h.options ?? '{"phases":[],"layers":null}') as AuditOptions };
+    },
+
+    /** keeps a phase's result; false when the report is gone (expired or evicted) */
+    async putPhase(tenantId: string, id: string, phase: AuditPhase, result: AuditPhaseResult): Promise<boolean> {
+      return (await r.auditPutIfExists(key(tenantId, id), `phase:${phase}`, JSON.stringify(result))) === 1;
+    },
+
+    /** the assembled report replaces the head, kept for the TTL from now */
+    async finish(tenantId: string, report: AuditReport): Promise<boolean> {
+      const kept = (await r.auditPutIfExists(key(tenantId, report.report_id), 'head', JSON.stringify(report))) === 1;
+      await redis.multi().expire(key(tenantId, report.report_id), ttlSeconds).zrem(running, member(tenantId, report.report_id)).exec();
+      return kept;
+    },
+
+    /** reports still running that started before `beforeMs`, oldest first */
+    async listRunning(beforeMs: number, limit: number): Promise<{ tenantId: string; id: string; startedMs: number }[]> {
+      const flat = await redis.zrangebyscore(running, '-inf', beforeMs, 'WITHSCORES', 'LIMIT', 0, limit);
+      const out: { tenantId: string; id: string; startedMs: number }[] = [];
+      for (let i = 0; i < flat.length; i += 2) {
+        const [tenantId, id] = flat[i]!.split('\n') as [string, string];
+        out.push({ tenantId, id, startedMs: Number(flat[i + 1]) });
+      }
+      return out;
+    },
+
+    /** forgets a running report that no longer exists */
+    async dropRunning(tenantId: string, id: string): Promise<void> {
+      await redis.zrem(running, member(tenantId, id));
+    },
+  };
+}
+
+export type ReportStore = ReturnType<typeof reportStoreOf>;

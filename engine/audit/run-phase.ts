@@ -1,0 +1,83 @@
+// Starts one phase's process (phases/phase-main) in the sandbox: the workspace read-only, the
+// service's code and its node_modules read-only at their own paths, no network, the phase's timeout.
+import fs from 'node:fs';
+import { createRequire } from 'node:module';
+import path from 'node:path';
+import { fileURLToPath, pathToFileURL } from 'node:url';
+import type { AuditLayer, AuditPhase } from '../platform/index.js';
+import { runProcess, type Sandbox } from '../tools/index.js';
+import type { PhaseOutput } from './phases/workspace.js';
+
+const here = fileURLToPath(import.meta.url);
+/** `.ts` under tsx (development and tests), `.js` once built */
+const ext = path.extname(here);
+const entry = path.join(path.dirname(here), 'phases', `phase-main${ext}`);
+/** the folder holding `engine/` (the checkout, or its dist/) and the package root above it */
+const codeRoot = path.dirname(path.dirname(path.dirname(here)));
+const packageRoot = fs.existsSync(path.join(codeRoot, 'package.json')) ? codeRoot : path.dirname(codeRoot);
+const OUTPUT_MAX_BYTES = 64 * 1024 * 1024;
+
+export class PhaseError extends Error {
+  constructor(
+    readonly status: 'failed' | 'timed_out',
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+/**
+ * The sandbox limits a phase's address space (not only what it uses): WebAssembly's guard regions
+ * reserve more than the limit (tsx and some parsers load wasm), so wasm goes without its trap handler
+ * (bounds checks instead); and glibc's malloc arenas, up to 8 per core of 64 MB each, are capped so
+ * that a many-core machine does not spend the limit on reservations (V8 then fails "out of memory").
+ */
+const NODE = [process.execPath, '--disable-wasm-trap-handler'];
+const ENV = { PATH: '/usr/local/bin:/usr/bin:/bin', HOME: '/tmp', MALLOC_ARENA_MAX: '2' };
+
+function command(): { argv: string[]; env: Record<string, string>; binds: string[] } {
+  const binds = [path.join(codeRoot, 'engine'), path.join(packageRoot, 'node_modules'), path.join(packageRoot, 'package.json')];
+  if (ext !== '.ts') return { argv: [...NODE, entry], env: {}, binds };
+  // under tsx: its loader by its own path (the workspace has none), with the service's tsconfig, not the workspace's
+  const tsconfig = path.join(packageRoot, 'tsconfig.json');
+  return {
+    argv: [...NODE, '--import', pathToFileURL(createRequire(import.meta.url).resolve('tsx')).href, entry],
+    env: { TSX_TSCONFIG_PATH: tsconfig },
+    binds: [...binds, tsconfig],
+  };
+}
+
+export async function runPhase(
+  sandbox: Sandbox,
+  root: string,
+  phase: AuditPhase,
+  opts: { layers: AuditLayer[] | null; timeoutMs: number; signal?: AbortSignal },
+): Promise<PhaseOutput> {
+  const { argv, env, binds } = command();
+  const r = await runProcess(sandbox, [...argv, phase, JSON.stringify({ layers: opts.layers })], {
+    workspace: root,
+    readOnly: true,
+    readOnlyBinds: binds,
+    env: { ...ENV, ...env },
+    network: false,
+    maxBytes: OUTPUT_MAX_BYTES,
+    timeoutMs: opts.timeoutMs,
+    signal: opts.signal,
+  });
+  if (r.timed_out) throw new PhaseError('timed_out', `the ${phase} phase did not end within ${Math.round(opts.timeoutMs / 1000)} s`);
+  if (r.exit_code !== 0 || r.truncated) {
+    // the line that says what went wrong: a fatal error (out of memory) or a thrown error, else the first
+    const lines = r.stderr
+      .split('\n')
+      .map((l) => l.trim())
+      .filter(Boolean);
+    const said = lines.find((l) => /FATAL ERROR|^\w*Error\b/.test(l)) ?? lines[0];
+    const why = r.truncated ? 'its output was too large' : (said ?? `it exited ${r.exit_code ?? r.signal}`);
+    throw new PhaseError('failed', `the ${phase} phase failed: ${why.slice(0, 500)}`);
+  }
+  try {
+    return JSON.parse(r.stdout) as PhaseOutput;
+  } catch {
+    throw new PhaseError('failed', `the ${phase} phase printed no report`);
+  }
+}

@@ -1,0 +1,310 @@
+// The workspace audit through the service: its three routes, the flow of four phases (each in the
+// sandbox), the report in Redis (expiry, eviction, tenants), the stream (order, resume) and the
+// evidence ledger; the `audit` tool through the nightly-audit template.
+import { spawnSync } from 'node:child_process';
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import fs from 'node:fs/promises';
+import path from 'node:path';
+import { expect } from 'chai';
+import { EventSource } from 'eventsource';
+import { PROJECT_ROOT } from '../../config/paths.js';
+import { newId } from '../../engine/platform/index.js';
+import { eventually, finishedRun, KEYS, startHarness, type Harness } from '../support/harness.js';
+import { makeFlawedProject, PLANTED_TOKEN } from '../support/projects.js';
+
+type Body = Record<string, any>;
+
+const rulesOf = (report: Body, phase: string): string[] => report.phases.find((p: Body) => p.phase === phase).findings.map((f: Body) => f.rule);
+
+/** A registry that knows one package's latest version. */
+async function fakeRegistry(): Promise<{ url: string; asked: string[]; close(): Promise<void> }> {
+  const asked: string[] = [];
+  const server = http.createServer((req, res) => {
+    asked.push(decodeURIComponent(req.url!.slice(1)));
+    if (req.url === '/semver') res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ 'dist-tags': { latest: '8.1.0' } }));
+    else res.writeHead(404).end();
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  return { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, asked, close: () => new Promise((r) => server.close(() => r())) };
+}
+
+/** The events of an audit stream through a real SSE client, until its `report` (or an error). */
+function watch(url: string, init: { key?: string; lastEventId?: string; headers?: Record<string, string> } = {}) {
+  const events: { name: string; id: string; data: Body }[] = [];
+  const es = new EventSource(url, {
+    fetch: (input, i) =>
+      fetch(input, {
+        ...i,
+        headers: {
+          ...(i?.headers as Record<string, string>),
+          ...init.headers,
+          authorization: `Bearer ${init.key ?? KEYS.a}`,
+          ...(init.lastEventId ? { 'last-event-id': init.lastEventId } : {}),
+        },
+      }),
+  });
+  let failed: unknown = null;
+  for (const name of ['phase_done', 'report'])
+    es.addEventListener(name, (e) => {
+      events.push({ name, id: e.lastEventId, data: JSON.parse(e.data) });
+      if (name === 'report') es.close();
+    });
+  es.onerror = (e) => {
+    failed = e;
+    es.close();
+  };
+  return { es, events, failed: () => failed };
+}
+
+describe('workspace audit', function () {
+  this.timeout(120_000);
+  let h: Harness;
+  let registry: Awaited<ReturnType<typeof fakeRegistry>>;
+  before(async () => {
+    registry = await fakeRegistry();
+    h = await startHarness({ env: { SERVICE_AUDIT_REGISTRY_URL: registry.url } });
+    await makeFlawedProject(h.tenantDir());
+  });
+  after(async () => {
+    await h.close();
+    await registry.close();
+  });
+
+  it("runs the four phases on the tenant's workspace and answers the report, with every planted flaw found and no secret shown", async () => {
+    const res = await h.call<Body>('POST', '/api/v1/autonomy/workspace-audit/run', { body: { timeout_seconds: 120 } });
+    expect(res.status, res.text).to.equal(200);
+    const report = res.body;
+    expect(report).to.deep.include({ status: 'completed', workspace: '.', phases_requested: ['security', 'architecture', 'sanity', 'health'] });
+    expect(report.phases.map((p: Body) => [p.phase, p.status])).to.deep.equal([
+      ['security', 'completed'],
+      ['architecture', 'completed'],
+      ['sanity', 'completed'],
+      ['health', 'completed'],
+    ]);
+    expect(rulesOf(report, 'security')).to.include.members(['secret:github', 'env-file-committed', 'script-pipes-download-to-shell', 'world-writable']);
+    expect(rulesOf(report, 'architecture')).to.include.members([
+      'import-cycle',
+      'orphan-module',
+      'undeclared-package',
+      'unresolvable-import',
+      'layer-violation',
+    ]);
+    expect(rulesOf(report, 'sanity')).to.include.members(['lockfile-mismatch', 'license-copyleft', 'no-readme', 'no-tests', 'uncommitted-changes']);
+    expect(rulesOf(report, 'health')).to.include.members(['marker-todo', 'marker-fixme', 'outdated-major']);
+    const health = report.phases.find((p: Body) => p.phase === 'health');
+    expect(health.metrics.outdated).to.deep.include({ status: 'checked', outdated: 1 });
+    expect(registry.asked).to.include('semver');
+    // the token is found and never shown: not in the report, nor in a log line
+    expect(JSON.stringify(report)).not.to.contain(PLANTED_TOKEN);
+    expect(h.logs.join('')).not.to.contain(PLANTED_TOKEN);
+    const secret = report.phases[0].findings.find((f: Body) => f.rule === 'secret:github' && f.file === 'src/config.ts');
+    expect(secret).to.deep.include({ severity: 'critical', line: 1 });
+    // totals and scores add up
+    const critical = report.phases.reduce((n: number, p: Body) => n + p.counts.critical, 0);
+    expect(report.totals.critical).to.equal(critical).and.be.greaterThan(0);
+    expect(report.scores.security).to.be.lessThan(100);
+    expect(report.scores).to.have.all.keys('security', 'architecture', 'sanity', 'health');
+
+    // the flow: a parent job and a child per phase, named by the report
+    const queue = h.rt.queues.get('audits');
+    for (const id of ['security', 'architecture', 'sanity', 'health', 'report'])
+      expect(await (await queue.getJob(`${report.report_id}__${id}`))?.getState(), id).to.equal('completed');
+    // the summary is in the evidence ledger, and names the report
+    const entry = (await h.rt.store.evidence.list('tenant-a', { afterSeq: report.ledger.seq - 1, limit: 1 }))[0]!;
+    expect(entry).to.deep.include({ kind: 'audit.report', hash: report.ledger.hash });
+    expect(entry.subject).to.deep.include({ report_id: report.report_id, workspace: '.' });
+    // a re-fetch from the cache is the same report
+    const again = await h.call<Body>('GET', `/api/v1/autonomy/workspace-audit/${report.report_id}`);
+    expect(again.status).to.equal(200);
+    expect(again.body).to.deep.equal(report);
+  });
+
+  it("keeps tenants apart: another tenant's report is a 404", async () => {
+    const res = await h.call<Body>('POST', '/api/v1/autonomy/workspace-audit/run', { body: { phases: ['sanity'] } });
+    expect(res.status, res.text).to.equal(200);
+    const other = await h.call<Body>('GET', `/api/v1/autonomy/workspace-audit/${res.body.report_id}`, { key: KEYS.b });
+    expect(other.status).to.equal(404);
+    expect(other.body.code).to.equal('not-found');
+  });
+
+  it('answers 202 with where to fetch the report when it is not done in time, and the audit goes on', async () => {
+    const res = await h.call<Body>('POST', '/api/v1/autonomy/workspace-audit/run', { body: { timeout_seconds: 0, phases: ['architecture', 'health'] } });
+    expect(res.status, res.text).to.equal(202);
+    expect(res.body.status).to.equal('running');
+    expect(res.headers.get('location')).to.equal(`/api/v1/autonomy/workspace-audit/${res.body.report_id}`);
+    const done = await eventually(
+      async () => {
+        const r = await h.call<Body>('GET', res.body.location);
+        return r.body.status === 'completed' ? r.body : null;
+      },
+      'the report',
+      60_000,
+    );
+    expect(done.phases.map((p: Body) => p.phase)).to.deep.equal(['architecture', 'health']);
+  });
+
+  it('streams one phase_done per phase, then the report; a client that reconnects with Last-Event-ID resumes that audit', async () => {
+    const first = watch(`${h.url}/api/v1/autonomy/workspace-audit/stream?phases=security,sanity,health`);
+    await eventually(() => first.events.length >= 1 || first.failed(), 'the first phase');
+    first.es.close();
+    expect(first.failed()).to.equal(null);
+    const seen = first.events[0]!;
+    expect(seen.name).to.equal('phase_done');
+    const reportId = seen.data.data.report_id as string;
+    expect(seen.id).to.match(new RegExp(`^${reportId}/\\d+-\\d+$`));
+    expect(seen.data.data).to.have.all.keys('report_id', 'phase', 'status', 'counts', 'score', 'duration_ms');
+
+    const resumed = watch(`${h.url}/api/v1/autonomy/workspace-audit/stream?phases=security,sanity,health`, { lastEventId: seen.id });
+    await eventually(() => resumed.events.some((e) => e.name === 'report') || resumed.failed(), 'the report', 60_000);
+    expect(resumed.failed()).to.equal(null);
+    // the rest of that audit, nothing twice: the phases not seen yet, then the report
+    const names = [seen, ...resumed.events].map((e) => (e.name === 'report' ? 'report' : e.data.data.phase));
+    expect(names.slice(0, 3)).to.have.members(['security', 'sanity', 'health']);
+    expect(names.slice(3)).to.deep.equal(['report']);
+    const report = resumed.events.at(-1)!.data.data;
+    expect(report.report_id).to.equal(reportId);
+    expect(report.status).to.equal('completed');
+    // no other audit was started by the reconnect
+    expect(resumed.events.every((e) => (e.name === 'report' ? e.data.data.report_id : e.data.data.report_id) === reportId)).to.equal(true);
+  });
+
+  it('audits the folder the X-Service-Workspace-Root header names: this very checkout', async () => {
+    const res = await h.call<Body>('POST', '/api/v1/autonomy/workspace-audit/run', {
+      headers: { 'x-service-workspace-root': PROJECT_ROOT },
+      body: { timeout_seconds: 120 },
+    });
+    expect(res.status, res.text).to.equal(200);
+    expect(res.body.workspace).to.equal(await fs.realpath(PROJECT_ROOT));
+    expect(res.body.status, JSON.stringify(res.body.phases.map((p: Body) => p.error))).to.equal('completed');
+    const arch = res.body.phases.find((p: Body) => p.phase === 'architecture');
+    expect(arch.metrics.modules).to.be.greaterThan(150);
+    expect(rulesOf(res.body, 'architecture')).not.to.include.members(['import-cycle', 'undeclared-package', 'unresolvable-import']);
+    expect(res.body.totals.critical).to.equal(0);
+    const sanity = res.body.phases.find((p: Body) => p.phase === 'sanity');
+    expect(sanity.metrics).to.deep.include({ manifest: 'package.json', lockfile: 'package-lock.json', readme: 'README.md' });
+  });
+
+  it('refuses /etc and its look-alikes with a 403 problem, and what is not a folder with a 400; nothing is started', async () => {
+    const link = path.join(h.tenantDir(), 'etc-link');
+    await fs.symlink('/etc', link);
+    try {
+      for (const root of ['/etc', '/proc/self/root/etc', link, `${h.tenantDir()}/../../../../../../etc`, '/sys/kernel']) {
+        const res = await h.call<Body>('POST', '/api/v1/autonomy/workspace-audit/run', { headers: { 'x-service-workspace-root': root } });
+        expect(res.status, `${root}: ${res.text}`).to.equal(403);
+        expect(res.body.code).to.equal('path-not-permitted');
+      }
+      const missing = await h.call<Body>('POST', '/api/v1/autonomy/workspace-audit/run', { headers: { 'x-service-workspace-root': '/no/such/folder' } });
+      expect(missing.status).to.equal(400);
+      const badLayer = await h.call<Body>('POST', '/api/v1/autonomy/workspace-audit/run', { body: { layers: [{ name: 'x', path: '([' }] } });
+      expect(badLayer.status, badLayer.text).to.equal(400);
+      expect(badLayer.body.errors[0].path).to.equal('/layers');
+      const stream = await fetch(`${h.url}/api/v1/autonomy/workspace-audit/stream`, {
+        headers: { authorization: `Bearer ${KEYS.a}`, 'x-service-workspace-root': '/etc' },
+      });
+      expect(stream.status).to.equal(403);
+    } finally {
+      await fs.rm(link);
+    }
+  });
+
+  it('runs as the `audit` step of the nightly-audit template, and the run keeps the report id', async () => {
+    const a = await h.call<Body>('POST', '/api/v1/automations/templates/instantiate', { body: { template_id: 'nightly-audit' } });
+    expect(a.status, a.text).to.equal(201);
+    const started = await h.call<Body>('POST', '/api/v1/automations/run', { body: { automation_id: a.body.id } });
+    expect(started.status, started.text).to.equal(202);
+    const run = await finishedRun(h, started.body.run.id);
+    expect(run.status, JSON.stringify(run.error)).to.equal('succeeded');
+    const step = run.steps[0];
+    expect(step.tool).to.equal('audit');
+    expect(step.output.status).to.equal('completed');
+    const report = await h.call<Body>('GET', `/api/v1/autonomy/workspace-audit/${step.output.report_id}`);
+    expect(report.body.trigger).to.deep.equal({ type: 'run', run_id: run.id, session_id: run.session_id });
+    expect(report.body.totals).to.deep.equal(step.output.totals);
+  });
+});
+
+describe('workspace audit reports: expiry, eviction and phases that do not complete', function () {
+  this.timeout(60_000);
+  let h: Harness;
+  before(async () => {
+    h = await startHarness({ env: { SERVICE_AUDIT_REPORT_TTL_SECONDS: '2', SERVICE_AUDIT_REPORTS_MAX: '2', SERVICE_AUDIT_REGISTRY_URL: 'none' } });
+    await makeFlawedProject(h.tenantDir());
+  });
+  after(async () => {
+    await h.close();
+  });
+
+  it('drops the oldest report beyond the cap and every report after its TTL: a 404 that says how long reports are kept', async () => {
+    const ids: string[] = [];
+    for (let i = 0; i < 3; i++) {
+      const res = await h.call<Body>('POST', '/api/v1/autonomy/workspace-audit/run', { body: { phases: ['sanity'] } });
+      expect(res.status, res.text).to.equal(200);
+      ids.push(res.body.report_id);
+    }
+    const evicted = await h.call<Body>('GET', `/api/v1/autonomy/workspace-audit/${ids[0]}`);
+    expect(evicted.status).to.equal(404);
+    expect(evicted.body.detail).to.contain('kept for 2 s').and.contain('the last 2 per tenant');
+    expect((await h.call('GET', `/api/v1/autonomy/workspace-audit/${ids[2]}`)).status).to.equal(200);
+    await eventually(async () => (await h.call('GET', `/api/v1/autonomy/workspace-audit/${ids[2]}`)).status === 404, 'the TTL', 5000);
+  });
+
+  it('makes the report partial, not stuck, when a phase dies: the others complete, the dead one says why', async () => {
+    const res = await h.call<Body>('POST', '/api/v1/autonomy/workspace-audit/run', { body: { phases: ['sanity', 'architecture'], timeout_seconds: 0 } });
+    expect(res.status).to.equal(202);
+    // the architecture phase's process (in its sandbox) is killed while it runs
+    const pid = await eventually(
+      () => spawnSync('pgrep', ['-f', 'phase-main.ts architecture'], { encoding: 'utf8' }).stdout.trim().split('\n')[0],
+      'the phase process',
+    );
+    process.kill(Number(pid), 'SIGKILL');
+    const report = await eventually(
+      async () => {
+        const r = await h.call<Body>('GET', res.body.location);
+        return r.body.status !== 'running' ? r.body : null;
+      },
+      'the report',
+      30_000,
+    );
+    expect(report.status).to.equal('partial');
+    const [arch, sanity] = report.phases;
+    expect(sanity).to.deep.include({ phase: 'sanity', status: 'completed' });
+    expect(arch).to.deep.include({ phase: 'architecture', status: 'failed', score: null });
+    expect(arch.error).to.contain('the architecture phase failed');
+    expect(report.scores).to.deep.include({ architecture: null });
+  });
+
+  it('finishes a report whose flow was lost: the reconciler assembles it, partial, and the ledger has it', async () => {
+    const audits = h.rt.engine.audits;
+    const now = Date.now();
+    const report_id = newId('aud');
+    await audits.reports.create(
+      'tenant-a',
+      {
+        report_id,
+        workspace: '.',
+        phases_requested: ['security', 'health'],
+        started_at: new Date(now).toISOString(),
+        finished_at: null,
+        status: 'running',
+        trigger: { type: 'api', request_id: 'lost' },
+        phases: [],
+        totals: { critical: 0, high: 0, medium: 0, low: 0, info: 0 },
+        scores: {},
+        ledger: null,
+      },
+      { phases: ['security', 'health'], layers: null },
+      now,
+    );
+    expect(await audits.reconcile(0)).to.equal(1);
+    const got = await h.call<Body>('GET', `/api/v1/autonomy/workspace-audit/${report_id}`);
+    expect(got.body.status).to.equal('partial');
+    expect(got.body.phases.map((p: Body) => [p.phase, p.status])).to.deep.equal([
+      ['security', 'failed'],
+      ['health', 'failed'],
+    ]);
+    expect(got.body.ledger.seq).to.be.a('number');
+    // once finished, it is not repaired again
+    expect(await audits.reconcile(0)).to.equal(0);
+  });
+});
