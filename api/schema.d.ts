@@ -3159,6 +3159,8 @@ export interface operations {
                 workspace?: components["parameters"]["WorkspaceQuery"];
                 /** @description The phases to run, comma-separated or repeated; default all four. */
                 phases?: components["schemas"]["AuditPhase"][];
+                /** @description The POST's `layers`, as JSON, for example `[{"name":"api","path":"^src/api/","may_import":["core"]}]`. */
+                layers?: string;
                 last_event_id?: components["schemas"]["AuditEventId"];
             };
             header?: {

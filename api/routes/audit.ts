@@ -1,7 +1,7 @@
 // /api/v1/autonomy/workspace-audit: run the audit and answer its report (or a 202 past the timeout),
 // stream it per phase (resumable: the event ids name the report), and fetch a recent report.
 import { Router, type Request } from 'express';
-import { scopes, type AuditPhase, type EventHub } from '../../engine/platform/index.js';
+import { scopes, ValidationError, type AuditPhase, type EventHub } from '../../engine/platform/index.js';
 import type { Engine } from '../../engine/index.js';
 import { tenantOf } from '../auth.js';
 import type { components } from '../schema.js';
@@ -59,12 +59,19 @@ export function auditRouter(engine: Engine, opts: { hub: EventHub; heartbeatMs: 
       [reportId, afterId] = resumeFrom.split('/') as [string, string];
       await engine.audits.get(tenantId, reportId);
     } else {
-      const q = req.query as { workspace?: string; phases?: AuditPhase[] };
+      const q = req.query as { workspace?: string; phases?: AuditPhase[]; layers?: string };
+      let layers: AuditRequest['layers'];
+      try {
+        layers = q.layers === undefined ? undefined : (JSON.parse(q.layers) as AuditRequest['layers']);
+      } catch {
+        throw new ValidationError('layers: not valid JSON', [{ path: '/query/layers', message: 'must be a JSON list of layers' }]);
+      }
       reportId = (
         await engine.audits.start(tenantId, {
           root: rootOf(req),
           workspace: q.workspace,
           phases: q.phases,
+          layers,
           trigger: { type: 'api', request_id: String(req.id) },
         })
       ).report_id;

@@ -72,7 +72,7 @@ const ASSEMBLE_CLAIM_SECONDS = 120;
 const WEIGHTS: SeverityCounts = { critical: 40, high: 15, medium: 5, low: 1, info: 0 };
 
 const zero = (): SeverityCounts => ({ critical: 0, high: 0, medium: 0, low: 0, info: 0 });
-export const scoreOf = (counts: SeverityCounts): number => Math.max(0, 100 - SEVERITIES.reduce((s, k) => s + counts[k] * WEIGHTS[k], 0));
+const scoreOf = (counts: SeverityCounts): number => Math.max(0, 100 - SEVERITIES.reduce((s, k) => s + counts[k] * WEIGHTS[k], 0));
 
 export function auditsOf(deps: AuditsDeps) {
   const { clock, log, queues, events, ledger, sandbox, settings } = deps;
@@ -154,6 +154,7 @@ export function auditsOf(deps: AuditsDeps) {
       let layers: AuditLayer[] | null = null;
       try {
         layers = req.layers ? parseLayers(req.layers) : null;
+        if (layers?.length === 0) layers = null;
       } catch (err) {
         throw new ValidationError(`layers: ${(err as Error).message}`, [{ path: '/layers', message: (err as Error).message }]);
       }
@@ -328,11 +329,13 @@ export function auditsOf(deps: AuditsDeps) {
     async wait(tenantId: string, id: string, opts: { timeoutMs: number; signal?: AbortSignal; keepRunning?: boolean }): Promise<AuditReport> {
       const until = performance.now() + opts.timeoutMs;
       for (;;) {
-        const { report } = await mustGet(tenantId, id);
-        if (report.status !== 'running' || performance.now() >= until) return report;
+        // the head alone while it runs (a few hundred bytes); the whole report once it is over
+        const status = await reports.status(tenantId, id);
+        if (!status) throw notFound(id);
+        if (status !== 'running' || performance.now() >= until) return (await mustGet(tenantId, id)).report;
         if (opts.signal?.aborted) {
           if (!opts.keepRunning) for (const c of running.get(id) ?? []) c.abort();
-          return report;
+          return (await mustGet(tenantId, id)).report;
         }
         await new Promise((resolve) => setTimeout(resolve, Math.min(WAIT_POLL_MS, Math.max(1, until - performance.now()))));
       }

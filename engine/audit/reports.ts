@@ -64,6 +64,12 @@ export function reportStoreOf(redis: Redis, settings: ReportStoreSettings) {
       return { report, options: JSON.parse(h.options ?? '{"phases":[],"layers":null}') as AuditOptions };
     },
 
+    /** the report's status alone, or null when it is gone */
+    async status(tenantId: string, id: string): Promise<AuditReport['status'] | null> {
+      const head = await redis.hget(key(tenantId, id), 'head');
+      return head ? (JSON.parse(head) as AuditReport).status : null;
+    },
+
     /** keeps a phase's result; false when the report is gone (expired or evicted) */
     async putPhase(tenantId: string, id: string, phase: AuditPhase, result: AuditPhaseResult): Promise<boolean> {
       return (await r.auditPutIfExists(key(tenantId, id), `phase:${phase}`, JSON.stringify(result))) === 1;

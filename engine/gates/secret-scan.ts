@@ -3,9 +3,15 @@
 // becomes an annotation, so a found secret never reaches a result, the ledger or a log.
 import path from 'node:path';
 import { lintSource } from '@secretlint/core';
+import { secretLintProfiler } from '@secretlint/profiler';
 import { creator as recommended } from '@secretlint/secretlint-rule-preset-recommend';
 import { readInside } from './paths.js';
 import type { Annotation } from './reports.js';
+
+// secretlint 12's profiler records a performance mark per rule per file and scans every earlier one on
+// each: O(n^2) in the files a process lints, and in the service's process it would grow for good. Nothing reads it;
+// upstream makes it opt-in in 13 (secretlint#1673), which needs Node 22. Until then its marks are dropped.
+secretLintProfiler.mark = () => {};
 
 const MAX_FILE_BYTES = 1024 * 1024;
 const CONFIG = { rules: [{ id: '@secretlint/secretlint-rule-preset-recommend', rule: recommended }] };

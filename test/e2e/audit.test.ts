@@ -129,7 +129,15 @@ describe('workspace audit', function () {
   });
 
   it('answers 202 with where to fetch the report when it is not done in time, and the audit goes on', async () => {
-    const res = await h.call<Body>('POST', '/api/v1/autonomy/workspace-audit/run', { body: { timeout_seconds: 0, phases: ['architecture', 'health'] } });
+    // layers from the request replace the workspace's audit-layers.json
+    const layers = [
+      { name: 'db', path: '^src/db/' },
+      { name: 'api', path: '^src/api/', may_import: ['db'] },
+      { name: 'core', path: '^src/[a-z]+\\.ts$', may_import: [] },
+    ];
+    const res = await h.call<Body>('POST', '/api/v1/autonomy/workspace-audit/run', {
+      body: { timeout_seconds: 0, phases: ['architecture', 'health'], layers },
+    });
     expect(res.status, res.text).to.equal(202);
     expect(res.body.status).to.equal('running');
     expect(res.headers.get('location')).to.equal(`/api/v1/autonomy/workspace-audit/${res.body.report_id}`);
@@ -142,6 +150,12 @@ describe('workspace audit', function () {
       60_000,
     );
     expect(done.phases.map((p: Body) => p.phase)).to.deep.equal(['architecture', 'health']);
+    const arch = done.phases[0];
+    expect(arch.metrics.layers).to.deep.equal({ from: 'request', count: 3, violations: 1 });
+    // api may import db now; it still may not import core (src/uses.ts)
+    expect(arch.findings.filter((f: Body) => f.rule === 'layer-violation').map((f: Body) => f.message)).to.deep.equal([
+      'src/api/handler.ts (api) imports src/uses.ts (core); api may import db',
+    ]);
   });
 
   it('streams one phase_done per phase, then the report; a client that reconnects with Last-Event-ID resumes that audit', async () => {

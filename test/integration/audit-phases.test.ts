@@ -1,0 +1,96 @@
+// The audit's phase program on its own (through runPhase, in bubblewrap when it is installed): links
+// are not followed out of the root, the registry check is neutral when no registry answers, and a
+// phase's findings are capped with the rest counted.
+import { execFileSync } from 'node:child_process';
+import fs from 'node:fs/promises';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { expect } from 'chai';
+import { runPhase } from '../../engine/audit/run-phase.js';
+import { checkOutdated } from '../../engine/audit/registry.js';
+import { createLogger } from '../../engine/platform/index.js';
+import { openSandbox, type Sandbox } from '../../engine/tools/index.js';
+import { PLANTED_TOKEN } from '../support/projects.js';
+
+describe('audit phases', function () {
+  this.timeout(60_000);
+  let dir: string;
+  let outside: string;
+  let sandbox: Sandbox;
+  before(async () => {
+    sandbox = openSandbox({
+      mode: 'auto',
+      limits: { cpuSeconds: 120, memoryMb: 4096, processes: 256, fileSizeMb: 100 },
+      prefix: `audit-phases-${process.pid}`,
+      pathVar: process.env.PATH,
+      log: createLogger('silent'),
+    });
+    const base = await fs.realpath(await fs.mkdtemp(path.join(os.tmpdir(), 'audit-phases-')));
+    dir = path.join(base, 'ws');
+    outside = path.join(base, 'outside');
+    await fs.mkdir(path.join(dir, 'src'), { recursive: true });
+    await fs.mkdir(outside);
+    await fs.writeFile(path.join(outside, 'secret.txt'), `token=${PLANTED_TOKEN}\n`);
+    // links out of the root: to a file, to a folder, and a folder link inside a repository
+    await fs.symlink(path.join(outside, 'secret.txt'), path.join(dir, 'leak.txt'));
+    await fs.symlink(outside, path.join(dir, 'linked'));
+    await fs.writeFile(path.join(dir, 'src', 'index.ts'), Array.from({ length: 1500 }, (_, i) => `// TODO: item ${i}`).join('\n'));
+  });
+  after(async () => {
+    sandbox.close();
+    await fs.rm(path.dirname(dir), { recursive: true, force: true });
+  });
+
+  for (const repo of [false, true])
+    it(`follows no link out of the root (${repo ? 'a git repository' : 'a plain folder'})`, async () => {
+      if (repo) {
+        const git = (...args: string[]) => execFileSync('git', ['-c', 'user.name=t', '-c', 'user.email=t@t', ...args], { cwd: dir });
+        git('init', '-q');
+        git('add', '-A');
+        git('commit', '-qm', 'links');
+      }
+      const out = await runPhase(sandbox, dir, 'security', { layers: null, timeoutMs: 60_000 });
+      expect(out.findings.filter((f) => f.rule.startsWith('secret:'))).to.deep.equal([]);
+      expect(JSON.stringify(out)).not.to.contain(PLANTED_TOKEN);
+      // the same token inside the root is found
+      await fs.writeFile(path.join(dir, 'src', 'inside.ts'), `export const t = '${PLANTED_TOKEN}';\n`);
+      try {
+        const found = await runPhase(sandbox, dir, 'security', { layers: null, timeoutMs: 60_000 });
+        expect(found.findings.filter((f) => f.rule === 'secret:github').map((f) => f.file)).to.deep.equal(['src/inside.ts']);
+      } finally {
+        await fs.rm(path.join(dir, 'src', 'inside.ts'));
+      }
+    });
+
+  it('lists at most 1,000 findings of a phase, worst first, and counts the rest', async () => {
+    const out = await runPhase(sandbox, dir, 'health', { layers: null, timeoutMs: 60_000 });
+    expect(out.counts.info).to.equal(1500);
+    expect(out.findings).to.have.length(1000);
+    expect(out.findings_omitted).to.equal(500);
+    expect(out.metrics.markers).to.deep.include({ TODO: 1500 });
+  });
+
+  it('ends a phase that runs past its timeout as timed_out', async () => {
+    const err = await runPhase(sandbox, dir, 'architecture', { layers: null, timeoutMs: 50 }).catch((e: unknown) => e);
+    expect(err).to.have.property('status', 'timed_out');
+  });
+
+  it('checks outdated dependencies against a registry, and is neutral when none answers', async () => {
+    const closed = net.createServer();
+    await new Promise<void>((r) => closed.listen(0, '127.0.0.1', r));
+    const port = (closed.address() as net.AddressInfo).port;
+    await new Promise((r) => closed.close(r));
+    const deps = [{ name: 'semver', range: '^6.0.0', locked: '6.3.1' }];
+    const unanswered = await checkOutdated(deps, `http://127.0.0.1:${port}`);
+    expect(unanswered).to.deep.equal({ metrics: { status: 'unknown', checked: 0, outdated: 0, unanswered: 1 }, findings: [] });
+    expect(await checkOutdated(deps, null)).to.deep.include({ findings: [] });
+    const answered = await checkOutdated(
+      deps,
+      'http://registry.test',
+      (async () => new Response(JSON.stringify({ 'dist-tags': { latest: '7.6.0' } }), { status: 200 })) as unknown as typeof fetch,
+    );
+    expect(answered.metrics).to.deep.include({ status: 'checked', outdated: 1 });
+    expect(answered.findings[0]).to.deep.include({ rule: 'outdated-major', severity: 'low', message: 'semver 6.3.1 is behind 7.6.0 (a major version)' });
+  });
+});
