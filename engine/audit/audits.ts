@@ -9,6 +9,7 @@ import type { Platform } from '../deps.js';
 import { canonicalJson, sha256Hex, type Ledger } from '../evidence/index.js';
 import {
   AUDIT_PHASES,
+  jobTree,
   newId,
   NotFoundError,
   scopes,
@@ -177,18 +178,14 @@ export function auditsOf(deps: AuditsDeps) {
       await reports.create(tenantId, report, { phases, layers }, now.getTime());
       const data = (phase?: AuditPhase): AuditJob => ({ tenant_id: tenantId, report_id: report.report_id, ...(phase ? { phase } : {}) });
       flows ??= new FlowProducer({ connection: deps.redis, prefix: queues.prefix });
-      await flows.add({
-        name: 'report',
-        queueName: 'audits',
-        data: data(),
-        opts: { jobId: `${report.report_id}__report`, removeOnComplete: { count: 1000 }, removeOnFail: { count: 5000 } },
-        children: phases.map((phase) => ({
-          name: 'phase',
-          queueName: 'audits',
-          data: data(phase),
-          opts: { jobId: `${report.report_id}__${phase}`, ignoreDependencyOnFailure: true, removeOnComplete: { count: 1000 }, removeOnFail: { count: 5000 } },
-        })),
-      });
+      await flows.add(
+        jobTree(
+          'audits',
+          report.report_id,
+          { name: 'report', data: data() },
+          phases.map((phase) => ({ key: phase, name: 'phase', data: data(phase) })),
+        ),
+      );
       log.info({ tenant_id: tenantId, report_id: report.report_id, workspace: ws.name, phases }, 'audit started');
       return report;
     },

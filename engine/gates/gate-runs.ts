@@ -6,7 +6,17 @@ import path from 'node:path';
 import { FlowProducer } from 'bullmq';
 import type { Platform } from '../deps.js';
 import type { Ledger } from '../evidence/index.js';
-import { newId, NotFoundError, scopes, ValidationError, type GateResult, type GateRunRecord, type GateSubject, type EventBody } from '../platform/index.js';
+import {
+  jobTree,
+  newId,
+  NotFoundError,
+  scopes,
+  ValidationError,
+  type GateResult,
+  type GateRunRecord,
+  type GateSubject,
+  type EventBody,
+} from '../platform/index.js';
 import { resolveWorkspace, tenantRoot } from '../runs/index.js';
 import type { Sandbox } from '../tools/index.js';
 import { loadGateSet } from './definition.js';
@@ -100,18 +110,14 @@ export function gateRunsOf(deps: GatesDeps) {
       await store.gateRuns.insert(record);
       const data = (gate_id?: string): GateJob => ({ tenant_id: tenantId, gate_run_id: record.id, ...(gate_id ? { gate_id } : {}) });
       flows ??= new FlowProducer({ connection: deps.redis, prefix: queues.prefix });
-      await flows.add({
-        name: 'seal',
-        queueName: 'gates',
-        data: data(),
-        opts: { jobId: `${record.id}__seal`, removeOnComplete: { count: 1000 }, removeOnFail: { count: 5000 } },
-        children: gates.map((id) => ({
-          name: 'gate',
-          queueName: 'gates',
-          data: data(id),
-          opts: { jobId: `${record.id}__${id}`, ignoreDependencyOnFailure: true, removeOnComplete: { count: 1000 }, removeOnFail: { count: 5000 } },
-        })),
-      });
+      await flows.add(
+        jobTree(
+          'gates',
+          record.id,
+          { name: 'seal', data: data() },
+          gates.map((id) => ({ key: id, name: 'gate', data: data(id) })),
+        ),
+      );
       log.info({ tenant_id: tenantId, gate_run_id: record.id, workspace: ws.name, gates }, 'gate run started');
       return record;
     },

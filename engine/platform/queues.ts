@@ -1,6 +1,6 @@
 // Queue names and the queue registry, in one place. Every queue shares one connection and the
 // SERVICE_QUEUE_PREFIX, so tests and deployments sharing a Redis never see each other's jobs.
-import { Queue } from 'bullmq';
+import { Queue, type FlowJob } from 'bullmq';
 import type { Run } from './records.js';
 import type { Redis } from './redis.js';
 
@@ -16,6 +16,24 @@ export type QueueName = (typeof QUEUE_NAMES)[number];
 export function jobIdOfRun(run: Pick<Run, 'id' | 'session_id' | 'trigger'>, attempt: number): string {
   if (run.trigger.type === 'task') return `${run.session_id}__${run.trigger.task_id}__${(run.trigger.prior_attempts ?? 0) + attempt}`;
   return attempt === 1 ? `run-${run.id}` : `run-${run.id}-${attempt}`;
+}
+
+const KEPT = { removeOnComplete: { count: 1000 }, removeOnFail: { count: 5000 } };
+
+/**
+ * A tree of jobs on one queue (a gate run's gates under its seal, an audit's phases under its report):
+ * ids `{id}__{parent}` and `{id}__{child}`, so adding it twice is a no-op; every child with
+ * `ignoreDependencyOnFailure`, so a failed child never strands its parent, which then finds what the
+ * child did not report and says so.
+ */
+export function jobTree<T>(queueName: QueueName, id: string, parent: { name: string; data: T }, children: { key: string; name: string; data: T }[]): FlowJob {
+  return {
+    name: parent.name,
+    queueName,
+    data: parent.data,
+    opts: { jobId: `${id}__${parent.name}`, ...KEPT },
+    children: children.map((c) => ({ name: c.name, queueName, data: c.data, opts: { jobId: `${id}__${c.key}`, ignoreDependencyOnFailure: true, ...KEPT } })),
+  };
 }
 
 export type Queues = {
