@@ -1036,6 +1036,11 @@ export interface components {
                 process_limit: "cgroup" | "rlimit" | "none";
                 warning?: string;
             };
+            /** @description Redis's settings that matter to the service; a `warning` when its eviction policy is not `noeviction` (BullMQ can lose jobs). */
+            redis?: {
+                maxmemory_policy: string | null;
+                warning?: string;
+            };
             checks: {
                 redis: components["schemas"]["Check"];
                 store: components["schemas"]["Check"];

@@ -1,6 +1,6 @@
 // Liveness and readiness, unauthenticated. Readiness asks Redis and the store, each with a deadline.
 import { Router } from 'express';
-import { withTimeout, type Redis } from '../../engine/platform/index.js';
+import { redisSettingsOf, withTimeout, type Redis, type RedisSettings } from '../../engine/platform/index.js';
 import type { Store } from '../../engine/store/index.js';
 
 type Check = { ok: boolean; latency_ms: number; error?: string };
@@ -24,9 +24,19 @@ export function healthRouter(deps: { redis: Redis; store: Store; sandbox: Sandbo
     res.json({ status: 'ok' });
   });
   router.get('/readyz', async (_req, res) => {
-    const [redis, store] = await Promise.all([check(() => deps.redis.ping()), check(() => deps.store.ping())]);
+    // INFO answers as PING does, and says whether Redis may evict keys
+    let settings: RedisSettings | undefined;
+    const [redis, store] = await Promise.all([
+      check(async () => (settings = redisSettingsOf(await deps.redis.info('memory')))),
+      check(() => deps.store.ping()),
+    ]);
     const ready = redis.ok && store.ok;
-    res.status(ready ? 200 : 503).json({ status: ready ? 'ready' : 'unavailable', checks: { redis, store }, sandbox: deps.sandbox });
+    res.status(ready ? 200 : 503).json({
+      status: ready ? 'ready' : 'unavailable',
+      checks: { redis, store },
+      sandbox: deps.sandbox,
+      ...(settings ? { redis: settings } : {}),
+    });
   });
   return router;
 }

@@ -47,6 +47,19 @@ export async function probeRedis(url: string, timeoutMs = 2000): Promise<void> {
   }
 }
 
+/** What /readyz and the start-up say of Redis's settings: anything but `noeviction` can drop BullMQ's keys. */
+export type RedisSettings = { maxmemory_policy: string | null; warning?: string };
+
+/** Reads the eviction policy from INFO (CONFIG may be disabled on managed Redis); a warning unless it is `noeviction`. */
+export function redisSettingsOf(info: string): RedisSettings {
+  const policy = /^maxmemory_policy:(\S+)/m.exec(info)?.[1] ?? null;
+  if (policy === null || policy === 'noeviction') return { maxmemory_policy: policy };
+  return {
+    maxmemory_policy: policy,
+    warning: `maxmemory-policy is ${policy}: Redis may evict BullMQ's keys and lose jobs under memory pressure; set it to noeviction`,
+  };
+}
+
 export async function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
   let timer: NodeJS.Timeout | undefined;
   try {

@@ -17,6 +17,7 @@ import {
   type Queues,
   createRedis,
   probeRedis,
+  redisSettingsOf,
   type Redis,
   createSecretBox,
   loadKeyBytes,
@@ -92,6 +93,8 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
   try {
     const redis = createRedis(config.redisUrl, `${config.queuePrefix}:main`);
     redis.on('error', (err) => log.warn({ err: err.message }, 'redis connection error'));
+    const settings = redisSettingsOf(await redis.info('memory'));
+    if (settings.warning) log.warn({ maxmemory_policy: settings.maxmemory_policy }, settings.warning);
     closers.push(() => redis.quit().catch(() => redis.disconnect()));
     const store = await openStore({ mongodbUri: config.mongodbUri, dataDir: config.dataDir });
     closers.push(() => store.close());

@@ -50,6 +50,27 @@ describe('Redis outage', function () {
     redis?.kill('SIGKILL');
   });
 
+  it('says in /readyz, and at start, when Redis may evict keys (maxmemory-policy other than noeviction)', async () => {
+    const ready = await h.call<Record<string, any>>('GET', '/readyz', { key: null });
+    expect(ready.body.redis).to.deep.equal({ maxmemory_policy: 'noeviction' });
+    await h.rt.redis.config('SET', 'maxmemory-policy', 'allkeys-lru');
+    try {
+      const warned = await h.call<Record<string, any>>('GET', '/readyz', { key: null });
+      expect(warned.status).to.equal(200);
+      expect(warned.body.redis.maxmemory_policy).to.equal('allkeys-lru');
+      expect(warned.body.redis.warning).to.contain('noeviction');
+      // a process that starts now says it in its log
+      const other = await startHarness({ env: { REDIS_URL: h.config.redisUrl }, workers: false });
+      try {
+        expect(other.logs.join('')).to.contain('maxmemory-policy is allkeys-lru');
+      } finally {
+        await other.close();
+      }
+    } finally {
+      await h.rt.redis.config('SET', 'maxmemory-policy', 'noeviction');
+    }
+  });
+
   it('answers run creation within 2 s while Redis is stopped: 202 when stored, 503 with Retry-After for an Idempotency-Key; the run then runs', async () => {
     pause();
     const resumed = new Promise((r) => setTimeout(r, 5000)).then(resume);
