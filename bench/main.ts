@@ -132,6 +132,8 @@ if (process.env.BENCH_ONLY === 'ledger') {
   console.log(
     `| ${name} | ${s.rps.toFixed(0)} | ${b.rps.toFixed(0)} | ${(s.rps / b.rps).toFixed(2)} | ${s.p50} / ${s.p99} | ${b.p50} / ${b.p99} | ${s.errors + s.non2xx} |`,
   );
+} else if (process.env.BENCH_ONLY === 'runs') {
+  for (const line of await runBenchmarks()) console.log(line);
 } else if (process.env.BENCH_ONLY === 'audit') {
   for (const line of await auditBenchmarks()) console.log(line);
 } else if (process.env.BENCH_ONLY === 'sandbox') {

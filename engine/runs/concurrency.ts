@@ -38,16 +38,27 @@ export type TenantSlots = {
   readonly limit: number;
 };
 
+type SlotRedis = Redis & {
+  admitRun(running: string, pending: string, runId: string, limit: number): Promise<number>;
+  releaseRun(running: string, pending: string, runId: string, limit: number): Promise<string[]>;
+};
+
 export function createTenantSlots(redis: Redis, prefix: string, limit: number): TenantSlots {
+  // defined commands go by EVALSHA: the scripts' text crosses the wire once, not twice a run
+  if (!('admitRun' in redis)) {
+    redis.defineCommand('admitRun', { numberOfKeys: 2, lua: ADMIT });
+    redis.defineCommand('releaseRun', { numberOfKeys: 2, lua: RELEASE });
+  }
+  const scripts = redis as SlotRedis;
   const running = (t: string) => `${prefix}:tenant:${t}:running`;
   const pending = (t: string) => `${prefix}:tenant:${t}:pending`;
   return {
     limit,
     async admit(tenantId, runId) {
-      return (await redis.eval(ADMIT, 2, running(tenantId), pending(tenantId), runId, limit)) === 1;
+      return (await scripts.admitRun(running(tenantId), pending(tenantId), runId, limit)) === 1;
     },
     async release(tenantId, runId) {
-      return (await redis.eval(RELEASE, 2, running(tenantId), pending(tenantId), runId, limit)) as string[];
+      return scripts.releaseRun(running(tenantId), pending(tenantId), runId, limit);
     },
     running: (t) => redis.scard(running(t)),
     waiting: (t) => redis.llen(pending(t)),

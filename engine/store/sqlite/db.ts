@@ -35,3 +35,45 @@ function migrate(db: Db): void {
   });
   apply.immediate();
 }
+
+/**
+ * Group commit: writes asked for in the same turn of the event loop run in one transaction, so a burst
+ * pays for one commit (its WAL write) rather than one each. Each caller learns its result only after
+ * the commit. A batch that fails is written again one write a transaction, so a bad write fails only
+ * its own caller. A write is a function of what the file holds, so writing it again is safe.
+ */
+export function groupCommit(db: Db): <T>(write: () => T) => Promise<T> {
+  let shared = commits.get(db);
+  if (!shared) commits.set(db, (shared = makeGroupCommit(db)));
+  return shared;
+}
+
+/** one group per file: the repositories of a store share its batches */
+const commits = new WeakMap<Db, <T>(write: () => T) => Promise<T>>();
+
+function makeGroupCommit(db: Db): <T>(write: () => T) => Promise<T> {
+  type Pending = { write: () => unknown; resolve(v: unknown): void; reject(e: unknown): void };
+  let batch: Pending[] = [];
+  const all = db.transaction((items: Pending[]) => items.map((p) => p.write()));
+  const one = db.transaction((p: Pending) => p.write());
+  const flush = () => {
+    const items = batch;
+    batch = [];
+    try {
+      const results = all.immediate(items);
+      items.forEach((p, i) => p.resolve(results[i]));
+    } catch {
+      for (const p of items) {
+        try {
+          p.resolve(one.immediate(p));
+        } catch (err) {
+          p.reject(err);
+        }
+      }
+    }
+  };
+  return <T>(write: () => T) =>
+    new Promise<T>((resolve, reject) => {
+      if (batch.push({ write, resolve: resolve as (v: unknown) => void, reject }) === 1) setImmediate(flush);
+    });
+}

@@ -2,7 +2,7 @@
 import type { Statement } from 'better-sqlite3';
 import type { WebhookDelivery } from '../../platform/index.js';
 import { decodeCursor, toPage, type DeliveryRepo } from '../port.js';
-import { TOP, type Db } from './db.js';
+import { groupCommit, TOP, type Db } from './db.js';
 
 export function deliveryRepo(db: Db): DeliveryRepo {
   const insert = db.prepare(
@@ -40,34 +40,11 @@ export function deliveryRepo(db: Db): DeliveryRepo {
     if (inserted || d.provider_delivery_id === null) return null;
     return read(byProviderId.get(d.tenant_id, d.kind, d.provider_delivery_id));
   };
-  // Group commit: deliveries that arrive in the same turn of the event loop are written in one
-  // transaction, so a burst pays for one commit rather than one each. Each caller still learns
-  // only after its row is committed.
-  type Pending = { d: WebhookDelivery; resolve(v: WebhookDelivery | null): void; reject(e: unknown): void };
-  let batch: Pending[] = [];
-  const insertAll = db.transaction((items: Pending[]) => items.map((p) => insertOne(p.d)));
-  const flush = () => {
-    const items = batch;
-    batch = [];
-    try {
-      const results = insertAll.immediate(items);
-      items.forEach((p, i) => p.resolve(results[i]!));
-    } catch {
-      // one bad row must not fail the others: write them one by one
-      for (const p of items) {
-        try {
-          p.resolve(insertOne(p.d));
-        } catch (err) {
-          p.reject(err);
-        }
-      }
-    }
-  };
+  // deliveries that arrive in the same turn of the event loop are written in one transaction
+  const commit = groupCommit(db);
   return {
     insert(d) {
-      return new Promise((resolve, reject) => {
-        if (batch.push({ d, resolve, reject }) === 1) setImmediate(flush);
-      });
+      return commit(() => insertOne(d));
     },
     async get(tenantId, id) {
       return read(get.get(tenantId, id));

@@ -3,7 +3,7 @@
 import type { Statement } from 'better-sqlite3';
 import type { AgentTurn, Run, StepRecord } from '../../platform/index.js';
 import { decodeCursor, toPage, type RunQuery, type RunRepo, type RunStats } from '../port.js';
-import { TOP, type Db } from './db.js';
+import { groupCommit, TOP, type Db } from './db.js';
 
 export function runRepo(db: Db): RunRepo {
   const insert = db.prepare(
@@ -55,34 +55,37 @@ export function runRepo(db: Db): RunRepo {
     for (const s of steps) putStep.run(runId, attempt, s.index, tenantId, JSON.stringify(s));
   };
 
-  const update = db.transaction((tenantId: string, id: string, changes: Partial<Run>, status: string[], attempt: number | undefined, steps: StepRecord[]) => {
+  // every write of a run goes through one group commit: ten runs settling at once pay for one commit
+  const commit = groupCommit(db);
+  const update = (tenantId: string, id: string, changes: Partial<Run>, status: string[], attempt: number | undefined, steps: StepRecord[]) => {
     const current = read(get.get(tenantId, id));
     if (!current || !status.includes(current.status) || (attempt !== undefined && current.attempt !== attempt)) return null;
     const next: Run = { ...current, ...changes, id: current.id, tenant_id: current.tenant_id, kind: current.kind, created_at: current.created_at };
     write.run(next.status, next.finished_at, next.duration_ms, JSON.stringify(next), tenantId, id);
     writeSteps(tenantId, id, current.attempt, steps);
     return next;
-  });
-  const putSteps = db.transaction(writeSteps);
+  };
 
   return {
     async insert(r) {
-      insert.run(r.id, r.tenant_id, r.kind, r.status, r.automation_id, r.session_id, r.created_at, r.finished_at, r.duration_ms, JSON.stringify(r));
+      await commit(() =>
+        insert.run(r.id, r.tenant_id, r.kind, r.status, r.automation_id, r.session_id, r.created_at, r.finished_at, r.duration_ms, JSON.stringify(r)),
+      );
     },
     async get(tenantId, id) {
       return read(get.get(tenantId, id));
     },
     async update(tenantId, id, changes, guard, steps = []) {
-      return update.immediate(tenantId, id, changes, guard.status, guard.attempt, steps);
+      return commit(() => update(tenantId, id, changes, guard.status, guard.attempt, steps));
     },
     async putSteps(tenantId, runId, attempt, steps) {
-      if (steps.length) putSteps.immediate(tenantId, runId, attempt, steps);
+      if (steps.length) await commit(() => writeSteps(tenantId, runId, attempt, steps));
     },
     async steps(tenantId, runId, attempt) {
       return stepsOf.all(runId, attempt, tenantId).map((r) => JSON.parse(r.doc) as StepRecord);
     },
     async appendTurn(tenantId, runId, attempt, turn) {
-      putTurn.run(runId, attempt, turn.index, tenantId, JSON.stringify(turn));
+      await commit(() => putTurn.run(runId, attempt, turn.index, tenantId, JSON.stringify(turn)));
     },
     async turns(tenantId, runId, attempt) {
       return turnsOf.all(runId, attempt, tenantId).map((r) => JSON.parse(r.doc) as AgentTurn);
