@@ -3,6 +3,7 @@
 import path from 'node:path';
 import { z } from 'zod';
 import { TOOL_NAMES, type ToolName } from '../engine/platform/records.js';
+import { hasHashTag, parseRedisUrl } from '../engine/platform/redis.js';
 
 export type ApiKeySeed = { tenantId: string; key: string };
 
@@ -149,7 +150,19 @@ const schema = z.object({
     .optional()
     .transform((v) => v?.trim() || 'development'),
   PORT: int(8080, 0, 65535),
-  REDIS_URL: url(['redis:', 'rediss:'], 'redis://127.0.0.1:6379'),
+  REDIS_URL: z
+    .string()
+    .optional()
+    .transform((v, ctx) => {
+      const s = v?.trim() || 'redis://127.0.0.1:6379';
+      try {
+        parseRedisUrl(s);
+        return s;
+      } catch (err) {
+        ctx.addIssue({ code: 'custom', message: (err as Error).message });
+        return z.NEVER;
+      }
+    }),
   MONGODB_URI: url(['mongodb:', 'mongodb+srv:']),
   SERVICE_DATA_DIR: z
     .string()
@@ -159,7 +172,11 @@ const schema = z.object({
     .string()
     .optional()
     .transform((v) => v?.trim() || 'svc')
-    .pipe(z.string().regex(/^[A-Za-z0-9_.-]{1,64}$/, 'expected 1-64 letters, digits, _ . or -')),
+    .pipe(
+      z
+        .string()
+        .regex(/^(?=.{1,64}$)[A-Za-z0-9_.-]*(\{[A-Za-z0-9_.-]+\})?[A-Za-z0-9_.-]*$/, 'expected 1-64 letters, digits, _ . or -, with at most one {hash tag}'),
+    ),
   SERVICE_API_KEYS: apiKeySeeds,
   SERVICE_AUTH: z
     .string()
@@ -248,6 +265,10 @@ export function parseEnv(env: Record<string, string | undefined>): Config {
   if (e.SERVICE_RUN_DEFAULT_BUDGET_SECONDS > e.SERVICE_RUN_MAX_BUDGET_SECONDS) {
     problems.push('SERVICE_RUN_DEFAULT_BUDGET_SECONDS: must not exceed SERVICE_RUN_MAX_BUDGET_SECONDS');
   }
+  if (parseRedisUrl(e.REDIS_URL).cluster && !hasHashTag(e.SERVICE_QUEUE_PREFIX))
+    problems.push(
+      `SERVICE_QUEUE_PREFIX: on a Redis Cluster it must carry a hash tag, as in {${e.SERVICE_QUEUE_PREFIX}}, so that each script's keys share a slot`,
+    );
   if (problems.length) throw new ConfigError(problems);
   return {
     nodeEnv: e.NODE_ENV,

@@ -1,10 +1,81 @@
-// The one Redis connection factory. BullMQ needs maxRetriesPerRequest: null on its connections.
-import { Redis, type RedisOptions } from 'ioredis';
+// The one Redis connection factory: one server, or a Redis Cluster when REDIS_URL lists its nodes.
+// BullMQ needs maxRetriesPerRequest: null on its connections.
+import { Cluster, Redis, type RedisOptions } from 'ioredis';
 
 export type { Redis };
 
+/**
+ * REDIS_URL names one server (`redis://[user:password@]host:port[/db]`) or the nodes of a Redis Cluster,
+ * comma-separated in the host part (`redis://[user:password@]host1:port1,host2:port2,host3:port3`); a few
+ * nodes are enough, the client finds the rest. `rediss:` means TLS either way.
+ */
+export type RedisTarget = {
+  cluster: boolean;
+  nodes: { host: string; port: number }[];
+  username?: string;
+  password?: string;
+  db?: number;
+  tls: boolean;
+};
+
+export function parseRedisUrl(url: string): RedisTarget {
+  const m = /^(rediss?):\/\/(?:([^:@/]*)(?::([^@/]*))?@)?([^/?#]+)(?:\/(\d+))?\/?$/.exec(url.trim());
+  if (!m) throw new Error('expected redis://[user:password@]host:port[,host:port...][/db]');
+  const [, scheme, user, pass, hosts, db] = m;
+  const nodes = hosts!.split(',').map((h) => {
+    const hp = /^(\[[^\]]+\]|[^:]+)(?::(\d{1,5}))?$/.exec(h.trim());
+    if (!hp) throw new Error(`"${h}" is not host:port`);
+    return { host: hp[1]!.replace(/^\[|\]$/g, ''), port: hp[2] ? Number(hp[2]) : 6379 };
+  });
+  return {
+    cluster: nodes.length > 1,
+    nodes,
+    ...(user ? { username: decodeURIComponent(user) } : {}),
+    ...(pass !== undefined ? { password: decodeURIComponent(pass) } : {}),
+    ...(db ? { db: Number(db) } : {}),
+    tls: scheme === 'rediss',
+  };
+}
+
+/** On a Redis Cluster every key of a Lua script must live in one slot: the prefix carries a hash tag (`{svc}`). */
+export const hasHashTag = (prefix: string): boolean => /\{[^{}]+\}/.test(prefix);
+
+function optionsOf(t: RedisTarget, extra: RedisOptions): RedisOptions {
+  return {
+    ...(t.username ? { username: t.username } : {}),
+    ...(t.password !== undefined ? { password: t.password } : {}),
+    ...(t.db !== undefined ? { db: t.db } : {}),
+    ...(t.tls ? { tls: {} } : {}),
+    ...extra,
+  };
+}
+
+/**
+ * A connection. On a cluster it is ioredis's Cluster, which speaks the same commands (scripts, MULTI,
+ * blocking reads) as long as each command's keys share a slot: the queue prefix's hash tag sees to it.
+ */
 export function createRedis(url: string, name: string, extra: RedisOptions = {}): Redis {
-  return new Redis(url, { maxRetriesPerRequest: null, connectionName: name, ...extra });
+  const t = parseRedisUrl(url);
+  const options = optionsOf(t, { maxRetriesPerRequest: null, connectionName: name, ...extra });
+  if (!t.cluster) return new Redis({ host: t.nodes[0]!.host, port: t.nodes[0]!.port, ...options });
+  return new Cluster(t.nodes, { redisOptions: options }) as unknown as Redis;
+}
+
+export const isCluster = (redis: Redis): boolean => (redis as unknown) instanceof Cluster;
+
+/** Every key matching `pattern`: on a cluster, from each master. */
+export async function scanKeys(redis: Redis, pattern: string): Promise<string[]> {
+  const servers = isCluster(redis) ? (redis as unknown as Cluster).nodes('master') : [redis];
+  const out: string[] = [];
+  for (const server of servers) {
+    let cursor = '0';
+    do {
+      const [next, keys] = await server.scan(cursor, 'MATCH', pattern, 'COUNT', 500);
+      cursor = next;
+      out.push(...keys);
+    } while (cursor !== '0');
+  }
+  return out;
 }
 
 export class RedisUnreachableError extends Error {
@@ -32,7 +103,13 @@ export function redactUrl(url: string): string {
 
 /** Connects once, without retrying, and answers within `timeoutMs`: start-up must not hang on a dead Redis. */
 export async function probeRedis(url: string, timeoutMs = 2000): Promise<void> {
-  const probe = new Redis(url, { lazyConnect: true, connectTimeout: timeoutMs, retryStrategy: () => null, maxRetriesPerRequest: 0, enableOfflineQueue: false });
+  // one server of the list answering is enough to start: the cluster client finds the others
+  const t = parseRedisUrl(url);
+  const probe = new Redis({
+    host: t.nodes[0]!.host,
+    port: t.nodes[0]!.port,
+    ...optionsOf(t, { lazyConnect: true, connectTimeout: timeoutMs, retryStrategy: () => null, maxRetriesPerRequest: 0, enableOfflineQueue: false }),
+  });
   probe.on('error', () => {}); // reported through the rejected promise below
   try {
     await withTimeout(

@@ -16,6 +16,7 @@ import {
   createQueues,
   type Queues,
   createRedis,
+  isCluster,
   probeRedis,
   redisSettingsOf,
   type Redis,
@@ -93,6 +94,11 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
   try {
     const redis = createRedis(config.redisUrl, `${config.queuePrefix}:main`);
     redis.on('error', (err) => log.warn({ err: err.message }, 'redis connection error'));
+    // one URL that reaches a node of a cluster would meet MOVED on most keys: the nodes must be listed
+    if (!isCluster(redis) && /^cluster_enabled:1/m.test(await redis.info('cluster')))
+      throw new ConfigError([
+        "REDIS_URL: the server is a node of a Redis Cluster; list the cluster's nodes (redis://host1:port1,host2:port2,...) and give SERVICE_QUEUE_PREFIX a hash tag ({svc})",
+      ]);
     const settings = redisSettingsOf(await redis.info('memory'));
     if (settings.warning) log.warn({ maxmemory_policy: settings.maxmemory_policy }, settings.warning);
     closers.push(() => redis.quit().catch(() => redis.disconnect()));

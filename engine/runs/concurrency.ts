@@ -1,7 +1,7 @@
 // Per-tenant concurrency on Redis (open-source BullMQ has no groups). A tenant's admitted runs are a
 // set; the rest wait in the tenant's own list and hold no worker slot, so one tenant's backlog never
 // sits in front of another tenant's runs. Sets, not counters: a replayed release cannot free twice.
-import type { Redis } from '../platform/index.js';
+import { scanKeys, type Redis } from '../platform/index.js';
 
 const ADMIT = `
 if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return 1 end
@@ -71,15 +71,10 @@ export function createTenantSlots(redis: Redis, prefix: string, limit: number): 
     async holders() {
       const out = new Map<string, string[]>();
       const tenants = new Set<string>();
-      let cursor = '0';
-      do {
-        const [next, keys] = await redis.scan(cursor, 'MATCH', `${prefix}:tenant:*`, 'COUNT', 500);
-        cursor = next;
-        for (const key of keys) {
-          const m = /^(.*):(running|pending)$/.exec(key.slice(`${prefix}:tenant:`.length));
-          if (m) tenants.add(m[1]!);
-        }
-      } while (cursor !== '0');
+      for (const key of await scanKeys(redis, `${prefix}:tenant:*`)) {
+        const m = /^(.*):(running|pending)$/.exec(key.slice(`${prefix}:tenant:`.length));
+        if (m) tenants.add(m[1]!);
+      }
       for (const tenantId of tenants) {
         const [admitted, waiting] = await Promise.all([redis.smembers(running(tenantId)), redis.lrange(pending(tenantId), 0, -1)]);
         out.set(tenantId, [...new Set([...admitted, ...waiting])]);

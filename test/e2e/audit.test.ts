@@ -260,7 +260,11 @@ describe('workspace audit reports: expiry, eviction and phases that do not compl
     const evicted = await h.call<Body>('GET', `/api/v1/autonomy/workspace-audit/${ids[0]}`);
     expect(evicted.status).to.equal(404);
     expect(evicted.body.detail).to.contain('kept for 2 s').and.contain('the last 2 per tenant');
-    await eventually(async () => (await h.call<Body>('GET', `/api/v1/autonomy/workspace-audit/${ids[2]}`)).body.status === 'completed', 'the newest report', 20_000);
+    await eventually(
+      async () => (await h.call<Body>('GET', `/api/v1/autonomy/workspace-audit/${ids[2]}`)).body.status === 'completed',
+      'the newest report',
+      20_000,
+    );
     await eventually(async () => (await h.call('GET', `/api/v1/autonomy/workspace-audit/${ids[2]}`)).status === 404, 'the TTL', 5000);
   });
 
