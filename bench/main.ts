@@ -12,6 +12,7 @@ import { dagBenchmarks } from './dag.js';
 import { ledgerBenchmarks } from './ledger.js';
 import { webhookIntake } from './webhooks.js';
 import { auditBenchmarks } from './audit.js';
+import { workerScaling } from './workers.js';
 
 const KEY = 'bench-key-0123456789abcdef';
 
@@ -110,6 +111,9 @@ async function main(): Promise<void> {
     console.log('\n| evidence ledger | service | baseline | ratio |');
     console.log('|---|---|---|---|');
     for (const line of await ledgerBenchmarks()) console.log(line);
+    console.log(`\n| ${os.cpus().length} cores, no-op runs | throughput | vs 1 process |`);
+    console.log('|---|---|---|');
+    for (const line of await workerScaling()) console.log(line);
     console.log('\n| workspace audit | service | baseline | ratio |');
     console.log('|---|---|---|---|');
     for (const line of await auditBenchmarks()) console.log(line);
@@ -132,6 +136,8 @@ if (process.env.BENCH_ONLY === 'ledger') {
   console.log(
     `| ${name} | ${s.rps.toFixed(0)} | ${b.rps.toFixed(0)} | ${(s.rps / b.rps).toFixed(2)} | ${s.p50} / ${s.p99} | ${b.p50} / ${b.p99} | ${s.errors + s.non2xx} |`,
   );
+} else if (process.env.BENCH_ONLY === 'workers') {
+  for (const line of await workerScaling()) console.log(line);
 } else if (process.env.BENCH_ONLY === 'runs') {
   for (const line of await runBenchmarks()) console.log(line);
 } else if (process.env.BENCH_ONLY === 'audit') {
