@@ -29,6 +29,7 @@ import { checkOutdated } from './registry.js';
 import { reportStoreOf } from './reports.js';
 import { resolveAuditRoot } from './roots.js';
 import { PhaseError, runPhase } from './run-phase.js';
+import { FINDINGS_CAP } from './phases/workspace.js';
 
 export type AuditSettings = {
   workspaceRoot: string;
@@ -88,7 +89,7 @@ export function auditsOf(deps: AuditsDeps) {
     );
 
   /** The folder an audit reads, and its name: relative to the tenant's root when it lies inside it. */
-  async function rootOf(tenantId: string, req: Pick<AuditRequest, 'root' | 'workspace'>): Promise<{ dir: string; name: string; inTenant: boolean }> {
+  async function rootOf(tenantId: string, req: Pick<AuditRequest, 'root' | 'workspace'>): Promise<{ dir: string; name: string }> {
     const tenant = await tenantRoot(settings, tenantId);
     const dir =
       req.root !== undefined && req.root !== ''
@@ -100,8 +101,8 @@ export function auditsOf(deps: AuditsDeps) {
           })
         : await resolveWorkspace(tenant, req.workspace);
     const rel = path.relative(tenant, dir);
-    const inTenant = !rel.startsWith('..') && !path.isAbsolute(rel);
-    return { dir, name: inTenant ? rel || '.' : dir, inTenant };
+    const inTenant = rel !== '..' && !rel.startsWith(`..${path.sep}`) && !path.isAbsolute(rel);
+    return { dir, name: inTenant ? rel || '.' : dir };
   }
 
   async function mustGet(tenantId: string, id: string) {
@@ -117,18 +118,20 @@ export function auditsOf(deps: AuditsDeps) {
 
   /** The health phase's part outside the sandbox: the gates' state, and outdated dependencies. */
   async function healthExtras(tenantId: string, report: AuditReport, out: Awaited<ReturnType<typeof runPhase>>): Promise<void> {
+    const added: AuditPhaseResult['findings'] = [];
     const add = (f: AuditPhaseResult['findings'][number]) => {
       out.counts[f.severity]++;
-      out.findings.push(f);
+      added.push(f);
     };
     const gates = path.isAbsolute(report.workspace) ? null : await deps.gateHealth(tenantId, report.workspace).catch(() => null);
     if (gates) {
       const states: Record<string, number> = {};
       for (const g of gates) {
         states[g.state] = (states[g.state] ?? 0) + 1;
-        if (g.state === 'stale') add({ rule: 'stale-gate-result', severity: 'low', file: null, line: null, message: `gate ${g.gate_id}: ${g.reason}` });
+        const why = g.reason || g.state;
+        if (g.state === 'stale') add({ rule: 'stale-gate-result', severity: 'low', file: null, line: null, message: `gate ${g.gate_id}: ${why}` });
         else if (g.state === 'failing')
-          add({ rule: 'failing-gate', severity: g.required ? 'medium' : 'low', file: null, line: null, message: `gate ${g.gate_id}: ${g.reason}` });
+          add({ rule: 'failing-gate', severity: g.required ? 'medium' : 'low', file: null, line: null, message: `gate ${g.gate_id}: ${why}` });
         else if (g.state === 'missing') add({ rule: 'gate-never-run', severity: 'info', file: null, line: null, message: `gate ${g.gate_id} has never run` });
       }
       out.metrics.gates = states;
@@ -136,6 +139,10 @@ export function auditsOf(deps: AuditsDeps) {
     const outdated = await checkOutdated(out.dependencies ?? [], settings.registryUrl, deps.fetch);
     for (const f of outdated.findings) add(f);
     out.metrics.outdated = outdated.metrics;
+    // the phase's list stays within its cap, worst first; what does not fit is counted
+    const all = [...out.findings, ...added].sort((a, b) => SEVERITIES.indexOf(a.severity) - SEVERITIES.indexOf(b.severity));
+    out.findings = all.slice(0, FINDINGS_CAP);
+    out.findings_omitted += all.length - out.findings.length;
   }
 
   async function emitPhase(tenantId: string, id: string, r: AuditPhaseResult): Promise<void> {

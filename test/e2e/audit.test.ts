@@ -94,6 +94,9 @@ describe('workspace audit', function () {
     expect(rulesOf(report, 'health')).to.include.members(['marker-todo', 'marker-fixme', 'outdated-major']);
     const health = report.phases.find((p: Body) => p.phase === 'health');
     expect(health.metrics.outdated).to.deep.include({ status: 'checked', outdated: 1 });
+    // the gates detected from package.json have never run: the health phase says so
+    expect(health.metrics.gates.missing).to.be.at.least(1);
+    expect(rulesOf(report, 'health')).to.include('gate-never-run');
     expect(registry.asked).to.include('semver');
     // the token is found and never shown: not in the report, nor in a log line
     expect(JSON.stringify(report)).not.to.contain(PLANTED_TOKEN);

@@ -6,10 +6,7 @@ import { architecturePhase } from './architecture.js';
 import { healthPhase } from './health.js';
 import { sanityPhase } from './sanity.js';
 import { securityPhase } from './security.js';
-import { Findings, openWorkspace, type PhaseOutput } from './workspace.js';
-
-/** the findings a phase lists; more are counted, not listed (a report stays a few MB at most) */
-export const FINDINGS_CAP = 1000;
+import { Findings, FINDINGS_CAP, openWorkspace, type PhaseOutput } from './workspace.js';
 
 async function main(phase: AuditPhase, options: Pick<AuditOptions, 'layers'>): Promise<PhaseOutput> {
   const ws = await openWorkspace(process.cwd());

@@ -10,6 +10,8 @@ import type { AuditFinding, Severity } from '../../platform/index.js';
 
 const GIT = ['--no-optional-locks', '-c', 'safe.directory=*', '-c', 'core.fsmonitor=false', '-c', 'core.hooksPath=/dev/null'];
 const SKIPPED_DIRS = new Set(['node_modules', '.git']);
+/** the findings a phase lists; more are counted, not listed (a report stays a few MB at most) */
+export const FINDINGS_CAP = 1000;
 /** a tree larger than this is audited on its first files (the metric says so) */
 export const MAX_FILES = 100_000;
 
