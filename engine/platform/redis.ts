@@ -19,7 +19,7 @@ export type RedisTarget = {
 };
 
 export function parseRedisUrl(url: string): RedisTarget {
-  const m = /^(rediss?):\/\/(?:([^:@/]*)(?::([^@/]*))?@)?([^/?#]+)(?:\/(\d+))?\/?$/.exec(url.trim());
+  const m = /^(rediss?):\/\/(?:([^:@/]*)(?::([^@/]*))?@)?([^/?#]+)(?:\/(\d+))?\/?(?:\?[^#]*)?$/.exec(url.trim());
   if (!m) throw new Error('expected redis://[user:password@]host:port[,host:port...][/db]');
   const [, scheme, user, pass, hosts, db] = m;
   const nodes = hosts!.split(',').map((h) => {
@@ -56,9 +56,10 @@ function optionsOf(t: RedisTarget, extra: RedisOptions): RedisOptions {
  */
 export function createRedis(url: string, name: string, extra: RedisOptions = {}): Redis {
   const t = parseRedisUrl(url);
-  const options = optionsOf(t, { maxRetriesPerRequest: null, connectionName: name, ...extra });
-  if (!t.cluster) return new Redis({ host: t.nodes[0]!.host, port: t.nodes[0]!.port, ...options });
-  return new Cluster(t.nodes, { redisOptions: options }) as unknown as Redis;
+  const options: RedisOptions = { maxRetriesPerRequest: null, connectionName: name, ...extra };
+  // one server: ioredis reads the URL itself (every option it knows, query parameters included)
+  if (!t.cluster) return new Redis(url, options);
+  return new Cluster(t.nodes, { redisOptions: optionsOf(t, options) }) as unknown as Redis;
 }
 
 export const isCluster = (redis: Redis): boolean => (redis as unknown) instanceof Cluster;
@@ -103,13 +104,10 @@ export function redactUrl(url: string): string {
 
 /** Connects once, without retrying, and answers within `timeoutMs`: start-up must not hang on a dead Redis. */
 export async function probeRedis(url: string, timeoutMs = 2000): Promise<void> {
-  // one server of the list answering is enough to start: the cluster client finds the others
+  // one server of a cluster's list answering is enough to start: the cluster client finds the others
   const t = parseRedisUrl(url);
-  const probe = new Redis({
-    host: t.nodes[0]!.host,
-    port: t.nodes[0]!.port,
-    ...optionsOf(t, { lazyConnect: true, connectTimeout: timeoutMs, retryStrategy: () => null, maxRetriesPerRequest: 0, enableOfflineQueue: false }),
-  });
+  const options: RedisOptions = { lazyConnect: true, connectTimeout: timeoutMs, retryStrategy: () => null, maxRetriesPerRequest: 0, enableOfflineQueue: false };
+  const probe = t.cluster ? new Redis({ host: t.nodes[0]!.host, port: t.nodes[0]!.port, ...optionsOf(t, options) }) : new Redis(url, options);
   probe.on('error', () => {}); // reported through the rejected promise below
   try {
     await withTimeout(

@@ -1,6 +1,7 @@
 import { expect } from 'chai';
 import path from 'node:path';
 import { ConfigError, parseEnv } from '../../config/env.js';
+import { parseRedisUrl } from '../../engine/platform/index.js';
 
 describe('config/env', () => {
   it('gives every variable of DESIGN.md its default', () => {
@@ -82,5 +83,25 @@ describe('config/env', () => {
     expect(() => parseEnv({ SERVICE_API_KEYS: 'acme:short-secret' }))
       .to.throw(ConfigError)
       .that.satisfies((e: Error) => !e.message.includes('short-secret'));
+  });
+
+  it("reads REDIS_URL as one server or a cluster's nodes, and wants a hash-tagged prefix on a cluster", () => {
+    expect(parseRedisUrl('redis://:p%40ss@h:1/2')).to.deep.equal({ cluster: false, nodes: [{ host: 'h', port: 1 }], password: 'p@ss', db: 2, tls: false });
+    expect(parseRedisUrl('rediss://u:p@a:7000,b:7001,[::1]:7002')).to.deep.equal({
+      cluster: true,
+      nodes: [
+        { host: 'a', port: 7000 },
+        { host: 'b', port: 7001 },
+        { host: '::1', port: 7002 },
+      ],
+      username: 'u',
+      password: 'p',
+      tls: true,
+    });
+    expect(parseRedisUrl('redis://h/0?family=6').nodes).to.deep.equal([{ host: 'h', port: 6379 }]);
+    expect(() => parseEnv({ REDIS_URL: 'http://h:1' })).to.throw(ConfigError, /REDIS_URL/);
+    expect(() => parseEnv({ REDIS_URL: 'redis://a:1,b:2', SERVICE_QUEUE_PREFIX: 'svc' })).to.throw(ConfigError, /hash tag/);
+    expect(parseEnv({ REDIS_URL: 'redis://a:1,b:2', SERVICE_QUEUE_PREFIX: '{svc}' }).queuePrefix).to.equal('{svc}');
+    expect(() => parseEnv({ SERVICE_QUEUE_PREFIX: '{a}{b}' })).to.throw(ConfigError, /SERVICE_QUEUE_PREFIX/);
   });
 });
