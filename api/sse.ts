@@ -36,6 +36,8 @@ export function lastEventIdOf(req: Request): string {
 }
 
 export async function streamEvents(req: Request, res: Response, opts: SseOptions): Promise<void> {
+  // a client gone while the route prepared (an audit started, a run stored) gets nothing, and holds nothing
+  if (req.socket.destroyed) return;
   res.status(opts.status ?? 200);
   res.set({
     'Content-Type': 'text/event-stream; charset=utf-8',

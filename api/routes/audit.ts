@@ -33,6 +33,7 @@ export function auditRouter(engine: Engine, opts: { hub: EventHub; heartbeatMs: 
     // the wait ends with the client: a closed connection stops waiting (the audit goes on)
     const gone = new AbortController();
     res.on('close', () => gone.abort());
+    if (req.socket.destroyed) gone.abort();
     const report = await engine.audits.wait(tenantId, started.report_id, {
       timeoutMs: (body.timeout_seconds ?? DEFAULT_TIMEOUT_SECONDS) * 1000,
       signal: gone.signal,
@@ -57,7 +58,11 @@ export function auditRouter(engine: Engine, opts: { hub: EventHub; heartbeatMs: 
     if (resumeFrom !== '0-0') {
       // a reconnecting client: its audit, where it left off (the validator checked the id's shape)
       [reportId, afterId] = resumeFrom.split('/') as [string, string];
-      await engine.audits.get(tenantId, reportId);
+      // a client that saw the report reconnects as EventSource does after any close: 204 tells it to stop
+      if (!(await engine.audits.hasMore(tenantId, reportId, afterId))) {
+        res.status(204).end();
+        return;
+      }
     } else {
       const q = req.query as { workspace?: string; phases?: AuditPhase[]; layers?: string };
       let layers: AuditRequest['layers'];

@@ -3,6 +3,7 @@
 // that assembles the report, writes its summary into the evidence ledger and ends the stream. The
 // report lives in Redis (reports.ts) from the start, so a fetch from any web process sees it as it
 // grows; each phase appends a `phase_done` event to the audit's log as it ends.
+import fs from 'node:fs/promises';
 import path from 'node:path';
 import { FlowProducer } from 'bullmq';
 import type { Platform } from '../deps.js';
@@ -153,6 +154,70 @@ export function auditsOf(deps: AuditsDeps) {
     });
   }
 
+  /** Assembles a report whose claim this process holds: every phase's result, the ledger entry, the end of its stream. */
+  async function assembleClaimed(tenantId: string, id: string, current: AuditReport): Promise<AuditReport> {
+    const at = clock.now().toISOString();
+    const kept = new Map(current.phases.map((p) => [p.phase, p]));
+    const phases = current.phases_requested.map(
+      (phase): AuditPhaseResult =>
+        kept.get(phase) ?? {
+          phase,
+          status: 'failed',
+          duration_ms: 0,
+          findings: [],
+          findings_omitted: 0,
+          counts: zero(),
+          score: null,
+          metrics: {},
+          error: 'the phase did not report (its job failed or was lost)',
+        },
+    );
+    for (const p of phases) if (!kept.has(p.phase)) await emitPhase(tenantId, id, p);
+    const totals = zero();
+    for (const p of phases) for (const s of SEVERITIES) totals[s] += p.counts[s];
+    const report: AuditReport = {
+      ...current,
+      finished_at: at,
+      status: phases.every((p) => p.status === 'completed') ? 'completed' : 'partial',
+      phases,
+      totals,
+      scores: Object.fromEntries(phases.map((p) => [p.phase, p.score])),
+    };
+    const [entry] = await ledger.append(tenantId, [
+      {
+        kind: 'audit.report',
+        subject: { workspace: report.workspace, report_id: id, ...(report.trigger.type === 'run' ? { run_id: report.trigger.run_id } : {}) },
+        payload: {
+          report_id: id,
+          workspace: report.workspace,
+          status: report.status,
+          started_at: report.started_at,
+          finished_at: report.finished_at,
+          trigger: report.trigger,
+          totals,
+          scores: report.scores,
+          phases: phases.map((p) => ({
+            phase: p.phase,
+            status: p.status,
+            counts: p.counts,
+            score: p.score,
+            duration_ms: p.duration_ms,
+            findings_omitted: p.findings_omitted,
+          })),
+          /** the whole report's digest: a copy kept elsewhere can be checked against the ledger */
+          report_digest: sha256Hex(canonicalJson({ ...report, ledger: null })),
+        },
+      },
+    ]);
+    report.ledger = { seq: entry!.seq, hash: entry!.hash };
+    await reports.finish(tenantId, report);
+    await events.append(scopes.audit(id).stream, { tenant_id: tenantId, type: 'audit.finished', data: report });
+    // the stream holds the whole report too: it goes when the report does, not a week later
+    await deps.redis.expire(events.key(scopes.audit(id).stream), settings.reportTtlSeconds);
+    log.info({ tenant_id: tenantId, report_id: id, status: report.status, totals }, 'audit finished');
+    return report;
+  }
+
   const api = {
     reports,
     rootOf,
@@ -210,8 +275,13 @@ export function auditsOf(deps: AuditsDeps) {
       let result: AuditPhaseResult;
       try {
         const dir = await dirOf(tenantId, got.report);
+        // the folder checked is the folder read: its identity goes to the phase, which refuses another one
+        // (a link swapped in between the check and the sandbox's mount)
+        const st = await fs.stat(dir);
+        if ((await fs.realpath(dir)) !== dir) throw new Error('the workspace moved while the phase started');
         const out = await runPhase(sandbox, dir, phase, {
           layers: got.options.layers,
+          identity: `${st.dev}:${st.ino}`,
           timeoutMs: settings.phaseTimeoutSeconds * 1000,
           signal: controller.signal,
         });
@@ -261,64 +331,18 @@ export function auditsOf(deps: AuditsDeps) {
       if (got.report.status !== 'running') return got.report;
       const claim = `${queues.prefix}:audit:assemble:${id}`;
       if ((await deps.redis.set(claim, '1', 'EX', ASSEMBLE_CLAIM_SECONDS, 'NX')) !== 'OK') return got.report;
-      const at = clock.now().toISOString();
-      const kept = new Map(got.report.phases.map((p) => [p.phase, p]));
-      const phases = got.report.phases_requested.map(
-        (phase): AuditPhaseResult =>
-          kept.get(phase) ?? {
-            phase,
-            status: 'failed',
-            duration_ms: 0,
-            findings: [],
-            findings_omitted: 0,
-            counts: zero(),
-            score: null,
-            metrics: {},
-            error: 'the phase did not report (its job failed or was lost)',
-          },
-      );
-      for (const p of phases) if (!kept.has(p.phase)) await emitPhase(tenantId, id, p);
-      const totals = zero();
-      for (const p of phases) for (const s of SEVERITIES) totals[s] += p.counts[s];
-      const report: AuditReport = {
-        ...got.report,
-        finished_at: at,
-        status: phases.every((p) => p.status === 'completed') ? 'completed' : 'partial',
-        phases,
-        totals,
-        scores: Object.fromEntries(phases.map((p) => [p.phase, p.score])),
-      };
-      const [entry] = await ledger.append(tenantId, [
-        {
-          kind: 'audit.report',
-          subject: { workspace: report.workspace, report_id: id, ...(report.trigger.type === 'run' ? { run_id: report.trigger.run_id } : {}) },
-          payload: {
-            report_id: id,
-            workspace: report.workspace,
-            status: report.status,
-            started_at: report.started_at,
-            finished_at: report.finished_at,
-            trigger: report.trigger,
-            totals,
-            scores: report.scores,
-            phases: phases.map((p) => ({
-              phase: p.phase,
-              status: p.status,
-              counts: p.counts,
-              score: p.score,
-              duration_ms: p.duration_ms,
-              findings_omitted: p.findings_omitted,
-            })),
-            /** the whole report's digest: a copy kept elsewhere can be checked against the ledger */
-            report_digest: sha256Hex(canonicalJson({ ...report, ledger: null })),
-          },
-        },
-      ]);
-      report.ledger = { seq: entry!.seq, hash: entry!.hash };
-      await reports.finish(tenantId, report);
-      await events.append(scopes.audit(id).stream, { tenant_id: tenantId, type: 'audit.finished', data: report });
-      log.info({ tenant_id: tenantId, report_id: id, status: report.status, totals }, 'audit finished');
-      return report;
+      try {
+        return await assembleClaimed(tenantId, id, got.report);
+      } catch (err) {
+        // a retry (the job's, or the reconciler's) may try at once
+        await deps.redis.del(claim).catch(() => undefined);
+        throw err;
+      }
+    },
+    /** Whether a stream resumed after `afterId` has anything left to send: false once the report is out and seen. */
+    async hasMore(tenantId: string, id: string, afterId: string): Promise<boolean> {
+      const { report } = await mustGet(tenantId, id);
+      return report.status === 'running' || (await events.after(scopes.audit(id).stream, afterId, 1)).length > 0;
     },
 
     /** The report now; a 404 problem when it is unknown, expired or evicted. */

@@ -51,10 +51,10 @@ export async function runPhase(
   sandbox: Sandbox,
   root: string,
   phase: AuditPhase,
-  opts: { layers: AuditLayer[] | null; timeoutMs: number; signal?: AbortSignal },
+  opts: { layers: AuditLayer[] | null; identity?: string; timeoutMs: number; signal?: AbortSignal },
 ): Promise<PhaseOutput> {
   const { argv, env, binds } = command();
-  const r = await runProcess(sandbox, [...argv, phase, JSON.stringify({ layers: opts.layers })], {
+  const r = await runProcess(sandbox, [...argv, phase, JSON.stringify({ layers: opts.layers, identity: opts.identity ?? null })], {
     workspace: root,
     readOnly: true,
     readOnlyBinds: binds,

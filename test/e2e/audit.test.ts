@@ -100,6 +100,8 @@ describe('workspace audit', function () {
     expect(registry.asked).to.include('semver');
     // the token is found and never shown: not in the report, nor in a log line
     expect(JSON.stringify(report)).not.to.contain(PLANTED_TOKEN);
+    // a TODO that quotes the token is listed, masked
+    expect(report.phases[3].findings.find((f: Body) => f.file === 'src/config.ts' && f.rule === 'marker-todo').message).to.match(/^TODO: rotate \*+ before/);
     expect(h.logs.join('')).not.to.contain(PLANTED_TOKEN);
     const secret = report.phases[0].findings.find((f: Body) => f.rule === 'secret:github' && f.file === 'src/config.ts');
     expect(secret).to.deep.include({ severity: 'critical', line: 1 });
@@ -182,6 +184,11 @@ describe('workspace audit', function () {
     const report = resumed.events.at(-1)!.data.data;
     expect(report.report_id).to.equal(reportId);
     expect(report.status).to.equal('completed');
+    // EventSource reconnects after any close: past the report, the answer is 204, which stops it
+    const after = await fetch(`${h.url}/api/v1/autonomy/workspace-audit/stream`, {
+      headers: { authorization: `Bearer ${KEYS.a}`, 'last-event-id': resumed.events.at(-1)!.id },
+    });
+    expect(after.status).to.equal(204);
     // no other audit was started by the reconnect
     expect(resumed.events.every((e) => (e.name === 'report' ? e.data.data.report_id : e.data.data.report_id) === reportId)).to.equal(true);
   });

@@ -71,6 +71,12 @@ describe('audit phases', function () {
     expect(out.metrics.markers).to.deep.include({ TODO: 1500 });
   });
 
+  it('refuses to read a folder other than the one checked (a link swapped in before the mount)', async () => {
+    const err = await runPhase(sandbox, dir, 'sanity', { layers: null, identity: '1:1', timeoutMs: 60_000 }).catch((e: unknown) => e);
+    expect(err).to.have.property('status', 'failed');
+    expect((err as Error).message).to.contain('not the folder that was checked');
+  });
+
   it('ends a phase that runs past its timeout as timed_out', async () => {
     const err = await runPhase(sandbox, dir, 'architecture', { layers: null, timeoutMs: 50 }).catch((e: unknown) => e);
     expect(err).to.have.property('status', 'timed_out');

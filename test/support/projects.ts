@@ -93,7 +93,7 @@ export async function makeFlawedProject(dir: string): Promise<void> {
     }),
   );
   await write('.env', `GITHUB_TOKEN=${PLANTED_TOKEN}\n`);
-  await write('src/config.ts', `export const token = '${PLANTED_TOKEN}';\n`);
+  await write('src/config.ts', `export const token = '${PLANTED_TOKEN}';\n// TODO: rotate ${PLANTED_TOKEN} before the release\n`);
   await write('src/a.ts', "import { b } from './b.js';\nexport const a = () => b();\n");
   await write('src/b.ts', "import { a } from './a.js';\n// TODO: break this cycle\nexport const b = (): unknown => a;\n");
   await write('src/lonely.ts', 'export const lonely = 1;\n');

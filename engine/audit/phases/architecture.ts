@@ -9,6 +9,7 @@ import { cruise, type ICruiseResult } from 'dependency-cruiser';
 import ts from 'typescript';
 import type { AuditLayer } from '../../platform/index.js';
 import { LAYERS_FILE, parseLayers } from './layers.js';
+import { masked } from './mask.js';
 import { Findings, readText, type PhaseOutput, type Workspace } from './workspace.js';
 
 const SOURCE = /\.(c|m)?(j|t)sx?$/;
@@ -92,7 +93,7 @@ export async function architecturePhase(ws: Workspace, findings: Findings, reque
         layers = parseLayers(JSON.parse(text));
         layersFrom = LAYERS_FILE;
       } catch (err) {
-        findings.add('invalid-layers-file', 'medium', LAYERS_FILE, null, `${LAYERS_FILE} is not a valid layer list: ${(err as Error).message}`);
+        findings.add('invalid-layers-file', 'medium', LAYERS_FILE, null, `${LAYERS_FILE} is not a valid layer list: ${await masked((err as Error).message)}`);
       }
     }
   }

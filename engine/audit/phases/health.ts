@@ -1,6 +1,7 @@
 // health, the part that reads files: TODO/FIXME/HACK/XXX markers in the sources, and the declared
 // dependencies with what the lockfile pins (the service asks a registry which are outdated, outside
 // the sandbox; stale gate results come from the service's store).
+import { masked } from './mask.js';
 import { declared, npmLock, readJson, type Manifest } from './sanity.js';
 import { Findings, readText, type PhaseOutput, type Workspace } from './workspace.js';
 
@@ -15,13 +16,16 @@ export async function healthPhase(ws: Workspace, findings: Findings): Promise<{ 
   for (const rel of ws.files.filter((f) => TEXT_SOURCE.test(f))) {
     const text = await readText(ws.root, rel, MAX_FILE_BYTES);
     if (text === null || !/TODO|FIXME|HACK|XXX/.test(text)) continue;
-    text.split('\n').forEach((line, i) => {
-      const m = MARKER.exec(line);
-      if (!m) return;
+    const lines = text.split('\n');
+    for (let i = 0; i < lines.length; i++) {
+      const m = MARKER.exec(lines[i]!);
+      if (!m) continue;
       markers[m[1]!]!++;
       byFile[rel] = (byFile[rel] ?? 0) + 1;
-      findings.add(`marker-${m[1]!.toLowerCase()}`, m[1] === 'TODO' ? 'info' : 'low', rel, i + 1, `${m[1]}: ${m[2]!.trim()}`.trim());
-    });
+      // a comment's words are quoted: a token in them is not
+      const words = m[2]!.trim();
+      findings.add(`marker-${m[1]!.toLowerCase()}`, m[1] === 'TODO' ? 'info' : 'low', rel, i + 1, `${m[1]}: ${words && (await masked(words))}`.trim());
+    }
   }
   const manifest = await readJson<Manifest>(ws, 'package.json');
   const deps = manifest && manifest !== 'invalid' ? declared(manifest) : new Map<string, string>();

@@ -1,14 +1,21 @@
 // The process of one audit phase, started by the service in the sandbox with the workspace as its
 // working folder (read-only): `node phase-main.js <phase> <options as JSON>`. It
 // prints one JSON line (PhaseOutput) and exits 0, or prints why it failed on stderr and exits 1.
+import fs from 'node:fs';
 import type { AuditOptions, AuditPhase } from '../../platform/index.js';
 import { architecturePhase } from './architecture.js';
+import { masked } from './mask.js';
 import { healthPhase } from './health.js';
 import { sanityPhase } from './sanity.js';
 import { securityPhase } from './security.js';
 import { Findings, FINDINGS_CAP, openWorkspace, type PhaseOutput } from './workspace.js';
 
-async function main(phase: AuditPhase, options: Pick<AuditOptions, 'layers'>): Promise<PhaseOutput> {
+type Options = Pick<AuditOptions, 'layers'> & { identity: string | null };
+
+async function main(phase: AuditPhase, options: Options): Promise<PhaseOutput> {
+  // the folder mounted here is the one the service checked (device and inode), not one swapped in since
+  const here = fs.statSync('.');
+  if (options.identity && `${here.dev}:${here.ino}` !== options.identity) throw new Error('the workspace is not the folder that was checked');
   const ws = await openWorkspace(process.cwd());
   const findings = new Findings(FINDINGS_CAP);
   let metrics: PhaseOutput['metrics'];
@@ -24,11 +31,12 @@ async function main(phase: AuditPhase, options: Pick<AuditOptions, 'layers'>): P
 }
 
 const phase = process.argv[2] as AuditPhase;
-const options = JSON.parse(process.argv[3] ?? '{}') as Pick<AuditOptions, 'layers'>;
-main(phase, { layers: options.layers ?? null }).then(
+const options = JSON.parse(process.argv[3] ?? '{}') as Partial<Options>;
+main(phase, { layers: options.layers ?? null, identity: options.identity ?? null }).then(
   (out) => process.stdout.write(`${JSON.stringify(out)}\n`),
-  (err: unknown) => {
-    process.stderr.write(`${(err as Error)?.stack ?? String(err)}\n`);
+  async (err: unknown) => {
+    // an error may quote the workspace (a parser's message): what it says goes to the service's log masked
+    process.stderr.write(`${await masked((err as Error)?.stack ?? String(err)).catch(() => 'the phase failed')}\n`);
     process.exitCode = 1;
   },
 );

@@ -4,17 +4,10 @@
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import { lintSource } from '@secretlint/core';
-import { secretLintProfiler } from '@secretlint/profiler';
-import { creator as recommended } from '@secretlint/secretlint-rule-preset-recommend';
+import { masked, SECRETLINT } from './mask.js';
 import { Findings, readText, type PhaseOutput, type Workspace } from './workspace.js';
 
-// secretlint 12's profiler records a performance mark per rule per file and scans every earlier one on
-// each: O(n^2) in the files a process lints (5,000 files: 437 s instead of a few). Nothing reads it;
-// upstream makes it opt-in in 13 (secretlint#1673), which needs Node 22. Until then its marks are dropped.
-secretLintProfiler.mark = () => {};
-
 const MAX_FILE_BYTES = 1024 * 1024;
-const SECRETLINT = { rules: [{ id: '@secretlint/secretlint-rule-preset-recommend', rule: recommended }] };
 const KEY_FILE = /(^|\/)(id_(rsa|dsa|ecdsa|ed25519)|[^/]+\.(pem|key|p12|pfx|jks|keystore|ppk))$/i;
 const ENV_FILE = /(^|\/)\.env(\.[^/]+)?$/;
 const ENV_TEMPLATE = /\.(example|sample|template|dist|defaults?|schema)$/i;
@@ -25,17 +18,6 @@ const RISKY: { rule: string; pattern: RegExp; what: string }[] = [
   { rule: 'script-evaluates-remote-code', pattern: /\b(eval|node\s+-e|python3?\s+-c)\b.*https?:\/\//, what: 'evaluates code fetched from the network' },
   { rule: 'script-downloads', pattern: /\b(curl|wget)\b/, what: 'downloads from the network' },
 ];
-
-/** The text with what the recommended rules find replaced by `***`: a script may carry a token. */
-async function masked(text: string): Promise<string> {
-  const result = await lintSource({
-    source: { filePath: '/script.txt', content: text, contentType: 'text' },
-    options: { config: SECRETLINT, locale: 'en', maskSecrets: true },
-  });
-  let out = text;
-  for (const [start, end] of result.messages.map((m) => m.range).sort((a, b) => b[0] - a[0])) out = `${out.slice(0, start)}***${out.slice(end)}`;
-  return out;
-}
 
 export async function securityPhase(ws: Workspace, findings: Findings): Promise<PhaseOutput['metrics']> {
   let scanned = 0;
