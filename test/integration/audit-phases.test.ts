@@ -35,6 +35,7 @@ describe('audit phases', function () {
     // links out of the root: to a file, to a folder, and a folder link inside a repository
     await fs.symlink(path.join(outside, 'secret.txt'), path.join(dir, 'leak.txt'));
     await fs.symlink(outside, path.join(dir, 'linked'));
+    await fs.writeFile(path.join(dir, 'src', 'inside.ts'), `export const t = '${PLANTED_TOKEN}';\n`);
     await fs.writeFile(path.join(dir, 'src', 'index.ts'), Array.from({ length: 1500 }, (_, i) => `// TODO: item ${i}`).join('\n'));
   });
   after(async () => {
@@ -50,17 +51,10 @@ describe('audit phases', function () {
         git('add', '-A');
         git('commit', '-qm', 'links');
       }
+      // the same token inside the root is found; the one behind the links is not read
       const out = await runPhase(sandbox, dir, 'security', { layers: null, timeoutMs: 60_000 });
-      expect(out.findings.filter((f) => f.rule.startsWith('secret:'))).to.deep.equal([]);
+      expect(out.findings.filter((f) => f.rule.startsWith('secret:')).map((f) => f.file)).to.deep.equal(['src/inside.ts']);
       expect(JSON.stringify(out)).not.to.contain(PLANTED_TOKEN);
-      // the same token inside the root is found
-      await fs.writeFile(path.join(dir, 'src', 'inside.ts'), `export const t = '${PLANTED_TOKEN}';\n`);
-      try {
-        const found = await runPhase(sandbox, dir, 'security', { layers: null, timeoutMs: 60_000 });
-        expect(found.findings.filter((f) => f.rule === 'secret:github').map((f) => f.file)).to.deep.equal(['src/inside.ts']);
-      } finally {
-        await fs.rm(path.join(dir, 'src', 'inside.ts'));
-      }
     });
 
   it('lists at most 1,000 findings of a phase, worst first, and counts the rest', async () => {
