@@ -13,21 +13,10 @@ import { Cluster } from 'ioredis';
 import { ConfigError, parseEnv } from '../../config/env.js';
 import { createLogger } from '../../engine/platform/index.js';
 import { openRuntime } from '../../engine/process/index.js';
-import { eventually, finishedRun, startHarness, uniquePrefix, type Harness } from '../support/harness.js';
+import { eventually, finishedRun, freePort, startHarness, type Harness, uniquePrefix } from '../support/harness.js';
 import * as sign from '../support/signers.js';
 
 type Body = Record<string, any>;
-
-async function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = net.createServer();
-    srv.listen(0, '127.0.0.1', () => {
-      const { port } = srv.address() as net.AddressInfo;
-      srv.close(() => resolve(port));
-    });
-    srv.on('error', reject);
-  });
-}
 
 const listening = (port: number) =>
   new Promise<boolean>((resolve) => {

@@ -4,18 +4,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import net from 'node:net';
 import { expect } from 'chai';
-import { eventually, finishedRun, startHarness, type Harness } from '../support/harness.js';
-
-async function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = net.createServer();
-    srv.listen(0, '127.0.0.1', () => {
-      const { port } = srv.address() as net.AddressInfo;
-      srv.close(() => resolve(port));
-    });
-    srv.on('error', reject);
-  });
-}
+import { eventually, finishedRun, freePort, startHarness, type Harness } from '../support/harness.js';
 
 describe('Redis outage', function () {
   this.timeout(60_000);
