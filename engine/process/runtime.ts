@@ -94,6 +94,7 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
   try {
     const redis = createRedis(config.redisUrl, `${config.queuePrefix}:main`);
     redis.on('error', (err) => log.warn({ err: err.message }, 'redis connection error'));
+    closers.push(() => redis.quit().catch(() => redis.disconnect()));
     // one URL that reaches a node of a cluster would meet MOVED on most keys: the nodes must be listed
     if (!isCluster(redis) && /^cluster_enabled:1/m.test(await redis.info('cluster')))
       throw new ConfigError([
@@ -101,7 +102,6 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
       ]);
     const settings = redisSettingsOf(await redis.info('memory'));
     if (settings.warning) log.warn({ maxmemory_policy: settings.maxmemory_policy }, settings.warning);
-    closers.push(() => redis.quit().catch(() => redis.disconnect()));
     const store = await openStore({ mongodbUri: config.mongodbUri, dataDir: config.dataDir });
     closers.push(() => store.close());
     const queues = createQueues(redis, config.queuePrefix);
