@@ -75,6 +75,18 @@ const ASSEMBLE_CLAIM_SECONDS = 120;
 const WEIGHTS: SeverityCounts = { critical: 40, high: 15, medium: 5, low: 1, info: 0 };
 
 const zero = (): SeverityCounts => ({ critical: 0, high: 0, medium: 0, low: 0, info: 0 });
+/** A phase that did not complete: no findings, no score, and why. */
+const notCompleted = (phase: AuditPhase, status: 'failed' | 'timed_out', durationMs: number, error: string): AuditPhaseResult => ({
+  phase,
+  status,
+  duration_ms: durationMs,
+  findings: [],
+  findings_omitted: 0,
+  counts: zero(),
+  score: null,
+  metrics: {},
+  error,
+});
 const scoreOf = (counts: SeverityCounts): number => Math.max(0, 100 - SEVERITIES.reduce((s, k) => s + counts[k] * WEIGHTS[k], 0));
 
 export function auditsOf(deps: AuditsDeps) {
@@ -159,18 +171,7 @@ export function auditsOf(deps: AuditsDeps) {
     const at = clock.now().toISOString();
     const kept = new Map(current.phases.map((p) => [p.phase, p]));
     const phases = current.phases_requested.map(
-      (phase): AuditPhaseResult =>
-        kept.get(phase) ?? {
-          phase,
-          status: 'failed',
-          duration_ms: 0,
-          findings: [],
-          findings_omitted: 0,
-          counts: zero(),
-          score: null,
-          metrics: {},
-          error: 'the phase did not report (its job failed or was lost)',
-        },
+      (phase): AuditPhaseResult => kept.get(phase) ?? notCompleted(phase, 'failed', 0, 'the phase did not report (its job failed or was lost)'),
     );
     for (const p of phases) if (!kept.has(p.phase)) await emitPhase(tenantId, id, p);
     const totals = zero();
@@ -299,18 +300,7 @@ export function auditsOf(deps: AuditsDeps) {
         };
       } catch (err) {
         // a phase that cannot run (its folder gone, a crash, its timeout) makes the report partial, not stuck
-        const status = err instanceof PhaseError ? err.status : 'failed';
-        result = {
-          phase,
-          status,
-          duration_ms: Math.round(performance.now() - started),
-          findings: [],
-          findings_omitted: 0,
-          counts: zero(),
-          score: null,
-          metrics: {},
-          error: (err as Error).message,
-        };
+        result = notCompleted(phase, err instanceof PhaseError ? err.status : 'failed', Math.round(performance.now() - started), (err as Error).message);
         log.warn({ tenant_id: tenantId, report_id: id, phase, err: result.error }, 'audit phase did not complete');
       } finally {
         mine.delete(controller);

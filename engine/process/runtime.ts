@@ -95,12 +95,14 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
     const redis = createRedis(config.redisUrl, `${config.queuePrefix}:main`);
     redis.on('error', (err) => log.warn({ err: err.message }, 'redis connection error'));
     closers.push(() => redis.quit().catch(() => redis.disconnect()));
-    // one URL that reaches a node of a cluster would meet MOVED on most keys: the nodes must be listed
-    if (!isCluster(redis) && /^cluster_enabled:1/m.test(await redis.info('cluster')))
+    // one INFO at start: a node of a cluster reached by one URL would meet MOVED on most keys (the nodes
+    // must be listed), and an eviction policy other than noeviction can lose jobs
+    const info = await redis.info();
+    if (!isCluster(redis) && /^cluster_enabled:1/m.test(info))
       throw new ConfigError([
         "REDIS_URL: the server is a node of a Redis Cluster; list the cluster's nodes (redis://host1:port1,host2:port2,...) and give SERVICE_QUEUE_PREFIX a hash tag ({svc})",
       ]);
-    const settings = redisSettingsOf(await redis.info('memory'));
+    const settings = redisSettingsOf(info);
     if (settings.warning) log.warn({ maxmemory_policy: settings.maxmemory_policy }, settings.warning);
     const store = await openStore({ mongodbUri: config.mongodbUri, dataDir: config.dataDir });
     closers.push(() => store.close());
