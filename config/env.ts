@@ -12,7 +12,11 @@ export type Config = {
   isProduction: boolean;
   port: number;
   redisUrl: string;
+  /** REDIS_URL was given: no private redis-server is ever started in its place */
+  redisUrlSet: boolean;
   mongodbUri: string | undefined;
+  /** which store: mongo when MONGODB_URI is set; sqlite otherwise (in production only when SERVICE_STORE=sqlite says so) */
+  store: 'sqlite' | 'mongo';
   dataDir: string;
   queuePrefix: string;
   apiKeys: ApiKeySeed[];
@@ -32,6 +36,8 @@ export type Config = {
   /** webhook requests one tenant may send per minute, over all kinds; more answer 429 */
   webhookRateLimitPerMinute: number;
   logLevel: string;
+  /** a worker process's own /metrics and /healthz port (SERVICE_WORKER_METRICS_PORT); unset: none */
+  workerMetricsPort: number | undefined;
   shutdownGraceSeconds: number;
   runBudget: { defaultSeconds: number; maxSeconds: number };
   workerConcurrency: number;
@@ -164,6 +170,7 @@ const schema = z.object({
       }
     }),
   MONGODB_URI: url(['mongodb:', 'mongodb+srv:']),
+  SERVICE_STORE: optionalText.pipe(z.enum(['sqlite', 'mongo'], { message: 'expected "sqlite" or "mongo"' }).optional()),
   SERVICE_DATA_DIR: z
     .string()
     .optional()
@@ -234,6 +241,7 @@ const schema = z.object({
   SERVICE_AGENT_MAX_RETRIES: int(3, 0, 10),
   SERVICE_WEBHOOK_REPLAY_WINDOW_SECONDS: int(300, 1, 86_400),
   SERVICE_WEBHOOK_RATE_LIMIT_PER_MINUTE: int(1200, 1, 10_000_000),
+  SERVICE_WORKER_METRICS_PORT: int(0, 0, 65535),
   SERVICE_SHUTDOWN_GRACE_SECONDS: int(10, 0, 3600),
   SERVICE_RUN_DEFAULT_BUDGET_SECONDS: int(600, 1, 86_400),
   SERVICE_RUN_MAX_BUDGET_SECONDS: int(3600, 1, 86_400),
@@ -262,6 +270,13 @@ export function parseEnv(env: Record<string, string | undefined>): Config {
   if (isProduction && e.SERVICE_AUTH === 'none') problems.push('SERVICE_AUTH: "none" is refused when NODE_ENV=production');
   if (isProduction && !e.SERVICE_SECRET_KEY) problems.push('SERVICE_SECRET_KEY: required when NODE_ENV=production');
   if (isProduction && !e.SERVICE_EVIDENCE_KEY) problems.push('SERVICE_EVIDENCE_KEY: required when NODE_ENV=production');
+  if (e.SERVICE_STORE === 'mongo' && !e.MONGODB_URI) problems.push('SERVICE_STORE: "mongo" needs MONGODB_URI');
+  if (e.SERVICE_STORE === 'sqlite' && e.MONGODB_URI) problems.push('SERVICE_STORE: "sqlite" and MONGODB_URI are both set; pick one store');
+  // web and worker on separate machines, or on ephemeral disks, cannot share a SQLite file
+  if (isProduction && !e.MONGODB_URI && e.SERVICE_STORE !== 'sqlite')
+    problems.push(
+      'MONGODB_URI: required when NODE_ENV=production (web and worker processes share the store); set SERVICE_STORE=sqlite to run on one machine with a persistent disk instead',
+    );
   if (e.SERVICE_RUN_DEFAULT_BUDGET_SECONDS > e.SERVICE_RUN_MAX_BUDGET_SECONDS) {
     problems.push('SERVICE_RUN_DEFAULT_BUDGET_SECONDS: must not exceed SERVICE_RUN_MAX_BUDGET_SECONDS');
   }
@@ -275,7 +290,9 @@ export function parseEnv(env: Record<string, string | undefined>): Config {
     isProduction,
     port: e.PORT,
     redisUrl: e.REDIS_URL as string,
+    redisUrlSet: Boolean(env.REDIS_URL?.trim()),
     mongodbUri: e.MONGODB_URI,
+    store: e.MONGODB_URI ? 'mongo' : 'sqlite',
     dataDir: e.SERVICE_DATA_DIR,
     queuePrefix: e.SERVICE_QUEUE_PREFIX,
     apiKeys: e.SERVICE_API_KEYS,
@@ -304,6 +321,7 @@ export function parseEnv(env: Record<string, string | undefined>): Config {
     webhookReplayWindowSeconds: e.SERVICE_WEBHOOK_REPLAY_WINDOW_SECONDS,
     webhookRateLimitPerMinute: e.SERVICE_WEBHOOK_RATE_LIMIT_PER_MINUTE,
     logLevel: e.LOG_LEVEL,
+    workerMetricsPort: e.SERVICE_WORKER_METRICS_PORT || undefined,
     shutdownGraceSeconds: e.SERVICE_SHUTDOWN_GRACE_SECONDS,
     runBudget: { defaultSeconds: e.SERVICE_RUN_DEFAULT_BUDGET_SECONDS, maxSeconds: e.SERVICE_RUN_MAX_BUDGET_SECONDS },
     workerConcurrency: e.SERVICE_WORKER_CONCURRENCY,

@@ -1,2 +1,3 @@
 // Who may call: API keys, hashed at rest and bound to one tenant.
 export * from './api-keys.js';
+export * from './admin.js';

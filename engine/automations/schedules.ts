@@ -57,7 +57,7 @@ export function schedulesOf(deps: Pick<Platform, 'queues' | 'store' | 'log'>) {
       const want = new Map<string, { pattern: string; tz: string; data: CronJob }>();
       for (const a of await deps.store.automations.listEnabledWithTrigger('cron')) for (const [id, w] of wanted(a)) want.set(id, w);
       await apply(want, await existingIds());
-      deps.log.info({ schedulers: want.size }, 'cron schedulers reconciled');
+      deps.log.debug({ schedulers: want.size }, 'cron schedulers reconciled');
       return { schedulers: want.size };
     },
   };

@@ -155,7 +155,7 @@ export function createTemplateCatalog(opts: { dir: string; log: Logger }): Templ
     try {
       const t = parseTemplate(await fs.readFile(file, 'utf8'), file);
       byFile.set(name, t);
-      log.info({ template_id: t.id, file: name }, 'template loaded');
+      log.debug({ template_id: t.id, file: name }, 'template loaded');
     } catch (err) {
       const kept = byFile.has(name) ? 'the last good version stays' : 'the template is not offered';
       log.error({ file: name, err: (err as Error).message }, `template file is broken; ${kept}`);

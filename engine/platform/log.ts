@@ -28,14 +28,21 @@ export const REDACT_PATHS = [
   '*.password',
 ];
 
-export function createLogger(level: string, destination?: pino.DestinationStream): Logger {
-  return pino(
-    {
-      level,
-      base: { pid: process.pid },
-      redact: { paths: REDACT_PATHS, censor: '[redacted]' },
-      timestamp: pino.stdTimeFunctions.isoTime,
-    },
-    destination,
-  );
+/**
+ * A logger writing JSON lines (to `destination`, else stdout). `pretty` (a person at a terminal, outside
+ * production) sends the same lines through pino-pretty as a transport: coloured, one readable line each.
+ */
+export function createLogger(level: string, destination?: pino.DestinationStream | { pretty: true }): Logger {
+  const options: pino.LoggerOptions = {
+    level,
+    base: { pid: process.pid },
+    redact: { paths: REDACT_PATHS, censor: '[redacted]' },
+    timestamp: pino.stdTimeFunctions.isoTime,
+  };
+  if (destination && 'pretty' in destination)
+    return pino(options, pino.transport({ target: 'pino-pretty', options: { translateTime: 'SYS:HH:MM:ss.l', ignore: 'pid,hostname', singleLine: true } }));
+  return pino(options, destination);
 }
+
+/** Readable logs for a person: stdout is a terminal and this is not production. */
+export const wantsPrettyLogs = (isProduction: boolean, stdout: { isTTY?: boolean } = process.stdout): boolean => !isProduction && Boolean(stdout.isTTY);

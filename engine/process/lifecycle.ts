@@ -1,7 +1,7 @@
 // How an entry point lives and dies: config and start-up errors print one clear line and exit 1;
 // SIGTERM/SIGINT stop taking work and close everything within the grace period, then exit.
 import { ConfigError, loadConfig, type Config } from '../../config/env.js';
-import { createLogger, type Logger, RedisUnreachableError } from '../platform/index.js';
+import { createLogger, type Logger, RedisUnreachableError, wantsPrettyLogs } from '../platform/index.js';
 
 export type Stoppable = { close(): Promise<void> };
 
@@ -16,7 +16,7 @@ export async function runMain(name: string, start: (config: Config, log: Logger)
     }
     throw err;
   }
-  const log = createLogger(config.logLevel).child({ process: name });
+  const log = createLogger(config.logLevel, wantsPrettyLogs(config.isProduction) ? { pretty: true } : undefined).child({ process: name });
   let running: Stoppable;
   try {
     running = await start(config, log);

@@ -65,14 +65,19 @@ describe('documentation in a browser', function () {
     await page.close();
   });
 
-  it('renders Redoc with the automation operations', async () => {
+  it('renders Redoc with the automation operations, loading nothing from other origins', async () => {
     const page = await browser.newPage();
+    const external: string[] = [];
+    page.on('request', (r) => {
+      if (!r.url().startsWith(h.url) && !r.url().startsWith('data:') && !r.url().startsWith('blob:')) external.push(r.url());
+    });
     await page.goto(`${h.url}/redoc`);
     await page.waitForSelector('h2', { timeout: 20_000 });
     const text = await page.locator('body').innerText();
     expect(text).to.contain('Create an automation');
     expect(text).to.contain('Create an automation from a template');
     expect(text).to.contain('Archive an automation');
+    expect(external, 'requests to other origins').to.deep.equal([]);
     await page.close();
   });
 });

@@ -25,7 +25,9 @@ describe('documentation routes', () => {
   });
 
   it('answers 404 for all three in production', async () => {
-    const h = await startHarness({ env: { NODE_ENV: 'production', SERVICE_SECRET_KEY: 'ab'.repeat(32), SERVICE_EVIDENCE_KEY: 'cd'.repeat(32) } });
+    const h = await startHarness({
+      env: { NODE_ENV: 'production', SERVICE_STORE: 'sqlite', SERVICE_SECRET_KEY: 'ab'.repeat(32), SERVICE_EVIDENCE_KEY: 'cd'.repeat(32) },
+    });
     try {
       for (const p of ['/openapi.json', '/docs', '/redoc', '/redoc/redoc.standalone.js', '/docs/assets/swagger-ui-bundle.js']) {
         const res = await h.call('GET', p, { key: null });

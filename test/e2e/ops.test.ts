@@ -14,10 +14,10 @@ describe('operations', function () {
       const res = await h.call('GET', '/metrics', { key: KEYS.admin });
       expect(res.status).to.equal(200);
       expect(res.headers.get('content-type')).to.contain('text/plain');
-      expect(res.text).to.match(/http_request_duration_seconds_bucket\{.*route="\/api\/v1\/autonomy\/run".*status="202"/);
-      expect(res.text).to.match(/^runs\{kind="autonomy",status="succeeded"\} 1$/m);
-      expect(res.text).to.match(/^run_duration_seconds_count\{kind="autonomy",status="succeeded"\} 1$/m);
-      expect(res.text).to.match(/^queue_jobs\{queue="runs",state="waiting"\} 0$/m);
+      expect(res.text).to.match(/automation_http_request_duration_seconds_bucket\{.*route="\/api\/v1\/autonomy\/run".*status="202"/);
+      expect(res.text).to.match(/^automation_runs\{kind="autonomy",status="succeeded"\} 1$/m);
+      expect(res.text).to.match(/^automation_run_duration_seconds_count\{kind="autonomy",status="succeeded"\} 1$/m);
+      expect(res.text).to.match(/^automation_queue_jobs\{queue="runs",state="waiting"\} 0$/m);
     } finally {
       await h.close();
     }

@@ -5,14 +5,16 @@ import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { expect } from 'chai';
-import { deleteRedisPrefix, KEYS, REDIS_URL, uniquePrefix } from '../support/harness.js';
+import { deleteRedisPrefix, freePort, KEYS, REDIS_URL, uniquePrefix } from '../support/harness.js';
 
 type Proc = { child: ChildProcess; out: () => string; exited: Promise<{ code: number | null; ms: number }> };
 
-function start(entry: string, env: Record<string, string>): Proc {
+const start = (entry: string, env: Record<string, string>): Proc => spawnProc(process.execPath, ['--import', 'tsx', entry], env);
+
+function spawnProc(command: string, args: string[], env: Record<string, string>): Proc {
   const started = Date.now();
   // detached: its own process group, so cleanup can kill the whole group
-  const child = spawn(process.execPath, ['--import', 'tsx', entry], { env: { ...process.env, ...env }, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(command, args, { env: { ...process.env, ...env }, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
   let out = '';
   child.stdout!.on('data', (d) => (out += d));
   child.stderr!.on('data', (d) => (out += d));
@@ -78,6 +80,20 @@ describe('processes', function () {
     expect(p.out()).not.to.contain(KEYS.a);
   });
 
+  it('prints readable log lines at a terminal outside production (pino-pretty), JSON lines otherwise; per-template lines are debug', async () => {
+    // `script` gives the service a pseudo-terminal as its stdout
+    const cmd = [process.execPath, '--import', 'tsx', 'main.ts'].map((a) => `'${a}'`).join(' ');
+    const p = spawnProc('script', ['-qfec', cmd, '/dev/null'], env());
+    procs.push(p);
+    await waitFor(p, /listening on http:\/\/localhost:\d+/);
+    await waitFor(p, /INFO\S*: \S*workers ready/);
+    expect(p.out()).not.to.contain('"level":30');
+    const json = start('main.ts', env());
+    procs.push(json);
+    await waitFor(json, /"msg":"workers ready"/);
+    expect(json.out()).not.to.contain('template loaded');
+  });
+
   it('the Procfile web and worker processes start and stop cleanly', async () => {
     const web = start('api/main.ts', env());
     const worker = start('workers/main.ts', env());
@@ -89,6 +105,44 @@ describe('processes', function () {
     worker.child.kill('SIGTERM');
     expect((await web.exited).code, web.out()).to.equal(0);
     expect((await worker.exited).code, worker.out()).to.equal(0);
+  });
+
+  it('a worker serves its own /metrics (run durations, finishes by reason, queue waits) and /healthz on SERVICE_WORKER_METRICS_PORT', async () => {
+    const port = await freePort();
+    const web = start('api/main.ts', env());
+    const worker = start('workers/main.ts', { ...env(), SERVICE_WORKER_METRICS_PORT: String(port) });
+    procs.push(web, worker);
+    const [, url] = await waitFor(web, /"url":"(http:\/\/localhost:\d+)"/);
+    const [, metricsUrl] = await waitFor(worker, /"url":"(http:\/\/localhost:\d+)".*worker metrics listening/);
+    expect(metricsUrl).to.equal(`http://localhost:${port}`);
+    const health = await fetch(`${metricsUrl}/healthz`);
+    expect(health.status).to.equal(200);
+    expect(await health.json()).to.deep.include({ status: 'ok', process: 'worker', redis: 'ready' });
+    const run = await fetch(`${url}/api/v1/autonomy/run`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${KEYS.a}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ steps: [{ tool: 'shell', args: { command: 'exit 3' } }] }),
+    });
+    expect(run.status).to.equal(202);
+    const { run_id } = (await run.json()) as { run_id: string };
+    const scrape = (key: string | null) => fetch(`${metricsUrl}/metrics`, { headers: key ? { authorization: `Bearer ${key}` } : {} });
+    let text = '';
+    for (const until = Date.now() + 15_000; Date.now() < until && !/automation_runs_finished_total\{/.test(text);) {
+      await new Promise((r) => setTimeout(r, 100));
+      text = await (await scrape(KEYS.admin)).text();
+    }
+    expect(text, `run ${run_id}`).to.match(/^automation_runs_finished_total\{kind="autonomy",status="failed",reason="nonzero-exit"\} 1$/m);
+    expect(text).to.match(/^automation_run_duration_seconds_count\{kind="autonomy",status="failed"\} 1$/m);
+    expect(text).to.match(/^automation_run_queue_wait_seconds_count\{kind="autonomy"\} 1$/m);
+    expect(text).to.match(/^automation_queue_jobs\{queue="runs",state="failed"\} 1$/m);
+    expect(text).to.match(/^automation_process_cpu_seconds_total /m);
+    // the web process never ran it: its own counters do not have it, its store-wide gauges do
+    const webText = await (await fetch(`${url}/metrics`, { headers: { authorization: `Bearer ${KEYS.admin}` } })).text();
+    expect(webText).not.to.match(/^automation_runs_finished_total\{/m);
+    expect(webText).to.match(/^automation_runs\{kind="autonomy",status="failed"\} 1$/m);
+    expect((await scrape(null)).status).to.equal(401);
+    expect((await scrape(KEYS.a)).status).to.equal(401);
+    expect((await fetch(`${metricsUrl}/other`)).status).to.equal(404);
   });
 
   it('says in one line that Redis cannot be reached, and how to fix it, instead of hanging', async () => {
@@ -116,6 +170,7 @@ describe('processes', function () {
     const p = start('api/main.ts', {
       ...env(),
       NODE_ENV: 'production',
+      SERVICE_STORE: 'sqlite',
       SERVICE_AUTH: 'none',
       SERVICE_SECRET_KEY: 'ab'.repeat(32),
       SERVICE_EVIDENCE_KEY: 'cd'.repeat(32),
@@ -136,6 +191,7 @@ describe('processes', function () {
     const prod = {
       ...env(),
       NODE_ENV: 'production',
+      SERVICE_STORE: 'sqlite',
       SERVICE_SECRET_KEY: 'ab'.repeat(32),
       SERVICE_EVIDENCE_KEY: 'cd'.repeat(32),
       SERVICE_WORKSPACE_ROOT: path.join(dataDir, '..', `${path.basename(dataDir)}-ws`),

@@ -24,6 +24,12 @@ describe('config/env', () => {
       webhookReplayWindowSeconds: 60,
     });
     expect(c.logLevel).to.equal('info');
+    expect(c.redisUrlSet).to.equal(false);
+    expect(c.workerMetricsPort).to.equal(undefined);
+    expect(parseEnv({ REDIS_URL: 'redis://127.0.0.1:6379', SERVICE_WORKER_METRICS_PORT: '9464' })).to.deep.include({
+      redisUrlSet: true,
+      workerMetricsPort: 9464,
+    });
   });
 
   it('parses tenant:key pairs and admin keys', () => {
@@ -75,8 +81,23 @@ describe('config/env', () => {
 
   it('refuses SERVICE_AUTH=none and a missing secret or evidence key in production', () => {
     expect(() => parseEnv({ NODE_ENV: 'production', SERVICE_AUTH: 'none' })).to.throw(ConfigError, /SERVICE_AUTH[\s\S]*SERVICE_SECRET_KEY/);
-    expect(() => parseEnv({ NODE_ENV: 'production', SERVICE_SECRET_KEY: 'ab'.repeat(32), SERVICE_EVIDENCE_KEY: 'cd'.repeat(32) })).not.to.throw();
-    expect(() => parseEnv({ NODE_ENV: 'production', SERVICE_SECRET_KEY: 'ab'.repeat(32) })).to.throw(ConfigError, /SERVICE_EVIDENCE_KEY: required/);
+    const keys = { SERVICE_SECRET_KEY: 'ab'.repeat(32), SERVICE_EVIDENCE_KEY: 'cd'.repeat(32) };
+    expect(() => parseEnv({ NODE_ENV: 'production', SERVICE_STORE: 'sqlite', ...keys })).not.to.throw();
+    expect(() => parseEnv({ NODE_ENV: 'production', SERVICE_STORE: 'sqlite', SERVICE_SECRET_KEY: 'ab'.repeat(32) })).to.throw(
+      ConfigError,
+      /SERVICE_EVIDENCE_KEY: required/,
+    );
+  });
+
+  it('wants MONGODB_URI in production unless SERVICE_STORE=sqlite makes the embedded store an explicit choice', () => {
+    const prod = { NODE_ENV: 'production', SERVICE_SECRET_KEY: 'ab'.repeat(32), SERVICE_EVIDENCE_KEY: 'cd'.repeat(32) };
+    expect(() => parseEnv(prod)).to.throw(ConfigError, /MONGODB_URI: required when NODE_ENV=production[\s\S]*SERVICE_STORE=sqlite/);
+    expect(parseEnv({ ...prod, SERVICE_STORE: 'sqlite' }).store).to.equal('sqlite');
+    expect(parseEnv({ ...prod, MONGODB_URI: 'mongodb://db/svc' }).store).to.equal('mongo');
+    expect(parseEnv({}).store).to.equal('sqlite');
+    expect(() => parseEnv({ SERVICE_STORE: 'mongo' })).to.throw(ConfigError, /"mongo" needs MONGODB_URI/);
+    expect(() => parseEnv({ SERVICE_STORE: 'sqlite', MONGODB_URI: 'mongodb://db/svc' })).to.throw(ConfigError, /pick one store/);
+    expect(() => parseEnv({ SERVICE_STORE: 'postgres' })).to.throw(ConfigError, /SERVICE_STORE: expected "sqlite" or "mongo"/);
   });
 
   it('never echoes an API key in its error', () => {

@@ -1,0 +1,39 @@
+// The operators' keys (SERVICE_ADMIN_KEYS): they open the queue dashboard and /metrics of every process,
+// as a Bearer token, X-API-Key, or the password of HTTP Basic so a browser can open the dashboard.
+import { createHash, timingSafeEqual } from 'node:crypto';
+import type { IncomingHttpHeaders } from 'node:http';
+
+const digest = (s: string) => createHash('sha256').update(s, 'utf8').digest();
+
+/** Compares against every admin key in constant time (hashing first evens out the lengths). */
+export function isAdminKey(presented: string, adminKeys: string[]): boolean {
+  const p = digest(presented);
+  let match = false;
+  for (const k of adminKeys) match = timingSafeEqual(p, digest(k)) || match;
+  return match;
+}
+
+/** The key a request presents: Bearer, X-API-Key, or the password of HTTP Basic. */
+export function presentedKeyOf(headers: IncomingHttpHeaders, opts: { basic: boolean }): string | undefined {
+  const auth = headers.authorization;
+  if (auth) {
+    const basic = opts.basic ? /^Basic\s+([A-Za-z0-9+/=]+)\s*$/i.exec(auth) : null;
+    if (basic) {
+      const decoded = Buffer.from(basic[1]!, 'base64').toString('utf8');
+      return decoded.slice(decoded.indexOf(':') + 1);
+    }
+    return /^Bearer\s+(\S+)\s*$/i.exec(auth)?.[1];
+  }
+  const header = headers['x-api-key'];
+  return typeof header === 'string' && header.trim() ? header.trim() : undefined;
+}
+
+/** Whether a request carries one of the admin keys; none configured opens nothing. */
+export function isAdminRequest(headers: IncomingHttpHeaders, adminKeys: string[]): boolean {
+  const key = presentedKeyOf(headers, { basic: true });
+  return Boolean(key && adminKeys.length && isAdminKey(key, adminKeys));
+}
+
+export const ADMIN_CHALLENGE = 'Basic realm="admin", charset="UTF-8"';
+export const adminRefusal = (adminKeys: string[]) =>
+  adminKeys.length ? 'an admin key (SERVICE_ADMIN_KEYS) is required' : 'no admin keys are configured (SERVICE_ADMIN_KEYS)';

@@ -1,0 +1,53 @@
+// A worker process's own HTTP port (SERVICE_WORKER_METRICS_PORT): /metrics for what only this process
+// sees (run durations, finishes by reason, queue waits), behind SERVICE_ADMIN_KEYS as on the web
+// process, and /healthz for the platform's health check (open, it says nothing about tenants).
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { ADMIN_CHALLENGE, adminRefusal, isAdminRequest } from '../engine/auth/index.js';
+import type { Runtime } from '../engine/process/index.js';
+import type { Workers } from './index.js';
+
+export type MetricsServer = { url: string; close(): Promise<void> };
+
+function problem(res: http.ServerResponse, status: number, title: string, detail: string, headers: Record<string, string> = {}): void {
+  res.writeHead(status, { 'content-type': 'application/problem+json', ...headers });
+  res.end(JSON.stringify({ type: 'about:blank', title, status, detail }));
+}
+
+export async function startMetricsServer(rt: Runtime, workers: Workers, port: number): Promise<MetricsServer> {
+  const server = http.createServer((req, res) => {
+    const url = new URL(req.url ?? '/', 'http://worker');
+    if (req.method !== 'GET' && req.method !== 'HEAD') return problem(res, 405, 'Method Not Allowed', 'only GET', { allow: 'GET, HEAD' });
+    if (url.pathname === '/healthz') {
+      const running = workers.workers.filter((w) => w.isRunning()).map((w) => w.name);
+      const ok = running.length === workers.workers.length && rt.redis.status === 'ready';
+      res.writeHead(ok ? 200 : 503, { 'content-type': 'application/json' });
+      return void res.end(JSON.stringify({ status: ok ? 'ok' : 'degraded', process: 'worker', redis: rt.redis.status, queues: running }));
+    }
+    if (url.pathname === '/metrics') {
+      if (!isAdminRequest(req.headers, rt.config.adminKeys))
+        return problem(res, 401, 'Unauthorized', adminRefusal(rt.config.adminKeys), { 'www-authenticate': ADMIN_CHALLENGE });
+      rt.metrics.registry.metrics().then(
+        (text) => {
+          res.writeHead(200, { 'content-type': rt.metrics.registry.contentType });
+          res.end(text);
+        },
+        (err: Error) => {
+          rt.log.warn({ err: err.message }, 'metrics collection failed');
+          problem(res, 503, 'Service Unavailable', 'metrics could not be collected');
+        },
+      );
+      return;
+    }
+    problem(res, 404, 'Not Found', 'this port serves /metrics and /healthz');
+  });
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(port, resolve);
+  });
+  const { port: bound } = server.address() as AddressInfo;
+  return {
+    url: `http://localhost:${bound}`,
+    close: () => new Promise<void>((resolve) => server.close(() => resolve())),
+  };
+}
