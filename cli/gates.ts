@@ -2,7 +2,6 @@
 // command in the sandbox), and offline verification of an evidence pack.
 import fs from 'node:fs/promises';
 import path from 'node:path';
-import { parseArgs } from 'node:util';
 import { environmentValue, loadConfig } from '../config/env.js';
 import { EVIDENCE_KEY_FILE, ledgerOf, readPack, signerOf, verifyPack } from '../engine/evidence/index.js';
 import {
@@ -33,18 +32,9 @@ const MARK: Record<GateResult['conclusion'], string> = {
 export class UsageError extends Error {}
 
 /** Runs the gates of a workspace; the exit code is 1 when a required gate does not pass. */
-export async function gatesRun(args: string[], out: (text: string) => void): Promise<number> {
-  const { values } = parseArgs({
-    args,
-    options: {
-      workspace: { type: 'string' },
-      only: { type: 'string', multiple: true },
-      json: { type: 'boolean' },
-      record: { type: 'boolean' },
-      tenant: { type: 'string' },
-    },
-    strict: true,
-  });
+export type GatesRunOptions = { workspace?: string; only?: string[]; json?: boolean; record?: boolean; tenant?: string };
+
+export async function gatesRun(values: GatesRunOptions, out: (text: string) => void): Promise<number> {
   const config = loadConfig();
   const dir = await fs.realpath(path.resolve(values.workspace ?? '.')).catch(() => {
     throw new UsageError(`--workspace ${values.workspace} is not a folder`);
@@ -159,10 +149,7 @@ async function record(
 }
 
 /** Checks an evidence pack offline; the exit code is 1 when anything in it does not hold. */
-export async function gatesVerify(args: string[], out: (text: string) => void): Promise<number> {
-  const { values, positionals } = parseArgs({ args, options: { key: { type: 'string' }, json: { type: 'boolean' } }, allowPositionals: true, strict: true });
-  const file = positionals[0];
-  if (!file || positionals.length > 1) throw new UsageError('gates verify takes one pack: a .tar (or the pack.json alone)');
+export async function gatesVerify(file: string, values: { key?: string; json?: boolean }, out: (text: string) => void): Promise<number> {
   const data = await fs.readFile(file).catch(() => {
     throw new UsageError(`cannot read ${file}`);
   });

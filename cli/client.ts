@@ -1,0 +1,158 @@
+// The command-line tool's HTTP client: one base URL and key, JSON in and out, problem+json errors turned
+// into a CliError with the exit code CI scripts rely on, and a run's event stream followed across
+// dropped connections (resumed with Last-Event-ID, so no line is lost or repeated).
+import { createParser, type EventSourceMessage } from 'eventsource-parser';
+
+/** Exit codes: documented in `automation-service --help` and the README. */
+export const EXIT = { succeeded: 0, failed: 1, usage: 2, timedOut: 3, canceled: 4, unavailable: 5, interrupted: 130 } as const;
+
+export class CliError extends Error {
+  constructor(
+    message: string,
+    readonly exitCode: number,
+  ) {
+    super(message);
+  }
+}
+
+export type Problem = { title?: string; detail?: string; code?: string; status?: number; errors?: { path?: string; message?: string }[] };
+
+/** An answer of the service other than 2xx. */
+export class ApiError extends CliError {
+  constructor(
+    readonly status: number,
+    readonly problem: Problem,
+  ) {
+    const errors = (problem.errors ?? []).map((e) => `\n  ${e.path ? `${e.path}: ` : ''}${e.message ?? ''}`).join('');
+    super(
+      `${status} ${problem.code ?? problem.title ?? 'error'}: ${problem.detail ?? problem.title ?? ''}${errors}`,
+      status < 500 ? EXIT.usage : EXIT.unavailable,
+    );
+  }
+}
+
+export type RequestOptions = { body?: unknown; query?: Record<string, string | number | undefined>; headers?: Record<string, string> };
+
+export type ServiceEvent = { id: string; type: string; data: Record<string, any>; at?: string; run_id?: string };
+
+export class ApiClient {
+  constructor(
+    readonly baseUrl: string,
+    private readonly key: string | undefined,
+    private readonly fetchImpl: typeof fetch = fetch,
+  ) {}
+
+  private headers(extra: Record<string, string> = {}): Record<string, string> {
+    return { ...(this.key ? { authorization: `Bearer ${this.key}` } : {}), 'user-agent': 'automation-service-cli', ...extra };
+  }
+
+  private url(path: string, query: RequestOptions['query'] = {}): string {
+    const u = new URL(path, this.baseUrl);
+    for (const [k, v] of Object.entries(query)) if (v !== undefined && v !== '') u.searchParams.set(k, String(v));
+    return u.toString();
+  }
+
+  private async send(method: string, path: string, opts: RequestOptions, extra: Record<string, string> = {}): Promise<Response> {
+    const body = opts.body === undefined ? undefined : JSON.stringify(opts.body);
+    const headers = this.headers({ ...(body === undefined ? {} : { 'content-type': 'application/json' }), ...extra, ...opts.headers });
+    try {
+      return await this.fetchImpl(this.url(path, opts.query), { method, headers, body });
+    } catch (err) {
+      const cause = (err as { cause?: { code?: string; message?: string } }).cause;
+      throw new CliError(
+        `cannot reach the service at ${this.baseUrl}: ${cause?.code ?? cause?.message ?? (err as Error).message} (set --url or SERVICE_URL)`,
+        EXIT.unavailable,
+      );
+    }
+  }
+
+  /** One call; the parsed JSON answer (null for 204), or an ApiError. */
+  async request<T = any>(method: string, path: string, opts: RequestOptions = {}): Promise<T> {
+    const res = await this.send(method, path, opts);
+    const text = await res.text();
+    if (!res.ok) {
+      let problem: Problem = { title: res.statusText };
+      try {
+        problem = JSON.parse(text) as Problem;
+      } catch {
+        // not JSON: a proxy's page, say; the status says enough
+      }
+      throw new ApiError(res.status, problem);
+    }
+    return (text ? JSON.parse(text) : null) as T;
+  }
+
+  /**
+   * Reads a server-sent event stream to its end, reconnecting with Last-Event-ID whenever the connection
+   * drops before `isLast` says the last event came. Gives up after `reconnectForMs` without a connection.
+   */
+  async follow(
+    path: string,
+    opts: {
+      isLast: (e: ServiceEvent) => boolean;
+      onEvent: (e: ServiceEvent) => void;
+      onReconnect?: (attempt: number, why: string) => void;
+      reconnectForMs?: number;
+      signal?: AbortSignal;
+    },
+  ): Promise<ServiceEvent> {
+    let lastId: string | undefined;
+    let failingSince: number | undefined;
+    for (let attempt = 0; ; attempt++) {
+      let why: string;
+      try {
+        const last = await this.readStream(path, lastId, opts, (id) => {
+          lastId = id;
+          failingSince = undefined;
+        });
+        if (last) return last;
+        why = 'the stream ended early';
+      } catch (err) {
+        if (err instanceof ApiError && err.status !== 503 && err.status !== 502 && err.status !== 504) throw err;
+        if (opts.signal?.aborted) throw err;
+        why = (err as Error).message;
+      }
+      failingSince ??= Date.now();
+      if (Date.now() - failingSince > (opts.reconnectForMs ?? 120_000))
+        throw new CliError(`lost the event stream and could not reconnect: ${why}`, EXIT.unavailable);
+      opts.onReconnect?.(attempt + 1, why);
+      await new Promise((r) => setTimeout(r, Math.min(250 * 2 ** Math.min(attempt, 5), 5000)));
+    }
+  }
+
+  private async readStream(
+    path: string,
+    lastId: string | undefined,
+    opts: { isLast: (e: ServiceEvent) => boolean; onEvent: (e: ServiceEvent) => void; signal?: AbortSignal },
+    seen: (id: string) => void,
+  ): Promise<ServiceEvent | null> {
+    const res = await this.send('GET', path, {}, { accept: 'text/event-stream', ...(lastId ? { 'last-event-id': lastId } : {}) });
+    if (!res.ok) {
+      const problem = (await res.json().catch(() => ({ title: res.statusText }))) as Problem;
+      throw new ApiError(res.status, problem);
+    }
+    if (!res.body) return null;
+    let last: ServiceEvent | null = null;
+    const parser = createParser({
+      onEvent: (m: EventSourceMessage) => {
+        if (last || !m.data) return;
+        const event = JSON.parse(m.data) as ServiceEvent;
+        if (m.id) seen(m.id);
+        opts.onEvent(event);
+        if (opts.isLast(event)) last = event;
+      },
+    });
+    const decoder = new TextDecoder();
+    const reader = res.body.getReader();
+    try {
+      while (!last) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        parser.feed(decoder.decode(value, { stream: true }));
+      }
+    } finally {
+      await reader.cancel().catch(() => undefined);
+    }
+    return last;
+  }
+}

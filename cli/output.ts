@@ -1,0 +1,38 @@
+// How the command-line tool prints: colour and progress only at a terminal (and never with NO_COLOR),
+// plain lines in CI logs; tables for lists; --json prints the service's own JSON instead.
+import { styleText } from 'node:util';
+
+type Style = Parameters<typeof styleText>[0];
+
+export type Output = {
+  json: boolean;
+  tty: boolean;
+  out(text: string): void;
+  err(text: string): void;
+  paint(style: Style, text: string): string;
+  printJson(value: unknown): void;
+  table(rows: Record<string, unknown>[], columns: [header: string, value: (row: Record<string, any>) => unknown][]): void;
+};
+
+export function outputOf(opts: { json: boolean; noColor: boolean; stdout?: NodeJS.WriteStream; stderr?: NodeJS.WriteStream }): Output {
+  const stdout = opts.stdout ?? process.stdout;
+  const stderr = opts.stderr ?? process.stderr;
+  const tty = Boolean(stdout.isTTY);
+  const colour = tty && !opts.noColor;
+  return {
+    json: opts.json,
+    tty,
+    out: (text) => void stdout.write(text),
+    err: (text) => void stderr.write(text),
+    paint: (style, text) => (colour ? styleText(style, text, { validateStream: false }) : text),
+    printJson: (value) => void stdout.write(`${JSON.stringify(value, null, 2)}\n`),
+    table(rows, columns) {
+      const cells = [columns.map(([h]) => h), ...rows.map((r) => columns.map(([, v]) => String(v(r) ?? '-')))];
+      const widths = columns.map((_, i) => Math.max(...cells.map((c) => c[i]!.length)));
+      for (const line of cells) stdout.write(`${line.map((c, i) => (i === line.length - 1 ? c : c.padEnd(widths[i]!))).join('  ')}\n`);
+      if (!rows.length) stdout.write('(none)\n');
+    },
+  };
+}
+
+export const seconds = (ms: number | null | undefined): string => (ms == null ? '-' : `${(ms / 1000).toFixed(1)} s`);

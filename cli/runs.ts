@@ -1,0 +1,158 @@
+// `run`, `runs get|watch|cancel|list`: start a budgeted run, follow its events (step starts, output
+// lines in order, finishes with timings) and end with the exit code of its status.
+import readline from 'node:readline/promises';
+import { type ApiClient, CliError, EXIT, type ServiceEvent } from './client.js';
+import { type Output, seconds } from './output.js';
+
+type Run = {
+  id: string;
+  session_id: string;
+  kind: string;
+  status: string;
+  duration_ms?: number | null;
+  summary?: string | null;
+  error?: { code: string; message: string } | null;
+  created_at?: string;
+  automation_id?: string | null;
+};
+
+const FINAL: Record<string, number> = { succeeded: EXIT.succeeded, failed: EXIT.failed, timed_out: EXIT.timedOut, canceled: EXIT.canceled };
+
+/** The exit code of a finished run's status. */
+export const exitCodeOf = (status: string): number => FINAL[status] ?? EXIT.failed;
+
+function describeStep(data: Record<string, any>): string {
+  const args = data.args ?? {};
+  const what = typeof args.command === 'string' ? args.command : JSON.stringify(args);
+  return `${data.tool}${data.name ? ` (${data.name})` : ''}: ${what.length > 120 ? `${what.slice(0, 117)}...` : what}`;
+}
+
+/**
+ * Prints events as a person reads them. Output comes in chunks that may split a line: a line of the
+ * tool's own is ended before one of ours is printed.
+ */
+function eventPrinter(o: Output, runId: string): (e: ServiceEvent) => void {
+  let midLine = false;
+  const line = (text: string) => {
+    if (midLine) o.out('\n');
+    midLine = false;
+    o.out(text);
+  };
+  return (e) => {
+    if (e.type === 'step.output') {
+      const text = String(e.data.text);
+      o.out(e.data.stream === 'stderr' ? o.paint('yellow', text) : text);
+      midLine = text.length > 0 && !text.endsWith('\n');
+    } else printEvent(line, o, runId, e);
+  };
+}
+
+function printEvent(line: (text: string) => void, o: Output, runId: string, e: ServiceEvent): void {
+  const d = e.data;
+  switch (e.type) {
+    case 'run.started':
+      line(o.paint('dim', `run ${runId} started (attempt ${d.attempt}, waited ${seconds(d.queued_ms)} in the queue)\n`));
+      break;
+    case 'step.started':
+      line(o.paint('cyan', `> step ${d.index + 1} ${describeStep(d)}\n`));
+      break;
+    case 'step.finished': {
+      const ok = d.status === 'succeeded';
+      const code = d.exit_code == null ? '' : `, exit code ${d.exit_code}`;
+      line(
+        o.paint(
+          ok ? 'green' : 'red',
+          `${ok ? 'ok' : 'FAIL'} step ${d.index + 1} ${d.status} in ${seconds(d.duration_ms)}${code}${d.error ? `: ${d.error.message}` : ''}\n`,
+        ),
+      );
+      break;
+    }
+    case 'run.retrying':
+      line(o.paint('yellow', `attempt ${d.attempt} ${d.status}; retrying as attempt ${d.next_attempt} in ${seconds(d.delay_ms)}\n`));
+      break;
+    case 'run.interrupted':
+      line(o.paint('yellow', `attempt ${d.attempt} interrupted (${d.reason}); it runs again as attempt ${d.next_attempt}\n`));
+      break;
+    case 'message.created':
+      line(`[${d.role}] ${d.text}\n`);
+      break;
+    case 'run.finished': {
+      const colour = d.status === 'succeeded' ? 'green' : 'red';
+      line(o.paint(['bold', colour], `run ${runId} ${d.status} in ${seconds(d.duration_ms)}${d.summary ? `: ${d.summary}` : ''}\n`));
+      if (d.error && d.status !== 'succeeded') line(`  ${d.error.code}: ${d.error.message}\n`);
+      break;
+    }
+  }
+}
+
+export type WatchOptions = { cancelOnInterrupt?: boolean };
+
+/**
+ * Follows a run to its end and returns the exit code of its status. Ctrl-C asks whether to cancel the
+ * run (at a terminal), cancels it (--cancel-on-interrupt), or leaves it running and exits 130.
+ */
+export async function watchRun(client: ApiClient, o: Output, run: Run, opts: WatchOptions = {}): Promise<number> {
+  if (FINAL[run.status] !== undefined && o.json) {
+    o.printJson(run);
+    return exitCodeOf(run.status);
+  }
+  let interrupts = 0;
+  const detach = () => {
+    o.err(`left run ${run.id} running; follow it again with: automation-service runs watch ${run.id}\n`);
+    process.exit(EXIT.interrupted);
+  };
+  const cancel = async () => {
+    o.err(`canceling run ${run.id}...\n`);
+    await client.request('POST', `/api/v1/runs/${run.id}/cancel`).catch((err: Error) => o.err(`cancel failed: ${err.message}\n`));
+  };
+  const onInterrupt = async () => {
+    if (++interrupts > 1) detach();
+    if (opts.cancelOnInterrupt) return cancel();
+    if (!process.stdin.isTTY) return detach();
+    const rl = readline.createInterface({ input: process.stdin, output: process.stderr });
+    const answer = await rl.question(`\ncancel run ${run.id}? [y/N] `).finally(() => rl.close());
+    if (/^y(es)?$/i.test(answer.trim())) return cancel();
+    detach();
+  };
+  const handler = () => void onInterrupt();
+  const print = eventPrinter(o, run.id);
+  process.on('SIGINT', handler);
+  try {
+    const last = await client.follow(`/api/v1/autonomy/streaming/${run.session_id}/events`, {
+      isLast: (e) => e.type === 'run.finished' && (!e.run_id || e.run_id === run.id),
+      onEvent: (e) => {
+        if (!o.json && (!e.run_id || e.run_id === run.id)) print(e);
+      },
+      onReconnect: (attempt, why) => o.err(o.paint('dim', `(event stream dropped: ${why}; reconnecting, try ${attempt})\n`)),
+    });
+    if (o.json) o.printJson(await client.request('GET', `/api/v1/runs/${run.id}`));
+    return exitCodeOf(String(last.data.status));
+  } finally {
+    process.off('SIGINT', handler);
+  }
+}
+
+export function printRun(o: Output, run: Run & Record<string, any>): void {
+  if (o.json) return o.printJson(run);
+  o.out(`${run.id}  ${run.kind}  ${run.status}${run.duration_ms != null ? ` in ${seconds(run.duration_ms)}` : ''}\n`);
+  if (run.summary) o.out(`  ${run.summary}\n`);
+  if (run.error) o.out(`  ${run.error.code}: ${run.error.message}\n`);
+  for (const [i, s] of (run.steps ?? []).entries())
+    o.out(`  step ${i + 1} ${s.tool} ${s.status ?? ''}${s.duration_ms != null ? ` in ${seconds(s.duration_ms)}` : ''}\n`);
+  o.out(`  session ${run.session_id}; created ${run.created_at ?? '-'}\n`);
+}
+
+export function printRuns(o: Output, page: { data: Run[]; next_cursor?: string | null }): void {
+  if (o.json) return o.printJson(page);
+  o.table(page.data, [
+    ['ID', (r) => r.id],
+    ['KIND', (r) => r.kind],
+    ['STATUS', (r) => r.status],
+    ['DURATION', (r) => seconds(r.duration_ms)],
+    ['CREATED', (r) => r.created_at],
+    ['AUTOMATION', (r) => r.automation_id],
+  ]);
+  if (page.next_cursor) o.out(`more: --cursor ${page.next_cursor}\n`);
+}
+
+export const usage = (message: string) => new CliError(message, EXIT.usage);
