@@ -1,17 +1,33 @@
 // `npm start`: the API and the workers in one process, on the embedded defaults (SQLite store,
-// local Redis). Prints where the docs and the dashboard are and how to call the API.
+// local Redis; outside production, a private redis-server when none answers and REDIS_URL is unset).
+// Prints where the docs and the dashboard are and how to call the API.
 import { startWebServer } from './api/server.js';
 import { DASHBOARD_PATH } from './api/admin.js';
-import { runMain, openRuntime } from './engine/process/index.js';
+import type { Config } from './config/env.js';
+import type { Logger } from './engine/platform/index.js';
+import { ensureRedis, runMain, openRuntime, type LocalRedis } from './engine/process/index.js';
 import { startWorkers } from './workers/index.js';
 
-await runMain('service', async (config, log) => {
+await runMain('service', async (given, log) => {
+  const { config, local } = await ensureRedis(given, { log });
+  try {
+    return await startService(config, log, local);
+  } catch (err) {
+    await local?.stop(); // runMain exits on a start-up error: the private redis-server must not outlive it
+    throw err;
+  }
+});
+
+async function startService(config: Config, log: Logger, local: LocalRedis | null) {
   const rt = await openRuntime(config, log, { watchTemplates: true });
   const workers = await startWorkers(rt);
   const web = await startWebServer(rt);
+  const redis = local
+    ? `private redis-server on ${local.url} (data in ${local.dir}, stopped with the service)`
+    : config.redisUrl.replace(/\/\/[^@]*@/, '//***@');
   const lines = [
     '',
-    `Automation backend listening on ${web.url} (store: ${rt.store.kind}, redis: ${config.redisUrl.replace(/\/\/[^@]*@/, '//***@')})`,
+    `Automation backend listening on ${web.url} (store: ${rt.store.kind}, redis: ${redis})`,
     config.isProduction ? '  API docs: off in production' : `  API docs:  ${web.url}/docs  (Swagger UI)   ${web.url}/redoc   ${web.url}/openapi.json`,
     `  Queues:    ${web.url}${DASHBOARD_PATH}  ${config.adminKeys.length ? '(HTTP Basic, any user, password = a key of SERVICE_ADMIN_KEYS)' : '(set SERVICE_ADMIN_KEYS to open it)'}`,
     config.auth === 'none'
@@ -25,6 +41,7 @@ await runMain('service', async (config, log) => {
       await web.close();
       await workers.close();
       await rt.close();
+      await local?.stop();
     },
   };
-});
+}

@@ -2,6 +2,7 @@
 // SIGTERM/SIGINT stop taking work and close everything within the grace period, then exit.
 import { ConfigError, loadConfig, type Config } from '../../config/env.js';
 import { createLogger, type Logger, RedisUnreachableError, wantsPrettyLogs } from '../platform/index.js';
+import { LocalRedisError } from './local-redis.js';
 
 export type Stoppable = { close(): Promise<void> };
 
@@ -21,7 +22,7 @@ export async function runMain(name: string, start: (config: Config, log: Logger)
   try {
     running = await start(config, log);
   } catch (err) {
-    if (err instanceof RedisUnreachableError || err instanceof ConfigError) process.stderr.write(`${name}: ${err.message}\n`);
+    if (err instanceof RedisUnreachableError || err instanceof LocalRedisError || err instanceof ConfigError) process.stderr.write(`${name}: ${err.message}\n`);
     else log.fatal({ err }, 'start-up failed');
     process.exit(1);
   }

@@ -5,7 +5,7 @@ import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { expect } from 'chai';
-import { deleteRedisPrefix, freePort, KEYS, REDIS_URL, uniquePrefix } from '../support/harness.js';
+import { deleteRedisPrefix, freePort, KEYS, testRedisUrl, uniquePrefix } from '../support/harness.js';
 
 type Proc = { child: ChildProcess; out: () => string; exited: Promise<{ code: number | null; ms: number }> };
 
@@ -54,7 +54,7 @@ describe('processes', function () {
   });
 
   const env = () => ({
-    REDIS_URL,
+    REDIS_URL: testRedisUrl(),
     SERVICE_QUEUE_PREFIX: prefix,
     SERVICE_DATA_DIR: dataDir,
     PORT: '0',

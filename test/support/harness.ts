@@ -16,7 +16,10 @@ import { createLogger } from '../../engine/platform/log.js';
 import { openRuntime, type Runtime, type RuntimeOptions } from '../../engine/process/runtime.js';
 import { startWorkers, type Workers } from '../../workers/index.js';
 
-export const REDIS_URL = process.env.REDIS_URL ?? 'redis://127.0.0.1:6379';
+/** The tests' Redis, read when used: spec files load before test/support/global-redis.ts may set REDIS_URL. */
+export function testRedisUrl(): string {
+  return process.env.REDIS_URL || 'redis://127.0.0.1:6379';
+}
 
 export const KEYS = {
   a: 'key-tenant-a-0123456789abcdef',
@@ -53,7 +56,7 @@ export async function startHarness(opts: { env?: Record<string, string>; runtime
   const workspace = path.join(dataDir, 'workspace');
   await fs.mkdir(workspace);
   const config = parseEnv({
-    REDIS_URL,
+    REDIS_URL: testRedisUrl(),
     SERVICE_QUEUE_PREFIX: uniquePrefix(),
     SERVICE_DATA_DIR: dataDir,
     SERVICE_API_KEYS: `tenant-a:${KEYS.a},tenant-b:${KEYS.b}`,
@@ -145,7 +148,7 @@ export async function finishedRun(h: Harness, id: string, key = KEYS.a): Promise
 }
 
 export async function deleteRedisPrefix(prefix: string): Promise<void> {
-  const redis = new Redis(REDIS_URL);
+  const redis = new Redis(testRedisUrl());
   try {
     let cursor = '0';
     do {

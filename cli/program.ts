@@ -1,0 +1,423 @@
+// The commands of automation-service. Client commands call a running service (--url/SERVICE_URL,
+// --key/SERVICE_API_KEY); `keys create` and `gates run|verify` work locally. Built on commander: no
+// dependencies of its own, nested commands with generated --help for each, and the most used parser of
+// its kind, so its behaviour is what people already know.
+import { createHash } from 'node:crypto';
+import fs from 'node:fs';
+import { Command, Option } from 'commander';
+import { loadClientEnv, loadConfig, TENANT_ID_PATTERN } from '../config/env.js';
+import { apiKeysOf } from '../engine/auth/index.js';
+import { systemClock, createLogger } from '../engine/platform/index.js';
+import { openStore } from '../engine/store/index.js';
+import { ApiClient, EXIT } from './client.js';
+import { gatesRun, gatesVerify } from './gates.js';
+import { outputOf, seconds, type Output } from './output.js';
+import { printRun, printRuns, usage, watchRun } from './runs.js';
+
+const clientEnv = loadClientEnv();
+const DEFAULT_URL = 'http://localhost:8080';
+
+type Globals = { url?: string; key?: string; json?: boolean };
+
+/** The options of every client command: where the service is, the key, and JSON output. */
+function clientCommand(parent: Command, nameAndArgs: string): Command {
+  return parent
+    .command(nameAndArgs)
+    .option('--url <url>', `the service (default: SERVICE_URL, else ${DEFAULT_URL})`)
+    .option('--key <key>', 'an API key (default: SERVICE_API_KEY)')
+    .option('--json', "print the service's JSON instead of lines and tables");
+}
+
+function contextOf(cmd: Command): { client: ApiClient; o: Output } {
+  const g = cmd.opts<Globals>();
+  const url = g.url ?? clientEnv.url ?? DEFAULT_URL;
+  try {
+    new URL(url);
+  } catch {
+    throw usage(`--url ${url} is not a URL`);
+  }
+  return { client: new ApiClient(url, g.key ?? clientEnv.key), o: outputOf({ json: Boolean(g.json), noColor: clientEnv.noColor }) };
+}
+
+const collect = (value: string, previous: string[] = []) => [...previous, value];
+const positiveInt = (name: string) => (value: string) => {
+  const n = Number(value);
+  if (!Number.isInteger(n) || n < 1) throw usage(`${name} must be a whole number above 0, got "${value}"`);
+  return n;
+};
+const keyValue = (value: string, previous: Record<string, string> = {}) => {
+  const at = value.indexOf('=');
+  if (at < 1) throw usage(`--var takes name=value, got "${value}"`);
+  return { ...previous, [value.slice(0, at)]: value.slice(at + 1) };
+};
+
+/** `--step 'shell:npm test'`: a tool and its main argument; `--step 'http:{"url":...}'` takes JSON args. */
+function stepOf(spec: string): { tool: string; args: Record<string, unknown> } {
+  const at = spec.indexOf(':');
+  if (at < 1) throw usage(`--step takes tool:argument, as in 'shell:npm test', got "${spec}"`);
+  const tool = spec.slice(0, at);
+  const rest = spec.slice(at + 1);
+  if (rest.trimStart().startsWith('{')) {
+    try {
+      return { tool, args: JSON.parse(rest) as Record<string, unknown> };
+    } catch {
+      throw usage(`--step ${tool}: the arguments are not JSON`);
+    }
+  }
+  const main: Record<string, string> = { shell: 'command', http: 'url', read_file: 'path', list_files: 'path', message: 'text' };
+  return { tool, args: { [main[tool] ?? 'input']: rest } };
+}
+
+/** The Idempotency-Key: the one given, else one derived from the CI job and the request (a re-run of the job is a new run). */
+function idempotencyKeyOf(given: string | undefined, body: unknown): string | undefined {
+  if (given) return given;
+  if (!clientEnv.ciJob) return undefined;
+  const digest = createHash('sha256').update(JSON.stringify(body)).digest('hex').slice(0, 16);
+  return `${clientEnv.ciJob}-${digest}`.slice(-255);
+}
+
+const waitOptions = (cmd: Command) =>
+  cmd
+    .option('--wait', "follow the run's events to its end; the exit code is its status")
+    .option('--cancel-on-interrupt', 'with --wait: Ctrl-C cancels the run (at a terminal it asks; elsewhere it leaves the run going)');
+
+async function startedRun(
+  cmd: Command,
+  accepted: { run_id: string; session_id: string; status?: string },
+  opts: { wait?: boolean; cancelOnInterrupt?: boolean },
+): Promise<number> {
+  const { client, o } = contextOf(cmd);
+  if (!opts.wait) {
+    if (o.json) o.printJson(accepted);
+    else o.out(`${accepted.run_id}\n`);
+    return EXIT.succeeded;
+  }
+  if (!o.json) o.err(o.paint('dim', `run ${accepted.run_id} queued; following its events (Ctrl-C to stop)\n`));
+  return watchRun(
+    client,
+    o,
+    { id: accepted.run_id, session_id: accepted.session_id, kind: '', status: 'queued' },
+    { cancelOnInterrupt: opts.cancelOnInterrupt },
+  );
+}
+
+export function buildProgram(): Command {
+  const program = new Command('automation-service')
+    .description('Start and follow runs, manage automations and webhooks of an automation service; make keys and run gates locally.')
+    .showHelpAfterError()
+    .configureOutput({ outputError: (text, write) => write(text) })
+    .exitOverride()
+    .addHelpText(
+      'after',
+      `
+Exit codes: 0 succeeded, 1 failed, 2 usage or auth error, 3 timed out, 4 canceled,
+            5 the service could not be reached or failed, 130 left running on Ctrl-C.
+
+Examples:
+  $ export SERVICE_URL=https://automation.example.com SERVICE_API_KEY=...
+  $ automation-service run --step 'shell:npm ci' --step 'shell:npm test' --budget 600 --wait
+  $ automation-service runs list --status failed
+  $ automation-service automations run aut_01... --wait
+  $ printf '%s' "$SECRET" | automation-service secrets set codehost`,
+    );
+
+  clientCommand(program, 'run')
+    .description('start a budgeted autonomy run')
+    .option('--step <tool:arg>', "a step, as in 'shell:npm test' (repeat for more; tool:{json} for full arguments)", collect)
+    .option('--goal <text>', 'what the agent should reach (needs an agent configured on the service)')
+    .option('--budget <seconds>', 'wall-clock budget', positiveInt('--budget'))
+    .option('--max-steps <n>', 'at most this many steps', positiveInt('--max-steps'))
+    .option('--workspace <dir>', "a folder of the tenant's workspace root, relative to it")
+    .option(
+      '--idempotency-key <key>',
+      "the same key returns the first run (default: from the CI job's id on GitHub Actions, GitLab CI, CircleCI and Buildkite)",
+    )
+    .addHelpText(
+      'after',
+      `\nExamples:\n  $ automation-service run --step 'shell:npm test' --budget 600 --wait\n  $ automation-service run --goal 'fix the failing test' --max-steps 20 --wait --json`,
+    )
+    .action(async function (this: Command, opts) {
+      if (!opts.step?.length && !opts.goal) throw usage('give --step (one or more) or --goal');
+      const body = {
+        ...(opts.step?.length ? { steps: (opts.step as string[]).map(stepOf) } : {}),
+        ...(opts.goal ? { goal: opts.goal } : {}),
+        ...(opts.budget ? { budget_seconds: opts.budget } : {}),
+        ...(opts.maxSteps ? { max_steps: opts.maxSteps } : {}),
+        ...(opts.workspace ? { workspace: opts.workspace } : {}),
+      };
+      const key = idempotencyKeyOf(opts.idempotencyKey, body);
+      const { client } = contextOf(this);
+      const accepted = await client.request('POST', '/api/v1/autonomy/run', { body, headers: key ? { 'idempotency-key': key } : {} });
+      process.exitCode = await startedRun(this, accepted, opts);
+    });
+  waitOptions(program.commands.at(-1)!);
+
+  const runs = program.command('runs').description('runs of every kind: get, watch, cancel, list');
+  clientCommand(runs, 'get <id>')
+    .description('a run: status, steps, timings, error')
+    .action(async function (this: Command, id: string) {
+      const { client, o } = contextOf(this);
+      printRun(o, await client.request('GET', `/api/v1/runs/${encodeURIComponent(id)}`));
+    });
+  clientCommand(runs, 'watch <id>')
+    .description("follow a run's events to its end; the exit code is its status")
+    .option('--cancel-on-interrupt', 'Ctrl-C cancels the run')
+    .action(async function (this: Command, id: string, opts) {
+      const { client, o } = contextOf(this);
+      const run = await client.request('GET', `/api/v1/runs/${encodeURIComponent(id)}`);
+      process.exitCode = await watchRun(client, o, run, opts);
+    });
+  clientCommand(runs, 'cancel <id>')
+    .description('cancel a queued or running run')
+    .action(async function (this: Command, id: string) {
+      const { client, o } = contextOf(this);
+      const run = await client.request('POST', `/api/v1/runs/${encodeURIComponent(id)}/cancel`);
+      if (o.json) o.printJson(run);
+      else o.out(`${run.id ?? id} ${run.status ?? 'cancel requested'}\n`);
+    });
+  clientCommand(runs, 'list')
+    .description('runs, newest first')
+    .option('--automation <id>', "only this automation's runs")
+    .option('--status <status>', 'queued, running, succeeded, failed, canceled or timed_out')
+    .option('--kind <kind>', 'autonomy, vibe or automation')
+    .option('--limit <n>', 'at most this many', positiveInt('--limit'))
+    .option('--cursor <cursor>', 'the next page')
+    .action(async function (this: Command, opts) {
+      const { client, o } = contextOf(this);
+      printRuns(
+        o,
+        await client.request('GET', '/api/v1/runs', {
+          query: { automation_id: opts.automation, status: opts.status, kind: opts.kind, limit: opts.limit, cursor: opts.cursor },
+        }),
+      );
+    });
+
+  const automations = program.command('automations').description('reusable automations: list, get, run, enable, disable, archive');
+  clientCommand(automations, 'list')
+    .description('automations, newest first')
+    .option('--status <status>', 'enabled, disabled or archived')
+    .option('--limit <n>', 'at most this many', positiveInt('--limit'))
+    .option('--cursor <cursor>', 'the next page')
+    .action(async function (this: Command, opts) {
+      const { client, o } = contextOf(this);
+      const page = await client.request('GET', '/api/v1/automations', { query: { status: opts.status, limit: opts.limit, cursor: opts.cursor } });
+      if (o.json) return o.printJson(page);
+      o.table(page.data, [
+        ['ID', (a) => a.id],
+        ['NAME', (a) => a.name],
+        ['STATUS', (a) => a.status],
+        ['TRIGGERS', (a) => (a.triggers ?? []).map((t: { type: string }) => t.type).join(',') || '-'],
+        ['UPDATED', (a) => a.updated_at],
+      ]);
+      if (page.next_cursor) o.out(`more: --cursor ${page.next_cursor}\n`);
+    });
+  clientCommand(automations, 'get <id>')
+    .description('an automation')
+    .action(async function (this: Command, id: string) {
+      const { client, o } = contextOf(this);
+      const a = await client.request('GET', `/api/v1/automations/${encodeURIComponent(id)}`);
+      if (o.json) return o.printJson(a);
+      o.out(`${a.id}  ${a.name}  ${a.status}\n`);
+      for (const t of a.triggers ?? []) o.out(`  trigger ${t.type}${t.schedule ? ` ${t.schedule}` : ''}${t.paths ? ` ${t.paths.join(' ')}` : ''}\n`);
+      for (const [i, s] of (a.steps ?? []).entries()) o.out(`  step ${i + 1} ${s.tool} ${JSON.stringify(s.args ?? {})}\n`);
+    });
+  const runAutomation = clientCommand(automations, 'run <id>')
+    .description('run an automation now')
+    .option('--input <name=value>', 'an input merged over the automation’s own (repeatable)', keyValue)
+    .option('--idempotency-key <key>', 'the same key returns the first run')
+    .action(async function (this: Command, id: string, opts) {
+      const { client } = contextOf(this);
+      const body = { automation_id: id, ...(opts.input ? { inputs: opts.input } : {}) };
+      const key = idempotencyKeyOf(opts.idempotencyKey, body);
+      const accepted = await client.request('POST', '/api/v1/automations/run', { body, headers: key ? { 'idempotency-key': key } : {} });
+      process.exitCode = await startedRun(this, accepted, opts);
+    });
+  waitOptions(runAutomation);
+  for (const [verb, method, path, what] of [
+    ['enable', 'POST', '/enable', 'enable an automation: its triggers fire again'],
+    ['disable', 'POST', '/disable', 'disable an automation: its triggers stop firing'],
+    ['archive', 'DELETE', '', 'archive an automation (kept with its history, never fires)'],
+  ] as const) {
+    clientCommand(automations, `${verb} <id>`)
+      .description(what)
+      .action(async function (this: Command, id: string) {
+        const { client, o } = contextOf(this);
+        const a = await client.request(method, `/api/v1/automations/${encodeURIComponent(id)}${path}`);
+        if (o.json) o.printJson(a);
+        else o.out(`${id} ${a?.status ?? `${verb}d`}\n`);
+      });
+  }
+
+  const templates = program.command('templates').description('automation templates: list, instantiate');
+  clientCommand(templates, 'list')
+    .description('the templates this service offers')
+    .action(async function (this: Command) {
+      const { client, o } = contextOf(this);
+      const list = await client.request('GET', '/api/v1/automations/templates');
+      if (o.json) return o.printJson(list);
+      o.table(list.data, [
+        ['ID', (t) => t.id],
+        ['NAME', (t) => t.name],
+        ['VARIABLES', (t) => (t.variables ?? []).map((v: { name: string; required?: boolean }) => `${v.name}${v.required ? '*' : ''}`).join(',') || '-'],
+      ]);
+    });
+  clientCommand(templates, 'instantiate <template-id>')
+    .description('make an automation from a template')
+    .option('--var <name=value>', 'a template variable (repeatable)', keyValue)
+    .option('--name <name>', "the automation's name")
+    .action(async function (this: Command, templateId: string, opts) {
+      const { client, o } = contextOf(this);
+      const a = await client.request('POST', '/api/v1/automations/templates/instantiate', {
+        body: { template_id: templateId, variables: opts.var ?? {}, ...(opts.name ? { name: opts.name } : {}) },
+      });
+      if (o.json) o.printJson(a);
+      else o.out(`${a.id}  ${a.name}  ${a.status}\n`);
+    });
+
+  const deliveries = program.command('deliveries').description('webhook deliveries: list, replay');
+  clientCommand(deliveries, 'list')
+    .description('webhook deliveries, newest first')
+    .option('--kind <kind>', 'codehost, chat, tracker, pager, email or generic')
+    .option('--status <status>', "a delivery's status")
+    .option('--limit <n>', 'at most this many', positiveInt('--limit'))
+    .option('--cursor <cursor>', 'the next page')
+    .action(async function (this: Command, opts) {
+      const { client, o } = contextOf(this);
+      const page = await client.request('GET', '/api/v1/webhook-deliveries', {
+        query: { kind: opts.kind, status: opts.status, limit: opts.limit, cursor: opts.cursor },
+      });
+      if (o.json) return o.printJson(page);
+      o.table(page.data, [
+        ['ID', (d) => d.id],
+        ['KIND', (d) => d.kind],
+        ['EVENT', (d) => d.event],
+        ['STATUS', (d) => d.status],
+        ['RECEIVED', (d) => d.received_at ?? d.created_at],
+      ]);
+      if (page.next_cursor) o.out(`more: --cursor ${page.next_cursor}\n`);
+    });
+  clientCommand(deliveries, 'replay <id>')
+    .description('process a stored delivery again')
+    .action(async function (this: Command, id: string) {
+      const { client, o } = contextOf(this);
+      const d = await client.request('POST', `/api/v1/webhook-deliveries/${encodeURIComponent(id)}/replay`);
+      if (o.json) o.printJson(d);
+      else o.out(`${d?.id ?? id} ${d?.status ?? 'replayed'}\n`);
+    });
+
+  const secrets = program.command('secrets').description('webhook signing secrets (read from stdin, never from an argument)');
+  clientCommand(secrets, 'set <kind>')
+    .description("set a kind's signing secret from stdin: one line, or two while rotating (the new one first)")
+    .action(async function (this: Command, kind: string) {
+      const { client, o } = contextOf(this);
+      if (process.stdin.isTTY) o.err('secret (one line; a second line while rotating; end with Ctrl-D): ');
+      const secrets = fs
+        .readFileSync(0, 'utf8')
+        .split(/\r?\n/)
+        .map((s) => s.trim())
+        .filter(Boolean);
+      if (secrets.length < 1 || secrets.length > 2) throw usage('give one secret on stdin, or two lines while rotating (the new one first)');
+      const info = await client.request('PUT', `/api/v1/webhook-secrets/${encodeURIComponent(kind)}`, { body: { secrets } });
+      if (o.json) o.printJson(info);
+      else o.out(`${kind}: ${secrets.length} secret${secrets.length > 1 ? 's' : ''} set\n`);
+    });
+
+  const sessions = program.command('sessions').description('multi-agent sessions: list, get');
+  clientCommand(sessions, 'list')
+    .description('sessions, newest first')
+    .option('--status <status>', "a session's status")
+    .option('--limit <n>', 'at most this many', positiveInt('--limit'))
+    .action(async function (this: Command, opts) {
+      const { client, o } = contextOf(this);
+      const page = await client.request('GET', '/api/v1/sessions', { query: { status: opts.status, limit: opts.limit } });
+      if (o.json) return o.printJson(page);
+      o.table(page.data, [
+        ['ID', (s) => s.id],
+        ['TITLE', (s) => s.title],
+        ['STATUS', (s) => s.status],
+        ['OUTCOME', (s) => s.outcome],
+        ['CREATED', (s) => s.created_at],
+      ]);
+    });
+  clientCommand(sessions, 'get <id>')
+    .description('a session with its agents and tasks')
+    .action(async function (this: Command, id: string) {
+      const { client, o } = contextOf(this);
+      const s = await client.request('GET', `/api/v1/sessions/${encodeURIComponent(id)}`);
+      if (o.json) return o.printJson(s);
+      o.out(`${s.id}  ${s.title ?? ''}  ${s.status}${s.outcome ? ` (${s.outcome})` : ''}\n`);
+      for (const t of s.tasks ?? []) o.out(`  task ${t.id} ${t.status}${t.depends_on?.length ? ` after ${t.depends_on.join(',')}` : ''}\n`);
+    });
+
+  const audit = program.command('audit').description('workspace audits');
+  clientCommand(audit, 'run')
+    .description("audit a folder of the tenant's workspace; exits 1 when a finding reaches --fail-on")
+    .option('--workspace <dir>', "a folder of the tenant's workspace root")
+    .option('--phases <list>', 'comma-separated: security, architecture, sanity, health')
+    .option('--timeout <seconds>', 'wait this long for the report (the audit goes on after)', positiveInt('--timeout'), 300)
+    .addOption(new Option('--fail-on <severity>', 'exit 1 when a finding is this severe or more').choices(['critical', 'high', 'medium', 'low']))
+    .action(async function (this: Command, opts) {
+      const { client, o } = contextOf(this);
+      const body = {
+        ...(opts.workspace ? { workspace: opts.workspace } : {}),
+        ...(opts.phases ? { phases: String(opts.phases).split(',') } : {}),
+        timeout_seconds: opts.timeout,
+      };
+      const report = await client.request('POST', '/api/v1/autonomy/workspace-audit/run', { body });
+      if (o.json) o.printJson(report);
+      if (!report.phases) {
+        if (!o.json) o.out(`audit ${report.report_id} still running; get it with the API: ${report.stream ?? ''}\n`);
+        process.exitCode = EXIT.timedOut;
+        return;
+      }
+      if (!o.json)
+        for (const p of report.phases) o.out(`${p.phase.padEnd(13)} ${p.status.padEnd(10)} ${JSON.stringify(p.counts ?? {})}  ${seconds(p.duration_ms)}\n`);
+      const order = ['critical', 'high', 'medium', 'low'];
+      const worst = opts.failOn ? order.slice(0, order.indexOf(opts.failOn) + 1) : [];
+      const hit = (report.phases as { counts?: Record<string, number> }[]).some((p) => worst.some((s) => (p.counts?.[s] ?? 0) > 0));
+      process.exitCode = hit ? EXIT.failed : EXIT.succeeded;
+    });
+
+  const keys = program.command('keys').description('API keys (local: writes to the service’s store)');
+  keys
+    .command('create')
+    .description("make an API key for a tenant; printed once, stored hashed (uses the service's environment: MONGODB_URI or SERVICE_DATA_DIR)")
+    .requiredOption('--tenant <tenant>', 'the tenant it belongs to')
+    .option('--label <text>', 'what the key is for')
+    .action(async (opts: { tenant: string; label?: string }) => {
+      if (!TENANT_ID_PATTERN.test(opts.tenant)) throw usage('--tenant: letters, digits, _ or -, at most 64');
+      const config = loadConfig();
+      const store = await openStore({ mongodbUri: config.mongodbUri, dataDir: config.dataDir });
+      try {
+        const created = await apiKeysOf({ store, clock: systemClock, log: createLogger('warn') }).create(opts.tenant, { label: opts.label, source: 'cli' });
+        process.stderr.write(`Created key ${created.record.id} for tenant ${created.record.tenant_id} (${store.kind} store). It is shown once:\n`);
+        process.stdout.write(`${created.key}\n`);
+      } finally {
+        await store.close();
+      }
+    });
+
+  const gates = program.command('gates').description("the workspace's gates, run locally; evidence packs checked offline");
+  gates
+    .command('run')
+    .description("run the workspace's gates (gates.yaml, or those detected), each in the sandbox; exits 1 when a required gate does not pass")
+    .option('--workspace <dir>', 'the workspace', '.')
+    .option('--only <id>', 'only this gate (repeatable)', collect)
+    .option('--record', "seal the results into the service's ledger (its store and SERVICE_EVIDENCE_KEY, from the environment)")
+    .option('--tenant <tenant>', 'with --record: the tenant whose ledger it joins')
+    .option('--json', 'print the results as JSON')
+    .action(async function (this: Command, opts) {
+      process.exitCode = await gatesRun(opts, (t) => void process.stdout.write(t));
+    });
+  gates
+    .command('verify <pack>')
+    .description(
+      'check an evidence pack (.tar, or its pack.json) offline: signature, hash chain, payload digests; exits 1 naming the first bad entry, 3 when it holds but no --key pinned the service key',
+    )
+    .option('--key <key-id>', "the service's key id (the evidence-pack answer's public_key.key_id)")
+    .option('--json', 'print the verdict as JSON')
+    .action(async (pack: string, opts: { key?: string; json?: boolean }) => {
+      process.exitCode = await gatesVerify(pack, opts, (t) => void process.stdout.write(t));
+    });
+  return program;
+}

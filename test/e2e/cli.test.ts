@@ -1,0 +1,165 @@
+// The built command-line tool (dist/cli/main.js, as `npx automation-service` runs it) as a child process
+// against a real service: exit codes by run status, output in order, a web restart mid-run that neither
+// loses nor repeats a line, a wrong key, Ctrl-C that cancels, and --json that parses. Also: the built
+// entry points import production dependencies only.
+import { spawn, spawnSync } from 'node:child_process';
+import fs from 'node:fs';
+import { builtinModules } from 'node:module';
+import path from 'node:path';
+import { expect } from 'chai';
+import { startWebServer, type WebServer } from '../../api/server.js';
+import { PROJECT_ROOT } from '../../config/paths.js';
+import { eventually, KEYS, startHarness, type Harness } from '../support/harness.js';
+
+const CLI = path.join(PROJECT_ROOT, 'dist', 'cli', 'main.js');
+
+type Result = { code: number | null; stdout: string; stderr: string };
+type Child = { done: Promise<Result>; stdout: () => string; signal(s: NodeJS.Signals): void };
+
+describe('the command-line tool (built) against a service', function () {
+  this.timeout(60_000);
+  let h: Harness;
+  let restarted: WebServer | undefined;
+
+  before(async () => {
+    // `npm test` builds dist/ first (pretest); a single-file run builds it here when it is missing
+    if (!fs.existsSync(CLI)) expect(spawnSync(process.execPath, ['scripts/ensure-build.mjs'], { cwd: PROJECT_ROOT, stdio: 'inherit' }).status).to.equal(0);
+    h = await startHarness();
+  });
+  after(async () => {
+    await restarted?.close();
+    await h?.close();
+  });
+
+  const cli = (args: string[], env: Record<string, string> = {}): Child => {
+    const child = spawn(process.execPath, [CLI, ...args], {
+      env: { PATH: process.env.PATH ?? '', SERVICE_URL: h.url, SERVICE_API_KEY: KEYS.a, ...env },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (d) => (stdout += d));
+    child.stderr.on('data', (d) => (stderr += d));
+    const done = new Promise<Result>((resolve) => child.on('close', (code) => resolve({ code, stdout, stderr })));
+    return { done, stdout: () => stdout, signal: (s) => child.kill(s) };
+  };
+
+  it('a passing run exits 0 with its steps and output in order; a failing one 1; a budget overrun 3', async () => {
+    const [ok, failed, over] = await Promise.all([
+      cli(['run', '--step', 'shell:for i in 1 2 3 4 5; do echo line-$i; done', '--step', 'shell:echo after', '--wait']).done,
+      cli(['run', '--step', 'shell:echo before; exit 7', '--wait']).done,
+      cli(['run', '--step', 'shell:sleep 20', '--budget', '1', '--wait']).done,
+    ]);
+    expect(ok.code, ok.stderr).to.equal(0);
+    const lines = ok.stdout.split('\n');
+    const order = [
+      /^> step 1 shell: for i/,
+      /^line-1$/,
+      /^line-2$/,
+      /^line-3$/,
+      /^line-4$/,
+      /^line-5$/,
+      /^ok step 1 succeeded/,
+      /^> step 2 shell: echo after$/,
+      /^after$/,
+      /^ok step 2 succeeded/,
+      /^run run_\w+ succeeded in/,
+    ];
+    let at = -1;
+    for (const line of order) {
+      const next = lines.findIndex((l, i) => i > at && line.test(l));
+      expect(next, `${line} after line ${at} of:\n${ok.stdout}`).to.be.above(at);
+      at = next;
+    }
+    expect(failed.code, failed.stdout).to.equal(1);
+    expect(failed.stdout)
+      .to.contain('before')
+      .and.contain('exit code 7')
+      .and.match(/run run_\w+ failed in/);
+    expect(over.code, over.stdout).to.equal(3);
+    expect(over.stdout)
+      .to.match(/timed_out in/)
+      .and.contain('budget-exceeded');
+  });
+
+  it('follows a run across a restart of the web process without losing or repeating a line', async () => {
+    const port = Number(new URL(h.url).port);
+    const child = cli(['run', '--step', 'shell:for i in $(seq 1 40); do echo n-$i; sleep 0.05; done', '--wait']);
+    await eventually(() => child.stdout().includes('n-5\n'), 'the first lines', 15_000);
+    await h.web.close();
+    await new Promise((r) => setTimeout(r, 600));
+    restarted = await startWebServer(h.rt, { port, host: '127.0.0.1', validateResponses: true });
+    const { code, stdout, stderr } = await child.done;
+    expect(code, stdout + stderr).to.equal(0);
+    expect(stderr).to.contain('reconnecting');
+    const lines = stdout.split('\n').filter((l) => /^n-\d+$/.test(l));
+    expect(lines).to.deep.equal(Array.from({ length: 40 }, (_, i) => `n-${i + 1}`));
+  });
+
+  it('Ctrl-C with --cancel-on-interrupt cancels the run and exits 4; runs cancel from elsewhere ends a watcher with 4 too', async () => {
+    const child = cli(['run', '--step', 'shell:echo started; sleep 30', '--wait', '--cancel-on-interrupt']);
+    await eventually(() => child.stdout().includes('started\n'), 'the step to start', 15_000);
+    child.signal('SIGINT');
+    const interrupted = await child.done;
+    expect(interrupted.code, interrupted.stdout + interrupted.stderr).to.equal(4);
+    expect(interrupted.stderr).to.contain('canceling run');
+    expect(interrupted.stdout).to.match(/canceled in/);
+
+    const started = await cli(['run', '--step', 'shell:sleep 30', '--json']).done;
+    const { run_id } = JSON.parse(started.stdout) as { run_id: string };
+    const watcher = cli(['runs', 'watch', run_id]);
+    await eventually(() => watcher.stdout().includes('> step 1'), 'the watcher to see the step', 15_000);
+    expect((await cli(['runs', 'cancel', run_id]).done).code).to.equal(0);
+    expect((await watcher.done).code).to.equal(4);
+  });
+
+  it('a wrong key exits 2 with one clear line; an unreachable service exits 5; --json prints the API’s JSON', async () => {
+    const denied = await cli(['runs', 'list'], { SERVICE_API_KEY: 'not-a-key-of-this-service' }).done;
+    expect(denied.code).to.equal(2);
+    expect(denied.stderr.trim()).to.equal('automation-service: 401 unauthorized: the API key is not valid');
+    const away = await cli(['runs', 'list', '--url', 'http://127.0.0.1:1']).done;
+    expect(away.code).to.equal(5);
+    expect(away.stderr).to.contain('cannot reach the service at http://127.0.0.1:1');
+
+    const done = await cli(['run', '--step', 'shell:echo json', '--wait', '--json']).done;
+    expect(done.code).to.equal(0);
+    const run = JSON.parse(done.stdout) as Record<string, any>;
+    expect(run).to.include({ status: 'succeeded', kind: 'autonomy' });
+    const list = JSON.parse((await cli(['runs', 'list', '--status', 'succeeded', '--json']).done).stdout) as { data: { id: string }[] };
+    expect(list.data.map((r) => r.id)).to.include(run.id);
+    const table = (await cli(['runs', 'list', '--limit', '2']).done).stdout.split('\n');
+    expect(table[0]).to.match(/^ID +KIND +STATUS +DURATION/);
+    const usage = await cli(['run', '--wait']).done;
+    expect(usage.code).to.equal(2);
+    expect(usage.stderr).to.contain('give --step');
+  });
+
+  it('derives the Idempotency-Key from the CI job: the same job and request return the first run', async () => {
+    const ci = { GITHUB_ACTIONS: 'true', GITHUB_RUN_ID: `${Date.now()}`, GITHUB_RUN_ATTEMPT: '1', GITHUB_JOB: 'test', GITHUB_REPOSITORY: 'acme/api' };
+    const args = ['run', '--step', 'shell:true', '--json'];
+    const first = JSON.parse((await cli(args, ci).done).stdout) as { run_id: string };
+    const again = JSON.parse((await cli(args, ci).done).stdout) as { run_id: string };
+    const rerun = JSON.parse((await cli(args, { ...ci, GITHUB_RUN_ATTEMPT: '2' }).done).stdout) as { run_id: string };
+    expect(again.run_id).to.equal(first.run_id);
+    expect(rerun.run_id).not.to.equal(first.run_id);
+  });
+
+  it('the built entry points import production dependencies only', () => {
+    const pkg = JSON.parse(fs.readFileSync(path.join(PROJECT_ROOT, 'package.json'), 'utf8')) as { dependencies: Record<string, string> };
+    const allowed = new Set([...Object.keys(pkg.dependencies), ...builtinModules]);
+    const missing = new Set<string>();
+    const walk = (dir: string) => {
+      for (const e of fs.readdirSync(dir, { withFileTypes: true })) {
+        const file = path.join(dir, e.name);
+        if (e.isDirectory()) walk(file);
+        else if (e.name.endsWith('.js'))
+          for (const m of fs.readFileSync(file, 'utf8').matchAll(/(?:^import [^;]*?from |^import |import\()['"]([^'".][^'"]*)['"]/gm)) {
+            const name = m[1]!.startsWith('@') ? m[1]!.split('/').slice(0, 2).join('/') : m[1]!.split('/')[0]!;
+            if (!allowed.has(name.replace(/^node:/, ''))) missing.add(`${name} (${path.relative(PROJECT_ROOT, file)})`);
+          }
+      }
+    };
+    walk(path.join(PROJECT_ROOT, 'dist'));
+    expect([...missing]).to.deep.equal([]);
+  });
+});
