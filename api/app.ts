@@ -15,6 +15,7 @@ import { auditRouter } from './routes/audit.js';
 import { healthRouter, type SandboxReport } from './routes/health.js';
 import { runsRouter } from './routes/runs.js';
 import { sessionsRouter } from './routes/sessions.js';
+import { voiceRouter } from './routes/voice.js';
 import { webhookDeliveriesRouter, webhookIntakeRouter, webhookSecretsRouter } from './routes/webhooks.js';
 import { finiteNumericQuery } from './numeric-query.js';
 import { loadSpec } from './spec.js';
@@ -86,6 +87,8 @@ export function createApp(deps: AppDeps): Express {
       validateResponses: deps.validateResponses ?? false,
       validateSecurity: false,
       validateFormats: true,
+      // multipart bodies (voice uploads) are read by their route as they stream, with its own limits; never buffered here
+      fileUploader: false,
       ignorePaths: (p: string) => !p.startsWith('/api/'),
     }),
   );
@@ -93,6 +96,7 @@ export function createApp(deps: AppDeps): Express {
   app.use('/api/v1/automations', automationsRouter(deps.engine));
   app.use('/api/v1/autonomy', autonomyRouter(deps.engine, { hub: deps.hub, heartbeatMs: deps.sseHeartbeatMs, streams }));
   app.use('/api/v1/autonomy', auditRouter(deps.engine, { hub: deps.hub, heartbeatMs: deps.sseHeartbeatMs, streams }));
+  app.use('/api/v1/autonomy', voiceRouter(deps.engine));
   app.use('/api/v1/runs', runsRouter(deps.engine));
   app.use('/api/v1/sessions', sessionsRouter(deps.engine, { hub: deps.hub, heartbeatMs: deps.sseHeartbeatMs, streams }));
   app.use('/api/v1/webhook-secrets', webhookSecretsRouter(deps.engine));

@@ -470,6 +470,33 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/autonomy/voice/transcribe": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Transcribe a voice recording
+         * @description Turns at most 25 MB of speech into text with the configured provider (SERVICE_TRANSCRIBE_PROVIDER; 503
+         *     `transcription-not-configured` without one). Send `multipart/form-data` with the audio in `file` (and
+         *     optionally `language`, an ISO-639-1 code, and `prompt`), or the audio itself as the body. The format is
+         *     read from the bytes, not from the Content-Type: WAV, Ogg, FLAC, MP3, WebM and MP4 audio are taken,
+         *     anything else is a 415 `unsupported-audio`. An empty or broken file is a 422 `audio-invalid`; a recording
+         *     whose header says it plays longer than SERVICE_TRANSCRIBE_MAX_SECONDS (default 600) is a 422
+         *     `audio-too-long`. A failing provider is a 502 `transcription-provider-error`, a provider that does not
+         *     answer in time a 504 `transcription-timeout`. Neither the audio nor its text is stored.
+         */
+        post: operations["transcribeVoice"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/sessions": {
         parameters: {
             query?: never;
@@ -1018,6 +1045,39 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
+        /**
+         * Format: binary
+         * @description The audio file itself.
+         */
+        AudioBody: string;
+        /** @description The `file` field is required; `language` and `prompt` are passed on to the provider. */
+        TranscriptionUpload: {
+            /**
+             * Format: binary
+             * @description The audio (WAV, Ogg, FLAC, MP3, WebM or MP4).
+             */
+            file?: string;
+            /** @description ISO-639-1 code of the spoken language, when known. */
+            language?: string;
+            /** @description Text that guides the provider's spelling and style. */
+            prompt?: string;
+        };
+        Transcription: {
+            text: string;
+            /** @description The spoken language as the provider names it, or as asked. */
+            language: string | null;
+            /** @description How long the audio plays, when the provider or the file's header says. */
+            duration_seconds: number | null;
+            segments: {
+                /** @description Seconds from the start. */
+                start: number;
+                end: number;
+                text: string;
+            }[];
+            /** @description The provider that transcribed (`openai`). */
+            provider: string;
+            model: string;
+        };
         Health: {
             /** @enum {string} */
             status: "ok";
@@ -1060,7 +1120,7 @@ export interface components {
             detail?: string;
             instance?: string;
             /** @enum {string} */
-            code: "task-graph-invalid" | "gate-set-invalid" | "tool-not-permitted" | "network-not-permitted" | "path-not-permitted" | "bad-request" | "validation-failed" | "malformed-json" | "unauthorized" | "not-found" | "method-not-allowed" | "conflict" | "agent-not-configured" | "idempotency-key-reused" | "payload-too-large" | "unsupported-media-type" | "unavailable" | "internal" | "webhook-signature-missing" | "webhook-signature-invalid" | "webhook-timestamp-outside-window" | "webhook-not-configured" | "webhook-replay" | "webhook-payload-invalid" | "rate-limited";
+            code: "task-graph-invalid" | "gate-set-invalid" | "tool-not-permitted" | "network-not-permitted" | "path-not-permitted" | "bad-request" | "validation-failed" | "malformed-json" | "unauthorized" | "not-found" | "method-not-allowed" | "conflict" | "agent-not-configured" | "idempotency-key-reused" | "payload-too-large" | "unsupported-media-type" | "unavailable" | "internal" | "unsupported-audio" | "audio-invalid" | "audio-too-long" | "transcription-provider-error" | "transcription-not-configured" | "transcription-timeout" | "webhook-signature-missing" | "webhook-signature-invalid" | "webhook-timestamp-outside-window" | "webhook-not-configured" | "webhook-replay" | "webhook-payload-invalid" | "rate-limited";
             request_id: string;
             errors?: {
                 /** @description JSON pointer to the bad field, prefixed by where it was (`/body`, `/query`, `/path`). */
@@ -2448,7 +2508,7 @@ export interface components {
                 "text/event-stream": components["schemas"]["ServiceEvent"];
             };
         };
-        /** @description The request is well formed but cannot be done (`agent-not-configured`, `idempotency-key-reused`, `task-graph-invalid` and `gate-set-invalid` with every error in `errors`). */
+        /** @description The request is well formed but cannot be done (`agent-not-configured`, `idempotency-key-reused`, `task-graph-invalid` and `gate-set-invalid` with every error in `errors`; for voice, `audio-invalid` and `audio-too-long`). */
         Unprocessable: {
             headers: {
                 [name: string]: unknown;
@@ -2514,7 +2574,7 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"];
             };
         };
-        /** @description The body is over 1 MB, or 25 MB for inbound email (`payload-too-large`). */
+        /** @description The body is over 1 MB, or 25 MB for inbound email and voice uploads (`payload-too-large`). */
         PayloadTooLarge: {
             headers: {
                 [name: string]: unknown;
@@ -2523,8 +2583,35 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"];
             };
         };
-        /** @description The body is not `application/json` (`unsupported-media-type`). */
+        /** @description The body is not `application/json` (`unsupported-media-type`), or, for a voice upload, not audio of a known format (`unsupported-audio`). */
         UnsupportedMediaType: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
+        /** @description The transcription provider failed (`transcription-provider-error`); its answer is not passed on. */
+        BadGateway: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
+        /** @description The transcription provider did not answer in time (`transcription-timeout`). */
+        GatewayTimeout: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
+        /** @description No transcription provider is configured (`transcription-not-configured`); the detail names the variables to set. */
+        TranscriptionNotConfigured: {
             headers: {
                 [name: string]: unknown;
             };
@@ -3224,6 +3311,44 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
+        };
+    };
+    transcribeVoice: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "multipart/form-data": components["schemas"]["TranscriptionUpload"];
+                "audio/wav": components["schemas"]["AudioBody"];
+                "audio/webm": components["schemas"]["AudioBody"];
+                "audio/ogg": components["schemas"]["AudioBody"];
+                "audio/mpeg": components["schemas"]["AudioBody"];
+                "audio/mp4": components["schemas"]["AudioBody"];
+                "audio/flac": components["schemas"]["AudioBody"];
+            };
+        };
+        responses: {
+            /** @description The transcript. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Transcription"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
+            422: components["responses"]["Unprocessable"];
+            502: components["responses"]["BadGateway"];
+            503: components["responses"]["TranscriptionNotConfigured"];
+            504: components["responses"]["GatewayTimeout"];
         };
     };
     listSessions: {

@@ -32,6 +32,8 @@ export type Config = {
   evidenceKey: string | undefined;
   tenantMaxRunning: number;
   agent: { baseUrl: string | undefined; apiKey: string | undefined; model: string | undefined; timeoutSeconds: number; maxRetries: number };
+  /** voice transcription (SERVICE_TRANSCRIBE_*); provider undefined: the route answers 503 */
+  transcribe: TranscribeConfig;
   webhookReplayWindowSeconds: number;
   /** webhook requests one tenant may send per minute, over all kinds; more answer 429 */
   webhookRateLimitPerMinute: number;
@@ -56,6 +58,15 @@ export type Config = {
   sandbox: { mode: 'bwrap' | 'none' | 'auto'; explicit: boolean; allowNetwork: boolean; limits: SandboxLimits };
   /** the tools tenants may use at all; a run's or automation's allowlist can only narrow it */
   toolsAllowed: ToolName[];
+};
+
+/** Voice transcription: `openai` is any OpenAI-compatible /audio/transcriptions endpoint; `local` runs on this machine. */
+export type TranscribeConfig = {
+  provider: 'openai' | 'local' | undefined;
+  baseUrl: string | undefined;
+  apiKey: string | undefined;
+  model: string | undefined;
+  maxSeconds: number;
 };
 
 /** Resource limits of one sandboxed step. */
@@ -239,6 +250,11 @@ const schema = z.object({
   SERVICE_AGENT_MODEL: optionalText,
   SERVICE_AGENT_TIMEOUT_SECONDS: int(120, 1, 3600),
   SERVICE_AGENT_MAX_RETRIES: int(3, 0, 10),
+  SERVICE_TRANSCRIBE_PROVIDER: optionalText.pipe(z.enum(['openai', 'local'], { message: 'expected "openai" or "local"' }).optional()),
+  SERVICE_TRANSCRIBE_BASE_URL: url(['http:', 'https:']),
+  SERVICE_TRANSCRIBE_API_KEY: optionalText,
+  SERVICE_TRANSCRIBE_MODEL: optionalText,
+  SERVICE_TRANSCRIBE_MAX_SECONDS: int(600, 1, 86_400),
   SERVICE_WEBHOOK_REPLAY_WINDOW_SECONDS: int(300, 1, 86_400),
   SERVICE_WEBHOOK_RATE_LIMIT_PER_MINUTE: int(1200, 1, 10_000_000),
   SERVICE_WORKER_METRICS_PORT: int(0, 0, 65535),
@@ -284,6 +300,8 @@ export function parseEnv(env: Record<string, string | undefined>): Config {
     problems.push(
       `SERVICE_QUEUE_PREFIX: on a Redis Cluster it must carry a hash tag, as in {${e.SERVICE_QUEUE_PREFIX}}, so that each script's keys share a slot`,
     );
+  if (e.SERVICE_TRANSCRIBE_PROVIDER === 'openai' && !e.SERVICE_TRANSCRIBE_API_KEY)
+    problems.push('SERVICE_TRANSCRIBE_API_KEY: required when SERVICE_TRANSCRIBE_PROVIDER=openai');
   if (problems.length) throw new ConfigError(problems);
   return {
     nodeEnv: e.NODE_ENV,
@@ -317,6 +335,13 @@ export function parseEnv(env: Record<string, string | undefined>): Config {
       model: e.SERVICE_AGENT_MODEL,
       timeoutSeconds: e.SERVICE_AGENT_TIMEOUT_SECONDS,
       maxRetries: e.SERVICE_AGENT_MAX_RETRIES,
+    },
+    transcribe: {
+      provider: e.SERVICE_TRANSCRIBE_PROVIDER,
+      baseUrl: e.SERVICE_TRANSCRIBE_BASE_URL ?? (e.SERVICE_TRANSCRIBE_PROVIDER === 'openai' ? 'https://api.openai.com/v1' : undefined),
+      apiKey: e.SERVICE_TRANSCRIBE_API_KEY,
+      model: e.SERVICE_TRANSCRIBE_MODEL ?? (e.SERVICE_TRANSCRIBE_PROVIDER === 'openai' ? 'whisper-1' : undefined),
+      maxSeconds: e.SERVICE_TRANSCRIBE_MAX_SECONDS,
     },
     webhookReplayWindowSeconds: e.SERVICE_WEBHOOK_REPLAY_WINDOW_SECONDS,
     webhookRateLimitPerMinute: e.SERVICE_WEBHOOK_RATE_LIMIT_PER_MINUTE,

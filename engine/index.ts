@@ -9,6 +9,7 @@ import { ledgerOf, type EvidenceSigner } from './evidence/index.js';
 import { evidencePacksOf, gateRunsOf, gatesOnCopy, smartGatesOf } from './gates/index.js';
 import type { Sandbox } from './tools/index.js';
 import { auditsOf, type AuditSettings } from './audit/index.js';
+import { voiceOf, type VoiceSettings } from './voice/index.js';
 
 export type EngineDeps = Platform & {
   /** signs the evidence ledger */
@@ -19,6 +20,7 @@ export type EngineDeps = Platform & {
   limits: RunLimits;
   settings: RunSettings & WebhookSettings;
   audit: Omit<AuditSettings, 'workspaceRoot' | 'singleTenant'>;
+  voice: VoiceSettings;
 };
 
 export function createEngine(deps: EngineDeps) {
@@ -121,6 +123,8 @@ export function createEngine(deps: EngineDeps) {
     webhooks: webhooksOf(deps, fire),
     fire,
     fireCron,
+    /** voice transcription: nothing stored */
+    voice: voiceOf(deps, deps.voice),
     /** file_change triggers: one watcher on the workspace root; a matching change fires the automation */
     watchFiles: (opts: { refreshMs: number; ignore: string[] }) =>
       fileTriggersOf(

@@ -23,13 +23,19 @@ export const ERROR_STATUS = {
   'webhook-replay': 409,
   'payload-too-large': 413,
   'unsupported-media-type': 415,
+  'unsupported-audio': 415,
+  'audio-invalid': 422,
+  'audio-too-long': 422,
   'agent-not-configured': 422,
   'idempotency-key-reused': 422,
   'task-graph-invalid': 422,
   'gate-set-invalid': 422,
   'rate-limited': 429,
   internal: 500,
+  'transcription-provider-error': 502,
   unavailable: 503,
+  'transcription-not-configured': 503,
+  'transcription-timeout': 504,
 } as const satisfies Record<string, number>;
 
 export type ErrorCode = keyof typeof ERROR_STATUS;
@@ -152,4 +158,32 @@ export class GateSetInvalidError extends ProblemsError {
 /** A folder the operator does not let a tenant audit (/etc, /proc, /sys, or outside the allowed roots in production). */
 export class PathNotPermittedError extends AppError {
   readonly code = 'path-not-permitted';
+}
+
+/** Audio the service will not send to a transcriber: not a known format, empty or broken, or too long. */
+export class AudioRejectedError extends AppError {
+  constructor(
+    readonly code: 'unsupported-audio' | 'audio-invalid' | 'audio-too-long',
+    message: string,
+    details: Record<string, unknown> = {},
+  ) {
+    super(message, details);
+  }
+}
+
+/** No transcription provider (SERVICE_TRANSCRIBE_PROVIDER and its settings). */
+export class TranscriptionNotConfiguredError extends AppError {
+  readonly code = 'transcription-not-configured';
+}
+
+/** The transcription provider failed or did not answer in time. Never carries the provider's key or raw body. */
+export class TranscriptionFailedError extends AppError {
+  override readonly retryable = true;
+  constructor(
+    readonly code: 'transcription-provider-error' | 'transcription-timeout',
+    message: string,
+    details: Record<string, unknown> = {},
+  ) {
+    super(message, details);
+  }
 }

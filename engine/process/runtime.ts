@@ -31,6 +31,7 @@ import { openStore, type Store } from '../store/index.js';
 import { createTemplateCatalog } from '../automations/index.js';
 import { openSandbox, type Sandbox } from '../tools/index.js';
 import { EVIDENCE_KEY_FILE, signerOf } from '../evidence/index.js';
+import { openAiTranscriber, type VoiceSettings } from '../voice/index.js';
 
 export type Runtime = {
   config: Config;
@@ -49,7 +50,27 @@ export type Runtime = {
   close(): Promise<void>;
 };
 
-export type RuntimeOptions = { watchTemplates?: boolean; templatesDir?: string; clock?: Clock };
+export type RuntimeOptions = {
+  watchTemplates?: boolean;
+  templatesDir?: string;
+  clock?: Clock;
+  /** the transcription provider's time limits (tests make them short) */
+  transcribe?: { timeoutMs?: number; maxRetryDelayMs?: number };
+};
+
+const TRANSCRIBE_VARIABLES =
+  'SERVICE_TRANSCRIBE_PROVIDER=openai, SERVICE_TRANSCRIBE_API_KEY and optionally SERVICE_TRANSCRIBE_BASE_URL and SERVICE_TRANSCRIBE_MODEL';
+
+/** The transcriber the config names, or why there is none. */
+function voiceSettingsOf(config: Config, opts: RuntimeOptions): VoiceSettings {
+  const t = config.transcribe;
+  const base = { maxSeconds: t.maxSeconds };
+  if (t.provider === 'openai' && t.baseUrl && t.apiKey && t.model)
+    return { ...base, unavailable: '', transcriber: openAiTranscriber({ baseUrl: t.baseUrl, apiKey: t.apiKey, model: t.model, ...opts.transcribe }) };
+  if (t.provider === 'local')
+    return { ...base, transcriber: null, unavailable: `the local transcription provider is not available yet; set ${TRANSCRIBE_VARIABLES}` };
+  return { ...base, transcriber: null, unavailable: `voice transcription is not configured; set ${TRANSCRIBE_VARIABLES}` };
+}
 
 /**
  * The data dir must never be reachable from a workspace (its secret key opens every tenant's secrets):
@@ -166,6 +187,7 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
       },
       secretBox: createSecretBox(secretKey.key),
       signer: signerOf(evidenceKey.key),
+      voice: voiceSettingsOf(config, opts),
     });
     closers.push(() => engine.gates.close());
     closers.push(() => engine.audits.close());

@@ -1,0 +1,231 @@
+// POST /api/v1/autonomy/voice/transcribe with the `openai` provider, against a local server that speaks
+// the OpenAI transcription protocol (what we do not own), recording what it was sent.
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import busboy from 'busboy';
+import { expect } from 'chai';
+import { startHarness, type Harness } from '../support/harness.js';
+
+const KEY = 'sk-test-0123456789abcdefSECRET';
+
+type Received = { at: number; authorization?: string; fields: Record<string, string>; file?: { bytes: Buffer; filename: string; mimeType: string } };
+type Turn = { status: number; headers?: Record<string, string>; body?: unknown } | 'hang';
+
+const VERBOSE = {
+  task: 'transcribe',
+  language: 'english',
+  duration: 1.5,
+  text: 'hello there',
+  segments: [{ id: 0, start: 0, end: 1.5, text: 'hello there', tokens: [1, 2] }],
+};
+
+async function startProvider() {
+  const received: Received[] = [];
+  let script: Turn[] = [];
+  const server = http.createServer((req, res) => {
+    const got: Received = { at: Date.now(), authorization: req.headers.authorization, fields: {} };
+    const bb = busboy({ headers: req.headers });
+    bb.on('field', (name, value) => (got.fields[name] = value));
+    bb.on('file', (_name, file, info) => {
+      const chunks: Buffer[] = [];
+      file.on('data', (c: Buffer) => chunks.push(c));
+      file.on('end', () => (got.file = { bytes: Buffer.concat(chunks), filename: info.filename ?? '', mimeType: info.mimeType }));
+    });
+    bb.on('close', () => {
+      received.push(got);
+      const turn = script.shift() ?? { status: 200, body: VERBOSE };
+      if (turn === 'hang') return;
+      res
+        .writeHead(turn.status, { 'content-type': 'application/json', ...turn.headers })
+        .end(JSON.stringify(turn.body ?? { error: { message: `leaked ${KEY}` } }));
+    });
+    req.pipe(bb);
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  return {
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/v1`,
+    received,
+    play(turns: Turn[]) {
+      script = turns;
+      received.length = 0;
+    },
+    close: () =>
+      new Promise<void>((r) => {
+        server.closeAllConnections();
+        server.close(() => r());
+      }),
+  };
+}
+
+/** A PCM WAV: a 44-byte header and `seconds` of silence (16 kHz, mono, 16 bit). */
+function wav(seconds: number, rate = 16_000): Buffer {
+  const data = Math.round(seconds * rate) * 2;
+  const b = Buffer.alloc(44 + data);
+  b.write('RIFF', 0, 'latin1');
+  b.writeUInt32LE(36 + data, 4);
+  b.write('WAVE', 8, 'latin1');
+  b.write('fmt ', 12, 'latin1');
+  b.writeUInt32LE(16, 16);
+  b.writeUInt16LE(1, 20);
+  b.writeUInt16LE(1, 22);
+  b.writeUInt32LE(rate, 24);
+  b.writeUInt32LE(rate * 2, 28);
+  b.writeUInt16LE(2, 32);
+  b.writeUInt16LE(16, 34);
+  b.write('data', 36, 'latin1');
+  b.writeUInt32LE(data, 40);
+  return b;
+}
+
+async function upload(h: Harness, form: FormData) {
+  const res = await fetch(`${h.url}/api/v1/autonomy/voice/transcribe`, {
+    method: 'POST',
+    headers: { authorization: 'Bearer key-tenant-a-0123456789abcdef' },
+    body: form,
+  });
+  const text = await res.text();
+  return { status: res.status, text, body: JSON.parse(text) };
+}
+
+const raw = (h: Harness, bytes: Buffer, type = 'audio/wav') =>
+  h.call('POST', '/api/v1/autonomy/voice/transcribe', { raw: bytes, headers: { 'content-type': type } });
+
+describe('voice transcription', function () {
+  let provider: Awaited<ReturnType<typeof startProvider>>;
+  let h: Harness;
+
+  before(async () => {
+    provider = await startProvider();
+    h = await startHarness({
+      workers: false,
+      env: {
+        SERVICE_TRANSCRIBE_PROVIDER: 'openai',
+        SERVICE_TRANSCRIBE_BASE_URL: provider.url,
+        SERVICE_TRANSCRIBE_API_KEY: KEY,
+        SERVICE_TRANSCRIBE_MODEL: 'whisper-1',
+        SERVICE_TRANSCRIBE_MAX_SECONDS: '60',
+      },
+      runtime: { transcribe: { timeoutMs: 400, maxRetryDelayMs: 200 } },
+    });
+  });
+  after(async () => {
+    await h?.close();
+    await provider?.close();
+  });
+
+  it('forwards a multipart upload with its language and prompt and answers the transcript', async () => {
+    provider.play([{ status: 200, body: VERBOSE }]);
+    const audio = wav(0.5);
+    const form = new FormData();
+    form.append('file', new Blob([audio], { type: 'audio/wav' }), 'note.wav');
+    form.append('language', 'en');
+    form.append('prompt', 'Names: Ada, Grace.');
+    const res = await upload(h, form);
+    expect(res.status, res.text).to.equal(200);
+    expect(res.body).to.deep.equal({
+      text: 'hello there',
+      language: 'english',
+      duration_seconds: 1.5,
+      segments: [{ start: 0, end: 1.5, text: 'hello there' }],
+      provider: 'openai',
+      model: 'whisper-1',
+    });
+    expect(provider.received).to.have.length(1);
+    const got = provider.received[0]!;
+    expect(got.authorization).to.equal(`Bearer ${KEY}`);
+    expect(got.fields).to.deep.equal({ model: 'whisper-1', response_format: 'verbose_json', language: 'en', prompt: 'Names: Ada, Grace.' });
+    expect(got.file!.bytes.equals(audio)).to.equal(true);
+    expect(got.file!.mimeType).to.equal('audio/wav');
+  });
+
+  it('takes a raw audio/wav body and logs one line with no text', async () => {
+    provider.play([{ status: 200, body: { ...VERBOSE, text: 'secret words' } }]);
+    const res = await raw(h, wav(1));
+    expect(res.status, res.text).to.equal(200);
+    expect(res.body.text).to.equal('secret words');
+    expect(provider.received[0]!.fields).to.deep.equal({ model: 'whisper-1', response_format: 'verbose_json' });
+    const lines = h.logs.filter((l) => l.includes('audio transcribed'));
+    expect(lines.length).to.be.greaterThan(0);
+    const last = JSON.parse(lines.at(-1)!);
+    expect(last).to.include({ bytes: wav(1).length, provider: 'openai', model: 'whisper-1' });
+    expect(last.latency_ms).to.be.a('number');
+    expect(h.logs.join('')).not.to.contain('secret words');
+  });
+
+  it('retries once after a 429, waiting as Retry-After says (capped)', async () => {
+    provider.play([
+      { status: 429, headers: { 'retry-after': '1' } },
+      { status: 200, body: VERBOSE },
+    ]);
+    const res = await raw(h, wav(0.2));
+    expect(res.status, res.text).to.equal(200);
+    expect(provider.received).to.have.length(2);
+    expect(provider.received[1]!.at - provider.received[0]!.at).to.be.at.least(150);
+  });
+
+  it('answers 502 after a 500 twice, without the key or the provider body', async () => {
+    provider.play([{ status: 500 }, { status: 500 }]);
+    const res = await raw(h, wav(0.2));
+    expect(res.status, res.text).to.equal(502);
+    expect(res.body.code).to.equal('transcription-provider-error');
+    expect(provider.received).to.have.length(2);
+    expect(res.text).not.to.contain(KEY);
+    expect(res.text).not.to.contain('leaked');
+  });
+
+  it('answers 504 when the provider does not answer in time', async () => {
+    provider.play(['hang']);
+    const res = await raw(h, wav(0.2));
+    expect(res.status, res.text).to.equal(504);
+    expect(res.body.code).to.equal('transcription-timeout');
+  });
+
+  it('refuses what is not audio, broken or too large before the provider sees it', async () => {
+    provider.play([]);
+    const text = await raw(h, Buffer.from('this is plainly text, not a recording'));
+    expect(text.status, text.text).to.equal(415);
+    expect(text.body.code).to.equal('unsupported-audio');
+
+    const truncated = await raw(h, wav(1).subarray(0, 1000));
+    expect(truncated.status, truncated.text).to.equal(422);
+    expect(truncated.body.code).to.equal('audio-invalid');
+
+    const empty = await raw(h, Buffer.alloc(0));
+    expect(empty.status, empty.text).to.equal(422);
+    expect(empty.body.code).to.equal('audio-invalid');
+
+    const long = await raw(h, wav(61, 1000));
+    expect(long.status, long.text).to.equal(422);
+    expect(long.body.code).to.equal('audio-too-long');
+
+    const huge = Buffer.alloc(26 * 1024 * 1024);
+    wav(0).copy(huge);
+    const big = await raw(h, huge);
+    expect(big.status, big.text).to.equal(413);
+    expect(big.body.code).to.equal('payload-too-large');
+
+    const form = new FormData();
+    form.append('file', new Blob([Buffer.from('PK\x03\x04zipped things here', 'latin1')], { type: 'audio/wav' }), 'file.wav');
+    const zip = await upload(h, form);
+    expect(zip.status, zip.text).to.equal(415);
+    expect(zip.body.code).to.equal('unsupported-audio');
+
+    expect(provider.received).to.have.length(0);
+  });
+
+  it('never writes the provider key to the logs', () => {
+    expect(h.logs.join('\n')).not.to.contain(KEY);
+  });
+
+  it('answers 503 naming the variables when no provider is configured', async () => {
+    const bare = await startHarness({ workers: false });
+    try {
+      const res = await raw(bare, wav(0.2));
+      expect(res.status, res.text).to.equal(503);
+      expect(res.body.code).to.equal('transcription-not-configured');
+      expect(res.body.detail).to.contain('SERVICE_TRANSCRIBE_PROVIDER');
+    } finally {
+      await bare.close();
+    }
+  });
+});
