@@ -96,7 +96,7 @@ export function createApp(deps: AppDeps): Express {
   app.use('/api/v1/automations', automationsRouter(deps.engine));
   app.use('/api/v1/autonomy', autonomyRouter(deps.engine, { hub: deps.hub, heartbeatMs: deps.sseHeartbeatMs, streams }));
   app.use('/api/v1/autonomy', auditRouter(deps.engine, { hub: deps.hub, heartbeatMs: deps.sseHeartbeatMs, streams }));
-  app.use('/api/v1/autonomy', voiceRouter(deps.engine));
+  app.use('/api/v1/autonomy', voiceRouter(deps.engine, spec));
   app.use('/api/v1/runs', runsRouter(deps.engine));
   app.use('/api/v1/sessions', sessionsRouter(deps.engine, { hub: deps.hub, heartbeatMs: deps.sseHeartbeatMs, streams }));
   app.use('/api/v1/webhook-secrets', webhookSecretsRouter(deps.engine));

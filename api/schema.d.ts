@@ -480,15 +480,24 @@ export interface paths {
         get?: never;
         put?: never;
         /**
-         * Transcribe a voice recording
+         * Transcribe a voice recording, and optionally act on it
          * @description Turns at most 25 MB of speech into text with the configured provider (SERVICE_TRANSCRIBE_PROVIDER; 503
-         *     `transcription-not-configured` without one). Send `multipart/form-data` with the audio in `file` (and
-         *     optionally `language`, an ISO-639-1 code, and `prompt`), or the audio itself as the body. The format is
-         *     read from the bytes, not from the Content-Type: WAV, Ogg, FLAC, MP3, WebM and MP4 audio are taken,
-         *     anything else is a 415 `unsupported-audio`. An empty or broken file is a 422 `audio-invalid`; a recording
-         *     whose header says it plays longer than SERVICE_TRANSCRIBE_MAX_SECONDS (default 600) is a 422
-         *     `audio-too-long`. A failing provider is a 502 `transcription-provider-error`, a provider that does not
-         *     answer in time a 504 `transcription-timeout`. Neither the audio nor its text is stored.
+         *     `transcription-not-configured` without one). Send `multipart/form-data` with the audio in `file` and the
+         *     options below as fields (fields an OpenAI client adds, such as `model` or `response_format`, are
+         *     ignored), or the audio itself as the body with the options as query parameters. The format is read from
+         *     the bytes, not from the Content-Type: WAV, Ogg, FLAC, MP3, WebM and MP4 audio are taken, anything else is
+         *     a 415 `unsupported-audio`. An empty or broken file is a 422 `audio-invalid`; a recording that plays longer
+         *     than SERVICE_TRANSCRIBE_MAX_SECONDS (default 600; read from WAV, FLAC and Ogg headers before the
+         *     provider is asked, from the provider's answer for the others) is a 422 `audio-too-long`. A failing
+         *     provider is a 502 `transcription-provider-error`, a provider that does not answer in time a 504
+         *     `transcription-timeout`. Neither the audio nor its text is stored by this route.
+         *
+         *     Two actions may ride along. `session_id` (with `to`, an agent of it) appends the text as a `user`
+         *     message to that session's inbox; the session is checked before the audio is transcribed (404 for one
+         *     that is not the caller's, 409 when archived). `run=true` starts an autonomy run with the text as its
+         *     goal (in `workspace`, when given) and answers 202 as `POST /autonomy/run` does, with `Location` and the
+         *     run in `run`; an `Idempotency-Key` returns the run an earlier request with the same audio started. A
+         *     recording in which no words are recognised starts and posts nothing (422 `audio-invalid`).
          */
         post: operations["transcribeVoice"];
         delete?: never;
@@ -1050,18 +1059,31 @@ export interface components {
          * @description The audio file itself.
          */
         AudioBody: string;
-        /** @description The `file` field is required; `language` and `prompt` are passed on to the provider. */
+        /** @description The `file` field is required (its route checks it as the upload streams); `language` and `prompt` are passed on to the provider; other fields are ignored. */
         TranscriptionUpload: {
             /**
              * Format: binary
              * @description The audio (WAV, Ogg, FLAC, MP3, WebM or MP4).
              */
             file?: string;
-            /** @description ISO-639-1 code of the spoken language, when known. */
-            language?: string;
-            /** @description Text that guides the provider's spelling and style. */
-            prompt?: string;
+            language?: components["schemas"]["TranscriptionLanguage"];
+            prompt?: components["schemas"]["TranscriptionPrompt"];
+            session_id?: components["schemas"]["TranscriptionSessionId"];
+            to?: components["schemas"]["TranscriptionAgentId"];
+            /** @description Start an autonomy run with the text as its goal (`true` or `false`). */
+            run?: boolean;
+            workspace?: components["schemas"]["TranscriptionWorkspace"];
         };
+        /** @description ISO-639-1 code of the spoken language, when known. */
+        TranscriptionLanguage: string;
+        /** @description Text that guides the provider's spelling and style. */
+        TranscriptionPrompt: string;
+        /** @description Append the text to this session's inbox as a `user` message. */
+        TranscriptionSessionId: string;
+        /** @description The agent of `session_id` the message is for. */
+        TranscriptionAgentId: string;
+        /** @description The run's workspace (with `run`), a folder inside SERVICE_WORKSPACE_ROOT, relative to it. */
+        TranscriptionWorkspace: string;
         Transcription: {
             text: string;
             /** @description The spoken language as the provider names it, or as asked. */
@@ -1074,9 +1096,13 @@ export interface components {
                 end: number;
                 text: string;
             }[];
-            /** @description The provider that transcribed (`openai`). */
+            /** @description The provider that transcribed (`openai` or `local`). */
             provider: string;
             model: string;
+            /** @description The `user` message the text became (with `session_id`). */
+            message?: components["schemas"]["Message"];
+            /** @description The run the text started (with `run=true`). */
+            run?: components["schemas"]["RunAccepted"];
         };
         Health: {
             /** @enum {string} */
@@ -3315,8 +3341,24 @@ export interface operations {
     };
     transcribeVoice: {
         parameters: {
-            query?: never;
-            header?: never;
+            query?: {
+                /** @description ISO-639-1 code of the spoken language (raw bodies; a multipart upload sends it as a field). */
+                language?: components["schemas"]["TranscriptionLanguage"];
+                /** @description Text that guides the provider's spelling and style. */
+                prompt?: components["schemas"]["TranscriptionPrompt"];
+                /** @description Append the text to this session's inbox as a `user` message. */
+                session_id?: components["schemas"]["TranscriptionSessionId"];
+                /** @description The agent of `session_id` the message is for. */
+                to?: components["schemas"]["TranscriptionAgentId"];
+                /** @description Start an autonomy run with the text as its goal. */
+                run?: boolean;
+                /** @description The run's workspace (with `run=true`), as in `POST /autonomy/run`. */
+                workspace?: components["schemas"]["TranscriptionWorkspace"];
+            };
+            header?: {
+                /** @description Send the same key to make a retry return the first run instead of starting another. Kept 24 hours; the same key with a different body is a 422. */
+                "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
+            };
             path?: never;
             cookie?: never;
         };
@@ -3332,7 +3374,7 @@ export interface operations {
             };
         };
         responses: {
-            /** @description The transcript. */
+            /** @description The transcript, and the message it became when `session_id` was given. */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -3341,8 +3383,22 @@ export interface operations {
                     "application/json": components["schemas"]["Transcription"];
                 };
             };
+            /** @description The transcript and the run it started (`run=true`); the run is stored and will run. */
+            202: {
+                headers: {
+                    Location: components["headers"]["Location"];
+                    /** @description true when an Idempotency-Key returned an earlier run. */
+                    "Idempotent-Replayed"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Transcription"];
+                };
+            };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             422: components["responses"]["Unprocessable"];

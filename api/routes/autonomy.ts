@@ -4,12 +4,44 @@ import { Router, type Request, type Response } from 'express';
 import { scopes, type EventHub, type RunKind } from '../../engine/platform/index.js';
 import type { Engine } from '../../engine/index.js';
 import { packTar } from '../../engine/evidence/index.js';
+import type { RunRequest } from '../../engine/runs/index.js';
 import { tenantOf } from '../auth.js';
 import type { components } from '../schema.js';
 import { lastEventIdOf, streamEvents, type OpenStreams } from '../sse.js';
 import { acceptRun, idempotencyKeyOf, runLocation } from './runs.js';
 
 type AutonomyRunRequest = components['schemas']['AutonomyRunRequest'];
+
+export type AutonomyWork = Omit<AutonomyRunRequest, 'stream'>;
+
+/**
+ * Stores an autonomy or vibe run started over HTTP (the request's Idempotency-Key returns an earlier one
+ * whose `fingerprint` matches) and its session record. The voice route starts runs here too.
+ */
+export async function startAutonomyRun(engine: Engine, req: Request, kind: RunKind, work: AutonomyWork, fingerprint: unknown = { kind, work }) {
+  const { run, replayed } = await engine.runs.createIdempotent(tenantOf(req), idempotencyKeyOf(req), fingerprint, autonomyRunRequest(req, kind, work));
+  await engine.sessions.ensureRunSession(run);
+  return { run, replayed };
+}
+
+/** The engine's request for an autonomy or vibe run asked for over HTTP. */
+export function autonomyRunRequest(req: Request, kind: RunKind, work: AutonomyWork): RunRequest {
+  return {
+    kind,
+    goal: work.goal,
+    steps: work.steps?.map((s) => ({ ...s, args: s.args ?? {} })),
+    tool_allowlist: work.tools,
+    workspace: work.workspace,
+    budget_seconds: work.budget_seconds,
+    max_steps: work.max_steps,
+    retry: work.retry,
+    network: work.network,
+    gates: work.gates,
+    inputs: work.inputs,
+    trigger: { type: 'api', request_id: String(req.id) },
+    request_id: String(req.id),
+  };
+}
 
 export function autonomyRouter(engine: Engine, opts: { hub: EventHub; heartbeatMs: number; streams: OpenStreams }): Router {
   const router = Router();
@@ -25,29 +57,8 @@ export function autonomyRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
     });
 
   const start = (kind: RunKind) => async (req: Request, res: Response) => {
-    const body = req.body as AutonomyRunRequest;
-    const { stream, ...work } = body;
-    const { run, replayed } = await engine.runs.createIdempotent(
-      tenantOf(req),
-      idempotencyKeyOf(req),
-      { kind, work },
-      {
-        kind,
-        goal: work.goal,
-        steps: work.steps?.map((s) => ({ ...s, args: s.args ?? {} })),
-        tool_allowlist: work.tools,
-        workspace: work.workspace,
-        budget_seconds: work.budget_seconds,
-        max_steps: work.max_steps,
-        retry: work.retry,
-        network: work.network,
-        gates: work.gates,
-        inputs: work.inputs,
-        trigger: { type: 'api', request_id: String(req.id) },
-        request_id: String(req.id),
-      },
-    );
-    await engine.sessions.ensureRunSession(run);
+    const { stream, ...work } = req.body as AutonomyRunRequest;
+    const { run, replayed } = await startAutonomyRun(engine, req, kind, work);
     if (stream) await watch(req, res, run.session_id, '0-0', { headers: { Location: runLocation(run.id) } });
     else acceptRun(res, engine, run, replayed);
   };

@@ -12,13 +12,15 @@ export const eventsUrl = (sessionId: string) => `/api/v1/autonomy/streaming/${se
 
 type ListQuery = NonNullable<operations['listRuns']['parameters']['query']>;
 
-/** 202 with the run, where to read it and where to watch it. */
-export function acceptRun(res: Response, engine: Engine, run: Run, replayed: boolean): void {
+/** What a 202 for a stored run carries. */
+export function acceptedRun(engine: Engine, run: Run) {
+  return { run_id: run.id, session_id: run.session_id, status: run.status, events_url: eventsUrl(run.session_id), run: runView(run, engine.runs) };
+}
+
+/** Answers 202 for a stored run: Location, and Idempotent-Replayed when a key returned an earlier one. */
+export function acceptRun(res: Response, engine: Engine, run: Run, replayed: boolean, body: object = acceptedRun(engine, run)): void {
   if (replayed) res.setHeader('Idempotent-Replayed', 'true');
-  res
-    .status(202)
-    .location(runLocation(run.id))
-    .json({ run_id: run.id, session_id: run.session_id, status: run.status, events_url: eventsUrl(run.session_id), run: runView(run, engine.runs) });
+  res.status(202).location(runLocation(run.id)).json(body);
 }
 
 export const idempotencyKeyOf = (req: Request) => req.get('idempotency-key') || undefined;

@@ -31,7 +31,7 @@ import { openStore, type Store } from '../store/index.js';
 import { createTemplateCatalog } from '../automations/index.js';
 import { openSandbox, type Sandbox } from '../tools/index.js';
 import { EVIDENCE_KEY_FILE, signerOf } from '../evidence/index.js';
-import { openAiTranscriber, type VoiceSettings } from '../voice/index.js';
+import { findLocalPrograms, localTranscriber, openAiTranscriber, type VoiceSettings } from '../voice/index.js';
 
 export type Runtime = {
   config: Config;
@@ -59,16 +59,25 @@ export type RuntimeOptions = {
 };
 
 const TRANSCRIBE_VARIABLES =
-  'SERVICE_TRANSCRIBE_PROVIDER=openai, SERVICE_TRANSCRIBE_API_KEY and optionally SERVICE_TRANSCRIBE_BASE_URL and SERVICE_TRANSCRIBE_MODEL';
+  'SERVICE_TRANSCRIBE_PROVIDER=openai with SERVICE_TRANSCRIBE_API_KEY (and optionally SERVICE_TRANSCRIBE_BASE_URL, SERVICE_TRANSCRIBE_MODEL), or SERVICE_TRANSCRIBE_PROVIDER=local with pocketsphinx installed';
 
-/** The transcriber the config names, or why there is none. */
-function voiceSettingsOf(config: Config, opts: RuntimeOptions): VoiceSettings {
+/** The transcriber the config names, or why there is none (logged once at start). */
+function voiceSettingsOf(config: Config, opts: RuntimeOptions, sandbox: Sandbox, log: Logger): VoiceSettings {
   const t = config.transcribe;
   const base = { maxSeconds: t.maxSeconds };
   if (t.provider === 'openai' && t.baseUrl && t.apiKey && t.model)
     return { ...base, unavailable: '', transcriber: openAiTranscriber({ baseUrl: t.baseUrl, apiKey: t.apiKey, model: t.model, ...opts.transcribe }) };
-  if (t.provider === 'local')
-    return { ...base, transcriber: null, unavailable: `the local transcription provider is not available yet; set ${TRANSCRIBE_VARIABLES}` };
+  if (t.provider === 'local') {
+    const found = findLocalPrograms(config.childEnv.PATH);
+    if ('programs' in found)
+      return {
+        ...base,
+        unavailable: '',
+        transcriber: localTranscriber({ programs: found.programs, sandbox, env: config.childEnv, timeoutMs: opts.transcribe?.timeoutMs }),
+      };
+    log.warn({ provider: 'local' }, `voice transcription is unavailable: ${found.missing}`);
+    return { ...base, transcriber: null, unavailable: `the local transcription provider cannot run: ${found.missing}` };
+  }
   return { ...base, transcriber: null, unavailable: `voice transcription is not configured; set ${TRANSCRIBE_VARIABLES}` };
 }
 
@@ -187,7 +196,7 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
       },
       secretBox: createSecretBox(secretKey.key),
       signer: signerOf(evidenceKey.key),
-      voice: voiceSettingsOf(config, opts),
+      voice: voiceSettingsOf(config, opts, sandbox, log),
     });
     closers.push(() => engine.gates.close());
     closers.push(() => engine.audits.close());

@@ -92,7 +92,8 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
   const { store, clock, log, limits, slots, queues, redis, settings } = deps;
   const prefix = queues.prefix;
 
-  async function create(tenantId: string, req: RunRequest, id = newId('run')): Promise<Run> {
+  /** What a run request becomes, or why it is refused: nothing is stored here. */
+  async function admit(tenantId: string, req: RunRequest) {
     const errors: FieldError[] = [];
     const steps = req.steps?.length ? req.steps : null;
     const goal = req.goal?.trim() ? req.goal : null;
@@ -110,6 +111,11 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
     const tool_allowlist = allowlistOf(settings, req.tool_allowlist, steps, '/body/tools');
     const network = networkOf(settings, req.network);
     const workspace = await resolveWorkspace(await tenantRoot(settings, tenantId), req.workspace);
+    return { steps, goal, seconds, tool_allowlist, network, workspace };
+  }
+
+  async function create(tenantId: string, req: RunRequest, id = newId('run')): Promise<Run> {
+    const { steps, goal, seconds, tool_allowlist, network, workspace } = await admit(tenantId, req);
     const run: Run = {
       id,
       tenant_id: tenantId,
@@ -241,6 +247,8 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
   return {
     create,
     createIdempotent,
+    /** Throws what `create` would refuse this request for, storing nothing (a caller about to pay for the request's input asks first). */
+    assertAcceptable: async (tenantId: string, req: RunRequest): Promise<void> => void (await admit(tenantId, req)),
     workspaceOf,
     onRunFinished: transitions.onRunFinished,
     onRunStarted: transitions.onRunStarted,

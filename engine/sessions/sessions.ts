@@ -51,6 +51,13 @@ export function sessionsOf(deps: SessionsDeps) {
     return s;
   }
 
+  /** The session a message may be posted to (the caller's, not archived), with `to` one of its agents. */
+  async function assertCanPost(tenantId: string, sessionId: string, to?: string | null): Promise<Session> {
+    const session = await mustBeLive(tenantId, sessionId);
+    if (to && !(await store.agents.get(tenantId, sessionId, to))) throw new NotFoundError(`no agent ${to} in session ${sessionId}`);
+    return session;
+  }
+
   const emit = (s: Session) =>
     events.append(scopes.sessionTrace(s.id).stream, {
       type: 'session.updated',
@@ -350,14 +357,15 @@ export function sessionsOf(deps: SessionsDeps) {
       return store.agents.list(tenantId, sessionId);
     },
 
+    assertCanPost,
+
     /** Appends a message to the session's log and tells its trace. People and the system inject `user` or `system` messages. */
     async postMessage(
       tenantId: string,
       sessionId: string,
       req: { role: 'user' | 'system'; to?: string | null; kind?: string; parts: MessagePart[]; in_reply_to?: string | null },
     ): Promise<MessageRecord> {
-      const session = await mustBeLive(tenantId, sessionId);
-      if (req.to && !(await store.agents.get(tenantId, sessionId, req.to))) throw new NotFoundError(`no agent ${req.to} in session ${sessionId}`);
+      const session = await assertCanPost(tenantId, sessionId, req.to);
       return append(session, {
         role: req.role,
         from: null,

@@ -14,6 +14,6 @@ export const TOOLS: ReadonlyMap<string, Tool> = new Map(
 );
 
 export { resolveInside } from './files.js';
-export { INSIDE_WORKSPACE, openSandbox, type Sandbox, type SandboxKind, type SandboxLimits } from './sandbox.js';
+export { INSIDE_WORKSPACE, openSandbox, which, type Sandbox, type SandboxKind, type SandboxLimits } from './sandbox.js';
 export { runProcess, type ProcessResult } from './process.js';
 export { ToolError, type AuditActions, type GateActions, type OwnSession, type SessionActions, type Tool, type ToolContext, type ToolResult } from './tool.js';

@@ -2,7 +2,13 @@
 import type { AudioFormat } from './audio.js';
 
 export type TranscriberAudio = { bytes: Buffer; format: AudioFormat; filename: string };
-export type TranscriberOptions = { language?: string; prompt?: string; signal: AbortSignal };
+export type TranscriberOptions = {
+  language?: string;
+  prompt?: string;
+  signal: AbortSignal;
+  /** the longest audio taken: a provider that decodes may stop there */
+  maxSeconds: number;
+};
 export type TranscriptSegment = { start: number; end: number; text: string };
 export type TranscriberResult = { text: string; language: string | null; duration_seconds: number | null; segments: TranscriptSegment[] };
 

@@ -31,6 +31,14 @@ export function voiceOf(deps: VoiceDeps, settings: VoiceSettings) {
     return settings.transcriber;
   }
 
+  function assertShortEnough(seconds: number | null): void {
+    if (seconds !== null && seconds > settings.maxSeconds)
+      throw new AudioRejectedError('audio-too-long', `the audio plays ${Math.round(seconds)} s, over the ${settings.maxSeconds} s limit`, {
+        duration_seconds: seconds,
+        max_seconds: settings.maxSeconds,
+      });
+  }
+
   async function transcribe(
     tenantId: string,
     upload: { bytes: Buffer; filename?: string },
@@ -42,17 +50,15 @@ export function voiceOf(deps: VoiceDeps, settings: VoiceSettings) {
     const format = sniffAudio(bytes);
     if (!format) throw new AudioRejectedError('unsupported-audio', `the bytes are not audio this service reads (${Object.values(AUDIO_MIME).join(', ')})`);
     const headerSeconds = durationOf(format, bytes);
-    if (headerSeconds !== null && headerSeconds > settings.maxSeconds)
-      throw new AudioRejectedError('audio-too-long', `the audio plays ${Math.round(headerSeconds)} s, over the ${settings.maxSeconds} s limit`, {
-        duration_seconds: headerSeconds,
-        max_seconds: settings.maxSeconds,
-      });
+    assertShortEnough(headerSeconds);
     const started = performance.now();
     const out = await transcriber.transcribe(
       { bytes, format, filename: `audio.${format === 'mp3' ? 'mp3' : format === 'mp4' ? 'm4a' : format}` },
-      { language: opts.language, prompt: opts.prompt, signal: opts.signal },
+      { language: opts.language, prompt: opts.prompt, signal: opts.signal, maxSeconds: settings.maxSeconds },
     );
     const duration = out.duration_seconds ?? headerSeconds;
+    // formats whose header does not say (MP3, WebM, MP4) are checked by what the provider measured
+    assertShortEnough(duration);
     (opts.log ?? deps.log).info(
       {
         tenant_id: tenantId,

@@ -1,10 +1,15 @@
 // POST /api/v1/autonomy/voice/transcribe with the `openai` provider, against a local server that speaks
 // the OpenAI transcription protocol (what we do not own), recording what it was sent.
+import { mkdirSync } from 'node:fs';
 import http from 'node:http';
+import path from 'node:path';
 import type { AddressInfo } from 'node:net';
 import busboy from 'busboy';
 import { expect } from 'chai';
-import { startHarness, type Harness } from '../support/harness.js';
+import { KEYS, startHarness, type Harness } from '../support/harness.js';
+
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+type Body = Record<string, any>;
 
 const KEY = 'sk-test-0123456789abcdefSECRET';
 
@@ -77,18 +82,29 @@ function wav(seconds: number, rate = 16_000): Buffer {
   return b;
 }
 
-async function upload(h: Harness, form: FormData) {
+async function upload(h: Harness, form: FormData, o: { key?: string; headers?: Record<string, string> } = {}) {
   const res = await fetch(`${h.url}/api/v1/autonomy/voice/transcribe`, {
     method: 'POST',
-    headers: { authorization: 'Bearer key-tenant-a-0123456789abcdef' },
+    headers: { authorization: `Bearer ${o.key ?? KEYS.a}`, ...o.headers },
     body: form,
   });
   const text = await res.text();
   return { status: res.status, text, body: JSON.parse(text) };
 }
 
-const raw = (h: Harness, bytes: Buffer, type = 'audio/wav') =>
-  h.call('POST', '/api/v1/autonomy/voice/transcribe', { raw: bytes, headers: { 'content-type': type } });
+const raw = (h: Harness, bytes: Buffer, type = 'audio/wav', o: { query?: string; key?: string; headers?: Record<string, string> } = {}) =>
+  h.call<Body>('POST', `/api/v1/autonomy/voice/transcribe${o.query ? `?${o.query}` : ''}`, {
+    raw: bytes,
+    key: o.key,
+    headers: { 'content-type': type, ...o.headers },
+  });
+
+function formOf(audio: Buffer, fields: Record<string, string>): FormData {
+  const form = new FormData();
+  form.append('file', new Blob([audio], { type: 'audio/wav' }), 'note.wav');
+  for (const [k, v] of Object.entries(fields)) form.append(k, v);
+  return form;
+}
 
 describe('voice transcription', function () {
   let provider: Awaited<ReturnType<typeof startProvider>>;
@@ -104,6 +120,9 @@ describe('voice transcription', function () {
         SERVICE_TRANSCRIBE_API_KEY: KEY,
         SERVICE_TRANSCRIBE_MODEL: 'whisper-1',
         SERVICE_TRANSCRIBE_MAX_SECONDS: '60',
+        // spoken goals need an agent endpoint to be accepted; no worker runs them here
+        SERVICE_AGENT_BASE_URL: 'http://127.0.0.1:9/v1',
+        SERVICE_AGENT_MODEL: 'none',
       },
       runtime: { transcribe: { timeoutMs: 400, maxRetryDelayMs: 200 } },
     });
@@ -211,6 +230,88 @@ describe('voice transcription', function () {
     expect(zip.body.code).to.equal('unsupported-audio');
 
     expect(provider.received).to.have.length(0);
+  });
+
+  it("appends the text to a session as a user message for one of its agents; another tenant's or an archived session is refused before the provider is asked", async () => {
+    const session = (await h.call<Body>('POST', '/api/v1/sessions', { body: { title: 'spoken' } })).body;
+    const agent = (await h.call<Body>('POST', `/api/v1/sessions/${session.id}/agents`, { body: { name: 'builder' } })).body;
+    provider.play([{ status: 200, body: { ...VERBOSE, text: ' run the tests on main ' } }]);
+    // fields an OpenAI client sends on its own are ignored
+    const res = await upload(h, formOf(wav(0.5), { session_id: session.id, to: agent.id, model: 'whisper-1', response_format: 'json' }));
+    expect(res.status, res.text).to.equal(200);
+    expect(res.body.text).to.equal(' run the tests on main ');
+    expect(res.body.message).to.deep.include({ session_id: session.id, role: 'user', to: agent.id, kind: 'text' });
+    expect(res.body.message.parts).to.deep.equal([{ type: 'text', text: 'run the tests on main' }]);
+    const inbox = (await h.call<Body>('GET', `/api/v1/sessions/${session.id}/messages`)).body.data;
+    expect(inbox.map((m: Body) => m.id)).to.include(res.body.message.id);
+
+    provider.play([]);
+    const foreign = await raw(h, wav(0.5), 'audio/wav', { key: KEYS.b, query: `session_id=${session.id}` });
+    expect(foreign.status, foreign.text).to.equal(404);
+    const noAgent = await raw(h, wav(0.5), 'audio/wav', { query: `session_id=${session.id}&to=agt_${'0'.repeat(26)}` });
+    expect(noAgent.status, noAgent.text).to.equal(404);
+    expect((await h.call('DELETE', `/api/v1/sessions/${session.id}`)).status).to.be.oneOf([200, 202, 204]);
+    const archived = await raw(h, wav(0.5), 'audio/wav', { query: `session_id=${session.id}` });
+    expect(archived.status, archived.text).to.equal(409);
+    expect(provider.received).to.have.length(0);
+    const after = (await h.call<Body>('GET', `/api/v1/sessions/${session.id}/messages`)).body.data;
+    expect(after).to.have.length(inbox.length);
+  });
+
+  it('starts an autonomy run with the text as its goal: 202 with Location, and the same key and audio return the same run', async () => {
+    provider.play([
+      { status: 200, body: { ...VERBOSE, text: 'open a pull request' } },
+      { status: 200, body: { ...VERBOSE, text: 'open a pole request' } },
+    ]);
+    const audio = wav(0.7);
+    mkdirSync(path.join(h.tenantDir(), 'voice'), { recursive: true });
+    const first = await raw(h, audio, 'audio/wav', { query: 'run=true&workspace=voice', headers: { 'idempotency-key': 'voice-1' } });
+    expect(first.status, first.text).to.equal(202);
+    expect(first.headers.get('location')).to.equal(`/api/v1/runs/${first.body.run.run_id}`);
+    expect(first.body.text).to.equal('open a pull request');
+    expect(first.body.run).to.deep.include({ status: 'queued' });
+    expect(first.body.run.run).to.deep.include({ kind: 'autonomy', goal: 'open a pull request', workspace: 'voice' });
+    const stored = (await h.call<Body>('GET', `/api/v1/runs/${first.body.run.run_id}`)).body;
+    expect(stored).to.deep.include({ goal: 'open a pull request', status: 'queued' });
+    expect(stored.trigger).to.deep.include({ type: 'api' });
+
+    // a retry of the same recording: the provider hears it differently, the run is still the first one
+    const again = await raw(h, audio, 'audio/wav', { query: 'run=true&workspace=voice', headers: { 'idempotency-key': 'voice-1' } });
+    expect(again.status, again.text).to.equal(202);
+    expect(again.headers.get('idempotent-replayed')).to.equal('true');
+    expect(again.body.run.run_id).to.equal(first.body.run.run_id);
+    // another tenant cannot read it
+    expect((await h.call('GET', `/api/v1/runs/${first.body.run.run_id}`, { key: KEYS.b })).status).to.equal(404);
+  });
+
+  it('posts and starts nothing when no words are heard, and refuses option fields that are not valid', async () => {
+    const before = (await h.call<Body>('GET', '/api/v1/runs?limit=100')).body.data.length;
+    provider.play([{ status: 200, body: { ...VERBOSE, text: '  ', segments: [] } }]);
+    const silent = await raw(h, wav(0.5), 'audio/wav', { query: 'run=true' });
+    expect(silent.status, silent.text).to.equal(422);
+    expect(silent.body.code).to.equal('audio-invalid');
+    expect((await h.call<Body>('GET', '/api/v1/runs?limit=100')).body.data).to.have.length(before);
+
+    provider.play([]);
+    const badSession = await upload(h, formOf(wav(0.5), { session_id: 'not-a-session' }));
+    expect(badSession.status, badSession.text).to.equal(400);
+    expect(JSON.stringify(badSession.body.errors)).to.contain('/body/session_id');
+    const badRun = await upload(h, formOf(wav(0.5), { run: 'maybe' }));
+    expect(badRun.status, badRun.text).to.equal(400);
+    const lonelyTo = await raw(h, wav(0.5), 'audio/wav', { query: `to=agt_${'0'.repeat(26)}` });
+    expect(lonelyTo.status, lonelyTo.text).to.equal(400);
+    const badQuery = await raw(h, wav(0.5), 'audio/wav', { query: 'run=perhaps' });
+    expect(badQuery.status, badQuery.text).to.equal(400);
+    expect(provider.received).to.have.length(0);
+  });
+
+  it("checks the length of formats whose header does not say by the provider's answer", async () => {
+    provider.play([{ status: 200, body: { ...VERBOSE, duration: 61 } }]);
+    const mp3 = Buffer.concat([Buffer.from('ID3\x04\x00\x00\x00\x00\x00\x00', 'latin1'), Buffer.alloc(2000)]);
+    const res = await raw(h, mp3, 'audio/mpeg');
+    expect(res.status, res.text).to.equal(422);
+    expect(res.body).to.deep.include({ code: 'audio-too-long' });
+    expect(provider.received[0]!.file!.mimeType).to.equal('audio/mpeg');
   });
 
   it('never writes the provider key to the logs', () => {

@@ -1,0 +1,209 @@
+// The `local` provider: an offline engine on this machine, for air-gapped use. The upload is decoded to
+// 16 kHz mono PCM by ffmpeg (any format) or sox (WAV, FLAC, Ogg Vorbis), then recognised by CMU
+// pocketsphinx with its US English model. Both run in the tool sandbox (no network, nothing of the
+// service's but a temporary folder holding this one upload), since a decoder reads untrusted bytes.
+// Recognition takes a core per transcription: at most `concurrency` run at once, the rest wait in turn.
+import fs from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { AudioRejectedError, TranscriptionFailedError, ValidationError } from '../platform/index.js';
+import { runProcess, which, type ProcessResult, type Sandbox } from '../tools/index.js';
+import type { Transcriber, TranscriberAudio, TranscriberOptions, TranscriberResult, TranscriptSegment } from './transcriber.js';
+
+export const LOCAL_MODEL = 'pocketsphinx-en-us';
+const SAMPLE_RATE = 16_000;
+const BYTES_PER_SECOND = SAMPLE_RATE * 2;
+const OUTPUT_MAX_BYTES = 256 * 1024;
+const DEFAULT_TIMEOUT_MS = 300_000;
+
+export type LocalPrograms = { decoder: { kind: 'ffmpeg' | 'sox'; path: string }; recognizer: string };
+
+export type LocalTranscriberSettings = {
+  programs: LocalPrograms;
+  sandbox: Sandbox;
+  /** the environment the programs get (PATH and the like, never the service's secrets) */
+  env: Record<string, string>;
+  /** decoding and recognition together */
+  timeoutMs?: number;
+  concurrency?: number;
+};
+
+/** The programs the local provider needs, found on PATH, or what is missing and how to install it. */
+export function findLocalPrograms(pathVar: string | undefined): { programs: LocalPrograms } | { missing: string } {
+  const recognizer = which('pocketsphinx_continuous', pathVar);
+  const ffmpeg = which('ffmpeg', pathVar);
+  const sox = which('sox', pathVar);
+  const decoder = ffmpeg ? { kind: 'ffmpeg' as const, path: ffmpeg } : sox ? { kind: 'sox' as const, path: sox } : null;
+  if (recognizer && decoder) return { programs: { decoder, recognizer } };
+  const lacking = [...(recognizer ? [] : ['pocketsphinx_continuous']), ...(decoder ? [] : ['ffmpeg or sox'])];
+  return { missing: `${lacking.join(' and ')} not found on PATH (apt-get install pocketsphinx pocketsphinx-en-us ffmpeg)` };
+}
+
+/** The formats sox reads without extra packages; ffmpeg reads all of them. */
+const SOX_READS = new Set(['wav', 'flac', 'ogg']);
+
+export function localTranscriber(s: LocalTranscriberSettings): Transcriber {
+  const timeoutMs = s.timeoutMs ?? DEFAULT_TIMEOUT_MS;
+  const slots = semaphore(s.concurrency ?? Math.max(1, os.availableParallelism()));
+  const { decoder, recognizer } = s.programs;
+
+  function decodeArgv(input: string, maxSeconds: number): string[] {
+    // one second over the limit is enough to tell that it is over
+    const keep = String(maxSeconds + 1);
+    return decoder.kind === 'ffmpeg'
+      ? [
+          decoder.path,
+          '-nostdin',
+          '-hide_banner',
+          '-loglevel',
+          'error',
+          '-i',
+          input,
+          '-t',
+          keep,
+          '-vn',
+          '-ac',
+          '1',
+          '-ar',
+          String(SAMPLE_RATE),
+          '-f',
+          's16le',
+          '-y',
+          'audio.raw',
+        ]
+      : [decoder.path, '-q', input, '-t', 'raw', '-r', String(SAMPLE_RATE), '-c', '1', '-b', '16', '-e', 'signed-integer', 'audio.raw', 'trim', '0', keep];
+  }
+
+  async function transcribe(audio: TranscriberAudio, opts: TranscriberOptions): Promise<TranscriberResult> {
+    if (opts.language && !/^en\b/i.test(opts.language))
+      throw new ValidationError('the local provider transcribes English only', [
+        { path: '/body/language', message: 'must be "en" (or unset) with the local provider' },
+      ]);
+    if (decoder.kind === 'sox' && !SOX_READS.has(audio.format))
+      throw new AudioRejectedError(
+        'unsupported-audio',
+        `the local provider decodes ${audio.format} with ffmpeg, which is not installed (sox reads WAV, FLAC and Ogg Vorbis)`,
+      );
+    const deadline = AbortSignal.any([opts.signal, AbortSignal.timeout(timeoutMs)]);
+    const release = await slots.acquire(deadline).catch(() => {
+      throw ended(opts.signal, timeoutMs);
+    });
+    let dir: string | undefined;
+    try {
+      dir = await fs.mkdtemp(path.join(os.tmpdir(), 'transcribe-'));
+      const input = `in.${audio.format}`;
+      await fs.writeFile(path.join(dir, input), audio.bytes);
+      const workspace = dir;
+      const run = (argv: string[]) => runProcess(s.sandbox, argv, { workspace, env: s.env, network: false, signal: deadline, maxBytes: OUTPUT_MAX_BYTES });
+
+      const decoded = await run(decodeArgv(input, opts.maxSeconds));
+      if (decoded.aborted) throw ended(opts.signal, timeoutMs);
+      if (decoded.exit_code === 127) throw programMissing(decoded);
+      const pcmBytes = await fs.stat(path.join(dir, 'audio.raw')).then(
+        (st) => st.size,
+        () => 0,
+      );
+      if (decoded.exit_code !== 0 || pcmBytes === 0)
+        throw new AudioRejectedError('audio-invalid', `the ${audio.format} audio cannot be decoded`, { decoder: decoder.kind });
+      const seconds = pcmBytes / BYTES_PER_SECOND;
+      if (seconds > opts.maxSeconds)
+        throw new AudioRejectedError('audio-too-long', `the audio plays over ${opts.maxSeconds} s, the limit`, { max_seconds: opts.maxSeconds });
+
+      const recognized = await run([recognizer, '-infile', 'audio.raw', '-samprate', String(SAMPLE_RATE), '-time', 'yes', '-logfn', '/dev/null']);
+      if (recognized.aborted) throw ended(opts.signal, timeoutMs);
+      if (recognized.exit_code === 127) throw programMissing(recognized);
+      if (recognized.exit_code !== 0)
+        throw new TranscriptionFailedError('transcription-provider-error', `the local recogniser exited with ${recognized.exit_code ?? recognized.signal}`);
+      const segments = parseTimedOutput(recognized.stdout);
+      return { text: segments.map((x) => x.text).join(' '), language: 'en', duration_seconds: seconds, segments };
+    } finally {
+      release();
+      if (dir) await fs.rm(dir, { recursive: true, force: true });
+    }
+  }
+
+  return { name: 'local', model: LOCAL_MODEL, transcribe };
+}
+
+function ended(caller: AbortSignal, timeoutMs: number): Error {
+  if (caller.aborted) return caller.reason instanceof Error ? caller.reason : new Error('the request was aborted');
+  return new TranscriptionFailedError('transcription-timeout', `the local transcription did not finish within ${timeoutMs} ms`);
+}
+
+function programMissing(r: ProcessResult): Error {
+  return new TranscriptionFailedError('transcription-provider-error', 'a program of the local provider could not be started', {
+    reason: r.stderr.trim().split('\n').pop(),
+  });
+}
+
+/** Filler pocketsphinx reports between words. */
+const NOT_WORDS = new Set(['<s>', '</s>', '<sil>']);
+
+/**
+ * pocketsphinx_continuous -time yes prints, per utterance, the hypothesis, then one line per word:
+ * `word start end confidence`, opened by `<s>` and closed by `</s>`. Alternative pronunciations carry a
+ * `(2)` suffix; noise is `[NOISE]`-like. One segment per utterance, timed by its words.
+ */
+export function parseTimedOutput(stdout: string): TranscriptSegment[] {
+  const segments: TranscriptSegment[] = [];
+  let words: { word: string; start: number; end: number }[] = [];
+  const flush = () => {
+    if (words.length) segments.push({ start: words[0]!.start, end: words.at(-1)!.end, text: words.map((w) => w.word).join(' ') });
+    words = [];
+  };
+  for (const line of stdout.split('\n')) {
+    const m = /^(\S+) (\d+(?:\.\d+)?) (\d+(?:\.\d+)?) (-?\d+(?:\.\d+)?)$/.exec(line.trim());
+    if (!m) continue;
+    const token = m[1]!;
+    if (token === '<s>') flush();
+    if (token === '</s>') {
+      flush();
+      continue;
+    }
+    if (NOT_WORDS.has(token) || /^[[(+].*[\])+]$/.test(token)) continue;
+    words.push({ word: token.replace(/\(\d+\)$/, ''), start: Number(m[2]), end: Number(m[3]) });
+  }
+  flush();
+  return segments;
+}
+
+/** At most `n` holders at once; a waiter gives up when its signal aborts. */
+function semaphore(n: number) {
+  let free = n;
+  const waiting: (() => void)[] = [];
+  const release = () => {
+    const next = waiting.shift();
+    if (next) next();
+    else free++;
+  };
+  return {
+    acquire(signal: AbortSignal): Promise<() => void> {
+      if (free > 0) {
+        free--;
+        return Promise.resolve(once(release));
+      }
+      return new Promise((resolve, reject) => {
+        const grant = () => {
+          signal.removeEventListener('abort', give);
+          resolve(once(release));
+        };
+        const give = () => {
+          waiting.splice(waiting.indexOf(grant), 1);
+          reject(signal.reason);
+        };
+        if (signal.aborted) return reject(signal.reason);
+        waiting.push(grant);
+        signal.addEventListener('abort', give, { once: true });
+      });
+    },
+  };
+}
+
+function once(fn: () => void): () => void {
+  let done = false;
+  return () => {
+    if (done) return;
+    done = true;
+    fn();
+  };
+}
