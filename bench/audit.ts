@@ -14,7 +14,7 @@ import path from 'node:path';
 import { PROJECT_ROOT } from '../config/paths.js';
 import { deleteRedisPrefix, uniquePrefix } from '../test/support/harness.js';
 import { makeTsTree } from '../test/support/projects.js';
-import { startServer, stop } from './http.js';
+import { PRODUCTION_ENV, startServer, stop } from './http.js';
 
 const FILES = 5000;
 const ROUNDS = 3;
@@ -83,10 +83,7 @@ export async function auditBenchmarks(): Promise<string[]> {
     SERVICE_QUEUE_PREFIX: prefix,
     SERVICE_API_KEYS: `bench:${KEY}`,
     SERVICE_AUDIT_REGISTRY_URL: 'none',
-    LOG_LEVEL: 'warn',
-    NODE_ENV: 'production',
-    SERVICE_SECRET_KEY: 'ab'.repeat(32),
-    SERVICE_EVIDENCE_KEY: 'cd'.repeat(32),
+    ...PRODUCTION_ENV,
   });
   type Report = { phases: { phase: string; duration_ms: number; status: string }[]; status: string };
   const audits: { ms: number; report: Report }[] = [];

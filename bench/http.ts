@@ -6,6 +6,18 @@ import http from 'node:http';
 export const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 50);
 export const SECONDS = Number(process.env.BENCH_SECONDS ?? 8);
 
+/**
+ * What a service process needs to start in production mode on this one machine: the embedded store,
+ * chosen explicitly as production asks, and its keys.
+ */
+export const PRODUCTION_ENV = {
+  NODE_ENV: 'production',
+  SERVICE_STORE: 'sqlite',
+  SERVICE_SECRET_KEY: 'ab'.repeat(32),
+  SERVICE_EVIDENCE_KEY: 'cd'.repeat(32),
+  LOG_LEVEL: 'warn',
+};
+
 export type Result = { rps: number; p50: number; p99: number; errors: number; non2xx: number };
 
 export function startServer(entry: string, env: Record<string, string>): Promise<{ child: ChildProcess; url: string }> {

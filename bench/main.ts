@@ -5,7 +5,7 @@ import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { deleteRedisPrefix, uniquePrefix } from '../test/support/harness.js';
-import { CONNECTIONS, load, SECONDS, startServer, stop, type Result } from './http.js';
+import { CONNECTIONS, load, PRODUCTION_ENV, SECONDS, startServer, stop, type Result } from './http.js';
 import { runBenchmarks } from './runs.js';
 import { sandboxCost } from './sandbox.js';
 import { dagBenchmarks } from './dag.js';
@@ -13,6 +13,7 @@ import { ledgerBenchmarks } from './ledger.js';
 import { webhookIntake } from './webhooks.js';
 import { auditBenchmarks } from './audit.js';
 import { workerScaling } from './workers.js';
+import { voiceOverhead } from './voice.js';
 
 const KEY = 'bench-key-0123456789abcdef';
 
@@ -28,9 +29,7 @@ async function runCreation(): Promise<[string, Result, Result]> {
     SERVICE_QUEUE_PREFIX: prefix,
     SERVICE_API_KEYS: `bench:${KEY}`,
     SERVICE_TENANT_MAX_RUNNING: '10000',
-    LOG_LEVEL: 'warn',
-    NODE_ENV: 'production',
-    SERVICE_SECRET_KEY: 'ab'.repeat(32),
+    ...PRODUCTION_ENV,
   });
   servers.push(web.child);
   const body = JSON.stringify({ steps: [{ tool: 'message', args: { text: 'noop' } }] });
@@ -63,9 +62,7 @@ async function main(): Promise<void> {
     SERVICE_WORKSPACE_ROOT: path.join(dataDir, 'workspaces'),
     SERVICE_QUEUE_PREFIX: prefix,
     SERVICE_API_KEYS: `bench:${KEY}`,
-    LOG_LEVEL: 'warn',
-    NODE_ENV: 'production',
-    SERVICE_SECRET_KEY: 'ab'.repeat(32),
+    ...PRODUCTION_ENV,
   });
   const auth = { authorization: `Bearer ${KEY}`, 'content-type': 'application/json' };
   const definition = JSON.stringify({
@@ -117,6 +114,9 @@ async function main(): Promise<void> {
     console.log('\n| workspace audit | service | baseline | ratio |');
     console.log('|---|---|---|---|');
     for (const line of await auditBenchmarks()) console.log(line);
+    console.log('\n| voice transcription | service | baseline | service adds |');
+    console.log('|---|---|---|---|');
+    for (const line of await voiceOverhead()) console.log(line);
     console.log('\n| sandbox | bubblewrap | no sandbox | cost |');
     console.log('|---|---|---|---|');
     for (const line of await sandboxCost()) console.log(line);
@@ -142,6 +142,8 @@ if (process.env.BENCH_ONLY === 'ledger') {
   for (const line of await runBenchmarks()) console.log(line);
 } else if (process.env.BENCH_ONLY === 'audit') {
   for (const line of await auditBenchmarks()) console.log(line);
+} else if (process.env.BENCH_ONLY === 'voice') {
+  for (const line of await voiceOverhead()) console.log(line);
 } else if (process.env.BENCH_ONLY === 'sandbox') {
   for (const line of await sandboxCost()) console.log(line);
 } else if (process.env.BENCH_ONLY === 'webhooks') {

@@ -9,7 +9,7 @@ import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { deleteRedisPrefix, uniquePrefix } from '../test/support/harness.js';
-import { load, paced, SECONDS, startServer, stop, type Result } from './http.js';
+import { load, paced, PRODUCTION_ENV, SECONDS, startServer, stop, type Result } from './http.js';
 
 const KEY = 'bench-key-0123456789abcdef';
 const SECRET = 'bench-codehost-secret-0123456789';
@@ -48,9 +48,7 @@ export async function webhookIntake(): Promise<[string, Result, Result][]> {
       SERVICE_QUEUE_PREFIX: prefix,
       SERVICE_API_KEYS: `bench:${KEY}`,
       SERVICE_WEBHOOK_RATE_LIMIT_PER_MINUTE: '10000000',
-      LOG_LEVEL: 'warn',
-      NODE_ENV: 'production',
-      SERVICE_SECRET_KEY: 'ab'.repeat(32),
+      ...PRODUCTION_ENV,
     });
     servers.push(web.child);
     const put = await fetch(`${web.url}/api/v1/webhook-secrets/codehost`, {
