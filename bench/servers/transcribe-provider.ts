@@ -4,7 +4,13 @@
 import http from 'node:http';
 import busboy from 'busboy';
 
-const answer = JSON.stringify({ task: 'transcribe', language: 'english', duration: 1, text: 'run the tests', segments: [{ start: 0, end: 1, text: 'run the tests' }] });
+const answer = JSON.stringify({
+  task: 'transcribe',
+  language: 'english',
+  duration: 1,
+  text: 'run the tests',
+  segments: [{ start: 0, end: 1, text: 'run the tests' }],
+});
 
 const server = http.createServer((req, res) => {
   if (req.method !== 'POST' || req.url !== '/v1/audio/transcriptions') {

@@ -1,13 +1,13 @@
 // Chooses the adapter: MongoDB when a URI is given, else SQLite under the data directory.
 import path from 'node:path';
-import { openMongoStore } from './mongo/index.js';
 import type { Store } from './port.js';
 import { openSqliteStore } from './sqlite/index.js';
 
 export type StoreOptions = { mongodbUri: string | undefined; dataDir: string };
 
 export async function openStore(opts: StoreOptions): Promise<Store> {
-  if (opts.mongodbUri) return openMongoStore(opts.mongodbUri);
+  // mongoose (about 10 MB of heap, which every full collection walks) is loaded only when it is used
+  if (opts.mongodbUri) return (await import('./mongo/index.js')).openMongoStore(opts.mongodbUri);
   return openSqliteStore(path.join(opts.dataDir, 'service.sqlite'));
 }
 

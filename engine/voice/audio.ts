@@ -29,33 +29,49 @@ export function sniffAudio(b: Buffer): AudioFormat | null {
 
 const broken = (message: string) => new AudioRejectedError('audio-invalid', message);
 
-/** Seconds of audio when the header says (WAV, FLAC, Ogg Opus/Vorbis); null when only decoding would tell. Throws on a broken WAV or FLAC. */
-export function durationOf(format: AudioFormat, b: Buffer): number | null {
-  if (format === 'wav') return wavDuration(b);
-  if (format === 'flac') return flacDuration(b);
-  if (format === 'ogg') return oggDuration(b);
+/** An upload that has arrived whole: its size, and its last bytes (at least an Ogg page's worth). */
+export type WholeUpload = { size: number; tail: Buffer };
+
+/**
+ * Seconds of audio when the header says (WAV, FLAC, Ogg Opus/Vorbis); null when only decoding would tell.
+ * `head` is the upload's first bytes. Without `whole` the upload is still arriving: a WAV whose data is
+ * not all here yet is not truncated, and an Ogg's length (its last page tells) is not known yet. Throws
+ * on a broken WAV or FLAC.
+ */
+export function durationOf(format: AudioFormat, head: Buffer, whole?: WholeUpload): number | null {
+  if (format === 'wav') return wavDuration(head, whole);
+  if (format === 'flac') return flacDuration(head);
+  if (format === 'ogg') return whole ? oggDuration(head, whole.tail) : null;
   return null;
 }
 
-function wavDuration(b: Buffer): number {
+function wavDuration(b: Buffer, whole: WholeUpload | undefined): number | null {
+  const partial = !whole || b.length < whole.size;
   let byteRate = 0;
   for (let at = 12; at + 8 <= b.length;) {
     const id = b.toString('latin1', at, at + 4);
     const size = b.readUInt32LE(at + 4);
     if (id === 'fmt ') {
-      if (size < 16 || at + 8 + 16 > b.length) throw broken('the WAV fmt chunk is truncated');
+      if (size < 16 || at + 8 + 16 > b.length) {
+        if (partial && size >= 16) return null;
+        throw broken('the WAV fmt chunk is truncated');
+      }
       byteRate = b.readUInt32LE(at + 8 + 8);
     } else if (id === 'data') {
       if (!byteRate) throw broken('the WAV file has no usable fmt chunk before its data');
-      const available = b.length - at - 8;
       // a recorder that streamed its WAV may leave the size unknown (0 or 0xFFFFFFFF): the rest of the file is the data
-      const dataSize = size === 0 || size === 0xffffffff ? available : size;
+      const unknown = size === 0 || size === 0xffffffff;
+      if (!whole) return unknown ? null : size / byteRate;
+      const available = whole.size - at - 8;
+      const dataSize = unknown ? available : size;
       if (dataSize > available) throw broken(`the WAV file is truncated: its header promises ${dataSize} bytes of audio, ${available} arrived`);
       if (dataSize === 0) throw broken('the WAV file holds no audio');
       return dataSize / byteRate;
     }
     at += 8 + size + (size % 2);
   }
+  // the chunks before the data outran the head: only decoding would tell
+  if (partial) return null;
   throw broken('the WAV file is truncated: no data chunk');
 }
 
@@ -69,18 +85,18 @@ function flacDuration(b: Buffer): number | null {
   return totalSamples ? totalSamples / sampleRate : null;
 }
 
-function oggDuration(b: Buffer): number | null {
+function oggDuration(head: Buffer, tail: Buffer): number | null {
   // the first page's packet names the codec; the last page's granule position counts samples
-  if (b.length < 47) return null;
+  if (head.length < 47) return null;
   let rate = 0;
   let skip = 0;
-  if (ascii(b, 28, 'OpusHead')) {
+  if (ascii(head, 28, 'OpusHead')) {
     rate = 48_000;
-    skip = b.readUInt16LE(28 + 10);
-  } else if (ascii(b, 29, 'vorbis')) rate = b.readUInt32LE(28 + 12);
+    skip = head.readUInt16LE(28 + 10);
+  } else if (ascii(head, 29, 'vorbis')) rate = head.readUInt32LE(28 + 12);
   if (!rate) return null;
-  const last = b.lastIndexOf('OggS', b.length - 27, 'latin1');
+  const last = tail.lastIndexOf('OggS', tail.length - 27, 'latin1');
   if (last < 0) return null;
-  const granule = Number(b.readBigInt64LE(last + 6));
+  const granule = Number(tail.readBigInt64LE(last + 6));
   return granule > 0 ? Math.max(0, granule - skip) / rate : null;
 }

@@ -75,7 +75,8 @@ export function localTranscriber(s: LocalTranscriberSettings): Transcriber {
   }
 
   async function transcribe(audio: TranscriberAudio, opts: TranscriberOptions): Promise<TranscriberResult> {
-    if (opts.language && !/^en\b/i.test(opts.language))
+    const { language } = await audio.settled;
+    if (language && !/^en\b/i.test(language))
       throw new ValidationError('the local provider transcribes English only', [
         { path: '/body/language', message: 'must be "en" (or unset) with the local provider' },
       ]);
@@ -92,7 +93,7 @@ export function localTranscriber(s: LocalTranscriberSettings): Transcriber {
     try {
       dir = await fs.mkdtemp(path.join(os.tmpdir(), 'transcribe-'));
       const input = `in.${audio.format}`;
-      await fs.writeFile(path.join(dir, input), audio.bytes);
+      await audio.saveAs(path.join(dir, input));
       const workspace = dir;
       const run = (argv: string[]) => runProcess(s.sandbox, argv, { workspace, env: s.env, network: false, signal: deadline, maxBytes: OUTPUT_MAX_BYTES });
 

@@ -1,8 +1,14 @@
 // The `openai` provider: any OpenAI-compatible POST {base}/audio/transcriptions, asked for verbose_json.
-// One retry on 429/5xx (honouring Retry-After, capped); the key and the provider's body never leave here.
+// The upload is passed on as it arrives (the provider's transfer overlaps the client's); one retry on
+// 429/5xx (honouring Retry-After, capped) sends the kept bytes again. The key and the provider's body
+// never leave here.
+import { randomBytes } from 'node:crypto';
+import http from 'node:http';
+import https from 'node:https';
+import { Readable } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { TranscriptionFailedError } from '../platform/index.js';
-import { AUDIO_MIME } from './audio.js';
 import type { Transcriber, TranscriberAudio, TranscriberOptions, TranscriberResult } from './transcriber.js';
 
 export type OpenAiTranscriberSettings = {
@@ -27,53 +33,110 @@ type VerboseJson = {
 };
 
 export function openAiTranscriber(s: OpenAiTranscriberSettings): Transcriber {
-  const endpoint = `${s.baseUrl.replace(/\/+$/, '')}/audio/transcriptions`;
+  const endpoint = new URL(`${s.baseUrl.replace(/\/+$/, '')}/audio/transcriptions`);
   const timeoutMs = s.timeoutMs ?? DEFAULT_TIMEOUT_MS;
   const maxDelayMs = s.maxRetryDelayMs ?? DEFAULT_MAX_RETRY_DELAY_MS;
 
-  function form(audio: TranscriberAudio, opts: TranscriberOptions): FormData {
-    const f = new FormData();
-    f.append('file', new Blob([audio.bytes], { type: AUDIO_MIME[audio.format] }), audio.filename);
-    f.append('model', s.model);
-    f.append('response_format', 'verbose_json');
-    if (opts.language) f.append('language', opts.language);
-    if (opts.prompt) f.append('prompt', opts.prompt);
-    return f;
+  /**
+   * The form, written as the upload arrives: the file first, then the fields only known once it has
+   * (a client's form may send them after its file). Field order does not matter to the protocol.
+   */
+  async function* form(audio: TranscriberAudio, boundary: string): AsyncGenerator<Buffer> {
+    const field = (name: string, value: string) => Buffer.from(`--${boundary}\r\nContent-Disposition: form-data; name="${name}"\r\n\r\n${value}\r\n`, 'utf8');
+    yield field('model', s.model);
+    yield field('response_format', 'verbose_json');
+    const extension = audio.format === 'mp3' ? 'mp3' : audio.format === 'mp4' ? 'm4a' : audio.format;
+    yield Buffer.from(
+      `--${boundary}\r\nContent-Disposition: form-data; name="file"; filename="audio.${extension}"\r\nContent-Type: ${audio.mimeType}\r\n\r\n`,
+      'latin1',
+    );
+    yield* audio.body();
+    yield Buffer.from('\r\n');
+    const terms = await audio.settled;
+    if (terms.language) yield field('language', terms.language);
+    if (terms.prompt) yield field('prompt', terms.prompt);
+    yield Buffer.from(`--${boundary}--\r\n`);
   }
 
   async function transcribe(audio: TranscriberAudio, opts: TranscriberOptions): Promise<TranscriberResult> {
-    const timeout = AbortSignal.timeout(timeoutMs);
-    const signal = AbortSignal.any([opts.signal, timeout]);
+    // the provider's time starts once the upload is all here: a slow client is not the provider's fault
+    const timeout = new AbortController();
+    let timer: NodeJS.Timeout | undefined;
+    let done = false;
+    audio.settled.then(
+      () => {
+        if (!done) timer = setTimeout(() => timeout.abort(), timeoutMs);
+      },
+      () => undefined,
+    );
+    const signal = AbortSignal.any([opts.signal, timeout.signal]);
     const failed = (err: unknown): Error => {
-      if (timeout.aborted) return new TranscriptionFailedError('transcription-timeout', `the transcription provider did not answer within ${timeoutMs} ms`);
+      if (timeout.signal.aborted)
+        return new TranscriptionFailedError('transcription-timeout', `the transcription provider did not answer within ${timeoutMs} ms`);
       if (opts.signal.aborted) return err as Error;
+      if (audio.failure) return audio.failure;
       return new TranscriptionFailedError('transcription-provider-error', 'the transcription provider could not be reached', { cause: (err as Error).name });
     };
-    for (let attempt = 1; ; attempt++) {
-      let res: Response;
-      let body: string;
-      try {
-        res = await fetch(endpoint, { method: 'POST', headers: { authorization: `Bearer ${s.apiKey}` }, body: form(audio, opts), signal });
-        body = await res.text();
-      } catch (err) {
-        throw failed(err);
+    try {
+      for (let attempt = 1; ; attempt++) {
+        let res: Answer;
+        try {
+          const boundary = `----transcribe${randomBytes(16).toString('hex')}`;
+          res = await post(
+            endpoint,
+            { authorization: `Bearer ${s.apiKey}`, 'content-type': `multipart/form-data; boundary=${boundary}` },
+            form(audio, boundary),
+            signal,
+          );
+        } catch (err) {
+          throw failed(err);
+        }
+        if (res.status >= 200 && res.status < 300) return parse(res.body);
+        const again = res.status === 429 || res.status >= 500;
+        if (!again || attempt >= 2)
+          throw new TranscriptionFailedError('transcription-provider-error', `the transcription provider answered ${res.status}`, {
+            provider_status: res.status,
+            attempts: attempt,
+          });
+        try {
+          await sleep(retryDelayMs(res.retryAfter, maxDelayMs), undefined, { signal });
+        } catch (err) {
+          throw failed(err);
+        }
       }
-      if (res.ok) return parse(body);
-      const again = res.status === 429 || res.status >= 500;
-      if (!again || attempt >= 2)
-        throw new TranscriptionFailedError('transcription-provider-error', `the transcription provider answered ${res.status}`, {
-          provider_status: res.status,
-          attempts: attempt,
-        });
-      try {
-        await sleep(retryDelayMs(res.headers.get('retry-after'), maxDelayMs), undefined, { signal });
-      } catch (err) {
-        throw failed(err);
-      }
+    } finally {
+      done = true;
+      clearTimeout(timer);
     }
   }
 
   return { name: 'openai', model: s.model, transcribe };
+}
+
+type Answer = { status: number; retryAfter: string | null; body: string };
+
+/** Connections to the provider are kept for the next transcription. */
+const agents = { 'http:': new http.Agent({ keepAlive: true }), 'https:': new https.Agent({ keepAlive: true }) };
+
+/**
+ * POSTs `body` as it is produced, with node's own client (fetch would pass each chunk through web
+ * streams, which costs more than the transfer). A body that throws breaks the request off.
+ */
+function post(url: URL, headers: Record<string, string>, body: AsyncIterable<Buffer>, signal: AbortSignal): Promise<Answer> {
+  return new Promise((resolve, reject) => {
+    const client = url.protocol === 'https:' ? https : http;
+    const req = client.request(url, { method: 'POST', headers, signal, agent: agents[url.protocol as 'http:' | 'https:'] }, (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (c: Buffer) => chunks.push(c));
+      res.once('end', () =>
+        resolve({ status: res.statusCode ?? 0, retryAfter: [res.headers['retry-after']].flat()[0] ?? null, body: Buffer.concat(chunks).toString('utf8') }),
+      );
+      res.once('error', reject);
+    });
+    req.once('error', reject);
+    // a provider may answer (a 429, say) before it has read the upload: the answer counts, not the broken pipe
+    pipeline(Readable.from(body), req).catch(reject);
+  });
 }
 
 /** Retry-After in seconds (an HTTP date is read too), capped; a second by default. */

@@ -1,10 +1,9 @@
 // The port every transcription provider fills.
-import type { AudioFormat } from './audio.js';
+import type { AudioUpload } from './upload.js';
 
-export type TranscriberAudio = { bytes: Buffer; format: AudioFormat; filename: string };
+/** The upload as it arrives: `body()` streams it, `whole()` and `saveAs()` wait for all of it, `settled` names the language and prompt. */
+export type TranscriberAudio = Pick<AudioUpload, 'format' | 'mimeType' | 'body' | 'whole' | 'saveAs' | 'settled' | 'failure'>;
 export type TranscriberOptions = {
-  language?: string;
-  prompt?: string;
   signal: AbortSignal;
   /** the longest audio taken: a provider that decodes may stop there */
   maxSeconds: number;

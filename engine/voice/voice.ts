@@ -1,8 +1,9 @@
 // Transcribes one upload: checks what it is before any provider sees it, and keeps nothing. One log line
 // per transcription, with sizes and timings, never the text.
 import { performance } from 'node:perf_hooks';
+import type { Readable } from 'node:stream';
 import { AudioRejectedError, TranscriptionNotConfiguredError, type Logger } from '../platform/index.js';
-import { AUDIO_MIME, durationOf, sniffAudio } from './audio.js';
+import { AudioUpload, type UploadTerms } from './upload.js';
 import type { Transcriber } from './transcriber.js';
 
 /** The largest upload taken (the OpenAI API's own limit). */
@@ -31,54 +32,61 @@ export function voiceOf(deps: VoiceDeps, settings: VoiceSettings) {
     return settings.transcriber;
   }
 
-  function assertShortEnough(seconds: number | null): void {
-    if (seconds !== null && seconds > settings.maxSeconds)
-      throw new AudioRejectedError('audio-too-long', `the audio plays ${Math.round(seconds)} s, over the ${settings.maxSeconds} s limit`, {
-        duration_seconds: seconds,
-        max_seconds: settings.maxSeconds,
-      });
-  }
-
+  /**
+   * Transcribes the audio `stream` carries. What it is and how long it plays is judged from its first
+   * bytes before the provider is asked; the provider then takes it as it arrives. `complete` runs once
+   * every byte is here (a form's later fields, the caller's own checks) and names the language and prompt.
+   * Nothing of the audio is kept after the answer.
+   */
   async function transcribe(
     tenantId: string,
-    upload: { bytes: Buffer; filename?: string },
-    opts: { language?: string; prompt?: string; signal: AbortSignal; log?: Logger },
-  ): Promise<Transcription> {
+    stream: Readable,
+    opts: { signal: AbortSignal; log?: Logger; complete: () => Promise<UploadTerms>; digest?: boolean },
+  ): Promise<{ transcript: Transcription; sha256: string | null }> {
     const transcriber = assertConfigured();
-    const { bytes } = upload;
-    if (!bytes.length) throw new AudioRejectedError('audio-invalid', 'the audio is empty');
-    const format = sniffAudio(bytes);
-    if (!format) throw new AudioRejectedError('unsupported-audio', `the bytes are not audio this service reads (${Object.values(AUDIO_MIME).join(', ')})`);
-    const headerSeconds = durationOf(format, bytes);
-    assertShortEnough(headerSeconds);
-    const started = performance.now();
-    const out = await transcriber.transcribe(
-      { bytes, format, filename: `audio.${format === 'mp3' ? 'mp3' : format === 'mp4' ? 'm4a' : format}` },
-      { language: opts.language, prompt: opts.prompt, signal: opts.signal, maxSeconds: settings.maxSeconds },
-    );
-    const duration = out.duration_seconds ?? headerSeconds;
-    // formats whose header does not say (MP3, WebM, MP4) are checked by what the provider measured
-    assertShortEnough(duration);
-    (opts.log ?? deps.log).info(
-      {
-        tenant_id: tenantId,
-        bytes: bytes.length,
-        format,
+    const upload = await AudioUpload.open(stream, { maxBytes: MAX_AUDIO_BYTES, maxSeconds: settings.maxSeconds, complete: opts.complete });
+    try {
+      const started = performance.now();
+      let out;
+      try {
+        out = await transcriber.transcribe(upload, { signal: opts.signal, maxSeconds: settings.maxSeconds });
+      } catch (err) {
+        // a provider's transfer that broke because the upload was refused answers why the upload was
+        throw upload.failure ?? err;
+      }
+      const terms = await upload.settled;
+      const duration = out.duration_seconds ?? upload.seconds;
+      // formats whose header does not say (MP3, WebM, MP4) are checked by what the provider measured
+      if (duration !== null && duration > settings.maxSeconds)
+        throw new AudioRejectedError('audio-too-long', `the audio plays ${Math.round(duration)} s, over the ${settings.maxSeconds} s limit`, {
+          duration_seconds: duration,
+          max_seconds: settings.maxSeconds,
+        });
+      (opts.log ?? deps.log).info(
+        {
+          tenant_id: tenantId,
+          bytes: upload.size,
+          format: upload.format,
+          duration_seconds: duration,
+          provider: transcriber.name,
+          model: transcriber.model,
+          latency_ms: Math.round(performance.now() - started),
+        },
+        'audio transcribed',
+      );
+      const transcript: Transcription = {
+        text: out.text,
+        language: out.language ?? terms.language ?? null,
         duration_seconds: duration,
+        segments: out.segments,
         provider: transcriber.name,
         model: transcriber.model,
-        latency_ms: Math.round(performance.now() - started),
-      },
-      'audio transcribed',
-    );
-    return {
-      text: out.text,
-      language: out.language ?? opts.language ?? null,
-      duration_seconds: duration,
-      segments: out.segments,
-      provider: transcriber.name,
-      model: transcriber.model,
-    };
+      };
+      // `digest`: the caller must know the same recording again (an idempotent run)
+      return { transcript, sha256: opts.digest ? await upload.sha256() : null };
+    } finally {
+      await upload.discard();
+    }
   }
 
   return { assertConfigured, transcribe, maxBytes: MAX_AUDIO_BYTES };

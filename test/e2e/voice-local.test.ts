@@ -3,10 +3,11 @@
 import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
+import { Readable } from 'node:stream';
 import path from 'node:path';
 import { expect } from 'chai';
 import { openSandbox, which } from '../../engine/tools/index.js';
-import { localTranscriber, type LocalPrograms } from '../../engine/voice/index.js';
+import { AudioUpload, localTranscriber, type LocalPrograms } from '../../engine/voice/index.js';
 import { KEYS, startHarness, type Harness } from '../support/harness.js';
 import { wordErrors } from '../support/wer.js';
 
@@ -115,6 +116,12 @@ describe('voice transcription on this machine (local provider)', function () {
       const found = which(kind, process.env.PATH);
       return found ? [{ kind, path: found }] : [];
     });
+    const opened: AudioUpload[] = [];
+    const audioOf = async (bytes: Buffer) => {
+      const upload = await AudioUpload.open(Readable.from([bytes]), { maxBytes: 1e8, maxSeconds: 20, complete: async () => ({}) });
+      opened.push(upload);
+      return upload;
+    };
     const sandbox = openSandbox({
       mode: 'auto',
       limits: h.config.sandbox.limits,
@@ -127,21 +134,20 @@ describe('voice transcription on this machine (local provider)', function () {
       for (const decoder of decoders) {
         const programs: LocalPrograms = { decoder, recognizer: which('pocketsphinx_continuous', process.env.PATH)! };
         const t = localTranscriber({ programs, sandbox, env: h.config.childEnv });
-        const out = await t.transcribe({ bytes: clip(5), format: 'wav', filename: 'c.wav' }, { signal: new AbortController().signal, maxSeconds: 20 });
+        const out = await t.transcribe(await audioOf(clip(5)), { signal: new AbortController().signal, maxSeconds: 20 });
         // their resamplers differ, and pocketsphinx hears the difference: only the length must agree
         expect(out.text, decoder.kind).not.to.equal('');
         durations.add(out.duration_seconds!.toFixed(2));
         if (decoder.kind === 'sox') {
           const webm = Buffer.concat([Buffer.from([0x1a, 0x45, 0xdf, 0xa3]), Buffer.alloc(100)]);
-          const refused = await t
-            .transcribe({ bytes: webm, format: 'webm', filename: 'c.webm' }, { signal: new AbortController().signal, maxSeconds: 20 })
-            .catch((e: Error) => e);
+          const refused = await t.transcribe(await audioOf(webm), { signal: new AbortController().signal, maxSeconds: 20 }).catch((e: Error) => e);
           expect(refused).to.have.property('code', 'unsupported-audio');
         }
       }
       expect(durations.size, [...durations].join(' / ')).to.equal(1);
     } finally {
       sandbox.close();
+      await Promise.all(opened.map((u) => u.discard()));
     }
   });
 

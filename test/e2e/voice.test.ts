@@ -6,7 +6,7 @@ import path from 'node:path';
 import type { AddressInfo } from 'node:net';
 import busboy from 'busboy';
 import { expect } from 'chai';
-import { KEYS, startHarness, type Harness } from '../support/harness.js';
+import { eventually, KEYS, startHarness, type Harness } from '../support/harness.js';
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 type Body = Record<string, any>;
@@ -27,8 +27,11 @@ const VERBOSE = {
 async function startProvider() {
   const received: Received[] = [];
   let script: Turn[] = [];
+  /** bytes of request bodies read so far, complete or not */
+  const live = { bytes: 0 };
   const server = http.createServer((req, res) => {
     const got: Received = { at: Date.now(), authorization: req.headers.authorization, fields: {} };
+    req.on('data', (c: Buffer) => (live.bytes += c.length));
     const bb = busboy({ headers: req.headers });
     bb.on('field', (name, value) => (got.fields[name] = value));
     bb.on('file', (_name, file, info) => {
@@ -36,6 +39,8 @@ async function startProvider() {
       file.on('data', (c: Buffer) => chunks.push(c));
       file.on('end', () => (got.file = { bytes: Buffer.concat(chunks), filename: info.filename ?? '', mimeType: info.mimeType }));
     });
+    // an upload the service broke off (it refused what it was passing on) is not a request the provider answers
+    bb.on('error', () => res.destroy());
     bb.on('close', () => {
       received.push(got);
       const turn = script.shift() ?? { status: 200, body: VERBOSE };
@@ -50,9 +55,11 @@ async function startProvider() {
   return {
     url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/v1`,
     received,
+    live,
     play(turns: Turn[]) {
       script = turns;
       received.length = 0;
+      live.bytes = 0;
     },
     close: () =>
       new Promise<void>((r) => {
@@ -171,14 +178,43 @@ describe('voice transcription', function () {
     expect(h.logs.join('')).not.to.contain('secret words');
   });
 
+  it('passes the audio on while it arrives, and the provider cannot finish before the client has', async () => {
+    provider.play([{ status: 200, body: VERBOSE }]);
+    const audio = wav(20);
+    const req = http.request(`${h.url}/api/v1/autonomy/voice/transcribe`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${KEYS.a}`, 'content-type': 'audio/wav', 'content-length': String(audio.length) },
+    });
+    const answered = new Promise<{ status: number; body: string }>((resolve, reject) => {
+      req.on('response', (res) => {
+        let body = '';
+        res.on('data', (c: Buffer) => (body += c));
+        res.on('end', () => resolve({ status: res.statusCode!, body }));
+      });
+      req.on('error', reject);
+    });
+    const half = audio.length / 2;
+    req.write(audio.subarray(0, half));
+    // half the audio has been sent and the client waits: the provider is reading it already
+    await eventually(async () => provider.live.bytes >= half - 64 * 1024 || null, 'the provider to read the first half');
+    expect(provider.received, 'no complete request yet').to.have.length(0);
+    req.end(audio.subarray(half));
+    const res = await answered;
+    expect(res.status, res.body).to.equal(200);
+    expect(provider.received[0]!.file!.bytes.equals(audio)).to.equal(true);
+  });
+
   it('retries once after a 429, waiting as Retry-After says (capped)', async () => {
     provider.play([
       { status: 429, headers: { 'retry-after': '1' } },
       { status: 200, body: VERBOSE },
     ]);
-    const res = await raw(h, wav(0.2));
+    // big enough to be passed on while it arrives: the retry sends the same bytes again from the kept copy
+    const audio = wav(8);
+    const res = await raw(h, audio);
     expect(res.status, res.text).to.equal(200);
     expect(provider.received).to.have.length(2);
+    expect(provider.received.every((r) => r.file!.bytes.equals(audio))).to.equal(true);
     expect(provider.received[1]!.at - provider.received[0]!.at).to.be.at.least(150);
   });
 
@@ -222,6 +258,9 @@ describe('voice transcription', function () {
     const big = await raw(h, huge);
     expect(big.status, big.text).to.equal(413);
     expect(big.body.code).to.equal('payload-too-large');
+    const bigForm = await upload(h, formOf(huge, { language: 'en' }));
+    expect(bigForm.status, bigForm.text).to.equal(413);
+    expect(bigForm.body.code).to.equal('payload-too-large');
 
     const form = new FormData();
     form.append('file', new Blob([Buffer.from('PK\x03\x04zipped things here', 'latin1')], { type: 'audio/wav' }), 'file.wav');
