@@ -14,11 +14,10 @@ import path from 'node:path';
 import { PROJECT_ROOT } from '../config/paths.js';
 import { deleteRedisPrefix, uniquePrefix } from '../test/support/harness.js';
 import { makeTsTree } from '../test/support/projects.js';
-import { PRODUCTION_ENV, startServer, stop } from './http.js';
+import { BENCH_KEY, serviceEnv, startServer, stop } from './http.js';
 
 const FILES = 5000;
 const ROUNDS = 3;
-const KEY = 'bench-key-0123456789abcdef';
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
@@ -77,13 +76,8 @@ export async function auditBenchmarks(): Promise<string[]> {
   }
 
   const service = await startServer(path.join(PROJECT_ROOT, 'dist', 'main.js'), {
-    PORT: '0',
-    SERVICE_DATA_DIR: dataDir,
-    SERVICE_WORKSPACE_ROOT: workspaces,
-    SERVICE_QUEUE_PREFIX: prefix,
-    SERVICE_API_KEYS: `bench:${KEY}`,
+    ...serviceEnv(dataDir, prefix, workspaces),
     SERVICE_AUDIT_REGISTRY_URL: 'none',
-    ...PRODUCTION_ENV,
   });
   type Report = { phases: { phase: string; duration_ms: number; status: string }[]; status: string };
   const audits: { ms: number; report: Report }[] = [];
@@ -92,7 +86,7 @@ export async function auditBenchmarks(): Promise<string[]> {
       const t0 = performance.now();
       const res = await fetch(`${service.url}/api/v1/autonomy/workspace-audit/run`, {
         method: 'POST',
-        headers: { authorization: `Bearer ${KEY}`, 'content-type': 'application/json' },
+        headers: { authorization: `Bearer ${BENCH_KEY}`, 'content-type': 'application/json' },
         body: JSON.stringify({ workspace: 'tree', timeout_seconds: 300 }),
       });
       const ms = performance.now() - t0;

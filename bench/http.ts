@@ -6,17 +6,27 @@ import http from 'node:http';
 export const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 50);
 export const SECONDS = Number(process.env.BENCH_SECONDS ?? 8);
 
+/** The API key every bench server of the service accepts (tenant `bench`). */
+export const BENCH_KEY = 'bench-key-0123456789abcdef';
+
 /**
- * What a service process needs to start in production mode on this one machine: the embedded store,
- * chosen explicitly as production asks, and its keys.
+ * What a service process needs to start in production mode on this one machine, in its own data dir
+ * and queue prefix: the embedded store, chosen explicitly as production asks, and its keys.
  */
-export const PRODUCTION_ENV = {
-  NODE_ENV: 'production',
-  SERVICE_STORE: 'sqlite',
-  SERVICE_SECRET_KEY: 'ab'.repeat(32),
-  SERVICE_EVIDENCE_KEY: 'cd'.repeat(32),
-  LOG_LEVEL: 'warn',
-};
+export function serviceEnv(dataDir: string, prefix: string, workspaces = `${dataDir}/workspaces`): Record<string, string> {
+  return {
+    PORT: '0',
+    SERVICE_DATA_DIR: dataDir,
+    SERVICE_WORKSPACE_ROOT: workspaces,
+    SERVICE_QUEUE_PREFIX: prefix,
+    SERVICE_API_KEYS: `bench:${BENCH_KEY}`,
+    NODE_ENV: 'production',
+    SERVICE_STORE: 'sqlite',
+    SERVICE_SECRET_KEY: 'ab'.repeat(32),
+    SERVICE_EVIDENCE_KEY: 'cd'.repeat(32),
+    LOG_LEVEL: 'warn',
+  };
+}
 
 export type Result = { rps: number; p50: number; p99: number; errors: number; non2xx: number };
 

@@ -5,7 +5,7 @@ import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { deleteRedisPrefix, uniquePrefix } from '../test/support/harness.js';
-import { CONNECTIONS, load, PRODUCTION_ENV, SECONDS, startServer, stop, type Result } from './http.js';
+import { BENCH_KEY, CONNECTIONS, load, type Result, SECONDS, serviceEnv, startServer, stop } from './http.js';
 import { runBenchmarks } from './runs.js';
 import { sandboxCost } from './sandbox.js';
 import { dagBenchmarks } from './dag.js';
@@ -15,21 +15,14 @@ import { auditBenchmarks } from './audit.js';
 import { workerScaling } from './workers.js';
 import { voiceOverhead } from './voice.js';
 
-const KEY = 'bench-key-0123456789abcdef';
-
 /** POST /api/v1/autonomy/run (auth, validation, store, event, tenant slot, enqueue) against bare Express + queue.add. */
 async function runCreation(): Promise<[string, Result, Result]> {
   const dataDir = await fs.mkdtemp(path.join(os.tmpdir(), 'svc-bench-runs-'));
   const prefix = uniquePrefix();
   const servers: ChildProcess[] = [];
   const web = await startServer('api/main.ts', {
-    PORT: '0',
-    SERVICE_DATA_DIR: dataDir,
-    SERVICE_WORKSPACE_ROOT: path.join(dataDir, 'workspaces'),
-    SERVICE_QUEUE_PREFIX: prefix,
-    SERVICE_API_KEYS: `bench:${KEY}`,
+    ...serviceEnv(dataDir, prefix),
     SERVICE_TENANT_MAX_RUNNING: '10000',
-    ...PRODUCTION_ENV,
   });
   servers.push(web.child);
   const body = JSON.stringify({ steps: [{ tool: 'message', args: { text: 'noop' } }] });
@@ -41,7 +34,7 @@ async function runCreation(): Promise<[string, Result, Result]> {
       await load({
         url: `${web.url}/api/v1/autonomy/run`,
         method: 'POST',
-        headers: { authorization: `Bearer ${KEY}`, 'content-type': 'application/json' },
+        headers: { authorization: `Bearer ${BENCH_KEY}`, 'content-type': 'application/json' },
         body,
       }),
       await load({ url: `${bare.url}/api/v1/autonomy/run`, method: 'POST', headers: { 'content-type': 'application/json' }, body }),
@@ -57,14 +50,9 @@ async function main(): Promise<void> {
   const dataDir = await fs.mkdtemp(path.join(os.tmpdir(), 'svc-bench-'));
   const prefix = uniquePrefix();
   const service = await startServer('main.ts', {
-    PORT: '0',
-    SERVICE_DATA_DIR: dataDir,
-    SERVICE_WORKSPACE_ROOT: path.join(dataDir, 'workspaces'),
-    SERVICE_QUEUE_PREFIX: prefix,
-    SERVICE_API_KEYS: `bench:${KEY}`,
-    ...PRODUCTION_ENV,
+    ...serviceEnv(dataDir, prefix),
   });
-  const auth = { authorization: `Bearer ${KEY}`, 'content-type': 'application/json' };
+  const auth = { authorization: `Bearer ${BENCH_KEY}`, 'content-type': 'application/json' };
   const definition = JSON.stringify({
     name: 'bench',
     triggers: [{ type: 'cron', schedule: '0 3 * * *', timezone: 'UTC' }],

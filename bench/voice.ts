@@ -7,9 +7,8 @@ import os from 'node:os';
 import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { deleteRedisPrefix, uniquePrefix } from '../test/support/harness.js';
-import { PRODUCTION_ENV, startServer, stop } from './http.js';
+import { BENCH_KEY, serviceEnv, startServer, stop } from './http.js';
 
-const KEY = 'bench-key-0123456789abcdef';
 const UPLOAD_BYTES = 10 * 1024 * 1024;
 const ROUNDS = Number(process.env.BENCH_VOICE_ROUNDS ?? 100);
 
@@ -55,22 +54,17 @@ export async function voiceOverhead(): Promise<string[]> {
     const provider = await startServer('bench/servers/transcribe-provider.ts', {});
     servers.push(provider.child);
     const web = await startServer('api/main.ts', {
-      PORT: '0',
-      SERVICE_DATA_DIR: dataDir,
-      SERVICE_WORKSPACE_ROOT: path.join(dataDir, 'workspaces'),
-      SERVICE_QUEUE_PREFIX: prefix,
-      SERVICE_API_KEYS: `bench:${KEY}`,
+      ...serviceEnv(dataDir, prefix),
       SERVICE_TRANSCRIBE_PROVIDER: 'openai',
       SERVICE_TRANSCRIBE_BASE_URL: `${provider.url}/v1`,
       SERVICE_TRANSCRIBE_API_KEY: 'sk-bench',
-      ...PRODUCTION_ENV,
     });
     servers.push(web.child);
     process.stderr.write(`bench: POST /api/v1/autonomy/voice/transcribe, ${UPLOAD_BYTES / 1024 / 1024} MB, ${ROUNDS} rounds\n`);
     const audio = wav(UPLOAD_BYTES);
     const service: number[] = [];
     const direct: number[] = [];
-    const viaService = () => post(`${web.url}/api/v1/autonomy/voice/transcribe`, audio, { authorization: `Bearer ${KEY}` });
+    const viaService = () => post(`${web.url}/api/v1/autonomy/voice/transcribe`, audio, { authorization: `Bearer ${BENCH_KEY}` });
     const straight = () => post(`${provider.url}/v1/audio/transcriptions`, audio, { authorization: 'Bearer sk-bench' });
     for (let i = 0; i < 5; i++) await viaService().then(straight);
     for (let i = 0; i < ROUNDS; i++) {

@@ -9,9 +9,8 @@ import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { deleteRedisPrefix, uniquePrefix } from '../test/support/harness.js';
-import { load, paced, PRODUCTION_ENV, SECONDS, startServer, stop, type Result } from './http.js';
+import { BENCH_KEY, load, paced, type Result, SECONDS, serviceEnv, startServer, stop } from './http.js';
 
-const KEY = 'bench-key-0123456789abcdef';
 const SECRET = 'bench-codehost-secret-0123456789';
 
 const ROUTE = '/webhooks/bench/codehost';
@@ -42,18 +41,13 @@ export async function webhookIntake(): Promise<[string, Result, Result][]> {
   const servers: ChildProcess[] = [];
   try {
     const web = await startServer('api/main.ts', {
-      PORT: '0',
-      SERVICE_DATA_DIR: dataDir,
-      SERVICE_WORKSPACE_ROOT: path.join(dataDir, 'workspaces'),
-      SERVICE_QUEUE_PREFIX: prefix,
-      SERVICE_API_KEYS: `bench:${KEY}`,
+      ...serviceEnv(dataDir, prefix),
       SERVICE_WEBHOOK_RATE_LIMIT_PER_MINUTE: '10000000',
-      ...PRODUCTION_ENV,
     });
     servers.push(web.child);
     const put = await fetch(`${web.url}/api/v1/webhook-secrets/codehost`, {
       method: 'PUT',
-      headers: { authorization: `Bearer ${KEY}`, 'content-type': 'application/json' },
+      headers: { authorization: `Bearer ${BENCH_KEY}`, 'content-type': 'application/json' },
       body: JSON.stringify({ secrets: [SECRET] }),
     });
     if (put.status !== 200) throw new Error(`could not set the bench secret: ${put.status} ${await put.text()}`);

@@ -53,6 +53,17 @@ export abstract class AppError extends Error {
   }
 }
 
+/** An error whose thrower picks its code from a few of one kind. */
+abstract class CodedError<C extends ErrorCode> extends AppError {
+  constructor(
+    readonly code: C,
+    message: string,
+    details: Record<string, unknown> = {},
+  ) {
+    super(message, details);
+  }
+}
+
 export class NotFoundError extends AppError {
   readonly code = 'not-found';
 }
@@ -135,15 +146,7 @@ export class ServiceUnavailableError extends AppError {
 }
 
 /** What the operator does not allow tenants (SERVICE_TOOLS_ALLOWED, SERVICE_SANDBOX_ALLOW_NETWORK). */
-export class NotPermittedError extends AppError {
-  constructor(
-    readonly code: 'tool-not-permitted' | 'network-not-permitted',
-    message: string,
-    details: Record<string, unknown> = {},
-  ) {
-    super(message, details);
-  }
-}
+export class NotPermittedError extends CodedError<'tool-not-permitted' | 'network-not-permitted'> {}
 
 /** Tasks whose dependencies do not make a DAG of the session (unknown, self or duplicate, a cycle) or name unknown agents: every error at once. */
 export class TaskGraphInvalidError extends ProblemsError {
@@ -161,15 +164,7 @@ export class PathNotPermittedError extends AppError {
 }
 
 /** Audio the service will not send to a transcriber: not a known format, empty or broken, or too long. */
-export class AudioRejectedError extends AppError {
-  constructor(
-    readonly code: 'unsupported-audio' | 'audio-invalid' | 'audio-too-long',
-    message: string,
-    details: Record<string, unknown> = {},
-  ) {
-    super(message, details);
-  }
-}
+export class AudioRejectedError extends CodedError<'unsupported-audio' | 'audio-invalid' | 'audio-too-long'> {}
 
 /** No transcription provider (SERVICE_TRANSCRIBE_PROVIDER and its settings). */
 export class TranscriptionNotConfiguredError extends AppError {
@@ -177,13 +172,6 @@ export class TranscriptionNotConfiguredError extends AppError {
 }
 
 /** The transcription provider failed or did not answer in time. Never carries the provider's key or raw body. */
-export class TranscriptionFailedError extends AppError {
+export class TranscriptionFailedError extends CodedError<'transcription-provider-error' | 'transcription-timeout'> {
   override readonly retryable = true;
-  constructor(
-    readonly code: 'transcription-provider-error' | 'transcription-timeout',
-    message: string,
-    details: Record<string, unknown> = {},
-  ) {
-    super(message, details);
-  }
 }
