@@ -18,6 +18,7 @@ type Answer = Omit<components['schemas']['Transcription'], 'run'> & { run?: Retu
 type VoiceOptions = Omit<components['schemas']['TranscriptionUpload'], 'file'>;
 
 const MAX_FIELD_BYTES = 4096;
+const MAX_FIELDS = 32;
 /** The longest goal a run takes (AutonomyRunRequest.goal). */
 const MAX_GOAL_CHARS = 20_000;
 
@@ -48,6 +49,10 @@ export function voiceRouter(engine: Engine, spec: OpenApiDocument): Router {
     });
     let heard: Awaited<ReturnType<Engine['voice']['transcribe']>>;
     try {
+      // options in the query are known now: a foreign session or a refused run does not wait for the upload
+      const early = req.query as VoiceOptions;
+      if (early.session_id) await engine.sessions.assertCanPost(tenantId, early.session_id, early.to);
+      if (early.run) await engine.runs.assertAcceptable(tenantId, autonomyRunRequest(req, 'autonomy', spokenRun('…', early.workspace)));
       heard = await engine.voice.transcribe(tenantId, await incoming.file, {
         signal: aborted.signal,
         log: req.log,
@@ -115,24 +120,28 @@ function fieldValidator(spec: OpenApiDocument): (fields: Record<string, string>)
 /** The audio as it streams in (a form's `file`, or the raw body), and a form's fields once it has been read. */
 function receive(req: Request): { file: Promise<Readable>; fields: Promise<Record<string, string>> } {
   if (!req.is('multipart/form-data')) return { file: Promise.resolve(req), fields: Promise.resolve({}) };
+  const unreadable = (err: Error) => new ValidationError('the multipart body cannot be read', [{ path: '/body', message: err.message }]);
   const fields: Record<string, string> = Object.create(null);
   let bb: busboy.Busboy;
   try {
     // the upload's size is counted by the engine, which refuses it past the limit
-    bb = busboy({ headers: req.headers, limits: { files: 1, fields: 32, fieldSize: MAX_FIELD_BYTES } });
+    bb = busboy({ headers: req.headers, limits: { files: 1, fields: MAX_FIELDS, fieldSize: MAX_FIELD_BYTES } });
   } catch (err) {
-    const bad = Promise.reject(new ValidationError('the multipart body cannot be read', [{ path: '/body', message: (err as Error).message }]));
+    const bad = Promise.reject(unreadable(err as Error));
     bad.catch(() => undefined);
     return { file: bad, fields: bad };
   }
   let failure: Error | undefined;
+  let audio: Readable | undefined;
   const file = new Promise<Readable>((resolve, reject) => {
     bb.on('file', (name, stream) => {
+      // busboy may break a part off in the same turn it is announced: nothing is left to throw it
+      stream.on('error', () => undefined);
       if (name !== 'file') stream.resume();
-      else resolve(stream);
+      else resolve((audio = stream));
     });
     bb.on('close', () => reject(new ValidationError('no audio', [{ path: '/body/file', message: 'a file field named "file" is required' }])));
-    bb.on('error', (err: Error) => reject(new ValidationError('the multipart body cannot be read', [{ path: '/body', message: err.message }])));
+    bb.on('error', (err: Error) => reject(unreadable(err)));
   });
   const done = new Promise<Record<string, string>>((resolve, reject) => {
     bb.on('field', (name, value, info) => {
@@ -140,11 +149,21 @@ function receive(req: Request): { file: Promise<Readable>; fields: Promise<Recor
         failure ??= new ValidationError('a field is too long', [{ path: `/body/${name}`, message: `must be at most ${MAX_FIELD_BYTES} bytes` }]);
       else if (value) fields[name] = value;
     });
+    // what busboy would drop quietly is refused: a field past the limit may be session_id or run
+    bb.on('fieldsLimit', () => (failure ??= new ValidationError('too many fields', [{ path: '/body', message: `at most ${MAX_FIELDS} fields` }])));
+    bb.on('filesLimit', () => (failure ??= new ValidationError('more than one file', [{ path: '/body', message: 'send one file, named "file"' }])));
     bb.on('close', () => (failure ? reject(failure) : resolve(fields)));
-    bb.on('error', (err: Error) => reject(new ValidationError('the multipart body cannot be read', [{ path: '/body', message: err.message }])));
+    bb.on('error', (err: Error) => reject(unreadable(err)));
   });
   file.catch(() => undefined);
   done.catch(() => undefined);
+  // a client that goes away mid-form ends neither the form nor its file: both are broken off
+  req.once('close', () => {
+    if (req.complete) return;
+    const gone = new Error('the client went away before the form ended');
+    audio?.destroy(gone);
+    bb.destroy(gone);
+  });
   req.pipe(bb);
   return { file, fields: done };
 }

@@ -125,17 +125,20 @@ const agents = { 'http:': new http.Agent({ keepAlive: true }), 'https:': new htt
 function post(url: URL, headers: Record<string, string>, body: AsyncIterable<Buffer>, signal: AbortSignal): Promise<Answer> {
   return new Promise((resolve, reject) => {
     const client = url.protocol === 'https:' ? https : http;
+    const source = Readable.from(body);
     const req = client.request(url, { method: 'POST', headers, signal, agent: agents[url.protocol as 'http:' | 'https:'] }, (res) => {
       const chunks: Buffer[] = [];
       res.on('data', (c: Buffer) => chunks.push(c));
-      res.once('end', () =>
-        resolve({ status: res.statusCode ?? 0, retryAfter: [res.headers['retry-after']].flat()[0] ?? null, body: Buffer.concat(chunks).toString('utf8') }),
-      );
+      res.once('end', () => {
+        // an answer before the upload was all sent (a 429, say) ends this transfer: nothing more is taken for it
+        source.destroy();
+        resolve({ status: res.statusCode ?? 0, retryAfter: [res.headers['retry-after']].flat()[0] ?? null, body: Buffer.concat(chunks).toString('utf8') });
+      });
       res.once('error', reject);
     });
     req.once('error', reject);
-    // a provider may answer (a 429, say) before it has read the upload: the answer counts, not the broken pipe
-    pipeline(Readable.from(body), req).catch(reject);
+    // a provider may answer before it has read the upload: the answer counts, not the broken pipe
+    pipeline(source, req).catch(reject);
   });
 }
 

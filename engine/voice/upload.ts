@@ -28,6 +28,8 @@ export type UploadLimits = {
 
 /** Bytes read before the format is judged: a WAV's fmt and data headers, a FLAC's STREAMINFO. */
 const HEAD_BYTES = 64 * 1024;
+/** Fewer bytes than this hold no recording worth a provider's call (a header and a frame or two at most). */
+const MIN_AUDIO_BYTES = 128;
 /** Bytes kept from the end for the last checks: more than an Ogg page (at most 65,307 bytes). */
 const TAIL_BYTES = 72 * 1024;
 
@@ -48,6 +50,7 @@ export class AudioUpload {
 
   /** chunks the live reader has not taken; null once nobody reads live */
   private pending: Buffer[] | null = [];
+  private liveTaken = false;
   /** the first bytes, then the last ones */
   private head: Buffer[] = [];
   private tail: Buffer[] = [];
@@ -97,8 +100,11 @@ export class AudioUpload {
    * passed; a later reader (a retry) reads them back once they have all arrived.
    */
   async *body(): AsyncGenerator<Buffer> {
-    const queue = this.pending;
+    // one live reader only: a retry that starts while an abandoned transfer still waits for a chunk reads the file
+    const queue = this.liveTaken ? null : this.pending;
+    this.liveTaken = true;
     if (!queue) {
+      this.pending = null;
       await this.stored();
       yield* fs.createReadStream(this.spillPath, { highWaterMark: HEAD_BYTES });
       return;
@@ -155,6 +161,13 @@ export class AudioUpload {
 
   private readHead(): Promise<void> {
     return new Promise<void>((resolve, reject) => {
+      // a stream broken off before anyone listened (busboy does that to a part cut short) says so only here
+      if (this.stream.errored || (this.stream.destroyed && !this.stream.readableEnded)) {
+        const broke = new ValidationError('the upload broke off', [{ path: '/body', message: 'the audio ended before its part did' }]);
+        this.fail(broke);
+        reject(broke);
+        return;
+      }
       let judged = false;
       const judge = () => {
         if (judged) return;
@@ -214,6 +227,7 @@ export class AudioUpload {
     if (!head.length) throw new AudioRejectedError('audio-invalid', 'the audio is empty');
     const format = sniffAudio(head);
     if (!format) throw new AudioRejectedError('unsupported-audio', `the bytes are not audio this service reads (${Object.values(AUDIO_MIME).join(', ')})`);
+    if (this.ended && head.length < MIN_AUDIO_BYTES) throw new AudioRejectedError('audio-invalid', `${head.length} bytes are too few to hold audio`);
     this.format = format;
     this.seconds = durationOf(format, head, this.ended ? { size: this.bytes, tail: head } : undefined);
     if (this.seconds !== null && this.seconds > this.limits.maxSeconds) throw tooLong(this.seconds, this.limits.maxSeconds);

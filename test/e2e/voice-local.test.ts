@@ -139,7 +139,7 @@ describe('voice transcription on this machine (local provider)', function () {
         expect(out.text, decoder.kind).not.to.equal('');
         durations.add(out.duration_seconds!.toFixed(2));
         if (decoder.kind === 'sox') {
-          const webm = Buffer.concat([Buffer.from([0x1a, 0x45, 0xdf, 0xa3]), Buffer.alloc(100)]);
+          const webm = Buffer.concat([Buffer.from([0x1a, 0x45, 0xdf, 0xa3]), Buffer.alloc(400)]);
           const refused = await t.transcribe(await audioOf(webm), { signal: new AbortController().signal, maxSeconds: 20 }).catch((e: Error) => e);
           expect(refused).to.have.property('code', 'unsupported-audio');
         }

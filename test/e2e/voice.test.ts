@@ -1,7 +1,10 @@
 // POST /api/v1/autonomy/voice/transcribe with the `openai` provider, against a local server that speaks
 // the OpenAI transcription protocol (what we do not own), recording what it was sent.
 import { mkdirSync } from 'node:fs';
+import fs from 'node:fs';
 import http from 'node:http';
+import net from 'node:net';
+import os from 'node:os';
 import path from 'node:path';
 import type { AddressInfo } from 'node:net';
 import busboy from 'busboy';
@@ -14,7 +17,8 @@ type Body = Record<string, any>;
 const KEY = 'sk-test-0123456789abcdefSECRET';
 
 type Received = { at: number; authorization?: string; fields: Record<string, string>; file?: { bytes: Buffer; filename: string; mimeType: string } };
-type Turn = { status: number; headers?: Record<string, string>; body?: unknown } | 'hang';
+/** `early`: answered as soon as the request arrives, before its body is read (as a rate limiter at the door does) */
+type Turn = { status: number; headers?: Record<string, string>; body?: unknown; early?: boolean } | 'hang';
 
 const VERBOSE = {
   task: 'transcribe',
@@ -32,6 +36,14 @@ async function startProvider() {
   const server = http.createServer((req, res) => {
     const got: Received = { at: Date.now(), authorization: req.headers.authorization, fields: {} };
     req.on('data', (c: Buffer) => (live.bytes += c.length));
+    const next = script[0];
+    if (next && next !== 'hang' && next.early) {
+      script.shift();
+      received.push(got);
+      res.writeHead(next.status, { 'content-type': 'application/json', connection: 'close', ...next.headers }).end('{"error":{"message":"slow down"}}');
+      req.resume();
+      return;
+    }
     const bb = busboy({ headers: req.headers });
     bb.on('field', (name, value) => (got.fields[name] = value));
     bb.on('file', (_name, file, info) => {
@@ -202,6 +214,76 @@ describe('voice transcription', function () {
     const res = await answered;
     expect(res.status, res.body).to.equal(200);
     expect(provider.received[0]!.file!.bytes.equals(audio)).to.equal(true);
+  });
+
+  it('sends the whole upload again when the provider refused it at the door while it was still arriving', async () => {
+    provider.play([
+      { status: 429, headers: { 'retry-after': '0' }, early: true },
+      { status: 200, body: VERBOSE },
+    ]);
+    const audio = wav(30);
+    const req = http.request(`${h.url}/api/v1/autonomy/voice/transcribe`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${KEYS.a}`, 'content-type': 'audio/wav', 'content-length': String(audio.length) },
+    });
+    const answered = new Promise<number>((resolve, reject) => {
+      req.on('response', (res) => res.resume().on('end', () => resolve(res.statusCode!)));
+      req.on('error', reject);
+    });
+    for (let at = 0; at < audio.length; at += 32 * 1024) {
+      req.write(audio.subarray(at, at + 32 * 1024));
+      await new Promise((r) => setTimeout(r, 10));
+    }
+    req.end();
+    expect(await answered).to.equal(200);
+    expect(provider.received).to.have.length(2);
+    expect(provider.received[1]!.file!.bytes.equals(audio), 'the retry carries every byte, in order').to.equal(true);
+  });
+
+  it('survives forms cut short, refuses what busboy would drop, and leaves no temporary file when a client goes away', async () => {
+    provider.play(['hang']);
+    const spills = () => new Set(fs.readdirSync(os.tmpdir()).filter((f) => f.startsWith('upload-')));
+    const before = spills();
+    const port = Number(new URL(h.url).port);
+    const send = (head: string, body: Buffer | string, o: { cut?: number } = {}) =>
+      new Promise<string>((resolve) => {
+        const bytes = Buffer.from(body);
+        const socket = net.connect(port, '127.0.0.1', () => {
+          socket.write(
+            `POST /api/v1/autonomy/voice/transcribe HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer ${KEYS.a}\r\n${head}Content-Length: ${bytes.length}\r\n\r\n`,
+          );
+          socket.write(o.cut ? bytes.subarray(0, o.cut) : bytes);
+          if (o.cut) setTimeout(() => socket.destroy(), 100);
+        });
+        let answer = '';
+        socket.on('data', (d) => (answer += d));
+        socket.on('error', () => undefined);
+        socket.on('close', () => resolve(answer.split('\r\n')[0] ?? ''));
+        setTimeout(() => socket.destroy(), 2000);
+      });
+    const form = 'Content-Type: multipart/form-data; boundary=XB\r\n';
+    // the form ends right after a part's headers: busboy breaks the part off before anyone listens
+    for (const name of ['file', 'other'])
+      expect(await send(form, `--XB\r\nContent-Disposition: form-data; name="${name}"; filename="a.wav"\r\n\r\n`)).to.contain('400');
+    const part = (name: string, body: string | Buffer, filename = '') =>
+      Buffer.concat([
+        Buffer.from(`--XB\r\nContent-Disposition: form-data; name="${name}"${filename ? `; filename="${filename}"` : ''}\r\n\r\n`),
+        Buffer.from(body),
+        Buffer.from('\r\n'),
+      ]);
+    const end = Buffer.from('--XB--\r\n');
+    const audio = wav(0.5);
+    expect(await send(form, Buffer.concat([part('file', audio, 'a.wav'), part('file', audio, 'b.wav'), end]))).to.contain('400');
+    const many = Array.from({ length: 33 }, (_, i) => part(`f${i}`, 'v'));
+    expect(await send(form, Buffer.concat([part('file', audio, 'a.wav'), ...many, part('session_id', 'ses_x'), end]))).to.contain('400');
+    // clients that go away inside the first 64 KB and after it, with a form and with a raw body
+    const long = Buffer.concat([part('file', wav(5), 'a.wav'), end]);
+    await send(form, long, { cut: 2000 });
+    await send(form, long, { cut: 100_000 });
+    await send('Content-Type: audio/wav\r\n', wav(5), { cut: 100_000 });
+    await eventually(() => [...spills()].every((f) => before.has(f)) || null, 'every temporary upload file to be removed');
+    expect(provider.received.filter((r) => r.file)).to.have.length(0);
+    expect((await raw(h, wav(0.2))).status, 'the service still answers').to.be.oneOf([200, 504]);
   });
 
   it('retries once after a 429, waiting as Retry-After says (capped)', async () => {
