@@ -19,7 +19,7 @@ await runMain('service', async (given, log) => {
 });
 
 async function startService(config: Config, log: Logger, local: LocalRedis | null) {
-  const rt = await openRuntime(config, log, { watchTemplates: true });
+  const rt = await openRuntime(config, log, { watchTemplates: true, servesApi: true });
   const workers = await startWorkers(rt);
   const web = await startWebServer(rt);
   const redis = local

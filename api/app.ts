@@ -16,6 +16,7 @@ import { healthRouter, type SandboxReport } from './routes/health.js';
 import { runsRouter } from './routes/runs.js';
 import { sessionsRouter } from './routes/sessions.js';
 import { voiceRouter } from './routes/voice.js';
+import { apiKeysRouter } from './routes/api-keys.js';
 import { webhookDeliveriesRouter, webhookIntakeRouter, webhookSecretsRouter } from './routes/webhooks.js';
 import { finiteNumericQuery } from './numeric-query.js';
 import { loadSpec } from './spec.js';
@@ -99,6 +100,7 @@ export function createApp(deps: AppDeps): Express {
   app.use('/api/v1/autonomy', voiceRouter(deps.engine, spec));
   app.use('/api/v1/runs', runsRouter(deps.engine));
   app.use('/api/v1/sessions', sessionsRouter(deps.engine, { hub: deps.hub, heartbeatMs: deps.sseHeartbeatMs, streams }));
+  app.use('/api/v1/api-keys', apiKeysRouter(deps.engine));
   app.use('/api/v1/webhook-secrets', webhookSecretsRouter(deps.engine));
   app.use('/api/v1/webhook-deliveries', webhookDeliveriesRouter(deps.engine));
 

@@ -31,7 +31,7 @@ export function authenticate(opts: { mode: 'required' | 'none'; apiKeys: ApiKeys
     const key = presentedKeyOf(req.headers, { basic: false });
     if (!key) throw new UnauthorizedError('send an API key as "Authorization: Bearer <key>" or "X-API-Key: <key>"');
     const record = await opts.apiKeys.resolve(key);
-    if (!record) throw new UnauthorizedError('the API key is not valid');
+    if (!record) throw new UnauthorizedError('the API key is not valid (unknown, revoked or expired)');
     req.tenantId = record.tenant_id;
     bindToRequestLog(req, { tenant_id: record.tenant_id, key_id: record.id });
     next();

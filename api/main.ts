@@ -3,7 +3,7 @@ import { runMain, openRuntime } from '../engine/process/index.js';
 import { startWebServer } from './server.js';
 
 await runMain('web', async (config, log) => {
-  const rt = await openRuntime(config, log, { watchTemplates: true });
+  const rt = await openRuntime(config, log, { watchTemplates: true, servesApi: true });
   const web = await startWebServer(rt);
   log.info({ url: web.url }, 'web listening');
   process.stdout.write(`web listening on ${web.url}\n`);

@@ -933,6 +933,56 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/api-keys": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List the tenant's API keys
+         * @description Every key of the calling tenant, oldest first, revoked and expired ones included (with when and
+         *     why). Never the key or its hash. `last_used_at` is written at most once a minute per key.
+         */
+        get: operations["listApiKeys"];
+        put?: never;
+        /**
+         * Make an API key
+         * @description A new key of the calling tenant. The answer carries the key itself: it is stored hashed (sha256)
+         *     and never shown again. With `expires_at` the key stops working at that instant.
+         */
+        post: operations["createApiKey"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/api-keys/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The key's id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /**
+         * Revoke an API key
+         * @description From the next request on, in every process, the key is refused (each request looks its key up in
+         *     the store). The key stays listed, revoked. Revoking the key that makes the request is allowed.
+         */
+        delete: operations["revokeApiKey"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/webhook-secrets": {
         parameters: {
             query?: never;
@@ -1157,6 +1207,42 @@ export interface components {
         WebhookSecretPut: {
             /** @description One secret, or two while rotating (new first). */
             secrets: string[];
+        };
+        ApiKey: {
+            id: string;
+            label: string | null;
+            /**
+             * @description Where it was made (`bootstrap`, from SERVICE_API_KEYS, is revoked when it leaves the variable).
+             * @enum {string}
+             */
+            source: "bootstrap" | "cli" | "api";
+            /** Format: date-time */
+            created_at: string;
+            /** Format: date-time */
+            expires_at: string | null;
+            /** Format: date-time */
+            revoked_at: string | null;
+            /** @enum {string|null} */
+            revoked_reason: "revoked" | "removed from SERVICE_API_KEYS" | null;
+            /**
+             * Format: date-time
+             * @description When it was last presented, to within a minute.
+             */
+            last_used_at: string | null;
+        };
+        ApiKeyCreate: {
+            /** @description What the key is for. */
+            label?: string;
+            /**
+             * Format: date-time
+             * @description When it stops working (in the future).
+             */
+            expires_at?: string;
+        };
+        ApiKeyCreated: {
+            /** @description The key. Shown this once. */
+            key: string;
+            api_key: components["schemas"]["ApiKey"];
         };
         WebhookSecretInfo: {
             kind: components["schemas"]["WebhookProvider"];
@@ -4139,6 +4225,80 @@ export interface operations {
             409: components["responses"]["WebhookReplay"];
             413: components["responses"]["PayloadTooLarge"];
             429: components["responses"]["RateLimited"];
+        };
+    };
+    listApiKeys: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The keys. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        data: components["schemas"]["ApiKey"][];
+                    };
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+        };
+    };
+    createApiKey: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ApiKeyCreate"];
+            };
+        };
+        responses: {
+            /** @description Made; `key` is shown this once. */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiKeyCreated"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
+        };
+    };
+    revokeApiKey: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The key's id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Revoked (or it was already). */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
         };
     };
     listWebhookSecrets: {

@@ -6,9 +6,9 @@ import { createHash } from 'node:crypto';
 import fs from 'node:fs';
 import { Command, Option } from 'commander';
 import { loadClientEnv, loadConfig, TENANT_ID_PATTERN } from '../config/env.js';
-import { apiKeysOf } from '../engine/auth/index.js';
+import { apiKeysOf, type ApiKeys } from '../engine/auth/index.js';
 import { systemClock, createLogger } from '../engine/platform/index.js';
-import { openStore } from '../engine/store/index.js';
+import { openStore, type Store } from '../engine/store/index.js';
 import { ApiClient, EXIT } from './client.js';
 import { gatesRun, gatesVerify } from './gates.js';
 import { outputOf, seconds, type Output } from './output.js';
@@ -378,23 +378,64 @@ Examples:
       process.exitCode = hit ? EXIT.failed : EXIT.succeeded;
     });
 
-  const keys = program.command('keys').description('API keys (local: writes to the service’s store)');
+  const keys = program.command('keys').description('API keys of a tenant, in the service’s store (local: MONGODB_URI or SERVICE_DATA_DIR)');
+  /** The service's store and its key manager, for one command. */
+  const withKeys = async <T>(tenant: string, fn: (apiKeys: ApiKeys, store: Store) => Promise<T>): Promise<T> => {
+    if (!TENANT_ID_PATTERN.test(tenant)) throw usage('--tenant: letters, digits, _ or -, at most 64');
+    const config = loadConfig();
+    const store = await openStore({ mongodbUri: config.mongodbUri, dataDir: config.dataDir });
+    try {
+      return await fn(apiKeysOf({ store, clock: systemClock, log: createLogger('warn') }), store);
+    } finally {
+      await store.close();
+    }
+  };
   keys
     .command('create')
     .description("make an API key for a tenant; printed once, stored hashed (uses the service's environment: MONGODB_URI or SERVICE_DATA_DIR)")
     .requiredOption('--tenant <tenant>', 'the tenant it belongs to')
     .option('--label <text>', 'what the key is for')
-    .action(async (opts: { tenant: string; label?: string }) => {
-      if (!TENANT_ID_PATTERN.test(opts.tenant)) throw usage('--tenant: letters, digits, _ or -, at most 64');
-      const config = loadConfig();
-      const store = await openStore({ mongodbUri: config.mongodbUri, dataDir: config.dataDir });
-      try {
-        const created = await apiKeysOf({ store, clock: systemClock, log: createLogger('warn') }).create(opts.tenant, { label: opts.label, source: 'cli' });
+    .option('--expires <date>', 'when it stops working (an ISO 8601 date and time)')
+    .action(async (opts: { tenant: string; label?: string; expires?: string }) => {
+      if (opts.expires && Number.isNaN(Date.parse(opts.expires))) throw usage('--expires: an ISO 8601 date and time, e.g. 2027-01-31T00:00:00Z');
+      await withKeys(opts.tenant, async (apiKeys, store) => {
+        const expires_at = opts.expires ? new Date(opts.expires).toISOString() : null;
+        const created = await apiKeys.create(opts.tenant, { label: opts.label, source: 'cli', expires_at });
         process.stderr.write(`Created key ${created.record.id} for tenant ${created.record.tenant_id} (${store.kind} store). It is shown once:\n`);
         process.stdout.write(`${created.key}\n`);
-      } finally {
-        await store.close();
-      }
+      });
+    });
+  keys
+    .command('list')
+    .description("a tenant's keys: id, label, source, state, last use (never the keys)")
+    .requiredOption('--tenant <tenant>', 'the tenant')
+    .option('--json', 'print the keys as JSON')
+    .action(async (opts: { tenant: string; json?: boolean }) => {
+      await withKeys(opts.tenant, async (apiKeys) => {
+        const list = (await apiKeys.list(opts.tenant)).map(({ hash: _hash, ...k }) => k);
+        const o = outputOf({ json: Boolean(opts.json), noColor: clientEnv.noColor });
+        if (o.json) return o.printJson(list);
+        const now = Date.now();
+        const state = (k: Record<string, string | null>) =>
+          k.revoked_at ? `revoked ${k.revoked_at}` : k.expires_at && Date.parse(k.expires_at) <= now ? `expired ${k.expires_at}` : 'active';
+        o.table(list, [
+          ['ID', (k) => k.id],
+          ['LABEL', (k) => k.label],
+          ['SOURCE', (k) => k.source],
+          ['STATE', state],
+          ['LAST USED', (k) => k.last_used_at ?? 'never'],
+        ]);
+      });
+    });
+  keys
+    .command('revoke <id>')
+    .description('revoke a key: every process refuses it from its next request')
+    .requiredOption('--tenant <tenant>', 'the tenant it belongs to')
+    .action(async (id: string, opts: { tenant: string }) => {
+      await withKeys(opts.tenant, async (apiKeys) => {
+        const k = await apiKeys.revoke(opts.tenant, id);
+        process.stderr.write(`Revoked key ${k.id} of tenant ${k.tenant_id} at ${k.revoked_at}\n`);
+      });
     });
 
   const gates = program.command('gates').description("the workspace's gates, run locally; evidence packs checked offline");

@@ -2,7 +2,7 @@
 // hashed and looked up by its hash, so no stored key is ever compared byte by byte.
 import { createHash, randomBytes } from 'node:crypto';
 import type { ApiKeySeed } from '../../config/env.js';
-import { type Clock, newId, type Logger, type ApiKeyRecord } from '../platform/index.js';
+import { type ApiKeyRecord, type Clock, newId, NotFoundError, type Logger, ValidationError } from '../platform/index.js';
 import type { Store } from '../store/index.js';
 
 export function hashKey(key: string): string {
@@ -13,52 +13,103 @@ export function generateKey(): string {
   return `sk_${randomBytes(32).toString('base64url')}`;
 }
 
+/** How stale `last_used_at` may be: a key in use is written at most this often. */
+export const API_KEY_TOUCH_SECONDS = 60;
+
+const REMOVED = 'removed from SERVICE_API_KEYS' as const;
+
+/** A key that opens nothing any more: revoked, or past its expiry. */
+export function isSpent(k: ApiKeyRecord, now: Date): boolean {
+  return !!k.revoked_at || (!!k.expires_at && Date.parse(k.expires_at) <= now.getTime());
+}
+
 export function apiKeysOf(deps: { store: Store; clock: Clock; log: Logger }) {
   const { store, clock, log } = deps;
+
+  function record(tenantId: string, hash: string, o: { label?: string | null; source: ApiKeyRecord['source']; expires_at?: string | null }): ApiKeyRecord {
+    return {
+      id: newId('key'),
+      tenant_id: tenantId,
+      hash,
+      label: o.label ?? null,
+      source: o.source,
+      created_at: clock.now().toISOString(),
+      expires_at: o.expires_at ?? null,
+      revoked_at: null,
+      revoked_reason: null,
+      last_used_at: null,
+    };
+  }
+
   return {
     /** Makes a new key; the returned `key` is the only time it exists in clear. */
-    async create(tenantId: string, opts: { label?: string; source: ApiKeyRecord['source'] }): Promise<{ record: ApiKeyRecord; key: string }> {
+    async create(
+      tenantId: string,
+      opts: { label?: string | null; source: ApiKeyRecord['source']; expires_at?: string | null },
+    ): Promise<{ record: ApiKeyRecord; key: string }> {
+      if (opts.expires_at && Date.parse(opts.expires_at) <= clock.now().getTime())
+        throw new ValidationError('the expiry is in the past', [{ path: '/body/expires_at', message: 'must be in the future' }]);
       const key = generateKey();
-      const record: ApiKeyRecord = {
-        id: newId('key'),
-        tenant_id: tenantId,
-        hash: hashKey(key),
-        label: opts.label ?? null,
-        source: opts.source,
-        created_at: clock.now().toISOString(),
-      };
-      await store.apiKeys.insert(record);
-      log.info({ tenant_id: tenantId, key_id: record.id, source: opts.source }, 'api key created');
-      return { record, key };
+      const made = record(tenantId, hashKey(key), opts);
+      await store.apiKeys.insert(made);
+      log.info({ tenant_id: tenantId, key_id: made.id, source: opts.source }, 'api key created');
+      return { record: made, key };
     },
 
-    /** The tenant a presented key belongs to, or null. */
+    list: (tenantId: string) => store.apiKeys.list(tenantId),
+
+    /** Revokes one of the tenant's keys; every process refuses it from its next request (each looks keys up in the store). */
+    async revoke(tenantId: string, id: string): Promise<ApiKeyRecord> {
+      const existing = (await store.apiKeys.list(tenantId)).find((k) => k.id === id);
+      if (!existing) throw new NotFoundError(`no api key ${id}`);
+      if (existing.revoked_at) return existing;
+      const revoked = await store.apiKeys.update(tenantId, id, { revoked_at: clock.now().toISOString(), revoked_reason: 'revoked' });
+      if (!revoked) throw new NotFoundError(`no api key ${id}`);
+      log.info({ tenant_id: tenantId, key_id: id }, 'api key revoked');
+      return revoked;
+    },
+
+    /** The key a presented secret is, when it may still be used; its last use is written now and then. */
     async resolve(presented: string): Promise<ApiKeyRecord | null> {
-      return store.apiKeys.findByHash(hashKey(presented));
+      const found = await store.apiKeys.findByHash(hashKey(presented));
+      const now = clock.now();
+      if (!found || isSpent(found, now)) return null;
+      if (!found.last_used_at || now.getTime() - Date.parse(found.last_used_at) >= API_KEY_TOUCH_SECONDS * 1000)
+        void store.apiKeys
+          .update(found.tenant_id, found.id, { last_used_at: now.toISOString() })
+          .catch((err: Error) => log.warn({ key_id: found.id, err: err.message }, 'the last use of an api key could not be written'));
+      return found;
     },
 
-    /** Stores the bootstrap keys of SERVICE_API_KEYS; a key already stored is left as it is. */
-    async seed(seeds: ApiKeySeed[]): Promise<number> {
+    /**
+     * Syncs the bootstrap keys with SERVICE_API_KEYS: new ones are stored, ones no longer listed are
+     * revoked (a key that leaves the variable stops working at the next start), and one listed again is
+     * restored. A key revoked through the API stays revoked.
+     */
+    async seed(seeds: ApiKeySeed[]): Promise<{ added: number; revoked: number }> {
       let added = 0;
+      const listed = new Set<string>();
       for (const s of seeds) {
-        const record: ApiKeyRecord = {
-          id: newId('key'),
-          tenant_id: s.tenantId,
-          hash: hashKey(s.key),
-          label: 'SERVICE_API_KEYS',
-          source: 'bootstrap',
-          created_at: clock.now().toISOString(),
-        };
-        if (await store.apiKeys.insert(record)) added++;
-        else {
-          const existing = await store.apiKeys.findByHash(record.hash);
-          if (existing && existing.tenant_id !== s.tenantId) {
-            throw new Error(`SERVICE_API_KEYS: a key given for tenant ${s.tenantId} is already bound to another tenant`);
-          }
+        const hash = hashKey(s.key);
+        listed.add(hash);
+        if (await store.apiKeys.insert(record(s.tenantId, hash, { label: 'SERVICE_API_KEYS', source: 'bootstrap' }))) {
+          added++;
+          continue;
         }
+        const existing = await store.apiKeys.findByHash(hash);
+        if (existing && existing.tenant_id !== s.tenantId)
+          throw new Error(`SERVICE_API_KEYS: a key given for tenant ${s.tenantId} is already bound to another tenant`);
+        if (existing?.revoked_reason === REMOVED) await store.apiKeys.update(existing.tenant_id, existing.id, { revoked_at: null, revoked_reason: null });
       }
-      if (added) log.info({ added }, 'bootstrap api keys stored');
-      return added;
+      let revoked = 0;
+      const now = clock.now().toISOString();
+      for (const k of await store.apiKeys.listBootstrap()) {
+        if (listed.has(k.hash) || k.revoked_at) continue;
+        await store.apiKeys.update(k.tenant_id, k.id, { revoked_at: now, revoked_reason: REMOVED });
+        revoked++;
+      }
+      if (added || revoked) log.info({ added, revoked }, 'bootstrap api keys synced with SERVICE_API_KEYS');
+      return { added, revoked };
     },
   };
 }

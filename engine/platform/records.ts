@@ -69,7 +69,17 @@ export type ApiKeyRecord = {
   label: string | null;
   source: 'bootstrap' | 'cli' | 'api';
   created_at: string;
+  /** after this instant the key no longer opens anything; null: never */
+  expires_at?: string | null;
+  /** set once: a revoked key never opens anything again (a bootstrap key put back in SERVICE_API_KEYS excepted) */
+  revoked_at?: string | null;
+  revoked_reason?: 'revoked' | 'removed from SERVICE_API_KEYS' | null;
+  /** when the key was last presented, to within API_KEY_TOUCH_SECONDS */
+  last_used_at?: string | null;
 };
+
+/** What of an API key changes after it is made. */
+export type ApiKeyPatch = Partial<Pick<ApiKeyRecord, 'revoked_at' | 'revoked_reason' | 'last_used_at'>>;
 
 export const RUN_KINDS = ['autonomy', 'vibe', 'automation', 'session_task', 'audit'] as const;
 export type RunKind = (typeof RUN_KINDS)[number];

@@ -52,6 +52,11 @@ export type Runtime = {
 
 export type RuntimeOptions = {
   watchTemplates?: boolean;
+  /**
+   * This process answers the API: it syncs the bootstrap keys with its SERVICE_API_KEYS (a worker, which
+   * takes no requests and may be given no keys, must not revoke them)
+   */
+  servesApi?: boolean;
   templatesDir?: string;
   clock?: Clock;
   /** the transcription provider's time limits (tests make them short) */
@@ -201,7 +206,7 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
     closers.push(() => engine.gates.close());
     closers.push(() => engine.audits.close());
     closers.push(() => engine.smartGates.close());
-    await engine.apiKeys.seed(config.apiKeys);
+    if (opts.servesApi) await engine.apiKeys.seed(config.apiKeys);
     log.info({ store: store.kind, templates: templates.list().length, queue_prefix: config.queuePrefix }, 'runtime open');
     log.info({ sandbox: sandbox.kind, process_limit: sandbox.processLimit }, 'tool sandbox');
     return { config, log, clock, redis, store, queues, engine, events, metrics, sandbox, hub, close: () => closeAll(closers) };

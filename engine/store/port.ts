@@ -4,6 +4,7 @@ import {
   ValidationError,
   type AgentRecord,
   type AgentTurn,
+  type ApiKeyPatch,
   type ApiKeyRecord,
   type Automation,
   type AutomationStatus,
@@ -92,6 +93,10 @@ export interface ApiKeyRepo {
   /** Resolves a presented key's hash to its record: the one lookup that finds the tenant. */
   findByHash(hash: string): Promise<ApiKeyRecord | null>;
   list(tenantId: string): Promise<ApiKeyRecord[]>;
+  /** Every key made from SERVICE_API_KEYS, of every tenant: what start-up syncs with the variable. */
+  listBootstrap(): Promise<ApiKeyRecord[]>;
+  /** Changes one key of the tenant; the key as it is now, or null when the tenant has no such key. */
+  update(tenantId: string, id: string, patch: ApiKeyPatch): Promise<ApiKeyRecord | null>;
 }
 
 export interface WebhookSecretRepo {

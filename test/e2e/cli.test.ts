@@ -116,7 +116,7 @@ describe('the command-line tool (built) against a service', function () {
   it('a wrong key exits 2 with one clear line; an unreachable service exits 5; --json prints the API’s JSON', async () => {
     const denied = await cli(['runs', 'list'], { SERVICE_API_KEY: 'not-a-key-of-this-service' }).done;
     expect(denied.code).to.equal(2);
-    expect(denied.stderr.trim()).to.equal('automation-service: 401 unauthorized: the API key is not valid');
+    expect(denied.stderr.trim()).to.equal('automation-service: 401 unauthorized: the API key is not valid (unknown, revoked or expired)');
     const away = await cli(['runs', 'list', '--url', 'http://127.0.0.1:1']).done;
     expect(away.code).to.equal(5);
     expect(away.stderr).to.contain('cannot reach the service at http://127.0.0.1:1');

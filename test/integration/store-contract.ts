@@ -277,6 +277,25 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect(await store.apiKeys.list('t2')).to.deep.equal([]);
     });
 
+    it('changes a key only for its tenant, and lists the bootstrap keys of every tenant', async () => {
+      const at = new Date().toISOString();
+      const k: ApiKeyRecord = { id: newId('key'), tenant_id: 't3', hash: 'ef'.repeat(32), label: 'ci', source: 'api', created_at: at, expires_at: null };
+      const boot: ApiKeyRecord = { id: newId('key'), tenant_id: 't4', hash: '12'.repeat(32), label: null, source: 'bootstrap', created_at: at };
+      await store.apiKeys.insert(k);
+      await store.apiKeys.insert(boot);
+      expect(await store.apiKeys.update('t4', k.id, { revoked_at: at }), 'another tenant').to.equal(null);
+      expect(await store.apiKeys.update('t3', k.id, { revoked_at: at, revoked_reason: 'revoked' })).to.deep.equal({
+        ...k,
+        revoked_at: at,
+        revoked_reason: 'revoked',
+      });
+      expect(await store.apiKeys.findByHash(k.hash)).to.deep.include({ revoked_at: at, label: 'ci' });
+      expect(await store.apiKeys.update('t3', k.id, { last_used_at: at })).to.deep.include({ revoked_at: at, last_used_at: at });
+      expect((await store.apiKeys.listBootstrap()).map((x) => x.id))
+        .to.include(boot.id)
+        .and.not.include(k.id);
+    });
+
     it('keeps one secret record per tenant and kind, replaces it, lists and deletes it per tenant', async () => {
       const now = new Date().toISOString();
       const rec: WebhookSecretRecord = {

@@ -74,7 +74,7 @@ export async function startHarness(opts: { env?: Record<string, string>; runtime
     },
   });
   const log = createLogger(config.logLevel, sink);
-  const rt = await openRuntime(config, log, opts.runtime);
+  const rt = await openRuntime(config, log, { servesApi: true, ...opts.runtime });
   const workers = opts.workers === false ? { workers: [], close: async () => {} } : await startWorkers(rt);
   const web = await startWebServer(rt, { port: 0, host: '127.0.0.1', validateResponses: true });
 

@@ -25,5 +25,13 @@ export function apiKeyRepo(model: Model<Stored<ApiKeyRecord>>): ApiKeyRepo {
       const rows = await model.find({ tenant_id: tenantId }).sort({ _id: 1 }).lean<Stored<ApiKeyRecord>[]>();
       return rows.map((r) => fromStored(r)!);
     },
+    async listBootstrap() {
+      const rows = await model.find({ source: 'bootstrap' }).sort({ _id: 1 }).lean<Stored<ApiKeyRecord>[]>();
+      return rows.map((r) => fromStored(r)!);
+    },
+    async update(tenantId, id, patch) {
+      const row = await model.findOneAndUpdate({ _id: id, tenant_id: tenantId }, { $set: patch }, { returnDocument: 'after' }).lean<Stored<ApiKeyRecord>>();
+      return fromStored(row);
+    },
   };
 }

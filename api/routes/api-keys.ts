@@ -1,0 +1,40 @@
+// /api/v1/api-keys: the calling tenant's keys, made (shown once), listed and revoked.
+import { Router } from 'express';
+import type { Engine } from '../../engine/index.js';
+import type { ApiKeyRecord } from '../../engine/platform/index.js';
+import { tenantOf } from '../auth.js';
+import type { components } from '../schema.js';
+
+type ApiKeyCreate = components['schemas']['ApiKeyCreate'];
+type ApiKeyView = components['schemas']['ApiKey'];
+
+/** A key as the API shows it: never its hash. */
+function view(k: ApiKeyRecord): ApiKeyView {
+  return {
+    id: k.id,
+    label: k.label,
+    source: k.source,
+    created_at: k.created_at,
+    expires_at: k.expires_at ?? null,
+    revoked_at: k.revoked_at ?? null,
+    revoked_reason: k.revoked_reason ?? null,
+    last_used_at: k.last_used_at ?? null,
+  };
+}
+
+export function apiKeysRouter(engine: Engine): Router {
+  const router = Router();
+  router.get('/', async (req, res) => {
+    res.json({ data: (await engine.apiKeys.list(tenantOf(req))).map(view) });
+  });
+  router.post('/', async (req, res) => {
+    const body = req.body as ApiKeyCreate;
+    const made = await engine.apiKeys.create(tenantOf(req), { label: body.label, expires_at: body.expires_at, source: 'api' });
+    res.status(201).json({ key: made.key, api_key: view(made.record) });
+  });
+  router.delete('/:id', async (req, res) => {
+    await engine.apiKeys.revoke(tenantOf(req), String(req.params.id));
+    res.status(204).end();
+  });
+  return router;
+}

@@ -1,0 +1,119 @@
+// API keys through the API (made, listed, revoked, expiring), the bootstrap keys synced with
+// SERVICE_API_KEYS at start, and the CLI's keys list and revoke, all against the real store.
+import { spawnSync } from 'node:child_process';
+import fs from 'node:fs';
+import path from 'node:path';
+import { expect } from 'chai';
+import { PROJECT_ROOT } from '../../config/paths.js';
+import { KEYS, startHarness, type Harness } from '../support/harness.js';
+
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+type Body = Record<string, any>;
+
+const CLI = path.join(PROJECT_ROOT, 'dist', 'cli', 'main.js');
+
+describe('api keys', function () {
+  let h: Harness;
+  /** a second runtime on the same store and Redis: what another web process sees */
+  let other: Harness;
+  const shared = () => ({ SERVICE_DATA_DIR: h.config.dataDir, SERVICE_WORKSPACE_ROOT: h.workspace, SERVICE_QUEUE_PREFIX: h.config.queuePrefix });
+
+  before(async () => {
+    h = await startHarness({ workers: false });
+    other = await startHarness({ workers: false, env: shared() });
+  });
+  after(async () => {
+    await other?.close();
+    await h?.close();
+  });
+
+  it('makes a key shown once, lists keys without their hashes, and keeps each tenant to its own', async () => {
+    const made = await h.call<Body>('POST', '/api/v1/api-keys', { body: { label: 'deploy bot' } });
+    expect(made.status, made.text).to.equal(201);
+    expect(made.body.key).to.match(/^sk_/);
+    expect(made.body.api_key).to.deep.include({ label: 'deploy bot', source: 'api', revoked_at: null, expires_at: null, last_used_at: null });
+    expect((await h.call('GET', '/api/v1/runs', { key: made.body.key })).status).to.equal(200);
+    expect((await other.call('GET', '/api/v1/runs', { key: made.body.key })).status, 'another process takes it').to.equal(200);
+
+    const listed = await h.call<Body>('GET', '/api/v1/api-keys');
+    expect(listed.status).to.equal(200);
+    expect(listed.text).not.to.contain('hash').and.not.to.contain(made.body.key);
+    const mine = listed.body.data.find((k: Body) => k.id === made.body.api_key.id);
+    expect(mine.last_used_at, 'its use is recorded').to.be.a('string');
+    expect(listed.body.data.map((k: Body) => k.source)).to.include('bootstrap');
+
+    const theirs = await h.call<Body>('GET', '/api/v1/api-keys', { key: KEYS.b });
+    expect(theirs.body.data.map((k: Body) => k.id)).not.to.include(made.body.api_key.id);
+    expect((await h.call('DELETE', `/api/v1/api-keys/${made.body.api_key.id}`, { key: KEYS.b })).status).to.equal(404);
+    expect((await h.call('GET', '/api/v1/runs', { key: made.body.key })).status, 'still works').to.equal(200);
+  });
+
+  it('refuses a revoked key from the next request, in every process, and keeps it listed as revoked', async () => {
+    const made = (await h.call<Body>('POST', '/api/v1/api-keys', { body: { label: 'short-lived' } })).body;
+    expect((await other.call('GET', '/api/v1/runs', { key: made.key })).status).to.equal(200);
+    expect((await h.call('DELETE', `/api/v1/api-keys/${made.api_key.id}`)).status).to.equal(204);
+    const refused = await other.call<Body>('GET', '/api/v1/runs', { key: made.key });
+    expect(refused.status).to.equal(401);
+    expect(refused.body.detail).to.contain('revoked');
+    expect((await h.call('GET', '/api/v1/runs', { key: made.key })).status).to.equal(401);
+    const listed = (await h.call<Body>('GET', '/api/v1/api-keys')).body.data.find((k: Body) => k.id === made.api_key.id);
+    expect(listed).to.deep.include({ revoked_reason: 'revoked' });
+    expect((await h.call('DELETE', `/api/v1/api-keys/${made.api_key.id}`)).status, 'again: nothing changes').to.equal(204);
+    expect(h.logs.join('\n')).not.to.contain(made.key);
+  });
+
+  it('takes an expiry in the future only, and refuses the key once it has passed', async () => {
+    const past = await h.call<Body>('POST', '/api/v1/api-keys', { body: { expires_at: '2020-01-01T00:00:00Z' } });
+    expect(past.status, past.text).to.equal(400);
+    const bad = await h.call<Body>('POST', '/api/v1/api-keys', { body: { expires_at: 'tomorrow' } });
+    expect(bad.status, bad.text).to.equal(400);
+    const soon = (await h.call<Body>('POST', '/api/v1/api-keys', { body: { expires_at: new Date(Date.now() + 1500).toISOString() } })).body;
+    expect((await h.call('GET', '/api/v1/runs', { key: soon.key })).status).to.equal(200);
+    await new Promise((r) => setTimeout(r, 1600));
+    expect((await h.call('GET', '/api/v1/runs', { key: soon.key })).status).to.equal(401);
+  });
+
+  it('revokes at start the bootstrap keys that left SERVICE_API_KEYS and restores one listed again; an API revocation stays', async () => {
+    const onlyA = await startHarness({ workers: false, env: { ...shared(), SERVICE_API_KEYS: `tenant-a:${KEYS.a}` } });
+    try {
+      expect((await onlyA.call('GET', '/api/v1/runs', { key: KEYS.b })).status, 'a key that left the variable').to.equal(401);
+      expect((await h.call('GET', '/api/v1/runs', { key: KEYS.b })).status, 'in every process').to.equal(401);
+      const b = (await onlyA.call<Body>('GET', '/api/v1/api-keys')).body.data;
+      expect(b.every((k: Body) => k.revoked_at === null || k.source !== 'bootstrap')).to.equal(true);
+    } finally {
+      await onlyA.close();
+    }
+    const both = await startHarness({ workers: false, env: shared() });
+    try {
+      expect((await both.call('GET', '/api/v1/runs', { key: KEYS.b })).status, 'listed again').to.equal(200);
+      const bootstrapB = (await both.call<Body>('GET', '/api/v1/api-keys', { key: KEYS.b })).body.data.find((k: Body) => k.source === 'bootstrap');
+      expect((await both.call('DELETE', `/api/v1/api-keys/${bootstrapB.id}`, { key: KEYS.b })).status).to.equal(204);
+    } finally {
+      await both.close();
+    }
+    const again = await startHarness({ workers: false, env: shared() });
+    try {
+      expect((await again.call('GET', '/api/v1/runs', { key: KEYS.b })).status, 'revoked through the API, it stays revoked').to.equal(401);
+    } finally {
+      await again.close();
+    }
+  });
+
+  it('lists and revokes keys from the command line, on the service’s store', async () => {
+    // `npm test` builds dist/ first (pretest); a single-file run builds it here when it is missing
+    if (!fs.existsSync(CLI)) expect(spawnSync(process.execPath, ['scripts/ensure-build.mjs'], { cwd: PROJECT_ROOT, stdio: 'inherit' }).status).to.equal(0);
+    const env = { ...process.env, SERVICE_DATA_DIR: h.config.dataDir, SERVICE_AUTH: '', NO_COLOR: '1' };
+    const made = (await h.call<Body>('POST', '/api/v1/api-keys', { body: { label: 'from the cli test' } })).body;
+    const list = spawnSync(process.execPath, [CLI, 'keys', 'list', '--tenant', 'tenant-a'], { env, encoding: 'utf8' });
+    expect(list.status, list.stderr).to.equal(0);
+    expect(list.stdout).to.contain(made.api_key.id).and.contain('from the cli test').and.contain('active');
+    expect(list.stdout).not.to.contain(made.key);
+    const revoke = spawnSync(process.execPath, [CLI, 'keys', 'revoke', made.api_key.id, '--tenant', 'tenant-a'], { env, encoding: 'utf8' });
+    expect(revoke.status, revoke.stderr).to.equal(0);
+    expect((await h.call('GET', '/api/v1/runs', { key: made.key })).status).to.equal(401);
+    const json = spawnSync(process.execPath, [CLI, 'keys', 'list', '--tenant', 'tenant-a', '--json'], { env, encoding: 'utf8' });
+    const parsed = JSON.parse(json.stdout) as Body[];
+    expect(parsed.find((k) => k.id === made.api_key.id)).to.deep.include({ revoked_reason: 'revoked' });
+    expect(json.stdout).not.to.contain('"hash"');
+  });
+});
