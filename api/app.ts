@@ -5,7 +5,7 @@ import { NotFoundError, type EventHub, type Logger, type Metrics, type Queues, t
 import type { Engine } from '../engine/index.js';
 import type { Store } from '../engine/store/index.js';
 import { adminRouter } from './admin.js';
-import { authenticate } from './auth.js';
+import { authenticate, rateLimit } from './auth.js';
 import { docsRouter } from './docs.js';
 import { problemHandler } from './problem.js';
 import { requestLog } from './request-log.js';
@@ -78,6 +78,7 @@ export function createApp(deps: AppDeps): Express {
 
   // who is calling comes first: an unauthenticated body is never parsed
   app.use('/api/v1', authenticate({ mode: deps.auth, apiKeys: deps.engine.apiKeys }));
+  app.use('/api/v1', rateLimit(deps.engine.apiRateLimit));
   app.use('/api/v1', express.json({ limit: BODY_LIMIT, type: ['application/json', 'application/*+json'], strict: true }));
   app.use(finiteNumericQuery(spec));
   app.use(

@@ -2,7 +2,7 @@
 // its hash. Admin routes: one of SERVICE_ADMIN_KEYS, as Bearer or as the password of HTTP Basic so a
 // browser can open the dashboard. SERVICE_AUTH=none makes every API caller the tenant "local".
 import type { Request, RequestHandler } from 'express';
-import { ADMIN_CHALLENGE, adminRefusal, isAdminRequest, presentedKeyOf, type ApiKeys } from '../engine/auth/index.js';
+import { ADMIN_CHALLENGE, adminRefusal, ApiRateLimitedError, isAdminRequest, presentedKeyOf, type ApiKeys, type ApiRateLimit } from '../engine/auth/index.js';
 import { UnauthorizedError } from '../engine/platform/index.js';
 import { bindToRequestLog } from './request-log.js';
 
@@ -12,6 +12,8 @@ declare global {
   namespace Express {
     interface Request {
       tenantId?: string;
+      /** the API key the request came with (none with SERVICE_AUTH=none) */
+      apiKeyId?: string;
     }
   }
 }
@@ -33,7 +35,27 @@ export function authenticate(opts: { mode: 'required' | 'none'; apiKeys: ApiKeys
     const record = await opts.apiKeys.resolve(key);
     if (!record) throw new UnauthorizedError('the API key is not valid (unknown, revoked or expired)');
     req.tenantId = record.tenant_id;
+    req.apiKeyId = record.id;
     bindToRequestLog(req, { tenant_id: record.tenant_id, key_id: record.id });
+    next();
+  };
+}
+
+/**
+ * Counts the request against its tenant's and its key's budgets (engine/auth/rate-limit.ts) and says
+ * where it stands in the IETF draft's headers: `RateLimit-Policy` names the budgets, `RateLimit` the one
+ * nearest to its end (remaining requests, seconds to the window's end). A spent budget is a 429 with
+ * Retry-After.
+ */
+export function rateLimit(limits: ApiRateLimit): RequestHandler {
+  const policy = limits.policies.map((p) => `"${p.policy}";q=${p.limit};w=${p.windowSeconds}`).join(', ');
+  return async (req, res, next) => {
+    res.setHeader('RateLimit-Policy', policy);
+    const state = await limits.consume(tenantOf(req), req.apiKeyId ?? null).catch((err: unknown) => {
+      if (err instanceof ApiRateLimitedError) res.setHeader('RateLimit', `"${err.state.policy}";r=0;t=${err.state.resetSeconds}`);
+      throw err;
+    });
+    res.setHeader('RateLimit', `"${state.policy}";r=${state.remaining};t=${state.resetSeconds}`);
     next();
   };
 }

@@ -2554,6 +2554,22 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"];
             };
         };
+        /**
+         * @description The tenant's or the key's requests this minute are spent (`rate-limited`):
+         *     SERVICE_API_RATE_LIMIT_PER_MINUTE per tenant, SERVICE_API_KEY_RATE_LIMIT_PER_MINUTE per key.
+         */
+        ApiRateLimited: {
+            headers: {
+                /** @description Seconds until the spent budget's window ends. */
+                "Retry-After"?: number;
+                RateLimit: components["headers"]["RateLimit"];
+                "RateLimit-Policy": components["headers"]["RateLimitPolicy"];
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
         /** @description The tenant sent more webhook requests this minute than `SERVICE_WEBHOOK_RATE_LIMIT_PER_MINUTE` (`rate-limited`). */
         RateLimited: {
             headers: {
@@ -2762,6 +2778,13 @@ export interface components {
     };
     requestBodies: never;
     headers: {
+        /**
+         * @description Where the request stands in the budget nearest to its end (IETF draft ratelimit-headers):
+         *     `"tenant";r=<requests left>;t=<seconds to the window's end>` (or `"key"`).
+         */
+        RateLimit: string;
+        /** @description The budgets: `"tenant";q=<requests>;w=60, "key";q=<requests>;w=60`. */
+        RateLimitPolicy: string;
         /** @description The URL of the created resource. */
         Location: string;
         /** @description The request's id, echoed or made. */
@@ -2868,6 +2891,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     createAutomation: {
@@ -2889,6 +2913,7 @@ export interface operations {
             403: components["responses"]["NotPermitted"];
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     listAutomationTemplates: {
@@ -2912,6 +2937,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     instantiateAutomationTemplate: {
@@ -2941,6 +2967,7 @@ export interface operations {
             403: components["responses"]["NotPermitted"];
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     getAutomation: {
@@ -2959,6 +2986,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     archiveAutomation: {
@@ -2983,6 +3011,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     updateAutomation: {
@@ -3010,6 +3039,7 @@ export interface operations {
             409: components["responses"]["Conflict"];
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     enableAutomation: {
@@ -3029,6 +3059,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     disableAutomation: {
@@ -3048,6 +3079,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     runAutomation: {
@@ -3081,6 +3113,7 @@ export interface operations {
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             422: components["responses"]["Unprocessable"];
+            429: components["responses"]["ApiRateLimited"];
             503: components["responses"]["Unavailable"];
         };
     };
@@ -3108,6 +3141,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     getAutomationHistory: {
@@ -3139,6 +3173,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     runAutonomy: {
@@ -3178,6 +3213,7 @@ export interface operations {
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             422: components["responses"]["Unprocessable"];
+            429: components["responses"]["ApiRateLimited"];
             503: components["responses"]["Unavailable"];
         };
     };
@@ -3205,6 +3241,7 @@ export interface operations {
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             422: components["responses"]["Unprocessable"];
+            429: components["responses"]["ApiRateLimited"];
             503: components["responses"]["Unavailable"];
         };
     };
@@ -3227,6 +3264,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     getReliabilityContext: {
@@ -3248,6 +3286,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     getSmartGates: {
@@ -3274,6 +3313,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             422: components["responses"]["Unprocessable"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     getEvidencePack: {
@@ -3307,6 +3347,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             422: components["responses"]["Unprocessable"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     runWorkspaceAudit: {
@@ -3353,6 +3394,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["NotPermitted"];
             404: components["responses"]["NotFound"];
+            429: components["responses"]["ApiRateLimited"];
             503: components["responses"]["Unavailable"];
         };
     };
@@ -3398,6 +3440,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["NotPermitted"];
             404: components["responses"]["NotFound"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     getWorkspaceAuditReport: {
@@ -3423,6 +3466,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     transcribeVoice: {
@@ -3488,6 +3532,7 @@ export interface operations {
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             422: components["responses"]["Unprocessable"];
+            429: components["responses"]["ApiRateLimited"];
             502: components["responses"]["BadGateway"];
             503: components["responses"]["TranscriptionNotConfigured"];
             504: components["responses"]["GatewayTimeout"];
@@ -3520,6 +3565,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     createSession: {
@@ -3553,6 +3599,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     getSession: {
@@ -3579,6 +3626,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     archiveSession: {
@@ -3605,6 +3653,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     updateSession: {
@@ -3636,6 +3685,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     listSessionAgents: {
@@ -3662,6 +3712,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     addSessionAgent: {
@@ -3694,6 +3745,7 @@ export interface operations {
             403: components["responses"]["NotPermitted"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     listSessionTasks: {
@@ -3720,6 +3772,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     addSessionTasks: {
@@ -3784,6 +3837,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
             422: components["responses"]["Unprocessable"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     listSessionMessages: {
@@ -3814,6 +3868,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     postSessionMessage: {
@@ -3856,6 +3911,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     listSessionRuns: {
@@ -3887,6 +3943,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     traceSession: {
@@ -3917,6 +3974,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     listRuns: {
@@ -3948,6 +4006,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     rerunRun: {
@@ -3972,6 +4031,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
             422: components["responses"]["Unprocessable"];
+            429: components["responses"]["ApiRateLimited"];
             503: components["responses"]["Unavailable"];
         };
     };
@@ -3999,6 +4059,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     cancelRun: {
@@ -4035,6 +4096,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     receiveCodehostWebhook: {
@@ -4248,6 +4310,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     createApiKey: {
@@ -4276,6 +4339,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     revokeApiKey: {
@@ -4299,6 +4363,7 @@ export interface operations {
             };
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     listWebhookSecrets: {
@@ -4322,6 +4387,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     putWebhookSecret: {
@@ -4352,6 +4418,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     deleteWebhookSecret: {
@@ -4375,6 +4442,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     listWebhookDeliveries: {
@@ -4407,6 +4475,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     getWebhookDelivery: {
@@ -4425,6 +4494,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
     replayWebhookDelivery: {
@@ -4444,6 +4514,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
+            429: components["responses"]["ApiRateLimited"];
         };
     };
 }

@@ -20,6 +20,8 @@ export function serviceEnv(dataDir: string, prefix: string, workspaces = `${data
     SERVICE_WORKSPACE_ROOT: workspaces,
     SERVICE_QUEUE_PREFIX: prefix,
     SERVICE_API_KEYS: `bench:${BENCH_KEY}`,
+    // the load generator is one tenant with one key, far past any production budget
+    SERVICE_API_RATE_LIMIT_PER_MINUTE: '100000000',
     NODE_ENV: 'production',
     SERVICE_STORE: 'sqlite',
     SERVICE_SECRET_KEY: 'ab'.repeat(32),

@@ -37,6 +37,8 @@ export type Config = {
   webhookReplayWindowSeconds: number;
   /** webhook requests one tenant may send per minute, over all kinds; more answer 429 */
   webhookRateLimitPerMinute: number;
+  /** /api/v1 requests a minute: per tenant (SERVICE_API_RATE_LIMIT_PER_MINUTE) and per key (SERVICE_API_KEY_RATE_LIMIT_PER_MINUTE, default the same) */
+  apiRateLimit: { perTenantPerMinute: number; perKeyPerMinute: number };
   logLevel: string;
   /** a worker process's own /metrics and /healthz port (SERVICE_WORKER_METRICS_PORT); unset: none */
   workerMetricsPort: number | undefined;
@@ -257,6 +259,9 @@ const schema = z.object({
   SERVICE_TRANSCRIBE_MAX_SECONDS: int(600, 1, 86_400),
   SERVICE_WEBHOOK_REPLAY_WINDOW_SECONDS: int(300, 1, 86_400),
   SERVICE_WEBHOOK_RATE_LIMIT_PER_MINUTE: int(1200, 1, 10_000_000),
+  SERVICE_API_RATE_LIMIT_PER_MINUTE: int(6000, 1, 100_000_000),
+  // 0: the tenant's figure
+  SERVICE_API_KEY_RATE_LIMIT_PER_MINUTE: int(0, 0, 100_000_000),
   SERVICE_WORKER_METRICS_PORT: int(0, 0, 65535),
   SERVICE_SHUTDOWN_GRACE_SECONDS: int(10, 0, 3600),
   SERVICE_RUN_DEFAULT_BUDGET_SECONDS: int(600, 1, 86_400),
@@ -345,6 +350,10 @@ export function parseEnv(env: Record<string, string | undefined>): Config {
     },
     webhookReplayWindowSeconds: e.SERVICE_WEBHOOK_REPLAY_WINDOW_SECONDS,
     webhookRateLimitPerMinute: e.SERVICE_WEBHOOK_RATE_LIMIT_PER_MINUTE,
+    apiRateLimit: {
+      perTenantPerMinute: e.SERVICE_API_RATE_LIMIT_PER_MINUTE,
+      perKeyPerMinute: e.SERVICE_API_KEY_RATE_LIMIT_PER_MINUTE || e.SERVICE_API_RATE_LIMIT_PER_MINUTE,
+    },
     logLevel: e.LOG_LEVEL,
     workerMetricsPort: e.SERVICE_WORKER_METRICS_PORT || undefined,
     shutdownGraceSeconds: e.SERVICE_SHUTDOWN_GRACE_SECONDS,

@@ -1,5 +1,5 @@
 // The engine: what the service does, with no knowledge of HTTP or of BullMQ's workers.
-import { apiKeysOf } from './auth/index.js';
+import { apiKeysOf, apiRateLimitOf, type ApiRateLimitSettings } from './auth/index.js';
 import type { Platform } from './deps.js';
 import { executorOf, runsOf, tenantRootPath, transitionsOf, type RunLimits, type RunSettings, type TenantSlots } from './runs/index.js';
 import { automationsOf, fileTriggersOf, firesOf, schedulesOf, type TemplateCatalog } from './automations/index.js';
@@ -21,6 +21,7 @@ export type EngineDeps = Platform & {
   settings: RunSettings & WebhookSettings;
   audit: Omit<AuditSettings, 'workspaceRoot' | 'singleTenant'>;
   voice: VoiceSettings;
+  apiRateLimit: ApiRateLimitSettings;
 };
 
 export function createEngine(deps: EngineDeps) {
@@ -115,6 +116,8 @@ export function createEngine(deps: EngineDeps) {
     evidencePacks: evidencePacksOf({ ...deps, ledger: evidence, gates }),
     automations,
     apiKeys: apiKeysOf(deps),
+    /** requests a minute per tenant and per key, shared by every web process */
+    apiRateLimit: apiRateLimitOf(deps, deps.apiRateLimit),
     templates: deps.templates,
     runs,
     sessions,

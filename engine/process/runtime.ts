@@ -202,6 +202,7 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
       secretBox: createSecretBox(secretKey.key),
       signer: signerOf(evidenceKey.key),
       voice: voiceSettingsOf(config, opts, sandbox, log),
+      apiRateLimit: config.apiRateLimit,
     });
     closers.push(() => engine.gates.close());
     closers.push(() => engine.audits.close());

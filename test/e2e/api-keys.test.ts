@@ -117,3 +117,47 @@ describe('api keys', function () {
     expect(json.stdout).not.to.contain('"hash"');
   });
 });
+
+describe('api rate limits', function () {
+  let h: Harness;
+  let other: Harness;
+
+  before(async () => {
+    const limits = { SERVICE_API_RATE_LIMIT_PER_MINUTE: '5', SERVICE_API_KEY_RATE_LIMIT_PER_MINUTE: '3' };
+    h = await startHarness({ workers: false, env: limits });
+    other = await startHarness({
+      workers: false,
+      env: { ...limits, SERVICE_DATA_DIR: h.config.dataDir, SERVICE_WORKSPACE_ROOT: h.workspace, SERVICE_QUEUE_PREFIX: h.config.queuePrefix },
+    });
+  });
+  after(async () => {
+    await other?.close();
+    await h?.close();
+  });
+
+  it('counts requests per key and per tenant across processes, with the draft headers and Retry-After on 429', async () => {
+    const second = await h.rt.engine.apiKeys.create('tenant-a', { source: 'cli' });
+    const first = await h.call<Body>('GET', '/api/v1/runs');
+    expect(first.status).to.equal(200);
+    expect(first.headers.get('ratelimit-policy')).to.equal('"tenant";q=5;w=60, "key";q=3;w=60');
+    expect(first.headers.get('ratelimit')).to.match(/^"key";r=2;t=\d+$/);
+    expect((await other.call('GET', '/api/v1/runs')).headers.get('ratelimit')).to.match(/^"key";r=1;t=/);
+    expect((await h.call('GET', '/api/v1/runs')).status).to.equal(200);
+    const spentKey = await other.call<Body>('GET', '/api/v1/runs');
+    expect(spentKey.status, 'the key is spent, in the other process too').to.equal(429);
+    expect(spentKey.body.code).to.equal('rate-limited');
+    expect(Number(spentKey.headers.get('retry-after'))).to.be.within(1, 60);
+    expect(spentKey.headers.get('ratelimit')).to.match(/^"key";r=0;t=\d+$/);
+
+    // the tenant's budget is shared by its keys: 4 counted so far (a refused request counts too)
+    const viaSecond = await h.call<Body>('GET', '/api/v1/runs', { key: second.key });
+    expect(viaSecond.status).to.equal(200);
+    expect(viaSecond.headers.get('ratelimit')).to.match(/^"tenant";r=0;t=/);
+    const spentTenant = await h.call<Body>('GET', '/api/v1/runs', { key: second.key });
+    expect(spentTenant.status).to.equal(429);
+    expect(spentTenant.headers.get('ratelimit')).to.match(/^"tenant";r=0;/);
+    expect(spentTenant.body.detail).to.contain("tenant's 5 requests a minute");
+
+    expect((await h.call('GET', '/api/v1/runs', { key: KEYS.b })).status, 'another tenant is not touched').to.equal(200);
+  });
+});

@@ -64,6 +64,8 @@ export async function startHarness(opts: { env?: Record<string, string>; runtime
     LOG_LEVEL: 'info',
     SERVICE_WORKSPACE_ROOT: workspace,
     SERVICE_SSE_HEARTBEAT_SECONDS: '1',
+    // tests poll fast; the rate-limit test sets its own
+    SERVICE_API_RATE_LIMIT_PER_MINUTE: '1000000',
     ...opts.env,
   });
   const logs: string[] = [];
