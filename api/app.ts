@@ -5,7 +5,8 @@ import { NotFoundError, type EventHub, type Logger, type Metrics, type Queues, t
 import type { Engine } from '../engine/index.js';
 import type { Store } from '../engine/store/index.js';
 import { adminRouter } from './admin.js';
-import { authenticate, rateLimit } from './auth.js';
+import { authenticate, rateLimit, whoIs } from './auth.js';
+import { corsFor, signInRouter } from './sign-in.js';
 import { docsRouter } from './docs.js';
 import { problemHandler } from './problem.js';
 import { requestLog } from './request-log.js';
@@ -38,6 +39,8 @@ export type AppDeps = {
   docs: boolean;
   /** validate our own responses against the spec too: on in tests */
   validateResponses?: boolean;
+  /** people's sign-in (engine.sso) and the web client's origins */
+  signIn: { corsOrigins: string[]; redirectUrl: string | null; sessionMaxSeconds: number };
 };
 
 export const BODY_LIMIT = '1mb';
@@ -77,7 +80,11 @@ export function createApp(deps: AppDeps): Express {
   app.use(adminRouter({ queues: deps.queues, adminKeys: deps.adminKeys, metrics: deps.metrics }));
 
   // who is calling comes first: an unauthenticated body is never parsed
-  app.use('/api/v1', authenticate({ mode: deps.auth, apiKeys: deps.engine.apiKeys }));
+  // people: sign-in and its session cookie; the web client's origins may call with it (CORS, CSRF rule)
+  const allowedOrigins = [...(deps.signIn.redirectUrl ? [new URL(deps.signIn.redirectUrl).origin] : []), ...deps.signIn.corsOrigins];
+  app.use(signInRouter({ sso: deps.engine.sso, allowedOrigins, ...deps.signIn }));
+  if (deps.signIn.corsOrigins.length) app.use('/api/v1', corsFor(deps.signIn.corsOrigins));
+  app.use('/api/v1', authenticate({ mode: deps.auth, apiKeys: deps.engine.apiKeys, sso: deps.engine.sso, allowedOrigins }));
   app.use('/api/v1', rateLimit(deps.engine.apiRateLimit));
   app.use('/api/v1', express.json({ limit: BODY_LIMIT, type: ['application/json', 'application/*+json'], strict: true }));
   app.use(finiteNumericQuery(spec));
@@ -101,6 +108,7 @@ export function createApp(deps: AppDeps): Express {
   app.use('/api/v1/autonomy', voiceRouter(deps.engine, spec));
   app.use('/api/v1/runs', runsRouter(deps.engine));
   app.use('/api/v1/sessions', sessionsRouter(deps.engine, { hub: deps.hub, heartbeatMs: deps.sseHeartbeatMs, streams }));
+  app.get('/api/v1/me', (req, res) => void res.json(whoIs(req)));
   app.use('/api/v1/api-keys', apiKeysRouter(deps.engine));
   app.use('/api/v1/webhook-secrets', webhookSecretsRouter(deps.engine));
   app.use('/api/v1/webhook-deliveries', webhookDeliveriesRouter(deps.engine));

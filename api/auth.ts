@@ -1,8 +1,18 @@
 // Who is calling. API routes: a tenant's API key (Authorization: Bearer, or X-API-Key), resolved by
-// its hash. Admin routes: one of SERVICE_ADMIN_KEYS, as Bearer or as the password of HTTP Basic so a
+// its hash, or, when sign-in is configured, a person's session cookie (with the CSRF rule of sign-in.ts). Admin routes: one of SERVICE_ADMIN_KEYS, as Bearer or as the password of HTTP Basic so a
 // browser can open the dashboard. SERVICE_AUTH=none makes every API caller the tenant "local".
 import type { Request, RequestHandler } from 'express';
-import { ADMIN_CHALLENGE, adminRefusal, ApiRateLimitedError, isAdminRequest, presentedKeyOf, type ApiKeys, type ApiRateLimit } from '../engine/auth/index.js';
+import {
+  ADMIN_CHALLENGE,
+  adminRefusal,
+  ApiRateLimitedError,
+  isAdminRequest,
+  presentedKeyOf,
+  type ApiKeys,
+  type ApiRateLimit,
+  type Sso,
+} from '../engine/auth/index.js';
+import { assertSameOrigin, cookiesOf, SESSION_COOKIE } from './sign-in.js';
 import { UnauthorizedError } from '../engine/platform/index.js';
 import { bindToRequestLog } from './request-log.js';
 
@@ -24,20 +34,36 @@ export function tenantOf(req: Request): string {
   return req.tenantId;
 }
 
-export function authenticate(opts: { mode: 'required' | 'none'; apiKeys: ApiKeys }): RequestHandler {
+export function authenticate(opts: { mode: 'required' | 'none'; apiKeys: ApiKeys; sso: Sso | null; allowedOrigins: string[] }): RequestHandler {
   return async (req, _res, next) => {
     if (opts.mode === 'none') {
       req.tenantId = LOCAL_TENANT;
       return next();
     }
     const key = presentedKeyOf(req.headers, { basic: false });
-    if (!key) throw new UnauthorizedError('send an API key as "Authorization: Bearer <key>" or "X-API-Key: <key>"');
-    const record = await opts.apiKeys.resolve(key);
-    if (!record) throw new UnauthorizedError('the API key is not valid (unknown, revoked or expired)');
-    req.tenantId = record.tenant_id;
-    req.apiKeyId = record.id;
-    bindToRequestLog(req, { tenant_id: record.tenant_id, key_id: record.id });
-    next();
+    if (key) {
+      const record = await opts.apiKeys.resolve(key);
+      if (!record) throw new UnauthorizedError('the API key is not valid (unknown, revoked or expired)');
+      req.tenantId = record.tenant_id;
+      req.apiKeyId = record.id;
+      bindToRequestLog(req, { tenant_id: record.tenant_id, key_id: record.id });
+      return next();
+    }
+    const sessionId = opts.sso ? cookiesOf(req)[SESSION_COOKIE] : undefined;
+    if (sessionId) {
+      const signedIn = await opts.sso!.resolve(sessionId);
+      if (!signedIn) throw new UnauthorizedError('the session has ended; sign in again at /auth/login');
+      assertSameOrigin(req, opts.allowedOrigins);
+      req.tenantId = signedIn.tenant_id;
+      req.signedIn = signedIn;
+      bindToRequestLog(req, { tenant_id: signedIn.tenant_id, sub: signedIn.sub });
+      return next();
+    }
+    throw new UnauthorizedError(
+      opts.sso
+        ? 'send an API key as "Authorization: Bearer <key>" or "X-API-Key: <key>", or sign in at /auth/login'
+        : 'send an API key as "Authorization: Bearer <key>" or "X-API-Key: <key>"',
+    );
   };
 }
 
@@ -51,12 +77,24 @@ export function rateLimit(limits: ApiRateLimit): RequestHandler {
   const policy = limits.policies.map((p) => `"${p.policy}";q=${p.limit};w=${p.windowSeconds}`).join(', ');
   return async (req, res, next) => {
     res.setHeader('RateLimit-Policy', policy);
-    const state = await limits.consume(tenantOf(req), req.apiKeyId ?? null).catch((err: unknown) => {
+    const state = await limits.consume(tenantOf(req), req.apiKeyId ?? (req.signedIn ? `person:${req.signedIn.sub}` : null)).catch((err: unknown) => {
       if (err instanceof ApiRateLimitedError) res.setHeader('RateLimit', `"${err.state.policy}";r=0;t=${err.state.resetSeconds}`);
       throw err;
     });
     res.setHeader('RateLimit', `"${state.policy}";r=${state.remaining};t=${state.resetSeconds}`);
     next();
+  };
+}
+
+/** GET /api/v1/me: who the request is, and how it proved it. */
+export function whoIs(req: Request) {
+  const person = req.signedIn;
+  return {
+    tenant_id: tenantOf(req),
+    auth: person ? ('session' as const) : req.apiKeyId ? ('api_key' as const) : ('none' as const),
+    api_key_id: req.apiKeyId ?? null,
+    user: person ? { sub: person.sub, email: person.email, name: person.name } : null,
+    session_expires_at: person?.expires_at ?? null,
   };
 }
 

@@ -4,6 +4,95 @@
  */
 
 export interface paths {
+    "/auth/login": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Sign in with the organisation's identity provider
+         * @description Starts OpenID Connect's authorization code flow with PKCE (when SERVICE_OIDC_* are set; 404
+         *     otherwise): redirects to the identity provider, and binds the attempt to this browser with a
+         *     short-lived `__Host-sign-in` cookie. `return_to` is a path of this service or a page of an origin in
+         *     SERVICE_CORS_ORIGINS; anything else is a 400.
+         */
+        get: operations["signIn"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/auth/callback": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Where the identity provider sends the browser back
+         * @description Checks the state against the browser's cookie and the login started here (each used once), then
+         *     lets openid-client exchange the code (PKCE) and check the ID token (signature, issuer, audience,
+         *     expiry, nonce). The tenant comes from the SERVICE_OIDC_TENANT_CLAIM claim, through
+         *     SERVICE_OIDC_TENANT_MAP when it is set; an account with none, or outside
+         *     SERVICE_OIDC_ALLOWED_EMAIL_DOMAINS, is refused (403 `sign-in-refused`). Success sets a new
+         *     `__Host-session` cookie (HttpOnly, Secure, SameSite=Lax) and redirects to `return_to`, or to
+         *     `/api/v1/me`.
+         */
+        get: operations["signInCallback"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/auth/logout": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * End the session
+         * @description Ends the session in every process at once and clears its cookie. From a browser it needs an allowed `Origin` (the CSRF rule).
+         */
+        post: operations["signOut"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/me": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Who is calling
+         * @description The tenant, how the request was authenticated (API key or session), the person and when their session ends.
+         */
+        get: operations["whoAmI"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/healthz": {
         parameters: {
             query?: never;
@@ -1196,7 +1285,7 @@ export interface components {
             detail?: string;
             instance?: string;
             /** @enum {string} */
-            code: "task-graph-invalid" | "gate-set-invalid" | "tool-not-permitted" | "network-not-permitted" | "path-not-permitted" | "bad-request" | "validation-failed" | "malformed-json" | "unauthorized" | "not-found" | "method-not-allowed" | "conflict" | "agent-not-configured" | "idempotency-key-reused" | "payload-too-large" | "unsupported-media-type" | "unavailable" | "internal" | "unsupported-audio" | "audio-invalid" | "audio-too-long" | "transcription-provider-error" | "transcription-not-configured" | "transcription-timeout" | "webhook-signature-missing" | "webhook-signature-invalid" | "webhook-timestamp-outside-window" | "webhook-not-configured" | "webhook-replay" | "webhook-payload-invalid" | "rate-limited";
+            code: "task-graph-invalid" | "gate-set-invalid" | "tool-not-permitted" | "network-not-permitted" | "path-not-permitted" | "bad-request" | "validation-failed" | "malformed-json" | "unauthorized" | "not-found" | "method-not-allowed" | "conflict" | "agent-not-configured" | "idempotency-key-reused" | "payload-too-large" | "unsupported-media-type" | "unavailable" | "internal" | "unsupported-audio" | "audio-invalid" | "audio-too-long" | "transcription-provider-error" | "transcription-not-configured" | "transcription-timeout" | "sign-in-refused" | "csrf-refused" | "webhook-signature-missing" | "webhook-signature-invalid" | "webhook-timestamp-outside-window" | "webhook-not-configured" | "webhook-replay" | "webhook-payload-invalid" | "rate-limited";
             request_id: string;
             errors?: {
                 /** @description JSON pointer to the bad field, prefixed by where it was (`/body`, `/query`, `/path`). */
@@ -1207,6 +1296,19 @@ export interface components {
         WebhookSecretPut: {
             /** @description One secret, or two while rotating (new first). */
             secrets: string[];
+        };
+        Me: {
+            tenant_id: string;
+            /** @enum {string} */
+            auth: "api_key" | "session" | "none";
+            api_key_id: string | null;
+            user: {
+                sub: string;
+                email: string | null;
+                name: string | null;
+            } | null;
+            /** Format: date-time */
+            session_expires_at: string | null;
         };
         ApiKey: {
             id: string;
@@ -2794,6 +2896,104 @@ export interface components {
 }
 export type $defs = Record<string, never>;
 export interface operations {
+    signIn: {
+        parameters: {
+            query?: {
+                return_to?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description To the identity provider. */
+            302: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["BadRequest"];
+            404: components["responses"]["NotFound"];
+        };
+    };
+    signInCallback: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Signed in. */
+            302: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description The sign-in was refused (`sign-in-refused`); the detail says why, never with a token. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    signOut: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Signed out. */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description A cross-site request (`csrf-refused`). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    whoAmI: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The caller. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Me"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            429: components["responses"]["ApiRateLimited"];
+        };
+    };
     getHealth: {
         parameters: {
             query?: never;

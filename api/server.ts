@@ -27,6 +27,7 @@ export async function startWebServer(rt: Runtime, opts: { port?: number; host?: 
     adminKeys: config.adminKeys,
     docs: !config.isProduction,
     validateResponses: opts.validateResponses,
+    signIn: { corsOrigins: config.corsOrigins, redirectUrl: config.oidc?.redirectUrl ?? null, sessionMaxSeconds: config.sessions.maxSeconds },
   });
   const port = opts.port ?? config.port;
   const server = opts.host ? app.listen(port, opts.host) : app.listen(port);

@@ -39,6 +39,12 @@ export type Config = {
   webhookRateLimitPerMinute: number;
   /** /api/v1 requests a minute: per tenant (SERVICE_API_RATE_LIMIT_PER_MINUTE) and per key (SERVICE_API_KEY_RATE_LIMIT_PER_MINUTE, default the same) */
   apiRateLimit: { perTenantPerMinute: number; perKeyPerMinute: number };
+  /** people's sign-in (SERVICE_OIDC_*); null: API keys only */
+  oidc: OidcConfig | null;
+  /** cookie sessions' idle and absolute lifetimes */
+  sessions: { idleSeconds: number; maxSeconds: number };
+  /** web origins that may call the API from a browser, with cookies (SERVICE_CORS_ORIGINS) */
+  corsOrigins: string[];
   logLevel: string;
   /** a worker process's own /metrics and /healthz port (SERVICE_WORKER_METRICS_PORT); unset: none */
   workerMetricsPort: number | undefined;
@@ -63,6 +69,19 @@ export type Config = {
 };
 
 /** Voice transcription: `openai` is any OpenAI-compatible /audio/transcriptions endpoint; `local` runs on this machine. */
+export type OidcConfig = {
+  issuer: string;
+  clientId: string;
+  clientSecret: string;
+  redirectUrl: string;
+  /** the ID token claim that names the tenant */
+  tenantClaim: string;
+  /** claim value to tenant; a value not in a non-empty map is refused */
+  tenantMap: Record<string, string>;
+  /** when set, only people whose verified email is in one of these domains */
+  allowedEmailDomains: string[];
+};
+
 export type TranscribeConfig = {
   provider: 'openai' | 'local' | undefined;
   baseUrl: string | undefined;
@@ -260,6 +279,22 @@ const schema = z.object({
   SERVICE_WEBHOOK_REPLAY_WINDOW_SECONDS: int(300, 1, 86_400),
   SERVICE_WEBHOOK_RATE_LIMIT_PER_MINUTE: int(1200, 1, 10_000_000),
   SERVICE_API_RATE_LIMIT_PER_MINUTE: int(6000, 1, 100_000_000),
+  SERVICE_OIDC_ISSUER: url(['http:', 'https:']),
+  SERVICE_OIDC_CLIENT_ID: optionalText,
+  SERVICE_OIDC_CLIENT_SECRET: optionalText,
+  SERVICE_OIDC_REDIRECT_URL: url(['http:', 'https:']),
+  SERVICE_OIDC_TENANT_CLAIM: optionalText,
+  SERVICE_OIDC_TENANT_MAP: list.refine(
+    (pairs) => pairs.every((p) => /^[^:]+:[A-Za-z0-9_-]{1,64}$/.test(p)),
+    'expected claim-value:tenant pairs separated by commas',
+  ),
+  SERVICE_OIDC_ALLOWED_EMAIL_DOMAINS: list,
+  SERVICE_SESSION_IDLE_SECONDS: int(8 * 3600, 60, 30 * 86_400),
+  SERVICE_SESSION_MAX_SECONDS: int(7 * 86_400, 60, 365 * 86_400),
+  SERVICE_CORS_ORIGINS: list.refine(
+    (origins) => origins.every((o) => /^https?:\/\/[^/\s]+$/.test(o)),
+    'expected origins such as https://app.example.com, separated by commas',
+  ),
   // 0: the tenant's figure
   SERVICE_API_KEY_RATE_LIMIT_PER_MINUTE: int(0, 0, 100_000_000),
   SERVICE_WORKER_METRICS_PORT: int(0, 0, 65535),
@@ -307,6 +342,12 @@ export function parseEnv(env: Record<string, string | undefined>): Config {
     );
   if (e.SERVICE_TRANSCRIBE_PROVIDER === 'openai' && !e.SERVICE_TRANSCRIBE_API_KEY)
     problems.push('SERVICE_TRANSCRIBE_API_KEY: required when SERVICE_TRANSCRIBE_PROVIDER=openai');
+  const oidcSet = [e.SERVICE_OIDC_ISSUER, e.SERVICE_OIDC_CLIENT_ID, e.SERVICE_OIDC_CLIENT_SECRET, e.SERVICE_OIDC_REDIRECT_URL];
+  if (oidcSet.some(Boolean) && !oidcSet.every(Boolean))
+    problems.push('SERVICE_OIDC_ISSUER, SERVICE_OIDC_CLIENT_ID, SERVICE_OIDC_CLIENT_SECRET, SERVICE_OIDC_REDIRECT_URL: set all four for sign-in, or none');
+  if (isProduction && e.SERVICE_OIDC_ISSUER?.startsWith('http:')) problems.push('SERVICE_OIDC_ISSUER: must be https when NODE_ENV=production');
+  if (e.SERVICE_SESSION_IDLE_SECONDS > e.SERVICE_SESSION_MAX_SECONDS)
+    problems.push('SERVICE_SESSION_IDLE_SECONDS: must not exceed SERVICE_SESSION_MAX_SECONDS');
   if (problems.length) throw new ConfigError(problems);
   return {
     nodeEnv: e.NODE_ENV,
@@ -350,6 +391,19 @@ export function parseEnv(env: Record<string, string | undefined>): Config {
     },
     webhookReplayWindowSeconds: e.SERVICE_WEBHOOK_REPLAY_WINDOW_SECONDS,
     webhookRateLimitPerMinute: e.SERVICE_WEBHOOK_RATE_LIMIT_PER_MINUTE,
+    oidc: oidcSet.every(Boolean)
+      ? {
+          issuer: e.SERVICE_OIDC_ISSUER!,
+          clientId: e.SERVICE_OIDC_CLIENT_ID!,
+          clientSecret: e.SERVICE_OIDC_CLIENT_SECRET!,
+          redirectUrl: e.SERVICE_OIDC_REDIRECT_URL!,
+          tenantClaim: e.SERVICE_OIDC_TENANT_CLAIM ?? 'org_id',
+          tenantMap: Object.fromEntries(e.SERVICE_OIDC_TENANT_MAP.map((p) => [p.slice(0, p.lastIndexOf(':')), p.slice(p.lastIndexOf(':') + 1)])),
+          allowedEmailDomains: e.SERVICE_OIDC_ALLOWED_EMAIL_DOMAINS.map((d) => d.toLowerCase()),
+        }
+      : null,
+    sessions: { idleSeconds: e.SERVICE_SESSION_IDLE_SECONDS, maxSeconds: e.SERVICE_SESSION_MAX_SECONDS },
+    corsOrigins: e.SERVICE_CORS_ORIGINS,
     apiRateLimit: {
       perTenantPerMinute: e.SERVICE_API_RATE_LIMIT_PER_MINUTE,
       perKeyPerMinute: e.SERVICE_API_KEY_RATE_LIMIT_PER_MINUTE || e.SERVICE_API_RATE_LIMIT_PER_MINUTE,

@@ -1,5 +1,5 @@
 // The engine: what the service does, with no knowledge of HTTP or of BullMQ's workers.
-import { apiKeysOf, apiRateLimitOf, type ApiRateLimitSettings } from './auth/index.js';
+import { apiKeysOf, apiRateLimitOf, ssoOf, type ApiRateLimitSettings, type SsoSettings } from './auth/index.js';
 import type { Platform } from './deps.js';
 import { executorOf, runsOf, tenantRootPath, transitionsOf, type RunLimits, type RunSettings, type TenantSlots } from './runs/index.js';
 import { automationsOf, fileTriggersOf, firesOf, schedulesOf, type TemplateCatalog } from './automations/index.js';
@@ -22,6 +22,8 @@ export type EngineDeps = Platform & {
   audit: Omit<AuditSettings, 'workspaceRoot' | 'singleTenant'>;
   voice: VoiceSettings;
   apiRateLimit: ApiRateLimitSettings;
+  /** people's sign-in; null: API keys only */
+  sso: SsoSettings | null;
 };
 
 export function createEngine(deps: EngineDeps) {
@@ -118,6 +120,8 @@ export function createEngine(deps: EngineDeps) {
     apiKeys: apiKeysOf(deps),
     /** requests a minute per tenant and per key, shared by every web process */
     apiRateLimit: apiRateLimitOf(deps, deps.apiRateLimit),
+    /** OpenID Connect sign-in and cookie sessions, when configured */
+    sso: deps.sso ? ssoOf(deps, deps.sso) : null,
     templates: deps.templates,
     runs,
     sessions,

@@ -2,3 +2,4 @@
 export * from './api-keys.js';
 export * from './admin.js';
 export * from './rate-limit.js';
+export * from './sso.js';

@@ -17,6 +17,8 @@ export const ERROR_STATUS = {
   'tool-not-permitted': 403,
   'network-not-permitted': 403,
   'path-not-permitted': 403,
+  'sign-in-refused': 403,
+  'csrf-refused': 403,
   'not-found': 404,
   'method-not-allowed': 405,
   conflict: 409,

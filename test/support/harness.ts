@@ -51,7 +51,9 @@ export function uniquePrefix(): string {
   return `test-${randomBytes(6).toString('hex')}`;
 }
 
-export async function startHarness(opts: { env?: Record<string, string>; runtime?: RuntimeOptions; workers?: boolean } = {}): Promise<Harness> {
+export async function startHarness(
+  opts: { env?: Record<string, string>; runtime?: RuntimeOptions; workers?: boolean; /** the web server's port (default: any free one) */ port?: number } = {},
+): Promise<Harness> {
   const dataDir = await fs.mkdtemp(path.join(os.tmpdir(), 'svc-test-'));
   const workspace = path.join(dataDir, 'workspace');
   await fs.mkdir(workspace);
@@ -78,7 +80,7 @@ export async function startHarness(opts: { env?: Record<string, string>; runtime
   const log = createLogger(config.logLevel, sink);
   const rt = await openRuntime(config, log, { servesApi: true, ...opts.runtime });
   const workers = opts.workers === false ? { workers: [], close: async () => {} } : await startWorkers(rt);
-  const web = await startWebServer(rt, { port: 0, host: '127.0.0.1', validateResponses: true });
+  const web = await startWebServer(rt, { port: opts.port ?? 0, host: '127.0.0.1', validateResponses: true });
 
   async function call<T>(method: string, p: string, o: CallOptions = {}): Promise<Reply<T>> {
     const headers: Record<string, string> = { ...o.headers };

@@ -1,0 +1,133 @@
+// People in a browser: /auth/login, /auth/callback and /auth/logout (OpenID Connect, engine/auth/sso.ts),
+// the session cookie they leave, the CSRF rule for requests that cookie authenticates, and CORS for
+// the web client's origins.
+import cors from 'cors';
+import { Router, type Request, type RequestHandler, type Response } from 'express';
+import type { SignedIn, Sso } from '../engine/auth/index.js';
+import { AppError, NotFoundError, ValidationError } from '../engine/platform/index.js';
+
+/** The session's cookie: `__Host-` so only this origin over HTTPS can set it, for every path. */
+export const SESSION_COOKIE = '__Host-session';
+/** Binds a sign-in's callback to the browser that started it. */
+const STATE_COOKIE = '__Host-sign-in';
+
+export class CsrfRefusedError extends AppError {
+  readonly code = 'csrf-refused';
+}
+
+export type SignInOptions = {
+  sso: Sso | null;
+  /** the service's own origin (its redirect URL's) and the web client's (SERVICE_CORS_ORIGINS) */
+  allowedOrigins: string[];
+  corsOrigins: string[];
+  redirectUrl: string | null;
+  sessionMaxSeconds: number;
+};
+
+declare global {
+  namespace Express {
+    interface Request {
+      /** the signed-in person a session cookie opened */
+      signedIn?: SignedIn;
+    }
+  }
+}
+
+export function cookiesOf(req: Request): Record<string, string> {
+  const out: Record<string, string> = Object.create(null);
+  for (const part of (req.headers.cookie ?? '').split(';')) {
+    const at = part.indexOf('=');
+    if (at > 0) out[part.slice(0, at).trim()] = decodeURIComponent(part.slice(at + 1).trim());
+  }
+  return out;
+}
+
+function setCookie(res: Response, name: string, value: string, maxAgeSeconds: number): void {
+  res.append('Set-Cookie', `${name}=${encodeURIComponent(value)}; Path=/; HttpOnly; Secure; SameSite=Lax; Max-Age=${maxAgeSeconds}`);
+}
+
+const SAFE_METHODS = new Set(['GET', 'HEAD', 'OPTIONS']);
+
+/**
+ * A cookie rides along on any request the browser makes, a forged cross-site form's too: a request
+ * that changes something and is authenticated by the cookie must show where it came from. `Origin` must
+ * be one of ours; without it, `Sec-Fetch-Site` must be same-origin; with neither it is refused. Requests
+ * with an API key carry no ambient credential and are exempt.
+ */
+export function assertSameOrigin(req: Request, allowedOrigins: string[]): void {
+  if (SAFE_METHODS.has(req.method)) return;
+  const origin = req.headers.origin;
+  if (origin) {
+    if (allowedOrigins.includes(origin)) return;
+    throw new CsrfRefusedError(`a request from ${origin} cannot use this session; call from an allowed origin or with an API key`);
+  }
+  if (req.headers['sec-fetch-site'] === 'same-origin') return;
+  throw new CsrfRefusedError('a request authenticated by the session cookie must come from an allowed origin (Origin or Sec-Fetch-Site)');
+}
+
+/** CORS for the web client's origins only: with credentials, and the headers a client reads. */
+export function corsFor(origins: string[]): RequestHandler {
+  return cors({
+    origin: (origin, done) => done(null, origin !== undefined && origins.includes(origin)),
+    credentials: true,
+    exposedHeaders: ['Location', 'X-Request-Id', 'RateLimit', 'RateLimit-Policy', 'Retry-After', 'Idempotent-Replayed'],
+    maxAge: 600,
+  });
+}
+
+/** Where a sign-in may send the browser back to: a path of this service, or a page of an allowed origin. */
+function returnToOf(raw: unknown, allowedOrigins: string[]): string | null {
+  if (raw === undefined || raw === '') return null;
+  if (typeof raw !== 'string') throw new ValidationError('return_to must be one URL', [{ path: '/query/return_to', message: 'one value' }]);
+  if (raw.startsWith('/') && !raw.startsWith('//') && !raw.startsWith('/\\')) return raw;
+  let url: URL;
+  try {
+    url = new URL(raw);
+  } catch {
+    throw new ValidationError('return_to is not a URL', [{ path: '/query/return_to', message: 'a path of this service or a URL of an allowed origin' }]);
+  }
+  if (!allowedOrigins.includes(url.origin))
+    throw new ValidationError('return_to is not an allowed origin', [{ path: '/query/return_to', message: `${url.origin} is not in SERVICE_CORS_ORIGINS` }]);
+  return url.href;
+}
+
+export function signInRouter(o: SignInOptions): Router {
+  const router = Router();
+  if (o.corsOrigins.length) router.use('/auth', corsFor(o.corsOrigins));
+  const sso = () => {
+    if (!o.sso)
+      throw new NotFoundError(
+        'sign-in is not configured here (SERVICE_OIDC_ISSUER, SERVICE_OIDC_CLIENT_ID, SERVICE_OIDC_CLIENT_SECRET, SERVICE_OIDC_REDIRECT_URL)',
+      );
+    return o.sso;
+  };
+
+  router.get('/auth/login', async (req, res) => {
+    const returnTo = returnToOf(req.query.return_to, o.allowedOrigins);
+    const started = await sso().login(returnTo);
+    setCookie(res, STATE_COOKIE, started.state, 600);
+    res.redirect(302, started.url);
+  });
+
+  router.get('/auth/callback', async (req, res) => {
+    // the URL the provider redirected to, as registered (a proxy in front may have changed host or scheme)
+    const current = new URL(o.redirectUrl!);
+    current.search = new URL(req.originalUrl, 'http://callback').search;
+    const done = await sso().callback(current, cookiesOf(req)[STATE_COOKIE]);
+    setCookie(res, STATE_COOKIE, '', 0);
+    setCookie(res, SESSION_COOKIE, done.sessionId, o.sessionMaxSeconds);
+    res.redirect(302, done.returnTo ?? '/api/v1/me');
+  });
+
+  router.post('/auth/logout', async (req, res) => {
+    const id = cookiesOf(req)[SESSION_COOKIE];
+    if (id && o.sso) {
+      assertSameOrigin(req, o.allowedOrigins);
+      await o.sso.logout(id);
+    }
+    setCookie(res, SESSION_COOKIE, '', 0);
+    res.status(204).end();
+  });
+
+  return router;
+}

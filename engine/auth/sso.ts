@@ -1,0 +1,165 @@
+// People's sign-in: OpenID Connect's authorization code flow with PKCE (openid-client: discovery, the
+// token exchange, the ID token's signature, issuer, audience, expiry and nonce), a tenant read from a
+// claim, and server-side sessions in Redis. A session's id lives only in the browser's cookie; Redis
+// keeps its sha256. Everything a login needs between the redirect and the callback is kept in Redis
+// under its state, used once.
+import { createHash, randomBytes } from 'node:crypto';
+import * as oidc from 'openid-client';
+import type { OidcConfig } from '../../config/env.js';
+import { AppError, type Clock, type Logger, type Queues, type Redis } from '../platform/index.js';
+
+/** A sign-in that cannot be completed: said to the person, logged without tokens. */
+export class SignInRefusedError extends AppError {
+  readonly code = 'sign-in-refused';
+}
+
+/** The signed-in person, as a request sees them. */
+export type SignedIn = {
+  sub: string;
+  email: string | null;
+  name: string | null;
+  tenant_id: string;
+  /** the claim's value the tenant was read from: a changed mapping ends the session */
+  tenant_claim: string;
+  created_at: string;
+  /** the absolute end; idle sessions end sooner */
+  expires_at: string;
+};
+
+export type SsoSettings = OidcConfig & { idleSeconds: number; maxSeconds: number; allowInsecureIssuer: boolean };
+
+const LOGIN_SECONDS = 600;
+const sha256 = (s: string) => createHash('sha256').update(s).digest('hex');
+
+export function ssoOf(deps: { redis: Redis; queues: Queues; clock: Clock; log: Logger }, s: SsoSettings) {
+  const { redis, clock, log } = deps;
+  const loginKey = (state: string) => `${deps.queues.prefix}:sso-login:${sha256(state)}`;
+  const sessionKey = (id: string) => `${deps.queues.prefix}:sso-session:${sha256(id)}`;
+  let discovered: Promise<oidc.Configuration> | undefined;
+
+  /** The issuer's configuration, discovered on first use (the IdP may start after the service); a failure is tried again next time. */
+  function configuration(): Promise<oidc.Configuration> {
+    discovered ??= oidc
+      .discovery(new URL(s.issuer), s.clientId, s.clientSecret, undefined, s.allowInsecureIssuer ? { execute: [oidc.allowInsecureRequests] } : undefined)
+      .catch((err: Error) => {
+        discovered = undefined;
+        log.warn({ issuer: s.issuer, err: err.message }, 'OpenID Connect discovery failed');
+        throw new SignInRefusedError('the identity provider cannot be reached; try again shortly');
+      });
+    return discovered;
+  }
+
+  /** The tenant the claim's value names, or why there is none. */
+  function tenantOf(claims: Record<string, unknown>): { tenant: string; claim: string } {
+    const raw = claims[s.tenantClaim];
+    const value = typeof raw === 'string' ? raw : typeof raw === 'number' ? String(raw) : null;
+    if (!value) throw new SignInRefusedError(`your account has no ${s.tenantClaim} claim; ask an administrator to give you a tenant`);
+    const mapped = Object.keys(s.tenantMap).length ? s.tenantMap[value] : value;
+    if (!mapped || !/^[A-Za-z0-9_-]{1,64}$/.test(mapped))
+      throw new SignInRefusedError(`${s.tenantClaim} "${value}" is not a tenant of this service; ask an administrator to map it`);
+    return { tenant: mapped, claim: value };
+  }
+
+  return {
+    /** Starts a sign-in: where to send the browser, and the state its cookie binds to it. */
+    async login(returnTo: string | null): Promise<{ url: string; state: string }> {
+      const config = await configuration();
+      const state = oidc.randomState();
+      const nonce = oidc.randomNonce();
+      const verifier = oidc.randomPKCECodeVerifier();
+      await redis.set(loginKey(state), JSON.stringify({ nonce, verifier, return_to: returnTo }), 'EX', LOGIN_SECONDS);
+      const url = oidc.buildAuthorizationUrl(config, {
+        redirect_uri: s.redirectUrl,
+        scope: 'openid email profile',
+        state,
+        nonce,
+        code_challenge: await oidc.calculatePKCECodeChallenge(verifier),
+        code_challenge_method: 'S256',
+      });
+      return { url: url.href, state };
+    },
+
+    /**
+     * Completes a sign-in from the callback URL. The state must match the browser's cookie and a login
+     * started here (each is used once: a replayed callback finds nothing); openid-client checks the
+     * code exchange, PKCE, nonce and the ID token. Answers the new session's id and where to go.
+     */
+    async callback(currentUrl: URL, cookieState: string | undefined): Promise<{ sessionId: string; session: SignedIn; returnTo: string | null }> {
+      const state = currentUrl.searchParams.get('state');
+      if (currentUrl.searchParams.get('error')) throw new SignInRefusedError(`the identity provider refused: ${currentUrl.searchParams.get('error')}`);
+      if (!state || !cookieState || state !== cookieState) throw new SignInRefusedError('this sign-in was not started in this browser; start again');
+      const saved = await redis.getdel(loginKey(state));
+      if (!saved) throw new SignInRefusedError('this sign-in has expired or was already used; start again');
+      const login = JSON.parse(saved) as { nonce: string; verifier: string; return_to: string | null };
+      const config = await configuration();
+      let claims: Record<string, unknown>;
+      try {
+        const tokens = await oidc.authorizationCodeGrant(config, currentUrl, {
+          pkceCodeVerifier: login.verifier,
+          expectedState: state,
+          expectedNonce: login.nonce,
+          idTokenExpected: true,
+        });
+        claims = (tokens.claims() ?? {}) as Record<string, unknown>;
+      } catch (err) {
+        // the reason names the check, never a token
+        log.warn({ issuer: s.issuer, reason: (err as { code?: string }).code ?? (err as Error).name, err: (err as Error).message }, 'sign-in refused');
+        throw new SignInRefusedError('the identity provider’s answer did not check out; start again');
+      }
+      const email = typeof claims.email === 'string' ? claims.email.toLowerCase() : null;
+      if (s.allowedEmailDomains.length) {
+        const domain = email?.split('@')[1];
+        if (!email || claims.email_verified === false || !domain || !s.allowedEmailDomains.includes(domain))
+          throw new SignInRefusedError('your email domain may not sign in here');
+      }
+      const { tenant, claim } = tenantOf(claims);
+      const now = clock.now();
+      const session: SignedIn = {
+        sub: String(claims.sub),
+        email,
+        name: typeof claims.name === 'string' ? claims.name : null,
+        tenant_id: tenant,
+        tenant_claim: claim,
+        created_at: now.toISOString(),
+        expires_at: new Date(now.getTime() + s.maxSeconds * 1000).toISOString(),
+      };
+      // a new id at every sign-in: nothing a browser held before opens this session
+      const sessionId = randomBytes(32).toString('base64url');
+      await redis.set(sessionKey(sessionId), JSON.stringify(session), 'EX', Math.min(s.idleSeconds, s.maxSeconds));
+      log.info({ tenant_id: tenant, sub: session.sub }, 'signed in');
+      return { sessionId, session, returnTo: login.return_to };
+    },
+
+    /**
+     * The person a session cookie opens, or null: ended, idle too long, past its absolute end, or its
+     * tenant no longer what the mapping says (then it is ended here). Each use restarts the idle clock.
+     */
+    async resolve(sessionId: string): Promise<SignedIn | null> {
+      const key = sessionKey(sessionId);
+      const raw = await redis.get(key);
+      if (!raw) return null;
+      const session = JSON.parse(raw) as SignedIn;
+      const now = clock.now().getTime();
+      const left = Math.floor((Date.parse(session.expires_at) - now) / 1000);
+      let tenantNow: string | null;
+      try {
+        tenantNow = tenantOf({ [s.tenantClaim]: session.tenant_claim }).tenant;
+      } catch {
+        tenantNow = null;
+      }
+      if (left <= 0 || tenantNow !== session.tenant_id) {
+        await redis.del(key);
+        if (tenantNow !== session.tenant_id) log.info({ tenant_id: session.tenant_id, sub: session.sub }, 'session ended: the tenant mapping changed');
+        return null;
+      }
+      await redis.expire(key, Math.min(s.idleSeconds, left));
+      return session;
+    },
+
+    async logout(sessionId: string): Promise<void> {
+      await redis.del(sessionKey(sessionId));
+    },
+  };
+}
+
+export type Sso = ReturnType<typeof ssoOf>;

@@ -1,0 +1,242 @@
+// People's sign-in against a real OpenID Connect provider on loopback (oidc-provider): the code flow
+// with PKCE, the tenant from a claim, the cookie session on every /api/v1 route, CSRF, CORS, logout,
+// and the refusals (forged state, replayed callback, wrong audience, unknown tenant).
+import { expect } from 'chai';
+import { freePort, startHarness, type Harness } from '../support/harness.js';
+import { startIdp, type Idp } from '../support/idp.js';
+
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+type Body = Record<string, any>;
+
+const WEB_APP = 'https://app.example.com';
+
+/** A browser in miniature: cookies per origin, redirects followed by hand, forms posted. */
+class Browser {
+  private readonly jar = new Map<string, Map<string, string>>();
+  /** every URL visited, in order */
+  readonly visited: string[] = [];
+
+  cookie(origin: string, name: string): string | undefined {
+    return this.jar.get(origin)?.get(name);
+  }
+
+  async fetch(url: string, init: RequestInit = {}): Promise<Response> {
+    const u = new URL(url);
+    const cookies = [...(this.jar.get(u.origin) ?? new Map()).entries()].map(([k, v]) => `${k}=${v}`).join('; ');
+    const res = await fetch(url, {
+      ...init,
+      redirect: 'manual',
+      headers: { ...(init.headers as Record<string, string>), ...(cookies ? { cookie: cookies } : {}) },
+    });
+    this.visited.push(url);
+    for (const line of res.headers.getSetCookie()) {
+      const [pair, ...attrs] = line.split(';');
+      const at = pair!.indexOf('=');
+      const name = pair!.slice(0, at).trim();
+      const value = pair!.slice(at + 1).trim();
+      const jar = this.jar.get(u.origin) ?? new Map<string, string>();
+      this.jar.set(u.origin, jar);
+      if (attrs.some((a) => /^\s*max-age=0\s*$/i.test(a)) || value === '') jar.delete(name);
+      else jar.set(name, value);
+    }
+    return res;
+  }
+
+  /** Follows redirects, and posts the provider's login and consent forms, until a page that is neither. */
+  async navigate(url: string, login: string): Promise<{ url: string; res: Response }> {
+    let next: { url: string; init?: RequestInit } | null = { url };
+    for (let hops = 0; next && hops < 20; hops++) {
+      const res = await this.fetch(next.url, next.init);
+      const location = res.headers.get('location');
+      if (res.status >= 300 && res.status < 400 && location) {
+        next = { url: new URL(location, next.url).href };
+        continue;
+      }
+      const type = res.headers.get('content-type') ?? '';
+      if (!type.includes('text/html')) return { url: next.url, res };
+      const html = await res.text();
+      const action = /<form[^>]*action="([^"]*\/interaction\/[^"]+)"/.exec(html)?.[1];
+      if (!action) return { url: next.url, res: new Response(html, { status: res.status, headers: res.headers }) };
+      // the provider's development pages: a login form, then a consent form, each with a hidden prompt
+      const fields = new URLSearchParams([...html.matchAll(/<input type="hidden" name="([^"]+)" value="([^"]*)"/g)].map((m): [string, string] => [m[1]!, m[2]!]));
+      if (fields.get('prompt') === 'login') {
+        fields.set('login', login);
+        fields.set('password', 'any');
+      }
+      next = { url: new URL(action, next.url).href, init: { method: 'POST', body: fields, headers: { 'content-type': 'application/x-www-form-urlencoded' } } };
+    }
+    throw new Error('too many redirects');
+  }
+}
+
+describe('sign-in with OpenID Connect', function () {
+  this.timeout(30_000);
+  let idp: Idp;
+  let h: Harness;
+  let port: number;
+  const orgs: Record<string, string | undefined> = { alice: 'org-acme', bob: 'org-globex', mallory: 'org-unknown', nobody: undefined };
+
+  before(async () => {
+    port = await freePort();
+    const redirect = `http://127.0.0.1:${port}/auth/callback`;
+    idp = await startIdp({ redirectUri: redirect, orgOf: (login) => orgs[login] });
+    h = await startHarness({
+      workers: false,
+      port,
+      env: {
+        SERVICE_OIDC_ISSUER: idp.issuer,
+        SERVICE_OIDC_CLIENT_ID: idp.clientId,
+        SERVICE_OIDC_CLIENT_SECRET: idp.clientSecret,
+        SERVICE_OIDC_REDIRECT_URL: redirect,
+        SERVICE_OIDC_TENANT_CLAIM: 'org_id',
+        SERVICE_OIDC_TENANT_MAP: 'org-acme:tenant-a,org-globex:tenant-b',
+        SERVICE_CORS_ORIGINS: WEB_APP,
+      },
+    });
+  });
+  after(async () => {
+    await h?.close();
+    await idp?.close();
+  });
+
+  const service = () => `http://127.0.0.1:${port}`;
+
+  it('signs a person in through the provider, into the tenant their claim names, and every route takes the session', async () => {
+    const alice = new Browser();
+    const done = await alice.navigate(`${service()}/auth/login`, 'alice');
+    expect(done.url).to.equal(`${service()}/api/v1/me`);
+    const me = (await done.res.json()) as Body;
+    expect(me).to.deep.include({ tenant_id: 'tenant-a', auth: 'session', api_key_id: null });
+    expect(me.user).to.deep.equal({ sub: 'alice', email: 'alice@example.com', name: 'User alice' });
+    expect(Date.parse(me.session_expires_at)).to.be.greaterThan(Date.now());
+    const session = alice.cookie(service(), '__Host-session');
+    expect(session).to.be.a('string').with.length.greaterThan(30);
+    expect(alice.cookie(service(), '__Host-sign-in'), 'the sign-in cookie is cleared').to.equal(undefined);
+
+    // alice's object, seen by alice and by tenant-a's key; bob, of another tenant, sees none of it
+    const made = await alice.fetch(`${service()}/api/v1/automations`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', origin: service() },
+      body: JSON.stringify({ name: 'made by alice', goal: 'x' }),
+    });
+    expect(made.status, await made.clone().text()).to.equal(201);
+    const id = ((await made.json()) as Body).id;
+    expect((await h.call('GET', `/api/v1/automations/${id}`)).status).to.equal(200);
+    const bob = new Browser();
+    const bobMe = await bob.navigate(`${service()}/auth/login`, 'bob');
+    expect(((await bobMe.res.json()) as Body).tenant_id).to.equal('tenant-b');
+    expect((await bob.fetch(`${service()}/api/v1/automations/${id}`)).status).to.equal(404);
+    const bobList = (await (await bob.fetch(`${service()}/api/v1/automations`)).json()) as Body;
+    expect(bobList.data.map((a: Body) => a.id)).not.to.include(id);
+
+    // signing in again gives a new session id; logging out ends it at once
+    const again = await alice.navigate(`${service()}/auth/login`, 'alice');
+    expect(again.url).to.equal(`${service()}/api/v1/me`);
+    const second = alice.cookie(service(), '__Host-session');
+    expect(second).not.to.equal(session);
+    const out = await alice.fetch(`${service()}/auth/logout`, { method: 'POST', headers: { origin: service() } });
+    expect(out.status).to.equal(204);
+    expect(alice.cookie(service(), '__Host-session')).to.equal(undefined);
+    const stale = await fetch(`${service()}/api/v1/me`, { headers: { cookie: `__Host-session=${second}` } });
+    expect(stale.status).to.equal(401);
+    expect(h.logs.join('\n')).not.to.contain(second!);
+  });
+
+  it('refuses a cross-site request that carries the cookie, and answers the web client’s origin with CORS', async () => {
+    const alice = new Browser();
+    await alice.navigate(`${service()}/auth/login`, 'alice');
+    const post = (origin?: Record<string, string>) =>
+      alice.fetch(`${service()}/api/v1/automations`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', ...origin },
+        body: JSON.stringify({ name: 'csrf?', goal: 'x' }),
+      });
+    const forged = await post({ origin: 'https://evil.example' });
+    expect(forged.status).to.equal(403);
+    expect(((await forged.json()) as Body).code).to.equal('csrf-refused');
+    expect((await post()).status, 'neither Origin nor Sec-Fetch-Site').to.equal(403);
+    expect((await post({ 'sec-fetch-site': 'cross-site' })).status).to.equal(403);
+    expect((await post({ 'sec-fetch-site': 'same-origin' })).status).to.equal(201);
+    const fromApp = await post({ origin: WEB_APP });
+    expect(fromApp.status).to.equal(201);
+    expect(fromApp.headers.get('access-control-allow-origin')).to.equal(WEB_APP);
+    expect(fromApp.headers.get('access-control-allow-credentials')).to.equal('true');
+
+    const preflight = await fetch(`${service()}/api/v1/automations`, {
+      method: 'OPTIONS',
+      headers: { origin: WEB_APP, 'access-control-request-method': 'POST', 'access-control-request-headers': 'content-type' },
+    });
+    expect(preflight.status).to.be.oneOf([200, 204]);
+    expect(preflight.headers.get('access-control-allow-origin')).to.equal(WEB_APP);
+    const evilPreflight = await fetch(`${service()}/api/v1/automations`, {
+      method: 'OPTIONS',
+      headers: { origin: 'https://evil.example', 'access-control-request-method': 'POST' },
+    });
+    expect(evilPreflight.headers.get('access-control-allow-origin')).to.equal(null);
+    // an API key needs no origin: it is no ambient credential
+    expect(
+      (await h.call('POST', '/api/v1/automations', { body: { name: 'with a key', goal: 'x' }, headers: { origin: 'https://evil.example' } })).status,
+    ).to.equal(201);
+  });
+
+  it('refuses a forged state, a replayed callback, an unknown tenant, no tenant claim, and a return_to elsewhere', async () => {
+    // forged: the state in the URL is not the browser's
+    const forged = new Browser();
+    await forged.fetch(`${service()}/auth/login`);
+    const res = await forged.fetch(`${service()}/auth/callback?code=abc&state=not-the-one`);
+    expect(res.status).to.equal(403);
+    expect(((await res.json()) as Body).code).to.equal('sign-in-refused');
+
+    // replayed: the same callback URL, second time
+    const alice = new Browser();
+    await alice.navigate(`${service()}/auth/login`, 'alice');
+    const callback = alice.visited.find((u) => u.startsWith(`${service()}/auth/callback?`))!;
+    const replay = new Browser();
+    const replayed = await replay.fetch(callback, { headers: { cookie: `__Host-sign-in=${new URL(callback).searchParams.get('state')}` } });
+    expect(replayed.status).to.equal(403);
+    expect(((await replayed.json()) as Body).detail).to.contain('expired or was already used');
+
+    for (const login of ['mallory', 'nobody']) {
+      const b = new Browser();
+      const refused = await b.navigate(`${service()}/auth/login`, login);
+      expect(refused.res.status, login).to.equal(403);
+      const problem = (await refused.res.json()) as Body;
+      expect(problem.code).to.equal('sign-in-refused');
+      expect(problem.detail).to.match(login === 'mallory' ? /not a tenant of this service/ : /no org_id claim/);
+      expect(b.cookie(service(), '__Host-session')).to.equal(undefined);
+    }
+
+    const elsewhere = await fetch(`${service()}/auth/login?return_to=${encodeURIComponent('https://evil.example/steal')}`, { redirect: 'manual' });
+    expect(elsewhere.status).to.equal(400);
+    const ok = await fetch(`${service()}/auth/login?return_to=${encodeURIComponent(`${WEB_APP}/home`)}`, { redirect: 'manual' });
+    expect(ok.status).to.equal(302);
+    expect(h.logs.join('\n')).not.to.match(/eyJ[A-Za-z0-9_-]{20,}\./);
+  });
+
+  it('refuses an ID token issued to another client (wrong audience)', async () => {
+    // a provider that registers the service's redirect under another client id: its tokens are not for us
+    const otherPort = await freePort();
+    const redirect = `http://127.0.0.1:${otherPort}/auth/callback`;
+    const rogue = await startIdp({ redirectUri: redirect, orgOf: () => 'org-acme', clientId: 'someone-else' });
+    const other = await startHarness({
+      workers: false,
+      port: otherPort,
+      env: {
+        SERVICE_OIDC_ISSUER: rogue.issuer,
+        SERVICE_OIDC_CLIENT_ID: 'automation-service',
+        SERVICE_OIDC_CLIENT_SECRET: rogue.clientSecret,
+        SERVICE_OIDC_REDIRECT_URL: redirect,
+      },
+    });
+    try {
+      const b = new Browser();
+      const res = await b.navigate(`http://127.0.0.1:${otherPort}/auth/login`, 'alice');
+      // the provider itself refuses an unknown client before any token exists: no session either way
+      expect(res.res.status).to.be.oneOf([400, 403]);
+      expect(b.cookie(`http://127.0.0.1:${otherPort}`, '__Host-session')).to.equal(undefined);
+    } finally {
+      await other.close();
+      await rogue.close();
+    }
+  });
+});
