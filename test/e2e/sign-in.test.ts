@@ -58,7 +58,9 @@ class Browser {
       const action = /<form[^>]*action="([^"]*\/interaction\/[^"]+)"/.exec(html)?.[1];
       if (!action) return { url: next.url, res: new Response(html, { status: res.status, headers: res.headers }) };
       // the provider's development pages: a login form, then a consent form, each with a hidden prompt
-      const fields = new URLSearchParams([...html.matchAll(/<input type="hidden" name="([^"]+)" value="([^"]*)"/g)].map((m): [string, string] => [m[1]!, m[2]!]));
+      const fields = new URLSearchParams(
+        [...html.matchAll(/<input type="hidden" name="([^"]+)" value="([^"]*)"/g)].map((m): [string, string] => [m[1]!, m[2]!]),
+      );
       if (fields.get('prompt') === 'login') {
         fields.set('login', login);
         fields.set('password', 'any');
