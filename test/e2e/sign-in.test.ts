@@ -215,30 +215,35 @@ describe('sign-in with OpenID Connect', function () {
     expect(h.logs.join('\n')).not.to.match(/eyJ[A-Za-z0-9_-]{20,}\./);
   });
 
-  it('refuses an ID token issued to another client (wrong audience)', async () => {
-    // a provider that registers the service's redirect under another client id: its tokens are not for us
-    const otherPort = await freePort();
-    const redirect = `http://127.0.0.1:${otherPort}/auth/callback`;
-    const rogue = await startIdp({ redirectUri: redirect, orgOf: () => 'org-acme', clientId: 'someone-else' });
-    const other = await startHarness({
-      workers: false,
-      port: otherPort,
-      env: {
-        SERVICE_OIDC_ISSUER: rogue.issuer,
-        SERVICE_OIDC_CLIENT_ID: 'automation-service',
-        SERVICE_OIDC_CLIENT_SECRET: rogue.clientSecret,
-        SERVICE_OIDC_REDIRECT_URL: redirect,
-      },
-    });
+  it('refuses an ID token for another audience, an expired one and one with another nonce, and logs no token', async () => {
+    const cases: [string, (c: Record<string, unknown>) => Record<string, unknown>][] = [
+      ['wrong audience', (c) => ({ ...c, aud: 'someone-else' })],
+      ['expired', (c) => ({ ...c, iat: Math.floor(Date.now() / 1000) - 7200, exp: Math.floor(Date.now() / 1000) - 3600 })],
+      ['another nonce', (c) => ({ ...c, nonce: 'not-the-one-we-sent' })],
+    ];
     try {
-      const b = new Browser();
-      const res = await b.navigate(`http://127.0.0.1:${otherPort}/auth/login`, 'alice');
-      // the provider itself refuses an unknown client before any token exists: no session either way
-      expect(res.res.status).to.be.oneOf([400, 403]);
-      expect(b.cookie(`http://127.0.0.1:${otherPort}`, '__Host-session')).to.equal(undefined);
+      for (const [what, tamper] of cases) {
+        idp.tamper = tamper;
+        const b = new Browser();
+        const refused = await b.navigate(`${service()}/auth/login`, 'alice');
+        expect(refused.res.status, what).to.equal(403);
+        expect(((await refused.res.json()) as Body).code, what).to.equal('sign-in-refused');
+        expect(b.cookie(service(), '__Host-session'), what).to.equal(undefined);
+      }
     } finally {
-      await other.close();
-      await rogue.close();
+      idp.tamper = null;
     }
+    const refusals = h.logs.filter((l) => l.includes('sign-in refused'));
+    expect(refusals.length).to.be.at.least(3);
+    // refused for their claims (the signature is the provider's own): audience, expiry, nonce
+    const reasons = refusals.slice(-3).map((l) => JSON.parse(l).err as string);
+    expect(reasons).to.deep.equal([
+      'unexpected JWT claim value encountered',
+      'JWT timestamp claim value failed validation',
+      'unexpected JWT claim value encountered',
+    ]);
+    expect(h.logs.join('\n')).not.to.match(/eyJ[A-Za-z0-9_-]{20,}\./);
+    // untouched, the same account signs in
+    expect((await new Browser().navigate(`${service()}/auth/login`, 'alice')).url).to.equal(`${service()}/api/v1/me`);
   });
 });
