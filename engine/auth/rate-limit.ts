@@ -1,6 +1,6 @@
 // API rate limits: a budget per tenant (every key and session of it together) and one per key, each a
 // fixed window of a minute counted in Redis by rate-limiter-flexible, so every web process shares it.
-// When Redis is not connected or does not answer within 250 ms, an in-memory count per process stands in
+// When Redis is not connected or does not answer within 100 ms, an in-memory count per process stands in
 // rather than refusing everyone or holding the request.
 import { RateLimiterMemory, RateLimiterRedis, RateLimiterRes } from 'rate-limiter-flexible';
 import { RateLimitedError, withTimeout, type Queues, type Redis } from '../platform/index.js';
@@ -11,10 +11,13 @@ export type ApiRateLimitSettings = { perTenantPerMinute: number; perKeyPerMinute
 export type RateLimitState = { policy: 'tenant' | 'key'; limit: number; remaining: number; resetSeconds: number };
 
 const WINDOW_SECONDS = 60;
-/** How long a request waits for Redis's count before its process counts alone. */
-const REDIS_ANSWER_MS = 250;
+/** How long a request waits for Redis's count before its process counts alone (Redis answers in well under a millisecond). */
+const REDIS_ANSWER_MS = 100;
+/** After Redis stalled, how long the process counts alone before it asks Redis again. */
+const STALL_PAUSE_MS = 5_000;
 
 export function apiRateLimitOf(deps: { redis: Redis; queues: Queues }, settings: ApiRateLimitSettings) {
+  let stalledUntil = 0;
   const budget = (policy: 'tenant' | 'key', limit: number) => {
     const local = new RateLimiterMemory({ points: limit, duration: WINDOW_SECONDS });
     const shared = new RateLimiterRedis({
@@ -26,12 +29,18 @@ export function apiRateLimitOf(deps: { redis: Redis; queues: Queues }, settings:
       rejectIfRedisNotReady: true,
       insuranceLimiter: local,
     });
-    /** Redis's count, or this process's own when Redis does not answer in time (connected but stalled). */
-    const consume = (key: string): Promise<RateLimiterRes> =>
-      withTimeout(shared.consume(key), REDIS_ANSWER_MS, 'the rate limit count').catch((err: unknown) => {
+    /**
+     * Redis's count, or this process's own when Redis does not answer in time (connected but stalled);
+     * after a stall the process counts alone for a while instead of making every request wait again.
+     */
+    const consume = (key: string): Promise<RateLimiterRes> => {
+      if (Date.now() < stalledUntil) return local.consume(key);
+      return withTimeout(shared.consume(key), REDIS_ANSWER_MS, 'the rate limit count').catch((err: unknown) => {
         if (err instanceof RateLimiterRes) throw err;
+        stalledUntil = Date.now() + STALL_PAUSE_MS;
         return local.consume(key);
       });
+    };
     return { policy, limit, consume };
   };
   const budgets = [budget('tenant', settings.perTenantPerMinute), budget('key', settings.perKeyPerMinute)];
