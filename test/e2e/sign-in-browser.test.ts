@@ -105,6 +105,17 @@ describe('sign-in in a browser', function () {
     expect(followed.status).to.equal(202);
     expect(followed.types).to.include('run.started').and.include('run.finished');
 
+    // Swagger UI's "try it out", on the service's own origin, works with the session and no key
+    const docs = await alice.context().newPage();
+    await docs.goto(`${service}/docs`);
+    const op = docs.locator('#operations-automations-listAutomations');
+    await op.locator('.opblock-summary').click({ timeout: 20_000 });
+    await op.locator('button.try-out__btn').click();
+    await op.locator('button.execute').click();
+    const status = op.locator('.live-responses-table tr.response .response-col_status').first();
+    await status.waitFor({ timeout: 10_000 });
+    expect((await status.textContent())?.trim()).to.equal('200');
+
     // bob, of another tenant, signed in the same way, sees nothing of alice's
     const bob = await signIn('bob');
     const seen = (await bob.evaluate(

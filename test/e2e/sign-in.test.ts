@@ -76,25 +76,23 @@ describe('sign-in with OpenID Connect', function () {
   let idp: Idp;
   let h: Harness;
   let port: number;
+  let oidcEnv: Record<string, string>;
   const orgs: Record<string, string | undefined> = { alice: 'org-acme', bob: 'org-globex', mallory: 'org-unknown', nobody: undefined };
 
   before(async () => {
     port = await freePort();
     const redirect = `http://127.0.0.1:${port}/auth/callback`;
     idp = await startIdp({ redirectUri: redirect, orgOf: (login) => orgs[login] });
-    h = await startHarness({
-      workers: false,
-      port,
-      env: {
-        SERVICE_OIDC_ISSUER: idp.issuer,
-        SERVICE_OIDC_CLIENT_ID: idp.clientId,
-        SERVICE_OIDC_CLIENT_SECRET: idp.clientSecret,
-        SERVICE_OIDC_REDIRECT_URL: redirect,
-        SERVICE_OIDC_TENANT_CLAIM: 'org_id',
-        SERVICE_OIDC_TENANT_MAP: 'org-acme:tenant-a,org-globex:tenant-b',
-        SERVICE_CORS_ORIGINS: WEB_APP,
-      },
-    });
+    oidcEnv = {
+      SERVICE_OIDC_ISSUER: idp.issuer,
+      SERVICE_OIDC_CLIENT_ID: idp.clientId,
+      SERVICE_OIDC_CLIENT_SECRET: idp.clientSecret,
+      SERVICE_OIDC_REDIRECT_URL: redirect,
+      SERVICE_OIDC_TENANT_CLAIM: 'org_id',
+      SERVICE_OIDC_TENANT_MAP: 'org-acme:tenant-a,org-globex:tenant-b',
+      SERVICE_CORS_ORIGINS: WEB_APP,
+    };
+    h = await startHarness({ workers: false, port, env: oidcEnv });
   });
   after(async () => {
     await h?.close();
@@ -136,12 +134,40 @@ describe('sign-in with OpenID Connect', function () {
     expect(again.url).to.equal(`${service()}/api/v1/me`);
     const second = alice.cookie(service(), '__Host-session');
     expect(second).not.to.equal(session);
-    const out = await alice.fetch(`${service()}/auth/logout`, { method: 'POST', headers: { origin: service() } });
-    expect(out.status).to.equal(204);
+    // another web process (same Redis) takes the session, and refuses it from the moment it ends
+    const other = await startHarness({ workers: false, env: { ...oidcEnv, SERVICE_QUEUE_PREFIX: h.config.queuePrefix } });
+    const inOther = () => fetch(`${other.url}/api/v1/me`, { headers: { cookie: `__Host-session=${second}` } });
+    try {
+      expect((await inOther()).status).to.equal(200);
+      const out = await alice.fetch(`${service()}/auth/logout`, { method: 'POST', headers: { origin: service() } });
+      expect(out.status).to.equal(204);
+      expect((await inOther()).status).to.equal(401);
+    } finally {
+      await other.close();
+    }
     expect(alice.cookie(service(), '__Host-session')).to.equal(undefined);
     const stale = await fetch(`${service()}/api/v1/me`, { headers: { cookie: `__Host-session=${second}` } });
     expect(stale.status).to.equal(401);
     expect(h.logs.join('\n')).not.to.contain(second!);
+  });
+
+  it('ends a session whose tenant the mapping no longer gives, in every process', async () => {
+    const alice = new Browser();
+    await alice.navigate(`${service()}/auth/login`, 'alice');
+    const cookie = `__Host-session=${alice.cookie(service(), '__Host-session')}`;
+    expect((await fetch(`${service()}/api/v1/me`, { headers: { cookie } })).status).to.equal(200);
+    // a process started with a new mapping: org-acme is no longer one of the service's tenants
+    const remapped = await startHarness({
+      workers: false,
+      env: { ...oidcEnv, SERVICE_OIDC_TENANT_MAP: 'org-globex:tenant-b', SERVICE_QUEUE_PREFIX: h.config.queuePrefix },
+    });
+    try {
+      expect((await fetch(`${remapped.url}/api/v1/me`, { headers: { cookie } })).status).to.equal(401);
+      expect(remapped.logs.join('\n')).to.contain('the tenant mapping changed');
+    } finally {
+      await remapped.close();
+    }
+    expect((await fetch(`${service()}/api/v1/me`, { headers: { cookie } })).status, 'ended for every process').to.equal(401);
   });
 
   it('refuses a cross-site request that carries the cookie, and answers the web client’s origin with CORS', async () => {
