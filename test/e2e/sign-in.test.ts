@@ -170,6 +170,52 @@ describe('sign-in with OpenID Connect', function () {
     expect((await fetch(`${service()}/api/v1/me`, { headers: { cookie } })).status, 'ended for every process').to.equal(401);
   });
 
+  it('ends a session at its absolute lifetime, and lets in only the allowed email domains', async () => {
+    // a process whose clock the test moves past the session's absolute end (SERVICE_SESSION_MAX_SECONDS, 7 days by default)
+    let offsetMs = 0;
+    const clock = { now: () => new Date(Date.now() + offsetMs) };
+    const timed = await startHarness({
+      workers: false,
+      port: await freePort(),
+      env: { ...oidcEnv, SERVICE_QUEUE_PREFIX: h.config.queuePrefix },
+      runtime: { clock },
+    });
+    try {
+      // the session is made by the main service (the redirect URL is its); both share Redis, so it opens here too
+      const alice = new Browser();
+      await alice.navigate(`${service()}/auth/login`, 'alice');
+      const cookie = `__Host-session=${alice.cookie(service(), '__Host-session')}`;
+      expect((await fetch(`${timed.url}/api/v1/me`, { headers: { cookie } })).status).to.equal(200);
+      offsetMs = 7 * 86_400_000 + 1000;
+      expect((await fetch(`${timed.url}/api/v1/me`, { headers: { cookie } })).status, 'past its absolute end').to.equal(401);
+    } finally {
+      await timed.close();
+    }
+    // a service that lets in example.org only refuses alice@example.com
+    const domainPort = await freePort();
+    const narrowIdp = await startIdp({ redirectUri: `http://127.0.0.1:${domainPort}/auth/callback`, orgOf: () => 'org-acme' });
+    const narrow = await startHarness({
+      workers: false,
+      port: domainPort,
+      env: {
+        ...oidcEnv,
+        SERVICE_OIDC_ISSUER: narrowIdp.issuer,
+        SERVICE_OIDC_CLIENT_SECRET: narrowIdp.clientSecret,
+        SERVICE_OIDC_REDIRECT_URL: `http://127.0.0.1:${domainPort}/auth/callback`,
+        SERVICE_OIDC_ALLOWED_EMAIL_DOMAINS: 'example.org',
+      },
+    });
+    try {
+      const b = new Browser();
+      const res = await b.navigate(`http://127.0.0.1:${domainPort}/auth/login`, 'alice');
+      expect(res.res.status).to.equal(403);
+      expect(((await res.res.json()) as Body).detail).to.contain('email domain');
+    } finally {
+      await narrow.close();
+      await narrowIdp.close();
+    }
+  });
+
   it('refuses a cross-site request that carries the cookie, and answers the web client’s origin with CORS', async () => {
     const alice = new Browser();
     await alice.navigate(`${service()}/auth/login`, 'alice');
