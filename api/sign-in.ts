@@ -37,7 +37,12 @@ export function cookiesOf(req: Request): Record<string, string> {
   const out: Record<string, string> = Object.create(null);
   for (const part of (req.headers.cookie ?? '').split(';')) {
     const at = part.indexOf('=');
-    if (at > 0) out[part.slice(0, at).trim()] = decodeURIComponent(part.slice(at + 1).trim());
+    if (at <= 0) continue;
+    try {
+      out[part.slice(0, at).trim()] = decodeURIComponent(part.slice(at + 1).trim());
+    } catch {
+      // a cookie that is not ours (or is mangled) is not read
+    }
   }
   return out;
 }

@@ -6,7 +6,7 @@
 import { createHash, randomBytes } from 'node:crypto';
 import * as oidc from 'openid-client';
 import type { OidcConfig } from '../../config/env.js';
-import { AppError, type Clock, type Logger, type Queues, type Redis } from '../platform/index.js';
+import { AppError, ServiceUnavailableError, type Clock, type Logger, type Queues, type Redis } from '../platform/index.js';
 
 /** A sign-in that cannot be completed: said to the person, logged without tokens. */
 export class SignInRefusedError extends AppError {
@@ -44,7 +44,7 @@ export function ssoOf(deps: { redis: Redis; queues: Queues; clock: Clock; log: L
       .catch((err: Error) => {
         discovered = undefined;
         log.warn({ issuer: s.issuer, err: err.message }, 'OpenID Connect discovery failed');
-        throw new SignInRefusedError('the identity provider cannot be reached; try again shortly');
+        throw new ServiceUnavailableError('the identity provider cannot be reached; try again shortly', 5);
       });
     return discovered;
   }
