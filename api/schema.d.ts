@@ -1331,6 +1331,8 @@ export interface components {
              * @description When it was last presented, to within a minute.
              */
             last_used_at: string | null;
+            /** @description Who made it through the API (`key:<id>` or `person:<sub>`); null for SERVICE_API_KEYS and the CLI. */
+            created_by: string | null;
         };
         ApiKeyCreate: {
             /** @description What the key is for. */

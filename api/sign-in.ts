@@ -60,6 +60,10 @@ const SAFE_METHODS = new Set(['GET', 'HEAD', 'OPTIONS']);
  * with an API key carry no ambient credential and are exempt.
  */
 export function assertSameOrigin(req: Request, allowedOrigins: string[]): void {
+  // a SameSite=Lax cookie also rides on a cross-site top-level navigation: only who-am-I may be reached so
+  // (where sign-in lands), never a GET that starts work (an audit stream)
+  if (req.headers['sec-fetch-site'] === 'cross-site' && req.originalUrl.split('?')[0] !== '/api/v1/me')
+    throw new CsrfRefusedError('a cross-site navigation cannot use this session');
   if (SAFE_METHODS.has(req.method)) return;
   const origin = req.headers.origin;
   if (origin) {
@@ -115,10 +119,11 @@ export function signInRouter(o: SignInOptions): Router {
   });
 
   router.get('/auth/callback', async (req, res) => {
+    const signIn = sso();
     // the URL the provider redirected to, as registered (a proxy in front may have changed host or scheme)
     const current = new URL(o.redirectUrl!);
     current.search = new URL(req.originalUrl, 'http://callback').search;
-    const done = await sso().callback(current, cookiesOf(req)[STATE_COOKIE]);
+    const done = await signIn.callback(current, cookiesOf(req)[STATE_COOKIE]);
     setCookie(res, STATE_COOKIE, '', 0);
     setCookie(res, SESSION_COOKIE, done.sessionId, o.sessionMaxSeconds);
     res.redirect(302, done.returnTo ?? '/api/v1/me');

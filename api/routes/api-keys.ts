@@ -19,6 +19,7 @@ function view(k: ApiKeyRecord): ApiKeyView {
     revoked_at: k.revoked_at ?? null,
     revoked_reason: k.revoked_reason ?? null,
     last_used_at: k.last_used_at ?? null,
+    created_by: k.created_by ?? null,
   };
 }
 
@@ -29,7 +30,9 @@ export function apiKeysRouter(engine: Engine): Router {
   });
   router.post('/', async (req, res) => {
     const body = req.body as ApiKeyCreate;
-    const made = await engine.apiKeys.create(tenantOf(req), { label: body.label, expires_at: body.expires_at, source: 'api' });
+    // a key outlives the session that made it: who made it stays on it
+    const created_by = req.apiKeyId ? `key:${req.apiKeyId}` : req.signedIn ? `person:${req.signedIn.sub}` : null;
+    const made = await engine.apiKeys.create(tenantOf(req), { label: body.label, expires_at: body.expires_at, source: 'api', created_by });
     res.status(201).json({ key: made.key, api_key: view(made.record) });
   });
   router.delete('/:id', async (req, res) => {

@@ -20,13 +20,18 @@ const REMOVED = 'removed from SERVICE_API_KEYS' as const;
 
 /** A key that opens nothing any more: revoked, or past its expiry. */
 export function isSpent(k: ApiKeyRecord, now: Date): boolean {
-  return !!k.revoked_at || (!!k.expires_at && Date.parse(k.expires_at) <= now.getTime());
+  // an expiry that does not read as a date opens nothing
+  return !!k.revoked_at || (!!k.expires_at && !(Date.parse(k.expires_at) > now.getTime()));
 }
 
 export function apiKeysOf(deps: { store: Store; clock: Clock; log: Logger }) {
   const { store, clock, log } = deps;
 
-  function record(tenantId: string, hash: string, o: { label?: string | null; source: ApiKeyRecord['source']; expires_at?: string | null }): ApiKeyRecord {
+  function record(
+    tenantId: string,
+    hash: string,
+    o: { label?: string | null; source: ApiKeyRecord['source']; expires_at?: string | null; created_by?: string | null },
+  ): ApiKeyRecord {
     return {
       id: newId('key'),
       tenant_id: tenantId,
@@ -38,6 +43,7 @@ export function apiKeysOf(deps: { store: Store; clock: Clock; log: Logger }) {
       revoked_at: null,
       revoked_reason: null,
       last_used_at: null,
+      created_by: o.created_by ?? null,
     };
   }
 
@@ -45,12 +51,15 @@ export function apiKeysOf(deps: { store: Store; clock: Clock; log: Logger }) {
     /** Makes a new key; the returned `key` is the only time it exists in clear. */
     async create(
       tenantId: string,
-      opts: { label?: string | null; source: ApiKeyRecord['source']; expires_at?: string | null },
+      opts: { label?: string | null; source: ApiKeyRecord['source']; expires_at?: string | null; created_by?: string | null },
     ): Promise<{ record: ApiKeyRecord; key: string }> {
-      if (opts.expires_at && Date.parse(opts.expires_at) <= clock.now().getTime())
+      const expires = opts.expires_at ? Date.parse(opts.expires_at) : null;
+      if (expires !== null && !Number.isFinite(expires))
+        throw new ValidationError('the expiry is not a date', [{ path: '/body/expires_at', message: 'an RFC 3339 date and time' }]);
+      if (expires !== null && expires <= clock.now().getTime())
         throw new ValidationError('the expiry is in the past', [{ path: '/body/expires_at', message: 'must be in the future' }]);
       const key = generateKey();
-      const made = record(tenantId, hashKey(key), opts);
+      const made = record(tenantId, hashKey(key), { ...opts, expires_at: expires === null ? null : new Date(expires).toISOString() });
       await store.apiKeys.insert(made);
       log.info({ tenant_id: tenantId, key_id: made.id, source: opts.source }, 'api key created');
       return { record: made, key };
@@ -62,8 +71,9 @@ export function apiKeysOf(deps: { store: Store; clock: Clock; log: Logger }) {
     async revoke(tenantId: string, id: string): Promise<ApiKeyRecord> {
       const existing = (await store.apiKeys.list(tenantId)).find((k) => k.id === id);
       if (!existing) throw new NotFoundError(`no api key ${id}`);
-      if (existing.revoked_at) return existing;
-      const revoked = await store.apiKeys.update(tenantId, id, { revoked_at: clock.now().toISOString(), revoked_reason: 'revoked' });
+      // revoked here it stays revoked, even if SERVICE_API_KEYS had dropped it first and lists it again later
+      if (existing.revoked_reason === 'revoked') return existing;
+      const revoked = await store.apiKeys.update(tenantId, id, { revoked_at: existing.revoked_at ?? clock.now().toISOString(), revoked_reason: 'revoked' });
       if (!revoked) throw new NotFoundError(`no api key ${id}`);
       log.info({ tenant_id: tenantId, key_id: id }, 'api key revoked');
       return revoked;

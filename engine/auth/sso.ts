@@ -5,7 +5,7 @@
 // under its state, used once.
 import { createHash, randomBytes } from 'node:crypto';
 import * as oidc from 'openid-client';
-import type { OidcConfig } from '../../config/env.js';
+import { TENANT_ID_PATTERN, type OidcConfig } from '../../config/env.js';
 import { AppError, ServiceUnavailableError, type Clock, type Logger, type Queues, type Redis } from '../platform/index.js';
 
 /** A sign-in that cannot be completed: said to the person, logged without tokens. */
@@ -54,8 +54,8 @@ export function ssoOf(deps: { redis: Redis; queues: Queues; clock: Clock; log: L
     const raw = claims[s.tenantClaim];
     const value = typeof raw === 'string' ? raw : typeof raw === 'number' ? String(raw) : null;
     if (!value) throw new SignInRefusedError(`your account has no ${s.tenantClaim} claim; ask an administrator to give you a tenant`);
-    const mapped = Object.keys(s.tenantMap).length ? s.tenantMap[value] : value;
-    if (!mapped || !/^[A-Za-z0-9_-]{1,64}$/.test(mapped))
+    const mapped = Object.keys(s.tenantMap).length ? (Object.hasOwn(s.tenantMap, value) ? s.tenantMap[value] : undefined) : value;
+    if (!mapped || !TENANT_ID_PATTERN.test(mapped))
       throw new SignInRefusedError(`${s.tenantClaim} "${value}" is not a tenant of this service; ask an administrator to map it`);
     return { tenant: mapped, claim: value };
   }
@@ -102,6 +102,9 @@ export function ssoOf(deps: { redis: Redis; queues: Queues; clock: Clock; log: L
         });
         claims = (tokens.claims() ?? {}) as Record<string, unknown>;
       } catch (err) {
+        // the provider could not be reached: not the person's fault, and the login cannot be retried
+        if (err instanceof TypeError || (err as { cause?: unknown }).cause instanceof TypeError)
+          throw new ServiceUnavailableError('the identity provider cannot be reached; sign in again shortly', 5);
         // the reason names the check, never a token
         log.warn({ issuer: s.issuer, reason: (err as { code?: string }).code ?? (err as Error).name, err: (err as Error).message }, 'sign-in refused');
         throw new SignInRefusedError('the identity provider’s answer did not check out; start again');
@@ -109,7 +112,8 @@ export function ssoOf(deps: { redis: Redis; queues: Queues; clock: Clock; log: L
       const email = typeof claims.email === 'string' ? claims.email.toLowerCase() : null;
       if (s.allowedEmailDomains.length) {
         const domain = email?.split('@')[1];
-        if (!email || claims.email_verified === false || !domain || !s.allowedEmailDomains.includes(domain))
+        // only an address the provider says it verified
+        if (!email || claims.email_verified !== true || !domain || !s.allowedEmailDomains.includes(domain))
           throw new SignInRefusedError('your email domain may not sign in here');
       }
       const { tenant, claim } = tenantOf(claims);

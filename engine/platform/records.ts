@@ -76,6 +76,8 @@ export type ApiKeyRecord = {
   revoked_reason?: 'revoked' | 'removed from SERVICE_API_KEYS' | null;
   /** when the key was last presented, to within API_KEY_TOUCH_SECONDS */
   last_used_at?: string | null;
+  /** who made it through the API: `key:<id>` or `person:<sub>` (null from SERVICE_API_KEYS or the CLI) */
+  created_by?: string | null;
 };
 
 /** What of an API key changes after it is made. */

@@ -32,6 +32,7 @@ describe('api keys', function () {
     expect(made.status, made.text).to.equal(201);
     expect(made.body.key).to.match(/^sk_/);
     expect(made.body.api_key).to.deep.include({ label: 'deploy bot', source: 'api', revoked_at: null, expires_at: null, last_used_at: null });
+    expect(made.body.api_key.created_by).to.match(/^key:key_/);
     expect((await h.call('GET', '/api/v1/runs', { key: made.body.key })).status).to.equal(200);
     expect((await other.call('GET', '/api/v1/runs', { key: made.body.key })).status, 'another process takes it').to.equal(200);
 
@@ -67,29 +68,40 @@ describe('api keys', function () {
     expect(past.status, past.text).to.equal(400);
     const bad = await h.call<Body>('POST', '/api/v1/api-keys', { body: { expires_at: 'tomorrow' } });
     expect(bad.status, bad.text).to.equal(400);
+    // a leap second passes the format and is no instant: refused, never a key that cannot expire
+    const leap = await h.call<Body>('POST', '/api/v1/api-keys', { body: { expires_at: '2030-12-31T23:59:60Z' } });
+    expect(leap.status, leap.text).to.equal(400);
     const soon = (await h.call<Body>('POST', '/api/v1/api-keys', { body: { expires_at: new Date(Date.now() + 1500).toISOString() } })).body;
     expect((await h.call('GET', '/api/v1/runs', { key: soon.key })).status).to.equal(200);
     await new Promise((r) => setTimeout(r, 1600));
     expect((await h.call('GET', '/api/v1/runs', { key: soon.key })).status).to.equal(401);
   });
 
-  it('revokes at start the bootstrap keys that left SERVICE_API_KEYS and restores one listed again; an API revocation stays', async () => {
+  it('revokes at start the bootstrap keys that left SERVICE_API_KEYS and restores one listed again; a revocation here stays', async () => {
+    const C = 'key-tenant-c-0123456789abcdef';
+    const all = `tenant-a:${KEYS.a},tenant-b:${KEYS.b},tenant-c:${C}`;
+    const withC = await startHarness({ workers: false, env: { ...shared(), SERVICE_API_KEYS: all } });
+    await withC.close();
     const onlyA = await startHarness({ workers: false, env: { ...shared(), SERVICE_API_KEYS: `tenant-a:${KEYS.a}` } });
     try {
       expect((await onlyA.call('GET', '/api/v1/runs', { key: KEYS.b })).status, 'a key that left the variable').to.equal(401);
       expect((await h.call('GET', '/api/v1/runs', { key: KEYS.b })).status, 'in every process').to.equal(401);
-      const b = (await onlyA.call<Body>('GET', '/api/v1/api-keys')).body.data;
-      expect(b.every((k: Body) => k.revoked_at === null || k.source !== 'bootstrap')).to.equal(true);
+      // tenant-c's key, dropped from the variable, is also revoked on purpose (leaked, say)
+      const c = (await onlyA.rt.engine.apiKeys.list('tenant-c')).find((k) => k.source === 'bootstrap')!;
+      expect(c.revoked_reason).to.equal('removed from SERVICE_API_KEYS');
+      expect((await onlyA.rt.engine.apiKeys.revoke('tenant-c', c.id)).revoked_reason).to.equal('revoked');
     } finally {
       await onlyA.close();
     }
-    const both = await startHarness({ workers: false, env: shared() });
+    // an old release starts with the old variable: b comes back, c does not
+    const old = await startHarness({ workers: false, env: { ...shared(), SERVICE_API_KEYS: all } });
     try {
-      expect((await both.call('GET', '/api/v1/runs', { key: KEYS.b })).status, 'listed again').to.equal(200);
-      const bootstrapB = (await both.call<Body>('GET', '/api/v1/api-keys', { key: KEYS.b })).body.data.find((k: Body) => k.source === 'bootstrap');
-      expect((await both.call('DELETE', `/api/v1/api-keys/${bootstrapB.id}`, { key: KEYS.b })).status).to.equal(204);
+      expect((await old.call('GET', '/api/v1/runs', { key: KEYS.b })).status, 'listed again').to.equal(200);
+      expect((await old.call('GET', '/api/v1/runs', { key: C })).status, 'revoked on purpose, it stays revoked').to.equal(401);
+      const bootstrapB = (await old.call<Body>('GET', '/api/v1/api-keys', { key: KEYS.b })).body.data.find((k: Body) => k.source === 'bootstrap');
+      expect((await old.call('DELETE', `/api/v1/api-keys/${bootstrapB.id}`, { key: KEYS.b })).status).to.equal(204);
     } finally {
-      await both.close();
+      await old.close();
     }
     const again = await startHarness({ workers: false, env: shared() });
     try {

@@ -231,6 +231,10 @@ describe('sign-in with OpenID Connect', function () {
     expect((await post()).status, 'neither Origin nor Sec-Fetch-Site').to.equal(403);
     expect((await post({ 'sec-fetch-site': 'cross-site' })).status).to.equal(403);
     expect((await post({ 'sec-fetch-site': 'same-origin' })).status).to.equal(201);
+    // a cross-site navigation carries a Lax cookie: it may only land on who-am-I, never on a GET that starts work
+    const navigate = (path: string) => alice.fetch(`${service()}${path}`, { headers: { 'sec-fetch-site': 'cross-site', 'sec-fetch-mode': 'navigate' } });
+    expect((await navigate('/api/v1/autonomy/workspace-audit/stream')).status).to.equal(403);
+    expect((await navigate('/api/v1/me')).status).to.equal(200);
     const fromApp = await post({ origin: WEB_APP });
     expect(fromApp.status).to.equal(201);
     expect(fromApp.headers.get('access-control-allow-origin')).to.equal(WEB_APP);
