@@ -13,6 +13,7 @@ import os from 'node:os';
 import path from 'node:path';
 import type { Readable } from 'node:stream';
 import { finished } from 'node:stream/promises';
+import { once } from 'node:events';
 import { AudioRejectedError, PayloadTooLargeError, ValidationError } from '../platform/index.js';
 import { AUDIO_MIME, durationOf, sniffAudio, type AudioFormat } from './audio.js';
 
@@ -149,7 +150,12 @@ export class AudioUpload {
   /** Removes the temporary file: once the request is answered. */
   async discard(): Promise<void> {
     this.pending = null;
-    if (!this.spill.closed) this.spill.destroy();
+    if (!this.spill.closed) {
+      // a file still being opened is made after a remove that does not wait for it
+      const closed = once(this.spill, 'close').catch(() => undefined);
+      this.spill.destroy();
+      await closed;
+    }
     await fs.promises.rm(this.spillPath, { force: true });
   }
 
@@ -209,6 +215,10 @@ export class AudioUpload {
         if (!this.failure) void this.finish();
       });
       this.stream.once('error', (err: Error) => refuse(new ValidationError('the upload broke off', [{ path: '/body', message: err.message }])));
+      // a client that went away may end the stream with no error at all
+      this.stream.once('close', () => {
+        if (!this.ended) refuse(new ValidationError('the upload broke off', [{ path: '/body', message: 'the connection closed before the audio ended' }]));
+      });
     }).then(async () => {
       // an upload that ended inside its head has had its last checks before a provider is asked
       if (this.ended) await this.settled;
