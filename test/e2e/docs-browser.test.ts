@@ -1,11 +1,9 @@
 // Renders /docs and /redoc in headless Chromium (Debian's package; .ci/run installs it) and uses
 // Swagger UI's "try it out" against this origin with an API key.
-import fs from 'node:fs';
 import { expect } from 'chai';
-import { chromium, type Browser } from 'playwright-core';
+import type { Browser } from 'playwright-core';
+import { launchChromium } from '../support/chromium.js';
 import { KEYS, startHarness, type Harness } from '../support/harness.js';
-
-const CHROMIUM = process.env.CHROMIUM_PATH ?? '/usr/bin/chromium';
 
 describe('documentation in a browser', function () {
   this.timeout(60_000);
@@ -13,24 +11,10 @@ describe('documentation in a browser', function () {
   let browser: Browser;
 
   before(async function () {
-    if (!fs.existsSync(CHROMIUM)) {
-      if (process.env.CI) throw new Error(`no Chromium at ${CHROMIUM}: .ci/run installs Debian's chromium package`);
-      console.log(`      skipped: no Chromium at ${CHROMIUM} (apt-get install chromium, or set CHROMIUM_PATH)`);
-      this.skip();
-    }
+    const launched = await launchChromium();
+    if (!launched) return this.skip();
+    browser = launched;
     h = await startHarness();
-    browser = await chromium.launch({
-      executablePath: CHROMIUM,
-      args: [
-        '--no-sandbox',
-        '--disable-gpu',
-        '--disable-quic',
-        '--no-first-run',
-        '--disable-background-networking',
-        '--disable-component-update',
-        '--disable-sync',
-      ],
-    });
     await h.call('POST', '/api/v1/automations', { body: { name: 'seen through swagger', goal: 'x' } });
   });
   after(async () => {

@@ -2,14 +2,12 @@
 // provider's login and consent pages and back, then a web client on another origin calls the API with
 // the session cookie (CORS with credentials) and follows a run's event stream with EventSource
 // withCredentials. A person of another tenant sees none of it.
-import fs from 'node:fs';
 import http from 'node:http';
 import { expect } from 'chai';
-import { chromium, type Browser, type Page } from 'playwright-core';
+import type { Browser, Page } from 'playwright-core';
+import { launchChromium } from '../support/chromium.js';
 import { freePort, startHarness, type Harness } from '../support/harness.js';
 import { startIdp, type Idp } from '../support/idp.js';
-
-const CHROMIUM = process.env.CHROMIUM_PATH ?? '/usr/bin/chromium';
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 type Body = Record<string, any>;
@@ -24,11 +22,9 @@ describe('sign-in in a browser', function () {
   let appOrigin: string;
 
   before(async function () {
-    if (!fs.existsSync(CHROMIUM)) {
-      if (process.env.CI) throw new Error(`no Chromium at ${CHROMIUM}: .ci/run installs Debian's chromium package`);
-      console.log(`      skipped: no Chromium at ${CHROMIUM} (apt-get install chromium, or set CHROMIUM_PATH)`);
-      this.skip();
-    }
+    const launched = await launchChromium();
+    if (!launched) return this.skip();
+    browser = launched;
     const [port, appPort] = [await freePort(), await freePort()];
     service = `http://127.0.0.1:${port}`;
     appOrigin = `http://127.0.0.1:${appPort}`;
@@ -47,7 +43,6 @@ describe('sign-in in a browser', function () {
         SERVICE_CORS_ORIGINS: appOrigin,
       },
     });
-    browser = await chromium.launch({ executablePath: CHROMIUM, args: ['--no-sandbox', '--disable-gpu', '--no-first-run', '--disable-background-networking'] });
   });
   after(async () => {
     await browser?.close();
