@@ -62,7 +62,9 @@ const SAFE_METHODS = new Set(['GET', 'HEAD', 'OPTIONS']);
 export function assertSameOrigin(req: Request, allowedOrigins: string[]): void {
   // a SameSite=Lax cookie also rides on a cross-site top-level navigation: only who-am-I may be reached so
   // (where sign-in lands), never a GET that starts work (an audit stream)
-  if (req.headers['sec-fetch-site'] === 'cross-site' && req.originalUrl.split('?')[0] !== '/api/v1/me')
+  // (a navigation names no Origin; an allowed web client's own cross-site fetch does)
+  const fromAllowed = req.headers.origin !== undefined && allowedOrigins.includes(req.headers.origin);
+  if (req.headers['sec-fetch-site'] === 'cross-site' && !fromAllowed && req.originalUrl.split('?')[0] !== '/api/v1/me')
     throw new CsrfRefusedError('a cross-site navigation cannot use this session');
   if (SAFE_METHODS.has(req.method)) return;
   const origin = req.headers.origin;
