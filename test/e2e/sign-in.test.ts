@@ -235,6 +235,8 @@ describe('sign-in with OpenID Connect', function () {
     const navigate = (path: string) => alice.fetch(`${service()}${path}`, { headers: { 'sec-fetch-site': 'cross-site', 'sec-fetch-mode': 'navigate' } });
     expect((await navigate('/api/v1/autonomy/workspace-audit/stream')).status).to.equal(403);
     expect((await navigate('/api/v1/me')).status).to.equal(200);
+    // the web client's own fetch from another site names its Origin: not a navigation
+    expect((await post({ origin: WEB_APP, 'sec-fetch-site': 'cross-site' })).status).to.equal(201);
     const fromApp = await post({ origin: WEB_APP });
     expect(fromApp.status).to.equal(201);
     expect(fromApp.headers.get('access-control-allow-origin')).to.equal(WEB_APP);
