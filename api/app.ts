@@ -18,6 +18,7 @@ import { runsRouter } from './routes/runs.js';
 import { sessionsRouter } from './routes/sessions.js';
 import { voiceRouter } from './routes/voice.js';
 import { apiKeysRouter } from './routes/api-keys.js';
+import { connectionsRouter } from './routes/connections.js';
 import { webhookDeliveriesRouter, webhookIntakeRouter, webhookSecretsRouter } from './routes/webhooks.js';
 import { finiteNumericQuery } from './numeric-query.js';
 import { loadSpec } from './spec.js';
@@ -111,6 +112,7 @@ export function createApp(deps: AppDeps): Express {
   app.get('/api/v1/me', (req, res) => void res.json(whoIs(req)));
   app.use('/api/v1/api-keys', apiKeysRouter(deps.engine));
   app.use('/api/v1/webhook-secrets', webhookSecretsRouter(deps.engine));
+  app.use('/api/v1/connections', connectionsRouter(deps.engine));
   app.use('/api/v1/webhook-deliveries', webhookDeliveriesRouter(deps.engine));
 
   app.use((req) => {

@@ -1189,6 +1189,98 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/connections": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List the tenant's connections
+         * @description The provider credentials the tenant's runs act through, oldest first. Never the credential:
+         *     it is write-only, sealed at rest (AES-256-GCM under `SERVICE_SECRET_KEY`) and never returned,
+         *     logged or put in an event.
+         */
+        get: operations["listConnections"];
+        put?: never;
+        /**
+         * Add a connection
+         * @description Stores a provider credential for the tenant's runs: a code host token (GitHub or GitHub
+         *     Enterprise through `base_url`), a chat bot token (Slack), a tracker API key (Linear), a pager API
+         *     token (PagerDuty) or an SMTP password (email, `base_url` `smtp://host:port` or `smtps://host:port`,
+         *     with `settings.username` and `settings.from`). A `base_url` must be http(s) (smtp(s) for email)
+         *     and, unless SERVICE_HTTP_ALLOW_PRIVATE=1, name no private or loopback address. Names are unique
+         *     per tenant (409). The credential is not checked here: `POST .../test` checks it.
+         */
+        post: operations["createConnection"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/connections/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The connection's id. */
+                id: components["parameters"]["ConnectionId"];
+            };
+            cookie?: never;
+        };
+        /**
+         * Get a connection
+         * @description The connection, without its credential; another tenant's is a 404.
+         */
+        get: operations["getConnection"];
+        put?: never;
+        post?: never;
+        /**
+         * Remove a connection
+         * @description The sealed credential is deleted. Runs that start afterwards and need it fail with `connection-missing`.
+         */
+        delete: operations["deleteConnection"];
+        options?: never;
+        head?: never;
+        /**
+         * Change a connection
+         * @description Renames it, points it at another `base_url` (null: the provider's public API), changes its
+         *     settings or replaces its credential (rotation: runs that start afterwards use the new one). The
+         *     provider cannot change. The last test's result is dropped when the credential or `base_url` change.
+         */
+        patch: operations["updateConnection"];
+        trace?: never;
+    };
+    "/api/v1/connections/{id}/test": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The connection's id. */
+                id: components["parameters"]["ConnectionId"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Check a connection's credential against its provider
+         * @description Calls the provider with the credential through its SDK and says who it is and what it can do:
+         *     the code host's user and token scopes (`GET /user`), the chat bot's team and scopes (`auth.test`),
+         *     the tracker's viewer (Linear `viewer`), the pager's account abilities (`GET /abilities`), or an
+         *     SMTP login (`EHLO` and `AUTH`). A refused credential is a 200 with `ok: false` and the provider's
+         *     reason (never its body); a provider that cannot be reached is `ok: false` with
+         *     `provider-unreachable`. The result is kept on the connection as `last_test`.
+         */
+        post: operations["testConnection"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -1285,7 +1377,7 @@ export interface components {
             detail?: string;
             instance?: string;
             /** @enum {string} */
-            code: "task-graph-invalid" | "gate-set-invalid" | "tool-not-permitted" | "network-not-permitted" | "path-not-permitted" | "bad-request" | "validation-failed" | "malformed-json" | "unauthorized" | "not-found" | "method-not-allowed" | "conflict" | "agent-not-configured" | "idempotency-key-reused" | "payload-too-large" | "unsupported-media-type" | "unavailable" | "internal" | "unsupported-audio" | "audio-invalid" | "audio-too-long" | "transcription-provider-error" | "transcription-not-configured" | "transcription-timeout" | "sign-in-refused" | "csrf-refused" | "webhook-signature-missing" | "webhook-signature-invalid" | "webhook-timestamp-outside-window" | "webhook-not-configured" | "webhook-replay" | "webhook-payload-invalid" | "rate-limited";
+            code: "task-graph-invalid" | "gate-set-invalid" | "tool-not-permitted" | "network-not-permitted" | "path-not-permitted" | "bad-request" | "validation-failed" | "malformed-json" | "unauthorized" | "not-found" | "method-not-allowed" | "conflict" | "agent-not-configured" | "idempotency-key-reused" | "payload-too-large" | "unsupported-media-type" | "unavailable" | "internal" | "unsupported-audio" | "audio-invalid" | "audio-too-long" | "transcription-provider-error" | "transcription-not-configured" | "transcription-timeout" | "sign-in-refused" | "csrf-refused" | "webhook-signature-missing" | "webhook-signature-invalid" | "webhook-timestamp-outside-window" | "webhook-not-configured" | "webhook-replay" | "webhook-payload-invalid" | "rate-limited" | "address-not-allowed";
             request_id: string;
             errors?: {
                 /** @description JSON pointer to the bad field, prefixed by where it was (`/body`, `/query`, `/path`). */
@@ -1333,6 +1425,58 @@ export interface components {
             last_used_at: string | null;
             /** @description Who made it through the API (`key:<id>` or `person:<sub>`); null for SERVICE_API_KEYS and the CLI. */
             created_by: string | null;
+        };
+        /**
+         * @description Who the connection reaches: codehost (GitHub, @octokit/rest), chat (Slack, @slack/web-api), tracker (Linear, @linear/sdk), pager (PagerDuty, @pagerduty/pdjs), email (SMTP, nodemailer).
+         * @enum {string}
+         */
+        ConnectionProvider: "codehost" | "chat" | "tracker" | "pager" | "email";
+        /** @description Non-secret settings. `username` is the SMTP login (email); `from` is the sender address (email) or the PagerDuty user's email that notes and acknowledgements are made as (pager). */
+        ConnectionSettings: {
+            username?: string;
+            from?: string;
+        };
+        Connection: {
+            id: string;
+            provider: components["schemas"]["ConnectionProvider"];
+            name: string;
+            /** @description Where the provider's API is; null for its public API. */
+            base_url: string | null;
+            settings: components["schemas"]["ConnectionSettings"];
+            /** Format: date-time */
+            created_at: string;
+            /** Format: date-time */
+            updated_at: string;
+            /**
+             * Format: date-time
+             * @description When a run or a test last used the credential.
+             */
+            last_used_at: string | null;
+            last_test: components["schemas"]["ConnectionTest"] | null;
+        };
+        ConnectionCreate: {
+            provider: components["schemas"]["ConnectionProvider"];
+            name: string;
+            base_url?: string | null;
+            /** @description The token, API key or SMTP password. Sealed at rest; never returned. */
+            credential: string;
+            settings?: components["schemas"]["ConnectionSettings"];
+        };
+        ConnectionPatch: {
+            name?: string;
+            base_url?: string | null;
+            credential?: string;
+            settings?: components["schemas"]["ConnectionSettings"];
+        };
+        ConnectionTest: {
+            ok: boolean;
+            /** @description Who the credential is at the provider (a login, a bot and team, a viewer's email, an account, an SMTP user). */
+            identity: string | null;
+            /** @description What it may do, as the provider says (token scopes, bot scopes, abilities); the action tools it allows. */
+            capabilities: string[];
+            error: components["schemas"]["ErrorInfo"];
+            /** Format: date-time */
+            checked_at: string;
         };
         ApiKeyCreate: {
             /** @description What the key is for. */
@@ -2740,7 +2884,7 @@ export interface components {
                 "text/event-stream": components["schemas"]["ServiceEvent"];
             };
         };
-        /** @description The request is well formed but cannot be done (`agent-not-configured`, `idempotency-key-reused`, `task-graph-invalid` and `gate-set-invalid` with every error in `errors`; for voice, `audio-invalid` and `audio-too-long`). */
+        /** @description The request is well formed but cannot be done (`agent-not-configured`, `idempotency-key-reused`, `task-graph-invalid` and `gate-set-invalid` with every error in `errors`; for voice, `audio-invalid` and `audio-too-long`; for connections, `address-not-allowed`). */
         Unprocessable: {
             headers: {
                 [name: string]: unknown;
@@ -2867,6 +3011,8 @@ export interface components {
         WebhookKind: components["schemas"]["WebhookProvider"];
         /** @description The delivery's id. */
         DeliveryId: string;
+        /** @description The connection's id. */
+        ConnectionId: string;
         /** @description The automation's id. */
         AutomationId: components["schemas"]["AutomationId"];
         /** @description Items per page. */
@@ -4725,6 +4871,179 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
+            429: components["responses"]["ApiRateLimited"];
+        };
+    };
+    listConnections: {
+        parameters: {
+            query?: {
+                provider?: components["schemas"]["ConnectionProvider"];
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The connections. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        data: components["schemas"]["Connection"][];
+                    };
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            429: components["responses"]["ApiRateLimited"];
+        };
+    };
+    createConnection: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ConnectionCreate"];
+            };
+        };
+        responses: {
+            /** @description Stored. */
+            201: {
+                headers: {
+                    Location: components["headers"]["Location"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Connection"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            409: components["responses"]["Conflict"];
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
+            422: components["responses"]["Unprocessable"];
+            429: components["responses"]["ApiRateLimited"];
+        };
+    };
+    getConnection: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The connection's id. */
+                id: components["parameters"]["ConnectionId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The connection. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Connection"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            429: components["responses"]["ApiRateLimited"];
+        };
+    };
+    deleteConnection: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The connection's id. */
+                id: components["parameters"]["ConnectionId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Removed. */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            429: components["responses"]["ApiRateLimited"];
+        };
+    };
+    updateConnection: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The connection's id. */
+                id: components["parameters"]["ConnectionId"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ConnectionPatch"];
+            };
+        };
+        responses: {
+            /** @description Changed. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Connection"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
+            422: components["responses"]["Unprocessable"];
+            429: components["responses"]["ApiRateLimited"];
+        };
+    };
+    testConnection: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The connection's id. */
+                id: components["parameters"]["ConnectionId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description What the provider said. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ConnectionTest"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
             429: components["responses"]["ApiRateLimited"];
         };
     };

@@ -10,6 +10,7 @@ import { evidencePacksOf, gateRunsOf, gatesOnCopy, smartGatesOf } from './gates/
 import type { Sandbox } from './tools/index.js';
 import { auditsOf, type AuditSettings } from './audit/index.js';
 import { voiceOf, type VoiceSettings } from './voice/index.js';
+import { connectionsOf } from './connections/index.js';
 
 export type EngineDeps = Platform & {
   /** signs the evidence ledger */
@@ -28,6 +29,7 @@ export type EngineDeps = Platform & {
 
 export function createEngine(deps: EngineDeps) {
   const transitions = transitionsOf(deps);
+  const connections = connectionsOf(deps, { httpAllowPrivate: deps.settings.httpAllowPrivate });
   const runs = runsOf(deps, transitions);
   const sessions = sessionsOf({ ...deps, runs });
   const evidence = ledgerOf(deps);
@@ -118,6 +120,8 @@ export function createEngine(deps: EngineDeps) {
     evidencePacks: evidencePacksOf({ ...deps, ledger: evidence, gates }),
     automations,
     apiKeys: apiKeysOf(deps),
+    /** provider credentials, sealed; the action tools act through them */
+    connections,
     /** requests a minute per tenant and per key, shared by every web process */
     apiRateLimit: apiRateLimitOf(deps, deps.apiRateLimit),
     /** OpenID Connect sign-in and cookie sessions, when configured */

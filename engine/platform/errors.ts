@@ -26,6 +26,7 @@ export const ERROR_STATUS = {
   'payload-too-large': 413,
   'unsupported-media-type': 415,
   'unsupported-audio': 415,
+  'address-not-allowed': 422,
   'audio-invalid': 422,
   'audio-too-long': 422,
   'agent-not-configured': 422,
@@ -176,4 +177,9 @@ export class TranscriptionNotConfiguredError extends AppError {
 /** The transcription provider failed or did not answer in time. Never carries the provider's key or raw body. */
 export class TranscriptionFailedError extends CodedError<'transcription-provider-error' | 'transcription-timeout'> {
   override readonly retryable = true;
+}
+
+/** A URL the service will not reach for a tenant: a private, loopback or otherwise non-public address (SERVICE_HTTP_ALLOW_PRIVATE). */
+export class AddressNotAllowedError extends AppError {
+  readonly code = 'address-not-allowed';
 }

@@ -255,6 +255,30 @@ export type WebhookSecretRecord = {
   updated_at: string;
 };
 
+export const CONNECTION_PROVIDERS = ['codehost', 'chat', 'tracker', 'pager', 'email'] as const;
+export type ConnectionProvider = (typeof CONNECTION_PROVIDERS)[number];
+
+/** What a connection's last test found at the provider. */
+export type ConnectionTestResult = { ok: boolean; identity: string | null; capabilities: string[]; error: ErrorInfo | null; checked_at: string };
+
+/** A tenant's credential for one provider, sealed at rest; the credential is never shown. */
+export type ConnectionRecord = {
+  id: string;
+  tenant_id: string;
+  provider: ConnectionProvider;
+  /** unique per tenant */
+  name: string;
+  /** the provider's API (GitHub Enterprise, a self-hosted tracker, an SMTP server); null: the public one */
+  base_url: string | null;
+  settings: { username?: string; from?: string };
+  /** AES-256-GCM sealed credential, owned by the tenant and the connection's id */
+  sealed: { v: 1; iv: string; tag: string; ct: string };
+  created_at: string;
+  updated_at: string;
+  last_used_at: string | null;
+  last_test: ConnectionTestResult | null;
+};
+
 export const DELIVERY_STATUSES = ['received', 'processed', 'failed', 'rejected'] as const;
 export type DeliveryStatus = (typeof DELIVERY_STATUSES)[number];
 

@@ -8,6 +8,8 @@ import {
   type ApiKeyRecord,
   type Automation,
   type AutomationStatus,
+  type ConnectionProvider,
+  type ConnectionRecord,
   type DeliveryStatus,
   type GateResult,
   type GateRunRecord,
@@ -105,6 +107,20 @@ export interface WebhookSecretRepo {
   list(tenantId: string): Promise<WebhookSecretRecord[]>;
   /** true when there was one to delete */
   delete(tenantId: string, kind: WebhookProvider): Promise<boolean>;
+}
+
+export type ConnectionChanges = Partial<Pick<ConnectionRecord, 'name' | 'base_url' | 'settings' | 'sealed' | 'updated_at' | 'last_used_at' | 'last_test'>>;
+
+export interface ConnectionRepo {
+  /** Inserts unless the tenant has a connection of that name; false when it has. */
+  insert(connection: ConnectionRecord): Promise<boolean>;
+  get(tenantId: string, id: string): Promise<ConnectionRecord | null>;
+  /** Oldest first, optionally of one provider. */
+  list(tenantId: string, provider?: ConnectionProvider): Promise<ConnectionRecord[]>;
+  /** The connection as it is now; null when the tenant has none of that id; 'name-taken' when a rename collides. */
+  update(tenantId: string, id: string, changes: ConnectionChanges): Promise<ConnectionRecord | null | 'name-taken'>;
+  /** true when there was one to delete */
+  delete(tenantId: string, id: string): Promise<boolean>;
 }
 
 export type DeliveryQuery = { kind?: WebhookProvider; status?: DeliveryStatus; limit: number; cursor?: string };
@@ -218,6 +234,7 @@ export interface Store {
   readonly apiKeys: ApiKeyRepo;
   readonly runs: RunRepo;
   readonly webhookSecrets: WebhookSecretRepo;
+  readonly connections: ConnectionRepo;
   readonly deliveries: DeliveryRepo;
   readonly sessions: SessionRepo;
   readonly agents: AgentRepo;

@@ -1,47 +1,13 @@
 // http: one request. The address is checked at connect time (after DNS), so a name that resolves to
 // anything but a public unicast address is refused unless SERVICE_HTTP_ALLOW_PRIVATE=1.
-import dns from 'node:dns';
 import http from 'node:http';
 import https from 'node:https';
 import net from 'node:net';
-import ipaddr from 'ipaddr.js';
+import { guardedLookup, isPrivateAddress } from '../platform/index.js';
 import { stringArg, TailBuffer, ToolError, type Tool } from './tool.js';
 
 const BODY_MAX_BYTES = 256 * 1024;
 const TIMEOUT_MS = 30_000;
-
-/**
- * Only public unicast addresses may be reached: ipaddr.js's range list (maintained upstream) names every
- * other range (loopback, private, link-local, carrier-grade NAT, NAT64 64:ff9b::/96, 6to4 2002::/16,
- * Teredo, reserved, multicast...). An IPv4 address written as IPv6 (::ffff:a.b.c.d, ::a.b.c.d) is
- * judged as the IPv4 address it carries.
- */
-export function isPrivateAddress(address: string): boolean {
-  let parsed: ipaddr.IPv4 | ipaddr.IPv6;
-  try {
-    parsed = ipaddr.parse(address);
-  } catch {
-    return true; // not an address we can judge: refused
-  }
-  if (parsed.kind() === 'ipv6' && (parsed as ipaddr.IPv6).isIPv4MappedAddress()) parsed = (parsed as ipaddr.IPv6).toIPv4Address();
-  return parsed.range() !== 'unicast';
-}
-
-type LookupCallback = (err: NodeJS.ErrnoException | null, address: string | dns.LookupAddress[], family?: number) => void;
-
-function guardedLookup(hostname: string, options: dns.LookupOptions, callback: LookupCallback): void {
-  dns.lookup(hostname, { ...options, all: true }, (err, addresses) => {
-    if (err) return callback(err, '');
-    const list = addresses as dns.LookupAddress[];
-    const blocked = list.find((a) => isPrivateAddress(a.address));
-    if (blocked) {
-      const e = Object.assign(new Error(`${hostname} resolves to ${blocked.address}, a private address`), { code: 'EPRIVATE' });
-      return callback(e, '');
-    }
-    if (options.all) return callback(null, list);
-    callback(null, list[0]!.address, list[0]!.family);
-  });
-}
 
 export const httpTool: Tool = {
   name: 'http',

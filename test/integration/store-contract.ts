@@ -1,7 +1,17 @@
 // One contract for every store adapter. Each adapter's test file calls storeContract with a factory.
 import { expect } from 'chai';
 import { newId } from '../../engine/platform/ids.js';
-import type { AgentRecord, ApiKeyRecord, Automation, Run, Session, TaskRecord, WebhookDelivery, WebhookSecretRecord } from '../../engine/platform/records.js';
+import type {
+  AgentRecord,
+  ApiKeyRecord,
+  Automation,
+  ConnectionRecord,
+  Run,
+  Session,
+  TaskRecord,
+  WebhookDelivery,
+  WebhookSecretRecord,
+} from '../../engine/platform/records.js';
 import type { Store } from '../../engine/store/port.js';
 
 export function automationFixture(tenantId: string, over: Partial<Automation> = {}): Automation {
@@ -314,6 +324,47 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect(await store.webhookSecrets.delete('t2', 'pager')).to.equal(false);
       expect(await store.webhookSecrets.delete('t1', 'pager')).to.equal(true);
       expect((await store.webhookSecrets.list('t1')).map((r) => r.kind)).to.deep.equal(['chat']);
+    });
+
+    it('keeps connections per tenant with one name each, lists them by provider, renames only to a free name, deletes per tenant', async () => {
+      const now = new Date().toISOString();
+      const con = (tenant: string, over: Partial<ConnectionRecord> = {}): ConnectionRecord => ({
+        id: newId('con'),
+        tenant_id: tenant,
+        provider: 'codehost',
+        name: 'github',
+        base_url: null,
+        settings: {},
+        sealed: { v: 1, iv: 'aXY=', tag: 'dGFn', ct: 'Y3Q=' },
+        created_at: now,
+        updated_at: now,
+        last_used_at: null,
+        last_test: null,
+        ...over,
+      });
+      const a = con('t1');
+      const b = con('t1', { provider: 'email', name: 'smtp', base_url: 'smtp://mail.example.com:587', settings: { username: 'u', from: 'bot@example.com' } });
+      expect(await store.connections.insert(a)).to.equal(true);
+      expect(await store.connections.insert(b)).to.equal(true);
+      expect(await store.connections.insert(con('t1')), 'the same name again').to.equal(false);
+      expect(await store.connections.insert(con('t2')), 'another tenant may use the name').to.equal(true);
+      expect(await store.connections.get('t1', a.id)).to.deep.equal(a);
+      expect(await store.connections.get('t2', a.id)).to.equal(null);
+      expect((await store.connections.list('t1')).map((c) => c.id)).to.deep.equal([a.id, b.id]);
+      expect((await store.connections.list('t1', 'email')).map((c) => c.id)).to.deep.equal([b.id]);
+      expect(await store.connections.update('t2', a.id, { name: 'x' }), 'another tenant').to.equal(null);
+      expect(await store.connections.update('t1', a.id, { name: 'smtp' })).to.equal('name-taken');
+      const test = { ok: true, identity: 'octocat', capabilities: ['repo'], error: null, checked_at: now };
+      expect(await store.connections.update('t1', a.id, { name: 'gh', last_used_at: now, last_test: test })).to.deep.equal({
+        ...a,
+        name: 'gh',
+        last_used_at: now,
+        last_test: test,
+      });
+      expect(await store.connections.insert(con('t1')), 'the old name is free again').to.equal(true);
+      expect(await store.connections.delete('t2', a.id)).to.equal(false);
+      expect(await store.connections.delete('t1', a.id)).to.equal(true);
+      expect(await store.connections.get('t1', a.id)).to.equal(null);
     });
 
     it('stores a delivery once per provider id and kind, per tenant, and answers the first for a repeat', async () => {

@@ -1,6 +1,6 @@
 // The http tool's address rule: only public unicast addresses, however they are spelt.
 import { expect } from 'chai';
-import { isPrivateAddress } from '../../engine/tools/http.js';
+import { isPrivateAddress } from '../../engine/platform/addresses.js';
 
 describe('http tool addresses', () => {
   it('refuses loopback, private, link-local and special ranges in every spelling', () => {

@@ -2,10 +2,21 @@
 // conditional updates are single findOneAndUpdate calls with the expected status in the filter.
 // One file per repository, each with its schema and indexes.
 import mongoose, { type Connection } from 'mongoose';
-import type { AgentRecord, ApiKeyRecord, Automation, MessageRecord, Run, Session, WebhookDelivery, WebhookSecretRecord } from '../../platform/index.js';
+import type {
+  AgentRecord,
+  ApiKeyRecord,
+  Automation,
+  ConnectionRecord,
+  MessageRecord,
+  Run,
+  Session,
+  WebhookDelivery,
+  WebhookSecretRecord,
+} from '../../platform/index.js';
 import type { Store } from '../port.js';
 import { apiKeyRepo, apiKeySchema } from './api-keys.js';
 import { automationRepo, automationSchema } from './automations.js';
+import { connectionRepo, connectionSchema } from './connections.js';
 import { deliveryRepo, deliverySchema } from './deliveries.js';
 import { evidenceRepo, ledgerPayloadSchema, ledgerSchema } from './evidence.js';
 import { gateResultSchema, gateRunRepo, gateRunSchema } from './gate-runs.js';
@@ -23,6 +34,7 @@ export async function openMongoStore(uri: string): Promise<Store> {
   const runSteps = conn.model('RunStep', runStepSchema, 'run_steps');
   const runTurns = conn.model('RunTurn', runTurnSchema, 'run_turns');
   const webhookSecrets = conn.model<WebhookSecretRecord & { _id: string }>('WebhookSecret', webhookSecretSchema, 'webhook_secrets');
+  const connections = conn.model<Stored<ConnectionRecord>>('Connection', connectionSchema, 'connections');
   const deliveries = conn.model<Stored<WebhookDelivery>>('Delivery', deliverySchema, 'deliveries');
   const sessions = conn.model<Stored<Session>>('Session', sessionSchema, 'sessions');
   const agents = conn.model<Stored<AgentRecord>>('Agent', agentSchema, 'agents');
@@ -40,6 +52,7 @@ export async function openMongoStore(uri: string): Promise<Store> {
     runSteps,
     runTurns,
     webhookSecrets,
+    connections,
     deliveries,
     sessions,
     agents,
@@ -58,6 +71,7 @@ export async function openMongoStore(uri: string): Promise<Store> {
     apiKeys: apiKeyRepo(apiKeys),
     runs: runRepo(runs, runSteps as never, runTurns as never),
     webhookSecrets: webhookSecretRepo(webhookSecrets),
+    connections: connectionRepo(connections),
     deliveries: deliveryRepo(deliveries),
     sessions: sessionRepo(sessions),
     agents: agentRepo(agents),

@@ -5,6 +5,7 @@
 import type { Store } from '../port.js';
 import { apiKeyRepo } from './api-keys.js';
 import { automationRepo } from './automations.js';
+import { connectionRepo } from './connections.js';
 import { openDatabase } from './db.js';
 import { deliveryRepo } from './deliveries.js';
 import { evidenceRepo } from './evidence.js';
@@ -22,6 +23,7 @@ export function openSqliteStore(file: string): Store {
     apiKeys: apiKeyRepo(db),
     runs: runRepo(db),
     webhookSecrets: webhookSecretRepo(db),
+    connections: connectionRepo(db),
     deliveries: deliveryRepo(db),
     sessions: sessionRepo(db),
     agents: agentRepo(db),

@@ -191,3 +191,15 @@ MIGRATIONS.push(`
 MIGRATIONS.push(`
   CREATE INDEX gate_runs_by_status ON gate_runs (status, json_extract(doc, '$.created_at'));
 `);
+// Connections: a tenant's provider credentials (sealed in the document), one name per tenant.
+MIGRATIONS.push(`
+  CREATE TABLE connections (
+    id TEXT PRIMARY KEY,
+    tenant_id TEXT NOT NULL,
+    provider TEXT NOT NULL,
+    name TEXT NOT NULL,
+    doc TEXT NOT NULL,
+    UNIQUE (tenant_id, name)
+  );
+  CREATE INDEX connections_by_provider ON connections (tenant_id, provider, id);
+`);

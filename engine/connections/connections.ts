@@ -1,0 +1,213 @@
+// Connections: a tenant's credentials for the providers its runs act on. The credential is sealed at
+// rest under SERVICE_SECRET_KEY with the tenant and the connection as its owner, opened only in memory
+// for a call, and never returned, logged or put in an event.
+import {
+  assertPublicHost,
+  ConflictError,
+  newId,
+  NotFoundError,
+  ValidationError,
+  type ConnectionProvider,
+  type ConnectionRecord,
+  type ConnectionTestResult,
+  type FieldError,
+} from '../platform/index.js';
+import type { Platform } from '../deps.js';
+import type { ConnectionChanges } from '../store/index.js';
+import { KITS, type Access, type Kit } from './kits.js';
+import { callProvider, ProviderError } from './retry.js';
+
+export type ConnectionSettings = { httpAllowPrivate: boolean };
+
+export type ConnectionInput = {
+  provider: ConnectionProvider;
+  name: string;
+  base_url?: string | null;
+  credential: string;
+  settings?: ConnectionRecord['settings'];
+};
+
+export type ConnectionPatch = Partial<Pick<ConnectionInput, 'name' | 'base_url' | 'credential' | 'settings'>>;
+
+/** A connection as the API shows it: never the sealed credential, nor the tenant. */
+export type ConnectionView = Omit<ConnectionRecord, 'sealed' | 'tenant_id'>;
+
+export const viewOf = ({ sealed: _sealed, tenant_id: _tenant, ...rest }: ConnectionRecord): ConnectionView => rest;
+
+/** The connection a run needs is not there: a run that acts on a provider fails with this at once. */
+export class ConnectionMissingError extends Error {
+  readonly code = 'connection-missing';
+  constructor(
+    readonly provider: ConnectionProvider,
+    message: string,
+  ) {
+    super(message);
+    this.name = 'ConnectionMissingError';
+  }
+}
+
+/** An opened connection: what an action needs to call its provider, for the length of one run. */
+export type OpenConnection = { record: ConnectionRecord; kit: Kit; access(signal?: AbortSignal): Promise<Access> };
+
+export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | 'secretBox'>, settings: ConnectionSettings) {
+  const { store, clock, log, secretBox } = deps;
+  const owner = (tenantId: string, id: string) => `connection:${tenantId}:${id}`;
+
+  /** The problems of a base_url and settings for a provider, each with where it is. */
+  function problemsOf(provider: ConnectionProvider, baseUrl: string | null, s: ConnectionRecord['settings'], at: string): FieldError[] {
+    const kit = KITS[provider];
+    const errors: FieldError[] = [];
+    if (baseUrl !== null) {
+      let url: URL | null = null;
+      try {
+        url = new URL(baseUrl);
+      } catch {
+        errors.push({ path: `${at}/base_url`, message: 'not a URL' });
+      }
+      if (url && !kit.schemes.includes(url.protocol))
+        errors.push({ path: `${at}/base_url`, message: `a ${provider} connection's URL is ${kit.schemes.map((x) => x.slice(0, -1)).join(' or ')}` });
+      if (url && (url.username || url.password)) errors.push({ path: `${at}/base_url`, message: 'no credentials in the URL: give them as credential' });
+    } else if (!kit.defaultBaseUrl) {
+      errors.push({ path: `${at}/base_url`, message: `a ${provider} connection needs base_url (for example smtp://smtp.example.com:587)` });
+    }
+    if (provider === 'email') {
+      if (!s.username) errors.push({ path: `${at}/settings/username`, message: 'the SMTP login is required' });
+      if (!s.from || !/^[^@\s]+@[^@\s]+$/.test(s.from)) errors.push({ path: `${at}/settings/from`, message: 'the sender address is required' });
+    } else if (s.username) {
+      errors.push({ path: `${at}/settings/username`, message: `only email connections take a username` });
+    }
+    if (provider !== 'email' && provider !== 'pager' && s.from)
+      errors.push({ path: `${at}/settings/from`, message: `only email and pager connections take from` });
+    return errors;
+  }
+
+  async function checkAddress(baseUrl: string | null): Promise<void> {
+    if (baseUrl !== null) await assertPublicHost(new URL(baseUrl), settings.httpAllowPrivate);
+  }
+
+  async function must(tenantId: string, id: string): Promise<ConnectionRecord> {
+    const found = await store.connections.get(tenantId, id);
+    if (!found) throw new NotFoundError(`no connection ${id}`);
+    return found;
+  }
+
+  function accessOf(record: ConnectionRecord) {
+    return (signal?: AbortSignal): Access => ({
+      token: secretBox.open(record.sealed, owner(record.tenant_id, record.id)),
+      baseUrl: record.base_url,
+      settings: record.settings,
+      signal,
+    });
+  }
+
+  async function touch(record: ConnectionRecord, changes: ConnectionChanges = {}): Promise<ConnectionRecord> {
+    const next = await store.connections.update(record.tenant_id, record.id, { last_used_at: clock.now().toISOString(), ...changes });
+    return next && next !== 'name-taken' ? next : record;
+  }
+
+  return {
+    async create(tenantId: string, input: ConnectionInput): Promise<ConnectionRecord> {
+      const baseUrl = input.base_url ?? null;
+      const settingsOf = input.settings ?? {};
+      const errors = problemsOf(input.provider, baseUrl, settingsOf, '/body');
+      if (errors.length) throw new ValidationError('the connection is not complete', errors);
+      await checkAddress(baseUrl);
+      const now = clock.now().toISOString();
+      const id = newId('con');
+      const record: ConnectionRecord = {
+        id,
+        tenant_id: tenantId,
+        provider: input.provider,
+        name: input.name,
+        base_url: baseUrl,
+        settings: settingsOf,
+        sealed: secretBox.seal(input.credential, owner(tenantId, id)),
+        created_at: now,
+        updated_at: now,
+        last_used_at: null,
+        last_test: null,
+      };
+      if (!(await store.connections.insert(record))) throw new ConflictError(`this tenant already has a connection named ${input.name}`);
+      log.info({ tenant_id: tenantId, connection_id: id, provider: input.provider }, 'connection created');
+      return record;
+    },
+
+    list: (tenantId: string, provider?: ConnectionProvider) => store.connections.list(tenantId, provider),
+
+    get: must,
+
+    async update(tenantId: string, id: string, patch: ConnectionPatch): Promise<ConnectionRecord> {
+      const current = await must(tenantId, id);
+      const baseUrl = patch.base_url === undefined ? current.base_url : patch.base_url;
+      const settingsOf = patch.settings ?? current.settings;
+      const errors = problemsOf(current.provider, baseUrl, settingsOf, '/body');
+      if (errors.length) throw new ValidationError('the connection would not be complete', errors);
+      if (patch.base_url !== undefined) await checkAddress(baseUrl);
+      const changes: ConnectionChanges = { updated_at: clock.now().toISOString() };
+      if (patch.name !== undefined) changes.name = patch.name;
+      if (patch.base_url !== undefined) changes.base_url = baseUrl;
+      if (patch.settings !== undefined) changes.settings = settingsOf;
+      if (patch.credential !== undefined) changes.sealed = secretBox.seal(patch.credential, owner(tenantId, id));
+      // what the last test said was about the credential and the place it was tried
+      if (patch.credential !== undefined || patch.base_url !== undefined) changes.last_test = null;
+      const next = await store.connections.update(tenantId, id, changes);
+      if (next === 'name-taken') throw new ConflictError(`this tenant already has a connection named ${patch.name}`);
+      if (!next) throw new NotFoundError(`no connection ${id}`);
+      log.info({ tenant_id: tenantId, connection_id: id, credential_replaced: patch.credential !== undefined }, 'connection changed');
+      return next;
+    },
+
+    async remove(tenantId: string, id: string): Promise<void> {
+      if (!(await store.connections.delete(tenantId, id))) throw new NotFoundError(`no connection ${id}`);
+      log.info({ tenant_id: tenantId, connection_id: id }, 'connection removed');
+    },
+
+    /** Asks the provider who the credential is and what it may do; keeps the answer on the connection. */
+    async test(tenantId: string, id: string): Promise<ConnectionTestResult> {
+      const record = await must(tenantId, id);
+      const kit = KITS[record.provider];
+      let result: ConnectionTestResult;
+      try {
+        await checkAddress(record.base_url);
+        const access = accessOf(record)(AbortSignal.timeout(30_000));
+        const found = await callProvider(
+          record.provider,
+          (e) => kit.classify(e, access.token),
+          () => kit.identify(access),
+        );
+        result = { ok: true, ...found, error: null, checked_at: clock.now().toISOString() };
+      } catch (err) {
+        const error =
+          err instanceof ProviderError || (err as { code?: string }).code === 'address-not-allowed'
+            ? { code: (err as { code: string }).code, message: (err as Error).message }
+            : { code: 'provider-error', message: `the ${record.provider} provider could not be asked` };
+        if (!(err instanceof ProviderError)) log.warn({ tenant_id: tenantId, connection_id: id, err: (err as Error).message }, 'connection test failed');
+        result = { ok: false, identity: null, capabilities: [], error, checked_at: clock.now().toISOString() };
+      }
+      await touch(record, { last_test: result });
+      return result;
+    },
+
+    /**
+     * The connection a run acts through: the one it names (by id or name), else the tenant's only one
+     * of the provider. Throws ConnectionMissingError naming the provider when there is none to take.
+     */
+    async open(tenantId: string, provider: ConnectionProvider, named?: string | null): Promise<OpenConnection> {
+      const all = await store.connections.list(tenantId, provider);
+      const record = named ? all.find((c) => c.id === named || c.name === named) : all.length === 1 ? all[0] : undefined;
+      if (!record) {
+        const why = named
+          ? `no ${provider} connection named ${named}`
+          : all.length
+            ? `${all.length} ${provider} connections and none named: name one in the automation's connections`
+            : `no ${provider} connection: add one with POST /api/v1/connections`;
+        throw new ConnectionMissingError(provider, why);
+      }
+      await checkAddress(record.base_url);
+      void touch(record).catch((err: Error) => log.warn({ connection_id: record.id, err: err.message }, 'the last use of a connection could not be written'));
+      return { record, kit: KITS[provider], access: async (signal) => accessOf(record)(signal) };
+    },
+  };
+}
+
+export type Connections = ReturnType<typeof connectionsOf>;

@@ -1,0 +1,257 @@
+// Each provider through its own SDK (loaded on first use: the web process pays nothing until a tenant
+// uses one): @octokit/rest for the code host, @slack/web-api for chat, @linear/sdk for the tracker,
+// @pagerduty/pdjs for the pager, nodemailer over SMTP for email. A kit reads its SDK's errors (for the
+// retry layer) and says who a credential is and what it may do.
+import type { ConnectionProvider, ConnectionRecord } from '../platform/index.js';
+import { reasonOf, retryAfterOf, type ProviderFailure } from './retry.js';
+
+/** What a kit is given: the credential in clear (only ever in memory), where the provider is, and a stop signal. */
+export type Access = { token: string; baseUrl: string | null; settings: ConnectionRecord['settings']; signal?: AbortSignal };
+
+export type Identity = { identity: string | null; capabilities: string[] };
+
+export type Kit = {
+  provider: ConnectionProvider;
+  /** the provider's public API; null when there is none (SMTP servers are the tenant's own) */
+  defaultBaseUrl: string | null;
+  /** the URL schemes a base_url may have */
+  schemes: string[];
+  classify(err: unknown, token: string): ProviderFailure | null;
+  /** who the credential is and what it may do; throws the SDK's error when the provider refuses */
+  identify(access: Access): Promise<Identity>;
+};
+
+const QUIET = { debug() {}, info() {}, warn() {}, error() {} };
+
+// ---- code host: GitHub (or GitHub Enterprise through base_url) ----
+
+export async function octokitOf(a: Access) {
+  const { Octokit } = await import('@octokit/rest');
+  return new Octokit({
+    auth: a.token,
+    baseUrl: (a.baseUrl ?? codehostKit.defaultBaseUrl!).replace(/\/+$/, ''),
+    userAgent: 'automation-service',
+    log: QUIET,
+    request: { signal: a.signal },
+  });
+}
+
+export const codehostKit: Kit = {
+  provider: 'codehost',
+  defaultBaseUrl: 'https://api.github.com',
+  schemes: ['https:', 'http:'],
+  classify(err, token) {
+    const e = err as { name?: string; status?: number; response?: { headers?: Record<string, string> } };
+    if (e?.name !== 'HttpError' || typeof e.status !== 'number') return null;
+    // @octokit/request reports a request that never got an answer as a 500 without a response
+    if (!e.response) return { status: null, retryAfterSeconds: null, reason: reasonOf((err as Error).message, token) };
+    return { status: e.status, retryAfterSeconds: retryAfterOf(e.response.headers?.['retry-after']), reason: reasonOf((err as Error).message, token) };
+  },
+  async identify(a) {
+    const gh = await octokitOf(a);
+    try {
+      const me = await gh.rest.users.getAuthenticated();
+      const scopes = String(me.headers['x-oauth-scopes'] ?? '')
+        .split(',')
+        .map((s) => s.trim())
+        .filter(Boolean);
+      return { identity: me.data.login, capabilities: scopes };
+    } catch (err) {
+      // a GitHub App installation token cannot read /user: it is its installation, with its repositories
+      if ((err as { status?: number }).status !== 403) throw err;
+      const repos = await gh.rest.apps.listReposAccessibleToInstallation({ per_page: 1 });
+      return { identity: `installation (${repos.data.total_count} repositories)`, capabilities: ['installation'] };
+    }
+  },
+};
+
+// ---- chat: Slack ----
+
+export async function slackOf(a: Access) {
+  const { WebClient, LogLevel } = await import('@slack/web-api');
+  const base = (a.baseUrl ?? chatKit.defaultBaseUrl!).replace(/\/*$/, '/');
+  // retries and rate limits are the retry layer's, so that every provider waits as Retry-After says
+  return new WebClient(a.token, {
+    slackApiUrl: base,
+    retryConfig: { retries: 0 },
+    rejectRateLimitedCalls: true,
+    logLevel: LogLevel.ERROR,
+    logger: SLACK_QUIET,
+    timeout: 30_000,
+  });
+}
+
+const SLACK_QUIET = { ...QUIET, setLevel() {}, getLevel: () => 'error' as never, setName() {} };
+const SLACK_AUTH_ERRORS = new Set([
+  'invalid_auth',
+  'not_authed',
+  'account_inactive',
+  'token_revoked',
+  'token_expired',
+  'missing_scope',
+  'not_allowed_token_type',
+]);
+
+export const chatKit: Kit = {
+  provider: 'chat',
+  defaultBaseUrl: 'https://slack.com/api/',
+  schemes: ['https:', 'http:'],
+  classify(err, token) {
+    const e = err as { code?: string; retryAfter?: number; statusCode?: number; headers?: Record<string, string>; data?: { error?: string } };
+    switch (e?.code) {
+      case 'slack_webapi_rate_limited_error':
+        return { status: 429, retryAfterSeconds: e.retryAfter ?? null, reason: 'ratelimited' };
+      case 'slack_webapi_http_error':
+        return { status: e.statusCode ?? 500, retryAfterSeconds: retryAfterOf(e.headers?.['retry-after']), reason: reasonOf((err as Error).message, token) };
+      case 'slack_webapi_platform_error': {
+        const reason = e.data?.error ?? 'error';
+        return { status: SLACK_AUTH_ERRORS.has(reason) ? 401 : reason === 'ratelimited' ? 429 : 400, retryAfterSeconds: null, reason };
+      }
+      case 'slack_webapi_request_error':
+        return { status: null, retryAfterSeconds: null, reason: reasonOf((err as Error).message, token) };
+      default:
+        return null;
+    }
+  },
+  async identify(a) {
+    const slack = await slackOf(a);
+    const me = await slack.auth.test();
+    return {
+      identity: [me.user, me.team].filter(Boolean).join(' in ') || null,
+      capabilities: me.response_metadata?.scopes ?? [],
+    };
+  },
+};
+
+// ---- tracker: Linear ----
+
+export async function linearOf(a: Access) {
+  const { LinearClient } = await import('@linear/sdk');
+  return new LinearClient({ apiKey: a.token, ...(a.baseUrl ? { apiUrl: a.baseUrl } : {}), signal: a.signal } as never);
+}
+
+/** Linear's error types that say more than the HTTP status (a refused key comes as a 400 with an authentication error). */
+const LINEAR_STATUS: Record<string, number> = { AuthenticationError: 401, Forbidden: 403, FeatureNotAccessible: 403, Ratelimited: 429, InvalidInput: 400 };
+
+export const trackerKit: Kit = {
+  provider: 'tracker',
+  defaultBaseUrl: 'https://api.linear.app/graphql',
+  schemes: ['https:', 'http:'],
+  classify(err, token) {
+    const e = err as { name?: string; type?: string; status?: number; retryAfter?: number; raw?: { response?: { headers?: Headers } } };
+    if (!e || typeof e.type !== 'string' || !('errors' in (e as object))) return null;
+    const answered = typeof e.status === 'number' && e.status >= 400 ? e.status : null;
+    // no status and no telling type: the request never got an answer
+    const status = LINEAR_STATUS[e.type] ?? answered ?? (e.type === 'InternalError' ? 500 : null);
+    const retryAfter = e.retryAfter ?? retryAfterOf(e.raw?.response?.headers?.get?.('retry-after'));
+    return { status, retryAfterSeconds: retryAfter ?? null, reason: reasonOf(e.type, token) };
+  },
+  async identify(a) {
+    const linear = await linearOf(a);
+    const viewer = await linear.viewer;
+    // a Linear key acts as its user: a member (or a guest, on the teams it was invited to), an admin or not
+    const role = [viewer.guest ? 'guest' : 'member', ...(viewer.admin ? ['admin'] : []), ...(viewer.active === false ? ['inactive'] : [])];
+    return { identity: viewer.email || viewer.name || viewer.id, capabilities: role };
+  },
+};
+
+// ---- pager: PagerDuty ----
+
+/** pdjs answers every HTTP status without throwing: an answer of 400 or more is thrown as this. */
+export class PagerAnswerError extends Error {
+  constructor(
+    readonly status: number,
+    readonly retryAfter: string | null,
+    reason: string,
+  ) {
+    super(reason);
+    this.name = 'PagerAnswerError';
+  }
+}
+
+/** One PagerDuty REST call; `from` is the user the change is made as (PagerDuty's From header). */
+export async function pagerCall(a: Access, method: 'GET' | 'POST' | 'PUT', path: string, data?: object): Promise<Record<string, unknown>> {
+  const { api } = await import('@pagerduty/pdjs');
+  const base = (a.baseUrl ?? pagerKit.defaultBaseUrl!).replace(/\/+$/, '');
+  const res = await api({
+    token: a.token,
+    url: `${base}${path}`,
+    method,
+    ...(data ? { data } : {}),
+    headers: a.settings.from ? { From: a.settings.from } : {},
+    // pdjs re-sends a 429 itself; with no wait of its own the retry layer waits as Retry-After says
+    retryTimeout: 0,
+    signal: a.signal,
+  } as never).catch((err: unknown) => {
+    // a body that is not JSON: pdjs rejects with the response itself
+    const r = err as { status?: number; headers?: Headers };
+    if (typeof r?.status === 'number') throw new PagerAnswerError(r.status, r.headers?.get('retry-after') ?? null, `HTTP ${r.status}`);
+    throw err;
+  });
+  if (res.status >= 400) {
+    const error = (res.data as { error?: { message?: string } } | undefined)?.error;
+    throw new PagerAnswerError(res.status, res.response.headers.get('retry-after'), error?.message ?? `HTTP ${res.status}`);
+  }
+  return (res.data ?? {}) as Record<string, unknown>;
+}
+
+export const pagerKit: Kit = {
+  provider: 'pager',
+  defaultBaseUrl: 'https://api.pagerduty.com',
+  schemes: ['https:', 'http:'],
+  classify(err, token) {
+    if (err instanceof PagerAnswerError) return { status: err.status, retryAfterSeconds: retryAfterOf(err.retryAfter), reason: reasonOf(err.message, token) };
+    const e = err as { name?: string; type?: string };
+    if (e?.name === 'FetchError' || e?.type === 'system') return { status: null, retryAfterSeconds: null, reason: reasonOf((err as Error).message, token) };
+    return null;
+  },
+  async identify(a) {
+    const abilities = await pagerCall(a, 'GET', '/abilities');
+    return { identity: a.settings.from ?? null, capabilities: ((abilities.abilities as string[] | undefined) ?? []).map(String) };
+  },
+};
+
+// ---- email: SMTP ----
+
+export async function mailerOf(a: Access) {
+  const nodemailer = (await import('nodemailer')).default;
+  const url = new URL(a.baseUrl!);
+  return nodemailer.createTransport({
+    host: url.hostname.replace(/^\[|\]$/g, ''),
+    port: url.port ? Number(url.port) : url.protocol === 'smtps:' ? 465 : 587,
+    secure: url.protocol === 'smtps:',
+    auth: { user: a.settings.username, pass: a.token },
+    connectionTimeout: 10_000,
+    greetingTimeout: 10_000,
+    socketTimeout: 30_000,
+  });
+}
+
+const SMTP_UNREACHABLE = new Set(['ECONNECTION', 'ETIMEDOUT', 'ESOCKET', 'EDNS', 'ETLS']);
+
+export const emailKit: Kit = {
+  provider: 'email',
+  defaultBaseUrl: null,
+  schemes: ['smtp:', 'smtps:'],
+  classify(err, token) {
+    const e = err as { code?: string; responseCode?: number; response?: string };
+    if (!e || typeof e.code !== 'string') return null;
+    const reason = reasonOf(e.response ?? (err as Error).message, token);
+    if (e.code === 'EAUTH') return { status: 401, retryAfterSeconds: null, reason };
+    if (SMTP_UNREACHABLE.has(e.code)) return { status: null, retryAfterSeconds: null, reason };
+    // SMTP 4xx is "try again later", 5xx "never"
+    if (typeof e.responseCode === 'number') return { status: e.responseCode < 500 ? 503 : 400, retryAfterSeconds: null, reason };
+    return e.code.startsWith('E') ? { status: 400, retryAfterSeconds: null, reason } : null;
+  },
+  async identify(a) {
+    const mailer = await mailerOf(a);
+    try {
+      await mailer.verify();
+    } finally {
+      mailer.close();
+    }
+    return { identity: a.settings.username ?? null, capabilities: ['send'] };
+  },
+};
+
+export const KITS: Record<ConnectionProvider, Kit> = { codehost: codehostKit, chat: chatKit, tracker: trackerKit, pager: pagerKit, email: emailKit };

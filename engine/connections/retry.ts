@@ -1,0 +1,95 @@
+// One way to call a provider: its SDK's error is read into a status and a Retry-After, 429 and 5xx are
+// tried again (up to three calls in all, waiting as Retry-After says, capped), and what fails is a
+// ProviderError with a stable code and a message that never carries the credential or the provider's body.
+import type { ConnectionProvider } from '../platform/index.js';
+
+/** What a provider's SDK error says, read by that provider's kit; null for an error that is not the provider's. */
+export type ProviderFailure = { status: number | null; retryAfterSeconds: number | null; reason: string };
+
+export type ProviderErrorCode =
+  'provider-auth-failed' | 'provider-not-found' | 'provider-refused' | 'provider-rate-limited' | 'provider-error' | 'provider-unreachable';
+
+export class ProviderError extends Error {
+  constructor(
+    readonly code: ProviderErrorCode,
+    message: string,
+    readonly status: number | null,
+  ) {
+    super(message);
+    this.name = 'ProviderError';
+  }
+}
+
+export type RetryOptions = { signal?: AbortSignal; attempts?: number; maxWaitMs?: number; sleep?: (ms: number, signal?: AbortSignal) => Promise<void> };
+
+const MAX_WAIT_MS = 10_000;
+const ATTEMPTS = 3;
+
+function codeOf(f: ProviderFailure): ProviderErrorCode {
+  if (f.status === null) return 'provider-unreachable';
+  if (f.status === 401 || f.status === 403) return 'provider-auth-failed';
+  if (f.status === 404) return 'provider-not-found';
+  if (f.status === 429) return 'provider-rate-limited';
+  if (f.status >= 500) return 'provider-error';
+  return 'provider-refused';
+}
+
+const retryable = (f: ProviderFailure) => f.status === 429 || (f.status !== null && f.status >= 500);
+
+function defaultSleep(ms: number, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve, reject) => {
+    if (signal?.aborted) return reject(signal.reason as Error);
+    const t = setTimeout(() => {
+      signal?.removeEventListener('abort', onAbort);
+      resolve();
+    }, ms);
+    const onAbort = () => {
+      clearTimeout(t);
+      reject(signal!.reason as Error);
+    };
+    signal?.addEventListener('abort', onAbort, { once: true });
+  });
+}
+
+/** Calls `fn`, trying 429 and 5xx again; anything the provider refused becomes a ProviderError. */
+export async function callProvider<T>(
+  provider: ConnectionProvider,
+  classify: (err: unknown) => ProviderFailure | null,
+  fn: () => Promise<T>,
+  opts: RetryOptions = {},
+): Promise<T> {
+  const attempts = opts.attempts ?? ATTEMPTS;
+  const sleep = opts.sleep ?? defaultSleep;
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await fn();
+    } catch (err) {
+      if (opts.signal?.aborted) throw err;
+      const failure = classify(err);
+      if (!failure) throw err;
+      if (attempt < attempts && retryable(failure)) {
+        const wait = failure.retryAfterSeconds !== null ? failure.retryAfterSeconds * 1000 : 500 * 2 ** (attempt - 1);
+        await sleep(Math.min(Math.max(wait, 0), opts.maxWaitMs ?? MAX_WAIT_MS), opts.signal);
+        continue;
+      }
+      const status = failure.status === null ? 'could not be reached' : `answered ${failure.status}`;
+      throw new ProviderError(codeOf(failure), `the ${provider} provider ${status}${failure.reason ? `: ${failure.reason}` : ''}`, failure.status);
+    }
+  }
+}
+
+/** Retry-After as seconds: a number of seconds or an HTTP date; null when absent or unreadable. */
+export function retryAfterOf(value: string | number | null | undefined): number | null {
+  if (value === null || value === undefined || value === '') return null;
+  const n = Number(value);
+  if (Number.isFinite(n)) return Math.max(0, n);
+  const at = Date.parse(String(value));
+  return Number.isFinite(at) ? Math.max(0, Math.ceil((at - Date.now()) / 1000)) : null;
+}
+
+/** A short reason from a provider's error, clipped, with the credential masked should it appear. */
+export function reasonOf(text: unknown, secret: string): string {
+  if (typeof text !== 'string' || !text) return '';
+  const clipped = text.replace(/\s+/g, ' ').trim().slice(0, 200);
+  return secret ? clipped.split(secret).join('[credential]') : clipped;
+}

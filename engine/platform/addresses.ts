@@ -1,0 +1,56 @@
+// Which addresses the service may reach on a tenant's behalf (the http tool, connections' base URLs,
+// outbound notification endpoints): only public unicast ones, unless SERVICE_HTTP_ALLOW_PRIVATE=1.
+import dns from 'node:dns';
+import ipaddr from 'ipaddr.js';
+import { AddressNotAllowedError } from './errors.js';
+
+/**
+ * Only public unicast addresses may be reached: ipaddr.js's range list (maintained upstream) names every
+ * other range (loopback, private, link-local, carrier-grade NAT, NAT64 64:ff9b::/96, 6to4 2002::/16,
+ * Teredo, reserved, multicast...). An IPv4 address written as IPv6 (::ffff:a.b.c.d, ::a.b.c.d) is
+ * judged as the IPv4 address it carries.
+ */
+export function isPrivateAddress(address: string): boolean {
+  let parsed: ipaddr.IPv4 | ipaddr.IPv6;
+  try {
+    parsed = ipaddr.parse(address);
+  } catch {
+    return true; // not an address we can judge: refused
+  }
+  if (parsed.kind() === 'ipv6' && (parsed as ipaddr.IPv6).isIPv4MappedAddress()) parsed = (parsed as ipaddr.IPv6).toIPv4Address();
+  return parsed.range() !== 'unicast';
+}
+
+type LookupCallback = (err: NodeJS.ErrnoException | null, address: string | dns.LookupAddress[], family?: number) => void;
+
+/** dns.lookup that fails with EPRIVATE when a name resolves to anything but public unicast addresses. */
+export function guardedLookup(hostname: string, options: dns.LookupOptions, callback: LookupCallback): void {
+  dns.lookup(hostname, { ...options, all: true }, (err, addresses) => {
+    if (err) return callback(err, '');
+    const list = addresses as dns.LookupAddress[];
+    const blocked = list.find((a) => isPrivateAddress(a.address));
+    if (blocked) {
+      const e = Object.assign(new Error(`${hostname} resolves to ${blocked.address}, a private address`), { code: 'EPRIVATE' });
+      return callback(e, '');
+    }
+    if (options.all) return callback(null, list);
+    callback(null, list[0]!.address, list[0]!.family);
+  });
+}
+
+/**
+ * Refuses a URL whose host is, or resolves to, anything but public unicast addresses (unless private
+ * ones are allowed). For clients that cannot take guardedLookup at connect time (the providers' SDKs),
+ * checked just before each use.
+ */
+export async function assertPublicHost(url: URL, allowPrivate: boolean): Promise<void> {
+  if (allowPrivate) return;
+  const host = url.hostname.replace(/^\[|\]$/g, '');
+  if (ipaddr.isValid(host)) {
+    if (isPrivateAddress(host)) throw new AddressNotAllowedError(`${host} is a private or loopback address`);
+    return;
+  }
+  const addresses = await dns.promises.lookup(host, { all: true }).catch(() => []);
+  const blocked = addresses.find((a) => isPrivateAddress(a.address));
+  if (blocked) throw new AddressNotAllowedError(`${host} resolves to ${blocked.address}, a private address`);
+}

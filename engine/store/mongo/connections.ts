@@ -1,0 +1,51 @@
+import { Schema, type Model } from 'mongoose';
+import type { ConnectionRecord } from '../../platform/index.js';
+import { type ConnectionRepo } from '../port.js';
+import { fromStored, loose, toStored, type Stored } from './documents.js';
+
+export const connectionSchema = new Schema(
+  { _id: String, tenant_id: { type: String, required: true }, provider: { type: String, required: true }, name: { type: String, required: true } },
+  loose,
+);
+connectionSchema.index({ tenant_id: 1, name: 1 }, { unique: true });
+connectionSchema.index({ tenant_id: 1, provider: 1, _id: 1 });
+
+const isDuplicate = (err: unknown) => (err as { code?: number }).code === 11000;
+
+export function connectionRepo(model: Model<Stored<ConnectionRecord>>): ConnectionRepo {
+  return {
+    async insert(c) {
+      try {
+        await model.collection.insertOne(toStored(c) as never);
+        return true;
+      } catch (err) {
+        if (isDuplicate(err)) return false;
+        throw err;
+      }
+    },
+    async get(tenantId, id) {
+      return fromStored(await model.findOne({ _id: id, tenant_id: tenantId }).lean<Stored<ConnectionRecord>>());
+    },
+    async list(tenantId, provider) {
+      const rows = await model
+        .find({ tenant_id: tenantId, ...(provider ? { provider } : {}) })
+        .sort({ _id: 1 })
+        .lean<Stored<ConnectionRecord>[]>();
+      return rows.map((r) => fromStored(r)!);
+    },
+    async update(tenantId, id, changes) {
+      try {
+        const row = await model
+          .findOneAndUpdate({ _id: id, tenant_id: tenantId }, { $set: changes }, { returnDocument: 'after' })
+          .lean<Stored<ConnectionRecord>>();
+        return fromStored(row);
+      } catch (err) {
+        if (isDuplicate(err)) return 'name-taken';
+        throw err;
+      }
+    },
+    async delete(tenantId, id) {
+      return (await model.deleteOne({ _id: id, tenant_id: tenantId })).deletedCount === 1;
+    },
+  };
+}

@@ -1,0 +1,177 @@
+// Fake providers on loopback for the connection tests: one HTTP server answering as GitHub's REST API
+// (/github), Slack's Web API (/slack/api), Linear's GraphQL API (/linear/graphql) and PagerDuty's REST
+// API (/pager), plus an smtp-server. Each SDK is pointed at its part by its base URL option. They check
+// the credential the way each provider does, answer with the shapes each SDK reads, and record every
+// request (and every mail) for the test to look at.
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { SMTPServer } from 'smtp-server';
+
+export type Recorded = {
+  provider: 'github' | 'slack' | 'linear' | 'pager';
+  method: string;
+  path: string;
+  authorization: string;
+  headers: http.IncomingHttpHeaders;
+  body: any;
+};
+export type Mail = { from: string; to: string[]; data: string };
+
+export type FakeProviders = {
+  github: string;
+  slack: string;
+  linear: string;
+  pager: string;
+  smtp: string;
+  requests: Recorded[];
+  mails: Mail[];
+  /** the next `times` requests to a provider answer `status` (with Retry-After when given) */
+  failNext(provider: Recorded['provider'], status: number, times?: number, retryAfter?: number): void;
+  close(): Promise<void>;
+};
+
+export const FAKE_TOKEN = 'fake-token-0123456789abcdefghij';
+export const SMTP_USER = 'bot@acme.test';
+
+function readBody(req: http.IncomingMessage): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    req.on('data', (c: Buffer) => chunks.push(c));
+    req.on('end', () => resolve(Buffer.concat(chunks).toString('utf8')));
+    req.on('error', reject);
+  });
+}
+
+export async function startFakeProviders(opts: { token?: string } = {}): Promise<FakeProviders> {
+  const token = opts.token ?? FAKE_TOKEN;
+  const requests: Recorded[] = [];
+  const mails: Mail[] = [];
+  const failures = new Map<string, { status: number; times: number; retryAfter?: number }>();
+  let nextId = 1000;
+
+  const json = (res: http.ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}) => {
+    res.writeHead(status, { 'content-type': 'application/json', ...headers });
+    res.end(JSON.stringify(body));
+  };
+
+  function github(r: Recorded, res: http.ServerResponse): void {
+    if (r.authorization !== `token ${token}` && r.authorization !== `Bearer ${token}`) return json(res, 401, { message: 'Bad credentials' });
+    const p = r.path.replace(/^\/github/, '');
+    if (r.method === 'GET' && p === '/user') return json(res, 200, { login: 'acme-bot', id: 1 }, { 'x-oauth-scopes': 'repo, workflow' });
+    const id = nextId++;
+    return json(res, r.method === 'POST' ? 201 : 200, {
+      id,
+      html_url: `https://github.example/${p.slice(1)}#${id}`,
+      number: id,
+      ...(typeof r.body === 'object' ? r.body : {}),
+    });
+  }
+
+  function slack(r: Recorded, res: http.ServerResponse): void {
+    const method = r.path.replace(/^\/slack\/api\//, '');
+    if (r.authorization !== `Bearer ${token}`) return json(res, 200, { ok: false, error: 'invalid_auth' });
+    if (method === 'auth.test')
+      return json(res, 200, { ok: true, user: 'acme-bot', team: 'Acme', user_id: 'U1', team_id: 'T1' }, { 'x-oauth-scopes': 'chat:write,app_mentions:read' });
+    if (method === 'chat.postMessage') return json(res, 200, { ok: true, channel: r.body.channel, ts: `${Date.now() / 1000}`, message: { text: r.body.text } });
+    return json(res, 200, { ok: false, error: 'unknown_method' });
+  }
+
+  function linear(r: Recorded, res: http.ServerResponse): void {
+    if (r.authorization !== token)
+      return json(res, 400, {
+        errors: [{ message: 'Authentication required, not authenticated', extensions: { type: 'authentication error', code: 'AUTHENTICATION_ERROR' } }],
+      });
+    const query = String(r.body?.query ?? '');
+    if (/\bviewer\b/.test(query))
+      return json(res, 200, { data: { viewer: { id: 'user-1', name: 'Acme Bot', email: 'bot@acme.test', active: true, admin: false, guest: false } } });
+    return json(res, 200, { data: {} });
+  }
+
+  function pager(r: Recorded, res: http.ServerResponse): void {
+    if (r.authorization !== `Token token=${token}`) return json(res, 401, { error: { message: 'Unauthorized', code: 2006 } });
+    const p = r.path.replace(/^\/pager/, '');
+    if (r.method === 'GET' && p === '/abilities') return json(res, 200, { abilities: ['teams', 'urgencies', 'read_only_users'] });
+    return json(res, 200, {});
+  }
+
+  const server = http.createServer((req, res) => {
+    void (async () => {
+      const url = new URL(req.url ?? '/', 'http://x');
+      const text = await readBody(req);
+      let body: any = text;
+      const type = String(req.headers['content-type'] ?? '');
+      if (type.includes('json') && text) body = JSON.parse(text);
+      else if (type.includes('x-www-form-urlencoded')) body = Object.fromEntries(new URLSearchParams(text));
+      const provider = url.pathname.split('/')[1] as Recorded['provider'];
+      const r: Recorded = {
+        provider,
+        method: req.method ?? 'GET',
+        path: url.pathname,
+        authorization: String(req.headers.authorization ?? ''),
+        headers: req.headers,
+        body,
+      };
+      requests.push(r);
+      const failing = failures.get(provider);
+      if (failing && failing.times > 0) {
+        failing.times--;
+        return json(
+          res,
+          failing.status,
+          { message: 'failing on purpose' },
+          failing.retryAfter !== undefined ? { 'retry-after': String(failing.retryAfter) } : {},
+        );
+      }
+      if (provider === 'github') return github(r, res);
+      if (provider === 'slack') return slack(r, res);
+      if (provider === 'linear') return linear(r, res);
+      if (provider === 'pager') return pager(r, res);
+      json(res, 404, { message: 'Not Found' });
+    })().catch((err: Error) => json(res, 500, { message: err.message }));
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const base = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+
+  const smtp = new SMTPServer({
+    disabledCommands: ['STARTTLS'],
+    allowInsecureAuth: true,
+    authMethods: ['PLAIN', 'LOGIN'],
+    logger: false,
+    onAuth(auth, _session, callback) {
+      if (auth.username === SMTP_USER && auth.password === token) return callback(null, { user: auth.username });
+      callback(new Error('Invalid username or password'));
+    },
+    onData(stream, session, callback) {
+      const chunks: Buffer[] = [];
+      stream.on('data', (c: Buffer) => chunks.push(c));
+      stream.on('end', () => {
+        mails.push({
+          from: session.envelope.mailFrom ? session.envelope.mailFrom.address : '',
+          to: session.envelope.rcptTo.map((t) => t.address),
+          data: Buffer.concat(chunks).toString('utf8'),
+        });
+        callback();
+      });
+    },
+  });
+  await new Promise<void>((resolve) => smtp.listen(0, '127.0.0.1', resolve));
+  const smtpPort = (smtp.server.address() as AddressInfo).port;
+
+  return {
+    github: `${base}/github`,
+    slack: `${base}/slack/api/`,
+    linear: `${base}/linear/graphql`,
+    pager: `${base}/pager`,
+    smtp: `smtp://127.0.0.1:${smtpPort}`,
+    requests,
+    mails,
+    failNext(provider, status, times = 1, retryAfter) {
+      failures.set(provider, { status, times, retryAfter });
+    },
+    async close() {
+      server.closeAllConnections();
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+      await new Promise<void>((resolve) => smtp.close(() => resolve()));
+    },
+  };
+}
