@@ -1431,6 +1431,14 @@ export interface components {
          * @enum {string}
          */
         ConnectionProvider: "codehost" | "chat" | "tracker" | "pager" | "email";
+        /** @description The connection (its id or name) each action tool acts through, by provider. A provider left out takes the tenant's only connection of it; a run whose connection is missing fails at once with `connection-missing`. */
+        ConnectionNames: {
+            codehost?: string;
+            chat?: string;
+            tracker?: string;
+            pager?: string;
+            email?: string;
+        };
         /** @description Non-secret settings. `username` is the SMTP login (email); `from` is the sender address (email) or the PagerDuty user's email that notes and acknowledgements are made as (pager). */
         ConnectionSettings: {
             username?: string;
@@ -1549,7 +1557,7 @@ export interface components {
          * @description A tool a step or the agent may call.
          * @enum {string}
          */
-        ToolName: "shell" | "read_file" | "write_file" | "list_files" | "http" | "message" | "session" | "gates" | "audit" | "agent";
+        ToolName: "shell" | "read_file" | "write_file" | "list_files" | "http" | "message" | "session" | "gates" | "audit" | "agent" | "codehost" | "chat" | "tracker" | "pager" | "email";
         /** @enum {string} */
         WebhookProvider: "codehost" | "chat" | "tracker" | "pager" | "email" | "generic";
         Trigger: components["schemas"]["ManualTrigger"] | components["schemas"]["CronTrigger"] | components["schemas"]["WebhookTrigger"] | components["schemas"]["FileChangeTrigger"];
@@ -1639,6 +1647,7 @@ export interface components {
             retry?: components["schemas"]["RetryPolicyInput"];
             /** @description Let the run's tool processes use the network. Refused (403 `network-not-permitted`) unless the operator sets SERVICE_SANDBOX_ALLOW_NETWORK=1. */
             network?: boolean;
+            connections?: components["schemas"]["ConnectionNames"];
         };
         /** @description A definition, or a template id with variables when `template_id` is present. */
         AutomationCreate: Record<string, never>;
@@ -1659,6 +1668,7 @@ export interface components {
             budget?: components["schemas"]["Budget"];
             retry?: components["schemas"]["RetryPolicyInput"];
             network?: boolean;
+            connections?: components["schemas"]["ConnectionNames"];
         };
         Automation: {
             id: components["schemas"]["AutomationId"];
@@ -1675,6 +1685,7 @@ export interface components {
             steps: components["schemas"]["Step"][] | null;
             retry: components["schemas"]["RetryPolicy"];
             network: boolean;
+            connections?: components["schemas"]["ConnectionNames"];
             goal: string | null;
             inputs: {
                 [key: string]: unknown;
@@ -1745,6 +1756,7 @@ export interface components {
              * @default false
              */
             network: boolean;
+            connections?: components["schemas"]["ConnectionNames"];
             /**
              * @description Vibe runs: after the edits, run the workspace's gate set on the scratch copy, each gate in the
              *     sandbox; the results ride with the diff (`result.gates`), and a required gate that does not pass
@@ -1832,6 +1844,7 @@ export interface components {
             workspace: string;
             /** @description Its tool processes may use the network. */
             network: boolean;
+            connections?: components["schemas"]["ConnectionNames"];
             /**
              * @description The sandbox its last attempt's tool processes ran in; null before it started.
              * @enum {string|null}
@@ -2162,7 +2175,7 @@ export interface components {
          *     its `type`, the time `at`, the tenant, and the session and run it belongs to; `data` depends on
          *     the type. The catalogue is one list in the service (engine/platform/event-types.ts).
          */
-        ServiceEvent: components["schemas"]["EventRunQueued"] | components["schemas"]["EventRunStarted"] | components["schemas"]["EventRunRetrying"] | components["schemas"]["EventRunInterrupted"] | components["schemas"]["EventRunFinished"] | components["schemas"]["EventWorkspaceReady"] | components["schemas"]["EventStepStarted"] | components["schemas"]["EventStepOutput"] | components["schemas"]["EventStepFinished"] | components["schemas"]["EventAgentTurn"] | components["schemas"]["EventMessageCreated"] | components["schemas"]["EventTaskUpdated"] | components["schemas"]["EventSessionUpdated"] | components["schemas"]["EventGateFinished"] | components["schemas"]["EventGateRunFinished"] | components["schemas"]["EventAuditPhaseDone"] | components["schemas"]["EventAuditFinished"];
+        ServiceEvent: components["schemas"]["EventRunQueued"] | components["schemas"]["EventRunStarted"] | components["schemas"]["EventRunRetrying"] | components["schemas"]["EventRunInterrupted"] | components["schemas"]["EventRunFinished"] | components["schemas"]["EventWorkspaceReady"] | components["schemas"]["EventStepStarted"] | components["schemas"]["EventStepOutput"] | components["schemas"]["EventStepFinished"] | components["schemas"]["EventProviderRequest"] | components["schemas"]["EventProviderAnswer"] | components["schemas"]["EventAgentTurn"] | components["schemas"]["EventMessageCreated"] | components["schemas"]["EventTaskUpdated"] | components["schemas"]["EventSessionUpdated"] | components["schemas"]["EventGateFinished"] | components["schemas"]["EventGateRunFinished"] | components["schemas"]["EventAuditPhaseDone"] | components["schemas"]["EventAuditFinished"];
         /** @description A run was accepted and stored. */
         EventRunQueued: {
             id: string;
@@ -2354,6 +2367,50 @@ export interface components {
                 duration_ms?: number | null;
                 error?: components["schemas"]["ErrorInfo"];
                 exit_code?: number | null;
+            };
+        };
+        /** @description An action tool asks a provider through a connection (a review, a reply, labels, a note, an email); the arguments as the step gave them. */
+        EventProviderRequest: {
+            id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "provider.request";
+            /** Format: date-time */
+            at: string;
+            tenant_id: string;
+            session_id?: string;
+            run_id?: string;
+            data: {
+                step?: number;
+                provider?: components["schemas"]["ConnectionProvider"];
+                action?: string;
+                args?: Record<string, never>;
+            };
+        };
+        /** @description What the provider answered (ids and URLs of what it made), or why it refused; never the credential. */
+        EventProviderAnswer: {
+            id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "provider.answer";
+            /** Format: date-time */
+            at: string;
+            tenant_id: string;
+            session_id?: string;
+            run_id?: string;
+            data: {
+                step?: number;
+                provider?: components["schemas"]["ConnectionProvider"];
+                action?: string;
+                connection_id?: string | null;
+                ok?: boolean;
+                answer?: Record<string, never> | null;
+                error?: components["schemas"]["ErrorInfo"];
+                duration_ms?: number;
             };
         };
         /** @description One model turn of the agent. */

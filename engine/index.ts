@@ -10,7 +10,7 @@ import { evidencePacksOf, gateRunsOf, gatesOnCopy, smartGatesOf } from './gates/
 import type { Sandbox } from './tools/index.js';
 import { auditsOf, type AuditSettings } from './audit/index.js';
 import { voiceOf, type VoiceSettings } from './voice/index.js';
-import { connectionsOf } from './connections/index.js';
+import { ConnectionMissingError, connectionsOf } from './connections/index.js';
 
 export type EngineDeps = Platform & {
   /** signs the evidence ledger */
@@ -73,6 +73,22 @@ export function createEngine(deps: EngineDeps) {
   });
   const executor = executorOf(deps, runs, transitions, {
     sessionActions: sessions.actionsFor,
+    // the action tools act through the connection the run names for a provider, or an action's own, or the tenant's only one
+    connectionActions: (run) => ({
+      async check(providers) {
+        for (const p of providers) {
+          try {
+            await connections.resolve(run.tenant_id, p, run.connections?.[p]);
+          } catch (err) {
+            if (err instanceof ConnectionMissingError) return { code: err.code, message: `this run acts on the ${p} provider: ${err.message}` };
+            throw err;
+          }
+        }
+        return null;
+      },
+      act: (provider, action, args, signal) =>
+        connections.act(run.tenant_id, provider, typeof args.connection === 'string' ? args.connection : run.connections?.[provider], action, args, signal),
+    }),
     copyGates: (run, copy, binds, signal) =>
       gatesOnCopy(
         { sandbox: deps.sandbox, childEnv: deps.settings.childEnv, concurrency: deps.settings.gatesConcurrency },

@@ -36,6 +36,7 @@ export function autonomyRunRequest(req: Request, kind: RunKind, work: AutonomyWo
     max_steps: work.max_steps,
     retry: work.retry,
     network: work.network,
+    connections: work.connections,
     gates: work.gates,
     inputs: work.inputs,
     trigger: { type: 'api', request_id: String(req.id) },

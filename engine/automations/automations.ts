@@ -118,6 +118,7 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
         triggers,
         tool_allowlist: allowlistOf(deps.settings, def.tool_allowlist, def.steps?.length ? def.steps : null, '/body/tool_allowlist'),
         network: networkOf(deps.settings, def.network),
+        ...(def.connections && Object.keys(def.connections).length ? { connections: def.connections } : {}),
         budget,
         retry: retryPolicyOf(def.retry),
         steps: def.steps && def.steps.length ? def.steps : null,
@@ -161,6 +162,7 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
       if (patch.triggers !== undefined) changes.triggers = patch.triggers;
       if (patch.tool_allowlist !== undefined) changes.tool_allowlist = allowlistOf(deps.settings, patch.tool_allowlist, null, '/body/tool_allowlist');
       if (patch.network !== undefined) changes.network = networkOf(deps.settings, patch.network);
+      if (patch.connections !== undefined) changes.connections = patch.connections;
       if (patch.budget !== undefined) changes.budget = budgetOf(patch.budget, '/body/budget', errors, current.budget);
       if (patch.retry !== undefined) changes.retry = retryPolicyOf(patch.retry);
       if (changes.tool_allowlist && current.steps)
@@ -183,6 +185,7 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
         steps: a.steps,
         tool_allowlist: a.tool_allowlist,
         network: a.network,
+        connections: a.connections,
         budget_seconds: a.budget.seconds,
         max_steps: a.budget.max_steps,
         retry: a.retry,

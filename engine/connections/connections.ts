@@ -14,7 +14,8 @@ import {
 } from '../platform/index.js';
 import type { Platform } from '../deps.js';
 import type { ConnectionChanges } from '../store/index.js';
-import { KITS, type Access, type Kit } from './kits.js';
+import { ACTIONS, ActionArgsError, type Answer } from './actions.js';
+import { KITS, type Access } from './kits.js';
 import { callProvider, ProviderError } from './retry.js';
 
 export type ConnectionSettings = { httpAllowPrivate: boolean };
@@ -45,9 +46,6 @@ export class ConnectionMissingError extends Error {
     this.name = 'ConnectionMissingError';
   }
 }
-
-/** An opened connection: what an action needs to call its provider, for the length of one run. */
-export type OpenConnection = { record: ConnectionRecord; kit: Kit; access(signal?: AbortSignal): Promise<Access> };
 
 export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | 'secretBox'>, settings: ConnectionSettings) {
   const { store, clock, log, secretBox } = deps;
@@ -192,20 +190,41 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
      * The connection a run acts through: the one it names (by id or name), else the tenant's only one
      * of the provider. Throws ConnectionMissingError naming the provider when there is none to take.
      */
-    async open(tenantId: string, provider: ConnectionProvider, named?: string | null): Promise<OpenConnection> {
+    async resolve(tenantId: string, provider: ConnectionProvider, named?: string | null): Promise<ConnectionRecord> {
       const all = await store.connections.list(tenantId, provider);
       const record = named ? all.find((c) => c.id === named || c.name === named) : all.length === 1 ? all[0] : undefined;
-      if (!record) {
-        const why = named
-          ? `no ${provider} connection named ${named}`
-          : all.length
-            ? `${all.length} ${provider} connections and none named: name one in the automation's connections`
-            : `no ${provider} connection: add one with POST /api/v1/connections`;
-        throw new ConnectionMissingError(provider, why);
-      }
+      if (record) return record;
+      const why = named
+        ? `no ${provider} connection named ${named}`
+        : all.length
+          ? `${all.length} ${provider} connections and none named: name one in the automation's connections`
+          : `no ${provider} connection: add one with POST /api/v1/connections`;
+      throw new ConnectionMissingError(provider, why);
+    },
+
+    /** One action on a provider through a connection; what the provider answered (ids, URLs). */
+    async act(
+      tenantId: string,
+      provider: ConnectionProvider,
+      named: string | null | undefined,
+      action: string,
+      args: Record<string, unknown>,
+      signal?: AbortSignal,
+    ): Promise<{ connection_id: string; answer: Answer }> {
+      const run = ACTIONS[provider][action];
+      if (!run) throw new ActionArgsError(`${provider} has no action ${action}; it has ${Object.keys(ACTIONS[provider]).join(', ')}`);
+      const record = await this.resolve(tenantId, provider, named);
       await checkAddress(record.base_url);
+      const access = accessOf(record)(signal);
+      const kit = KITS[provider];
+      const answer = await callProvider(
+        provider,
+        (e) => (e instanceof ActionArgsError ? null : kit.classify(e, access.token)),
+        () => run(access, args),
+        { signal },
+      );
       void touch(record).catch((err: Error) => log.warn({ connection_id: record.id, err: err.message }, 'the last use of a connection could not be written'));
-      return { record, kit: KITS[provider], access: async (signal) => accessOf(record)(signal) };
+      return { connection_id: record.id, answer };
     },
   };
 }

@@ -8,6 +8,5 @@ export {
   type ConnectionPatch,
   type ConnectionSettings,
   type ConnectionView,
-  type OpenConnection,
 } from './connections.js';
-export { callProvider, ProviderError, type ProviderErrorCode } from './retry.js';
+export { ProviderError, type ProviderErrorCode } from './retry.js';

@@ -9,6 +9,7 @@ import type {
   PhaseStatus,
   SeverityCounts,
   Budget,
+  ConnectionProvider,
   ErrorInfo,
   GateConclusion,
   GateRunStatus,
@@ -45,6 +46,21 @@ export type EventBody =
   | {
       type: 'step.finished';
       data: { index: number; tool: string; status: StepStatus; duration_ms: number | null; error: ErrorInfo | null; exit_code?: number | null };
+    }
+  // an action tool's call to a provider through a connection: what was asked, then what the provider answered (ids, URLs; never the credential)
+  | { type: 'provider.request'; data: { step: number; provider: ConnectionProvider; action: string; args: Record<string, unknown> } }
+  | {
+      type: 'provider.answer';
+      data: {
+        step: number;
+        provider: ConnectionProvider;
+        action: string;
+        connection_id: string | null;
+        ok: boolean;
+        answer: Record<string, unknown> | null;
+        error: ErrorInfo | null;
+        duration_ms: number;
+      };
     }
   // the agent: one model turn
   | { type: 'agent.turn'; data: AgentTurn }
@@ -93,6 +109,8 @@ export const EVENT_TYPES = [
   'step.started',
   'step.output',
   'step.finished',
+  'provider.request',
+  'provider.answer',
   'agent.turn',
   'message.created',
   'task.updated',

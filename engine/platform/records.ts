@@ -1,6 +1,23 @@
 // Records as the store keeps them and the API shows them (snake_case, ISO 8601 UTC times).
 
-export const TOOL_NAMES = ['shell', 'read_file', 'write_file', 'list_files', 'http', 'message', 'session', 'gates', 'audit', 'agent'] as const;
+export const TOOL_NAMES = [
+  'shell',
+  'read_file',
+  'write_file',
+  'list_files',
+  'http',
+  'message',
+  'session',
+  'gates',
+  'audit',
+  'agent',
+  // the action tools: each acts on its provider through the tenant's connection
+  'codehost',
+  'chat',
+  'tracker',
+  'pager',
+  'email',
+] as const;
 export type ToolName = (typeof TOOL_NAMES)[number];
 
 /** What an agent may use when an automation names a goal but no tool_allowlist: it reads, it does not change. */
@@ -35,9 +52,10 @@ export type AutomationDefinition = {
   inputs?: Record<string, unknown>;
   retry?: RetryPolicyInput | null;
   network?: boolean;
+  connections?: ConnectionNames;
 };
 
-export type AutomationPatch = Partial<Pick<Automation, 'name' | 'description' | 'triggers' | 'tool_allowlist' | 'network'>> & {
+export type AutomationPatch = Partial<Pick<Automation, 'name' | 'description' | 'triggers' | 'tool_allowlist' | 'network' | 'connections'>> & {
   budget?: Partial<Budget>;
   retry?: RetryPolicyInput | null;
 };
@@ -53,6 +71,8 @@ export type Automation = {
   budget: Budget;
   retry: RetryPolicy | null;
   network: boolean;
+  /** the connection each action tool acts through, by provider (an id or a name); absent: the tenant's only one */
+  connections?: ConnectionNames;
   steps: Step[] | null;
   goal: string | null;
   inputs: Record<string, unknown>;
@@ -180,6 +200,8 @@ export type Run = {
   workspace: string;
   /** its tool processes may use the network (asked for, and allowed by the operator) */
   network: boolean;
+  /** the connection each action tool acts through, by provider (an id or a name); absent: the tenant's only one */
+  connections?: ConnectionNames;
   /** the sandbox its last attempt ran in (`bwrap`, `none`), or null before it started */
   sandbox: string | null;
   budget: Budget;
@@ -257,6 +279,9 @@ export type WebhookSecretRecord = {
 
 export const CONNECTION_PROVIDERS = ['codehost', 'chat', 'tracker', 'pager', 'email'] as const;
 export type ConnectionProvider = (typeof CONNECTION_PROVIDERS)[number];
+
+/** Which connection, by id or name, an automation's runs act through for each provider. */
+export type ConnectionNames = Partial<Record<ConnectionProvider, string>>;
 
 /** What a connection's last test found at the provider. */
 export type ConnectionTestResult = { ok: boolean; identity: string | null; capabilities: string[]; error: ErrorInfo | null; checked_at: string };

@@ -3,7 +3,18 @@
 // they send. Programs (programs.ts) drive it; the executor settles it.
 import type { Platform } from '../deps.js';
 import type { AgentTurn, ErrorInfo, Run, RunStatus, StepRecord } from '../platform/index.js';
-import { TOOLS, ToolError, type AuditActions, type GateActions, type Sandbox, type SessionActions, type ToolContext, type ToolResult } from '../tools/index.js';
+import {
+  TOOLS,
+  ToolError,
+  type AuditActions,
+  type ConnectionActions,
+  type GateActions,
+  type Sandbox,
+  type SessionActions,
+  type StepConnections,
+  type ToolContext,
+  type ToolResult,
+} from '../tools/index.js';
 import type { Transitions } from './transitions.js';
 
 const OUTPUT_FLUSH_MS = 50;
@@ -23,6 +34,8 @@ export type AttemptDeps = Pick<Platform, 'store' | 'clock' | 'log'> & {
   gateActions?: (run: Run) => GateActions | undefined;
   /** the audit of a run's workspace, for the `audit` tool */
   auditActions?: (run: Run) => AuditActions | undefined;
+  /** the tenant's connections, for the action tools */
+  connectionActions?: (run: Run) => ConnectionActions | undefined;
   settings: { childEnv: Record<string, string>; httpAllowPrivate: boolean; toolsAllowed: readonly string[] };
 };
 
@@ -38,6 +51,35 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
   const sessions = deps.sessionActions?.(run);
   const gates = deps.gateActions?.(run);
   const audit = deps.auditActions?.(run);
+  const connections = deps.connectionActions?.(run);
+
+  /** A step's way to its providers: each call and its answer are events of the run. */
+  const stepConnections = (step: StepRecord): StepConnections | undefined =>
+    connections && {
+      async act(provider, action, args) {
+        const { action: _action, ...rest } = args;
+        await emit({ type: 'provider.request', data: { step: step.index, provider, action, args: rest } });
+        const started = clock.now().getTime();
+        const done = (data: { connection_id: string | null; answer: Record<string, unknown> | null; error: ErrorInfo | null }) =>
+          emit({
+            type: 'provider.answer',
+            data: { step: step.index, provider, action, ok: !data.error, duration_ms: clock.now().getTime() - started, ...data },
+          });
+        try {
+          const { connection_id, answer } = await connections.act(provider, action, args, signal);
+          await done({ connection_id, answer, error: null });
+          return answer;
+        } catch (err) {
+          const code = (err as { code?: unknown }).code;
+          await done({
+            connection_id: null,
+            answer: null,
+            error: { code: typeof code === 'string' ? code : 'provider-error', message: (err as Error).message },
+          });
+          throw err;
+        }
+      },
+    };
 
   /** Writes the steps changed since the last save, at most every PROGRESS_SAVE_MS: quick runs write them once, at the end. */
   const touch = (step: StepRecord) => {
@@ -96,6 +138,7 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
         sessions,
         gates,
         audit,
+        connections: stepConnections(step),
       };
       try {
         result = await tool.execute(step.args, ctx);
@@ -171,6 +214,8 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
     usage,
     /** the run's tenant's sessions; `own` for a session task's run */
     sessions,
+    /** the run's tenant's connections (the action tools); checked before the first step */
+    connections,
     stopReason,
     runStep,
     /** A new step record at the end of the attempt's list. */

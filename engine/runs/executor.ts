@@ -3,14 +3,20 @@
 // again belonged to a worker that died (it is lost: failed, or retried by its policy). The budget is
 // an AbortSignal: at the deadline the step in flight is aborted and its processes killed. A worker
 // that is shutting down interrupts its attempts: they go back to the queue for another worker.
-import { isTerminal, type Run, type StepRecord } from '../platform/index.js';
+import { CONNECTION_PROVIDERS, isTerminal, type ConnectionProvider, type ErrorInfo, type Run, type StepRecord } from '../platform/index.js';
 import { startAttempt, type StopReason } from './attempt.js';
 import { modelClientOf } from './agent.js';
 import { agentProgram, stepsProgram, vibeProgram, type CopyGates, type WorkOutcome } from './programs.js';
 import type { Runs, RunsDeps } from './runs.js';
 import type { Outcome, Settled, Transitions } from './transitions.js';
-import type { AuditActions, GateActions, SessionActions } from '../tools/index.js';
+import type { AuditActions, ConnectionActions, GateActions, SessionActions } from '../tools/index.js';
 import { scratchRoot } from './workspace.js';
+
+/** The providers a run acts on: the action tools of its plan, or of its allowlist when an agent picks its steps. */
+export function providersOf(run: Run): ConnectionProvider[] {
+  const tools = run.plan ? run.plan.map((s) => s.tool) : run.tool_allowlist;
+  return CONNECTION_PROVIDERS.filter((p) => tools.includes(p));
+}
 
 /** How many times the settling write is tried before the attempt is left for the reconciler. */
 const SETTLE_TRIES = 4;
@@ -20,6 +26,8 @@ export type RunActions = {
   sessionActions?: (run: Run) => SessionActions;
   gateActions?: (run: Run) => GateActions | undefined;
   auditActions?: (run: Run) => AuditActions | undefined;
+  /** the tenant's connections, for the action tools */
+  connectionActions?: (run: Run) => ConnectionActions | undefined;
   /** a vibe run's gates on its scratch copy */
   copyGates?: CopyGates;
 };
@@ -92,7 +100,9 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
               actions.copyGates,
             )
           : base;
-      const work: WorkOutcome = await program(a);
+      // a run that acts on a provider it has no connection to fails before its first step, saying which
+      const missing: ErrorInfo | null = a.connections ? await a.connections.check(providersOf(run)) : null;
+      const work: WorkOutcome = missing ? { summary: missing.message, error: missing } : await program(a);
       const stop = a.stopReason();
       if (stop?.status === 'interrupted') {
         return interrupted(run, stop.error.message, a.close());

@@ -17,6 +17,7 @@ import {
   ServiceUnavailableError,
   ValidationError,
   withTimeout,
+  type ConnectionNames,
   type FieldError,
   type RetryPolicyInput,
   type Run,
@@ -45,6 +46,8 @@ export type RunRequest = {
   max_steps?: number;
   retry?: RetryPolicyInput | null;
   network?: boolean;
+  /** the connection each action tool acts through, by provider */
+  connections?: ConnectionNames;
   inputs?: Record<string, unknown>;
   automation_id?: string | null;
   session_id?: string;
@@ -129,6 +132,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       tool_allowlist,
       workspace,
       network,
+      ...(req.connections && Object.keys(req.connections).length ? { connections: req.connections } : {}),
       sandbox: null,
       budget: req.max_steps === undefined ? { seconds } : { seconds, max_steps: req.max_steps },
       retry: retryPolicyOf(req.retry),
@@ -231,6 +235,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       max_steps: run.budget.max_steps,
       retry: run.retry,
       network: run.network,
+      connections: run.connections,
       inputs: run.inputs,
       automation_id: run.automation_id,
       agent: run.agent ?? null,

@@ -5,15 +5,27 @@ import { gatesTool } from './gates.js';
 import { auditTool } from './audit.js';
 import { httpTool } from './http.js';
 import { messageTool } from './message.js';
+import { PROVIDER_TOOLS } from './providers.js';
 import { sessionTool } from './session.js';
 import { shellTool } from './shell.js';
 import type { Tool } from './tool.js';
 
 export const TOOLS: ReadonlyMap<string, Tool> = new Map(
-  [shellTool, readFileTool, writeFileTool, listFilesTool, httpTool, messageTool, sessionTool, gatesTool, auditTool].map((t) => [t.name, t]),
+  [shellTool, readFileTool, writeFileTool, listFilesTool, httpTool, messageTool, sessionTool, gatesTool, auditTool, ...PROVIDER_TOOLS].map((t) => [t.name, t]),
 );
 
 export { resolveInside } from './files.js';
 export { INSIDE_WORKSPACE, openSandbox, which, type Sandbox, type SandboxKind, type SandboxLimits } from './sandbox.js';
 export { runProcess, type ProcessResult } from './process.js';
-export { ToolError, type AuditActions, type GateActions, type OwnSession, type SessionActions, type Tool, type ToolContext, type ToolResult } from './tool.js';
+export {
+  ToolError,
+  type AuditActions,
+  type ConnectionActions,
+  type GateActions,
+  type OwnSession,
+  type SessionActions,
+  type StepConnections,
+  type Tool,
+  type ToolContext,
+  type ToolResult,
+} from './tool.js';

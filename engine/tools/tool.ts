@@ -1,6 +1,6 @@
 // What a tool is: a named function the run engine calls for a step, with a JSON schema the agent
 // sees. Tools get the run's workspace, an AbortSignal (budget and cancel) and a way to stream output.
-import type { AuditLayer, AuditPhase, AuditReport, ErrorInfo, GateRunRecord } from '../platform/index.js';
+import type { AuditLayer, AuditPhase, AuditReport, ConnectionProvider, ErrorInfo, GateRunRecord } from '../platform/index.js';
 import type { Sandbox } from './sandbox.js';
 
 export type ToolContext = {
@@ -24,6 +24,29 @@ export type ToolContext = {
   gates?: GateActions;
   /** the audit of the run's workspace (the `audit` tool); absent where it cannot run */
   audit?: AuditActions;
+  /** the providers the run's tenant connected (the action tools); absent where connections are not reachable */
+  connections?: StepConnections;
+};
+
+/**
+ * What the action tools may do: one action on a provider, through the connection the run names for it
+ * (or the tenant's only one). The answer is what the provider gave back; the call and the answer are
+ * events of the run. A missing connection, refused arguments or a refusing provider throw with a `code`.
+ */
+export type StepConnections = {
+  act(provider: ConnectionProvider, action: string, args: Record<string, unknown>): Promise<Record<string, unknown>>;
+};
+
+/** A run's access to its tenant's connections, as the engine gives it. */
+export type ConnectionActions = {
+  /** null when every provider named has a connection to act through; else why not (`connection-missing`) */
+  check(providers: ConnectionProvider[]): Promise<ErrorInfo | null>;
+  act(
+    provider: ConnectionProvider,
+    action: string,
+    args: Record<string, unknown>,
+    signal: AbortSignal,
+  ): Promise<{ connection_id: string; answer: Record<string, unknown> }>;
 };
 
 /** What the `audit` tool may do: audit the run's own workspace, and wait for the report. */

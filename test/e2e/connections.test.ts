@@ -4,7 +4,8 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { expect } from 'chai';
 import { FAKE_TOKEN, SMTP_USER, startFakeProviders, type FakeProviders } from '../support/fake-providers.js';
-import { freePort, KEYS, startHarness, type Harness } from '../support/harness.js';
+import { startScriptedModel, type ScriptedModel } from '../support/scripted-model.js';
+import { finishedRun, freePort, KEYS, startHarness, type Harness } from '../support/harness.js';
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 type Body = Record<string, any>;
@@ -194,5 +195,223 @@ describe('connections', function () {
     expect((await h.call<Body>('GET', '/api/v1/connections', { key: KEYS.b })).body.data).to.deep.equal([]);
     expect((await h.call<Body>('GET', `/api/v1/connections/${mine.id}`)).body.name).to.equal(mine.name);
     expect((await h.call('GET', '/api/v1/connections/con_nope')).status).to.equal(400);
+  });
+});
+
+describe('action tools', function () {
+  let h: Harness;
+  let fake: FakeProviders;
+  let model: ScriptedModel;
+
+  before(async () => {
+    fake = await startFakeProviders();
+    // the one agent run below: it comments on the pull request, then ends
+    model = await startScriptedModel([
+      { tool_calls: [{ name: 'codehost', args: { action: 'comment', repository: 'acme/app', number: 9, body: 'LGTM once CI passes.' } }] },
+      { content: 'Commented on #9.' },
+    ]);
+    h = await startHarness({ env: { SERVICE_HTTP_ALLOW_PRIVATE: '1', SERVICE_AGENT_BASE_URL: model.url, SERVICE_AGENT_MODEL: 'scripted-1' } });
+    const add = async (body: Body) => expect((await h.call<Body>('POST', '/api/v1/connections', { body })).status).to.equal(201);
+    await add({ provider: 'codehost', name: 'github', base_url: fake.github, credential: FAKE_TOKEN });
+    await add({ provider: 'chat', name: 'slack', base_url: fake.slack, credential: FAKE_TOKEN });
+    await add({ provider: 'chat', name: 'slack-other', base_url: fake.slack, credential: 'another-token-0123456789' });
+    await add({ provider: 'tracker', name: 'linear', base_url: fake.linear, credential: FAKE_TOKEN });
+    await add({ provider: 'pager', name: 'pagerduty', base_url: fake.pager, credential: FAKE_TOKEN, settings: { from: 'oncall@acme.test' } });
+    await add({ provider: 'email', name: 'smtp', base_url: fake.smtp, credential: FAKE_TOKEN, settings: { username: SMTP_USER, from: 'bot@acme.test' } });
+  });
+  after(async () => {
+    await h?.close();
+    await fake?.close();
+    await model?.close();
+  });
+
+  const start = async (body: Body, key = KEYS.a) => {
+    const res = await h.call<Body>('POST', '/api/v1/autonomy/run', { body, key });
+    expect(res.status, res.text).to.equal(202);
+    return finishedRun(h, res.body.run_id, key);
+  };
+
+  it('acts on every provider through its SDK as explicit steps: a review with line comments, a check run, a threaded reply, labels and priority, a note and an acknowledgement, an emailed reply', async () => {
+    const run = await start({
+      tools: ['codehost', 'chat', 'tracker', 'pager', 'email'],
+      connections: { chat: 'slack' },
+      steps: [
+        {
+          tool: 'codehost',
+          args: {
+            action: 'review',
+            repository: 'acme/app',
+            number: 7,
+            body: 'Two things to fix.',
+            event: 'REQUEST_CHANGES',
+            comments: [
+              { path: 'src/a.ts', line: 3, body: 'This can be null.' },
+              { path: 'src/b.ts', line: 10, body: 'Missing test.' },
+            ],
+          },
+        },
+        {
+          tool: 'codehost',
+          args: {
+            action: 'create_check_run',
+            repository: 'acme/app',
+            name: 'gate: unit-tests',
+            head_sha: 'abc123',
+            conclusion: 'failure',
+            output: {
+              title: '1 test failed',
+              summary: 'see the annotation',
+              annotations: [{ path: 'src/a.ts', start_line: 3, message: 'expected 1 to equal 2' }],
+            },
+          },
+        },
+        { tool: 'chat', args: { action: 'reply', channel: 'C42', thread_ts: '1700000000.000100', text: 'Done: 2 comments on #7.' } },
+        { tool: 'tracker', args: { action: 'set_labels', issue_id: 'ISS-1', labels: ['bug', 'no-such-label'] } },
+        { tool: 'tracker', args: { action: 'set_priority', issue_id: 'ISS-1', priority: 2 } },
+        { tool: 'tracker', args: { action: 'comment', issue_id: 'ISS-1', body: 'Triaged as a bug.' } },
+        { tool: 'pager', args: { action: 'add_note', incident_id: 'P123', content: 'Likely the deploy at 10:02.' } },
+        { tool: 'pager', args: { action: 'acknowledge', incident_id: 'P123' } },
+        {
+          tool: 'email',
+          args: { action: 'reply', to: 'alice@example.com', subject: 'Broken login', in_reply_to: '<m1@example.com>', text: 'Filed as tsk_1.' },
+        },
+      ],
+    });
+    expect(run.status, JSON.stringify(run.error)).to.equal('succeeded');
+    expect(run.steps.map((s: Body) => s.status)).to.deep.equal(Array(9).fill('succeeded'));
+
+    const review = fake.requests.find((r) => r.path === '/github/repos/acme/app/pulls/7/reviews')!;
+    expect(review.body).to.deep.include({ body: 'Two things to fix.', event: 'REQUEST_CHANGES' });
+    expect(review.body.comments).to.deep.equal([
+      { path: 'src/a.ts', line: 3, side: 'RIGHT', body: 'This can be null.' },
+      { path: 'src/b.ts', line: 10, side: 'RIGHT', body: 'Missing test.' },
+    ]);
+    expect(run.steps[0].output).to.deep.include({ comments: 2 });
+    expect(run.steps[0].output.review_id).to.be.a('number');
+    const check = fake.requests.find((r) => r.path === '/github/repos/acme/app/check-runs')!;
+    expect(check.body).to.deep.include({ name: 'gate: unit-tests', head_sha: 'abc123', status: 'completed', conclusion: 'failure' });
+    expect(check.body.output.annotations[0]).to.deep.include({ path: 'src/a.ts', start_line: 3, end_line: 3, annotation_level: 'failure' });
+
+    const slack = fake.requests.find((r) => r.path === '/slack/api/chat.postMessage')!;
+    expect(slack.body).to.deep.include({ channel: 'C42', thread_ts: '1700000000.000100', text: 'Done: 2 comments on #7.' });
+    expect(slack.authorization, 'the connection the run named').to.equal(`Bearer ${FAKE_TOKEN}`);
+
+    const linear = fake.requests.filter((r) => r.provider === 'linear').map((r) => r.body.variables);
+    expect(linear.find((v) => v.input?.addedLabelIds)).to.deep.equal({ id: 'ISS-1', input: { addedLabelIds: ['label-bug'] } });
+    expect(linear.find((v) => v.input?.priority)).to.deep.equal({ id: 'ISS-1', input: { priority: 2 } });
+    expect(run.steps[3].output).to.deep.include({ labels: ['bug'], unknown_labels: ['no-such-label'] });
+    expect(run.steps[5].output.comment_id).to.match(/^comment-/);
+
+    const note = fake.requests.find((r) => r.path === '/pager/incidents/P123/notes')!;
+    expect(note.body).to.deep.equal({ note: { content: 'Likely the deploy at 10:02.' } });
+    expect(note.headers.from).to.equal('oncall@acme.test');
+    expect(fake.requests.find((r) => r.method === 'PUT' && r.path === '/pager/incidents/P123')!.body.incident.status).to.equal('acknowledged');
+
+    expect(fake.mails).to.have.length(1);
+    expect(fake.mails[0]).to.deep.include({ from: 'bot@acme.test', to: ['alice@example.com'] });
+    expect(fake.mails[0]!.data)
+      .to.match(/^In-Reply-To: <m1@example.com>/m)
+      .and.match(/^Subject: Re: Broken login/m);
+
+    // each call and its answer are events of the run, and no event carries the credential
+    const events = await h.rt.events.after(`session:${run.session_id}`, '0-0');
+    const answers = events.filter((e) => e.type === 'provider.answer').map((e) => e.data as Body);
+    expect(answers.map((a) => `${a.provider}.${a.action}`)).to.deep.equal([
+      'codehost.review',
+      'codehost.create_check_run',
+      'chat.reply',
+      'tracker.set_labels',
+      'tracker.set_priority',
+      'tracker.comment',
+      'pager.add_note',
+      'pager.acknowledge',
+      'email.reply',
+    ]);
+    expect(answers.every((a) => a.ok && typeof a.connection_id === 'string')).to.equal(true);
+    expect(answers[0]!.answer.url).to.match(/^https:\/\/github\.example\//);
+    expect(events.filter((e) => e.type === 'provider.request')).to.have.length(9);
+    expect(JSON.stringify(events)).not.to.contain(FAKE_TOKEN);
+    expect(h.logs.join('')).not.to.contain(FAKE_TOKEN);
+  });
+
+  it('fails a run at once, before any step, when a provider it acts on has no connection, naming the provider', async () => {
+    const before = fake.requests.length;
+    const ambiguous = await start({ tools: ['chat'], steps: [{ tool: 'chat', args: { action: 'post', channel: 'C1', text: 'hi' } }] });
+    expect(ambiguous.status).to.equal('failed');
+    expect(ambiguous.error.code).to.equal('connection-missing');
+    expect(ambiguous.error.message).to.contain('chat').and.contain('2 chat connections');
+    expect(
+      ambiguous.steps.map((s: Body) => s.status),
+      'no step ran',
+    ).to.deep.equal(['skipped']);
+    const named = await start({
+      tools: ['tracker'],
+      connections: { tracker: 'gone' },
+      steps: [{ tool: 'tracker', args: { action: 'comment', issue_id: 'X', body: 'b' } }],
+    });
+    expect(named.error).to.deep.include({ code: 'connection-missing' });
+    expect(named.error.message).to.contain('no tracker connection named gone');
+    // tenant B has none: A's are not B's
+    const other = await start(
+      { tools: ['codehost'], steps: [{ tool: 'codehost', args: { action: 'comment', repository: 'a/b', number: 1, body: 'x' } }] },
+      KEYS.b,
+    );
+    expect(other.error.code).to.equal('connection-missing');
+    expect(fake.requests.length, 'nothing reached a provider').to.equal(before);
+  });
+
+  it('acts through the connection an automation names, kept on the automation and on each of its runs', async () => {
+    const made = await h.call<Body>('POST', '/api/v1/automations', {
+      body: {
+        name: 'announce',
+        tool_allowlist: ['chat'],
+        connections: { chat: 'slack-other' },
+        steps: [{ tool: 'chat', args: { action: 'post', channel: 'C7', text: 'deployed' } }],
+      },
+    });
+    expect(made.status, made.text).to.equal(201);
+    expect(made.body.connections).to.deep.equal({ chat: 'slack-other' });
+    const fired = await h.call<Body>('POST', '/api/v1/automations/run', { body: { automation_id: made.body.id } });
+    expect(fired.status, fired.text).to.equal(202);
+    const run = await finishedRun(h, fired.body.run_id);
+    expect(run.connections).to.deep.equal({ chat: 'slack-other' });
+    // the fake refuses that token: the run went through the named connection, and says the provider refused it
+    expect(run.steps[0].error.code).to.equal('provider-auth-failed');
+    expect(fake.requests.at(-1)!.authorization).to.equal('Bearer another-token-0123456789');
+    const patched = await h.call<Body>('PATCH', `/api/v1/automations/${made.body.id}`, { body: { connections: { chat: 'slack' } } });
+    expect(patched.body.connections).to.deep.equal({ chat: 'slack' });
+    const again = await finishedRun(h, (await h.call<Body>('POST', '/api/v1/automations/run', { body: { automation_id: made.body.id } })).body.run_id);
+    expect(again.status).to.equal('succeeded');
+  });
+
+  it('offers the action tools to the agent with their schemas, and the agent’s call acts on the provider', async () => {
+    const run = await start({ goal: 'Review pull request 9 of acme/app.', tools: ['codehost', 'read_file'] });
+    expect(run.status, JSON.stringify(run.error)).to.equal('succeeded');
+    const offered = model.requests[0]!.body.tools.map((t: Body) => t.function);
+    const codehost = offered.find((f: Body) => f.name === 'codehost');
+    expect(codehost.parameters.properties.action.enum).to.deep.equal(['comment', 'review', 'create_check_run', 'update_check_run']);
+    expect(offered.map((f: Body) => f.name)).not.to.include('chat');
+    const comment = fake.requests.find((r) => r.path === '/github/repos/acme/app/issues/9/comments')!;
+    expect(comment.body).to.deep.equal({ body: 'LGTM once CI passes.' });
+    expect(run.steps[0]).to.deep.include({ tool: 'codehost', source: 'agent', status: 'succeeded' });
+  });
+
+  it('fails a step whose arguments an action cannot take before anything is sent, and one the provider refuses with its code', async () => {
+    const before = fake.requests.length;
+    const run = await start({
+      tools: ['codehost'],
+      steps: [{ tool: 'codehost', args: { action: 'review', repository: 'not a repo', number: 1, body: 'x' } }],
+    });
+    expect(run.status).to.equal('failed');
+    expect(run.steps[0].error.code).to.equal('invalid-args');
+    expect(fake.requests.length).to.equal(before);
+    fake.failNext('github', 422, 1);
+    const refused = await start({
+      tools: ['codehost'],
+      steps: [{ tool: 'codehost', args: { action: 'comment', repository: 'acme/app', number: 1, body: 'x' } }],
+    });
+    expect(refused.steps[0].error.code).to.equal('provider-refused');
+    const events = await h.rt.events.after(`session:${refused.session_id}`, '0-0');
+    expect(events.find((e) => e.type === 'provider.answer')!.data).to.deep.include({ ok: false, answer: null });
   });
 });

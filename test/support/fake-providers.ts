@@ -32,6 +32,12 @@ export type FakeProviders = {
 
 export const FAKE_TOKEN = 'fake-token-0123456789abcdefghij';
 export const SMTP_USER = 'bot@acme.test';
+/** the labels the fake tracker has */
+export const LINEAR_LABELS = [
+  { id: 'label-bug', name: 'bug' },
+  { id: 'label-p1', name: 'needs-triage' },
+  { id: 'label-ui', name: 'ui' },
+];
 
 function readBody(req: http.IncomingMessage): Promise<string> {
   return new Promise((resolve, reject) => {
@@ -84,14 +90,28 @@ export async function startFakeProviders(opts: { token?: string } = {}): Promise
     const query = String(r.body?.query ?? '');
     if (/\bviewer\b/.test(query))
       return json(res, 200, { data: { viewer: { id: 'user-1', name: 'Acme Bot', email: 'bot@acme.test', active: true, admin: false, guest: false } } });
-    return json(res, 200, { data: {} });
+    const vars = r.body?.variables ?? {};
+    if (/\bissueLabels\b/.test(query)) {
+      const wanted: string[] = vars.filter?.name?.in ?? [];
+      const nodes = LINEAR_LABELS.filter((l) => wanted.some((w) => w.toLowerCase() === l.name.toLowerCase()));
+      return json(res, 200, { data: { issueLabels: { nodes, pageInfo: { hasNextPage: false, hasPreviousPage: false, startCursor: null, endCursor: null } } } });
+    }
+    if (/\bissueUpdate\b/.test(query)) return json(res, 200, { data: { issueUpdate: { success: true, lastSyncId: 1, issue: { id: vars.id } } } });
+    if (/\bcommentCreate\b/.test(query))
+      return json(res, 200, { data: { commentCreate: { success: true, lastSyncId: 2, comment: { id: `comment-${nextId++}` } } } });
+    return json(res, 200, { errors: [{ message: 'unknown operation', extensions: { type: 'invalid input' } }] });
   }
 
   function pager(r: Recorded, res: http.ServerResponse): void {
     if (r.authorization !== `Token token=${token}`) return json(res, 401, { error: { message: 'Unauthorized', code: 2006 } });
     const p = r.path.replace(/^\/pager/, '');
     if (r.method === 'GET' && p === '/abilities') return json(res, 200, { abilities: ['teams', 'urgencies', 'read_only_users'] });
-    return json(res, 200, {});
+    if (!r.headers.from) return json(res, 400, { error: { message: 'You must specify a user in the From header', code: 2001 } });
+    const note = /^\/incidents\/([^/]+)\/notes$/.exec(p);
+    if (r.method === 'POST' && note) return json(res, 201, { note: { id: `note-${nextId++}`, content: r.body?.note?.content } });
+    const incident = /^\/incidents\/([^/]+)$/.exec(p);
+    if (r.method === 'PUT' && incident) return json(res, 200, { incident: { id: incident[1], status: r.body?.incident?.status } });
+    return json(res, 404, { error: { message: 'Not Found', code: 2100 } });
   }
 
   const server = http.createServer((req, res) => {

@@ -1,0 +1,208 @@
+// What the action tools do on each provider, through its SDK: a code host review, comment and check
+// runs; a chat post or threaded reply; tracker labels, priority and comments; a pager note or
+// acknowledgement; an email reply. Each answers what the provider gave back (ids, URLs), never the
+// credential. Arguments are checked here, before anything is sent.
+import type { ConnectionProvider } from '../platform/index.js';
+import { linearOf, mailerOf, octokitOf, pagerCall, slackOf, type Access } from './kits.js';
+
+type Args = Record<string, unknown>;
+export type Answer = Record<string, unknown>;
+
+/** Arguments an action cannot take: nothing was sent. */
+export class ActionArgsError extends Error {
+  readonly code = 'invalid-args';
+}
+
+function str(args: Args, name: string): string {
+  const v = args[name];
+  if (typeof v === 'string' && v.trim()) return v;
+  throw new ActionArgsError(`args.${name} must be a non-empty string`);
+}
+const optStr = (args: Args, name: string): string | undefined => (args[name] === undefined || args[name] === null ? undefined : str(args, name));
+function int(args: Args, name: string, min = 1, max = Number.MAX_SAFE_INTEGER): number {
+  const v = typeof args[name] === 'string' && /^\d+$/.test(args[name]) ? Number(args[name]) : args[name];
+  if (typeof v === 'number' && Number.isInteger(v) && v >= min && v <= max) return v;
+  throw new ActionArgsError(`args.${name} must be an integer from ${min}${max < Number.MAX_SAFE_INTEGER ? ` to ${max}` : ''}`);
+}
+function repoOf(args: Args): { owner: string; repo: string } {
+  const m = /^([\w.-]+)\/([\w.-]+)$/.exec(str(args, 'repository'));
+  if (!m) throw new ActionArgsError('args.repository must be owner/name');
+  return { owner: m[1]!, repo: m[2]! };
+}
+function list<T>(args: Args, name: string, each: (v: unknown, i: number) => T, max = 100): T[] {
+  const v = args[name];
+  if (v === undefined || v === null) return [];
+  if (!Array.isArray(v) || v.length > max) throw new ActionArgsError(`args.${name} must be a list of at most ${max}`);
+  return v.map(each);
+}
+
+const REVIEW_EVENTS = ['COMMENT', 'APPROVE', 'REQUEST_CHANGES'] as const;
+const CHECK_CONCLUSIONS = ['success', 'failure', 'neutral', 'cancelled', 'skipped', 'timed_out', 'action_required'] as const;
+const ANNOTATION_LEVELS = ['notice', 'warning', 'failure'] as const;
+
+function oneOf<T extends string>(value: unknown, allowed: readonly T[], name: string): T {
+  if (typeof value === 'string' && (allowed as readonly string[]).includes(value)) return value as T;
+  throw new ActionArgsError(`args.${name} must be one of ${allowed.join(', ')}`);
+}
+
+/** A check run's output: title, summary and at most 50 annotations (GitHub's limit per request). */
+function checkOutput(args: Args) {
+  const output = args.output as Args | undefined;
+  if (output === undefined) return undefined;
+  if (!output || typeof output !== 'object') throw new ActionArgsError('args.output must be an object');
+  return {
+    title: str(output, 'title'),
+    summary: str(output, 'summary').slice(0, 65_535),
+    annotations: list(
+      output,
+      'annotations',
+      (a, i) => {
+        const x = a as Args;
+        if (!x || typeof x !== 'object') throw new ActionArgsError(`args.output.annotations[${i}] must be an object`);
+        const start = int(x, 'start_line');
+        return {
+          path: str(x, 'path'),
+          start_line: start,
+          end_line: x.end_line === undefined ? start : int(x, 'end_line'),
+          annotation_level: oneOf(x.annotation_level ?? 'failure', ANNOTATION_LEVELS, `output.annotations[${i}].annotation_level`),
+          message: str(x, 'message').slice(0, 64 * 1024),
+          ...(x.title ? { title: str(x, 'title') } : {}),
+        };
+      },
+      50,
+    ),
+  };
+}
+
+export type Action = (access: Access, args: Args) => Promise<Answer>;
+
+export const ACTIONS: Record<ConnectionProvider, Record<string, Action>> = {
+  codehost: {
+    async comment(a, args) {
+      const gh = await octokitOf(a);
+      const res = await gh.rest.issues.createComment({ ...repoOf(args), issue_number: int(args, 'number'), body: str(args, 'body') });
+      return { comment_id: res.data.id, url: res.data.html_url };
+    },
+    async review(a, args) {
+      const gh = await octokitOf(a);
+      const comments = list(args, 'comments', (c, i) => {
+        const x = c as Args;
+        if (!x || typeof x !== 'object') throw new ActionArgsError(`args.comments[${i}] must be an object`);
+        return { path: str(x, 'path'), line: int(x, 'line'), side: x.side === 'LEFT' ? ('LEFT' as const) : ('RIGHT' as const), body: str(x, 'body') };
+      });
+      const res = await gh.rest.pulls.createReview({
+        ...repoOf(args),
+        pull_number: int(args, 'number'),
+        body: str(args, 'body'),
+        event: oneOf(args.event ?? 'COMMENT', REVIEW_EVENTS, 'event'),
+        ...(optStr(args, 'commit_id') ? { commit_id: optStr(args, 'commit_id') } : {}),
+        comments,
+      });
+      return { review_id: res.data.id, url: res.data.html_url, comments: comments.length };
+    },
+    async create_check_run(a, args) {
+      const gh = await octokitOf(a);
+      const conclusion = args.conclusion === undefined ? undefined : oneOf(args.conclusion, CHECK_CONCLUSIONS, 'conclusion');
+      const res = await gh.rest.checks.create({
+        ...repoOf(args),
+        name: str(args, 'name'),
+        head_sha: str(args, 'head_sha'),
+        ...(conclusion ? { status: 'completed' as const, conclusion, completed_at: new Date().toISOString() } : { status: 'in_progress' as const }),
+        ...(checkOutput(args) ? { output: checkOutput(args) } : {}),
+        ...(optStr(args, 'details_url') ? { details_url: optStr(args, 'details_url') } : {}),
+      });
+      return { check_run_id: res.data.id, url: res.data.html_url };
+    },
+    async update_check_run(a, args) {
+      const gh = await octokitOf(a);
+      const conclusion = args.conclusion === undefined ? undefined : oneOf(args.conclusion, CHECK_CONCLUSIONS, 'conclusion');
+      const res = await gh.rest.checks.update({
+        ...repoOf(args),
+        check_run_id: int(args, 'check_run_id'),
+        ...(conclusion ? { status: 'completed' as const, conclusion, completed_at: new Date().toISOString() } : {}),
+        ...(checkOutput(args) ? { output: checkOutput(args) } : {}),
+      });
+      return { check_run_id: res.data.id, url: res.data.html_url };
+    },
+  },
+  chat: {
+    async post(a, args) {
+      const slack = await slackOf(a);
+      const res = await slack.chat.postMessage({
+        channel: str(args, 'channel'),
+        text: str(args, 'text'),
+        ...(optStr(args, 'thread_ts') ? { thread_ts: optStr(args, 'thread_ts') } : {}),
+      });
+      return { channel: res.channel, ts: res.ts, thread_ts: optStr(args, 'thread_ts') ?? null };
+    },
+    async reply(a, args) {
+      const slack = await slackOf(a);
+      const thread = str(args, 'thread_ts');
+      const res = await slack.chat.postMessage({ channel: str(args, 'channel'), text: str(args, 'text'), thread_ts: thread });
+      return { channel: res.channel, ts: res.ts, thread_ts: thread };
+    },
+  },
+  tracker: {
+    async set_labels(a, args) {
+      const names = list(args, 'labels', (v, i) => {
+        if (typeof v !== 'string' || !v.trim()) throw new ActionArgsError(`args.labels[${i}] must be a label name`);
+        return v.trim();
+      });
+      if (!names.length) throw new ActionArgsError('args.labels must name at least one label');
+      const linear = await linearOf(a);
+      const issueId = str(args, 'issue_id');
+      const found = await linear.issueLabels({ filter: { name: { in: names } }, first: 100 });
+      const byName = new Map(found.nodes.map((l) => [l.name.toLowerCase(), l]));
+      const known = names.filter((n) => byName.has(n.toLowerCase()));
+      const unknown = names.filter((n) => !byName.has(n.toLowerCase()));
+      if (!known.length) throw new ActionArgsError(`none of the labels exist in the tracker: ${unknown.join(', ')}`);
+      // added to the issue's labels, not in their place
+      const res = await linear.updateIssue(issueId, { addedLabelIds: known.map((n) => byName.get(n.toLowerCase())!.id) });
+      return { issue_id: issueId, success: res.success, labels: known, unknown_labels: unknown };
+    },
+    async set_priority(a, args) {
+      const linear = await linearOf(a);
+      const issueId = str(args, 'issue_id');
+      const priority = int(args, 'priority', 0, 4);
+      const res = await linear.updateIssue(issueId, { priority });
+      return { issue_id: issueId, success: res.success, priority };
+    },
+    async comment(a, args) {
+      const linear = await linearOf(a);
+      const res = await linear.createComment({ issueId: str(args, 'issue_id'), body: str(args, 'body') });
+      return { issue_id: str(args, 'issue_id'), success: res.success, comment_id: res.commentId ?? null };
+    },
+  },
+  pager: {
+    async add_note(a, args) {
+      const incident = encodeURIComponent(str(args, 'incident_id'));
+      const res = await pagerCall(a, 'POST', `/incidents/${incident}/notes`, { note: { content: str(args, 'content') } });
+      return { incident_id: str(args, 'incident_id'), note_id: (res.note as { id?: string } | undefined)?.id ?? null };
+    },
+    async acknowledge(a, args) {
+      const id = str(args, 'incident_id');
+      const res = await pagerCall(a, 'PUT', `/incidents/${encodeURIComponent(id)}`, { incident: { type: 'incident_reference', status: 'acknowledged' } });
+      return { incident_id: id, status: (res.incident as { status?: string } | undefined)?.status ?? 'acknowledged' };
+    },
+  },
+  email: {
+    async reply(a, args) {
+      const mailer = await mailerOf(a);
+      try {
+        const to = str(args, 'to');
+        const inReplyTo = optStr(args, 'in_reply_to');
+        const subject = str(args, 'subject');
+        const info = await mailer.sendMail({
+          from: a.settings.from,
+          to,
+          subject: inReplyTo && !/^re:/i.test(subject) ? `Re: ${subject}` : subject,
+          text: str(args, 'text'),
+          ...(inReplyTo ? { inReplyTo, references: optStr(args, 'references') ?? inReplyTo } : {}),
+        });
+        return { message_id: info.messageId, accepted: info.accepted.map(String), rejected: info.rejected.map(String) };
+      } finally {
+        mailer.close();
+      }
+    },
+  },
+};
