@@ -1609,7 +1609,13 @@ export interface components {
             /** @default 500 */
             debounce_ms: number;
         };
-        /** @description One tool call. */
+        /**
+         * @description One tool call. String arguments may name the run's inputs and the outputs of earlier steps:
+         *     `${inputs.event.pull_request.number}`, `${steps.review.output.summary}` (a step by its name or
+         *     its place in the plan, from 0); an argument that is one such reference alone takes the value as it
+         *     is (a number, an object). The `agent` tool runs the agent loop towards `args.goal` with the run's
+         *     allowed tools; its output is `{summary, answer}`.
+         */
         Step: {
             name?: string;
             tool: components["schemas"]["ToolName"];
@@ -1617,6 +1623,8 @@ export interface components {
             args: {
                 [key: string]: unknown;
             };
+            /** @description Run the step only when this reference is set and not false, 0 or null (for example `${steps.add.output.done}`); otherwise it is skipped. */
+            if?: string;
         };
         Budget: {
             /** @description Wall-clock bound of one run. Defaults to SERVICE_RUN_DEFAULT_BUDGET_SECONDS and may not exceed SERVICE_RUN_MAX_BUDGET_SECONDS. */

@@ -86,6 +86,7 @@ export function createEngine(deps: EngineDeps) {
         }
         return null;
       },
+      git: (named) => connections.git(run.tenant_id, named ?? run.connections?.codehost),
       act: (provider, action, args, signal) =>
         connections.act(run.tenant_id, provider, typeof args.connection === 'string' ? args.connection : run.connections?.[provider], action, args, signal),
     }),

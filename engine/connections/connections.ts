@@ -202,6 +202,22 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
       throw new ConnectionMissingError(provider, why);
     },
 
+    /**
+     * What git needs to fetch from the code host: its web address (github.com for the public API, the
+     * host of a GitHub Enterprise base_url) and the token, for a process's environment only.
+     */
+    async git(tenantId: string, named: string | null | undefined): Promise<{ connection_id: string; web_url: string; token: string }> {
+      const record = await this.resolve(tenantId, 'codehost', named);
+      await checkAddress(record.base_url);
+      const api = record.base_url ?? KITS.codehost.defaultBaseUrl!;
+      const web = api
+        .replace(/\/+$/, '')
+        .replace(/\/api\/v3$/, '')
+        .replace(/^https:\/\/api\.github\.com$/, 'https://github.com');
+      void touch(record).catch((err: Error) => log.warn({ connection_id: record.id, err: err.message }, 'the last use of a connection could not be written'));
+      return { connection_id: record.id, web_url: web, token: accessOf(record)().token };
+    },
+
     /** One action on a provider through a connection; what the provider answered (ids, URLs). */
     async act(
       tenantId: string,

@@ -35,7 +35,12 @@ export type Trigger =
   | { type: 'webhook'; provider: WebhookProvider; events?: string[] }
   | { type: 'file_change'; paths: string[]; debounce_ms?: number };
 
-export type Step = { tool: ToolName; args: Record<string, unknown>; name?: string };
+/**
+ * One step of a plan: a tool call (`agent`: the agent loop towards `args.goal`, its calls steps of their
+ * own). `if` names a value (`${steps.<name or index>.output.done}`): the step runs only when it is set and
+ * not false, 0 or null.
+ */
+export type Step = { tool: ToolName; args: Record<string, unknown>; name?: string; if?: string };
 
 export type Budget = { seconds: number; max_steps?: number };
 

@@ -53,10 +53,21 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
   const audit = deps.auditActions?.(run);
   const connections = deps.connectionActions?.(run);
 
+  /** A tool that acts on a provider for its own step (the gates' check runs) needs that provider's tool allowed too. */
+  const allowed = (provider: string) => {
+    if (!run.tool_allowlist.includes(provider) || !deps.settings.toolsAllowed.includes(provider))
+      throw new ToolError('tool-not-allowed', `acting on ${provider} needs the ${provider} tool in this run's tool allowlist (and SERVICE_TOOLS_ALLOWED)`);
+  };
+
   /** A step's way to its providers: each call and its answer are events of the run. */
   const stepConnections = (step: StepRecord): StepConnections | undefined =>
     connections && {
+      git: (named) => {
+        allowed('codehost');
+        return connections.git(named);
+      },
       async act(provider, action, args) {
+        allowed(provider);
         const { action: _action, ...rest } = args;
         await emit({ type: 'provider.request', data: { step: step.index, provider, action, args: rest } });
         const started = clock.now().getTime();

@@ -12,10 +12,9 @@ import type { Outcome, Settled, Transitions } from './transitions.js';
 import type { AuditActions, ConnectionActions, GateActions, SessionActions } from '../tools/index.js';
 import { scratchRoot } from './workspace.js';
 
-/** The providers a run acts on: the action tools of its plan, or of its allowlist when an agent picks its steps. */
+/** The providers a run may act on: the action tools of its allowlist (which holds every tool of its plan). */
 export function providersOf(run: Run): ConnectionProvider[] {
-  const tools = run.plan ? run.plan.map((s) => s.tool) : run.tool_allowlist;
-  return CONNECTION_PROVIDERS.filter((p) => tools.includes(p));
+  return CONNECTION_PROVIDERS.filter((p) => run.tool_allowlist.includes(p));
 }
 
 /** How many times the settling write is tried before the attempt is left for the reconciler. */
@@ -90,7 +89,8 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
     let outcome: Outcome;
     try {
       if (await runs.isCancelRequested(runId)) controller.abort({ status: 'canceled', error: { code: 'canceled', message: 'canceled' } } satisfies StopReason);
-      const base = run.plan ? stepsProgram : agentProgram(model!, (id) => store.runs.get(run.tenant_id, id));
+      const agent = model ? agentProgram(model, (id) => store.runs.get(run.tenant_id, id)) : undefined;
+      const base = run.plan ? stepsProgram(agent?.loop) : agent!.program;
       const program =
         run.kind === 'vibe'
           ? vibeProgram(

@@ -9,15 +9,27 @@ import { makeScratch } from './workspace.js';
 
 export type WorkOutcome = { summary: string; error?: ErrorInfo; result?: Run['result'] };
 
+/** One `${a.b.c}` reference alone: its value is taken as it is, not as text. */
+const WHOLE_REFERENCE = /^\$\{([a-z_][\w.]*)\}$/i;
+
+function lookup(scope: Record<string, unknown>, ref: string): unknown {
+  let v: unknown = scope;
+  for (const key of ref.split('.')) v = v && typeof v === 'object' ? (v as Record<string, unknown>)[key] : undefined;
+  return v;
+}
+
 /**
- * A plan step's string arguments may name the run's inputs: `${inputs.event.subject}` becomes that value
- * (an empty string when it is absent). What a trigger brings (a webhook's event) reaches a step this way.
+ * A plan step's string arguments may name the run's inputs and earlier steps' outputs:
+ * `${inputs.event.subject}` becomes that value (an empty string when it is absent); an argument that is
+ * one reference alone takes the value itself (a number stays a number). What a trigger brings (a
+ * webhook's event) and what earlier steps made reach a step this way.
  */
 export function interpolate(value: unknown, scope: Record<string, unknown>): unknown {
   if (typeof value === 'string') {
+    const whole = WHOLE_REFERENCE.exec(value);
+    if (whole) return lookup(scope, whole[1]!) ?? '';
     return value.replace(/\$\{([a-z_][\w.]*)\}/gi, (_, ref: string) => {
-      let v: unknown = scope;
-      for (const key of ref.split('.')) v = v && typeof v === 'object' ? (v as Record<string, unknown>)[key] : undefined;
+      const v = lookup(scope, ref);
       if (v === undefined || v === null) return '';
       return typeof v === 'string' ? v : JSON.stringify(v);
     });
@@ -27,29 +39,57 @@ export function interpolate(value: unknown, scope: Record<string, unknown>): unk
   return value;
 }
 
+/** A step's `if`: set, and not false, 0 or null. */
+function holds(condition: string, scope: Record<string, unknown>): boolean {
+  const v = interpolate(condition, scope);
+  return !(v === undefined || v === null || v === '' || v === false || v === 0 || v === 'false' || v === '0' || v === 'null');
+}
+
 const stepsLeft = (a: Attempt) => (a.run.budget.max_steps === undefined ? undefined : a.run.budget.max_steps - a.usage.steps);
 
-/** The plan's steps in order; the first failure skips the rest. */
-export async function stepsProgram(a: Attempt): Promise<WorkOutcome> {
-  const plan = a.run.plan ?? [];
-  for (const [i, s] of plan.entries()) {
-    if (a.signal.aborted) break;
-    const left = stepsLeft(a);
-    if (left !== undefined && left <= 0) {
-      return { summary: '', error: { code: 'max-steps-reached', message: `max_steps (${a.run.budget.max_steps}) reached before step ${i}` } };
+/** The agent loop towards a goal, as a program or as a plan's `agent` step. */
+export type AgentLoop = (a: Attempt, goal: string) => Promise<WorkOutcome>;
+
+/**
+ * The plan's steps in order; the first failure skips the rest. A step whose `if` does not hold is
+ * skipped. An `agent` step runs the agent loop (its tool calls are steps of their own).
+ */
+export function stepsProgram(agent?: AgentLoop) {
+  return async (a: Attempt): Promise<WorkOutcome> => {
+    const plan = a.run.plan ?? [];
+    const outputs: Record<string, { output: unknown; status: string }> = {};
+    for (const [i, s] of plan.entries()) {
+      if (a.signal.aborted) break;
+      const scope = { inputs: a.run.inputs, steps: outputs };
+      const keep = (output: unknown, status: string) => {
+        outputs[String(i)] = { output, status };
+        if (s.name) outputs[s.name] = outputs[String(i)]!;
+      };
+      if (s.if !== undefined && !holds(s.if, scope)) {
+        keep(null, 'skipped');
+        continue;
+      }
+      const left = stepsLeft(a);
+      if (left !== undefined && left <= 0) {
+        return { summary: '', error: { code: 'max-steps-reached', message: `max_steps (${a.run.budget.max_steps}) reached before step ${i}` } };
+      }
+      const args = interpolate(s.args ?? {}, scope) as Record<string, unknown>;
+      if (s.tool === 'agent') {
+        if (!agent) return { summary: '', error: { code: 'agent-not-configured', message: `step ${i} (agent): no agent endpoint is configured` } };
+        const outcome = await agent(a, typeof args.goal === 'string' ? args.goal : '');
+        if (outcome.error) return { summary: '', error: { code: outcome.error.code, message: `step ${i} (agent): ${outcome.error.message}` } };
+        keep({ summary: outcome.summary, answer: outcome.result?.final_answer ?? '' }, 'succeeded');
+        continue;
+      }
+      const step = a.newStep({ tool: s.tool, args, name: s.name ?? null, source: 'plan' });
+      const result = await a.runStep(step);
+      keep(result.output, step.status);
+      if (result.error && !a.signal.aborted) {
+        return { summary: '', error: { code: result.error.code, message: `step ${step.index} (${step.tool}): ${result.error.message}` } };
+      }
     }
-    const step = a.newStep({
-      tool: s.tool,
-      args: interpolate(s.args ?? {}, { inputs: a.run.inputs }) as Record<string, unknown>,
-      name: s.name ?? null,
-      source: 'plan',
-    });
-    const result = await a.runStep(step);
-    if (result.error && !a.signal.aborted) {
-      return { summary: '', error: { code: result.error.code, message: `step ${step.index} (${step.tool}): ${result.error.message}` } };
-    }
-  }
-  return { summary: `${plan.length} step${plan.length === 1 ? '' : 's'} succeeded` };
+    return { summary: `${plan.length} step${plan.length === 1 ? '' : 's'} succeeded` };
+  };
 }
 
 /**
@@ -59,7 +99,7 @@ export async function stepsProgram(a: Attempt): Promise<WorkOutcome> {
  * started by the answer, continues.
  */
 export function agentProgram(client: ModelClient, runOf: (runId: string) => Promise<Run | null>) {
-  return async (a: Attempt): Promise<WorkOutcome> => {
+  const loop: AgentLoop = async (a, goal) => {
     const allowed = a.run.tool_allowlist.map((t) => TOOLS.get(t)).filter((t) => t !== undefined);
     const own = a.sessions?.own;
     const trigger = a.run.trigger.type === 'task' ? a.run.trigger : null;
@@ -70,7 +110,7 @@ export function agentProgram(client: ModelClient, runOf: (runId: string) => Prom
       const outcome = await runAgent({
         client,
         model: a.run.agent?.model ?? null,
-        goal: a.run.goal ?? '',
+        goal,
         inputs: a.run.inputs,
         tools: allowed,
         conversation: continued,
@@ -109,6 +149,7 @@ export function agentProgram(client: ModelClient, runOf: (runId: string) => Prom
       throw err;
     }
   };
+  return { loop, program: (a: Attempt) => loop(a, a.run.goal ?? '') };
 }
 
 /** Runs a workspace's gates on a folder (a vibe run's scratch copy): given by the engine (gates). */

@@ -106,9 +106,9 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       errors.push({ path: '/body/budget_seconds', message: `must be at most ${limits.maxBudgetSeconds} (SERVICE_RUN_MAX_BUDGET_SECONDS)` });
     if (req.gates && req.kind !== 'vibe') errors.push({ path: '/body/gates', message: 'gates: true is for vibe runs; other runs have a gates step' });
     if (errors.length) throw new ValidationError(errors.map((e) => `${e.path}: ${e.message}`).join('; '), errors);
-    if (!steps && !settings.agent) {
+    if ((!steps || steps.some((s) => s.tool === 'agent')) && !settings.agent) {
       throw new AgentNotConfiguredError(
-        'this run names a goal and no steps, and no agent endpoint is configured (SERVICE_AGENT_BASE_URL, SERVICE_AGENT_MODEL)',
+        `this run ${steps ? 'has an agent step' : 'names a goal and no steps'}, and no agent endpoint is configured (SERVICE_AGENT_BASE_URL, SERVICE_AGENT_MODEL)`,
       );
     }
     const tool_allowlist = allowlistOf(settings, req.tool_allowlist, steps, '/body/tools');

@@ -22,6 +22,7 @@ export {
   type AuditActions,
   type ConnectionActions,
   type GateActions,
+  type GitAccess,
   type OwnSession,
   type SessionActions,
   type StepConnections,

@@ -35,7 +35,11 @@ export type ToolContext = {
  */
 export type StepConnections = {
   act(provider: ConnectionProvider, action: string, args: Record<string, unknown>): Promise<Record<string, unknown>>;
+  /** what git needs to fetch from the code host: its web address and the token (only ever passed in a process's environment) */
+  git(named?: string): Promise<GitAccess>;
 };
+
+export type GitAccess = { connection_id: string; web_url: string; token: string };
 
 /** A run's access to its tenant's connections, as the engine gives it. */
 export type ConnectionActions = {
@@ -47,6 +51,7 @@ export type ConnectionActions = {
     args: Record<string, unknown>,
     signal: AbortSignal,
   ): Promise<{ connection_id: string; answer: Record<string, unknown> }>;
+  git(named?: string): Promise<GitAccess>;
 };
 
 /** What the `audit` tool may do: audit the run's own workspace, and wait for the report. */

@@ -3,7 +3,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { expect } from 'chai';
-import { FAKE_TOKEN, SMTP_USER, startFakeProviders, type FakeProviders } from '../support/fake-providers.js';
+import { FAKE_TOKEN, makePullRequestRepo, SMTP_USER, startFakeProviders, type FakeProviders } from '../support/fake-providers.js';
 import { startScriptedModel, type ScriptedModel } from '../support/scripted-model.js';
 import { finishedRun, freePort, KEYS, startHarness, type Harness } from '../support/harness.js';
 
@@ -210,7 +210,9 @@ describe('action tools', function () {
       { tool_calls: [{ name: 'codehost', args: { action: 'comment', repository: 'acme/app', number: 9, body: 'LGTM once CI passes.' } }] },
       { content: 'Commented on #9.' },
     ]);
-    h = await startHarness({ env: { SERVICE_HTTP_ALLOW_PRIVATE: '1', SERVICE_AGENT_BASE_URL: model.url, SERVICE_AGENT_MODEL: 'scripted-1' } });
+    h = await startHarness({
+      env: { SERVICE_HTTP_ALLOW_PRIVATE: '1', SERVICE_SANDBOX_ALLOW_NETWORK: '1', SERVICE_AGENT_BASE_URL: model.url, SERVICE_AGENT_MODEL: 'scripted-1' },
+    });
     const add = async (body: Body) => expect((await h.call<Body>('POST', '/api/v1/connections', { body })).status).to.equal(201);
     await add({ provider: 'codehost', name: 'github', base_url: fake.github, credential: FAKE_TOKEN });
     await add({ provider: 'chat', name: 'slack', base_url: fake.slack, credential: FAKE_TOKEN });
@@ -389,11 +391,43 @@ describe('action tools', function () {
     expect(run.status, JSON.stringify(run.error)).to.equal('succeeded');
     const offered = model.requests[0]!.body.tools.map((t: Body) => t.function);
     const codehost = offered.find((f: Body) => f.name === 'codehost');
-    expect(codehost.parameters.properties.action.enum).to.deep.equal(['comment', 'review', 'create_check_run', 'update_check_run']);
+    expect(codehost.parameters.properties.action.enum).to.deep.equal(['checkout', 'comment', 'review', 'create_check_run', 'update_check_run']);
     expect(offered.map((f: Body) => f.name)).not.to.include('chat');
     const comment = fake.requests.find((r) => r.path === '/github/repos/acme/app/issues/9/comments')!;
     expect(comment.body).to.deep.equal({ body: 'LGTM once CI passes.' });
     expect(run.steps[0]).to.deep.include({ tool: 'codehost', source: 'agent', status: 'succeeded' });
+  });
+
+  it('checks out a pull request’s head into the workspace in the sandbox, the token sent to the code host only in git’s environment', async () => {
+    const repo = makePullRequestRepo(h.config.dataDir, 7, { path: 'src/app.ts', content: 'export const x = 1;\n' });
+    fake.serveRepo('acme/app', repo.bare);
+    fs.mkdirSync(path.join(h.tenantDir(), 'checkout'));
+    const run = await start({
+      tools: ['codehost', 'shell'],
+      network: true,
+      workspace: 'checkout',
+      steps: [
+        { tool: 'codehost', args: { action: 'checkout', repository: 'acme/app', ref: 'refs/pull/7/head' } },
+        { tool: 'shell', args: { command: 'cat src/app.ts && git log --format=%s -1' } },
+      ],
+    });
+    expect(run.status, JSON.stringify(run.steps?.[0])).to.equal('succeeded');
+    expect(run.steps[0].output).to.deep.include({ head_sha: repo.head, repository: 'acme/app', ref: 'refs/pull/7/head' });
+    expect(run.steps[1].output.stdout).to.equal('export const x = 1;\npull request 7\n');
+    const gitRequests = fake.requests.filter((r) => r.path.startsWith('/github/acme/app.git/'));
+    expect(gitRequests.length).to.be.greaterThan(0);
+    expect(gitRequests.every((r) => r.authorization === `Basic ${Buffer.from(`x-access-token:${FAKE_TOKEN}`).toString('base64')}`)).to.equal(true);
+    const events = await h.rt.events.after(`session:${run.session_id}`, '0-0');
+    expect(JSON.stringify(events))
+      .not.to.contain(FAKE_TOKEN)
+      .and.not.to.contain(Buffer.from(`x-access-token:${FAKE_TOKEN}`).toString('base64'));
+    // without the network the step says what it needs, before anything is fetched
+    const offline = await start({
+      tools: ['codehost'],
+      workspace: 'checkout',
+      steps: [{ tool: 'codehost', args: { action: 'checkout', repository: 'acme/app', ref: 'main' } }],
+    });
+    expect(offline.steps[0].error.code).to.equal('network-required');
   });
 
   it('fails a step whose arguments an action cannot take before anything is sent, and one the provider refuses with its code', async () => {

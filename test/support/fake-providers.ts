@@ -3,7 +3,10 @@
 // API (/pager), plus an smtp-server. Each SDK is pointed at its part by its base URL option. They check
 // the credential the way each provider does, answer with the shapes each SDK reads, and record every
 // request (and every mail) for the test to look at.
+import { execFileSync } from 'node:child_process';
+import fs from 'node:fs';
 import http from 'node:http';
+import path from 'node:path';
 import type { AddressInfo } from 'node:net';
 import { SMTPServer } from 'smtp-server';
 
@@ -25,6 +28,8 @@ export type FakeProviders = {
   smtp: string;
   requests: Recorded[];
   mails: Mail[];
+  /** serves a bare repository as owner/name over git's dumb HTTP protocol, under the code host's address, to the token only */
+  serveRepo(repository: string, bareDir: string): void;
   /** the next `times` requests to a provider answer `status` (with Retry-After when given) */
   failNext(provider: Recorded['provider'], status: number, times?: number, retryAfter?: number): void;
   close(): Promise<void>;
@@ -60,7 +65,21 @@ export async function startFakeProviders(opts: { token?: string } = {}): Promise
     res.end(JSON.stringify(body));
   };
 
+  const repos = new Map<string, string>();
+
   function github(r: Recorded, res: http.ServerResponse): void {
+    const git = /^\/github\/([\w.-]+\/[\w.-]+)\.git\/(.+)$/.exec(r.path);
+    if (git) {
+      const dir = repos.get(git[1]!);
+      if (r.authorization !== `Basic ${Buffer.from(`x-access-token:${token}`).toString('base64')}`) {
+        res.writeHead(401, { 'www-authenticate': 'Basic realm="git"' });
+        return void res.end();
+      }
+      const file = dir && path.resolve(dir, git[2]!);
+      if (!file || !file.startsWith(dir + path.sep) || !fs.existsSync(file) || !fs.statSync(file).isFile()) return void res.writeHead(404).end();
+      res.writeHead(200, { 'content-type': 'application/octet-stream' });
+      return void res.end(fs.readFileSync(file));
+    }
     if (r.authorization !== `token ${token}` && r.authorization !== `Bearer ${token}`) return json(res, 401, { message: 'Bad credentials' });
     const p = r.path.replace(/^\/github/, '');
     if (r.method === 'GET' && p === '/user') return json(res, 200, { login: 'acme-bot', id: 1 }, { 'x-oauth-scopes': 'repo, workflow' });
@@ -185,6 +204,9 @@ export async function startFakeProviders(opts: { token?: string } = {}): Promise
     smtp: `smtp://127.0.0.1:${smtpPort}`,
     requests,
     mails,
+    serveRepo(repository, bareDir) {
+      repos.set(repository, path.resolve(bareDir));
+    },
     failNext(provider, status, times = 1, retryAfter) {
       failures.set(provider, { status, times, retryAfter });
     },
@@ -194,4 +216,32 @@ export async function startFakeProviders(opts: { token?: string } = {}): Promise
       await new Promise<void>((resolve) => smtp.close(() => resolve()));
     },
   };
+}
+
+/**
+ * A bare repository for the fake code host: a main branch, and a pull request's head (refs/pull/<n>/head)
+ * one commit after it that changes `file`. Returns the directory and the head's sha.
+ */
+export function makePullRequestRepo(root: string, n: number, file: { path: string; content: string }): { bare: string; head: string } {
+  const work = path.join(root, 'pr-src');
+  const bare = path.join(root, 'pr.git');
+  fs.mkdirSync(work, { recursive: true });
+  const git = (cwd: string, ...args: string[]) =>
+    execFileSync('git', ['-c', 'user.name=t', '-c', 'user.email=t@t', ...args], { cwd })
+      .toString()
+      .trim();
+  git(work, 'init', '-q', '-b', 'main');
+  fs.writeFileSync(path.join(work, 'README.md'), '# app\n');
+  git(work, 'add', '-A');
+  git(work, 'commit', '-qm', 'init');
+  fs.mkdirSync(path.dirname(path.join(work, file.path)), { recursive: true });
+  fs.writeFileSync(path.join(work, file.path), file.content);
+  git(work, 'add', '-A');
+  git(work, 'commit', '-qm', `pull request ${n}`);
+  const head = git(work, 'rev-parse', 'HEAD');
+  git(root, 'clone', '-q', '--bare', work, bare);
+  git(bare, 'update-ref', `refs/pull/${n}/head`, head);
+  git(bare, 'update-ref', 'refs/heads/main', `${head}~1`);
+  git(bare, 'update-server-info');
+  return { bare, head };
 }
