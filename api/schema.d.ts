@@ -1667,6 +1667,7 @@ export interface components {
             };
             /** @description Overrides the name the template gives. */
             name?: string;
+            connections?: components["schemas"]["ConnectionNames"];
         };
         AutomationPatch: {
             name?: string;

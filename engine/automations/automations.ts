@@ -13,6 +13,7 @@ import {
   type AutomationPatch,
   type AutomationStatus,
   type Budget,
+  type ConnectionNames,
   type Run,
   type RunStatus,
   type RunTrigger,
@@ -134,7 +135,10 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
     },
 
     /** Creates an automation from a built-in template and the caller's variables. */
-    async createFromTemplate(tenantId: string, req: { template_id: string; variables?: Record<string, unknown>; name?: string }): Promise<Automation> {
+    async createFromTemplate(
+      tenantId: string,
+      req: { template_id: string; variables?: Record<string, unknown>; name?: string; connections?: ConnectionNames },
+    ): Promise<Automation> {
       const template = deps.templates.get(req.template_id);
       if (!template) {
         throw new ValidationError(`no template ${req.template_id}`, [
@@ -142,7 +146,8 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
         ]);
       }
       const { definition, variables } = instantiateTemplate(template, req.variables ?? {});
-      return this.create(tenantId, req.name ? { ...definition, name: req.name } : definition, { id: template.id, variables });
+      const named = { ...definition, ...(req.name ? { name: req.name } : {}), ...(req.connections ? { connections: req.connections } : {}) };
+      return this.create(tenantId, named, { id: template.id, variables });
     },
 
     get: mustGet,

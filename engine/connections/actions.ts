@@ -18,7 +18,9 @@ function str(args: Args, name: string): string {
   if (typeof v === 'string' && v.trim()) return v;
   throw new ActionArgsError(`args.${name} must be a non-empty string`);
 }
-const optStr = (args: Args, name: string): string | undefined => (args[name] === undefined || args[name] === null ? undefined : str(args, name));
+/** An optional string: absent, null or empty is absent (an interpolated reference to nothing is empty). */
+const optStr = (args: Args, name: string): string | undefined =>
+  args[name] === undefined || args[name] === null || args[name] === '' ? undefined : str(args, name);
 function int(args: Args, name: string, min = 1, max = Number.MAX_SAFE_INTEGER): number {
   const v = typeof args[name] === 'string' && /^\d+$/.test(args[name]) ? Number(args[name]) : args[name];
   if (typeof v === 'number' && Number.isInteger(v) && v >= min && v <= max) return v;

@@ -10,17 +10,23 @@ import { makeScratch } from './workspace.js';
 export type WorkOutcome = { summary: string; error?: ErrorInfo; result?: Run['result'] };
 
 /** One `${a.b.c}` reference alone: its value is taken as it is, not as text. */
-const WHOLE_REFERENCE = /^\$\{([a-z_][\w.]*)\}$/i;
+const WHOLE_REFERENCE = /^\$\{([a-z_][\w.|]*)\}$/i;
+const REFERENCE = /\$\{([a-z_][\w.|]*)\}/gi;
 
+/** `a.b.c`, or alternatives `a.b|c.d`: the first that is set (not absent, null or empty). */
 function lookup(scope: Record<string, unknown>, ref: string): unknown {
-  let v: unknown = scope;
-  for (const key of ref.split('.')) v = v && typeof v === 'object' ? (v as Record<string, unknown>)[key] : undefined;
-  return v;
+  for (const alternative of ref.split('|')) {
+    let v: unknown = scope;
+    for (const key of alternative.split('.')) v = v && typeof v === 'object' ? (v as Record<string, unknown>)[key] : undefined;
+    if (v !== undefined && v !== null && v !== '') return v;
+  }
+  return undefined;
 }
 
 /**
  * A plan step's string arguments may name the run's inputs and earlier steps' outputs:
- * `${inputs.event.subject}` becomes that value (an empty string when it is absent); an argument that is
+ * `${inputs.event.subject}` becomes that value (an empty string when it is absent; `${a|b}` takes the
+ * first of a and b that is set); an argument that is
  * one reference alone takes the value itself (a number stays a number). What a trigger brings (a
  * webhook's event) and what earlier steps made reach a step this way.
  */
@@ -28,7 +34,7 @@ export function interpolate(value: unknown, scope: Record<string, unknown>): unk
   if (typeof value === 'string') {
     const whole = WHOLE_REFERENCE.exec(value);
     if (whole) return lookup(scope, whole[1]!) ?? '';
-    return value.replace(/\$\{([a-z_][\w.]*)\}/gi, (_, ref: string) => {
+    return value.replace(REFERENCE, (_, ref: string) => {
       const v = lookup(scope, ref);
       if (v === undefined || v === null) return '';
       return typeof v === 'string' ? v : JSON.stringify(v);

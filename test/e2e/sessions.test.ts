@@ -2,6 +2,7 @@
 // log, pause and archive, the live trace through a real SSE client, and tenant isolation on every route.
 import { expect } from 'chai';
 import { EventSource } from 'eventsource';
+import { FAKE_TOKEN, SMTP_USER, startFakeProviders, type FakeProviders } from '../support/fake-providers.js';
 import { eventually, finishedRun, KEYS, startHarness, type Harness } from '../support/harness.js';
 
 type Body = Record<string, any>;
@@ -159,15 +160,20 @@ describe('sessions', function () {
 describe('email to task (the session tool)', function () {
   this.timeout(30_000);
   let h: Harness;
+  let fake: FakeProviders;
   before(async () => {
+    fake = await startFakeProviders();
     // an agent endpoint is configured so goal tasks are accepted; the session stays paused, so none is called
-    h = await startHarness({ env: { SERVICE_AGENT_BASE_URL: 'http://127.0.0.1:9/v1', SERVICE_AGENT_MODEL: 'none' } });
+    h = await startHarness({ env: { SERVICE_AGENT_BASE_URL: 'http://127.0.0.1:9/v1', SERVICE_AGENT_MODEL: 'none', SERVICE_HTTP_ALLOW_PRIVATE: '1' } });
+    const smtp = { provider: 'email', name: 'smtp', base_url: fake.smtp, credential: FAKE_TOKEN, settings: { username: SMTP_USER, from: 'tasks@acme.test' } };
+    expect((await h.call('POST', '/api/v1/connections', { body: smtp })).status).to.equal(201);
   });
   after(async () => {
     await h.close();
+    await fake.close();
   });
 
-  it('turns a signed inbound email from an allowed sender into a task of the named session, and one from anyone else into nothing', async () => {
+  it('turns a signed inbound email from an allowed sender into a task of the named session and answers the sender with its id; one from anyone else into nothing', async () => {
     const session = (await h.call<Body>('POST', '/api/v1/sessions', { body: { title: 'inbox' } })).body;
     await h.call('PATCH', `/api/v1/sessions/${session.id}`, { body: { status: 'paused' } });
     const agent = (await h.call<Body>('POST', `/api/v1/sessions/${session.id}/agents`, { body: { name: 'triage', tool_allowlist: ['read_file'] } })).body;
@@ -193,6 +199,13 @@ describe('email to task (the session tool)', function () {
     expect(tasks).to.have.length(1);
     expect(tasks[0]).to.deep.include({ title: 'Rotate keys', agent_id: agent.id, status: 'queued' });
     expect(tasks[0].goal).to.contain('ops@example.com').and.contain('Please rotate the keys.');
+    // the allowed sender hears back, in the same thread; nobody else gets mail from the service
+    expect(fake.mails).to.have.length(1);
+    expect(fake.mails[0]).to.deep.include({ from: 'tasks@acme.test', to: ['ops@example.com'] });
+    expect(fake.mails[0]!.data)
+      .to.match(/^Subject: Re: Rotate keys/m)
+      .and.match(/^In-Reply-To: <?m-1>?/m)
+      .and.contain(tasks[0].id);
     // another tenant's session cannot be named: the tool acts for its run's tenant only
     const foreign = await h.call<Body>('POST', '/api/v1/autonomy/run', {
       key: KEYS.b,
