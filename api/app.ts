@@ -19,6 +19,7 @@ import { sessionsRouter } from './routes/sessions.js';
 import { voiceRouter } from './routes/voice.js';
 import { apiKeysRouter } from './routes/api-keys.js';
 import { connectionsRouter } from './routes/connections.js';
+import { notificationDeliveriesRouter, notificationEndpointsRouter } from './routes/notifications.js';
 import { webhookDeliveriesRouter, webhookIntakeRouter, webhookSecretsRouter } from './routes/webhooks.js';
 import { finiteNumericQuery } from './numeric-query.js';
 import { loadSpec } from './spec.js';
@@ -113,6 +114,8 @@ export function createApp(deps: AppDeps): Express {
   app.use('/api/v1/api-keys', apiKeysRouter(deps.engine));
   app.use('/api/v1/webhook-secrets', webhookSecretsRouter(deps.engine));
   app.use('/api/v1/connections', connectionsRouter(deps.engine));
+  app.use('/api/v1/notification-endpoints', notificationEndpointsRouter(deps.engine));
+  app.use('/api/v1/notification-deliveries', notificationDeliveriesRouter(deps.engine));
   app.use('/api/v1/webhook-deliveries', webhookDeliveriesRouter(deps.engine));
 
   app.use((req) => {

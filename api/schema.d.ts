@@ -1281,6 +1281,112 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/notification-endpoints": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List the tenant's notification endpoints
+         * @description Oldest first; never their signing secrets.
+         */
+        get: operations["listNotificationEndpoints"];
+        put?: never;
+        /**
+         * Add a notification endpoint
+         * @description The service POSTs each event of the subscribed types to `url`, signed with the Standard Webhooks
+         *     scheme: `webhook-id` (the delivery's id, the same on every try), `webhook-timestamp` and
+         *     `webhook-signature` (`v1,<base64 HMAC-SHA256>`) under the endpoint's secret, which this answer
+         *     shows once. The body is `{type, timestamp, data}`. Each delivery is a job tried up to
+         *     SERVICE_NOTIFY_ATTEMPTS times with exponential backoff from SERVICE_NOTIFY_BACKOFF_MS; after
+         *     SERVICE_NOTIFY_DISABLE_AFTER deliveries in a row fail for good, the endpoint is disabled and a
+         *     `notification.endpoint_disabled` event goes to the tenant's other endpoints. The URL obeys the http
+         *     tool's address rule: no private or loopback address unless SERVICE_HTTP_ALLOW_PRIVATE=1 (422
+         *     `address-not-allowed`), checked again when each delivery connects.
+         */
+        post: operations["createNotificationEndpoint"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/notification-endpoints/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The endpoint's id. */
+                id: components["parameters"]["NotificationEndpointId"];
+            };
+            cookie?: never;
+        };
+        /** Get a notification endpoint */
+        get: operations["getNotificationEndpoint"];
+        put?: never;
+        post?: never;
+        /**
+         * Remove a notification endpoint
+         * @description Nothing more is sent to it; deliveries still queued end failed.
+         */
+        delete: operations["deleteNotificationEndpoint"];
+        options?: never;
+        head?: never;
+        /**
+         * Change a notification endpoint
+         * @description Changes its URL, description or event types; `status` disables it, or enables it again (its count of failures starts over).
+         */
+        patch: operations["updateNotificationEndpoint"];
+        trace?: never;
+    };
+    "/api/v1/notification-endpoints/{id}/deliveries": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The endpoint's id. */
+                id: components["parameters"]["NotificationEndpointId"];
+            };
+            cookie?: never;
+        };
+        /**
+         * The delivery log of an endpoint
+         * @description Newest first, each with its message and every try (when, the status code or the error, how long).
+         */
+        get: operations["listNotificationDeliveries"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/notification-deliveries/{id}/replay": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The delivery's id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Send a delivery again
+         * @description Queues it again with the same message and `webhook-id`; it is tried as a new delivery would be. One still being sent, or to a disabled endpoint, is a 409.
+         */
+        post: operations["replayNotificationDelivery"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -1485,6 +1591,62 @@ export interface components {
             error: components["schemas"]["ErrorInfo"];
             /** Format: date-time */
             checked_at: string;
+        };
+        /** @description An event type endpoints subscribe to (`audit.report` is the audit's report), a prefix pattern such as `gate.*`, or `*`. */
+        NotificationType: string;
+        NotificationEndpoint: {
+            id: string;
+            url: string;
+            description: string | null;
+            event_types: components["schemas"]["NotificationType"][];
+            /** @enum {string} */
+            status: "enabled" | "disabled";
+            disabled_reason: string | null;
+            /** @description Deliveries that failed all their tries since the last one that succeeded. */
+            consecutive_failures: number;
+            /** Format: date-time */
+            created_at: string;
+            /** Format: date-time */
+            updated_at: string;
+        };
+        NotificationEndpointCreate: {
+            url: string;
+            description?: string | null;
+            event_types: components["schemas"]["NotificationType"][];
+        };
+        NotificationEndpointCreated: {
+            /** @description The signing secret (`whsec_…`), shown this once; give it to a Standard Webhooks verifier. */
+            secret: string;
+            endpoint: components["schemas"]["NotificationEndpoint"];
+        };
+        NotificationEndpointPatch: {
+            url?: string;
+            description?: string | null;
+            event_types?: components["schemas"]["NotificationType"][];
+            /** @enum {string} */
+            status?: "enabled" | "disabled";
+        };
+        NotificationDelivery: {
+            /** @description Also the `webhook-id` it is sent with. */
+            id: string;
+            endpoint_id: string;
+            event_type: string;
+            /** @description The body sent, `{type, timestamp, data}`. */
+            payload: Record<string, never>;
+            /** @enum {string} */
+            status: "pending" | "succeeded" | "failed";
+            attempts: {
+                /** Format: date-time */
+                at: string;
+                status_code: number | null;
+                error: string | null;
+                duration_ms: number;
+            }[];
+            replays: number;
+            /** Format: date-time */
+            created_at: string;
+            /** Format: date-time */
+            updated_at: string;
         };
         ApiKeyCreate: {
             /** @description What the key is for. */
@@ -2184,7 +2346,7 @@ export interface components {
          *     its `type`, the time `at`, the tenant, and the session and run it belongs to; `data` depends on
          *     the type. The catalogue is one list in the service (engine/platform/event-types.ts).
          */
-        ServiceEvent: components["schemas"]["EventRunQueued"] | components["schemas"]["EventRunStarted"] | components["schemas"]["EventRunRetrying"] | components["schemas"]["EventRunInterrupted"] | components["schemas"]["EventRunFinished"] | components["schemas"]["EventWorkspaceReady"] | components["schemas"]["EventStepStarted"] | components["schemas"]["EventStepOutput"] | components["schemas"]["EventStepFinished"] | components["schemas"]["EventProviderRequest"] | components["schemas"]["EventProviderAnswer"] | components["schemas"]["EventAgentTurn"] | components["schemas"]["EventMessageCreated"] | components["schemas"]["EventTaskUpdated"] | components["schemas"]["EventSessionUpdated"] | components["schemas"]["EventGateFinished"] | components["schemas"]["EventGateRunFinished"] | components["schemas"]["EventAuditPhaseDone"] | components["schemas"]["EventAuditFinished"];
+        ServiceEvent: components["schemas"]["EventRunQueued"] | components["schemas"]["EventRunStarted"] | components["schemas"]["EventRunRetrying"] | components["schemas"]["EventRunInterrupted"] | components["schemas"]["EventRunFinished"] | components["schemas"]["EventWorkspaceReady"] | components["schemas"]["EventStepStarted"] | components["schemas"]["EventStepOutput"] | components["schemas"]["EventStepFinished"] | components["schemas"]["EventProviderRequest"] | components["schemas"]["EventProviderAnswer"] | components["schemas"]["EventAgentTurn"] | components["schemas"]["EventMessageCreated"] | components["schemas"]["EventTaskUpdated"] | components["schemas"]["EventSessionUpdated"] | components["schemas"]["EventGateFinished"] | components["schemas"]["EventGateRunFinished"] | components["schemas"]["EventAuditPhaseDone"] | components["schemas"]["EventAuditFinished"] | components["schemas"]["EventNotificationEndpointDisabled"];
         /** @description A run was accepted and stored. */
         EventRunQueued: {
             id: string;
@@ -2420,6 +2582,26 @@ export interface components {
                 answer?: Record<string, never> | null;
                 error?: components["schemas"]["ErrorInfo"];
                 duration_ms?: number;
+            };
+        };
+        /** @description One of the tenant's notification endpoints was disabled after deliveries failed again and again (sent to the tenant's other endpoints that subscribe to it). */
+        EventNotificationEndpointDisabled: {
+            id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "notification.endpoint_disabled";
+            /** Format: date-time */
+            at: string;
+            tenant_id: string;
+            session_id?: string;
+            run_id?: string;
+            data: {
+                endpoint_id?: string;
+                url?: string;
+                reason?: string;
+                consecutive_failures?: number;
             };
         };
         /** @description One model turn of the agent. */
@@ -3079,6 +3261,8 @@ export interface components {
         DeliveryId: string;
         /** @description The connection's id. */
         ConnectionId: string;
+        /** @description The endpoint's id. */
+        NotificationEndpointId: string;
         /** @description The automation's id. */
         AutomationId: components["schemas"]["AutomationId"];
         /** @description Items per page. */
@@ -5110,6 +5294,210 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
+            429: components["responses"]["ApiRateLimited"];
+        };
+    };
+    listNotificationEndpoints: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The endpoints. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        data: components["schemas"]["NotificationEndpoint"][];
+                    };
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            429: components["responses"]["ApiRateLimited"];
+        };
+    };
+    createNotificationEndpoint: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["NotificationEndpointCreate"];
+            };
+        };
+        responses: {
+            /** @description Made; `secret` is shown this once. */
+            201: {
+                headers: {
+                    Location: components["headers"]["Location"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["NotificationEndpointCreated"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
+            422: components["responses"]["Unprocessable"];
+            429: components["responses"]["ApiRateLimited"];
+        };
+    };
+    getNotificationEndpoint: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The endpoint's id. */
+                id: components["parameters"]["NotificationEndpointId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The endpoint. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["NotificationEndpoint"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            429: components["responses"]["ApiRateLimited"];
+        };
+    };
+    deleteNotificationEndpoint: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The endpoint's id. */
+                id: components["parameters"]["NotificationEndpointId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Removed. */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            429: components["responses"]["ApiRateLimited"];
+        };
+    };
+    updateNotificationEndpoint: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The endpoint's id. */
+                id: components["parameters"]["NotificationEndpointId"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["NotificationEndpointPatch"];
+            };
+        };
+        responses: {
+            /** @description Changed. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["NotificationEndpoint"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
+            422: components["responses"]["Unprocessable"];
+            429: components["responses"]["ApiRateLimited"];
+        };
+    };
+    listNotificationDeliveries: {
+        parameters: {
+            query?: {
+                /** @description Items per page. */
+                limit?: components["parameters"]["Limit"];
+                /** @description The `next_cursor` of the previous page. */
+                cursor?: components["parameters"]["Cursor"];
+            };
+            header?: never;
+            path: {
+                /** @description The endpoint's id. */
+                id: components["parameters"]["NotificationEndpointId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description A page of deliveries. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        data: components["schemas"]["NotificationDelivery"][];
+                        next_cursor: string | null;
+                    };
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            429: components["responses"]["ApiRateLimited"];
+        };
+    };
+    replayNotificationDelivery: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The delivery's id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Queued again. */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["NotificationDelivery"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
             429: components["responses"]["ApiRateLimited"];
         };
     };

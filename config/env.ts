@@ -37,6 +37,8 @@ export type Config = {
   webhookReplayWindowSeconds: number;
   /** webhook requests one tenant may send per minute, over all kinds; more answer 429 */
   webhookRateLimitPerMinute: number;
+  /** outbound notifications (SERVICE_NOTIFY_*): tries of a delivery, the first wait between them, failed deliveries in a row that disable an endpoint, a try's timeout */
+  notify: { attempts: number; backoffMs: number; disableAfter: number; timeoutMs: number };
   /** /api/v1 requests a minute: per tenant (SERVICE_API_RATE_LIMIT_PER_MINUTE) and per key (SERVICE_API_KEY_RATE_LIMIT_PER_MINUTE, default the same) */
   apiRateLimit: { perTenantPerMinute: number; perKeyPerMinute: number };
   /** people's sign-in (SERVICE_OIDC_*); null: API keys only */
@@ -278,6 +280,10 @@ const schema = z.object({
   SERVICE_TRANSCRIBE_MAX_SECONDS: int(600, 1, 86_400),
   SERVICE_WEBHOOK_REPLAY_WINDOW_SECONDS: int(300, 1, 86_400),
   SERVICE_WEBHOOK_RATE_LIMIT_PER_MINUTE: int(1200, 1, 10_000_000),
+  SERVICE_NOTIFY_ATTEMPTS: int(8, 1, 50),
+  SERVICE_NOTIFY_BACKOFF_MS: int(5000, 1, 3_600_000),
+  SERVICE_NOTIFY_DISABLE_AFTER: int(10, 1, 10_000),
+  SERVICE_NOTIFY_TIMEOUT_SECONDS: int(15, 1, 300),
   SERVICE_API_RATE_LIMIT_PER_MINUTE: int(6000, 1, 100_000_000),
   SERVICE_OIDC_ISSUER: url(['http:', 'https:']),
   SERVICE_OIDC_CLIENT_ID: optionalText,
@@ -391,6 +397,12 @@ export function parseEnv(env: Record<string, string | undefined>): Config {
     },
     webhookReplayWindowSeconds: e.SERVICE_WEBHOOK_REPLAY_WINDOW_SECONDS,
     webhookRateLimitPerMinute: e.SERVICE_WEBHOOK_RATE_LIMIT_PER_MINUTE,
+    notify: {
+      attempts: e.SERVICE_NOTIFY_ATTEMPTS,
+      backoffMs: e.SERVICE_NOTIFY_BACKOFF_MS,
+      disableAfter: e.SERVICE_NOTIFY_DISABLE_AFTER,
+      timeoutMs: e.SERVICE_NOTIFY_TIMEOUT_SECONDS * 1000,
+    },
     oidc: oidcSet.every(Boolean)
       ? {
           issuer: e.SERVICE_OIDC_ISSUER!,

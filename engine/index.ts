@@ -10,7 +10,7 @@ import { evidencePacksOf, gateRunsOf, gatesOnCopy, smartGatesOf } from './gates/
 import type { Sandbox } from './tools/index.js';
 import { auditsOf, type AuditSettings } from './audit/index.js';
 import { voiceOf, type VoiceSettings } from './voice/index.js';
-import { ConnectionMissingError, connectionsOf } from './connections/index.js';
+import { ConnectionMissingError, connectionsOf, notificationsOf, type NotificationSettings } from './connections/index.js';
 
 export type EngineDeps = Platform & {
   /** signs the evidence ledger */
@@ -23,11 +23,16 @@ export type EngineDeps = Platform & {
   audit: Omit<AuditSettings, 'workspaceRoot' | 'singleTenant'>;
   voice: VoiceSettings;
   apiRateLimit: ApiRateLimitSettings;
+  /** outbound notifications to the tenants' endpoints */
+  notify: NotificationSettings;
   /** people's sign-in; null: API keys only */
   sso: SsoSettings | null;
 };
 
-export function createEngine(deps: EngineDeps) {
+export function createEngine(given: EngineDeps) {
+  // every event any capability appends is also offered to the tenant's notification endpoints
+  const notifications = notificationsOf(given, given.notify);
+  const deps: EngineDeps = { ...given, events: notifications.wrap(given.events) };
   const transitions = transitionsOf(deps);
   const connections = connectionsOf(deps, { httpAllowPrivate: deps.settings.httpAllowPrivate });
   const runs = runsOf(deps, transitions);
@@ -139,6 +144,8 @@ export function createEngine(deps: EngineDeps) {
     apiKeys: apiKeysOf(deps),
     /** provider credentials, sealed; the action tools act through them */
     connections,
+    /** outbound notifications: endpoints, deliveries and their jobs */
+    notifications,
     /** requests a minute per tenant and per key, shared by every web process */
     apiRateLimit: apiRateLimitOf(deps, deps.apiRateLimit),
     /** OpenID Connect sign-in and cookie sessions, when configured */

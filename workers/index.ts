@@ -6,6 +6,7 @@ import { AppError, type QueueName } from '../engine/platform/index.js';
 import type { CronJob } from '../engine/automations/index.js';
 import type { GateJob } from '../engine/gates/index.js';
 import type { AuditJob } from '../engine/audit/index.js';
+import type { NotificationJob } from '../engine/connections/index.js';
 import type { Runtime } from '../engine/process/index.js';
 
 /** How long before the end of the grace period running attempts are interrupted. */
@@ -100,6 +101,18 @@ export function processorsOf(rt: Runtime): Processors {
         await rt.engine.webhooks.process(tenant_id, delivery_id).catch((err) => {
           throw jobErrorOf(err);
         });
+      },
+    },
+    notifications: {
+      concurrency: 20,
+      processor: async (job) => {
+        const { tenant_id, delivery_id } = job.data as NotificationJob;
+        // the last try counts a failure against the endpoint; the ones before are retried by BullMQ with backoff
+        const last = job.attemptsMade + 1 >= (job.opts.attempts ?? 1);
+        const d = await rt.engine.notifications.deliver(tenant_id, delivery_id, last).catch((err) => {
+          throw jobErrorOf(err);
+        });
+        return d && { status: d.status };
       },
     },
   };

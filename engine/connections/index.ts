@@ -10,3 +10,4 @@ export {
   type ConnectionView,
 } from './connections.js';
 export { ProviderError, type ProviderErrorCode } from './retry.js';
+export { endpointView, notificationsOf, type EndpointView, type Notifications, type NotificationJob, type NotificationSettings } from './notifications.js';

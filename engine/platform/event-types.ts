@@ -94,7 +94,9 @@ export type EventBody =
       type: 'audit.phase_done';
       data: { report_id: string; phase: AuditPhase; status: PhaseStatus; counts: SeverityCounts; score: number | null; duration_ms: number };
     }
-  | { type: 'audit.finished'; data: AuditReport };
+  | { type: 'audit.finished'; data: AuditReport }
+  // outbound notifications: one of the tenant's endpoints was disabled after repeated failure
+  | { type: 'notification.endpoint_disabled'; data: { endpoint_id: string; url: string; reason: string; consecutive_failures: number } };
 
 export type EventType = EventBody['type'];
 
@@ -119,6 +121,7 @@ export const EVENT_TYPES = [
   'gate.run_finished',
   'audit.phase_done',
   'audit.finished',
+  'notification.endpoint_disabled',
 ] as const satisfies readonly EventType[];
 
 // a compile-time check that the list above names every type of the union

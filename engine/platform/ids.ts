@@ -14,7 +14,7 @@ const next = monotonicFactory(() => {
   return pool[used++]! / 256;
 });
 
-export type IdPrefix = 'aut' | 'key' | 'run' | 'ses' | 'whd' | 'agt' | 'msg' | 'tsk' | 'grn' | 'aud' | 'con';
+export type IdPrefix = 'aut' | 'key' | 'run' | 'ses' | 'whd' | 'agt' | 'msg' | 'tsk' | 'grn' | 'aud' | 'con' | 'nep' | 'ntf';
 
 export function newId(prefix: IdPrefix, now: number = Date.now()): string {
   return `${prefix}_${next(now).toLowerCase()}`;

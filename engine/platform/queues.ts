@@ -4,7 +4,7 @@ import { Queue, type FlowJob } from 'bullmq';
 import type { Run } from './records.js';
 import type { Redis } from './redis.js';
 
-export const QUEUE_NAMES = ['runs', 'triggers', 'webhooks', 'gates', 'audits'] as const;
+export const QUEUE_NAMES = ['runs', 'triggers', 'webhooks', 'gates', 'audits', 'notifications'] as const;
 export type QueueName = (typeof QUEUE_NAMES)[number];
 
 /**

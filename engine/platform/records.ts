@@ -309,6 +309,58 @@ export type ConnectionRecord = {
   last_test: ConnectionTestResult | null;
 };
 
+/**
+ * What a notification endpoint may subscribe to: events of the catalogue under their outbound names
+ * (the audit's report is `audit.report`), and the service's word that one of the tenant's endpoints was
+ * disabled. `gate.*` and `*` are patterns.
+ */
+export const NOTIFICATION_TYPES = [
+  'run.finished',
+  'session.updated',
+  'task.updated',
+  'gate.finished',
+  'gate.run_finished',
+  'audit.report',
+  'notification.endpoint_disabled',
+] as const;
+export type NotificationType = (typeof NOTIFICATION_TYPES)[number];
+
+/** A tenant's endpoint for outbound notifications, signed with the Standard Webhooks scheme. */
+export type NotificationEndpoint = {
+  id: string;
+  tenant_id: string;
+  url: string;
+  description: string | null;
+  /** event types or patterns (`gate.*`, `*`) */
+  event_types: string[];
+  status: 'enabled' | 'disabled';
+  disabled_reason: string | null;
+  /** deliveries that failed after all their attempts, since the last that succeeded */
+  consecutive_failures: number;
+  /** the signing secret (whsec_…), AES-256-GCM sealed; shown once when made */
+  sealed_secret: { v: 1; iv: string; tag: string; ct: string };
+  created_at: string;
+  updated_at: string;
+};
+
+export const NOTIFICATION_DELIVERY_STATUSES = ['pending', 'succeeded', 'failed'] as const;
+export type NotificationDeliveryStatus = (typeof NOTIFICATION_DELIVERY_STATUSES)[number];
+
+/** One notification to one endpoint: its message (the webhook-id is the delivery's id) and every attempt. */
+export type NotificationDelivery = {
+  id: string;
+  tenant_id: string;
+  endpoint_id: string;
+  event_type: NotificationType;
+  payload: Record<string, unknown>;
+  status: NotificationDeliveryStatus;
+  attempts: { at: string; status_code: number | null; error: string | null; duration_ms: number }[];
+  /** how many times it was sent again by hand */
+  replays: number;
+  created_at: string;
+  updated_at: string;
+};
+
 export const DELIVERY_STATUSES = ['received', 'processed', 'failed', 'rejected'] as const;
 export type DeliveryStatus = (typeof DELIVERY_STATUSES)[number];
 

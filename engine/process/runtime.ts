@@ -203,6 +203,7 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
       signer: signerOf(evidenceKey.key),
       voice: voiceSettingsOf(config, opts, sandbox, log),
       apiRateLimit: config.apiRateLimit,
+      notify: { ...config.notify, httpAllowPrivate: config.httpAllowPrivate },
       sso: config.oidc ? { ...config.oidc, ...config.sessions, allowInsecureIssuer: !config.isProduction } : null,
     });
     closers.push(() => engine.gates.close());

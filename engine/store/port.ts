@@ -11,6 +11,8 @@ import {
   type ConnectionProvider,
   type ConnectionRecord,
   type DeliveryStatus,
+  type NotificationDelivery,
+  type NotificationEndpoint,
   type GateResult,
   type GateRunRecord,
   type GateRunStatus,
@@ -121,6 +123,31 @@ export interface ConnectionRepo {
   update(tenantId: string, id: string, changes: ConnectionChanges): Promise<ConnectionRecord | null | 'name-taken'>;
   /** true when there was one to delete */
   delete(tenantId: string, id: string): Promise<boolean>;
+}
+
+export type NotificationEndpointChanges = Partial<
+  Pick<NotificationEndpoint, 'url' | 'description' | 'event_types' | 'status' | 'disabled_reason' | 'consecutive_failures' | 'sealed_secret' | 'updated_at'>
+>;
+
+export interface NotificationEndpointRepo {
+  insert(endpoint: NotificationEndpoint): Promise<void>;
+  get(tenantId: string, id: string): Promise<NotificationEndpoint | null>;
+  /** Oldest first. */
+  list(tenantId: string): Promise<NotificationEndpoint[]>;
+  update(tenantId: string, id: string, changes: NotificationEndpointChanges): Promise<NotificationEndpoint | null>;
+  /** Counts one more delivery that failed for good (atomically); the endpoint as it is now. */
+  addFailure(tenantId: string, id: string, at: string): Promise<NotificationEndpoint | null>;
+  delete(tenantId: string, id: string): Promise<boolean>;
+}
+
+export type NotificationDeliveryChanges = Partial<Pick<NotificationDelivery, 'status' | 'attempts' | 'replays' | 'updated_at'>>;
+
+export interface NotificationDeliveryRepo {
+  insert(delivery: NotificationDelivery): Promise<void>;
+  get(tenantId: string, id: string): Promise<NotificationDelivery | null>;
+  /** Newest first, of one endpoint. */
+  list(tenantId: string, endpointId: string, q: { limit: number; cursor?: string }): Promise<Page<NotificationDelivery>>;
+  update(tenantId: string, id: string, changes: NotificationDeliveryChanges): Promise<NotificationDelivery | null>;
 }
 
 export type DeliveryQuery = { kind?: WebhookProvider; status?: DeliveryStatus; limit: number; cursor?: string };
@@ -235,6 +262,8 @@ export interface Store {
   readonly runs: RunRepo;
   readonly webhookSecrets: WebhookSecretRepo;
   readonly connections: ConnectionRepo;
+  readonly notificationEndpoints: NotificationEndpointRepo;
+  readonly notificationDeliveries: NotificationDeliveryRepo;
   readonly deliveries: DeliveryRepo;
   readonly sessions: SessionRepo;
   readonly agents: AgentRepo;

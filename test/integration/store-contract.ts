@@ -4,6 +4,8 @@ import { newId } from '../../engine/platform/ids.js';
 import type {
   AgentRecord,
   ApiKeyRecord,
+  NotificationDelivery,
+  NotificationEndpoint,
   Automation,
   ConnectionRecord,
   Run,
@@ -365,6 +367,62 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect(await store.connections.delete('t2', a.id)).to.equal(false);
       expect(await store.connections.delete('t1', a.id)).to.equal(true);
       expect(await store.connections.get('t1', a.id)).to.equal(null);
+    });
+
+    it('keeps notification endpoints per tenant, counts failures atomically, and pages an endpoint’s deliveries newest first', async () => {
+      const now = new Date().toISOString();
+      const e: NotificationEndpoint = {
+        id: newId('nep'),
+        tenant_id: 't1',
+        url: 'https://hooks.example.com/a',
+        description: null,
+        event_types: ['run.finished', 'gate.*'],
+        status: 'enabled',
+        disabled_reason: null,
+        consecutive_failures: 0,
+        sealed_secret: { v: 1, iv: 'aXY=', tag: 'dGFn', ct: 'Y3Q=' },
+        created_at: now,
+        updated_at: now,
+      };
+      await store.notificationEndpoints.insert(e);
+      expect(await store.notificationEndpoints.get('t1', e.id)).to.deep.equal(e);
+      expect(await store.notificationEndpoints.get('t2', e.id)).to.equal(null);
+      expect(await store.notificationEndpoints.list('t2')).to.deep.equal([]);
+      await Promise.all([store.notificationEndpoints.addFailure('t1', e.id, now), store.notificationEndpoints.addFailure('t1', e.id, now)]);
+      expect((await store.notificationEndpoints.get('t1', e.id))!.consecutive_failures).to.equal(2);
+      expect(await store.notificationEndpoints.addFailure('t2', e.id, now)).to.equal(null);
+      expect(await store.notificationEndpoints.update('t1', e.id, { status: 'disabled', disabled_reason: 'x' })).to.deep.include({
+        status: 'disabled',
+        consecutive_failures: 2,
+      });
+      const delivery = (i: number): NotificationDelivery => ({
+        id: newId('ntf'),
+        tenant_id: 't1',
+        endpoint_id: e.id,
+        event_type: 'run.finished',
+        payload: { type: 'run.finished', data: { i } },
+        status: 'pending',
+        attempts: [],
+        replays: 0,
+        created_at: now,
+        updated_at: now,
+      });
+      const ds = [delivery(0), delivery(1), delivery(2)];
+      for (const d of ds) await store.notificationDeliveries.insert(d);
+      const first = await store.notificationDeliveries.list('t1', e.id, { limit: 2 });
+      expect(first.items.map((d) => d.id)).to.deep.equal([ds[2]!.id, ds[1]!.id]);
+      const second = await store.notificationDeliveries.list('t1', e.id, { limit: 2, cursor: first.next_cursor! });
+      expect(second.items.map((d) => d.id)).to.deep.equal([ds[0]!.id]);
+      expect(second.next_cursor).to.equal(null);
+      expect((await store.notificationDeliveries.list('t2', e.id, { limit: 5 })).items).to.deep.equal([]);
+      const attempt = { at: now, status_code: 503, error: 'HTTP 503', duration_ms: 4 };
+      expect(await store.notificationDeliveries.update('t1', ds[0]!.id, { status: 'failed', attempts: [attempt] })).to.deep.include({
+        status: 'failed',
+        attempts: [attempt],
+      });
+      expect(await store.notificationDeliveries.update('t2', ds[0]!.id, { status: 'succeeded' })).to.equal(null);
+      expect(await store.notificationEndpoints.delete('t2', e.id)).to.equal(false);
+      expect(await store.notificationEndpoints.delete('t1', e.id)).to.equal(true);
     });
 
     it('stores a delivery once per provider id and kind, per tenant, and answers the first for a repeat', async () => {

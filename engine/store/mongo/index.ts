@@ -6,6 +6,8 @@ import type {
   AgentRecord,
   ApiKeyRecord,
   Automation,
+  NotificationDelivery,
+  NotificationEndpoint,
   ConnectionRecord,
   MessageRecord,
   Run,
@@ -17,6 +19,7 @@ import type { Store } from '../port.js';
 import { apiKeyRepo, apiKeySchema } from './api-keys.js';
 import { automationRepo, automationSchema } from './automations.js';
 import { connectionRepo, connectionSchema } from './connections.js';
+import { notificationDeliveryRepo, notificationDeliverySchema, notificationEndpointRepo, notificationEndpointSchema } from './notifications.js';
 import { deliveryRepo, deliverySchema } from './deliveries.js';
 import { evidenceRepo, ledgerPayloadSchema, ledgerSchema } from './evidence.js';
 import { gateResultSchema, gateRunRepo, gateRunSchema } from './gate-runs.js';
@@ -35,6 +38,8 @@ export async function openMongoStore(uri: string): Promise<Store> {
   const runTurns = conn.model('RunTurn', runTurnSchema, 'run_turns');
   const webhookSecrets = conn.model<WebhookSecretRecord & { _id: string }>('WebhookSecret', webhookSecretSchema, 'webhook_secrets');
   const connections = conn.model<Stored<ConnectionRecord>>('Connection', connectionSchema, 'connections');
+  const notificationEndpoints = conn.model<Stored<NotificationEndpoint>>('NotificationEndpoint', notificationEndpointSchema, 'notification_endpoints');
+  const notificationDeliveries = conn.model<Stored<NotificationDelivery>>('NotificationDelivery', notificationDeliverySchema, 'notification_deliveries');
   const deliveries = conn.model<Stored<WebhookDelivery>>('Delivery', deliverySchema, 'deliveries');
   const sessions = conn.model<Stored<Session>>('Session', sessionSchema, 'sessions');
   const agents = conn.model<Stored<AgentRecord>>('Agent', agentSchema, 'agents');
@@ -53,6 +58,8 @@ export async function openMongoStore(uri: string): Promise<Store> {
     runTurns,
     webhookSecrets,
     connections,
+    notificationEndpoints,
+    notificationDeliveries,
     deliveries,
     sessions,
     agents,
@@ -72,6 +79,8 @@ export async function openMongoStore(uri: string): Promise<Store> {
     runs: runRepo(runs, runSteps as never, runTurns as never),
     webhookSecrets: webhookSecretRepo(webhookSecrets),
     connections: connectionRepo(connections),
+    notificationEndpoints: notificationEndpointRepo(notificationEndpoints),
+    notificationDeliveries: notificationDeliveryRepo(notificationDeliveries),
     deliveries: deliveryRepo(deliveries),
     sessions: sessionRepo(sessions),
     agents: agentRepo(agents),

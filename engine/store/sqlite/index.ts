@@ -6,6 +6,7 @@ import type { Store } from '../port.js';
 import { apiKeyRepo } from './api-keys.js';
 import { automationRepo } from './automations.js';
 import { connectionRepo } from './connections.js';
+import { notificationDeliveryRepo, notificationEndpointRepo } from './notifications.js';
 import { openDatabase } from './db.js';
 import { deliveryRepo } from './deliveries.js';
 import { evidenceRepo } from './evidence.js';
@@ -24,6 +25,8 @@ export function openSqliteStore(file: string): Store {
     runs: runRepo(db),
     webhookSecrets: webhookSecretRepo(db),
     connections: connectionRepo(db),
+    notificationEndpoints: notificationEndpointRepo(db),
+    notificationDeliveries: notificationDeliveryRepo(db),
     deliveries: deliveryRepo(db),
     sessions: sessionRepo(db),
     agents: agentRepo(db),

@@ -203,3 +203,19 @@ MIGRATIONS.push(`
   );
   CREATE INDEX connections_by_provider ON connections (tenant_id, provider, id);
 `);
+// Outbound notifications: a tenant's endpoints, and each delivery with its attempts.
+MIGRATIONS.push(`
+  CREATE TABLE notification_endpoints (
+    id TEXT PRIMARY KEY,
+    tenant_id TEXT NOT NULL,
+    doc TEXT NOT NULL
+  );
+  CREATE INDEX notification_endpoints_by_tenant ON notification_endpoints (tenant_id, id);
+  CREATE TABLE notification_deliveries (
+    id TEXT PRIMARY KEY,
+    tenant_id TEXT NOT NULL,
+    endpoint_id TEXT NOT NULL,
+    doc TEXT NOT NULL
+  );
+  CREATE INDEX notification_deliveries_by_endpoint ON notification_deliveries (tenant_id, endpoint_id, id);
+`);

@@ -1,0 +1,322 @@
+// Outbound notifications: a tenant's endpoints subscribe to event types; each matching event becomes a
+// delivery (stored first), sent by a BullMQ job with the Standard Webhooks scheme (webhook-id, the
+// delivery's id, the same on every attempt; webhook-timestamp; webhook-signature under the endpoint's
+// own secret, shown once), retried with backoff. A delivery that fails all its attempts counts against
+// its endpoint; after SERVICE_NOTIFY_DISABLE_AFTER such in a row the endpoint is disabled and the
+// tenant told (a `notification.endpoint_disabled` event, itself sent to the tenant's other endpoints).
+import { randomBytes } from 'node:crypto';
+import http from 'node:http';
+import https from 'node:https';
+import { Webhook } from 'standardwebhooks';
+import {
+  assertPublicHost,
+  guardedLookup,
+  newId,
+  NOTIFICATION_TYPES,
+  NotFoundError,
+  ValidationError,
+  ConflictError,
+  type EventLog,
+  type FieldError,
+  type NotificationDelivery,
+  type NotificationEndpoint,
+  type NotificationType,
+  type ServiceEvent,
+} from '../platform/index.js';
+import type { Platform } from '../deps.js';
+import type { NotificationEndpointChanges, Page } from '../store/index.js';
+
+export type NotificationSettings = {
+  httpAllowPrivate: boolean;
+  /** tries of one delivery, the first included */
+  attempts: number;
+  /** the first wait between tries; each next one doubles */
+  backoffMs: number;
+  /** deliveries failed for good in a row that disable an endpoint */
+  disableAfter: number;
+  timeoutMs: number;
+};
+
+export type EndpointInput = { url: string; description?: string | null; event_types: string[] };
+export type EndpointPatch = Partial<EndpointInput> & { status?: 'enabled' | 'disabled' };
+export type EndpointView = Omit<NotificationEndpoint, 'sealed_secret' | 'tenant_id'>;
+export type NotificationJob = { tenant_id: string; delivery_id: string };
+
+export const endpointView = ({ sealed_secret: _s, tenant_id: _t, ...rest }: NotificationEndpoint): EndpointView => rest;
+
+/** The outbound name of a catalogue event, when endpoints may subscribe to it. */
+function outboundType(type: ServiceEvent['type']): NotificationType | null {
+  const name = type === 'audit.finished' ? 'audit.report' : type;
+  return (NOTIFICATION_TYPES as readonly string[]).includes(name) ? (name as NotificationType) : null;
+}
+
+/** `*`, `gate.*` or an exact type. */
+function subscribes(patterns: string[], type: NotificationType): boolean {
+  return patterns.some((p) => p === '*' || p === type || (p.endsWith('.*') && type.startsWith(p.slice(0, -1))));
+}
+
+const CACHE_MS = 5_000;
+const jobId = (d: NotificationDelivery) => `ntf-${d.id}${d.replays ? `-r${d.replays}` : ''}`;
+
+export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | 'secretBox' | 'queues'>, settings: NotificationSettings) {
+  const { store, clock, log, secretBox, queues } = deps;
+  const owner = (tenantId: string, id: string) => `notification-endpoint:${tenantId}:${id}`;
+  /** a tenant's enabled endpoints, for the event path: read at most every CACHE_MS per process */
+  const cache = new Map<string, { at: number; endpoints: NotificationEndpoint[] }>();
+  let events: EventLog | null = null;
+
+  async function enabledOf(tenantId: string): Promise<NotificationEndpoint[]> {
+    const hit = cache.get(tenantId);
+    if (hit && Date.now() - hit.at < CACHE_MS) return hit.endpoints;
+    const endpoints = (await store.notificationEndpoints.list(tenantId)).filter((e) => e.status === 'enabled');
+    cache.set(tenantId, { at: Date.now(), endpoints });
+    if (cache.size > 10_000) cache.delete(cache.keys().next().value!);
+    return endpoints;
+  }
+
+  function problemsOf(input: Partial<EndpointInput>): FieldError[] {
+    const errors: FieldError[] = [];
+    if (input.url !== undefined) {
+      let url: URL | null = null;
+      try {
+        url = new URL(input.url);
+      } catch {
+        errors.push({ path: '/body/url', message: 'not a URL' });
+      }
+      if (url && url.protocol !== 'https:' && url.protocol !== 'http:') errors.push({ path: '/body/url', message: 'an http or https URL' });
+      if (url && (url.username || url.password)) errors.push({ path: '/body/url', message: 'no credentials in the URL' });
+    }
+    for (const [i, t] of (input.event_types ?? []).entries()) {
+      const known =
+        t === '*' ||
+        (NOTIFICATION_TYPES as readonly string[]).includes(t) ||
+        (t.endsWith('.*') && NOTIFICATION_TYPES.some((n) => n.startsWith(t.slice(0, -1))));
+      if (!known)
+        errors.push({
+          path: `/body/event_types/${i}`,
+          message: `not a type endpoints can subscribe to: ${NOTIFICATION_TYPES.join(', ')}, a prefix with .* or *`,
+        });
+    }
+    return errors;
+  }
+
+  async function must(tenantId: string, id: string): Promise<NotificationEndpoint> {
+    const found = await store.notificationEndpoints.get(tenantId, id);
+    if (!found) throw new NotFoundError(`no notification endpoint ${id}`);
+    return found;
+  }
+
+  async function enqueue(d: NotificationDelivery): Promise<void> {
+    await queues.get('notifications').add('deliver', { tenant_id: d.tenant_id, delivery_id: d.id } satisfies NotificationJob, {
+      jobId: jobId(d),
+      attempts: settings.attempts,
+      backoff: { type: 'exponential', delay: settings.backoffMs },
+      removeOnComplete: { count: 1000 },
+      removeOnFail: { count: 5000 },
+    });
+  }
+
+  /** One POST of a delivery; the status code, or why there was none. */
+  function post(url: URL, headers: Record<string, string>, body: string): Promise<{ status_code: number | null; error: string | null }> {
+    const client = url.protocol === 'https:' ? https : http;
+    return new Promise((resolve) => {
+      const req = client.request(
+        url,
+        { method: 'POST', headers, timeout: settings.timeoutMs, ...(settings.httpAllowPrivate ? {} : { lookup: guardedLookup as never }) },
+        (res) => {
+          res.resume(); // the answer's body is not kept
+          res.on('end', () =>
+            resolve({ status_code: res.statusCode ?? null, error: res.statusCode && res.statusCode < 300 ? null : `HTTP ${res.statusCode}` }),
+          );
+          res.on('error', (err) => resolve({ status_code: res.statusCode ?? null, error: err.message }));
+        },
+      );
+      req.on('timeout', () => req.destroy(new Error(`no answer within ${settings.timeoutMs} ms`)));
+      req.on('error', (err: NodeJS.ErrnoException) =>
+        resolve({ status_code: null, error: err.code === 'EPRIVATE' ? `address-not-allowed: ${err.message}` : err.message }),
+      );
+      req.end(body);
+    });
+  }
+
+  const api = {
+    /** Makes an endpoint; `secret` is the only time the signing secret exists in clear outside the store. */
+    async create(tenantId: string, input: EndpointInput): Promise<{ endpoint: NotificationEndpoint; secret: string }> {
+      const errors = problemsOf(input);
+      if (errors.length) throw new ValidationError('the endpoint is not valid', errors);
+      await assertPublicHost(new URL(input.url), settings.httpAllowPrivate);
+      const now = clock.now().toISOString();
+      const id = newId('nep');
+      const secret = `whsec_${randomBytes(24).toString('base64')}`;
+      const endpoint: NotificationEndpoint = {
+        id,
+        tenant_id: tenantId,
+        url: input.url,
+        description: input.description ?? null,
+        event_types: [...new Set(input.event_types)],
+        status: 'enabled',
+        disabled_reason: null,
+        consecutive_failures: 0,
+        sealed_secret: secretBox.seal(secret, owner(tenantId, id)),
+        created_at: now,
+        updated_at: now,
+      };
+      await store.notificationEndpoints.insert(endpoint);
+      cache.delete(tenantId);
+      log.info({ tenant_id: tenantId, endpoint_id: id }, 'notification endpoint created');
+      return { endpoint, secret };
+    },
+
+    list: (tenantId: string) => store.notificationEndpoints.list(tenantId),
+    get: must,
+
+    async update(tenantId: string, id: string, patch: EndpointPatch): Promise<NotificationEndpoint> {
+      await must(tenantId, id);
+      const errors = problemsOf(patch);
+      if (errors.length) throw new ValidationError('the endpoint would not be valid', errors);
+      if (patch.url !== undefined) await assertPublicHost(new URL(patch.url), settings.httpAllowPrivate);
+      const changes: NotificationEndpointChanges = { updated_at: clock.now().toISOString() };
+      if (patch.url !== undefined) changes.url = patch.url;
+      if (patch.description !== undefined) changes.description = patch.description;
+      if (patch.event_types !== undefined) changes.event_types = [...new Set(patch.event_types)];
+      if (patch.status !== undefined) {
+        changes.status = patch.status;
+        // enabled again by hand: its count of failures starts over
+        changes.disabled_reason = patch.status === 'disabled' ? 'disabled by request' : null;
+        if (patch.status === 'enabled') changes.consecutive_failures = 0;
+      }
+      const next = await store.notificationEndpoints.update(tenantId, id, changes);
+      if (!next) throw new NotFoundError(`no notification endpoint ${id}`);
+      cache.delete(tenantId);
+      return next;
+    },
+
+    async remove(tenantId: string, id: string): Promise<void> {
+      if (!(await store.notificationEndpoints.delete(tenantId, id))) throw new NotFoundError(`no notification endpoint ${id}`);
+      cache.delete(tenantId);
+    },
+
+    async deliveries(tenantId: string, endpointId: string, q: { limit: number; cursor?: string }): Promise<Page<NotificationDelivery>> {
+      await must(tenantId, endpointId);
+      return store.notificationDeliveries.list(tenantId, endpointId, q);
+    },
+
+    /** Sends a delivery again, with the same webhook-id (a receiver that kept it sees a repeat). */
+    async replay(tenantId: string, deliveryId: string): Promise<NotificationDelivery> {
+      const d = await store.notificationDeliveries.get(tenantId, deliveryId);
+      if (!d) throw new NotFoundError(`no notification delivery ${deliveryId}`);
+      if (d.status === 'pending') throw new ConflictError(`delivery ${deliveryId} is still being sent`);
+      const endpoint = await must(tenantId, d.endpoint_id);
+      if (endpoint.status !== 'enabled') throw new ConflictError(`endpoint ${endpoint.id} is disabled; enable it first`);
+      const next = await store.notificationDeliveries.update(tenantId, deliveryId, {
+        status: 'pending',
+        replays: d.replays + 1,
+        updated_at: clock.now().toISOString(),
+      });
+      await enqueue(next!);
+      return next!;
+    },
+
+    /** Makes a delivery of an event for each of its tenant's endpoints that subscribe to its type. */
+    async notify(event: ServiceEvent): Promise<number> {
+      const type = outboundType(event.type);
+      if (!type) return 0;
+      const endpoints = (await enabledOf(event.tenant_id)).filter((e) => subscribes(e.event_types, type));
+      for (const e of endpoints) {
+        const now = clock.now().toISOString();
+        const delivery: NotificationDelivery = {
+          id: newId('ntf'),
+          tenant_id: event.tenant_id,
+          endpoint_id: e.id,
+          event_type: type,
+          payload: {
+            type,
+            timestamp: event.at,
+            data: { ...(event.run_id ? { run_id: event.run_id } : {}), ...(event.session_id ? { session_id: event.session_id } : {}), ...event.data },
+          },
+          status: 'pending',
+          attempts: [],
+          replays: 0,
+          created_at: now,
+          updated_at: now,
+        };
+        await store.notificationDeliveries.insert(delivery);
+        await enqueue(delivery);
+      }
+      return endpoints.length;
+    },
+
+    /**
+     * One try of a delivery (the notifications queue's job). Throws when it failed and BullMQ will try
+     * again; on the last try, the failure counts against the endpoint, which may be disabled.
+     */
+    async deliver(tenantId: string, deliveryId: string, last: boolean): Promise<NotificationDelivery | null> {
+      const d = await store.notificationDeliveries.get(tenantId, deliveryId);
+      if (!d || d.status !== 'pending') return d;
+      const endpoint = await store.notificationEndpoints.get(tenantId, d.endpoint_id);
+      if (!endpoint || endpoint.status !== 'enabled') {
+        const why = endpoint ? 'the endpoint is disabled' : 'the endpoint was removed';
+        return store.notificationDeliveries.update(tenantId, d.id, {
+          status: 'failed',
+          attempts: [...d.attempts, { at: clock.now().toISOString(), status_code: null, error: why, duration_ms: 0 }],
+          updated_at: clock.now().toISOString(),
+        });
+      }
+      const body = JSON.stringify(d.payload);
+      const at = clock.now();
+      const signature = new Webhook(secretBox.open(endpoint.sealed_secret, owner(tenantId, endpoint.id))).sign(d.id, at, body);
+      const headers = {
+        'content-type': 'application/json',
+        'user-agent': 'automation-service-notifications',
+        'webhook-id': d.id,
+        'webhook-timestamp': String(Math.floor(at.getTime() / 1000)),
+        'webhook-signature': signature,
+      };
+      const started = Date.now();
+      const sent = await post(new URL(endpoint.url), headers, body);
+      const attempts = [...d.attempts, { at: at.toISOString(), ...sent, duration_ms: Date.now() - started }];
+      if (!sent.error) {
+        const done = await store.notificationDeliveries.update(tenantId, d.id, { status: 'succeeded', attempts, updated_at: clock.now().toISOString() });
+        if (endpoint.consecutive_failures) await store.notificationEndpoints.update(tenantId, endpoint.id, { consecutive_failures: 0 });
+        return done;
+      }
+      await store.notificationDeliveries.update(tenantId, d.id, { status: last ? 'failed' : 'pending', attempts, updated_at: clock.now().toISOString() });
+      if (!last) throw new Error(`delivery ${d.id} to ${endpoint.id}: ${sent.error}`);
+      const counted = await store.notificationEndpoints.addFailure(tenantId, endpoint.id, clock.now().toISOString());
+      if (counted && counted.status === 'enabled' && counted.consecutive_failures >= settings.disableAfter) {
+        const reason = `${counted.consecutive_failures} deliveries in a row failed (the last: ${sent.error})`;
+        await store.notificationEndpoints.update(tenantId, endpoint.id, { status: 'disabled', disabled_reason: reason, updated_at: clock.now().toISOString() });
+        cache.delete(tenantId);
+        log.warn({ tenant_id: tenantId, endpoint_id: endpoint.id, consecutive_failures: counted.consecutive_failures }, 'notification endpoint disabled');
+        await events?.append(`notifications:${tenantId}`, {
+          tenant_id: tenantId,
+          type: 'notification.endpoint_disabled',
+          data: { endpoint_id: endpoint.id, url: endpoint.url, reason, consecutive_failures: counted.consecutive_failures },
+        });
+      }
+      return null;
+    },
+
+    /**
+     * The event log every capability writes through: each event appended is also offered to the
+     * tenant's endpoints. A failure to make its deliveries is logged; the event itself stands.
+     */
+    wrap(inner: EventLog): EventLog {
+      events = {
+        ...inner,
+        async append(scope, event) {
+          const stored = await inner.append(scope, event);
+          if (outboundType(stored.type))
+            await api
+              .notify(stored)
+              .catch((err: Error) => log.error({ tenant_id: stored.tenant_id, type: stored.type, err: err.message }, 'notifications not made'));
+          return stored;
+        },
+      };
+      return events;
+    },
+  };
+  return api;
+}
+
+export type Notifications = ReturnType<typeof notificationsOf>;

@@ -1,0 +1,71 @@
+import { Schema, type Model } from 'mongoose';
+import type { NotificationDelivery, NotificationEndpoint } from '../../platform/index.js';
+import { decodeCursor, toPage, type NotificationDeliveryRepo, type NotificationEndpointRepo } from '../port.js';
+import { fromStored, loose, toStored, type Stored } from './documents.js';
+
+export const notificationEndpointSchema = new Schema({ _id: String, tenant_id: { type: String, required: true } }, loose);
+notificationEndpointSchema.index({ tenant_id: 1, _id: 1 });
+
+export const notificationDeliverySchema = new Schema(
+  { _id: String, tenant_id: { type: String, required: true }, endpoint_id: { type: String, required: true } },
+  loose,
+);
+notificationDeliverySchema.index({ tenant_id: 1, endpoint_id: 1, _id: -1 });
+
+export function notificationEndpointRepo(model: Model<Stored<NotificationEndpoint>>): NotificationEndpointRepo {
+  return {
+    async insert(e) {
+      await model.collection.insertOne(toStored(e) as never);
+    },
+    async get(tenantId, id) {
+      return fromStored(await model.findOne({ _id: id, tenant_id: tenantId }).lean<Stored<NotificationEndpoint>>());
+    },
+    async list(tenantId) {
+      const rows = await model.find({ tenant_id: tenantId }).sort({ _id: 1 }).lean<Stored<NotificationEndpoint>[]>();
+      return rows.map((r) => fromStored(r)!);
+    },
+    async update(tenantId, id, changes) {
+      return fromStored(
+        await model.findOneAndUpdate({ _id: id, tenant_id: tenantId }, { $set: changes }, { returnDocument: 'after' }).lean<Stored<NotificationEndpoint>>(),
+      );
+    },
+    async addFailure(tenantId, id, at) {
+      return fromStored(
+        await model
+          .findOneAndUpdate({ _id: id, tenant_id: tenantId }, { $inc: { consecutive_failures: 1 }, $set: { updated_at: at } }, { returnDocument: 'after' })
+          .lean<Stored<NotificationEndpoint>>(),
+      );
+    },
+    async delete(tenantId, id) {
+      return (await model.deleteOne({ _id: id, tenant_id: tenantId })).deletedCount === 1;
+    },
+  };
+}
+
+export function notificationDeliveryRepo(model: Model<Stored<NotificationDelivery>>): NotificationDeliveryRepo {
+  return {
+    async insert(d) {
+      await model.collection.insertOne(toStored(d) as never);
+    },
+    async get(tenantId, id) {
+      return fromStored(await model.findOne({ _id: id, tenant_id: tenantId }).lean<Stored<NotificationDelivery>>());
+    },
+    async list(tenantId, endpointId, q) {
+      const after = decodeCursor(q.cursor);
+      const rows = await model
+        .find({ tenant_id: tenantId, endpoint_id: endpointId, ...(after ? { _id: { $lt: after } } : {}) })
+        .sort({ _id: -1 })
+        .limit(q.limit + 1)
+        .lean<Stored<NotificationDelivery>[]>();
+      return toPage(
+        rows.map((r) => fromStored(r)!),
+        q.limit,
+      );
+    },
+    async update(tenantId, id, changes) {
+      return fromStored(
+        await model.findOneAndUpdate({ _id: id, tenant_id: tenantId }, { $set: changes }, { returnDocument: 'after' }).lean<Stored<NotificationDelivery>>(),
+      );
+    },
+  };
+}

@@ -1,0 +1,72 @@
+// Outbound notification endpoints (the signing secret sealed inside the document) and their deliveries.
+import type { NotificationDelivery, NotificationEndpoint } from '../../platform/index.js';
+import { decodeCursor, toPage, type NotificationDeliveryRepo, type NotificationEndpointRepo } from '../port.js';
+import { TOP, type Db } from './db.js';
+
+export function notificationEndpointRepo(db: Db): NotificationEndpointRepo {
+  const insert = db.prepare('INSERT INTO notification_endpoints (id, tenant_id, doc) VALUES (?, ?, ?)');
+  const one = db.prepare<[string, string], { doc: string }>('SELECT doc FROM notification_endpoints WHERE tenant_id = ? AND id = ?');
+  const byTenant = db.prepare<[string], { doc: string }>('SELECT doc FROM notification_endpoints WHERE tenant_id = ? ORDER BY id');
+  const write = db.prepare('UPDATE notification_endpoints SET doc = ? WHERE tenant_id = ? AND id = ?');
+  const remove = db.prepare('DELETE FROM notification_endpoints WHERE tenant_id = ? AND id = ?');
+  const parse = (r: { doc: string } | undefined) => (r ? (JSON.parse(r.doc) as NotificationEndpoint) : null);
+  const change = db.transaction((tenantId: string, id: string, apply: (e: NotificationEndpoint) => Partial<NotificationEndpoint>) => {
+    const current = parse(one.get(tenantId, id));
+    if (!current) return null;
+    const next = { ...current, ...apply(current) };
+    write.run(JSON.stringify(next), tenantId, id);
+    return next;
+  });
+  return {
+    async insert(e) {
+      insert.run(e.id, e.tenant_id, JSON.stringify(e));
+    },
+    async get(tenantId, id) {
+      return parse(one.get(tenantId, id));
+    },
+    async list(tenantId) {
+      return byTenant.all(tenantId).map((r) => parse(r)!);
+    },
+    async update(tenantId, id, changes) {
+      return change.immediate(tenantId, id, () => changes);
+    },
+    async addFailure(tenantId, id, at) {
+      return change.immediate(tenantId, id, (e) => ({ consecutive_failures: e.consecutive_failures + 1, updated_at: at }));
+    },
+    async delete(tenantId, id) {
+      return remove.run(tenantId, id).changes === 1;
+    },
+  };
+}
+
+export function notificationDeliveryRepo(db: Db): NotificationDeliveryRepo {
+  const insert = db.prepare('INSERT INTO notification_deliveries (id, tenant_id, endpoint_id, doc) VALUES (?, ?, ?, ?)');
+  const one = db.prepare<[string, string], { doc: string }>('SELECT doc FROM notification_deliveries WHERE tenant_id = ? AND id = ?');
+  const page = db.prepare<[string, string, string, number], { doc: string }>(
+    'SELECT doc FROM notification_deliveries WHERE tenant_id = ? AND endpoint_id = ? AND id < ? ORDER BY id DESC LIMIT ?',
+  );
+  const write = db.prepare('UPDATE notification_deliveries SET doc = ? WHERE tenant_id = ? AND id = ?');
+  const parse = (r: { doc: string } | undefined) => (r ? (JSON.parse(r.doc) as NotificationDelivery) : null);
+  const update = db.transaction((tenantId: string, id: string, changes: Partial<NotificationDelivery>) => {
+    const current = parse(one.get(tenantId, id));
+    if (!current) return null;
+    const next = { ...current, ...changes };
+    write.run(JSON.stringify(next), tenantId, id);
+    return next;
+  });
+  return {
+    async insert(d) {
+      insert.run(d.id, d.tenant_id, d.endpoint_id, JSON.stringify(d));
+    },
+    async get(tenantId, id) {
+      return parse(one.get(tenantId, id));
+    },
+    async list(tenantId, endpointId, q) {
+      const rows = page.all(tenantId, endpointId, decodeCursor(q.cursor) ?? TOP, q.limit + 1).map((r) => parse(r)!);
+      return toPage(rows, q.limit);
+    },
+    async update(tenantId, id, changes) {
+      return update.immediate(tenantId, id, changes);
+    },
+  };
+}

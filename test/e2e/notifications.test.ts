@@ -1,0 +1,190 @@
+// Outbound notifications: endpoints subscribed to event types get each event as a Standard Webhooks
+// delivery (checked with the standardwebhooks package's own verifier), retried with backoff, logged,
+// replayable, and an endpoint that keeps failing is disabled and the tenant told.
+import fs from 'node:fs';
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import path from 'node:path';
+import { expect } from 'chai';
+import { Webhook } from 'standardwebhooks';
+import { eventually, finishedRun, KEYS, startHarness, type Harness } from '../support/harness.js';
+
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+type Body = Record<string, any>;
+
+type Received = { path: string; headers: http.IncomingHttpHeaders; body: string; at: number };
+
+/** A receiver on loopback: records every POST, and answers each path with the status set for it (200 by default). */
+async function startReceiver() {
+  const received: Received[] = [];
+  const status = new Map<string, number>();
+  const server = http.createServer((req, res) => {
+    let body = '';
+    req.on('data', (d) => (body += d));
+    req.on('end', () => {
+      received.push({ path: req.url ?? '/', headers: req.headers, body, at: Date.now() });
+      res.writeHead(status.get(req.url ?? '/') ?? 200).end();
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  return { url, received, status, close: () => new Promise<void>((r) => server.close(() => r())) };
+}
+
+describe('outbound notifications', function () {
+  this.timeout(30_000);
+  let h: Harness;
+  let receiver: Awaited<ReturnType<typeof startReceiver>>;
+
+  before(async () => {
+    receiver = await startReceiver();
+    h = await startHarness({
+      env: { SERVICE_HTTP_ALLOW_PRIVATE: '1', SERVICE_NOTIFY_ATTEMPTS: '3', SERVICE_NOTIFY_BACKOFF_MS: '100', SERVICE_NOTIFY_DISABLE_AFTER: '2' },
+    });
+  });
+  after(async () => {
+    await h?.close();
+    await receiver?.close();
+  });
+
+  const endpoint = async (body: Body, key = KEYS.a) => {
+    const res = await h.call<Body>('POST', '/api/v1/notification-endpoints', { body, key });
+    expect(res.status, res.text).to.equal(201);
+    return res.body as { secret: string; endpoint: Body };
+  };
+  const run = async (key = KEYS.a) => {
+    const res = await h.call<Body>('POST', '/api/v1/autonomy/run', { key, body: { steps: [{ tool: 'message', args: { text: 'hi' } }], tools: ['message'] } });
+    return finishedRun(h, res.body.run_id, key);
+  };
+
+  it('signs each subscribed event with the Standard Webhooks scheme, under a secret shown once, and logs the delivery', async () => {
+    const made = await endpoint({ url: `${receiver.url}/runs`, description: 'CI dashboard', event_types: ['run.finished'] });
+    expect(made.secret).to.match(/^whsec_/);
+    expect(made.endpoint).to.deep.include({ status: 'enabled', event_types: ['run.finished'], consecutive_failures: 0 });
+    const got = await h.call<Body>('GET', `/api/v1/notification-endpoints/${made.endpoint.id}`);
+    expect(got.text).not.to.contain(made.secret);
+    expect(got.body).not.to.have.property('secret');
+
+    const finished = await run();
+    const mine = await eventually(() => receiver.received.find((r) => r.path === '/runs' && r.body.includes(finished.id)), 'the delivery');
+    // the package's own verifier takes it: id, timestamp, signature, body
+    const verified = new Webhook(made.secret).verify(mine.body, mine.headers as Record<string, string>) as Body;
+    expect(verified).to.deep.include({ type: 'run.finished' });
+    expect(verified.data).to.deep.include({ run_id: finished.id, status: 'succeeded' });
+    expect(mine.headers['webhook-id']).to.match(/^ntf_/);
+    expect(() => new Webhook(made.secret).verify(mine.body.replace('succeeded', 'failed'), mine.headers as Record<string, string>)).to.throw();
+
+    const log = await eventually(async () => {
+      const page = (await h.call<Body>('GET', `/api/v1/notification-endpoints/${made.endpoint.id}/deliveries`)).body.data as Body[];
+      return page.find((d) => d.id === mine.headers['webhook-id'] && d.status === 'succeeded');
+    }, 'the delivery logged as succeeded');
+    expect(log).to.deep.include({ event_type: 'run.finished', replays: 0 });
+    expect(log.attempts).to.have.length(1);
+    expect(log.attempts[0]).to.deep.include({ status_code: 200, error: null });
+    // only what it subscribed to, and only its tenant's
+    await run(KEYS.b);
+    await new Promise((r) => setTimeout(r, 300));
+    const sent = receiver.received.filter((r) => r.path === '/runs').map((r) => JSON.parse(r.body).type);
+    expect(sent.every((t) => t === 'run.finished')).to.equal(true);
+    expect(receiver.received.filter((r) => r.path === '/runs')).to.have.length(1);
+    // sealed at rest, never logged
+    expect(fs.readFileSync(path.join(h.config.dataDir, 'service.sqlite')).includes(made.secret.slice(6))).to.equal(false);
+    expect(h.logs.join('')).not.to.contain(made.secret.slice(6));
+  });
+
+  it('retries a failing endpoint with backoff, disables it after repeated failure and tells the tenant, then replays with the same webhook-id', async () => {
+    const watcher = await endpoint({ url: `${receiver.url}/ops`, event_types: ['notification.*'] });
+    const failing = await endpoint({ url: `${receiver.url}/down`, event_types: ['run.*'] });
+    receiver.status.set('/down', 503);
+    await run();
+    await run();
+    const disabled = await eventually(
+      async () => {
+        const e = (await h.call<Body>('GET', `/api/v1/notification-endpoints/${failing.endpoint.id}`)).body;
+        return e.status === 'disabled' ? e : null;
+      },
+      'the endpoint to be disabled',
+      15_000,
+    );
+    expect(disabled.consecutive_failures).to.equal(2);
+    expect(disabled.disabled_reason).to.contain('2 deliveries in a row failed').and.contain('HTTP 503');
+    const tries = receiver.received.filter((r) => r.path === '/down');
+    expect(tries, 'two deliveries, three tries each').to.have.length(6);
+    const first = tries.filter((t) => t.headers['webhook-id'] === tries[0]!.headers['webhook-id']);
+    expect(first).to.have.length(3);
+    expect(first[2]!.at - first[0]!.at, 'backoff of 100 then 200 ms').to.be.greaterThanOrEqual(250);
+    // the tenant is told, through its other endpoint
+    const told = await eventually(() => receiver.received.find((r) => r.path === '/ops'), 'the endpoint_disabled notification');
+    const event = new Webhook(watcher.secret).verify(told.body, told.headers as Record<string, string>) as Body;
+    expect(event).to.deep.include({ type: 'notification.endpoint_disabled' });
+    expect(event.data).to.deep.include({ endpoint_id: failing.endpoint.id, consecutive_failures: 2 });
+    // a disabled endpoint gets nothing more
+    await run();
+    await new Promise((r) => setTimeout(r, 300));
+    expect(receiver.received.filter((r) => r.path === '/down')).to.have.length(6);
+
+    const log = (await h.call<Body>('GET', `/api/v1/notification-endpoints/${failing.endpoint.id}/deliveries`)).body.data as Body[];
+    const failed = log.find((d) => d.status === 'failed')!;
+    expect(failed.attempts.map((a: Body) => a.status_code)).to.deep.equal([503, 503, 503]);
+    expect((await h.call<Body>('POST', `/api/v1/notification-deliveries/${failed.id}/replay`)).status, 'disabled: 409').to.equal(409);
+    receiver.status.set('/down', 200);
+    expect((await h.call<Body>('PATCH', `/api/v1/notification-endpoints/${failing.endpoint.id}`, { body: { status: 'enabled' } })).body).to.deep.include({
+      status: 'enabled',
+      consecutive_failures: 0,
+      disabled_reason: null,
+    });
+    const seen = receiver.received.length;
+    const replayed = await h.call<Body>('POST', `/api/v1/notification-deliveries/${failed.id}/replay`);
+    expect(replayed.status, replayed.text).to.equal(202);
+    expect(replayed.body).to.deep.include({ status: 'pending', replays: 1 });
+    const again = await eventually(() => receiver.received.slice(seen).find((r) => r.path === '/down' && r.headers['webhook-id'] === failed.id), 'the replay');
+    expect(new Webhook(failing.secret).verify(again.body, again.headers as Record<string, string>)).to.deep.include({ type: 'run.finished' });
+    await eventually(async () => {
+      const d = ((await h.call<Body>('GET', `/api/v1/notification-endpoints/${failing.endpoint.id}/deliveries`)).body.data as Body[]).find(
+        (x) => x.id === failed.id,
+      );
+      return d?.status === 'succeeded' ? d : null;
+    }, 'the replay to be logged');
+  });
+
+  it('refuses bad event types, loopback URLs without SERVICE_HTTP_ALLOW_PRIVATE, and another tenant’s endpoints and deliveries', async () => {
+    const bad = await h.call<Body>('POST', '/api/v1/notification-endpoints', { body: { url: `${receiver.url}/x`, event_types: ['run.started'] } });
+    expect(bad.status).to.equal(400);
+    expect(bad.body.errors[0].path).to.equal('/body/event_types/0');
+    expect((await h.call<Body>('POST', '/api/v1/notification-endpoints', { body: { url: 'ftp://example.com', event_types: ['*'] } })).status).to.equal(400);
+    const strict = await startHarness({
+      workers: false,
+      env: {
+        SERVICE_DATA_DIR: h.config.dataDir,
+        SERVICE_WORKSPACE_ROOT: h.workspace,
+        SERVICE_QUEUE_PREFIX: h.config.queuePrefix,
+        SERVICE_HTTP_ALLOW_PRIVATE: '0',
+      },
+    });
+    try {
+      const refused = await strict.call<Body>('POST', '/api/v1/notification-endpoints', { body: { url: 'http://10.0.0.8/hook', event_types: ['*'] } });
+      expect(refused.status).to.equal(422);
+      expect(refused.body.code).to.equal('address-not-allowed');
+    } finally {
+      await strict.close();
+    }
+    const mine = (await h.call<Body>('GET', '/api/v1/notification-endpoints')).body.data[0];
+    for (const [method, suffix] of [
+      ['GET', ''],
+      ['PATCH', ''],
+      ['DELETE', ''],
+      ['GET', '/deliveries'],
+    ] as const) {
+      const res = await h.call(method, `/api/v1/notification-endpoints/${mine.id}${suffix}`, {
+        key: KEYS.b,
+        body: method === 'PATCH' ? { status: 'disabled' } : undefined,
+      });
+      expect(res.status, `${method} ${suffix}`).to.equal(404);
+    }
+    const delivery = (await h.call<Body>('GET', `/api/v1/notification-endpoints/${mine.id}/deliveries`)).body.data[0];
+    expect((await h.call('POST', `/api/v1/notification-deliveries/${delivery.id}/replay`, { key: KEYS.b })).status).to.equal(404);
+    expect((await h.call<Body>('GET', '/api/v1/notification-endpoints', { key: KEYS.b })).body.data).to.deep.equal([]);
+    expect((await h.call('DELETE', `/api/v1/notification-endpoints/${mine.id}`)).status).to.equal(204);
+    expect((await h.call('GET', `/api/v1/notification-endpoints/${mine.id}`)).status).to.equal(404);
+  });
+});
