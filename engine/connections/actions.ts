@@ -2,6 +2,7 @@
 // runs; a chat post or threaded reply; tracker labels, priority and comments; a pager note or
 // acknowledgement; an email reply. Each answers what the provider gave back (ids, URLs), never the
 // credential. Arguments are checked here, before anything is sent.
+import { applyPatch, parsePatch } from 'diff';
 import type { ConnectionProvider } from '../platform/index.js';
 import { linearOf, mailerOf, octokitOf, pagerCall, slackOf, type Access } from './kits.js';
 
@@ -76,7 +77,14 @@ function checkOutput(args: Args) {
   };
 }
 
-export type Action = (access: Access, args: Args) => Promise<Answer>;
+/** What an action may read besides the provider: a vibe run of the same tenant, for its diff. */
+export type ActionContext = { vibeDiff(runId: string): Promise<string> };
+
+export type Action = (access: Access, args: Args, ctx: ActionContext) => Promise<Answer>;
+
+const BRANCH = /^(?!-)(?!.*\.\.)[\w./-]{1,200}$/;
+/** a path of a git diff header (a/x, b/x), or null for /dev/null */
+const diffPath = (name: string | undefined): string | null => (!name || name === '/dev/null' ? null : name.replace(/^[ab]\//, ''));
 
 export const ACTIONS: Record<ConnectionProvider, Record<string, Action>> = {
   codehost: {
@@ -114,6 +122,45 @@ export const ACTIONS: Record<ConnectionProvider, Record<string, Action>> = {
         ...(optStr(args, 'details_url') ? { details_url: optStr(args, 'details_url') } : {}),
       });
       return { check_run_id: res.data.id, url: res.data.html_url };
+    },
+    /**
+     * A pull request from a vibe run's diff, made with the Git Data API: each changed file's content at
+     * the base is patched, the new tree committed on the base, a branch made for it, the pull request opened.
+     */
+    async open_pull_request(a, args, ctx) {
+      const { owner, repo } = repoOf(args);
+      const base = optStr(args, 'base') ?? 'main';
+      const head = str(args, 'head');
+      const title = str(args, 'title');
+      if (!BRANCH.test(head) || !BRANCH.test(base)) throw new ActionArgsError('args.head and args.base must be branch names');
+      const patches = parsePatch(await ctx.vibeDiff(str(args, 'run_id')));
+      if (!patches.length) throw new ActionArgsError('the run changed nothing: there is no pull request to open');
+      const gh = await octokitOf(a);
+      const baseSha = (await gh.rest.git.getRef({ owner, repo, ref: `heads/${base}` })).data.object.sha;
+      const baseTree = (await gh.rest.git.getCommit({ owner, repo, commit_sha: baseSha })).data.tree.sha;
+      const tree: { path: string; mode: '100644'; type: 'blob'; content?: string; sha?: null }[] = [];
+      for (const p of patches) {
+        const from = diffPath(p.oldFileName);
+        const to = diffPath(p.newFileName);
+        if (to === null) {
+          if (from) tree.push({ path: from, mode: '100644', type: 'blob', sha: null });
+          continue;
+        }
+        let source = '';
+        if (from !== null) {
+          const file = (await gh.rest.repos.getContent({ owner, repo, path: from, ref: baseSha })).data as { content?: string; encoding?: string };
+          source = Buffer.from(file.content ?? '', file.encoding === 'base64' ? 'base64' : 'utf8').toString('utf8');
+        }
+        const patched = applyPatch(source, p);
+        if (patched === false) throw new ActionArgsError(`the run's change to ${to} does not apply to ${base} at ${baseSha.slice(0, 7)}`);
+        tree.push({ path: to, mode: '100644', type: 'blob', content: patched });
+        if (from !== null && from !== to) tree.push({ path: from, mode: '100644', type: 'blob', sha: null });
+      }
+      const newTree = (await gh.rest.git.createTree({ owner, repo, base_tree: baseTree, tree })).data.sha;
+      const commit = (await gh.rest.git.createCommit({ owner, repo, message: title, tree: newTree, parents: [baseSha] })).data.sha;
+      await gh.rest.git.createRef({ owner, repo, ref: `refs/heads/${head}`, sha: commit });
+      const pr = await gh.rest.pulls.create({ owner, repo, title, head, base, body: optStr(args, 'body') ?? '' });
+      return { number: pr.data.number, url: pr.data.html_url, head, base, commit_sha: commit, files: tree.length };
     },
     async update_check_run(a, args) {
       const gh = await octokitOf(a);

@@ -98,6 +98,16 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
     });
   }
 
+  /** The diff a vibe run of the tenant left: whole, or refused. */
+  async function vibeDiff(tenantId: string, runId: string): Promise<string> {
+    const run = await store.runs.get(tenantId, runId);
+    if (!run || run.kind !== 'vibe') throw new ActionArgsError(`no vibe run ${runId}`);
+    if (run.status !== 'succeeded') throw new ActionArgsError(`vibe run ${runId} is ${run.status}: only a succeeded run's diff is opened as a pull request`);
+    const result = run.result as { diff?: string; diff_truncated?: boolean } | null;
+    if (result?.diff_truncated) throw new ActionArgsError(`vibe run ${runId}'s diff was cut short: it cannot be opened as a pull request`);
+    return result?.diff ?? '';
+  }
+
   async function touch(record: ConnectionRecord, changes: ConnectionChanges = {}): Promise<ConnectionRecord> {
     const next = await store.connections.update(record.tenant_id, record.id, { last_used_at: clock.now().toISOString(), ...changes });
     return next && next !== 'name-taken' ? next : record;
@@ -236,7 +246,7 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
       const answer = await callProvider(
         provider,
         (e) => (e instanceof ActionArgsError ? null : kit.classify(e, access.token)),
-        () => run(access, args),
+        () => run(access, args, { vibeDiff: (id) => vibeDiff(tenantId, id) }),
         { signal },
       );
       void touch(record).catch((err: Error) => log.warn({ connection_id: record.id, err: err.message }, 'the last use of a connection could not be written'));

@@ -49,9 +49,11 @@ function actionTool(provider: ConnectionProvider, description: string, actions: 
       try {
         return { output: await ctx.connections.act(provider, action, args) };
       } catch (err) {
+        if (err instanceof ToolError || ctx.signal.aborted) throw err;
         const code = (err as { code?: unknown }).code;
-        if (typeof code === 'string' && !(err instanceof ToolError)) throw new ToolError(code, (err as Error).message);
-        throw err;
+        if (typeof code === 'string') throw new ToolError(code, (err as Error).message);
+        // an answer the SDK took but this service could not read: the step fails, not the run
+        throw new ToolError('provider-error', `the ${provider} provider's answer could not be read (${(err as Error).message})`);
       }
     },
   };
@@ -59,7 +61,7 @@ function actionTool(provider: ConnectionProvider, description: string, actions: 
 
 const codehostActions = actionTool(
   'codehost',
-  'Act on the code host (GitHub): check out a ref (a pull request head) into the workspace, comment on a pull request, submit a review with line comments, create or update a check run.',
+  'Act on the code host (GitHub): check out a ref (a pull request head) into the workspace, comment on a pull request, submit a review with line comments, create or update a check run, open a pull request from a vibe run’s diff.',
   {
     checkout: { ref: { type: 'string', description: 'what to fetch: refs/pull/<n>/head, a branch or a commit' } },
     comment: { repository, number, body: { type: 'string' } },
@@ -83,6 +85,12 @@ const codehostActions = actionTool(
       details_url: { type: 'string' },
     },
     update_check_run: { check_run_id: { type: 'integer' } },
+    open_pull_request: {
+      run_id: { type: 'string', description: 'the vibe run whose diff becomes the pull request' },
+      base: { type: 'string', description: 'the branch it goes into (default main)' },
+      head: { type: 'string', description: 'the new branch' },
+      title: { type: 'string' },
+    },
   },
 );
 

@@ -1,5 +1,6 @@
 // Connections: per-tenant provider credentials, sealed at rest and never shown, checked against fake
 // providers on loopback through each provider's own SDK.
+import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { expect } from 'chai';
@@ -391,7 +392,14 @@ describe('action tools', function () {
     expect(run.status, JSON.stringify(run.error)).to.equal('succeeded');
     const offered = model.requests[0]!.body.tools.map((t: Body) => t.function);
     const codehost = offered.find((f: Body) => f.name === 'codehost');
-    expect(codehost.parameters.properties.action.enum).to.deep.equal(['checkout', 'comment', 'review', 'create_check_run', 'update_check_run']);
+    expect(codehost.parameters.properties.action.enum).to.deep.equal([
+      'checkout',
+      'comment',
+      'review',
+      'create_check_run',
+      'update_check_run',
+      'open_pull_request',
+    ]);
     expect(offered.map((f: Body) => f.name)).not.to.include('chat');
     const comment = fake.requests.find((r) => r.path === '/github/repos/acme/app/issues/9/comments')!;
     expect(comment.body).to.deep.equal({ body: 'LGTM once CI passes.' });
@@ -428,6 +436,70 @@ describe('action tools', function () {
       steps: [{ tool: 'codehost', args: { action: 'checkout', repository: 'acme/app', ref: 'main' } }],
     });
     expect(offline.steps[0].error.code).to.equal('network-required');
+  });
+
+  it('opens a pull request from a vibe run’s diff: the base files patched, committed on a new branch, the pull request opened', async () => {
+    const repo = path.join(h.tenantDir(), 'vibe');
+    fs.mkdirSync(path.join(repo, 'src'), { recursive: true });
+    const base = { 'src/app.mjs': 'export const answer = 41;\nexport const name = "app";\n', 'README.md': '# app\n' };
+    for (const [file, content] of Object.entries(base)) fs.writeFileSync(path.join(repo, file), content);
+    execFileSync('sh', ['-c', 'git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm init'], { cwd: repo });
+    fake.setFiles('acme/app', base);
+    const res = await h.call<Body>('POST', '/api/v1/autonomy/vibe/run', {
+      body: {
+        workspace: 'vibe',
+        steps: [
+          { tool: 'write_file', args: { path: 'src/app.mjs', content: 'export const answer = 42;\nexport const name = "app";\n' } },
+          { tool: 'write_file', args: { path: 'docs/answer.md', content: 'The answer is 42.\n' } },
+        ],
+      },
+    });
+    const vibe = await finishedRun(h, res.body.run_id);
+    expect(vibe.status, JSON.stringify([vibe.error, vibe.steps])).to.equal('succeeded');
+    const run = await start({
+      tools: ['codehost'],
+      steps: [
+        {
+          tool: 'codehost',
+          args: {
+            action: 'open_pull_request',
+            repository: 'acme/app',
+            run_id: vibe.id,
+            head: 'answer-42',
+            title: 'The answer is 42',
+            body: 'From a vibe run.',
+          },
+        },
+      ],
+    });
+    expect(run.status, JSON.stringify([run.error, run.steps[0]])).to.equal('succeeded');
+    const tree = fake.requests.find((r) => r.path === '/github/repos/acme/app/git/trees')!.body;
+    expect(tree.base_tree).to.equal('base-tree');
+    expect(tree.tree).to.deep.include.members([
+      { path: 'src/app.mjs', mode: '100644', type: 'blob', content: 'export const answer = 42;\nexport const name = "app";\n' },
+      { path: 'docs/answer.md', mode: '100644', type: 'blob', content: 'The answer is 42.\n' },
+    ]);
+    const commit = fake.requests.find((r) => r.path === '/github/repos/acme/app/git/commits' && r.method === 'POST')!.body;
+    expect(commit).to.deep.include({ message: 'The answer is 42', parents: ['base-commit'] });
+    expect(fake.requests.find((r) => r.path === '/github/repos/acme/app/git/refs')!.body.ref).to.equal('refs/heads/answer-42');
+    const pr = fake.requests.find((r) => r.path === '/github/repos/acme/app/pulls' && r.method === 'POST')!.body;
+    expect(pr).to.deep.include({ title: 'The answer is 42', head: 'answer-42', base: 'main', body: 'From a vibe run.' });
+    expect(run.steps[0].output).to.deep.include({ head: 'answer-42', base: 'main', files: 2 });
+    // another tenant's vibe run is not there for it; a run of another kind neither
+    const foreign = await start(
+      {
+        tools: ['codehost'],
+        steps: [{ tool: 'codehost', args: { action: 'open_pull_request', repository: 'acme/app', run_id: vibe.id, head: 'x', title: 'x' } }],
+      },
+      KEYS.b,
+    );
+    expect(foreign.error.code).to.equal('connection-missing');
+    const notVibe = await start({
+      tools: ['codehost'],
+      steps: [{ tool: 'codehost', args: { action: 'open_pull_request', repository: 'acme/app', run_id: run.id, head: 'x', title: 'x' } }],
+    });
+    expect(notVibe.steps[0].error).to.deep.include({ code: 'invalid-args' });
+    expect(notVibe.steps[0].error.message).to.contain(`no vibe run ${run.id}`);
   });
 
   it('fails a step whose arguments an action cannot take before anything is sent, and one the provider refuses with its code', async () => {

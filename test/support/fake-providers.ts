@@ -30,6 +30,8 @@ export type FakeProviders = {
   mails: Mail[];
   /** serves a bare repository as owner/name over git's dumb HTTP protocol, under the code host's address, to the token only */
   serveRepo(repository: string, bareDir: string): void;
+  /** the files of main's one commit, for the Git Data API (a pull request from a diff) */
+  setFiles(repository: string, files: Record<string, string>): void;
   /** the next `times` requests to a provider answer `status` (with Retry-After when given) */
   failNext(provider: Recorded['provider'], status: number, times?: number, retryAfter?: number): void;
   close(): Promise<void>;
@@ -66,6 +68,7 @@ export async function startFakeProviders(opts: { token?: string } = {}): Promise
   };
 
   const repos = new Map<string, string>();
+  const repoFiles = new Map<string, Record<string, string>>();
 
   function github(r: Recorded, res: http.ServerResponse): void {
     const git = /^\/github\/([\w.-]+\/[\w.-]+)\.git\/(.+)$/.exec(r.path);
@@ -83,9 +86,20 @@ export async function startFakeProviders(opts: { token?: string } = {}): Promise
     if (r.authorization !== `token ${token}` && r.authorization !== `Bearer ${token}`) return json(res, 401, { message: 'Bad credentials' });
     const p = r.path.replace(/^\/github/, '');
     if (r.method === 'GET' && p === '/user') return json(res, 200, { login: 'acme-bot', id: 1 }, { 'x-oauth-scopes': 'repo, workflow' });
+    // the Git Data API over files a test set: one base commit of main
+    const data = /^\/repos\/([\w.-]+\/[\w.-]+)\/(git\/ref\/heads\/main|git\/commits\/base-commit|contents\/(.+))$/.exec(p);
+    const files = data && repoFiles.get(data[1]!);
+    if (r.method === 'GET' && data && files) {
+      if (data[2] === 'git/ref/heads/main') return json(res, 200, { ref: 'refs/heads/main', object: { type: 'commit', sha: 'base-commit' } });
+      if (data[2] === 'git/commits/base-commit') return json(res, 200, { sha: 'base-commit', tree: { sha: 'base-tree' } });
+      const content = files[decodeURIComponent(data[3]!)];
+      if (content === undefined) return json(res, 404, { message: 'Not Found' });
+      return json(res, 200, { type: 'file', encoding: 'base64', content: Buffer.from(content).toString('base64'), sha: 'blob' });
+    }
     const id = nextId++;
     return json(res, r.method === 'POST' ? 201 : 200, {
       id,
+      sha: `sha-${id}`,
       html_url: `https://github.example/${p.slice(1)}#${id}`,
       number: id,
       ...(typeof r.body === 'object' ? r.body : {}),
@@ -136,6 +150,8 @@ export async function startFakeProviders(opts: { token?: string } = {}): Promise
   const server = http.createServer((req, res) => {
     void (async () => {
       const url = new URL(req.url ?? '/', 'http://x');
+      // Octokit sends a path parameter's slashes encoded (heads%2Fmain), as GitHub takes them
+      url.pathname = decodeURIComponent(url.pathname);
       const text = await readBody(req);
       let body: any = text;
       const type = String(req.headers['content-type'] ?? '');
@@ -204,6 +220,9 @@ export async function startFakeProviders(opts: { token?: string } = {}): Promise
     smtp: `smtp://127.0.0.1:${smtpPort}`,
     requests,
     mails,
+    setFiles(repository, files) {
+      repoFiles.set(repository, files);
+    },
     serveRepo(repository, bareDir) {
       repos.set(repository, path.resolve(bareDir));
     },
