@@ -105,9 +105,9 @@ export function createEngine(given: EngineDeps) {
       run.kind === 'vibe'
         ? undefined
         : {
-            run: async ({ only }, signal) => {
+            run: async ({ only, dir }, signal) => {
               const started = await gates.start(run.tenant_id, {
-                workspace: runs.workspaceOf(run),
+                workspace: runs.workspaceOf(dir ? { tenant_id: run.tenant_id, workspace: dir } : run),
                 only,
                 trigger: { type: 'run', run_id: run.id, session_id: run.session_id },
               });

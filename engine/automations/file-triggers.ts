@@ -68,7 +68,8 @@ export function fileTriggersOf(
       const ignored = opts.ignore.map((p) => path.resolve(p)).filter((p) => !(root === p || root.startsWith(p + path.sep)));
       watcher = watch(root, {
         ignoreInitial: true,
-        ignored: (p: string) => /(^|[\\/])(node_modules|\.git|\.scratch)([\\/]|$)/.test(p) || ignored.some((i) => p === i || p.startsWith(i + path.sep)),
+        ignored: (p: string) =>
+          /(^|[\\/])(node_modules|\.git|\.scratch|\.checkouts)([\\/]|$)/.test(p) || ignored.some((i) => p === i || p.startsWith(i + path.sep)),
       });
       watcher.on('add', onChange).on('change', onChange).on('unlink', onChange);
       watcher.on('error', (err) => deps.log.warn({ err }, 'file watcher error'));

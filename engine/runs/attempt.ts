@@ -1,6 +1,8 @@
 // One attempt of a run as a worker executes it: its step records (kept current in the store at most
 // every PROGRESS_SAVE_MS, one row per changed step), its usage, the tool calls it makes and the events
 // they send. Programs (programs.ts) drive it; the executor settles it.
+import fs from 'node:fs/promises';
+import path from 'node:path';
 import type { Platform } from '../deps.js';
 import type { AgentTurn, ErrorInfo, Run, RunStatus, StepRecord } from '../platform/index.js';
 import {
@@ -16,6 +18,7 @@ import {
   type ToolResult,
 } from '../tools/index.js';
 import type { Transitions } from './transitions.js';
+import { tenantRootPath } from './workspace.js';
 
 const OUTPUT_FLUSH_MS = 50;
 const OUTPUT_FLUSH_BYTES = 16 * 1024;
@@ -36,8 +39,18 @@ export type AttemptDeps = Pick<Platform, 'store' | 'clock' | 'log'> & {
   auditActions?: (run: Run) => AuditActions | undefined;
   /** the tenant's connections, for the action tools */
   connectionActions?: (run: Run) => ConnectionActions | undefined;
-  settings: { childEnv: Record<string, string>; httpAllowPrivate: boolean; toolsAllowed: readonly string[] };
+  settings: {
+    childEnv: Record<string, string>;
+    httpAllowPrivate: boolean;
+    toolsAllowed: readonly string[];
+    allowNetwork: boolean;
+    workspaceRoot: string;
+    singleTenant: boolean;
+  };
 };
+
+/** Where a run's checkout goes: a folder of its own in its tenant's root (gates can run there), removed when the attempt ends. */
+export const CHECKOUTS_DIR = '.checkouts';
 
 export type Attempt = ReturnType<typeof startAttempt>;
 
@@ -52,6 +65,19 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
   const gates = deps.gateActions?.(run);
   const audit = deps.auditActions?.(run);
   const connections = deps.connectionActions?.(run);
+
+  let checkoutDir: string | null = null;
+  const checkouts = {
+    async fresh() {
+      checkoutDir = path.join(tenantRootPath(deps.settings, run.tenant_id), CHECKOUTS_DIR, run.id);
+      await fs.rm(checkoutDir, { recursive: true, force: true });
+      await fs.mkdir(checkoutDir, { recursive: true });
+      return checkoutDir;
+    },
+    use(dir: string) {
+      attempt.workspace = dir;
+    },
+  };
 
   /** A tool that acts on a provider for its own step (the gates' check runs) needs that provider's tool allowed too. */
   const allowed = (provider: string) => {
@@ -145,6 +171,8 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
         httpAllowPrivate: deps.settings.httpAllowPrivate,
         sandbox: deps.sandbox,
         network: run.network,
+        networkAllowed: deps.settings.allowNetwork,
+        checkouts,
         binds: attempt.binds,
         sessions,
         gates,
@@ -241,6 +269,13 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
       if (turn.usage?.completion_tokens) usage.completion_tokens = (usage.completion_tokens ?? 0) + turn.usage.completion_tokens;
       await store.runs.appendTurn(run.tenant_id, run.id, run.attempt, full);
       await emit({ type: 'agent.turn', data: full });
+    },
+    /** Removes what the attempt made for itself (its checkout). */
+    async cleanup(): Promise<void> {
+      if (checkoutDir)
+        await fs
+          .rm(checkoutDir, { recursive: true, force: true })
+          .catch((err: Error) => log.warn({ run_id: run.id, err: err.message }, 'a checkout was not removed'));
     },
     /** Stops saving progress; returns the steps changed since the last save, for the settling write. */
     close(): StepRecord[] {

@@ -128,6 +128,7 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
       inFlight.delete(runId);
     }
     const steps = a.close();
+    await a.cleanup();
     return (await settle(() => transitions.finish(run, outcome, steps))) as Settled;
   }
 

@@ -2,6 +2,7 @@
 // (one job per gate, sealed into the evidence ledger) and waits for it. A required gate that does not
 // pass fails the step.
 import type { GateRunRecord } from '../platform/index.js';
+import { rethrowAsToolError } from './providers.js';
 import { stringArg, ToolError, type Tool, type ToolContext } from './tool.js';
 
 function checkRunsOf(args: Record<string, unknown>): { repository: string; head_sha: string } | null {
@@ -51,7 +52,8 @@ export const gatesTool: Tool = {
   async execute(args, ctx) {
     if (!ctx.gates) throw new ToolError('tool-unavailable', "gates run on a run's own workspace; this run has none they can use");
     const only = Array.isArray(args.only) ? args.only.filter((g): g is string => typeof g === 'string') : undefined;
-    const r = await ctx.gates.run({ only }, ctx.signal);
+    // after a checkout the run's steps work in its checkout: the gates run there
+    const r = await ctx.gates.run({ only, dir: ctx.workspace }, ctx.signal);
     const output = {
       gate_run_id: r.id,
       status: r.status,
@@ -62,7 +64,7 @@ export const gatesTool: Tool = {
     };
     for (const g of output.results) ctx.output('stdout', `${g.conclusion.padEnd(9)} ${g.gate_id}${g.required ? '' : ' (optional)'}: ${g.summary}\n`);
     const report = checkRunsOf(args);
-    const check_runs = report ? await reportChecks(report, r, ctx) : undefined;
+    const check_runs = report ? await reportChecks(report, r, ctx).catch((err: unknown) => rethrowAsToolError('codehost', err, ctx)) : undefined;
     if (check_runs) Object.assign(output, { check_runs });
     if (r.status === 'canceled') return { output, error: { code: 'aborted', message: 'the gate run was stopped' } };
     const failed = r.results.filter((g) => g.required && g.conclusion !== 'success').map((g) => g.gate_id);

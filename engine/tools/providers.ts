@@ -2,6 +2,9 @@
 // `action` and its arguments, and acts through the run's connection to that provider (the engine's
 // connections capability holds the SDK clients); what the provider answers is the step's output.
 import type { ConnectionProvider } from '../platform/index.js';
+import fs from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
 import { runProcess } from './process.js';
 import { stringArg, ToolError, type Tool, type ToolContext, type ToolResult } from './tool.js';
 
@@ -33,6 +36,17 @@ const checkOutput = {
 };
 const connection = { type: 'string', description: "A connection's id or name; leave it out to use the run's (or the tenant's only one)." };
 
+/**
+ * What a provider refused, a missing connection or an address not allowed fail the step with their
+ * code; an answer the SDK took but this service could not read fails it too: never the run.
+ */
+export function rethrowAsToolError(provider: ConnectionProvider, err: unknown, ctx: ToolContext): never {
+  if (err instanceof ToolError || ctx.signal.aborted) throw err;
+  const code = (err as { code?: unknown }).code;
+  if (typeof code === 'string') throw new ToolError(code, (err as Error).message);
+  throw new ToolError('provider-error', `the ${provider} provider's answer could not be read (${(err as Error).message})`);
+}
+
 function actionTool(provider: ConnectionProvider, description: string, actions: Record<string, Record<string, unknown>>): Tool {
   return {
     name: provider,
@@ -49,11 +63,7 @@ function actionTool(provider: ConnectionProvider, description: string, actions: 
       try {
         return { output: await ctx.connections.act(provider, action, args) };
       } catch (err) {
-        if (err instanceof ToolError || ctx.signal.aborted) throw err;
-        const code = (err as { code?: unknown }).code;
-        if (typeof code === 'string') throw new ToolError(code, (err as Error).message);
-        // an answer the SDK took but this service could not read: the step fails, not the run
-        throw new ToolError('provider-error', `the ${provider} provider's answer could not be read (${(err as Error).message})`);
+        return rethrowAsToolError(provider, err, ctx);
       }
     },
   };
@@ -97,67 +107,76 @@ const codehostActions = actionTool(
 const REF = /^(?!-)[\w./-]{1,250}$/;
 const REPOSITORY = /^[\w.-]+\/[\w.-]+$/;
 const CHECKOUT_OUTPUT_MAX = 16 * 1024;
-// fetch into the workspace (a repository made when it is not one) and put its files at what was fetched
-const CHECKOUT =
-  'git rev-parse --git-dir >/dev/null 2>&1 || git init -q; git fetch -q --no-tags "$REMOTE" "$REF" && git checkout -q --force --detach FETCH_HEAD && git rev-parse HEAD';
+// a fresh repository (made by the service, so no config of a run's own making): fetch, then put its files at what was fetched
+const CHECKOUT = 'git init -q && git fetch -q --no-tags "$REMOTE" "$REF" && git checkout -q --force --detach FETCH_HEAD && git rev-parse HEAD';
 
 /**
- * Fetches a ref of the repository from the code host into the run's workspace, in the sandbox. The
- * token reaches git only through its environment, as a header git sends to the code host's address
- * alone (http.<url>.extraHeader): never in an argument, the remote URL or the output.
+ * Fetches a ref of the repository from the code host into a fresh folder of the run's (the steps after
+ * it work there), in the sandbox, with the network for this process only. The token reaches git only in
+ * a config file of the service's (mode 0600, in a private folder bound read-only), as a header git sends
+ * to the code host's address alone: never in an argument, the environment, the remote URL or the output.
+ * System and user git config are not read.
  */
 async function checkout(args: Record<string, unknown>, ctx: ToolContext): Promise<ToolResult> {
-  if (!ctx.connections) throw new ToolError('tool-unavailable', 'connections are not reachable from this run');
+  if (!ctx.connections || !ctx.checkouts) throw new ToolError('tool-unavailable', 'checkouts are not possible from this run');
   const repo = stringArg(args, 'repository');
   const ref = stringArg(args, 'ref');
   if (!REPOSITORY.test(repo)) throw new ToolError('invalid-args', 'args.repository must be owner/name');
   if (!REF.test(ref)) throw new ToolError('invalid-args', 'args.ref must be a ref name or a commit');
-  if (!ctx.network)
-    throw new ToolError(
-      'network-required',
-      'checking out fetches from the code host: the run needs network: true (and the operator SERVICE_SANDBOX_ALLOW_NETWORK=1)',
-    );
+  if (!ctx.networkAllowed)
+    throw new ToolError('network-required', 'checking out fetches from the code host: the operator must allow it (SERVICE_SANDBOX_ALLOW_NETWORK=1)');
   const access = await ctx.connections.git(typeof args.connection === 'string' ? args.connection : undefined);
   const remote = `${access.web_url}/${repo}.git`;
-  const header = `Authorization: Basic ${Buffer.from(`x-access-token:${access.token}`).toString('base64')}`;
-  const env = {
-    ...ctx.childEnv,
-    GIT_TERMINAL_PROMPT: '0',
-    GIT_CONFIG_COUNT: '4',
-    GIT_CONFIG_KEY_0: `http.${access.web_url}/.extraHeader`,
-    GIT_CONFIG_VALUE_0: header,
-    GIT_CONFIG_KEY_1: 'safe.directory',
-    GIT_CONFIG_VALUE_1: '*',
-    GIT_CONFIG_KEY_2: 'core.hooksPath',
-    GIT_CONFIG_VALUE_2: '/dev/null',
-    GIT_CONFIG_KEY_3: 'advice.detachedHead',
-    GIT_CONFIG_VALUE_3: 'false',
-    REMOTE: remote,
-    REF: ref,
-  };
-  const r = await runProcess(ctx.sandbox, ['/bin/sh', '-c', CHECKOUT], {
-    workspace: ctx.workspace,
-    env,
-    network: true,
-    binds: ctx.binds,
-    signal: ctx.signal,
-    maxBytes: CHECKOUT_OUTPUT_MAX,
-    onOutput: ctx.output,
-  });
-  const head = r.stdout.trim().split('\n').at(-1) ?? '';
-  const output = { repository: repo, ref, remote, head_sha: /^[0-9a-f]{40,64}$/.test(head) ? head : null, connection_id: access.connection_id };
-  if (r.aborted) return { output, error: { code: 'aborted', message: 'the checkout was stopped' } };
-  if (r.exit_code !== 0)
-    return {
-      output: { ...output, stderr: r.stderr },
-      error: { code: 'checkout-failed', message: `git could not fetch ${ref} of ${repo} (exit ${r.exit_code ?? r.signal})` },
-    };
-  return { output };
+  const secrets = await fs.mkdtemp(path.join(os.tmpdir(), 'svc-git-'));
+  try {
+    const config = path.join(secrets, 'config');
+    const header = `Authorization: Basic ${Buffer.from(`x-access-token:${access.token}`).toString('base64')}`;
+    const quote = (v: string) => `"${v.replace(/\\/g, '\\\\').replace(/"/g, '\\"')}"`;
+    await fs.writeFile(
+      config,
+      [
+        `[http ${quote(`${access.web_url}/`)}]`,
+        `\textraHeader = ${quote(header)}`,
+        '[core]',
+        '\thooksPath = /dev/null',
+        '\tfsmonitor = false',
+        '[advice]',
+        '\tdetachedHead = false',
+        '',
+      ].join('\n'),
+      { mode: 0o600 },
+    );
+    const dir = await ctx.checkouts.fresh();
+    const env = { ...ctx.childEnv, GIT_TERMINAL_PROMPT: '0', GIT_CONFIG_NOSYSTEM: '1', GIT_CONFIG_GLOBAL: config, REMOTE: remote, REF: ref };
+    const r = await runProcess(ctx.sandbox, ['/bin/sh', '-c', CHECKOUT], {
+      workspace: dir,
+      env,
+      network: true,
+      binds: [],
+      readOnlyBinds: [secrets],
+      signal: ctx.signal,
+      maxBytes: CHECKOUT_OUTPUT_MAX,
+      onOutput: ctx.output,
+    });
+    const head = r.stdout.trim().split('\n').at(-1) ?? '';
+    const output = { repository: repo, ref, remote, head_sha: /^[0-9a-f]{40,64}$/.test(head) ? head : null, connection_id: access.connection_id };
+    if (r.aborted) return { output, error: { code: 'aborted', message: 'the checkout was stopped' } };
+    if (r.exit_code !== 0)
+      return {
+        output: { ...output, stderr: r.stderr },
+        error: { code: 'checkout-failed', message: `git could not fetch ${ref} of ${repo} (exit ${r.exit_code ?? r.signal})` },
+      };
+    ctx.checkouts.use(dir);
+    return { output };
+  } finally {
+    await fs.rm(secrets, { recursive: true, force: true });
+  }
 }
 
 export const codehostTool: Tool = {
   ...codehostActions,
-  execute: (args, ctx) => (args.action === 'checkout' ? checkout(args, ctx) : codehostActions.execute(args, ctx)),
+  execute: (args, ctx) =>
+    args.action === 'checkout' ? checkout(args, ctx).catch((err: unknown) => rethrowAsToolError('codehost', err, ctx)) : codehostActions.execute(args, ctx),
 };
 
 export const chatTool = actionTool('chat', 'Post in chat (Slack), or reply in a thread.', {

@@ -16,6 +16,10 @@ export type ToolContext = {
   sandbox: Sandbox;
   /** the run may use the network inside the sandbox (asked for, and allowed by the operator) */
   network: boolean;
+  /** the operator lets tool processes use the network at all (SERVICE_SANDBOX_ALLOW_NETWORK): a checkout's fetch needs it */
+  networkAllowed: boolean;
+  /** a fresh folder of the run's own for a checkout, and the switch of the run's later steps to it */
+  checkouts?: { fresh(): Promise<string>; use(dir: string): void };
   /** folders besides the workspace a sandboxed process needs (a worktree's git directory) */
   binds: string[];
   /** the run's tenant's sessions (the `session` tool); absent where sessions are not reachable */
@@ -61,7 +65,8 @@ export type AuditActions = {
 
 /** What the `gates` tool may do: run the gate set of the run's own workspace, and wait for its seal. */
 export type GateActions = {
-  run(req: { only?: string[] }, signal: AbortSignal): Promise<GateRunRecord>;
+  /** `dir`: the folder the run's steps work in now (a checkout), when it is not the run's workspace */
+  run(req: { only?: string[]; dir?: string }, signal: AbortSignal): Promise<GateRunRecord>;
 };
 
 /** What a run may do to the sessions of its tenant. */

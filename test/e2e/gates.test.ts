@@ -26,8 +26,14 @@ describe('gates in the service', function () {
     // a gate that tries to read the service's own secret keys from its data dir: the sandbox has no such files
     const peek = GATES_YAML.replace('"$DATA_DIR_GUESS/secret.key"', `"${h.config.dataDir}/secret.key" "${h.config.dataDir}/evidence.key"`);
     await makeProject(h.tenantDir(), peek);
-    const automation = await h.call<Body>('POST', '/api/v1/automations/templates/instantiate', {
-      body: { template_id: 'gates-on-push', variables: { repository: 'acme/app', branch: 'main' } },
+    // the workspace as it is (the gates-on-push template checks the pushed commit out first: test/e2e/templates-act.test.ts)
+    const automation = await h.call<Body>('POST', '/api/v1/automations', {
+      body: {
+        name: 'gates on push',
+        triggers: [{ type: 'webhook', provider: 'codehost', events: ['push'] }],
+        tool_allowlist: ['gates'],
+        steps: [{ tool: 'gates', args: { ref: '${inputs.event.ref}' } }],
+      },
     });
     expect(automation.status, automation.text).to.equal(201);
     expect((await h.call('PUT', '/api/v1/webhook-secrets/codehost', { body: { secrets: ['push-secret-0123456789'] } })).status).to.equal(200);

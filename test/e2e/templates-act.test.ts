@@ -100,7 +100,9 @@ describe('templates that act on their providers', function () {
     // the agent was told what was checked out, and read the pull request's own files
     const prompt = JSON.stringify(model.requests.at(-2)!.body.messages);
     expect(prompt).to.contain('#12 of acme/shop').and.contain(repo.head);
-    expect(fs.readFileSync(path.join(h.tenantDir(), 'src/pay.ts'), 'utf8')).to.contain('a - b');
+    // the checkout was the run's own folder, gone with the run; the tenant's root has none of it
+    expect(fs.existsSync(path.join(h.tenantDir(), '.checkouts', run.id))).to.equal(false);
+    expect(fs.existsSync(path.join(h.tenantDir(), 'src/pay.ts'))).to.equal(false);
     const review = fake.requests.find((r) => r.path === '/github/repos/acme/shop/pulls/12/reviews')!;
     expect(review.body).to.deep.include({ event: 'REQUEST_CHANGES', commit_id: repo.head });
     expect(review.body.comments).to.deep.equal([{ path: 'src/pay.ts', line: 1, side: 'RIGHT', body: 'This should be a + b.' }]);
