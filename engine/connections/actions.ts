@@ -138,10 +138,19 @@ export const ACTIONS: Record<ConnectionProvider, Record<string, Action>> = {
       const gh = await octokitOf(a);
       const baseSha = (await gh.rest.git.getRef({ owner, repo, ref: `heads/${base}` })).data.object.sha;
       const baseTree = (await gh.rest.git.getCommit({ owner, repo, commit_sha: baseSha })).data.tree.sha;
-      const tree: { path: string; mode: '100644'; type: 'blob'; content?: string; sha?: null }[] = [];
+      // the base's modes, so that a changed script stays executable and a link stays a link
+      const baseEntries = (await gh.rest.git.getTree({ owner, repo, tree_sha: baseTree, recursive: 'true' })).data.tree;
+      const modes = new Map(baseEntries.map((e) => [e.path, e.mode]));
+      type Entry = { path: string; mode: '100644' | '100755' | '120000'; type: 'blob'; content?: string; sha?: null };
+      const tree: Entry[] = [];
       for (const p of patches) {
         const from = diffPath(p.oldFileName);
         const to = diffPath(p.newFileName);
+        // a binary change or a change of mode alone has no hunk to apply: refused rather than guessed
+        if (to !== null && from !== null && p.hunks.length === 0)
+          throw new ActionArgsError(`the run's change to ${to} is binary or of its mode only: it cannot be opened as a pull request from its diff`);
+        const mode = ((from !== null && modes.get(from)) || '100644') as Entry['mode'];
+        if (mode === '120000' || modes.get(from ?? '') === '160000') throw new ActionArgsError(`${from} is a link or a submodule: it cannot be patched`);
         if (to === null) {
           if (from) tree.push({ path: from, mode: '100644', type: 'blob', sha: null });
           continue;
@@ -153,7 +162,7 @@ export const ACTIONS: Record<ConnectionProvider, Record<string, Action>> = {
         }
         const patched = applyPatch(source, p);
         if (patched === false) throw new ActionArgsError(`the run's change to ${to} does not apply to ${base} at ${baseSha.slice(0, 7)}`);
-        tree.push({ path: to, mode: '100644', type: 'blob', content: patched });
+        tree.push({ path: to, mode, type: 'blob', content: patched });
         if (from !== null && from !== to) tree.push({ path: from, mode: '100644', type: 'blob', sha: null });
       }
       const newTree = (await gh.rest.git.createTree({ owner, repo, base_tree: baseTree, tree })).data.sha;
@@ -236,9 +245,11 @@ export const ACTIONS: Record<ConnectionProvider, Record<string, Action>> = {
   },
   email: {
     async reply(a, args) {
+      const to = str(args, 'to');
+      // one recipient, written as an address: a reply never fans out to a list someone put in a header
+      if (!/^[^<>\s,;"@]+@[^<>\s,;"@]+$/.test(to)) throw new ActionArgsError('args.to must be one email address');
       const mailer = await mailerOf(a);
       try {
-        const to = str(args, 'to');
         const inReplyTo = optStr(args, 'in_reply_to');
         const subject = str(args, 'subject');
         const info = await mailer.sendMail({

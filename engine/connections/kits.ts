@@ -32,7 +32,8 @@ export async function octokitOf(a: Access) {
     baseUrl: (a.baseUrl ?? codehostKit.defaultBaseUrl!).replace(/\/+$/, ''),
     userAgent: 'automation-service',
     log: QUIET,
-    request: { signal: a.signal },
+    // a redirect could lead anywhere, past the address check of base_url: refused
+    request: { signal: a.signal, redirect: 'error' },
   });
 }
 
@@ -41,11 +42,17 @@ export const codehostKit: Kit = {
   defaultBaseUrl: 'https://api.github.com',
   schemes: ['https:', 'http:'],
   classify(err, token) {
-    const e = err as { name?: string; status?: number; response?: { headers?: Record<string, string> } };
+    const e = err as { name?: string; status?: number; response?: { headers?: Record<string, string>; data?: unknown } };
     if (e?.name !== 'HttpError' || typeof e.status !== 'number') return null;
     // @octokit/request reports a request that never got an answer as a 500 without a response
-    if (!e.response) return { status: null, retryAfterSeconds: null, reason: reasonOf((err as Error).message, token) };
-    return { status: e.status, retryAfterSeconds: retryAfterOf(e.response.headers?.['retry-after']), reason: reasonOf((err as Error).message, token) };
+    if (!e.response) return { status: null, retryAfterSeconds: null, reason: 'no answer' };
+    // GitHub's own short message, never the rest of a body (which could be anything a server sent)
+    const message = (e.response.data as { message?: unknown } | undefined)?.message;
+    return {
+      status: e.status,
+      retryAfterSeconds: retryAfterOf(e.response.headers?.['retry-after']),
+      reason: reasonOf(typeof message === 'string' ? message : '', token),
+    };
   },
   async identify(a) {
     const gh = await octokitOf(a);
@@ -78,6 +85,8 @@ export async function slackOf(a: Access) {
     logLevel: LogLevel.ERROR,
     logger: SLACK_QUIET,
     timeout: 30_000,
+    // a redirect could lead past the address check of base_url: refused
+    fetch: (url: string | URL | Request, init?: RequestInit) => fetch(url, { ...init, redirect: 'error' }),
   });
 }
 
@@ -127,7 +136,7 @@ export const chatKit: Kit = {
 
 export async function linearOf(a: Access) {
   const { LinearClient } = await import('@linear/sdk');
-  return new LinearClient({ apiKey: a.token, ...(a.baseUrl ? { apiUrl: a.baseUrl } : {}), signal: a.signal } as never);
+  return new LinearClient({ apiKey: a.token, ...(a.baseUrl ? { apiUrl: a.baseUrl } : {}), signal: a.signal, redirect: 'error' } as never);
 }
 
 /** Linear's error types that say more than the HTTP status (a refused key comes as a 400 with an authentication error). */
@@ -181,6 +190,7 @@ export async function pagerCall(a: Access, method: 'GET' | 'POST' | 'PUT', path:
     headers: a.settings.from ? { From: a.settings.from } : {},
     // pdjs re-sends a 429 itself; with no wait of its own the retry layer waits as Retry-After says
     retryTimeout: 0,
+    redirect: 'error',
     signal: a.signal,
   } as never).catch((err: unknown) => {
     // a body that is not JSON: pdjs rejects with the response itself
@@ -220,6 +230,8 @@ export async function mailerOf(a: Access) {
     host: url.hostname.replace(/^\[|\]$/g, ''),
     port: url.port ? Number(url.port) : url.protocol === 'smtps:' ? 465 : 587,
     secure: url.protocol === 'smtps:',
+    // never the password in clear over the network: STARTTLS or nothing, but for a relay on this host
+    requireTLS: url.protocol === 'smtp:' && !['127.0.0.1', 'localhost', '::1'].includes(url.hostname.replace(/^\[|\]$/g, '')),
     auth: { user: a.settings.username, pass: a.token },
     connectionTimeout: 10_000,
     greetingTimeout: 10_000,

@@ -122,7 +122,14 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
     return new Promise((resolve) => {
       const req = client.request(
         url,
-        { method: 'POST', headers, timeout: settings.timeoutMs, ...(settings.httpAllowPrivate ? {} : { lookup: guardedLookup as never }) },
+        {
+          method: 'POST',
+          headers,
+          timeout: settings.timeoutMs,
+          // the whole try, not only a quiet socket: a slow endpoint cannot hold a worker's slot for long
+          signal: AbortSignal.timeout(settings.timeoutMs),
+          ...(settings.httpAllowPrivate ? {} : { lookup: guardedLookup as never }),
+        },
         (res) => {
           res.resume(); // the answer's body is not kept
           res.on('end', () =>

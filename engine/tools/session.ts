@@ -3,9 +3,20 @@
 // template) add a task only for the senders it trusts.
 import { stringArg, ToolError, type Tool } from './tool.js';
 
+/**
+ * The one address of a From header (`Name <a@b>` or `a@b`); null when it holds anything else (two
+ * addresses, a group, no address), so that what is checked is exactly whom a reply would reach.
+ */
+export function senderAddress(sender: string): string | null {
+  const trimmed = sender.trim();
+  const m = /^(?:"[^"]*"|[^<>",@]*)\s*<([^<>\s,;]+@[^<>\s,;]+)>$/.exec(trimmed) ?? /^([^<>\s,;"]+@[^<>\s,;"]+)$/.exec(trimmed);
+  return m ? m[1]!.toLowerCase() : null;
+}
+
 /** A sender matches `*`, an address, or an `@domain` of the comma-separated list. */
 export function senderAllowed(sender: string, allowed: string): boolean {
-  const address = (/<([^>]+)>/.exec(sender)?.[1] ?? sender).trim().toLowerCase();
+  const address = senderAddress(sender);
+  if (!address) return false;
   return allowed
     .split(',')
     .map((a) => a.trim().toLowerCase())
@@ -44,10 +55,12 @@ export const sessionTool: Tool = {
       const sender = typeof args.sender === 'string' ? args.sender : '';
       if (!senderAllowed(sender, args.allowed_senders)) return { output: { done: false, reason: `sender ${sender || '(none)'} is not allowed` } };
     }
+    // the one address that was checked: what an answer may go to
+    const checked = typeof args.sender === 'string' ? senderAddress(args.sender) : null;
     if (action === 'add_task') {
       const task = (args.task && typeof args.task === 'object' ? args.task : {}) as Record<string, unknown>;
       const added = await ctx.sessions.addTask(sessionId, task);
-      return { output: { done: true, session_id: sessionId, task_id: added.id } };
+      return { output: { done: true, session_id: sessionId, task_id: added.id, ...(checked ? { sender: checked } : {}) } };
     }
     if (action === 'post_message') {
       const message = (args.message && typeof args.message === 'object' ? args.message : {}) as Record<string, unknown>;

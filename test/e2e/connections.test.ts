@@ -360,6 +360,15 @@ describe('action tools', function () {
       KEYS.b,
     );
     expect(other.error.code).to.equal('connection-missing');
+    // not even named by their id or name, in the run or in the step
+    const aGithub = (await h.call<Body>('GET', '/api/v1/connections?provider=codehost')).body.data[0];
+    const comment = { action: 'comment', repository: 'a/b', number: 1, body: 'x' };
+    for (const named of [aGithub.id, aGithub.name]) {
+      const inRun = await start({ tools: ['codehost'], connections: { codehost: named }, steps: [{ tool: 'codehost', args: comment }] }, KEYS.b);
+      expect(inRun.error.code, named).to.equal('connection-missing');
+      const inStep = await start({ tools: ['codehost'], steps: [{ tool: 'codehost', args: { ...comment, connection: named } }] }, KEYS.b);
+      expect(inStep.steps[0].error?.code ?? inStep.error.code, named).to.equal('connection-missing');
+    }
     expect(fake.requests.length, 'nothing reached a provider').to.equal(before);
   });
 
@@ -437,7 +446,7 @@ describe('action tools', function () {
   it('opens a pull request from a vibe run’s diff: the base files patched, committed on a new branch, the pull request opened', async () => {
     const repo = path.join(h.tenantDir(), 'vibe');
     fs.mkdirSync(path.join(repo, 'src'), { recursive: true });
-    const base = { 'src/app.mjs': 'export const answer = 41;\nexport const name = "app";\n', 'README.md': '# app\n' };
+    const base = { 'src/app.mjs': 'export const answer = 41;\nexport const name = "app";\n', 'README.md': '# app\n', 'run.sh': '#!/bin/sh\necho 41\n' };
     for (const [file, content] of Object.entries(base)) fs.writeFileSync(path.join(repo, file), content);
     execFileSync('sh', ['-c', 'git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm init'], { cwd: repo });
     fake.setFiles('acme/app', base);
@@ -447,6 +456,7 @@ describe('action tools', function () {
         steps: [
           { tool: 'write_file', args: { path: 'src/app.mjs', content: 'export const answer = 42;\nexport const name = "app";\n' } },
           { tool: 'write_file', args: { path: 'docs/answer.md', content: 'The answer is 42.\n' } },
+          { tool: 'write_file', args: { path: 'run.sh', content: '#!/bin/sh\necho 42\n' } },
         ],
       },
     });
@@ -474,13 +484,14 @@ describe('action tools', function () {
     expect(tree.tree).to.deep.include.members([
       { path: 'src/app.mjs', mode: '100644', type: 'blob', content: 'export const answer = 42;\nexport const name = "app";\n' },
       { path: 'docs/answer.md', mode: '100644', type: 'blob', content: 'The answer is 42.\n' },
+      { path: 'run.sh', mode: '100755', type: 'blob', content: '#!/bin/sh\necho 42\n' },
     ]);
     const commit = fake.requests.find((r) => r.path === '/github/repos/acme/app/git/commits' && r.method === 'POST')!.body;
     expect(commit).to.deep.include({ message: 'The answer is 42', parents: ['base-commit'] });
     expect(fake.requests.find((r) => r.path === '/github/repos/acme/app/git/refs')!.body.ref).to.equal('refs/heads/answer-42');
     const pr = fake.requests.find((r) => r.path === '/github/repos/acme/app/pulls' && r.method === 'POST')!.body;
     expect(pr).to.deep.include({ title: 'The answer is 42', head: 'answer-42', base: 'main', body: 'From a vibe run.' });
-    expect(run.steps[0].output).to.deep.include({ head: 'answer-42', base: 'main', files: 2 });
+    expect(run.steps[0].output).to.deep.include({ head: 'answer-42', base: 'main', files: 3 });
     // another tenant's vibe run is not there for it; a run of another kind neither
     const foreign = await start(
       {

@@ -87,11 +87,17 @@ export async function startFakeProviders(opts: { token?: string } = {}): Promise
     const p = r.path.replace(/^\/github/, '');
     if (r.method === 'GET' && p === '/user') return json(res, 200, { login: 'acme-bot', id: 1 }, { 'x-oauth-scopes': 'repo, workflow' });
     // the Git Data API over files a test set: one base commit of main
-    const data = /^\/repos\/([\w.-]+\/[\w.-]+)\/(git\/ref\/heads\/main|git\/commits\/base-commit|contents\/(.+))$/.exec(p);
+    const data = /^\/repos\/([\w.-]+\/[\w.-]+)\/(git\/ref\/heads\/main|git\/commits\/base-commit|git\/trees\/base-tree|contents\/(.+))$/.exec(p);
     const files = data && repoFiles.get(data[1]!);
     if (r.method === 'GET' && data && files) {
       if (data[2] === 'git/ref/heads/main') return json(res, 200, { ref: 'refs/heads/main', object: { type: 'commit', sha: 'base-commit' } });
       if (data[2] === 'git/commits/base-commit') return json(res, 200, { sha: 'base-commit', tree: { sha: 'base-tree' } });
+      if (data[2] === 'git/trees/base-tree')
+        return json(res, 200, {
+          sha: 'base-tree',
+          truncated: false,
+          tree: Object.keys(files).map((f) => ({ path: f, mode: f.endsWith('.sh') ? '100755' : '100644', type: 'blob', sha: 'blob' })),
+        });
       const content = files[decodeURIComponent(data[3]!)];
       if (content === undefined) return json(res, 404, { message: 'Not Found' });
       return json(res, 200, { type: 'file', encoding: 'base64', content: Buffer.from(content).toString('base64'), sha: 'blob' });
