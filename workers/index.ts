@@ -155,6 +155,7 @@ export async function startWorkers(rt: Runtime, processors: Processors = process
       rt.engine.sessions.reconcile(),
       rt.engine.schedules.reconcile(),
       rt.engine.webhooks.reconcile(),
+      rt.engine.notifications.reconcile(),
       rt.engine.gates.reconcile(),
       rt.engine.audits.reconcile(),
     ]).catch((err: unknown) => rt.log.warn({ err: (err as Error).message }, 'reconcile failed'));

@@ -292,8 +292,10 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
       const counted = await store.notificationEndpoints.addFailure(tenantId, endpoint.id, clock.now().toISOString());
       if (counted && counted.status === 'enabled' && counted.consecutive_failures >= settings.disableAfter) {
         const reason = `${counted.consecutive_failures} deliveries in a row failed (the last: ${sent.error})`;
-        await store.notificationEndpoints.update(tenantId, endpoint.id, { status: 'disabled', disabled_reason: reason, updated_at: clock.now().toISOString() });
+        // of two last failures at once, one disables it and tells the tenant
+        const disabled = await store.notificationEndpoints.disable(tenantId, endpoint.id, reason, clock.now().toISOString());
         cache.delete(tenantId);
+        if (!disabled) return null;
         log.warn({ tenant_id: tenantId, endpoint_id: endpoint.id, consecutive_failures: counted.consecutive_failures }, 'notification endpoint disabled');
         await events?.append(`notifications:${tenantId}`, {
           tenant_id: tenantId,
@@ -302,6 +304,30 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
         });
       }
       return null;
+    },
+
+    /**
+     * Repairs deliveries left pending longer than all their tries could take: their job was lost (the
+     * process died between storing and queueing) or ran out of tries on an error of the service's own.
+     */
+    async reconcile(): Promise<{ requeued: number; retried: number }> {
+      const window = settings.backoffMs * 2 ** settings.attempts + settings.attempts * settings.timeoutMs;
+      const before = new Date(clock.now().getTime() - Math.max(window, 10 * 60_000)).toISOString();
+      const queue = queues.get('notifications');
+      let requeued = 0;
+      let retried = 0;
+      for (const d of await store.notificationDeliveries.listStalePending(before, 500)) {
+        const job = await queue.getJob(jobId(d));
+        if (!job) {
+          await enqueue(d);
+          requeued++;
+        } else if (await job.isFailed()) {
+          await job.retry('failed');
+          retried++;
+        }
+      }
+      if (requeued || retried) log.warn({ requeued, retried }, 'reconciler repaired notification deliveries');
+      return { requeued, retried };
     },
 
     /**

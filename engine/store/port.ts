@@ -137,6 +137,8 @@ export interface NotificationEndpointRepo {
   update(tenantId: string, id: string, changes: NotificationEndpointChanges): Promise<NotificationEndpoint | null>;
   /** Counts one more delivery that failed for good (atomically); the endpoint as it is now. */
   addFailure(tenantId: string, id: string, at: string): Promise<NotificationEndpoint | null>;
+  /** Disables the endpoint only while it is enabled: the endpoint, or null when it was not (of two that race, one wins). */
+  disable(tenantId: string, id: string, reason: string, at: string): Promise<NotificationEndpoint | null>;
   delete(tenantId: string, id: string): Promise<boolean>;
 }
 
@@ -148,6 +150,8 @@ export interface NotificationDeliveryRepo {
   /** Newest first, of one endpoint. */
   list(tenantId: string, endpointId: string, q: { limit: number; cursor?: string }): Promise<Page<NotificationDelivery>>;
   update(tenantId: string, id: string, changes: NotificationDeliveryChanges): Promise<NotificationDelivery | null>;
+  /** System use (the reconciler): pending deliveries of every tenant not changed since a time, oldest first. */
+  listStalePending(updatedBefore: string, limit: number): Promise<NotificationDelivery[]>;
 }
 
 export type DeliveryQuery = { kind?: WebhookProvider; status?: DeliveryStatus; limit: number; cursor?: string };

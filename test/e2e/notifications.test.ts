@@ -147,6 +147,30 @@ describe('outbound notifications', function () {
     }, 'the replay to be logged');
   });
 
+  it('repairs a delivery whose job was lost (stored, never queued): the reconciler queues it, and it is sent once', async () => {
+    const made = await endpoint({ url: `${receiver.url}/lost`, event_types: ['run.finished'] });
+    const old = new Date(Date.now() - 3_600_000).toISOString();
+    const id = `ntf_${'0'.repeat(10)}${Date.now().toString(36).padStart(16, '0')}`.slice(0, 30);
+    await h.rt.store.notificationDeliveries.insert({
+      id,
+      tenant_id: 'tenant-a',
+      endpoint_id: made.endpoint.id,
+      event_type: 'run.finished',
+      payload: { type: 'run.finished', timestamp: old, data: { run_id: 'run_lost' } },
+      status: 'pending',
+      attempts: [],
+      replays: 0,
+      created_at: old,
+      updated_at: old,
+    });
+    expect(await h.rt.engine.notifications.reconcile()).to.deep.equal({ requeued: 1, retried: 0 });
+    const got = await eventually(() => receiver.received.find((r) => r.path === '/lost'), 'the repaired delivery');
+    expect(new Webhook(made.secret).verify(got.body, got.headers as Record<string, string>)).to.deep.include({ type: 'run.finished' });
+    expect(got.headers['webhook-id']).to.equal(id);
+    await eventually(async () => (await h.rt.store.notificationDeliveries.get('tenant-a', id))?.status === 'succeeded' || null, 'it to be logged as sent');
+    expect(await h.rt.engine.notifications.reconcile(), 'nothing left to repair').to.deep.equal({ requeued: 0, retried: 0 });
+  });
+
   it('refuses bad event types, loopback URLs without SERVICE_HTTP_ALLOW_PRIVATE, and another tenant’s endpoints and deliveries', async () => {
     const bad = await h.call<Body>('POST', '/api/v1/notification-endpoints', { body: { url: `${receiver.url}/x`, event_types: ['run.started'] } });
     expect(bad.status).to.equal(400);

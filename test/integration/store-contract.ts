@@ -391,10 +391,13 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       await Promise.all([store.notificationEndpoints.addFailure('t1', e.id, now), store.notificationEndpoints.addFailure('t1', e.id, now)]);
       expect((await store.notificationEndpoints.get('t1', e.id))!.consecutive_failures).to.equal(2);
       expect(await store.notificationEndpoints.addFailure('t2', e.id, now)).to.equal(null);
-      expect(await store.notificationEndpoints.update('t1', e.id, { status: 'disabled', disabled_reason: 'x' })).to.deep.include({
-        status: 'disabled',
-        consecutive_failures: 2,
-      });
+      const [won, lost] = await Promise.all([
+        store.notificationEndpoints.disable('t1', e.id, 'x', now),
+        store.notificationEndpoints.disable('t1', e.id, 'y', now),
+      ]);
+      expect([won, lost].filter(Boolean), 'one of two disables wins').to.have.length(1);
+      expect(await store.notificationEndpoints.get('t1', e.id)).to.deep.include({ status: 'disabled', consecutive_failures: 2 });
+      expect(await store.notificationEndpoints.disable('t2', e.id, 'z', now)).to.equal(null);
       const delivery = (i: number): NotificationDelivery => ({
         id: newId('ntf'),
         tenant_id: 't1',
@@ -421,6 +424,11 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
         attempts: [attempt],
       });
       expect(await store.notificationDeliveries.update('t2', ds[0]!.id, { status: 'succeeded' })).to.equal(null);
+      // pending and untouched since before a time, of every tenant
+      const later = new Date(Date.parse(now) + 1000).toISOString();
+      const stale = (await store.notificationDeliveries.listStalePending(later, 10)).map((d) => d.id);
+      expect(stale).to.include(ds[1]!.id).and.include(ds[2]!.id).and.not.include(ds[0]!.id);
+      expect((await store.notificationDeliveries.listStalePending(now, 10)).map((d) => d.id)).not.to.include(ds[1]!.id);
       expect(await store.notificationEndpoints.delete('t2', e.id)).to.equal(false);
       expect(await store.notificationEndpoints.delete('t1', e.id)).to.equal(true);
     });

@@ -11,6 +11,7 @@ export const notificationDeliverySchema = new Schema(
   loose,
 );
 notificationDeliverySchema.index({ tenant_id: 1, endpoint_id: 1, _id: -1 });
+notificationDeliverySchema.index({ status: 1, updated_at: 1 });
 
 export function notificationEndpointRepo(model: Model<Stored<NotificationEndpoint>>): NotificationEndpointRepo {
   return {
@@ -33,6 +34,17 @@ export function notificationEndpointRepo(model: Model<Stored<NotificationEndpoin
       return fromStored(
         await model
           .findOneAndUpdate({ _id: id, tenant_id: tenantId }, { $inc: { consecutive_failures: 1 }, $set: { updated_at: at } }, { returnDocument: 'after' })
+          .lean<Stored<NotificationEndpoint>>(),
+      );
+    },
+    async disable(tenantId, id, reason, at) {
+      return fromStored(
+        await model
+          .findOneAndUpdate(
+            { _id: id, tenant_id: tenantId, status: 'enabled' },
+            { $set: { status: 'disabled', disabled_reason: reason, updated_at: at } },
+            { returnDocument: 'after' },
+          )
           .lean<Stored<NotificationEndpoint>>(),
       );
     },
@@ -66,6 +78,14 @@ export function notificationDeliveryRepo(model: Model<Stored<NotificationDeliver
       return fromStored(
         await model.findOneAndUpdate({ _id: id, tenant_id: tenantId }, { $set: changes }, { returnDocument: 'after' }).lean<Stored<NotificationDelivery>>(),
       );
+    },
+    async listStalePending(updatedBefore, limit) {
+      const rows = await model
+        .find({ status: 'pending', updated_at: { $lt: updatedBefore } })
+        .sort({ updated_at: 1 })
+        .limit(limit)
+        .lean<Stored<NotificationDelivery>[]>();
+      return rows.map((r) => fromStored(r)!);
     },
   };
 }

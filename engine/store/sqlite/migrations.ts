@@ -218,4 +218,5 @@ MIGRATIONS.push(`
     doc TEXT NOT NULL
   );
   CREATE INDEX notification_deliveries_by_endpoint ON notification_deliveries (tenant_id, endpoint_id, id);
+  CREATE INDEX notification_deliveries_pending ON notification_deliveries (json_extract(doc, '$.status'), json_extract(doc, '$.updated_at'));
 `);

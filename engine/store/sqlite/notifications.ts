@@ -17,6 +17,13 @@ export function notificationEndpointRepo(db: Db): NotificationEndpointRepo {
     write.run(JSON.stringify(next), tenantId, id);
     return next;
   });
+  const disable = db.transaction((tenantId: string, id: string, reason: string, at: string) => {
+    const current = parse(one.get(tenantId, id));
+    if (!current || current.status !== 'enabled') return null;
+    const next: NotificationEndpoint = { ...current, status: 'disabled', disabled_reason: reason, updated_at: at };
+    write.run(JSON.stringify(next), tenantId, id);
+    return next;
+  });
   return {
     async insert(e) {
       insert.run(e.id, e.tenant_id, JSON.stringify(e));
@@ -33,6 +40,9 @@ export function notificationEndpointRepo(db: Db): NotificationEndpointRepo {
     async addFailure(tenantId, id, at) {
       return change.immediate(tenantId, id, (e) => ({ consecutive_failures: e.consecutive_failures + 1, updated_at: at }));
     },
+    async disable(tenantId, id, reason, at) {
+      return disable.immediate(tenantId, id, reason, at);
+    },
     async delete(tenantId, id) {
       return remove.run(tenantId, id).changes === 1;
     },
@@ -46,6 +56,9 @@ export function notificationDeliveryRepo(db: Db): NotificationDeliveryRepo {
     'SELECT doc FROM notification_deliveries WHERE tenant_id = ? AND endpoint_id = ? AND id < ? ORDER BY id DESC LIMIT ?',
   );
   const write = db.prepare('UPDATE notification_deliveries SET doc = ? WHERE tenant_id = ? AND id = ?');
+  const stale = db.prepare<[string, number], { doc: string }>(
+    "SELECT doc FROM notification_deliveries WHERE json_extract(doc, '$.status') = 'pending' AND json_extract(doc, '$.updated_at') < ? ORDER BY json_extract(doc, '$.updated_at') LIMIT ?",
+  );
   const parse = (r: { doc: string } | undefined) => (r ? (JSON.parse(r.doc) as NotificationDelivery) : null);
   const update = db.transaction((tenantId: string, id: string, changes: Partial<NotificationDelivery>) => {
     const current = parse(one.get(tenantId, id));
@@ -67,6 +80,9 @@ export function notificationDeliveryRepo(db: Db): NotificationDeliveryRepo {
     },
     async update(tenantId, id, changes) {
       return update.immediate(tenantId, id, changes);
+    },
+    async listStalePending(updatedBefore, limit) {
+      return stale.all(updatedBefore, limit).map((r) => parse(r)!);
     },
   };
 }
