@@ -37,8 +37,8 @@ export type Trigger =
 
 /**
  * One step of a plan: a tool call (`agent`: the agent loop towards `args.goal`, its calls steps of their
- * own). `if` names a value (`${steps.<name or index>.output.done}`): the step runs only when it is set and
- * not false, 0 or null.
+ * own). `if` names a value (`${steps.<name or index>.output.done}`), the step running only when it is set
+ * and not false, 0 or null; or compares two (`${inputs.event.ref} == refs/heads/main`, or `!=`).
  */
 export type Step = { tool: ToolName; args: Record<string, unknown>; name?: string; if?: string };
 

@@ -45,8 +45,13 @@ export function interpolate(value: unknown, scope: Record<string, unknown>): unk
   return value;
 }
 
-/** A step's `if`: set, and not false, 0 or null. */
-function holds(condition: string, scope: Record<string, unknown>): boolean {
+/** A step's `if`: `a == b` or `a != b` (compared as text, trimmed), or a value that is set and not false, 0 or null. */
+export function holds(condition: string, scope: Record<string, unknown>): boolean {
+  const compared = /^([\s\S]*?)\s(==|!=)\s([\s\S]*)$/.exec(condition);
+  if (compared) {
+    const [left, right] = [interpolate(compared[1]!, scope), interpolate(compared[3]!, scope)].map((x) => String(x ?? '').trim());
+    return compared[2] === '==' ? left === right : left !== right;
+  }
   const v = interpolate(condition, scope);
   return !(v === undefined || v === null || v === '' || v === false || v === 0 || v === 'false' || v === '0' || v === 'null');
 }

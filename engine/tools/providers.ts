@@ -73,7 +73,10 @@ const codehostActions = actionTool(
   'codehost',
   'Act on the code host (GitHub): check out a ref (a pull request head) into the workspace, comment on a pull request, submit a review with line comments, create or update a check run, open a pull request from a vibe run’s diff.',
   {
-    checkout: { ref: { type: 'string', description: 'what to fetch: refs/pull/<n>/head, a branch or a commit' } },
+    checkout: {
+      ref: { type: 'string', description: 'what to fetch: refs/pull/<n>/head, a branch or a commit' },
+      expect_sha: { type: 'string', description: 'the commit the ref must be at (a push event’s `after`): otherwise the step fails, checkout-moved' },
+    },
     comment: { repository, number, body: { type: 'string' } },
     review: {
       event: { type: 'string', enum: ['COMMENT', 'APPROVE', 'REQUEST_CHANGES'] },
@@ -166,6 +169,10 @@ async function checkout(args: Record<string, unknown>, ctx: ToolContext): Promis
         output: { ...output, stderr: r.stderr },
         error: { code: 'checkout-failed', message: `git could not fetch ${ref} of ${repo} (exit ${r.exit_code ?? r.signal})` },
       };
+    // the ref moved on since the event: what was fetched is not what the event was about
+    const expected = typeof args.expect_sha === 'string' && args.expect_sha ? args.expect_sha.toLowerCase() : null;
+    if (expected && output.head_sha !== expected)
+      return { output, error: { code: 'checkout-moved', message: `${ref} of ${repo} is at ${output.head_sha ?? '?'}, not at ${expected} as the event said` } };
     ctx.checkouts.use(dir);
     return { output };
   } finally {

@@ -1,6 +1,7 @@
 // The templates act where their users work: each built-in template, instantiated, fed a signed webhook
 // from its provider, ends in the action on that provider (fake providers on loopback, each reached
 // through its SDK). The agent's turns are scripted; what the templates themselves do is not.
+import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { expect } from 'chai';
@@ -122,12 +123,28 @@ describe('templates that act on their providers', function () {
       '',
     ].join('\n');
     const repo = makePullRequestRepo(root, 1, { path: 'gates.yaml', content: gates });
+    // the push: main moves to the commit with the gates
+    execFileSync('git', ['update-ref', 'refs/heads/main', repo.head], { cwd: repo.bare });
+    execFileSync('git', ['update-server-info'], { cwd: repo.bare });
     fake.serveRepo('acme/api', repo.bare);
-    const automation = await instantiate('gates-on-push', { repository: 'acme/api' });
-    // the push of main: the repository's main is the commit before the gates; push the one with them
-    const event = { ref: 'refs/pull/1/head', after: repo.head, repository: { full_name: 'acme/api' } };
-    await deliver('codehost', await sign.codehost(SECRET, event, { event: 'push' }));
-    const run = await onlyRun(automation);
+    const automation = await instantiate('gates-on-push', { repository: 'acme/api', branch: 'main' });
+    // a push to another branch runs nothing
+    await deliver(
+      'codehost',
+      await sign.codehost(SECRET, { ref: 'refs/heads/feature', after: repo.head, repository: { full_name: 'acme/api' } }, { event: 'push' }),
+    );
+    const other = await onlyRun(automation);
+    expect(other.steps.map((s: Body) => s.status)).to.deep.equal(['skipped', 'skipped', 'skipped']);
+    expect(fake.requests.filter((r) => r.path === '/github/repos/acme/api/check-runs')).to.deep.equal([]);
+    await deliver(
+      'codehost',
+      await sign.codehost(SECRET, { ref: 'refs/heads/main', after: repo.head, repository: { full_name: 'acme/api' } }, { event: 'push' }),
+    );
+    const runId = await eventually(async () => {
+      const runs = (await h.call<Body>('GET', `/api/v1/automations/${automation}/history`)).body.data;
+      return runs.length === 2 ? runs[0].id : null;
+    }, 'the second run');
+    const run = await finishedRun(h, runId);
     expect(run.steps.map((s: Body) => `${s.tool}:${s.status}`)).to.deep.equal(['codehost:succeeded', 'gates:failed', 'message:skipped']);
     expect(run.error.code).to.equal('gates-failed');
     const checks = fake.requests.filter((r) => r.path === '/github/repos/acme/api/check-runs').map((r) => r.body);
@@ -169,7 +186,11 @@ describe('templates that act on their providers', function () {
     const automation = await instantiate('tracker-issue-triage', { team: 'PAY' });
     await deliver(
       'tracker',
-      sign.tracker(SECRET, { action: 'create', type: 'Issue', data: { id: 'issue-77', identifier: 'PAY-77', title: 'Totals are wrong' } }),
+      sign.tracker(SECRET, {
+        action: 'create',
+        type: 'Issue',
+        data: { id: 'issue-77', identifier: 'PAY-77', title: 'Totals are wrong', team: { key: 'PAY' } },
+      }),
     );
     const run = await onlyRun(automation);
     expect(run.status, JSON.stringify(run.error)).to.equal('succeeded');
