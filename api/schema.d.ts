@@ -1785,7 +1785,7 @@ export interface components {
             args: {
                 [key: string]: unknown;
             };
-            /** @description Run the step only when this reference is set and not false, 0 or null (for example `${steps.add.output.done}`); otherwise it is skipped. */
+            /** @description Run the step only when this reference is set and not false, 0 or null (for example `${steps.add.output.done}`), or when a comparison holds (`${inputs.event.ref} == refs/heads/main`, or `!=`, as trimmed text); otherwise it is skipped. */
             if?: string;
         };
         Budget: {

@@ -1,5 +1,5 @@
 // `npm test`: the suite in two parts, so that it stays within five minutes on two cores. Most spec
-// files run in parallel (mocha --parallel, two workers: much of the suite waits on Redis, processes
+// files run in parallel (mocha --parallel, three workers: much of the suite waits on Redis, processes
 // and timers rather than the CPU). The files that hold the service to its tightest time bounds (an
 // answer within 2 s while Redis is down, a budget that ends an agent run within 3 s) or restart it
 // again and again run after them, alone, so another file's load cannot make them lie. The closing line CI reads adds both parts up: `N passed, N failed, N skipped`.
@@ -11,7 +11,7 @@ const root = path.dirname(path.dirname(fileURLToPath(import.meta.url)));
 const mocha = path.join(root, 'node_modules', 'mocha', 'bin', 'mocha.js');
 /** measured against a time bound: run alone */
 const ALONE = ['test/e2e/redis-outage.test.ts', 'test/e2e/agent.test.ts', 'test/e2e/api-keys.test.ts'];
-const JOBS = process.env.TEST_JOBS ?? '2';
+const JOBS = process.env.TEST_JOBS ?? '3';
 /** every spec file (.mocharc.json names none: this script gives them) */
 const SPEC = ['test/unit/**/*.test.ts', 'test/integration/**/*.test.ts', 'test/e2e/**/*.test.ts'];
 const SUMMARY = /^(\d+) passed, (\d+) failed, (\d+) skipped$/m;
