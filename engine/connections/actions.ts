@@ -80,6 +80,12 @@ function checkOutput(args: Args) {
 /** What an action may read besides the provider: a vibe run of the same tenant, for its diff. */
 export type ActionContext = { vibeDiff(runId: string): Promise<string> };
 
+/** A check run that names its conclusion is completed now; null when it names none. */
+function completion(args: Args) {
+  if (args.conclusion === undefined) return null;
+  return { status: 'completed' as const, conclusion: oneOf(args.conclusion, CHECK_CONCLUSIONS, 'conclusion'), completed_at: new Date().toISOString() };
+}
+
 export type Action = (access: Access, args: Args, ctx: ActionContext) => Promise<Answer>;
 
 const BRANCH = /^(?!-)(?!.*\.\.)[\w./-]{1,200}$/;
@@ -112,12 +118,11 @@ export const ACTIONS: Record<ConnectionProvider, Record<string, Action>> = {
     },
     async create_check_run(a, args) {
       const gh = await octokitOf(a);
-      const conclusion = args.conclusion === undefined ? undefined : oneOf(args.conclusion, CHECK_CONCLUSIONS, 'conclusion');
       const res = await gh.rest.checks.create({
         ...repoOf(args),
         name: str(args, 'name'),
         head_sha: str(args, 'head_sha'),
-        ...(conclusion ? { status: 'completed' as const, conclusion, completed_at: new Date().toISOString() } : { status: 'in_progress' as const }),
+        ...(completion(args) ?? { status: 'in_progress' as const }),
         ...(checkOutput(args) ? { output: checkOutput(args) } : {}),
         ...(optStr(args, 'details_url') ? { details_url: optStr(args, 'details_url') } : {}),
       });
@@ -173,11 +178,10 @@ export const ACTIONS: Record<ConnectionProvider, Record<string, Action>> = {
     },
     async update_check_run(a, args) {
       const gh = await octokitOf(a);
-      const conclusion = args.conclusion === undefined ? undefined : oneOf(args.conclusion, CHECK_CONCLUSIONS, 'conclusion');
       const res = await gh.rest.checks.update({
         ...repoOf(args),
         check_run_id: int(args, 'check_run_id'),
-        ...(conclusion ? { status: 'completed' as const, conclusion, completed_at: new Date().toISOString() } : {}),
+        ...completion(args),
         ...(checkOutput(args) ? { output: checkOutput(args) } : {}),
       });
       return { check_run_id: res.data.id, url: res.data.html_url };

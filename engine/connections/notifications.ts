@@ -13,6 +13,7 @@ import {
   guardedLookup,
   newId,
   NOTIFICATION_TYPES,
+  repairJobs,
   NotFoundError,
   ValidationError,
   ConflictError,
@@ -313,19 +314,8 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
     async reconcile(): Promise<{ requeued: number; retried: number }> {
       const window = settings.backoffMs * 2 ** settings.attempts + settings.attempts * settings.timeoutMs;
       const before = new Date(clock.now().getTime() - Math.max(window, 10 * 60_000)).toISOString();
-      const queue = queues.get('notifications');
-      let requeued = 0;
-      let retried = 0;
-      for (const d of await store.notificationDeliveries.listStalePending(before, 500)) {
-        const job = await queue.getJob(jobId(d));
-        if (!job) {
-          await enqueue(d);
-          requeued++;
-        } else if (await job.isFailed()) {
-          await job.retry('failed');
-          retried++;
-        }
-      }
+      const stale = await store.notificationDeliveries.listStalePending(before, 500);
+      const { requeued, retried } = await repairJobs(queues.get('notifications'), stale, jobId, enqueue);
       if (requeued || retried) log.warn({ requeued, retried }, 'reconciler repaired notification deliveries');
       return { requeued, retried };
     },

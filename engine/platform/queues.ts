@@ -36,6 +36,31 @@ export function jobTree<T>(queueName: QueueName, id: string, parent: { name: str
   };
 }
 
+/**
+ * What the reconcilers do with items stored as waiting for a job: one whose job is gone (its process died
+ * between the store and the queue) is queued again; one whose job used up its attempts is tried again.
+ */
+export async function repairJobs<T>(
+  queue: Queue,
+  items: T[],
+  jobIdOf: (item: T) => string,
+  enqueue: (item: T) => Promise<void>,
+): Promise<{ requeued: number; retried: number }> {
+  let requeued = 0;
+  let retried = 0;
+  for (const item of items) {
+    const job = await queue.getJob(jobIdOf(item));
+    if (!job) {
+      await enqueue(item);
+      requeued++;
+    } else if (await job.isFailed()) {
+      await job.retry('failed');
+      retried++;
+    }
+  }
+  return { requeued, retried };
+}
+
 export type Queues = {
   readonly prefix: string;
   get(name: QueueName): Queue;

@@ -9,6 +9,7 @@ import {
   WebhookRejectedError,
   AppError,
   newId,
+  repairJobs,
   type Redis,
   type RunTrigger,
   type WebhookDelivery,
@@ -327,19 +328,8 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
      */
     async reconcile(): Promise<{ requeued: number; retried: number }> {
       const before = new Date(clock.now().getTime() - STALE_AFTER_MS).toISOString();
-      const queue = queues.get('webhooks');
-      let requeued = 0;
-      let retried = 0;
-      for (const d of await store.deliveries.listStale('received', before, 500)) {
-        const job = await queue.getJob(jobIdOfDelivery(d.id));
-        if (!job) {
-          await enqueue(d);
-          requeued++;
-        } else if (await job.isFailed()) {
-          await job.retry('failed');
-          retried++;
-        }
-      }
+      const stale = await store.deliveries.listStale('received', before, 500);
+      const { requeued, retried } = await repairJobs(queues.get('webhooks'), stale, (d) => jobIdOfDelivery(d.id), enqueue);
       if (requeued || retried) log.warn({ requeued, retried }, 'reconciler repaired webhook deliveries');
       return { requeued, retried };
     },

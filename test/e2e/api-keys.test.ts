@@ -5,7 +5,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { expect } from 'chai';
 import { PROJECT_ROOT } from '../../config/paths.js';
-import { KEYS, startHarness, type Harness } from '../support/harness.js';
+import { KEYS, sameDeployment, startHarness, type Harness } from '../support/harness.js';
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 type Body = Record<string, any>;
@@ -16,7 +16,7 @@ describe('api keys', function () {
   let h: Harness;
   /** a second runtime on the same store and Redis: what another web process sees */
   let other: Harness;
-  const shared = () => ({ SERVICE_DATA_DIR: h.config.dataDir, SERVICE_WORKSPACE_ROOT: h.workspace, SERVICE_QUEUE_PREFIX: h.config.queuePrefix });
+  const shared = () => sameDeployment(h);
 
   before(async () => {
     h = await startHarness({ workers: false });

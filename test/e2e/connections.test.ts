@@ -6,7 +6,7 @@ import path from 'node:path';
 import { expect } from 'chai';
 import { FAKE_TOKEN, makePullRequestRepo, SMTP_USER, startFakeProviders, type FakeProviders } from '../support/fake-providers.js';
 import { startScriptedModel, type ScriptedModel } from '../support/scripted-model.js';
-import { finishedRun, freePort, KEYS, startHarness, type Harness } from '../support/harness.js';
+import { finishedRun, freePort, KEYS, sameDeployment, startHarness, type Harness } from '../support/harness.js';
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 type Body = Record<string, any>;
@@ -22,12 +22,7 @@ describe('connections', function () {
     h = await startHarness({ workers: false, env: { SERVICE_HTTP_ALLOW_PRIVATE: '1' } });
     strict = await startHarness({
       workers: false,
-      env: {
-        SERVICE_DATA_DIR: h.config.dataDir,
-        SERVICE_WORKSPACE_ROOT: h.workspace,
-        SERVICE_QUEUE_PREFIX: h.config.queuePrefix,
-        SERVICE_HTTP_ALLOW_PRIVATE: '0',
-      },
+      env: { ...sameDeployment(h), SERVICE_HTTP_ALLOW_PRIVATE: '0' },
     });
   });
   after(async () => {

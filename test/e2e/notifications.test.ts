@@ -7,7 +7,7 @@ import type { AddressInfo } from 'node:net';
 import path from 'node:path';
 import { expect } from 'chai';
 import { Webhook } from 'standardwebhooks';
-import { eventually, finishedRun, KEYS, startHarness, type Harness } from '../support/harness.js';
+import { eventually, finishedRun, KEYS, sameDeployment, startHarness, type Harness } from '../support/harness.js';
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 type Body = Record<string, any>;
@@ -178,12 +178,7 @@ describe('outbound notifications', function () {
     expect((await h.call<Body>('POST', '/api/v1/notification-endpoints', { body: { url: 'ftp://example.com', event_types: ['*'] } })).status).to.equal(400);
     const strict = await startHarness({
       workers: false,
-      env: {
-        SERVICE_DATA_DIR: h.config.dataDir,
-        SERVICE_WORKSPACE_ROOT: h.workspace,
-        SERVICE_QUEUE_PREFIX: h.config.queuePrefix,
-        SERVICE_HTTP_ALLOW_PRIVATE: '0',
-      },
+      env: { ...sameDeployment(h), SERVICE_HTTP_ALLOW_PRIVATE: '0' },
     });
     try {
       const refused = await strict.call<Body>('POST', '/api/v1/notification-endpoints', { body: { url: 'http://10.0.0.8/hook', event_types: ['*'] } });

@@ -47,6 +47,11 @@ export type Harness = {
   close(): Promise<void>;
 };
 
+/** The environment of another process of the same deployment as `h`: its store, workspaces and queues. */
+export function sameDeployment(h: Pick<Harness, 'config' | 'workspace'>): Record<string, string> {
+  return { SERVICE_DATA_DIR: h.config.dataDir, SERVICE_WORKSPACE_ROOT: h.workspace, SERVICE_QUEUE_PREFIX: h.config.queuePrefix };
+}
+
 export function uniquePrefix(): string {
   return `test-${randomBytes(6).toString('hex')}`;
 }
