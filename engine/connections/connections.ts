@@ -254,5 +254,3 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
     },
   };
 }
-
-export type Connections = ReturnType<typeof connectionsOf>;

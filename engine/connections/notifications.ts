@@ -341,5 +341,3 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
   };
   return api;
 }
-
-export type Notifications = ReturnType<typeof notificationsOf>;
