@@ -89,13 +89,8 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
     return found;
   }
 
-  function accessOf(record: ConnectionRecord) {
-    return (signal?: AbortSignal): Access => ({
-      token: secretBox.open(record.sealed, owner(record.tenant_id, record.id)),
-      baseUrl: record.base_url,
-      settings: record.settings,
-      signal,
-    });
+  function accessOf(record: ConnectionRecord, signal?: AbortSignal): Access {
+    return { token: secretBox.open(record.sealed, owner(record.tenant_id, record.id)), baseUrl: record.base_url, settings: record.settings, signal };
   }
 
   /** The diff a vibe run of the tenant left: whole, or refused. */
@@ -177,7 +172,7 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
       let result: ConnectionTestResult;
       try {
         await checkAddress(record.base_url);
-        const access = accessOf(record)(AbortSignal.timeout(30_000));
+        const access = accessOf(record, AbortSignal.timeout(30_000));
         const found = await callProvider(
           record.provider,
           (e) => kit.classify(e, access.token),
@@ -212,20 +207,26 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
       throw new ConnectionMissingError(provider, why);
     },
 
+    /** The connection a run acts through, its address checked now; its last use is written meanwhile. */
+    async use(tenantId: string, provider: ConnectionProvider, named: string | null | undefined): Promise<ConnectionRecord> {
+      const record = await this.resolve(tenantId, provider, named);
+      await checkAddress(record.base_url);
+      void touch(record).catch((err: Error) => log.warn({ connection_id: record.id, err: err.message }, 'the last use of a connection could not be written'));
+      return record;
+    },
+
     /**
      * What git needs to fetch from the code host: its web address (github.com for the public API, the
      * host of a GitHub Enterprise base_url) and the token, for a process's environment only.
      */
     async git(tenantId: string, named: string | null | undefined): Promise<{ connection_id: string; web_url: string; token: string }> {
-      const record = await this.resolve(tenantId, 'codehost', named);
-      await checkAddress(record.base_url);
+      const record = await this.use(tenantId, 'codehost', named);
       const api = record.base_url ?? KITS.codehost.defaultBaseUrl!;
       const web = api
         .replace(/\/+$/, '')
         .replace(/\/api\/v3$/, '')
         .replace(/^https:\/\/api\.github\.com$/, 'https://github.com');
-      void touch(record).catch((err: Error) => log.warn({ connection_id: record.id, err: err.message }, 'the last use of a connection could not be written'));
-      return { connection_id: record.id, web_url: web, token: accessOf(record)().token };
+      return { connection_id: record.id, web_url: web, token: accessOf(record).token };
     },
 
     /** One action on a provider through a connection; what the provider answered (ids, URLs). */
@@ -239,9 +240,8 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
     ): Promise<{ connection_id: string; answer: Answer }> {
       const run = ACTIONS[provider][action];
       if (!run) throw new ActionArgsError(`${provider} has no action ${action}; it has ${Object.keys(ACTIONS[provider]).join(', ')}`);
-      const record = await this.resolve(tenantId, provider, named);
-      await checkAddress(record.base_url);
-      const access = accessOf(record)(signal);
+      const record = await this.use(tenantId, provider, named);
+      const access = accessOf(record, signal);
       const kit = KITS[provider];
       const answer = await callProvider(
         provider,
@@ -249,7 +249,6 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
         () => run(access, args, { vibeDiff: (id) => vibeDiff(tenantId, id) }),
         { signal },
       );
-      void touch(record).catch((err: Error) => log.warn({ connection_id: record.id, err: err.message }, 'the last use of a connection could not be written'));
       return { connection_id: record.id, answer };
     },
   };

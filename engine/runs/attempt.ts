@@ -50,7 +50,7 @@ export type AttemptDeps = Pick<Platform, 'store' | 'clock' | 'log'> & {
 };
 
 /** Where a run's checkout goes: a folder of its own in its tenant's root (gates can run there), removed when the attempt ends. */
-export const CHECKOUTS_DIR = '.checkouts';
+const CHECKOUTS_DIR = '.checkouts';
 
 export type Attempt = ReturnType<typeof startAttempt>;
 
@@ -85,12 +85,27 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
       throw new ToolError('tool-not-allowed', `acting on ${provider} needs the ${provider} tool in this run's tool allowlist (and SERVICE_TOOLS_ALLOWED)`);
   };
 
-  /** A step's way to its providers: each call and its answer are events of the run. */
+  /**
+   * What a provider refused, a missing connection or an address not allowed fail the step with their
+   * code; an answer the SDK took but this service could not read fails it too: never the run.
+   */
+  const stepError = (provider: string, err: unknown): unknown => {
+    if (err instanceof ToolError || signal.aborted) return err;
+    const code = (err as { code?: unknown }).code;
+    if (typeof code === 'string') return new ToolError(code, (err as Error).message);
+    return new ToolError('provider-error', `the ${provider} provider's answer could not be read (${(err as Error).message})`);
+  };
+
+  /** A step's way to its providers: each call and its answer are events of the run; what fails, fails the step. */
   const stepConnections = (step: StepRecord): StepConnections | undefined =>
     connections && {
-      git: (named) => {
+      async git(named) {
         allowed('codehost');
-        return connections.git(named);
+        try {
+          return await connections.git(named);
+        } catch (err) {
+          throw stepError('codehost', err);
+        }
       },
       async act(provider, action, args) {
         allowed(provider);
@@ -107,13 +122,10 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
           await done({ connection_id, answer, error: null });
           return answer;
         } catch (err) {
-          const code = (err as { code?: unknown }).code;
-          await done({
-            connection_id: null,
-            answer: null,
-            error: { code: typeof code === 'string' ? code : 'provider-error', message: (err as Error).message },
-          });
-          throw err;
+          const failed = stepError(provider, err);
+          const info = failed instanceof ToolError ? { code: failed.code, message: failed.message } : { code: 'aborted', message: 'stopped' };
+          await done({ connection_id: null, answer: null, error: info });
+          throw failed;
         }
       },
     };

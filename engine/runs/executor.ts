@@ -13,7 +13,7 @@ import type { AuditActions, ConnectionActions, GateActions, SessionActions } fro
 import { scratchRoot } from './workspace.js';
 
 /** The providers a run may act on: the action tools of its allowlist (which holds every tool of its plan). */
-export function providersOf(run: Run): ConnectionProvider[] {
+function providersOf(run: Run): ConnectionProvider[] {
   return CONNECTION_PROVIDERS.filter((p) => run.tool_allowlist.includes(p));
 }
 

@@ -2,7 +2,6 @@
 // (one job per gate, sealed into the evidence ledger) and waits for it. A required gate that does not
 // pass fails the step.
 import type { GateRunRecord } from '../platform/index.js';
-import { rethrowAsToolError } from './providers.js';
 import { stringArg, ToolError, type Tool, type ToolContext } from './tool.js';
 
 function checkRunsOf(args: Record<string, unknown>): { repository: string; head_sha: string } | null {
@@ -64,7 +63,7 @@ export const gatesTool: Tool = {
     };
     for (const g of output.results) ctx.output('stdout', `${g.conclusion.padEnd(9)} ${g.gate_id}${g.required ? '' : ' (optional)'}: ${g.summary}\n`);
     const report = checkRunsOf(args);
-    const check_runs = report ? await reportChecks(report, r, ctx).catch((err: unknown) => rethrowAsToolError('codehost', err, ctx)) : undefined;
+    const check_runs = report ? await reportChecks(report, r, ctx) : undefined;
     if (check_runs) Object.assign(output, { check_runs });
     if (r.status === 'canceled') return { output, error: { code: 'aborted', message: 'the gate run was stopped' } };
     const failed = r.results.filter((g) => g.required && g.conclusion !== 'success').map((g) => g.gate_id);

@@ -36,17 +36,6 @@ const checkOutput = {
 };
 const connection = { type: 'string', description: "A connection's id or name; leave it out to use the run's (or the tenant's only one)." };
 
-/**
- * What a provider refused, a missing connection or an address not allowed fail the step with their
- * code; an answer the SDK took but this service could not read fails it too: never the run.
- */
-export function rethrowAsToolError(provider: ConnectionProvider, err: unknown, ctx: ToolContext): never {
-  if (err instanceof ToolError || ctx.signal.aborted) throw err;
-  const code = (err as { code?: unknown }).code;
-  if (typeof code === 'string') throw new ToolError(code, (err as Error).message);
-  throw new ToolError('provider-error', `the ${provider} provider's answer could not be read (${(err as Error).message})`);
-}
-
 function actionTool(provider: ConnectionProvider, description: string, actions: Record<string, Record<string, unknown>>): Tool {
   return {
     name: provider,
@@ -60,11 +49,7 @@ function actionTool(provider: ConnectionProvider, description: string, actions: 
       if (!ctx.connections) throw new ToolError('tool-unavailable', 'connections are not reachable from this run');
       const action = stringArg(args, 'action');
       if (!(action in actions)) throw new ToolError('invalid-args', `args.action must be one of ${Object.keys(actions).join(', ')}`);
-      try {
-        return { output: await ctx.connections.act(provider, action, args) };
-      } catch (err) {
-        return rethrowAsToolError(provider, err, ctx);
-      }
+      return { output: await ctx.connections.act(provider, action, args) };
     },
   };
 }
@@ -182,8 +167,7 @@ async function checkout(args: Record<string, unknown>, ctx: ToolContext): Promis
 
 export const codehostTool: Tool = {
   ...codehostActions,
-  execute: (args, ctx) =>
-    args.action === 'checkout' ? checkout(args, ctx).catch((err: unknown) => rethrowAsToolError('codehost', err, ctx)) : codehostActions.execute(args, ctx),
+  execute: (args, ctx) => (args.action === 'checkout' ? checkout(args, ctx) : codehostActions.execute(args, ctx)),
 };
 
 export const chatTool = actionTool('chat', 'Post in chat (Slack), or reply in a thread.', {

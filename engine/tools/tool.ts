@@ -35,7 +35,8 @@ export type ToolContext = {
 /**
  * What the action tools may do: one action on a provider, through the connection the run names for it
  * (or the tenant's only one). The answer is what the provider gave back; the call and the answer are
- * events of the run. A missing connection, refused arguments or a refusing provider throw with a `code`.
+ * events of the run. A missing connection, refused arguments or a refusing provider throw a ToolError
+ * with their code.
  */
 export type StepConnections = {
   act(provider: ConnectionProvider, action: string, args: Record<string, unknown>): Promise<Record<string, unknown>>;
