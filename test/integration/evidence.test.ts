@@ -57,9 +57,9 @@ describe('evidence ledger', () => {
     expect(tampered(1, (e) => (e.subject.commit = 'b'.repeat(40)))).to.deep.include({ part: 'entry', seq: 1 });
     expect(tampered(3, (e) => (e.at = e.at.replace(/.$/, '1')))).to.deep.include({ part: 'entry', seq: 3 });
     expect(tampered(2, (e) => (e.sig = `${e.sig[0] === 'A' ? 'B' : 'A'}${e.sig.slice(1)}`))).to.deep.include({ part: 'signature', seq: 2 });
-    expect(tampered(3, (e) => (e.prev_hash = `0${e.prev_hash.slice(1)}`))).to.deep.include({ part: 'chain', seq: 3 });
+    expect(tampered(3, (e) => (e.prev_hash = `${e.prev_hash[0] === '0' ? '1' : '0'}${e.prev_hash.slice(1)}`))).to.deep.include({ part: 'chain', seq: 3 });
     // an entry re-hashed after its change still fails: its signature no longer matches, and the next link breaks
-    expect(tampered(2, (e) => (e.hash = `f${e.hash.slice(1)}`))).to.deep.include({ seq: 2 });
+    expect(tampered(2, (e) => (e.hash = `${e.hash[0] === 'f' ? 'e' : 'f'}${e.hash.slice(1)}`))).to.deep.include({ seq: 2 });
     // a dropped entry breaks the chain at the next one
     expect(check([entries[0]!, entries[2]!])).to.deep.include({ part: 'chain', seq: 3 });
     // a payload changed by one byte
