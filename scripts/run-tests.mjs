@@ -9,8 +9,18 @@ import { fileURLToPath } from 'node:url';
 
 const root = path.dirname(path.dirname(fileURLToPath(import.meta.url)));
 const mocha = path.join(root, 'node_modules', 'mocha', 'bin', 'mocha.js');
-/** measured against a time bound: run alone */
-const ALONE = ['test/e2e/redis-outage.test.ts', 'test/e2e/agent.test.ts', 'test/e2e/api-keys.test.ts'];
+/** measured against a time bound, or listening on ports chosen in advance: run alone */
+const ALONE = [
+  'test/e2e/redis-outage.test.ts',
+  'test/e2e/agent.test.ts',
+  'test/e2e/api-keys.test.ts',
+  // these listen on ports chosen in advance (freePort): a parallel file's server could take one first
+  'test/e2e/sign-in.test.ts',
+  'test/e2e/sign-in-browser.test.ts',
+  'test/e2e/process.test.ts',
+  'test/e2e/redis-cluster.test.ts',
+  'test/integration/local-redis.test.ts',
+];
 const JOBS = process.env.TEST_JOBS ?? '3';
 /** every spec file (.mocharc.json names none: this script gives them) */
 const SPEC = ['test/unit/**/*.test.ts', 'test/integration/**/*.test.ts', 'test/e2e/**/*.test.ts'];
