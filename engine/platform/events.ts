@@ -4,6 +4,7 @@
 // SSE clients of one run cost one XREAD, not a thousand.
 import type { NewEvent, ServiceEvent } from './event-types.js';
 import type { Redis } from './redis.js';
+import { redisBatch } from './redis-batch.js';
 
 const MAX_LEN = 10_000;
 const TTL_SECONDS = 7 * 24 * 3600;
@@ -17,6 +18,10 @@ export function compareIds(a: string, b: string): number {
 
 export type EventLog = {
   key(scope: string): string;
+  /**
+   * Appends an event. Appends are sent in the order they are called (the call itself, not its promise,
+   * takes the event's place), so a caller may ask for several before waiting for any.
+   */
   append(scope: string, event: NewEvent): Promise<ServiceEvent>;
   /** events after `afterId` (exclusive), oldest first */
   after(scope: string, afterId: string, count?: number): Promise<ServiceEvent[]>;
@@ -26,22 +31,21 @@ function parseEntries(entries: [string, string[]][]): ServiceEvent[] {
   return entries.map(([id, fields]) => ({ id, ...(JSON.parse(fields[1]!) as Omit<ServiceEvent, 'id'>) }) as ServiceEvent);
 }
 
-// append and refresh the stream's TTL in one round trip
-const APPEND = `local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', 'e', ARGV[2])
-redis.call('EXPIRE', KEYS[1], ARGV[3])
+// append and refresh the stream's TTL; appends go in the engine's Redis batch, so all events asked for
+// in one turn of the event loop take one round trip, in the order they were asked for
+const APPEND = `local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', 'e', ARGV[3])
+redis.call('EXPIRE', KEYS[1], ARGV[2])
 return id`;
-
-type AppendingRedis = Redis & { appendEvent(key: string, maxLen: number, body: string, ttl: number): Promise<string> };
 
 export function createEventLog(redis: Redis, prefix: string, clock: { now(): Date } = { now: () => new Date() }): EventLog {
   const key = (scope: string) => `${prefix}:events:${scope}`;
-  if (!('appendEvent' in redis)) redis.defineCommand('appendEvent', { numberOfKeys: 1, lua: APPEND });
-  const appending = redis as AppendingRedis;
+  const batch = redisBatch(redis);
+  batch.define('event.append', { keys: 1, args: 3, lua: APPEND });
   return {
     key,
     async append(scope, event) {
       const body = { ...event, at: clock.now().toISOString() };
-      const id = await appending.appendEvent(key(scope), MAX_LEN, JSON.stringify(body), TTL_SECONDS);
+      const id = await batch.call<string>('event.append', [key(scope)], [MAX_LEN, TTL_SECONDS, JSON.stringify(body)]);
       return { id, ...body } as ServiceEvent;
     },
     async after(scope, afterId, count = 1000) {

@@ -4,7 +4,7 @@
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import type { Platform } from '../deps.js';
-import type { AgentTurn, ErrorInfo, Run, RunStatus, StepRecord } from '../platform/index.js';
+import type { AgentTurn, ErrorInfo, EventBody, Run, RunStatus, StepRecord } from '../platform/index.js';
 import {
   TOOLS,
   ToolError,
@@ -60,7 +60,21 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
   const usage: Run['usage'] = { steps: 0, model_turns: 0, seconds: 0 };
   const dirty = new Set<StepRecord>();
   let timer: NodeJS.Timeout | undefined;
-  const emit = transitions.emit.bind(null, run);
+  // The attempt's events are sent in the order they are asked for without waiting for each: the event
+  // log keeps that order, and the settling transition's own event comes after them. A failure to append
+  // one is logged once the attempt is drained; it does not undo what the step did.
+  const sending = new Set<Promise<unknown>>();
+  let unsent: Error | undefined;
+  const emit = (body: EventBody): void => {
+    const sent: Promise<unknown> = transitions.emit(run, body).then(
+      () => sending.delete(sent),
+      (err: Error) => {
+        sending.delete(sent);
+        unsent ??= err;
+      },
+    );
+    sending.add(sent);
+  };
   const sessions = deps.sessionActions?.(run);
   const gates = deps.gateActions?.(run);
   const audit = deps.auditActions?.(run);
@@ -110,7 +124,7 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
       async act(provider, action, args) {
         allowed(provider);
         const { action: _action, ...rest } = args;
-        await emit({ type: 'provider.request', data: { step: step.index, provider, action, args: rest } });
+        emit({ type: 'provider.request', data: { step: step.index, provider, action, args: rest } });
         const started = clock.now().getTime();
         const done = (data: { connection_id: string | null; answer: Record<string, unknown> | null; error: ErrorInfo | null }) =>
           emit({
@@ -119,12 +133,12 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
           });
         try {
           const { connection_id, answer } = await connections.act(provider, action, args, signal);
-          await done({ connection_id, answer, error: null });
+          done({ connection_id, answer, error: null });
           return answer;
         } catch (err) {
           const failed = stepError(provider, err);
           const info = failed instanceof ToolError ? { code: failed.code, message: failed.message } : { code: 'aborted', message: 'stopped' };
-          await done({ connection_id: null, answer: null, error: info });
+          done({ connection_id: null, answer: null, error: info });
           throw failed;
         }
       },
@@ -154,7 +168,7 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
     const started = clock.now();
     step.started_at = started.toISOString();
     usage.steps++;
-    await emit({ type: 'step.started', data: { index: step.index, tool: step.tool, name: step.name, args: step.args, source: step.source } });
+    emit({ type: 'step.started', data: { index: step.index, tool: step.tool, name: step.name, args: step.args, source: step.source } });
     let result: ToolResult;
     const tool = TOOLS.get(step.tool);
     if (!run.tool_allowlist.includes(step.tool) || !deps.settings.toolsAllowed.includes(step.tool)) {
@@ -178,7 +192,7 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
         workspace: attempt.workspace,
         signal,
         output: streamer.push,
-        message: async (role, text) => void (await emit({ type: 'message.created', data: { role, text, step: step.index } })),
+        message: async (role, text) => emit({ type: 'message.created', data: { role, text, step: step.index } }),
         childEnv: deps.settings.childEnv,
         httpAllowPrivate: deps.settings.httpAllowPrivate,
         sandbox: deps.sandbox,
@@ -198,7 +212,7 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
         else if (signal.aborted) result = { output: {}, error: { code: 'aborted', message: 'stopped' } };
         else throw err;
       } finally {
-        await streamer.flush();
+        streamer.flush();
       }
     }
     const finished = clock.now();
@@ -209,7 +223,7 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
     step.output = result.output;
     step.error = stop?.error ?? result.error ?? null;
     touch(step);
-    await emit({
+    emit({
       type: 'step.finished',
       data: {
         index: step.index,
@@ -228,7 +242,6 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
     const pending: Record<'stdout' | 'stderr', string> = { stdout: '', stderr: '' };
     let streamed = 0;
     let flushTimer: NodeJS.Timeout | undefined;
-    let chain = Promise.resolve();
     const flush = () => {
       clearTimeout(flushTimer);
       flushTimer = undefined;
@@ -236,9 +249,8 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
         const text = pending[stream];
         if (!text) continue;
         pending[stream] = '';
-        chain = chain.then(() => emit({ type: 'step.output', data: { index: step.index, stream, text } }).then(() => undefined)).catch(() => undefined);
+        emit({ type: 'step.output', data: { index: step.index, stream, text } });
       }
-      return chain;
     };
     return {
       push(stream: 'stdout' | 'stderr', text: string) {
@@ -247,8 +259,8 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
         const piece = text.length > room ? text.slice(0, room) : text;
         streamed += piece.length;
         pending[stream] += piece;
-        if (pending.stdout.length + pending.stderr.length >= OUTPUT_FLUSH_BYTES) void flush();
-        else flushTimer ??= setTimeout(() => void flush(), OUTPUT_FLUSH_MS);
+        if (pending.stdout.length + pending.stderr.length >= OUTPUT_FLUSH_BYTES) flush();
+        else flushTimer ??= setTimeout(flush, OUTPUT_FLUSH_MS);
       },
       flush,
     };
@@ -280,7 +292,7 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
       if (turn.usage?.prompt_tokens) usage.prompt_tokens = (usage.prompt_tokens ?? 0) + turn.usage.prompt_tokens;
       if (turn.usage?.completion_tokens) usage.completion_tokens = (usage.completion_tokens ?? 0) + turn.usage.completion_tokens;
       await store.runs.appendTurn(run.tenant_id, run.id, run.attempt, full);
-      await emit({ type: 'agent.turn', data: full });
+      emit({ type: 'agent.turn', data: full });
     },
     /** Removes what the attempt made for itself (its checkout). */
     async cleanup(): Promise<void> {
@@ -288,6 +300,11 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
         await fs
           .rm(checkoutDir, { recursive: true, force: true })
           .catch((err: Error) => log.warn({ run_id: run.id, err: err.message }, 'a checkout was not removed'));
+    },
+    /** Waits for the attempt's events to be appended; one that could not be is logged. */
+    async drained(): Promise<void> {
+      await Promise.all(sending);
+      if (unsent) log.warn({ run_id: run.id, err: unsent.message }, 'events of the attempt were not all appended');
     },
     /** Stops saving progress; returns the steps changed since the last save, for the settling write. */
     close(): StepRecord[] {

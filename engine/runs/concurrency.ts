@@ -1,7 +1,7 @@
 // Per-tenant concurrency on Redis (open-source BullMQ has no groups). A tenant's admitted runs are a
 // set; the rest wait in the tenant's own list and hold no worker slot, so one tenant's backlog never
 // sits in front of another tenant's runs. Sets, not counters: a replayed release cannot free twice.
-import { scanKeys, type Redis } from '../platform/index.js';
+import { redisBatch, scanKeys, type Redis } from '../platform/index.js';
 
 const ADMIT = `
 if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return 1 end
@@ -38,27 +38,20 @@ export type TenantSlots = {
   readonly limit: number;
 };
 
-type SlotRedis = Redis & {
-  admitRun(running: string, pending: string, runId: string, limit: number): Promise<number>;
-  releaseRun(running: string, pending: string, runId: string, limit: number): Promise<string[]>;
-};
-
 export function createTenantSlots(redis: Redis, prefix: string, limit: number): TenantSlots {
-  // defined commands go by EVALSHA: the scripts' text crosses the wire once, not twice a run
-  if (!('admitRun' in redis)) {
-    redis.defineCommand('admitRun', { numberOfKeys: 2, lua: ADMIT });
-    redis.defineCommand('releaseRun', { numberOfKeys: 2, lua: RELEASE });
-  }
-  const scripts = redis as SlotRedis;
+  // in the engine's Redis batch: a run's release shares its round trip with its run.finished event
+  const batch = redisBatch(redis);
+  batch.define('slots.admit', { keys: 2, args: 2, lua: ADMIT });
+  batch.define('slots.release', { keys: 2, args: 2, lua: RELEASE });
   const running = (t: string) => `${prefix}:tenant:${t}:running`;
   const pending = (t: string) => `${prefix}:tenant:${t}:pending`;
   return {
     limit,
     async admit(tenantId, runId) {
-      return (await scripts.admitRun(running(tenantId), pending(tenantId), runId, limit)) === 1;
+      return (await batch.call<number>('slots.admit', [running(tenantId), pending(tenantId)], [runId, limit])) === 1;
     },
     async release(tenantId, runId) {
-      return scripts.releaseRun(running(tenantId), pending(tenantId), runId, limit);
+      return batch.call<string[]>('slots.release', [running(tenantId), pending(tenantId)], [runId, limit]);
     },
     running: (t) => redis.scard(running(t)),
     waiting: (t) => redis.llen(pending(t)),

@@ -73,10 +73,21 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
       // a previous delivery started it and its worker died: its steps may have had effects
       return transitions.lose(found, 'the worker running this attempt stopped');
     }
-    const run = await transitions.start(found, deps.sandbox.kind);
-    if (!run) return null; // canceled meanwhile
+    // registered before the start, so a cancel request published from here on reaches it; the key
+    // covers one published before, and is read while the start is written
     const controller = new AbortController();
     inFlight.set(runId, controller);
+    const [run, cancelRequested] = await Promise.all([
+      transitions.start(found, deps.sandbox.kind).catch((err: unknown) => {
+        inFlight.delete(runId);
+        throw err;
+      }),
+      runs.isCancelRequested(runId),
+    ]);
+    if (!run) {
+      inFlight.delete(runId);
+      return null; // canceled meanwhile
+    }
     const deadline = setTimeout(
       () =>
         controller.abort({
@@ -88,7 +99,7 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
     const a = startAttempt({ ...deps, transitions, ...actions }, run, run.workspace, controller.signal);
     let outcome: Outcome;
     try {
-      if (await runs.isCancelRequested(runId)) controller.abort({ status: 'canceled', error: { code: 'canceled', message: 'canceled' } } satisfies StopReason);
+      if (cancelRequested) controller.abort({ status: 'canceled', error: { code: 'canceled', message: 'canceled' } } satisfies StopReason);
       const agent = model ? agentProgram(model, (id) => store.runs.get(run.tenant_id, id)) : undefined;
       const base = run.plan ? stepsProgram(agent?.loop) : agent!.program;
       const program =
@@ -105,7 +116,7 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
       const work: WorkOutcome = missing ? { summary: missing.message, error: missing } : await program(a);
       const stop = a.stopReason();
       if (stop?.status === 'interrupted') {
-        return interrupted(run, stop.error.message, a.close());
+        return await interrupted(run, stop.error.message, a.close()).finally(a.drained);
       }
       const status = stop?.status ?? (work.error ? 'failed' : 'succeeded');
       const error = stop?.error ?? work.error ?? null;
@@ -119,7 +130,7 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
     } catch (err) {
       const stop = a.stopReason();
       if (stop?.status === 'interrupted') {
-        return interrupted(run, stop.error.message, a.close());
+        return await interrupted(run, stop.error.message, a.close()).finally(a.drained);
       }
       log.error({ err, run_id: runId }, 'run failed unexpectedly');
       outcome = { status: 'failed', error: { code: 'internal', message: 'the run failed unexpectedly' }, summary: 'failed: internal error', usage: a.usage };
@@ -129,7 +140,8 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
     }
     const steps = a.close();
     await a.cleanup();
-    return (await settle(() => transitions.finish(run, outcome, steps))) as Settled;
+    // the run's end is appended after its steps' events: waiting for those costs nothing more
+    return (await settle(() => transitions.finish(run, outcome, steps)).finally(a.drained)) as Settled;
   }
 
   return {

@@ -14,6 +14,7 @@ import {
   newId,
   NotFoundError,
   percentile,
+  redisBatch,
   ServiceUnavailableError,
   ValidationError,
   withTimeout,
@@ -94,6 +95,9 @@ const RELEASE_CLAIM = `if redis.call('GET', KEYS[1]) == ARGV[1] then return redi
 export function runsOf(deps: RunsDeps, transitions: Transitions) {
   const { store, clock, log, limits, slots, queues, redis, settings } = deps;
   const prefix = queues.prefix;
+  // the executor reads it as a run starts: in the engine's batch, with the run.started event
+  const batch = redisBatch(redis);
+  batch.define('key.exists', { keys: 1, args: 0, lua: `return redis.call('EXISTS', KEYS[1])` });
 
   /** What a run request becomes, or why it is refused: nothing is stored here. */
   async function admit(tenantId: string, req: RunRequest) {
@@ -323,7 +327,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
     },
 
     async isCancelRequested(runId: string): Promise<boolean> {
-      return (await redis.exists(cancelKey(prefix, runId))) === 1;
+      return (await batch.call<number>('key.exists', [cancelKey(prefix, runId)], [])) === 1;
     },
 
     cancelChannel: CANCEL_CHANNEL(prefix),

@@ -104,18 +104,21 @@ export function transitionsOf(deps: TransitionsDeps) {
   async function ended(run: Run): Promise<void> {
     metrics.runDuration.observe({ kind: run.kind, status: run.status }, (run.duration_ms ?? 0) / 1000);
     metrics.runsFinished.inc({ kind: run.kind, status: run.status, reason: run.error?.code ?? 'none' });
-    await emit(run, {
-      type: 'run.finished',
-      data: {
-        status: run.status,
-        attempt: run.attempt,
-        summary: run.summary,
-        error: run.error,
-        duration_ms: run.duration_ms,
-        result: run.result?.changed_files ? { changed_files: run.result.changed_files } : null,
-      },
-    });
-    await release(run.tenant_id, run.id);
+    // the event and the slot in one round trip: both are asked for before either is waited for
+    await Promise.all([
+      emit(run, {
+        type: 'run.finished',
+        data: {
+          status: run.status,
+          attempt: run.attempt,
+          summary: run.summary,
+          error: run.error,
+          duration_ms: run.duration_ms,
+          result: run.result?.changed_files ? { changed_files: run.result.changed_files } : null,
+        },
+      }),
+      release(run.tenant_id, run.id),
+    ]);
     log.info(
       { tenant_id: run.tenant_id, run_id: run.id, status: run.status, attempt: run.attempt, duration_ms: run.duration_ms, request_id: run.request_id },
       'run finished',
