@@ -1,6 +1,7 @@
 // Builds the Express app from its dependencies. Opens no connection: api/main.ts and main.ts do.
 import express, { type Express } from 'express';
 import * as OpenApiValidator from 'express-openapi-validator';
+import { memoizeRouteMatchers } from './route-matchers.js';
 import { NotFoundError, type EventHub, type Logger, type Metrics, type Queues, type Redis } from '../engine/platform/index.js';
 import type { Engine } from '../engine/index.js';
 import type { Store } from '../engine/store/index.js';
@@ -90,6 +91,7 @@ export function createApp(deps: AppDeps): Express {
   app.use('/api/v1', rateLimit(deps.engine.apiRateLimit));
   app.use('/api/v1', express.json({ limit: BODY_LIMIT, type: ['application/json', 'application/*+json'], strict: true }));
   app.use(finiteNumericQuery(spec));
+  memoizeRouteMatchers();
   app.use(
     OpenApiValidator.middleware({
       apiSpec: forValidator(spec) as never,

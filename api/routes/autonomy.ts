@@ -16,12 +16,10 @@ export type AutonomyWork = Omit<AutonomyRunRequest, 'stream'>;
 
 /**
  * Stores an autonomy or vibe run started over HTTP (the request's Idempotency-Key returns an earlier one
- * whose `fingerprint` matches) and its session record. The voice route starts runs here too.
+ * whose `fingerprint` matches); its session record is stored with it. The voice route starts runs here too.
  */
-export async function startAutonomyRun(engine: Engine, req: Request, kind: RunKind, work: AutonomyWork, fingerprint: unknown = { kind, work }) {
-  const { run, replayed } = await engine.runs.createIdempotent(tenantOf(req), idempotencyKeyOf(req), fingerprint, autonomyRunRequest(req, kind, work));
-  await engine.sessions.ensureRunSession(run);
-  return { run, replayed };
+export function startAutonomyRun(engine: Engine, req: Request, kind: RunKind, work: AutonomyWork, fingerprint: unknown = { kind, work }) {
+  return engine.runs.createIdempotent(tenantOf(req), idempotencyKeyOf(req), fingerprint, autonomyRunRequest(req, kind, work));
 }
 
 /** The engine's request for an autonomy or vibe run asked for over HTTP. */

@@ -41,7 +41,6 @@ export function runsRouter(engine: Engine): Router {
   });
   router.post('/:id/rerun', async (req, res) => {
     const { run, replayed } = await engine.runs.rerun(tenantOf(req), String(req.params.id), idempotencyKeyOf(req), String(req.id));
-    await engine.sessions.ensureRunSession(run);
     acceptRun(res, engine, run, replayed);
   });
   return router;

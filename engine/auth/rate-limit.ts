@@ -1,9 +1,10 @@
 // API rate limits: a budget per tenant (every key and session of it together) and one per key, each a
-// fixed window of a minute counted in Redis by rate-limiter-flexible, so every web process shares it.
-// When Redis is not connected or does not answer within 100 ms, an in-memory count per process stands in
-// rather than refusing everyone or holding the request.
-import { RateLimiterMemory, RateLimiterRedis, RateLimiterRes } from 'rate-limiter-flexible';
-import { RateLimitedError, withTimeout, type Queues, type Redis } from '../platform/index.js';
+// fixed window of a minute counted in Redis, so every web process shares it. The count is an operation
+// of the engine's Redis batch: the requests of one turn of the event loop, both their budgets, take one
+// round trip. When Redis is not connected or does not answer within 100 ms, an in-memory count per
+// process (rate-limiter-flexible's) stands in rather than refusing everyone or holding the request.
+import { RateLimiterMemory, RateLimiterRes } from 'rate-limiter-flexible';
+import { RateLimitedError, redisBatch, withTimeout, type Queues, type Redis } from '../platform/index.js';
 
 export type ApiRateLimitSettings = { perTenantPerMinute: number; perKeyPerMinute: number };
 
@@ -16,26 +17,37 @@ const REDIS_ANSWER_MS = 100;
 /** After Redis stalled, how long the process counts alone before it asks Redis again. */
 const STALL_PAUSE_MS = 5_000;
 
+/** One request against a window: its count, and the milliseconds the window has left. */
+const COUNT = `local n = redis.call('INCR', KEYS[1])
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl < 0 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[1])
+  ttl = tonumber(ARGV[1])
+end
+return { n, ttl }`;
+
 export function apiRateLimitOf(deps: { redis: Redis; queues: Queues }, settings: ApiRateLimitSettings) {
   let stalledUntil = 0;
+  const batch = redisBatch(deps.redis);
+  batch.define('rate.count', { keys: 1, args: 1, lua: COUNT });
   const budget = (policy: 'tenant' | 'key', limit: number) => {
     const local = new RateLimiterMemory({ points: limit, duration: WINDOW_SECONDS });
-    const shared = new RateLimiterRedis({
-      storeClient: deps.redis,
-      keyPrefix: `${deps.queues.prefix}:api-rate:${policy}`,
-      points: limit,
-      duration: WINDOW_SECONDS,
-      // a Redis that is not connected leaves each process to count on its own, at once
-      rejectIfRedisNotReady: true,
-      insuranceLimiter: local,
-    });
+    const keyPrefix = `${deps.queues.prefix}:api-rate:${policy}:`;
+    /** Redis's count, in rate-limiter-flexible's terms: refused (thrown) once the window holds more than the limit. */
+    const shared = async (key: string): Promise<RateLimiterRes> => {
+      const [consumed, msBeforeNext] = await batch.call<[number, number]>('rate.count', [keyPrefix + key], [WINDOW_SECONDS * 1000]);
+      const res = new RateLimiterRes(Math.max(0, limit - consumed), msBeforeNext, consumed, consumed === 1);
+      if (consumed > limit) throw res;
+      return res;
+    };
     /**
-     * Redis's count, or this process's own when Redis does not answer in time (connected but stalled);
-     * after a stall the process counts alone for a while instead of making every request wait again.
+     * Redis's count, or this process's own when Redis is not connected, or does not answer in time
+     * (connected but stalled): after a stall the process counts alone for a while instead of making
+     * every request wait again.
      */
     const consume = (key: string): Promise<RateLimiterRes> => {
-      if (Date.now() < stalledUntil) return local.consume(key);
-      return withTimeout(shared.consume(key), REDIS_ANSWER_MS, 'the rate limit count').catch((err: unknown) => {
+      if (Date.now() < stalledUntil || deps.redis.status !== 'ready') return local.consume(key);
+      return withTimeout(shared(key), REDIS_ANSWER_MS, 'the rate limit count').catch((err: unknown) => {
         if (err instanceof RateLimiterRes) throw err;
         stalledUntil = Date.now() + STALL_PAUSE_MS;
         return local.consume(key);

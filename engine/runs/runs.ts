@@ -261,6 +261,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
     workspaceOf,
     onRunFinished: transitions.onRunFinished,
     onRunStarted: transitions.onRunStarted,
+    storeWithRun: transitions.storeWithRun,
     guardStart: transitions.guardStart,
 
     async get(tenantId: string, id: string): Promise<RunDetail> {

@@ -29,6 +29,9 @@ const STORE_RETRY_AFTER_SECONDS = 5;
 
 export type RunFinishedHook = (run: Run) => Promise<void>;
 
+/** Stores a record that goes with a new run (its run session): asked for with the run's own insert, so one commit holds both. */
+export type RunCompanion = (run: Run) => Promise<void>;
+
 /** Says why a queued run must not start (a session task that already ended), or null. */
 export type StartGuard = (run: Run) => Promise<string | null>;
 
@@ -53,6 +56,7 @@ export function transitionsOf(deps: TransitionsDeps) {
   const hooks: RunFinishedHook[] = [];
   const startHooks: RunFinishedHook[] = [];
   const guards: StartGuard[] = [];
+  const companions: RunCompanion[] = [];
 
   const emit = (run: Pick<Run, 'id' | 'tenant_id' | 'session_id'>, body: EventBody) =>
     events.append(sessionStream(run.session_id), { tenant_id: run.tenant_id, session_id: run.session_id, run_id: run.id, ...body });
@@ -196,12 +200,13 @@ export function transitionsOf(deps: TransitionsDeps) {
      * the run if it never does.
      */
     async queue(run: Run): Promise<void> {
-      try {
-        await store.runs.insert(run);
-      } catch (err) {
-        log.error({ err, run_id: run.id }, 'a run could not be stored');
-        throw new ServiceUnavailableError('the store did not accept the run; retry shortly', STORE_RETRY_AFTER_SECONDS, { cause: err });
+      const [stored, ...others] = await Promise.allSettled([store.runs.insert(run), ...companions.map((store) => store(run))]);
+      if (stored.status === 'rejected') {
+        log.error({ err: stored.reason, run_id: run.id }, 'a run could not be stored');
+        throw new ServiceUnavailableError('the store did not accept the run; retry shortly', STORE_RETRY_AFTER_SECONDS, { cause: stored.reason });
       }
+      // the run stands without them: it runs, and what follows it (its session's status) finds nothing to move
+      for (const other of others) if (other.status === 'rejected') log.error({ err: other.reason, run_id: run.id }, 'a record of the run was not stored');
       // run.queued is in the log before the job exists, so it always precedes run.started
       const lined = Promise.all([
         emit(run, { type: 'run.queued', data: { kind: run.kind, trigger: run.trigger, attempt: run.attempt, rerun_of: run.rerun_of } }),
@@ -221,6 +226,11 @@ export function transitionsOf(deps: TransitionsDeps) {
     /** Registers what to do when any run ends (sessions, gates and audits): after its event, once per run. */
     onRunFinished(hook: RunFinishedHook): void {
       hooks.push(hook);
+    },
+
+    /** Registers a record stored with each new run (a run's session). */
+    storeWithRun(companion: RunCompanion): void {
+      companions.push(companion);
     },
 
     /** Registers what to do when an attempt of any run starts (a session task goes `running`). */

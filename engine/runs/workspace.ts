@@ -25,15 +25,19 @@ export function tenantRootPath(roots: Roots, tenantId: string): string {
   return roots.singleTenant ? roots.workspaceRoot : path.join(roots.workspaceRoot, tenantId);
 }
 
-/** Roots this process has made already: run creation need not ask the file system again. */
-const made = new Set<string>();
+/**
+ * Roots this process has made already, with their real paths: run creation need not ask the file
+ * system again (the root's existence is checked with one call; its real path is taken again when it
+ * was made again).
+ */
+const made = new Map<string, string>();
 
 /** A tenant's root, made on first use (and again if it was removed since). */
 export async function tenantRoot(roots: Roots, tenantId: string): Promise<string> {
   const dir = tenantRootPath(roots, tenantId);
   if (!made.has(dir) || !existsSync(dir)) {
     await fs.mkdir(dir, { recursive: true });
-    made.add(dir);
+    made.set(dir, await fs.realpath(dir));
   }
   return dir;
 }
@@ -45,7 +49,11 @@ export async function scratchRoot(roots: Roots, tenantId: string): Promise<strin
   return dir;
 }
 
+/** The folder a request names inside a root, resolved (links followed) and checked to be inside it. */
 export async function resolveWorkspace(root: string, requested: string | undefined): Promise<string> {
+  // the root itself (most requests name no workspace): its real path was taken when tenantRoot made it
+  const real = requested === undefined || requested === '.' ? made.get(root) : undefined;
+  if (real) return real;
   try {
     const dir = await resolveInside(root, requested ?? '.');
     if (!(await fs.stat(dir)).isDirectory()) throw new Error('not a folder');

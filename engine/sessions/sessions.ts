@@ -97,6 +97,24 @@ export function sessionsOf(deps: SessionsDeps) {
   }
   runs.onRunFinished(followRun);
 
+  // an autonomy or vibe run has a session of its own, stored in the same commit as the run
+  runs.storeWithRun(async (run) => {
+    if (run.kind !== 'autonomy' && run.kind !== 'vibe') return;
+    const title = run.goal ? run.goal.split('\n')[0]!.slice(0, 200) : `${run.plan?.length ?? 0} step${run.plan?.length === 1 ? '' : 's'}`;
+    await store.sessions.insert({
+      id: run.session_id,
+      tenant_id: run.tenant_id,
+      title,
+      goal: run.goal,
+      kind: run.kind,
+      status: 'running',
+      outcome: null,
+      metadata: { run_id: run.id },
+      created_at: run.created_at,
+      updated_at: run.created_at,
+    });
+  });
+
   /**
    * Every message of a session's log is written here: stored with the next seq, sent as a
    * `message.created` event on the trace, and given to the tasks waiting for input that it answers.
@@ -122,35 +140,6 @@ export function sessionsOf(deps: SessionsDeps) {
 
   const api = {
     get: mustGet,
-
-    /** The session of a run started through the autonomy routes: made once, even when the request is replayed. */
-    async ensureRunSession(run: Run): Promise<void> {
-      if (run.kind !== 'autonomy' && run.kind !== 'vibe') return;
-      if (await store.sessions.get(run.tenant_id, run.session_id)) return;
-      const now = clock.now().toISOString();
-      const kind: SessionKind = run.kind === 'vibe' ? 'vibe' : 'autonomy';
-      const title = run.goal ? run.goal.split('\n')[0]!.slice(0, 200) : `${run.plan?.length ?? 0} step${run.plan?.length === 1 ? '' : 's'}`;
-      try {
-        await store.sessions.insert({
-          id: run.session_id,
-          tenant_id: run.tenant_id,
-          title,
-          goal: run.goal,
-          kind,
-          status: 'running',
-          outcome: null,
-          metadata: { run_id: run.id },
-          created_at: now,
-          updated_at: now,
-        });
-      } catch (err) {
-        // a concurrent replay of the same request made it first
-        if (!(await store.sessions.get(run.tenant_id, run.session_id))) throw err;
-      }
-      // a run that ended before its session existed was not seen by the hook below: follow it now
-      const current = await store.runs.get(run.tenant_id, run.id);
-      if (current && isTerminal(current.status)) await followRun(current);
-    },
 
     async create(tenantId: string, req: { title?: string; goal?: string; metadata?: Record<string, unknown> }): Promise<Session> {
       const now = clock.now().toISOString();

@@ -3,7 +3,7 @@
 import type { Statement } from 'better-sqlite3';
 import type { AgentRecord, MessageRecord, Session } from '../../platform/index.js';
 import { decodeCursor, toPage, type AgentRepo, type MessageRepo, type NewMessage, type SessionRepo } from '../port.js';
-import { TOP, type Db } from './db.js';
+import { groupCommit, TOP, type Db } from './db.js';
 
 export function sessionRepo(db: Db): SessionRepo {
   const insert = db.prepare('INSERT INTO sessions (id, tenant_id, kind, status, doc) VALUES (?, ?, ?, ?, ?)');
@@ -24,16 +24,18 @@ export function sessionRepo(db: Db): SessionRepo {
     }
     return stmt;
   };
-  const update = db.transaction((tenantId: string, id: string, changes: Partial<Session>, ifStatusIn: string[]) => {
+  const update = (tenantId: string, id: string, changes: Partial<Session>, ifStatusIn: string[]) => {
     const current = read(get.get(tenantId, id));
     if (!current || !ifStatusIn.includes(current.status)) return null;
     const next: Session = { ...current, ...changes, id: current.id, tenant_id: current.tenant_id, kind: current.kind, created_at: current.created_at };
     write.run(next.status, JSON.stringify(next), tenantId, id);
     return next;
-  });
+  };
+  // in the store's group commit: a run's session goes in the same commit as the run
+  const commit = groupCommit(db);
   return {
     async insert(s) {
-      insert.run(s.id, s.tenant_id, s.kind, s.status, JSON.stringify(s));
+      await commit(() => insert.run(s.id, s.tenant_id, s.kind, s.status, JSON.stringify(s)));
     },
     async get(tenantId, id) {
       return read(get.get(tenantId, id));
@@ -47,7 +49,7 @@ export function sessionRepo(db: Db): SessionRepo {
       );
     },
     async update(tenantId, id, changes, ifStatusIn) {
-      return update.immediate(tenantId, id, changes, ifStatusIn);
+      return commit(() => update(tenantId, id, changes, ifStatusIn));
     },
     async listStale(status, updatedBefore, limit) {
       return stale.all(status, updatedBefore, limit).map((r) => read(r)!);
