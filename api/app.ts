@@ -78,14 +78,11 @@ export function createApp(deps: AppDeps): Express {
   app.use(webhookIntakeRouter(deps.engine));
 
   const spec = loadSpec();
-  app.use(healthRouter({ redis: deps.redis, store: deps.store, sandbox: deps.sandbox }));
-  if (deps.docs) app.use(docsRouter(spec));
-  app.use(adminRouter({ queues: deps.queues, adminKeys: deps.adminKeys, metrics: deps.metrics }));
-
-  // who is calling comes first: an unauthenticated body is never parsed
-  // people: sign-in and its session cookie; the web client's origins may call with it (CORS, CSRF rule)
+  // Then the API: its requests are most of the traffic, and the routers after it (health, docs, the
+  // dashboard, sign-in) have no path under /api/v1, so no API request walks them.
+  // Who is calling comes first: an unauthenticated body is never parsed.
+  // People: sign-in and its session cookie; the web client's origins may call with it (CORS, CSRF rule).
   const allowedOrigins = [...(deps.signIn.redirectUrl ? [new URL(deps.signIn.redirectUrl).origin] : []), ...deps.signIn.corsOrigins];
-  app.use(signInRouter({ sso: deps.engine.sso, allowedOrigins, ...deps.signIn }));
   if (deps.signIn.corsOrigins.length) app.use('/api/v1', corsFor(deps.signIn.corsOrigins));
   app.use('/api/v1', authenticate({ mode: deps.auth, apiKeys: deps.engine.apiKeys, sso: deps.engine.sso, allowedOrigins }));
   app.use('/api/v1', rateLimit(deps.engine.apiRateLimit));
@@ -119,6 +116,11 @@ export function createApp(deps: AppDeps): Express {
   app.use('/api/v1/notification-endpoints', notificationEndpointsRouter(deps.engine));
   app.use('/api/v1/notification-deliveries', notificationDeliveriesRouter(deps.engine));
   app.use('/api/v1/webhook-deliveries', webhookDeliveriesRouter(deps.engine));
+
+  app.use(healthRouter({ redis: deps.redis, store: deps.store, sandbox: deps.sandbox }));
+  if (deps.docs) app.use(docsRouter(spec));
+  app.use(adminRouter({ queues: deps.queues, adminKeys: deps.adminKeys, metrics: deps.metrics }));
+  app.use(signInRouter({ sso: deps.engine.sso, allowedOrigins, ...deps.signIn }));
 
   app.use((req) => {
     throw new NotFoundError(`no route ${req.method} ${req.path}`);

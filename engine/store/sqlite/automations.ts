@@ -1,6 +1,6 @@
 // Automations: a JSON document per row, with the columns the list filters on beside it.
 import type { Statement } from 'better-sqlite3';
-import type { Db } from './db.js';
+import { groupCommit, type Db } from './db.js';
 import type { Automation } from '../../platform/index.js';
 import { decodeCursor, toPage, type AutomationRepo } from '../port.js';
 
@@ -28,17 +28,19 @@ export function automationRepo(db: Db): AutomationRepo {
     return stmt;
   };
 
-  const update = db.transaction((tenantId: string, id: string, changes: Partial<Automation>, ifStatusIn: string[]) => {
+  // writes go in the store's group commit: the writes of one turn of the event loop share a commit
+  const commit = groupCommit(db);
+  const update = (tenantId: string, id: string, changes: Partial<Automation>, ifStatusIn: string[]) => {
     const current = read(get.get(tenantId, id));
     if (!current || !ifStatusIn.includes(current.status)) return null;
     const next: Automation = { ...current, ...changes, id: current.id, tenant_id: current.tenant_id, created_at: current.created_at };
     write.run(next.status, JSON.stringify(next), tenantId, id);
     return next;
-  });
+  };
 
   return {
     async insert(a) {
-      insert.run(a.id, a.tenant_id, a.status, JSON.stringify(a));
+      await commit(() => insert.run(a.id, a.tenant_id, a.status, JSON.stringify(a)));
     },
     async get(tenantId, id) {
       return read(get.get(tenantId, id));
@@ -54,7 +56,7 @@ export function automationRepo(db: Db): AutomationRepo {
       );
     },
     async update(tenantId, id, changes, ifStatusIn) {
-      return update.immediate(tenantId, id, changes, ifStatusIn);
+      return commit(() => update(tenantId, id, changes, ifStatusIn));
     },
     async listEnabledWithTrigger(type, tenantId) {
       const rows = tenantId === undefined ? withTrigger.all(type) : withTriggerOfTenant.all(tenantId, type);

@@ -28,19 +28,19 @@ export function deliveryRepo(db: Db): DeliveryRepo {
     }
     return stmt;
   };
-  const update = db.transaction((tenantId: string, id: string, changes: Partial<WebhookDelivery>, ifStatusIn: string[]) => {
+  const update = (tenantId: string, id: string, changes: Partial<WebhookDelivery>, ifStatusIn: string[]) => {
     const current = read(get.get(tenantId, id));
     if (!current || !ifStatusIn.includes(current.status)) return null;
     const next: WebhookDelivery = { ...current, ...changes, id: current.id, tenant_id: current.tenant_id };
     write.run(next.status, JSON.stringify(next), tenantId, id);
     return next;
-  });
+  };
   const insertOne = (d: WebhookDelivery): WebhookDelivery | null => {
     const inserted = insert.run(d.id, d.tenant_id, d.kind, d.status, d.provider_delivery_id, d.received_at, JSON.stringify(d)).changes === 1;
     if (inserted || d.provider_delivery_id === null) return null;
     return read(byProviderId.get(d.tenant_id, d.kind, d.provider_delivery_id));
   };
-  // deliveries that arrive in the same turn of the event loop are written in one transaction
+  // deliveries written in the same turn of the event loop (arrivals, their progress) share one transaction
   const commit = groupCommit(db);
   return {
     insert(d) {
@@ -58,7 +58,7 @@ export function deliveryRepo(db: Db): DeliveryRepo {
       );
     },
     async update(tenantId, id, changes, ifStatusIn) {
-      return update.immediate(tenantId, id, changes, ifStatusIn);
+      return commit(() => update(tenantId, id, changes, ifStatusIn));
     },
     async listStale(status, receivedBefore, limit) {
       return stale.all(status, receivedBefore, limit).map((r) => read(r)!);

@@ -1,7 +1,7 @@
 // Gate runs and their results. The latest result of each gate of a workspace is one indexed query.
 import type { GateResult, GateRunRecord } from '../../platform/index.js';
 import { decodeCursor, toPage, type GateRunRepo } from '../port.js';
-import type { Db } from './db.js';
+import { groupCommit, type Db } from './db.js';
 
 export function gateRunRepo(db: Db): GateRunRepo {
   const insert = db.prepare('INSERT INTO gate_runs (id, tenant_id, workspace, status, doc) VALUES (?, ?, ?, ?, ?)');
@@ -20,22 +20,24 @@ export function gateRunRepo(db: Db): GateRunRepo {
     "SELECT doc FROM gate_runs WHERE status = 'running' AND json_extract(doc, '$.created_at') < ? ORDER BY json_extract(doc, '$.created_at') LIMIT ?",
   );
   const read = (row: { doc: string } | undefined) => (row ? (JSON.parse(row.doc) as GateRunRecord) : null);
-  const update = db.transaction((tenantId: string, id: string, changes: Partial<GateRunRecord>, ifStatusIn: string[]) => {
+  // writes go in the store's group commit: the writes of one turn of the event loop share a commit
+  const commit = groupCommit(db);
+  const update = (tenantId: string, id: string, changes: Partial<GateRunRecord>, ifStatusIn: string[]) => {
     const current = read(get.get(tenantId, id));
     if (!current || !ifStatusIn.includes(current.status)) return null;
     const next: GateRunRecord = { ...current, ...changes, id, tenant_id: tenantId };
     write.run(next.status, JSON.stringify(next), tenantId, id);
     return next;
-  });
+  };
   return {
     async insert(r) {
-      insert.run(r.id, r.tenant_id, r.workspace, r.status, JSON.stringify(r));
+      await commit(() => insert.run(r.id, r.tenant_id, r.workspace, r.status, JSON.stringify(r)));
     },
     async get(tenantId, id) {
       return read(get.get(tenantId, id));
     },
     async update(tenantId, id, changes, ifStatusIn) {
-      return update.immediate(tenantId, id, changes, ifStatusIn);
+      return commit(() => update(tenantId, id, changes, ifStatusIn));
     },
     async list(tenantId, q) {
       // ids sort below '~' (they are ulids): no cursor starts from the top

@@ -1,7 +1,7 @@
 // The tasks of multi-agent sessions, keyed by tenant, session and the task's own id.
 import type { TaskRecord, TaskStatus } from '../../platform/index.js';
 import type { TaskRepo } from '../port.js';
-import type { Db } from './db.js';
+import { groupCommit, type Db } from './db.js';
 
 export function taskRepo(db: Db): TaskRepo {
   const insert = db.prepare('INSERT INTO tasks (tenant_id, session_id, id, status, created_at, updated_at, doc) VALUES (?, ?, ?, ?, ?, ?, ?)');
@@ -16,19 +16,21 @@ export function taskRepo(db: Db): TaskRepo {
     'SELECT status, COUNT(*) AS n FROM tasks WHERE tenant_id = ? AND session_id = ? GROUP BY status',
   );
   const read = (row: { doc: string } | undefined): TaskRecord | null => (row ? (JSON.parse(row.doc) as TaskRecord) : null);
-  const insertMany = db.transaction((tasks: TaskRecord[]) => {
+  // writes go in the store's group commit: the writes of one turn of the event loop share a commit
+  const commit = groupCommit(db);
+  const insertMany = (tasks: TaskRecord[]) => {
     for (const t of tasks) insert.run(t.tenant_id, t.session_id, t.id, t.status, t.created_at, t.updated_at, JSON.stringify(t));
-  });
-  const update = db.transaction((tenantId: string, sessionId: string, id: string, changes: Partial<TaskRecord>, ifStatusIn: string[]) => {
+  };
+  const update = (tenantId: string, sessionId: string, id: string, changes: Partial<TaskRecord>, ifStatusIn: string[]) => {
     const current = read(get.get(tenantId, sessionId, id));
     if (!current || !ifStatusIn.includes(current.status)) return null;
     const next: TaskRecord = { ...current, ...changes, id, tenant_id: tenantId, session_id: sessionId, created_at: current.created_at };
     write.run(next.status, next.updated_at, JSON.stringify(next), tenantId, sessionId, id);
     return next;
-  });
+  };
   return {
     async insertMany(tasks) {
-      insertMany.immediate(tasks);
+      await commit(() => insertMany(tasks));
     },
     async get(tenantId, sessionId, id) {
       return read(get.get(tenantId, sessionId, id));
@@ -37,7 +39,7 @@ export function taskRepo(db: Db): TaskRepo {
       return list.all(tenantId, sessionId).map((r) => read(r)!);
     },
     async update(tenantId, sessionId, id, changes, ifStatusIn) {
-      return update.immediate(tenantId, sessionId, id, changes, ifStatusIn);
+      return commit(() => update(tenantId, sessionId, id, changes, ifStatusIn));
     },
     async counts(tenantId, sessionId) {
       return Object.fromEntries(counts.all(tenantId, sessionId).map((r) => [r.status, r.n]));
