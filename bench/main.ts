@@ -14,6 +14,7 @@ import { webhookIntake } from './webhooks.js';
 import { auditBenchmarks } from './audit.js';
 import { workerScaling } from './workers.js';
 import { voiceOverhead } from './voice.js';
+import { endToEnd } from './e2e.js';
 
 /** POST /api/v1/autonomy/run (auth, validation, store, event, tenant slot, enqueue) against bare Express + queue.add. */
 async function runCreation(): Promise<[string, Result, Result]> {
@@ -90,6 +91,9 @@ async function main(): Promise<void> {
     console.log('\n| run engine | service | raw BullMQ | ratio |');
     console.log('|---|---|---|---|');
     for (const line of await runBenchmarks()) console.log(line);
+    console.log('\n| end to end | service (`main.ts`) | Express + queue.add + no-op worker | ratio |');
+    console.log('|---|---|---|---|');
+    for (const line of await endToEnd()) console.log(line);
     console.log('\n| task DAG | service | BullMQ flow | ratio (goal <= 2x) |');
     console.log('|---|---|---|---|');
     for (const line of await dagBenchmarks()) console.log(line);
@@ -124,6 +128,8 @@ if (process.env.BENCH_ONLY === 'ledger') {
   console.log(
     `| ${name} | ${s.rps.toFixed(0)} | ${b.rps.toFixed(0)} | ${(s.rps / b.rps).toFixed(2)} | ${s.p50} / ${s.p99} | ${b.p50} / ${b.p99} | ${s.errors + s.non2xx} |`,
   );
+} else if (process.env.BENCH_ONLY === 'e2e') {
+  for (const line of await endToEnd()) console.log(line);
 } else if (process.env.BENCH_ONLY === 'workers') {
   for (const line of await workerScaling()) console.log(line);
 } else if (process.env.BENCH_ONLY === 'runs') {

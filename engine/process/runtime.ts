@@ -139,7 +139,11 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
       ]);
     const settings = redisSettingsOf(info);
     if (settings.warning) log.warn({ maxmemory_policy: settings.maxmemory_policy }, settings.warning);
-    const store = await openStore({ mongodbUri: config.mongodbUri, dataDir: config.dataDir });
+    const store = await openStore({
+      mongodbUri: config.mongodbUri,
+      dataDir: config.dataDir,
+      onCheckpointerFailure: (err) => log.warn({ err: err.message }, 'the SQLite checkpointer thread stopped; the store checkpoints in its commits again'),
+    });
     closers.push(() => store.close());
     const queues = createQueues(redis, config.queuePrefix);
     closers.push(() => queues.close());

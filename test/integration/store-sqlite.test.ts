@@ -45,6 +45,23 @@ describe('SQLite store', () => {
     await again.close();
   });
 
+  it('checkpoints in a thread of its own: commits never checkpoint, yet the log reaches the database file', async () => {
+    const file = path.join(dir, 'checkpoints.sqlite');
+    const store = openSqliteStore(file);
+    const before = (await fs.stat(file)).size;
+    // about 1.2 MB (some 500 pages): below the 1,000 pages at which a commit would checkpoint by itself, so only
+    // the checkpointer's thread can have copied them into the database file
+    const a = automationFixture('t1');
+    for (let i = 0; i < 60; i++) await store.automations.insert({ ...a, id: `aut_${String(i).padStart(26, '0')}`, description: 'x'.repeat(20_000) });
+    const deadline = Date.now() + 5_000;
+    while ((await fs.stat(file)).size < before + 1_000_000 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+    expect((await fs.stat(file)).size, 'the pages reached the database file').to.be.greaterThan(before + 1_000_000);
+    const reader = new Database(file, { readonly: true });
+    expect(reader.prepare('SELECT COUNT(*) AS n FROM automations').get()).to.deep.equal({ n: 60 });
+    reader.close();
+    await store.close();
+  });
+
   it('fails ping once closed', async () => {
     const store = openSqliteStore(path.join(dir, 'closed.sqlite'));
     await store.close();

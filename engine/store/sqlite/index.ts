@@ -7,7 +7,7 @@ import { apiKeyRepo } from './api-keys.js';
 import { automationRepo } from './automations.js';
 import { connectionRepo } from './connections.js';
 import { notificationDeliveryRepo, notificationEndpointRepo } from './notifications.js';
-import { openDatabase } from './db.js';
+import { openDatabase, startCheckpointer } from './db.js';
 import { deliveryRepo } from './deliveries.js';
 import { evidenceRepo } from './evidence.js';
 import { gateRunRepo } from './gate-runs.js';
@@ -16,8 +16,9 @@ import { agentRepo, messageRepo, sessionRepo } from './sessions.js';
 import { taskRepo } from './tasks.js';
 import { webhookSecretRepo } from './webhook-secrets.js';
 
-export function openSqliteStore(file: string): Store {
+export function openSqliteStore(file: string, onCheckpointerFailure: (err: Error) => void = () => {}): Store {
   const db = openDatabase(file);
+  const checkpointer = startCheckpointer(db, onCheckpointerFailure);
   return {
     kind: 'sqlite',
     automations: automationRepo(db),
@@ -38,6 +39,7 @@ export function openSqliteStore(file: string): Store {
       db.prepare('SELECT 1').get();
     },
     async close() {
+      await checkpointer?.stop();
       if (db.open) db.close();
     },
   };
