@@ -9,6 +9,7 @@ import {
   WebhookRejectedError,
   AppError,
   newId,
+  redisBatch,
   repairJobs,
   type Redis,
   type RunTrigger,
@@ -50,11 +51,7 @@ export type Receipt = {
 
 type TenantSecrets = { at: number; known: boolean; byKind: Map<WebhookProvider, string[]> };
 
-type GatingRedis = Redis & {
-  webhookGate(rateKey: string, seenKey: string, windowMs: number, limit: number, seenTtlSeconds: number): Promise<[number, number]>;
-};
-
-// One round trip per request: count it against the tenant's minute, then (when a signed request has
+// One operation of the engine's Redis batch per request (requests of one event-loop turn share a round trip): count it against the tenant's minute, then (when a signed request has
 // a replay key) remember what was signed. Answers [1, 0] go on, [0, ms until the minute ends]
 // rate-limited, [2, 0] a replay. Seen keys are only written for requests within the limit.
 const GATE = `local n = redis.call('INCR', KEYS[1])
@@ -74,8 +71,8 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
   const { webhookReplayWindowSeconds: windowSeconds, webhookRateLimitPerMinute: perMinute } = deps.settings;
   const prefix = queues.prefix;
   const cache = new Map<string, TenantSecrets>();
-  if (!('webhookGate' in redis)) redis.defineCommand('webhookGate', { numberOfKeys: 2, lua: GATE });
-  const gating = redis as GatingRedis;
+  const batch = redisBatch(redis);
+  batch.define('webhook.gate', { keys: 2, args: 3, lua: GATE });
   const owner = (tenantId: string, kind: WebhookProvider) => `webhook-secret:${tenantId}:${kind}`;
 
   async function secretsOf(tenantId: string): Promise<TenantSecrets> {
@@ -113,12 +110,10 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
     const bucket = Math.floor(clock.now().getTime() / 60_000);
     const window = windowOf(kind, windowSeconds);
     // a signature stays valid for a window either side of its timestamp: remember it for both
-    const [verdict, ttlMs] = await gating.webhookGate(
-      `${prefix}:webhook-rate:${tenantId}:${bucket}`,
-      seenKey ?? `${prefix}:webhook-seen:-`,
-      61_000,
-      perMinute,
-      seenKey ? window * 2 + 1 : 0,
+    const [verdict, ttlMs] = await batch.call<[number, number]>(
+      'webhook.gate',
+      [`${prefix}:webhook-rate:${tenantId}:${bucket}`, seenKey ?? `${prefix}:webhook-seen:-`],
+      [61_000, perMinute, seenKey ? window * 2 + 1 : 0],
     );
     if (verdict === 0) {
       deps.metrics.webhookRequests.inc({ kind, outcome: 'rate-limited' });
