@@ -51,7 +51,7 @@ async function round(kind: 'service' | 'bare'): Promise<EndToEnd> {
     const started =
       kind === 'service'
         ? await startServer('main.ts', { ...serviceEnv(dataDir, prefix), SERVICE_TENANT_MAX_RUNNING: '10000' })
-        : await startServer('bench/servers/bare-express-queue-worker.ts', { SERVICE_QUEUE_PREFIX: prefix });
+        : await startServer('bench/servers/bare-express-queue.ts', { SERVICE_QUEUE_PREFIX: prefix, BENCH_WORKER: '1' });
     server = started.child;
     const queue = new Queue(kind === 'service' ? 'runs' : 'bare', { connection, prefix });
     const headers: Record<string, string> = kind === 'service' ? { authorization: `Bearer ${BENCH_KEY}` } : {};
