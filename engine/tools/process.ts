@@ -18,14 +18,6 @@ export type ProcessResult = {
   duration_ms: number;
 };
 
-function killGroup(pid: number, signal: NodeJS.Signals): void {
-  try {
-    process.kill(-pid, signal);
-  } catch {
-    // the group is gone already
-  }
-}
-
 export async function runProcess(
   sandbox: Sandbox,
   argv: string[],
@@ -53,9 +45,21 @@ export async function runProcess(
   let timedOut = false;
   const stop = () => {
     if (child.pid === undefined || killTimer) return;
-    killGroup(child.pid, 'SIGTERM');
-    killTimer = setTimeout(() => killGroup(child.pid!, 'SIGKILL'), KILL_GRACE_MS);
+    proc.kill('SIGTERM');
+    killTimer = setTimeout(() => proc.kill('SIGKILL'), KILL_GRACE_MS);
   };
+  // once the command's own process has exited, what it left behind goes with it: a process still
+  // holding its output open would otherwise keep the step waiting (one that bwrap's stop left orphaned
+  // included); a stopped step whose output stays open anyway is ended after the grace
+  let unheld: NodeJS.Timeout | undefined;
+  child.once('exit', () => {
+    proc.kill('SIGKILL');
+    if (killTimer)
+      unheld = setTimeout(() => {
+        child.stdout?.destroy();
+        child.stderr?.destroy();
+      }, KILL_GRACE_MS);
+  });
   const timeout = opts.timeoutMs
     ? setTimeout(() => {
         timedOut = true;
@@ -73,8 +77,6 @@ export async function runProcess(
       });
       child.once('close', (c: number | null, s: NodeJS.Signals | null) => resolve({ code: c, signal: s }));
     });
-    // the command may have left children behind in its group: they go with it
-    if (child.pid !== undefined) killGroup(child.pid, 'SIGKILL');
     return {
       exit_code: code,
       signal,
@@ -89,6 +91,7 @@ export async function runProcess(
     opts.signal?.removeEventListener('abort', stop);
     clearTimeout(timeout);
     clearTimeout(killTimer);
+    clearTimeout(unheld);
     proc.done();
   }
 }

@@ -3,7 +3,8 @@
 // folders read-only, /etc without what is not world-readable (shadow files, private keys), the run's
 // workspace read-write at /workspace, a private /tmp, nothing else (no data dir, no other workspace, no
 // home of the service's user). `--die-with-parent` and the pid namespace make everything a step starts
-// (daemons included) die with it. Limits per step: CPU seconds, address space, file size and open
+// (daemons included) die with it, and a stop signals every process in the step's pids cgroup too (a stop
+// that lands while bwrap is still starting the command would otherwise orphan it). Limits per step: CPU seconds, address space, file size and open
 // files through prlimit inside the sandbox, and the number of processes through a pids cgroup when
 // one can be made (RLIMIT_NPROC does not hold for a sandbox whose outside user is root).
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -29,8 +30,40 @@ export type SandboxSpawnOptions = {
   readOnlyBinds?: string[];
 };
 
-/** A process started in the sandbox; `done()` frees what the sandbox made for it once it has exited. */
-export type SandboxProcess = { child: ChildProcess; done(): void };
+/**
+ * A process started in the sandbox. `kill()` signals everything of it: its process group and, when it has
+ * a pids cgroup, every process in that cgroup (bubblewrap gives the command a session of its own, so the
+ * group alone misses it if bwrap dies before the command is tied to it). `done()` frees what the sandbox
+ * made for it once it has exited.
+ */
+export type SandboxProcess = { child: ChildProcess; kill(signal: NodeJS.Signals): void; done(): void };
+
+/** Signals a process group; a group that is gone already is not an error. */
+function killGroup(pid: number | undefined, signal: NodeJS.Signals): void {
+  if (pid === undefined) return;
+  try {
+    process.kill(-pid, signal);
+  } catch {
+    // the group is gone already
+  }
+}
+
+/** Signals every process in a cgroup (v1 and v2 both list them in cgroup.procs). */
+function killCgroup(dir: string, signal: NodeJS.Signals): void {
+  let pids: string[];
+  try {
+    pids = fs.readFileSync(path.join(dir, 'cgroup.procs'), 'utf8').split('\n').filter(Boolean);
+  } catch {
+    return; // removed: nothing left in it
+  }
+  for (const pid of pids) {
+    try {
+      process.kill(Number(pid), signal);
+    } catch {
+      // exited meanwhile
+    }
+  }
+}
 
 export type Sandbox = {
   readonly kind: SandboxKind;
@@ -242,6 +275,10 @@ export function bwrapSandbox(opts: { bwrap: string; prlimit: string; limits: San
         : spawn(opts.bwrap, args, { env: {}, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
       return {
         child,
+        kill(signal) {
+          killGroup(child.pid, signal);
+          if (group) killCgroup(group, signal);
+        },
         done() {
           if (!group) return;
           const dir = group;
@@ -269,7 +306,7 @@ export function noSandbox(): Sandbox {
     close() {},
     spawn(argv, o) {
       const child = spawn(argv[0]!, argv.slice(1), { cwd: o.workspace, env: o.env, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
-      return { child, done() {} };
+      return { child, kill: (signal) => killGroup(child.pid, signal), done() {} };
     },
   };
 }

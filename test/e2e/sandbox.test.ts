@@ -5,6 +5,7 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { expect } from 'chai';
+import { runProcess } from '../../engine/tools/process.js';
 import { eventually, finishedRun, KEYS, processesMatching, startHarness, type Harness } from '../support/harness.js';
 
 type Body = Record<string, any>;
@@ -123,6 +124,30 @@ describe('sandbox', function () {
     const run = await shell(`setsid ${marker} > /dev/null 2>&1 < /dev/null & echo started`);
     expect(run.status).to.equal('succeeded');
     await eventually(() => processesMatching(marker) === 0, 'the setsid leftover to be gone', 3000);
+  });
+
+  it('stops a command at once, whenever the stop comes while bubblewrap starts it, and leaves nothing running', async () => {
+    // bwrap gives the command a session of its own: a stop that kills bwrap before the command is tied to
+    // it used to orphan the command, which kept the step's output open, and the step waiting, until it ended
+    // a command that outlives the test's patience if it is orphaned, named uniquely to find what is left
+    const seconds = (20 + Math.random()).toFixed(3);
+    const tooLong: string[] = [];
+    for (let delay = 0; delay <= 20; delay++) {
+      const controller = new AbortController();
+      const started = performance.now();
+      setTimeout(() => controller.abort(), delay);
+      const r = await runProcess(h.rt.sandbox, ['sleep', seconds], {
+        workspace: h.tenantDir(),
+        env: {},
+        network: false,
+        signal: controller.signal,
+        maxBytes: 1024,
+      });
+      const took = performance.now() - started;
+      if (took > 2000 || !r.aborted) tooLong.push(`stopped after ${delay} ms: ended after ${Math.round(took)} ms, aborted ${r.aborted}`);
+    }
+    expect(tooLong).to.deep.equal([]);
+    await eventually(() => processesMatching(`sleep ${seconds}`) === 0, 'no sleep left running', 3000);
   });
 
   it('keeps one tenant’s files from another through every tool', async () => {
