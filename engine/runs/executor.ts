@@ -82,7 +82,8 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
         inFlight.delete(runId);
         throw err;
       }),
-      runs.isCancelRequested(runId),
+      // unanswered, it is taken as no: a cancel published from now on still reaches the controller
+      runs.isCancelRequested(runId).catch(() => false),
     ]);
     if (!run) {
       inFlight.delete(runId);

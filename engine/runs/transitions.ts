@@ -200,7 +200,7 @@ export function transitionsOf(deps: TransitionsDeps) {
      * the run if it never does.
      */
     async queue(run: Run): Promise<void> {
-      const [stored, ...others] = await Promise.allSettled([store.runs.insert(run), ...companions.map((store) => store(run))]);
+      const [stored, ...others] = await Promise.allSettled([store.runs.insert(run), ...companions.map((companion) => companion(run))]);
       if (stored.status === 'rejected') {
         log.error({ err: stored.reason, run_id: run.id }, 'a run could not be stored');
         throw new ServiceUnavailableError('the store did not accept the run; retry shortly', STORE_RETRY_AFTER_SECONDS, { cause: stored.reason });

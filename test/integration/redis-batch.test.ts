@@ -1,0 +1,73 @@
+// The engine's Redis batch (engine/platform/redis-batch.ts), on the real Redis: the operations asked for
+// in one turn of the event loop go in one script call, in order, each answered with its own result.
+import { expect } from 'chai';
+import { Redis } from 'ioredis';
+import { redisBatch } from '../../engine/platform/index.js';
+import { deleteRedisPrefix, testRedisUrl, uniquePrefix } from '../support/harness.js';
+
+describe('the engine’s Redis batch', () => {
+  let redis: Redis;
+  let monitor: Awaited<ReturnType<Redis['monitor']>>;
+  const prefix = uniquePrefix();
+  const scriptCalls: string[][] = [];
+  const marks: string[] = [];
+
+  before(async () => {
+    redis = new Redis(testRedisUrl(), { maxRetriesPerRequest: null });
+    monitor = await redis.monitor();
+    monitor.on('monitor', (_time: string, args: string[]) => {
+      if (/^eval(sha)?$/i.test(args[0] ?? '') && args.some((a) => a.startsWith(prefix))) scriptCalls.push(args);
+      if (args[0]?.toLowerCase() === 'get' && args[1]?.startsWith(`${prefix}:mark:`)) marks.push(args[1]);
+    });
+    const batch = redisBatch(redis);
+    batch.define('test.push', { keys: 1, args: 1, lua: `return redis.call('RPUSH', KEYS[1], ARGV[1])` });
+    batch.define('test.get', { keys: 1, args: 0, lua: `return redis.call('GET', KEYS[1]) or ''` });
+  });
+  after(async () => {
+    monitor.disconnect();
+    await deleteRedisPrefix(prefix);
+    redis.disconnect();
+  });
+
+  /** Waits until MONITOR has reported every command sent before now (it reports them in the order Redis ran them). */
+  const settled = async () => {
+    const mark = `${prefix}:mark:${Math.random()}`;
+    await redis.get(mark);
+    for (let i = 0; i < 200 && !marks.includes(mark); i++) await new Promise((r) => setTimeout(r, 10));
+  };
+
+  it('sends the operations of one turn as one script call, in the order asked, each answered with its own result', async () => {
+    const batch = redisBatch(redis);
+    const list = `${prefix}:list`;
+    await redis.set(`${prefix}:flag`, 'on');
+    scriptCalls.length = 0;
+    const answers = await Promise.all([
+      ...Array.from({ length: 10 }, (_, i) => batch.call<number>('test.push', [list], [`item-${i}`])),
+      batch.call<string>('test.get', [`${prefix}:flag`], []),
+    ]);
+    await settled();
+    expect(answers).to.deep.equal([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 'on']);
+    expect(await redis.lrange(list, 0, -1)).to.deep.equal(Array.from({ length: 10 }, (_, i) => `item-${i}`));
+    expect(scriptCalls.length, 'one script call for the eleven operations').to.equal(1);
+  });
+
+  it('splits a large turn into calls of at most 256 operations; a call that fails fails the operations of its turn, and the next turn works', async () => {
+    const batch = redisBatch(redis);
+    const list = `${prefix}:big`;
+    scriptCalls.length = 0;
+    const answers = await Promise.all(Array.from({ length: 300 }, (_, i) => batch.call<number>('test.push', [list], [String(i)])));
+    await settled();
+    expect(answers.at(-1)).to.equal(300);
+    expect(scriptCalls.length).to.equal(2);
+
+    // a string where a list is expected: the whole call of that turn fails, the next turn works
+    const wrong = `${prefix}:a-string`;
+    await redis.set(wrong, 'x');
+    const failed = await Promise.allSettled([batch.call('test.push', [wrong], ['1']), batch.call('test.push', [`${prefix}:fine`], ['1'])]);
+    expect(failed.map((f) => f.status)).to.deep.equal(['rejected', 'rejected']);
+    expect(await batch.call<number>('test.push', [`${prefix}:fine`], ['2'])).to.be.a('number');
+    let refused: unknown;
+    await batch.call('test.push', [list], []).catch((err: unknown) => (refused = err));
+    expect(String(refused)).to.contain('takes 1 keys and 1 arguments');
+  });
+});
