@@ -77,18 +77,15 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
     // covers one published before, and is read while the start is written
     const controller = new AbortController();
     inFlight.set(runId, controller);
-    const [run, cancelRequested] = await Promise.all([
-      transitions.start(found, deps.sandbox.kind).catch((err: unknown) => {
-        inFlight.delete(runId);
-        throw err;
-      }),
-      // unanswered, it is taken as no: a cancel published from now on still reaches the controller
-      runs.isCancelRequested(runId).catch(() => false),
-    ]);
-    if (!run) {
-      inFlight.delete(runId);
-      return null; // canceled meanwhile
+    let run: Run | null = null;
+    let cancelRequested = false;
+    try {
+      // unanswered, the key counts as unset: a cancel published from now on still reaches the controller
+      [run, cancelRequested] = await Promise.all([transitions.start(found, deps.sandbox.kind), runs.isCancelRequested(runId).catch(() => false)]);
+    } finally {
+      if (!run) inFlight.delete(runId);
     }
+    if (!run) return null; // canceled meanwhile
     const deadline = setTimeout(
       () =>
         controller.abort({

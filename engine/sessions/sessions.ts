@@ -4,7 +4,6 @@
 import type { Platform } from '../deps.js';
 import {
   ConflictError,
-  isTerminal,
   newId,
   NotFoundError,
   scopes,
@@ -14,7 +13,6 @@ import {
   type MessageRecord,
   type Run,
   type Session,
-  type SessionKind,
   type SessionOutcome,
   type SessionStatus,
   type ToolName,

@@ -11,7 +11,6 @@ import {
   newId,
   redisBatch,
   repairJobs,
-  type Redis,
   type RunTrigger,
   type WebhookDelivery,
   type WebhookProvider,
