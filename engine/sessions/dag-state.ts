@@ -8,7 +8,7 @@
 //   kids:<t> SET  tasks that depend on t
 // A completion is first-writer-wins: a task already ended is not ended again, and its dependents are
 // released once. A task that has ended never starts again (the fence).
-import type { Redis, TaskStatus, TriggerRule } from '../platform/index.js';
+import { redisBatch, type Redis, type TaskStatus, type TriggerRule } from '../platform/index.js';
 
 const FAILED = `local function failed(s) return s == 'failed' or s == 'upstream_failed' or s == 'canceled' end`;
 
@@ -92,40 +92,35 @@ if s == 'succeeded' or failed(s) then return 0 end
 if s then redis.call('HSET', KEYS[1] .. ':state', ARGV[1], 'running') end
 return 1`;
 
-type DagRedis = Redis & {
-  dagAdd(base: string, tasks: string): Promise<[string[], string[]]>;
-  dagComplete(base: string, task: string, outcome: string): Promise<[string[], string[]] | null>;
-  dagStart(base: string, task: string): Promise<number>;
-};
-
 export type DagChange = { ready: string[]; upstreamFailed: string[] };
 
 export function dagStateOf(redis: Redis, prefix: string) {
-  if (!('dagAdd' in redis)) {
-    redis.defineCommand('dagAdd', { numberOfKeys: 1, lua: ADD });
-    redis.defineCommand('dagComplete', { numberOfKeys: 1, lua: COMPLETE });
-    redis.defineCommand('dagStart', { numberOfKeys: 1, lua: START });
-  }
-  const r = redis as DagRedis;
+  // in the engine's Redis batch: a task's fence and its completion share their round trip with the
+  // run's events and tenant slot, and with what other runs ask for in the same turn
+  const batch = redisBatch(redis);
+  batch.define('dag.add', { keys: 1, args: 1, lua: ADD });
+  batch.define('dag.complete', { keys: 1, args: 2, lua: COMPLETE });
+  batch.define('dag.start', { keys: 1, args: 1, lua: START });
   const base = (sessionId: string) => `${prefix}:dag:{${sessionId}}`;
   return {
     async add(sessionId: string, tasks: { id: string; depends_on: string[]; trigger_rule: TriggerRule }[]): Promise<DagChange> {
-      const [ready, upstreamFailed] = await r.dagAdd(
-        base(sessionId),
-        JSON.stringify(tasks.map((t) => ({ id: t.id, deps: t.depends_on, rule: t.trigger_rule }))),
+      const [ready, upstreamFailed] = await batch.call<[string[], string[]]>(
+        'dag.add',
+        [base(sessionId)],
+        [JSON.stringify(tasks.map((t) => ({ id: t.id, deps: t.depends_on, rule: t.trigger_rule })))],
       );
       return { ready, upstreamFailed };
     },
     async complete(sessionId: string, taskId: string, outcome: Extract<TaskStatus, 'succeeded' | 'failed' | 'canceled'>): Promise<DagChange | null> {
-      const res = await r.dagComplete(base(sessionId), taskId, outcome);
+      const res = await batch.call<[string[], string[]] | null>('dag.complete', [base(sessionId)], [taskId, outcome]);
       return res ? { ready: res[0], upstreamFailed: res[1] } : null;
     },
     /** A task's state in Redis, or null when Redis does not know it (lost, or never added). */
     async stateOf(sessionId: string, taskId: string): Promise<string | null> {
-      return r.hget(`${base(sessionId)}:state`, taskId);
+      return redis.hget(`${base(sessionId)}:state`, taskId);
     },
     async start(sessionId: string, taskId: string): Promise<boolean> {
-      return (await r.dagStart(base(sessionId), taskId)) === 1;
+      return (await batch.call<number>('dag.start', [base(sessionId)], [taskId])) === 1;
     },
   };
 }

@@ -31,6 +31,9 @@ export type SessionsDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'events' |
 
 const LIVE: SessionStatus[] = ['idle', 'running', 'waiting', 'paused'];
 
+/** Runs made through the autonomy routes have a session of their own. */
+const hasRunSession = (run: Run): run is Run & { kind: 'autonomy' | 'vibe' } => run.kind === 'autonomy' || run.kind === 'vibe';
+
 const OUTCOME_OF_RUN: Record<string, SessionOutcome> = { succeeded: 'succeeded', failed: 'failed', timed_out: 'failed', canceled: 'canceled' };
 
 export function sessionsOf(deps: SessionsDeps) {
@@ -87,17 +90,18 @@ export function sessionsOf(deps: SessionsDeps) {
 
   const tasks = tasksOf({ ...deps, dag: dagStateOf(deps.redis, deps.queues.prefix), recount });
 
-  // a run session follows its run: running while it runs, idle with the run's outcome once it ends
+  // a run session follows its run: running while it runs, idle with the run's outcome once it ends. It
+  // is the session of that one run (made with it; a PATCH cannot pause it), so only an archived one, or
+  // one already ended by a repeat of this hook, is not running: one conditional write, nothing read first
   async function followRun(run: Run): Promise<void> {
-    const s = await store.sessions.get(run.tenant_id, run.session_id);
-    if (!s || s.kind === 'multi_agent' || (s.status === 'idle' && s.outcome)) return;
-    await change(run.tenant_id, s.id, { status: 'idle', outcome: OUTCOME_OF_RUN[run.status] ?? null }, ['running', 'idle']);
+    if (!hasRunSession(run)) return;
+    await change(run.tenant_id, run.session_id, { status: 'idle', outcome: OUTCOME_OF_RUN[run.status] ?? null }, ['running']);
   }
   runs.onRunFinished(followRun);
 
   // an autonomy or vibe run has a session of its own, stored in the same commit as the run
   runs.storeWithRun(async (run) => {
-    if (run.kind !== 'autonomy' && run.kind !== 'vibe') return;
+    if (!hasRunSession(run)) return;
     const title = run.goal ? run.goal.split('\n')[0]!.slice(0, 200) : `${run.plan?.length ?? 0} step${run.plan?.length === 1 ? '' : 's'}`;
     await store.sessions.insert({
       id: run.session_id,

@@ -114,13 +114,13 @@ export function tasksOf(deps: TasksDeps) {
   }
 
   /**
-   * The outputs of a task's dependencies, from one read of the session's tasks (`known`, shared by the
-   * tasks one completion releases). A dependency that Redis has ended but whose own hook has not yet
+   * The outputs of a task's dependencies, from one read of them (`known`, shared by the tasks one
+   * completion releases). A dependency that Redis has ended but whose own hook has not yet
    * written its output (another worker, a moment behind) gives the output of its run.
    */
   async function upstreamOf(session: Session, task: TaskRecord, known?: Map<string, TaskRecord>): Promise<Record<string, unknown>> {
     if (!task.depends_on.length) return {};
-    const tasks = known ?? new Map((await store.tasks.list(session.tenant_id, session.id)).map((t) => [t.id, t]));
+    const tasks = known ?? new Map((await store.tasks.getMany(session.tenant_id, session.id, task.depends_on)).map((t) => [t.id, t]));
     const entries = await Promise.all(
       task.depends_on.map(async (dep) => {
         const t = tasks.get(dep);
@@ -183,10 +183,14 @@ export function tasksOf(deps: TasksDeps) {
    */
   function answers(t: TaskRecord, m: MessageRecord): boolean {
     const q = questionOf(t);
-    if (!q || m.seq <= readUpTo(q) || m.kind === 'input_request') return false;
+    if (!q || m.seq <= readUpTo(q) || !mayAnswer(m)) return false;
     if (t.agent_id && m.from === t.agent_id) return false;
     return m.in_reply_to === q.message_id || (m.to !== null && m.to === t.agent_id) || (m.to === null && (m.role === 'user' || m.role === 'system'));
   }
+
+  /** Could this message answer any task: a reply, a message to an agent, or a person's to all (an agent's broadcast answers nobody). */
+  const mayAnswer = (m: MessageRecord) =>
+    m.kind !== 'input_request' && (m.in_reply_to !== null || m.to !== null || m.role === 'user' || m.role === 'system');
 
   /** The token usage and steps of every run of the task so far (its output keeps the sum). */
   const taskUsage = (t: TaskRecord) => (t.output?.usage ?? {}) as Partial<Run['usage']>;
@@ -247,12 +251,17 @@ export function tasksOf(deps: TasksDeps) {
     }
   }
 
-  /** What a change of the DAG released: dependents that cannot run end, ready tasks start, all at once. */
+  /**
+   * What a change of the DAG released: dependents that cannot run end, ready tasks start, all at once.
+   * Two reads serve them all: the ready tasks, then the dependencies whose outputs they take.
+   */
   async function apply(session: Session, change: { ready: string[]; upstreamFailed: string[] }): Promise<void> {
     for (const id of change.upstreamFailed)
       await move({ tenant_id: session.tenant_id, session_id: session.id, id }, { status: 'upstream_failed' }, ['pending', 'queued']);
     if (!change.ready.length) return;
-    const known = new Map((await store.tasks.list(session.tenant_id, session.id)).map((t) => [t.id, t]));
+    const ready = await store.tasks.getMany(session.tenant_id, session.id, change.ready);
+    const deps = [...new Set(ready.flatMap((t) => t.depends_on))];
+    const known = new Map([...ready, ...(await store.tasks.getMany(session.tenant_id, session.id, deps))].map((t) => [t.id, t]));
     await Promise.all(
       change.ready.map((id) =>
         dispatch(session, id, known).catch((err: unknown) => log.error({ err, session_id: session.id, task_id: id }, 'a ready task could not be started')),
@@ -302,8 +311,10 @@ export function tasksOf(deps: TasksDeps) {
     const output = { ...(await outputOf(run)), usage };
     const change = await dag.complete(run.session_id, ref.id, outcome);
     await move(ref, { status: outcome, output, attempts: attemptOf(run) }, ['pending', 'queued', 'running', 'input_required']);
-    const session = await store.sessions.get(run.tenant_id, run.session_id);
-    if (change && session) await apply(session, change);
+    if (change && (change.ready.length || change.upstreamFailed.length)) {
+      const session = await store.sessions.get(run.tenant_id, run.session_id);
+      if (session) await apply(session, change);
+    }
     await deps.recount(run.tenant_id, run.session_id);
   }
 
@@ -394,7 +405,7 @@ export function tasksOf(deps: TasksDeps) {
 
     /** A message was posted: the waiting tasks it answers start their next run. */
     async answer(session: Session, message: MessageRecord): Promise<void> {
-      if (session.kind !== 'multi_agent' || session.status === 'paused') return;
+      if (session.kind !== 'multi_agent' || session.status === 'paused' || !mayAnswer(message)) return;
       // most messages find no task waiting: a count answers that without reading every task
       if (!(await store.tasks.counts(session.tenant_id, session.id)).input_required) return;
       const tasks = await store.tasks.list(session.tenant_id, session.id);

@@ -246,6 +246,8 @@ export interface TaskRepo {
   /** Inserts a batch of tasks of one session in one transaction: all or none. */
   insertMany(tasks: TaskRecord[]): Promise<void>;
   get(tenantId: string, sessionId: string, id: string): Promise<TaskRecord | null>;
+  /** The tasks of a session with these ids, in creation order; ids it does not have are left out. */
+  getMany(tenantId: string, sessionId: string, ids: string[]): Promise<TaskRecord[]>;
   /** Every task of a session, in creation order. */
   list(tenantId: string, sessionId: string): Promise<TaskRecord[]>;
   /** Applies `changes` only while the status is one of `ifStatusIn`; null when no row matched. */

@@ -609,6 +609,13 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect((await store.tasks.list('t1', 'ses_t')).map((t) => t.id)).to.deep.equal(['a', 'b']);
       expect(await store.tasks.get('t2', 'ses_t', 'b')).to.equal(null);
       expect((await store.tasks.get('t1', 'ses_t', 'b'))!.depends_on).to.deep.equal(['a']);
+      // some tasks of a session by id, in creation order: never another session's or tenant's, unknown ids left out
+      expect((await store.tasks.getMany('t1', 'ses_t', ['b', 'zz', 'a'])).map((t) => `${t.tenant_id}/${t.session_id}/${t.id}`)).to.deep.equal([
+        't1/ses_t/a',
+        't1/ses_t/b',
+      ]);
+      expect((await store.tasks.getMany('t2', 'ses_t', ['a', 'b'])).map((t) => t.id)).to.deep.equal(['a']);
+      expect(await store.tasks.getMany('t1', 'ses_t', [])).to.deep.equal([]);
       expect(await store.tasks.update('t1', 'ses_t', 'a', { status: 'running' }, ['queued'])).to.equal(null);
       const done = await store.tasks.update('t1', 'ses_t', 'a', { status: 'succeeded', output: { ok: true }, run_ids: ['run_x'], updated_at: at(5) }, [
         'pending',

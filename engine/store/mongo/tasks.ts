@@ -31,6 +31,14 @@ export function taskRepo(model: Model<StoredTask>): TaskRepo {
     async get(tenantId, sessionId, id) {
       return fromStored(await model.findOne({ _id: keyOf(tenantId, sessionId, id) }).lean<StoredTask>());
     },
+    async getMany(tenantId, sessionId, ids) {
+      if (!ids.length) return [];
+      const rows = await model
+        .find({ _id: { $in: ids.map((id) => keyOf(tenantId, sessionId, id)) } })
+        .sort({ created_at: 1, task_id: 1 })
+        .lean<StoredTask[]>();
+      return rows.map((r) => fromStored(r)!);
+    },
     async list(tenantId, sessionId) {
       const rows = await model.find({ tenant_id: tenantId, session_id: sessionId }).sort({ created_at: 1, task_id: 1 }).lean<StoredTask[]>();
       return rows.map((r) => fromStored(r)!);

@@ -1,5 +1,5 @@
 // Sessions, their agents and their message log. A message's seq is the next one of its session,
-// taken in the same IMMEDIATE transaction as the insert, so concurrent writers never share one.
+// taken in the same IMMEDIATE transaction as the insert (the group commit's), so concurrent writers never share one.
 import type { Statement } from 'better-sqlite3';
 import type { AgentRecord, MessageRecord, Session } from '../../platform/index.js';
 import { decodeCursor, toPage, type AgentRepo, type MessageRepo, type NewMessage, type SessionRepo } from '../port.js';
@@ -82,14 +82,17 @@ export function messageRepo(db: Db): MessageRepo {
     'SELECT doc FROM messages WHERE session_id = ? AND tenant_id = ? AND seq > ? ORDER BY seq LIMIT ?',
   );
   const lastOfTenant = db.prepare<[string, string], { seq: number | null }>('SELECT MAX(seq) AS seq FROM messages WHERE session_id = ? AND tenant_id = ?');
-  const append = db.transaction((m: NewMessage): MessageRecord => {
+  // the seq is read and taken inside the write, and the group commit's writes run one after another in
+  // one IMMEDIATE transaction: concurrent writers (another process) wait for the file's write lock
+  const commit = groupCommit(db);
+  const append = (m: NewMessage): MessageRecord => {
     const record: MessageRecord = { ...m, seq: (last.get(m.session_id)?.seq ?? 0) + 1 };
     insert.run(record.session_id, record.seq, record.tenant_id, record.id, JSON.stringify(record));
     return record;
-  });
+  };
   return {
     async append(m) {
-      return append.immediate(m);
+      return commit(() => append(m));
     },
     async list(tenantId, sessionId, q) {
       return list.all(sessionId, tenantId, q.afterSeq ?? 0, q.limit).map((r) => JSON.parse(r.doc) as MessageRecord);

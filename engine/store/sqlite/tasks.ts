@@ -7,6 +7,9 @@ export function taskRepo(db: Db): TaskRepo {
   const insert = db.prepare('INSERT INTO tasks (tenant_id, session_id, id, status, created_at, updated_at, doc) VALUES (?, ?, ?, ?, ?, ?, ?)');
   const get = db.prepare<[string, string, string], { doc: string }>('SELECT doc FROM tasks WHERE tenant_id = ? AND session_id = ? AND id = ?');
   const list = db.prepare<[string, string], { doc: string }>('SELECT doc FROM tasks WHERE tenant_id = ? AND session_id = ? ORDER BY created_at, id');
+  const some = db.prepare<[string, string, string], { doc: string }>(
+    'SELECT doc FROM tasks WHERE tenant_id = ? AND session_id = ? AND id IN (SELECT value FROM json_each(?)) ORDER BY created_at, id',
+  );
   const write = db.prepare('UPDATE tasks SET status = ?, updated_at = ?, doc = ? WHERE tenant_id = ? AND session_id = ? AND id = ?');
   const stale = db.prepare<[string, string, string, string, string, string, number], { doc: string }>(
     `SELECT doc FROM tasks WHERE status = ? AND updated_at < ? AND (updated_at, tenant_id, session_id, id) > (?, ?, ?, ?)
@@ -34,6 +37,9 @@ export function taskRepo(db: Db): TaskRepo {
     },
     async get(tenantId, sessionId, id) {
       return read(get.get(tenantId, sessionId, id));
+    },
+    async getMany(tenantId, sessionId, ids) {
+      return ids.length ? some.all(tenantId, sessionId, JSON.stringify(ids)).map((r) => read(r)!) : [];
     },
     async list(tenantId, sessionId) {
       return list.all(tenantId, sessionId).map((r) => read(r)!);
