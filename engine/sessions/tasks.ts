@@ -189,8 +189,7 @@ export function tasksOf(deps: TasksDeps) {
   }
 
   /** Could this message answer any task: a reply, a message to an agent, or a person's to all (an agent's broadcast answers nobody). */
-  const mayAnswer = (m: MessageRecord) =>
-    m.kind !== 'input_request' && (m.in_reply_to !== null || m.to !== null || m.role === 'user' || m.role === 'system');
+  const mayAnswer = (m: MessageRecord) => m.kind !== 'input_request' && (m.in_reply_to !== null || m.to !== null || m.role === 'user' || m.role === 'system');
 
   /** The token usage and steps of every run of the task so far (its output keeps the sum). */
   const taskUsage = (t: TaskRecord) => (t.output?.usage ?? {}) as Partial<Run['usage']>;
