@@ -104,12 +104,28 @@ export function transitionsOf(deps: TransitionsDeps) {
     duration_ms: run.started_at ? elapsed(run, at) : null,
   });
 
+  /**
+   * Runs the hooks of a run's start or end, one after another; one that fails is logged and the rest
+   * still run. Called in the turn the run's event is asked for: what they append follows that event in
+   * the log (appends keep the order they are asked in), and their first Redis work and writes share
+   * the run's round trip and commit instead of waiting for it.
+   */
+  async function runHooks(list: RunFinishedHook[], run: Run, what: string): Promise<void> {
+    for (const hook of list) {
+      try {
+        await hook(run);
+      } catch (err) {
+        log.error({ err, run_id: run.id }, `a ${what} hook failed`);
+      }
+    }
+  }
+
   /** The end of a run: event, metrics, slot, hooks. */
   async function ended(run: Run): Promise<void> {
     metrics.runDuration.observe({ kind: run.kind, status: run.status }, (run.duration_ms ?? 0) / 1000);
     metrics.runsFinished.inc({ kind: run.kind, status: run.status, reason: run.error?.code ?? 'none' });
     // the event and the slot in one round trip: both are asked for before either is waited for
-    await Promise.all([
+    const told = Promise.all([
       emit(run, {
         type: 'run.finished',
         data: {
@@ -127,13 +143,9 @@ export function transitionsOf(deps: TransitionsDeps) {
       { tenant_id: run.tenant_id, run_id: run.id, status: run.status, attempt: run.attempt, duration_ms: run.duration_ms, request_id: run.request_id },
       'run finished',
     );
-    for (const hook of hooks) {
-      try {
-        await hook(run);
-      } catch (err) {
-        log.error({ err, run_id: run.id }, 'a run-finished hook failed');
-      }
-    }
+    // the hooks run even when Redis did not take the event; the caller still learns that it did not
+    const [toldResult] = await Promise.allSettled([told, runHooks(hooks, run, 'run-finished')]);
+    if (toldResult.status === 'rejected') throw toldResult.reason;
   }
 
   /**
@@ -223,7 +235,7 @@ export function transitionsOf(deps: TransitionsDeps) {
     admit,
     release,
 
-    /** Registers what to do when any run ends (sessions, gates and audits): after its event, once per run. */
+    /** Registers what to do when any run ends (sessions, gates and audits): once per run, with its event asked for first. */
     onRunFinished(hook: RunFinishedHook): void {
       hooks.push(hook);
     },
@@ -266,8 +278,9 @@ export function transitionsOf(deps: TransitionsDeps) {
       if (!started) return null;
       const queuedMs = Math.max(0, at.getTime() - new Date(run.attempts.at(-1)?.finished_at ?? run.created_at).getTime());
       metrics.runQueueWait.observe({ kind: run.kind }, queuedMs / 1000);
-      await emit(started, { type: 'run.started', data: { kind: run.kind, attempt: run.attempt, budget: run.budget, queued_ms: queuedMs, sandbox } });
-      for (const hook of startHooks) await hook(started).catch((err: unknown) => log.error({ err, run_id: run.id }, 'a run-started hook failed'));
+      const told = emit(started, { type: 'run.started', data: { kind: run.kind, attempt: run.attempt, budget: run.budget, queued_ms: queuedMs, sandbox } });
+      const [toldResult] = await Promise.allSettled([told, runHooks(startHooks, started, 'run-started')]);
+      if (toldResult.status === 'rejected') throw toldResult.reason;
       return started;
     },
 
