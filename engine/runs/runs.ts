@@ -32,7 +32,7 @@ import type { RunQuery } from '../store/index.js';
 import type { AgentEndpoint } from './agent.js';
 import type { TenantSlots } from './concurrency.js';
 import { retryPolicyOf } from './retry.js';
-import { REDIS_DEADLINE_MS, type Transitions } from './transitions.js';
+import { REDIS_DEADLINE_MS, type RunCompanion, type Transitions } from './transitions.js';
 import { allowlistOf, networkOf, type ToolPolicy } from './policy.js';
 import { resolveWorkspace, tenantRoot, tenantRootPath } from './workspace.js';
 import type { Sandbox } from '../tools/index.js';
@@ -98,6 +98,9 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
   // the executor reads it as a run starts: in the engine's batch, with the run.started event
   const batch = redisBatch(redis);
   batch.define('key.exists', { keys: 1, args: 0, lua: `return redis.call('EXISTS', KEYS[1])` });
+  // an idempotency key's claim and its day-long hold ride in the batch too (with a task's run, say)
+  batch.define('key.claim', { keys: 1, args: 2, lua: `return redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2], 'NX')` });
+  batch.define('key.expire', { keys: 1, args: 1, lua: `return redis.call('EXPIRE', KEYS[1], ARGV[1])` });
 
   /** What a run request becomes, or why it is refused: nothing is stored here. */
   async function admit(tenantId: string, req: RunRequest) {
@@ -121,7 +124,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
     return { steps, goal, seconds, tool_allowlist, network, workspace };
   }
 
-  async function create(tenantId: string, req: RunRequest, id = newId('run')): Promise<Run> {
+  async function create(tenantId: string, req: RunRequest, id = newId('run'), also?: RunCompanion): Promise<Run> {
     const { steps, goal, seconds, tool_allowlist, network, workspace } = await admit(tenantId, req);
     const run: Run = {
       id,
@@ -156,7 +159,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       finished_at: null,
       duration_ms: null,
     };
-    await transitions.queue(run);
+    await transitions.queue(run, also);
     log.info({ tenant_id: tenantId, run_id: run.id, kind: run.kind, request_id: run.request_id }, 'run queued');
     return run;
   }
@@ -189,15 +192,22 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
   /**
    * Creates the run once per Idempotency-Key: the same key with the same request answers the same
    * run; with another request it is refused. Keys live 24 hours. When Redis cannot hold the key, the
-   * request is refused with 503 rather than risk running twice.
+   * request is refused with 503 rather than risk running twice. `also` is stored in the commit of a run
+   * made here (not of one replayed).
    */
-  async function createIdempotent(tenantId: string, key: string | undefined, fingerprint: unknown, req: RunRequest): Promise<{ run: Run; replayed: boolean }> {
-    if (!key) return { run: await create(tenantId, req), replayed: false };
+  async function createIdempotent(
+    tenantId: string,
+    key: string | undefined,
+    fingerprint: unknown,
+    req: RunRequest,
+    also?: RunCompanion,
+  ): Promise<{ run: Run; replayed: boolean }> {
+    if (!key) return { run: await create(tenantId, req, undefined, also), replayed: false };
     const hash = createHash('sha256').update(JSON.stringify(fingerprint)).digest('hex');
     const slot = `${prefix}:idempotency:${tenantId}:${createHash('sha256').update(key).digest('hex')}`;
     const id = newId('run');
     const claim = JSON.stringify({ hash, run_id: id });
-    const claiming = redis.set(slot, claim, 'EX', IDEMPOTENCY_CLAIM_SECONDS, 'NX');
+    const claiming = batch.call<'OK' | null>('key.claim', [slot], [claim, IDEMPOTENCY_CLAIM_SECONDS]);
     let won: string | null;
     try {
       won = await withTimeout(claiming, REDIS_DEADLINE_MS, 'Redis answer');
@@ -208,9 +218,9 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
     }
     if (won) {
       try {
-        const run = await create(tenantId, req, id);
+        const run = await create(tenantId, req, id, also);
         // stored: the key now holds for its full day (not waited for: the claim already holds it for 30 s)
-        void redis.expire(slot, IDEMPOTENCY_TTL_SECONDS).catch(() => undefined);
+        void batch.call('key.expire', [slot], [IDEMPOTENCY_TTL_SECONDS]).catch(() => undefined);
         return { run, replayed: false };
       } catch (err) {
         await redis.eval(RELEASE_CLAIM, 1, slot, claim).catch(() => undefined);

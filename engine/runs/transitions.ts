@@ -206,13 +206,15 @@ export function transitionsOf(deps: TransitionsDeps) {
 
   const api = {
     /**
-     * A new run: stored `queued` first (the outbox; a failure here is the caller's 503), then its
-     * run.queued event and its place in line. When Redis does not answer within REDIS_DEADLINE_MS the
+     * A new run: stored `queued` first (the outbox; a failure here is the caller's 503), with the
+     * records that go with it (the registered ones, and `also`, this run's own) in the same commit;
+     * then its run.queued event and its place in line. When Redis does not answer within REDIS_DEADLINE_MS the
      * run is still accepted: what is pending completes when Redis returns, and the reconciler queues
      * the run if it never does.
      */
-    async queue(run: Run): Promise<void> {
-      const [stored, ...others] = await Promise.allSettled([store.runs.insert(run), ...companions.map((companion) => companion(run))]);
+    async queue(run: Run, also?: RunCompanion): Promise<void> {
+      const storedWith = also ? [...companions, also] : companions;
+      const [stored, ...others] = await Promise.allSettled([store.runs.insert(run), ...storedWith.map((companion) => companion(run))]);
       if (stored.status === 'rejected') {
         log.error({ err: stored.reason, run_id: run.id }, 'a run could not be stored');
         throw new ServiceUnavailableError('the store did not accept the run; retry shortly', STORE_RETRY_AFTER_SECONDS, { cause: stored.reason });

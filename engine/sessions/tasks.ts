@@ -68,8 +68,14 @@ export function tasksOf(deps: TasksDeps) {
       data: { task_id: t.id, status: t.status, attempt: t.attempts, run_id: t.run_ids.at(-1) ?? null },
     });
 
-  async function move(t: Pick<TaskRecord, 'tenant_id' | 'session_id' | 'id'>, changes: Partial<TaskRecord>, from: TaskStatus[]): Promise<TaskRecord | null> {
-    const moved = await store.tasks.update(t.tenant_id, t.session_id, t.id, { ...changes, updated_at: clock.now().toISOString() }, from);
+  type Move = { changes: Partial<TaskRecord>; from: TaskStatus[] };
+  type TaskRef = Pick<TaskRecord, 'tenant_id' | 'session_id' | 'id'>;
+
+  const write = (t: TaskRef, { changes, from }: Move) =>
+    store.tasks.update(t.tenant_id, t.session_id, t.id, { ...changes, updated_at: clock.now().toISOString() }, from);
+
+  async function move(t: TaskRef, changes: Partial<TaskRecord>, from: TaskStatus[]): Promise<TaskRecord | null> {
+    const moved = await write(t, { changes, from });
     if (moved) await emit(moved);
     return moved;
   }
@@ -77,21 +83,25 @@ export function tasksOf(deps: TasksDeps) {
   /**
    * A run of the task: its agent's snapshot and instructions, the outputs of its dependencies as
    * `inputs.upstream`, and `max_attempts` as its retry policy. Made once per key: the task's first run,
-   * or the run an answer starts (`continues` the run that asked).
+   * or the run an answer starts (`continues` the run that asked). The task moves to `queued` with its
+   * run (`queued` says how, or null for a run that is not the task's next): in the run's own commit when
+   * the run is made here, after it when an earlier request made it.
    */
   async function startRun(
     session: Session,
     task: TaskRecord,
     key: string,
     trigger: Omit<Extract<Run['trigger'], { type: 'task' }>, 'type' | 'task_id'>,
+    queued: (run: Run) => Move | null,
     known?: Map<string, TaskRecord>,
-  ) {
+  ): Promise<Run> {
     const agent = task.agent_id ? await store.agents.get(session.tenant_id, session.id, task.agent_id) : null;
     const upstream = await upstreamOf(session, task, known);
     // a run that continues the task has what is left of its attempts and steps, not a fresh allowance
     const attempts = Math.max(1, task.max_attempts - (trigger.prior_attempts ?? 0));
     const stepsUsed = trigger.continues ? (taskUsage(task).steps ?? 0) : 0;
     const maxSteps = agent?.budget.max_steps === undefined ? undefined : Math.max(1, agent.budget.max_steps - stepsUsed);
+    let told: Promise<unknown> | undefined;
     const { run } = await runs.createIdempotent(
       session.tenant_id,
       key,
@@ -109,7 +119,21 @@ export function tasksOf(deps: TasksDeps) {
         agent: agent ? { id: agent.id, name: agent.name, role: agent.role, model: agent.model } : null,
         trigger: { type: 'task', task_id: task.id, ...trigger },
       },
+      async (made) => {
+        const how = queued(made);
+        if (!how) return;
+        const moving = write(task, how);
+        // its task.updated is asked for as the write lands, before the run's run.queued and place in line
+        told = moving.then((moved) => moved && emit(moved));
+        await moving;
+      },
     );
+    if (told) await told;
+    else {
+      const how = queued(run);
+      const moved = how && (await write(task, how));
+      if (moved) await emit(moved);
+    }
     return run;
   }
 
@@ -156,8 +180,14 @@ export function tasksOf(deps: TasksDeps) {
       return;
     }
     const trigger = { prior_attempts: 0, ...(task.agent_id && task.goal ? { inbox_after: task.inbox_after ?? 0 } : {}) };
-    const run = await startRun(session, task, `task:${session.id}:${task.id}`, trigger, known);
-    await move(task, { status: 'queued', run_ids: [run.id], attempts: run.attempt }, ['pending', 'queued']);
+    await startRun(
+      session,
+      task,
+      `task:${session.id}:${task.id}`,
+      trigger,
+      (run) => ({ changes: { status: 'queued', run_ids: [run.id], attempts: run.attempt }, from: ['pending', 'queued'] }),
+      known,
+    );
   }
 
   /** Cancels a task of an archived session, and what its end releases after it: nothing of it starts. */
@@ -214,14 +244,17 @@ export function tasksOf(deps: TasksDeps) {
     const q = task && task.status === 'input_required' ? questionOf(task) : null;
     if (!task || !q) return;
     const asked = task.run_ids.at(-1)!;
-    const run = await startRun(session, task, `task:${session.id}:${task.id}:${task.run_ids.length + 1}`, {
-      prior_attempts: task.attempts,
-      continues: asked,
-      inbox_after: readUpTo(q),
-    });
-    // a run made for an earlier question (the same key) has ended: it is not the task's next run
-    if (isTerminal(run.status)) return;
-    await move(task, { status: 'queued', run_ids: [...task.run_ids, run.id], attempts: task.attempts + run.attempt }, ['input_required']);
+    await startRun(
+      session,
+      task,
+      `task:${session.id}:${task.id}:${task.run_ids.length + 1}`,
+      { prior_attempts: task.attempts, continues: asked, inbox_after: readUpTo(q) },
+      // a run made for an earlier question (the same key) has ended: it is not the task's next run
+      (run) =>
+        isTerminal(run.status)
+          ? null
+          : { changes: { status: 'queued', run_ids: [...task.run_ids, run.id], attempts: task.attempts + run.attempt }, from: ['input_required'] },
+    );
   }
 
   /** Starts the next run of a waiting task when a message after its question answers it (held while the session is paused). */
