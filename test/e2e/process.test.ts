@@ -22,7 +22,7 @@ function spawnProc(command: string, args: string[], env: Record<string, string>)
   return { child, out: () => out, exited };
 }
 
-async function waitFor(p: Proc, pattern: RegExp, ms = 15_000): Promise<RegExpMatchArray> {
+async function waitFor(p: Proc, pattern: RegExp, ms = 30_000): Promise<RegExpMatchArray> {
   const until = Date.now() + ms;
   for (;;) {
     const m = p.out().match(pattern);
