@@ -1,16 +1,12 @@
 // API keys through the API (made, listed, revoked, expiring), the bootstrap keys synced with
 // SERVICE_API_KEYS at start, and the CLI's keys list and revoke, all against the real store.
 import { spawnSync } from 'node:child_process';
-import fs from 'node:fs';
-import path from 'node:path';
 import { expect } from 'chai';
-import { PROJECT_ROOT } from '../../config/paths.js';
+import { builtCli } from '../support/built-cli.js';
 import { KEYS, sameDeployment, startHarness, type Harness } from '../support/harness.js';
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 type Body = Record<string, any>;
-
-const CLI = path.join(PROJECT_ROOT, 'dist', 'cli', 'main.js');
 
 describe('api keys', function () {
   let h: Harness;
@@ -112,8 +108,7 @@ describe('api keys', function () {
   });
 
   it('lists and revokes keys from the command line, on the service’s store', async () => {
-    // `npm test` builds dist/ first (pretest); a single-file run builds it here when it is missing
-    if (!fs.existsSync(CLI)) expect(spawnSync(process.execPath, ['scripts/ensure-build.mjs'], { cwd: PROJECT_ROOT, stdio: 'inherit' }).status).to.equal(0);
+    const CLI = builtCli();
     const env = { ...process.env, SERVICE_DATA_DIR: h.config.dataDir, SERVICE_AUTH: '', NO_COLOR: '1' };
     const made = (await h.call<Body>('POST', '/api/v1/api-keys', { body: { label: 'from the cli test' } })).body;
     const list = spawnSync(process.execPath, [CLI, 'keys', 'list', '--tenant', 'tenant-a'], { env, encoding: 'utf8' });

@@ -1,5 +1,6 @@
 import { spawnSync } from 'node:child_process';
 import { expect } from 'chai';
+import { builtCli } from '../support/built-cli.js';
 import { KEYS, startHarness, type Harness } from '../support/harness.js';
 
 describe('authentication', () => {
@@ -91,7 +92,7 @@ describe('cli keys create', () => {
   it('prints a new key once; the key then works for its tenant only', async () => {
     const h = await startHarness();
     try {
-      const out = spawnSync(process.execPath, ['--import', 'tsx', 'cli/main.ts', 'keys', 'create', '--tenant', 'tenant-c', '--label', 'ci'], {
+      const out = spawnSync(process.execPath, [builtCli(), 'keys', 'create', '--tenant', 'tenant-c', '--label', 'ci'], {
         env: { ...process.env, SERVICE_DATA_DIR: h.config.dataDir, LOG_LEVEL: 'silent' },
         encoding: 'utf8',
       });
@@ -112,7 +113,7 @@ describe('cli keys create', () => {
   });
 
   it('refuses a missing or malformed tenant with usage', () => {
-    const out = spawnSync(process.execPath, ['--import', 'tsx', 'cli/main.ts', 'keys', 'create', '--tenant', 'bad tenant!'], { encoding: 'utf8' });
+    const out = spawnSync(process.execPath, [builtCli(), 'keys', 'create', '--tenant', 'bad tenant!'], { encoding: 'utf8' });
     expect(out.status).to.equal(2);
     expect(out.stderr).to.contain('--tenant').and.contain('--help shows the usage');
   });

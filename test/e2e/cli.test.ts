@@ -2,16 +2,15 @@
 // against a real service: exit codes by run status, output in order, a web restart mid-run that neither
 // loses nor repeats a line, a wrong key, Ctrl-C that cancels, and --json that parses. Also: the built
 // entry points import production dependencies only.
-import { spawn, spawnSync } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import { builtinModules } from 'node:module';
 import path from 'node:path';
 import { expect } from 'chai';
 import { startWebServer, type WebServer } from '../../api/server.js';
 import { PROJECT_ROOT } from '../../config/paths.js';
+import { builtCli, CLI } from '../support/built-cli.js';
 import { eventually, KEYS, startHarness, type Harness } from '../support/harness.js';
-
-const CLI = path.join(PROJECT_ROOT, 'dist', 'cli', 'main.js');
 
 type Result = { code: number | null; stdout: string; stderr: string };
 type Child = { done: Promise<Result>; stdout: () => string; signal(s: NodeJS.Signals): void };
@@ -22,8 +21,7 @@ describe('the command-line tool (built) against a service', function () {
   let restarted: WebServer | undefined;
 
   before(async () => {
-    // `npm test` builds dist/ first (pretest); a single-file run builds it here when it is missing
-    if (!fs.existsSync(CLI)) expect(spawnSync(process.execPath, ['scripts/ensure-build.mjs'], { cwd: PROJECT_ROOT, stdio: 'inherit' }).status).to.equal(0);
+    builtCli();
     h = await startHarness();
   });
   after(async () => {

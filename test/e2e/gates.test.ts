@@ -6,6 +6,7 @@ import path from 'node:path';
 import { expect } from 'chai';
 import { GENESIS_HASH, publicKeyFromPem, readPack, signerOf, verifyEntries, verifyPack, type PackFiles, type PackJson } from '../../engine/evidence/index.js';
 import { newId } from '../../engine/platform/index.js';
+import { builtCli } from '../support/built-cli.js';
 import { eventually, finishedRun, KEYS, startHarness, type Harness } from '../support/harness.js';
 import * as sign from '../support/signers.js';
 import { GATES_YAML, makeProject } from '../support/projects.js';
@@ -208,7 +209,7 @@ describe('gates in the service', function () {
 
   it('runs the same set from the CLI with the same results on the same tree, records into the same ledger, and verifies a pack offline', async () => {
     const cli = (...args: string[]) =>
-      spawnSync(process.execPath, ['--import', 'tsx', 'cli/main.ts', 'gates', ...args], {
+      spawnSync(process.execPath, [builtCli(), 'gates', ...args], {
         env: { ...process.env, SERVICE_DATA_DIR: h.config.dataDir, SERVICE_WORKSPACE_ROOT: h.workspace, LOG_LEVEL: 'silent' },
         encoding: 'utf8',
       });
