@@ -32,7 +32,7 @@ import type { RunQuery } from '../store/index.js';
 import type { AgentEndpoint } from './agent.js';
 import type { TenantSlots } from './concurrency.js';
 import { retryPolicyOf } from './retry.js';
-import { REDIS_DEADLINE_MS, type RunCompanion, type Transitions } from './transitions.js';
+import { REDIS_DEADLINE_MS, type AfterStored, type Transitions } from './transitions.js';
 import { allowlistOf, networkOf, type ToolPolicy } from './policy.js';
 import { resolveWorkspace, tenantRoot, tenantRootPath } from './workspace.js';
 import type { Sandbox } from '../tools/index.js';
@@ -124,7 +124,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
     return { steps, goal, seconds, tool_allowlist, network, workspace };
   }
 
-  async function create(tenantId: string, req: RunRequest, id = newId('run'), also?: RunCompanion): Promise<Run> {
+  async function create(tenantId: string, req: RunRequest, id = newId('run'), after?: AfterStored): Promise<Run> {
     const { steps, goal, seconds, tool_allowlist, network, workspace } = await admit(tenantId, req);
     const run: Run = {
       id,
@@ -159,7 +159,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       finished_at: null,
       duration_ms: null,
     };
-    await transitions.queue(run, also);
+    await transitions.queue(run, after);
     log.info({ tenant_id: tenantId, run_id: run.id, kind: run.kind, request_id: run.request_id }, 'run queued');
     return run;
   }
@@ -192,17 +192,17 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
   /**
    * Creates the run once per Idempotency-Key: the same key with the same request answers the same
    * run; with another request it is refused. Keys live 24 hours. When Redis cannot hold the key, the
-   * request is refused with 503 rather than risk running twice. `also` is stored in the commit of a run
-   * made here (not of one replayed).
+   * request is refused with 503 rather than risk running twice. `after` follows a run made here once it
+   * is stored (not one replayed).
    */
   async function createIdempotent(
     tenantId: string,
     key: string | undefined,
     fingerprint: unknown,
     req: RunRequest,
-    also?: RunCompanion,
+    after?: AfterStored,
   ): Promise<{ run: Run; replayed: boolean }> {
-    if (!key) return { run: await create(tenantId, req, undefined, also), replayed: false };
+    if (!key) return { run: await create(tenantId, req, undefined, after), replayed: false };
     const hash = createHash('sha256').update(JSON.stringify(fingerprint)).digest('hex');
     const slot = `${prefix}:idempotency:${tenantId}:${createHash('sha256').update(key).digest('hex')}`;
     const id = newId('run');
@@ -218,7 +218,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
     }
     if (won) {
       try {
-        const run = await create(tenantId, req, id, also);
+        const run = await create(tenantId, req, id, after);
         // stored: the key now holds for its full day (not waited for: the claim already holds it for 30 s)
         void batch.call('key.expire', [slot], [IDEMPOTENCY_TTL_SECONDS]).catch(() => undefined);
         return { run, replayed: false };

@@ -32,6 +32,9 @@ export type RunFinishedHook = (run: Run) => Promise<void>;
 /** Stores a record that goes with a new run (its run session): asked for with the run's own insert, so one commit holds both. */
 export type RunCompanion = (run: Run) => Promise<void>;
 
+/** Records what follows from one new run once it is stored (its task's move to `queued`), while the run is put in line. */
+export type AfterStored = (run: Run) => Promise<void>;
+
 /** Says why a queued run must not start (a session task that already ended), or null. */
 export type StartGuard = (run: Run) => Promise<string | null>;
 
@@ -207,14 +210,13 @@ export function transitionsOf(deps: TransitionsDeps) {
   const api = {
     /**
      * A new run: stored `queued` first (the outbox; a failure here is the caller's 503), with the
-     * records that go with it (the registered ones, and `also`, this run's own) in the same commit;
-     * then its run.queued event and its place in line. When Redis does not answer within REDIS_DEADLINE_MS the
-     * run is still accepted: what is pending completes when Redis returns, and the reconciler queues
-     * the run if it never does.
+     * records that go with it in the same commit; then its run.queued event and its place in line, and
+     * beside them `after`, this run's own follow-up, which only a stored run gets. When Redis does not
+     * answer within REDIS_DEADLINE_MS the run is still accepted: what is pending completes when Redis
+     * returns, and the reconciler queues the run if it never does.
      */
-    async queue(run: Run, also?: RunCompanion): Promise<void> {
-      const storedWith = also ? [...companions, also] : companions;
-      const [stored, ...others] = await Promise.allSettled([store.runs.insert(run), ...storedWith.map((companion) => companion(run))]);
+    async queue(run: Run, after?: AfterStored): Promise<void> {
+      const [stored, ...others] = await Promise.allSettled([store.runs.insert(run), ...companions.map((companion) => companion(run))]);
       if (stored.status === 'rejected') {
         log.error({ err: stored.reason, run_id: run.id }, 'a run could not be stored');
         throw new ServiceUnavailableError('the store did not accept the run; retry shortly', STORE_RETRY_AFTER_SECONDS, { cause: stored.reason });
@@ -226,12 +228,15 @@ export function transitionsOf(deps: TransitionsDeps) {
         emit(run, { type: 'run.queued', data: { kind: run.kind, trigger: run.trigger, attempt: run.attempt, rerun_of: run.rerun_of } }),
         slots.admit(run.tenant_id, run.id),
       ]).then(([, admitted]) => (admitted ? enqueue(run) : undefined));
+      // as with the records above, the run stands (and its request succeeds) whatever becomes of this
+      const followed = after?.(run).catch((err: unknown) => log.error({ err, run_id: run.id }, 'a record of the run was not stored'));
       try {
         await withTimeout(lined, REDIS_DEADLINE_MS, 'Redis answer');
       } catch (err) {
         lined.catch(() => undefined);
         log.warn({ run_id: run.id, err: (err as Error).message }, 'run stored but not yet in line: it is queued when Redis answers');
       }
+      await followed;
     },
     enqueue,
     admit,

@@ -84,8 +84,8 @@ export function tasksOf(deps: TasksDeps) {
    * A run of the task: its agent's snapshot and instructions, the outputs of its dependencies as
    * `inputs.upstream`, and `max_attempts` as its retry policy. Made once per key: the task's first run,
    * or the run an answer starts (`continues` the run that asked). The task moves to `queued` with its
-   * run (`queued` says how, or null for a run that is not the task's next): in the run's own commit when
-   * the run is made here, after it when an earlier request made it.
+   * run (`queued` says how, or null for a run that is not the task's next): once the run is stored, while
+   * it is put in line, when it is made here; after it, when an earlier request made it.
    */
   async function startRun(
     session: Session,
@@ -123,8 +123,10 @@ export function tasksOf(deps: TasksDeps) {
         const how = queued(made);
         if (!how) return;
         const moving = write(task, how);
-        // its task.updated is asked for as the write lands, before the run's run.queued and place in line
+        // its task.updated is asked for as the write lands; awaited below (marked handled here, so a
+        // failure is never unhandled whatever path the creation takes)
         told = moving.then((moved) => moved && emit(moved));
+        told.catch(() => undefined);
         await moving;
       },
     );
