@@ -79,17 +79,24 @@ describe('agents of a session', function () {
     await withAgents(script, async (h, model, session) => {
       const deployer = await agent(h, session, { name: 'deployer', tool_allowlist: ['read_file'] });
       await task(h, session, { id: 'deploy', goal: 'Deploy the service', agent_id: deployer.id });
-      const waiting = await sessionWhen(h, session, (s) => s.tasks[0].status === 'input_required', 'the task to wait');
-      expect(waiting.status).to.equal('waiting');
+      // the task's move and the session's status that follows it are two writes: the session follows a moment later
+      const waiting = await sessionWhen(
+        h,
+        session,
+        (s) => s.tasks[0].status === 'input_required' && s.status === 'waiting',
+        'the task and its session to wait',
+      );
       expect(waiting.outcome).to.equal(null);
       const asked = await finishedRun(h, waiting.tasks[0].run_ids[0]);
       expect(asked.status).to.equal('succeeded');
       expect(asked.summary).to.equal('waiting for input: Which branch should I deploy?');
       expect(asked.result.input_required.question).to.equal('Which branch should I deploy?');
       expect(asked.trigger).to.deep.include({ type: 'task', task_id: 'deploy', prior_attempts: 0 });
-      // nothing of it is running: no job is active and no tenant slot is held
-      expect(await h.rt.queues.get('runs').getActiveCount()).to.equal(0);
+      // nothing of it is running: no job is active and no tenant slot is held (once its job has left the
+      // worker, a moment after the task moved), while the task still waits
+      await eventually(async () => (await h.rt.queues.get('runs').getActiveCount()) === 0, 'the run’s job to leave the worker');
       expect((await h.rt.engine.runs.reliabilityContext('tenant-a')).tenant.running).to.equal(0);
+      expect((await h.call<Body>('GET', `/api/v1/sessions/${session}`)).body.tasks[0].status).to.equal('input_required');
       // the question is in the session's log, from the agent
       const log = (await h.call<Body>('GET', `/api/v1/sessions/${session}/messages`)).body.data;
       const question = log.find((m: Body) => m.kind === 'input_request');
