@@ -228,15 +228,15 @@ export function transitionsOf(deps: TransitionsDeps) {
         emit(run, { type: 'run.queued', data: { kind: run.kind, trigger: run.trigger, attempt: run.attempt, rerun_of: run.rerun_of } }),
         slots.admit(run.tenant_id, run.id),
       ]).then(([, admitted]) => (admitted ? enqueue(run) : undefined));
-      // as with the records above, the run stands (and its request succeeds) whatever becomes of this
-      const followed = after?.(run).catch((err: unknown) => log.error({ err, run_id: run.id }, 'a record of the run was not stored'));
+      // as with the records above, the run stands (and its request succeeds) whatever becomes of this;
+      // the caller waits for it if it needs to
+      after?.(run).catch((err: unknown) => log.error({ err, run_id: run.id }, 'a record of the run was not stored'));
       try {
         await withTimeout(lined, REDIS_DEADLINE_MS, 'Redis answer');
       } catch (err) {
         lined.catch(() => undefined);
         log.warn({ run_id: run.id, err: (err as Error).message }, 'run stored but not yet in line: it is queued when Redis answers');
       }
-      await followed;
     },
     enqueue,
     admit,

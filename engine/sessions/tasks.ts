@@ -101,7 +101,13 @@ export function tasksOf(deps: TasksDeps) {
     const attempts = Math.max(1, task.max_attempts - (trigger.prior_attempts ?? 0));
     const stepsUsed = trigger.continues ? (taskUsage(task).steps ?? 0) : 0;
     const maxSteps = agent?.budget.max_steps === undefined ? undefined : Math.max(1, agent.budget.max_steps - stepsUsed);
-    let told: Promise<unknown> | undefined;
+    // the task's move to queued, and its task.updated as soon as the write lands
+    const moveQueued = async (r: Run): Promise<void> => {
+      const how = queued(r);
+      const moved = how && (await write(task, how));
+      if (moved) await emit(moved);
+    };
+    let moving: Promise<void> | undefined;
     const { run } = await runs.createIdempotent(
       session.tenant_id,
       key,
@@ -119,23 +125,9 @@ export function tasksOf(deps: TasksDeps) {
         agent: agent ? { id: agent.id, name: agent.name, role: agent.role, model: agent.model } : null,
         trigger: { type: 'task', task_id: task.id, ...trigger },
       },
-      async (made) => {
-        const how = queued(made);
-        if (!how) return;
-        const moving = write(task, how);
-        // its task.updated is asked for as the write lands; awaited below (marked handled here, so a
-        // failure is never unhandled whatever path the creation takes)
-        told = moving.then((moved) => moved && emit(moved));
-        told.catch(() => undefined);
-        await moving;
-      },
+      (made) => (moving = moveQueued(made)),
     );
-    if (told) await told;
-    else {
-      const how = queued(run);
-      const moved = how && (await write(task, how));
-      if (moved) await emit(moved);
-    }
+    await (moving ?? moveQueued(run));
     return run;
   }
 

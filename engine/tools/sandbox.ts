@@ -4,9 +4,10 @@
 // workspace read-write at /workspace, a private /tmp, nothing else (no data dir, no other workspace, no
 // home of the service's user). `--die-with-parent` and the pid namespace make everything a step starts
 // (daemons included) die with it, and a stop signals every process in the step's pids cgroup too (a stop
-// that lands while bwrap is still starting the command would otherwise orphan it). Limits per step: CPU seconds, address space, file size and open
-// files through prlimit inside the sandbox, and the number of processes through a pids cgroup when
-// one can be made (RLIMIT_NPROC does not hold for a sandbox whose outside user is root).
+// that lands while bwrap is still starting the command would otherwise orphan it). Limits per step: CPU
+// seconds, address space, file size and open files through prlimit inside the sandbox, and the number
+// of processes through a pids cgroup when one can be made (RLIMIT_NPROC does not hold for a sandbox
+// whose outside user is root).
 import { spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';

@@ -50,9 +50,10 @@ export type Receipt = {
 
 type TenantSecrets = { at: number; known: boolean; byKind: Map<WebhookProvider, string[]> };
 
-// One operation of the engine's Redis batch per request (requests of one event-loop turn share a round trip): count it against the tenant's minute, then (when a signed request has
-// a replay key) remember what was signed. Answers [1, 0] go on, [0, ms until the minute ends]
-// rate-limited, [2, 0] a replay. Seen keys are only written for requests within the limit.
+// One operation of the engine's Redis batch per request (requests of one event-loop turn share a round
+// trip): count it against the tenant's minute, then (when a signed request has a replay key) remember
+// what was signed. Answers [1, 0] go on, [0, ms until the minute ends] rate-limited, [2, 0] a replay.
+// Seen keys are only written for requests within the limit.
 const GATE = `local n = redis.call('INCR', KEYS[1])
 if n == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
 if n > tonumber(ARGV[2]) then return {0, redis.call('PTTL', KEYS[1])} end
