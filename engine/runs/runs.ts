@@ -347,7 +347,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
      * Repairs what crashes and lost jobs leave, so no run is stuck: a queued run whose job is gone,
      * failed or completed goes back in line; a running run whose job is gone, failed or completed
      * (its worker died, or Redis lost it) is lost (failed worker-lost, or retried by its policy); a
-     * tenant slot held by a run that has ended, or no longer exists, is freed. `isExecuting` tells
+     * tenant slot held by a run that ended before the window, or no longer exists, is freed. `isExecuting` tells
      * the runs this process is executing right now, which are never touched.
      */
     async reconcile(opts: { olderThanMs?: number; isExecuting?: (runId: string) => boolean } = {}): Promise<{ requeued: number; lost: number; freed: number }> {
@@ -383,7 +383,8 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       for (const [tenantId, runIds] of await slots.holders()) {
         for (const runId of runIds) {
           const run = await store.runs.get(tenantId, runId);
-          if (run && !isTerminal(run.status)) continue;
+          // a run that ended within the window is being released by its own transition, in its end's round trip
+          if (run && (!isTerminal(run.status) || (run.finished_at ?? '') > before)) continue;
           await transitions.release(tenantId, runId);
           freed++;
         }
