@@ -2,6 +2,7 @@
 //  - 100 no-op tasks (a random DAG, each with one `message` step) from POST to the session's end,
 //    against a BullMQ flow of one parent and 100 no-op children from add to the parent's completion
 //  - a layered DAG, 10 wide and 10 deep (each task after every task of the layer before)
+//  - where the time goes: 100 tasks with no dependencies, and 100 plain no-op runs (the floor under any DAG)
 // The flow is a tree and runs its children in parallel; the DAG runs each task as a full run (stored,
 // events, tenant slot), at the same worker concurrency.
 import { FlowProducer, Worker } from 'bullmq';
@@ -85,6 +86,31 @@ function depthOf(tasks: TaskSpec[]): number {
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
+/**
+ * The floor under the DAG: the median of ROUNDS batches of 100 no-op runs (no session, no task), all
+ * created at once, from the first creation to the last run's end, in one service (the first warms it up).
+ */
+async function runsMs(n: number): Promise<number> {
+  return (await service(async (rt) => {
+    const { startWorkers } = await import('../workers/index.js');
+    const workers = await startWorkers(rt);
+    const finished = async () => (await rt.metrics.runsFinished.get()).values.reduce((sum, v) => sum + v.value, 0);
+    try {
+      const times: number[] = [];
+      for (let round = 0; round < ROUNDS; round++) {
+        const before = await finished();
+        const t0 = performance.now();
+        await Promise.all(Array.from({ length: n }, () => rt.engine.runs.create('bench', { kind: 'autonomy', steps: NOOP, trigger: { type: 'api' } })));
+        while ((await finished()) < before + n) await new Promise((r) => setTimeout(r, 2));
+        times.push(performance.now() - t0);
+      }
+      return median(times);
+    } finally {
+      await workers.close();
+    }
+  })) as number;
+}
+
 /** The median of ROUNDS sessions of the same DAG in one service (the first warms it up). */
 async function dagMs(tasks: TaskSpec[]): Promise<number> {
   return (await service(async (rt) => {
@@ -124,9 +150,15 @@ export async function dagBenchmarks(): Promise<string[]> {
   const random = await dagMs(dag);
   step('task DAG, 10 wide x 10 deep');
   const layered = await dagMs(layeredDag(10, 10));
+  step('100 tasks with no dependencies');
+  const flat = await dagMs(layeredDag(100, 1));
+  step('100 no-op runs, no session');
+  const runs = await runsMs(100);
   const f = (n: number) => n.toFixed(0);
   return [
     `| 100 no-op tasks, random DAG (seeded; longest chain ${depthOf(dag)} tasks), POST to the session's end vs a BullMQ flow of 100 no-op children | ${f(random)} ms | ${f(flow)} ms | ${(random / flow).toFixed(2)}x |`,
     `| 100 no-op tasks, 10 wide x 10 deep (each after the whole layer before) vs the same flow | ${f(layered)} ms | ${f(flow)} ms | ${(layered / flow).toFixed(2)}x |`,
+    `| where it goes: 100 no-op tasks with no dependencies (a session, no waiting) vs the same flow | ${f(flat)} ms | ${f(flow)} ms | ${(flat / flow).toFixed(2)}x |`,
+    `| where it goes: 100 no-op runs created at once (no session, no task) vs the same flow | ${f(runs)} ms | ${f(flow)} ms | ${(runs / flow).toFixed(2)}x |`,
   ];
 }
