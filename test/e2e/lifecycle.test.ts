@@ -193,6 +193,15 @@ describe('run lifecycle', function () {
       expect(await (await queue.getJob(jobOf(removed, 1)))!.getState()).to.equal('waiting');
       expect((await noWorkers.rt.engine.runs.reliabilityContext('tenant-a')).tenant.running).to.equal(2);
       expect(await noWorkers.rt.engine.runs.reconcile({ olderThanMs: 0 })).to.deep.equal({ requeued: 0, lost: 0, freed: 0 });
+      // a run that ended within the window is being released by its own end: the reconciler leaves its slot
+      const justEnded = await post('echo five');
+      await queue.remove(jobOf(justEnded, 1));
+      await noWorkers.rt.store.runs.update('tenant-a', justEnded, { status: 'succeeded', finished_at: new Date().toISOString() }, { status: ['queued'] });
+      expect(await noWorkers.rt.engine.runs.reconcile({ olderThanMs: 60_000 })).to.deep.equal({ requeued: 0, lost: 0, freed: 0 });
+      expect((await noWorkers.rt.engine.runs.reliabilityContext('tenant-a')).tenant.running).to.equal(3);
+      await new Promise((r) => setTimeout(r, 5));
+      expect(await noWorkers.rt.engine.runs.reconcile({ olderThanMs: 0 })).to.deep.equal({ requeued: 0, lost: 0, freed: 1 });
+      expect((await noWorkers.rt.engine.runs.reliabilityContext('tenant-a')).tenant.running).to.equal(2);
     } finally {
       await noWorkers.close();
     }
