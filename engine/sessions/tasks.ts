@@ -394,7 +394,8 @@ export function tasksOf(deps: TasksDeps) {
         }
       });
       await store.tasks.insertMany(records);
-      for (const t of records) await emit(t);
+      // appends keep the order they are asked in: all of them in one round trip, not one round trip each
+      await Promise.all(records.map(emit));
       await apply(session, await dag.add(session.id, records));
       await deps.recount(session.tenant_id, session.id);
       const stored = new Map((await store.tasks.list(session.tenant_id, session.id)).map((t) => [t.id, t]));
