@@ -409,11 +409,17 @@ export function tasksOf(deps: TasksDeps) {
 
     /** Starts the tasks that became ready, or were answered, while the session was paused. */
     async resume(session: Session): Promise<void> {
-      for (const t of await store.tasks.list(session.tenant_id, session.id)) {
-        const started =
-          t.status === 'queued' && !t.run_ids.length ? dispatch(session, t.id) : t.status === 'input_required' ? continueIfAnswered(session, t) : null;
-        await started?.catch((err: unknown) => log.error({ err, task_id: t.id }, 'a held task could not start'));
-      }
+      // all at once, as the tasks one completion releases: each start is a few round trips
+      const held = await store.tasks.list(session.tenant_id, session.id);
+      // one read serves them all, their dependencies' outputs included
+      const known = new Map(held.map((t) => [t.id, t]));
+      await Promise.all(
+        held.map((t) => {
+          const started =
+            t.status === 'queued' && !t.run_ids.length ? dispatch(session, t.id, known) : t.status === 'input_required' ? continueIfAnswered(session, t) : null;
+          return started?.catch((err: unknown) => log.error({ err, task_id: t.id }, 'a held task could not start'));
+        }),
+      );
     },
 
     /**
@@ -421,13 +427,17 @@ export function tasksOf(deps: TasksDeps) {
      * release starts) and in the store. A task whose run is still stopping ends with that run instead.
      */
     async cancelAll(session: Session): Promise<void> {
-      for (const t of await store.tasks.list(session.tenant_id, session.id)) {
-        if (TERMINAL_TASK_STATUSES.includes(t.status)) continue;
-        const runId = t.run_ids.at(-1);
-        const run = runId ? await store.runs.get(session.tenant_id, runId) : null;
-        if (run && !isTerminal(run.status) && t.status === 'running') continue;
-        await cancelTask(session, t.id);
-      }
+      // all at once: a task reached twice (canceled, and released by another's cancel) ends once, Redis's first writer
+      const tasks = await store.tasks.list(session.tenant_id, session.id);
+      await Promise.all(
+        tasks.map(async (t) => {
+          if (TERMINAL_TASK_STATUSES.includes(t.status)) return;
+          const runId = t.run_ids.at(-1);
+          const run = runId ? await store.runs.get(session.tenant_id, runId) : null;
+          if (run && !isTerminal(run.status) && t.status === 'running') return;
+          await cancelTask(session, t.id);
+        }),
+      );
     },
 
     /** A message was posted: the waiting tasks it answers start their next run. */

@@ -128,6 +128,23 @@ describe('task DAG', function () {
       ['held', 'succeeded'],
       ['next', 'succeeded'],
     ]);
+    // held by a pause, two at once; a resumed task gets its dependency's output
+    await h.call('PATCH', `/api/v1/sessions/${id}`, { body: { status: 'paused' } });
+    const held = await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, {
+      body: {
+        tasks: [
+          { id: 'last', depends_on: ['next'], steps: sh('echo last') },
+          { id: 'alone', steps: sh('echo alone') },
+        ],
+      },
+    });
+    expect(held.status, held.text).to.equal(201);
+    expect(held.body.data.map((t: Body) => t.status)).to.deep.equal(['queued', 'queued']);
+    await h.call('PATCH', `/api/v1/sessions/${id}`, { body: { status: 'running' } });
+    const resumed = await settled(id, 4);
+    expect(resumed.tasks.map((t: Body) => t.status)).to.deep.equal(['succeeded', 'succeeded', 'succeeded', 'succeeded']);
+    const last = (await h.call<Body>('GET', `/api/v1/runs/${resumed.tasks.find((t: Body) => t.id === 'last').run_ids[0]}`)).body;
+    expect(last.inputs.upstream.next.steps[0].output.stdout).to.contain('next');
   });
 
   it('answers one 422 listing every error of a batch, and adds nothing', async () => {
