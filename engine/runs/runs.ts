@@ -347,8 +347,8 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
      * Repairs what crashes and lost jobs leave, so no run is stuck: a queued run whose job is gone,
      * failed or completed goes back in line; a running run whose job is gone, failed or completed
      * (its worker died, or Redis lost it) is lost (failed worker-lost, or retried by its policy); a
-     * tenant slot held by a run that ended before the window, or no longer exists, is freed. `isExecuting` tells
-     * the runs this process is executing right now, which are never touched.
+     * tenant slot held by a run that ended before the window, or no longer exists, is freed.
+     * `isExecuting` tells the runs this process is executing right now, which are never touched.
      */
     async reconcile(opts: { olderThanMs?: number; isExecuting?: (runId: string) => boolean } = {}): Promise<{ requeued: number; lost: number; freed: number }> {
       const before = new Date(clock.now().getTime() - (opts.olderThanMs ?? 10_000)).toISOString();
