@@ -299,22 +299,30 @@ export function sessionsOf(deps: SessionsDeps) {
 
     /**
      * Archives the session, then ends what is in it: its queued and running runs are canceled, and every
-     * task not yet ended is canceled (in Redis too, so nothing it would release starts). Archiving an
-     * archived session changes nothing. The session keeps its outcome once its tasks have ended.
+     * task not yet ended is canceled (in Redis too, so nothing it would release starts). The session keeps
+     * its outcome once its tasks have ended. Archiving an archived session whose work has all ended changes
+     * nothing; one whose archiving was cut short (a failure, a crash) is finished by the next DELETE.
      */
     async archive(tenantId: string, id: string): Promise<Session> {
       const current = await mustGet(tenantId, id);
-      if (current.status === 'archived') return current;
+      if (current.status === 'archived' && current.outcome !== null) return current;
       // archived first: from here no task starts, no answer continues a task and no message is taken
-      const archived = await change(tenantId, id, { status: 'archived' }, LIVE);
+      const archived = current.status === 'archived' ? current : await change(tenantId, id, { status: 'archived' }, LIVE);
       if (!archived) return mustGet(tenantId, id);
-      for (const status of ['queued', 'running'] as const) {
-        for (const run of (await store.runs.list(tenantId, { session_id: id, status, limit: 100 })).items) {
-          await runs.cancel(tenantId, run.id).catch(() => undefined); // it may have ended meanwhile
+      try {
+        for (const status of ['queued', 'running'] as const) {
+          for (let cursor: string | undefined; ;) {
+            const page = await store.runs.list(tenantId, { session_id: id, status, limit: 100, cursor });
+            // it may have ended meanwhile
+            await Promise.all(page.items.map((run) => runs.cancel(tenantId, run.id).catch(() => undefined)));
+            if (!page.next_cursor) break;
+            cursor = page.next_cursor;
+          }
         }
+        await tasks.cancelAll(archived);
+      } finally {
+        await recount(tenantId, id);
       }
-      await tasks.cancelAll(archived);
-      await recount(tenantId, id);
       return mustGet(tenantId, id);
     },
 

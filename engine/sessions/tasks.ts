@@ -427,17 +427,22 @@ export function tasksOf(deps: TasksDeps) {
      * release starts) and in the store. A task whose run is still stopping ends with that run instead.
      */
     async cancelAll(session: Session): Promise<void> {
-      // all at once: a task reached twice (canceled, and released by another's cancel) ends once, Redis's first writer
       const tasks = await store.tasks.list(session.tenant_id, session.id);
-      await Promise.all(
+      // which to cancel first (a running task whose run is still stopping ends with that run), then all
+      // of them at once, asked in the order listed: a task reached twice (listed, and released by another's
+      // cancel) ends once, Redis's first writer. One that fails does not stop the rest; the first failure
+      // is thrown once all have been tried
+      const open = await Promise.all(
         tasks.map(async (t) => {
-          if (TERMINAL_TASK_STATUSES.includes(t.status)) return;
+          if (TERMINAL_TASK_STATUSES.includes(t.status)) return null;
           const runId = t.run_ids.at(-1);
           const run = runId ? await store.runs.get(session.tenant_id, runId) : null;
-          if (run && !isTerminal(run.status) && t.status === 'running') return;
-          await cancelTask(session, t.id);
+          return run && !isTerminal(run.status) && t.status === 'running' ? null : t;
         }),
       );
+      const results = await Promise.allSettled(open.map((t) => t && cancelTask(session, t.id)));
+      const failed = results.find((r) => r.status === 'rejected');
+      if (failed) throw failed.reason;
     },
 
     /** A message was posted: the waiting tasks it answers start their next run. */

@@ -147,6 +147,59 @@ describe('task DAG', function () {
     expect(last.inputs.upstream.next.steps[0].output.stdout).to.contain('next');
   });
 
+  it('archiving cancels every run of the session, past the first page, and a cut-short archive is finished by the next DELETE', async () => {
+    const id = await session();
+    const tasks = Array.from({ length: 120 }, (_, i) => ({ id: `t${i}`, steps: sh('sleep 30') }));
+    expect((await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, { body: { tasks } })).status).to.equal(201);
+    const runsOf = async (status: string) => {
+      const all: Body[] = [];
+      for (let cursor = ''; ;) {
+        const page = (await h.call<Body>('GET', `/api/v1/runs?session_id=${id}&status=${status}&limit=100${cursor}`)).body;
+        all.push(...page.data);
+        if (!page.next_cursor) return all;
+        cursor = `&cursor=${page.next_cursor}`;
+      }
+    };
+    await eventually(async () => (await runsOf('running')).length > 0, 'a task to start');
+    expect((await runsOf('queued')).length).to.be.greaterThan(100);
+    expect((await h.call<Body>('DELETE', `/api/v1/sessions/${id}`)).body.status).to.equal('archived');
+    // every queued run was canceled by the DELETE itself, not only the first page of them
+    expect(await runsOf('queued')).to.deep.equal([]);
+    await eventually(async () => (await runsOf('running')).length === 0, 'the running runs to stop');
+    expect((await settled(id, 120)).outcome).to.equal('canceled');
+
+    // held tasks (a paused session: no runs) canceled by the archive itself; one move fails
+    const held = await session();
+    await h.call('PATCH', `/api/v1/sessions/${held}`, { body: { status: 'paused' } });
+    const three = ['a', 'b', 'c'].map((t) => ({ id: t, steps: sh('true') }));
+    expect((await h.call<Body>('POST', `/api/v1/sessions/${held}/tasks`, { body: { tasks: three } })).status).to.equal(201);
+    const update = h.rt.store.tasks.update.bind(h.rt.store.tasks);
+    let failed = 0;
+    h.rt.store.tasks.update = async (...args: Parameters<typeof update>) => {
+      if (args[2] === 'b' && args[3].status === 'canceled' && !failed++) throw new Error('injected');
+      return update(...args);
+    };
+    try {
+      // the DELETE fails, having tried every other task
+      expect((await h.call<Body>('DELETE', `/api/v1/sessions/${held}`)).status).to.equal(500);
+    } finally {
+      h.rt.store.tasks.update = update;
+    }
+    expect(failed).to.equal(1);
+    const cut = (await h.call<Body>('GET', `/api/v1/sessions/${held}`)).body;
+    expect(cut).to.deep.include({ status: 'archived', outcome: null });
+    expect(cut.tasks.map((t: Body) => [t.id, t.status])).to.deep.equal([
+      ['a', 'canceled'],
+      ['b', 'queued'],
+      ['c', 'canceled'],
+    ]);
+    // the next DELETE finishes it
+    const again = await h.call<Body>('DELETE', `/api/v1/sessions/${held}`);
+    expect(again.status, again.text).to.equal(200);
+    expect(again.body).to.deep.include({ status: 'archived', outcome: 'canceled' });
+    expect((await h.call<Body>('GET', `/api/v1/sessions/${held}`)).body.tasks.every((t: Body) => t.status === 'canceled')).to.equal(true);
+  });
+
   it('answers one 422 listing every error of a batch, and adds nothing', async () => {
     const id = await session();
     const res = await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, {
