@@ -92,10 +92,13 @@ export function sessionsOf(deps: SessionsDeps) {
 
   // a run session follows its run: running while it runs, idle with the run's outcome once it ends. It
   // is the session of that one run (made with it; a PATCH cannot pause it), so only an archived one, or
-  // one already ended by a repeat of this hook, is not running: one conditional write, nothing read first
+  // one already ended by a repeat of this hook, is not running: one conditional write, nothing read first.
+  // An archived one stays archived and takes the outcome
   async function followRun(run: Run): Promise<void> {
     if (!hasRunSession(run)) return;
-    await change(run.tenant_id, run.session_id, { status: 'idle', outcome: OUTCOME_OF_RUN[run.status] ?? null }, ['running']);
+    const outcome = OUTCOME_OF_RUN[run.status] ?? null;
+    if (!(await change(run.tenant_id, run.session_id, { status: 'idle', outcome }, ['running'])))
+      await change(run.tenant_id, run.session_id, { outcome }, ['archived']);
   }
   runs.onRunFinished(followRun);
 

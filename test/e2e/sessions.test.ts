@@ -76,6 +76,9 @@ describe('sessions', function () {
     const archived = await h.call<Body>('DELETE', `/api/v1/sessions/${res.body.session_id}`);
     expect(archived.body.status).to.equal('archived');
     expect((await finishedRun(h, res.body.run_id)).status).to.equal('canceled');
+    // the archived session takes its run's outcome
+    await eventually(async () => (await h.call<Body>('GET', `/api/v1/sessions/${res.body.session_id}`)).body.outcome === 'canceled', 'the outcome');
+    expect((await h.call<Body>('GET', `/api/v1/sessions/${res.body.session_id}`)).body.status).to.equal('archived');
   });
 
   it('adds agents and keeps a durable message log in seq order; only user and system messages are injected', async () => {
