@@ -632,7 +632,7 @@ export interface paths {
         post?: never;
         /**
          * Archive a session
-         * @description Cancels what runs in the session, then archives it (read-only from then on). Archiving an archived session changes nothing.
+         * @description Archives the session (read-only from then on), then cancels its queued and running runs and every task not yet ended. Archiving an archived session whose work has all ended changes nothing; one whose archiving failed part way is finished by the next DELETE.
          */
         delete: operations["archiveSession"];
         options?: never;
