@@ -74,11 +74,9 @@ export function sessionsOf(deps: SessionsDeps) {
   }
 
   /** A multi-agent session's status and outcome follow its tasks. */
-  async function recount(tenantId: string, sessionId: string, started = false): Promise<void> {
+  async function recount(tenantId: string, sessionId: string): Promise<void> {
     const s = await store.sessions.get(tenantId, sessionId);
     if (!s || s.kind !== 'multi_agent') return;
-    // a task that starts leaves a running session running: no need to read every task
-    if (started && s.status === 'running') return;
     const counts = await store.tasks.counts(tenantId, sessionId);
     const counted = tasks.statusOf(s, counts);
     // an archived session stays archived and gets its outcome once every task has ended: what its

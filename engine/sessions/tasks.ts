@@ -43,7 +43,7 @@ type TasksDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'events'> & {
   settings: ToolPolicy & { agent: unknown };
   dag: DagState;
   /** tells the session that its tasks changed (status, outcome) */
-  recount(tenantId: string, sessionId: string, started?: boolean): Promise<void>;
+  recount(tenantId: string, sessionId: string): Promise<void>;
 };
 
 /** The reconciler reads stale tasks this many at a time, up to this many pages a pass. */
@@ -249,6 +249,8 @@ export function tasksOf(deps: TasksDeps) {
           ? null
           : { changes: { status: 'queued', run_ids: [...task.run_ids, run.id], attempts: task.attempts + run.attempt }, from: ['input_required'] },
     );
+    // a task that waited is queued again: its session is running, unless another task still waits
+    await deps.recount(session.tenant_id, session.id);
   }
 
   /** Starts the next run of a waiting task when a message after its question answers it (held while the session is paused). */
@@ -304,13 +306,13 @@ export function tasksOf(deps: TasksDeps) {
     return (await dag.start(run.session_id, run.trigger.task_id)) ? null : `task ${run.trigger.task_id} has already ended`;
   }
 
+  // queued and running count alike for the session's status: a start leaves it as it was
   async function onRunStarted(run: Run): Promise<void> {
     if (run.trigger.type !== 'task') return;
     await move({ tenant_id: run.tenant_id, session_id: run.session_id, id: run.trigger.task_id }, { status: 'running', attempts: attemptOf(run) }, [
       'queued',
       'running',
     ]);
-    await deps.recount(run.tenant_id, run.session_id, true);
   }
 
   async function onRunFinished(run: Run): Promise<void> {

@@ -110,6 +110,11 @@ describe('agents of a session', function () {
       const done = await sessionWhen(h, session, (s) => s.outcome !== null, 'the task to end');
       expect(done.outcome).to.equal('succeeded');
       expect(done.status).to.equal('idle');
+      // the answered task is queued again: its session runs again, and goes idle when it ends
+      const statuses = (await h.rt.events.after(`session:${session}`, '0-0'))
+        .filter((e) => e.type === 'session.updated')
+        .map((e) => (e.data as Body).status as string);
+      expect(statuses.slice(statuses.lastIndexOf('waiting'))).to.deep.equal(['waiting', 'running', 'idle']);
       const t = done.tasks[0];
       expect(t.status).to.equal('succeeded');
       expect(t.run_ids).to.have.length(2);
