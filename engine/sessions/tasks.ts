@@ -479,6 +479,7 @@ export function tasksOf(deps: TasksDeps) {
             const session = await store.sessions.get(t.tenant_id, t.session_id);
             if (session && session.status !== 'paused' && session.status !== 'archived') {
               await dispatch(session, t.id);
+              await deps.recount(t.tenant_id, t.session_id);
               started++;
             }
           }
@@ -489,6 +490,7 @@ export function tasksOf(deps: TasksDeps) {
         const session = await store.sessions.get(t.tenant_id, t.session_id);
         if (!session) continue;
         await dispatch(session, t.id);
+        await deps.recount(t.tenant_id, t.session_id);
         started++;
       }
       // an answer whose continuation was lost with its process

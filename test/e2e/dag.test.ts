@@ -250,6 +250,17 @@ describe('task DAG', function () {
       ]);
       expect(tasks[1].run_ids).to.have.length(1);
       expect(await quiet.rt.engine.sessions.reconcile(0)).to.deep.equal({ finished: 0, started: 0 });
+
+      // a resume whose write landed but whose starts were lost: the held task starts, and its session runs
+      const held = (await quiet.call<Body>('POST', '/api/v1/sessions', { body: { title: 'lost resume' } })).body.id;
+      await quiet.call('PATCH', `/api/v1/sessions/${held}`, { body: { status: 'paused' } });
+      expect((await quiet.call<Body>('POST', `/api/v1/sessions/${held}/tasks`, { body: { id: 'h', steps: sh('true') } })).status).to.equal(201);
+      expect(await quiet.rt.store.sessions.update('tenant-a', held, { status: 'idle' }, ['paused'])).to.not.equal(null);
+      expect(await quiet.rt.engine.sessions.reconcile(0)).to.deep.equal({ finished: 0, started: 1 });
+      const resumed = (await quiet.call<Body>('GET', `/api/v1/sessions/${held}`)).body;
+      expect(resumed.status).to.equal('running');
+      expect(resumed.tasks[0]).to.deep.include({ status: 'queued' });
+      expect(resumed.tasks[0].run_ids).to.have.length(1);
     } finally {
       await quiet.close();
     }
