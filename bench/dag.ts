@@ -8,7 +8,7 @@
 import { FlowProducer, Worker } from 'bullmq';
 import { Redis } from 'ioredis';
 import { deleteRedisPrefix, uniquePrefix } from '../test/support/harness.js';
-import { service } from './runs.js';
+import { runsFinished, service } from './runs.js';
 
 const REDIS_URL = process.env.REDIS_URL ?? 'redis://127.0.0.1:6379';
 const CONCURRENCY = Number(process.env.BENCH_CONCURRENCY ?? 10);
@@ -94,14 +94,13 @@ async function runsMs(n: number): Promise<number> {
   return (await service(async (rt) => {
     const { startWorkers } = await import('../workers/index.js');
     const workers = await startWorkers(rt);
-    const finished = async () => (await rt.metrics.runsFinished.get()).values.reduce((sum, v) => sum + v.value, 0);
     try {
       const times: number[] = [];
       for (let round = 0; round < ROUNDS; round++) {
-        const before = await finished();
+        const before = await runsFinished(rt);
         const t0 = performance.now();
         await Promise.all(Array.from({ length: n }, () => rt.engine.runs.create('bench', { kind: 'autonomy', steps: NOOP, trigger: { type: 'api' } })));
-        while ((await finished()) < before + n) await new Promise((r) => setTimeout(r, 2));
+        while ((await runsFinished(rt)) < before + n) await new Promise((r) => setTimeout(r, 2));
         times.push(performance.now() - t0);
       }
       return median(times);

@@ -91,18 +91,18 @@ export async function service(fn: (rt: Awaited<ReturnType<typeof openRuntime>>) 
   }
 }
 
+/** How many runs the service has finished so far, of any kind and status (its metric). */
+export async function runsFinished(rt: Awaited<ReturnType<typeof openRuntime>>): Promise<number> {
+  return (await rt.metrics.runsFinished.get()).values.reduce((n, v) => n + v.value, 0);
+}
+
 async function engineThroughput(): Promise<number> {
   return (await service(async (rt) => {
     for (let i = 0; i < RUNS; i++) await rt.engine.runs.create('bench', { kind: 'autonomy', steps: NOOP, trigger: { type: 'api' } });
     const started = performance.now();
     const workers = await startWorkers(rt);
     try {
-      const finished = rt.metrics.runsFinished;
-      for (;;) {
-        const total = (await finished.get()).values.reduce((n, v) => n + v.value, 0);
-        if (total >= RUNS) break;
-        await new Promise((r) => setTimeout(r, 10));
-      }
+      while ((await runsFinished(rt)) < RUNS) await new Promise((r) => setTimeout(r, 10));
       return RUNS / ((performance.now() - started) / 1000);
     } finally {
       await workers.close();

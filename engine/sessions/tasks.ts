@@ -71,11 +71,8 @@ export function tasksOf(deps: TasksDeps) {
   type Move = { changes: Partial<TaskRecord>; from: TaskStatus[] };
   type TaskRef = Pick<TaskRecord, 'tenant_id' | 'session_id' | 'id'>;
 
-  const write = (t: TaskRef, { changes, from }: Move) =>
-    store.tasks.update(t.tenant_id, t.session_id, t.id, { ...changes, updated_at: clock.now().toISOString() }, from);
-
   async function move(t: TaskRef, changes: Partial<TaskRecord>, from: TaskStatus[]): Promise<TaskRecord | null> {
-    const moved = await write(t, { changes, from });
+    const moved = await store.tasks.update(t.tenant_id, t.session_id, t.id, { ...changes, updated_at: clock.now().toISOString() }, from);
     if (moved) await emit(moved);
     return moved;
   }
@@ -104,8 +101,7 @@ export function tasksOf(deps: TasksDeps) {
     // the task's move to queued, and its task.updated as soon as the write lands
     const moveQueued = async (r: Run): Promise<void> => {
       const how = queued(r);
-      const moved = how && (await write(task, how));
-      if (moved) await emit(moved);
+      if (how) await move(task, how.changes, how.from);
     };
     let moving: Promise<void> | undefined;
     const { run } = await runs.createIdempotent(
