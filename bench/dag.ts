@@ -86,21 +86,22 @@ function depthOf(tasks: TaskSpec[]): number {
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
+type Rt = Parameters<Parameters<typeof service>[0]>[0];
+
 /**
- * The floor under the DAG: the median of ROUNDS batches of 100 no-op runs (no session, no task), all
- * created at once, from the first creation to the last run's end, in one service (the first warms it up).
+ * The median of ROUNDS timed rounds in one service with its workers (the first warms it up). Each round
+ * prepares what it needs off the clock (`prepare`), then the clock runs until `timed` answers.
  */
-async function runsMs(n: number): Promise<number> {
+async function medianMs<T>(prepare: (rt: Rt) => Promise<T>, timed: (rt: Rt, prepared: T) => Promise<void>): Promise<number> {
   return (await service(async (rt) => {
     const { startWorkers } = await import('../workers/index.js');
     const workers = await startWorkers(rt);
     try {
       const times: number[] = [];
-      for (let round = 0; round < ROUNDS; round++) {
-        const before = await runsFinished(rt);
+      for (let i = 0; i < ROUNDS; i++) {
+        const prepared = await prepare(rt);
         const t0 = performance.now();
-        await Promise.all(Array.from({ length: n }, () => rt.engine.runs.create('bench', { kind: 'autonomy', steps: NOOP, trigger: { type: 'api' } })));
-        while ((await runsFinished(rt)) < before + n) await new Promise((r) => setTimeout(r, 2));
+        await timed(rt, prepared);
         times.push(performance.now() - t0);
       }
       return median(times);
@@ -110,33 +111,34 @@ async function runsMs(n: number): Promise<number> {
   })) as number;
 }
 
-/** The median of ROUNDS sessions of the same DAG in one service (the first warms it up). */
-async function dagMs(tasks: TaskSpec[]): Promise<number> {
-  return (await service(async (rt) => {
-    const { startWorkers } = await import('../workers/index.js');
-    const workers = await startWorkers(rt);
-    try {
-      const times: number[] = [];
-      for (let round = 0; round < ROUNDS; round++) {
-        const session = await rt.engine.sessions.create('bench', { title: 'bench' });
-        const t0 = performance.now();
-        await rt.engine.sessions.addTasks('bench', session.id, tasks);
-        for (;;) {
-          const s = await rt.store.sessions.get('bench', session.id);
-          if (s?.outcome) {
-            if (s.outcome !== 'succeeded') throw new Error(`the bench DAG ended ${s.outcome}`);
-            times.push(performance.now() - t0);
-            break;
-          }
-          await new Promise((r) => setTimeout(r, 2));
+const tick = () => new Promise((r) => setTimeout(r, 2));
+
+/** The floor under the DAG: `n` no-op runs (no session, no task), all created at once, to the last run's end. */
+const runsMs = (n: number) =>
+  medianMs(
+    (rt) => runsFinished(rt),
+    async (rt, before) => {
+      await Promise.all(Array.from({ length: n }, () => rt.engine.runs.create('bench', { kind: 'autonomy', steps: NOOP, trigger: { type: 'api' } })));
+      while ((await runsFinished(rt)) < before + n) await tick();
+    },
+  );
+
+/** A session of the DAG, from adding its tasks to the session's end. */
+const dagMs = (tasks: TaskSpec[]) =>
+  medianMs(
+    (rt) => rt.engine.sessions.create('bench', { title: 'bench' }),
+    async (rt, session) => {
+      await rt.engine.sessions.addTasks('bench', session.id, tasks);
+      for (;;) {
+        const s = await rt.store.sessions.get('bench', session.id);
+        if (s?.outcome) {
+          if (s.outcome !== 'succeeded') throw new Error(`the bench DAG ended ${s.outcome}`);
+          return;
         }
+        await tick();
       }
-      return median(times);
-    } finally {
-      await workers.close();
-    }
-  })) as number;
-}
+    },
+  );
 
 export async function dagBenchmarks(): Promise<string[]> {
   const step = (what: string) => process.stderr.write(`bench: ${what}\n`);
