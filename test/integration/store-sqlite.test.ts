@@ -62,6 +62,35 @@ describe('SQLite store', () => {
     await store.close();
   });
 
+  it('waits for another process’s write lock with the event loop free, then commits the writes that queued meanwhile, in order', async () => {
+    const file = path.join(dir, 'locked.sqlite');
+    const store = openSqliteStore(file);
+    const other = new Database(file); // another process's connection: it holds the write lock
+    other.exec('BEGIN IMMEDIATE');
+    const a = automationFixture('t1');
+    const inserted = store.automations.insert(a);
+    const renamed = store.automations.update('t1', a.id, { name: 'renamed' }, ['enabled']);
+    // SQLite's own busy timeout would sleep on this thread: the timer could not fire, so the lock could
+    // not be let go, and the writes would fail as locked after 5 s
+    const started = performance.now();
+    let ticks = 0;
+    const ticker = setInterval(() => ticks++, 5);
+    await new Promise((r) => setTimeout(r, 100));
+    const waited = performance.now() - started;
+    expect(waited, 'the event loop ran while the lock was held').to.be.below(1000);
+    expect(ticks).to.be.at.least(5);
+    expect(await store.automations.get('t1', a.id), 'nothing written while the lock is held').to.equal(null);
+    const late = store.automations.insert(automationFixture('t1', { name: 'late' }));
+    other.exec('COMMIT');
+    await inserted;
+    expect((await renamed)!.name, 'the update ran after the insert it follows').to.equal('renamed');
+    await late;
+    clearInterval(ticker);
+    expect((await store.automations.list('t1', { limit: 10 })).items.map((x) => x.name).sort()).to.deep.equal(['late', 'renamed']);
+    other.close();
+    await store.close();
+  });
+
   it('fails ping once closed', async () => {
     const store = openSqliteStore(path.join(dir, 'closed.sqlite'));
     await store.close();

@@ -11,12 +11,15 @@ export type Db = Database.Database;
 /** Larger than any id: a page without a cursor starts below it. */
 export const TOP = '\uffff';
 
+/** How long a statement waits for another process's write lock before it fails with SQLITE_BUSY. */
+export const BUSY_TIMEOUT_MS = 5000;
+
 export function openDatabase(file: string): Db {
   if (file !== ':memory:') fs.mkdirSync(path.dirname(file), { recursive: true });
   const db = new Database(file);
   db.pragma('journal_mode = WAL');
   db.pragma('synchronous = NORMAL');
-  db.pragma('busy_timeout = 5000');
+  db.pragma(`busy_timeout = ${BUSY_TIMEOUT_MS}`);
   db.pragma('foreign_keys = ON');
   migrate(db);
   return db;
@@ -101,6 +104,11 @@ function migrate(db: Db): void {
  * pays for one commit (its WAL write) rather than one each. Each caller learns its result only after
  * the commit. A batch that fails is written again one write a transaction, so a bad write fails only
  * its own caller. A write is a function of what the file holds, so writing it again is safe.
+ *
+ * The write lock is taken without waiting: while another process (the Procfile's web and workers share
+ * the file) holds it, SQLite's own busy timeout would sleep on the event loop, 1 to 100 ms a try, and the
+ * process would answer nothing meanwhile. Instead the batch is tried again a moment later, the event
+ * loop free in between, and the writes asked for meanwhile join it; after BUSY_TIMEOUT_MS it fails.
  */
 export function groupCommit(db: Db): <T>(write: () => T) => Promise<T> {
   let shared = commits.get(db);
@@ -111,29 +119,67 @@ export function groupCommit(db: Db): <T>(write: () => T) => Promise<T> {
 /** one group per file: the repositories of a store share its batches */
 const commits = new WeakMap<Db, <T>(write: () => T) => Promise<T>>();
 
+const isBusy = (err: unknown) => (err as { code?: string }).code === 'SQLITE_BUSY';
+
 function makeGroupCommit(db: Db): <T>(write: () => T) => Promise<T> {
   type Pending = { write: () => unknown; resolve(v: unknown): void; reject(e: unknown): void };
   let batch: Pending[] = [];
+  let scheduled = false;
+  /** when the batch first found the lock taken; null while it has not */
+  let waitingSince: number | null = null;
   const all = db.transaction((items: Pending[]) => items.map((p) => p.write()));
   const one = db.transaction((p: Pending) => p.write());
+  /**
+   * Runs the transaction at once, or throws SQLITE_BUSY when another connection holds the write lock.
+   * (Not a prepared statement: SQLite sets busy_timeout when the PRAGMA is prepared, not when it runs.)
+   */
+  const now = <R>(tx: () => R): R => {
+    db.pragma('busy_timeout = 0');
+    try {
+      return tx();
+    } finally {
+      db.pragma(`busy_timeout = ${BUSY_TIMEOUT_MS}`);
+    }
+  };
+  const schedule = (later: boolean) => {
+    scheduled = true;
+    if (later) setTimeout(flush, 1);
+    else setImmediate(flush);
+  };
   const flush = () => {
+    scheduled = false;
     const items = batch;
     batch = [];
+    let results: unknown[];
     try {
-      const results = all.immediate(items);
-      items.forEach((p, i) => p.resolve(results[i]));
-    } catch {
-      for (const p of items) {
-        try {
-          p.resolve(one.immediate(p));
-        } catch (err) {
-          p.reject(err);
-        }
+      results = now(() => all.immediate(items));
+    } catch (err) {
+      if (!isBusy(err)) return oneByOne(items);
+      waitingSince ??= Date.now();
+      if (Date.now() - waitingSince >= BUSY_TIMEOUT_MS) {
+        waitingSince = null;
+        return items.forEach((p) => p.reject(err));
+      }
+      batch = items; // the writes asked for while it waits join it, after these
+      return schedule(true);
+    }
+    waitingSince = null;
+    items.forEach((p, i) => p.resolve(results[i]));
+  };
+  /** a batch that failed for another reason than the lock: each write alone, so a bad one fails only itself */
+  const oneByOne = (items: Pending[]) => {
+    waitingSince = null;
+    for (const p of items) {
+      try {
+        p.resolve(one.immediate(p));
+      } catch (err) {
+        p.reject(err);
       }
     }
   };
   return <T>(write: () => T) =>
     new Promise<T>((resolve, reject) => {
-      if (batch.push({ write, resolve: resolve as (v: unknown) => void, reject }) === 1) setImmediate(flush);
+      batch.push({ write, resolve: resolve as (v: unknown) => void, reject });
+      if (!scheduled) schedule(false);
     });
 }
