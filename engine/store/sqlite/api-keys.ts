@@ -1,5 +1,5 @@
 // API keys, found by the hash of the key.
-import type { Db } from './db.js';
+import { groupCommit, type Db } from './db.js';
 import type { ApiKeyPatch, ApiKeyRecord } from '../../platform/index.js';
 import type { ApiKeyRepo } from '../port.js';
 
@@ -10,16 +10,17 @@ export function apiKeyRepo(db: Db): ApiKeyRepo {
   const all = db.prepare<[], { doc: string }>('SELECT doc FROM api_keys ORDER BY id');
   const one = db.prepare<[string, string], { doc: string }>('SELECT doc FROM api_keys WHERE tenant_id = ? AND id = ?');
   const write = db.prepare('UPDATE api_keys SET doc = ? WHERE tenant_id = ? AND id = ?');
-  const update = db.transaction((tenantId: string, id: string, patch: ApiKeyPatch): ApiKeyRecord | null => {
+  const commit = groupCommit(db);
+  const update = (tenantId: string, id: string, patch: ApiKeyPatch): ApiKeyRecord | null => {
     const row = one.get(tenantId, id);
     if (!row) return null;
     const next = { ...(JSON.parse(row.doc) as ApiKeyRecord), ...patch };
     write.run(JSON.stringify(next), tenantId, id);
     return next;
-  });
+  };
   return {
     async insert(k) {
-      return insert.run(k.id, k.tenant_id, k.hash, JSON.stringify(k)).changes === 1;
+      return commit(() => insert.run(k.id, k.tenant_id, k.hash, JSON.stringify(k)).changes === 1);
     },
     async findByHash(hash) {
       const row = byHash.get(hash);
@@ -36,7 +37,7 @@ export function apiKeyRepo(db: Db): ApiKeyRepo {
         .filter((k) => k.source === 'bootstrap');
     },
     async update(tenantId, id, patch) {
-      return update(tenantId, id, patch);
+      return commit(() => update(tenantId, id, patch));
     },
   };
 }

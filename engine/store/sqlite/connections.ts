@@ -1,5 +1,5 @@
 // A tenant's connections: one row each, the sealed credential inside the document.
-import type { Db } from './db.js';
+import { groupCommit, type Db } from './db.js';
 import type { ConnectionRecord } from '../../platform/index.js';
 import type { ConnectionChanges, ConnectionRepo } from '../port.js';
 
@@ -12,23 +12,27 @@ export function connectionRepo(db: Db): ConnectionRepo {
   const byProvider = db.prepare<[string, string], { doc: string }>('SELECT doc FROM connections WHERE tenant_id = ? AND provider = ? ORDER BY id');
   const write = db.prepare('UPDATE connections SET name = ?, doc = ? WHERE tenant_id = ? AND id = ?');
   const remove = db.prepare('DELETE FROM connections WHERE tenant_id = ? AND id = ?');
-  const update = db.transaction((tenantId: string, id: string, changes: ConnectionChanges): ConnectionRecord | null => {
+  const commit = groupCommit(db);
+  const update = (tenantId: string, id: string, changes: ConnectionChanges): ConnectionRecord | null => {
     const row = one.get(tenantId, id);
     if (!row) return null;
     const next: ConnectionRecord = { ...(JSON.parse(row.doc) as ConnectionRecord), ...changes };
     write.run(next.name, JSON.stringify(next), tenantId, id);
     return next;
-  });
+  };
   const parse = (r: { doc: string }) => JSON.parse(r.doc) as ConnectionRecord;
   return {
     async insert(c) {
-      try {
-        insert.run(c.id, c.tenant_id, c.provider, c.name, JSON.stringify(c));
-        return true;
-      } catch (err) {
-        if (isUniqueViolation(err)) return false;
-        throw err;
-      }
+      // a failed statement undoes only itself: the rest of the group commit's transaction stands
+      return commit(() => {
+        try {
+          insert.run(c.id, c.tenant_id, c.provider, c.name, JSON.stringify(c));
+          return true;
+        } catch (err) {
+          if (isUniqueViolation(err)) return false;
+          throw err;
+        }
+      });
     },
     async get(tenantId, id) {
       const row = one.get(tenantId, id);
@@ -38,15 +42,17 @@ export function connectionRepo(db: Db): ConnectionRepo {
       return (provider ? byProvider.all(tenantId, provider) : byTenant.all(tenantId)).map(parse);
     },
     async update(tenantId, id, changes) {
-      try {
-        return update.immediate(tenantId, id, changes);
-      } catch (err) {
-        if (isUniqueViolation(err)) return 'name-taken';
-        throw err;
-      }
+      return commit(() => {
+        try {
+          return update(tenantId, id, changes);
+        } catch (err) {
+          if (isUniqueViolation(err)) return 'name-taken' as const;
+          throw err;
+        }
+      });
     },
     async delete(tenantId, id) {
-      return remove.run(tenantId, id).changes === 1;
+      return commit(() => remove.run(tenantId, id).changes === 1);
     },
   };
 }

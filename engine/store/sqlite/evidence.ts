@@ -1,8 +1,8 @@
-// The evidence ledger: entries keyed by tenant and seq, appended in one IMMEDIATE transaction that
-// reads the head and writes what follows it, so two writers never chain to the same head.
+// The evidence ledger: entries keyed by tenant and seq, appended in the group commit's IMMEDIATE
+// transaction that reads the head and writes what follows it, so two writers never chain to the same head.
 import type { LedgerEntry } from '../../platform/index.js';
 import type { EvidenceRepo, LedgerHead } from '../port.js';
-import type { Db } from './db.js';
+import { groupCommit, type Db } from './db.js';
 
 export function evidenceRepo(db: Db): EvidenceRepo {
   const headRow = db.prepare<[string], { doc: string }>('SELECT doc FROM ledger WHERE tenant_id = ? ORDER BY seq DESC LIMIT 1');
@@ -16,15 +16,16 @@ export function evidenceRepo(db: Db): EvidenceRepo {
     'SELECT doc FROM ledger WHERE tenant_id = ? AND seq > ? AND at >= ? ORDER BY seq LIMIT ?',
   );
   const payload = db.prepare<[string, string], { digest: string; body: string }>('SELECT digest, body FROM ledger_payloads WHERE tenant_id = ? AND digest = ?');
-  const append = db.transaction((tenantId: string, build: (head: LedgerHead, from: number) => LedgerEntry[], payloads: { digest: string; body: string }[]) => {
+  const commit = groupCommit(db);
+  const append = (tenantId: string, build: (head: LedgerHead, from: number) => LedgerEntry[], payloads: { digest: string; body: string }[]) => {
     const entries = build(headLink.get(tenantId) ?? null, 0);
     for (const p of payloads) keep.run(tenantId, p.digest, p.body);
     for (const e of entries) insert.run(tenantId, e.seq, e.at, JSON.stringify(e));
     return entries;
-  });
+  };
   return {
     async append(tenantId, build, payloads) {
-      return append.immediate(tenantId, build, payloads);
+      return commit(() => append(tenantId, build, payloads));
     },
     async head(tenantId) {
       const row = headRow.get(tenantId);

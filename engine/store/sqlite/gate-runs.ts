@@ -48,7 +48,7 @@ export function gateRunRepo(db: Db): GateRunRepo {
       );
     },
     async putResult(tenantId, gateRunId, r) {
-      putResult.run(tenantId, gateRunId, r.gate_id, r.subject.workspace, r.finished_at, JSON.stringify(r));
+      await commit(() => putResult.run(tenantId, gateRunId, r.gate_id, r.subject.workspace, r.finished_at, JSON.stringify(r)));
     },
     async results(tenantId, gateRunId) {
       return results.all(tenantId, gateRunId).map((row) => JSON.parse(row.doc) as GateResult);

@@ -1,7 +1,7 @@
 // Outbound notification endpoints (the signing secret sealed inside the document) and their deliveries.
 import type { NotificationDelivery, NotificationEndpoint } from '../../platform/index.js';
 import { decodeCursor, toPage, type NotificationDeliveryRepo, type NotificationEndpointRepo } from '../port.js';
-import { TOP, type Db } from './db.js';
+import { groupCommit, TOP, type Db } from './db.js';
 
 export function notificationEndpointRepo(db: Db): NotificationEndpointRepo {
   const insert = db.prepare('INSERT INTO notification_endpoints (id, tenant_id, doc) VALUES (?, ?, ?)');
@@ -10,23 +10,24 @@ export function notificationEndpointRepo(db: Db): NotificationEndpointRepo {
   const write = db.prepare('UPDATE notification_endpoints SET doc = ? WHERE tenant_id = ? AND id = ?');
   const remove = db.prepare('DELETE FROM notification_endpoints WHERE tenant_id = ? AND id = ?');
   const parse = (r: { doc: string } | undefined) => (r ? (JSON.parse(r.doc) as NotificationEndpoint) : null);
-  const change = db.transaction((tenantId: string, id: string, apply: (e: NotificationEndpoint) => Partial<NotificationEndpoint>) => {
+  const commit = groupCommit(db);
+  const change = (tenantId: string, id: string, apply: (e: NotificationEndpoint) => Partial<NotificationEndpoint>) => {
     const current = parse(one.get(tenantId, id));
     if (!current) return null;
     const next = { ...current, ...apply(current) };
     write.run(JSON.stringify(next), tenantId, id);
     return next;
-  });
-  const disable = db.transaction((tenantId: string, id: string, reason: string, at: string) => {
+  };
+  const disable = (tenantId: string, id: string, reason: string, at: string) => {
     const current = parse(one.get(tenantId, id));
     if (!current || current.status !== 'enabled') return null;
     const next: NotificationEndpoint = { ...current, status: 'disabled', disabled_reason: reason, updated_at: at };
     write.run(JSON.stringify(next), tenantId, id);
     return next;
-  });
+  };
   return {
     async insert(e) {
-      insert.run(e.id, e.tenant_id, JSON.stringify(e));
+      await commit(() => insert.run(e.id, e.tenant_id, JSON.stringify(e)));
     },
     async get(tenantId, id) {
       return parse(one.get(tenantId, id));
@@ -35,16 +36,16 @@ export function notificationEndpointRepo(db: Db): NotificationEndpointRepo {
       return byTenant.all(tenantId).map((r) => parse(r)!);
     },
     async update(tenantId, id, changes) {
-      return change.immediate(tenantId, id, () => changes);
+      return commit(() => change(tenantId, id, () => changes));
     },
     async addFailure(tenantId, id, at) {
-      return change.immediate(tenantId, id, (e) => ({ consecutive_failures: e.consecutive_failures + 1, updated_at: at }));
+      return commit(() => change(tenantId, id, (e) => ({ consecutive_failures: e.consecutive_failures + 1, updated_at: at })));
     },
     async disable(tenantId, id, reason, at) {
-      return disable.immediate(tenantId, id, reason, at);
+      return commit(() => disable(tenantId, id, reason, at));
     },
     async delete(tenantId, id) {
-      return remove.run(tenantId, id).changes === 1;
+      return commit(() => remove.run(tenantId, id).changes === 1);
     },
   };
 }
@@ -60,16 +61,17 @@ export function notificationDeliveryRepo(db: Db): NotificationDeliveryRepo {
     "SELECT doc FROM notification_deliveries WHERE json_extract(doc, '$.status') = 'pending' AND json_extract(doc, '$.updated_at') < ? ORDER BY json_extract(doc, '$.updated_at') LIMIT ?",
   );
   const parse = (r: { doc: string } | undefined) => (r ? (JSON.parse(r.doc) as NotificationDelivery) : null);
-  const update = db.transaction((tenantId: string, id: string, changes: Partial<NotificationDelivery>) => {
+  const commit = groupCommit(db);
+  const update = (tenantId: string, id: string, changes: Partial<NotificationDelivery>) => {
     const current = parse(one.get(tenantId, id));
     if (!current) return null;
     const next = { ...current, ...changes };
     write.run(JSON.stringify(next), tenantId, id);
     return next;
-  });
+  };
   return {
     async insert(d) {
-      insert.run(d.id, d.tenant_id, d.endpoint_id, JSON.stringify(d));
+      await commit(() => insert.run(d.id, d.tenant_id, d.endpoint_id, JSON.stringify(d)));
     },
     async get(tenantId, id) {
       return parse(one.get(tenantId, id));
@@ -79,7 +81,7 @@ export function notificationDeliveryRepo(db: Db): NotificationDeliveryRepo {
       return toPage(rows, q.limit);
     },
     async update(tenantId, id, changes) {
-      return update.immediate(tenantId, id, changes);
+      return commit(() => update(tenantId, id, changes));
     },
     async listStalePending(updatedBefore, limit) {
       return stale.all(updatedBefore, limit).map((r) => parse(r)!);

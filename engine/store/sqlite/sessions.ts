@@ -61,9 +61,10 @@ export function agentRepo(db: Db): AgentRepo {
   const insert = db.prepare('INSERT INTO agents (id, tenant_id, session_id, doc) VALUES (?, ?, ?, ?)');
   const get = db.prepare<[string, string, string], { doc: string }>('SELECT doc FROM agents WHERE tenant_id = ? AND session_id = ? AND id = ?');
   const list = db.prepare<[string, string], { doc: string }>('SELECT doc FROM agents WHERE tenant_id = ? AND session_id = ? ORDER BY id');
+  const commit = groupCommit(db);
   return {
     async insert(a) {
-      insert.run(a.id, a.tenant_id, a.session_id, JSON.stringify(a));
+      await commit(() => insert.run(a.id, a.tenant_id, a.session_id, JSON.stringify(a)));
     },
     async get(tenantId, sessionId, id) {
       const row = get.get(tenantId, sessionId, id);
