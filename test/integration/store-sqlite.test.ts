@@ -91,6 +91,23 @@ describe('SQLite store', () => {
     await store.close();
   });
 
+  it('closes only after the writes asked for before it, even one still waiting for the lock', async () => {
+    const file = path.join(dir, 'close-waits.sqlite');
+    const store = openSqliteStore(file);
+    const other = new Database(file);
+    other.exec('BEGIN IMMEDIATE');
+    const a = automationFixture('t1');
+    const inserted = store.automations.insert(a);
+    const closed = store.close();
+    setTimeout(() => other.exec('COMMIT'), 50);
+    await inserted;
+    await closed;
+    other.close();
+    const again = openSqliteStore(file);
+    expect(await again.automations.get('t1', a.id)).to.deep.equal(a);
+    await again.close();
+  });
+
   it('fails ping once closed', async () => {
     const store = openSqliteStore(path.join(dir, 'closed.sqlite'));
     await store.close();

@@ -107,26 +107,38 @@ function migrate(db: Db): void {
  *
  * The write lock is taken without waiting: while another process (the Procfile's web and workers share
  * the file) holds it, SQLite's own busy timeout would sleep on the event loop, 1 to 100 ms a try, and the
- * process would answer nothing meanwhile. Instead the batch is tried again a moment later, the event
- * loop free in between, and the writes asked for meanwhile join it; after BUSY_TIMEOUT_MS it fails.
+ * process would answer nothing meanwhile. Instead the writes are tried again a moment later, the event
+ * loop free in between, and the writes asked for meanwhile join them; a write that has waited
+ * BUSY_TIMEOUT_MS fails.
  */
-export function groupCommit(db: Db): <T>(write: () => T) => Promise<T> {
+export function groupCommit(db: Db): GroupCommit {
   let shared = commits.get(db);
   if (!shared) commits.set(db, (shared = makeGroupCommit(db)));
   return shared;
 }
 
+export type GroupCommit = {
+  <T>(write: () => T): Promise<T>;
+  /** resolves once every write asked for so far has been committed or has failed (before the file is closed) */
+  drain(): Promise<void>;
+};
+
 /** one group per file: the repositories of a store share its batches */
-const commits = new WeakMap<Db, <T>(write: () => T) => Promise<T>>();
+const commits = new WeakMap<Db, GroupCommit>();
 
-const isBusy = (err: unknown) => (err as { code?: string }).code === 'SQLITE_BUSY';
+/** Waits for a file's pending writes, if it has a group commit. */
+export function drainWrites(db: Db): Promise<void> {
+  return commits.get(db)?.drain() ?? Promise.resolve();
+}
 
-function makeGroupCommit(db: Db): <T>(write: () => T) => Promise<T> {
-  type Pending = { write: () => unknown; resolve(v: unknown): void; reject(e: unknown): void };
+const isBusy = (err: unknown) => String((err as { code?: unknown } | null)?.code ?? '').startsWith('SQLITE_BUSY');
+
+function makeGroupCommit(db: Db): GroupCommit {
+  type Pending = { write: () => unknown; resolve(v: unknown): void; reject(e: unknown): void; since: number };
+  /** the writes not yet tried, in the order asked for */
   let batch: Pending[] = [];
   let scheduled = false;
-  /** when the batch first found the lock taken; null while it has not */
-  let waitingSince: number | null = null;
+  const drained: (() => void)[] = [];
   const all = db.transaction((items: Pending[]) => items.map((p) => p.write()));
   const one = db.transaction((p: Pending) => p.write());
   /**
@@ -146,40 +158,58 @@ function makeGroupCommit(db: Db): <T>(write: () => T) => Promise<T> {
     if (later) setTimeout(flush, 1);
     else setImmediate(flush);
   };
+  /**
+   * The lock is taken: the writes that have waited their full time fail; the others go back in front of
+   * those asked for since, to be tried again in a moment.
+   */
+  const wait = (items: Pending[], err: unknown): true => {
+    const expired = Date.now() - BUSY_TIMEOUT_MS;
+    for (const p of items) if (p.since <= expired) p.reject(err);
+    batch = items.filter((p) => p.since > expired).concat(batch);
+    return true;
+  };
   const flush = () => {
     scheduled = false;
     const items = batch;
     batch = [];
-    let results: unknown[];
-    try {
-      results = now(() => all.immediate(items));
-    } catch (err) {
-      if (!isBusy(err)) return oneByOne(items);
-      waitingSince ??= Date.now();
-      if (Date.now() - waitingSince >= BUSY_TIMEOUT_MS) {
-        waitingSince = null;
-        return items.forEach((p) => p.reject(err));
-      }
-      batch = items; // the writes asked for while it waits join it, after these
-      return schedule(true);
-    }
-    waitingSince = null;
-    items.forEach((p, i) => p.resolve(results[i]));
-  };
-  /** a batch that failed for another reason than the lock: each write alone, so a bad one fails only itself */
-  const oneByOne = (items: Pending[]) => {
-    waitingSince = null;
-    for (const p of items) {
+    let locked = false;
+    if (!db.open) {
+      for (const p of items) p.reject(new Error('the store is closed'));
+    } else {
       try {
-        p.resolve(one.immediate(p));
+        const results = now(() => all.immediate(items));
+        items.forEach((p, i) => p.resolve(results[i]));
       } catch (err) {
-        p.reject(err);
+        locked = isBusy(err) ? wait(items, err) : oneByOne(items);
       }
     }
+    if (batch.length) schedule(locked);
+    else for (const done of drained.splice(0)) done();
   };
-  return <T>(write: () => T) =>
+  /**
+   * A batch that failed for another reason than the lock: each write alone, so a bad one fails only
+   * itself. True when the lock was taken meanwhile (the writes left wait for it).
+   */
+  const oneByOne = (items: Pending[]): boolean => {
+    for (const [i, p] of items.entries()) {
+      try {
+        p.resolve(now(() => one.immediate(p)));
+      } catch (err) {
+        if (!isBusy(err)) {
+          p.reject(err);
+          continue;
+        }
+        return wait(items.slice(i), err);
+      }
+    }
+    return false;
+  };
+  const commit = <T>(write: () => T) =>
     new Promise<T>((resolve, reject) => {
-      batch.push({ write, resolve: resolve as (v: unknown) => void, reject });
+      batch.push({ write, resolve: resolve as (v: unknown) => void, reject, since: Date.now() });
       if (!scheduled) schedule(false);
     });
+  return Object.assign(commit, {
+    drain: () => (batch.length || scheduled ? new Promise<void>((resolve) => drained.push(resolve)) : Promise.resolve()),
+  });
 }
