@@ -365,8 +365,12 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
             continue;
           }
           if (state !== 'completed') continue; // waiting, delayed, active, prioritized: on its way
-          await job.remove();
         }
+        // the list is a snapshot: a worker may have taken the run since (its job then completed, or was
+        // already trimmed away with the completed ones), and a run that moved on is not queued again
+        const current = await store.runs.get(run.tenant_id, run.id);
+        if (current?.status !== 'queued' || current.attempt !== run.attempt) continue;
+        await job?.remove();
         if (await slots.isWaiting(run.tenant_id, run.id)) continue;
         if (await slots.isAdmitted(run.tenant_id, run.id)) await transitions.enqueue(run);
         else await transitions.admit(run);

@@ -207,6 +207,31 @@ describe('run lifecycle', function () {
     }
   });
 
+  it('leaves a queued run that a worker took after the reconciler listed it', async () => {
+    const noWorkers = await startHarness({ workers: false });
+    try {
+      const id = (await noWorkers.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'true' } }] } })).body
+        .run_id as string;
+      const queue = noWorkers.rt.queues.get('runs');
+      // between the reconciler's list and its look at the job, a worker ran the run and its completed job
+      // was trimmed away with the others
+      const runs = noWorkers.rt.store.runs;
+      const listStale = runs.listStale.bind(runs);
+      runs.listStale = async (status, before, limit) => {
+        const listed = await listStale(status, before, limit);
+        if (status === 'queued') {
+          await runs.update('tenant-a', id, { status: 'succeeded', finished_at: new Date().toISOString() }, { status: ['queued'] });
+          await queue.remove(jobOf(id, 1));
+        }
+        return listed;
+      };
+      expect((await noWorkers.rt.engine.runs.reconcile({ olderThanMs: 0 })).requeued).to.equal(0);
+      expect(await queue.getJob(jobOf(id, 1)), 'no job made again for a run that ended').to.equal(undefined);
+    } finally {
+      await noWorkers.close();
+    }
+  });
+
   it('keeps run records free of server paths in answers', async () => {
     await fs.mkdir(path.join(h.tenantDir(), 'sub'), { recursive: true });
     const id = await start({ steps: [{ tool: 'shell', args: { command: 'true' } }], workspace: 'sub' });
