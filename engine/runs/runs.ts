@@ -84,6 +84,8 @@ export type RunsDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'events' | 'qu
 
 const CANCEL_CHANNEL = (prefix: string) => `${prefix}:run-cancel`;
 const cancelKey = (prefix: string, runId: string) => `${prefix}:run-cancel:${runId}`;
+/** Slot holders the reconciler reads at once. */
+const HOLDERS_PAGE = 500;
 const IDEMPOTENCY_TTL_SECONDS = 24 * 3600;
 /** A claim whose run was never stored (its process died in between) frees the key this soon. */
 const IDEMPOTENCY_CLAIM_SECONDS = 30;
@@ -385,12 +387,17 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       }
       let freed = 0;
       for (const [tenantId, runIds] of await slots.holders()) {
-        for (const runId of runIds) {
-          const run = await store.runs.get(tenantId, runId);
-          // a run that ended within the window is being released by its own transition, in its end's round trip
-          if (run && (!isTerminal(run.status) || (run.finished_at ?? '') > before)) continue;
-          await transitions.release(tenantId, runId);
-          freed++;
+        // read by the page, status and end only: a tenant's backlog may hold many thousand runs
+        for (let i = 0; i < runIds.length; i += HOLDERS_PAGE) {
+          const page = runIds.slice(i, i + HOLDERS_PAGE);
+          const found = new Map((await store.runs.statusOf(tenantId, page)).map((r) => [r.id, r]));
+          for (const runId of page) {
+            const run = found.get(runId);
+            // a run that ended within the window is being released by its own transition, in its end's round trip
+            if (run && (!isTerminal(run.status) || (run.finished_at ?? '') > before)) continue;
+            await transitions.release(tenantId, runId);
+            freed++;
+          }
         }
       }
       if (requeued || lost || freed) log.warn({ requeued, lost, freed }, 'reconciler repaired runs');

@@ -89,7 +89,11 @@ export interface RunRepo {
   countByKindAndStatus(): Promise<{ kind: RunKind; status: RunStatus; count: number }[]>;
   /** System use (the reconciler): runs of every tenant in a status, created before a time. */
   listStale(status: RunStatus, createdBefore: string, limit: number): Promise<Run[]>;
+  /** The status and end of the tenant's runs among `ids` (those that exist, in no order), without their documents. */
+  statusOf(tenantId: string, ids: string[]): Promise<RunStatusRow[]>;
 }
+
+export type RunStatusRow = Pick<Run, 'id' | 'status' | 'finished_at'>;
 
 export interface ApiKeyRepo {
   /** Inserts unless a key with the same hash exists; true when inserted. */

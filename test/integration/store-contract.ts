@@ -255,6 +255,21 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect((await store.runs.list('t2', { limit: 10 })).items).to.have.length(1);
     });
 
+    it('reads the status and end of a tenant’s runs by id, without another tenant’s', async () => {
+      const ended = runFixture('t1', { status: 'succeeded', finished_at: new Date().toISOString() });
+      const queued = runFixture('t1');
+      const theirs = runFixture('t2');
+      for (const r of [ended, queued, theirs]) await store.runs.insert(r);
+      const rows = await store.runs.statusOf('t1', [ended.id, queued.id, theirs.id, 'run_missing']);
+      expect(rows.sort((x, y) => x.id.localeCompare(y.id))).to.deep.equal(
+        [
+          { id: ended.id, status: 'succeeded', finished_at: ended.finished_at },
+          { id: queued.id, status: 'queued', finished_at: null },
+        ].sort((x, y) => x.id.localeCompare(y.id)),
+      );
+      expect(await store.runs.statusOf('t1', [])).to.deep.equal([]);
+    });
+
     it('computes automation stats, recent durations and stale runs', async () => {
       const old = new Date(Date.now() - 60_000).toISOString();
       const at = (ms: number) => new Date(Date.now() - ms).toISOString();

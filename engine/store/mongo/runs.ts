@@ -119,5 +119,12 @@ export function runRepo(model: Model<Stored<Run>>, stepModel: Model<AttemptRow<S
         .lean<Stored<Run>[]>();
       return rows.map((r) => fromStored(r)!);
     },
+    async statusOf(tenantId, ids) {
+      if (!ids.length) return [];
+      const rows = await model
+        .find({ _id: { $in: ids }, tenant_id: tenantId }, { status: 1, finished_at: 1 })
+        .lean<{ _id: string; status: Run['status']; finished_at?: string | null }[]>();
+      return rows.map((r) => ({ id: r._id, status: r.status, finished_at: r.finished_at ?? null }));
+    },
   };
 }

@@ -2,7 +2,7 @@
 // Steps and agent turns are rows of their own, keyed by run, attempt and index.
 import type { Statement } from 'better-sqlite3';
 import type { AgentTurn, Run, StepRecord } from '../../platform/index.js';
-import { decodeCursor, toPage, type RunQuery, type RunRepo, type RunStats } from '../port.js';
+import { decodeCursor, toPage, type RunQuery, type RunRepo, type RunStats, type RunStatusRow } from '../port.js';
 import { groupCommit, TOP, type Db } from './db.js';
 
 export function runRepo(db: Db): RunRepo {
@@ -34,6 +34,9 @@ export function runRepo(db: Db): RunRepo {
   const stale = db.prepare<[string, string, number], { doc: string }>('SELECT doc FROM runs WHERE status = ? AND created_at < ? ORDER BY created_at LIMIT ?');
   const byKindStatus = db.prepare<[], { kind: Run['kind']; status: Run['status']; count: number }>(
     'SELECT kind, status, COUNT(*) AS count FROM runs GROUP BY kind, status',
+  );
+  const statuses = db.prepare<[string, string], RunStatusRow>(
+    'SELECT id, status, finished_at FROM runs WHERE tenant_id = ? AND id IN (SELECT value FROM json_each(?))',
   );
   const read = (row: { doc: string } | undefined): Run | null => (row ? (JSON.parse(row.doc) as Run) : null);
 
@@ -112,6 +115,9 @@ export function runRepo(db: Db): RunRepo {
     },
     async listStale(status, createdBefore, limit) {
       return stale.all(status, createdBefore, limit).map((r) => read(r)!);
+    },
+    async statusOf(tenantId, ids) {
+      return ids.length ? statuses.all(tenantId, JSON.stringify(ids)) : [];
     },
     async countByKindAndStatus() {
       return byKindStatus.all();
