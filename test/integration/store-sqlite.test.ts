@@ -91,6 +91,32 @@ describe('SQLite store', () => {
     await store.close();
   });
 
+  it('fails a write that waited 5 s for the lock, and only that one: a write asked for later keeps its own time', async function () {
+    this.timeout(20_000);
+    const file = path.join(dir, 'lock-timeout.sqlite');
+    const store = openSqliteStore(file);
+    const other = new Database(file);
+    other.exec('BEGIN IMMEDIATE');
+    const early = automationFixture('t1', { name: 'early' });
+    const late = automationFixture('t1', { name: 'late' });
+    const started = Date.now();
+    const first = store.automations.insert(early).then(
+      () => null,
+      (err: { code?: string }) => ({ code: err.code, after: Date.now() - started }),
+    );
+    await new Promise((r) => setTimeout(r, 4_000));
+    const second = store.automations.insert(late);
+    const failed = await first;
+    expect(failed, 'the first write gave up').to.include({ code: 'SQLITE_BUSY' });
+    expect(failed!.after).to.be.within(4_900, 6_500);
+    other.exec('COMMIT');
+    await second;
+    expect(await store.automations.get('t1', late.id)).to.deep.equal(late);
+    expect(await store.automations.get('t1', early.id)).to.equal(null);
+    other.close();
+    await store.close();
+  });
+
   it('closes only after the writes asked for before it, even one still waiting for the lock', async () => {
     const file = path.join(dir, 'close-waits.sqlite');
     const store = openSqliteStore(file);
