@@ -126,11 +126,6 @@ export type GroupCommit = {
 /** one group per file: the repositories of a store share its batches */
 const commits = new WeakMap<Db, GroupCommit>();
 
-/** Waits for a file's pending writes, if it has a group commit. */
-export function drainWrites(db: Db): Promise<void> {
-  return commits.get(db)?.drain() ?? Promise.resolve();
-}
-
 const isBusy = (err: unknown) => String((err as { code?: unknown } | null)?.code ?? '').startsWith('SQLITE_BUSY');
 
 function makeGroupCommit(db: Db): GroupCommit {

@@ -7,7 +7,7 @@ import { apiKeyRepo } from './api-keys.js';
 import { automationRepo } from './automations.js';
 import { connectionRepo } from './connections.js';
 import { notificationDeliveryRepo, notificationEndpointRepo } from './notifications.js';
-import { drainWrites, openDatabase, startCheckpointer } from './db.js';
+import { groupCommit, openDatabase, startCheckpointer } from './db.js';
 import { deliveryRepo } from './deliveries.js';
 import { evidenceRepo } from './evidence.js';
 import { gateRunRepo } from './gate-runs.js';
@@ -39,7 +39,7 @@ export function openSqliteStore(file: string, onCheckpointerFailure: (err: Error
       db.prepare('SELECT 1').get();
     },
     async close() {
-      await drainWrites(db); // the writes asked for before the close are committed, not dropped
+      await groupCommit(db).drain(); // the writes asked for before the close are committed, not dropped
       await checkpointer?.stop();
       if (db.open) db.close();
     },
