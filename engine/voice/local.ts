@@ -71,7 +71,28 @@ export function localTranscriber(s: LocalTranscriberSettings): Transcriber {
           '-y',
           'audio.raw',
         ]
-      : [decoder.path, '-q', input, '-t', 'raw', '-r', String(SAMPLE_RATE), '-c', '1', '-b', '16', '-e', 'signed-integer', 'audio.raw', 'trim', '0', keep];
+      : // -D: no dither (sox adds random noise when it lowers the bit depth, so a clip transcribed twice could
+        // read differently)
+        [
+          decoder.path,
+          '-D',
+          '-q',
+          input,
+          '-t',
+          'raw',
+          '-r',
+          String(SAMPLE_RATE),
+          '-c',
+          '1',
+          '-b',
+          '16',
+          '-e',
+          'signed-integer',
+          'audio.raw',
+          'trim',
+          '0',
+          keep,
+        ];
   }
 
   async function transcribe(audio: TranscriberAudio, opts: TranscriberOptions): Promise<TranscriberResult> {
