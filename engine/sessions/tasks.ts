@@ -265,7 +265,7 @@ export function tasksOf(deps: TasksDeps) {
   }
 
   /** Every task in a status not changed since `before`, page by page (tasks that wait for good hide none of the rest). */
-  async function* stale(status: TaskStatus, before: string): AsyncGenerator<TaskRecord> {
+  async function* stale(status: Extract<TaskStatus, 'pending' | 'queued' | 'running' | 'input_required'>, before: string): AsyncGenerator<TaskRecord> {
     let after: TaskRecord | undefined;
     for (let page = 0; page < STALE_PAGES; page++) {
       const tasks = await store.tasks.listStale(status, before, STALE_PAGE, after);

@@ -87,8 +87,8 @@ export interface RunRepo {
   recentDurations(tenantId: string, kind: RunKind, limit: number): Promise<number[]>;
   /** System use (metrics): how many runs of every tenant there are, by kind and status. */
   countByKindAndStatus(): Promise<{ kind: RunKind; status: RunStatus; count: number }[]>;
-  /** System use (the reconciler): runs of every tenant in a status, created before a time. */
-  listStale(status: RunStatus, createdBefore: string, limit: number): Promise<Run[]>;
+  /** System use (the reconciler): runs of every tenant queued or running, created before a time. */
+  listStale(status: Extract<RunStatus, 'queued' | 'running'>, createdBefore: string, limit: number): Promise<Run[]>;
   /** The status and end of the tenant's runs among `ids` (those that exist, in no order), without their documents. */
   statusOf(tenantId: string, ids: string[]): Promise<RunStatusRow[]>;
 }
@@ -186,8 +186,8 @@ export interface SessionRepo {
   list(tenantId: string, q: SessionQuery): Promise<Page<Session>>;
   /** Applies `changes` only while the status is one of `ifStatusIn`; null when no row matched. */
   update(tenantId: string, id: string, changes: SessionChanges, ifStatusIn: SessionStatus[]): Promise<Session | null>;
-  /** System use (the reconciler): sessions of every tenant in a status, not changed since a time. */
-  listStale(status: SessionStatus, updatedBefore: string, limit: number): Promise<Session[]>;
+  /** System use (the reconciler): multi-agent sessions of every tenant running or waiting, not changed since a time. */
+  listStale(status: Extract<SessionStatus, 'running' | 'waiting'>, updatedBefore: string, limit: number): Promise<Session[]>;
 }
 
 export interface AgentRepo {
@@ -259,10 +259,15 @@ export interface TaskRepo {
   /** How many of a session's tasks are in each status (statuses with none are absent). */
   counts(tenantId: string, sessionId: string): Promise<Partial<Record<TaskStatus, number>>>;
   /**
-   * System use (the reconciler): tasks of every tenant in a status, changed before a time, oldest first;
+   * System use (the reconciler): tasks of every tenant in a status that has not ended, changed before a time, oldest first;
    * `after` (the last task of the page before) pages on, so tasks that wait for good never hide the rest.
    */
-  listStale(status: TaskStatus, updatedBefore: string, limit: number, after?: TaskRecord): Promise<TaskRecord[]>;
+  listStale(
+    status: Extract<TaskStatus, 'pending' | 'queued' | 'running' | 'input_required'>,
+    updatedBefore: string,
+    limit: number,
+    after?: TaskRecord,
+  ): Promise<TaskRecord[]>;
 }
 
 export interface Store {

@@ -5,7 +5,7 @@ import { expect } from 'chai';
 import Database from 'better-sqlite3';
 import { openSqliteStore } from '../../engine/store/sqlite/index.js';
 import { MIGRATIONS } from '../../engine/store/sqlite/migrations.js';
-import { automationFixture, storeContract } from './store-contract.js';
+import { automationFixture, runFixture, storeContract } from './store-contract.js';
 
 describe('SQLite store', () => {
   let dir: string;
@@ -140,5 +140,55 @@ describe('SQLite store', () => {
     let failed = false;
     await store.ping().catch(() => (failed = true));
     expect(failed).to.equal(true);
+  });
+
+  it('answers the reconcilers from partial indexes that hold only runs, sessions and tasks that have not ended, and an automation’s counts from its own runs', async () => {
+    // the reconcilers' statements, as the repositories prepare them
+    const prepared: string[] = [];
+    const prepare = Database.prototype.prepare;
+    Database.prototype.prepare = function (this: Database.Database, sql: string) {
+      prepared.push(sql);
+      return prepare.call(this, sql);
+    } as typeof prepare;
+    let store;
+    try {
+      store = openSqliteStore(path.join(dir, 'partial.sqlite'));
+    } finally {
+      Database.prototype.prepare = prepare;
+    }
+    await store.close();
+    const db = new Database(path.join(dir, 'partial.sqlite'), { readonly: true });
+    const plan = (table: string) => {
+      const sql = prepared.find((q) => q.startsWith(`SELECT doc FROM ${table} WHERE`) && q.includes('status IN ('));
+      expect(sql, `the reconciler's statement on ${table}`).to.be.a('string');
+      // the status, the time, then the page (tasks page on by their last one): any values do for a plan
+      const params = (sql!.match(/\?/g) ?? []).map((_, i, all) => (i === 0 ? 'running' : i === all.length - 1 ? 10 : '2026-01-01'));
+      return (db.prepare(`EXPLAIN QUERY PLAN ${sql}`).all(...params) as { detail: string }[]).map((r) => r.detail).join(' ');
+    };
+    expect(plan('runs')).to.contain('USING INDEX runs_live_by_created');
+    expect(plan('sessions')).to.contain('USING INDEX sessions_live_by_updated');
+    expect(plan('tasks')).to.contain('USING INDEX tasks_live_by_updated');
+    // an automation's counts read its own runs, not every run of its tenant
+    const counts = prepared.find((q) => q.includes('COUNT(*) AS n FROM runs'))!;
+    expect((db.prepare(`EXPLAIN QUERY PLAN ${counts}`).all('t1', 'aut_1') as { detail: string }[]).map((r) => r.detail).join(' ')).to.contain(
+      'USING INDEX runs_by_automation',
+    );
+    // a run that ends leaves the index: only the live one is in it
+    db.close();
+    const writable = openSqliteStore(path.join(dir, 'partial.sqlite'));
+    const at = new Date(Date.now() - 60_000).toISOString();
+    const live = runFixture('t1', { id: 'run_live', created_at: at });
+    const done = runFixture('t1', { id: 'run_done', created_at: at });
+    await writable.runs.insert(live);
+    await writable.runs.insert(done);
+    await writable.runs.update('t1', 'run_done', { status: 'running' }, { status: ['queued'] });
+    await writable.runs.update('t1', 'run_done', { status: 'succeeded', finished_at: at, duration_ms: 1 }, { status: ['running'] });
+    expect((await writable.runs.listStale('queued', new Date().toISOString(), 10)).map((r) => r.id)).to.deep.equal(['run_live']);
+    expect(await writable.runs.listStale('running', new Date().toISOString(), 10)).to.deep.equal([]);
+    expect(await writable.runs.get('t1', 'run_done')).to.include({ status: 'succeeded', finished_at: at, duration_ms: 1 });
+    await writable.close();
+    const check = new Database(path.join(dir, 'partial.sqlite'), { readonly: true });
+    expect(check.prepare("SELECT COUNT(*) AS n FROM runs INDEXED BY runs_live_by_created WHERE status IN ('queued', 'running')").get()).to.deep.equal({ n: 1 });
+    check.close();
   });
 });

@@ -36,7 +36,7 @@ export function sessionRepo(model: Model<Stored<Session>>): SessionRepo {
     },
     async listStale(status, updatedBefore, limit) {
       const rows = await model
-        .find({ status, updated_at: { $lt: updatedBefore } })
+        .find({ kind: 'multi_agent', status, updated_at: { $lt: updatedBefore } })
         .sort({ updated_at: 1 })
         .limit(limit)
         .lean<Stored<Session>[]>();

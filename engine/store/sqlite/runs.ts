@@ -10,7 +10,6 @@ export function runRepo(db: Db): RunRepo {
     'INSERT INTO runs (id, tenant_id, kind, status, automation_id, session_id, created_at, finished_at, duration_ms, doc) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
   );
   const get = db.prepare<[string, string], { doc: string }>('SELECT doc FROM runs WHERE tenant_id = ? AND id = ?');
-  const write = db.prepare('UPDATE runs SET status = ?, finished_at = ?, duration_ms = ?, doc = ? WHERE tenant_id = ? AND id = ?');
   const putStep = db.prepare('INSERT OR REPLACE INTO run_steps (run_id, attempt, idx, tenant_id, doc) VALUES (?, ?, ?, ?, ?)');
   const stepsOf = db.prepare<[string, number, string], { doc: string }>(
     'SELECT doc FROM run_steps WHERE run_id = ? AND attempt = ? AND tenant_id = ? ORDER BY idx',
@@ -19,8 +18,10 @@ export function runRepo(db: Db): RunRepo {
   const turnsOf = db.prepare<[string, number, string], { doc: string }>(
     'SELECT doc FROM run_turns WHERE run_id = ? AND attempt = ? AND tenant_id = ? ORDER BY idx',
   );
+  // named: left to itself, SQLite walks runs_by_tenant_status for its GROUP BY, every run of the tenant
+  // (13 ms for 200,000 runs against 0.06 ms through the automation's own)
   const counts = db.prepare<[string, string], { status: string; n: number }>(
-    'SELECT status, COUNT(*) AS n FROM runs WHERE tenant_id = ? AND automation_id = ? GROUP BY status',
+    'SELECT status, COUNT(*) AS n FROM runs INDEXED BY runs_by_automation WHERE tenant_id = ? AND automation_id = ? GROUP BY status',
   );
   const durationsOfAutomation = db.prepare<[string, string, number], { duration_ms: number }>(
     'SELECT duration_ms FROM runs WHERE tenant_id = ? AND automation_id = ? AND duration_ms IS NOT NULL ORDER BY id DESC LIMIT ?',
@@ -31,7 +32,10 @@ export function runRepo(db: Db): RunRepo {
   const durationsOfKind = db.prepare<[string, string, number], { duration_ms: number }>(
     'SELECT duration_ms FROM runs WHERE tenant_id = ? AND kind = ? AND finished_at IS NOT NULL AND duration_ms IS NOT NULL ORDER BY finished_at DESC LIMIT ?',
   );
-  const stale = db.prepare<[string, string, number], { doc: string }>('SELECT doc FROM runs WHERE status = ? AND created_at < ? ORDER BY created_at LIMIT ?');
+  // the IN term is the index's own condition, word for word: SQLite uses a partial index only when the query says so
+  const stale = db.prepare<[string, string, number], { doc: string }>(
+    "SELECT doc FROM runs WHERE status IN ('queued', 'running') AND status = ? AND created_at < ? ORDER BY created_at LIMIT ?",
+  );
   const byKindStatus = db.prepare<[], { kind: Run['kind']; status: Run['status']; count: number }>(
     'SELECT kind, status, COUNT(*) AS count FROM runs GROUP BY kind, status',
   );
@@ -54,6 +58,24 @@ export function runRepo(db: Db): RunRepo {
     return stmt;
   };
 
+  /**
+   * The UPDATE of a run that sets, besides its document, only the indexed columns that change: SQLite
+   * rewrites the entries of every index on a column named in SET, changed or not (a start that named
+   * finished_at wrote a page of an index on it for nothing). One statement per set of columns.
+   */
+  const COLUMNS = ['status', 'finished_at', 'duration_ms'] as const;
+  const writes = new Map<string, Statement>();
+  const write = (current: Run, next: Run) => {
+    const changed = COLUMNS.filter((c) => next[c] !== current[c]);
+    const shape = changed.join(',');
+    let stmt = writes.get(shape);
+    if (!stmt) {
+      stmt = db.prepare(`UPDATE runs SET ${changed.map((c) => `${c} = ?, `).join('')}doc = ? WHERE tenant_id = ? AND id = ?`);
+      writes.set(shape, stmt);
+    }
+    stmt.run(...changed.map((c) => next[c]), JSON.stringify(next), next.tenant_id, next.id);
+  };
+
   const writeSteps = (tenantId: string, runId: string, attempt: number, steps: StepRecord[]) => {
     for (const s of steps) putStep.run(runId, attempt, s.index, tenantId, JSON.stringify(s));
   };
@@ -64,7 +86,7 @@ export function runRepo(db: Db): RunRepo {
     const current = read(get.get(tenantId, id));
     if (!current || !status.includes(current.status) || (attempt !== undefined && current.attempt !== attempt)) return null;
     const next: Run = { ...current, ...changes, id: current.id, tenant_id: current.tenant_id, kind: current.kind, created_at: current.created_at };
-    write.run(next.status, next.finished_at, next.duration_ms, JSON.stringify(next), tenantId, id);
+    write(current, next);
     writeSteps(tenantId, id, current.attempt, steps);
     return next;
   };

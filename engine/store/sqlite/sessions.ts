@@ -9,9 +9,13 @@ export function sessionRepo(db: Db): SessionRepo {
   const insert = db.prepare('INSERT INTO sessions (id, tenant_id, kind, status, doc) VALUES (?, ?, ?, ?, ?)');
   const get = db.prepare<[string, string], { doc: string }>('SELECT doc FROM sessions WHERE tenant_id = ? AND id = ?');
   const write = db.prepare('UPDATE sessions SET status = ?, doc = ? WHERE tenant_id = ? AND id = ?');
+  // a change that keeps the status does not name it: its index's entry is not rewritten
+  const writeDoc = db.prepare('UPDATE sessions SET doc = ? WHERE tenant_id = ? AND id = ?');
   const read = (row: { doc: string } | undefined): Session | null => (row ? (JSON.parse(row.doc) as Session) : null);
+  // the reconciler's partial index: its condition is repeated word for word, or SQLite does not use it
   const stale = db.prepare<[string, string, number], { doc: string }>(
-    "SELECT doc FROM sessions WHERE status = ? AND json_extract(doc, '$.updated_at') < ? ORDER BY json_extract(doc, '$.updated_at') LIMIT ?",
+    `SELECT doc FROM sessions WHERE kind = 'multi_agent' AND status IN ('running', 'waiting')
+     AND status = ? AND json_extract(doc, '$.updated_at') < ? ORDER BY json_extract(doc, '$.updated_at') LIMIT ?`,
   );
   const listStatements = new Map<string, Statement<unknown[], { doc: string }>>();
   const listStatement = (status: boolean, kind: boolean) => {
@@ -28,7 +32,8 @@ export function sessionRepo(db: Db): SessionRepo {
     const current = read(get.get(tenantId, id));
     if (!current || !ifStatusIn.includes(current.status)) return null;
     const next: Session = { ...current, ...changes, id: current.id, tenant_id: current.tenant_id, kind: current.kind, created_at: current.created_at };
-    write.run(next.status, JSON.stringify(next), tenantId, id);
+    if (next.status === current.status) writeDoc.run(JSON.stringify(next), tenantId, id);
+    else write.run(next.status, JSON.stringify(next), tenantId, id);
     return next;
   };
   // in the store's group commit: a run's session goes in the same commit as the run

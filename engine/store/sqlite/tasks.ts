@@ -12,7 +12,8 @@ export function taskRepo(db: Db): TaskRepo {
   );
   const write = db.prepare('UPDATE tasks SET status = ?, updated_at = ?, doc = ? WHERE tenant_id = ? AND session_id = ? AND id = ?');
   const stale = db.prepare<[string, string, string, string, string, string, number], { doc: string }>(
-    `SELECT doc FROM tasks WHERE status = ? AND updated_at < ? AND (updated_at, tenant_id, session_id, id) > (?, ?, ?, ?)
+    // the partial index's condition, word for word, so that SQLite uses it
+    `SELECT doc FROM tasks WHERE status IN ('pending', 'queued', 'running', 'input_required') AND status = ? AND updated_at < ? AND (updated_at, tenant_id, session_id, id) > (?, ?, ?, ?)
      ORDER BY updated_at, tenant_id, session_id, id LIMIT ?`,
   );
   const counts = db.prepare<[string, string], { status: TaskStatus; n: number }>(
