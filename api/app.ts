@@ -2,7 +2,17 @@
 import express, { type Express } from 'express';
 import * as OpenApiValidator from 'express-openapi-validator';
 import { memoizeRouteMatchers } from './route-matchers.js';
-import { NotFoundError, type EventHub, type Logger, type Metrics, type Queues, type Redis } from '../engine/platform/index.js';
+import {
+  MAX_JSON_DEPTH,
+  nestsDeeperThan,
+  NotFoundError,
+  ValidationError,
+  type EventHub,
+  type Logger,
+  type Metrics,
+  type Queues,
+  type Redis,
+} from '../engine/platform/index.js';
 import type { Engine } from '../engine/index.js';
 import type { Store } from '../engine/store/index.js';
 import { adminRouter } from './admin.js';
@@ -69,6 +79,8 @@ export function createApp(deps: AppDeps): Express {
   const app = express();
   app.disable('x-powered-by');
   app.set('query parser', 'simple');
+  // the API's paths are the spec's, letter for letter: /API/v1/runs is not /api/v1/runs
+  app.set('case sensitive routing', true);
   const streams = new OpenStreams();
   app.locals.streams = streams;
 
@@ -86,7 +98,21 @@ export function createApp(deps: AppDeps): Express {
   if (deps.signIn.corsOrigins.length) app.use('/api/v1', corsFor(deps.signIn.corsOrigins));
   app.use('/api/v1', authenticate({ mode: deps.auth, apiKeys: deps.engine.apiKeys, sso: deps.engine.sso, allowedOrigins }));
   app.use('/api/v1', rateLimit(deps.engine.apiRateLimit));
-  app.use('/api/v1', express.json({ limit: BODY_LIMIT, type: ['application/json', 'application/*+json'], strict: true }));
+  app.use(
+    '/api/v1',
+    express.json({
+      limit: BODY_LIMIT,
+      type: ['application/json', 'application/*+json'],
+      strict: true,
+      // refused before it is parsed: nothing that would store or echo it can overflow on it
+      verify: (_req, _res, buf) => {
+        if (nestsDeeperThan(buf))
+          throw new ValidationError(`the body nests deeper than ${MAX_JSON_DEPTH} levels`, [
+            { path: '/body', message: `must not nest objects and arrays deeper than ${MAX_JSON_DEPTH} levels` },
+          ]);
+      },
+    }),
+  );
   app.use(finiteNumericQuery(spec));
   memoizeRouteMatchers();
   app.use(
@@ -99,7 +125,8 @@ export function createApp(deps: AppDeps): Express {
       validateFormats: true,
       // multipart bodies (voice uploads) are read by their route as they stream, with its own limits; never buffered here
       fileUploader: false,
-      ignorePaths: (p: string) => !p.startsWith('/api/'),
+      // in any case: a path that reaches an API route is never let through unchecked
+      ignorePaths: (p: string) => !/^\/api\//i.test(p),
     }),
   );
 

@@ -1,6 +1,7 @@
-// Numeric query parameters must be finite numbers. The validator (Ajv) takes "1e309" and "Infinity"
-// as integers within every bound, since Infinity % 1 is NaN; this check, made from the spec itself
-// for every integer or number query parameter, refuses them with a 400 before the validator runs.
+// Numeric query parameters must be finite numbers written in decimal. The validator (Ajv) takes "1e309"
+// and "Infinity" as integers within every bound, since Infinity % 1 is NaN, and coerces "0x10" to 16;
+// this check, made from the spec itself for every integer or number query parameter, refuses them with
+// a 400 before the validator runs. A route matches as Express matches it: any case, a trailing slash.
 import type { RequestHandler } from 'express';
 import { ValidationError } from '../engine/platform/index.js';
 import type { OpenApiDocument } from './spec.js';
@@ -18,12 +19,15 @@ function numericQueryParams(spec: OpenApiDocument): { method: string; pattern: R
       const params = [...shared, ...((op as { parameters?: Parameter[] }).parameters ?? []).map(resolve)];
       const names = params.filter((p) => p.in === 'query' && [p.schema?.type].flat().some((t) => t === 'integer' || t === 'number')).map((p) => p.name!);
       if (!names.length) continue;
-      const pattern = new RegExp(`^${path.replace(/\{[^}]+\}/g, '[^/]+')}$`);
+      const pattern = new RegExp(`^${path.replace(/\{[^}]+\}/g, '[^/]+')}/?$`, 'i');
       out.push({ method: method.toUpperCase(), pattern, names });
     }
   }
   return out;
 }
+
+/** A number as people write one: sign, digits, a fraction, an exponent; not hex, not padded with spaces. */
+const DECIMAL = /^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$/;
 
 export function finiteNumericQuery(spec: OpenApiDocument): RequestHandler {
   const routes = numericQueryParams(spec);
@@ -31,11 +35,11 @@ export function finiteNumericQuery(spec: OpenApiDocument): RequestHandler {
     const route = routes.find((r) => r.method === req.method && r.pattern.test(req.path));
     if (route) {
       const query = req.query as Record<string, unknown>;
-      const bad = route.names.filter((n) => typeof query[n] === 'string' && query[n] !== '' && !Number.isFinite(Number(query[n])));
+      const bad = route.names.filter((n) => typeof query[n] === 'string' && query[n] !== '' && !(DECIMAL.test(query[n]) && Number.isFinite(Number(query[n]))));
       if (bad.length) {
         throw new ValidationError(
-          bad.map((n) => `/query/${n}: must be a finite number`).join('; '),
-          bad.map((n) => ({ path: `/query/${n}`, message: 'must be a finite number' })),
+          bad.map((n) => `/query/${n}: must be a finite decimal number`).join('; '),
+          bad.map((n) => ({ path: `/query/${n}`, message: 'must be a finite decimal number' })),
         );
       }
     }

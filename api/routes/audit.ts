@@ -1,7 +1,7 @@
 // /api/v1/autonomy/workspace-audit: run the audit and answer its report (or a 202 past the timeout),
 // stream it per phase (resumable: the event ids name the report), and fetch a recent report.
 import { Router, type Request } from 'express';
-import { scopes, ValidationError, type AuditPhase, type EventHub } from '../../engine/platform/index.js';
+import { nestsDeeperThan, scopes, ValidationError, type AuditPhase, type EventHub } from '../../engine/platform/index.js';
 import type { Engine } from '../../engine/index.js';
 import { tenantOf } from '../auth.js';
 import type { components } from '../schema.js';
@@ -67,6 +67,7 @@ export function auditRouter(engine: Engine, opts: { hub: EventHub; heartbeatMs: 
       const q = req.query as { workspace?: string; phases?: AuditPhase[]; layers?: string };
       let layers: AuditRequest['layers'];
       try {
+        if (q.layers !== undefined && nestsDeeperThan(Buffer.from(q.layers))) throw new Error('too deep');
         layers = q.layers === undefined ? undefined : (JSON.parse(q.layers) as AuditRequest['layers']);
       } catch {
         throw new ValidationError('layers: not valid JSON', [{ path: '/query/layers', message: 'must be a JSON list of layers' }]);

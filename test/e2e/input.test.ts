@@ -35,6 +35,49 @@ describe('bad input', () => {
     }
     expect((await h.call('GET', '/api/v1/runs?limit=1e309')).status).to.equal(400);
     expect((await h.call('GET', '/api/v1/webhook-deliveries?limit=Infinity')).status).to.equal(400);
+    // with a trailing slash, which Express and the validator take as the same route
+    for (const path of ['/api/v1/runs/', '/api/v1/automations/', '/api/v1/sessions/', '/api/v1/webhook-deliveries/'])
+      await expectProblem(await h.call('GET', `${path}?limit=1e309`), 400, 'validation-failed');
+    // only decimal numbers: not hex, not padded
+    for (const q of ['0x10', '%20%201', '1_0']) expect((await h.call('GET', `/api/v1/automations?limit=${q}`)).status, q).to.equal(400);
+  });
+
+  it('refuses a body nested deeper than 64 levels before parsing it, and stores nothing', async () => {
+    const nested = (depth: number) => '{"a":'.repeat(depth) + '1' + '}'.repeat(depth);
+    for (const depth of [65, 1000, 5000]) {
+      const run = await h.call('POST', '/api/v1/autonomy/run', {
+        raw: `{"inputs":${nested(depth)},"steps":[{"tool":"message","args":{"text":"x"}}]}`,
+        headers: { 'content-type': 'application/json' },
+      });
+      await expectProblem(run, 400, 'validation-failed');
+      expect(run.body.errors).to.deep.equal([{ path: '/body', message: 'must not nest objects and arrays deeper than 64 levels' }]);
+      const session = await h.call('POST', '/api/v1/sessions', {
+        raw: `{"title":"d","metadata":${nested(depth)}}`,
+        headers: { 'content-type': 'application/json' },
+      });
+      await expectProblem(session, 400, 'validation-failed');
+    }
+    // brackets inside strings are text, not nesting
+    const flat = await h.call('POST', '/api/v1/sessions', { body: { title: '['.repeat(100), metadata: { a: { b: '{'.repeat(500) } } } });
+    expect(flat.status).to.equal(201);
+    const deepest = await h.call('POST', '/api/v1/sessions', {
+      raw: `{"title":"d","metadata":${nested(63)}}`,
+      headers: { 'content-type': 'application/json' },
+    });
+    expect(deepest.status).to.equal(201);
+    const sessions = await h.call<{ data: { kind: string }[] }>('GET', '/api/v1/sessions?kind=autonomy');
+    expect(sessions.body.data).to.deep.equal([]);
+    expect((await h.call<{ data: unknown[] }>('GET', '/api/v1/runs')).body.data).to.deep.equal([]);
+  });
+
+  it('serves the API only at its own paths, letter for letter: no other case reaches a route unchecked', async () => {
+    await expectProblem(await h.call('GET', '/API/v1/runs?limit=5'), 404, 'not-found');
+    await expectProblem(await h.call('GET', '/Api/V1/runs?limit=100000'), 404, 'not-found');
+    await expectProblem(await h.call('POST', '/API/v1/autonomy/run', { body: { steps: 'not-an-array' } }), 404, 'not-found');
+    await expectProblem(await h.call('POST', '/api/v1/SESSIONS', { body: { title: { a: 1 }, metadata: 'x' } }), 404, 'not-found');
+    const sessions = await h.call<{ data: { title: string }[] }>('GET', '/api/v1/sessions');
+    expect(sessions.status).to.equal(200);
+    expect(sessions.body.data.filter((s) => typeof s.title !== 'string')).to.deep.equal([]);
   });
 
   it('malformed JSON is a 400 malformed-json', async () => {

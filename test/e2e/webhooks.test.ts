@@ -405,6 +405,14 @@ describe('webhook intake', function () {
       const invalid = await post('generic', good);
       expect(invalid.status).to.equal(400);
       expect(invalid.body.code).to.equal('webhook-payload-invalid');
+      // signed, valid JSON, but nested past 64 levels: refused before it is parsed or stored
+      const deep = '{"a":'.repeat(5000) + '1' + '}'.repeat(5000);
+      const tooDeep = await post('generic', {
+        body: deep,
+        headers: { 'content-type': 'application/json', 'x-service-signature': `t=${t},v1=${hmacHex(SECRET.generic, `${t}.${deep}`)}` },
+      });
+      expect(tooDeep.status).to.equal(400);
+      expect(tooDeep.body).to.include({ code: 'webhook-payload-invalid', detail: 'the body nests deeper than 64 levels' });
     });
   });
 

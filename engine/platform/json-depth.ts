@@ -1,0 +1,31 @@
+// How deep a JSON text nests, read from its bytes before it is parsed. JSON.parse takes any depth, but
+// what the service then does with the value does not: JSON.stringify recurses (a body nested 5,000 deep
+// overflows the stack when it is stored), and SQLite's JSON functions stop at 1,000. Input deeper than
+// MAX_JSON_DEPTH is refused where it comes in.
+
+/** The deepest nesting of objects and arrays a request or delivery body may have. */
+export const MAX_JSON_DEPTH = 64;
+
+const QUOTE = 0x22;
+const BACKSLASH = 0x5c;
+const OPEN_OBJECT = 0x7b;
+const OPEN_ARRAY = 0x5b;
+const CLOSE_OBJECT = 0x7d;
+const CLOSE_ARRAY = 0x5d;
+
+/** True when the JSON text nests objects and arrays deeper than `max` (brackets inside strings do not count). */
+export function nestsDeeperThan(text: Uint8Array, max = MAX_JSON_DEPTH): boolean {
+  let depth = 0;
+  let inString = false;
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i];
+    if (inString) {
+      if (c === BACKSLASH) i++;
+      else if (c === QUOTE) inString = false;
+    } else if (c === QUOTE) inString = true;
+    else if (c === OPEN_OBJECT || c === OPEN_ARRAY) {
+      if (++depth > max) return true;
+    } else if (c === CLOSE_OBJECT || c === CLOSE_ARRAY) depth--;
+  }
+  return false;
+}
