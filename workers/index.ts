@@ -1,13 +1,16 @@
 // The BullMQ workers of this process: one Worker per queue that has a processor, plus the listener
 // for cancel requests and the reconciler. Each Worker duplicates the connection for its blocking
 // reads. close() stops taking jobs and lets running ones finish.
-import { UnrecoverableError, Worker, type Processor } from 'bullmq';
+import { DelayedError, UnrecoverableError, Worker, type Processor } from 'bullmq';
 import { AppError, type QueueName } from '../engine/platform/index.js';
 import type { CronJob } from '../engine/automations/index.js';
 import type { GateJob } from '../engine/gates/index.js';
 import type { AuditJob } from '../engine/audit/index.js';
 import type { NotificationJob } from '../engine/connections/index.js';
 import type { Runtime } from '../engine/process/index.js';
+
+/** How long a held run's job waits before it is offered again, when no resume promotes it sooner. */
+export const HELD_RETRY_MS = 5000;
 
 /** How long before the end of the grace period running attempts are interrupted. */
 const INTERRUPT_MARGIN_MS = 2500;
@@ -30,7 +33,7 @@ export function processorsOf(rt: Runtime): Processors {
   return {
     runs: {
       concurrency: rt.config.workerConcurrency,
-      processor: async (job) => {
+      processor: async (job, token) => {
         const { run_id, tenant_id, attempt } = job.data as RunJob;
         let settled;
         try {
@@ -42,6 +45,11 @@ export function processorsOf(rt: Runtime): Processors {
         // does not retry it (the run's own retry policy does, with a job per attempt)
         if (!settled) return { skipped: true };
         const { run, next } = settled;
+        // held (its session is paused): the job waits, delayed, holding no worker; a resume promotes it
+        if (next === 'held') {
+          await job.moveToDelayed(Date.now() + HELD_RETRY_MS, token);
+          throw new DelayedError();
+        }
         if (next === 'retry' || run.status === 'failed' || run.status === 'timed_out') {
           const what = next === 'retry' ? `attempt ${run.attempt - 1} failed; retrying as attempt ${run.attempt}` : `run ${run.status}`;
           throw new UnrecoverableError(`${what}: ${run.error?.code ?? ''} ${run.error?.message ?? ''}`.trim());

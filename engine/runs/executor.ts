@@ -8,7 +8,7 @@ import { startAttempt, type StopReason } from './attempt.js';
 import { modelClientOf } from './agent.js';
 import { agentProgram, stepsProgram, vibeProgram, type CopyGates, type WorkOutcome } from './programs.js';
 import type { Runs, RunsDeps } from './runs.js';
-import type { Outcome, Settled, Transitions } from './transitions.js';
+import type { Held, Outcome, Settled, Transitions } from './transitions.js';
 import type { AuditActions, ConnectionActions, GateActions, SessionActions } from '../tools/index.js';
 import { scratchRoot } from './workspace.js';
 
@@ -77,15 +77,17 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
     // covers one published before, and is read while the start is written
     const controller = new AbortController();
     inFlight.set(runId, controller);
-    let run: Run | null = null;
+    let started: Run | Held | null = null;
     let cancelRequested = false;
     try {
       // unanswered, the key counts as unset: a cancel published from now on still reaches the controller
-      [run, cancelRequested] = await Promise.all([transitions.start(found, deps.sandbox.kind), runs.isCancelRequested(runId).catch(() => false)]);
+      [started, cancelRequested] = await Promise.all([transitions.start(found, deps.sandbox.kind), runs.isCancelRequested(runId).catch(() => false)]);
     } finally {
-      if (!run) inFlight.delete(runId);
+      if (!started || 'held' in started) inFlight.delete(runId);
     }
-    if (!run) return null; // canceled meanwhile
+    if (!started) return null; // canceled meanwhile
+    if ('held' in started) return { run: found, next: 'held' }; // still queued: its job is tried again later
+    const run = started;
     const deadline = setTimeout(
       () =>
         controller.abort({

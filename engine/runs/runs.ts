@@ -339,6 +339,13 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       };
     },
 
+    /** Offers a queued run to the workers now: its job, delayed because a guard held it (its session was paused), is promoted. */
+    async offerNow(run: Run): Promise<void> {
+      const job = await queues.get('runs').getJob(jobIdOfRun(run, run.attempt));
+      // promoted by another process meanwhile, or taken by a worker: nothing to do
+      if (job && (await job.isDelayed())) await job.promote().catch(() => undefined);
+    },
+
     async isCancelRequested(runId: string): Promise<boolean> {
       return (await batch.call<number>('key.exists', [cancelKey(prefix, runId)], [])) === 1;
     },

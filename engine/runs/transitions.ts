@@ -35,8 +35,16 @@ export type RunCompanion = (run: Run) => Promise<void>;
 /** Records what follows from one new run once it is stored (its task's move to `queued`), while the run is put in line. */
 export type AfterStored = (run: Run) => Promise<void>;
 
-/** Says why a queued run must not start (a session task that already ended), or null. */
-export type StartGuard = (run: Run) => Promise<string | null>;
+/**
+ * What a check made before a run starts says: start it (null); refuse it, which cancels it (a session
+ * task that already ended); or hold it, which leaves it queued, to be offered to a worker again later (a
+ * task of a paused session).
+ */
+export type StartVerdict = null | { refuse: string } | { hold: string };
+export type StartGuard = (run: Run) => Promise<StartVerdict>;
+
+/** A run a guard held: still queued, its job to be tried again (the executor delays it). */
+export type Held = { held: string };
 
 /** How an attempt ended, as the executor saw it. */
 export type Outcome = {
@@ -48,7 +56,7 @@ export type Outcome = {
 };
 
 /** What a transition left the run as: ended, queued again for another attempt, or not applied. */
-export type Settled = { run: Run; next: 'ended' | 'retry' | 'interrupted' } | null;
+export type Settled = { run: Run; next: 'ended' | 'retry' | 'interrupted' | 'held' } | null;
 
 export type TransitionsDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'events' | 'metrics' | 'queues'> & { slots: TenantSlots };
 
@@ -264,14 +272,16 @@ export function transitionsOf(deps: TransitionsDeps) {
 
     /**
      * queued -> running, for the attempt the job was made for; or queued -> canceled when a guard
-     * refuses it (the fence of a session task that already ended: it never runs again).
+     * refuses it (the fence of a session task that already ended: it never runs again); or nothing,
+     * when a guard holds it (its session is paused).
      */
-    async start(run: Run, sandbox: string | null): Promise<Run | null> {
+    async start(run: Run, sandbox: string | null): Promise<Run | Held | null> {
       for (const guard of guards) {
-        const refusal = await guard(run);
-        if (refusal) {
-          log.warn({ run_id: run.id, reason: refusal }, 'run refused at start');
-          await api.cancel(run, refusal);
+        const verdict = await guard(run);
+        if (verdict && 'hold' in verdict) return { held: verdict.hold };
+        if (verdict) {
+          log.warn({ run_id: run.id, reason: verdict.refuse }, 'run refused at start');
+          await api.cancel(run, verdict.refuse);
           return null;
         }
       }

@@ -23,7 +23,7 @@ import {
   type TaskStatus,
   type TriggerRule,
 } from '../platform/index.js';
-import { allowlistOf, type Runs, type ToolPolicy } from '../runs/index.js';
+import { allowlistOf, type Runs, type StartVerdict, type ToolPolicy } from '../runs/index.js';
 import { dagErrors, dagOrder } from './dag.js';
 import type { DagState } from './dag-state.js';
 
@@ -296,10 +296,22 @@ export function tasksOf(deps: TasksDeps) {
   /** The task's attempt of a run: its earlier runs' attempts, then this run's. */
   const attemptOf = (run: Run) => (run.trigger.type === 'task' ? (run.trigger.prior_attempts ?? 0) : 0) + run.attempt;
 
-  /** The fence: a run of a task that already ended in Redis does not start (it is canceled instead). */
-  async function mayStart(run: Run): Promise<string | null> {
+  /** A queued task's run that has not started (held at its start by the pause): offered to the workers now. */
+  async function offerHeld(t: TaskRecord): Promise<void> {
+    const run = await store.runs.get(t.tenant_id, t.run_ids.at(-1)!);
+    if (run?.status === 'queued') await runs.offerNow(run);
+  }
+
+  /**
+   * The pause, then the fence: a run of a paused session's task waits, queued, for the resume (however
+   * early it was queued: a pause stops every task that has not started); a run of a task that already
+   * ended in Redis does not start (it is canceled instead).
+   */
+  async function mayStart(run: Run): Promise<StartVerdict> {
     if (run.trigger.type !== 'task') return null;
-    return (await dag.start(run.session_id, run.trigger.task_id)) ? null : `task ${run.trigger.task_id} has already ended`;
+    const session = await store.sessions.get(run.tenant_id, run.session_id);
+    if (session?.status === 'paused') return { hold: `session ${run.session_id} is paused` };
+    return (await dag.start(run.session_id, run.trigger.task_id)) ? null : { refuse: `task ${run.trigger.task_id} has already ended` };
   }
 
   // queued and running count alike for the session's status: a start leaves it as it was
@@ -340,6 +352,30 @@ export function tasksOf(deps: TasksDeps) {
       if (session) await apply(session, change);
     }
     await deps.recount(run.tenant_id, run.session_id);
+  }
+
+  /**
+   * Starts the tasks that became ready, or were answered, while the session was paused, and offers
+   * again at once the runs that were queued before it and held at their start.
+   */
+  async function resume(session: Session): Promise<void> {
+    // all at once, as the tasks one completion releases: each start is a few round trips
+    const held = await store.tasks.list(session.tenant_id, session.id);
+    // one read serves them all, their dependencies' outputs included
+    const known = new Map(held.map((t) => [t.id, t]));
+    await Promise.all(
+      held.map((t) => {
+        const started =
+          t.status === 'queued' && !t.run_ids.length
+            ? dispatch(session, t.id, known)
+            : t.status === 'queued'
+              ? offerHeld(t)
+              : t.status === 'input_required'
+                ? continueIfAnswered(session, t)
+                : null;
+        return started?.catch((err: unknown) => log.error({ err, task_id: t.id }, 'a held task could not start'));
+      }),
+    );
   }
 
   runs.guardStart(mayStart);
@@ -395,6 +431,11 @@ export function tasksOf(deps: TasksDeps) {
       // appends keep the order they are asked in: all of them in one round trip, not one round trip each
       await Promise.all(records.map(emit));
       await apply(session, await dag.add(session.id, records));
+      // held by a pause that a resume, listing the tasks before these were stored, has ended since: started now
+      if (session.status === 'paused') {
+        const now = await store.sessions.get(session.tenant_id, session.id);
+        if (now && now.status !== 'paused' && now.status !== 'archived') await resume(now);
+      }
       await deps.recount(session.tenant_id, session.id);
       const stored = new Map((await store.tasks.list(session.tenant_id, session.id)).map((t) => [t.id, t]));
       return records.map((t) => stored.get(t.id)!);
@@ -405,20 +446,7 @@ export function tasksOf(deps: TasksDeps) {
       return dagOrder(await store.tasks.list(tenantId, sessionId));
     },
 
-    /** Starts the tasks that became ready, or were answered, while the session was paused. */
-    async resume(session: Session): Promise<void> {
-      // all at once, as the tasks one completion releases: each start is a few round trips
-      const held = await store.tasks.list(session.tenant_id, session.id);
-      // one read serves them all, their dependencies' outputs included
-      const known = new Map(held.map((t) => [t.id, t]));
-      await Promise.all(
-        held.map((t) => {
-          const started =
-            t.status === 'queued' && !t.run_ids.length ? dispatch(session, t.id, known) : t.status === 'input_required' ? continueIfAnswered(session, t) : null;
-          return started?.catch((err: unknown) => log.error({ err, task_id: t.id }, 'a held task could not start'));
-        }),
-      );
-    },
+    resume,
 
     /**
      * Ends every task of an archived session that has not ended: canceled in Redis (nothing it would

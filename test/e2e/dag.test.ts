@@ -147,6 +147,33 @@ describe('task DAG', function () {
     expect(last.inputs.upstream.next.steps[0].output.stdout).to.contain('next');
   });
 
+  it('holds, at their start, the runs a pause finds already queued (none starts), and a resume offers them at once', async () => {
+    const id = await session();
+    // twenty tasks for ten tenant slots: ten run, ten wait in line with a run each
+    const tasks = Array.from({ length: 20 }, (_, i) => ({ id: `t${i}`, steps: sh('sleep 0.6') }));
+    expect((await h.call('POST', `/api/v1/sessions/${id}/tasks`, { body: { tasks } })).status).to.equal(201);
+    await eventually(async () => ((await h.call<Body>('GET', `/api/v1/sessions/${id}`)).body.task_counts.running ?? 0) >= 10 || null, 'ten tasks running');
+    expect((await h.call('PATCH', `/api/v1/sessions/${id}`, { body: { status: 'paused' } })).status).to.equal(200);
+    const pausedAt = new Date().toISOString();
+    await new Promise((r) => setTimeout(r, 1500));
+    const paused = (await h.call<Body>('GET', `/api/v1/sessions/${id}`)).body;
+    const byStatus = (s: Body) => s.tasks.reduce((n: Body, t: Body) => ({ ...n, [t.status]: (n[t.status] ?? 0) + 1 }), {});
+    expect(byStatus(paused)).to.deep.equal({ succeeded: 10, queued: 10 });
+    for (const t of paused.tasks.filter((t: Body) => t.status === 'queued')) {
+      expect(t.run_ids, t.id).to.have.length(1);
+      const run = (await h.call<Body>('GET', `/api/v1/runs/${t.run_ids[0]}`)).body;
+      expect(run).to.include({ status: 'queued', started_at: null });
+    }
+    const runs = (await h.call<Body>('GET', `/api/v1/sessions/${id}/runs?limit=100`)).body.data;
+    for (const r of runs.filter((r: Body) => r.started_at)) expect(r.started_at <= pausedAt, `${r.id} started after the pause`).to.equal(true);
+    const resumedAt = Date.now();
+    await h.call('PATCH', `/api/v1/sessions/${id}`, { body: { status: 'idle' } });
+    const done = await settled(id, 20);
+    expect(done.outcome).to.equal('succeeded');
+    // promoted by the resume, not found by the held jobs' own retry 5 s later
+    expect(Date.now() - resumedAt).to.be.below(3500);
+  });
+
   it('archiving cancels every run of the session, past the first page, and a cut-short archive is finished by the next DELETE', async () => {
     const id = await session();
     const tasks = Array.from({ length: 120 }, (_, i) => ({ id: `t${i}`, steps: sh('sleep 30') }));
