@@ -403,7 +403,9 @@ export interface paths {
          *     `run.started`, `run.retrying`, `run.interrupted`, `workspace.ready`, `step.started`, `step.output`,
          *     `step.finished`, `agent.turn`, `message.created` and `run.finished` (the last; the stream then closes). A comment line every
          *     SERVICE_SSE_HEARTBEAT_SECONDS keeps proxies from closing it. Reconnect with `Last-Event-ID` (or
-         *     `last_event_id`) to receive only what was missed.
+         *     `last_event_id`) to receive only what was missed; a reconnect after the run's end (its
+         *     `run.finished`, or the `session.updated` that follows it) is answered 204, which tells an
+         *     EventSource to stop reconnecting.
          */
         get: operations["streamRunSession"];
         put?: never;
@@ -684,7 +686,7 @@ export interface paths {
         /**
          * Add a task, or a whole DAG
          * @description One task, or `{tasks: [...]}`. `depends_on` names tasks of the session or of the same request; ids are
-         *     the caller's or the service's. One 400 lists every error: unknown, self or duplicate dependency, a
+         *     the caller's or the service's. One 422 (`task-graph-invalid`) lists every error: unknown, self or duplicate dependency, a
          *     cycle, an unknown agent. A task starts when its dependencies allow (`all_success`: every one succeeded;
          *     `all_done`: every one ended); when one fails after its attempts, its `all_success` dependents end
          *     `upstream_failed`, and independent branches go on. A task's run (kind `session_task`) gets the
@@ -756,9 +758,12 @@ export interface paths {
         };
         /**
          * Live trace of a session (SSE)
-         * @description The session's one event log as server-sent events (`run.*`, `step.*`, `agent.turn`,
+         * @description The session's one event log as server-sent events (`task.updated`, `run.*`, `step.*`, `agent.turn`,
          *     `message.created`, `session.updated`). It does not end when a run does; it ends when the session is
-         *     archived. Heartbeat comments keep it open; reconnect with `Last-Event-ID` to get only what was missed.
+         *     archived and what the archive stopped has ended: its last event is the `session.updated` that gives
+         *     the archived session its outcome. Heartbeat comments keep it open; reconnect with `Last-Event-ID` to
+         *     get only what was missed; a reconnect after that last event is answered 204, which tells an
+         *     EventSource to stop reconnecting.
          */
         get: operations["traceSession"];
         put?: never;
@@ -3868,6 +3873,13 @@ export interface operations {
         requestBody?: never;
         responses: {
             200: components["responses"]["RunEventStream"];
+            /** @description The run has finished and the client has seen its end (Last-Event-ID); nothing more will come. */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
@@ -4577,6 +4589,13 @@ export interface operations {
                 content: {
                     "text/event-stream": components["schemas"]["ServiceEvent"];
                 };
+            };
+            /** @description The session is archived with its outcome and the client has seen that last event (Last-Event-ID). */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];

@@ -27,6 +27,12 @@ export type SseOptions = {
   heartbeatMs: number;
   status?: number;
   headers?: Record<string, string>;
+  /**
+   * The scope's last event is in the log (its run or session has ended): a client that has already
+   * seen it is answered 204, which tells EventSource to stop reconnecting, instead of an empty stream
+   * held open for good.
+   */
+  ended?: boolean;
 };
 
 export function lastEventIdOf(req: Request): string {
@@ -38,6 +44,10 @@ export function lastEventIdOf(req: Request): string {
 export async function streamEvents(req: Request, res: Response, opts: SseOptions): Promise<void> {
   // a client gone while the route prepared (an audit started, a run stored) gets nothing, and holds nothing
   if (req.socket.destroyed) return;
+  if (opts.ended && !(await opts.hub.anyAfter(opts.scope.stream, opts.afterId, (e) => opts.scope.isLast(e)))) {
+    res.status(204).end();
+    return;
+  }
   res.status(opts.status ?? 200);
   res.set({
     'Content-Type': 'text/event-stream; charset=utf-8',

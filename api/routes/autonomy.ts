@@ -45,7 +45,13 @@ export function autonomyRunRequest(req: Request, kind: RunKind, work: AutonomyWo
 export function autonomyRouter(engine: Engine, opts: { hub: EventHub; heartbeatMs: number; streams: OpenStreams }): Router {
   const router = Router();
 
-  const watch = (req: Request, res: Response, sessionId: string, afterId: string, extra: { status?: number; headers?: Record<string, string> } = {}) =>
+  const watch = (
+    req: Request,
+    res: Response,
+    sessionId: string,
+    afterId: string,
+    extra: { status?: number; headers?: Record<string, string>; ended?: boolean } = {},
+  ) =>
     streamEvents(req, res, {
       streams: opts.streams,
       hub: opts.hub,
@@ -68,7 +74,9 @@ export function autonomyRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
   router.get('/streaming/:session_id/events', async (req, res) => {
     const sessionId = String(req.params.session_id);
     await engine.runs.assertSession(tenantOf(req), sessionId);
-    await watch(req, res, sessionId, lastEventIdOf(req));
+    // a run session has its outcome once its run has finished: its run.finished is in the log
+    const session = await engine.sessions.get(tenantOf(req), sessionId).catch(() => null);
+    await watch(req, res, sessionId, lastEventIdOf(req), { ended: session?.outcome != null });
   });
 
   router.get('/reliability-context', async (req, res) => {

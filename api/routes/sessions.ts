@@ -74,13 +74,15 @@ export function sessionsRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
 
   router.get('/:id/trace', async (req, res) => {
     const id = idOf(req);
-    await sessions.get(tenantOf(req), id);
+    const session = await sessions.get(tenantOf(req), id);
     await streamEvents(req, res, {
       streams: opts.streams,
       hub: opts.hub,
       scope: scopes.sessionTrace(id),
       afterId: lastEventIdOf(req),
       heartbeatMs: opts.heartbeatMs,
+      // archived with its outcome: the trace's last event is in the log
+      ended: session.status === 'archived' && session.outcome !== null,
     });
   });
 

@@ -161,8 +161,14 @@ export type Scope = {
 
 export const scopes = {
   runSession: (sessionId: string): Scope => ({ stream: `session:${sessionId}`, isLast: (e) => e.type === 'run.finished' }),
-  /** the same log; it ends only when the session is archived */
-  sessionTrace: (sessionId: string): Scope => ({ stream: `session:${sessionId}`, isLast: (e) => e.type === 'session.updated' && e.data.status === 'archived' }),
+  /**
+   * the same log; it ends only when the session is archived and what the archive stopped has ended: the
+   * session.updated that gives the archived session its outcome (cancellations and run ends come before it)
+   */
+  sessionTrace: (sessionId: string): Scope => ({
+    stream: `session:${sessionId}`,
+    isLast: (e) => e.type === 'session.updated' && e.data.status === 'archived' && e.data.outcome !== null,
+  }),
   /**
    * An audit's log: `phase_done` per phase, then `report`. The stream route starts an audit, so a
    * resuming client (same URL, Last-Event-ID) is known by its id: `{report_id}/{entry id}`.

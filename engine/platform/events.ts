@@ -77,6 +77,16 @@ export class EventHub {
     private readonly log: EventLog,
   ) {}
 
+  /** True when an event after `afterId` (exclusive) in the scope's log matches. */
+  async anyAfter(scope: string, afterId: string, match: (e: ServiceEvent) => boolean): Promise<boolean> {
+    for (let after = afterId; ;) {
+      const page = await this.log.after(scope, after);
+      if (page.some(match)) return true;
+      if (page.length < 1000) return false;
+      after = page.at(-1)!.id;
+    }
+  }
+
   async subscribe(scope: string, afterId: string, deliver: (e: ServiceEvent) => void): Promise<Subscription> {
     const sub: Subscriber = { lastId: afterId, replaying: true, buffer: [], deliver };
     let entry = this.scopes.get(scope);

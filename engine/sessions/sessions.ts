@@ -79,10 +79,8 @@ export function sessionsOf(deps: SessionsDeps) {
     if (!s || s.kind !== 'multi_agent') return;
     const counts = await store.tasks.counts(tenantId, sessionId);
     const counted = tasks.statusOf(s, counts);
-    // an archived session stays archived and gets its outcome once every task has ended: what its
-    // archiving stopped (canceled, and their dependents) makes it canceled unless a task failed on its own
-    const next =
-      s.status === 'archived' ? { status: s.status, outcome: counted.outcome === 'failed' && !counts.failed ? 'canceled' : counted.outcome } : counted;
+    // an archived session stays archived and gets its outcome once every task has ended
+    const next = s.status === 'archived' ? { status: s.status, outcome: counted.outcome } : counted;
     if (next.status !== s.status || next.outcome !== s.outcome) await change(tenantId, sessionId, next, [s.status]);
   }
 

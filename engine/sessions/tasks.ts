@@ -531,8 +531,12 @@ export function tasksOf(deps: TasksDeps) {
       const n = (...statuses: TaskStatus[]) => statuses.reduce((sum, st) => sum + (counts[st] ?? 0), 0);
       const total = n(...TASK_STATUSES);
       const status: SessionStatus = session.status === 'paused' ? 'paused' : n('input_required') ? 'waiting' : n('queued', 'running') ? 'running' : 'idle';
-      if (!total || n(...TERMINAL_TASK_STATUSES) < total) return { status, outcome: null };
-      const outcome = n('failed', 'upstream_failed') ? 'failed' : n('canceled') ? 'canceled' : 'succeeded';
+      // archived with no task: nothing will ever run in it
+      if (!total) return { status, outcome: session.status === 'archived' ? 'canceled' : null };
+      if (n(...TERMINAL_TASK_STATUSES) < total) return { status, outcome: null };
+      // a task that failed on its own fails the session; one canceled (and the dependents it stopped, which
+      // end upstream_failed) cancels it: the same mix gives the same outcome whether or not it was archived
+      const outcome = n('failed') ? 'failed' : n('canceled', 'upstream_failed') ? 'canceled' : 'succeeded';
       return { status, outcome };
     },
 

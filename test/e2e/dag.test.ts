@@ -110,6 +110,28 @@ describe('task DAG', function () {
     expect(s.tasks.find((t: Body) => t.id === 'later').run_ids).to.deep.equal([]);
   });
 
+  it('ends canceled, not failed, when a task is canceled and nothing failed on its own', async () => {
+    const id = await session();
+    const tasks = [
+      { id: 'long', steps: sh('sleep 30') },
+      { id: 'strict', depends_on: ['long'], steps: sh('true') },
+      { id: 'anyway', depends_on: ['long'], trigger_rule: 'all_done', steps: sh('true') },
+    ];
+    expect((await h.call('POST', `/api/v1/sessions/${id}/tasks`, { body: { tasks } })).status).to.equal(201);
+    const running = await eventually(async () => {
+      const t = (await h.call<Body>('GET', `/api/v1/sessions/${id}`)).body.tasks[0];
+      return t.status === 'running' ? t : null;
+    }, 'the long task to run');
+    expect((await h.call('POST', `/api/v1/runs/${running.run_ids[0]}/cancel`)).status).to.be.oneOf([200, 202]);
+    const s = await settled(id, 3);
+    expect(s.tasks.map((t: Body) => [t.id, t.status])).to.deep.equal([
+      ['long', 'canceled'],
+      ['strict', 'upstream_failed'],
+      ['anyway', 'succeeded'],
+    ]);
+    expect(s.outcome).to.equal('canceled');
+  });
+
   it('holds new tasks while paused, releases them on resume, and takes tasks added to a running session', async () => {
     const id = await session();
     await h.call('PATCH', `/api/v1/sessions/${id}`, { body: { status: 'paused' } });

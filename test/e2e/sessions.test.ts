@@ -139,6 +139,63 @@ describe('sessions', function () {
     }
   });
 
+  it('ends the trace with the archived session’s outcome, after what the archive stopped; a client that saw the end gets 204', async () => {
+    const s = await create({ title: 'stopped' });
+    const sh = (command: string) => [{ tool: 'shell', args: { command } }];
+    const tasks = [
+      { id: 'long', steps: sh('sleep 30') },
+      { id: 'after', depends_on: ['long'], steps: sh('true') },
+      { id: 'anyway', depends_on: ['long'], trigger_rule: 'all_done', steps: sh('true') },
+    ];
+    expect((await h.call('POST', `/api/v1/sessions/${s.id}/tasks`, { body: { tasks } })).status).to.equal(201);
+    await eventually(async () => (await h.call<Body>('GET', `/api/v1/sessions/${s.id}`)).body.tasks[0].status === 'running' || null, 'the long task to run');
+    await h.call('DELETE', `/api/v1/sessions/${s.id}`);
+    // read from the start: the stream ends by itself
+    const read = async (lastEventId?: string) => {
+      const res = await fetch(`${h.url}/api/v1/sessions/${s.id}/trace`, {
+        headers: { authorization: `Bearer ${KEYS.a}`, ...(lastEventId ? { 'last-event-id': lastEventId } : {}) },
+        signal: AbortSignal.timeout(15_000),
+      });
+      const events = (await res.text())
+        .split('\n\n')
+        .filter((block) => block.includes('data: '))
+        .map((block) => {
+          const field = (name: string) =>
+            block
+              .split('\n')
+              .find((l) => l.startsWith(`${name}: `))!
+              .slice(name.length + 2);
+          return { id: field('id'), type: field('event'), data: JSON.parse(field('data')).data as Body };
+        });
+      return { status: res.status, events };
+    };
+    const { status, events } = await eventually(async () => {
+      const r = await read();
+      return r.events.at(-1)?.data.outcome ? r : null;
+    }, 'the archive to end its tasks');
+    expect(status).to.equal(200);
+    const end = events.at(-1)!;
+    expect(end).to.deep.include({ type: 'session.updated' });
+    expect(end.data).to.include({ status: 'archived', outcome: 'canceled' });
+    // the cancellations and the long task's run end are in it, before the end
+    const canceled = events.filter((e) => e.type === 'task.updated' && e.data.status === 'canceled').map((e) => e.data.task_id);
+    expect(canceled.sort()).to.deep.equal(['after', 'anyway', 'long']);
+    expect(events.some((e) => e.type === 'run.finished' && e.data.status === 'canceled')).to.equal(true);
+    expect(events.filter((e) => e.type === 'session.updated' && e.data.status === 'archived').length).to.be.at.least(2);
+    // a reconnect after the end: 204, so EventSource stops; one before it gets the rest and the end
+    expect((await read(end.id)).status).to.equal(204);
+    const rest = await read(events.at(-3)!.id);
+    expect(rest.events.map((e) => e.id)).to.deep.equal(events.slice(-2).map((e) => e.id));
+  });
+
+  it('gives a session with no task, once archived, the outcome canceled; archiving it again changes nothing', async () => {
+    const s = await create({ title: 'empty' });
+    const archived = (await h.call<Body>('DELETE', `/api/v1/sessions/${s.id}`)).body;
+    expect(archived).to.include({ status: 'archived', outcome: 'canceled' });
+    const again = (await h.call<Body>('DELETE', `/api/v1/sessions/${s.id}`)).body;
+    expect(again.updated_at).to.equal(archived.updated_at);
+  });
+
   it('answers 404 for another tenant’s session on every route', async () => {
     const s = await create({ title: 'mine' });
     const other = { key: KEYS.b };

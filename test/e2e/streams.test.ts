@@ -67,6 +67,15 @@ describe('run session streams', function () {
     const late = open(h, body.session_id);
     await eventually(() => late.isEnded(), 'the replayed terminal event');
     expect(late.received.map((e) => e.id)).to.deep.equal(ids);
+    // a reconnect from the end (run.finished, or what followed it: the session's outcome) is a 204,
+    // which stops EventSource, not a stream held open for good
+    const url = `${h.url}/api/v1/autonomy/streaming/${body.session_id}/events`;
+    const log = await h.rt.events.after(`session:${body.session_id}`, '0-0');
+    for (const after of [ids.at(-1)!, log.at(-1)!.id]) {
+      const res = await fetch(url, { headers: { authorization: `Bearer ${KEYS.a}`, 'last-event-id': after }, signal: AbortSignal.timeout(5000) });
+      expect(res.status, after).to.equal(204);
+    }
+    expect(log.at(-1)!.type).to.equal('session.updated');
   });
 
   it('lets a run started through each route be watched to its end', async () => {
