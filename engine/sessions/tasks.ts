@@ -427,7 +427,20 @@ export function tasksOf(deps: TasksDeps) {
           throw new AgentNotConfiguredError('a task with a goal needs an agent endpoint (SERVICE_AGENT_BASE_URL, SERVICE_AGENT_MODEL)');
         }
       });
-      await store.tasks.insertMany(records);
+      // ids checked against the tasks read above; one taken since, by a request at the same time, is the same error
+      if (!(await store.tasks.insertMany(records))) {
+        const taken = new Set(
+          (
+            await store.tasks.getMany(
+              session.tenant_id,
+              session.id,
+              records.map((t) => t.id),
+            )
+          ).map((t) => t.id),
+        );
+        const clashes = records.flatMap((t, i) => (taken.has(t.id) ? [{ path: `/body/tasks/${i}/id`, message: `task id ${t.id} is used twice` }] : []));
+        throw new TaskGraphInvalidError(clashes.map((e) => `${e.path}: ${e.message}`).join('; '), clashes);
+      }
       // appends keep the order they are asked in: all of them in one round trip, not one round trip each
       await Promise.all(records.map(emit));
       await apply(session, await dag.add(session.id, records));

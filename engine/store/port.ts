@@ -248,7 +248,8 @@ export type TaskChanges = Partial<Pick<TaskRecord, 'status' | 'attempts' | 'run_
 
 export interface TaskRepo {
   /** Inserts a batch of tasks of one session in one transaction: all or none. */
-  insertMany(tasks: TaskRecord[]): Promise<void>;
+  /** Inserts the batch, all or none; false (nothing stored) when an id is taken in its session, by a concurrent insert. */
+  insertMany(tasks: TaskRecord[]): Promise<boolean>;
   get(tenantId: string, sessionId: string, id: string): Promise<TaskRecord | null>;
   /** The tasks of a session with these ids, in creation order; ids it does not have are left out. */
   getMany(tenantId: string, sessionId: string, ids: string[]): Promise<TaskRecord[]>;

@@ -272,6 +272,27 @@ describe('task DAG', function () {
     expect((await h.call('POST', `/api/v1/sessions/${id}/tasks`, { key: KEYS.b, body: { steps: sh('true') } })).status).to.equal(404);
   });
 
+  it('answers the same 422 when two requests at once choose the same task id: one is stored, the other names the clash', async () => {
+    for (let round = 0; round < 5; round++) {
+      const id = await session();
+      const post = () =>
+        h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, {
+          body: {
+            tasks: [
+              { id: 'mine', steps: sh('true') },
+              { id: `other${round}`, steps: sh('true') },
+            ],
+          },
+        });
+      const answers = await Promise.all([post(), post()]);
+      expect(answers.map((a) => a.status).sort(), JSON.stringify(answers.map((a) => a.body))).to.deep.equal([201, 422]);
+      const refused = answers.find((a) => a.status === 422)!.body;
+      expect(refused.code).to.equal('task-graph-invalid');
+      expect(refused.errors.map((e: Body) => e.message)).to.include('task id mine is used twice');
+      expect((await h.call<Body>('GET', `/api/v1/sessions/${id}/tasks`)).body.data.map((t: Body) => t.id).sort()).to.deep.equal(['mine', `other${round}`]);
+    }
+  });
+
   it('repairs a task whose run ended while no hook saw it (a process died between the two writes), and starts what it releases', async () => {
     const quiet = await startHarness({ workers: false });
     try {

@@ -25,8 +25,18 @@ const fromStored = (d: StoredTask | null): TaskRecord | null => {
 export function taskRepo(model: Model<StoredTask>): TaskRepo {
   return {
     async insertMany(tasks) {
-      // a replica set would make this one transaction; ordered inserts stop at the first failure
-      await model.collection.insertMany(tasks.map(toStored) as never[], { ordered: true });
+      // a replica set would make this one transaction; ordered inserts stop at the first failure, and
+      // what they stored before it is taken back, so the batch is all or none
+      try {
+        await model.collection.insertMany(tasks.map(toStored) as never[], { ordered: true });
+        return true;
+      } catch (err) {
+        const e = err as { code?: number; insertedIds?: Record<number, string> };
+        if (e.code !== 11000) throw err;
+        const inserted = Object.values(e.insertedIds ?? {});
+        if (inserted.length) await model.deleteMany({ _id: { $in: inserted } });
+        return false;
+      }
     },
     async get(tenantId, sessionId, id) {
       return fromStored(await model.findOne({ _id: keyOf(tenantId, sessionId, id) }).lean<StoredTask>());

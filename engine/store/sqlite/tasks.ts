@@ -34,7 +34,14 @@ export function taskRepo(db: Db): TaskRepo {
   };
   return {
     async insertMany(tasks) {
-      await commit(() => insertMany(tasks));
+      try {
+        await commit(() => insertMany(tasks));
+        return true;
+      } catch (err) {
+        // the batch's transaction is rolled back: none of it is stored
+        if ((err as { code?: string }).code === 'SQLITE_CONSTRAINT_PRIMARYKEY') return false;
+        throw err;
+      }
     },
     async get(tenantId, sessionId, id) {
       return read(get.get(tenantId, sessionId, id));
