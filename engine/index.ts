@@ -132,6 +132,7 @@ export function createEngine(given: EngineDeps) {
   });
   const schedules = schedulesOf(deps);
   const automations = automationsOf(deps, { changed: (a, before) => schedules.sync(a, before) });
+  runs.guardRerun(automations.assertMayRerun);
   const { fire, fireCron } = firesOf({ ...deps, automations, schedules, runs });
 
   return {

@@ -179,6 +179,16 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
     enable: (tenantId: string, id: string) => change(tenantId, id, { status: 'enabled' }),
     disable: (tenantId: string, id: string) => change(tenantId, id, { status: 'disabled' }),
 
+    /** Refuses to re-run a run of an automation that has been disabled (409) or archived (409: it stopped firing) since. */
+    async assertMayRerun(run: Run): Promise<void> {
+      if (!run.automation_id) return;
+      const a = await store.automations.get(run.tenant_id, run.automation_id);
+      if (!a || a.status === 'archived')
+        throw new ConflictError(`run ${run.id} is of automation ${run.automation_id}, which is archived: its runs are not re-run`, { status: 'archived' });
+      if (a.status === 'disabled')
+        throw new ConflictError(`run ${run.id} is of automation ${a.id}, which is disabled; enable it to re-run its runs`, { status: a.status });
+    },
+
     /** The run request an automation makes; the caller starts it (so Idempotency-Key can wrap it). */
     async runRequest(tenantId: string, id: string, opts: { inputs?: Record<string, unknown>; trigger: RunTrigger; request_id?: string }): Promise<RunRequest> {
       const a = await mustGet(tenantId, id);

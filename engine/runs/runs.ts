@@ -97,6 +97,7 @@ const RELEASE_CLAIM = `if redis.call('GET', KEYS[1]) == ARGV[1] then return redi
 export function runsOf(deps: RunsDeps, transitions: Transitions) {
   const { store, clock, log, limits, slots, queues, redis, settings } = deps;
   const prefix = queues.prefix;
+  const rerunGuards: ((run: Run) => Promise<void>)[] = [];
   // the executor reads it as a run starts: in the engine's batch, with the run.started event
   const batch = redisBatch(redis);
   batch.define('key.exists', { keys: 1, args: 0, lua: `return redis.call('EXISTS', KEYS[1])` });
@@ -271,6 +272,10 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
     /** Throws what `create` would refuse this request for, storing nothing (a caller about to pay for the request's input asks first). */
     assertAcceptable: async (tenantId: string, req: RunRequest): Promise<void> => void (await admit(tenantId, req)),
     workspaceOf,
+    /** Registers a check of a finished run about to be re-run; it throws the problem that refuses it. */
+    guardRerun(guard: (run: Run) => Promise<void>): void {
+      rerunGuards.push(guard);
+    },
     onRunFinished: transitions.onRunFinished,
     onRunStarted: transitions.onRunStarted,
     storeWithRun: transitions.storeWithRun,
@@ -292,10 +297,22 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       if (!owned.items.length) throw new NotFoundError(`no run session ${sessionId}`);
     },
 
-    /** A new run of the same request as a finished one, linked to it; its own session. */
+    /**
+     * A new run of the same request as a finished one, linked to it; its own session. What a run came
+     * from may refuse (an automation disabled or archived since); a session task's run is re-run by its
+     * session, never on its own (it would run outside its DAG, under a session that does not list it).
+     */
     async rerun(tenantId: string, id: string, key: string | undefined, requestId: string): Promise<{ run: Run; replayed: boolean }> {
       const first = await mustGet(tenantId, id);
       if (!isTerminal(first.status)) throw new ConflictError(`run ${id} is ${first.status}; re-run it once it has finished`, { status: first.status });
+      if (first.kind === 'session_task')
+        throw new ConflictError(
+          `run ${id} is a task's run of session ${first.session_id}: its task retries up to its max_attempts; add a task to run it again`,
+          {
+            kind: first.kind,
+          },
+        );
+      for (const guard of rerunGuards) await guard(first);
       const req: RunRequest = {
         ...requestOf(first),
         rerun_of: first.id,

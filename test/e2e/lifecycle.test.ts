@@ -135,6 +135,36 @@ describe('run lifecycle', function () {
     await finishedRun(h, slow);
   });
 
+  it('re-runs an automation’s run only while the automation is enabled, and never a session task’s run on its own', async () => {
+    const created = await h.call<Body>('POST', '/api/v1/automations', { body: { name: 'rerun-me', steps: [{ tool: 'shell', args: { command: 'true' } }] } });
+    const started = await h.call<Body>('POST', '/api/v1/automations/run', { body: { automation_id: created.body.id } });
+    const run = await finishedRun(h, started.body.run_id);
+    expect((await h.call('POST', `/api/v1/automations/${created.body.id}/disable`)).status).to.equal(200);
+    const disabled = await h.call<Body>('POST', `/api/v1/runs/${run.id}/rerun`);
+    expect(disabled.status).to.equal(409);
+    expect(disabled.body.detail).to.contain('disabled');
+    expect((await h.call('POST', `/api/v1/automations/${created.body.id}/enable`)).status).to.equal(200);
+    const again = await h.call<Body>('POST', `/api/v1/runs/${run.id}/rerun`);
+    expect(again.status).to.equal(202);
+    await finishedRun(h, again.body.run_id);
+    expect((await h.call('DELETE', `/api/v1/automations/${created.body.id}`)).status).to.be.oneOf([200, 204]);
+    const archived = await h.call<Body>('POST', `/api/v1/runs/${run.id}/rerun`);
+    expect(archived.status).to.equal(409);
+    expect(archived.body.detail).to.contain('archived');
+    // a task's run belongs to its session's DAG
+    const session = (await h.call<Body>('POST', '/api/v1/sessions', { body: { title: 'no rerun' } })).body;
+    await h.call('POST', `/api/v1/sessions/${session.id}/tasks`, { body: { id: 'once', steps: [{ tool: 'shell', args: { command: 'true' } }] } });
+    const taskRun = await eventually(async () => {
+      const t = (await h.call<Body>('GET', `/api/v1/sessions/${session.id}`)).body.tasks[0];
+      return t.status === 'succeeded' ? t.run_ids[0] : null;
+    }, 'the task to succeed');
+    const refused = await h.call<Body>('POST', `/api/v1/runs/${taskRun}/rerun`);
+    expect(refused.status).to.equal(409);
+    expect(refused.body.detail).to.contain('task');
+    const runs = (await h.call<Body>('GET', `/api/v1/runs?kind=session_task&limit=100`)).body.data;
+    expect(runs.filter((r: Body) => r.rerun_of === taskRun)).to.deep.equal([]);
+  });
+
   it('lists a tenant’s runs across kinds with filters and pages, and never another tenant’s', async () => {
     const b = await start({ steps: [{ tool: 'message', args: { text: 'b' } }] }, KEYS.b);
     await finishedRun(h, b, KEYS.b);
