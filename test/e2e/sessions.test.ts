@@ -277,6 +277,9 @@ describe('email to task (the session tool)', function () {
     });
     const run = await finishedRun(h, foreign.body.run_id, KEYS.b);
     expect(run.status).to.equal('failed');
+    // the step fails with the service's own answer, as for any tool: not the run as an internal error
+    expect(run.steps[0].error).to.deep.include({ code: 'not-found' });
+    expect(run.error.code).to.not.equal('internal');
     expect((await h.call<Body>('GET', `/api/v1/sessions/${session.id}/tasks`)).body.data).to.have.length(1);
   });
 });
