@@ -34,11 +34,15 @@ export function dagErrors(existing: readonly DagNode[], added: readonly DagNode[
   for (const t of added) {
     const deps = t.depends_on.filter((d) => addedIds.has(d) && d !== t.id);
     indegree.set(t.id, new Set(deps).size);
-    for (const d of new Set(deps)) dependents.set(d, [...(dependents.get(d) ?? []), t.id]);
+    for (const d of new Set(deps)) {
+      const list = dependents.get(d);
+      if (list) list.push(t.id);
+      else dependents.set(d, [t.id]);
+    }
   }
   const queue = [...indegree].filter(([, n]) => n === 0).map(([id]) => id);
-  while (queue.length) {
-    const id = queue.shift()!;
+  for (let head = 0; head < queue.length; head++) {
+    const id = queue[head]!;
     for (const next of dependents.get(id) ?? []) {
       const n = indegree.get(next)! - 1;
       indegree.set(next, n);
@@ -52,24 +56,46 @@ export function dagErrors(existing: readonly DagNode[], added: readonly DagNode[
 
 /** Tasks in DAG order: every task after its dependencies; among those ready together, the first created first. */
 export function dagOrder<T extends DagNode & { created_at: string }>(tasks: readonly T[]): T[] {
-  const byId = new Map(tasks.map((t) => [t.id, t]));
-  const indegree = new Map(tasks.map((t) => [t.id, t.depends_on.filter((d) => byId.has(d)).length]));
-  const dependents = new Map<string, string[]>();
-  for (const t of tasks) for (const d of t.depends_on) if (byId.has(d)) dependents.set(d, [...(dependents.get(d) ?? []), t.id]);
-  const byCreation = (a: T, b: T) => a.created_at.localeCompare(b.created_at) || a.id.localeCompare(b.id);
-  const ready = tasks.filter((t) => indegree.get(t.id) === 0).sort(byCreation);
-  const out: T[] = [];
-  while (ready.length) {
-    const t = ready.shift()!;
-    out.push(t);
-    for (const next of dependents.get(t.id) ?? []) {
-      const n = indegree.get(next)! - 1;
-      indegree.set(next, n);
-      if (n === 0) {
-        ready.push(byId.get(next)!);
-        ready.sort(byCreation);
+  // rank by creation (ties by id); the ready tasks wait in a min-heap of ranks: O(n log n) however wide the DAG
+  const ranked = [...tasks].sort((a, b) => a.created_at.localeCompare(b.created_at) || a.id.localeCompare(b.id));
+  const rank = new Map(ranked.map((t, i) => [t.id, i]));
+  const indegree = ranked.map((t) => t.depends_on.filter((d) => rank.has(d)).length);
+  const dependents: number[][] = ranked.map(() => []);
+  ranked.forEach((t, i) => {
+    for (const d of t.depends_on) if (rank.has(d)) dependents[rank.get(d)!]!.push(i);
+  });
+  const heap: number[] = [];
+  const push = (r: number) => {
+    let i = heap.push(r) - 1;
+    while (i > 0 && heap[(i - 1) >> 1]! > heap[i]!) {
+      [heap[i], heap[(i - 1) >> 1]] = [heap[(i - 1) >> 1]!, heap[i]!];
+      i = (i - 1) >> 1;
+    }
+  };
+  const pop = (): number => {
+    const top = heap[0]!;
+    const last = heap.pop()!;
+    if (heap.length) {
+      heap[0] = last;
+      for (let i = 0; ;) {
+        const l = 2 * i + 1;
+        const r = l + 1;
+        let m = i;
+        if (l < heap.length && heap[l]! < heap[m]!) m = l;
+        if (r < heap.length && heap[r]! < heap[m]!) m = r;
+        if (m === i) break;
+        [heap[i], heap[m]] = [heap[m]!, heap[i]!];
+        i = m;
       }
     }
+    return top;
+  };
+  indegree.forEach((n, i) => n === 0 && push(i));
+  const out: T[] = [];
+  while (heap.length) {
+    const i = pop();
+    out.push(ranked[i]!);
+    for (const next of dependents[i]!) if (--indegree[next]! === 0) push(next);
   }
   return out;
 }

@@ -298,8 +298,12 @@ export function sessionsOf(deps: SessionsDeps) {
       if (patch.status !== undefined) {
         if (current.kind !== 'multi_agent')
           throw new ConflictError(`a ${current.kind} session follows its run; only multi-agent sessions are paused and resumed`);
-        changes.status = patch.status === 'paused' ? 'paused' : 'idle';
+        // a resume takes the status its tasks give (running while one is queued or running); `idle` or
+        // `running` asked of a session that is not paused changes nothing (it flickered to idle and back)
+        if (patch.status === 'paused') changes.status = 'paused';
+        else if (current.status === 'paused') changes.status = tasks.statusOf({ ...current, status: 'idle' }, await store.tasks.counts(tenantId, id)).status;
       }
+      if (!Object.keys(changes).length) return current; // nothing asked changes the session
       const updated = await change(tenantId, id, changes, LIVE);
       if (!updated) throw new ConflictError(`session ${id} changed meanwhile; retry`);
       if (current.status === 'paused' && updated.status !== 'paused') {

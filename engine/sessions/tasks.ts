@@ -7,6 +7,7 @@
 import type { Platform } from '../deps.js';
 import {
   AgentNotConfiguredError,
+  ConflictError,
   isTerminal,
   scopes,
   TASK_STATUSES,
@@ -385,6 +386,9 @@ export function tasksOf(deps: TasksDeps) {
   return {
     /** Adds one task or a whole DAG; every error of the batch comes back in one 422. */
     async add(session: Session, inputs: TaskInput[]): Promise<TaskRecord[]> {
+      // a run's session follows its one run: a task in it would run unseen by its status and outcome
+      if (session.kind !== 'multi_agent')
+        throw new ConflictError(`session ${session.id} is the session of an ${session.kind} run; tasks go in multi-agent sessions`, { kind: session.kind });
       const [existing, agents, lastSeq] = await Promise.all([
         store.tasks.list(session.tenant_id, session.id),
         store.agents.list(session.tenant_id, session.id),

@@ -188,6 +188,24 @@ describe('sessions', function () {
     expect(rest.events.map((e) => e.id)).to.deep.equal(events.slice(-2).map((e) => e.id));
   });
 
+  it('takes tasks only in multi-agent sessions, and a resume asked of a running session changes nothing', async () => {
+    const run = await h.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'message', args: { text: 'x' } }] } });
+    const refused = await h.call<Body>('POST', `/api/v1/sessions/${run.body.session_id}/tasks`, {
+      body: { steps: [{ tool: 'message', args: { text: 'y' } }] },
+    });
+    expect(refused.status).to.equal(409);
+    expect(refused.body.detail).to.contain('multi-agent');
+    const s = await create({ title: 'busy' });
+    await h.call('POST', `/api/v1/sessions/${s.id}/tasks`, { body: { steps: [{ tool: 'shell', args: { command: 'sleep 2' } }] } });
+    await eventually(async () => (await h.call<Body>('GET', `/api/v1/sessions/${s.id}`)).body.status === 'running' || null, 'the session to run');
+    for (const status of ['idle', 'running']) {
+      const patched = await h.call<Body>('PATCH', `/api/v1/sessions/${s.id}`, { body: { status } });
+      expect(patched.body.status, status).to.equal('running');
+    }
+    const updates = (await h.rt.events.after(`session:${s.id}`, '0-0')).filter((e) => e.type === 'session.updated').map((e) => (e.data as Body).status);
+    expect(updates).to.deep.equal(['idle', 'running']);
+  });
+
   it('gives a session with no task, once archived, the outcome canceled; archiving it again changes nothing', async () => {
     const s = await create({ title: 'empty' });
     const archived = (await h.call<Body>('DELETE', `/api/v1/sessions/${s.id}`)).body;
