@@ -610,7 +610,10 @@ export interface paths {
          */
         get: operations["listSessions"];
         put?: never;
-        /** Create a multi-agent session */
+        /**
+         * Create a multi-agent session
+         * @description Every field is optional; no body at all makes a session with none of them set.
+         */
         post: operations["createSession"];
         delete?: never;
         options?: never;
@@ -1044,7 +1047,8 @@ export interface paths {
         /**
          * Make an API key
          * @description A new key of the calling tenant. The answer carries the key itself: it is stored hashed (sha256)
-         *     and never shown again. With `expires_at` the key stops working at that instant.
+         *     and never shown again. With `expires_at` the key stops working at that instant. The body is
+         *     optional: without one the key has no label and no expiry.
          */
         post: operations["createApiKey"];
         delete?: never;
@@ -4194,7 +4198,7 @@ export interface operations {
             path?: never;
             cookie?: never;
         };
-        requestBody: {
+        requestBody?: {
             content: {
                 /**
                  * @example {
@@ -4946,7 +4950,7 @@ export interface operations {
             path?: never;
             cookie?: never;
         };
-        requestBody: {
+        requestBody?: {
             content: {
                 "application/json": components["schemas"]["ApiKeyCreate"];
             };

@@ -29,7 +29,7 @@ export function apiKeysRouter(engine: Engine): Router {
     res.json({ data: (await engine.apiKeys.list(tenantOf(req))).map(view) });
   });
   router.post('/', async (req, res) => {
-    const body = req.body as ApiKeyCreate;
+    const body = (req.body ?? {}) as ApiKeyCreate; // the body is optional
     // a key outlives the session that made it: who made it stays on it
     const created_by = req.apiKeyId ? `key:${req.apiKeyId}` : req.signedIn ? `person:${req.signedIn.sub}` : null;
     const made = await engine.apiKeys.create(tenantOf(req), { label: body.label, expires_at: body.expires_at, source: 'api', created_by });

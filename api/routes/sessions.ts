@@ -22,7 +22,7 @@ export function sessionsRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
   });
 
   router.post('/', async (req, res) => {
-    const created = await sessions.create(tenantOf(req), req.body as Schemas['SessionCreate']);
+    const created = await sessions.create(tenantOf(req), (req.body ?? {}) as Schemas['SessionCreate']);
     res.status(201).location(location(created.id)).json(created);
   });
 
