@@ -115,6 +115,15 @@ export function createApp(deps: AppDeps): Express {
   );
   app.use(finiteNumericQuery(spec));
   memoizeRouteMatchers();
+  // HEAD is GET without the body (RFC 9110), wherever GET is: checked as the GET it stands for (the spec
+  // lists GETs), then routed as HEAD, which Express answers with the GET route and Node without a body
+  app.use('/api', (req, res, next) => {
+    if (req.method === 'HEAD') {
+      req.method = 'GET';
+      res.locals.head = true;
+    }
+    next();
+  });
   app.use(
     OpenApiValidator.middleware({
       apiSpec: forValidator(spec) as never,
@@ -130,6 +139,10 @@ export function createApp(deps: AppDeps): Express {
     }),
   );
 
+  app.use('/api', (req, res, next) => {
+    if (res.locals.head) req.method = 'HEAD';
+    next();
+  });
   app.use('/api/v1/automations', automationsRouter(deps.engine));
   app.use('/api/v1/autonomy', autonomyRouter(deps.engine, { hub: deps.hub, heartbeatMs: deps.sseHeartbeatMs, streams }));
   app.use('/api/v1/autonomy', auditRouter(deps.engine, { hub: deps.hub, heartbeatMs: deps.sseHeartbeatMs, streams }));

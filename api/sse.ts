@@ -56,6 +56,11 @@ export async function streamEvents(req: Request, res: Response, opts: SseOptions
     'X-Accel-Buffering': 'no', // nginx: do not buffer the stream
     ...opts.headers,
   });
+  // HEAD: the headers a GET would get, and the end at once (no stream is held open for no body)
+  if (req.method === 'HEAD') {
+    res.end();
+    return;
+  }
   res.flushHeaders();
   res.write('retry: 2000\n\n');
   let ended = false;

@@ -1,5 +1,5 @@
 import { expect } from 'chai';
-import { startHarness, type Harness } from '../support/harness.js';
+import { KEYS, startHarness, type Harness } from '../support/harness.js';
 
 describe('bad input', () => {
   let h: Harness;
@@ -77,6 +77,20 @@ describe('bad input', () => {
       const empty = await h.call('POST', path, { raw: '', headers: { 'content-type': 'application/json', 'content-length': '0' } });
       expect(empty.status, `${path}: ${empty.text}`).to.equal(201);
     }
+  });
+
+  it('answers HEAD wherever GET is: the same status and headers, no body, a stream not held open', async () => {
+    const session = (await h.call<{ id: string }>('POST', '/api/v1/sessions')).body;
+    for (const path of ['/api/v1/automations?limit=5', `/api/v1/sessions/${session.id}`, `/api/v1/sessions/${session.id}/trace`]) {
+      const get = await fetch(`${h.url}${path}`, { headers: { authorization: `Bearer ${KEYS.a}` }, signal: AbortSignal.timeout(2000) }).catch(() => null);
+      const head = await fetch(`${h.url}${path}`, { method: 'HEAD', headers: { authorization: `Bearer ${KEYS.a}` }, signal: AbortSignal.timeout(5000) });
+      expect(head.status, path).to.equal(200);
+      expect(await head.text(), path).to.equal('');
+      if (get) expect(head.headers.get('content-type'), path).to.equal(get.headers.get('content-type'));
+    }
+    // checked as the GET it stands for
+    const bad = await fetch(`${h.url}/api/v1/automations?limit=0`, { method: 'HEAD', headers: { authorization: `Bearer ${KEYS.a}` } });
+    expect(bad.status).to.equal(400);
   });
 
   it('serves the API only at its own paths, letter for letter: no other case reaches a route unchecked', async () => {
