@@ -1,6 +1,8 @@
 // Starts the HTTP server on a runtime and stops it: no new connections, in-flight requests finish.
 import type { AddressInfo } from 'node:net';
 import type { Server } from 'node:http';
+import type { Duplex } from 'node:stream';
+import { ERROR_STATUS, type ErrorCode } from '../engine/platform/index.js';
 import type { Runtime } from '../engine/process/index.js';
 import { createApp } from './app.js';
 import type { OpenStreams } from './sse.js';
@@ -36,6 +38,7 @@ export async function startWebServer(rt: Runtime, opts: { port?: number; host?: 
     server.once('error', reject);
   });
   server.keepAliveTimeout = 65_000; // above common load balancers' idle timeouts
+  server.on('clientError', answerClientError);
   const bound = (server.address() as AddressInfo).port;
   const url = `http://${opts.host && opts.host !== '0.0.0.0' && opts.host !== '::' ? opts.host : 'localhost'}:${bound}`;
   return {
@@ -50,4 +53,24 @@ export async function startWebServer(rt: Runtime, opts: { port?: number; host?: 
       });
     },
   };
+}
+
+/** What Node refuses before a request exists (its parser's errors), as problems like every other error; the socket then closes. */
+const CLIENT_ERRORS: Record<string, { code: ErrorCode; title: string; detail: string }> = {
+  HPE_HEADER_OVERFLOW: { code: 'headers-too-large', title: 'Request Header Fields Too Large', detail: "The request's headers are over the limit (16 KB)." },
+  ERR_HTTP_REQUEST_TIMEOUT: { code: 'request-timeout', title: 'Request Timeout', detail: 'The request was not received in time.' },
+};
+
+function answerClientError(err: Error & { code?: string }, socket: Duplex): void {
+  if (!socket.writable) return void socket.destroy();
+  const { code, title, detail } = CLIENT_ERRORS[err.code ?? ''] ?? {
+    code: 'bad-request',
+    title: 'Bad Request',
+    detail: 'The request could not be read as HTTP.',
+  };
+  const status = ERROR_STATUS[code];
+  const body = JSON.stringify({ type: `/problems/${code}`, title, status, code, detail });
+  socket.end(
+    `HTTP/1.1 ${status} ${title}\r\nContent-Type: application/problem+json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`,
+  );
 }

@@ -1,3 +1,4 @@
+import net from 'node:net';
 import { expect } from 'chai';
 import { KEYS, startHarness, type Harness } from '../support/harness.js';
 
@@ -91,6 +92,23 @@ describe('bad input', () => {
     // checked as the GET it stands for
     const bad = await fetch(`${h.url}/api/v1/automations?limit=0`, { method: 'HEAD', headers: { authorization: `Bearer ${KEYS.a}` } });
     expect(bad.status).to.equal(400);
+  });
+
+  it('answers headers over 16 KB with a 431 problem, and closes the connection', async () => {
+    const { port } = new URL(h.url);
+    const answer = await new Promise<string>((resolve, reject) => {
+      const socket = net.connect(Number(port), '127.0.0.1', () =>
+        socket.write(`GET /api/v1/automations HTTP/1.1\r\nHost: x\r\nX-Big: ${'a'.repeat(20_000)}\r\n\r\n`),
+      );
+      let text = '';
+      socket.on('data', (d) => (text += d));
+      socket.on('end', () => resolve(text));
+      socket.on('error', reject);
+    });
+    expect(answer).to.match(/^HTTP\/1\.1 431 /);
+    expect(answer).to.contain('Content-Type: application/problem+json');
+    const body = JSON.parse(answer.slice(answer.indexOf('\r\n\r\n') + 4));
+    expect(body).to.include({ status: 431, code: 'headers-too-large', type: '/problems/headers-too-large' });
   });
 
   it('serves the API only at its own paths, letter for letter: no other case reaches a route unchecked', async () => {
