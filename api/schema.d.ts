@@ -2344,6 +2344,7 @@ export interface components {
             /** @description What the message is (`text` by default). `input_request` is an agent's question and cannot be injected. */
             kind?: string;
             parts: components["schemas"]["MessagePart"][];
+            /** @description A message of this session (404 otherwise). */
             in_reply_to?: string;
         };
         MessagePage: {

@@ -383,6 +383,9 @@ export function sessionsOf(deps: SessionsDeps) {
       req: { role: 'user' | 'system'; to?: string | null; kind?: string; parts: MessagePart[]; in_reply_to?: string | null },
     ): Promise<MessageRecord> {
       const session = await assertCanPost(tenantId, sessionId, req.to);
+      // a reply names a message of this session: another session's, another tenant's or a made-up id is refused
+      if (req.in_reply_to && !(await store.messages.get(tenantId, sessionId, req.in_reply_to)))
+        throw new NotFoundError(`no message ${req.in_reply_to} in session ${sessionId}`);
       return append(session, {
         role: req.role,
         from: null,

@@ -206,6 +206,8 @@ export interface MessageRepo {
   list(tenantId: string, sessionId: string, q: { afterSeq?: number; limit: number }): Promise<MessageRecord[]>;
   /** The seq of the session's latest message; 0 when it has none. */
   lastSeq(tenantId: string, sessionId: string): Promise<number>;
+  /** One message of the session by its id; null when the session (of that tenant) has none. */
+  get(tenantId: string, sessionId: string, id: string): Promise<MessageRecord | null>;
 }
 
 /** The head a new ledger entry chains to; null for an empty ledger. */

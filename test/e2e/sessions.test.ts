@@ -109,6 +109,20 @@ describe('sessions', function () {
     expect((await h.call('POST', `/api/v1/sessions/${s.id}/messages`, { body: { role: 'agent', parts: [{ type: 'text', text: 'no' }] } })).status).to.equal(
       400,
     );
+    // a reply names a message of this session
+    const reply = await h.call<Body>('POST', `/api/v1/sessions/${s.id}/messages`, {
+      body: { role: 'user', in_reply_to: posted[0]!.id, parts: [{ type: 'text', text: 'a reply' }] },
+    });
+    expect(reply.status, reply.text).to.equal(201);
+    expect(reply.body.in_reply_to).to.equal(posted[0]!.id);
+    const other = await create({ title: 'elsewhere' });
+    for (const id of [posted[0]!.id, 'msg_01m00000000000000000000000']) {
+      const dangling = await h.call<Body>('POST', `/api/v1/sessions/${other.id}/messages`, {
+        body: { role: 'user', in_reply_to: id, parts: [{ type: 'text', text: 'x' }] },
+      });
+      expect(dangling.status, id).to.equal(404);
+    }
+    expect((await h.call<Body>('GET', `/api/v1/sessions/${other.id}/messages`)).body.data).to.deep.equal([]);
     const unknownAgent = await h.call('POST', `/api/v1/sessions/${s.id}/messages`, {
       body: { role: 'user', to: 'agt_01m00000000000000000000000', parts: [{ type: 'text', text: 'x' }] },
     });

@@ -587,6 +587,11 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect(await store.messages.lastSeq('t1', 'ses_m')).to.equal(5);
       expect(await store.messages.lastSeq('t2', 'ses_m')).to.equal(0);
       expect(await store.messages.lastSeq('t1', 'ses_none')).to.equal(0);
+      // one by id: only in its own session and tenant
+      expect(await store.messages.get('t1', 'ses_m', written[2]!.id)).to.deep.include({ id: written[2]!.id, seq: written[2]!.seq });
+      expect(await store.messages.get('t1', 'ses_other', written[2]!.id)).to.equal(null);
+      expect(await store.messages.get('t2', 'ses_m', written[2]!.id)).to.equal(null);
+      expect(await store.messages.get('t1', 'ses_m', 'msg_none')).to.equal(null);
     });
 
     it('keeps a session’s tasks by their own ids, inserts a batch all or none, lists in creation order and updates conditionally', async () => {

@@ -80,5 +80,8 @@ export function messageRepo(model: Model<Stored<MessageRecord>>, counters: Model
       const last = await model.findOne({ tenant_id: tenantId, session_id: sessionId }).sort({ seq: -1 }).select({ seq: 1 }).lean<{ seq: number }>();
       return last?.seq ?? 0;
     },
+    async get(tenantId, sessionId, id) {
+      return fromStored(await model.findOne({ _id: id, tenant_id: tenantId, session_id: sessionId }).lean<Stored<MessageRecord>>());
+    },
   };
 }

@@ -88,6 +88,7 @@ export function messageRepo(db: Db): MessageRepo {
     'SELECT doc FROM messages WHERE session_id = ? AND tenant_id = ? AND seq > ? ORDER BY seq LIMIT ?',
   );
   const lastOfTenant = db.prepare<[string, string], { seq: number | null }>('SELECT MAX(seq) AS seq FROM messages WHERE session_id = ? AND tenant_id = ?');
+  const one = db.prepare<[string, string, string], { doc: string }>('SELECT doc FROM messages WHERE id = ? AND session_id = ? AND tenant_id = ?');
   // the seq is read and taken inside the write, and the group commit's writes run one after another in
   // one IMMEDIATE transaction: concurrent writers (another process) wait for the file's write lock
   const commit = groupCommit(db);
@@ -105,6 +106,10 @@ export function messageRepo(db: Db): MessageRepo {
     },
     async lastSeq(tenantId, sessionId) {
       return lastOfTenant.get(sessionId, tenantId)?.seq ?? 0;
+    },
+    async get(tenantId, sessionId, id) {
+      const row = one.get(id, sessionId, tenantId);
+      return row ? (JSON.parse(row.doc) as MessageRecord) : null;
     },
   };
 }
