@@ -62,6 +62,9 @@ export const BODY_LIMIT = '1mb';
  * The spec as the validator wants it: Ajv reads `discriminator` to check a oneOf against the one
  * variant its property names (one error that names the missing field, not one per variant), but does
  * not take `mapping`, which the documentation pages use. The variants' `type` enums say the same.
+ * Query values may carry reserved characters as they are (`?workspace=apps/web`,
+ * `?since=2026-01-01T00:00:00Z`: RFC 3986 allows `/`, `:` and `?` in a query), so every query parameter
+ * is read with `allowReserved`; the validator refused them unless percent-encoded.
  */
 function forValidator<T>(spec: T): T {
   const strip = (node: unknown): unknown => {
@@ -70,6 +73,7 @@ function forValidator<T>(spec: T): T {
     const out: Record<string, unknown> = {};
     for (const [k, v] of Object.entries(node))
       out[k] = k === 'discriminator' && v && typeof v === 'object' ? { propertyName: (v as { propertyName: string }).propertyName } : strip(v);
+    if (out.in === 'query' && typeof out.name === 'string') out.allowReserved = true;
     return out;
   };
   return strip(spec) as T;

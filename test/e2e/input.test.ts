@@ -111,6 +111,13 @@ describe('bad input', () => {
     expect(body).to.include({ status: 431, code: 'headers-too-large', type: '/problems/headers-too-large' });
   });
 
+  it('takes reserved characters in query values as they are written (a path, a time)', async () => {
+    const since = await h.call('GET', '/api/v1/autonomy/evidence-pack?since=2026-01-01T00:00:00Z');
+    expect(since.status, since.text).to.equal(404); // nothing sealed yet: read, not refused
+    const nested = await h.call('GET', '/api/v1/autonomy/smart-gates?workspace=apps/web');
+    expect(nested.body.code, nested.text).to.equal('validation-failed'); // the service's own answer: no such folder
+  });
+
   it('serves the API only at its own paths, letter for letter: no other case reaches a route unchecked', async () => {
     await expectProblem(await h.call('GET', '/API/v1/runs?limit=5'), 404, 'not-found');
     await expectProblem(await h.call('GET', '/Api/V1/runs?limit=100000'), 404, 'not-found');
