@@ -2155,6 +2155,17 @@ export interface components {
         SessionKind: "multi_agent" | "autonomy" | "vibe";
         /** @enum {string} */
         SessionStatus: "idle" | "running" | "waiting" | "paused" | "archived";
+        /** @description The session's tasks by status (all zero for a run's session, which has none). */
+        TaskCounts: {
+            pending: number;
+            queued: number;
+            running: number;
+            input_required: number;
+            succeeded: number;
+            failed: number;
+            upstream_failed: number;
+            canceled: number;
+        };
         Session: {
             id: string;
             tenant_id: string;
@@ -2174,6 +2185,7 @@ export interface components {
             created_at: string;
             /** Format: date-time */
             updated_at: string;
+            task_counts: components["schemas"]["TaskCounts"];
         };
         SessionDetail: {
             id: string;
@@ -2196,10 +2208,7 @@ export interface components {
                 prompt_tokens: number;
                 completion_tokens: number;
             };
-            /** @description Tasks by status. */
-            task_counts: {
-                [key: string]: number;
-            };
+            task_counts: components["schemas"]["TaskCounts"];
             agents: components["schemas"]["Agent"][];
             /** @description In DAG order. */
             tasks: components["schemas"]["Task"][];

@@ -18,12 +18,15 @@ export function sessionsRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
   router.get('/', async (req, res) => {
     const q = req.query as NonNullable<operations['listSessions']['parameters']['query']>;
     const page = await sessions.list(tenantOf(req), q);
-    res.json({ data: page.items, next_cursor: page.next_cursor });
+    res.json({ data: await Promise.all(page.items.map(sessions.view)), next_cursor: page.next_cursor });
   });
 
   router.post('/', async (req, res) => {
     const created = await sessions.create(tenantOf(req), (req.body ?? {}) as Schemas['SessionCreate']);
-    res.status(201).location(location(created.id)).json(created);
+    res
+      .status(201)
+      .location(location(created.id))
+      .json(await sessions.view(created));
   });
 
   router.get('/:id', async (req, res) => {
@@ -32,11 +35,11 @@ export function sessionsRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
   });
 
   router.patch('/:id', async (req, res) => {
-    res.json(await sessions.update(tenantOf(req), idOf(req), req.body as Schemas['SessionPatch']));
+    res.json(await sessions.view(await sessions.update(tenantOf(req), idOf(req), req.body as Schemas['SessionPatch'])));
   });
 
   router.delete('/:id', async (req, res) => {
-    res.json(await sessions.archive(tenantOf(req), idOf(req)));
+    res.json(await sessions.view(await sessions.archive(tenantOf(req), idOf(req))));
   });
 
   router.get('/:id/agents', async (req, res) => {

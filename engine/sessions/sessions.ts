@@ -16,6 +16,7 @@ import {
   type Session,
   type SessionOutcome,
   type SessionStatus,
+  type TaskStatus,
   type ToolName,
 } from '../platform/index.js';
 import { allowlistOf, type RunLimits, type Runs, type ToolPolicy } from '../runs/index.js';
@@ -154,6 +155,12 @@ export function sessionsOf(deps: SessionsDeps) {
       }
     };
 
+  /** A session as the API shows it: with its tasks' counts by status (a run's session has none). */
+  async function withCounts(s: Session): Promise<Session & { task_counts: Record<TaskStatus, number> }> {
+    const none = tasks.countsOf([]);
+    return { ...s, task_counts: s.kind === 'multi_agent' ? { ...none, ...(await store.tasks.counts(s.tenant_id, s.id)) } : none };
+  }
+
   const api = {
     get: mustGet,
 
@@ -179,6 +186,8 @@ export function sessionsOf(deps: SessionsDeps) {
     list(tenantId: string, q: Omit<SessionQuery, 'limit'> & { limit?: number }) {
       return store.sessions.list(tenantId, { ...q, limit: q.limit ?? 20 });
     },
+
+    view: withCounts,
 
     /** The session with its agents, its tasks in DAG order, their counts by status, and its latest runs. */
     async detail(tenantId: string, id: string) {

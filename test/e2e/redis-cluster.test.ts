@@ -113,7 +113,9 @@ describe('on a Redis Cluster', function () {
   });
 
   it('runs a task DAG and an audit flow', async () => {
-    const id = (await h.call<Body>('POST', '/api/v1/sessions', { body: { title: 'cluster DAG' } })).body.id;
+    const created = await h.call<Body>('POST', '/api/v1/sessions', { body: { title: 'cluster DAG' } });
+    expect(created.status, created.text).to.equal(201);
+    const id = created.body.id;
     const step = (t: string) => [{ tool: 'message', args: { text: t } }];
     const added = await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, {
       body: {

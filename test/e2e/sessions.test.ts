@@ -49,15 +49,23 @@ describe('sessions', function () {
   it('creates, lists, updates, pauses and resumes a multi-agent session; an archived one is read-only', async () => {
     const s = await create();
     expect(s).to.deep.include({ kind: 'multi_agent', status: 'idle', outcome: null, title: 'Release', goal: 'ship it' });
+    const zero = { pending: 0, queued: 0, running: 0, input_required: 0, succeeded: 0, failed: 0, upstream_failed: 0, canceled: 0 };
+    expect(s.task_counts).to.deep.equal(zero);
     const renamed = await h.call<Body>('PATCH', `/api/v1/sessions/${s.id}`, { body: { title: 'Release 2.4' } });
     expect(renamed.body.title).to.equal('Release 2.4');
     expect((await h.call<Body>('PATCH', `/api/v1/sessions/${s.id}`, { body: { status: 'paused' } })).body.status).to.equal('paused');
+    // every Session carries its tasks' counts: a held task is queued
+    await h.call('POST', `/api/v1/sessions/${s.id}/tasks`, { body: { id: 'held', steps: [{ tool: 'message', args: { text: 'x' } }] } });
     const paused = await h.call<Body>('GET', '/api/v1/sessions?status=paused&kind=multi_agent');
     expect(paused.body.data.map((x: Body) => x.id)).to.include(s.id);
-    expect((await h.call<Body>('PATCH', `/api/v1/sessions/${s.id}`, { body: { status: 'running' } })).body.status).to.equal('idle');
+    expect(paused.body.data.find((x: Body) => x.id === s.id).task_counts).to.deep.equal({ ...zero, queued: 1 });
+    const resumed = (await h.call<Body>('PATCH', `/api/v1/sessions/${s.id}`, { body: { status: 'running' } })).body;
+    expect(resumed.status).to.be.oneOf(['running', 'idle']);
+    await eventually(async () => (await h.call<Body>('GET', `/api/v1/sessions/${s.id}`)).body.status === 'idle' || null, 'the held task to end');
     const archived = await h.call<Body>('DELETE', `/api/v1/sessions/${s.id}`);
     expect(archived.status).to.equal(200);
     expect(archived.body.status).to.equal('archived');
+    expect(archived.body.task_counts).to.deep.equal({ ...zero, succeeded: 1 });
     expect((await h.call<Body>('DELETE', `/api/v1/sessions/${s.id}`)).body.status).to.equal('archived');
     expect((await h.call('PATCH', `/api/v1/sessions/${s.id}`, { body: { title: 'x' } })).status).to.equal(409);
     expect((await h.call('POST', `/api/v1/sessions/${s.id}/messages`, { body: { role: 'user', parts: [{ type: 'text', text: 'hi' }] } })).status).to.equal(409);
