@@ -222,9 +222,10 @@ MIGRATIONS.push(`
 `);
 // The reconcilers' indexes hold only what they look for (runs queued or running, multi-agent sessions
 // running or waiting, tasks that have not ended): a run, session or task that ends leaves its index
-// for good, and a run's session never enters it. Each commit of a run's start or end writes fewer pages
-// of the write-ahead log (measured: 9.2 against 10.0 pages a run through the workers, 15.5 against 16.8
-// a run created).
+// for good, and a run's session never enters it. The index of finished runs holds finished runs only,
+// and the automations' index runs of automations only. Together with the UPDATE that names only the
+// columns that change (runs.ts), a run writes fewer pages of the write-ahead log (measured over 5,000
+// no-op runs: 7.5 against 9.2 pages a run through the workers, 13.2 against 16.8 a run created).
 MIGRATIONS.push(`
   DROP INDEX runs_by_status_created;
   CREATE INDEX runs_live_by_created ON runs (status, created_at) WHERE status IN ('queued', 'running');
