@@ -2310,6 +2310,8 @@ export interface components {
             } | null;
             /** @description Its agent's inbox starts after this message seq (the session's latest when the task was added). */
             inbox_after?: number;
+            /** @description Its place in the order the session's tasks were added (1, 2, 3, …); among tasks ready together, DAG order puts the lower first. */
+            position: number;
             /** Format: date-time */
             created_at: string;
             /** Format: date-time */

@@ -483,6 +483,8 @@ export type TaskRecord = {
   output: Record<string, unknown> | null;
   /** its agent's inbox starts after this message seq: the session's latest when the task was added */
   inbox_after?: number;
+  /** its place in the order its session's tasks were added (1, 2, 3, …): the DAG order's tie-break */
+  position: number;
   created_at: string;
   updated_at: string;
 };

@@ -54,10 +54,11 @@ export function dagErrors(existing: readonly DagNode[], added: readonly DagNode[
   return errors;
 }
 
-/** Tasks in DAG order: every task after its dependencies; among those ready together, the first created first. */
-export function dagOrder<T extends DagNode & { created_at: string }>(tasks: readonly T[]): T[] {
-  // rank by creation (ties by id); the ready tasks wait in a min-heap of ranks: O(n log n) however wide the DAG
-  const ranked = [...tasks].sort((a, b) => a.created_at.localeCompare(b.created_at) || a.id.localeCompare(b.id));
+/** Tasks in DAG order: every task after its dependencies; among those ready together, the first added first. */
+export function dagOrder<T extends DagNode & { created_at: string; position?: number }>(tasks: readonly T[]): T[] {
+  // rank by the order they were added (a task stored before positions existed has none: by its creation,
+  // ahead of the rest), then by id; the ready tasks wait in a min-heap of ranks: O(n log n) however wide the DAG
+  const ranked = [...tasks].sort((a, b) => (a.position ?? 0) - (b.position ?? 0) || a.created_at.localeCompare(b.created_at) || a.id.localeCompare(b.id));
   const rank = new Map(ranked.map((t, i) => [t.id, i]));
   const indegree = ranked.map((t) => t.depends_on.filter((d) => rank.has(d)).length);
   const dependents: number[][] = ranked.map(() => []);

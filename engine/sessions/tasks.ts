@@ -394,7 +394,9 @@ export function tasksOf(deps: TasksDeps) {
         store.agents.list(session.tenant_id, session.id),
         store.messages.lastSeq(session.tenant_id, session.id),
       ]);
-      const now = clock.now();
+      const now = clock.now().toISOString();
+      // after every task the session has: a later request's tasks come after an earlier one's, however large it was
+      const first = existing.reduce((max, t) => Math.max(max, t.position ?? 0), 0) + 1;
       const records: TaskRecord[] = inputs.map((t, i) => ({
         id: t.id ?? newId('tsk'),
         tenant_id: session.tenant_id,
@@ -411,9 +413,9 @@ export function tasksOf(deps: TasksDeps) {
         run_ids: [],
         output: null,
         inbox_after: lastSeq,
-        // one millisecond apart, so creation order breaks ties in DAG order as given
-        created_at: new Date(now.getTime() + i).toISOString(),
-        updated_at: now.toISOString(),
+        position: first + i,
+        created_at: now,
+        updated_at: now,
       }));
       const errors = dagErrors(existing, records, new Set(agents.map((a) => a.id)));
       records.forEach((t, i) => {

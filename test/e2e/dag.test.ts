@@ -272,6 +272,21 @@ describe('task DAG', function () {
     expect((await h.call('POST', `/api/v1/sessions/${id}/tasks`, { key: KEYS.b, body: { steps: sh('true') } })).status).to.equal(404);
   });
 
+  it('lists tasks added later after those added before, however large the earlier batch, with true creation times', async () => {
+    const id = await session();
+    await h.call('PATCH', `/api/v1/sessions/${id}`, { body: { status: 'paused' } });
+    const before = new Date().toISOString();
+    const big = Array.from({ length: 300 }, (_, i) => ({ id: `b${i}`, steps: sh('true') }));
+    expect((await h.call('POST', `/api/v1/sessions/${id}/tasks`, { body: { tasks: big } })).status).to.equal(201);
+    expect((await h.call('POST', `/api/v1/sessions/${id}/tasks`, { body: { id: 'late', steps: sh('true') } })).status).to.equal(201);
+    const listed = (await h.call<Body>('GET', `/api/v1/sessions/${id}/tasks`)).body.data as Body[];
+    expect(listed.map((t) => t.id)).to.deep.equal([...big.map((t) => t.id), 'late']);
+    expect(listed.map((t) => t.position)).to.deep.equal(Array.from({ length: 301 }, (_, i) => i + 1));
+    const now = new Date().toISOString();
+    for (const t of listed) expect(t.created_at >= before && t.created_at <= now, `${t.id} ${t.created_at}`).to.equal(true);
+    await h.call('DELETE', `/api/v1/sessions/${id}`);
+  });
+
   it('answers the same 422 when two requests at once choose the same task id: one is stored, the other names the clash', async () => {
     for (let round = 0; round < 5; round++) {
       const id = await session();

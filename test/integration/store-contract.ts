@@ -609,6 +609,7 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
         status: 'pending',
         attempts: 0,
         max_attempts: 2,
+        position: 1,
         run_ids: [],
         output: null,
         created_at: at(0),

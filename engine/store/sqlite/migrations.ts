@@ -239,3 +239,10 @@ MIGRATIONS.push(`
   DROP INDEX tasks_by_status_updated;
   CREATE INDEX tasks_live_by_updated ON tasks (status, updated_at) WHERE status IN ('pending', 'queued', 'running', 'input_required');
 `);
+// Tasks keep their place in the order their session's tasks were added (DAG order's tie-break); those
+// stored before get theirs from their creation time, as that order was kept until now.
+MIGRATIONS.push(`
+  UPDATE tasks SET doc = json_set(doc, '$.position', (
+    SELECT n FROM (SELECT id AS tid, ROW_NUMBER() OVER (PARTITION BY tenant_id, session_id ORDER BY created_at, id) AS n
+                   FROM tasks AS o WHERE o.tenant_id = tasks.tenant_id AND o.session_id = tasks.session_id) WHERE tid = tasks.id));
+`);
