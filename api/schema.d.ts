@@ -670,6 +670,35 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/sessions/{id}/agents/{agent_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id. */
+                id: components["parameters"]["SessionId"];
+                /** @description The agent's id. */
+                agent_id: components["parameters"]["AgentId"];
+            };
+            cookie?: never;
+        };
+        /** Get an agent */
+        get: operations["getSessionAgent"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        /**
+         * Edit an agent
+         * @description Changes the fields given. A run takes a snapshot of its agent when it is made (its instructions in
+         *     its goal, its tools, budget and model), so an edit never changes a run already made: it reaches the
+         *     runs made after it (a task that becomes ready, a task's next run after an answer). An archived
+         *     session's agents are read-only (409).
+         */
+        patch: operations["updateSessionAgent"];
+        trace?: never;
+    };
     "/api/v1/sessions/{id}/tasks": {
         parameters: {
             query?: never;
@@ -2262,6 +2291,14 @@ export interface components {
             budget?: components["schemas"]["Budget"];
             model?: string;
         };
+        AgentPatch: {
+            name?: string;
+            role?: string | null;
+            instructions?: string | null;
+            tool_allowlist?: components["schemas"]["ToolName"][];
+            budget?: components["schemas"]["Budget"];
+            model?: string | null;
+        };
         AgentList: {
             data: components["schemas"]["Agent"][];
         };
@@ -3290,6 +3327,8 @@ export interface components {
         Limit: number;
         /** @description The session's id. */
         SessionId: string;
+        /** @description The agent's id. */
+        AgentId: string;
         /** @description The run's id. */
         RunId: string;
         /** @description Send the same key to make a retry return the first run instead of starting another. Kept 24 hours; the same key with a different body is a 422. */
@@ -4368,6 +4407,70 @@ export interface operations {
         responses: {
             /** @description The agent. */
             201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Agent"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["NotPermitted"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            429: components["responses"]["ApiRateLimited"];
+        };
+    };
+    getSessionAgent: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id. */
+                id: components["parameters"]["SessionId"];
+                /** @description The agent's id. */
+                agent_id: components["parameters"]["AgentId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The agent. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Agent"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            429: components["responses"]["ApiRateLimited"];
+        };
+    };
+    updateSessionAgent: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's id. */
+                id: components["parameters"]["SessionId"];
+                /** @description The agent's id. */
+                agent_id: components["parameters"]["AgentId"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["AgentPatch"];
+            };
+        };
+        responses: {
+            /** @description The agent as edited. */
+            200: {
                 headers: {
                     [name: string]: unknown;
                 };

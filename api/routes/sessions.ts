@@ -50,6 +50,14 @@ export function sessionsRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
     res.status(201).json(await sessions.addAgent(tenantOf(req), idOf(req), req.body as Schemas['AgentCreate']));
   });
 
+  router.get('/:id/agents/:agent_id', async (req, res) => {
+    res.json(await sessions.agent(tenantOf(req), idOf(req), String(req.params.agent_id)));
+  });
+
+  router.patch('/:id/agents/:agent_id', async (req, res) => {
+    res.json(await sessions.updateAgent(tenantOf(req), idOf(req), String(req.params.agent_id), req.body as Schemas['AgentPatch']));
+  });
+
   router.get('/:id/tasks', async (req, res) => {
     res.json({ data: await sessions.tasks(tenantOf(req), idOf(req)) });
   });

@@ -155,6 +155,12 @@ export function sessionsOf(deps: SessionsDeps) {
       }
     };
 
+  /** An agent's budget: the default time when none is given, never over the operator's maximum. */
+  const budgetOf = (asked: Partial<Budget> | undefined): Budget => {
+    const seconds = Math.min(asked?.seconds ?? deps.limits.defaultBudgetSeconds, deps.limits.maxBudgetSeconds);
+    return asked?.max_steps === undefined ? { seconds } : { seconds, max_steps: asked.max_steps };
+  };
+
   /** A session as the API shows it: with its tasks' counts by status (a run's session has none). */
   async function withCounts(s: Session): Promise<Session & { task_counts: Record<TaskStatus, number> }> {
     const none = tasks.countsOf([]);
@@ -360,7 +366,6 @@ export function sessionsOf(deps: SessionsDeps) {
     ): Promise<AgentRecord> {
       await mustBeLive(tenantId, sessionId);
       const now = clock.now().toISOString();
-      const seconds = Math.min(req.budget?.seconds ?? deps.limits.defaultBudgetSeconds, deps.limits.maxBudgetSeconds);
       const agent: AgentRecord = {
         id: newId('agt'),
         tenant_id: tenantId,
@@ -369,13 +374,50 @@ export function sessionsOf(deps: SessionsDeps) {
         role: req.role ?? null,
         instructions: req.instructions ?? null,
         tool_allowlist: allowlistOf(deps.settings, req.tool_allowlist, null, '/body/tool_allowlist'),
-        budget: req.budget?.max_steps === undefined ? { seconds } : { seconds, max_steps: req.budget.max_steps },
+        budget: budgetOf(req.budget),
         model: req.model ?? null,
         created_at: now,
         updated_at: now,
       };
       await store.agents.insert(agent);
       return agent;
+    },
+
+    async agent(tenantId: string, sessionId: string, agentId: string): Promise<AgentRecord> {
+      await mustGet(tenantId, sessionId);
+      const agent = await store.agents.get(tenantId, sessionId, agentId);
+      if (!agent) throw new NotFoundError(`no agent ${agentId} in session ${sessionId}`);
+      return agent;
+    },
+
+    /**
+     * Edits an agent: the fields given. Runs already made keep the snapshot they took (instructions in
+     * their goal, tools, budget, model); runs made from now on take the agent as edited.
+     */
+    async updateAgent(
+      tenantId: string,
+      sessionId: string,
+      agentId: string,
+      patch: {
+        name?: string;
+        role?: string | null;
+        instructions?: string | null;
+        tool_allowlist?: ToolName[];
+        budget?: Partial<Budget>;
+        model?: string | null;
+      },
+    ): Promise<AgentRecord> {
+      await mustBeLive(tenantId, sessionId);
+      const changes: Partial<AgentRecord> = { updated_at: clock.now().toISOString() };
+      if (patch.name !== undefined) changes.name = patch.name;
+      if (patch.role !== undefined) changes.role = patch.role;
+      if (patch.instructions !== undefined) changes.instructions = patch.instructions;
+      if (patch.model !== undefined) changes.model = patch.model;
+      if (patch.tool_allowlist !== undefined) changes.tool_allowlist = allowlistOf(deps.settings, patch.tool_allowlist, null, '/body/tool_allowlist');
+      if (patch.budget !== undefined) changes.budget = budgetOf(patch.budget);
+      const updated = await store.agents.update(tenantId, sessionId, agentId, changes);
+      if (!updated) throw new NotFoundError(`no agent ${agentId} in session ${sessionId}`);
+      return updated;
     },
 
     async agents(tenantId: string, sessionId: string): Promise<AgentRecord[]> {

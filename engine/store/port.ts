@@ -195,6 +195,13 @@ export interface AgentRepo {
   get(tenantId: string, sessionId: string, id: string): Promise<AgentRecord | null>;
   /** In the order they were added. */
   list(tenantId: string, sessionId: string): Promise<AgentRecord[]>;
+  /** Applies `changes`; null when the session (of that tenant) has no such agent. */
+  update(
+    tenantId: string,
+    sessionId: string,
+    id: string,
+    changes: Partial<Omit<AgentRecord, 'id' | 'tenant_id' | 'session_id' | 'created_at'>>,
+  ): Promise<AgentRecord | null>;
 }
 
 export type NewMessage = Omit<MessageRecord, 'seq'>;

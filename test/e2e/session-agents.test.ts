@@ -149,6 +149,41 @@ describe('agents of a session', function () {
     });
   });
 
+  it('edits an agent: a run already made keeps its snapshot, the next run takes the edit; an archived session’s agents are read-only', async () => {
+    const script: ScriptedTurn[] = [{ content: 'First done.' }, { content: 'Second done.' }];
+    await withAgents(script, async (h, model, session) => {
+      const writer = await agent(h, session, { name: 'writer', instructions: 'Be brief.', budget: { seconds: 60 } });
+      await task(h, session, { id: 'first', goal: 'Write one line', agent_id: writer.id });
+      const first = await sessionWhen(h, session, (s) => s.tasks[0].status === 'succeeded', 'the first task');
+      const edited = await h.call<Body>('PATCH', `/api/v1/sessions/${session}/agents/${writer.id}`, {
+        body: { instructions: 'Be thorough.', budget: { seconds: 120 }, model: 'bigger-model' },
+      });
+      expect(edited.status, edited.text).to.equal(200);
+      expect(edited.body).to.deep.include({ name: 'writer', instructions: 'Be thorough.', budget: { seconds: 120 }, model: 'bigger-model' });
+      expect((await h.call<Body>('GET', `/api/v1/sessions/${session}/agents/${writer.id}`)).body).to.deep.equal(edited.body);
+      // the first run's snapshot is as it was
+      const before = await finishedRun(h, first.tasks[0].run_ids[0]);
+      expect(before.budget.seconds).to.equal(60);
+      expect(before.goal).to.contain('Be brief.');
+      expect(before.agent).to.deep.include({ id: writer.id, model: null });
+      // a task made after the edit runs with it
+      await task(h, session, { id: 'second', goal: 'Write another', agent_id: writer.id });
+      const both = await sessionWhen(h, session, (s) => s.tasks.every((t: Body) => t.status === 'succeeded'), 'the second task');
+      const after = await finishedRun(h, both.tasks.find((t: Body) => t.id === 'second').run_ids[0]);
+      expect(after.budget.seconds).to.equal(120);
+      expect(after.goal).to.contain('Be thorough.');
+      expect(model.requests.at(-1)!.body.model).to.equal('bigger-model');
+      expect(model.requests[0]!.body.model).to.equal('default-model');
+      // not another session's agent, nor once archived
+      const other = (await h.call<Body>('POST', '/api/v1/sessions', { body: { title: 'other' } })).body.id;
+      expect((await h.call('GET', `/api/v1/sessions/${other}/agents/${writer.id}`)).status).to.equal(404);
+      expect((await h.call('PATCH', `/api/v1/sessions/${other}/agents/${writer.id}`, { body: { name: 'x' } })).status).to.equal(404);
+      expect((await h.call('PATCH', `/api/v1/sessions/${session}/agents/${writer.id}`, { body: {} })).status).to.equal(400);
+      await h.call('DELETE', `/api/v1/sessions/${session}`);
+      expect((await h.call('PATCH', `/api/v1/sessions/${session}/agents/${writer.id}`, { body: { name: 'x' } })).status).to.equal(409);
+    });
+  });
+
   it('lets an agent’s step message another agent of its session, by name, in the durable log', async () => {
     await withAgents([{ content: 'unused' }], async (h, _model, session) => {
       const writer = await agent(h, session, { name: 'writer', tool_allowlist: ['message'] });

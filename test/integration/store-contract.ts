@@ -560,6 +560,17 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect(await store.agents.get('t1', 'ses_a', y.id)).to.deep.equal(y);
       expect(await store.agents.get('t2', 'ses_a', y.id)).to.equal(null);
       expect(await store.agents.get('t1', 'ses_other', y.id)).to.equal(null);
+      // edited in place, and only in its own tenant and session
+      const edited = await store.agents.update('t1', 'ses_a', y.id, {
+        instructions: 'do it better',
+        budget: { seconds: 90, max_steps: 3 },
+        updated_at: 'later',
+      });
+      expect(edited).to.deep.equal({ ...y, instructions: 'do it better', budget: { seconds: 90, max_steps: 3 }, updated_at: 'later' });
+      expect(await store.agents.get('t1', 'ses_a', y.id)).to.deep.equal(edited);
+      expect(await store.agents.update('t2', 'ses_a', y.id, { name: 'stolen' })).to.equal(null);
+      expect(await store.agents.update('t1', 'ses_other', y.id, { name: 'stolen' })).to.equal(null);
+      expect((await store.agents.get('t1', 'ses_a', y.id))!.name).to.equal('y');
     });
 
     it('numbers a session’s messages 1, 2, 3 even when written at once, and pages them by seq per tenant', async () => {

@@ -57,6 +57,12 @@ export function agentRepo(model: Model<Stored<AgentRecord>>): AgentRepo {
       const rows = await model.find({ tenant_id: tenantId, session_id: sessionId }).sort({ _id: 1 }).lean<Stored<AgentRecord>[]>();
       return rows.map((r) => fromStored(r)!);
     },
+    async update(tenantId, sessionId, id, changes) {
+      const updated = await model
+        .findOneAndUpdate({ _id: id, tenant_id: tenantId, session_id: sessionId }, { $set: definedOnly(changes) }, { returnDocument: 'after' })
+        .lean<Stored<AgentRecord>>();
+      return fromStored(updated);
+    },
   };
 }
 

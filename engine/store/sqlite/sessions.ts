@@ -66,7 +66,16 @@ export function agentRepo(db: Db): AgentRepo {
   const insert = db.prepare('INSERT INTO agents (id, tenant_id, session_id, doc) VALUES (?, ?, ?, ?)');
   const get = db.prepare<[string, string, string], { doc: string }>('SELECT doc FROM agents WHERE tenant_id = ? AND session_id = ? AND id = ?');
   const list = db.prepare<[string, string], { doc: string }>('SELECT doc FROM agents WHERE tenant_id = ? AND session_id = ? ORDER BY id');
+  const write = db.prepare('UPDATE agents SET doc = ? WHERE tenant_id = ? AND session_id = ? AND id = ?');
   const commit = groupCommit(db);
+  const update = (tenantId: string, sessionId: string, id: string, changes: Partial<AgentRecord>): AgentRecord | null => {
+    const row = get.get(tenantId, sessionId, id);
+    if (!row) return null;
+    const current = JSON.parse(row.doc) as AgentRecord;
+    const next: AgentRecord = { ...current, ...changes, id, tenant_id: tenantId, session_id: sessionId, created_at: current.created_at };
+    write.run(JSON.stringify(next), tenantId, sessionId, id);
+    return next;
+  };
   return {
     async insert(a) {
       await commit(() => insert.run(a.id, a.tenant_id, a.session_id, JSON.stringify(a)));
@@ -77,6 +86,9 @@ export function agentRepo(db: Db): AgentRepo {
     },
     async list(tenantId, sessionId) {
       return list.all(tenantId, sessionId).map((r) => JSON.parse(r.doc) as AgentRecord);
+    },
+    async update(tenantId, sessionId, id, changes) {
+      return commit(() => update(tenantId, sessionId, id, changes));
     },
   };
 }
