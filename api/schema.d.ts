@@ -2334,7 +2334,9 @@ export interface components {
             /** @enum {string} */
             trigger_rule: "all_success" | "all_done";
             status: components["schemas"]["TaskStatus"];
+            /** @description Tries of the task's runs so far, the runs that asked for input included. */
             attempts: number;
+            /** @description How many tries may fail before the task fails; a run that asked for input is not a failed try. */
             max_attempts: number;
             run_ids: string[];
             /**

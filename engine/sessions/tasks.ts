@@ -91,12 +91,13 @@ export function tasksOf(deps: TasksDeps) {
     key: string,
     trigger: Omit<Extract<Run['trigger'], { type: 'task' }>, 'type' | 'task_id'>,
     queued: (run: Run) => Move | null,
-    known?: Map<string, TaskRecord>,
+    opts: { known?: Map<string, TaskRecord>; failed?: number } = {},
   ): Promise<Run> {
     const agent = task.agent_id ? await store.agents.get(session.tenant_id, session.id, task.agent_id) : null;
-    const upstream = await upstreamOf(session, task, known);
-    // a run that continues the task has what is left of its attempts and steps, not a fresh allowance
-    const attempts = Math.max(1, task.max_attempts - (trigger.prior_attempts ?? 0));
+    const upstream = await upstreamOf(session, task, opts.known);
+    // a run that continues the task has what is left of its tries and steps, not a fresh allowance: the
+    // tries that failed count against max_attempts, a run that asked for input does not
+    const attempts = Math.max(1, task.max_attempts - (opts.failed ?? 0));
     const stepsUsed = trigger.continues ? (taskUsage(task).steps ?? 0) : 0;
     const maxSteps = agent?.budget.max_steps === undefined ? undefined : Math.max(1, agent.budget.max_steps - stepsUsed);
     // the task's move to queued, and its task.updated as soon as the write lands
@@ -177,7 +178,7 @@ export function tasksOf(deps: TasksDeps) {
       `task:${session.id}:${task.id}`,
       trigger,
       (run) => ({ changes: { status: 'queued', run_ids: [run.id], attempts: run.attempt }, from: ['pending', 'queued'] }),
-      known,
+      { known },
     );
   }
 
@@ -235,6 +236,9 @@ export function tasksOf(deps: TasksDeps) {
     const q = task && task.status === 'input_required' ? questionOf(task) : null;
     if (!task || !q) return;
     const asked = task.run_ids.at(-1)!;
+    // each earlier run of the task ended by asking (it succeeded): its tries before that one failed
+    const runs = await Promise.all(task.run_ids.map((id) => store.runs.get(task.tenant_id, id)));
+    const failed = runs.reduce((n, r) => n + (r ? r.attempt - 1 : 0), 0);
     await startRun(
       session,
       task,
@@ -245,6 +249,7 @@ export function tasksOf(deps: TasksDeps) {
         isTerminal(run.status)
           ? null
           : { changes: { status: 'queued', run_ids: [...task.run_ids, run.id], attempts: task.attempts + run.attempt }, from: ['input_required'] },
+      { failed },
     );
     // a task that waited is queued again: its session is running, unless another task still waits
     await deps.recount(session.tenant_id, session.id);

@@ -125,6 +125,8 @@ describe('agents of a session', function () {
       expect(done.usage).to.deep.equal({ prompt_tokens: 20, completion_tokens: 10 });
       const next = await finishedRun(h, t.run_ids[1]);
       expect(next.trigger).to.deep.include({ type: 'task', task_id: 'deploy', prior_attempts: 1, continues: asked.id });
+      // asking for input is not a failed try: the continuation keeps both of the task's max_attempts
+      expect(next.retry).to.deep.include({ attempts: 2 });
       // the second call continues the first conversation, with the answer after the question
       expect(model.requests).to.have.length(2);
       const messages = model.requests[1]!.body.messages as Body[];
