@@ -186,8 +186,16 @@ describe('SQLite store', () => {
     expect((await writable.runs.listStale('queued', new Date().toISOString(), 10)).map((r) => r.id)).to.deep.equal(['run_live']);
     expect(await writable.runs.listStale('running', new Date().toISOString(), 10)).to.deep.equal([]);
     expect(await writable.runs.get('t1', 'run_done')).to.include({ status: 'succeeded', finished_at: at, duration_ms: 1 });
+    // the metrics' counts by kind and status, kept as runs are written, agree with a count of the runs
+    expect((await writable.runs.countByKindAndStatus()).sort((a, b) => a.status.localeCompare(b.status))).to.deep.equal([
+      { kind: 'automation', status: 'queued', count: 1 },
+      { kind: 'automation', status: 'succeeded', count: 1 },
+    ]);
     await writable.close();
     const check = new Database(path.join(dir, 'partial.sqlite'), { readonly: true });
+    expect(check.prepare('SELECT kind, status, n AS count FROM run_counts WHERE n > 0 ORDER BY status').all()).to.deep.equal(
+      check.prepare('SELECT kind, status, COUNT(*) AS count FROM runs GROUP BY kind, status ORDER BY status').all(),
+    );
     expect(check.prepare("SELECT COUNT(*) AS n FROM runs INDEXED BY runs_live_by_created WHERE status IN ('queued', 'running')").get()).to.deep.equal({ n: 1 });
     check.close();
   });
