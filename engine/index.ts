@@ -95,10 +95,10 @@ export function createEngine(given: EngineDeps) {
       act: (provider, action, args, signal) =>
         connections.act(run.tenant_id, provider, typeof args.connection === 'string' ? args.connection : run.connections?.[provider], action, args, signal),
     }),
-    copyGates: (run, copy, binds, signal) =>
+    copyGates: (run, copy, readOnlyBinds, signal) =>
       gatesOnCopy(
         { sandbox: deps.sandbox, childEnv: deps.settings.childEnv, concurrency: deps.settings.gatesConcurrency },
-        { dir: copy, workspaceName: runs.workspaceOf(run), network: run.network, binds, signal },
+        { dir: copy, workspaceName: runs.workspaceOf(run), network: run.network, readOnlyBinds, signal },
       ),
     // a vibe run works on a scratch copy, which gate runs (on the tenant's workspaces) cannot see
     gateActions: (run) =>

@@ -31,8 +31,8 @@ export type GateContext = {
   /** the value of a name a gate asks for, or undefined when it is not given to gates */
   envValue(name: string): string | undefined;
   network: boolean;
-  /** folders besides the workspace the sandbox mounts (a scratch worktree's git directory) */
-  binds?: string[];
+  /** folders besides the workspace the sandbox mounts read-only (the objects a vibe run's scratch clone shares) */
+  readOnlyBinds?: string[];
   signal?: AbortSignal;
   /** the output of the gate's command as it comes */
   onOutput?(stream: 'stdout' | 'stderr', text: string): void;
@@ -107,7 +107,7 @@ export async function runGate(gate: GateDefinition & { digest: string }, ctx: Ga
       workspace: ctx.workspace,
       env,
       network: ctx.network,
-      binds: ctx.binds,
+      readOnlyBinds: ctx.readOnlyBinds,
       signal: ctx.signal,
       timeoutMs: gate.timeout_seconds * 1000,
       maxBytes: gate.report && !gate.report.path ? REPORT_MAX_BYTES : 64 * 1024,
@@ -191,7 +191,7 @@ export async function runGateSet(
  */
 export async function gatesOnCopy(
   deps: { sandbox: Sandbox; childEnv: Record<string, string>; concurrency: number },
-  copy: { dir: string; workspaceName: string; network: boolean; binds: string[]; signal: AbortSignal },
+  copy: { dir: string; workspaceName: string; network: boolean; readOnlyBinds: string[]; signal: AbortSignal },
 ): Promise<VibeGates> {
   // the service reads the copy's files itself: every check is against its real path
   const dir = await fs.realpath(copy.dir);
@@ -200,12 +200,12 @@ export async function gatesOnCopy(
     sandbox: deps.sandbox,
     workspace: dir,
     workspaceName: copy.workspaceName,
-    git: await gitState(deps.sandbox, dir, copy.binds),
+    git: await gitState(deps.sandbox, dir, copy.readOnlyBinds),
     hasher: new FileHasher(),
     baseEnv: deps.childEnv,
     envValue: gateEnv((name) => deps.childEnv[name]),
     network: copy.network,
-    binds: copy.binds,
+    readOnlyBinds: copy.readOnlyBinds,
     signal: copy.signal,
   };
   const { results } = await runGateSet(set.gates, ctx, { concurrency: deps.concurrency });

@@ -19,7 +19,7 @@ const ALWAYS_IGNORED = ['.git/**', '**/node_modules/**'];
 const HASH_MAX_BYTES = 64 * 1024 * 1024;
 
 /** The repository at the workspace's root, seen from the sandbox; all null outside a repository. */
-export async function gitState(sandbox: Sandbox, workspace: string, binds: string[] = []): Promise<GitState> {
+export async function gitState(sandbox: Sandbox, workspace: string, readOnlyBinds: string[] = []): Promise<GitState> {
   const none = { commit: null, tree: null, dirty: null, files: null };
   if (!(await fs.lstat(path.join(workspace, '.git')).catch(() => null))) return none;
   const q = (args: string[]) => args.map((a) => `'${a}'`).join(' ');
@@ -35,6 +35,7 @@ export async function gitState(sandbox: Sandbox, workspace: string, binds: strin
     workspace,
     env: { PATH: '/usr/bin:/bin', HOME: '/tmp' },
     network: false,
+    readOnlyBinds,
     maxBytes: 16 * 1024 * 1024,
     timeoutMs: 30_000,
   });

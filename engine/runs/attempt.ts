@@ -199,7 +199,7 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
         network: run.network,
         networkAllowed: deps.settings.allowNetwork,
         checkouts,
-        binds: attempt.binds,
+        readOnlyBinds: attempt.readOnlyBinds,
         sessions,
         gates,
         audit,
@@ -270,8 +270,8 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
     run,
     /** where tools act: the run's workspace, or a vibe run's scratch copy of it */
     workspace,
-    /** folders besides the workspace that sandboxed processes need (a scratch worktree's git directory) */
-    binds: [] as string[],
+    /** folders besides the workspace that sandboxed processes read (the objects a vibe run's scratch clone shares) */
+    readOnlyBinds: [] as string[],
     signal,
     steps,
     usage,

@@ -3,6 +3,7 @@
 // again belonged to a worker that died (it is lost: failed, or retried by its policy). The budget is
 // an AbortSignal: at the deadline the step in flight is aborted and its processes killed. A worker
 // that is shutting down interrupts its attempts: they go back to the queue for another worker.
+import fs from 'node:fs/promises';
 import { CONNECTION_PROVIDERS, isTerminal, type ConnectionProvider, type ErrorInfo, type Run, type StepRecord } from '../platform/index.js';
 import { startAttempt, type StopReason } from './attempt.js';
 import { modelClientOf } from './agent.js';
@@ -10,7 +11,7 @@ import { agentProgram, stepsProgram, vibeProgram, type CopyGates, type WorkOutco
 import type { Runs, RunsDeps } from './runs.js';
 import type { Held, Outcome, Settled, Transitions } from './transitions.js';
 import type { AuditActions, ConnectionActions, GateActions, SessionActions } from '../tools/index.js';
-import { scratchRoot } from './workspace.js';
+import { makeScratch, scratchRoot, tenantRootPath } from './workspace.js';
 
 /** The providers a run may act on: the action tools of its allowlist (which holds every tool of its plan). */
 function providersOf(run: Run): ConnectionProvider[] {
@@ -106,7 +107,12 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
         run.kind === 'vibe'
           ? vibeProgram(
               base,
-              () => scratchRoot(settings, run.tenant_id),
+              async (workspace) =>
+                makeScratch(deps.sandbox, {
+                  root: await fs.realpath(tenantRootPath(settings, run.tenant_id)),
+                  workspace,
+                  area: await scratchRoot(settings, run.tenant_id),
+                }),
               (kind) => transitions.emit(run, { type: 'workspace.ready', data: { kind } }),
               actions.copyGates,
             )

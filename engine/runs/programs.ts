@@ -5,7 +5,7 @@ import type { ErrorInfo, Run, VibeGates } from '../platform/index.js';
 import { TOOLS } from '../tools/index.js';
 import { AgentError, runAgent, type ModelClient } from './agent.js';
 import type { Attempt } from './attempt.js';
-import { makeScratch } from './workspace.js';
+import type { Scratch } from './workspace.js';
 
 export type WorkOutcome = { summary: string; error?: ErrorInfo; result?: Run['result'] };
 
@@ -164,28 +164,28 @@ export function agentProgram(client: ModelClient, runOf: (runId: string) => Prom
 }
 
 /** Runs a workspace's gates on a folder (a vibe run's scratch copy): given by the engine (gates). */
-export type CopyGates = (run: Run, dir: string, binds: string[], signal: AbortSignal) => Promise<VibeGates>;
+export type CopyGates = (run: Run, dir: string, readOnlyBinds: string[], signal: AbortSignal) => Promise<VibeGates>;
 
 /**
- * A vibe run: the work runs on a scratch copy (a git worktree at HEAD, or a copy of a folder that is
- * not a repository); the result carries the unified diff and the changed files; the original stays as
+ * A vibe run: the work runs on a scratch copy (a clone of its repository at HEAD, or a copy of a folder
+ * that is not in one); the result carries the unified diff and the changed files; the original stays as
  * it was. With `gates: true` the workspace's gates run on the copy after the edits, their results ride
  * with the diff, and a required gate that does not pass fails the run.
  */
 export function vibeProgram(
   work: (a: Attempt) => Promise<WorkOutcome>,
-  area: () => Promise<string>,
+  scratchOf: (workspace: string) => Promise<Scratch>,
   onReady: (kind: 'worktree' | 'copy') => Promise<unknown>,
   gates?: CopyGates,
 ) {
   return async (a: Attempt): Promise<WorkOutcome> => {
-    const scratch = await makeScratch(a.workspace, await area());
+    const scratch = await scratchOf(a.workspace);
     try {
       await onReady(scratch.kind);
       a.workspace = scratch.dir;
-      a.binds.push(...scratch.binds);
+      a.readOnlyBinds.push(...scratch.readOnlyBinds);
       const outcome = await work(a);
-      const checked = a.run.gates && gates && !outcome.error && !a.signal.aborted ? await gates(a.run, scratch.dir, a.binds, a.signal) : undefined;
+      const checked = a.run.gates && gates && !outcome.error && !a.signal.aborted ? await gates(a.run, scratch.dir, a.readOnlyBinds, a.signal) : undefined;
       const { diff, changed_files, truncated } = await scratch.diff();
       const failed = checked?.results.filter((g) => g.required && g.conclusion !== 'success').map((g) => g.gate_id) ?? [];
       return {

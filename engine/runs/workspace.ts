@@ -1,18 +1,18 @@
 // Workspaces: where a run's tools act. Each tenant has its own root (SERVICE_WORKSPACE_ROOT/<tenant>,
 // made on first use; the root itself for the single local tenant of SERVICE_AUTH=none), and a run's
 // workspace is resolved inside its tenant's root. A vibe run works on a scratch copy in its tenant's
-// scratch area: a git worktree at HEAD when the workspace is a repository, else a copy made into a
-// fresh repository, so the diff of what the run changed comes from git.
-import { execFile } from 'node:child_process';
+// scratch area: a clone at HEAD when the workspace is in a repository, else a copy made into a fresh
+// repository, so the diff of what the run changed comes from git (run in the sandbox).
 import { existsSync } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
-import { promisify } from 'node:util';
 import { ValidationError } from '../platform/index.js';
-import { resolveInside } from '../tools/index.js';
+import { resolveInside, runProcess, type Sandbox } from '../tools/index.js';
 
-const exec = promisify(execFile);
-const GIT_ID = ['-c', 'user.name=automation-service', '-c', 'user.email=automation-service@localhost', '-c', 'commit.gpgsign=false'];
+/** Options that keep git from running anything a repository's config names (beside the sandbox it runs in). */
+const GIT_SAFE = "-c core.hooksPath=/dev/null -c core.fsmonitor=false -c safe.directory='*' --no-optional-locks";
+const GIT_ID = '-c user.name=automation-service -c user.email=automation-service@localhost -c commit.gpgsign=false';
+const GIT_TIMEOUT_MS = 120_000;
 const DIFF_MAX_BYTES = 1024 * 1024;
 
 /** Where scratch copies go, per tenant: beside the tenants' folders, never in a shared temp folder. */
@@ -65,61 +65,113 @@ export async function resolveWorkspace(root: string, requested: string | undefin
   }
 }
 
-async function git(cwd: string, args: string[]): Promise<string> {
-  const { stdout } = await exec('git', [...GIT_ID, ...args], { cwd, maxBuffer: 64 * 1024 * 1024 });
-  return stdout;
+/**
+ * git as a step runs it: in the sandbox, with the network off. A repository is the tenant's own, and its
+ * config can name programs (hooks, an fsmonitor, filters, diff drivers): run by the service itself they
+ * would run outside the sandbox, as the service's user. `cwd` is the folder bound read-write at
+ * /workspace; `readOnly` are more folders seen at their own paths (a repository cloned from).
+ */
+async function sandboxedGit(sandbox: Sandbox, cwd: string, script: string, readOnly: string[] = []): Promise<string> {
+  const r = await runProcess(sandbox, ['/bin/sh', '-c', `set -e; ${script}`], {
+    workspace: cwd,
+    env: { PATH: '/usr/bin:/bin', HOME: '/tmp', LANG: 'C.UTF-8', GIT_CONFIG_NOSYSTEM: '1', GIT_CONFIG_GLOBAL: '/dev/null' },
+    network: false,
+    readOnlyBinds: readOnly,
+    maxBytes: 64 * 1024 * 1024,
+    timeoutMs: GIT_TIMEOUT_MS,
+  });
+  if (r.exit_code !== 0) throw new Error(`git failed (${r.exit_code ?? r.signal}): ${r.stderr.trim().slice(-500)}`);
+  return r.stdout;
 }
 
-async function repositoryOf(dir: string): Promise<string | null> {
-  try {
-    return (await git(dir, ['rev-parse', '--show-toplevel'])).trim();
-  } catch {
-    return null;
+/**
+ * The repository a workspace is in, found without running git: the nearest folder from the workspace up
+ * to its tenant's root (never above) with a `.git` folder of its own. A `.git` file or link (a pointer to
+ * a git directory elsewhere, perhaps another tenant's) is not followed: such a workspace is copied.
+ */
+async function repositoryOf(workspace: string, root: string): Promise<string | null> {
+  for (let dir = workspace; ; dir = path.dirname(dir)) {
+    const st = await fs.lstat(path.join(dir, '.git')).catch(() => null);
+    if (st?.isDirectory()) return dir;
+    if (dir === root || !dir.startsWith(root + path.sep)) return null;
   }
 }
 
 export type Scratch = {
   dir: string;
   kind: 'worktree' | 'copy';
-  /** folders outside `dir` that git needs inside a sandbox: the repository's git directory for a worktree */
-  binds: string[];
+  /** folders outside `dir` that git needs inside a sandbox, read-only: the objects of the repository cloned from */
+  readOnlyBinds: string[];
   /** unified diff of everything changed since the scratch was made, and the changed paths */
   diff(): Promise<{ diff: string; changed_files: string[]; truncated: boolean }>;
   remove(): Promise<void>;
 };
 
-export async function makeScratch(workspace: string, area: string): Promise<Scratch> {
+const q = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
+
+/**
+ * A vibe run's scratch copy of a workspace, in the tenant's scratch area: a clone of its repository at
+ * HEAD (sharing the repository's objects, read-only) when the workspace is in one, else a copy of the
+ * folder made into a fresh repository. Every git command runs in the sandbox, on the scratch copy only.
+ * `root` is the real path of the tenant's root; `workspace` a real path inside it.
+ */
+export async function makeScratch(sandbox: Sandbox, opts: { root: string; workspace: string; area: string }): Promise<Scratch> {
+  const { root, workspace, area } = opts;
   const base = await fs.mkdtemp(path.join(area, 'vibe-'));
-  const repo = await repositoryOf(workspace);
+  const repo = await repositoryOf(workspace, root);
+  let top: string;
   let dir: string;
   let kind: Scratch['kind'];
-  if (repo) {
-    dir = path.join(base, 'worktree');
-    await git(repo, ['worktree', 'add', '--detach', dir, 'HEAD']);
-    dir = path.join(dir, path.relative(repo, workspace));
-    kind = 'worktree';
-  } else {
-    dir = path.join(base, 'copy');
-    await fs.cp(workspace, dir, { recursive: true, filter: (src) => !/(^|\/)(node_modules|\.git)(\/|$)/.test(path.relative(workspace, src)) });
-    await git(dir, ['init', '-q']);
-    await git(dir, ['add', '-A']);
-    await git(dir, ['commit', '-q', '--allow-empty', '-m', 'scratch copy']);
-    kind = 'copy';
+  let readOnlyBinds: string[] = [];
+  try {
+    if (repo) {
+      // a clone's config and hooks are its own (none): nothing of the repository's config runs
+      readOnlyBinds = [path.join(repo, '.git')];
+      await sandboxedGit(sandbox, base, `git ${GIT_SAFE} clone --quiet --shared --no-hardlinks ${q(repo)} worktree`, readOnlyBinds);
+      readOnlyBinds = [path.join(repo, '.git', 'objects')];
+      top = path.join(base, 'worktree');
+      dir = path.join(top, path.relative(repo, workspace));
+      kind = 'worktree';
+    } else {
+      top = dir = path.join(base, 'copy');
+      await fs.cp(workspace, dir, { recursive: true, filter: (src) => !/(^|\/)(node_modules|\.git)(\/|$)/.test(path.relative(workspace, src)) });
+      await sandboxedGit(
+        sandbox,
+        dir,
+        `git ${GIT_SAFE} init -q && git ${GIT_SAFE} add -A && git ${GIT_SAFE} ${GIT_ID} commit -q --allow-empty -m 'scratch copy'`,
+      );
+      kind = 'copy';
+    }
+  } catch (err) {
+    await fs.rm(base, { recursive: true, force: true });
+    throw err;
   }
-  const binds = repo ? [path.resolve(repo, (await git(repo, ['rev-parse', '--git-common-dir'])).trim())] : [];
+  const rel = path.relative(top, dir) || '.';
   return {
     dir,
     kind,
-    binds,
+    readOnlyBinds,
     async diff() {
-      await git(dir, ['add', '-A', '.']);
-      const full = await git(dir, ['diff', '--cached', '--no-color', '--relative', 'HEAD']);
-      const names = (await git(dir, ['diff', '--cached', '--name-only', '--relative', 'HEAD'])).split('\n').filter(Boolean);
+      // what the run changed, seen by git in the sandbox: the run may have given the copy's config programs to run
+      const out = await sandboxedGit(
+        sandbox,
+        top,
+        [
+          `cd ${q(rel)}`,
+          `git ${GIT_SAFE} add -A .`,
+          `git ${GIT_SAFE} diff --cached --name-only -z --relative HEAD`,
+          `printf '\\0@@\\0'`,
+          `git ${GIT_SAFE} diff --cached --no-color --no-ext-diff --no-textconv --relative HEAD | head -c ${DIFF_MAX_BYTES + 1}`,
+        ].join(' && '),
+        readOnlyBinds,
+      );
+      const at = out.indexOf('\0@@\0');
+      const names = out.slice(0, at).split('\0').filter(Boolean);
+      const full = out.slice(at + 4);
       const truncated = Buffer.byteLength(full) > DIFF_MAX_BYTES;
       return { diff: truncated ? Buffer.from(full).subarray(0, DIFF_MAX_BYTES).toString('utf8') : full, changed_files: names, truncated };
     },
     async remove() {
-      if (repo) await git(repo, ['worktree', 'remove', '--force', path.join(base, 'worktree')]).catch(() => {});
       await fs.rm(base, { recursive: true, force: true });
     },
   };

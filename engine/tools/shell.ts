@@ -26,7 +26,7 @@ export const shellTool: Tool = {
       workspace: ctx.workspace,
       env,
       network: ctx.network,
-      binds: ctx.binds,
+      readOnlyBinds: ctx.readOnlyBinds,
       signal: ctx.signal,
       maxBytes: OUTPUT_MAX_BYTES,
       onOutput: ctx.output,

@@ -20,8 +20,8 @@ export type ToolContext = {
   networkAllowed: boolean;
   /** a fresh folder of the run's own for a checkout, and the switch of the run's later steps to it */
   checkouts?: { fresh(): Promise<string>; use(dir: string): void };
-  /** folders besides the workspace a sandboxed process needs (a worktree's git directory) */
-  binds: string[];
+  /** folders besides the workspace a sandboxed process reads (the objects a vibe run's scratch clone shares) */
+  readOnlyBinds: string[];
   /** the run's tenant's sessions (the `session` tool); absent where sessions are not reachable */
   sessions?: SessionActions;
   /** the gates of the run's workspace (the `gates` tool); absent where gates cannot run */

@@ -177,6 +177,59 @@ describe('vibe runs', function () {
     }
   });
 
+  it('runs git for its scratch copy in the sandbox: the repository’s hooks, fsmonitor and filters never run on the host, and a .git file pointing elsewhere is not followed', async () => {
+    const h = await startHarness();
+    try {
+      const { execFileSync: git } = await import('node:child_process');
+      const marker = path.join(h.config.dataDir, `ran-on-host-${Date.now()}`);
+      const program = path.join(h.config.dataDir, 'plant.sh');
+      await fs.writeFile(program, `#!/bin/sh\ntouch '${marker}'\n`, { mode: 0o755 });
+      const repo = path.join(h.tenantDir(), 'hooked');
+      await fs.mkdir(repo);
+      const g = (cwd: string, ...args: string[]) => git('git', ['-c', 'user.name=t', '-c', 'user.email=t@t', ...args], { cwd });
+      g(repo, 'init', '-q');
+      await fs.writeFile(path.join(repo, 'a.txt'), 'one\n');
+      await fs.writeFile(path.join(repo, '.gitattributes'), '* filter=plant\n');
+      g(repo, 'add', '-A');
+      g(repo, 'commit', '-qm', 'init');
+      // what the tenant's repository asks git to run: a hook on checkout, an fsmonitor, a clean and smudge filter
+      await fs.writeFile(path.join(repo, '.git', 'hooks', 'post-checkout'), `#!/bin/sh\n${program}\n`, { mode: 0o755 });
+      g(repo, 'config', 'core.fsmonitor', program);
+      g(repo, 'config', 'filter.plant.clean', program);
+      g(repo, 'config', 'filter.plant.smudge', program);
+      // another tenant's repository, and a workspace whose .git file points at it
+      const other = path.join(h.tenantDir('tenant-b'), 'secret');
+      await fs.mkdir(other, { recursive: true });
+      g(other, 'init', '-q');
+      await fs.writeFile(path.join(other, 's.txt'), 'tenant b only\n');
+      g(other, 'add', '-A');
+      g(other, 'commit', '-qm', 'b');
+      const pointer = path.join(h.tenantDir(), 'pointer');
+      await fs.mkdir(pointer);
+      await fs.writeFile(path.join(pointer, '.git'), `gitdir: ${path.join(other, '.git')}\n`);
+      await fs.writeFile(path.join(pointer, 'mine.txt'), 'mine\n');
+
+      const hooked = await h.call('POST', '/api/v1/autonomy/vibe/run', {
+        body: { workspace: 'hooked', steps: [{ tool: 'shell', args: { command: `echo two >> a.txt; git config core.fsmonitor '${program}' || true` } }] },
+      });
+      const run = await finished(h, hooked.body.run_id);
+      expect(run.status, JSON.stringify(run.error)).to.equal('succeeded');
+      expect(run.result.changed_files).to.deep.equal(['a.txt']);
+      const pointed = await h.call('POST', '/api/v1/autonomy/vibe/run', {
+        body: { workspace: 'pointer', steps: [{ tool: 'shell', args: { command: 'ls; cat s.txt || true' } }] },
+      });
+      const second = await finished(h, pointed.body.run_id);
+      expect(second.status, JSON.stringify(second.error)).to.equal('succeeded');
+      expect(second.steps[0].output.stdout).to.contain('mine.txt').and.not.contain('tenant b only');
+      // nothing the repositories named ran as the service
+      expect(await fs.stat(marker).catch(() => null), 'a program of the tenant’s repository ran on the host').to.equal(null);
+      expect(await fs.readFile(path.join(repo, 'a.txt'), 'utf8')).to.equal('one\n');
+      expect(g(other, 'status', '--porcelain').toString()).to.equal('');
+    } finally {
+      await h.close();
+    }
+  });
+
   it('works on a copy of a folder that is not a repository', async () => {
     const h = await startHarness();
     try {

@@ -48,7 +48,7 @@ describe('code host checkout', function () {
       sandbox: spying,
       network: false,
       networkAllowed: true,
-      binds: [],
+      readOnlyBinds: [],
       checkouts: {
         async fresh() {
           fs.mkdirSync(dir, { recursive: true });
