@@ -6,7 +6,8 @@ import { constants } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 
-export type WorkspaceEntry = { kind: 'file'; size: number; mtimeMs: number } | { kind: 'link'; target: string } | { kind: 'other' } | null;
+export type WorkspaceEntry =
+  { kind: 'file'; size: number; mtimeMs: number; ctimeMs: number; ino: number } | { kind: 'link'; target: string } | { kind: 'other' } | null;
 
 /** Is a glob or a path of a gate set kept inside the workspace: relative, with no `..` part? */
 export const staysInside = (pattern: string) => !path.isAbsolute(pattern) && !pattern.startsWith('~') && !pattern.split(/[/\\]/).includes('..');
@@ -26,7 +27,7 @@ export async function entryOf(root: string, rel: string): Promise<WorkspaceEntry
   if (!file || !stat) return null;
   if (stat.isSymbolicLink()) return { kind: 'link', target: await fs.readlink(file).catch(() => '') };
   if (!stat.isFile()) return { kind: 'other' };
-  return { kind: 'file', size: stat.size, mtimeMs: stat.mtimeMs };
+  return { kind: 'file', size: stat.size, mtimeMs: stat.mtimeMs, ctimeMs: stat.ctimeMs, ino: stat.ino };
 }
 
 /** A plain file's bytes (at most `maxBytes`, else null), or null when it is not one inside the workspace. */

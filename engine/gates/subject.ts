@@ -2,8 +2,8 @@
 // the gate's inputs (its globs, or the files git knows: tracked and untracked but not ignored; every
 // file outside a repository). git runs in the sandbox, as for any command of the workspace: a
 // repository's own config can name programs to run. Files are hashed by the service without
-// following links (a link is hashed as its target's name), and a file's hash is kept while its size
-// and mtime stay the same, so a digest after a few changes reads only what changed.
+// following links (a link is hashed as its target's name), and a file's hash is kept while its size,
+// mtime, change time and inode stay the same, so a digest after a few changes reads only what changed.
 import { createHash } from 'node:crypto';
 import fs from 'node:fs/promises';
 import path from 'node:path';
@@ -61,7 +61,7 @@ export async function inputFiles(workspace: string, globs: string[] | null, git:
 
 /** Hashes files by content, keeping each hash while the file's size and mtime stay the same. */
 export class FileHasher {
-  private readonly known = new Map<string, { size: number; mtimeMs: number; hash: string }>();
+  private readonly known = new Map<string, { size: number; mtimeMs: number; ctimeMs: number; ino: number; hash: string }>();
 
   /** `sha256:<hex>` over every file's path and hash; a missing file counts as missing. */
   async digest(workspace: string, files: string[]): Promise<string> {
@@ -76,10 +76,11 @@ export class FileHasher {
     if (entry.kind === 'other') return 'other';
     const key = path.join(workspace, rel);
     const seen = this.known.get(key);
-    if (seen && seen.size === entry.size && seen.mtimeMs === entry.mtimeMs) return seen.hash;
+    // the change time and inode too: mtime can be set back by anyone who writes the file (touch -r), they cannot
+    if (seen && seen.size === entry.size && seen.mtimeMs === entry.mtimeMs && seen.ctimeMs === entry.ctimeMs && seen.ino === entry.ino) return seen.hash;
     const content = await readInside(workspace, rel, HASH_MAX_BYTES);
     const hash = content ? createHash('sha256').update(content).digest('hex') : `large:${entry.size}`;
-    this.known.set(key, { size: entry.size, mtimeMs: entry.mtimeMs, hash });
+    this.known.set(key, { size: entry.size, mtimeMs: entry.mtimeMs, ctimeMs: entry.ctimeMs, ino: entry.ino, hash });
     return hash;
   }
 }

@@ -141,7 +141,17 @@ describe('gates', function () {
     await fs.appendFile(path.join(project, 'test', 'add.test.mjs'), '// more\n');
     expect(await inputDigest(ctx, typecheck)).to.equal(before);
     await fs.appendFile(path.join(project, 'src', 'add.ts'), '// more\n');
-    expect(await inputDigest(ctx, typecheck)).not.to.equal(before);
+    const moved = await inputDigest(ctx, typecheck);
+    expect(moved).not.to.equal(before);
+    // a change that keeps the size and sets the mtime back is still seen (its change time moved)
+    const file = path.join(project, 'src', 'add.ts');
+    const ref = path.join(project, 'mtime-ref');
+    execFileSync('touch', ['-r', file, ref]);
+    const text = await fs.readFile(file, 'utf8');
+    await fs.writeFile(file, text.replace('// more', '// mOre'));
+    execFileSync('touch', ['-r', ref, file]); // to the nanosecond, as `touch -r` does
+    expect((await fs.stat(file)).mtimeMs).to.equal((await fs.stat(ref)).mtimeMs);
+    expect(await inputDigest(ctx, typecheck)).not.to.equal(moved);
   });
 
   it('reads nothing outside the workspace: .. and absolute paths are refused, a linked folder leads nowhere; a gate that cannot start fails; printed secrets are masked', async () => {
