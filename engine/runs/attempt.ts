@@ -4,7 +4,7 @@
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import type { Platform } from '../deps.js';
-import type { AgentTurn, ErrorInfo, EventBody, Run, RunStatus, StepRecord } from '../platform/index.js';
+import { AppError, type AgentTurn, type ErrorInfo, type EventBody, type Run, type RunStatus, type StepRecord } from '../platform/index.js';
 import {
   TOOLS,
   ToolError,
@@ -208,7 +208,9 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
       try {
         result = await tool.execute(step.args, ctx);
       } catch (err) {
-        if (err instanceof ToolError) result = { output: {}, error: { code: err.code, message: err.message } };
+        // a tool's own error, or what the service refused it (another tenant's session, a gate set that is
+        // not valid, an unknown gate): the step fails with its code; only the unexpected fails the run
+        if (err instanceof ToolError || err instanceof AppError) result = { output: {}, error: { code: err.code, message: err.message } };
         else if (signal.aborted) result = { output: {}, error: { code: 'aborted', message: 'stopped' } };
         else throw err;
       } finally {

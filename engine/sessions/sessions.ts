@@ -3,7 +3,6 @@
 // An archived session is read-only. Every change is a conditional update and a `session.updated` event.
 import type { Platform } from '../deps.js';
 import {
-  AppError,
   ConflictError,
   newId,
   NotFoundError,
@@ -141,20 +140,6 @@ export function sessionsOf(deps: SessionsDeps) {
     return message;
   }
 
-  /**
-   * What the service refuses a tool (a session that is not the run's tenant's, or archived; a task the
-   * DAG refuses) fails the step with its code, as any tool's error does, never the run as internal.
-   */
-  const asTool =
-    <A extends unknown[], R>(act: (...args: A) => Promise<R>) =>
-    async (...args: A): Promise<R> => {
-      try {
-        return await act(...args);
-      } catch (err) {
-        throw err instanceof AppError ? new ToolError(err.code, err.message) : err;
-      }
-    };
-
   /** An agent's budget: the default time when none is given, never over the operator's maximum. */
   const budgetOf = (asked: Partial<Budget> | undefined): Budget => {
     const seconds = Math.min(asked?.seconds ?? deps.limits.defaultBudgetSeconds, deps.limits.maxBudgetSeconds);
@@ -214,12 +199,12 @@ export function sessionsOf(deps: SessionsDeps) {
     actionsFor(run: Run): SessionActions {
       const tenantId = run.tenant_id;
       const actions: SessionActions = {
-        addTask: asTool(async (sessionId, task) => {
+        addTask: async (sessionId, task) => {
           const session = await mustBeLive(tenantId, sessionId);
           const [added] = await tasks.add(session, [taskInputOf(task)]);
           return { id: added!.id };
-        }),
-        postMessage: asTool(async (sessionId, message) => {
+        },
+        postMessage: async (sessionId, message) => {
           // into its own session a task's run speaks as its agent (never as the system: it cannot answer itself)
           if (actions.own && sessionId === run.session_id) return actions.own.say(message);
           const session = await mustBeLive(tenantId, sessionId);
@@ -236,13 +221,13 @@ export function sessionsOf(deps: SessionsDeps) {
             in_reply_to: null,
           });
           return { id: posted.id, seq: posted.seq };
-        }),
+        },
       };
       if (run.trigger.type !== 'task') return actions;
       const taskId = run.trigger.task_id;
       const agentId = run.agent?.id ?? null;
       actions.own = {
-        say: asTool(async ({ text, to, kind }) => {
+        say: async ({ text, to, kind }) => {
           const session = await mustBeLive(tenantId, run.session_id);
           const agents = to === undefined ? [] : await store.agents.list(tenantId, session.id);
           const target = to === undefined ? null : agents.find((a) => a.id === to || a.name === to);
@@ -259,7 +244,7 @@ export function sessionsOf(deps: SessionsDeps) {
             in_reply_to: null,
           });
           return { id: posted.id, seq: posted.seq };
-        }),
+        },
         inbox: async (afterSeq) => {
           const page = await store.messages.list(tenantId, run.session_id, { afterSeq, limit: 200 });
           if (!page.length) return { texts: [], lastSeq: afterSeq };

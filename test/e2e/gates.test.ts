@@ -286,6 +286,12 @@ describe('gates in the service', function () {
     expect(await fs.readFile(path.join(repo, 'src', 'app.mjs'), 'utf8')).to.equal('export const answer = 41;\n');
     // gates: true is a vibe run's; an autonomy run has a gates step
     expect((await h.call('POST', '/api/v1/autonomy/run', { body: { gates: true, steps: [{ tool: 'list_files', args: {} }] } })).status).to.equal(400);
+    // a gates step the service refuses (an unknown gate) fails its step with the refusal's code, not the run as internal
+    const unknown = await h.call<Body>('POST', '/api/v1/autonomy/run', { body: { workspace: 'vibe', steps: [{ tool: 'gates', args: { only: ['nope'] } }] } });
+    const refused = await finishedRun(h, unknown.body.run_id);
+    expect(refused.status).to.equal('failed');
+    expect(refused.steps[0].error.code).to.equal('validation-failed');
+    expect(refused.error.code).to.not.equal('internal');
   });
 
   it('ends a gate run whose flow was lost: sealed with what it has, or canceled when nothing reported', async () => {
