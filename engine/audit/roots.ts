@@ -51,10 +51,16 @@ let known: { roots: string; ids: Promise<Map<string, string>> } | undefined;
 export async function resolveAuditRoot(requested: string | undefined, policy: AuditRootPolicy): Promise<string> {
   const sensitive = policy.sensitiveRoots ?? SENSITIVE_ROOTS;
   const wanted = requested === undefined || requested === '' ? policy.tenantRoot : path.resolve(policy.tenantRoot, requested);
+  // in production a folder outside what is allowed is refused whether it exists or not, with one answer:
+  // a 400 for a missing folder and a 403 for an existing one would tell a tenant what exists elsewhere
+  const outside = () =>
+    new PathNotPermittedError(`${requested ?? 'the folder'} is not a readable folder inside the tenant's workspace root or SERVICE_AUDIT_ALLOWED_ROOTS`);
   const notAFolder = () =>
-    new ValidationError(`${requested ?? '(the tenant root)'} is not a readable directory`, [
-      { path: '/headers/x-service-workspace-root', message: 'must be a readable directory' },
-    ]);
+    policy.isProduction
+      ? outside()
+      : new ValidationError(`${requested ?? '(the tenant root)'} is not a readable directory`, [
+          { path: '/headers/x-service-workspace-root', message: 'must be a readable directory' },
+        ]);
   const real = await fs.realpath(wanted).catch(() => null);
   const stat = real ? await fs.stat(real).catch(() => null) : null;
   if (!real || !stat?.isDirectory()) throw notAFolder();
@@ -87,8 +93,7 @@ export async function resolveAuditRoot(requested: string | undefined, policy: Au
 
   if (policy.isProduction) {
     const allowed = await Promise.all([policy.tenantRoot, ...policy.allowedRoots].map((r) => fs.realpath(r).catch(() => null)));
-    if (!allowed.some((r) => r && inside(real, r)))
-      throw new PathNotPermittedError(`${requested ?? real} is outside the tenant's workspace root and SERVICE_AUDIT_ALLOWED_ROOTS`);
+    if (!allowed.some((r) => r && inside(real, r))) throw outside();
   }
   return real;
 }

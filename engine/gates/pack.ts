@@ -18,11 +18,17 @@ export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledg
 
   /** Sealed gate runs of the workspace, newest first, since a time. */
   async function sealedRuns(tenantId: string, workspace: string, since?: string): Promise<GateRunRecord[]> {
+    // an instant, whatever offset it was written with (compared as text, +02:00 and Z disagreed)
+    const from = since ? Date.parse(since) : Number.NEGATIVE_INFINITY;
     const out: GateRunRecord[] = [];
     let cursor: string | undefined;
     while (out.length < RUNS_SCANNED) {
       const page = await store.gateRuns.list(tenantId, { workspace, limit: 100, cursor });
-      out.push(...page.items.filter((r) => r.ledger && (r.status === 'succeeded' || r.status === 'failed') && (!since || (r.finished_at ?? '') >= since)));
+      out.push(
+        ...page.items.filter(
+          (r) => r.ledger && (r.status === 'succeeded' || r.status === 'failed') && (r.finished_at ? Date.parse(r.finished_at) >= from : !since),
+        ),
+      );
       if (!page.next_cursor) break;
       cursor = page.next_cursor;
     }

@@ -58,9 +58,11 @@ export async function resolveWorkspace(root: string, requested: string | undefin
     const dir = await resolveInside(root, requested ?? '.');
     if (!(await fs.stat(dir)).isDirectory()) throw new Error('not a folder');
     return dir;
-  } catch (err) {
+  } catch {
+    // one answer whatever the cause: the file system's own (ENOTDIR, ENOENT, with the real path) would tell
+    // a tenant what exists outside its root, and where the root is
     throw new ValidationError(`workspace ${requested ?? '.'} is not a folder inside the workspace root`, [
-      { path: '/body/workspace', message: `must name a folder inside your workspace root (${(err as Error).message})` },
+      { path: '/body/workspace', message: 'must name a folder inside your workspace root' },
     ]);
   }
 }

@@ -164,6 +164,16 @@ describe('gates in the service', function () {
       ['test', 'failure'],
     ]);
     expect(statement.predicate.ready).to.equal(false);
+    // since: an instant, whatever offset it is written with
+    const sealedAt = Math.max(...statement.predicate.gate_runs.map((r: Body) => Date.parse(r.finished_at)));
+    const iso = (ms: number, offsetHours: number) => {
+      const local = new Date(ms + offsetHours * 3600_000).toISOString().slice(0, 19);
+      const sign = offsetHours < 0 ? '-' : '+';
+      return `${local}${sign}${String(Math.abs(offsetHours)).padStart(2, '0')}:00`;
+    };
+    const since = (value: string) => h.call('GET', `/api/v1/autonomy/evidence-pack?since=${encodeURIComponent(value)}`);
+    expect((await since(iso(sealedAt - 3600_000, 2))).status, 'an hour before, written at +02:00').to.equal(200);
+    expect((await since(iso(sealedAt + 3600_000, -10))).status, 'an hour after, written at -10:00').to.equal(404);
     expect(verifyPack({ pack: json.body as PackJson, publicKeyPem: json.body.public_key.pem, entries: null, payloads: null })).to.deep.include({ ok: true });
 
     const tarRes = await fetch(`${h.url}/api/v1/autonomy/evidence-pack?format=tar`, { headers: { authorization: `Bearer ${KEYS.a}` } });

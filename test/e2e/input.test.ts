@@ -118,6 +118,21 @@ describe('bad input', () => {
     expect(nested.body.code, nested.text).to.equal('validation-failed'); // the service's own answer: no such folder
   });
 
+  it('answers a workspace that is not one of the tenant’s folders the same way, whatever is there, and never with a server path', async () => {
+    const fsp = await import('node:fs/promises');
+    const pathm = await import('node:path');
+    await fsp.mkdir(pathm.join(h.tenantDir('tenant-b'), 'app'), { recursive: true });
+    await fsp.writeFile(pathm.join(h.tenantDir('tenant-b'), 'app', 'secret.txt'), 'b\n');
+    const details = new Set<string>();
+    for (const ws of ['../tenant-b/app/secret.txt/x', '../tenant-b/app/nothing/x', '../tenant-b/app', 'missing']) {
+      const res = await h.call('POST', '/api/v1/autonomy/run', { body: { workspace: ws, steps: [{ tool: 'message', args: { text: 'x' } }] } });
+      await expectProblem(res, 400, 'validation-failed');
+      expect(res.text).to.not.contain(h.workspace).and.not.contain('ENOTDIR').and.not.contain('ENOENT');
+      details.add(JSON.stringify(res.body.errors));
+    }
+    expect(details.size).to.equal(1);
+  });
+
   it('serves the API only at its own paths, letter for letter: no other case reaches a route unchecked', async () => {
     await expectProblem(await h.call('GET', '/API/v1/runs?limit=5'), 404, 'not-found');
     await expectProblem(await h.call('GET', '/Api/V1/runs?limit=100000'), 404, 'not-found');

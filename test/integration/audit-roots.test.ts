@@ -75,5 +75,10 @@ describe('audit roots', () => {
     expect(await resolveAuditRoot(path.join(dir, 'shared', 'repo'), prod)).to.equal(path.join(dir, 'shared', 'repo'));
     expect(await refused(path.join(dir, 'elsewhere'), prod)).to.be.instanceOf(PathNotPermittedError);
     expect(await refused('..', prod)).to.be.instanceOf(PathNotPermittedError);
+    // what is outside is refused alike whether it exists or not: no answer tells what exists elsewhere
+    const there = (await refused(path.join(dir, 'elsewhere'), prod)) as Error;
+    const absent = (await refused(path.join(dir, 'elsewhere', 'nothing'), prod)) as Error;
+    expect(absent).to.be.instanceOf(PathNotPermittedError);
+    expect(absent.message.replace('/nothing', '')).to.equal(there.message);
   });
 });
