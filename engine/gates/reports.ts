@@ -63,9 +63,15 @@ function junit(text: string, rel: Rel): Report {
   }).parse(text) as Record<string, unknown>;
   const root = (doc.testsuites ?? doc) as { testsuite?: Record<string, unknown>[] };
   if (!root.testsuite?.length) throw new Error('no <testsuite> in the JUnit report');
+  // suites nest (PHPUnit, pytest's xunit2, Gradle): every suite at every depth, a case counted once
+  const suites: Record<string, unknown>[] = [];
+  for (let i = 0, next = [...root.testsuite]; i < next.length; i++) {
+    suites.push(next[i]!);
+    next.push(...((next[i]!.testsuite ?? []) as Record<string, unknown>[]));
+  }
   const annotations: Annotation[] = [];
   let count = 0;
-  for (const suite of root.testsuite) {
+  for (const suite of suites) {
     for (const tc of (suite.testcase ?? []) as Record<string, unknown>[]) {
       count++;
       for (const f of [...((tc.failure ?? []) as unknown[]), ...((tc.error ?? []) as unknown[])]) {

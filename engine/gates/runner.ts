@@ -10,7 +10,7 @@ import { runProcess, type Sandbox } from '../tools/index.js';
 import { loadGateSet, type GateDefinition } from './definition.js';
 import { parseReport, type Report } from './reports.js';
 import { maskSecrets, scanSecrets } from './secret-scan.js';
-import { readInside, staysInside } from './paths.js';
+import { entryOf, readInside, staysInside } from './paths.js';
 import { FileHasher, gitState, inputFiles, type GitState } from './subject.js';
 
 const OUTPUT_TAIL_BYTES = 8 * 1024;
@@ -117,7 +117,7 @@ export async function runGate(gate: GateDefinition & { digest: string }, ctx: Ga
     const combined = `${r.stdout}${r.stderr ? `\n${r.stderr}` : ''}`;
     // what a gate printed is kept (results, ledger, packs): the secrets in it are not
     tail = await maskSecrets(combined.length > OUTPUT_TAIL_BYTES ? combined.slice(-OUTPUT_TAIL_BYTES) : combined);
-    const text = gate.report ? await reportText(ctx.workspace, gate.report.path, r.stdout) : '';
+    const text = gate.report ? await reportText(ctx.workspace, gate.report.path, r.stdout, started) : '';
     // tsc says nothing when it finds nothing; other tools always write a report
     if (gate.report)
       report =
@@ -131,10 +131,9 @@ export async function runGate(gate: GateDefinition & { digest: string }, ctx: Ga
       conclusion = 'timed_out';
       summary = `did not end within ${gate.timeout_seconds} s`;
     } else {
-      // a report decides only when the command ran: one that could not start (127) or died passes nothing
-      const ran = r.exit_code !== null && r.exit_code !== 126 && r.exit_code !== 127;
-      // tsc's own verdict is its exit code (it can fail with nothing a parser reads)
-      const passed = gate.pass === 'report' ? ran && Boolean(report?.ok) && (gate.report?.format !== 'tsc' || r.exit_code === 0) : r.exit_code === 0;
+      // with `pass: report` the report must pass and the command exit 0: a runner that fails after writing a
+      // good report (ESLint's fatal exit 2 with `[]`, a crash, a coverage threshold) has not passed
+      const passed = r.exit_code === 0 && (gate.pass !== 'report' || Boolean(report?.ok));
       conclusion = passed ? 'success' : 'failure';
       summary = report?.summary || (r.exit_code === 0 ? 'exited 0' : `exited ${r.exit_code ?? r.signal}`);
     }
@@ -217,8 +216,12 @@ export async function gatesOnCopy(
 }
 
 /** A report file the command wrote (a plain file inside the workspace), or its standard output. */
-async function reportText(workspace: string, file: string | undefined, stdout: string): Promise<string> {
+/** The report: the command's output, or the file it names, only if the command wrote it (a file from an earlier run says nothing of this one). */
+async function reportText(workspace: string, file: string | undefined, stdout: string, since: Date): Promise<string> {
   if (!file) return stdout;
+  const entry = await entryOf(workspace, file);
+  // file times have whole-millisecond or coarser clocks on some file systems: a moment of slack
+  if (entry?.kind !== 'file' || entry.mtimeMs < since.getTime() - 1000) return '';
   return (await readInside(workspace, file, REPORT_MAX_BYTES))?.toString('utf8') ?? '';
 }
 

@@ -92,6 +92,60 @@ describe('gates', function () {
       { path: 'src/a.ts', line: 4, level: 'failure', message: "TS2322: Type 'string' is not assignable to type 'number'." },
     ]);
     expect((await parseReport('junit', 'not xml at all <', '/w')).ok).to.equal(false);
+    // nested suites (PHPUnit's shape): a failure two levels down fails, and an outer suite with no cases of its own still counts
+    const nested = await parseReport(
+      'junit',
+      '<testsuites><testsuite name="all"><testcase name="smoke"/><testsuite name="inner"><testcase name="broken"><failure/></testcase></testsuite></testsuite></testsuites>',
+      '/w',
+    );
+    expect(nested).to.deep.include({ ok: false, summary: '1 of 2 passed' });
+    const passing = await parseReport(
+      'junit',
+      '<testsuites><testsuite name="all"><testsuite name="inner"><testcase name="fine"/></testsuite></testsuite></testsuites>',
+      '/w',
+    );
+    expect(passing).to.deep.include({ ok: true, summary: '1 of 1 passed' });
+  });
+
+  it('counts a gate with pass: report as passing only when its command exited 0 and wrote the report this time', async () => {
+    const project = await fs.mkdtemp(path.join(dir, 'report-'));
+    const ctx = (): GateContext => ({
+      sandbox,
+      workspace: project,
+      workspaceName: '.',
+      git: { commit: null, tree: null, dirty: null, files: null },
+      hasher: new FileHasher(),
+      baseEnv: { PATH: '/usr/bin:/bin' },
+      envValue: () => undefined,
+      network: false,
+    });
+    const gate = (id: string, run: string, report: { format: 'junit' | 'eslint'; path?: string }) =>
+      ({
+        id,
+        name: id,
+        required: true,
+        run: ['/bin/sh', '-c', run],
+        builtin: null,
+        timeout_seconds: 30,
+        env: [],
+        pass: 'report',
+        report,
+        inputs: null,
+        artifacts: [],
+        digest: 'sha256:x',
+      }) as never;
+    const good = '<testsuites><testsuite name="s"><testcase name="ok"/></testsuite></testsuites>';
+    await fs.writeFile(path.join(project, 'old.xml'), good);
+    await new Promise((r) => setTimeout(r, 1100));
+    // an old passing report file, a command that exits 0 without writing one
+    const stale = await runGate(gate('stale', 'true', { format: 'junit', path: 'old.xml' }), ctx());
+    expect(stale.result.conclusion).to.equal('failure');
+    // ESLint's fatal error: an empty list of results, exit 2
+    const fatal = await runGate(gate('fatal', "echo '[]'; exit 2", { format: 'eslint' }), ctx());
+    expect(fatal.result.conclusion).to.equal('failure');
+    // written this time, exit 0: passes
+    const fresh = await runGate(gate('fresh', `echo '${good}' > new.xml`, { format: 'junit', path: 'new.xml' }), ctx());
+    expect(fresh.result.conclusion, fresh.result.summary).to.equal('success');
   });
 
   it('runs a project’s gates in the sandbox: one passes, one fails with annotations, one times out, secrets stay out, the scan finds a token', async () => {
