@@ -92,7 +92,14 @@ export async function gatesRun(values: GatesRunOptions, out: (text: string) => v
     const failed = ordered.filter((r) => r.required && r.conclusion !== 'success').map((r) => r.gate_id);
     let sealed: GateRunRecord | null = null;
     if (values.record)
-      sealed = await record(values.tenant!, { workspace: workspaceName, source: set.source, subject: subjectOf(ctx), results: ordered, artifacts });
+      sealed = await record(values.tenant!, {
+        workspace: workspaceName,
+        source: set.source,
+        required: set.gates.filter((g) => g.required).map((g) => g.id),
+        subject: subjectOf(ctx),
+        results: ordered,
+        artifacts,
+      });
     if (values.json) {
       out(
         `${JSON.stringify({ workspace: workspaceName, source: set.source, subject: subjectOf(ctx), ready: failed.length === 0, results: ordered, gate_run_id: sealed?.id ?? null, ledger: sealed?.ledger ?? null }, null, 2)}\n`,
@@ -112,7 +119,7 @@ export async function gatesRun(values: GatesRunOptions, out: (text: string) => v
 /** Writes results to the service's store and ledger, as a gate run the CLI made. */
 async function record(
   tenantId: string,
-  run: { workspace: string; source: string; subject: GateRunRecord['subject']; results: GateResult[]; artifacts: ArtifactPayload[] },
+  run: { workspace: string; source: string; required: string[]; subject: GateRunRecord['subject']; results: GateResult[]; artifacts: ArtifactPayload[] },
 ): Promise<GateRunRecord | null> {
   const config = loadConfig();
   const store = await openStore({ mongodbUri: config.mongodbUri, dataDir: config.dataDir });
@@ -132,6 +139,7 @@ async function record(
       status: 'running',
       source: run.source,
       gates: run.results.map((r) => r.gate_id),
+      required_gates: run.required,
       trigger: { type: 'cli' },
       subject: run.subject,
       results: [],
@@ -149,13 +157,13 @@ async function record(
 }
 
 /** Checks an evidence pack offline; the exit code is 1 when anything in it does not hold. */
-export async function gatesVerify(file: string, values: { key?: string; json?: boolean }, out: (text: string) => void): Promise<number> {
+export async function gatesVerify(file: string, values: { key?: string; tenant?: string; json?: boolean }, out: (text: string) => void): Promise<number> {
   const data = await fs.readFile(file).catch(() => {
     throw new UsageError(`cannot read ${file}`);
   });
   let verdict;
   try {
-    verdict = verifyPack(await readPack(data), { keyId: values.key });
+    verdict = verifyPack(await readPack(data), { keyId: values.key, tenantId: values.tenant });
   } catch (err) {
     verdict = { ok: false as const, problem: { part: 'envelope' as const, message: `not an evidence pack: ${(err as Error).message}` } };
   }
@@ -179,6 +187,9 @@ export async function gatesVerify(file: string, values: { key?: string; json?: b
     return 3;
   }
   out(`ok: signed by key ${verdict.key_id} (pinned)\n`);
+  out(`tenant: ${typeof p.tenant_id === 'string' ? p.tenant_id : '(not named: a pack made before tenants were signed)'}\n`);
+  const missing = Array.isArray(p.missing) ? (p.missing as string[]) : [];
+  out(`ready: ${p.ready === true ? 'yes' : 'no'}${missing.length ? ` (no result for required gates: ${missing.join(', ')})` : ''}\n`);
   out(
     `subject: ${subject?.name ?? '-'} ${Object.entries(subject?.digest ?? {})
       .map(([k, v]) => `${k}:${v.slice(0, 12)}`)

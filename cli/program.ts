@@ -456,8 +456,9 @@ Examples:
       'check an evidence pack (.tar, or its pack.json) offline: signature, hash chain, payload digests; exits 1 naming the first bad entry, 3 when it holds but no --key pinned the service key',
     )
     .option('--key <key-id>', "the service's key id (the evidence-pack answer's public_key.key_id)")
+    .option('--tenant <tenant>', 'the tenant the pack must be about (the service signs every tenant’s packs with one key)')
     .option('--json', 'print the verdict as JSON')
-    .action(async (pack: string, opts: { key?: string; json?: boolean }) => {
+    .action(async (pack: string, opts: { key?: string; tenant?: string; json?: boolean }) => {
       process.exitCode = await gatesVerify(pack, opts, (t) => void process.stdout.write(t));
     });
   return program;

@@ -113,7 +113,7 @@ export async function readPack(data: Buffer): Promise<PackFiles> {
 export type PackVerdict = { ok: true; statement: Statement; key_id: string; entries: number } | { ok: false; problem: EvidenceProblem };
 
 /** Checks a pack's files; `keyId` pins the key it must be signed with. */
-export function verifyPack(files: PackFiles, opts: { keyId?: string } = {}): PackVerdict {
+export function verifyPack(files: PackFiles, opts: { keyId?: string; tenantId?: string } = {}): PackVerdict {
   const fail = (problem: EvidenceProblem): PackVerdict => ({ ok: false, problem });
   const publicKey = publicKeyFromPem(files.publicKeyPem);
   if (!publicKey) return fail({ part: 'envelope', message: 'the pack has no Ed25519 public key' });
@@ -132,6 +132,10 @@ export function verifyPack(files: PackFiles, opts: { keyId?: string } = {}): Pac
     return fail({ part: 'statement', message: 'the signed statement is not JSON' });
   }
   if (statement._type !== STATEMENT_TYPE) return fail({ part: 'statement', message: `the statement is not an in-toto ${STATEMENT_TYPE}` });
+  // one key signs every tenant's packs: the tenant a pack is about is part of what is signed
+  const tenant = statement.predicate?.tenant_id;
+  if (opts.tenantId && tenant !== opts.tenantId)
+    return fail({ part: 'statement', message: `the pack is tenant ${typeof tenant === 'string' ? tenant : '(none named)'}'s, not ${opts.tenantId}'s` });
   // what the pack shows for reading must be what was signed
   if (files.pack.statement !== undefined && canonicalJson(files.pack.statement) !== canonicalJson(statement))
     return fail({ part: 'statement', message: 'the readable statement in pack.json differs from the signed one' });
@@ -147,6 +151,8 @@ export function verifyPack(files: PackFiles, opts: { keyId?: string } = {}): Pac
   if (range.key_id !== keyId) return fail({ part: 'statement', message: `the statement names key ${range.key_id}, not the pack's ${keyId}` });
   const problem = verifyEntries(entries, { publicKey, keyId, payloads: files.payloads ?? new Map() });
   if (problem) return fail(problem);
+  const foreign = typeof tenant === 'string' ? entries.find((e) => e.tenant_id !== tenant) : undefined;
+  if (foreign) return fail({ part: 'chain', seq: foreign.seq, message: `entry ${foreign.seq} is tenant ${foreign.tenant_id}'s ledger, not ${tenant}'s` });
   if (entries[0]?.seq !== range.from_seq || entries.at(-1)?.seq !== range.to_seq)
     return fail({
       part: 'chain',

@@ -100,6 +100,7 @@ export function gateRunsOf(deps: GatesDeps) {
         status: 'running',
         source: set.source,
         gates,
+        required_gates: set.gates.filter((g) => g.required).map((g) => g.id),
         trigger: req.trigger,
         subject: subjectOf({ workspaceName: ws.name, git }),
         results: [],

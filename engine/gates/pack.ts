@@ -65,6 +65,9 @@ export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledg
       const artifactDigests = [...latest.values()].flatMap(({ result }) => result.artifacts.map((a) => a.payload_digest));
       if (artifactDigests.length) payloads.push(...(await ledger.payloads(tenantId, artifactDigests)));
       const subject = runs[0]!.subject ?? { workspace: ws.name, commit: null, tree: null, dirty: null };
+      // the required gates of the set, as its latest run saw it: one with no result for this commit blocks
+      const required = runs[0]!.required_gates ?? [];
+      const missing = required.filter((id) => !latest.has(id));
       const gateRows = [...latest.values()].map(({ result, run, seq }) => ({
         gate_id: result.gate_id,
         name: result.name,
@@ -108,7 +111,9 @@ export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledg
           workspace: ws.name,
           generated_at: clock.now().toISOString(),
           subject,
-          ready: gateRows.every((g) => !g.required || g.conclusion === 'success'),
+          ready: !missing.length && gateRows.every((g) => !g.required || g.conclusion === 'success'),
+          tenant_id: tenantId,
+          missing,
           gates: gateRows,
           gate_runs: runs.map((r) => ({ gate_run_id: r.id, status: r.status, trigger: r.trigger, finished_at: r.finished_at, ledger: r.ledger })),
           runs: [...new Set(runs.flatMap((r) => (r.trigger.type === 'run' ? [r.trigger.run_id] : [])))],

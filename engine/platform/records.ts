@@ -575,6 +575,11 @@ export type GateRunRecord = {
   source: string;
   /** the gates it runs, in the set's order */
   gates: string[];
+  /**
+   * every required gate of the set when it started, whether this run runs it or not (`only`): a commit is
+   * ready only when each has passed (absent on runs recorded before it was kept)
+   */
+  required_gates?: string[];
   /** what started it: a run's `gates` step, the API, or the CLI posting its results */
   trigger: { type: 'run'; run_id: string; session_id: string } | { type: 'api' } | { type: 'cli' };
   subject: GateSubject | null;

@@ -182,6 +182,11 @@ describe('gates in the service', function () {
     const files = await readPack(tarBytes);
     const good = verifyPack(files, { keyId: json.body.public_key.key_id });
     expect(good).to.deep.include({ ok: true, entries: 6 });
+    // the pack is about its tenant, signed: one key signs every tenant's packs
+    expect(statement.predicate.tenant_id).to.equal('tenant-a');
+    expect(statement.predicate.missing).to.deep.equal([]);
+    expect(verifyPack(files, { keyId: json.body.public_key.key_id, tenantId: 'tenant-a' })).to.deep.include({ ok: true });
+    expect(verifyPack(files, { keyId: json.body.public_key.key_id, tenantId: 'tenant-b' })).to.deep.include({ ok: false });
 
     const problem = (change: (f: PackFiles) => void) => {
       const copy: PackFiles = structuredClone(files);
@@ -256,9 +261,13 @@ describe('gates in the service', function () {
     const unpinned = cli('verify', file);
     expect(unpinned.status).to.equal(3);
     expect(unpinned.stdout).to.contain('UNPINNED');
-    const ok = cli('verify', file, '--key', key.key_id);
+    const ok = cli('verify', file, '--key', key.key_id, '--tenant', 'tenant-a');
     expect(ok.status, ok.stdout + ok.stderr).to.equal(0);
-    expect(ok.stdout).to.contain(`ok: signed by key ${key.key_id} (pinned)`).and.contain('entries verified');
+    expect(ok.stdout).to.contain(`ok: signed by key ${key.key_id} (pinned)`).and.contain('entries verified').and.contain('tenant: tenant-a');
+    expect(ok.stdout).to.contain('ready: no\n'); // the test gate failed on this commit
+    const elsewhere = cli('verify', file, '--key', key.key_id, '--tenant', 'tenant-b');
+    expect(elsewhere.status).to.equal(1);
+    expect(elsewhere.stdout).to.contain("the pack is tenant tenant-a's, not tenant-b's");
     const at = tar.indexOf('"kind":"gate.result"');
     tar[at + 9] = 'R'.charCodeAt(0);
     await fs.writeFile(file, tar);
@@ -266,6 +275,15 @@ describe('gates in the service', function () {
     expect(bad.status).to.equal(1);
     expect(bad.stdout).to.match(/^FAILED \(entry, entry \d+\): entry \d+ does not match its hash/);
     expect(cli('verify', path.join(h.config.dataDir, 'missing.tar')).status).to.equal(2);
+
+    // a new commit where only one gate ran: the set's other required gates have no result, so it is not ready
+    spawnSync('sh', ['-c', 'git -c user.name=t -c user.email=t@t commit -q --allow-empty -m next'], { cwd: h.tenantDir() });
+    const one = await h.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'gates', args: { only: ['typecheck'] } }] } });
+    expect((await finishedRun(h, one.body.run_id)).steps[0].output.results.map((r: Body) => r.gate_id)).to.deep.equal(['typecheck']);
+    const partial = (await h.call<Body>('GET', '/api/v1/autonomy/evidence-pack')).body.statement.predicate;
+    expect(partial.gates.map((g: Body) => g.gate_id)).to.deep.equal(['typecheck']);
+    expect(partial.missing).to.include('test');
+    expect(partial.ready).to.equal(false);
   });
 
   it('runs the gates on a vibe run’s edited copy: a good edit passes with its diff, a broken one fails the run', async () => {
