@@ -145,6 +145,12 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
       const settingsOf = patch.settings ?? current.settings;
       const errors = problemsOf(current.provider, baseUrl, settingsOf, '/body');
       if (errors.length) throw new ValidationError('the connection would not be complete', errors);
+      // the credential goes where the base URL points: a new place needs the credential given again, or a
+      // key of the tenant could send the stored one to an address of its choosing and read it there
+      if (patch.base_url !== undefined && patch.base_url !== current.base_url && patch.credential === undefined)
+        throw new ValidationError('a new base_url needs the credential given again with it', [
+          { path: '/body/credential', message: 'required when base_url changes' },
+        ]);
       if (patch.base_url !== undefined) await checkAddress(baseUrl);
       const changes: ConnectionChanges = { updated_at: clock.now().toISOString() };
       if (patch.name !== undefined) changes.name = patch.name;

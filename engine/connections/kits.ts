@@ -113,8 +113,10 @@ export const chatKit: Kit = {
       case 'slack_webapi_http_error':
         return { status: e.statusCode ?? 500, retryAfterSeconds: retryAfterOf(e.headers?.['retry-after']), reason: reasonOf((err as Error).message, token) };
       case 'slack_webapi_platform_error': {
-        const reason = e.data?.error ?? 'error';
-        return { status: SLACK_AUTH_ERRORS.has(reason) ? 401 : reason === 'ratelimited' ? 429 : 400, retryAfterSeconds: null, reason };
+        // Slack's error is a code; a compatible server may put anything there (the token itself, echoed)
+        const code = e.data?.error ?? 'error';
+        const reason = reasonOf(code, token);
+        return { status: SLACK_AUTH_ERRORS.has(code) ? 401 : code === 'ratelimited' ? 429 : 400, retryAfterSeconds: null, reason };
       }
       case 'slack_webapi_request_error':
         return { status: null, retryAfterSeconds: null, reason: reasonOf((err as Error).message, token) };

@@ -87,9 +87,20 @@ export function retryAfterOf(value: string | number | null | undefined): number 
   return Number.isFinite(at) ? Math.max(0, Math.ceil((at - Date.now()) / 1000)) : null;
 }
 
-/** A short reason from a provider's error, clipped, with the credential masked should it appear. */
+/**
+ * A short reason from a provider's error, with the credential masked should it appear: masked first,
+ * then clipped (clipped first, a credential cut by the clip kept its first part), and any part of it
+ * long enough to tell (12 characters) masked too.
+ */
 export function reasonOf(text: unknown, secret: string): string {
   if (typeof text !== 'string' || !text) return '';
-  const clipped = text.replace(/\s+/g, ' ').trim().slice(0, 200);
-  return secret ? clipped.split(secret).join('[credential]') : clipped;
+  let masked = text.replace(/\s+/g, ' ').trim();
+  if (secret) {
+    masked = masked.split(secret).join('[credential]');
+    for (let i = 0; i + PART <= secret.length; i++) masked = masked.split(secret.slice(i, i + PART)).join('[credential]');
+  }
+  return masked.slice(0, 200);
 }
+
+/** The shortest piece of a credential that is masked wherever it appears. */
+const PART = 12;

@@ -136,6 +136,11 @@ describe('connections', function () {
     expect((await create({ provider: 'chat', name: 'github', credential: 'x' })).status, 'taken').to.equal(409);
     expect((await h.call<Body>('PATCH', `/api/v1/connections/${made.id}`, { body: { provider: 'chat' } })).status, 'the provider stays').to.equal(400);
     expect((await h.call<Body>('PATCH', `/api/v1/connections/${made.id}`, { body: {} })).status).to.equal(400);
+    // the stored credential never goes to a new place: a new base_url needs the credential again
+    const moved = await h.call<Body>('PATCH', `/api/v1/connections/${made.id}`, { body: { base_url: 'https://attacker.example/api/v3' } });
+    expect(moved.status).to.equal(400);
+    expect(moved.body.errors).to.deep.equal([{ path: '/body/credential', message: 'required when base_url changes' }]);
+    expect((await h.call<Body>('GET', `/api/v1/connections/${made.id}`)).body.base_url).to.equal(fake.github);
 
     const email = await create({ provider: 'email', name: 'mail', credential: 'x' });
     expect(email.status).to.equal(400);

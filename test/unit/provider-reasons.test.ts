@@ -1,0 +1,22 @@
+// What a provider's error says reaches answers, events, notifications and logs: never the credential.
+import { expect } from 'chai';
+import { reasonOf } from '../../engine/connections/retry.js';
+
+describe('provider error reasons', () => {
+  const token = 'ghp_SUPERSECRETTOKEN1234567890abcdef';
+
+  it('masks the credential wherever it appears, before the reason is clipped', () => {
+    expect(reasonOf(`Bad credentials: token ${token} rejected`, token)).to.equal('Bad credentials: token [credential] rejected');
+    // the credential straddling the 200-character clip: none of it is left
+    const long = `${'x'.repeat(180)} token ${token} and more`;
+    const reason = reasonOf(long, token);
+    expect(reason.length).to.be.at.most(200);
+    expect(reason).to.not.contain('ghp_SUPER');
+    expect(reason).to.not.contain(token.slice(0, 12));
+  });
+
+  it('masks a part of the credential long enough to tell (an echo cut short by the provider)', () => {
+    expect(reasonOf(`invalid_auth Bearer ${token.slice(0, 20)}`, token)).to.not.contain(token.slice(0, 12));
+    expect(reasonOf('invalid_auth', token)).to.equal('invalid_auth');
+  });
+});
