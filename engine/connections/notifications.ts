@@ -11,6 +11,7 @@ import { Webhook } from 'standardwebhooks';
 import {
   assertPublicHost,
   guardedLookup,
+  privateLiteral,
   newId,
   NOTIFICATION_TYPES,
   repairJobs,
@@ -120,6 +121,9 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
   /** One POST of a delivery; the status code, or why there was none. */
   function post(url: URL, headers: Record<string, string>, body: string): Promise<{ status_code: number | null; error: string | null }> {
     const client = url.protocol === 'https:' ? https : http;
+    // an endpoint given as an address is checked here: no lookup is made for it at connect time
+    const literal = settings.httpAllowPrivate ? null : privateLiteral(url);
+    if (literal) return Promise.resolve({ status_code: null, error: `address-not-allowed: ${literal} is a private or loopback address` });
     return new Promise((resolve) => {
       const req = client.request(
         url,

@@ -17,8 +17,23 @@ export function isPrivateAddress(address: string): boolean {
   } catch {
     return true; // not an address we can judge: refused
   }
-  if (parsed.kind() === 'ipv6' && (parsed as ipaddr.IPv6).isIPv4MappedAddress()) parsed = (parsed as ipaddr.IPv6).toIPv4Address();
+  if (parsed.kind() === 'ipv6') {
+    const v6 = parsed as ipaddr.IPv6;
+    // ::ffff:a.b.c.d (mapped) and ::a.b.c.d (compatible, deprecated but still routed by some stacks)
+    const compatible = v6.parts.slice(0, 6).every((p) => p === 0) && (v6.parts[6] !== 0 || v6.parts[7]! > 1);
+    if (v6.isIPv4MappedAddress() || compatible)
+      parsed = ipaddr.IPv4.parse(`${v6.parts[6]! >> 8}.${v6.parts[6]! & 255}.${v6.parts[7]! >> 8}.${v6.parts[7]! & 255}`);
+  }
   return parsed.range() !== 'unicast';
+}
+
+/**
+ * The URL's host when it is an address (not a name) that may not be reached. Node does not call a
+ * lookup function for an address, so guardedLookup alone lets it through: the caller checks this first.
+ */
+export function privateLiteral(url: URL): string | null {
+  const host = url.hostname.replace(/^\[|\]$/g, '');
+  return ipaddr.isValid(host) && isPrivateAddress(host) ? host : null;
 }
 
 type LookupCallback = (err: NodeJS.ErrnoException | null, address: string | dns.LookupAddress[], family?: number) => void;
@@ -47,7 +62,7 @@ export async function assertPublicHost(url: URL, allowPrivate: boolean): Promise
   if (allowPrivate) return;
   const host = url.hostname.replace(/^\[|\]$/g, '');
   if (ipaddr.isValid(host)) {
-    if (isPrivateAddress(host)) throw new AddressNotAllowedError(`${host} is a private or loopback address`);
+    if (privateLiteral(url)) throw new AddressNotAllowedError(`${host} is a private or loopback address`);
     return;
   }
   const addresses = await dns.promises.lookup(host, { all: true }).catch(() => []);

@@ -2,8 +2,7 @@
 // anything but a public unicast address is refused unless SERVICE_HTTP_ALLOW_PRIVATE=1.
 import http from 'node:http';
 import https from 'node:https';
-import net from 'node:net';
-import { guardedLookup, isPrivateAddress } from '../platform/index.js';
+import { guardedLookup, privateLiteral } from '../platform/index.js';
 import { stringArg, TailBuffer, ToolError, type Tool } from './tool.js';
 
 const BODY_MAX_BYTES = 256 * 1024;
@@ -31,10 +30,8 @@ export const httpTool: Tool = {
       throw new ToolError('invalid-args', 'args.url is not a URL');
     }
     if (url.protocol !== 'http:' && url.protocol !== 'https:') throw new ToolError('invalid-args', 'only http and https URLs');
-    const literal = url.hostname.replace(/^\[|\]$/g, '');
-    if (!ctx.httpAllowPrivate && net.isIP(literal) && isPrivateAddress(literal)) {
-      throw new ToolError('address-not-allowed', `${literal} is a private or loopback address`);
-    }
+    const literal = ctx.httpAllowPrivate ? null : privateLiteral(url);
+    if (literal) throw new ToolError('address-not-allowed', `${literal} is a private or loopback address`);
     const method = typeof args.method === 'string' ? args.method.toUpperCase() : 'GET';
     const headers = (args.headers && typeof args.headers === 'object' ? args.headers : {}) as Record<string, string>;
     const body = typeof args.body === 'string' ? args.body : undefined;
