@@ -25,6 +25,11 @@ export type Verified = {
   repeatIs: 'replay' | 'retry';
   /** what was signed; seen again within the window it is a replay */
   replayKey: string | null;
+  /**
+   * the provider's retry is the same request byte for byte (PagerDuty, Linear): seen again, it is its
+   * event's duplicate, acknowledged, not a replay; a provider that signs each try anew (Slack, ours) never repeats one
+   */
+  retriesResend?: boolean;
   /** the normalized event: what matching reads and runs receive */
   event_payload: Record<string, unknown>;
   /** false when the raw body is not worth keeping (email: the event holds what matters, not the attachments) */
@@ -208,6 +213,7 @@ function tracker(inb: Inbound, ctx: VerifyContext): Verified {
     providerId: header(inb.headers, 'tracker-delivery') ?? header(inb.headers, 'linear-delivery') ?? str(payload.webhookId) ?? null,
     repeatIs: 'retry',
     replayKey: matched,
+    retriesResend: true,
     event_payload: payload,
     keepBody: true,
   };
@@ -231,6 +237,7 @@ function pager(inb: Inbound, ctx: VerifyContext): Verified {
     providerId: str(event.id),
     repeatIs: 'retry',
     replayKey: matched,
+    retriesResend: true,
     event_payload: payload,
     keepBody: true,
   };

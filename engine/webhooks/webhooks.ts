@@ -208,7 +208,9 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
         seenKey = verified.replayKey ? `${prefix}:webhook-seen:${tenantId}:${kind}:${sha256Hex(verified.replayKey)}` : null;
         if (!(await gate(tenantId, kind, seenKey))) {
           seenKey = null;
-          throw new WebhookRejectedError('webhook-replay', 'this signed request was already accepted');
+          // a provider that retries with the same bytes (PagerDuty, Linear) sends its event's id again: the
+          // store's answer for that id (a duplicate, acknowledged) is the one to give, not a replay's 409
+          if (!verified.retriesResend || !verified.providerId) throw new WebhookRejectedError('webhook-replay', 'this signed request was already accepted');
         }
         if (verified.handshake) {
           count('handshake');

@@ -235,6 +235,12 @@ describe('webhook intake', function () {
       const a = await post('tracker', sign.tracker(SECRET.tracker, { type: 'Comment', action: 'create' }, { delivery: id }));
       const b = await post('tracker', sign.tracker(SECRET.tracker, { type: 'Comment', action: 'create', n: 2 }, { delivery: id }));
       expect(b.body).to.deep.equal({ delivery_id: a.body.delivery_id, status: 'duplicate' });
+      // Linear's retry is the same bytes, signature included: acknowledged as the duplicate it is, not a 409
+      const same = sign.tracker(SECRET.tracker, { type: 'Comment', action: 'create' }, { delivery: randomUUID() });
+      const first = await post('tracker', same);
+      const again = await post('tracker', same);
+      expect(again.status, again.text).to.equal(200);
+      expect(again.body).to.deep.equal({ delivery_id: first.body.delivery_id, status: 'duplicate' });
     });
   });
 
@@ -258,6 +264,12 @@ describe('webhook intake', function () {
       const b = await post('pager', sign.pager([SECRET.pagerOld], { ...incident(id), retried: true }));
       expect(b.status).to.equal(200);
       expect(b.body).to.deep.equal({ delivery_id: a.body.delivery_id, status: 'duplicate' });
+      // PagerDuty's retry is byte for byte the same request
+      const same = sign.pager([SECRET.pager], incident());
+      const first = await post('pager', same);
+      const again = await post('pager', same);
+      expect(again.status, again.text).to.equal(200);
+      expect(again.body).to.deep.equal({ delivery_id: first.body.delivery_id, status: 'duplicate' });
     });
   });
 
