@@ -174,6 +174,8 @@ export interface DeliveryRepo {
   update(tenantId: string, id: string, changes: DeliveryChanges, ifStatusIn: DeliveryStatus[]): Promise<WebhookDelivery | null>;
   /** System use (the reconciler): deliveries of every tenant in a status, received before a time. */
   listStale(status: DeliveryStatus, receivedBefore: string, limit: number): Promise<WebhookDelivery[]>;
+  /** An accepted delivery (any status but rejected) of the tenant and kind with this body's sha256, or null. */
+  findByBody(tenantId: string, kind: WebhookProvider, bodySha256: string): Promise<WebhookDelivery | null>;
 }
 
 export type SessionQuery = { status?: SessionStatus; kind?: SessionKind; limit: number; cursor?: string };

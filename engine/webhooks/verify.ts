@@ -30,6 +30,8 @@ export type Verified = {
    * event's duplicate, acknowledged, not a replay; a provider that signs each try anew (Slack, ours) never repeats one
    */
   retriesResend?: boolean;
+  /** nothing time-bound is signed (GitHub): the same signed body is a replay whenever it comes again, not only within the window */
+  signedOnce?: boolean;
   /** the normalized event: what matching reads and runs receive */
   event_payload: Record<string, unknown>;
   /** false when the raw body is not worth keeping (email: the event holds what matters, not the attachments) */
@@ -150,6 +152,7 @@ function codehost(inb: Inbound, ctx: VerifyContext): Verified {
     providerId: header(inb.headers, 'x-github-delivery') ?? null,
     repeatIs: 'replay',
     replayKey: matched,
+    signedOnce: true,
     event_payload: payload,
     keepBody: true,
   };

@@ -212,6 +212,9 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
           // store's answer for that id (a duplicate, acknowledged) is the one to give, not a replay's 409
           if (!verified.retriesResend || !verified.providerId) throw new WebhookRejectedError('webhook-replay', 'this signed request was already accepted');
         }
+        // Redis remembers a signature for the window; a body signed with no time in it is checked for good
+        if (verified.signedOnce && (await store.deliveries.findByBody(tenantId, kind, sha256Hex(body))))
+          throw new WebhookRejectedError('webhook-replay', 'this signed body was already accepted');
         if (verified.handshake) {
           count('handshake');
           return { status: 200, body: verified.handshake };

@@ -116,6 +116,12 @@ describe('webhook intake', function () {
       expect((await post('codehost', sameId)).body.code).to.equal('webhook-replay');
       const sameBody = { ...signed, headers: { ...signed.headers, 'x-github-delivery': randomUUID() } };
       expect((await post('codehost', sameBody)).body.code).to.equal('webhook-replay');
+      // long after: Redis has forgotten the signature (its window is over), the store has not
+      for (const key of await h.rt.redis.keys(`${h.config.queuePrefix}:webhook-seen:*`)) await h.rt.redis.del(key);
+      const later = { ...signed, headers: { ...signed.headers, 'x-github-delivery': randomUUID() } };
+      const replayed = await post('codehost', later);
+      expect(replayed.status, replayed.text).to.equal(409);
+      expect(replayed.body.detail).to.equal('this signed body was already accepted');
     });
 
     it('answers 413 over 1 MB, 404 for an unknown tenant or kind, 403 for a tenant without a secret for the kind', async () => {

@@ -479,6 +479,16 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect(next.items.map((d) => d.id)).to.deep.equal([ds[0]!.id]);
       expect(next.next_cursor).to.equal(null);
       expect((await store.deliveries.list('t1', { status: 'rejected', limit: 10 })).items).to.have.length(1);
+      // by the body's digest: an accepted delivery of the tenant and kind, never a rejected one or another tenant's
+      const digest = 'cd'.repeat(32);
+      const rejected = deliveryFixture('t3', { status: 'rejected', body_sha256: digest });
+      const accepted = deliveryFixture('t3', { body_sha256: digest });
+      await store.deliveries.insert(rejected);
+      expect(await store.deliveries.findByBody('t3', 'codehost', digest)).to.equal(null);
+      await store.deliveries.insert(accepted);
+      expect((await store.deliveries.findByBody('t3', 'codehost', digest))!.id).to.equal(accepted.id);
+      expect(await store.deliveries.findByBody('t3', 'pager', digest)).to.equal(null);
+      expect(await store.deliveries.findByBody('t4', 'codehost', digest)).to.equal(null);
       const done = await store.deliveries.update('t1', ds[0]!.id, { status: 'processed', runs: [{ automation_id: 'aut_x', run_id: 'run_y' }], attempts: 1 }, [
         'received',
       ]);

@@ -11,6 +11,8 @@ deliverySchema.index({ tenant_id: 1, _id: -1 });
 deliverySchema.index({ tenant_id: 1, kind: 1, _id: -1 });
 // status first: a tenant's status filter and the reconciler's scan of received deliveries share it
 deliverySchema.index({ status: 1, tenant_id: 1, _id: -1 });
+// a GitHub body signed once is a replay for good: found by its digest
+deliverySchema.index({ tenant_id: 1, kind: 1, body_sha256: 1 });
 deliverySchema.index(
   { tenant_id: 1, kind: 1, provider_delivery_id: 1 },
   { unique: true, partialFilterExpression: { provider_delivery_id: { $type: 'string' } } },
@@ -39,6 +41,11 @@ export function deliveryRepo(model: Model<Stored<WebhookDelivery>>): DeliveryRep
         .findOneAndUpdate({ _id: id, tenant_id: tenantId, status: { $in: ifStatusIn } }, { $set: definedOnly(changes) }, { returnDocument: 'after' })
         .lean<Stored<WebhookDelivery>>();
       return fromStored(updated);
+    },
+    async findByBody(tenantId, kind, bodySha256) {
+      return fromStored(
+        await model.findOne({ tenant_id: tenantId, kind, body_sha256: bodySha256, status: { $ne: 'rejected' } }).lean<Stored<WebhookDelivery>>(),
+      );
     },
     async listStale(status, receivedBefore, limit) {
       const rows = await model

@@ -16,6 +16,10 @@ export function deliveryRepo(db: Db): DeliveryRepo {
   const stale = db.prepare<[string, string, number], { doc: string }>(
     'SELECT doc FROM deliveries WHERE status = ? AND received_at < ? ORDER BY received_at LIMIT ?',
   );
+  // the partial index's condition word for word (migrations.ts), so that SQLite uses it
+  const byBody = db.prepare<[string, string, string], { doc: string }>(
+    "SELECT doc FROM deliveries WHERE status <> 'rejected' AND tenant_id = ? AND kind = ? AND json_extract(doc, '$.body_sha256') = ? LIMIT 1",
+  );
   const read = (row: { doc: string } | undefined): WebhookDelivery | null => (row ? (JSON.parse(row.doc) as WebhookDelivery) : null);
   const listStatements = new Map<string, Statement<unknown[], { doc: string }>>();
   const listStatement = (kind: boolean, status: boolean) => {
@@ -62,6 +66,9 @@ export function deliveryRepo(db: Db): DeliveryRepo {
     },
     async listStale(status, receivedBefore, limit) {
       return stale.all(status, receivedBefore, limit).map((r) => read(r)!);
+    },
+    async findByBody(tenantId, kind, bodySha256) {
+      return read(byBody.get(tenantId, kind, bodySha256));
     },
   };
 }
