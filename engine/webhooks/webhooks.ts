@@ -125,6 +125,17 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
     return verdict === 1;
   }
 
+  /** Counts a refused request against its tenant's minute of refusals (the same number as the limit); false past it. */
+  async function refusalsWithinLimit(tenantId: string): Promise<boolean> {
+    const bucket = Math.floor(clock.now().getTime() / 60_000);
+    const [verdict] = await batch.call<[number, number]>(
+      'webhook.gate',
+      [`${prefix}:webhook-refused:${tenantId}:${bucket}`, `${prefix}:webhook-seen:-`],
+      [61_000, perMinute, 0],
+    );
+    return verdict !== 0;
+  }
+
   const secretView = (r: WebhookSecretRecord) => ({ kind: r.kind, secret_count: r.sealed.length, created_at: r.created_at, updated_at: r.updated_at });
 
   async function enqueue(d: Pick<WebhookDelivery, 'id' | 'tenant_id'>): Promise<void> {
@@ -221,9 +232,11 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
         }
       } catch (err) {
         if (err instanceof WebhookRejectedError) {
-          if (err.code !== 'webhook-replay') await gate(tenantId, kind, null); // refused requests count against the limit too
           count(err.code);
-          await recordRejection(tenantId, kind, headers, body.length, err);
+          // a refused request is answered as such, never rate-limited: anyone can send unsigned ones, and they
+          // must not spend the budget of the tenant's real deliveries. They have a budget of their own for
+          // being recorded: past it they are answered and not stored
+          if (await refusalsWithinLimit(tenantId)) await recordRejection(tenantId, kind, headers, body.length, err);
         }
         throw err;
       }

@@ -628,6 +628,22 @@ describe('webhook rate limit', function () {
     expect(other.status).to.equal(403);
   });
 
+  it('never lets unsigned requests spend a tenant’s budget: they are refused (401), kept up to the limit, and a signed delivery still goes in', async () => {
+    await h.call('PUT', '/api/v1/webhook-secrets/generic', { key: KEYS.b, body: { secrets: [SECRET.generic] } });
+    const statuses: number[] = [];
+    for (let i = 0; i < 10; i++) {
+      const r = await fetch(`${h.url}/webhooks/tenant-b/generic`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: `{"i":${i}}` });
+      statuses.push(r.status);
+    }
+    expect(statuses).to.deep.equal(Array(10).fill(401));
+    const s = sign.generic([SECRET.generic], { real: true });
+    const real = await fetch(`${h.url}/webhooks/tenant-b/generic`, { method: 'POST', headers: s.headers, body: s.body });
+    expect(real.status).to.equal(200);
+    const rejected = (await h.rt.store.deliveries.list('tenant-b', { status: 'rejected', limit: 100 })).items;
+    // the limit a minute (two minutes' worth should the minute turn meanwhile): the rest were answered and not kept
+    expect(rejected.length).to.be.within(3, 6);
+  });
+
   it('keeps an accepted delivery when no worker runs, and the reconciler queues one whose job was lost', async () => {
     const store = h.rt.store;
     const d = (await store.deliveries.list('tenant-a', { kind: 'generic', status: 'received', limit: 10 })).items;
