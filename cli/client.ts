@@ -31,6 +31,14 @@ export class ApiError extends CliError {
   }
 }
 
+/** A URL as it may be printed: without a user name or password. */
+function shownUrl(url: URL): string {
+  const copy = new URL(url);
+  copy.username = '';
+  copy.password = '';
+  return copy.toString();
+}
+
 export type RequestOptions = { body?: unknown; query?: Record<string, string | number | undefined>; headers?: Record<string, string> };
 
 export type ServiceEvent = { id: string; type: string; data: Record<string, any>; at?: string; run_id?: string };
@@ -53,6 +61,10 @@ export class ApiClient {
   }
 
   private async send(method: string, path: string, opts: RequestOptions, extra: Record<string, string> = {}): Promise<Response> {
+    const base = new URL(this.baseUrl);
+    // never printed back: the service takes its key as a header, not in the URL
+    if (base.username || base.password)
+      throw new CliError(`the service URL carries a user name or password (${shownUrl(base)}); give the API key with --key or SERVICE_API_KEY`, EXIT.usage);
     const body = opts.body === undefined ? undefined : JSON.stringify(opts.body);
     const headers = this.headers({ ...(body === undefined ? {} : { 'content-type': 'application/json' }), ...extra, ...opts.headers });
     try {
@@ -60,7 +72,7 @@ export class ApiClient {
     } catch (err) {
       const cause = (err as { cause?: { code?: string; message?: string } }).cause;
       throw new CliError(
-        `cannot reach the service at ${this.baseUrl}: ${cause?.code ?? cause?.message ?? (err as Error).message} (set --url or SERVICE_URL)`,
+        `cannot reach the service at ${shownUrl(base)}: ${cause?.code ?? cause?.message ?? (err as Error).message} (set --url or SERVICE_URL)`,
         EXIT.unavailable,
       );
     }
@@ -79,7 +91,11 @@ export class ApiClient {
       }
       throw new ApiError(res.status, problem);
     }
-    return (text ? JSON.parse(text) : null) as T;
+    try {
+      return (text ? JSON.parse(text) : null) as T;
+    } catch {
+      throw new CliError(`the service answered ${res.status} with something that is not JSON (a proxy in between?): ${text.slice(0, 80)}`, EXIT.unavailable);
+    }
   }
 
   /**

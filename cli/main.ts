@@ -20,5 +20,7 @@ try {
     process.stderr.write(`automation-service: ${(err as Error).message}\n`);
     process.exit(EXIT.usage);
   }
-  throw err;
+  // anything else is not the run's failure (1): an answer the tool could not read, or its own fault
+  process.stderr.write(`automation-service: could not complete the command: ${(err as Error).message ?? String(err)}\n`);
+  process.exit(EXIT.unavailable);
 }

@@ -4,6 +4,8 @@
 // entry points import production dependencies only.
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { builtinModules } from 'node:module';
 import path from 'node:path';
 import { expect } from 'chai';
@@ -118,6 +120,23 @@ describe('the command-line tool (built) against a service', function () {
     const away = await cli(['runs', 'list', '--url', 'http://127.0.0.1:1']).done;
     expect(away.code).to.equal(5);
     expect(away.stderr).to.contain('cannot reach the service at http://127.0.0.1:1');
+    // a password in the URL is never printed back
+    const userinfo = await cli(['runs', 'list', '--url', 'http://u:hunter2pw@127.0.0.1:1']).done;
+    expect(userinfo.code).to.equal(2);
+    expect(userinfo.stderr).to.contain('carries a user name or password').and.not.contain('hunter2pw');
+    // a 2xx that is not the service's JSON (a proxy's page) is the service's fault (5), not a failed run (1)
+    const proxy = http.createServer((_req, res) => res.writeHead(200, { 'content-type': 'text/html' }).end('<html>login</html>'));
+    await new Promise<void>((r) => proxy.listen(0, '127.0.0.1', r));
+    try {
+      const url = `http://127.0.0.1:${(proxy.address() as AddressInfo).port}`;
+      const html = await cli(['run', '--step', 'shell:x', '--url', url]).done;
+      expect(html.code, html.stderr).to.equal(5);
+      expect(html.stderr.trim().split('\n')).to.have.length(1);
+      const odd = await cli(['runs', 'list', '--url', url]).done;
+      expect(odd.code, odd.stderr).to.equal(5);
+    } finally {
+      proxy.close();
+    }
 
     const done = await cli(['run', '--step', 'shell:echo json', '--wait', '--json']).done;
     expect(done.code).to.equal(0);
