@@ -82,11 +82,19 @@ export function createEngine(given: EngineDeps) {
     connectionActions: (run) => ({
       async check(providers) {
         for (const p of providers) {
-          try {
-            await connections.resolve(run.tenant_id, p, run.connections?.[p]);
-          } catch (err) {
-            if (err instanceof ConnectionMissingError) return { code: err.code, message: `this run acts on the ${p} provider: ${err.message}` };
-            throw err;
+          // the connection the run names for the provider; else the ones its steps name (each step may name
+          // its own), or the tenant's only one when a step names none
+          const steps = (run.plan ?? []).filter((s) => s.tool === p);
+          const named = steps.length && steps.every((s) => typeof s.args?.connection === 'string');
+          const names =
+            run.connections?.[p] !== undefined ? [run.connections[p]] : named ? [...new Set(steps.map((s) => s.args!.connection as string))] : [undefined];
+          for (const name of names) {
+            try {
+              await connections.resolve(run.tenant_id, p, name);
+            } catch (err) {
+              if (err instanceof ConnectionMissingError) return { code: err.code, message: `this run acts on the ${p} provider: ${err.message}` };
+              throw err;
+            }
           }
         }
         return null;

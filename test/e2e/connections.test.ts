@@ -370,6 +370,13 @@ describe('action tools', function () {
       expect(inStep.steps[0].error?.code ?? inStep.error.code, named).to.equal('connection-missing');
     }
     expect(fake.requests.length, 'nothing reached a provider').to.equal(before);
+    // a step that names its own connection is not ambiguous: the check before the first step reads it too
+    const stepNamed = await start({
+      tools: ['chat'],
+      steps: [{ tool: 'chat', args: { action: 'post', channel: 'C1', text: 'hi', connection: 'slack-other' } }],
+    });
+    expect(stepNamed.error?.code, JSON.stringify(stepNamed.error)).to.not.equal('connection-missing');
+    expect(stepNamed.steps[0].status, 'the step ran').to.not.equal('skipped');
   });
 
   it('acts through the connection an automation names, kept on the automation and on each of its runs', async () => {
