@@ -1287,6 +1287,8 @@ export interface paths {
          * @description Renames it, points it at another `base_url` (null: the provider's public API), changes its
          *     settings or replaces its credential (rotation: runs that start afterwards use the new one). The
          *     provider cannot change. The last test's result is dropped when the credential or `base_url` change.
+         *     A new `base_url` needs the credential with it (400 otherwise): the stored one is never sent to a
+         *     place it was not given for.
          */
         patch: operations["updateConnection"];
         trace?: never;
@@ -2659,6 +2661,7 @@ export interface components {
             run_id?: string;
             data: {
                 endpoint_id?: string;
+                /** @description The endpoint's origin only (scheme, host, port); its path and query are often its secret. */
                 url?: string;
                 reason?: string;
                 consecutive_failures?: number;

@@ -305,7 +305,8 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
         await events?.append(`notifications:${tenantId}`, {
           tenant_id: tenantId,
           type: 'notification.endpoint_disabled',
-          data: { endpoint_id: endpoint.id, url: endpoint.url, reason, consecutive_failures: counted.consecutive_failures },
+          // where it pointed, by origin: an endpoint's path and query are often its secret (a capability URL)
+          data: { endpoint_id: endpoint.id, url: new URL(endpoint.url).origin, reason, consecutive_failures: counted.consecutive_failures },
         });
       }
       return null;

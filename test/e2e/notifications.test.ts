@@ -117,7 +117,7 @@ describe('outbound notifications', function () {
     const told = await eventually(() => receiver.received.find((r) => r.path === '/ops'), 'the endpoint_disabled notification');
     const event = new Webhook(watcher.secret).verify(told.body, told.headers as Record<string, string>) as Body;
     expect(event).to.deep.include({ type: 'notification.endpoint_disabled' });
-    expect(event.data).to.deep.include({ endpoint_id: failing.endpoint.id, consecutive_failures: 2 });
+    expect(event.data).to.deep.include({ endpoint_id: failing.endpoint.id, consecutive_failures: 2, url: new URL(failing.endpoint.url).origin });
     // a disabled endpoint gets nothing more
     await run();
     await new Promise((r) => setTimeout(r, 300));
