@@ -174,6 +174,19 @@ export interface DeliveryRepo {
   update(tenantId: string, id: string, changes: DeliveryChanges, ifStatusIn: DeliveryStatus[]): Promise<WebhookDelivery | null>;
   /** System use (the reconciler): deliveries of every tenant in a status, received before a time. */
   listStale(status: DeliveryStatus, receivedBefore: string, limit: number): Promise<WebhookDelivery[]>;
+  /** Adds one to a delivery's attempts while its status is one of `ifStatusIn`, in one atomic write: the record after, or null. */
+  addAttempt(tenantId: string, id: string, ifStatusIn: DeliveryStatus[]): Promise<WebhookDelivery | null>;
+  /**
+   * Appends `runs` to a delivery's runs and applies `changes` while its status is one of `ifStatusIn`, in
+   * one atomic write (two replays at once keep both their runs): the record after, or null.
+   */
+  addRuns(
+    tenantId: string,
+    id: string,
+    runs: WebhookDelivery['runs'],
+    changes: Omit<DeliveryChanges, 'runs' | 'attempts'>,
+    ifStatusIn: DeliveryStatus[],
+  ): Promise<WebhookDelivery | null>;
   /** An accepted delivery (any status but rejected) of the tenant and kind with this body's sha256, or null. */
   findByBody(tenantId: string, kind: WebhookProvider, bodySha256: string): Promise<WebhookDelivery | null>;
 }

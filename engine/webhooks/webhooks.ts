@@ -313,15 +313,16 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
       if (!d) throw new NotFoundError(`no delivery ${deliveryId}`);
       if (d.status === 'rejected') throw new ConflictError('a rejected delivery was never verified, so it cannot be replayed', { status: d.status });
       if (d.status === 'received') throw new ConflictError('this delivery has not been processed yet', { status: d.status });
-      const attempt = d.attempts + 1;
-      // claim the attempt first, so two replays at once start two sets of runs, not one set twice
-      const claimed = await store.deliveries.update(tenantId, d.id, { attempts: attempt }, [d.status]);
-      if (!claimed || claimed.attempts !== attempt) throw new ConflictError('this delivery changed while replaying; retry');
-      const { runs, error } = await dispatch(claimed, attempt);
-      const done = await store.deliveries.update(
+      // claim an attempt of its own first, in one atomic write: two replays at once start two sets of runs
+      const claimed = await store.deliveries.addAttempt(tenantId, d.id, ['processed', 'failed']);
+      if (!claimed) throw new ConflictError('this delivery changed while replaying; retry');
+      const { runs, error } = await dispatch(claimed, claimed.attempts);
+      // appended, not written over: a replay finishing at the same time keeps its runs too
+      const done = await store.deliveries.addRuns(
         tenantId,
         d.id,
-        { status: error && !runs.length ? 'failed' : 'processed', runs: [...claimed.runs, ...runs], error, processed_at: clock.now().toISOString() },
+        runs,
+        { status: error && !runs.length ? 'failed' : 'processed', error, processed_at: clock.now().toISOString() },
         ['processed', 'failed'],
       );
       return done ?? claimed;

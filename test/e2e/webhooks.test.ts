@@ -568,6 +568,13 @@ describe('webhook intake', function () {
       expect(second).to.not.equal(run.id);
       expect((await finishedRun(h, second)).status).to.equal('succeeded');
       expect((await h.call<Body>('GET', `/api/v1/automations/${onPush.id}/history`)).body.data.map((x: Body) => x.id)).to.include.members([run.id, second]);
+      // five replays at once: five attempts of their own, five new runs, all kept
+      const many = await Promise.all(Array.from({ length: 5 }, () => h.call<Body>('POST', `/api/v1/webhook-deliveries/${id}/replay`)));
+      expect(many.map((r) => r.status)).to.deep.equal([200, 200, 200, 200, 200]);
+      const after = await delivery(id);
+      expect(after.attempts).to.equal(7);
+      expect(after.runs).to.have.length(7);
+      expect(new Set(after.runs.map((r: Body) => r.run_id)).size).to.equal(7);
 
       const metrics = await h.call('GET', '/metrics', { key: KEYS.admin });
       expect(metrics.text).to.match(/webhook_requests_total\{kind="codehost",outcome="accepted"\} \d+/);

@@ -479,6 +479,23 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect(next.items.map((d) => d.id)).to.deep.equal([ds[0]!.id]);
       expect(next.next_cursor).to.equal(null);
       expect((await store.deliveries.list('t1', { status: 'rejected', limit: 10 })).items).to.have.length(1);
+      // attempts and runs added atomically: writes asked at once all count, none written over
+      const replayed = deliveryFixture('t5', { status: 'processed', attempts: 1, runs: [{ automation_id: 'aut_a', run_id: 'run_0' }] });
+      await store.deliveries.insert(replayed);
+      const claims = await Promise.all([1, 2, 3].map(() => store.deliveries.addAttempt('t5', replayed.id, ['processed', 'failed'])));
+      expect(claims.map((c) => c!.attempts).sort()).to.deep.equal([2, 3, 4]);
+      await Promise.all(
+        [1, 2, 3].map((i) =>
+          store.deliveries.addRuns('t5', replayed.id, [{ automation_id: 'aut_a', run_id: `run_${i}` }], { status: 'processed', error: null }, [
+            'processed',
+            'failed',
+          ]),
+        ),
+      );
+      const both = (await store.deliveries.get('t5', replayed.id))!;
+      expect(both.runs.map((r) => r.run_id).sort()).to.deep.equal(['run_0', 'run_1', 'run_2', 'run_3']);
+      expect(await store.deliveries.addAttempt('t5', replayed.id, ['received'])).to.equal(null);
+      expect(await store.deliveries.addAttempt('t6', replayed.id, ['processed'])).to.equal(null);
       // by the body's digest: an accepted delivery of the tenant and kind, never a rejected one or another tenant's
       const digest = 'cd'.repeat(32);
       const rejected = deliveryFixture('t3', { status: 'rejected', body_sha256: digest });

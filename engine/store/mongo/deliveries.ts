@@ -42,6 +42,22 @@ export function deliveryRepo(model: Model<Stored<WebhookDelivery>>): DeliveryRep
         .lean<Stored<WebhookDelivery>>();
       return fromStored(updated);
     },
+    async addAttempt(tenantId, id, ifStatusIn) {
+      const updated = await model
+        .findOneAndUpdate({ _id: id, tenant_id: tenantId, status: { $in: ifStatusIn } }, { $inc: { attempts: 1 } }, { returnDocument: 'after' })
+        .lean<Stored<WebhookDelivery>>();
+      return fromStored(updated);
+    },
+    async addRuns(tenantId, id, runs, changes, ifStatusIn) {
+      const updated = await model
+        .findOneAndUpdate(
+          { _id: id, tenant_id: tenantId, status: { $in: ifStatusIn } },
+          { $push: { runs: { $each: runs } }, $set: definedOnly(changes) },
+          { returnDocument: 'after' },
+        )
+        .lean<Stored<WebhookDelivery>>();
+      return fromStored(updated);
+    },
     async findByBody(tenantId, kind, bodySha256) {
       return fromStored(
         await model.findOne({ tenant_id: tenantId, kind, body_sha256: bodySha256, status: { $ne: 'rejected' } }).lean<Stored<WebhookDelivery>>(),

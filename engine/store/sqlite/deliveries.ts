@@ -32,10 +32,11 @@ export function deliveryRepo(db: Db): DeliveryRepo {
     }
     return stmt;
   };
-  const update = (tenantId: string, id: string, changes: Partial<WebhookDelivery>, ifStatusIn: string[]) => {
+  /** A change computed from the record as the write finds it (inside the commit's transaction, so atomic). */
+  const update = (tenantId: string, id: string, changes: (current: WebhookDelivery) => Partial<WebhookDelivery>, ifStatusIn: string[]) => {
     const current = read(get.get(tenantId, id));
     if (!current || !ifStatusIn.includes(current.status)) return null;
-    const next: WebhookDelivery = { ...current, ...changes, id: current.id, tenant_id: current.tenant_id };
+    const next: WebhookDelivery = { ...current, ...changes(current), id: current.id, tenant_id: current.tenant_id };
     write.run(next.status, JSON.stringify(next), tenantId, id);
     return next;
   };
@@ -62,7 +63,13 @@ export function deliveryRepo(db: Db): DeliveryRepo {
       );
     },
     async update(tenantId, id, changes, ifStatusIn) {
-      return commit(() => update(tenantId, id, changes, ifStatusIn));
+      return commit(() => update(tenantId, id, () => changes, ifStatusIn));
+    },
+    async addAttempt(tenantId, id, ifStatusIn) {
+      return commit(() => update(tenantId, id, (d) => ({ attempts: d.attempts + 1 }), ifStatusIn));
+    },
+    async addRuns(tenantId, id, runs, changes, ifStatusIn) {
+      return commit(() => update(tenantId, id, (d) => ({ ...changes, runs: [...d.runs, ...runs] }), ifStatusIn));
     },
     async listStale(status, receivedBefore, limit) {
       return stale.all(status, receivedBefore, limit).map((r) => read(r)!);
