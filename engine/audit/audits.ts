@@ -230,7 +230,7 @@ export function auditsOf(deps: AuditsDeps) {
         layers = req.layers ? parseLayers(req.layers) : null;
         if (layers?.length === 0) layers = null;
       } catch (err) {
-        throw new ValidationError(`layers: ${(err as Error).message}`, [{ path: '/layers', message: (err as Error).message }]);
+        throw new ValidationError(`layers: ${(err as Error).message}`, [{ path: '/body/layers', message: (err as Error).message }]);
       }
       const ws = await rootOf(tenantId, req);
       const phases = AUDIT_PHASES.filter((p) => !req.phases?.length || req.phases.includes(p));

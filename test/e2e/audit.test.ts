@@ -133,6 +133,17 @@ describe('workspace audit', function () {
     expect(other.body.code).to.equal('not-found');
   });
 
+  it('refuses a layer whose path could backtrack for ever (a repetition inside a repetition), before any audit starts', async () => {
+    for (const path of ['^redos/(a+)+$', '(x*)*y']) {
+      const res = await h.call<Body>('POST', '/api/v1/autonomy/workspace-audit/run', {
+        body: { timeout_seconds: 0, phases: ['architecture'], layers: [{ name: 'y', path }] },
+      });
+      expect(res.status, path).to.equal(400);
+      expect(res.body.errors[0]).to.deep.include({ path: '/body/layers' });
+      expect(res.body.errors[0].message).to.contain('exponential time');
+    }
+  });
+
   it('answers 202 with where to fetch the report when it is not done in time, and the audit goes on', async () => {
     // layers from the request replace the workspace's audit-layers.json
     const layers = [
@@ -222,7 +233,7 @@ describe('workspace audit', function () {
       expect(missing.status).to.equal(400);
       const badLayer = await h.call<Body>('POST', '/api/v1/autonomy/workspace-audit/run', { body: { layers: [{ name: 'x', path: '([' }] } });
       expect(badLayer.status, badLayer.text).to.equal(400);
-      expect(badLayer.body.errors[0].path).to.equal('/layers');
+      expect(badLayer.body.errors[0].path).to.equal('/body/layers');
       const stream = await fetch(`${h.url}/api/v1/autonomy/workspace-audit/stream`, {
         headers: { authorization: `Bearer ${KEYS.a}`, 'x-service-workspace-root': '/etc' },
       });
