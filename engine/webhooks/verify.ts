@@ -168,7 +168,13 @@ function chat(inb: Inbound, ctx: VerifyContext): Verified {
   const hex = given.startsWith('v0=') ? given.slice(3) : '';
   const matched = matchAny(ctx.secrets, [hex], (s) => hmacHex(s, `v0:${ts}:`, inb.body)) ?? invalid('X-Chat-Signature');
   checkWindow(/^\d{1,12}$/.test(ts) ? Number(ts) * 1000 : NaN, ctx, windowOf('chat', ctx.windowSeconds));
-  const base = { repeatIs: 'retry' as const, replayKey: `${ts}:${matched}`, keepBody: true };
+  // Slack still sends its legacy verification `token` in every body: a secret, kept neither in the stored
+  // body (not kept) nor in what runs receive (removed)
+  const base = { repeatIs: 'retry' as const, replayKey: `${ts}:${matched}`, keepBody: false };
+  const withoutToken = <T extends Record<string, unknown>>(v: T): T => {
+    const { token: _token, ...rest } = v;
+    return rest as T;
+  };
 
   if (mediaType(inb.headers) === 'application/x-www-form-urlencoded') {
     const form = parseForm(inb.body);
@@ -180,12 +186,12 @@ function chat(inb: Inbound, ctx: VerifyContext): Verified {
         event: str(payload.type) ?? 'interaction',
         action: str(asObject(actions[0]).action_id),
         providerId: null,
-        event_payload: payload,
+        event_payload: withoutToken(payload),
         emptyReply: true,
       };
     }
     if (form.command !== undefined) {
-      return { ...base, event: 'slash_command', action: form.command, providerId: null, event_payload: form, emptyReply: true };
+      return { ...base, event: 'slash_command', action: form.command, providerId: null, event_payload: withoutToken(form), emptyReply: true };
     }
     throw new WebhookRejectedError('webhook-payload-invalid', 'a form body must be a slash command (`command`) or an interaction (`payload`)');
   }
@@ -200,7 +206,7 @@ function chat(inb: Inbound, ctx: VerifyContext): Verified {
     event: str(inner.type) ?? str(payload.type),
     action: str(inner.subtype),
     providerId: str(payload.event_id),
-    event_payload: payload,
+    event_payload: withoutToken(payload),
   };
 }
 
