@@ -3086,7 +3086,7 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"];
             };
         };
-        /** @description The tenant has no secret for this kind, so nothing can be verified (`webhook-not-configured`). */
+        /** @description The tenant has no secret for this kind, so nothing can be verified (`webhook-not-configured`); a tenant that does not exist is answered alike. */
         WebhookNotConfigured: {
             headers: {
                 [name: string]: unknown;

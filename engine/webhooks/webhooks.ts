@@ -205,7 +205,12 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
     /** Verifies, de-duplicates and stores one request; the answer to give the provider. */
     async receive(tenantId: string, kind: WebhookProvider, headers: Headers, body: Buffer): Promise<Receipt> {
       const tenant = await secretsOf(tenantId);
-      if (!tenant.known) throw new NotFoundError(`no tenant ${tenantId}`);
+      // a tenant that does not exist answers as one with no secret for the kind: the intake, open to anyone,
+      // does not tell which tenants exist (nothing is recorded for it: there is no tenant to record it for)
+      if (!tenant.known) {
+        deps.metrics.webhookRequests.inc({ kind, outcome: 'webhook-not-configured' });
+        throw new WebhookRejectedError('webhook-not-configured', `no usable ${kind} secret is set for this tenant: PUT /api/v1/webhook-secrets/${kind}`);
+      }
       const count = (outcome: string) => deps.metrics.webhookRequests.inc({ kind, outcome });
       if (body.length > BODY_LIMIT_BYTES[kind]) throw new PayloadTooLargeError(`the body is over the ${BODY_LIMIT_BYTES[kind] / 1024 / 1024} MB limit`);
 

@@ -124,17 +124,20 @@ describe('webhook intake', function () {
       expect(replayed.body.detail).to.equal('this signed body was already accepted');
     });
 
-    it('answers 413 over 1 MB, 404 for an unknown tenant or kind, 403 for a tenant without a secret for the kind', async () => {
+    it('answers 413 over 1 MB, 404 for an unknown kind, 403 for a tenant without a secret for the kind and, alike, for a tenant that does not exist', async () => {
       const big = await sign.codehost(SECRET.codehost, { blob: 'x'.repeat(1024 * 1024) });
       const tooBig = await post('codehost', big);
       expect(tooBig.status).to.equal(413);
       expect(tooBig.body.code).to.equal('payload-too-large');
       const small = await sign.codehost(SECRET.codehost, { n: 1 });
-      expect((await post('codehost', small, 'no-such-tenant')).status).to.equal(404);
       expect((await post('nosuchkind', small)).status).to.equal(404);
       const unconfigured = await post('codehost', small, 'tenant-b');
       expect(unconfigured.status).to.equal(403);
       expect(unconfigured.body.code).to.equal('webhook-not-configured');
+      // no answer tells whether a tenant exists
+      const nobody = await post('codehost', small, 'no-such-tenant');
+      expect(nobody.status).to.equal(403);
+      expect(nobody.body.detail).to.equal(unconfigured.body.detail);
     });
   });
 
