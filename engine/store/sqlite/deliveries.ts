@@ -6,7 +6,7 @@ import { groupCommit, TOP, type Db } from './db.js';
 
 export function deliveryRepo(db: Db): DeliveryRepo {
   const insert = db.prepare(
-    'INSERT INTO deliveries (id, tenant_id, kind, status, provider_delivery_id, received_at, doc) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING',
+    'INSERT INTO deliveries (id, tenant_id, kind, status, provider_delivery_id, received_at, body_sha256, doc) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING',
   );
   const byProviderId = db.prepare<[string, string, string], { doc: string }>(
     'SELECT doc FROM deliveries WHERE tenant_id = ? AND kind = ? AND provider_delivery_id = ?',
@@ -18,7 +18,7 @@ export function deliveryRepo(db: Db): DeliveryRepo {
   );
   // the partial index's condition word for word (migrations.ts), so that SQLite uses it
   const byBody = db.prepare<[string, string, string], { doc: string }>(
-    "SELECT doc FROM deliveries WHERE status <> 'rejected' AND tenant_id = ? AND kind = ? AND json_extract(doc, '$.body_sha256') = ? LIMIT 1",
+    "SELECT doc FROM deliveries WHERE status <> 'rejected' AND tenant_id = ? AND kind = ? AND body_sha256 = ? LIMIT 1",
   );
   const read = (row: { doc: string } | undefined): WebhookDelivery | null => (row ? (JSON.parse(row.doc) as WebhookDelivery) : null);
   const listStatements = new Map<string, Statement<unknown[], { doc: string }>>();
@@ -41,7 +41,7 @@ export function deliveryRepo(db: Db): DeliveryRepo {
     return next;
   };
   const insertOne = (d: WebhookDelivery): WebhookDelivery | null => {
-    const inserted = insert.run(d.id, d.tenant_id, d.kind, d.status, d.provider_delivery_id, d.received_at, JSON.stringify(d)).changes === 1;
+    const inserted = insert.run(d.id, d.tenant_id, d.kind, d.status, d.provider_delivery_id, d.received_at, d.body_sha256, JSON.stringify(d)).changes === 1;
     if (inserted || d.provider_delivery_id === null) return null;
     return read(byProviderId.get(d.tenant_id, d.kind, d.provider_delivery_id));
   };
