@@ -10,7 +10,7 @@ import type { NotificationJob } from '../engine/connections/index.js';
 import type { Runtime } from '../engine/process/index.js';
 
 /** How long a held run's job waits before it is offered again, when no resume promotes it sooner. */
-export const HELD_RETRY_MS = 5000;
+const HELD_RETRY_MS = 5000;
 
 /** How long before the end of the grace period running attempts are interrupted. */
 const INTERRUPT_MARGIN_MS = 2500;

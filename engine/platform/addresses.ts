@@ -21,8 +21,7 @@ export function isPrivateAddress(address: string): boolean {
     const v6 = parsed as ipaddr.IPv6;
     // ::ffff:a.b.c.d (mapped) and ::a.b.c.d (compatible, deprecated but still routed by some stacks)
     const compatible = v6.parts.slice(0, 6).every((p) => p === 0) && (v6.parts[6] !== 0 || v6.parts[7]! > 1);
-    if (v6.isIPv4MappedAddress() || compatible)
-      parsed = ipaddr.IPv4.parse(`${v6.parts[6]! >> 8}.${v6.parts[6]! & 255}.${v6.parts[7]! >> 8}.${v6.parts[7]! & 255}`);
+    if (v6.isIPv4MappedAddress() || compatible) parsed = ipaddr.fromByteArray(v6.toByteArray().slice(12));
   }
   return parsed.range() !== 'unicast';
 }
@@ -60,11 +59,10 @@ export function guardedLookup(hostname: string, options: dns.LookupOptions, call
  */
 export async function assertPublicHost(url: URL, allowPrivate: boolean): Promise<void> {
   if (allowPrivate) return;
+  const literal = privateLiteral(url);
+  if (literal) throw new AddressNotAllowedError(`${literal} is a private or loopback address`);
   const host = url.hostname.replace(/^\[|\]$/g, '');
-  if (ipaddr.isValid(host)) {
-    if (privateLiteral(url)) throw new AddressNotAllowedError(`${host} is a private or loopback address`);
-    return;
-  }
+  if (ipaddr.isValid(host)) return;
   const addresses = await dns.promises.lookup(host, { all: true }).catch(() => []);
   const blocked = addresses.find((a) => isPrivateAddress(a.address));
   if (blocked) throw new AddressNotAllowedError(`${host} resolves to ${blocked.address}, a private address`);

@@ -461,6 +461,8 @@ export type MessageRecord = {
 export const TASK_STATUSES = ['pending', 'queued', 'running', 'input_required', 'succeeded', 'failed', 'upstream_failed', 'canceled'] as const;
 export type TaskStatus = (typeof TASK_STATUSES)[number];
 export const TERMINAL_TASK_STATUSES: readonly TaskStatus[] = ['succeeded', 'failed', 'upstream_failed', 'canceled'];
+/** The statuses of a task that has not ended (the reconciler's). */
+export type LiveTaskStatus = Exclude<TaskStatus, 'succeeded' | 'failed' | 'upstream_failed' | 'canceled'>;
 
 /** When a task may start: every dependency succeeded (`all_success`), or every one ended however (`all_done`). */
 export type TriggerRule = 'all_success' | 'all_done';

@@ -21,6 +21,7 @@ import {
   type SessionStatus,
   type Step,
   type TaskRecord,
+  type LiveTaskStatus,
   type TaskStatus,
   type TriggerRule,
 } from '../platform/index.js';
@@ -271,7 +272,7 @@ export function tasksOf(deps: TasksDeps) {
   }
 
   /** Every task in a status not changed since `before`, page by page (tasks that wait for good hide none of the rest). */
-  async function* stale(status: Extract<TaskStatus, 'pending' | 'queued' | 'running' | 'input_required'>, before: string): AsyncGenerator<TaskRecord> {
+  async function* stale(status: LiveTaskStatus, before: string): AsyncGenerator<TaskRecord> {
     let after: TaskRecord | undefined;
     for (let page = 0; page < STALE_PAGES; page++) {
       const tasks = await store.tasks.listStale(status, before, STALE_PAGE, after);
@@ -369,19 +370,13 @@ export function tasksOf(deps: TasksDeps) {
     const held = await store.tasks.list(session.tenant_id, session.id);
     // one read serves them all, their dependencies' outputs included
     const known = new Map(held.map((t) => [t.id, t]));
-    await Promise.all(
-      held.map((t) => {
-        const started =
-          t.status === 'queued' && !t.run_ids.length
-            ? dispatch(session, t.id, known)
-            : t.status === 'queued'
-              ? offerHeld(t)
-              : t.status === 'input_required'
-                ? continueIfAnswered(session, t)
-                : null;
-        return started?.catch((err: unknown) => log.error({ err, task_id: t.id }, 'a held task could not start'));
-      }),
-    );
+    const start = (t: TaskRecord) => {
+      if (t.status === 'input_required') return continueIfAnswered(session, t);
+      if (t.status !== 'queued') return null;
+      // held before its run was made, or its run held at its start
+      return t.run_ids.length ? offerHeld(t) : dispatch(session, t.id, known);
+    };
+    await Promise.all(held.map((t) => start(t)?.catch((err: unknown) => log.error({ err, task_id: t.id }, 'a held task could not start'))));
   }
 
   runs.guardStart(mayStart);

@@ -27,6 +27,7 @@ import {
   type SessionStatus,
   type StepRecord,
   type TaskRecord,
+  type LiveTaskStatus,
   type TaskStatus,
   type Trigger,
   type WebhookDelivery,
@@ -287,12 +288,7 @@ export interface TaskRepo {
    * System use (the reconciler): tasks of every tenant in a status that has not ended, changed before a time, oldest first;
    * `after` (the last task of the page before) pages on, so tasks that wait for good never hide the rest.
    */
-  listStale(
-    status: Extract<TaskStatus, 'pending' | 'queued' | 'running' | 'input_required'>,
-    updatedBefore: string,
-    limit: number,
-    after?: TaskRecord,
-  ): Promise<TaskRecord[]>;
+  listStale(status: LiveTaskStatus, updatedBefore: string, limit: number, after?: TaskRecord): Promise<TaskRecord[]>;
 }
 
 export interface Store {

@@ -103,18 +103,26 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
   }
 
   /**
-   * Counts a request against its tenant's per-minute limit, over all kinds and outcomes, and claims
-   * its replay key if it has one: false when that key was already claimed (a replay).
+   * Counts a request in one of its tenant's per-minute counters (`rate`: verified requests; `refused`:
+   * those refused), claiming a replay key for `seenSeconds` if one is given: the gate's verdict and, past
+   * the limit, the time left in the minute.
+   */
+  function countThisMinute(counter: 'rate' | 'refused', tenantId: string, seenKey: string | null, seenSeconds: number) {
+    const bucket = Math.floor(clock.now().getTime() / 60_000);
+    return batch.call<[number, number]>(
+      'webhook.gate',
+      [`${prefix}:webhook-${counter}:${tenantId}:${bucket}`, seenKey ?? `${prefix}:webhook-seen:-`],
+      [61_000, perMinute, seenKey ? seenSeconds : 0],
+    );
+  }
+
+  /**
+   * Counts a verified request against its tenant's per-minute limit, over all kinds, and claims its
+   * replay key if it has one: false when that key was already claimed (a replay).
    */
   async function gate(tenantId: string, kind: WebhookProvider, seenKey: string | null): Promise<boolean> {
-    const bucket = Math.floor(clock.now().getTime() / 60_000);
-    const window = windowOf(kind, windowSeconds);
     // a signature stays valid for a window either side of its timestamp: remember it for both
-    const [verdict, ttlMs] = await batch.call<[number, number]>(
-      'webhook.gate',
-      [`${prefix}:webhook-rate:${tenantId}:${bucket}`, seenKey ?? `${prefix}:webhook-seen:-`],
-      [61_000, perMinute, seenKey ? window * 2 + 1 : 0],
-    );
+    const [verdict, ttlMs] = await countThisMinute('rate', tenantId, seenKey, windowOf(kind, windowSeconds) * 2 + 1);
     if (verdict === 0) {
       deps.metrics.webhookRequests.inc({ kind, outcome: 'rate-limited' });
       throw new RateLimitedError(
@@ -127,12 +135,7 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
 
   /** Counts a refused request against its tenant's minute of refusals (the same number as the limit); false past it. */
   async function refusalsWithinLimit(tenantId: string): Promise<boolean> {
-    const bucket = Math.floor(clock.now().getTime() / 60_000);
-    const [verdict] = await batch.call<[number, number]>(
-      'webhook.gate',
-      [`${prefix}:webhook-refused:${tenantId}:${bucket}`, `${prefix}:webhook-seen:-`],
-      [61_000, perMinute, 0],
-    );
+    const [verdict] = await countThisMinute('refused', tenantId, null, 0);
     return verdict !== 0;
   }
 
