@@ -88,15 +88,18 @@ function voiceSettingsOf(config: Config, opts: RuntimeOptions, sandbox: Sandbox,
 
 /**
  * The data dir must never be reachable from a workspace (its secret key opens every tenant's secrets):
- * both are resolved, links included, before they are compared.
+ * both are resolved, links included, before they are compared. Answers the workspace root's real path,
+ * the one every workspace is resolved to: names relative to a root reached through a link would
+ * otherwise start with `..`.
  */
-async function checkDataDirOutsideWorkspaces(config: Config): Promise<void> {
+async function checkDataDirOutsideWorkspaces(config: Config): Promise<string> {
   await fs.mkdir(config.dataDir, { recursive: true });
   await fs.mkdir(config.workspaceRoot, { recursive: true });
   const [data, root] = await Promise.all([fs.realpath(config.dataDir), fs.realpath(config.workspaceRoot)]);
   if (data === root || data.startsWith(root + path.sep)) {
     throw new ConfigError([`SERVICE_DATA_DIR: ${data} is inside SERVICE_WORKSPACE_ROOT (${root}), where tools could read it; put one outside the other`]);
   }
+  return root;
 }
 
 /** The sandbox of this process, and the start-up rules around it. */
@@ -122,7 +125,7 @@ function openProcessSandbox(config: Config, log: Logger): Sandbox {
 }
 
 export async function openRuntime(config: Config, log: Logger, opts: RuntimeOptions = {}): Promise<Runtime> {
-  await checkDataDirOutsideWorkspaces(config);
+  const workspaceRoot = await checkDataDirOutsideWorkspaces(config);
   await probeRedis(config.redisUrl);
   const sandbox = openProcessSandbox(config, log);
   const closers: (() => Promise<unknown>)[] = [async () => sandbox.close()];
@@ -182,7 +185,7 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
       sandbox,
       limits: { defaultBudgetSeconds: config.runBudget.defaultSeconds, maxBudgetSeconds: config.runBudget.maxSeconds },
       settings: {
-        workspaceRoot: config.workspaceRoot,
+        workspaceRoot,
         singleTenant: config.auth === 'none',
         toolsAllowed: config.toolsAllowed,
         allowNetwork: config.sandbox.allowNetwork,

@@ -1,6 +1,7 @@
 // The run lifecycle under faults: every run reaches an end and every tenant slot is freed, whatever
 // fails (the store once, a job lost or failed, a worker gone); retry policies, re-runs and the list.
 import fs from 'node:fs/promises';
+import os from 'node:os';
 import path from 'node:path';
 import { UnrecoverableError, Worker } from 'bullmq';
 import { expect } from 'chai';
@@ -268,5 +269,33 @@ describe('run lifecycle', function () {
     const run = await finishedRun(h, id);
     expect(run.workspace).to.equal('sub');
     expect(JSON.stringify(run)).not.to.contain(h.workspace);
+  });
+
+  it('names workspaces relative to the tenant root when SERVICE_WORKSPACE_ROOT is reached through a link', async () => {
+    const real = await fs.mkdtemp(path.join(os.tmpdir(), 'svc-real-root-'));
+    const link = `${real}-link`;
+    await fs.symlink(real, link);
+    const linked = await startHarness({ env: { SERVICE_WORKSPACE_ROOT: link } });
+    try {
+      const sub = path.join(link, 'tenant-a', 'sub');
+      await fs.mkdir(sub, { recursive: true });
+      await fs.writeFile(path.join(sub, 'gates.yaml'), 'gates:\n  - id: ok\n    run: [/bin/true]\n');
+      const run = await linked.call<Body>('POST', '/api/v1/autonomy/run', {
+        body: { steps: [{ tool: 'shell', args: { command: 'true' } }], workspace: 'sub' },
+      });
+      expect(run.status, run.text).to.equal(202);
+      const finished = await finishedRun(linked, run.body.run_id);
+      expect(finished.workspace).to.equal('sub');
+      const gateRun = await linked.rt.engine.gates.start('tenant-a', { workspace: 'sub', trigger: { type: 'api' } });
+      expect(gateRun.workspace).to.equal('sub');
+      const audit = await linked.call<Body>('POST', '/api/v1/autonomy/workspace-audit/run', { body: { workspace: 'sub', phases: ['sanity'] } });
+      expect(audit.status, audit.text).to.equal(200);
+      expect(audit.body.workspace).to.equal('sub');
+      await linked.rt.engine.gates.wait('tenant-a', gateRun.id);
+    } finally {
+      await linked.close();
+      await fs.rm(link);
+      await fs.rm(real, { recursive: true, force: true });
+    }
   });
 });
