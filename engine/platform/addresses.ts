@@ -55,7 +55,8 @@ export function guardedLookup(hostname: string, options: dns.LookupOptions, call
 /**
  * Refuses a URL whose host is, or resolves to, anything but public unicast addresses (unless private
  * ones are allowed). For clients that cannot take guardedLookup at connect time (the providers' SDKs),
- * checked just before each use.
+ * checked just before each use. A name that does not resolve is refused too: it cannot be checked, and
+ * the client's own lookup a moment later could find a private address.
  */
 export async function assertPublicHost(url: URL, allowPrivate: boolean): Promise<void> {
   if (allowPrivate) return;
@@ -63,7 +64,9 @@ export async function assertPublicHost(url: URL, allowPrivate: boolean): Promise
   if (literal) throw new AddressNotAllowedError(`${literal} is a private or loopback address`);
   const host = url.hostname.replace(/^\[|\]$/g, '');
   if (ipaddr.isValid(host)) return;
-  const addresses = await dns.promises.lookup(host, { all: true }).catch(() => []);
+  const addresses = await dns.promises.lookup(host, { all: true }).catch((err: NodeJS.ErrnoException) => {
+    throw new AddressNotAllowedError(`${host} does not resolve (${err.code ?? 'no answer'}): only a name whose addresses are public is reached`);
+  });
   const blocked = addresses.find((a) => isPrivateAddress(a.address));
   if (blocked) throw new AddressNotAllowedError(`${host} resolves to ${blocked.address}, a private address`);
 }

@@ -173,6 +173,13 @@ describe('connections', function () {
       body: { provider: 'chat', name: 'localhost', base_url: 'http://localhost:9/api/', credential: 'x' },
     });
     expect(named.body.code, 'a name that resolves to loopback').to.equal('address-not-allowed');
+    const unresolved = await strict.call<Body>('POST', '/api/v1/connections', {
+      body: { provider: 'codehost', name: 'nowhere', base_url: 'https://ghe.nowhere.invalid/api/v3', credential: 'x' },
+    });
+    expect(unresolved.status, 'a name that resolves to nothing cannot be checked').to.equal(422);
+    expect(unresolved.body.code).to.equal('address-not-allowed');
+    expect(unresolved.body.detail).to.contain('does not resolve');
+    expect((await strict.call<Body>('GET', '/api/v1/connections')).body.data.map((c: Body) => c.name)).not.to.include('nowhere');
     // made where it was allowed, used where it is not: refused before any request leaves
     const gh = (await h.call<Body>('GET', '/api/v1/connections?provider=codehost')).body.data.find((c: Body) => c.name === 'github');
     const before = fake.requests.length;
