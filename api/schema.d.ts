@@ -504,7 +504,9 @@ export interface paths {
          *     gate results, outdated dependencies; neutral when no registry answers). Answers the report when it is
          *     done within `timeout_seconds`; past that, a 202 with the report's id and where to fetch it (the audit
          *     goes on). A phase that fails or times out leaves the report `partial`, never stuck. Every report's
-         *     summary is appended to the evidence ledger (`audit.report`).
+         *     summary is appended to the evidence ledger (`audit.report`). A tenant may have
+         *     `SERVICE_AUDIT_TENANT_MAX_RUNNING` audits running at once (default 3); one more is answered 429
+         *     `rate-limited` with `Retry-After`, and nothing of it is kept.
          */
         post: operations["runWorkspaceAudit"];
         delete?: never;

@@ -25,7 +25,14 @@ export type Config = {
   auditAllowSensitivePaths: boolean;
   /** production: folders besides a tenant's root that audits may look at */
   auditAllowedRoots: string[];
-  audit: { reportTtlSeconds: number; reportsMax: number; phaseTimeoutSeconds: number; registryUrl: string | null; concurrency: number };
+  audit: {
+    reportTtlSeconds: number;
+    reportsMax: number;
+    tenantMaxRunning: number;
+    phaseTimeoutSeconds: number;
+    registryUrl: string | null;
+    concurrency: number;
+  };
   adminKeys: string[];
   secretKey: string | undefined;
   /** the Ed25519 seed that signs the evidence ledger (SERVICE_EVIDENCE_KEY); generated into the data dir outside production */
@@ -253,6 +260,7 @@ const schema = z.object({
   SERVICE_AUDIT_REPORTS_MAX: int(50, 1, 10_000),
   SERVICE_AUDIT_PHASE_TIMEOUT_SECONDS: int(600, 1, 86_400),
   SERVICE_AUDIT_CONCURRENCY: int(4, 1, 100),
+  SERVICE_AUDIT_TENANT_MAX_RUNNING: int(3, 1, 1000),
   SERVICE_AUDIT_REGISTRY_URL: z
     .string()
     .optional()
@@ -373,6 +381,7 @@ export function parseEnv(env: Record<string, string | undefined>): Config {
     audit: {
       reportTtlSeconds: e.SERVICE_AUDIT_REPORT_TTL_SECONDS,
       reportsMax: e.SERVICE_AUDIT_REPORTS_MAX,
+      tenantMaxRunning: e.SERVICE_AUDIT_TENANT_MAX_RUNNING,
       phaseTimeoutSeconds: e.SERVICE_AUDIT_PHASE_TIMEOUT_SECONDS,
       registryUrl: e.SERVICE_AUDIT_REGISTRY_URL === 'none' ? null : e.SERVICE_AUDIT_REGISTRY_URL,
       concurrency: e.SERVICE_AUDIT_CONCURRENCY,

@@ -40,6 +40,8 @@ export type AuditSettings = {
   allowedRoots: string[];
   reportTtlSeconds: number;
   reportsMax: number;
+  /** audits one tenant may have running at once; more are refused (429) until one ends */
+  tenantMaxRunning: number;
   phaseTimeoutSeconds: number;
   /** where outdated dependencies are looked up; null: not checked */
   registryUrl: string | null;
@@ -91,7 +93,12 @@ const scoreOf = (counts: SeverityCounts): number => Math.max(0, 100 - SEVERITIES
 
 export function auditsOf(deps: AuditsDeps) {
   const { clock, log, queues, events, ledger, sandbox, settings } = deps;
-  const reports = reportStoreOf(deps.redis, { prefix: queues.prefix, ttlSeconds: settings.reportTtlSeconds, maxPerTenant: settings.reportsMax });
+  const reports = reportStoreOf(deps.redis, {
+    prefix: queues.prefix,
+    ttlSeconds: settings.reportTtlSeconds,
+    maxPerTenant: settings.reportsMax,
+    maxRunningPerTenant: settings.tenantMaxRunning,
+  });
   let flows: FlowProducer | undefined;
   const running = new Map<string, Set<AbortController>>();
 

@@ -2,10 +2,15 @@
 // each phase's result as it ends; the whole report once assembled), kept for a TTL, and a capped
 // index per tenant (the oldest reports beyond the cap are dropped). Keys carry the tenant, so one
 // tenant cannot name another's report. A set of running reports lets the reconciler finish those
-// whose flow was lost.
-import type { AuditOptions, AuditPhase, AuditPhaseResult, AuditReport, Redis } from '../platform/index.js';
+// whose flow was lost, and a set per tenant caps how many one tenant has running: audits are the
+// heaviest work a worker does, and a tenant that asks for a hundred must not hold every worker's
+// phases for an hour while the others wait behind it.
+import { RateLimitedError, type AuditOptions, type AuditPhase, type AuditPhaseResult, type AuditReport, type Redis } from '../platform/index.js';
 
-export type ReportStoreSettings = { ttlSeconds: number; maxPerTenant: number; prefix: string };
+export type ReportStoreSettings = { ttlSeconds: number; maxPerTenant: number; maxRunningPerTenant: number; prefix: string };
+
+/** what a tenant at its cap is told to wait before it asks again */
+const FULL_RETRY_AFTER_SECONDS = 30;
 
 /** a running report outlives a long audit; once assembled it is kept for the TTL */
 const RUNNING_GRACE_SECONDS = 6 * 3600;
@@ -15,16 +20,33 @@ const PUT_IF_EXISTS = `if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 return 1`;
 
-type ReportRedis = Redis & { auditPutIfExists(key: string, field: string, value: string): Promise<number> };
+// a report is made only while its tenant has fewer than ARGV[3] running (those running longer than a
+// report may are not counted): the count and the report's keys in one step, so that two requests
+// cannot both take the last place
+const CREATE_IF_ROOM = `redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[2])
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[1], ARGV[4])
+redis.call('HSET', KEYS[2], 'head', ARGV[6], 'options', ARGV[7])
+redis.call('EXPIRE', KEYS[2], ARGV[8])
+redis.call('ZADD', KEYS[3], ARGV[1], ARGV[4])
+redis.call('ZADD', KEYS[4], ARGV[1], ARGV[5])
+return 1`;
+
+type ReportRedis = Redis & {
+  auditPutIfExists(key: string, field: string, value: string): Promise<number>;
+  auditCreateIfRoom(...args: (string | number)[]): Promise<number>;
+};
 
 export function reportStoreOf(redis: Redis, settings: ReportStoreSettings) {
-  const { prefix, ttlSeconds, maxPerTenant } = settings;
+  const { prefix, ttlSeconds, maxPerTenant, maxRunningPerTenant } = settings;
   if (!('auditPutIfExists' in redis)) redis.defineCommand('auditPutIfExists', { numberOfKeys: 1, lua: PUT_IF_EXISTS });
+  if (!('auditCreateIfRoom' in redis)) redis.defineCommand('auditCreateIfRoom', { numberOfKeys: 4, lua: CREATE_IF_ROOM });
   const r = redis as ReportRedis;
   // {tenant} is a hash tag: a tenant's reports and its index live in one Redis Cluster slot
   const key = (tenantId: string, id: string) => `${prefix}:audit:{${tenantId}}:${id}`;
   const index = (tenantId: string) => `${prefix}:audit-index:{${tenantId}}`;
   const running = `${prefix}:audit-running`;
+  const runningOf = (tenantId: string) => `${prefix}:audit-running:{${tenantId}}`;
   const member = (tenantId: string, id: string) => `${tenantId}\n${id}`;
 
   /** drops what expired from the index, then the oldest reports beyond the cap */
@@ -35,7 +57,7 @@ export function reportStoreOf(redis: Redis, settings: ReportStoreSettings) {
     const evicted = await redis.zrange(index(tenantId), 0, excess - 1);
     const m = redis.multi();
     for (const id of evicted) m.del(key(tenantId, id)).zrem(running, member(tenantId, id));
-    m.zrem(index(tenantId), ...evicted);
+    m.zrem(index(tenantId), ...evicted).zrem(runningOf(tenantId), ...evicted);
     await m.exec();
   }
 
@@ -43,14 +65,28 @@ export function reportStoreOf(redis: Redis, settings: ReportStoreSettings) {
     ttlSeconds,
     maxPerTenant,
 
+    /** Keeps a new running report; throws RateLimitedError when the tenant has its most running already. */
     async create(tenantId: string, report: AuditReport, options: AuditOptions, nowMs: number): Promise<void> {
-      await redis
-        .multi()
-        .hset(key(tenantId, report.report_id), 'head', JSON.stringify(report), 'options', JSON.stringify(options))
-        .expire(key(tenantId, report.report_id), ttlSeconds + RUNNING_GRACE_SECONDS)
-        .zadd(index(tenantId), nowMs, report.report_id)
-        .zadd(running, nowMs, member(tenantId, report.report_id))
-        .exec();
+      const id = report.report_id;
+      const made = await r.auditCreateIfRoom(
+        runningOf(tenantId),
+        key(tenantId, id),
+        index(tenantId),
+        running,
+        nowMs,
+        nowMs - RUNNING_GRACE_SECONDS * 1000,
+        maxRunningPerTenant,
+        id,
+        member(tenantId, id),
+        JSON.stringify(report),
+        JSON.stringify(options),
+        ttlSeconds + RUNNING_GRACE_SECONDS,
+      );
+      if (made !== 1)
+        throw new RateLimitedError(
+          `${maxRunningPerTenant} audits of this tenant are running (SERVICE_AUDIT_TENANT_MAX_RUNNING): start another when one has finished`,
+          FULL_RETRY_AFTER_SECONDS,
+        );
       await trim(tenantId, nowMs);
     },
 
@@ -78,7 +114,12 @@ export function reportStoreOf(redis: Redis, settings: ReportStoreSettings) {
     /** the assembled report replaces the head, kept for the TTL from now */
     async finish(tenantId: string, report: AuditReport): Promise<boolean> {
       const kept = (await r.auditPutIfExists(key(tenantId, report.report_id), 'head', JSON.stringify(report))) === 1;
-      await redis.multi().expire(key(tenantId, report.report_id), ttlSeconds).zrem(running, member(tenantId, report.report_id)).exec();
+      await redis
+        .multi()
+        .expire(key(tenantId, report.report_id), ttlSeconds)
+        .zrem(running, member(tenantId, report.report_id))
+        .zrem(runningOf(tenantId), report.report_id)
+        .exec();
       return kept;
     },
 
@@ -95,7 +136,7 @@ export function reportStoreOf(redis: Redis, settings: ReportStoreSettings) {
 
     /** forgets a running report that no longer exists */
     async dropRunning(tenantId: string, id: string): Promise<void> {
-      await redis.zrem(running, member(tenantId, id));
+      await redis.multi().zrem(running, member(tenantId, id)).zrem(runningOf(tenantId), id).exec();
     },
   };
 }

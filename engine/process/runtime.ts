@@ -203,6 +203,7 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
         allowedRoots: config.auditAllowedRoots,
         reportTtlSeconds: config.audit.reportTtlSeconds,
         reportsMax: config.audit.reportsMax,
+        tenantMaxRunning: config.audit.tenantMaxRunning,
         phaseTimeoutSeconds: config.audit.phaseTimeoutSeconds,
         registryUrl: config.audit.registryUrl,
       },

@@ -12,6 +12,7 @@ import { PROJECT_ROOT } from '../../config/paths.js';
 import { newId } from '../../engine/platform/index.js';
 import { eventually, finishedRun, KEYS, startHarness, type Harness } from '../support/harness.js';
 import { makeFlawedProject, PLANTED_TOKEN } from '../support/projects.js';
+import { startWorkers } from '../../workers/index.js';
 
 type Body = Record<string, any>;
 
@@ -131,6 +132,39 @@ describe('workspace audit', function () {
     const other = await h.call<Body>('GET', `/api/v1/autonomy/workspace-audit/${res.body.report_id}`, { key: KEYS.b });
     expect(other.status).to.equal(404);
     expect(other.body.code).to.equal('not-found');
+  });
+
+  it('lets a tenant run SERVICE_AUDIT_TENANT_MAX_RUNNING audits at once: one more is a 429 until one ends, and other tenants are not held', async () => {
+    const capped = await startHarness({ workers: false, env: { SERVICE_AUDIT_TENANT_MAX_RUNNING: '1' } });
+    let workers: Awaited<ReturnType<typeof startWorkers>> | undefined;
+    try {
+      await fs.writeFile(path.join(capped.tenantDir('tenant-a'), 'README.md'), '# a\n');
+      await fs.writeFile(path.join(capped.tenantDir('tenant-b'), 'README.md'), '# b\n');
+      const start = (key = KEYS.a) =>
+        capped.call<Body>('POST', '/api/v1/autonomy/workspace-audit/run', { key, body: { timeout_seconds: 0, phases: ['sanity'] } });
+      const first = await start();
+      expect(first.status, first.text).to.equal(202);
+      const refused = await Promise.all([start(), start()]);
+      for (const r of refused) {
+        expect(r.status, r.text).to.equal(429);
+        expect(r.body.code).to.equal('rate-limited');
+        expect(r.headers.get('retry-after')).to.equal('30');
+        expect(r.body.detail).to.contain('SERVICE_AUDIT_TENANT_MAX_RUNNING');
+      }
+      expect((await start(KEYS.b)).status, 'another tenant has its own places').to.equal(202);
+      // nothing was kept of the refused requests: the tenant's list has its one report
+      const listed = await capped.rt.engine.audits.reports.listRunning(Date.now(), 100);
+      expect(listed.filter((r) => r.tenantId === 'tenant-a').map((r) => r.id)).to.deep.equal([first.body.report_id]);
+      workers = await startWorkers(capped.rt);
+      await eventually(async () => {
+        const got = await capped.call<Body>('GET', `/api/v1/autonomy/workspace-audit/${first.body.report_id}`);
+        return got.body.status !== 'running';
+      }, 'the first audit to end');
+      expect((await start()).status, 'a place is free again').to.equal(202);
+    } finally {
+      await workers?.close();
+      await capped.close();
+    }
   });
 
   it('refuses a layer whose path could backtrack for ever (a repetition inside a repetition), before any audit starts', async () => {
