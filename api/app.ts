@@ -32,6 +32,7 @@ import { apiKeysRouter } from './routes/api-keys.js';
 import { connectionsRouter } from './routes/connections.js';
 import { notificationDeliveriesRouter, notificationEndpointsRouter } from './routes/notifications.js';
 import { webhookDeliveriesRouter, webhookIntakeRouter, webhookSecretsRouter } from './routes/webhooks.js';
+import { refuseDeclaredOver } from './body-limit.js';
 import { finiteNumericQuery } from './numeric-query.js';
 import { loadSpec } from './spec.js';
 import { OpenStreams } from './sse.js';
@@ -56,7 +57,7 @@ export type AppDeps = {
   signIn: { corsOrigins: string[]; redirectUrl: string | null; sessionMaxSeconds: number };
 };
 
-export const BODY_LIMIT = '1mb';
+export const BODY_LIMIT_BYTES = 1024 * 1024;
 
 /**
  * The spec as the validator wants it: Ajv reads `discriminator` to check a oneOf against the one
@@ -102,10 +103,15 @@ export function createApp(deps: AppDeps): Express {
   if (deps.signIn.corsOrigins.length) app.use('/api/v1', corsFor(deps.signIn.corsOrigins));
   app.use('/api/v1', authenticate({ mode: deps.auth, apiKeys: deps.engine.apiKeys, sso: deps.engine.sso, allowedOrigins }));
   app.use('/api/v1', rateLimit(deps.engine.apiRateLimit));
+  app.use('/api/v1', (req, res, next) => {
+    // multipart uploads (voice) count their own bytes against their own limit
+    if (req.is('multipart/form-data')) return next();
+    if (!refuseDeclaredOver(BODY_LIMIT_BYTES, req, res, next)) next();
+  });
   app.use(
     '/api/v1',
     express.json({
-      limit: BODY_LIMIT,
+      limit: BODY_LIMIT_BYTES,
       type: ['application/json', 'application/*+json'],
       strict: true,
       // refused before it is parsed: nothing that would store or echo it can overflow on it

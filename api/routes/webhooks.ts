@@ -7,6 +7,7 @@ import { NotFoundError, WEBHOOK_PROVIDERS, type WebhookProvider } from '../../en
 import type { Engine } from '../../engine/index.js';
 import { BODY_LIMIT_BYTES } from '../../engine/webhooks/index.js';
 import { tenantOf } from '../auth.js';
+import { refuseDeclaredOver } from '../body-limit.js';
 import type { operations } from '../schema.js';
 
 const isKind = (k: string): k is WebhookProvider => (WEBHOOK_PROVIDERS as readonly string[]).includes(k);
@@ -23,6 +24,7 @@ export function webhookIntakeRouter(engine: Engine): Router {
     const kind = String(req.params.kind);
     // malformed tenant ids and unknown kinds are refused before the body is read
     if (!TENANT_ID_PATTERN.test(tenantId) || !isKind(kind)) throw new NotFoundError(`no webhook route ${req.path}`);
+    if (refuseDeclaredOver(BODY_LIMIT_BYTES[kind], req, res, next)) return;
     (kind === 'email' ? rawLarge : rawSmall)(req, res, (err?: unknown) => {
       if (err) return next(err);
       const body = Buffer.isBuffer(req.body) ? req.body : Buffer.alloc(0);

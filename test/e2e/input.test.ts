@@ -169,6 +169,33 @@ describe('bad input', () => {
     await expectProblem(await h.call('POST', '/api/v1/automations', { raw: big, headers: { 'content-type': 'application/json' } }), 413, 'payload-too-large');
   });
 
+  it('answers a body declared over its limit at once, without waiting for it, and closes the connection', async () => {
+    const { port } = new URL(h.url);
+    /** the answer to a request whose head alone is sent: the body it announces never comes */
+    const headOnly = (head: string) =>
+      new Promise<string>((resolve, reject) => {
+        const socket = net.connect(Number(port), '127.0.0.1', () => socket.write(head));
+        let text = '';
+        const timer = setTimeout(() => {
+          socket.destroy();
+          reject(new Error(`no answer in 3 s, only: ${text}`));
+        }, 3000);
+        socket.on('data', (d) => (text += d));
+        socket.on('end', () => resolve(text));
+        socket.on('close', () => clearTimeout(timer));
+        socket.on('error', reject);
+      });
+    for (const [what, head] of [
+      ['the API', `POST /api/v1/automations HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${KEYS.a}\r\nContent-Type: application/json\r\n`],
+      ['the webhook intake', 'POST /webhooks/tenant-a/codehost HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n'],
+    ]) {
+      const answer = await headOnly(`${head}Content-Length: 52428800\r\n\r\n`);
+      expect(answer, what).to.match(/^HTTP\/1\.1 413 /);
+      expect(answer, what).to.match(/\r\nConnection: close\r\n/i);
+      expect(JSON.parse(answer.slice(answer.indexOf('\r\n\r\n') + 4))).to.include({ code: 'payload-too-large' });
+    }
+  });
+
   it('unknown fields and wrong types are a 400 listing each one', async () => {
     const res = await h.call('POST', '/api/v1/automations', { body: { name: 42, goal: 'g', colour: 'red' } });
     await expectProblem(res, 400, 'bad-request');
