@@ -24,6 +24,11 @@ declare global {
       tenantId?: string;
       /** the API key the request came with (none with SERVICE_AUTH=none) */
       apiKeyId?: string;
+      /**
+       * Whether the request's credential still opens the API (the key not revoked or expired, the
+       * session not ended): a stream asks again as it goes, and ends when the answer is no.
+       */
+      stillAuthorized?: () => Promise<boolean>;
     }
   }
 }
@@ -46,6 +51,7 @@ export function authenticate(opts: { mode: 'required' | 'none'; apiKeys: ApiKeys
       if (!record) throw new UnauthorizedError('the API key is not valid (unknown, revoked or expired)');
       req.tenantId = record.tenant_id;
       req.apiKeyId = record.id;
+      req.stillAuthorized = async () => (await opts.apiKeys.resolve(key))?.id === record.id;
       bindToRequestLog(req, { tenant_id: record.tenant_id, key_id: record.id });
       return next();
     }
@@ -56,6 +62,7 @@ export function authenticate(opts: { mode: 'required' | 'none'; apiKeys: ApiKeys
       assertSameOrigin(req, opts.allowedOrigins);
       req.tenantId = signedIn.tenant_id;
       req.signedIn = signedIn;
+      req.stillAuthorized = async () => (await opts.sso!.resolve(sessionId))?.tenant_id === signedIn.tenant_id;
       bindToRequestLog(req, { tenant_id: signedIn.tenant_id, sub: signedIn.sub });
       return next();
     }

@@ -1,5 +1,7 @@
 // Server-sent events: `id:`, `event:`, `data:` lines, a heartbeat comment, resumable from
-// Last-Event-ID, and closed after the terminal event. Events come from the process's EventHub.
+// Last-Event-ID, and closed after the terminal event. Events come from the process's EventHub. At
+// each heartbeat the request's credential is checked again: a stream ends once its key is revoked or
+// expired, or its session has ended (the client's reconnect is then refused with a 401).
 import type { Request, Response } from 'express';
 import type { EventHub, Scope, ServiceEvent } from '../engine/platform/index.js';
 
@@ -65,7 +67,14 @@ export async function streamEvents(req: Request, res: Response, opts: SseOptions
   res.write('retry: 2000\n\n');
   let ended = false;
   let sub: { close(): void } | undefined;
-  const heartbeat = setInterval(() => res.write(': heartbeat\n\n'), opts.heartbeatMs);
+  const heartbeat = setInterval(() => {
+    res.write(': heartbeat\n\n');
+    // a store or Redis that does not answer is not a revocation: the stream goes on, and asks again
+    req.stillAuthorized?.().then(
+      (ok) => ok || end(),
+      () => undefined,
+    );
+  }, opts.heartbeatMs);
   const end = () => {
     if (ended) return;
     ended = true;

@@ -59,6 +59,37 @@ describe('api keys', function () {
     expect(h.logs.join('\n')).not.to.contain(made.key);
   });
 
+  it('ends an open event stream once its key is revoked, in another process, before anything more reaches it', async () => {
+    const made = (await h.call<Body>('POST', '/api/v1/api-keys', { body: { label: 'watcher' } })).body;
+    const session = (await h.call<Body>('POST', '/api/v1/sessions', { body: { title: 'watched' } })).body;
+    const say = (text: string) => h.call('POST', `/api/v1/sessions/${session.id}/messages`, { body: { role: 'user', parts: [{ type: 'text', text }] } });
+    // the stream is served by the other process: the revocation reaches it through the store alone
+    const res = await fetch(`${other.url}/api/v1/sessions/${session.id}/trace`, { headers: { authorization: `Bearer ${made.key}` } });
+    expect(res.status).to.equal(200);
+    const reader = res.body!.getReader();
+    let text = '';
+    const ended = (async () => {
+      for (;;) {
+        const { done, value } = await reader.read();
+        if (done) return true;
+        text += Buffer.from(value).toString();
+      }
+    })();
+    await say('before-revocation');
+    const deadline = Date.now() + 5000;
+    while (!text.includes('before-revocation') && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+    expect(text).to.contain('before-revocation');
+    expect((await h.call('DELETE', `/api/v1/api-keys/${made.api_key.id}`)).status).to.equal(204);
+    // the stream ends within a heartbeat (1 s here), and what is posted after it never reaches it
+    const closed = await Promise.race([ended, new Promise((r) => setTimeout(() => r(false), 4000))]);
+    expect(closed, 'the stream ended').to.equal(true);
+    await say('after-revocation');
+    await new Promise((r) => setTimeout(r, 200));
+    expect(text).not.to.contain('after-revocation');
+    const again = await fetch(`${other.url}/api/v1/sessions/${session.id}/trace`, { headers: { authorization: `Bearer ${made.key}` } });
+    expect(again.status, 'the reconnect is refused').to.equal(401);
+  });
+
   it('takes an expiry in the future only, and refuses the key once it has passed', async () => {
     const past = await h.call<Body>('POST', '/api/v1/api-keys', { body: { expires_at: '2020-01-01T00:00:00Z' } });
     expect(past.status, past.text).to.equal(400);

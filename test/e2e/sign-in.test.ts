@@ -139,9 +139,15 @@ describe('sign-in with OpenID Connect', function () {
     const inOther = () => fetch(`${other.url}/api/v1/me`, { headers: { cookie: `__Host-session=${second}` } });
     try {
       expect((await inOther()).status).to.equal(200);
+      // a stream the session opened in the other process ends with it
+      const watched = (await other.call<Body>('POST', '/api/v1/sessions', { body: { title: 'watched' } })).body;
+      const stream = await fetch(`${other.url}/api/v1/sessions/${watched.id}/trace`, { headers: { cookie: `__Host-session=${second}` } });
+      expect(stream.status).to.equal(200);
+      const streamEnded = stream.text().then(() => true);
       const out = await alice.fetch(`${service()}/auth/logout`, { method: 'POST', headers: { origin: service() } });
       expect(out.status).to.equal(204);
       expect((await inOther()).status).to.equal(401);
+      expect(await Promise.race([streamEnded, new Promise((r) => setTimeout(() => r(false), 4000))]), 'the stream ended').to.equal(true);
     } finally {
       await other.close();
     }
