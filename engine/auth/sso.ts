@@ -111,7 +111,9 @@ export function ssoOf(deps: { redis: Redis; queues: Queues; clock: Clock; log: L
       }
       const email = typeof claims.email === 'string' ? claims.email.toLowerCase() : null;
       if (s.allowedEmailDomains.length) {
-        const domain = email?.split('@')[1];
+        // the domain after the address's one `@`: an address with a quoted local part or more than one
+        // `@` ("x@corp.com@"@elsewhere.com goes to elsewhere.com) is refused, not read as corp.com
+        const domain = email ? /^[^@\s"]+@([^@\s"]+)$/.exec(email)?.[1] : undefined;
         // only an address the provider says it verified
         if (!email || claims.email_verified !== true || !domain || !s.allowedEmailDomains.includes(domain))
           throw new SignInRefusedError('your email domain may not sign in here');

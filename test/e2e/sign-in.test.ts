@@ -216,6 +216,11 @@ describe('sign-in with OpenID Connect', function () {
       const res = await b.navigate(`http://127.0.0.1:${domainPort}/auth/login`, 'alice');
       expect(res.res.status).to.equal(403);
       expect(((await res.res.json()) as Body).detail).to.contain('email domain');
+      // x@example.org@example.com is delivered to example.com: its first `@` does not make it example.org's
+      for (const login of ['x@example.org', '"x@example.org"']) {
+        const tricked = await new Browser().navigate(`http://127.0.0.1:${domainPort}/auth/login`, login);
+        expect(tricked.res.status, login).to.equal(403);
+      }
     } finally {
       await narrow.close();
       await narrowIdp.close();
