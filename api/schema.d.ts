@@ -1695,7 +1695,8 @@ export interface components {
             label?: string;
             /**
              * Format: date-time
-             * @description When it stops working (in the future).
+             * @description When it stops working (in the future). A key made with a key that expires expires no later than
+             *     that key: by default at the same time, and a later expiry is refused.
              */
             expires_at?: string;
         };

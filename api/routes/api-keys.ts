@@ -32,7 +32,14 @@ export function apiKeysRouter(engine: Engine): Router {
     const body = (req.body ?? {}) as ApiKeyCreate; // the body is optional
     // a key outlives the session that made it: who made it stays on it
     const created_by = req.apiKeyId ? `key:${req.apiKeyId}` : req.signedIn ? `person:${req.signedIn.sub}` : null;
-    const made = await engine.apiKeys.create(tenantOf(req), { label: body.label, expires_at: body.expires_at, source: 'api', created_by });
+    const maker = req.apiKeyId ? (await engine.apiKeys.list(tenantOf(req))).find((k) => k.id === req.apiKeyId) : undefined;
+    const made = await engine.apiKeys.create(tenantOf(req), {
+      label: body.label,
+      expires_at: body.expires_at,
+      source: 'api',
+      created_by,
+      not_after: maker?.expires_at ?? null,
+    });
     res.status(201).json({ key: made.key, api_key: view(made.record) });
   });
   router.delete('/:id', async (req, res) => {

@@ -51,13 +51,26 @@ export function apiKeysOf(deps: { store: Store; clock: Clock; log: Logger }) {
     /** Makes a new key; the returned `key` is the only time it exists in clear. */
     async create(
       tenantId: string,
-      opts: { label?: string | null; source: ApiKeyRecord['source']; expires_at?: string | null; created_by?: string | null },
+      opts: {
+        label?: string | null;
+        source: ApiKeyRecord['source'];
+        expires_at?: string | null;
+        created_by?: string | null;
+        /** the expiry of the key that makes this one: the new key expires no later (by default, then) */
+        not_after?: string | null;
+      },
     ): Promise<{ record: ApiKeyRecord; key: string }> {
-      const expires = opts.expires_at ? Date.parse(opts.expires_at) : null;
+      const notAfter = opts.not_after ? Date.parse(opts.not_after) : null;
+      const expires = opts.expires_at ? Date.parse(opts.expires_at) : notAfter;
       if (expires !== null && !Number.isFinite(expires))
         throw new ValidationError('the expiry is not a date', [{ path: '/body/expires_at', message: 'an RFC 3339 date and time' }]);
       if (expires !== null && expires <= clock.now().getTime())
         throw new ValidationError('the expiry is in the past', [{ path: '/body/expires_at', message: 'must be in the future' }]);
+      // a key that expires cannot make one that outlives it
+      if (expires !== null && notAfter !== null && expires > notAfter)
+        throw new ValidationError('the expiry is after that of the key making it', [
+          { path: '/body/expires_at', message: `must not be after ${new Date(notAfter).toISOString()}, when the key making it expires` },
+        ]);
       const key = generateKey();
       const made = record(tenantId, hashKey(key), { ...opts, expires_at: expires === null ? null : new Date(expires).toISOString() });
       await store.apiKeys.insert(made);

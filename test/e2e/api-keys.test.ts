@@ -100,8 +100,16 @@ describe('api keys', function () {
     expect(leap.status, leap.text).to.equal(400);
     const soon = (await h.call<Body>('POST', '/api/v1/api-keys', { body: { expires_at: new Date(Date.now() + 1500).toISOString() } })).body;
     expect((await h.call('GET', '/api/v1/runs', { key: soon.key })).status).to.equal(200);
+    // a key that expires makes keys that expire with it, never later
+    const child = await h.call<Body>('POST', '/api/v1/api-keys', { key: soon.key, body: { label: 'child' } });
+    expect(child.status, child.text).to.equal(201);
+    expect(child.body.api_key.expires_at).to.equal(soon.api_key.expires_at);
+    const later = await h.call<Body>('POST', '/api/v1/api-keys', { key: soon.key, body: { expires_at: new Date(Date.now() + 86_400_000).toISOString() } });
+    expect(later.status, later.text).to.equal(400);
+    expect(later.body.errors[0]).to.deep.include({ path: '/body/expires_at' });
     await new Promise((r) => setTimeout(r, 1600));
     expect((await h.call('GET', '/api/v1/runs', { key: soon.key })).status).to.equal(401);
+    expect((await h.call('GET', '/api/v1/runs', { key: child.body.key })).status, 'the child expired with it').to.equal(401);
   });
 
   it('revokes at start the bootstrap keys that left SERVICE_API_KEYS and restores one listed again; a revocation here stays', async () => {
