@@ -52,6 +52,8 @@ function setCookie(res: Response, name: string, value: string, maxAgeSeconds: nu
 }
 
 const SAFE_METHODS = new Set(['GET', 'HEAD', 'OPTIONS']);
+/** GETs that start work: held to the rule of a POST (a same-site page's <img> could otherwise start an audit) */
+const GETS_THAT_START_WORK = new Set(['/api/v1/autonomy/workspace-audit/stream']);
 
 /**
  * A cookie rides along on any request the browser makes, a forged cross-site form's too: a request
@@ -66,7 +68,7 @@ export function assertSameOrigin(req: Request, allowedOrigins: string[]): void {
   const fromAllowed = req.headers.origin !== undefined && allowedOrigins.includes(req.headers.origin);
   if (req.headers['sec-fetch-site'] === 'cross-site' && !fromAllowed && req.originalUrl.split('?')[0] !== '/api/v1/me')
     throw new CsrfRefusedError('a cross-site navigation cannot use this session');
-  if (SAFE_METHODS.has(req.method)) return;
+  if (SAFE_METHODS.has(req.method) && !GETS_THAT_START_WORK.has(req.originalUrl.split('?')[0]!)) return;
   const origin = req.headers.origin;
   if (origin) {
     if (allowedOrigins.includes(origin)) return;

@@ -246,6 +246,13 @@ describe('sign-in with OpenID Connect', function () {
     const navigate = (path: string) => alice.fetch(`${service()}${path}`, { headers: { 'sec-fetch-site': 'cross-site', 'sec-fetch-mode': 'navigate' } });
     expect((await navigate('/api/v1/autonomy/workspace-audit/stream')).status).to.equal(403);
     expect((await navigate('/api/v1/me')).status).to.equal(200);
+    // a GET that starts work keeps to the rule of a POST: a same-site page (a sibling subdomain) or a
+    // browser that sends no Fetch Metadata cannot start an audit with the cookie
+    const auditStream = (headers: Record<string, string>) => alice.fetch(`${service()}/api/v1/autonomy/workspace-audit/stream?phases=sanity`, { headers });
+    expect((await auditStream({ 'sec-fetch-site': 'same-site' })).status).to.equal(403);
+    expect((await auditStream({})).status).to.equal(403);
+    const read = await alice.fetch(`${service()}/api/v1/automations`, { headers: { 'sec-fetch-site': 'same-site' } });
+    expect(read.status, 'a GET that reads is not held').to.equal(200);
     // the web client's own fetch from another site names its Origin: not a navigation
     expect((await post({ origin: WEB_APP, 'sec-fetch-site': 'cross-site' })).status).to.equal(201);
     const fromApp = await post({ origin: WEB_APP });
