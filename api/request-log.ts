@@ -31,6 +31,21 @@ export function bindToRequestLog(req: Request, fields: Record<string, unknown>):
  * `app` is the Express app whose requests get `req.log`: the getter sits on its request prototype
  * (`app.request`), so no request object is reshaped by defining a property on it.
  */
+/**
+ * The route a request matched, as its metric label: the router's mount and the route's own path. Read
+ * from the URL, not `req.baseUrl`: Express puts `baseUrl` back as an error leaves a router, so every
+ * route's error answers would share its sub-path (`/:id`). The mounts are literal paths and a route's
+ * parameters take one segment each, so the mount is the URL's segments before the route's.
+ */
+function routeOf(req: Request): string {
+  if (!req.route) return 'unmatched';
+  const path = String(req.route.path);
+  const segments = req.originalUrl.split('?')[0]!.split('/').filter(Boolean);
+  const own = path.split('/').filter(Boolean).length;
+  const mount = segments.slice(0, Math.max(0, segments.length - own));
+  return `${mount.length ? `/${mount.join('/')}` : ''}${path}`;
+}
+
 export function requestLog(app: Express, opts: { log: Logger; httpDuration: Metrics['httpDuration']; quiet?: (path: string) => boolean }): RequestHandler {
   const { log, httpDuration } = opts;
   const loggerOf = (r: WithLog) => (r[CHILD] ??= log.child({ req_id: r.id, ...r[BINDINGS] }));
@@ -48,7 +63,7 @@ export function requestLog(app: Express, opts: { log: Logger; httpDuration: Metr
     const started = performance.now();
     res.once('finish', () => {
       const ms = performance.now() - started;
-      const route = req.route ? `${req.baseUrl}${String(req.route.path)}` : 'unmatched';
+      const route = routeOf(req);
       httpDuration.observe({ method: req.method, route, status: String(res.statusCode) }, ms / 1000);
       const level = res.statusCode >= 500 ? 'error' : 'info';
       if (!log.isLevelEnabled(level) || opts.quiet?.(req.path)) return;

@@ -11,10 +11,16 @@ describe('operations', function () {
       await eventually(async () => (await h.call('GET', `/api/v1/runs/${body.run_id}`)).body.status === 'succeeded', 'the run');
       expect((await h.call('GET', '/metrics', { key: null })).status).to.equal(401);
       expect((await h.call('GET', '/metrics', { key: KEYS.a })).status).to.equal(401);
+      // an error answer keeps its route's whole name, not the sub-router's part of it
+      expect((await h.call('GET', '/api/v1/runs/run_00000000000000000000000000')).status).to.equal(404);
+      expect((await h.call('GET', '/api/v1/sessions/ses_00000000000000000000000000/tasks')).status).to.equal(404);
       const res = await h.call('GET', '/metrics', { key: KEYS.admin });
       expect(res.status).to.equal(200);
       expect(res.headers.get('content-type')).to.contain('text/plain');
       expect(res.text).to.match(/automation_http_request_duration_seconds_bucket\{.*route="\/api\/v1\/autonomy\/run".*status="202"/);
+      expect(res.text).to.match(/automation_http_request_duration_seconds_count\{method="GET",route="\/api\/v1\/runs\/:id",status="404"\} 1/);
+      expect(res.text).to.match(/automation_http_request_duration_seconds_count\{method="GET",route="\/api\/v1\/sessions\/:id\/tasks",status="404"\} 1/);
+      expect(res.text).not.to.match(/route="\/:id/);
       expect(res.text).to.match(/^automation_runs\{kind="autonomy",status="succeeded"\} 1$/m);
       expect(res.text).to.match(/^automation_run_duration_seconds_count\{kind="autonomy",status="succeeded"\} 1$/m);
       expect(res.text).to.match(/^automation_queue_jobs\{queue="runs",state="waiting"\} 0$/m);
