@@ -3,7 +3,7 @@
 // the web client's origins.
 import cors from 'cors';
 import { Router, type Request, type RequestHandler, type Response } from 'express';
-import type { SignedIn, Sso } from '../engine/auth/index.js';
+import { LOGIN_SECONDS, type SignedIn, type Sso } from '../engine/auth/index.js';
 import { AppError, NotFoundError, ValidationError } from '../engine/platform/index.js';
 
 /** The session's cookie: `__Host-` so only this origin over HTTPS can set it, for every path. */
@@ -118,7 +118,7 @@ export function signInRouter(o: SignInOptions): Router {
   router.get('/auth/login', async (req, res) => {
     const returnTo = returnToOf(req.query.return_to, o.allowedOrigins);
     const started = await sso().login(returnTo);
-    setCookie(res, STATE_COOKIE, started.state, 600);
+    setCookie(res, STATE_COOKIE, started.cookie, LOGIN_SECONDS);
     res.redirect(302, started.url);
   });
 

@@ -1,12 +1,14 @@
 // People's sign-in: OpenID Connect's authorization code flow with PKCE (openid-client: discovery, the
 // token exchange, the ID token's signature, issuer, audience, expiry and nonce), a tenant read from a
 // claim, and server-side sessions in Redis. A session's id lives only in the browser's cookie; Redis
-// keeps its sha256. Everything a login needs between the redirect and the callback is kept in Redis
-// under its state, used once.
+// keeps its sha256. Everything a login needs between the redirect and the callback (its state, nonce,
+// PKCE verifier and where to go back to) travels sealed (AES-GCM, SERVICE_SECRET_KEY) in the browser's
+// sign-in cookie: starting a sign-in writes nothing, so no one can fill Redis by asking for logins. A
+// login is used once: its state is marked used in Redis when its callback succeeds.
 import { createHash, randomBytes } from 'node:crypto';
 import * as oidc from 'openid-client';
 import { TENANT_ID_PATTERN, type OidcConfig } from '../../config/env.js';
-import { AppError, ServiceUnavailableError, type Clock, type Logger, type Queues, type Redis } from '../platform/index.js';
+import { AppError, ServiceUnavailableError, type Clock, type Logger, type Queues, type Redis, type SecretBox } from '../platform/index.js';
 
 /** A sign-in that cannot be completed: said to the person, logged without tokens. */
 export class SignInRefusedError extends AppError {
@@ -28,12 +30,17 @@ export type SignedIn = {
 
 export type SsoSettings = OidcConfig & { idleSeconds: number; maxSeconds: number; allowInsecureIssuer: boolean };
 
-const LOGIN_SECONDS = 600;
+/** how long a started sign-in may take (the sign-in cookie's life too) */
+export const LOGIN_SECONDS = 600;
 const sha256 = (s: string) => createHash('sha256').update(s).digest('hex');
+/** the sealed sign-in cookie's additional data: a value sealed for another purpose does not open as one */
+const LOGIN_OWNER = 'sso-login';
 
-export function ssoOf(deps: { redis: Redis; queues: Queues; clock: Clock; log: Logger }, s: SsoSettings) {
-  const { redis, clock, log } = deps;
-  const loginKey = (state: string) => `${deps.queues.prefix}:sso-login:${sha256(state)}`;
+type Login = { state: string; nonce: string; verifier: string; return_to: string | null; expires_at_ms: number };
+
+export function ssoOf(deps: { redis: Redis; queues: Queues; clock: Clock; log: Logger; secretBox: SecretBox }, s: SsoSettings) {
+  const { redis, clock, log, secretBox } = deps;
+  const usedKey = (state: string) => `${deps.queues.prefix}:sso-used:${sha256(state)}`;
   const sessionKey = (id: string) => `${deps.queues.prefix}:sso-session:${sha256(id)}`;
   let discovered: Promise<oidc.Configuration> | undefined;
 
@@ -61,13 +68,14 @@ export function ssoOf(deps: { redis: Redis; queues: Queues; clock: Clock; log: L
   }
 
   return {
-    /** Starts a sign-in: where to send the browser, and the state its cookie binds to it. */
-    async login(returnTo: string | null): Promise<{ url: string; state: string }> {
+    /** Starts a sign-in: where to send the browser, and the sealed login its cookie carries to the callback. */
+    async login(returnTo: string | null): Promise<{ url: string; cookie: string }> {
       const config = await configuration();
       const state = oidc.randomState();
       const nonce = oidc.randomNonce();
       const verifier = oidc.randomPKCECodeVerifier();
-      await redis.set(loginKey(state), JSON.stringify({ nonce, verifier, return_to: returnTo }), 'EX', LOGIN_SECONDS);
+      const login: Login = { state, nonce, verifier, return_to: returnTo, expires_at_ms: clock.now().getTime() + LOGIN_SECONDS * 1000 };
+      const cookie = Buffer.from(JSON.stringify(secretBox.seal(JSON.stringify(login), LOGIN_OWNER))).toString('base64url');
       const url = oidc.buildAuthorizationUrl(config, {
         redirect_uri: s.redirectUrl,
         scope: 'openid email profile',
@@ -76,21 +84,27 @@ export function ssoOf(deps: { redis: Redis; queues: Queues; clock: Clock; log: L
         code_challenge: await oidc.calculatePKCECodeChallenge(verifier),
         code_challenge_method: 'S256',
       });
-      return { url: url.href, state };
+      return { url: url.href, cookie };
     },
 
     /**
-     * Completes a sign-in from the callback URL. The state must match the browser's cookie and a login
-     * started here (each is used once: a replayed callback finds nothing); openid-client checks the
-     * code exchange, PKCE, nonce and the ID token. Answers the new session's id and where to go.
+     * Completes a sign-in from the callback URL. The state must be the one the browser's sealed cookie
+     * carries, of a login started here less than LOGIN_SECONDS ago and not used yet (a replayed callback
+     * is refused); openid-client checks the code exchange, PKCE, nonce and the ID token. Answers the new
+     * session's id and where to go.
      */
-    async callback(currentUrl: URL, cookieState: string | undefined): Promise<{ sessionId: string; session: SignedIn; returnTo: string | null }> {
+    async callback(currentUrl: URL, cookie: string | undefined): Promise<{ sessionId: string; session: SignedIn; returnTo: string | null }> {
       const state = currentUrl.searchParams.get('state');
       if (currentUrl.searchParams.get('error')) throw new SignInRefusedError(`the identity provider refused: ${currentUrl.searchParams.get('error')}`);
-      if (!state || !cookieState || state !== cookieState) throw new SignInRefusedError('this sign-in was not started in this browser; start again');
-      const saved = await redis.getdel(loginKey(state));
-      if (!saved) throw new SignInRefusedError('this sign-in has expired or was already used; start again');
-      const login = JSON.parse(saved) as { nonce: string; verifier: string; return_to: string | null };
+      let login: Login | null = null;
+      try {
+        login = cookie ? (JSON.parse(secretBox.open(JSON.parse(Buffer.from(cookie, 'base64url').toString()), LOGIN_OWNER)) as Login) : null;
+      } catch {
+        login = null; // not sealed by this service (or by another key): no login of this browser
+      }
+      if (!state || !login || login.state !== state) throw new SignInRefusedError('this sign-in was not started in this browser; start again');
+      if (login.expires_at_ms <= clock.now().getTime() || (await redis.exists(usedKey(state))))
+        throw new SignInRefusedError('this sign-in has expired or was already used; start again');
       const config = await configuration();
       let claims: Record<string, unknown>;
       try {
@@ -109,6 +123,9 @@ export function ssoOf(deps: { redis: Redis; queues: Queues; clock: Clock; log: L
         log.warn({ issuer: s.issuer, reason: (err as { code?: string }).code ?? (err as Error).name, err: (err as Error).message }, 'sign-in refused');
         throw new SignInRefusedError('the identity provider’s answer did not check out; start again');
       }
+      // used once: of two callbacks of one login (a provider that let its code be exchanged twice), one wins
+      if ((await redis.set(usedKey(state), '1', 'EX', LOGIN_SECONDS, 'NX')) === null)
+        throw new SignInRefusedError('this sign-in has expired or was already used; start again');
       const email = typeof claims.email === 'string' ? claims.email.toLowerCase() : null;
       if (s.allowedEmailDomains.length) {
         // the domain after the address's one `@`: an address with a quoted local part or more than one

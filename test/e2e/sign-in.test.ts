@@ -15,6 +15,8 @@ class Browser {
   private readonly jar = new Map<string, Map<string, string>>();
   /** every URL visited, in order */
   readonly visited: string[] = [];
+  /** every cookie value set, in order: [name, value] */
+  readonly set: [string, string][] = [];
 
   cookie(origin: string, name: string): string | undefined {
     return this.jar.get(origin)?.get(name);
@@ -34,6 +36,7 @@ class Browser {
       const at = pair!.indexOf('=');
       const name = pair!.slice(0, at).trim();
       const value = pair!.slice(at + 1).trim();
+      this.set.push([name, value]);
       const jar = this.jar.get(u.origin) ?? new Map<string, string>();
       this.jar.set(u.origin, jar);
       if (attrs.some((a) => /^\s*max-age=0\s*$/i.test(a)) || value === '') jar.delete(name);
@@ -285,14 +288,24 @@ describe('sign-in with OpenID Connect', function () {
     expect(res.status).to.equal(403);
     expect(((await res.json()) as Body).code).to.equal('sign-in-refused');
 
-    // replayed: the same callback URL, second time
+    // replayed: the same callback URL with the same sign-in cookie, second time
     const alice = new Browser();
     await alice.navigate(`${service()}/auth/login`, 'alice');
     const callback = alice.visited.find((u) => u.startsWith(`${service()}/auth/callback?`))!;
+    const signInCookie = alice.set.find(([name, value]) => name === '__Host-sign-in' && value)![1];
     const replay = new Browser();
-    const replayed = await replay.fetch(callback, { headers: { cookie: `__Host-sign-in=${new URL(callback).searchParams.get('state')}` } });
+    const replayed = await replay.fetch(callback, { headers: { cookie: `__Host-sign-in=${signInCookie}` } });
     expect(replayed.status).to.equal(403);
     expect(((await replayed.json()) as Body).detail).to.contain('expired or was already used');
+    // the state alone (what the URL shows) is no sign-in cookie: the login travels sealed
+    const stateOnly = await new Browser().fetch(callback, { headers: { cookie: `__Host-sign-in=${new URL(callback).searchParams.get('state')}` } });
+    expect(((await stateOnly.json()) as Body).detail).to.contain('not started in this browser');
+
+    // starting sign-ins writes nothing: no one can fill Redis by asking for logins
+    const keysNow = async () => (await h.rt.redis.keys(`${h.config.queuePrefix}:sso-*`)).length;
+    const before = await keysNow();
+    await Promise.all(Array.from({ length: 50 }, () => fetch(`${service()}/auth/login`, { redirect: 'manual' })));
+    expect(await keysNow()).to.equal(before);
 
     for (const login of ['mallory', 'nobody']) {
       const b = new Browser();
