@@ -169,10 +169,10 @@ export function createEngine(given: EngineDeps) {
     fireCron,
     /** voice transcription: nothing stored */
     voice: voiceOf(deps, deps.voice),
-    /** file_change triggers: one watcher on the workspace root; a matching change fires the automation */
-    watchFiles: (opts: { refreshMs: number; ignore: string[] }) =>
+    /** file_change triggers: one watcher on the tenant roots that have some; a matching change fires the automation */
+    watchFiles: (opts: { refreshMs: number }) =>
       fileTriggersOf(
-        { ...deps, workspaceRoot: deps.settings.workspaceRoot, tenantRootOf: (t) => tenantRootPath(deps.settings, t) },
+        { ...deps, tenantRootOf: (t) => tenantRootPath(deps.settings, t) },
         { ...opts, fire: (a, trigger) => fire(a.tenant_id, a.id, trigger) },
       ),
   };

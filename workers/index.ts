@@ -154,7 +154,7 @@ export async function startWorkers(rt: Runtime, processors: Processors = process
     if (rt.engine.executor.abort(runId)) rt.log.info({ run_id: runId }, 'run cancel requested');
   });
 
-  const fileTriggers = rt.engine.watchFiles({ refreshMs: rt.config.fileTriggerRefreshSeconds * 1000, ignore: [rt.config.dataDir] });
+  const fileTriggers = rt.engine.watchFiles({ refreshMs: rt.config.fileTriggerRefreshSeconds * 1000 });
   await fileTriggers.start();
 
   const reconcile = () =>

@@ -1,6 +1,11 @@
-// file_change triggers: one chokidar watcher on the workspace root per process; a change that matches
-// an enabled automation's globs starts its run after the trigger's debounce. When several processes
-// watch the same files, a Redis lock per automation and debounce window lets only one of them fire.
+// file_change triggers: one chokidar watcher per process over the tenant roots that have an enabled
+// file_change automation (no other folder is watched); a change that matches an automation's globs
+// starts its run after the trigger's debounce. Links are not followed: a tenant's link to another
+// tenant's folder (or to /usr) shows no change there, and costs no watch. When several processes watch
+// the same files, a Redis lock per automation and batch of changes (its paths and their state) lets
+// only one of them fire it.
+import { createHash } from 'node:crypto';
+import fs from 'node:fs/promises';
 import path from 'node:path';
 import { watch, type FSWatcher } from 'chokidar';
 import picomatch from 'picomatch';
@@ -11,12 +16,16 @@ type Watched = { automation: Automation; tenantRoot: string; matchers: { match: 
 
 export type FileTriggers = { start(): Promise<void>; refresh(): Promise<void>; close(): Promise<void> };
 
+/** folders no trigger looks into: dependencies, git's own files, vibe runs' scratch copies and checkouts */
+const IGNORED = /(^|[\\/])(node_modules|\.git|\.scratch|\.checkouts)([\\/]|$)/;
+
 export function fileTriggersOf(
-  deps: Pick<Platform, 'store' | 'redis' | 'queues' | 'log'> & { workspaceRoot: string; tenantRootOf(tenantId: string): string },
-  opts: { refreshMs: number; ignore: string[]; fire(a: Automation, trigger: RunTrigger): Promise<unknown> },
+  deps: Pick<Platform, 'store' | 'redis' | 'queues' | 'log'> & { tenantRootOf(tenantId: string): string },
+  opts: { refreshMs: number; fire(a: Automation, trigger: RunTrigger): Promise<unknown> },
 ): FileTriggers {
-  const root = deps.workspaceRoot;
   let watched: Watched[] = [];
+  /** the tenant roots being watched */
+  let roots = new Set<string>();
   const pending = new Map<string, { timer: NodeJS.Timeout; paths: Set<string> }>();
   let watcher: FSWatcher | undefined;
   let refresher: NodeJS.Timeout | undefined;
@@ -30,6 +39,15 @@ export function fileTriggersOf(
         t.type === 'file_change' ? [{ match: picomatch(t.paths, { dot: true }), paths: t.paths, debounceMs: t.debounce_ms ?? 500 }] : [],
       ),
     }));
+    if (!watcher) return;
+    const wanted = new Set(watched.map((w) => w.tenantRoot));
+    const added = [...wanted].filter((r) => !roots.has(r));
+    const dropped = [...roots].filter((r) => !wanted.has(r));
+    // a root is made before it is watched: a change in a root made later would otherwise be missed
+    await Promise.all(added.map((r) => fs.mkdir(r, { recursive: true })));
+    if (dropped.length) watcher.unwatch(dropped);
+    if (added.length) watcher.add(added);
+    roots = wanted;
   }
 
   function onChange(file: string): void {
@@ -43,18 +61,34 @@ export function fileTriggersOf(
       const entry = pending.get(key) ?? { timer: undefined as unknown as NodeJS.Timeout, paths: new Set<string>() };
       entry.paths.add(rel);
       clearTimeout(entry.timer);
-      entry.timer = setTimeout(() => void fire(w.automation, [...entry.paths], hit.debounceMs), hit.debounceMs);
+      entry.timer = setTimeout(() => void fire(w.automation, entry, w.tenantRoot, hit.debounceMs), hit.debounceMs);
       pending.set(key, entry);
     }
   }
 
-  async function fire(a: Automation, paths: string[], debounceMs: number): Promise<void> {
+  async function fire(a: Automation, batch: { paths: Set<string> }, root: string, debounceMs: number): Promise<void> {
     pending.delete(a.id);
-    const lock = `${deps.queues.prefix}:file-trigger:${a.id}`;
-    const won = await deps.redis.set(lock, '1', 'PX', Math.max(debounceMs, 250), 'NX');
+    const paths = [...batch.paths].sort();
+    // the batch's identity: its paths and the state each is in now (modified time, or gone). Every process
+    // that saw the same changes takes the same lock and only one fires; a later change of the same files
+    // is another state, so another lock, and is never dropped for following the last too closely
+    const states = await Promise.all(
+      paths.slice(0, 100).map((p) =>
+        fs.stat(path.join(root, p)).then(
+          (st) => st.mtimeMs,
+          () => 'gone',
+        ),
+      ),
+    );
+    const identity = createHash('sha256')
+      .update(JSON.stringify([paths.length, paths.slice(0, 100), states]))
+      .digest('hex')
+      .slice(0, 24);
+    const lock = `${deps.queues.prefix}:file-trigger:${a.id}:${identity}`;
+    const won = await deps.redis.set(lock, '1', 'PX', Math.max(debounceMs, 250) + 10_000, 'NX');
     if (!won) return;
     try {
-      await opts.fire(a, { type: 'file_change', paths: paths.sort().slice(0, 100) });
+      await opts.fire(a, { type: 'file_change', paths: paths.slice(0, 100) });
     } catch (err) {
       deps.log.warn({ automation_id: a.id, err: (err as Error).message }, 'file_change trigger did not start a run');
     }
@@ -63,18 +97,14 @@ export function fileTriggersOf(
   return {
     refresh,
     async start() {
-      await refresh();
-      // ignore the service's own files (the SQLite store) when they sit inside the watched root
-      const ignored = opts.ignore.map((p) => path.resolve(p)).filter((p) => !(root === p || root.startsWith(p + path.sep)));
-      watcher = watch(root, {
-        ignoreInitial: true,
-        ignored: (p: string) =>
-          /(^|[\\/])(node_modules|\.git|\.scratch|\.checkouts)([\\/]|$)/.test(p) || ignored.some((i) => p === i || p.startsWith(i + path.sep)),
-      });
+      watcher = watch([], { ignoreInitial: true, followSymlinks: false, ignored: (p: string) => IGNORED.test(p) });
       watcher.on('add', onChange).on('change', onChange).on('unlink', onChange);
       watcher.on('error', (err) => deps.log.warn({ err }, 'file watcher error'));
-      await new Promise<void>((resolve) => watcher!.once('ready', () => resolve()));
-      refresher = setInterval(() => void refresh().catch(() => undefined), opts.refreshMs);
+      // chokidar says `ready` once, when the roots first added have been read
+      const ready = new Promise<void>((resolve) => watcher!.once('ready', () => resolve()));
+      await refresh();
+      if (roots.size) await ready;
+      refresher = setInterval(() => void refresh().catch((err: Error) => deps.log.warn({ err: err.message }, 'file triggers not refreshed')), opts.refreshMs);
       refresher.unref();
     },
     async close() {

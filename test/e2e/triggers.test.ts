@@ -4,7 +4,7 @@ import path from 'node:path';
 import { expect } from 'chai';
 import { startWorkers } from '../../workers/index.js';
 import { automationFixture } from '../integration/store-contract.js';
-import { eventually, startHarness, type Harness } from '../support/harness.js';
+import { eventually, KEYS, startHarness, type Harness } from '../support/harness.js';
 
 type Body = Record<string, any>;
 
@@ -134,5 +134,50 @@ describe('file_change triggers', function () {
     await fs.writeFile(path.join(h.tenantDir(), 'src/c.ts'), 'c');
     await new Promise((r) => setTimeout(r, 1000));
     expect(await history(h, a.id)).to.have.length(1);
+  });
+
+  it('fires each change that follows the last batch closely, losing none (debounce 0)', async () => {
+    const a = (
+      await h.call('POST', '/api/v1/automations', {
+        body: { name: 'no debounce', triggers: [{ type: 'file_change', paths: ['d0/**'], debounce_ms: 0 }], steps: [{ tool: 'message', args: { text: 'x' } }] },
+      })
+    ).body;
+    await fs.mkdir(path.join(h.tenantDir(), 'd0'), { recursive: true });
+    await new Promise((r) => setTimeout(r, 1500));
+    await fs.writeFile(path.join(h.tenantDir(), 'd0/first.txt'), '1');
+    await new Promise((r) => setTimeout(r, 120));
+    await fs.writeFile(path.join(h.tenantDir(), 'd0/second.txt'), '2');
+    const runs = await eventually(
+      async () => {
+        const r = await history(h, a.id);
+        return r.length >= 2 ? r : null;
+      },
+      'a run for each change',
+      10_000,
+    );
+    expect(
+      runs
+        .map((r) => r.trigger.paths)
+        .flat()
+        .sort(),
+    ).to.deep.equal(['d0/first.txt', 'd0/second.txt']);
+  });
+
+  it("never follows a link out of the tenant's root: another tenant's files are not seen through it", async () => {
+    const a = (
+      await h.call('POST', '/api/v1/automations', {
+        body: { name: 'peek', triggers: [{ type: 'file_change', paths: ['peek/**'], debounce_ms: 100 }], steps: [{ tool: 'message', args: { text: 'x' } }] },
+      })
+    ).body;
+    // tenant-b is watched too (it has an automation of its own), and tenant-a links to its folder
+    await h.call('POST', '/api/v1/automations', {
+      key: KEYS.b,
+      body: { name: 'b watches', triggers: [{ type: 'file_change', paths: ['**'] }], steps: [{ tool: 'message', args: { text: 'x' } }] },
+    });
+    await fs.symlink(h.tenantDir('tenant-b'), path.join(h.tenantDir(), 'peek'));
+    await new Promise((r) => setTimeout(r, 1500));
+    await fs.writeFile(path.join(h.tenantDir('tenant-b'), 'acquisition-target.txt'), 'secret plans');
+    await new Promise((r) => setTimeout(r, 1500));
+    expect(await history(h, a.id)).to.deep.equal([]);
   });
 });
