@@ -1782,7 +1782,7 @@ export interface components {
              */
             type: "cron";
             /**
-             * @description 5 fields (minute hour day-of-month month day-of-week), or 6 with seconds first.
+             * @description 5 fields (minute hour day-of-month month day-of-week), or 6 with seconds first; `H` (a hashed value) is refused.
              * @example 0 9 * * MON-FRI
              */
             schedule: string;

@@ -34,11 +34,17 @@ export function schedulesOf(deps: Pick<Platform, 'queues' | 'store' | 'log'>) {
 
   async function apply(want: Map<string, { pattern: string; tz: string; data: CronJob }>, have: string[]): Promise<void> {
     for (const [id, w] of want) {
-      await queue.upsertJobScheduler(
-        id,
-        { pattern: w.pattern, tz: w.tz },
-        { name: 'cron', data: w.data, opts: { removeOnComplete: { count: 100 }, removeOnFail: { count: 500 } } },
-      );
+      // one scheduler BullMQ cannot place (a time zone's transition it cannot step over) holds back no other;
+      // the reconciler tries it again at its next pass
+      await queue
+        .upsertJobScheduler(
+          id,
+          { pattern: w.pattern, tz: w.tz },
+          { name: 'cron', data: w.data, opts: { removeOnComplete: { count: 100 }, removeOnFail: { count: 500 } } },
+        )
+        .catch((err: Error) =>
+          deps.log.warn({ scheduler_id: id, automation_id: w.data.automation_id, tenant_id: w.data.tenant_id, err: err.message }, 'cron scheduler not placed'),
+        );
     }
     for (const id of have) if (!want.has(id)) await queue.removeJobScheduler(id); // a no-op when absent
   }

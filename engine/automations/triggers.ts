@@ -39,6 +39,10 @@ const cronError = memo((schedule: string): string | null => {
   if (!schedule.trim().startsWith('@') && (fields.length < 5 || fields.length > 6)) {
     return `expected 5 fields (minute hour day month weekday) or 6 with seconds first, got ${fields.length}`;
   }
+  // cron-parser draws an H ("some value") again at every parse, and BullMQ parses at every tick: the
+  // schedule would move each time, firing at random times and a random number of times
+  if (fields.some((f) => f.split(',').some((part) => /^H(\(|\/|$)/i.test(part))))
+    return 'H (a hashed value) is not supported: name the minute, hour, ... to fire at';
   try {
     CronExpressionParser.parse(schedule, { tz: 'UTC' }).next();
     return null;

@@ -85,6 +85,64 @@ describe('cron triggers', function () {
   });
 });
 
+describe('cron schedulers that BullMQ cannot place', function () {
+  this.timeout(30_000);
+  it("holds back no other automation's scheduler: the reconciler places the rest and says which one failed", async () => {
+    const h = await startHarness({ workers: false });
+    try {
+      const make = async (name: string) =>
+        (
+          await h.call<Body>('POST', '/api/v1/automations', {
+            body: {
+              name,
+              triggers: [{ type: 'cron', schedule: '0 3 * * *', timezone: 'Australia/Lord_Howe' }],
+              steps: [{ tool: 'message', args: { text: 'x' } }],
+            },
+          })
+        ).body;
+      const [a, b] = [await make('first'), await make('second')];
+      const queue = h.rt.queues.get('triggers');
+      for (const id of await schedulers(h)) await queue.removeJobScheduler(id);
+      // the failure cron-parser meets at some time zones' transitions ("loop limit exceeded"), for the first one
+      const upsert = queue.upsertJobScheduler.bind(queue);
+      queue.upsertJobScheduler = (async (id: string, ...rest: unknown[]) => {
+        if (id === `cron-${a.id}-0`) throw new Error('Invalid expression, loop limit exceeded');
+        return (upsert as (...args: unknown[]) => unknown)(id, ...rest);
+      }) as typeof queue.upsertJobScheduler;
+      try {
+        await h.rt.engine.schedules.reconcile();
+      } finally {
+        queue.upsertJobScheduler = upsert;
+      }
+      expect(await schedulers(h)).to.deep.equal([`cron-${b.id}-0`]);
+      expect(h.logs.join('\n')).to.contain('cron scheduler not placed').and.contain(a.id);
+      await h.rt.engine.schedules.reconcile();
+      expect((await schedulers(h)).sort()).to.deep.equal([`cron-${a.id}-0`, `cron-${b.id}-0`].sort());
+    } finally {
+      await h.close();
+    }
+  });
+
+  it('refuses H (a hashed value): cron-parser draws it again at every parse, so the schedule would move at every tick', async () => {
+    const h = await startHarness({ workers: false });
+    try {
+      for (const schedule of ['H * * * * *', 'H H * * *', '0 H(0-5) * * *', '*/5 H/2 * * *']) {
+        const res = await h.call<Body>('POST', '/api/v1/automations', {
+          body: { name: 'hashed', triggers: [{ type: 'cron', schedule, timezone: 'UTC' }], steps: [{ tool: 'message', args: { text: 'x' } }] },
+        });
+        expect(res.status, schedule).to.equal(400);
+        expect(res.body.errors[0].path).to.equal('/body/triggers/0/schedule');
+      }
+      const thursdays = await h.call<Body>('POST', '/api/v1/automations', {
+        body: { name: 'thu', triggers: [{ type: 'cron', schedule: '0 9 * * THU', timezone: 'UTC' }], steps: [{ tool: 'message', args: { text: 'x' } }] },
+      });
+      expect(thursdays.status, 'a day name with an H in it is no hash').to.equal(201);
+    } finally {
+      await h.close();
+    }
+  });
+});
+
 describe('file_change triggers', function () {
   this.timeout(30_000);
   let h: Harness;
