@@ -72,7 +72,7 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
     if (found.status === 'running') {
       if (inFlight.has(runId)) return null; // still executing here: the job was re-delivered after a stall
       // a previous delivery started it and its worker died: its steps may have had effects
-      return transitions.lose(found, 'the worker running this attempt stopped');
+      return transitions.lose(found, 'the worker running this attempt stopped', await runs.isCancelRequested(runId).catch(() => false));
     }
     // registered before the start, so a cancel request published from here on reaches it; the key
     // covers one published before, and is read while the start is written

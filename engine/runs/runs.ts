@@ -266,6 +266,10 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
     return path.relative(tenantRootPath(settings, run.tenant_id), run.workspace) || '.';
   }
 
+  async function isCancelRequested(runId: string): Promise<boolean> {
+    return (await batch.call<number>('key.exists', [cancelKey(prefix, runId)], [])) === 1;
+  }
+
   return {
     create,
     createIdempotent,
@@ -363,9 +367,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       if (job && (await job.isDelayed())) await job.promote().catch(() => undefined);
     },
 
-    async isCancelRequested(runId: string): Promise<boolean> {
-      return (await batch.call<number>('key.exists', [cancelKey(prefix, runId)], [])) === 1;
-    },
+    isCancelRequested,
 
     cancelChannel: CANCEL_CHANNEL(prefix),
 
@@ -407,7 +409,8 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
         const job = await queue.getJob(jobIdOfRun(run, run.attempt));
         const state = job ? await job.getState() : 'missing';
         if (state !== 'missing' && state !== 'failed' && state !== 'completed') continue;
-        if (await transitions.lose(run, `the run's job was ${state === 'missing' ? 'lost' : state} while the run was running`)) lost++;
+        const why = `the run's job was ${state === 'missing' ? 'lost' : state} while the run was running`;
+        if (await transitions.lose(run, why, await isCancelRequested(run.id).catch(() => false))) lost++;
       }
       let freed = 0;
       for (const [tenantId, runIds] of await slots.holders()) {

@@ -314,10 +314,26 @@ export function transitionsOf(deps: TransitionsDeps) {
       );
     },
 
-    /** running -> failed (worker-lost): the worker running it died, or its job was lost. Retried by policy. */
-    lose(run: Run, message: string): Promise<Settled> {
-      const error = { code: 'worker-lost', message };
-      return settleAttempt(run, 'failed', { error, summary: 'failed: worker lost' }, 'lost', []);
+    /**
+     * running -> failed (worker-lost): the worker running it died, or its job was lost. Retried by
+     * policy; or canceled, never retried, when a cancel was asked for before (the worker that would have
+     * stopped it is gone). The steps it left running end failed with the attempt, and are counted.
+     */
+    async lose(run: Run, message: string, cancelRequested = false): Promise<Settled> {
+      const at = clock.now();
+      const error = cancelRequested ? { code: 'canceled', message: `canceled; ${message}` } : { code: 'worker-lost', message };
+      const recorded = await store.runs.steps(run.tenant_id, run.id, run.attempt);
+      const cut = recorded
+        .filter((s) => s.status === 'running')
+        .map((s): StepRecord => ({
+          ...s,
+          status: 'failed',
+          finished_at: at.toISOString(),
+          duration_ms: s.started_at ? Math.max(0, at.getTime() - Date.parse(s.started_at)) : null,
+          error,
+        }));
+      const changes = { error, summary: cancelRequested ? 'canceled' : 'failed: worker lost', usage: { ...run.usage, steps: recorded.length } };
+      return settleAttempt(run, cancelRequested ? 'canceled' : 'failed', changes, 'lost', cut);
     },
 
     /** queued -> canceled: a run that never started (its job, if any, is removed). */

@@ -120,23 +120,39 @@ describe('scheduling', function () {
     const worker = spawn(process.execPath, ['--import', 'tsx', 'workers/main.ts'], { env, detached: true, stdio: 'ignore' });
     let second: ReturnType<typeof spawn> | undefined;
     try {
-      const id = (await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'sleep 60' } }], budget_seconds: 120 } }))
-        .body.run_id;
-      await eventually(async () => (await runStatus(h, id)).status === 'running', 'the run to start', 15_000);
+      const start = async () =>
+        (await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'sleep 60' } }], budget_seconds: 120 } })).body
+          .run_id as string;
+      const [id, canceledId] = [await start(), await start()];
+      for (const r of [id, canceledId]) await eventually(async () => (await runStatus(h, r)).status === 'running', 'the runs to start', 15_000);
+      await new Promise((r) => setTimeout(r, 600)); // a running step's record is saved within 200 ms
       process.kill(-worker.pid!, 'SIGKILL');
       const killedAt = Date.now();
+      // a cancel asked for while no worker runs it: the run ends canceled, not lost, and is not retried
+      expect((await h.call('POST', `/api/v1/runs/${canceledId}/cancel`)).status).to.equal(202);
       second = spawn(process.execPath, ['--import', 'tsx', 'workers/main.ts'], { env, detached: true, stdio: 'ignore' });
-      const run = await eventually(
-        async () => {
-          const r = await runStatus(h, id);
-          return TERMINAL.includes(r.status) ? r : null;
-        },
-        'the lost run to end',
-        2 * stalled * 1000 + 30_000,
-      );
+      const ended = async (runId: string) =>
+        eventually(
+          async () => {
+            const r = await runStatus(h, runId);
+            return TERMINAL.includes(r.status) ? r : null;
+          },
+          'the lost run to end',
+          2 * stalled * 1000 + 30_000,
+        );
+      const run = await ended(id);
       expect(run.status).to.equal('failed');
       expect(run.error.code).to.equal('worker-lost');
       expect(Date.now() - killedAt).to.be.below(stalled * 2000 + 30_000);
+      // the step the worker was running ends with the attempt, and counts
+      expect(run.steps[0]).to.deep.include({ status: 'failed' });
+      expect(run.steps[0].error.code).to.equal('worker-lost');
+      expect(run.steps[0].finished_at).to.be.a('string');
+      expect(run.usage.steps).to.equal(1);
+      const canceled = await ended(canceledId);
+      expect(canceled.status).to.equal('canceled');
+      expect(canceled.attempt).to.equal(1);
+      expect(canceled.steps[0].status).to.equal('failed');
       await eventually(async () => (await h.rt.engine.runs.reliabilityContext('tenant-a')).tenant.running === 0, 'the lost run’s slot to be freed');
     } finally {
       killGroups(worker, second);
