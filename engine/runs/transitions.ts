@@ -58,6 +58,10 @@ export type Outcome = {
 /** What a transition left the run as: ended, queued again for another attempt, or not applied. */
 export type Settled = { run: Run; next: 'ended' | 'retry' | 'interrupted' | 'held' } | null;
 
+/** how many times, and at most how far apart, the Redis work of a committed transition is tried again */
+const RETRIES_AFTER_COMMIT = 12;
+const RETRY_AFTER_COMMIT_MAX_MS = 30_000;
+
 export type TransitionsDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'events' | 'metrics' | 'queues'> & { slots: TenantSlots };
 
 export const sessionStream = (sessionId: string) => `session:${sessionId}`;
@@ -71,6 +75,32 @@ export function transitionsOf(deps: TransitionsDeps) {
 
   const emit = (run: Pick<Run, 'id' | 'tenant_id' | 'session_id'>, body: EventBody) =>
     events.append(sessionStream(run.session_id), { tenant_id: run.tenant_id, session_id: run.session_id, run_id: run.id, ...body });
+
+  /**
+   * The event of a transition the store has already committed. Redis not taking it does not undo the
+   * transition, and must not lose its event (a stream would wait for good for a `run.finished` that is
+   * never written): it is tried again in the background, with backoff, for about five minutes.
+   */
+  const emitCommitted = (run: Pick<Run, 'id' | 'tenant_id' | 'session_id'>, body: EventBody): Promise<void> =>
+    persist(() => emit(run, body), { run_id: run.id, what: body.type });
+
+  /**
+   * Redis work that follows a committed transition (its event, the release of its slot): tried now, and
+   * if Redis does not take it, again in the background with backoff for about five minutes. The
+   * returned promise settles after the first try, never rejected.
+   */
+  function persist(work: () => Promise<unknown>, about: { run_id: string; what: string }, tryNo = 0): Promise<void> {
+    return work().then(
+      () => {
+        if (tryNo) log.info({ ...about, try: tryNo + 1 }, 'done after a retry');
+      },
+      (err: Error) => {
+        if (tryNo >= RETRIES_AFTER_COMMIT) return void log.error({ ...about, err: err.message }, 'given up: the reconciler repairs what it can');
+        if (!tryNo) log.warn({ ...about, err: err.message }, 'Redis did not take the work of a committed transition; trying again');
+        setTimeout(() => void persist(work, about, tryNo + 1), Math.min(RETRY_AFTER_COMMIT_MAX_MS, 500 * 2 ** (tryNo + 1))).unref();
+      },
+    );
+  }
 
   /** Adds the job of a run's current attempt; adding it twice is a no-op (the job id is deterministic). */
   async function enqueue(run: Pick<Run, 'id' | 'tenant_id' | 'request_id' | 'attempt' | 'session_id' | 'trigger'>, delayMs = 0): Promise<void> {
@@ -137,7 +167,7 @@ export function transitionsOf(deps: TransitionsDeps) {
     metrics.runsFinished.inc({ kind: run.kind, status: run.status, reason: run.error?.code ?? 'none' });
     // the event and the slot in one round trip: both are asked for before either is waited for
     const told = Promise.all([
-      emit(run, {
+      emitCommitted(run, {
         type: 'run.finished',
         data: {
           status: run.status,
@@ -148,15 +178,13 @@ export function transitionsOf(deps: TransitionsDeps) {
           result: run.result?.changed_files ? { changed_files: run.result.changed_files } : null,
         },
       }),
-      release(run.tenant_id, run.id),
+      persist(() => release(run.tenant_id, run.id), { run_id: run.id, what: 'slot release' }),
     ]);
     log.info(
       { tenant_id: run.tenant_id, run_id: run.id, status: run.status, attempt: run.attempt, duration_ms: run.duration_ms, request_id: run.request_id },
       'run finished',
     );
-    // the hooks run even when Redis did not take the event; the caller still learns that it did not
-    const [toldResult] = await Promise.allSettled([told, runHooks(hooks, run, 'run-finished')]);
-    if (toldResult.status === 'rejected') throw toldResult.reason;
+    await Promise.all([told, runHooks(hooks, run, 'run-finished')]);
   }
 
   /**
@@ -191,7 +219,7 @@ export function transitionsOf(deps: TransitionsDeps) {
         steps,
       );
       if (!retried) return null;
-      await emit(retried, { type: 'run.retrying', data: { attempt: run.attempt, next_attempt: retried.attempt, status, error, delay_ms: delay } });
+      await emitCommitted(retried, { type: 'run.retrying', data: { attempt: run.attempt, next_attempt: retried.attempt, status, error, delay_ms: delay } });
       metrics.runsRetried.inc({ kind: run.kind, status });
       await enqueue(retried, delay);
       log.warn({ run_id: run.id, attempt: run.attempt, status, error_code: error?.code, delay_ms: delay }, 'run attempt failed; retrying');
@@ -295,9 +323,10 @@ export function transitionsOf(deps: TransitionsDeps) {
       if (!started) return null;
       const queuedMs = Math.max(0, at.getTime() - new Date(run.attempts.at(-1)?.finished_at ?? run.created_at).getTime());
       metrics.runQueueWait.observe({ kind: run.kind }, queuedMs / 1000);
-      const told = emit(started, { type: 'run.started', data: { kind: run.kind, attempt: run.attempt, budget: run.budget, queued_ms: queuedMs, sandbox } });
-      const [toldResult] = await Promise.allSettled([told, runHooks(startHooks, started, 'run-started')]);
-      if (toldResult.status === 'rejected') throw toldResult.reason;
+      await Promise.all([
+        emitCommitted(started, { type: 'run.started', data: { kind: run.kind, attempt: run.attempt, budget: run.budget, queued_ms: queuedMs, sandbox } }),
+        runHooks(startHooks, started, 'run-started'),
+      ]);
       return started;
     },
 
@@ -374,7 +403,7 @@ export function transitionsOf(deps: TransitionsDeps) {
         steps,
       );
       if (!requeued) return null;
-      await emit(requeued, { type: 'run.interrupted', data: { attempt: run.attempt, next_attempt: requeued.attempt, reason } });
+      await emitCommitted(requeued, { type: 'run.interrupted', data: { attempt: run.attempt, next_attempt: requeued.attempt, reason } });
       await enqueue(requeued);
       log.warn({ run_id: run.id, attempt: run.attempt, reason }, 'run interrupted; queued for another worker');
       return requeued;

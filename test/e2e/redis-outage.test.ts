@@ -99,6 +99,34 @@ describe('Redis outage', function () {
     }
   });
 
+  it('writes run.finished once Redis takes writes again, when it refused them (out of memory) as the run ended', async () => {
+    const res = await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'sleep 1.5' } }] } });
+    expect(res.status).to.equal(202);
+    await eventually(async () => (await h.call('GET', `/api/v1/runs/${res.body.run_id}`)).body.status === 'running', 'the run to start');
+    const admin = await import('ioredis').then((m) => new m.Redis(h.config.redisUrl));
+    try {
+      // every write refused with an OOM error (noeviction at its limit) while the run ends
+      await admin.config('SET', 'maxmemory', '1');
+      const run = await finishedRun(h, res.body.run_id);
+      expect(run.status).to.equal('succeeded');
+      await new Promise((r) => setTimeout(r, 1000));
+      await admin.config('SET', 'maxmemory', '0');
+      const finished = await eventually(
+        async () => {
+          const events = await h.rt.events.after(`session:${run.session_id}`, '0-0');
+          return events.find((e) => e.type === 'run.finished') ?? null;
+        },
+        'run.finished in the log',
+        20_000,
+      );
+      expect(finished.data).to.include({ status: 'succeeded' });
+      await eventually(async () => (await h.rt.engine.runs.reliabilityContext('tenant-a')).tenant.running === 0, 'the slot to be freed', 20_000);
+    } finally {
+      await admin.config('SET', 'maxmemory', '0');
+      admin.disconnect();
+    }
+  });
+
   it('finishes a run when Redis stops for 3 s in the middle of it, and frees its slot', async () => {
     const res = await h.call('POST', '/api/v1/autonomy/run', {
       body: {
