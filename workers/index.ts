@@ -154,6 +154,10 @@ export async function startWorkers(rt: Runtime, processors: Processors = process
     if (rt.engine.executor.abort(runId)) rt.log.info({ run_id: runId }, 'run cancel requested');
   });
 
+  // the runs this process executes, told to the others a few times per lock: a run whose job's lock
+  // lapsed while this process still runs it is not taken for lost
+  const stopClaims = rt.engine.runs.claims.start(rt.engine.executor.executing, Math.max(100, Math.round(stalledMs / 3)));
+
   const fileTriggers = rt.engine.watchFiles({ refreshMs: rt.config.fileTriggerRefreshSeconds * 1000 });
   await fileTriggers.start();
 
@@ -195,6 +199,7 @@ export async function startWorkers(rt: Runtime, processors: Processors = process
         clearTimeout(timer);
       }
       await cancels.quit().catch(() => cancels.disconnect());
+      await stopClaims();
     },
   };
 }

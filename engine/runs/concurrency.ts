@@ -31,10 +31,10 @@ export type TenantSlots = {
   release(tenantId: string, runId: string): Promise<string[]>;
   running(tenantId: string): Promise<number>;
   waiting(tenantId: string): Promise<number>;
-  isAdmitted(tenantId: string, runId: string): Promise<boolean>;
-  isWaiting(tenantId: string, runId: string): Promise<boolean>;
+  /** System use (the reconciler): gives back the slot of a run that is running, whatever the limit (Redis lost it). */
+  restore(tenantId: string, runId: string): Promise<void>;
   /** System use (the reconciler): every tenant's admitted and waiting runs, by tenant. */
-  holders(): Promise<Map<string, string[]>>;
+  holders(): Promise<Map<string, { admitted: Set<string>; waiting: Set<string> }>>;
   readonly limit: number;
 };
 
@@ -55,14 +55,11 @@ export function createTenantSlots(redis: Redis, prefix: string, limit: number): 
     },
     running: (t) => redis.scard(running(t)),
     waiting: (t) => redis.llen(pending(t)),
-    async isAdmitted(t, runId) {
-      return (await redis.sismember(running(t), runId)) === 1;
-    },
-    async isWaiting(t, runId) {
-      return (await redis.lpos(pending(t), runId)) !== null;
+    async restore(t, runId) {
+      await redis.sadd(running(t), runId);
     },
     async holders() {
-      const out = new Map<string, string[]>();
+      const out = new Map<string, { admitted: Set<string>; waiting: Set<string> }>();
       const tenants = new Set<string>();
       for (const key of await scanKeys(redis, `${prefix}:tenant:*`)) {
         const m = /^(.*):(running|pending)$/.exec(key.slice(`${prefix}:tenant:`.length));
@@ -70,7 +67,7 @@ export function createTenantSlots(redis: Redis, prefix: string, limit: number): 
       }
       for (const tenantId of tenants) {
         const [admitted, waiting] = await Promise.all([redis.smembers(running(tenantId)), redis.lrange(pending(tenantId), 0, -1)]);
-        out.set(tenantId, [...new Set([...admitted, ...waiting])]);
+        out.set(tenantId, { admitted: new Set(admitted), waiting: new Set(waiting) });
       }
       return out;
     },

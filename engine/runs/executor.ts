@@ -1,6 +1,7 @@
 // Executes one attempt of a run in a worker. The job carries the attempt it was made for, so a job
 // of an earlier attempt delivered again does nothing; a run found `running` when its job is delivered
-// again belonged to a worker that died (it is lost: failed, or retried by its policy). The budget is
+// again belonged to a worker that died (it is lost: failed, or retried by its policy), unless a live
+// worker process still claims it (its job's lock lapsed while Redis paused: that worker still runs it). The budget is
 // an AbortSignal: at the deadline the step in flight is aborted and its processes killed. A worker
 // that is shutting down interrupts its attempts: they go back to the queue for another worker.
 import fs from 'node:fs/promises';
@@ -71,6 +72,10 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
     if (found.attempt !== attempt) return null;
     if (found.status === 'running') {
       if (inFlight.has(runId)) return null; // still executing here: the job was re-delivered after a stall
+      // another live process still runs it (or, the registry just made again, it cannot be told yet):
+      // the job waits and is looked at again, and the run ends by that process's hand
+      const elsewhere = await runs.claims.elsewhere();
+      if (elsewhere === null || elsewhere.has(runId)) return { run: found, next: 'held' };
       // a previous delivery started it and its worker died: its steps may have had effects
       return transitions.lose(found, 'the worker running this attempt stopped', await runs.isCancelRequested(runId).catch(() => false));
     }
@@ -154,6 +159,8 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
     execute,
     /** true while this process executes the run */
     isExecuting: (runId: string) => inFlight.has(runId),
+    /** the runs this process is executing now */
+    executing: (): string[] => [...inFlight.keys()],
     /** Aborts a run this process is executing; false when it is not here. */
     abort(runId: string): boolean {
       const c = inFlight.get(runId);

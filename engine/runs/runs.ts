@@ -30,6 +30,7 @@ import {
 } from '../platform/index.js';
 import type { RunQuery } from '../store/index.js';
 import type { AgentEndpoint } from './agent.js';
+import { createRunClaims } from './claims.js';
 import type { TenantSlots } from './concurrency.js';
 import { retryPolicyOf } from './retry.js';
 import { REDIS_DEADLINE_MS, type AfterStored, type Transitions } from './transitions.js';
@@ -86,6 +87,8 @@ const CANCEL_CHANNEL = (prefix: string) => `${prefix}:run-cancel`;
 const cancelKey = (prefix: string, runId: string) => `${prefix}:run-cancel:${runId}`;
 /** Slot holders the reconciler reads at once. */
 const HOLDERS_PAGE = 500;
+/** stale runs the reconciler reads at a time */
+const STALE_PAGE = 500;
 const IDEMPOTENCY_TTL_SECONDS = 24 * 3600;
 /** A claim whose run was never stored (its process died in between) frees the key this soon. */
 const IDEMPOTENCY_CLAIM_SECONDS = 30;
@@ -100,6 +103,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
   const rerunGuards: ((run: Run) => Promise<void>)[] = [];
   // the executor reads it as a run starts: in the engine's batch, with the run.started event
   const batch = redisBatch(redis);
+  const claims = createRunClaims(redis, prefix, clock);
   batch.define('key.exists', { keys: 1, args: 0, lua: `return redis.call('EXISTS', KEYS[1])` });
   // an idempotency key's claim and its day-long hold ride in the batch too (with a task's run, say)
   batch.define('key.claim', { keys: 1, args: 2, lua: `return redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2], 'NX')` });
@@ -266,6 +270,16 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
     return path.relative(tenantRootPath(settings, run.tenant_id), run.workspace) || '.';
   }
 
+  /** Every run of every tenant in `status` created before `before`, oldest first, a page at a time. */
+  async function* staleRuns(status: 'queued' | 'running', before: string): AsyncGenerator<Run> {
+    for (let after: Run | undefined; ;) {
+      const page = await store.runs.listStale(status, before, STALE_PAGE, after && { created_at: after.created_at, id: after.id });
+      yield* page;
+      if (page.length < STALE_PAGE) return;
+      after = page.at(-1);
+    }
+  }
+
   async function isCancelRequested(runId: string): Promise<boolean> {
     return (await batch.call<number>('key.exists', [cancelKey(prefix, runId)], [])) === 1;
   }
@@ -368,22 +382,47 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
     },
 
     isCancelRequested,
+    /** which runs the live worker processes are executing (each process beats its own list) */
+    claims,
 
     cancelChannel: CANCEL_CHANNEL(prefix),
 
     /**
-     * Repairs what crashes and lost jobs leave, so no run is stuck: a queued run whose job is gone,
-     * failed or completed goes back in line; a running run whose job is gone, failed or completed
-     * (its worker died, or Redis lost it) is lost (failed worker-lost, or retried by its policy); a
-     * tenant slot held by a run that ended before the window, or no longer exists, is freed.
-     * `isExecuting` tells the runs this process is executing right now, which are never touched.
+     * Repairs what crashes and lost jobs leave, so no run is stuck: a running run whose job is gone,
+     * failed or completed (its worker died, or Redis lost it) is lost (failed worker-lost, or retried by
+     * its policy), unless a live worker process claims it (runs.claims: that process is still running
+     * it), when its slot is given back if Redis lost it; then a queued run whose job is gone, failed or
+     * completed goes back in line; a tenant slot held by a run that ended before the window, or no
+     * longer exists, is freed. `isExecuting` tells the runs this process is executing right now, which
+     * are never touched. Every stale run is looked at, page after page, however long a tenant's line.
      */
     async reconcile(opts: { olderThanMs?: number; isExecuting?: (runId: string) => boolean } = {}): Promise<{ requeued: number; lost: number; freed: number }> {
       const before = new Date(clock.now().getTime() - (opts.olderThanMs ?? 10_000)).toISOString();
       const queue = queues.get('runs');
       let requeued = 0;
       let lost = 0;
-      for (const run of await store.runs.listStale('queued', before, 500)) {
+      const [elsewhere, lines] = await Promise.all([claims.elsewhere(), slots.holders()]);
+      const admitted = (run: Run) => lines.get(run.tenant_id)?.admitted.has(run.id) ?? false;
+      // running runs first: one still running somewhere has its slot back before a queued run is admitted
+      for await (const run of staleRuns('running', before)) {
+        if (opts.isExecuting?.(run.id) || elsewhere?.has(run.id)) {
+          if (!admitted(run)) await slots.restore(run.tenant_id, run.id);
+          continue;
+        }
+        const job = await queue.getJob(jobIdOfRun(run, run.attempt));
+        const state = job ? await job.getState() : 'missing';
+        if (state !== 'missing' && state !== 'failed' && state !== 'completed') {
+          if (state === 'active' && !admitted(run)) await slots.restore(run.tenant_id, run.id);
+          continue;
+        }
+        // the registry of claims is incomplete (just made, or made again after Redis lost its data): wait a pass
+        if (elsewhere === null) continue;
+        const why = `the run's job was ${state === 'missing' ? 'lost' : state} while the run was running`;
+        if (await transitions.lose(run, why, await isCancelRequested(run.id).catch(() => false))) lost++;
+      }
+      for await (const run of staleRuns('queued', before)) {
+        // in its tenant's line: its job is made when a slot frees
+        if (lines.get(run.tenant_id)?.waiting.has(run.id)) continue;
         const job = await queue.getJob(jobIdOfRun(run, run.attempt));
         if (job) {
           const state = await job.getState();
@@ -399,21 +438,13 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
         const current = await store.runs.get(run.tenant_id, run.id);
         if (current?.status !== 'queued' || current.attempt !== run.attempt) continue;
         await job?.remove();
-        if (await slots.isWaiting(run.tenant_id, run.id)) continue;
-        if (await slots.isAdmitted(run.tenant_id, run.id)) await transitions.enqueue(run);
+        if (admitted(run)) await transitions.enqueue(run);
         else await transitions.admit(run);
         requeued++;
       }
-      for (const run of await store.runs.listStale('running', before, 500)) {
-        if (opts.isExecuting?.(run.id)) continue;
-        const job = await queue.getJob(jobIdOfRun(run, run.attempt));
-        const state = job ? await job.getState() : 'missing';
-        if (state !== 'missing' && state !== 'failed' && state !== 'completed') continue;
-        const why = `the run's job was ${state === 'missing' ? 'lost' : state} while the run was running`;
-        if (await transitions.lose(run, why, await isCancelRequested(run.id).catch(() => false))) lost++;
-      }
       let freed = 0;
-      for (const [tenantId, runIds] of await slots.holders()) {
+      for (const [tenantId, line] of lines) {
+        const runIds = [...new Set([...line.admitted, ...line.waiting])];
         // read by the page, status and end only: a tenant's backlog may hold many thousand runs
         for (let i = 0; i < runIds.length; i += HOLDERS_PAGE) {
           const page = runIds.slice(i, i + HOLDERS_PAGE);

@@ -88,8 +88,11 @@ export interface RunRepo {
   recentDurations(tenantId: string, kind: RunKind, limit: number): Promise<number[]>;
   /** System use (metrics): how many runs of every tenant there are, by kind and status. */
   countByKindAndStatus(): Promise<{ kind: RunKind; status: RunStatus; count: number }[]>;
-  /** System use (the reconciler): runs of every tenant queued or running, created before a time. */
-  listStale(status: Extract<RunStatus, 'queued' | 'running'>, createdBefore: string, limit: number): Promise<Run[]>;
+  /**
+   * System use (the reconciler): runs of every tenant queued or running, created before a time, oldest
+   * first (by creation, then id); `after` (the last run of the page before) pages on.
+   */
+  listStale(status: Extract<RunStatus, 'queued' | 'running'>, createdBefore: string, limit: number, after?: { created_at: string; id: string }): Promise<Run[]>;
   /** The status and end of the tenant's runs among `ids` (those that exist, in no order), without their documents. */
   statusOf(tenantId: string, ids: string[]): Promise<RunStatusRow[]>;
 }

@@ -6,7 +6,7 @@ import path from 'node:path';
 import { UnrecoverableError, Worker } from 'bullmq';
 import { expect } from 'chai';
 import { jobIdOfRun } from '../../engine/platform/index.js';
-import { eventually, finishedRun, KEYS, startHarness, type Harness } from '../support/harness.js';
+import { eventually, finishedRun, KEYS, sameDeployment, startHarness, type Harness } from '../support/harness.js';
 
 type Body = Record<string, any>;
 
@@ -217,7 +217,11 @@ describe('run lifecycle', function () {
       await queue.remove(jobOf(ended, 1));
       await noWorkers.rt.store.runs.update('tenant-a', ended, { status: 'succeeded', finished_at: new Date().toISOString() }, { status: ['queued'] });
       expect((await noWorkers.rt.engine.runs.reliabilityContext('tenant-a')).tenant.running).to.equal(4);
+      // a worker process beats its claims (none here); the reconciler judges runs lost once the registry is complete
+      const stopClaims = noWorkers.rt.engine.runs.claims.start(() => [], 50);
+      await new Promise((r) => setTimeout(r, 400));
       const repaired = await noWorkers.rt.engine.runs.reconcile({ olderThanMs: 0 });
+      await stopClaims();
       expect(repaired).to.deep.equal({ requeued: 2, lost: 1, freed: 1 });
       expect((await noWorkers.rt.store.runs.get('tenant-a', lost))!.error!.code).to.equal('worker-lost');
       expect(await (await queue.getJob(jobOf(failedJob, 1)))!.getState()).to.equal('waiting');
@@ -260,6 +264,34 @@ describe('run lifecycle', function () {
       expect(await queue.getJob(jobOf(id, 1)), 'no job made again for a run that ended').to.equal(undefined);
     } finally {
       await noWorkers.close();
+    }
+  });
+
+  it('does not take a run for lost while a live worker process still runs it (its job delivered again after its lock lapsed)', async () => {
+    // a worker process with a short lock, and a second process of the same deployment that gets the job again
+    const first = await startHarness({ env: { SERVICE_STALLED_INTERVAL_SECONDS: '1' } });
+    const second = await startHarness({ workers: false, env: { ...sameDeployment(first), SERVICE_STALLED_INTERVAL_SECONDS: '1' } });
+    try {
+      await new Promise((r) => setTimeout(r, 2500)); // the claims registry is complete once every process has beaten for its lapse
+      const res = await first.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'sleep 2; echo done' } }] } });
+      await eventually(async () => (await first.call<Body>('GET', `/api/v1/runs/${res.body.run_id}`)).body.status === 'running', 'the run to start');
+      await new Promise((r) => setTimeout(r, 500)); // the first process has claimed it in a beat
+      // the second process is handed the run's job again, as after a Redis pause longer than the lock
+      const again = await second.rt.engine.executor.execute(res.body.run_id, 'tenant-a', 1);
+      expect(again?.next, 'the job waits; the run is not lost').to.equal('held');
+      // Redis lost the tenant's slots: the reconciler of another process gives the running run its slot
+      // back (so no queued run takes it) and does not take the run for lost
+      const slotsKey = `${first.config.queuePrefix}:tenant:tenant-a:running`;
+      await first.rt.redis.del(slotsKey);
+      expect(await second.rt.engine.runs.reconcile({ olderThanMs: 0 })).to.include({ lost: 0 });
+      expect(await first.rt.redis.smembers(slotsKey)).to.deep.equal([res.body.run_id]);
+      const run = await finishedRun(first, res.body.run_id);
+      expect(run.status).to.equal('succeeded');
+      expect(run.attempts).to.deep.equal([]);
+      expect(run.steps[0].output.stdout).to.equal('done\n');
+    } finally {
+      await second.close();
+      await first.close();
     }
   });
 

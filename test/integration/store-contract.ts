@@ -286,10 +286,19 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect(await store.runs.recentDurations('t2', 'automation', 2)).to.deep.equal([]);
       const found = await store.runs.listStale('queued', new Date(Date.now() - 30_000).toISOString(), 10);
       expect(found.map((r) => r.id)).to.deep.equal([stale.id]);
+      // pages on from the last run of the page before, oldest first, ties by id: every stale run is reached
+      const same = runFixture('t2', { status: 'queued', created_at: old });
+      const later = runFixture('t1', { status: 'queued', created_at: new Date(Date.parse(old) + 1).toISOString() });
+      await Promise.all([store.runs.insert(same), store.runs.insert(later)]);
+      const cutoff = new Date(Date.now() - 30_000).toISOString();
+      const firstPage = await store.runs.listStale('queued', cutoff, 2);
+      expect(firstPage.map((r) => r.id)).to.deep.equal([stale.id, same.id].sort());
+      const rest = await store.runs.listStale('queued', cutoff, 2, { created_at: firstPage[1]!.created_at, id: firstPage[1]!.id });
+      expect(rest.map((r) => r.id)).to.deep.equal([later.id]);
       const counts = await store.runs.countByKindAndStatus();
       expect(counts.sort((x, y) => x.status.localeCompare(y.status))).to.deep.equal([
         { kind: 'automation', status: 'failed', count: 1 },
-        { kind: 'automation', status: 'queued', count: 1 },
+        { kind: 'automation', status: 'queued', count: 3 },
         { kind: 'automation', status: 'succeeded', count: 2 },
       ]);
     });

@@ -111,10 +111,14 @@ export function runRepo(model: Model<Stored<Run>>, stepModel: Model<AttemptRow<S
       ]);
       return rows.map((r) => ({ kind: r._id.kind, status: r._id.status, count: r.count }));
     },
-    async listStale(status, createdBefore, limit) {
+    async listStale(status, createdBefore, limit, after) {
       const rows = await model
-        .find({ status, created_at: { $lt: createdBefore } })
-        .sort({ created_at: 1 })
+        .find({
+          status,
+          created_at: { $lt: createdBefore },
+          ...(after ? { $or: [{ created_at: { $gt: after.created_at } }, { created_at: after.created_at, _id: { $gt: after.id } }] } : {}),
+        })
+        .sort({ created_at: 1, _id: 1 })
         .limit(limit)
         .lean<Stored<Run>[]>();
       return rows.map((r) => fromStored(r)!);

@@ -33,8 +33,8 @@ export function runRepo(db: Db): RunRepo {
     'SELECT duration_ms FROM runs WHERE tenant_id = ? AND kind = ? AND finished_at IS NOT NULL AND duration_ms IS NOT NULL ORDER BY finished_at DESC LIMIT ?',
   );
   // the IN term is the index's own condition, word for word: SQLite uses a partial index only when the query says so
-  const stale = db.prepare<[string, string, number], { doc: string }>(
-    "SELECT doc FROM runs WHERE status IN ('queued', 'running') AND status = ? AND created_at < ? ORDER BY created_at LIMIT ?",
+  const stale = db.prepare<[string, string, string, string, number], { doc: string }>(
+    "SELECT doc FROM runs WHERE status IN ('queued', 'running') AND status = ? AND created_at < ? AND (created_at, id) > (?, ?) ORDER BY created_at, id LIMIT ?",
   );
   // kept by triggers as runs are written (migrations.ts): no scan of the runs
   const byKindStatus = db.prepare<[], { kind: Run['kind']; status: Run['status']; count: number }>(
@@ -136,8 +136,8 @@ export function runRepo(db: Db): RunRepo {
     async recentDurations(tenantId, kind, limit) {
       return durationsOfKind.all(tenantId, kind, limit).map((r) => r.duration_ms);
     },
-    async listStale(status, createdBefore, limit) {
-      return stale.all(status, createdBefore, limit).map((r) => read(r)!);
+    async listStale(status, createdBefore, limit, after) {
+      return stale.all(status, createdBefore, after?.created_at ?? '', after?.id ?? '', limit).map((r) => read(r)!);
     },
     async statusOf(tenantId, ids) {
       return ids.length ? statuses.all(tenantId, JSON.stringify(ids)) : [];
