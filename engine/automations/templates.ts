@@ -1,12 +1,36 @@
 // The built-in automation templates: YAML data files in templates/, one template a file, named by
 // its id. The catalog loads them at start and, when watching, picks up a changed file without a
 // restart; a broken file is logged and the last good version of that template stays.
+import { readFileSync } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
+import Ajv2020Module from 'ajv/dist/2020.js';
 import { watch, type FSWatcher } from 'chokidar';
 import { parse as parseYaml } from 'yaml';
 import { z } from 'zod';
+import { OPENAPI_FILE } from '../../config/paths.js';
 import { ValidationError, type FieldError, type Logger, type AutomationDefinition } from '../platform/index.js';
+
+const Ajv2020 = Ajv2020Module as unknown as typeof Ajv2020Module.default;
+let definitionValidator: ReturnType<InstanceType<typeof Ajv2020>['compile']> | undefined;
+
+/**
+ * What is wrong with an automation a template made, by the spec's AutomationDefinition (the schema a
+ * definition posted directly is held to): a variable's value substituted into it may break a limit
+ * (a budget of 0, a name of 5,000 characters) that no variable type says.
+ */
+function definitionErrors(definition: unknown): FieldError[] {
+  if (!definitionValidator) {
+    const spec = parseYaml(readFileSync(OPENAPI_FILE, 'utf8')) as { components: Record<string, unknown> };
+    const ajv = new Ajv2020({ allErrors: true, strict: false });
+    definitionValidator = ajv.compile({ $ref: '#/components/schemas/AutomationDefinition', components: spec.components });
+  }
+  if (definitionValidator(definition)) return [];
+  return (definitionValidator.errors ?? []).map((e) => ({
+    path: '/body/variables',
+    message: `the automation they make is not valid: ${e.instancePath || '/'} ${e.message ?? 'is not valid'}`,
+  }));
+}
 
 const VARIABLE_TYPES = ['string', 'integer', 'number', 'boolean'] as const;
 type VariableType = (typeof VARIABLE_TYPES)[number];
@@ -131,7 +155,10 @@ export function instantiateTemplate(t: Template, given: Record<string, unknown>)
     else values[v.name] = value;
   }
   if (errors.length) throw new ValidationError(`the variables do not fit template ${t.id}: ${errors.map((e) => e.path.split('/').pop()).join(', ')}`, errors);
-  return { definition: substitute(t.automation, values) as AutomationDefinition, variables: values };
+  const definition = substitute(t.automation, values) as AutomationDefinition;
+  const broken = definitionErrors(definition);
+  if (broken.length) throw new ValidationError(`the variables do not fit template ${t.id}: ${broken[0]!.message}`, broken);
+  return { definition, variables: values };
 }
 
 export type TemplateCatalog = {

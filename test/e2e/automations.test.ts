@@ -259,4 +259,20 @@ describe('automation templates API', () => {
     const before = await h.call('GET', '/api/v1/automations?limit=100');
     expect(before.body.data.filter((a: { triggers: { timezone?: string }[] }) => a.triggers[0]?.timezone === 'Moon/Base')).to.have.length(0);
   });
+
+  it('holds what a template makes to the limits of a definition posted directly: a budget of 0, a name of 5,000 characters', async () => {
+    const count = async () => (await h.call('GET', '/api/v1/automations?limit=100')).body.data.length as number;
+    const before = await count();
+    const zero = await h.call('POST', '/api/v1/automations/templates/instantiate', {
+      body: { template_id: 'pr-review', variables: { repository: 'acme/api', budget_seconds: 0 } },
+    });
+    expect(zero.status, zero.text).to.equal(400);
+    expect(zero.body.errors[0].path).to.equal('/body/variables');
+    expect(zero.body.errors[0].message).to.contain('/budget/seconds');
+    const long = await h.call('POST', '/api/v1/automations/templates/instantiate', {
+      body: { template_id: 'gates-on-push', variables: { repository: `acme/${'x'.repeat(5000)}` } },
+    });
+    expect(long.status, long.text).to.equal(400);
+    expect(await count(), 'nothing stored').to.equal(before);
+  });
 });
