@@ -32,11 +32,13 @@ export function automationsRouter(engine: Engine): Router {
   router.post('/run', async (req, res) => {
     const body = req.body as operations['runAutomation']['requestBody']['content']['application/json'];
     const tenantId = tenantOf(req);
-    const request = await automations.runRequest(tenantId, body.automation_id, {
-      inputs: body.inputs,
-      trigger: { type: 'manual', request_id: String(req.id) },
-      request_id: String(req.id),
-    });
+    // the automation is read (and must be enabled) only for a new key: a retry answers the run it started
+    const request = () =>
+      automations.runRequest(tenantId, body.automation_id, {
+        inputs: body.inputs,
+        trigger: { type: 'manual', request_id: String(req.id) },
+        request_id: String(req.id),
+      });
     const { run, replayed } = await engine.runs.createIdempotent(
       tenantId,
       idempotencyKeyOf(req),

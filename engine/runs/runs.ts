@@ -200,16 +200,19 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
    * Creates the run once per Idempotency-Key: the same key with the same request answers the same
    * run; with another request it is refused. Keys live 24 hours. When Redis cannot hold the key, the
    * request is refused with 503 rather than risk running twice. `after` follows a run made here once it
-   * is stored (not one replayed).
+   * is stored (not one replayed). A request given as a function is made only when the key is new: a
+   * retry answers the run it started even when a new request would now be refused (its automation
+   * disabled since, say).
    */
   async function createIdempotent(
     tenantId: string,
     key: string | undefined,
     fingerprint: unknown,
-    req: RunRequest,
+    request: RunRequest | (() => Promise<RunRequest>),
     after?: AfterStored,
   ): Promise<{ run: Run; replayed: boolean }> {
-    if (!key) return { run: await create(tenantId, req, undefined, after), replayed: false };
+    const requestNow = () => (typeof request === 'function' ? request() : Promise.resolve(request));
+    if (!key) return { run: await create(tenantId, await requestNow(), undefined, after), replayed: false };
     const hash = createHash('sha256').update(JSON.stringify(fingerprint)).digest('hex');
     const slot = `${prefix}:idempotency:${tenantId}:${createHash('sha256').update(key).digest('hex')}`;
     const id = newId('run');
@@ -225,7 +228,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
     }
     if (won) {
       try {
-        const run = await create(tenantId, req, id, after);
+        const run = await create(tenantId, await requestNow(), id, after);
         // stored: the key now holds for its full day (not waited for: the claim already holds it for 30 s)
         void batch.call('key.expire', [slot], [IDEMPOTENCY_TTL_SECONDS]).catch(() => undefined);
         return { run, replayed: false };
@@ -330,14 +333,16 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
             kind: first.kind,
           },
         );
-      for (const guard of rerunGuards) await guard(first);
-      const req: RunRequest = {
-        ...requestOf(first),
-        rerun_of: first.id,
-        trigger: { type: 'rerun', run_id: first.id, request_id: requestId },
-        request_id: requestId,
-      };
-      return createIdempotent(tenantId, key, { rerun_of: id }, req);
+      // checked only when the key is new: a retry answers the re-run it started, whatever changed since
+      return createIdempotent(tenantId, key, { rerun_of: id }, async (): Promise<RunRequest> => {
+        for (const guard of rerunGuards) await guard(first);
+        return {
+          ...requestOf(first),
+          rerun_of: first.id,
+          trigger: { type: 'rerun', run_id: first.id, request_id: requestId },
+          request_id: requestId,
+        };
+      });
     },
 
     /** Cancels a queued run at once; asks the worker running a run to stop it. */

@@ -76,5 +76,18 @@ describe('automation runs', function () {
     const one = await h.call('POST', '/api/v1/automations/run', { body: { automation_id: a.id }, headers });
     const two = await h.call('POST', '/api/v1/automations/run', { body: { automation_id: a.id }, headers });
     expect(two.body.run_id).to.equal(one.body.run_id);
+    // a retry answers the run it started, even once the automation is disabled (a new key is refused)
+    expect((await h.call('POST', `/api/v1/automations/${a.id}/disable`)).status).to.equal(200);
+    const retried = await h.call('POST', '/api/v1/automations/run', { body: { automation_id: a.id }, headers });
+    expect(retried.status, retried.text).to.equal(202);
+    expect(retried.body.run_id).to.equal(one.body.run_id);
+    expect(retried.headers.get('idempotent-replayed')).to.equal('true');
+    const fresh = await h.call('POST', '/api/v1/automations/run', { body: { automation_id: a.id }, headers: { 'idempotency-key': `other-${a.id}` } });
+    expect(fresh.status).to.equal(409);
+    // and the refused new key was not kept: once enabled, it starts a run
+    await h.call('POST', `/api/v1/automations/${a.id}/enable`);
+    const later = await h.call('POST', '/api/v1/automations/run', { body: { automation_id: a.id }, headers: { 'idempotency-key': `other-${a.id}` } });
+    expect(later.status).to.equal(202);
+    expect(later.body.run_id).not.to.equal(one.body.run_id);
   });
 });
