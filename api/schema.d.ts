@@ -1837,6 +1837,14 @@ export interface components {
             /** @description Most tool calls one run may make. */
             max_steps?: number;
         };
+        /**
+         * @description A change of an automation's budget, merged into the one it has (RFC 7396): a member left out keeps
+         *     its value; `max_steps: null` removes the bound on steps.
+         */
+        BudgetPatch: {
+            seconds?: number;
+            max_steps?: number | null;
+        };
         /** @description An automation's definition. Give `steps`, or a `goal` for the agent. */
         AutomationDefinition: {
             name: string;
@@ -1879,7 +1887,7 @@ export interface components {
             description?: string | null;
             triggers?: components["schemas"]["Trigger"][];
             tool_allowlist?: components["schemas"]["ToolName"][];
-            budget?: components["schemas"]["Budget"];
+            budget?: components["schemas"]["BudgetPatch"];
             retry?: components["schemas"]["RetryPolicyInput"];
             network?: boolean;
             connections?: components["schemas"]["ConnectionNames"];

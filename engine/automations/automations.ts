@@ -54,12 +54,13 @@ export type AutomationsDeps = Pick<Platform, 'store' | 'clock' | 'log'> & { limi
 export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
   const { store, clock, limits } = deps;
 
-  function budgetOf(given: Partial<Budget> | undefined, at: string, errors: FieldError[], base?: Budget): Budget {
+  /** A budget from the one given, merged into `base` when it is a patch (RFC 7396: `max_steps: null` removes the bound). */
+  function budgetOf(given: { seconds?: number; max_steps?: number | null } | undefined, at: string, errors: FieldError[], base?: Budget): Budget {
     const seconds = given?.seconds ?? base?.seconds ?? limits.defaultBudgetSeconds;
     if (seconds > limits.maxBudgetSeconds) {
       errors.push({ path: `${at}/seconds`, message: `must be at most ${limits.maxBudgetSeconds} (SERVICE_RUN_MAX_BUDGET_SECONDS)` });
     }
-    const maxSteps = given?.max_steps ?? base?.max_steps;
+    const maxSteps = given?.max_steps === null ? undefined : (given?.max_steps ?? base?.max_steps);
     return maxSteps === undefined ? { seconds } : { seconds, max_steps: maxSteps };
   }
 

@@ -61,7 +61,8 @@ export type AutomationDefinition = {
 };
 
 export type AutomationPatch = Partial<Pick<Automation, 'name' | 'description' | 'triggers' | 'tool_allowlist' | 'network' | 'connections'>> & {
-  budget?: Partial<Budget>;
+  /** merged into the automation's budget (RFC 7396): `max_steps: null` removes the bound */
+  budget?: { seconds?: number; max_steps?: number | null };
   retry?: RetryPolicyInput | null;
 };
 

@@ -150,6 +150,15 @@ describe('automations API', () => {
     });
     expect(merge.status).to.equal(200);
     expect(merge.body.name).to.equal('Merged');
+    // RFC 7396: a member left out keeps its value, null removes it
+    const seconds = await h.call('PATCH', `/api/v1/automations/${a.id}`, { body: { budget: { seconds: 90 } } });
+    expect(seconds.body.budget).to.deep.equal({ seconds: 90, max_steps: 10 });
+    const unbounded = await h.call('PATCH', `/api/v1/automations/${a.id}`, {
+      raw: JSON.stringify({ budget: { max_steps: null } }),
+      headers: { 'content-type': 'application/merge-patch+json' },
+    });
+    expect(unbounded.status, unbounded.text).to.equal(200);
+    expect(unbounded.body.budget).to.deep.equal({ seconds: 90 });
     const unchanged = await h.call('GET', `/api/v1/automations/${a.id}`);
     expect(unchanged.body.status).to.equal('enabled');
     expect(unchanged.body.steps).to.deep.equal(definition.steps);
