@@ -4,12 +4,15 @@ import fs from 'node:fs';
 import { createRequire } from 'node:module';
 import path from 'node:path';
 import express, { Router } from 'express';
+import { NO_FRAMING } from './admin.js';
 
 const require = createRequire(import.meta.url);
 const SWAGGER_DIR = path.dirname(require.resolve('swagger-ui-dist/package.json'));
 const REDOC_BUNDLE = require.resolve('redoc/bundles/redoc.standalone.js');
 /** Redoc's sidebar footer shows Redocly's logo from their CDN; the package ships no copy, so it is dropped. */
 const REDOC_CDN_LOGO = 'https://cdn.redoc.ly/redoc/logo-mini.svg';
+/** what the Swagger UI page loads of swagger-ui-dist */
+const SWAGGER_ASSETS = new Set(['swagger-ui.css', 'swagger-ui-bundle.js', 'swagger-ui-standalone-preset.js']);
 
 const SWAGGER_PAGE = `<!doctype html>
 <html lang="en">
@@ -56,6 +59,12 @@ const REDOC_PAGE = `<!doctype html>
 export function docsRouter(spec: object): Router {
   const router = Router();
   const json = JSON.stringify(spec);
+  // the pages may not be framed by another site; the assets are the three files the page loads, not the
+  // package's own demo page (whose initializer loads the Petstore's spec)
+  router.use(['/docs', '/redoc'], (_req, res, next) => {
+    res.set(NO_FRAMING);
+    next();
+  });
   router.get('/openapi.json', (_req, res) => {
     res.type('application/json').send(json);
   });
@@ -65,7 +74,8 @@ export function docsRouter(spec: object): Router {
   router.get('/docs/init.js', (_req, res) => {
     res.type('application/javascript').send(SWAGGER_INIT);
   });
-  router.use('/docs/assets', express.static(SWAGGER_DIR, { index: false, maxAge: '1h' }));
+  const assets = express.static(SWAGGER_DIR, { index: false, maxAge: '1h' });
+  router.use('/docs/assets', (req, res, next) => (SWAGGER_ASSETS.has(req.path.slice(1)) ? assets(req, res, next) : next()));
   router.get('/redoc', (_req, res) => {
     res.type('html').send(REDOC_PAGE);
   });

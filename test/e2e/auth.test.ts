@@ -72,6 +72,22 @@ describe('authentication', () => {
     const api = await h.call('GET', '/admin/queues/api/queues', { key: KEYS.admin });
     expect(api.status).to.equal(200);
     expect(api.body.queues.map((q: { name: string }) => q.name)).to.include('runs');
+    // no other site frames it, and nothing says what serves it
+    expect(page.headers.get('x-frame-options')).to.equal('DENY');
+    expect(page.headers.get('content-security-policy')).to.contain("frame-ancestors 'none'");
+    expect(page.headers.get('x-powered-by')).to.equal(null);
+    // the browser sends the cached Basic credentials with a form another site posts: such a change is refused
+    const pause = (headers: Record<string, string>) =>
+      h.call('PUT', '/admin/queues/api/queues/webhooks/pause', { key: null, headers: { authorization: basic('ops', KEYS.admin), ...headers } });
+    const forged = await pause({ origin: 'https://evil.example', 'content-type': 'text/plain' });
+    expect(forged.status).to.equal(403);
+    expect(forged.body.code).to.equal('csrf-refused');
+    expect((await pause({ 'sec-fetch-site': 'cross-site' })).status).to.equal(403);
+    expect(await h.rt.queues.get('webhooks').isPaused()).to.equal(false);
+    // from the dashboard's own page it goes through
+    expect((await pause({ origin: new URL(h.url).origin, 'sec-fetch-site': 'same-origin' })).status).to.equal(200);
+    expect(await h.rt.queues.get('webhooks').isPaused()).to.equal(true);
+    await h.rt.queues.get('webhooks').resume();
   });
 });
 

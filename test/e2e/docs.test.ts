@@ -15,6 +15,14 @@ describe('documentation routes', () => {
         .to.contain('/docs/assets/swagger-ui-bundle.js')
         .and.not.match(/https?:\/\/(?!localhost)/);
       expect((await h.call('GET', '/docs/assets/swagger-ui-bundle.js', { key: null })).status).to.equal(200);
+      // only what the page loads: not the package's demo page, whose initializer loads the Petstore's spec
+      for (const other of ['index.html', 'swagger-initializer.js', 'swagger-ui-bundle.js.map'])
+        expect((await h.call('GET', `/docs/assets/${other}`, { key: null })).status, other).to.equal(404);
+      for (const page of ['/docs', '/redoc']) {
+        const res = await h.call('GET', page, { key: null });
+        expect(res.headers.get('x-frame-options'), page).to.equal('DENY');
+        expect(res.headers.get('content-security-policy'), page).to.contain("frame-ancestors 'none'");
+      }
       const redoc = await h.call('GET', '/redoc', { key: null });
       expect(redoc.status).to.equal(200);
       expect(redoc.text).to.contain('/redoc/redoc.standalone.js').and.contain('spec-url="/openapi.json"');
