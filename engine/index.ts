@@ -171,10 +171,7 @@ export function createEngine(given: EngineDeps) {
     voice: voiceOf(deps, deps.voice),
     /** file_change triggers: one watcher on the tenant roots that have some; a matching change fires the automation */
     watchFiles: (opts: { refreshMs: number }) =>
-      fileTriggersOf(
-        { ...deps, tenantRootOf: (t) => tenantRootPath(deps.settings, t) },
-        { ...opts, fire: (a, trigger) => fire(a.tenant_id, a.id, trigger) },
-      ),
+      fileTriggersOf({ ...deps, tenantRootOf: (t) => tenantRootPath(deps.settings, t) }, { ...opts, fire: (a, trigger) => fire(a.tenant_id, a.id, trigger) }),
   };
 }
 
