@@ -87,8 +87,9 @@ const CANCEL_CHANNEL = (prefix: string) => `${prefix}:run-cancel`;
 const cancelKey = (prefix: string, runId: string) => `${prefix}:run-cancel:${runId}`;
 /** Slot holders the reconciler reads at once. */
 const HOLDERS_PAGE = 500;
-/** stale runs the reconciler reads at a time */
+/** stale runs the reconciler reads at a time, and at most in one pass (the next pass goes on from there) */
 const STALE_PAGE = 500;
+const STALE_PER_PASS = 10 * STALE_PAGE;
 const IDEMPOTENCY_TTL_SECONDS = 24 * 3600;
 /** A claim whose run was never stored (its process died in between) frees the key this soon. */
 const IDEMPOTENCY_CLAIM_SECONDS = 30;
@@ -273,13 +274,21 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
     return path.relative(tenantRootPath(settings, run.tenant_id), run.workspace) || '.';
   }
 
-  /** Every run of every tenant in `status` created before `before`, oldest first, a page at a time. */
+  /** where the reconciler's last pass stopped reading, by status: a long line is read over several passes, every run in turn */
+  const staleCursor: Record<'queued' | 'running', { created_at: string; id: string } | undefined> = { queued: undefined, running: undefined };
+
+  /**
+   * Runs of every tenant in `status` created before `before`, oldest first, a page at a time: at most
+   * STALE_PER_PASS, from where the last pass stopped, and from the oldest again once the end is reached.
+   */
   async function* staleRuns(status: 'queued' | 'running', before: string): AsyncGenerator<Run> {
-    for (let after: Run | undefined; ;) {
-      const page = await store.runs.listStale(status, before, STALE_PAGE, after && { created_at: after.created_at, id: after.id });
+    for (let read = 0; read < STALE_PER_PASS;) {
+      const page = await store.runs.listStale(status, before, STALE_PAGE, staleCursor[status]);
+      const last = page.at(-1);
+      staleCursor[status] = page.length < STALE_PAGE || !last ? undefined : { created_at: last.created_at, id: last.id };
       yield* page;
-      if (page.length < STALE_PAGE) return;
-      after = page.at(-1);
+      read += page.length;
+      if (!staleCursor[status]) return;
     }
   }
 
@@ -399,7 +408,8 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
      * it), when its slot is given back if Redis lost it; then a queued run whose job is gone, failed or
      * completed goes back in line; a tenant slot held by a run that ended before the window, or no
      * longer exists, is freed. `isExecuting` tells the runs this process is executing right now, which
-     * are never touched. Every stale run is looked at, page after page, however long a tenant's line.
+     * are never touched. Every stale run is looked at in turn, however long a tenant's line: a pass
+     * reads up to STALE_PER_PASS of each status and the next goes on from there.
      */
     async reconcile(opts: { olderThanMs?: number; isExecuting?: (runId: string) => boolean } = {}): Promise<{ requeued: number; lost: number; freed: number }> {
       const before = new Date(clock.now().getTime() - (opts.olderThanMs ?? 10_000)).toISOString();

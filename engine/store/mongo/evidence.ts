@@ -44,6 +44,8 @@ export function evidenceRepo(ledger: Model<StoredEntry>, payloads: Model<StoredP
       for (let i = 1; ; i++) {
         const last = await head(tenantId);
         const entries = build(last ? ({ seq: last.seq, hash: last.hash } satisfies LedgerHead) : null, written.length);
+        // payloads alone (a gate's artifacts): the driver refuses an empty batch
+        if (!entries.length) return written;
         try {
           await ledger.collection.insertMany(entries.map((e) => ({ _id: `${tenantId}:${e.seq}`, ...e })) as never[], { ordered: true });
           return [...written, ...entries];

@@ -25,7 +25,7 @@ import { evidenceRepo, ledgerPayloadSchema, ledgerSchema } from './evidence.js';
 import { gateResultSchema, gateRunRepo, gateRunSchema } from './gate-runs.js';
 import type { Stored } from './documents.js';
 import { runRepo, runSchema, runStepSchema, runTurnSchema } from './runs.js';
-import { agentRepo, agentSchema, messageCounterSchema, messageRepo, messageSchema, sessionRepo, sessionSchema } from './sessions.js';
+import { agentRepo, agentSchema, messageRepo, messageSchema, sessionRepo, sessionSchema } from './sessions.js';
 import { taskRepo, taskSchema } from './tasks.js';
 import { webhookSecretRepo, webhookSecretSchema } from './webhook-secrets.js';
 
@@ -44,7 +44,6 @@ export async function openMongoStore(uri: string): Promise<Store> {
   const sessions = conn.model<Stored<Session>>('Session', sessionSchema, 'sessions');
   const agents = conn.model<Stored<AgentRecord>>('Agent', agentSchema, 'agents');
   const messages = conn.model<Stored<MessageRecord>>('Message', messageSchema, 'messages');
-  const counters = conn.model<{ _id: string; seq: number }>('MessageCounter', messageCounterSchema, 'message_counters');
   const tasks = conn.model('Task', taskSchema, 'tasks');
   const ledger = conn.model('Ledger', ledgerSchema, 'ledger');
   const ledgerPayloads = conn.model('LedgerPayload', ledgerPayloadSchema, 'ledger_payloads');
@@ -64,7 +63,6 @@ export async function openMongoStore(uri: string): Promise<Store> {
     sessions,
     agents,
     messages,
-    counters,
     tasks,
     ledger,
     ledgerPayloads,
@@ -84,7 +82,7 @@ export async function openMongoStore(uri: string): Promise<Store> {
     deliveries: deliveryRepo(deliveries),
     sessions: sessionRepo(sessions),
     agents: agentRepo(agents),
-    messages: messageRepo(messages, counters),
+    messages: messageRepo(messages),
     tasks: taskRepo(tasks as never),
     evidence: evidenceRepo(ledger as never, ledgerPayloads as never),
     gateRuns: gateRunRepo(gateRuns as never, gateResults as never),

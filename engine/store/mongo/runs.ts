@@ -19,7 +19,8 @@ export const runSchema = new Schema(
 runSchema.index({ tenant_id: 1, automation_id: 1, _id: -1 });
 runSchema.index({ tenant_id: 1, session_id: 1, _id: -1 });
 runSchema.index({ tenant_id: 1, kind: 1, finished_at: -1 });
-runSchema.index({ status: 1, created_at: 1 });
+// the reconciler's keyset pages (created_at, then id) read the index in order, no sort in memory
+runSchema.index({ status: 1, created_at: 1, _id: 1 });
 runSchema.index({ tenant_id: 1, _id: -1 });
 runSchema.index({ tenant_id: 1, status: 1, _id: -1 });
 
@@ -31,8 +32,13 @@ runStepSchema.index({ run_id: 1, attempt: 1, idx: 1 });
 export const runTurnSchema = runStepSchema.clone();
 
 const rowId = (runId: string, attempt: number, idx: number) => `${runId}:${attempt}:${idx}`;
+/** tries of the step records that go with a run's change, once the change has applied */
+const STEP_WRITE_TRIES = 4;
+/** how long the metrics' counts of runs by kind and status are answered from the last count */
+const COUNTS_FRESH_MS = 10_000;
 
 export function runRepo(model: Model<Stored<Run>>, stepModel: Model<AttemptRow<StepRecord>>, turnModel: Model<AttemptRow<AgentTurn>>): RunRepo {
+  let counted: { at: number; rows: { kind: Run['kind']; status: Run['status']; count: number }[] } | undefined;
   const page = (filter: Record<string, unknown>, q: { limit: number; cursor?: string }) => pageOf(model, filter, q);
   return {
     async insert(r) {
@@ -45,8 +51,21 @@ export function runRepo(model: Model<Stored<Run>>, stepModel: Model<AttemptRow<S
       const filter: Record<string, unknown> = { _id: id, tenant_id: tenantId, status: { $in: guard.status } };
       if (guard.attempt !== undefined) filter.attempt = guard.attempt;
       const updated = fromStored(await model.findOneAndUpdate(filter, { $set: definedOnly(changes) }, { returnDocument: 'after' }).lean<Stored<Run>>());
-      // a replica set would make this one transaction; the steps are rewritten by the next write if this one is lost
-      if (updated && steps.length) await this.putSteps(tenantId, id, guard.attempt ?? updated.attempt, steps);
+      // two writes (one transaction would need a replica set): once the run's change has applied, the
+      // transition stands, so its steps are tried a few more times rather than failing it (its caller
+      // would try the whole transition again, find the run moved on, and drop what follows it)
+      if (updated && steps.length) {
+        for (let i = 1; ; i++) {
+          try {
+            await this.putSteps(tenantId, id, guard.attempt ?? updated.attempt, steps);
+            break;
+          } catch {
+            // past that the steps keep what the attempt's progress saves last wrote
+            if (i >= STEP_WRITE_TRIES) break;
+            await new Promise((r) => setTimeout(r, 200 * 2 ** i));
+          }
+        }
+      }
       return updated;
     },
     async putSteps(tenantId, runId, attempt, steps) {
@@ -106,10 +125,13 @@ export function runRepo(model: Model<Stored<Run>>, stepModel: Model<AttemptRow<S
       return rows.map((r) => r.duration_ms);
     },
     async countByKindAndStatus() {
+      // a scan of every run: a scrape within COUNTS_FRESH_MS of the last one is answered from it
+      if (counted && Date.now() - counted.at < COUNTS_FRESH_MS) return counted.rows;
       const rows = await model.aggregate<{ _id: { kind: Run['kind']; status: Run['status'] }; count: number }>([
         { $group: { _id: { kind: '$kind', status: '$status' }, count: { $sum: 1 } } },
       ]);
-      return rows.map((r) => ({ kind: r._id.kind, status: r._id.status, count: r.count }));
+      counted = { at: Date.now(), rows: rows.map((r) => ({ kind: r._id.kind, status: r._id.status, count: r.count })) };
+      return counted.rows;
     },
     async listStale(status, createdBefore, limit, after) {
       const rows = await model

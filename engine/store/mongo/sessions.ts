@@ -16,9 +16,6 @@ agentSchema.index({ tenant_id: 1, session_id: 1, _id: 1 });
 export const messageSchema = new Schema({ _id: String, tenant_id: { type: String, required: true }, session_id: String, seq: Number }, loose);
 messageSchema.index({ session_id: 1, seq: 1 }, { unique: true });
 
-/** The last seq given in each session. */
-export const messageCounterSchema = new Schema({ _id: String, seq: Number }, loose);
-
 export function sessionRepo(model: Model<Stored<Session>>): SessionRepo {
   return {
     async insert(s) {
@@ -66,13 +63,26 @@ export function agentRepo(model: Model<Stored<AgentRecord>>): AgentRepo {
   };
 }
 
-export function messageRepo(model: Model<Stored<MessageRecord>>, counters: Model<{ _id: string; seq: number }>): MessageRepo {
+/** tries of a message's append that another append beat to its seq */
+const APPEND_TRIES = 50;
+const DUPLICATE_KEY = 11000;
+
+export function messageRepo(model: Model<Stored<MessageRecord>>): MessageRepo {
   return {
+    // seq is the last visible one plus one, taken again when another append took it first (the unique
+    // (session_id, seq) index): a message is visible before any later seq is, so a reader that has seen N
+    // never misses a message N-1 that appears after it (a counter's seq, inserted in a second write, could)
     async append(m) {
-      const counter = await counters.findOneAndUpdate({ _id: m.session_id }, { $inc: { seq: 1 } }, { upsert: true, returnDocument: 'after' }).lean();
-      const record: MessageRecord = { ...m, seq: counter!.seq };
-      await model.collection.insertOne(toStored(record) as never);
-      return record;
+      for (let i = 1; ; i++) {
+        const last = await model.findOne({ session_id: m.session_id }, { seq: 1 }).sort({ seq: -1 }).lean<{ seq: number }>();
+        const record: MessageRecord = { ...m, seq: (last?.seq ?? 0) + 1 };
+        try {
+          await model.collection.insertOne(toStored(record) as never);
+          return record;
+        } catch (err) {
+          if ((err as { code?: number }).code !== DUPLICATE_KEY || i >= APPEND_TRIES) throw err;
+        }
+      }
     },
     async list(tenantId, sessionId, q) {
       const rows = await model
