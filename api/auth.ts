@@ -62,7 +62,8 @@ export function authenticate(opts: { mode: 'required' | 'none'; apiKeys: ApiKeys
       assertSameOrigin(req, opts.allowedOrigins);
       req.tenantId = signedIn.tenant_id;
       req.signedIn = signedIn;
-      req.stillAuthorized = async () => (await opts.sso!.resolve(sessionId))?.tenant_id === signedIn.tenant_id;
+      // checked without counting as a use: a stream left open does not keep an idle session alive
+      req.stillAuthorized = async () => (await opts.sso!.check(sessionId))?.tenant_id === signedIn.tenant_id;
       bindToRequestLog(req, { tenant_id: signedIn.tenant_id, sub: signedIn.sub });
       return next();
     }

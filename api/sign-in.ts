@@ -66,9 +66,11 @@ export function assertSameOrigin(req: Request, allowedOrigins: string[]): void {
   // (where sign-in lands), never a GET that starts work (an audit stream)
   // (a navigation names no Origin; an allowed web client's own cross-site fetch does)
   const fromAllowed = req.headers.origin !== undefined && allowedOrigins.includes(req.headers.origin);
-  if (req.headers['sec-fetch-site'] === 'cross-site' && !fromAllowed && req.originalUrl.split('?')[0] !== '/api/v1/me')
+  // the path as routed: Express takes /stream/ for /stream
+  const routed = req.originalUrl.split('?')[0]!.replace(/(.)\/+$/, '$1');
+  if (req.headers['sec-fetch-site'] === 'cross-site' && !fromAllowed && routed !== '/api/v1/me')
     throw new CsrfRefusedError('a cross-site navigation cannot use this session');
-  if (SAFE_METHODS.has(req.method) && !GETS_THAT_START_WORK.has(req.originalUrl.split('?')[0]!)) return;
+  if (SAFE_METHODS.has(req.method) && !GETS_THAT_START_WORK.has(routed)) return;
   const origin = req.headers.origin;
   if (origin) {
     if (allowedOrigins.includes(origin)) return;

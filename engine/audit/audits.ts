@@ -325,7 +325,10 @@ export function auditsOf(deps: AuditsDeps) {
         await reports.dropRunning(tenantId, id);
         return null;
       }
-      if (got.report.status !== 'running') return got.report;
+      if (got.report.status !== 'running') {
+        await reports.dropRunning(tenantId, id); // done, but still counted running (a process stopped half way)
+        return got.report;
+      }
       const claim = `${queues.prefix}:audit:assemble:${id}`;
       if ((await deps.redis.set(claim, '1', 'EX', ASSEMBLE_CLAIM_SECONDS, 'NX')) !== 'OK') return got.report;
       try {
@@ -375,6 +378,11 @@ export function auditsOf(deps: AuditsDeps) {
       const overdue = now - (2 * settings.phaseTimeoutSeconds * 1000 + 300_000);
       let repaired = 0;
       for (const { tenantId, id, startedMs } of await reports.listRunning(now - olderThanMs, 200)) {
+        // a report that ended (or went) but still holds its tenant's place: it leaves the running sets
+        if ((await reports.status(tenantId, id)) !== 'running') {
+          await reports.dropRunning(tenantId, id);
+          continue;
+        }
         const parent = await queues.get('audits').getJob(`${id}__report`);
         const state = parent ? await parent.getState() : 'missing';
         if (state !== 'missing' && state !== 'failed' && state !== 'unknown' && startedMs > overdue) continue;

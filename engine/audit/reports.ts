@@ -32,7 +32,20 @@ redis.call('ZADD', KEYS[3], ARGV[1], ARGV[4])
 redis.call('ZADD', KEYS[4], ARGV[1], ARGV[5])
 return 1`;
 
+// the assembled report replaces the head (while the report exists), kept for the TTL from now, and leaves
+// the running sets, in one step: a process that stops half way leaves no finished report holding a place
+const FINISH = `local kept = 0
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('HSET', KEYS[1], 'head', ARGV[1])
+  redis.call('EXPIRE', KEYS[1], ARGV[2])
+  kept = 1
+end
+redis.call('ZREM', KEYS[2], ARGV[3])
+redis.call('ZREM', KEYS[3], ARGV[4])
+return kept`;
+
 type ReportRedis = Redis & {
+  auditFinish(...args: (string | number)[]): Promise<number>;
   auditPutIfExists(key: string, field: string, value: string): Promise<number>;
   auditCreateIfRoom(...args: (string | number)[]): Promise<number>;
 };
@@ -41,6 +54,7 @@ export function reportStoreOf(redis: Redis, settings: ReportStoreSettings) {
   const { prefix, ttlSeconds, maxPerTenant, maxRunningPerTenant } = settings;
   if (!('auditPutIfExists' in redis)) redis.defineCommand('auditPutIfExists', { numberOfKeys: 1, lua: PUT_IF_EXISTS });
   if (!('auditCreateIfRoom' in redis)) redis.defineCommand('auditCreateIfRoom', { numberOfKeys: 4, lua: CREATE_IF_ROOM });
+  if (!('auditFinish' in redis)) redis.defineCommand('auditFinish', { numberOfKeys: 3, lua: FINISH });
   const r = redis as ReportRedis;
   // {tenant} is a hash tag: a tenant's reports and its index live in one Redis Cluster slot
   const key = (tenantId: string, id: string) => `${prefix}:audit:{${tenantId}}:${id}`;
@@ -113,14 +127,8 @@ export function reportStoreOf(redis: Redis, settings: ReportStoreSettings) {
 
     /** the assembled report replaces the head, kept for the TTL from now */
     async finish(tenantId: string, report: AuditReport): Promise<boolean> {
-      const kept = (await r.auditPutIfExists(key(tenantId, report.report_id), 'head', JSON.stringify(report))) === 1;
-      await redis
-        .multi()
-        .expire(key(tenantId, report.report_id), ttlSeconds)
-        .zrem(running, member(tenantId, report.report_id))
-        .zrem(runningOf(tenantId), report.report_id)
-        .exec();
-      return kept;
+      const id = report.report_id;
+      return (await r.auditFinish(key(tenantId, id), running, runningOf(tenantId), JSON.stringify(report), ttlSeconds, member(tenantId, id), id)) === 1;
     },
 
     /** reports still running that started before `beforeMs`, oldest first */

@@ -67,6 +67,28 @@ export function ssoOf(deps: { redis: Redis; queues: Queues; clock: Clock; log: L
     return { tenant: mapped, claim: value };
   }
 
+  async function read(sessionId: string, touch: boolean): Promise<SignedIn | null> {
+    const key = sessionKey(sessionId);
+    const raw = await redis.get(key);
+    if (!raw) return null;
+    const session = JSON.parse(raw) as SignedIn;
+    const now = clock.now().getTime();
+    const left = Math.floor((Date.parse(session.expires_at) - now) / 1000);
+    let tenantNow: string | null;
+    try {
+      tenantNow = tenantOf({ [s.tenantClaim]: session.tenant_claim }).tenant;
+    } catch {
+      tenantNow = null;
+    }
+    if (left <= 0 || tenantNow !== session.tenant_id) {
+      await redis.del(key);
+      if (tenantNow !== session.tenant_id) log.info({ tenant_id: session.tenant_id, sub: session.sub }, 'session ended: the tenant mapping changed');
+      return null;
+    }
+    if (touch) await redis.expire(key, Math.min(s.idleSeconds, left));
+    return session;
+  }
+
   return {
     /** Starts a sign-in: where to send the browser, and the sealed login its cookie carries to the callback. */
     async login(returnTo: string | null): Promise<{ url: string; cookie: string }> {
@@ -157,27 +179,10 @@ export function ssoOf(deps: { redis: Redis; queues: Queues; clock: Clock; log: L
      * The person a session cookie opens, or null: ended, idle too long, past its absolute end, or its
      * tenant no longer what the mapping says (then it is ended here). Each use restarts the idle clock.
      */
-    async resolve(sessionId: string): Promise<SignedIn | null> {
-      const key = sessionKey(sessionId);
-      const raw = await redis.get(key);
-      if (!raw) return null;
-      const session = JSON.parse(raw) as SignedIn;
-      const now = clock.now().getTime();
-      const left = Math.floor((Date.parse(session.expires_at) - now) / 1000);
-      let tenantNow: string | null;
-      try {
-        tenantNow = tenantOf({ [s.tenantClaim]: session.tenant_claim }).tenant;
-      } catch {
-        tenantNow = null;
-      }
-      if (left <= 0 || tenantNow !== session.tenant_id) {
-        await redis.del(key);
-        if (tenantNow !== session.tenant_id) log.info({ tenant_id: session.tenant_id, sub: session.sub }, 'session ended: the tenant mapping changed');
-        return null;
-      }
-      await redis.expire(key, Math.min(s.idleSeconds, left));
-      return session;
-    },
+    resolve: (sessionId: string): Promise<SignedIn | null> => read(sessionId, true),
+
+    /** The same answer without counting as a use: an open stream asks it at each heartbeat, and a tab left open is no use. */
+    check: (sessionId: string): Promise<SignedIn | null> => read(sessionId, false),
 
     async logout(sessionId: string): Promise<void> {
       await redis.del(sessionKey(sessionId));

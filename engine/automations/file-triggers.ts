@@ -32,9 +32,17 @@ export function fileTriggersOf(
 
   async function refresh(): Promise<void> {
     const automations = await deps.store.automations.listEnabledWithTrigger('file_change');
+    // a tenant's root is watched at its real path: a root that is itself a link (a tenant's folder on
+    // another disk) is followed, where no link inside it is
+    const realRoots = new Map<string, string>();
+    for (const tenantId of new Set(automations.map((a) => a.tenant_id))) {
+      const root = deps.tenantRootOf(tenantId);
+      await fs.mkdir(root, { recursive: true });
+      realRoots.set(tenantId, await fs.realpath(root).catch(() => root));
+    }
     watched = automations.map((automation) => ({
       automation,
-      tenantRoot: deps.tenantRootOf(automation.tenant_id),
+      tenantRoot: realRoots.get(automation.tenant_id)!,
       matchers: automation.triggers.flatMap((t) =>
         t.type === 'file_change' ? [{ match: picomatch(t.paths, { dot: true }), paths: t.paths, debounceMs: t.debounce_ms ?? 500 }] : [],
       ),
@@ -43,8 +51,6 @@ export function fileTriggersOf(
     const wanted = new Set(watched.map((w) => w.tenantRoot));
     const added = [...wanted].filter((r) => !roots.has(r));
     const dropped = [...roots].filter((r) => !wanted.has(r));
-    // a root is made before it is watched: a change in a root made later would otherwise be missed
-    await Promise.all(added.map((r) => fs.mkdir(r, { recursive: true })));
     if (dropped.length) watcher.unwatch(dropped);
     if (added.length) watcher.add(added);
     roots = wanted;

@@ -41,8 +41,8 @@ const cronError = memo((schedule: string): string | null => {
   }
   // cron-parser draws an H ("some value") again at every parse, and BullMQ parses at every tick: the
   // schedule would move each time, firing at random times and a random number of times
-  if (fields.some((f) => f.split(',').some((part) => /^H(\(|\/|$)/i.test(part))))
-    return 'H (a hashed value) is not supported: name the minute, hour, ... to fire at';
+  // an H on its own, wherever it stands (H, H(0-5), */H, 0-H): not the H of a day's name (THU)
+  if (fields.some((f) => /(^|[^a-z])h($|[^a-z])/i.test(f))) return 'H (a hashed value) is not supported: name the minute, hour, ... to fire at';
   try {
     CronExpressionParser.parse(schedule, { tz: 'UTC' }).next();
     return null;

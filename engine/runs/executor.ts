@@ -37,6 +37,8 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
   const { store, log, settings } = deps;
   /** the AbortController of each run this process is executing, for cancel requests and shutdown */
   const inFlight = new Map<string, AbortController>();
+  /** the runs this process executes, from before their start until their end is written (a count: two attempts may overlap) */
+  const claimed = new Map<string, number>();
   const model = settings.agent ? modelClientOf(settings.agent) : undefined;
 
   /**
@@ -71,7 +73,7 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
     // a job of an earlier attempt, delivered again after the run moved on, does nothing
     if (found.attempt !== attempt) return null;
     if (found.status === 'running') {
-      if (inFlight.has(runId)) return null; // still executing here: the job was re-delivered after a stall
+      if (claimed.has(runId)) return null; // still executing (or settling) here: the job was re-delivered after a stall
       // another live process still runs it (or, the registry just made again, it cannot be told yet):
       // the job waits and is looked at again, and the run ends by that process's hand
       const elsewhere = await runs.claims.elsewhere();
@@ -79,6 +81,21 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
       // a previous delivery started it and its worker died: its steps may have had effects
       return transitions.lose(found, 'the worker running this attempt stopped', await runs.isCancelRequested(runId).catch(() => false));
     }
+    // claimed (told to the other processes) from before its start until its end is written: a job
+    // delivered again meanwhile, or a reconcile elsewhere, never takes it for lost
+    claimed.set(runId, (claimed.get(runId) ?? 0) + 1);
+    try {
+      return await attemptOf(found);
+    } finally {
+      const n = (claimed.get(runId) ?? 1) - 1;
+      if (n > 0) claimed.set(runId, n);
+      else claimed.delete(runId);
+    }
+  }
+
+  /** One attempt of a queued run: started, executed, settled. */
+  async function attemptOf(found: Run): Promise<Settled> {
+    const runId = found.id;
     // registered before the start, so a cancel request published from here on reaches it; the key
     // covers one published before, and is read while the start is written
     const controller = new AbortController();
@@ -158,9 +175,9 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
   return {
     execute,
     /** true while this process executes the run */
-    isExecuting: (runId: string) => inFlight.has(runId),
-    /** the runs this process is executing now */
-    executing: (): string[] => [...inFlight.keys()],
+    isExecuting: (runId: string) => claimed.has(runId),
+    /** the runs this process is executing now, until their end is written */
+    executing: (): string[] => [...claimed.keys()],
     /** Aborts a run this process is executing; false when it is not here. */
     abort(runId: string): boolean {
       const c = inFlight.get(runId);

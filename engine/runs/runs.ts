@@ -104,7 +104,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
   const rerunGuards: ((run: Run) => Promise<void>)[] = [];
   // the executor reads it as a run starts: in the engine's batch, with the run.started event
   const batch = redisBatch(redis);
-  const claims = createRunClaims(redis, prefix, clock);
+  const claims = createRunClaims(redis, prefix);
   batch.define('key.exists', { keys: 1, args: 0, lua: `return redis.call('EXISTS', KEYS[1])` });
   // an idempotency key's claim and its day-long hold ride in the batch too (with a task's run, say)
   batch.define('key.claim', { keys: 1, args: 2, lua: `return redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2], 'NX')` });
@@ -430,8 +430,12 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
           if (state === 'active' && !admitted(run)) await slots.restore(run.tenant_id, run.id);
           continue;
         }
-        // the registry of claims is incomplete (just made, or made again after Redis lost its data): wait a pass
-        if (elsewhere === null) continue;
+        // the registry of claims is incomplete (just made, or made again after Redis lost its data): the
+        // run may be running somewhere, so it keeps (or gets back) its slot and is judged at a later pass
+        if (elsewhere === null) {
+          if (!admitted(run)) await slots.restore(run.tenant_id, run.id);
+          continue;
+        }
         const why = `the run's job was ${state === 'missing' ? 'lost' : state} while the run was running`;
         if (await transitions.lose(run, why, await isCancelRequested(run.id).catch(() => false))) lost++;
       }

@@ -160,6 +160,12 @@ describe('workspace audit', function () {
         const got = await capped.call<Body>('GET', `/api/v1/autonomy/workspace-audit/${first.body.report_id}`);
         return got.body.status !== 'running';
       }, 'the first audit to end');
+      // a finished report still counted running (its process stopped between the two): the reconciler frees its place
+      const prefix = capped.config.queuePrefix;
+      await capped.rt.redis.zadd(`${prefix}:audit-running:{tenant-a}`, Date.now() - 120_000, first.body.report_id);
+      await capped.rt.redis.zadd(`${prefix}:audit-running`, Date.now() - 120_000, `tenant-a\n${first.body.report_id}`);
+      expect((await start()).status, 'its place looks taken').to.equal(429);
+      await capped.rt.engine.audits.reconcile(60_000);
       expect((await start()).status, 'a place is free again').to.equal(202);
     } finally {
       await workers?.close();

@@ -295,6 +295,32 @@ describe('run lifecycle', function () {
     }
   });
 
+  it('loses no running run while the registry of claims is incomplete (Redis lost its data), and keeps its slot from queued runs', async () => {
+    const young = await startHarness({ workers: false, env: { SERVICE_TENANT_MAX_RUNNING: '1' } });
+    try {
+      const post = async () =>
+        (await young.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'message', args: { text: 'x' } }] } })).body.run_id as string;
+      const queue = young.rt.queues.get('runs');
+      // a run some worker is running, as Redis found it after losing its data: no job, no slot, no claims
+      const running = await post();
+      await queue.remove(jobOf(running, 1));
+      await young.rt.store.runs.update('tenant-a', running, { status: 'running', started_at: new Date().toISOString() }, { status: ['queued'] });
+      const slotsKey = `${young.config.queuePrefix}:tenant:tenant-a:running`;
+      await young.rt.redis.del(slotsKey, `${young.config.queuePrefix}:tenant:tenant-a:pending`);
+      // and a queued run whose place in line was lost with it
+      const queued = { id: await post() };
+      await young.rt.redis.del(slotsKey, `${young.config.queuePrefix}:tenant:tenant-a:pending`);
+      await queue.remove(jobOf(queued.id, 1));
+      expect(await young.rt.engine.runs.reconcile({ olderThanMs: 0 })).to.include({ lost: 0 });
+      expect((await young.rt.store.runs.get('tenant-a', running))!.status).to.equal('running');
+      // the running run has its slot back, so the queued one waits in line (limit 1) instead of running beside it
+      expect(await young.rt.redis.smembers(slotsKey)).to.deep.equal([running]);
+      expect(await young.rt.redis.lrange(`${young.config.queuePrefix}:tenant:tenant-a:pending`, 0, -1)).to.deep.equal([queued.id]);
+    } finally {
+      await young.close();
+    }
+  });
+
   it('keeps run records free of server paths in answers', async () => {
     await fs.mkdir(path.join(h.tenantDir(), 'sub'), { recursive: true });
     const id = await start({ steps: [{ tool: 'shell', args: { command: 'true' } }], workspace: 'sub' });

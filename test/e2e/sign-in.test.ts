@@ -1,6 +1,7 @@
 // People's sign-in against a real OpenID Connect provider on loopback (oidc-provider): the code flow
 // with PKCE, the tenant from a claim, the cookie session on every /api/v1 route, CSRF, CORS, logout,
 // and the refusals (forged state, replayed callback, wrong audience, unknown tenant).
+import { createHash } from 'node:crypto';
 import { expect } from 'chai';
 import { freePort, startHarness, type Harness } from '../support/harness.js';
 import { startIdp, type Idp } from '../support/idp.js';
@@ -147,6 +148,11 @@ describe('sign-in with OpenID Connect', function () {
       const stream = await fetch(`${other.url}/api/v1/sessions/${watched.id}/trace`, { headers: { cookie: `__Host-session=${second}` } });
       expect(stream.status).to.equal(200);
       const streamEnded = stream.text().then(() => true);
+      // its heartbeats check the session without counting as a use: the idle clock runs on
+      const sessionKey = `${h.config.queuePrefix}:sso-session:${createHash('sha256').update(second!).digest('hex')}`;
+      const ttlBefore = await h.rt.redis.ttl(sessionKey);
+      await new Promise((r) => setTimeout(r, 2500));
+      expect(await h.rt.redis.ttl(sessionKey)).to.be.at.most(ttlBefore - 2);
       const out = await alice.fetch(`${service()}/auth/logout`, { method: 'POST', headers: { origin: service() } });
       expect(out.status).to.equal(204);
       expect((await inOther()).status).to.equal(401);
@@ -254,6 +260,8 @@ describe('sign-in with OpenID Connect', function () {
     const auditStream = (headers: Record<string, string>) => alice.fetch(`${service()}/api/v1/autonomy/workspace-audit/stream?phases=sanity`, { headers });
     expect((await auditStream({ 'sec-fetch-site': 'same-site' })).status).to.equal(403);
     expect((await auditStream({})).status).to.equal(403);
+    const slashed = await alice.fetch(`${service()}/api/v1/autonomy/workspace-audit/stream/?phases=sanity`, { headers: { 'sec-fetch-site': 'same-site' } });
+    expect(slashed.status, 'the same route with a trailing slash').to.equal(403);
     const read = await alice.fetch(`${service()}/api/v1/automations`, { headers: { 'sec-fetch-site': 'same-site' } });
     expect(read.status, 'a GET that reads is not held').to.equal(200);
     // the web client's own fetch from another site names its Origin: not a navigation

@@ -1,5 +1,6 @@
 // Triggers that fire by themselves: cron through BullMQ job schedulers, file_change through chokidar.
 import fs from 'node:fs/promises';
+import os from 'node:os';
 import path from 'node:path';
 import { expect } from 'chai';
 import { startWorkers } from '../../workers/index.js';
@@ -126,7 +127,7 @@ describe('cron schedulers that BullMQ cannot place', function () {
   it('refuses H (a hashed value): cron-parser draws it again at every parse, so the schedule would move at every tick', async () => {
     const h = await startHarness({ workers: false });
     try {
-      for (const schedule of ['H * * * * *', 'H H * * *', '0 H(0-5) * * *', '*/5 H/2 * * *']) {
+      for (const schedule of ['H * * * * *', 'H H * * *', '0 H(0-5) * * *', '*/5 H/2 * * *', '*/H * * * *', '0-H * * * *', '1-5/H * * * *']) {
         const res = await h.call<Body>('POST', '/api/v1/automations', {
           body: { name: 'hashed', triggers: [{ type: 'cron', schedule, timezone: 'UTC' }], steps: [{ tool: 'message', args: { text: 'x' } }] },
         });
@@ -219,6 +220,26 @@ describe('file_change triggers', function () {
         .flat()
         .sort(),
     ).to.deep.equal(['d0/first.txt', 'd0/second.txt']);
+  });
+
+  it("follows a tenant's root that is itself a link (its folder on another disk)", async () => {
+    const linked = await startHarness({ env: { SERVICE_FILE_TRIGGER_REFRESH_SECONDS: '1' } });
+    const elsewhere = await fs.mkdtemp(path.join(os.tmpdir(), 'svc-tenant-disk-'));
+    try {
+      await fs.symlink(elsewhere, path.join(linked.workspace, 'tenant-a'));
+      const a = (
+        await linked.call<Body>('POST', '/api/v1/automations', {
+          body: { name: 'linked', triggers: [{ type: 'file_change', paths: ['*.txt'], debounce_ms: 100 }], steps: [{ tool: 'message', args: { text: 'x' } }] },
+        })
+      ).body;
+      await new Promise((r) => setTimeout(r, 1500));
+      await fs.writeFile(path.join(elsewhere, 'note.txt'), 'x');
+      const runs = await eventually(async () => ((await history(linked, a.id)).length ? history(linked, a.id) : null), 'a run', 10_000);
+      expect(runs[0]!.trigger.paths).to.deep.equal(['note.txt']);
+    } finally {
+      await linked.close();
+      await fs.rm(elsewhere, { recursive: true, force: true });
+    }
   });
 
   it("never follows a link out of the tenant's root: another tenant's files are not seen through it", async () => {
