@@ -58,6 +58,7 @@ export type AppDeps = {
 };
 
 export const BODY_LIMIT_BYTES = 1024 * 1024;
+const JSON_TYPES = ['application/json', 'application/*+json'];
 
 /**
  * The spec as the validator wants it: Ajv reads `discriminator` to check a oneOf against the one
@@ -103,16 +104,16 @@ export function createApp(deps: AppDeps): Express {
   if (deps.signIn.corsOrigins.length) app.use('/api/v1', corsFor(deps.signIn.corsOrigins));
   app.use('/api/v1', authenticate({ mode: deps.auth, apiKeys: deps.engine.apiKeys, sso: deps.engine.sso, allowedOrigins }));
   app.use('/api/v1', rateLimit(deps.engine.apiRateLimit));
+  // the JSON bodies' limit, before a byte is read; audio uploads (multipart or raw) count their own bytes
+  // against their own limit as they stream
   app.use('/api/v1', (req, res, next) => {
-    // multipart uploads (voice) count their own bytes against their own limit
-    if (req.is('multipart/form-data')) return next();
-    if (!refuseDeclaredOver(BODY_LIMIT_BYTES, req, res, next)) next();
+    if (!req.is(JSON_TYPES) || !refuseDeclaredOver(BODY_LIMIT_BYTES, req, res, next)) next();
   });
   app.use(
     '/api/v1',
     express.json({
       limit: BODY_LIMIT_BYTES,
-      type: ['application/json', 'application/*+json'],
+      type: JSON_TYPES,
       strict: true,
       // refused before it is parsed: nothing that would store or echo it can overflow on it
       verify: (_req, _res, buf) => {

@@ -188,6 +188,12 @@ describe('voice transcription', function () {
     expect(last).to.include({ bytes: wav(1).length, provider: 'openai', model: 'whisper-1' });
     expect(last.latency_ms).to.be.a('number');
     expect(h.logs.join('')).not.to.contain('secret words');
+    // over the JSON bodies' 1 MB: audio has its own limit, raw as in a form
+    const minute = wav(60);
+    expect(minute.length).to.be.greaterThan(1024 * 1024);
+    provider.play([{ status: 200, body: VERBOSE }]);
+    const long = await raw(h, minute);
+    expect(long.status, long.text).to.equal(200);
   });
 
   it('passes the audio on while it arrives, and the provider cannot finish before the client has', async () => {
