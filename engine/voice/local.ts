@@ -106,8 +106,13 @@ export function localTranscriber(s: LocalTranscriberSettings): Transcriber {
         'unsupported-audio',
         `the local provider decodes ${audio.format} with ffmpeg, which is not installed (sox reads WAV, FLAC and Ogg Vorbis)`,
       );
-    const deadline = AbortSignal.any([opts.signal, AbortSignal.timeout(timeoutMs)]);
+    // a timer of our own: AbortSignal.timeout's, held only weakly by AbortSignal.any, can be collected
+    // before it fires (Node 20), and the recognition then runs unbounded
+    const timeout = new AbortController();
+    const timer = setTimeout(() => timeout.abort(), timeoutMs);
+    const deadline = AbortSignal.any([opts.signal, timeout.signal]);
     const release = await slots.acquire(deadline).catch(() => {
+      clearTimeout(timer);
       throw ended(opts.signal, timeoutMs);
     });
     let dir: string | undefined;
@@ -139,6 +144,7 @@ export function localTranscriber(s: LocalTranscriberSettings): Transcriber {
       const segments = parseTimedOutput(recognized.stdout);
       return { text: segments.map((x) => x.text).join(' '), language: 'en', duration_seconds: seconds, segments };
     } finally {
+      clearTimeout(timer);
       release();
       if (dir) await fs.rm(dir, { recursive: true, force: true });
     }

@@ -5,6 +5,8 @@ import fs from 'node:fs';
 import os from 'node:os';
 import { Readable } from 'node:stream';
 import path from 'node:path';
+import v8 from 'node:v8';
+import vm from 'node:vm';
 import { expect } from 'chai';
 import { openSandbox, which } from '../../engine/tools/index.js';
 import { AudioUpload, localTranscriber, type LocalPrograms } from '../../engine/voice/index.js';
@@ -151,6 +153,39 @@ describe('voice transcription on this machine (local provider)', function () {
     } finally {
       sandbox.close();
       await Promise.all(opened.map((u) => u.discard()));
+    }
+  });
+
+  it('ends a recognition at its time limit, even when memory is collected meanwhile', async () => {
+    // 30 s of speech takes pocketsphinx far longer than the 1.5 s limit given here
+    const long = path.join(dir, 'long.wav');
+    execFileSync('sox', [path.join(dir, 'c4.wav'), long, 'repeat', String(Math.ceil(30 / seconds(clip(4))))]);
+    const upload = await AudioUpload.open(Readable.from([fs.readFileSync(long)]), { maxBytes: 1e8, maxSeconds: 120, complete: async () => ({}) });
+    const sandbox = openSandbox({
+      mode: 'auto',
+      limits: h.config.sandbox.limits,
+      prefix: `${h.config.queuePrefix}-voice-t`,
+      pathVar: process.env.PATH,
+      log: h.rt.log,
+    });
+    // the bug this guards against: a deadline that garbage collection could drop before it fired
+    v8.setFlagsFromString('--expose-gc');
+    const gc = vm.runInNewContext('gc') as () => void;
+    const collecting = setInterval(gc, 100);
+    try {
+      const programs: LocalPrograms = {
+        decoder: { kind: 'sox', path: which('sox', process.env.PATH)! },
+        recognizer: which('pocketsphinx_continuous', process.env.PATH)!,
+      };
+      const t = localTranscriber({ programs, sandbox, env: h.config.childEnv, timeoutMs: 1500 });
+      const started = Date.now();
+      const ended = await t.transcribe(upload, { signal: new AbortController().signal, maxSeconds: 120 }).catch((e: Error) => e);
+      expect(ended).to.have.property('code', 'transcription-timeout');
+      expect(Date.now() - started).to.be.below(8000);
+    } finally {
+      clearInterval(collecting);
+      sandbox.close();
+      await upload.discard();
     }
   });
 
