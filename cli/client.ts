@@ -54,8 +54,10 @@ export class ApiClient {
     return { ...(this.key ? { authorization: `Bearer ${this.key}` } : {}), 'user-agent': 'automation-service-cli', ...extra };
   }
 
+  /** The service's URL for an API path, under the base URL's own path (a service behind a proxy's /automation/). */
   private url(path: string, query: RequestOptions['query'] = {}): string {
-    const u = new URL(path, this.baseUrl);
+    const u = new URL(this.baseUrl);
+    u.pathname = `${u.pathname.replace(/\/+$/, '')}${path}`;
     for (const [k, v] of Object.entries(query)) if (v !== undefined && v !== '') u.searchParams.set(k, String(v));
     return u.toString();
   }

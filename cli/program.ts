@@ -3,13 +3,12 @@
 // dependencies of its own, nested commands with generated --help for each, and the most used parser of
 // its kind, so its behaviour is what people already know.
 import { createHash } from 'node:crypto';
-import fs from 'node:fs';
 import { Command, Option } from 'commander';
 import { loadClientEnv, loadConfig, TENANT_ID_PATTERN } from '../config/env.js';
 import { apiKeysOf, type ApiKeys } from '../engine/auth/index.js';
 import { systemClock, createLogger } from '../engine/platform/index.js';
 import { openStore, type Store } from '../engine/store/index.js';
-import { ApiClient, EXIT } from './client.js';
+import { ApiClient, CliError, EXIT } from './client.js';
 import { gatesRun, gatesVerify } from './gates.js';
 import { outputOf, seconds, type Output } from './output.js';
 import { printRun, printRuns, usage, watchRun } from './runs.js';
@@ -34,9 +33,13 @@ function contextOf(cmd: Command): { client: ApiClient; o: Output } {
   try {
     new URL(url);
   } catch {
-    throw usage(`--url ${url} is not a URL`);
+    // never printed back: it may carry a password (https://user:secret@host:99999)
+    throw usage('--url (or SERVICE_URL) is not a URL');
   }
-  return { client: new ApiClient(url, g.key ?? clientEnv.key), o: outputOf({ json: Boolean(g.json), noColor: clientEnv.noColor }) };
+  const key = g.key ?? clientEnv.key;
+  // a key that cannot be a header value (a newline pasted with it) would be printed back by fetch's own error
+  if (key !== undefined && !/^[\x21-\x7e]+$/.test(key)) throw usage('--key (or SERVICE_API_KEY) holds characters no API key has (a space or a line break?)');
+  return { client: new ApiClient(url, key), o: outputOf({ json: Boolean(g.json), noColor: clientEnv.noColor }) };
 }
 
 const collect = (value: string, previous: string[] = []) => [...previous, value];
@@ -66,6 +69,43 @@ function stepOf(spec: string): { tool: string; args: Record<string, unknown> } {
   }
   const main: Record<string, string> = { shell: 'command', http: 'url', read_file: 'path', list_files: 'path', message: 'text' };
   return { tool, args: { [main[tool] ?? 'input']: rest } };
+}
+
+/**
+ * Everything on stdin, to its end. At a terminal the typing is not shown (raw mode: Enter starts a new
+ * line, Backspace takes a character back, Ctrl-D ends, Ctrl-C gives up); piped, the stream as it is.
+ */
+async function readSecretInput(o: { err(s: string): void }): Promise<string> {
+  const stdin = process.stdin;
+  if (!stdin.isTTY) {
+    const chunks: Buffer[] = [];
+    for await (const chunk of stdin) chunks.push(chunk as Buffer);
+    return Buffer.concat(chunks).toString('utf8');
+  }
+  stdin.setRawMode(true);
+  stdin.setEncoding('utf8');
+  let typed = '';
+  try {
+    return await new Promise<string>((resolve, reject) => {
+      const onData = (chunk: string) => {
+        for (const ch of chunk) {
+          if (ch === '\u0004') return resolve(typed);
+          if (ch === '\u0003') return reject(new CliError('canceled: nothing was set', EXIT.interrupted));
+          if (ch === '\r' || ch === '\n') {
+            typed += '\n';
+            o.err('\n');
+          } else if (ch === '\u007f' || ch === '\b') typed = typed.slice(0, -1);
+          else typed += ch;
+        }
+      };
+      stdin.on('data', onData);
+    });
+  } finally {
+    stdin.setRawMode(false);
+    stdin.removeAllListeners('data');
+    stdin.pause();
+    o.err('\n');
+  }
 }
 
 /** The Idempotency-Key: the one given, else one derived from the CI job and the request (a re-run of the job is a new run). */
@@ -310,9 +350,8 @@ Examples:
     .description("set a kind's signing secret from stdin: one line, or two while rotating (the new one first)")
     .action(async function (this: Command, kind: string) {
       const { client, o } = contextOf(this);
-      if (process.stdin.isTTY) o.err('secret (one line; a second line while rotating; end with Ctrl-D): ');
-      const secrets = fs
-        .readFileSync(0, 'utf8')
+      if (process.stdin.isTTY) o.err('secret (one line; a second line while rotating; end with Ctrl-D; not shown): ');
+      const secrets = (await readSecretInput(o))
         .split(/\r?\n/)
         .map((s) => s.trim())
         .filter(Boolean);

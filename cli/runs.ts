@@ -116,7 +116,8 @@ export async function watchRun(client: ApiClient, o: Output, run: Run, opts: Wat
   };
   const handler = () => void onInterrupt();
   const print = eventPrinter(o, run.id);
-  process.on('SIGINT', handler);
+  // CI cancels a job with SIGTERM (GitLab, Buildkite) or SIGINT then SIGTERM (GitHub Actions): both interrupt
+  for (const signal of INTERRUPTS) process.on(signal, handler);
   try {
     const last = await client.follow(`/api/v1/autonomy/streaming/${run.session_id}/events`, {
       isLast: (e) => e.type === 'run.finished' && (!e.run_id || e.run_id === run.id),
@@ -128,9 +129,11 @@ export async function watchRun(client: ApiClient, o: Output, run: Run, opts: Wat
     if (o.json) o.printJson(await client.request('GET', `/api/v1/runs/${run.id}`));
     return exitCodeOf(String(last.data.status));
   } finally {
-    process.off('SIGINT', handler);
+    for (const signal of INTERRUPTS) process.off(signal, handler);
   }
 }
+
+const INTERRUPTS = ['SIGINT', 'SIGTERM', 'SIGHUP'] as const;
 
 export function printRun(o: Output, run: Run & Record<string, any>): void {
   if (o.json) return o.printJson(run);

@@ -104,6 +104,13 @@ describe('the command-line tool (built) against a service', function () {
     expect(interrupted.code, interrupted.stdout + interrupted.stderr).to.equal(4);
     expect(interrupted.stderr).to.contain('canceling run');
     expect(interrupted.stdout).to.match(/canceled in/);
+    // a CI that cancels its job with SIGTERM (GitLab, Buildkite) gets the same
+    const terminated = cli(['run', '--step', 'shell:echo started; sleep 30', '--wait', '--cancel-on-interrupt']);
+    await eventually(() => terminated.stdout().includes('started\n'), 'the step to start', 15_000);
+    terminated.signal('SIGTERM');
+    const ended = await terminated.done;
+    expect(ended.code, ended.stdout + ended.stderr).to.equal(4);
+    expect(ended.stdout).to.match(/canceled in/);
 
     const started = await cli(['run', '--step', 'shell:sleep 30', '--json']).done;
     const { run_id } = JSON.parse(started.stdout) as { run_id: string };
@@ -124,6 +131,23 @@ describe('the command-line tool (built) against a service', function () {
     const userinfo = await cli(['runs', 'list', '--url', 'http://u:hunter2pw@127.0.0.1:1']).done;
     expect(userinfo.code).to.equal(2);
     expect(userinfo.stderr).to.contain('carries a user name or password').and.not.contain('hunter2pw');
+    const unparsable = await cli(['runs', 'list', '--url', 'https://ci-bot:hunter2pw@example.com:99999']).done;
+    expect(unparsable.code).to.equal(2);
+    expect(unparsable.stderr).to.contain('not a URL').and.not.contain('hunter2pw');
+    const pasted = await cli(['runs', 'list'], { SERVICE_API_KEY: `${KEYS.a}\nsecond-line-secret` }).done;
+    expect(pasted.code).to.equal(2);
+    expect(pasted.stderr).not.to.contain(KEYS.a).and.not.contain('second-line-secret');
+    // a service behind a path of a proxy: the API's paths go under it
+    const prefixed = http.createServer((req, res) => {
+      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ data: [{ id: 'run_x', path: req.url }], next_cursor: null }));
+    });
+    await new Promise<void>((r) => prefixed.listen(0, '127.0.0.1', r));
+    try {
+      const under = await cli(['runs', 'list', '--json', '--url', `http://127.0.0.1:${(prefixed.address() as AddressInfo).port}/automation/`]).done;
+      expect((JSON.parse(under.stdout) as { data: { path: string }[] }).data[0]!.path).to.match(/^\/automation\/api\/v1\/runs/);
+    } finally {
+      prefixed.close();
+    }
     // a 2xx that is not the service's JSON (a proxy's page) is the service's fault (5), not a failed run (1)
     const proxy = http.createServer((_req, res) => res.writeHead(200, { 'content-type': 'text/html' }).end('<html>login</html>'));
     await new Promise<void>((r) => proxy.listen(0, '127.0.0.1', r));
