@@ -21,13 +21,43 @@ export function sniffAudio(b: Buffer): AudioFormat | null {
   if (ascii(b, 0, 'RIFF') && ascii(b, 8, 'WAVE')) return 'wav';
   if (ascii(b, 0, 'OggS')) return 'ogg';
   if (ascii(b, 0, 'fLaC')) return 'flac';
-  if (ascii(b, 0, 'ID3') || (b.length >= 2 && b[0] === 0xff && (b[1]! & 0xe0) === 0xe0)) return 'mp3';
+  if (ascii(b, 0, 'ID3') || mpegFrames(b)) return 'mp3';
   if (b.length >= 4 && b.readUInt32BE(0) === 0x1a45dfa3) return 'webm';
   if (ascii(b, 4, 'ftyp')) return 'mp4';
   return null;
 }
 
 const broken = (message: string) => new AudioRejectedError('audio-invalid', message);
+
+// kbit/s by bitrate index, for MPEG-1 layer III and MPEG-2/2.5 layer III; Hz by sample-rate index, for MPEG-1
+const MP3_KBPS_V1 = [0, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320];
+const MP3_KBPS_V2 = [0, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160];
+const MP3_HZ_V1 = [44100, 48000, 32000];
+
+/** The length of the MPEG layer III frame whose header is at `at`, or 0 when it is no such header. */
+function mp3FrameLength(b: Buffer, at: number): number {
+  if (at + 4 > b.length || b[at] !== 0xff || (b[at + 1]! & 0xe0) !== 0xe0) return 0;
+  const version = (b[at + 1]! >> 3) & 3; // 3 MPEG-1, 2 MPEG-2, 0 MPEG-2.5, 1 reserved
+  const layer = (b[at + 1]! >> 1) & 3; // 1 layer III
+  const bitrate = b[at + 2]! >> 4;
+  const rate = (b[at + 2]! >> 2) & 3;
+  if (version === 1 || layer !== 1 || bitrate === 0 || bitrate === 15 || rate === 3) return 0;
+  const hz = MP3_HZ_V1[rate]! / (version === 3 ? 1 : version === 2 ? 2 : 4);
+  const kbps = (version === 3 ? MP3_KBPS_V1 : MP3_KBPS_V2)[bitrate]!;
+  const padding = (b[at + 2]! >> 1) & 1;
+  return Math.floor(((version === 3 ? 144 : 72) * kbps * 1000) / hz) + padding;
+}
+
+/**
+ * An MP3 with no ID3 tag: a layer III frame header whose fields are all valid, and another header where
+ * the first frame ends (when the bytes reach it). Two bytes of frame sync alone would take a UTF-16 text
+ * (FF FE) or any file starting FF Ex for audio.
+ */
+function mpegFrames(b: Buffer): boolean {
+  const first = mp3FrameLength(b, 0);
+  if (!first) return false;
+  return first + 4 > b.length || mp3FrameLength(b, first) > 0;
+}
 
 /** An upload that has arrived whole: its size, and its last bytes (at least an Ogg page's worth). */
 export type WholeUpload = { size: number; tail: Buffer };
@@ -45,6 +75,25 @@ export function durationOf(format: AudioFormat, head: Buffer, whole?: WholeUploa
   return null;
 }
 
+/**
+ * The bytes a second of a WAV's data holds, checked against the format's other fields: a header whose
+ * byte rate is a lie (0x7FFFFFFF) would make any length of audio look short.
+ */
+function wavByteRate(b: Buffer, fmt: number): number {
+  const format = b.readUInt16LE(fmt);
+  const channels = b.readUInt16LE(fmt + 2);
+  const sampleRate = b.readUInt32LE(fmt + 4);
+  const byteRate = b.readUInt32LE(fmt + 8);
+  const blockAlign = b.readUInt16LE(fmt + 12);
+  const bits = b.readUInt16LE(fmt + 14);
+  if (!channels || !sampleRate || !byteRate || !blockAlign) throw broken('the WAV fmt chunk has a zero channel count, sample rate, byte rate or block size');
+  // PCM, float, extensible: the byte rate is the sample rate times the block; compressed: at most 8 bytes a sample a channel
+  const linear = format === 1 || format === 3 || format === 0xfffe;
+  if (linear ? byteRate !== sampleRate * blockAlign || blockAlign !== (channels * bits) / 8 : byteRate > sampleRate * channels * 8)
+    throw broken('the WAV fmt chunk’s byte rate does not agree with its sample rate, channels and sample size');
+  return byteRate;
+}
+
 function wavDuration(b: Buffer, whole: WholeUpload | undefined): number | null {
   const partial = !whole || b.length < whole.size;
   let byteRate = 0;
@@ -56,7 +105,7 @@ function wavDuration(b: Buffer, whole: WholeUpload | undefined): number | null {
         if (partial && size >= 16) return null;
         throw broken('the WAV fmt chunk is truncated');
       }
-      byteRate = b.readUInt32LE(at + 8 + 8);
+      byteRate = wavByteRate(b, at + 8);
     } else if (id === 'data') {
       if (!byteRate) throw broken('the WAV file has no usable fmt chunk before its data');
       // a recorder that streamed its WAV may leave the size unknown (0 or 0xFFFFFFFF): the rest of the file is the data

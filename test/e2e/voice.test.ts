@@ -340,6 +340,16 @@ describe('voice transcription', function () {
     const long = await raw(h, wav(61, 1000));
     expect(long.status, long.text).to.equal(422);
     expect(long.body.code).to.equal('audio-too-long');
+    // the same minute with a byte rate that lies (it would look like a blink) is no WAV the service takes
+    const lying = wav(61, 1000);
+    lying.writeUInt32LE(0x7fffffff, 28);
+    const lied = await raw(h, lying);
+    expect(lied.status, lied.text).to.equal(422);
+    expect(lied.body.code).to.equal('audio-invalid');
+    // a UTF-16 text starts FF FE, two bytes of MPEG frame sync: no frame header follows, so no MP3
+    const utf16 = Buffer.concat([Buffer.from([0xff, 0xfe]), Buffer.from('name,amount\nacme,12\n'.repeat(200), 'utf16le')]);
+    const csv = await raw(h, utf16);
+    expect(csv.status, csv.text).to.equal(415);
 
     const huge = Buffer.alloc(26 * 1024 * 1024);
     wav(0).copy(huge);
