@@ -578,8 +578,9 @@ export interface paths {
          *     `transcription-not-configured` without one). Send `multipart/form-data` with the audio in `file` and the
          *     options below as fields (fields an OpenAI client adds, such as `model` or `response_format`, are
          *     ignored), or the audio itself as the body with the options as query parameters. The format is read from
-         *     the bytes, not from the Content-Type: WAV, Ogg, FLAC, MP3, WebM and MP4 audio are taken, anything else is
-         *     a 415 `unsupported-audio`. An empty or broken file is a 422 `audio-invalid`; a recording that plays longer
+         *     the bytes, not from the Content-Type (a raw body may be sent as any `audio/*`, `video/webm` or
+         *     `application/octet-stream`): WAV, Ogg, FLAC, MP3, WebM and MP4 audio are taken, anything else is a 415
+         *     `unsupported-audio`. An empty or broken file is a 422 `audio-invalid`; a recording that plays longer
          *     than SERVICE_TRANSCRIBE_MAX_SECONDS (default 600; read from WAV, FLAC and Ogg headers before the
          *     provider is asked, from the provider's answer for the others) is a 422 `audio-too-long`. A failing
          *     provider is a 502 `transcription-provider-error`, a provider that does not answer in time a 504
@@ -4185,12 +4186,9 @@ export interface operations {
         requestBody: {
             content: {
                 "multipart/form-data": components["schemas"]["TranscriptionUpload"];
-                "audio/wav": components["schemas"]["AudioBody"];
-                "audio/webm": components["schemas"]["AudioBody"];
-                "audio/ogg": components["schemas"]["AudioBody"];
-                "audio/mpeg": components["schemas"]["AudioBody"];
-                "audio/mp4": components["schemas"]["AudioBody"];
-                "audio/flac": components["schemas"]["AudioBody"];
+                "audio/*": components["schemas"]["AudioBody"];
+                "video/webm": components["schemas"]["AudioBody"];
+                "application/octet-stream": components["schemas"]["AudioBody"];
             };
         };
         responses: {

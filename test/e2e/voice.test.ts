@@ -188,6 +188,13 @@ describe('voice transcription', function () {
     expect(last).to.include({ bytes: wav(1).length, provider: 'openai', model: 'whisper-1' });
     expect(last.latency_ms).to.be.a('number');
     expect(h.logs.join('')).not.to.contain('secret words');
+    // the bytes say what it is, whatever a recorder names it
+    for (const type of ['audio/x-wav', 'audio/wave', 'application/octet-stream', 'video/webm']) {
+      provider.play([{ status: 200, body: VERBOSE }]);
+      const named = await raw(h, wav(1), type);
+      expect(named.status, `${type}: ${named.text}`).to.equal(200);
+    }
+    expect((await raw(h, wav(1), 'text/plain')).status, 'not audio by its name').to.equal(415);
     // over the JSON bodies' 1 MB: audio has its own limit, raw as in a form
     const minute = wav(60);
     expect(minute.length).to.be.greaterThan(1024 * 1024);
