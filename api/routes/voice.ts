@@ -10,7 +10,7 @@ import type { Engine } from '../../engine/index.js';
 import { tenantOf } from '../auth.js';
 import type { components } from '../schema.js';
 import type { OpenApiDocument } from '../spec.js';
-import { autonomyRunRequest, startAutonomyRun, type AutonomyWork } from './autonomy.js';
+import { autonomyRunRequest, type AutonomyWork } from './autonomy.js';
 import { acceptedRun, acceptRun, idempotencyKeyOf } from './runs.js';
 
 /** The transcript, and what it became: the run's view is the one every 202 carries. */
@@ -75,20 +75,30 @@ export function voiceRouter(engine: Engine, spec: OpenApiDocument): Router {
       return;
     }
     const text = out.text.trim();
-    if (!text) throw new AudioRejectedError('audio-invalid', 'no words were recognised in the audio; nothing was posted or started');
-    if (opts.session_id)
-      out.message = await engine.sessions.postMessage(tenantId, opts.session_id, { role: 'user', to: opts.to, parts: [{ type: 'text', text }] });
+    const silent = () => new AudioRejectedError('audio-invalid', 'no words were recognised in the audio; nothing was posted or started');
+    const post = async () => {
+      if (opts.session_id)
+        out.message = await engine.sessions.postMessage(tenantId, opts.session_id, { role: 'user', to: opts.to, parts: [{ type: 'text', text }] });
+    };
     if (!opts.run) {
+      if (!text) throw silent();
+      await post();
       res.json(out);
       return;
     }
-    if (text.length > MAX_GOAL_CHARS)
-      throw new ValidationError('the transcript is too long to be a run goal', [
-        { path: '/body/run', message: `a goal is at most ${MAX_GOAL_CHARS} characters` },
-      ]);
-    // a retry with the same key and the same audio returns the run the first one started, whatever the provider hears the second time
-    const fingerprint = { kind: 'autonomy', voice: heard.sha256, workspace: opts.workspace ?? null };
-    const { run, replayed } = await startAutonomyRun(engine, req, 'autonomy', spokenRun(text, opts.workspace), fingerprint);
+    // a retry with the same key and the same audio (and the same session and agent) returns the run the first
+    // one started, whatever the provider hears the second time, and posts nothing again: the message is
+    // posted, and the transcript judged, only for a new key
+    const fingerprint = { kind: 'autonomy', voice: heard.sha256, workspace: opts.workspace ?? null, session_id: opts.session_id ?? null, to: opts.to ?? null };
+    const { run, replayed } = await engine.runs.createIdempotent(tenantId, idempotencyKeyOf(req), fingerprint, async () => {
+      if (!text) throw silent();
+      if (text.length > MAX_GOAL_CHARS)
+        throw new ValidationError('the transcript is too long to be a run goal', [
+          { path: '/body/run', message: `a goal is at most ${MAX_GOAL_CHARS} characters` },
+        ]);
+      await post();
+      return autonomyRunRequest(req, 'autonomy', spokenRun(text, opts.workspace));
+    });
     out.run = acceptedRun(engine, run);
     acceptRun(res, engine, run, replayed, out);
   });

@@ -426,6 +426,29 @@ describe('voice transcription', function () {
     expect(again.body.run.run_id).to.equal(first.body.run.run_id);
     // another tenant cannot read it
     expect((await h.call('GET', `/api/v1/runs/${first.body.run.run_id}`, { key: KEYS.b })).status).to.equal(404);
+
+    // with a session too: a retry posts no second message, even when the provider hears silence the second
+    // time; another recording under the same key is refused and posts nothing
+    const session = (await h.call<Body>('POST', '/api/v1/sessions', { body: { title: 'spoken runs' } })).body;
+    const messages = async () => (await h.call<Body>('GET', `/api/v1/sessions/${session.id}/messages`)).body.data.length as number;
+    const asked = (bytes: Buffer) =>
+      raw(h, bytes, 'audio/wav', { query: `run=true&workspace=voice&session_id=${session.id}`, headers: { 'idempotency-key': 'voice-2' } });
+    provider.play([
+      { status: 200, body: { ...VERBOSE, text: 'deploy it' } },
+      { status: 200, body: { ...VERBOSE, text: '', segments: [] } },
+      { status: 200, body: { ...VERBOSE, text: 'something else' } },
+    ]);
+    const posted = await asked(audio);
+    expect(posted.status, posted.text).to.equal(202);
+    expect(await messages()).to.equal(1);
+    const retried = await asked(audio);
+    expect(retried.status, retried.text).to.equal(202);
+    expect(retried.body.run.run_id).to.equal(posted.body.run.run_id);
+    expect(await messages(), 'no second message').to.equal(1);
+    const other = await asked(wav(0.9));
+    expect(other.status).to.equal(422);
+    expect(other.body.code).to.equal('idempotency-key-reused');
+    expect(await messages(), 'nothing posted for a refused request').to.equal(1);
   });
 
   it('posts and starts nothing when no words are heard, and refuses option fields that are not valid', async () => {
