@@ -120,6 +120,11 @@ export function requestIdOf(req: Request): string {
 
 export function problemHandler(): ErrorRequestHandler {
   return (err, req, res, _next) => {
+    // the client went away (an upload cut off, a tab closed): what stopped is no failure of the service
+    if (res.destroyed || req.socket.destroyed) {
+      req.log?.info({ err: (err as Error)?.message }, 'request ended: the client went away');
+      return;
+    }
     const p = toProblem(err, requestIdOf(req), req.originalUrl.split('?')[0] ?? '/');
     if (p.status >= 500) req.log?.error({ err }, 'request failed');
     else req.log?.info({ code: p.code, status: p.status }, 'request refused');

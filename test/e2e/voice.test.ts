@@ -290,12 +290,27 @@ describe('voice transcription', function () {
     const many = Array.from({ length: 33 }, (_, i) => part(`f${i}`, 'v'));
     expect(await send(form, Buffer.concat([part('file', audio, 'a.wav'), ...many, part('session_id', 'ses_x'), end]))).to.contain('400');
     // clients that go away inside the first 64 KB and after it, with a form and with a raw body
+    const failedBefore = h.logs.filter((l) => l.includes('request failed')).length;
     const long = Buffer.concat([part('file', wav(5), 'a.wav'), end]);
     await send(form, long, { cut: 2000 });
     await send(form, long, { cut: 100_000 });
     await send('Content-Type: audio/wav\r\n', wav(5), { cut: 100_000 });
     await eventually(() => [...spills()].every((f) => before.has(f)) || null, 'every temporary upload file to be removed');
     expect(provider.received.filter((r) => r.file)).to.have.length(0);
+    // and one that goes away while the provider works on its whole upload: no failure of the service, no error line
+    provider.play(['hang']);
+    const leaving = new AbortController();
+    const asked = fetch(`${h.url}/api/v1/autonomy/voice/transcribe`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${KEYS.a}`, 'content-type': 'audio/wav' },
+      body: wav(1),
+      signal: leaving.signal,
+    }).catch(() => null);
+    await eventually(() => provider.received.length > 0 || null, 'the provider to be asked');
+    leaving.abort();
+    await asked;
+    await eventually(() => h.logs.some((l) => l.includes('the client went away')) || null, 'the request to end');
+    expect(h.logs.filter((l) => l.includes('request failed')).length).to.equal(failedBefore);
     expect((await raw(h, wav(0.2))).status, 'the service still answers').to.be.oneOf([200, 504]);
   });
 
