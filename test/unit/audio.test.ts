@@ -2,6 +2,7 @@
 // whose byte rate agrees with the rest.
 import { expect } from 'chai';
 import { durationOf, sniffAudio } from '../../engine/voice/index.js';
+import { wav as wavOf } from '../support/audio.js';
 
 /** `n` MPEG-1 layer III frames, 128 kbit/s at 44.1 kHz (417 bytes each, no padding). */
 const mp3Frames = (n: number) => Buffer.concat(Array.from({ length: n }, () => Buffer.concat([Buffer.from([0xff, 0xfb, 0x90, 0x00]), Buffer.alloc(413)])));
@@ -20,19 +21,7 @@ describe('audio sniffing', () => {
   });
 
   it('refuses a WAV whose byte rate disagrees with its sample rate and block size', () => {
-    const wav = Buffer.alloc(44 + 32_000);
-    wav.write('RIFF', 0, 'latin1');
-    wav.writeUInt32LE(36 + 32_000, 4);
-    wav.write('WAVEfmt ', 8, 'latin1');
-    wav.writeUInt32LE(16, 16);
-    wav.writeUInt16LE(1, 20);
-    wav.writeUInt16LE(1, 22);
-    wav.writeUInt32LE(16_000, 24);
-    wav.writeUInt32LE(32_000, 28);
-    wav.writeUInt16LE(2, 32);
-    wav.writeUInt16LE(16, 34);
-    wav.write('data', 36, 'latin1');
-    wav.writeUInt32LE(32_000, 40);
+    const wav = wavOf(1);
     expect(durationOf('wav', wav, { size: wav.length, tail: wav.subarray(-64) })).to.equal(1);
     wav.writeUInt32LE(0x7fffffff, 28);
     expect(() => durationOf('wav', wav, { size: wav.length, tail: wav.subarray(-64) })).to.throw(/byte rate/);
