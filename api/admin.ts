@@ -8,12 +8,10 @@ import { ExpressAdapter } from '@bull-board/express';
 import { Router, type Express, type RequestHandler } from 'express';
 import type { Metrics, Queues } from '../engine/platform/index.js';
 import { requireAdmin } from './auth.js';
-import { CsrfRefusedError } from './sign-in.js';
+import { CsrfRefusedError, SAFE_METHODS } from './sign-in.js';
 
 /** Headers of pages no other site may frame (clickjacking). */
 export const NO_FRAMING = { 'X-Frame-Options': 'DENY', 'Content-Security-Policy': "frame-ancestors 'none'" };
-
-const SAFE_METHODS = new Set(['GET', 'HEAD', 'OPTIONS']);
 
 /** Refuses a change a browser sends from another origin (CSRF); clients that are no browser send neither header. */
 const sameOriginChanges: RequestHandler = (req, res, next) => {

@@ -51,7 +51,8 @@ function setCookie(res: Response, name: string, value: string, maxAgeSeconds: nu
   res.append('Set-Cookie', `${name}=${encodeURIComponent(value)}; Path=/; HttpOnly; Secure; SameSite=Lax; Max-Age=${maxAgeSeconds}`);
 }
 
-const SAFE_METHODS = new Set(['GET', 'HEAD', 'OPTIONS']);
+/** methods that change nothing: a cookie may ride on them from anywhere */
+export const SAFE_METHODS = new Set(['GET', 'HEAD', 'OPTIONS']);
 /** GETs that start work: held to the rule of a POST (a same-site page's <img> could otherwise start an audit) */
 const GETS_THAT_START_WORK = new Set(['/api/v1/autonomy/workspace-audit/stream']);
 

@@ -142,7 +142,7 @@ export function reportStoreOf(redis: Redis, settings: ReportStoreSettings) {
       return out;
     },
 
-    /** forgets a running report that no longer exists */
+    /** takes a report out of the running sets: it no longer exists, or it ended but is still counted */
     async dropRunning(tenantId: string, id: string): Promise<void> {
       await redis.multi().zrem(running, member(tenantId, id)).zrem(runningOf(tenantId), id).exec();
     },

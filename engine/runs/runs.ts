@@ -418,22 +418,26 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       let lost = 0;
       const [elsewhere, lines] = await Promise.all([claims.elsewhere(), slots.holders()]);
       const admitted = (run: Run) => lines.get(run.tenant_id)?.admitted.has(run.id) ?? false;
+      /** a run that may be running somewhere keeps its slot, or gets it back when Redis lost it */
+      const keepSlot = async (run: Run) => {
+        if (!admitted(run)) await slots.restore(run.tenant_id, run.id);
+      };
       // running runs first: one still running somewhere has its slot back before a queued run is admitted
       for await (const run of staleRuns('running', before)) {
         if (opts.isExecuting?.(run.id) || elsewhere?.has(run.id)) {
-          if (!admitted(run)) await slots.restore(run.tenant_id, run.id);
+          await keepSlot(run);
           continue;
         }
         const job = await queue.getJob(jobIdOfRun(run, run.attempt));
         const state = job ? await job.getState() : 'missing';
         if (state !== 'missing' && state !== 'failed' && state !== 'completed') {
-          if (state === 'active' && !admitted(run)) await slots.restore(run.tenant_id, run.id);
+          if (state === 'active') await keepSlot(run);
           continue;
         }
         // the registry of claims is incomplete (just made, or made again after Redis lost its data): the
-        // run may be running somewhere, so it keeps (or gets back) its slot and is judged at a later pass
+        // run may be running somewhere, so it is judged at a later pass
         if (elsewhere === null) {
-          if (!admitted(run)) await slots.restore(run.tenant_id, run.id);
+          await keepSlot(run);
           continue;
         }
         const why = `the run's job was ${state === 'missing' ? 'lost' : state} while the run was running`;

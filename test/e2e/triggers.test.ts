@@ -12,6 +12,17 @@ type Body = Record<string, any>;
 async function history(h: Harness, id: string): Promise<Body[]> {
   return (await h.call<Body>('GET', `/api/v1/automations/${id}/history?limit=100`)).body.data;
 }
+/** The automation's runs, once there are at least `n` of them. */
+function runsOnce(h: Harness, id: string, n: number, what: string): Promise<Body[]> {
+  return eventually(
+    async () => {
+      const r = await history(h, id);
+      return r.length >= n ? r : null;
+    },
+    what,
+    10_000,
+  );
+}
 async function schedulers(h: Harness): Promise<string[]> {
   return (await h.rt.queues.get('triggers').getJobSchedulers(0, -1)).map((s) => s.key);
 }
@@ -35,14 +46,7 @@ describe('cron triggers', function () {
         })
       ).body;
       expect(await schedulers(h)).to.include(`cron-${a.id}-0`);
-      const runs = await eventually(
-        async () => {
-          const r = await history(h, a.id);
-          return r.length >= 3 ? r : null;
-        },
-        'three cron runs',
-        10_000,
-      );
+      const runs = await runsOnce(h, a.id, 3, 'three cron runs');
       expect(runs.every((r) => r.trigger.type === 'cron' && r.trigger.schedule === '* * * * * *')).to.equal(true);
       const ticks = runs.map((r) => r.trigger.fire_at);
       expect(new Set(ticks).size, 'one run per tick').to.equal(ticks.length);
@@ -171,14 +175,7 @@ describe('file_change triggers', function () {
     await fs.writeFile(path.join(h.tenantDir(), 'src/a.ts'), 'a');
     await fs.writeFile(path.join(h.tenantDir(), 'src/lib/b.ts'), 'b');
     await fs.writeFile(path.join(h.tenantDir(), 'README.md'), 'not watched');
-    const runs = await eventually(
-      async () => {
-        const r = await history(h, a.id);
-        return r.length ? r : null;
-      },
-      'a file_change run',
-      10_000,
-    );
+    const runs = await runsOnce(h, a.id, 1, 'a file_change run');
     await new Promise((r) => setTimeout(r, 800));
     const all = await history(h, a.id);
     expect(all).to.have.length(1);
@@ -206,14 +203,7 @@ describe('file_change triggers', function () {
     await fs.writeFile(path.join(h.tenantDir(), 'd0/first.txt'), '1');
     await new Promise((r) => setTimeout(r, 120));
     await fs.writeFile(path.join(h.tenantDir(), 'd0/second.txt'), '2');
-    const runs = await eventually(
-      async () => {
-        const r = await history(h, a.id);
-        return r.length >= 2 ? r : null;
-      },
-      'a run for each change',
-      10_000,
-    );
+    const runs = await runsOnce(h, a.id, 2, 'a run for each change');
     expect(
       runs
         .map((r) => r.trigger.paths)
@@ -234,7 +224,7 @@ describe('file_change triggers', function () {
       ).body;
       await new Promise((r) => setTimeout(r, 1500));
       await fs.writeFile(path.join(elsewhere, 'note.txt'), 'x');
-      const runs = await eventually(async () => ((await history(linked, a.id)).length ? history(linked, a.id) : null), 'a run', 10_000);
+      const runs = await runsOnce(linked, a.id, 1, 'a run');
       expect(runs[0]!.trigger.paths).to.deep.equal(['note.txt']);
     } finally {
       await linked.close();

@@ -1,7 +1,7 @@
 import { Schema, type Model } from 'mongoose';
 import type { ApiKeyRecord } from '../../platform/index.js';
 import { type ApiKeyRepo } from '../port.js';
-import { fromStored, loose, toStored, type Stored } from './documents.js';
+import { fromStored, isDuplicateKey, loose, toStored, type Stored } from './documents.js';
 
 export const apiKeySchema = new Schema({ _id: String, tenant_id: { type: String, required: true }, hash: { type: String, required: true } }, loose);
 apiKeySchema.index({ hash: 1 }, { unique: true });
@@ -14,7 +14,7 @@ export function apiKeyRepo(model: Model<Stored<ApiKeyRecord>>): ApiKeyRepo {
         await model.collection.insertOne(toStored(k) as never);
         return true;
       } catch (err) {
-        if ((err as { code?: number }).code === 11000) return false;
+        if (isDuplicateKey(err)) return false;
         throw err;
       }
     },

@@ -1,7 +1,7 @@
 import { Schema, type Model } from 'mongoose';
 import type { ConnectionRecord } from '../../platform/index.js';
 import { type ConnectionRepo } from '../port.js';
-import { fromStored, loose, toStored, type Stored } from './documents.js';
+import { fromStored, isDuplicateKey, loose, toStored, type Stored } from './documents.js';
 
 export const connectionSchema = new Schema(
   { _id: String, tenant_id: { type: String, required: true }, provider: { type: String, required: true }, name: { type: String, required: true } },
@@ -10,8 +10,6 @@ export const connectionSchema = new Schema(
 connectionSchema.index({ tenant_id: 1, name: 1 }, { unique: true });
 connectionSchema.index({ tenant_id: 1, provider: 1, _id: 1 });
 
-const isDuplicate = (err: unknown) => (err as { code?: number }).code === 11000;
-
 export function connectionRepo(model: Model<Stored<ConnectionRecord>>): ConnectionRepo {
   return {
     async insert(c) {
@@ -19,7 +17,7 @@ export function connectionRepo(model: Model<Stored<ConnectionRecord>>): Connecti
         await model.collection.insertOne(toStored(c) as never);
         return true;
       } catch (err) {
-        if (isDuplicate(err)) return false;
+        if (isDuplicateKey(err)) return false;
         throw err;
       }
     },
@@ -40,7 +38,7 @@ export function connectionRepo(model: Model<Stored<ConnectionRecord>>): Connecti
           .lean<Stored<ConnectionRecord>>();
         return fromStored(row);
       } catch (err) {
-        if (isDuplicate(err)) return 'name-taken';
+        if (isDuplicateKey(err)) return 'name-taken';
         throw err;
       }
     },

@@ -1,7 +1,7 @@
 import { Schema, type Model } from 'mongoose';
 import type { WebhookDelivery } from '../../platform/index.js';
 import type { DeliveryRepo } from '../port.js';
-import { definedOnly, fromStored, loose, pageOf, toStored, type Stored } from './documents.js';
+import { definedOnly, fromStored, isDuplicateKey, loose, pageOf, toStored, type Stored } from './documents.js';
 
 export const deliverySchema = new Schema(
   { _id: String, tenant_id: { type: String, required: true }, kind: String, status: String, provider_delivery_id: String, received_at: String },
@@ -25,7 +25,7 @@ export function deliveryRepo(model: Model<Stored<WebhookDelivery>>): DeliveryRep
         await model.collection.insertOne(toStored(d) as never);
         return null;
       } catch (err) {
-        if ((err as { code?: number }).code !== 11000 || d.provider_delivery_id === null) throw err;
+        if (!isDuplicateKey(err) || d.provider_delivery_id === null) throw err;
         const found = await model
           .findOne({ tenant_id: d.tenant_id, kind: d.kind, provider_delivery_id: d.provider_delivery_id })
           .lean<Stored<WebhookDelivery>>();

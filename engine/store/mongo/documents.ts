@@ -17,6 +17,9 @@ export function fromStored<T extends { id: string }>(doc: Stored<T> | null): T |
 
 export const loose = { strict: false, versionKey: false, minimize: false } as const;
 
+/** A write refused by a unique index (MongoDB's E11000). */
+export const isDuplicateKey = (err: unknown): boolean => (err as { code?: number }).code === 11000;
+
 export function definedOnly<T extends object>(changes: T): Partial<T> {
   return Object.fromEntries(Object.entries(changes).filter(([, v]) => v !== undefined)) as Partial<T>;
 }

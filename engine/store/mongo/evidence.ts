@@ -4,7 +4,7 @@
 import { Schema, type Model } from 'mongoose';
 import type { LedgerEntry } from '../../platform/index.js';
 import type { EvidenceRepo, LedgerHead } from '../port.js';
-import { loose } from './documents.js';
+import { isDuplicateKey, loose } from './documents.js';
 
 type StoredEntry = LedgerEntry & { _id: string };
 type StoredPayload = { _id: string; tenant_id: string; digest: string; body: string };
@@ -14,7 +14,6 @@ ledgerSchema.index({ tenant_id: 1, seq: 1 });
 ledgerSchema.index({ tenant_id: 1, at: 1 });
 export const ledgerPayloadSchema = new Schema({ _id: String, tenant_id: String, digest: String }, loose);
 
-const DUPLICATE_KEY = 11000;
 const APPEND_TRIES = 20;
 
 const strip = ({ _id, ...entry }: StoredEntry & { __v?: number }): LedgerEntry => {
@@ -51,7 +50,7 @@ export function evidenceRepo(ledger: Model<StoredEntry>, payloads: Model<StoredP
           return [...written, ...entries];
         } catch (err) {
           // another writer took the next seq: ours up to it are in (ordered inserts stop at the first refusal)
-          if ((err as { code?: number }).code !== DUPLICATE_KEY || i >= APPEND_TRIES) throw err;
+          if (!isDuplicateKey(err) || i >= APPEND_TRIES) throw err;
           const inserted = (err as { result?: { insertedCount?: number } }).result?.insertedCount ?? 0;
           written.push(...entries.slice(0, inserted));
         }

@@ -3,7 +3,7 @@
 import { Schema, type Model } from 'mongoose';
 import type { AgentRecord, MessageRecord, Session } from '../../platform/index.js';
 import type { AgentRepo, MessageRepo, SessionRepo } from '../port.js';
-import { definedOnly, fromStored, loose, pageOf, toStored, type Stored } from './documents.js';
+import { definedOnly, fromStored, isDuplicateKey, loose, pageOf, toStored, type Stored } from './documents.js';
 
 export const sessionSchema = new Schema({ _id: String, tenant_id: { type: String, required: true }, kind: String, status: String }, loose);
 sessionSchema.index({ tenant_id: 1, _id: -1 });
@@ -65,7 +65,6 @@ export function agentRepo(model: Model<Stored<AgentRecord>>): AgentRepo {
 
 /** tries of a message's append that another append beat to its seq */
 const APPEND_TRIES = 50;
-const DUPLICATE_KEY = 11000;
 
 export function messageRepo(model: Model<Stored<MessageRecord>>): MessageRepo {
   return {
@@ -80,7 +79,7 @@ export function messageRepo(model: Model<Stored<MessageRecord>>): MessageRepo {
           await model.collection.insertOne(toStored(record) as never);
           return record;
         } catch (err) {
-          if ((err as { code?: number }).code !== DUPLICATE_KEY || i >= APPEND_TRIES) throw err;
+          if (!isDuplicateKey(err) || i >= APPEND_TRIES) throw err;
         }
       }
     },

@@ -2,7 +2,7 @@
 import { Schema, type Model } from 'mongoose';
 import type { TaskRecord, TaskStatus } from '../../platform/index.js';
 import type { TaskRepo } from '../port.js';
-import { definedOnly, loose } from './documents.js';
+import { definedOnly, isDuplicateKey, loose } from './documents.js';
 
 type StoredTask = Omit<TaskRecord, 'id'> & { _id: string; task_id: string };
 
@@ -31,8 +31,8 @@ export function taskRepo(model: Model<StoredTask>): TaskRepo {
         await model.collection.insertMany(tasks.map(toStored) as never[], { ordered: true });
         return true;
       } catch (err) {
-        const e = err as { code?: number; insertedIds?: Record<number, string> };
-        if (e.code !== 11000) throw err;
+        const e = err as { insertedIds?: Record<number, string> };
+        if (!isDuplicateKey(err)) throw err;
         const inserted = Object.values(e.insertedIds ?? {});
         if (inserted.length) await model.deleteMany({ _id: { $in: inserted } });
         return false;
