@@ -89,6 +89,8 @@ export function createApp(deps: AppDeps): Express {
   app.set('case sensitive routing', true);
   const streams = new OpenStreams();
   app.locals.streams = streams;
+  // a route that answers stored JSON texts as they are (json-page.ts) parses them first when true
+  app.locals.validateResponses = deps.validateResponses ?? false;
 
   app.use(requestLog(app, { log: deps.log, httpDuration: deps.metrics.httpDuration, quiet: (p) => p === '/healthz' || p === '/readyz' }));
 

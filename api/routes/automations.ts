@@ -2,6 +2,7 @@
 import { Router, type Request } from 'express';
 import type { Engine } from '../../engine/index.js';
 import { tenantOf } from '../auth.js';
+import { sendJsonPage } from '../json-page.js';
 import { acceptRun, idempotencyKeyOf } from './runs.js';
 import type { components, operations } from '../schema.js';
 
@@ -19,8 +20,7 @@ export function automationsRouter(engine: Engine): Router {
 
   router.get('/', async (req, res) => {
     const q = req.query as ListQuery;
-    const page = await automations.list(tenantOf(req), q);
-    res.json({ data: page.items, next_cursor: page.next_cursor });
+    sendJsonPage(res, await automations.listJson(tenantOf(req), q));
   });
 
   router.post('/', async (req, res) => {

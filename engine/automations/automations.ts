@@ -18,7 +18,7 @@ import {
   type RunStatus,
   type RunTrigger,
 } from '../platform/index.js';
-import { type Page } from '../store/index.js';
+import { type JsonDoc, type Page } from '../store/index.js';
 import { allowlistOf, networkOf, retryPolicyOf, type RunLimits, type RunRequest, type ToolPolicy } from '../runs/index.js';
 import type { Platform } from '../deps.js';
 import { instantiateTemplate, type TemplateCatalog } from './templates.js';
@@ -153,9 +153,10 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
 
     get: mustGet,
 
-    async list(tenantId: string, q: AutomationList = {}): Promise<Page<Automation>> {
+    /** A page of the tenant's automations as the JSON texts of their representations (the route answers them as they are). */
+    async listJson(tenantId: string, q: AutomationList = {}): Promise<Page<JsonDoc>> {
       const statuses = q.status?.length ? q.status : q.include_archived ? [...LIVE, 'archived' as const] : undefined;
-      return store.automations.list(tenantId, { statuses, limit: q.limit ?? 20, cursor: q.cursor });
+      return store.automations.listJson(tenantId, { statuses, limit: q.limit ?? 20, cursor: q.cursor });
     },
 
     async update(tenantId: string, id: string, patch: AutomationPatch): Promise<Automation> {

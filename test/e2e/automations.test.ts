@@ -1,5 +1,6 @@
 import { expect } from 'chai';
 import { KEYS, startHarness, type Harness } from '../support/harness.js';
+import { startWebServer } from '../../api/server.js';
 
 const definition = {
   name: 'Nightly tests',
@@ -127,6 +128,26 @@ describe('automations API', () => {
       const badCursor = await h2.call('GET', '/api/v1/automations?cursor=forged');
       expect(badCursor.status, badCursor.text).to.equal(400);
       expect(badCursor.body.errors[0].path).to.equal('/query/cursor');
+
+      // production answers the stored JSON texts as they are (no response validation): byte for byte
+      // the answer the validated path gives, headers and ETag included
+      const unchecked = await startWebServer(h2.rt, { port: 0, host: '127.0.0.1' });
+      try {
+        for (const query of [
+          'limit=2',
+          `limit=2&cursor=${encodeURIComponent(String((await h2.call('GET', '/api/v1/automations?limit=2')).body.next_cursor))}`,
+          'include_archived=true',
+        ]) {
+          const get = (url: string) => fetch(`${url}/api/v1/automations?${query}`, { headers: { authorization: `Bearer ${KEYS.a}` } });
+          const [checked, spliced] = await Promise.all([get(h2.web.url), get(unchecked.url)]);
+          const text = await spliced.text();
+          expect(text, query).to.equal(await checked.text());
+          expect(JSON.parse(text).data.length, query).to.be.greaterThan(0);
+          for (const header of ['content-type', 'etag', 'content-length']) expect(spliced.headers.get(header), header).to.equal(checked.headers.get(header));
+        }
+      } finally {
+        await unchecked.close();
+      }
     } finally {
       await h2.close();
     }

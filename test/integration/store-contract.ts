@@ -14,7 +14,7 @@ import type {
   WebhookDelivery,
   WebhookSecretRecord,
 } from '../../engine/platform/records.js';
-import type { Store } from '../../engine/store/port.js';
+import type { AutomationQuery, Page, Store } from '../../engine/store/port.js';
 
 export function automationFixture(tenantId: string, over: Partial<Automation> = {}): Automation {
   const now = new Date().toISOString();
@@ -157,6 +157,19 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect(all.items).to.have.length(5);
       const disabled = await store.automations.list('t1', { limit: 10, statuses: ['disabled'] });
       expect(disabled.items.map((a) => a.name)).to.deep.equal(['a3']);
+      // the same pages as JSON texts: each the automation's representation, with its id and the same cursors
+      const pages: [AutomationQuery, Page<Automation>][] = [
+        [{ limit: 2 }, first],
+        [{ limit: 2, cursor: first.next_cursor! }, second],
+        [{ limit: 10, statuses: ['disabled'] }, disabled],
+      ];
+      for (const [q, page] of pages) {
+        const texts = await store.automations.listJson('t1', q);
+        expect(texts.next_cursor).to.equal(page.next_cursor);
+        expect(texts.items.map((d) => d.id)).to.deep.equal(page.items.map((a) => a.id));
+        expect(texts.items.map((d) => JSON.parse(d.json) as unknown)).to.deep.equal(page.items);
+      }
+      expect((await store.automations.listJson('t2', { limit: 10 })).items).to.deep.equal([]);
     });
 
     it('refuses a cursor it did not issue', async () => {

@@ -8,6 +8,8 @@ automationSchema.index({ tenant_id: 1, _id: -1 });
 automationSchema.index({ tenant_id: 1, status: 1, _id: -1 });
 
 export function automationRepo(model: Model<Stored<Automation>>): AutomationRepo {
+  const list: AutomationRepo['list'] = (tenantId, q) =>
+    pageOf(model, { tenant_id: tenantId, status: q.statuses ? { $in: q.statuses } : { $ne: 'archived' } }, q);
   return {
     async insert(a) {
       await model.collection.insertOne(toStored(a) as never);
@@ -15,7 +17,11 @@ export function automationRepo(model: Model<Stored<Automation>>): AutomationRepo
     async get(tenantId, id) {
       return fromStored(await model.findOne({ _id: id, tenant_id: tenantId }).lean<Stored<Automation>>());
     },
-    list: (tenantId, q) => pageOf(model, { tenant_id: tenantId, status: q.statuses ? { $in: q.statuses } : { $ne: 'archived' } }, q),
+    list,
+    async listJson(tenantId, q) {
+      const page = await list(tenantId, q);
+      return { items: page.items.map((a) => ({ id: a.id, json: JSON.stringify(a) })), next_cursor: page.next_cursor };
+    },
     async update(tenantId, id, changes, ifStatusIn) {
       const updated = await model
         .findOneAndUpdate({ _id: id, tenant_id: tenantId, status: { $in: ifStatusIn } }, { $set: definedOnly(changes) }, { returnDocument: 'after' })

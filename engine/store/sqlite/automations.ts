@@ -2,7 +2,7 @@
 import type { Statement } from 'better-sqlite3';
 import { groupCommit, type Db } from './db.js';
 import type { Automation } from '../../platform/index.js';
-import { decodeCursor, toPage, type AutomationRepo } from '../port.js';
+import { decodeCursor, toPage, type AutomationQuery, type AutomationRepo, type JsonDoc, type Page } from '../port.js';
 
 export function automationRepo(db: Db): AutomationRepo {
   const insert = db.prepare('INSERT INTO automations (id, tenant_id, status, doc) VALUES (?, ?, ?, ?)');
@@ -15,17 +15,24 @@ export function automationRepo(db: Db): AutomationRepo {
   );
   const read = (row: { doc: string } | undefined): Automation | null => (row ? (JSON.parse(row.doc) as Automation) : null);
   // one prepared statement per shape of list query (how many statuses, whether a cursor), made once
-  const listStatements = new Map<string, Statement<unknown[], { doc: string }>>();
+  const listStatements = new Map<string, Statement<unknown[], JsonDoc>>();
   const listStatement = (statuses: number, hasCursor: boolean) => {
     const shape = `${statuses}:${hasCursor}`;
     let stmt = listStatements.get(shape);
     if (!stmt) {
       const where = ['tenant_id = ?', statuses ? `status IN (${Array(statuses).fill('?').join(', ')})` : "status <> 'archived'"];
       if (hasCursor) where.push('id < ?');
-      stmt = db.prepare<unknown[], { doc: string }>(`SELECT doc FROM automations WHERE ${where.join(' AND ')} ORDER BY id DESC LIMIT ?`);
+      stmt = db.prepare<unknown[], JsonDoc>(`SELECT id, doc AS json FROM automations WHERE ${where.join(' AND ')} ORDER BY id DESC LIMIT ?`);
       listStatements.set(shape, stmt);
     }
     return stmt;
+  };
+
+  const listJson = (tenantId: string, q: AutomationQuery): Page<JsonDoc> => {
+    const after = decodeCursor(q.cursor);
+    const statuses = q.statuses ?? [];
+    const params: unknown[] = [tenantId, ...statuses, ...(after ? [after] : []), q.limit + 1];
+    return toPage(listStatement(statuses.length, Boolean(after)).all(...params), q.limit);
   };
 
   // writes go in the store's group commit: the writes of one turn of the event loop share a commit
@@ -46,14 +53,11 @@ export function automationRepo(db: Db): AutomationRepo {
       return read(get.get(tenantId, id));
     },
     async list(tenantId, q) {
-      const after = decodeCursor(q.cursor);
-      const statuses = q.statuses ?? [];
-      const params: unknown[] = [tenantId, ...statuses, ...(after ? [after] : []), q.limit + 1];
-      const rows = listStatement(statuses.length, Boolean(after)).all(...params);
-      return toPage(
-        rows.map((r) => JSON.parse(r.doc) as Automation),
-        q.limit,
-      );
+      const page = listJson(tenantId, q);
+      return { items: page.items.map((d) => JSON.parse(d.json) as Automation), next_cursor: page.next_cursor };
+    },
+    async listJson(tenantId, q) {
+      return listJson(tenantId, q);
     },
     async update(tenantId, id, changes, ifStatusIn) {
       return commit(() => update(tenantId, id, changes, ifStatusIn));
