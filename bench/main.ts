@@ -47,76 +47,90 @@ async function runCreation(): Promise<[string, Result, Result]> {
   }
 }
 
-async function main(): Promise<void> {
+/**
+ * GET and POST /api/v1/automations of the service (`main.ts`, 20 automations stored) against bare Express
+ * answering the service's own list and create answers; `between` runs after the GET, on its own servers.
+ */
+async function automationRoutes(between: () => Promise<[string, Result, Result][]> = async () => []): Promise<[string, Result, Result][]> {
   const dataDir = await fs.mkdtemp(path.join(os.tmpdir(), 'svc-bench-'));
   const prefix = uniquePrefix();
   const service = await startServer('main.ts', {
     ...serviceEnv(dataDir, prefix),
   });
-  const auth = { authorization: `Bearer ${BENCH_KEY}`, 'content-type': 'application/json' };
-  const definition = JSON.stringify({
-    name: 'bench',
-    triggers: [{ type: 'cron', schedule: '0 3 * * *', timezone: 'UTC' }],
-    steps: [{ tool: 'shell', args: { command: 'true' } }],
-  });
-  let created: unknown;
-  for (let i = 0; i < 20; i++) created = await (await fetch(`${service.url}/api/v1/automations`, { method: 'POST', headers: auth, body: definition })).json();
-  const list = await (await fetch(`${service.url}/api/v1/automations?limit=20`, { headers: auth })).json();
-  const fixtures = path.join(dataDir, 'fixtures.json');
-  await fs.writeFile(fixtures, JSON.stringify({ list, created }));
-  const bare = await startServer('bench/servers/bare-express.ts', { PORT: '0', BENCH_FIXTURES: fixtures });
+  const servers = [service.child];
   try {
+    const auth = { authorization: `Bearer ${BENCH_KEY}`, 'content-type': 'application/json' };
+    const definition = JSON.stringify({
+      name: 'bench',
+      triggers: [{ type: 'cron', schedule: '0 3 * * *', timezone: 'UTC' }],
+      steps: [{ tool: 'shell', args: { command: 'true' } }],
+    });
+    let created: unknown;
+    for (let i = 0; i < 20; i++) created = await (await fetch(`${service.url}/api/v1/automations`, { method: 'POST', headers: auth, body: definition })).json();
+    const list = await (await fetch(`${service.url}/api/v1/automations?limit=20`, { headers: auth })).json();
+    const fixtures = path.join(dataDir, 'fixtures.json');
+    await fs.writeFile(fixtures, JSON.stringify({ list, created }));
+    const bare = await startServer('bench/servers/bare-express.ts', { PORT: '0', BENCH_FIXTURES: fixtures });
+    servers.push(bare.child);
     const rows: [string, Result, Result][] = [];
     rows.push([
       'GET /api/v1/automations (20 items)',
       await load({ url: `${service.url}/api/v1/automations?limit=20`, method: 'GET', headers: auth }),
       await load({ url: `${bare.url}/api/v1/automations`, method: 'GET' }),
     ]);
-    rows.push(await runCreation());
-    rows.push(...(await webhookIntake()));
+    rows.push(...(await between()));
     rows.push([
       'POST /api/v1/automations (create)',
       await load({ url: `${service.url}/api/v1/automations`, method: 'POST', headers: auth, body: definition }),
       await load({ url: `${bare.url}/api/v1/automations`, method: 'POST', headers: { 'content-type': 'application/json' }, body: definition }),
     ]);
-    const date = new Date().toISOString().slice(0, 10);
-    console.log(`\nHTTP benchmarks, ${date}, ${os.cpus().length} cores, ${CONNECTIONS} connections, ${SECONDS} s each, Node ${process.version}\n`);
-    console.log('| scenario | service req/s | bare Express req/s | ratio | service p50 / p99 ms | bare p50 / p99 ms | errors + non-2xx |');
-    console.log('|---|---|---|---|---|---|---|');
-    for (const [name, s, b] of rows) {
-      console.log(
-        `| ${name} | ${s.rps.toFixed(0)} | ${b.rps.toFixed(0)} | ${(s.rps / b.rps).toFixed(2)} | ${s.p50} / ${s.p99} | ${b.p50} / ${b.p99} | ${s.errors + s.non2xx} |`,
-      );
-    }
-    console.log('\n| run engine | service | raw BullMQ | ratio |');
-    console.log('|---|---|---|---|');
-    for (const line of await runBenchmarks()) console.log(line);
-    console.log('\n| end to end | service (`main.ts`) | Express + queue.add + no-op worker | ratio |');
-    console.log('|---|---|---|---|');
-    for (const line of await endToEnd()) console.log(line);
-    console.log('\n| task DAG | service | BullMQ flow | ratio (goal <= 2x) |');
-    console.log('|---|---|---|---|');
-    for (const line of await dagBenchmarks()) console.log(line);
-    console.log('\n| evidence ledger | service | baseline | ratio |');
-    console.log('|---|---|---|---|');
-    for (const line of await ledgerBenchmarks()) console.log(line);
-    console.log(`\n| ${os.cpus().length} cores, no-op runs | throughput | vs 1 process |`);
-    console.log('|---|---|---|');
-    for (const line of await workerScaling()) console.log(line);
-    console.log('\n| workspace audit | service | baseline | ratio |');
-    console.log('|---|---|---|---|');
-    for (const line of await auditBenchmarks()) console.log(line);
-    console.log('\n| voice transcription | service | baseline | service adds |');
-    console.log('|---|---|---|---|');
-    for (const line of await voiceOverhead()) console.log(line);
-    console.log('\n| sandbox | bubblewrap | no sandbox | cost |');
-    console.log('|---|---|---|---|');
-    for (const line of await sandboxCost()) console.log(line);
+    return rows;
   } finally {
-    await Promise.all([stop(service.child), stop(bare.child)]);
+    await Promise.all(servers.map(stop));
     await deleteRedisPrefix(prefix);
     await fs.rm(dataDir, { recursive: true, force: true });
   }
+}
+
+function printHttpRows(rows: [string, Result, Result][]): void {
+  const date = new Date().toISOString().slice(0, 10);
+  console.log(`\nHTTP benchmarks, ${date}, ${os.cpus().length} cores, ${CONNECTIONS} connections, ${SECONDS} s each, Node ${process.version}\n`);
+  console.log('| scenario | service req/s | bare Express req/s | ratio | service p50 / p99 ms | bare p50 / p99 ms | errors + non-2xx |');
+  console.log('|---|---|---|---|---|---|---|');
+  for (const [name, s, b] of rows) {
+    console.log(
+      `| ${name} | ${s.rps.toFixed(0)} | ${b.rps.toFixed(0)} | ${(s.rps / b.rps).toFixed(2)} | ${s.p50} / ${s.p99} | ${b.p50} / ${b.p99} | ${s.errors + s.non2xx} |`,
+    );
+  }
+}
+
+async function main(): Promise<void> {
+  // the order of the rows as before: GET, run creation, webhooks, then POST automations
+  printHttpRows(await automationRoutes(async () => [await runCreation(), ...(await webhookIntake())]));
+  console.log('\n| run engine | service | raw BullMQ | ratio |');
+  console.log('|---|---|---|---|');
+  for (const line of await runBenchmarks()) console.log(line);
+  console.log('\n| end to end | service (`main.ts`) | Express + queue.add + no-op worker | ratio |');
+  console.log('|---|---|---|---|');
+  for (const line of await endToEnd()) console.log(line);
+  console.log('\n| task DAG | service | BullMQ flow | ratio (goal <= 2x) |');
+  console.log('|---|---|---|---|');
+  for (const line of await dagBenchmarks()) console.log(line);
+  console.log('\n| evidence ledger | service | baseline | ratio |');
+  console.log('|---|---|---|---|');
+  for (const line of await ledgerBenchmarks()) console.log(line);
+  console.log(`\n| ${os.cpus().length} cores, no-op runs | throughput | vs 1 process |`);
+  console.log('|---|---|---|');
+  for (const line of await workerScaling()) console.log(line);
+  console.log('\n| workspace audit | service | baseline | ratio |');
+  console.log('|---|---|---|---|');
+  for (const line of await auditBenchmarks()) console.log(line);
+  console.log('\n| voice transcription | service | baseline | service adds |');
+  console.log('|---|---|---|---|');
+  for (const line of await voiceOverhead()) console.log(line);
+  console.log('\n| sandbox | bubblewrap | no sandbox | cost |');
+  console.log('|---|---|---|---|');
+  for (const line of await sandboxCost()) console.log(line);
 }
 
 if (process.env.BENCH_ONLY === 'ledger') {
@@ -124,10 +138,7 @@ if (process.env.BENCH_ONLY === 'ledger') {
 } else if (process.env.BENCH_ONLY === 'dag') {
   for (const line of await dagBenchmarks()) console.log(line);
 } else if (process.env.BENCH_ONLY === 'run-creation') {
-  const [name, s, b] = await runCreation();
-  console.log(
-    `| ${name} | ${s.rps.toFixed(0)} | ${b.rps.toFixed(0)} | ${(s.rps / b.rps).toFixed(2)} | ${s.p50} / ${s.p99} | ${b.p50} / ${b.p99} | ${s.errors + s.non2xx} |`,
-  );
+  printHttpRows([await runCreation()]);
 } else if (process.env.BENCH_ONLY === 'e2e') {
   for (const line of await endToEnd()) console.log(line);
 } else if (process.env.BENCH_ONLY === 'workers') {
@@ -140,11 +151,10 @@ if (process.env.BENCH_ONLY === 'ledger') {
   for (const line of await voiceOverhead()) console.log(line);
 } else if (process.env.BENCH_ONLY === 'sandbox') {
   for (const line of await sandboxCost()) console.log(line);
+} else if (process.env.BENCH_ONLY === 'api') {
+  printHttpRows(await automationRoutes());
 } else if (process.env.BENCH_ONLY === 'webhooks') {
-  for (const [name, s, b] of await webhookIntake())
-    console.log(
-      `| ${name} | ${s.rps.toFixed(0)} | ${b.rps.toFixed(0)} | ${(s.rps / b.rps).toFixed(2)} | ${s.p50} / ${s.p99} | ${b.p50} / ${b.p99} | ${s.errors + s.non2xx} |`,
-    );
+  printHttpRows(await webhookIntake());
 } else {
   await main();
 }
