@@ -1,9 +1,11 @@
 // One round trip for the engine's own Redis work of one turn of the event loop. Capabilities define
 // small Lua operations (append an event, take or free a tenant slot, read a flag); every operation
-// asked for in one turn, by any run, goes to Redis in one script call, in the order it was asked.
-// On a busy worker that is one socket write where there were several per run: each write is a system
-// call, and those were the largest single cost of a run. Every key carries the queue prefix, so on a
-// Redis Cluster (whose prefix has a hash tag) the keys of one call share a slot.
+// asked for in one turn, by any run or request, goes to Redis in one script call, in the order it was
+// asked. A turn ends after the I/O callbacks of one pass of the loop (the call is sent from
+// setImmediate): the requests a web process reads in one pass, each in its own callback, share the
+// call. On a busy process that is one socket write where there were several per run or request: each
+// write is a system call, and those were the largest single cost. Every key carries the queue prefix,
+// so on a Redis Cluster (whose prefix has a hash tag) the keys of one call share a slot.
 import type { Redis } from './redis.js';
 
 /** An operation: how many keys and arguments it takes, and its Lua body, which sees `KEYS` and `ARGV` tables of its own and returns a value (not nil). */
@@ -93,7 +95,7 @@ return out`;
       if (keys.length !== op.keys || args.length !== op.args)
         return Promise.reject(new Error(`batch operation ${name} takes ${op.keys} keys and ${op.args} arguments`));
       return new Promise<T>((resolve, reject) => {
-        if (pending.push({ name, keys, args, resolve: resolve as (v: unknown) => void, reject }) === 1) process.nextTick(flush);
+        if (pending.push({ name, keys, args, resolve: resolve as (v: unknown) => void, reject }) === 1) setImmediate(flush);
       });
     },
   };

@@ -86,6 +86,23 @@ describe('the engine’s Redis batch', () => {
     expect(scriptCalls.length, 'one script call for the eleven operations').to.equal(1);
   });
 
+  it('sends what later ticks and promises of the same turn ask for in that call too (a turn ends at setImmediate)', async () => {
+    const batch = redisBatch(redis);
+    const list = `${prefix}:pass`;
+    scriptCalls.length = 0;
+    const asked: Promise<number>[] = [];
+    const push = (item: string) => asked.push(batch.call<number>('test.push', [list], [item]));
+    push('first');
+    process.nextTick(() => push('tick'));
+    void Promise.resolve().then(() => push('promise'));
+    push('sync');
+    await new Promise((r) => setImmediate(r));
+    await Promise.all(asked);
+    await settled();
+    expect(await redis.lrange(list, 0, -1)).to.deep.equal(['first', 'sync', 'tick', 'promise']);
+    expect(scriptCalls.length, 'one script call for the four').to.equal(1);
+  });
+
   it('splits a large turn into calls of at most 256 operations; a call that fails fails the operations of its turn, and the next turn works', async () => {
     const batch = redisBatch(redis);
     const list = `${prefix}:big`;
