@@ -1950,7 +1950,7 @@ export interface components {
             };
         };
         ErrorInfo: {
-            /** @description Stable, for example tool-not-allowed, nonzero-exit, budget-exceeded, canceled, worker-lost, max-steps-reached, agent-error, path-outside-workspace, address-not-allowed. */
+            /** @description Stable, for example tool-not-allowed, nonzero-exit, budget-exceeded, canceled, worker-lost, max-steps-reached, agent-error, path-outside-workspace, address-not-allowed, tool-failed (a tool failed in a way it did not expect). */
             code: string;
             message: string;
         } | null;

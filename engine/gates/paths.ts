@@ -2,9 +2,11 @@
 // artifacts) outside the sandbox, so every such read goes through here: the path is resolved with
 // its folders' links followed and must stay inside the workspace's real path, and the file itself is
 // opened without following a link (a link is reported as one, with its target's name, never read).
-import { constants } from 'node:fs';
+// What a read opens is checked again once open (engine/platform/inside.ts): a folder swapped for a
+// link between the check and the open leads nowhere.
 import fs from 'node:fs/promises';
 import path from 'node:path';
+import { openInside } from '../platform/index.js';
 
 export type WorkspaceEntry =
   { kind: 'file'; size: number; mtimeMs: number; ctimeMs: number; ino: number } | { kind: 'link'; target: string } | { kind: 'other' } | null;
@@ -34,7 +36,7 @@ export async function entryOf(root: string, rel: string): Promise<WorkspaceEntry
 export async function readInside(root: string, rel: string, maxBytes: number): Promise<Buffer | null> {
   const file = await resolved(root, rel);
   if (!file) return null;
-  const handle = await fs.open(file, constants.O_RDONLY | constants.O_NOFOLLOW).catch(() => null);
+  const handle = await openInside(root, path.relative(root, file), { follow: false }).catch(() => null);
   if (!handle) return null;
   try {
     const stat = await handle.stat();

@@ -6,6 +6,7 @@ export * from './errors.js';
 export * from './event-types.js';
 export * from './events.js';
 export * from './ids.js';
+export * from './inside.js';
 export * from './json-depth.js';
 export * from './log.js';
 export * from './metrics.js';

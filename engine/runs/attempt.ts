@@ -52,6 +52,29 @@ export type AttemptDeps = Pick<Platform, 'store' | 'clock' | 'log'> & {
 /** Where a run's checkout goes: a folder of its own in its tenant's root (gates can run there), removed when the attempt ends. */
 const CHECKOUTS_DIR = '.checkouts';
 
+/** How long a stopped step waits for its tool to stop on its own before it is given up on. */
+export const STUCK_TOOL_GRACE_MS = 5_000;
+
+/**
+ * A tool's work, given up on when the step was stopped (budget, cancel) and the tool has not settled
+ * within the grace after: a tool blocked where it does not listen to the signal never holds its run past
+ * its budget. Its work is left to settle on its own.
+ */
+function unlessStuck<T>(work: Promise<T>, signal: AbortSignal): Promise<T> {
+  return new Promise<T>((resolve, reject) => {
+    let timer: NodeJS.Timeout | undefined;
+    const onAbort = () => {
+      timer = setTimeout(() => reject(new ToolError('aborted', `stopped; the tool did not stop within ${STUCK_TOOL_GRACE_MS / 1000} s`)), STUCK_TOOL_GRACE_MS);
+    };
+    if (signal.aborted) onAbort();
+    else signal.addEventListener('abort', onAbort, { once: true });
+    work.then(resolve, reject).finally(() => {
+      clearTimeout(timer);
+      signal.removeEventListener('abort', onAbort);
+    });
+  });
+}
+
 export type Attempt = ReturnType<typeof startAttempt>;
 
 export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, signal: AbortSignal) {
@@ -206,13 +229,17 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
         connections: stepConnections(step),
       };
       try {
-        result = await tool.execute(step.args, ctx);
+        result = await unlessStuck(tool.execute(step.args, ctx), signal);
       } catch (err) {
         // a tool's own error, or what the service refused it (another tenant's session, a gate set that is
-        // not valid, an unknown gate): the step fails with its code; only the unexpected fails the run
+        // not valid, an unknown gate): the step fails with its code
         if (err instanceof ToolError || err instanceof AppError) result = { output: {}, error: { code: err.code, message: err.message } };
         else if (signal.aborted) result = { output: {}, error: { code: 'aborted', message: 'stopped' } };
-        else throw err;
+        else {
+          // what a tool did not expect (Node refusing a header, say) fails its step too: the step ends, with its event
+          log.error({ err, run_id: run.id, step: step.index, tool: step.tool }, 'a tool failed unexpectedly');
+          result = { output: {}, error: { code: 'tool-failed', message: `${step.tool} failed: ${String((err as Error)?.message ?? err).slice(0, 500)}` } };
+        }
       } finally {
         streamer.flush();
       }

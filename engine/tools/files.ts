@@ -1,13 +1,17 @@
-// read_file, write_file, list_files: confined to the workspace. A path is resolved (symlinks
-// included) before it is checked, so neither `..` nor a link can lead outside.
+// read_file, write_file, list_files: confined to the workspace. The service runs them itself, outside
+// the sandbox: what a path opens is checked to be inside the workspace after it is opened (a link put
+// on the path meanwhile leads nowhere), only plain files are read or written, and nothing blocks (a
+// FIFO is refused, not waited on). See engine/platform/inside.ts.
 import fs from 'node:fs/promises';
+import type { FileHandle } from 'node:fs/promises';
 import path from 'node:path';
+import { entriesOf, openChildFolder, openInside, openToWriteInside, OutsideError } from '../platform/index.js';
 import { stringArg, ToolError, type Tool } from './tool.js';
 
 const READ_MAX_BYTES = 256 * 1024;
 const LIST_MAX = 1000;
 
-/** The real path of `rel` inside `root`, or a ToolError when it would leave it. */
+/** The real path of `rel` inside `root`, or a ToolError when it would leave it (a check at a run's creation: the tools check what they open). */
 export async function resolveInside(root: string, rel: string): Promise<string> {
   const realRoot = await fs.realpath(root);
   const target = path.resolve(realRoot, rel);
@@ -32,20 +36,38 @@ export async function resolveInside(root: string, rel: string): Promise<string> 
   }
 }
 
+/** The tool's error for what opening a workspace path threw. */
+function refusal(rel: string, err: unknown): ToolError {
+  if (err instanceof ToolError) return err;
+  if (err instanceof OutsideError) return new ToolError('path-outside-workspace', `${rel} resolves outside the workspace`);
+  const code = (err as NodeJS.ErrnoException).code;
+  if (code === 'ENOENT') return new ToolError('not-found', `${rel}: ENOENT`);
+  if (code === 'ELOOP') return new ToolError('invalid-args', `${rel} is a link: name the file it points to`);
+  return new ToolError('io-error', `${rel}: ${code ?? (err as Error).message}`);
+}
+
+/** Refuses (closing it) what is not a plain file: a folder, a FIFO, a device. */
+async function plainFile(handle: FileHandle, rel: string) {
+  const stat = await handle.stat();
+  if (stat.isFile()) return stat;
+  await handle.close();
+  throw new ToolError('invalid-args', `${rel} is not a plain file`);
+}
+
 export const readFileTool: Tool = {
   name: 'read_file',
   description: 'Read a text file of the workspace (at most 256 KB).',
   parameters: { type: 'object', required: ['path'], properties: { path: { type: 'string', description: 'Relative to the workspace.' } } },
   async execute(args, ctx) {
-    const file = await resolveInside(ctx.workspace, stringArg(args, 'path'));
-    const handle = await fs.open(file, 'r').catch((err: NodeJS.ErrnoException) => {
-      throw new ToolError(err.code === 'ENOENT' ? 'not-found' : 'io-error', `${args.path as string}: ${err.code}`);
+    const rel = stringArg(args, 'path');
+    const handle = await openInside(ctx.workspace, rel).catch((err: unknown) => {
+      throw refusal(rel, err);
     });
+    const { size } = await plainFile(handle, rel);
     try {
-      const { size } = await handle.stat();
       const buf = Buffer.alloc(Math.min(size, READ_MAX_BYTES));
-      await handle.read(buf, 0, buf.length, 0);
-      return { output: { path: args.path, size, content: buf.toString('utf8'), truncated: size > READ_MAX_BYTES } };
+      const { bytesRead } = await handle.read(buf, 0, buf.length, 0);
+      return { output: { path: args.path, size, content: buf.subarray(0, bytesRead).toString('utf8'), truncated: size > READ_MAX_BYTES } };
     } finally {
       await handle.close();
     }
@@ -62,11 +84,17 @@ export const writeFileTool: Tool = {
   },
   async execute(args, ctx) {
     const content = stringArg(args, 'content', false);
-    const file = await resolveInside(ctx.workspace, stringArg(args, 'path'));
-    await fs.mkdir(path.dirname(file), { recursive: true });
-    // the folder may itself be a fresh link: check again once it exists
-    await resolveInside(ctx.workspace, path.relative(await fs.realpath(ctx.workspace), file));
-    await fs.writeFile(file, content, 'utf8');
+    const rel = stringArg(args, 'path');
+    const handle = await openToWriteInside(ctx.workspace, rel).catch((err: unknown) => {
+      throw refusal(rel, err);
+    });
+    await plainFile(handle, rel);
+    try {
+      await handle.truncate(0);
+      await handle.writeFile(content, 'utf8');
+    } finally {
+      await handle.close();
+    }
     return { output: { path: args.path, bytes: Buffer.byteLength(content) } };
   },
 };
@@ -77,19 +105,36 @@ export const listFilesTool: Tool = {
   parameters: { type: 'object', properties: { path: { type: 'string', description: 'Folder relative to the workspace; default the workspace itself.' } } },
   async execute(args, ctx) {
     const rel = typeof args.path === 'string' && args.path ? args.path : '.';
-    const dir = await resolveInside(ctx.workspace, rel);
-    const root = await fs.realpath(ctx.workspace);
+    const top = await openInside(ctx.workspace, rel, { folder: true }).catch((err: unknown) => {
+      throw refusal(rel, err);
+    });
+    // names relative to the workspace, as the path asked for reads them
+    const base = path.relative(ctx.workspace, path.resolve(ctx.workspace, rel));
     const files: string[] = [];
-    const walk = async (d: string): Promise<void> => {
-      for (const entry of await fs.readdir(d, { withFileTypes: true })) {
+    // each folder is opened from its open parent, a link never followed: what is listed stays inside
+    const walk = async (folder: FileHandle, at: string): Promise<void> => {
+      for (const entry of await entriesOf(folder)) {
         if (files.length >= LIST_MAX) return;
         if (entry.name === '.git' || entry.name === 'node_modules' || entry.name === '.scratch') continue;
-        const full = path.join(d, entry.name);
-        if (entry.isDirectory()) await walk(full);
-        else files.push(path.relative(root, full));
+        const name = path.join(at, entry.name);
+        if (!entry.isDirectory()) {
+          files.push(name);
+          continue;
+        }
+        const child = await openChildFolder(folder, entry.name).catch(() => null); // gone, or swapped for a link
+        if (!child) continue;
+        try {
+          await walk(child, name);
+        } finally {
+          await child.close();
+        }
       }
     };
-    await walk(dir);
+    try {
+      await walk(top, base);
+    } finally {
+      await top.close();
+    }
     return { output: { path: rel, files: files.sort(), truncated: files.length >= LIST_MAX } };
   },
 };

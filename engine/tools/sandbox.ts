@@ -11,7 +11,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
-import type { Logger } from '../platform/index.js';
+import { OutsideError, type Logger } from '../platform/index.js';
 
 export type SandboxKind = 'bwrap' | 'none';
 
@@ -238,23 +238,33 @@ export function bwrapSandbox(opts: { bwrap: string; prlimit: string; limits: San
     },
     spawn(argv, o) {
       const env = { ...o.env, HOME: '/tmp', PWD: INSIDE_WORKSPACE, TMPDIR: '/tmp' };
-      const args = [
-        ...fixed,
-        ...(o.network ? [] : ['--unshare-net']),
-        ...(o.binds ?? []).flatMap((b) => ['--bind', b, b]),
-        ...(o.readOnlyBinds ?? []).flatMap((b) => ['--ro-bind', b, b]),
-        o.readOnly ? '--ro-bind' : '--bind',
-        o.workspace,
-        INSIDE_WORKSPACE,
-        '--chdir',
-        INSIDE_WORKSPACE,
-        ...Object.entries(env).flatMap(([k, v]) => ['--setenv', k, v]),
-        '--',
-        opts.prlimit,
-        ...prlimitArgs(opts.limits, processLimit === 'rlimit'),
-        '--',
-        ...argv,
-      ];
+      // what is bound is opened here and handed to bwrap open (fd 3 on): bwrap never follows the path again
+      const fds: number[] = [];
+      const bound = (p: string) => String(2 + fds.push(openBound(p)));
+      let args: string[];
+      try {
+        args = [
+          ...fixed,
+          ...(o.network ? [] : ['--unshare-net']),
+          ...(o.binds ?? []).flatMap((b) => ['--bind-fd', bound(b), b]),
+          ...(o.readOnlyBinds ?? []).flatMap((b) => ['--ro-bind-fd', bound(b), b]),
+          o.readOnly ? '--ro-bind-fd' : '--bind-fd',
+          bound(o.workspace),
+          INSIDE_WORKSPACE,
+          '--chdir',
+          INSIDE_WORKSPACE,
+          ...Object.entries(env).flatMap(([k, v]) => ['--setenv', k, v]),
+          '--',
+          opts.prlimit,
+          ...prlimitArgs(opts.limits, processLimit === 'rlimit'),
+          '--',
+          ...argv,
+        ];
+      } catch (err) {
+        for (const fd of fds) fs.closeSync(fd);
+        throw err;
+      }
+      const stdio: ('ignore' | 'pipe' | number)[] = ['ignore', 'pipe', 'pipe', ...fds];
       let group: string | null = null;
       if (cgroupRoot) {
         group = path.join(cgroupRoot, `step-${process.pid}-${++stepCounter}`);
@@ -267,13 +277,21 @@ export function bwrapSandbox(opts: { bwrap: string; prlimit: string; limits: San
         }
       }
       // the first process joins the step's cgroup, then becomes bwrap: every process of the step is counted
-      const child = group
-        ? spawn('/bin/sh', ['-c', 'echo $$ > "$1" && shift && exec "$@"', 'sandbox', path.join(group, 'cgroup.procs'), opts.bwrap, ...args], {
-            env: {},
-            detached: true,
-            stdio: ['ignore', 'pipe', 'pipe'],
-          })
-        : spawn(opts.bwrap, args, { env: {}, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
+      let child: ChildProcess;
+      try {
+        child = group
+          ? spawn('/bin/sh', ['-c', 'echo $$ > "$1" && shift && exec "$@"', 'sandbox', path.join(group, 'cgroup.procs'), opts.bwrap, ...args], {
+              env: {},
+              // from /: the shell sets PWD, and bwrap (pid 1 inside, its environment readable there) keeps it
+              cwd: '/',
+              detached: true,
+              stdio,
+            })
+          : spawn(opts.bwrap, args, { env: {}, cwd: '/', detached: true, stdio });
+      } finally {
+        // the child has its own copies; bwrap closes them once bound, so the step never holds one
+        for (const fd of fds) fs.closeSync(fd);
+      }
       return {
         child,
         kill(signal) {
@@ -296,6 +314,31 @@ export function bwrapSandbox(opts: { bwrap: string; prlimit: string; limits: San
       };
     },
   };
+}
+
+/**
+ * Opens a folder (or file) a step binds, checked to be what its path named when it was checked: a real
+ * path, so what the open reached must be at that very path. A folder of the workspace swapped since for
+ * a link (to another tenant's folder, say) is refused, and bwrap binds the handle (`--bind-fd`).
+ */
+function openBound(p: string): number {
+  let fd: number;
+  try {
+    fd = fs.openSync(p, fs.constants.O_RDONLY | fs.constants.O_NONBLOCK);
+  } catch {
+    throw new OutsideError('a folder of the workspace is no longer where the run was checked');
+  }
+  let real = '';
+  try {
+    real = fs.readlinkSync(`/proc/self/fd/${fd}`);
+  } catch {
+    // refused below
+  }
+  if (real !== path.resolve(p)) {
+    fs.closeSync(fd);
+    throw new OutsideError('a folder of the workspace was replaced by a link after the run was checked');
+  }
+  return fd;
 }
 
 /** No isolation: the process runs as the service's own user, in the workspace itself. */

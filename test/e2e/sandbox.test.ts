@@ -175,6 +175,63 @@ describe('sandbox', function () {
     expect(b.steps[0].output.stdout).to.contain('mine.txt');
   });
 
+  it('never reaches another tenant through a workspace folder swapped for a link after the run was checked', async () => {
+    await fs.writeFile(path.join(h.tenantDir('tenant-b'), 'secret.txt'), 'TENANT-B-SECRET');
+    const sub = path.join(h.tenantDir('tenant-a'), 'swapped');
+    await fs.mkdir(sub, { recursive: true });
+    const res = await h.call<Body>('POST', '/api/v1/autonomy/run', {
+      body: {
+        workspace: 'swapped',
+        steps: [
+          // long enough for the swap below to land while it runs, however loaded the machine
+          { tool: 'shell', args: { command: 'sleep 3.5' } },
+          { tool: 'shell', args: { command: 'cat /workspace/secret.txt; echo planted > /workspace/from-a.txt' } },
+          { tool: 'read_file', args: { path: 'secret.txt' } },
+          { tool: 'write_file', args: { path: 'from-a-too.txt', content: 'planted' } },
+        ],
+      },
+    });
+    const id = res.body.run_id;
+    // the first step's process runs (a workspace removed while bubblewrap binds it fails the step otherwise)
+    await eventually(() => processesMatching('sleep 3.5') > 0, 'the first step to run');
+    // what another run of tenant A's can do from its root: rm -rf swapped; ln -s ../tenant-b swapped
+    await fs.rm(sub, { recursive: true });
+    await fs.symlink('../tenant-b', sub);
+    const run = await finishedRun(h, id);
+    expect(JSON.stringify(run.steps)).not.to.include('TENANT-B-SECRET');
+    // the first step that starts after the swap fails, and the run with it
+    expect(run.error.code).to.equal('path-outside-workspace');
+    expect(run.steps.filter((s: Body) => s.status === 'failed').map((s: Body) => s.error.code)).to.deep.equal(['path-outside-workspace']);
+    expect(await fs.readdir(h.tenantDir('tenant-b'))).to.not.include.members(['from-a.txt', 'from-a-too.txt']);
+  });
+
+  it('refuses what is not a plain file (a FIFO) at once, and fails a step whose tool throws unexpectedly as that step', async () => {
+    await shell('mkfifo fifo1');
+    const started = Date.now();
+    const res = await h.call<Body>('POST', '/api/v1/autonomy/run', {
+      body: {
+        budget_seconds: 30,
+        steps: [
+          { tool: 'read_file', args: { path: 'fifo1' } },
+          { tool: 'write_file', args: { path: 'fifo1', content: 'x' } },
+        ],
+      },
+    });
+    const run = await finishedRun(h, res.body.run_id);
+    expect(Date.now() - started, 'nothing waited on the FIFO').to.be.lessThan(10_000);
+    expect(run.steps[0]).to.deep.include({ status: 'failed' });
+    expect(run.steps[0].error.code).to.equal('invalid-args');
+    // Node refuses the method before a request exists: the step fails with its event, not the run as internal
+    const http = await h.call<Body>('POST', '/api/v1/autonomy/run', {
+      body: { steps: [{ tool: 'http', args: { url: 'http://example.invalid/', method: 'GE T' } }] },
+    });
+    const failed = await finishedRun(h, http.body.run_id);
+    expect(failed.status).to.equal('failed');
+    expect(failed.steps[0].status).to.equal('failed');
+    expect(failed.steps[0].finished_at).to.be.a('string');
+    expect(failed.error.code).to.equal('tool-failed');
+  });
+
   it('refuses tools the operator does not allow, naming them (403), and narrows the default tools of a goal', async () => {
     const narrow = await startHarness({ env: { SERVICE_TOOLS_ALLOWED: 'read_file,list_files,message' } });
     try {

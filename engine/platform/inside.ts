@@ -1,0 +1,84 @@
+// Files of a tenant's folders that the service opens itself, outside the sandbox and as its own user
+// (the file tools, the gates' reports, artifacts and inputs). A path is never checked and then opened
+// again by name: between the two, a step of the tenant's can put a link in place of a folder on the
+// path (swapping them in a loop) and the open would follow it to another tenant's folder or the
+// host's. What was opened is checked instead: its real path, read from /proc/self/fd, must be inside
+// the root. Folders made for a write are made one at a time from an open, checked folder.
+import { constants } from 'node:fs';
+import fs, { type FileHandle } from 'node:fs/promises';
+import path from 'node:path';
+import { AppError } from './errors.js';
+
+/** What was named, or what its path led to, is not inside the root (a step that meets it fails with the code). */
+export class OutsideError extends AppError {
+  readonly code = 'path-outside-workspace';
+}
+
+const { O_RDONLY, O_WRONLY, O_CREAT, O_NOFOLLOW, O_NONBLOCK, O_DIRECTORY } = constants;
+
+const within = (root: string, p: string) => p === root || p.startsWith(root + path.sep);
+
+/** The path of what an open handle is: its real path at this moment. */
+const fdPath = (h: FileHandle) => `/proc/self/fd/${h.fd}`;
+
+/** Throws (after closing it) when what `h` opened is not inside `root`. */
+async function keepInside(h: FileHandle, root: string, rel: string): Promise<FileHandle> {
+  const real = await fs.readlink(fdPath(h)).catch(() => '');
+  if (within(root, real)) return h;
+  await h.close();
+  throw new OutsideError(`${rel} is not inside the workspace`);
+}
+
+/**
+ * Opens `rel` under `root` (a real path) to read, or as a folder; never blocks (a FIFO opens at once,
+ * for the caller's stat to refuse). `follow: false` refuses a link as the last part (ELOOP). Throws
+ * OutsideError, or the file system's error (ENOENT, ...).
+ */
+export async function openInside(root: string, rel: string, opts: { follow?: boolean; folder?: boolean } = {}): Promise<FileHandle> {
+  const full = path.resolve(root, rel);
+  if (!within(root, full)) throw new OutsideError(`${rel} is not inside the workspace`);
+  const flags = O_RDONLY | O_NONBLOCK | (opts.follow === false ? O_NOFOLLOW : 0) | (opts.folder ? O_DIRECTORY : 0);
+  return keepInside(await fs.open(full, flags), root, rel);
+}
+
+/** Opens a folder found in an open folder, without following a link. */
+export async function openChildFolder(parent: FileHandle, name: string): Promise<FileHandle> {
+  return fs.open(path.join(fdPath(parent), name), O_RDONLY | O_NONBLOCK | O_DIRECTORY | O_NOFOLLOW);
+}
+
+/** The names in an open folder, with their kinds (a link is a link, never what it points to). */
+export function entriesOf(folder: FileHandle) {
+  return fs.readdir(fdPath(folder), { withFileTypes: true });
+}
+
+/**
+ * Opens `rel` under `root` to write, making it and its missing folders; the file is not truncated (the
+ * caller checks it is a plain file first). A link as the last part is refused (ELOOP).
+ */
+export async function openToWriteInside(root: string, rel: string): Promise<FileHandle> {
+  const full = path.resolve(root, rel);
+  if (!within(root, full) || full === root) throw new OutsideError(`${rel} is not inside the workspace`);
+  let folder = await openInside(root, '.', { folder: true });
+  try {
+    for (const part of path.relative(root, path.dirname(full)).split(path.sep).filter(Boolean)) {
+      const at = path.join(fdPath(folder), part);
+      const opened = await fs.open(at, O_RDONLY | O_NONBLOCK | O_DIRECTORY).catch(async (err: NodeJS.ErrnoException) => {
+        if (err.code !== 'ENOENT') throw err;
+        await fs.mkdir(at).catch((e: NodeJS.ErrnoException) => {
+          if (e.code !== 'EEXIST') throw e;
+        });
+        return fs.open(at, O_RDONLY | O_NONBLOCK | O_DIRECTORY);
+      });
+      const previous = folder;
+      folder = opened;
+      await previous.close();
+      // a link among the folders may be followed, as long as it leads to a folder inside the root
+      await fs.readlink(fdPath(folder)).then((real) => {
+        if (!within(root, real)) throw new OutsideError(`${rel} is not inside the workspace`);
+      });
+    }
+    return await fs.open(path.join(fdPath(folder), path.basename(full)), O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK, 0o644);
+  } finally {
+    await folder.close();
+  }
+}

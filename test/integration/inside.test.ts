@@ -1,0 +1,84 @@
+// What the service opens in a tenant's folder while a step of the tenant's swaps a folder of the path for
+// a link to a folder outside, in a loop (engine/platform/inside.ts): nothing outside is read or written.
+import { spawn, type ChildProcess } from 'node:child_process';
+import fs from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { expect } from 'chai';
+import { readInside } from '../../engine/gates/paths.js';
+import { readFileTool, writeFileTool } from '../../engine/tools/files.js';
+import type { ToolContext } from '../../engine/tools/index.js';
+
+const FLIP_SECONDS = 3;
+
+describe('files opened in a folder whose path is being swapped for a link', function () {
+  this.timeout(30_000);
+  let tmp: string;
+  let ws: string;
+  let outside: string;
+  let flipper: ChildProcess;
+
+  beforeEach(async () => {
+    tmp = await fs.realpath(await fs.mkdtemp(path.join(os.tmpdir(), 'inside-')));
+    ws = path.join(tmp, 'ws');
+    outside = path.join(tmp, 'outside');
+    await fs.mkdir(path.join(ws, 'd'), { recursive: true });
+    await fs.mkdir(outside);
+    await fs.writeFile(path.join(ws, 'd', 'secret.txt'), 'decoy');
+    await fs.writeFile(path.join(outside, 'secret.txt'), 'OUTSIDE');
+    await fs.symlink(outside, path.join(ws, 'lnk'));
+    // d and the link trade places, again and again (what a shell step of the same workspace can do)
+    flipper = spawn(
+      'python3',
+      [
+        '-c',
+        `import os,time\nend=time.time()+${FLIP_SECONDS}\nwhile time.time()<end:\n  try:\n    os.rename('d','t');os.rename('lnk','d');os.rename('d','lnk');os.rename('t','d')\n  except OSError: pass`,
+      ],
+      { cwd: ws, stdio: 'ignore' },
+    );
+  });
+  afterEach(async () => {
+    flipper.kill();
+    await fs.rm(tmp, { recursive: true, force: true });
+  });
+
+  it('refuses a workspace that is itself a link now, to a folder outside', async () => {
+    flipper.kill();
+    const ctx = { workspace: path.join(tmp, 'moved') } as ToolContext;
+    await fs.symlink(outside, ctx.workspace);
+    for (const attempt of [readFileTool.execute({ path: 'secret.txt' }, ctx), writeFileTool.execute({ path: 'planted.txt', content: 'x' }, ctx)])
+      expect(
+        await attempt.then(
+          () => 'done',
+          (err: { code?: string }) => err.code,
+        ),
+      ).to.equal('path-outside-workspace');
+    expect(await readInside(ctx.workspace, 'secret.txt', 1024)).to.equal(null);
+    expect(await fs.readdir(outside)).to.deep.equal(['secret.txt']);
+  });
+
+  const flipping = () => flipper.exitCode === null && flipper.signalCode === null;
+
+  it('a gate never reads a report or an artifact outside its workspace', async () => {
+    let read = 0;
+    while (flipping()) {
+      const b = await readInside(ws, 'd/secret.txt', 1024);
+      if (b) read++;
+      expect(b?.toString() ?? 'decoy').to.equal('decoy');
+    }
+    expect(read, 'the file inside was read meanwhile').to.be.greaterThan(0);
+  });
+
+  it('read_file and write_file never reach outside the workspace', async () => {
+    const ctx = { workspace: ws } as ToolContext;
+    let read = 0;
+    for (let i = 0; flipping(); i++) {
+      const r = await readFileTool.execute({ path: 'd/secret.txt' }, ctx).catch(() => null);
+      if (r) read++;
+      expect((r?.output.content as string | undefined) ?? 'decoy').to.equal('decoy');
+      await writeFileTool.execute({ path: `d/written-${i}.txt`, content: 'x' }, ctx).catch(() => null);
+    }
+    expect(read).to.be.greaterThan(0);
+    expect(await fs.readdir(outside), 'nothing written outside').to.deep.equal(['secret.txt']);
+  });
+});
