@@ -43,7 +43,11 @@ export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledg
       // for one commit: every sealed run of it; outside a repository, the latest run alone
       // a subject may be a prefix of the commit or tree (7 or more hex characters)
       const named = (hash: string | null | undefined) => Boolean(commit && hash?.startsWith(commit));
-      const runs = commit ? sealed.filter((r) => named(r.subject?.commit) || named(r.subject?.tree)) : sealed.slice(0, 1);
+      const ofCommit = commit ? sealed.filter((r) => named(r.subject?.commit) || named(r.subject?.tree)) : sealed.slice(0, 1);
+      // a run of a tree with uncommitted changes tested that tree, not the commit: the commit's results come
+      // from its clean runs only; with none, the latest run stands alone for what it tested (dirty)
+      const clean = ofCommit.filter((r) => r.subject?.dirty === false);
+      const runs = clean.length ? clean : ofCommit.slice(0, 1);
       if (!runs.length)
         throw new NotFoundError(`no sealed gate run of workspace ${ws.name}${q.subject ? ` for ${q.subject}` : ''}${q.since ? ` since ${q.since}` : ''}`);
       // the latest result of each gate, and the entry that sealed it (results are sealed in order from from_seq)

@@ -12,6 +12,14 @@ export type { Annotation };
 export type Report = { ok: boolean; annotations: Annotation[]; summary: string };
 
 const MAX_ANNOTATIONS = 200;
+/** An annotation's message, title and path are cut here: a report's one 7 MB message was kept three times. */
+const MAX_ANNOTATION_CHARS = 1000;
+
+const clipped = (a: Annotation): Annotation => {
+  const cut = <T extends string | null | undefined>(s: T): T =>
+    typeof s === 'string' && s.length > MAX_ANNOTATION_CHARS ? (s.slice(0, MAX_ANNOTATION_CHARS) as T) : s;
+  return { ...a, message: cut(a.message), ...('title' in a ? { title: cut(a.title) } : {}), path: cut(a.path) };
+};
 
 /** Reads a report; `workspace` makes absolute paths relative. A report that cannot be read is `ok: false`. */
 export async function parseReport(format: ReportFormat, text: string, workspace: string): Promise<Report> {
@@ -22,7 +30,7 @@ export async function parseReport(format: ReportFormat, text: string, workspace:
   };
   try {
     const report = format === 'tap' ? await tap(text) : format === 'junit' ? junit(text, rel) : format === 'eslint' ? eslint(text, rel) : tsc(text, rel);
-    return { ...report, annotations: report.annotations.slice(0, MAX_ANNOTATIONS) };
+    return { ...report, annotations: report.annotations.slice(0, MAX_ANNOTATIONS).map(clipped) };
   } catch (err) {
     // not the parser's message: it can quote the report's bytes
     void err;

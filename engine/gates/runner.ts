@@ -14,6 +14,22 @@ import { entryOf, readInside, staysInside } from './paths.js';
 import { FileHasher, gitState, inputFiles, type GitState } from './subject.js';
 
 const OUTPUT_TAIL_BYTES = 8 * 1024;
+/** What is masked with the tail, before it: a key the tail's cut would halve is seen whole. */
+const MASK_CONTEXT_BYTES = 16 * 1024;
+/** From the start up to the first private key's end: with no BEGIN line in it, the body of a key an earlier cut halved. */
+const KEY_CUT_AT_START = /^[\s\S]*?-----END [A-Z0-9 ]*PRIVATE KEY-----/;
+
+/**
+ * The last OUTPUT_TAIL_BYTES of what a gate printed, its secrets masked. Masked before it is cut, with
+ * the context before the cut (a key cut in two lost its BEGIN line and was no longer seen as one, so
+ * its body stayed in the tail), and a key body at the start that an earlier cut left without its BEGIN
+ * line (the output keeps only its own tail) masked too.
+ */
+export async function maskedTail(output: string): Promise<string> {
+  const windowed = output.length > OUTPUT_TAIL_BYTES + MASK_CONTEXT_BYTES ? output.slice(-(OUTPUT_TAIL_BYTES + MASK_CONTEXT_BYTES)) : output;
+  const masked = await maskSecrets(windowed.replace(KEY_CUT_AT_START, (head) => (head.includes('-----BEGIN') ? head : '***')));
+  return masked.length > OUTPUT_TAIL_BYTES ? masked.slice(-OUTPUT_TAIL_BYTES) : masked;
+}
 const REPORT_MAX_BYTES = 8 * 1024 * 1024;
 const ARTIFACT_MAX_BYTES = 1024 * 1024;
 const ARTIFACTS_MAX_BYTES = 5 * 1024 * 1024;
@@ -116,7 +132,7 @@ export async function runGate(gate: GateDefinition & { digest: string }, ctx: Ga
     exitCode = r.exit_code;
     const combined = `${r.stdout}${r.stderr ? `\n${r.stderr}` : ''}`;
     // what a gate printed is kept (results, ledger, packs): the secrets in it are not
-    tail = await maskSecrets(combined.length > OUTPUT_TAIL_BYTES ? combined.slice(-OUTPUT_TAIL_BYTES) : combined);
+    tail = await maskedTail(combined);
     const text = gate.report ? await reportText(ctx.workspace, gate.report.path, r.stdout, started) : '';
     // tsc says nothing when it finds nothing; other tools always write a report
     if (gate.report)

@@ -53,10 +53,14 @@ export const gatesTool: Tool = {
     const only = Array.isArray(args.only) ? args.only.filter((g): g is string => typeof g === 'string') : undefined;
     // after a checkout the run's steps work in its checkout: the gates run there
     const r = await ctx.gates.run({ only, dir: ctx.workspace }, ctx.signal);
+    // ready: every required gate of the set passed in this run; one left out by `only` has not
+    const passed = new Set(r.results.filter((g) => g.conclusion === 'success').map((g) => g.gate_id));
+    const notRun = (r.required_gates ?? []).filter((id) => !r.results.some((g) => g.gate_id === id));
     const output = {
       gate_run_id: r.id,
       status: r.status,
-      ready: r.status === 'succeeded',
+      ready: r.status === 'succeeded' && (r.required_gates ?? []).every((id) => passed.has(id)),
+      ...(notRun.length ? { required_not_run: notRun } : {}),
       results: r.results.map((g) => ({ gate_id: g.gate_id, required: g.required, conclusion: g.conclusion, summary: g.summary })),
       ledger: r.ledger,
       ...(typeof args.ref === 'string' ? { ref: args.ref } : {}),

@@ -276,14 +276,32 @@ describe('gates in the service', function () {
     expect(bad.stdout).to.match(/^FAILED \(entry, entry \d+\): entry \d+ does not match its hash/);
     expect(cli('verify', path.join(h.config.dataDir, 'missing.tar')).status).to.equal(2);
 
-    // a new commit where only one gate ran: the set's other required gates have no result, so it is not ready
-    spawnSync('sh', ['-c', 'git -c user.name=t -c user.email=t@t commit -q --allow-empty -m next'], { cwd: h.tenantDir() });
+    // a new commit (of everything, so the tree is clean) where only one gate ran: the set's other required
+    // gates have no result, so it is not ready
+    spawnSync('sh', ['-c', 'git add -A && git -c user.name=t -c user.email=t@t commit -q --allow-empty -m next'], { cwd: h.tenantDir() });
     const one = await h.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'gates', args: { only: ['typecheck'] } }] } });
-    expect((await finishedRun(h, one.body.run_id)).steps[0].output.results.map((r: Body) => r.gate_id)).to.deep.equal(['typecheck']);
+    const step = (await finishedRun(h, one.body.run_id)).steps[0].output;
+    expect(step.results.map((r: Body) => r.gate_id)).to.deep.equal(['typecheck']);
+    // the step says so too: the run of one gate passed, and the workspace is not ready
+    expect(step).to.deep.include({ status: 'succeeded', ready: false });
+    expect(step.required_not_run).to.include('test');
     const partial = (await h.call<Body>('GET', '/api/v1/autonomy/evidence-pack')).body.statement.predicate;
     expect(partial.gates.map((g: Body) => g.gate_id)).to.deep.equal(['typecheck']);
     expect(partial.missing).to.include('test');
     expect(partial.ready).to.equal(false);
+
+    // every gate run on the same commit with a change not committed: that tree's results are not the commit's
+    await fs.writeFile(path.join(h.tenantDir(), 'uncommitted.txt'), 'x');
+    try {
+      const dirty = await h.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'gates', args: {} }] } });
+      expect((await finishedRun(h, dirty.body.run_id)).steps[0].output.results.length).to.be.greaterThan(1);
+    } finally {
+      await fs.rm(path.join(h.tenantDir(), 'uncommitted.txt'));
+    }
+    const commitOnly = (await h.call<Body>('GET', '/api/v1/autonomy/evidence-pack')).body.statement.predicate;
+    expect(commitOnly.gates.map((g: Body) => g.gate_id)).to.deep.equal(['typecheck']);
+    expect(commitOnly.subject.dirty).to.equal(false);
+    expect(commitOnly.ready).to.equal(false);
   });
 
   it('runs the gates on a vibe run’s edited copy: a good edit passes with its diff, a broken one fails the run', async () => {

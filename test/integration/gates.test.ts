@@ -7,7 +7,18 @@ import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { expect } from 'chai';
-import { FileHasher, gateEnv, gitState, GATE_FILES, inputDigest, loadGateSet, parseReport, runGate, type GateContext } from '../../engine/gates/index.js';
+import {
+  FileHasher,
+  gateEnv,
+  gitState,
+  GATE_FILES,
+  inputDigest,
+  loadGateSet,
+  maskedTail,
+  parseReport,
+  runGate,
+  type GateContext,
+} from '../../engine/gates/index.js';
 import { createLogger, GateSetInvalidError } from '../../engine/platform/index.js';
 import { openSandbox, type Sandbox } from '../../engine/tools/index.js';
 import { GATES_YAML, makeProject } from '../support/projects.js';
@@ -105,6 +116,26 @@ describe('gates', function () {
       '/w',
     );
     expect(passing).to.deep.include({ ok: true, summary: '1 of 1 passed' });
+    // one message of megabytes is kept cut, not whole (in the result, the run and the ledger)
+    const huge = await parseReport(
+      'eslint',
+      JSON.stringify([{ filePath: '/w/a.js', messages: [{ line: 1, severity: 1, message: 'x'.repeat(3_000_000) }] }]),
+      '/w',
+    );
+    expect(huge.annotations[0]!.message.length).to.equal(1000);
+  });
+
+  it('keeps no part of a private key in the output tail, where the cut would halve it or an earlier cut did', async () => {
+    const body = Array.from({ length: 25 }, (_, i) => `MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC${String(i).padStart(13, 'x')}`).join('\n');
+    const key = `-----BEGIN PRIVATE KEY-----\n${body}\n-----END PRIVATE KEY-----\n`;
+    // the tail's 8 KB start inside the key
+    const halved = await maskedTail(`${key}${'p'.repeat(8 * 1024 - 200)}\n`);
+    expect(halved).not.to.match(/MIIEvQIBADAN|ggSjAgEAAoIBAQC/);
+    expect(halved).to.contain('ppp');
+    // the output kept only its own tail, which starts inside the key
+    const orphan = await maskedTail(`${key.slice(200)}done\n`);
+    expect(orphan).not.to.match(/ggSjAgEAAoIBAQC/);
+    expect(orphan).to.contain('done');
   });
 
   it('counts a gate with pass: report as passing only when its command exited 0 and wrote the report this time', async () => {
