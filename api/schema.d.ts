@@ -1833,7 +1833,7 @@ export interface components {
             if?: string;
         };
         Budget: {
-            /** @description Wall-clock bound of one run. Defaults to SERVICE_RUN_DEFAULT_BUDGET_SECONDS and may not exceed SERVICE_RUN_MAX_BUDGET_SECONDS. */
+            /** @description Wall-clock bound of each attempt of a run (a retry gets it again). Defaults to SERVICE_RUN_DEFAULT_BUDGET_SECONDS and may not exceed SERVICE_RUN_MAX_BUDGET_SECONDS. */
             seconds?: number;
             /** @description Most tool calls one run may make. */
             max_steps?: number;

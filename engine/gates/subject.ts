@@ -79,7 +79,9 @@ export class FileHasher {
     // the change time and inode too: mtime can be set back by anyone who writes the file (touch -r), they cannot
     if (seen && seen.size === entry.size && seen.mtimeMs === entry.mtimeMs && seen.ctimeMs === entry.ctimeMs && seen.ino === entry.ino) return seen.hash;
     const content = await readInside(workspace, rel, HASH_MAX_BYTES);
-    const hash = content ? createHash('sha256').update(content).digest('hex') : `large:${entry.size}`;
+    // a file too large to read whole is known by its size, change time and inode: a rewrite of the same size
+    // is a change (it sets the change time, which no one can set back)
+    const hash = content ? createHash('sha256').update(content).digest('hex') : `large:${entry.size}:${entry.ctimeMs}:${entry.ino}`;
     this.known.set(key, { size: entry.size, mtimeMs: entry.mtimeMs, ctimeMs: entry.ctimeMs, ino: entry.ino, hash });
     return hash;
   }

@@ -361,7 +361,9 @@ export function transitionsOf(deps: TransitionsDeps) {
           duration_ms: s.started_at ? Math.max(0, at.getTime() - Date.parse(s.started_at)) : null,
           error,
         }));
-      const changes = { error, summary: cancelRequested ? 'canceled' : 'failed: worker lost', usage: { ...run.usage, steps: recorded.length } };
+      // the attempt's time is counted up to now, as an end written by its worker counts it
+      const usage = { ...run.usage, steps: recorded.length, seconds: elapsed(run, at) / 1000 };
+      const changes = { error, summary: cancelRequested ? 'canceled' : 'failed: worker lost', usage };
       return settleAttempt(run, cancelRequested ? 'canceled' : 'failed', changes, 'lost', cut);
     },
 

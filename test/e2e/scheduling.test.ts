@@ -152,6 +152,8 @@ describe('scheduling', function () {
       expect(run.steps[0].error.code).to.equal('worker-lost');
       expect(run.steps[0].finished_at).to.be.a('string');
       expect(run.usage.steps).to.equal(1);
+      // its time is counted up to the loss, as a finished attempt's is
+      expect(run.usage.seconds).to.be.greaterThan(0);
       const canceled = await ended(canceledId);
       expect(canceled.status).to.equal('canceled');
       expect(canceled.attempt).to.equal(1);

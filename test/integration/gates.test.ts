@@ -125,6 +125,23 @@ describe('gates', function () {
     expect(huge.annotations[0]!.message.length).to.equal(1000);
   });
 
+  it('sees a rewrite of an input too large to read whole, though its size stayed the same', async () => {
+    const dir = await fs.mkdtemp(path.join(os.tmpdir(), 'gates-large-'));
+    try {
+      const file = path.join(dir, 'data.bin');
+      await fs.writeFile(file, 'A');
+      await fs.truncate(file, 65 * 1024 * 1024); // past what is hashed whole, sparse
+      const hasher = new FileHasher();
+      const before = await hasher.digest(dir, ['data.bin']);
+      const handle = await fs.open(file, 'r+');
+      await handle.write(Buffer.from('B'), 0, 1, 0);
+      await handle.close();
+      expect(await hasher.digest(dir, ['data.bin'])).not.to.equal(before);
+    } finally {
+      await fs.rm(dir, { recursive: true, force: true });
+    }
+  });
+
   it('keeps no part of a private key in the output tail, where the cut would halve it or an earlier cut did', async () => {
     const body = Array.from({ length: 25 }, (_, i) => `MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC${String(i).padStart(13, 'x')}`).join('\n');
     const key = `-----BEGIN PRIVATE KEY-----\n${body}\n-----END PRIVATE KEY-----\n`;
