@@ -38,7 +38,6 @@ export const ERROR_STATUS = {
   'headers-too-large': 431,
   internal: 500,
   'transcription-provider-error': 502,
-  'path-outside-workspace': 400,
   unavailable: 503,
   'transcription-not-configured': 503,
   'transcription-timeout': 504,

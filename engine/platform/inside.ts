@@ -7,10 +7,9 @@
 import { constants } from 'node:fs';
 import fs, { type FileHandle } from 'node:fs/promises';
 import path from 'node:path';
-import { AppError } from './errors.js';
 
 /** What was named, or what its path led to, is not inside the root (a step that meets it fails with the code). */
-export class OutsideError extends AppError {
+export class OutsideError extends Error {
   readonly code = 'path-outside-workspace';
 }
 

@@ -4,7 +4,7 @@
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import type { Platform } from '../deps.js';
-import { AppError, type AgentTurn, type ErrorInfo, type EventBody, type Run, type RunStatus, type StepRecord } from '../platform/index.js';
+import { AppError, OutsideError, type AgentTurn, type ErrorInfo, type EventBody, type Run, type RunStatus, type StepRecord } from '../platform/index.js';
 import {
   TOOLS,
   ToolError,
@@ -233,7 +233,8 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
       } catch (err) {
         // a tool's own error, or what the service refused it (another tenant's session, a gate set that is
         // not valid, an unknown gate): the step fails with its code
-        if (err instanceof ToolError || err instanceof AppError) result = { output: {}, error: { code: err.code, message: err.message } };
+        if (err instanceof ToolError || err instanceof AppError || err instanceof OutsideError)
+          result = { output: {}, error: { code: err.code, message: err.message } };
         else if (signal.aborted) result = { output: {}, error: { code: 'aborted', message: 'stopped' } };
         else {
           // what a tool did not expect (Node refusing a header, say) fails its step too: the step ends, with its event
