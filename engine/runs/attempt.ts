@@ -106,7 +106,13 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
   let checkoutDir: string | null = null;
   const checkouts = {
     async fresh() {
-      checkoutDir = path.join(tenantRootPath(deps.settings, run.tenant_id), CHECKOUTS_DIR, run.id);
+      const area = path.join(tenantRootPath(deps.settings, run.tenant_id), CHECKOUTS_DIR);
+      // the service's own folder in the tenant's root: a link or a file the tenant put in its place is
+      // removed (the link, never what it points to), so the checkout is made there and nowhere else; a
+      // link put there after this is refused when the sandbox binds the checkout
+      const found = await fs.lstat(area).catch(() => null);
+      if (found && !found.isDirectory()) await fs.rm(area, { force: true });
+      checkoutDir = path.join(area, run.id);
       await fs.rm(checkoutDir, { recursive: true, force: true });
       await fs.mkdir(checkoutDir, { recursive: true });
       return checkoutDir;

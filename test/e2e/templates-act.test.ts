@@ -87,6 +87,10 @@ describe('templates that act on their providers', function () {
       { content: 'Reviewed: one defect.' },
     );
     const automation = await instantiate('pr-review', { repository: 'acme/shop', test_command: 'true' });
+    // the tenant put a link where the service keeps its checkouts: the service makes its own folder there
+    const elsewhere = fs.mkdtempSync(path.join(h.config.dataDir, 'elsewhere-'));
+    fs.rmSync(path.join(h.tenantDir(), '.checkouts'), { recursive: true, force: true });
+    fs.symlinkSync(elsewhere, path.join(h.tenantDir(), '.checkouts'));
     const event = {
       action: 'opened',
       number: 12,
@@ -103,6 +107,8 @@ describe('templates that act on their providers', function () {
     expect(prompt).to.contain('#12 of acme/shop').and.contain(repo.head);
     // the checkout was the run's own folder, gone with the run; the tenant's root has none of it
     expect(fs.existsSync(path.join(h.tenantDir(), '.checkouts', run.id))).to.equal(false);
+    expect(fs.lstatSync(path.join(h.tenantDir(), '.checkouts')).isDirectory(), 'the link replaced by a folder').to.equal(true);
+    expect(fs.readdirSync(elsewhere), 'nothing made where the link pointed').to.deep.equal([]);
     expect(fs.existsSync(path.join(h.tenantDir(), 'src/pay.ts'))).to.equal(false);
     const review = fake.requests.find((r) => r.path === '/github/repos/acme/shop/pulls/12/reviews')!;
     expect(review.body).to.deep.include({ event: 'REQUEST_CHANGES', commit_id: repo.head });
