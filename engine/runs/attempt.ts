@@ -23,6 +23,8 @@ import { tenantRootPath } from './workspace.js';
 const OUTPUT_FLUSH_MS = 50;
 const OUTPUT_FLUSH_BYTES = 16 * 1024;
 const STREAMED_MAX_BYTES = 1024 * 1024;
+/** What an attempt's steps stream in all: the event log lives in the shared Redis (a step's record keeps its own last 64 KB). */
+export const ATTEMPT_STREAMED_MAX_BYTES = 8 * 1024 * 1024;
 const PROGRESS_SAVE_MS = 200;
 
 /** Why an attempt was stopped before its work ended: the reason its AbortSignal carries. */
@@ -273,7 +275,8 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
     return result;
   }
 
-  /** Coalesces output chunks into step.output events (every 50 ms or 16 KB), up to 1 MB a step. */
+  let attemptStreamed = 0;
+  /** Coalesces output chunks into step.output events (every 50 ms or 16 KB), up to 1 MB a step and 8 MB an attempt. */
   function outputStreamer(step: StepRecord) {
     const pending: Record<'stdout' | 'stderr', string> = { stdout: '', stderr: '' };
     let streamed = 0;
@@ -290,10 +293,11 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
     };
     return {
       push(stream: 'stdout' | 'stderr', text: string) {
-        if (streamed >= STREAMED_MAX_BYTES) return;
-        const room = STREAMED_MAX_BYTES - streamed;
+        const room = Math.min(STREAMED_MAX_BYTES - streamed, ATTEMPT_STREAMED_MAX_BYTES - attemptStreamed);
+        if (room <= 0) return;
         const piece = text.length > room ? text.slice(0, room) : text;
         streamed += piece.length;
+        attemptStreamed += piece.length;
         pending[stream] += piece;
         if (pending.stdout.length + pending.stderr.length >= OUTPUT_FLUSH_BYTES) flush();
         else flushTimer ??= setTimeout(flush, OUTPUT_FLUSH_MS);

@@ -6,6 +6,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { expect } from 'chai';
 import { runProcess } from '../../engine/tools/process.js';
+import { ATTEMPT_STREAMED_MAX_BYTES } from '../../engine/runs/attempt.js';
 import { eventually, finishedRun, KEYS, processesMatching, startHarness, type Harness } from '../support/harness.js';
 
 type Body = Record<string, any>;
@@ -230,6 +231,20 @@ describe('sandbox', function () {
     expect(failed.steps[0].status).to.equal('failed');
     expect(failed.steps[0].finished_at).to.be.a('string');
     expect(failed.error.code).to.equal('tool-failed');
+  });
+
+  it('streams at most 8 MB of output an attempt into the shared event log, and 1 MB a step', async () => {
+    // ten steps of 1.2 MB each: 12 MB printed, 10 MB within the steps' own limits
+    const run = await shell('head -c 1200000 /dev/zero | tr "\\0" a', {
+      body: { steps: Array.from({ length: 10 }, () => ({ tool: 'shell', args: { command: 'head -c 1200000 /dev/zero | tr "\\0" a' } })) },
+    });
+    expect(run.status).to.equal('succeeded');
+    const events = await h.rt.events.after(`session:${run.session_id}`, '0-0', 100_000);
+    const streamed = events.filter((e) => e.type === 'step.output').map((e) => e.data as { index: number; text: string });
+    expect(streamed.reduce((n, e) => n + e.text.length, 0)).to.equal(ATTEMPT_STREAMED_MAX_BYTES);
+    expect(streamed.filter((e) => e.index === 0).reduce((n, e) => n + e.text.length, 0)).to.equal(1024 * 1024);
+    // each step's record keeps its own tail all the same
+    expect(run.steps[9].output.stdout.length).to.be.greaterThan(0);
   });
 
   it('refuses tools the operator does not allow, naming them (403), and narrows the default tools of a goal', async () => {
