@@ -57,7 +57,7 @@ export async function runPhase(
   const r = await runProcess(sandbox, [...argv, phase, JSON.stringify({ layers: opts.layers, identity: opts.identity ?? null })], {
     workspace: root,
     readOnly: true,
-    readOnlyBinds: binds,
+    serviceBinds: binds,
     env: { ...ENV, ...env },
     network: false,
     maxBytes: OUTPUT_MAX_BYTES,

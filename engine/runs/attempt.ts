@@ -325,6 +325,12 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
     newStep(fields: Pick<StepRecord, 'tool' | 'args' | 'name' | 'source'>): StepRecord {
       return { index: steps.length, ...fields, status: 'pending', started_at: null, finished_at: null, duration_ms: null, output: null, error: null };
     },
+    /** Records a plan step that does not run (its `if` did not hold): listed in its place, counted against nothing. */
+    skipStep(step: StepRecord): void {
+      steps.push(step);
+      step.status = 'skipped';
+      touch(step);
+    },
     /** Records a model turn: a row of its own and an agent.turn event. */
     async addTurn(turn: Omit<AgentTurn, 'index' | 'at'>, index: number): Promise<void> {
       const full: AgentTurn = { ...turn, index, at: clock.now().toISOString() };

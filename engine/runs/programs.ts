@@ -78,6 +78,7 @@ export function stepsProgram(agent?: AgentLoop) {
       };
       if (s.if !== undefined && !holds(s.if, scope)) {
         keep(null, 'skipped');
+        a.skipStep(a.newStep({ tool: s.tool, args: s.args ?? {}, name: s.name ?? null, source: 'plan' }));
         continue;
       }
       const left = stepsLeft(a);
@@ -99,7 +100,8 @@ export function stepsProgram(agent?: AgentLoop) {
         return { summary: '', error: { code: result.error.code, message: `step ${step.index} (${step.tool}): ${result.error.message}` } };
       }
     }
-    return { summary: `${plan.length} step${plan.length === 1 ? '' : 's'} succeeded` };
+    const ran = Object.entries(outputs).filter(([k, o]) => /^\d+$/.test(k) && o.status !== 'skipped').length;
+    return { summary: `${ran} step${ran === 1 ? '' : 's'} succeeded` };
   };
 }
 

@@ -172,6 +172,32 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
     return run;
   }
 
+  /**
+   * The plan's steps an attempt has not reached. Each plan step reached has a record (one skipped by its
+   * `if` too) but an `agent` step, whose tool calls are records of their own: it was reached when a plan
+   * step after it was, or when agent steps were recorded after the last plan step. A run that succeeded
+   * reached them all.
+   */
+  function notReached(run: Run, recorded: StepRecord[]): NonNullable<Run['plan']> {
+    const plan = run.plan ?? [];
+    if (run.status === 'succeeded') return [];
+    const fromPlan = recorded.filter((s) => s.source === 'plan');
+    const lastPlan = fromPlan.at(-1)?.index ?? -1;
+    let agentAfter = recorded.some((s) => s.source === 'agent' && s.index > lastPlan);
+    let left = fromPlan.length;
+    let next = 0;
+    for (; next < plan.length; next++) {
+      if (plan[next]!.tool !== 'agent') {
+        if (left === 0) break;
+        left--;
+      } else if (left === 0) {
+        if (!agentAfter) break;
+        agentAfter = false;
+      }
+    }
+    return plan.slice(next);
+  }
+
   async function mustGet(tenantId: string, id: string): Promise<Run> {
     const run = await store.runs.get(tenantId, id);
     if (!run) throw new NotFoundError(`no run ${id}`);
@@ -181,7 +207,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
   /** The steps of a run's current attempt: those recorded, and the plan's steps not reached yet as pending. */
   async function stepsOf(run: Run): Promise<StepRecord[]> {
     const recorded = await store.runs.steps(run.tenant_id, run.id, run.attempt);
-    const pending = (run.plan ?? []).slice(recorded.filter((s) => s.source === 'plan').length).map((s, i): StepRecord => ({
+    const pending = notReached(run, recorded).map((s, i): StepRecord => ({
       index: recorded.length + i,
       name: s.name ?? null,
       tool: s.tool,

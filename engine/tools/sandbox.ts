@@ -27,8 +27,10 @@ export type SandboxSpawnOptions = {
   binds?: string[];
   /** mount the workspace read-only (an audit reads it and writes nothing) */
   readOnly?: boolean;
-  /** files and folders to mount at the same path, read-only (the service's own code an audit phase runs) */
+  /** folders of a tenant's to mount at the same path, read-only (the objects a vibe run's scratch clone shares) */
   readOnlyBinds?: string[];
+  /** the service's own files and folders to mount at the same path, read-only (the code an audit phase runs); no tenant can change them, so they are bound by path, links followed */
+  serviceBinds?: string[];
 };
 
 /**
@@ -248,6 +250,7 @@ export function bwrapSandbox(opts: { bwrap: string; prlimit: string; limits: San
           ...(o.network ? [] : ['--unshare-net']),
           ...(o.binds ?? []).flatMap((b) => ['--bind-fd', bound(b), b]),
           ...(o.readOnlyBinds ?? []).flatMap((b) => ['--ro-bind-fd', bound(b), b]),
+          ...(o.serviceBinds ?? []).flatMap((b) => ['--ro-bind', b, b]),
           o.readOnly ? '--ro-bind-fd' : '--bind-fd',
           bound(o.workspace),
           INSIDE_WORKSPACE,

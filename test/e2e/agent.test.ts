@@ -26,6 +26,32 @@ const finished = (h: Harness, id: string) => finishedRun(h, id);
 describe('agent runs', function () {
   this.timeout(30_000);
 
+  it('lists a plan with an agent step as it ran: the agent’s tool calls, then the plan’s own steps once each', async () => {
+    const script: ScriptedTurn[] = [{ tool_calls: [{ name: 'write_file', args: { path: 'agent.txt', content: 'x' } }] }, { content: 'Done.' }];
+    await withAgent(script, async (h) => {
+      const res = await h.call('POST', '/api/v1/autonomy/run', {
+        body: {
+          steps: [
+            { tool: 'agent', args: { goal: 'write a file' } },
+            { tool: 'message', args: { text: 'after' } },
+            { tool: 'shell', args: { command: 'exit 1' } },
+            { tool: 'message', args: { text: 'never' } },
+          ],
+          tools: ['agent', 'write_file', 'message', 'shell'],
+        },
+      });
+      expect(res.status, res.text).to.equal(202);
+      const run = await finished(h, res.body.run_id);
+      expect(run.status).to.equal('failed');
+      expect(run.steps.map((s: RunBody) => [s.tool, s.source, s.status])).to.deep.equal([
+        ['write_file', 'agent', 'succeeded'],
+        ['message', 'plan', 'succeeded'],
+        ['shell', 'plan', 'failed'],
+        ['message', 'plan', 'skipped'],
+      ]);
+    });
+  });
+
   it('plans steps through the model until it answers without a tool call', async () => {
     const script: ScriptedTurn[] = [
       { content: 'I will write the file first.', tool_calls: [{ name: 'write_file', args: { path: 'out/answer.txt', content: '42' } }] },

@@ -67,6 +67,41 @@ describe('autonomy runs', function () {
     expect(run.steps.map((s: RunBody) => s.status)).to.deep.equal(['failed', 'skipped']);
   });
 
+  it('lists a step skipped by its if in its place, once, and counts only the steps that ran', async () => {
+    const ok = await finished(
+      (
+        await start({
+          steps: [
+            { tool: 'message', if: '0', args: { text: 'skipped' } },
+            { tool: 'message', args: { text: 'ran' } },
+          ],
+        })
+      ).body.run_id,
+    );
+    expect(ok.status).to.equal('succeeded');
+    expect(ok.steps.map((s: RunBody) => [s.status, s.args.text])).to.deep.equal([
+      ['skipped', 'skipped'],
+      ['succeeded', 'ran'],
+    ]);
+    expect(ok.summary).to.equal('1 step succeeded');
+    const failed = await finished(
+      (
+        await start({
+          steps: [
+            { tool: 'message', if: '0', args: { text: 'skipped' } },
+            { tool: 'shell', args: { command: 'exit 1' } },
+            { tool: 'message', args: { text: 'never' } },
+          ],
+        })
+      ).body.run_id,
+    );
+    expect(failed.steps.map((s: RunBody) => [s.tool, s.status])).to.deep.equal([
+      ['message', 'skipped'],
+      ['shell', 'failed'],
+      ['message', 'skipped'],
+    ]);
+  });
+
   it('ends timed_out within 2 s of the budget and kills the step’s processes', async () => {
     const marker = `sleep ${3000 + Math.floor(Math.random() * 5000)}`;
     const res = await start({ steps: [{ tool: 'shell', args: { command: `${marker} & wait` } }], budget_seconds: 1 });
