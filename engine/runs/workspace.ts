@@ -136,11 +136,19 @@ export async function makeScratch(sandbox: Sandbox, opts: { root: string; worksp
       kind = 'worktree';
     } else {
       top = dir = path.join(base, 'copy');
-      await fs.cp(workspace, dir, { recursive: true, filter: (src) => !/(^|\/)(node_modules|\.git)(\/|$)/.test(path.relative(workspace, src)) });
+      await fs.mkdir(dir);
+      // copied in the sandbox too (the workspace bound read-only by its handle, links copied as links): a
+      // copy made by the service, as its own user, followed a folder a step swapped for a link meanwhile
       await sandboxedGit(
         sandbox,
         dir,
-        `git ${GIT_SAFE} init -q && git ${GIT_SAFE} add -A && git ${GIT_SAFE} ${GIT_ID} commit -q --allow-empty -m 'scratch copy'`,
+        [
+          `tar -C ${q(workspace)} --exclude=node_modules --exclude=.git -cf /tmp/scratch.tar .`,
+          'tar -xf /tmp/scratch.tar',
+          'rm /tmp/scratch.tar',
+          `git ${GIT_SAFE} init -q && git ${GIT_SAFE} add -A && git ${GIT_SAFE} ${GIT_ID} commit -q --allow-empty -m 'scratch copy'`,
+        ].join(' && '),
+        [workspace],
       );
       kind = 'copy';
     }
