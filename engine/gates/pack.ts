@@ -4,7 +4,7 @@
 // it carries the ledger slice and every payload it names, so it can be checked offline.
 import { STATEMENT_TYPE, type Ledger, type PackJson, type Statement } from '../evidence/index.js';
 import type { Platform } from '../deps.js';
-import { NotFoundError, type GateResult, type GateRunRecord, type LedgerEntry } from '../platform/index.js';
+import { NotFoundError, ValidationError, type GateResult, type GateRunRecord, type LedgerEntry } from '../platform/index.js';
 import type { GateRuns } from './gate-runs.js';
 
 export const PREDICATE_TYPE = 'https://automation-backend.dev/evidence-pack/v1';
@@ -58,7 +58,12 @@ export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledg
         });
       const from = Math.min(...runs.map((r) => r.ledger!.from_seq));
       const to = Math.max(...runs.map((r) => r.ledger!.to_seq));
-      const entries = await ledger.list(tenantId, { afterSeq: from - 1, limit: Math.min(to - from + 1, SLICE_MAX) });
+      // a pack holds the whole slice its results are sealed in, or it would not verify: a longer one is refused
+      if (to - from + 1 > SLICE_MAX)
+        throw new ValidationError(`the gate runs of this pack are sealed across ${to - from + 1} ledger entries, more than the ${SLICE_MAX} a pack holds`, [
+          { path: '/query/since', message: 'name a later since, so that fewer gate runs are packed' },
+        ]);
+      const entries = await ledger.list(tenantId, { afterSeq: from - 1, limit: to - from + 1 });
       const head = entries.at(-1)!;
       const bySeq = new Map(entries.map((e) => [e.seq, e]));
       const payloads = await ledger.payloads(

@@ -302,6 +302,17 @@ describe('gates in the service', function () {
     expect(commitOnly.gates.map((g: Body) => g.gate_id)).to.deep.equal(['typecheck']);
     expect(commitOnly.subject.dirty).to.equal(false);
     expect(commitOnly.ready).to.equal(false);
+
+    // the commit's runs sealed across more of the ledger than a pack holds: refused, not cut (a cut pack did not verify)
+    await h.rt.engine.evidence.append(
+      'tenant-a',
+      Array.from({ length: 10_000 }, (_, i) => ({ kind: 'note', subject: { workspace: 'elsewhere' }, payload: { i } })),
+    );
+    const again = await h.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'gates', args: { only: ['typecheck'] } }] } });
+    await finishedRun(h, again.body.run_id);
+    const tooLong = await h.call<Body>('GET', '/api/v1/autonomy/evidence-pack');
+    expect(tooLong.status, tooLong.text).to.equal(400);
+    expect(tooLong.body.errors[0].path).to.equal('/query/since');
   });
 
   it('runs the gates on a vibe run’s edited copy: a good edit passes with its diff, a broken one fails the run', async () => {
