@@ -135,6 +135,8 @@ export async function startWorkers(rt: Runtime, processors: Processors = process
       connection: rt.redis,
       prefix: rt.config.queuePrefix,
       concurrency: p!.concurrency,
+      // the queue's own settings (the triggers queue's cron strategy), so a tick is placed as its scheduler was
+      settings: rt.queues.get(name as QueueName).opts.settings,
       // a dead worker's job is noticed within about two intervals, then re-delivered once: the
       // executor fences it (a run found `running` ends failed with worker-lost)
       lockDuration: stalledMs,

@@ -1,6 +1,7 @@
 // Trigger rules the schema cannot express: a cron expression that parses, a real IANA time zone,
 // file globs that stay inside the workspace. Triggers are validated here and fire in the run engine.
 import path from 'node:path';
+import type { RepeatStrategy } from 'bullmq';
 import { CronExpressionParser } from 'cron-parser';
 import type { FieldError, Trigger } from '../platform/index.js';
 
@@ -25,14 +26,45 @@ export const isTimeZone = memo((zone: string): boolean => {
   }
 });
 
-/** The next time a cron trigger fires after `from`, or null when the expression never fires. */
-export function nextCronFire(schedule: string, timezone: string, from: Date): Date | null {
-  try {
-    return CronExpressionParser.parse(schedule, { tz: timezone, currentDate: from }).next().toDate();
-  } catch {
-    return null;
+const parsedCron = memo((key: string) => {
+  const [schedule, tz] = key.split('\n') as [string, string];
+  return CronExpressionParser.parse(schedule, { tz: tz || undefined });
+}, 500);
+const nextFires = new Map<string, number | null>();
+
+/**
+ * The next time a cron trigger fires after `from`, or null when the expression never fires. A cron
+ * fires on whole seconds at the finest, so every `from` within one second has the same answer: it is
+ * remembered for that second, and each expression is parsed once and stepped from `from` (parsing and
+ * stepping in a zone cost 20-70 µs, a third of creating an automation).
+ */
+export function nextCronFire(schedule: string, timezone: string | undefined, from: Date): Date | null {
+  const key = `${schedule}\n${timezone ?? ''}\n${Math.floor(from.getTime() / 1000)}`;
+  let next = nextFires.get(key);
+  if (next === undefined) {
+    try {
+      const expression = parsedCron(`${schedule}\n${timezone ?? ''}`);
+      expression.reset(from);
+      next = expression.next().getTime();
+    } catch {
+      next = null;
+    }
+    if (nextFires.size >= 2000) nextFires.delete(nextFires.keys().next().value!);
+    nextFires.set(key, next);
   }
+  return next === null ? null : new Date(next);
 }
+
+/**
+ * BullMQ's repeat strategy for the triggers queue and its worker: its default, with the answer of
+ * `nextCronFire` (the default parses the pattern again at every placement and tick).
+ */
+export const cronRepeatStrategy: RepeatStrategy = (millis, opts) => {
+  if (opts.immediately) return Date.now();
+  if (!opts.pattern) return undefined;
+  const start = opts.startDate ? new Date(opts.startDate).getTime() : 0;
+  return nextCronFire(opts.pattern, opts.tz, new Date(Math.max(millis, start)))?.getTime();
+};
 
 const cronError = memo((schedule: string): string | null => {
   const fields = schedule.trim().split(/\s+/);
