@@ -3,7 +3,7 @@
 // reads. close() stops taking jobs and lets running ones finish.
 import { DelayedError, UnrecoverableError, Worker, type Processor } from 'bullmq';
 import { AppError, type QueueName } from '../engine/platform/index.js';
-import type { CronJob } from '../engine/automations/index.js';
+import { CRON_TICK, type CronJob } from '../engine/automations/index.js';
 import type { GateJob } from '../engine/gates/index.js';
 import type { AuditJob } from '../engine/audit/index.js';
 import type { NotificationJob } from '../engine/connections/index.js';
@@ -94,10 +94,12 @@ export function processorsOf(rt: Runtime): Processors {
     triggers: {
       concurrency: 5,
       processor: async (job) => {
-        // a scheduler's job is made at the previous tick; BullMQ keeps the tick it is for in opts.prevMillis
+        if (job.name === CRON_TICK) return { handed_over: await rt.engine.schedules.tick() };
         if (job.name !== 'cron') return;
-        const tick = (job.opts as { prevMillis?: number }).prevMillis ?? job.timestamp + (job.delay ?? 0);
-        await rt.engine.fireCron(job.data as CronJob, String(job.id), new Date(tick)).catch((err) => {
+        // a fire's job names its time; one of the earlier per-trigger schedulers has it in opts.prevMillis
+        const data = job.data as CronJob;
+        const at = data.fire_at ? Date.parse(data.fire_at) : ((job.opts as { prevMillis?: number }).prevMillis ?? job.timestamp + (job.delay ?? 0));
+        await rt.engine.fireCron(data, String(job.id), new Date(at)).catch((err) => {
           throw jobErrorOf(err);
         });
       },
@@ -135,8 +137,6 @@ export async function startWorkers(rt: Runtime, processors: Processors = process
       connection: rt.redis,
       prefix: rt.config.queuePrefix,
       concurrency: p!.concurrency,
-      // the queue's own settings (the triggers queue's cron strategy), so a tick is placed as its scheduler was
-      settings: rt.queues.get(name as QueueName).opts.settings,
       // a dead worker's job is noticed within about two intervals, then re-delivered once: the
       // executor fences it (a run found `running` ends failed with worker-lost)
       lockDuration: stalledMs,

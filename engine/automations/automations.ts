@@ -45,7 +45,7 @@ export function runSummaryOf(r: Run) {
 }
 
 export type AutomationHooks = {
-  /** after any change of an automation's triggers or status (keeps cron schedulers in step) */
+  /** after any change of an automation's triggers or status (keeps the cron triggers' set in step) */
   changed(a: Automation, before?: Automation): Promise<void>;
 };
 

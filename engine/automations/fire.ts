@@ -1,5 +1,5 @@
 // How a trigger starts an automation's run: the automation's run request, created once per
-// idempotency key. A disabled or archived automation never fires; its schedulers are brought in line.
+// idempotency key. A disabled or archived automation never fires; its cron triggers are brought in line.
 import type { Platform } from '../deps.js';
 import { ConflictError, NotFoundError, type RunTrigger } from '../platform/index.js';
 import type { Runs } from '../runs/index.js';
@@ -22,10 +22,15 @@ export function firesOf(deps: Pick<Platform, 'store' | 'log'> & { automations: A
     }
   }
 
-  /** One tick of a cron scheduler: its job id makes the run once, even if the job runs twice. */
+  /** One fire of a cron trigger: its job id makes the run once, even if the job runs twice. */
   async function fireCron(job: CronJob, jobId: string, firedAt: Date) {
     const a = await deps.store.automations.get(job.tenant_id, job.automation_id);
     const t = a?.triggers[job.trigger_index];
+    // a fire handed over just before its trigger's schedule changed is not the new schedule's
+    if (job.schedule !== undefined && (t?.type !== 'cron' || t.schedule !== job.schedule || t.timezone !== job.timezone)) {
+      deps.log.info({ automation_id: job.automation_id, trigger_index: job.trigger_index }, 'cron fire ignored: its trigger changed since it was handed over');
+      return null;
+    }
     const trigger: RunTrigger = {
       type: 'cron',
       schedule: t?.type === 'cron' ? t.schedule : '',

@@ -1,4 +1,4 @@
-// Automations: reusable definitions of work, their templates and triggers (cron schedulers, file
+// Automations: reusable definitions of work, their templates and triggers (cron triggers and their ticker, file
 // triggers), and how a trigger starts a run.
 export * from './automations.js';
 export * from './file-triggers.js';

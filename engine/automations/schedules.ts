@@ -1,70 +1,157 @@
-// Cron triggers as BullMQ job schedulers on the `triggers` queue: one scheduler per cron trigger of an
-// enabled automation, kept in step with every change and reconciled at start-up. BullMQ makes one
-// job per tick, however many processes run, and a tick's run is created once (its job id is the
-// Idempotency-Key), even if its job is delivered twice.
+// Cron triggers. Each cron trigger of an enabled automation is a member of one sorted set in Redis,
+// scored by the time it fires next; placing, moving or removing it is one operation in the engine's
+// Redis batch, in the request that changed the automation. A ticker (one BullMQ job scheduler, every
+// second, so one tick at a time however many processes run) hands each fire due within the next
+// moment to BullMQ as a delayed job whose id names the trigger and its time, then moves the member on
+// to its next time, only if no one else moved it meanwhile. A tick's run is created once (the job id
+// is its Idempotency-Key), even if its job is added or delivered twice. The set is rebuilt from the
+// store at start-up and by the periodic reconcile.
 import type { Platform } from '../deps.js';
-import type { Automation } from '../platform/index.js';
+import { redisBatch, type Automation } from '../platform/index.js';
+import { nextCronFire } from './triggers.js';
 
-const PREFIX = 'cron-';
-export const schedulerIdOf = (automationId: string, triggerIndex: number) => `${PREFIX}${automationId}-${triggerIndex}`;
+/** The job of one fire: which trigger, as it was when the fire was handed over, and its time. */
+export type CronJob = { tenant_id: string; automation_id: string; trigger_index: number; schedule?: string; timezone?: string; fire_at?: string };
 
-export type CronJob = { tenant_id: string; automation_id: string; trigger_index: number };
+/** The ticker's job scheduler and job name on the triggers queue. */
+export const CRON_TICK = 'cron-tick';
+const TICK_EVERY_MS = 1000;
+/** A tick hands over the fires due before its next tick and a margin, so a late tick never makes a fire late. */
+const LOOKAHEAD_MS = 2 * TICK_EVERY_MS;
+/** At most this many fires a pass; a tick makes passes until nothing more is due. */
+const PASS_MAX = 500;
+/** The job schedulers of the earlier design (one per trigger): the reconcile removes them. */
+const LEGACY_SCHEDULER_PREFIX = 'cron-aut_';
 
-export function schedulesOf(deps: Pick<Platform, 'queues' | 'store' | 'log'>) {
-  const queue = deps.queues.get('triggers');
+const KEPT = { removeOnComplete: { count: 100 }, removeOnFail: { count: 500 } };
 
-  async function existingIds(): Promise<string[]> {
-    const ids: string[] = [];
-    for (let start = 0; ; start += 500) {
-      const page = await queue.getJobSchedulers(start, start + 499, true);
-      ids.push(...page.map((s) => s.key).filter((k) => k.startsWith(PREFIX)));
-      if (page.length < 500) return ids;
-    }
-  }
+// ARGV: member, score ('' removes it)
+const SET = `if ARGV[2] == '' then return redis.call('ZREM', KEYS[1], ARGV[1]) end
+return redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])`;
+// ARGV: member, the score it was read with, the next score ('' removes it): first writer wins
+const MOVE = `local s = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not s or tonumber(s) ~= tonumber(ARGV[2]) then return 0 end
+if ARGV[3] == '' then redis.call('ZREM', KEYS[1], ARGV[1]) else redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1]) end
+return 1`;
 
-  function wanted(a: Automation): Map<string, { pattern: string; tz: string; data: CronJob }> {
-    const out = new Map<string, { pattern: string; tz: string; data: CronJob }>();
+type Member = { tenant_id: string; automation_id: string; trigger_index: number };
+const memberOf = (m: Member) => `${m.tenant_id}\t${m.automation_id}\t${m.trigger_index}`;
+function parseMember(member: string): Member | null {
+  const [tenant_id, automation_id, index] = member.split('\t');
+  return tenant_id && automation_id && /^\d+$/.test(index ?? '') ? { tenant_id, automation_id, trigger_index: Number(index) } : null;
+}
+
+/** The sorted set of cron triggers, scored by their next time; members `tenant\tautomation\tindex`. */
+export const cronDueKey = (prefix: string) => `${prefix}:cron:due`;
+
+/** The job id of one fire: a trigger fires once at a time, however often the fire is handed over. */
+export const cronJobIdOf = (m: Member, at: number) => `cron-${m.automation_id}-${m.trigger_index}-${at}`;
+
+export function schedulesOf(deps: Pick<Platform, 'queues' | 'store' | 'log' | 'redis' | 'clock'>) {
+  const { queues, store, log, redis, clock } = deps;
+  const queue = queues.get('triggers');
+  const key = cronDueKey(queues.prefix);
+  const batch = redisBatch(redis);
+  batch.define('cron.set', { keys: 1, args: 2, lua: SET });
+  batch.define('cron.move', { keys: 1, args: 3, lua: MOVE });
+
+  /** The triggers of an automation that fire, with their next time (null: it never fires from now). */
+  function wanted(a: Automation, from: Date): Map<string, number | null> {
+    const out = new Map<string, number | null>();
     if (a.status !== 'enabled') return out;
     a.triggers.forEach((t, i) => {
-      if (t.type === 'cron')
-        out.set(schedulerIdOf(a.id, i), { pattern: t.schedule, tz: t.timezone, data: { tenant_id: a.tenant_id, automation_id: a.id, trigger_index: i } });
+      if (t.type !== 'cron') return;
+      const next = nextCronFire(t.schedule, t.timezone, from);
+      if (!next) log.warn({ automation_id: a.id, tenant_id: a.tenant_id, trigger_index: i, schedule: t.schedule }, 'cron trigger has no next time: not placed');
+      out.set(memberOf({ tenant_id: a.tenant_id, automation_id: a.id, trigger_index: i }), next?.getTime() ?? null);
     });
     return out;
   }
 
-  async function apply(want: Map<string, { pattern: string; tz: string; data: CronJob }>, have: string[]): Promise<void> {
-    for (const [id, w] of want) {
-      // one scheduler BullMQ cannot place (a time zone's transition it cannot step over) holds back no other;
-      // the reconciler tries it again at its next pass
-      await queue
-        .upsertJobScheduler(
-          id,
-          { pattern: w.pattern, tz: w.tz },
-          { name: 'cron', data: w.data, opts: { removeOnComplete: { count: 100 }, removeOnFail: { count: 500 } } },
-        )
-        .catch((err: Error) =>
-          deps.log.warn({ scheduler_id: id, automation_id: w.data.automation_id, tenant_id: w.data.tenant_id, err: err.message }, 'cron scheduler not placed'),
-        );
-    }
-    for (const id of have) if (!want.has(id)) await queue.removeJobScheduler(id); // a no-op when absent
+  const set = (member: string, at: number | null) => batch.call<number>('cron.set', [key], [member, at ?? '']);
+  const move = (member: string, from: number, to: number | null) => batch.call<number>('cron.move', [key], [member, from, to ?? '']);
+
+  /** One fire handed over (its delayed job), then its member moved on: a fire is never lost between the two. */
+  async function handOver(member: string, at: number, now: number): Promise<boolean> {
+    const m = parseMember(member);
+    const a = m && (await store.automations.get(m.tenant_id, m.automation_id));
+    const t = a?.status === 'enabled' ? a.triggers[m!.trigger_index] : undefined;
+    if (!m || !t || t.type !== 'cron') return (await move(member, at, null)) === 1; // no longer a cron trigger that fires
+    const job: CronJob = { ...m, schedule: t.schedule, timezone: t.timezone, fire_at: new Date(at).toISOString() };
+    await queue.add('cron', job, { jobId: cronJobIdOf(m, at), delay: Math.max(0, at - now), ...KEPT });
+    // a fire missed while nothing ran is made once, then the trigger goes on from now
+    const next = nextCronFire(t.schedule, t.timezone, new Date(Math.max(at, now)));
+    return (await move(member, at, next?.getTime() ?? null)) === 1;
   }
 
   return {
     /**
-     * Brings one automation's schedulers in line with its triggers and status. `before` is the
-     * automation as it was, so only its own scheduler ids are touched: no listing of all schedulers.
+     * Brings one automation's triggers in the set in line with its triggers and status, in the engine's
+     * batch. `before` is the automation as it was, so a trigger it no longer has is removed.
      */
     async sync(a: Automation, before?: Automation): Promise<void> {
-      const had = (before ?? a).triggers.flatMap((t, i) => (t.type === 'cron' ? [schedulerIdOf(a.id, i)] : []));
-      await apply(wanted(a), had);
+      const want = wanted(a, clock.now());
+      const had = (before ?? a).triggers.flatMap((t, i) =>
+        t.type === 'cron' ? [memberOf({ tenant_id: a.tenant_id, automation_id: a.id, trigger_index: i })] : [],
+      );
+      const writes = [...want].map(([member, at]) => set(member, at));
+      for (const member of had) if (!want.has(member)) writes.push(set(member, null));
+      await Promise.all(writes);
+      // a fire due before the next tick is handed over now, so it is not late by a tick
+      const now = clock.now().getTime();
+      for (const [member, at] of want) if (at !== null && at <= now + LOOKAHEAD_MS) await handOver(member, at, now);
     },
-    /** Brings every scheduler in line with the store: what start-up runs. */
-    async reconcile(): Promise<{ schedulers: number }> {
-      const want = new Map<string, { pattern: string; tz: string; data: CronJob }>();
-      for (const a of await deps.store.automations.listEnabledWithTrigger('cron')) for (const [id, w] of wanted(a)) want.set(id, w);
-      await apply(want, await existingIds());
-      deps.log.debug({ schedulers: want.size }, 'cron schedulers reconciled');
-      return { schedulers: want.size };
+
+    /** One tick: every fire due before the tick after next is handed over. Returns how many were. */
+    async tick(): Promise<number> {
+      let handed = 0;
+      for (let pass = 0; pass < 100; pass++) {
+        const now = clock.now().getTime();
+        const due = await redis.zrangebyscore(key, '-inf', now + LOOKAHEAD_MS, 'WITHSCORES', 'LIMIT', 0, PASS_MAX);
+        if (!due.length) break;
+        let moved = 0;
+        for (let i = 0; i < due.length; i += 2) {
+          const fired = await handOver(due[i]!, Number(due[i + 1]), now).catch((err: Error) => {
+            log.warn({ member: due[i], err: err.message }, 'cron fire not handed over; the next tick tries again');
+            return false;
+          });
+          if (fired) moved++;
+        }
+        handed += moved;
+        if (!moved) break; // what is left is another's to move, or failing: the next tick tries again
+      }
+      return handed;
+    },
+
+    /**
+     * Brings the set in line with the store (what start-up and the periodic reconcile run): every
+     * enabled cron trigger placed (one already placed keeps its time), every other member removed, the
+     * ticker placed, the earlier design's per-trigger schedulers removed.
+     */
+    async reconcile(): Promise<{ triggers: number }> {
+      const now = clock.now();
+      const want = new Map<string, number | null>();
+      for (const a of await store.automations.listEnabledWithTrigger('cron')) for (const [member, at] of wanted(a, now)) want.set(member, at);
+      const placed = await redis.zrange(key, 0, -1, 'WITHSCORES');
+      const have = new Map<string, number>();
+      for (let i = 0; i < placed.length; i += 2) have.set(placed[i]!, Number(placed[i + 1]));
+      const writes: Promise<number>[] = [];
+      // a trigger placed for a time still to come keeps it if its schedule gives that time (a change
+      // whose write was lost does not); one overdue keeps it, for the next tick to fire once
+      for (const [member, at] of want) {
+        const was = have.get(member);
+        if (was === undefined || at === null || (was > now.getTime() && was !== at)) writes.push(set(member, at));
+      }
+      for (const member of have.keys()) if (!want.has(member)) writes.push(set(member, null));
+      await Promise.all(writes);
+      await queue.upsertJobScheduler(CRON_TICK, { every: TICK_EVERY_MS }, { name: CRON_TICK, opts: { removeOnComplete: true, removeOnFail: { count: 100 } } });
+      for (let start = 0; ; start += 500) {
+        const page = await queue.getJobSchedulers(start, start + 499, true);
+        for (const s of page) if (s.key.startsWith(LEGACY_SCHEDULER_PREFIX)) await queue.removeJobScheduler(s.key);
+        if (page.length < 500) break;
+      }
+      log.debug({ triggers: want.size }, 'cron triggers reconciled');
+      return { triggers: want.size };
     },
   };
 }

@@ -1,7 +1,6 @@
 // Trigger rules the schema cannot express: a cron expression that parses, a real IANA time zone,
 // file globs that stay inside the workspace. Triggers are validated here and fire in the run engine.
 import path from 'node:path';
-import type { RepeatStrategy } from 'bullmq';
 import { CronExpressionParser } from 'cron-parser';
 import type { FieldError, Trigger } from '../platform/index.js';
 
@@ -54,17 +53,6 @@ export function nextCronFire(schedule: string, timezone: string | undefined, fro
   }
   return next === null ? null : new Date(next);
 }
-
-/**
- * BullMQ's repeat strategy for the triggers queue and its worker: its default, with the answer of
- * `nextCronFire` (the default parses the pattern again at every placement and tick).
- */
-export const cronRepeatStrategy: RepeatStrategy = (millis, opts) => {
-  if (opts.immediately) return Date.now();
-  if (!opts.pattern) return undefined;
-  const start = opts.startDate ? new Date(opts.startDate).getTime() : 0;
-  return nextCronFire(opts.pattern, opts.tz, new Date(Math.max(millis, start)))?.getTime();
-};
 
 const cronError = memo((schedule: string): string | null => {
   const fields = schedule.trim().split(/\s+/);

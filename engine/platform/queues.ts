@@ -1,6 +1,6 @@
 // Queue names and the queue registry, in one place. Every queue shares one connection and the
 // SERVICE_QUEUE_PREFIX, so tests and deployments sharing a Redis never see each other's jobs.
-import { Queue, type FlowJob, type QueueOptions } from 'bullmq';
+import { Queue, type FlowJob } from 'bullmq';
 import type { Run } from './records.js';
 import type { Redis } from './redis.js';
 
@@ -68,9 +68,8 @@ export type Queues = {
   close(): Promise<void>;
 };
 
-/** `options` adds to one queue's options what a capability gives it (the triggers queue's cron strategy). */
-export function createQueues(connection: Redis, prefix: string, options: Partial<Record<QueueName, Pick<QueueOptions, 'settings'>>> = {}): Queues {
-  const queues = new Map<QueueName, Queue>(QUEUE_NAMES.map((name) => [name, new Queue(name, { ...options[name], connection, prefix })]));
+export function createQueues(connection: Redis, prefix: string): Queues {
+  const queues = new Map<QueueName, Queue>(QUEUE_NAMES.map((name) => [name, new Queue(name, { connection, prefix })]));
   return {
     prefix,
     get: (name) => queues.get(name)!,

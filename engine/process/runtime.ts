@@ -28,7 +28,7 @@ import {
 import { createTenantSlots } from '../runs/index.js';
 import { createEngine, type Engine } from '../index.js';
 import { openStore, type Store } from '../store/index.js';
-import { createTemplateCatalog, cronRepeatStrategy } from '../automations/index.js';
+import { createTemplateCatalog } from '../automations/index.js';
 import { openSandbox, type Sandbox } from '../tools/index.js';
 import { EVIDENCE_KEY_FILE, signerOf } from '../evidence/index.js';
 import { findLocalPrograms, localTranscriber, openAiTranscriber, type VoiceSettings } from '../voice/index.js';
@@ -148,7 +148,7 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
       onCheckpointerFailure: (err) => log.warn({ err: err.message }, 'the SQLite checkpointer thread stopped; the store checkpoints in its commits again'),
     });
     closers.push(() => store.close());
-    const queues = createQueues(redis, config.queuePrefix, { triggers: { settings: { repeatStrategy: cronRepeatStrategy } } });
+    const queues = createQueues(redis, config.queuePrefix);
     closers.push(() => queues.close());
     const templates = createTemplateCatalog({ dir: opts.templatesDir ?? TEMPLATES_DIR, log: log.child({ component: 'templates' }) });
     await templates.load();

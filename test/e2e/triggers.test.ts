@@ -1,9 +1,10 @@
-// Triggers that fire by themselves: cron through BullMQ job schedulers, file_change through chokidar.
+// Triggers that fire by themselves: cron through the set of due triggers and its ticker, file_change through chokidar.
 import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { expect } from 'chai';
 import { startWorkers } from '../../workers/index.js';
+import { CRON_TICK, cronDueKey, cronJobIdOf, nextCronFire } from '../../engine/automations/index.js';
 import { automationFixture } from '../integration/store-contract.js';
 import { eventually, KEYS, startHarness, type Harness } from '../support/harness.js';
 
@@ -23,9 +24,21 @@ function runsOnce(h: Harness, id: string, n: number, what: string): Promise<Body
     10_000,
   );
 }
-async function schedulers(h: Harness): Promise<string[]> {
-  return (await h.rt.queues.get('triggers').getJobSchedulers(0, -1)).map((s) => s.key);
+/** The cron triggers placed in the set, `{automation}-{index}` to the time each fires next. */
+async function placed(h: Harness): Promise<Map<string, number>> {
+  const all = await h.rt.redis.zrange(cronDueKey(h.config.queuePrefix), 0, -1, 'WITHSCORES');
+  const out = new Map<string, number>();
+  for (let i = 0; i < all.length; i += 2) {
+    const [, automation, index] = all[i]!.split('\t');
+    out.set(`${automation}-${index}`, Number(all[i + 1]));
+  }
+  return out;
 }
+const cronAutomation = (name: string, schedule: string, timezone = 'UTC') => ({
+  name,
+  triggers: [{ type: 'cron', schedule, timezone }],
+  steps: [{ tool: 'message', args: { text: 'x' } }],
+});
 
 describe('cron triggers', function () {
   this.timeout(30_000);
@@ -45,106 +58,123 @@ describe('cron triggers', function () {
           body: { name: 'tick', triggers: [{ type: 'cron', schedule: '* * * * * *', timezone: 'UTC' }], steps: [{ tool: 'shell', args: { command: 'true' } }] },
         })
       ).body;
-      expect(await schedulers(h)).to.include(`cron-${a.id}-0`);
+      expect((await placed(h)).has(`${a.id}-0`)).to.equal(true);
       const runs = await runsOnce(h, a.id, 3, 'three cron runs');
       expect(runs.every((r) => r.trigger.type === 'cron' && r.trigger.schedule === '* * * * * *')).to.equal(true);
       const ticks = runs.map((r) => r.trigger.fire_at);
       expect(new Set(ticks).size, 'one run per tick').to.equal(ticks.length);
-      // fire_at is the tick itself (a whole second here), not the time its job was made at the tick before
+      // fire_at is the tick itself (a whole second here), and its run is made then, not at the ticker's next tick
       expect(
         ticks.every((t) => t.endsWith('.000Z')),
         ticks.join(' '),
       ).to.equal(true);
-      expect(runs.every((r) => r.created_at >= r.trigger.fire_at && Date.parse(r.created_at) - Date.parse(r.trigger.fire_at) < 1000)).to.equal(true);
+      expect(runs.every((r) => r.created_at >= r.trigger.fire_at && Date.parse(r.created_at) - Date.parse(r.trigger.fire_at) < 500)).to.equal(true);
 
       await h.call('POST', `/api/v1/automations/${a.id}/disable`);
-      expect(await schedulers(h)).not.to.include(`cron-${a.id}-0`);
-      await new Promise((r) => setTimeout(r, 1500));
+      expect((await placed(h)).has(`${a.id}-0`)).to.equal(false);
+      await new Promise((r) => setTimeout(r, 2500)); // the fires handed over before it was disabled find it disabled
       const settled = (await history(h, a.id)).length;
       await new Promise((r) => setTimeout(r, 2000));
       expect((await history(h, a.id)).length).to.equal(settled);
 
       await h.call('POST', `/api/v1/automations/${a.id}/enable`);
-      expect(await schedulers(h)).to.include(`cron-${a.id}-0`);
+      expect((await placed(h)).has(`${a.id}-0`)).to.equal(true);
       await h.call('PATCH', `/api/v1/automations/${a.id}`, { body: { triggers: [{ type: 'manual' }] } });
-      expect(await schedulers(h)).not.to.include(`cron-${a.id}-0`);
+      expect((await placed(h)).has(`${a.id}-0`)).to.equal(false);
       await h.call('PATCH', `/api/v1/automations/${a.id}`, { body: { triggers: [{ type: 'cron', schedule: '0 0 1 1 *', timezone: 'Asia/Tokyo' }] } });
-      expect(await schedulers(h)).to.include(`cron-${a.id}-0`);
+      const newYear = new Date(`${new Date().getUTCFullYear()}-12-31T15:00:00Z`).getTime(); // midnight in Tokyo
+      expect((await placed(h)).get(`${a.id}-0`)).to.equal(newYear);
       await h.call('DELETE', `/api/v1/automations/${a.id}`);
-      expect(await schedulers(h)).not.to.include(`cron-${a.id}-0`);
+      expect((await placed(h)).has(`${a.id}-0`)).to.equal(false);
     } finally {
       await extra.close();
     }
   });
 
-  it('reconciles schedulers with the store at start-up', async () => {
+  it('reconciles the set with the store at start-up: missing and moved triggers placed, strays and the earlier per-trigger schedulers removed', async () => {
     const missing = automationFixture('tenant-a', { triggers: [{ type: 'cron', schedule: '0 4 * * *', timezone: 'Europe/Berlin' }] });
-    await h.rt.store.automations.insert(missing); // written without its scheduler
-    await h.rt.queues.get('triggers').upsertJobScheduler('cron-aut_gone-0', { pattern: '0 5 * * *' }, { name: 'cron', data: {} });
+    await h.rt.store.automations.insert(missing); // written without its trigger placed
+    const moved = automationFixture('tenant-a', { triggers: [{ type: 'manual' }, { type: 'cron', schedule: '0 6 * * *', timezone: 'UTC' }] });
+    await h.rt.store.automations.insert(moved);
+    const key = cronDueKey(h.config.queuePrefix);
+    const future = Date.now() + 3_600_000;
+    await h.rt.redis.zadd(key, future, `tenant-a\t${moved.id}\t1`); // placed for a schedule it no longer has
+    await h.rt.redis.zadd(key, future, 'tenant-a\taut_gone\t0');
+    const queue = h.rt.queues.get('triggers');
+    await queue.upsertJobScheduler('cron-aut_gone-0', { pattern: '0 5 * * *' }, { name: 'cron', data: {} });
     await h.rt.engine.schedules.reconcile();
-    const ids = await schedulers(h);
-    expect(ids).to.include(`cron-${missing.id}-0`);
-    expect(ids).not.to.include('cron-aut_gone-0');
-    const scheduler = (await h.rt.queues.get('triggers').getJobSchedulers(0, -1)).find((s) => s.key === `cron-${missing.id}-0`);
-    expect(scheduler).to.deep.include({ pattern: '0 4 * * *', tz: 'Europe/Berlin' });
+    const now = new Date();
+    const p = await placed(h);
+    expect(p.get(`${missing.id}-0`)).to.equal(nextCronFire('0 4 * * *', 'Europe/Berlin', now)!.getTime());
+    expect(p.get(`${moved.id}-1`)).to.equal(nextCronFire('0 6 * * *', 'UTC', now)!.getTime());
+    expect(p.has('aut_gone-0')).to.equal(false);
+    const schedulerIds = (await queue.getJobSchedulers(0, -1)).map((s) => s.key);
+    expect(schedulerIds).not.to.include('cron-aut_gone-0');
+    expect(schedulerIds).to.include(CRON_TICK);
   });
 });
 
-describe('cron schedulers that BullMQ cannot place', function () {
+describe('the cron ticker', function () {
   this.timeout(30_000);
-  it("holds back no other automation's scheduler: the reconciler places the rest and says which one failed", async () => {
-    const h = await startHarness({ workers: false });
-    try {
-      const make = async (name: string) =>
-        (
-          await h.call<Body>('POST', '/api/v1/automations', {
-            body: {
-              name,
-              triggers: [{ type: 'cron', schedule: '0 3 * * *', timezone: 'Australia/Lord_Howe' }],
-              steps: [{ tool: 'message', args: { text: 'x' } }],
-            },
-          })
-        ).body;
-      const [a, b] = [await make('first'), await make('second')];
-      const queue = h.rt.queues.get('triggers');
-      for (const id of await schedulers(h)) await queue.removeJobScheduler(id);
-      // the failure cron-parser meets at some time zones' transitions ("loop limit exceeded"), for the first one
-      const upsert = queue.upsertJobScheduler.bind(queue);
-      queue.upsertJobScheduler = (async (id: string, ...rest: unknown[]) => {
-        if (id === `cron-${a.id}-0`) throw new Error('Invalid expression, loop limit exceeded');
-        return (upsert as (...args: unknown[]) => unknown)(id, ...rest);
-      }) as typeof queue.upsertJobScheduler;
-      try {
-        await h.rt.engine.schedules.reconcile();
-      } finally {
-        queue.upsertJobScheduler = upsert;
-      }
-      expect(await schedulers(h)).to.deep.equal([`cron-${b.id}-0`]);
-      expect(h.logs.join('\n')).to.contain('cron scheduler not placed').and.contain(a.id);
-      await h.rt.engine.schedules.reconcile();
-      expect((await schedulers(h)).sort()).to.deep.equal([`cron-${a.id}-0`, `cron-${b.id}-0`].sort());
-    } finally {
-      await h.close();
-    }
+  let h: Harness;
+  before(async () => {
+    h = await startHarness({ workers: false });
+  });
+  after(async () => {
+    await h.close();
+  });
+
+  it('makes a fire missed while nothing ran once, then goes on from now; two ticks at once hand a fire over once', async () => {
+    const a = (await h.call<Body>('POST', '/api/v1/automations', { body: cronAutomation('missed', '0 * * * *') })).body;
+    const key = cronDueKey(h.config.queuePrefix);
+    const missedAt = Date.parse('2026-01-01T10:00:00Z');
+    await h.rt.redis.zadd(key, missedAt, `${a.tenant_id}\t${a.id}\t0`); // as if every worker had been down since
+    const [one, two] = await Promise.all([h.rt.engine.schedules.tick(), h.rt.engine.schedules.tick()]);
+    expect(one + two, 'moved on once').to.equal(1);
+    const queue = h.rt.queues.get('triggers');
+    const jobs = (await queue.getJobs(['waiting', 'delayed'])).filter((j) => j.name === 'cron' && j.data.automation_id === a.id);
+    expect(jobs.map((j) => j.id)).to.deep.equal([cronJobIdOf({ tenant_id: a.tenant_id, automation_id: a.id, trigger_index: 0 }, missedAt)]);
+    expect(jobs[0]!.data).to.deep.include({ schedule: '0 * * * *', timezone: 'UTC', fire_at: '2026-01-01T10:00:00.000Z' });
+    expect((await placed(h)).get(`${a.id}-0`)).to.equal(nextCronFire('0 * * * *', 'UTC', new Date())!.getTime());
+    expect(await h.rt.engine.schedules.tick(), 'nothing more due').to.equal(0);
+  });
+
+  it('hands a fire due within the next tick over as the automation is made, and ignores one whose trigger changed since', async () => {
+    const a = (await h.call<Body>('POST', '/api/v1/automations', { body: cronAutomation('soon', '* * * * * *') })).body;
+    const queue = h.rt.queues.get('triggers');
+    const jobs = (await queue.getJobs(['waiting', 'delayed'])).filter((j) => j.data.automation_id === a.id);
+    expect(jobs.length, 'the fires of the next two seconds').to.be.within(1, 3);
+    await h.call('PATCH', `/api/v1/automations/${a.id}`, { body: { triggers: [{ type: 'cron', schedule: '*/2 * * * * *', timezone: 'UTC' }] } });
+    const stale = jobs[0]!;
+    expect(await h.rt.engine.fireCron(stale.data, String(stale.id), new Date(stale.data.fire_at))).to.equal(null);
+    expect((await history(h, a.id)).length).to.equal(0);
+    expect(h.logs.join('\n')).to.contain('its trigger changed since it was handed over');
+  });
+
+  it('places every trigger that has a next time, and says which one has none', async () => {
+    const never = automationFixture('tenant-a', { triggers: [{ type: 'cron', schedule: '0 0 31 2 *', timezone: 'UTC' }] }); // 31 February
+    const daily = automationFixture('tenant-a', { triggers: [{ type: 'cron', schedule: '0 3 * * *', timezone: 'Australia/Lord_Howe' }] });
+    await h.rt.store.automations.insert(never);
+    await h.rt.store.automations.insert(daily);
+    await h.rt.engine.schedules.reconcile();
+    const p = await placed(h);
+    expect(p.has(`${never.id}-0`)).to.equal(false);
+    expect(p.get(`${daily.id}-0`)).to.equal(nextCronFire('0 3 * * *', 'Australia/Lord_Howe', new Date())!.getTime());
+    expect(h.logs.join('\n')).to.contain('cron trigger has no next time').and.contain(never.id);
   });
 
   it('refuses H (a hashed value): cron-parser draws it again at every parse, so the schedule would move at every tick', async () => {
-    const h = await startHarness({ workers: false });
-    try {
-      for (const schedule of ['H * * * * *', 'H H * * *', '0 H(0-5) * * *', '*/5 H/2 * * *', '*/H * * * *', '0-H * * * *', '1-5/H * * * *']) {
-        const res = await h.call<Body>('POST', '/api/v1/automations', {
-          body: { name: 'hashed', triggers: [{ type: 'cron', schedule, timezone: 'UTC' }], steps: [{ tool: 'message', args: { text: 'x' } }] },
-        });
-        expect(res.status, schedule).to.equal(400);
-        expect(res.body.errors[0].path).to.equal('/body/triggers/0/schedule');
-      }
-      const thursdays = await h.call<Body>('POST', '/api/v1/automations', {
-        body: { name: 'thu', triggers: [{ type: 'cron', schedule: '0 9 * * THU', timezone: 'UTC' }], steps: [{ tool: 'message', args: { text: 'x' } }] },
+    for (const schedule of ['H * * * * *', 'H H * * *', '0 H(0-5) * * *', '*/5 H/2 * * *', '*/H * * * *', '0-H * * * *', '1-5/H * * * *']) {
+      const res = await h.call<Body>('POST', '/api/v1/automations', {
+        body: { name: 'hashed', triggers: [{ type: 'cron', schedule, timezone: 'UTC' }], steps: [{ tool: 'message', args: { text: 'x' } }] },
       });
-      expect(thursdays.status, 'a day name with an H in it is no hash').to.equal(201);
-    } finally {
-      await h.close();
+      expect(res.status, schedule).to.equal(400);
+      expect(res.body.errors[0].path).to.equal('/body/triggers/0/schedule');
     }
+    const thursdays = await h.call<Body>('POST', '/api/v1/automations', {
+      body: { name: 'thu', triggers: [{ type: 'cron', schedule: '0 9 * * THU', timezone: 'UTC' }], steps: [{ tool: 'message', args: { text: 'x' } }] },
+    });
+    expect(thursdays.status, 'a day name with an H in it is no hash').to.equal(201);
   });
 });
 
