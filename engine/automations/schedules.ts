@@ -105,20 +105,24 @@ export function schedulesOf(deps: Pick<Platform, 'queues' | 'store' | 'log' | 'r
     /** One tick: every fire due before the tick after next is handed over. Returns how many were. */
     async tick(): Promise<number> {
       let handed = 0;
+      // a fire that cannot be handed over stays due, first in line: later passes page past it
+      const failed = new Set<string>();
       for (let pass = 0; pass < 100; pass++) {
         const now = clock.now().getTime();
-        const due = await redis.zrangebyscore(key, '-inf', now + LOOKAHEAD_MS, 'WITHSCORES', 'LIMIT', 0, PASS_MAX);
-        if (!due.length) break;
+        const due = await redis.zrangebyscore(key, '-inf', now + LOOKAHEAD_MS, 'WITHSCORES', 'LIMIT', failed.size, PASS_MAX);
         let moved = 0;
         for (let i = 0; i < due.length; i += 2) {
-          const fired = await handOver(due[i]!, Number(due[i + 1]), now).catch((err: Error) => {
-            log.warn({ member: due[i], err: err.message }, 'cron fire not handed over; the next tick tries again');
+          const member = due[i]!;
+          if (failed.has(member)) continue;
+          const fired = await handOver(member, Number(due[i + 1]), now).catch((err: Error) => {
+            log.warn({ member, err: err.message }, 'cron fire not handed over; the next tick tries again');
+            failed.add(member);
             return false;
           });
           if (fired) moved++;
         }
         handed += moved;
-        if (!moved) break; // what is left is another's to move, or failing: the next tick tries again
+        if (!moved) break; // nothing due, or what is left is another's to move or failing
       }
       return handed;
     },

@@ -4,7 +4,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { expect } from 'chai';
 import { startWorkers } from '../../workers/index.js';
-import { CRON_TICK, cronDueKey, cronJobIdOf, nextCronFire } from '../../engine/automations/index.js';
+import { CRON_TICK, cronDueKey, cronJobIdOf, nextCronFire, type CronJob } from '../../engine/automations/index.js';
 import { automationFixture } from '../integration/store-contract.js';
 import { eventually, KEYS, startHarness, type Harness } from '../support/harness.js';
 
@@ -149,6 +149,32 @@ describe('the cron ticker', function () {
     expect(await h.rt.engine.fireCron(stale.data, String(stale.id), new Date(stale.data.fire_at))).to.equal(null);
     expect((await history(h, a.id)).length).to.equal(0);
     expect(h.logs.join('\n')).to.contain('its trigger changed since it was handed over');
+  });
+
+  it('holds back no other fire when one cannot be handed over, and hands that one over at a later tick', async () => {
+    const [a, b] = [
+      (await h.call<Body>('POST', '/api/v1/automations', { body: cronAutomation('first', '0 * * * *') })).body,
+      (await h.call<Body>('POST', '/api/v1/automations', { body: cronAutomation('second', '0 * * * *') })).body,
+    ];
+    const key = cronDueKey(h.config.queuePrefix);
+    const missedAt = Date.parse('2026-01-01T09:00:00Z');
+    for (const x of [a, b]) await h.rt.redis.zadd(key, missedAt, `${x.tenant_id}\t${x.id}\t0`);
+    const queue = h.rt.queues.get('triggers');
+    const add = queue.add.bind(queue);
+    queue.add = (async (name: string, data: CronJob, ...rest: unknown[]) => {
+      if (data.automation_id === a.id) throw new Error('Connection is closed.');
+      return (add as (...args: unknown[]) => unknown)(name, data, ...rest);
+    }) as typeof queue.add;
+    try {
+      expect(await h.rt.engine.schedules.tick()).to.equal(1);
+    } finally {
+      queue.add = add;
+    }
+    expect((await placed(h)).get(`${a.id}-0`), 'still due').to.equal(missedAt);
+    expect((await placed(h)).get(`${b.id}-0`)).to.be.greaterThan(Date.now());
+    expect(h.logs.join('\n')).to.contain('cron fire not handed over');
+    expect(await h.rt.engine.schedules.tick()).to.equal(1);
+    expect((await placed(h)).get(`${a.id}-0`)).to.be.greaterThan(Date.now());
   });
 
   it('places every trigger that has a next time, and says which one has none', async () => {
