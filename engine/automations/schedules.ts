@@ -133,10 +133,11 @@ export function schedulesOf(deps: Pick<Platform, 'queues' | 'store' | 'log' | 'r
      * ticker placed, the earlier design's per-trigger schedulers removed.
      */
     async reconcile(): Promise<{ triggers: number }> {
+      // the set is read before the store: a trigger placed after this read is not taken for a stray
+      const placed = await redis.zrange(key, 0, -1, 'WITHSCORES');
       const now = clock.now();
       const want = new Map<string, number | null>();
       for (const a of await store.automations.listEnabledWithTrigger('cron')) for (const [member, at] of wanted(a, now)) want.set(member, at);
-      const placed = await redis.zrange(key, 0, -1, 'WITHSCORES');
       const have = new Map<string, number>();
       for (let i = 0; i < placed.length; i += 2) have.set(placed[i]!, Number(placed[i + 1]));
       const writes: Promise<number>[] = [];
