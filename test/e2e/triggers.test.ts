@@ -68,7 +68,7 @@ describe('cron triggers', function () {
         ticks.every((t) => t.endsWith('.000Z')),
         ticks.join(' '),
       ).to.equal(true);
-      expect(runs.every((r) => r.created_at >= r.trigger.fire_at && Date.parse(r.created_at) - Date.parse(r.trigger.fire_at) < 500)).to.equal(true);
+      expect(runs.every((r) => r.created_at >= r.trigger.fire_at && Date.parse(r.created_at) - Date.parse(r.trigger.fire_at) < 1000)).to.equal(true);
 
       await h.call('POST', `/api/v1/automations/${a.id}/disable`);
       expect((await placed(h)).has(`${a.id}-0`)).to.equal(false);
