@@ -104,56 +104,36 @@ function printHttpRows(rows: [string, Result, Result][]): void {
   }
 }
 
+/** The tables after the HTTP rows, in the order a full run prints them: each part's header and rows. */
+const TABLES: Record<string, { header: string; rows: () => Promise<string[]> }> = {
+  runs: { header: '| run engine | service | raw BullMQ | ratio |', rows: runBenchmarks },
+  e2e: { header: '| end to end | service (`main.ts`) | Express + queue.add + no-op worker | ratio |', rows: endToEnd },
+  dag: { header: '| task DAG | service | BullMQ flow | ratio (goal <= 2x) |', rows: dagBenchmarks },
+  ledger: { header: '| evidence ledger | service | baseline | ratio |', rows: ledgerBenchmarks },
+  workers: { header: `| ${os.cpus().length} cores, no-op runs | throughput | vs 1 process |`, rows: workerScaling },
+  audit: { header: '| workspace audit | service | baseline | ratio |', rows: auditBenchmarks },
+  voice: { header: '| voice transcription | service | baseline | service adds |', rows: voiceOverhead },
+  sandbox: { header: '| sandbox | bubblewrap | no sandbox | cost |', rows: sandboxCost },
+};
+
 async function main(): Promise<void> {
   // the order of the rows as before: GET, run creation, webhooks, then POST automations
   printHttpRows(await automationRoutes(async () => [await runCreation(), ...(await webhookIntake())]));
-  console.log('\n| run engine | service | raw BullMQ | ratio |');
-  console.log('|---|---|---|---|');
-  for (const line of await runBenchmarks()) console.log(line);
-  console.log('\n| end to end | service (`main.ts`) | Express + queue.add + no-op worker | ratio |');
-  console.log('|---|---|---|---|');
-  for (const line of await endToEnd()) console.log(line);
-  console.log('\n| task DAG | service | BullMQ flow | ratio (goal <= 2x) |');
-  console.log('|---|---|---|---|');
-  for (const line of await dagBenchmarks()) console.log(line);
-  console.log('\n| evidence ledger | service | baseline | ratio |');
-  console.log('|---|---|---|---|');
-  for (const line of await ledgerBenchmarks()) console.log(line);
-  console.log(`\n| ${os.cpus().length} cores, no-op runs | throughput | vs 1 process |`);
-  console.log('|---|---|---|');
-  for (const line of await workerScaling()) console.log(line);
-  console.log('\n| workspace audit | service | baseline | ratio |');
-  console.log('|---|---|---|---|');
-  for (const line of await auditBenchmarks()) console.log(line);
-  console.log('\n| voice transcription | service | baseline | service adds |');
-  console.log('|---|---|---|---|');
-  for (const line of await voiceOverhead()) console.log(line);
-  console.log('\n| sandbox | bubblewrap | no sandbox | cost |');
-  console.log('|---|---|---|---|');
-  for (const line of await sandboxCost()) console.log(line);
+  for (const { header, rows } of Object.values(TABLES)) {
+    console.log(`\n${header}`);
+    console.log(`|${'---|'.repeat(header.split('|').length - 2)}`);
+    for (const line of await rows()) console.log(line);
+  }
 }
 
-if (process.env.BENCH_ONLY === 'ledger') {
-  for (const line of await ledgerBenchmarks()) console.log(line);
-} else if (process.env.BENCH_ONLY === 'dag') {
-  for (const line of await dagBenchmarks()) console.log(line);
-} else if (process.env.BENCH_ONLY === 'run-creation') {
+const only = process.env.BENCH_ONLY;
+if (only && TABLES[only]) {
+  for (const line of await TABLES[only].rows()) console.log(line);
+} else if (only === 'run-creation') {
   printHttpRows([await runCreation()]);
-} else if (process.env.BENCH_ONLY === 'e2e') {
-  for (const line of await endToEnd()) console.log(line);
-} else if (process.env.BENCH_ONLY === 'workers') {
-  for (const line of await workerScaling()) console.log(line);
-} else if (process.env.BENCH_ONLY === 'runs') {
-  for (const line of await runBenchmarks()) console.log(line);
-} else if (process.env.BENCH_ONLY === 'audit') {
-  for (const line of await auditBenchmarks()) console.log(line);
-} else if (process.env.BENCH_ONLY === 'voice') {
-  for (const line of await voiceOverhead()) console.log(line);
-} else if (process.env.BENCH_ONLY === 'sandbox') {
-  for (const line of await sandboxCost()) console.log(line);
-} else if (process.env.BENCH_ONLY === 'api') {
+} else if (only === 'api') {
   printHttpRows(await automationRoutes());
-} else if (process.env.BENCH_ONLY === 'webhooks') {
+} else if (only === 'webhooks') {
   printHttpRows(await webhookIntake());
 } else {
   await main();
