@@ -1,28 +1,52 @@
 // Per-tenant concurrency on Redis (open-source BullMQ has no groups). A tenant's admitted runs are a
-// set; the rest wait in the tenant's own list and hold no worker slot, so one tenant's backlog never
+// set; the rest wait in the tenant's own line and hold no worker slot, so one tenant's backlog never
 // sits in front of another tenant's runs. Sets, not counters: a replayed release cannot free twice.
+//
+// The line is a sorted set scored by place (the last place + 1), so first come, first served, and every
+// operation on it is O(log n) whatever the backlog: a list needed a scan of the whole line to see whether
+// a run was in it already and to take a run out of it (LPOS, LREM), at each admission and release once a
+// tenant had a backlog (run creation spent 73 µs of Redis CPU a request in LPOS with 20,000 runs waiting).
 import { redisBatch, scanKeys, type Redis } from '../platform/index.js';
 
-const ADMIT = `
+/** A line kept as a list (before 2026-11-25) becomes a sorted set in the same order, in place. */
+const LINE = `
+if redis.call('TYPE', KEYS[2]).ok == 'list' then
+  local ids = redis.call('LRANGE', KEYS[2], 0, -1)
+  redis.call('DEL', KEYS[2])
+  for i, id in ipairs(ids) do redis.call('ZADD', KEYS[2], 'NX', i, id) end
+end`;
+
+const ADMIT = `${LINE}
 if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return 1 end
-if redis.call('SCARD', KEYS[1]) < tonumber(ARGV[2]) and redis.call('LLEN', KEYS[2]) == 0 then
+if redis.call('SCARD', KEYS[1]) < tonumber(ARGV[2]) and redis.call('ZCARD', KEYS[2]) == 0 then
   redis.call('SADD', KEYS[1], ARGV[1])
   return 1
 end
-if not redis.call('LPOS', KEYS[2], ARGV[1]) then redis.call('RPUSH', KEYS[2], ARGV[1]) end
+if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
+  local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+  redis.call('ZADD', KEYS[2], (tonumber(last[2]) or 0) + 1, ARGV[1])
+end
 return 0`;
 
-const RELEASE = `
+const RELEASE = `${LINE}
 redis.call('SREM', KEYS[1], ARGV[1])
-redis.call('LREM', KEYS[2], 0, ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
 local admitted = {}
 while redis.call('SCARD', KEYS[1]) < tonumber(ARGV[2]) do
-  local nextId = redis.call('LPOP', KEYS[2])
-  if not nextId then break end
-  redis.call('SADD', KEYS[1], nextId)
-  table.insert(admitted, nextId)
+  local first = redis.call('ZPOPMIN', KEYS[2])
+  if not first[1] then break end
+  redis.call('SADD', KEYS[1], first[1])
+  table.insert(admitted, first[1])
 end
 return admitted`;
+
+/** The runs waiting in line, first first. */
+const IN_LINE = `${LINE}
+return redis.call('ZRANGE', KEYS[2], 0, -1)`;
+
+/** How many runs wait in line. */
+const WAITING = `${LINE}
+return redis.call('ZCARD', KEYS[2])`;
 
 export type TenantSlots = {
   /** true: the run may go to the queue now; false: it waits in the tenant's list */
@@ -31,6 +55,8 @@ export type TenantSlots = {
   release(tenantId: string, runId: string): Promise<string[]>;
   running(tenantId: string): Promise<number>;
   waiting(tenantId: string): Promise<number>;
+  /** the runs waiting in the tenant's line, in the order they will be admitted */
+  line(tenantId: string): Promise<string[]>;
   /** System use (the reconciler): gives back the slot of a run that is running, whatever the limit (Redis lost it). */
   restore(tenantId: string, runId: string): Promise<void>;
   /** System use (the reconciler): every tenant's admitted and waiting runs, by tenant. */
@@ -43,8 +69,11 @@ export function createTenantSlots(redis: Redis, prefix: string, limit: number): 
   const batch = redisBatch(redis);
   batch.define('slots.admit', { keys: 2, args: 2, lua: ADMIT });
   batch.define('slots.release', { keys: 2, args: 2, lua: RELEASE });
+  batch.define('slots.line', { keys: 2, args: 0, lua: IN_LINE });
+  batch.define('slots.waiting', { keys: 2, args: 0, lua: WAITING });
   const running = (t: string) => `${prefix}:tenant:${t}:running`;
   const pending = (t: string) => `${prefix}:tenant:${t}:pending`;
+  const line = (t: string) => batch.call<string[]>('slots.line', [running(t), pending(t)], []);
   return {
     limit,
     async admit(tenantId, runId) {
@@ -54,7 +83,8 @@ export function createTenantSlots(redis: Redis, prefix: string, limit: number): 
       return batch.call<string[]>('slots.release', [running(tenantId), pending(tenantId)], [runId, limit]);
     },
     running: (t) => redis.scard(running(t)),
-    waiting: (t) => redis.llen(pending(t)),
+    waiting: (t) => batch.call<number>('slots.waiting', [running(t), pending(t)], []),
+    line,
     async restore(t, runId) {
       await redis.sadd(running(t), runId);
     },
@@ -66,7 +96,7 @@ export function createTenantSlots(redis: Redis, prefix: string, limit: number): 
         if (m) tenants.add(m[1]!);
       }
       for (const tenantId of tenants) {
-        const [admitted, waiting] = await Promise.all([redis.smembers(running(tenantId)), redis.lrange(pending(tenantId), 0, -1)]);
+        const [admitted, waiting] = await Promise.all([redis.smembers(running(tenantId)), line(tenantId)]);
         out.set(tenantId, { admitted: new Set(admitted), waiting: new Set(waiting) });
       }
       return out;

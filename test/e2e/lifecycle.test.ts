@@ -6,6 +6,7 @@ import path from 'node:path';
 import { UnrecoverableError, Worker } from 'bullmq';
 import { expect } from 'chai';
 import { jobIdOfRun } from '../../engine/platform/index.js';
+import { createTenantSlots } from '../../engine/runs/index.js';
 import { eventually, finishedRun, KEYS, sameDeployment, startHarness, type Harness } from '../support/harness.js';
 
 type Body = Record<string, any>;
@@ -315,7 +316,7 @@ describe('run lifecycle', function () {
       expect((await young.rt.store.runs.get('tenant-a', running))!.status).to.equal('running');
       // the running run has its slot back, so the queued one waits in line (limit 1) instead of running beside it
       expect(await young.rt.redis.smembers(slotsKey)).to.deep.equal([running]);
-      expect(await young.rt.redis.lrange(`${young.config.queuePrefix}:tenant:tenant-a:pending`, 0, -1)).to.deep.equal([queued.id]);
+      expect(await createTenantSlots(young.rt.redis, young.config.queuePrefix, 1).line('tenant-a')).to.deep.equal([queued.id]);
     } finally {
       await young.close();
     }

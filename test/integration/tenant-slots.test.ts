@@ -1,0 +1,88 @@
+// A tenant's slots and line (engine/runs/concurrency.ts) on the real Redis: admission up to the limit,
+// first come first served, no run in line twice, a run leaving the line, and a line kept as a list by an
+// earlier version taken over in its order.
+import { expect } from 'chai';
+import { Redis } from 'ioredis';
+import { createTenantSlots } from '../../engine/runs/index.js';
+import { deleteRedisPrefix, testRedisUrl, uniquePrefix } from '../support/harness.js';
+
+describe('tenant slots and line', () => {
+  let redis: Redis;
+  let prefix: string;
+  beforeEach(() => {
+    redis = new Redis(testRedisUrl());
+    prefix = uniquePrefix();
+  });
+  afterEach(async () => {
+    await deleteRedisPrefix(prefix);
+    redis.disconnect();
+  });
+
+  it('admits up to the limit, then lines runs up first come first served, each once', async () => {
+    const slots = createTenantSlots(redis, prefix, 2);
+    const admitted = [];
+    for (const id of ['r1', 'r2', 'r3', 'r4', 'r5']) admitted.push(await slots.admit('t', id));
+    expect(admitted).to.deep.equal([true, true, false, false, false]);
+    // asked again (a retried request, the reconciler): an admitted run stays admitted, a waiting one keeps its place
+    expect(await slots.admit('t', 'r1')).to.equal(true);
+    expect(await slots.admit('t', 'r3')).to.equal(false);
+    expect(await slots.line('t')).to.deep.equal(['r3', 'r4', 'r5']);
+    expect([await slots.running('t'), await slots.waiting('t')]).to.deep.equal([2, 3]);
+    // another tenant is not behind this one's line
+    expect(await slots.admit('u', 'x1')).to.equal(true);
+    // a waiting run that leaves (canceled) frees no slot and admits nothing; a running one admits the first in line
+    expect(await slots.release('t', 'r4')).to.deep.equal([]);
+    expect(await slots.release('t', 'r1')).to.deep.equal(['r3']);
+    expect(await slots.line('t')).to.deep.equal(['r5']);
+    // released twice (a replay): nothing more is freed
+    expect(await slots.release('t', 'r1')).to.deep.equal([]);
+    expect(await slots.admit('t', 'r6')).to.equal(false);
+    expect(await slots.release('t', 'r2')).to.deep.equal(['r5']);
+    expect(await slots.release('t', 'r3')).to.deep.equal(['r6']);
+    expect(await slots.line('t')).to.deep.equal([]);
+    // an empty line starts its places again, still in order
+    await slots.admit('t', 'r7');
+    await slots.admit('t', 'r8');
+    expect(await slots.line('t')).to.deep.equal(['r7', 'r8']);
+    const holders = await slots.holders();
+    expect([...holders.get('t')!.admitted].sort()).to.deep.equal(['r5', 'r6']);
+    expect([...holders.get('t')!.waiting]).to.deep.equal(['r7', 'r8']);
+  });
+
+  it('takes over a line kept as a list, in its order, at the first operation on it', async () => {
+    const slots = createTenantSlots(redis, prefix, 1);
+    await redis.sadd(`${prefix}:tenant:t:running`, 'r0');
+    await redis.rpush(`${prefix}:tenant:t:pending`, 'r1', 'r2', 'r3');
+    expect(await slots.admit('t', 'r4')).to.equal(false);
+    expect(await redis.type(`${prefix}:tenant:t:pending`)).to.equal('zset');
+    expect(await slots.line('t')).to.deep.equal(['r1', 'r2', 'r3', 'r4']);
+    expect(await slots.release('t', 'r0')).to.deep.equal(['r1']);
+    // reading converts too (the reconciler may be first to touch a line after an upgrade)
+    await redis.del(`${prefix}:tenant:t:pending`);
+    await redis.rpush(`${prefix}:tenant:t:pending`, 'a', 'b');
+    expect(await slots.waiting('t')).to.equal(2);
+    expect((await slots.holders()).get('t')!.waiting).to.deep.equal(new Set(['a', 'b']));
+  });
+
+  it('keeps each operation cheap with a long line: no scan of the line per admission or release', async () => {
+    /** the time of 300 admissions and 300 releases of runs at the end of a line `n` long */
+    const timed = async (n: number) => {
+      const tenant = `t${n}`;
+      const slots = createTenantSlots(redis, prefix, 1);
+      await slots.admit(tenant, 'first');
+      for (let i = 0; i < n; i += 1000)
+        await Promise.all(Array.from({ length: Math.min(1000, n - i) }, (_, j) => slots.admit(tenant, `r${String(i + j).padStart(6, '0')}`)));
+      const started = performance.now();
+      for (let i = 0; i < 300; i++) await slots.admit(tenant, `late${i}`);
+      for (let i = 0; i < 300; i++) await slots.release(tenant, `late${299 - i}`);
+      const ms = performance.now() - started;
+      expect(await slots.waiting(tenant)).to.equal(n);
+      return ms;
+    };
+    await timed(10); // warm
+    const short = await timed(10);
+    const long = await timed(40_000);
+    // a scan of a 40,000-long line per operation (LPOS, LREM) makes each cost several round trips more
+    expect(long / short, `${long.toFixed(1)} ms against ${short.toFixed(1)} ms`).to.be.below(2.5);
+  });
+});
