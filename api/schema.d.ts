@@ -3348,7 +3348,7 @@ export interface components {
         AgentId: string;
         /** @description The run's id. */
         RunId: string;
-        /** @description Send the same key to make a retry return the first run instead of starting another. Kept 24 hours; the same key with a different body is a 422. */
+        /** @description Send the same key to make a retry return the first run instead of starting another. Kept 24 hours; the same key with a different body is a 422. Bodies are compared by content (canonical JSON), so the order of an object's fields does not matter; the order of a list does. */
         IdempotencyKey: string;
         /** @description The `next_cursor` of the previous page. */
         Cursor: string;
@@ -3770,7 +3770,7 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description Send the same key to make a retry return the first run instead of starting another. Kept 24 hours; the same key with a different body is a 422. */
+                /** @description Send the same key to make a retry return the first run instead of starting another. Kept 24 hours; the same key with a different body is a 422. Bodies are compared by content (canonical JSON), so the order of an object's fields does not matter; the order of a list does. */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
             };
             path?: never;
@@ -3864,7 +3864,7 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description Send the same key to make a retry return the first run instead of starting another. Kept 24 hours; the same key with a different body is a 422. */
+                /** @description Send the same key to make a retry return the first run instead of starting another. Kept 24 hours; the same key with a different body is a 422. Bodies are compared by content (canonical JSON), so the order of an object's fields does not matter; the order of a list does. */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
             };
             path?: never;
@@ -3905,7 +3905,7 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description Send the same key to make a retry return the first run instead of starting another. Kept 24 hours; the same key with a different body is a 422. */
+                /** @description Send the same key to make a retry return the first run instead of starting another. Kept 24 hours; the same key with a different body is a 422. Bodies are compared by content (canonical JSON), so the order of an object's fields does not matter; the order of a list does. */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
             };
             path?: never;
@@ -4177,7 +4177,7 @@ export interface operations {
                 workspace?: components["schemas"]["TranscriptionWorkspace"];
             };
             header?: {
-                /** @description Send the same key to make a retry return the first run instead of starting another. Kept 24 hours; the same key with a different body is a 422. */
+                /** @description Send the same key to make a retry return the first run instead of starting another. Kept 24 hours; the same key with a different body is a 422. Bodies are compared by content (canonical JSON), so the order of an object's fields does not matter; the order of a list does. */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
             };
             path?: never;
@@ -4772,7 +4772,7 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description Send the same key to make a retry return the first run instead of starting another. Kept 24 hours; the same key with a different body is a 422. */
+                /** @description Send the same key to make a retry return the first run instead of starting another. Kept 24 hours; the same key with a different body is a 422. Bodies are compared by content (canonical JSON), so the order of an object's fields does not matter; the order of a list does. */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
             };
             path: {

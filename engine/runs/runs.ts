@@ -2,6 +2,7 @@
 // outbox); the tenant's slots decide whether its job is added now or when a slot frees. Every change
 // of status goes through transitions.ts; the reconciler repairs what a crash or a lost job left.
 import { createHash } from 'node:crypto';
+import canonicalizeModule from 'canonicalize';
 import path from 'node:path';
 import type { Platform } from '../deps.js';
 import {
@@ -97,6 +98,17 @@ const REDIS_RETRY_AFTER_SECONDS = 2;
 
 // removes an idempotency claim only if it is still ours: a claim that timed out may land later
 const RELEASE_CLAIM = `if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`;
+
+// a CommonJS module whose types describe an ES default export: at run time the import is the function
+const canonicalize = canonicalizeModule as unknown as (value: unknown) => string;
+
+/**
+ * What a request with an Idempotency-Key is recognised by when it comes again: the digest of its
+ * canonical JSON (RFC 8785), so the same request with its fields in another order is the same request.
+ */
+const fingerprintOf = (fingerprint: unknown) => createHash('sha256').update(canonicalize(fingerprint)).digest('hex');
+/** the digest of a key claimed before fingerprints were canonical (2026-11-25): of the JSON as the fields came */
+const legacyFingerprintOf = (fingerprint: unknown) => createHash('sha256').update(JSON.stringify(fingerprint)).digest('hex');
 
 export function runsOf(deps: RunsDeps, transitions: Transitions) {
   const { store, clock, log, limits, slots, queues, redis, settings } = deps;
@@ -240,7 +252,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
   ): Promise<{ run: Run; replayed: boolean }> {
     const requestNow = () => (typeof request === 'function' ? request() : Promise.resolve(request));
     if (!key) return { run: await create(tenantId, await requestNow(), undefined, after), replayed: false };
-    const hash = createHash('sha256').update(JSON.stringify(fingerprint)).digest('hex');
+    const hash = fingerprintOf(fingerprint);
     const slot = `${prefix}:idempotency:${tenantId}:${createHash('sha256').update(key).digest('hex')}`;
     const id = newId('run');
     const claim = JSON.stringify({ hash, run_id: id });
@@ -265,7 +277,8 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       }
     }
     const held = JSON.parse((await redis.get(slot)) ?? '{}') as { hash?: string; run_id?: string };
-    if (held.hash !== hash) throw new IdempotencyKeyReusedError('this Idempotency-Key was used with a different request');
+    if (held.hash !== hash && held.hash !== legacyFingerprintOf(fingerprint))
+      throw new IdempotencyKeyReusedError('this Idempotency-Key was used with a different request');
     for (let i = 0; i < 50; i++) {
       const run = await store.runs.get(tenantId, held.run_id!);
       if (run) return { run, replayed: true };

@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import { expect } from 'chai';
@@ -201,6 +202,48 @@ describe('autonomy runs', function () {
     expect(other.body.code).to.equal('idempotency-key-reused');
     const otherTenant = await start(body, KEYS.b, { 'idempotency-key': 'deploy-42' });
     expect(otherTenant.body.run_id).not.to.equal(first.body.run_id);
+  });
+
+  it('knows a request with the same Idempotency-Key by its content, not the order of its fields', async () => {
+    const key = { 'idempotency-key': 'deploy-43' };
+    const first = await h.call('POST', '/api/v1/autonomy/run', {
+      body: { budget_seconds: 60, steps: [{ tool: 'shell', args: { command: 'echo once', timeout_seconds: 5 } }] },
+      headers: key,
+    });
+    expect(first.status).to.equal(202);
+    const reordered = await h.call('POST', '/api/v1/autonomy/run', {
+      body: { steps: [{ args: { timeout_seconds: 5, command: 'echo once' }, tool: 'shell' }], budget_seconds: 60 },
+      headers: key,
+    });
+    expect(reordered.status).to.equal(202);
+    expect(reordered.headers.get('idempotent-replayed')).to.equal('true');
+    expect(reordered.body.run_id).to.equal(first.body.run_id);
+    // the order of a list is content: steps in another order are another request
+    const steps = [
+      { tool: 'message', args: { text: 'a' } },
+      { tool: 'message', args: { text: 'b' } },
+    ];
+    expect((await h.call('POST', '/api/v1/autonomy/run', { body: { steps }, headers: { 'idempotency-key': 'deploy-44' } })).status).to.equal(202);
+    const swapped = await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [...steps].reverse() }, headers: { 'idempotency-key': 'deploy-44' } });
+    expect(swapped.status).to.equal(422);
+  });
+
+  it('still knows a retry by a key claimed before fingerprints were canonical', async () => {
+    const runs = h.rt.engine.runs;
+    const fingerprint = { work: { steps: [{ tool: 'message', args: { text: 'legacy' } }] }, kind: 'autonomy' };
+    const request = { kind: 'autonomy' as const, steps: [{ tool: 'message' as const, args: { text: 'legacy' } }], trigger: { type: 'api' as const } };
+    const { run } = await runs.createIdempotent('tenant-a', 'legacy-1', fingerprint, request);
+    // the claim as the earlier version wrote it: the digest of the fields in the order they came
+    const slot = `${h.config.queuePrefix}:idempotency:tenant-a:${createHash('sha256').update('legacy-1').digest('hex')}`;
+    const legacy = createHash('sha256').update(JSON.stringify(fingerprint)).digest('hex');
+    await h.rt.redis.set(slot, JSON.stringify({ hash: legacy, run_id: run.id }), 'KEEPTTL');
+    const again = await runs.createIdempotent('tenant-a', 'legacy-1', fingerprint, request);
+    expect(again).to.deep.include({ replayed: true });
+    expect(again.run.id).to.equal(run.id);
+    const other = { ...fingerprint, work: { steps: [{ tool: 'message', args: { text: 'other' } }] } };
+    let refused: unknown;
+    await runs.createIdempotent('tenant-a', 'legacy-1', other, request).catch((err: unknown) => (refused = err));
+    expect((refused as { code?: string } | undefined)?.code).to.equal('idempotency-key-reused');
   });
 
   it('reports budget and concurrency hints', async () => {
