@@ -34,7 +34,7 @@ import type { AgentEndpoint } from './agent.js';
 import { createRunClaims } from './claims.js';
 import type { TenantSlots } from './concurrency.js';
 import { retryPolicyOf } from './retry.js';
-import { REDIS_DEADLINE_MS, type AfterStored, type Transitions } from './transitions.js';
+import { REDIS_DEADLINE_MS, type AfterStored, type RunCompanion, type Transitions } from './transitions.js';
 import { allowlistOf, networkOf, type ToolPolicy } from './policy.js';
 import { resolveWorkspace, tenantRoot, tenantRootPath } from './workspace.js';
 import type { Sandbox } from '../tools/index.js';
@@ -144,7 +144,8 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
     return { steps, goal, seconds, tool_allowlist, network, workspace };
   }
 
-  async function create(tenantId: string, req: RunRequest, id = newId('run'), after?: AfterStored): Promise<Run> {
+  /** `alongside` stores a record that goes with this run in the run's own commit (its idempotency key). */
+  async function create(tenantId: string, req: RunRequest, id = newId('run'), after?: AfterStored, alongside?: RunCompanion): Promise<Run> {
     const { steps, goal, seconds, tool_allowlist, network, workspace } = await admit(tenantId, req);
     const run: Run = {
       id,
@@ -179,7 +180,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       finished_at: null,
       duration_ms: null,
     };
-    await transitions.queue(run, after);
+    await transitions.queue(run, after, alongside);
     log.info({ tenant_id: tenantId, run_id: run.id, kind: run.kind, request_id: run.request_id }, 'run queued');
     return run;
   }
@@ -253,7 +254,8 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
     const requestNow = () => (typeof request === 'function' ? request() : Promise.resolve(request));
     if (!key) return { run: await create(tenantId, await requestNow(), undefined, after), replayed: false };
     const hash = fingerprintOf(fingerprint);
-    const slot = `${prefix}:idempotency:${tenantId}:${createHash('sha256').update(key).digest('hex')}`;
+    const keyDigest = createHash('sha256').update(key).digest('hex');
+    const slot = `${prefix}:idempotency:${tenantId}:${keyDigest}`;
     const id = newId('run');
     const claim = JSON.stringify({ hash, run_id: id });
     const claiming = batch.call<'OK' | null>('key.claim', [slot], [claim, IDEMPOTENCY_CLAIM_SECONDS]);
@@ -267,7 +269,19 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
     }
     if (won) {
       try {
-        const run = await create(tenantId, await requestNow(), id, after);
+        // Redis forgets a key when it loses its data: the store keeps each key's run too, for its day
+        const kept = await store.idempotencyKeys.get(tenantId, keyDigest, new Date(clock.now().getTime() - IDEMPOTENCY_TTL_SECONDS * 1000).toISOString());
+        const earlier = kept && (await store.runs.get(tenantId, kept.run_id));
+        if (kept && earlier) {
+          // Redis holds the key again for the rest of its day, as it did before it lost it
+          const leftMs = Date.parse(kept.created_at) + IDEMPOTENCY_TTL_SECONDS * 1000 - clock.now().getTime();
+          await redis.set(slot, JSON.stringify({ hash: kept.fingerprint, run_id: earlier.id }), 'PX', Math.max(1000, leftMs));
+          if (kept.fingerprint !== hash) throw new IdempotencyKeyReusedError('this Idempotency-Key was used with a different request');
+          return { run: earlier, replayed: true };
+        }
+        const remember = (run: Run) =>
+          store.idempotencyKeys.put({ tenant_id: tenantId, key_digest: keyDigest, fingerprint: hash, run_id: run.id, created_at: run.created_at });
+        const run = await create(tenantId, await requestNow(), id, after, remember);
         // stored: the key now holds for its full day (not waited for: the claim already holds it for 30 s)
         void batch.call('key.expire', [slot], [IDEMPOTENCY_TTL_SECONDS]).catch(() => undefined);
         return { run, replayed: false };
@@ -520,6 +534,8 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
           }
         }
       }
+      // the store's idempotency keys past their day, a page a pass (Redis's expire by themselves)
+      await store.idempotencyKeys.prune(new Date(clock.now().getTime() - IDEMPOTENCY_TTL_SECONDS * 1000).toISOString(), HOLDERS_PAGE);
       if (requeued || lost || freed) log.warn({ requeued, lost, freed }, 'reconciler repaired runs');
       return { requeued, lost, freed };
     },

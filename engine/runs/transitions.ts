@@ -246,13 +246,17 @@ export function transitionsOf(deps: TransitionsDeps) {
   const api = {
     /**
      * A new run: stored `queued` first (the outbox; a failure here is the caller's 503), with the
-     * records that go with it in the same commit; then its run.queued event and its place in line, and
+     * records that go with it in the same commit (every run's, and `alongside`, this run's own); then its run.queued event and its place in line, and
      * beside them `after`, this run's own follow-up, which only a stored run gets. When Redis does not
      * answer within REDIS_DEADLINE_MS the run is still accepted: what is pending completes when Redis
      * returns, and the reconciler queues the run if it never does.
      */
-    async queue(run: Run, after?: AfterStored): Promise<void> {
-      const [stored, ...others] = await Promise.allSettled([store.runs.insert(run), ...companions.map((companion) => companion(run))]);
+    async queue(run: Run, after?: AfterStored, alongside?: RunCompanion): Promise<void> {
+      const [stored, ...others] = await Promise.allSettled([
+        store.runs.insert(run),
+        ...companions.map((companion) => companion(run)),
+        ...(alongside ? [alongside(run)] : []),
+      ]);
       if (stored.status === 'rejected') {
         log.error({ err: stored.reason, run_id: run.id }, 'a run could not be stored');
         throw new ServiceUnavailableError('the store did not accept the run; retry shortly', STORE_RETRY_AFTER_SECONDS, { cause: stored.reason });

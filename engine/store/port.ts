@@ -101,6 +101,21 @@ export interface RunRepo {
 
 export type RunStatusRow = Pick<Run, 'id' | 'status' | 'finished_at'>;
 
+/**
+ * An Idempotency-Key a run was started with, as the store remembers it beside Redis (which forgets it if
+ * it loses its data): the key's digest, the digest of the request it came with, and the run it started.
+ */
+export type IdempotencyRecord = { tenant_id: string; key_digest: string; fingerprint: string; run_id: string; created_at: string };
+
+export interface IdempotencyKeyRepo {
+  /** Keeps a key's record; the record of the same key kept before (a day ago or more) is replaced. */
+  put(record: IdempotencyRecord): Promise<void>;
+  /** The key's record, when it was kept after `since`. */
+  get(tenantId: string, keyDigest: string, since: string): Promise<IdempotencyRecord | null>;
+  /** System use (the reconciler): forgets at most `limit` records kept before `before`; how many it forgot. */
+  prune(before: string, limit: number): Promise<number>;
+}
+
 export interface ApiKeyRepo {
   /** Inserts unless a key with the same hash exists; true when inserted. */
   insert(record: ApiKeyRecord): Promise<boolean>;
@@ -301,6 +316,7 @@ export interface Store {
   readonly automations: AutomationRepo;
   readonly apiKeys: ApiKeyRepo;
   readonly runs: RunRepo;
+  readonly idempotencyKeys: IdempotencyKeyRepo;
   readonly webhookSecrets: WebhookSecretRepo;
   readonly connections: ConnectionRepo;
   readonly notificationEndpoints: NotificationEndpointRepo;

@@ -228,6 +228,35 @@ describe('autonomy runs', function () {
     expect(swapped.status).to.equal(422);
   });
 
+  it('still answers the first run for a key after Redis lost it: the store keeps each key for its day', async () => {
+    const body = { steps: [{ tool: 'message', args: { text: 'kept' } }] };
+    const key = { 'idempotency-key': 'deploy-45' };
+    const first = await h.call('POST', '/api/v1/autonomy/run', { body, headers: key });
+    expect(first.status).to.equal(202);
+    const slot = `${h.config.queuePrefix}:idempotency:tenant-a:${createHash('sha256').update('deploy-45').digest('hex')}`;
+    expect(await h.rt.redis.del(slot)).to.equal(1); // Redis lost its data (no AOF, a failover)
+    const retry = await h.call('POST', '/api/v1/autonomy/run', { body, headers: key });
+    expect(retry.status).to.equal(202);
+    expect(retry.headers.get('idempotent-replayed')).to.equal('true');
+    expect(retry.body.run_id).to.equal(first.body.run_id);
+    // Redis holds the key again, for the rest of its day
+    expect(await h.rt.redis.pttl(slot)).to.be.within(23 * 3600 * 1000, 24 * 3600 * 1000);
+    await h.rt.redis.del(slot);
+    const other = await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'message', args: { text: 'other' } }] }, headers: key });
+    expect(other.status).to.equal(422);
+    expect(other.body.code).to.equal('idempotency-key-reused');
+    // a key's day is over: it may start a new run (the reconciler forgets the store's copy)
+    await h.rt.redis.del(slot);
+    const kept = await h.rt.store.idempotencyKeys.get('tenant-a', createHash('sha256').update('deploy-45').digest('hex'), '1970-01-01T00:00:00.000Z');
+    await h.rt.store.idempotencyKeys.put({ ...kept!, created_at: new Date(Date.now() - 25 * 3600 * 1000).toISOString() });
+    await h.rt.engine.runs.reconcile();
+    expect(await h.rt.store.idempotencyKeys.get('tenant-a', kept!.key_digest, '1970-01-01T00:00:00.000Z')).to.equal(null);
+    const later = await h.call('POST', '/api/v1/autonomy/run', { body, headers: key });
+    expect(later.status).to.equal(202);
+    expect(later.headers.get('idempotent-replayed')).to.equal(null);
+    expect(later.body.run_id).not.to.equal(first.body.run_id);
+  });
+
   it('still knows a retry by a key claimed before fingerprints were canonical', async () => {
     const runs = h.rt.engine.runs;
     const fingerprint = { work: { steps: [{ tool: 'message', args: { text: 'legacy' } }] }, kind: 'autonomy' };

@@ -316,6 +316,33 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       ]);
     });
 
+    it('keeps an idempotency key per tenant for its day, replaces it, and forgets the oldest first', async () => {
+      const rec = (tenant: string, key: string, runId: string, at: string) => ({
+        tenant_id: tenant,
+        key_digest: key,
+        fingerprint: `fp-${runId}`,
+        run_id: runId,
+        created_at: at,
+      });
+      await store.idempotencyKeys.put(rec('t1', 'k1', 'run_1', '2026-11-20T10:00:00.000Z'));
+      await store.idempotencyKeys.put(rec('t1', 'k2', 'run_2', '2026-11-21T10:00:00.000Z'));
+      await store.idempotencyKeys.put(rec('t2', 'k1', 'run_3', '2026-11-21T11:00:00.000Z'));
+      expect(await store.idempotencyKeys.get('t1', 'k1', '2026-11-19T00:00:00.000Z')).to.deep.equal(rec('t1', 'k1', 'run_1', '2026-11-20T10:00:00.000Z'));
+      // kept before `since`: past its day
+      expect(await store.idempotencyKeys.get('t1', 'k1', '2026-11-20T10:00:00.000Z')).to.equal(null);
+      expect(await store.idempotencyKeys.get('t3', 'k1', '2026-11-19T00:00:00.000Z')).to.equal(null);
+      expect((await store.idempotencyKeys.get('t2', 'k1', '2026-11-19T00:00:00.000Z'))?.run_id).to.equal('run_3');
+      // the key used again after its day: the new run replaces the old
+      await store.idempotencyKeys.put(rec('t1', 'k1', 'run_4', '2026-11-22T10:00:00.000Z'));
+      expect((await store.idempotencyKeys.get('t1', 'k1', '2026-11-21T12:00:00.000Z'))?.run_id).to.equal('run_4');
+      expect(await store.idempotencyKeys.prune('2026-11-21T12:00:00.000Z', 1)).to.equal(1);
+      expect(await store.idempotencyKeys.get('t1', 'k2', '2026-11-19T00:00:00.000Z')).to.equal(null);
+      expect((await store.idempotencyKeys.get('t2', 'k1', '2026-11-19T00:00:00.000Z'))?.run_id).to.equal('run_3');
+      expect(await store.idempotencyKeys.prune('2026-11-21T12:00:00.000Z', 10)).to.equal(1);
+      expect(await store.idempotencyKeys.prune('2026-11-21T12:00:00.000Z', 10)).to.equal(0);
+      expect((await store.idempotencyKeys.get('t1', 'k1', '2026-11-19T00:00:00.000Z'))?.run_id).to.equal('run_4');
+    });
+
     it('stores api keys by hash, once, and finds them by hash', async () => {
       const k: ApiKeyRecord = { id: newId('key'), tenant_id: 't1', hash: 'ab'.repeat(32), label: null, source: 'cli', created_at: new Date().toISOString() };
       expect(await store.apiKeys.insert(k)).to.equal(true);

@@ -23,6 +23,7 @@ import { notificationDeliveryRepo, notificationDeliverySchema, notificationEndpo
 import { deliveryRepo, deliverySchema } from './deliveries.js';
 import { evidenceRepo, ledgerPayloadSchema, ledgerSchema } from './evidence.js';
 import { gateResultSchema, gateRunRepo, gateRunSchema } from './gate-runs.js';
+import { idempotencyKeyRepo, idempotencyKeySchema } from './idempotency-keys.js';
 import type { Stored } from './documents.js';
 import { runRepo, runSchema, runStepSchema, runTurnSchema } from './runs.js';
 import { agentRepo, agentSchema, messageRepo, messageSchema, sessionRepo, sessionSchema } from './sessions.js';
@@ -36,6 +37,7 @@ export async function openMongoStore(uri: string): Promise<Store> {
   const runs = conn.model<Stored<Run>>('Run', runSchema, 'runs');
   const runSteps = conn.model('RunStep', runStepSchema, 'run_steps');
   const runTurns = conn.model('RunTurn', runTurnSchema, 'run_turns');
+  const idempotencyKeys = conn.model('IdempotencyKey', idempotencyKeySchema, 'idempotency_keys');
   const webhookSecrets = conn.model<WebhookSecretRecord & { _id: string }>('WebhookSecret', webhookSecretSchema, 'webhook_secrets');
   const connections = conn.model<Stored<ConnectionRecord>>('Connection', connectionSchema, 'connections');
   const notificationEndpoints = conn.model<Stored<NotificationEndpoint>>('NotificationEndpoint', notificationEndpointSchema, 'notification_endpoints');
@@ -55,6 +57,7 @@ export async function openMongoStore(uri: string): Promise<Store> {
     runs,
     runSteps,
     runTurns,
+    idempotencyKeys,
     webhookSecrets,
     connections,
     notificationEndpoints,
@@ -75,6 +78,7 @@ export async function openMongoStore(uri: string): Promise<Store> {
     automations: automationRepo(automations),
     apiKeys: apiKeyRepo(apiKeys),
     runs: runRepo(runs, runSteps as never, runTurns as never),
+    idempotencyKeys: idempotencyKeyRepo(idempotencyKeys as never),
     webhookSecrets: webhookSecretRepo(webhookSecrets),
     connections: connectionRepo(connections),
     notificationEndpoints: notificationEndpointRepo(notificationEndpoints),

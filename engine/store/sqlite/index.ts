@@ -11,6 +11,7 @@ import { groupCommit, openDatabase, startCheckpointer } from './db.js';
 import { deliveryRepo } from './deliveries.js';
 import { evidenceRepo } from './evidence.js';
 import { gateRunRepo } from './gate-runs.js';
+import { idempotencyKeyRepo } from './idempotency-keys.js';
 import { runRepo } from './runs.js';
 import { agentRepo, messageRepo, sessionRepo } from './sessions.js';
 import { taskRepo } from './tasks.js';
@@ -24,6 +25,7 @@ export function openSqliteStore(file: string, onCheckpointerFailure: (err: Error
     automations: automationRepo(db),
     apiKeys: apiKeyRepo(db),
     runs: runRepo(db),
+    idempotencyKeys: idempotencyKeyRepo(db),
     webhookSecrets: webhookSecretRepo(db),
     connections: connectionRepo(db),
     notificationEndpoints: notificationEndpointRepo(db),

@@ -273,3 +273,15 @@ MIGRATIONS.push(`
   UPDATE deliveries SET body_sha256 = json_extract(doc, '$.body_sha256');
   CREATE INDEX deliveries_by_body ON deliveries (tenant_id, kind, body_sha256) WHERE status <> 'rejected';
 `);
+// Idempotency keys kept in the store too (Redis forgets them if it loses its data): one row per key.
+MIGRATIONS.push(`
+  CREATE TABLE idempotency_keys (
+    tenant_id TEXT NOT NULL,
+    key_digest TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    PRIMARY KEY (tenant_id, key_digest)
+  ) WITHOUT ROWID;
+  CREATE INDEX idempotency_keys_by_time ON idempotency_keys (created_at);
+`);
