@@ -129,11 +129,12 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
         run.kind === 'vibe'
           ? vibeProgram(
               base,
-              async (workspace) =>
+              async (workspace, signal) =>
                 makeScratch(deps.sandbox, {
                   root: await fs.realpath(tenantRootPath(settings, run.tenant_id)),
                   workspace,
                   area: await scratchRoot(settings, run.tenant_id),
+                  signal,
                 }),
               (kind) => transitions.emit(run, { type: 'workspace.ready', data: { kind } }),
               actions.copyGates,
@@ -160,8 +161,13 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
       if (stop?.status === 'interrupted') {
         return await interrupted(run, stop.error.message, a.close()).finally(a.drained);
       }
-      log.error({ err, run_id: runId }, 'run failed unexpectedly');
-      outcome = { status: 'failed', error: { code: 'internal', message: 'the run failed unexpectedly' }, summary: 'failed: internal error', usage: a.usage };
+      if (stop) {
+        // stopped in the middle of work that is not a step (a vibe run's copy or diff): the stop says how it ended
+        outcome = { status: stop.status, error: stop.error, summary: `${stop.status.replace('_', ' ')}: ${stop.error.message}`, usage: a.usage };
+      } else {
+        log.error({ err, run_id: runId }, 'run failed unexpectedly');
+        outcome = { status: 'failed', error: { code: 'internal', message: 'the run failed unexpectedly' }, summary: 'failed: internal error', usage: a.usage };
+      }
     } finally {
       clearTimeout(deadline);
       inFlight.delete(runId);

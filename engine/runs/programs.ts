@@ -165,6 +165,18 @@ export function agentProgram(client: ModelClient, runOf: (runId: string) => Prom
   return { loop, program: (a: Attempt) => loop(a, a.run.goal ?? '') };
 }
 
+/** How long a vibe run's diff may take once its run is stopped (its budget ran out, a cancel, a shutdown). */
+export const DIFF_GRACE_MS = 5000;
+
+/** A signal that aborts `ms` after `signal` does (at once if it has). */
+export function withGrace(signal: AbortSignal, ms: number): AbortSignal {
+  const c = new AbortController();
+  const later = () => setTimeout(() => c.abort(signal.reason), ms).unref();
+  if (signal.aborted) later();
+  else signal.addEventListener('abort', later, { once: true });
+  return c.signal;
+}
+
 /** Runs a workspace's gates on a folder (a vibe run's scratch copy): given by the engine (gates). */
 export type CopyGates = (run: Run, dir: string, readOnlyBinds: string[], signal: AbortSignal) => Promise<VibeGates>;
 
@@ -176,19 +188,20 @@ export type CopyGates = (run: Run, dir: string, readOnlyBinds: string[], signal:
  */
 export function vibeProgram(
   work: (a: Attempt) => Promise<WorkOutcome>,
-  scratchOf: (workspace: string) => Promise<Scratch>,
+  scratchOf: (workspace: string, signal: AbortSignal) => Promise<Scratch>,
   onReady: (kind: 'worktree' | 'copy') => Promise<unknown>,
   gates?: CopyGates,
 ) {
   return async (a: Attempt): Promise<WorkOutcome> => {
-    const scratch = await scratchOf(a.workspace);
+    const scratch = await scratchOf(a.workspace, a.signal);
     try {
       await onReady(scratch.kind);
       a.workspace = scratch.dir;
       a.readOnlyBinds.push(...scratch.readOnlyBinds);
       const outcome = await work(a);
       const checked = a.run.gates && gates && !outcome.error && !a.signal.aborted ? await gates(a.run, scratch.dir, a.readOnlyBinds, a.signal) : undefined;
-      const { diff, changed_files, truncated } = await scratch.diff();
+      // what the run changed is its result even when its budget ran out: the diff has a few seconds past it
+      const { diff, changed_files, truncated } = await scratch.diff(withGrace(a.signal, DIFF_GRACE_MS));
       const failed = checked?.results.filter((g) => g.required && g.conclusion !== 'success').map((g) => g.gate_id) ?? [];
       return {
         ...outcome,

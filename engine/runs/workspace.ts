@@ -73,8 +73,9 @@ export async function resolveWorkspace(root: string, requested: string | undefin
  * would run outside the sandbox, as the service's user. `cwd` is the folder bound read-write at
  * /workspace; `readOnly` are more folders seen at their own paths (a repository cloned from).
  */
-async function sandboxedGit(sandbox: Sandbox, cwd: string, script: string, readOnly: string[] = []): Promise<string> {
+async function sandboxedGit(sandbox: Sandbox, cwd: string, script: string, readOnly: string[] = [], signal?: AbortSignal): Promise<string> {
   const r = await runProcess(sandbox, ['/bin/sh', '-c', `set -e; ${script}`], {
+    signal,
     workspace: cwd,
     env: { PATH: '/usr/bin:/bin', HOME: '/tmp', LANG: 'C.UTF-8', GIT_CONFIG_NOSYSTEM: '1', GIT_CONFIG_GLOBAL: '/dev/null' },
     network: false,
@@ -82,6 +83,7 @@ async function sandboxedGit(sandbox: Sandbox, cwd: string, script: string, readO
     maxBytes: 64 * 1024 * 1024,
     timeoutMs: GIT_TIMEOUT_MS,
   });
+  if (r.aborted) throw new Error('stopped: the run is over (its budget, a cancel or a shutdown)');
   if (r.exit_code !== 0) throw new Error(`git failed (${r.exit_code ?? r.signal}): ${r.stderr.trim().slice(-500)}`);
   return r.stdout;
 }
@@ -104,8 +106,8 @@ export type Scratch = {
   kind: 'worktree' | 'copy';
   /** folders outside `dir` that git needs inside a sandbox, read-only: the objects of the repository cloned from */
   readOnlyBinds: string[];
-  /** unified diff of everything changed since the scratch was made, and the changed paths */
-  diff(): Promise<{ diff: string; changed_files: string[]; truncated: boolean }>;
+  /** unified diff of everything changed since the scratch was made, and the changed paths; stopped by `signal` */
+  diff(signal?: AbortSignal): Promise<{ diff: string; changed_files: string[]; truncated: boolean }>;
   remove(): Promise<void>;
 };
 
@@ -115,10 +117,11 @@ const q = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
  * A vibe run's scratch copy of a workspace, in the tenant's scratch area: a clone of its repository at
  * HEAD (sharing the repository's objects, read-only) when the workspace is in one, else a copy of the
  * folder made into a fresh repository. Every git command runs in the sandbox, on the scratch copy only.
- * `root` is the real path of the tenant's root; `workspace` a real path inside it.
+ * `root` is the real path of the tenant's root; `workspace` a real path inside it. `signal` (the run's
+ * budget, a cancel) stops the clone or copy.
  */
-export async function makeScratch(sandbox: Sandbox, opts: { root: string; workspace: string; area: string }): Promise<Scratch> {
-  const { root, workspace, area } = opts;
+export async function makeScratch(sandbox: Sandbox, opts: { root: string; workspace: string; area: string; signal?: AbortSignal }): Promise<Scratch> {
+  const { root, workspace, area, signal } = opts;
   const base = await fs.mkdtemp(path.join(area, 'vibe-'));
   const repo = await repositoryOf(workspace, root);
   let top: string;
@@ -129,7 +132,7 @@ export async function makeScratch(sandbox: Sandbox, opts: { root: string; worksp
     if (repo) {
       // a clone's config and hooks are its own (none): nothing of the repository's config runs
       readOnlyBinds = [path.join(repo, '.git')];
-      await sandboxedGit(sandbox, base, `git ${GIT_SAFE} clone --quiet --shared --no-hardlinks ${q(repo)} worktree`, readOnlyBinds);
+      await sandboxedGit(sandbox, base, `git ${GIT_SAFE} clone --quiet --shared --no-hardlinks ${q(repo)} worktree`, readOnlyBinds, signal);
       readOnlyBinds = [path.join(repo, '.git', 'objects')];
       top = path.join(base, 'worktree');
       dir = path.join(top, path.relative(repo, workspace));
@@ -149,6 +152,7 @@ export async function makeScratch(sandbox: Sandbox, opts: { root: string; worksp
           `git ${GIT_SAFE} init -q && git ${GIT_SAFE} add -A && git ${GIT_SAFE} ${GIT_ID} commit -q --allow-empty -m 'scratch copy'`,
         ].join(' && '),
         [workspace],
+        signal,
       );
       kind = 'copy';
     }
@@ -161,7 +165,7 @@ export async function makeScratch(sandbox: Sandbox, opts: { root: string; worksp
     dir,
     kind,
     readOnlyBinds,
-    async diff() {
+    async diff(diffSignal) {
       // what the run changed, seen by git in the sandbox: the run may have given the copy's config programs to run
       const out = await sandboxedGit(
         sandbox,
@@ -174,6 +178,7 @@ export async function makeScratch(sandbox: Sandbox, opts: { root: string; worksp
           `git ${GIT_SAFE} diff --cached --no-color --no-ext-diff --no-textconv --relative HEAD | head -c ${DIFF_MAX_BYTES + 1}`,
         ].join(' && '),
         readOnlyBinds,
+        diffSignal,
       );
       const at = out.indexOf('\0@@\0');
       const names = out.slice(0, at).split('\0').filter(Boolean);

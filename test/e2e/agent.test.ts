@@ -256,6 +256,49 @@ describe('vibe runs', function () {
     }
   });
 
+  it('keeps what a run changed when its budget runs out: timed_out, with the diff taken in its grace', async () => {
+    const h = await startHarness();
+    try {
+      await fs.writeFile(path.join(h.tenantDir(), 'a.txt'), 'one\n');
+      const res = await h.call('POST', '/api/v1/autonomy/vibe/run', {
+        body: {
+          budget_seconds: 1,
+          steps: [
+            { tool: 'write_file', args: { path: 'a.txt', content: 'one\nbefore the budget ran out\n' } },
+            { tool: 'shell', args: { command: 'sleep 20' } },
+          ],
+        },
+      });
+      const started = Date.now();
+      const run = await finished(h, res.body.run_id);
+      expect(run.status).to.equal('timed_out');
+      expect(Date.now() - started).to.be.below(10_000);
+      expect(run.result.changed_files).to.deep.equal(['a.txt']);
+      expect(run.result.diff).to.contain('+before the budget ran out');
+    } finally {
+      await h.close();
+    }
+  });
+
+  it('stops making its scratch copy when its budget runs out: timed_out, not an internal failure', async () => {
+    const h = await startHarness();
+    const spawn = h.rt.sandbox.spawn.bind(h.rt.sandbox);
+    try {
+      // the copy of the workspace made slow (a very large folder)
+      h.rt.sandbox.spawn = (argv, o) => spawn(argv.some((a) => a.includes('tar -C')) ? ['/bin/sh', '-c', 'sleep 30; exec "$@"', 'slow', ...argv] : argv, o);
+      await fs.writeFile(path.join(h.tenantDir(), 'a.txt'), 'one\n');
+      const started = Date.now();
+      const res = await h.call('POST', '/api/v1/autonomy/vibe/run', { body: { budget_seconds: 1, steps: [{ tool: 'message', args: { text: 'never' } }] } });
+      const run = await finished(h, res.body.run_id);
+      expect(run.status).to.equal('timed_out');
+      expect(run.error.code).to.equal('budget-exceeded');
+      expect(Date.now() - started).to.be.below(10_000);
+    } finally {
+      h.rt.sandbox.spawn = spawn;
+      await h.close();
+    }
+  });
+
   it('works on a copy of a folder that is not a repository', async () => {
     const h = await startHarness();
     try {

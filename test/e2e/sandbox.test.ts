@@ -193,8 +193,9 @@ describe('sandbox', function () {
       },
     });
     const id = res.body.run_id;
-    // the first step's process runs (a workspace removed while bubblewrap binds it fails the step otherwise)
-    await eventually(() => processesMatching('sleep 3.5') > 0, 'the first step to run');
+    // the first step's own process runs, inside the sandbox (a workspace removed while bubblewrap binds it
+    // fails the step otherwise; bubblewrap's and the shell's command lines name 'sleep 3.5' before that)
+    await eventually(() => processesMatching('^sleep 3\\.5$') > 0, 'the first step to run');
     // what another run of tenant A's can do from its root: rm -rf swapped; ln -s ../tenant-b swapped
     await fs.rm(sub, { recursive: true });
     await fs.symlink('../tenant-b', sub);

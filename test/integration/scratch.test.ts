@@ -1,0 +1,84 @@
+// A vibe run's scratch copy (engine/runs/workspace.ts) stops with its run: the copy, the clone and the
+// diff are killed when the run's signal aborts (its budget, a cancel, a shutdown), and the diff of a run
+// that was stopped still has a few seconds to be taken (engine/runs/programs.ts).
+import fs from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { expect } from 'chai';
+import { makeScratch } from '../../engine/runs/workspace.js';
+import { withGrace } from '../../engine/runs/programs.js';
+import { noSandbox, type Sandbox } from '../../engine/tools/sandbox.js';
+
+/** The host's processes, made slow on demand: then every command sleeps 30 s before it does its work. */
+function slowSandbox(slow = true): Sandbox & { slow: boolean } {
+  const base = noSandbox();
+  const sandbox = {
+    ...base,
+    slow,
+    spawn: (argv: string[], o: Parameters<Sandbox['spawn']>[1]) =>
+      base.spawn(sandbox.slow ? ['/bin/sh', '-c', 'sleep 30; exec "$@"', 'slow', ...argv] : argv, o),
+  };
+  return sandbox;
+}
+
+describe('a vibe run’s scratch copy', () => {
+  let dir: string;
+  beforeEach(async () => {
+    dir = await fs.mkdtemp(path.join(os.tmpdir(), 'scratch-test-'));
+    await fs.mkdir(path.join(dir, 'root', 'ws'), { recursive: true });
+    await fs.mkdir(path.join(dir, 'area'));
+    await fs.writeFile(path.join(dir, 'root', 'ws', 'a.txt'), 'one\n');
+  });
+  afterEach(() => fs.rm(dir, { recursive: true, force: true }));
+
+  const opts = (signal?: AbortSignal) => ({ root: path.join(dir, 'root'), workspace: path.join(dir, 'root', 'ws'), area: path.join(dir, 'area'), signal });
+
+  it('is made and diffed on the host’s processes', async () => {
+    const scratch = await makeScratch(noSandbox(), opts());
+    await fs.appendFile(path.join(scratch.dir, 'a.txt'), 'two\n');
+    const { changed_files, diff } = await scratch.diff();
+    expect(changed_files).to.deep.equal(['a.txt']);
+    expect(diff).to.contain('+two');
+    await scratch.remove();
+    expect(await fs.readdir(path.join(dir, 'area'))).to.deep.equal([]);
+  });
+
+  it('stops copying when the run stops, and leaves nothing behind', async () => {
+    const c = new AbortController();
+    setTimeout(() => c.abort(), 200);
+    const started = Date.now();
+    const err = await makeScratch(slowSandbox(), opts(c.signal)).catch((e: Error) => e);
+    expect(err).to.be.instanceOf(Error);
+    expect((err as Error).message).to.contain('stopped');
+    expect(Date.now() - started).to.be.below(5000);
+    expect(await fs.readdir(path.join(dir, 'area'))).to.deep.equal([]);
+  });
+
+  it('stops a diff when its signal aborts', async () => {
+    const sandbox = slowSandbox(false);
+    const scratch = await makeScratch(sandbox, opts());
+    sandbox.slow = true;
+    const started = Date.now();
+    const err = await scratch.diff(AbortSignal.timeout(200)).catch((e: Error) => e);
+    expect((err as Error).message).to.contain('stopped');
+    expect(Date.now() - started).to.be.below(5000);
+    await scratch.remove();
+  });
+
+  it('gives the diff of a stopped run its grace: a signal that aborts that long after the run’s', async () => {
+    const run = new AbortController();
+    const grace = withGrace(run.signal, 150);
+    expect(grace.aborted).to.equal(false);
+    run.abort('budget');
+    await new Promise((r) => setTimeout(r, 50));
+    expect(grace.aborted).to.equal(false);
+    await new Promise((r) => setTimeout(r, 200));
+    expect(grace.aborted).to.equal(true);
+    expect(grace.reason).to.equal('budget');
+    // already stopped: the grace starts now
+    const late = withGrace(run.signal, 100);
+    expect(late.aborted).to.equal(false);
+    await new Promise((r) => setTimeout(r, 200));
+    expect(late.aborted).to.equal(true);
+  });
+});
