@@ -2,7 +2,7 @@
 // JSON formatter and `tsc`'s own output. Each gives whether the report holds a failure and the
 // annotations (file, line, level, message) a check run shows beside the code.
 import path from 'node:path';
-import { XMLParser } from 'fast-xml-parser';
+import { XMLParser, XMLValidator } from 'fast-xml-parser';
 import { Parser as TapParser } from 'tap-parser';
 import type { ReportFormat } from './definition.js';
 
@@ -63,39 +63,92 @@ function tap(text: string): Promise<Report> {
 
 type Rel = (p: string | undefined | null) => string | null;
 
+/**
+ * JUnit XML, as the many tools that write it do: suites nest (PHPUnit, pytest's xunit2, Gradle), a suite
+ * may hold an error of its own (its set-up or collection failed) and says how many of its cases failed.
+ * A report that is not whole XML (cut off while it was written) cannot be read, and one whose suites count
+ * more failures and errors than their cases show has failed: a gate never passes on what it could not see.
+ */
 function junit(text: string, rel: Rel): Report {
+  if (XMLValidator.validate(text) !== true) throw new Error('the JUnit report is not well-formed XML');
   const doc = new XMLParser({
     ignoreAttributes: false,
     attributeNamePrefix: '',
     isArray: (name) => ['testsuite', 'testcase', 'failure', 'error'].includes(name),
   }).parse(text) as Record<string, unknown>;
-  const root = (doc.testsuites ?? doc) as { testsuite?: Record<string, unknown>[] };
+  const root = (doc.testsuites ?? doc) as Suite;
   if (!root.testsuite?.length) throw new Error('no <testsuite> in the JUnit report');
-  // suites nest (PHPUnit, pytest's xunit2, Gradle): every suite at every depth, a case counted once
-  const suites: Record<string, unknown>[] = [];
-  for (let i = 0, next = [...root.testsuite]; i < next.length; i++) {
-    suites.push(next[i]!);
-    next.push(...((next[i]!.testsuite ?? []) as Record<string, unknown>[]));
-  }
   const annotations: Annotation[] = [];
   let count = 0;
-  for (const suite of suites) {
-    for (const tc of (suite.testcase ?? []) as Record<string, unknown>[]) {
+  let skipped = 0;
+  let failedCases = 0;
+  /** failures and errors found outside the test cases: a suite's own, or only in a suite's count */
+  let outside = 0;
+  const problems = (x: Suite | Case) => [...(x.failure ?? []), ...(x.error ?? [])];
+  const messageOf = (f: unknown) =>
+    String(typeof f === 'string' ? f : ((f as Record<string, string>).message ?? (f as Record<string, string>)['#text'] ?? 'failed'));
+  const declared = (x: Suite) => (Number(x.failures) || 0) + (Number(x.errors) || 0);
+  const annotate = (title: string, file: unknown, line: unknown, message: string) =>
+    annotations.push({
+      path: rel(file as string | undefined),
+      line: line ? Number(line) : null,
+      level: 'failure',
+      title,
+      message: message.split('\n')[0]!.slice(0, 1000),
+    });
+  /** a suite's failures and errors at every depth below it, each annotated once */
+  const read = (suite: Suite): number => {
+    let found = 0;
+    for (const f of problems(suite)) {
+      found++;
+      outside++;
+      annotate(`${String(suite.name ?? 'suite')} (the suite itself)`, suite.file, null, messageOf(f));
+    }
+    for (const tc of suite.testcase ?? []) {
       count++;
-      for (const f of [...((tc.failure ?? []) as unknown[]), ...((tc.error ?? []) as unknown[])]) {
-        const message = typeof f === 'string' ? f : ((f as Record<string, string>).message ?? (f as Record<string, string>)['#text'] ?? 'failed');
-        annotations.push({
-          path: rel((tc.file as string | undefined) ?? (suite.file as string | undefined)),
-          line: tc.line ? Number(tc.line) : null,
-          level: 'failure',
-          title: `${String(tc.classname ?? suite.name ?? '')} ${String(tc.name ?? '')}`.trim(),
-          message: String(message).split('\n')[0]!.slice(0, 1000),
-        });
+      const failures = problems(tc);
+      if (failures.length) failedCases++;
+      else if (tc.skipped !== undefined) skipped++;
+      for (const f of failures) {
+        found++;
+        annotate(`${String(tc.classname ?? suite.name ?? '')} ${String(tc.name ?? '')}`.trim(), tc.file ?? suite.file, tc.line, messageOf(f));
       }
     }
+    for (const inner of suite.testsuite ?? []) found += read(inner);
+    if (declared(suite) > found) {
+      outside += declared(suite) - found;
+      annotate(String(suite.name ?? 'suite'), suite.file, null, `the suite reports ${declared(suite)} failures and errors; its test cases show ${found}`);
+      found = declared(suite);
+    }
+    return found;
+  };
+  let found = 0;
+  for (const suite of root.testsuite) found += read(suite);
+  if (root !== (doc as Suite) && declared(root) > found) {
+    outside += declared(root) - found;
+    annotate('testsuites', null, null, `the report counts ${declared(root)} failures and errors; its suites show ${found}`);
   }
-  return { ok: annotations.length === 0 && count > 0, annotations, summary: `${count - annotations.length} of ${count} passed` };
+  return {
+    ok: annotations.length === 0 && count > 0,
+    annotations,
+    summary:
+      `${count - failedCases - skipped} of ${count} passed` +
+      (skipped ? `, ${skipped} skipped` : '') +
+      (outside ? `, ${outside} failures and errors outside the test cases` : ''),
+  };
 }
+
+type Case = { name?: unknown; classname?: unknown; file?: unknown; line?: unknown; skipped?: unknown; failure?: unknown[]; error?: unknown[] };
+type Suite = {
+  name?: unknown;
+  file?: unknown;
+  failures?: unknown;
+  errors?: unknown;
+  testsuite?: Suite[];
+  testcase?: Case[];
+  failure?: unknown[];
+  error?: unknown[];
+};
 
 function eslint(text: string, rel: Rel): Report {
   const results = JSON.parse(text) as { filePath: string; messages: { line?: number; severity: number; message: string; ruleId?: string | null }[] }[];

@@ -116,6 +116,35 @@ describe('gates', function () {
       '/w',
     );
     expect(passing).to.deep.include({ ok: true, summary: '1 of 1 passed' });
+    // a report cut off while it was written is not read as what it holds so far
+    const cut = await parseReport('junit', '<testsuites><testsuite name="s"><testcase name="a"/><testcase name="b">', '/w');
+    expect(cut).to.deep.include({ ok: false, summary: 'the junit report could not be read' });
+    // a suite that counts a failure its cases do not show (a crash in a hook), or has an error of its own
+    // (collection, set-up), fails; the root's count is checked too
+    const counted = await parseReport(
+      'junit',
+      '<testsuites><testsuite name="s" tests="2" failures="1"><testcase name="a"/><testcase name="b"/></testsuite></testsuites>',
+      '/w',
+    );
+    expect(counted.ok).to.equal(false);
+    expect(counted.annotations[0]).to.deep.include({ title: 's', message: 'the suite reports 1 failures and errors; its test cases show 0' });
+    const own = await parseReport(
+      'junit',
+      '<testsuite name="s" errors="1"><error message="collection failed">trace</error><testcase name="a"/></testsuite>',
+      '/w',
+    );
+    expect(own).to.deep.include({ ok: false, summary: '1 of 1 passed, 1 failures and errors outside the test cases' });
+    expect(own.annotations).to.deep.equal([{ path: null, line: null, level: 'failure', title: 's (the suite itself)', message: 'collection failed' }]);
+    const root = await parseReport('junit', '<testsuites errors="2"><testsuite name="s"><testcase name="a"/></testsuite></testsuites>', '/w');
+    expect(root.ok).to.equal(false);
+    // counts that agree with the cases (PHPUnit's outer suite counts its inner suites') add nothing
+    const agreed = await parseReport(
+      'junit',
+      '<testsuites failures="1"><testsuite name="all" failures="1"><testsuite name="inner" failures="1"><testcase name="x"><failure message="no"/></testcase><testcase name="y"><skipped/></testcase></testsuite></testsuite></testsuites>',
+      '/w',
+    );
+    expect(agreed).to.deep.include({ ok: false, summary: '0 of 2 passed, 1 skipped' });
+    expect(agreed.annotations).to.have.length(1);
     // one message of megabytes is kept cut, not whole (in the result, the run and the ledger)
     const huge = await parseReport(
       'eslint',
