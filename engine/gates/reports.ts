@@ -53,10 +53,42 @@ function tap(text: string): Promise<Report> {
         message: `not ok ${a.id ?? ''} ${a.name ?? ''}`.trim(),
       });
     });
-    parser.on('complete', (r: { ok: boolean; count: number; pass: number; fail: number; plan?: { end?: number } }) => {
-      const ok = r.ok && r.count > 0;
-      resolve({ ok, annotations, summary: r.count ? `${r.pass} of ${r.count} passed${r.fail ? `, ${r.fail} failed` : ''}` : 'no tests in the TAP report' });
-    });
+    parser.on(
+      'complete',
+      (r: {
+        ok: boolean;
+        count: number;
+        pass: number;
+        fail: number;
+        bailout?: string | false;
+        plan?: { end?: number | null };
+        failures?: { tapError?: string }[];
+      }) => {
+        const ok = r.ok && r.count > 0;
+        // what failed the stream as a whole, not one test: a bail out, no plan, fewer tests than planned
+        const whole = [
+          ...(r.bailout !== undefined && r.bailout !== false ? [`bailed out${r.bailout ? `: ${r.bailout}` : ''}`] : []),
+          ...(r.failures ?? []).flatMap((f) =>
+            f.tapError === 'incorrect number of tests'
+              ? [`the plan says ${r.plan?.end ?? '?'} tests; ${r.count} reported`]
+              : f.tapError === 'no plan'
+                ? ['the report has no plan (1..N): it may have been cut off']
+                : f.tapError
+                  ? [f.tapError]
+                  : [],
+          ),
+        ];
+        for (const message of whole) annotations.push({ path: null, line: null, level: 'failure', message });
+        const failedTests = r.fail - (r.failures ?? []).filter((f) => f.tapError).length;
+        resolve({
+          ok,
+          annotations,
+          summary: r.count
+            ? `${r.pass} of ${r.count} passed${failedTests ? `, ${failedTests} failed` : ''}${whole.length ? `; ${whole.join('; ')}` : ''}`
+            : 'no tests in the TAP report',
+        });
+      },
+    );
     parser.end(text);
   });
 }

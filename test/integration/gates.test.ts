@@ -116,6 +116,12 @@ describe('gates', function () {
       '/w',
     );
     expect(passing).to.deep.include({ ok: true, summary: '1 of 1 passed' });
+    // a TAP stream that fails as a whole says why: fewer tests than its plan, no plan, a bail out
+    const short = await parseReport('tap', 'TAP version 13\n1..5\nok 1 a\nok 2 b\n', '/w');
+    expect(short).to.deep.include({ ok: false, summary: '2 of 2 passed; the plan says 5 tests; 2 reported' });
+    expect(short.annotations).to.deep.equal([{ path: null, line: null, level: 'failure', message: 'the plan says 5 tests; 2 reported' }]);
+    expect((await parseReport('tap', 'ok 1 a\nok 2 b\n', '/w')).annotations[0]!.message).to.contain('no plan');
+    expect(await parseReport('tap', 'ok 1 a\nBail out! db down\n', '/w')).to.deep.include({ ok: false, summary: '1 of 1 passed; bailed out: db down' });
     // a report cut off while it was written is not read as what it holds so far
     const cut = await parseReport('junit', '<testsuites><testsuite name="s"><testcase name="a"/><testcase name="b">', '/w');
     expect(cut).to.deep.include({ ok: false, summary: 'the junit report could not be read' });
