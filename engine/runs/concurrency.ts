@@ -8,7 +8,7 @@
 // tenant had a backlog (run creation spent 73 µs of Redis CPU a request in LPOS with 20,000 runs waiting).
 import { redisBatch, scanKeys, type Redis } from '../platform/index.js';
 
-/** A line kept as a list (before 2026-11-25) becomes a sorted set in the same order, in place. */
+/** A line kept as a list (until 2026-11-24) becomes a sorted set in the same order, in place. */
 const LINE = `
 if redis.call('TYPE', KEYS[2]).ok == 'list' then
   local ids = redis.call('LRANGE', KEYS[2], 0, -1)

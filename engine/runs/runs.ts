@@ -107,7 +107,7 @@ const canonicalize = canonicalizeModule as unknown as (value: unknown) => string
  * canonical JSON (RFC 8785), so the same request with its fields in another order is the same request.
  */
 const fingerprintOf = (fingerprint: unknown) => createHash('sha256').update(canonicalize(fingerprint)).digest('hex');
-/** the digest of a key claimed before fingerprints were canonical (2026-11-25): of the JSON as the fields came */
+/** the digest of a key claimed before fingerprints were canonical (2026-11-24): of the JSON as the fields came */
 const legacyFingerprintOf = (fingerprint: unknown) => createHash('sha256').update(JSON.stringify(fingerprint)).digest('hex');
 
 export function runsOf(deps: RunsDeps, transitions: Transitions) {
