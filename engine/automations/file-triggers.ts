@@ -1,7 +1,7 @@
 // file_change triggers: one chokidar watcher per process over the tenant roots that have an enabled
 // file_change automation (no other folder is watched); a change that matches an automation's globs
-// starts its run after the trigger's debounce. Links are not followed: a tenant's link to another
-// tenant's folder (or to /usr) shows no change there, and costs no watch. When several processes watch
+// starts its run after the trigger's debounce. Links are not followed, nor watched: a tenant's link to
+// another tenant's folder (or to /usr) shows no change there, and costs no watch. When several processes watch
 // the same files, a Redis lock per automation and batch of changes (its paths and their state) lets
 // only one of them fire it.
 import { createHash } from 'node:crypto';
@@ -103,7 +103,14 @@ export function fileTriggersOf(
   return {
     refresh,
     async start() {
-      watcher = watch([], { ignoreInitial: true, followSymlinks: false, ignored: (p: string) => IGNORED.test(p) });
+      // a link is not watched at all: chokidar, not following it, still watched the link's path, and the
+      // kernel's watch of a path follows the link, so a change in the folder a link points to (another
+      // tenant's) came through as a change of the link itself
+      watcher = watch([], {
+        ignoreInitial: true,
+        followSymlinks: false,
+        ignored: (p: string, stats?: { isSymbolicLink(): boolean }) => IGNORED.test(p) || Boolean(stats?.isSymbolicLink()),
+      });
       watcher.on('add', onChange).on('change', onChange).on('unlink', onChange);
       watcher.on('error', (err) => deps.log.warn({ err }, 'file watcher error'));
       // chokidar says `ready` once, when the roots first added have been read

@@ -290,9 +290,16 @@ describe('file_change triggers', function () {
   });
 
   it("never follows a link out of the tenant's root: another tenant's files are not seen through it", async () => {
+    // one link there before the watch starts, one made while it runs; links are not watched at all (the
+    // kernel's watch of a link's path watches the folder it points to)
+    await fs.symlink(h.tenantDir('tenant-b'), path.join(h.tenantDir(), 'peek'));
     const a = (
       await h.call('POST', '/api/v1/automations', {
-        body: { name: 'peek', triggers: [{ type: 'file_change', paths: ['peek/**'], debounce_ms: 100 }], steps: [{ tool: 'message', args: { text: 'x' } }] },
+        body: {
+          name: 'peek',
+          triggers: [{ type: 'file_change', paths: ['peek/**', 'peek2/**'], debounce_ms: 100 }],
+          steps: [{ tool: 'message', args: { text: 'x' } }],
+        },
       })
     ).body;
     // tenant-b is watched too (it has an automation of its own), and tenant-a links to its folder
@@ -300,8 +307,9 @@ describe('file_change triggers', function () {
       key: KEYS.b,
       body: { name: 'b watches', triggers: [{ type: 'file_change', paths: ['**'] }], steps: [{ tool: 'message', args: { text: 'x' } }] },
     });
-    await fs.symlink(h.tenantDir('tenant-b'), path.join(h.tenantDir(), 'peek'));
     await new Promise((r) => setTimeout(r, 1500));
+    await fs.symlink(h.tenantDir('tenant-b'), path.join(h.tenantDir(), 'peek2'));
+    await new Promise((r) => setTimeout(r, 500));
     await fs.writeFile(path.join(h.tenantDir('tenant-b'), 'acquisition-target.txt'), 'secret plans');
     await new Promise((r) => setTimeout(r, 1500));
     expect(await history(h, a.id)).to.deep.equal([]);
