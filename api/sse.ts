@@ -3,7 +3,7 @@
 // each heartbeat the request's credential is checked again: a stream ends once its key is revoked or
 // expired, or its session has ended (the client's reconnect is then refused with a 401).
 import type { Request, Response } from 'express';
-import type { EventHub, Scope, ServiceEvent } from '../engine/platform/index.js';
+import { EVENTS_KEPT, type EventHub, type Scope, type ServiceEvent } from '../engine/platform/index.js';
 
 /** The open streams of an app, so shutdown can end them: clients resume elsewhere with Last-Event-ID. */
 export class OpenStreams {
@@ -65,6 +65,18 @@ export async function streamEvents(req: Request, res: Response, opts: SseOptions
   }
   res.flushHeaders();
   res.write('retry: 2000\n\n');
+  // the log keeps its last events only: a reader who resumes from before them is told what it missed,
+  // ahead of what is still there (a notice, not an event of the log: it has no id, so a reconnect is unchanged)
+  const firstKept = await opts.hub.droppedAfter(opts.scope.stream, opts.afterId).catch(() => null);
+  if (firstKept)
+    res.write(
+      `event: stream.truncated\ndata: ${JSON.stringify({
+        type: 'stream.truncated',
+        after: opts.afterId,
+        first_kept: firstKept === '0-0' ? null : firstKept,
+        message: `events after ${opts.afterId} were dropped (the stream keeps its last ${EVENTS_KEPT}); read the resource for its state`,
+      })}\n\n`,
+    );
   let ended = false;
   let sub: { close(): void } | undefined;
   const heartbeat = setInterval(() => {

@@ -6,7 +6,6 @@ import type { NewEvent, ServiceEvent } from './event-types.js';
 import type { Redis } from './redis.js';
 import { redisBatch } from './redis-batch.js';
 
-const MAX_LEN = 10_000;
 const TTL_SECONDS = 7 * 24 * 3600;
 
 /** Compares stream ids ("ms-seq") numerically. */
@@ -25,19 +24,36 @@ export type EventLog = {
   append(scope: string, event: NewEvent): Promise<ServiceEvent>;
   /** events after `afterId` (exclusive), oldest first */
   after(scope: string, afterId: string, count?: number): Promise<ServiceEvent[]>;
+  /**
+   * When events after `afterId` are no longer kept (the log keeps its last EVENTS_KEPT), the id of the
+   * first event still kept (`0-0` when none is); null when nothing after `afterId` was dropped.
+   */
+  droppedAfter(scope: string, afterId: string): Promise<string | null>;
 };
+
+/** How many events a log keeps at least (it trims in steps of TRIM_STEP): the oldest go first. */
+export const EVENTS_KEPT = 10_000;
 
 function parseEntries(entries: [string, string[]][]): ServiceEvent[] {
   return entries.map(([id, fields]) => ({ id, ...(JSON.parse(fields[1]!) as Omit<ServiceEvent, 'id'>) }) as ServiceEvent);
 }
 
 // append and refresh the stream's TTL; appends go in the engine's Redis batch, so all events asked for
-// in one turn of the event loop take one round trip, in the order they were asked for
-const APPEND = `local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', 'e', ARGV[3])
+// in one turn of the event loop take one round trip, in the order they were asked for. Once the log holds
+// TRIM_STEP more than it keeps, the oldest go, and the newest id dropped is noted as the stream's
+// max-deleted-entry-id (Redis notes it for XDEL only, not for a trim), which droppedAfter reads
+const TRIM_STEP = 100;
+const APPEND = `local id = redis.call('XADD', KEYS[1], '*', 'e', ARGV[3])
 redis.call('EXPIRE', KEYS[1], ARGV[2])
+local over = redis.call('XLEN', KEYS[1]) - tonumber(ARGV[1])
+if over >= ${TRIM_STEP} then
+  local dropped = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', over)
+  redis.call('XTRIM', KEYS[1], 'MAXLEN', ARGV[1])
+  redis.call('XSETID', KEYS[1], id, 'MAXDELETEDID', dropped[#dropped][1])
+end
 return id`;
 
-export function createEventLog(redis: Redis, prefix: string, clock: { now(): Date } = { now: () => new Date() }): EventLog {
+export function createEventLog(redis: Redis, prefix: string, clock: { now(): Date } = { now: () => new Date() }, kept = EVENTS_KEPT): EventLog {
   const key = (scope: string) => `${prefix}:events:${scope}`;
   const batch = redisBatch(redis);
   batch.define('event.append', { keys: 1, args: 3, lua: APPEND });
@@ -45,12 +61,22 @@ export function createEventLog(redis: Redis, prefix: string, clock: { now(): Dat
     key,
     async append(scope, event) {
       const body = { ...event, at: clock.now().toISOString() };
-      const id = await batch.call<string>('event.append', [key(scope)], [MAX_LEN, TTL_SECONDS, JSON.stringify(body)]);
+      const id = await batch.call<string>('event.append', [key(scope)], [kept, TTL_SECONDS, JSON.stringify(body)]);
       return { id, ...body } as ServiceEvent;
     },
     async after(scope, afterId, count = 1000) {
       const entries = (await redis.xrange(key(scope), `(${afterId}`, '+', 'COUNT', count)) as [string, string[]][];
       return parseEntries(entries);
+    },
+    async droppedAfter(scope, afterId) {
+      // XINFO STREAM: a flat list of names and values; `max-deleted-entry-id` is the newest id trimmed away (see APPEND)
+      const info = (await redis.call('XINFO', 'STREAM', key(scope)).catch(() => null)) as unknown[] | null;
+      if (!info) return null; // no log (yet, or expired): nothing was dropped that a reader could have missed
+      const field = (name: string) => info[info.indexOf(name) + 1];
+      const dropped = field('max-deleted-entry-id');
+      if (typeof dropped !== 'string' || dropped === '0-0' || compareIds(dropped, afterId) <= 0) return null;
+      const first = field('first-entry') as [string, unknown] | null;
+      return first?.[0] ?? '0-0';
     },
   };
 }
@@ -76,6 +102,11 @@ export class EventHub {
     private readonly redis: Redis,
     private readonly log: EventLog,
   ) {}
+
+  /** See EventLog.droppedAfter. */
+  droppedAfter(scope: string, afterId: string): Promise<string | null> {
+    return this.log.droppedAfter(scope, afterId);
+  }
 
   /** True when an event after `afterId` (exclusive) in the scope's log matches. */
   async anyAfter(scope: string, afterId: string, match: (e: ServiceEvent) => boolean): Promise<boolean> {

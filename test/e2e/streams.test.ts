@@ -78,6 +78,34 @@ describe('run session streams', function () {
     expect(log.at(-1)!.type).to.equal('session.updated');
   });
 
+  it('tells a reader who resumes from before the events still kept what it missed, then sends what is kept', async () => {
+    const steps = [1, 2, 3].map((i) => ({ tool: 'message', args: { text: `m${i}` } }));
+    const { body } = await h.call('POST', '/api/v1/autonomy/run', { body: { steps } });
+    const scope = `session:${body.session_id}`;
+    await eventually(async () => (await h.rt.events.after(scope, '0-0')).some((e) => e.type === 'run.finished'), 'the run to end');
+    const log = await h.rt.events.after(scope, '0-0');
+    // the log trimmed to its last 3 events as a long session's is past EVENTS_KEPT (test/integration/event-log.test.ts):
+    // the oldest go and the newest dropped is noted
+    const kept = log.slice(-3);
+    await h.rt.redis.xtrim(h.rt.events.key(scope), 'MAXLEN', 3);
+    await h.rt.redis.xsetid(h.rt.events.key(scope), log.at(-1)!.id, 'MAXDELETEDID', log.at(-4)!.id);
+    const url = `${h.url}/api/v1/autonomy/streaming/${body.session_id}/events`;
+    const read = async (after: string) => {
+      const res = await fetch(url, { headers: { authorization: `Bearer ${KEYS.a}`, 'last-event-id': after }, signal: AbortSignal.timeout(5000) });
+      return res.status === 200 ? await res.text() : `status ${res.status}`;
+    };
+    const text = await read(log[0]!.id);
+    const notice = /event: stream\.truncated\ndata: (.*)\n\n/.exec(text);
+    expect(notice, text).to.not.equal(null);
+    expect(JSON.parse(notice![1]!)).to.deep.include({ type: 'stream.truncated', after: log[0]!.id, first_kept: kept[0]!.id });
+    // the notice comes first and has no id (a reconnect resumes from the last event, not from it); then what is kept
+    expect(text.indexOf('stream.truncated')).to.be.below(text.indexOf(`id: ${kept[0]!.id}`));
+    expect(text).to.not.contain(`id: ${log[1]!.id}\n`);
+    // a reader with nothing missing gets no notice
+    const whole = await read(kept[0]!.id);
+    expect(whole).to.not.contain('stream.truncated');
+  });
+
   it('lets a run started through each route be watched to its end', async () => {
     const automation = (
       await h.call('POST', '/api/v1/automations', { body: { name: 'watched', steps: [{ tool: 'shell', args: { command: 'echo automation' } }] } })

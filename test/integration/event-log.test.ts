@@ -1,0 +1,53 @@
+// The event log (engine/platform/events.ts) on the real Redis: it keeps its last events, trims the oldest
+// in steps, and knows, for a reader who resumes after an id, whether events after it were dropped.
+import { expect } from 'chai';
+import { Redis } from 'ioredis';
+import { createEventLog, type EventLog } from '../../engine/platform/index.js';
+import { deleteRedisPrefix, testRedisUrl, uniquePrefix } from '../support/harness.js';
+
+describe('event log', function () {
+  const prefix = uniquePrefix();
+  let redis: Redis;
+  let log: EventLog;
+  const KEPT = 5;
+  const append = (scope: string, n: number) =>
+    Promise.all(Array.from({ length: n }, (_, i) => log.append(scope, { type: 'run.progress', tenant_id: 't', data: { i } } as never)));
+
+  before(() => {
+    redis = new Redis(testRedisUrl(), { maxRetriesPerRequest: null });
+    log = createEventLog(redis, prefix, undefined, KEPT);
+  });
+  after(async () => {
+    await deleteRedisPrefix(prefix);
+    redis.disconnect();
+  });
+
+  it('keeps every event until it holds a trim step more than it keeps, then only the last it keeps', async () => {
+    const ids = (await append('a', 104)).map((e) => e.id);
+    expect(await redis.xlen(log.key('a'))).to.equal(104);
+    expect(await log.droppedAfter('a', '0-0')).to.equal(null);
+    ids.push((await append('a', 1))[0]!.id);
+    const kept = await log.after('a', '0-0');
+    expect(kept.map((e) => e.id)).to.deep.equal(ids.slice(-KEPT));
+    expect(kept.map((e) => (e.data as unknown as { i: number }).i)).to.deep.equal([100, 101, 102, 103, 0]);
+  });
+
+  it('tells a reader who resumes from before the newest event dropped where the log now begins', async () => {
+    const ids = (await append('b', 110)).map((e) => e.id);
+    const firstKept = ids[100]!; // the 105th append dropped 100; 5 more since
+    const kept = await log.after('b', '0-0');
+    expect(kept[0]!.id).to.equal(firstKept);
+    // from the start, or from any event before the newest dropped: told where the log begins
+    expect(await log.droppedAfter('b', '0-0')).to.equal(firstKept);
+    expect(await log.droppedAfter('b', ids[0]!)).to.equal(firstKept);
+    expect(await log.droppedAfter('b', ids[98]!)).to.equal(firstKept);
+    // from the newest dropped (it read everything up to the trim) or later: nothing was missed
+    expect(await log.droppedAfter('b', ids[99]!)).to.equal(null);
+    expect(await log.droppedAfter('b', firstKept)).to.equal(null);
+    expect(await log.droppedAfter('b', ids.at(-1)!)).to.equal(null);
+  });
+
+  it('has nothing dropped for a log that does not exist (never written, or expired)', async () => {
+    expect(await log.droppedAfter('none', '0-0')).to.equal(null);
+  });
+});
