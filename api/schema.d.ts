@@ -405,9 +405,10 @@ export interface paths {
          *     SERVICE_SSE_HEARTBEAT_SECONDS keeps proxies from closing it. Reconnect with `Last-Event-ID` (or
          *     `last_event_id`) to receive only what was missed; a reconnect after the run's end (its
          *     `run.finished`, or the `session.updated` that follows it) is answered 204, which tells an
-         *     EventSource to stop reconnecting. A stream keeps its last 10,000 events: a reader who resumes from
-         *     before them first gets a `stream.truncated` event (no id; `data`: `after`, `first_kept`, `message`),
-         *     then what is kept.
+         *     EventSource to stop reconnecting. A stream keeps at least its last 10,000 events: a reader whose
+         *     replay would start before them (a first connection to a longer stream, a resume from an older id)
+         *     first gets a `stream.truncated` event (no id; `data`: `after`, `first_kept`, `message`), then what
+         *     is kept.
          */
         get: operations["streamRunSession"];
         put?: never;
@@ -800,9 +801,10 @@ export interface paths {
          *     archived and what the archive stopped has ended: its last event is the `session.updated` that gives
          *     the archived session its outcome. Heartbeat comments keep it open; reconnect with `Last-Event-ID` to
          *     get only what was missed; a reconnect after that last event is answered 204, which tells an
-         *     EventSource to stop reconnecting. A stream keeps its last 10,000 events: a reader who resumes from
-         *     before them first gets a `stream.truncated` event (no id; `data`: `after`, `first_kept`, `message`),
-         *     then what is kept.
+         *     EventSource to stop reconnecting. A stream keeps at least its last 10,000 events: a reader whose
+         *     replay would start before them (a first connection to a longer stream, a resume from an older id)
+         *     first gets a `stream.truncated` event (no id; `data`: `after`, `first_kept`, `message`), then what
+         *     is kept.
          */
         get: operations["traceSession"];
         put?: never;

@@ -3,7 +3,10 @@
 // each heartbeat the request's credential is checked again: a stream ends once its key is revoked or
 // expired, or its session has ended (the client's reconnect is then refused with a 401).
 import type { Request, Response } from 'express';
-import { EVENTS_KEPT, type EventHub, type Scope, type ServiceEvent } from '../engine/platform/index.js';
+import { EVENTS_KEPT, withTimeout, type EventHub, type Scope, type ServiceEvent } from '../engine/platform/index.js';
+
+/** How long a stream waits to learn whether its reader missed trimmed events. */
+const NOTICE_DEADLINE_MS = 1000;
 
 /** The open streams of an app, so shutdown can end them: clients resume elsewhere with Last-Event-ID. */
 export class OpenStreams {
@@ -50,6 +53,12 @@ export async function streamEvents(req: Request, res: Response, opts: SseOptions
     res.status(204).end();
     return;
   }
+  // the log keeps its last events only: a reader whose replay would start before them (a first look at a
+  // long stream, a resume from an old id) is told what it missed, ahead of what is still there (a notice,
+  // not an event of the log: it has no id, so a reconnect is unchanged). Asked before anything is held
+  // open, and bounded: a Redis that does not answer costs the notice, not the stream
+  const firstKept = await withTimeout(opts.hub.droppedAfter(opts.scope.stream, opts.afterId), NOTICE_DEADLINE_MS, 'the log answered').catch(() => null);
+  if (req.socket.destroyed) return;
   res.status(opts.status ?? 200);
   res.set({
     'Content-Type': 'text/event-stream; charset=utf-8',
@@ -65,9 +74,6 @@ export async function streamEvents(req: Request, res: Response, opts: SseOptions
   }
   res.flushHeaders();
   res.write('retry: 2000\n\n');
-  // the log keeps its last events only: a reader who resumes from before them is told what it missed,
-  // ahead of what is still there (a notice, not an event of the log: it has no id, so a reconnect is unchanged)
-  const firstKept = await opts.hub.droppedAfter(opts.scope.stream, opts.afterId).catch(() => null);
   if (firstKept)
     res.write(
       `event: stream.truncated\ndata: ${JSON.stringify({

@@ -1,0 +1,49 @@
+// The SSE writer (api/sse.ts) with a hub of its own: what a stream holds when its client leaves early.
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { expect } from 'chai';
+import express from 'express';
+import { OpenStreams, streamEvents } from '../../api/sse.js';
+import type { EventHub } from '../../engine/platform/index.js';
+
+describe('SSE streams', () => {
+  it('holds nothing for a client that left while the stream asked whether its events were trimmed', async () => {
+    const streams = new OpenStreams();
+    let subscribed = 0;
+    let heartbeats = 0;
+    let asked!: () => void;
+    const askedOnce = new Promise<void>((r) => (asked = r));
+    const hub = {
+      droppedAfter: () => {
+        asked();
+        return new Promise((r) => setTimeout(() => r(null), 300)); // a slow round trip
+      },
+      subscribe: async () => {
+        subscribed++;
+        return { close() {} };
+      },
+      anyAfter: async () => false,
+    } as unknown as EventHub;
+    const app = express();
+    app.get('/s', async (req, res) => {
+      const write = res.write.bind(res) as (chunk: string) => boolean;
+      res.write = ((chunk: string) => (chunk.startsWith(': heartbeat') && heartbeats++, write(chunk))) as typeof res.write;
+      await streamEvents(req, res, { streams, hub, scope: { stream: 's', isLast: () => false }, afterId: '0-0', heartbeatMs: 50 });
+    });
+    const server = http.createServer(app);
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    try {
+      const { port } = server.address() as AddressInfo;
+      const client = new AbortController();
+      const request = fetch(`http://127.0.0.1:${port}/s`, { signal: client.signal }).catch(() => null);
+      await askedOnce;
+      client.abort();
+      await request;
+      await new Promise((r) => setTimeout(r, 600));
+      expect({ open: streams.size, subscribed, heartbeats }).to.deep.equal({ open: 0, subscribed: 0, heartbeats: 0 });
+    } finally {
+      server.closeAllConnections();
+      server.close();
+    }
+  });
+});
