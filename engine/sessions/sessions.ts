@@ -4,6 +4,7 @@
 import type { Platform } from '../deps.js';
 import {
   ConflictError,
+  ValidationError,
   newId,
   NotFoundError,
   scopes,
@@ -140,9 +141,13 @@ export function sessionsOf(deps: SessionsDeps) {
     return message;
   }
 
-  /** An agent's budget: the default time when none is given, never over the operator's maximum. */
+  /** An agent's budget: the default time when none is given; more than the operator's maximum is refused, as a run's is. */
   const budgetOf = (asked: Partial<Budget> | undefined): Budget => {
-    const seconds = Math.min(asked?.seconds ?? deps.limits.defaultBudgetSeconds, deps.limits.maxBudgetSeconds);
+    const seconds = asked?.seconds ?? deps.limits.defaultBudgetSeconds;
+    if (seconds > deps.limits.maxBudgetSeconds) {
+      const error = { path: '/body/budget/seconds', message: `must be at most ${deps.limits.maxBudgetSeconds} (SERVICE_RUN_MAX_BUDGET_SECONDS)` };
+      throw new ValidationError(`${error.path}: ${error.message}`, [error]);
+    }
     return asked?.max_steps === undefined ? { seconds } : { seconds, max_steps: asked.max_steps };
   };
 

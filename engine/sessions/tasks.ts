@@ -7,6 +7,7 @@
 import type { Platform } from '../deps.js';
 import {
   AgentNotConfiguredError,
+  AppError,
   ConflictError,
   isTerminal,
   scopes,
@@ -173,14 +174,34 @@ export function tasksOf(deps: TasksDeps) {
       return;
     }
     const trigger = { prior_attempts: 0, ...(task.agent_id && task.goal ? { inbox_after: task.inbox_after ?? 0 } : {}) };
-    await startRun(
-      session,
-      task,
-      `task:${session.id}:${task.id}`,
-      trigger,
-      (run) => ({ changes: { status: 'queued', run_ids: [run.id], attempts: run.attempt }, from: ['pending', 'queued'] }),
-      { known },
-    );
+    try {
+      await startRun(
+        session,
+        task,
+        `task:${session.id}:${task.id}`,
+        trigger,
+        (run) => ({ changes: { status: 'queued', run_ids: [run.id], attempts: run.attempt }, from: ['pending', 'queued'] }),
+        { known },
+      );
+    } catch (err) {
+      // what may pass (Redis, the store) leaves the task to the next try (the reconciler's)
+      if (!(err instanceof AppError) || err.retryable) throw err;
+      await failUnstartable(session, task, err);
+    }
+  }
+
+  /**
+   * A ready task whose run is refused for a reason that will not pass (the operator's tool policy or
+   * agent endpoint changed since the task was added, its workspace is gone): it fails with that reason,
+   * and what waits on it follows, rather than the session waiting for it for good.
+   */
+  async function failUnstartable(session: Session, task: TaskRecord, err: AppError): Promise<void> {
+    log.warn({ session_id: session.id, task_id: task.id, code: err.code, err: err.message }, 'a ready task could not be started; it fails');
+    const change = await dag.complete(session.id, task.id, 'failed');
+    const output = { status: 'failed', error: { code: err.code, message: err.message } };
+    await move(task, { status: 'failed', output }, ['pending', 'queued']);
+    if (change && (change.ready.length || change.upstreamFailed.length)) await apply(session, change);
+    await deps.recount(session.tenant_id, session.id);
   }
 
   /** Cancels a task of an archived session, and what its end releases after it: nothing of it starts. */
@@ -318,6 +339,8 @@ export function tasksOf(deps: TasksDeps) {
     if (run.trigger.type !== 'task') return null;
     const session = await store.sessions.get(run.tenant_id, run.session_id);
     if (session?.status === 'paused') return { hold: `session ${run.session_id} is paused` };
+    // a run of an archived session's task never starts (a retry, or one in line before the archive's cancel reached it)
+    if (session?.status === 'archived') return { refuse: `session ${run.session_id} is archived` };
     return (await dag.start(run.session_id, run.trigger.task_id)) ? null : { refuse: `task ${run.trigger.task_id} has already ended` };
   }
 
@@ -350,7 +373,10 @@ export function tasksOf(deps: TasksDeps) {
       if (waiting && session) await continueIfAnswered(session, waiting);
       return;
     }
-    const outcome = OUTCOME[run.status] ?? 'failed';
+    // a run that did not succeed once its session was archived was cut by the archive (its steps found
+    // the session read-only, its cancel came a moment late): its task is canceled, as the archive's others
+    const archived = run.status !== 'succeeded' && (await store.sessions.get(run.tenant_id, run.session_id))?.status === 'archived';
+    const outcome = archived ? 'canceled' : (OUTCOME[run.status] ?? 'failed');
     const output = { ...(await outputOf(run)), usage };
     const change = await dag.complete(run.session_id, ref.id, outcome);
     await move(ref, { status: outcome, output, attempts: attemptOf(run) }, ['pending', 'queued', 'running', 'input_required']);
@@ -429,8 +455,10 @@ export function tasksOf(deps: TasksDeps) {
       records.forEach((t, i) => {
         const agent = agents.find((a) => a.id === t.agent_id);
         allowlistOf(deps.settings, agent?.tool_allowlist, t.steps, `/body/tasks/${i}`);
-        if (!t.steps && !deps.settings.agent) {
-          throw new AgentNotConfiguredError('a task with a goal needs an agent endpoint (SERVICE_AGENT_BASE_URL, SERVICE_AGENT_MODEL)');
+        if ((!t.steps || t.steps.some((step) => step.tool === 'agent')) && !deps.settings.agent) {
+          throw new AgentNotConfiguredError(
+            `task ${t.id} ${t.steps ? 'has an agent step' : 'has a goal'}, and no agent endpoint is configured (SERVICE_AGENT_BASE_URL, SERVICE_AGENT_MODEL)`,
+          );
         }
       });
       // ids checked against the tasks read above; one taken since, by a request at the same time, is the same error
@@ -511,36 +539,47 @@ export function tasksOf(deps: TasksDeps) {
       const before = new Date(clock.now().getTime() - olderThanMs).toISOString();
       let finished = 0;
       let started = 0;
-      for (const status of ['queued', 'running'] as const) {
-        for await (const t of stale(status, before)) {
-          const runId = t.run_ids.at(-1);
-          const run = runId ? await store.runs.get(t.tenant_id, runId) : null;
-          if (run && isTerminal(run.status)) {
-            await onRunFinished(run);
-            finished++;
-          } else if (!runId) {
-            const session = await store.sessions.get(t.tenant_id, t.session_id);
-            if (session && session.status !== 'paused' && session.status !== 'archived') {
-              await dispatch(session, t.id);
-              await deps.recount(t.tenant_id, t.session_id);
-              started++;
-            }
-          }
+      // one task that cannot be repaired (its session's store row, a run refused) holds back no other
+      const repair = async (t: TaskRecord, fn: () => Promise<void>) => {
+        try {
+          await fn();
+        } catch (err) {
+          log.error({ err, session_id: t.session_id, task_id: t.id }, 'a task could not be repaired; the next pass tries again');
         }
+      };
+      for (const status of ['queued', 'running'] as const) {
+        for await (const t of stale(status, before))
+          await repair(t, async () => {
+            const runId = t.run_ids.at(-1);
+            const run = runId ? await store.runs.get(t.tenant_id, runId) : null;
+            if (run && isTerminal(run.status)) {
+              await onRunFinished(run);
+              finished++;
+            } else if (!runId) {
+              const session = await store.sessions.get(t.tenant_id, t.session_id);
+              if (session && session.status !== 'paused' && session.status !== 'archived') {
+                await dispatch(session, t.id);
+                await deps.recount(t.tenant_id, t.session_id);
+                started++;
+              }
+            }
+          });
       }
-      for await (const t of stale('pending', before)) {
-        if ((await dag.stateOf(t.session_id, t.id)) !== 'queued') continue;
-        const session = await store.sessions.get(t.tenant_id, t.session_id);
-        if (!session) continue;
-        await dispatch(session, t.id);
-        await deps.recount(t.tenant_id, t.session_id);
-        started++;
-      }
+      for await (const t of stale('pending', before))
+        await repair(t, async () => {
+          if ((await dag.stateOf(t.session_id, t.id)) !== 'queued') return;
+          const session = await store.sessions.get(t.tenant_id, t.session_id);
+          if (!session) return;
+          await dispatch(session, t.id);
+          await deps.recount(t.tenant_id, t.session_id);
+          started++;
+        });
       // an answer whose continuation was lost with its process
-      for await (const t of stale('input_required', before)) {
-        const session = await store.sessions.get(t.tenant_id, t.session_id);
-        if (session && (await continueIfAnswered(session, t))) started++;
-      }
+      for await (const t of stale('input_required', before))
+        await repair(t, async () => {
+          const session = await store.sessions.get(t.tenant_id, t.session_id);
+          if (session && (await continueIfAnswered(session, t))) started++;
+        });
       if (finished || started) log.warn({ finished, started }, 'reconciler repaired session tasks');
       return { finished, started };
     },

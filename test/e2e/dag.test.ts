@@ -249,6 +249,96 @@ describe('task DAG', function () {
     expect((await h.call<Body>('GET', `/api/v1/sessions/${held}`)).body.tasks.every((t: Body) => t.status === 'canceled')).to.equal(true);
   });
 
+  it('cancels, never fails, a task whose run the archive cut: its steps found the session read-only before the cancel reached it', async () => {
+    const id = await session();
+    // the archive's cancels come late (a busy Redis): the run meets the archived session first
+    const cancel = h.rt.engine.runs.cancel.bind(h.rt.engine.runs);
+    h.rt.engine.runs.cancel = async (...args: Parameters<typeof cancel>) => {
+      await new Promise((r) => setTimeout(r, 2000));
+      return cancel(...args);
+    };
+    try {
+      const steps = [...sh('sleep 1'), { tool: 'message' as const, args: { text: 'after the sleep' } }];
+      expect((await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, { body: { id: 'a', steps, max_attempts: 1 } })).status).to.equal(201);
+      await eventually(async () => (await h.call<Body>('GET', `/api/v1/sessions/${id}`)).body.tasks[0].status === 'running', 'the task to start');
+      expect((await h.call<Body>('DELETE', `/api/v1/sessions/${id}`)).status).to.equal(200);
+    } finally {
+      h.rt.engine.runs.cancel = cancel;
+    }
+    const s = await settled(id, 1);
+    const run = (await h.call<Body>('GET', `/api/v1/runs/${s.tasks[0].run_ids[0]}`)).body;
+    // the run itself failed (its message step was refused), yet its task and the session end canceled
+    expect(run.status).to.equal('failed');
+    expect(run.error.message).to.contain('archived');
+    expect(s.tasks[0].status).to.equal('canceled');
+    expect(s).to.deep.include({ status: 'archived', outcome: 'canceled' });
+  });
+
+  it('never starts a run of an archived session’s task (a retry, one in line before the archive): it is canceled at its start', async () => {
+    const id = await session();
+    expect((await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, { body: { id: 'a', steps: sh('true') } })).status).to.equal(201);
+    await settled(id, 1);
+    expect((await h.call<Body>('DELETE', `/api/v1/sessions/${id}`)).status).to.equal(200);
+    const late = await h.rt.engine.runs.create('tenant-a', {
+      kind: 'session_task',
+      session_id: id,
+      steps: sh('echo ran-after-archive'),
+      trigger: { type: 'task', task_id: 'a', prior_attempts: 1 },
+    });
+    const ended = await eventually(async () => {
+      const r = (await h.call<Body>('GET', `/api/v1/runs/${late.id}`)).body;
+      return r.status === 'queued' || r.status === 'running' ? null : r;
+    }, 'the late run to end');
+    expect(ended.status).to.equal('canceled');
+    expect(ended.error.message).to.contain('archived');
+    expect(ended.steps.map((step: Body) => step.status)).to.deep.equal(['pending']); // planned, never started
+  });
+
+  it('fails a ready task whose run the operator’s policy now refuses, and what waits on it follows, instead of leaving it pending', async () => {
+    const id = await session();
+    const allowed = h.config.toolsAllowed as string[];
+    const body = {
+      tasks: [
+        { id: 'a', steps: sh('sleep 1') },
+        { id: 'b', depends_on: ['a'], steps: sh('true') },
+        { id: 'c', depends_on: ['b'], steps: [{ tool: 'message', args: { text: 'c' } }] },
+        { id: 'd', depends_on: ['b'], trigger_rule: 'all_done', steps: [{ tool: 'message', args: { text: 'd' } }] },
+      ],
+    };
+    expect((await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, { body })).status).to.equal(201);
+    // shell taken off the list while a's step runs: b, ready once a ends, cannot be started
+    await eventually(async () => {
+      const a = (await h.call<Body>('GET', `/api/v1/sessions/${id}/tasks`)).body.data[0];
+      return a.run_ids.length && (await h.call<Body>('GET', `/api/v1/runs/${a.run_ids[0]}`)).body.steps[0]?.status === 'running';
+    }, 'a to be running its step');
+    const at = allowed.indexOf('shell');
+    allowed.splice(at, 1);
+    try {
+      const s = await settled(id, 4);
+      expect(s.tasks.map((t: Body) => [t.id, t.status])).to.deep.equal([
+        ['a', 'succeeded'],
+        ['b', 'failed'],
+        ['c', 'upstream_failed'],
+        ['d', 'succeeded'],
+      ]);
+      expect(s.tasks[1].run_ids).to.deep.equal([]);
+      expect(s.tasks[1].output.error.code).to.equal('tool-not-permitted');
+      expect(s.outcome).to.equal('failed');
+    } finally {
+      allowed.splice(at, 0, 'shell');
+    }
+  });
+
+  it('refuses at once a task with an agent step when no agent endpoint is configured (it could never start)', async () => {
+    const id = await session();
+    const res = await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, {
+      body: { tasks: [{ id: 'plan', steps: [{ tool: 'agent', args: { goal: 'write notes' } }] }] },
+    });
+    expect(res.status, res.text).to.equal(422);
+    expect(res.body.code).to.equal('agent-not-configured');
+    expect((await h.call<Body>('GET', `/api/v1/sessions/${id}/tasks`)).body.data).to.deep.equal([]);
+  });
+
   it('answers one 422 listing every error of a batch, and adds nothing', async () => {
     const id = await session();
     const res = await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, {
@@ -346,6 +436,32 @@ describe('task DAG', function () {
       expect(resumed.status).to.equal('running');
       expect(resumed.tasks[0]).to.deep.include({ status: 'queued' });
       expect(resumed.tasks[0].run_ids).to.have.length(1);
+
+      // one task that cannot be repaired (a read of it fails) holds back no other of the pass
+      const two = await Promise.all(
+        ['broken', 'fine'].map(async (title) => {
+          const sid = (await quiet.call<Body>('POST', '/api/v1/sessions', { body: { title } })).body.id as string;
+          await quiet.call('PATCH', `/api/v1/sessions/${sid}`, { body: { status: 'paused' } });
+          expect((await quiet.call<Body>('POST', `/api/v1/sessions/${sid}/tasks`, { body: { id: 't', steps: sh('true') } })).status).to.equal(201);
+          await quiet.rt.store.sessions.update('tenant-a', sid, { status: 'idle' }, ['paused']);
+          return sid;
+        }),
+      );
+      const read = quiet.rt.store.tasks.get.bind(quiet.rt.store.tasks);
+      quiet.rt.store.tasks.get = async (...args: Parameters<typeof read>) => {
+        if (args[1] === two[0]) throw new Error('injected');
+        return read(...args);
+      };
+      const logged = quiet.logs.length;
+      try {
+        expect(await quiet.rt.engine.sessions.reconcile(0)).to.deep.equal({ finished: 0, started: 1 });
+      } finally {
+        quiet.rt.store.tasks.get = read;
+      }
+      expect((await quiet.call<Body>('GET', `/api/v1/sessions/${two[1]}`)).body.tasks[0].run_ids).to.have.length(1);
+      expect(quiet.logs.slice(logged).some((l) => l.includes('a task could not be repaired'))).to.equal(true);
+      // the next pass, the read answering again, repairs it
+      expect(await quiet.rt.engine.sessions.reconcile(0)).to.deep.equal({ finished: 0, started: 1 });
     } finally {
       await quiet.close();
     }

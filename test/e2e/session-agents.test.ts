@@ -181,6 +181,18 @@ describe('agents of a session', function () {
       expect((await h.call('GET', `/api/v1/sessions/${other}/agents/${writer.id}`)).status).to.equal(404);
       expect((await h.call('PATCH', `/api/v1/sessions/${other}/agents/${writer.id}`, { body: { name: 'x' } })).status).to.equal(404);
       expect((await h.call('PATCH', `/api/v1/sessions/${session}/agents/${writer.id}`, { body: {} })).status).to.equal(400);
+      // a budget over the operator's maximum is refused, as a run's or an automation's is, not cut down
+      const tooLong = { budget: { seconds: h.config.runBudget.maxSeconds + 1 } };
+      for (const [method, url] of [
+        ['POST', `/api/v1/sessions/${session}/agents`],
+        ['PATCH', `/api/v1/sessions/${session}/agents/${writer.id}`],
+      ] as const) {
+        const refused = await h.call<Body>(method, url, { body: method === 'POST' ? { name: 'long', ...tooLong } : tooLong });
+        expect(refused.status, refused.text).to.equal(400);
+        expect(refused.body.errors[0]).to.deep.include({ path: '/body/budget/seconds' });
+      }
+      expect((await h.call<Body>('GET', `/api/v1/sessions/${session}/agents`)).body.data.map((a: Body) => a.name)).to.deep.equal(['writer']);
+      expect((await h.call<Body>('GET', `/api/v1/sessions/${session}/agents/${writer.id}`)).body.budget.seconds).to.equal(120);
       await h.call('DELETE', `/api/v1/sessions/${session}`);
       expect((await h.call('PATCH', `/api/v1/sessions/${session}/agents/${writer.id}`, { body: { name: 'x' } })).status).to.equal(409);
     });
