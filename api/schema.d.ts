@@ -668,7 +668,12 @@ export interface paths {
         /** List a session's agents */
         get: operations["listSessionAgents"];
         put?: never;
-        /** Add an agent */
+        /**
+         * Add an agent
+         * @description Adds an agent to a multi-agent session; tasks with a goal name it. The session of an autonomy or vibe
+         *     run takes no agents (409, as it takes no tasks), nor does an archived session. A budget over
+         *     SERVICE_RUN_MAX_BUDGET_SECONDS is refused (400).
+         */
         post: operations["addSessionAgent"];
         delete?: never;
         options?: never;

@@ -31,7 +31,9 @@ export function dagErrors(existing: readonly DagNode[], added: readonly DagNode[
   // cycles among the new tasks (Kahn: what cannot be ordered is on or behind a cycle)
   const indegree = new Map<string, number>();
   const dependents = new Map<string, string[]>();
-  for (const t of added) {
+  for (const [i, t] of added.entries()) {
+    // a task whose id is used twice is in the graph once, as its first use (a second would hide its edges)
+    if (addedIds.get(t.id) !== i) continue;
     const deps = t.depends_on.filter((d) => addedIds.has(d) && d !== t.id);
     indegree.set(t.id, new Set(deps).size);
     for (const d of new Set(deps)) {

@@ -354,7 +354,10 @@ export function sessionsOf(deps: SessionsDeps) {
       sessionId: string,
       req: { name: string; role?: string; instructions?: string; tool_allowlist?: ToolName[]; budget?: Partial<Budget>; model?: string },
     ): Promise<AgentRecord> {
-      await mustBeLive(tenantId, sessionId);
+      const session = await mustBeLive(tenantId, sessionId);
+      // a run's session has no tasks, so an agent in it would never be given work
+      if (session.kind !== 'multi_agent')
+        throw new ConflictError(`session ${sessionId} is the session of an ${session.kind} run; agents go in multi-agent sessions`, { kind: session.kind });
       const now = clock.now().toISOString();
       const agent: AgentRecord = {
         id: newId('agt'),

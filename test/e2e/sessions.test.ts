@@ -210,13 +210,18 @@ describe('sessions', function () {
     expect(rest.events.map((e) => e.id)).to.deep.equal(events.slice(-2).map((e) => e.id));
   });
 
-  it('takes tasks only in multi-agent sessions, and a resume asked of a running session changes nothing', async () => {
+  it('takes tasks and agents only in multi-agent sessions, and a resume asked of a running session changes nothing', async () => {
     const run = await h.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'message', args: { text: 'x' } }] } });
     const refused = await h.call<Body>('POST', `/api/v1/sessions/${run.body.session_id}/tasks`, {
       body: { steps: [{ tool: 'message', args: { text: 'y' } }] },
     });
     expect(refused.status).to.equal(409);
     expect(refused.body.detail).to.contain('multi-agent');
+    // nor agents, which only tasks give work to
+    const agent = await h.call<Body>('POST', `/api/v1/sessions/${run.body.session_id}/agents`, { body: { name: 'idle hands' } });
+    expect(agent.status).to.equal(409);
+    expect(agent.body.detail).to.contain('multi-agent');
+    expect((await h.call<Body>('GET', `/api/v1/sessions/${run.body.session_id}/agents`)).body.data).to.deep.equal([]);
     const s = await create({ title: 'busy' });
     await h.call('POST', `/api/v1/sessions/${s.id}/tasks`, { body: { steps: [{ tool: 'shell', args: { command: 'sleep 2' } }] } });
     await eventually(async () => (await h.call<Body>('GET', `/api/v1/sessions/${s.id}`)).body.status === 'running' || null, 'the session to run');

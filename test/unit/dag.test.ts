@@ -25,6 +25,14 @@ describe('task DAG rules', () => {
     expect(errors).to.have.length(6);
   });
 
+  it('still finds a cycle when one of its tasks has its id used again later in the batch', () => {
+    const errors = dagErrors([], [node('a', ['b']), node('b', ['a']), node('a')], new Set());
+    expect(errors).to.deep.equal([
+      { path: '/body/tasks/2/id', message: 'task id a is used twice' },
+      { path: '/body/tasks', message: 'the dependencies form a cycle through a, b' },
+    ]);
+  });
+
   it('orders tasks after their dependencies, ties by creation', () => {
     const t = (id: string, depends_on: string[], at: number) => ({ id, depends_on, created_at: new Date(at).toISOString() });
     const order = dagOrder([t('d', ['b', 'c'], 1), t('c', ['a'], 2), t('b', ['a'], 3), t('a', [], 4), t('e', [], 5)]);
