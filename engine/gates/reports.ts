@@ -41,9 +41,11 @@ export async function parseReport(format: ReportFormat, text: string, workspace:
 function tap(text: string): Promise<Report> {
   return new Promise((resolve) => {
     const annotations: Annotation[] = [];
+    let failedTests = 0;
     const parser = new TapParser();
     parser.on('assert', (a: { ok: boolean; name?: string; id?: number; skip?: unknown; todo?: unknown; diag?: Record<string, unknown> }) => {
       if (a.ok || a.skip || a.todo) return;
+      failedTests++;
       const at = a.diag?.at as { fileName?: string; lineNumber?: number } | string | undefined;
       const where = typeof at === 'string' ? /^(.*?):(\d+)/.exec(at) : null;
       annotations.push({
@@ -60,14 +62,15 @@ function tap(text: string): Promise<Report> {
         count: number;
         pass: number;
         fail: number;
-        bailout?: string | false;
+        bailout?: string | boolean;
         plan?: { end?: number | null };
         failures?: { tapError?: string }[];
       }) => {
         const ok = r.ok && r.count > 0;
-        // what failed the stream as a whole, not one test: a bail out, no plan, fewer tests than planned
-        const whole = [
-          ...(r.bailout !== undefined && r.bailout !== false ? [`bailed out${r.bailout ? `: ${r.bailout}` : ''}`] : []),
+        // what failed the stream as a whole, not one test: a bail out (`true` when it gave no reason), no
+        // plan, fewer tests than planned, an id used twice (the parser lists such an error once per use)
+        const whole = new Set([
+          ...(r.bailout !== undefined && r.bailout !== false ? [`bailed out${typeof r.bailout === 'string' && r.bailout ? `: ${r.bailout}` : ''}`] : []),
           ...(r.failures ?? []).flatMap((f) =>
             f.tapError === 'incorrect number of tests'
               ? [`the plan says ${r.plan?.end ?? '?'} tests; ${r.count} reported`]
@@ -77,14 +80,13 @@ function tap(text: string): Promise<Report> {
                   ? [f.tapError]
                   : [],
           ),
-        ];
+        ]);
         for (const message of whole) annotations.push({ path: null, line: null, level: 'failure', message });
-        const failedTests = r.fail - (r.failures ?? []).filter((f) => f.tapError).length;
         resolve({
           ok,
           annotations,
           summary: r.count
-            ? `${r.pass} of ${r.count} passed${failedTests ? `, ${failedTests} failed` : ''}${whole.length ? `; ${whole.join('; ')}` : ''}`
+            ? `${r.pass} of ${r.count} passed${failedTests ? `, ${failedTests} failed` : ''}${whole.size ? `; ${[...whole].join('; ')}` : ''}`
             : 'no tests in the TAP report',
         });
       },

@@ -162,7 +162,9 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
         return await interrupted(run, stop.error.message, a.close()).finally(a.drained);
       }
       if (stop) {
-        // stopped in the middle of work that is not a step (a vibe run's copy or diff): the stop says how it ended
+        // stopped in the middle of work that is not a step (a vibe run's copy or diff): the stop says how it
+        // ended; what was thrown is logged, in case it was a fault of its own rather than the stop
+        log.warn({ err, run_id: runId, stop: stop.status }, 'a stopped run threw');
         outcome = { status: stop.status, error: stop.error, summary: `${stop.status.replace('_', ' ')}: ${stop.error.message}`, usage: a.usage };
       } else {
         log.error({ err, run_id: runId }, 'run failed unexpectedly');

@@ -4,7 +4,7 @@
 import type { ErrorInfo, Run, VibeGates } from '../platform/index.js';
 import { TOOLS } from '../tools/index.js';
 import { AgentError, runAgent, type ModelClient } from './agent.js';
-import type { Attempt } from './attempt.js';
+import type { Attempt, StopReason } from './attempt.js';
 import type { Scratch } from './workspace.js';
 
 export type WorkOutcome = { summary: string; error?: ErrorInfo; result?: Run['result'] };
@@ -168,10 +168,13 @@ export function agentProgram(client: ModelClient, runOf: (runId: string) => Prom
 /** How long a vibe run's diff may take once its run is stopped (its budget ran out, a cancel, a shutdown). */
 export const DIFF_GRACE_MS = 5000;
 
-/** A signal that aborts `ms` after `signal` does (at once if it has). */
-export function withGrace(signal: AbortSignal, ms: number): AbortSignal {
+/** The grace of a vibe run's diff, by why its run stopped: none at a shutdown (see vibeProgram). */
+export const diffGraceMs = (reason: unknown): number => ((reason as StopReason | undefined)?.status === 'interrupted' ? 0 : DIFF_GRACE_MS);
+
+/** A signal that aborts `ms` after `signal` does (at once if it has); `ms` may depend on why it did. */
+export function withGrace(signal: AbortSignal, ms: number | ((reason: unknown) => number)): AbortSignal {
   const c = new AbortController();
-  const later = () => setTimeout(() => c.abort(signal.reason), ms).unref();
+  const later = () => setTimeout(() => c.abort(signal.reason), typeof ms === 'number' ? ms : ms(signal.reason)).unref();
   if (signal.aborted) later();
   else signal.addEventListener('abort', later, { once: true });
   return c.signal;
@@ -200,8 +203,10 @@ export function vibeProgram(
       a.readOnlyBinds.push(...scratch.readOnlyBinds);
       const outcome = await work(a);
       const checked = a.run.gates && gates && !outcome.error && !a.signal.aborted ? await gates(a.run, scratch.dir, a.readOnlyBinds, a.signal) : undefined;
-      // what the run changed is its result even when its budget ran out: the diff has a few seconds past it
-      const { diff, changed_files, truncated } = await scratch.diff(withGrace(a.signal, DIFF_GRACE_MS));
+      // what the run changed is its result even when its budget ran out or it was canceled: the diff has a
+      // few seconds past it. Not at a shutdown: the attempt is put back in line and its result thrown
+      // away, and the process has less time left than the grace
+      const { diff, changed_files, truncated } = await scratch.diff(withGrace(a.signal, diffGraceMs));
       const failed = checked?.results.filter((g) => g.required && g.conclusion !== 'success').map((g) => g.gate_id) ?? [];
       return {
         ...outcome,

@@ -83,7 +83,8 @@ async function sandboxedGit(sandbox: Sandbox, cwd: string, script: string, readO
     maxBytes: 64 * 1024 * 1024,
     timeoutMs: GIT_TIMEOUT_MS,
   });
-  if (r.aborted) throw new Error('stopped: the run is over (its budget, a cancel or a shutdown)');
+  // a command that finished as the signal came has done its work: stopped is what the signal cut short
+  if (r.aborted && r.exit_code !== 0) throw new Error('stopped: the run is over (its budget, a cancel or a shutdown)');
   if (r.exit_code !== 0) throw new Error(`git failed (${r.exit_code ?? r.signal}): ${r.stderr.trim().slice(-500)}`);
   return r.stdout;
 }

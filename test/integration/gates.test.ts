@@ -122,6 +122,12 @@ describe('gates', function () {
     expect(short.annotations).to.deep.equal([{ path: null, line: null, level: 'failure', message: 'the plan says 5 tests; 2 reported' }]);
     expect((await parseReport('tap', 'ok 1 a\nok 2 b\n', '/w')).annotations[0]!.message).to.contain('no plan');
     expect(await parseReport('tap', 'ok 1 a\nBail out! db down\n', '/w')).to.deep.include({ ok: false, summary: '1 of 1 passed; bailed out: db down' });
+    expect(await parseReport('tap', 'ok 1 a\nBail out!\n', '/w')).to.deep.include({ ok: false, summary: '1 of 1 passed; bailed out' });
+    // an id used twice is said once, and the failing test point that reused it still counts as failed
+    expect(await parseReport('tap', '1..2\nok 1 a\nnot ok 1 b\n', '/w')).to.deep.include({
+      ok: false,
+      summary: '1 of 2 passed, 1 failed; test point id 1 appears multiple times',
+    });
     // a report cut off while it was written is not read as what it holds so far
     const cut = await parseReport('junit', '<testsuites><testsuite name="s"><testcase name="a"/><testcase name="b">', '/w');
     expect(cut).to.deep.include({ ok: false, summary: 'the junit report could not be read' });

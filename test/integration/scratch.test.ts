@@ -6,7 +6,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { expect } from 'chai';
 import { makeScratch } from '../../engine/runs/workspace.js';
-import { withGrace } from '../../engine/runs/programs.js';
+import { DIFF_GRACE_MS, diffGraceMs, withGrace } from '../../engine/runs/programs.js';
 import { noSandbox, type Sandbox } from '../../engine/tools/sandbox.js';
 
 /** The host's processes, made slow on demand: then every command sleeps 30 s before it does its work. */
@@ -80,5 +80,17 @@ describe('a vibe run’s scratch copy', () => {
     expect(late.aborted).to.equal(false);
     await new Promise((r) => setTimeout(r, 200));
     expect(late.aborted).to.equal(true);
+  });
+
+  it('gives no grace at a shutdown: the interrupted attempt goes back in line and the process is about to exit', async () => {
+    const stop = (status: string) => ({ status, error: { code: status, message: status } });
+    expect(diffGraceMs(stop('timed_out'))).to.equal(DIFF_GRACE_MS);
+    expect(diffGraceMs(stop('canceled'))).to.equal(DIFF_GRACE_MS);
+    expect(diffGraceMs(stop('interrupted'))).to.equal(0);
+    const run = new AbortController();
+    const grace = withGrace(run.signal, diffGraceMs);
+    run.abort(stop('interrupted'));
+    await new Promise((r) => setTimeout(r, 20));
+    expect(grace.aborted).to.equal(true);
   });
 });
