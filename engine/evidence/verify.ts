@@ -1,23 +1,13 @@
 // Checking evidence with nothing but the data and a public key: each entry's hash over its canonical
 // JSON (RFC 8785), the chain of prev_hash links, each entry's signature and each payload's digest.
 // The service uses it when it builds a pack; the CLI's `gates verify` uses it offline.
-import { createHash, type KeyObject } from 'node:crypto';
-import canonicalizeModule from 'canonicalize';
-import type { LedgerEntry } from '../platform/index.js';
+import type { KeyObject } from 'node:crypto';
+import { canonicalJson, sha256Hex, type LedgerEntry } from '../platform/index.js';
 import { verifySignature } from './keys.js';
 
+export { canonicalJson, sha256Hex };
+
 export const GENESIS_HASH = '0'.repeat(64);
-
-// a CommonJS module whose types describe an ES default export: at run time the import is the function
-const canonicalize = canonicalizeModule as unknown as (value: unknown) => string | undefined;
-
-export const canonicalJson = (value: unknown): string => {
-  const text = canonicalize(value);
-  if (text === undefined) throw new Error('a value with no JSON form cannot be evidence');
-  return text;
-};
-
-export const sha256Hex = (text: string | Buffer) => createHash('sha256').update(text).digest('hex');
 
 /** `sha256:<hex>` of a payload's canonical JSON text. */
 export const payloadDigest = (body: string) => `sha256:${sha256Hex(body)}`;

@@ -1,16 +1,16 @@
 // Runs: one execution of work, of any kind. A run is written `queued` before its job exists (the
 // outbox); the tenant's slots decide whether its job is added now or when a slot frees. Every change
 // of status goes through transitions.ts; the reconciler repairs what a crash or a lost job left.
-import { createHash } from 'node:crypto';
-import canonicalizeModule from 'canonicalize';
 import path from 'node:path';
 import type { Platform } from '../deps.js';
 import {
   AgentNotConfiguredError,
   type AgentSnapshot,
+  canonicalJson,
   ConflictError,
   IdempotencyKeyReusedError,
   isTerminal,
+  sha256Hex,
   jobIdOfRun,
   newId,
   NotFoundError,
@@ -34,7 +34,7 @@ import type { AgentEndpoint } from './agent.js';
 import { createRunClaims } from './claims.js';
 import type { TenantSlots } from './concurrency.js';
 import { retryPolicyOf } from './retry.js';
-import { REDIS_DEADLINE_MS, type AfterStored, type RunCompanion, type Transitions } from './transitions.js';
+import { REDIS_DEADLINE_MS, STORE_RETRY_AFTER_SECONDS, type AfterStored, type RunCompanion, type Transitions } from './transitions.js';
 import { allowlistOf, networkOf, type ToolPolicy } from './policy.js';
 import { resolveWorkspace, tenantRoot, tenantRootPath } from './workspace.js';
 import type { Sandbox } from '../tools/index.js';
@@ -88,6 +88,10 @@ const CANCEL_CHANNEL = (prefix: string) => `${prefix}:run-cancel`;
 const cancelKey = (prefix: string, runId: string) => `${prefix}:run-cancel:${runId}`;
 /** Slot holders the reconciler reads at once. */
 const HOLDERS_PAGE = 500;
+
+/** The store's expired idempotency keys go this many a write, for at most this long a reconcile pass. */
+const PRUNE_PAGE = 1000;
+const PRUNE_BUDGET_MS = 2000;
 /** stale runs the reconciler reads at a time, and at most in one pass (the next pass goes on from there) */
 const STALE_PAGE = 500;
 const STALE_PER_PASS = 10 * STALE_PAGE;
@@ -99,16 +103,13 @@ const REDIS_RETRY_AFTER_SECONDS = 2;
 // removes an idempotency claim only if it is still ours: a claim that timed out may land later
 const RELEASE_CLAIM = `if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`;
 
-// a CommonJS module whose types describe an ES default export: at run time the import is the function
-const canonicalize = canonicalizeModule as unknown as (value: unknown) => string;
-
 /**
  * What a request with an Idempotency-Key is recognised by when it comes again: the digest of its
  * canonical JSON (RFC 8785), so the same request with its fields in another order is the same request.
  */
-const fingerprintOf = (fingerprint: unknown) => createHash('sha256').update(canonicalize(fingerprint)).digest('hex');
+const fingerprintOf = (fingerprint: unknown) => sha256Hex(canonicalJson(fingerprint));
 /** the digest of a key claimed before fingerprints were canonical (2026-11-24): of the JSON as the fields came */
-const legacyFingerprintOf = (fingerprint: unknown) => createHash('sha256').update(JSON.stringify(fingerprint)).digest('hex');
+const legacyFingerprintOf = (fingerprint: unknown) => sha256Hex(JSON.stringify(fingerprint));
 
 export function runsOf(deps: RunsDeps, transitions: Transitions) {
   const { store, clock, log, limits, slots, queues, redis, settings } = deps;
@@ -254,7 +255,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
     const requestNow = () => (typeof request === 'function' ? request() : Promise.resolve(request));
     if (!key) return { run: await create(tenantId, await requestNow(), undefined, after), replayed: false };
     const hash = fingerprintOf(fingerprint);
-    const keyDigest = createHash('sha256').update(key).digest('hex');
+    const keyDigest = sha256Hex(key);
     const slot = `${prefix}:idempotency:${tenantId}:${keyDigest}`;
     const id = newId('run');
     const claim = JSON.stringify({ hash, run_id: id });
@@ -270,12 +271,25 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
     if (won) {
       try {
         // Redis forgets a key when it loses its data: the store keeps each key's run too, for its day
-        const kept = await store.idempotencyKeys.get(tenantId, keyDigest, new Date(clock.now().getTime() - IDEMPOTENCY_TTL_SECONDS * 1000).toISOString());
-        const earlier = kept && (await store.runs.get(tenantId, kept.run_id));
+        const since = new Date(clock.now().getTime() - IDEMPOTENCY_TTL_SECONDS * 1000).toISOString();
+        const [kept, earlier] = await (async () => {
+          const k = await store.idempotencyKeys.get(tenantId, keyDigest, since);
+          return [k, k && (await store.runs.get(tenantId, k.run_id))] as const;
+        })().catch((err: unknown) => {
+          throw new ServiceUnavailableError('the store did not answer; retry this request with the same Idempotency-Key', STORE_RETRY_AFTER_SECONDS, {
+            cause: err,
+          });
+        });
         if (kept && earlier) {
-          // Redis holds the key again for the rest of its day, as it did before it lost it
+          // Redis holds the key again for the rest of its day, as it did before it lost it (if it cannot,
+          // the claim is taken back below and the next retry reads the store again)
           const leftMs = Date.parse(kept.created_at) + IDEMPOTENCY_TTL_SECONDS * 1000 - clock.now().getTime();
-          await redis.set(slot, JSON.stringify({ hash: kept.fingerprint, run_id: earlier.id }), 'PX', Math.max(1000, leftMs));
+          const restored = await withTimeout(
+            redis.set(slot, JSON.stringify({ hash: kept.fingerprint, run_id: earlier.id }), 'PX', Math.max(1000, leftMs)),
+            REDIS_DEADLINE_MS,
+            'Redis answer',
+          ).catch(() => null);
+          if (!restored) await redis.eval(RELEASE_CLAIM, 1, slot, claim).catch(() => undefined);
           if (kept.fingerprint !== hash) throw new IdempotencyKeyReusedError('this Idempotency-Key was used with a different request');
           return { run: earlier, replayed: true };
         }
@@ -290,7 +304,10 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
         throw err;
       }
     }
-    const held = JSON.parse((await redis.get(slot)) ?? '{}') as { hash?: string; run_id?: string };
+    const holding = await withTimeout(redis.get(slot), REDIS_DEADLINE_MS, 'Redis answer').catch((err: unknown) => {
+      throw new ServiceUnavailableError('Redis did not answer; retry this request with the same Idempotency-Key', REDIS_RETRY_AFTER_SECONDS, { cause: err });
+    });
+    const held = JSON.parse(holding ?? '{}') as { hash?: string; run_id?: string };
     if (held.hash !== hash && held.hash !== legacyFingerprintOf(fingerprint))
       throw new IdempotencyKeyReusedError('this Idempotency-Key was used with a different request');
     for (let i = 0; i < 50; i++) {
@@ -534,8 +551,10 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
           }
         }
       }
-      // the store's idempotency keys past their day, a page a pass (Redis's expire by themselves)
-      await store.idempotencyKeys.prune(new Date(clock.now().getTime() - IDEMPOTENCY_TTL_SECONDS * 1000).toISOString(), HOLDERS_PAGE);
+      // the store's idempotency keys past their day (Redis's expire by themselves): a page at a time until
+      // none is left, within a bound, so a pass keeps up with any rate of keyed runs and is never held long
+      const expired = new Date(clock.now().getTime() - IDEMPOTENCY_TTL_SECONDS * 1000).toISOString();
+      for (const until = Date.now() + PRUNE_BUDGET_MS; Date.now() < until;) if ((await store.idempotencyKeys.prune(expired, PRUNE_PAGE)) < PRUNE_PAGE) break;
       if (requeued || lost || freed) log.warn({ requeued, lost, freed }, 'reconciler repaired runs');
       return { requeued, lost, freed };
     },

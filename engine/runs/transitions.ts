@@ -25,7 +25,7 @@ import { retryDelayMs } from './retry.js';
 
 /** How long run creation waits for Redis before answering 202 on the strength of the store alone. */
 export const REDIS_DEADLINE_MS = 1500;
-const STORE_RETRY_AFTER_SECONDS = 5;
+export const STORE_RETRY_AFTER_SECONDS = 5;
 
 export type RunFinishedHook = (run: Run) => Promise<void>;
 

@@ -235,6 +235,19 @@ describe('autonomy runs', function () {
     expect(first.status).to.equal(202);
     const slot = `${h.config.queuePrefix}:idempotency:tenant-a:${createHash('sha256').update('deploy-45').digest('hex')}`;
     expect(await h.rt.redis.del(slot)).to.equal(1); // Redis lost its data (no AOF, a failover)
+    // a store that does not answer then: 503 with Retry-After, nothing made, and the claim taken back
+    const lookup = h.rt.store.idempotencyKeys.get.bind(h.rt.store.idempotencyKeys);
+    h.rt.store.idempotencyKeys.get = async () => {
+      throw new Error('SQLITE_IOERR: injected');
+    };
+    try {
+      const down = await h.call('POST', '/api/v1/autonomy/run', { body, headers: key });
+      expect(down.status, down.text).to.equal(503);
+      expect(down.headers.get('retry-after')).to.equal('5');
+    } finally {
+      h.rt.store.idempotencyKeys.get = lookup;
+    }
+    expect(await h.rt.redis.exists(slot)).to.equal(0);
     const retry = await h.call('POST', '/api/v1/autonomy/run', { body, headers: key });
     expect(retry.status).to.equal(202);
     expect(retry.headers.get('idempotent-replayed')).to.equal('true');
@@ -248,8 +261,16 @@ describe('autonomy runs', function () {
     // a key's day is over: it may start a new run (the reconciler forgets the store's copy)
     await h.rt.redis.del(slot);
     const kept = await h.rt.store.idempotencyKeys.get('tenant-a', createHash('sha256').update('deploy-45').digest('hex'), '1970-01-01T00:00:00.000Z');
-    await h.rt.store.idempotencyKeys.put({ ...kept!, created_at: new Date(Date.now() - 25 * 3600 * 1000).toISOString() });
+    const dayAgo = new Date(Date.now() - 25 * 3600 * 1000).toISOString();
+    await h.rt.store.idempotencyKeys.put({ ...kept!, created_at: dayAgo });
+    // with more expired keys than a write takes: one pass forgets them all (a page a pass fell behind any busy day)
+    await Promise.all(
+      Array.from({ length: 2500 }, (_, i) => h.rt.store.idempotencyKeys.put({ ...kept!, key_digest: `${i}`.padStart(64, '0'), created_at: dayAgo })),
+    );
     await h.rt.engine.runs.reconcile();
+    expect(await h.rt.store.idempotencyKeys.get('tenant-a', '0'.repeat(64), '1970-01-01T00:00:00.000Z')).to.equal(null);
+    expect(await h.rt.store.idempotencyKeys.get('tenant-a', '2499'.padStart(64, '0'), '1970-01-01T00:00:00.000Z')).to.equal(null);
+    expect(await h.rt.store.idempotencyKeys.prune(new Date(Date.now() - 24 * 3600 * 1000).toISOString(), 10_000)).to.equal(0);
     expect(await h.rt.store.idempotencyKeys.get('tenant-a', kept!.key_digest, '1970-01-01T00:00:00.000Z')).to.equal(null);
     const later = await h.call('POST', '/api/v1/autonomy/run', { body, headers: key });
     expect(later.status).to.equal(202);
