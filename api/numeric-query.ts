@@ -3,7 +3,6 @@
 // this check, made from the spec itself for every integer or number query parameter, refuses them with
 // a 400 before the validator runs. A route matches as Express matches it: any case, a trailing slash.
 import type { RequestHandler } from 'express';
-import { ValidationError } from '../engine/platform/index.js';
 import type { OpenApiDocument } from './spec.js';
 
 type Parameter = { name?: string; in?: string; schema?: { type?: string | string[] }; $ref?: string };
@@ -36,11 +35,11 @@ export function finiteNumericQuery(spec: OpenApiDocument): RequestHandler {
     if (route) {
       const query = req.query as Record<string, unknown>;
       const bad = route.names.filter((n) => typeof query[n] === 'string' && query[n] !== '' && !(DECIMAL.test(query[n]) && Number.isFinite(Number(query[n]))));
+      // refused as the validator refuses what breaks the schema (`bad-request` with `errors`), which it
+      // would say of `limit=0`: one parameter, one code, whichever check finds it
       if (bad.length) {
-        throw new ValidationError(
-          bad.map((n) => `/query/${n}: must be a finite decimal number`).join('; '),
-          bad.map((n) => ({ path: `/query/${n}`, message: 'must be a finite decimal number' })),
-        );
+        const errors = bad.map((n) => ({ path: `/query/${n}`, message: 'must be a finite decimal number' }));
+        throw Object.assign(new Error(errors.map((e) => `${e.path}: ${e.message}`).join('; ')), { status: 400, errors });
       }
     }
     next();
