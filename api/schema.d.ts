@@ -2344,7 +2344,9 @@ export interface components {
             /** @description Tries of the task's run, the first included (a worker lost mid-run counts as a failed try). Default 2. */
             max_attempts?: number;
         };
-        TaskCreate: components["schemas"]["TaskInput"] | {
+        /** @description One task, or a whole DAG at once when `tasks` is present (errors then name only the form given). */
+        TaskCreate: Record<string, never>;
+        TaskBatch: {
             tasks: components["schemas"]["TaskInput"][];
         };
         Task: {

@@ -360,6 +360,13 @@ describe('task DAG', function () {
     expect((await h.call<Body>('GET', `/api/v1/sessions/${id}/tasks`)).body.data).to.deep.equal([]);
     expect((await h.call('GET', `/api/v1/sessions/${id}/tasks`, { key: KEYS.b })).status).to.equal(404);
     expect((await h.call('POST', `/api/v1/sessions/${id}/tasks`, { key: KEYS.b, body: { steps: sh('true') } })).status).to.equal(404);
+    // a schema error names what is wrong in the form given (one task, or a batch), not the other form's complaints
+    const one = await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, { body: { steps: sh('true'), max_attempts: 0 } });
+    expect(one.status).to.equal(400);
+    expect(one.body.errors).to.deep.equal([{ path: '/body/max_attempts', message: 'must be >= 1' }]);
+    const batch = await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, { body: { tasks: [{ steps: sh('true'), max_attempts: 0 }] } });
+    expect(batch.status).to.equal(400);
+    expect(batch.body.errors).to.deep.equal([{ path: '/body/tasks/0/max_attempts', message: 'must be >= 1' }]);
   });
 
   it('lists tasks added later after those added before, however large the earlier batch, with true creation times', async () => {
