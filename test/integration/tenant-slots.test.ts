@@ -65,19 +65,25 @@ describe('tenant slots and line', () => {
   });
 
   it('keeps each operation cheap with a long line: no scan of the line per admission or release', async () => {
-    /** the time of 300 admissions and 300 releases of runs at the end of a line `n` long */
+    /**
+     * The time of 300 admissions and 300 releases of runs at the end of a line `n` long: the best of three
+     * rounds (each leaves the line as it found it), so a busy moment of the machine does not decide it
+     */
     const timed = async (n: number) => {
       const tenant = `t${n}`;
       const slots = createTenantSlots(redis, prefix, 1);
       await slots.admit(tenant, 'first');
       for (let i = 0; i < n; i += 1000)
         await Promise.all(Array.from({ length: Math.min(1000, n - i) }, (_, j) => slots.admit(tenant, `r${String(i + j).padStart(6, '0')}`)));
-      const started = performance.now();
-      for (let i = 0; i < 300; i++) await slots.admit(tenant, `late${i}`);
-      for (let i = 0; i < 300; i++) await slots.release(tenant, `late${299 - i}`);
-      const ms = performance.now() - started;
-      expect(await slots.waiting(tenant)).to.equal(n);
-      return ms;
+      const rounds: number[] = [];
+      for (let round = 0; round < 3; round++) {
+        const started = performance.now();
+        for (let i = 0; i < 300; i++) await slots.admit(tenant, `late${i}`);
+        for (let i = 0; i < 300; i++) await slots.release(tenant, `late${299 - i}`);
+        rounds.push(performance.now() - started);
+        expect(await slots.waiting(tenant)).to.equal(n);
+      }
+      return Math.min(...rounds);
     };
     await timed(10); // warm
     const short = await timed(10);
