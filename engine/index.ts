@@ -106,7 +106,7 @@ export function createEngine(given: EngineDeps) {
     copyGates: (run, copy, readOnlyBinds, signal) =>
       gatesOnCopy(
         { sandbox: deps.sandbox, childEnv: deps.settings.childEnv, concurrency: deps.settings.gatesConcurrency },
-        { dir: copy, workspaceName: runs.workspaceOf(run), network: run.network, readOnlyBinds, signal },
+        { dir: copy, setFrom: run.workspace, workspaceName: runs.workspaceOf(run), network: run.network, readOnlyBinds, signal },
       ),
     // a vibe run works on a scratch copy, which gate runs (on the tenant's workspaces) cannot see
     gateActions: (run) =>

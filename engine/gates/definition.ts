@@ -38,6 +38,8 @@ export type GateSet = {
 export const GATE_FILES = ['gates.yaml', '.gates.yaml'] as const;
 const DETECTED_SCRIPTS = ['typecheck', 'lint', 'test', 'build'] as const;
 const DEFAULT_TIMEOUT_SECONDS = 600;
+/** The largest package.json read for its scripts (a gate file may be 256 KB). */
+const PACKAGE_JSON_MAX_BYTES = 1024 * 1024;
 
 const invalid = (file: string, errors: FieldError[]) =>
   new GateSetInvalidError(`${file} is not a valid gate set: ${errors.map((e) => `${e.path || '/'} ${e.message}`).join('; ')}`, errors);
@@ -119,9 +121,19 @@ async function detect(workspace: string): Promise<GateDefinition[]> {
   const pkgFile = path.join(workspace, 'package.json');
   const stat = await fs.lstat(pkgFile).catch(() => null);
   if (stat?.isFile()) {
-    const pkg = JSON.parse(await fs.readFile(pkgFile, 'utf8').catch(() => '{}')) as { scripts?: Record<string, unknown> };
+    // the gates come from its scripts: one that cannot be read is an invalid set (a 422), not a set with no
+    // tests in it; what the file holds is not quoted (a token in it would reach the answer and the log)
+    if (stat.size > PACKAGE_JSON_MAX_BYTES) throw invalid('package.json', [{ path: '', message: `is larger than ${PACKAGE_JSON_MAX_BYTES / 1024 / 1024} MB` }]);
+    let pkg: unknown;
+    try {
+      pkg = JSON.parse(await fs.readFile(pkgFile, 'utf8'));
+    } catch {
+      throw invalid('package.json', [{ path: '', message: 'is not valid JSON, so its scripts cannot be read as gates' }]);
+    }
+    if (typeof pkg !== 'object' || pkg === null || Array.isArray(pkg)) throw invalid('package.json', [{ path: '', message: 'must be a JSON object' }]);
+    const { scripts } = pkg as { scripts?: Record<string, unknown> };
     for (const script of DETECTED_SCRIPTS) {
-      if (typeof pkg.scripts?.[script] !== 'string') continue;
+      if (typeof scripts?.[script] !== 'string') continue;
       gates.push(
         normalize({ id: script, name: `npm run ${script}`, run: script === 'test' ? ['npm', 'test', '--silent'] : ['npm', 'run', '--silent', script] }),
       );

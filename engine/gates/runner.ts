@@ -5,7 +5,7 @@
 import fs from 'node:fs/promises';
 import { glob } from 'tinyglobby';
 import { canonicalJson, payloadDigest, sha256Hex } from '../evidence/index.js';
-import type { GateConclusion, GateResult, GateSubject, VibeGates } from '../platform/index.js';
+import type { Annotation, GateConclusion, GateResult, GateSubject, VibeGates } from '../platform/index.js';
 import { runProcess, type Sandbox } from '../tools/index.js';
 import { loadGateSet, type GateDefinition } from './definition.js';
 import { parseReport, type Report } from './reports.js';
@@ -25,6 +25,24 @@ const KEY_CUT_AT_START = /^[\s\S]*?-----END [A-Z0-9 ]*PRIVATE KEY-----/;
  * its body stayed in the tail), and a key body at the start that an earlier cut left without its BEGIN
  * line (the output keeps only its own tail) masked too.
  */
+/**
+ * A report's annotations with the secrets of every field masked (a test's name, a file's path, a message
+ * may all carry a token), in one scan: the fields joined by a line no secret's pattern spans, then split
+ * (each field alone, should a match have spanned it after all).
+ */
+async function maskedAnnotations(annotations: Annotation[]): Promise<Annotation[]> {
+  const SEPARATOR = '\n\u2063\u2063\n';
+  const fields = annotations.flatMap((a) => [a.message, a.title ?? '', a.path ?? '']);
+  const joined = (await maskSecrets(fields.join(SEPARATOR))).split(SEPARATOR);
+  const masked = joined.length === fields.length ? joined : await Promise.all(fields.map(maskSecrets));
+  return annotations.map((a, i) => ({
+    ...a,
+    message: masked[3 * i]!,
+    ...(a.title === undefined ? {} : { title: masked[3 * i + 1]! }),
+    path: a.path === null ? null : masked[3 * i + 2]!,
+  }));
+}
+
 export async function maskedTail(output: string): Promise<string> {
   const windowed = output.length > OUTPUT_TAIL_BYTES + MASK_CONTEXT_BYTES ? output.slice(-(OUTPUT_TAIL_BYTES + MASK_CONTEXT_BYTES)) : output;
   const masked = await maskSecrets(windowed.replace(KEY_CUT_AT_START, (head) => (head.includes('-----BEGIN') ? head : '***')));
@@ -166,7 +184,7 @@ export async function runGate(gate: GateDefinition & { digest: string }, ctx: Ga
       exit_code: exitCode,
       duration_ms: finished.getTime() - started.getTime(),
       output_tail: tail,
-      annotations: await Promise.all((report?.annotations ?? []).map(async (a) => ({ ...a, message: await maskSecrets(a.message) }))),
+      annotations: await maskedAnnotations(report?.annotations ?? []),
       subject: subjectOf(ctx),
       input_digest: digest,
       definition_digest: gate.digest,
@@ -206,11 +224,13 @@ export async function runGateSet(
  */
 export async function gatesOnCopy(
   deps: { sandbox: Sandbox; childEnv: Record<string, string>; concurrency: number },
-  copy: { dir: string; workspaceName: string; network: boolean; readOnlyBinds: string[]; signal: AbortSignal },
+  copy: { dir: string; setFrom: string; workspaceName: string; network: boolean; readOnlyBinds: string[]; signal: AbortSignal },
 ): Promise<VibeGates> {
   // the service reads the copy's files itself: every check is against its real path
   const dir = await fs.realpath(copy.dir);
-  const set = await loadGateSet(dir);
+  // the gates are the workspace's own (`setFrom`), not the copy's: a run that edits its gate file does not
+  // choose what checks its work
+  const set = await loadGateSet(await fs.realpath(copy.setFrom));
   const ctx: GateContext = {
     sandbox: deps.sandbox,
     workspace: dir,

@@ -1,7 +1,7 @@
 // What an attempt does, by kind of work: the plan's steps in order, or the agent loop towards a goal;
 // a vibe run does either on a scratch copy of its workspace and keeps the diff. Each program says how
 // the work ended; the executor turns that into the run's transition.
-import type { ErrorInfo, Run, VibeGates } from '../platform/index.js';
+import { AppError, type ErrorInfo, type Run, type VibeGates } from '../platform/index.js';
 import { TOOLS } from '../tools/index.js';
 import { AgentError, runAgent, type ModelClient } from './agent.js';
 import type { Attempt, StopReason } from './attempt.js';
@@ -202,7 +202,18 @@ export function vibeProgram(
       a.workspace = scratch.dir;
       a.readOnlyBinds.push(...scratch.readOnlyBinds);
       const outcome = await work(a);
-      const checked = a.run.gates && gates && !outcome.error && !a.signal.aborted ? await gates(a.run, scratch.dir, a.readOnlyBinds, a.signal) : undefined;
+      // gates that cannot run (their set is invalid, say) fail the run with why, and cost it not its diff
+      let gatesError: ErrorInfo | undefined;
+      const checked =
+        a.run.gates && gates && !outcome.error && !a.signal.aborted
+          ? await gates(a.run, scratch.dir, a.readOnlyBinds, a.signal).catch((err: unknown) => {
+              gatesError =
+                err instanceof AppError
+                  ? { code: err.code, message: err.message }
+                  : { code: 'gates-failed', message: 'the gates could not run on the edited copy' };
+              return undefined;
+            })
+          : undefined;
       // what the run changed is its result even when its budget ran out or it was canceled: the diff has a
       // few seconds past it. Not at a shutdown: the attempt is put back in line and its result thrown
       // away, and the process has less time left than the grace
@@ -211,6 +222,7 @@ export function vibeProgram(
       return {
         ...outcome,
         ...(failed.length ? { error: { code: 'gates-failed', message: `required gates did not pass on the edited copy: ${failed.join(', ')}` } } : {}),
+        ...(gatesError ? { error: gatesError } : {}),
         result: { ...outcome.result, diff, changed_files, ...(truncated ? { diff_truncated: true } : {}), ...(checked ? { gates: checked } : {}) },
       };
     } finally {

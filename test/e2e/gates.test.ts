@@ -125,6 +125,17 @@ describe('gates in the service', function () {
     expect(state(stale)).to.deep.include({ typecheck: 'stale', test: 'stale', secrets: 'stale' });
     expect(stale.blocking.find((b: Body) => b.gate_id === 'typecheck').reason).to.equal('its inputs changed since its last result');
     expect(await snap('nowhere/else').catch(() => null)).to.equal(null);
+    // a workspace with no gate file and a package.json that is not JSON: its gates cannot be known, a 422
+    // that does not quote the file (a token in it would reach the answer and the log)
+    const broken = path.join(h.tenantDir(), 'broken-pkg');
+    await fs.mkdir(broken, { recursive: true });
+    for (const body of ['ghp_0123456789abcdefghijklmnopqrstuvwxyzAB {', 'null']) {
+      await fs.writeFile(path.join(broken, 'package.json'), body);
+      const res = await h.call<Body>('GET', '/api/v1/autonomy/smart-gates?workspace=broken-pkg');
+      expect(res.status, res.text).to.equal(422);
+      expect(res.body.code).to.equal('gate-set-invalid');
+      expect(res.text).to.not.contain('ghp_');
+    }
   });
 
   it('stays under 50 ms on a 5,000-file repository after the first digest', async () => {
@@ -341,6 +352,32 @@ describe('gates in the service', function () {
     expect(bad.result.changed_files).to.deep.equal(['src/app.mjs']);
     // the workspace itself is as it was
     expect(await fs.readFile(path.join(repo, 'src', 'app.mjs'), 'utf8')).to.equal('export const answer = 41;\n');
+    // the gates are the workspace's, not the copy's: a run that waves its own edit through (or breaks the
+    // gate file) is checked by the workspace's set, and keeps its diff
+    for (const gatesFile of ['gates:\n  - id: syntax\n    run: ["true"]\n', 'gates: [\n']) {
+      const res = await h.call<Body>('POST', '/api/v1/autonomy/vibe/run', {
+        body: {
+          workspace: 'vibe',
+          gates: true,
+          steps: [
+            { tool: 'write_file', args: { path: 'gates.yaml', content: gatesFile } },
+            { tool: 'write_file', args: { path: 'src/app.mjs', content: 'export const answer = ;\n' } },
+          ],
+        },
+      });
+      const waved = await finishedRun(h, res.body.run_id);
+      expect(waved.status, gatesFile).to.equal('failed');
+      expect(waved.error.code).to.equal('gates-failed');
+      expect(waved.result.gates.results[0]).to.deep.include({ gate_id: 'syntax', conclusion: 'failure' });
+      expect(waved.result.changed_files).to.deep.equal(['gates.yaml', 'src/app.mjs']);
+    }
+    // a gate set that cannot be read on the workspace itself fails the run with why, and keeps the diff
+    await fs.writeFile(path.join(repo, 'gates.yaml'), 'gates: [\n');
+    const unreadable = await vibe('export const answer = 43;\n');
+    await fs.writeFile(path.join(repo, 'gates.yaml'), 'gates:\n  - id: syntax\n    run: [node, --check, src/app.mjs]\n');
+    expect(unreadable.status).to.equal('failed');
+    expect(unreadable.error.code).to.equal('gate-set-invalid');
+    expect(unreadable.result.diff).to.contain('+export const answer = 43;');
     // gates: true is a vibe run's; an autonomy run has a gates step
     expect((await h.call('POST', '/api/v1/autonomy/run', { body: { gates: true, steps: [{ tool: 'list_files', args: {} }] } })).status).to.equal(400);
     // a gates step the service refuses (an unknown gate) fails its step with the refusal's code, not the run as internal

@@ -327,6 +327,11 @@ describe('gates', function () {
         '  - id: prints',
         `    run: 'echo token ${TOKEN}'`,
         '    shell: true',
+        '  - id: reports',
+        `    run: 'echo "<testsuite tests=\\"1\\" failures=\\"1\\"><testcase name=\\"uses ${TOKEN}\\" file=\\"cfg-${TOKEN}.js\\"><failure message=\\"saw ${TOKEN}\\"/></testcase></testsuite>"'`,
+        '    shell: true',
+        '    pass: report',
+        '    report: { format: junit }',
         '',
       ].join('\n'),
     );
@@ -341,7 +346,7 @@ describe('gates', function () {
       envValue: () => undefined,
       network: false,
     };
-    const [linked, nothing, prints] = await Promise.all(set.gates.map(async (g) => (await runGate(g, ctx)).result));
+    const [linked, nothing, prints, reports] = await Promise.all(set.gates.map(async (g) => (await runGate(g, ctx)).result));
     expect(linked!.artifacts).to.deep.equal([]);
     expect(linked!.conclusion).to.equal('failure');
     expect(linked!.summary).to.equal('no eslint report in up/host-secret.txt');
@@ -349,6 +354,11 @@ describe('gates', function () {
     expect(nothing!.conclusion).to.equal('failure');
     expect(nothing!.exit_code).to.equal(127);
     expect(prints!.output_tail).to.contain('token ***').and.not.contain(TOKEN);
+    // a report's annotations are masked in every field: the test's name, its file, the message
+    expect(reports!.conclusion).to.equal('failure');
+    expect(reports!.annotations).to.have.length(1);
+    expect(reports!.annotations[0]).to.deep.include({ title: 'uses ***', path: 'cfg-***.js' });
+    expect(JSON.stringify(reports!.annotations)).to.not.contain(TOKEN);
     // the service and the CLI give a gate none of the service's own variables
     const env = gateEnv((name) => `value-of-${name}`);
     expect([env('SERVICE_SECRET_KEY'), env('REDIS_URL'), env('MONGODB_URI'), env('NPM_CONFIG_CACHE')]).to.deep.equal([
