@@ -17,9 +17,14 @@ export type DsseEnvelope = { payloadType: string; payload: string; signatures: {
 /** What a statement's predicate says of the ledger and of each gate, as far as verification needs. */
 export type PackPredicate = {
   ledger: { from_seq: number; to_seq: number; head_hash: string; key_id: string } | null;
-  gates: { gate_id: string; ledger_seq: number; payload_digest: string }[];
+  gates: { gate_id: string; ledger_seq: number; payload_digest: string; [field: string]: unknown }[];
+  ready?: boolean;
+  missing?: string[];
   [more: string]: unknown;
 };
+
+/** The fields of a gate's row in a statement that must be what its ledger entry seals. */
+const SEALED_FIELDS = ['conclusion', 'required', 'summary', 'input_digest', 'definition_digest'] as const;
 
 export type Statement = {
   _type: string;
@@ -160,10 +165,20 @@ export function verifyPack(files: PackFiles, opts: { keyId?: string; tenantId?: 
     });
   if (entries.at(-1)!.hash !== range.head_hash)
     return fail({ part: 'chain', seq: range.to_seq, message: "the ledger slice does not end at the statement's head hash" });
-  for (const g of statement.predicate.gates ?? []) {
+  const gates = statement.predicate.gates ?? [];
+  for (const g of gates) {
     const e = entries.find((x) => x.seq === g.ledger_seq);
     if (!e || e.kind !== 'gate.result' || e.payload_digest !== g.payload_digest || e.subject.gate_id !== g.gate_id)
       return fail({ part: 'statement', seq: g.ledger_seq, message: `gate ${g.gate_id} names entry ${g.ledger_seq}, which does not seal its result` });
+    // what the statement says of the gate is what was sealed (the entries verified above, their payloads are there)
+    const sealed = JSON.parse(files.payloads!.get(e.payload_digest)!) as Record<string, unknown>;
+    const differs = SEALED_FIELDS.find((f) => f in g && canonicalJson(g[f] ?? null) !== canonicalJson(sealed[f] ?? null));
+    if (differs)
+      return fail({ part: 'statement', seq: g.ledger_seq, message: `gate ${g.gate_id}'s ${differs} in the statement is not what entry ${g.ledger_seq} seals` });
   }
+  // and its verdict follows from them: every required gate sealed a success, and none is missing
+  const ready = !(statement.predicate.missing ?? []).length && gates.every((g) => !g.required || g.conclusion === 'success');
+  if (statement.predicate.ready !== undefined && statement.predicate.ready !== ready)
+    return fail({ part: 'statement', message: `the statement says ready: ${String(statement.predicate.ready)}, but its sealed gates say ${String(ready)}` });
   return { ok: true, statement, key_id: keyId, entries: entries.length };
 }

@@ -4,7 +4,7 @@
 // it carries the ledger slice and every payload it names, so it can be checked offline.
 import { STATEMENT_TYPE, type Ledger, type PackJson, type Statement } from '../evidence/index.js';
 import type { Platform } from '../deps.js';
-import { NotFoundError, ValidationError, type GateResult, type GateRunRecord, type LedgerEntry } from '../platform/index.js';
+import { ConflictError, NotFoundError, ValidationError, type GateResult, type GateRunRecord, type LedgerEntry } from '../platform/index.js';
 import type { GateRuns } from './gate-runs.js';
 
 export const PREDICATE_TYPE = 'https://automation-backend.dev/evidence-pack/v1';
@@ -51,10 +51,10 @@ export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledg
       if (!runs.length)
         throw new NotFoundError(`no sealed gate run of workspace ${ws.name}${q.subject ? ` for ${q.subject}` : ''}${q.since ? ` since ${q.since}` : ''}`);
       // the latest result of each gate, and the entry that sealed it (results are sealed in order from from_seq)
-      const latest = new Map<string, { result: GateResult; run: GateRunRecord; seq: number }>();
+      const latest = new Map<string, { run: GateRunRecord; seq: number }>();
       for (const run of runs)
         run.results.forEach((result, i) => {
-          if (!latest.has(result.gate_id)) latest.set(result.gate_id, { result, run, seq: run.ledger!.from_seq + i });
+          if (!latest.has(result.gate_id)) latest.set(result.gate_id, { run, seq: run.ledger!.from_seq + i });
         });
       const from = Math.min(...runs.map((r) => r.ledger!.from_seq));
       const to = Math.max(...runs.map((r) => r.ledger!.to_seq));
@@ -70,14 +70,25 @@ export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledg
         tenantId,
         entries.map((e) => e.payload_digest),
       );
+      const payloadOf = new Map(payloads.map((p) => [p.digest, p.body]));
+      // the service signs only what its ledger seals: a slice that does not verify as stored is refused,
+      // and each gate's row is its sealed result, never the gate run's stored copy of it
+      const problem = ledger.verify(entries, payloadOf);
+      if (problem) throw new ConflictError(`the evidence ledger does not verify (${problem.message}); no pack is signed from it`, { problem });
+      const sealedResult = (seq: number): GateResult => {
+        const body = payloadOf.get(bySeq.get(seq)?.payload_digest ?? '');
+        if (body === undefined) throw new ConflictError(`the ledger has no sealed result at entry ${seq}; no pack is signed`);
+        return JSON.parse(body) as GateResult;
+      };
       // artifacts are payloads too: the pack carries them so that it stands alone
-      const artifactDigests = [...latest.values()].flatMap(({ result }) => result.artifacts.map((a) => a.payload_digest));
+      const rows = [...latest.values()].map(({ run, seq }) => ({ run, seq, result: sealedResult(seq) }));
+      const artifactDigests = rows.flatMap(({ result }) => result.artifacts.map((a) => a.payload_digest));
       if (artifactDigests.length) payloads.push(...(await ledger.payloads(tenantId, artifactDigests)));
       const subject = runs[0]!.subject ?? { workspace: ws.name, commit: null, tree: null, dirty: null };
       // the required gates of the set, as its latest run saw it: one with no result for this commit blocks
       const required = runs[0]!.required_gates ?? [];
       const missing = required.filter((id) => !latest.has(id));
-      const gateRows = [...latest.values()].map(({ result, run, seq }) => ({
+      const gateRows = rows.map(({ result, run, seq }) => ({
         gate_id: result.gate_id,
         name: result.name,
         required: result.required,
@@ -91,7 +102,6 @@ export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledg
         payload_digest: bySeq.get(seq)?.payload_digest ?? '',
       }));
       // the audits of the workspace sealed within the same slice: their summaries, by ledger entry
-      const payloadOf = new Map(payloads.map((p) => [p.digest, p.body]));
       const audits = entries
         .filter((e) => e.kind === 'audit.report' && e.subject.workspace === ws.name && payloadOf.has(e.payload_digest))
         .map((e) => {

@@ -228,6 +228,47 @@ describe('gates in the service', function () {
     expect(problem((f) => (f.entries = null))).to.deep.include({ part: 'chain' });
     // a pinned key that is not the pack's
     expect(verifyPack(files, { keyId: '0000000000000000' })).to.deep.include({ ok: false });
+    // a statement signed with the right key that says of a gate other than its entry seals, or a verdict its
+    // gates do not give, is caught offline
+    const signedAs = (edit: (predicate: Body) => void) => {
+      const copy: PackFiles = structuredClone(files);
+      edit(copy.pack.statement.predicate as Body);
+      copy.pack.envelope = h.rt.engine.evidence.envelope(copy.pack.statement);
+      const v = verifyPack(copy);
+      return v.ok ? null : v.problem;
+    };
+    expect(signedAs(() => undefined)).to.equal(null);
+    const lie = signedAs((p) => {
+      p.gates.find((g: Body) => g.gate_id === 'test').conclusion = 'success';
+      p.ready = true;
+    });
+    expect(lie).to.deep.include({ part: 'statement' });
+    expect(lie!.message).to.contain("gate test's conclusion in the statement is not what entry");
+    expect(signedAs((p) => (p.ready = true))).to.deep.include({ part: 'statement', message: 'the statement says ready: true, but its sealed gates say false' });
+    // the service builds the rows from the sealed results: a gate run's stored copy changed since does not show
+    const list = h.rt.store.gateRuns.list.bind(h.rt.store.gateRuns);
+    h.rt.store.gateRuns.list = async (...args: Parameters<typeof list>) => {
+      const page = await list(...args);
+      return { ...page, items: page.items.map((r) => ({ ...r, results: r.results.map((g) => ({ ...g, conclusion: 'success' as const })) })) };
+    };
+    try {
+      const rebuilt = (await h.call<Body>('GET', '/api/v1/autonomy/evidence-pack')).body.statement.predicate;
+      expect(rebuilt.gates.find((g: Body) => g.gate_id === 'test').conclusion).to.equal('failure');
+      expect(rebuilt.ready).to.equal(false);
+    } finally {
+      h.rt.store.gateRuns.list = list;
+    }
+    // and signs nothing from a ledger that does not verify as stored
+    const payloads = h.rt.store.evidence.payloads.bind(h.rt.store.evidence);
+    h.rt.store.evidence.payloads = async (...args: Parameters<typeof payloads>) =>
+      (await payloads(...args)).map((p) => ({ ...p, body: p.body.replace('"failure"', '"success"') }));
+    try {
+      const refused = await h.call<Body>('GET', '/api/v1/autonomy/evidence-pack');
+      expect(refused.status, refused.text).to.equal(409);
+      expect(refused.body.detail).to.contain('the evidence ledger does not verify');
+    } finally {
+      h.rt.store.evidence.payloads = payloads;
+    }
     // another commit, or none sealed for it: 404
     expect((await h.call('GET', '/api/v1/autonomy/evidence-pack?subject=0000000')).status).to.equal(404);
     expect((await h.call('GET', '/api/v1/autonomy/evidence-pack', { key: KEYS.b })).status).to.equal(404);
