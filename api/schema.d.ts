@@ -3336,8 +3336,9 @@ export interface components {
         /**
          * @description The folder to audit (the one open in the client's editor), absolute or relative to the tenant's root. Resolved
          *     to its real path; /etc, /proc and /sys (by path, by device and inode, by file system) are refused with 403
-         *     `path-not-permitted` unless SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS=1; in production only folders under the
-         *     tenant's root or SERVICE_AUDIT_ALLOWED_ROOTS.
+         *     `path-not-permitted` unless SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS=1, and so are another tenant's root and the
+         *     service's data folder in any environment; in production only folders under the tenant's root or
+         *     SERVICE_AUDIT_ALLOWED_ROOTS.
          */
         WorkspaceRoot: string;
         /** @description A folder of the tenant's workspace root, relative to it; default the root. */
@@ -4061,8 +4062,9 @@ export interface operations {
                 /**
                  * @description The folder to audit (the one open in the client's editor), absolute or relative to the tenant's root. Resolved
                  *     to its real path; /etc, /proc and /sys (by path, by device and inode, by file system) are refused with 403
-                 *     `path-not-permitted` unless SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS=1; in production only folders under the
-                 *     tenant's root or SERVICE_AUDIT_ALLOWED_ROOTS.
+                 *     `path-not-permitted` unless SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS=1, and so are another tenant's root and the
+                 *     service's data folder in any environment; in production only folders under the tenant's root or
+                 *     SERVICE_AUDIT_ALLOWED_ROOTS.
                  */
                 "X-Service-Workspace-Root"?: components["parameters"]["WorkspaceRoot"];
             };
@@ -4117,8 +4119,9 @@ export interface operations {
                 /**
                  * @description The folder to audit (the one open in the client's editor), absolute or relative to the tenant's root. Resolved
                  *     to its real path; /etc, /proc and /sys (by path, by device and inode, by file system) are refused with 403
-                 *     `path-not-permitted` unless SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS=1; in production only folders under the
-                 *     tenant's root or SERVICE_AUDIT_ALLOWED_ROOTS.
+                 *     `path-not-permitted` unless SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS=1, and so are another tenant's root and the
+                 *     service's data folder in any environment; in production only folders under the tenant's root or
+                 *     SERVICE_AUDIT_ALLOWED_ROOTS.
                  */
                 "X-Service-Workspace-Root"?: components["parameters"]["WorkspaceRoot"];
                 "Last-Event-ID"?: components["schemas"]["AuditEventId"];

@@ -34,6 +34,8 @@ import { FINDINGS_CAP } from './phases/workspace.js';
 
 export type AuditSettings = {
   workspaceRoot: string;
+  /** the service's data folder: never audited */
+  dataDir: string;
   singleTenant: boolean;
   isProduction: boolean;
   allowSensitivePaths: boolean;
@@ -118,6 +120,7 @@ export function auditsOf(deps: AuditsDeps) {
             isProduction: settings.isProduction,
             allowSensitive: settings.allowSensitivePaths,
             allowedRoots: settings.allowedRoots,
+            privateRoots: { workspaceRoot: settings.workspaceRoot, dataDir: settings.dataDir },
           })
         : await resolveWorkspace(tenant, req.workspace);
     const rel = path.relative(tenant, dir);

@@ -3,7 +3,8 @@
 // operator allows them (SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS=1), and not only by name: a folder whose
 // real path is under one, whose device and inode are one of theirs or one of their subfolders' (a
 // bind mount of /etc elsewhere), or whose file system is procfs or sysfs is refused as well. Outside
-// production any readable directory may be audited; in production only the tenant's root and the
+// production any readable directory may be audited (the folder open in a developer's editor) but
+// another tenant's root and the service's data folder; in production only the tenant's root and the
 // roots the operator names (SERVICE_AUDIT_ALLOWED_ROOTS).
 import { constants } from 'node:fs';
 import fs from 'node:fs/promises';
@@ -19,6 +20,11 @@ export type AuditRootPolicy = {
   allowedRoots: string[];
   /** the folders refused unless allowed (the default: /etc, /proc, /sys) */
   sensitiveRoots?: string[];
+  /**
+   * What no audit reads into, in any environment: the tenants' workspace root outside this tenant's own
+   * (another tenant's folders) and the service's data folder (its keys, its store)
+   */
+  privateRoots?: { workspaceRoot: string; dataDir: string };
 };
 
 const SENSITIVE_ROOTS = ['/etc', '/proc', '/sys'];
@@ -89,6 +95,14 @@ export async function resolveAuditRoot(requested: string | undefined, policy: Au
       if (same) throw refuse(`the same folder as ${same}`);
       if (dir === path.dirname(dir)) break;
     }
+  }
+
+  if (policy.privateRoots) {
+    const [workspaces, data, own] = await Promise.all(
+      [policy.privateRoots.workspaceRoot, policy.privateRoots.dataDir, policy.tenantRoot].map((r) => fs.realpath(r).catch(() => path.resolve(r))),
+    );
+    if (inside(real, data!)) throw new PathNotPermittedError(`${requested ?? real} is in the service's data folder, which no audit reads`);
+    if (inside(real, workspaces!) && !inside(real, own!)) throw new PathNotPermittedError(`${requested ?? real} is in another tenant's workspace root`);
   }
 
   if (policy.isProduction) {

@@ -198,6 +198,7 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
         webhookRateLimitPerMinute: config.webhookRateLimitPerMinute,
       },
       audit: {
+        dataDir: config.dataDir,
         isProduction: config.isProduction,
         allowSensitivePaths: config.auditAllowSensitivePaths,
         allowedRoots: config.auditAllowedRoots,

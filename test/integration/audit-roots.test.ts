@@ -31,6 +31,23 @@ describe('audit roots', () => {
     return err;
   };
 
+  it('never reads another tenant’s root or the service’s data folder, in any environment', async () => {
+    const workspaces = path.join(dir, 'workspaces');
+    const own = path.join(workspaces, 'tenant-a');
+    const data = path.join(dir, 'data');
+    for (const d of [path.join(own, 'app'), path.join(workspaces, 'tenant-b', 'app'), path.join(data, 'redis')]) await fs.mkdir(d, { recursive: true });
+    await fs.symlink(path.join(workspaces, 'tenant-b'), path.join(own, 'to-b'));
+    for (const isProduction of [false, true]) {
+      const p: AuditRootPolicy = { ...policy, tenantRoot: own, isProduction, privateRoots: { workspaceRoot: workspaces, dataDir: data } };
+      expect(await resolveAuditRoot('app', p)).to.equal(path.join(own, 'app'));
+      for (const requested of ['../tenant-b', '../tenant-b/app', 'to-b', workspaces, data, path.join(data, 'redis'), '../../data'])
+        expect(await refused(requested, p), `${requested}, production ${isProduction}`).to.be.instanceOf(PathNotPermittedError);
+    }
+    // outside production a folder elsewhere is still the developer's to audit
+    const dev: AuditRootPolicy = { ...policy, tenantRoot: own, privateRoots: { workspaceRoot: workspaces, dataDir: data } };
+    expect(await resolveAuditRoot(path.join(dir, 'tenant'), dev)).to.equal(path.join(dir, 'tenant'));
+  });
+
   it('resolves the tenant root, a folder of it, or any readable directory outside production', async () => {
     expect(await resolveAuditRoot(undefined, policy)).to.equal(tenantRoot);
     expect(await resolveAuditRoot('app', policy)).to.equal(path.join(tenantRoot, 'app'));
