@@ -115,8 +115,12 @@ export function fileTriggersOf(
       watcher.on('error', (err) => deps.log.warn({ err }, 'file watcher error'));
       // chokidar says `ready` once, when the roots first added have been read
       const ready = new Promise<void>((resolve) => watcher!.once('ready', () => resolve()));
-      await refresh();
-      if (roots.size) await ready;
+      // a store that cannot list the triggers now does not stop the process: the next refresh tries again
+      const listed = await refresh().then(
+        () => true,
+        (err: Error) => (deps.log.warn({ err: err.message }, 'file triggers not refreshed'), false),
+      );
+      if (listed && roots.size) await ready;
       refresher = setInterval(() => void refresh().catch((err: Error) => deps.log.warn({ err: err.message }, 'file triggers not refreshed')), opts.refreshMs);
       refresher.unref();
     },

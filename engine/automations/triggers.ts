@@ -80,6 +80,11 @@ function globError(glob: string): string | null {
 export function validateTriggers(triggers: Trigger[], at = '/body/triggers'): FieldError[] {
   const errors: FieldError[] = [];
   triggers.forEach((t, i) => {
+    // the schema says so too; a trigger that is not an object would break every query of the triggers
+    if (typeof t !== 'object' || t === null || Array.isArray(t)) {
+      errors.push({ path: `${at}/${i}`, message: 'must be an object with a type' });
+      return;
+    }
     if (t.type === 'cron') {
       const bad = cronError(t.schedule);
       if (bad) errors.push({ path: `${at}/${i}/schedule`, message: bad });

@@ -81,6 +81,24 @@ describe('automations API', () => {
     const outside = await h.call('POST', '/api/v1/automations', { body: { ...definition, triggers: [{ type: 'file_change', paths: ['../../etc/*'] }] } });
     expect(outside.status).to.equal(400);
     expect(outside.body.errors[0].path).to.equal('/body/triggers/0/paths/0');
+
+    // a trigger that is not an object: a 400, on POST and PATCH, and nothing stored
+    const before = (await h.call<{ data: unknown[] }>('GET', '/api/v1/automations?limit=100')).body.data.length;
+    for (const trigger of ['x', 1, true, [], null]) {
+      const posted = await h.call('POST', '/api/v1/automations', { body: { ...definition, triggers: [trigger] } });
+      expect(posted.status, JSON.stringify(trigger)).to.equal(400);
+      expect(posted.body.errors[0].path).to.equal('/body/triggers/0');
+      const patched = await h.call('PATCH', `/api/v1/automations/${ok.body.id}`, { body: { triggers: [trigger] } });
+      expect(patched.status, JSON.stringify(trigger)).to.equal(400);
+    }
+    expect((await h.call<{ data: unknown[] }>('GET', '/api/v1/automations?limit=100')).body.data.length).to.equal(before);
+    expect((await h.call('GET', `/api/v1/automations/${ok.body.id}`)).body.triggers).to.have.length(3);
+    // one stored before the schema said so (a string among the triggers) breaks no query of the triggers
+    const legacy = { ...ok.body, id: 'aut_legacystringtrigger0000000', triggers: ['x', ...ok.body.triggers] };
+    await h.rt.store.automations.insert(legacy);
+    expect((await h.rt.store.automations.listEnabledWithTrigger('file_change')).map((a) => a.id)).to.include(legacy.id);
+    await h.rt.engine.schedules.reconcile();
+    await h.call('DELETE', `/api/v1/automations/${legacy.id}`);
   });
 
   it('refuses work that is missing, tools outside the allowlist, and budgets over the maximum', async () => {

@@ -8,7 +8,9 @@ export function automationRepo(db: Db): AutomationRepo {
   const insert = db.prepare('INSERT INTO automations (id, tenant_id, status, doc) VALUES (?, ?, ?, ?)');
   const get = db.prepare<[string, string], { doc: string }>('SELECT doc FROM automations WHERE tenant_id = ? AND id = ?');
   const write = db.prepare('UPDATE automations SET status = ?, doc = ? WHERE tenant_id = ? AND id = ?');
-  const hasTrigger = "EXISTS (SELECT 1 FROM json_each(doc, '$.triggers') WHERE json_extract(value, '$.type') = ?)";
+  // a trigger that is not an object (none is stored now; one stored before may be) is no trigger: json_extract would fail the query
+  // (CASE, not AND: SQLite may evaluate either side of an AND first)
+  const hasTrigger = "EXISTS (SELECT 1 FROM json_each(doc, '$.triggers') WHERE CASE WHEN type = 'object' THEN json_extract(value, '$.type') END = ?)";
   const withTrigger = db.prepare<[string], { doc: string }>(`SELECT doc FROM automations WHERE status = 'enabled' AND ${hasTrigger} ORDER BY id`);
   const withTriggerOfTenant = db.prepare<[string, string], { doc: string }>(
     `SELECT doc FROM automations WHERE tenant_id = ? AND status = 'enabled' AND ${hasTrigger} ORDER BY id`,
