@@ -1009,7 +1009,9 @@ export interface paths {
          * @description PagerDuty v3's scheme: `X-Pager-Signature` (or `X-PagerDuty-Signature`) holds `v1=<hex HMAC-SHA256
          *     of the raw body>` entries separated by commas; any entry made by any of the tenant's current secrets
          *     passes, so keys rotate without a gap. `event.id` in the body is the idempotency key: a second delivery
-         *     of it is acknowledged (`duplicate`) and not processed again. The event is `event.event_type`.
+         *     of it is acknowledged (`duplicate`) and not processed again; an event without one is refused (400
+         *     `webhook-payload-invalid`: nothing time-bound is signed, so only its id makes it once only). The event
+         *     is `event.event_type`.
          */
         post: operations["receivePagerWebhook"];
         delete?: never;

@@ -100,7 +100,10 @@ function messageIdOf(rawHeaders: string | undefined): string | null {
 }
 
 function fromPostmark(p: Record<string, unknown>): EmailEvent {
-  const attachments = Array.isArray(p.Attachments) ? p.Attachments : [];
+  // what is not an attachment object (null, a string) is not an attachment
+  const attachments = (Array.isArray(p.Attachments) ? (p.Attachments as unknown[]) : []).filter(
+    (a): a is Record<string, unknown> => typeof a === 'object' && a !== null && !Array.isArray(a),
+  );
   return {
     provider: 'postmark',
     from: text(p.From),
@@ -110,7 +113,7 @@ function fromPostmark(p: Record<string, unknown>): EmailEvent {
     text: text(p.TextBody),
     html: text(p.HtmlBody),
     message_id: text(p.MessageID),
-    attachments: attachments.map((a: Record<string, unknown>) => ({
+    attachments: attachments.map((a) => ({
       name: text(a.Name) ?? 'attachment',
       type: text(a.ContentType) ?? 'application/octet-stream',
       size: typeof a.ContentLength === 'number' ? a.ContentLength : typeof a.Content === 'string' ? Buffer.from(a.Content, 'base64').length : 0,

@@ -219,7 +219,8 @@ function tracker(inb: Inbound, ctx: VerifyContext): Verified {
   return {
     event: str(payload.type) ?? header(inb.headers, 'linear-event') ?? null,
     action: str(payload.action),
-    providerId: header(inb.headers, 'tracker-delivery') ?? header(inb.headers, 'linear-delivery') ?? str(payload.webhookId) ?? null,
+    // (not the body's webhookId: that names the webhook, the same for every event it sends)
+    providerId: header(inb.headers, 'tracker-delivery') ?? header(inb.headers, 'linear-delivery') ?? null,
     repeatIs: 'retry',
     replayKey: matched,
     retriesResend: true,
@@ -240,10 +241,13 @@ function pager(inb: Inbound, ctx: VerifyContext): Verified {
   const matched = matchAny(ctx.secrets, entries, (s) => hmacHex(s, inb.body)) ?? invalid('X-Pager-Signature');
   const payload = parseJson(inb.body);
   const event = asObject(payload.event);
+  // nothing time-bound is signed: the event's id is what makes it once only, so an event has one
+  const id = str(event.id);
+  if (!id) throw new WebhookRejectedError('webhook-payload-invalid', 'a pager event names its id (event.id)');
   return {
     event: str(event.event_type),
     action: null,
-    providerId: str(event.id),
+    providerId: id,
     repeatIs: 'retry',
     replayKey: matched,
     retriesResend: true,
@@ -285,7 +289,10 @@ async function email(inb: Inbound, ctx: VerifyContext): Promise<Verified> {
     basicOk = matchAny(ctx.secrets, [sha256Hex(password)], (s) => sha256Hex(s)) !== null;
     if (!basicOk) invalid('the Basic password');
   }
-  const parsed = await parseEmail(header(inb.headers, 'content-type') ?? '', inb.body);
+  // read before its signature is checked (Mailgun's is in the body): what it cannot read is the sender's fault, never a 500
+  const parsed = await parseEmail(header(inb.headers, 'content-type') ?? '', inb.body).catch((err: unknown) => {
+    throw err instanceof WebhookRejectedError ? err : new WebhookRejectedError('webhook-payload-invalid', 'the email delivery could not be read');
+  });
   const base = { event: 'email', action: null, keepBody: false, event_payload: parsed.email as unknown as Record<string, unknown> };
   if (basicOk) return { ...base, providerId: parsed.email.message_id, repeatIs: 'retry', replayKey: null };
 

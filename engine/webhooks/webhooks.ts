@@ -51,13 +51,14 @@ export type Receipt = {
 type TenantSecrets = { at: number; known: boolean; byKind: Map<WebhookProvider, string[]> };
 
 // One operation of the engine's Redis batch per request (requests of one event-loop turn share a round
-// trip): count it against the tenant's minute, then (when a signed request has a replay key) remember
-// what was signed. Answers [1, 0] go on, [0, ms until the minute ends] rate-limited, [2, 0] a replay.
-// Seen keys are only written for requests within the limit.
-const GATE = `local n = redis.call('INCR', KEYS[1])
-if n == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
-if n > tonumber(ARGV[2]) then return {0, redis.call('PTTL', KEYS[1])} end
+// trip): refused when the tenant's minute is spent; else (when a signed request has a replay key) what
+// was signed is remembered, and a replay of it is refused without counting (a captured delivery sent
+// again and again must not spend the budget of the real ones); else it counts against the minute.
+// Answers [1, 0] go on, [0, ms until the minute ends] rate-limited, [2, 0] a replay. Seen keys are only
+// written for requests within the limit.
+const GATE = `if tonumber(redis.call('GET', KEYS[1]) or '0') >= tonumber(ARGV[2]) then return {0, redis.call('PTTL', KEYS[1])} end
 if ARGV[3] ~= '0' and not redis.call('SET', KEYS[2], '1', 'EX', ARGV[3], 'NX') then return {2, 0} end
+if redis.call('INCR', KEYS[1]) == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
 return {1, 0}`;
 
 export const jobIdOfDelivery = (deliveryId: string) => `delivery-${deliveryId}`;

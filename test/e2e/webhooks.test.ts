@@ -258,6 +258,15 @@ describe('webhook intake', function () {
       const again = await post('tracker', same);
       expect(again.status, again.text).to.equal(200);
       expect(again.body).to.deep.equal({ delivery_id: first.body.delivery_id, status: 'duplicate' });
+      // with no delivery header, two events of one webhook (its webhookId, the same for all it sends) are two deliveries
+      const unnamed = (n: number) => {
+        const signed = sign.tracker(SECRET.tracker, { type: 'Issue', action: 'update', webhookId: 'wh-1', n });
+        delete signed.headers['tracker-delivery'];
+        return signed;
+      };
+      const [one, two] = [await post('tracker', unnamed(1)), await post('tracker', unnamed(2))];
+      expect([one.body.status, two.body.status]).to.deep.equal(['accepted', 'accepted']);
+      expect(two.body.delivery_id).to.not.equal(one.body.delivery_id);
     });
   });
 
@@ -287,6 +296,10 @@ describe('webhook intake', function () {
       const again = await post('pager', same);
       expect(again.status, again.text).to.equal(200);
       expect(again.body).to.deep.equal({ delivery_id: first.body.delivery_id, status: 'duplicate' });
+      // nothing time-bound is signed: an event without its id could be sent again once the replay window ends
+      const anonymous = await post('pager', sign.pager([SECRET.pager], { event: { event_type: 'incident.triggered' } }));
+      expect(anonymous.status).to.equal(400);
+      expect(anonymous.body.code).to.equal('webhook-payload-invalid');
     });
   });
 
@@ -360,6 +373,12 @@ describe('webhook intake', function () {
       expect(wrong.body.code).to.equal('webhook-signature-invalid');
       const none = await post('email', { body, headers: { 'content-type': 'application/json' } });
       expect(none.body.code).to.equal('webhook-signature-missing');
+      // what is not an attachment object is not an attachment (it was a 500, to anyone, before any credential was checked)
+      const odd = JSON.stringify({ From: 'x@example.com', MessageID: 'pm-odd', Attachments: [null, 'x', 7, { Name: 'a.txt', ContentLength: 1 }] });
+      expect((await post('email', { body: odd, headers: { 'content-type': 'application/json' } })).body.code).to.equal('webhook-signature-missing');
+      const taken = await post('email', { body: odd, headers: { 'content-type': 'application/json', authorization: sign.basicAuth(SECRET.email) } });
+      expect(taken.status, taken.text).to.equal(200);
+      expect((await delivery(taken.body.delivery_id)).event_payload.attachments).to.deep.equal([{ name: 'a.txt', type: 'application/octet-stream', size: 1 }]);
     });
 
     it('takes a Mailgun route post by its signature fields; a token is never taken twice; a forged one is refused', async () => {
@@ -646,7 +665,7 @@ describe('webhook rate limit', function () {
     expect(other.status).to.equal(403);
   });
 
-  it('never lets unsigned requests spend a tenant’s budget: they are refused (401), kept up to the limit, and a signed delivery still goes in', async () => {
+  it('never lets unsigned requests or replays spend a tenant’s budget: they are refused (401, 409), unsigned ones kept up to the limit, and signed deliveries still go in', async () => {
     await h.call('PUT', '/api/v1/webhook-secrets/generic', { key: KEYS.b, body: { secrets: [SECRET.generic] } });
     const statuses: number[] = [];
     for (let i = 0; i < 10; i++) {
@@ -657,6 +676,15 @@ describe('webhook rate limit', function () {
     const s = sign.generic([SECRET.generic], { real: true });
     const real = await fetch(`${h.url}/webhooks/tenant-b/generic`, { method: 'POST', headers: s.headers, body: s.body });
     expect(real.status).to.equal(200);
+    // nor replays of a captured delivery: refused (409), and they spend nothing (the limit is 3: two more go in)
+    for (let i = 0; i < 5; i++)
+      expect((await fetch(`${h.url}/webhooks/tenant-b/generic`, { method: 'POST', headers: s.headers, body: s.body })).status).to.equal(409);
+    for (const n of [1, 2]) {
+      const next = sign.generic([SECRET.generic], { next: n });
+      expect((await fetch(`${h.url}/webhooks/tenant-b/generic`, { method: 'POST', headers: next.headers, body: next.body })).status, `delivery ${n}`).to.equal(
+        200,
+      );
+    }
     const rejected = (await h.rt.store.deliveries.list('tenant-b', { status: 'rejected', limit: 100 })).items;
     // the limit a minute (two minutes' worth should the minute turn meanwhile): the rest were answered and not kept
     expect(rejected.length).to.be.within(3, 6);
