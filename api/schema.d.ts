@@ -170,6 +170,8 @@ export interface paths {
          * Create an automation
          * @description Creates an automation from a definition (`name` and either `steps` or a `goal`), or from a
          *     built-in template (`template_id` and `variables`, as `POST /api/v1/automations/templates/instantiate`).
+         *     One whose work needs the agent endpoint (a goal, an `agent` step) is refused with 422
+         *     `agent-not-configured` when none is configured: every fire of it would fail.
          */
         post: operations["createAutomation"];
         delete?: never;
@@ -3613,6 +3615,7 @@ export interface operations {
             403: components["responses"]["NotPermitted"];
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
+            422: components["responses"]["Unprocessable"];
             429: components["responses"]["ApiRateLimited"];
         };
     };
@@ -3667,6 +3670,7 @@ export interface operations {
             403: components["responses"]["NotPermitted"];
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
+            422: components["responses"]["Unprocessable"];
             429: components["responses"]["ApiRateLimited"];
         };
     };

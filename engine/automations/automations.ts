@@ -1,6 +1,7 @@
 // Automations: reusable, triggerable definitions of work, scoped to one tenant.
 // Every change is a conditional update in the store: an archived automation cannot change.
 import {
+  AgentNotConfiguredError,
   ConflictError,
   NotFoundError,
   ValidationError,
@@ -49,7 +50,12 @@ export type AutomationHooks = {
   changed(a: Automation, before?: Automation): Promise<void>;
 };
 
-export type AutomationsDeps = Pick<Platform, 'store' | 'clock' | 'log'> & { limits: RunLimits; templates: TemplateCatalog; settings: ToolPolicy };
+export type AutomationsDeps = Pick<Platform, 'store' | 'clock' | 'log'> & {
+  limits: RunLimits;
+  templates: TemplateCatalog;
+  /** the tool policy, and the agent endpoint when one is configured */
+  settings: ToolPolicy & { agent?: unknown };
+};
 
 export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
   const { store, clock, limits } = deps;
@@ -110,6 +116,12 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
       const budget = budgetOf(def.budget, '/body/budget', errors);
       checkWork(def, errors);
       check(errors);
+      // one whose work needs the agent endpoint would fail every fire: refused now, as a run would be
+      const steps = def.steps?.length ? def.steps : null;
+      if ((!steps || steps.some((step) => step.tool === 'agent')) && !deps.settings.agent)
+        throw new AgentNotConfiguredError(
+          `this automation ${steps ? 'has an agent step' : 'names a goal and no steps'}, and no agent endpoint is configured (SERVICE_AGENT_BASE_URL, SERVICE_AGENT_MODEL)`,
+        );
       const now = clock.now().toISOString();
       const automation: Automation = {
         id: newId('aut'),

@@ -2,6 +2,9 @@ import { expect } from 'chai';
 import { KEYS, startHarness, type Harness } from '../support/harness.js';
 import { startWebServer } from '../../api/server.js';
 
+/** An agent endpoint set (never called here): automations whose work is a goal need one. */
+const AGENT_ENV = { SERVICE_AGENT_BASE_URL: 'http://127.0.0.1:9/v1', SERVICE_AGENT_MODEL: 'unused' };
+
 const definition = {
   name: 'Nightly tests',
   description: 'Runs the tests every night',
@@ -14,7 +17,7 @@ const definition = {
 describe('automations API', () => {
   let h: Harness;
   before(async () => {
-    h = await startHarness();
+    h = await startHarness({ env: AGENT_ENV });
   });
   after(async () => {
     await h.close();
@@ -53,6 +56,24 @@ describe('automations API', () => {
     expect(body.budget).to.deep.equal({ seconds: h.config.runBudget.defaultSeconds });
     expect(body.tool_allowlist).to.deep.equal(['read_file', 'list_files', 'message']);
     expect(body.steps).to.equal(null);
+  });
+
+  it('refuses a goal or an agent step when no agent endpoint is configured (every fire would fail), and stores nothing', async () => {
+    const bare = await startHarness();
+    try {
+      for (const body of [
+        { name: 'Ask', goal: 'Summarise the README' },
+        { name: 'Plan', steps: [{ tool: 'agent', args: { goal: 'plan' } }] },
+        { template_id: 'pr-review', variables: { repository: 'acme/api' } },
+      ]) {
+        const res = await bare.call('POST', '/api/v1/automations', { body });
+        expect(res.status, res.text).to.equal(422);
+        expect(res.body.code).to.equal('agent-not-configured');
+      }
+      expect((await bare.call('GET', '/api/v1/automations')).body.data).to.deep.equal([]);
+    } finally {
+      await bare.close();
+    }
   });
 
   it('validates triggers of every kind and says which field is wrong', async () => {
@@ -247,7 +268,7 @@ describe('automations API', () => {
 describe('automation templates API', () => {
   let h: Harness;
   before(async () => {
-    h = await startHarness();
+    h = await startHarness({ env: AGENT_ENV });
   });
   after(async () => {
     await h.close();
