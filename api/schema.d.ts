@@ -2814,7 +2814,7 @@ export interface components {
         AuditEventId: string;
         AuditLayer: {
             name: string;
-            /** @description A regular expression on paths relative to the root (`^src/api/`). */
+            /** @description A regular expression on paths relative to the root (`^src/api/`), in RE2's syntax and matched in linear time (no lookaround, no backreferences; those are a 400). */
             path: string;
             /** @description The layers this one may import (besides itself). */
             may_import?: string[];

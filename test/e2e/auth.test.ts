@@ -32,7 +32,7 @@ describe('authentication', () => {
   it('checks the key before the body: no key and a bad body is still 401, and nothing is stored', async () => {
     const res = await h.call('POST', '/api/v1/automations', { key: null, raw: '{"name":', headers: { 'content-type': 'application/json' } });
     expect(res.status).to.equal(401);
-    const wrong = await h.call('POST', '/api/v1/automations', { key: 'wrong-key', body: { name: 'x', goal: 'y' } });
+    const wrong = await h.call('POST', '/api/v1/automations', { key: 'wrong-key', body: { name: 'x', steps: [{ tool: 'message', args: { text: 'x' } }] } });
     expect(wrong.status).to.equal(401);
     expect((await h.call('GET', '/api/v1/automations')).body.data).to.have.length(0);
   });
@@ -95,7 +95,7 @@ describe('SERVICE_AUTH=none', () => {
   it('lets local callers in without a key, as the tenant "local"', async () => {
     const h = await startHarness({ env: { SERVICE_AUTH: 'none' } });
     try {
-      const res = await h.call('POST', '/api/v1/automations', { key: null, body: { name: 'local', goal: 'say hi' } });
+      const res = await h.call('POST', '/api/v1/automations', { key: null, body: { name: 'local', steps: [{ tool: 'message', args: { text: 'x' } }] } });
       expect(res.status).to.equal(201);
       expect(res.body.tenant_id).to.equal('local');
     } finally {
@@ -116,7 +116,7 @@ describe('cli keys create', () => {
       const key = out.stdout.trim();
       expect(key).to.match(/^sk_[A-Za-z0-9_-]{43}$/);
       expect(out.stderr).to.contain('tenant-c');
-      const created = await h.call('POST', '/api/v1/automations', { key, body: { name: 'from cli key', goal: 'x' } });
+      const created = await h.call('POST', '/api/v1/automations', { key, body: { name: 'from cli key', steps: [{ tool: 'message', args: { text: 'x' } }] } });
       expect(created.status).to.equal(201);
       expect(created.body.tenant_id).to.equal('tenant-c');
       expect((await h.call('GET', `/api/v1/automations/${created.body.id}`, { key: KEYS.a })).status).to.equal(404);

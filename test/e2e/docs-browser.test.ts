@@ -15,7 +15,7 @@ describe('documentation in a browser', function () {
     if (!launched) return this.skip();
     browser = launched;
     h = await startHarness();
-    await h.call('POST', '/api/v1/automations', { body: { name: 'seen through swagger', goal: 'x' } });
+    await h.call('POST', '/api/v1/automations', { body: { name: 'seen through swagger', steps: [{ tool: 'message', args: { text: 'x' } }] } });
   });
   after(async () => {
     await browser?.close();

@@ -121,7 +121,7 @@ describe('sign-in with OpenID Connect', function () {
     const made = await alice.fetch(`${service()}/api/v1/automations`, {
       method: 'POST',
       headers: { 'content-type': 'application/json', origin: service() },
-      body: JSON.stringify({ name: 'made by alice', goal: 'x' }),
+      body: JSON.stringify({ name: 'made by alice', steps: [{ tool: 'message', args: { text: 'x' } }] }),
     });
     expect(made.status, await made.clone().text()).to.equal(201);
     const id = ((await made.json()) as Body).id;
@@ -243,7 +243,7 @@ describe('sign-in with OpenID Connect', function () {
       alice.fetch(`${service()}/api/v1/automations`, {
         method: 'POST',
         headers: { 'content-type': 'application/json', ...origin },
-        body: JSON.stringify({ name: 'csrf?', goal: 'x' }),
+        body: JSON.stringify({ name: 'csrf?', steps: [{ tool: 'message', args: { text: 'x' } }] }),
       });
     const forged = await post({ origin: 'https://evil.example' });
     expect(forged.status).to.equal(403);
@@ -284,7 +284,7 @@ describe('sign-in with OpenID Connect', function () {
     expect(evilPreflight.headers.get('access-control-allow-origin')).to.equal(null);
     // an API key needs no origin: it is no ambient credential
     expect(
-      (await h.call('POST', '/api/v1/automations', { body: { name: 'with a key', goal: 'x' }, headers: { origin: 'https://evil.example' } })).status,
+      (await h.call('POST', '/api/v1/automations', { body: { name: 'with a key', steps: [{ tool: 'message', args: { text: 'x' } }] }, headers: { origin: 'https://evil.example' } })).status,
     ).to.equal(201);
   });
 

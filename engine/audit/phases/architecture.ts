@@ -8,7 +8,7 @@ import path from 'node:path';
 import { cruise, type ICruiseResult } from 'dependency-cruiser';
 import ts from 'typescript';
 import type { AuditLayer } from '../../platform/index.js';
-import { LAYERS_FILE, parseLayers } from './layers.js';
+import { LAYERS_FILE, layerPattern, parseLayers } from './layers.js';
 import { masked } from './mask.js';
 import { Findings, readText, type PhaseOutput, type Workspace } from './workspace.js';
 
@@ -142,7 +142,7 @@ export async function architecturePhase(ws: Workspace, findings: Findings, reque
     }
   };
   let undeclared = 0;
-  const layerRes = (layers ?? []).map((l) => ({ ...l, re: new RegExp(l.path) }));
+  const layerRes = (layers ?? []).map((l) => ({ ...l, re: layerPattern(l.path) }));
   const layerOf = (file: string) => layerRes.find((l) => l.re.test(file));
   let layerViolations = 0;
   for (const m of graph?.modules ?? []) {
