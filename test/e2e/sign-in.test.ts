@@ -284,7 +284,12 @@ describe('sign-in with OpenID Connect', function () {
     expect(evilPreflight.headers.get('access-control-allow-origin')).to.equal(null);
     // an API key needs no origin: it is no ambient credential
     expect(
-      (await h.call('POST', '/api/v1/automations', { body: { name: 'with a key', steps: [{ tool: 'message', args: { text: 'x' } }] }, headers: { origin: 'https://evil.example' } })).status,
+      (
+        await h.call('POST', '/api/v1/automations', {
+          body: { name: 'with a key', steps: [{ tool: 'message', args: { text: 'x' } }] },
+          headers: { origin: 'https://evil.example' },
+        })
+      ).status,
     ).to.equal(201);
   });
 
