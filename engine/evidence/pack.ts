@@ -87,7 +87,9 @@ export async function readPack(data: Buffer): Promise<PackFiles> {
       const parts: Buffer[] = [];
       stream.on('data', (c: unknown) => parts.push(c as Buffer));
       stream.on('end', () => {
-        files.set(header.name, Buffer.concat(parts).toString('utf8'));
+        // files only (a tar made again with GNU tar has an entry for the payloads/ folder), named as
+        // packTar names them (GNU tar's `-C dir .` writes ./pack.json)
+        if (header.type === 'file') files.set(header.name.replace(/^(\.\/)+/, ''), Buffer.concat(parts).toString('utf8'));
         next();
       });
       stream.resume();

@@ -55,9 +55,9 @@ export function gateRunsOf(deps: GatesDeps) {
   }
 
   /** A workspace of the tenant: its folder, and its name relative to the tenant's root. */
-  async function workspaceOf(tenantId: string, requested: string | undefined): Promise<{ dir: string; name: string }> {
+  async function workspaceOf(tenantId: string, requested: string | undefined, at?: string): Promise<{ dir: string; name: string }> {
     const root = await tenantRoot(settings, tenantId);
-    const dir = await resolveWorkspace(root, requested);
+    const dir = await resolveWorkspace(root, requested, at);
     return { dir, name: path.relative(root, dir) || '.' };
   }
 

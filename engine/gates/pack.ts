@@ -37,7 +37,7 @@ export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledg
 
   return {
     async build(tenantId: string, q: { workspace?: string; subject?: string; since?: string }): Promise<EvidencePack> {
-      const ws = await gates.workspaceOf(tenantId, q.workspace);
+      const ws = await gates.workspaceOf(tenantId, q.workspace, '/query/workspace');
       const sealed = await sealedRuns(tenantId, ws.name, q.since);
       const commit = q.subject ?? sealed[0]?.subject?.commit ?? null;
       // for one commit: every sealed run of it; outside a repository, the latest run alone

@@ -82,7 +82,7 @@ export function smartGatesOf(deps: Pick<Platform, 'store' | 'clock'> & { sandbox
   return {
     /** The gates' readiness now; `watch: false` computes it once, without a watcher or a cache (an audit in a worker). */
     async snapshot(tenantId: string, workspace: string | undefined, opts: { watch?: boolean } = {}): Promise<SmartGates> {
-      const ws = await gates.workspaceOf(tenantId, workspace);
+      const ws = await gates.workspaceOf(tenantId, workspace, '/query/workspace');
       const k: Known = opts.watch === false ? { ready: Promise.resolve(), generation: 0, digests: new Map(), used: 0 } : knownOf(ws.dir);
       await k.ready;
       const set = await loadGateSet(ws.dir);

@@ -49,8 +49,11 @@ export async function scratchRoot(roots: Roots, tenantId: string): Promise<strin
   return dir;
 }
 
-/** The folder a request names inside a root, resolved (links followed) and checked to be inside it. */
-export async function resolveWorkspace(root: string, requested: string | undefined): Promise<string> {
+/**
+ * The folder a request names inside a root, resolved (links followed) and checked to be inside it; `at`
+ * is where the request named it (a query parameter for the routes that read).
+ */
+export async function resolveWorkspace(root: string, requested: string | undefined, at = '/body/workspace'): Promise<string> {
   // the root itself (most requests name no workspace): its real path was taken when tenantRoot made it
   const real = requested === undefined || requested === '.' ? made.get(root) : undefined;
   if (real) return real;
@@ -62,7 +65,7 @@ export async function resolveWorkspace(root: string, requested: string | undefin
     // one answer whatever the cause: the file system's own (ENOTDIR, ENOENT, with the real path) would tell
     // a tenant what exists outside its root, and where the root is
     throw new ValidationError(`workspace ${requested ?? '.'} is not a folder inside the workspace root`, [
-      { path: '/body/workspace', message: 'must name a folder inside your workspace root' },
+      { path: at, message: 'must name a folder inside your workspace root' },
     ]);
   }
 }

@@ -2,6 +2,7 @@
 // step runs the workspace's gate set as a BullMQ flow (one job per gate, sealed into the ledger).
 import { spawnSync } from 'node:child_process';
 import fs from 'node:fs/promises';
+import os from 'node:os';
 import path from 'node:path';
 import { expect } from 'chai';
 import { GENESIS_HASH, publicKeyFromPem, readPack, signerOf, verifyEntries, verifyPack, type PackFiles, type PackJson } from '../../engine/evidence/index.js';
@@ -125,6 +126,10 @@ describe('gates in the service', function () {
     expect(state(stale)).to.deep.include({ typecheck: 'stale', test: 'stale', secrets: 'stale' });
     expect(stale.blocking.find((b: Body) => b.gate_id === 'typecheck').reason).to.equal('its inputs changed since its last result');
     expect(await snap('nowhere/else').catch(() => null)).to.equal(null);
+    // the error names the query parameter the workspace came in
+    const nowhere = await h.call<Body>('GET', '/api/v1/autonomy/smart-gates?workspace=nowhere/else');
+    expect(nowhere.status).to.equal(400);
+    expect(nowhere.body.errors).to.deep.equal([{ path: '/query/workspace', message: 'must name a folder inside your workspace root' }]);
     // a workspace with no gate file and a package.json that is not JSON: its gates cannot be known, a 422
     // that does not quote the file (a token in it would reach the answer and the log)
     const broken = path.join(h.tenantDir(), 'broken-pkg');
@@ -193,6 +198,13 @@ describe('gates in the service', function () {
     const files = await readPack(tarBytes);
     const good = verifyPack(files, { keyId: json.body.public_key.key_id });
     expect(good).to.deep.include({ ok: true, entries: 6 });
+    // the same files tarred again by GNU tar (./ names, a payloads/ folder entry) verify the same
+    const unpacked = await fs.mkdtemp(path.join(os.tmpdir(), 'pack-'));
+    await fs.writeFile(path.join(unpacked, 'in.tar'), tarBytes);
+    spawnSync('sh', ['-c', 'mkdir x && tar -xf in.tar -C x && tar -cf out.tar -C x .'], { cwd: unpacked });
+    const retarred = verifyPack(await readPack(await fs.readFile(path.join(unpacked, 'out.tar'))), { keyId: json.body.public_key.key_id });
+    await fs.rm(unpacked, { recursive: true, force: true });
+    expect(retarred).to.deep.include({ ok: true, entries: 6 });
     // the pack is about its tenant, signed: one key signs every tenant's packs
     expect(statement.predicate.tenant_id).to.equal('tenant-a');
     expect(statement.predicate.missing).to.deep.equal([]);
