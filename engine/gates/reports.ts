@@ -41,11 +41,15 @@ export async function parseReport(format: ReportFormat, text: string, workspace:
 function tap(text: string): Promise<Report> {
   return new Promise((resolve) => {
     const annotations: Annotation[] = [];
-    let failedTests = 0;
+    // the test points by what became of them (the parser counts a skipped one as passed)
+    const points = { passed: 0, failed: 0, skipped: 0, todo: 0 };
     const parser = new TapParser();
     parser.on('assert', (a: { ok: boolean; name?: string; id?: number; skip?: unknown; todo?: unknown; diag?: Record<string, unknown> }) => {
+      if (a.skip) points.skipped++;
+      else if (a.todo) points.todo++;
+      else if (a.ok) points.passed++;
+      else points.failed++;
       if (a.ok || a.skip || a.todo) return;
-      failedTests++;
       const at = a.diag?.at as { fileName?: string; lineNumber?: number } | string | undefined;
       const where = typeof at === 'string' ? /^(.*?):(\d+)/.exec(at) : null;
       annotations.push({
@@ -86,7 +90,11 @@ function tap(text: string): Promise<Report> {
           ok,
           annotations,
           summary: r.count
-            ? `${r.pass} of ${r.count} passed${failedTests ? `, ${failedTests} failed` : ''}${whole.size ? `; ${[...whole].join('; ')}` : ''}`
+            ? `${points.passed} of ${r.count} passed` +
+              (points.failed ? `, ${points.failed} failed` : '') +
+              (points.skipped ? `, ${points.skipped} skipped` : '') +
+              (points.todo ? `, ${points.todo} to do` : '') +
+              (whole.size ? `; ${[...whole].join('; ')}` : '')
             : 'no tests in the TAP report',
         });
       },
@@ -122,6 +130,8 @@ function junit(text: string, rel: Rel): Report {
   const messageOf = (f: unknown) =>
     String(typeof f === 'string' ? f : ((f as Record<string, string>).message ?? (f as Record<string, string>)['#text'] ?? 'failed'));
   const declared = (x: Suite) => (Number(x.failures) || 0) + (Number(x.errors) || 0);
+  /** the cases at every depth below a suite */
+  const casesIn = (x: Suite): number => (x.testcase?.length ?? 0) + (x.testsuite ?? []).reduce((n, inner) => n + casesIn(inner), 0);
   const annotate = (title: string, file: unknown, line: unknown, message: string) =>
     annotations.push({
       path: rel(file as string | undefined),
@@ -149,6 +159,10 @@ function junit(text: string, rel: Rel): Report {
       }
     }
     for (const inner of suite.testsuite ?? []) found += read(inner);
+    // more tests counted than the report shows: the rest (and what they did) were cut away
+    const shown = casesIn(suite);
+    if ((Number(suite.tests) || 0) > shown)
+      annotate(String(suite.name ?? 'suite'), suite.file, null, `the suite reports ${Number(suite.tests)} tests; it shows ${shown}`);
     if (declared(suite) > found) {
       outside += declared(suite) - found;
       annotate(String(suite.name ?? 'suite'), suite.file, null, `the suite reports ${declared(suite)} failures and errors; its test cases show ${found}`);
@@ -175,6 +189,7 @@ function junit(text: string, rel: Rel): Report {
 type Case = { name?: unknown; classname?: unknown; file?: unknown; line?: unknown; skipped?: unknown; failure?: unknown[]; error?: unknown[] };
 type Suite = {
   name?: unknown;
+  tests?: unknown;
   file?: unknown;
   failures?: unknown;
   errors?: unknown;
@@ -185,7 +200,11 @@ type Suite = {
 };
 
 function eslint(text: string, rel: Rel): Report {
-  const results = JSON.parse(text) as { filePath: string; messages: { line?: number; severity: number; message: string; ruleId?: string | null }[] }[];
+  const results = JSON.parse(text) as {
+    filePath: string;
+    errorCount?: number;
+    messages: { line?: number; severity: number; message: string; ruleId?: string | null }[];
+  }[];
   if (!Array.isArray(results)) throw new Error('the ESLint report is not an array of results');
   const annotations: Annotation[] = results.flatMap((r) =>
     r.messages.map((m) => ({
@@ -195,6 +214,17 @@ function eslint(text: string, rel: Rel): Report {
       message: m.ruleId ? `${m.message} (${m.ruleId})` : m.message,
     })),
   );
+  // a file that counts errors its messages do not show (a formatter that dropped them) has them all the same
+  for (const r of results) {
+    const shown = r.messages.filter((m) => m.severity >= 2).length;
+    if (typeof r.errorCount === 'number' && r.errorCount > shown)
+      annotations.push({
+        path: rel(r.filePath),
+        line: null,
+        level: 'failure',
+        message: `the report counts ${r.errorCount} errors in this file; it shows ${shown}`,
+      });
+  }
   const errors = annotations.filter((a) => a.level === 'failure').length;
   return {
     ok: errors === 0,
@@ -205,8 +235,10 @@ function eslint(text: string, rel: Rel): Report {
 
 function tsc(text: string, rel: Rel): Report {
   const annotations: Annotation[] = [];
-  for (const line of text.split('\n')) {
-    const m = /^(.+?)\((\d+),(\d+)\): (error|warning) (TS\d+): (.*)$/.exec(line.trim());
+  for (const line of text.replace(/\u001b\[[0-9;]*m/g, '').split('\n')) {
+    // tsc's plain form, file(line,col): error TS…, and its --pretty form, file:line:col - error TS…
+    const m =
+      /^(.+?)\((\d+),(\d+)\): (error|warning) (TS\d+): (.*)$/.exec(line.trim()) ?? /^(.+?):(\d+):(\d+) - (error|warning) (TS\d+): (.*)$/.exec(line.trim());
     if (m) annotations.push({ path: rel(m[1]), line: Number(m[2]), level: m[4] === 'error' ? 'failure' : 'warning', message: `${m[5]}: ${m[6]}` });
     else if (/^error (TS\d+): /.test(line.trim())) annotations.push({ path: null, line: null, level: 'failure', message: line.trim().slice(6) });
   }

@@ -128,6 +128,26 @@ describe('gates', function () {
       ok: false,
       summary: '1 of 2 passed, 1 failed; test point id 1 appears multiple times',
     });
+    // skipped and to-do points are not passes; the summary says what they were
+    expect(await parseReport('tap', '1..3\nok 1 a # SKIP x\nok 2 b # SKIP y\nnot ok 3 c # TODO z\n', '/w')).to.deep.include({
+      summary: '0 of 3 passed, 2 skipped, 1 to do',
+    });
+    // reports that count more than they show: a suite's tests, a file's ESLint errors
+    expect(await parseReport('junit', '<testsuite name="s" tests="3"><testcase name="a"/></testsuite>', '/w')).to.deep.include({
+      ok: false,
+      summary: '1 of 1 passed',
+    });
+    const dropped = await parseReport('eslint', JSON.stringify([{ filePath: '/w/a.js', errorCount: 5, messages: [] }]), '/w');
+    expect(dropped).to.deep.include({ ok: false, summary: '1 error, 0 warnings' });
+    expect(dropped.annotations[0]!.message).to.equal('the report counts 5 errors in this file; it shows 0');
+    // tsc --pretty: colours, file:line:col - error
+    const pretty = await parseReport(
+      'tsc',
+      "\u001b[96msrc/a.ts\u001b[0m:\u001b[93m4\u001b[0m:\u001b[93m7\u001b[0m - \u001b[91merror\u001b[0m\u001b[90m TS2322: \u001b[0mType 'string' is not assignable.\n",
+      '/w',
+    );
+    expect(pretty).to.deep.include({ ok: false, summary: '1 type error' });
+    expect(pretty.annotations[0]).to.deep.include({ path: 'src/a.ts', line: 4 });
     // a report cut off while it was written is not read as what it holds so far
     const cut = await parseReport('junit', '<testsuites><testsuite name="s"><testcase name="a"/><testcase name="b">', '/w');
     expect(cut).to.deep.include({ ok: false, summary: 'the junit report could not be read' });
