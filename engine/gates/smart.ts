@@ -40,13 +40,22 @@ type Known = {
   git?: Promise<GitState>;
   digests: Map<string, Promise<string>>;
   used: number;
+  /** more folders than a watcher may hold: not watched, each snapshot computed afresh */
+  unwatched?: boolean;
 };
 
 const WATCHED_MAX = 32;
+/**
+ * The most folders one workspace's watcher holds (a watch each, from the host's inotify watches, which
+ * every process of the user shares): a workspace with more is not watched, and its snapshots are computed
+ * afresh, so that one tenant's tree cannot spend the watches the file triggers and others need.
+ */
+const WATCHED_DIRS_MAX = 10_000;
 const IGNORED = /(^|[/\\])(node_modules|\.git[/\\](objects|logs|lfs))([/\\]|$)/;
 
-export function smartGatesOf(deps: Pick<Platform, 'store' | 'clock'> & { sandbox: Sandbox; gates: GateRuns }) {
+export function smartGatesOf(deps: Pick<Platform, 'store' | 'clock'> & { sandbox: Sandbox; gates: GateRuns; watchedDirsMax?: number }) {
   const { store, clock, sandbox, gates } = deps;
+  const dirsMax = deps.watchedDirsMax ?? WATCHED_DIRS_MAX;
   const known = new Map<string, Known>();
 
   function knownOf(dir: string): Known {
@@ -57,8 +66,30 @@ export function smartGatesOf(deps: Pick<Platform, 'store' | 'clock'> & { sandbox
         void oldest![1].watcher?.close();
         known.delete(oldest![0]);
       }
-      const watcher = watch(dir, { ignored: (p) => IGNORED.test(p), ignoreInitial: true, followSymlinks: false });
-      const fresh: Known = { watcher, ready: new Promise((r) => watcher.once('ready', () => r())), generation: 0, digests: new Map(), used: 0 };
+      // the folders seen as the watcher scans (each is offered with its stats, twice): past the most, nothing more is watched
+      const folders = new Set<string>();
+      const ignored = (p: string, stats?: { isDirectory(): boolean }) => {
+        if (IGNORED.test(p) || folders.size > dirsMax) return true;
+        if (stats?.isDirectory()) folders.add(p);
+        return folders.size > dirsMax;
+      };
+      const watcher = watch(dir, { ignored, ignoreInitial: true, followSymlinks: false });
+      const fresh: Known = {
+        watcher,
+        ready: new Promise((r) =>
+          watcher.once('ready', () => {
+            if (folders.size > dirsMax) {
+              fresh.unwatched = true;
+              void watcher.close();
+            }
+            folders.clear();
+            r();
+          }),
+        ),
+        generation: 0,
+        digests: new Map(),
+        used: 0,
+      };
       // any change forgets what was computed: the next snapshot computes it again (and rehashes only what changed)
       const forget = () => {
         fresh.generation++;
@@ -83,8 +114,10 @@ export function smartGatesOf(deps: Pick<Platform, 'store' | 'clock'> & { sandbox
     /** The gates' readiness now; `watch: false` computes it once, without a watcher or a cache (an audit in a worker). */
     async snapshot(tenantId: string, workspace: string | undefined, opts: { watch?: boolean } = {}): Promise<SmartGates> {
       const ws = await gates.workspaceOf(tenantId, workspace, '/query/workspace');
-      const k: Known = opts.watch === false ? { ready: Promise.resolve(), generation: 0, digests: new Map(), used: 0 } : knownOf(ws.dir);
-      await k.ready;
+      const once = (): Known => ({ ready: Promise.resolve(), generation: 0, digests: new Map(), used: 0 });
+      const watched = opts.watch === false ? once() : knownOf(ws.dir);
+      await watched.ready;
+      const k = watched.unwatched ? once() : watched;
       const set = await loadGateSet(ws.dir);
       // what this snapshot computes is kept only if no change came while it computed it
       const generation = k.generation;

@@ -6,6 +6,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { expect } from 'chai';
 import { GENESIS_HASH, publicKeyFromPem, readPack, signerOf, verifyEntries, verifyPack, type PackFiles, type PackJson } from '../../engine/evidence/index.js';
+import { smartGatesOf } from '../../engine/gates/index.js';
 import { newId } from '../../engine/platform/index.js';
 import { builtCli } from '../support/built-cli.js';
 import { eventually, finishedRun, KEYS, startHarness, type Harness } from '../support/harness.js';
@@ -141,6 +142,38 @@ describe('gates in the service', function () {
       expect(res.body.code).to.equal('gate-set-invalid');
       expect(res.text).to.not.contain('ghp_');
     }
+  });
+
+  it('does not watch a workspace with more folders than a watcher may hold (the host’s inotify watches are shared), and still sees its changes', async () => {
+    // a tenant of its own: a folder another watcher of this process holds shares its watch (libuv's one inotify instance)
+    const wide = path.join(h.tenantDir('tenant-c'), 'wide');
+    for (let i = 0; i < 40; i++) await fs.mkdir(path.join(wide, `d${i}`), { recursive: true });
+    await fs.writeFile(path.join(wide, 'gates.yaml'), 'gates:\n  - id: ok\n    run: [/bin/true]\n    inputs: ["**/*.txt"]\n');
+    /** the inotify watches this process holds */
+    const watches = async () => {
+      let n = 0;
+      for (const fd of await fs.readdir('/proc/self/fdinfo'))
+        n += ((await fs.readFile(`/proc/self/fdinfo/${fd}`, 'utf8').catch(() => '')).match(/^inotify wd:/gm) ?? []).length;
+      return n;
+    };
+    const measure = async (watchedDirsMax?: number) => {
+      const smart = smartGatesOf({ store: h.rt.store, clock: h.rt.clock, sandbox: h.rt.sandbox, gates: h.rt.engine.gates, watchedDirsMax });
+      try {
+        const run = await h.rt.engine.gates.start('tenant-c', { workspace: 'wide', trigger: { type: 'api' } });
+        expect((await h.rt.engine.gates.wait('tenant-c', run.id)).status).to.equal('succeeded');
+        const before = await watches();
+        expect((await smart.snapshot('tenant-c', 'wide')).gates[0]!.state).to.equal('passing');
+        const held = (await watches()) - before;
+        // a change is seen by the next snapshot, watched or not
+        await fs.writeFile(path.join(wide, 'd3', 'new.txt'), `${Math.random()}`);
+        const changed = await eventually(async () => (await smart.snapshot('tenant-c', 'wide')).gates[0]!.state === 'stale' || null, 'the change to be seen');
+        return { held, changed };
+      } finally {
+        await smart.close();
+      }
+    };
+    expect((await measure()).held).to.be.at.least(40);
+    expect(await measure(10)).to.deep.equal({ held: 0, changed: true });
   });
 
   it('stays under 50 ms on a 5,000-file repository after the first digest', async () => {
