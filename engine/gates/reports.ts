@@ -2,6 +2,8 @@
 // JSON formatter and `tsc`'s own output. Each gives whether the report holds a failure and the
 // annotations (file, line, level, message) a check run shows beside the code.
 import path from 'node:path';
+import { fileURLToPath, pathToFileURL } from 'node:url';
+import { Worker } from 'node:worker_threads';
 import { XMLParser, XMLValidator } from 'fast-xml-parser';
 import { Parser as TapParser } from 'tap-parser';
 import type { ReportFormat } from './definition.js';
@@ -22,6 +24,36 @@ const clipped = (a: Annotation): Annotation => {
 };
 
 /** Reads a report; `workspace` makes absolute paths relative. A report that cannot be read is `ok: false`. */
+/** Reports larger than this are read on a thread of their own (see report-thread.ts): a thread costs tens of milliseconds to start. */
+const THREAD_FROM_BYTES = 512 * 1024;
+const here = fileURLToPath(import.meta.url);
+const threadEntry = pathToFileURL(path.join(path.dirname(here), `report-thread${path.extname(here)}`)).href;
+/**
+ * What the thread runs: the thread's module, `.js` once built; under tsx (development and tests) its `.ts`,
+ * after tsx's loader is registered in the thread (a thread does not inherit it, nor take it from execArgv)
+ */
+const threadCode =
+  path.extname(here) === '.ts'
+    ? `import(${JSON.stringify(import.meta.resolve('tsx/esm/api'))}).then((tsx) => tsx.register()).then(() => import(${JSON.stringify(threadEntry)}))`
+    : `import(${JSON.stringify(threadEntry)})`;
+
+/** A report read, on a thread of its own when it is large, so the process's event loop goes on meanwhile. */
+export async function readReport(format: ReportFormat, text: string, workspace: string): Promise<Report> {
+  if (text.length < THREAD_FROM_BYTES) return parseReport(format, text, workspace);
+  const thread = new Worker(threadCode, { eval: true, workerData: { format, text, workspace } });
+  try {
+    return await new Promise<Report>((resolve, reject) => {
+      thread.once('message', resolve);
+      thread.once('error', reject);
+      thread.once('exit', (code) => reject(new Error(`the report thread exited ${code}`)));
+    });
+  } catch {
+    return { ok: false, annotations: [], summary: `the ${format} report could not be read` };
+  } finally {
+    void thread.terminate();
+  }
+}
+
 export async function parseReport(format: ReportFormat, text: string, workspace: string): Promise<Report> {
   const rel = (p: string | undefined | null) => {
     if (!p) return null;

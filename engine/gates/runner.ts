@@ -8,7 +8,7 @@ import { canonicalJson, payloadDigest, sha256Hex } from '../evidence/index.js';
 import type { Annotation, GateConclusion, GateResult, GateSubject, VibeGates } from '../platform/index.js';
 import { runProcess, type Sandbox } from '../tools/index.js';
 import { loadGateSet, type GateDefinition } from './definition.js';
-import { parseReport, type Report } from './reports.js';
+import { readReport, type Report } from './reports.js';
 import { maskSecrets, scanSecrets } from './secret-scan.js';
 import { entryOf, readInside, staysInside } from './paths.js';
 import { FileHasher, gitState, inputFiles, type GitState } from './subject.js';
@@ -156,7 +156,7 @@ export async function runGate(gate: GateDefinition & { digest: string }, ctx: Ga
     if (gate.report)
       report =
         text.trim() || (gate.report.format === 'tsc' && r.exit_code === 0)
-          ? await parseReport(gate.report.format, text, ctx.workspace)
+          ? await readReport(gate.report.format, text, ctx.workspace)
           : { ok: false, annotations: [], summary: `no ${gate.report.format} report${gate.report.path ? ` in ${gate.report.path}` : ''}` };
     if (r.aborted) {
       conclusion = 'cancelled';

@@ -16,6 +16,7 @@ import {
   loadGateSet,
   maskedTail,
   parseReport,
+  readReport,
   runGate,
   type GateContext,
 } from '../../engine/gates/index.js';
@@ -128,6 +129,22 @@ describe('gates', function () {
       ok: false,
       summary: '1 of 2 passed, 1 failed; test point id 1 appears multiple times',
     });
+    // a large report is read on a thread of its own: the same answer, and the event loop goes on meanwhile
+    const large = `1..60000\n${Array.from({ length: 60_000 }, (_, i) => (i % 1000 ? `ok ${i + 1} t${i}` : `not ok ${i + 1} t${i}`)).join('\n')}\n`;
+    expect(large.length).to.be.above(512 * 1024);
+    let longest = 0;
+    let last = performance.now();
+    const ticker = setInterval(() => {
+      longest = Math.max(longest, performance.now() - last);
+      last = performance.now();
+    }, 5);
+    const started = performance.now();
+    const threaded = await readReport('tap', large, '/w').finally(() => clearInterval(ticker));
+    const took = performance.now() - started;
+    const inline = await parseReport('tap', large, '/w');
+    expect(threaded).to.deep.equal(inline);
+    expect(threaded).to.deep.include({ ok: false, summary: '59940 of 60000 passed, 60 failed' });
+    expect(longest, `the loop stalled ${longest.toFixed(0)} ms during a ${took.toFixed(0)} ms read`).to.be.below(Math.max(150, took / 3));
     // skipped and to-do points are not passes; the summary says what they were
     expect(await parseReport('tap', '1..3\nok 1 a # SKIP x\nok 2 b # SKIP y\nnot ok 3 c # TODO z\n', '/w')).to.deep.include({
       summary: '0 of 3 passed, 2 skipped, 1 to do',
