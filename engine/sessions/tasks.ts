@@ -30,6 +30,9 @@ import { allowlistOf, type Runs, type StartVerdict, type ToolPolicy } from '../r
 import { dagErrors, dagOrder } from './dag.js';
 import type { DagState } from './dag-state.js';
 
+/** Why a ready task's run is refused that will not pass by waiting: the operator's policy, its agent endpoint, its workspace. */
+const UNSTARTABLE = new Set<string>(['agent-not-configured', 'tool-not-permitted', 'network-not-permitted', 'path-not-permitted', 'validation-failed']);
+
 export type TaskInput = {
   id?: string;
   title?: string;
@@ -184,8 +187,8 @@ export function tasksOf(deps: TasksDeps) {
         { known },
       );
     } catch (err) {
-      // what may pass (Redis, the store) leaves the task to the next try (the reconciler's)
-      if (!(err instanceof AppError) || err.retryable) throw err;
+      // what may pass (Redis, the store, another dispatch of it holding its key) leaves the task to the next try (the reconciler's)
+      if (!(err instanceof AppError) || !UNSTARTABLE.has(err.code)) throw err;
       await failUnstartable(session, task, err);
     }
   }

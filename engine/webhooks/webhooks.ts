@@ -53,12 +53,16 @@ type TenantSecrets = { at: number; known: boolean; byKind: Map<WebhookProvider, 
 // One operation of the engine's Redis batch per request (requests of one event-loop turn share a round
 // trip): refused when the tenant's minute is spent; else (when a signed request has a replay key) what
 // was signed is remembered, and a replay of it is refused without counting (a captured delivery sent
-// again and again must not spend the budget of the real ones); else it counts against the minute.
+// again and again must not spend the budget of the real ones), unless its provider resends its retries
+// byte for byte (ARGV[4]: PagerDuty, Linear): then it is a retry, answered as its event's duplicate (a
+// write to the store), and counts like any delivery; else it counts against the minute.
 // Answers [1, 0] go on, [0, ms until the minute ends] rate-limited, [2, 0] a replay. Seen keys are only
 // written for requests within the limit.
 const GATE = `if tonumber(redis.call('GET', KEYS[1]) or '0') >= tonumber(ARGV[2]) then return {0, redis.call('PTTL', KEYS[1])} end
-if ARGV[3] ~= '0' and not redis.call('SET', KEYS[2], '1', 'EX', ARGV[3], 'NX') then return {2, 0} end
+local seen = ARGV[3] ~= '0' and not redis.call('SET', KEYS[2], '1', 'EX', ARGV[3], 'NX')
+if seen and ARGV[4] ~= '1' then return {2, 0} end
 if redis.call('INCR', KEYS[1]) == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
+if seen then return {2, 0} end
 return {1, 0}`;
 
 export const jobIdOfDelivery = (deliveryId: string) => `delivery-${deliveryId}`;
@@ -73,7 +77,7 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
   const prefix = queues.prefix;
   const cache = new Map<string, TenantSecrets>();
   const batch = redisBatch(redis);
-  batch.define('webhook.gate', { keys: 2, args: 3, lua: GATE });
+  batch.define('webhook.gate', { keys: 2, args: 4, lua: GATE });
   const owner = (tenantId: string, kind: WebhookProvider) => `webhook-secret:${tenantId}:${kind}`;
 
   async function secretsOf(tenantId: string): Promise<TenantSecrets> {
@@ -108,22 +112,23 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
    * those refused), claiming a replay key for `seenSeconds` if one is given: the gate's verdict and, past
    * the limit, the time left in the minute.
    */
-  function countThisMinute(counter: 'rate' | 'refused', tenantId: string, seenKey: string | null, seenSeconds: number) {
+  function countThisMinute(counter: 'rate' | 'refused', tenantId: string, seenKey: string | null, seenSeconds: number, resends = false) {
     const bucket = Math.floor(clock.now().getTime() / 60_000);
     return batch.call<[number, number]>(
       'webhook.gate',
       [`${prefix}:webhook-${counter}:${tenantId}:${bucket}`, seenKey ?? `${prefix}:webhook-seen:-`],
-      [61_000, perMinute, seenKey ? seenSeconds : 0],
+      [61_000, perMinute, seenKey ? seenSeconds : 0, resends ? 1 : 0],
     );
   }
 
   /**
    * Counts a verified request against its tenant's per-minute limit, over all kinds, and claims its
-   * replay key if it has one: false when that key was already claimed (a replay).
+   * replay key if it has one: false when that key was already claimed (a replay, not counted unless its
+   * provider `resends` its retries, which go on as duplicates).
    */
-  async function gate(tenantId: string, kind: WebhookProvider, seenKey: string | null): Promise<boolean> {
+  async function gate(tenantId: string, kind: WebhookProvider, seenKey: string | null, resends: boolean): Promise<boolean> {
     // a signature stays valid for a window either side of its timestamp: remember it for both
-    const [verdict, ttlMs] = await countThisMinute('rate', tenantId, seenKey, windowOf(kind, windowSeconds) * 2 + 1);
+    const [verdict, ttlMs] = await countThisMinute('rate', tenantId, seenKey, windowOf(kind, windowSeconds) * 2 + 1, resends);
     if (verdict === 0) {
       deps.metrics.webhookRequests.inc({ kind, outcome: 'rate-limited' });
       throw new RateLimitedError(
@@ -226,7 +231,7 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
           throw new WebhookRejectedError('webhook-not-configured', `no usable ${kind} secret is set for this tenant: PUT /api/v1/webhook-secrets/${kind}`);
         verified = await verifyDelivery(kind, { headers, body }, { secrets, nowMs: clock.now().getTime(), windowSeconds });
         seenKey = verified.replayKey ? `${prefix}:webhook-seen:${tenantId}:${kind}:${sha256Hex(verified.replayKey)}` : null;
-        if (!(await gate(tenantId, kind, seenKey))) {
+        if (!(await gate(tenantId, kind, seenKey, Boolean(verified.retriesResend && verified.providerId)))) {
           seenKey = null;
           // a provider that retries with the same bytes (PagerDuty, Linear) sends its event's id again: the
           // store's answer for that id (a duplicate, acknowledged) is the one to give, not a replay's 409

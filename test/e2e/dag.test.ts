@@ -1,6 +1,7 @@
 // Multi-agent sessions' task DAG, executed for real: a diamond, a failing branch with an independent
 // one and an all_done task, pause and resume, validation in one 422, and DAG order.
 import { expect } from 'chai';
+import { ConflictError } from '../../engine/platform/index.js';
 import { eventually, KEYS, startHarness, type Harness } from '../support/harness.js';
 
 type Body = Record<string, any>;
@@ -327,6 +328,25 @@ describe('task DAG', function () {
     } finally {
       allowed.splice(at, 0, 'shell');
     }
+  });
+
+  it('leaves a ready task whose run is refused for a while (its key held by another dispatch) to the reconciler, not failed', async () => {
+    const id = await session();
+    const create = h.rt.engine.runs.createIdempotent.bind(h.rt.engine.runs);
+    let refused = 0;
+    h.rt.engine.runs.createIdempotent = async (...args: Parameters<typeof create>) => {
+      if (!refused++) throw new ConflictError('a request with this Idempotency-Key is still being handled; retry');
+      return create(...args);
+    };
+    try {
+      expect((await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, { body: { id: 'a', steps: sh('true') } })).status).to.equal(201);
+    } finally {
+      h.rt.engine.runs.createIdempotent = create;
+    }
+    expect(refused).to.equal(1);
+    expect((await h.call<Body>('GET', `/api/v1/sessions/${id}/tasks`)).body.data[0]).to.deep.include({ status: 'pending' });
+    await h.rt.engine.sessions.reconcile(0);
+    expect((await settled(id, 1)).tasks[0].status).to.equal('succeeded');
   });
 
   it('refuses at once a task with an agent step when no agent endpoint is configured (it could never start)', async () => {

@@ -290,12 +290,19 @@ describe('webhook intake', function () {
       const b = await post('pager', sign.pager([SECRET.pagerOld], { ...incident(id), retried: true }));
       expect(b.status).to.equal(200);
       expect(b.body).to.deep.equal({ delivery_id: a.body.delivery_id, status: 'duplicate' });
-      // PagerDuty's retry is byte for byte the same request
+      // PagerDuty's retry is byte for byte the same request: a duplicate, and counted in the minute like any
+      // delivery (each is a write to the store; a captured one sent again and again spends the budget, not more)
       const same = sign.pager([SECRET.pager], incident());
       const first = await post('pager', same);
+      const counted = async () => {
+        const keys = await h.rt.redis.keys(`${h.config.queuePrefix}:webhook-rate:tenant-a:*`);
+        return (await Promise.all(keys.map((k) => h.rt.redis.get(k)))).reduce((n, v) => n + Number(v ?? 0), 0);
+      };
+      const before = await counted();
       const again = await post('pager', same);
       expect(again.status, again.text).to.equal(200);
       expect(again.body).to.deep.equal({ delivery_id: first.body.delivery_id, status: 'duplicate' });
+      expect((await counted()) - before).to.equal(1);
       // nothing time-bound is signed: an event without its id could be sent again once the replay window ends
       const anonymous = await post('pager', sign.pager([SECRET.pager], { event: { event_type: 'incident.triggered' } }));
       expect(anonymous.status).to.equal(400);
