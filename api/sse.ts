@@ -11,7 +11,13 @@ const NOTICE_DEADLINE_MS = 1000;
 /** The open streams of an app, so shutdown can end them: clients resume elsewhere with Last-Event-ID. */
 export class OpenStreams {
   private readonly ends = new Set<() => void>();
+  private closed = false;
+  /** A stream opened once all were closed (it was still being prepared) is ended at once: the server is closing. */
   add(end: () => void): () => void {
+    if (this.closed) {
+      queueMicrotask(end);
+      return () => undefined;
+    }
     this.ends.add(end);
     return () => this.ends.delete(end);
   }
@@ -19,6 +25,7 @@ export class OpenStreams {
     return this.ends.size;
   }
   closeAll(): void {
+    this.closed = true;
     for (const end of [...this.ends]) end();
   }
 }

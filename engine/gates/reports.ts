@@ -204,6 +204,8 @@ function junit(text: string, rel: Rel): Report {
   };
   let found = 0;
   for (const suite of root.testsuite) found += read(suite);
+  if (root !== (doc as Suite) && (Number(root.tests) || 0) > count)
+    annotate('testsuites', null, null, `the report counts ${Number(root.tests)} tests; its suites show ${count}`);
   if (root !== (doc as Suite) && declared(root) > found) {
     outside += declared(root) - found;
     annotate('testsuites', null, null, `the report counts ${declared(root)} failures and errors; its suites show ${found}`);

@@ -41,7 +41,9 @@ function parseEntries(entries: [string, string[]][]): ServiceEvent[] {
 // append and refresh the stream's TTL; appends go in the engine's Redis batch, so all events asked for
 // in one turn of the event loop take one round trip, in the order they were asked for. Once the log holds
 // TRIM_STEP more than it keeps, the oldest go, and the newest id dropped is noted as the stream's
-// max-deleted-entry-id (Redis notes it for XDEL only, not for a trim), which droppedAfter reads
+// max-deleted-entry-id (Redis notes it for XDEL only, not for a trim), which droppedAfter reads. Redis
+// before 7.0 has no such field (XSETID takes no MAXDELETEDID): there the note fails alone, not the append,
+// and a reader is not told of a trim
 const TRIM_STEP = 100;
 const APPEND = `local id = redis.call('XADD', KEYS[1], '*', 'e', ARGV[3])
 redis.call('EXPIRE', KEYS[1], ARGV[2])
@@ -49,7 +51,7 @@ local over = redis.call('XLEN', KEYS[1]) - tonumber(ARGV[1])
 if over >= ${TRIM_STEP} then
   local dropped = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', over)
   redis.call('XTRIM', KEYS[1], 'MAXLEN', ARGV[1])
-  redis.call('XSETID', KEYS[1], id, 'MAXDELETEDID', dropped[#dropped][1])
+  redis.pcall('XSETID', KEYS[1], id, 'MAXDELETEDID', dropped[#dropped][1])
 end
 return id`;
 

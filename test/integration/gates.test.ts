@@ -154,6 +154,9 @@ describe('gates', function () {
       ok: false,
       summary: '1 of 1 passed',
     });
+    expect(await parseReport('junit', '<testsuites tests="50"><testsuite name="s"><testcase name="a"/></testsuite></testsuites>', '/w')).to.deep.include({
+      ok: false,
+    });
     const dropped = await parseReport('eslint', JSON.stringify([{ filePath: '/w/a.js', errorCount: 5, messages: [] }]), '/w');
     expect(dropped).to.deep.include({ ok: false, summary: '1 error, 0 warnings' });
     expect(dropped.annotations[0]!.message).to.equal('the report counts 5 errors in this file; it shows 0');

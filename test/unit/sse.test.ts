@@ -46,4 +46,14 @@ describe('SSE streams', () => {
       server.close();
     }
   });
+
+  it('ends at once a stream that opens after every stream was closed (a shutdown while it was being prepared)', async () => {
+    const streams = new OpenStreams();
+    streams.closeAll();
+    let ended = false;
+    streams.add(() => (ended = true));
+    await Promise.resolve();
+    expect(ended).to.equal(true);
+    expect(streams.size).to.equal(0);
+  });
 });
