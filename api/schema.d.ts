@@ -3340,8 +3340,8 @@ export interface components {
         /**
          * @description The folder to audit (the one open in the client's editor), absolute or relative to the tenant's root. Resolved
          *     to its real path; /etc, /proc and /sys (by path, by device and inode, by file system) are refused with 403
-         *     `path-not-permitted` unless SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS=1, and so are another tenant's root and the
-         *     service's data folder in any environment; in production only folders under the tenant's root or
+         *     `path-not-permitted` unless SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS=1, and so is, in any environment, a folder
+         *     that is or holds another tenant's root or the service's data folder; in production only folders under the tenant's root or
          *     SERVICE_AUDIT_ALLOWED_ROOTS.
          */
         WorkspaceRoot: string;
@@ -4057,6 +4057,15 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
+            /** @description The ledger slice of the pack does not verify as stored (a chain, a hash, a signature, a payload, or an entry that is not the gate's result); nothing is signed. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             422: components["responses"]["Unprocessable"];
             429: components["responses"]["ApiRateLimited"];
         };
@@ -4068,8 +4077,8 @@ export interface operations {
                 /**
                  * @description The folder to audit (the one open in the client's editor), absolute or relative to the tenant's root. Resolved
                  *     to its real path; /etc, /proc and /sys (by path, by device and inode, by file system) are refused with 403
-                 *     `path-not-permitted` unless SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS=1, and so are another tenant's root and the
-                 *     service's data folder in any environment; in production only folders under the tenant's root or
+                 *     `path-not-permitted` unless SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS=1, and so is, in any environment, a folder
+                 *     that is or holds another tenant's root or the service's data folder; in production only folders under the tenant's root or
                  *     SERVICE_AUDIT_ALLOWED_ROOTS.
                  */
                 "X-Service-Workspace-Root"?: components["parameters"]["WorkspaceRoot"];
@@ -4125,8 +4134,8 @@ export interface operations {
                 /**
                  * @description The folder to audit (the one open in the client's editor), absolute or relative to the tenant's root. Resolved
                  *     to its real path; /etc, /proc and /sys (by path, by device and inode, by file system) are refused with 403
-                 *     `path-not-permitted` unless SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS=1, and so are another tenant's root and the
-                 *     service's data folder in any environment; in production only folders under the tenant's root or
+                 *     `path-not-permitted` unless SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS=1, and so is, in any environment, a folder
+                 *     that is or holds another tenant's root or the service's data folder; in production only folders under the tenant's root or
                  *     SERVICE_AUDIT_ALLOWED_ROOTS.
                  */
                 "X-Service-Workspace-Root"?: components["parameters"]["WorkspaceRoot"];

@@ -101,8 +101,11 @@ export async function resolveAuditRoot(requested: string | undefined, policy: Au
     const [workspaces, data, own] = await Promise.all(
       [policy.privateRoots.workspaceRoot, policy.privateRoots.dataDir, policy.tenantRoot].map((r) => fs.realpath(r).catch(() => path.resolve(r))),
     );
-    if (inside(real, data!)) throw new PathNotPermittedError(`${requested ?? real} is in the service's data folder, which no audit reads`);
-    if (inside(real, workspaces!) && !inside(real, own!)) throw new PathNotPermittedError(`${requested ?? real} is in another tenant's workspace root`);
+    const named = requested ?? real;
+    // in the folder or above it: a folder that holds the data folder or other tenants' roots reads them too
+    if (inside(real, data!) || inside(data!, real)) throw new PathNotPermittedError(`${named} is or holds the service's data folder, which no audit reads`);
+    if (!inside(real, own!) && (inside(real, workspaces!) || (workspaces !== own && inside(workspaces!, real))))
+      throw new PathNotPermittedError(`${named} is or holds another tenant's workspace root`);
   }
 
   if (policy.isProduction) {

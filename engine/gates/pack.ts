@@ -75,13 +75,16 @@ export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledg
       // and each gate's row is its sealed result, never the gate run's stored copy of it
       const problem = ledger.verify(entries, payloadOf);
       if (problem) throw new ConflictError(`the evidence ledger does not verify (${problem.message}); no pack is signed from it`, { problem });
-      const sealedResult = (seq: number): GateResult => {
-        const body = payloadOf.get(bySeq.get(seq)?.payload_digest ?? '');
-        if (body === undefined) throw new ConflictError(`the ledger has no sealed result at entry ${seq}; no pack is signed`);
+      const sealedResult = (seq: number, gateId: string): GateResult => {
+        const entry = bySeq.get(seq);
+        const body = payloadOf.get(entry?.payload_digest ?? '');
+        // the entry the stored run points at must be that gate's sealed result
+        if (!entry || entry.kind !== 'gate.result' || entry.subject.gate_id !== gateId || body === undefined)
+          throw new ConflictError(`the ledger has no sealed result of gate ${gateId} at entry ${seq}; no pack is signed`);
         return JSON.parse(body) as GateResult;
       };
       // artifacts are payloads too: the pack carries them so that it stands alone
-      const rows = [...latest.values()].map(({ run, seq }) => ({ run, seq, result: sealedResult(seq) }));
+      const rows = [...latest].map(([gateId, { run, seq }]) => ({ run, seq, result: sealedResult(seq, gateId) }));
       const artifactDigests = rows.flatMap(({ result }) => result.artifacts.map((a) => a.payload_digest));
       if (artifactDigests.length) payloads.push(...(await ledger.payloads(tenantId, artifactDigests)));
       const subject = runs[0]!.subject ?? { workspace: ws.name, commit: null, tree: null, dirty: null };

@@ -40,7 +40,7 @@ describe('audit roots', () => {
     for (const isProduction of [false, true]) {
       const p: AuditRootPolicy = { ...policy, tenantRoot: own, isProduction, privateRoots: { workspaceRoot: workspaces, dataDir: data } };
       expect(await resolveAuditRoot('app', p)).to.equal(path.join(own, 'app'));
-      for (const requested of ['../tenant-b', '../tenant-b/app', 'to-b', workspaces, data, path.join(data, 'redis'), '../../data'])
+      for (const requested of ['../tenant-b', '../tenant-b/app', 'to-b', workspaces, data, path.join(data, 'redis'), '../../data', '../..', dir])
         expect(await refused(requested, p), `${requested}, production ${isProduction}`).to.be.instanceOf(PathNotPermittedError);
     }
     // outside production a folder elsewhere is still the developer's to audit
