@@ -1,7 +1,6 @@
 // Automations: reusable, triggerable definitions of work, scoped to one tenant.
 // Every change is a conditional update in the store: an archived automation cannot change.
 import {
-  AgentNotConfiguredError,
   ConflictError,
   NotFoundError,
   ValidationError,
@@ -20,7 +19,7 @@ import {
   type RunTrigger,
 } from '../platform/index.js';
 import { type JsonDoc, type Page } from '../store/index.js';
-import { allowlistOf, networkOf, retryPolicyOf, type RunLimits, type RunRequest, type ToolPolicy } from '../runs/index.js';
+import { allowlistOf, networkOf, requireAgentFor, retryPolicyOf, type RunLimits, type RunRequest, type ToolPolicy } from '../runs/index.js';
 import type { Platform } from '../deps.js';
 import { instantiateTemplate, type TemplateCatalog } from './templates.js';
 import { nextCronFire, validateTriggers } from './triggers.js';
@@ -116,12 +115,7 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
       const budget = budgetOf(def.budget, '/body/budget', errors);
       checkWork(def, errors);
       check(errors);
-      // one whose work needs the agent endpoint would fail every fire: refused now, as a run would be
-      const steps = def.steps?.length ? def.steps : null;
-      if ((!steps || steps.some((step) => step.tool === 'agent')) && !deps.settings.agent)
-        throw new AgentNotConfiguredError(
-          `this automation ${steps ? 'has an agent step' : 'names a goal and no steps'}, and no agent endpoint is configured (SERVICE_AGENT_BASE_URL, SERVICE_AGENT_MODEL)`,
-        );
+      requireAgentFor(deps.settings, def.steps, 'this automation');
       const now = clock.now().toISOString();
       const automation: Automation = {
         id: newId('aut'),

@@ -1,7 +1,8 @@
 // What the operator lets tenants do: which tools at all (SERVICE_TOOLS_ALLOWED; a run's or an
 // automation's allowlist can only narrow it) and whether tool processes may use the network
-// (SERVICE_SANDBOX_ALLOW_NETWORK). Asking for more is a 403 that names what was refused.
-import { DEFAULT_AGENT_TOOLS, NotPermittedError, type Step, type ToolName } from '../platform/index.js';
+// (SERVICE_SANDBOX_ALLOW_NETWORK). Asking for more is a 403 that names what was refused. Work that needs
+// the agent endpoint while none is configured is a 422.
+import { AgentNotConfiguredError, DEFAULT_AGENT_TOOLS, NotPermittedError, type Step, type ToolName } from '../platform/index.js';
 
 export type ToolPolicy = { toolsAllowed: readonly ToolName[]; allowNetwork: boolean };
 
@@ -31,4 +32,16 @@ export function networkOf(policy: ToolPolicy, asked: boolean | undefined): boole
     throw new NotPermittedError('network-not-permitted', 'this service does not let runs use the network (SERVICE_SANDBOX_ALLOW_NETWORK is not set)');
   }
   return asked === true;
+}
+
+/**
+ * Work that needs the agent endpoint (a goal, no steps, or an `agent` step) is refused when none is
+ * configured: a run, a session's task or an automation (whose every fire would fail). `what` names it.
+ */
+export function requireAgentFor(settings: { agent?: unknown }, steps: readonly Step[] | null | undefined, what: string): void {
+  const planned = steps?.length ? steps : null;
+  if ((!planned || planned.some((s) => s.tool === 'agent')) && !settings.agent)
+    throw new AgentNotConfiguredError(
+      `${what} ${planned ? 'has an agent step' : 'names a goal and no steps'}, and no agent endpoint is configured (SERVICE_AGENT_BASE_URL, SERVICE_AGENT_MODEL)`,
+    );
 }

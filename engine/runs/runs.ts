@@ -4,7 +4,6 @@
 import path from 'node:path';
 import type { Platform } from '../deps.js';
 import {
-  AgentNotConfiguredError,
   type AgentSnapshot,
   canonicalJson,
   ConflictError,
@@ -35,7 +34,7 @@ import { createRunClaims } from './claims.js';
 import type { TenantSlots } from './concurrency.js';
 import { retryPolicyOf } from './retry.js';
 import { REDIS_DEADLINE_MS, STORE_RETRY_AFTER_SECONDS, type AfterStored, type RunCompanion, type Transitions } from './transitions.js';
-import { allowlistOf, networkOf, type ToolPolicy } from './policy.js';
+import { allowlistOf, networkOf, requireAgentFor, type ToolPolicy } from './policy.js';
 import { resolveWorkspace, tenantRoot, tenantRootPath } from './workspace.js';
 import type { Sandbox } from '../tools/index.js';
 
@@ -134,11 +133,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       errors.push({ path: '/body/budget_seconds', message: `must be at most ${limits.maxBudgetSeconds} (SERVICE_RUN_MAX_BUDGET_SECONDS)` });
     if (req.gates && req.kind !== 'vibe') errors.push({ path: '/body/gates', message: 'gates: true is for vibe runs; other runs have a gates step' });
     if (errors.length) throw new ValidationError(errors.map((e) => `${e.path}: ${e.message}`).join('; '), errors);
-    if ((!steps || steps.some((s) => s.tool === 'agent')) && !settings.agent) {
-      throw new AgentNotConfiguredError(
-        `this run ${steps ? 'has an agent step' : 'names a goal and no steps'}, and no agent endpoint is configured (SERVICE_AGENT_BASE_URL, SERVICE_AGENT_MODEL)`,
-      );
-    }
+    requireAgentFor(settings, steps, 'this run');
     const tool_allowlist = allowlistOf(settings, req.tool_allowlist, steps, '/body/tools');
     const network = networkOf(settings, req.network);
     const workspace = await resolveWorkspace(await tenantRoot(settings, tenantId), req.workspace);

@@ -6,7 +6,6 @@
 // `task.updated` event on the session's trace. A paused session holds its ready tasks: they start on resume.
 import type { Platform } from '../deps.js';
 import {
-  AgentNotConfiguredError,
   AppError,
   ConflictError,
   isTerminal,
@@ -26,7 +25,7 @@ import {
   type TaskStatus,
   type TriggerRule,
 } from '../platform/index.js';
-import { allowlistOf, type Runs, type StartVerdict, type ToolPolicy } from '../runs/index.js';
+import { allowlistOf, requireAgentFor, type Runs, type StartVerdict, type ToolPolicy } from '../runs/index.js';
 import { dagErrors, dagOrder } from './dag.js';
 import type { DagState } from './dag-state.js';
 
@@ -458,11 +457,7 @@ export function tasksOf(deps: TasksDeps) {
       records.forEach((t, i) => {
         const agent = agents.find((a) => a.id === t.agent_id);
         allowlistOf(deps.settings, agent?.tool_allowlist, t.steps, `/body/tasks/${i}`);
-        if ((!t.steps || t.steps.some((step) => step.tool === 'agent')) && !deps.settings.agent) {
-          throw new AgentNotConfiguredError(
-            `task ${t.id} ${t.steps ? 'has an agent step' : 'has a goal'}, and no agent endpoint is configured (SERVICE_AGENT_BASE_URL, SERVICE_AGENT_MODEL)`,
-          );
-        }
+        requireAgentFor(deps.settings, t.steps, `task ${t.id}`);
       });
       // ids checked against the tasks read above; one taken since, by a request at the same time, is the same error
       if (!(await store.tasks.insertMany(records))) {
