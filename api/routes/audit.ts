@@ -76,6 +76,7 @@ export function auditRouter(engine: Engine, opts: { hub: EventHub; heartbeatMs: 
         await engine.audits.start(tenantId, {
           root: rootOf(req),
           workspace: q.workspace,
+          workspaceAt: '/query/workspace',
           phases: q.phases,
           layers,
           trigger: { type: 'api', request_id: String(req.id) },

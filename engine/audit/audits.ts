@@ -67,6 +67,8 @@ export type AuditRequest = {
   root?: string;
   /** a workspace of the tenant by name (used when no root is given) */
   workspace?: string;
+  /** where the request named the workspace, for its error (a query parameter on the stream's GET) */
+  workspaceAt?: string;
   phases?: AuditPhase[];
   /** layering rules as asked for (checked and completed by parseLayers) */
   layers?: { name: string; path: string; may_import?: string[] }[] | null;
@@ -111,7 +113,7 @@ export function auditsOf(deps: AuditsDeps) {
     );
 
   /** The folder an audit reads, and its name: relative to the tenant's root when it lies inside it. */
-  async function rootOf(tenantId: string, req: Pick<AuditRequest, 'root' | 'workspace'>): Promise<{ dir: string; name: string }> {
+  async function rootOf(tenantId: string, req: Pick<AuditRequest, 'root' | 'workspace' | 'workspaceAt'>): Promise<{ dir: string; name: string }> {
     const tenant = await tenantRoot(settings, tenantId);
     const dir =
       req.root !== undefined && req.root !== ''
@@ -122,7 +124,7 @@ export function auditsOf(deps: AuditsDeps) {
             allowedRoots: settings.allowedRoots,
             privateRoots: { workspaceRoot: settings.workspaceRoot, dataDir: settings.dataDir },
           })
-        : await resolveWorkspace(tenant, req.workspace);
+        : await resolveWorkspace(tenant, req.workspace, req.workspaceAt);
     const rel = path.relative(tenant, dir);
     const inTenant = rel !== '..' && !rel.startsWith(`..${path.sep}`) && !path.isAbsolute(rel);
     return { dir, name: inTenant ? rel || '.' : dir };

@@ -253,6 +253,10 @@ describe('workspace audit', function () {
       headers: { authorization: `Bearer ${KEYS.a}`, 'last-event-id': resumed.events.at(-1)!.id },
     });
     expect(after.status).to.equal(204);
+    // a workspace that is not one is named where the stream's request gave it: the query
+    const nowhere = await h.call<Body>('GET', '/api/v1/autonomy/workspace-audit/stream?workspace=nowhere');
+    expect(nowhere.status).to.equal(400);
+    expect(nowhere.body.errors[0].path).to.equal('/query/workspace');
     // no other audit was started by the reconnect
     expect(resumed.events.every((e) => (e.name === 'report' ? e.data.data.report_id : e.data.data.report_id) === reportId)).to.equal(true);
   });
