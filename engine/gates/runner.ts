@@ -3,11 +3,12 @@
 // annotations, the subject and digests it is about, tool versions and the artifacts it keeps. The
 // service's gate runs and the CLI's `gates run` both call this.
 import fs from 'node:fs/promises';
+import path from 'node:path';
 import { glob } from 'tinyglobby';
 import { canonicalJson, payloadDigest, sha256Hex } from '../evidence/index.js';
 import type { Annotation, GateConclusion, GateResult, GateSubject, VibeGates } from '../platform/index.js';
 import { runProcess, type Sandbox } from '../tools/index.js';
-import { loadGateSet, type GateDefinition } from './definition.js';
+import { GATE_FILES, loadGateSet, type GateDefinition } from './definition.js';
 import { readReport, type Report } from './reports.js';
 import { maskSecrets, scanSecrets } from './secret-scan.js';
 import { entryOf, readInside, staysInside } from './paths.js';
@@ -219,6 +220,37 @@ export async function runGateSet(
 }
 
 /**
+ * Puts the workspace's own gate definitions into a copy before its gates run: its gate file (or none),
+ * and its package.json scripts (the detected gates and many gate commands run them), the rest of the
+ * copy's package.json kept. What the copy holds at those names is removed first, never written through
+ * (a link the run left there could point anywhere).
+ */
+async function restoreGateDefinitions(workspace: string, copy: string): Promise<void> {
+  const readPlain = async (file: string) => ((await fs.lstat(file).catch(() => null))?.isFile() ? fs.readFile(file, 'utf8') : null);
+  const replace = async (name: string, text: string | null) => {
+    await fs.rm(path.join(copy, name), { force: true, recursive: true });
+    if (text !== null) await fs.writeFile(path.join(copy, name), text, { flag: 'wx' });
+  };
+  for (const name of GATE_FILES) await replace(name, await readPlain(path.join(workspace, name)));
+  const original = await readPlain(path.join(workspace, 'package.json'));
+  if (original === null) return;
+  const objectOf = (text: string | null): Record<string, unknown> | null => {
+    try {
+      const v: unknown = text === null ? null : JSON.parse(text);
+      return v && typeof v === 'object' && !Array.isArray(v) ? (v as Record<string, unknown>) : null;
+    } catch {
+      return null;
+    }
+  };
+  const edited = objectOf(await readPlain(path.join(copy, 'package.json')));
+  const scripts = objectOf(original)?.scripts;
+  if (!edited) return replace('package.json', original);
+  if (scripts === undefined) delete edited.scripts;
+  else edited.scripts = scripts;
+  await replace('package.json', `${JSON.stringify(edited, null, 2)}\n`);
+}
+
+/**
  * A workspace's gate set run in-process on a folder that is not one of the tenant's workspaces (a vibe
  * run's edited copy): its results, for the run's own result.
  */
@@ -228,9 +260,11 @@ export async function gatesOnCopy(
 ): Promise<VibeGates> {
   // the service reads the copy's files itself: every check is against its real path
   const dir = await fs.realpath(copy.dir);
-  // the gates are the workspace's own (`setFrom`), not the copy's: a run that edits its gate file does not
-  // choose what checks its work
-  const set = await loadGateSet(await fs.realpath(copy.setFrom));
+  // the gates are the workspace's own (`setFrom`), not the copy's: a run that edits its gate file or the
+  // scripts its gates run does not choose what checks its work
+  const from = await fs.realpath(copy.setFrom);
+  const set = await loadGateSet(from);
+  await restoreGateDefinitions(from, dir);
   const ctx: GateContext = {
     sandbox: deps.sandbox,
     workspace: dir,

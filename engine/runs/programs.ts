@@ -202,6 +202,11 @@ export function vibeProgram(
       a.workspace = scratch.dir;
       a.readOnlyBinds.push(...scratch.readOnlyBinds);
       const outcome = await work(a);
+      // what the run changed is its result even when its budget ran out or it was canceled: the diff has a
+      // few seconds past it. Not at a shutdown: the attempt is put back in line and its result thrown
+      // away, and the process has less time left than the grace. Taken before the gates, which put the
+      // workspace's gate definitions back in the copy and may write files of their own
+      const { diff, changed_files, truncated } = await scratch.diff(withGrace(a.signal, diffGraceMs));
       // gates that cannot run (their set is invalid, say) fail the run with why, and cost it not its diff
       let gatesError: ErrorInfo | undefined;
       const checked =
@@ -214,10 +219,6 @@ export function vibeProgram(
               return undefined;
             })
           : undefined;
-      // what the run changed is its result even when its budget ran out or it was canceled: the diff has a
-      // few seconds past it. Not at a shutdown: the attempt is put back in line and its result thrown
-      // away, and the process has less time left than the grace
-      const { diff, changed_files, truncated } = await scratch.diff(withGrace(a.signal, diffGraceMs));
       const failed = checked?.results.filter((g) => g.required && g.conclusion !== 'success').map((g) => g.gate_id) ?? [];
       return {
         ...outcome,

@@ -457,6 +457,40 @@ describe('gates in the service', function () {
       expect(waved.result.gates.results[0]).to.deep.include({ gate_id: 'syntax', conclusion: 'failure' });
       expect(waved.result.changed_files).to.deep.equal(['gates.yaml', 'src/app.mjs']);
     }
+    // nor through the scripts its gates run: a detected set (no gate file) runs the workspace's package.json
+    // scripts, whatever the run wrote there; the rest of its package.json edit stands, and shows in the diff
+    const pkgRepo = path.join(h.tenantDir(), 'vibe-pkg');
+    await fs.mkdir(path.join(pkgRepo, 'src'), { recursive: true });
+    await fs.writeFile(path.join(pkgRepo, 'src', 'app.mjs'), 'export const answer = 41;\n');
+    await fs.writeFile(path.join(pkgRepo, 'package.json'), JSON.stringify({ name: 'p', scripts: { test: 'node --check src/app.mjs' } }, null, 2));
+    spawnSync('sh', ['-c', 'git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm init'], { cwd: pkgRepo });
+    const rescripted = await h.call<Body>('POST', '/api/v1/autonomy/vibe/run', {
+      body: {
+        workspace: 'vibe-pkg',
+        gates: true,
+        steps: [
+          { tool: 'write_file', args: { path: 'package.json', content: JSON.stringify({ name: 'p', version: '2.0.0', scripts: { test: 'true' } }) } },
+          { tool: 'write_file', args: { path: 'src/app.mjs', content: 'export const answer = ;\n' } },
+        ],
+      },
+    });
+    const judged = await finishedRun(h, rescripted.body.run_id);
+    expect(judged.status, JSON.stringify(judged.result?.gates)).to.equal('failed');
+    expect(judged.result.gates.results.find((g: Body) => g.gate_id === 'test')).to.deep.include({ conclusion: 'failure' });
+    expect(judged.result.changed_files).to.deep.equal(['package.json', 'src/app.mjs']);
+    expect(judged.result.diff).to.contain('"test":"true"');
+    // what the copy holds at those names is replaced, never written through: a link the run left there leads nowhere
+    const target = path.join(h.tenantDir(), 'outside.txt');
+    await fs.writeFile(target, 'untouched');
+    const linked = await h.call<Body>('POST', '/api/v1/autonomy/vibe/run', {
+      body: {
+        workspace: 'vibe-pkg',
+        gates: true,
+        steps: [{ tool: 'shell', args: { command: `ln -sf ${target} package.json && ln -sf ${target} gates.yaml` } }],
+      },
+    });
+    await finishedRun(h, linked.body.run_id);
+    expect(await fs.readFile(target, 'utf8')).to.equal('untouched');
     // a gate set that cannot be read on the workspace itself fails the run with why, and keeps the diff
     await fs.writeFile(path.join(repo, 'gates.yaml'), 'gates: [\n');
     const unreadable = await vibe('export const answer = 43;\n');
