@@ -42,6 +42,8 @@ type Known = {
   used: number;
   /** more folders than a watcher may hold: not watched, each snapshot computed afresh */
   unwatched?: boolean;
+  /** the folders its watcher holds */
+  folders: number;
 };
 
 const WATCHED_MAX = 32;
@@ -51,11 +53,16 @@ const WATCHED_MAX = 32;
  * afresh, so that one tenant's tree cannot spend the watches the file triggers and others need.
  */
 const WATCHED_DIRS_MAX = 10_000;
+/** The most folders all the watchers of the process hold together (of the host's 8,192 to a few hundred thousand). */
+const WATCHED_DIRS_TOTAL = 40_000;
 const IGNORED = /(^|[/\\])(node_modules|\.git[/\\](objects|logs|lfs))([/\\]|$)/;
 
-export function smartGatesOf(deps: Pick<Platform, 'store' | 'clock'> & { sandbox: Sandbox; gates: GateRuns; watchedDirsMax?: number }) {
+export function smartGatesOf(
+  deps: Pick<Platform, 'store' | 'clock'> & { sandbox: Sandbox; gates: GateRuns; watchedDirsMax?: number; watchedDirsTotal?: number },
+) {
   const { store, clock, sandbox, gates } = deps;
   const dirsMax = deps.watchedDirsMax ?? WATCHED_DIRS_MAX;
+  const dirsTotal = deps.watchedDirsTotal ?? WATCHED_DIRS_TOTAL;
   const known = new Map<string, Known>();
 
   function knownOf(dir: string): Known {
@@ -66,22 +73,26 @@ export function smartGatesOf(deps: Pick<Platform, 'store' | 'clock'> & { sandbox
         void oldest![1].watcher?.close();
         known.delete(oldest![0]);
       }
-      // the folders seen as the watcher scans (each is offered with its stats, twice): past the most, nothing more is watched
+      // the folders seen as the watcher scans (each is offered with its stats, twice): past what it may hold
+      // (its own most, or what the other watchers leave of the total), nothing more is watched
       const folders = new Set<string>();
+      let others = 0;
+      for (const other of known.values()) others += other.folders;
+      const allowed = Math.min(dirsMax, dirsTotal - others);
       const ignored = (p: string, stats?: { isDirectory(): boolean }) => {
-        if (IGNORED.test(p) || folders.size > dirsMax) return true;
+        if (IGNORED.test(p) || folders.size > allowed) return true;
         if (stats?.isDirectory()) folders.add(p);
-        return folders.size > dirsMax;
+        return folders.size > allowed;
       };
       const watcher = watch(dir, { ignored, ignoreInitial: true, followSymlinks: false });
       const fresh: Known = {
         watcher,
         ready: new Promise((r) =>
           watcher.once('ready', () => {
-            if (folders.size > dirsMax) {
+            if (folders.size > allowed) {
               fresh.unwatched = true;
               void watcher.close();
-            }
+            } else fresh.folders = folders.size;
             folders.clear();
             r();
           }),
@@ -89,6 +100,7 @@ export function smartGatesOf(deps: Pick<Platform, 'store' | 'clock'> & { sandbox
         generation: 0,
         digests: new Map(),
         used: 0,
+        folders: 0,
       };
       // any change forgets what was computed: the next snapshot computes it again (and rehashes only what changed)
       const forget = () => {
@@ -114,7 +126,7 @@ export function smartGatesOf(deps: Pick<Platform, 'store' | 'clock'> & { sandbox
     /** The gates' readiness now; `watch: false` computes it once, without a watcher or a cache (an audit in a worker). */
     async snapshot(tenantId: string, workspace: string | undefined, opts: { watch?: boolean } = {}): Promise<SmartGates> {
       const ws = await gates.workspaceOf(tenantId, workspace, '/query/workspace');
-      const once = (): Known => ({ ready: Promise.resolve(), generation: 0, digests: new Map(), used: 0 });
+      const once = (): Known => ({ ready: Promise.resolve(), generation: 0, digests: new Map(), used: 0, folders: 0 });
       const watched = opts.watch === false ? once() : knownOf(ws.dir);
       await watched.ready;
       const k = watched.unwatched ? once() : watched;

@@ -174,6 +174,20 @@ describe('gates in the service', function () {
     };
     expect((await measure()).held).to.be.at.least(40);
     expect(await measure(10)).to.deep.equal({ held: 0, changed: true });
+    // and all of the process's watchers hold no more than a total: a second workspace past what the first left is not watched
+    const other = path.join(h.tenantDir('tenant-c'), 'other');
+    for (let i = 0; i < 40; i++) await fs.mkdir(path.join(other, `d${i}`), { recursive: true });
+    await fs.copyFile(path.join(wide, 'gates.yaml'), path.join(other, 'gates.yaml'));
+    const shared = smartGatesOf({ store: h.rt.store, clock: h.rt.clock, sandbox: h.rt.sandbox, gates: h.rt.engine.gates, watchedDirsTotal: 60 });
+    try {
+      const start = await watches();
+      await shared.snapshot('tenant-c', 'wide');
+      const first = (await watches()) - start;
+      await shared.snapshot('tenant-c', 'other');
+      expect({ first: first >= 40, second: (await watches()) - start - first }).to.deep.equal({ first: true, second: 0 });
+    } finally {
+      await shared.close();
+    }
   });
 
   it('stays under 50 ms on a 5,000-file repository after the first digest', async () => {
