@@ -20,6 +20,8 @@ export type PackPredicate = {
   gates: { gate_id: string; ledger_seq: number; payload_digest: string; [field: string]: unknown }[];
   ready?: boolean;
   missing?: string[];
+  subject?: { commit?: string | null };
+  gate_runs?: { gate_run_id: string; ledger?: { to_seq: number } | null }[];
   [more: string]: unknown;
 };
 
@@ -177,6 +179,28 @@ export function verifyPack(files: PackFiles, opts: { keyId?: string; tenantId?: 
     const differs = SEALED_FIELDS.find((f) => f in g && canonicalJson(g[f] ?? null) !== canonicalJson(sealed[f] ?? null));
     if (differs)
       return fail({ part: 'statement', seq: g.ledger_seq, message: `gate ${g.gate_id}'s ${differs} in the statement is not what entry ${g.ledger_seq} seals` });
+    // and it was sealed for the commit the statement is about
+    const commit = statement.predicate.subject?.commit;
+    if (commit && e.subject.commit !== commit)
+      return fail({
+        part: 'statement',
+        seq: g.ledger_seq,
+        message: `gate ${g.gate_id} was sealed for commit ${String(e.subject.commit)}, not the statement's ${commit}`,
+      });
+  }
+  // the gates missing are those the latest run's seal names as required and the statement has no result of
+  const latestRun = statement.predicate.gate_runs?.[0];
+  const seal = latestRun?.ledger ? entries.find((x) => x.seq === latestRun.ledger!.to_seq) : undefined;
+  if (latestRun && (!seal || seal.kind !== 'gate.run' || seal.subject.gate_run_id !== latestRun.gate_run_id))
+    return fail({ part: 'statement', message: `gate run ${latestRun.gate_run_id} names no seal of its own in the ledger slice` });
+  const required = seal ? (JSON.parse(files.payloads!.get(seal.payload_digest)!) as { required_gates?: unknown }).required_gates : undefined;
+  if (Array.isArray(required)) {
+    const missing = required.filter((id) => !gates.some((g) => g.gate_id === id)).sort();
+    if (canonicalJson(missing) !== canonicalJson([...(statement.predicate.missing ?? [])].sort()))
+      return fail({
+        part: 'statement',
+        message: `the statement says ${JSON.stringify(statement.predicate.missing ?? [])} are missing; the seal of its latest run says ${JSON.stringify(missing)}`,
+      });
   }
   // and its verdict follows from them: every required gate sealed a success, and none is missing
   const ready = !(statement.predicate.missing ?? []).length && gates.every((g) => !g.required || g.conclusion === 'success');

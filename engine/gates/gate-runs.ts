@@ -274,6 +274,8 @@ export async function sealGateRun(deps: Pick<Platform, 'store' | 'clock'> & { le
         status,
         trigger: record.trigger,
         gates: results.map((r) => ({ gate_id: r.gate_id, conclusion: r.conclusion, required: r.required })),
+        // the set's required gates as this run saw it: a pack's `missing` (and so `ready`) is read from here
+        required_gates: record.required_gates ?? null,
       },
     },
   ]);

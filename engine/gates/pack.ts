@@ -4,7 +4,7 @@
 // it carries the ledger slice and every payload it names, so it can be checked offline.
 import { STATEMENT_TYPE, type Ledger, type PackJson, type Statement } from '../evidence/index.js';
 import type { Platform } from '../deps.js';
-import { ConflictError, NotFoundError, ValidationError, type GateResult, type GateRunRecord, type LedgerEntry } from '../platform/index.js';
+import { ConflictError, NotFoundError, ValidationError, type GateResult, type GateRunRecord, type GateSubject, type LedgerEntry } from '../platform/index.js';
 import type { GateRuns } from './gate-runs.js';
 
 export const PREDICATE_TYPE = 'https://automation-backend.dev/evidence-pack/v1';
@@ -87,9 +87,20 @@ export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledg
       const rows = [...latest].map(([gateId, { run, seq }]) => ({ run, seq, result: sealedResult(seq, gateId) }));
       const artifactDigests = rows.flatMap(({ result }) => result.artifacts.map((a) => a.payload_digest));
       if (artifactDigests.length) payloads.push(...(await ledger.payloads(tenantId, artifactDigests)));
-      const subject = runs[0]!.subject ?? { workspace: ws.name, commit: null, tree: null, dirty: null };
-      // the required gates of the set, as its latest run saw it: one with no result for this commit blocks
-      const required = runs[0]!.required_gates ?? [];
+      // what the latest run tested, and the required gates of the set as it saw them, as its seal says (a run
+      // sealed before the seal held the required gates: as stored); one with no result for the commit blocks
+      const seal = bySeq.get(runs[0]!.ledger!.to_seq);
+      if (!seal || seal.kind !== 'gate.run' || seal.subject.gate_run_id !== runs[0]!.id)
+        throw new ConflictError(`the ledger has no seal of gate run ${runs[0]!.id} at entry ${runs[0]!.ledger!.to_seq}; no pack is signed`);
+      const sealedRun = JSON.parse(payloadOf.get(seal.payload_digest) ?? '{}') as { required_gates?: string[] | null };
+      const sealedSubject = seal.subject as Partial<GateSubject>;
+      const subject: GateSubject = {
+        workspace: sealedSubject.workspace ?? ws.name,
+        commit: sealedSubject.commit ?? null,
+        tree: sealedSubject.tree ?? null,
+        dirty: sealedSubject.dirty ?? null,
+      };
+      const required = sealedRun.required_gates ?? runs[0]!.required_gates ?? [];
       const missing = required.filter((id) => !latest.has(id));
       const gateRows = rows.map(({ result, run, seq }) => ({
         gate_id: result.gate_id,

@@ -304,16 +304,29 @@ describe('gates in the service', function () {
     expect(lie).to.deep.include({ part: 'statement' });
     expect(lie!.message).to.contain("gate test's conclusion in the statement is not what entry");
     expect(signedAs((p) => (p.ready = true))).to.deep.include({ part: 'statement', message: 'the statement says ready: true, but its sealed gates say false' });
+    expect(signedAs((p) => (p.missing = ['ghost']))!.message).to.contain('the seal of its latest run says []');
+    expect(signedAs((p) => (p.subject.commit = 'f'.repeat(40)))!.message).to.contain(`, not the statement's ${'f'.repeat(40)}`);
     // the service builds the rows from the sealed results: a gate run's stored copy changed since does not show
     const list = h.rt.store.gateRuns.list.bind(h.rt.store.gateRuns);
     h.rt.store.gateRuns.list = async (...args: Parameters<typeof list>) => {
       const page = await list(...args);
-      return { ...page, items: page.items.map((r) => ({ ...r, results: r.results.map((g) => ({ ...g, conclusion: 'success' as const })) })) };
+      return {
+        ...page,
+        items: page.items.map((r) => ({
+          ...r,
+          results: r.results.map((g) => ({ ...g, conclusion: 'success' as const })),
+          required_gates: [...(r.required_gates ?? []), 'ghost'],
+          subject: r.subject && { ...r.subject, dirty: true },
+        })),
+      };
     };
     try {
       const rebuilt = (await h.call<Body>('GET', '/api/v1/autonomy/evidence-pack')).body.statement.predicate;
       expect(rebuilt.gates.find((g: Body) => g.gate_id === 'test').conclusion).to.equal('failure');
       expect(rebuilt.ready).to.equal(false);
+      // and the subject and the required gates from the run's seal
+      expect(rebuilt.subject).to.deep.equal(statement.predicate.subject);
+      expect(rebuilt.missing).to.deep.equal(statement.predicate.missing);
     } finally {
       h.rt.store.gateRuns.list = list;
     }
