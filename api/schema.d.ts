@@ -1790,7 +1790,7 @@ export interface components {
              */
             type: "manual";
         };
-        /** @description Fires on a schedule. A bad expression or time zone is a 400 that says which. */
+        /** @description Fires on a schedule. A bad expression or time zone is a 400 that says which, and so is one that fires more often than SERVICE_CRON_MIN_INTERVAL_SECONDS (60 s unless the operator sets it). */
         CronTrigger: {
             /**
              * @description discriminator enum property added by openapi-typescript

@@ -69,6 +69,8 @@ export type Config = {
   /** how long a worker's lock on a run lasts; a dead worker's run is noticed within about twice this */
   stalledIntervalSeconds: number;
   fileTriggerRefreshSeconds: number;
+  /** the shortest interval a cron trigger may fire at (SERVICE_CRON_MIN_INTERVAL_SECONDS) */
+  cronMinIntervalSeconds: number;
   /** the environment a shell step starts from: a short allowlist, never the service's secrets */
   childEnv: Record<string, string>;
   /** how tool processes are isolated: `auto` picks bwrap when it is installed; `explicit` when SERVICE_SANDBOX was set */
@@ -322,6 +324,7 @@ const schema = z.object({
   SERVICE_RECONCILE_INTERVAL_SECONDS: int(30, 1, 3600),
   SERVICE_STALLED_INTERVAL_SECONDS: int(15, 1, 600),
   SERVICE_FILE_TRIGGER_REFRESH_SECONDS: int(5, 1, 3600),
+  SERVICE_CRON_MIN_INTERVAL_SECONDS: int(60, 1, 86_400),
   LOG_LEVEL: z
     .string()
     .optional()
@@ -440,6 +443,7 @@ export function parseEnv(env: Record<string, string | undefined>): Config {
     reconcileIntervalSeconds: e.SERVICE_RECONCILE_INTERVAL_SECONDS,
     stalledIntervalSeconds: e.SERVICE_STALLED_INTERVAL_SECONDS,
     fileTriggerRefreshSeconds: e.SERVICE_FILE_TRIGGER_REFRESH_SECONDS,
+    cronMinIntervalSeconds: e.SERVICE_CRON_MIN_INTERVAL_SECONDS,
     sandbox: {
       mode: e.SERVICE_SANDBOX,
       explicit: e.SERVICE_SANDBOX !== 'auto',

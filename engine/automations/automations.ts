@@ -111,7 +111,7 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
     async create(tenantId: string, def: AutomationDefinition, template: Automation['template'] = null): Promise<Automation> {
       const errors: FieldError[] = [];
       const triggers = def.triggers ?? [{ type: 'manual' as const }];
-      errors.push(...validateTriggers(triggers));
+      errors.push(...validateTriggers(triggers, '/body/triggers', { cronMinIntervalSeconds: limits.cronMinIntervalSeconds }));
       const budget = budgetOf(def.budget, '/body/budget', errors);
       checkWork(def, errors);
       check(errors);
@@ -168,7 +168,7 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
     async update(tenantId: string, id: string, patch: AutomationPatch): Promise<Automation> {
       const current = await mustGet(tenantId, id);
       const errors: FieldError[] = [];
-      if (patch.triggers) errors.push(...validateTriggers(patch.triggers));
+      if (patch.triggers) errors.push(...validateTriggers(patch.triggers, '/body/triggers', { cronMinIntervalSeconds: limits.cronMinIntervalSeconds }));
       const changes: Partial<Automation> = {};
       if (patch.name !== undefined) changes.name = patch.name;
       if (patch.description !== undefined) changes.description = patch.description;

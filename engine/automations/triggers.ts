@@ -77,7 +77,24 @@ function globError(glob: string): string | null {
   return null;
 }
 
-export function validateTriggers(triggers: Trigger[], at = '/body/triggers'): FieldError[] {
+/**
+ * The shortest time between two fires of a cron expression, over its next fires from now (an expression's
+ * gaps repeat within its period; ten fires show a second-level or minute-level one): null when it never fires.
+ */
+const shortestGapSeconds = memo((key: string): number | null => {
+  const expression = parsedCron(key);
+  expression.reset(new Date());
+  const fires: number[] = [];
+  try {
+    for (let i = 0; i < 11; i++) fires.push(expression.next().getTime());
+  } catch {
+    // no more fires
+  }
+  if (fires.length < 2) return null;
+  return Math.min(...fires.slice(1).map((t, i) => (t - fires[i]!) / 1000));
+}, 500);
+
+export function validateTriggers(triggers: Trigger[], at = '/body/triggers', opts: { cronMinIntervalSeconds?: number } = {}): FieldError[] {
   const errors: FieldError[] = [];
   triggers.forEach((t, i) => {
     // the schema says so too; a trigger that is not an object would break every query of the triggers
@@ -89,6 +106,14 @@ export function validateTriggers(triggers: Trigger[], at = '/body/triggers'): Fi
       const bad = cronError(t.schedule);
       if (bad) errors.push({ path: `${at}/${i}/schedule`, message: bad });
       if (!isTimeZone(t.timezone)) errors.push({ path: `${at}/${i}/timezone`, message: `"${t.timezone}" is not an IANA time zone` });
+      else if (!bad && opts.cronMinIntervalSeconds) {
+        const gap = shortestGapSeconds(`${t.schedule}\n${t.timezone}`);
+        if (gap !== null && gap < opts.cronMinIntervalSeconds)
+          errors.push({
+            path: `${at}/${i}/schedule`,
+            message: `fires every ${gap} s; the shortest interval allowed is ${opts.cronMinIntervalSeconds} s (SERVICE_CRON_MIN_INTERVAL_SECONDS)`,
+          });
+      }
     } else if (t.type === 'file_change') {
       t.paths.forEach((glob, j) => {
         const bad = globError(glob);

@@ -183,7 +183,11 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
       metrics,
       slots: createTenantSlots(redis, config.queuePrefix, config.tenantMaxRunning),
       sandbox,
-      limits: { defaultBudgetSeconds: config.runBudget.defaultSeconds, maxBudgetSeconds: config.runBudget.maxSeconds },
+      limits: {
+        defaultBudgetSeconds: config.runBudget.defaultSeconds,
+        maxBudgetSeconds: config.runBudget.maxSeconds,
+        cronMinIntervalSeconds: config.cronMinIntervalSeconds,
+      },
       settings: {
         workspaceRoot,
         singleTenant: config.auth === 'none',

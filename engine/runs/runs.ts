@@ -62,7 +62,12 @@ export type RunRequest = {
   request_id?: string;
 };
 
-export type RunLimits = { defaultBudgetSeconds: number; maxBudgetSeconds: number };
+export type RunLimits = {
+  defaultBudgetSeconds: number;
+  maxBudgetSeconds: number;
+  /** the shortest interval an automation's cron trigger may fire at (absent: any) */
+  cronMinIntervalSeconds?: number;
+};
 
 export type RunSettings = ToolPolicy & {
   workspaceRoot: string;

@@ -3,7 +3,7 @@ import { KEYS, startHarness, type Harness } from '../support/harness.js';
 import { startWebServer } from '../../api/server.js';
 
 /** An agent endpoint set (never called here): automations whose work is a goal need one. */
-const AGENT_ENV = { SERVICE_AGENT_BASE_URL: 'http://127.0.0.1:9/v1', SERVICE_AGENT_MODEL: 'unused' };
+const AGENT_ENV = { SERVICE_AGENT_BASE_URL: 'http://127.0.0.1:9/v1', SERVICE_AGENT_MODEL: 'unused', SERVICE_CRON_MIN_INTERVAL_SECONDS: '1' };
 
 const definition = {
   name: 'Nightly tests',
@@ -58,9 +58,39 @@ describe('automations API', () => {
     expect(body.steps).to.equal(null);
   });
 
-  it('refuses a goal or an agent step when no agent endpoint is configured (every fire would fail), and stores nothing', async () => {
+  it('refuses a goal or an agent step when no agent endpoint is configured (every fire would fail), and stores nothing; and a cron faster than the operator allows', async () => {
     const bare = await startHarness();
     try {
+      // SERVICE_CRON_MIN_INTERVAL_SECONDS is 60 unless set: second-level schedules are refused, a template's too
+      const steps = [{ tool: 'message', args: { text: 'x' } }];
+      for (const [body, gap] of [
+        [{ name: 'fast', steps, triggers: [{ type: 'cron', schedule: '* * * * * *', timezone: 'UTC' }] }, 1],
+        [{ name: 'halfmin', steps, triggers: [{ type: 'manual' }, { type: 'cron', schedule: '0,30 * * * * *', timezone: 'Europe/Paris' }] }, 30],
+      ] as const) {
+        const res = await bare.call('POST', '/api/v1/automations', { body });
+        expect(res.status, res.text).to.equal(400);
+        const error = res.body.errors.find((e: { path: string }) => e.path.endsWith('/schedule'));
+        expect(error.message).to.equal(`fires every ${gap} s; the shortest interval allowed is 60 s (SERVICE_CRON_MIN_INTERVAL_SECONDS)`);
+      }
+      const minutely = await bare.call('POST', '/api/v1/automations', {
+        body: { name: 'minutely', steps, triggers: [{ type: 'cron', schedule: '* * * * *', timezone: 'UTC' }] },
+      });
+      expect(minutely.status, minutely.text).to.equal(201);
+      expect(
+        (
+          await bare.call('PATCH', `/api/v1/automations/${minutely.body.id}`, {
+            body: { triggers: [{ type: 'cron', schedule: '*/5 * * * * *', timezone: 'UTC' }] },
+          })
+        ).status,
+      ).to.equal(400);
+      const template = await bare.call('POST', '/api/v1/automations/templates/instantiate', {
+        body: { template_id: 'weekly-health-report', variables: { schedule: '* * * * * *' } },
+      });
+      expect(template.status, template.text).to.equal(400);
+      expect(template.body.errors.map((e: { message: string }) => e.message)).to.include(
+        'fires every 1 s; the shortest interval allowed is 60 s (SERVICE_CRON_MIN_INTERVAL_SECONDS)',
+      );
+      await bare.call('DELETE', `/api/v1/automations/${minutely.body.id}`);
       for (const body of [
         { name: 'Ask', goal: 'Summarise the README' },
         { name: 'Plan', steps: [{ tool: 'agent', args: { goal: 'plan' } }] },

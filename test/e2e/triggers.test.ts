@@ -44,7 +44,8 @@ describe('cron triggers', function () {
   this.timeout(30_000);
   let h: Harness;
   before(async () => {
-    h = await startHarness();
+    // second-level crons: fires within the test's time
+    h = await startHarness({ env: { SERVICE_CRON_MIN_INTERVAL_SECONDS: '1' } });
   });
   after(async () => {
     await h.close();
@@ -118,7 +119,7 @@ describe('the cron ticker', function () {
   this.timeout(30_000);
   let h: Harness;
   before(async () => {
-    h = await startHarness({ workers: false });
+    h = await startHarness({ workers: false, env: { SERVICE_CRON_MIN_INTERVAL_SECONDS: '1' } });
   });
   after(async () => {
     await h.close();
