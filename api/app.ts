@@ -4,6 +4,7 @@ import * as OpenApiValidator from 'express-openapi-validator';
 import { memoizeRouteMatchers } from './route-matchers.js';
 import {
   MAX_JSON_DEPTH,
+  hasLoneSurrogate,
   nestsDeeperThan,
   NotFoundError,
   ValidationError,
@@ -122,6 +123,10 @@ export function createApp(deps: AppDeps): Express {
         if (nestsDeeperThan(buf))
           throw new ValidationError(`the body nests deeper than ${MAX_JSON_DEPTH} levels`, [
             { path: '/body', message: `must not nest objects and arrays deeper than ${MAX_JSON_DEPTH} levels` },
+          ]);
+        if (hasLoneSurrogate(buf))
+          throw new ValidationError('the body holds a lone surrogate (a \\ud800-\\udfff escape without its other half)', [
+            { path: '/body', message: 'strings must be well-formed Unicode' },
           ]);
       },
     }),

@@ -29,3 +29,39 @@ export function nestsDeeperThan(text: Uint8Array, max = MAX_JSON_DEPTH): boolean
   }
   return false;
 }
+
+const LOWER_U = 0x75;
+
+/**
+ * True when a string of the JSON text holds a lone surrogate (`\ud800` with no low half after it, or a low
+ * half alone): JSON.parse takes it, and a stored name or body holding one is not well-formed Unicode, which
+ * strict readers of the answers (jq, other languages' parsers) refuse, whole pages with it. Only escapes can
+ * make one (UTF-8 cannot encode a surrogate).
+ */
+export function hasLoneSurrogate(text: Buffer): boolean {
+  if (text.indexOf('\\u') === -1) return false;
+  const hex = (at: number) => parseInt(text.toString('latin1', at, at + 4), 16);
+  let inString = false;
+  let pendingHigh = false;
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i];
+    if (!inString) {
+      if (c === QUOTE) inString = true;
+      continue;
+    }
+    if (c === BACKSLASH && text[i + 1] === LOWER_U) {
+      const unit = hex(i + 2);
+      i += 5;
+      const high = unit >= 0xd800 && unit <= 0xdbff;
+      const low = unit >= 0xdc00 && unit <= 0xdfff;
+      if (pendingHigh && !low) return true;
+      if (low && !pendingHigh) return true;
+      pendingHigh = high;
+      continue;
+    }
+    if (pendingHigh) return true;
+    if (c === BACKSLASH) i++;
+    else if (c === QUOTE) inString = false;
+  }
+  return pendingHigh;
+}

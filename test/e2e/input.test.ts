@@ -45,6 +45,31 @@ describe('bad input', () => {
     for (const q of ['0x10', '%20%201', '1_0']) expect((await h.call('GET', `/api/v1/automations?limit=${q}`)).status, q).to.equal(400);
   });
 
+  it('refuses a string with a lone surrogate (not well-formed Unicode: strict readers refuse a page with it), and takes a pair', async () => {
+    const post = (name: string) =>
+      h.call('POST', '/api/v1/automations', {
+        raw: `{"name":"${name}","steps":[{"tool":"message","args":{"text":"x"}}]}`,
+        headers: { 'content-type': 'application/json' },
+      });
+    for (const name of ['\\ud800', 'a\\ud83d', '\\udc00b', '\\ud83d\\ud83d\\ude00x\\ud83d']) {
+      const res = await post(name);
+      expect(res.status, name).to.equal(400);
+      expect(res.body.errors).to.deep.equal([{ path: '/body', message: 'strings must be well-formed Unicode' }]);
+    }
+    const before = (await h.call<{ data: unknown[] }>('GET', '/api/v1/automations?limit=100')).body.data.length;
+    // a pair (an emoji), and an escaped backslash before a u (no escape at all) are fine
+    for (const [name, stored] of [
+      ['smile \\ud83d\\ude00', 'smile \u{1f600}'],
+      ['\\\\ud800', '\\ud800'],
+    ]) {
+      const res = await post(name!);
+      expect(res.status, name).to.equal(201);
+      expect(res.body.name).to.equal(stored);
+      await h.call('DELETE', `/api/v1/automations/${res.body.id}`);
+    }
+    expect((await h.call<{ data: unknown[] }>('GET', '/api/v1/automations?limit=100')).body.data.length).to.equal(before);
+  });
+
   it('refuses a body nested deeper than 64 levels before parsing it, and stores nothing', async () => {
     const nested = (depth: number) => '{"a":'.repeat(depth) + '1' + '}'.repeat(depth);
     for (const depth of [65, 1000, 5000]) {
