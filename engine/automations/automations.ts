@@ -19,7 +19,7 @@ import {
   type RunTrigger,
 } from '../platform/index.js';
 import { type JsonDoc, type Page } from '../store/index.js';
-import { allowlistOf, networkOf, requireAgentFor, retryPolicyOf, type RunLimits, type RunRequest, type ToolPolicy } from '../runs/index.js';
+import { allowlistOf, budgetTooLong, networkOf, requireAgentFor, retryPolicyOf, type RunLimits, type RunRequest, type ToolPolicy } from '../runs/index.js';
 import type { Platform } from '../deps.js';
 import { instantiateTemplate, type TemplateCatalog } from './templates.js';
 import { nextCronFire, validateTriggers } from './triggers.js';
@@ -62,9 +62,8 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
   /** A budget from the one given, merged into `base` when it is a patch (RFC 7396: `max_steps: null` removes the bound). */
   function budgetOf(given: { seconds?: number; max_steps?: number | null } | undefined, at: string, errors: FieldError[], base?: Budget): Budget {
     const seconds = given?.seconds ?? base?.seconds ?? limits.defaultBudgetSeconds;
-    if (seconds > limits.maxBudgetSeconds) {
-      errors.push({ path: `${at}/seconds`, message: `must be at most ${limits.maxBudgetSeconds} (SERVICE_RUN_MAX_BUDGET_SECONDS)` });
-    }
+    const tooLong = budgetTooLong(limits, seconds, `${at}/seconds`);
+    if (tooLong) errors.push(tooLong);
     const maxSteps = given?.max_steps === null ? undefined : (given?.max_steps ?? base?.max_steps);
     return maxSteps === undefined ? { seconds } : { seconds, max_steps: maxSteps };
   }

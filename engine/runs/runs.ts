@@ -69,6 +69,11 @@ export type RunLimits = {
   cronMinIntervalSeconds?: number;
 };
 
+/** A budget longer than the operator allows (SERVICE_RUN_MAX_BUDGET_SECONDS), as the error at `path`; null when it is not. */
+export function budgetTooLong(limits: RunLimits, seconds: number, path: string): FieldError | null {
+  return seconds > limits.maxBudgetSeconds ? { path, message: `must be at most ${limits.maxBudgetSeconds} (SERVICE_RUN_MAX_BUDGET_SECONDS)` } : null;
+}
+
 export type RunSettings = ToolPolicy & {
   workspaceRoot: string;
   /** SERVICE_AUTH=none: one local tenant, whose workspace is the root itself */
@@ -134,8 +139,8 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
     const goal = req.goal?.trim() ? req.goal : null;
     if (!steps && !goal) errors.push({ path: '/body', message: 'give the work to do: non-empty steps, or a goal for the agent' });
     const seconds = req.budget_seconds ?? limits.defaultBudgetSeconds;
-    if (seconds > limits.maxBudgetSeconds)
-      errors.push({ path: '/body/budget_seconds', message: `must be at most ${limits.maxBudgetSeconds} (SERVICE_RUN_MAX_BUDGET_SECONDS)` });
+    const tooLong = budgetTooLong(limits, seconds, '/body/budget_seconds');
+    if (tooLong) errors.push(tooLong);
     if (req.gates && req.kind !== 'vibe') errors.push({ path: '/body/gates', message: 'gates: true is for vibe runs; other runs have a gates step' });
     if (errors.length) throw new ValidationError(errors.map((e) => `${e.path}: ${e.message}`).join('; '), errors);
     requireAgentFor(settings, steps, 'this run');
@@ -272,14 +277,16 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       try {
         // Redis forgets a key when it loses its data: the store keeps each key's run too, for its day
         const since = new Date(clock.now().getTime() - IDEMPOTENCY_TTL_SECONDS * 1000).toISOString();
-        const [kept, earlier] = await (async () => {
-          const k = await store.idempotencyKeys.get(tenantId, keyDigest, since);
-          return [k, k && (await store.runs.get(tenantId, k.run_id))] as const;
-        })().catch((err: unknown) => {
+        let kept: Awaited<ReturnType<typeof store.idempotencyKeys.get>>;
+        let earlier: Run | null = null;
+        try {
+          kept = await store.idempotencyKeys.get(tenantId, keyDigest, since);
+          if (kept) earlier = await store.runs.get(tenantId, kept.run_id);
+        } catch (err) {
           throw new ServiceUnavailableError('the store did not answer; retry this request with the same Idempotency-Key', STORE_RETRY_AFTER_SECONDS, {
             cause: err,
           });
-        });
+        }
         if (kept && earlier) {
           // Redis holds the key again for the rest of its day, as it did before it lost it (if it cannot,
           // the claim is taken back below and the next retry reads the store again)

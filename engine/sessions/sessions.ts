@@ -19,7 +19,7 @@ import {
   type TaskStatus,
   type ToolName,
 } from '../platform/index.js';
-import { allowlistOf, type RunLimits, type Runs, type ToolPolicy } from '../runs/index.js';
+import { allowlistOf, budgetTooLong, type RunLimits, type Runs, type ToolPolicy } from '../runs/index.js';
 import type { NewMessage, SessionQuery } from '../store/index.js';
 import { ToolError, type SessionActions } from '../tools/index.js';
 import { dagStateOf } from './dag-state.js';
@@ -144,10 +144,8 @@ export function sessionsOf(deps: SessionsDeps) {
   /** An agent's budget: the default time when none is given; more than the operator's maximum is refused, as a run's is. */
   const budgetOf = (asked: Partial<Budget> | undefined): Budget => {
     const seconds = asked?.seconds ?? deps.limits.defaultBudgetSeconds;
-    if (seconds > deps.limits.maxBudgetSeconds) {
-      const error = { path: '/body/budget/seconds', message: `must be at most ${deps.limits.maxBudgetSeconds} (SERVICE_RUN_MAX_BUDGET_SECONDS)` };
-      throw new ValidationError(`${error.path}: ${error.message}`, [error]);
-    }
+    const tooLong = budgetTooLong(deps.limits, seconds, '/body/budget/seconds');
+    if (tooLong) throw new ValidationError(`${tooLong.path}: ${tooLong.message}`, [tooLong]);
     return asked?.max_steps === undefined ? { seconds } : { seconds, max_steps: asked.max_steps };
   };
 

@@ -199,11 +199,21 @@ export function tasksOf(deps: TasksDeps) {
    */
   async function failUnstartable(session: Session, task: TaskRecord, err: AppError): Promise<void> {
     log.warn({ session_id: session.id, task_id: task.id, code: err.code, err: err.message }, 'a ready task could not be started; it fails');
-    const change = await dag.complete(session.id, task.id, 'failed');
-    const output = { status: 'failed', error: { code: err.code, message: err.message } };
-    await move(task, { status: 'failed', output }, ['pending', 'queued']);
-    if (change && (change.ready.length || change.upstreamFailed.length)) await apply(session, change);
-    await deps.recount(session.tenant_id, session.id);
+    await endTask(task, 'failed', { output: { status: 'failed', error: { code: err.code, message: err.message } } }, session);
+  }
+
+  /**
+   * A task's end: in Redis (first writer wins) and in the store, then what it releases (with `session`,
+   * or the session as it is now), then its session's counts.
+   */
+  async function endTask(ref: TaskRef, outcome: Extract<TaskStatus, 'succeeded' | 'failed' | 'canceled'>, changes: Partial<TaskRecord>, session?: Session) {
+    const change = await dag.complete(ref.session_id, ref.id, outcome);
+    await move(ref, { status: outcome, ...changes }, ['pending', 'queued', 'running', 'input_required']);
+    if (change && (change.ready.length || change.upstreamFailed.length)) {
+      const current = session ?? (await store.sessions.get(ref.tenant_id, ref.session_id));
+      if (current) await apply(current, change);
+    }
+    await deps.recount(ref.tenant_id, ref.session_id);
   }
 
   /** Cancels a task of an archived session, and what its end releases after it: nothing of it starts. */
@@ -379,14 +389,7 @@ export function tasksOf(deps: TasksDeps) {
     // the session read-only, its cancel came a moment late): its task is canceled, as the archive's others
     const archived = run.status !== 'succeeded' && (await store.sessions.get(run.tenant_id, run.session_id))?.status === 'archived';
     const outcome = archived ? 'canceled' : (OUTCOME[run.status] ?? 'failed');
-    const output = { ...(await outputOf(run)), usage };
-    const change = await dag.complete(run.session_id, ref.id, outcome);
-    await move(ref, { status: outcome, output, attempts: attemptOf(run) }, ['pending', 'queued', 'running', 'input_required']);
-    if (change && (change.ready.length || change.upstreamFailed.length)) {
-      const session = await store.sessions.get(run.tenant_id, run.session_id);
-      if (session) await apply(session, change);
-    }
-    await deps.recount(run.tenant_id, run.session_id);
+    await endTask(ref, outcome, { output: { ...(await outputOf(run)), usage }, attempts: attemptOf(run) });
   }
 
   /**
