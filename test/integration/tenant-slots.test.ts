@@ -65,30 +65,38 @@ describe('tenant slots and line', () => {
   });
 
   it('keeps each operation cheap with a long line: no scan of the line per admission or release', async () => {
-    /**
-     * The time of 300 admissions and 300 releases of runs at the end of a line `n` long: the best of three
-     * rounds (each leaves the line as it found it), so a busy moment of the machine does not decide it
-     */
-    const timed = async (n: number) => {
+    /** A tenant whose line is `n` long (one run admitted, `n` waiting) */
+    const lineOf = async (n: number) => {
       const tenant = `t${n}`;
       const slots = createTenantSlots(redis, prefix, 1);
       await slots.admit(tenant, 'first');
       for (let i = 0; i < n; i += 1000)
         await Promise.all(Array.from({ length: Math.min(1000, n - i) }, (_, j) => slots.admit(tenant, `r${String(i + j).padStart(6, '0')}`)));
-      const rounds: number[] = [];
-      for (let round = 0; round < 3; round++) {
-        const started = performance.now();
-        for (let i = 0; i < 300; i++) await slots.admit(tenant, `late${i}`);
-        for (let i = 0; i < 300; i++) await slots.release(tenant, `late${299 - i}`);
-        rounds.push(performance.now() - started);
-        expect(await slots.waiting(tenant)).to.equal(n);
-      }
-      return Math.min(...rounds);
+      return { tenant, slots, n };
     };
-    await timed(10); // warm
-    const short = await timed(10);
-    const long = await timed(40_000);
-    // a scan of a 40,000-long line per operation (LPOS, LREM) makes each cost several round trips more
-    expect(long / short, `${long.toFixed(1)} ms against ${short.toFixed(1)} ms`).to.be.below(2.5);
+    /** The time of 300 admissions and 300 releases of runs at the end of a line; each round leaves it as it was */
+    const round = async ({ tenant, slots, n }: Awaited<ReturnType<typeof lineOf>>) => {
+      const started = performance.now();
+      for (let i = 0; i < 300; i++) await slots.admit(tenant, `late${i}`);
+      for (let i = 0; i < 300; i++) await slots.release(tenant, `late${299 - i}`);
+      const took = performance.now() - started;
+      expect(await slots.waiting(tenant)).to.equal(n);
+      return took;
+    };
+    const short = await lineOf(10);
+    const long = await lineOf(40_000);
+    await round(short); // warm
+    // the rounds alternate, so a busy moment of the machine (CI runs test files side by side) falls on both
+    // lines alike; the best of five of each is compared
+    const shortRounds: number[] = [];
+    const longRounds: number[] = [];
+    for (let i = 0; i < 5; i++) {
+      shortRounds.push(await round(short));
+      longRounds.push(await round(long));
+    }
+    const [shortBest, longBest] = [Math.min(...shortRounds), Math.min(...longRounds)];
+    // a scan of a 40,000-long line per operation (LPOS, LREM) costs about a millisecond each: over ten times the
+    // round trip
+    expect(longBest / shortBest, `${longBest.toFixed(1)} ms against ${shortBest.toFixed(1)} ms`).to.be.below(3);
   });
 });
