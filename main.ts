@@ -37,9 +37,10 @@ async function startService(config: Config, log: Logger, local: LocalRedis | nul
   ];
   process.stdout.write(lines.join('\n') + '\n');
   return {
-    async close() {
-      await web.close();
-      await workers.close();
+    async close(deadline: number) {
+      // at once and together: the workers stop taking jobs while the web's requests finish, and the runs
+      // they still have at the interrupt point go back to the queue before the exit
+      await Promise.all([web.close(deadline), workers.close(deadline)]);
       await rt.close();
       await local?.stop();
     },

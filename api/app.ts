@@ -2,18 +2,7 @@
 import express, { type Express } from 'express';
 import * as OpenApiValidator from 'express-openapi-validator';
 import { memoizeRouteMatchers } from './route-matchers.js';
-import {
-  MAX_JSON_DEPTH,
-  hasLoneSurrogate,
-  nestsDeeperThan,
-  NotFoundError,
-  ValidationError,
-  type EventHub,
-  type Logger,
-  type Metrics,
-  type Queues,
-  type Redis,
-} from '../engine/platform/index.js';
+import { NotFoundError, unsafeJson, ValidationError, type EventHub, type Logger, type Metrics, type Queues, type Redis } from '../engine/platform/index.js';
 import type { Engine } from '../engine/index.js';
 import type { Store } from '../engine/store/index.js';
 import { adminRouter } from './admin.js';
@@ -120,14 +109,8 @@ export function createApp(deps: AppDeps): Express {
       strict: true,
       // refused before it is parsed: nothing that would store or echo it can overflow on it
       verify: (_req, _res, buf) => {
-        if (nestsDeeperThan(buf))
-          throw new ValidationError(`the body nests deeper than ${MAX_JSON_DEPTH} levels`, [
-            { path: '/body', message: `must not nest objects and arrays deeper than ${MAX_JSON_DEPTH} levels` },
-          ]);
-        if (hasLoneSurrogate(buf))
-          throw new ValidationError('the body holds a lone surrogate (a \\ud800-\\udfff escape without its other half)', [
-            { path: '/body', message: 'strings must be well-formed Unicode' },
-          ]);
+        const unsafe = unsafeJson(buf);
+        if (unsafe) throw new ValidationError(unsafe.detail, [{ path: '/body', message: unsafe.rule }]);
       },
     }),
   );

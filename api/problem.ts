@@ -1,7 +1,15 @@
 // The one place errors become HTTP: RFC 9457 problem+json with a stable `code` and the request id.
 // Anything we do not recognise is a 500 that shows no internals.
 import type { ErrorRequestHandler, Request } from 'express';
-import { AppError, ERROR_STATUS, TaskGraphInvalidError, ValidationError, type ErrorCode, type FieldError } from '../engine/platform/index.js';
+import {
+  AppError,
+  ERROR_STATUS,
+  ServiceUnavailableError,
+  TaskGraphInvalidError,
+  ValidationError,
+  type ErrorCode,
+  type FieldError,
+} from '../engine/platform/index.js';
 
 export type Problem = {
   type: string;
@@ -70,7 +78,9 @@ export function toProblem(err: unknown, requestId: string, instance: string): Pr
   const status = e?.status ?? e?.statusCode;
   // body-parser: malformed JSON, too large, bad charset
   if (e?.type === 'entity.parse.failed') {
-    return problem(400, 'malformed-json', 'The body is not valid JSON.', base);
+    // strict parsing refuses a bare value (null, "x", 1) too: that is JSON, only not an object
+    const text = (e as { body?: unknown }).body;
+    return problem(400, 'malformed-json', typeof text === 'string' && isJson(text) ? 'The body must be a JSON object.' : 'The body is not valid JSON.', base);
   }
   if (e?.type === 'entity.too.large') {
     const limit = (e as { limit?: number }).limit;
@@ -119,12 +129,13 @@ export function requestIdOf(req: Request): string {
 }
 
 export function problemHandler(): ErrorRequestHandler {
-  return (err, req, res, _next) => {
+  return (caught, req, res, _next) => {
     // the client went away (an upload cut off, a tab closed): what stopped is no failure of the service
     if (res.destroyed || req.socket.destroyed) {
-      req.log?.info({ err: (err as Error)?.message }, 'request ended: the client went away');
+      req.log?.info({ err: (caught as Error)?.message }, 'request ended: the client went away');
       return;
     }
+    const err = storeUnavailable(caught) ?? caught;
     const p = toProblem(err, requestIdOf(req), req.originalUrl.split('?')[0] ?? '/');
     if (p.status >= 500) req.log?.error({ err }, 'request failed');
     else req.log?.info({ code: p.code, status: p.status }, 'request refused');
@@ -139,4 +150,26 @@ export function problemHandler(): ErrorRequestHandler {
     if (p.status === 405 && allow) res.setHeader('Allow', allow);
     res.status(p.status).type('application/problem+json').send(JSON.stringify(p));
   };
+}
+
+function isJson(text: string): boolean {
+  try {
+    JSON.parse(text);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** SQLite's answers that pass with time (a full disk, a file it cannot write now, a lock held too long). */
+const PASSING_STORE_FAILURES = /^SQLITE_(FULL|IOERR|READONLY|BUSY|CANTOPEN)/;
+
+/**
+ * A store that cannot write now is the service unavailable (503, Retry-After), not a fault of the request
+ * or a bug (500): the client is told to try again, as a run's creation already tells it.
+ */
+export function storeUnavailable(err: unknown): ServiceUnavailableError | null {
+  const code = (err as { code?: unknown } | null)?.code;
+  if (typeof code !== 'string' || !PASSING_STORE_FAILURES.test(code)) return null;
+  return new ServiceUnavailableError(`the store cannot write now (${code}); retry shortly`, 5, { cause: err });
 }

@@ -1121,6 +1121,9 @@ export interface paths {
          * Revoke an API key
          * @description From the next request on, in every process, the key is refused (each request looks its key up in
          *     the store). The key stays listed, revoked. Revoking the key that makes the request is allowed.
+         *     Keys made with this key (`created_by: key:<id>`) go on working unless `cascade=true`, which
+         *     revokes them too, and the keys made with those, all the way down: what to do when a key leaked,
+         *     since whoever held it could have made keys of their own.
          */
         delete: operations["revokeApiKey"];
         options?: never;
@@ -1626,18 +1629,19 @@ export interface components {
             last_used_at: string | null;
             last_test: components["schemas"]["ConnectionTest"] | null;
         };
+        /** @description The token, API key or SMTP password, without control characters (a trailing newline is refused). Sealed at rest; never returned. */
+        ConnectionCredential: string;
         ConnectionCreate: {
             provider: components["schemas"]["ConnectionProvider"];
             name: string;
             base_url?: string | null;
-            /** @description The token, API key or SMTP password. Sealed at rest; never returned. */
-            credential: string;
+            credential: components["schemas"]["ConnectionCredential"];
             settings?: components["schemas"]["ConnectionSettings"];
         };
         ConnectionPatch: {
             name?: string;
             base_url?: string | null;
-            credential?: string;
+            credential?: components["schemas"]["ConnectionCredential"];
             settings?: components["schemas"]["ConnectionSettings"];
         };
         ConnectionTest: {
@@ -3976,6 +3980,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             429: components["responses"]["ApiRateLimited"];
+            503: components["responses"]["Unavailable"];
         };
     };
     getReliabilityContext: {
@@ -3998,6 +4003,7 @@ export interface operations {
             };
             401: components["responses"]["Unauthorized"];
             429: components["responses"]["ApiRateLimited"];
+            503: components["responses"]["Unavailable"];
         };
     };
     getSmartGates: {
@@ -4163,6 +4169,7 @@ export interface operations {
             403: components["responses"]["NotPermitted"];
             404: components["responses"]["NotFound"];
             429: components["responses"]["ApiRateLimited"];
+            503: components["responses"]["Unavailable"];
         };
     };
     getWorkspaceAuditReport: {
@@ -4189,6 +4196,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             429: components["responses"]["ApiRateLimited"];
+            503: components["responses"]["Unavailable"];
         };
     };
     transcribeVoice: {
@@ -4765,6 +4773,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             429: components["responses"]["ApiRateLimited"];
+            503: components["responses"]["Unavailable"];
         };
     };
     listRuns: {
@@ -4887,6 +4896,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
             429: components["responses"]["ApiRateLimited"];
+            503: components["responses"]["Unavailable"];
         };
     };
     receiveCodehostWebhook: {
@@ -4921,6 +4931,7 @@ export interface operations {
             409: components["responses"]["WebhookReplay"];
             413: components["responses"]["PayloadTooLarge"];
             429: components["responses"]["RateLimited"];
+            503: components["responses"]["Unavailable"];
         };
     };
     receiveChatWebhook: {
@@ -4953,6 +4964,7 @@ export interface operations {
             409: components["responses"]["WebhookReplay"];
             413: components["responses"]["PayloadTooLarge"];
             429: components["responses"]["RateLimited"];
+            503: components["responses"]["Unavailable"];
         };
     };
     receiveTrackerWebhook: {
@@ -4984,6 +4996,7 @@ export interface operations {
             409: components["responses"]["WebhookReplay"];
             413: components["responses"]["PayloadTooLarge"];
             429: components["responses"]["RateLimited"];
+            503: components["responses"]["Unavailable"];
         };
     };
     receivePagerWebhook: {
@@ -5013,6 +5026,7 @@ export interface operations {
             409: components["responses"]["WebhookReplay"];
             413: components["responses"]["PayloadTooLarge"];
             429: components["responses"]["RateLimited"];
+            503: components["responses"]["Unavailable"];
         };
     };
     receiveEmailWebhook: {
@@ -5044,6 +5058,7 @@ export interface operations {
             409: components["responses"]["WebhookReplay"];
             413: components["responses"]["PayloadTooLarge"];
             429: components["responses"]["RateLimited"];
+            503: components["responses"]["Unavailable"];
         };
     };
     receiveGenericWebhook: {
@@ -5077,6 +5092,7 @@ export interface operations {
             409: components["responses"]["WebhookReplay"];
             413: components["responses"]["PayloadTooLarge"];
             429: components["responses"]["RateLimited"];
+            503: components["responses"]["Unavailable"];
         };
     };
     listApiKeys: {
@@ -5134,7 +5150,10 @@ export interface operations {
     };
     revokeApiKey: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description Also revoke every key made with this one, directly or through other keys made with it. */
+                cascade?: boolean;
+            };
             header?: never;
             path: {
                 /** @description The key's id. */
@@ -5144,7 +5163,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description Revoked (or it was already). */
+            /** @description Revoked (or it was already), with the keys made from it when `cascade=true`. */
             204: {
                 headers: {
                     [name: string]: unknown;

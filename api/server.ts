@@ -1,13 +1,17 @@
 // Starts the HTTP server on a runtime and stops it: no new connections, in-flight requests finish.
 import type { AddressInfo } from 'node:net';
-import type { Server } from 'node:http';
+import type { Server, ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { ERROR_STATUS, type ErrorCode } from '../engine/platform/index.js';
 import type { Runtime } from '../engine/process/index.js';
 import { createApp } from './app.js';
 import type { OpenStreams } from './sse.js';
 
-export type WebServer = { server: Server; url: string; close(): Promise<void> };
+/** How long before the end of the grace period the connections of requests still in flight are cut. */
+const CUT_MARGIN_MS = 500;
+
+/** close(deadline): the end of the grace period (epoch ms; by default SERVICE_SHUTDOWN_GRACE_SECONDS from now). */
+export type WebServer = { server: Server; url: string; close(deadline?: number): Promise<void> };
 
 export async function startWebServer(rt: Runtime, opts: { port?: number; host?: string; validateResponses?: boolean } = {}): Promise<WebServer> {
   const { config } = rt;
@@ -39,18 +43,46 @@ export async function startWebServer(rt: Runtime, opts: { port?: number; host?: 
   });
   server.keepAliveTimeout = 65_000; // above common load balancers' idle timeouts
   server.on('clientError', answerClientError);
+  // once closing, no connection is kept alive: an answer not begun yet says `Connection: close`, and a connection
+  // is closed once its answer is sent. Left idle, a keep-alive connection whose request was in flight when closing
+  // began would hold close() open for keepAliveTimeout (closeIdleConnections() at the start sees only those idle then).
+  let closing = false;
+  const answering = new Set<ServerResponse>();
+  server.prependListener('request', (_req, res) => {
+    if (closing) res.shouldKeepAlive = false;
+    answering.add(res);
+    res.once('close', () => {
+      answering.delete(res);
+      if (closing) server.closeIdleConnections();
+    });
+  });
   const bound = (server.address() as AddressInfo).port;
   const url = `http://${opts.host && opts.host !== '0.0.0.0' && opts.host !== '::' ? opts.host : 'localhost'}:${bound}`;
   return {
     server,
     url,
-    async close() {
-      await new Promise<void>((resolve) => {
-        server.close(() => resolve());
-        // open event streams end now: their clients resume on another instance with Last-Event-ID
-        (app.locals.streams as OpenStreams).closeAll();
-        server.closeIdleConnections();
-      });
+    async close(deadline = Date.now() + config.shutdownGraceSeconds * 1000) {
+      closing = true;
+      for (const res of answering) if (!res.headersSent) res.shouldKeepAlive = false;
+      // requests still unanswered near the end of the grace period are cut, so that close() ends and the
+      // store and Redis are closed before the exit
+      const cut = setTimeout(
+        () => {
+          rt.log.warn('grace period ending: closing the connections of requests still in flight');
+          server.closeAllConnections();
+        },
+        Math.max(0, deadline - Date.now() - CUT_MARGIN_MS),
+      );
+      try {
+        await new Promise<void>((resolve) => {
+          server.close(() => resolve());
+          // open event streams end now: their clients resume on another instance with Last-Event-ID
+          (app.locals.streams as OpenStreams).closeAll();
+          server.closeIdleConnections();
+        });
+      } finally {
+        clearTimeout(cut);
+      }
     },
   };
 }

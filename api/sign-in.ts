@@ -129,7 +129,9 @@ export function signInRouter(o: SignInOptions): Router {
     const signIn = sso();
     // the URL the provider redirected to, as registered (a proxy in front may have changed host or scheme)
     const current = new URL(o.redirectUrl!);
-    current.search = new URL(req.originalUrl, 'http://callback').search;
+    // its query as sent (the request target may be in any form, even one no URL parses)
+    const query = req.originalUrl.indexOf('?');
+    current.search = query === -1 ? '' : req.originalUrl.slice(query);
     const done = await signIn.callback(current, cookiesOf(req)[STATE_COOKIE]);
     setCookie(res, STATE_COOKIE, '', 0);
     setCookie(res, SESSION_COOKIE, done.sessionId, o.sessionMaxSeconds);

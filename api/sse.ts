@@ -3,7 +3,7 @@
 // each heartbeat the request's credential is checked again: a stream ends once its key is revoked or
 // expired, or its session has ended (the client's reconnect is then refused with a 401).
 import type { Request, Response } from 'express';
-import { EVENTS_KEPT, withTimeout, type EventHub, type Scope, type ServiceEvent } from '../engine/platform/index.js';
+import { compareIds, EVENTS_KEPT, ValidationError, withTimeout, type EventHub, type Scope, type ServiceEvent } from '../engine/platform/index.js';
 
 /** How long a stream waits to learn whether its reader missed trimmed events. */
 const NOTICE_DEADLINE_MS = 1000;
@@ -64,7 +64,16 @@ export async function streamEvents(req: Request, res: Response, opts: SseOptions
   // long stream, a resume from an old id) is told what it missed, ahead of what is still there (a notice,
   // not an event of the log: it has no id, so a reconnect is unchanged). Asked before anything is held
   // open, and bounded: a Redis that does not answer costs the notice, not the stream
-  const firstKept = await withTimeout(opts.hub.droppedAfter(opts.scope.stream, opts.afterId), NOTICE_DEADLINE_MS, 'the log answered').catch(() => null);
+  const [firstKept, newest] = await Promise.all([
+    withTimeout(opts.hub.droppedAfter(opts.scope.stream, opts.afterId), NOTICE_DEADLINE_MS, 'the log answered').catch(() => null),
+    withTimeout(opts.hub.lastId(opts.scope.stream), NOTICE_DEADLINE_MS, 'the log answered').catch(() => null),
+  ]);
+  // an id after every event of the log was never one of its events: every event to come (the scope's end
+  // included) would be taken as seen, and the stream held open for good
+  if (newest && newest !== '0-0' && opts.afterId !== '0-0' && compareIds(opts.afterId, newest) > 0)
+    throw new ValidationError('Last-Event-ID is after the last event of this stream', [
+      { path: '/header/last-event-id', message: `must be an id this stream sent (its newest is ${newest})` },
+    ]);
   if (req.socket.destroyed) return;
   res.status(opts.status ?? 200);
   res.set({

@@ -39,7 +39,15 @@ function shownUrl(url: URL): string {
   return copy.toString();
 }
 
-export type RequestOptions = { body?: unknown; query?: Record<string, string | number | undefined>; headers?: Record<string, string> };
+export type RequestOptions = {
+  body?: unknown;
+  query?: Record<string, string | number | undefined>;
+  headers?: Record<string, string>;
+  signal?: AbortSignal;
+};
+
+/** How long a followed event stream may stay silent: three of the service's heartbeats at their default of 15 s. */
+export const DEFAULT_IDLE_MS = 45_000;
 
 export type ServiceEvent = { id: string; type: string; data: Record<string, any>; at?: string; run_id?: string };
 
@@ -70,8 +78,10 @@ export class ApiClient {
     const body = opts.body === undefined ? undefined : JSON.stringify(opts.body);
     const headers = this.headers({ ...(body === undefined ? {} : { 'content-type': 'application/json' }), ...extra, ...opts.headers });
     try {
-      return await this.fetchImpl(this.url(path, opts.query), { method, headers, body });
+      return await this.fetchImpl(this.url(path, opts.query), { method, headers, body, signal: opts.signal });
     } catch (err) {
+      // the caller's own deadline ran out: its reason says what happened
+      if (err instanceof CliError) throw err;
       const cause = (err as { cause?: { code?: string; message?: string } }).cause;
       throw new CliError(
         `cannot reach the service at ${shownUrl(base)}: ${cause?.code ?? cause?.message ?? (err as Error).message} (set --url or SERVICE_URL)`,
@@ -102,7 +112,8 @@ export class ApiClient {
 
   /**
    * Reads a server-sent event stream to its end, reconnecting with Last-Event-ID whenever the connection
-   * drops before `isLast` says the last event came. Gives up after `reconnectForMs` without a connection.
+   * drops before `isLast` says the last event came, or when nothing (not even the service's heartbeat) came
+   * for `idleMs`. Gives up after `reconnectForMs` without a connection.
    */
   async follow(
     path: string,
@@ -111,6 +122,7 @@ export class ApiClient {
       onEvent: (e: ServiceEvent) => void;
       onReconnect?: (attempt: number, why: string) => void;
       reconnectForMs?: number;
+      idleMs?: number;
       signal?: AbortSignal;
     },
   ): Promise<ServiceEvent> {
@@ -141,36 +153,53 @@ export class ApiClient {
   private async readStream(
     path: string,
     lastId: string | undefined,
-    opts: { isLast: (e: ServiceEvent) => boolean; onEvent: (e: ServiceEvent) => void; signal?: AbortSignal },
+    opts: { isLast: (e: ServiceEvent) => boolean; onEvent: (e: ServiceEvent) => void; idleMs?: number },
     seen: (id: string) => void,
   ): Promise<ServiceEvent | null> {
-    const res = await this.send('GET', path, {}, { accept: 'text/event-stream', ...(lastId ? { 'last-event-id': lastId } : {}) });
-    if (!res.ok) {
-      const problem = (await res.json().catch(() => ({ title: res.statusText }))) as Problem;
-      throw new ApiError(res.status, problem);
-    }
-    if (!res.body) return null;
-    let last: ServiceEvent | null = null;
-    const parser = createParser({
-      onEvent: (m: EventSourceMessage) => {
-        if (last || !m.data) return;
-        const event = JSON.parse(m.data) as ServiceEvent;
-        if (m.id) seen(m.id);
-        opts.onEvent(event);
-        if (opts.isLast(event)) last = event;
-      },
-    });
-    const decoder = new TextDecoder();
-    const reader = res.body.getReader();
+    // a service that froze, or a connection that died without a word (a NAT mapping or a proxy dropped it),
+    // sends nothing, not even its heartbeat: without a deadline the read waits for the kernel's own, minutes
+    // later. Nothing for idleMs, from the request to its answer's headers or between two reads, ends the
+    // connection, and follow() reconnects
+    const idleMs = opts.idleMs ?? DEFAULT_IDLE_MS;
+    const silence = new AbortController();
+    let timer: NodeJS.Timeout | undefined;
+    const heard = () => {
+      clearTimeout(timer);
+      timer = setTimeout(() => silence.abort(new CliError(`the service sent nothing for ${idleMs / 1000} s`, EXIT.unavailable)), idleMs);
+    };
+    heard();
     try {
-      while (!last) {
-        const { value, done } = await reader.read();
-        if (done) break;
-        parser.feed(decoder.decode(value, { stream: true }));
+      const res = await this.send('GET', path, { signal: silence.signal }, { accept: 'text/event-stream', ...(lastId ? { 'last-event-id': lastId } : {}) });
+      if (!res.ok) {
+        const problem = (await res.json().catch(() => ({ title: res.statusText }))) as Problem;
+        throw new ApiError(res.status, problem);
       }
+      if (!res.body) return null;
+      let last: ServiceEvent | null = null;
+      const parser = createParser({
+        onEvent: (m: EventSourceMessage) => {
+          if (last || !m.data) return;
+          const event = JSON.parse(m.data) as ServiceEvent;
+          if (m.id) seen(m.id);
+          opts.onEvent(event);
+          if (opts.isLast(event)) last = event;
+        },
+      });
+      const decoder = new TextDecoder();
+      const reader = res.body.getReader();
+      try {
+        while (!last) {
+          const { value, done } = await reader.read();
+          if (done) break;
+          heard();
+          parser.feed(decoder.decode(value, { stream: true }));
+        }
+      } finally {
+        await reader.cancel().catch(() => undefined);
+      }
+      return last;
     } finally {
-      await reader.cancel().catch(() => undefined);
+      clearTimeout(timer);
     }
-    return last;
   }
 }

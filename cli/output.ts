@@ -1,5 +1,6 @@
 // How the command-line tool prints: colour and progress only at a terminal (and never with NO_COLOR),
-// plain lines in CI logs; tables for lists; --json prints the service's own JSON instead.
+// decided for stdout and stderr each (`run --wait 2>log`: colour on screen, none in the log), plain
+// lines in CI logs; tables for lists; --json prints the service's own JSON instead.
 import { styleText } from 'node:util';
 
 type Style = Parameters<typeof styleText>[0];
@@ -8,7 +9,9 @@ export type Output = {
   json: boolean;
   tty: boolean;
   out(text: string): void;
-  err(text: string): void;
+  /** A line of the tool's own on stderr, in `style` when stderr is a terminal. */
+  err(text: string, style?: Style): void;
+  /** `text` in `style` when stdout is a terminal: for what goes to out(). */
   paint(style: Style, text: string): string;
   printJson(value: unknown): void;
   table(rows: Record<string, unknown>[], columns: [header: string, value: (row: Record<string, any>) => unknown][]): void;
@@ -18,13 +21,18 @@ export function outputOf(opts: { json: boolean; noColor: boolean; stdout?: NodeJ
   const stdout = opts.stdout ?? process.stdout;
   const stderr = opts.stderr ?? process.stderr;
   const tty = Boolean(stdout.isTTY);
-  const colour = tty && !opts.noColor;
+  const painter =
+    (stream: NodeJS.WriteStream) =>
+    (style: Style, text: string): string =>
+      stream.isTTY && !opts.noColor ? styleText(style, text, { validateStream: false }) : text;
+  const paint = painter(stdout);
+  const paintErr = painter(stderr);
   return {
     json: opts.json,
     tty,
     out: (text) => void stdout.write(text),
-    err: (text) => void stderr.write(text),
-    paint: (style, text) => (colour ? styleText(style, text, { validateStream: false }) : text),
+    err: (text, style) => void stderr.write(style ? paintErr(style, text) : text),
+    paint,
     printJson: (value) => void stdout.write(`${JSON.stringify(value, null, 2)}\n`),
     table(rows, columns) {
       const cells = [columns.map(([h]) => h), ...rows.map((r) => columns.map(([, v]) => String(v(r) ?? '-')))];

@@ -8,7 +8,7 @@ import { loadClientEnv, loadConfig, TENANT_ID_PATTERN } from '../config/env.js';
 import { apiKeysOf, type ApiKeys } from '../engine/auth/index.js';
 import { systemClock, createLogger } from '../engine/platform/index.js';
 import { openStore, type Store } from '../engine/store/index.js';
-import { ApiClient, CliError, EXIT } from './client.js';
+import { ApiClient, CliError, DEFAULT_IDLE_MS, EXIT } from './client.js';
 import { gatesRun, gatesVerify } from './gates.js';
 import { outputOf, seconds, type Output } from './output.js';
 import { printRun, printRuns, usage, watchRun } from './runs.js';
@@ -30,12 +30,15 @@ function clientCommand(parent: Command, nameAndArgs: string): Command {
 function contextOf(cmd: Command): { client: ApiClient; o: Output } {
   const g = cmd.opts<Globals>();
   const url = g.url ?? clientEnv.url ?? DEFAULT_URL;
+  let protocol: string;
   try {
-    new URL(url);
+    protocol = new URL(url).protocol;
   } catch {
     // never printed back: it may carry a password (https://user:secret@host:99999)
     throw usage('--url (or SERVICE_URL) is not a URL');
   }
+  // anything else is a mistake in the command, not a service that is away: fetch would fail it as unreachable
+  if (protocol !== 'http:' && protocol !== 'https:') throw usage('--url (or SERVICE_URL) must start with http:// or https://');
   const key = g.key ?? clientEnv.key;
   // a key that cannot be a header value (a newline pasted with it) would be printed back by fetch's own error
   if (key !== undefined && !/^[\x21-\x7e]+$/.test(key)) throw usage('--key (or SERVICE_API_KEY) holds characters no API key has (a space or a line break?)');
@@ -48,11 +51,13 @@ const positiveInt = (name: string) => (value: string) => {
   if (!Number.isInteger(n) || n < 1) throw usage(`${name} must be a whole number above 0, got "${value}"`);
   return n;
 };
-const keyValue = (value: string, previous: Record<string, string> = {}) => {
-  const at = value.indexOf('=');
-  if (at < 1) throw usage(`--var takes name=value, got "${value}"`);
-  return { ...previous, [value.slice(0, at)]: value.slice(at + 1) };
-};
+const keyValue =
+  (name: string) =>
+  (value: string, previous: Record<string, string> = {}) => {
+    const at = value.indexOf('=');
+    if (at < 1) throw usage(`${name} takes name=value, got "${value}"`);
+    return { ...previous, [value.slice(0, at)]: value.slice(at + 1) };
+  };
 
 /** `--step 'shell:npm test'`: a tool and its main argument; `--step 'http:{"url":...}'` takes JSON args. */
 function stepOf(spec: string): { tool: string; args: Record<string, unknown> } {
@@ -116,15 +121,27 @@ function idempotencyKeyOf(given: string | undefined, body: unknown): string | un
   return `${clientEnv.ciJob}-${digest}`.slice(-255);
 }
 
-const waitOptions = (cmd: Command) =>
+/** The options of a command that follows a run's events; `when` says when they apply. */
+const followOptions = (cmd: Command, when = '') =>
   cmd
-    .option('--wait', "follow the run's events to its end; the exit code is its status")
-    .option('--cancel-on-interrupt', 'with --wait: Ctrl-C cancels the run (at a terminal it asks; elsewhere it leaves the run going)');
+    .option(
+      '--cancel-on-interrupt',
+      `${when}Ctrl-C cancels the run without asking (without this option Ctrl-C asks at a terminal, and elsewhere leaves the run going)`,
+    )
+    .option(
+      '--idle-timeout <seconds>',
+      `${when}reconnect when the event stream sends nothing this long, not even the service's heartbeat (default: ${DEFAULT_IDLE_MS / 1000})`,
+      positiveInt('--idle-timeout'),
+    );
+const waitOptions = (cmd: Command) => followOptions(cmd.option('--wait', "follow the run's events to its end; the exit code is its status"), 'with --wait: ');
+
+/** Examples under a command's --help: every command has some (the README says so). */
+const examples = (...lines: string[]) => `\nExamples:\n${lines.map((l) => `  $ ${l}`).join('\n')}`;
 
 async function startedRun(
   cmd: Command,
   accepted: { run_id: string; session_id: string; status?: string },
-  opts: { wait?: boolean; cancelOnInterrupt?: boolean },
+  opts: { wait?: boolean; cancelOnInterrupt?: boolean; idleTimeout?: number },
 ): Promise<number> {
   const { client, o } = contextOf(cmd);
   if (!opts.wait) {
@@ -132,12 +149,12 @@ async function startedRun(
     else o.out(`${accepted.run_id}\n`);
     return EXIT.succeeded;
   }
-  if (!o.json) o.err(o.paint('dim', `run ${accepted.run_id} queued; following its events (Ctrl-C to stop)\n`));
+  if (!o.json) o.err(`run ${accepted.run_id} queued; following its events (Ctrl-C to stop)\n`, 'dim');
   return watchRun(
     client,
     o,
     { id: accepted.run_id, session_id: accepted.session_id, kind: '', status: 'queued' },
-    { cancelOnInterrupt: opts.cancelOnInterrupt },
+    { cancelOnInterrupt: opts.cancelOnInterrupt, idleTimeout: opts.idleTimeout },
   );
 }
 
@@ -174,7 +191,10 @@ Examples:
     )
     .addHelpText(
       'after',
-      `\nExamples:\n  $ automation-service run --step 'shell:npm test' --budget 600 --wait\n  $ automation-service run --goal 'fix the failing test' --max-steps 20 --wait --json`,
+      examples(
+        "automation-service run --step 'shell:npm test' --budget 600 --wait",
+        "automation-service run --goal 'fix the failing test' --max-steps 20 --wait --json",
+      ),
     )
     .action(async function (this: Command, opts) {
       if (!opts.step?.length && !opts.goal) throw usage('give --step (one or more) or --goal');
@@ -195,13 +215,13 @@ Examples:
   const runs = program.command('runs').description('runs of every kind: get, watch, cancel, list');
   clientCommand(runs, 'get <id>')
     .description('a run: status, steps, timings, error')
+    .addHelpText('after', examples('automation-service runs get run_01...', 'automation-service runs get run_01... --json'))
     .action(async function (this: Command, id: string) {
       const { client, o } = contextOf(this);
       printRun(o, await client.request('GET', `/api/v1/runs/${encodeURIComponent(id)}`));
     });
-  clientCommand(runs, 'watch <id>')
-    .description("follow a run's events to its end; the exit code is its status")
-    .option('--cancel-on-interrupt', 'Ctrl-C cancels the run')
+  followOptions(clientCommand(runs, 'watch <id>').description("follow a run's events to its end; the exit code is its status"))
+    .addHelpText('after', examples('automation-service runs watch run_01...', 'automation-service runs watch run_01... --cancel-on-interrupt'))
     .action(async function (this: Command, id: string, opts) {
       const { client, o } = contextOf(this);
       const run = await client.request('GET', `/api/v1/runs/${encodeURIComponent(id)}`);
@@ -209,6 +229,7 @@ Examples:
     });
   clientCommand(runs, 'cancel <id>')
     .description('cancel a queued or running run')
+    .addHelpText('after', examples('automation-service runs cancel run_01...'))
     .action(async function (this: Command, id: string) {
       const { client, o } = contextOf(this);
       const run = await client.request('POST', `/api/v1/runs/${encodeURIComponent(id)}/cancel`);
@@ -222,6 +243,7 @@ Examples:
     .option('--kind <kind>', 'autonomy, vibe or automation')
     .option('--limit <n>', 'at most this many', positiveInt('--limit'))
     .option('--cursor <cursor>', 'the next page')
+    .addHelpText('after', examples('automation-service runs list --status failed --limit 5', 'automation-service runs list --automation aut_01... --json'))
     .action(async function (this: Command, opts) {
       const { client, o } = contextOf(this);
       printRuns(
@@ -238,6 +260,7 @@ Examples:
     .option('--status <status>', 'enabled, disabled or archived')
     .option('--limit <n>', 'at most this many', positiveInt('--limit'))
     .option('--cursor <cursor>', 'the next page')
+    .addHelpText('after', examples('automation-service automations list --status enabled', 'automation-service automations list --json'))
     .action(async function (this: Command, opts) {
       const { client, o } = contextOf(this);
       const page = await client.request('GET', '/api/v1/automations', { query: { status: opts.status, limit: opts.limit, cursor: opts.cursor } });
@@ -253,6 +276,7 @@ Examples:
     });
   clientCommand(automations, 'get <id>')
     .description('an automation')
+    .addHelpText('after', examples('automation-service automations get aut_01...'))
     .action(async function (this: Command, id: string) {
       const { client, o } = contextOf(this);
       const a = await client.request('GET', `/api/v1/automations/${encodeURIComponent(id)}`);
@@ -263,8 +287,15 @@ Examples:
     });
   const runAutomation = clientCommand(automations, 'run <id>')
     .description('run an automation now')
-    .option('--input <name=value>', 'an input merged over the automation’s own (repeatable)', keyValue)
+    .option('--input <name=value>', 'an input merged over the automation’s own (repeatable)', keyValue('--input'))
     .option('--idempotency-key <key>', 'the same key returns the first run')
+    .addHelpText(
+      'after',
+      examples(
+        'automation-service automations run aut_01... --input ref=main --input env=staging',
+        'automation-service automations run aut_01... --wait --cancel-on-interrupt',
+      ),
+    )
     .action(async function (this: Command, id: string, opts) {
       const { client } = contextOf(this);
       const body = { automation_id: id, ...(opts.input ? { inputs: opts.input } : {}) };
@@ -280,6 +311,7 @@ Examples:
   ] as const) {
     clientCommand(automations, `${verb} <id>`)
       .description(what)
+      .addHelpText('after', examples(`automation-service automations ${verb} aut_01...`))
       .action(async function (this: Command, id: string) {
         const { client, o } = contextOf(this);
         const a = await client.request(method, `/api/v1/automations/${encodeURIComponent(id)}${path}`);
@@ -291,6 +323,7 @@ Examples:
   const templates = program.command('templates').description('automation templates: list, instantiate');
   clientCommand(templates, 'list')
     .description('the templates this service offers')
+    .addHelpText('after', examples('automation-service templates list', 'automation-service templates list --json'))
     .action(async function (this: Command) {
       const { client, o } = contextOf(this);
       const list = await client.request('GET', '/api/v1/automations/templates');
@@ -303,8 +336,12 @@ Examples:
     });
   clientCommand(templates, 'instantiate <template-id>')
     .description('make an automation from a template')
-    .option('--var <name=value>', 'a template variable (repeatable)', keyValue)
+    .option('--var <name=value>', 'a template variable (repeatable)', keyValue('--var'))
     .option('--name <name>', "the automation's name")
+    .addHelpText(
+      'after',
+      examples("automation-service templates instantiate nightly-audit --var schedule='0 3 * * *' --var timezone=Europe/Paris --name 'Nightly audit'"),
+    )
     .action(async function (this: Command, templateId: string, opts) {
       const { client, o } = contextOf(this);
       const a = await client.request('POST', '/api/v1/automations/templates/instantiate', {
@@ -321,6 +358,7 @@ Examples:
     .option('--status <status>', "a delivery's status")
     .option('--limit <n>', 'at most this many', positiveInt('--limit'))
     .option('--cursor <cursor>', 'the next page')
+    .addHelpText('after', examples('automation-service deliveries list --kind codehost --status failed', 'automation-service deliveries list --limit 5 --json'))
     .action(async function (this: Command, opts) {
       const { client, o } = contextOf(this);
       const page = await client.request('GET', '/api/v1/webhook-deliveries', {
@@ -338,6 +376,7 @@ Examples:
     });
   clientCommand(deliveries, 'replay <id>')
     .description('process a stored delivery again')
+    .addHelpText('after', examples('automation-service deliveries replay whd_01...'))
     .action(async function (this: Command, id: string) {
       const { client, o } = contextOf(this);
       const d = await client.request('POST', `/api/v1/webhook-deliveries/${encodeURIComponent(id)}/replay`);
@@ -348,6 +387,13 @@ Examples:
   const secrets = program.command('secrets').description('webhook signing secrets (read from stdin, never from an argument)');
   clientCommand(secrets, 'set <kind>')
     .description("set a kind's signing secret from stdin: one line, or two while rotating (the new one first)")
+    .addHelpText(
+      'after',
+      examples(
+        `printf '%s' "$SECRET" | automation-service secrets set codehost`,
+        `printf '%s\\n%s\\n' "$NEW_SECRET" "$OLD_SECRET" | automation-service secrets set codehost`,
+      ),
+    )
     .action(async function (this: Command, kind: string) {
       const { client, o } = contextOf(this);
       if (process.stdin.isTTY) o.err('secret (one line; a second line while rotating; end with Ctrl-D; not shown): ');
@@ -366,6 +412,7 @@ Examples:
     .description('sessions, newest first')
     .option('--status <status>', "a session's status")
     .option('--limit <n>', 'at most this many', positiveInt('--limit'))
+    .addHelpText('after', examples('automation-service sessions list --limit 10', 'automation-service sessions list --json'))
     .action(async function (this: Command, opts) {
       const { client, o } = contextOf(this);
       const page = await client.request('GET', '/api/v1/sessions', { query: { status: opts.status, limit: opts.limit } });
@@ -380,6 +427,7 @@ Examples:
     });
   clientCommand(sessions, 'get <id>')
     .description('a session with its agents and tasks')
+    .addHelpText('after', examples('automation-service sessions get ses_01...'))
     .action(async function (this: Command, id: string) {
       const { client, o } = contextOf(this);
       const s = await client.request('GET', `/api/v1/sessions/${encodeURIComponent(id)}`);
@@ -395,6 +443,10 @@ Examples:
     .option('--phases <list>', 'comma-separated: security, architecture, sanity, health')
     .option('--timeout <seconds>', 'wait this long for the report (the audit goes on after)', positiveInt('--timeout'), 300)
     .addOption(new Option('--fail-on <severity>', 'exit 1 when a finding is this severe or more').choices(['critical', 'high', 'medium', 'low']))
+    .addHelpText(
+      'after',
+      examples('automation-service audit run --fail-on high', 'automation-service audit run --workspace api --phases security,health --timeout 600'),
+    )
     .action(async function (this: Command, opts) {
       const { client, o } = contextOf(this);
       const body = {
@@ -435,6 +487,13 @@ Examples:
     .requiredOption('--tenant <tenant>', 'the tenant it belongs to')
     .option('--label <text>', 'what the key is for')
     .option('--expires <date>', 'when it stops working (an ISO 8601 date and time)')
+    .addHelpText(
+      'after',
+      examples(
+        "automation-service keys create --tenant acme --label 'GitHub Actions'",
+        'automation-service keys create --tenant acme --expires 2027-01-31T00:00:00Z',
+      ),
+    )
     .action(async (opts: { tenant: string; label?: string; expires?: string }) => {
       if (opts.expires && Number.isNaN(Date.parse(opts.expires))) throw usage('--expires: an ISO 8601 date and time, e.g. 2027-01-31T00:00:00Z');
       await withKeys(opts.tenant, async (apiKeys, store) => {
@@ -449,6 +508,7 @@ Examples:
     .description("a tenant's keys: id, label, source, state, last use (never the keys)")
     .requiredOption('--tenant <tenant>', 'the tenant')
     .option('--json', 'print the keys as JSON')
+    .addHelpText('after', examples('automation-service keys list --tenant acme'))
     .action(async (opts: { tenant: string; json?: boolean }) => {
       await withKeys(opts.tenant, async (apiKeys) => {
         const list = (await apiKeys.list(opts.tenant)).map(({ hash: _hash, ...k }) => k);
@@ -470,10 +530,16 @@ Examples:
     .command('revoke <id>')
     .description('revoke a key: every process refuses it from its next request')
     .requiredOption('--tenant <tenant>', 'the tenant it belongs to')
-    .action(async (id: string, opts: { tenant: string }) => {
+    .option('--cascade', 'also revoke every key made with it, all the way down (a leaked key)')
+    .addHelpText(
+      'after',
+      examples('automation-service keys revoke key_01... --tenant acme', 'automation-service keys revoke key_01... --tenant acme --cascade'),
+    )
+    .action(async (id: string, opts: { tenant: string; cascade?: boolean }) => {
       await withKeys(opts.tenant, async (apiKeys) => {
-        const k = await apiKeys.revoke(opts.tenant, id);
+        const { key: k, cascaded } = await apiKeys.revoke(opts.tenant, id, { cascade: opts.cascade });
         process.stderr.write(`Revoked key ${k.id} of tenant ${k.tenant_id} at ${k.revoked_at}\n`);
+        for (const c of cascaded) process.stderr.write(`Revoked key ${c.id}, made with it (${c.created_by})\n`);
       });
     });
 
@@ -486,6 +552,7 @@ Examples:
     .option('--record', "seal the results into the service's ledger (its store and SERVICE_EVIDENCE_KEY, from the environment)")
     .option('--tenant <tenant>', 'with --record: the tenant whose ledger it joins')
     .option('--json', 'print the results as JSON')
+    .addHelpText('after', examples('automation-service gates run', 'automation-service gates run --workspace ../api --only test --record --tenant acme'))
     .action(async function (this: Command, opts) {
       process.exitCode = await gatesRun(opts, (t) => void process.stdout.write(t));
     });
@@ -497,6 +564,7 @@ Examples:
     .option('--key <key-id>', "the service's key id (the evidence-pack answer's public_key.key_id)")
     .option('--tenant <tenant>', 'the tenant the pack must be about (the service signs every tenant’s packs with one key)')
     .option('--json', 'print the verdict as JSON')
+    .addHelpText('after', examples('automation-service gates verify evidence.tar --key 3f9a0c1d2e4b5a69 --tenant acme'))
     .action(async (pack: string, opts: { key?: string; tenant?: string; json?: boolean }) => {
       process.exitCode = await gatesVerify(pack, opts, (t) => void process.stdout.write(t));
     });

@@ -85,7 +85,7 @@ function printEvent(line: (text: string) => void, o: Output, runId: string, e: S
   }
 }
 
-export type WatchOptions = { cancelOnInterrupt?: boolean };
+export type WatchOptions = { cancelOnInterrupt?: boolean; idleTimeout?: number };
 
 /**
  * Follows a run to its end and returns the exit code of its status. Ctrl-C asks whether to cancel the
@@ -110,7 +110,11 @@ export async function watchRun(client: ApiClient, o: Output, run: Run, opts: Wat
     if (opts.cancelOnInterrupt) return cancel();
     if (!process.stdin.isTTY) return detach();
     const rl = readline.createInterface({ input: process.stdin, output: process.stderr });
-    const answer = await rl.question(`\ncancel run ${run.id}? [y/N] `).finally(() => rl.close());
+    // a second Ctrl-C at the prompt (or Ctrl-D) closes it without an answer: no is the default
+    const answer = await rl
+      .question(`\ncancel run ${run.id}? [y/N] `)
+      .catch(() => '')
+      .finally(() => rl.close());
     if (/^y(es)?$/i.test(answer.trim())) return cancel();
     detach();
   };
@@ -124,7 +128,8 @@ export async function watchRun(client: ApiClient, o: Output, run: Run, opts: Wat
       onEvent: (e) => {
         if (!o.json && (!e.run_id || e.run_id === run.id)) print(e);
       },
-      onReconnect: (attempt, why) => o.err(o.paint('dim', `(event stream dropped: ${why}; reconnecting, try ${attempt})\n`)),
+      onReconnect: (attempt, why) => o.err(`(event stream dropped: ${why}; reconnecting, try ${attempt})\n`, 'dim'),
+      idleMs: opts.idleTimeout === undefined ? undefined : opts.idleTimeout * 1000,
     });
     if (o.json) o.printJson(await client.request('GET', `/api/v1/runs/${run.id}`));
     return exitCodeOf(String(last.data.status));

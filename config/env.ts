@@ -64,6 +64,8 @@ export type Config = {
   gatesConcurrency: number;
   /** the http tool may reach private and loopback addresses */
   httpAllowPrivate: boolean;
+  /** SERVICE_REDIS_TLS_INSECURE: a rediss: server's certificate is not verified (managed Redis with self-signed certificates) */
+  redisTlsInsecure: boolean;
   sseHeartbeatSeconds: number;
   reconcileIntervalSeconds: number;
   /** how long a worker's lock on a run lasts; a dead worker's run is noticed within about twice this */
@@ -114,6 +116,8 @@ export class ConfigError extends Error {
 }
 
 export const TENANT_ID_PATTERN = /^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$/;
+/** The longest a notification may wait, over all its tries, before its last one. */
+export const NOTIFY_WAIT_MAX_MS = 7 * 86_400_000;
 const TRUE = new Set(['1', 'true', 'yes', 'on']);
 const FALSE = new Set(['0', 'false', 'no', 'off', '']);
 
@@ -314,12 +318,13 @@ const schema = z.object({
   // 0: the tenant's figure
   SERVICE_API_KEY_RATE_LIMIT_PER_MINUTE: int(0, 0, 100_000_000),
   SERVICE_WORKER_METRICS_PORT: int(0, 0, 65535),
-  SERVICE_SHUTDOWN_GRACE_SECONDS: int(10, 0, 3600),
+  SERVICE_SHUTDOWN_GRACE_SECONDS: int(10, 1, 3600), // at least 1 s for interrupted runs to go back to the queue before the exit
   SERVICE_RUN_DEFAULT_BUDGET_SECONDS: int(600, 1, 86_400),
   SERVICE_RUN_MAX_BUDGET_SECONDS: int(3600, 1, 86_400),
   SERVICE_WORKER_CONCURRENCY: int(10, 1, 1000),
   SERVICE_GATES_CONCURRENCY: int(4, 1, 100),
   SERVICE_HTTP_ALLOW_PRIVATE: flag,
+  SERVICE_REDIS_TLS_INSECURE: flag,
   SERVICE_SSE_HEARTBEAT_SECONDS: int(15, 1, 300),
   SERVICE_RECONCILE_INTERVAL_SECONDS: int(30, 1, 3600),
   SERVICE_STALLED_INTERVAL_SECONDS: int(15, 1, 600),
@@ -332,12 +337,10 @@ const schema = z.object({
     .pipe(z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'], { message: 'expected a pino level' })),
 });
 
-export function parseEnv(env: Record<string, string | undefined>): Config {
-  const parsed = schema.safeParse(env);
-  if (!parsed.success) {
-    throw new ConfigError(parsed.error.issues.map((i) => `${String(i.path[0])}: ${i.message}`));
-  }
-  const e = parsed.data;
+type Parsed = z.infer<typeof schema>;
+
+/** What the variables say together (each read alone already): one message each. */
+function problemsTogether(e: Parsed): string[] {
   const isProduction = e.NODE_ENV === 'production';
   const problems: string[] = [];
   if (isProduction && e.SERVICE_AUTH === 'none') problems.push('SERVICE_AUTH: "none" is refused when NODE_ENV=production');
@@ -359,12 +362,34 @@ export function parseEnv(env: Record<string, string | undefined>): Config {
     );
   if (e.SERVICE_TRANSCRIBE_PROVIDER === 'openai' && !e.SERVICE_TRANSCRIBE_API_KEY)
     problems.push('SERVICE_TRANSCRIBE_API_KEY: required when SERVICE_TRANSCRIBE_PROVIDER=openai');
+  // BullMQ doubles the wait before each try: the waits before the last must stay in what a date can hold, and in reason
+  const notifyWaitMs = e.SERVICE_NOTIFY_BACKOFF_MS * (2 ** (e.SERVICE_NOTIFY_ATTEMPTS - 1) - 1);
+  if (notifyWaitMs > NOTIFY_WAIT_MAX_MS)
+    problems.push(
+      `SERVICE_NOTIFY_ATTEMPTS, SERVICE_NOTIFY_BACKOFF_MS: ${e.SERVICE_NOTIFY_ATTEMPTS} tries, the first wait ${e.SERVICE_NOTIFY_BACKOFF_MS} ms and each next one doubled, wait ${Math.round(notifyWaitMs / 86_400_000)} days in all before the last; at most 7 days (fewer tries or a shorter first wait)`,
+    );
   const oidcSet = [e.SERVICE_OIDC_ISSUER, e.SERVICE_OIDC_CLIENT_ID, e.SERVICE_OIDC_CLIENT_SECRET, e.SERVICE_OIDC_REDIRECT_URL];
   if (oidcSet.some(Boolean) && !oidcSet.every(Boolean))
     problems.push('SERVICE_OIDC_ISSUER, SERVICE_OIDC_CLIENT_ID, SERVICE_OIDC_CLIENT_SECRET, SERVICE_OIDC_REDIRECT_URL: set all four for sign-in, or none');
   if (isProduction && e.SERVICE_OIDC_ISSUER?.startsWith('http:')) problems.push('SERVICE_OIDC_ISSUER: must be https when NODE_ENV=production');
   if (e.SERVICE_SESSION_IDLE_SECONDS > e.SERVICE_SESSION_MAX_SECONDS)
     problems.push('SERVICE_SESSION_IDLE_SECONDS: must not exceed SERVICE_SESSION_MAX_SECONDS');
+  return problems;
+}
+
+export function parseEnv(env: Record<string, string | undefined>): Config {
+  const parsed = schema.safeParse(env);
+  if (!parsed.success) {
+    // every bad variable in one message: those that do not read, then what the others say together (read
+    // with the bad ones left to their defaults, so a rule that names one of them is left to its own message)
+    const bad = [...new Set(parsed.error.issues.map((i) => String(i.path[0])))];
+    const rest = schema.safeParse({ ...env, ...Object.fromEntries(bad.map((name) => [name, undefined])) });
+    const together = rest.success ? problemsTogether(rest.data).filter((p) => !bad.some((name) => p.includes(name))) : [];
+    throw new ConfigError([...parsed.error.issues.map((i) => `${String(i.path[0])}: ${i.message}`), ...together]);
+  }
+  const e = parsed.data;
+  const isProduction = e.NODE_ENV === 'production';
+  const problems = problemsTogether(e);
   if (problems.length) throw new ConfigError(problems);
   return {
     nodeEnv: e.NODE_ENV,
@@ -415,7 +440,7 @@ export function parseEnv(env: Record<string, string | undefined>): Config {
       disableAfter: e.SERVICE_NOTIFY_DISABLE_AFTER,
       timeoutMs: e.SERVICE_NOTIFY_TIMEOUT_SECONDS * 1000,
     },
-    oidc: oidcSet.every(Boolean)
+    oidc: [e.SERVICE_OIDC_ISSUER, e.SERVICE_OIDC_CLIENT_ID, e.SERVICE_OIDC_CLIENT_SECRET, e.SERVICE_OIDC_REDIRECT_URL].every(Boolean)
       ? {
           issuer: e.SERVICE_OIDC_ISSUER!,
           clientId: e.SERVICE_OIDC_CLIENT_ID!,
@@ -439,6 +464,7 @@ export function parseEnv(env: Record<string, string | undefined>): Config {
     workerConcurrency: e.SERVICE_WORKER_CONCURRENCY,
     gatesConcurrency: e.SERVICE_GATES_CONCURRENCY,
     httpAllowPrivate: e.SERVICE_HTTP_ALLOW_PRIVATE,
+    redisTlsInsecure: e.SERVICE_REDIS_TLS_INSECURE,
     sseHeartbeatSeconds: e.SERVICE_SSE_HEARTBEAT_SECONDS,
     reconcileIntervalSeconds: e.SERVICE_RECONCILE_INTERVAL_SECONDS,
     stalledIntervalSeconds: e.SERVICE_STALLED_INTERVAL_SECONDS,

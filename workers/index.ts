@@ -12,7 +12,10 @@ import type { Runtime } from '../engine/process/index.js';
 /** How long a held run's job waits before it is offered again, when no resume promotes it sooner. */
 const HELD_RETRY_MS = 5000;
 
-/** How long before the end of the grace period running attempts are interrupted. */
+/**
+ * How long before the end of the grace period running attempts are interrupted (at once when the grace
+ * is shorter): the time left for their steps to be killed and their next attempts to be queued.
+ */
 const INTERRUPT_MARGIN_MS = 2500;
 
 export type Processors = Partial<Record<QueueName, { processor: Processor; concurrency: number }>>;
@@ -128,7 +131,8 @@ export function processorsOf(rt: Runtime): Processors {
   };
 }
 
-export type Workers = { workers: Worker[]; close(): Promise<void> };
+/** close(deadline): the end of the grace period (epoch ms; by default SERVICE_SHUTDOWN_GRACE_SECONDS from now). */
+export type Workers = { workers: Worker[]; close(deadline?: number): Promise<void> };
 
 export async function startWorkers(rt: Runtime, processors: Processors = processorsOf(rt)): Promise<Workers> {
   const stalledMs = rt.config.stalledIntervalSeconds * 1000;
@@ -180,23 +184,23 @@ export async function startWorkers(rt: Runtime, processors: Processors = process
   rt.log.info({ queues: workers.map((w) => w.name), concurrency: rt.config.workerConcurrency }, 'workers ready');
   return {
     workers,
-    async close() {
-      clearInterval(reconciler);
-      await fileTriggers.close();
-      const closing = Promise.all(workers.map((w) => w.close()));
+    async close(deadline = Date.now() + rt.config.shutdownGraceSeconds * 1000) {
+      // from now a step killed by the platform's own signal (it stops every process of the machine) is a deploy
+      rt.engine.executor.drain();
       // near the end of the grace period, attempts still running are interrupted: their steps are
       // stopped (process groups killed) and they go back to the queue for another worker, rather
       // than being cut off by the exit and found lost later
-      const graceMs = rt.config.shutdownGraceSeconds * 1000;
       const timer = setTimeout(
         () => {
           const n = rt.engine.executor.interruptAll('the worker shut down (a deploy or a scale-in)');
           if (n) rt.log.warn({ runs: n }, 'grace period ending: interrupting runs, they go back to the queue');
         },
-        Math.max(0, graceMs - Math.min(INTERRUPT_MARGIN_MS, graceMs / 2)),
+        Math.max(0, deadline - Date.now() - INTERRUPT_MARGIN_MS),
       );
+      clearInterval(reconciler);
       try {
-        await closing;
+        await fileTriggers.close();
+        await Promise.all(workers.map((w) => w.close()));
       } finally {
         clearTimeout(timer);
       }

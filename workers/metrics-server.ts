@@ -4,6 +4,7 @@
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { ADMIN_CHALLENGE, adminRefusal, isAdminRequest } from '../engine/auth/index.js';
+import { withTimeout } from '../engine/platform/index.js';
 import type { Runtime } from '../engine/process/index.js';
 import type { Workers } from './index.js';
 
@@ -16,15 +17,25 @@ function problem(res: http.ServerResponse, status: number, title: string, detail
 
 export async function startMetricsServer(rt: Runtime, workers: Workers, port: number): Promise<MetricsServer> {
   const server = http.createServer((req, res) => {
-    const url = new URL(req.url ?? '/', 'http://worker');
+    // the path as sent: a request target no URL parses (`//[`) is only a path that is not served
+    const pathname = (req.url ?? '/').split('?')[0];
     if (req.method !== 'GET' && req.method !== 'HEAD') return problem(res, 405, 'Method Not Allowed', 'only GET', { allow: 'GET, HEAD' });
-    if (url.pathname === '/healthz') {
+    if (pathname === '/healthz') {
       const running = workers.workers.filter((w) => w.isRunning()).map((w) => w.name);
-      const ok = running.length === workers.workers.length && rt.redis.status === 'ready';
-      res.writeHead(ok ? 200 : 503, { 'content-type': 'application/json' });
-      return void res.end(JSON.stringify({ status: ok ? 'ok' : 'degraded', process: 'worker', redis: rt.redis.status, queues: running }));
+      // a PING with a deadline, as the web's /readyz asks: a hung Redis keeps the connection 'ready' and answers nothing
+      void withTimeout(rt.redis.ping(), 1000, 'no answer')
+        .then(
+          () => 'ready',
+          (err: Error) => err.message,
+        )
+        .then((redis) => {
+          const ok = running.length === workers.workers.length && redis === 'ready';
+          res.writeHead(ok ? 200 : 503, { 'content-type': 'application/json' });
+          res.end(JSON.stringify({ status: ok ? 'ok' : 'degraded', process: 'worker', redis, queues: running }));
+        });
+      return;
     }
-    if (url.pathname === '/metrics') {
+    if (pathname === '/metrics') {
       if (!isAdminRequest(req.headers, rt.config.adminKeys))
         return problem(res, 401, 'Unauthorized', adminRefusal(rt.config.adminKeys), { 'www-authenticate': ADMIN_CHALLENGE });
       rt.metrics.registry.metrics().then(
@@ -48,6 +59,12 @@ export async function startMetricsServer(rt: Runtime, workers: Workers, port: nu
   const { port: bound } = server.address() as AddressInfo;
   return {
     url: `http://localhost:${bound}`,
-    close: () => new Promise<void>((resolve) => server.close(() => resolve())),
+    // its answers are quick, and a scraper's keep-alive connection would hold close() open (and the workers'
+    // close after it): every connection is closed now
+    close: () =>
+      new Promise<void>((resolve) => {
+        server.close(() => resolve());
+        server.closeAllConnections();
+      }),
   };
 }

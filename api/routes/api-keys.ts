@@ -43,7 +43,7 @@ export function apiKeysRouter(engine: Engine): Router {
     res.status(201).json({ key: made.key, api_key: view(made.record) });
   });
   router.delete('/:id', async (req, res) => {
-    await engine.apiKeys.revoke(tenantOf(req), String(req.params.id));
+    await engine.apiKeys.revoke(tenantOf(req), String(req.params.id), { cascade: (req.query as { cascade?: boolean }).cascade === true });
     res.status(204).end();
   });
   return router;

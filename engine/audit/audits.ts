@@ -13,6 +13,7 @@ import {
   jobTree,
   newId,
   NotFoundError,
+  redisOrUnavailable,
   scopes,
   SEVERITIES,
   type AuditLayer,
@@ -260,17 +261,20 @@ export function auditsOf(deps: AuditsDeps) {
         scores: {},
         ledger: null,
       };
-      await reports.create(tenantId, report, { phases, layers }, now.getTime());
       const data = (phase?: AuditPhase): AuditJob => ({ tenant_id: tenantId, report_id: report.report_id, ...(phase ? { phase } : {}) });
       flows ??= new FlowProducer({ connection: deps.redis, prefix: queues.prefix });
-      await flows.add(
-        jobTree(
-          'audits',
-          report.report_id,
-          { name: 'report', data: data() },
-          phases.map((phase) => ({ key: phase, name: 'phase', data: data(phase) })),
-        ),
-      );
+      // the report and its jobs live in Redis: without it the audit is refused (503), not held until it returns
+      await redisOrUnavailable(deps.redis, 'starting an audit', async () => {
+        await reports.create(tenantId, report, { phases, layers }, now.getTime());
+        await flows!.add(
+          jobTree(
+            'audits',
+            report.report_id,
+            { name: 'report', data: data() },
+            phases.map((phase) => ({ key: phase, name: 'phase', data: data(phase) })),
+          ),
+        );
+      });
       log.info({ tenant_id: tenantId, report_id: report.report_id, workspace: ws.name, phases }, 'audit started');
       return report;
     },
@@ -346,13 +350,15 @@ export function auditsOf(deps: AuditsDeps) {
     },
     /** Whether a stream resumed after `afterId` has anything left to send: false once the report is out and seen. */
     async hasMore(tenantId: string, id: string, afterId: string): Promise<boolean> {
-      const { report } = await mustGet(tenantId, id);
-      return report.status === 'running' || (await events.after(scopes.audit(id).stream, afterId, 1)).length > 0;
+      return redisOrUnavailable(deps.redis, 'reading an audit', async () => {
+        const { report } = await mustGet(tenantId, id);
+        return report.status === 'running' || (await events.after(scopes.audit(id).stream, afterId, 1)).length > 0;
+      });
     },
 
-    /** The report now; a 404 problem when it is unknown, expired or evicted. */
+    /** The report now; a 404 problem when it is unknown, expired or evicted (reports live in Redis: 503 without it). */
     async get(tenantId: string, id: string): Promise<AuditReport> {
-      return (await mustGet(tenantId, id)).report;
+      return (await redisOrUnavailable(deps.redis, 'reading an audit', () => mustGet(tenantId, id))).report;
     },
 
     /**

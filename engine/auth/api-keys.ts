@@ -80,16 +80,36 @@ export function apiKeysOf(deps: { store: Store; clock: Clock; log: Logger }) {
 
     list: (tenantId: string) => store.apiKeys.list(tenantId),
 
-    /** Revokes one of the tenant's keys; every process refuses it from its next request (each looks keys up in the store). */
-    async revoke(tenantId: string, id: string): Promise<ApiKeyRecord> {
-      const existing = (await store.apiKeys.list(tenantId)).find((k) => k.id === id);
+    /**
+     * Revokes one of the tenant's keys; every process refuses it from its next request (each looks keys
+     * up in the store). With `cascade`, also every key made with it, and those made with them, all the
+     * way down (a leaked key's holder may have made keys). Answers the key and the others it revoked.
+     */
+    async revoke(tenantId: string, id: string, opts: { cascade?: boolean } = {}): Promise<{ key: ApiKeyRecord; cascaded: ApiKeyRecord[] }> {
+      const all = await store.apiKeys.list(tenantId);
+      const existing = all.find((k) => k.id === id);
       if (!existing) throw new NotFoundError(`no api key ${id}`);
-      // revoked here it stays revoked, even if SERVICE_API_KEYS had dropped it first and lists it again later
-      if (existing.revoked_reason === 'revoked') return existing;
-      const revoked = await store.apiKeys.update(tenantId, id, { revoked_at: existing.revoked_at ?? clock.now().toISOString(), revoked_reason: 'revoked' });
-      if (!revoked) throw new NotFoundError(`no api key ${id}`);
-      log.info({ tenant_id: tenantId, key_id: id }, 'api key revoked');
-      return revoked;
+      const madeWith = (k: ApiKeyRecord) => all.filter((other) => other.created_by === `key:${k.id}`);
+      const below: ApiKeyRecord[] = [];
+      for (let queue = opts.cascade ? madeWith(existing) : []; queue.length;) {
+        const next = queue.shift()!;
+        if (next.id === existing.id || below.includes(next)) continue;
+        below.push(next);
+        queue.push(...madeWith(next));
+      }
+      const at = clock.now().toISOString();
+      const revokeOne = async (k: ApiKeyRecord): Promise<ApiKeyRecord> => {
+        // revoked here it stays revoked, even if SERVICE_API_KEYS had dropped it first and lists it again later
+        if (k.revoked_reason === 'revoked') return k;
+        const revoked = await store.apiKeys.update(tenantId, k.id, { revoked_at: k.revoked_at ?? at, revoked_reason: 'revoked' });
+        if (!revoked) throw new NotFoundError(`no api key ${k.id}`);
+        return revoked;
+      };
+      const key = await revokeOne(existing);
+      const cascaded: ApiKeyRecord[] = [];
+      for (const k of below) if (k.revoked_reason !== 'revoked') cascaded.push(await revokeOne(k));
+      log.info({ tenant_id: tenantId, key_id: id, cascaded: cascaded.map((k) => k.id) }, 'api key revoked');
+      return { key, cascaded };
     },
 
     /** The key a presented secret is, when it may still be used; its last use is written now and then. */

@@ -2,8 +2,8 @@
 // fixed window of a minute counted in Redis, so every web process shares it. The count is an operation
 // of the engine's Redis batch: the requests of one turn of the event loop, both their budgets, take one
 // round trip. When Redis is not connected or does not answer within 100 ms, an in-memory count per
-// process (rate-limiter-flexible's) stands in rather than refusing everyone or holding the request.
-import { RateLimiterMemory, RateLimiterRes } from 'rate-limiter-flexible';
+// process stands in rather than refusing everyone or holding the request. A refused request counts in
+// neither budget.
 import { RateLimitedError, redisBatch, withTimeout, type Queues, type Redis } from '../platform/index.js';
 
 export type ApiRateLimitSettings = { perTenantPerMinute: number; perKeyPerMinute: number };
@@ -16,75 +16,107 @@ const WINDOW_SECONDS = 60;
 const REDIS_ANSWER_MS = 100;
 /** After Redis stalled, how long the process counts alone before it asks Redis again. */
 const STALL_PAUSE_MS = 5_000;
+/** Past this many windows counted in memory, the ended ones are dropped. */
+const LOCAL_WINDOWS_MAX = 10_000;
 
-/** One request against a window: its count, and the milliseconds the window has left. */
-const COUNT = `local n = redis.call('INCR', KEYS[1])
-local ttl = redis.call('PTTL', KEYS[1])
-if ttl < 0 then
-  redis.call('PEXPIRE', KEYS[1], ARGV[1])
-  ttl = tonumber(ARGV[1])
+/**
+ * One request against its budgets (the tenant's, then its key's when ARGV[3] > 0): counted in both when
+ * neither is spent, and in neither when one is, so a key retrying after its 429s spends nothing of what
+ * its tenant's other keys have left. Answers which budget refused it (0 for none, 1 the tenant's, 2 the
+ * key's) and each budget's count and milliseconds left in its window.
+ */
+const COUNT = `local window = tonumber(ARGV[1])
+local limits = { tonumber(ARGV[2]), tonumber(ARGV[3]) }
+local budgets = limits[2] > 0 and 2 or 1
+local n, ttl, refused = { 0, 0 }, { window, window }, 0
+for i = 1, budgets do
+  n[i] = tonumber(redis.call('GET', KEYS[i]) or '0')
+  if refused == 0 and n[i] >= limits[i] then refused = i end
 end
-return { n, ttl }`;
+for i = 1, budgets do
+  if refused == 0 then n[i] = redis.call('INCR', KEYS[i]) end
+  local left = redis.call('PTTL', KEYS[i])
+  if left < 0 then
+    if refused == 0 then redis.call('PEXPIRE', KEYS[i], window) end
+  else
+    ttl[i] = left
+  end
+end
+return { refused, n[1], ttl[1], n[2], ttl[2] }`;
+
+type Budget = { policy: 'tenant' | 'key'; limit: number };
 
 export function apiRateLimitOf(deps: { redis: Redis; queues: Queues }, settings: ApiRateLimitSettings) {
   let stalledUntil = 0;
   const batch = redisBatch(deps.redis);
-  batch.define('rate.count', { keys: 1, args: 1, lua: COUNT });
-  const budget = (policy: 'tenant' | 'key', limit: number) => {
-    const local = new RateLimiterMemory({ points: limit, duration: WINDOW_SECONDS });
-    const keyPrefix = `${deps.queues.prefix}:api-rate:${policy}:`;
-    /** Redis's count, in rate-limiter-flexible's terms: refused (thrown) once the window holds more than the limit. */
-    const shared = async (key: string): Promise<RateLimiterRes> => {
-      const [consumed, msBeforeNext] = await batch.call<[number, number]>('rate.count', [keyPrefix + key], [WINDOW_SECONDS * 1000]);
-      const res = new RateLimiterRes(Math.max(0, limit - consumed), msBeforeNext, consumed, consumed === 1);
-      if (consumed > limit) throw res;
-      return res;
-    };
-    /**
-     * Redis's count, or this process's own when Redis is not connected, or does not answer in time
-     * (connected but stalled): after a stall the process counts alone for a while instead of making
-     * every request wait again.
-     */
-    const consume = (key: string): Promise<RateLimiterRes> => {
-      if (Date.now() < stalledUntil || deps.redis.status !== 'ready') return local.consume(key);
-      return withTimeout(shared(key), REDIS_ANSWER_MS, 'the rate limit count').catch((err: unknown) => {
-        if (err instanceof RateLimiterRes) throw err;
-        stalledUntil = Date.now() + STALL_PAUSE_MS;
-        return local.consume(key);
-      });
-    };
-    return { policy, limit, consume };
+  batch.define('rate.count', { keys: 2, args: 3, lua: COUNT });
+  const tenant: Budget = { policy: 'tenant', limit: settings.perTenantPerMinute };
+  const key: Budget = { policy: 'key', limit: settings.perKeyPerMinute };
+  const keyOf = (b: Budget, id: string) => `${deps.queues.prefix}:api-rate:${b.policy}:${id}`;
+  /** This process's own counts, while Redis is not connected or stalled: the same rule as COUNT. */
+  const local = new Map<string, { n: number; resetAt: number }>();
+  const countLocally = (asked: [Budget, string][]): Count => {
+    const now = Date.now();
+    const windows = asked.map(([b, id]) => {
+      const name = keyOf(b, id);
+      let w = local.get(name);
+      if (!w || w.resetAt <= now) local.set(name, (w = { n: 0, resetAt: now + WINDOW_SECONDS * 1000 }));
+      return w;
+    });
+    const refused = windows.findIndex((w, i) => w.n >= asked[i]![0].limit) + 1;
+    if (!refused) for (const w of windows) w.n++;
+    if (local.size > LOCAL_WINDOWS_MAX) for (const [name, w] of local) if (w.resetAt <= now) local.delete(name);
+    return { refused, counts: windows.map((w) => ({ n: w.n, ms: w.resetAt - now })) };
   };
-  const budgets = [budget('tenant', settings.perTenantPerMinute), budget('key', settings.perKeyPerMinute)];
+  type Count = { refused: number; counts: { n: number; ms: number }[] };
+  const countShared = async (asked: [Budget, string][]): Promise<Count> => {
+    const names = asked.map(([b, id]) => keyOf(b, id));
+    const [refused, n1, ms1, n2, ms2] = await batch.call<number[]>(
+      'rate.count',
+      [names[0]!, names[1] ?? names[0]!],
+      [WINDOW_SECONDS * 1000, asked[0]![0].limit, asked[1]?.[0].limit ?? 0],
+    );
+    return {
+      refused: refused!,
+      counts: [
+        { n: n1!, ms: ms1! },
+        { n: n2!, ms: ms2! },
+      ].slice(0, asked.length),
+    };
+  };
+  /**
+   * Redis's count, or this process's own when Redis is not connected, or does not answer in time
+   * (connected but stalled): after a stall the process counts alone for a while instead of making
+   * every request wait again.
+   */
+  const count = async (asked: [Budget, string][]): Promise<Count> => {
+    if (Date.now() < stalledUntil || deps.redis.status !== 'ready') return countLocally(asked);
+    try {
+      return await withTimeout(countShared(asked), REDIS_ANSWER_MS, 'the rate limit count');
+    } catch {
+      stalledUntil = Date.now() + STALL_PAUSE_MS;
+      return countLocally(asked);
+    }
+  };
 
   return {
     /** The policies, as the RateLimit-Policy header names them. */
-    policies: budgets.map((b) => ({ policy: b.policy, limit: b.limit, windowSeconds: WINDOW_SECONDS })),
+    policies: [tenant, key].map((b) => ({ policy: b.policy, limit: b.limit, windowSeconds: WINDOW_SECONDS })),
 
     /**
-     * Counts one request of the tenant (and of its key, when it came with one). Answers the budget
-     * nearest to its end; throws RateLimitedError, carrying that budget, when one is spent.
+     * Counts one request of the tenant (and of its key, when it came with one), in neither budget when
+     * one is spent. Answers the budget nearest to its end; throws RateLimitedError, carrying the budget
+     * that refused it, when one is spent.
      */
     async consume(tenantId: string, keyId: string | null): Promise<RateLimitState> {
-      const asked = budgets.filter((b) => b.policy === 'tenant' || keyId);
-      const settled = await Promise.allSettled(asked.map((b) => b.consume(b.policy === 'tenant' ? tenantId : keyId!)));
-      const states: (RateLimitState & { refused: boolean })[] = [];
-      settled.forEach((s, i) => {
-        const b = asked[i]!;
-        const res = s.status === 'fulfilled' ? s.value : s.reason;
-        if (!(res instanceof RateLimiterRes)) throw res as Error;
-        states.push({
-          policy: b.policy,
-          limit: b.limit,
-          remaining: res.remainingPoints,
-          resetSeconds: Math.max(1, Math.ceil(res.msBeforeNext / 1000)),
-          refused: s.status === 'rejected',
-        });
+      const asked: [Budget, string][] = [[tenant, tenantId], ...(keyId ? [[key, keyId] as [Budget, string]] : [])];
+      const { refused, counts } = await count(asked);
+      const states = counts.map(({ n, ms }, i): RateLimitState => {
+        const b = asked[i]![0];
+        return { policy: b.policy, limit: b.limit, remaining: Math.max(0, b.limit - n), resetSeconds: Math.max(1, Math.ceil(ms / 1000)) };
       });
-      const refused = states.find((s) => s.refused);
-      if (refused) throw new ApiRateLimitedError(refused);
-      const { refused: _r, ...nearest } = states.reduce((a, b) => (b.remaining < a.remaining ? b : a));
-      return nearest;
+      if (refused) throw new ApiRateLimitedError(states[refused - 1]!);
+      return states.reduce((a, b) => (b.remaining < a.remaining ? b : a));
     },
   };
 }

@@ -16,7 +16,20 @@ import type { Platform } from '../deps.js';
 import type { ConnectionChanges } from '../store/index.js';
 import { ACTIONS, ActionArgsError, type Answer } from './actions.js';
 import { KITS, type Access } from './kits.js';
-import { callProvider, ProviderError } from './retry.js';
+import { callProvider, ProviderError, reasonOf } from './retry.js';
+
+/**
+ * An error no kit classified (an SDK's own, a library's), with the credential masked from its message
+ * before it leaves a call: such messages can quote a header (`Bearer <token> is not a legal HTTP header
+ * value`). Its code, if any, is kept.
+ */
+function maskedError(err: unknown, token: string): unknown {
+  if (err instanceof ProviderError || err instanceof ActionArgsError || !(err instanceof Error) || !token || !err.message) return err;
+  const message = reasonOf(err.message, token);
+  if (message === err.message) return err;
+  const { code } = err as { code?: unknown };
+  return Object.assign(new Error(message), typeof code === 'string' ? { code } : {});
+}
 
 export type ConnectionSettings = { httpAllowPrivate: boolean };
 
@@ -65,6 +78,8 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
       if (url && !kit.schemes.includes(url.protocol))
         errors.push({ path: `${at}/base_url`, message: `a ${provider} connection's URL is ${kit.schemes.map((x) => x.slice(0, -1)).join(' or ')}` });
       if (url && (url.username || url.password)) errors.push({ path: `${at}/base_url`, message: 'no credentials in the URL: give them as credential' });
+      // a client takes no host as localhost (nodemailer does): a URL must name its host
+      if (url && !url.hostname) errors.push({ path: `${at}/base_url`, message: 'the URL names no host' });
     } else if (!kit.defaultBaseUrl) {
       errors.push({ path: `${at}/base_url`, message: `a ${provider} connection needs base_url (for example smtp://smtp.example.com:587)` });
     }
@@ -183,7 +198,9 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
           record.provider,
           (e) => kit.classify(e, access.token),
           () => kit.identify(access),
-        );
+        ).catch((err: unknown) => {
+          throw maskedError(err, access.token);
+        });
         result = { ok: true, ...found, error: null, checked_at: clock.now().toISOString() };
       } catch (err) {
         const error =
@@ -254,7 +271,9 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
         (e) => (e instanceof ActionArgsError ? null : kit.classify(e, access.token)),
         () => run(access, args, { vibeDiff: (id) => vibeDiff(tenantId, id) }),
         { signal },
-      );
+      ).catch((err: unknown) => {
+        throw maskedError(err, access.token);
+      });
       return { connection_id: record.id, answer };
     },
   };

@@ -151,6 +151,20 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
     });
   }
 
+  /** Disables an endpoint and tells its tenant (of two disables at once, one does both). */
+  async function disable(tenantId: string, endpoint: NotificationEndpoint, reason: string, failures: number): Promise<void> {
+    const disabled = await store.notificationEndpoints.disable(tenantId, endpoint.id, reason, clock.now().toISOString());
+    cache.delete(tenantId);
+    if (!disabled) return;
+    log.warn({ tenant_id: tenantId, endpoint_id: endpoint.id, consecutive_failures: failures }, 'notification endpoint disabled');
+    await events?.append(`notifications:${tenantId}`, {
+      tenant_id: tenantId,
+      type: 'notification.endpoint_disabled',
+      // where it pointed, by origin: an endpoint's path and query are often its secret (a capability URL)
+      data: { endpoint_id: endpoint.id, url: new URL(endpoint.url).origin, reason, consecutive_failures: failures },
+    });
+  }
+
   const api = {
     /** Makes an endpoint; `secret` is the only time the signing secret exists in clear outside the store. */
     async create(tenantId: string, input: EndpointInput): Promise<{ endpoint: NotificationEndpoint; secret: string }> {
@@ -276,7 +290,22 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
       }
       const body = JSON.stringify(d.payload);
       const at = clock.now();
-      const signature = new Webhook(secretBox.open(endpoint.sealed_secret, owner(tenantId, endpoint.id))).sign(d.id, at, body);
+      let secret: string;
+      try {
+        secret = secretBox.open(endpoint.sealed_secret, owner(tenantId, endpoint.id));
+      } catch {
+        // sealed under another SERVICE_SECRET_KEY: no try will ever sign, so none is made; the endpoint stops until it is made again
+        const why = "the endpoint's signing secret does not open with SERVICE_SECRET_KEY (the key changed): make the endpoint again for a new secret";
+        log.error({ tenant_id: tenantId, endpoint_id: endpoint.id, delivery_id: d.id }, why);
+        const failed = await store.notificationDeliveries.update(tenantId, d.id, {
+          status: 'failed',
+          attempts: [...d.attempts, { at: at.toISOString(), status_code: null, error: why, duration_ms: 0 }],
+          updated_at: clock.now().toISOString(),
+        });
+        await disable(tenantId, endpoint, why, endpoint.consecutive_failures);
+        return failed;
+      }
+      const signature = new Webhook(secret).sign(d.id, at, body);
       const headers = {
         'content-type': 'application/json',
         'user-agent': 'automation-service-notifications',
@@ -295,20 +324,8 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
       await store.notificationDeliveries.update(tenantId, d.id, { status: last ? 'failed' : 'pending', attempts, updated_at: clock.now().toISOString() });
       if (!last) throw new Error(`delivery ${d.id} to ${endpoint.id}: ${sent.error}`);
       const counted = await store.notificationEndpoints.addFailure(tenantId, endpoint.id, clock.now().toISOString());
-      if (counted && counted.status === 'enabled' && counted.consecutive_failures >= settings.disableAfter) {
-        const reason = `${counted.consecutive_failures} deliveries in a row failed (the last: ${sent.error})`;
-        // of two last failures at once, one disables it and tells the tenant
-        const disabled = await store.notificationEndpoints.disable(tenantId, endpoint.id, reason, clock.now().toISOString());
-        cache.delete(tenantId);
-        if (!disabled) return null;
-        log.warn({ tenant_id: tenantId, endpoint_id: endpoint.id, consecutive_failures: counted.consecutive_failures }, 'notification endpoint disabled');
-        await events?.append(`notifications:${tenantId}`, {
-          tenant_id: tenantId,
-          type: 'notification.endpoint_disabled',
-          // where it pointed, by origin: an endpoint's path and query are often its secret (a capability URL)
-          data: { endpoint_id: endpoint.id, url: new URL(endpoint.url).origin, reason, consecutive_failures: counted.consecutive_failures },
-        });
-      }
+      if (counted && counted.status === 'enabled' && counted.consecutive_failures >= settings.disableAfter)
+        await disable(tenantId, endpoint, `${counted.consecutive_failures} deliveries in a row failed (the last: ${sent.error})`, counted.consecutive_failures);
       return null;
     },
 

@@ -94,12 +94,13 @@ export function retryAfterOf(value: string | number | null | undefined): number 
  */
 export function reasonOf(text: unknown, secret: string): string {
   if (typeof text !== 'string' || !text) return '';
-  let masked = text.replace(/\s+/g, ' ').trim();
-  if (secret) {
-    masked = masked.split(secret).join('[credential]');
-    for (let i = 0; i + PART <= secret.length; i++) masked = masked.split(secret.slice(i, i + PART)).join('[credential]');
+  let masked = text;
+  // as it is and with its whitespace folded as the reason's is (a credential with a newline in it), before the fold
+  for (const form of secret ? new Set([secret, secret.replace(/\s+/g, ' ').trim()]) : []) {
+    masked = masked.split(form).join('[credential]');
+    for (let i = 0; i + PART <= form.length; i++) masked = masked.split(form.slice(i, i + PART)).join('[credential]');
   }
-  return masked.slice(0, 200);
+  return masked.replace(/\s+/g, ' ').trim().slice(0, 200);
 }
 
 /** The shortest piece of a credential that is masked wherever it appears. */

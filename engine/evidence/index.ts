@@ -4,7 +4,7 @@ export const EVIDENCE_KEY_FILE = 'evidence.key';
 
 export { keyIdOf, publicKeyFromPem, signerOf, verifySignature, type EvidenceSigner } from './keys.js';
 export { ledgerOf, type Ledger, type LedgerItem } from './ledger.js';
-export { canonicalJson, entryHash, GENESIS_HASH, payloadDigest, sha256Hex, verifyEntries, type EvidenceProblem } from './verify.js';
+export { canonicalJson, entryHash, GENESIS_HASH, payloadDigest, sha256Hex, verifyEntries, verifyEntriesAsync, type EvidenceProblem } from './verify.js';
 export {
   envelopeOf,
   IN_TOTO_PAYLOAD_TYPE,

@@ -46,3 +46,14 @@ export function verifySignature(publicKey: KeyObject, data: Buffer | string, sig
     return false;
   }
 }
+
+/** verifySignature on libuv's thread pool: the event loop goes on meanwhile. */
+export function verifySignatureAsync(publicKey: KeyObject, data: string, signature: string): Promise<boolean> {
+  return new Promise((resolve) => {
+    try {
+      verify(null, Buffer.from(data), publicKey, Buffer.from(signature, 'base64'), (err, ok) => resolve(!err && ok));
+    } catch {
+      resolve(false);
+    }
+  });
+}

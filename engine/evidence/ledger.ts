@@ -4,7 +4,7 @@ import type { Platform } from '../deps.js';
 import type { LedgerEntry, LedgerSubject } from '../platform/index.js';
 import { publicKeyFromPem, type EvidenceSigner } from './keys.js';
 import { envelopeOf, type Statement } from './pack.js';
-import { canonicalJson, entryHash, GENESIS_HASH, payloadDigest, verifyEntries, type EvidenceProblem } from './verify.js';
+import { canonicalJson, entryHash, GENESIS_HASH, payloadDigest, verifyEntriesAsync, type EvidenceProblem } from './verify.js';
 
 export type LedgerItem = { kind: string; subject: LedgerSubject; payload: unknown };
 
@@ -15,8 +15,8 @@ export function ledgerOf(deps: Pick<Platform, 'store' | 'clock'> & { signer: Evi
     publicKey: { key_id: signer.keyId, pem: signer.publicKeyPem },
 
     /** What is wrong with a slice of the ledger as stored (a chain, a hash, a signature, a payload), or null. */
-    verify: (entries: LedgerEntry[], payloads: Map<string, string>): EvidenceProblem | null =>
-      verifyEntries(entries, { publicKey: verifyingKey, keyId: signer.keyId, payloads }),
+    verify: (entries: LedgerEntry[], payloads: Map<string, string>): Promise<EvidenceProblem | null> =>
+      verifyEntriesAsync(entries, { publicKey: verifyingKey, keyId: signer.keyId, payloads }),
 
     /** Appends the items in order, after the tenant's head, in one atomic write. */
     async append(tenantId: string, items: LedgerItem[]): Promise<LedgerEntry[]> {

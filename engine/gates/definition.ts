@@ -2,13 +2,12 @@
 // config/gates.schema.json with every error named; without one, a set detected from the workspace
 // (package.json scripts typecheck, lint, test and build, and a secret scan). The service's gate runs
 // and the CLI's `gates run` read it here, so both run the same set.
-import fs from 'node:fs/promises';
-import path from 'node:path';
+import fs, { type FileHandle } from 'node:fs/promises';
 import Ajv2020Module from 'ajv/dist/2020.js';
 import YAML from 'yaml';
 import { GATES_SCHEMA_FILE } from '../../config/paths.js';
 import { canonicalJson, sha256Hex } from '../evidence/index.js';
-import { GateSetInvalidError, type FieldError } from '../platform/index.js';
+import { GateSetInvalidError, openInside, type FieldError } from '../platform/index.js';
 import { staysInside } from './paths.js';
 
 export type ReportFormat = 'tap' | 'junit' | 'eslint' | 'tsc';
@@ -59,18 +58,53 @@ async function validate(doc: unknown): Promise<FieldError[]> {
   }));
 }
 
+/** What a file at a workspace's root held: its text, or why it was not read. */
+export type PlainFile = { text: string } | 'absent' | 'not-plain' | 'too-large';
+
+/**
+ * A plain file at a workspace's root (a real path), read through one handle opened without following a
+ * link and checked once open. Never checked by name and then read by name again: between the two, a
+ * step of the tenant's can swap the file for a link (renames in a loop) to another tenant's file or the
+ * host's, and the service would read it and quote it in the set's errors or copy it into a run's copy.
+ * A folder on the way swapped for a link leads outside and is refused too (openInside).
+ */
+export async function readPlainFile(root: string, name: string, maxBytes = Number.MAX_SAFE_INTEGER): Promise<PlainFile> {
+  let handle: FileHandle;
+  try {
+    // non-blocking, so a FIFO opens at once for the stat below to refuse
+    handle = await openInside(root, name, { follow: false });
+  } catch (err) {
+    const code = (err as { code?: unknown }).code;
+    if (code === 'ENOENT' || code === 'ENOTDIR') return 'absent';
+    // a link (ELOOP), a socket (ENXIO), a path that led outside the workspace
+    if (code === 'ELOOP' || code === 'ENXIO' || code === 'path-outside-workspace') return 'not-plain';
+    throw err;
+  }
+  try {
+    const stat = await handle.stat();
+    if (!stat.isFile()) return 'not-plain';
+    if (stat.size > maxBytes) return 'too-large';
+    // at most the size seen: a file that grows while it is read is not read past it
+    const buf = Buffer.alloc(stat.size);
+    let read = 0;
+    for (let n = -1; n !== 0 && read < buf.length; read += n) n = (await handle.read(buf, read, buf.length - read, read)).bytesRead;
+    return { text: buf.subarray(0, read).toString('utf8') };
+  } finally {
+    await handle.close();
+  }
+}
+
 /** The gate set of a workspace (an absolute, resolved folder). */
 export async function loadGateSet(workspace: string): Promise<GateSet> {
   for (const name of GATE_FILES) {
-    const file = path.join(workspace, name);
-    const stat = await fs.lstat(file).catch(() => null);
     // a symbolic link could name a file outside the workspace: only a plain file is read
-    if (!stat) continue;
-    if (!stat.isFile()) throw invalid(name, [{ path: '', message: 'must be a plain file' }]);
-    if (stat.size > 256 * 1024) throw invalid(name, [{ path: '', message: 'is larger than 256 KB' }]);
+    const file = await readPlainFile(workspace, name, 256 * 1024);
+    if (file === 'absent') continue;
+    if (file === 'not-plain') throw invalid(name, [{ path: '', message: 'must be a plain file' }]);
+    if (file === 'too-large') throw invalid(name, [{ path: '', message: 'is larger than 256 KB' }]);
     let doc: unknown;
     try {
-      doc = YAML.parse(await fs.readFile(file, 'utf8'));
+      doc = YAML.parse(file.text);
     } catch (err) {
       throw invalid(name, [{ path: '', message: `is not YAML: ${(err as Error).message.split('\n')[0]}` }]);
     }
@@ -118,15 +152,14 @@ function normalize(g: Record<string, unknown>): GateDefinition {
 /** The set a workspace without a gate file gets: its package.json scripts, and a secret scan. */
 async function detect(workspace: string): Promise<GateDefinition[]> {
   const gates: GateDefinition[] = [];
-  const pkgFile = path.join(workspace, 'package.json');
-  const stat = await fs.lstat(pkgFile).catch(() => null);
-  if (stat?.isFile()) {
+  const pkgFile = await readPlainFile(workspace, 'package.json', PACKAGE_JSON_MAX_BYTES);
+  if (pkgFile !== 'absent' && pkgFile !== 'not-plain') {
     // the gates come from its scripts: one that cannot be read is an invalid set (a 422), not a set with no
     // tests in it; what the file holds is not quoted (a token in it would reach the answer and the log)
-    if (stat.size > PACKAGE_JSON_MAX_BYTES) throw invalid('package.json', [{ path: '', message: `is larger than ${PACKAGE_JSON_MAX_BYTES / 1024 / 1024} MB` }]);
+    if (pkgFile === 'too-large') throw invalid('package.json', [{ path: '', message: `is larger than ${PACKAGE_JSON_MAX_BYTES / 1024 / 1024} MB` }]);
     let pkg: unknown;
     try {
-      pkg = JSON.parse(await fs.readFile(pkgFile, 'utf8'));
+      pkg = JSON.parse(pkgFile.text);
     } catch {
       throw invalid('package.json', [{ path: '', message: 'is not valid JSON, so its scripts cannot be read as gates' }]);
     }

@@ -73,7 +73,7 @@ export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledg
       const payloadOf = new Map(payloads.map((p) => [p.digest, p.body]));
       // the service signs only what its ledger seals: a slice that does not verify as stored is refused,
       // and each gate's row is its sealed result, never the gate run's stored copy of it
-      const problem = ledger.verify(entries, payloadOf);
+      const problem = await ledger.verify(entries, payloadOf);
       if (problem) throw new ConflictError(`the evidence ledger does not verify (${problem.message}); no pack is signed from it`, { problem });
       const sealedResult = (seq: number, gateId: string): GateResult => {
         const entry = bySeq.get(seq);

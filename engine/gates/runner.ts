@@ -8,7 +8,7 @@ import { glob } from 'tinyglobby';
 import { canonicalJson, payloadDigest, sha256Hex } from '../evidence/index.js';
 import type { Annotation, GateConclusion, GateResult, GateSubject, VibeGates } from '../platform/index.js';
 import { runProcess, type Sandbox } from '../tools/index.js';
-import { GATE_FILES, loadGateSet, type GateDefinition } from './definition.js';
+import { GATE_FILES, loadGateSet, readPlainFile, type GateDefinition } from './definition.js';
 import { readReport, type Report } from './reports.js';
 import { maskSecrets, scanSecrets } from './secret-scan.js';
 import { entryOf, readInside, staysInside } from './paths.js';
@@ -226,13 +226,18 @@ export async function runGateSet(
  * (a link the run left there could point anywhere).
  */
 async function restoreGateDefinitions(workspace: string, copy: string): Promise<void> {
-  const readPlain = async (file: string) => ((await fs.lstat(file).catch(() => null))?.isFile() ? fs.readFile(file, 'utf8') : null);
+  // read through one handle that follows no link (readPlainFile): a check by name, then a read by name,
+  // would let the run swap in a link between the two and have any file the service can read copied here
+  const readPlain = async (root: string, name: string) => {
+    const file = await readPlainFile(root, name);
+    return typeof file === 'object' ? file.text : null;
+  };
   const replace = async (name: string, text: string | null) => {
     await fs.rm(path.join(copy, name), { force: true, recursive: true });
     if (text !== null) await fs.writeFile(path.join(copy, name), text, { flag: 'wx' });
   };
-  for (const name of GATE_FILES) await replace(name, await readPlain(path.join(workspace, name)));
-  const original = await readPlain(path.join(workspace, 'package.json'));
+  for (const name of GATE_FILES) await replace(name, await readPlain(workspace, name));
+  const original = await readPlain(workspace, 'package.json');
   if (original === null) return;
   const objectOf = (text: string | null): Record<string, unknown> | null => {
     try {
@@ -242,7 +247,7 @@ async function restoreGateDefinitions(workspace: string, copy: string): Promise<
       return null;
     }
   };
-  const edited = objectOf(await readPlain(path.join(copy, 'package.json')));
+  const edited = objectOf(await readPlain(copy, 'package.json'));
   const scripts = objectOf(original)?.scripts;
   if (!edited) return replace('package.json', original);
   if (scripts === undefined) delete edited.scripts;

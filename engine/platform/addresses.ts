@@ -42,11 +42,10 @@ export function guardedLookup(hostname: string, options: dns.LookupOptions, call
   dns.lookup(hostname, { ...options, all: true }, (err, addresses) => {
     if (err) return callback(err, '');
     const list = addresses as dns.LookupAddress[];
-    const blocked = list.find((a) => isPrivateAddress(a.address));
-    if (blocked) {
-      const e = Object.assign(new Error(`${hostname} resolves to ${blocked.address}, a private address`), { code: 'EPRIVATE' });
-      return callback(e, '');
-    }
+    if (!list.length) return callback(Object.assign(new Error(`${hostname} does not resolve`), { code: 'ENOTFOUND' }), '');
+    // which address is not said: the message can reach the tenant, who could map internal names with it
+    if (list.some((a) => isPrivateAddress(a.address)))
+      return callback(Object.assign(new Error(`${hostname} resolves to a private or loopback address`), { code: 'EPRIVATE' }), '');
     if (options.all) return callback(null, list);
     callback(null, list[0]!.address, list[0]!.family);
   });
@@ -63,10 +62,13 @@ export async function assertPublicHost(url: URL, allowPrivate: boolean): Promise
   const literal = privateLiteral(url);
   if (literal) throw new AddressNotAllowedError(`${literal} is a private or loopback address`);
   const host = url.hostname.replace(/^\[|\]$/g, '');
+  // no host is no address to check: clients may take it as localhost
+  if (!host) throw new AddressNotAllowedError('the URL names no host');
   if (ipaddr.isValid(host)) return;
   const addresses = await dns.promises.lookup(host, { all: true }).catch((err: NodeJS.ErrnoException) => {
     throw new AddressNotAllowedError(`${host} does not resolve (${err.code ?? 'no answer'}): only a name whose addresses are public is reached`);
   });
-  const blocked = addresses.find((a) => isPrivateAddress(a.address));
-  if (blocked) throw new AddressNotAllowedError(`${host} resolves to ${blocked.address}, a private address`);
+  if (!addresses.length) throw new AddressNotAllowedError(`${host} does not resolve: only a name whose addresses are public is reached`);
+  // which address is not said: a tenant could map the deployment's internal names with it
+  if (addresses.some((a) => isPrivateAddress(a.address))) throw new AddressNotAllowedError(`${host} resolves to a private or loopback address`);
 }

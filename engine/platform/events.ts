@@ -5,6 +5,7 @@
 import type { NewEvent, ServiceEvent } from './event-types.js';
 import type { Redis } from './redis.js';
 import { redisBatch } from './redis-batch.js';
+import { redisOrUnavailable } from './redis.js';
 
 const TTL_SECONDS = 7 * 24 * 3600;
 
@@ -29,6 +30,8 @@ export type EventLog = {
    * first event still kept (`0-0` when none is); null when nothing after `afterId` was dropped.
    */
   droppedAfter(scope: string, afterId: string): Promise<string | null>;
+  /** The id of the newest event the log holds; `0-0` when it holds none. */
+  lastId(scope: string): Promise<string>;
 };
 
 /** How many events a log keeps at least (it trims in steps of TRIM_STEP): the oldest go first. */
@@ -80,6 +83,10 @@ export function createEventLog(redis: Redis, prefix: string, clock: { now(): Dat
       const first = field('first-entry') as [string, unknown] | null;
       return first?.[0] ?? '0-0';
     },
+    async lastId(scope) {
+      const newest = (await redis.xrevrange(key(scope), '+', '-', 'COUNT', 1)) as [string, string[]][];
+      return newest[0]?.[0] ?? '0-0';
+    },
   };
 }
 
@@ -110,14 +117,24 @@ export class EventHub {
     return this.log.droppedAfter(scope, afterId);
   }
 
-  /** True when an event after `afterId` (exclusive) in the scope's log matches. */
-  async anyAfter(scope: string, afterId: string, match: (e: ServiceEvent) => boolean): Promise<boolean> {
-    for (let after = afterId; ;) {
-      const page = await this.log.after(scope, after);
-      if (page.some(match)) return true;
-      if (page.length < 1000) return false;
-      after = page.at(-1)!.id;
-    }
+  /** See EventLog.lastId. */
+  lastId(scope: string): Promise<string> {
+    return this.log.lastId(scope);
+  }
+
+  /**
+   * True when an event after `afterId` (exclusive) in the scope's log matches. Asked before a stream is
+   * opened: without Redis it is a 503 the client retries (redisOrUnavailable), not a request held open.
+   */
+  anyAfter(scope: string, afterId: string, match: (e: ServiceEvent) => boolean): Promise<boolean> {
+    return redisOrUnavailable(this.redis, 'reading the event log', async () => {
+      for (let after = afterId; ;) {
+        const page = await this.log.after(scope, after);
+        if (page.some(match)) return true;
+        if (page.length < 1000) return false;
+        after = page.at(-1)!.id;
+      }
+    });
   }
 
   async subscribe(scope: string, afterId: string, deliver: (e: ServiceEvent) => void): Promise<Subscription> {

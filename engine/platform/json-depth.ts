@@ -65,3 +65,16 @@ export function hasLoneSurrogate(text: Buffer): boolean {
   }
   return pendingHigh;
 }
+
+/**
+ * Why a JSON text is refused before it is parsed (too deep, or a lone surrogate), or null when it is not:
+ * one check for the API's bodies and every webhook intake, all of which store what they take. `detail`
+ * names `what` was refused; `rule` is the rule it broke.
+ */
+export function unsafeJson(text: Buffer, what = 'the body'): { detail: string; rule: string } | null {
+  if (nestsDeeperThan(text))
+    return { detail: `${what} nests deeper than ${MAX_JSON_DEPTH} levels`, rule: `must not nest objects and arrays deeper than ${MAX_JSON_DEPTH} levels` };
+  if (hasLoneSurrogate(text))
+    return { detail: `${what} holds a lone surrogate (a \\ud800-\\udfff escape without its other half)`, rule: 'strings must be well-formed Unicode' };
+  return null;
+}

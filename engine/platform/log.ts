@@ -26,6 +26,8 @@ export const REDACT_PATHS = [
   '*.secret',
   '*.secrets',
   '*.password',
+  // a URL that did not parse (TypeError: Invalid URL) carries it whole, query and all
+  'err.input',
 ];
 
 /**

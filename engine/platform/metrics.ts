@@ -4,6 +4,10 @@
 // process serves them at /metrics, a worker at SERVICE_WORKER_METRICS_PORT.
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import type { Queues } from './queues.js';
+import { withTimeout } from './redis.js';
+
+/** How long a scrape waits for the queues' counts. */
+const QUEUE_COUNTS_DEADLINE_MS = 1000;
 
 /** Every metric of this service starts with it, the process's default metrics too. */
 export const METRIC_PREFIX = 'automation_';
@@ -74,10 +78,19 @@ export function createMetrics(deps: { countRuns: RunCounter; queues: Queues }): 
     registers: [registry],
     async collect() {
       this.reset();
-      for (const q of deps.queues.all()) {
-        const counts = await q.getJobCounts('waiting', 'active', 'delayed', 'prioritized', 'failed', 'completed');
-        for (const [state, n] of Object.entries(counts)) this.set({ queue: q.name, state }, n);
-      }
+      // a Redis that does not answer costs a scrape these gauges, not the scrape (the process's own metrics still answer)
+      const counted = await withTimeout(
+        Promise.all(
+          deps.queues
+            .all()
+            .map(
+              async (q) => [q.name, await q.getJobCounts('waiting', 'waiting-children', 'active', 'delayed', 'prioritized', 'failed', 'completed')] as const,
+            ),
+        ),
+        QUEUE_COUNTS_DEADLINE_MS,
+        'the queue counts',
+      ).catch(() => []);
+      for (const [queue, counts] of counted) for (const [state, n] of Object.entries(counts)) this.set({ queue, state }, n);
     },
   });
   const webhookRequests = new Counter({

@@ -1,6 +1,8 @@
 // The one Redis connection factory: one server, or a Redis Cluster when REDIS_URL lists its nodes.
 // BullMQ needs maxRetriesPerRequest: null on its connections.
 import { Cluster, Redis, type RedisOptions } from 'ioredis';
+import { ServiceUnavailableError } from './errors.js';
+import type { Logger } from './log.js';
 
 export type { Redis };
 
@@ -50,13 +52,18 @@ function optionsOf(t: RedisTarget, extra: RedisOptions): RedisOptions {
   };
 }
 
+/** How a rediss: server's certificate is taken: verified (the default), or not (`insecure`: a managed Redis whose certificate is self-signed, as Heroku's). */
+export type RedisTls = { insecure?: boolean };
+
+const tlsOf = (t: RedisTarget, tls: RedisTls): RedisOptions => (t.tls && tls.insecure ? { tls: { rejectUnauthorized: false } } : {});
+
 /**
  * A connection. On a cluster it is ioredis's Cluster, which speaks the same commands (scripts, MULTI,
  * blocking reads) as long as each command's keys share a slot: the queue prefix's hash tag sees to it.
  */
-export function createRedis(url: string, name: string, extra: RedisOptions = {}): Redis {
+export function createRedis(url: string, name: string, extra: RedisOptions = {}, tls: RedisTls = {}): Redis {
   const t = parseRedisUrl(url);
-  const options: RedisOptions = { maxRetriesPerRequest: null, connectionName: name, ...extra };
+  const options: RedisOptions = { maxRetriesPerRequest: null, connectionName: name, ...extra, ...tlsOf(t, tls) };
   // one server: ioredis reads the URL itself (every option it knows, query parameters included)
   if (!t.cluster) return new Redis(url, options);
   return new Cluster(t.nodes, { redisOptions: optionsOf(t, options) }) as unknown as Redis;
@@ -82,9 +89,13 @@ export async function scanKeys(redis: Redis, pattern: string): Promise<string[]>
 export class RedisUnreachableError extends Error {
   constructor(url: string, cause: unknown) {
     const safe = redactUrl(url);
+    const code = String((cause as { code?: unknown } | null)?.code ?? '');
+    const untrusted = /CERT|SELF_SIGNED|UNABLE_TO_VERIFY|UNABLE_TO_GET_ISSUER/.test(code);
     super(
       `Redis is not reachable at ${safe} (${(cause as Error)?.message ?? cause}). ` +
-        'Start one (redis-server --daemonize yes) or set REDIS_URL to a reachable server.',
+        (untrusted
+          ? "Its TLS certificate is not one this machine trusts: for a managed Redis whose certificate is self-signed (Heroku's), set SERVICE_REDIS_TLS_INSECURE=1."
+          : 'Start one (redis-server --daemonize yes) or set REDIS_URL to a reachable server.'),
       { cause },
     );
     this.name = 'RedisUnreachableError';
@@ -103,12 +114,21 @@ export function redactUrl(url: string): string {
 }
 
 /** Connects once, without retrying, and answers within `timeoutMs`: start-up must not hang on a dead Redis. */
-export async function probeRedis(url: string, timeoutMs = 2000): Promise<void> {
+export async function probeRedis(url: string, timeoutMs = 2000, tls: RedisTls = {}): Promise<void> {
   // one server of a cluster's list answering is enough to start: the cluster client finds the others
   const t = parseRedisUrl(url);
-  const options: RedisOptions = { lazyConnect: true, connectTimeout: timeoutMs, retryStrategy: () => null, maxRetriesPerRequest: 0, enableOfflineQueue: false };
+  const options: RedisOptions = {
+    lazyConnect: true,
+    connectTimeout: timeoutMs,
+    retryStrategy: () => null,
+    maxRetriesPerRequest: 0,
+    enableOfflineQueue: false,
+    ...tlsOf(t, tls),
+  };
   const probe = t.cluster ? new Redis({ host: t.nodes[0]!.host, port: t.nodes[0]!.port, ...optionsOf(t, options) }) : new Redis(url, options);
-  probe.on('error', () => {}); // reported through the rejected promise below
+  // the connection's own error says why (a certificate refused, a password): the command's says only that it closed
+  let cause: Error | undefined;
+  probe.on('error', (err: Error) => (cause ??= err));
   try {
     await withTimeout(
       probe.connect().then(() => probe.ping()),
@@ -116,7 +136,7 @@ export async function probeRedis(url: string, timeoutMs = 2000): Promise<void> {
       'no answer',
     );
   } catch (err) {
-    throw new RedisUnreachableError(url, err);
+    throw new RedisUnreachableError(url, cause ?? err);
   } finally {
     probe.disconnect();
   }
@@ -142,4 +162,58 @@ export async function withTimeout<T>(p: Promise<T>, ms: number, what: string): P
   } finally {
     clearTimeout(timer);
   }
+}
+
+/** How long a request waits for Redis before it is answered without it. */
+export const REDIS_DEADLINE_MS = 1500;
+/** The Retry-After of a request answered 503 because Redis did not answer. */
+const REDIS_RETRY_AFTER_SECONDS = 5;
+
+/**
+ * Redis work a request cannot be answered without: refused at once (503, Retry-After) while Redis is not
+ * connected, and after REDIS_DEADLINE_MS when it does not answer (a Redis that is connected but stalled),
+ * instead of the request waiting for Redis for as long as it is away. Work already sent may still land
+ * when Redis comes back: `onLate` is given its promise to take back what it claimed.
+ */
+export async function redisOrUnavailable<T>(redis: Redis, what: string, work: () => Promise<T>, onLate?: (late: Promise<T>) => void): Promise<T> {
+  const refused = () => new ServiceUnavailableError(`Redis is not answering (${what}); retry shortly`, REDIS_RETRY_AFTER_SECONDS);
+  if (redis.status !== 'ready') throw refused();
+  const p = work();
+  const first = await withinDeadline(p);
+  if (first !== LATE) return first;
+  onLate?.(p);
+  throw refused();
+}
+
+const LATE = Symbol('late');
+
+/** `work`'s result when it settles within REDIS_DEADLINE_MS (its rejection when it rejects), else LATE; late work's rejection is left handled. */
+async function withinDeadline<T>(work: Promise<T>): Promise<T | typeof LATE> {
+  let timer: NodeJS.Timeout | undefined;
+  const deadline = new Promise<typeof LATE>((resolve) => (timer = setTimeout(() => resolve(LATE), REDIS_DEADLINE_MS)));
+  try {
+    const first = await Promise.race([work, deadline]);
+    if (first === LATE) work.catch(() => undefined);
+    return first;
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/**
+ * Redis work that follows a change already stored: waited for at most REDIS_DEADLINE_MS, then left to
+ * complete when Redis answers (its connection keeps the command, in order). Answers its result, or null
+ * when it failed or was left; never rejects: a failure, then or later, is logged with `about`.
+ */
+export async function afterStored<T>(work: Promise<T>, log: Pick<Logger, 'warn' | 'error'>, about: Record<string, unknown>, what: string): Promise<T | null> {
+  try {
+    const first = await withinDeadline(work);
+    if (first !== LATE) return first;
+  } catch (err) {
+    log.error({ ...about, err: (err as Error).message }, `${what}: not done`);
+    return null;
+  }
+  work.catch((err: Error) => log.error({ ...about, err: err.message }, `${what}: not done`));
+  log.warn(about, `${what}: waits for Redis`);
+  return null;
 }

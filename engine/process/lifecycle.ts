@@ -4,7 +4,8 @@ import { ConfigError, loadConfig, type Config } from '../../config/env.js';
 import { createLogger, type Logger, RedisUnreachableError, wantsPrettyLogs } from '../platform/index.js';
 import { LocalRedisError } from './local-redis.js';
 
-export type Stoppable = { close(): Promise<void> };
+/** close(deadline): the end of the grace period (epoch ms), when the process exits whatever is unfinished. */
+export type Stoppable = { close(deadline: number): Promise<void> };
 
 export async function runMain(name: string, start: (config: Config, log: Logger) => Promise<Stoppable>): Promise<void> {
   let config: Config;
@@ -35,13 +36,14 @@ export async function runMain(name: string, start: (config: Config, log: Logger)
     }
     stopping = true;
     log.info({ signal, grace_seconds: config.shutdownGraceSeconds }, 'shutting down');
-    const deadline = setTimeout(() => {
+    const graceMs = config.shutdownGraceSeconds * 1000;
+    const deadline = Date.now() + graceMs;
+    setTimeout(() => {
       log.error('grace period over: exiting with work unfinished');
       process.exit(1);
-    }, config.shutdownGraceSeconds * 1000);
-    deadline.unref();
+    }, graceMs).unref();
     try {
-      await running.close();
+      await running.close(deadline);
       log.info('stopped cleanly');
       process.exit(0);
     } catch (err) {

@@ -102,6 +102,18 @@ async function checkDataDirOutsideWorkspaces(config: Config): Promise<string> {
   return root;
 }
 
+/**
+ * The data folder (the store, the keys) and the tenants' workspaces are the service's alone: no other user of
+ * the machine may go in. A step writes its workspace as the user the service runs as (root, when it does): a
+ * file it made set-user-id would otherwise be another local user's way to that user.
+ */
+async function keepPrivate(dirs: string[], log: Logger): Promise<void> {
+  for (const dir of dirs)
+    await fs
+      .chmod(dir, 0o700)
+      .catch((err: NodeJS.ErrnoException) => log.warn({ dir, err: err.code ?? err.message }, 'could not make a folder private to the service (mode 700)'));
+}
+
 /** The sandbox of this process, and the start-up rules around it. */
 function openProcessSandbox(config: Config, log: Logger): Sandbox {
   let sandbox: Sandbox;
@@ -126,11 +138,12 @@ function openProcessSandbox(config: Config, log: Logger): Sandbox {
 
 export async function openRuntime(config: Config, log: Logger, opts: RuntimeOptions = {}): Promise<Runtime> {
   const workspaceRoot = await checkDataDirOutsideWorkspaces(config);
-  await probeRedis(config.redisUrl);
+  await keepPrivate([config.dataDir, workspaceRoot], log);
+  await probeRedis(config.redisUrl, undefined, { insecure: config.redisTlsInsecure });
   const sandbox = openProcessSandbox(config, log);
   const closers: (() => Promise<unknown>)[] = [async () => sandbox.close()];
   try {
-    const redis = createRedis(config.redisUrl, `${config.queuePrefix}:main`);
+    const redis = createRedis(config.redisUrl, `${config.queuePrefix}:main`, {}, { insecure: config.redisTlsInsecure });
     redis.on('error', (err) => log.warn({ err: err.message }, 'redis connection error'));
     closers.push(() => redis.quit().catch(() => redis.disconnect()));
     // one INFO at start: a node of a cluster reached by one URL would meet MOVED on most keys (the nodes

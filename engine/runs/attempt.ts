@@ -77,6 +77,15 @@ function unlessStuck<T>(work: Promise<T>, signal: AbortSignal): Promise<T> {
   });
 }
 
+/** The longest start of `text` that is at most `max` bytes of UTF-8, cut between characters. */
+function utf8Prefix(text: string, max: number): string {
+  const bytes = Buffer.from(text, 'utf8');
+  let end = max;
+  // the first byte left out continues a character (10xxxxxx): that character is left out whole
+  while (end > 0 && (bytes[end]! & 0xc0) === 0x80) end--;
+  return bytes.toString('utf8', 0, end);
+}
+
 export type Attempt = ReturnType<typeof startAttempt>;
 
 export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, signal: AbortSignal) {
@@ -194,7 +203,8 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
 
   const stopReason = (): StopReason | undefined => (signal.aborted ? (signal.reason as StopReason) : undefined);
 
-  async function runStep(step: StepRecord): Promise<ToolResult> {
+  /** Runs a step's tool; a step `refused` by its program (its arguments were too large) fails with that, and nothing of it runs. */
+  async function runStep(step: StepRecord, refused?: ErrorInfo): Promise<ToolResult> {
     steps.push(step);
     const started = clock.now();
     step.started_at = started.toISOString();
@@ -202,7 +212,8 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
     emit({ type: 'step.started', data: { index: step.index, tool: step.tool, name: step.name, args: step.args, source: step.source } });
     let result: ToolResult;
     const tool = TOOLS.get(step.tool);
-    if (!run.tool_allowlist.includes(step.tool) || !deps.settings.toolsAllowed.includes(step.tool)) {
+    if (refused) result = { output: {}, error: refused };
+    else if (!run.tool_allowlist.includes(step.tool) || !deps.settings.toolsAllowed.includes(step.tool)) {
       // refused before anything of it runs
       result = {
         output: {},
@@ -276,14 +287,16 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
   }
 
   let attemptStreamed = 0;
-  /** Coalesces output chunks into step.output events (every 50 ms or 16 KB), up to 1 MB a step and 8 MB an attempt. */
+  /** Coalesces output chunks into step.output events (every 50 ms or 16 KB), up to 1 MB a step and 8 MB an attempt (of UTF-8). */
   function outputStreamer(step: StepRecord) {
     const pending: Record<'stdout' | 'stderr', string> = { stdout: '', stderr: '' };
+    let pendingBytes = 0;
     let streamed = 0;
     let flushTimer: NodeJS.Timeout | undefined;
     const flush = () => {
       clearTimeout(flushTimer);
       flushTimer = undefined;
+      pendingBytes = 0;
       for (const stream of ['stdout', 'stderr'] as const) {
         const text = pending[stream];
         if (!text) continue;
@@ -295,11 +308,18 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
       push(stream: 'stdout' | 'stderr', text: string) {
         const room = Math.min(STREAMED_MAX_BYTES - streamed, ATTEMPT_STREAMED_MAX_BYTES - attemptStreamed);
         if (room <= 0) return;
-        const piece = text.length > room ? text.slice(0, room) : text;
-        streamed += piece.length;
-        attemptStreamed += piece.length;
+        let bytes = Buffer.byteLength(text);
+        let piece = text;
+        if (bytes > room) {
+          piece = utf8Prefix(text, room);
+          // the cut takes all the room left, though a shorter character might fit: what streams stays a prefix of the output
+          bytes = room;
+        }
+        streamed += bytes;
+        attemptStreamed += bytes;
         pending[stream] += piece;
-        if (pending.stdout.length + pending.stderr.length >= OUTPUT_FLUSH_BYTES) flush();
+        pendingBytes += bytes;
+        if (pendingBytes >= OUTPUT_FLUSH_BYTES) flush();
         else flushTimer ??= setTimeout(flush, OUTPUT_FLUSH_MS);
       },
       flush,

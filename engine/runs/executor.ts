@@ -22,6 +22,11 @@ function providersOf(run: Run): ConnectionProvider[] {
 /** How many times the settling write is tried before the attempt is left for the reconciler. */
 const SETTLE_TRIES = 4;
 
+/** The signals a platform sends every process of a machine it stops (Heroku's dynos: all of them, children too). */
+const SHUTDOWN_SIGNALS = new Set(['SIGTERM', 'SIGINT', 'SIGHUP']);
+/** How long a step killed by one of them waits to learn whether its worker is shutting down (both signals arrive together). */
+const SHUTDOWN_SIGNAL_WAIT_MS = 500;
+
 /** What runs may act on beyond their workspace: their tenant's sessions, their workspace's gates. */
 export type RunActions = {
   sessionActions?: (run: Run) => SessionActions;
@@ -40,6 +45,22 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
   /** the runs this process executes, from before their start until their end is written (a count: two attempts may overlap) */
   const claimed = new Map<string, number>();
   const model = settings.agent ? modelClientOf(settings.agent) : undefined;
+  /** set when this process starts shutting down (its workers close) */
+  let draining = false;
+  const drainingSoon = async (): Promise<boolean> => {
+    for (const until = Date.now() + SHUTDOWN_SIGNAL_WAIT_MS; !draining && Date.now() < until;) await new Promise((r) => setTimeout(r, 20));
+    return draining;
+  };
+  /**
+   * A step whose process died of a shutdown signal as this worker shut down: the platform stopped the machine
+   * (signalling every process on it), which is a deploy, not the run's failure. Such an attempt goes back to
+   * the queue, as one interrupted at the end of the grace period does.
+   */
+  const cutByShutdown = async (steps: StepRecord[]): Promise<boolean> => {
+    const last = steps.at(-1);
+    const signal = last?.status === 'failed' ? (last.output as { signal?: unknown } | null)?.signal : null;
+    return typeof signal === 'string' && SHUTDOWN_SIGNALS.has(signal) && (await drainingSoon());
+  };
 
   /**
    * A transition whose store write fails is tried again a few times (the work is done; a brief
@@ -147,6 +168,10 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
       if (stop?.status === 'interrupted') {
         return await interrupted(run, stop.error.message, a.close()).finally(a.drained);
       }
+      if (!stop && work.error && (await cutByShutdown(a.steps))) {
+        log.warn({ run_id: runId }, 'a step was killed as the worker shut down; the run goes back to the queue');
+        return await interrupted(run, 'the worker shut down (its machine was stopped)', a.close()).finally(a.drained);
+      }
       const status = stop?.status ?? (work.error ? 'failed' : 'succeeded');
       const error = stop?.error ?? work.error ?? null;
       outcome = {
@@ -191,6 +216,10 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
       const c = inFlight.get(runId);
       c?.abort({ status: 'canceled', error: { code: 'canceled', message: 'canceled while running' } } satisfies StopReason);
       return Boolean(c);
+    },
+    /** This process is shutting down: a step killed by the platform's signal from now on is not the run's failure. */
+    drain(): void {
+      draining = true;
     },
     /** Stops every attempt this process is executing so that another worker runs it again (shutdown). */
     interruptAll(reason: string): number {

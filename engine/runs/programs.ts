@@ -2,7 +2,7 @@
 // a vibe run does either on a scratch copy of its workspace and keeps the diff. Each program says how
 // the work ended; the executor turns that into the run's transition.
 import { AppError, type ErrorInfo, type Run, type VibeGates } from '../platform/index.js';
-import { TOOLS } from '../tools/index.js';
+import { TOOLS, ToolError } from '../tools/index.js';
 import { AgentError, runAgent, type ModelClient } from './agent.js';
 import type { Attempt, StopReason } from './attempt.js';
 import type { Scratch } from './workspace.js';
@@ -13,14 +13,30 @@ export type WorkOutcome = { summary: string; error?: ErrorInfo; result?: Run['re
 const WHOLE_REFERENCE = /^\$\{([a-z_][\w.|]*)\}$/i;
 const REFERENCE = /\$\{([a-z_][\w.|]*)\}/gi;
 
-/** `a.b.c`, or alternatives `a.b|c.d`: the first that is set (not absent, null or empty). */
+/**
+ * `a.b.c`, or alternatives `a.b|c.d`: the first that is set (not absent, null or empty). Only a value's
+ * own fields are read: `constructor` or `__proto__` name nothing that the value does not hold itself.
+ */
 function lookup(scope: Record<string, unknown>, ref: string): unknown {
   for (const alternative of ref.split('|')) {
     let v: unknown = scope;
-    for (const key of alternative.split('.')) v = v && typeof v === 'object' ? (v as Record<string, unknown>)[key] : undefined;
+    for (const key of alternative.split('.')) v = v && typeof v === 'object' && Object.hasOwn(v, key) ? (v as Record<string, unknown>)[key] : undefined;
     if (v !== undefined && v !== null && v !== '') return v;
   }
   return undefined;
+}
+
+/**
+ * How large a step's arguments may grow with what their references bring in (as JSON, in bytes): a
+ * step's arguments go whole into its step.started event, its record and every answer about it, and a
+ * reference repeated many times would otherwise multiply a run's inputs into all three.
+ */
+export const STEP_ARGS_MAX_BYTES = 1024 * 1024;
+
+/** Takes `bytes` from what is left of the arguments' room; throws `args-too-large` once it is used up. */
+function spend(room: { left: number }, bytes: number): void {
+  room.left -= bytes;
+  if (room.left < 0) throw new ToolError('args-too-large', `what the references bring in makes more than ${STEP_ARGS_MAX_BYTES} bytes (1 MB) of JSON`);
 }
 
 /**
@@ -28,20 +44,49 @@ function lookup(scope: Record<string, unknown>, ref: string): unknown {
  * `${inputs.event.subject}` becomes that value (an empty string when it is absent; `${a|b}` takes the
  * first of a and b that is set); an argument that is
  * one reference alone takes the value itself (a number stays a number). What a trigger brings (a
- * webhook's event) and what earlier steps made reach a step this way.
+ * webhook's event) and what earlier steps made reach a step this way. What would be more than
+ * STEP_ARGS_MAX_BYTES of JSON is refused before it is made: a ToolError `args-too-large`.
  */
 export function interpolate(value: unknown, scope: Record<string, unknown>): unknown {
+  return expand(value, scope, { left: STEP_ARGS_MAX_BYTES });
+}
+
+/**
+ * What `interpolate` does, counting the size of the JSON of what it makes (escapes aside) as it goes,
+ * so that arguments past the room are refused before they are made.
+ */
+function expand(value: unknown, scope: Record<string, unknown>, room: { left: number }): unknown {
   if (typeof value === 'string') {
     const whole = WHOLE_REFERENCE.exec(value);
-    if (whole) return lookup(scope, whole[1]!) ?? '';
-    return value.replace(REFERENCE, (_, ref: string) => {
+    if (whole) {
+      const v = lookup(scope, whole[1]!) ?? '';
+      spend(room, typeof v === 'string' ? Buffer.byteLength(v) + 2 : Buffer.byteLength(JSON.stringify(v)));
+      return v;
+    }
+    spend(room, Buffer.byteLength(value) + 2);
+    return value.replace(REFERENCE, (reference: string, ref: string) => {
       const v = lookup(scope, ref);
-      if (v === undefined || v === null) return '';
-      return typeof v === 'string' ? v : JSON.stringify(v);
+      const text = v === undefined || v === null ? '' : typeof v === 'string' ? v : JSON.stringify(v);
+      // a reference is ASCII: its length is its size
+      spend(room, Buffer.byteLength(text) - reference.length);
+      return text;
     });
   }
-  if (Array.isArray(value)) return value.map((v) => interpolate(v, scope));
-  if (value && typeof value === 'object') return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, interpolate(v, scope)]));
+  if (Array.isArray(value)) {
+    spend(room, Math.max(2, 1 + value.length));
+    return value.map((v) => expand(v, scope, room));
+  }
+  if (value && typeof value === 'object') {
+    const entries = Object.entries(value);
+    spend(room, Math.max(2, 1 + entries.length));
+    return Object.fromEntries(
+      entries.map(([k, v]) => {
+        spend(room, Buffer.byteLength(k) + 3);
+        return [k, expand(v, scope, room)];
+      }),
+    );
+  }
+  spend(room, String(value).length);
   return value;
 }
 
@@ -56,6 +101,16 @@ export function holds(condition: string, scope: Record<string, unknown>): boolea
   return !(v === undefined || v === null || v === '' || v === false || v === 0 || v === 'false' || v === '0' || v === 'null');
 }
 
+/** What a step's `if` or arguments make of their references, or why that was refused (`args-too-large`). */
+function expanded<T>(what: 'if' | 'args', make: () => T): T | ToolError {
+  try {
+    return make();
+  } catch (err) {
+    if (err instanceof ToolError) return new ToolError(err.code, `${what}: ${err.message}`);
+    throw err;
+  }
+}
+
 const stepsLeft = (a: Attempt) => (a.run.budget.max_steps === undefined ? undefined : a.run.budget.max_steps - a.usage.steps);
 
 /** The agent loop towards a goal, as a program or as a plan's `agent` step. */
@@ -68,15 +123,18 @@ export type AgentLoop = (a: Attempt, goal: string) => Promise<WorkOutcome>;
 export function stepsProgram(agent?: AgentLoop) {
   return async (a: Attempt): Promise<WorkOutcome> => {
     const plan = a.run.plan ?? [];
-    const outputs: Record<string, { output: unknown; status: string }> = {};
+    // the steps' own fields alone: a step named `__proto__` is one like any other
+    const outputs: Record<string, { output: unknown; status: string }> = Object.create(null);
     for (const [i, s] of plan.entries()) {
       if (a.signal.aborted) break;
       const scope = { inputs: a.run.inputs, steps: outputs };
       const keep = (output: unknown, status: string) => {
         outputs[String(i)] = { output, status };
-        if (s.name) outputs[s.name] = outputs[String(i)]!;
+        // a name of digits alone would hide the step at that place: `steps.0` is always the first step
+        if (s.name && !/^\d+$/.test(s.name)) outputs[s.name] = outputs[String(i)]!;
       };
-      if (s.if !== undefined && !holds(s.if, scope)) {
+      const runs = s.if === undefined || expanded('if', () => holds(s.if!, scope));
+      if (runs === false) {
         keep(null, 'skipped');
         a.skipStep(a.newStep({ tool: s.tool, args: s.args ?? {}, name: s.name ?? null, source: 'plan' }));
         continue;
@@ -85,7 +143,13 @@ export function stepsProgram(agent?: AgentLoop) {
       if (left !== undefined && left <= 0) {
         return { summary: '', error: { code: 'max-steps-reached', message: `max_steps (${a.run.budget.max_steps}) reached before step ${i}` } };
       }
-      const args = interpolate(s.args ?? {}, scope) as Record<string, unknown>;
+      const args = runs instanceof ToolError ? runs : expanded('args', () => interpolate(s.args ?? {}, scope) as Record<string, unknown>);
+      if (args instanceof ToolError) {
+        // refused before anything of it runs; its record keeps its arguments as the plan wrote them
+        const step = a.newStep({ tool: s.tool, args: s.args ?? {}, name: s.name ?? null, source: 'plan' });
+        keep((await a.runStep(step, { code: args.code, message: args.message })).output, step.status);
+        return { summary: '', error: { code: args.code, message: `step ${step.index} (${step.tool}): ${args.message}` } };
+      }
       if (s.tool === 'agent') {
         if (!agent) return { summary: '', error: { code: 'agent-not-configured', message: `step ${i} (agent): no agent endpoint is configured` } };
         const outcome = await agent(a, typeof args.goal === 'string' ? args.goal : '');

@@ -15,6 +15,7 @@ import {
   NotFoundError,
   percentile,
   redisBatch,
+  redisOrUnavailable,
   ServiceUnavailableError,
   ValidationError,
   withTimeout,
@@ -439,10 +440,16 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
         const canceled = await transitions.cancel(run, 'canceled before it started');
         if (canceled) return canceled;
       }
-      // running: tell whichever worker holds it; the key covers a worker that has not subscribed yet
-      await redis.set(cancelKey(prefix, id), '1', 'EX', 24 * 3600);
-      await redis.publish(CANCEL_CHANNEL(prefix), id);
-      return mustGet(tenantId, id);
+      // running: tell whichever worker holds it; the key covers a worker that has not subscribed yet. Without
+      // Redis no worker can be told: a 503 the client retries
+      await redisOrUnavailable(redis, 'asking the worker to stop the run', async () => {
+        await redis.set(cancelKey(prefix, id), '1', 'EX', 24 * 3600);
+        await redis.publish(CANCEL_CHANNEL(prefix), id);
+      });
+      const now = await mustGet(tenantId, id);
+      // it ended on its own meanwhile: the cancel came too late, as for a run found ended above
+      if (isTerminal(now.status) && now.status !== 'canceled') throw new ConflictError(`run ${id} is ${now.status} already`, { status: now.status });
+      return now;
     },
 
     /** Budget and concurrency hints for a tenant: what the studio shows before a run starts. */
@@ -454,15 +461,18 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
           ? Math.min(limits.maxBudgetSeconds, Math.max(30, Math.ceil((percentile(recent, 95) * 1.5) / 1000)))
           : limits.defaultBudgetSeconds;
       }
-      const queueDepths: Record<string, Record<string, number>> = {};
-      for (const q of queues.all()) queueDepths[q.name] = await q.getJobCounts('waiting', 'active', 'delayed', 'prioritized', 'failed', 'completed');
-      const workers = await queues.get('runs').getWorkersCount();
-      return {
-        budget: { default_seconds: limits.defaultBudgetSeconds, max_seconds: limits.maxBudgetSeconds, suggested_seconds: suggested },
-        workers: { count: workers, concurrency_per_worker: settings.workerConcurrency },
-        tenant: { max_running: slots.limit, running: await slots.running(tenantId), waiting: await slots.waiting(tenantId) },
-        queues: queueDepths,
-      };
+      // the queues and the tenant's line live in Redis: without it, a 503 rather than a request held for the outage
+      return redisOrUnavailable(redis, 'reading the queues', async () => {
+        const queueDepths: Record<string, Record<string, number>> = {};
+        for (const q of queues.all()) queueDepths[q.name] = await q.getJobCounts('waiting', 'active', 'delayed', 'prioritized', 'failed', 'completed');
+        const workers = await queues.get('runs').getWorkersCount();
+        return {
+          budget: { default_seconds: limits.defaultBudgetSeconds, max_seconds: limits.maxBudgetSeconds, suggested_seconds: suggested },
+          workers: { count: workers, concurrency_per_worker: settings.workerConcurrency },
+          tenant: { max_running: slots.limit, running: await slots.running(tenantId), waiting: await slots.waiting(tenantId) },
+          queues: queueDepths,
+        };
+      });
     },
 
     /** Offers a queued run to the workers now: its job, delayed because a guard held it (its session was paused), is promoted. */

@@ -10,7 +10,9 @@
 //   running --interrupt-->  queued (attempt + 1): a deploy is not a failure
 import type { Platform } from '../deps.js';
 import {
+  afterStored,
   jobIdOfRun,
+  REDIS_DEADLINE_MS,
   ServiceUnavailableError,
   withTimeout,
   type AttemptRecord,
@@ -24,7 +26,7 @@ import type { TenantSlots } from './concurrency.js';
 import { retryDelayMs } from './retry.js';
 
 /** How long run creation waits for Redis before answering 202 on the strength of the store alone. */
-export const REDIS_DEADLINE_MS = 1500;
+export { REDIS_DEADLINE_MS };
 export const STORE_RETRY_AFTER_SECONDS = 5;
 
 export type RunFinishedHook = (run: Run) => Promise<void>;
@@ -381,11 +383,20 @@ export function transitionsOf(deps: TransitionsDeps) {
         { status: ['queued'] },
       );
       if (!canceled) return null;
-      await queues
-        .get('runs')
-        .remove(jobIdOfRun(run, canceled.attempt))
-        .catch(() => 0);
-      await ended(canceled);
+      // committed: the job's removal and the end's event, slot and hooks are Redis work that a Redis away
+      // holds no longer than REDIS_DEADLINE_MS (they complete when it returns; a job left finds the run ended)
+      await afterStored(
+        Promise.all([
+          queues
+            .get('runs')
+            .remove(jobIdOfRun(run, canceled.attempt))
+            .catch(() => 0),
+          ended(canceled),
+        ]),
+        log,
+        { run_id: run.id },
+        'the end of a canceled run',
+      );
       return canceled;
     },
 

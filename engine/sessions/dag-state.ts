@@ -40,19 +40,22 @@ local function walk(base, queue, ready, upstream)
   end
 end`;
 
-// ARGV[1]: JSON [{id, deps, rule}]. Registers the tasks, satisfies dependencies that already ended,
-// and answers {ready, upstream_failed}.
+// ARGV[1]: JSON [{id, deps, rule}]. Registers the tasks Redis does not know yet (adding one again, as the
+// reconciler does for a task whose registration was cut off, changes nothing it knows), satisfies their
+// dependencies that already ended, and answers {ready, upstream_failed}.
 const ADD = `${WALK}
 local base = KEYS[1]
 local tasks = cjson.decode(ARGV[1])
-local ready, upstream, queue = {}, {}, {}
+local ready, upstream, queue, new = {}, {}, {}, {}
 for _, t in ipairs(tasks) do
-  redis.call('HSET', base .. ':state', t.id, 'pending')
-  redis.call('HSET', base .. ':need', t.id, #t.deps)
-  redis.call('HSET', base .. ':rule', t.id, t.rule)
-  for _, d in ipairs(t.deps) do redis.call('SADD', base .. ':kids:' .. d, t.id) end
+  if redis.call('HSETNX', base .. ':state', t.id, 'pending') == 1 then
+    redis.call('HSET', base .. ':need', t.id, #t.deps)
+    redis.call('HSET', base .. ':rule', t.id, t.rule)
+    for _, d in ipairs(t.deps) do redis.call('SADD', base .. ':kids:' .. d, t.id) end
+    table.insert(new, t)
+  end
 end
-for _, t in ipairs(tasks) do
+for _, t in ipairs(new) do
   if redis.call('HGET', base .. ':state', t.id) == 'pending' then
     for _, d in ipairs(t.deps) do
       local s = redis.call('HGET', base .. ':state', d)

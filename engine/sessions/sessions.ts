@@ -7,11 +7,13 @@ import {
   ValidationError,
   newId,
   NotFoundError,
+  afterStored,
   scopes,
   type AgentRecord,
   type Budget,
   type MessagePart,
   type MessageRecord,
+  type NewEvent,
   type Run,
   type Session,
   type SessionOutcome,
@@ -61,13 +63,17 @@ export function sessionsOf(deps: SessionsDeps) {
     return session;
   }
 
-  const emit = (s: Session) =>
-    events.append(scopes.sessionTrace(s.id).stream, {
-      type: 'session.updated',
-      tenant_id: s.tenant_id,
-      session_id: s.id,
-      data: { status: s.status, outcome: s.outcome, title: s.title },
-    });
+  /** The event of a change already stored (a session's, a message's): a Redis away holds the caller no longer than its deadline. */
+  const appendStored = async (sessionId: string, event: NewEvent): Promise<void> =>
+    void (await afterStored(
+      events.append(scopes.sessionTrace(sessionId).stream, event),
+      deps.log,
+      { session_id: sessionId, type: event.type },
+      'a session event',
+    ));
+
+  const emit = (s: Session): Promise<void> =>
+    appendStored(s.id, { type: 'session.updated', tenant_id: s.tenant_id, session_id: s.id, data: { status: s.status, outcome: s.outcome, title: s.title } });
 
   async function change(tenantId: string, id: string, changes: Partial<Session>, ifStatusIn: SessionStatus[]): Promise<Session | null> {
     const updated = await store.sessions.update(tenantId, id, { ...changes, updated_at: clock.now().toISOString() }, ifStatusIn);
@@ -130,7 +136,7 @@ export function sessionsOf(deps: SessionsDeps) {
       session_id: session.id,
       created_at: clock.now().toISOString(),
     });
-    await events.append(scopes.sessionTrace(session.id).stream, {
+    await appendStored(session.id, {
       type: 'message.created',
       tenant_id: session.tenant_id,
       session_id: session.id,

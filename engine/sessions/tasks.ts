@@ -14,6 +14,7 @@ import {
   TERMINAL_TASK_STATUSES,
   TaskGraphInvalidError,
   newId,
+  afterStored,
   type AgentRecord,
   type MessageRecord,
   type Run,
@@ -476,9 +477,16 @@ export function tasksOf(deps: TasksDeps) {
         const clashes = records.flatMap((t, i) => (taken.has(t.id) ? [{ path: `/body/tasks/${i}/id`, message: `task id ${t.id} is used twice` }] : []));
         throw new TaskGraphInvalidError(clashes.map((e) => `${e.path}: ${e.message}`).join('; '), clashes);
       }
-      // appends keep the order they are asked in: all of them in one round trip, not one round trip each
-      await Promise.all(records.map(emit));
-      await apply(session, await dag.add(session.id, records));
+      // appends keep the order they are asked in: all of them in one round trip, not one round trip each.
+      // Stored, the tasks stand: a Redis that does not answer holds the answer no longer than its deadline,
+      // and the reconciler registers what it never took
+      const registered = await afterStored(
+        Promise.all([Promise.all(records.map(emit)), dag.add(session.id, records)]),
+        log,
+        { session_id: session.id },
+        'registering new tasks (the reconciler registers what Redis never took)',
+      );
+      if (registered) await apply(session, registered[1]);
       // held by a pause that a resume, listing the tasks before these were stored, has ended since: started now
       if (session.status === 'paused') {
         const now = await store.sessions.get(session.tenant_id, session.id);
@@ -568,12 +576,20 @@ export function tasksOf(deps: TasksDeps) {
       }
       for await (const t of stale('pending', before))
         await repair(t, async () => {
-          if ((await dag.stateOf(t.session_id, t.id)) !== 'queued') return;
+          const state = await dag.stateOf(t.session_id, t.id);
+          if (state !== 'queued' && state !== null) return;
           const session = await store.sessions.get(t.tenant_id, t.session_id);
-          if (!session) return;
-          await dispatch(session, t.id);
+          if (!session || session.status === 'archived') return;
+          if (state === null) {
+            // stored, never registered (its request's Redis work was cut off): registered now, and what that makes ready starts
+            const change = await dag.add(t.session_id, [t]);
+            await apply(session, change);
+            started += change.ready.length;
+          } else {
+            await dispatch(session, t.id);
+            started++;
+          }
           await deps.recount(t.tenant_id, t.session_id);
-          started++;
         });
       // an answer whose continuation was lost with its process
       for await (const t of stale('input_required', before))

@@ -1,5 +1,6 @@
 // Runs one command to its end in the sandbox: its own process group (an abort or a timeout kills it
 // and everything it started), the last bytes of its output kept, output streamed as it comes.
+import { StringDecoder } from 'node:string_decoder';
 import type { Sandbox, SandboxSpawnOptions } from './sandbox.js';
 import { TailBuffer } from './tool.js';
 
@@ -33,14 +34,16 @@ export async function runProcess(
   const { child } = proc;
   const stdout = new TailBuffer(opts.maxBytes);
   const stderr = new TailBuffer(opts.maxBytes);
-  child.stdout!.on('data', (d: Buffer) => {
-    stdout.push(d);
-    opts.onOutput?.('stdout', d.toString('utf8'));
-  });
-  child.stderr!.on('data', (d: Buffer) => {
-    stderr.push(d);
-    opts.onOutput?.('stderr', d.toString('utf8'));
-  });
+  // a character split between two chunks of a pipe streams whole, with the later chunk
+  const decoders = { stdout: new StringDecoder('utf8'), stderr: new StringDecoder('utf8') };
+  const stream = (name: 'stdout' | 'stderr', tail: TailBuffer) =>
+    child[name]!.on('data', (d: Buffer) => {
+      tail.push(d);
+      const text = decoders[name].write(d);
+      if (text) opts.onOutput?.(name, text);
+    });
+  stream('stdout', stdout);
+  stream('stderr', stderr);
   let killTimer: NodeJS.Timeout | undefined;
   let timedOut = false;
   const stop = () => {
@@ -77,6 +80,11 @@ export async function runProcess(
       });
       child.once('close', (c: number | null, s: NodeJS.Signals | null) => resolve({ code: c, signal: s }));
     });
+    // what the output ended with that is not a whole character
+    for (const stream of ['stdout', 'stderr'] as const) {
+      const rest = decoders[stream].end();
+      if (rest) opts.onOutput?.(stream, rest);
+    }
     return {
       exit_code: code,
       signal,

@@ -125,6 +125,9 @@ async function checkout(args: Record<string, unknown>, ctx: ToolContext): Promis
       [
         `[http ${quote(`${access.web_url}/`)}]`,
         `\textraHeader = ${quote(header)}`,
+        // the code host's address was checked, a redirect's never is: none is followed (a renamed repository is named anew)
+        '[http]',
+        '\tfollowRedirects = false',
         '[core]',
         '\thooksPath = /dev/null',
         '\tfsmonitor = false',

@@ -8,10 +8,11 @@
 // seconds, address space, file size and open files through prlimit inside the sandbox, and the number
 // of processes through a pids cgroup when one can be made (RLIMIT_NPROC does not hold for a sandbox
 // whose outside user is root).
-import { spawn, type ChildProcess } from 'node:child_process';
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { OutsideError, type Logger } from '../platform/index.js';
+import { ToolError } from './tool-error.js';
 
 export type SandboxKind = 'bwrap' | 'none';
 
@@ -98,6 +99,18 @@ export function which(name: string, pathVar: string | undefined): string | null 
 }
 
 /** The processes a step may have, by a pids cgroup of its own: v2 (unified) or v1 (pids controller). */
+/** The options this bubblewrap takes, read from its --help (older ones lack --size and --disable-userns). */
+function optionsOf(bwrap: string): Set<string> {
+  const help = spawnSync(bwrap, ['--help'], { encoding: 'utf8', timeout: 5000 });
+  return new Set(`${help.stdout ?? ''}${help.stderr ?? ''}`.match(/--[a-z][a-z-]*/g) ?? []);
+}
+
+/** The prefix's folder of step groups, made if it is not there; on cgroup v2 its children may limit pids. */
+function prepareCgroupRoot(root: string): void {
+  fs.mkdirSync(root, { recursive: true });
+  if (fs.existsSync(path.join(path.dirname(root), 'cgroup.controllers'))) fs.writeFileSync(path.join(root, 'cgroup.subtree_control'), '+pids');
+}
+
 function pidsCgroupRoot(prefix: string): string | null {
   const candidates = [
     { base: '/sys/fs/cgroup', marker: 'cgroup.controllers', v2: true },
@@ -109,8 +122,7 @@ function pidsCgroupRoot(prefix: string): string | null {
       if (c.v2 && !fs.readFileSync(path.join(c.base, c.marker), 'utf8').split(/\s+/).includes('pids')) continue;
       if (!c.v2 && !fs.existsSync(c.base)) continue;
       const root = path.join(c.base, `${prefix}-sandbox`);
-      fs.mkdirSync(root, { recursive: true });
-      if (c.v2) fs.writeFileSync(path.join(root, 'cgroup.subtree_control'), '+pids');
+      prepareCgroupRoot(root);
       // a probe: a child group whose limit can be written
       const probe = path.join(root, 'probe');
       fs.mkdirSync(probe, { recursive: true });
@@ -189,6 +201,13 @@ let stepCounter = 0;
 
 export function bwrapSandbox(opts: { bwrap: string; prlimit: string; limits: SandboxLimits; prefix: string; log: Logger }): Sandbox {
   const secrets = etcSecrets();
+  const supports = optionsOf(opts.bwrap);
+  const missing = ['--size', '--disable-userns'].filter((o) => !supports.has(o));
+  if (missing.length)
+    opts.log.warn(
+      { missing },
+      'this bubblewrap is older than 0.8: steps’ /tmp is not bounded, or steps may make user namespaces (install bubblewrap 0.8 or later)',
+    );
   const cgroupRoot = pidsCgroupRoot(opts.prefix);
   const isRoot = process.getuid?.() === 0;
   const processLimit = cgroupRoot ? 'cgroup' : isRoot ? 'none' : 'rlimit';
@@ -214,10 +233,22 @@ export function bwrapSandbox(opts: { bwrap: string; prlimit: string; limits: San
     ...secrets.dirs.flatMap((d) => ['--tmpfs', d]),
     '--proc',
     '/proc',
+    // the kernel's settings are the host's: read-only, whatever user the step is to the host (as root, bwrap's
+    // user inside is root outside, and would write core_pattern: the host's root running the tenant's code)
+    '--ro-bind',
+    '/proc/sys',
+    '/proc/sys',
+    '--ro-bind-try',
+    '/proc/sysrq-trigger',
+    '/proc/sysrq-trigger',
     '--dev',
     '/dev',
+    // /tmp is memory: it holds no more than the largest file a step may write
+    ...(supports.has('--size') ? ['--size', String(opts.limits.fileSizeMb * 1024 * 1024)] : []),
     '--tmpfs',
     '/tmp',
+    // no user namespace of its own inside (unshare -Ur made a root of it)
+    ...(supports.has('--disable-userns') ? ['--disable-userns'] : []),
     '--die-with-parent',
     '--new-session',
     '--clearenv',
@@ -233,9 +264,10 @@ export function bwrapSandbox(opts: { bwrap: string; prlimit: string; limits: San
         const mine = `step-${process.pid}-`;
         for (const d of fs.readdirSync(cgroupRoot, { withFileTypes: true }))
           if (d.isDirectory() && d.name.startsWith(mine)) fs.rmdirSync(path.join(cgroupRoot, d.name));
-        fs.rmdirSync(cgroupRoot);
+        // the prefix's own folder stays: another process of the prefix (a web and a worker, the next one of a
+        // rolling deploy) may be making its steps' groups in it right now
       } catch {
-        // a step still running elsewhere in this prefix keeps it
+        // a step still running keeps its group
       }
     },
     spawn(argv, o) {
@@ -271,12 +303,23 @@ export function bwrapSandbox(opts: { bwrap: string; prlimit: string; limits: San
       let group: string | null = null;
       if (cgroupRoot) {
         group = path.join(cgroupRoot, `step-${process.pid}-${++stepCounter}`);
+        const make = () => {
+          fs.mkdirSync(group!);
+          fs.writeFileSync(path.join(group!, 'pids.max'), String(opts.limits.processes));
+        };
         try {
-          fs.mkdirSync(group);
-          fs.writeFileSync(path.join(group, 'pids.max'), String(opts.limits.processes));
+          try {
+            make();
+          } catch {
+            // the prefix's folder made again if it went (removed by hand, or by a process of an older version)
+            prepareCgroupRoot(cgroupRoot);
+            make();
+          }
         } catch (err) {
-          opts.log.warn({ err: (err as Error).message }, 'a step’s pids cgroup could not be made');
-          group = null;
+          // the process limit was there at start: no step runs without it
+          for (const fd of fds) fs.closeSync(fd);
+          opts.log.error({ err: (err as Error).message }, 'a step’s pids cgroup could not be made: the step is refused');
+          throw new ToolError('sandbox-unavailable', 'the sandbox could not limit the step’s processes; the operator is told in the log');
         }
       }
       // the first process joins the step's cgroup, then becomes bwrap: every process of the step is counted

@@ -2,6 +2,7 @@
 // sees. Tools get the run's workspace, an AbortSignal (budget and cancel) and a way to stream output.
 import type { AuditLayer, AuditPhase, AuditReport, ConnectionProvider, ErrorInfo, GateRunRecord } from '../platform/index.js';
 import type { Sandbox } from './sandbox.js';
+import { ToolError } from './tool-error.js';
 
 export type ToolContext = {
   workspace: string;
@@ -96,16 +97,7 @@ export type Tool = {
   execute(args: Record<string, unknown>, ctx: ToolContext): Promise<ToolResult>;
 };
 
-/** A step that failed for a reason the caller can act on; `code` is stable. */
-export class ToolError extends Error {
-  constructor(
-    readonly code: string,
-    message: string,
-  ) {
-    super(message);
-    this.name = 'ToolError';
-  }
-}
+export { ToolError };
 
 export function stringArg(args: Record<string, unknown>, name: string, required = true): string {
   const v = args[name];
@@ -136,7 +128,12 @@ export class TailBuffer {
       this.truncated = true;
     }
   }
+  /** The bytes kept, as text; once the start was dropped, from the first whole character on. */
   text(): string {
-    return Buffer.concat(this.chunks).toString('utf8');
+    const kept = Buffer.concat(this.chunks);
+    let start = 0;
+    // a UTF-8 character is at most 4 bytes: at most 3 of its continuation bytes (10xxxxxx) lead
+    if (this.truncated) while (start < 3 && start < kept.length && (kept[start]! & 0xc0) === 0x80) start++;
+    return kept.toString('utf8', start);
   }
 }

@@ -63,65 +63,133 @@ function mpegFrames(b: Buffer): boolean {
 export type WholeUpload = { size: number; tail: Buffer };
 
 /**
- * Seconds of audio when the header says (WAV, FLAC, Ogg Opus/Vorbis); null when only decoding would tell.
- * `head` is the upload's first bytes. Without `whole` the upload is still arriving: a WAV whose data is
- * not all here yet is not truncated, and an Ogg's length (its last page tells) is not known yet. Throws
- * on a broken WAV or FLAC.
+ * Seconds of audio when the header says (FLAC, Ogg Opus/Vorbis); null when only decoding would tell. `head`
+ * is the upload's first bytes. Without `whole` the upload is still arriving: an Ogg's length (its last page
+ * tells) is not known yet. Throws on a broken FLAC. A WAV is measured by `WavLength` as it arrives.
  */
-export function durationOf(format: AudioFormat, head: Buffer, whole?: WholeUpload): number | null {
-  if (format === 'wav') return wavDuration(head, whole);
+export function durationOf(format: Exclude<AudioFormat, 'wav'>, head: Buffer, whole?: WholeUpload): number | null {
   if (format === 'flac') return flacDuration(head);
   if (format === 'ogg') return whole ? oggDuration(head, whole.tail) : null;
   return null;
 }
 
+/** WAVE_FORMAT_EXTENSIBLE's sub-format GUIDs after their first four bytes, which hold the codec's format tag. */
+const WAV_SUBFORMAT_TAIL = Buffer.from('000010008000' + '00aa00389b71', 'hex');
+/** PCM, IEEE float, A-law, µ-law: one block a sample frame, so the byte rate is the sample rate times the block. */
+const WAV_LINEAR = new Set([1, 3, 6, 7]);
+const WAV_MS_ADPCM = 2;
+const WAV_IMA_ADPCM = 0x11;
+
 /**
- * The bytes a second of a WAV's data holds, checked against the format's other fields: a header whose
- * byte rate is a lie (0x7FFFFFFF) would make any length of audio look short.
+ * How many seconds `n` bytes of a WAV's data play, from its fmt chunk's fields; null for a codec whose
+ * length only decoding tells (as MP3's). Never from a compressed format's byte rate: decoders ignore it, so
+ * a raised one (or a PCM byte rate of 0x7FFFFFFF) would make any length of audio look short.
  */
-function wavByteRate(b: Buffer, fmt: number): number {
-  const format = b.readUInt16LE(fmt);
-  const channels = b.readUInt16LE(fmt + 2);
-  const sampleRate = b.readUInt32LE(fmt + 4);
-  const byteRate = b.readUInt32LE(fmt + 8);
-  const blockAlign = b.readUInt16LE(fmt + 12);
-  const bits = b.readUInt16LE(fmt + 14);
+function wavPlaytime(f: Buffer): ((n: number) => number) | null {
+  const format = f.readUInt16LE(0);
+  const channels = f.readUInt16LE(2);
+  const sampleRate = f.readUInt32LE(4);
+  const byteRate = f.readUInt32LE(8);
+  const blockAlign = f.readUInt16LE(12);
+  const bits = f.readUInt16LE(14);
   if (!channels || !sampleRate || !byteRate || !blockAlign) throw broken('the WAV fmt chunk has a zero channel count, sample rate, byte rate or block size');
-  // PCM, float, extensible: the byte rate is the sample rate times the block; compressed: at most 8 bytes a sample a channel
-  const linear = format === 1 || format === 3 || format === 0xfffe;
-  if (linear ? byteRate !== sampleRate * blockAlign || blockAlign !== (channels * bits) / 8 : byteRate > sampleRate * channels * 8)
-    throw broken('the WAV fmt chunk’s byte rate does not agree with its sample rate, channels and sample size');
-  return byteRate;
+  // extensible: the codec is the sub-format's, when the GUID is one of the standard ones
+  const codec = format !== 0xfffe ? format : f.length >= 40 && f.subarray(28, 40).equals(WAV_SUBFORMAT_TAIL) ? f.readUInt32LE(24) : null;
+  if (codec !== null && WAV_LINEAR.has(codec)) {
+    if (byteRate !== sampleRate * blockAlign || blockAlign !== (channels * bits) / 8)
+      throw broken('the WAV fmt chunk’s byte rate does not agree with its sample rate, channels and sample size');
+    return (n) => n / byteRate;
+  }
+  // ADPCM: each block decodes to as many samples as its size, the channels and the bits a sample say (as ffmpeg counts them)
+  let perBlock = 0;
+  if (codec === WAV_IMA_ADPCM) {
+    if (bits < 2 || bits > 5 || blockAlign <= 4 * channels) throw broken('the WAV fmt chunk’s IMA ADPCM block size or sample size is not valid');
+    perBlock = 1 + Math.floor(((blockAlign - 4 * channels) * 8) / (bits * channels));
+  } else if (codec === WAV_MS_ADPCM) {
+    if (blockAlign <= 7 * channels) throw broken('the WAV fmt chunk’s MS ADPCM block size is not valid');
+    perBlock = 2 + Math.floor(((blockAlign - 7 * channels) * 2) / channels);
+  }
+  if (!perBlock) return null;
+  return (n) => (Math.ceil(n / blockAlign) * perBlock) / sampleRate;
 }
 
-function wavDuration(b: Buffer, whole: WholeUpload | undefined): number | null {
-  const partial = !whole || b.length < whole.size;
-  let byteRate = 0;
-  for (let at = 12; at + 8 <= b.length;) {
-    const id = b.toString('latin1', at, at + 4);
-    const size = b.readUInt32LE(at + 4);
-    if (id === 'fmt ') {
-      if (size < 16 || at + 8 + 16 > b.length) {
-        if (partial && size >= 16) return null;
-        throw broken('the WAV fmt chunk is truncated');
+/** The fmt chunk's bytes read: the 16 every format has, and an extensible one's sub-format. */
+const WAV_FMT_BYTES = 40;
+/** Chunk ids as a little-endian number reads them: a file of empty chunks is millions of them. */
+const FMT_ID = 0x20746d66;
+const DATA_ID = 0x61746164;
+
+/**
+ * A WAV's length, followed as its bytes arrive: only each chunk's 8-byte header and the fmt chunk's fields are
+ * kept, so metadata of any size before the data (a JUNK chunk of megabytes) is stepped over. Every data
+ * chunk counts, as decoders play them all. Throws on a broken fmt chunk or data before it.
+ */
+export class WavLength {
+  /** whether a data chunk's header has arrived */
+  found = false;
+  /** where the next chunk's header starts */
+  private next = 12;
+  private received = 0;
+  /** the bytes from `next` on that have arrived, while fewer than a header (or the fmt fields) */
+  private kept = Buffer.alloc(0);
+  /** undefined until the fmt chunk is read */
+  private playtime: ((n: number) => number) | null | undefined;
+  /** bytes the data chunks of known size hold */
+  private dataBytes = 0;
+  /** the last data chunk of known size: where its bytes start, how many it promises */
+  private last = { at: 0, size: 0 };
+  /** where a data chunk of unknown size starts (a recorder that streamed its WAV): the rest of the file is audio */
+  private restAt = -1;
+
+  push(chunk: Buffer): void {
+    const from = this.received;
+    this.received += chunk.length;
+    if (this.restAt >= 0) return;
+    const b = this.kept.length ? Buffer.concat([this.kept, chunk]) : chunk.subarray(Math.max(0, this.next - from));
+    let at = 0;
+    while (b.length - at >= 8) {
+      const id = b.readUInt32LE(at);
+      const size = b.readUInt32LE(at + 4);
+      if (id === FMT_ID && this.playtime === undefined) {
+        if (size < 16) throw broken('the WAV fmt chunk is truncated');
+        const fields = Math.min(size, WAV_FMT_BYTES);
+        if (b.length - at < 8 + fields) break;
+        this.playtime = wavPlaytime(b.subarray(at + 8, at + 8 + fields));
+      } else if (id === DATA_ID) {
+        if (this.playtime === undefined) throw broken('the WAV file has no usable fmt chunk before its data');
+        this.found = true;
+        if (size === 0 || size === 0xffffffff) {
+          this.restAt = this.next + 8;
+          return;
+        }
+        this.dataBytes += size;
+        this.last = { at: this.next + 8, size };
       }
-      byteRate = wavByteRate(b, at + 8);
-    } else if (id === 'data') {
-      if (!byteRate) throw broken('the WAV file has no usable fmt chunk before its data');
-      // a recorder that streamed its WAV may leave the size unknown (0 or 0xFFFFFFFF): the rest of the file is the data
-      const unknown = size === 0 || size === 0xffffffff;
-      if (!whole) return unknown ? null : size / byteRate;
-      const available = whole.size - at - 8;
-      const dataSize = unknown ? available : size;
-      if (dataSize > available) throw broken(`the WAV file is truncated: its header promises ${dataSize} bytes of audio, ${available} arrived`);
-      if (dataSize === 0) throw broken('the WAV file holds no audio');
-      return dataSize / byteRate;
+      const step = 8 + size + (size % 2);
+      this.next += step;
+      at += step;
     }
-    at += 8 + size + (size % 2);
+    // a copy: the few bytes kept must not hold on to the whole chunk
+    this.kept = at < b.length ? Buffer.from(b.subarray(at)) : Buffer.alloc(0);
   }
-  // the chunks before the data outran the head: only decoding would tell
-  if (partial) return null;
-  throw broken('the WAV file is truncated: no data chunk');
+
+  /**
+   * Seconds the data plays. With `size` (the upload has all arrived, and every byte was pushed) exactly, and
+   * throws on a truncated file; before, at least this many (the data declared so far). Null before the first
+   * data chunk's header, or for a codec only decoding measures.
+   */
+  seconds(size?: number): number | null {
+    let bytes = this.dataBytes;
+    if (this.restAt >= 0) bytes += Math.max(0, (size ?? this.received) - this.restAt);
+    if (size !== undefined) {
+      if (!this.found) throw broken(this.playtime === undefined ? 'the WAV file is truncated: no fmt chunk' : 'the WAV file is truncated: no data chunk');
+      const available = size - this.last.at;
+      if (this.restAt < 0 && this.last.size > available)
+        throw broken(`the WAV file is truncated: its header promises ${this.last.size} bytes of audio, ${available} arrived`);
+      if (!bytes) throw broken('the WAV file holds no audio');
+    }
+    return this.found && this.playtime ? this.playtime(bytes) : null;
+  }
 }
 
 function flacDuration(b: Buffer): number | null {

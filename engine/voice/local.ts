@@ -150,7 +150,7 @@ export function localTranscriber(s: LocalTranscriberSettings): Transcriber {
     }
   }
 
-  return { name: 'local', model: LOCAL_MODEL, transcribe };
+  return { name: 'local', model: LOCAL_MODEL, streams: false, transcribe };
 }
 
 function ended(caller: AbortSignal, timeoutMs: number): Error {

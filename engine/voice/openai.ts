@@ -24,6 +24,8 @@ export type OpenAiTranscriberSettings = {
 const DEFAULT_TIMEOUT_MS = 60_000;
 const DEFAULT_MAX_RETRY_DELAY_MS = 10_000;
 const DEFAULT_RETRY_DELAY_MS = 1_000;
+/** The largest answer read: a transcript of 25 MB of audio, segments and all, is far smaller. */
+const MAX_ANSWER_BYTES = 10 * 1024 * 1024;
 
 type VerboseJson = {
   text?: unknown;
@@ -75,6 +77,7 @@ export function openAiTranscriber(s: OpenAiTranscriberSettings): Transcriber {
         return new TranscriptionFailedError('transcription-timeout', `the transcription provider did not answer within ${timeoutMs} ms`);
       if (opts.signal.aborted) return err as Error;
       if (audio.failure) return audio.failure;
+      if (err instanceof TranscriptionFailedError) return err;
       return new TranscriptionFailedError('transcription-provider-error', 'the transcription provider could not be reached', { cause: (err as Error).name });
     };
     try {
@@ -110,17 +113,18 @@ export function openAiTranscriber(s: OpenAiTranscriberSettings): Transcriber {
     }
   }
 
-  return { name: 'openai', model: s.model, transcribe };
+  return { name: 'openai', model: s.model, streams: true, transcribe };
 }
 
-type Answer = { status: number; retryAfter: string | null; body: string };
+type Answer = { status: number; retryAfter: string | null; body: Buffer };
 
 /** Connections to the provider are kept for the next transcription. */
 const agents = { 'http:': new http.Agent({ keepAlive: true }), 'https:': new https.Agent({ keepAlive: true }) };
 
 /**
  * POSTs `body` as it is produced, with node's own client (fetch would pass each chunk through web
- * streams, which costs more than the transfer). A body that throws breaks the request off.
+ * streams, which costs more than the transfer). A body that throws breaks the request off; an answer
+ * over MAX_ANSWER_BYTES is broken off unread. Nothing in the listeners can throw: the caller decodes.
  */
 function post(url: URL, headers: Record<string, string>, body: AsyncIterable<Buffer>, signal: AbortSignal): Promise<Answer> {
   return new Promise((resolve, reject) => {
@@ -128,13 +132,26 @@ function post(url: URL, headers: Record<string, string>, body: AsyncIterable<Buf
     const source = Readable.from(body);
     const req = client.request(url, { method: 'POST', headers, signal, agent: agents[url.protocol as 'http:' | 'https:'] }, (res) => {
       const chunks: Buffer[] = [];
-      res.on('data', (c: Buffer) => chunks.push(c));
+      let bytes = 0;
+      res.on('data', (c: Buffer) => {
+        bytes += c.length;
+        if (bytes <= MAX_ANSWER_BYTES) {
+          chunks.push(c);
+          return;
+        }
+        chunks.length = 0;
+        source.destroy();
+        res.destroy();
+        reject(
+          new TranscriptionFailedError('transcription-provider-error', `the transcription provider answered more than ${MAX_ANSWER_BYTES / 1024 / 1024} MB`),
+        );
+      });
       res.once('end', () => {
         // an answer before the upload was all sent (a 429, say) ends this transfer: nothing more is taken for it
         source.destroy();
-        resolve({ status: res.statusCode ?? 0, retryAfter: [res.headers['retry-after']].flat()[0] ?? null, body: Buffer.concat(chunks).toString('utf8') });
+        resolve({ status: res.statusCode ?? 0, retryAfter: [res.headers['retry-after']].flat()[0] ?? null, body: Buffer.concat(chunks) });
       });
-      res.once('error', reject);
+      res.on('error', reject);
     });
     req.once('error', reject);
     // a provider may answer before it has read the upload: the answer counts, not the broken pipe
@@ -150,10 +167,10 @@ function retryDelayMs(header: string | null, maxMs: number): number {
   return Math.min(Math.max(0, ms), maxMs);
 }
 
-function parse(body: string): TranscriberResult {
+function parse(body: Buffer): TranscriberResult {
   let json: VerboseJson;
   try {
-    json = JSON.parse(body) as VerboseJson;
+    json = JSON.parse(body.toString('utf8')) as VerboseJson;
   } catch {
     throw new TranscriptionFailedError('transcription-provider-error', 'the transcription provider answered something that is not JSON');
   }

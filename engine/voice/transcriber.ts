@@ -14,5 +14,7 @@ export type TranscriberResult = { text: string; language: string | null; duratio
 export type Transcriber = {
   name: string;
   model: string;
+  /** takes the upload as it arrives (`body()`); otherwise it reads the whole upload once it has passed, and memory holds none of it meanwhile */
+  streams: boolean;
   transcribe(audio: TranscriberAudio, opts: TranscriberOptions): Promise<TranscriberResult>;
 };

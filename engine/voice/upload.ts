@@ -5,8 +5,9 @@
 // gives, and the caller's own): a provider never receives a complete upload that is then refused, and
 // a refused one ends its transfer broken.
 //
-// Memory holds only what the provider has not taken yet. Every byte also goes to a private temporary
-// file, which a retry, a provider that needs a file and the digest read; `discard()` removes it.
+// Memory holds only what a provider that reads the upload as it arrives has not taken yet (nothing for one
+// that reads a file). Every byte also goes to a private temporary file, which a retry, a provider that
+// needs a file and the digest read; `discard()` removes it.
 import { createHash, randomUUID } from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
@@ -15,7 +16,7 @@ import type { Readable } from 'node:stream';
 import { finished } from 'node:stream/promises';
 import { once } from 'node:events';
 import { AudioRejectedError, PayloadTooLargeError, ValidationError } from '../platform/index.js';
-import { AUDIO_MIME, durationOf, sniffAudio, type AudioFormat } from './audio.js';
+import { AUDIO_MIME, durationOf, sniffAudio, WavLength, type AudioFormat } from './audio.js';
 
 /** What the caller learns only once the upload has arrived (a form's fields may follow its file). */
 export type UploadTerms = { language?: string; prompt?: string };
@@ -23,11 +24,13 @@ export type UploadTerms = { language?: string; prompt?: string };
 export type UploadLimits = {
   maxBytes: number;
   maxSeconds: number;
+  /** the provider takes the bytes as they arrive (`body()`): memory holds them until it has; otherwise only the file does */
+  live: boolean;
   /** the caller's checks once every byte is here; what it answers is passed to the provider */
   complete: () => Promise<UploadTerms>;
 };
 
-/** Bytes read before the format is judged: a WAV's fmt and data headers, a FLAC's STREAMINFO. */
+/** Bytes read before the format is judged: a FLAC's STREAMINFO, an Ogg's first page; a WAV is read on to its data chunk's header. */
 const HEAD_BYTES = 64 * 1024;
 /** Fewer bytes than this hold no recording worth a provider's call (a header and a frame or two at most). */
 const MIN_AUDIO_BYTES = 128;
@@ -50,12 +53,14 @@ export class AudioUpload {
   readonly settled: Promise<UploadTerms>;
 
   /** chunks the live reader has not taken; null once nobody reads live */
-  private pending: Buffer[] | null = [];
+  private pending: Buffer[] | null;
   private liveTaken = false;
   /** the first bytes, then the last ones */
   private head: Buffer[] = [];
   private tail: Buffer[] = [];
   private tailBytes = 0;
+  /** a WAV's chunks, followed past the head */
+  private wav: WavLength | null = null;
   private bytes = 0;
   private ended = false;
   private passed = false;
@@ -69,6 +74,7 @@ export class AudioUpload {
     private readonly stream: Readable,
     private readonly limits: UploadLimits,
   ) {
+    this.pending = limits.live ? [] : null;
     this.settled = new Promise<UploadTerms>((resolve, reject) => (this.settle = { resolve, reject }));
     this.spilled = finished(this.spill);
     // a caller that never asks still must not see an unhandled rejection
@@ -175,16 +181,13 @@ export class AudioUpload {
         return;
       }
       let judged = false;
+      // the provider is asked once the head has passed, and a WAV's data header (its length) has arrived
       const judge = () => {
         if (judged) return;
+        if (!this.format) this.judgeHead();
+        if (this.wav && !this.wav.found && !this.ended) return;
         judged = true;
-        try {
-          this.judgeHead();
-          resolve();
-        } catch (err) {
-          this.fail(err as Error);
-          reject(err);
-        }
+        resolve();
       };
       const refuse = (err: Error) => {
         this.fail(err);
@@ -202,17 +205,31 @@ export class AudioUpload {
         }
         this.spill.write(chunk);
         this.pending?.push(chunk);
-        if (!judged) this.head.push(chunk);
         this.keepTail(chunk);
+        try {
+          if (!this.format) this.head.push(chunk);
+          else if (this.wav) {
+            this.wav.push(chunk);
+            this.measured(this.wav.seconds());
+          }
+          if (this.bytes >= HEAD_BYTES) judge();
+        } catch (err) {
+          refuse(err as Error);
+          return;
+        }
         this.notify();
-        if (this.bytes >= HEAD_BYTES) judge();
       });
       this.stream.once('end', () => {
         if (this.failure) return;
         this.ended = true;
         this.spill.end();
-        judge();
-        if (!this.failure) void this.finish();
+        try {
+          judge();
+        } catch (err) {
+          refuse(err as Error);
+          return;
+        }
+        void this.finish();
       });
       this.stream.once('error', (err: Error) => refuse(new ValidationError('the upload broke off', [{ path: '/body', message: err.message }])));
       // a client that went away may end the stream with no error at all
@@ -239,15 +256,24 @@ export class AudioUpload {
     if (!format) throw new AudioRejectedError('unsupported-audio', `the bytes are not audio this service reads (${Object.values(AUDIO_MIME).join(', ')})`);
     if (this.ended && head.length < MIN_AUDIO_BYTES) throw new AudioRejectedError('audio-invalid', `${head.length} bytes are too few to hold audio`);
     this.format = format;
-    this.seconds = durationOf(format, head, this.ended ? { size: this.bytes, tail: head } : undefined);
+    if (format === 'wav') {
+      this.wav = new WavLength();
+      this.wav.push(head);
+      this.measured(this.wav.seconds(this.ended ? this.bytes : undefined));
+    } else this.measured(durationOf(format, head, this.ended ? { size: this.bytes, tail: head } : undefined));
+  }
+
+  /** Takes what the header says of the length, and refuses audio over the limit. */
+  private measured(seconds: number | null): void {
+    if (seconds !== null) this.seconds = seconds;
     if (this.seconds !== null && this.seconds > this.limits.maxSeconds) throw tooLong(this.seconds, this.limits.maxSeconds);
   }
 
   private async finish(): Promise<void> {
     try {
-      const seconds = durationOf(this.format, this.head[0]!, { size: this.bytes, tail: Buffer.concat(this.tail) });
-      if (seconds !== null) this.seconds = seconds;
-      if (this.seconds !== null && this.seconds > this.limits.maxSeconds) throw tooLong(this.seconds, this.limits.maxSeconds);
+      this.measured(
+        this.format === 'wav' ? this.wav!.seconds(this.bytes) : durationOf(this.format, this.head[0]!, { size: this.bytes, tail: Buffer.concat(this.tail) }),
+      );
       const terms = await this.limits.complete();
       this.passed = true;
       this.notify();

@@ -2,12 +2,20 @@
 // per transcription, with sizes and timings, never the text.
 import { performance } from 'node:perf_hooks';
 import type { Readable } from 'node:stream';
-import { AudioRejectedError, TranscriptionNotConfiguredError, type Logger } from '../platform/index.js';
+import { AudioRejectedError, ServiceUnavailableError, TranscriptionNotConfiguredError, type Logger } from '../platform/index.js';
 import { AudioUpload, type UploadTerms } from './upload.js';
 import type { Transcriber } from './transcriber.js';
 
 /** The largest upload taken (the OpenAI API's own limit). */
 export const MAX_AUDIO_BYTES = 25 * 1024 * 1024;
+/**
+ * Uploads a process takes at once, from their first byte to the answer: each keeps a temporary file of up to
+ * 25 MB (and, for a provider that streams, what it has not taken yet in memory). One more is answered 503
+ * with Retry-After before its body is read.
+ */
+const MAX_UPLOADS_AT_ONCE = 32;
+/** What a client refused for that is told to wait: a transcription takes seconds. */
+const BUSY_RETRY_AFTER_SECONDS = 5;
 
 export type VoiceDeps = { log: Logger };
 export type VoiceSettings = {
@@ -15,6 +23,8 @@ export type VoiceSettings = {
   transcriber: Transcriber | null;
   unavailable: string;
   maxSeconds: number;
+  /** uploads taken at once (tests make it small) */
+  maxUploads?: number;
 };
 
 export type Transcription = {
@@ -26,7 +36,13 @@ export type Transcription = {
   model: string;
 };
 
+type TranscribeOptions = { signal: AbortSignal; log?: Logger; complete: () => Promise<UploadTerms>; digest?: boolean };
+type Transcribed = { transcript: Transcription; sha256: string | null };
+
 export function voiceOf(deps: VoiceDeps, settings: VoiceSettings) {
+  const maxUploads = settings.maxUploads ?? MAX_UPLOADS_AT_ONCE;
+  let uploads = 0;
+
   function assertConfigured(): Transcriber {
     if (!settings.transcriber) throw new TranscriptionNotConfiguredError(settings.unavailable);
     return settings.transcriber;
@@ -34,17 +50,29 @@ export function voiceOf(deps: VoiceDeps, settings: VoiceSettings) {
 
   /**
    * Transcribes the audio `stream` carries. What it is and how long it plays is judged from its first
-   * bytes before the provider is asked; the provider then takes it as it arrives. `complete` runs once
+   * bytes before the provider is asked; a provider that streams then takes it as it arrives. `complete` runs once
    * every byte is here (a form's later fields, the caller's own checks) and names the language and prompt.
    * Nothing of the audio is kept after the answer.
    */
-  async function transcribe(
-    tenantId: string,
-    stream: Readable,
-    opts: { signal: AbortSignal; log?: Logger; complete: () => Promise<UploadTerms>; digest?: boolean },
-  ): Promise<{ transcript: Transcription; sha256: string | null }> {
+  async function transcribe(tenantId: string, stream: Readable, opts: TranscribeOptions): Promise<Transcribed> {
     const transcriber = assertConfigured();
-    const upload = await AudioUpload.open(stream, { maxBytes: MAX_AUDIO_BYTES, maxSeconds: settings.maxSeconds, complete: opts.complete });
+    if (uploads >= maxUploads)
+      throw new ServiceUnavailableError(`the service is taking ${maxUploads} uploads already; try again shortly`, BUSY_RETRY_AFTER_SECONDS);
+    uploads++;
+    try {
+      return await transcribeUpload(tenantId, transcriber, stream, opts);
+    } finally {
+      uploads--;
+    }
+  }
+
+  async function transcribeUpload(tenantId: string, transcriber: Transcriber, stream: Readable, opts: TranscribeOptions): Promise<Transcribed> {
+    const upload = await AudioUpload.open(stream, {
+      maxBytes: MAX_AUDIO_BYTES,
+      maxSeconds: settings.maxSeconds,
+      live: transcriber.streams,
+      complete: opts.complete,
+    });
     try {
       const started = performance.now();
       let out;

@@ -3,7 +3,7 @@
 // Attachments are counted, never kept: the event lists their name, type and size.
 import busboy from 'busboy';
 import { Readable } from 'node:stream';
-import { MAX_JSON_DEPTH, nestsDeeperThan, WebhookRejectedError } from '../platform/index.js';
+import { unsafeJson, WebhookRejectedError } from '../platform/index.js';
 
 export type EmailAttachment = { name: string; type: string; size: number };
 
@@ -35,7 +35,8 @@ export async function parseEmail(contentType: string, body: Buffer): Promise<Par
 }
 
 function parseObject(body: Buffer): Record<string, unknown> {
-  if (nestsDeeperThan(body)) throw new WebhookRejectedError('webhook-payload-invalid', `the body nests deeper than ${MAX_JSON_DEPTH} levels`);
+  const unsafe = unsafeJson(body);
+  if (unsafe) throw new WebhookRejectedError('webhook-payload-invalid', unsafe.detail);
   try {
     const v: unknown = JSON.parse(body.toString('utf8'));
     if (v && typeof v === 'object' && !Array.isArray(v)) return v as Record<string, unknown>;

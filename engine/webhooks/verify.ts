@@ -2,7 +2,7 @@
 // the provider's id for it, what must not be seen twice, and the normalized event runs receive.
 // Pure functions over the exact bytes received; every comparison is constant-time.
 import { createHash, createHmac, timingSafeEqual } from 'node:crypto';
-import { MAX_JSON_DEPTH, nestsDeeperThan, WebhookRejectedError, type WebhookProvider } from '../platform/index.js';
+import { unsafeJson, WebhookRejectedError, type WebhookProvider } from '../platform/index.js';
 import { parseEmail } from './email.js';
 
 export type Headers = Record<string, string | string[] | undefined>;
@@ -113,7 +113,8 @@ function str(v: unknown): string | null {
 }
 
 function parseJson(body: Buffer, what = 'the body'): Record<string, unknown> {
-  if (nestsDeeperThan(body)) throw new WebhookRejectedError('webhook-payload-invalid', `${what} nests deeper than ${MAX_JSON_DEPTH} levels`);
+  const unsafe = unsafeJson(body, what);
+  if (unsafe) throw new WebhookRejectedError('webhook-payload-invalid', unsafe.detail);
   let parsed: unknown;
   try {
     parsed = JSON.parse(body.toString('utf8'));

@@ -10,6 +10,8 @@ import {
   AppError,
   newId,
   redisBatch,
+  redisOrUnavailable,
+  afterStored,
   repairJobs,
   type RunTrigger,
   type WebhookDelivery,
@@ -127,8 +129,15 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
    * provider `resends` its retries, which go on as duplicates).
    */
   async function gate(tenantId: string, kind: WebhookProvider, seenKey: string | null, resends: boolean): Promise<boolean> {
-    // a signature stays valid for a window either side of its timestamp: remember it for both
-    const [verdict, ttlMs] = await countThisMinute('rate', tenantId, seenKey, windowOf(kind, windowSeconds) * 2 + 1, resends);
+    // a signature stays valid for a window either side of its timestamp: remember it for both. Without Redis
+    // the delivery is refused (503: the provider sends it again), and a claim Redis takes later is given back,
+    // or the provider's retry would be refused as a replay of a delivery never stored
+    const [verdict, ttlMs] = await redisOrUnavailable(
+      redis,
+      'checking the delivery',
+      () => countThisMinute('rate', tenantId, seenKey, windowOf(kind, windowSeconds) * 2 + 1, resends),
+      (late) => void late.then(([claimed]) => (claimed === 1 && seenKey ? redis.del(seenKey) : 0)).catch(() => undefined),
+    );
     if (verdict === 0) {
       deps.metrics.webhookRequests.inc({ kind, outcome: 'rate-limited' });
       throw new RateLimitedError(
@@ -141,8 +150,9 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
 
   /** Counts a refused request against its tenant's minute of refusals (the same number as the limit); false past it. */
   async function refusalsWithinLimit(tenantId: string): Promise<boolean> {
-    const [verdict] = await countThisMinute('refused', tenantId, null, 0);
-    return verdict !== 0;
+    // without Redis, refusals are answered and not recorded
+    const counted = await redisOrUnavailable(redis, 'counting a refusal', () => countThisMinute('refused', tenantId, null, 0)).catch(() => null);
+    return counted !== null && counted[0] !== 0;
   }
 
   const secretView = (r: WebhookSecretRecord) => ({ kind: r.kind, secret_count: r.sealed.length, created_at: r.created_at, updated_at: r.updated_at });
@@ -297,11 +307,9 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
         return { status: 200, delivery_id: existing.id, body: verified.emptyReply ? undefined : { delivery_id: existing.id, status: 'duplicate' } };
       }
       // stored: from here the delivery will be processed, by this job or by the reconciler
-      try {
-        await enqueue(delivery);
-      } catch (err) {
-        log.warn({ delivery_id: delivery.id, err: (err as Error).message }, 'delivery stored but not queued; the reconciler will queue it');
-      }
+      // stored is accepted: a Redis that stalls since the gate holds the answer no longer than its deadline (the
+      // job, deterministic, lands when Redis does, or the reconciler adds it)
+      await afterStored(enqueue(delivery), log, { delivery_id: delivery.id }, 'queueing a stored delivery (the reconciler queues it otherwise)');
       count('accepted');
       return { status: 200, delivery_id: delivery.id, body: verified.emptyReply ? undefined : { delivery_id: delivery.id, status: 'accepted' } };
     },

@@ -59,6 +59,26 @@ describe('api keys', function () {
     expect(h.logs.join('\n')).not.to.contain(made.key);
   });
 
+  it('revokes the keys made with a key only when asked (cascade=true), all the way down and no further', async () => {
+    const make = async (key: string, label: string) => (await h.call<Body>('POST', '/api/v1/api-keys', { key, body: { label } })).body;
+    const parent = await make(KEYS.a, 'parent');
+    const child = await make(parent.key, 'child');
+    const grandchild = await make(child.key, 'grandchild');
+    const sibling = await make(KEYS.a, 'sibling');
+    expect(child.api_key.created_by).to.equal(`key:${parent.api_key.id}`);
+    const works = async (k: Body) => (await other.call('GET', '/api/v1/runs', { key: k.key })).status === 200;
+    // by default a key's revocation leaves the keys made with it (a rotated admin key must not end the CI keys it made)
+    expect((await h.call('DELETE', `/api/v1/api-keys/${parent.api_key.id}`)).status).to.equal(204);
+    expect([await works(parent), await works(child), await works(grandchild)]).to.deep.equal([false, true, true]);
+    // cascade: the rest of the line goes too, in every process; a key made elsewhere does not
+    expect((await h.call('DELETE', `/api/v1/api-keys/${parent.api_key.id}?cascade=true`)).status).to.equal(204);
+    expect([await works(child), await works(grandchild), await works(sibling)]).to.deep.equal([false, false, true]);
+    const listed = (await h.call<Body>('GET', '/api/v1/api-keys')).body.data as Body[];
+    expect(listed.find((k) => k.id === grandchild.api_key.id)).to.deep.include({ revoked_reason: 'revoked' });
+    expect((await h.call('DELETE', `/api/v1/api-keys/${sibling.api_key.id}?cascade=maybe`)).status, 'a cascade that is not a boolean').to.equal(400);
+    expect(await works(sibling)).to.equal(true);
+  });
+
   it('ends an open event stream once its key is revoked, in another process, before anything more reaches it', async () => {
     const made = (await h.call<Body>('POST', '/api/v1/api-keys', { body: { label: 'watcher' } })).body;
     const session = (await h.call<Body>('POST', '/api/v1/sessions', { body: { title: 'watched' } })).body;
@@ -124,7 +144,7 @@ describe('api keys', function () {
       // tenant-c's key, dropped from the variable, is also revoked on purpose (leaked, say)
       const c = (await onlyA.rt.engine.apiKeys.list('tenant-c')).find((k) => k.source === 'bootstrap')!;
       expect(c.revoked_reason).to.equal('removed from SERVICE_API_KEYS');
-      expect((await onlyA.rt.engine.apiKeys.revoke('tenant-c', c.id)).revoked_reason).to.equal('revoked');
+      expect((await onlyA.rt.engine.apiKeys.revoke('tenant-c', c.id)).key.revoked_reason).to.equal('revoked');
     } finally {
       await onlyA.close();
     }
@@ -195,10 +215,13 @@ describe('api rate limits', function () {
     expect(Number(spentKey.headers.get('retry-after'))).to.be.within(1, 60);
     expect(spentKey.headers.get('ratelimit')).to.match(/^"key";r=0;t=\d+$/);
 
-    // the tenant's budget is shared by its keys: 4 counted so far (a refused request counts too)
+    // a key retrying after its 429s spends nothing more, of its own budget or its tenant's
+    for (let i = 0; i < 5; i++) expect((await h.call('GET', '/api/v1/runs')).status).to.equal(429);
+    // the tenant's budget is shared by its keys: 3 counted so far (the refused requests did not count)
     const viaSecond = await h.call<Body>('GET', '/api/v1/runs', { key: second.key });
     expect(viaSecond.status).to.equal(200);
-    expect(viaSecond.headers.get('ratelimit')).to.match(/^"tenant";r=0;t=/);
+    expect(viaSecond.headers.get('ratelimit')).to.match(/^"tenant";r=1;t=/);
+    expect((await h.call<Body>('GET', '/api/v1/runs', { key: second.key })).headers.get('ratelimit')).to.match(/^"tenant";r=0;t=/);
     const spentTenant = await h.call<Body>('GET', '/api/v1/runs', { key: second.key });
     expect(spentTenant.status).to.equal(429);
     expect(spentTenant.headers.get('ratelimit')).to.match(/^"tenant";r=0;/);

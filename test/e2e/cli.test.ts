@@ -1,7 +1,8 @@
 // The built command-line tool (dist/cli/main.js, as `npx automation-service` runs it) as a child process
 // against a real service: exit codes by run status, output in order, a web restart mid-run that neither
 // loses nor repeats a line, a wrong key, Ctrl-C that cancels, and --json that parses. Also: the built
-// entry points import production dependencies only.
+// entry points import production dependencies only; and, against stub servers, a stream that goes silent,
+// Ctrl-C twice at a terminal, and usage errors that need no service.
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import http from 'node:http';
@@ -17,6 +18,17 @@ import { eventually, KEYS, startHarness, type Harness } from '../support/harness
 type Result = { code: number | null; stdout: string; stderr: string };
 type Child = { done: Promise<Result>; stdout: () => string; signal(s: NodeJS.Signals): void };
 
+/** The built tool as a child process, with only PATH and `env` in its environment. */
+const spawnCli = (args: string[], env: Record<string, string>): Child => {
+  const child = spawn(process.execPath, [CLI, ...args], { env: { PATH: process.env.PATH ?? '', ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  let stdout = '';
+  let stderr = '';
+  child.stdout.on('data', (d) => (stdout += d));
+  child.stderr.on('data', (d) => (stderr += d));
+  const done = new Promise<Result>((resolve) => child.on('close', (code) => resolve({ code, stdout, stderr })));
+  return { done, stdout: () => stdout, signal: (s) => child.kill(s) };
+};
+
 describe('the command-line tool (built) against a service', function () {
   this.timeout(60_000);
   let h: Harness;
@@ -31,18 +43,7 @@ describe('the command-line tool (built) against a service', function () {
     await h?.close();
   });
 
-  const cli = (args: string[], env: Record<string, string> = {}): Child => {
-    const child = spawn(process.execPath, [CLI, ...args], {
-      env: { PATH: process.env.PATH ?? '', SERVICE_URL: h.url, SERVICE_API_KEY: KEYS.a, ...env },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (d) => (stdout += d));
-    child.stderr.on('data', (d) => (stderr += d));
-    const done = new Promise<Result>((resolve) => child.on('close', (code) => resolve({ code, stdout, stderr })));
-    return { done, stdout: () => stdout, signal: (s) => child.kill(s) };
-  };
+  const cli = (args: string[], env: Record<string, string> = {}): Child => spawnCli(args, { SERVICE_URL: h.url, SERVICE_API_KEY: KEYS.a, ...env });
 
   it('a passing run exits 0 with its steps and output in order; a failing one 1; a budget overrun 3', async () => {
     const [ok, failed, over] = await Promise.all([
@@ -203,5 +204,101 @@ describe('the command-line tool (built) against a service', function () {
     };
     walk(path.join(PROJECT_ROOT, 'dist'));
     expect([...missing]).to.deep.equal([]);
+  });
+});
+
+describe('the command-line tool (built) against stub servers', function () {
+  this.timeout(30_000);
+  before(() => builtCli());
+  const servers: http.Server[] = [];
+  afterEach(() => {
+    for (const s of servers.splice(0)) {
+      s.closeAllConnections();
+      s.close();
+    }
+  });
+  const stub = async (handler: http.RequestListener): Promise<string> => {
+    const server = http.createServer(handler);
+    servers.push(server);
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    return `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  };
+  const sse = (res: http.ServerResponse) => res.writeHead(200, { 'content-type': 'text/event-stream' }).flushHeaders();
+  const json = (res: http.ServerResponse, status: number, body: unknown) =>
+    res.writeHead(status, { 'content-type': 'application/json' }).end(JSON.stringify(body));
+  const event = (id: number, type: string, data: Record<string, unknown>) =>
+    `id: ${id}\nevent: ${type}\ndata: ${JSON.stringify({ id: String(id), type, run_id: 'run_x', data })}\n\n`;
+
+  it('--wait reconnects with Last-Event-ID when the stream goes silent, or a reconnect gets no answer, for --idle-timeout', async () => {
+    // a service that froze after one event (or a connection that died without a word), then one that
+    // takes the next connection and never answers it, then the service back
+    const resumedFrom: (string | undefined)[] = [];
+    let streams = 0;
+    const url = await stub((req, res) => {
+      if (req.method === 'POST') return json(res, 202, { run_id: 'run_x', session_id: 'ses_x', status: 'queued' });
+      streams++;
+      resumedFrom.push(req.headers['last-event-id'] as string | undefined);
+      if (streams === 1) {
+        sse(res);
+        res.write(event(1, 'run.started', { attempt: 1, queued_ms: 0 }));
+      } else if (streams === 3) {
+        sse(res);
+        res.end(event(2, 'run.finished', { status: 'succeeded', duration_ms: 5 }));
+      }
+    });
+    const child = spawnCli(['run', '--step', 'shell:true', '--wait', '--idle-timeout', '1', '--url', url], {});
+    // without a deadline the first silence lasts as long as the kernel keeps the connection: minutes
+    const stuck = setTimeout(() => child.signal('SIGKILL'), 15_000);
+    const { code, stdout, stderr } = await child.done;
+    clearTimeout(stuck);
+    expect(code, stdout + stderr).to.equal(0);
+    expect(stdout)
+      .to.match(/run run_x started/)
+      .and.match(/run run_x succeeded/);
+    expect(stderr.match(/event stream dropped: the service sent nothing for 1 s; reconnecting/g)).to.have.length(2);
+    expect(resumedFrom).to.deep.equal([undefined, '1', '1']);
+  });
+
+  it('a second Ctrl-C at the cancel prompt leaves the run going and exits 130', async () => {
+    let cancels = 0;
+    const url = await stub((req, res) => {
+      if (req.url === '/api/v1/runs/run_x/cancel') {
+        cancels++;
+        return json(res, 202, { id: 'run_x', status: 'canceled' });
+      }
+      if (req.url === '/api/v1/runs/run_x') return json(res, 200, { id: 'run_x', session_id: 'ses_x', kind: 'autonomy', status: 'running' });
+      sse(res);
+      res.write(event(1, 'run.started', { attempt: 1, queued_ms: 0 }));
+      const heartbeat = setInterval(() => res.write(': heartbeat\n\n'), 200);
+      req.on('close', () => clearInterval(heartbeat));
+    });
+    // `script` gives the tool a pseudo-terminal: Ctrl-C is a SIGINT, then a key its prompt reads. The shell
+    // between them outlives the first Ctrl-C (its trap) to print the tool's own exit code
+    const cmd = `trap : INT; ${[process.execPath, CLI, 'runs', 'watch', 'run_x', '--url', url].map((a) => `'${a}'`).join(' ')}; echo "exit code $?"`;
+    const child = spawn('script', ['-qfec', cmd, '/dev/null'], { env: { PATH: process.env.PATH ?? '' }, stdio: ['pipe', 'pipe', 'inherit'] });
+    let screen = '';
+    child.stdout.on('data', (d) => (screen += d));
+    const closed = new Promise<number | null>((resolve) => child.on('close', resolve));
+    await eventually(() => screen.includes('run run_x started') || null, 'the run to be followed', 10_000);
+    child.stdin.write('\x03');
+    await eventually(() => screen.includes('cancel run run_x? [y/N]') || null, 'the prompt', 10_000);
+    child.stdin.write('\x03');
+    const stuck = setTimeout(() => child.kill('SIGKILL'), 10_000);
+    await closed;
+    clearTimeout(stuck);
+    expect(screen).to.contain('exit code 130');
+    expect(screen).to.contain('left run run_x running').and.not.contain('AbortError');
+    expect(cancels).to.equal(0);
+  });
+
+  it('refuses a --url that is not http(s) and a bad --input as usage errors (2)', async () => {
+    const [ftp, input] = await Promise.all([
+      spawnCli(['runs', 'list', '--url', 'ftp://127.0.0.1:1'], {}).done,
+      spawnCli(['automations', 'run', 'aut_x', '--input', 'noequals', '--url', 'http://127.0.0.1:1'], {}).done,
+    ]);
+    expect(ftp.code, ftp.stderr).to.equal(2);
+    expect(ftp.stderr).to.contain('must start with http:// or https://');
+    expect(input.code, input.stderr).to.equal(2);
+    expect(input.stderr).to.contain('--input takes name=value, got "noequals"');
   });
 });

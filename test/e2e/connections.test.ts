@@ -103,6 +103,33 @@ describe('connections', function () {
     expect(h.logs.join('')).not.to.contain(wrong);
   });
 
+  it('refuses a credential with a control character, and masks one stored before wherever its library quotes it', async () => {
+    const newline = await create({
+      provider: 'pager',
+      name: 'nl',
+      base_url: fake.pager,
+      credential: 'u+PDkey_ABCDEFGHIJ12345\n',
+      settings: { from: 'a@b.test' },
+    });
+    expect(newline.status, newline.text).to.equal(400);
+    expect(newline.body.errors.map((e: Body) => e.path)).to.deep.equal(['/body/credential']);
+    expect(newline.text).not.to.contain('ABCDEFGHIJ12345');
+    // one stored before the check: node-fetch refuses the header and quotes the token in its error
+    const secret = 'SECRETPART_abcdefgh\nX-Evil: 1';
+    const stored = await h.rt.engine.connections.create('tenant-a', {
+      provider: 'pager',
+      name: 'stored-nl',
+      base_url: fake.pager,
+      credential: secret,
+      settings: { from: 'a@b.test' },
+    });
+    const tested = await h.call<Body>('POST', `/api/v1/connections/${stored.id}/test`);
+    expect(tested.body).to.deep.include({ ok: false });
+    const rotated = await h.call<Body>('PATCH', `/api/v1/connections/${stored.id}`, { body: { credential: 'two\tparts' } });
+    expect(rotated.status, 'a rotation is checked too').to.equal(400);
+    for (const text of [JSON.stringify(tested.body), h.logs.join('')]) expect(text).not.to.contain('abcdefgh');
+  });
+
   it('tries a 5xx and a 429 again as Retry-After says', async () => {
     const gh = (await h.call<Body>('GET', '/api/v1/connections?provider=codehost')).body.data.find((c: Body) => c.name === 'github');
     const slack = (await h.call<Body>('GET', '/api/v1/connections?provider=chat')).body.data.find((c: Body) => c.name === 'slack');
@@ -173,6 +200,15 @@ describe('connections', function () {
       body: { provider: 'chat', name: 'localhost', base_url: 'http://localhost:9/api/', credential: 'x' },
     });
     expect(named.body.code, 'a name that resolves to loopback').to.equal('address-not-allowed');
+    expect(named.body.detail, 'without the address it resolves to').to.equal('localhost resolves to a private or loopback address');
+    // no host: nodemailer would take it as localhost
+    for (const base_url of ['smtp://', 'smtps:', 'smtp:127.0.0.1']) {
+      const hostless = await strict.call<Body>('POST', '/api/v1/connections', {
+        body: { provider: 'email', name: 'hostless', base_url, credential: 'x', settings: { username: 'u', from: 'a@b.test' } },
+      });
+      expect(hostless.status, base_url).to.equal(400);
+      expect(hostless.body.errors, base_url).to.deep.include({ path: '/body/base_url', message: 'the URL names no host' });
+    }
     const unresolved = await strict.call<Body>('POST', '/api/v1/connections', {
       body: { provider: 'codehost', name: 'nowhere', base_url: 'https://ghe.nowhere.invalid/api/v3', credential: 'x' },
     });
@@ -344,6 +380,25 @@ describe('action tools', function () {
     expect(h.logs.join('')).not.to.contain(FAKE_TOKEN);
   });
 
+  it('masks a credential stored before credentials were checked from a step whose library quotes it in its error', async () => {
+    const secret = 'SECRETPART_abcdefgh\nX-Evil: 1';
+    await h.rt.engine.connections.create('tenant-a', {
+      provider: 'pager',
+      name: 'stored-nl',
+      base_url: fake.pager,
+      credential: secret,
+      settings: { from: 'a@b.test' },
+    });
+    const ended = await start({
+      tools: ['pager'],
+      steps: [{ tool: 'pager', args: { action: 'add_note', connection: 'stored-nl', incident_id: 'P1', content: 'hi' } }],
+    });
+    expect(ended.status).to.equal('failed');
+    const events = await h.rt.events.after(`session:${ended.session_id}`, '0-0');
+    for (const text of [JSON.stringify(ended), JSON.stringify(events), h.logs.join('')]) expect(text).not.to.contain('abcdefgh');
+    expect(JSON.stringify(ended)).to.contain('[credential]');
+  });
+
   it('fails a run at once, before any step, when a provider it acts on has no connection, naming the provider', async () => {
     const before = fake.requests.length;
     const ambiguous = await start({ tools: ['chat'], steps: [{ tool: 'chat', args: { action: 'post', channel: 'C1', text: 'hi' } }] });
@@ -455,6 +510,20 @@ describe('action tools', function () {
     expect(fs.existsSync(path.join(h.tenantDir(), '.checkouts', run.id))).to.equal(false);
     expect(fs.readdirSync(path.join(h.tenantDir(), 'checkout'))).to.deep.equal([]);
     expect(JSON.stringify(run.steps), 'no step output carries the token').not.to.contain(FAKE_TOKEN);
+
+    // a redirect is never followed: only the code host's own address was checked
+    fake.redirectRepo('acme/moved', 'acme/app');
+    const before = fake.requests.length;
+    const moved = await start({
+      tools: ['codehost'],
+      workspace: 'checkout',
+      steps: [{ tool: 'codehost', args: { action: 'checkout', repository: 'acme/moved', ref: 'refs/pull/7/head' } }],
+    });
+    expect(moved.status).to.equal('failed');
+    expect(moved.steps[0].error.code).to.equal('checkout-failed');
+    const after = fake.requests.slice(before).map((r) => r.path);
+    expect(after.some((p) => p.startsWith('/github/acme/moved.git/'))).to.equal(true);
+    expect(after.filter((p) => p.startsWith('/github/acme/app.git/'))).to.deep.equal([]);
   });
 
   it('opens a pull request from a vibe run’s diff: the base files patched, committed on a new branch, the pull request opened', async () => {

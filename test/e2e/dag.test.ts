@@ -489,6 +489,27 @@ describe('task DAG', function () {
       expect(quiet.logs.slice(logged).some((l) => l.includes('a task could not be repaired'))).to.equal(true);
       // the next pass, the read answering again, repairs it
       expect(await quiet.rt.engine.sessions.reconcile(0)).to.deep.equal({ finished: 0, started: 1 });
+
+      // tasks stored whose registration in Redis never happened (their request's Redis work cut off): registered, and started
+      const unregistered = (await quiet.call<Body>('POST', '/api/v1/sessions', { body: { title: 'never registered' } })).body.id as string;
+      const [model] = await quiet.rt.store.tasks.list('tenant-a', two[1]!);
+      const stored = (id: string, depends_on: string[]) => ({
+        ...model!,
+        id,
+        session_id: unregistered,
+        depends_on,
+        status: 'pending' as const,
+        run_ids: [],
+        output: null,
+      });
+      expect(await quiet.rt.store.tasks.insertMany([stored('u1', []), stored('u2', ['u1'])])).to.equal(true);
+      expect(await quiet.rt.engine.sessions.reconcile(0)).to.deep.equal({ finished: 0, started: 1 });
+      const registered = (await quiet.call<Body>('GET', `/api/v1/sessions/${unregistered}/tasks`)).body.data as Body[];
+      expect(registered.map((t) => [t.id, t.status, t.run_ids.length])).to.deep.equal([
+        ['u1', 'queued', 1],
+        ['u2', 'pending', 0],
+      ]);
+      expect(await quiet.rt.engine.sessions.reconcile(0), 'registered once: nothing more to repair').to.deep.equal({ finished: 0, started: 0 });
     } finally {
       await quiet.close();
     }

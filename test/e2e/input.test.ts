@@ -176,6 +176,15 @@ describe('bad input', () => {
       400,
       'malformed-json',
     );
+    expect(
+      (await h.call<{ detail: string }>('POST', '/api/v1/automations', { raw: '{"name": "x",', headers: { 'content-type': 'application/json' } })).body.detail,
+    ).to.equal('The body is not valid JSON.');
+    // JSON, but not an object: said so
+    for (const raw of ['null', '"x"', '1']) {
+      const bare = await h.call<{ code: string; detail: string }>('POST', '/api/v1/automations', { raw, headers: { 'content-type': 'application/json' } });
+      expect(bare.status, raw).to.equal(400);
+      expect(bare.body, raw).to.include({ code: 'malformed-json', detail: 'The body must be a JSON object.' });
+    }
   });
 
   it('a body that is not JSON is a 415', async () => {

@@ -1,12 +1,14 @@
 // Outbound notifications: endpoints subscribed to event types get each event as a Standard Webhooks
 // delivery (checked with the standardwebhooks package's own verifier), retried with backoff, logged,
 // replayable, and an endpoint that keeps failing is disabled and the tenant told.
+import { randomBytes } from 'node:crypto';
 import fs from 'node:fs';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import path from 'node:path';
 import { expect } from 'chai';
 import { Webhook } from 'standardwebhooks';
+import { createSecretBox } from '../../engine/platform/secret-box.js';
 import { eventually, finishedRun, KEYS, sameDeployment, startHarness, type Harness } from '../support/harness.js';
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
@@ -145,6 +147,24 @@ describe('outbound notifications', function () {
       );
       return d?.status === 'succeeded' ? d : null;
     }, 'the replay to be logged');
+  });
+
+  it('fails at once, and disables the endpoint saying why, when its signing secret no longer opens (SERVICE_SECRET_KEY changed)', async () => {
+    const made = await endpoint({ url: `${receiver.url}/rekeyed`, event_types: ['run.finished'] });
+    // sealed under another key, as after a change of SERVICE_SECRET_KEY
+    const sealed = createSecretBox(randomBytes(32)).seal('whsec_x', `notification-endpoint:tenant-a:${made.endpoint.id}`);
+    await h.rt.store.notificationEndpoints.update('tenant-a', made.endpoint.id, { sealed_secret: sealed });
+    await run();
+    const disabled = await eventually(async () => {
+      const e = (await h.call<Body>('GET', `/api/v1/notification-endpoints/${made.endpoint.id}`)).body;
+      return e.status === 'disabled' ? e : null;
+    }, 'the endpoint to be disabled');
+    expect(disabled.disabled_reason).to.contain('does not open with SERVICE_SECRET_KEY');
+    const [delivery] = (await h.call<Body>('GET', `/api/v1/notification-endpoints/${made.endpoint.id}/deliveries`)).body.data as Body[];
+    expect(delivery).to.deep.include({ status: 'failed' });
+    expect(delivery!.attempts).to.have.length(1);
+    expect(receiver.received.filter((r) => r.path === '/rekeyed')).to.deep.equal([]);
+    expect(h.logs.join('')).to.contain(made.endpoint.id);
   });
 
   it('repairs a delivery whose job was lost (stored, never queued): the reconciler queues it, and it is sent once', async () => {

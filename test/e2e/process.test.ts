@@ -1,11 +1,25 @@
 // The entry points as ops run them: start, print, answer, and stop cleanly on SIGTERM; fail fast
 // with one clear line when Redis is down or the environment is bad.
-import { spawn, type ChildProcess } from 'node:child_process';
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
 import fs from 'node:fs/promises';
 import os from 'node:os';
+import net from 'node:net';
 import path from 'node:path';
 import { expect } from 'chai';
-import { deleteRedisPrefix, freePort, KEYS, testRedisUrl, uniquePrefix } from '../support/harness.js';
+import { startLocalRedis } from '../../engine/process/index.js';
+import {
+  deleteRedisPrefix,
+  eventually,
+  finishedRun,
+  freePort,
+  KEYS,
+  processesMatching,
+  sameDeployment,
+  startHarness,
+  testRedisUrl,
+  uniquePrefix,
+} from '../support/harness.js';
 
 type Proc = { child: ChildProcess; out: () => string; exited: Promise<{ code: number | null; ms: number }> };
 
@@ -143,6 +157,164 @@ describe('processes', function () {
     expect((await scrape(null)).status).to.equal(401);
     expect((await scrape(KEYS.a)).status).to.equal(401);
     expect((await fetch(`${metricsUrl}/other`)).status).to.equal(404);
+    // request targets no URL parses are paths it does not serve: the worker answers and lives on
+    for (const target of ['//[', 'http://[/x', 'http://x:99999/']) {
+      const answer = await rawRequest(port, `GET ${target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n`);
+      expect(answer, target).to.match(/^HTTP\/1\.1 404 /);
+    }
+    expect((await fetch(`${metricsUrl}/healthz?probe=1`)).status).to.equal(200);
+  });
+
+  it('a web process stopped with a request in flight answers it with Connection: close and exits 0 once it is answered', async () => {
+    const web = start('api/main.ts', { ...env(), SERVICE_SHUTDOWN_GRACE_SECONDS: '6' });
+    procs.push(web);
+    const [, port] = await waitFor(web, /"url":"http:\/\/localhost:(\d+)"/);
+    // a keep-alive connection whose request's body is still coming at SIGTERM
+    const request = halfSentRun(Number(port));
+    await request.sent;
+    web.child.kill('SIGTERM');
+    await waitFor(web, /shutting down/);
+    await new Promise((r) => setTimeout(r, 300));
+    request.finish();
+    const answer = await request.answer;
+    const answeredAt = Date.now();
+    expect(answer).to.match(/^HTTP\/1\.1 202 /);
+    expect(answer).to.match(/^connection: close\r$/im);
+    const { code } = await web.exited;
+    expect(code, web.out()).to.equal(0);
+    expect(Date.now() - answeredAt).to.be.below(2000);
+    expect(web.out()).to.contain('stopped cleanly');
+  });
+
+  it('a web process cuts a request still unanswered near the end of the grace period, then closes the store and Redis and exits 0', async () => {
+    const web = start('api/main.ts', { ...env(), SERVICE_SHUTDOWN_GRACE_SECONDS: '2' });
+    procs.push(web);
+    const [, port] = await waitFor(web, /"url":"http:\/\/localhost:(\d+)"/);
+    const request = halfSentRun(Number(port));
+    await request.sent;
+    const stoppedAt = Date.now();
+    web.child.kill('SIGTERM');
+    const { code } = await web.exited;
+    expect(code, web.out()).to.equal(0);
+    expect(Date.now() - stoppedAt).to.be.below(2000);
+    expect(web.out()).to.contain('closing the connections of requests still in flight').and.contain('stopped cleanly');
+    expect(await request.answer).to.equal('');
+  });
+
+  it('npm start stopped while a run runs and a request is in flight: its workers do not wait for the web’s close, the run goes back to the queue and the process exits 0 within the grace period', async () => {
+    const h = await startHarness({ workers: false });
+    try {
+      const p = start('main.ts', {
+        ...sameDeployment(h),
+        REDIS_URL: h.config.redisUrl,
+        PORT: '0',
+        SERVICE_API_KEYS: `tenant-a:${KEYS.a},tenant-b:${KEYS.b}`,
+        SERVICE_SHUTDOWN_GRACE_SECONDS: '3',
+        LOG_LEVEL: 'info',
+      });
+      procs.push(p);
+      const [, port] = await waitFor(p, /listening on http:\/\/localhost:(\d+)/);
+      const marker = `sleep ${7000 + Math.floor(Math.random() * 3000)}`;
+      const res = await h.call('POST', '/api/v1/autonomy/run', {
+        body: { steps: [{ tool: 'shell', args: { command: `${marker} & wait` } }], budget_seconds: 120 },
+      });
+      const id = res.body.run_id as string;
+      await eventually(async () => (await h.call('GET', `/api/v1/runs/${id}`)).body.steps[0]?.status === 'running', 'the step to run', 15_000);
+      await eventually(() => processesMatching(marker) > 0, 'the sleep to start');
+      // the web's close lasts the whole grace period: the workers' must not wait for it
+      const request = halfSentRun(Number(port));
+      await request.sent;
+      const stoppedAt = Date.now();
+      p.child.kill('SIGTERM');
+      const { code } = await p.exited;
+      expect(code, p.out()).to.equal(0);
+      expect(Date.now() - stoppedAt).to.be.below(3000);
+      expect(p.out()).to.contain('interrupting runs');
+      await eventually(() => processesMatching(marker) === 0, 'the step’s sleep to be killed', 2000);
+      expect((await h.call('GET', `/api/v1/runs/${id}`)).body).to.deep.include({ status: 'queued', attempt: 2 });
+    } finally {
+      await h.close();
+    }
+  });
+
+  it('refuses SERVICE_SHUTDOWN_GRACE_SECONDS=0; at the least, 1 s, a worker still hands its running runs back to the queue before it exits', async () => {
+    const refused = start('workers/main.ts', { ...env(), SERVICE_SHUTDOWN_GRACE_SECONDS: '0' });
+    procs.push(refused);
+    await waitFor(refused, /SERVICE_SHUTDOWN_GRACE_SECONDS: expected a whole number from 1 to/, 10_000);
+    expect((await refused.exited).code).to.equal(1);
+    const h = await startHarness({ workers: false });
+    try {
+      const worker = start('workers/main.ts', { ...sameDeployment(h), REDIS_URL: h.config.redisUrl, SERVICE_SHUTDOWN_GRACE_SECONDS: '1' });
+      procs.push(worker);
+      await waitFor(worker, /workers ready/);
+      const marker = `sleep ${7000 + Math.floor(Math.random() * 3000)}`;
+      const res = await h.call('POST', '/api/v1/autonomy/run', {
+        body: { steps: [{ tool: 'shell', args: { command: `${marker} & wait` } }], budget_seconds: 120 },
+      });
+      const id = res.body.run_id as string;
+      await eventually(() => processesMatching(marker) > 0, 'the sleep to start', 15_000);
+      worker.child.kill('SIGTERM');
+      expect((await worker.exited).code, worker.out()).to.equal(0);
+      await eventually(() => processesMatching(marker) === 0, 'the step’s sleep to be killed', 2000);
+      expect((await h.call('GET', `/api/v1/runs/${id}`)).body).to.deep.include({ status: 'queued', attempt: 2 });
+    } finally {
+      await h.close();
+    }
+  });
+
+  it('hands a run back to the queue when the platform signals every process of the machine (Heroku), the step’s included', async () => {
+    const h = await startHarness({ workers: false });
+    try {
+      const worker = start('workers/main.ts', { ...sameDeployment(h), REDIS_URL: h.config.redisUrl, SERVICE_SHUTDOWN_GRACE_SECONDS: '5' });
+      procs.push(worker);
+      await waitFor(worker, /workers ready/);
+      const marker = `sleep ${10_000 + Math.floor(Math.random() * 3000)}`;
+      const res = await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: marker } }], budget_seconds: 120 } });
+      const id = res.body.run_id as string;
+      await eventually(() => processesMatching(marker) > 0, 'the sleep to start', 15_000);
+      // the step's processes first, as a platform's signal to all may reach them first
+      spawnSync('pkill', ['-TERM', '-f', '--', marker]);
+      worker.child.kill('SIGTERM');
+      expect((await worker.exited).code, worker.out()).to.equal(0);
+      expect((await h.call('GET', `/api/v1/runs/${id}`)).body, 'a deploy, not the run’s failure').to.deep.include({ status: 'queued', attempt: 2 });
+      // a step killed by the same signal while no shutdown is under way is the run's own failure
+      const other = start('workers/main.ts', { ...sameDeployment(h), REDIS_URL: h.config.redisUrl });
+      procs.push(other);
+      await waitFor(other, /workers ready/);
+      const lone = `sleep ${13_000 + Math.floor(Math.random() * 3000)}`;
+      const killed = await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: lone } }], budget_seconds: 120 } });
+      await eventually(() => processesMatching(lone) > 0, 'the second sleep to start', 15_000);
+      spawnSync('pkill', ['-TERM', '-f', '--', lone]);
+      const failed = await finishedRun(h, killed.body.run_id as string);
+      expect(failed).to.deep.include({ status: 'failed', attempt: 1 });
+      other.child.kill('SIGTERM');
+      await other.exited;
+    } finally {
+      await h.close();
+    }
+  });
+
+  it('a worker’s /healthz says 503 within about a second while Redis is hung, and 200 again once it answers', async () => {
+    const local = await startLocalRedis({ dataDir });
+    try {
+      const worker = start('workers/main.ts', { ...env(), REDIS_URL: local.url, SERVICE_WORKER_METRICS_PORT: String(await freePort()) });
+      procs.push(worker);
+      const [, metricsUrl] = await waitFor(worker, /"url":"(http:\/\/localhost:\d+)".*worker metrics listening/);
+      expect((await fetch(`${metricsUrl}/healthz`)).status).to.equal(200);
+      process.kill(local.pid, 'SIGSTOP');
+      try {
+        const started = Date.now();
+        const health = await fetch(`${metricsUrl}/healthz`, { signal: AbortSignal.timeout(5000) });
+        expect(health.status).to.equal(503);
+        expect(await health.json()).to.deep.include({ status: 'degraded', redis: 'no answer within 1000 ms' });
+        expect(Date.now() - started).to.be.below(2000);
+      } finally {
+        process.kill(local.pid, 'SIGCONT');
+      }
+      expect((await fetch(`${metricsUrl}/healthz`)).status).to.equal(200);
+    } finally {
+      await local.stop();
+    }
   });
 
   it('says in one line that Redis cannot be reached, and how to fix it, instead of hanging', async () => {
@@ -210,3 +382,31 @@ describe('processes', function () {
     expect(explicit.out()).to.contain('tool processes run without a sandbox');
   });
 });
+
+/** A run request on a keep-alive connection, sent but for the end of its body until finish(); answer: all the server sent until it closed the connection. */
+function halfSentRun(port: number): { sent: Promise<void>; finish(): void; answer: Promise<string> } {
+  const body = JSON.stringify({ steps: [{ tool: 'message', args: { text: 'late' } }] });
+  const socket = net.connect(port, '127.0.0.1');
+  socket.on('error', () => {}); // a cut connection: the answer is what came before it
+  let answer = '';
+  socket.setEncoding('utf8');
+  socket.on('data', (chunk: string) => (answer += chunk));
+  const head = `POST /api/v1/autonomy/run HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${KEYS.a}\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n`;
+  return {
+    sent: once(socket, 'connect').then(() => void socket.write(head + body.slice(0, 10))),
+    finish: () => void socket.write(body.slice(10)),
+    answer: once(socket, 'close').then(() => answer),
+  };
+}
+
+/** What a server answers to bytes sent as they are (a request target fetch would not send). */
+function rawRequest(port: number, bytes: string): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const socket = net.connect(port, '127.0.0.1', () => socket.end(bytes));
+    let answer = '';
+    socket.setEncoding('utf8');
+    socket.on('data', (chunk: string) => (answer += chunk));
+    socket.on('end', () => resolve(answer));
+    socket.on('error', reject);
+  });
+}

@@ -5,7 +5,6 @@
 // flow (an audit) all work; a prefix without a hash tag, or one URL to a cluster node, is refused.
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs/promises';
-import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { expect } from 'chai';
@@ -13,16 +12,10 @@ import { Cluster } from 'ioredis';
 import { ConfigError, parseEnv } from '../../config/env.js';
 import { createLogger } from '../../engine/platform/index.js';
 import { openRuntime } from '../../engine/process/index.js';
-import { eventually, finishedRun, freePort, startHarness, type Harness, uniquePrefix } from '../support/harness.js';
+import { eventually, finishedRun, freePort, listening, startHarness, type Harness, uniquePrefix } from '../support/harness.js';
 import * as sign from '../support/signers.js';
 
 type Body = Record<string, any>;
-
-const listening = (port: number) =>
-  new Promise<boolean>((resolve) => {
-    const s = net.connect(port, '127.0.0.1', () => (s.end(), resolve(true)));
-    s.on('error', () => resolve(false));
-  });
 
 describe('on a Redis Cluster', function () {
   this.timeout(120_000);

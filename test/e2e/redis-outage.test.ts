@@ -2,9 +2,9 @@
 // connections hang as on a network partition): run creation answers within a couple of seconds, and
 // every run still reaches its end with its slot freed.
 import { spawn, type ChildProcess } from 'node:child_process';
-import net from 'node:net';
 import { expect } from 'chai';
-import { eventually, finishedRun, freePort, startHarness, type Harness } from '../support/harness.js';
+import { eventually, finishedRun, freePort, listening, startHarness, type Harness } from '../support/harness.js';
+import * as sign from '../support/signers.js';
 
 describe('Redis outage', function () {
   this.timeout(60_000);
@@ -23,14 +23,7 @@ describe('Redis outage', function () {
   before(async () => {
     const port = await freePort();
     redis = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], { stdio: 'ignore' });
-    await eventually(
-      () =>
-        new Promise<boolean>((resolve) => {
-          const s = net.connect(port, '127.0.0.1', () => (s.end(), resolve(true)));
-          s.on('error', () => resolve(false));
-        }),
-      'the private redis-server to listen',
-    );
+    await eventually(() => listening(port), 'the private redis-server to listen');
     h = await startHarness({ env: { REDIS_URL: `redis://127.0.0.1:${port}` } });
   });
   after(async () => {
@@ -145,5 +138,94 @@ describe('Redis outage', function () {
     expect(run.status).to.equal('succeeded');
     expect(run.steps.map((s: { output: { stdout: string } }) => s.output.stdout)).to.deep.equal(['one\n', 'two\n']);
     await eventually(async () => (await h.rt.engine.runs.reliabilityContext('tenant-a')).tenant.running === 0, 'the slot to be freed');
+  });
+
+  it('answers the other routes within 2 s while Redis is stopped: sessions and tasks stored, a webhook, an audit and an ended run’s stream 503 with Retry-After; the tasks then run', async () => {
+    const secret = 'outage-generic-secret-0123456789';
+    expect((await h.call('PUT', '/api/v1/webhook-secrets/generic', { body: { secrets: [secret] } })).status).to.equal(200);
+    const warmSession = await h.call<Record<string, any>>('POST', '/api/v1/sessions', { body: { title: 'warm' } });
+    expect(warmSession.status).to.equal(201);
+    // the routes once while Redis answers: what is timed below is the outage, not the first use of a route
+    await h.call('POST', `/api/v1/sessions/${warmSession.body.id}/tasks`, { body: { id: 'warm', steps: [{ tool: 'message', args: { text: 'w' } }] } });
+    await h.call('POST', `/api/v1/sessions/${warmSession.body.id}/messages`, { body: { role: 'user', parts: [{ type: 'text', text: 'warm' }] } });
+    const signed = sign.generic([secret], { type: 'deploy.finished', id: 'warm' });
+    expect((await h.call('POST', '/webhooks/tenant-a/generic', { key: null, raw: signed.body, headers: signed.headers })).status).to.equal(200);
+    const long = await h.call<Record<string, any>>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'sleep 20' } }] } });
+    await eventually(
+      async () => (await h.call<Record<string, any>>('GET', `/api/v1/runs/${long.body.run_id}`)).body.status === 'running',
+      'the long run to start',
+    );
+    const ended = await finishedRun(
+      h,
+      (await h.call<Record<string, any>>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'message', args: { text: 'e' } }] } })).body.run_id,
+    );
+    pause();
+    const resumed = new Promise((r) => setTimeout(r, 14_000)).then(resume);
+    const timed = async <T>(what: string, call: () => Promise<T>): Promise<T> => {
+      const at = Date.now();
+      const answer = await call();
+      expect(Date.now() - at, what).to.be.below(2500);
+      return answer;
+    };
+    try {
+      const session = await timed('a new session', () => h.call<Record<string, any>>('POST', '/api/v1/sessions', { body: { title: 'during' } }));
+      expect(session.status, session.text).to.equal(201);
+      const tasks = await timed('new tasks', () =>
+        h.call<Record<string, any>>('POST', `/api/v1/sessions/${session.body.id}/tasks`, {
+          body: {
+            tasks: [
+              { id: 'a', steps: [{ tool: 'message', args: { text: 'a' } }] },
+              { id: 'b', depends_on: ['a'], steps: [{ tool: 'message', args: { text: 'b' } }] },
+            ],
+          },
+        }),
+      );
+      expect(tasks.status, tasks.text).to.equal(201);
+      const message = await timed('a message', () =>
+        h.call<Record<string, any>>('POST', `/api/v1/sessions/${session.body.id}/messages`, {
+          body: { role: 'user', parts: [{ type: 'text', text: 'during' }] },
+        }),
+      );
+      expect(message.status, message.text).to.equal(201);
+      const hook = sign.generic([secret], { type: 'deploy.finished', id: 'during' });
+      const delivered = await timed('a webhook', () =>
+        h.call<Record<string, any>>('POST', '/webhooks/tenant-a/generic', { key: null, raw: hook.body, headers: hook.headers }),
+      );
+      expect(delivered.status, delivered.text).to.equal(503);
+      expect(delivered.headers.get('retry-after')).to.equal('5');
+      const audit = await timed('an audit', () =>
+        h.call<Record<string, any>>('POST', '/api/v1/autonomy/workspace-audit/run', { body: { phases: ['health'] } }),
+      );
+      expect(audit.status, audit.text).to.equal(503);
+      const stream = await timed('the stream of an ended run', () => h.call('GET', `/api/v1/autonomy/streaming/${ended.session_id}/events`));
+      expect(stream.status, 'answered, not held').to.equal(503);
+      // no worker can be told to stop a run without Redis: 503; nor can the queues be read
+      const cancel = await timed('a cancel of a running run', () => h.call<Record<string, any>>('POST', `/api/v1/runs/${long.body.run_id}/cancel`));
+      expect(cancel.status, cancel.text).to.equal(503);
+      const context = await timed('the reliability context', () => h.call<Record<string, any>>('GET', '/api/v1/autonomy/reliability-context'));
+      expect(context.status, context.text).to.equal(503);
+      await resumed;
+      // the webhook refused during the outage is taken when the provider sends it again: not a replay
+      // (the claim Redis took late is given back as soon as Redis answers it; a provider retries after Retry-After)
+      await eventually(
+        async () => {
+          const again = await h.call<Record<string, any>>('POST', '/webhooks/tenant-a/generic', { key: null, raw: hook.body, headers: hook.headers });
+          return again.status === 200 || null;
+        },
+        'the webhook sent again to be accepted',
+        3000,
+      );
+      // the tasks stored during the outage run, in order, once Redis is back (the reconciler registers what it missed)
+      // the cancel sent again once Redis is back: taken (202), or found done by the first one's late word (409 canceled already)
+      expect((await h.call('POST', `/api/v1/runs/${long.body.run_id}/cancel`)).status).to.be.oneOf([202, 409]);
+      expect((await finishedRun(h, long.body.run_id as string)).status).to.equal('canceled');
+      await eventually(async () => {
+        await h.rt.engine.sessions.reconcile(0);
+        const listed = (await h.call<Record<string, any>>('GET', `/api/v1/sessions/${session.body.id}/tasks`)).body.data as { id: string; status: string }[];
+        return listed.every((t) => t.status === 'succeeded') || null;
+      }, 'the tasks to run');
+    } finally {
+      await resumed;
+    }
   });
 });

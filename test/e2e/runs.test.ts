@@ -305,4 +305,61 @@ describe('autonomy runs', function () {
     expect(res.body.tenant.max_running).to.equal(h.config.tenantMaxRunning);
     expect(res.body.queues.runs).to.include.keys('waiting', 'active');
   });
+
+  it('fails a step whose references would make its args more than 1 MB, before it runs; what it carries stays small', async () => {
+    const res = await start({
+      inputs: { x: 'x'.repeat(50_000) },
+      steps: [
+        { tool: 'message', args: { text: '${inputs.x}' } },
+        { tool: 'write_file', args: { path: 'big.txt', content: '${inputs.x}'.repeat(400) } },
+        { tool: 'message', args: { text: 'never' } },
+      ],
+    });
+    const run = await finished(res.body.run_id);
+    expect(run.status).to.equal('failed');
+    expect(run.error.code).to.equal('args-too-large');
+    expect(run.error.message).to.contain('step 1 (write_file)').and.contain('1048576 bytes');
+    expect(run.steps.map((s: RunBody) => s.status)).to.deep.equal(['succeeded', 'failed', 'skipped']);
+    // what fits is as it was; the refused step keeps its args as the plan wrote them
+    expect(run.steps[0].args.text).to.equal('x'.repeat(50_000));
+    expect(run.steps[1].args.content).to.equal('${inputs.x}'.repeat(400));
+    expect(run.steps[1].error.code).to.equal('args-too-large');
+    expect(await fs.stat(path.join(h.tenantDir(), 'big.txt')).catch(() => null)).to.equal(null);
+    expect(JSON.stringify(run).length).to.be.below(200_000);
+    const events = await h.rt.events.after(`session:${run.session_id}`, '0-0', 1000);
+    expect(events.filter((e) => e.type === 'step.started').map((e) => (e.data as { index: number }).index)).to.deep.equal([0, 1]);
+    expect(JSON.stringify(events).length).to.be.below(200_000);
+  });
+
+  it('reads a step by its place before a step named like it', async () => {
+    const res = await start({
+      steps: [
+        { tool: 'message', args: { text: 'first' } },
+        { tool: 'message', name: '0', args: { text: 'named 0' } },
+        { tool: 'message', name: '__proto__', args: { text: '${steps.0.output.text} ${steps.__proto__.status}' } },
+        { tool: 'message', args: { text: '${steps.0.output.text} ${steps.__proto__.output.text} ${steps.constructor}.' } },
+      ],
+    });
+    const run = await finished(res.body.run_id);
+    expect(run.status, JSON.stringify(run.error)).to.equal('succeeded');
+    expect(run.steps.map((s: RunBody) => s.args.text)).to.deep.equal(['first', 'named 0', 'first ', 'first first  .']);
+    expect(run.summary).to.equal('4 steps succeeded');
+  });
+
+  it('streams a step’s output whole characters at a time, up to 1 MB of UTF-8, and keeps a tail that starts with a whole one', async () => {
+    // 1,000,000 € (3 bytes each): 3 MB printed
+    const res = await start({ steps: [{ tool: 'shell', args: { command: 'yes € | head -n 1000000 | tr -d "\\n"' } }] });
+    const run = await finished(res.body.run_id);
+    expect(run.status, JSON.stringify(run.error)).to.equal('succeeded');
+    const events = await h.rt.events.after(`session:${run.session_id}`, '0-0', 10_000);
+    const streamed = events
+      .filter((e) => e.type === 'step.output')
+      .map((e) => (e.data as { text: string }).text)
+      .join('');
+    // 349,525 € are 1,048,575 bytes: the next one does not fit whole
+    expect(streamed === '€'.repeat(349_525), `${streamed.length} characters streamed, ${streamed.split('\ufffd').length - 1} replaced`).to.equal(true);
+    // the record keeps the last 64 KB: 21,845 € and a byte of the one before, left out
+    expect(run.steps[0].output.truncated).to.equal(true);
+    expect(run.steps[0].output.stdout === '€'.repeat(21_845)).to.equal(true);
+  });
 });

@@ -15,7 +15,8 @@ describe('sandbox', function () {
   this.timeout(60_000);
   let h: Harness;
   before(async function () {
-    h = await startHarness();
+    // limits small enough to be reached in a test: a step's /tmp, its processes
+    h = await startHarness({ env: { SERVICE_SANDBOX_FILE_SIZE_MB: '64', SERVICE_SANDBOX_PROCESSES: '64' } });
     if (h.rt.sandbox.kind !== 'bwrap') {
       if (process.env.CI) throw new Error('bubblewrap is not installed: .ci/run installs it');
       console.log('      (bubblewrap is not installed here: the sandbox tests are skipped)');
@@ -118,6 +119,33 @@ describe('sandbox', function () {
     expect((await h.call('GET', '/readyz')).status).to.equal(200);
     const after = await shell('echo still here');
     expect(after.steps[0].output.stdout).to.equal('still here\n');
+  });
+
+  it('leaves the host alone: its kernel settings read-only, no user namespace of the step’s own, a bounded /tmp, private folders', async () => {
+    const run = await shell(
+      [
+        'echo 61 > /proc/sys/vm/swappiness 2>/dev/null && echo sysctl-written || echo sysctl-refused',
+        'unshare -Ur true 2>/dev/null && echo userns-made || echo userns-refused',
+        // the harness's SERVICE_SANDBOX_FILE_SIZE_MB bounds /tmp too
+        `dd if=/dev/zero of=/tmp/big bs=1M count=${h.config.sandbox.limits.fileSizeMb + 8} 2>/dev/null; echo tmp=$(( $(stat -c %s /tmp/big) / 1048576 ))`,
+      ].join('; '),
+    );
+    const [sysctl, userns, tmp] = (run.steps[0].output.stdout as string).trim().split('\n');
+    expect([sysctl, userns]).to.deep.equal(['sysctl-refused', 'userns-refused']);
+    expect(Number(tmp!.slice(4))).to.be.at.most(h.config.sandbox.limits.fileSizeMb);
+    // no other user of the machine goes into the store's folder or the tenants' workspaces
+    for (const dir of [h.config.dataDir, h.config.workspaceRoot]) expect((await fs.stat(dir)).mode & 0o777, dir).to.equal(0o700);
+  });
+
+  it('keeps the process limit when another process of the same prefix stops (a rolling deploy)', async function () {
+    if (h.rt.sandbox.processLimit !== 'cgroup') this.skip();
+    const other = await startHarness({ workers: false, env: { SERVICE_QUEUE_PREFIX: h.config.queuePrefix, SERVICE_SANDBOX_PROCESSES: '16' } });
+    await other.close();
+    const forks = await shell('for i in $(seq 100); do sleep 2 & done 2>/dev/null; sleep 0.3; echo procs=$(ls /proc | grep -c "^[0-9]")');
+    expect(forks.status, JSON.stringify(forks.steps[0])).to.be.oneOf(['succeeded', 'failed']);
+    expect(h.logs.join('')).not.to.contain('could not be made');
+    const procs = Number(/procs=(\d+)/.exec(forks.steps[0].output.stdout as string)?.[1] ?? 0);
+    expect(procs, 'still limited to SERVICE_SANDBOX_PROCESSES').to.be.at.most(h.config.sandbox.limits.processes);
   });
 
   it('leaves nothing behind: a daemonized process dies with its step', async () => {

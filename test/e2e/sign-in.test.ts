@@ -2,6 +2,7 @@
 // with PKCE, the tenant from a claim, the cookie session on every /api/v1 route, CSRF, CORS, logout,
 // and the refusals (forged state, replayed callback, wrong audience, unknown tenant).
 import { createHash } from 'node:crypto';
+import net from 'node:net';
 import { expect } from 'chai';
 import { freePort, startHarness, type Harness } from '../support/harness.js';
 import { startIdp, type Idp } from '../support/idp.js';
@@ -300,6 +301,19 @@ describe('sign-in with OpenID Connect', function () {
     const res = await forged.fetch(`${service()}/auth/callback?code=abc&state=not-the-one`);
     expect(res.status).to.equal(403);
     expect(((await res.json()) as Body).code).to.equal('sign-in-refused');
+    // a request target in absolute form, with a port no URL takes: refused the same, and its query never logged
+    const absolute = await new Promise<string>((resolve, reject) => {
+      const socket = net.connect(port, '127.0.0.1', () =>
+        socket.end('GET http://x:99999/auth/callback?code=secret-code-1&state=b HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n'),
+      );
+      let answer = '';
+      socket.setEncoding('utf8');
+      socket.on('data', (chunk: string) => (answer += chunk));
+      socket.on('end', () => resolve(answer));
+      socket.on('error', reject);
+    });
+    expect(absolute).to.match(/^HTTP\/1\.1 403 /);
+    expect(h.logs.join('\n')).not.to.contain('secret-code-1');
 
     // replayed: the same callback URL with the same sign-in cookie, second time
     const alice = new Browser();

@@ -127,6 +127,14 @@ describe('run session streams', function () {
     }
   });
 
+  it('refuses a Last-Event-ID after every event of the stream (400), which would hold it open past the run’s end', async () => {
+    const { body } = await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'sleep 1' } }] } });
+    const url = `${h.url}/api/v1/autonomy/streaming/${body.session_id}/events`;
+    const res = await fetch(url, { headers: { authorization: `Bearer ${KEYS.a}`, 'last-event-id': '999999999999999-0' }, signal: AbortSignal.timeout(5000) });
+    expect(res.status).to.equal(400);
+    expect(((await res.json()) as { errors: { path: string }[] }).errors[0]!.path).to.equal('/header/last-event-id');
+  });
+
   it('sends heartbeats while a run is quiet', async () => {
     const { body } = await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'sleep 2.5' } }] } });
     const res = await fetch(`${h.url}/api/v1/autonomy/streaming/${body.session_id}/events`, { headers: { authorization: `Bearer ${KEYS.a}` } });

@@ -2,6 +2,7 @@
 // through the route (decoder and recogniser in the tool sandbox). Prints the word error rate.
 import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
+import net from 'node:net';
 import os from 'node:os';
 import { Readable } from 'node:stream';
 import path from 'node:path';
@@ -10,7 +11,8 @@ import vm from 'node:vm';
 import { expect } from 'chai';
 import { openSandbox, which } from '../../engine/tools/index.js';
 import { AudioUpload, localTranscriber, type LocalPrograms } from '../../engine/voice/index.js';
-import { KEYS, startHarness, type Harness } from '../support/harness.js';
+import { eventually, KEYS, startHarness, type Harness } from '../support/harness.js';
+import { chunk, fmt, riff } from '../support/audio.js';
 import { wordErrors } from '../support/wer.js';
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
@@ -123,7 +125,7 @@ describe('voice transcription on this machine (local provider)', function () {
     });
     const opened: AudioUpload[] = [];
     const audioOf = async (bytes: Buffer) => {
-      const upload = await AudioUpload.open(Readable.from([bytes]), { maxBytes: 1e8, maxSeconds: 20, complete: async () => ({}) });
+      const upload = await AudioUpload.open(Readable.from([bytes]), { maxBytes: 1e8, maxSeconds: 20, live: false, complete: async () => ({}) });
       opened.push(upload);
       return upload;
     };
@@ -160,7 +162,7 @@ describe('voice transcription on this machine (local provider)', function () {
     // 30 s of speech takes pocketsphinx far longer than the 1.5 s limit given here
     const long = path.join(dir, 'long.wav');
     execFileSync('sox', [path.join(dir, 'c4.wav'), long, 'repeat', String(Math.ceil(30 / seconds(clip(4))))]);
-    const upload = await AudioUpload.open(Readable.from([fs.readFileSync(long)]), { maxBytes: 1e8, maxSeconds: 120, complete: async () => ({}) });
+    const upload = await AudioUpload.open(Readable.from([fs.readFileSync(long)]), { maxBytes: 1e8, maxSeconds: 120, live: false, complete: async () => ({}) });
     const sandbox = openSandbox({
       mode: 'auto',
       limits: h.config.sandbox.limits,
@@ -187,6 +189,51 @@ describe('voice transcription on this machine (local provider)', function () {
       sandbox.close();
       await upload.discard();
     }
+  });
+
+  it('holds no upload in memory while it waits for its last bytes and its turn: the provider reads the file', async () => {
+    // WAVs of unknown length (as a recorder streams them), 8 channels of 32-bit at 48 kHz: 16 MB plays 11 s
+    const size = 16 * 1024 * 1024;
+    const header = riff(fmt({ format: 1, channels: 8, sampleRate: 48_000, byteRate: 48_000 * 32, blockAlign: 32, bits: 32 }), chunk('data', Buffer.alloc(0)));
+    header.writeUInt32LE(0xffffffff, header.length - 4);
+    const spills = () => fs.readdirSync(os.tmpdir()).filter((f) => f.startsWith('upload-'));
+    const before = new Set(spills());
+    const held = () => spills().filter((f) => !before.has(f));
+    v8.setFlagsFromString('--expose-gc');
+    const gc = vm.runInNewContext('gc') as () => void;
+    gc();
+    const used = () => process.memoryUsage().arrayBuffers;
+    const start = used();
+    const port = Number(new URL(h.url).port);
+    // each sends all but its last bytes and waits
+    const sockets = Array.from({ length: 4 }, () => {
+      const socket = net.connect(port, '127.0.0.1');
+      socket.on('error', () => undefined);
+      socket.write(
+        `POST /api/v1/autonomy/voice/transcribe HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${KEYS.a}\r\nContent-Type: audio/wav\r\nContent-Length: ${size + 1}\r\n\r\n`,
+      );
+      socket.write(Buffer.concat([header, Buffer.alloc(size - header.length)]));
+      return socket;
+    });
+    try {
+      await eventually(
+        () => (held().length === 4 && held().every((f) => fs.statSync(path.join(os.tmpdir(), f)).size === size)) || null,
+        'every upload to be in its file',
+      );
+      // the 64 MB have arrived and are on disk: once the writes' own buffers are let go, memory holds a head
+      // and a tail of each at most
+      await eventually(
+        () => {
+          gc();
+          return used() - start < 8 * 1024 * 1024 || null;
+        },
+        'the uploads to leave memory',
+        5000,
+      );
+    } finally {
+      for (const socket of sockets) socket.destroy();
+    }
+    await eventually(() => held().length === 0 || null, 'every temporary upload file to be removed');
   });
 
   it('turns a spoken command into a message of a session', async () => {

@@ -9,8 +9,10 @@ import path from 'node:path';
 import type { AddressInfo } from 'node:net';
 import busboy from 'busboy';
 import { expect } from 'chai';
+import { PassThrough } from 'node:stream';
+import { voiceOf, type Transcriber } from '../../engine/voice/index.js';
 import { eventually, KEYS, startHarness, type Harness } from '../support/harness.js';
-import { wav } from '../support/audio.js';
+import { chunk, imaAdpcm, padded, riff, wav } from '../support/audio.js';
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 type Body = Record<string, any>;
@@ -354,9 +356,15 @@ describe('voice transcription', function () {
     const csv = await raw(h, utf16);
     expect(csv.status, csv.text).to.equal(415);
 
+    // a recorder's WAV of unknown length plays 60 s in its first 1.9 MB: refused then, not at 25 MB
     const huge = Buffer.alloc(26 * 1024 * 1024);
     wav(0).copy(huge);
-    const big = await raw(h, huge);
+    const streamed = await raw(h, huge);
+    expect(streamed.status, streamed.text).to.equal(422);
+    expect(streamed.body.code).to.equal('audio-too-long');
+    // a length only decoding tells (MP3): the size limit
+    huge.write('ID3\x04', 0, 'latin1');
+    const big = await raw(h, huge, 'audio/mpeg');
     expect(big.status, big.text).to.equal(413);
     expect(big.body.code).to.equal('payload-too-large');
     const bigForm = await upload(h, formOf(huge, { language: 'en' }));
@@ -370,6 +378,65 @@ describe('voice transcription', function () {
     expect(zip.body.code).to.equal('unsupported-audio');
 
     expect(provider.received).to.have.length(0);
+  });
+
+  it("finds a WAV's length past any metadata before its data, counting every data chunk, before the provider is asked", async () => {
+    provider.play([]);
+    // 100 KB of JUNK first: the data header is past the 64 KB the format is judged by
+    const junk = await raw(h, padded(wav(120, 1000), 100_000));
+    expect(junk.status, junk.text).to.equal(422);
+    expect(junk.body).to.deep.include({ code: 'audio-too-long', detail: 'the audio plays 120 s, over the 60 s limit' });
+    // decoders play a second data chunk too: 30 s and 31 s
+    const half = wav(30, 1000);
+    const twice = await raw(h, riff(half.subarray(12, 36), half.subarray(36), chunk('data', Buffer.alloc(62_000))));
+    expect(twice.status, twice.text).to.equal(422);
+    expect(twice.body).to.deep.include({ code: 'audio-too-long', detail: 'the audio plays 61 s, over the 60 s limit' });
+    expect(provider.live.bytes, 'the provider was not even asked').to.equal(0);
+  });
+
+  it('measures a compressed WAV by its blocks, whatever byte rate its header claims', async () => {
+    provider.play([]);
+    // IMA ADPCM: 8 bytes a sample, sixteen times the honest byte rate, would make 120 s look like 7.6
+    const lying = await raw(h, imaAdpcm(120, 8000, { byteRate: 64_000 }));
+    expect(lying.status, lying.text).to.equal(422);
+    expect(lying.body).to.deep.include({ code: 'audio-too-long', detail: 'the audio plays 120 s, over the 60 s limit' });
+    expect(provider.live.bytes, 'the provider was not even asked').to.equal(0);
+  });
+
+  it('breaks off an answer over 10 MB with a 502, and keeps no temporary file', async () => {
+    const spills = () => new Set(fs.readdirSync(os.tmpdir()).filter((f) => f.startsWith('upload-')));
+    const before = spills();
+    provider.play([{ status: 200, body: { ...VERBOSE, text: 'a'.repeat(11 * 1024 * 1024) } }]);
+    const res = await raw(h, wav(0.5));
+    expect(res.status, res.text.slice(0, 200)).to.equal(502);
+    expect(res.body).to.deep.include({ code: 'transcription-provider-error', detail: 'the transcription provider answered more than 10 MB' });
+    expect(provider.received, 'not asked again').to.have.length(1);
+    await eventually(() => [...spills()].every((f) => before.has(f)) || null, 'every temporary upload file to be removed');
+    provider.play([{ status: 200, body: VERBOSE }]);
+    expect((await raw(h, wav(0.2))).status, 'the service still answers').to.equal(200);
+  });
+
+  it('takes a bounded number of uploads at once, and tells the others when to come back', async () => {
+    const heard = { text: 'hi', language: null, duration_seconds: 1, segments: [] };
+    const transcriber: Transcriber = { name: 'fake', model: 'none', streams: false, transcribe: async (audio) => (await audio.settled, heard) };
+    const voice = voiceOf({ log: h.rt.log }, { transcriber, unavailable: '', maxSeconds: 60, maxUploads: 2 });
+    const audio = wav(3);
+    const send = () => {
+      const stream = new PassThrough();
+      stream.write(audio.subarray(0, 80_000));
+      const done = voice.transcribe('acme', stream, { signal: new AbortController().signal, complete: async () => ({}) });
+      return { stream, done };
+    };
+    const held = [send(), send()];
+    const refused = await send().done.catch((e: unknown) => e);
+    expect(refused).to.deep.include({ code: 'unavailable', retryAfterSeconds: 5 });
+    held[0]!.stream.end(audio.subarray(80_000));
+    expect((await held[0]!.done).transcript.text).to.equal('hi');
+    const next = send();
+    next.stream.end(audio.subarray(80_000));
+    held[1]!.stream.end(audio.subarray(80_000));
+    expect((await next.done).transcript.text, 'a slot freed by an answer is taken again').to.equal('hi');
+    await held[1]!.done;
   });
 
   it("appends the text to a session as a user message for one of its agents; another tenant's or an archived session is refused before the provider is asked", async () => {

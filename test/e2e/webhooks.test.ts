@@ -1,5 +1,8 @@
 import { LinearWebhookClient } from '@linear/sdk/webhooks';
-import { isValidSlackRequest } from '@slack/bolt';
+// the verifier alone: the package's index loads @slack/socket-mode, whose undici 7 makes itself the process's
+// fetch dispatcher on import, and Node 20's fetch then refuses requests that name their content-length (any
+// test file that shares this mocha worker process failed)
+import { isValidSlackRequest } from '@slack/bolt/dist/receivers/verify-request.js';
 import { verify as octokitVerify } from '@octokit/webhooks-methods';
 import { UnrecoverableError, Worker } from 'bullmq';
 import { expect } from 'chai';
@@ -468,6 +471,18 @@ describe('webhook intake', function () {
       });
       expect(tooDeep.status).to.equal(400);
       expect(tooDeep.body).to.include({ code: 'webhook-payload-invalid', detail: 'the body nests deeper than 64 levels' });
+      // signed, valid JSON, but a lone surrogate: stored, it would make every page that shows it unreadable to strict parsers
+      const lone = '{"text":"a\\ud800b"}';
+      const loneSurrogate = await post('generic', {
+        body: lone,
+        headers: { 'content-type': 'application/json', 'x-service-signature': `t=${t},v1=${hmacHex(SECRET.generic, `${t}.${lone}`)}` },
+      });
+      expect(loneSurrogate.status).to.equal(400);
+      expect(loneSurrogate.body.code).to.equal('webhook-payload-invalid');
+      expect(loneSurrogate.body.detail).to.match(/lone surrogate/);
+      const email = await post('email', { body: lone, headers: { 'content-type': 'application/json', authorization: sign.basicAuth(SECRET.email) } });
+      expect(email.status).to.equal(400);
+      expect(email.body.detail).to.match(/lone surrogate/);
     });
   });
 

@@ -5,7 +5,7 @@ import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { expect } from 'chai';
-import { GENESIS_HASH, ledgerOf, publicKeyFromPem, signerOf, verifyEntries } from '../../engine/evidence/index.js';
+import { GENESIS_HASH, ledgerOf, publicKeyFromPem, signerOf, verifyEntries, verifyEntriesAsync } from '../../engine/evidence/index.js';
 import { systemClock, type LedgerEntry } from '../../engine/platform/index.js';
 import { openStore, type Store } from '../../engine/store/index.js';
 
@@ -44,31 +44,73 @@ describe('evidence ledger', () => {
       ).map((p) => [p.digest, p.body]),
     );
     const publicKey = publicKeyFromPem(ledger.publicKey.pem)!;
-    const check = (list: LedgerEntry[], bodies = payloads) => verifyEntries(list, { publicKey, keyId: signer.keyId, prevHash: GENESIS_HASH, payloads: bodies });
-    expect(check(entries)).to.equal(null);
+    // the service's check (signatures on the thread pool, a chunk at a time) finds what the CLI's finds
+    const check = async (list: LedgerEntry[], bodies = payloads) => {
+      const opts = { publicKey, keyId: signer.keyId, prevHash: GENESIS_HASH, payloads: bodies };
+      const found = verifyEntries(list, opts);
+      expect(await verifyEntriesAsync(list, opts)).to.deep.equal(found);
+      return found;
+    };
+    expect(await check(entries)).to.equal(null);
     expect((await ledger.list('other', { limit: 10 }))[0]!.seq).to.equal(1);
 
-    const tampered = (seq: number, change: (e: LedgerEntry) => void) => {
+    const tampered = async (seq: number, change: (e: LedgerEntry) => void) => {
       const copy = structuredClone(entries);
       change(copy[seq - 1]!);
       return check(copy);
     };
-    expect(tampered(2, (e) => (e.kind = 'gate.resulT'))).to.deep.include({ part: 'entry', seq: 2 });
-    expect(tampered(1, (e) => (e.subject.commit = 'b'.repeat(40)))).to.deep.include({ part: 'entry', seq: 1 });
-    expect(tampered(3, (e) => (e.at = e.at.replace(/.$/, '1')))).to.deep.include({ part: 'entry', seq: 3 });
-    expect(tampered(2, (e) => (e.sig = `${e.sig[0] === 'A' ? 'B' : 'A'}${e.sig.slice(1)}`))).to.deep.include({ part: 'signature', seq: 2 });
-    expect(tampered(3, (e) => (e.prev_hash = `${e.prev_hash[0] === '0' ? '1' : '0'}${e.prev_hash.slice(1)}`))).to.deep.include({ part: 'chain', seq: 3 });
+    expect(await tampered(2, (e) => (e.kind = 'gate.resulT'))).to.deep.include({ part: 'entry', seq: 2 });
+    expect(await tampered(1, (e) => (e.subject.commit = 'b'.repeat(40)))).to.deep.include({ part: 'entry', seq: 1 });
+    expect(await tampered(3, (e) => (e.at = e.at.replace(/.$/, '1')))).to.deep.include({ part: 'entry', seq: 3 });
+    expect(await tampered(2, (e) => (e.sig = `${e.sig[0] === 'A' ? 'B' : 'A'}${e.sig.slice(1)}`))).to.deep.include({ part: 'signature', seq: 2 });
+    expect(await tampered(3, (e) => (e.prev_hash = `${e.prev_hash[0] === '0' ? '1' : '0'}${e.prev_hash.slice(1)}`))).to.deep.include({ part: 'chain', seq: 3 });
     // an entry re-hashed after its change still fails: its signature no longer matches, and the next link breaks
-    expect(tampered(2, (e) => (e.hash = `${e.hash[0] === 'f' ? 'e' : 'f'}${e.hash.slice(1)}`))).to.deep.include({ seq: 2 });
+    expect(await tampered(2, (e) => (e.hash = `${e.hash[0] === 'f' ? 'e' : 'f'}${e.hash.slice(1)}`))).to.deep.include({ seq: 2 });
     // a dropped entry breaks the chain at the next one
-    expect(check([entries[0]!, entries[2]!])).to.deep.include({ part: 'chain', seq: 3 });
+    expect(await check([entries[0]!, entries[2]!])).to.deep.include({ part: 'chain', seq: 3 });
     // a payload changed by one byte
     const bodies = new Map(payloads);
     const digest = entries[1]!.payload_digest;
     bodies.set(digest, bodies.get(digest)!.replace('failure', 'success'));
-    expect(check(entries, bodies)).to.deep.include({ part: 'payload', seq: 2 });
+    expect(await check(entries, bodies)).to.deep.include({ part: 'payload', seq: 2 });
     // another key
     const stranger = publicKeyFromPem(signerOf(randomBytes(32)).publicKeyPem)!;
     expect(verifyEntries(entries, { publicKey: stranger, keyId: signer.keyId })).to.deep.include({ part: 'signature', seq: 1 });
+  });
+
+  it('checks a long slice off the event loop and names the same first problem across its chunks', async () => {
+    const signer = signerOf(randomBytes(32));
+    const ledger = ledgerOf({ store, clock: systemClock, signer });
+    const entries = await ledger.append(
+      'long',
+      Array.from({ length: 600 }, (_, i) => ({ kind: 'gate.result', subject: { workspace: '.' }, payload: { i } })),
+    );
+    const opts = { publicKey: publicKeyFromPem(ledger.publicKey.pem)!, keyId: signer.keyId, prevHash: GENESIS_HASH };
+    const flip = (sig: string) => `${sig[0] === 'A' ? 'B' : 'A'}${sig.slice(1)}`;
+    const both = async (list: LedgerEntry[]) => {
+      const found = verifyEntries(list, opts);
+      expect(await verifyEntriesAsync(list, opts)).to.deep.equal(found);
+      return found;
+    };
+    // the event loop turns while it checks: a timer set before it fires before it ends
+    let ticked = false;
+    setTimeout(() => (ticked = true), 0);
+    expect(await verifyEntriesAsync(entries, opts)).to.equal(null);
+    expect(ticked).to.equal(true);
+    // a bad signature in the second chunk, before a broken link in the third: the signature is named
+    const a = structuredClone(entries);
+    a[300]!.sig = flip(a[300]!.sig);
+    a[550]!.prev_hash = GENESIS_HASH;
+    expect(await both(a)).to.deep.include({ part: 'signature', seq: 301 });
+    // a broken link in a chunk, before a bad signature later in the same chunk: the link is named
+    const b = structuredClone(entries);
+    b[260]!.prev_hash = GENESIS_HASH;
+    b[270]!.sig = flip(b[270]!.sig);
+    expect(await both(b)).to.deep.include({ part: 'chain', seq: 261 });
+    // a bad signature just before a broken link, in the same chunk: the signature is named
+    const c = structuredClone(entries);
+    c[512]!.sig = flip(c[512]!.sig);
+    c[513]!.kind = 'gate.run';
+    expect(await both(c)).to.deep.include({ part: 'signature', seq: 513 });
   });
 });

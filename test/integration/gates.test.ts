@@ -20,6 +20,7 @@ import {
   runGate,
   type GateContext,
 } from '../../engine/gates/index.js';
+import { readPlainFile } from '../../engine/gates/definition.js';
 import { createLogger, GateSetInvalidError } from '../../engine/platform/index.js';
 import { openSandbox, type Sandbox } from '../../engine/tools/index.js';
 import { GATES_YAML, makeProject } from '../support/projects.js';
@@ -335,6 +336,95 @@ describe('gates', function () {
     execFileSync('touch', ['-r', ref, file]); // to the nanosecond, as `touch -r` does
     expect((await fs.stat(file)).mtimeMs).to.equal((await fs.stat(ref)).mtimeMs);
     expect(await inputDigest(ctx, typecheck)).not.to.equal(moved);
+  });
+
+  it('reads a gate file and package.json through one handle that follows no link: one swapped for a link to another tenant’s file after a check is never read', async () => {
+    const tenants = path.join(dir, 'swap');
+    const alpha = path.join(tenants, 'alpha');
+    const beta = path.join(tenants, 'beta');
+    await fs.mkdir(alpha, { recursive: true });
+    await fs.mkdir(beta);
+    await fs.writeFile(path.join(beta, 'cfg.yml'), 'beta_db_password_hunter2: yes\n');
+    await fs.writeFile(path.join(beta, 'package.json'), JSON.stringify({ scripts: { test: 'beta-only', build: 'beta-only' } }));
+    const plain = 'gates:\n  - id: a\n    run: [/bin/true]\n';
+    // a tenant's step swaps a file for a link in a loop (a rename, so the name is never missing); here it
+    // is done once, at the worst moment: just after the service looks at the file by name (lstat, stat),
+    // or just before it opens or reads it by name
+    let name = '';
+    let target = '';
+    let swapped = false;
+    const swap = async (p: unknown) => {
+      if (swapped || p !== path.join(alpha, name)) return;
+      swapped = true;
+      await fs.symlink(target, path.join(alpha, 'swap.tmp'));
+      await fs.rename(path.join(alpha, 'swap.tmp'), path.join(alpha, name));
+    };
+    const { lstat, stat, open, readFile } = fs;
+    type Fn = (...args: unknown[]) => Promise<unknown>;
+    const after =
+      (fn: Fn) =>
+      async (...args: unknown[]) => {
+        const result = await fn(...args);
+        await swap(args[0]);
+        return result;
+      };
+    const before =
+      (fn: Fn) =>
+      async (...args: unknown[]) => {
+        await swap(args[0]);
+        return fn(...args);
+      };
+    const hooked = fs as unknown as Record<string, Fn>;
+    Object.assign(hooked, { lstat: after(lstat as Fn), stat: after(stat as Fn), open: before(open as Fn), readFile: before(readFile as Fn) });
+    const armed = async (file: string, linkTo: string, content: string) => {
+      await fs.rm(path.join(alpha, file), { force: true });
+      await fs.writeFile(path.join(alpha, file), content);
+      name = file;
+      target = path.join('..', 'beta', linkTo);
+      swapped = false;
+    };
+    try {
+      await armed('gates.yaml', 'cfg.yml', plain);
+      const err = await loadGateSet(alpha).catch((e: unknown) => e);
+      expect(swapped, 'the file was swapped while the set loaded').to.equal(true);
+      expect(String((err as Error).message)).to.not.contain('hunter2');
+      expect(err).to.be.instanceOf(GateSetInvalidError);
+      expect((err as Error).message).to.equal('gates.yaml is not a valid gate set: / must be a plain file');
+      // a detected set: another tenant's scripts do not become this workspace's gates
+      await fs.rm(path.join(alpha, 'gates.yaml'));
+      await armed('package.json', 'package.json', JSON.stringify({ scripts: { lint: 'eslint .' } }));
+      const detected = await loadGateSet(alpha);
+      expect(swapped).to.equal(true);
+      expect(detected.gates.map((g) => g.id)).to.deep.equal(['secrets']);
+      // what a vibe run's copy gets its gate file and scripts from
+      await armed('package.json', 'package.json', '{}');
+      expect(await readPlainFile(alpha, 'package.json')).to.equal('not-plain');
+      expect(swapped).to.equal(true);
+    } finally {
+      Object.assign(hooked, { lstat, stat, open, readFile });
+    }
+    // unswapped, the same files read as before; a FIFO is refused without waiting for a writer
+    await armed('gates.yaml', 'cfg.yml', plain);
+    expect((await loadGateSet(alpha)).gates.map((g) => g.id)).to.deep.equal(['a']);
+    expect(await readPlainFile(alpha, 'gates.yaml')).to.deep.equal({ text: plain });
+    expect(await readPlainFile(alpha, 'nothing.yaml')).to.equal('absent');
+    expect(await readPlainFile(alpha, 'gates.yaml', 10)).to.equal('too-large');
+    execFileSync('mkfifo', [path.join(alpha, 'fifo')]);
+    expect(await readPlainFile(alpha, 'fifo')).to.equal('not-plain');
+  });
+
+  it('reads no gate file through a workspace folder swapped for a link after it was resolved', async () => {
+    const tenants = path.join(dir, 'moved');
+    await fs.mkdir(path.join(tenants, 'alpha', 'ws'), { recursive: true });
+    await fs.mkdir(path.join(tenants, 'beta'));
+    await fs.writeFile(path.join(tenants, 'beta', 'gates.yaml'), 'beta_db_password_hunter2: yes\n');
+    const ws = await fs.realpath(path.join(tenants, 'alpha', 'ws'));
+    // the step moves its workspace away and puts a link to another tenant's folder in its place
+    await fs.rename(ws, `${ws}.away`);
+    await fs.symlink(path.join('..', 'beta'), ws);
+    const err = (await loadGateSet(ws).catch((e: unknown) => e)) as Error;
+    expect(err).to.be.instanceOf(GateSetInvalidError);
+    expect(err.message).to.equal('gates.yaml is not a valid gate set: / must be a plain file');
   });
 
   it('reads nothing outside the workspace: .. and absolute paths are refused, a linked folder leads nowhere; a gate that cannot start fails; printed secrets are masked', async () => {

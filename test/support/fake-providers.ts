@@ -30,6 +30,8 @@ export type FakeProviders = {
   mails: Mail[];
   /** serves a bare repository as owner/name over git's dumb HTTP protocol, under the code host's address, to the token only */
   serveRepo(repository: string, bareDir: string): void;
+  /** answers the git requests of one repository with a redirect to another's (a renamed repository, or a host sending git elsewhere) */
+  redirectRepo(from: string, to: string): void;
   /** the files of main's one commit, for the Git Data API (a pull request from a diff) */
   setFiles(repository: string, files: Record<string, string>): void;
   /** the next `times` requests to a provider answer `status` (with Retry-After when given) */
@@ -68,11 +70,14 @@ export async function startFakeProviders(opts: { token?: string } = {}): Promise
   };
 
   const repos = new Map<string, string>();
+  const redirects = new Map<string, string>();
   const repoFiles = new Map<string, Record<string, string>>();
 
   function github(r: Recorded, res: http.ServerResponse): void {
     const git = /^\/github\/([\w.-]+\/[\w.-]+)\.git\/(.+)$/.exec(r.path);
     if (git) {
+      const moved = redirects.get(git[1]!);
+      if (moved) return void res.writeHead(301, { location: `/github/${moved}.git/${git[2]}` }).end();
       const dir = repos.get(git[1]!);
       if (r.authorization !== `Basic ${Buffer.from(`x-access-token:${token}`).toString('base64')}`) {
         res.writeHead(401, { 'www-authenticate': 'Basic realm="git"' });
@@ -231,6 +236,9 @@ export async function startFakeProviders(opts: { token?: string } = {}): Promise
     },
     serveRepo(repository, bareDir) {
       repos.set(repository, path.resolve(bareDir));
+    },
+    redirectRepo(from, to) {
+      redirects.set(from, to);
     },
     failNext(provider, status, times = 1, retryAfter) {
       failures.set(provider, { status, times, retryAfter });

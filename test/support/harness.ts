@@ -182,6 +182,14 @@ export async function freePort(): Promise<number> {
   });
 }
 
+/** True when something accepts connections on the loopback port (a server a test started). */
+export function listening(port: number): Promise<boolean> {
+  return new Promise<boolean>((resolve) => {
+    const s = net.connect(port, '127.0.0.1', () => (s.end(), resolve(true)));
+    s.on('error', () => resolve(false));
+  });
+}
+
 /** How many processes of this machine have a command line containing `text` (pgrep -f). */
 export function processesMatching(text: string): number {
   const out = spawnSync('pgrep', ['-f', '--', text], { encoding: 'utf8' });

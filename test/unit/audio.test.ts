@@ -1,11 +1,18 @@
 // What the voice route takes for audio, from its bytes: MPEG frames checked field by field, WAV headers
-// whose byte rate agrees with the rest.
+// whose byte rate agrees with the rest, a WAV's length however its chunks lie and whatever its byte rate says.
 import { expect } from 'chai';
-import { durationOf, sniffAudio } from '../../engine/voice/index.js';
-import { wav as wavOf } from '../support/audio.js';
+import { sniffAudio, WavLength } from '../../engine/voice/index.js';
+import { chunk, IMA_SAMPLES_PER_BLOCK, imaAdpcm, padded, riff, wav as wavOf } from '../support/audio.js';
 
 /** `n` MPEG-1 layer III frames, 128 kbit/s at 44.1 kHz (417 bytes each, no padding). */
 const mp3Frames = (n: number) => Buffer.concat(Array.from({ length: n }, () => Buffer.concat([Buffer.from([0xff, 0xfb, 0x90, 0x00]), Buffer.alloc(413)])));
+
+/** A WAV's seconds, its bytes pushed `piece` at a time: `[while arriving, once whole]`. */
+function measure(wav: Buffer, piece = wav.length): [number | null, number | null] {
+  const length = new WavLength();
+  for (let at = 0; at < wav.length; at += piece) length.push(wav.subarray(at, at + piece));
+  return [length.seconds(), length.seconds(wav.length)];
+}
 
 describe('audio sniffing', () => {
   it('takes MPEG layer III frames for MP3, and two bytes of frame sync alone for nothing', () => {
@@ -22,11 +29,48 @@ describe('audio sniffing', () => {
 
   it('refuses a WAV whose byte rate disagrees with its sample rate and block size', () => {
     const wav = wavOf(1);
-    expect(durationOf('wav', wav, { size: wav.length, tail: wav.subarray(-64) })).to.equal(1);
+    expect(measure(wav)).to.deep.equal([1, 1]);
     wav.writeUInt32LE(0x7fffffff, 28);
-    expect(() => durationOf('wav', wav, { size: wav.length, tail: wav.subarray(-64) })).to.throw(/byte rate/);
+    expect(() => measure(wav)).to.throw(/byte rate/);
     wav.writeUInt32LE(32_000, 28);
     wav.writeUInt32LE(0, 24);
-    expect(() => durationOf('wav', wav, { size: wav.length, tail: wav.subarray(-64) })).to.throw(/zero/);
+    expect(() => measure(wav)).to.throw(/zero/);
+  });
+
+  it("follows a WAV's chunks past metadata of any size, in pieces of any size, and counts every data chunk", () => {
+    // 100 KB of JUNK before the data: past the 64 KB the format is judged by
+    const junk = padded(wavOf(120, 1000), 100_000);
+    for (const piece of [junk.length, 64 * 1024, 1000, 7, 1]) expect(measure(junk, piece), `pushed ${piece} bytes at a time`).to.deep.equal([120, 120]);
+    const length = new WavLength();
+    length.push(junk.subarray(0, 100_000));
+    expect(length.seconds(), 'the data header has not arrived').to.equal(null);
+    // decoders play a second data chunk too
+    const half = wavOf(30, 1000);
+    const twice = riff(half.subarray(12, 36), chunk('LIST', Buffer.alloc(3)), half.subarray(36), chunk('data', Buffer.alloc(62_000)));
+    expect(measure(twice, 4096)).to.deep.equal([61, 61]);
+    // a recorder that streamed its WAV leaves the size unknown: what has arrived plays at least, the whole file exactly
+    const streamed = wavOf(2, 1000);
+    streamed.writeUInt32LE(0xffffffff, 40);
+    const arriving = new WavLength();
+    arriving.push(streamed.subarray(0, 44 + 2000));
+    expect(arriving.seconds()).to.equal(1);
+    expect(measure(streamed)).to.deep.equal([2, 2]);
+    expect(() => measure(wavOf(1).subarray(0, 1000))).to.throw(/truncated: its header promises 32000 bytes of audio, 956 arrived/);
+    expect(() => measure(junk.subarray(0, 100_000))).to.throw(/no data chunk/);
+  });
+
+  it('measures IMA ADPCM by its blocks, not by the byte rate its header claims', () => {
+    const seconds = (Math.ceil((120 * 8000) / IMA_SAMPLES_PER_BLOCK) * IMA_SAMPLES_PER_BLOCK) / 8000;
+    expect(measure(imaAdpcm(120))).to.deep.equal([seconds, seconds]);
+    // 8 bytes a sample, sixteen times the honest byte rate, would make 120 s look like 7.6
+    expect(measure(imaAdpcm(120, 8000, { byteRate: 64_000 }))).to.deep.equal([seconds, seconds]);
+    expect(measure(imaAdpcm(120, 8000, { extensible: true }))).to.deep.equal([seconds, seconds]);
+    // a codec whose blocks say nothing of its samples (GSM 6.10): only decoding tells, as for MP3
+    const gsm = imaAdpcm(1);
+    gsm.writeUInt16LE(0x31, 20);
+    expect(measure(gsm)).to.deep.equal([null, null]);
+    const bad = imaAdpcm(1);
+    bad.writeUInt16LE(8, 34);
+    expect(() => measure(bad)).to.throw(/IMA ADPCM/);
   });
 });

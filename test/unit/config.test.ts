@@ -77,6 +77,13 @@ describe('config/env', () => {
         expect(text).to.contain(name);
       }
     }
+    // what variables say together is named too, beside one that does not read
+    expect(() => parseEnv({ PORT: 'abc', SERVICE_TRANSCRIBE_PROVIDER: 'openai', SERVICE_OIDC_CLIENT_SECRET: 'x' }))
+      .to.throw(ConfigError)
+      .with.property('message')
+      .that.contains('PORT:')
+      .and.contains('SERVICE_TRANSCRIBE_API_KEY: required')
+      .and.contains('set all four for sign-in, or none');
   });
 
   it('refuses SERVICE_AUTH=none and a missing secret or evidence key in production', () => {
@@ -98,6 +105,16 @@ describe('config/env', () => {
     expect(() => parseEnv({ SERVICE_STORE: 'mongo' })).to.throw(ConfigError, /"mongo" needs MONGODB_URI/);
     expect(() => parseEnv({ SERVICE_STORE: 'sqlite', MONGODB_URI: 'mongodb://db/svc' })).to.throw(ConfigError, /pick one store/);
     expect(() => parseEnv({ SERVICE_STORE: 'postgres' })).to.throw(ConfigError, /SERVICE_STORE: expected "sqlite" or "mongo"/);
+  });
+
+  it('refuses notification tries whose doubled waits would pass 7 days (50 tries overflowed a date)', () => {
+    expect(() => parseEnv({ SERVICE_NOTIFY_ATTEMPTS: '50' })).to.throw(
+      ConfigError,
+      /SERVICE_NOTIFY_ATTEMPTS, SERVICE_NOTIFY_BACKOFF_MS: 50 tries.*at most 7 days/,
+    );
+    expect(parseEnv({ SERVICE_NOTIFY_ATTEMPTS: '17', SERVICE_NOTIFY_BACKOFF_MS: '5000' }).notify.attempts).to.equal(17);
+    expect(() => parseEnv({ SERVICE_NOTIFY_ATTEMPTS: '18', SERVICE_NOTIFY_BACKOFF_MS: '5000' })).to.throw(ConfigError, /at most 7 days/);
+    expect(parseEnv({ SERVICE_NOTIFY_ATTEMPTS: '1', SERVICE_NOTIFY_BACKOFF_MS: '3600000' }).notify.attempts).to.equal(1);
   });
 
   it('never echoes an API key in its error', () => {

@@ -1,5 +1,5 @@
 import { expect } from 'chai';
-import { toProblem } from '../../api/problem.js';
+import { storeUnavailable, toProblem } from '../../api/problem.js';
 import { ConflictError, NotFoundError, ValidationError } from '../../engine/platform/errors.js';
 
 describe('api/problem', () => {
@@ -33,5 +33,14 @@ describe('api/problem', () => {
     );
     expect(v).to.include({ code: 'bad-request' });
     expect(v.errors).to.deep.equal([{ path: '/body/name', message: 'required' }]);
+  });
+
+  it('answers a store that cannot write now (a full disk) 503 with Retry-After, not 500', () => {
+    const full = storeUnavailable(Object.assign(new Error('database or disk is full'), { code: 'SQLITE_FULL' }));
+    expect(full?.retryAfterSeconds).to.equal(5);
+    expect(toProblem(full, 'r', '/')).to.include({ status: 503, code: 'unavailable' });
+    expect(storeUnavailable(Object.assign(new Error('x'), { code: 'SQLITE_IOERR_WRITE' }))).to.not.equal(null);
+    expect(storeUnavailable(Object.assign(new Error('x'), { code: 'SQLITE_CONSTRAINT_UNIQUE' })), 'a bug stays a 500').to.equal(null);
+    expect(storeUnavailable(new Error('x'))).to.equal(null);
   });
 });

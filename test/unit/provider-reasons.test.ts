@@ -19,4 +19,11 @@ describe('provider error reasons', () => {
     expect(reasonOf(`invalid_auth Bearer ${token.slice(0, 20)}`, token)).to.not.contain(token.slice(0, 12));
     expect(reasonOf('invalid_auth', token)).to.equal('invalid_auth');
   });
+
+  it('masks a credential with whitespace in it (stored before credentials were checked), before whitespace is folded', () => {
+    const odd = 'SECRETPART_abcdefgh\nX-Evil: 1';
+    const reason = reasonOf(`Bearer ${odd} is not a legal HTTP header value`, odd);
+    expect(reason).to.equal('Bearer [credential] is not a legal HTTP header value');
+    expect(reasonOf(`Bearer SECRETPART_abcdefgh X-Evil: 1 refused`, odd)).to.not.contain('abcdefgh');
+  });
 });

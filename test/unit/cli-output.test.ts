@@ -1,0 +1,38 @@
+// The command-line tool's output (cli/output.ts): colour is decided for stdout and stderr each, so a
+// redirected stream gets plain text while the other, at a terminal, keeps its colour.
+import { expect } from 'chai';
+import { outputOf } from '../../cli/output.js';
+
+/** A stream that keeps what is written to it; a terminal or not. */
+const stream = (isTTY: boolean) => {
+  const written: string[] = [];
+  return { written, stream: { isTTY, write: (s: string) => written.push(s) } as unknown as NodeJS.WriteStream };
+};
+const ESC = '\u001b[';
+
+describe('the command-line tool’s output', () => {
+  it('paints stderr only when stderr is a terminal, whatever stdout is', () => {
+    for (const [outTTY, errTTY] of [
+      [true, false],
+      [false, true],
+    ]) {
+      const out = stream(outTTY!);
+      const err = stream(errTTY!);
+      const o = outputOf({ json: false, noColor: false, stdout: out.stream, stderr: err.stream });
+      o.out(o.paint('green', 'ok\n'));
+      o.err('reconnecting\n', 'dim');
+      expect(out.written.join('').includes(ESC), `stdout ${outTTY ? 'at' : 'not at'} a terminal`).to.equal(outTTY);
+      expect(err.written.join('').includes(ESC), `stderr ${errTTY ? 'at' : 'not at'} a terminal`).to.equal(errTTY);
+      expect(err.written.join('')).to.contain('reconnecting\n');
+    }
+  });
+
+  it('paints nothing with NO_COLOR', () => {
+    const out = stream(true);
+    const err = stream(true);
+    const o = outputOf({ json: false, noColor: true, stdout: out.stream, stderr: err.stream });
+    o.out(o.paint('green', 'ok\n'));
+    o.err('reconnecting\n', 'dim');
+    expect([...out.written, ...err.written]).to.deep.equal(['ok\n', 'reconnecting\n']);
+  });
+});
