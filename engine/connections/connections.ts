@@ -13,7 +13,7 @@ import {
   type FieldError,
 } from '../platform/index.js';
 import type { Platform } from '../deps.js';
-import type { ConnectionChanges } from '../store/index.js';
+import type { ConnectionChanges, ConnectionState } from '../store/index.js';
 import { ACTIONS, ActionArgsError, type Answer } from './actions.js';
 import { KITS, type Access } from './kits.js';
 import { callProvider, ProviderError, reasonOf } from './retry.js';
@@ -118,8 +118,8 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
     return result?.diff ?? '';
   }
 
-  async function touch(record: ConnectionRecord, changes: ConnectionChanges = {}): Promise<ConnectionRecord> {
-    const next = await store.connections.update(record.tenant_id, record.id, { last_used_at: clock.now().toISOString(), ...changes });
+  async function touch(record: ConnectionRecord, changes: ConnectionChanges = {}, when?: ConnectionState): Promise<ConnectionRecord> {
+    const next = await store.connections.update(record.tenant_id, record.id, { last_used_at: clock.now().toISOString(), ...changes }, when);
     return next && next !== 'name-taken' ? next : record;
   }
 
@@ -210,7 +210,9 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
         if (!(err instanceof ProviderError)) log.warn({ tenant_id: tenantId, connection_id: id, err: (err as Error).message }, 'connection test failed');
         result = { ok: false, identity: null, capabilities: [], error, checked_at: clock.now().toISOString() };
       }
-      await touch(record, { last_test: result });
+      // kept only while the connection still holds the credential and address tried: a test that a PATCH
+      // overtook would otherwise stand as the new credential's verdict
+      await touch(record, { last_test: result }, record);
       return result;
     },
 

@@ -138,14 +138,21 @@ export interface WebhookSecretRepo {
 
 export type ConnectionChanges = Partial<Pick<ConnectionRecord, 'name' | 'base_url' | 'settings' | 'sealed' | 'updated_at' | 'last_used_at' | 'last_test'>>;
 
+/** What a connection's test was about: its credential and where it was tried */
+export type ConnectionState = Pick<ConnectionRecord, 'sealed' | 'base_url'>;
+
 export interface ConnectionRepo {
   /** Inserts unless the tenant has a connection of that name; false when it has. */
   insert(connection: ConnectionRecord): Promise<boolean>;
   get(tenantId: string, id: string): Promise<ConnectionRecord | null>;
   /** Oldest first, optionally of one provider. */
   list(tenantId: string, provider?: ConnectionProvider): Promise<ConnectionRecord[]>;
-  /** The connection as it is now; null when the tenant has none of that id; 'name-taken' when a rename collides. */
-  update(tenantId: string, id: string, changes: ConnectionChanges): Promise<ConnectionRecord | null | 'name-taken'>;
+  /**
+   * The connection as it is now; null when the tenant has none of that id, or when `when` is given and the
+   * stored credential or base URL is no longer the one it names (nothing is written then); 'name-taken' when a
+   * rename collides.
+   */
+  update(tenantId: string, id: string, changes: ConnectionChanges, when?: ConnectionState): Promise<ConnectionRecord | null | 'name-taken'>;
   /** true when there was one to delete */
   delete(tenantId: string, id: string): Promise<boolean>;
 }

@@ -2,6 +2,8 @@
 // providers on loopback through each provider's own SDK.
 import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
 import path from 'node:path';
 import { expect } from 'chai';
 import { FAKE_TOKEN, makePullRequestRepo, SMTP_USER, startFakeProviders, type FakeProviders } from '../support/fake-providers.js';
@@ -239,6 +241,39 @@ describe('connections', function () {
     expect((await h.call<Body>('GET', '/api/v1/connections', { key: KEYS.b })).body.data).to.deep.equal([]);
     expect((await h.call<Body>('GET', `/api/v1/connections/${mine.id}`)).body.name).to.equal(mine.name);
     expect((await h.call('GET', '/api/v1/connections/con_nope')).status).to.equal(400);
+  });
+
+  it('keeps no verdict of a test that a change of credential overtook', async () => {
+    // a code host that holds the identity call until told to answer
+    let asked!: () => void;
+    const reached = new Promise<void>((resolve) => (asked = resolve));
+    let answer!: () => void;
+    const released = new Promise<void>((resolve) => (answer = resolve));
+    const slow = http.createServer((req, res) => {
+      asked();
+      void released.then(() => {
+        res.writeHead(200, { 'content-type': 'application/json', 'x-oauth-scopes': 'repo' });
+        res.end(JSON.stringify({ login: 'old-bot', id: 2 }));
+      });
+    });
+    await new Promise<void>((resolve) => slow.listen(0, '127.0.0.1', resolve));
+    try {
+      const base = `http://127.0.0.1:${(slow.address() as AddressInfo).port}`;
+      const made = await create({ provider: 'codehost', name: 'overtaken', base_url: base, credential: 'old-token' });
+      expect(made.status, made.text).to.equal(201);
+      const testing = h.call<Body>('POST', `/api/v1/connections/${made.body.id}/test`);
+      await reached;
+      const patched = await h.call<Body>('PATCH', `/api/v1/connections/${made.body.id}`, { body: { credential: 'new-token' } });
+      expect(patched.status, patched.text).to.equal(200);
+      answer();
+      const tested = await testing;
+      // the answer is what was asked of the old credential; the connection keeps no verdict on the new one
+      expect(tested.body).to.deep.include({ ok: true, identity: 'old-bot' });
+      expect((await h.call<Body>('GET', `/api/v1/connections/${made.body.id}`)).body.last_test).to.equal(null);
+    } finally {
+      slow.closeAllConnections();
+      slow.close();
+    }
   });
 });
 

@@ -427,6 +427,13 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
         last_used_at: now,
         last_test: test,
       });
+      // a write on condition (a test's verdict): only while the credential and address are the ones tried
+      const resealed = { v: 1 as const, iv: 'aXYy', tag: 'dGFn', ct: 'Y3Qy' };
+      expect(await store.connections.update('t1', a.id, { sealed: resealed })).to.include({ name: 'gh' });
+      expect(await store.connections.update('t1', a.id, { last_test: null }, a), 'the credential changed since').to.equal(null);
+      expect(await store.connections.update('t1', a.id, { last_test: null }, { ...a, sealed: resealed, base_url: 'https://ghe.example.com' })).to.equal(null);
+      expect((await store.connections.get('t1', a.id))!.last_test, 'nothing written on a failed condition').to.deep.equal(test);
+      expect(await store.connections.update('t1', a.id, { last_test: null }, { ...a, sealed: resealed })).to.include({ last_test: null });
       expect(await store.connections.insert(con('t1')), 'the old name is free again').to.equal(true);
       expect(await store.connections.delete('t2', a.id)).to.equal(false);
       expect(await store.connections.delete('t1', a.id)).to.equal(true);

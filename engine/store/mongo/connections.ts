@@ -31,10 +31,11 @@ export function connectionRepo(model: Model<Stored<ConnectionRecord>>): Connecti
         .lean<Stored<ConnectionRecord>[]>();
       return rows.map((r) => fromStored(r)!);
     },
-    async update(tenantId, id, changes) {
+    async update(tenantId, id, changes, when) {
+      const unchanged = when ? { base_url: when.base_url, 'sealed.iv': when.sealed.iv, 'sealed.ct': when.sealed.ct } : {};
       try {
         const row = await model
-          .findOneAndUpdate({ _id: id, tenant_id: tenantId }, { $set: changes }, { returnDocument: 'after' })
+          .findOneAndUpdate({ _id: id, tenant_id: tenantId, ...unchanged }, { $set: changes }, { returnDocument: 'after' })
           .lean<Stored<ConnectionRecord>>();
         return fromStored(row);
       } catch (err) {

@@ -1,7 +1,7 @@
 // A tenant's connections: one row each, the sealed credential inside the document.
 import { groupCommit, type Db } from './db.js';
 import type { ConnectionRecord } from '../../platform/index.js';
-import type { ConnectionChanges, ConnectionRepo } from '../port.js';
+import type { ConnectionChanges, ConnectionRepo, ConnectionState } from '../port.js';
 
 const isUniqueViolation = (err: unknown) => (err as { code?: string }).code === 'SQLITE_CONSTRAINT_UNIQUE';
 
@@ -13,10 +13,12 @@ export function connectionRepo(db: Db): ConnectionRepo {
   const write = db.prepare('UPDATE connections SET name = ?, doc = ? WHERE tenant_id = ? AND id = ?');
   const remove = db.prepare('DELETE FROM connections WHERE tenant_id = ? AND id = ?');
   const commit = groupCommit(db);
-  const update = (tenantId: string, id: string, changes: ConnectionChanges): ConnectionRecord | null => {
+  const update = (tenantId: string, id: string, changes: ConnectionChanges, when?: ConnectionState): ConnectionRecord | null => {
     const row = one.get(tenantId, id);
     if (!row) return null;
-    const next: ConnectionRecord = { ...(JSON.parse(row.doc) as ConnectionRecord), ...changes };
+    const current = JSON.parse(row.doc) as ConnectionRecord;
+    if (when && (current.base_url !== when.base_url || current.sealed.ct !== when.sealed.ct || current.sealed.iv !== when.sealed.iv)) return null;
+    const next: ConnectionRecord = { ...current, ...changes };
     write.run(next.name, JSON.stringify(next), tenantId, id);
     return next;
   };
@@ -41,10 +43,10 @@ export function connectionRepo(db: Db): ConnectionRepo {
     async list(tenantId, provider) {
       return (provider ? byProvider.all(tenantId, provider) : byTenant.all(tenantId)).map(parse);
     },
-    async update(tenantId, id, changes) {
+    async update(tenantId, id, changes, when) {
       return commit(() => {
         try {
-          return update(tenantId, id, changes);
+          return update(tenantId, id, changes, when);
         } catch (err) {
           if (isUniqueViolation(err)) return 'name-taken' as const;
           throw err;
