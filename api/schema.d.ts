@@ -4259,7 +4259,20 @@ export interface operations {
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             422: components["responses"]["Unprocessable"];
-            429: components["responses"]["ApiRateLimited"];
+            /**
+             * @description The tenant's or the key's requests this minute are spent, or the tenant has a quarter of the uploads a
+             *     process takes at once (8 of 32) in progress already (`rate-limited`, `Retry-After: 5`).
+             */
+            429: {
+                headers: {
+                    /** @description Seconds to wait before trying again. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             502: components["responses"]["BadGateway"];
             503: components["responses"]["TranscriptionNotConfigured"];
             504: components["responses"]["GatewayTimeout"];

@@ -2,7 +2,7 @@
 // per transcription, with sizes and timings, never the text.
 import { performance } from 'node:perf_hooks';
 import type { Readable } from 'node:stream';
-import { AudioRejectedError, ServiceUnavailableError, TranscriptionNotConfiguredError, type Logger } from '../platform/index.js';
+import { AudioRejectedError, RateLimitedError, ServiceUnavailableError, TranscriptionNotConfiguredError, type Logger } from '../platform/index.js';
 import { AudioUpload, type UploadTerms } from './upload.js';
 import type { Transcriber } from './transcriber.js';
 
@@ -11,9 +11,11 @@ export const MAX_AUDIO_BYTES = 25 * 1024 * 1024;
 /**
  * Uploads a process takes at once, from their first byte to the answer: each keeps a temporary file of up to
  * 25 MB (and, for a provider that streams, what it has not taken yet in memory). One more is answered 503
- * with Retry-After before its body is read.
+ * with Retry-After before its body is read. One tenant holds at most a quarter of them (429 past that), so
+ * a tenant sending slowly, or many at once, leaves room for the others.
  */
 const MAX_UPLOADS_AT_ONCE = 32;
+const TENANT_SHARE = 4;
 /** What a client refused for that is told to wait: a transcription takes seconds. */
 const BUSY_RETRY_AFTER_SECONDS = 5;
 
@@ -41,7 +43,10 @@ type Transcribed = { transcript: Transcription; sha256: string | null };
 
 export function voiceOf(deps: VoiceDeps, settings: VoiceSettings) {
   const maxUploads = settings.maxUploads ?? MAX_UPLOADS_AT_ONCE;
+  const maxPerTenant = Math.max(1, Math.ceil(maxUploads / TENANT_SHARE));
   let uploads = 0;
+  /** uploads in progress per tenant (a tenant with none has no entry) */
+  const byTenant = new Map<string, number>();
 
   function assertConfigured(): Transcriber {
     if (!settings.transcriber) throw new TranscriptionNotConfiguredError(settings.unavailable);
@@ -56,13 +61,20 @@ export function voiceOf(deps: VoiceDeps, settings: VoiceSettings) {
    */
   async function transcribe(tenantId: string, stream: Readable, opts: TranscribeOptions): Promise<Transcribed> {
     const transcriber = assertConfigured();
+    const mine = byTenant.get(tenantId) ?? 0;
+    if (mine >= maxPerTenant)
+      throw new RateLimitedError(`this tenant has ${mine} uploads in progress, the most it may have at once; try again shortly`, BUSY_RETRY_AFTER_SECONDS);
     if (uploads >= maxUploads)
       throw new ServiceUnavailableError(`the service is taking ${maxUploads} uploads already; try again shortly`, BUSY_RETRY_AFTER_SECONDS);
     uploads++;
+    byTenant.set(tenantId, mine + 1);
     try {
       return await transcribeUpload(tenantId, transcriber, stream, opts);
     } finally {
       uploads--;
+      const left = byTenant.get(tenantId)! - 1;
+      if (left) byTenant.set(tenantId, left);
+      else byTenant.delete(tenantId);
     }
   }
 

@@ -416,27 +416,31 @@ describe('voice transcription', function () {
     expect((await raw(h, wav(0.2))).status, 'the service still answers').to.equal(200);
   });
 
-  it('takes a bounded number of uploads at once, and tells the others when to come back', async () => {
+  it('takes a bounded number of uploads at once, a quarter of them per tenant, and tells the others when to come back', async () => {
     const heard = { text: 'hi', language: null, duration_seconds: 1, segments: [] };
     const transcriber: Transcriber = { name: 'fake', model: 'none', streams: false, transcribe: async (audio) => (await audio.settled, heard) };
-    const voice = voiceOf({ log: h.rt.log }, { transcriber, unavailable: '', maxSeconds: 60, maxUploads: 2 });
+    const voice = voiceOf({ log: h.rt.log }, { transcriber, unavailable: '', maxSeconds: 60, maxUploads: 8 });
     const audio = wav(3);
-    const send = () => {
+    const send = (tenant: string) => {
       const stream = new PassThrough();
       stream.write(audio.subarray(0, 80_000));
-      const done = voice.transcribe('acme', stream, { signal: new AbortController().signal, complete: async () => ({}) });
+      const done = voice.transcribe(tenant, stream, { signal: new AbortController().signal, complete: async () => ({}) });
       return { stream, done };
     };
-    const held = [send(), send()];
-    const refused = await send().done.catch((e: unknown) => e);
-    expect(refused).to.deep.include({ code: 'unavailable', retryAfterSeconds: 5 });
-    held[0]!.stream.end(audio.subarray(80_000));
-    expect((await held[0]!.done).transcript.text).to.equal('hi');
-    const next = send();
-    next.stream.end(audio.subarray(80_000));
-    held[1]!.stream.end(audio.subarray(80_000));
-    expect((await next.done).transcript.text, 'a slot freed by an answer is taken again').to.equal('hi');
-    await held[1]!.done;
+    const finish = async (u: ReturnType<typeof send>) => (u.stream.end(audio.subarray(80_000)), (await u.done).transcript.text);
+    // a tenant holding its share (2 of 8) is told to wait; another tenant still gets in
+    const acme = [send('acme'), send('acme')];
+    expect(await send('acme').done.catch((e: unknown) => e)).to.deep.include({ code: 'rate-limited', retryAfterSeconds: 5 });
+    const others = ['b', 'b', 'c', 'c', 'd', 'd'].map(send);
+    // the process holds all it takes: everyone is told to come back
+    expect(await send('e').done.catch((e: unknown) => e)).to.deep.include({ code: 'unavailable', retryAfterSeconds: 5 });
+    expect(await finish(acme[0]!)).to.equal('hi');
+    const next = send('acme');
+    expect(await finish(next), 'a slot freed by an answer is taken again').to.equal('hi');
+    for (const u of [acme[1]!, ...others]) expect(await finish(u)).to.equal('hi');
+    // a refused upload held no slot: a tenant's whole share is free again
+    const again = [send('acme'), send('acme')];
+    for (const u of again) expect(await finish(u)).to.equal('hi');
   });
 
   it("appends the text to a session as a user message for one of its agents; another tenant's or an archived session is refused before the provider is asked", async () => {
