@@ -199,6 +199,40 @@ function prlimitArgs(limits: SandboxLimits, nproc: boolean): string[] {
 
 let stepCounter = 0;
 
+/** O_CLOEXEC as /proc/<pid>/fdinfo shows it (octal flags) */
+const O_CLOEXEC = 0o2000000;
+
+/**
+ * Closes what this process was handed open by its parent beyond stdin, stdout and stderr, unless marked to
+ * close on exec: such a descriptor (a supervisor's pipe, a wrapper script's socket or file) would otherwise
+ * reach every step, and bubblewrap passes it on. Everything Node and SQLite open is close-on-exec; the IPC
+ * channel of a parent that forked this process is kept. Linux only (/proc); returns what it closed.
+ */
+export function closeInheritedDescriptors(): { fd: number; target: string }[] {
+  const keep = new Set([0, 1, 2, Number(process.env.NODE_CHANNEL_FD ?? -1)]);
+  const closed: { fd: number; target: string }[] = [];
+  let entries: string[];
+  try {
+    entries = fs.readdirSync('/proc/self/fdinfo');
+  } catch {
+    return closed;
+  }
+  for (const name of entries) {
+    const fd = Number(name);
+    if (keep.has(fd)) continue;
+    try {
+      const flags = /^flags:\s*([0-7]+)/m.exec(fs.readFileSync(`/proc/self/fdinfo/${fd}`, 'utf8'))?.[1];
+      if (flags === undefined || Number.parseInt(flags, 8) & O_CLOEXEC) continue;
+      const target = fs.readlinkSync(`/proc/self/fd/${fd}`);
+      fs.closeSync(fd);
+      closed.push({ fd, target });
+    } catch {
+      // gone meanwhile (the listing's own descriptor)
+    }
+  }
+  return closed;
+}
+
 export function bwrapSandbox(opts: { bwrap: string; prlimit: string; limits: SandboxLimits; prefix: string; log: Logger }): Sandbox {
   const secrets = etcSecrets();
   const supports = optionsOf(opts.bwrap);
@@ -208,6 +242,8 @@ export function bwrapSandbox(opts: { bwrap: string; prlimit: string; limits: San
       { missing },
       'this bubblewrap is older than 0.8: steps’ /tmp is not bounded, or steps may make user namespaces (install bubblewrap 0.8 or later)',
     );
+  const inherited = closeInheritedDescriptors();
+  if (inherited.length) opts.log.warn({ closed: inherited }, 'closed descriptors inherited open from the parent process, so that no step reaches them');
   const cgroupRoot = pidsCgroupRoot(opts.prefix);
   const isRoot = process.getuid?.() === 0;
   const processLimit = cgroupRoot ? 'cgroup' : isRoot ? 'none' : 'rlimit';

@@ -4,6 +4,7 @@ import fs from 'node:fs/promises';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
+import { spawnSync } from 'node:child_process';
 import { expect } from 'chai';
 import { runProcess } from '../../engine/tools/process.js';
 import { ATTEMPT_STREAMED_MAX_BYTES } from '../../engine/runs/attempt.js';
@@ -146,6 +147,50 @@ describe('sandbox', function () {
     expect(h.logs.join('')).not.to.contain('could not be made');
     const procs = Number(/procs=(\d+)/.exec(forks.steps[0].output.stdout as string)?.[1] ?? 0);
     expect(procs, 'still limited to SERVICE_SANDBOX_PROCESSES').to.be.at.most(h.config.sandbox.limits.processes);
+  });
+
+  it('hands a step nothing the service process was handed open by its parent', async () => {
+    // a service started with an open file beyond stdio (a supervisor's pipe, a wrapper's file) at fd 100
+    const secret = path.join(await fs.mkdtemp(path.join(os.tmpdir(), 'inherited-')), 'parent-secret.txt');
+    await fs.writeFile(secret, 'the parent’s secret');
+    const file = await fs.open(secret, 'r');
+    const script = `
+      import { bwrapSandbox, which } from './engine/tools/sandbox.ts';
+      import { runProcess } from './engine/tools/process.ts';
+      import { createLogger } from './engine/platform/log.ts';
+      import fs from 'node:fs';
+      const ws = fs.mkdtempSync('/tmp/inherited-ws-');
+      const log = createLogger('warn');
+      const sandbox = bwrapSandbox({ bwrap: which('bwrap', process.env.PATH), prlimit: which('prlimit', process.env.PATH),
+        limits: { cpuSeconds: 10, memoryMb: 512, processes: 64, fileSizeMb: 16 }, prefix: 'inherited-' + process.pid, log });
+      const r = await runProcess(sandbox, ['sh', '-c', 'ls /proc/self/fd | tr "\\n" " "; echo; cat /proc/self/fd/100 2>&1; true'],
+        { workspace: ws, env: { PATH: '/usr/bin:/bin' }, network: false, maxBytes: 65536 });
+      sandbox.close();
+      fs.rmSync(ws, { recursive: true });
+      console.log('STEP:' + JSON.stringify(r.stdout));
+    `;
+    const child = spawnSync(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script], {
+      cwd: process.cwd(),
+      // Node marks the low descriptors it was handed close-on-exec itself (3 to 7 here), not the others
+      stdio: ['ignore', 'pipe', 'pipe', ...Array.from({ length: 98 }, (_, i) => (i === 97 ? file.fd : 'ignore'))],
+      encoding: 'utf8',
+      timeout: 30_000,
+    });
+    await file.close();
+    const out = /STEP:(.*)/.exec(child.stdout)?.[1];
+    expect(out, child.stdout + child.stderr).to.be.a('string');
+    const stdout = JSON.parse(out!) as string;
+    expect(stdout).not.to.contain('the parent’s secret');
+    // the step sees its stdio and the listing's own descriptor, nothing else
+    expect(
+      stdout
+        .split('\n')[0]!
+        .trim()
+        .split(' ')
+        .map(Number)
+        .sort((x, y) => x - y),
+    ).to.deep.equal([0, 1, 2, 3]);
+    expect(child.stdout + child.stderr, 'the operator is told').to.contain('parent-secret.txt');
   });
 
   it('leaves nothing behind: a daemonized process dies with its step', async () => {
