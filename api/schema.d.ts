@@ -1518,6 +1518,11 @@ export interface components {
                  * @enum {string}
                  */
                 process_limit: "cgroup" | "rlimit" | "none";
+                /**
+                 * @description How a step's memory is bounded, SERVICE_SANDBOX_MEMORY_MB for all its processes together (`cgroup`) or for each process's address space (`rlimit`).
+                 * @enum {string}
+                 */
+                memory_limit: "cgroup" | "rlimit" | "none";
                 warning?: string;
             };
             /** @description Redis's settings that matter to the service; a `warning` when its eviction policy is not `noeviction` (BullMQ can lose jobs). */
@@ -1969,7 +1974,7 @@ export interface components {
             };
         };
         ErrorInfo: {
-            /** @description Stable, for example tool-not-allowed, nonzero-exit, budget-exceeded, canceled, worker-lost, max-steps-reached, agent-error, path-outside-workspace, address-not-allowed, tool-failed (a tool failed in a way it did not expect). */
+            /** @description Stable, for example tool-not-allowed, nonzero-exit, memory-exceeded (the processes of a shell step together passed SERVICE_SANDBOX_MEMORY_MB), budget-exceeded, canceled, worker-lost, max-steps-reached, agent-error, path-outside-workspace, address-not-allowed, tool-failed (a tool failed in a way it did not expect). */
             code: string;
             message: string;
         } | null;

@@ -22,6 +22,7 @@ export async function startWebServer(rt: Runtime, opts: { port?: number; host?: 
     sandbox: {
       kind: rt.sandbox.kind,
       process_limit: rt.sandbox.processLimit,
+      memory_limit: rt.sandbox.memoryLimit,
       ...(rt.sandbox.kind === 'none' ? { warning: 'tool processes run unsandboxed, as the service' } : {}),
     },
     sseHeartbeatMs: config.sseHeartbeatSeconds * 1000,

@@ -16,7 +16,7 @@ async function check(probe: () => Promise<unknown>): Promise<Check> {
 }
 
 /** What /readyz says of the tool sandbox: a service that runs tools unsandboxed says so. */
-export type SandboxReport = { kind: string; process_limit: string; warning?: string };
+export type SandboxReport = { kind: string; process_limit: string; memory_limit: string; warning?: string };
 
 export function healthRouter(deps: { redis: Redis; store: Store; sandbox: SandboxReport }): Router {
   const router = Router();

@@ -16,6 +16,8 @@ export type ProcessResult = {
   timed_out: boolean;
   /** the signal ended it */
   aborted: boolean;
+  /** the kernel ended a process of it for the step's memory over its limit (a memory cgroup's) */
+  out_of_memory: boolean;
   duration_ms: number;
 };
 
@@ -93,6 +95,7 @@ export async function runProcess(
       truncated: stdout.truncated || stderr.truncated,
       timed_out: timedOut,
       aborted: Boolean(opts.signal?.aborted),
+      out_of_memory: proc.outOfMemory(),
       duration_ms: Math.round(performance.now() - started),
     };
   } finally {

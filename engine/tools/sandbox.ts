@@ -12,6 +12,7 @@ import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { OutsideError, type Logger } from '../platform/index.js';
+import { stepCgroups, type StepGroup } from './step-cgroups.js';
 import { ToolError } from './tool-error.js';
 
 export type SandboxKind = 'bwrap' | 'none';
@@ -40,7 +41,13 @@ export type SandboxSpawnOptions = {
  * group alone misses it if bwrap dies before the command is tied to it). `done()` frees what the sandbox
  * made for it once it has exited.
  */
-export type SandboxProcess = { child: ChildProcess; kill(signal: NodeJS.Signals): void; done(): void };
+export type SandboxProcess = {
+  child: ChildProcess;
+  kill(signal: NodeJS.Signals): void;
+  /** Whether the kernel ended a process of it for the step's memory over its limit (read before done()). */
+  outOfMemory(): boolean;
+  done(): void;
+};
 
 /** Signals a process group; a group that is gone already is not an error. */
 function killGroup(pid: number | undefined, signal: NodeJS.Signals): void {
@@ -52,27 +59,14 @@ function killGroup(pid: number | undefined, signal: NodeJS.Signals): void {
   }
 }
 
-/** Signals every process in a cgroup (v1 and v2 both list them in cgroup.procs). */
-function killCgroup(dir: string, signal: NodeJS.Signals): void {
-  let pids: string[];
-  try {
-    pids = fs.readFileSync(path.join(dir, 'cgroup.procs'), 'utf8').split('\n').filter(Boolean);
-  } catch {
-    return; // removed: nothing left in it
-  }
-  for (const pid of pids) {
-    try {
-      process.kill(Number(pid), signal);
-    } catch {
-      // exited meanwhile
-    }
-  }
-}
-
 export type Sandbox = {
   readonly kind: SandboxKind;
   /** how the number of processes of a step is bounded: a pids cgroup, RLIMIT_NPROC, or nothing */
   readonly processLimit: 'cgroup' | 'rlimit' | 'none';
+  /** how a step's memory is bounded: all its processes together (a memory cgroup), or each process's address space */
+  readonly memoryLimit: 'cgroup' | 'rlimit' | 'none';
+  /** the limits each step runs under; null: none (no sandbox) */
+  readonly limits: SandboxLimits | null;
   /** where the workspace is inside: what a step sees as its working folder */
   workspacePath(workspace: string): string;
   /** Starts argv in a new process group (kill the group to stop it all). */
@@ -98,42 +92,10 @@ export function which(name: string, pathVar: string | undefined): string | null 
   return null;
 }
 
-/** The processes a step may have, by a pids cgroup of its own: v2 (unified) or v1 (pids controller). */
 /** The options this bubblewrap takes, read from its --help (older ones lack --size and --disable-userns). */
 function optionsOf(bwrap: string): Set<string> {
   const help = spawnSync(bwrap, ['--help'], { encoding: 'utf8', timeout: 5000 });
   return new Set(`${help.stdout ?? ''}${help.stderr ?? ''}`.match(/--[a-z][a-z-]*/g) ?? []);
-}
-
-/** The prefix's folder of step groups, made if it is not there; on cgroup v2 its children may limit pids. */
-function prepareCgroupRoot(root: string): void {
-  fs.mkdirSync(root, { recursive: true });
-  if (fs.existsSync(path.join(path.dirname(root), 'cgroup.controllers'))) fs.writeFileSync(path.join(root, 'cgroup.subtree_control'), '+pids');
-}
-
-function pidsCgroupRoot(prefix: string): string | null {
-  const candidates = [
-    { base: '/sys/fs/cgroup', marker: 'cgroup.controllers', v2: true },
-    { base: '/sys/fs/cgroup/unified', marker: 'cgroup.controllers', v2: true },
-    { base: '/sys/fs/cgroup/pids', marker: 'pids.max', v2: false },
-  ];
-  for (const c of candidates) {
-    try {
-      if (c.v2 && !fs.readFileSync(path.join(c.base, c.marker), 'utf8').split(/\s+/).includes('pids')) continue;
-      if (!c.v2 && !fs.existsSync(c.base)) continue;
-      const root = path.join(c.base, `${prefix}-sandbox`);
-      prepareCgroupRoot(root);
-      // a probe: a child group whose limit can be written
-      const probe = path.join(root, 'probe');
-      fs.mkdirSync(probe, { recursive: true });
-      fs.writeFileSync(path.join(probe, 'pids.max'), '8');
-      fs.rmdirSync(probe);
-      return root;
-    } catch {
-      // not writable here: try the next
-    }
-  }
-  return null;
 }
 
 /** Paths under /etc that others may not read: masked inside the sandbox (an empty file or folder). */
@@ -197,8 +159,6 @@ function prlimitArgs(limits: SandboxLimits, nproc: boolean): string[] {
   ];
 }
 
-let stepCounter = 0;
-
 /** O_CLOEXEC as /proc/<pid>/fdinfo shows it (octal flags) */
 const O_CLOEXEC = 0o2000000;
 
@@ -244,11 +204,14 @@ export function bwrapSandbox(opts: { bwrap: string; prlimit: string; limits: San
     );
   const inherited = closeInheritedDescriptors();
   if (inherited.length) opts.log.warn({ closed: inherited }, 'closed descriptors inherited open from the parent process, so that no step reaches them');
-  const cgroupRoot = pidsCgroupRoot(opts.prefix);
+  const cgroups = stepCgroups(opts.prefix);
   const isRoot = process.getuid?.() === 0;
-  const processLimit = cgroupRoot ? 'cgroup' : isRoot ? 'none' : 'rlimit';
+  const processLimit = cgroups?.controllers.includes('pids') ? 'cgroup' : isRoot ? 'none' : 'rlimit';
+  const memoryLimit = cgroups?.controllers.includes('memory') ? 'cgroup' : 'rlimit';
   if (processLimit === 'none')
     opts.log.warn('no pids cgroup can be made and the service runs as root: sandboxed steps have no limit on their number of processes');
+  if (memoryLimit === 'rlimit')
+    opts.log.warn('no memory cgroup can be made: a step’s memory is bounded per process (its address space), not for all its processes together');
   const fixed = [
     '--unshare-user',
     '--unshare-pid',
@@ -292,19 +255,11 @@ export function bwrapSandbox(opts: { bwrap: string; prlimit: string; limits: San
   return {
     kind: 'bwrap',
     processLimit,
+    memoryLimit,
+    limits: opts.limits,
     workspacePath: () => INSIDE_WORKSPACE,
     close() {
-      if (!cgroupRoot) return;
-      try {
-        // only this process's own step folders: another process of the same prefix may be using its own
-        const mine = `step-${process.pid}-`;
-        for (const d of fs.readdirSync(cgroupRoot, { withFileTypes: true }))
-          if (d.isDirectory() && d.name.startsWith(mine)) fs.rmdirSync(path.join(cgroupRoot, d.name));
-        // the prefix's own folder stays: another process of the prefix (a web and a worker, the next one of a
-        // rolling deploy) may be making its steps' groups in it right now
-      } catch {
-        // a step still running keeps its group
-      }
+      cgroups?.close();
     },
     spawn(argv, o) {
       const env = { ...o.env, HOME: '/tmp', PWD: INSIDE_WORKSPACE, TMPDIR: '/tmp' };
@@ -336,33 +291,23 @@ export function bwrapSandbox(opts: { bwrap: string; prlimit: string; limits: San
         throw err;
       }
       const stdio: ('ignore' | 'pipe' | number)[] = ['ignore', 'pipe', 'pipe', ...fds];
-      let group: string | null = null;
-      if (cgroupRoot) {
-        group = path.join(cgroupRoot, `step-${process.pid}-${++stepCounter}`);
-        const make = () => {
-          fs.mkdirSync(group!);
-          fs.writeFileSync(path.join(group!, 'pids.max'), String(opts.limits.processes));
-        };
+      let group: StepGroup | null = null;
+      if (cgroups) {
         try {
-          try {
-            make();
-          } catch {
-            // the prefix's folder made again if it went (removed by hand, or by a process of an older version)
-            prepareCgroupRoot(cgroupRoot);
-            make();
-          }
+          group = cgroups.make({ processes: opts.limits.processes, memoryBytes: opts.limits.memoryMb * 1024 * 1024 });
         } catch (err) {
-          // the process limit was there at start: no step runs without it
+          // the limits were there at start: no step runs without them
           for (const fd of fds) fs.closeSync(fd);
-          opts.log.error({ err: (err as Error).message }, 'a step’s pids cgroup could not be made: the step is refused');
-          throw new ToolError('sandbox-unavailable', 'the sandbox could not limit the step’s processes; the operator is told in the log');
+          opts.log.error({ err: (err as Error).message }, 'a step’s cgroups could not be made: the step is refused');
+          throw new ToolError('sandbox-unavailable', 'the sandbox could not limit the step’s processes and memory; the operator is told in the log');
         }
       }
-      // the first process joins the step's cgroup, then becomes bwrap: every process of the step is counted
+      // the first process joins the step's cgroups, then becomes bwrap: every process of the step is counted
+      const join = (group?.procs ?? []).map((_, i) => `echo $$ > "$${i + 1}"`).join(' && ');
       let child: ChildProcess;
       try {
         child = group
-          ? spawn('/bin/sh', ['-c', 'echo $$ > "$1" && shift && exec "$@"', 'sandbox', path.join(group, 'cgroup.procs'), opts.bwrap, ...args], {
+          ? spawn('/bin/sh', ['-c', `${join} && shift ${group.procs.length} && exec "$@"`, 'sandbox', ...group.procs, opts.bwrap, ...args], {
               env: {},
               // from /: the shell sets PWD, and bwrap (pid 1 inside, its environment readable there) keeps it
               cwd: '/',
@@ -378,20 +323,12 @@ export function bwrapSandbox(opts: { bwrap: string; prlimit: string; limits: San
         child,
         kill(signal) {
           killGroup(child.pid, signal);
-          if (group) killCgroup(group, signal);
+          group?.kill(signal);
         },
+        outOfMemory: () => group?.outOfMemory() ?? false,
         done() {
-          if (!group) return;
-          const dir = group;
+          group?.remove();
           group = null;
-          const remove = (tries: number) => {
-            try {
-              fs.rmdirSync(dir);
-            } catch {
-              if (tries > 0) setTimeout(() => remove(tries - 1), 50).unref();
-            }
-          };
-          remove(20);
         },
       };
     },
@@ -428,11 +365,13 @@ export function noSandbox(): Sandbox {
   return {
     kind: 'none',
     processLimit: 'none',
+    memoryLimit: 'none',
+    limits: null,
     workspacePath: (workspace) => workspace,
     close() {},
     spawn(argv, o) {
       const child = spawn(argv[0]!, argv.slice(1), { cwd: o.workspace, env: o.env, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
-      return { child, kill: (signal) => killGroup(child.pid, signal), done() {} };
+      return { child, kill: (signal) => killGroup(child.pid, signal), outOfMemory: () => false, done() {} };
     },
   };
 }

@@ -33,6 +33,14 @@ export const shellTool: Tool = {
     });
     const output = { exit_code: r.exit_code, signal: r.signal, stdout: r.stdout, stderr: r.stderr, truncated: r.truncated };
     if (r.aborted) return { output, error: { code: 'aborted', message: 'the command was stopped' } };
+    if (r.out_of_memory && r.exit_code !== 0)
+      return {
+        output,
+        error: {
+          code: 'memory-exceeded',
+          message: `the command's processes together used more than the step's ${ctx.sandbox.limits?.memoryMb} MB of memory (SERVICE_SANDBOX_MEMORY_MB); the kernel ended one`,
+        },
+      };
     if (r.exit_code !== 0) return { output, error: { code: 'nonzero-exit', message: `the command exited with ${r.exit_code ?? r.signal}` } };
     return { output };
   },

@@ -7,6 +7,9 @@ import path from 'node:path';
 import { spawnSync } from 'node:child_process';
 import { expect } from 'chai';
 import { runProcess } from '../../engine/tools/process.js';
+import { bwrapSandbox, which } from '../../engine/tools/sandbox.js';
+import { shellTool } from '../../engine/tools/shell.js';
+import type { ToolContext } from '../../engine/tools/tool.js';
 import { ATTEMPT_STREAMED_MAX_BYTES } from '../../engine/runs/attempt.js';
 import { eventually, finishedRun, KEYS, processesMatching, startHarness, type Harness } from '../support/harness.js';
 
@@ -147,6 +150,45 @@ describe('sandbox', function () {
     expect(h.logs.join('')).not.to.contain('could not be made');
     const procs = Number(/procs=(\d+)/.exec(forks.steps[0].output.stdout as string)?.[1] ?? 0);
     expect(procs, 'still limited to SERVICE_SANDBOX_PROCESSES').to.be.at.most(h.config.sandbox.limits.processes);
+  });
+
+  it('bounds the memory of a step’s processes together, and says so when the kernel ended one for it', async function () {
+    if (h.rt.sandbox.memoryLimit !== 'cgroup') {
+      console.log('      (no memory cgroup can be made here: the memory of all of a step’s processes is not bounded together)');
+      this.skip();
+    }
+    // 200 MB a step; each of four processes holds 100 MB (tail keeps a line without an end), well under its own
+    // address space limit of 200 MB, but 400 MB together
+    const sandbox = bwrapSandbox({
+      bwrap: which('bwrap', process.env.PATH)!,
+      prlimit: which('prlimit', process.env.PATH)!,
+      limits: { cpuSeconds: 30, memoryMb: 200, processes: 64, fileSizeMb: 16 },
+      prefix: h.config.queuePrefix,
+      log: h.rt.log,
+    });
+    const hold = 'head -c 100000000 /dev/zero | tail > /dev/null';
+    const ctx = {
+      workspace: h.tenantDir('tenant-a'),
+      signal: new AbortController().signal,
+      output() {},
+      childEnv: { PATH: '/usr/bin:/bin' },
+      sandbox,
+      network: false,
+      readOnlyBinds: [],
+    } as unknown as ToolContext;
+    try {
+      const together = await shellTool.execute({ command: `for i in 1 2 3 4; do (${hold}) & done; wait; sleep 0.2; exit 3` }, ctx);
+      expect(together.error, JSON.stringify(together.output)).to.deep.include({ code: 'memory-exceeded' });
+      expect(together.error!.message).to.contain('200 MB');
+      // one process under the limit: nothing said about memory
+      const one = await shellTool.execute({ command: `${hold}; echo held` }, ctx);
+      expect(one.error, JSON.stringify(one.output)).to.equal(undefined);
+      expect((one.output as { stdout: string }).stdout).to.equal('held\n');
+    } finally {
+      sandbox.close();
+    }
+    const ready = await h.call<Body>('GET', '/readyz');
+    expect(ready.body.sandbox).to.deep.include({ memory_limit: 'cgroup' });
   });
 
   it('hands a step nothing the service process was handed open by its parent', async () => {
