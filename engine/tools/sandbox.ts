@@ -169,7 +169,8 @@ const O_CLOEXEC = 0o2000000;
  * channel of a parent that forked this process is kept. Linux only (/proc); returns what it closed.
  */
 export function closeInheritedDescriptors(): { fd: number; target: string }[] {
-  const keep = new Set([0, 1, 2, Number(process.env.NODE_CHANNEL_FD ?? -1)]);
+  // the IPC channel of a parent that forked this process (Node takes NODE_CHANNEL_FD out of the environment)
+  const keep = new Set([0, 1, 2, (process.channel as { fd?: number } | undefined)?.fd ?? -1]);
   const closed: { fd: number; target: string }[] = [];
   let entries: string[];
   try {

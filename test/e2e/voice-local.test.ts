@@ -159,9 +159,9 @@ describe('voice transcription on this machine (local provider)', function () {
   });
 
   it('ends a recognition at its time limit, even when memory is collected meanwhile', async () => {
-    // 30 s of speech takes pocketsphinx far longer than the 1.5 s limit given here
+    // 90 s of speech takes pocketsphinx about 30 s of CPU on these machines, far longer than the 1.5 s limit given here
     const long = path.join(dir, 'long.wav');
-    execFileSync('sox', [path.join(dir, 'c4.wav'), long, 'repeat', String(Math.ceil(30 / seconds(clip(4))))]);
+    execFileSync('sox', [path.join(dir, 'c4.wav'), long, 'repeat', String(Math.ceil(90 / seconds(clip(4))))]);
     const upload = await AudioUpload.open(Readable.from([fs.readFileSync(long)]), { maxBytes: 1e8, maxSeconds: 120, live: false, complete: async () => ({}) });
     const sandbox = openSandbox({
       mode: 'auto',
@@ -183,7 +183,8 @@ describe('voice transcription on this machine (local provider)', function () {
       const started = Date.now();
       const ended = await t.transcribe(upload, { signal: new AbortController().signal, maxSeconds: 120 }).catch((e: Error) => e);
       expect(ended).to.have.property('code', 'transcription-timeout');
-      expect(Date.now() - started).to.be.below(8000);
+      // the stop and the sandbox's start are slow on a loaded machine (12 s once, with CI and three suites at once)
+      expect(Date.now() - started).to.be.below(20_000);
     } finally {
       clearInterval(collecting);
       sandbox.close();
