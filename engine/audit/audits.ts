@@ -381,8 +381,8 @@ export function auditsOf(deps: AuditsDeps) {
     },
 
     /**
-     * Finishes reports whose flow was lost (the process died between the report and the flow, or Redis
-     * lost the jobs) or that ran far past every phase's timeout: a report never stays `running` for good.
+     * Finishes reports whose flow was lost (the process died between the report and the flow, Redis lost
+     * the jobs, or a redelivered report job ended on a dead process's claim) or that ran far past every phase's timeout: a report never stays `running` for good.
      */
     async reconcile(olderThanMs = 60_000): Promise<number> {
       const now = clock.now().getTime();
@@ -396,7 +396,12 @@ export function auditsOf(deps: AuditsDeps) {
         }
         const parent = await queues.get('audits').getJob(`${id}__report`);
         const state = parent ? await parent.getState() : 'missing';
-        if (state !== 'missing' && state !== 'failed' && state !== 'unknown' && startedMs > overdue) continue;
+        // a report job that completed with its report still running ended without assembling it: it found the
+        // claim of a process that died assembling (the job was redelivered), and no job is left to do it
+        const lost = state === 'missing' || state === 'failed' || state === 'unknown' || state === 'completed';
+        if (!lost && startedMs > overdue) continue;
+        // read after the job's state: a report assembled since the list was read is not taken for lost
+        if ((await reports.status(tenantId, id)) !== 'running') continue;
         await api.assemble(tenantId, id);
         repaired++;
       }

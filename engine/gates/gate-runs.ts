@@ -181,7 +181,14 @@ export function gateRunsOf(deps: GatesDeps) {
       // one seal at a time (a redelivered seal job, two reconcilers): the ledger gets its entries once
       const claim = `${queues.prefix}:gates:seal:${gateRunId}`;
       if ((await deps.redis.set(claim, '1', 'EX', SEAL_CLAIM_SECONDS, 'NX')) !== 'OK') return record;
-      const sealed = await sealGateRun({ store, clock, ledger }, record);
+      let sealed: GateRunRecord | null;
+      try {
+        sealed = await sealGateRun({ store, clock, ledger }, record);
+      } catch (err) {
+        // a retry (the reconciler's) may seal at once, not a claim's lifetime later
+        await deps.redis.del(claim).catch(() => undefined);
+        throw err;
+      }
       if (sealed) {
         const failedRequired = sealed.results.filter((r) => r.required && r.conclusion !== 'success').map((r) => r.gate_id);
         await emit(sealed, {
@@ -214,7 +221,8 @@ export function gateRunsOf(deps: GatesDeps) {
 
     /**
      * Repairs gate runs whose flow was lost (the process died between the record and the flow, or Redis
-     * lost the jobs): one whose seal job is gone or failed is sealed with what it has, or canceled
+     * lost the jobs, or a redelivered seal job ended on a dead process's claim): one whose seal job is gone,
+     * failed or completed without sealing it is sealed with what it has, or canceled
      * when no gate reported anything. A gate run never stays `running` for good.
      */
     async reconcile(olderThanMs = 60_000): Promise<number> {
@@ -223,7 +231,11 @@ export function gateRunsOf(deps: GatesDeps) {
       for (const r of await store.gateRuns.listRunning(before, 200)) {
         const seal = await queues.get('gates').getJob(`${r.id}__seal`);
         const state = seal ? await seal.getState() : 'missing';
-        if (state !== 'missing' && state !== 'failed' && state !== 'unknown') continue;
+        // a seal job that completed with its run still running ended without sealing it: it found the claim of a
+        // process that died sealing (the job was redelivered), and no job is left to seal the run
+        if (state !== 'missing' && state !== 'failed' && state !== 'unknown' && state !== 'completed') continue;
+        // read after the job's state: a seal that ended since the list was read is not taken for lost
+        if ((await store.gateRuns.get(r.tenant_id, r.id))?.status !== 'running') continue;
         const reported = await store.gateRuns.results(r.tenant_id, r.id);
         if (reported.length) await api.seal(r.tenant_id, r.id);
         else await api.cancel(r.tenant_id, r.id);

@@ -9,6 +9,8 @@ import type { GateRuns } from './gate-runs.js';
 
 export const PREDICATE_TYPE = 'https://automation-backend.dev/evidence-pack/v1';
 const RUNS_SCANNED = 500;
+/** gate runs read at a time: each may be megabytes */
+const PAGE = 20;
 const SLICE_MAX = 10_000;
 
 export type EvidencePack = { pack: PackJson; entries: LedgerEntry[]; payloads: { digest: string; body: string }[] };
@@ -16,46 +18,67 @@ export type EvidencePack = { pack: PackJson; entries: LedgerEntry[]; payloads: {
 export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledger: Ledger; gates: GateRuns }) {
   const { store, clock, ledger, gates } = deps;
 
-  /** Sealed gate runs of the workspace, newest first, since a time. */
-  async function sealedRuns(tenantId: string, workspace: string, since?: string): Promise<GateRunRecord[]> {
+  /**
+   * The gate runs a pack is about, newest first, and the latest result of each gate among them with the entry
+   * that sealed it: for one commit (by default the latest one sealed), every clean sealed run of it; with none,
+   * or outside a repository, the latest run alone. The runs are read a page at a time and kept without their
+   * results (only the entries of the results a pack shows): a workspace's last RUNS_SCANNED gate runs, whole,
+   * could be gigabytes (50 gates a set, each with its output and annotations).
+   */
+  async function packRuns(
+    tenantId: string,
+    workspace: string,
+    q: { subject?: string; since?: string },
+  ): Promise<{ runs: GateRunRecord[]; latest: Map<string, { run: GateRunRecord; seq: number }> }> {
     // an instant, whatever offset it was written with (compared as text, +02:00 and Z disagreed)
-    const from = since ? Date.parse(since) : Number.NEGATIVE_INFINITY;
-    const out: GateRunRecord[] = [];
+    const from = q.since ? Date.parse(q.since) : Number.NEGATIVE_INFINITY;
+    let commit: string | null | undefined = q.subject;
+    // a subject may be a prefix of the commit or tree (7 or more hex characters)
+    const named = (hash: string | null | undefined) => Boolean(commit && hash?.startsWith(commit));
+    // a run of a tree with uncommitted changes tested that tree, not the commit: the commit's results come
+    // from its clean runs only; with none, the latest run stands alone for what it tested (dirty)
+    const clean: GateRunRecord[] = [];
+    const ofClean = new Map<string, { run: GateRunRecord; seq: number }>();
+    let first: { run: GateRunRecord; latest: Map<string, { run: GateRunRecord; seq: number }> } | undefined;
+    /** the latest result of each gate, and the entry that sealed it (results are sealed in order from from_seq) */
+    const addLatest = (latest: Map<string, { run: GateRunRecord; seq: number }>, run: GateRunRecord, light: GateRunRecord) =>
+      run.results.forEach((result, i) => {
+        if (!latest.has(result.gate_id)) latest.set(result.gate_id, { run: light, seq: run.ledger!.from_seq + i });
+      });
+    let scanned = 0;
     let cursor: string | undefined;
-    while (out.length < RUNS_SCANNED) {
-      const page = await store.gateRuns.list(tenantId, { workspace, limit: 100, cursor });
-      out.push(
-        ...page.items.filter(
-          (r) => r.ledger && (r.status === 'succeeded' || r.status === 'failed') && (r.finished_at ? Date.parse(r.finished_at) >= from : !since),
-        ),
-      );
+    scan: while (scanned < RUNS_SCANNED) {
+      const page = await store.gateRuns.list(tenantId, { workspace, limit: PAGE, cursor });
+      for (const r of page.items) {
+        if (!r.ledger || (r.status !== 'succeeded' && r.status !== 'failed') || !(r.finished_at ? Date.parse(r.finished_at) >= from : !q.since)) continue;
+        if (++scanned > RUNS_SCANNED) break scan;
+        if (commit === undefined) commit = r.subject?.commit ?? null;
+        if (commit && !named(r.subject?.commit) && !named(r.subject?.tree)) continue;
+        const light = { ...r, results: [] };
+        if (!first) {
+          first = { run: light, latest: new Map() };
+          addLatest(first.latest, r, light);
+        }
+        // outside a repository, the latest run alone
+        if (!commit) break scan;
+        if (r.subject?.dirty === false) {
+          clean.push(light);
+          addLatest(ofClean, r, light);
+        }
+      }
       if (!page.next_cursor) break;
       cursor = page.next_cursor;
     }
-    return out;
+    if (clean.length) return { runs: clean, latest: ofClean };
+    return first ? { runs: [first.run], latest: first.latest } : { runs: [], latest: new Map() };
   }
 
   return {
     async build(tenantId: string, q: { workspace?: string; subject?: string; since?: string }): Promise<EvidencePack> {
       const ws = await gates.workspaceOf(tenantId, q.workspace, '/query/workspace');
-      const sealed = await sealedRuns(tenantId, ws.name, q.since);
-      const commit = q.subject ?? sealed[0]?.subject?.commit ?? null;
-      // for one commit: every sealed run of it; outside a repository, the latest run alone
-      // a subject may be a prefix of the commit or tree (7 or more hex characters)
-      const named = (hash: string | null | undefined) => Boolean(commit && hash?.startsWith(commit));
-      const ofCommit = commit ? sealed.filter((r) => named(r.subject?.commit) || named(r.subject?.tree)) : sealed.slice(0, 1);
-      // a run of a tree with uncommitted changes tested that tree, not the commit: the commit's results come
-      // from its clean runs only; with none, the latest run stands alone for what it tested (dirty)
-      const clean = ofCommit.filter((r) => r.subject?.dirty === false);
-      const runs = clean.length ? clean : ofCommit.slice(0, 1);
+      const { runs, latest } = await packRuns(tenantId, ws.name, q);
       if (!runs.length)
         throw new NotFoundError(`no sealed gate run of workspace ${ws.name}${q.subject ? ` for ${q.subject}` : ''}${q.since ? ` since ${q.since}` : ''}`);
-      // the latest result of each gate, and the entry that sealed it (results are sealed in order from from_seq)
-      const latest = new Map<string, { run: GateRunRecord; seq: number }>();
-      for (const run of runs)
-        run.results.forEach((result, i) => {
-          if (!latest.has(result.gate_id)) latest.set(result.gate_id, { run, seq: run.ledger!.from_seq + i });
-        });
       const from = Math.min(...runs.map((r) => r.ledger!.from_seq));
       const to = Math.max(...runs.map((r) => r.ledger!.to_seq));
       // a pack holds the whole slice its results are sealed in, or it would not verify: a longer one is refused

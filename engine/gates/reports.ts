@@ -13,9 +13,31 @@ export type { Annotation };
 
 export type Report = { ok: boolean; annotations: Annotation[]; summary: string };
 
-const MAX_ANNOTATIONS = 200;
+export const MAX_ANNOTATIONS = 200;
 /** An annotation's message, title and path are cut here: a report's one 7 MB message was kept three times. */
 const MAX_ANNOTATION_CHARS = 1000;
+
+/**
+ * What all the annotations of a report hold together (message, title and path): those past it are left out.
+ * 200 of 3,000 characters each made 600 KB a gate, copied into the gate run, the ledger and every pack of
+ * it (50 gates a set: 30 MB a gate run, read whole by every readiness snapshot and pack).
+ */
+const MAX_ANNOTATIONS_CHARS = 64 * 1024;
+
+/** The annotations, in order, as many as fit MAX_ANNOTATIONS_CHARS (at least the first). */
+function withinBudget(annotations: Annotation[]): Annotation[] {
+  let used = 0;
+  const out: Annotation[] = [];
+  for (const a of annotations) {
+    used += a.message.length + (a.title?.length ?? 0) + (a.path?.length ?? 0);
+    if (used > MAX_ANNOTATIONS_CHARS && out.length) break;
+    out.push(a);
+  }
+  return out;
+}
+
+/** The annotations a result keeps: the first MAX_ANNOTATIONS, each clipped, within MAX_ANNOTATIONS_CHARS together. */
+export const keptAnnotations = (annotations: Annotation[]): Annotation[] => withinBudget(annotations.slice(0, MAX_ANNOTATIONS).map(clipped));
 
 const clipped = (a: Annotation): Annotation => {
   const cut = <T extends string | null | undefined>(s: T): T =>
@@ -62,7 +84,7 @@ export async function parseReport(format: ReportFormat, text: string, workspace:
   };
   try {
     const report = format === 'tap' ? await tap(text) : format === 'junit' ? junit(text, rel) : format === 'eslint' ? eslint(text, rel) : tsc(text, rel);
-    return { ...report, annotations: report.annotations.slice(0, MAX_ANNOTATIONS).map(clipped) };
+    return { ...report, annotations: keptAnnotations(report.annotations) };
   } catch (err) {
     // not the parser's message: it can quote the report's bytes
     void err;

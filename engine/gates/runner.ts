@@ -9,7 +9,7 @@ import { canonicalJson, payloadDigest, sha256Hex } from '../evidence/index.js';
 import type { Annotation, GateConclusion, GateResult, GateSubject, VibeGates } from '../platform/index.js';
 import { runProcess, type Sandbox } from '../tools/index.js';
 import { GATE_FILES, loadGateSet, readPlainFile, type GateDefinition } from './definition.js';
-import { readReport, type Report } from './reports.js';
+import { keptAnnotations, readReport, type Report } from './reports.js';
 import { maskSecrets, scanSecrets } from './secret-scan.js';
 import { entryOf, readInside, staysInside } from './paths.js';
 import { FileHasher, gitState, inputFiles, type GitState } from './subject.js';
@@ -52,6 +52,11 @@ export async function maskedTail(output: string): Promise<string> {
 const REPORT_MAX_BYTES = 8 * 1024 * 1024;
 const ARTIFACT_MAX_BYTES = 1024 * 1024;
 const ARTIFACTS_MAX_BYTES = 5 * 1024 * 1024;
+/**
+ * The most files a gate keeps: each is a ledger payload, a row of its result (in the gate run, the ledger
+ * and every pack of it), and the byte cap alone let 5 million one-byte files through.
+ */
+const ARTIFACTS_MAX_FILES = 100;
 
 export type GateContext = {
   sandbox: Sandbox;
@@ -127,11 +132,9 @@ export async function runGate(gate: GateDefinition & { digest: string }, ctx: Ga
   let report: Report | null = null;
   if (gate.builtin === 'secret-scan') {
     const found = await scanSecrets(ctx.workspace, files);
-    report = { ok: !found.annotations.some((a) => a.level === 'failure'), annotations: found.annotations, summary: '' };
+    report = { ok: !found.failed, annotations: found.annotations, summary: '' };
     conclusion = ctx.signal?.aborted ? 'cancelled' : report.ok ? 'success' : 'failure';
-    summary = found.annotations.length
-      ? `${found.annotations.length} secret${found.annotations.length === 1 ? '' : 's'} found in ${found.scanned} files`
-      : `no secrets in ${found.scanned} files`;
+    summary = found.found ? `${found.found} secret${found.found === 1 ? '' : 's'} found in ${found.scanned} files` : `no secrets in ${found.scanned} files`;
   } else {
     const env: Record<string, string> = { ...ctx.baseEnv, CI: 'true' };
     for (const name of gate.env) {
@@ -185,7 +188,8 @@ export async function runGate(gate: GateDefinition & { digest: string }, ctx: Ga
       exit_code: exitCode,
       duration_ms: finished.getTime() - started.getTime(),
       output_tail: tail,
-      annotations: await maskedAnnotations(report?.annotations ?? []),
+      // every kind of report within the same bounds (the secret scan's too)
+      annotations: await maskedAnnotations(keptAnnotations(report?.annotations ?? [])),
       subject: subjectOf(ctx),
       input_digest: digest,
       definition_digest: gate.digest,
@@ -308,6 +312,7 @@ async function keepArtifacts(workspace: string, globs: string[]) {
   const kept: { meta: GateResult['artifacts'][number]; payload: ArtifactPayload }[] = [];
   let total = 0;
   for (const rel of files) {
+    if (kept.length >= ARTIFACTS_MAX_FILES) break;
     const content = await readInside(workspace, rel, ARTIFACT_MAX_BYTES);
     if (!content || total + content.length > ARTIFACTS_MAX_BYTES) continue;
     total += content.length;

@@ -6,7 +6,7 @@ import { lintSource } from '@secretlint/core';
 import { secretLintProfiler } from '@secretlint/profiler';
 import { creator as recommended } from '@secretlint/secretlint-rule-preset-recommend';
 import { readInside } from './paths.js';
-import type { Annotation } from './reports.js';
+import { MAX_ANNOTATIONS, type Annotation } from './reports.js';
 
 // secretlint 12's profiler records a performance mark per rule per file and scans every earlier one on
 // each: O(n^2) in the files a process lints, and in the service's process it would grow for good. Nothing reads it;
@@ -16,8 +16,15 @@ secretLintProfiler.mark = () => {};
 const MAX_FILE_BYTES = 1024 * 1024;
 const CONFIG = { rules: [{ id: '@secretlint/secretlint-rule-preset-recommend', rule: recommended }] };
 
-export async function scanSecrets(workspace: string, files: string[]): Promise<{ annotations: Annotation[]; scanned: number }> {
+/**
+ * What the scan found: every secret counted (`found`, `failed` when one is an error), the first
+ * MAX_ANNOTATIONS kept as annotations (a file of 1 MB holds tens of thousands of tokens, and each
+ * annotation was kept in the result, the ledger and every pack of it).
+ */
+export async function scanSecrets(workspace: string, files: string[]): Promise<{ annotations: Annotation[]; found: number; failed: boolean; scanned: number }> {
   const annotations: Annotation[] = [];
+  let found = 0;
+  let failed = false;
   let scanned = 0;
   for (const rel of files) {
     const content = await readInside(workspace, rel, MAX_FILE_BYTES);
@@ -29,6 +36,9 @@ export async function scanSecrets(workspace: string, files: string[]): Promise<{
       options: { config: CONFIG, locale: 'en', maskSecrets: true },
     });
     for (const m of result.messages) {
+      found++;
+      if (m.severity === 'error') failed = true;
+      if (annotations.length >= MAX_ANNOTATIONS) continue;
       annotations.push({
         path: rel,
         line: m.loc.start.line,
@@ -38,7 +48,7 @@ export async function scanSecrets(workspace: string, files: string[]): Promise<{
       });
     }
   }
-  return { annotations, scanned };
+  return { annotations, found, failed, scanned };
 }
 
 /** The text with every secret the recommended rules find replaced by `***` (a gate's output, a report's message). */

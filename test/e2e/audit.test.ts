@@ -420,4 +420,20 @@ describe('workspace audit reports: expiry, eviction and phases that do not compl
     // once finished, it is not repaired again
     expect(await audits.reconcile(0)).to.equal(0);
   });
+
+  it('finishes a report whose report job ran again while a dead worker still held the assembly (the job completed, the report was left running)', async () => {
+    const started = await h.call<Body>('POST', '/api/v1/autonomy/workspace-audit/run', { body: { phases: ['sanity'], timeout_seconds: 0 } });
+    const id = started.body.report_id as string;
+    // the assembly's claim, as a worker that died assembling left it (it lapses: taken away below)
+    await h.rt.redis.set(`${h.config.queuePrefix}:audit:assemble:${id}`, '1');
+    const job = await h.rt.queues.get('audits').getJob(`${id}__report`);
+    await eventually(async () => (await job!.getState()) === 'completed', 'the redelivered report job to end', 20_000);
+    expect((await h.call<Body>('GET', `/api/v1/autonomy/workspace-audit/${id}`)).body.status).to.equal('running');
+    await h.rt.redis.del(`${h.config.queuePrefix}:audit:assemble:${id}`);
+    // the reconciler finds the report its completed job left running, and assembles it (not half an hour later)
+    await h.rt.engine.audits.reconcile(0);
+    const got = await h.call<Body>('GET', `/api/v1/autonomy/workspace-audit/${id}`);
+    expect(got.body.status).to.equal('completed');
+    expect(got.body.ledger.seq).to.be.a('number');
+  });
 });

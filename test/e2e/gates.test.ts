@@ -4,6 +4,7 @@ import { spawnSync } from 'node:child_process';
 import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
+import { Worker } from 'node:worker_threads';
 import { expect } from 'chai';
 import { GENESIS_HASH, publicKeyFromPem, readPack, signerOf, verifyEntries, verifyPack, type PackFiles, type PackJson } from '../../engine/evidence/index.js';
 import { smartGatesOf } from '../../engine/gates/index.js';
@@ -583,6 +584,101 @@ describe('gates in the service', function () {
     ]);
     expect(sealed.ledger).to.not.equal(null);
     expect(await h.rt.engine.gates.reconcile()).to.equal(0);
+  });
+
+  it('builds a pack without holding every scanned gate run whole: 200 fat runs of another commit do not reach the heap together', async () => {
+    const dir = path.join(h.tenantDir(), 'fat');
+    await fs.mkdir(dir, { recursive: true });
+    await fs.writeFile(path.join(dir, 'gates.yaml'), 'gates:\n  - id: ok\n    run: [/bin/true]\n');
+    spawnSync('sh', ['-c', 'git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm init'], { cwd: dir });
+    const at = new Date().toISOString();
+    const subject = { workspace: 'fat', commit: 'f'.repeat(40), tree: 'e'.repeat(40), dirty: false };
+    const tail = 'y'.repeat(1024 * 1024);
+    // sealed runs of an older commit, each 1 MB (a gate run of a large set of chatty gates)
+    for (let i = 0; i < 200; i++)
+      await h.rt.store.gateRuns.insert({
+        id: newId('grn'),
+        tenant_id: 'tenant-a',
+        workspace: 'fat',
+        status: 'succeeded',
+        source: 'gates.yaml',
+        gates: ['ok'],
+        required_gates: ['ok'],
+        trigger: { type: 'api' },
+        subject,
+        results: [
+          {
+            gate_id: 'ok',
+            name: 'ok',
+            required: true,
+            conclusion: 'success',
+            summary: 'exited 0',
+            exit_code: 0,
+            duration_ms: 1,
+            output_tail: tail,
+            annotations: [],
+            subject,
+            input_digest: 'sha256:x',
+            definition_digest: 'sha256:y',
+            tool_versions: {},
+            artifacts: [],
+            started_at: at,
+            finished_at: at,
+          },
+        ],
+        ledger: { from_seq: 1, to_seq: 2, head_hash: 'x' },
+        created_at: at,
+        finished_at: at,
+      });
+    const started = await h.rt.engine.gates.start('tenant-a', { workspace: 'fat', trigger: { type: 'api' } });
+    expect((await h.rt.engine.gates.wait('tenant-a', started.id)).status).to.equal('succeeded');
+    const res = await h.call<Body>('GET', '/api/v1/autonomy/evidence-pack?workspace=fat');
+    expect(res.status, res.text.slice(0, 500)).to.equal(200);
+    expect(res.body.statement.predicate.gate_runs.map((r: Body) => r.gate_run_id)).to.deep.equal([started.id]);
+    // the same pack built on a thread with a heap of 128 MB: the 200 MB of runs it scans must not be held together
+    const code = `
+      const tsx = await import(${JSON.stringify(import.meta.resolve('tsx/esm/api'))});
+      tsx.register();
+      const { workerData, parentPort } = await import('node:worker_threads');
+      const { openStore } = await import(${JSON.stringify(import.meta.resolve('../../engine/store/open.js'))});
+      const { ledgerOf, signerOf, EVIDENCE_KEY_FILE } = await import(${JSON.stringify(import.meta.resolve('../../engine/evidence/index.js'))});
+      const { evidencePacksOf } = await import(${JSON.stringify(import.meta.resolve('../../engine/gates/index.js'))});
+      const { loadKeyBytes } = await import(${JSON.stringify(import.meta.resolve('../../engine/platform/secret-box.js'))});
+      const store = await openStore({ mongodbUri: undefined, dataDir: workerData.dataDir });
+      const clock = { now: () => new Date() };
+      const key = loadKeyBytes({ value: undefined, variable: 'SERVICE_EVIDENCE_KEY', file: EVIDENCE_KEY_FILE, dataDir: workerData.dataDir, isProduction: false });
+      const ledger = ledgerOf({ store, clock, signer: signerOf(key.key) });
+      const gates = { workspaceOf: async () => ({ dir: workerData.dir, name: 'fat' }) };
+      const built = await evidencePacksOf({ store, clock, ledger, gates }).build('tenant-a', { workspace: 'fat' });
+      parentPort.postMessage(built.pack.statement.predicate.gate_runs.length);
+      await store.close();
+    `;
+    const thread = new Worker(code, { eval: true, workerData: { dataDir: h.config.dataDir, dir }, resourceLimits: { maxOldGenerationSizeMb: 128 } });
+    const outcome = await new Promise<unknown>((resolve) => {
+      thread.once('message', resolve);
+      thread.once('error', (err) => resolve(`${(err as { code?: string }).code ?? ''} ${err.message}`));
+    });
+    await thread.terminate();
+    expect(outcome).to.equal(1);
+  });
+
+  it('seals a gate run whose seal job ran again while a dead worker still held the seal (the job completed, the run was left running)', async () => {
+    const dir = path.join(h.tenantDir(), 'dead-seal');
+    await fs.mkdir(dir, { recursive: true });
+    await fs.writeFile(path.join(dir, 'gates.yaml'), 'gates:\n  - id: ok\n    run: [/bin/true]\n');
+    const started = await h.rt.engine.gates.start('tenant-a', { workspace: 'dead-seal', trigger: { type: 'api' } });
+    // the seal's claim, as a worker that died sealing left it (it lapses: taken away below)
+    await h.rt.redis.set(`${h.config.queuePrefix}:gates:seal:${started.id}`, '1');
+    const seal = await h.rt.queues.get('gates').getJob(`${started.id}__seal`);
+    await eventually(async () => (await seal!.getState()) === 'completed', 'the redelivered seal job to end');
+    expect((await h.rt.engine.gates.get('tenant-a', started.id)).status).to.equal('running');
+    await h.rt.redis.del(`${h.config.queuePrefix}:gates:seal:${started.id}`);
+    // the reconciler finds the run its completed seal job left running, and seals it
+    await h.rt.engine.gates.reconcile(0);
+    const sealed = await h.rt.engine.gates.get('tenant-a', started.id);
+    expect(sealed.status).to.equal('succeeded');
+    expect(sealed.ledger).to.not.equal(null);
+    expect(await h.rt.engine.gates.reconcile(0)).to.equal(0);
   });
 
   it('seals a gate run once when two seals race', async () => {

@@ -57,6 +57,28 @@ describe('audit phases', function () {
       expect(JSON.stringify(out)).not.to.contain(PLANTED_TOKEN);
     });
 
+  it('reads no FIFO: one at a name a phase reads (tsconfig.json, yarn.lock) or in place of a tracked file does not hold a phase until its timeout', async () => {
+    const fifos = path.join(path.dirname(dir), 'fifos');
+    await fs.mkdir(path.join(fifos, 'src'), { recursive: true });
+    await fs.writeFile(path.join(fifos, 'src', 'a.ts'), 'export const a = 1;\n');
+    // and an import that resolves to a FIFO git does not list
+    await fs.writeFile(path.join(fifos, 'src', 'b.ts'), "import { p } from './p';\nexport const b = p;\n");
+    await fs.writeFile(path.join(fifos, 'package.json'), '{"name":"f","dependencies":{}}');
+    execFileSync('git', ['-c', 'user.name=t', '-c', 'user.email=t@t', 'init', '-q'], { cwd: fifos });
+    execFileSync('git', ['-c', 'user.name=t', '-c', 'user.email=t@t', 'add', '-A'], { cwd: fifos });
+    execFileSync('git', ['-c', 'user.name=t', '-c', 'user.email=t@t', 'commit', '-qm', 'init'], { cwd: fifos });
+    // git lists the tracked file whatever it has become; the other names are read by name
+    await fs.rm(path.join(fifos, 'src', 'a.ts'));
+    for (const name of ['src/a.ts', 'src/p.ts', 'tsconfig.json', 'yarn.lock', 'pnpm-lock.yaml', 'audit-layers.json'])
+      execFileSync('mkfifo', [path.join(fifos, name)]);
+    const t0 = performance.now();
+    const outs = await Promise.all(
+      (['security', 'architecture', 'sanity', 'health'] as const).map((phase) => runPhase(sandbox, fifos, phase, { layers: null, timeoutMs: 20_000 })),
+    );
+    expect(outs).to.have.length(4);
+    expect(performance.now() - t0).to.be.below(15_000);
+  });
+
   it('lists at most 1,000 findings of a phase, worst first, and counts the rest', async () => {
     const out = await runPhase(sandbox, dir, 'health', { layers: null, timeoutMs: 60_000 });
     expect(out.counts.info).to.equal(1500);

@@ -413,6 +413,70 @@ describe('gates', function () {
     expect(await readPlainFile(alpha, 'fifo')).to.equal('not-plain');
   });
 
+  it('keeps a bounded result whatever a gate leaves: at most 100 artifacts (tiny files each took a ledger payload), annotations within 64 KB', async () => {
+    const project = await fs.mkdtemp(path.join(dir, 'bounded-'));
+    const ctx: GateContext = {
+      sandbox,
+      workspace: project,
+      workspaceName: '.',
+      git: { commit: null, tree: null, dirty: null, files: null },
+      hasher: new FileHasher(),
+      baseEnv: { PATH: '/usr/bin:/bin' },
+      envValue: () => undefined,
+      network: false,
+    };
+    const gate = (id: string, run: string, more: object) =>
+      ({
+        id,
+        name: id,
+        required: true,
+        run: ['/bin/sh', '-c', run],
+        builtin: null,
+        timeout_seconds: 30,
+        env: [],
+        pass: 'exit_code',
+        report: null,
+        inputs: [],
+        artifacts: [],
+        digest: 'sha256:x',
+        ...more,
+      }) as never;
+    // 3,000 one-byte files: 3 KB, far within the bytes a gate may keep, but one payload each
+    const many = await runGate(
+      gate('many', 'mkdir out && cd out && seq 1 3000 | xargs -n 500 touch && for f in *; do echo x > $f; done', { artifacts: ['out/**'] }),
+      ctx,
+    );
+    expect(many.result.conclusion, many.result.output_tail).to.equal('success');
+    expect(many.result.artifacts.length).to.be.at.most(100);
+    expect(many.artifacts.length).to.equal(many.result.artifacts.length);
+    // 200 failures whose name, file and message are each 1,000 characters long
+    const long = (c: string) => c.repeat(1000);
+    const tap = [
+      'TAP version 13',
+      ...Array.from(
+        { length: 200 },
+        (_, i) => `not ok ${i + 1} - ${long('n')}\n  ---\n  message: ${long('m')}\n  at:\n    fileName: ${long('f')}\n    lineNumber: 1\n  ...`,
+      ),
+      '1..200',
+      '',
+    ].join('\n');
+    await fs.writeFile(path.join(project, 'big.tap'), tap);
+    const loud = await runGate(gate('loud', 'cat big.tap; exit 1', { pass: 'report', report: { format: 'tap' } }), ctx);
+    expect(loud.result.conclusion).to.equal('failure');
+    expect(loud.result.annotations.length).to.be.above(0);
+    expect(JSON.stringify(loud.result.annotations).length).to.be.at.most(70 * 1024);
+    // the secret scan: 3,000 tokens are counted, not each kept
+    await fs.writeFile(
+      path.join(project, 'tokens.txt'),
+      Array.from({ length: 3000 }, (_, i) => `t${i} = ghp_${String(i).padStart(4, '0')}${'x1Y2'.repeat(8)}`).join('\n'),
+    );
+    const scan = await runGate(gate('scan', '', { run: null, builtin: 'secret-scan', inputs: ['tokens.txt'] }), ctx);
+    expect(scan.result.conclusion).to.equal('failure');
+    expect(scan.result.summary).to.equal('3000 secrets found in 1 files');
+    expect(scan.result.annotations.length).to.be.within(1, 200);
+    expect(JSON.stringify(scan.result).length).to.be.at.most(100 * 1024);
+  });
+
   it('reads no gate file through a workspace folder swapped for a link after it was resolved', async () => {
     const tenants = path.join(dir, 'moved');
     await fs.mkdir(path.join(tenants, 'alpha', 'ws'), { recursive: true });

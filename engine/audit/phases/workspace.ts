@@ -61,6 +61,23 @@ async function crawl(root: string): Promise<string[]> {
   return out;
 }
 
+/**
+ * The paths that are regular files now: git lists a tracked path whatever it has become (deleted, a FIFO,
+ * a device), and the parsers a phase hands its files to (dependency-cruiser, TypeScript) read them with
+ * blocking calls, so a FIFO in place of a tracked source held the phase until its timeout.
+ */
+async function regularFiles(root: string, rels: string[]): Promise<string[]> {
+  const keep = new Array<boolean>(rels.length);
+  const BATCH = 256;
+  for (let i = 0; i < rels.length; i += BATCH)
+    await Promise.all(
+      rels.slice(i, i + BATCH).map(async (rel, k) => {
+        keep[i + k] = Boolean((await fs.stat(path.join(root, rel)).catch(() => null))?.isFile());
+      }),
+    );
+  return rels.filter((_, i) => keep[i]);
+}
+
 export async function openWorkspace(root: string): Promise<Workspace> {
   const isRepo = Boolean(await fs.lstat(path.join(root, '.git')).catch(() => null));
   if (isRepo) {
@@ -73,7 +90,7 @@ export async function openWorkspace(root: string): Promise<Workspace> {
     ]);
     if (cached !== null && others !== null) {
       const tracked = new Set(cached.split('\0').filter(insideTree));
-      const files = [...new Set([...tracked, ...others.split('\0').filter(insideTree)])].sort();
+      const files = await regularFiles(root, [...new Set([...tracked, ...others.split('\0').filter(insideTree)])].sort());
       const changed = (status ?? '')
         .split('\0')
         .filter((l) => /^[ MADRCUT?!]{2} ./.test(l))
@@ -95,7 +112,8 @@ const realDirs = new Map<string, Promise<string | null>>();
 
 /**
  * A file's bytes when it is a regular file whose folder resolves inside the root (no link on the way
- * out), at most `maxBytes`; null otherwise. The file itself is opened without following a link.
+ * out), at most `maxBytes`; null otherwise. The file itself is opened without following a link, and without
+ * waiting (a FIFO or a device is not a regular file: refused once open).
  */
 export async function readInside(root: string, rel: string, maxBytes: number): Promise<Buffer | null> {
   const dir = path.dirname(path.join(root, rel));
@@ -103,7 +121,9 @@ export async function readInside(root: string, rel: string, maxBytes: number): P
   if (!real) realDirs.set(dir, (real = fs.realpath(dir).catch(() => null)));
   const r = await real;
   if (!r || (r !== root && !r.startsWith(root + path.sep))) return null;
-  const handle = await fs.open(path.join(root, rel), constants.O_RDONLY | constants.O_NOFOLLOW).catch(() => null);
+  // non-blocking: a FIFO (in place of a tracked file, or at a name a phase reads) opens at once for the stat
+  // below to refuse; a blocking open waited for a writer until the phase's timeout
+  const handle = await fs.open(path.join(root, rel), constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK).catch(() => null);
   if (!handle) return null;
   try {
     const st = await handle.stat();
