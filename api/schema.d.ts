@@ -2381,8 +2381,9 @@ export interface components {
             run_ids: string[];
             /**
              * @description What its run left (status, summary, result, each step's output); what dependents receive as
-             *     `inputs.upstream`. `usage` sums every run of the task. While the task waits for input,
-             *     `input_required` holds the question.
+             *     `inputs.upstream`. The steps' outputs are kept up to 256 KB of JSON in all, the latest first; a
+             *     step left out has `output: null` and `output_truncated: true` (its run keeps every output whole).
+             *     `usage` sums every run of the task. While the task waits for input, `input_required` holds the question.
              */
             output: {
                 [key: string]: unknown;

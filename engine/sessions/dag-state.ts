@@ -42,10 +42,13 @@ end`;
 
 // ARGV[1]: JSON [{id, deps, rule}]. Registers the tasks Redis does not know yet (adding one again, as the
 // reconciler does for a task whose registration was cut off, changes nothing it knows), satisfies their
-// dependencies that already ended, and answers {ready, upstream_failed}.
+// dependencies that already ended, and answers {ready, upstream_failed}. ARGV[2]: JSON [{id, state}], their
+// dependencies that have ended in the store: what Redis does not know of them (its data lost) it learns
+// first, so a dependency that ended before the loss still satisfies, or fails, its dependents.
 const ADD = `${WALK}
 local base = KEYS[1]
 local tasks = cjson.decode(ARGV[1])
+for _, e in ipairs(cjson.decode(ARGV[2])) do redis.call('HSETNX', base .. ':state', e.id, e.state) end
 local ready, upstream, queue, new = {}, {}, {}, {}
 for _, t in ipairs(tasks) do
   if redis.call('HSETNX', base .. ':state', t.id, 'pending') == 1 then
@@ -77,10 +80,12 @@ walk(base, queue, ready, upstream)
 return {ready, upstream}`;
 
 // ARGV[1]: the task, ARGV[2]: how it ended. Answers {ready, upstream_failed}, or nothing when it had ended already.
+// A task Redis does not know (its data lost since the task started: START let it run) ends too: its
+// dependents registered since are released, and a late duplicate of its run is fenced.
 const COMPLETE = `${WALK}
 local base = KEYS[1]
 local s = redis.call('HGET', base .. ':state', ARGV[1])
-if not s or s == 'succeeded' or failed(s) then return false end
+if s == 'succeeded' or (s and failed(s)) then return false end
 redis.call('HSET', base .. ':state', ARGV[1], ARGV[2])
 local ready, upstream = {}, {}
 walk(base, {ARGV[1]}, ready, upstream)
@@ -101,16 +106,24 @@ export function dagStateOf(redis: Redis, prefix: string) {
   // in the engine's Redis batch: a task's fence and its completion share their round trip with the
   // run's events and tenant slot, and with what other runs ask for in the same turn
   const batch = redisBatch(redis);
-  batch.define('dag.add', { keys: 1, args: 1, lua: ADD });
+  batch.define('dag.add', { keys: 1, args: 2, lua: ADD });
   batch.define('dag.complete', { keys: 1, args: 2, lua: COMPLETE });
   batch.define('dag.start', { keys: 1, args: 1, lua: START });
   const base = (sessionId: string) => `${prefix}:dag:{${sessionId}}`;
   return {
-    async add(sessionId: string, tasks: { id: string; depends_on: string[]; trigger_rule: TriggerRule }[]): Promise<DagChange> {
+    /** Registers tasks; `ended` are their dependencies that have ended in the store (Redis may have lost them). */
+    async add(
+      sessionId: string,
+      tasks: { id: string; depends_on: string[]; trigger_rule: TriggerRule }[],
+      ended: { id: string; status: TaskStatus }[] = [],
+    ): Promise<DagChange> {
       const [ready, upstreamFailed] = await batch.call<[string[], string[]]>(
         'dag.add',
         [base(sessionId)],
-        [JSON.stringify(tasks.map((t) => ({ id: t.id, deps: t.depends_on, rule: t.trigger_rule })))],
+        [
+          JSON.stringify(tasks.map((t) => ({ id: t.id, deps: t.depends_on, rule: t.trigger_rule }))),
+          JSON.stringify(ended.map((t) => ({ id: t.id, state: t.status }))),
+        ],
       );
       return { ready, upstreamFailed };
     },

@@ -52,6 +52,31 @@ type TasksDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'events'> & {
   recount(tenantId: string, sessionId: string): Promise<void>;
 };
 
+/**
+ * What a task keeps of its steps' outputs, as JSON, in all: it is in the task and in each dependent's
+ * `inputs.upstream` (up to 100 dependencies in one run), so a task of 200 steps of 256 KB each would
+ * otherwise put 50 MB in every dependent, and 5 GB in a run that depends on 100 of them.
+ */
+const OUTPUT_STEPS_MAX_BYTES = 256 * 1024;
+
+/**
+ * The idempotency key of a task's run (its first, or the nth, that an answer starts). It begins with a
+ * NUL, which no HTTP header can carry: a client's Idempotency-Key (`task:<session>:<task>`) never takes
+ * it first, which would refuse the task's run for good (the same key, another request).
+ */
+const runKey = (sessionId: string, taskId: string, nth?: number) => `\0task:${sessionId}:${taskId}${nth === undefined ? '' : `:${nth}`}`;
+
+/** What one task may hold (api/openapi.yaml's TaskInput): a task the session tool adds is held to them too. */
+const TASK_LIMITS = { depends_on: 100, title: 200, goal: 20_000 };
+/** Longer than `max` characters as the schema counts them (code points: an emoji is one). */
+const longer = (text: string, max: number) => text.length > max && [...text].length > max;
+
+/** The dependencies of `tasks` that have ended, among `known`: what Redis learns with them, should it have lost them. */
+function endedAmong(known: readonly TaskRecord[], tasks: readonly TaskRecord[]): TaskRecord[] {
+  const deps = new Set(tasks.flatMap((t) => t.depends_on));
+  return known.filter((t) => deps.has(t.id) && TERMINAL_TASK_STATUSES.includes(t.status));
+}
+
 /** The reconciler reads stale tasks this many at a time, up to this many pages a pass. */
 const STALE_PAGE = 500;
 const STALE_PAGES = 40;
@@ -154,15 +179,30 @@ export function tasksOf(deps: TasksDeps) {
     return Object.fromEntries(entries);
   }
 
-  /** What a finished run of a task leaves as the task's output (its dependents' `inputs.upstream`). */
+  /**
+   * What a finished run of a task leaves as the task's output (its dependents' `inputs.upstream`): its
+   * steps' outputs up to OUTPUT_STEPS_MAX_BYTES, the latest first; a step left out keeps its place with
+   * `output: null, output_truncated: true` (its run keeps every output whole).
+   */
   async function outputOf(run: Run): Promise<Record<string, unknown>> {
     const steps = await store.runs.steps(run.tenant_id, run.id, run.attempt);
+    const kept: { tool: string; output: unknown; output_truncated?: true }[] = new Array(steps.length);
+    let left = OUTPUT_STEPS_MAX_BYTES;
+    for (let i = steps.length - 1; i >= 0; i--) {
+      const { tool, output } = steps[i]!;
+      const bytes = Buffer.byteLength(JSON.stringify(output ?? null));
+      if (bytes > left) kept[i] = { tool, output: null, output_truncated: true };
+      else {
+        left -= bytes;
+        kept[i] = { tool, output };
+      }
+    }
     return {
       status: run.status,
       summary: run.summary,
       result: run.result?.final_answer === undefined ? run.result : { final_answer: run.result.final_answer },
       usage: run.usage,
-      steps: steps.map((s) => ({ tool: s.tool, output: s.output })),
+      steps: kept,
     };
   }
 
@@ -173,7 +213,10 @@ export function tasksOf(deps: TasksDeps) {
     if (!task || !(task.status === 'pending' || (task.status === 'queued' && !task.run_ids.length))) return;
     if (session.status === 'archived') return cancelTask(session, task.id);
     if (session.status === 'paused') {
-      await move(task, { status: 'queued' }, ['pending']);
+      const held = await move(task, { status: 'queued' }, ['pending']);
+      // a resume that listed the tasks before this one was held has ended the pause since: it starts now
+      const now = held && (await store.sessions.get(session.tenant_id, session.id));
+      if (now && now.status !== 'paused') await dispatch(now, held.id);
       return;
     }
     const trigger = { prior_attempts: 0, ...(task.agent_id && task.goal ? { inbox_after: task.inbox_after ?? 0 } : {}) };
@@ -181,7 +224,7 @@ export function tasksOf(deps: TasksDeps) {
       await startRun(
         session,
         task,
-        `task:${session.id}:${task.id}`,
+        runKey(session.id, task.id),
         trigger,
         (run) => ({ changes: { status: 'queued', run_ids: [run.id], attempts: run.attempt }, from: ['pending', 'queued'] }),
         { known },
@@ -277,7 +320,7 @@ export function tasksOf(deps: TasksDeps) {
     await startRun(
       session,
       task,
-      `task:${session.id}:${task.id}:${task.run_ids.length + 1}`,
+      runKey(session.id, task.id, task.run_ids.length + 1),
       { prior_attempts: task.attempts, continues: asked, inbox_after: readUpTo(q) },
       // a run made for an earlier question (the same key) has ended: it is not the task's next run
       (run) =>
@@ -411,6 +454,29 @@ export function tasksOf(deps: TasksDeps) {
     await Promise.all(held.map((t) => start(t)?.catch((err: unknown) => log.error({ err, task_id: t.id }, 'a held task could not start'))));
   }
 
+  /**
+   * Ends every task of an archived session that has not ended: canceled in Redis (nothing it would
+   * release starts) and in the store. A task whose run is still stopping ends with that run instead.
+   */
+  async function cancelAll(session: Session): Promise<void> {
+    const tasks = await store.tasks.list(session.tenant_id, session.id);
+    // which to cancel first (a running task whose run is still stopping ends with that run), then all
+    // of them at once, asked in the order listed: a task reached twice (listed, and released by another's
+    // cancel) ends once, Redis's first writer. One that fails does not stop the rest; the first failure
+    // is thrown once all have been tried
+    const open = await Promise.all(
+      tasks.map(async (t) => {
+        if (TERMINAL_TASK_STATUSES.includes(t.status)) return null;
+        const runId = t.run_ids.at(-1);
+        const run = runId ? await store.runs.get(session.tenant_id, runId) : null;
+        return run && !isTerminal(run.status) && t.status === 'running' ? null : t;
+      }),
+    );
+    const results = await Promise.allSettled(open.map((t) => t && cancelTask(session, t.id)));
+    const failed = results.find((r) => r.status === 'rejected');
+    if (failed) throw failed.reason;
+  }
+
   runs.guardStart(mayStart);
   runs.onRunStarted(onRunStarted);
   runs.onRunFinished(onRunFinished);
@@ -451,6 +517,14 @@ export function tasksOf(deps: TasksDeps) {
       }));
       const errors = dagErrors(existing, records, new Set(agents.map((a) => a.id)));
       records.forEach((t, i) => {
+        // the API's own limits, for what does not come through it (the session tool): a task of 5,000
+        // dependencies would take 5,000 outputs as its inputs.upstream
+        if (t.depends_on.length > TASK_LIMITS.depends_on)
+          errors.push({ path: `/body/tasks/${i}/depends_on`, message: `at most ${TASK_LIMITS.depends_on} dependencies` });
+        if (t.title !== null && longer(t.title, TASK_LIMITS.title))
+          errors.push({ path: `/body/tasks/${i}/title`, message: `at most ${TASK_LIMITS.title} characters` });
+        if (t.goal !== null && longer(t.goal, TASK_LIMITS.goal))
+          errors.push({ path: `/body/tasks/${i}/goal`, message: `at most ${TASK_LIMITS.goal} characters` });
         if (!t.goal && !t.steps) errors.push({ path: `/body/tasks/${i}`, message: 'give the work to do: steps, or a goal for its agent' });
         if (t.goal && t.steps)
           errors.push({ path: `/body/tasks/${i}`, message: 'give steps or a goal, not both: a goal is for an agent to plan, steps are the plan' });
@@ -481,17 +555,21 @@ export function tasksOf(deps: TasksDeps) {
       // Stored, the tasks stand: a Redis that does not answer holds the answer no longer than its deadline,
       // and the reconciler registers what it never took
       const registered = await afterStored(
-        Promise.all([Promise.all(records.map(emit)), dag.add(session.id, records)]),
+        Promise.all([Promise.all(records.map(emit)), dag.add(session.id, records, endedAmong(existing, records))]),
         log,
         { session_id: session.id },
         'registering new tasks (the reconciler registers what Redis never took)',
       );
       if (registered) await apply(session, registered[1]);
-      // held by a pause that a resume, listing the tasks before these were stored, has ended since: started now
-      if (session.status === 'paused') {
-        const now = await store.sessions.get(session.tenant_id, session.id);
-        if (now && now.status !== 'paused' && now.status !== 'archived') await resume(now);
-      }
+      // the session as it is now, these stored: archived meanwhile, its archive listed the tasks before
+      // these, so they end here as it ended the rest (held by the pause, none would ever start or end);
+      // held by a pause that a resume, listing the tasks before these, has ended since: started now
+      const current = await store.sessions.get(session.tenant_id, session.id);
+      if (current?.status === 'archived')
+        await cancelAll(current).catch((err: unknown) =>
+          log.error({ err, session_id: session.id }, 'tasks added as the session was archived could not all be canceled; the next DELETE ends them'),
+        );
+      else if (session.status === 'paused' && current && current.status !== 'paused') await resume(current);
       await deps.recount(session.tenant_id, session.id);
       const stored = new Map((await store.tasks.list(session.tenant_id, session.id)).map((t) => [t.id, t]));
       return records.map((t) => stored.get(t.id)!);
@@ -504,28 +582,7 @@ export function tasksOf(deps: TasksDeps) {
 
     resume,
 
-    /**
-     * Ends every task of an archived session that has not ended: canceled in Redis (nothing it would
-     * release starts) and in the store. A task whose run is still stopping ends with that run instead.
-     */
-    async cancelAll(session: Session): Promise<void> {
-      const tasks = await store.tasks.list(session.tenant_id, session.id);
-      // which to cancel first (a running task whose run is still stopping ends with that run), then all
-      // of them at once, asked in the order listed: a task reached twice (listed, and released by another's
-      // cancel) ends once, Redis's first writer. One that fails does not stop the rest; the first failure
-      // is thrown once all have been tried
-      const open = await Promise.all(
-        tasks.map(async (t) => {
-          if (TERMINAL_TASK_STATUSES.includes(t.status)) return null;
-          const runId = t.run_ids.at(-1);
-          const run = runId ? await store.runs.get(session.tenant_id, runId) : null;
-          return run && !isTerminal(run.status) && t.status === 'running' ? null : t;
-        }),
-      );
-      const results = await Promise.allSettled(open.map((t) => t && cancelTask(session, t.id)));
-      const failed = results.find((r) => r.status === 'rejected');
-      if (failed) throw failed.reason;
-    },
+    cancelAll,
 
     /** A message was posted: the waiting tasks it answers start their next run. */
     async answer(session: Session, message: MessageRecord): Promise<void> {
@@ -566,7 +623,12 @@ export function tasksOf(deps: TasksDeps) {
               finished++;
             } else if (!runId) {
               const session = await store.sessions.get(t.tenant_id, t.session_id);
-              if (session && session.status !== 'paused' && session.status !== 'archived') {
+              // held, or ready, as its session was archived (the process that added it died before it ended it)
+              if (session?.status === 'archived') {
+                await cancelTask(session, t.id);
+                await deps.recount(t.tenant_id, t.session_id);
+                finished++;
+              } else if (session && session.status !== 'paused') {
                 await dispatch(session, t.id);
                 await deps.recount(t.tenant_id, t.session_id);
                 started++;
@@ -579,10 +641,13 @@ export function tasksOf(deps: TasksDeps) {
           const state = await dag.stateOf(t.session_id, t.id);
           if (state !== 'queued' && state !== null) return;
           const session = await store.sessions.get(t.tenant_id, t.session_id);
-          if (!session || session.status === 'archived') return;
-          if (state === null) {
+          if (!session) return;
+          if (session.status === 'archived') {
+            await cancelTask(session, t.id);
+            finished++;
+          } else if (state === null) {
             // stored, never registered (its request's Redis work was cut off): registered now, and what that makes ready starts
-            const change = await dag.add(t.session_id, [t]);
+            const change = await dag.add(t.session_id, [t], endedAmong(await store.tasks.getMany(t.tenant_id, t.session_id, t.depends_on), [t]));
             await apply(session, change);
             started += change.ready.length;
           } else {

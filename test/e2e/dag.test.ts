@@ -1,5 +1,7 @@
 // Multi-agent sessions' task DAG, executed for real: a diamond, a failing branch with an independent
 // one and an all_done task, pause and resume, validation in one 422, and DAG order.
+import fs from 'node:fs/promises';
+import path from 'node:path';
 import { expect } from 'chai';
 import { ConflictError } from '../../engine/platform/index.js';
 import { eventually, KEYS, startHarness, type Harness } from '../support/harness.js';
@@ -402,6 +404,173 @@ describe('task DAG', function () {
     const now = new Date().toISOString();
     for (const t of listed) expect(t.created_at >= before && t.created_at <= now, `${t.id} ${t.created_at}`).to.equal(true);
     await h.call('DELETE', `/api/v1/sessions/${id}`);
+  });
+
+  it('ends the tasks a request adds while the session is archived under it (paused or not): none is left queued for good', async () => {
+    for (const paused of [true, false]) {
+      const id = await session();
+      if (paused) await h.call('PATCH', `/api/v1/sessions/${id}`, { body: { status: 'paused' } });
+      // the DELETE lands between the request's read of the session and its insert
+      const insert = h.rt.store.tasks.insertMany.bind(h.rt.store.tasks);
+      h.rt.store.tasks.insertMany = async (...args: Parameters<typeof insert>) => {
+        expect((await h.call<Body>('DELETE', `/api/v1/sessions/${id}`)).status).to.equal(200);
+        return insert(...args);
+      };
+      try {
+        const tasks = [
+          { id: 'a', steps: sh('true') },
+          { id: 'b', depends_on: ['a'], steps: sh('true') },
+        ];
+        expect((await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, { body: { tasks } })).status).to.equal(201);
+      } finally {
+        h.rt.store.tasks.insertMany = insert;
+      }
+      const s = await settled(id, 2);
+      expect(s, `paused: ${paused}`).to.deep.include({ status: 'archived', outcome: 'canceled' });
+      expect(s.tasks[0].status).to.equal('canceled');
+      expect(s.tasks[1].status).to.be.oneOf(['canceled', 'upstream_failed']);
+    }
+    // the process that added them died before it ended them: the reconciler does (one held by the pause, one never registered)
+    const archived = await session();
+    const done = (await h.call<Body>('GET', `/api/v1/sessions/${archived}`)).body;
+    expect((await h.call<Body>('DELETE', `/api/v1/sessions/${archived}`)).status).to.equal(200);
+    const stored = (id: string, status: 'queued' | 'pending') => ({
+      id,
+      tenant_id: 'tenant-a',
+      session_id: archived,
+      title: null,
+      goal: null,
+      steps: sh('true'),
+      agent_id: null,
+      depends_on: [],
+      trigger_rule: 'all_success' as const,
+      status,
+      attempts: 0,
+      max_attempts: 1,
+      run_ids: [],
+      output: null,
+      inbox_after: 0,
+      position: id === 'held' ? 1 : 2,
+      created_at: done.created_at,
+      updated_at: done.created_at,
+    });
+    expect(await h.rt.store.tasks.insertMany([stored('held', 'queued'), stored('lost', 'pending')])).to.equal(true);
+    const repaired = await h.rt.engine.sessions.reconcile(0);
+    expect(repaired.finished).to.be.at.least(2);
+    expect((await h.call<Body>('GET', `/api/v1/sessions/${archived}/tasks`)).body.data.map((t: Body) => [t.id, t.status])).to.deep.equal([
+      ['held', 'canceled'],
+      ['lost', 'canceled'],
+    ]);
+  });
+
+  it('keeps at most 256 KB of a task’s step outputs, the latest first: its dependents’ inputs.upstream do not multiply what its steps made', async () => {
+    const id = await session();
+    await fs.writeFile(path.join(h.tenantDir(), 'big.txt'), 'x'.repeat(150 * 1024));
+    const read = { tool: 'read_file' as const, args: { path: 'big.txt' } };
+    // 40 reads of 150 KB: 6 MB of step outputs, which every one of its dependents would otherwise carry
+    const tasks = [
+      { id: 'big', steps: [...Array.from({ length: 40 }, () => read), ...sh('echo last')] },
+      { id: 'after', depends_on: ['big'], steps: sh('true') },
+    ];
+    expect((await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, { body: { tasks } })).status).to.equal(201);
+    const s = await settled(id, 2);
+    expect(s.tasks.map((t: Body) => t.status)).to.deep.equal(['succeeded', 'succeeded']);
+    const output = s.tasks[0].output;
+    expect(JSON.stringify(output.steps).length).to.be.below(300 * 1024);
+    expect(output.steps).to.have.length(41);
+    expect(output.steps[40].output.stdout).to.equal('last\n');
+    expect(output.steps[39].output.content).to.have.length(150 * 1024);
+    expect(output.steps[0]).to.deep.equal({ tool: 'read_file', output: null, output_truncated: true });
+    const after = (await h.call<Body>('GET', `/api/v1/runs/${s.tasks[1].run_ids[0]}`)).body;
+    expect(after.inputs.upstream.big).to.deep.equal(output);
+    // the task's run keeps every step's output whole
+    expect((await h.call<Body>('GET', `/api/v1/runs/${s.tasks[0].run_ids[0]}`)).body.steps[0].output.content).to.have.length(150 * 1024);
+  });
+
+  it('starts a task whose run key a client took first as an Idempotency-Key (task:<session>:<task>)', async () => {
+    const id = await session();
+    const taken = await h.call<Body>('POST', '/api/v1/autonomy/run', {
+      body: { steps: sh('true'), workspace: '.' },
+      headers: { 'idempotency-key': `task:${id}:a` },
+    });
+    expect(taken.status, taken.text).to.equal(202);
+    expect((await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, { body: { id: 'a', steps: sh('true') } })).status).to.equal(201);
+    const s = await settled(id, 1);
+    expect(s.tasks[0].status).to.equal('succeeded');
+    expect(s.tasks[0].run_ids).to.not.include(taken.body.run_id);
+  });
+
+  it('starts a task released while paused whose hold lands after a resume that listed the tasks before it', async () => {
+    const id = await session();
+    const tasks = [
+      { id: 'a', steps: sh('sleep 0.5') },
+      { id: 'b', depends_on: ['a'], steps: sh('true') },
+    ];
+    expect((await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, { body: { tasks } })).status).to.equal(201);
+    await eventually(async () => (await h.call<Body>('GET', `/api/v1/sessions/${id}`)).body.tasks[0].status === 'running', 'a to run');
+    expect((await h.call<Body>('PATCH', `/api/v1/sessions/${id}`, { body: { status: 'paused' } })).status).to.equal(200);
+    // a ends while paused: b, released, is held; the resume comes between the read of the pause and the hold
+    const update = h.rt.store.tasks.update.bind(h.rt.store.tasks);
+    let resumed = 0;
+    h.rt.store.tasks.update = async (...args: Parameters<typeof update>) => {
+      if (args[1] === id && args[2] === 'b' && args[3].status === 'queued' && !args[3].run_ids && !resumed++)
+        expect((await h.call<Body>('PATCH', `/api/v1/sessions/${id}`, { body: { status: 'idle' } })).status).to.equal(200);
+      return update(...args);
+    };
+    try {
+      await eventually(async () => resumed > 0, 'b to be held');
+    } finally {
+      h.rt.store.tasks.update = update;
+    }
+    // started at once, not left queued for the reconciler
+    const s = await eventually(
+      async () => {
+        const s = (await h.call<Body>('GET', `/api/v1/sessions/${id}`)).body;
+        return s.outcome ? s : null;
+      },
+      'the session to end',
+      5000,
+    );
+    expect(s.tasks.map((t: Body) => [t.id, t.status])).to.deep.equal([
+      ['a', 'succeeded'],
+      ['b', 'succeeded'],
+    ]);
+  });
+
+  it('goes on after Redis loses the DAG’s state: a task that ends releases its dependents, and a task added later sees what ended before', async () => {
+    const id = await session();
+    const forget = async () => {
+      const keys = await h.rt.redis.keys(`${h.config.queuePrefix}:dag:{${id}}*`);
+      expect(keys.length).to.be.greaterThan(0);
+      await h.rt.redis.del(...keys);
+    };
+    const tasks = [
+      { id: 'a', steps: sh('sleep 0.5') },
+      { id: 'b', depends_on: ['a'], steps: sh('true') },
+    ];
+    expect((await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, { body: { tasks } })).status).to.equal(201);
+    // lost while a runs: b, registered again by the reconciler, is released by a's end, or finds it ended
+    await forget();
+    await h.rt.engine.sessions.reconcile(0);
+    const ended = await eventually(
+      async () => {
+        await h.rt.engine.sessions.reconcile(0);
+        const s = (await h.call<Body>('GET', `/api/v1/sessions/${id}`)).body;
+        return s.outcome ? s : null;
+      },
+      'the session to end',
+      8000,
+    );
+    expect(ended.tasks.map((t: Body) => [t.id, t.status])).to.deep.equal([
+      ['a', 'succeeded'],
+      ['b', 'succeeded'],
+    ]);
+    // lost again, after both ended: a task added on one of them starts (no reconciler needed)
+    await forget();
+    const added = await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, { body: { id: 'c', depends_on: ['b'], steps: sh('true') } });
+    expect(added.status, added.text).to.equal(201);
+    expect(added.body.data[0].status).to.equal('queued');
+    expect((await settled(id, 3)).tasks.map((t: Body) => t.status)).to.deep.equal(['succeeded', 'succeeded', 'succeeded']);
   });
 
   it('answers the same 422 when two requests at once choose the same task id: one is stored, the other names the clash', async () => {

@@ -327,4 +327,26 @@ describe('email to task (the session tool)', function () {
     expect(run.error.code).to.not.equal('internal');
     expect((await h.call<Body>('GET', `/api/v1/sessions/${session.id}/tasks`)).body.data).to.have.length(1);
   });
+
+  it('holds a task the session tool adds to the limits of one added over HTTP: 100 dependencies, a 200-character title, a 20,000-character goal', async () => {
+    const session = (await h.call<Body>('POST', '/api/v1/sessions', { body: { title: 'limits' } })).body;
+    await h.call('PATCH', `/api/v1/sessions/${session.id}`, { body: { status: 'paused' } });
+    const agent = (await h.call<Body>('POST', `/api/v1/sessions/${session.id}/agents`, { body: { name: 'worker' } })).body;
+    const parents = Array.from({ length: 150 }, (_, i) => ({ id: `p${i}`, goal: 'x', agent_id: agent.id }));
+    expect((await h.call('POST', `/api/v1/sessions/${session.id}/tasks`, { body: { tasks: parents } })).status).to.equal(201);
+    const viaTool = async (task: Body) => {
+      const step = { tool: 'session', args: { action: 'add_task', session_id: session.id, task: { goal: 'join', agent_id: agent.id, ...task } } };
+      const run = await finishedRun(h, (await h.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [step] } })).body.run_id);
+      return run.steps[0];
+    };
+    for (const task of [{ depends_on: parents.map((p) => p.id) }, { title: 't'.repeat(201) }, { goal: 'g'.repeat(20_001) }]) {
+      const step = await viaTool(task);
+      expect(step.status, JSON.stringify(task).slice(0, 80)).to.equal('failed');
+      expect(step.error.code).to.equal('task-graph-invalid');
+    }
+    expect((await h.call<Body>('GET', `/api/v1/sessions/${session.id}/tasks`)).body.data).to.have.length(150);
+    // within them, it is added
+    expect((await viaTool({ depends_on: parents.slice(0, 100).map((p) => p.id) })).status).to.equal('succeeded');
+    expect((await h.call<Body>('GET', `/api/v1/sessions/${session.id}/tasks`)).body.data).to.have.length(151);
+  });
 });
