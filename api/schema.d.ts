@@ -732,7 +732,7 @@ export interface paths {
          * Add a task, or a whole DAG
          * @description One task, or `{tasks: [...]}`. `depends_on` names tasks of the session or of the same request; ids are
          *     the caller's or the service's. One 422 (`task-graph-invalid`) lists every error: unknown, self or duplicate dependency, a
-         *     cycle, an unknown agent. A task starts when its dependencies allow (`all_success`: every one succeeded;
+         *     cycle, an unknown agent, more tasks than a session holds (SERVICE_SESSION_MAX_TASKS, 10,000 unless set). A task starts when its dependencies allow (`all_success`: every one succeeded;
          *     `all_done`: every one ended); when one fails after its attempts, its `all_success` dependents end
          *     `upstream_failed`, and independent branches go on. A task's run (kind `session_task`) gets the
          *     outputs of its dependencies as `inputs.upstream`.

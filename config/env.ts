@@ -73,6 +73,8 @@ export type Config = {
   fileTriggerRefreshSeconds: number;
   /** the shortest interval a cron trigger may fire at (SERVICE_CRON_MIN_INTERVAL_SECONDS) */
   cronMinIntervalSeconds: number;
+  /** the most tasks one session holds (SERVICE_SESSION_MAX_TASKS) */
+  sessionMaxTasks: number;
   /** the environment a shell step starts from: a short allowlist, never the service's secrets */
   childEnv: Record<string, string>;
   /** how tool processes are isolated: `auto` picks bwrap when it is installed; `explicit` when SERVICE_SANDBOX was set */
@@ -330,6 +332,7 @@ const schema = z.object({
   SERVICE_STALLED_INTERVAL_SECONDS: int(15, 1, 600),
   SERVICE_FILE_TRIGGER_REFRESH_SECONDS: int(5, 1, 3600),
   SERVICE_CRON_MIN_INTERVAL_SECONDS: int(60, 1, 86_400),
+  SERVICE_SESSION_MAX_TASKS: int(10_000, 1, 1_000_000),
   LOG_LEVEL: z
     .string()
     .optional()
@@ -470,6 +473,7 @@ export function parseEnv(env: Record<string, string | undefined>): Config {
     stalledIntervalSeconds: e.SERVICE_STALLED_INTERVAL_SECONDS,
     fileTriggerRefreshSeconds: e.SERVICE_FILE_TRIGGER_REFRESH_SECONDS,
     cronMinIntervalSeconds: e.SERVICE_CRON_MIN_INTERVAL_SECONDS,
+    sessionMaxTasks: e.SERVICE_SESSION_MAX_TASKS,
     sandbox: {
       mode: e.SERVICE_SANDBOX,
       explicit: e.SERVICE_SANDBOX !== 'auto',

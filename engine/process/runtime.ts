@@ -211,6 +211,7 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
         httpAllowPrivate: config.httpAllowPrivate,
         workerConcurrency: config.workerConcurrency,
         gatesConcurrency: config.gatesConcurrency,
+        sessionMaxTasks: config.sessionMaxTasks,
         webhookReplayWindowSeconds: config.webhookReplayWindowSeconds,
         webhookRateLimitPerMinute: config.webhookRateLimitPerMinute,
       },

@@ -85,6 +85,8 @@ export type RunSettings = ToolPolicy & {
   workerConcurrency: number;
   /** gates run at once by one gate run on a copy (a vibe run's) */
   gatesConcurrency: number;
+  /** the most tasks one session holds: every add, resume and listing reads them all */
+  sessionMaxTasks: number;
 };
 
 export type RunsDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'events' | 'queues' | 'redis' | 'metrics'> & {

@@ -30,7 +30,7 @@ import { tasksOf, type TaskInput } from './tasks.js';
 export type SessionsDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'events' | 'redis' | 'queues'> & {
   runs: Runs;
   limits: RunLimits;
-  settings: ToolPolicy & { agent: unknown };
+  settings: ToolPolicy & { agent: unknown; sessionMaxTasks: number };
 };
 
 const LIVE: SessionStatus[] = ['idle', 'running', 'waiting', 'paused'];

@@ -46,7 +46,7 @@ export type TaskInput = {
 
 type TasksDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'events'> & {
   runs: Runs;
-  settings: ToolPolicy & { agent: unknown };
+  settings: ToolPolicy & { agent: unknown; sessionMaxTasks: number };
   dag: DagState;
   /** tells the session that its tasks changed (status, outcome) */
   recount(tenantId: string, sessionId: string): Promise<void>;
@@ -516,6 +516,10 @@ export function tasksOf(deps: TasksDeps) {
         updated_at: now,
       }));
       const errors = dagErrors(existing, records, new Set(agents.map((a) => a.id)));
+      // every add, resume, archive and listing reads all of a session's tasks
+      const max = deps.settings.sessionMaxTasks;
+      if (existing.length + records.length > max)
+        errors.push({ path: '/body/tasks', message: `a session holds at most ${max} tasks (SERVICE_SESSION_MAX_TASKS); this one has ${existing.length}` });
       records.forEach((t, i) => {
         // the API's own limits, for what does not come through it (the session tool): a task of 5,000
         // dependencies would take 5,000 outputs as its inputs.upstream

@@ -233,6 +233,24 @@ describe('sessions', function () {
     expect(updates).to.deep.equal(['idle', 'running']);
   });
 
+  it('holds a session to SERVICE_SESSION_MAX_TASKS tasks: a batch past it is one 422 and adds nothing', async () => {
+    const small = await startHarness({ workers: false, env: { SERVICE_SESSION_MAX_TASKS: '5' } });
+    try {
+      const s = (await small.call<Body>('POST', '/api/v1/sessions', { body: { title: 'bounded' } })).body;
+      const tasks = (ids: string[]) => ({ tasks: ids.map((id) => ({ id, steps: [{ tool: 'message', args: { text: id } }] })) });
+      const add = (ids: string[]) => small.call<Body>('POST', `/api/v1/sessions/${s.id}/tasks`, { body: tasks(ids) });
+      expect((await add(['a', 'b', 'c'])).status).to.equal(201);
+      const over = await add(['d', 'e', 'f']);
+      expect(over.status, over.text).to.equal(422);
+      expect(over.body).to.deep.include({ code: 'task-graph-invalid' });
+      expect(over.body.errors).to.deep.include({ path: '/body/tasks', message: 'a session holds at most 5 tasks (SERVICE_SESSION_MAX_TASKS); this one has 3' });
+      expect((await small.call<Body>('GET', `/api/v1/sessions/${s.id}/tasks`)).body.data.map((t: Body) => t.id)).to.deep.equal(['a', 'b', 'c']);
+      expect((await add(['d', 'e'])).status, 'up to the limit').to.equal(201);
+    } finally {
+      await small.close();
+    }
+  });
+
   it('gives a session with no task, once archived, the outcome canceled; archiving it again changes nothing', async () => {
     const s = await create({ title: 'empty' });
     const archived = (await h.call<Body>('DELETE', `/api/v1/sessions/${s.id}`)).body;
