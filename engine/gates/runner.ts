@@ -173,7 +173,10 @@ export async function runGate(gate: GateDefinition & { digest: string }, ctx: Ga
       // good report (ESLint's fatal exit 2 with `[]`, a crash, a coverage threshold) has not passed
       const passed = r.exit_code === 0 && (gate.pass !== 'report' || Boolean(report?.ok));
       conclusion = passed ? 'success' : 'failure';
-      summary = report?.summary || (r.exit_code === 0 ? 'exited 0' : `exited ${r.exit_code ?? r.signal}`);
+      const ended = r.exit_code === 0 ? 'exited 0' : `exited ${r.exit_code ?? r.signal}`;
+      // a process the kernel ended for the step's memory is said first: the exit alone reads as the tool's own failure
+      const memory = r.out_of_memory ? `ran out of memory (over the step's ${ctx.sandbox.limits?.memoryMb} MB, SERVICE_SANDBOX_MEMORY_MB); ` : '';
+      summary = `${memory}${report?.summary || ended}`;
     }
   }
   const kept = await keepArtifacts(ctx.workspace, gate.artifacts);

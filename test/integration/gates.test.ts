@@ -278,6 +278,51 @@ describe('gates', function () {
     expect(fresh.result.conclusion, fresh.result.summary).to.equal('success');
   });
 
+  it('says a gate ran out of memory when the kernel ended a process of it for the step’s memory limit', async function () {
+    if (sandbox.memoryLimit !== 'cgroup') this.skip();
+    const small = openSandbox({
+      mode: 'auto',
+      limits: { cpuSeconds: 60, memoryMb: 200, processes: 64, fileSizeMb: 16 },
+      prefix: 'gates-test',
+      pathVar: process.env.PATH,
+      log: createLogger('silent'),
+    });
+    try {
+      const project = await fs.mkdtemp(path.join(dir, 'memory-'));
+      const ctx: GateContext = {
+        sandbox: small,
+        workspace: project,
+        workspaceName: '.',
+        git: { commit: null, tree: null, dirty: null, files: null },
+        hasher: new FileHasher(),
+        baseEnv: { PATH: '/usr/bin:/bin' },
+        envValue: () => undefined,
+        network: false,
+      };
+      // four processes of 100 MB each: each under its own address space limit, 400 MB together
+      const hold = 'head -c 100000000 /dev/zero | tail > /dev/null';
+      const gate = {
+        id: 'hungry',
+        name: 'hungry',
+        required: true,
+        run: ['/bin/sh', '-c', `for i in 1 2 3 4; do (${hold}) & done; wait; exit 1`],
+        builtin: null,
+        timeout_seconds: 30,
+        env: [],
+        pass: 'exit',
+        report: null,
+        inputs: null,
+        artifacts: [],
+        digest: 'sha256:x',
+      } as never;
+      const { result } = await runGate(gate, ctx);
+      expect(result.conclusion).to.equal('failure');
+      expect(result.summary).to.equal("ran out of memory (over the step's 200 MB, SERVICE_SANDBOX_MEMORY_MB); exited 1");
+    } finally {
+      small.close();
+    }
+  });
+
   it('runs a project’s gates in the sandbox: one passes, one fails with annotations, one times out, secrets stay out, the scan finds a token', async () => {
     const project = path.join(dir, 'project');
     await makeProject(project, GATES_YAML);
