@@ -8,9 +8,9 @@ import { createHash } from 'node:crypto';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import { watch, type FSWatcher } from 'chokidar';
-import picomatch from 'picomatch';
 import type { Platform } from '../deps.js';
 import type { Automation, RunTrigger } from '../platform/index.js';
+import { compileGlobs } from './globs.js';
 
 type Watched = { automation: Automation; tenantRoot: string; matchers: { match: (p: string) => boolean; paths: string[]; debounceMs: number }[] };
 
@@ -24,8 +24,8 @@ export function fileTriggersOf(
   opts: { refreshMs: number; fire(a: Automation, trigger: RunTrigger): Promise<unknown> },
 ): FileTriggers {
   let watched: Watched[] = [];
-  /** the tenant roots being watched */
-  let roots = new Set<string>();
+  /** the tenant roots being watched, each with its identity (device, inode, birth time) when it was added */
+  let roots = new Map<string, string>();
   const pending = new Map<string, { timer: NodeJS.Timeout; paths: Set<string> }>();
   let watcher: FSWatcher | undefined;
   let refresher: NodeJS.Timeout | undefined;
@@ -35,22 +35,29 @@ export function fileTriggersOf(
     // a tenant's root is watched at its real path: a root that is itself a link (a tenant's folder on
     // another disk) is followed, where no link inside it is
     const realRoots = new Map<string, string>();
+    const identities = new Map<string, string>();
     for (const tenantId of new Set(automations.map((a) => a.tenant_id))) {
       const root = deps.tenantRootOf(tenantId);
       await fs.mkdir(root, { recursive: true });
-      realRoots.set(tenantId, await fs.realpath(root).catch(() => root));
+      const real = await fs.realpath(root).catch(() => root);
+      realRoots.set(tenantId, real);
+      // its inode and birth time: a folder made again at once often gets the inode of the one removed
+      const st = await fs.stat(real).catch(() => null);
+      identities.set(real, st ? `${st.dev}:${st.ino}:${st.birthtimeMs}` : '');
     }
     watched = automations.map((automation) => ({
       automation,
       tenantRoot: realRoots.get(automation.tenant_id)!,
       matchers: automation.triggers.flatMap((t) =>
-        t.type === 'file_change' ? [{ match: picomatch(t.paths, { dot: true }), paths: t.paths, debounceMs: t.debounce_ms ?? 500 }] : [],
+        t.type === 'file_change' ? [{ match: compileGlobs(t.paths), paths: t.paths, debounceMs: t.debounce_ms ?? 500 }] : [],
       ),
     }));
     if (!watcher) return;
-    const wanted = new Set(watched.map((w) => w.tenantRoot));
-    const added = [...wanted].filter((r) => !roots.has(r));
-    const dropped = [...roots].filter((r) => !wanted.has(r));
+    const wanted = new Map([...new Set(watched.map((w) => w.tenantRoot))].map((r) => [r, identities.get(r) ?? '']));
+    // a root removed and made again (a run's rm -rf, a restore) is another folder: the watch of the one
+    // removed saw its end and no more, so the new one is watched afresh
+    const dropped = [...roots].filter(([r, id]) => wanted.get(r) !== id).map(([r]) => r);
+    const added = [...wanted].filter(([r, id]) => roots.get(r) !== id).map(([r]) => r);
     if (dropped.length) watcher.unwatch(dropped);
     if (added.length) watcher.add(added);
     roots = wanted;

@@ -3,6 +3,7 @@
 import path from 'node:path';
 import { CronExpressionParser } from 'cron-parser';
 import type { FieldError, Trigger } from '../platform/index.js';
+import { globSyntaxError } from './globs.js';
 
 /** Remembers what a pure, costly check answered (zone and cron parsing cost ~0.1-1 ms each); bounded. */
 function memo<T>(compute: (key: string) => T, max = 2000): (key: string) => T {
@@ -25,34 +26,66 @@ export const isTimeZone = memo((zone: string): boolean => {
   }
 });
 
-const parsedCron = memo((key: string) => {
-  const [schedule, tz] = key.split('\n') as [string, string];
-  return CronExpressionParser.parse(schedule, { tz: tz || undefined });
-}, 500);
-const nextFires = new Map<string, number | null>();
+/**
+ * How far ahead a cron trigger's next fire is looked for: cron-parser finds it by stepping from day to day
+ * (20-60 µs a step in a zone), so an expression that fires once in decades (`0 0 * 2 1#5`, the fifth Monday of
+ * February) or never (`* * 31 4,6,9,11 *`) cost up to 10,000 steps, and one request of 20 such triggers held the
+ * process for 7 s. A trigger is refused when it does not fire within this horizon (29 February, every four
+ * years, does); one placed before is placed by a later reconcile once its time is within it.
+ */
+export const CRON_HORIZON_YEARS = 5;
+const HORIZON_MS = CRON_HORIZON_YEARS * 366 * 86_400_000;
+/** How long "no fire within the horizon" is taken as still true. */
+const NONE_KEPT_MS = 3_600_000;
 
 /**
- * The next time a cron trigger fires after `from`, or null when the expression never fires. A cron
- * fires on whole seconds at the finest, so every `from` within one second has the same answer: it is
- * remembered for that second, and each expression is parsed once and stepped from `from` (parsing and
- * stepping in a zone cost 20-70 µs, a third of creating an automation).
+ * The last next fire computed for each expression and zone, and the time it was computed from (and the
+ * zone's UTC offset then): it is the answer for every time from then until it (no fire lies between), so the
+ * status route, the ticker and the reconcile of many triggers step through no days again. Not across a clock
+ * change: cron-parser, stepping from within a skipped hour, passes over the fire it gives from before it.
+ * Bounded; the oldest entry is dropped first.
+ */
+const nextFires = new Map<string, { from: number; offset: string; next: number | null }>();
+
+const offsetFormat = memo((zone: string) => new Intl.DateTimeFormat('en-US', { timeZone: zone || 'UTC', timeZoneName: 'longOffset' }));
+function offsetAt(zone: string | undefined, at: number): string {
+  return offsetFormat(zone ?? '')
+    .formatToParts(at)
+    .find((p) => p.type === 'timeZoneName')!.value;
+}
+
+/**
+ * The next time a cron trigger fires after `from`, or null when it does not fire within CRON_HORIZON_YEARS
+ * (or never does).
  */
 export function nextCronFire(schedule: string, timezone: string | undefined, from: Date): Date | null {
-  const key = `${schedule}\n${timezone ?? ''}\n${Math.floor(from.getTime() / 1000)}`;
-  let next = nextFires.get(key);
-  if (next === undefined) {
-    try {
-      const expression = parsedCron(`${schedule}\n${timezone ?? ''}`);
-      expression.reset(from);
-      next = expression.next().getTime();
-    } catch {
-      next = null;
-    }
-    if (nextFires.size >= 2000) nextFires.delete(nextFires.keys().next().value!);
-    nextFires.set(key, next);
+  const key = `${schedule}\n${timezone ?? ''}`;
+  const at = from.getTime();
+  const known = nextFires.get(key);
+  let offset: string;
+  try {
+    offset = offsetAt(timezone, at);
+  } catch {
+    return null; // not a time zone
   }
+  if (known && at >= known.from && known.offset === offset && (known.next === null ? at < known.from + NONE_KEPT_MS : at < known.next)) {
+    return known.next === null ? null : new Date(known.next);
+  }
+  let next: number | null;
+  try {
+    next = CronExpressionParser.parse(schedule, { tz: timezone || undefined, currentDate: from, endDate: new Date(at + HORIZON_MS) })
+      .next()
+      .getTime();
+  } catch {
+    next = null; // past the horizon, never (cron-parser's loop limit), or not an expression
+  }
+  nextFires.delete(key);
+  if (nextFires.size >= 10_000) nextFires.delete(nextFires.keys().next().value!);
+  nextFires.set(key, { from: at, offset, next });
   return next === null ? null : new Date(next);
 }
+
+const MAX_DAYS = [31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
 
 const cronError = memo((schedule: string): string | null => {
   const fields = schedule.trim().split(/\s+/);
@@ -63,36 +96,51 @@ const cronError = memo((schedule: string): string | null => {
   // schedule would move each time, firing at random times and a random number of times
   // an H on its own, wherever it stands (H, H(0-5), */H, 0-H): not the H of a day's name (THU)
   if (fields.some((f) => /(^|[^a-z])h($|[^a-z])/i.test(f))) return 'H (a hashed value) is not supported: name the minute, hour, ... to fire at';
+  let parsed;
   try {
-    CronExpressionParser.parse(schedule, { tz: 'UTC' }).next();
-    return null;
+    parsed = CronExpressionParser.parse(schedule, { tz: 'UTC' }).fields;
   } catch (err) {
     return `not a valid cron expression: ${(err as Error).message}`;
   }
+  // a day of the month that no month named has (31 April) is known without stepping through the years
+  const days = (parsed.dayOfMonth.values as readonly (number | string)[]).filter((d): d is number => typeof d === 'number');
+  if (!parsed.dayOfMonth.isWildcard && !parsed.dayOfMonth.hasLastChar && parsed.dayOfWeek.isWildcard && days.length) {
+    const first = Math.min(...days);
+    if ((parsed.month.values as readonly number[]).every((m) => first > MAX_DAYS[m - 1]!)) return 'never fires: no month it names has that day';
+  }
+  return null;
 });
+
+/**
+ * The shortest time between two fires of a cron expression on the clock, from its seconds, minutes and hours
+ * (no stepping through dates: an expression's days only space its fires further apart), the step from a
+ * day's last fire to the next day's first included; null when it fires once a day at most. A clock change
+ * may shorten one gap of the year by its hour.
+ */
+const shortestGapSeconds = memo((schedule: string): number | null => {
+  const f = CronExpressionParser.parse(schedule, { tz: 'UTC' }).fields;
+  const sorted = (values: readonly (number | string)[]) => values.filter((v): v is number => typeof v === 'number').sort((a, b) => a - b);
+  const [hours, minutes, seconds] = [sorted(f.hour.values), sorted(f.minute.values), sorted(f.second.values)];
+  if (hours.length * minutes.length * seconds.length < 2) return null;
+  let first = -1;
+  let last = -1;
+  let gap = Infinity;
+  for (const h of hours)
+    for (const m of minutes)
+      for (const s of seconds) {
+        const t = h * 3600 + m * 60 + s;
+        if (last >= 0) gap = Math.min(gap, t - last);
+        else first = t;
+        last = t;
+      }
+  return Math.min(gap, first + 86_400 - last);
+}, 500);
 
 function globError(glob: string): string | null {
   if (path.isAbsolute(glob) || /^[A-Za-z]:[\\/]/.test(glob)) return 'must be relative to the workspace root';
   if (glob.split(/[\\/]/).includes('..')) return 'must not climb out of the workspace root with ..';
-  return null;
+  return globSyntaxError(glob);
 }
-
-/**
- * The shortest time between two fires of a cron expression, over its next fires from now (an expression's
- * gaps repeat within its period; ten fires show a second-level or minute-level one): null when it never fires.
- */
-const shortestGapSeconds = memo((key: string): number | null => {
-  const expression = parsedCron(key);
-  expression.reset(new Date());
-  const fires: number[] = [];
-  try {
-    for (let i = 0; i < 11; i++) fires.push(expression.next().getTime());
-  } catch {
-    // no more fires
-  }
-  if (fires.length < 2) return null;
-  return Math.min(...fires.slice(1).map((t, i) => (t - fires[i]!) / 1000));
-}, 500);
 
 export function validateTriggers(triggers: Trigger[], at = '/body/triggers', opts: { cronMinIntervalSeconds?: number } = {}): FieldError[] {
   const errors: FieldError[] = [];
@@ -106,8 +154,11 @@ export function validateTriggers(triggers: Trigger[], at = '/body/triggers', opt
       const bad = cronError(t.schedule);
       if (bad) errors.push({ path: `${at}/${i}/schedule`, message: bad });
       if (!isTimeZone(t.timezone)) errors.push({ path: `${at}/${i}/timezone`, message: `"${t.timezone}" is not an IANA time zone` });
-      else if (!bad && opts.cronMinIntervalSeconds) {
-        const gap = shortestGapSeconds(`${t.schedule}\n${t.timezone}`);
+      else if (bad) return;
+      else if (!nextCronFire(t.schedule, t.timezone, new Date()))
+        errors.push({ path: `${at}/${i}/schedule`, message: `does not fire within the next ${CRON_HORIZON_YEARS} years` });
+      else if (opts.cronMinIntervalSeconds) {
+        const gap = shortestGapSeconds(t.schedule);
         if (gap !== null && gap < opts.cronMinIntervalSeconds)
           errors.push({
             path: `${at}/${i}/schedule`,

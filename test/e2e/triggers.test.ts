@@ -191,6 +191,31 @@ describe('the cron ticker', function () {
     expect(h.logs.join('\n')).to.contain('cron trigger has no next time').and.contain(never.id);
   });
 
+  it('bounds the work of rare and never-firing expressions: one request of 20 took 7 s of the process, now refused or taken at once', async () => {
+    const zones = ['America/New_York', 'Europe/Paris', 'Asia/Tokyo', 'Australia/Sydney', 'America/Chicago'];
+    const post = async (schedule: (i: number) => string) => {
+      const triggers = Array.from({ length: 20 }, (_, i) => ({ type: 'cron', schedule: schedule(i), timezone: zones[i % zones.length] }));
+      const started = performance.now();
+      const res = await h.call<Body>('POST', '/api/v1/automations', { body: { name: 'rare', triggers, steps: [{ tool: 'message', args: { text: 'x' } }] } });
+      return { res, ms: performance.now() - started };
+    };
+    // the fifth Monday (Tuesday, ...) of February: once in 28 years, stepped day by day through them
+    const decades = await post((i) => `${i} 7 * 2 1#5`);
+    expect(decades.res.status).to.equal(400);
+    expect(decades.res.body.errors[0]).to.deep.include({ path: '/body/triggers/0/schedule', message: 'does not fire within the next 5 years' });
+    expect(decades.ms, 'the request took').to.be.below(3000);
+    const never = await post((i) => `${i} 7 31 4,6,9,11 *`); // the 31st of months of 30 days
+    expect(never.res.status).to.equal(400);
+    expect(never.res.body.errors[0].message).to.match(/never fires/);
+    expect(never.ms).to.be.below(3000);
+    const leap = await post((i) => `${i} 7 29 2 *`); // 29 February fires every four years: taken
+    expect(leap.res.status).to.equal(201);
+    expect(leap.ms).to.be.below(3000);
+    const status = await h.call<Body>('GET', `/api/v1/automations/${leap.res.body.id}/status`);
+    expect(new Date(status.body.next_fire_at).getUTCFullYear() % 4, 'a leap year').to.equal(0); // 7:00 on 29 February, somewhere
+    await h.call('DELETE', `/api/v1/automations/${leap.res.body.id}`);
+  });
+
   it('refuses H (a hashed value): cron-parser draws it again at every parse, so the schedule would move at every tick', async () => {
     for (const schedule of ['H * * * * *', 'H H * * *', '0 H(0-5) * * *', '*/5 H/2 * * *', '*/H * * * *', '0-H * * * *', '1-5/H * * * *']) {
       const res = await h.call<Body>('POST', '/api/v1/automations', {
@@ -287,6 +312,57 @@ describe('file_change triggers', function () {
     } finally {
       await linked.close();
       await fs.rm(elsewhere, { recursive: true, force: true });
+    }
+  });
+
+  it('matches a glob of many wildcards against a long file name without holding the process, and refuses extended globs', async () => {
+    // picomatch's regular expression for `*a*a…b` backtracks without end on a name of 200 a's
+    const refused = await h.call<Body>('POST', '/api/v1/automations', {
+      body: {
+        name: 'extglob',
+        triggers: [{ type: 'file_change', paths: ['ok/*.txt', `${'*([a-z]|a)'.repeat(10)}b`] }],
+        steps: [{ tool: 'message', args: { text: 'x' } }],
+      },
+    });
+    expect(refused.status).to.equal(400);
+    expect(refused.body.errors.map((e: Body) => e.path)).to.deep.equal(['/body/triggers/0/paths/1']);
+    const a = (
+      await h.call<Body>('POST', '/api/v1/automations', {
+        body: {
+          name: 'many stars',
+          triggers: [{ type: 'file_change', paths: [`${'*a'.repeat(40)}b`, 'stars/*.txt'], debounce_ms: 50 }],
+          steps: [{ tool: 'message', args: { text: 'x' } }],
+        },
+      })
+    ).body;
+    await fs.mkdir(path.join(h.tenantDir(), 'stars'), { recursive: true });
+    await new Promise((r) => setTimeout(r, 1500));
+    await fs.writeFile(path.join(h.tenantDir(), 'a'.repeat(200)), 'x');
+    await fs.writeFile(path.join(h.tenantDir(), 'stars/seen.txt'), 'x');
+    const runs = await runsOnce(h, a.id, 1, 'a run for stars/seen.txt');
+    expect(runs[0]!.trigger.paths).to.deep.equal(['stars/seen.txt']);
+  });
+
+  it('watches a tenant root removed and made again (it watched nothing more, silently)', async () => {
+    const watcher = await startHarness({ env: { SERVICE_FILE_TRIGGER_REFRESH_SECONDS: '1' } });
+    try {
+      const a = (
+        await watcher.call<Body>('POST', '/api/v1/automations', {
+          body: { name: 'again', triggers: [{ type: 'file_change', paths: ['*.txt'], debounce_ms: 50 }], steps: [{ tool: 'message', args: { text: 'x' } }] },
+        })
+      ).body;
+      await new Promise((r) => setTimeout(r, 1500));
+      await fs.writeFile(path.join(watcher.tenantDir(), 'before.txt'), 'x');
+      await runsOnce(watcher, a.id, 1, 'a run for before.txt');
+      await fs.rm(watcher.tenantDir(), { recursive: true, force: true }); // a run's rm -rf, an operator's restore
+      await new Promise((r) => setTimeout(r, 1000));
+      await fs.mkdir(watcher.tenantDir(), { recursive: true });
+      await new Promise((r) => setTimeout(r, 2000));
+      await fs.writeFile(path.join(watcher.tenantDir(), 'after.txt'), 'x');
+      const runs = await eventually(async () => (await history(watcher, a.id)).find((r) => r.trigger.paths.includes('after.txt')), 'a run for after.txt', 5000);
+      expect(runs.trigger.paths).to.deep.equal(['after.txt']);
+    } finally {
+      await watcher.close();
     }
   });
 

@@ -48,4 +48,28 @@ describe('engine/triggers', () => {
           }
     expect(nextCronFire('0 0 31 2 *', 'UTC', new Date())).to.equal(null); // never fires
   });
+
+  it('takes the shortest gap from the clock fields, the same at any hour it is asked (11 fires from now saw it only at some)', () => {
+    // 2 h apart but for 22:00 -> 23:00, and 23:00 -> 00:00 the next day
+    const late = validateTriggers([{ type: 'cron', schedule: '0 0,2,4,6,8,10,12,14,16,18,20,22,23 * * *', timezone: 'UTC' }], '/t', {
+      cronMinIntervalSeconds: 7200,
+    });
+    expect(late.map((e) => e.message)).to.deep.equal(['fires every 3600 s; the shortest interval allowed is 7200 s (SERVICE_CRON_MIN_INTERVAL_SECONDS)']);
+    const midnight = validateTriggers([{ type: 'cron', schedule: '30 0,23 * * *', timezone: 'UTC' }], '/t', { cronMinIntervalSeconds: 7200 });
+    expect(midnight[0]?.message).to.match(/fires every 3600 s/);
+    expect(validateTriggers([{ type: 'cron', schedule: '0 0,12 * * *', timezone: 'Europe/Paris' }], '/t', { cronMinIntervalSeconds: 7200 })).to.deep.equal([]);
+    expect(validateTriggers([{ type: 'cron', schedule: '0 9 * * MON', timezone: 'UTC' }], '/t', { cronMinIntervalSeconds: 86_400 })).to.deep.equal([]);
+  });
+
+  it('looks for a next fire no further than 5 years ahead, in little time however rarely the expression fires', () => {
+    const started = performance.now();
+    const rare = Array.from({ length: 20 }, (_, i) => ({ type: 'cron' as const, schedule: `${i} 5 * 2 1#5`, timezone: 'Europe/Paris' }));
+    const errors = validateTriggers(rare, '/t', { cronMinIntervalSeconds: 60 });
+    expect(errors).to.have.length(20);
+    expect(errors[0]!.message).to.equal('does not fire within the next 5 years');
+    expect(performance.now() - started, 'ms for 20 (7,000 before)').to.be.below(2000);
+    expect(nextCronFire('0 0 * 2 1#5', 'UTC', new Date('2026-01-01T00:00:00Z'))).to.equal(null); // 29 February 2044
+    expect(nextCronFire('0 0 * 2 1#5', 'UTC', new Date('2040-01-01T00:00:00Z'))?.toISOString()).to.equal('2044-02-29T00:00:00.000Z');
+    expect(nextCronFire('0 0 29 2 *', 'UTC', new Date('2026-01-01T00:00:00Z'))?.toISOString()).to.equal('2028-02-29T00:00:00.000Z');
+  });
 });
