@@ -171,7 +171,8 @@ export interface paths {
          * @description Creates an automation from a definition (`name` and either `steps` or a `goal`), or from a
          *     built-in template (`template_id` and `variables`, as `POST /api/v1/automations/templates/instantiate`).
          *     One whose work needs the agent endpoint (a goal, an `agent` step) is refused with 422
-         *     `agent-not-configured` when none is configured: every fire of it would fail.
+         *     `agent-not-configured` when none is configured: every fire of it would fail. A tenant keeps at most
+         *     SERVICE_TENANT_MAX_AUTOMATIONS automations that are not archived (1,000 unless set; one more is a 409).
          */
         post: operations["createAutomation"];
         delete?: never;
@@ -3623,6 +3624,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["NotPermitted"];
+            409: components["responses"]["Conflict"];
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             422: components["responses"]["Unprocessable"];
@@ -3678,6 +3680,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["NotPermitted"];
+            409: components["responses"]["Conflict"];
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             422: components["responses"]["Unprocessable"];

@@ -115,6 +115,10 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
       checkWork(def, errors);
       check(errors);
       requireAgentFor(deps.settings, def.steps, 'this automation');
+      // every automation is work for each file event, trigger refresh and reconcile of the process
+      const max = limits.tenantMaxAutomations;
+      if (max !== undefined && (await store.automations.countLive(tenantId)) >= max)
+        throw new ConflictError(`this tenant has ${max} automations, the most it may keep (SERVICE_TENANT_MAX_AUTOMATIONS): archive one first`);
       const now = clock.now().toISOString();
       const automation: Automation = {
         id: newId('aut'),

@@ -200,6 +200,7 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
         defaultBudgetSeconds: config.runBudget.defaultSeconds,
         maxBudgetSeconds: config.runBudget.maxSeconds,
         cronMinIntervalSeconds: config.cronMinIntervalSeconds,
+        tenantMaxAutomations: config.tenantMaxAutomations,
       },
       settings: {
         workspaceRoot,

@@ -68,6 +68,8 @@ export type RunLimits = {
   maxBudgetSeconds: number;
   /** the shortest interval an automation's cron trigger may fire at (absent: any) */
   cronMinIntervalSeconds?: number;
+  /** the most automations a tenant keeps, archived ones aside (absent: any) */
+  tenantMaxAutomations?: number;
 };
 
 /** A budget longer than the operator allows (SERVICE_RUN_MAX_BUDGET_SECONDS), as the error at `path`; null when it is not. */

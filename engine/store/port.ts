@@ -54,6 +54,8 @@ export interface AutomationRepo {
   listJson(tenantId: string, query: AutomationQuery): Promise<Page<JsonDoc>>;
   /** Applies `changes` only while the status is one of `ifStatusIn`; null when no row matched. */
   update(tenantId: string, id: string, changes: AutomationChanges, ifStatusIn: AutomationStatus[]): Promise<Automation | null>;
+  /** How many automations the tenant has that are not archived. */
+  countLive(tenantId: string): Promise<number>;
   /** Enabled automations with a trigger of this type: of one tenant, or (system use: trigger reconcilers) of all. */
   listEnabledWithTrigger(type: Trigger['type'], tenantId?: string): Promise<Automation[]>;
 }

@@ -106,6 +106,30 @@ describe('automations API', () => {
     }
   });
 
+  it('keeps a tenant to SERVICE_TENANT_MAX_AUTOMATIONS automations, archived ones aside, from a definition or a template', async () => {
+    const small = await startHarness({ workers: false, env: { SERVICE_TENANT_MAX_AUTOMATIONS: '2' } });
+    try {
+      const make = (key = KEYS.a) =>
+        small.call('POST', '/api/v1/automations', { key, body: { name: 'bounded', steps: [{ tool: 'message', args: { text: 'x' } }] } });
+      const first = await make();
+      expect((await make()).status).to.equal(201);
+      const over = await make();
+      expect(over.status, over.text).to.equal(409);
+      expect(over.body.detail).to.contain('SERVICE_TENANT_MAX_AUTOMATIONS');
+      const fromTemplate = await small.call('POST', '/api/v1/automations/templates/instantiate', {
+        body: { template_id: 'nightly-audit', variables: {} },
+      });
+      expect(fromTemplate.status, fromTemplate.text).to.equal(409);
+      expect((await small.call('GET', '/api/v1/automations')).body.data).to.have.length(2);
+      // another tenant has its own count; an archived automation frees its place
+      expect((await make(KEYS.b)).status).to.equal(201);
+      expect((await small.call('DELETE', `/api/v1/automations/${first.body.id}`)).status).to.be.oneOf([200, 204]);
+      expect((await make()).status).to.equal(201);
+    } finally {
+      await small.close();
+    }
+  });
+
   it('validates triggers of every kind and says which field is wrong', async () => {
     const bad = await h.call('POST', '/api/v1/automations', {
       body: { ...definition, triggers: [{ type: 'cron', schedule: '0 25 * * *', timezone: 'Europe/Atlantis' }] },

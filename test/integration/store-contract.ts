@@ -151,6 +151,8 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       const second = await store.automations.list('t1', { limit: 2, cursor: first.next_cursor! });
       expect(second.items.map((a) => a.name)).to.deep.equal(['a1', 'a0']);
       expect(second.next_cursor).to.equal(null);
+      expect(await store.automations.countLive('t1'), 'archived ones aside').to.equal(4);
+      expect(await store.automations.countLive('t2')).to.equal(0);
       const archived = await store.automations.list('t1', { limit: 10, statuses: ['archived'] });
       expect(archived.items.map((a) => a.name)).to.deep.equal(['a2']);
       const all = await store.automations.list('t1', { limit: 10, statuses: ['enabled', 'disabled', 'archived'] });

@@ -28,6 +28,9 @@ export function automationRepo(model: Model<Stored<Automation>>): AutomationRepo
         .lean<Stored<Automation>>();
       return fromStored(updated);
     },
+    async countLive(tenantId) {
+      return model.countDocuments({ tenant_id: tenantId, status: { $ne: 'archived' } });
+    },
     async listEnabledWithTrigger(type, tenantId) {
       const filter: Record<string, unknown> = { status: 'enabled', 'triggers.type': type, ...(tenantId === undefined ? {} : { tenant_id: tenantId }) };
       const rows = await model.find(filter).sort({ _id: 1 }).lean<Stored<Automation>[]>();
