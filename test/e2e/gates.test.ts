@@ -8,13 +8,33 @@ import { Worker } from 'node:worker_threads';
 import { expect } from 'chai';
 import { GENESIS_HASH, publicKeyFromPem, readPack, signerOf, verifyEntries, verifyPack, type PackFiles, type PackJson } from '../../engine/evidence/index.js';
 import { smartGatesOf } from '../../engine/gates/index.js';
-import { newId } from '../../engine/platform/index.js';
+import { newId, type GateResult } from '../../engine/platform/index.js';
 import { builtCli } from '../support/built-cli.js';
 import { eventually, finishedRun, KEYS, startHarness, type Harness } from '../support/harness.js';
 import * as sign from '../support/signers.js';
 import { GATES_YAML, makeProject } from '../support/projects.js';
 
 type Body = Record<string, any>;
+
+/** A gate's passing result as a worker would keep it, for runs made by hand */
+const passed = (gateId: string, subject: GateResult['subject'], at: string, outputTail = ''): GateResult => ({
+  gate_id: gateId,
+  name: gateId,
+  required: true,
+  conclusion: 'success',
+  summary: 'exited 0',
+  exit_code: 0,
+  duration_ms: 1,
+  output_tail: outputTail,
+  annotations: [],
+  subject,
+  input_digest: 'sha256:x',
+  definition_digest: 'sha256:y',
+  tool_versions: {},
+  artifacts: [],
+  started_at: at,
+  finished_at: at,
+});
 
 describe('gates in the service', function () {
   this.timeout(90_000);
@@ -556,24 +576,7 @@ describe('gates in the service', function () {
     await h.rt.store.gateRuns.insert(nothing);
     await h.rt.store.gateRuns.insert(half);
     const at = new Date().toISOString();
-    await h.rt.store.gateRuns.putResult('tenant-a', half.id, {
-      gate_id: 'syntax',
-      name: 'syntax',
-      required: true,
-      conclusion: 'success',
-      summary: 'exited 0',
-      exit_code: 0,
-      duration_ms: 1,
-      output_tail: '',
-      annotations: [],
-      subject: half.subject,
-      input_digest: 'sha256:x',
-      definition_digest: 'sha256:y',
-      tool_versions: {},
-      artifacts: [],
-      started_at: at,
-      finished_at: at,
-    });
+    await h.rt.store.gateRuns.putResult('tenant-a', half.id, passed('syntax', half.subject, at));
     expect(await h.rt.engine.gates.reconcile()).to.equal(2);
     expect((await h.rt.engine.gates.get('tenant-a', nothing.id)).status).to.equal('canceled');
     const sealed = await h.rt.engine.gates.get('tenant-a', half.id);
@@ -606,26 +609,7 @@ describe('gates in the service', function () {
         required_gates: ['ok'],
         trigger: { type: 'api' },
         subject,
-        results: [
-          {
-            gate_id: 'ok',
-            name: 'ok',
-            required: true,
-            conclusion: 'success',
-            summary: 'exited 0',
-            exit_code: 0,
-            duration_ms: 1,
-            output_tail: tail,
-            annotations: [],
-            subject,
-            input_digest: 'sha256:x',
-            definition_digest: 'sha256:y',
-            tool_versions: {},
-            artifacts: [],
-            started_at: at,
-            finished_at: at,
-          },
-        ],
+        results: [passed('ok', subject, at, tail)],
         ledger: { from_seq: 1, to_seq: 2, head_hash: 'x' },
         created_at: at,
         finished_at: at,

@@ -46,6 +46,18 @@ describe('gates', function () {
     await fs.rm(dir, { recursive: true, force: true });
   });
 
+  /** A gate context on a folder that is no repository, with nothing of the service's environment */
+  const plainContext = (workspace: string, on: Sandbox = sandbox): GateContext => ({
+    sandbox: on,
+    workspace,
+    workspaceName: '.',
+    git: { commit: null, tree: null, dirty: null, files: null },
+    hasher: new FileHasher(),
+    baseEnv: { PATH: '/usr/bin:/bin' },
+    envValue: () => undefined,
+    network: false,
+  });
+
   it('names every problem of a gate set file at once, and detects a set from package.json without one', async () => {
     const bad = path.join(dir, 'bad');
     await fs.mkdir(bad);
@@ -239,16 +251,7 @@ describe('gates', function () {
 
   it('counts a gate with pass: report as passing only when its command exited 0 and wrote the report this time', async () => {
     const project = await fs.mkdtemp(path.join(dir, 'report-'));
-    const ctx = (): GateContext => ({
-      sandbox,
-      workspace: project,
-      workspaceName: '.',
-      git: { commit: null, tree: null, dirty: null, files: null },
-      hasher: new FileHasher(),
-      baseEnv: { PATH: '/usr/bin:/bin' },
-      envValue: () => undefined,
-      network: false,
-    });
+    const ctx = () => plainContext(project);
     const gate = (id: string, run: string, report: { format: 'junit' | 'eslint'; path?: string }) =>
       ({
         id,
@@ -289,16 +292,7 @@ describe('gates', function () {
     });
     try {
       const project = await fs.mkdtemp(path.join(dir, 'memory-'));
-      const ctx: GateContext = {
-        sandbox: small,
-        workspace: project,
-        workspaceName: '.',
-        git: { commit: null, tree: null, dirty: null, files: null },
-        hasher: new FileHasher(),
-        baseEnv: { PATH: '/usr/bin:/bin' },
-        envValue: () => undefined,
-        network: false,
-      };
+      const ctx = plainContext(project, small);
       // four processes of 100 MB each: each under its own address space limit, 400 MB together
       const hold = 'head -c 100000000 /dev/zero | tail > /dev/null';
       const gate = {
@@ -460,16 +454,7 @@ describe('gates', function () {
 
   it('keeps a bounded result whatever a gate leaves: at most 100 artifacts (tiny files each took a ledger payload), annotations within 64 KB', async () => {
     const project = await fs.mkdtemp(path.join(dir, 'bounded-'));
-    const ctx: GateContext = {
-      sandbox,
-      workspace: project,
-      workspaceName: '.',
-      git: { commit: null, tree: null, dirty: null, files: null },
-      hasher: new FileHasher(),
-      baseEnv: { PATH: '/usr/bin:/bin' },
-      envValue: () => undefined,
-      network: false,
-    };
+    const ctx = plainContext(project);
     const gate = (id: string, run: string, more: object) =>
       ({
         id,
