@@ -214,6 +214,7 @@ export function sessionsOf(deps: SessionsDeps) {
           return { id: added!.id };
         },
         postMessage: async (sessionId, message) => {
+          textWithinLimit(message.text);
           // into its own session a task's run speaks as its agent (never as the system: it cannot answer itself)
           if (actions.own && sessionId === run.session_id) return actions.own.say(message);
           const session = await mustBeLive(tenantId, sessionId);
@@ -237,6 +238,7 @@ export function sessionsOf(deps: SessionsDeps) {
       const agentId = run.agent?.id ?? null;
       actions.own = {
         say: async ({ text, to, kind }) => {
+          textWithinLimit(text);
           const session = await mustBeLive(tenantId, run.session_id);
           const agents = to === undefined ? [] : await store.agents.list(tenantId, session.id);
           const target = to === undefined ? null : agents.find((a) => a.id === to || a.name === to);
@@ -463,6 +465,15 @@ export function sessionsOf(deps: SessionsDeps) {
 }
 
 export type Sessions = ReturnType<typeof sessionsOf>;
+
+/** The most characters of a message's text part (api/openapi.yaml's MessagePart): the session tool and agents are held to it too. */
+const MESSAGE_TEXT_MAX = 100_000;
+
+/** Refuses a text a message part may not hold, as the API refuses it (code points counted, as the schema does). */
+function textWithinLimit(text: string): void {
+  if (text.length > MESSAGE_TEXT_MAX && [...text].length > MESSAGE_TEXT_MAX)
+    throw new ToolError('invalid-args', `a message's text is at most ${MESSAGE_TEXT_MAX} characters; this one has ${[...text].length}`);
+}
 
 const textOf = (m: MessageRecord) => m.parts.map((p) => (p.type === 'text' ? p.text : JSON.stringify(p.data))).join('\n');
 

@@ -346,7 +346,7 @@ describe('email to task (the session tool)', function () {
     expect((await h.call<Body>('GET', `/api/v1/sessions/${session.id}/tasks`)).body.data).to.have.length(1);
   });
 
-  it('holds a task the session tool adds to the limits of one added over HTTP: 100 dependencies, a 200-character title, a 20,000-character goal', async () => {
+  it('holds a task or message the session tool adds to the limits of one added over HTTP: 100 dependencies, a 200-character title, a 20,000-character goal, 100,000 characters of text', async () => {
     const session = (await h.call<Body>('POST', '/api/v1/sessions', { body: { title: 'limits' } })).body;
     await h.call('PATCH', `/api/v1/sessions/${session.id}`, { body: { status: 'paused' } });
     const agent = (await h.call<Body>('POST', `/api/v1/sessions/${session.id}/agents`, { body: { name: 'worker' } })).body;
@@ -366,5 +366,16 @@ describe('email to task (the session tool)', function () {
     // within them, it is added
     expect((await viaTool({ depends_on: parents.slice(0, 100).map((p) => p.id) })).status).to.equal('succeeded');
     expect((await h.call<Body>('GET', `/api/v1/sessions/${session.id}/tasks`)).body.data).to.have.length(151);
+    // and a message it posts, to the API's 100,000 characters a text
+    const post = async (text: string) => {
+      const step = { tool: 'session', args: { action: 'post_message', session_id: session.id, message: { text } } };
+      return (await finishedRun(h, (await h.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [step] } })).body.run_id)).steps[0];
+    };
+    const long = await post('m'.repeat(100_001));
+    expect(long.status).to.equal('failed');
+    expect(long.error).to.deep.include({ code: 'invalid-args' });
+    expect((await post('😀'.repeat(100_000))).status, 'counted in characters, as the schema counts').to.equal('succeeded');
+    const texts = (await h.call<Body>('GET', `/api/v1/sessions/${session.id}/messages`)).body.data.map((m: Body) => m.parts[0].text.length);
+    expect(texts).to.deep.equal([200_000]);
   });
 });
