@@ -162,7 +162,8 @@ describe('agent runs', function () {
       const res = await h.call('POST', '/api/v1/autonomy/run', { body: { goal: 'wait', tools: ['shell'], budget_seconds: 1 } });
       const run = await finished(h, res.body.run_id);
       expect(run.status).to.equal('timed_out');
-      expect(new Date(run.finished_at).getTime() - new Date(run.started_at).getTime()).to.be.below(3000);
+      // not when the tool call ends (20 s)
+      expect(new Date(run.finished_at).getTime() - new Date(run.started_at).getTime()).to.be.below(8000);
     });
   });
 });

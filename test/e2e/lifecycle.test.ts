@@ -272,11 +272,17 @@ describe('run lifecycle', function () {
     // a worker process with a short lock, and a second process of the same deployment that gets the job again
     const first = await startHarness({ env: { SERVICE_STALLED_INTERVAL_SECONDS: '1' } });
     const second = await startHarness({ workers: false, env: { ...sameDeployment(first), SERVICE_STALLED_INTERVAL_SECONDS: '1' } });
+    // the second beats as the worker process it plays (one that never beats judges the registry by the default
+    // 5 s beat: too young to tell for 30 s, when every run is held and none lost whatever the claims say)
+    const stopSecondClaims = second.rt.engine.runs.claims.start(() => [], 333);
     try {
-      await new Promise((r) => setTimeout(r, 2500)); // the claims registry is complete once every process has beaten for its lapse
-      const res = await first.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'sleep 2; echo done' } }] } });
+      const claims = () => second.rt.engine.runs.claims.elsewhere();
+      // the claims registry is complete once every process has beaten for its lapse
+      await eventually(async () => (await claims()) !== null, 'the registry of claims to be complete');
+      const res = await first.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'sleep 4; echo done' } }] } });
       await eventually(async () => (await first.call<Body>('GET', `/api/v1/runs/${res.body.run_id}`)).body.status === 'running', 'the run to start');
-      await new Promise((r) => setTimeout(r, 500)); // the first process has claimed it in a beat
+      // the first process has claimed it in a beat
+      await eventually(async () => (await claims())!.has(res.body.run_id) || null, 'the first process’s claim');
       // the second process is handed the run's job again, as after a Redis pause longer than the lock
       const again = await second.rt.engine.executor.execute(res.body.run_id, 'tenant-a', 1);
       expect(again?.next, 'the job waits; the run is not lost').to.equal('held');
@@ -291,6 +297,7 @@ describe('run lifecycle', function () {
       expect(run.attempts).to.deep.equal([]);
       expect(run.steps[0].output.stdout).to.equal('done\n');
     } finally {
+      await stopSecondClaims();
       await second.close();
       await first.close();
     }

@@ -182,7 +182,8 @@ describe('processes', function () {
     expect(answer).to.match(/^connection: close\r$/im);
     const { code } = await web.exited;
     expect(code, web.out()).to.equal(0);
-    expect(Date.now() - answeredAt).to.be.below(2000);
+    // not at the end of its 6 s grace period
+    expect(Date.now() - answeredAt).to.be.below(3500);
     expect(web.out()).to.contain('stopped cleanly');
   });
 
@@ -195,8 +196,10 @@ describe('processes', function () {
     const stoppedAt = Date.now();
     web.child.kill('SIGTERM');
     const { code } = await web.exited;
+    // 0: ended by the cut, before its 2 s grace timer (which exits 1 with the work unfinished); the bound allows
+    // for a busy machine's delays in the signal and in the exit's news
     expect(code, web.out()).to.equal(0);
-    expect(Date.now() - stoppedAt).to.be.below(2000);
+    expect(Date.now() - stoppedAt).to.be.below(3500);
     expect(web.out()).to.contain('closing the connections of requests still in flight').and.contain('stopped cleanly');
     expect(await request.answer).to.equal('');
   });
@@ -227,10 +230,12 @@ describe('processes', function () {
       const stoppedAt = Date.now();
       p.child.kill('SIGTERM');
       const { code } = await p.exited;
+      // 0: before its 3 s grace timer (which exits 1 with the work unfinished)
       expect(code, p.out()).to.equal(0);
-      expect(Date.now() - stoppedAt).to.be.below(3000);
+      expect(Date.now() - stoppedAt).to.be.below(4500);
       expect(p.out()).to.contain('interrupting runs');
-      await eventually(() => processesMatching(marker) === 0, 'the step’s sleep to be killed', 2000);
+      // a sleep left behind would live for over 7,000 s
+      await eventually(() => processesMatching(marker) === 0, 'the step’s sleep to be killed', 10_000);
       expect((await h.call('GET', `/api/v1/runs/${id}`)).body).to.deep.include({ status: 'queued', attempt: 2 });
     } finally {
       await h.close();
@@ -255,7 +260,7 @@ describe('processes', function () {
       await eventually(() => processesMatching(marker) > 0, 'the sleep to start', 15_000);
       worker.child.kill('SIGTERM');
       expect((await worker.exited).code, worker.out()).to.equal(0);
-      await eventually(() => processesMatching(marker) === 0, 'the step’s sleep to be killed', 2000);
+      await eventually(() => processesMatching(marker) === 0, 'the step’s sleep to be killed', 10_000);
       expect((await h.call('GET', `/api/v1/runs/${id}`)).body).to.deep.include({ status: 'queued', attempt: 2 });
     } finally {
       await h.close();
@@ -307,7 +312,8 @@ describe('processes', function () {
         const health = await fetch(`${metricsUrl}/healthz`, { signal: AbortSignal.timeout(5000) });
         expect(health.status).to.equal(503);
         expect(await health.json()).to.deep.include({ status: 'degraded', redis: 'no answer within 1000 ms' });
-        expect(Date.now() - started).to.be.below(2000);
+        // a probe that waited for Redis would be cut by the 5 s signal above
+        expect(Date.now() - started).to.be.below(3000);
       } finally {
         process.kill(local.pid, 'SIGCONT');
       }

@@ -126,7 +126,9 @@ describe('voice transcription', function () {
         SERVICE_AGENT_BASE_URL: 'http://127.0.0.1:9/v1',
         SERVICE_AGENT_MODEL: 'none',
       },
-      runtime: { transcribe: { timeoutMs: 400, maxRetryDelayMs: 200 } },
+      // the provider's time covers its whole answer (an 11 MB one below) and a retry's wait: 400 ms was too little
+      // on a busy machine; only the test of the timeout itself waits for it
+      runtime: { transcribe: { timeoutMs: 2000, maxRetryDelayMs: 200 } },
     });
   });
   after(async () => {
@@ -254,8 +256,9 @@ describe('voice transcription', function () {
         let answer = '';
         socket.on('data', (d) => (answer += d));
         socket.on('error', () => undefined);
-        socket.on('close', () => resolve(answer.split('\r\n')[0] ?? ''));
-        setTimeout(() => socket.destroy(), 2000);
+        // a server that holds the connection: no answer (a refusal closes it at once; a busy machine may take a while)
+        const held = setTimeout(() => socket.destroy(), 10_000);
+        socket.on('close', () => (clearTimeout(held), resolve(answer.split('\r\n')[0] ?? '')));
       });
     const form = 'Content-Type: multipart/form-data; boundary=XB\r\n';
     // the form ends right after a part's headers: busboy breaks the part off before anyone listens

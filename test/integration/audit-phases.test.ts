@@ -73,10 +73,11 @@ describe('audit phases', function () {
       execFileSync('mkfifo', [path.join(fifos, name)]);
     const t0 = performance.now();
     const outs = await Promise.all(
-      (['security', 'architecture', 'sanity', 'health'] as const).map((phase) => runPhase(sandbox, fifos, phase, { layers: null, timeoutMs: 20_000 })),
+      (['security', 'architecture', 'sanity', 'health'] as const).map((phase) => runPhase(sandbox, fifos, phase, { layers: null, timeoutMs: 45_000 })),
     );
     expect(outs).to.have.length(4);
-    expect(performance.now() - t0).to.be.below(15_000);
+    // a phase held by a FIFO ends only at its timeout (45 s); the four take about 5 s on a busy machine
+    expect(performance.now() - t0).to.be.below(25_000);
   });
 
   it('lists at most 1,000 findings of a phase, worst first, and counts the rest', async () => {

@@ -53,24 +53,39 @@ describe('task DAG rules', () => {
     for (const t of tasks) for (const d of t.depends_on) expect(position.get(d)!).to.be.below(position.get(t.id)!);
   });
 
-  it('checks and orders a DAG 10,000 wide in well under a second (each was quadratic in the fan-out)', () => {
+  it('checks a DAG 40,000 wide and orders one 20,000 wide, each in well under two seconds (each was quadratic in the fan-out)', () => {
     const at = (i: number) => new Date(Date.UTC(2026, 0, 1) + i).toISOString();
     const wide = [
       { id: 'root', depends_on: [], created_at: at(0) },
-      ...Array.from({ length: 10_000 }, (_, i) => ({ id: `k${i}`, depends_on: ['root'], created_at: at(i + 1) })),
+      ...Array.from({ length: 40_000 }, (_, i) => ({ id: `k${i}`, depends_on: ['root'], created_at: at(i + 1) })),
     ];
-    let t0 = performance.now();
-    expect(
+    const half = wide.slice(0, 20_001);
+    // the best of up to three tries: a busy machine (CI runs test files side by side) can stall any one of
+    // them, a quadratic pass is slow in every one. Here O(n log n) takes 50-250 ms to check 40,000 and
+    // 10-90 ms to order 20,000, even on a busy machine; the quadratic versions took 5-16 s to check and
+    // over 20 s to order (a try that slow is not tried again)
+    const fastest = <T>(work: () => T): { ms: number; value: T } => {
+      let best: { ms: number; value: T } | undefined;
+      for (let i = 0; i < 3; i++) {
+        const t0 = performance.now();
+        const value = work();
+        const ms = performance.now() - t0;
+        if (!best || ms < best.ms) best = { ms, value };
+        if (ms < 1500 || ms > 6000) break;
+      }
+      return best!;
+    };
+    const checked = fastest(() =>
       dagErrors(
         [],
         wide.map((t) => ({ ...t, agent_id: null })),
         new Set(),
       ),
-    ).to.deep.equal([]);
-    expect(performance.now() - t0).to.be.below(500);
-    t0 = performance.now();
-    const order = dagOrder(wide);
-    expect(performance.now() - t0).to.be.below(500);
-    expect(order.map((t) => t.id)).to.deep.equal(wide.map((t) => t.id));
+    );
+    expect(checked.value).to.deep.equal([]);
+    expect(checked.ms, 'checked in').to.be.below(1500);
+    const ordered = fastest(() => dagOrder(half));
+    expect(ordered.ms, 'ordered in').to.be.below(1500);
+    expect(ordered.value.map((t) => t.id)).to.deep.equal(half.map((t) => t.id));
   });
 });
