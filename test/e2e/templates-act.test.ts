@@ -59,7 +59,8 @@ describe('templates that act on their providers', function () {
     const id = await eventually(
       async () => (await h.call<Body>('GET', `/api/v1/automations/${automationId}/history`)).body.data[0]?.id,
       'the run to start',
-      15_000,
+      // a checkout and a clone start it: seconds on a loaded machine
+      45_000,
     );
     return finishedRun(h, id);
   }
