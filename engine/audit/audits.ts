@@ -17,7 +17,6 @@ import {
   scopes,
   SEVERITIES,
   type AuditLayer,
-  type AuditOptions,
   type AuditPhase,
   type AuditPhaseResult,
   type AuditReport,

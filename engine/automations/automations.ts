@@ -7,7 +7,6 @@ import {
   type FieldError,
   newId,
   percentile,
-  DEFAULT_AGENT_TOOLS,
   type Automation,
   type AutomationDefinition,
   type AutomationPatch,

@@ -249,7 +249,7 @@ describe('connections', function () {
     const reached = new Promise<void>((resolve) => (asked = resolve));
     let answer!: () => void;
     const released = new Promise<void>((resolve) => (answer = resolve));
-    const slow = http.createServer((req, res) => {
+    const slow = http.createServer((_req, res) => {
       asked();
       void released.then(() => {
         res.writeHead(200, { 'content-type': 'application/json', 'x-oauth-scopes': 'repo' });

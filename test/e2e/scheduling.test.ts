@@ -1,7 +1,5 @@
 // Per-tenant concurrency, queued cancels, the reconciler, and runs whose worker dies.
 import { spawn } from 'node:child_process';
-import fs from 'node:fs/promises';
-import path from 'node:path';
 import { expect } from 'chai';
 import { newId } from '../../engine/platform/ids.js';
 import { runFixture } from '../integration/store-contract.js';
