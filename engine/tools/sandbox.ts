@@ -303,8 +303,10 @@ export function bwrapSandbox(opts: { bwrap: string; prlimit: string; limits: San
           throw new ToolError('sandbox-unavailable', 'the sandbox could not limit the step’s processes and memory; the operator is told in the log');
         }
       }
-      // the first process joins the step's cgroups, then becomes bwrap: every process of the step is counted
-      const join = (group?.procs ?? []).map((_, i) => `echo $$ > "$${i + 1}"`).join(' && ');
+      // the first process joins the step's cgroups, then becomes bwrap: every process of the step is counted.
+      // Its groups are inside the service's own (v1): where the service's limit is reached before the step's,
+      // the kernel ends the step's processes first, never the service (the step cannot lower it back)
+      const join = ['{ echo 1000 > /proc/$$/oom_score_adj; } 2>/dev/null; true', ...(group?.procs ?? []).map((_, i) => `echo $$ > "$${i + 1}"`)].join(' && ');
       let child: ChildProcess;
       try {
         child = group

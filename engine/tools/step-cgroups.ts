@@ -1,8 +1,13 @@
 // A step's control groups: one per step, under a folder of the deployment's (`<prefix>-sandbox`), bounding
 // the number of its processes (pids) and the memory of all of them together (memory), where the host lets
 // this process make them. cgroup v2 keeps both in one group; v1 has a hierarchy per controller, so a step
-// has a group in each. The deployment's folders are shared by all its processes (a web and a worker, the
-// next one of a rolling deploy) and never removed; each process removes only its own steps' groups.
+// has a group in each. On v1 the deployment's folder is made inside the service's own group (a container's,
+// a systemd unit's): a step stays under the limits the operator set on the service. The deployment's
+// folders are shared by all its processes (a web and a worker, the next one of a rolling deploy) and never
+// removed; each process removes only its own steps' groups, named for it alone (its pid and a random tag: a
+// restarted container's process has the same pid), and, at start, the empty groups a process that died
+// mid-step left behind.
+import { randomBytes } from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
 
@@ -66,7 +71,7 @@ function limit(root: Root, group: string, limits: StepLimits): void {
 
 /** A folder of `root` whose limits can be written: the controller can be used here. */
 function probe(root: Root): boolean {
-  const dir = path.join(root.dir, `probe-${process.pid}`);
+  const dir = path.join(root.dir, `probe-${process.pid}-${randomBytes(6).toString('hex')}`);
   try {
     prepare(root);
     fs.mkdirSync(dir, { recursive: true });
@@ -81,6 +86,30 @@ function probe(root: Root): boolean {
       // never made
     }
   }
+}
+
+/** This process's own group in v1's hierarchy of `controller`, from /proc/self/cgroup ('/' when not found). */
+function ownGroupV1(controller: CgroupController): string {
+  try {
+    for (const line of fs.readFileSync('/proc/self/cgroup', 'utf8').split('\n')) {
+      const [, controllers, group] = /^\d+:([^:]*):(.*)$/.exec(line) ?? [];
+      if (controllers?.split(',').includes(controller) && group?.startsWith('/')) return group;
+    }
+  } catch {
+    // no /proc: the hierarchy's root
+  }
+  return '/';
+}
+
+/**
+ * Where v1's step groups of `controller` go: inside this process's own group, so that the limits put on
+ * the service (a container's memory, a unit's tasks) bound its steps too. A hierarchy mounted at the
+ * process's own group (a container's view) does not have the group's path under it: its root is that group.
+ */
+function v1Base(controller: CgroupController): string {
+  const mount = path.join('/sys/fs/cgroup', controller);
+  const own = path.join(mount, ownGroupV1(controller));
+  return own !== mount && fs.existsSync(own) ? own : mount;
 }
 
 /** The roots this process may make step groups in: v2 (unified) if it has pids, else v1's pids and memory. */
@@ -100,8 +129,9 @@ function rootsOf(prefix: string): Root[] {
     return [available.includes('memory') && probe(both) ? both : { dir, v2: true, controllers: ['pids'] }];
   }
   const v1 = (c: CgroupController): Root[] => {
-    const root: Root = { dir: path.join('/sys/fs/cgroup', c, name), v2: false, controllers: [c] };
-    return fs.existsSync(path.dirname(root.dir)) && probe(root) ? [root] : [];
+    if (!fs.existsSync(path.join('/sys/fs/cgroup', c))) return [];
+    const root: Root = { dir: path.join(v1Base(c), name), v2: false, controllers: [c] };
+    return probe(root) ? [root] : [];
   };
   return [...v1('pids'), ...v1('memory')];
 }
@@ -133,13 +163,42 @@ function oomKills(root: Root, group: string): number {
   }
 }
 
-let stepCounter = 0;
+/** A step group older than this with no process in it is a leftover: its step joins it as it starts. */
+const LEFTOVER_AGE_MS = 60_000;
+
+/**
+ * Removes the empty step groups of a root that are older than a step takes to join its group: what a
+ * process that died mid-step (killed, out of memory) left behind. A group with a process in it cannot be
+ * removed, so the running steps of the deployment's other processes keep theirs.
+ */
+function sweepLeftovers(root: Root): void {
+  let names: string[];
+  try {
+    names = fs.readdirSync(root.dir);
+  } catch {
+    return;
+  }
+  for (const name of names) {
+    if (!/^(step|probe)-/.test(name)) continue;
+    const dir = path.join(root.dir, name);
+    try {
+      if (Date.now() - fs.statSync(dir).mtimeMs < LEFTOVER_AGE_MS) continue;
+      fs.rmdirSync(dir);
+    } catch {
+      // a running step's, or gone meanwhile
+    }
+  }
+}
 
 /** The step groups this process can make, or null when the host lets it make none. */
 export function stepCgroups(prefix: string): StepCgroups | null {
   const roots = rootsOf(prefix);
   if (!roots.length) return null;
-  const mine = `step-${process.pid}-`;
+  for (const root of roots) sweepLeftovers(root);
+  // this sandbox's alone: another process with the same pid (a container restarted, another's pid
+  // namespace) neither meets its names nor removes its groups
+  const mine = `step-${process.pid}-${randomBytes(6).toString('hex')}-`;
+  let stepCounter = 0;
   return {
     controllers: roots.flatMap((r) => r.controllers),
     make(limits) {

@@ -191,6 +191,136 @@ describe('sandbox', function () {
     expect(ready.body.sandbox).to.deep.include({ memory_limit: 'cgroup' });
   });
 
+  describe('a step’s cgroups', function () {
+    const controllers = ['pids', 'memory'] as const;
+    /** this process's own group in v1's hierarchy of a controller */
+    const ownGroup = (c: string) =>
+      /^\d+:([^:]*):(.*)$/m.exec(
+        spawnSync('cat', ['/proc/self/cgroup'], { encoding: 'utf8' })
+          .stdout.split('\n')
+          .filter((l) => l.split(':')[1]?.split(',').includes(c))
+          .join('\n'),
+      )?.[2] ?? '/';
+    /** the deployment's folder of step groups of a controller, wherever the sandbox made it */
+    const folderOf = (c: string, prefix: string) =>
+      [path.join('/sys/fs/cgroup', c, ownGroup(c), `${prefix}-sandbox`), path.join('/sys/fs/cgroup', c, `${prefix}-sandbox`)].find(
+        (d) => spawnSync('test', ['-d', d]).status === 0,
+      );
+    const openCgroupSandbox = (prefix: string) =>
+      bwrapSandbox({
+        bwrap: which('bwrap', process.env.PATH)!,
+        prlimit: which('prlimit', process.env.PATH)!,
+        limits: { cpuSeconds: 10, memoryMb: 256, processes: 64, fileSizeMb: 16 },
+        prefix,
+        log: h.rt.log,
+      });
+    const run = (sandbox: ReturnType<typeof bwrapSandbox>, command: string, signal?: AbortSignal) =>
+      runProcess(sandbox, ['/bin/sh', '-c', command], { workspace: h.tenantDir(), env: { PATH: '/usr/bin:/bin' }, network: false, maxBytes: 4096, signal });
+    const stepGroups = (prefix: string) =>
+      controllers.map((c) => {
+        const dir = folderOf(c, prefix);
+        return dir ? (spawnSync('ls', [dir], { encoding: 'utf8' }).stdout.match(/^step-/gm) ?? []).length : 0;
+      });
+
+    /** the deployment's folders a test made, once empty (a deployment's are otherwise never removed) */
+    const removeFolders = async (prefix: string) => {
+      for (const c of controllers) {
+        const dir = folderOf(c, prefix);
+        if (dir)
+          await eventually(
+            () =>
+              fs.rmdir(dir).then(
+                () => true,
+                () => false,
+              ),
+            `${dir} removed`,
+            3000,
+          ).catch(() => {});
+      }
+    };
+
+    before(function () {
+      if (h.rt.sandbox.processLimit !== 'cgroup' || h.rt.sandbox.memoryLimit !== 'cgroup') this.skip();
+      if (controllers.some((c) => spawnSync('test', ['-d', path.join('/sys/fs/cgroup', c)]).status !== 0)) this.skip(); // v1 only
+    });
+
+    it('makes them inside the service’s own group, under the limits the operator set on the service, the step first to go', async () => {
+      const prefix = `${h.config.queuePrefix}-own`;
+      const sandbox = openCgroupSandbox(prefix);
+      const marker = `sleep 1.${Math.floor(Math.random() * 1e6)}`;
+      try {
+        const running = run(sandbox, marker);
+        await eventually(() => processesMatching(`^${marker}$`) > 0, 'the step to run');
+        const pid = spawnSync('pgrep', ['-f', `^${marker}$`], { encoding: 'utf8' })
+          .stdout.trim()
+          .split('\n')[0]!;
+        const groups = await fs.readFile(`/proc/${pid}/cgroup`, 'utf8');
+        for (const c of controllers) {
+          const group = new RegExp(`^\\d+:[^:]*\\b${c}\\b[^:]*:(.*)$`, 'm').exec(groups)?.[1];
+          expect(group, c).to.equal(path.join(ownGroup(c), `${prefix}-sandbox`, path.basename(group!)));
+        }
+        await running;
+        // the service's limit reached before the step's: the kernel ends the step's processes first, and the step cannot
+        // make itself the last to go (below the service's 0)
+        const adj = await run(sandbox, 'cat /proc/self/oom_score_adj; { echo -500 > /proc/self/oom_score_adj; } 2>/dev/null || echo refused');
+        expect(adj.stdout).to.equal('1000\nrefused\n');
+      } finally {
+        sandbox.close();
+        await removeFolders(prefix);
+      }
+    });
+
+    it('never meets the groups a process of the same pid left behind, and removes the empty leftovers of a dead one', async () => {
+      const prefix = `${h.config.queuePrefix}-left`;
+      openCgroupSandbox(prefix).close();
+      const folders = controllers.map((c) => folderOf(c, prefix)!);
+      // a restarted container's process has the pid of the one before, which died mid-step; and an older leftover
+      const stale = [1, 2, 3].map((n) => `step-${process.pid}-${n}`);
+      const old = 'step-1-0123456789ab-7';
+      const recent = 'step-1-0123456789ab-8';
+      for (const dir of folders) {
+        for (const name of [...stale, old, recent]) await fs.mkdir(path.join(dir, name));
+        const hoursAgo = new Date(Date.now() - 2 * 3600_000);
+        await fs.utimes(path.join(dir, old), hoursAgo, hoursAgo);
+      }
+      const sandbox = openCgroupSandbox(prefix);
+      try {
+        for (let i = 0; i < 4; i++) expect((await run(sandbox, 'echo ran')).stdout, `step ${i + 1}`).to.equal('ran\n');
+        for (const dir of folders) {
+          const left = await fs.readdir(dir);
+          expect(left, dir).not.to.include(old);
+          // a minute old at most: it may be a step's that has yet to join it
+          expect(left, dir).to.include(recent);
+        }
+      } finally {
+        sandbox.close();
+        for (const dir of folders) for (const name of [...stale, recent]) await fs.rmdir(path.join(dir, name)).catch(() => {});
+        await removeFolders(prefix);
+      }
+    });
+
+    it('leaves no group behind after 200 steps, daemons and stops among them', async () => {
+      const prefix = `${h.config.queuePrefix}-many`;
+      const sandbox = openCgroupSandbox(prefix);
+      const commands = ['true', 'setsid sleep 30 >/dev/null 2>&1 </dev/null & echo x', 'for i in 1 2 3; do sleep 5 & done', 'exit 3'];
+      try {
+        await Promise.all(
+          Array.from({ length: 4 }, async (_, w) => {
+            for (let i = w; i < 200; i += 4) {
+              const stop = new AbortController();
+              if (i % 7 === 0) setTimeout(() => stop.abort(), i % 13);
+              await run(sandbox, commands[i % commands.length]!, stop.signal);
+            }
+          }),
+        );
+        await eventually(() => stepGroups(prefix).every((n) => n === 0), 'every step group removed', 5000);
+      } finally {
+        sandbox.close();
+        await removeFolders(prefix);
+      }
+    });
+  });
+
   it('hands a step nothing the service process was handed open by its parent', async () => {
     // a service started with an open file beyond stdio (a supervisor's pipe, a wrapper's file) at fd 100
     const secret = path.join(await fs.mkdtemp(path.join(os.tmpdir(), 'inherited-')), 'parent-secret.txt');
