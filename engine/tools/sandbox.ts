@@ -148,14 +148,19 @@ function systemRoots(): string[] {
   return args;
 }
 
-function prlimitArgs(limits: SandboxLimits, nproc: boolean): string[] {
+/**
+ * The per-process limits prlimit sets inside the sandbox. The address space is bounded only where no memory
+ * cgroup bounds the step: it counts what a process reserves, not what it uses (Node reserves over 1 GB and,
+ * under a smaller bound, hung or crashed where a step of it used 20 MB).
+ */
+function prlimitArgs(limits: SandboxLimits, o: { nproc: boolean; addressSpace: boolean }): string[] {
   const mb = 1024 * 1024;
   return [
     `--cpu=${limits.cpuSeconds}`,
-    `--as=${limits.memoryMb * mb}`,
+    ...(o.addressSpace ? [`--as=${limits.memoryMb * mb}`] : []),
     `--fsize=${limits.fileSizeMb * mb}`,
     '--nofile=4096',
-    ...(nproc ? [`--nproc=${limits.processes}`] : []),
+    ...(o.nproc ? [`--nproc=${limits.processes}`] : []),
   ];
 }
 
@@ -283,7 +288,7 @@ export function bwrapSandbox(opts: { bwrap: string; prlimit: string; limits: San
           ...Object.entries(env).flatMap(([k, v]) => ['--setenv', k, v]),
           '--',
           opts.prlimit,
-          ...prlimitArgs(opts.limits, processLimit === 'rlimit'),
+          ...prlimitArgs(opts.limits, { nproc: processLimit === 'rlimit', addressSpace: memoryLimit !== 'cgroup' }),
           '--',
           ...argv,
         ];

@@ -184,6 +184,11 @@ describe('sandbox', function () {
       const one = await shellTool.execute({ command: `${hold}; echo held` }, ctx);
       expect(one.error, JSON.stringify(one.output)).to.equal(undefined);
       expect((one.output as { stdout: string }).stdout).to.equal('held\n');
+      // what a process uses is bounded, not what it reserves: Node reserves over 1 GB, and under an address
+      // space limit of 200 MB it could not start
+      const node = await shellTool.execute({ command: `node -e "console.log(2)"` }, ctx);
+      expect(node.error, JSON.stringify(node.output)).to.equal(undefined);
+      expect((node.output as { stdout: string }).stdout).to.equal('2\n');
     } finally {
       sandbox.close();
     }
