@@ -46,6 +46,24 @@ describe('gates', function () {
     await fs.rm(dir, { recursive: true, force: true });
   });
 
+  /** A gate that runs a shell command and passes on exit 0 (`more` overrides any field) */
+  const shellGate = (id: string, run: string, more: object = {}) =>
+    ({
+      id,
+      name: id,
+      required: true,
+      run: ['/bin/sh', '-c', run],
+      builtin: null,
+      timeout_seconds: 30,
+      env: [],
+      pass: 'exit_code',
+      report: null,
+      inputs: null,
+      artifacts: [],
+      digest: 'sha256:x',
+      ...more,
+    }) as never;
+
   /** A gate context on a folder that is no repository, with nothing of the service's environment */
   const plainContext = (workspace: string, on: Sandbox = sandbox): GateContext => ({
     sandbox: on,
@@ -252,21 +270,7 @@ describe('gates', function () {
   it('counts a gate with pass: report as passing only when its command exited 0 and wrote the report this time', async () => {
     const project = await fs.mkdtemp(path.join(dir, 'report-'));
     const ctx = () => plainContext(project);
-    const gate = (id: string, run: string, report: { format: 'junit' | 'eslint'; path?: string }) =>
-      ({
-        id,
-        name: id,
-        required: true,
-        run: ['/bin/sh', '-c', run],
-        builtin: null,
-        timeout_seconds: 30,
-        env: [],
-        pass: 'report',
-        report,
-        inputs: null,
-        artifacts: [],
-        digest: 'sha256:x',
-      }) as never;
+    const gate = (id: string, run: string, report: { format: 'junit' | 'eslint'; path?: string }) => shellGate(id, run, { pass: 'report', report });
     const good = '<testsuites><testsuite name="s"><testcase name="ok"/></testsuite></testsuites>';
     await fs.writeFile(path.join(project, 'old.xml'), good);
     await new Promise((r) => setTimeout(r, 1100));
@@ -295,20 +299,7 @@ describe('gates', function () {
       const ctx = plainContext(project, small);
       // four processes of 100 MB each: each under its own address space limit, 400 MB together
       const hold = 'head -c 100000000 /dev/zero | tail > /dev/null';
-      const gate = {
-        id: 'hungry',
-        name: 'hungry',
-        required: true,
-        run: ['/bin/sh', '-c', `for i in 1 2 3 4; do (${hold}) & done; wait; exit 1`],
-        builtin: null,
-        timeout_seconds: 30,
-        env: [],
-        pass: 'exit',
-        report: null,
-        inputs: null,
-        artifacts: [],
-        digest: 'sha256:x',
-      } as never;
+      const gate = shellGate('hungry', `for i in 1 2 3 4; do (${hold}) & done; wait; exit 1`);
       const { result } = await runGate(gate, ctx);
       expect(result.conclusion).to.equal('failure');
       expect(result.summary).to.equal("ran out of memory (over the step's 200 MB, SERVICE_SANDBOX_MEMORY_MB); exited 1");
@@ -455,22 +446,7 @@ describe('gates', function () {
   it('keeps a bounded result whatever a gate leaves: at most 100 artifacts (tiny files each took a ledger payload), annotations within 64 KB', async () => {
     const project = await fs.mkdtemp(path.join(dir, 'bounded-'));
     const ctx = plainContext(project);
-    const gate = (id: string, run: string, more: object) =>
-      ({
-        id,
-        name: id,
-        required: true,
-        run: ['/bin/sh', '-c', run],
-        builtin: null,
-        timeout_seconds: 30,
-        env: [],
-        pass: 'exit_code',
-        report: null,
-        inputs: [],
-        artifacts: [],
-        digest: 'sha256:x',
-        ...more,
-      }) as never;
+    const gate = (id: string, run: string, more: object) => shellGate(id, run, { inputs: [], ...more });
     // 3,000 one-byte files: 3 KB, far within the bytes a gate may keep, but one payload each
     const many = await runGate(
       gate('many', 'mkdir out && cd out && seq 1 3000 | xargs -n 500 touch && for f in *; do echo x > $f; done', { artifacts: ['out/**'] }),
