@@ -148,14 +148,12 @@ export function smartGatesOf(
           )
         );
       };
-      const [latest, recent] = await Promise.all([
-        store.gateRuns.latestResults(tenantId, ws.name),
-        store.gateRuns.list(tenantId, { workspace: ws.name, limit: 20 }),
-      ]);
-      const byGate = new Map(latest.map((r) => [r.gate_id, r]));
-      const runningGates = new Set(recent.items.filter((r) => r.status === 'running').flatMap((r) => r.gates));
-      const runOf = new Map<string, string>();
-      for (const r of recent.items) for (const g of r.results) if (!runOf.has(g.gate_id)) runOf.set(g.gate_id, r.id);
+      // the latest result of each gate and the runs under way: no sealed run is read whole (its results, each
+      // with its output and annotations, made megabytes a run, and a snapshot read the last 20)
+      const [latest, running] = await Promise.all([store.gateRuns.latestResults(tenantId, ws.name), store.gateRuns.runningOf(tenantId, ws.name)]);
+      const byGate = new Map(latest.map((l) => [l.result.gate_id, l.result]));
+      const runOf = new Map(latest.map((l) => [l.result.gate_id, l.gate_run_id]));
+      const runningGates = new Set(running.flatMap((r) => r.gates));
       const rows = await Promise.all(
         set.gates.map(async (g) => {
           const last = byGate.get(g.id);

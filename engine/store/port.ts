@@ -292,8 +292,10 @@ export interface GateRunRepo {
   putResult(tenantId: string, gateRunId: string, result: GateResult): Promise<void>;
   /** The results of one gate run, by gate id. */
   results(tenantId: string, gateRunId: string): Promise<GateResult[]>;
-  /** The latest result of each gate of a workspace, by when it finished. */
-  latestResults(tenantId: string, workspace: string): Promise<GateResult[]>;
+  /** The latest result of each gate of a workspace, by when it finished, with the gate run it is of. */
+  latestResults(tenantId: string, workspace: string): Promise<{ gate_run_id: string; result: GateResult }[]>;
+  /** The gate runs of a workspace that are running, newest first (their results are kept apart until sealed). */
+  runningOf(tenantId: string, workspace: string): Promise<GateRunRecord[]>;
   /** System use (the reconciler): running gate runs of every tenant made before a time, oldest first. */
   listRunning(createdBefore: string, limit: number): Promise<GateRunRecord[]>;
 }

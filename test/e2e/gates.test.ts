@@ -165,6 +165,48 @@ describe('gates in the service', function () {
     }
   });
 
+  it('names the gate run of each gate’s latest result however many runs came since, and which gates a run under way holds, without reading sealed runs', async () => {
+    const dir = path.join(h.tenantDir(), 'older');
+    await fs.mkdir(dir, { recursive: true });
+    await fs.writeFile(path.join(dir, 'gates.yaml'), "version: 1\ngates:\n  - id: a\n    run: ['true']\n  - id: b\n    run: ['true']\n");
+    const subject = { workspace: 'older', commit: null, tree: null, dirty: null };
+    const run = async (gates: string[], at: string, status: 'succeeded' | 'running' = 'succeeded') => {
+      const r = {
+        id: newId('grn'),
+        tenant_id: 'tenant-a',
+        workspace: 'older',
+        status,
+        source: 'gates.yaml',
+        gates,
+        required_gates: gates,
+        trigger: { type: 'api' as const },
+        subject,
+        results: status === 'running' ? [] : gates.map((g) => passed(g, subject, at)),
+        ledger: null,
+        created_at: at,
+        finished_at: status === 'running' ? null : at,
+      };
+      await h.rt.store.gateRuns.insert(r);
+      for (const result of r.results) await h.rt.store.gateRuns.putResult('tenant-a', r.id, result);
+      return r.id;
+    };
+    const base = Date.parse('2026-01-01T00:00:00.000Z');
+    const both = await run(['a', 'b'], new Date(base).toISOString());
+    // 25 runs of gate a alone since: b's latest result is older than the last 20 runs
+    let lastOfA = '';
+    for (let i = 1; i <= 25; i++) lastOfA = await run(['a'], new Date(base + i * 1000).toISOString());
+    const snap = (await h.call<Body>('GET', '/api/v1/autonomy/smart-gates?workspace=older')).body;
+    const last = (id: string) => snap.gates.find((g: Body) => g.id === id).last;
+    expect(last('a').gate_run_id).to.equal(lastOfA);
+    expect(last('b').gate_run_id, 'the run of b’s latest result, 26 runs back').to.equal(both);
+    // a run under way holds its gates, however many runs its workspace has had
+    const underWay = await run(['b'], new Date(base + 30_000).toISOString(), 'running');
+    const during = (await h.call<Body>('GET', '/api/v1/autonomy/smart-gates?workspace=older')).body;
+    expect(during.gates.find((g: Body) => g.id === 'b').state).to.equal('running');
+    // ended here: it has no flow, and the reconciler's own test counts what it repairs
+    await h.rt.store.gateRuns.update('tenant-a', underWay, { status: 'canceled', finished_at: new Date().toISOString() }, ['running']);
+  });
+
   it('does not watch a workspace with more folders than a watcher may hold (the host’s inotify watches are shared), and still sees its changes', async () => {
     // a tenant of its own: a folder another watcher of this process holds shares its watch (libuv's one inotify instance)
     const wide = path.join(h.tenantDir('tenant-c'), 'wide');

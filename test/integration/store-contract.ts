@@ -837,16 +837,24 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
         ['lint', 'success'],
         ['test', 'failure'],
       ]);
-      expect((await store.gateRuns.latestResults('t1', 'app')).map((r) => [r.gate_id, r.conclusion, r.finished_at])).to.deep.equal([
-        ['lint', 'success', '2026-01-01T00:00:02.000Z'],
-        ['test', 'success', '2026-01-01T00:00:05.000Z'],
+      expect(
+        (await store.gateRuns.latestResults('t1', 'app')).map((l) => [l.result.gate_id, l.result.conclusion, l.result.finished_at, l.gate_run_id]),
+      ).to.deep.equal([
+        ['lint', 'success', '2026-01-01T00:00:02.000Z', first.id],
+        ['test', 'success', '2026-01-01T00:00:05.000Z', second.id],
       ]);
+      expect((await store.gateRuns.runningOf('t1', 'app')).map((r) => r.id)).to.deep.equal([second.id, first.id]);
+      expect(await store.gateRuns.runningOf('t2', 'lib')).to.deep.equal([]);
       expect(await store.gateRuns.latestResults('t2', 'app')).to.deep.equal([]);
       expect(await store.gateRuns.update('t1', first.id, { status: 'succeeded' }, ['running'])).to.deep.include({
         status: 'succeeded',
         gates: ['test', 'lint'],
       });
       expect(await store.gateRuns.update('t1', first.id, { status: 'failed' }, ['running'])).to.equal(null);
+      expect(
+        (await store.gateRuns.runningOf('t1', 'app')).map((r) => r.id),
+        'a sealed run is not running',
+      ).to.deep.equal([second.id]);
       // the reconciler's view: running ones of every tenant, made before a time
       const running = await store.gateRuns.listRunning(new Date(Date.now() + 1000).toISOString(), 10);
       expect(running.map((r) => r.id).sort())

@@ -63,13 +63,17 @@ export function gateRunRepo(runs: Model<Stored<GateRunRecord>>, results: Model<S
       return rows.map((r) => fromStored(r)!);
     },
     async latestResults(tenantId, workspace) {
-      const rows = await results.aggregate<{ result: GateResult }>([
+      const rows = await results.aggregate<{ gate_run_id: string; result: GateResult }>([
         { $match: { tenant_id: tenantId, workspace } },
         { $sort: { gate_id: 1, finished_at: -1 } },
-        { $group: { _id: '$gate_id', result: { $first: '$result' } } },
+        { $group: { _id: '$gate_id', gate_run_id: { $first: '$gate_run_id' }, result: { $first: '$result' } } },
         { $sort: { _id: 1 } },
       ]);
-      return rows.map((r) => r.result);
+      return rows.map((r) => ({ gate_run_id: r.gate_run_id, result: r.result }));
+    },
+    async runningOf(tenantId, workspace) {
+      const rows = await runs.find({ tenant_id: tenantId, workspace, status: 'running' }).sort({ _id: -1 }).lean<Stored<GateRunRecord>[]>();
+      return rows.map((r) => fromStored(r)!);
     },
   };
 }

@@ -13,8 +13,12 @@ export function gateRunRepo(db: Db): GateRunRepo {
   const putResult = db.prepare('INSERT OR IGNORE INTO gate_results (tenant_id, gate_run_id, gate_id, workspace, finished_at, doc) VALUES (?, ?, ?, ?, ?, ?)');
   const results = db.prepare<[string, string], { doc: string }>('SELECT doc FROM gate_results WHERE tenant_id = ? AND gate_run_id = ?');
   // SQLite takes the other columns of the row that holds the MAX
-  const latest = db.prepare<[string, string], { doc: string }>(
-    'SELECT doc, MAX(finished_at) FROM gate_results WHERE tenant_id = ? AND workspace = ? GROUP BY gate_id ORDER BY gate_id',
+  const latest = db.prepare<[string, string], { gate_run_id: string; doc: string }>(
+    'SELECT gate_run_id, doc, MAX(finished_at) FROM gate_results WHERE tenant_id = ? AND workspace = ? GROUP BY gate_id ORDER BY gate_id',
+  );
+  // by the index of running runs (few), not by the workspace's (every run it ever had)
+  const runningOf = db.prepare<[string, string], { doc: string }>(
+    "SELECT doc FROM gate_runs INDEXED BY gate_runs_by_status WHERE status = 'running' AND tenant_id = ? AND workspace = ? ORDER BY id DESC",
   );
   const running = db.prepare<[string, number], { doc: string }>(
     "SELECT doc FROM gate_runs WHERE status = 'running' AND json_extract(doc, '$.created_at') < ? ORDER BY json_extract(doc, '$.created_at') LIMIT ?",
@@ -57,7 +61,10 @@ export function gateRunRepo(db: Db): GateRunRepo {
       return running.all(createdBefore, limit).map((r) => read(r)!);
     },
     async latestResults(tenantId, workspace) {
-      return latest.all(tenantId, workspace).map((row) => JSON.parse(row.doc) as GateResult);
+      return latest.all(tenantId, workspace).map((row) => ({ gate_run_id: row.gate_run_id, result: JSON.parse(row.doc) as GateResult }));
+    },
+    async runningOf(tenantId, workspace) {
+      return runningOf.all(tenantId, workspace).map((r) => read(r)!);
     },
   };
 }
