@@ -87,6 +87,9 @@ export function nextCronFire(schedule: string, timezone: string | undefined, fro
 
 const MAX_DAYS = [31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
 
+/** A schedule's fields, parsed once for its check and its shortest gap (throws for what is not an expression). */
+const fieldsOf = memo((schedule: string) => CronExpressionParser.parse(schedule, { tz: 'UTC' }).fields, 500);
+
 const cronError = memo((schedule: string): string | null => {
   const fields = schedule.trim().split(/\s+/);
   if (!schedule.trim().startsWith('@') && (fields.length < 5 || fields.length > 6)) {
@@ -98,7 +101,7 @@ const cronError = memo((schedule: string): string | null => {
   if (fields.some((f) => /(^|[^a-z])h($|[^a-z])/i.test(f))) return 'H (a hashed value) is not supported: name the minute, hour, ... to fire at';
   let parsed;
   try {
-    parsed = CronExpressionParser.parse(schedule, { tz: 'UTC' }).fields;
+    parsed = fieldsOf(schedule);
   } catch (err) {
     return `not a valid cron expression: ${(err as Error).message}`;
   }
@@ -118,7 +121,7 @@ const cronError = memo((schedule: string): string | null => {
  * may shorten one gap of the year by its hour.
  */
 const shortestGapSeconds = memo((schedule: string): number | null => {
-  const f = CronExpressionParser.parse(schedule, { tz: 'UTC' }).fields;
+  const f = fieldsOf(schedule);
   const sorted = (values: readonly (number | string)[]) => values.filter((v): v is number => typeof v === 'number').sort((a, b) => a - b);
   const [hours, minutes, seconds] = [sorted(f.hour.values), sorted(f.minute.values), sorted(f.second.values)];
   if (hours.length * minutes.length * seconds.length < 2) return null;

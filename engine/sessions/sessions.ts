@@ -25,7 +25,7 @@ import { allowlistOf, budgetTooLong, type RunLimits, type Runs, type ToolPolicy 
 import type { NewMessage, SessionQuery } from '../store/index.js';
 import { ToolError, type SessionActions } from '../tools/index.js';
 import { dagStateOf } from './dag-state.js';
-import { tasksOf, type TaskInput } from './tasks.js';
+import { longer, tasksOf, type TaskInput } from './tasks.js';
 
 export type SessionsDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'events' | 'redis' | 'queues'> & {
   runs: Runs;
@@ -471,7 +471,7 @@ const MESSAGE_TEXT_MAX = 100_000;
 
 /** Refuses a text a message part may not hold, as the API refuses it (code points counted, as the schema does). */
 function textWithinLimit(text: string): void {
-  if (text.length > MESSAGE_TEXT_MAX && [...text].length > MESSAGE_TEXT_MAX)
+  if (longer(text, MESSAGE_TEXT_MAX))
     throw new ToolError('invalid-args', `a message's text is at most ${MESSAGE_TEXT_MAX} characters; this one has ${[...text].length}`);
 }
 

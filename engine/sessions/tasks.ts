@@ -69,7 +69,7 @@ const runKey = (sessionId: string, taskId: string, nth?: number) => `\0task:${se
 /** What one task may hold (api/openapi.yaml's TaskInput): a task the session tool adds is held to them too. */
 const TASK_LIMITS = { depends_on: 100, title: 200, goal: 20_000 };
 /** Longer than `max` characters as the schema counts them (code points: an emoji is one). */
-const longer = (text: string, max: number) => text.length > max && [...text].length > max;
+export const longer = (text: string, max: number) => text.length > max && [...text].length > max;
 
 /** The dependencies of `tasks` that have ended, among `known`: what Redis learns with them, should it have lost them. */
 function endedAmong(known: readonly TaskRecord[], tasks: readonly TaskRecord[]): TaskRecord[] {

@@ -311,11 +311,12 @@ export function bwrapSandbox(opts: { bwrap: string; prlimit: string; limits: San
       // the first process joins the step's cgroups, then becomes bwrap: every process of the step is counted.
       // Its groups are inside the service's own (v1): where the service's limit is reached before the step's,
       // the kernel ends the step's processes first, never the service (the step cannot lower it back)
-      const join = ['{ echo 1000 > /proc/$$/oom_score_adj; } 2>/dev/null; true', ...(group?.procs ?? []).map((_, i) => `echo $$ > "$${i + 1}"`)].join(' && ');
+      const join = (procs: string[]) =>
+        `{ echo 1000 > /proc/$$/oom_score_adj; } 2>/dev/null; ${procs.map((_, i) => `echo $$ > "$${i + 1}" && `).join('')}shift ${procs.length} && exec "$@"`;
       let child: ChildProcess;
       try {
         child = group
-          ? spawn('/bin/sh', ['-c', `${join} && shift ${group.procs.length} && exec "$@"`, 'sandbox', ...group.procs, opts.bwrap, ...args], {
+          ? spawn('/bin/sh', ['-c', join(group.procs), 'sandbox', ...group.procs, opts.bwrap, ...args], {
               env: {},
               // from /: the shell sets PWD, and bwrap (pid 1 inside, its environment readable there) keeps it
               cwd: '/',
