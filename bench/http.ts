@@ -22,6 +22,8 @@ export function serviceEnv(dataDir: string, prefix: string, workspaces = `${data
     SERVICE_API_KEYS: `bench:${BENCH_KEY}`,
     // the load generator is one tenant with one key, far past any production budget
     SERVICE_API_RATE_LIMIT_PER_MINUTE: '100000000',
+    // and keeps every automation the create benchmark makes (tens of thousands; 1,000 unless set)
+    SERVICE_TENANT_MAX_AUTOMATIONS: '1000000',
     NODE_ENV: 'production',
     SERVICE_STORE: 'sqlite',
     SERVICE_SECRET_KEY: 'ab'.repeat(32),

@@ -136,6 +136,12 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect((await store.automations.get('t1', a.id))!.status).to.equal('disabled');
       const renamed = await store.automations.update('t1', a.id, { name: 'renamed' }, ['enabled', 'disabled']);
       expect(renamed).to.deep.include({ id: a.id, tenant_id: 't1', name: 'renamed', status: 'disabled', created_at: a.created_at });
+      expect(await store.automations.countLive('t1'), 'a disabled automation counts').to.equal(1);
+      await store.automations.update('t1', a.id, { status: 'archived' }, ['disabled']);
+      expect(await store.automations.countLive('t1'), 'an archived one does not').to.equal(0);
+      await store.automations.insert(automationFixture('t1', { status: 'archived' }));
+      await store.automations.insert(automationFixture('t1', { status: 'enabled' }));
+      expect(await store.automations.countLive('t1')).to.equal(1);
     });
 
     it('lists newest first with cursor pages, hiding archived unless asked', async () => {

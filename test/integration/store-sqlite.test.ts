@@ -29,6 +29,35 @@ describe('SQLite store', () => {
     db.close();
   });
 
+  it('counts the automations a tenant keeps from those stored before the count was kept', async () => {
+    const file = path.join(dir, 'automation-counts.sqlite');
+    const before = MIGRATIONS.findIndex((m) => m.includes('CREATE TABLE automation_counts'));
+    const db = new Database(file);
+    for (const m of MIGRATIONS.slice(0, before)) db.exec(m);
+    db.pragma(`user_version = ${before}`);
+    const insert = db.prepare('INSERT INTO automations (id, tenant_id, status, doc) VALUES (?, ?, ?, ?)');
+    for (const [i, [tenant, status]] of [
+      ['t1', 'enabled'],
+      ['t1', 'disabled'],
+      ['t1', 'archived'],
+      ['t2', 'enabled'],
+    ].entries()) {
+      const a = automationFixture(tenant!, { status: status as 'enabled' });
+      insert.run(`aut_${i}`, tenant, status, JSON.stringify({ ...a, id: `aut_${i}` }));
+    }
+    db.close();
+    const store = openSqliteStore(file);
+    try {
+      expect([await store.automations.countLive('t1'), await store.automations.countLive('t2'), await store.automations.countLive('t3')]).to.deep.equal([
+        2, 1, 0,
+      ]);
+      await store.automations.update('t2', 'aut_3', { status: 'archived' }, ['enabled']);
+      expect(await store.automations.countLive('t2')).to.equal(0);
+    } finally {
+      await store.close();
+    }
+  });
+
   it('keeps data across reopen, and sees writes of another connection to the same file', async () => {
     const file = path.join(dir, 'shared.sqlite');
     const one = openSqliteStore(file);

@@ -15,7 +15,7 @@ export function automationRepo(db: Db): AutomationRepo {
   const withTriggerOfTenant = db.prepare<[string, string], { doc: string }>(
     `SELECT doc FROM automations WHERE tenant_id = ? AND status = 'enabled' AND ${hasTrigger} ORDER BY id`,
   );
-  const live = db.prepare<[string], { n: number }>("SELECT COUNT(*) AS n FROM automations WHERE tenant_id = ? AND status <> 'archived'");
+  const live = db.prepare<[string], { live: number }>('SELECT live FROM automation_counts WHERE tenant_id = ?');
   const read = (row: { doc: string } | undefined): Automation | null => (row ? (JSON.parse(row.doc) as Automation) : null);
   // one prepared statement per shape of list query (how many statuses, whether a cursor), made once
   const listStatements = new Map<string, Statement<unknown[], JsonDoc>>();
@@ -66,7 +66,7 @@ export function automationRepo(db: Db): AutomationRepo {
       return commit(() => update(tenantId, id, changes, ifStatusIn));
     },
     async countLive(tenantId) {
-      return live.get(tenantId)!.n;
+      return live.get(tenantId)?.live ?? 0;
     },
     async listEnabledWithTrigger(type, tenantId) {
       const rows = tenantId === undefined ? withTrigger.all(type) : withTriggerOfTenant.all(tenantId, type);

@@ -285,3 +285,21 @@ MIGRATIONS.push(`
   ) WITHOUT ROWID;
   CREATE INDEX idempotency_keys_by_time ON idempotency_keys (created_at);
 `);
+// A tenant's automations that are not archived, counted as they change (each create counted them with a
+// scan of the tenant's index entries: 109 µs at 1,000 automations, 3.9 ms at 50,000). The same kind of
+// trigger-kept count as the runs'.
+MIGRATIONS.push(`
+  CREATE TABLE automation_counts (tenant_id TEXT PRIMARY KEY, live INTEGER NOT NULL) WITHOUT ROWID;
+  INSERT INTO automation_counts (tenant_id, live) SELECT tenant_id, COUNT(*) FROM automations WHERE status <> 'archived' GROUP BY tenant_id;
+  CREATE TRIGGER automation_counts_insert AFTER INSERT ON automations WHEN new.status <> 'archived' BEGIN
+    INSERT INTO automation_counts (tenant_id, live) VALUES (new.tenant_id, 1) ON CONFLICT (tenant_id) DO UPDATE SET live = live + 1;
+  END;
+  CREATE TRIGGER automation_counts_update AFTER UPDATE OF status ON automations
+    WHEN (old.status = 'archived') <> (new.status = 'archived') BEGIN
+    INSERT INTO automation_counts (tenant_id, live) VALUES (new.tenant_id, CASE WHEN new.status = 'archived' THEN -1 ELSE 1 END)
+      ON CONFLICT (tenant_id) DO UPDATE SET live = live + excluded.live;
+  END;
+  CREATE TRIGGER automation_counts_delete AFTER DELETE ON automations WHEN old.status <> 'archived' BEGIN
+    UPDATE automation_counts SET live = live - 1 WHERE tenant_id = old.tenant_id;
+  END;
+`);
