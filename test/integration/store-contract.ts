@@ -739,6 +739,9 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       ]);
       expect(done).to.deep.include({ status: 'succeeded', id: 'a', session_id: 'ses_t' });
       expect(await store.tasks.counts('t1', 'ses_t')).to.deep.equal({ succeeded: 1, pending: 1 });
+      // a change that keeps the status moves no count
+      await store.tasks.update('t1', 'ses_t', 'a', { output: { ok: 'again' } }, ['succeeded']);
+      expect(await store.tasks.counts('t1', 'ses_t')).to.deep.equal({ succeeded: 1, pending: 1 });
       expect(await store.tasks.counts('t3', 'ses_t')).to.deep.equal({});
       expect((await store.tasks.listStale('pending', at(10), 10)).map((t) => `${t.tenant_id}/${t.session_id}/${t.id}`).sort()).to.deep.equal([
         't1/ses_t/b',

@@ -29,13 +29,14 @@ describe('SQLite store', () => {
     db.close();
   });
 
-  it('counts the automations a tenant keeps from those stored before the count was kept', async () => {
-    const file = path.join(dir, 'automation-counts.sqlite');
+  it('counts automations and tasks by status from the rows stored before the counts were kept', async () => {
+    const file = path.join(dir, 'trigger-counts.sqlite');
     const before = MIGRATIONS.findIndex((m) => m.includes('CREATE TABLE automation_counts'));
+    expect(before).to.be.below(MIGRATIONS.findIndex((m) => m.includes('CREATE TABLE task_counts')));
     const db = new Database(file);
     for (const m of MIGRATIONS.slice(0, before)) db.exec(m);
     db.pragma(`user_version = ${before}`);
-    const insert = db.prepare('INSERT INTO automations (id, tenant_id, status, doc) VALUES (?, ?, ?, ?)');
+    const automation = db.prepare('INSERT INTO automations (id, tenant_id, status, doc) VALUES (?, ?, ?, ?)');
     for (const [i, [tenant, status]] of [
       ['t1', 'enabled'],
       ['t1', 'disabled'],
@@ -43,8 +44,16 @@ describe('SQLite store', () => {
       ['t2', 'enabled'],
     ].entries()) {
       const a = automationFixture(tenant!, { status: status as 'enabled' });
-      insert.run(`aut_${i}`, tenant, status, JSON.stringify({ ...a, id: `aut_${i}` }));
+      automation.run(`aut_${i}`, tenant, status, JSON.stringify({ ...a, id: `aut_${i}` }));
     }
+    const task = db.prepare("INSERT INTO tasks (tenant_id, session_id, id, status, created_at, updated_at, doc) VALUES (?, ?, ?, ?, 'a', 'a', ?)");
+    for (const [i, [session, status]] of [
+      ['ses_1', 'queued'],
+      ['ses_1', 'succeeded'],
+      ['ses_1', 'succeeded'],
+      ['ses_2', 'failed'],
+    ].entries())
+      task.run('t1', session, `tsk_${i}`, status, JSON.stringify({ tenant_id: 't1', session_id: session, id: `tsk_${i}`, status, created_at: 'a', updated_at: 'a' }));
     db.close();
     const store = openSqliteStore(file);
     try {
@@ -53,6 +62,10 @@ describe('SQLite store', () => {
       ]);
       await store.automations.update('t2', 'aut_3', { status: 'archived' }, ['enabled']);
       expect(await store.automations.countLive('t2')).to.equal(0);
+      expect(await store.tasks.counts('t1', 'ses_1')).to.deep.equal({ queued: 1, succeeded: 2 });
+      await store.tasks.update('t1', 'ses_1', 'tsk_0', { status: 'succeeded' }, ['queued']);
+      expect(await store.tasks.counts('t1', 'ses_1')).to.deep.equal({ succeeded: 3 });
+      expect(await store.tasks.counts('t1', 'ses_2')).to.deep.equal({ failed: 1 });
     } finally {
       await store.close();
     }

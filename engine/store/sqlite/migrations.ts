@@ -303,3 +303,25 @@ MIGRATIONS.push(`
     UPDATE automation_counts SET live = live - 1 WHERE tenant_id = old.tenant_id;
   END;
 `);
+// A session's tasks by status, counted as they change: each task's end read its session's counts with a
+// GROUP BY over every task row of the session, documents included (63 µs at 100 tasks, 7.4 ms at 10,000: a
+// session of 10,000 tasks spent over a minute of CPU on its counts).
+MIGRATIONS.push(`
+  CREATE TABLE task_counts (
+    tenant_id TEXT NOT NULL, session_id TEXT NOT NULL, status TEXT NOT NULL, n INTEGER NOT NULL,
+    PRIMARY KEY (tenant_id, session_id, status)
+  ) WITHOUT ROWID;
+  INSERT INTO task_counts (tenant_id, session_id, status, n) SELECT tenant_id, session_id, status, COUNT(*) FROM tasks GROUP BY tenant_id, session_id, status;
+  CREATE TRIGGER task_counts_insert AFTER INSERT ON tasks BEGIN
+    INSERT INTO task_counts (tenant_id, session_id, status, n) VALUES (new.tenant_id, new.session_id, new.status, 1)
+      ON CONFLICT (tenant_id, session_id, status) DO UPDATE SET n = n + 1;
+  END;
+  CREATE TRIGGER task_counts_update AFTER UPDATE OF status ON tasks WHEN old.status <> new.status BEGIN
+    UPDATE task_counts SET n = n - 1 WHERE tenant_id = old.tenant_id AND session_id = old.session_id AND status = old.status;
+    INSERT INTO task_counts (tenant_id, session_id, status, n) VALUES (new.tenant_id, new.session_id, new.status, 1)
+      ON CONFLICT (tenant_id, session_id, status) DO UPDATE SET n = n + 1;
+  END;
+  CREATE TRIGGER task_counts_delete AFTER DELETE ON tasks BEGIN
+    UPDATE task_counts SET n = n - 1 WHERE tenant_id = old.tenant_id AND session_id = old.session_id AND status = old.status;
+  END;
+`);

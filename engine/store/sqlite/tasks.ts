@@ -17,7 +17,7 @@ export function taskRepo(db: Db): TaskRepo {
      ORDER BY updated_at, tenant_id, session_id, id LIMIT ?`,
   );
   const counts = db.prepare<[string, string], { status: TaskStatus; n: number }>(
-    'SELECT status, COUNT(*) AS n FROM tasks WHERE tenant_id = ? AND session_id = ? GROUP BY status',
+    'SELECT status, n FROM task_counts WHERE tenant_id = ? AND session_id = ? AND n > 0',
   );
   const read = (row: { doc: string } | undefined): TaskRecord | null => (row ? (JSON.parse(row.doc) as TaskRecord) : null);
   // writes go in the store's group commit: the writes of one turn of the event loop share a commit
