@@ -198,6 +198,15 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       for (const a of [cron, other, disabled, manual]) await store.automations.insert(a);
       const found = await store.automations.listEnabledWithTrigger('cron');
       expect(found.map((a) => a.id).sort()).to.deep.equal([cron.id, other.id].sort());
+      expect((await store.automations.listEnabledWithTrigger('cron', 't2')).map((a) => a.id)).to.deep.equal([other.id]);
+      // as their triggers and status change
+      await store.automations.update('t1', manual.id, { triggers: [{ type: 'cron', schedule: '5 * * * *', timezone: 'UTC' }] }, ['enabled']);
+      await store.automations.update('t1', cron.id, { triggers: [{ type: 'manual' }] }, ['enabled']);
+      await store.automations.update('t1', disabled.id, { status: 'enabled' }, ['disabled']);
+      await store.automations.update('t2', other.id, { status: 'archived' }, ['enabled']);
+      expect((await store.automations.listEnabledWithTrigger('cron')).map((a) => a.id).sort()).to.deep.equal([manual.id, disabled.id].sort());
+      expect((await store.automations.listEnabledWithTrigger('manual', 't1')).map((a) => a.id)).to.deep.equal([cron.id]);
+      expect(await store.automations.listEnabledWithTrigger('cron', 't2')).to.deep.equal([]);
     });
 
     it('round-trips a run and moves it only from the expected status and attempt', async () => {

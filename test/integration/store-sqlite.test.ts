@@ -29,7 +29,7 @@ describe('SQLite store', () => {
     db.close();
   });
 
-  it('counts automations and tasks by status from the rows stored before the counts were kept', async () => {
+  it('counts automations and tasks by status, and finds automations by trigger, from the rows stored before those were kept', async () => {
     const file = path.join(dir, 'trigger-counts.sqlite');
     const before = MIGRATIONS.findIndex((m) => m.includes('CREATE TABLE automation_counts'));
     expect(before).to.be.below(MIGRATIONS.findIndex((m) => m.includes('CREATE TABLE task_counts')));
@@ -43,7 +43,8 @@ describe('SQLite store', () => {
       ['t1', 'archived'],
       ['t2', 'enabled'],
     ].entries()) {
-      const a = automationFixture(tenant!, { status: status as 'enabled' });
+      const triggers = i === 0 ? [{ type: 'cron' }, { type: 'webhook' }, 'junk', null] : [{ type: 'cron' }];
+      const a = automationFixture(tenant!, { status: status as 'enabled', triggers: triggers as never });
       automation.run(`aut_${i}`, tenant, status, JSON.stringify({ ...a, id: `aut_${i}` }));
     }
     const task = db.prepare("INSERT INTO tasks (tenant_id, session_id, id, status, created_at, updated_at, doc) VALUES (?, ?, ?, ?, 'a', 'a', ?)");
@@ -53,13 +54,22 @@ describe('SQLite store', () => {
       ['ses_1', 'succeeded'],
       ['ses_2', 'failed'],
     ].entries())
-      task.run('t1', session, `tsk_${i}`, status, JSON.stringify({ tenant_id: 't1', session_id: session, id: `tsk_${i}`, status, created_at: 'a', updated_at: 'a' }));
+      task.run(
+        't1',
+        session,
+        `tsk_${i}`,
+        status,
+        JSON.stringify({ tenant_id: 't1', session_id: session, id: `tsk_${i}`, status, created_at: 'a', updated_at: 'a' }),
+      );
     db.close();
     const store = openSqliteStore(file);
     try {
       expect([await store.automations.countLive('t1'), await store.automations.countLive('t2'), await store.automations.countLive('t3')]).to.deep.equal([
         2, 1, 0,
       ]);
+      // and finds them by trigger type: a trigger that is not an object (stored before triggers were checked) is none
+      expect((await store.automations.listEnabledWithTrigger('cron')).map((a) => a.id)).to.deep.equal(['aut_0', 'aut_3']);
+      expect((await store.automations.listEnabledWithTrigger('webhook', 't1')).map((a) => a.id)).to.deep.equal(['aut_0']);
       await store.automations.update('t2', 'aut_3', { status: 'archived' }, ['enabled']);
       expect(await store.automations.countLive('t2')).to.equal(0);
       expect(await store.tasks.counts('t1', 'ses_1')).to.deep.equal({ queued: 1, succeeded: 2 });

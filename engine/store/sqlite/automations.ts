@@ -8,13 +8,30 @@ export function automationRepo(db: Db): AutomationRepo {
   const insert = db.prepare('INSERT INTO automations (id, tenant_id, status, doc) VALUES (?, ?, ?, ?)');
   const get = db.prepare<[string, string], { doc: string }>('SELECT doc FROM automations WHERE tenant_id = ? AND id = ?');
   const write = db.prepare('UPDATE automations SET status = ?, doc = ? WHERE tenant_id = ? AND id = ?');
-  // a trigger that is not an object (none is stored now; one stored before may be) is no trigger: json_extract would fail the query
-  // (CASE, not AND: SQLite may evaluate either side of an AND first)
-  const hasTrigger = "EXISTS (SELECT 1 FROM json_each(doc, '$.triggers') WHERE CASE WHEN type = 'object' THEN json_extract(value, '$.type') END = ?)";
-  const withTrigger = db.prepare<[string], { doc: string }>(`SELECT doc FROM automations WHERE status = 'enabled' AND ${hasTrigger} ORDER BY id`);
-  const withTriggerOfTenant = db.prepare<[string, string], { doc: string }>(
-    `SELECT doc FROM automations WHERE tenant_id = ? AND status = 'enabled' AND ${hasTrigger} ORDER BY id`,
+  // the enabled automations by trigger type (automation_triggers), kept beside each automation's row
+  const addTrigger = db.prepare('INSERT OR IGNORE INTO automation_triggers (type, tenant_id, id) VALUES (?, ?, ?)');
+  const dropTrigger = db.prepare('DELETE FROM automation_triggers WHERE type = ? AND tenant_id = ? AND id = ?');
+  const withTrigger = db.prepare<[string], { doc: string }>(
+    "SELECT a.doc FROM automation_triggers AS t JOIN automations AS a ON a.id = t.id WHERE t.type = ? AND a.status = 'enabled' ORDER BY t.id",
   );
+  const withTriggerOfTenant = db.prepare<[string, string], { doc: string }>(
+    "SELECT a.doc FROM automation_triggers AS t JOIN automations AS a ON a.id = t.id WHERE t.tenant_id = ? AND t.type = ? AND a.status = 'enabled' ORDER BY t.id",
+  );
+  /** The types of an automation's triggers while it is enabled (a trigger that is not an object, stored before they were checked, is none). */
+  const triggerTypes = (a: Automation): Set<string> =>
+    new Set(
+      a.status === 'enabled'
+        ? (a.triggers as unknown[]).flatMap((t) =>
+            t && typeof t === 'object' && typeof (t as { type?: unknown }).type === 'string' ? [(t as { type: string }).type] : [],
+          )
+        : [],
+    );
+  const placeTriggers = (before: Automation | null, after: Automation) => {
+    const was = before ? triggerTypes(before) : new Set<string>();
+    const now = triggerTypes(after);
+    for (const type of was) if (!now.has(type)) dropTrigger.run(type, after.tenant_id, after.id);
+    for (const type of now) if (!was.has(type)) addTrigger.run(type, after.tenant_id, after.id);
+  };
   const live = db.prepare<[string], { live: number }>('SELECT live FROM automation_counts WHERE tenant_id = ?');
   const read = (row: { doc: string } | undefined): Automation | null => (row ? (JSON.parse(row.doc) as Automation) : null);
   // one prepared statement per shape of list query (how many statuses, whether a cursor), made once
@@ -45,12 +62,16 @@ export function automationRepo(db: Db): AutomationRepo {
     if (!current || !ifStatusIn.includes(current.status)) return null;
     const next: Automation = { ...current, ...changes, id: current.id, tenant_id: current.tenant_id, created_at: current.created_at };
     write.run(next.status, JSON.stringify(next), tenantId, id);
+    placeTriggers(current, next);
     return next;
   };
 
   return {
     async insert(a) {
-      await commit(() => insert.run(a.id, a.tenant_id, a.status, JSON.stringify(a)));
+      await commit(() => {
+        insert.run(a.id, a.tenant_id, a.status, JSON.stringify(a));
+        placeTriggers(null, a);
+      });
     },
     async get(tenantId, id) {
       return read(get.get(tenantId, id));
