@@ -6,6 +6,9 @@ import { definedOnly, fromStored, loose, pageOf, toStored, type Stored } from '.
 export const automationSchema = new Schema({ _id: String, tenant_id: { type: String, required: true }, status: { type: String, required: true } }, loose);
 automationSchema.index({ tenant_id: 1, _id: -1 });
 automationSchema.index({ tenant_id: 1, status: 1, _id: -1 });
+// the enabled automations with a trigger of a type, of every tenant (the file watcher, the cron reconcile) or of one (a webhook)
+automationSchema.index({ 'triggers.type': 1, status: 1, _id: 1 });
+automationSchema.index({ tenant_id: 1, 'triggers.type': 1, status: 1, _id: 1 });
 
 export function automationRepo(model: Model<Stored<Automation>>): AutomationRepo {
   const list: AutomationRepo['list'] = (tenantId, q) =>
