@@ -153,6 +153,49 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/docs": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Interactive API documentation (Swagger UI)
+         * @description This document rendered by Swagger UI, with "Try it out" against this origin; its scripts and styles are
+         *     served by the service itself (`/docs/assets/`), not by a CDN. The page may not be framed by another site.
+         *     Absent when the service runs with NODE_ENV=production.
+         */
+        get: operations["getDocs"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/redoc": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Reference-style API documentation (Redoc)
+         * @description This document rendered by Redoc; its bundle is served by the service itself (`/redoc/redoc.standalone.js`).
+         *     The page may not be framed by another site. Absent when the service runs with NODE_ENV=production.
+         */
+        get: operations["getRedoc"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/automations": {
         parameters: {
             query?: never;
@@ -3576,6 +3619,46 @@ export interface operations {
             };
         };
     };
+    getDocs: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The Swagger UI page. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/html": string;
+                };
+            };
+        };
+    };
+    getRedoc: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The Redoc page. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/html": string;
+                };
+            };
+        };
+    };
     listAutomations: {
         parameters: {
             query?: {
@@ -4130,6 +4213,8 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["NotPermitted"];
             404: components["responses"]["NotFound"];
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
             429: components["responses"]["ApiRateLimited"];
             503: components["responses"]["Unavailable"];
         };
@@ -4167,11 +4252,22 @@ export interface operations {
              */
             200: {
                 headers: {
+                    /** @description The id of the audit this stream follows. */
+                    "X-Report-Id"?: string;
+                    /** @description Where the audit's report can be fetched (`GET /api/v1/autonomy/workspace-audit/{report_id}`). */
+                    "Content-Location"?: string;
                     [name: string]: unknown;
                 };
                 content: {
                     "text/event-stream": components["schemas"]["EventAuditPhaseDone"] | components["schemas"]["EventAuditFinished"];
                 };
+            };
+            /** @description A reconnect (Last-Event-ID) after the audit's `report` event; nothing more will come, which tells an EventSource to stop reconnecting. */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
@@ -4348,6 +4444,8 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
             429: components["responses"]["ApiRateLimited"];
         };
     };
@@ -4434,6 +4532,8 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
             429: components["responses"]["ApiRateLimited"];
         };
     };
@@ -4483,6 +4583,7 @@ export interface operations {
             /** @description The agent. */
             201: {
                 headers: {
+                    Location: components["headers"]["Location"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -4494,6 +4595,8 @@ export interface operations {
             403: components["responses"]["NotPermitted"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
             429: components["responses"]["ApiRateLimited"];
         };
     };
@@ -4558,6 +4661,8 @@ export interface operations {
             403: components["responses"]["NotPermitted"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
             429: components["responses"]["ApiRateLimited"];
         };
     };
@@ -4649,6 +4754,8 @@ export interface operations {
             403: components["responses"]["NotPermitted"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
             422: components["responses"]["Unprocessable"];
             429: components["responses"]["ApiRateLimited"];
         };
@@ -4724,6 +4831,8 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
             429: components["responses"]["ApiRateLimited"];
         };
     };

@@ -47,7 +47,11 @@ export function sessionsRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
   });
 
   router.post('/:id/agents', async (req, res) => {
-    res.status(201).json(await sessions.addAgent(tenantOf(req), idOf(req), req.body as Schemas['AgentCreate']));
+    const agent = await sessions.addAgent(tenantOf(req), idOf(req), req.body as Schemas['AgentCreate']);
+    res
+      .status(201)
+      .location(`${location(agent.session_id)}/agents/${agent.id}`)
+      .json(agent);
   });
 
   router.get('/:id/agents/:agent_id', async (req, res) => {
