@@ -3038,6 +3038,12 @@ export interface components {
                 _type: string;
                 subject: Record<string, never>[];
                 predicateType: string;
+                /**
+                 * @description The gates' latest results for the subject, the gate runs and runs behind them, and `ledger`: the range of
+                 *     ledger entries they are sealed in (`from_seq`, `to_seq`, `head_hash`, `key_id`). After a rotation of the
+                 *     ledger's key, `ledger.earlier_keys` lists the earlier keys (`key_id`, `pem`) that signed entries of the range;
+                 *     the envelope's signature vouches for them.
+                 */
                 predicate: Record<string, never>;
             };
         };

@@ -169,7 +169,7 @@ export async function gatesVerify(file: string, values: { key?: string; tenant?:
   }
   if (values.json) {
     out(
-      `${JSON.stringify(verdict.ok ? { ok: true, pinned: Boolean(values.key), key_id: verdict.key_id, entries: verdict.entries, statement: verdict.statement } : verdict, null, 2)}\n`,
+      `${JSON.stringify(verdict.ok ? { ok: true, pinned: Boolean(values.key), key_id: verdict.key_id, entries: verdict.entries, earlier_keys: verdict.earlier_keys, statement: verdict.statement } : verdict, null, 2)}\n`,
     );
     return verdict.ok ? (values.key ? 0 : 3) : 1;
   }
@@ -195,9 +195,11 @@ export async function gatesVerify(file: string, values: { key?: string; tenant?:
       .map(([k, v]) => `${k}:${v.slice(0, 12)}`)
       .join(' ')}\n`,
   );
-  if (p.ledger && verdict.entries)
+  if (p.ledger && verdict.entries) {
     out(`ledger: ${verdict.entries} entries verified (${p.ledger.from_seq}..${p.ledger.to_seq}), head ${p.ledger.head_hash.slice(0, 16)}\n`);
-  else out('ledger: not in this file (the envelope alone was checked; get the pack with format=tar to check its ledger)\n');
+    if (verdict.earlier_keys.length)
+      out(`  some signed by the ledger's earlier key ${verdict.earlier_keys.join(', ')}, which key ${verdict.key_id} vouches for (the key was rotated)\n`);
+  } else out('ledger: not in this file (the envelope alone was checked; get the pack with format=tar to check its ledger)\n');
   for (const g of p.gates) out(`  ${g.gate_id}: ${(g as { conclusion?: string }).conclusion ?? '?'} (entry ${g.ledger_seq})\n`);
   return 0;
 }

@@ -37,6 +37,8 @@ export type Config = {
   secretKey: string | undefined;
   /** the Ed25519 seed that signs the evidence ledger (SERVICE_EVIDENCE_KEY); generated into the data dir outside production */
   evidenceKey: string | undefined;
+  /** the ledger's earlier public keys (SERVICE_EVIDENCE_PREVIOUS_KEYS): entries they signed before a rotation still verify */
+  evidencePreviousKeys: string[];
   tenantMaxRunning: number;
   agent: { baseUrl: string | undefined; apiKey: string | undefined; model: string | undefined; timeoutSeconds: number; maxRetries: number };
   /** voice transcription (SERVICE_TRANSCRIBE_*); provider undefined: the route answers 503 */
@@ -285,6 +287,11 @@ const schema = z.object({
     (v) => v === undefined || /^[0-9a-fA-F]{64}$/.test(v) || Buffer.from(v, 'base64').length === 32,
     'expected a 32-byte Ed25519 seed as 64 hex characters or base64',
   ),
+  // each an Ed25519 public key: its 32 raw bytes (hex or base64), or the base64 line of its PEM (44 bytes)
+  SERVICE_EVIDENCE_PREVIOUS_KEYS: list.refine(
+    (keys) => keys.every((k) => /^[0-9a-fA-F]{64}$/.test(k) || (/^[A-Za-z0-9+/]+={0,2}$/.test(k) && [32, 44].includes(Buffer.from(k, 'base64').length))),
+    'expected Ed25519 public keys, comma-separated: each 64 hex characters, or the base64 of its 32 bytes or of its PEM',
+  ),
   SERVICE_TENANT_MAX_RUNNING: int(10, 1, 10_000),
   SERVICE_AGENT_BASE_URL: url(['http:', 'https:']),
   SERVICE_AGENT_API_KEY: optionalText,
@@ -423,6 +430,7 @@ export function parseEnv(env: Record<string, string | undefined>): Config {
     adminKeys: e.SERVICE_ADMIN_KEYS,
     secretKey: e.SERVICE_SECRET_KEY,
     evidenceKey: e.SERVICE_EVIDENCE_KEY,
+    evidencePreviousKeys: e.SERVICE_EVIDENCE_PREVIOUS_KEYS,
     tenantMaxRunning: e.SERVICE_TENANT_MAX_RUNNING,
     agent: {
       baseUrl: e.SERVICE_AGENT_BASE_URL,

@@ -2,7 +2,7 @@
 /** The seed's file in the data dir when SERVICE_EVIDENCE_KEY is unset (outside production). */
 export const EVIDENCE_KEY_FILE = 'evidence.key';
 
-export { keyIdOf, publicKeyFromPem, signerOf, verifySignature, type EvidenceSigner } from './keys.js';
+export { keyIdOf, publicKeyFromPem, publicKeyFromText, signerOf, verifySignature, type EvidenceSigner, type LedgerKey } from './keys.js';
 export { ledgerOf, type Ledger, type LedgerItem } from './ledger.js';
 export { canonicalJson, entryHash, GENESIS_HASH, payloadDigest, sha256Hex, verifyEntries, verifyEntriesAsync, type EvidenceProblem } from './verify.js';
 export {

@@ -2,7 +2,7 @@
 // (verify.ts says how). Payloads are canonical JSON kept by digest; an entry carries only the digest.
 import type { Platform } from '../deps.js';
 import type { LedgerEntry, LedgerSubject } from '../platform/index.js';
-import { publicKeyFromPem, type EvidenceSigner } from './keys.js';
+import { pemOf, publicKeyFromPem, type EvidenceSigner, type LedgerKey } from './keys.js';
 import { envelopeOf, type Statement } from './pack.js';
 import { canonicalJson, entryHash, GENESIS_HASH, payloadDigest, verifyEntriesAsync, type EvidenceProblem } from './verify.js';
 
@@ -16,7 +16,14 @@ export function ledgerOf(deps: Pick<Platform, 'store' | 'clock'> & { signer: Evi
 
     /** What is wrong with a slice of the ledger as stored (a chain, a hash, a signature, a payload), or null. */
     verify: (entries: LedgerEntry[], payloads: Map<string, string>): Promise<EvidenceProblem | null> =>
-      verifyEntriesAsync(entries, { publicKey: verifyingKey, keyId: signer.keyId, payloads }),
+      verifyEntriesAsync(entries, { publicKey: verifyingKey, keyId: signer.keyId, earlier: signer.earlier, payloads }),
+
+    /** The earlier keys (SERVICE_EVIDENCE_PREVIOUS_KEYS) that signed some of these entries, by id: a pack of them names them. */
+    earlierKeysOf: (entries: LedgerEntry[]): LedgerKey[] =>
+      [...new Set(entries.map((e) => e.key_id))]
+        .filter((id) => id !== signer.keyId && signer.earlier.has(id))
+        .sort()
+        .map((id) => ({ key_id: id, pem: pemOf(signer.earlier.get(id)!) })),
 
     /** Appends the items in order, after the tenant's head, in one atomic write. */
     async append(tenantId: string, items: LedgerItem[]): Promise<LedgerEntry[]> {

@@ -6,7 +6,8 @@
 import { Readable } from 'node:stream';
 import tar from 'tar-stream';
 import type { LedgerEntry } from '../platform/index.js';
-import { keyIdOf, publicKeyFromPem, verifySignature, type EvidenceSigner } from './keys.js';
+import type { KeyObject } from 'node:crypto';
+import { keyIdOf, publicKeyFromPem, verifySignature, type EvidenceSigner, type LedgerKey } from './keys.js';
 import { canonicalJson, payloadDigest, verifyEntries, type EvidenceProblem } from './verify.js';
 
 export const IN_TOTO_PAYLOAD_TYPE = 'application/vnd.in-toto+json';
@@ -16,7 +17,8 @@ export type DsseEnvelope = { payloadType: string; payload: string; signatures: {
 
 /** What a statement's predicate says of the ledger and of each gate, as far as verification needs. */
 export type PackPredicate = {
-  ledger: { from_seq: number; to_seq: number; head_hash: string; key_id: string } | null;
+  /** `earlier_keys`: the ledger's keys before a rotation that signed entries of the range, vouched for by the pack's signature */
+  ledger: { from_seq: number; to_seq: number; head_hash: string; key_id: string; earlier_keys?: LedgerKey[] } | null;
   gates: { gate_id: string; ledger_seq: number; payload_digest: string; [field: string]: unknown }[];
   ready?: boolean;
   missing?: string[];
@@ -119,7 +121,9 @@ export async function readPack(data: Buffer): Promise<PackFiles> {
   };
 }
 
-export type PackVerdict = { ok: true; statement: Statement; key_id: string; entries: number } | { ok: false; problem: EvidenceProblem };
+export type PackVerdict =
+  | { ok: true; statement: Statement; key_id: string; entries: number; /** earlier keys that signed entries, vouched for by key_id */ earlier_keys: string[] }
+  | { ok: false; problem: EvidenceProblem };
 
 /** Checks a pack's files; `keyId` pins the key it must be signed with. */
 export function verifyPack(files: PackFiles, opts: { keyId?: string; tenantId?: string } = {}): PackVerdict {
@@ -155,10 +159,18 @@ export function verifyPack(files: PackFiles, opts: { keyId?: string; tenantId?: 
   const range = statement.predicate?.ledger;
   // a tar carries its ledger slice: one without it proves nothing of the entries its statement names
   if (files.payloads && !files.entries) return fail({ part: 'chain', message: 'the pack has no ledger.jsonl' });
-  if (!files.entries || !range) return { ok: true, statement, key_id: keyId, entries: 0 };
+  if (!files.entries || !range) return { ok: true, statement, key_id: keyId, entries: 0, earlier_keys: [] };
   const entries = files.entries;
   if (range.key_id !== keyId) return fail({ part: 'statement', message: `the statement names key ${range.key_id}, not the pack's ${keyId}` });
-  const problem = verifyEntries(entries, { publicKey, keyId, payloads: files.payloads ?? new Map() });
+  // the keys the ledger had before a rotation, as the signed statement names them: each must be the key its id says
+  const earlier = new Map<string, KeyObject>();
+  for (const k of Array.isArray(range.earlier_keys) ? range.earlier_keys : []) {
+    const key = publicKeyFromPem(typeof k?.pem === 'string' ? k.pem : '');
+    if (!key || keyIdOf(key) !== k.key_id)
+      return fail({ part: 'statement', message: `the statement's earlier key ${String(k?.key_id)} is not the Ed25519 key its id names` });
+    earlier.set(k.key_id, key);
+  }
+  const problem = verifyEntries(entries, { publicKey, keyId, earlier, payloads: files.payloads ?? new Map() });
   if (problem) return fail(problem);
   const foreign = typeof tenant === 'string' ? entries.find((e) => e.tenant_id !== tenant) : undefined;
   if (foreign) return fail({ part: 'chain', seq: foreign.seq, message: `entry ${foreign.seq} is tenant ${foreign.tenant_id}'s ledger, not ${tenant}'s` });
@@ -206,5 +218,11 @@ export function verifyPack(files: PackFiles, opts: { keyId?: string; tenantId?: 
   const ready = !(statement.predicate.missing ?? []).length && gates.every((g) => !g.required || g.conclusion === 'success');
   if (statement.predicate.ready !== undefined && statement.predicate.ready !== ready)
     return fail({ part: 'statement', message: `the statement says ready: ${String(statement.predicate.ready)}, but its sealed gates say ${String(ready)}` });
-  return { ok: true, statement, key_id: keyId, entries: entries.length };
+  return {
+    ok: true,
+    statement,
+    key_id: keyId,
+    entries: entries.length,
+    earlier_keys: [...earlier.keys()].filter((id) => entries.some((e) => e.key_id === id)),
+  };
 }

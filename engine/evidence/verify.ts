@@ -21,7 +21,17 @@ export function entryHash(e: Omit<LedgerEntry, 'hash' | 'key_id' | 'sig'>): stri
 
 export type EvidenceProblem = { part: 'entry' | 'chain' | 'signature' | 'payload' | 'envelope' | 'statement'; seq?: number; message: string };
 
-type VerifyOptions = { publicKey: KeyObject; keyId: string; prevHash?: string; payloads?: Map<string, string> };
+type VerifyOptions = {
+  publicKey: KeyObject;
+  keyId: string;
+  /** earlier keys of the ledger, by id, that the key vouches for: their entries verify too (a key rotated) */
+  earlier?: ReadonlyMap<string, KeyObject>;
+  prevHash?: string;
+  payloads?: Map<string, string>;
+};
+
+/** The key an entry is checked with: the ledger's, or an earlier one it vouches for (entryProblem has made sure it is one). */
+const keyOf = (e: LedgerEntry, opts: VerifyOptions): KeyObject => (e.key_id === opts.keyId ? opts.publicKey : opts.earlier!.get(e.key_id)!);
 
 /** Where the walk of a slice stands: the hash and seq of the entry before. */
 type Walk = { prev: string | undefined; seq: number | undefined };
@@ -32,7 +42,12 @@ function entryProblem(e: LedgerEntry, walk: Walk, opts: VerifyOptions): Evidence
   if (walk.prev !== undefined && e.prev_hash !== walk.prev)
     return { part: 'chain', seq: e.seq, message: `entry ${e.seq} does not chain to the entry before it` };
   if (entryHash(e) !== e.hash) return { part: 'entry', seq: e.seq, message: `entry ${e.seq} does not match its hash` };
-  if (e.key_id !== opts.keyId) return { part: 'signature', seq: e.seq, message: `entry ${e.seq} is signed by key ${e.key_id}, not ${opts.keyId}` };
+  if (e.key_id !== opts.keyId && !opts.earlier?.has(e.key_id))
+    return {
+      part: 'signature',
+      seq: e.seq,
+      message: `entry ${e.seq} is signed by key ${e.key_id}, not ${opts.keyId}${opts.earlier?.size ? ' nor an earlier key it vouches for' : ''}`,
+    };
   if (opts.payloads) {
     const body = opts.payloads.get(e.payload_digest);
     if (body === undefined) return { part: 'payload', seq: e.seq, message: `entry ${e.seq}'s payload ${e.payload_digest} is missing` };
@@ -52,7 +67,7 @@ const badSignature = (e: LedgerEntry): EvidenceProblem => ({ part: 'signature', 
 export function verifyEntries(entries: LedgerEntry[], opts: VerifyOptions): EvidenceProblem | null {
   const walk: Walk = { prev: opts.prevHash, seq: undefined };
   for (const e of entries) {
-    const problem = entryProblem(e, walk, opts) ?? (verifySignature(opts.publicKey, e.hash, e.sig) ? null : badSignature(e));
+    const problem = entryProblem(e, walk, opts) ?? (verifySignature(keyOf(e, opts), e.hash, e.sig) ? null : badSignature(e));
     if (problem) return problem;
   }
   return null;
@@ -73,7 +88,7 @@ export async function verifyEntriesAsync(entries: LedgerEntry[], opts: VerifyOpt
     let problem: EvidenceProblem | null = null;
     let whole = 0; // the entries of the chunk before its first problem
     for (; whole < chunk.length && !(problem = entryProblem(chunk[whole]!, walk, opts)); whole++);
-    const signed = await Promise.all(chunk.slice(0, whole).map((e) => verifySignatureAsync(opts.publicKey, e.hash, e.sig)));
+    const signed = await Promise.all(chunk.slice(0, whole).map((e) => verifySignatureAsync(keyOf(e, opts), e.hash, e.sig)));
     const unsigned = signed.indexOf(false);
     if (unsigned !== -1) return badSignature(chunk[unsigned]!);
     if (problem) return problem;

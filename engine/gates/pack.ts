@@ -98,6 +98,9 @@ export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledg
       // and each gate's row is its sealed result, never the gate run's stored copy of it
       const problem = await ledger.verify(entries, payloadOf);
       if (problem) throw new ConflictError(`the evidence ledger does not verify (${problem.message}); no pack is signed from it`, { problem });
+      // entries signed before the ledger's key was rotated: the pack names their keys, and its signature vouches for them
+      const earlier = ledger.earlierKeysOf(entries);
+      const earlierKeys = earlier.length ? { earlier_keys: earlier } : {};
       const sealedResult = (seq: number, gateId: string): GateResult => {
         const entry = bySeq.get(seq);
         const body = payloadOf.get(entry?.payload_digest ?? '');
@@ -174,7 +177,7 @@ export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledg
           gate_runs: runs.map((r) => ({ gate_run_id: r.id, status: r.status, trigger: r.trigger, finished_at: r.finished_at, ledger: r.ledger })),
           runs: [...new Set(runs.flatMap((r) => (r.trigger.type === 'run' ? [r.trigger.run_id] : [])))],
           audits,
-          ledger: { from_seq: entries[0]!.seq, to_seq: head.seq, head_hash: head.hash, key_id: ledger.publicKey.key_id },
+          ledger: { from_seq: entries[0]!.seq, to_seq: head.seq, head_hash: head.hash, key_id: ledger.publicKey.key_id, ...earlierKeys },
         },
       };
       return {

@@ -30,7 +30,7 @@ import { createEngine, type Engine } from '../index.js';
 import { openStore, type Store } from '../store/index.js';
 import { createTemplateCatalog } from '../automations/index.js';
 import { openSandbox, type Sandbox } from '../tools/index.js';
-import { EVIDENCE_KEY_FILE, signerOf } from '../evidence/index.js';
+import { EVIDENCE_KEY_FILE, publicKeyFromText, signerOf } from '../evidence/index.js';
 import { findLocalPrograms, localTranscriber, openAiTranscriber, type VoiceSettings } from '../voice/index.js';
 
 export type Runtime = {
@@ -228,7 +228,14 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
         registryUrl: config.audit.registryUrl,
       },
       secretBox: createSecretBox(secretKey.key),
-      signer: signerOf(evidenceKey.key),
+      signer: signerOf(
+        evidenceKey.key,
+        config.evidencePreviousKeys.map((text, i) => {
+          const key = publicKeyFromText(text);
+          if (!key) throw new Error(`SERVICE_EVIDENCE_PREVIOUS_KEYS: key ${i + 1} is not an Ed25519 public key`);
+          return key;
+        }),
+      ),
       voice: voiceSettingsOf(config, opts, sandbox, log),
       apiRateLimit: config.apiRateLimit,
       notify: { ...config.notify, httpAllowPrivate: config.httpAllowPrivate },
