@@ -1903,7 +1903,7 @@ export interface components {
         Budget: {
             /** @description Wall-clock bound of each attempt of a run (a retry gets it again). Defaults to SERVICE_RUN_DEFAULT_BUDGET_SECONDS and may not exceed SERVICE_RUN_MAX_BUDGET_SECONDS. */
             seconds?: number;
-            /** @description Most tool calls one run may make. */
+            /** @description Most tool calls each attempt of a run may make (a retry gets them again, as it gets `seconds` again). */
             max_steps?: number;
         };
         /**
@@ -2036,7 +2036,7 @@ export interface components {
             workspace?: string;
             /** @description Wall-clock bound of each attempt of the run. Default SERVICE_RUN_DEFAULT_BUDGET_SECONDS, at most SERVICE_RUN_MAX_BUDGET_SECONDS. */
             budget_seconds?: number;
-            /** @description Most tool calls the run may make. */
+            /** @description Most tool calls each attempt of the run may make (a retry gets them again, as it gets `budget_seconds` again). */
             max_steps?: number;
             inputs?: {
                 [key: string]: unknown;
@@ -2261,6 +2261,14 @@ export interface components {
             /** Format: date-time */
             finished_at: string;
             duration_ms: number | null;
+            /** @description What the attempt used, as the run's `usage` says of the attempt under way (absent on attempts recorded before 2026-11-25). */
+            usage?: {
+                steps: number;
+                model_turns: number;
+                seconds: number;
+                prompt_tokens?: number;
+                completion_tokens?: number;
+            };
         };
         /** @enum {string} */
         SessionKind: "multi_agent" | "autonomy" | "vibe";

@@ -7,6 +7,10 @@ import { compareIds, EVENTS_KEPT, ValidationError, withTimeout, type EventHub, t
 
 /** How long a stream waits to learn whether its reader missed trimmed events. */
 const NOTICE_DEADLINE_MS = 1000;
+/** What a stream holds for a reader beyond what its socket took, and what live events wait for it (see streamEvents). */
+const BUFFERED_MAX_BYTES = 1024 * 1024;
+/** Events read from the log at a time for a reader catching up: a step.output event may be 400 KB of JSON (64 KB of escaped text). */
+const CATCH_UP_PAGE = 10;
 
 /** The open streams of an app, so shutdown can end them: clients resume elsewhere with Last-Event-ID. */
 export class OpenStreams {
@@ -102,7 +106,8 @@ export async function streamEvents(req: Request, res: Response, opts: SseOptions
   let ended = false;
   let sub: { close(): void } | undefined;
   const heartbeat = setInterval(() => {
-    res.write(': heartbeat\n\n');
+    // a reader that is not reading has what it needs to know the stream is alive
+    if (!congested()) res.write(': heartbeat\n\n');
     // a store or Redis that does not answer is not a revocation: the stream goes on, and asks again
     req.stillAuthorized?.().then(
       (ok) => ok || end(),
@@ -115,20 +120,95 @@ export async function streamEvents(req: Request, res: Response, opts: SseOptions
     clearInterval(heartbeat);
     forget();
     sub?.close();
+    wake?.();
     res.end();
   };
   const forget = opts.streams.add(end);
   req.on('close', end);
+
+  // What a reader has not taken is held for it up to BUFFERED_MAX_BYTES, never more: a reader that does not
+  // keep up (or does not read at all) would otherwise hold the whole log in this process's memory, once per
+  // connection. Past that, nothing more is written until the socket drains, and what came meanwhile is read
+  // again from the log, a page at a time, from the last event written (what is still kept; the events are
+  // there, in order). Live events wait in `waiting`, bounded as well: when it overflows they are dropped and
+  // read from the log too.
+  const congested = () => res.writableLength > BUFFERED_MAX_BYTES;
+  let lastSent = opts.afterId;
   // after the scope's last event nothing more is sent, even what arrived in the same read
   let last = false;
-  const send = (e: ServiceEvent) => {
-    if (ended || last) return;
-    res.write(`id: ${opts.scope.eventId?.(e) ?? e.id}\nevent: ${opts.scope.eventName?.(e) ?? e.type}\ndata: ${JSON.stringify(e)}\n\n`);
+  let waiting: { e: ServiceEvent; frame: string }[] = [];
+  let waitingBytes = 0;
+  // the log has events this reader has not been sent and that are not in `waiting`: the replay, or an overflow
+  let fromLog = newest !== null && newest !== '0-0' && compareIds(newest, opts.afterId) > 0;
+  // counts overflows: a page read while one happened may miss what was dropped, and does not end the catch-up
+  let overflows = 0;
+  let pumping = false;
+  let wake: (() => void) | undefined;
+
+  const frameOf = (e: ServiceEvent) => `id: ${opts.scope.eventId?.(e) ?? e.id}\nevent: ${opts.scope.eventName?.(e) ?? e.type}\ndata: ${JSON.stringify(e)}\n\n`;
+  const write = (e: ServiceEvent, frame = frameOf(e)) => {
+    if (ended || last || compareIds(e.id, lastSent) <= 0) return;
+    lastSent = e.id;
+    res.write(frame);
     if (opts.scope.isLast(e)) {
       last = true;
       setImmediate(end);
     }
   };
-  sub = await opts.hub.subscribe(opts.scope.stream, opts.afterId, send);
+  const drained = () =>
+    new Promise<void>((resolve) => {
+      wake = resolve;
+      res.once('drain', resolve);
+    }).finally(() => (wake = undefined));
+  /** Writes what the reader has not had, in order, as fast as it reads. */
+  const pump = async () => {
+    if (pumping) return;
+    pumping = true;
+    try {
+      while (!ended && !last) {
+        if (congested()) {
+          await drained();
+          continue;
+        }
+        if (fromLog) {
+          const seen = overflows;
+          const page = await opts.hub.after(opts.scope.stream, lastSent, CATCH_UP_PAGE);
+          let i = 0;
+          // what the reader cannot take now is read again once it has (from the last event written)
+          for (; i < page.length && !congested(); i++) write(page[i]!);
+          // a short page written whole is the log's end: what came after it is in `waiting`, unless it overflowed meanwhile
+          if (i === page.length && page.length < CATCH_UP_PAGE && seen === overflows) fromLog = false;
+          continue;
+        }
+        const next = waiting.shift();
+        if (!next) break;
+        waitingBytes -= next.frame.length;
+        write(next.e, next.frame);
+      }
+    } catch {
+      // the log could not be read: the reader reconnects with Last-Event-ID and is sent the rest then
+      end();
+    } finally {
+      pumping = false;
+    }
+  };
+  const send = (e: ServiceEvent) => {
+    if (ended || last) return;
+    if (!fromLog && !pumping && !waiting.length && !congested()) return write(e);
+    const frame = frameOf(e);
+    waiting.push({ e, frame });
+    waitingBytes += frame.length;
+    if (waitingBytes > BUFFERED_MAX_BYTES) {
+      waiting = [];
+      waitingBytes = 0;
+      fromLog = true;
+      overflows++;
+    }
+    void pump();
+  };
+  // live from the log's newest event (what is before it is read at the reader's pace), or from the
+  // reader's own when the log's newest is not known
+  sub = await opts.hub.subscribe(opts.scope.stream, fromLog ? newest! : opts.afterId, send);
   if (ended) sub.close();
+  else void pump();
 }

@@ -17,19 +17,32 @@ export class CliError extends Error {
 
 export type Problem = { title?: string; detail?: string; code?: string; status?: number; errors?: { path?: string; message?: string }[] };
 
-/** An answer of the service other than 2xx. */
+/** An answer of the service other than 2xx. A 429 (too many requests) is the service's load, not the command's mistake: 5, as a 5xx. */
 export class ApiError extends CliError {
   constructor(
     readonly status: number,
     readonly problem: Problem,
+    /** the answer's Retry-After, in seconds, when it had one */
+    readonly retryAfterSeconds?: number,
   ) {
     const errors = (problem.errors ?? []).map((e) => `\n  ${e.path ? `${e.path}: ` : ''}${e.message ?? ''}`).join('');
     super(
       `${status} ${problem.code ?? problem.title ?? 'error'}: ${problem.detail ?? problem.title ?? ''}${errors}`,
-      status < 500 ? EXIT.usage : EXIT.unavailable,
+      status < 500 && status !== 429 ? EXIT.usage : EXIT.unavailable,
     );
   }
 }
+
+/** An answer's Retry-After in seconds (delta-seconds only); undefined without one. */
+function retryAfterOf(res: Response): number | undefined {
+  const value = Number(res.headers.get('retry-after') ?? NaN);
+  return Number.isFinite(value) && value >= 0 ? value : undefined;
+}
+
+/** Answers worth trying again while following a stream: the service busy, restarting or behind a proxy that is. */
+const RETRIED_STATUSES = new Set([429, 502, 503, 504]);
+/** The longest Retry-After a follower waits out in one go. */
+const RETRY_AFTER_MAX_MS = 60_000;
 
 /** A URL as it may be printed: without a user name or password. */
 function shownUrl(url: URL): string {
@@ -50,6 +63,9 @@ export type RequestOptions = {
 export const DEFAULT_IDLE_MS = 45_000;
 
 export type ServiceEvent = { id: string; type: string; data: Record<string, any>; at?: string; run_id?: string };
+
+/** A stream answered 204: nothing more will come of it. */
+const NOTHING_MORE = Symbol('nothing more');
 
 export class ApiClient {
   constructor(
@@ -101,7 +117,7 @@ export class ApiClient {
       } catch {
         // not JSON: a proxy's page, say; the status says enough
       }
-      throw new ApiError(res.status, problem);
+      throw new ApiError(res.status, problem, retryAfterOf(res));
     }
     try {
       return (text ? JSON.parse(text) : null) as T;
@@ -113,7 +129,9 @@ export class ApiClient {
   /**
    * Reads a server-sent event stream to its end, reconnecting with Last-Event-ID whenever the connection
    * drops before `isLast` says the last event came, or when nothing (not even the service's heartbeat) came
-   * for `idleMs`. Gives up after `reconnectForMs` without a connection.
+   * for `idleMs`; a 429 or 502-504 is tried again after its Retry-After. Gives up after `reconnectForMs`
+   * without a connection. Returns the last event; null when the service answers 204, that nothing more will
+   * come (the stream's end was sent before, or its events are no longer kept): the resource says how it ended.
    */
   async follow(
     path: string,
@@ -125,28 +143,31 @@ export class ApiClient {
       idleMs?: number;
       signal?: AbortSignal;
     },
-  ): Promise<ServiceEvent> {
+  ): Promise<ServiceEvent | null> {
     let lastId: string | undefined;
     let failingSince: number | undefined;
     for (let attempt = 0; ; attempt++) {
       let why: string;
+      let waitMs = Math.min(250 * 2 ** Math.min(attempt, 5), 5000);
       try {
         const last = await this.readStream(path, lastId, opts, (id) => {
           lastId = id;
           failingSince = undefined;
         });
+        if (last === NOTHING_MORE) return null;
         if (last) return last;
         why = 'the stream ended early';
       } catch (err) {
-        if (err instanceof ApiError && err.status !== 503 && err.status !== 502 && err.status !== 504) throw err;
+        if (err instanceof ApiError && !RETRIED_STATUSES.has(err.status)) throw err;
         if (opts.signal?.aborted) throw err;
         why = (err as Error).message;
+        if (err instanceof ApiError && err.retryAfterSeconds !== undefined) waitMs = Math.min(err.retryAfterSeconds * 1000, RETRY_AFTER_MAX_MS);
       }
       failingSince ??= Date.now();
       if (Date.now() - failingSince > (opts.reconnectForMs ?? 120_000))
         throw new CliError(`lost the event stream and could not reconnect: ${why}`, EXIT.unavailable);
       opts.onReconnect?.(attempt + 1, why);
-      await new Promise((r) => setTimeout(r, Math.min(250 * 2 ** Math.min(attempt, 5), 5000)));
+      await new Promise((r) => setTimeout(r, waitMs));
     }
   }
 
@@ -155,7 +176,7 @@ export class ApiClient {
     lastId: string | undefined,
     opts: { isLast: (e: ServiceEvent) => boolean; onEvent: (e: ServiceEvent) => void; idleMs?: number },
     seen: (id: string) => void,
-  ): Promise<ServiceEvent | null> {
+  ): Promise<ServiceEvent | typeof NOTHING_MORE | null> {
     // a service that froze, or a connection that died without a word (a NAT mapping or a proxy dropped it),
     // sends nothing, not even its heartbeat: without a deadline the read waits for the kernel's own, minutes
     // later. Nothing for idleMs, from the request to its answer's headers or between two reads, ends the
@@ -172,8 +193,9 @@ export class ApiClient {
       const res = await this.send('GET', path, { signal: silence.signal }, { accept: 'text/event-stream', ...(lastId ? { 'last-event-id': lastId } : {}) });
       if (!res.ok) {
         const problem = (await res.json().catch(() => ({ title: res.statusText }))) as Problem;
-        throw new ApiError(res.status, problem);
+        throw new ApiError(res.status, problem, retryAfterOf(res));
       }
+      if (res.status === 204) return NOTHING_MORE;
       if (!res.body) return null;
       let last: ServiceEvent | null = null;
       const parser = createParser({

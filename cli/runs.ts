@@ -123,7 +123,10 @@ export async function watchRun(client: ApiClient, o: Output, run: Run, opts: Wat
   // CI cancels a job with SIGTERM (GitLab, Buildkite) or SIGINT then SIGTERM (GitHub Actions): both interrupt
   for (const signal of INTERRUPTS) process.on(signal, handler);
   try {
-    const last = await client.follow(`/api/v1/autonomy/streaming/${run.session_id}/events`, {
+    // a session task's run shares its session's log with the other tasks' runs: the run session stream ends at
+    // the first of their ends, the session's trace goes on (the tool stops at this run's own)
+    const stream = run.kind === 'session_task' ? `/api/v1/sessions/${run.session_id}/trace` : `/api/v1/autonomy/streaming/${run.session_id}/events`;
+    const last = await client.follow(stream, {
       isLast: (e) => e.type === 'run.finished' && (!e.run_id || e.run_id === run.id),
       onEvent: (e) => {
         if (!o.json && (!e.run_id || e.run_id === run.id)) print(e);
@@ -131,8 +134,27 @@ export async function watchRun(client: ApiClient, o: Output, run: Run, opts: Wat
       onReconnect: (attempt, why) => o.err(`(event stream dropped: ${why}; reconnecting, try ${attempt})\n`, 'dim'),
       idleMs: opts.idleTimeout === undefined ? undefined : opts.idleTimeout * 1000,
     });
-    if (o.json) o.printJson(await client.request('GET', `/api/v1/runs/${run.id}`));
-    return exitCodeOf(String(last.data.status));
+    if (last) {
+      if (o.json) o.printJson(await client.request('GET', `/api/v1/runs/${run.id}`));
+      return exitCodeOf(String(last.data.status));
+    }
+    // the service has no more events of the run (its log is kept 7 days, and Redis may lose it): the run
+    // itself says how it ended
+    const now = await client.request<Run>('GET', `/api/v1/runs/${run.id}`);
+    if (FINAL[now.status] === undefined)
+      throw new CliError(
+        `the service sends no more events of run ${run.id}, which is ${now.status}; look again with: automation-service runs get ${run.id}`,
+        EXIT.unavailable,
+      );
+    if (o.json) o.printJson(now);
+    else
+      print({
+        id: '',
+        type: 'run.finished',
+        run_id: run.id,
+        data: { status: now.status, duration_ms: now.duration_ms, summary: now.summary, error: now.error },
+      });
+    return exitCodeOf(now.status);
   } finally {
     for (const signal of INTERRUPTS) process.off(signal, handler);
   }

@@ -25,6 +25,8 @@ export type EventLog = {
   append(scope: string, event: NewEvent): Promise<ServiceEvent>;
   /** events after `afterId` (exclusive), oldest first */
   after(scope: string, afterId: string, count?: number): Promise<ServiceEvent[]>;
+  /** Up to `count` events after `afterId` (exclusive) and up to `before` (`+`, an id, or `(id` for exclusive), newest first. */
+  newestFirst(scope: string, afterId: string, before: string, count: number): Promise<ServiceEvent[]>;
   /**
    * When events after `afterId` are no longer kept (the log keeps its last EVENTS_KEPT), the id of the
    * first event still kept (`0-0` when none is); null when nothing after `afterId` was dropped.
@@ -33,6 +35,9 @@ export type EventLog = {
   /** The id of the newest event the log holds; `0-0` when it holds none. */
   lastId(scope: string): Promise<string>;
 };
+
+/** Events anyAfter reads at a time. */
+const ANY_AFTER_PAGE = 20;
 
 /** How many events a log keeps at least (it trims in steps of TRIM_STEP): the oldest go first. */
 export const EVENTS_KEPT = 10_000;
@@ -71,6 +76,10 @@ export function createEventLog(redis: Redis, prefix: string, clock: { now(): Dat
     },
     async after(scope, afterId, count = 1000) {
       const entries = (await redis.xrange(key(scope), `(${afterId}`, '+', 'COUNT', count)) as [string, string[]][];
+      return parseEntries(entries);
+    },
+    async newestFirst(scope, afterId, before, count) {
+      const entries = (await redis.xrevrange(key(scope), before, `(${afterId}`, 'COUNT', count)) as [string, string[]][];
       return parseEntries(entries);
     },
     async droppedAfter(scope, afterId) {
@@ -122,17 +131,24 @@ export class EventHub {
     return this.log.lastId(scope);
   }
 
+  /** See EventLog.after: a page of the log, for a reader that reads it at its own pace. */
+  after(scope: string, afterId: string, count: number): Promise<ServiceEvent[]> {
+    return this.log.after(scope, afterId, count);
+  }
+
   /**
    * True when an event after `afterId` (exclusive) in the scope's log matches. Asked before a stream is
    * opened: without Redis it is a 503 the client retries (redisOrUnavailable), not a request held open.
    */
   anyAfter(scope: string, afterId: string, match: (e: ServiceEvent) => boolean): Promise<boolean> {
     return redisOrUnavailable(this.redis, 'reading the event log', async () => {
-      for (let after = afterId; ;) {
-        const page = await this.log.after(scope, after);
+      // newest first, a few at a time: what is looked for is a scope's end, among its last events, and a
+      // page of a long log (its step.output events up to 400 KB each) is never held whole
+      for (let before = '+'; ;) {
+        const page = await this.log.newestFirst(scope, afterId, before, ANY_AFTER_PAGE);
         if (page.some(match)) return true;
-        if (page.length < 1000) return false;
-        after = page.at(-1)!.id;
+        if (page.length < ANY_AFTER_PAGE) return false;
+        before = `(${page.at(-1)!.id}`;
       }
     });
   }

@@ -185,6 +185,8 @@ export type AttemptRecord = {
   started_at: string | null;
   finished_at: string;
   duration_ms: number | null;
+  /** what the attempt used (absent on attempts recorded before 2026-11-25) */
+  usage?: Run['usage'];
 };
 
 /**

@@ -77,13 +77,33 @@ function unlessStuck<T>(work: Promise<T>, signal: AbortSignal): Promise<T> {
   });
 }
 
-/** The longest start of `text` that is at most `max` bytes of UTF-8, cut between characters. */
-function utf8Prefix(text: string, max: number): string {
-  const bytes = Buffer.from(text, 'utf8');
-  let end = max;
-  // the first byte left out continues a character (10xxxxxx): that character is left out whole
-  while (end > 0 && (bytes[end]! & 0xc0) === 0x80) end--;
-  return bytes.toString('utf8', 0, end);
+/** What JSON escapes in a string: quotes, backslashes and control characters (up to six times their size). */
+const ESCAPED_IN_JSON = /["\\\u0000-\u001f]/;
+
+/** The bytes `text` takes in the event log: as the content of a JSON string, in UTF-8. */
+function jsonBytes(text: string): number {
+  // most output has nothing to escape: its size is its UTF-8 size, without making its JSON
+  return ESCAPED_IN_JSON.test(text) ? Buffer.byteLength(JSON.stringify(text)) - 2 : Buffer.byteLength(text);
+}
+
+/** The bytes one character (a code point) takes in a JSON string, in UTF-8: as JSON.stringify writes it. */
+function jsonCharBytes(ch: string): number {
+  const code = ch.codePointAt(0)!;
+  if (ch === '"' || ch === '\\' || ch === '\b' || ch === '\f' || ch === '\n' || ch === '\r' || ch === '\t') return 2;
+  if (code < 0x20 || (code >= 0xd800 && code <= 0xdfff)) return 6; // \u00XX, and a lone surrogate's \uXXXX
+  return code < 0x80 ? 1 : code < 0x800 ? 2 : code < 0x10000 ? 3 : 4;
+}
+
+/** The longest start of `text` that is at most `max` bytes as the content of a JSON string, cut between characters. */
+function jsonPrefix(text: string, max: number): string {
+  let used = 0;
+  let end = 0;
+  for (const ch of text) {
+    used += jsonCharBytes(ch);
+    if (used > max) break;
+    end += ch.length;
+  }
+  return text.slice(0, end);
 }
 
 export type Attempt = ReturnType<typeof startAttempt>;
@@ -287,7 +307,7 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
   }
 
   let attemptStreamed = 0;
-  /** Coalesces output chunks into step.output events (every 50 ms or 16 KB), up to 1 MB a step and 8 MB an attempt (of UTF-8). */
+  /** Coalesces output chunks into step.output events (every 50 ms or 16 KB), up to 1 MB a step and 8 MB an attempt (of JSON text, in UTF-8). */
   function outputStreamer(step: StepRecord) {
     const pending: Record<'stdout' | 'stderr', string> = { stdout: '', stderr: '' };
     let pendingBytes = 0;
@@ -308,10 +328,11 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
       push(stream: 'stdout' | 'stderr', text: string) {
         const room = Math.min(STREAMED_MAX_BYTES - streamed, ATTEMPT_STREAMED_MAX_BYTES - attemptStreamed);
         if (room <= 0) return;
-        let bytes = Buffer.byteLength(text);
+        // counted as the log keeps it: JSON, where a control character takes six bytes
+        let bytes = jsonBytes(text);
         let piece = text;
         if (bytes > room) {
-          piece = utf8Prefix(text, room);
+          piece = jsonPrefix(text, room);
           // the cut takes all the room left, though a shorter character might fit: what streams stays a prefix of the output
           bytes = room;
         }

@@ -79,9 +79,9 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
     }
   }
 
-  /** Puts an interrupted attempt back in the queue; the steps it changed are written once, with it. */
-  async function interrupted(run: Run, reason: string, steps: StepRecord[]): Promise<Settled> {
-    return (await settle(() => transitions.interrupt(run, reason, steps))) ? { run, next: 'interrupted' } : null;
+  /** Puts an interrupted attempt back in the queue; the steps it changed are written once, with it, and what it used is kept. */
+  async function interrupted(run: Run, reason: string, steps: StepRecord[], usage: Run['usage']): Promise<Settled> {
+    return (await settle(() => transitions.interrupt(run, reason, steps, usage))) ? { run, next: 'interrupted' } : null;
   }
 
   async function execute(runId: string, tenantId: string, attempt: number): Promise<Settled> {
@@ -166,11 +166,11 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
       const work: WorkOutcome = missing ? { summary: missing.message, error: missing } : await program(a);
       const stop = a.stopReason();
       if (stop?.status === 'interrupted') {
-        return await interrupted(run, stop.error.message, a.close()).finally(a.drained);
+        return await interrupted(run, stop.error.message, a.close(), a.usage).finally(a.drained);
       }
       if (!stop && work.error && (await cutByShutdown(a.steps))) {
         log.warn({ run_id: runId }, 'a step was killed as the worker shut down; the run goes back to the queue');
-        return await interrupted(run, 'the worker shut down (its machine was stopped)', a.close()).finally(a.drained);
+        return await interrupted(run, 'the worker shut down (its machine was stopped)', a.close(), a.usage).finally(a.drained);
       }
       const status = stop?.status ?? (work.error ? 'failed' : 'succeeded');
       const error = stop?.error ?? work.error ?? null;
@@ -184,7 +184,7 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
     } catch (err) {
       const stop = a.stopReason();
       if (stop?.status === 'interrupted') {
-        return await interrupted(run, stop.error.message, a.close()).finally(a.drained);
+        return await interrupted(run, stop.error.message, a.close(), a.usage).finally(a.drained);
       }
       if (stop) {
         // stopped in the middle of work that is not a step (a vibe run's copy or diff): the stop says how it

@@ -137,7 +137,15 @@ export function transitionsOf(deps: TransitionsDeps) {
 
   const elapsed = (run: Run, at: Date) => at.getTime() - new Date(run.started_at ?? run.created_at).getTime();
 
-  const attemptRecord = (run: Run, outcome: AttemptRecord['outcome'], status: RunStatus, error: ErrorInfo | null, at: Date): AttemptRecord => ({
+  /** `usage`: what the attempt used, kept with it when the run goes on to another attempt (which starts from nothing) */
+  const attemptRecord = (
+    run: Run,
+    outcome: AttemptRecord['outcome'],
+    status: RunStatus,
+    error: ErrorInfo | null,
+    at: Date,
+    usage: Run['usage'],
+  ): AttemptRecord => ({
     attempt: run.attempt,
     outcome,
     status,
@@ -145,6 +153,7 @@ export function transitionsOf(deps: TransitionsDeps) {
     started_at: run.started_at,
     finished_at: at.toISOString(),
     duration_ms: run.started_at ? elapsed(run, at) : null,
+    usage,
   });
 
   /**
@@ -210,7 +219,7 @@ export function transitionsOf(deps: TransitionsDeps) {
         {
           status: 'queued',
           attempt: run.attempt + 1,
-          attempts: [...run.attempts, attemptRecord(run, outcome === 'lost' ? 'lost' : 'retried', status, error, at)],
+          attempts: [...run.attempts, attemptRecord(run, outcome === 'lost' ? 'lost' : 'retried', status, error, at, changes.usage ?? run.usage)],
           started_at: null,
           usage: { steps: 0, model_turns: 0, seconds: 0 },
           error,
@@ -233,7 +242,7 @@ export function transitionsOf(deps: TransitionsDeps) {
       {
         ...changes,
         status,
-        ...(outcome === 'lost' ? { attempts: [...run.attempts, attemptRecord(run, 'lost', status, error, at)] } : {}),
+        ...(outcome === 'lost' ? { attempts: [...run.attempts, attemptRecord(run, 'lost', status, error, at, changes.usage ?? run.usage)] } : {}),
         finished_at: at.toISOString(),
         duration_ms: elapsed(run, at),
       },
@@ -404,7 +413,7 @@ export function transitionsOf(deps: TransitionsDeps) {
      * running -> queued as attempt + 1, at once: the worker is going away (a deploy), which is not the
      * run's failure and does not count against its retry policy. The slot stays held.
      */
-    async interrupt(run: Run, reason: string, steps: StepRecord[] = []): Promise<Run | null> {
+    async interrupt(run: Run, reason: string, steps: StepRecord[] = [], usage: Run['usage'] = run.usage): Promise<Run | null> {
       const at = clock.now();
       const requeued = await store.runs.update(
         run.tenant_id,
@@ -412,7 +421,7 @@ export function transitionsOf(deps: TransitionsDeps) {
         {
           status: 'queued',
           attempt: run.attempt + 1,
-          attempts: [...run.attempts, attemptRecord(run, 'interrupted', 'running', null, at)],
+          attempts: [...run.attempts, attemptRecord(run, 'interrupted', 'running', null, at, { ...usage, seconds: elapsed(run, at) / 1000 })],
           started_at: null,
           usage: { steps: 0, model_turns: 0, seconds: 0 },
         },

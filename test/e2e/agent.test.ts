@@ -166,6 +166,26 @@ describe('agent runs', function () {
       expect(new Date(run.finished_at).getTime() - new Date(run.started_at).getTime()).to.be.below(8000);
     });
   });
+  it('keeps what each retried attempt used (its tool calls and model tokens), not only the last attempt’s', async () => {
+    // attempt 1: a turn with a tool call, then the endpoint refuses (400): the attempt fails; attempt 2 answers
+    const script: ScriptedTurn[] = [{ tool_calls: [{ name: 'message', args: { text: 'one' } }] }, { status: 400 }, { content: 'Done.' }];
+    await withAgent(
+      script,
+      async (h) => {
+        const res = await h.call<RunBody>('POST', '/api/v1/autonomy/run', {
+          body: { goal: 'say one', tools: ['message'], retry: { attempts: 2, backoff: { type: 'fixed', delay_ms: 50 } } },
+        });
+        expect(res.status, res.text).to.equal(202);
+        const run = await finished(h, res.body.run_id);
+        expect(run.status, JSON.stringify(run.error)).to.equal('succeeded');
+        expect(run.usage).to.deep.include({ steps: 0, model_turns: 1, prompt_tokens: 10, completion_tokens: 5 });
+        // the tokens the first attempt spent had been dropped with its usage when it was retried
+        expect(run.attempts[0].usage).to.deep.include({ steps: 1, model_turns: 1, prompt_tokens: 10, completion_tokens: 5 });
+        expect(run.attempts[0].usage.seconds).to.be.above(0);
+      },
+      { SERVICE_AGENT_MAX_RETRIES: '0' },
+    );
+  });
 });
 
 describe('vibe runs', function () {

@@ -177,6 +177,44 @@ describe('the command-line tool (built) against a service', function () {
     expect(usage.stderr).to.contain('give --step');
   });
 
+  it('runs watch of a run whose events are gone (kept 7 days, or Redis lost them) exits with the run’s own status at once', async () => {
+    const started = await cli(['run', '--step', 'shell:exit 3', '--wait', '--json']).done;
+    const run = JSON.parse(started.stdout) as { id: string; session_id: string };
+    expect(started.code, started.stderr).to.equal(1);
+    await h.rt.redis.del(h.rt.events.key(`session:${run.session_id}`));
+    const watcher = cli(['runs', 'watch', run.id]);
+    // it had reconnected to the empty stream (a 204: nothing more will come) for two minutes, then exited 5
+    const stuck = setTimeout(() => watcher.signal('SIGKILL'), 15_000);
+    const watched = await watcher.done;
+    clearTimeout(stuck);
+    expect(watched.code, watched.stdout + watched.stderr).to.equal(1);
+    expect(watched.stdout).to.match(new RegExp(`run ${run.id} failed in`));
+    expect(watched.stderr).not.to.contain('reconnecting');
+  });
+
+  it('runs watch of a session task’s run follows it to its end without dropping at another task’s end', async () => {
+    const session = (await h.call('POST', '/api/v1/sessions', { body: { title: 'two tasks' } })).body;
+    await h.call('POST', `/api/v1/sessions/${session.id}/tasks`, {
+      body: {
+        tasks: [
+          { id: 'quick', steps: [{ tool: 'message', args: { text: 'quick' } }] },
+          { id: 'slow', steps: [{ tool: 'shell', args: { command: 'sleep 1; echo slow-done' } }] },
+        ],
+      },
+    });
+    const slow = await eventually(async () => {
+      const tasks = (await h.call('GET', `/api/v1/sessions/${session.id}/tasks`)).body.data as { id: string; run_ids: string[] }[];
+      return tasks.find((t) => t.id === 'slow')?.run_ids[0];
+    }, 'the slow task’s run');
+    const watched = await cli(['runs', 'watch', slow]).done;
+    expect(watched.code, watched.stdout + watched.stderr).to.equal(0);
+    expect(watched.stdout)
+      .to.contain('slow-done')
+      .and.match(new RegExp(`run ${slow} succeeded in`));
+    // the run session's stream ends at the first run.finished of any of the session's runs: it had reconnected after each
+    expect(watched.stderr).not.to.contain('reconnecting');
+  });
+
   it('derives the Idempotency-Key from the CI job: the same job and request return the first run', async () => {
     const ci = { GITHUB_ACTIONS: 'true', GITHUB_RUN_ID: `${Date.now()}`, GITHUB_RUN_ATTEMPT: '1', GITHUB_JOB: 'test', GITHUB_REPOSITORY: 'acme/api' };
     const args = ['run', '--step', 'shell:true', '--json'];
@@ -257,6 +295,33 @@ describe('the command-line tool (built) against stub servers', function () {
       .and.match(/run run_x succeeded/);
     expect(stderr.match(/event stream dropped: the service sent nothing for 1 s; reconnecting/g)).to.have.length(2);
     expect(resumedFrom).to.deep.equal([undefined, '1', '1']);
+  });
+
+  it('--wait waits out a 429 on the event stream for its Retry-After and goes on; a 429 elsewhere exits 5, not 2', async () => {
+    let streams = 0;
+    const url = await stub((req, res) => {
+      if (req.method === 'POST') return json(res, 202, { run_id: 'run_x', session_id: 'ses_x', status: 'queued' });
+      if (req.url?.startsWith('/api/v1/runs')) {
+        res.setHeader('retry-after', '1');
+        return json(res, 429, { title: 'Too Many Requests', status: 429, code: 'rate-limited', detail: 'over the tenant’s requests a minute' });
+      }
+      if (++streams === 1) {
+        res.setHeader('retry-after', '1');
+        return json(res, 429, { title: 'Too Many Requests', status: 429, code: 'rate-limited', detail: 'over the tenant’s requests a minute' });
+      }
+      sse(res);
+      res.end(event(1, 'run.finished', { status: 'succeeded', duration_ms: 5 }));
+    });
+    const [waited, listed] = await Promise.all([
+      spawnCli(['run', '--step', 'shell:true', '--wait', '--url', url], {}).done,
+      spawnCli(['runs', 'list', '--url', url], {}).done,
+    ]);
+    // it had exited 2, "usage or auth error", at the first 429 while it followed the run
+    expect(waited.code, waited.stdout + waited.stderr).to.equal(0);
+    expect(waited.stdout).to.match(/run run_x succeeded/);
+    expect(streams).to.equal(2);
+    expect(listed.code, listed.stderr).to.equal(5);
+    expect(listed.stderr).to.contain('429 rate-limited');
   });
 
   it('a second Ctrl-C at the cancel prompt leaves the run going and exits 130', async () => {

@@ -365,4 +365,19 @@ describe('autonomy runs', function () {
     expect(run.steps[0].output.truncated).to.equal(true);
     expect(run.steps[0].output.stdout === '€'.repeat(21_845)).to.equal(true);
   });
+
+  it('counts a step’s streamed output as the event log stores it (JSON): control characters escaped six times larger count six times', async () => {
+    // 1.2 MB of \u0001: 7.2 MB as JSON, where the bound is 1 MB a step (8 MB an attempt) of what the shared Redis keeps
+    const res = await start({ steps: [{ tool: 'shell', args: { command: "head -c 1200000 /dev/zero | tr '\\0' '\\001'; echo; echo after" } }] });
+    const run = await finished(res.body.run_id);
+    expect(run.status, JSON.stringify(run.error)).to.equal('succeeded');
+    const texts = (await h.rt.events.after(`session:${run.session_id}`, '0-0', 10_000))
+      .filter((e) => e.type === 'step.output')
+      .map((e) => (e.data as { text: string }).text);
+    const stored = texts.reduce((n, t) => n + Buffer.byteLength(JSON.stringify(t)) - 2, 0);
+    expect(stored, 'bytes of JSON streamed').to.be.at.most(1024 * 1024);
+    // a prefix of the output, of all the room it had: 174,762 characters of 6 bytes
+    const joined = texts.join('');
+    expect(joined === '\u0001'.repeat(174_762), `${joined.length} characters streamed`).to.equal(true);
+  });
 });

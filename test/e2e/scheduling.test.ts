@@ -194,6 +194,9 @@ describe('scheduling', function () {
       );
       expect(run).to.deep.include({ status: 'succeeded', attempt: 2 });
       expect(run.attempts.map((a: RunBody) => a.outcome)).to.deep.equal(['interrupted']);
+      // what the interrupted attempt used is kept with it: its step, and its time
+      expect(run.attempts[0].usage).to.deep.include({ steps: 1, model_turns: 0 });
+      expect(run.attempts[0].usage.seconds).to.be.above(0);
       expect(run.steps[0].output.stdout).to.equal('second\n');
       const events = await h.rt.events.after(`session:${run.session_id}`, '0-0');
       expect(events.map((e) => e.type)).to.include('run.interrupted');

@@ -1,5 +1,6 @@
 // The run session stream through a real SSE client (the eventsource package), including a reconnect
 // in the middle of a run, and the POST that answers with the stream itself.
+import net from 'node:net';
 import { expect } from 'chai';
 import { EventSource } from 'eventsource';
 import { compareIds } from '../../engine/platform/events.js';
@@ -142,6 +143,51 @@ describe('run session streams', function () {
     const text = await res.text();
     expect(text).to.contain(': heartbeat');
     expect(text).to.contain('event: run.finished');
+  });
+
+  it('holds about 1 MB for a reader that stops reading, live or replaying, and sends it every event in order once it reads', async () => {
+    const onServer: net.Socket[] = [];
+    const track = (s: net.Socket) => onServer.push(s);
+    h.web.server.on('connection', track);
+    /** A stream read by nobody until read() is called: its socket is paused, so the server's writes back up. */
+    const unread = (sessionId: string) => {
+      const s = net.connect(Number(new URL(h.url).port), '127.0.0.1');
+      s.on('error', () => undefined);
+      s.write(`GET /api/v1/autonomy/streaming/${sessionId}/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${KEYS.a}\r\nConnection: close\r\n\r\n`);
+      s.pause();
+      return () =>
+        new Promise<string[]>((resolve) => {
+          let text = '';
+          s.setEncoding('utf8');
+          s.on('data', (d: string) => {
+            text += d;
+            // the response's last chunk (the stream ends after run.finished; the connection is kept alive)
+            if (!text.endsWith('\r\n0\r\n\r\n')) return;
+            s.destroy();
+            resolve([...text.matchAll(/(?:^|\n)id: (\d+-\d+)\n/g)].map((m) => m[1]!));
+          });
+          s.resume();
+        });
+    };
+    try {
+      // each big step streams its 1 MB of output, six times larger as JSON (\u0001): about 12 MB of frames in all
+      const big = { tool: 'shell', args: { command: "head -c 1000000 /dev/zero | tr '\\0' '\\001'" } };
+      const { body } = await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'sleep 0.5' } }, big, big] } });
+      const live = unread(body.session_id);
+      const scope = `session:${body.session_id}`;
+      await eventually(async () => (await h.rt.events.after(scope, '0-0')).some((e) => e.type === 'run.finished'), 'the run to end', 20_000);
+      const replaying = unread(body.session_id);
+      await new Promise((r) => setTimeout(r, 1000));
+      const held = onServer.map((s) => s.writableLength);
+      expect(Math.max(...held), `bytes held for each reader: ${held.join(', ')}`).to.be.below(3 * 1024 * 1024);
+      const log = (await h.rt.events.after(scope, '0-0', 5000)).map((e) => e.id);
+      const upTo = log.indexOf((await h.rt.events.after(scope, '0-0', 5000)).find((e) => e.type === 'run.finished')!.id);
+      const [liveIds, replayedIds] = await Promise.all([live(), replaying()]);
+      expect(liveIds).to.deep.equal(log.slice(0, upTo + 1));
+      expect(replayedIds).to.deep.equal(log.slice(0, upTo + 1));
+    } finally {
+      h.web.server.off('connection', track);
+    }
   });
 
   it('answers POST with stream: true as the run’s own SSE stream until it ends', async () => {
