@@ -304,6 +304,8 @@ export function tasksOf(deps: TasksDeps) {
       if (before[k] !== undefined || run[k] !== undefined) sum[k] = (before[k] ?? 0) + (run[k] ?? 0);
     return sum;
   };
+  /** What a run used over all its attempts: each earlier attempt (retried, lost or interrupted) keeps its own usage. */
+  const runUsage = (run: Run): Run['usage'] => run.attempts.reduce((sum, a) => (a.usage && a.attempt < run.attempt ? sumUsage(a.usage, sum) : sum), run.usage);
 
   /**
    * The task's next run, which continues the conversation of the run that asked; the answer is in its
@@ -414,7 +416,7 @@ export function tasksOf(deps: TasksDeps) {
     const ref = { tenant_id: run.tenant_id, session_id: run.session_id, id: run.trigger.task_id };
     // what the task's earlier runs used (a run that continues it adds to that)
     const before = run.trigger.continues ? taskUsage((await store.tasks.get(ref.tenant_id, ref.session_id, ref.id)) ?? ({} as TaskRecord)) : {};
-    const usage = sumUsage(before, run.usage);
+    const usage = sumUsage(before, runUsage(run));
     const asked = run.status === 'succeeded' ? run.result?.input_required : undefined;
     if (asked) {
       // the task waits, holding no worker; it has not ended, so Redis keeps it running and releases nobody

@@ -42,6 +42,22 @@ const text = (s: string) => [{ type: 'text', text: s }];
 describe('agents of a session', function () {
   this.timeout(30_000);
 
+  it('sums what every attempt of a task’s run used, a failed attempt’s tokens and steps included', async () => {
+    // attempt 1: a turn with a tool call, then the endpoint refuses (400) and the attempt fails; attempt 2 answers
+    const script: ScriptedTurn[] = [{ tool_calls: [{ name: 'message', args: { text: 'one' } }] }, { status: 400 }, { content: 'Done.' }];
+    await withAgents(script, async (h, _model, session) => {
+      const worker = await agent(h, session, { name: 'worker', tool_allowlist: ['message'] });
+      await task(h, session, { id: 'retried', goal: 'say one', agent_id: worker.id, max_attempts: 2 });
+      const done = await sessionWhen(h, session, (s) => s.outcome !== null, 'the task to end');
+      const t = done.tasks[0];
+      expect(t.status, JSON.stringify(t.output)).to.equal('succeeded');
+      expect((await finishedRun(h, t.run_ids[0])).attempts).to.have.length(1);
+      // two model calls of 10 prompt tokens each (one per attempt), and the first attempt's tool call
+      expect(t.output.usage).to.deep.include({ steps: 1, model_turns: 2, prompt_tokens: 20, completion_tokens: 10 });
+      expect(done.usage).to.deep.equal({ prompt_tokens: 20, completion_tokens: 10 });
+    });
+  });
+
   it('calls the agent’s own model, and reads a message injected while it runs before its next model call', async () => {
     let release!: () => void;
     const gate = new Promise<void>((r) => (release = r));
