@@ -60,7 +60,8 @@ export type Config = {
   /** a worker process's own /metrics and /healthz port (SERVICE_WORKER_METRICS_PORT); unset: none */
   workerMetricsPort: number | undefined;
   shutdownGraceSeconds: number;
-  runBudget: { defaultSeconds: number; maxSeconds: number };
+  /** defaultMaxSteps: the tool calls an attempt of a run with a goal may make when it names no max_steps */
+  runBudget: { defaultSeconds: number; maxSeconds: number; defaultMaxSteps: number };
   workerConcurrency: number;
   /** gates one worker process runs at once */
   gatesConcurrency: number;
@@ -332,6 +333,7 @@ const schema = z.object({
   SERVICE_SHUTDOWN_GRACE_SECONDS: int(10, 1, 3600), // at least 1 s for interrupted runs to go back to the queue before the exit
   SERVICE_RUN_DEFAULT_BUDGET_SECONDS: int(600, 1, 86_400),
   SERVICE_RUN_MAX_BUDGET_SECONDS: int(3600, 1, 86_400),
+  SERVICE_RUN_DEFAULT_MAX_STEPS: int(200, 1, 10_000),
   SERVICE_WORKER_CONCURRENCY: int(10, 1, 1000),
   SERVICE_GATES_CONCURRENCY: int(4, 1, 100),
   SERVICE_HTTP_ALLOW_PRIVATE: flag,
@@ -474,7 +476,11 @@ export function parseEnv(env: Record<string, string | undefined>): Config {
     logLevel: e.LOG_LEVEL,
     workerMetricsPort: e.SERVICE_WORKER_METRICS_PORT || undefined,
     shutdownGraceSeconds: e.SERVICE_SHUTDOWN_GRACE_SECONDS,
-    runBudget: { defaultSeconds: e.SERVICE_RUN_DEFAULT_BUDGET_SECONDS, maxSeconds: e.SERVICE_RUN_MAX_BUDGET_SECONDS },
+    runBudget: {
+      defaultSeconds: e.SERVICE_RUN_DEFAULT_BUDGET_SECONDS,
+      maxSeconds: e.SERVICE_RUN_MAX_BUDGET_SECONDS,
+      defaultMaxSteps: e.SERVICE_RUN_DEFAULT_MAX_STEPS,
+    },
     workerConcurrency: e.SERVICE_WORKER_CONCURRENCY,
     gatesConcurrency: e.SERVICE_GATES_CONCURRENCY,
     httpAllowPrivate: e.SERVICE_HTTP_ALLOW_PRIVATE,

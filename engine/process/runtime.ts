@@ -198,6 +198,7 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
       sandbox,
       limits: {
         defaultBudgetSeconds: config.runBudget.defaultSeconds,
+        defaultAgentMaxSteps: config.runBudget.defaultMaxSteps,
         maxBudgetSeconds: config.runBudget.maxSeconds,
         cronMinIntervalSeconds: config.cronMinIntervalSeconds,
         tenantMaxAutomations: config.tenantMaxAutomations,

@@ -66,6 +66,8 @@ export type RunRequest = {
 export type RunLimits = {
   defaultBudgetSeconds: number;
   maxBudgetSeconds: number;
+  /** the tool calls an attempt of a run with a goal (the agent plans) may make when it names no max_steps (absent: no bound) */
+  defaultAgentMaxSteps?: number;
   /** the shortest interval an automation's cron trigger may fire at (absent: any) */
   cronMinIntervalSeconds?: number;
   /** the most automations a tenant keeps, archived ones aside (absent: any) */
@@ -158,6 +160,8 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
   /** `alongside` stores a record that goes with this run in the run's own commit (its idempotency key). */
   async function create(tenantId: string, req: RunRequest, id = newId('run'), after?: AfterStored, alongside?: RunCompanion): Promise<Run> {
     const { steps, goal, seconds, tool_allowlist, network, workspace } = await admit(tenantId, req);
+    // an agent's loop is bounded by its steps as well as its time: each step is kept with the run
+    const maxSteps = req.max_steps ?? (goal ? limits.defaultAgentMaxSteps : undefined);
     const run: Run = {
       id,
       tenant_id: tenantId,
@@ -173,7 +177,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       network,
       ...(req.connections && Object.keys(req.connections).length ? { connections: req.connections } : {}),
       sandbox: null,
-      budget: req.max_steps === undefined ? { seconds } : { seconds, max_steps: req.max_steps },
+      budget: maxSteps === undefined ? { seconds } : { seconds, max_steps: maxSteps },
       retry: retryPolicyOf(req.retry),
       attempt: 1,
       attempts: [],

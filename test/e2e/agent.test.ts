@@ -166,6 +166,28 @@ describe('agent runs', function () {
       expect(new Date(run.finished_at).getTime() - new Date(run.started_at).getTime()).to.be.below(8000);
     });
   });
+  it('bounds the steps of an agent’s run that names no max_steps by SERVICE_RUN_DEFAULT_MAX_STEPS', async () => {
+    // a model that would call tools for good: each step is kept with the run (up to 64 KB of output each)
+    const script: ScriptedTurn[] = Array.from({ length: 6 }, () => ({ tool_calls: [{ name: 'message', args: { text: 'again' } }] }));
+    await withAgent(
+      script,
+      async (h) => {
+        const res = await h.call<RunBody>('POST', '/api/v1/autonomy/run', { body: { goal: 'talk forever', tools: ['message'] } });
+        expect(res.status, res.text).to.equal(202);
+        const run = await finished(h, res.body.run_id);
+        expect(run.budget.max_steps).to.equal(3);
+        expect(run.status).to.equal('failed');
+        expect(run.error.code).to.equal('max-steps-reached');
+        expect(run.steps).to.have.length(3);
+        // a run that names its own bound keeps it, and a run of steps alone has none but its plan
+        const named = await h.call<RunBody>('POST', '/api/v1/autonomy/run', { body: { goal: 'talk', tools: ['message'], max_steps: 5 } });
+        expect((await h.call<RunBody>('GET', `/api/v1/runs/${named.body.run_id}`)).body.budget.max_steps).to.equal(5);
+        const plain = await h.call<RunBody>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'message', args: { text: 'hi' } }] } });
+        expect((await h.call<RunBody>('GET', `/api/v1/runs/${plain.body.run_id}`)).body.budget).to.not.have.property('max_steps');
+      },
+      { SERVICE_RUN_DEFAULT_MAX_STEPS: '3' },
+    );
+  });
   it('keeps what each retried attempt used (its tool calls and model tokens), not only the last attempt’s', async () => {
     // attempt 1: a turn with a tool call, then the endpoint refuses (400): the attempt fails; attempt 2 answers
     const script: ScriptedTurn[] = [{ tool_calls: [{ name: 'message', args: { text: 'one' } }] }, { status: 400 }, { content: 'Done.' }];
