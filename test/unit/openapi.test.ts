@@ -1,7 +1,7 @@
-// The OpenAPI file is the contract: it lints clean, every operation is complete, and every
-// operation answers on a route (no operation exists only on paper).
+// The OpenAPI file is the contract: it lints clean, every operation is complete, every operation
+// answers on a route (no operation exists only on paper), and every route is an operation.
 import { spawnSync } from 'node:child_process';
-import { readFileSync } from 'node:fs';
+import { readdirSync, readFileSync } from 'node:fs';
 import { expect } from 'chai';
 import { loadSpec } from '../../api/spec.js';
 import { startHarness } from '../support/harness.js';
@@ -69,5 +69,36 @@ describe('api/openapi.yaml', function () {
     } finally {
       await h.close();
     }
+  });
+
+  it('has an operation for every route (read from the routers’ source: where each is mounted, and its routes)', () => {
+    // routes that are not the API's operations: the docs pages' own script and bundle, and the admin's metrics
+    const NOT_OPERATIONS = new Set(['GET /docs/init.js', 'GET /redoc/redoc.standalone.js', 'GET /metrics']);
+    const app = readFileSync('api/app.ts', 'utf8');
+    const mounts = new Map<string, string[]>(); // a router factory's name: the prefixes it is mounted at
+    for (const [, prefix, name] of app.matchAll(/app\.use\((?:'([^']*)', )?(\w+Router)\(/g)) mounts.set(name!, [...(mounts.get(name!) ?? []), prefix ?? '']);
+    const routes: string[] = [...app.matchAll(/app\.(get|post|put|patch|delete)\('([^']+)'/g)].map(([, m, p]) => `${m!.toUpperCase()} ${p}`);
+    const files = ['api/admin.ts', 'api/docs.ts', 'api/sign-in.ts', ...readdirSync('api/routes').map((f) => `api/routes/${f}`)];
+    for (const file of files) {
+      // each exported router factory, with the routes declared in its body (up to the next factory)
+      const text = readFileSync(file, 'utf8');
+      const factories = [...text.matchAll(/export function (\w+Router)\(/g)];
+      factories.forEach((f, i) => {
+        const body = text.slice(f.index, factories[i + 1]?.index ?? text.length);
+        const prefixes = mounts.get(f[1]!);
+        expect(prefixes, `${f[1]} (${file}) is mounted in api/app.ts`).to.not.equal(undefined);
+        for (const [, m, p] of body.matchAll(/router\.(get|post|put|patch|delete)\('([^']+)'/g))
+          for (const prefix of prefixes!) routes.push(`${m!.toUpperCase()} ${(prefix + p).replace(/(.)\/$/, '$1')}`);
+      });
+    }
+    expect(routes.length, 'routes found').to.be.greaterThan(60);
+    const documented = operations().map(({ method, path }) => `${method} ${path.replace(/\{[^}]+\}/g, 'x')}`);
+    const undocumented = routes.filter((route) => {
+      if (NOT_OPERATIONS.has(route)) return false;
+      const [method, path] = route.split(' ') as [string, string];
+      const pattern = new RegExp(`^${method} ${path.replace(/:\w+/g, '[^/]+')}$`);
+      return !documented.some((op) => pattern.test(op));
+    });
+    expect(undocumented, 'routes with no operation in api/openapi.yaml').to.deep.equal([]);
   });
 });
