@@ -9,8 +9,9 @@ import { gatesVerify } from '../../cli/gates.js';
 import { parseEnv } from '../../config/env.js';
 import { ledgerOf, readPack, signerOf, verifyPack, type PackFiles } from '../../engine/evidence/index.js';
 import { evidencePacksOf, sealGateRun } from '../../engine/gates/index.js';
-import { newId, systemClock, type GateResult, type GateRunRecord } from '../../engine/platform/index.js';
+import { newId, systemClock, type GateRunRecord } from '../../engine/platform/index.js';
 import { KEYS, startHarness, type Harness } from '../support/harness.js';
+import { passed } from '../support/projects.js';
 
 type Body = Record<string, any>;
 
@@ -44,24 +45,6 @@ describe('evidence after the ledger key is rotated', function () {
     const git = (...args: string[]) => execFileSync('git', args, { cwd: dir, encoding: 'utf8' }).trim();
     const subject = { workspace: 'rotated', commit: git('rev-parse', 'HEAD'), tree: git('rev-parse', 'HEAD^{tree}'), dirty: false };
     const at = new Date(Date.now() - 60_000).toISOString();
-    const result = (gateId: string): GateResult => ({
-      gate_id: gateId,
-      name: gateId,
-      required: true,
-      conclusion: 'success',
-      summary: 'exited 0',
-      exit_code: 0,
-      duration_ms: 1,
-      output_tail: '',
-      annotations: [],
-      subject,
-      input_digest: 'sha256:x',
-      definition_digest: 'sha256:y',
-      tool_versions: {},
-      artifacts: [],
-      started_at: at,
-      finished_at: at,
-    });
     const before: GateRunRecord = {
       id: newId('grn'),
       tenant_id: 'tenant-a',
@@ -78,7 +61,7 @@ describe('evidence after the ledger key is rotated', function () {
       finished_at: null,
     };
     await h.rt.store.gateRuns.insert(before);
-    for (const id of ['a', 'b']) await h.rt.store.gateRuns.putResult('tenant-a', before.id, result(id));
+    for (const id of ['a', 'b']) await h.rt.store.gateRuns.putResult('tenant-a', before.id, passed(id, subject, at));
     const oldLedger = ledgerOf({ store: h.rt.store, clock: systemClock, signer: OLD });
     expect((await sealGateRun({ store: h.rt.store, clock: systemClock, ledger: oldLedger }, before))!.status).to.equal('succeeded');
     // after it, gate b runs again in the service, sealed with the new key

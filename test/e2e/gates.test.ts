@@ -8,33 +8,13 @@ import { Worker } from 'node:worker_threads';
 import { expect } from 'chai';
 import { GENESIS_HASH, publicKeyFromPem, readPack, signerOf, verifyEntries, verifyPack, type PackFiles, type PackJson } from '../../engine/evidence/index.js';
 import { smartGatesOf } from '../../engine/gates/index.js';
-import { newId, type GateResult } from '../../engine/platform/index.js';
+import { newId } from '../../engine/platform/index.js';
 import { builtCli } from '../support/built-cli.js';
 import { eventually, finishedRun, KEYS, startHarness, type Harness } from '../support/harness.js';
 import * as sign from '../support/signers.js';
-import { GATES_YAML, makeProject } from '../support/projects.js';
+import { GATES_YAML, makeProject, passed } from '../support/projects.js';
 
 type Body = Record<string, any>;
-
-/** A gate's passing result as a worker would keep it, for runs made by hand */
-const passed = (gateId: string, subject: GateResult['subject'], at: string, outputTail = ''): GateResult => ({
-  gate_id: gateId,
-  name: gateId,
-  required: true,
-  conclusion: 'success',
-  summary: 'exited 0',
-  exit_code: 0,
-  duration_ms: 1,
-  output_tail: outputTail,
-  annotations: [],
-  subject,
-  input_digest: 'sha256:x',
-  definition_digest: 'sha256:y',
-  tool_versions: {},
-  artifacts: [],
-  started_at: at,
-  finished_at: at,
-});
 
 describe('gates in the service', function () {
   this.timeout(90_000);

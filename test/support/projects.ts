@@ -3,6 +3,7 @@ import { execFileSync } from 'node:child_process';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import { PROJECT_ROOT } from '../../config/paths.js';
+import type { GateResult } from '../../engine/platform/index.js';
 
 /** A small TypeScript project with a git repository, typescript copied into its node_modules. */
 export async function makeProject(dir: string, gates: string): Promise<void> {
@@ -159,3 +160,23 @@ export async function makeTsTree(dir: string, files: number): Promise<void> {
   await fs.mkdir(path.join(dir, 'test'), { recursive: true });
   await fs.writeFile(path.join(dir, 'test', 'f.test.ts'), "import { f0 } from '../src/m0/f0.js';\nif (f0(1) !== 1 + 0) throw new Error('f0');\n");
 }
+
+/** A gate's passing result as a worker would keep it, for runs made by hand */
+export const passed = (gateId: string, subject: GateResult['subject'], at: string, outputTail = ''): GateResult => ({
+  gate_id: gateId,
+  name: gateId,
+  required: true,
+  conclusion: 'success',
+  summary: 'exited 0',
+  exit_code: 0,
+  duration_ms: 1,
+  output_tail: outputTail,
+  annotations: [],
+  subject,
+  input_digest: 'sha256:x',
+  definition_digest: 'sha256:y',
+  tool_versions: {},
+  artifacts: [],
+  started_at: at,
+  finished_at: at,
+});
