@@ -57,7 +57,12 @@ export type RequestOptions = {
   query?: Record<string, string | number | undefined>;
   headers?: Record<string, string>;
   signal?: AbortSignal;
+  /** how long this call may wait for the service's whole answer (default: the client's) */
+  timeoutMs?: number;
 };
+
+/** How long one call (not a followed stream) waits for the service's whole answer by default. */
+export const DEFAULT_REQUEST_TIMEOUT_MS = 60_000;
 
 /** How long a followed event stream may stay silent: three of the service's heartbeats at their default of 15 s. */
 export const DEFAULT_IDLE_MS = 45_000;
@@ -72,7 +77,13 @@ export class ApiClient {
     readonly baseUrl: string,
     private readonly key: string | undefined,
     private readonly fetchImpl: typeof fetch = fetch,
+    private readonly timeoutMs = DEFAULT_REQUEST_TIMEOUT_MS,
   ) {}
+
+  /** How long one call waits by default, in ms. */
+  get timeout(): number {
+    return this.timeoutMs;
+  }
 
   private headers(extra: Record<string, string> = {}): Record<string, string> {
     return { ...(this.key ? { authorization: `Bearer ${this.key}` } : {}), 'user-agent': 'automation-service-cli', ...extra };
@@ -108,8 +119,23 @@ export class ApiClient {
 
   /** One call; the parsed JSON answer (null for 204), or an ApiError. */
   async request<T = any>(method: string, path: string, opts: RequestOptions = {}): Promise<T> {
-    const res = await this.send(method, path, opts);
-    const text = await res.text();
+    // a service that froze, or a connection that died without a word, would hold the call for minutes
+    const ms = opts.timeoutMs ?? this.timeoutMs;
+    const deadline = new AbortController();
+    const timer = setTimeout(
+      () => deadline.abort(new CliError(`the service did not answer ${method} ${path} within ${ms / 1000} s (--request-timeout)`, EXIT.unavailable)),
+      ms,
+    );
+    let res: Response;
+    let text: string;
+    try {
+      res = await this.send(method, path, { ...opts, signal: opts.signal ? AbortSignal.any([opts.signal, deadline.signal]) : deadline.signal });
+      text = await res.text();
+    } catch (err) {
+      throw deadline.signal.aborted ? (deadline.signal.reason as CliError) : err;
+    } finally {
+      clearTimeout(timer);
+    }
     if (!res.ok) {
       let problem: Problem = { title: res.statusText };
       try {

@@ -8,7 +8,7 @@ import { loadClientEnv, loadConfig, TENANT_ID_PATTERN } from '../config/env.js';
 import { apiKeysOf, type ApiKeys } from '../engine/auth/index.js';
 import { systemClock, createLogger } from '../engine/platform/index.js';
 import { openStore, type Store } from '../engine/store/index.js';
-import { ApiClient, CliError, DEFAULT_IDLE_MS, EXIT } from './client.js';
+import { ApiClient, CliError, DEFAULT_IDLE_MS, DEFAULT_REQUEST_TIMEOUT_MS, EXIT } from './client.js';
 import { gatesRun, gatesVerify } from './gates.js';
 import { outputOf, seconds, type Output } from './output.js';
 import { printRun, printRuns, usage, watchRun } from './runs.js';
@@ -16,7 +16,7 @@ import { printRun, printRuns, usage, watchRun } from './runs.js';
 const clientEnv = loadClientEnv();
 const DEFAULT_URL = 'http://localhost:8080';
 
-type Globals = { url?: string; key?: string; json?: boolean };
+type Globals = { url?: string; key?: string; json?: boolean; requestTimeout?: number };
 
 /** The options of every client command: where the service is, the key, and JSON output. */
 function clientCommand(parent: Command, nameAndArgs: string): Command {
@@ -24,7 +24,12 @@ function clientCommand(parent: Command, nameAndArgs: string): Command {
     .command(nameAndArgs)
     .option('--url <url>', `the service (default: SERVICE_URL, else ${DEFAULT_URL})`)
     .option('--key <key>', 'an API key (default: SERVICE_API_KEY)')
-    .option('--json', "print the service's JSON instead of lines and tables");
+    .option('--json', "print the service's JSON instead of lines and tables")
+    .option(
+      '--request-timeout <seconds>',
+      `how long one call waits for the service's answer (default: ${DEFAULT_REQUEST_TIMEOUT_MS / 1000})`,
+      positiveInt('--request-timeout'),
+    );
 }
 
 function contextOf(cmd: Command): { client: ApiClient; o: Output } {
@@ -42,7 +47,8 @@ function contextOf(cmd: Command): { client: ApiClient; o: Output } {
   const key = g.key ?? clientEnv.key;
   // a key that cannot be a header value (a newline pasted with it) would be printed back by fetch's own error
   if (key !== undefined && !/^[\x21-\x7e]+$/.test(key)) throw usage('--key (or SERVICE_API_KEY) holds characters no API key has (a space or a line break?)');
-  return { client: new ApiClient(url, key), o: outputOf({ json: Boolean(g.json), noColor: clientEnv.noColor }) };
+  const timeoutMs = g.requestTimeout === undefined ? undefined : g.requestTimeout * 1000;
+  return { client: new ApiClient(url, key, fetch, timeoutMs), o: outputOf({ json: Boolean(g.json), noColor: clientEnv.noColor }) };
 }
 
 const collect = (value: string, previous: string[] = []) => [...previous, value];
@@ -454,7 +460,11 @@ Examples:
         ...(opts.phases ? { phases: String(opts.phases).split(',') } : {}),
         timeout_seconds: opts.timeout,
       };
-      const report = await client.request('POST', '/api/v1/autonomy/workspace-audit/run', { body });
+      // the service answers within --timeout (202 after it): the call waits that long, and a little more
+      const report = await client.request('POST', '/api/v1/autonomy/workspace-audit/run', {
+        body,
+        timeoutMs: Math.max(client.timeout, (opts.timeout + 30) * 1000),
+      });
       if (o.json) o.printJson(report);
       if (!report.phases) {
         if (!o.json) o.out(`audit ${report.report_id} still running; get it with the API: ${report.stream ?? ''}\n`);

@@ -324,6 +324,19 @@ describe('the command-line tool (built) against stub servers', function () {
     expect(listed.stderr).to.contain('429 rate-limited');
   });
 
+  it('gives up on a call the service does not answer after --request-timeout (exit 5), headers or body', async () => {
+    // one stub answers nothing at all; the other sends its headers and then nothing of the body
+    const silent = await stub(() => {});
+    const halfway = await stub((_req, res) => void res.writeHead(200, { 'content-type': 'application/json' }).write('{"id":'));
+    const started = Date.now();
+    const results = await Promise.all([silent, halfway].map((url) => spawnCli(['runs', 'get', 'run_x', '--request-timeout', '1', '--url', url], {}).done));
+    for (const r of results) {
+      expect(r.code, r.stderr).to.equal(5);
+      expect(r.stderr).to.contain('did not answer GET /api/v1/runs/run_x within 1 s');
+    }
+    expect(Date.now() - started).to.be.below(10_000);
+  });
+
   it('a second Ctrl-C at the cancel prompt leaves the run going and exits 130', async () => {
     let cancels = 0;
     const url = await stub((req, res) => {
