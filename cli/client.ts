@@ -172,13 +172,16 @@ export class ApiClient {
   ): Promise<ServiceEvent | null> {
     let lastId: string | undefined;
     let failingSince: number | undefined;
-    for (let attempt = 0; ; attempt++) {
+    // reconnects since an event last came: the wait between them grows only while none comes
+    let tries = 0;
+    for (;;) {
       let why: string;
-      let waitMs = Math.min(250 * 2 ** Math.min(attempt, 5), 5000);
+      let retryAfterMs: number | undefined;
       try {
         const last = await this.readStream(path, lastId, opts, (id) => {
           lastId = id;
           failingSince = undefined;
+          tries = 0;
         });
         if (last === NOTHING_MORE) return null;
         if (last) return last;
@@ -187,13 +190,13 @@ export class ApiClient {
         if (err instanceof ApiError && !RETRIED_STATUSES.has(err.status)) throw err;
         if (opts.signal?.aborted) throw err;
         why = (err as Error).message;
-        if (err instanceof ApiError && err.retryAfterSeconds !== undefined) waitMs = Math.min(err.retryAfterSeconds * 1000, RETRY_AFTER_MAX_MS);
+        if (err instanceof ApiError && err.retryAfterSeconds !== undefined) retryAfterMs = Math.min(err.retryAfterSeconds * 1000, RETRY_AFTER_MAX_MS);
       }
       failingSince ??= Date.now();
       if (Date.now() - failingSince > (opts.reconnectForMs ?? 120_000))
         throw new CliError(`lost the event stream and could not reconnect: ${why}`, EXIT.unavailable);
-      opts.onReconnect?.(attempt + 1, why);
-      await new Promise((r) => setTimeout(r, waitMs));
+      opts.onReconnect?.(++tries, why);
+      await new Promise((r) => setTimeout(r, retryAfterMs ?? Math.min(250 * 2 ** Math.min(tries - 1, 5), 5000)));
     }
   }
 
