@@ -61,6 +61,17 @@ describe('SQLite store', () => {
         status,
         JSON.stringify({ tenant_id: 't1', session_id: session, id: `tsk_${i}`, status, created_at: 'a', updated_at: 'a' }),
       );
+    const run = db.prepare(
+      "INSERT INTO runs (id, tenant_id, kind, status, automation_id, session_id, created_at, doc) VALUES (?, 't1', 'automation', ?, ?, 'ses_r', 'a', ?)",
+    );
+    for (const [i, [automationId, status]] of [
+      ['aut_0', 'queued'],
+      ['aut_0', 'succeeded'],
+      ['aut_0', 'succeeded'],
+      ['aut_1', 'failed'],
+      [null, 'succeeded'],
+    ].entries())
+      run.run(`run_${i}`, status, automationId, JSON.stringify(runFixture('t1', { id: `run_${i}`, status: status as 'queued', automation_id: automationId })));
     db.close();
     const store = openSqliteStore(file);
     try {
@@ -76,6 +87,13 @@ describe('SQLite store', () => {
       await store.tasks.update('t1', 'ses_1', 'tsk_0', { status: 'succeeded' }, ['queued']);
       expect(await store.tasks.counts('t1', 'ses_1')).to.deep.equal({ succeeded: 3 });
       expect(await store.tasks.counts('t1', 'ses_2')).to.deep.equal({ failed: 1 });
+      // an automation's runs by status, counted from the runs stored before, then as they change
+      expect((await store.runs.automationStats('t1', 'aut_0', 10)).counts).to.deep.equal({ queued: 1, succeeded: 2 });
+      expect((await store.runs.automationStats('t1', 'aut_1', 10)).counts).to.deep.equal({ failed: 1 });
+      await store.runs.update('t1', 'run_0', { status: 'running' }, { status: ['queued'] });
+      await store.runs.insert(runFixture('t1', { automation_id: 'aut_1' }));
+      expect((await store.runs.automationStats('t1', 'aut_0', 10)).counts).to.deep.equal({ running: 1, succeeded: 2 });
+      expect((await store.runs.automationStats('t1', 'aut_1', 10)).counts).to.deep.equal({ queued: 1, failed: 1 });
     } finally {
       await store.close();
     }
@@ -194,7 +212,7 @@ describe('SQLite store', () => {
     expect(failed).to.equal(true);
   });
 
-  it('answers the reconcilers from partial indexes that hold only runs, sessions and tasks that have not ended, and an automation’s counts from its own runs', async () => {
+  it('answers the reconcilers from partial indexes that hold only runs, sessions and tasks that have not ended, and an automation’s counts as they are kept', async () => {
     // the reconcilers' statements, as the repositories prepare them
     const prepared: string[] = [];
     const prepare = Database.prototype.prepare;
@@ -220,11 +238,8 @@ describe('SQLite store', () => {
     expect(plan('runs')).to.contain('USING INDEX runs_live_by_created');
     expect(plan('sessions')).to.contain('USING INDEX sessions_live_by_updated');
     expect(plan('tasks')).to.contain('USING INDEX tasks_live_by_updated');
-    // an automation's counts read its own runs, not every run of its tenant
-    const counts = prepared.find((q) => q.includes('COUNT(*) AS n FROM runs'))!;
-    expect((db.prepare(`EXPLAIN QUERY PLAN ${counts}`).all('t1', 'aut_1') as { detail: string }[]).map((r) => r.detail).join(' ')).to.contain(
-      'USING INDEX runs_by_automation',
-    );
+    // an automation's counts are kept as its runs are written, not counted from them
+    expect(prepared.filter((q) => q.includes('COUNT(') && q.includes('FROM runs'))).to.deep.equal([]);
     // a run that ends leaves the index: only the live one is in it
     db.close();
     const writable = openSqliteStore(path.join(dir, 'partial.sqlite'));
@@ -248,7 +263,67 @@ describe('SQLite store', () => {
     expect(check.prepare('SELECT kind, status, n AS count FROM run_counts WHERE n > 0 ORDER BY status').all()).to.deep.equal(
       check.prepare('SELECT kind, status, COUNT(*) AS count FROM runs GROUP BY kind, status ORDER BY status').all(),
     );
+    expect(check.prepare('SELECT automation_id, status, n FROM automation_run_counts WHERE n > 0 ORDER BY automation_id, status').all()).to.deep.equal(
+      check
+        .prepare(
+          'SELECT automation_id, status, COUNT(*) AS n FROM runs WHERE automation_id IS NOT NULL GROUP BY automation_id, status ORDER BY automation_id, status',
+        )
+        .all(),
+    );
     expect(check.prepare("SELECT COUNT(*) AS n FROM runs INDEXED BY runs_live_by_created WHERE status IN ('queued', 'running')").get()).to.deep.equal({ n: 1 });
     check.close();
+  });
+  it('reads a page of a tenant’s multi-agent sessions, of its live runs, of a workspace’s gate runs and its gates’ latest results from indexes, not by walking the tenant’s history', async () => {
+    const file = path.join(dir, 'pages.sqlite');
+    const prepared: string[] = [];
+    const prepare = Database.prototype.prepare;
+    Database.prototype.prepare = function (this: Database.Database, sql: string) {
+      prepared.push(sql);
+      return prepare.call(this, sql);
+    } as typeof prepare;
+    try {
+      const store = openSqliteStore(file);
+      // the list statements are made at their first use, one per shape of query
+      await store.runs.list('t1', { automation_id: 'aut_1', status: 'queued', limit: 1 });
+      await store.runs.list('t1', { session_id: 'ses_1', status: 'running', limit: 1 });
+      await store.sessions.list('t1', { kind: 'multi_agent', limit: 1 });
+      await store.gateRuns.list('t1', { workspace: 'app', limit: 1 });
+      await store.gateRuns.latestResults('t1', 'app');
+      await store.close();
+    } finally {
+      Database.prototype.prepare = prepare;
+    }
+    const db = new Database(file, { readonly: true });
+    const plan = (needle: (sql: string) => boolean, params: unknown[]) => {
+      const sql = prepared.find(needle);
+      expect(sql, 'the statement').to.be.a('string');
+      // a statement of named parameters takes them as one object
+      const values = sql!.includes('@') ? [Object.fromEntries(['tenant', 'workspace'].map((k, i) => [k, params[i]]))] : params;
+      return (db.prepare(`EXPLAIN QUERY PLAN ${sql}`).all(...values) as { detail: string }[]).map((r) => r.detail).join(' | ');
+    };
+    const runsWhere =
+      (...filters: string[]) =>
+      (q: string) =>
+        q.startsWith('SELECT doc FROM runs') &&
+        q.includes('ORDER BY id DESC') &&
+        filters.every((f) => q.includes(`${f} = ?`)) &&
+        (q.match(/= \?/g) ?? []).length === filters.length + 1;
+    try {
+      // a status that has not ended: the few live runs of the tenant, not every run of the automation or session
+      expect(plan(runsWhere('status', 'automation_id'), ['t1', 'queued', 'aut_1', '~', 2])).to.contain('USING INDEX runs_by_tenant_status');
+      expect(plan(runsWhere('status', 'session_id'), ['t1', 'running', 'ses_1', '~', 2])).to.contain('USING INDEX runs_by_tenant_status');
+      expect(plan((q) => q.startsWith('SELECT doc FROM sessions') && q.includes('kind = ?'), ['t1', 'multi_agent', '~', 2])).to.contain(
+        'USING INDEX sessions_multi_agent',
+      );
+      expect(plan((q) => q.startsWith('SELECT doc FROM gate_runs') && q.includes('workspace = ?'), ['t1', 'app', '~', 2])).to.contain(
+        'USING INDEX gate_runs_by_workspace (tenant_id=? AND workspace=? AND id<?)',
+      );
+      // one seek per gate: the next gate id above the last, then that gate's latest result (no GROUP BY over them all)
+      const latest = plan((q) => q.includes('FROM gate_results') && q.includes('workspace = ') && !q.startsWith('INSERT'), ['t1', 'app']);
+      expect(latest).to.contain('gate_results_latest (tenant_id=? AND workspace=? AND gate_id>?)');
+      expect(latest).to.contain('gate_results_latest (tenant_id=? AND workspace=? AND gate_id=?)');
+    } finally {
+      db.close();
+    }
   });
 });

@@ -8,6 +8,8 @@ import { definedOnly, fromStored, isDuplicateKey, loose, pageOf, toStored, type 
 export const sessionSchema = new Schema({ _id: String, tenant_id: { type: String, required: true }, kind: String, status: String }, loose);
 sessionSchema.index({ tenant_id: 1, _id: -1 });
 sessionSchema.index({ tenant_id: 1, status: 1, _id: -1 });
+// a tenant's multi-agent sessions (GET /sessions?kind=multi_agent), apart from the many its runs make
+sessionSchema.index({ tenant_id: 1, kind: 1, _id: -1 }, { name: 'sessions_multi_agent', partialFilterExpression: { kind: 'multi_agent' } });
 sessionSchema.index({ status: 1, updated_at: 1 });
 
 export const agentSchema = new Schema({ _id: String, tenant_id: { type: String, required: true }, session_id: String }, loose);

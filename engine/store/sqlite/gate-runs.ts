@@ -7,14 +7,26 @@ export function gateRunRepo(db: Db): GateRunRepo {
   const insert = db.prepare('INSERT INTO gate_runs (id, tenant_id, workspace, status, doc) VALUES (?, ?, ?, ?, ?)');
   const get = db.prepare<[string, string], { doc: string }>('SELECT doc FROM gate_runs WHERE tenant_id = ? AND id = ?');
   const write = db.prepare('UPDATE gate_runs SET status = ?, doc = ? WHERE tenant_id = ? AND id = ?');
-  const list = db.prepare<[string, string, string | null, number], { doc: string }>(
-    'SELECT doc FROM gate_runs WHERE tenant_id = ? AND id < ? AND workspace = coalesce(?, workspace) ORDER BY id DESC LIMIT ?',
+  const list = db.prepare<[string, string, number], { doc: string }>('SELECT doc FROM gate_runs WHERE tenant_id = ? AND id < ? ORDER BY id DESC LIMIT ?');
+  // a statement of its own: `workspace = coalesce(?, workspace)` kept SQLite off the workspace's index, and a
+  // page of a small workspace walked every gate run of its tenant (24 ms at 10,000 in another workspace)
+  const listOfWorkspace = db.prepare<[string, string, string, number], { doc: string }>(
+    'SELECT doc FROM gate_runs WHERE tenant_id = ? AND workspace = ? AND id < ? ORDER BY id DESC LIMIT ?',
   );
   const putResult = db.prepare('INSERT OR IGNORE INTO gate_results (tenant_id, gate_run_id, gate_id, workspace, finished_at, doc) VALUES (?, ?, ?, ?, ?, ?)');
   const results = db.prepare<[string, string], { doc: string }>('SELECT doc FROM gate_results WHERE tenant_id = ? AND gate_run_id = ?');
-  // SQLite takes the other columns of the row that holds the MAX
-  const latest = db.prepare<[string, string], { gate_run_id: string; doc: string }>(
-    'SELECT gate_run_id, doc, MAX(finished_at) FROM gate_results WHERE tenant_id = ? AND workspace = ? GROUP BY gate_id ORDER BY gate_id',
+  // one seek per gate, not a walk of every result the workspace ever had (a GROUP BY read them all: 137 ms at
+  // 10,000 gate runs of 5 gates): the gate ids come one after another from the index (the next one above the
+  // last), and each gate's latest result is the top of its own range of the index, by finished_at
+  const latest = db.prepare<[{ tenant: string; workspace: string }], { gate_run_id: string; doc: string }>(
+    `WITH RECURSIVE gate (id) AS (
+       SELECT MIN(gate_id) FROM gate_results WHERE tenant_id = @tenant AND workspace = @workspace
+       UNION ALL
+       SELECT (SELECT MIN(gate_id) FROM gate_results WHERE tenant_id = @tenant AND workspace = @workspace AND gate_id > gate.id) FROM gate WHERE gate.id IS NOT NULL
+     )
+     SELECT r.gate_run_id, r.doc FROM gate JOIN gate_results AS r ON r.tenant_id = @tenant AND r.gate_id = gate.id AND r.gate_run_id = (
+       SELECT gate_run_id FROM gate_results WHERE tenant_id = @tenant AND workspace = @workspace AND gate_id = gate.id ORDER BY finished_at DESC, gate_run_id DESC LIMIT 1
+     ) ORDER BY gate.id`,
   );
   // by the index of running runs (few), not by the workspace's (every run it ever had)
   const runningOf = db.prepare<[string, string], { doc: string }>(
@@ -45,7 +57,8 @@ export function gateRunRepo(db: Db): GateRunRepo {
     },
     async list(tenantId, q) {
       // ids sort below '~' (they are ulids): no cursor starts from the top
-      const rows = list.all(tenantId, decodeCursor(q.cursor) ?? '~', q.workspace ?? null, q.limit + 1);
+      const before = decodeCursor(q.cursor) ?? '~';
+      const rows = q.workspace === undefined ? list.all(tenantId, before, q.limit + 1) : listOfWorkspace.all(tenantId, q.workspace, before, q.limit + 1);
       return toPage(
         rows.map((r) => read(r)!),
         q.limit,
@@ -61,7 +74,7 @@ export function gateRunRepo(db: Db): GateRunRepo {
       return running.all(createdBefore, limit).map((r) => read(r)!);
     },
     async latestResults(tenantId, workspace) {
-      return latest.all(tenantId, workspace).map((row) => ({ gate_run_id: row.gate_run_id, result: JSON.parse(row.doc) as GateResult }));
+      return latest.all({ tenant: tenantId, workspace }).map((row) => ({ gate_run_id: row.gate_run_id, result: JSON.parse(row.doc) as GateResult }));
     },
     async runningOf(tenantId, workspace) {
       return runningOf.all(tenantId, workspace).map((r) => read(r)!);

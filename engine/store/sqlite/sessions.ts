@@ -18,11 +18,17 @@ export function sessionRepo(db: Db): SessionRepo {
      AND status = ? AND json_extract(doc, '$.updated_at') < ? ORDER BY json_extract(doc, '$.updated_at') LIMIT ?`,
   );
   const listStatements = new Map<string, Statement<unknown[], { doc: string }>>();
-  const listStatement = (status: boolean, kind: boolean) => {
-    const shape = `${status}:${kind}`;
+  const listStatement = (status: boolean, kind: boolean, multiAgent: boolean) => {
+    const shape = `${status}:${kind}:${multiAgent}`;
     let stmt = listStatements.get(shape);
     if (!stmt) {
-      const where = ['tenant_id = ?', status ? 'status = ?' : "status <> 'archived'", ...(kind ? ['kind = ?'] : []), 'id < ?'];
+      // the multi-agent sessions by their partial index, whose condition is said word for word (SQLite uses it only then)
+      const where = [
+        'tenant_id = ?',
+        status ? 'status = ?' : "status <> 'archived'",
+        ...(kind ? [multiAgent ? "kind = 'multi_agent' AND kind = ?" : 'kind = ?'] : []),
+        'id < ?',
+      ];
       stmt = db.prepare<unknown[], { doc: string }>(`SELECT doc FROM sessions WHERE ${where.join(' AND ')} ORDER BY id DESC LIMIT ?`);
       listStatements.set(shape, stmt);
     }
@@ -47,7 +53,7 @@ export function sessionRepo(db: Db): SessionRepo {
     },
     async list(tenantId, q) {
       const params = [tenantId, ...(q.status ? [q.status] : []), ...(q.kind ? [q.kind] : []), decodeCursor(q.cursor) ?? TOP, q.limit + 1];
-      const rows = listStatement(Boolean(q.status), Boolean(q.kind)).all(...params);
+      const rows = listStatement(Boolean(q.status), Boolean(q.kind), q.kind === 'multi_agent').all(...params);
       return toPage(
         rows.map((r) => read(r)!),
         q.limit,
