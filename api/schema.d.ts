@@ -1409,7 +1409,9 @@ export interface paths {
          *     SERVICE_NOTIFY_DISABLE_AFTER deliveries in a row fail for good, the endpoint is disabled and a
          *     `notification.endpoint_disabled` event goes to the tenant's other endpoints. The URL obeys the http
          *     tool's address rule: no private or loopback address unless SERVICE_HTTP_ALLOW_PRIVATE=1 (422
-         *     `address-not-allowed`), checked again when each delivery connects.
+         *     `address-not-allowed`), checked again when each delivery connects. A tenant keeps at most 50
+         *     endpoints, enabled or disabled (each event is one stored delivery and one job per endpoint); one
+         *     more is a 409.
          */
         post: operations["createNotificationEndpoint"];
         delete?: never;
@@ -5694,6 +5696,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
+            409: components["responses"]["Conflict"];
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             422: components["responses"]["Unprocessable"];

@@ -58,6 +58,8 @@ function subscribes(patterns: string[], type: NotificationType): boolean {
 }
 
 const CACHE_MS = 5_000;
+/** Endpoints a tenant keeps: each event of the tenant is one stored delivery and one job per endpoint, made in its append. */
+export const MAX_ENDPOINTS = 50;
 const jobId = (d: NotificationDelivery) => `ntf-${d.id}${d.replays ? `-r${d.replays}` : ''}`;
 
 export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | 'secretBox' | 'queues'>, settings: NotificationSettings) {
@@ -170,6 +172,8 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
     async create(tenantId: string, input: EndpointInput): Promise<{ endpoint: NotificationEndpoint; secret: string }> {
       const errors = problemsOf(input);
       if (errors.length) throw new ValidationError('the endpoint is not valid', errors);
+      if ((await store.notificationEndpoints.list(tenantId)).length >= MAX_ENDPOINTS)
+        throw new ConflictError(`this tenant has ${MAX_ENDPOINTS} notification endpoints, the most it may keep: remove one first`);
       await assertPublicHost(new URL(input.url), settings.httpAllowPrivate);
       const now = clock.now().toISOString();
       const id = newId('nep');

@@ -25,18 +25,73 @@ type Form = { fields: Record<string, string>; files: (EmailAttachment & { field:
 
 const MAX_FIELDS = 1000;
 const MAX_FILES = 100;
+/** Parts past the fields and files kept are not read: a body of many tiny parts cost seconds of one thread. */
+const MAX_PARTS = MAX_FIELDS + MAX_FILES;
+/** Values (objects, arrays and what commas separate) of a JSON email: a real one has hundreds; 2 million tiny ones parsed for 3 s. */
+const MAX_JSON_VALUES = 50_000;
 
 export async function parseEmail(contentType: string, body: Buffer): Promise<ParsedEmail> {
   const media = contentType.split(';')[0]!.trim().toLowerCase();
   if (media === 'application/json') return { email: fromPostmark(parseObject(body)) };
   if (media === 'multipart/form-data') return fromForm(await parseMultipart(contentType, body));
-  if (media === 'application/x-www-form-urlencoded') return fromForm({ fields: Object.fromEntries(new URLSearchParams(body.toString('utf8'))), files: [] });
+  if (media === 'application/x-www-form-urlencoded') {
+    refuseManyFields(body);
+    return fromForm({ fields: Object.fromEntries(new URLSearchParams(body.toString('utf8'))), files: [] });
+  }
   throw new WebhookRejectedError('webhook-payload-invalid', 'an email delivery is multipart/form-data, application/x-www-form-urlencoded or application/json');
+}
+
+/** True when `byte` occurs in `body` more than `max` times (counted natively, stopping at max + 1). */
+function moreThan(body: Buffer, byte: number, max: number): boolean {
+  let at = -1;
+  for (let n = 0; n <= max; n++) if ((at = body.indexOf(byte, at + 1)) === -1) return false;
+  return true;
+}
+
+function refuseManyFields(form: Buffer): void {
+  if (moreThan(form, 0x26 /* & */, MAX_FIELDS - 1)) throw new WebhookRejectedError('webhook-payload-invalid', `the form has more than ${MAX_FIELDS} fields`);
+}
+
+/**
+ * Mailgun's signature fields of a urlencoded form, read without decoding the rest (a field of 24 MB took
+ * 0.7 s to decode): checked before the form is parsed. The last of a repeated name wins, as in the parse.
+ */
+export function mailgunFieldsOfForm(form: Buffer): NonNullable<ParsedEmail['mailgun']> {
+  refuseManyFields(form);
+  const found: Record<string, string> = {};
+  for (let start = 0; start < form.length;) {
+    let end = form.indexOf(0x26, start);
+    if (end === -1) end = form.length;
+    const eq = form.indexOf(0x3d, start);
+    // a name is short; a pair whose name is long is not one of these
+    if ((eq === -1 || eq > end ? end : eq) - start <= 64 && end - start <= 4096) {
+      for (const [name, value] of new URLSearchParams(form.toString('utf8', start, end)))
+        if (name === 'timestamp' || name === 'token' || name === 'signature') found[name] = value;
+    }
+    start = end + 1;
+  }
+  return found;
+}
+
+/** True when the JSON text holds more than `max` values: objects, arrays and commas outside strings. */
+function valuesOver(text: Buffer, max: number): boolean {
+  let count = 0;
+  let inString = false;
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i];
+    if (inString) {
+      if (c === 0x5c) i++;
+      else if (c === 0x22) inString = false;
+    } else if (c === 0x22) inString = true;
+    else if ((c === 0x2c || c === 0x7b || c === 0x5b) && ++count > max) return true;
+  }
+  return false;
 }
 
 function parseObject(body: Buffer): Record<string, unknown> {
   const unsafe = unsafeJson(body);
   if (unsafe) throw new WebhookRejectedError('webhook-payload-invalid', unsafe.detail);
+  if (valuesOver(body, MAX_JSON_VALUES)) throw new WebhookRejectedError('webhook-payload-invalid', `the body holds more than ${MAX_JSON_VALUES} JSON values`);
   try {
     const v: unknown = JSON.parse(body.toString('utf8'));
     if (v && typeof v === 'object' && !Array.isArray(v)) return v as Record<string, unknown>;
@@ -51,7 +106,7 @@ function parseMultipart(contentType: string, body: Buffer): Promise<Form> {
     const form: Form = { fields: {}, files: [] };
     let bb: busboy.Busboy;
     try {
-      bb = busboy({ headers: { 'content-type': contentType }, limits: { fields: MAX_FIELDS, files: MAX_FILES, fieldSize: body.length } });
+      bb = busboy({ headers: { 'content-type': contentType }, limits: { fields: MAX_FIELDS, files: MAX_FILES, parts: MAX_PARTS, fieldSize: body.length } });
     } catch (err) {
       reject(new WebhookRejectedError('webhook-payload-invalid', `the multipart body cannot be read: ${(err as Error).message}`));
       return;
@@ -66,6 +121,8 @@ function parseMultipart(contentType: string, body: Buffer): Promise<Form> {
         file.size += chunk.length;
       });
     });
+    // the parts past it are skipped unread; the body is refused rather than taken in part
+    bb.on('partsLimit', () => reject(new WebhookRejectedError('webhook-payload-invalid', `the multipart body has more than ${MAX_PARTS} parts`)));
     bb.on('error', (err: Error) => reject(new WebhookRejectedError('webhook-payload-invalid', `the multipart body cannot be read: ${err.message}`)));
     bb.on('close', () => resolve(form));
     Readable.from([body]).pipe(bb);

@@ -3,7 +3,7 @@
 // Pure functions over the exact bytes received; every comparison is constant-time.
 import { createHash, createHmac, timingSafeEqual } from 'node:crypto';
 import { unsafeJson, WebhookRejectedError, type WebhookProvider } from '../platform/index.js';
-import { parseEmail } from './email.js';
+import { mailgunFieldsOfForm, parseEmail } from './email.js';
 
 export type Headers = Record<string, string | string[] | undefined>;
 
@@ -30,7 +30,10 @@ export type Verified = {
    * event's duplicate, acknowledged, not a replay; a provider that signs each try anew (Slack, ours) never repeats one
    */
   retriesResend?: boolean;
-  /** nothing time-bound is signed (GitHub): the same signed body is a replay whenever it comes again, not only within the window */
+  /**
+   * the delivery id is not signed (GitHub, Linear): the same signed body is looked for in the store, not only in
+   * Redis's window, and is the same delivery (a retry, `repeatIs: 'retry'`, naming the same id) or a replay
+   */
   signedOnce?: boolean;
   /** the normalized event: what matching reads and runs receive */
   event_payload: Record<string, unknown>;
@@ -225,6 +228,8 @@ function tracker(inb: Inbound, ctx: VerifyContext): Verified {
     repeatIs: 'retry',
     replayKey: matched,
     retriesResend: true,
+    // the delivery header is not signed: the same body under another id must not be a new delivery
+    signedOnce: true,
     event_payload: payload,
     keepBody: true,
   };
@@ -290,19 +295,28 @@ async function email(inb: Inbound, ctx: VerifyContext): Promise<Verified> {
     basicOk = matchAny(ctx.secrets, [sha256Hex(password)], (s) => sha256Hex(s)) !== null;
     if (!basicOk) invalid('the Basic password');
   }
+  // Mailgun's signature is in a form's fields; a JSON delivery is Postmark's, which signs with Basic: without
+  // it there is nothing to check, and nothing is parsed for anyone (26 MB of JSON took 3 s of the thread)
+  if (!basicOk && mediaType(inb.headers) === 'application/json') missing('credentials (HTTP Basic, or Mailgun’s timestamp, token and signature fields)');
+  // a urlencoded form's signature fields are checked before the rest of it is decoded
+  if (!basicOk && mediaType(inb.headers) === 'application/x-www-form-urlencoded') mailgunToken(mailgunFieldsOfForm(inb.body), ctx);
   // read before its signature is checked (Mailgun's is in the body): what it cannot read is the sender's fault, never a 500
   const parsed = await parseEmail(header(inb.headers, 'content-type') ?? '', inb.body).catch((err: unknown) => {
     throw err instanceof WebhookRejectedError ? err : new WebhookRejectedError('webhook-payload-invalid', 'the email delivery could not be read');
   });
   const base = { event: 'email', action: null, keepBody: false, event_payload: parsed.email as unknown as Record<string, unknown> };
   if (basicOk) return { ...base, providerId: parsed.email.message_id, repeatIs: 'retry', replayKey: null };
+  // a Mailgun token signs one request: seen again, ever, it is a replay
+  return { ...base, providerId: `mailgun-token:${mailgunToken(parsed.mailgun ?? {}, ctx)}`, repeatIs: 'replay', replayKey: null };
+}
 
-  const { timestamp, token, signature } = parsed.mailgun ?? {};
+/** Checks Mailgun's signature fields (an HMAC of timestamp and token, the timestamp inside the window): the token. */
+function mailgunToken(fields: { timestamp?: string; token?: string; signature?: string }, ctx: VerifyContext): string {
+  const { timestamp, token, signature } = fields;
   if (!timestamp || !token || !signature) missing('credentials (HTTP Basic, or Mailgun’s timestamp, token and signature fields)');
   matchAny(ctx.secrets, [signature], (s) => hmacHex(s, timestamp, token)) ?? invalid('the Mailgun signature');
   checkWindow(/^\d{1,12}$/.test(timestamp) ? Number(timestamp) * 1000 : NaN, ctx);
-  // a Mailgun token signs one request: seen again, ever, it is a replay
-  return { ...base, providerId: `mailgun-token:${token}`, repeatIs: 'replay', replayKey: null };
+  return token;
 }
 
 const VERIFIERS: Record<WebhookProvider, (inb: Inbound, ctx: VerifyContext) => Verified | Promise<Verified>> = {

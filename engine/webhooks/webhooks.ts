@@ -241,15 +241,26 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
           throw new WebhookRejectedError('webhook-not-configured', `no usable ${kind} secret is set for this tenant: PUT /api/v1/webhook-secrets/${kind}`);
         verified = await verifyDelivery(kind, { headers, body }, { secrets, nowMs: clock.now().getTime(), windowSeconds });
         seenKey = verified.replayKey ? `${prefix}:webhook-seen:${tenantId}:${kind}:${sha256Hex(verified.replayKey)}` : null;
-        if (!(await gate(tenantId, kind, seenKey, Boolean(verified.retriesResend && verified.providerId)))) {
+        const fresh = await gate(tenantId, kind, seenKey, Boolean(verified.retriesResend && verified.providerId));
+        if (!fresh) {
           seenKey = null;
           // a provider that retries with the same bytes (PagerDuty, Linear) sends its event's id again: the
           // store's answer for that id (a duplicate, acknowledged) is the one to give, not a replay's 409
           if (!verified.retriesResend || !verified.providerId) throw new WebhookRejectedError('webhook-replay', 'this signed request was already accepted');
         }
-        // Redis remembers a signature for the window; a body signed with no time in it is checked for good
-        if (verified.signedOnce && (await store.deliveries.findByBody(tenantId, kind, sha256Hex(body))))
-          throw new WebhookRejectedError('webhook-replay', 'this signed body was already accepted');
+        // Redis remembers a signature for the window (and forgets it if Redis loses its data); a body whose
+        // delivery id is not signed (GitHub, Linear) is looked for in the store: seen there, it is the same
+        // delivery again (a byte-for-byte retry, the same id) or a replay under another id
+        if (verified.signedOnce) {
+          const earlier = await store.deliveries.findByBody(tenantId, kind, sha256Hex(body));
+          if (earlier && verified.repeatIs === 'retry' && earlier.provider_delivery_id === (verified.providerId?.slice(0, 256) ?? null)) {
+            count('duplicate');
+            return { status: 200, delivery_id: earlier.id, body: verified.emptyReply ? undefined : { delivery_id: earlier.id, status: 'duplicate' } };
+          }
+          if (earlier) throw new WebhookRejectedError('webhook-replay', 'this signed body was already accepted');
+          // claimed by a request still being stored: whatever id this one names, it is not a new delivery
+          if (!fresh) throw new WebhookRejectedError('webhook-replay', 'this signed request is being accepted');
+        }
         if (verified.handshake) {
           count('handshake');
           return { status: 200, body: verified.handshake };

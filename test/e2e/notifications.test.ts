@@ -226,4 +226,15 @@ describe('outbound notifications', function () {
     expect((await h.call('DELETE', `/api/v1/notification-endpoints/${mine.id}`)).status).to.equal(204);
     expect((await h.call('GET', `/api/v1/notification-endpoints/${mine.id}`)).status).to.equal(404);
   });
+
+  it('keeps at most 50 endpoints a tenant (each event is a delivery and a job per endpoint): one more is a 409, and another tenant is not held to it', async () => {
+    const have = (await h.call<Body>('GET', '/api/v1/notification-endpoints')).body.data.length;
+    // none subscribes to what the other tests wait for
+    for (let i = have; i < 50; i++) await endpoint({ url: `${receiver.url}/cap-${i}`, event_types: ['audit.report'] });
+    const over = await h.call<Body>('POST', '/api/v1/notification-endpoints', { body: { url: `${receiver.url}/cap-over`, event_types: ['audit.report'] } });
+    expect(over.status, over.text).to.equal(409);
+    expect(over.body.detail).to.match(/50 notification endpoints/);
+    expect((await h.call<Body>('GET', '/api/v1/notification-endpoints')).body.data).to.have.length(50);
+    await endpoint({ url: `${receiver.url}/cap-b`, event_types: ['audit.report'] }, KEYS.b);
+  });
 });

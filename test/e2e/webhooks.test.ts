@@ -271,6 +271,30 @@ describe('webhook intake', function () {
       expect([one.body.status, two.body.status]).to.deep.equal(['accepted', 'accepted']);
       expect(two.body.delivery_id).to.not.equal(one.body.delivery_id);
     });
+
+    it('refuses a captured delivery sent again under another delivery id (the header is not signed), also once Redis has lost its claim', async () => {
+      const signed = sign.tracker(SECRET.tracker, { type: 'Issue', action: 'create', data: { id: randomUUID() } });
+      const first = await post('tracker', signed);
+      expect(first.body.status, first.text).to.equal('accepted');
+      const renamed = () => ({ body: signed.body, headers: { ...signed.headers, 'tracker-delivery': randomUUID() } });
+      const again = await post('tracker', renamed());
+      expect(again.status, again.text).to.equal(409);
+      expect(again.body.code).to.equal('webhook-replay');
+      // Redis restarted without its data: the store still knows the body
+      const seen = await h.rt.redis.keys(`${h.config.queuePrefix}:webhook-seen:tenant-a:tracker:*`);
+      if (seen.length) await h.rt.redis.del(...seen);
+      const afterLoss = await post('tracker', renamed());
+      expect(afterLoss.status, afterLoss.text).to.equal(409);
+      expect(afterLoss.body.code).to.equal('webhook-replay');
+      // Linear's own retry, byte for byte, is still its delivery's duplicate
+      const retry = await post('tracker', signed);
+      expect(retry.status, retry.text).to.equal(200);
+      expect(retry.body).to.deep.equal({ delivery_id: first.body.delivery_id, status: 'duplicate' });
+      const listed = await h.call<Body>('GET', '/api/v1/webhook-deliveries?kind=tracker&status=processed&limit=100');
+      const received = await h.call<Body>('GET', '/api/v1/webhook-deliveries?kind=tracker&status=received&limit=100');
+      const stored = [...listed.body.data, ...received.body.data].filter((d: Body) => d.body === signed.body);
+      expect(stored).to.have.length(1);
+    });
   });
 
   describe('pager (PagerDuty v3 scheme)', () => {
@@ -417,6 +441,40 @@ describe('webhook intake', function () {
       const forged = { ...sign.mailgunFields('not-the-key'), subject: 'x' };
       const f = await post('email', { body: new URLSearchParams(forged).toString(), headers: { 'content-type': 'application/x-www-form-urlencoded' } });
       expect(f.body.code).to.equal('webhook-signature-invalid');
+    });
+
+    it('reads nothing of a body for anyone without credentials, and bounds what it reads: parts, fields and JSON values', async () => {
+      // a JSON delivery is Postmark's, signed with Basic: without it nothing is parsed (26 MB of tiny values took 3 s of the thread)
+      const notJson = await post('email', { body: '{"From": not json', headers: { 'content-type': 'application/json' } });
+      expect(notJson.status, notJson.text).to.equal(401);
+      expect(notJson.body.code).to.equal('webhook-signature-missing');
+      // a multipart body of many tiny parts is refused past the fields and files kept (400,000 took 3 s); a signed one too
+      const parts = Array.from({ length: 1200 }, (_, i) => `--B\r\nContent-Disposition: form-data; name="f${i}"\r\n\r\nx\r\n`);
+      const signedFields = Object.entries(sign.mailgunFields(SECRET.email)).map(
+        ([k, v]) => `--B\r\nContent-Disposition: form-data; name="${k}"\r\n\r\n${v}\r\n`,
+      );
+      const many = await post('email', {
+        body: [...signedFields, ...parts, '--B--\r\n'].join(''),
+        headers: { 'content-type': 'multipart/form-data; boundary=B' },
+      });
+      expect(many.status, many.text).to.equal(400);
+      expect(many.body.code).to.equal('webhook-payload-invalid');
+      expect(many.body.detail).to.equal('the multipart body has more than 1100 parts');
+      // a urlencoded form of more fields than are kept, signed or not
+      const form = new URLSearchParams({ ...sign.mailgunFields(SECRET.email), subject: 'x' });
+      for (let i = 0; i < 1000; i++) form.append(`f${i}`, 'x');
+      const fields = await post('email', { body: form.toString(), headers: { 'content-type': 'application/x-www-form-urlencoded' } });
+      expect(fields.status, fields.text).to.equal(400);
+      expect(fields.body.detail).to.equal('the form has more than 1000 fields');
+      // a form's Mailgun signature is checked before the rest is decoded; a JSON email holds at most 50,000 values
+      const forged = new URLSearchParams({ ...sign.mailgunFields('not-the-key'), 'body-plain': 'x'.repeat(100_000) });
+      expect((await post('email', { body: forged.toString(), headers: { 'content-type': 'application/x-www-form-urlencoded' } })).body.code).to.equal(
+        'webhook-signature-invalid',
+      );
+      const values = JSON.stringify({ From: 'a@example.com', MessageID: randomUUID(), Headers: Array.from({ length: 50_001 }, () => 0) });
+      const tooMany = await post('email', { body: values, headers: { 'content-type': 'application/json', authorization: sign.basicAuth(SECRET.email) } });
+      expect(tooMany.status, tooMany.text).to.equal(400);
+      expect(tooMany.body.detail).to.equal('the body holds more than 50000 JSON values');
     });
 
     it('takes a body between 1 and 25 MB, and refuses one over 25 MB', async () => {
