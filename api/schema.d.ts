@@ -1409,8 +1409,8 @@ export interface paths {
          *     SERVICE_NOTIFY_DISABLE_AFTER deliveries in a row fail for good, the endpoint is disabled and a
          *     `notification.endpoint_disabled` event goes to the tenant's other endpoints. The URL obeys the http
          *     tool's address rule: no private or loopback address unless SERVICE_HTTP_ALLOW_PRIVATE=1 (422
-         *     `address-not-allowed`), checked again when each delivery connects. A tenant keeps at most 50
-         *     endpoints, enabled or disabled (each event is one stored delivery and one job per endpoint); one
+         *     `address-not-allowed`), checked again when each delivery connects. A tenant keeps at most
+         *     SERVICE_TENANT_MAX_NOTIFICATION_ENDPOINTS (50 unless set) endpoints, enabled or disabled (each event is one stored delivery and one job per endpoint); one
          *     more is a 409.
          */
         post: operations["createNotificationEndpoint"];

@@ -37,6 +37,8 @@ export type NotificationSettings = {
   /** deliveries failed for good in a row that disable an endpoint */
   disableAfter: number;
   timeoutMs: number;
+  /** endpoints a tenant keeps: each event of the tenant is one stored delivery and one job per endpoint, made in its append */
+  maxEndpoints: number;
 };
 
 export type EndpointInput = { url: string; description?: string | null; event_types: string[] };
@@ -58,8 +60,6 @@ function subscribes(patterns: string[], type: NotificationType): boolean {
 }
 
 const CACHE_MS = 5_000;
-/** Endpoints a tenant keeps: each event of the tenant is one stored delivery and one job per endpoint, made in its append. */
-export const MAX_ENDPOINTS = 50;
 const jobId = (d: NotificationDelivery) => `ntf-${d.id}${d.replays ? `-r${d.replays}` : ''}`;
 
 export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | 'secretBox' | 'queues'>, settings: NotificationSettings) {
@@ -172,8 +172,10 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
     async create(tenantId: string, input: EndpointInput): Promise<{ endpoint: NotificationEndpoint; secret: string }> {
       const errors = problemsOf(input);
       if (errors.length) throw new ValidationError('the endpoint is not valid', errors);
-      if ((await store.notificationEndpoints.list(tenantId)).length >= MAX_ENDPOINTS)
-        throw new ConflictError(`this tenant has ${MAX_ENDPOINTS} notification endpoints, the most it may keep: remove one first`);
+      if ((await store.notificationEndpoints.list(tenantId)).length >= settings.maxEndpoints)
+        throw new ConflictError(
+          `this tenant has ${settings.maxEndpoints} notification endpoints, the most it may keep (SERVICE_TENANT_MAX_NOTIFICATION_ENDPOINTS): remove one first`,
+        );
       await assertPublicHost(new URL(input.url), settings.httpAllowPrivate);
       const now = clock.now().toISOString();
       const id = newId('nep');
