@@ -20,7 +20,9 @@ describe('sandbox', function () {
   let h: Harness;
   before(async function () {
     // limits small enough to be reached in a test: a step's /tmp, its processes
-    h = await startHarness({ env: { SERVICE_SANDBOX_FILE_SIZE_MB: '64', SERVICE_SANDBOX_PROCESSES: '64' } });
+    // 1 GB of memory a step: the 10 GB allocation below fills the default 4 GB first (5.5 s alone, and past the
+    // 20 s a run is waited for while the other test files load the 2 cores of a slower machine)
+    h = await startHarness({ env: { SERVICE_SANDBOX_FILE_SIZE_MB: '64', SERVICE_SANDBOX_PROCESSES: '64', SERVICE_SANDBOX_MEMORY_MB: '1024' } });
     if (h.rt.sandbox.kind !== 'bwrap') {
       if (process.env.CI) throw new Error('bubblewrap is not installed: .ci/run installs it');
       console.log('      (bubblewrap is not installed here: the sandbox tests are skipped)');
