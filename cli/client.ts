@@ -77,13 +77,9 @@ export class ApiClient {
     readonly baseUrl: string,
     private readonly key: string | undefined,
     private readonly fetchImpl: typeof fetch = fetch,
-    private readonly timeoutMs = DEFAULT_REQUEST_TIMEOUT_MS,
+    /** how long one call waits by default, in ms */
+    readonly timeoutMs = DEFAULT_REQUEST_TIMEOUT_MS,
   ) {}
-
-  /** How long one call waits by default, in ms. */
-  get timeout(): number {
-    return this.timeoutMs;
-  }
 
   private headers(extra: Record<string, string> = {}): Record<string, string> {
     return { ...(this.key ? { authorization: `Bearer ${this.key}` } : {}), 'user-agent': 'automation-service-cli', ...extra };

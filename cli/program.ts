@@ -463,7 +463,7 @@ Examples:
       // the service answers within --timeout (202 after it): the call waits that long, and a little more
       const report = await client.request('POST', '/api/v1/autonomy/workspace-audit/run', {
         body,
-        timeoutMs: Math.max(client.timeout, (opts.timeout + 30) * 1000),
+        timeoutMs: Math.max(client.timeoutMs, (opts.timeout + 30) * 1000),
       });
       if (o.json) o.printJson(report);
       if (!report.phases) {

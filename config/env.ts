@@ -4,6 +4,7 @@ import path from 'node:path';
 import { z } from 'zod';
 import { TOOL_NAMES, type ToolName } from '../engine/platform/records.js';
 import { hasHashTag, parseRedisUrl } from '../engine/platform/redis.js';
+import { publicKeyFromText } from '../engine/evidence/keys.js';
 
 export type ApiKeySeed = { tenantId: string; key: string };
 
@@ -290,7 +291,7 @@ const schema = z.object({
   ),
   // each an Ed25519 public key: its 32 raw bytes (hex or base64), or the base64 line of its PEM (44 bytes)
   SERVICE_EVIDENCE_PREVIOUS_KEYS: list.refine(
-    (keys) => keys.every((k) => /^[0-9a-fA-F]{64}$/.test(k) || (/^[A-Za-z0-9+/]+={0,2}$/.test(k) && [32, 44].includes(Buffer.from(k, 'base64').length))),
+    (keys) => keys.every((k) => publicKeyFromText(k) !== null),
     'expected Ed25519 public keys, comma-separated: each 64 hex characters, or the base64 of its 32 bytes or of its PEM',
   ),
   SERVICE_TENANT_MAX_RUNNING: int(10, 1, 10_000),

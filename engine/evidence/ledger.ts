@@ -21,7 +21,7 @@ export function ledgerOf(deps: Pick<Platform, 'store' | 'clock'> & { signer: Evi
     /** The earlier keys (SERVICE_EVIDENCE_PREVIOUS_KEYS) that signed some of these entries, by id: a pack of them names them. */
     earlierKeysOf: (entries: LedgerEntry[]): LedgerKey[] =>
       [...new Set(entries.map((e) => e.key_id))]
-        .filter((id) => id !== signer.keyId && signer.earlier.has(id))
+        .filter((id) => signer.earlier.has(id))
         .sort()
         .map((id) => ({ key_id: id, pem: pemOf(signer.earlier.get(id)!) })),
 

@@ -229,13 +229,10 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
         registryUrl: config.audit.registryUrl,
       },
       secretBox: createSecretBox(secretKey.key),
+      // each checked by parseEnv
       signer: signerOf(
         evidenceKey.key,
-        config.evidencePreviousKeys.map((text, i) => {
-          const key = publicKeyFromText(text);
-          if (!key) throw new Error(`SERVICE_EVIDENCE_PREVIOUS_KEYS: key ${i + 1} is not an Ed25519 public key`);
-          return key;
-        }),
+        config.evidencePreviousKeys.map((text) => publicKeyFromText(text)!),
       ),
       voice: voiceSettingsOf(config, opts, sandbox, log),
       apiRateLimit: config.apiRateLimit,
