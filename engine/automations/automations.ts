@@ -43,6 +43,9 @@ export function runSummaryOf(r: Run) {
   };
 }
 
+const tooMany = (max: number) =>
+  new ConflictError(`this tenant has ${max} automations, the most it may keep (SERVICE_TENANT_MAX_AUTOMATIONS): archive one first`);
+
 export type AutomationHooks = {
   /** after any change of an automation's triggers or status (keeps the cron triggers' set in step) */
   changed(a: Automation, before?: Automation): Promise<void>;
@@ -114,10 +117,10 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
       checkWork(def, errors);
       check(errors);
       requireAgentFor(deps.settings, def.steps, 'this automation');
-      // every automation is work for each file event, trigger refresh and reconcile of the process
+      // every automation is work for each file event, trigger refresh and reconcile of the process. The count
+      // read here answers most at once; the insert's own check is the one that holds when creates race
       const max = limits.tenantMaxAutomations;
-      if (max !== undefined && (await store.automations.countLive(tenantId)) >= max)
-        throw new ConflictError(`this tenant has ${max} automations, the most it may keep (SERVICE_TENANT_MAX_AUTOMATIONS): archive one first`);
+      if (max !== undefined && (await store.automations.countLive(tenantId)) >= max) throw tooMany(max);
       const now = clock.now().toISOString();
       const automation: Automation = {
         id: newId('aut'),
@@ -138,7 +141,7 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
         created_at: now,
         updated_at: now,
       };
-      await store.automations.insert(automation);
+      if ((await store.automations.insert(automation, max === undefined ? undefined : { maxLive: max })) === 'over-cap') throw tooMany(max!);
       deps.log.info({ tenant_id: tenantId, automation_id: automation.id, template_id: template?.id }, 'automation created');
       return changed(automation);
     },

@@ -77,6 +77,15 @@ function endedAmong(known: readonly TaskRecord[], tasks: readonly TaskRecord[]):
   return known.filter((t) => deps.has(t.id) && TERMINAL_TASK_STATUSES.includes(t.status));
 }
 
+/** How many tasks a session holds, of every status. */
+const tasksIn = (counts: Partial<Record<TaskStatus, number>>) => Object.values(counts).reduce((sum, n) => sum + n, 0);
+
+/** A batch that would take its session past SERVICE_SESSION_MAX_TASKS, which holds `held`. */
+const tooMany = (max: number, held: number) => ({
+  path: '/body/tasks',
+  message: `a session holds at most ${max} tasks (SERVICE_SESSION_MAX_TASKS); this one has ${held}`,
+});
+
 /** The reconciler reads stale tasks this many at a time, up to this many pages a pass. */
 const STALE_PAGE = 500;
 const STALE_PAGES = 40;
@@ -498,7 +507,7 @@ export function tasksOf(deps: TasksDeps) {
         store.agents.list(session.tenant_id, session.id),
         store.messages.lastSeq(session.tenant_id, session.id),
       ]);
-      const held = Object.values(counts).reduce((sum, n) => sum + n, 0);
+      const held = tasksIn(counts);
       const now = clock.now().toISOString();
       // after every task the session has: a later request's tasks come after an earlier one's, however large it
       // was. Each add numbers its tasks from the count it read, so no task's position is above the count
@@ -524,10 +533,10 @@ export function tasksOf(deps: TasksDeps) {
         updated_at: now,
       }));
       const errors = dagErrors(existing, records, new Set(agents.map((a) => a.id)));
-      // every resume, archive and listing reads all of a session's tasks
+      // every resume, archive and listing reads all of a session's tasks. The count read above answers most at
+      // once, with the batch's other errors; the insert's own check is the one that holds when batches race
       const max = deps.settings.sessionMaxTasks;
-      if (held + records.length > max)
-        errors.push({ path: '/body/tasks', message: `a session holds at most ${max} tasks (SERVICE_SESSION_MAX_TASKS); this one has ${held}` });
+      if (held + records.length > max) errors.push(tooMany(max, held));
       records.forEach((t, i) => {
         // the API's own limits, for what does not come through it (the session tool): a task of 5,000
         // dependencies would take 5,000 outputs as its inputs.upstream
@@ -549,8 +558,14 @@ export function tasksOf(deps: TasksDeps) {
         allowlistOf(deps.settings, agent?.tool_allowlist, t.steps, `/body/tasks/${i}`);
         requireAgentFor(deps.settings, t.steps, `task ${t.id}`);
       });
+      const inserted = await store.tasks.insertMany(records, { maxHeld: max });
+      // another batch stored since the count above: the session as it is now
+      if (inserted === 'over-cap') {
+        const over = tooMany(max, tasksIn(await store.tasks.counts(session.tenant_id, session.id)));
+        throw new TaskGraphInvalidError(`${over.path}: ${over.message}`, [over]);
+      }
       // ids checked against the tasks read above; one taken since, by a request at the same time, is the same error
-      if (!(await store.tasks.insertMany(records))) {
+      if (inserted === 'id-taken') {
         const taken = new Set(
           (
             await store.tasks.getMany(

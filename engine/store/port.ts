@@ -46,8 +46,16 @@ export type AutomationQuery = {
 
 export type AutomationChanges = Partial<Omit<Automation, 'id' | 'tenant_id' | 'created_at'>>;
 
+/** What an insert under a cap did: stored it, or stored nothing because it would take the count past the cap. */
+export type CappedInsert = 'inserted' | 'over-cap';
+
 export interface AutomationRepo {
-  insert(automation: Automation): Promise<void>;
+  /**
+   * Inserts the automation; with `maxLive`, a live one only while the tenant has fewer live automations
+   * than that, checked in the same atomic step as the write, so of inserts that race no more than the cap
+   * are stored. A check read before, then a write, lets two at once both pass.
+   */
+  insert(automation: Automation, cap?: { maxLive: number }): Promise<CappedInsert>;
   get(tenantId: string, id: string): Promise<Automation | null>;
   list(tenantId: string, query: AutomationQuery): Promise<Page<Automation>>;
   /** The same page, each automation as the JSON text of its representation: answered without a parse and a stringify. */
@@ -303,9 +311,12 @@ export interface GateRunRepo {
 export type TaskChanges = Partial<Pick<TaskRecord, 'status' | 'attempts' | 'run_ids' | 'output' | 'updated_at'>>;
 
 export interface TaskRepo {
-  /** Inserts a batch of tasks of one session in one transaction: all or none. */
-  /** Inserts the batch, all or none; false (nothing stored) when an id is taken in its session, by a concurrent insert. */
-  insertMany(tasks: TaskRecord[]): Promise<boolean>;
+  /**
+   * Inserts a batch of tasks of one session, all or none; 'id-taken' (nothing stored) when an id is taken in
+   * its session, by a concurrent insert. With `maxHeld`, only while the session holds at most that many tasks
+   * with the batch, checked in the same atomic step as the write (as AutomationRepo.insert's cap).
+   */
+  insertMany(tasks: TaskRecord[], cap?: { maxHeld: number }): Promise<CappedInsert | 'id-taken'>;
   get(tenantId: string, sessionId: string, id: string): Promise<TaskRecord | null>;
   /** The tasks of a session with these ids, in creation order; ids it does not have are left out. */
   getMany(tenantId: string, sessionId: string, ids: string[]): Promise<TaskRecord[]>;

@@ -1,5 +1,5 @@
 import { expect } from 'chai';
-import { KEYS, startHarness, type Harness } from '../support/harness.js';
+import { heldTogether, KEYS, startHarness, type Harness } from '../support/harness.js';
 import { startWebServer } from '../../api/server.js';
 
 /** An agent endpoint set (never called here): automations whose work is a goal need one. */
@@ -125,6 +125,28 @@ describe('automations API', () => {
       expect((await make(KEYS.b)).status).to.equal(201);
       expect((await small.call('DELETE', `/api/v1/automations/${first.body.id}`)).status).to.be.oneOf([200, 204]);
       expect((await make()).status).to.equal(201);
+    } finally {
+      await small.close();
+    }
+  });
+
+  it('keeps the cap when creates race: of two at once, one below it, one is made and the other refused with 409', async () => {
+    const small = await startHarness({ workers: false, env: { SERVICE_TENANT_MAX_AUTOMATIONS: '2' } });
+    try {
+      const body = { name: 'bounded', steps: [{ tool: 'message', args: { text: 'x' } }] };
+      expect((await small.call('POST', '/api/v1/automations', { body })).status).to.equal(201);
+      // one from a definition, one from a template: both read the count before either is stored
+      const release = heldTogether(small.rt.store.automations, 'countLive', 2);
+      const raced = await Promise.all([
+        small.call('POST', '/api/v1/automations', { body }),
+        small.call('POST', '/api/v1/automations/templates/instantiate', { body: { template_id: 'nightly-audit', variables: {} } }),
+      ]).finally(release);
+      expect(raced.map((r) => r.status).sort(), raced.map((r) => r.text).join('\n')).to.deep.equal([201, 409]);
+      const refused = raced.find((r) => r.status === 409)!;
+      expect(refused.body).to.deep.include({ code: 'conflict' });
+      expect(refused.body.detail).to.contain('SERVICE_TENANT_MAX_AUTOMATIONS');
+      expect((await small.call('GET', '/api/v1/automations')).body.data).to.have.length(2);
+      expect(await small.rt.store.automations.countLive('tenant-a')).to.equal(2);
     } finally {
       await small.close();
     }

@@ -475,7 +475,7 @@ describe('task DAG', function () {
       created_at: done.created_at,
       updated_at: done.created_at,
     });
-    expect(await h.rt.store.tasks.insertMany([stored('held', 'queued'), stored('lost', 'pending')])).to.equal(true);
+    expect(await h.rt.store.tasks.insertMany([stored('held', 'queued'), stored('lost', 'pending')])).to.equal('inserted');
     const repaired = await h.rt.engine.sessions.reconcile(0);
     expect(repaired.finished).to.be.at.least(2);
     expect((await h.call<Body>('GET', `/api/v1/sessions/${archived}/tasks`)).body.data.map((t: Body) => [t.id, t.status])).to.deep.equal([
@@ -692,7 +692,7 @@ describe('task DAG', function () {
         run_ids: [],
         output: null,
       });
-      expect(await quiet.rt.store.tasks.insertMany([stored('u1', []), stored('u2', ['u1'])])).to.equal(true);
+      expect(await quiet.rt.store.tasks.insertMany([stored('u1', []), stored('u2', ['u1'])])).to.equal('inserted');
       expect(await quiet.rt.engine.sessions.reconcile(0)).to.deep.equal({ finished: 0, started: 1 });
       const registered = (await quiet.call<Body>('GET', `/api/v1/sessions/${unregistered}/tasks`)).body.data as Body[];
       expect(registered.map((t) => [t.id, t.status, t.run_ids.length])).to.deep.equal([

@@ -3,7 +3,7 @@
 import { expect } from 'chai';
 import { EventSource } from 'eventsource';
 import { FAKE_TOKEN, SMTP_USER, startFakeProviders, type FakeProviders } from '../support/fake-providers.js';
-import { eventually, finishedRun, KEYS, startHarness, type Harness } from '../support/harness.js';
+import { eventually, finishedRun, heldTogether, KEYS, startHarness, type Harness } from '../support/harness.js';
 
 type Body = Record<string, any>;
 
@@ -246,6 +246,29 @@ describe('sessions', function () {
       expect(over.body.errors).to.deep.include({ path: '/body/tasks', message: 'a session holds at most 5 tasks (SERVICE_SESSION_MAX_TASKS); this one has 3' });
       expect((await small.call<Body>('GET', `/api/v1/sessions/${s.id}/tasks`)).body.data.map((t: Body) => t.id)).to.deep.equal(['a', 'b', 'c']);
       expect((await add(['d', 'e'])).status, 'up to the limit').to.equal(201);
+    } finally {
+      await small.close();
+    }
+  });
+
+  it('holds a session to SERVICE_SESSION_MAX_TASKS when batches race: of two that fit alone but not together, one is added', async () => {
+    const small = await startHarness({ workers: false, env: { SERVICE_SESSION_MAX_TASKS: '5' } });
+    try {
+      const s = (await small.call<Body>('POST', '/api/v1/sessions', { body: { title: 'bounded' } })).body;
+      const tasks = (ids: string[]) => ({ tasks: ids.map((id) => ({ id, steps: [{ tool: 'message', args: { text: id } }] })) });
+      const add = (ids: string[]) => small.call<Body>('POST', `/api/v1/sessions/${s.id}/tasks`, { body: tasks(ids) });
+      // both read how many tasks the session holds before either stores its own
+      const release = heldTogether(small.rt.store.tasks, 'counts', 2);
+      const raced = await Promise.all([add(['a', 'b', 'c']), add(['d', 'e', 'f'])]).finally(release);
+      expect(raced.map((r) => r.status).sort(), raced.map((r) => r.text).join('\n')).to.deep.equal([201, 422]);
+      const [added, refused] = raced[0]!.status === 201 ? raced : [raced[1]!, raced[0]!];
+      expect(refused!.body).to.deep.include({ code: 'task-graph-invalid' });
+      expect(refused!.body.errors).to.deep.equal([
+        { path: '/body/tasks', message: 'a session holds at most 5 tasks (SERVICE_SESSION_MAX_TASKS); this one has 3' },
+      ]);
+      const stored = (await small.call<Body>('GET', `/api/v1/sessions/${s.id}/tasks`)).body.data.map((t: Body) => t.id);
+      expect(stored).to.deep.equal(added!.body.data.map((t: Body) => t.id));
+      expect(stored).to.have.length(3);
     } finally {
       await small.close();
     }

@@ -98,6 +98,30 @@ export function deliveryFixture(tenantId: string, over: Partial<WebhookDelivery>
   };
 }
 
+export function taskFixture(over: Partial<TaskRecord> = {}): TaskRecord {
+  const now = new Date().toISOString();
+  return {
+    id: newId('tsk'),
+    tenant_id: 't1',
+    session_id: 'ses_t',
+    title: null,
+    goal: null,
+    steps: [{ tool: 'shell', args: { command: 'true' } }],
+    agent_id: null,
+    depends_on: [],
+    trigger_rule: 'all_success',
+    status: 'pending',
+    attempts: 0,
+    max_attempts: 2,
+    position: 1,
+    run_ids: [],
+    output: null,
+    created_at: now,
+    updated_at: now,
+    ...over,
+  };
+}
+
 export function storeContract(name: string, open: () => Promise<Store>): void {
   describe(`store contract: ${name}`, () => {
     let store: Store;
@@ -142,6 +166,30 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       await store.automations.insert(automationFixture('t1', { status: 'archived' }));
       await store.automations.insert(automationFixture('t1', { status: 'enabled' }));
       expect(await store.automations.countLive('t1')).to.equal(1);
+    });
+
+    it('inserts an automation under a cap on the tenant’s live ones, archived ones aside, and stores nothing over it', async () => {
+      const cap = { maxLive: 2 };
+      expect(await store.automations.insert(automationFixture('t1'), cap)).to.equal('inserted');
+      expect(await store.automations.insert(automationFixture('t1', { status: 'archived' }), cap), 'an archived one is not held').to.equal('inserted');
+      expect(await store.automations.insert(automationFixture('t1', { status: 'disabled' }), cap)).to.equal('inserted');
+      const over = automationFixture('t1');
+      expect(await store.automations.insert(over, cap)).to.equal('over-cap');
+      expect(await store.automations.get('t1', over.id)).to.equal(null);
+      expect(await store.automations.countLive('t1')).to.equal(2);
+      expect(await store.automations.insert(automationFixture('t2'), cap), 'another tenant has its own count').to.equal('inserted');
+      expect(await store.automations.insert(automationFixture('t1')), 'without a cap').to.equal('inserted');
+    });
+
+    it('holds the cap on automations when inserts race: of five at once, one below it, one is stored', async () => {
+      const cap = { maxLive: 3 };
+      for (let i = 0; i < 2; i++) await store.automations.insert(automationFixture('t1'), cap);
+      const raced = Array.from({ length: 5 }, () => automationFixture('t1'));
+      const outcomes = await Promise.all(raced.map((a) => store.automations.insert(a, cap)));
+      expect(outcomes.filter((o) => o === 'inserted')).to.have.length(1);
+      expect(await store.automations.countLive('t1')).to.equal(3);
+      const stored = await Promise.all(raced.map((a) => store.automations.get('t1', a.id)));
+      expect(stored.map((a) => (a ? 'inserted' : 'over-cap'))).to.deep.equal(outcomes);
     });
 
     it('lists newest first with cursor pages, hiding archived unless asked', async () => {
@@ -727,11 +775,11 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
         updated_at: at(0),
         ...over,
       });
-      expect(await store.tasks.insertMany([task('a'), task('b', { depends_on: ['a'], created_at: at(1) })])).to.equal(true);
+      expect(await store.tasks.insertMany([task('a'), task('b', { depends_on: ['a'], created_at: at(1) })])).to.equal('inserted');
       // the same ids in another session or tenant are other tasks
       await store.tasks.insertMany([task('a', { session_id: 'ses_u' }), task('a', { tenant_id: 't2' })]);
       // a batch with a taken id writes nothing, and says so
-      expect(await store.tasks.insertMany([task('c', { created_at: at(2) }), task('a')])).to.equal(false);
+      expect(await store.tasks.insertMany([task('c', { created_at: at(2) }), task('a')])).to.equal('id-taken');
       expect((await store.tasks.list('t1', 'ses_t')).map((t) => t.id)).to.deep.equal(['a', 'b']);
       expect(await store.tasks.get('t2', 'ses_t', 'b')).to.equal(null);
       expect((await store.tasks.get('t1', 'ses_t', 'b'))!.depends_on).to.deep.equal(['a']);
@@ -762,6 +810,27 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       const rest = await store.tasks.listStale('pending', at(10), 2, first.at(-1));
       expect([...first, ...rest].map((t) => `${t.tenant_id}/${t.session_id}/${t.id}`).sort()).to.deep.equal(['t1/ses_t/b', 't1/ses_u/a', 't2/ses_t/a']);
       expect(rest).to.have.length(1);
+    });
+
+    it('inserts a batch of tasks under a cap on what its session holds, and stores none of a batch that would pass it', async () => {
+      const task = (id: string, session_id = 'ses_c') => taskFixture({ id, session_id });
+      const cap = { maxHeld: 4 };
+      expect(await store.tasks.insertMany([task('a'), task('b')], cap)).to.equal('inserted');
+      await store.tasks.update('t1', 'ses_c', 'a', { status: 'succeeded' }, ['pending']);
+      expect(await store.tasks.insertMany([task('c'), task('d'), task('e')], cap), 'an ended task is held too').to.equal('over-cap');
+      expect((await store.tasks.list('t1', 'ses_c')).map((t) => t.id)).to.deep.equal(['a', 'b']);
+      expect(await store.tasks.insertMany([task('c'), task('d')], cap), 'up to the cap').to.equal('inserted');
+      expect(await store.tasks.insertMany([task('a', 'ses_d'), task('b', 'ses_d')], cap), 'another session has its own count').to.equal('inserted');
+      // racing batches that each fit, but not together: one is stored, whole
+      const raced = [
+        [task('x1', 'ses_r'), task('x2', 'ses_r'), task('x3', 'ses_r')],
+        [task('y1', 'ses_r'), task('y2', 'ses_r'), task('y3', 'ses_r')],
+        [task('z1', 'ses_r'), task('z2', 'ses_r')],
+      ];
+      const outcomes = await Promise.all(raced.map((batch) => store.tasks.insertMany(batch, cap)));
+      expect(outcomes.filter((o) => o === 'inserted')).to.have.length(1);
+      const won = raced[outcomes.indexOf('inserted')]!;
+      expect((await store.tasks.list('t1', 'ses_r')).map((t) => t.id).sort()).to.deep.equal(won.map((t) => t.id).sort());
     });
 
     it('appends a tenant’s ledger after its head, never twice to one head, keeps payloads once, and lists by seq and time', async () => {

@@ -5,7 +5,7 @@ import { expect } from 'chai';
 import Database from 'better-sqlite3';
 import { openSqliteStore } from '../../engine/store/sqlite/index.js';
 import { MIGRATIONS } from '../../engine/store/sqlite/migrations.js';
-import { automationFixture, runFixture, storeContract } from './store-contract.js';
+import { automationFixture, runFixture, storeContract, taskFixture } from './store-contract.js';
 
 describe('SQLite store', () => {
   let dir: string;
@@ -157,6 +157,31 @@ describe('SQLite store', () => {
     await late;
     clearInterval(ticker);
     expect((await store.automations.list('t1', { limit: 10 })).items.map((x) => x.name).sort()).to.deep.equal(['late', 'renamed']);
+    other.close();
+    await store.close();
+  });
+
+  it('checks the caps under the write lock: what another process wrote while this one waited for it counts', async () => {
+    const file = path.join(dir, 'caps-locked.sqlite');
+    const store = openSqliteStore(file);
+    await store.automations.insert(automationFixture('t1'));
+    const other = new Database(file); // another process, at the same cap: it writes while this one waits
+    other.exec('BEGIN IMMEDIATE');
+    const a = automationFixture('t1');
+    const insert = store.automations.insert(a, { maxLive: 2 });
+    const tasks = store.tasks.insertMany([taskFixture({ session_id: 'ses_1' })], { maxHeld: 1 });
+    await new Promise((r) => setTimeout(r, 50));
+    const theirs = automationFixture('t1');
+    other.prepare('INSERT INTO automations (id, tenant_id, status, doc) VALUES (?, ?, ?, ?)').run(theirs.id, 't1', 'enabled', JSON.stringify(theirs));
+    other
+      .prepare("INSERT INTO tasks (tenant_id, session_id, id, status, created_at, updated_at, doc) VALUES ('t1', 'ses_1', 'theirs', 'pending', 'a', 'a', '{}')")
+      .run();
+    other.exec('COMMIT');
+    expect(await insert).to.equal('over-cap');
+    expect(await tasks).to.equal('over-cap');
+    expect(await store.automations.countLive('t1')).to.equal(2);
+    expect(await store.automations.get('t1', a.id)).to.equal(null);
+    expect(await store.tasks.counts('t1', 'ses_1')).to.deep.equal({ pending: 1 });
     other.close();
     await store.close();
   });

@@ -142,6 +142,29 @@ export async function eventually<T>(check: () => Promise<T> | T, what: string, m
   }
 }
 
+/**
+ * Holds the first `n` calls of an async method of `target` until all `n` have their answers, then lets
+ * them go on together: requests made at once then all read before any of them writes, the window a race
+ * needs, open every time rather than when the event loop happens to interleave them. Returns the undo.
+ */
+export function heldTogether<T extends object, K extends keyof T>(target: T, key: K, n: number): () => void {
+  const original = target[key] as (...args: unknown[]) => Promise<unknown>;
+  const waiting: (() => void)[] = [];
+  const together = () =>
+    new Promise<void>((resolve) => {
+      waiting.push(resolve);
+      if (waiting.length === n) for (const go of waiting) go();
+    });
+  target[key] = (async (...args: unknown[]) => {
+    const answer = await original.apply(target, args);
+    if (waiting.length < n) await together();
+    return answer;
+  }) as T[K];
+  return () => {
+    target[key] = original as T[K];
+  };
+}
+
 const TERMINAL_STATUSES = ['succeeded', 'failed', 'canceled', 'timed_out'];
 
 /** The run once it has finished, read through the API. */

@@ -1,7 +1,7 @@
 import { Schema, type Model } from 'mongoose';
 import type { Automation } from '../../platform/index.js';
 import type { AutomationRepo } from '../port.js';
-import { definedOnly, fromStored, loose, pageOf, toStored, type Stored } from './documents.js';
+import { definedOnly, fromStored, insertUnderCap, loose, pageOf, toStored, type Stored } from './documents.js';
 
 export const automationSchema = new Schema({ _id: String, tenant_id: { type: String, required: true }, status: { type: String, required: true } }, loose);
 automationSchema.index({ tenant_id: 1, _id: -1 });
@@ -13,9 +13,15 @@ automationSchema.index({ tenant_id: 1, 'triggers.type': 1, status: 1, _id: 1 });
 export function automationRepo(model: Model<Stored<Automation>>): AutomationRepo {
   const list: AutomationRepo['list'] = (tenantId, q) =>
     pageOf(model, { tenant_id: tenantId, status: q.statuses ? { $in: q.statuses } : { $ne: 'archived' } }, q);
+  const countLive = (tenantId: string) => model.countDocuments({ tenant_id: tenantId, status: { $ne: 'archived' } });
   return {
-    async insert(a) {
-      await model.collection.insertOne(toStored(a) as never);
+    async insert(a, cap) {
+      const insert = async () => {
+        await model.collection.insertOne(toStored(a) as never);
+        return 'inserted' as const;
+      };
+      if (!cap || a.status === 'archived') return insert();
+      return insertUnderCap(1, cap.maxLive, { insert, count: () => countLive(a.tenant_id), remove: () => model.deleteOne({ _id: a.id }) });
     },
     async get(tenantId, id) {
       return fromStored(await model.findOne({ _id: id, tenant_id: tenantId }).lean<Stored<Automation>>());
@@ -31,9 +37,7 @@ export function automationRepo(model: Model<Stored<Automation>>): AutomationRepo
         .lean<Stored<Automation>>();
       return fromStored(updated);
     },
-    async countLive(tenantId) {
-      return model.countDocuments({ tenant_id: tenantId, status: { $ne: 'archived' } });
-    },
+    countLive,
     async listEnabledWithTrigger(type, tenantId) {
       const filter: Record<string, unknown> = { status: 'enabled', 'triggers.type': type, ...(tenantId === undefined ? {} : { tenant_id: tenantId }) };
       const rows = await model.find(filter).sort({ _id: 1 }).lean<Stored<Automation>[]>();

@@ -2,7 +2,7 @@
 import { Schema, type Model } from 'mongoose';
 import type { TaskRecord, TaskStatus } from '../../platform/index.js';
 import type { TaskRepo } from '../port.js';
-import { definedOnly, isDuplicateKey, loose } from './documents.js';
+import { definedOnly, insertUnderCap, isDuplicateKey, loose } from './documents.js';
 
 type StoredTask = Omit<TaskRecord, 'id'> & { _id: string; task_id: string };
 
@@ -23,20 +23,29 @@ const fromStored = (d: StoredTask | null): TaskRecord | null => {
 };
 
 export function taskRepo(model: Model<StoredTask>): TaskRepo {
+  // a replica set would make this one transaction; ordered inserts stop at the first failure, and
+  // what they stored before it is taken back, so the batch is all or none
+  const insertAll = async (tasks: TaskRecord[]) => {
+    try {
+      await model.collection.insertMany(tasks.map(toStored) as never[], { ordered: true });
+      return 'inserted' as const;
+    } catch (err) {
+      const e = err as { insertedIds?: Record<number, string> };
+      if (!isDuplicateKey(err)) throw err;
+      const inserted = Object.values(e.insertedIds ?? {});
+      if (inserted.length) await model.deleteMany({ _id: { $in: inserted } });
+      return 'id-taken' as const;
+    }
+  };
   return {
-    async insertMany(tasks) {
-      // a replica set would make this one transaction; ordered inserts stop at the first failure, and
-      // what they stored before it is taken back, so the batch is all or none
-      try {
-        await model.collection.insertMany(tasks.map(toStored) as never[], { ordered: true });
-        return true;
-      } catch (err) {
-        const e = err as { insertedIds?: Record<number, string> };
-        if (!isDuplicateKey(err)) throw err;
-        const inserted = Object.values(e.insertedIds ?? {});
-        if (inserted.length) await model.deleteMany({ _id: { $in: inserted } });
-        return false;
-      }
+    async insertMany(tasks, cap) {
+      const first = tasks[0];
+      if (!cap || !first) return insertAll(tasks);
+      return insertUnderCap(tasks.length, cap.maxHeld, {
+        insert: () => insertAll(tasks),
+        count: () => model.countDocuments({ tenant_id: first.tenant_id, session_id: first.session_id }),
+        remove: () => model.deleteMany({ _id: { $in: tasks.map((t) => keyOf(t.tenant_id, t.session_id, t.id)) } }),
+      });
     },
     async get(tenantId, sessionId, id) {
       return fromStored(await model.findOne({ _id: keyOf(tenantId, sessionId, id) }).lean<StoredTask>());

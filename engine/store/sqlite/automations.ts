@@ -2,7 +2,7 @@
 import type { Statement } from 'better-sqlite3';
 import { groupCommit, type Db } from './db.js';
 import type { Automation } from '../../platform/index.js';
-import { decodeCursor, toPage, type AutomationQuery, type AutomationRepo, type JsonDoc, type Page } from '../port.js';
+import { decodeCursor, toPage, type AutomationQuery, type AutomationRepo, type CappedInsert, type JsonDoc, type Page } from '../port.js';
 
 export function automationRepo(db: Db): AutomationRepo {
   const insert = db.prepare('INSERT INTO automations (id, tenant_id, status, doc) VALUES (?, ?, ?, ?)');
@@ -67,10 +67,13 @@ export function automationRepo(db: Db): AutomationRepo {
   };
 
   return {
-    async insert(a) {
-      await commit(() => {
+    async insert(a, cap) {
+      // read inside the write's IMMEDIATE transaction: no other write, of this process or another, comes between
+      return commit((): CappedInsert => {
+        if (cap && a.status !== 'archived' && (live.get(a.tenant_id)?.live ?? 0) >= cap.maxLive) return 'over-cap';
         insert.run(a.id, a.tenant_id, a.status, JSON.stringify(a));
         placeTriggers(null, a);
+        return 'inserted';
       });
     },
     async get(tenantId, id) {

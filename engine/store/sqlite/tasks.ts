@@ -1,6 +1,6 @@
 // The tasks of multi-agent sessions, keyed by tenant, session and the task's own id.
 import type { TaskRecord, TaskStatus } from '../../platform/index.js';
-import type { TaskRepo } from '../port.js';
+import type { CappedInsert, TaskRepo } from '../port.js';
 import { groupCommit, type Db } from './db.js';
 
 export function taskRepo(db: Db): TaskRepo {
@@ -19,11 +19,16 @@ export function taskRepo(db: Db): TaskRepo {
   const counts = db.prepare<[string, string], { status: TaskStatus; n: number }>(
     'SELECT status, n FROM task_counts WHERE tenant_id = ? AND session_id = ? AND n > 0',
   );
+  const held = db.prepare<[string, string], { n: number | null }>('SELECT SUM(n) AS n FROM task_counts WHERE tenant_id = ? AND session_id = ?');
   const read = (row: { doc: string } | undefined): TaskRecord | null => (row ? (JSON.parse(row.doc) as TaskRecord) : null);
   // writes go in the store's group commit: the writes of one turn of the event loop share a commit
   const commit = groupCommit(db);
-  const insertMany = (tasks: TaskRecord[]) => {
+  // the count is read inside the write's IMMEDIATE transaction: no other write, of this process or another, comes between
+  const insertMany = (tasks: TaskRecord[], cap?: { maxHeld: number }): CappedInsert => {
+    const first = tasks[0];
+    if (cap && first && (held.get(first.tenant_id, first.session_id)?.n ?? 0) + tasks.length > cap.maxHeld) return 'over-cap';
     for (const t of tasks) insert.run(t.tenant_id, t.session_id, t.id, t.status, t.created_at, t.updated_at, JSON.stringify(t));
+    return 'inserted';
   };
   const update = (tenantId: string, sessionId: string, id: string, changes: Partial<TaskRecord>, ifStatusIn: string[]) => {
     const current = read(get.get(tenantId, sessionId, id));
@@ -33,13 +38,12 @@ export function taskRepo(db: Db): TaskRepo {
     return next;
   };
   return {
-    async insertMany(tasks) {
+    async insertMany(tasks, cap) {
       try {
-        await commit(() => insertMany(tasks));
-        return true;
+        return await commit(() => insertMany(tasks, cap));
       } catch (err) {
         // the batch's transaction is rolled back: none of it is stored
-        if ((err as { code?: string }).code === 'SQLITE_CONSTRAINT_PRIMARYKEY') return false;
+        if ((err as { code?: string }).code === 'SQLITE_CONSTRAINT_PRIMARYKEY') return 'id-taken';
         throw err;
       }
     },
