@@ -34,6 +34,12 @@ if not s or tonumber(s) ~= tonumber(ARGV[2]) then return 0 end
 if ARGV[3] == '' then redis.call('ZREM', KEYS[1], ARGV[1]) else redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1]) end
 return 1`;
 
+/** How many times a change of an automation's triggers is placed, each after another change stored meanwhile. */
+const SYNC_PASSES = 5;
+
+/** Whether two versions of an automation place the same cron triggers: they fire, or not, on the same schedules. */
+const sameSchedule = (x: Automation, y: Automation) => x.status === y.status && JSON.stringify(x.triggers) === JSON.stringify(y.triggers);
+
 type Member = { tenant_id: string; automation_id: string; trigger_index: number };
 const memberOf = (m: Member) => `${m.tenant_id}\t${m.automation_id}\t${m.trigger_index}`;
 function parseMember(member: string): Member | null {
@@ -84,19 +90,41 @@ export function schedulesOf(deps: Pick<Platform, 'queues' | 'store' | 'log' | 'r
     return (await move(member, at, next?.getTime() ?? null)) === 1;
   }
 
+  /** Places the triggers of `a` in the set, and removes those `before` had that it has not; what it placed. */
+  async function place(a: Automation, before?: Automation): Promise<Map<string, number | null>> {
+    const want = wanted(a, clock.now());
+    const had = (before ?? a).triggers.flatMap((t, i) =>
+      t.type === 'cron' ? [memberOf({ tenant_id: a.tenant_id, automation_id: a.id, trigger_index: i })] : [],
+    );
+    const writes = [...want].map(([member, at]) => set(member, at));
+    for (const member of had) if (!want.has(member)) writes.push(set(member, null));
+    await Promise.all(writes);
+    return want;
+  }
+
   return {
     /**
      * Brings one automation's triggers in the set in line with its triggers and status, in the engine's
      * batch. `before` is the automation as it was, so a trigger it no longer has is removed.
+     *
+     * Of two changes at once, the order they are stored in and the order their writes reach the set may
+     * differ (two processes, or a slow turn between the commit and the write): the automation is read
+     * again after each write and written again while it is not what was written. The last write is then
+     * followed by a read that found what it wrote, and a change stored after that read writes after it.
      */
     async sync(a: Automation, before?: Automation): Promise<void> {
-      const want = wanted(a, clock.now());
-      const had = (before ?? a).triggers.flatMap((t, i) =>
-        t.type === 'cron' ? [memberOf({ tenant_id: a.tenant_id, automation_id: a.id, trigger_index: i })] : [],
-      );
-      const writes = [...want].map(([member, at]) => set(member, at));
-      for (const member of had) if (!want.has(member)) writes.push(set(member, null));
-      await Promise.all(writes);
+      let written = a;
+      let want = await place(a, before);
+      for (let pass = 1; ; pass++) {
+        const stored = await store.automations.get(a.tenant_id, a.id);
+        if (!stored || sameSchedule(stored, written)) break;
+        if (pass === SYNC_PASSES) {
+          log.warn({ automation_id: a.id, tenant_id: a.tenant_id }, 'cron triggers changing faster than they are placed; the reconciler will repair');
+          return;
+        }
+        want = await place(stored, written);
+        written = stored;
+      }
       // a fire due before the next tick is handed over now, so it is not late by a tick
       const now = clock.now().getTime();
       for (const [member, at] of want) if (at !== null && at <= now + LOOKAHEAD_MS) await handOver(member, at, now);

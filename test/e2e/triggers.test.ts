@@ -97,6 +97,41 @@ describe('cron triggers', function () {
     }
   });
 
+  it('leaves the set as the store’s last change left it when two changes race and their set writes land in the other order', async () => {
+    const a = (await h.call('POST', '/api/v1/automations', { body: cronAutomation('raced', '0 3 1 1 *') })).body;
+    const cron = (...schedules: string[]) => ({ triggers: schedules.map((schedule) => ({ type: 'cron', schedule, timezone: 'UTC' })) });
+    // the first change is stored, then held before its write to the set (a slow process) until the second is
+    // stored and written: stored first, written last
+    const update = h.rt.store.automations.update.bind(h.rt.store.automations);
+    let stored!: () => void;
+    const firstStored = new Promise<void>((resolve) => (stored = resolve));
+    let release!: () => void;
+    const held = new Promise<void>((resolve) => (release = resolve));
+    let calls = 0;
+    h.rt.store.automations.update = async (...args: Parameters<typeof update>) => {
+      const answer = await update(...args);
+      if (calls++ === 0) {
+        stored();
+        await held;
+      }
+      return answer;
+    };
+    try {
+      const first = h.call('PATCH', `/api/v1/automations/${a.id}`, { body: cron('0 4 1 1 *', '0 6 1 1 *') });
+      await firstStored;
+      expect((await h.call('PATCH', `/api/v1/automations/${a.id}`, { body: cron('0 5 1 1 *') })).status).to.equal(200);
+      release();
+      expect((await first).status).to.equal(200);
+    } finally {
+      h.rt.store.automations.update = update;
+    }
+    expect((await h.call('GET', `/api/v1/automations/${a.id}`)).body.triggers).to.deep.equal(cron('0 5 1 1 *').triggers);
+    const p = await placed(h);
+    expect(p.get(`${a.id}-0`), 'at the stored schedule').to.equal(nextCronFire('0 5 1 1 *', 'UTC', new Date())!.getTime());
+    expect(p.has(`${a.id}-1`), 'a trigger the stored automation does not have').to.equal(false);
+    await h.call('DELETE', `/api/v1/automations/${a.id}`);
+  });
+
   it('reconciles the set with the store at start-up: missing and moved triggers placed, strays and the earlier per-trigger schedulers removed', async () => {
     const missing = automationFixture('tenant-a', { triggers: [{ type: 'cron', schedule: '0 4 * * *', timezone: 'Europe/Berlin' }] });
     await h.rt.store.automations.insert(missing); // written without its trigger placed
