@@ -53,12 +53,12 @@ function parseEntries(entries: [string, string[]][]): ServiceEvent[] {
 // before 7.0 has no such field (XSETID takes no MAXDELETEDID): there the note fails alone, not the append,
 // and a reader is not told of a trim
 const TRIM_STEP = 100;
-const APPEND = `local id = redis.call('XADD', KEYS[1], '*', 'e', ARGV[3])
-redis.call('EXPIRE', KEYS[1], ARGV[2])
-local over = redis.call('XLEN', KEYS[1]) - tonumber(ARGV[1])
+const appendOf = (kept: number) => `local id = redis.call('XADD', KEYS[1], '*', 'e', ARGV[1])
+redis.call('EXPIRE', KEYS[1], ${TTL_SECONDS})
+local over = redis.call('XLEN', KEYS[1]) - ${kept}
 if over >= ${TRIM_STEP} then
   local dropped = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', over)
-  redis.call('XTRIM', KEYS[1], 'MAXLEN', ARGV[1])
+  redis.call('XTRIM', KEYS[1], 'MAXLEN', ${kept})
   redis.pcall('XSETID', KEYS[1], id, 'MAXDELETEDID', dropped[#dropped][1])
 end
 return id`;
@@ -66,12 +66,13 @@ return id`;
 export function createEventLog(redis: Redis, prefix: string, clock: { now(): Date } = { now: () => new Date() }, kept = EVENTS_KEPT): EventLog {
   const key = (scope: string) => `${prefix}:events:${scope}`;
   const batch = redisBatch(redis);
-  batch.define('event.append', { keys: 1, args: 3, lua: APPEND });
+  const append = `event.append.${kept}`;
+  batch.define(append, { keys: 1, args: 1, lua: appendOf(kept) });
   return {
     key,
     async append(scope, event) {
       const body = { ...event, at: clock.now().toISOString() };
-      const id = await batch.call<string>('event.append', [key(scope)], [kept, TTL_SECONDS, JSON.stringify(body)]);
+      const id = await batch.call<string>(append, [key(scope)], [JSON.stringify(body)]);
       return { id, ...body } as ServiceEvent;
     },
     async after(scope, afterId, count = 1000) {
