@@ -39,8 +39,15 @@ const SYNC_PASSES = 5;
 
 const hasCron = (a: Automation) => a.triggers.some((t) => t.type === 'cron');
 
-/** Whether two versions of an automation place the same cron triggers: they fire, or not, on the same schedules. */
-const sameSchedule = (x: Automation, y: Automation) => x.status === y.status && JSON.stringify(x.triggers) === JSON.stringify(y.triggers);
+/** What the set holds of an automation: whether it fires, and where and how each of its cron triggers does. */
+const placedOf = (a: Automation) => JSON.stringify([a.status, a.triggers.map((t, i) => (t.type === 'cron' ? [i, t.schedule, t.timezone ?? null] : null))]);
+
+/**
+ * Whether two versions of an automation place the same cron triggers. Only what the set holds is
+ * compared: a change to another trigger, or a field a store keeps otherwise (an unset one, as null),
+ * writes nothing again.
+ */
+const sameSchedule = (x: Automation, y: Automation) => placedOf(x) === placedOf(y);
 
 type Member = { tenant_id: string; automation_id: string; trigger_index: number };
 const memberOf = (m: Member) => `${m.tenant_id}\t${m.automation_id}\t${m.trigger_index}`;
@@ -114,7 +121,9 @@ export function schedulesOf(deps: Pick<Platform, 'queues' | 'store' | 'log' | 'r
      * again after each write and written again while it is not what was written. The last write is then
      * followed by a read that found what it wrote, and a change stored after that read writes after it.
      * A change that neither has nor had a cron trigger writes nothing, so it has nothing to read again: a
-     * change stored after it, with a cron trigger, places that trigger itself.
+     * change stored after it, with a cron trigger, places that trigger itself. What is removed is what
+     * `before` had: a cron trigger another change added after `before` was read, and this change took
+     * away, stays in the set until its time comes (it is then dropped without a fire) or the reconcile.
      */
     async sync(a: Automation, before?: Automation): Promise<void> {
       if (!hasCron(a) && !(before && hasCron(before))) return;

@@ -84,7 +84,7 @@ export function createEventLog(redis: Redis, prefix: string, clock: { now(): Dat
       return parseEntries(entries);
     },
     async droppedAfter(scope, afterId) {
-      // XINFO STREAM: a flat list of names and values; `max-deleted-entry-id` is the newest id trimmed away (see APPEND)
+      // XINFO STREAM: a flat list of names and values; `max-deleted-entry-id` is the newest id trimmed away (see appendOf)
       const info = (await redis.call('XINFO', 'STREAM', key(scope)).catch(() => null)) as unknown[] | null;
       if (!info) return null; // no log (yet, or expired): nothing was dropped that a reader could have missed
       const field = (name: string) => info[info.indexOf(name) + 1];

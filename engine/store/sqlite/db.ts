@@ -148,21 +148,21 @@ function makeGroupCommit(db: Db): GroupCommit {
       db.pragma(`busy_timeout = ${BUSY_TIMEOUT_MS}`);
     }
   };
-  /** how many writes the last commit held: more than one, and writes are coming from several callers at once */
-  let lastCommitted = 0;
+  /** how many writes the last flush took: more than one, and writes are coming from several callers at once */
+  let lastFlushed = 0;
   /**
-   * The flush waits for the end of this pass of the event loop; while writes come from several callers at
-   * once, for the end of the next pass too, so the writes of the I/O callbacks read in it (the Redis and
+   * The flush waits for the end of this pass of the event loop; while the last flush took more than one
+   * write, for the end of the next pass too, so the writes of the I/O callbacks read in it (the Redis and
    * BullMQ replies of other runs) join the same commit. A commit's cost grows far slower than its writes
    * (the same index pages, the counts' page, the log's frames and locks: the writes of ten no-op runs
    * took 1.6 times those of one, 250 against 152 µs a commit), so fewer, larger commits cost less a
-   * write: over 5,000 no-op runs through the workers, 0.52 commits a run against 0.64. A lone write (a
-   * quiet process) is not held.
+   * write: over 5,000 no-op runs through the workers, 0.52 commits a run against 0.64. After a flush of
+   * one write (a quiet process), the next is not held.
    */
   const schedule = (later: boolean) => {
     scheduled = true;
     if (later) setTimeout(flush, 1);
-    else if (lastCommitted > 1) setImmediate(() => setImmediate(flush));
+    else if (lastFlushed > 1) setImmediate(() => setImmediate(flush));
     else setImmediate(flush);
   };
   /**
@@ -179,13 +179,13 @@ function makeGroupCommit(db: Db): GroupCommit {
     scheduled = false;
     const items = batch;
     batch = [];
+    lastFlushed = items.length;
     let locked = false;
     if (!db.open) {
       for (const p of items) p.reject(new Error('the store is closed'));
     } else {
       try {
         const results = now(() => all.immediate(items));
-        lastCommitted = items.length;
         items.forEach((p, i) => p.resolve(results[i]));
       } catch (err) {
         locked = isBusy(err) ? wait(items, err) : oneByOne(items);
