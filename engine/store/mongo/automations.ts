@@ -1,7 +1,8 @@
 import { Schema, type Model } from 'mongoose';
 import type { Automation } from '../../platform/index.js';
 import type { AutomationRepo } from '../port.js';
-import { definedOnly, fromStored, insertUnderCap, loose, pageOf, toStored, type Stored } from './documents.js';
+import { definedOnly, fromStored, isDuplicateKey, loose, pageOf, toStored, type Stored } from './documents.js';
+import type { Leases } from './leases.js';
 
 export const automationSchema = new Schema({ _id: String, tenant_id: { type: String, required: true }, status: { type: String, required: true } }, loose);
 automationSchema.index({ tenant_id: 1, _id: -1 });
@@ -10,18 +11,26 @@ automationSchema.index({ tenant_id: 1, status: 1, _id: -1 });
 automationSchema.index({ 'triggers.type': 1, status: 1, _id: 1 });
 automationSchema.index({ tenant_id: 1, 'triggers.type': 1, status: 1, _id: 1 });
 
-export function automationRepo(model: Model<Stored<Automation>>): AutomationRepo {
+export function automationRepo(model: Model<Stored<Automation>>, leases: Leases): AutomationRepo {
   const list: AutomationRepo['list'] = (tenantId, q) =>
     pageOf(model, { tenant_id: tenantId, status: q.statuses ? { $in: q.statuses } : { $ne: 'archived' } }, q);
   const countLive = (tenantId: string) => model.countDocuments({ tenant_id: tenantId, status: { $ne: 'archived' } });
   return {
     async insert(a, cap) {
       const insert = async () => {
-        await model.collection.insertOne(toStored(a) as never);
+        try {
+          await model.collection.insertOne(toStored(a) as never);
+        } catch (err) {
+          // a failure that may have stored it all the same (a connection lost on the way) takes it back: the id
+          // is its own, unless the failure is that the id is another's
+          if (!isDuplicateKey(err)) await model.deleteOne({ _id: a.id }).catch(() => undefined);
+          throw err;
+        }
         return 'inserted' as const;
       };
       if (!cap || a.status === 'archived') return insert();
-      return insertUnderCap(1, cap.maxLive, { insert, count: () => countLive(a.tenant_id), remove: () => model.deleteOne({ _id: a.id }) });
+      // counted and inserted under the tenant's lease: its capped inserts take turns, as in SQLite's IMMEDIATE transaction
+      return leases.insertHeld(`automations:${a.tenant_id}`, async () => ((await countLive(a.tenant_id)) >= cap.maxLive ? 'over-cap' : null), insert);
     },
     async get(tenantId, id) {
       return fromStored(await model.findOne({ _id: id, tenant_id: tenantId }).lean<Stored<Automation>>());

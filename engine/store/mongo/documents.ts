@@ -20,32 +20,6 @@ export const loose = { strict: false, versionKey: false, minimize: false } as co
 /** A write refused by a unique index (MongoDB's E11000). */
 export const isDuplicateKey = (err: unknown): boolean => (err as { code?: number }).code === 11000;
 
-/** How many times a capped insert that backed off while there was room tries again. */
-const CAPPED_TRIES = 3;
-
-/**
- * An insert under a cap without a multi-document transaction: insert, then count what the cap counts;
- * over the cap, take the insert back. A writer stays only when its count, made after its own insert, is
- * within the cap; of writers that race, the last to insert counts every one that stays, so together they
- * never pass it. (Staying by rank, counting only the ids up to one's own, would not hold: a writer with a
- * later id may count, and stay, before an earlier one's insert lands, which then stays too.) Two that see
- * each other both back off; one that then finds room again (the other backed off too) tries again after a
- * random moment, so that one of them gets it. `insert` may refuse for a reason of its own, given back as is.
- */
-export async function insertUnderCap<R extends string>(
-  size: number,
-  max: number,
-  op: { insert(): Promise<'inserted' | R>; count(): Promise<number>; remove(): Promise<unknown> },
-): Promise<'inserted' | 'over-cap' | R> {
-  for (let attempt = 1; ; attempt++) {
-    const inserted = await op.insert();
-    if (inserted !== 'inserted' || (await op.count()) <= max) return inserted;
-    await op.remove();
-    if (attempt === CAPPED_TRIES || (await op.count()) + size > max) return 'over-cap';
-    await new Promise((resolve) => setTimeout(resolve, Math.random() * 20 * attempt));
-  }
-}
-
 export function definedOnly<T extends object>(changes: T): Partial<T> {
   return Object.fromEntries(Object.entries(changes).filter(([, v]) => v !== undefined)) as Partial<T>;
 }

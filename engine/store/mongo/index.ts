@@ -24,6 +24,7 @@ import { deliveryRepo, deliverySchema } from './deliveries.js';
 import { evidenceRepo, ledgerPayloadSchema, ledgerSchema } from './evidence.js';
 import { gateResultSchema, gateRunRepo, gateRunSchema } from './gate-runs.js';
 import { idempotencyKeyRepo, idempotencyKeySchema } from './idempotency-keys.js';
+import { leaseSchema, leasesOf, type StoredLease } from './leases.js';
 import type { Stored } from './documents.js';
 import { runRepo, runSchema, runStepSchema, runTurnSchema } from './runs.js';
 import { agentRepo, agentSchema, messageRepo, messageSchema, sessionRepo, sessionSchema } from './sessions.js';
@@ -51,6 +52,7 @@ export async function openMongoStore(uri: string): Promise<Store> {
   const ledgerPayloads = conn.model('LedgerPayload', ledgerPayloadSchema, 'ledger_payloads');
   const gateRuns = conn.model('GateRun', gateRunSchema, 'gate_runs');
   const gateResults = conn.model('GateResult', gateResultSchema, 'gate_results');
+  const storeLeases = conn.model<StoredLease>('StoreLease', leaseSchema, 'store_leases');
   const models = [
     automations,
     apiKeys,
@@ -71,11 +73,13 @@ export async function openMongoStore(uri: string): Promise<Store> {
     ledgerPayloads,
     gateRuns,
     gateResults,
+    storeLeases,
   ];
   await Promise.all(models.map((m) => m.init()));
+  const leases = leasesOf(storeLeases);
   return {
     kind: 'mongo',
-    automations: automationRepo(automations),
+    automations: automationRepo(automations, leases),
     apiKeys: apiKeyRepo(apiKeys),
     runs: runRepo(runs, runSteps as never, runTurns as never),
     idempotencyKeys: idempotencyKeyRepo(idempotencyKeys as never),
@@ -87,7 +91,7 @@ export async function openMongoStore(uri: string): Promise<Store> {
     sessions: sessionRepo(sessions),
     agents: agentRepo(agents),
     messages: messageRepo(messages),
-    tasks: taskRepo(tasks as never),
+    tasks: taskRepo(tasks as never, leases),
     evidence: evidenceRepo(ledger as never, ledgerPayloads as never),
     gateRuns: gateRunRepo(gateRuns as never, gateResults as never),
     async ping() {

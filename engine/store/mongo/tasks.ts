@@ -2,7 +2,8 @@
 import { Schema, type Model } from 'mongoose';
 import type { TaskRecord, TaskStatus } from '../../platform/index.js';
 import type { TaskRepo } from '../port.js';
-import { definedOnly, insertUnderCap, isDuplicateKey, loose } from './documents.js';
+import { definedOnly, isDuplicateKey, loose } from './documents.js';
+import type { Leases } from './leases.js';
 
 type StoredTask = Omit<TaskRecord, 'id'> & { _id: string; task_id: string };
 
@@ -22,30 +23,51 @@ const fromStored = (d: StoredTask | null): TaskRecord | null => {
   return { id: task_id, ...rest } as TaskRecord;
 };
 
-export function taskRepo(model: Model<StoredTask>): TaskRepo {
-  // a replica set would make this one transaction; ordered inserts stop at the first failure, and
-  // what they stored before it is taken back, so the batch is all or none
+export function taskRepo(model: Model<StoredTask>, leases: Leases): TaskRepo {
+  // a replica set would make this one transaction; ordered inserts stop at the first failure, and what
+  // they stored before it is taken back, so the batch is all or none
   const insertAll = async (tasks: TaskRecord[]) => {
+    const docs = tasks.map(toStored);
     try {
-      await model.collection.insertMany(tasks.map(toStored) as never[], { ordered: true });
+      await model.collection.insertMany(docs as never[], { ordered: true });
       return 'inserted' as const;
     } catch (err) {
-      const e = err as { insertedIds?: Record<number, string> };
-      if (!isDuplicateKey(err)) throw err;
-      const inserted = Object.values(e.insertedIds ?? {});
-      if (inserted.length) await model.deleteMany({ _id: { $in: inserted } });
+      const taken = isDuplicateKey(err);
+      // refused by a taken id, the driver names the documents stored before it; any other failure may have
+      // stored any part of the batch (a connection lost on the way): each of its documents, by id and time, so
+      // that a task of another batch with the same id is not one of them
+      const before = taken ? Object.values((err as { insertedIds?: Record<number, string> }).insertedIds ?? {}) : [];
+      const stored = taken ? { _id: { $in: before } } : { $or: docs.map((d) => ({ _id: d._id, created_at: d.created_at })) };
+      // a take-back that fails leaves what it could not take back: the insert's failure is the answer
+      if (!taken || before.length)
+        await model.deleteMany(stored).catch(() => {
+          throw err;
+        });
+      if (!taken) throw err;
       return 'id-taken' as const;
     }
   };
   return {
     async insertMany(tasks, cap) {
       const first = tasks[0];
-      if (!cap || !first) return insertAll(tasks);
-      return insertUnderCap(tasks.length, cap.maxHeld, {
-        insert: () => insertAll(tasks),
-        count: () => model.countDocuments({ tenant_id: first.tenant_id, session_id: first.session_id }),
-        remove: () => model.deleteMany({ _id: { $in: tasks.map((t) => keyOf(t.tenant_id, t.session_id, t.id)) } }),
-      });
+      if (!first) return 'inserted';
+      if (!cap) return insertAll(tasks);
+      const keys = tasks.map((t) => keyOf(t.tenant_id, t.session_id, t.id));
+      // under the session's lease its capped batches take turns, as in SQLite's IMMEDIATE transaction, and are
+      // refused in its order: the cap, then a taken id (or one named twice). Checked before the insert, a taken
+      // id stores no part of the batch, not for a moment
+      return leases.insertHeld(
+        `tasks:${first.tenant_id}:${first.session_id}`,
+        async () => {
+          const [held, taken] = await Promise.all([
+            model.countDocuments({ tenant_id: first.tenant_id, session_id: first.session_id }),
+            model.exists({ _id: { $in: keys } }),
+          ]);
+          if (held + tasks.length > cap.maxHeld) return 'over-cap';
+          return taken || new Set(keys).size < keys.length ? 'id-taken' : null;
+        },
+        () => insertAll(tasks),
+      );
     },
     async get(tenantId, sessionId, id) {
       return fromStored(await model.findOne({ _id: keyOf(tenantId, sessionId, id) }).lean<StoredTask>());
