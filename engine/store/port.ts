@@ -52,8 +52,14 @@ export type CappedInsert = 'inserted' | 'over-cap';
 export interface AutomationRepo {
   /**
    * Inserts the automation; with `maxLive`, a live one only while the tenant has fewer live automations
-   * than that, checked in the same atomic step as the write, so of inserts that race no more than the cap
-   * are stored. A check read before, then a write, lets two at once both pass.
+   * than that, else 'over-cap', storing nothing. The count and the write are one step against the tenant's
+   * other capped inserts, so of inserts that race no more than the cap are stored, and a refused one is
+   * never seen by a reader, not for a moment (a count read before, then a write, lets two at once both
+   * pass). SQLite counts inside the write's IMMEDIATE transaction, across processes sharing the file.
+   * MongoDB, without a transaction, has the tenant's capped inserts take turns under a lease
+   * (mongo/leases.ts, across processes); one that cannot have it within a few seconds throws
+   * ServiceUnavailableError (503: busy, not full). An insert without a cap is held to none, and on
+   * MongoDB does not take turns with capped ones.
    */
   insert(automation: Automation, cap?: { maxLive: number }): Promise<CappedInsert>;
   get(tenantId: string, id: string): Promise<Automation | null>;
@@ -314,7 +320,11 @@ export interface TaskRepo {
   /**
    * Inserts a batch of tasks of one session, all or none; 'id-taken' (nothing stored) when an id is taken in
    * its session, by a concurrent insert. With `maxHeld`, only while the session holds at most that many tasks
-   * with the batch, checked in the same atomic step as the write (as AutomationRepo.insert's cap).
+   * with the batch, else 'over-cap', checked as AutomationRepo.insert's cap (an IMMEDIATE transaction; on
+   * MongoDB the session's lease, ServiceUnavailableError when it cannot be had). Both check the cap first: a
+   * batch over it that also reuses a taken id is 'over-cap'. With a cap, a refused batch is never seen by a
+   * reader; an insert that fails is taken back, but on MongoDB (no transaction) a reader may see part of it
+   * until then, and without a cap a batch refused at a taken id shows the tasks before it until then.
    */
   insertMany(tasks: TaskRecord[], cap?: { maxHeld: number }): Promise<CappedInsert | 'id-taken'>;
   get(tenantId: string, sessionId: string, id: string): Promise<TaskRecord | null>;
