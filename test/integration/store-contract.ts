@@ -122,6 +122,23 @@ export function taskFixture(over: Partial<TaskRecord> = {}): TaskRecord {
   };
 }
 
+/**
+ * What `racing` answers, read by `read` again and again until it has: what a reader can see while writes
+ * race. Each read waits for the event loop's next turn, so writes that go there (SQLite's commits) go on.
+ */
+async function readingWhile<T>(racing: Promise<T>, read: () => Promise<void>): Promise<T> {
+  let settled = false;
+  const done = racing.finally(() => {
+    settled = true;
+  });
+  done.catch(() => undefined);
+  do {
+    await read();
+    await new Promise((resolve) => setImmediate(resolve));
+  } while (!settled);
+  return done;
+}
+
 export function storeContract(name: string, open: () => Promise<Store>): void {
   describe(`store contract: ${name}`, () => {
     let store: Store;
@@ -190,6 +207,42 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect(await store.automations.countLive('t1')).to.equal(3);
       const stored = await Promise.all(raced.map((a) => store.automations.get('t1', a.id)));
       expect(stored.map((a) => (a ? 'inserted' : 'over-cap'))).to.deep.equal(outcomes);
+    });
+
+    it('never shows an automation it refuses, not while inserts race: read during the race, the tenant stays within the cap', async () => {
+      const cap = { maxLive: 3 };
+      for (let i = 0; i < 2; i++) await store.automations.insert(automationFixture('t1'), cap);
+      const raced = Array.from({ length: 6 }, () => automationFixture('t1'));
+      const seen = new Set<string>();
+      let most = 0;
+      const outcomes = await readingWhile(Promise.all(raced.map((a) => store.automations.insert(a, cap))), async () => {
+        // what a webhook, a file event or the cron reconcile would fire, and what the cap counts
+        const [live, enabled] = await Promise.all([store.automations.countLive('t1'), store.automations.listEnabledWithTrigger('manual', 't1')]);
+        most = Math.max(most, live, enabled.length);
+        for (const a of enabled) seen.add(a.id);
+      });
+      expect(outcomes.filter((o) => o === 'inserted')).to.have.length(1);
+      expect(most).to.be.at.most(3);
+      expect(raced.filter((a, i) => outcomes[i] === 'over-cap' && seen.has(a.id)).map((a) => a.id)).to.deep.equal([]);
+    });
+
+    it('stores every one of racing inserts that all fit under the cap: none is refused while there is room', async () => {
+      const cap = { maxLive: 8 };
+      const outcomes = await Promise.all(Array.from({ length: 8 }, () => store.automations.insert(automationFixture('t1'), cap)));
+      expect(outcomes).to.deep.equal(Array(8).fill('inserted'));
+      expect(await store.automations.insert(automationFixture('t1'), cap)).to.equal('over-cap');
+    });
+
+    it('fails an insert under a cap whose id is taken, keeps what it clashed with, and lets the tenant’s next one through', async () => {
+      const cap = { maxLive: 5 };
+      const a = automationFixture('t1');
+      expect(await store.automations.insert(a, cap)).to.equal('inserted');
+      let failed: unknown = null;
+      await store.automations.insert({ ...a, name: 'again' }, cap).catch((err: unknown) => (failed = err));
+      expect(failed, 'the insert of a taken id fails').to.be.instanceOf(Error);
+      expect(await store.automations.get('t1', a.id)).to.deep.equal(a);
+      expect(await store.automations.insert(automationFixture('t1'), cap), 'the failed one held nothing back').to.equal('inserted');
+      expect(await store.automations.countLive('t1')).to.equal(2);
     });
 
     it('lists newest first with cursor pages, hiding archived unless asked', async () => {
@@ -831,6 +884,42 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect(outcomes.filter((o) => o === 'inserted')).to.have.length(1);
       const won = raced[outcomes.indexOf('inserted')]!;
       expect((await store.tasks.list('t1', 'ses_r')).map((t) => t.id).sort()).to.deep.equal(won.map((t) => t.id).sort());
+    });
+
+    it('refuses a batch over the cap before a taken id, as one transaction checks them, and keeps nothing of a refused batch', async () => {
+      const task = (id: string) => taskFixture({ id, session_id: 'ses_o' });
+      expect(await store.tasks.insertMany([task('a'), task('b')], { maxHeld: 3 })).to.equal('inserted');
+      expect(await store.tasks.insertMany([task('c'), task('a')], { maxHeld: 3 }), 'over the cap, and a taken id').to.equal('over-cap');
+      expect(await store.tasks.insertMany([task('c'), task('a')], { maxHeld: 4 }), 'within the cap, a taken id').to.equal('id-taken');
+      expect(await store.tasks.insertMany([task('d'), task('d')], { maxHeld: 4 }), 'an id named twice').to.equal('id-taken');
+      expect((await store.tasks.list('t1', 'ses_o')).map((t) => t.id)).to.deep.equal(['a', 'b']);
+      expect(await store.tasks.insertMany([task('c')], { maxHeld: 3 }), 'the refusals held nothing back').to.equal('inserted');
+    });
+
+    it('never shows a task of a batch it refuses, not while batches race: over the cap, or reusing an id another took', async () => {
+      const task = (id: string, session_id: string) => taskFixture({ id, session_id });
+      const race = async (session: string, batches: TaskRecord[][]) => {
+        const seen = new Set<string>();
+        const outcomes = await readingWhile(Promise.all(batches.map((b) => store.tasks.insertMany(b, { maxHeld: 4 }))), async () => {
+          for (const t of await store.tasks.list('t1', session)) seen.add(t.id);
+        });
+        expect(
+          outcomes.filter((o) => o === 'inserted'),
+          outcomes.join(),
+        ).to.have.length(1);
+        const won = batches[outcomes.indexOf('inserted')]!.map((t) => t.id);
+        expect((await store.tasks.list('t1', session)).map((t) => t.id).sort()).to.deep.equal([...won].sort());
+        expect(
+          [...seen].filter((id) => !won.includes(id)),
+          'read during the race',
+        ).to.deep.equal([]);
+        return outcomes;
+      };
+      const over = ['p', 'q', 'r', 's'].map((k) => [task(`${k}1`, 'ses_v'), task(`${k}2`, 'ses_v'), task(`${k}3`, 'ses_v')]);
+      expect((await race('ses_v', over)).filter((o) => o === 'over-cap')).to.have.length(3);
+      // each batch fits; each names `shared`, so one alone can be stored
+      const sharing = ['p', 'q', 'r'].map((k) => [task(`${k}1`, 'ses_w'), task('shared', 'ses_w')]);
+      expect((await race('ses_w', sharing)).filter((o) => o === 'id-taken')).to.have.length(2);
     });
 
     it('appends a tenant’s ledger after its head, never twice to one head, keeps payloads once, and lists by seq and time', async () => {
