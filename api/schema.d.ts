@@ -3728,6 +3728,7 @@ export interface operations {
             415: components["responses"]["UnsupportedMediaType"];
             422: components["responses"]["Unprocessable"];
             429: components["responses"]["ApiRateLimited"];
+            503: components["responses"]["Unavailable"];
         };
     };
     listAutomationTemplates: {
@@ -3784,6 +3785,7 @@ export interface operations {
             415: components["responses"]["UnsupportedMediaType"];
             422: components["responses"]["Unprocessable"];
             429: components["responses"]["ApiRateLimited"];
+            503: components["responses"]["Unavailable"];
         };
     };
     getAutomation: {
@@ -4774,6 +4776,7 @@ export interface operations {
             415: components["responses"]["UnsupportedMediaType"];
             422: components["responses"]["Unprocessable"];
             429: components["responses"]["ApiRateLimited"];
+            503: components["responses"]["Unavailable"];
         };
     };
     listSessionMessages: {
