@@ -62,6 +62,9 @@ function subscribes(patterns: string[], type: NotificationType): boolean {
 const CACHE_MS = 5_000;
 const jobId = (d: NotificationDelivery) => `ntf-${d.id}${d.replays ? `-r${d.replays}` : ''}`;
 
+const tooMany = (max: number) =>
+  new ConflictError(`this tenant has ${max} notification endpoints, the most it may keep (SERVICE_TENANT_MAX_NOTIFICATION_ENDPOINTS): remove one first`);
+
 export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | 'secretBox' | 'queues'>, settings: NotificationSettings) {
   const { store, clock, log, secretBox, queues } = deps;
   const owner = (tenantId: string, id: string) => `notification-endpoint:${tenantId}:${id}`;
@@ -172,10 +175,9 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
     async create(tenantId: string, input: EndpointInput): Promise<{ endpoint: NotificationEndpoint; secret: string }> {
       const errors = problemsOf(input);
       if (errors.length) throw new ValidationError('the endpoint is not valid', errors);
-      if ((await store.notificationEndpoints.list(tenantId)).length >= settings.maxEndpoints)
-        throw new ConflictError(
-          `this tenant has ${settings.maxEndpoints} notification endpoints, the most it may keep (SERVICE_TENANT_MAX_NOTIFICATION_ENDPOINTS): remove one first`,
-        );
+      // the count read here answers most at once; the insert's own check is the one that holds when creates race
+      const max = settings.maxEndpoints;
+      if ((await store.notificationEndpoints.list(tenantId)).length >= max) throw tooMany(max);
       await assertPublicHost(new URL(input.url), settings.httpAllowPrivate);
       const now = clock.now().toISOString();
       const id = newId('nep');
@@ -193,7 +195,7 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
         created_at: now,
         updated_at: now,
       };
-      await store.notificationEndpoints.insert(endpoint);
+      if ((await store.notificationEndpoints.insert(endpoint, { maxHeld: max })) === 'over-cap') throw tooMany(max);
       cache.delete(tenantId);
       log.info({ tenant_id: tenantId, endpoint_id: id }, 'notification endpoint created');
       return { endpoint, secret };

@@ -178,7 +178,14 @@ export type NotificationEndpointChanges = Partial<
 >;
 
 export interface NotificationEndpointRepo {
-  insert(endpoint: NotificationEndpoint): Promise<void>;
+  /**
+   * Inserts the endpoint; with `maxHeld`, only while the tenant has fewer endpoints than that, enabled or
+   * disabled, else 'over-cap', storing nothing. Checked as AutomationRepo.insert's cap: SQLite counts inside
+   * the write's IMMEDIATE transaction, MongoDB under the tenant's lease (ServiceUnavailableError when it
+   * cannot be had), so of inserts that race no more than the cap are stored, and a refused one is never
+   * seen by a reader. An insert without a cap is held to none, and on MongoDB does not take turns with capped ones.
+   */
+  insert(endpoint: NotificationEndpoint, cap?: { maxHeld: number }): Promise<CappedInsert>;
   get(tenantId: string, id: string): Promise<NotificationEndpoint | null>;
   /** Oldest first. */
   list(tenantId: string): Promise<NotificationEndpoint[]>;

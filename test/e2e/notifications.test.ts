@@ -9,7 +9,7 @@ import path from 'node:path';
 import { expect } from 'chai';
 import { Webhook } from 'standardwebhooks';
 import { createSecretBox } from '../../engine/platform/secret-box.js';
-import { eventually, finishedRun, KEYS, sameDeployment, startHarness, type Harness } from '../support/harness.js';
+import { eventually, finishedRun, heldTogether, KEYS, sameDeployment, startHarness, type Harness } from '../support/harness.js';
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 type Body = Record<string, any>;
@@ -236,5 +236,25 @@ describe('outbound notifications', function () {
     expect(over.body.detail).to.match(/50 notification endpoints/);
     expect((await h.call<Body>('GET', '/api/v1/notification-endpoints')).body.data).to.have.length(50);
     await endpoint({ url: `${receiver.url}/cap-b`, event_types: ['audit.report'] }, KEYS.b);
+  });
+
+  it('keeps the cap when creates race: of two at once, one below it, one is made and the other refused with 409', async () => {
+    const small = await startHarness({ workers: false, env: { SERVICE_HTTP_ALLOW_PRIVATE: '1', SERVICE_TENANT_MAX_NOTIFICATION_ENDPOINTS: '2' } });
+    try {
+      const create = (name: string) =>
+        small.call<Body>('POST', '/api/v1/notification-endpoints', { body: { url: `${receiver.url}/${name}`, event_types: ['audit.report'] } });
+      expect((await create('held')).status).to.equal(201);
+      // both read the tenant's endpoints before either is stored
+      const release = heldTogether(small.rt.store.notificationEndpoints, 'list', 2);
+      const raced = await Promise.all([create('raced-1'), create('raced-2')]).finally(release);
+      expect(raced.map((r) => r.status).sort(), raced.map((r) => r.text).join('\n')).to.deep.equal([201, 409]);
+      const refused = raced.find((r) => r.status === 409)!;
+      expect(refused.body).to.deep.include({ code: 'conflict' });
+      expect(refused.body.detail).to.contain('SERVICE_TENANT_MAX_NOTIFICATION_ENDPOINTS');
+      expect((await small.call<Body>('GET', '/api/v1/notification-endpoints')).body.data).to.have.length(2);
+      expect(await small.rt.store.notificationEndpoints.list('tenant-a')).to.have.length(2);
+    } finally {
+      await small.close();
+    }
   });
 });

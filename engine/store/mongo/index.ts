@@ -85,7 +85,7 @@ export async function openMongoStore(uri: string): Promise<Store> {
     idempotencyKeys: idempotencyKeyRepo(idempotencyKeys as never),
     webhookSecrets: webhookSecretRepo(webhookSecrets),
     connections: connectionRepo(connections),
-    notificationEndpoints: notificationEndpointRepo(notificationEndpoints),
+    notificationEndpoints: notificationEndpointRepo(notificationEndpoints, leases),
     notificationDeliveries: notificationDeliveryRepo(notificationDeliveries),
     deliveries: deliveryRepo(deliveries),
     sessions: sessionRepo(sessions),

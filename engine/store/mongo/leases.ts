@@ -1,4 +1,4 @@
-// Leases: one capped insert at a time in a scope (a tenant's automations, a session's tasks), across
+// Leases: one capped insert at a time in a scope (a tenant's automations or notification endpoints, a session's tasks), across
 // processes, so what it counts is what it inserts against, without a multi-document transaction. A
 // scope's lease is one document of store_leases; taking it is one conditional write.
 import { randomUUID } from 'node:crypto';

@@ -1,7 +1,8 @@
 import { Schema, type Model } from 'mongoose';
 import type { NotificationDelivery, NotificationEndpoint } from '../../platform/index.js';
 import { decodeCursor, toPage, type NotificationDeliveryRepo, type NotificationEndpointRepo } from '../port.js';
-import { fromStored, loose, toStored, type Stored } from './documents.js';
+import { fromStored, isDuplicateKey, loose, toStored, type Stored } from './documents.js';
+import type { Leases } from './leases.js';
 
 export const notificationEndpointSchema = new Schema({ _id: String, tenant_id: { type: String, required: true } }, loose);
 notificationEndpointSchema.index({ tenant_id: 1, _id: 1 });
@@ -13,10 +14,27 @@ export const notificationDeliverySchema = new Schema(
 notificationDeliverySchema.index({ tenant_id: 1, endpoint_id: 1, _id: -1 });
 notificationDeliverySchema.index({ status: 1, updated_at: 1 });
 
-export function notificationEndpointRepo(model: Model<Stored<NotificationEndpoint>>): NotificationEndpointRepo {
+export function notificationEndpointRepo(model: Model<Stored<NotificationEndpoint>>, leases: Leases): NotificationEndpointRepo {
   return {
-    async insert(e) {
-      await model.collection.insertOne(toStored(e) as never);
+    async insert(e, cap) {
+      const insert = async () => {
+        try {
+          await model.collection.insertOne(toStored(e) as never);
+        } catch (err) {
+          // a failure that may have stored it all the same (a connection lost on the way) takes it back: the id
+          // is its own, unless the failure is that the id is another's
+          if (!isDuplicateKey(err)) await model.deleteOne({ _id: e.id }).catch(() => undefined);
+          throw err;
+        }
+        return 'inserted' as const;
+      };
+      if (!cap) return insert();
+      // counted and inserted under the tenant's lease: its capped inserts take turns, as in SQLite's IMMEDIATE transaction
+      return leases.insertHeld(
+        `notification-endpoints:${e.tenant_id}`,
+        async () => ((await model.countDocuments({ tenant_id: e.tenant_id })) >= cap.maxHeld ? 'over-cap' : null),
+        insert,
+      );
     },
     async get(tenantId, id) {
       return fromStored(await model.findOne({ _id: id, tenant_id: tenantId }).lean<Stored<NotificationEndpoint>>());

@@ -1,12 +1,13 @@
 // Outbound notification endpoints (the signing secret sealed inside the document) and their deliveries.
 import type { NotificationDelivery, NotificationEndpoint } from '../../platform/index.js';
-import { decodeCursor, toPage, type NotificationDeliveryRepo, type NotificationEndpointRepo } from '../port.js';
+import { decodeCursor, toPage, type CappedInsert, type NotificationDeliveryRepo, type NotificationEndpointRepo } from '../port.js';
 import { groupCommit, TOP, type Db } from './db.js';
 
 export function notificationEndpointRepo(db: Db): NotificationEndpointRepo {
   const insert = db.prepare('INSERT INTO notification_endpoints (id, tenant_id, doc) VALUES (?, ?, ?)');
   const one = db.prepare<[string, string], { doc: string }>('SELECT doc FROM notification_endpoints WHERE tenant_id = ? AND id = ?');
   const byTenant = db.prepare<[string], { doc: string }>('SELECT doc FROM notification_endpoints WHERE tenant_id = ? ORDER BY id');
+  const held = db.prepare<[string], { n: number }>('SELECT COUNT(*) AS n FROM notification_endpoints WHERE tenant_id = ?');
   const write = db.prepare('UPDATE notification_endpoints SET doc = ? WHERE tenant_id = ? AND id = ?');
   const remove = db.prepare('DELETE FROM notification_endpoints WHERE tenant_id = ? AND id = ?');
   const parse = (r: { doc: string } | undefined) => (r ? (JSON.parse(r.doc) as NotificationEndpoint) : null);
@@ -26,8 +27,13 @@ export function notificationEndpointRepo(db: Db): NotificationEndpointRepo {
     return next;
   };
   return {
-    async insert(e) {
-      await commit(() => insert.run(e.id, e.tenant_id, JSON.stringify(e)));
+    async insert(e, cap) {
+      // read inside the write's IMMEDIATE transaction: no other write, of this process or another, comes between
+      return commit((): CappedInsert => {
+        if (cap && (held.get(e.tenant_id)?.n ?? 0) >= cap.maxHeld) return 'over-cap';
+        insert.run(e.id, e.tenant_id, JSON.stringify(e));
+        return 'inserted';
+      });
     },
     async get(tenantId, id) {
       return parse(one.get(tenantId, id));
