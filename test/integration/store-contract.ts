@@ -122,6 +122,24 @@ export function taskFixture(over: Partial<TaskRecord> = {}): TaskRecord {
   };
 }
 
+export function endpointFixture(tenantId: string, over: Partial<NotificationEndpoint> = {}): NotificationEndpoint {
+  const now = new Date().toISOString();
+  return {
+    id: newId('nep'),
+    tenant_id: tenantId,
+    url: 'https://hooks.example.com/a',
+    description: null,
+    event_types: ['run.finished'],
+    status: 'enabled',
+    disabled_reason: null,
+    consecutive_failures: 0,
+    sealed_secret: { v: 1, iv: 'aXY=', tag: 'dGFn', ct: 'Y3Q=' },
+    created_at: now,
+    updated_at: now,
+    ...over,
+  };
+}
+
 /**
  * What `racing` answers, read by `read` again and again until it has: what a reader can see while writes
  * race. Each read waits for the event loop's next turn, so writes that go there (SQLite's commits) go on.
@@ -620,6 +638,67 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect((await store.notificationDeliveries.listStalePending(now, 10)).map((d) => d.id)).not.to.include(ds[1]!.id);
       expect(await store.notificationEndpoints.delete('t2', e.id)).to.equal(false);
       expect(await store.notificationEndpoints.delete('t1', e.id)).to.equal(true);
+    });
+
+    it('inserts a notification endpoint under a cap on the tenant’s endpoints, disabled ones too, and stores nothing over it', async () => {
+      const cap = { maxHeld: 2 };
+      expect(await store.notificationEndpoints.insert(endpointFixture('t1'), cap)).to.equal('inserted');
+      expect(await store.notificationEndpoints.insert(endpointFixture('t1', { status: 'disabled' }), cap)).to.equal('inserted');
+      const over = endpointFixture('t1');
+      expect(await store.notificationEndpoints.insert(over, cap), 'a disabled one is held').to.equal('over-cap');
+      expect(await store.notificationEndpoints.get('t1', over.id)).to.equal(null);
+      expect(await store.notificationEndpoints.list('t1')).to.have.length(2);
+      expect(await store.notificationEndpoints.insert(endpointFixture('t2'), cap), 'another tenant has its own count').to.equal('inserted');
+      expect(await store.notificationEndpoints.insert(endpointFixture('t1')), 'without a cap').to.equal('inserted');
+      for (const e of (await store.notificationEndpoints.list('t1')).slice(0, 2)) await store.notificationEndpoints.delete('t1', e.id);
+      expect(await store.notificationEndpoints.insert(endpointFixture('t1'), cap), 'a removed one is not held').to.equal('inserted');
+    });
+
+    it('holds the cap on notification endpoints when inserts race: of five at once, one below it, one is stored', async () => {
+      const cap = { maxHeld: 3 };
+      for (let i = 0; i < 2; i++) await store.notificationEndpoints.insert(endpointFixture('t1'), cap);
+      const raced = Array.from({ length: 5 }, () => endpointFixture('t1'));
+      const outcomes = await Promise.all(raced.map((e) => store.notificationEndpoints.insert(e, cap)));
+      expect(outcomes.filter((o) => o === 'inserted')).to.have.length(1);
+      expect(await store.notificationEndpoints.list('t1')).to.have.length(3);
+      const stored = await Promise.all(raced.map((e) => store.notificationEndpoints.get('t1', e.id)));
+      expect(stored.map((e) => (e ? 'inserted' : 'over-cap'))).to.deep.equal(outcomes);
+    });
+
+    it('never shows a notification endpoint it refuses, not while inserts race: read during the race, the tenant stays within the cap', async () => {
+      const cap = { maxHeld: 3 };
+      for (let i = 0; i < 2; i++) await store.notificationEndpoints.insert(endpointFixture('t1'), cap);
+      const raced = Array.from({ length: 6 }, () => endpointFixture('t1'));
+      const seen = new Set<string>();
+      let most = 0;
+      const outcomes = await readingWhile(Promise.all(raced.map((e) => store.notificationEndpoints.insert(e, cap))), async () => {
+        // what an event's deliveries are made for, and what the cap counts
+        const endpoints = await store.notificationEndpoints.list('t1');
+        most = Math.max(most, endpoints.length);
+        for (const e of endpoints) seen.add(e.id);
+      });
+      expect(outcomes.filter((o) => o === 'inserted')).to.have.length(1);
+      expect(most).to.be.at.most(3);
+      expect(raced.filter((e, i) => outcomes[i] === 'over-cap' && seen.has(e.id)).map((e) => e.id)).to.deep.equal([]);
+    });
+
+    it('stores every one of racing endpoint inserts that all fit under the cap: none is refused while there is room', async () => {
+      const cap = { maxHeld: 8 };
+      const outcomes = await Promise.all(Array.from({ length: 8 }, () => store.notificationEndpoints.insert(endpointFixture('t1'), cap)));
+      expect(outcomes).to.deep.equal(Array(8).fill('inserted'));
+      expect(await store.notificationEndpoints.insert(endpointFixture('t1'), cap)).to.equal('over-cap');
+    });
+
+    it('fails an endpoint insert under a cap whose id is taken, keeps what it clashed with, and lets the tenant’s next one through', async () => {
+      const cap = { maxHeld: 5 };
+      const e = endpointFixture('t1');
+      expect(await store.notificationEndpoints.insert(e, cap)).to.equal('inserted');
+      let failed: unknown = null;
+      await store.notificationEndpoints.insert({ ...e, url: 'https://hooks.example.com/again' }, cap).catch((err: unknown) => (failed = err));
+      expect(failed, 'the insert of a taken id fails').to.be.instanceOf(Error);
+      expect(await store.notificationEndpoints.get('t1', e.id)).to.deep.equal(e);
+      expect(await store.notificationEndpoints.insert(endpointFixture('t1'), cap), 'the failed one held nothing back').to.equal('inserted');
+      expect(await store.notificationEndpoints.list('t1')).to.have.length(2);
     });
 
     it('stores a delivery once per provider id and kind, per tenant, and answers the first for a repeat', async () => {

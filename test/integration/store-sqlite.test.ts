@@ -5,7 +5,7 @@ import { expect } from 'chai';
 import Database from 'better-sqlite3';
 import { openSqliteStore } from '../../engine/store/sqlite/index.js';
 import { MIGRATIONS } from '../../engine/store/sqlite/migrations.js';
-import { automationFixture, runFixture, storeContract, taskFixture } from './store-contract.js';
+import { automationFixture, endpointFixture, runFixture, storeContract, taskFixture } from './store-contract.js';
 
 describe('SQLite store', () => {
   let dir: string;
@@ -170,18 +170,24 @@ describe('SQLite store', () => {
     const a = automationFixture('t1');
     const insert = store.automations.insert(a, { maxLive: 2 });
     const tasks = store.tasks.insertMany([taskFixture({ session_id: 'ses_1' })], { maxHeld: 1 });
+    const e = endpointFixture('t1');
+    const endpoint = store.notificationEndpoints.insert(e, { maxHeld: 1 });
     await new Promise((r) => setTimeout(r, 50));
     const theirs = automationFixture('t1');
     other.prepare('INSERT INTO automations (id, tenant_id, status, doc) VALUES (?, ?, ?, ?)').run(theirs.id, 't1', 'enabled', JSON.stringify(theirs));
     other
       .prepare("INSERT INTO tasks (tenant_id, session_id, id, status, created_at, updated_at, doc) VALUES ('t1', 'ses_1', 'theirs', 'pending', 'a', 'a', '{}')")
       .run();
+    const their = endpointFixture('t1');
+    other.prepare('INSERT INTO notification_endpoints (id, tenant_id, doc) VALUES (?, ?, ?)').run(their.id, 't1', JSON.stringify(their));
     other.exec('COMMIT');
     expect(await insert).to.equal('over-cap');
     expect(await tasks).to.equal('over-cap');
+    expect(await endpoint).to.equal('over-cap');
     expect(await store.automations.countLive('t1')).to.equal(2);
     expect(await store.automations.get('t1', a.id)).to.equal(null);
     expect(await store.tasks.counts('t1', 'ses_1')).to.deep.equal({ pending: 1 });
+    expect((await store.notificationEndpoints.list('t1')).map((n) => n.id)).to.deep.equal([their.id]);
     other.close();
     await store.close();
   });
