@@ -5704,6 +5704,7 @@ export interface operations {
             415: components["responses"]["UnsupportedMediaType"];
             422: components["responses"]["Unprocessable"];
             429: components["responses"]["ApiRateLimited"];
+            503: components["responses"]["Unavailable"];
         };
     };
     getNotificationEndpoint: {
