@@ -5,20 +5,21 @@
 // a client streams. If the parts alone cost a process more than the goal leaves a run, no engine built of
 // them reaches the goal on this machine, whatever the code around them does.
 //  - a BullMQ job: 10,000 no-op jobs at concurrency 10 (the runs bench's baseline)
-//  - the store's writes of a run, through the real SQLite store, ten runs a turn as ten workers ask for them
+//  - the store's writes of a run, through the real SQLite store, as many runs a turn as the workers' concurrency
+//    (BENCH_CONCURRENCY, 10) asks for
 //  - the run's six events (run.started, three of its step, run.finished, session.updated), through the real
-//    event log, ten runs a turn
+//    event log, as many runs a turn
 //  - the service: the same no-op runs through the workers (the runs bench's figure), measured the same way
 import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
-import { Queue, Worker } from 'bullmq';
 import { Redis } from 'ioredis';
 import { createEventLog, type Run, type StepRecord } from '../engine/platform/index.js';
 import { openSqliteStore } from '../engine/store/sqlite/index.js';
 import { startWorkers } from '../workers/index.js';
 import { deleteRedisPrefix, uniquePrefix } from '../test/support/harness.js';
-import { runsFinished, service } from './runs.js';
+import { runFixture } from '../test/integration/store-contract.js';
+import { rawJobs, runsFinished, service } from './runs.js';
 
 const RUNS = Number(process.env.BENCH_RUNS ?? 10_000);
 const CONCURRENCY = Number(process.env.BENCH_CONCURRENCY ?? 10);
@@ -44,72 +45,29 @@ async function costOf(redis: Redis, units: number, work: () => Promise<void>): P
   return { process: (cpu.user + cpu.system) / 1000 / units, redis: (((await redisCpu()) - r0) * 1000) / units, rate: units / seconds };
 }
 
-async function bullmqJob(redis: Redis): Promise<Cost> {
-  const prefix = uniquePrefix();
-  const connection = new Redis(REDIS_URL, { maxRetriesPerRequest: null });
-  const queue = new Queue('noop', { connection, prefix });
-  try {
-    for (let i = 0; i < RUNS; i += 1000)
-      await queue.addBulk(Array.from({ length: Math.min(1000, RUNS - i) }, (_, j) => ({ name: 'noop', data: { i: i + j }, opts: { removeOnComplete: true } })));
-    return await costOf(redis, RUNS, async () => {
-      let done = 0;
-      await new Promise<void>((resolve) => {
-        const worker = new Worker('noop', async () => undefined, { connection, prefix, concurrency: CONCURRENCY });
-        worker.on('completed', () => {
-          if (++done === RUNS) void worker.close().then(() => resolve());
-        });
-      });
-    });
-  } finally {
-    await queue.close();
-    connection.disconnect();
-    await deleteRedisPrefix(prefix);
-  }
+function bullmqJob(redis: Redis): Promise<Cost> {
+  return rawJobs((drain) => costOf(redis, RUNS, drain));
 }
 
-/** A queued no-op run as the service stores it (its document as `runs.create` makes it). */
-function queuedRun(i: number, at: string): Run {
-  const n = String(i).padStart(10, '0');
-  return {
-    id: `run_${n}`,
-    tenant_id: 'bench',
+/** A queued no-op run as `runs.create` stores it (an autonomy run of one `message` step). */
+const queuedRun = (at: string): Run =>
+  runFixture('bench', {
     kind: 'autonomy',
-    status: 'queued',
-    session_id: `ses_${n}`,
-    automation_id: null,
-    trigger: { type: 'api' },
-    goal: null,
     plan: NOOP,
     tool_allowlist: ['message'],
     workspace: '/tmp/bench-floor/workspace/bench',
-    network: false,
-    sandbox: null,
     budget: { seconds: 600 },
-    retry: null,
-    attempt: 1,
-    attempts: [],
-    rerun_of: null,
     agent: null,
-    usage: { steps: 0, model_turns: 0, seconds: 0 },
-    inputs: {},
-    summary: null,
-    error: null,
-    result: null,
-    request_id: null,
     created_at: at,
-    started_at: null,
-    finished_at: null,
-    duration_ms: null,
-  } as Run;
-}
+  });
 
-/** The store's writes of each run, ten runs a turn: its start; then its end with its step, and its session's move. */
+/** The store's writes of each run, CONCURRENCY runs a turn: its start; then its end with its step, and its session's move. */
 async function storeWrites(redis: Redis): Promise<Cost> {
   const dir = await fs.mkdtemp(path.join(os.tmpdir(), 'svc-bench-floor-'));
   const store = openSqliteStore(path.join(dir, 'service.db'));
   try {
     const at = new Date().toISOString();
-    const runs = Array.from({ length: RUNS }, (_, i) => queuedRun(i, at));
+    const runs = Array.from({ length: RUNS }, () => queuedRun(at));
     for (const run of runs)
       await Promise.all([
         store.runs.insert(run),
@@ -168,7 +126,7 @@ async function storeWrites(redis: Redis): Promise<Cost> {
   }
 }
 
-/** The six events of each run, ten runs a turn, in the three turns the engine asks for them. */
+/** The six events of each run, CONCURRENCY runs a turn, in the three turns the engine asks for them. */
 async function events(redis: Redis): Promise<Cost> {
   const prefix = uniquePrefix();
   const connection = new Redis(REDIS_URL, { maxRetriesPerRequest: null });
@@ -176,7 +134,7 @@ async function events(redis: Redis): Promise<Cost> {
   try {
     return await costOf(redis, RUNS, async () => {
       for (let i = 0; i < RUNS; i += CONCURRENCY) {
-        const group = Array.from({ length: Math.min(CONCURRENCY, RUNS - i) }, (_, j) => queuedRun(i + j, ''));
+        const group = Array.from({ length: Math.min(CONCURRENCY, RUNS - i) }, () => queuedRun(''));
         const of = (r: Run) => ({ tenant_id: r.tenant_id, session_id: r.session_id, run_id: r.id });
         const scope = (r: Run) => `session:${r.session_id}`;
         await Promise.all(
@@ -252,8 +210,8 @@ export async function floorBenchmarks(): Promise<string[]> {
     const row = (what: string, c: { process: number; redis: number }, rate: string) => `| ${what} | ${f(c.process)} | ${f(c.redis)} | ${rate} |`;
     return [
       row(`a no-op BullMQ job (${RUNS}, concurrency ${CONCURRENCY})`, job, `${job.rate.toFixed(0)} jobs/s`),
-      row("a run's store writes: its start, its end with its step's row, its session's move (SQLite, 10 runs a turn)", writes, ''),
-      row("a run's six events (the event log, 10 runs a turn)", appends, ''),
+      row(`a run's store writes: its start, its end with its step's row, its session's move (SQLite, ${CONCURRENCY} runs a turn)`, writes, ''),
+      row(`a run's six events (the event log, ${CONCURRENCY} runs a turn)`, appends, ''),
       row('the floor: the three together', floor, `at most ${floorRate.toFixed(0)} runs/s: ${(floorRate / job.rate).toFixed(2)} of BullMQ's rate`),
       row('the service: a no-op run through the workers', ours, `${ours.rate.toFixed(0)} runs/s: ${(ours.rate / job.rate).toFixed(2)}`),
     ];

@@ -19,28 +19,39 @@ const CONCURRENCY = Number(process.env.BENCH_CONCURRENCY ?? 10);
 const REDIS_URL = process.env.REDIS_URL ?? 'redis://127.0.0.1:6379';
 const NOOP = [{ tool: 'message' as const, args: { text: 'noop' } }];
 
-async function rawThroughput(): Promise<number> {
+/**
+ * Adds RUNS no-op BullMQ jobs, then hands `measure` the work of draining them through a no-op worker at the
+ * same concurrency as the service's (the baseline of the runs row and of the floor's job).
+ */
+export async function rawJobs<T>(measure: (drain: () => Promise<void>) => Promise<T>): Promise<T> {
   const prefix = uniquePrefix();
   const connection = new Redis(REDIS_URL, { maxRetriesPerRequest: null });
   const queue = new Queue('noop', { connection, prefix });
   try {
     for (let i = 0; i < RUNS; i += 1000)
       await queue.addBulk(Array.from({ length: Math.min(1000, RUNS - i) }, (_, j) => ({ name: 'noop', data: { i: i + j }, opts: { removeOnComplete: true } })));
-    let done = 0;
-    const started = performance.now();
-    const finished = new Promise<void>((resolve) => {
-      const worker = new Worker('noop', async () => undefined, { connection, prefix, concurrency: CONCURRENCY });
-      worker.on('completed', () => {
-        if (++done === RUNS) void worker.close().then(() => resolve());
+    return await measure(async () => {
+      let done = 0;
+      await new Promise<void>((resolve) => {
+        const worker = new Worker('noop', async () => undefined, { connection, prefix, concurrency: CONCURRENCY });
+        worker.on('completed', () => {
+          if (++done === RUNS) void worker.close().then(() => resolve());
+        });
       });
     });
-    await finished;
-    return RUNS / ((performance.now() - started) / 1000);
   } finally {
     await queue.close();
     connection.disconnect();
     await deleteRedisPrefix(prefix);
   }
+}
+
+function rawThroughput(): Promise<number> {
+  return rawJobs(async (drain) => {
+    const started = performance.now();
+    await drain();
+    return RUNS / ((performance.now() - started) / 1000);
+  });
 }
 
 async function rawLatency(): Promise<number[]> {

@@ -157,6 +157,70 @@ async function readingWhile<T>(racing: Promise<T>, read: () => Promise<void>): P
   return done;
 }
 
+/** One capped kind of record, as the racing-cap tests use it. */
+type Capped<T extends { id: string; tenant_id: string }> = {
+  /** how a test names one: 'an automation' */
+  what: string;
+  make(tenantId: string): T;
+  insert(store: Store, record: T, max: number): Promise<'inserted' | 'over-cap'>;
+  get(store: Store, record: T): Promise<T | null>;
+  /** what the cap counts of a tenant's */
+  count(store: Store, tenantId: string): Promise<number>;
+  /** the ids of a tenant's that a reader would act on */
+  seen(store: Store, tenantId: string): Promise<string[]>;
+  /** the same id with another body */
+  again(record: T): T;
+};
+
+/** What a cap must hold while inserts race, the same for every capped kind of record and every adapter. */
+function racingCap<T extends { id: string; tenant_id: string }>(storeOf: () => Store, c: Capped<T>): void {
+  it(`holds the cap when inserts of ${c.what} race: of five at once, one below it, one is stored`, async () => {
+    const store = storeOf();
+    for (let i = 0; i < 2; i++) await c.insert(store, c.make('t1'), 3);
+    const raced = Array.from({ length: 5 }, () => c.make('t1'));
+    const outcomes = await Promise.all(raced.map((r) => c.insert(store, r, 3)));
+    expect(outcomes.filter((o) => o === 'inserted')).to.have.length(1);
+    expect(await c.count(store, 't1')).to.equal(3);
+    const stored = await Promise.all(raced.map((r) => c.get(store, r)));
+    expect(stored.map((r) => (r ? 'inserted' : 'over-cap'))).to.deep.equal(outcomes);
+  });
+
+  it(`never shows ${c.what} it refuses, not while inserts race: read during the race, the tenant stays within the cap`, async () => {
+    const store = storeOf();
+    for (let i = 0; i < 2; i++) await c.insert(store, c.make('t1'), 3);
+    const raced = Array.from({ length: 6 }, () => c.make('t1'));
+    const seen = new Set<string>();
+    let most = 0;
+    const outcomes = await readingWhile(Promise.all(raced.map((r) => c.insert(store, r, 3))), async () => {
+      const [count, ids] = await Promise.all([c.count(store, 't1'), c.seen(store, 't1')]);
+      most = Math.max(most, count, ids.length);
+      for (const id of ids) seen.add(id);
+    });
+    expect(outcomes.filter((o) => o === 'inserted')).to.have.length(1);
+    expect(most).to.be.at.most(3);
+    expect(raced.filter((r, i) => outcomes[i] === 'over-cap' && seen.has(r.id)).map((r) => r.id)).to.deep.equal([]);
+  });
+
+  it(`stores every one of racing inserts of ${c.what} that all fit under the cap: none is refused while there is room`, async () => {
+    const store = storeOf();
+    const outcomes = await Promise.all(Array.from({ length: 8 }, () => c.insert(store, c.make('t1'), 8)));
+    expect(outcomes).to.deep.equal(Array(8).fill('inserted'));
+    expect(await c.insert(store, c.make('t1'), 8)).to.equal('over-cap');
+  });
+
+  it(`fails an insert of ${c.what} under a cap whose id is taken, keeps what it clashed with, and lets the tenant’s next one through`, async () => {
+    const store = storeOf();
+    const first = c.make('t1');
+    expect(await c.insert(store, first, 5)).to.equal('inserted');
+    let failed: unknown = null;
+    await c.insert(store, c.again(first), 5).catch((err: unknown) => (failed = err));
+    expect(failed, 'the insert of a taken id fails').to.be.instanceOf(Error);
+    expect(await c.get(store, first)).to.deep.equal(first);
+    expect(await c.insert(store, c.make('t1'), 5), 'the failed one held nothing back').to.equal('inserted');
+    expect(await c.count(store, 't1')).to.equal(2);
+  });
+}
+
 export function storeContract(name: string, open: () => Promise<Store>): void {
   describe(`store contract: ${name}`, () => {
     let store: Store;
@@ -216,51 +280,15 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect(await store.automations.insert(automationFixture('t1')), 'without a cap').to.equal('inserted');
     });
 
-    it('holds the cap on automations when inserts race: of five at once, one below it, one is stored', async () => {
-      const cap = { maxLive: 3 };
-      for (let i = 0; i < 2; i++) await store.automations.insert(automationFixture('t1'), cap);
-      const raced = Array.from({ length: 5 }, () => automationFixture('t1'));
-      const outcomes = await Promise.all(raced.map((a) => store.automations.insert(a, cap)));
-      expect(outcomes.filter((o) => o === 'inserted')).to.have.length(1);
-      expect(await store.automations.countLive('t1')).to.equal(3);
-      const stored = await Promise.all(raced.map((a) => store.automations.get('t1', a.id)));
-      expect(stored.map((a) => (a ? 'inserted' : 'over-cap'))).to.deep.equal(outcomes);
-    });
-
-    it('never shows an automation it refuses, not while inserts race: read during the race, the tenant stays within the cap', async () => {
-      const cap = { maxLive: 3 };
-      for (let i = 0; i < 2; i++) await store.automations.insert(automationFixture('t1'), cap);
-      const raced = Array.from({ length: 6 }, () => automationFixture('t1'));
-      const seen = new Set<string>();
-      let most = 0;
-      const outcomes = await readingWhile(Promise.all(raced.map((a) => store.automations.insert(a, cap))), async () => {
-        // what a webhook, a file event or the cron reconcile would fire, and what the cap counts
-        const [live, enabled] = await Promise.all([store.automations.countLive('t1'), store.automations.listEnabledWithTrigger('manual', 't1')]);
-        most = Math.max(most, live, enabled.length);
-        for (const a of enabled) seen.add(a.id);
-      });
-      expect(outcomes.filter((o) => o === 'inserted')).to.have.length(1);
-      expect(most).to.be.at.most(3);
-      expect(raced.filter((a, i) => outcomes[i] === 'over-cap' && seen.has(a.id)).map((a) => a.id)).to.deep.equal([]);
-    });
-
-    it('stores every one of racing inserts that all fit under the cap: none is refused while there is room', async () => {
-      const cap = { maxLive: 8 };
-      const outcomes = await Promise.all(Array.from({ length: 8 }, () => store.automations.insert(automationFixture('t1'), cap)));
-      expect(outcomes).to.deep.equal(Array(8).fill('inserted'));
-      expect(await store.automations.insert(automationFixture('t1'), cap)).to.equal('over-cap');
-    });
-
-    it('fails an insert under a cap whose id is taken, keeps what it clashed with, and lets the tenant’s next one through', async () => {
-      const cap = { maxLive: 5 };
-      const a = automationFixture('t1');
-      expect(await store.automations.insert(a, cap)).to.equal('inserted');
-      let failed: unknown = null;
-      await store.automations.insert({ ...a, name: 'again' }, cap).catch((err: unknown) => (failed = err));
-      expect(failed, 'the insert of a taken id fails').to.be.instanceOf(Error);
-      expect(await store.automations.get('t1', a.id)).to.deep.equal(a);
-      expect(await store.automations.insert(automationFixture('t1'), cap), 'the failed one held nothing back').to.equal('inserted');
-      expect(await store.automations.countLive('t1')).to.equal(2);
+    racingCap(() => store, {
+      what: 'an automation',
+      make: automationFixture,
+      insert: (st, a, max) => st.automations.insert(a, { maxLive: max }),
+      get: (st, a) => st.automations.get(a.tenant_id, a.id),
+      // what the cap counts, and what a webhook, a file event or the cron reconcile would fire
+      count: (st, tenantId) => st.automations.countLive(tenantId),
+      seen: async (st, tenantId) => (await st.automations.listEnabledWithTrigger('manual', tenantId)).map((a) => a.id),
+      again: (a) => ({ ...a, name: 'again' }),
     });
 
     it('lists newest first with cursor pages, hiding archived unless asked', async () => {
@@ -654,51 +682,15 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect(await store.notificationEndpoints.insert(endpointFixture('t1'), cap), 'a removed one is not held').to.equal('inserted');
     });
 
-    it('holds the cap on notification endpoints when inserts race: of five at once, one below it, one is stored', async () => {
-      const cap = { maxHeld: 3 };
-      for (let i = 0; i < 2; i++) await store.notificationEndpoints.insert(endpointFixture('t1'), cap);
-      const raced = Array.from({ length: 5 }, () => endpointFixture('t1'));
-      const outcomes = await Promise.all(raced.map((e) => store.notificationEndpoints.insert(e, cap)));
-      expect(outcomes.filter((o) => o === 'inserted')).to.have.length(1);
-      expect(await store.notificationEndpoints.list('t1')).to.have.length(3);
-      const stored = await Promise.all(raced.map((e) => store.notificationEndpoints.get('t1', e.id)));
-      expect(stored.map((e) => (e ? 'inserted' : 'over-cap'))).to.deep.equal(outcomes);
-    });
-
-    it('never shows a notification endpoint it refuses, not while inserts race: read during the race, the tenant stays within the cap', async () => {
-      const cap = { maxHeld: 3 };
-      for (let i = 0; i < 2; i++) await store.notificationEndpoints.insert(endpointFixture('t1'), cap);
-      const raced = Array.from({ length: 6 }, () => endpointFixture('t1'));
-      const seen = new Set<string>();
-      let most = 0;
-      const outcomes = await readingWhile(Promise.all(raced.map((e) => store.notificationEndpoints.insert(e, cap))), async () => {
-        // what an event's deliveries are made for, and what the cap counts
-        const endpoints = await store.notificationEndpoints.list('t1');
-        most = Math.max(most, endpoints.length);
-        for (const e of endpoints) seen.add(e.id);
-      });
-      expect(outcomes.filter((o) => o === 'inserted')).to.have.length(1);
-      expect(most).to.be.at.most(3);
-      expect(raced.filter((e, i) => outcomes[i] === 'over-cap' && seen.has(e.id)).map((e) => e.id)).to.deep.equal([]);
-    });
-
-    it('stores every one of racing endpoint inserts that all fit under the cap: none is refused while there is room', async () => {
-      const cap = { maxHeld: 8 };
-      const outcomes = await Promise.all(Array.from({ length: 8 }, () => store.notificationEndpoints.insert(endpointFixture('t1'), cap)));
-      expect(outcomes).to.deep.equal(Array(8).fill('inserted'));
-      expect(await store.notificationEndpoints.insert(endpointFixture('t1'), cap)).to.equal('over-cap');
-    });
-
-    it('fails an endpoint insert under a cap whose id is taken, keeps what it clashed with, and lets the tenant’s next one through', async () => {
-      const cap = { maxHeld: 5 };
-      const e = endpointFixture('t1');
-      expect(await store.notificationEndpoints.insert(e, cap)).to.equal('inserted');
-      let failed: unknown = null;
-      await store.notificationEndpoints.insert({ ...e, url: 'https://hooks.example.com/again' }, cap).catch((err: unknown) => (failed = err));
-      expect(failed, 'the insert of a taken id fails').to.be.instanceOf(Error);
-      expect(await store.notificationEndpoints.get('t1', e.id)).to.deep.equal(e);
-      expect(await store.notificationEndpoints.insert(endpointFixture('t1'), cap), 'the failed one held nothing back').to.equal('inserted');
-      expect(await store.notificationEndpoints.list('t1')).to.have.length(2);
+    racingCap(() => store, {
+      what: 'a notification endpoint',
+      make: endpointFixture,
+      insert: (st, e, max) => st.notificationEndpoints.insert(e, { maxHeld: max }),
+      get: (st, e) => st.notificationEndpoints.get(e.tenant_id, e.id),
+      // what the cap counts, and what an event's deliveries are made for
+      count: async (st, tenantId) => (await st.notificationEndpoints.list(tenantId)).length,
+      seen: async (st, tenantId) => (await st.notificationEndpoints.list(tenantId)).map((e) => e.id),
+      again: (e) => ({ ...e, url: 'https://hooks.example.com/again' }),
     });
 
     it('stores a delivery once per provider id and kind, per tenant, and answers the first for a repeat', async () => {
