@@ -879,26 +879,7 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
 
     it('keeps a session’s tasks by their own ids, inserts a batch all or none, lists in creation order and updates conditionally', async () => {
       const at = (ms: number) => new Date(Date.UTC(2026, 0, 1) + ms).toISOString();
-      const task = (id: string, over: Partial<TaskRecord> = {}): TaskRecord => ({
-        id,
-        tenant_id: 't1',
-        session_id: 'ses_t',
-        title: id,
-        goal: null,
-        steps: [{ tool: 'shell', args: { command: 'true' } }],
-        agent_id: null,
-        depends_on: [],
-        trigger_rule: 'all_success',
-        status: 'pending',
-        attempts: 0,
-        max_attempts: 2,
-        position: 1,
-        run_ids: [],
-        output: null,
-        created_at: at(0),
-        updated_at: at(0),
-        ...over,
-      });
+      const task = (id: string, over: Partial<TaskRecord> = {}): TaskRecord => taskFixture({ id, title: id, created_at: at(0), updated_at: at(0), ...over });
       expect(await store.tasks.insertMany([task('a'), task('b', { depends_on: ['a'], created_at: at(1) })])).to.equal('inserted');
       // the same ids in another session or tenant are other tasks
       await store.tasks.insertMany([task('a', { session_id: 'ses_u' }), task('a', { tenant_id: 't2' })]);

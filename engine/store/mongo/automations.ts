@@ -1,7 +1,7 @@
 import { Schema, type Model } from 'mongoose';
 import type { Automation } from '../../platform/index.js';
 import type { AutomationRepo } from '../port.js';
-import { definedOnly, fromStored, isDuplicateKey, loose, pageOf, toStored, type Stored } from './documents.js';
+import { definedOnly, fromStored, insertOneOrNone, loose, pageOf, type Stored } from './documents.js';
 import type { Leases } from './leases.js';
 
 export const automationSchema = new Schema({ _id: String, tenant_id: { type: String, required: true }, status: { type: String, required: true } }, loose);
@@ -17,17 +17,7 @@ export function automationRepo(model: Model<Stored<Automation>>, leases: Leases)
   const countLive = (tenantId: string) => model.countDocuments({ tenant_id: tenantId, status: { $ne: 'archived' } });
   return {
     async insert(a, cap) {
-      const insert = async () => {
-        try {
-          await model.collection.insertOne(toStored(a) as never);
-        } catch (err) {
-          // a failure that may have stored it all the same (a connection lost on the way) takes it back: the id
-          // is its own, unless the failure is that the id is another's
-          if (!isDuplicateKey(err)) await model.deleteOne({ _id: a.id }).catch(() => undefined);
-          throw err;
-        }
-        return 'inserted' as const;
-      };
+      const insert = () => insertOneOrNone(model, a);
       if (!cap || a.status === 'archived') return insert();
       // counted and inserted under the tenant's lease: its capped inserts take turns, as in SQLite's IMMEDIATE transaction
       return leases.insertHeld(`automations:${a.tenant_id}`, async () => ((await countLive(a.tenant_id)) >= cap.maxLive ? 'over-cap' : null), insert);

@@ -20,6 +20,20 @@ export const loose = { strict: false, versionKey: false, minimize: false } as co
 /** A write refused by a unique index (MongoDB's E11000). */
 export const isDuplicateKey = (err: unknown): boolean => (err as { code?: number }).code === 11000;
 
+/**
+ * Inserts one record. A failure that may have stored it all the same (a connection lost on the way) takes it
+ * back: the id is its own, unless the failure is that the id is another's.
+ */
+export async function insertOneOrNone<T extends { id: string }>(model: Model<Stored<T>>, record: T): Promise<'inserted'> {
+  try {
+    await model.collection.insertOne(toStored(record) as never);
+  } catch (err) {
+    if (!isDuplicateKey(err)) await model.deleteOne({ _id: record.id }).catch(() => undefined);
+    throw err;
+  }
+  return 'inserted';
+}
+
 export function definedOnly<T extends object>(changes: T): Partial<T> {
   return Object.fromEntries(Object.entries(changes).filter(([, v]) => v !== undefined)) as Partial<T>;
 }

@@ -1,7 +1,7 @@
 import { Schema, type Model } from 'mongoose';
 import type { NotificationDelivery, NotificationEndpoint } from '../../platform/index.js';
 import { decodeCursor, toPage, type NotificationDeliveryRepo, type NotificationEndpointRepo } from '../port.js';
-import { fromStored, isDuplicateKey, loose, toStored, type Stored } from './documents.js';
+import { fromStored, insertOneOrNone, loose, toStored, type Stored } from './documents.js';
 import type { Leases } from './leases.js';
 
 export const notificationEndpointSchema = new Schema({ _id: String, tenant_id: { type: String, required: true } }, loose);
@@ -17,17 +17,7 @@ notificationDeliverySchema.index({ status: 1, updated_at: 1 });
 export function notificationEndpointRepo(model: Model<Stored<NotificationEndpoint>>, leases: Leases): NotificationEndpointRepo {
   return {
     async insert(e, cap) {
-      const insert = async () => {
-        try {
-          await model.collection.insertOne(toStored(e) as never);
-        } catch (err) {
-          // a failure that may have stored it all the same (a connection lost on the way) takes it back: the id
-          // is its own, unless the failure is that the id is another's
-          if (!isDuplicateKey(err)) await model.deleteOne({ _id: e.id }).catch(() => undefined);
-          throw err;
-        }
-        return 'inserted' as const;
-      };
+      const insert = () => insertOneOrNone(model, e);
       if (!cap) return insert();
       // counted and inserted under the tenant's lease: its capped inserts take turns, as in SQLite's IMMEDIATE transaction
       return leases.insertHeld(
