@@ -20,7 +20,11 @@ export function automationRepo(model: Model<Stored<Automation>>, leases: Leases)
       const insert = () => insertOneOrNone(model, a);
       if (!cap || a.status === 'archived') return insert();
       // counted and inserted under the tenant's lease: its capped inserts take turns, as in SQLite's IMMEDIATE transaction
-      return leases.insertHeld(`automations:${a.tenant_id}`, async () => ((await countLive(a.tenant_id)) >= cap.maxLive ? 'over-cap' : null), insert);
+      return leases.insertHeld(
+        `automations:${a.tenant_id}`,
+        async () => ((await countLive(a.tenant_id).read('primary')) >= cap.maxLive ? 'over-cap' : null),
+        insert,
+      );
     },
     async get(tenantId, id) {
       return fromStored(await model.findOne({ _id: id, tenant_id: tenantId }).lean<Stored<Automation>>());

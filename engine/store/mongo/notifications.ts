@@ -22,7 +22,7 @@ export function notificationEndpointRepo(model: Model<Stored<NotificationEndpoin
       // counted and inserted under the tenant's lease: its capped inserts take turns, as in SQLite's IMMEDIATE transaction
       return leases.insertHeld(
         `notification-endpoints:${e.tenant_id}`,
-        async () => ((await model.countDocuments({ tenant_id: e.tenant_id })) >= cap.maxHeld ? 'over-cap' : null),
+        async () => ((await model.countDocuments({ tenant_id: e.tenant_id }).read('primary')) >= cap.maxHeld ? 'over-cap' : null),
         insert,
       );
     },

@@ -60,8 +60,8 @@ export function taskRepo(model: Model<StoredTask>, leases: Leases): TaskRepo {
         `tasks:${first.tenant_id}:${first.session_id}`,
         async () => {
           const [held, taken] = await Promise.all([
-            model.countDocuments({ tenant_id: first.tenant_id, session_id: first.session_id }),
-            model.exists({ _id: { $in: keys } }),
+            model.countDocuments({ tenant_id: first.tenant_id, session_id: first.session_id }).read('primary'),
+            model.exists({ _id: { $in: keys } }).read('primary'),
           ]);
           if (held + tasks.length > cap.maxHeld) return 'over-cap';
           return taken || new Set(keys).size < keys.length ? 'id-taken' : null;
