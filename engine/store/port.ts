@@ -57,9 +57,10 @@ export interface AutomationRepo {
    * never seen by a reader, not for a moment (a count read before, then a write, lets two at once both
    * pass). SQLite counts inside the write's IMMEDIATE transaction, across processes sharing the file.
    * MongoDB, without a transaction, has the tenant's capped inserts take turns under a lease
-   * (mongo/leases.ts, across processes); one that cannot have it within a few seconds throws
-   * ServiceUnavailableError (503: busy, not full). An insert without a cap is held to none, and on
-   * MongoDB does not take turns with capped ones.
+   * (mongo/leases.ts, across processes, timed by the server's clock); one that cannot have it within a few
+   * seconds throws ServiceUnavailableError (503: busy, not full). There, an insert held up on the way for
+   * longer than a hold (30 s: a network partition) can land after the next holder counted without it. An
+   * insert without a cap is held to none, and on MongoDB does not take turns with capped ones.
    */
   insert(automation: Automation, cap?: { maxLive: number }): Promise<CappedInsert>;
   get(tenantId: string, id: string): Promise<Automation | null>;
