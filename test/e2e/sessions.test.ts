@@ -269,6 +269,16 @@ describe('sessions', function () {
       const stored = (await small.call<Body>('GET', `/api/v1/sessions/${s.id}/tasks`)).body.data.map((t: Body) => t.id);
       expect(stored).to.deep.equal(added!.body.data.map((t: Body) => t.id));
       expect(stored).to.have.length(3);
+      // nothing else of the refused batch either: no event on the trace, no state in the DAG
+      const refusedIds = ['a', 'b', 'c', 'd', 'e', 'f'].filter((id) => !stored.includes(id));
+      const traced = (await small.rt.events.after(`session:${s.id}`, '0-0')).filter((e) => e.type === 'task.updated').map((e) => (e.data as Body).task_id);
+      expect(traced.filter((id) => refusedIds.includes(id))).to.deep.equal([]);
+      expect(
+        traced.filter((id) => stored.includes(id)),
+        'the added batch is traced',
+      ).to.not.deep.equal([]);
+      const dag = await small.rt.redis.hgetall(`${small.config.queuePrefix}:dag:{${s.id}}:state`);
+      expect(Object.keys(dag).sort()).to.deep.equal([...stored].sort());
     } finally {
       await small.close();
     }
