@@ -93,7 +93,7 @@ type Rt = Parameters<Parameters<typeof service>[0]>[0];
  * prepares what it needs off the clock (`prepare`), then the clock runs until `timed` answers.
  */
 async function medianMs<T>(prepare: (rt: Rt) => Promise<T>, timed: (rt: Rt, prepared: T) => Promise<void>): Promise<number> {
-  return (await service(async (rt) => {
+  return service(async (rt) => {
     const { startWorkers } = await import('../workers/index.js');
     const workers = await startWorkers(rt);
     try {
@@ -108,7 +108,7 @@ async function medianMs<T>(prepare: (rt: Rt) => Promise<T>, timed: (rt: Rt, prep
     } finally {
       await workers.close();
     }
-  })) as number;
+  });
 }
 
 const tick = () => new Promise((r) => setTimeout(r, 2));

@@ -174,21 +174,18 @@ async function events(redis: Redis): Promise<Cost> {
 
 /** The service's no-op runs through its workers (stored first; the clock from the workers' start to the last end). */
 async function serviceRuns(redis: Redis): Promise<Cost> {
-  let cost: Cost | undefined;
-  await service(async (rt) => {
+  return service(async (rt) => {
     for (let i = 0; i < RUNS; i++) await rt.engine.runs.create('bench', { kind: 'autonomy', steps: NOOP, trigger: { type: 'api' } });
     let workers: Awaited<ReturnType<typeof startWorkers>> | undefined;
     try {
-      cost = await costOf(redis, RUNS, async () => {
+      return await costOf(redis, RUNS, async () => {
         workers = await startWorkers(rt);
         while ((await runsFinished(rt)) < RUNS) await new Promise((r) => setTimeout(r, 10));
       });
-      return cost.rate;
     } finally {
       await workers?.close();
     }
   });
-  return cost!;
 }
 
 export async function floorBenchmarks(): Promise<string[]> {

@@ -78,7 +78,7 @@ async function rawLatency(): Promise<number[]> {
   }
 }
 
-export async function service(fn: (rt: Awaited<ReturnType<typeof openRuntime>>) => Promise<number | number[]>) {
+export async function service<T>(fn: (rt: Awaited<ReturnType<typeof openRuntime>>) => Promise<T>): Promise<T> {
   const dataDir = await fs.mkdtemp(path.join(os.tmpdir(), 'svc-bench-engine-'));
   const workspace = path.join(dataDir, 'workspace');
   await fs.mkdir(workspace);
@@ -108,7 +108,7 @@ export async function runsFinished(rt: Awaited<ReturnType<typeof openRuntime>>):
 }
 
 async function engineThroughput(): Promise<number> {
-  return (await service(async (rt) => {
+  return service(async (rt) => {
     for (let i = 0; i < RUNS; i++) await rt.engine.runs.create('bench', { kind: 'autonomy', steps: NOOP, trigger: { type: 'api' } });
     const started = performance.now();
     const workers = await startWorkers(rt);
@@ -118,11 +118,11 @@ async function engineThroughput(): Promise<number> {
     } finally {
       await workers.close();
     }
-  })) as number;
+  });
 }
 
 async function engineLatency(): Promise<number[]> {
-  return (await service(async (rt) => {
+  return service(async (rt) => {
     const workers = await startWorkers(rt);
     const reader = rt.redis.duplicate();
     const samples: number[] = [];
@@ -145,7 +145,7 @@ async function engineLatency(): Promise<number[]> {
       reader.disconnect();
       await workers.close();
     }
-  })) as number[];
+  });
 }
 
 /** Rounds of the throughput pair, alternating (BullMQ, the service, BullMQ, ...): a noisy machine's swings hit both. */
