@@ -1,7 +1,7 @@
 // Builds the Express app from its dependencies. Opens no connection: api/main.ts and main.ts do.
 import express, { type Express } from 'express';
 import * as OpenApiValidator from 'express-openapi-validator';
-import { memoizeRouteMatchers } from './route-matchers.js';
+import { fastRouteLookup } from './route-matchers.js';
 import { NotFoundError, unsafeJson, ValidationError, type EventHub, type Logger, type Metrics, type Queues, type Redis } from '../engine/platform/index.js';
 import type { Engine } from '../engine/index.js';
 import type { Store } from '../engine/store/index.js';
@@ -24,7 +24,7 @@ import { notificationDeliveriesRouter, notificationEndpointsRouter } from './rou
 import { webhookDeliveriesRouter, webhookIntakeRouter, webhookSecretsRouter } from './routes/webhooks.js';
 import { refuseDeclaredOver } from './body-limit.js';
 import { finiteNumericQuery } from './numeric-query.js';
-import { loadSpec } from './spec.js';
+import { loadSpec, type OpenApiDocument } from './spec.js';
 import { OpenStreams } from './sse.js';
 
 export type AppDeps = {
@@ -71,6 +71,26 @@ function forValidator<T>(spec: T): T {
   return strip(spec) as T;
 }
 
+/**
+ * express-openapi-validator as the API runs it: every request under /api checked against the spec (query
+ * coerced, bodies not; a oneOf with a discriminator checked against the variant its `type` names), our
+ * own responses too when `validateResponses` (tests). Exported for the benches' floor, which must check
+ * requests exactly as the service does.
+ */
+export function requestValidator(spec: OpenApiDocument, validateResponses: boolean) {
+  return OpenApiValidator.middleware({
+    apiSpec: forValidator(spec) as never,
+    validateRequests: { allErrors: true, allowUnknownQueryParameters: false, discriminator: true },
+    validateResponses,
+    validateSecurity: false,
+    validateFormats: true,
+    // multipart bodies (voice uploads) are read by their route as they stream, with its own limits; never buffered here
+    fileUploader: false,
+    // in any case: a path that reaches an API route is never let through unchecked
+    ignorePaths: (p: string) => !/^\/api\//i.test(p),
+  });
+}
+
 export function createApp(deps: AppDeps): Express {
   const app = express();
   app.disable('x-powered-by');
@@ -115,7 +135,7 @@ export function createApp(deps: AppDeps): Express {
     }),
   );
   app.use(finiteNumericQuery(spec));
-  memoizeRouteMatchers();
+  fastRouteLookup();
   // HEAD is GET without the body (RFC 9110), wherever GET is: checked as the GET it stands for (the spec
   // lists GETs), then routed as HEAD, which Express answers with the GET route and Node without a body
   app.use('/api', (req, res, next) => {
@@ -125,20 +145,7 @@ export function createApp(deps: AppDeps): Express {
     }
     next();
   });
-  app.use(
-    OpenApiValidator.middleware({
-      apiSpec: forValidator(spec) as never,
-      // query is coerced, bodies are not; a oneOf with a discriminator is checked against the variant its `type` names
-      validateRequests: { allErrors: true, allowUnknownQueryParameters: false, discriminator: true },
-      validateResponses: deps.validateResponses ?? false,
-      validateSecurity: false,
-      validateFormats: true,
-      // multipart bodies (voice uploads) are read by their route as they stream, with its own limits; never buffered here
-      fileUploader: false,
-      // in any case: a path that reaches an API route is never let through unchecked
-      ignorePaths: (p: string) => !/^\/api\//i.test(p),
-    }),
-  );
+  app.use(requestValidator(spec, deps.validateResponses ?? false));
 
   app.use('/api', (req, res, next) => {
     if (res.locals.head) req.method = 'HEAD';
