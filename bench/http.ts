@@ -1,6 +1,7 @@
 // Shared by the HTTP benchmarks: start a server as its own process group, load it with autocannon, stop it.
 import { spawn, type ChildProcess } from 'node:child_process';
 import autocannon from 'autocannon';
+import fs from 'node:fs';
 import http from 'node:http';
 
 export const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 50);
@@ -32,7 +33,14 @@ export function serviceEnv(dataDir: string, prefix: string, workspaces = `${data
   };
 }
 
-export type Result = { rps: number; p50: number; p99: number; errors: number; non2xx: number };
+export type Result = { rps: number; p50: number; p99: number; errors: number; non2xx: number; cpuUsPerRequest?: number };
+
+/** A process's CPU time so far (user and system), in µs, from /proc. */
+function cpuUsOf(pid: number): number {
+  const fields = fs.readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
+  return ((Number(fields[11]) + Number(fields[12])) * 1e6) / CLOCK_TICKS;
+}
+const CLOCK_TICKS = 100;
 
 export function startServer(entry: string, env: Record<string, string>): Promise<{ child: ChildProcess; url: string }> {
   const child = spawn(process.execPath, ['--import', 'tsx', entry], { env: { ...process.env, ...env }, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
@@ -69,14 +77,28 @@ export async function stop(child: ChildProcess): Promise<void> {
   await exited;
 }
 
-type LoadOptions = Omit<autocannon.Options, 'connections' | 'duration'> & { url: string; connections?: number; overallRate?: number };
+/**
+ * `pid`: the server's process, whose CPU a request the result then carries (Linux); `warmUp: false` skips
+ * the warm-up (a server loaded before); `seconds` overrides BENCH_SECONDS.
+ */
+type LoadOptions = Omit<autocannon.Options, 'connections' | 'duration'> & {
+  url: string;
+  connections?: number;
+  overallRate?: number;
+  pid?: number;
+  warmUp?: boolean;
+  seconds?: number;
+};
 
 export async function load(opts: LoadOptions): Promise<Result> {
   process.stderr.write(`bench: ${opts.method ?? opts.requests?.[0]?.method ?? 'GET'} ${opts.url}${opts.overallRate ? ` at ${opts.overallRate} req/s` : ''}\n`);
   // a short warm-up lets V8 optimise before we measure
-  await autocannon({ connections: CONNECTIONS, ...opts, duration: 2 });
-  const r = await autocannon({ connections: CONNECTIONS, ...opts, duration: SECONDS });
-  return { rps: r.requests.average, p50: r.latency.p50, p99: r.latency.p99, errors: r.errors + r.timeouts, non2xx: r.non2xx };
+  const { pid, warmUp = true, seconds = SECONDS, ...load } = opts;
+  if (warmUp) await autocannon({ connections: CONNECTIONS, ...load, duration: 2 });
+  const cpu0 = pid === undefined ? 0 : cpuUsOf(pid);
+  const r = await autocannon({ connections: CONNECTIONS, ...load, duration: seconds });
+  const cpu = pid === undefined ? {} : { cpuUsPerRequest: (cpuUsOf(pid) - cpu0) / Math.max(1, r.requests.total) };
+  return { rps: r.requests.average, p50: r.latency.p50, p99: r.latency.p99, errors: r.errors + r.timeouts, non2xx: r.non2xx, ...cpu };
 }
 
 /**

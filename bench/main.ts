@@ -16,6 +16,7 @@ import { workerScaling } from './workers.js';
 import { voiceOverhead } from './voice.js';
 import { endToEnd } from './e2e.js';
 import { floorBenchmarks } from './floor.js';
+import { httpFloor } from './http-floor.js';
 
 /** POST /api/v1/autonomy/run (auth, validation, store, event, tenant slot, enqueue) against bare Express + queue.add. */
 async function runCreation(): Promise<[string, Result, Result]> {
@@ -109,6 +110,7 @@ function printHttpRows(rows: [string, Result, Result][]): void {
 const TABLES: Record<string, { header: string; rows: () => Promise<string[]> }> = {
   runs: { header: '| run engine | service | raw BullMQ | ratio |', rows: runBenchmarks },
   floor: { header: "| the run engine's floor | process CPU a run | Redis CPU a run | rate |", rows: floorBenchmarks },
+  'http-floor': { header: '| the HTTP floor | rate | CPU of the server a request | ratio to the baseline |', rows: httpFloor },
   e2e: { header: '| end to end | service (`main.ts`) | Express + queue.add + no-op worker | ratio |', rows: endToEnd },
   dag: { header: '| task DAG | service | BullMQ flow | ratio (goal <= 2x) |', rows: dagBenchmarks },
   ledger: { header: '| evidence ledger | service | baseline | ratio |', rows: ledgerBenchmarks },
