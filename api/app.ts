@@ -1,5 +1,5 @@
 // Builds the Express app from its dependencies. Opens no connection: api/main.ts and main.ts do.
-import express, { type Express } from 'express';
+import express, { type Express, type Request } from 'express';
 import * as OpenApiValidator from 'express-openapi-validator';
 import { fastRouteLookup } from './route-matchers.js';
 import { NotFoundError, unsafeJson, ValidationError, type EventHub, type Logger, type Metrics, type Queues, type Redis } from '../engine/platform/index.js';
@@ -23,6 +23,7 @@ import { connectionsRouter } from './routes/connections.js';
 import { notificationDeliveriesRouter, notificationEndpointsRouter } from './routes/notifications.js';
 import { webhookDeliveriesRouter, webhookIntakeRouter, webhookSecretsRouter } from './routes/webhooks.js';
 import { refuseDeclaredOver } from './body-limit.js';
+import { chain } from './chain.js';
 import { finiteNumericQuery } from './numeric-query.js';
 import { loadSpec, type OpenApiDocument } from './spec.js';
 import { OpenStreams } from './sse.js';
@@ -113,44 +114,51 @@ export function createApp(deps: AppDeps): Express {
   // Who is calling comes first: an unauthenticated body is never parsed.
   // People: sign-in and its session cookie; the web client's origins may call with it (CORS, CSRF rule).
   const allowedOrigins = [...(deps.signIn.redirectUrl ? [new URL(deps.signIn.redirectUrl).origin] : []), ...deps.signIn.corsOrigins];
-  if (deps.signIn.corsOrigins.length) app.use('/api/v1', corsFor(deps.signIn.corsOrigins));
-  app.use('/api/v1', authenticate({ mode: deps.auth, apiKeys: deps.engine.apiKeys, sso: deps.engine.sso, allowedOrigins }));
-  app.use('/api/v1', rateLimit(deps.engine.apiRateLimit));
-  // the JSON bodies' limit, before a byte is read; audio uploads (multipart or raw) count their own bytes
-  // against their own limit as they stream
-  app.use('/api/v1', (req, res, next) => {
-    if (!req.is(JSON_TYPES) || !refuseDeclaredOver(BODY_LIMIT_BYTES, req, res, next)) next();
-  });
+  // one Express layer (chain.ts)
   app.use(
     '/api/v1',
-    express.json({
-      limit: BODY_LIMIT_BYTES,
-      type: JSON_TYPES,
-      strict: true,
-      // refused before it is parsed: nothing that would store or echo it can overflow on it
-      verify: (_req, _res, buf) => {
-        const unsafe = unsafeJson(buf);
-        if (unsafe) throw new ValidationError(unsafe.detail, [{ path: '/body', message: unsafe.rule }]);
+    chain(
+      ...(deps.signIn.corsOrigins.length ? [corsFor(deps.signIn.corsOrigins)] : []),
+      authenticate({ mode: deps.auth, apiKeys: deps.engine.apiKeys, sso: deps.engine.sso, allowedOrigins }),
+      rateLimit(deps.engine.apiRateLimit),
+      // the JSON bodies' limit, before a byte is read; audio uploads (multipart or raw) count their own bytes
+      // against their own limit as they stream
+      (req, res, next) => {
+        if (!req.is(JSON_TYPES) || !refuseDeclaredOver(BODY_LIMIT_BYTES, req, res, next)) next();
       },
-    }),
+      express.json({
+        limit: BODY_LIMIT_BYTES,
+        type: JSON_TYPES,
+        strict: true,
+        // refused before it is parsed: nothing that would store or echo it can overflow on it
+        verify: (_req, _res, buf) => {
+          const unsafe = unsafeJson(buf);
+          if (unsafe) throw new ValidationError(unsafe.detail, [{ path: '/body', message: unsafe.rule }]);
+        },
+      }),
+    ),
   );
-  app.use(finiteNumericQuery(spec));
   fastRouteLookup();
-  // HEAD is GET without the body (RFC 9110), wherever GET is: checked as the GET it stands for (the spec
-  // lists GETs), then routed as HEAD, which Express answers with the GET route and Node without a body
-  app.use('/api', (req, res, next) => {
-    if (req.method === 'HEAD') {
-      req.method = 'GET';
-      res.locals.head = true;
-    }
-    next();
-  });
-  app.use(requestValidator(spec, deps.validateResponses ?? false));
-
-  app.use('/api', (req, res, next) => {
-    if (res.locals.head) req.method = 'HEAD';
-    next();
-  });
+  const underApi = (req: Request) => req.path === '/api' || req.path.startsWith('/api/');
+  app.use(
+    chain(
+      finiteNumericQuery(spec),
+      // HEAD is GET without the body (RFC 9110), wherever GET is: checked as the GET it stands for (the spec
+      // lists GETs), then routed as HEAD, which Express answers with the GET route and Node without a body
+      (req, res, next) => {
+        if (req.method === 'HEAD' && underApi(req)) {
+          req.method = 'GET';
+          res.locals.head = true;
+        }
+        next();
+      },
+      ...requestValidator(spec, deps.validateResponses ?? false),
+      (req, res, next) => {
+        if (res.locals.head) req.method = 'HEAD';
+        next();
+      },
+    ),
+  );
   app.use('/api/v1/automations', automationsRouter(deps.engine));
   app.use('/api/v1/autonomy', autonomyRouter(deps.engine, { hub: deps.hub, heartbeatMs: deps.sseHeartbeatMs, streams }));
   app.use('/api/v1/autonomy', auditRouter(deps.engine, { hub: deps.hub, heartbeatMs: deps.sseHeartbeatMs, streams }));
