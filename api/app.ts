@@ -106,7 +106,8 @@ export function createApp(deps: AppDeps): Express {
   app.use(requestLog(app, { log: deps.log, httpDuration: deps.metrics.httpDuration, quiet: (p) => p === '/healthz' || p === '/readyz' }));
 
   // providers sign the bytes they send: the intake reads them raw, with no API key, before any parser
-  app.use(webhookIntakeRouter(deps.engine));
+  // (mounted at its path: no other request enters its router)
+  app.use('/webhooks', webhookIntakeRouter(deps.engine));
 
   const spec = loadSpec();
   // Then the API: its requests are most of the traffic, and the routers after it (health, docs, the
