@@ -117,10 +117,9 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
       checkWork(def, errors);
       check(errors);
       requireAgentFor(deps.settings, def.steps, 'this automation');
-      // every automation is work for each file event, trigger refresh and reconcile of the process. The count
-      // read here answers most at once; the insert's own check is the one that holds when creates race
+      // every automation is work for each file event, trigger refresh and reconcile of the process: the
+      // tenant's cap is checked by the insert itself, which holds when creates race
       const max = limits.tenantMaxAutomations;
-      if (max !== undefined && (await store.automations.countLive(tenantId)) >= max) throw tooMany(max);
       const now = clock.now().toISOString();
       const automation: Automation = {
         id: newId('aut'),

@@ -135,8 +135,9 @@ describe('automations API', () => {
     try {
       const body = { name: 'bounded', steps: [{ tool: 'message', args: { text: 'x' } }] };
       expect((await small.call('POST', '/api/v1/automations', { body })).status).to.equal(201);
-      // one from a definition, one from a template: both read the count before either is stored
-      const release = heldTogether(small.rt.store.automations, 'countLive', 2);
+      // one from a definition, one from a template, both at the store before either answers: the insert's
+      // own count (the only one) refuses one
+      const release = heldTogether(small.rt.store.automations, 'insert', 2);
       const raced = await Promise.all([
         small.call('POST', '/api/v1/automations', { body }),
         small.call('POST', '/api/v1/automations/templates/instantiate', { body: { template_id: 'nightly-audit', variables: {} } }),
