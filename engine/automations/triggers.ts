@@ -48,7 +48,11 @@ const NONE_KEPT_MS = 3_600_000;
 const nextFires = new Map<string, { from: number; offset: string; next: number | null }>();
 
 const offsetFormat = memo((zone: string) => new Intl.DateTimeFormat('en-US', { timeZone: zone || 'UTC', timeZoneName: 'longOffset' }));
+/** Zones that are UTC under another name: their offset never changes, so it is not formatted (a few µs a call). */
+const UTC_ZONES = new Set(['', 'UTC', 'Etc/UTC', 'GMT', 'Etc/GMT', 'Universal', 'Etc/Universal', 'Zulu', 'Etc/Zulu']);
+
 function offsetAt(zone: string | undefined, at: number): string {
+  if (UTC_ZONES.has(zone ?? '')) return 'GMT+00:00';
   return offsetFormat(zone ?? '')
     .formatToParts(at)
     .find((p) => p.type === 'timeZoneName')!.value;
