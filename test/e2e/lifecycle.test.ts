@@ -279,7 +279,8 @@ describe('run lifecycle', function () {
       const claims = () => second.rt.engine.runs.claims.elsewhere();
       // the claims registry is complete once every process has beaten for its lapse
       await eventually(async () => (await claims()) !== null, 'the registry of claims to be complete');
-      const res = await first.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'sleep 4; echo done' } }] } });
+      // long enough to be running still at the reconcile below on a loaded machine (4 s was not, once)
+      const res = await first.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'sleep 7; echo done' } }] } });
       await eventually(async () => (await first.call<Body>('GET', `/api/v1/runs/${res.body.run_id}`)).body.status === 'running', 'the run to start');
       // the first process has claimed it in a beat
       await eventually(async () => (await claims())!.has(res.body.run_id) || null, 'the first process’s claim');
