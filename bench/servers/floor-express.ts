@@ -42,7 +42,7 @@ await store.apiKeys.insert({
   last_used_at: now,
   revoked_at: null,
   revoked_reason: null,
-} as never);
+});
 
 const app = express();
 if (parts.has('auth'))
@@ -69,7 +69,7 @@ app.post('/api/v1/autonomy/run', async (req, res) => {
 
 app.post('/api/v1/automations', async (req, res) => {
   const body = req.body as Pick<Automation, 'name' | 'triggers' | 'steps'>;
-  const automation = {
+  const automation: Automation = {
     id: newId('aut'),
     tenant_id: 'bench',
     name: body.name,
@@ -86,7 +86,7 @@ app.post('/api/v1/automations', async (req, res) => {
     template: null,
     created_at: now,
     updated_at: now,
-  } as unknown as Automation;
+  };
   if (parts.has('store') && (await store.automations.insert(automation, { maxLive: 1_000_000 })) !== 'inserted') throw new Error('over the cap');
   res.status(201).json(automation);
 });
