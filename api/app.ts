@@ -106,8 +106,9 @@ export function createApp(deps: AppDeps): Express {
   app.use(requestLog(app, { log: deps.log, httpDuration: deps.metrics.httpDuration, quiet: (p) => p === '/healthz' || p === '/readyz' }));
 
   // providers sign the bytes they send: the intake reads them raw, with no API key, before any parser
-  // (mounted at its path: no other request enters its router)
-  app.use('/webhooks', webhookIntakeRouter(deps.engine));
+  // (at the root, not mounted at /webhooks: a mount would follow the API's case-sensitive routing, and a
+  // provider's URL has always matched in any case)
+  app.use(webhookIntakeRouter(deps.engine));
 
   const spec = loadSpec();
   // Then the API: its requests are most of the traffic, and the routers after it (health, docs, the

@@ -67,7 +67,9 @@ async function routeRows(route: Route): Promise<string[]> {
         : await start(route.baseline, 'bench/servers/bare-express.ts', { PORT: '0', BENCH_FIXTURES: fixtures }, false),
     ];
     for (const step of STEPS)
-      servers.push(await start(step.label, 'bench/servers/floor-express.ts', { SERVICE_QUEUE_PREFIX: prefix, BENCH_FLOOR: step.parts }, true));
+      servers.push(
+        await start(step.label, 'bench/servers/floor-express.ts', { SERVICE_QUEUE_PREFIX: prefix, BENCH_FLOOR: step.parts, BENCH_FLOOR_DIR: dataDir }, true),
+      );
     servers.push(
       await start('the service', route.service, { ...serviceEnv(path.join(dataDir, 'service'), prefix), SERVICE_TENANT_MAX_RUNNING: '10000' }, true),
     );

@@ -37,7 +37,9 @@ export type Result = { rps: number; p50: number; p99: number; errors: number; no
 
 /** A process's CPU time so far (user and system), in µs, from /proc. */
 function cpuUsOf(pid: number): number {
-  const fields = fs.readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
+  const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
+  // after the command's name, which is in parentheses and may hold any character
+  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
   return ((Number(fields[11]) + Number(fields[12])) * 1e6) / CLOCK_TICKS;
 }
 const CLOCK_TICKS = 100;

@@ -19,11 +19,11 @@ export function webhookIntakeRouter(engine: Engine): Router {
   const rawLarge = express.raw({ type: () => true, limit: BODY_LIMIT_BYTES.email });
 
   // one handler, not three: the intake is the hottest route, and each layer Express walks costs
-  router.post('/:tenant_id/:kind', (req: Request, res: Response, next: NextFunction) => {
+  router.post('/webhooks/:tenant_id/:kind', (req: Request, res: Response, next: NextFunction) => {
     const tenantId = String(req.params.tenant_id);
     const kind = String(req.params.kind);
     // malformed tenant ids and unknown kinds are refused before the body is read
-    if (!TENANT_ID_PATTERN.test(tenantId) || !isKind(kind)) throw new NotFoundError(`no webhook route ${req.originalUrl.split('?')[0]}`);
+    if (!TENANT_ID_PATTERN.test(tenantId) || !isKind(kind)) throw new NotFoundError(`no webhook route ${req.path}`);
     if (refuseDeclaredOver(BODY_LIMIT_BYTES[kind], req, res, next)) return;
     (kind === 'email' ? rawLarge : rawSmall)(req, res, (err?: unknown) => {
       if (err) return next(err);

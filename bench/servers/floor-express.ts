@@ -25,7 +25,8 @@ const parts = new Set((process.env.BENCH_FLOOR ?? '').split(',').filter(Boolean)
 const unknown = [...parts].filter((p) => !['auth', 'validate', 'store'].includes(p));
 if (unknown.length) throw new Error(`BENCH_FLOOR: no part ${unknown.join(', ')} (auth, validate, store)`);
 
-const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'svc-bench-http-floor-'));
+// BENCH_FLOOR_DIR: a folder the bench removes itself (it stops this server with SIGKILL, so no clean-up here runs)
+const dir = fs.mkdtempSync(path.join(process.env.BENCH_FLOOR_DIR ?? os.tmpdir(), 'svc-bench-http-floor-'));
 const store = openSqliteStore(path.join(dir, 'service.db'));
 const connection = new Redis(process.env.REDIS_URL ?? 'redis://127.0.0.1:6379', { maxRetriesPerRequest: null });
 const queue = new Queue('bare', { connection, prefix: process.env.SERVICE_QUEUE_PREFIX ?? 'bench-floor' });
@@ -45,6 +46,8 @@ await store.apiKeys.insert({
 });
 
 const app = express();
+// as the service routes (api/app.ts): the validator's route lookup depends on it
+app.set('case sensitive routing', true);
 if (parts.has('auth'))
   app.use('/api/v1', (async (req, _res, next) => {
     const presented = /^Bearer (.+)$/.exec(req.headers.authorization ?? '')?.[1];

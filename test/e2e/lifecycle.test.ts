@@ -279,8 +279,11 @@ describe('run lifecycle', function () {
       const claims = () => second.rt.engine.runs.claims.elsewhere();
       // the claims registry is complete once every process has beaten for its lapse
       await eventually(async () => (await claims()) !== null, 'the registry of claims to be complete');
-      // long enough to be running still at the reconcile below on a loaded machine (4 s was not, once)
-      const res = await first.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'sleep 7; echo done' } }] } });
+      // the run goes on until the test lets it end (a sleep of a few seconds had ended before the reconcile on a
+      // loaded machine), at most a minute
+      const go = path.join(first.tenantDir(), 'go');
+      const command = 'for i in $(seq 600); do [ -f go ] && break; sleep 0.1; done; echo done';
+      const res = await first.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command } }] } });
       await eventually(async () => (await first.call<Body>('GET', `/api/v1/runs/${res.body.run_id}`)).body.status === 'running', 'the run to start');
       // the first process has claimed it in a beat
       await eventually(async () => (await claims())!.has(res.body.run_id) || null, 'the first process’s claim');
@@ -292,12 +295,20 @@ describe('run lifecycle', function () {
       const slotsKey = `${first.config.queuePrefix}:tenant:tenant-a:running`;
       await first.rt.redis.del(slotsKey);
       expect(await second.rt.engine.runs.reconcile({ olderThanMs: 0 })).to.include({ lost: 0 });
-      expect(await first.rt.redis.smembers(slotsKey)).to.deep.equal([res.body.run_id]);
+      // what the reconciler saw, should it not give the slot back
+      const seen = async () => ({
+        status: (await first.rt.store.runs.get('tenant-a', res.body.run_id))?.status,
+        job: await (await first.rt.queues.get('runs').getJob(jobOf(res.body.run_id, 1)))?.getState(),
+        claimed: (await claims())?.has(res.body.run_id),
+      });
+      expect(await first.rt.redis.smembers(slotsKey), JSON.stringify(await seen())).to.deep.equal([res.body.run_id]);
+      await fs.writeFile(go, '');
       const run = await finishedRun(first, res.body.run_id);
       expect(run.status).to.equal('succeeded');
       expect(run.attempts).to.deep.equal([]);
       expect(run.steps[0].output.stdout).to.equal('done\n');
     } finally {
+      await fs.writeFile(path.join(first.tenantDir(), 'go'), '').catch(() => undefined);
       await stopSecondClaims();
       await second.close();
       await first.close();

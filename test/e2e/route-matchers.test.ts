@@ -16,6 +16,7 @@ describe('route lookup of the request validator', function () {
     expect(fastRouteLookup(), 'replacing twice keeps one lookup').to.equal(fastRouteLookup());
     await h.call('GET', '/api/v1/automations');
     const compiled = fastRouteLookup().tablesCompiled;
+    expect(compiled, 'the validator walks the compiled table').to.be.greaterThan(0);
     for (const id of ['run_aaaaaaaaaaaaaaaaaaaaaaaaaa', 'run_bbbbbbbbbbbbbbbbbbbbbbbbbb']) {
       const res = await h.call('GET', `/api/v1/runs/${id}`);
       expect(res.status, res.text).to.equal(404);

@@ -141,6 +141,10 @@ describe('webhook intake', function () {
       const nobody = await post('codehost', small, 'no-such-tenant');
       expect(nobody.status).to.equal(403);
       expect(nobody.body.detail).to.equal(unconfigured.body.detail);
+      // a provider's URL reaches the intake in any case, as it always has (the API's own paths are case-sensitive)
+      const shouted = await h.call<Body>('POST', '/Webhooks/tenant-b/codehost', { key: null, raw: small.body, headers: small.headers });
+      expect(shouted.status, shouted.text).to.equal(403);
+      expect(shouted.body.code).to.equal('webhook-not-configured');
     });
   });
 
