@@ -75,10 +75,11 @@ function forValidator<T>(spec: T): T {
 /**
  * express-openapi-validator as the API runs it: every request under /api checked against the spec (query
  * coerced, bodies not; a oneOf with a discriminator checked against the variant its `type` names), our
- * own responses too when `validateResponses` (tests). Exported for the benches' floor, which must check
- * requests exactly as the service does.
+ * own responses too when `validateResponses` (tests), its operation found by the route lookup of
+ * route-matchers.ts. Exported for the benches' floor, which must check requests exactly as the service does.
  */
 export function requestValidator(spec: OpenApiDocument, validateResponses: boolean) {
+  fastRouteLookup();
   return OpenApiValidator.middleware({
     apiSpec: forValidator(spec) as never,
     validateRequests: { allErrors: true, allowUnknownQueryParameters: false, discriminator: true },
@@ -140,11 +141,9 @@ export function createApp(deps: AppDeps): Express {
       }),
     ),
   );
-  fastRouteLookup();
   const underApi = (req: Request) => req.path === '/api' || req.path.startsWith('/api/');
   app.use(
     chain(
-      finiteNumericQuery(spec),
       // HEAD is GET without the body (RFC 9110), wherever GET is: checked as the GET it stands for (the spec
       // lists GETs), then routed as HEAD, which Express answers with the GET route and Node without a body
       (req, res, next) => {
@@ -154,6 +153,7 @@ export function createApp(deps: AppDeps): Express {
         }
         next();
       },
+      finiteNumericQuery(spec),
       ...requestValidator(spec, deps.validateResponses ?? false),
       (req, res, next) => {
         if (res.locals.head) req.method = 'HEAD';

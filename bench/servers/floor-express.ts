@@ -13,7 +13,6 @@ import express, { type RequestHandler } from 'express';
 import { Queue } from 'bullmq';
 import { Redis } from 'ioredis';
 import { requestValidator } from '../../api/app.js';
-import { fastRouteLookup } from '../../api/route-matchers.js';
 import { loadSpec } from '../../api/spec.js';
 import { hashKey } from '../../engine/auth/api-keys.js';
 import { newId, type Automation } from '../../engine/platform/index.js';
@@ -57,10 +56,7 @@ if (parts.has('auth'))
     next();
   }) as RequestHandler);
 app.use(express.json({ limit: '1mb' }));
-if (parts.has('validate')) {
-  fastRouteLookup();
-  app.use(requestValidator(loadSpec(), false));
-}
+if (parts.has('validate')) app.use(requestValidator(loadSpec(), false));
 
 app.post('/api/v1/autonomy/run', async (req, res) => {
   const run = runFixture('bench', { kind: 'autonomy', plan: (req.body as { steps: never[] }).steps, tool_allowlist: ['message'], workspace: dir });
