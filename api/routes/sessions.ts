@@ -90,14 +90,18 @@ export function sessionsRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
   router.get('/:id/trace', async (req, res) => {
     const id = idOf(req);
     const session = await sessions.get(tenantOf(req), id);
+    const scope = scopes.sessionTrace(id);
+    const afterId = lastEventIdOf(req);
     await streamEvents(req, res, {
       streams: opts.streams,
       hub: opts.hub,
-      scope: scopes.sessionTrace(id),
-      afterId: lastEventIdOf(req),
+      scope,
+      afterId,
       heartbeatMs: opts.heartbeatMs,
-      // archived with its outcome: the trace's last event is in the log
-      ended: session.status === 'archived' && session.outcome !== null,
+      // archived with its outcome: the trace's last event is in the log. That event can be read a moment
+      // before the session's record is committed, so a client naming it as its last has seen the end too
+      // (an archived session never changes again)
+      ended: (session.status === 'archived' && session.outcome !== null) || (await opts.hub.isAt(scope.stream, afterId, (e) => scope.isLast(e))),
     });
   });
 

@@ -138,6 +138,18 @@ export class EventHub {
   }
 
   /**
+   * True when the scope's log holds the event `id` and it matches: a reader's Last-Event-ID that was a
+   * session trace's end. One read of one entry; an id that is not an entry's is false.
+   */
+  isAt(scope: string, id: string, match: (e: ServiceEvent) => boolean): Promise<boolean> {
+    if (!/^\d+-\d+$/.test(id) || id === '0-0') return Promise.resolve(false);
+    return redisOrUnavailable(this.redis, 'reading the event log', async () => {
+      const [newest] = await this.log.newestFirst(scope, '0-0', id, 1);
+      return newest?.id === id && match(newest);
+    });
+  }
+
+  /**
    * True when an event after `afterId` (exclusive) in the scope's log matches. Asked before a stream is
    * opened: without Redis it is a 503 the client retries (redisOrUnavailable), not a request held open.
    */
