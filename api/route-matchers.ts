@@ -61,57 +61,65 @@ export function fastRouteLookup(): RouteLookupStats {
   if (current[REPLACED]) return current[REPLACED];
   const { NotFound, MethodNotAllowed, BadRequest } = mod.types;
   const stats: RouteLookupStats = { tablesCompiled: 0 };
-  // held no longer than the app whose validator holds the context
-  const tables = new WeakMap<Context, Map<string, Table>>();
-
-  const tableOf = (context: Context, sensitive: boolean, strict: boolean): Table => {
-    let byOptions = tables.get(context);
-    if (!byOptions) tables.set(context, (byOptions = new Map()));
-    const options = `${sensitive ? 1 : 0}${strict ? 1 : 0}`;
-    let table = byOptions.get(options);
-    if (!table) {
-      const routes = Object.entries(context.expressRouteMap).map(([expressRoute, methods]): CompiledRoute => {
-        const openApiRoute = (context.expressRouteMap[expressRoute] ?? context.openApiRouteMap[expressRoute])!._openApiRoute;
-        const { regexp, keys } = mod.pathToRegexp(expressRoute, { sensitive, strict });
-        return { expressRoute, openApiRoute, pathKey: openApiRoute.substring(methods.basePath.length), regexp, keys: keys.map((k) => k.name) };
+  /** The routes of a spec in the validator's order, compiled with the app's routing options. */
+  const compile = (context: Context, sensitive: boolean, strict: boolean): Table => {
+    const routes = Object.entries(context.expressRouteMap).map(([expressRoute, methods]): CompiledRoute => {
+      const openApiRoute = methods._openApiRoute;
+      const { regexp, keys } = mod.pathToRegexp(expressRoute, { sensitive, strict });
+      return { expressRoute, openApiRoute, pathKey: openApiRoute.substring(methods.basePath.length), regexp, keys: keys.map((k) => k.name) };
+    });
+    // a route without parameters, looked up by its path as written, when the walk would find it too: no
+    // route before it matches that path (case-sensitive routing only: the path is compared as it is)
+    const exact = new Map<string, CompiledRoute>();
+    if (sensitive)
+      routes.forEach((route, i) => {
+        if (!route.keys.length && route.regexp.test(route.expressRoute) && !routes.slice(0, i).some((r) => r.regexp.test(route.expressRoute)))
+          exact.set(route.expressRoute, route);
       });
-      // a route without parameters, looked up by its path as written, when the walk would find it too: no
-      // route before it matches that path (case-sensitive routing only: the path is compared as it is)
-      const exact = new Map<string, CompiledRoute>();
-      if (sensitive)
-        routes.forEach((route, i) => {
-          if (!route.keys.length && route.regexp.test(route.expressRoute) && !routes.slice(0, i).some((r) => r.regexp.test(route.expressRoute)))
-            exact.set(route.expressRoute, route);
-        });
-      byOptions.set(options, (table = { routes, exact }));
-      stats.tablesCompiled++;
-    }
-    return table;
+    stats.tablesCompiled++;
+    return { routes, exact };
   };
 
+  // called once per validator (its spec's context), on its first request
   function applyOpenApiMetadata(context: Context, responseApiDoc: ResponseDoc) {
+    const tables = new Map<string, Table>();
+    const tableFor = (req: Request): Table => {
+      const sensitive = !!req.app.enabled('case sensitive routing');
+      const strict = !!req.app.enabled('strict routing');
+      const options = `${sensitive ? 1 : 0}${strict ? 1 : 0}`;
+      let table = tables.get(options);
+      if (!table) tables.set(options, (table = compile(context, sensitive, strict)));
+      return table;
+    };
+
+    const match = (req: Request, route: CompiledRoute, url: string, method: string) => {
+      const found = route.regexp.exec(url);
+      if (!found) return null;
+      let pathParams: Record<string, string>;
+      try {
+        const values = found.slice(1).map((v) => decodeURIComponent(v));
+        pathParams = Object.fromEntries(route.keys.map((k, i) => [k, values[i]!]));
+      } catch {
+        throw new BadRequest({ path: req.path, message: `malformed uri'` });
+      }
+      return {
+        schema: context.apiDoc.paths[route.pathKey]![method],
+        _responseSchema: responseApiDoc?.paths[route.pathKey]![method],
+        expressRoute: route.expressRoute,
+        openApiRoute: route.openApiRoute,
+        pathParams,
+      };
+    };
+
     const lookupRoute = (req: Request) => {
       const url = (context.useRequestUrl ? req.url : req.originalUrl).split('?')[0]!;
       const method = req.method.toLowerCase();
-      const table = tableOf(context, !!req.app.enabled('case sensitive routing'), !!req.app.enabled('strict routing'));
+      const table = tableFor(req);
       const known = table.exact.get(url);
-      for (const route of known ? [known] : table.routes) {
-        const found = route.regexp.exec(url);
-        if (!found) continue;
-        let pathParams: Record<string, string>;
-        try {
-          const values = found.slice(1).map((v) => decodeURIComponent(v));
-          pathParams = Object.fromEntries(route.keys.map((k, i) => [k, values[i]!]));
-        } catch {
-          throw new BadRequest({ path: req.path, message: `malformed uri'` });
-        }
-        return {
-          schema: context.apiDoc.paths[route.pathKey]![method],
-          _responseSchema: responseApiDoc?.paths[route.pathKey]![method],
-          expressRoute: route.expressRoute,
-          openApiRoute: route.openApiRoute,
-          pathParams,
-        };
+      if (known) return match(req, known, url, method);
+      for (const route of table.routes) {
+        const found = match(req, route, url, method);
+        if (found) return found;
       }
       return null;
     };
