@@ -139,7 +139,7 @@ export function createEngine(given: EngineDeps) {
           },
   });
   const schedules = schedulesOf(deps);
-  const automations = automationsOf(deps, { changed: (a, before) => schedules.sync(a, before) });
+  const automations = automationsOf(deps, { changed: (a, before) => schedules.sync(a, before), created: (a) => schedules.placeNew(a) });
   runs.guardRerun(automations.assertMayRerun);
   const { fire, fireCron } = firesOf({ ...deps, automations, schedules, runs });
 

@@ -49,6 +49,8 @@ const tooMany = (max: number) =>
 export type AutomationHooks = {
   /** after any change of an automation's triggers or status (keeps the cron triggers' set in step) */
   changed(a: Automation, before?: Automation): Promise<void>;
+  /** after an automation is created (places its cron triggers) */
+  created(a: Automation): Promise<void>;
 };
 
 export type AutomationsDeps = Pick<Platform, 'store' | 'clock' | 'log'> & {
@@ -92,11 +94,11 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
     return found;
   }
 
-  /** Tells the hooks; a failure there is logged, and the periodic reconcile repairs it. */
-  async function changed(a: Automation, before?: Automation): Promise<Automation> {
-    await hooks
-      .changed(a, before)
-      .catch((err: unknown) => deps.log.warn({ automation_id: a.id, err: (err as Error).message }, 'automation hooks failed; the reconciler will repair'));
+  /** Tells the hooks (`created` for a new automation, else `changed`); a failure there is logged, and the periodic reconcile repairs it. */
+  async function changed(a: Automation, before?: Automation | 'created'): Promise<Automation> {
+    await (before === 'created' ? hooks.created(a) : hooks.changed(a, before)).catch((err: unknown) =>
+      deps.log.warn({ automation_id: a.id, err: (err as Error).message }, 'automation hooks failed; the reconciler will repair'),
+    );
     return a;
   }
 
@@ -142,7 +144,7 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
       };
       if ((await store.automations.insert(automation, max === undefined ? undefined : { maxLive: max })) === 'over-cap') throw tooMany(max!);
       deps.log.info({ tenant_id: tenantId, automation_id: automation.id, template_id: template?.id }, 'automation created');
-      return changed(automation);
+      return changed(automation, 'created');
     },
 
     /** Creates an automation from a built-in template and the caller's variables. */

@@ -28,6 +28,8 @@ const KEPT = { removeOnComplete: { count: 100 }, removeOnFail: { count: 500 } };
 // ARGV: member, score ('' removes it)
 const SET = `if ARGV[2] == '' then return redis.call('ZREM', KEYS[1], ARGV[1]) end
 return redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])`;
+// ARGV: member, score: placed only where the member is not (a new automation's trigger, see placeNew)
+const ADD = `return redis.call('ZADD', KEYS[1], 'NX', ARGV[2], ARGV[1])`;
 // ARGV: member, the score it was read with, the next score ('' removes it): first writer wins
 const MOVE = `local s = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not s or tonumber(s) ~= tonumber(ARGV[2]) then return 0 end
@@ -69,6 +71,7 @@ export function schedulesOf(deps: Pick<Platform, 'queues' | 'store' | 'log' | 'r
   const batch = redisBatch(redis);
   batch.define('cron.set', { keys: 1, args: 2, lua: SET });
   batch.define('cron.move', { keys: 1, args: 3, lua: MOVE });
+  batch.define('cron.add', { keys: 1, args: 2, lua: ADD });
 
   /** The triggers of an automation that fire, with their next time (null: it never fires from now). */
   function wanted(a: Automation, from: Date): Map<string, number | null> {
@@ -84,6 +87,7 @@ export function schedulesOf(deps: Pick<Platform, 'queues' | 'store' | 'log' | 'r
   }
 
   const set = (member: string, at: number | null) => batch.call<number>('cron.set', [key], [member, at ?? '']);
+  const add = (member: string, at: number) => batch.call<number>('cron.add', [key], [member, at]);
   const move = (member: string, from: number, to: number | null) => batch.call<number>('cron.move', [key], [member, from, to ?? '']);
 
   /** One fire handed over (its delayed job), then its member moved on: a fire is never lost between the two. */
@@ -109,6 +113,12 @@ export function schedulesOf(deps: Pick<Platform, 'queues' | 'store' | 'log' | 'r
     for (const member of had) if (!want.has(member)) writes.push(set(member, null));
     await Promise.all(writes);
     return want;
+  }
+
+  /** A fire due before the next tick is handed over now, so it is not late by a tick. */
+  async function handOverDue(placed: Map<string, number | null>): Promise<void> {
+    const now = clock.now().getTime();
+    for (const [member, at] of placed) if (at !== null && at <= now + LOOKAHEAD_MS) await handOver(member, at, now);
   }
 
   return {
@@ -139,9 +149,22 @@ export function schedulesOf(deps: Pick<Platform, 'queues' | 'store' | 'log' | 'r
         want = await place(stored, written);
         written = stored;
       }
-      // a fire due before the next tick is handed over now, so it is not late by a tick
-      const now = clock.now().getTime();
-      for (const [member, at] of want) if (at !== null && at <= now + LOOKAHEAD_MS) await handOver(member, at, now);
+      await handOverDue(want);
+    },
+
+    /**
+     * Places the cron triggers of an automation just created, in the engine's batch, without reading it
+     * again as `sync` does: each is added only where the set has no such member. A change stored after
+     * the create (by one who read the new automation) whose write reached the set first stands, as it
+     * should: one that placed the trigger is not overwritten with the create's older time, and one that
+     * removed it (the automation disabled or archived, the trigger gone) sees it added back, to be
+     * dropped at its time without a fire (the tick reads the automation then) or by the reconcile.
+     */
+    async placeNew(a: Automation): Promise<void> {
+      const want = wanted(a, clock.now());
+      const added = await Promise.all([...want].map(async ([member, at]) => at !== null && (await add(member, at)) === 1));
+      // a due fire only of what this create placed: a member already there is another change's to hand over
+      await handOverDue(new Map([...want].filter((_, i) => added[i])));
     },
 
     /** One tick: every fire due before the tick after next is handed over. Returns how many were. */

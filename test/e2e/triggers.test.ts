@@ -132,6 +132,54 @@ describe('cron triggers', function () {
     await h.call('DELETE', `/api/v1/automations/${a.id}`);
   });
 
+  /**
+   * A create whose write to the set is held (a slow process) after its insert, until `meanwhile` changes the
+   * automation and its write lands: the create is stored first and written last. Answers the automation.
+   */
+  async function createHeldBehind(body: Body, meanwhile: (id: string) => Promise<void>): Promise<Body> {
+    const insert = h.rt.store.automations.insert.bind(h.rt.store.automations);
+    let stored!: (id: string) => void;
+    const inserted = new Promise<string>((resolve) => (stored = resolve));
+    let release!: () => void;
+    const held = new Promise<void>((resolve) => (release = resolve));
+    h.rt.store.automations.insert = async (...args: Parameters<typeof insert>) => {
+      const answer = await insert(...args);
+      stored(args[0].id);
+      await held;
+      return answer;
+    };
+    try {
+      const created = h.call<Body>('POST', '/api/v1/automations', { body });
+      await meanwhile(await inserted);
+      release();
+      const answer = await created;
+      expect(answer.status).to.equal(201);
+      return answer.body;
+    } finally {
+      h.rt.store.automations.insert = insert;
+    }
+  }
+
+  it("leaves a change's placement when the automation's create writes to the set after it", async () => {
+    const a = await createHeldBehind(cronAutomation('created late', '0 3 1 1 *'), async (id) => {
+      const patched = await h.call('PATCH', `/api/v1/automations/${id}`, { body: { triggers: [{ type: 'cron', schedule: '0 5 1 1 *', timezone: 'UTC' }] } });
+      expect(patched.status).to.equal(200);
+    });
+    expect((await placed(h)).get(`${a.id}-0`), 'at the stored schedule, not the create’s').to.equal(nextCronFire('0 5 1 1 *', 'UTC', new Date())!.getTime());
+    await h.call('DELETE', `/api/v1/automations/${a.id}`);
+  });
+
+  it('never fires an automation archived before its create wrote to the set', async () => {
+    const a = await createHeldBehind(cronAutomation('archived early', '* * * * * *'), async (id) => {
+      expect((await h.call('DELETE', `/api/v1/automations/${id}`)).status).to.equal(204);
+    });
+    // the create added its trigger back, and its fire due within the tick found the automation archived
+    expect((await placed(h)).has(`${a.id}-0`), 'dropped at once').to.equal(false);
+    await new Promise((r) => setTimeout(r, 2500));
+    expect(await history(h, a.id)).to.deep.equal([]);
+    expect((await placed(h)).has(`${a.id}-0`)).to.equal(false);
+  });
+
   it('reconciles the set with the store at start-up: missing and moved triggers placed, strays and the earlier per-trigger schedulers removed', async () => {
     const missing = automationFixture('tenant-a', { triggers: [{ type: 'cron', schedule: '0 4 * * *', timezone: 'Europe/Berlin' }] });
     await h.rt.store.automations.insert(missing); // written without its trigger placed
