@@ -11,6 +11,25 @@ export const SECONDS = Number(process.env.BENCH_SECONDS ?? 8);
 export const BENCH_KEY = 'bench-key-0123456789abcdef';
 
 /**
+ * Keys of ten tenants (`bench`'s first) for run creation: a tenant has at most SERVICE_TENANT_MAX_RUNNING
+ * (10,000 at most) runs admitted at once, and a bench run never ends (no worker runs it), so past that a
+ * tenant's runs wait in its line instead of becoming BullMQ jobs, less work than the baseline's `queue.add`.
+ * Spread over ten tenants, every run of a bench's rounds is admitted and enqueued.
+ */
+export const RUN_KEYS = [BENCH_KEY, ...Array.from({ length: 9 }, (_, i) => `bench-key-${i + 1}-0123456789abcdef`)];
+export const runTenant = (i: number) => (i === 0 ? 'bench' : `bench-${i}`);
+
+/** Run creation's requests: the same body, each connection going through the ten tenants' keys in turn. */
+export function runCreations(body: string): autocannon.Request[] {
+  return RUN_KEYS.map((key) => ({
+    method: 'POST',
+    path: '/api/v1/autonomy/run',
+    headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
+    body,
+  }));
+}
+
+/**
  * What a service process needs to start in production mode on this one machine, in its own data dir
  * and queue prefix: the embedded store, chosen explicitly as production asks, and its keys.
  */
@@ -20,7 +39,7 @@ export function serviceEnv(dataDir: string, prefix: string, workspaces = `${data
     SERVICE_DATA_DIR: dataDir,
     SERVICE_WORKSPACE_ROOT: workspaces,
     SERVICE_QUEUE_PREFIX: prefix,
-    SERVICE_API_KEYS: `bench:${BENCH_KEY}`,
+    SERVICE_API_KEYS: RUN_KEYS.map((key, i) => `${runTenant(i)}:${key}`).join(','),
     // the load generator is one tenant with one key, far past any production budget
     SERVICE_API_RATE_LIMIT_PER_MINUTE: '100000000',
     // and keeps every automation the create benchmark makes (tens of thousands; 1,000 unless set)
@@ -102,6 +121,28 @@ export async function load(opts: LoadOptions): Promise<Result> {
   const cpu = pid === undefined ? {} : { cpuUsPerRequest: (cpuUsOf(pid) - cpu0) / Math.max(1, r.requests.total) };
   return { rps: r.requests.average, p50: r.latency.p50, p99: r.latency.p99, errors: r.errors + r.timeouts, non2xx: r.non2xx, ...cpu };
 }
+
+/** The round with the median rate, with the errors of every round. */
+function medianRound(results: Result[]): Result {
+  const median = [...results].sort((a, b) => a.rps - b.rps)[Math.floor(results.length / 2)]!;
+  return { ...median, errors: results.reduce((n, r) => n + r.errors, 0), non2xx: results.reduce((n, r) => n + r.non2xx, 0) };
+}
+
+/**
+ * The service and its baseline loaded in turn, `rounds` times each (service, baseline, service, ...): the
+ * machine's speed drifts by a quarter within minutes, so one load of each can compare two different
+ * machines. Answers the median round of each.
+ */
+export async function alternating(service: LoadOptions, baseline: LoadOptions, rounds = HTTP_ROUNDS): Promise<[Result, Result]> {
+  const ours: Result[] = [];
+  const theirs: Result[] = [];
+  for (let round = 0; round < rounds; round++) {
+    ours.push(await load(service));
+    theirs.push(await load(baseline));
+  }
+  return [medianRound(ours), medianRound(theirs)];
+}
+export const HTTP_ROUNDS = Number(process.env.BENCH_HTTP_ROUNDS ?? 3);
 
 /**
  * Open-loop load at a steady rate: request i leaves at start + i/rate whether or not earlier ones have

@@ -5,7 +5,7 @@ import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { deleteRedisPrefix, uniquePrefix } from '../test/support/harness.js';
-import { BENCH_KEY, CONNECTIONS, load, type Result, SECONDS, serviceEnv, startServer, stop } from './http.js';
+import { alternating, BENCH_KEY, CONNECTIONS, HTTP_ROUNDS, type Result, runCreations, SECONDS, serviceEnv, startServer, stop } from './http.js';
 import { runBenchmarks } from './runs.js';
 import { sandboxCost } from './sandbox.js';
 import { dagBenchmarks } from './dag.js';
@@ -17,6 +17,8 @@ import { voiceOverhead } from './voice.js';
 import { endToEnd } from './e2e.js';
 import { floorBenchmarks } from './floor.js';
 import { httpFloor } from './http-floor.js';
+
+const ROUNDS_NOTE = HTTP_ROUNDS > 1 ? `, median of ${HTTP_ROUNDS} alternating rounds` : '';
 
 /** POST /api/v1/autonomy/run (auth, validation, store, event, tenant slot, enqueue) against bare Express + queue.add. */
 async function runCreation(): Promise<[string, Result, Result]> {
@@ -33,14 +35,11 @@ async function runCreation(): Promise<[string, Result, Result]> {
     const bare = await startServer('bench/servers/bare-express-queue.ts', { SERVICE_QUEUE_PREFIX: prefix });
     servers.push(bare.child);
     return [
-      'POST /api/v1/autonomy/run (one no-op step) vs Express + queue.add',
-      await load({
-        url: `${web.url}/api/v1/autonomy/run`,
-        method: 'POST',
-        headers: { authorization: `Bearer ${BENCH_KEY}`, 'content-type': 'application/json' },
-        body,
-      }),
-      await load({ url: `${bare.url}/api/v1/autonomy/run`, method: 'POST', headers: { 'content-type': 'application/json' }, body }),
+      `POST /api/v1/autonomy/run (one no-op step, ten tenants) vs Express + queue.add${ROUNDS_NOTE}`,
+      ...(await alternating(
+        { url: web.url, requests: runCreations(body) },
+        { url: `${bare.url}/api/v1/autonomy/run`, method: 'POST', headers: { 'content-type': 'application/json' }, body },
+      )),
     ];
   } finally {
     await Promise.all(servers.map(stop));
@@ -76,15 +75,19 @@ async function automationRoutes(between: () => Promise<[string, Result, Result][
     servers.push(bare.child);
     const rows: [string, Result, Result][] = [];
     rows.push([
-      'GET /api/v1/automations (20 items)',
-      await load({ url: `${service.url}/api/v1/automations?limit=20`, method: 'GET', headers: auth }),
-      await load({ url: `${bare.url}/api/v1/automations`, method: 'GET' }),
+      `GET /api/v1/automations (20 items)${ROUNDS_NOTE}`,
+      ...(await alternating(
+        { url: `${service.url}/api/v1/automations?limit=20`, method: 'GET', headers: auth },
+        { url: `${bare.url}/api/v1/automations`, method: 'GET' },
+      )),
     ]);
     rows.push(...(await between()));
     rows.push([
-      'POST /api/v1/automations (create)',
-      await load({ url: `${service.url}/api/v1/automations`, method: 'POST', headers: auth, body: definition }),
-      await load({ url: `${bare.url}/api/v1/automations`, method: 'POST', headers: { 'content-type': 'application/json' }, body: definition }),
+      `POST /api/v1/automations (create)${ROUNDS_NOTE}`,
+      ...(await alternating(
+        { url: `${service.url}/api/v1/automations`, method: 'POST', headers: auth, body: definition },
+        { url: `${bare.url}/api/v1/automations`, method: 'POST', headers: { 'content-type': 'application/json' }, body: definition },
+      )),
     ]);
     return rows;
   } finally {

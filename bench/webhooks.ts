@@ -9,7 +9,7 @@ import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { deleteRedisPrefix, uniquePrefix } from '../test/support/harness.js';
-import { BENCH_KEY, load, paced, type Result, SECONDS, serviceEnv, startServer, stop } from './http.js';
+import { alternating, BENCH_KEY, HTTP_ROUNDS, paced, type Result, SECONDS, serviceEnv, startServer, stop } from './http.js';
 
 const SECRET = 'bench-codehost-secret-0123456789';
 
@@ -32,8 +32,6 @@ function delivery() {
 }
 
 const signedDeliveries = (): autocannon.Request[] => [{ method: 'POST', path: ROUTE, setupRequest: (req) => ({ ...req, ...delivery() }) }];
-
-const median = (results: Result[]) => [...results].sort((a, b) => a.rps - b.rps)[Math.floor(results.length / 2)]!;
 
 export async function webhookIntake(): Promise<[string, Result, Result][]> {
   const dataDir = await fs.mkdtemp(path.join(os.tmpdir(), 'svc-bench-webhooks-'));
@@ -59,17 +57,9 @@ export async function webhookIntake(): Promise<[string, Result, Result][]> {
       await paced({ url: web.url, rate: 200, seconds: SECONDS, request: delivery }),
       await paced({ url: bare.url, rate: 200, seconds: SECONDS, request: delivery }),
     ];
-    // this machine's throughput moves by ±15% from one run to the next: alternate three rounds, take medians
-    const ours: Result[] = [];
-    const theirs: Result[] = [];
-    for (let round = 0; round < 3; round++) {
-      ours.push(await load({ url: web.url, requests: signedDeliveries() }));
-      theirs.push(await load({ url: bare.url, requests: signedDeliveries() }));
-    }
     const throughput: [string, Result, Result] = [
-      'POST /webhooks/{tenant}/codehost, signed deliveries, vs Express + queue.add (median of 3 alternating rounds)',
-      median(ours),
-      median(theirs),
+      `POST /webhooks/{tenant}/codehost, signed deliveries, vs Express + queue.add (median of ${HTTP_ROUNDS} alternating rounds)`,
+      ...(await alternating({ url: web.url, requests: signedDeliveries() }, { url: bare.url, requests: signedDeliveries() })),
     ];
     return [throughput, steady];
   } finally {

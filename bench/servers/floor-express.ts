@@ -18,7 +18,7 @@ import { hashKey } from '../../engine/auth/api-keys.js';
 import { newId, type Automation } from '../../engine/platform/index.js';
 import { openSqliteStore } from '../../engine/store/sqlite/index.js';
 import { runFixture } from '../../test/integration/store-contract.js';
-import { BENCH_KEY } from '../http.js';
+import { RUN_KEYS, runTenant } from '../http.js';
 
 const parts = new Set((process.env.BENCH_FLOOR ?? '').split(',').filter(Boolean));
 const unknown = [...parts].filter((p) => !['auth', 'validate', 'store'].includes(p));
@@ -30,19 +30,21 @@ const store = openSqliteStore(path.join(dir, 'service.db'));
 const connection = new Redis(process.env.REDIS_URL ?? 'redis://127.0.0.1:6379', { maxRetriesPerRequest: null });
 const queue = new Queue('bare', { connection, prefix: process.env.SERVICE_QUEUE_PREFIX ?? 'bench-floor' });
 const now = new Date().toISOString();
-await store.apiKeys.insert({
-  id: newId('key'),
-  tenant_id: 'bench',
-  hash: hashKey(BENCH_KEY),
-  label: null,
-  source: 'bootstrap',
-  expires_at: null,
-  created_by: null,
-  created_at: now,
-  last_used_at: now,
-  revoked_at: null,
-  revoked_reason: null,
-});
+// the keys of the service's bench tenants (run creation spreads over them); one row each, as the service keeps
+for (const [i, key] of RUN_KEYS.entries())
+  await store.apiKeys.insert({
+    id: newId('key'),
+    tenant_id: runTenant(i),
+    hash: hashKey(key),
+    label: null,
+    source: 'bootstrap',
+    expires_at: null,
+    created_by: null,
+    created_at: now,
+    last_used_at: now,
+    revoked_at: null,
+    revoked_reason: null,
+  });
 
 const app = express();
 // as the service routes (api/app.ts): the validator's route lookup depends on it
