@@ -10,7 +10,7 @@ import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { deleteRedisPrefix, uniquePrefix } from '../test/support/harness.js';
-import { BENCH_KEY, load, type Result, runCreations, serviceEnv, startServer, stop } from './http.js';
+import { BENCH_KEY, load, type Result, runCreations, runsWaiting, serviceEnv, startServer, stop, waitedNote } from './http.js';
 
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3);
 const SECONDS = Number(process.env.BENCH_FLOOR_SECONDS ?? 5);
@@ -91,6 +91,8 @@ async function routeRows(route: Route): Promise<string[]> {
             seconds: SECONDS,
           }),
         );
+    const service = servers.at(-1)!;
+    if (route.path === '/api/v1/autonomy/run') service.label += waitedNote(await runsWaiting(service.server.url));
     const baseRate = median(servers[0]!.results.map((r) => r.rps));
     return servers.map((s) => {
       const rate = median(s.results.map((r) => r.rps));

@@ -143,6 +143,22 @@ export async function alternating(service: LoadOptions, baseline: LoadOptions, r
   return [medianRound(ours), medianRound(theirs)];
 }
 export const HTTP_ROUNDS = Number(process.env.BENCH_HTTP_ROUNDS ?? 3);
+/** How a row says it is a median of alternating rounds. */
+export const ROUNDS_NOTE = HTTP_ROUNDS > 1 ? `median of ${HTTP_ROUNDS} alternating rounds` : 'one round';
+
+/**
+ * The runs that waited in a full tenant's line instead of becoming BullMQ jobs, over RUN_KEYS' tenants: a
+ * run-creation row is only the baseline's work when this is 0 (more rounds or seconds than ten tenants' caps hold).
+ */
+export async function runsWaiting(url: string): Promise<number> {
+  let waiting = 0;
+  for (const key of RUN_KEYS) {
+    const r = await fetch(`${url}/api/v1/autonomy/reliability-context`, { headers: { authorization: `Bearer ${key}` } });
+    waiting += ((await r.json()) as { tenant: { waiting: number } }).tenant.waiting;
+  }
+  return waiting;
+}
+export const waitedNote = (waiting: number) => (waiting ? ` (${waiting} runs waited in a full tenant's line: fewer jobs than requests)` : '');
 
 /**
  * Open-loop load at a steady rate: request i leaves at start + i/rate whether or not earlier ones have

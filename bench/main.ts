@@ -5,7 +5,20 @@ import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { deleteRedisPrefix, uniquePrefix } from '../test/support/harness.js';
-import { alternating, BENCH_KEY, CONNECTIONS, HTTP_ROUNDS, type Result, runCreations, SECONDS, serviceEnv, startServer, stop } from './http.js';
+import {
+  alternating,
+  BENCH_KEY,
+  CONNECTIONS,
+  ROUNDS_NOTE,
+  type Result,
+  runCreations,
+  runsWaiting,
+  SECONDS,
+  serviceEnv,
+  startServer,
+  stop,
+  waitedNote,
+} from './http.js';
 import { runBenchmarks } from './runs.js';
 import { sandboxCost } from './sandbox.js';
 import { dagBenchmarks } from './dag.js';
@@ -17,8 +30,6 @@ import { voiceOverhead } from './voice.js';
 import { endToEnd } from './e2e.js';
 import { floorBenchmarks } from './floor.js';
 import { httpFloor } from './http-floor.js';
-
-const ROUNDS_NOTE = HTTP_ROUNDS > 1 ? `, median of ${HTTP_ROUNDS} alternating rounds` : '';
 
 /** POST /api/v1/autonomy/run (auth, validation, store, event, tenant slot, enqueue) against bare Express + queue.add. */
 async function runCreation(): Promise<[string, Result, Result]> {
@@ -34,12 +45,13 @@ async function runCreation(): Promise<[string, Result, Result]> {
   try {
     const bare = await startServer('bench/servers/bare-express-queue.ts', { SERVICE_QUEUE_PREFIX: prefix });
     servers.push(bare.child);
+    const results = await alternating(
+      { url: web.url, requests: runCreations(body) },
+      { url: `${bare.url}/api/v1/autonomy/run`, method: 'POST', headers: { 'content-type': 'application/json' }, body },
+    );
     return [
-      `POST /api/v1/autonomy/run (one no-op step, ten tenants) vs Express + queue.add${ROUNDS_NOTE}`,
-      ...(await alternating(
-        { url: web.url, requests: runCreations(body) },
-        { url: `${bare.url}/api/v1/autonomy/run`, method: 'POST', headers: { 'content-type': 'application/json' }, body },
-      )),
+      `POST /api/v1/autonomy/run (one no-op step, ten tenants) vs Express + queue.add, ${ROUNDS_NOTE}${waitedNote(await runsWaiting(web.url))}`,
+      ...results,
     ];
   } finally {
     await Promise.all(servers.map(stop));
@@ -75,7 +87,7 @@ async function automationRoutes(between: () => Promise<[string, Result, Result][
     servers.push(bare.child);
     const rows: [string, Result, Result][] = [];
     rows.push([
-      `GET /api/v1/automations (20 items)${ROUNDS_NOTE}`,
+      `GET /api/v1/automations (20 items), ${ROUNDS_NOTE}`,
       ...(await alternating(
         { url: `${service.url}/api/v1/automations?limit=20`, method: 'GET', headers: auth },
         { url: `${bare.url}/api/v1/automations`, method: 'GET' },
@@ -83,7 +95,7 @@ async function automationRoutes(between: () => Promise<[string, Result, Result][
     ]);
     rows.push(...(await between()));
     rows.push([
-      `POST /api/v1/automations (create)${ROUNDS_NOTE}`,
+      `POST /api/v1/automations (create), ${ROUNDS_NOTE}`,
       ...(await alternating(
         { url: `${service.url}/api/v1/automations`, method: 'POST', headers: auth, body: definition },
         { url: `${bare.url}/api/v1/automations`, method: 'POST', headers: { 'content-type': 'application/json' }, body: definition },

@@ -9,7 +9,7 @@ import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { deleteRedisPrefix, uniquePrefix } from '../test/support/harness.js';
-import { alternating, BENCH_KEY, HTTP_ROUNDS, paced, type Result, SECONDS, serviceEnv, startServer, stop } from './http.js';
+import { alternating, BENCH_KEY, paced, ROUNDS_NOTE, type Result, SECONDS, serviceEnv, startServer, stop } from './http.js';
 
 const SECRET = 'bench-codehost-secret-0123456789';
 
@@ -58,7 +58,7 @@ export async function webhookIntake(): Promise<[string, Result, Result][]> {
       await paced({ url: bare.url, rate: 200, seconds: SECONDS, request: delivery }),
     ];
     const throughput: [string, Result, Result] = [
-      `POST /webhooks/{tenant}/codehost, signed deliveries, vs Express + queue.add (median of ${HTTP_ROUNDS} alternating rounds)`,
+      `POST /webhooks/{tenant}/codehost, signed deliveries, vs Express + queue.add (${ROUNDS_NOTE})`,
       ...(await alternating({ url: web.url, requests: signedDeliveries() }, { url: bare.url, requests: signedDeliveries() })),
     ];
     return [throughput, steady];

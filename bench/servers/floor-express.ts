@@ -1,7 +1,7 @@
 // The HTTP floor (BENCH_ONLY=http-floor): a bare Express 5 app that does only what issue 14 says the service
 // may not give up on a create, each part the service's own code, so the bench can say how much of the gap
 // to bare Express the parts alone take. BENCH_FLOOR lists the parts, in the order a request meets them:
-//  - auth: the presented key's sha256 and its row read from the store by that hash (one seeded key)
+//  - auth: the presented key's sha256 and its row read from the store by that hash (the bench tenants' keys seeded)
 //  - validate: express-openapi-validator configured as the API configures it, with the service's spec
 //  - store: the created document written to the real SQLite store through its group commit, before the answer
 // and for POST /api/v1/autonomy/run always `queue.add` (the baseline's one job); an automation is stored

@@ -90,14 +90,21 @@ export function schedulesOf(deps: Pick<Platform, 'queues' | 'store' | 'log' | 'r
   const add = (member: string, at: number) => batch.call<number>('cron.add', [key], [member, at]);
   const move = (member: string, from: number, to: number | null) => batch.call<number>('cron.move', [key], [member, from, to ?? '']);
 
-  /** One fire handed over (its delayed job), then its member moved on: a fire is never lost between the two. */
+  /**
+   * One fire handed over (its delayed job), then its member moved on: a fire is never lost between the two.
+   * The fire is the stored trigger's, at a time its schedule gives.
+   */
   async function handOver(member: string, at: number, now: number): Promise<boolean> {
     const m = parseMember(member);
     const a = m && (await store.automations.get(m.tenant_id, m.automation_id));
     const t = a?.status === 'enabled' ? a.triggers[m!.trigger_index] : undefined;
     if (!m || !t || t.type !== 'cron') return (await move(member, at, null)) === 1; // no longer a cron trigger that fires
-    const job: CronJob = { ...m, schedule: t.schedule, timezone: t.timezone, fire_at: new Date(at).toISOString() };
-    await queue.add('cron', job, { jobId: cronJobIdOf(m, at), delay: Math.max(0, at - now), ...KEPT });
+    // a time the trigger's schedule does not give is no fire of it: the member was placed for the schedule
+    // before a change whose own write has not reached the set yet (or was lost); it moves on to this one's
+    if (nextCronFire(t.schedule, t.timezone, new Date(at - 1))?.getTime() === at) {
+      const job: CronJob = { ...m, schedule: t.schedule, timezone: t.timezone, fire_at: new Date(at).toISOString() };
+      await queue.add('cron', job, { jobId: cronJobIdOf(m, at), delay: Math.max(0, at - now), ...KEPT });
+    }
     // a fire missed while nothing ran is made once, then the trigger goes on from now
     const next = nextCronFire(t.schedule, t.timezone, new Date(Math.max(at, now)));
     return (await move(member, at, next?.getTime() ?? null)) === 1;

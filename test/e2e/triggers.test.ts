@@ -169,6 +169,38 @@ describe('cron triggers', function () {
     await h.call('DELETE', `/api/v1/automations/${a.id}`);
   });
 
+  it('never fires at a time the stored schedule does not give: a change stored before the create writes, written after it', async () => {
+    const update = h.rt.store.automations.update.bind(h.rt.store.automations);
+    let stored!: () => void;
+    const patchStored = new Promise<void>((resolve) => (stored = resolve));
+    let release!: () => void;
+    const held = new Promise<void>((resolve) => (release = resolve));
+    h.rt.store.automations.update = async (...args: Parameters<typeof update>) => {
+      const answer = await update(...args);
+      stored();
+      await held;
+      return answer;
+    };
+    let patched: Promise<unknown> = Promise.resolve();
+    try {
+      // the create's trigger fires every second: its write hands the next one over, reading the stored automation
+      const a = await createHeldBehind(cronAutomation('changed early', '* * * * * *'), async (id) => {
+        patched = h.call('PATCH', `/api/v1/automations/${id}`, { body: { triggers: [{ type: 'cron', schedule: '0 0 1 1 *', timezone: 'UTC' }] } });
+        await patchStored; // stored; its write to the set held
+      });
+      release();
+      expect(((await patched) as { status: number }).status).to.equal(200);
+      await new Promise((r) => setTimeout(r, 2500));
+      expect(await history(h, a.id), 'no run at a time of the schedule it no longer has').to.deep.equal([]);
+      expect((await placed(h)).get(`${a.id}-0`)).to.equal(nextCronFire('0 0 1 1 *', 'UTC', new Date())!.getTime());
+      await h.call('DELETE', `/api/v1/automations/${a.id}`);
+    } finally {
+      release();
+      h.rt.store.automations.update = update;
+    }
+  });
+
+  // the create's NX adds the trigger back here, as a plain ZADD would: this holds that such a member fires nothing
   it('never fires an automation archived before its create wrote to the set', async () => {
     const a = await createHeldBehind(cronAutomation('archived early', '* * * * * *'), async (id) => {
       expect((await h.call('DELETE', `/api/v1/automations/${id}`)).status).to.equal(204);
@@ -216,14 +248,14 @@ describe('the cron ticker', function () {
   it('makes a fire missed while nothing ran once, then goes on from now; two ticks at once hand a fire over once', async () => {
     const a = (await h.call<Body>('POST', '/api/v1/automations', { body: cronAutomation('missed', '0 0 1 1 *') })).body;
     const key = cronDueKey(h.config.queuePrefix);
-    const missedAt = Date.parse('2026-01-01T10:00:00Z');
+    const missedAt = Date.parse('2026-01-01T00:00:00Z'); // a time its schedule gives
     await h.rt.redis.zadd(key, missedAt, `${a.tenant_id}\t${a.id}\t0`); // as if every worker had been down since
     const [one, two] = await Promise.all([h.rt.engine.schedules.tick(), h.rt.engine.schedules.tick()]);
     expect(one + two, 'moved on once').to.equal(1);
     const queue = h.rt.queues.get('triggers');
     const jobs = (await queue.getJobs(['waiting', 'delayed'])).filter((j) => j.name === 'cron' && j.data.automation_id === a.id);
     expect(jobs.map((j) => j.id)).to.deep.equal([cronJobIdOf({ tenant_id: a.tenant_id, automation_id: a.id, trigger_index: 0 }, missedAt)]);
-    expect(jobs[0]!.data).to.deep.include({ schedule: '0 0 1 1 *', timezone: 'UTC', fire_at: '2026-01-01T10:00:00.000Z' });
+    expect(jobs[0]!.data).to.deep.include({ schedule: '0 0 1 1 *', timezone: 'UTC', fire_at: '2026-01-01T00:00:00.000Z' });
     expect((await placed(h)).get(`${a.id}-0`)).to.equal(nextCronFire('0 0 1 1 *', 'UTC', new Date())!.getTime());
     expect(await h.rt.engine.schedules.tick(), 'nothing more due').to.equal(0);
   });
@@ -247,7 +279,7 @@ describe('the cron ticker', function () {
       (await h.call<Body>('POST', '/api/v1/automations', { body: cronAutomation('second', '0 0 1 1 *') })).body,
     ];
     const key = cronDueKey(h.config.queuePrefix);
-    const missedAt = Date.parse('2026-01-01T09:00:00Z');
+    const missedAt = Date.parse('2026-01-01T00:00:00Z');
     for (const x of [a, b]) await h.rt.redis.zadd(key, missedAt, `${x.tenant_id}\t${x.id}\t0`);
     const queue = h.rt.queues.get('triggers');
     const add = queue.add.bind(queue);
