@@ -197,15 +197,25 @@ describe('voice transcription on this machine (local provider)', function () {
     const size = 16 * 1024 * 1024;
     const header = riff(fmt({ format: 1, channels: 8, sampleRate: 48_000, byteRate: 48_000 * 32, blockAlign: 32, bits: 32 }), chunk('data', Buffer.alloc(0)));
     header.writeUInt32LE(0xffffffff, header.length - 4);
+    // the temporary folder is shared with the other test files running at the same time (their uploads come
+    // and go): this test's uploads are the new ones of its own size, and a file gone between list and stat is none
     const spills = () => fs.readdirSync(os.tmpdir()).filter((f) => f.startsWith('upload-'));
     const before = new Set(spills());
-    const held = () => spills().filter((f) => !before.has(f));
+    const sizeOf = (f: string) => {
+      try {
+        return fs.statSync(path.join(os.tmpdir(), f)).size;
+      } catch {
+        return -1;
+      }
+    };
+    const held = () => spills().filter((f) => !before.has(f) && sizeOf(f) === size);
     v8.setFlagsFromString('--expose-gc');
     const gc = vm.runInNewContext('gc') as () => void;
     gc();
     const used = () => process.memoryUsage().arrayBuffers;
     const start = used();
     const port = Number(new URL(h.url).port);
+    let ours: string[] = [];
     // each sends all but its last bytes and waits
     const sockets = Array.from({ length: 4 }, () => {
       const socket = net.connect(port, '127.0.0.1');
@@ -217,10 +227,7 @@ describe('voice transcription on this machine (local provider)', function () {
       return socket;
     });
     try {
-      await eventually(
-        () => (held().length === 4 && held().every((f) => fs.statSync(path.join(os.tmpdir(), f)).size === size)) || null,
-        'every upload to be in its file',
-      );
+      ours = await eventually(() => (held().length === 4 ? held() : null), 'every upload to be in its file');
       // the 64 MB have arrived and are on disk: once the writes' own buffers are let go, memory holds a head
       // and a tail of each at most
       await eventually(
@@ -234,7 +241,7 @@ describe('voice transcription on this machine (local provider)', function () {
     } finally {
       for (const socket of sockets) socket.destroy();
     }
-    await eventually(() => held().length === 0 || null, 'every temporary upload file to be removed');
+    await eventually(() => ours.every((f) => !fs.existsSync(path.join(os.tmpdir(), f))) || null, 'every temporary upload file to be removed');
   });
 
   it('turns a spoken command into a message of a session', async () => {
