@@ -40,7 +40,7 @@ export function serviceEnv(dataDir: string, prefix: string, workspaces = `${data
     SERVICE_WORKSPACE_ROOT: workspaces,
     SERVICE_QUEUE_PREFIX: prefix,
     SERVICE_API_KEYS: RUN_KEYS.map((key, i) => `${runTenant(i)}:${key}`).join(','),
-    // the load generator is one tenant with one key, far past any production budget
+    // the load generator is a few tenants with a key each (one but for run creation), far past any production budget
     SERVICE_API_RATE_LIMIT_PER_MINUTE: '100000000',
     // and keeps every automation the create benchmark makes (tens of thousands; 1,000 unless set)
     SERVICE_TENANT_MAX_AUTOMATIONS: '1000000',
