@@ -49,6 +49,7 @@ const STEPS = [
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
 async function routeRows(route: Route): Promise<string[]> {
+  const runCreation = route.path === '/api/v1/autonomy/run';
   const dataDir = await fs.mkdtemp(path.join(os.tmpdir(), 'svc-bench-http-floor-'));
   const prefix = uniquePrefix();
   const children: ChildProcess[] = [];
@@ -77,7 +78,7 @@ async function routeRows(route: Route): Promise<string[]> {
       for (const s of servers)
         s.results.push(
           await load({
-            ...(route.path === '/api/v1/autonomy/run'
+            ...(runCreation
               ? // every run admitted and enqueued, as the baseline's job is: see RUN_KEYS (a server without auth ignores the key)
                 { url: s.server.url, requests: runCreations(route.body) }
               : {
@@ -92,7 +93,7 @@ async function routeRows(route: Route): Promise<string[]> {
           }),
         );
     const service = servers.at(-1)!;
-    if (route.path === '/api/v1/autonomy/run') service.label += waitedNote(await runsWaiting(service.server.url));
+    if (runCreation) service.label += waitedNote(await runsWaiting(service.server.url));
     const baseRate = median(servers[0]!.results.map((r) => r.rps));
     return servers.map((s) => {
       const rate = median(s.results.map((r) => r.rps));

@@ -94,13 +94,14 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
     return found;
   }
 
-  /** Tells the hooks (`created` for a new automation, else `changed`); a failure there is logged, and the periodic reconcile repairs it. */
-  async function changed(a: Automation, before?: Automation | 'created'): Promise<Automation> {
-    await (before === 'created' ? hooks.created(a) : hooks.changed(a, before)).catch((err: unknown) =>
+  /** Waits for a hook told of `a`; a failure there is logged, and the periodic reconcile repairs it. */
+  async function told(a: Automation, hook: Promise<void>): Promise<Automation> {
+    await hook.catch((err: unknown) =>
       deps.log.warn({ automation_id: a.id, err: (err as Error).message }, 'automation hooks failed; the reconciler will repair'),
     );
     return a;
   }
+  const changed = (a: Automation, before?: Automation) => told(a, hooks.changed(a, before));
 
   /** A conditional update that says why it did not apply: gone (404) or archived (409). */
   async function change(tenantId: string, id: string, changes: Partial<Automation>, before?: Automation): Promise<Automation> {
@@ -144,7 +145,7 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
       };
       if ((await store.automations.insert(automation, max === undefined ? undefined : { maxLive: max })) === 'over-cap') throw tooMany(max!);
       deps.log.info({ tenant_id: tenantId, automation_id: automation.id, template_id: template?.id }, 'automation created');
-      return changed(automation, 'created');
+      return told(automation, hooks.created(automation));
     },
 
     /** Creates an automation from a built-in template and the caller's variables. */
