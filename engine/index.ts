@@ -133,6 +133,7 @@ export function createEngine(given: EngineDeps) {
                 phases,
                 layers,
                 trigger: { type: 'run', run_id: run.id, session_id: run.session_id },
+                waitForRedis: true,
               });
               return audits.wait(run.tenant_id, started.report_id, { timeoutMs: Number.POSITIVE_INFINITY, signal });
             },

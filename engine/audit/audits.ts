@@ -73,6 +73,11 @@ export type AuditRequest = {
   /** layering rules as asked for (checked and completed by parseLayers) */
   layers?: { name: string; path: string; may_import?: string[] }[] | null;
   trigger: AuditReport['trigger'];
+  /**
+   * A run's step: its writes wait for Redis as the rest of its worker does. A request's are refused (503)
+   * after REDIS_DEADLINE_MS instead, so that no client is held for as long as Redis is away.
+   */
+  waitForRedis?: boolean;
 };
 
 const WAIT_POLL_MS = 100;
@@ -262,8 +267,7 @@ export function auditsOf(deps: AuditsDeps) {
       };
       const data = (phase?: AuditPhase): AuditJob => ({ tenant_id: tenantId, report_id: report.report_id, ...(phase ? { phase } : {}) });
       flows ??= new FlowProducer({ connection: deps.redis, prefix: queues.prefix });
-      // the report and its jobs live in Redis: without it the audit is refused (503), not held until it returns
-      await redisOrUnavailable(deps.redis, 'starting an audit', async () => {
+      const begin = async () => {
         await reports.create(tenantId, report, { phases, layers }, now.getTime());
         await flows!.add(
           jobTree(
@@ -273,7 +277,9 @@ export function auditsOf(deps: AuditsDeps) {
             phases.map((phase) => ({ key: phase, name: 'phase', data: data(phase) })),
           ),
         );
-      });
+      };
+      // the report and its jobs live in Redis: without it a request's audit is refused (503), not held until it returns
+      await (req.waitForRedis ? begin() : redisOrUnavailable(deps.redis, 'starting an audit', begin));
       log.info({ tenant_id: tenantId, report_id: report.report_id, workspace: ws.name, phases }, 'audit started');
       return report;
     },

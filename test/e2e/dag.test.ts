@@ -4,7 +4,7 @@ import fs from 'node:fs/promises';
 import path from 'node:path';
 import { expect } from 'chai';
 import { ConflictError, jobIdOfRun } from '../../engine/platform/index.js';
-import { eventually, KEYS, startHarness, type Harness } from '../support/harness.js';
+import { eventually, KEYS, scanKeys, startHarness, type Harness } from '../support/harness.js';
 
 type Body = Record<string, any>;
 const TERMINAL = ['succeeded', 'failed', 'upstream_failed', 'canceled'];
@@ -561,7 +561,7 @@ describe('task DAG', function () {
   it('goes on after Redis loses the DAG’s state: a task that ends releases its dependents, and a task added later sees what ended before', async () => {
     const id = await session();
     const forget = async () => {
-      const keys = await h.rt.redis.keys(`${h.config.queuePrefix}:dag:{${id}}*`);
+      const keys = await scanKeys(h.rt.redis, `${h.config.queuePrefix}:dag:{${id}}*`);
       expect(keys.length).to.be.greaterThan(0);
       await h.rt.redis.del(...keys);
     };

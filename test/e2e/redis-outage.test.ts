@@ -140,6 +140,26 @@ describe('Redis outage', function () {
     await eventually(async () => (await h.rt.engine.runs.reliabilityContext('tenant-a')).tenant.running === 0, 'the slot to be freed');
   });
 
+  it("waits for Redis in a run's audit step instead of failing it as a request would be (503)", async () => {
+    const res = await h.call('POST', '/api/v1/autonomy/run', {
+      body: {
+        steps: [
+          { tool: 'shell', args: { command: 'sleep 1' } },
+          { tool: 'audit', args: { phases: ['sanity'] } },
+        ],
+      },
+    });
+    expect(res.status).to.equal(202);
+    await eventually(async () => (await h.call('GET', `/api/v1/runs/${res.body.run_id}`)).body.status === 'running', 'the run to start');
+    // the audit starts about a second from now, and finds Redis stopped for over 1.5 s (a request's deadline)
+    pause();
+    await new Promise((r) => setTimeout(r, 3500));
+    resume();
+    const run = await finishedRun(h, res.body.run_id);
+    expect(run.status, JSON.stringify(run.error)).to.equal('succeeded');
+    expect(run.steps[1].output.status).to.equal('completed');
+  });
+
   it('answers the other routes within 2 s while Redis is stopped: sessions and tasks stored, a webhook, an audit and an ended run’s stream 503 with Retry-After; the tasks then run', async () => {
     const secret = 'outage-generic-secret-0123456789';
     expect((await h.call('PUT', '/api/v1/webhook-secrets/generic', { body: { secrets: [secret] } })).status).to.equal(200);

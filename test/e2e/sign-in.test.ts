@@ -4,7 +4,7 @@
 import { createHash } from 'node:crypto';
 import net from 'node:net';
 import { expect } from 'chai';
-import { freePort, startHarness, type Harness } from '../support/harness.js';
+import { freePort, scanKeys, startHarness, type Harness } from '../support/harness.js';
 import { startIdp, type Idp } from '../support/idp.js';
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
@@ -329,7 +329,7 @@ describe('sign-in with OpenID Connect', function () {
     expect(((await stateOnly.json()) as Body).detail).to.contain('not started in this browser');
 
     // starting sign-ins writes nothing: no one can fill Redis by asking for logins
-    const keysNow = async () => (await h.rt.redis.keys(`${h.config.queuePrefix}:sso-*`)).length;
+    const keysNow = async () => (await scanKeys(h.rt.redis, `${h.config.queuePrefix}:sso-*`)).length;
     const before = await keysNow();
     await Promise.all(Array.from({ length: 50 }, () => fetch(`${service()}/auth/login`, { redirect: 'manual' })));
     expect(await keysNow()).to.equal(before);

@@ -12,7 +12,7 @@ import path from 'node:path';
 import Database from 'better-sqlite3';
 import { newId } from '../../engine/platform/ids.js';
 import { createSecretBox } from '../../engine/platform/secret-box.js';
-import { eventually, finishedRun, KEYS, startHarness, type Harness, type Reply } from '../support/harness.js';
+import { eventually, finishedRun, KEYS, scanKeys, startHarness, type Harness, type Reply } from '../support/harness.js';
 import * as sign from '../support/signers.js';
 
 type Body = Record<string, any>;
@@ -120,7 +120,7 @@ describe('webhook intake', function () {
       const sameBody = { ...signed, headers: { ...signed.headers, 'x-github-delivery': randomUUID() } };
       expect((await post('codehost', sameBody)).body.code).to.equal('webhook-replay');
       // long after: Redis has forgotten the signature (its window is over), the store has not
-      for (const key of await h.rt.redis.keys(`${h.config.queuePrefix}:webhook-seen:*`)) await h.rt.redis.del(key);
+      for (const key of await scanKeys(h.rt.redis, `${h.config.queuePrefix}:webhook-seen:*`)) await h.rt.redis.del(key);
       const later = { ...signed, headers: { ...signed.headers, 'x-github-delivery': randomUUID() } };
       const replayed = await post('codehost', later);
       expect(replayed.status, replayed.text).to.equal(409);
@@ -285,7 +285,7 @@ describe('webhook intake', function () {
       expect(again.status, again.text).to.equal(409);
       expect(again.body.code).to.equal('webhook-replay');
       // Redis restarted without its data: the store still knows the body
-      const seen = await h.rt.redis.keys(`${h.config.queuePrefix}:webhook-seen:tenant-a:tracker:*`);
+      const seen = await scanKeys(h.rt.redis, `${h.config.queuePrefix}:webhook-seen:tenant-a:tracker:*`);
       if (seen.length) await h.rt.redis.del(...seen);
       const afterLoss = await post('tracker', renamed());
       expect(afterLoss.status, afterLoss.text).to.equal(409);
@@ -326,7 +326,7 @@ describe('webhook intake', function () {
       const same = sign.pager([SECRET.pager], incident());
       const first = await post('pager', same);
       const counted = async () => {
-        const keys = await h.rt.redis.keys(`${h.config.queuePrefix}:webhook-rate:tenant-a:*`);
+        const keys = await scanKeys(h.rt.redis, `${h.config.queuePrefix}:webhook-rate:tenant-a:*`);
         return (await Promise.all(keys.map((k) => h.rt.redis.get(k)))).reduce((n, v) => n + Number(v ?? 0), 0);
       };
       const before = await counted();

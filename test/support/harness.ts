@@ -179,15 +179,26 @@ export async function finishedRun(h: Harness, id: string, key = KEYS.a): Promise
   );
 }
 
+/**
+ * The keys matching `pattern`, by SCAN: unlike KEYS it never holds the shared Redis (every parallel spec
+ * file's) for the whole keyspace at once.
+ */
+export async function scanKeys(redis: Redis, pattern: string): Promise<string[]> {
+  const keys: string[] = [];
+  let cursor = '0';
+  do {
+    const [next, found] = await redis.scan(cursor, 'MATCH', pattern, 'COUNT', 1000);
+    cursor = next;
+    keys.push(...found);
+  } while (cursor !== '0');
+  return [...new Set(keys)];
+}
+
 export async function deleteRedisPrefix(prefix: string): Promise<void> {
   const redis = new Redis(testRedisUrl());
   try {
-    let cursor = '0';
-    do {
-      const [next, keys] = await redis.scan(cursor, 'MATCH', `${prefix}:*`, 'COUNT', 500);
-      cursor = next;
-      if (keys.length) await redis.del(...keys);
-    } while (cursor !== '0');
+    const keys = await scanKeys(redis, `${prefix}:*`);
+    for (let i = 0; i < keys.length; i += 500) await redis.del(...keys.slice(i, i + 500));
   } finally {
     redis.disconnect();
   }
