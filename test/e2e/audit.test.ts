@@ -156,10 +156,14 @@ describe('workspace audit', function () {
       const listed = await capped.rt.engine.audits.reports.listRunning(Date.now(), 100);
       expect(listed.filter((r) => r.tenantId === 'tenant-a').map((r) => r.id)).to.deep.equal([first.body.report_id]);
       workers = await startWorkers(capped.rt);
-      await eventually(async () => {
-        const got = await capped.call<Body>('GET', `/api/v1/autonomy/workspace-audit/${first.body.report_id}`);
-        return got.body.status !== 'running';
-      }, 'the first audit to end');
+      await eventually(
+        async () => {
+          const got = await capped.call<Body>('GET', `/api/v1/autonomy/workspace-audit/${first.body.report_id}`);
+          return got.body.status !== 'running';
+        },
+        'the first audit to end',
+        60_000,
+      ); // a few seconds alone; several times that beside parallel spec files
       // a finished report still counted running (its process stopped between the two): the reconciler frees its place
       const prefix = capped.config.queuePrefix;
       await capped.rt.redis.zadd(`${prefix}:audit-running:{tenant-a}`, Date.now() - 120_000, first.body.report_id);
@@ -342,10 +346,10 @@ describe('workspace audit reports: expiry, eviction and phases that do not compl
     await eventually(
       async () => (await h.call<Body>('GET', `/api/v1/autonomy/workspace-audit/${ids[2]}`)).body.status === 'completed',
       'the newest report',
-      20_000,
+      40_000,
     );
     // kept for 2 s; one kept for good never goes
-    await eventually(async () => (await h.call('GET', `/api/v1/autonomy/workspace-audit/${ids[2]}`)).status === 404, 'the TTL', 15_000);
+    await eventually(async () => (await h.call('GET', `/api/v1/autonomy/workspace-audit/${ids[2]}`)).status === 404, 'the TTL', 40_000);
   });
 
   it('makes the report partial, not stuck, when a phase dies: the others complete, the dead one says why', async () => {
@@ -359,7 +363,9 @@ describe('workspace audit reports: expiry, eviction and phases that do not compl
     for (let tries = 1; ; tries++) {
       res = await h.call<Body>('POST', '/api/v1/autonomy/workspace-audit/run', { body: { phases: ['sanity', 'architecture'], timeout_seconds: 0 } });
       expect(res.body.location).to.be.a('string');
-      const pid = Number(await eventually(() => spawnSync('pgrep', ['-f', ours], { encoding: 'utf8' }).stdout.trim().split('\n')[0], 'the phase process'));
+      const pid = Number(
+        await eventually(() => spawnSync('pgrep', ['-f', ours], { encoding: 'utf8' }).stdout.trim().split('\n')[0], 'the phase process', 30_000),
+      );
       try {
         process.kill(pid, 'SIGSTOP');
       } catch {
@@ -371,7 +377,7 @@ describe('workspace audit reports: expiry, eviction and phases that do not compl
         break;
       }
       expect(tries, 'the architecture phase ended before it could be stopped, three times').to.be.below(3);
-      await eventually(async () => (await h.call<Body>('GET', res.body.location)).body.status !== 'running' || null, 'that report');
+      await eventually(async () => (await h.call<Body>('GET', res.body.location)).body.status !== 'running' || null, 'that report', 30_000);
     }
     const report = await eventually(
       async () => {

@@ -174,12 +174,16 @@ describe('task DAG', function () {
 
   it('holds, at their start, the runs a pause finds already queued (none starts), and a resume offers them at once', async () => {
     const id = await session();
-    // twenty tasks for ten tenant slots: ten run, ten wait in line with a run each
-    const tasks = Array.from({ length: 20 }, (_, i) => ({ id: `t${i}`, steps: sh('sleep 0.6') }));
+    // twenty tasks for ten tenant slots: ten run, ten wait in line with a run each. A task ends once the
+    // test makes its release file (in the workspace, its steps' folder), so none can end, and free its
+    // slot for an eleventh, before the pause (a task that slept 0.6 s did on a busy machine)
+    const release = path.join(h.tenantDir(), 'release-held-tasks');
+    const tasks = Array.from({ length: 20 }, (_, i) => ({ id: `t${i}`, steps: sh('until [ -e release-held-tasks ]; do sleep 0.05; done') }));
     expect((await h.call('POST', `/api/v1/sessions/${id}/tasks`, { body: { tasks } })).status).to.equal(201);
     await eventually(async () => ((await h.call<Body>('GET', `/api/v1/sessions/${id}`)).body.task_counts.running ?? 0) >= 10 || null, 'ten tasks running');
     expect((await h.call('PATCH', `/api/v1/sessions/${id}`, { body: { status: 'paused' } })).status).to.equal(200);
     const pausedAt = new Date().toISOString();
+    await fs.writeFile(release, '');
     // the ten first end; the ten others' runs, taken by the workers as slots free, are held at their start:
     // each job waits, delayed (the held jobs' own retry comes 5 s later)
     const queue = h.rt.queues.get('runs');
@@ -218,6 +222,7 @@ describe('task DAG', function () {
     expect(states, 'no held job still delayed once the resume has answered').not.to.include('delayed');
     const done = await settled(id, 20);
     expect(done.outcome).to.equal('succeeded');
+    await fs.rm(release);
   });
 
   it('archiving cancels every run of the session, past the first page, and a cut-short archive is finished by the next DELETE', async () => {
