@@ -2,10 +2,11 @@
 //  - 100 no-op tasks (a random DAG, each with one `message` step) from POST to the session's end,
 //    against a BullMQ flow of one parent and 100 no-op children from add to the parent's completion
 //  - a layered DAG, 10 wide and 10 deep (each task after every task of the layer before)
-//  - where the time goes: 100 tasks with no dependencies, and 100 plain no-op runs (the floor under any DAG)
+//  - where the time goes: 100 tasks with no dependencies, and 100 plain no-op runs (the floor under any DAG);
+//    a chain of 30 tasks against a chain of 30 BullMQ jobs, each added by the one before (a hop's cost)
 // The flow is a tree and runs its children in parallel; the DAG runs each task as a full run (stored,
 // events, tenant slot), at the same worker concurrency.
-import { FlowProducer, Worker } from 'bullmq';
+import { FlowProducer, Queue, Worker } from 'bullmq';
 import { Redis } from 'ioredis';
 import { deleteRedisPrefix, uniquePrefix } from '../test/support/harness.js';
 import { runsFinished, service } from './runs.js';
@@ -46,6 +47,39 @@ async function rawFlow(children: number): Promise<number> {
   }
 }
 
+/**
+ * A chain of `n` BullMQ jobs, each added by the one before as it runs, from the first add to the last job:
+ * what a DAG's hop (a task that starts when the one before it ends) costs BullMQ alone.
+ */
+async function rawChain(n: number): Promise<number> {
+  const prefix = uniquePrefix();
+  const connection = new Redis(REDIS_URL, { maxRetriesPerRequest: null });
+  const queue = new Queue('chain', { connection, prefix });
+  let done: (() => void) | undefined;
+  const finished = new Promise<void>((r) => (done = r));
+  const worker = new Worker(
+    'chain',
+    async (job) => {
+      const i = (job.data as { i: number }).i;
+      if (i + 1 < n) await queue.add('link', { i: i + 1 }, { removeOnComplete: true });
+      else done!();
+    },
+    { connection, prefix, concurrency: CONCURRENCY },
+  );
+  await worker.waitUntilReady();
+  try {
+    const t0 = performance.now();
+    await queue.add('link', { i: 0 }, { removeOnComplete: true });
+    await finished;
+    return performance.now() - t0;
+  } finally {
+    await worker.close();
+    await queue.close();
+    connection.disconnect();
+    await deleteRedisPrefix(prefix);
+  }
+}
+
 type TaskSpec = { id: string; depends_on: string[]; steps: typeof NOOP };
 
 /** A seeded generator (mulberry32): every bench run measures the same random DAG. */
@@ -75,6 +109,12 @@ function layeredDag(width: number, depth: number): TaskSpec[] {
     for (let w = 0; w < width; w++)
       tasks.push({ id: `l${d}w${w}`, depends_on: d ? Array.from({ length: width }, (_, k) => `l${d - 1}w${k}`) : [], steps: NOOP });
   return tasks;
+}
+
+const CHAIN = 30;
+
+function chainDag(n: number): TaskSpec[] {
+  return Array.from({ length: n }, (_, i) => ({ id: `c${i}`, depends_on: i ? [`c${i - 1}`] : [], steps: NOOP }));
 }
 
 /** The longest chain of dependencies: how many tasks must run one after another. */
@@ -155,11 +195,17 @@ export async function dagBenchmarks(): Promise<string[]> {
   const flat = await dagMs(layeredDag(100, 1));
   step('100 no-op runs, no session');
   const runs = await runsMs(100);
+  step(`a chain of ${CHAIN} tasks, and of ${CHAIN} BullMQ jobs`);
+  const chain = await dagMs(chainDag(CHAIN));
+  const rawChains: number[] = [];
+  for (let i = 0; i < ROUNDS; i++) rawChains.push(await rawChain(CHAIN));
+  const rawChainMs = median(rawChains);
   const f = (n: number) => n.toFixed(0);
   return [
     `| 100 no-op tasks, random DAG (seeded; longest chain ${depthOf(dag)} tasks), POST to the session's end vs a BullMQ flow of 100 no-op children | ${f(random)} ms | ${f(flow)} ms | ${(random / flow).toFixed(2)}x |`,
     `| 100 no-op tasks, 10 wide x 10 deep (each after the whole layer before) vs the same flow | ${f(layered)} ms | ${f(flow)} ms | ${(layered / flow).toFixed(2)}x |`,
     `| where it goes: 100 no-op tasks with no dependencies (a session, no waiting) vs the same flow | ${f(flat)} ms | ${f(flow)} ms | ${(flat / flow).toFixed(2)}x |`,
     `| where it goes: 100 no-op runs created at once (no session, no task) vs the same flow | ${f(runs)} ms | ${f(flow)} ms | ${(runs / flow).toFixed(2)}x |`,
+    `| where it goes: a chain of ${CHAIN} no-op tasks (each after the one before) vs ${CHAIN} BullMQ jobs each added by the one before; a hop | ${f(chain)} ms; ${(chain / CHAIN).toFixed(1)} ms | ${f(rawChainMs)} ms; ${(rawChainMs / CHAIN).toFixed(1)} ms | ${(chain / rawChainMs).toFixed(2)}x |`,
   ];
 }
