@@ -71,19 +71,22 @@ export function createRedis(url: string, name: string, extra: RedisOptions = {},
 
 export const isCluster = (redis: Redis): boolean => (redis as unknown) instanceof Cluster;
 
-/** Every key matching `pattern`: on a cluster, from each master. */
+/**
+ * Every key matching `pattern`, each once (SCAN may name a key twice): on a cluster, from each master. By
+ * SCAN, unlike KEYS, Redis is never held for its whole keyspace at once.
+ */
 export async function scanKeys(redis: Redis, pattern: string): Promise<string[]> {
   const servers = isCluster(redis) ? (redis as unknown as Cluster).nodes('master') : [redis];
-  const out: string[] = [];
+  const out = new Set<string>();
   for (const server of servers) {
     let cursor = '0';
     do {
       const [next, keys] = await server.scan(cursor, 'MATCH', pattern, 'COUNT', 500);
       cursor = next;
-      out.push(...keys);
+      for (const key of keys) out.add(key);
     } while (cursor !== '0');
   }
-  return out;
+  return [...out];
 }
 
 export class RedisUnreachableError extends Error {

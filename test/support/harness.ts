@@ -13,6 +13,7 @@ import { Redis } from 'ioredis';
 import { startWebServer, type WebServer } from '../../api/server.js';
 import { parseEnv, type Config } from '../../config/env.js';
 import { createLogger } from '../../engine/platform/log.js';
+import { scanKeys } from '../../engine/platform/redis.js';
 import { openRuntime, type Runtime, type RuntimeOptions } from '../../engine/process/runtime.js';
 import { startWorkers, type Workers } from '../../workers/index.js';
 
@@ -183,20 +184,8 @@ export async function finishedRun(h: Harness, id: string, key = KEYS.a): Promise
   );
 }
 
-/**
- * The keys matching `pattern`, by SCAN: unlike KEYS it never holds the shared Redis (every parallel spec
- * file's) for the whole keyspace at once.
- */
-export async function scanKeys(redis: Redis, pattern: string): Promise<string[]> {
-  const keys: string[] = [];
-  let cursor = '0';
-  do {
-    const [next, found] = await redis.scan(cursor, 'MATCH', pattern, 'COUNT', 1000);
-    cursor = next;
-    keys.push(...found);
-  } while (cursor !== '0');
-  return [...new Set(keys)];
-}
+/** The keys matching a pattern, by SCAN: KEYS would hold the Redis every parallel spec file shares. */
+export { scanKeys };
 
 export async function deleteRedisPrefix(prefix: string): Promise<void> {
   const redis = new Redis(testRedisUrl());
