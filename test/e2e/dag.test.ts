@@ -280,14 +280,18 @@ describe('task DAG', function () {
 
   it('cancels, never fails, a task whose run the archive cut: its steps found the session read-only before the cancel reached it', async () => {
     const id = await session();
-    // the archive's cancels come late (a busy Redis): the run meets the archived session first
+    // the archive's cancels come late (a busy Redis): the run meets the archived session first. Its first
+    // step ends only when a cancel is asked for (the session is archived by then), and the cancel goes on
+    // only once the run has ended: a step that slept 1 s could end before the archive on a busy machine
+    const release = path.join(h.tenantDir(), 'release-archive-cut');
     const cancel = h.rt.engine.runs.cancel.bind(h.rt.engine.runs);
     h.rt.engine.runs.cancel = async (...args: Parameters<typeof cancel>) => {
-      await new Promise((r) => setTimeout(r, 2000));
+      await fs.writeFile(release, '');
+      await eventually(async () => !['queued', 'running'].includes((await h.rt.store.runs.get(args[0], args[1]))?.status ?? ''), 'the cut run to end');
       return cancel(...args);
     };
     try {
-      const steps = [...sh('sleep 1'), { tool: 'message' as const, args: { text: 'after the sleep' } }];
+      const steps = [...sh('until [ -e release-archive-cut ]; do sleep 0.05; done'), { tool: 'message' as const, args: { text: 'after the wait' } }];
       expect((await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, { body: { id: 'a', steps, max_attempts: 1 } })).status).to.equal(201);
       await eventually(async () => (await h.call<Body>('GET', `/api/v1/sessions/${id}`)).body.tasks[0].status === 'running', 'the task to start');
       expect((await h.call<Body>('DELETE', `/api/v1/sessions/${id}`)).status).to.equal(200);
@@ -295,6 +299,7 @@ describe('task DAG', function () {
       h.rt.engine.runs.cancel = cancel;
     }
     const s = await settled(id, 1);
+    await fs.rm(release);
     const run = (await h.call<Body>('GET', `/api/v1/runs/${s.tasks[0].run_ids[0]}`)).body;
     // the run itself failed (its message step was refused), yet its task and the session end canceled
     expect(run.status).to.equal('failed');
@@ -326,9 +331,11 @@ describe('task DAG', function () {
   it('fails a ready task whose run the operator’s policy now refuses, and what waits on it follows, instead of leaving it pending', async () => {
     const id = await session();
     const allowed = h.config.toolsAllowed as string[];
+    // a's step ends once the test has taken shell off the list (a step that slept 1 s could end first on a busy machine)
+    const release = path.join(h.tenantDir(), 'release-policy-refuses');
     const body = {
       tasks: [
-        { id: 'a', steps: sh('sleep 1') },
+        { id: 'a', steps: sh('until [ -e release-policy-refuses ]; do sleep 0.05; done') },
         { id: 'b', depends_on: ['a'], steps: sh('true') },
         { id: 'c', depends_on: ['b'], steps: [{ tool: 'message', args: { text: 'c' } }] },
         { id: 'd', depends_on: ['b'], trigger_rule: 'all_done', steps: [{ tool: 'message', args: { text: 'd' } }] },
@@ -343,6 +350,7 @@ describe('task DAG', function () {
     const at = allowed.indexOf('shell');
     allowed.splice(at, 1);
     try {
+      await fs.writeFile(release, '');
       const s = await settled(id, 4);
       expect(s.tasks.map((t: Body) => [t.id, t.status])).to.deep.equal([
         ['a', 'succeeded'],
@@ -355,6 +363,7 @@ describe('task DAG', function () {
       expect(s.outcome).to.equal('failed');
     } finally {
       allowed.splice(at, 0, 'shell');
+      await fs.rm(release, { force: true });
     }
   });
 
@@ -528,8 +537,10 @@ describe('task DAG', function () {
 
   it('starts a task released while paused whose hold lands after a resume that listed the tasks before it', async () => {
     const id = await session();
+    // a ends once the test lets it, after the pause (a step that slept 0.5 s could end before it on a busy machine)
+    const release = path.join(h.tenantDir(), 'release-held-b');
     const tasks = [
-      { id: 'a', steps: sh('sleep 0.5') },
+      { id: 'a', steps: sh('until [ -e release-held-b ]; do sleep 0.05; done') },
       { id: 'b', depends_on: ['a'], steps: sh('true') },
     ];
     expect((await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, { body: { tasks } })).status).to.equal(201);
@@ -543,24 +554,29 @@ describe('task DAG', function () {
         expect((await h.call<Body>('PATCH', `/api/v1/sessions/${id}`, { body: { status: 'idle' } })).status).to.equal(200);
       return update(...args);
     };
+    // started at once, not left queued for the reconciler: none runs meanwhile (rather than a bound of a few
+    // seconds, which a busy machine can take to start and end b)
+    const reconcile = h.rt.engine.sessions.reconcile;
+    h.rt.engine.sessions.reconcile = async () => ({ finished: 0, started: 0 });
     try {
-      await eventually(async () => resumed > 0, 'b to be held');
-    } finally {
-      h.rt.store.tasks.update = update;
-    }
-    // started at once, not left queued for the reconciler
-    const s = await eventually(
-      async () => {
+      try {
+        await fs.writeFile(release, '');
+        await eventually(async () => resumed > 0, 'b to be held');
+      } finally {
+        h.rt.store.tasks.update = update;
+      }
+      const s = await eventually(async () => {
         const s = (await h.call<Body>('GET', `/api/v1/sessions/${id}`)).body;
         return s.outcome ? s : null;
-      },
-      'the session to end',
-      5000,
-    );
-    expect(s.tasks.map((t: Body) => [t.id, t.status])).to.deep.equal([
-      ['a', 'succeeded'],
-      ['b', 'succeeded'],
-    ]);
+      }, 'the session to end');
+      expect(s.tasks.map((t: Body) => [t.id, t.status])).to.deep.equal([
+        ['a', 'succeeded'],
+        ['b', 'succeeded'],
+      ]);
+    } finally {
+      h.rt.engine.sessions.reconcile = reconcile;
+      await fs.rm(release, { force: true });
+    }
   });
 
   it('goes on after Redis loses the DAG’s state: a task that ends releases its dependents, and a task added later sees what ended before', async () => {
@@ -578,15 +594,11 @@ describe('task DAG', function () {
     // lost while a runs: b, registered again by the reconciler, is released by a's end, or finds it ended
     await forget();
     await h.rt.engine.sessions.reconcile(0);
-    const ended = await eventually(
-      async () => {
-        await h.rt.engine.sessions.reconcile(0);
-        const s = (await h.call<Body>('GET', `/api/v1/sessions/${id}`)).body;
-        return s.outcome ? s : null;
-      },
-      'the session to end',
-      8000,
-    );
+    const ended = await eventually(async () => {
+      await h.rt.engine.sessions.reconcile(0);
+      const s = (await h.call<Body>('GET', `/api/v1/sessions/${id}`)).body;
+      return s.outcome ? s : null;
+    }, 'the session to end');
     expect(ended.tasks.map((t: Body) => [t.id, t.status])).to.deep.equal([
       ['a', 'succeeded'],
       ['b', 'succeeded'],

@@ -220,7 +220,9 @@ describe('run lifecycle', function () {
       expect((await noWorkers.rt.engine.runs.reliabilityContext('tenant-a')).tenant.running).to.equal(4);
       // a worker process beats its claims (none here); the reconciler judges runs lost once the registry is complete
       const stopClaims = noWorkers.rt.engine.runs.claims.start(() => [], 50);
-      await new Promise((r) => setTimeout(r, 400));
+      // complete once it is as old as a claim's lapse (six beats) since the first beat landed: seen, not waited
+      // for (400 ms had left 100 ms for that first beat, which a busy machine can take)
+      await eventually(async () => (await noWorkers.rt.engine.runs.claims.elsewhere()) !== null, 'the registry of claims to be complete');
       const repaired = await noWorkers.rt.engine.runs.reconcile({ olderThanMs: 0 });
       await stopClaims();
       expect(repaired).to.deep.equal({ requeued: 2, lost: 1, freed: 1 });

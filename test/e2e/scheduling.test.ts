@@ -1,5 +1,7 @@
 // Per-tenant concurrency, queued cancels, the reconciler, and runs whose worker dies.
 import { spawn } from 'node:child_process';
+import fs from 'node:fs/promises';
+import path from 'node:path';
 import { expect } from 'chai';
 import { newId } from '../../engine/platform/ids.js';
 import { runFixture } from '../integration/store-contract.js';
@@ -41,24 +43,33 @@ describe('scheduling', function () {
   it('runs at most SERVICE_TENANT_MAX_RUNNING of a tenant at once, and another tenant does not wait behind it', async () => {
     const h = await startHarness({ env: { SERVICE_TENANT_MAX_RUNNING: '2' } });
     try {
-      const slow = { steps: [{ tool: 'shell', args: { command: 'sleep 1' } }] };
+      // every run goes on until the test lets them end (in each tenant's workspace), so the first wave and
+      // tenant B's run are seen running while A's backlog waits, however slowly the machine starts them
+      const release = (tenant: string) => fs.writeFile(path.join(h.tenantDir(tenant), 'release-scheduling'), '');
+      const slow = { steps: [{ tool: 'shell', args: { command: 'until [ -e release-scheduling ]; do sleep 0.05; done' } }] };
       const a: string[] = [];
       for (let i = 0; i < 5; i++) a.push((await h.call('POST', '/api/v1/autonomy/run', { body: slow })).body.run_id);
       const b = (await h.call('POST', '/api/v1/autonomy/run', { body: slow, key: KEYS.b })).body.run_id;
       let maxRunning = 0;
       let bStartedWhileAWaited = false;
-      await eventually(
-        async () => {
-          const runs = await Promise.all(a.map((id) => runStatus(h, id)));
-          const running = runs.filter((r) => r.status === 'running').length;
-          maxRunning = Math.max(maxRunning, running);
-          const other = await runStatus(h, b, KEYS.b);
-          if (other.status !== 'queued' && runs.some((r) => r.status === 'queued')) bStartedWhileAWaited = true;
-          return runs.every((r) => TERMINAL.includes(r.status)) && TERMINAL.includes(other.status);
-        },
-        'every run to finish',
-        20_000,
-      );
+      const look = async () => {
+        const runs = await Promise.all(a.map((id) => runStatus(h, id)));
+        const running = runs.filter((r) => r.status === 'running').length;
+        maxRunning = Math.max(maxRunning, running);
+        const other = await runStatus(h, b, KEYS.b);
+        if (other.status !== 'queued' && runs.some((r) => r.status === 'queued')) bStartedWhileAWaited = true;
+        return { runs, running, other };
+      };
+      await eventually(async () => {
+        const { runs, running, other } = await look();
+        return running === 2 && runs.filter((r) => r.status === 'queued').length === 3 && other.status === 'running';
+      }, 'two of tenant A’s runs and tenant B’s to run');
+      await release('tenant-a');
+      await release('tenant-b');
+      await eventually(async () => {
+        const { runs, other } = await look();
+        return runs.every((r) => TERMINAL.includes(r.status)) && TERMINAL.includes(other.status);
+      }, 'every run to finish');
       expect(maxRunning).to.equal(2);
       expect(bStartedWhileAWaited, "tenant B's run started while tenant A's backlog waited").to.equal(true);
       const runs = await Promise.all(a.map((id) => runStatus(h, id)));
@@ -77,12 +88,16 @@ describe('scheduling', function () {
   it('cancels a queued run at once and lets the next one in', async () => {
     const h = await startHarness({ env: { SERVICE_TENANT_MAX_RUNNING: '1' } });
     try {
-      const first = (await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'sleep 1' } }] } })).body.run_id;
+      // the first run holds the one slot until the test lets it end, after the cancel (a run that slept 1 s
+      // could end first on a busy machine, and the second start)
+      const wait = 'until [ -e release-queued-cancel ]; do sleep 0.05; done';
+      const first = (await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: wait } }] } })).body.run_id;
       const second = (await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'true' } }] } })).body.run_id;
       const third = (await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'true' } }] } })).body.run_id;
       const cancel = await h.call('POST', `/api/v1/runs/${second}/cancel`);
       expect(cancel.status).to.equal(200);
       expect(cancel.body.status).to.equal('canceled');
+      await fs.writeFile(path.join(h.tenantDir(), 'release-queued-cancel'), '');
       await eventually(async () => (await runStatus(h, third)).status === 'succeeded', 'the third run');
       expect((await runStatus(h, first)).status).to.equal('succeeded');
       expect((await runStatus(h, second)).steps[0].status).to.equal('pending');
@@ -125,8 +140,8 @@ describe('scheduling', function () {
         (await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'sleep 60' } }], budget_seconds: 120 } })).body
           .run_id as string;
       const [id, canceledId] = [await start(), await start()];
-      for (const r of [id, canceledId]) await eventually(async () => (await runStatus(h, r)).status === 'running', 'the runs to start', 15_000);
-      await new Promise((r) => setTimeout(r, 600)); // a running step's record is saved within 200 ms
+      // a running step's record is saved within 200 ms of its start (later on a busy machine): seen, not waited for
+      for (const r of [id, canceledId]) await eventually(async () => (await runStatus(h, r)).steps[0]?.status === 'running', 'the runs’ steps to start');
       process.kill(-worker.pid!, 'SIGKILL');
       const killedAt = Date.now();
       // a cancel asked for while no worker runs it: the run ends canceled, not lost, and is not retried
@@ -180,7 +195,7 @@ describe('scheduling', function () {
       process.kill(first.pid!, 'SIGTERM');
       expect(await exited).to.equal(0);
       expect(Date.now() - stoppedAt).to.be.below(4000);
-      await eventually(() => processesMatching(marker) === 0, 'the step’s sleep to be killed', 2000);
+      await eventually(() => processesMatching(marker) === 0, 'the step’s sleep to be killed');
       const requeued = await runStatus(h, id);
       expect(requeued).to.deep.include({ status: 'queued', attempt: 2 });
       second = spawnWorker();

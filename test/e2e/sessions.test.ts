@@ -1,5 +1,7 @@
 // Sessions: the record of every autonomy run, multi-agent sessions with agents and a durable message
 // log, pause and archive, the live trace through a real SSE client, and tenant isolation on every route.
+import fs from 'node:fs/promises';
+import path from 'node:path';
 import { expect } from 'chai';
 import { EventSource } from 'eventsource';
 import { FAKE_TOKEN, SMTP_USER, startFakeProviders, type FakeProviders } from '../support/fake-providers.js';
@@ -235,14 +237,25 @@ describe('sessions', function () {
     expect(agent.body.detail).to.contain('multi-agent');
     expect((await h.call<Body>('GET', `/api/v1/sessions/${run.body.session_id}/agents`)).body.data).to.deep.equal([]);
     const s = await create({ title: 'busy' });
-    await h.call('POST', `/api/v1/sessions/${s.id}/tasks`, { body: { steps: [{ tool: 'shell', args: { command: 'sleep 2' } }] } });
+    // the task runs until the test lets it end (in the workspace, its step's folder): a task that slept 2 s
+    // could end, and its session go idle, before the two requests on a busy machine
+    const release = path.join(h.tenantDir(), 'release-busy-session');
+    await h.call('POST', `/api/v1/sessions/${s.id}/tasks`, {
+      body: { steps: [{ tool: 'shell', args: { command: 'until [ -e release-busy-session ]; do sleep 0.05; done' } }] },
+    });
     await eventually(async () => (await h.call<Body>('GET', `/api/v1/sessions/${s.id}`)).body.status === 'running' || null, 'the session to run');
-    for (const status of ['idle', 'running']) {
-      const patched = await h.call<Body>('PATCH', `/api/v1/sessions/${s.id}`, { body: { status } });
-      expect(patched.body.status, status).to.equal('running');
+    try {
+      for (const status of ['idle', 'running']) {
+        const patched = await h.call<Body>('PATCH', `/api/v1/sessions/${s.id}`, { body: { status } });
+        expect(patched.body.status, status).to.equal('running');
+      }
+      const updates = (await h.rt.events.after(`session:${s.id}`, '0-0')).filter((e) => e.type === 'session.updated').map((e) => (e.data as Body).status);
+      expect(updates).to.deep.equal(['idle', 'running']);
+    } finally {
+      await fs.writeFile(release, '');
     }
-    const updates = (await h.rt.events.after(`session:${s.id}`, '0-0')).filter((e) => e.type === 'session.updated').map((e) => (e.data as Body).status);
-    expect(updates).to.deep.equal(['idle', 'running']);
+    await eventually(async () => (await h.call<Body>('GET', `/api/v1/sessions/${s.id}`)).body.status === 'idle' || null, 'the task to end');
+    await fs.rm(release);
   });
 
   it('holds a session to SERVICE_SESSION_MAX_TASKS tasks: a batch past it is one 422 and adds nothing', async () => {

@@ -15,14 +15,37 @@ async function history(h: Harness, id: string): Promise<Body[]> {
 }
 /** The automation's runs, once there are at least `n` of them. */
 function runsOnce(h: Harness, id: string, n: number, what: string): Promise<Body[]> {
-  return eventually(
-    async () => {
-      const r = await history(h, id);
-      return r.length >= n ? r : null;
-    },
-    what,
-    10_000,
-  );
+  return eventually(async () => {
+    const r = await history(h, id);
+    return r.length >= n ? r : null;
+  }, what);
+}
+/**
+ * Waits until the process's file watcher has taken the automations of tenant A made so far and sees changes in
+ * its root: a probe automation made now starts a run for a file written there (`watch-probe-*.tmp`, which no glob
+ * of these tests matches). A fixed wait of 1.5 s for the watcher's refresh (every second) and its new watches was
+ * too short on a busy machine: a change made before them is never seen.
+ */
+async function watching(h: Harness): Promise<void> {
+  const probe = (
+    await h.call<Body>('POST', '/api/v1/automations', {
+      body: {
+        name: 'watch probe',
+        triggers: [{ type: 'file_change', paths: ['watch-probe-*.tmp'], debounce_ms: 0 }],
+        steps: [{ tool: 'message', args: { text: 'probe' } }],
+      },
+    })
+  ).body;
+  try {
+    let looks = 0;
+    await eventually(async () => {
+      // a new probe file every tenth look: one made before the watch began is never seen
+      if (looks++ % 10 === 0) await fs.writeFile(path.join(h.tenantDir(), `watch-probe-${looks}.tmp`), 'x');
+      return (await history(h, probe.id)).length > 0;
+    }, 'the file watcher to take the automations');
+  } finally {
+    await h.call('DELETE', `/api/v1/automations/${probe.id}`);
+  }
 }
 /** The cron triggers placed in the set, `{automation}-{index}` to the time each fires next. */
 async function placed(h: Harness): Promise<Map<string, number>> {
@@ -374,7 +397,7 @@ describe('file_change triggers', function () {
     // the folders exist before the watcher starts, so the burst below is two file events, not a new
     // folder that the watcher must first discover (which can land outside the debounce window)
     await fs.mkdir(path.join(h.tenantDir(), 'src/lib'), { recursive: true });
-    await new Promise((r) => setTimeout(r, 1500)); // the watcher refreshes its automations every second
+    await watching(h);
     await fs.writeFile(path.join(h.tenantDir(), 'src/a.ts'), 'a');
     await fs.writeFile(path.join(h.tenantDir(), 'src/lib/b.ts'), 'b');
     await fs.writeFile(path.join(h.tenantDir(), 'README.md'), 'not watched');
@@ -402,7 +425,7 @@ describe('file_change triggers', function () {
       })
     ).body;
     await fs.mkdir(path.join(h.tenantDir(), 'd0'), { recursive: true });
-    await new Promise((r) => setTimeout(r, 1500));
+    await watching(h);
     await fs.writeFile(path.join(h.tenantDir(), 'd0/first.txt'), '1');
     await new Promise((r) => setTimeout(r, 120));
     await fs.writeFile(path.join(h.tenantDir(), 'd0/second.txt'), '2');
@@ -425,7 +448,7 @@ describe('file_change triggers', function () {
           body: { name: 'linked', triggers: [{ type: 'file_change', paths: ['*.txt'], debounce_ms: 100 }], steps: [{ tool: 'message', args: { text: 'x' } }] },
         })
       ).body;
-      await new Promise((r) => setTimeout(r, 1500));
+      await watching(linked);
       await fs.writeFile(path.join(elsewhere, 'note.txt'), 'x');
       const runs = await runsOnce(linked, a.id, 1, 'a run');
       expect(runs[0]!.trigger.paths).to.deep.equal(['note.txt']);
@@ -456,7 +479,7 @@ describe('file_change triggers', function () {
       })
     ).body;
     await fs.mkdir(path.join(h.tenantDir(), 'stars'), { recursive: true });
-    await new Promise((r) => setTimeout(r, 1500));
+    await watching(h);
     await fs.writeFile(path.join(h.tenantDir(), 'a'.repeat(200)), 'x');
     await fs.writeFile(path.join(h.tenantDir(), 'stars/seen.txt'), 'x');
     const runs = await runsOnce(h, a.id, 1, 'a run for stars/seen.txt');
@@ -471,15 +494,15 @@ describe('file_change triggers', function () {
           body: { name: 'again', triggers: [{ type: 'file_change', paths: ['*.txt'], debounce_ms: 50 }], steps: [{ tool: 'message', args: { text: 'x' } }] },
         })
       ).body;
-      await new Promise((r) => setTimeout(r, 1500));
+      await watching(watcher);
       await fs.writeFile(path.join(watcher.tenantDir(), 'before.txt'), 'x');
       await runsOnce(watcher, a.id, 1, 'a run for before.txt');
       await fs.rm(watcher.tenantDir(), { recursive: true, force: true }); // a run's rm -rf, an operator's restore
       await new Promise((r) => setTimeout(r, 1000));
       await fs.mkdir(watcher.tenantDir(), { recursive: true });
-      await new Promise((r) => setTimeout(r, 2000));
+      await watching(watcher);
       await fs.writeFile(path.join(watcher.tenantDir(), 'after.txt'), 'x');
-      const runs = await eventually(async () => (await history(watcher, a.id)).find((r) => r.trigger.paths.includes('after.txt')), 'a run for after.txt', 5000);
+      const runs = await eventually(async () => (await history(watcher, a.id)).find((r) => r.trigger.paths.includes('after.txt')), 'a run for after.txt');
       expect(runs.trigger.paths).to.deep.equal(['after.txt']);
     } finally {
       await watcher.close();
