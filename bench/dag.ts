@@ -6,7 +6,7 @@
 //    a chain of 30 tasks against a chain of 30 BullMQ jobs, each added by the one before (a hop's cost)
 // The flow is a tree and runs its children in parallel; the DAG runs each task as a full run (stored,
 // events, tenant slot), at the same worker concurrency.
-import { FlowProducer, Queue, Worker } from 'bullmq';
+import { FlowProducer, type Job, Queue, Worker } from 'bullmq';
 import { Redis } from 'ioredis';
 import { deleteRedisPrefix, uniquePrefix } from '../test/support/harness.js';
 import { runsFinished, service } from './runs.js';
@@ -16,69 +16,66 @@ const CONCURRENCY = Number(process.env.BENCH_CONCURRENCY ?? 10);
 const NOOP = [{ tool: 'message' as const, args: { text: 'noop' } }];
 const ROUNDS = 5;
 
-async function rawFlow(children: number): Promise<number> {
+/**
+ * BullMQ alone on a fresh prefix: a worker of queue `name`, at the bench's concurrency, runs `work`, which
+ * calls `done` at the last job. Timed from `start` (adding the first work) to then.
+ */
+async function timedBullmq(
+  name: string,
+  work: (job: Job, done: () => void, queue: Queue) => Promise<void>,
+  start: (queue: Queue, flows: FlowProducer) => Promise<unknown>,
+): Promise<number> {
   const prefix = uniquePrefix();
   const connection = new Redis(REDIS_URL, { maxRetriesPerRequest: null });
+  const queue = new Queue(name, { connection, prefix });
   const flows = new FlowProducer({ connection, prefix });
-  let done: (() => void) | undefined;
+  let done!: () => void;
   const finished = new Promise<void>((r) => (done = r));
-  const worker = new Worker(
-    'flow',
-    async (job) => {
-      if (job.name === 'parent') done!();
-    },
-    { connection, prefix, concurrency: CONCURRENCY },
-  );
+  const worker = new Worker(name, (job) => work(job, done, queue), { connection, prefix, concurrency: CONCURRENCY });
   await worker.waitUntilReady();
   try {
     const t0 = performance.now();
-    await flows.add({
-      name: 'parent',
-      queueName: 'flow',
-      children: Array.from({ length: children }, (_, i) => ({ name: 'child', queueName: 'flow', data: { i } })),
-    });
+    await start(queue, flows);
     await finished;
     return performance.now() - t0;
   } finally {
     await worker.close();
     await flows.close();
-    connection.disconnect();
-    await deleteRedisPrefix(prefix);
-  }
-}
-
-/**
- * A chain of `n` BullMQ jobs, each added by the one before as it runs, from the first add to the last job:
- * what a DAG's hop (a task that starts when the one before it ends) costs BullMQ alone.
- */
-async function rawChain(n: number): Promise<number> {
-  const prefix = uniquePrefix();
-  const connection = new Redis(REDIS_URL, { maxRetriesPerRequest: null });
-  const queue = new Queue('chain', { connection, prefix });
-  let done: (() => void) | undefined;
-  const finished = new Promise<void>((r) => (done = r));
-  const worker = new Worker(
-    'chain',
-    async (job) => {
-      const i = (job.data as { i: number }).i;
-      if (i + 1 < n) await queue.add('link', { i: i + 1 }, { removeOnComplete: true });
-      else done!();
-    },
-    { connection, prefix, concurrency: CONCURRENCY },
-  );
-  await worker.waitUntilReady();
-  try {
-    const t0 = performance.now();
-    await queue.add('link', { i: 0 }, { removeOnComplete: true });
-    await finished;
-    return performance.now() - t0;
-  } finally {
-    await worker.close();
     await queue.close();
     connection.disconnect();
     await deleteRedisPrefix(prefix);
   }
 }
+
+/** A flow of one parent and `children` no-op children, from its add to the parent's job. */
+const rawFlow = (children: number) =>
+  timedBullmq(
+    'flow',
+    async (job, done) => {
+      if (job.name === 'parent') done();
+    },
+    (_, flows) =>
+      flows.add({
+        name: 'parent',
+        queueName: 'flow',
+        children: Array.from({ length: children }, (_, i) => ({ name: 'child', queueName: 'flow', data: { i } })),
+      }),
+  );
+
+/**
+ * A chain of `n` BullMQ jobs, each added by the one before as it runs, from the first add to the last job:
+ * what a DAG's hop (a task that starts when the one before it ends) costs BullMQ alone.
+ */
+const rawChain = (n: number) =>
+  timedBullmq(
+    'chain',
+    async (job, done, queue) => {
+      const i = (job.data as { i: number }).i;
+      if (i + 1 < n) await queue.add('link', { i: i + 1 }, { removeOnComplete: true });
+      else done();
+    },
+    (queue) => queue.add('link', { i: 0 }, { removeOnComplete: true }),
+  );
 
 type TaskSpec = { id: string; depends_on: string[]; steps: typeof NOOP };
 

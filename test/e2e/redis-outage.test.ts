@@ -11,13 +11,15 @@ describe('Redis outage', function () {
   let redis: ChildProcess;
   let h: Harness;
   let stopped = false;
-  const pause = () => {
-    redis.kill('SIGSTOP');
-    stopped = true;
-  };
   const resume = () => {
     redis.kill('SIGCONT');
     stopped = false;
+  };
+  /** Stops Redis for `ms`; answers once it runs again. */
+  const stopFor = (ms: number) => {
+    redis.kill('SIGSTOP');
+    stopped = true;
+    return new Promise((r) => setTimeout(r, ms)).then(resume);
   };
 
   before(async () => {
@@ -60,8 +62,7 @@ describe('Redis outage', function () {
       const warm = await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'message', args: { text: 'warm' } }] }, headers });
       expect(warm.status, warm.text).to.equal(202);
     }
-    pause();
-    const resumed = new Promise((r) => setTimeout(r, 5000)).then(resume);
+    const resumed = stopFor(5000);
     try {
       let at = Date.now();
       const accepted = await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'echo after' } }] } });
@@ -131,9 +132,7 @@ describe('Redis outage', function () {
     });
     expect(res.status).to.equal(202);
     await eventually(async () => (await h.call('GET', `/api/v1/runs/${res.body.run_id}`)).body.status === 'running', 'the run to start');
-    pause();
-    await new Promise((r) => setTimeout(r, 3000));
-    resume();
+    await stopFor(3000);
     const run = await finishedRun(h, res.body.run_id);
     expect(run.status).to.equal('succeeded');
     expect(run.steps.map((s: { output: { stdout: string } }) => s.output.stdout)).to.deep.equal(['one\n', 'two\n']);
@@ -152,9 +151,7 @@ describe('Redis outage', function () {
     expect(res.status).to.equal(202);
     await eventually(async () => (await h.call('GET', `/api/v1/runs/${res.body.run_id}`)).body.status === 'running', 'the run to start');
     // the audit starts about a second from now, and finds Redis stopped for over 1.5 s (a request's deadline)
-    pause();
-    await new Promise((r) => setTimeout(r, 3500));
-    resume();
+    await stopFor(3500);
     const run = await finishedRun(h, res.body.run_id);
     expect(run.status, JSON.stringify(run.error)).to.equal('succeeded');
     expect(run.steps[1].output.status).to.equal('completed');
@@ -179,8 +176,7 @@ describe('Redis outage', function () {
       h,
       (await h.call<Record<string, any>>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'message', args: { text: 'e' } }] } })).body.run_id,
     );
-    pause();
-    const resumed = new Promise((r) => setTimeout(r, 14_000)).then(resume);
+    const resumed = stopFor(14_000);
     const timed = async <T>(what: string, call: () => Promise<T>): Promise<T> => {
       const at = Date.now();
       const answer = await call();
