@@ -112,9 +112,20 @@ export function tasksOf(deps: TasksDeps) {
   type TaskRef = Pick<TaskRecord, 'tenant_id' | 'session_id' | 'id'>;
 
   async function move(t: TaskRef, changes: Partial<TaskRecord>, from: TaskStatus[]): Promise<TaskRecord | null> {
-    const moved = await store.tasks.update(t.tenant_id, t.session_id, t.id, { ...changes, updated_at: clock.now().toISOString() }, from);
-    if (moved) await emit(moved);
+    const { moved, told } = await moveTelling(t, changes, from);
+    await told;
     return moved;
+  }
+
+  /**
+   * A task's move, which answers once the store has it, with its `task.updated` asked for and not yet
+   * landed (`told`). A DAG's hop (a task starting, a task ending and what it releases) goes on at once:
+   * what it asks Redis for next follows the event in the log (appends keep the order they are asked in),
+   * and shares its round trip instead of waiting one out.
+   */
+  async function moveTelling(t: TaskRef, changes: Partial<TaskRecord>, from: TaskStatus[]): Promise<{ moved: TaskRecord | null; told: Promise<unknown> }> {
+    const moved = await store.tasks.update(t.tenant_id, t.session_id, t.id, { ...changes, updated_at: clock.now().toISOString() }, from);
+    return { moved, told: moved ? emit(moved) : Promise.resolve() };
   }
 
   /**
@@ -261,12 +272,18 @@ export function tasksOf(deps: TasksDeps) {
    */
   async function endTask(ref: TaskRef, outcome: Extract<TaskStatus, 'succeeded' | 'failed' | 'canceled'>, changes: Partial<TaskRecord>, session?: Session) {
     const change = await dag.complete(ref.session_id, ref.id, outcome);
-    await move(ref, { status: outcome, ...changes }, ['pending', 'queued', 'running', 'input_required']);
-    if (change && (change.ready.length || change.upstreamFailed.length)) {
-      const current = session ?? (await store.sessions.get(ref.tenant_id, ref.session_id));
-      if (current) await apply(current, change);
+    const { told } = await moveTelling(ref, { status: outcome, ...changes }, ['pending', 'queued', 'running', 'input_required']);
+    // what it releases starts without waiting for its event, which the log has before theirs; an event
+    // Redis refuses fails the end as before, once its dependents are on their way
+    try {
+      if (change && (change.ready.length || change.upstreamFailed.length)) {
+        const current = session ?? (await store.sessions.get(ref.tenant_id, ref.session_id));
+        if (current) await apply(current, change);
+      }
+      await deps.recount(ref.tenant_id, ref.session_id);
+    } finally {
+      await told;
     }
-    await deps.recount(ref.tenant_id, ref.session_id);
   }
 
   /** Cancels a task of an archived session, and what its end releases after it: nothing of it starts. */
@@ -414,10 +431,10 @@ export function tasksOf(deps: TasksDeps) {
   // queued and running count alike for the session's status: a start leaves it as it was
   async function onRunStarted(run: Run): Promise<void> {
     if (run.trigger.type !== 'task') return;
-    await move({ tenant_id: run.tenant_id, session_id: run.session_id, id: run.trigger.task_id }, { status: 'running', attempts: attemptOf(run) }, [
-      'queued',
-      'running',
-    ]);
+    const ref = { tenant_id: run.tenant_id, session_id: run.session_id, id: run.trigger.task_id };
+    const { told } = await moveTelling(ref, { status: 'running', attempts: attemptOf(run) }, ['queued', 'running']);
+    // the run's steps start once the store has the move: their events follow this one in the log
+    told.catch((err: unknown) => log.error({ err, run_id: run.id, task_id: ref.id }, "a task's move to running was stored but its event was not appended"));
   }
 
   async function onRunFinished(run: Run): Promise<void> {
