@@ -338,10 +338,11 @@ export function transitionsOf(deps: TransitionsDeps) {
       if (!started) return null;
       const queuedMs = Math.max(0, at.getTime() - new Date(run.attempts.at(-1)?.finished_at ?? run.created_at).getTime());
       metrics.runQueueWait.observe({ kind: run.kind }, queuedMs / 1000);
-      await Promise.all([
-        emitCommitted(started, { type: 'run.started', data: { kind: run.kind, attempt: run.attempt, budget: run.budget, queued_ms: queuedMs, sandbox } }),
-        runHooks(startHooks, started, 'run-started'),
-      ]);
+      // the event is asked for first, and not waited for: the attempt's steps, whose events follow it in the
+      // log, start once the hooks have what they write (a session task's move), not a round trip later. Like
+      // every event of a committed transition it is tried again until Redis takes it
+      void emitCommitted(started, { type: 'run.started', data: { kind: run.kind, attempt: run.attempt, budget: run.budget, queued_ms: queuedMs, sandbox } });
+      await runHooks(startHooks, started, 'run-started');
       return started;
     },
 
