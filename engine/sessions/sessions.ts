@@ -127,8 +127,10 @@ export function sessionsOf(deps: SessionsDeps) {
   /**
    * Every message of a session's log is written here: stored with the next seq, sent as a
    * `message.created` event on the trace, and given to the tasks waiting for input that it answers.
+   * A run's own post (`byRun`) goes on once the store has it and the tasks it answers have their runs,
+   * without waiting for its event to land: what the run appends next follows it in the log.
    */
-  async function append(session: Session, m: Omit<NewMessage, 'id' | 'tenant_id' | 'session_id' | 'created_at'>): Promise<MessageRecord> {
+  async function append(session: Session, m: Omit<NewMessage, 'id' | 'tenant_id' | 'session_id' | 'created_at'>, byRun = false): Promise<MessageRecord> {
     const message = await store.messages.append({
       ...m,
       id: newId('msg'),
@@ -136,7 +138,7 @@ export function sessionsOf(deps: SessionsDeps) {
       session_id: session.id,
       created_at: clock.now().toISOString(),
     });
-    await appendStored(session.id, {
+    const told = appendStored(session.id, {
       type: 'message.created',
       tenant_id: session.tenant_id,
       session_id: session.id,
@@ -144,6 +146,7 @@ export function sessionsOf(deps: SessionsDeps) {
       data: { role: message.role, text: textOf(message), message_id: message.id, seq: message.seq, from: message.from, to: message.to, kind: message.kind },
     });
     if (message.kind !== 'input_request') await tasks.answer(session, message);
+    if (!byRun) await told;
     return message;
   }
 
@@ -220,16 +223,20 @@ export function sessionsOf(deps: SessionsDeps) {
           const session = await mustBeLive(tenantId, sessionId);
           if (message.to && !(await store.agents.get(tenantId, sessionId, message.to)))
             throw new ToolError('invalid-args', `no agent ${message.to} in session ${sessionId}`);
-          const posted = await append(session, {
-            role: 'system',
-            from: null,
-            to: message.to ?? null,
-            kind: 'text',
-            parts: [{ type: 'text', text: message.text }],
-            task_id: null,
-            run_id: run.id,
-            in_reply_to: null,
-          });
+          const posted = await append(
+            session,
+            {
+              role: 'system',
+              from: null,
+              to: message.to ?? null,
+              kind: 'text',
+              parts: [{ type: 'text', text: message.text }],
+              task_id: null,
+              run_id: run.id,
+              in_reply_to: null,
+            },
+            true,
+          );
           return { id: posted.id, seq: posted.seq };
         },
       };
@@ -244,16 +251,20 @@ export function sessionsOf(deps: SessionsDeps) {
           const target = to === undefined ? null : agents.find((a) => a.id === to || a.name === to);
           if (to !== undefined && !target)
             throw new ToolError('invalid-args', `no agent ${to} in this session (${agents.map((a) => a.name).join(', ') || 'none'})`);
-          const posted = await append(session, {
-            role: 'agent',
-            from: agentId,
-            to: target?.id ?? null,
-            kind: kind ?? 'text',
-            parts: [{ type: 'text', text }],
-            task_id: taskId,
-            run_id: run.id,
-            in_reply_to: null,
-          });
+          const posted = await append(
+            session,
+            {
+              role: 'agent',
+              from: agentId,
+              to: target?.id ?? null,
+              kind: kind ?? 'text',
+              parts: [{ type: 'text', text }],
+              task_id: taskId,
+              run_id: run.id,
+              in_reply_to: null,
+            },
+            true,
+          );
           return { id: posted.id, seq: posted.seq };
         },
         inbox: async (afterSeq) => {
