@@ -4,7 +4,7 @@ import fs from 'node:fs/promises';
 import path from 'node:path';
 import { expect } from 'chai';
 import { ConflictError, jobIdOfRun } from '../../engine/platform/index.js';
-import { eventually, KEYS, scanKeys, startHarness, type Harness } from '../support/harness.js';
+import { eventually, KEYS, releasable, scanKeys, startHarness, type Harness } from '../support/harness.js';
 
 type Body = Record<string, any>;
 const TERMINAL = ['succeeded', 'failed', 'upstream_failed', 'canceled'];
@@ -177,13 +177,13 @@ describe('task DAG', function () {
     // twenty tasks for ten tenant slots: ten run, ten wait in line with a run each. A task ends once the
     // test makes its release file (in the workspace, its steps' folder), so none can end, and free its
     // slot for an eleventh, before the pause (a task that slept 0.6 s did on a busy machine)
-    const release = path.join(h.tenantDir(), 'release-held-tasks');
-    const tasks = Array.from({ length: 20 }, (_, i) => ({ id: `t${i}`, steps: sh('until [ -e release-held-tasks ]; do sleep 0.05; done') }));
+    const held = releasable(h, 'release-held-tasks');
+    const tasks = Array.from({ length: 20 }, (_, i) => ({ id: `t${i}`, steps: sh(held.command) }));
     expect((await h.call('POST', `/api/v1/sessions/${id}/tasks`, { body: { tasks } })).status).to.equal(201);
     await eventually(async () => ((await h.call<Body>('GET', `/api/v1/sessions/${id}`)).body.task_counts.running ?? 0) >= 10 || null, 'ten tasks running');
     expect((await h.call('PATCH', `/api/v1/sessions/${id}`, { body: { status: 'paused' } })).status).to.equal(200);
     const pausedAt = new Date().toISOString();
-    await fs.writeFile(release, '');
+    await held.release();
     // the ten first end; the ten others' runs, taken by the workers as slots free, are held at their start:
     // each job waits, delayed (the held jobs' own retry comes 5 s later)
     const queue = h.rt.queues.get('runs');
@@ -222,7 +222,7 @@ describe('task DAG', function () {
     expect(states, 'no held job still delayed once the resume has answered').not.to.include('delayed');
     const done = await settled(id, 20);
     expect(done.outcome).to.equal('succeeded');
-    await fs.rm(release);
+    await held.clear();
   });
 
   it('archiving cancels every run of the session, past the first page, and a cut-short archive is finished by the next DELETE', async () => {
@@ -283,15 +283,15 @@ describe('task DAG', function () {
     // the archive's cancels come late (a busy Redis): the run meets the archived session first. Its first
     // step ends only when a cancel is asked for (the session is archived by then), and the cancel goes on
     // only once the run has ended: a step that slept 1 s could end before the archive on a busy machine
-    const release = path.join(h.tenantDir(), 'release-archive-cut');
+    const cut = releasable(h, 'release-archive-cut');
     const cancel = h.rt.engine.runs.cancel.bind(h.rt.engine.runs);
     h.rt.engine.runs.cancel = async (...args: Parameters<typeof cancel>) => {
-      await fs.writeFile(release, '');
+      await cut.release();
       await eventually(async () => !['queued', 'running'].includes((await h.rt.store.runs.get(args[0], args[1]))?.status ?? ''), 'the cut run to end');
       return cancel(...args);
     };
     try {
-      const steps = [...sh('until [ -e release-archive-cut ]; do sleep 0.05; done'), { tool: 'message' as const, args: { text: 'after the wait' } }];
+      const steps = [...sh(cut.command), { tool: 'message' as const, args: { text: 'after the wait' } }];
       expect((await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, { body: { id: 'a', steps, max_attempts: 1 } })).status).to.equal(201);
       await eventually(async () => (await h.call<Body>('GET', `/api/v1/sessions/${id}`)).body.tasks[0].status === 'running', 'the task to start');
       expect((await h.call<Body>('DELETE', `/api/v1/sessions/${id}`)).status).to.equal(200);
@@ -299,7 +299,7 @@ describe('task DAG', function () {
       h.rt.engine.runs.cancel = cancel;
     }
     const s = await settled(id, 1);
-    await fs.rm(release);
+    await cut.clear();
     const run = (await h.call<Body>('GET', `/api/v1/runs/${s.tasks[0].run_ids[0]}`)).body;
     // the run itself failed (its message step was refused), yet its task and the session end canceled
     expect(run.status).to.equal('failed');
@@ -332,10 +332,10 @@ describe('task DAG', function () {
     const id = await session();
     const allowed = h.config.toolsAllowed as string[];
     // a's step ends once the test has taken shell off the list (a step that slept 1 s could end first on a busy machine)
-    const release = path.join(h.tenantDir(), 'release-policy-refuses');
+    const first = releasable(h, 'release-policy-refuses');
     const body = {
       tasks: [
-        { id: 'a', steps: sh('until [ -e release-policy-refuses ]; do sleep 0.05; done') },
+        { id: 'a', steps: sh(first.command) },
         { id: 'b', depends_on: ['a'], steps: sh('true') },
         { id: 'c', depends_on: ['b'], steps: [{ tool: 'message', args: { text: 'c' } }] },
         { id: 'd', depends_on: ['b'], trigger_rule: 'all_done', steps: [{ tool: 'message', args: { text: 'd' } }] },
@@ -350,7 +350,7 @@ describe('task DAG', function () {
     const at = allowed.indexOf('shell');
     allowed.splice(at, 1);
     try {
-      await fs.writeFile(release, '');
+      await first.release();
       const s = await settled(id, 4);
       expect(s.tasks.map((t: Body) => [t.id, t.status])).to.deep.equal([
         ['a', 'succeeded'],
@@ -363,7 +363,7 @@ describe('task DAG', function () {
       expect(s.outcome).to.equal('failed');
     } finally {
       allowed.splice(at, 0, 'shell');
-      await fs.rm(release, { force: true });
+      await first.clear();
     }
   });
 
@@ -538,9 +538,9 @@ describe('task DAG', function () {
   it('starts a task released while paused whose hold lands after a resume that listed the tasks before it', async () => {
     const id = await session();
     // a ends once the test lets it, after the pause (a step that slept 0.5 s could end before it on a busy machine)
-    const release = path.join(h.tenantDir(), 'release-held-b');
+    const a = releasable(h, 'release-held-b');
     const tasks = [
-      { id: 'a', steps: sh('until [ -e release-held-b ]; do sleep 0.05; done') },
+      { id: 'a', steps: sh(a.command) },
       { id: 'b', depends_on: ['a'], steps: sh('true') },
     ];
     expect((await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, { body: { tasks } })).status).to.equal(201);
@@ -560,7 +560,7 @@ describe('task DAG', function () {
     h.rt.engine.sessions.reconcile = async () => ({ finished: 0, started: 0 });
     try {
       try {
-        await fs.writeFile(release, '');
+        await a.release();
         await eventually(async () => resumed > 0, 'b to be held');
       } finally {
         h.rt.store.tasks.update = update;
@@ -575,7 +575,7 @@ describe('task DAG', function () {
       ]);
     } finally {
       h.rt.engine.sessions.reconcile = reconcile;
-      await fs.rm(release, { force: true });
+      await a.clear();
     }
   });
 

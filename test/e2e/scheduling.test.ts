@@ -1,11 +1,9 @@
 // Per-tenant concurrency, queued cancels, the reconciler, and runs whose worker dies.
 import { spawn } from 'node:child_process';
-import fs from 'node:fs/promises';
-import path from 'node:path';
 import { expect } from 'chai';
 import { newId } from '../../engine/platform/ids.js';
 import { runFixture } from '../integration/store-contract.js';
-import { eventually, KEYS, processesMatching, startHarness, type Harness } from '../support/harness.js';
+import { eventually, KEYS, processesMatching, releasable, startHarness, type Harness } from '../support/harness.js';
 
 type RunBody = Record<string, any>;
 const TERMINAL = ['succeeded', 'failed', 'canceled', 'timed_out'];
@@ -45,8 +43,8 @@ describe('scheduling', function () {
     try {
       // every run goes on until the test lets them end (in each tenant's workspace), so the first wave and
       // tenant B's run are seen running while A's backlog waits, however slowly the machine starts them
-      const release = (tenant: string) => fs.writeFile(path.join(h.tenantDir(tenant), 'release-scheduling'), '');
-      const slow = { steps: [{ tool: 'shell', args: { command: 'until [ -e release-scheduling ]; do sleep 0.05; done' } }] };
+      const wave = releasable(h, 'release-scheduling');
+      const slow = { steps: [{ tool: 'shell', args: { command: wave.command } }] };
       const a: string[] = [];
       for (let i = 0; i < 5; i++) a.push((await h.call('POST', '/api/v1/autonomy/run', { body: slow })).body.run_id);
       const b = (await h.call('POST', '/api/v1/autonomy/run', { body: slow, key: KEYS.b })).body.run_id;
@@ -64,8 +62,8 @@ describe('scheduling', function () {
         const { runs, running, other } = await look();
         return running === 2 && runs.filter((r) => r.status === 'queued').length === 3 && other.status === 'running';
       }, 'two of tenant A’s runs and tenant B’s to run');
-      await release('tenant-a');
-      await release('tenant-b');
+      await wave.release('tenant-a');
+      await wave.release('tenant-b');
       await eventually(async () => {
         const { runs, other } = await look();
         return runs.every((r) => TERMINAL.includes(r.status)) && TERMINAL.includes(other.status);
@@ -90,14 +88,14 @@ describe('scheduling', function () {
     try {
       // the first run holds the one slot until the test lets it end, after the cancel (a run that slept 1 s
       // could end first on a busy machine, and the second start)
-      const wait = 'until [ -e release-queued-cancel ]; do sleep 0.05; done';
-      const first = (await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: wait } }] } })).body.run_id;
+      const slot = releasable(h, 'release-queued-cancel');
+      const first = (await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: slot.command } }] } })).body.run_id;
       const second = (await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'true' } }] } })).body.run_id;
       const third = (await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'true' } }] } })).body.run_id;
       const cancel = await h.call('POST', `/api/v1/runs/${second}/cancel`);
       expect(cancel.status).to.equal(200);
       expect(cancel.body.status).to.equal('canceled');
-      await fs.writeFile(path.join(h.tenantDir(), 'release-queued-cancel'), '');
+      await slot.release();
       await eventually(async () => (await runStatus(h, third)).status === 'succeeded', 'the third run');
       expect((await runStatus(h, first)).status).to.equal('succeeded');
       expect((await runStatus(h, second)).steps[0].status).to.equal('pending');

@@ -1,11 +1,9 @@
 // Sessions: the record of every autonomy run, multi-agent sessions with agents and a durable message
 // log, pause and archive, the live trace through a real SSE client, and tenant isolation on every route.
-import fs from 'node:fs/promises';
-import path from 'node:path';
 import { expect } from 'chai';
 import { EventSource } from 'eventsource';
 import { FAKE_TOKEN, SMTP_USER, startFakeProviders, type FakeProviders } from '../support/fake-providers.js';
-import { eventually, finishedRun, heldTogether, KEYS, startHarness, type Harness } from '../support/harness.js';
+import { eventually, finishedRun, heldTogether, KEYS, releasable, startHarness, type Harness } from '../support/harness.js';
 
 type Body = Record<string, any>;
 
@@ -239,9 +237,9 @@ describe('sessions', function () {
     const s = await create({ title: 'busy' });
     // the task runs until the test lets it end (in the workspace, its step's folder): a task that slept 2 s
     // could end, and its session go idle, before the two requests on a busy machine
-    const release = path.join(h.tenantDir(), 'release-busy-session');
+    const busy = releasable(h, 'release-busy-session');
     await h.call('POST', `/api/v1/sessions/${s.id}/tasks`, {
-      body: { steps: [{ tool: 'shell', args: { command: 'until [ -e release-busy-session ]; do sleep 0.05; done' } }] },
+      body: { steps: [{ tool: 'shell', args: { command: busy.command } }] },
     });
     await eventually(async () => (await h.call<Body>('GET', `/api/v1/sessions/${s.id}`)).body.status === 'running' || null, 'the session to run');
     try {
@@ -252,10 +250,10 @@ describe('sessions', function () {
       const updates = (await h.rt.events.after(`session:${s.id}`, '0-0')).filter((e) => e.type === 'session.updated').map((e) => (e.data as Body).status);
       expect(updates).to.deep.equal(['idle', 'running']);
     } finally {
-      await fs.writeFile(release, '');
+      await busy.release();
     }
     await eventually(async () => (await h.call<Body>('GET', `/api/v1/sessions/${s.id}`)).body.status === 'idle' || null, 'the task to end');
-    await fs.rm(release);
+    await busy.clear();
   });
 
   it('holds a session to SERVICE_SESSION_MAX_TASKS tasks: a batch past it is one 422 and adds nothing', async () => {

@@ -187,6 +187,20 @@ export async function finishedRun(h: Harness, id: string, key = KEYS.a): Promise
 /** The keys matching a pattern, by SCAN: KEYS would hold the Redis every parallel spec file shares. */
 export { scanKeys };
 
+/**
+ * A step that runs until the test lets it end: `command` waits for a file `name` in the step's folder (a
+ * tenant's workspace), which `release` makes and `clear` removes. For a test that must act while a step
+ * still runs: a step that slept a fixed time could end first on a busy machine.
+ */
+export function releasable(h: Pick<Harness, 'tenantDir'>, name: string) {
+  const file = (tenant?: string) => path.join(h.tenantDir(tenant), name);
+  return {
+    command: `until [ -e ${name} ]; do sleep 0.05; done`,
+    release: (tenant?: string) => fs.writeFile(file(tenant), ''),
+    clear: (tenant?: string) => fs.rm(file(tenant), { force: true }),
+  };
+}
+
 export async function deleteRedisPrefix(prefix: string): Promise<void> {
   const redis = new Redis(testRedisUrl());
   try {
