@@ -83,7 +83,12 @@ describe('run session streams', function () {
     const steps = [1, 2, 3].map((i) => ({ tool: 'message', args: { text: `m${i}` } }));
     const { body } = await h.call('POST', '/api/v1/autonomy/run', { body: { steps } });
     const scope = `session:${body.session_id}`;
-    await eventually(async () => (await h.rt.events.after(scope, '0-0')).some((e) => e.type === 'run.finished'), 'the run to end');
+    // the session's outcome (its session.updated) follows run.finished: the log is whole once it is in
+    const ended = (log: { type: string }[]) => {
+      const finished = log.findIndex((e) => e.type === 'run.finished');
+      return finished >= 0 && log.slice(finished + 1).some((e) => e.type === 'session.updated');
+    };
+    await eventually(async () => ended(await h.rt.events.after(scope, '0-0')), 'the run to end and its session to take its outcome');
     const log = await h.rt.events.after(scope, '0-0');
     // the log trimmed to its last 3 events as a long session's is past EVENTS_KEPT (test/integration/event-log.test.ts):
     // the oldest go and the newest dropped is noted

@@ -18,6 +18,7 @@ describe('SSE streams', () => {
         asked();
         return new Promise((r) => setTimeout(() => r(null), 300)); // a slow round trip
       },
+      lastId: async () => null,
       subscribe: async () => {
         subscribed++;
         return { close() {} };
