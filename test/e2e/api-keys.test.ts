@@ -2,7 +2,7 @@
 // SERVICE_API_KEYS at start, and the CLI's keys list and revoke, all against the real store.
 import { spawnSync } from 'node:child_process';
 import { expect } from 'chai';
-import { builtCli } from '../support/built-cli.js';
+import { builtCli } from '../support/built.js';
 import { KEYS, sameDeployment, startHarness, type Harness } from '../support/harness.js';
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any

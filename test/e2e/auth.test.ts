@@ -1,6 +1,6 @@
 import { spawnSync } from 'node:child_process';
 import { expect } from 'chai';
-import { builtCli } from '../support/built-cli.js';
+import { builtCli } from '../support/built.js';
 import { KEYS, startHarness, type Harness } from '../support/harness.js';
 
 describe('authentication', () => {

@@ -12,7 +12,7 @@ import path from 'node:path';
 import { expect } from 'chai';
 import { startWebServer, type WebServer } from '../../api/server.js';
 import { PROJECT_ROOT } from '../../config/paths.js';
-import { builtCli, CLI } from '../support/built-cli.js';
+import { builtCli, CLI } from '../support/built.js';
 import { eventually, KEYS, startHarness, type Harness } from '../support/harness.js';
 
 type Result = { code: number | null; stdout: string; stderr: string };

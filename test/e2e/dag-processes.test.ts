@@ -5,6 +5,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import { expect } from 'chai';
+import { builtEntry } from '../support/built.js';
 import { eventually, startHarness, type Harness } from '../support/harness.js';
 
 type Body = Record<string, any>;
@@ -31,7 +32,7 @@ describe('task DAG across worker processes', function () {
   });
 
   const startWorker = () => {
-    const child = spawn(process.execPath, ['--import', 'tsx', 'workers/main.ts'], {
+    const child = spawn(process.execPath, [builtEntry('workers/main.ts')], {
       env: {
         ...process.env,
         REDIS_URL: h.config.redisUrl,

@@ -9,7 +9,7 @@ import { expect } from 'chai';
 import { GENESIS_HASH, publicKeyFromPem, readPack, signerOf, verifyEntries, verifyPack, type PackFiles, type PackJson } from '../../engine/evidence/index.js';
 import { smartGatesOf } from '../../engine/gates/index.js';
 import { newId } from '../../engine/platform/index.js';
-import { builtCli } from '../support/built-cli.js';
+import { builtCli } from '../support/built.js';
 import { eventually, finishedRun, KEYS, startHarness, type Harness } from '../support/harness.js';
 import * as sign from '../support/signers.js';
 import { GATES_YAML, makeProject, passed } from '../support/projects.js';

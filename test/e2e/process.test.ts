@@ -8,6 +8,7 @@ import net from 'node:net';
 import path from 'node:path';
 import { expect } from 'chai';
 import { startLocalRedis } from '../../engine/process/index.js';
+import { builtEntry } from '../support/built.js';
 import {
   deleteRedisPrefix,
   eventually,
@@ -23,7 +24,8 @@ import {
 
 type Proc = { child: ChildProcess; out: () => string; exited: Promise<{ code: number | null; ms: number }> };
 
-const start = (entry: string, env: Record<string, string>): Proc => spawnProc(process.execPath, ['--import', 'tsx', entry], env);
+/** A process of the service as the Procfile starts it: its built entry point (`api/main.ts`: dist/api/main.js). */
+const start = (entry: string, env: Record<string, string>): Proc => spawnProc(process.execPath, [builtEntry(entry)], env);
 
 function spawnProc(command: string, args: string[], env: Record<string, string>): Proc {
   const started = Date.now();
@@ -96,7 +98,7 @@ describe('processes', function () {
 
   it('prints readable log lines at a terminal outside production (pino-pretty), JSON lines otherwise; per-template lines are debug', async () => {
     // `script` gives the service a pseudo-terminal as its stdout
-    const cmd = [process.execPath, '--import', 'tsx', 'main.ts'].map((a) => `'${a}'`).join(' ');
+    const cmd = [process.execPath, builtEntry('main.ts')].map((a) => `'${a}'`).join(' ');
     const p = spawnProc('script', ['-qfec', cmd, '/dev/null'], env());
     procs.push(p);
     await waitFor(p, /listening on http:\/\/localhost:\d+/);

@@ -3,6 +3,7 @@ import { spawn } from 'node:child_process';
 import { expect } from 'chai';
 import { newId } from '../../engine/platform/ids.js';
 import { runFixture } from '../integration/store-contract.js';
+import { builtEntry } from '../support/built.js';
 import { eventually, KEYS, processesMatching, releasable, startHarness, type Harness } from '../support/harness.js';
 
 type RunBody = Record<string, any>;
@@ -131,7 +132,7 @@ describe('scheduling', function () {
     const stalled = 1;
     const h = await startHarness({ workers: false, env: { SERVICE_STALLED_INTERVAL_SECONDS: String(stalled) } });
     const env = workerEnv(h, { SERVICE_STALLED_INTERVAL_SECONDS: String(stalled) });
-    const worker = spawn(process.execPath, ['--import', 'tsx', 'workers/main.ts'], { env, detached: true, stdio: 'ignore' });
+    const worker = spawn(process.execPath, [builtEntry('workers/main.ts')], { env, detached: true, stdio: 'ignore' });
     let second: ReturnType<typeof spawn> | undefined;
     try {
       const start = async () =>
@@ -144,7 +145,7 @@ describe('scheduling', function () {
       const killedAt = Date.now();
       // a cancel asked for while no worker runs it: the run ends canceled, not lost, and is not retried
       expect((await h.call('POST', `/api/v1/runs/${canceledId}/cancel`)).status).to.equal(202);
-      second = spawn(process.execPath, ['--import', 'tsx', 'workers/main.ts'], { env, detached: true, stdio: 'ignore' });
+      second = spawn(process.execPath, [builtEntry('workers/main.ts')], { env, detached: true, stdio: 'ignore' });
       const ended = async (runId: string) =>
         eventually(
           async () => {
@@ -179,7 +180,7 @@ describe('scheduling', function () {
   it('puts a run back in the queue when its worker is stopped by a deploy (SIGTERM): its steps are killed, another worker runs it as attempt 2', async () => {
     const h = await startHarness({ workers: false });
     const env = workerEnv(h, { SERVICE_SHUTDOWN_GRACE_SECONDS: '4' });
-    const spawnWorker = () => spawn(process.execPath, ['--import', 'tsx', 'workers/main.ts'], { env, detached: true, stdio: ['ignore', 'ignore', 'pipe'] });
+    const spawnWorker = () => spawn(process.execPath, [builtEntry('workers/main.ts')], { env, detached: true, stdio: ['ignore', 'ignore', 'pipe'] });
     const first = spawnWorker();
     let second: ReturnType<typeof spawn> | undefined;
     try {

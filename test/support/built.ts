@@ -1,0 +1,43 @@
+// The service and its command-line tool as they ship (dist/: what the Procfile and `npx automation-service`
+// run): child processes start them without compiling TypeScript, which on two busy cores cost seconds of
+// CPU a process.
+import { spawnSync } from 'node:child_process';
+import fs from 'node:fs';
+import path from 'node:path';
+import { PROJECT_ROOT } from '../../config/paths.js';
+
+export const CLI = path.join(PROJECT_ROOT, 'dist', 'cli', 'main.js');
+
+/** What tsconfig.build.json compiles into dist/. */
+const SOURCES = ['main.ts', 'api', 'engine', 'workers', 'config', 'cli'];
+let checked = false;
+
+/** True when a source file changed after the last build wrote dist/ (or there was none). */
+function stale(): boolean {
+  const info = path.join(PROJECT_ROOT, 'dist', '.tsbuildinfo');
+  if (!fs.existsSync(info)) return true;
+  const builtAt = fs.statSync(info).mtimeMs;
+  const newer = (p: string): boolean => {
+    const st = fs.statSync(p);
+    if (st.isDirectory()) return fs.readdirSync(p).some((name) => newer(path.join(p, name)));
+    return p.endsWith('.ts') && st.mtimeMs > builtAt;
+  };
+  return SOURCES.some((s) => newer(path.join(PROJECT_ROOT, s)));
+}
+
+/**
+ * The built file of a source entry point (`workers/main.ts`: dist/workers/main.js). dist/ is checked
+ * against the sources once a test process: `npm test` builds it first (pretest); a single file's run
+ * after an edit builds it here, rather than test what the edit left behind.
+ */
+export function builtEntry(entry: string): string {
+  if (!checked) {
+    if (stale() && spawnSync(process.execPath, ['scripts/ensure-build.mjs'], { cwd: PROJECT_ROOT, stdio: 'inherit' }).status !== 0)
+      throw new Error('dist/ could not be built (scripts/ensure-build.mjs)');
+    checked = true;
+  }
+  return path.join(PROJECT_ROOT, 'dist', entry.replace(/\.ts$/, '.js'));
+}
+
+/** The built command-line tool's path. */
+export const builtCli = () => builtEntry('cli/main.ts');
