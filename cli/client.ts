@@ -15,6 +15,9 @@ export class CliError extends Error {
   }
 }
 
+/** A mistake in the command's own input found past commander's parsing (`gates run`'s folder, say): exit 2. */
+export class UsageError extends Error {}
+
 export type Problem = { title?: string; detail?: string; code?: string; status?: number; errors?: { path?: string; message?: string }[] };
 
 /** An answer of the service other than 2xx. A 429 (too many requests) is the service's load, not the command's mistake: 5, as a 5xx. */

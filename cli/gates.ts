@@ -19,6 +19,7 @@ import { createLogger, loadKeyBytes, newId, systemClock, type GateResult, type G
 import { tenantRootPath } from '../engine/runs/index.js';
 import { openStore } from '../engine/store/index.js';
 import { openSandbox } from '../engine/tools/index.js';
+import { UsageError } from './client.js';
 
 const MARK: Record<GateResult['conclusion'], string> = {
   success: 'ok  ',
@@ -28,8 +29,6 @@ const MARK: Record<GateResult['conclusion'], string> = {
   skipped: 'skip',
   timed_out: 'TIME',
 };
-
-export class UsageError extends Error {}
 
 /** Runs the gates of a workspace; the exit code is 1 when a required gate does not pass. */
 export type GatesRunOptions = { workspace?: string; only?: string[]; json?: boolean; record?: boolean; tenant?: string };

@@ -1,15 +1,14 @@
 // The commands of automation-service. Client commands call a running service (--url/SERVICE_URL,
-// --key/SERVICE_API_KEY); `keys create` and `gates run|verify` work locally. Built on commander: no
+// --key/SERVICE_API_KEY); `keys` and `gates run|verify` work locally, and load the service's modules
+// (its configuration, store, sandbox) only when they run, so a client command starts fast. Built on commander: no
 // dependencies of its own, nested commands with generated --help for each, and the most used parser of
 // its kind, so its behaviour is what people already know.
 import { createHash } from 'node:crypto';
 import { Command, Option } from 'commander';
-import { loadClientEnv, loadConfig, TENANT_ID_PATTERN } from '../config/env.js';
-import { apiKeysOf, type ApiKeys } from '../engine/auth/index.js';
-import { systemClock, createLogger } from '../engine/platform/index.js';
-import { openStore, type Store } from '../engine/store/index.js';
+import { loadClientEnv, TENANT_ID_PATTERN } from '../config/client-env.js';
+import type { ApiKeys } from '../engine/auth/index.js';
+import type { Store } from '../engine/store/index.js';
 import { ApiClient, CliError, DEFAULT_IDLE_MS, DEFAULT_REQUEST_TIMEOUT_MS, EXIT } from './client.js';
-import { gatesRun, gatesVerify } from './gates.js';
 import { outputOf, seconds, type Output } from './output.js';
 import { printRun, printRuns, usage, watchRun } from './runs.js';
 
@@ -483,6 +482,12 @@ Examples:
   /** The service's store and its key manager, for one command. */
   const withKeys = async <T>(tenant: string, fn: (apiKeys: ApiKeys, store: Store) => Promise<T>): Promise<T> => {
     if (!TENANT_ID_PATTERN.test(tenant)) throw usage('--tenant: letters, digits, _ or -, at most 64');
+    const [{ loadConfig }, { apiKeysOf }, { systemClock, createLogger }, { openStore }] = await Promise.all([
+      import('../config/env.js'),
+      import('../engine/auth/index.js'),
+      import('../engine/platform/index.js'),
+      import('../engine/store/index.js'),
+    ]);
     const config = loadConfig();
     const store = await openStore({ mongodbUri: config.mongodbUri, dataDir: config.dataDir });
     try {
@@ -564,6 +569,7 @@ Examples:
     .option('--json', 'print the results as JSON')
     .addHelpText('after', examples('automation-service gates run', 'automation-service gates run --workspace ../api --only test --record --tenant acme'))
     .action(async function (this: Command, opts) {
+      const { gatesRun } = await import('./gates.js');
       process.exitCode = await gatesRun(opts, (t) => void process.stdout.write(t));
     });
   gates
@@ -576,6 +582,7 @@ Examples:
     .option('--json', 'print the verdict as JSON')
     .addHelpText('after', examples('automation-service gates verify evidence.tar --key 3f9a0c1d2e4b5a69 --tenant acme'))
     .action(async (pack: string, opts: { key?: string; tenant?: string; json?: boolean }) => {
+      const { gatesVerify } = await import('./gates.js');
       process.exitCode = await gatesVerify(pack, opts, (t) => void process.stdout.write(t));
     });
   return program;

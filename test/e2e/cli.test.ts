@@ -2,12 +2,14 @@
 // against a real service: exit codes by run status, output in order, a web restart mid-run that neither
 // loses nor repeats a line, a wrong key, Ctrl-C that cancels, and --json that parses. Also: the built
 // entry points import production dependencies only; and, against stub servers, a stream that goes silent,
-// Ctrl-C twice at a terminal, and usage errors that need no service.
+// Ctrl-C twice at a terminal, usage errors that need no service, and a client command that loads none of
+// the service's modules.
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { builtinModules } from 'node:module';
+import os from 'node:os';
 import path from 'node:path';
 import { expect } from 'chai';
 import { startWebServer, type WebServer } from '../../api/server.js';
@@ -378,5 +380,42 @@ describe('the command-line tool (built) against stub servers', function () {
     expect(ftp.stderr).to.contain('must start with http:// or https://');
     expect(input.code, input.stderr).to.equal(2);
     expect(input.stderr).to.contain('--input takes name=value, got "noequals"');
+  });
+
+  it('loads none of the service’s own modules for --help or a client command; `keys` loads its store when it runs', async () => {
+    // what a command loaded, from the CommonJS module cache at exit: the Redis client, the queue, the
+    // stores' drivers and the logger are CommonJS packages, and a client command loads none of them
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'cli-loads-'));
+    try {
+      const probe = path.join(dir, 'probe.cjs');
+      fs.writeFileSync(probe, `process.on('exit', () => require('fs').writeFileSync(process.env.LOADED_TO, Object.keys(require.cache).join('\\n')));`);
+      const loaded = async (args: string[], env: Record<string, string> = {}) => {
+        const to = path.join(dir, `loaded-${args[0]}`);
+        const child = spawn(process.execPath, ['--require', probe, CLI, ...args], {
+          env: { PATH: process.env.PATH ?? '', LOADED_TO: to, ...env },
+          stdio: ['ignore', 'ignore', 'pipe'],
+        });
+        await new Promise((resolve) => child.on('close', resolve));
+        const packages = fs
+          .readFileSync(to, 'utf8')
+          .split('\n')
+          .map((f) => /node_modules\/((?:@[^/]+\/)?[^/]+)\//.exec(f)?.[1])
+          .filter(Boolean);
+        return new Set(packages);
+      };
+      const heavy = ['ioredis', 'bullmq', 'better-sqlite3', 'mongoose', 'pino'];
+      for (const args of [['--help'], ['runs', 'list', '--url', 'http://127.0.0.1:1']]) {
+        const packages = await loaded(args);
+        expect(packages.has('commander'), args.join(' ')).to.equal(true);
+        expect(
+          heavy.filter((p) => packages.has(p)),
+          args.join(' '),
+        ).to.deep.equal([]);
+      }
+      const keys = await loaded(['keys', 'list', '--tenant', 'acme'], { SERVICE_DATA_DIR: path.join(dir, 'data') });
+      expect(['better-sqlite3', 'pino'].filter((p) => keys.has(p))).to.deep.equal(['better-sqlite3', 'pino']);
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
   });
 });
