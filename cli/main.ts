@@ -2,7 +2,7 @@
 // automation-service: the command-line tool for CI and operators (the commands are in program.ts). Every
 // error ends in one line on stderr and the exit code CI scripts rely on.
 import { CommanderError } from 'commander';
-import { ConfigError } from '../config/client-env.js';
+import { ConfigError } from '../config/env.js';
 import { ApiError, CliError, EXIT, UsageError } from './client.js';
 import { buildProgram } from './program.js';
 

@@ -1,11 +1,11 @@
 // The commands of automation-service. Client commands call a running service (--url/SERVICE_URL,
-// --key/SERVICE_API_KEY); `keys` and `gates run|verify` work locally, and load the service's modules
-// (its configuration, store, sandbox) only when they run, so a client command starts fast. Built on commander: no
+// --key/SERVICE_API_KEY); `keys` and `gates run|verify` work locally, and load the service's modules (its
+// store, sandbox, gates) only when they run, so a client command starts fast. Built on commander: no
 // dependencies of its own, nested commands with generated --help for each, and the most used parser of
 // its kind, so its behaviour is what people already know.
 import { createHash } from 'node:crypto';
 import { Command, Option } from 'commander';
-import { loadClientEnv, TENANT_ID_PATTERN } from '../config/client-env.js';
+import { loadClientEnv, loadConfig, TENANT_ID_PATTERN } from '../config/env.js';
 import type { ApiKeys } from '../engine/auth/index.js';
 import type { Store } from '../engine/store/index.js';
 import { ApiClient, CliError, DEFAULT_IDLE_MS, DEFAULT_REQUEST_TIMEOUT_MS, EXIT } from './client.js';
@@ -482,8 +482,7 @@ Examples:
   /** The service's store and its key manager, for one command. */
   const withKeys = async <T>(tenant: string, fn: (apiKeys: ApiKeys, store: Store) => Promise<T>): Promise<T> => {
     if (!TENANT_ID_PATTERN.test(tenant)) throw usage('--tenant: letters, digits, _ or -, at most 64');
-    const [{ loadConfig }, { apiKeysOf }, { systemClock, createLogger }, { openStore }] = await Promise.all([
-      import('../config/env.js'),
+    const [{ apiKeysOf }, { systemClock, createLogger }, { openStore }] = await Promise.all([
       import('../engine/auth/index.js'),
       import('../engine/platform/index.js'),
       import('../engine/store/index.js'),

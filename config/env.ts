@@ -1,14 +1,11 @@
-// With client-env.ts (what the command-line tool reads before it knows its command), the only reader of
-// process.env. Parses every variable once, at start, into a typed Config; a bad environment throws one
-// ConfigError that names every bad variable.
+// The only reader of process.env. Parses every variable once, at start, into a typed Config;
+// a bad environment throws one ConfigError that names every bad variable. The command-line tool reads it
+// before it knows its command, so it imports only small modules (the Redis URL's parser is apart from the Redis client).
 import path from 'node:path';
 import { z } from 'zod';
-import { ConfigError, TENANT_ID_PATTERN } from './client-env.js';
 import { TOOL_NAMES, type ToolName } from '../engine/platform/records.js';
-import { hasHashTag, parseRedisUrl } from '../engine/platform/redis.js';
+import { hasHashTag, parseRedisUrl } from '../engine/platform/redis-url.js';
 import { publicKeyFromText } from '../engine/evidence/keys.js';
-
-export { ConfigError, TENANT_ID_PATTERN };
 
 export type ApiKeySeed = { tenantId: string; key: string };
 
@@ -120,6 +117,14 @@ export type SandboxLimits = { cpuSeconds: number; memoryMb: number; processes: n
 
 const CHILD_ENV_NAMES = ['PATH', 'HOME', 'LANG', 'LANGUAGE', 'TZ', 'TERM', 'SHELL', 'USER', 'LOGNAME', 'TMPDIR'];
 
+export class ConfigError extends Error {
+  constructor(readonly problems: string[]) {
+    super(`invalid environment:\n${problems.map((p) => `  - ${p}`).join('\n')}`);
+    this.name = 'ConfigError';
+  }
+}
+
+export const TENANT_ID_PATTERN = /^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$/;
 /** The longest a notification may wait, over all its tries, before its last one. */
 export const NOTIFY_WAIT_MAX_MS = 7 * 86_400_000;
 const TRUE = new Set(['1', 'true', 'yes', 'on']);
@@ -514,4 +519,36 @@ export function loadConfig(): Config {
 /** A variable of this process's environment, for the CLI's `gates run` (a gate names what it needs). */
 export function environmentValue(name: string): string | undefined {
   return process.env[name];
+}
+
+/** What the command-line tool's client commands read from the environment. */
+export type ClientEnv = {
+  /** SERVICE_URL, default http://localhost:8080 */
+  url: string | undefined;
+  /** SERVICE_API_KEY */
+  key: string | undefined;
+  /** NO_COLOR set (to anything): never colour */
+  noColor: boolean;
+  /** the CI job this runs in, when a known CI's variables say so: the base of a default Idempotency-Key */
+  ciJob: string | undefined;
+};
+
+/** The CI job's identity: GitHub Actions, GitLab CI, CircleCI, Buildkite; a re-run of the job is a new one. */
+function ciJobOf(env: Record<string, string | undefined>): string | undefined {
+  if (env.GITHUB_ACTIONS === 'true' && env.GITHUB_RUN_ID)
+    return `github-${env.GITHUB_REPOSITORY ?? ''}-${env.GITHUB_RUN_ID}-${env.GITHUB_RUN_ATTEMPT ?? '1'}-${env.GITHUB_JOB ?? ''}`;
+  if (env.GITLAB_CI === 'true' && env.CI_JOB_ID) return `gitlab-${env.CI_PROJECT_ID ?? ''}-${env.CI_JOB_ID}`;
+  if (env.CIRCLECI === 'true' && (env.CIRCLE_WORKFLOW_JOB_ID || env.CIRCLE_BUILD_NUM))
+    return `circleci-${env.CIRCLE_WORKFLOW_JOB_ID ?? `${env.CIRCLE_PROJECT_REPONAME ?? ''}-${env.CIRCLE_BUILD_NUM}`}`;
+  if (env.BUILDKITE === 'true' && env.BUILDKITE_JOB_ID) return `buildkite-${env.BUILDKITE_JOB_ID}`;
+  return undefined;
+}
+
+export function loadClientEnv(env: Record<string, string | undefined> = process.env): ClientEnv {
+  return {
+    url: env.SERVICE_URL?.trim() || undefined,
+    key: env.SERVICE_API_KEY?.trim() || undefined,
+    noColor: env.NO_COLOR !== undefined && env.NO_COLOR !== '',
+    ciJob: ciJobOf(env),
+  };
 }

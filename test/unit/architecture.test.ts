@@ -101,7 +101,7 @@ describe('architecture', function () {
     expect(writers).to.deep.equal(['engine/runs/transitions.ts']);
   });
 
-  it('keeps process.env inside config/: the service’s env.ts and the command-line tool’s client-env.ts', async () => {
+  it('keeps process.env inside config/env.ts', async () => {
     const { execFileSync } = await import('node:child_process');
     let hits = '';
     try {
@@ -109,6 +109,6 @@ describe('architecture', function () {
     } catch {
       hits = ''; // grep exits 1 when nothing matches
     }
-    expect(hits.trim().split('\n').filter(Boolean).sort()).to.deep.equal(['config/client-env.ts', 'config/env.ts']);
+    expect(hits.trim().split('\n').filter(Boolean)).to.deep.equal(['config/env.ts']);
   });
 });
