@@ -1,6 +1,7 @@
 // The only reader of process.env. Parses every variable once, at start, into a typed Config;
 // a bad environment throws one ConfigError that names every bad variable. The command-line tool reads it
-// before it knows its command, so it imports only small modules (the Redis URL's parser is apart from the Redis client).
+// before it knows its command, so it imports nothing of the service's runtime (no Redis client: the URL's
+// parser is apart).
 import path from 'node:path';
 import { z } from 'zod';
 import { TOOL_NAMES, type ToolName } from '../engine/platform/records.js';

@@ -13,6 +13,7 @@ export * from './log.js';
 export * from './metrics.js';
 export * from './queues.js';
 export * from './redis.js';
+export * from './redis-url.js';
 export * from './redis-batch.js';
 export * from './secret-box.js';
 export * from './stats.js';

@@ -6,7 +6,6 @@ import type { Logger } from './log.js';
 import { parseRedisUrl, type RedisTarget } from './redis-url.js';
 
 export type { Redis };
-export { hasHashTag, parseRedisUrl, type RedisTarget } from './redis-url.js';
 
 function optionsOf(t: RedisTarget, extra: RedisOptions): RedisOptions {
   return {
