@@ -125,11 +125,12 @@ describe('run lifecycle', function () {
     expect(second).to.deep.include({ status: 'succeeded', rerun_of: id, workspace: '.' });
     expect(second.trigger).to.deep.include({ type: 'rerun', run_id: id });
     expect(second.steps[0].output.stdout).to.equal('again\n');
-    expect((await h.call<Body>('GET', `/api/v1/sessions/${second.session_id}`)).body).to.deep.include({
-      kind: 'autonomy',
-      status: 'idle',
-      outcome: 'succeeded',
-    });
+    // the session takes the run's outcome in a write of its own, after the run's end
+    const session = await eventually(async () => {
+      const s = (await h.call<Body>('GET', `/api/v1/sessions/${second.session_id}`)).body;
+      return s.outcome ? s : null;
+    }, 'the rerun’s session to take its outcome');
+    expect(session).to.deep.include({ kind: 'autonomy', status: 'idle', outcome: 'succeeded' });
     const slow = await start({ steps: [{ tool: 'shell', args: { command: 'sleep 3' } }] });
     expect((await h.call('POST', `/api/v1/runs/${slow}/rerun`)).status).to.equal(409);
     expect((await h.call('POST', `/api/v1/runs/${id}/rerun`, { key: KEYS.b })).status).to.equal(404);

@@ -143,7 +143,9 @@ describe('processes', function () {
     const { run_id } = (await run.json()) as { run_id: string };
     const scrape = (key: string | null) => fetch(`${metricsUrl}/metrics`, { headers: key ? { authorization: `Bearer ${key}` } : {} });
     let text = '';
-    for (const until = Date.now() + 15_000; Date.now() < until && !/automation_runs_finished_total\{/.test(text);) {
+    // the run's end is counted before its job is moved to failed (a few round trips later): scraped until both are in
+    const settled = (t: string) => /automation_runs_finished_total\{/.test(t) && /^automation_queue_jobs\{queue="runs",state="failed"\} [1-9]/m.test(t);
+    for (const until = Date.now() + 15_000; Date.now() < until && !settled(text);) {
       await new Promise((r) => setTimeout(r, 100));
       text = await (await scrape(KEYS.admin)).text();
     }

@@ -294,7 +294,13 @@ describe('agents of a session', function () {
           { id: 'noise', agent_id: chatty.id, steps: [{ tool: 'message', args: { text: 'Build is green.' } }] },
         ],
       });
-      const s = await sessionWhen(h, session, (x) => x.tasks.filter((t: Body) => t.status === 'succeeded').length === 2, 'the two posts');
+      // the session's status is written after its tasks' (its recount follows each task's end): read once it has moved on
+      const s = await sessionWhen(
+        h,
+        session,
+        (x) => x.tasks.filter((t: Body) => t.status === 'succeeded').length === 2 && x.status !== 'running',
+        'the two posts, and the session after them',
+      );
       const log = (await h.call<Body>('GET', `/api/v1/sessions/${session}/messages`)).body.data;
       expect(log.find((m: Body) => m.parts[0].text === 'Yes, deploy.')).to.deep.include({ role: 'agent', from: deployer.id });
       await new Promise((r) => setTimeout(r, 300));

@@ -71,7 +71,12 @@ describe('run session streams', function () {
     // a reconnect from the end (run.finished, or what followed it: the session's outcome) is a 204,
     // which stops EventSource, not a stream held open for good
     const url = `${h.url}/api/v1/autonomy/streaming/${body.session_id}/events`;
-    const log = await h.rt.events.after(`session:${body.session_id}`, '0-0');
+    // the session's outcome (its session.updated) is appended after run.finished, by a write of its own
+    const log = await eventually(async () => {
+      const events = await h.rt.events.after(`session:${body.session_id}`, '0-0');
+      const finished = events.findIndex((e) => e.type === 'run.finished');
+      return finished >= 0 && events.slice(finished + 1).some((e) => e.type === 'session.updated') ? events : null;
+    }, 'the session to take its outcome');
     for (const after of [ids.at(-1)!, log.at(-1)!.id]) {
       const res = await fetch(url, { headers: { authorization: `Bearer ${KEYS.a}`, 'last-event-id': after }, signal: AbortSignal.timeout(5000) });
       expect(res.status, after).to.equal(204);
