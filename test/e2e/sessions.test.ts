@@ -24,11 +24,18 @@ describe('sessions', function () {
   };
 
   it('records a session for every autonomy run: running while it runs, idle with the run’s outcome after', async () => {
-    const res = await h.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'sleep 0.5' } }] } });
+    // the run goes on until the test lets it end: a slow machine's GET still finds it running
+    const hold = releasable(h, 'release-session-record');
+    const res = await h.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: hold.command } }] } });
     const sessionId = res.body.session_id;
-    const during = await h.call<Body>('GET', `/api/v1/sessions/${sessionId}`);
-    expect(during.body).to.deep.include({ kind: 'autonomy', status: 'running', outcome: null, title: '1 step' });
-    await finishedRun(h, res.body.run_id);
+    try {
+      const during = await h.call<Body>('GET', `/api/v1/sessions/${sessionId}`);
+      expect(during.body).to.deep.include({ kind: 'autonomy', status: 'running', outcome: null, title: '1 step' });
+      await hold.release();
+      await finishedRun(h, res.body.run_id);
+    } finally {
+      await hold.clear();
+    }
     const done = await eventually(async () => {
       const s = (await h.call<Body>('GET', `/api/v1/sessions/${sessionId}`)).body;
       return s.status === 'idle' ? s : null;
