@@ -534,7 +534,8 @@ export function tasksOf(deps: TasksDeps) {
         tenant_id: session.tenant_id,
         session_id: session.id,
         title: t.title ?? null,
-        goal: t.goal ?? null,
+        // a goal of blanks is none, as a run's is (its agent would be asked for nothing and the run refused)
+        goal: t.goal?.trim() ? t.goal : null,
         steps: t.steps?.length ? t.steps.map((s) => ({ ...s, args: s.args ?? {} })) : null,
         agent_id: t.agent_id ?? null,
         depends_on: t.depends_on ?? [],

@@ -414,6 +414,10 @@ describe('task DAG', function () {
     expect(messages).to.include('a task cannot depend on itself');
     expect(messages).to.include('no agent agt_01m00000000000000000000000 in this session');
     expect(messages.some((m: string) => m.startsWith('the dependencies form a cycle'))).to.equal(true);
+    // a goal of blanks is no goal, as a run's is: refused here, not stored to fail when its agent is asked
+    const blank = await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, { body: { tasks: [{ id: 'blank', goal: ' \n\t ' }] } });
+    expect(blank.status, blank.text).to.equal(422);
+    expect(blank.body.errors).to.deep.equal([{ path: '/body/tasks/0', message: 'give the work to do: steps, or a goal for its agent' }]);
     expect((await h.call<Body>('GET', `/api/v1/sessions/${id}/tasks`)).body.data).to.deep.equal([]);
     expect((await h.call('GET', `/api/v1/sessions/${id}/tasks`, { key: KEYS.b })).status).to.equal(404);
     expect((await h.call('POST', `/api/v1/sessions/${id}/tasks`, { key: KEYS.b, body: { steps: sh('true') } })).status).to.equal(404);
