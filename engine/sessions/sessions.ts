@@ -35,6 +35,9 @@ export type SessionsDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'events' |
 
 const LIVE: SessionStatus[] = ['idle', 'running', 'waiting', 'paused'];
 
+/** How many writes one recount makes at most before it leaves the session to the next recount (or the reconciler). */
+const RECOUNT_TRIES = 5;
+
 /** Runs made through the autonomy routes have a session of their own. */
 const hasRunSession = (run: Run): run is Run & { kind: 'autonomy' | 'vibe' } => run.kind === 'autonomy' || run.kind === 'vibe';
 
@@ -81,15 +84,25 @@ export function sessionsOf(deps: SessionsDeps) {
     return updated;
   }
 
-  /** A multi-agent session's status and outcome follow its tasks. */
+  /**
+   * A multi-agent session's status and outcome follow its tasks. Its write is conditional on the status it
+   * read, not on the counts: a recount whose counts were read before another change of the tasks (one
+   * added, one ended) can land after that change's own recount, which found nothing to write, and leave
+   * the session idle with a task running. So a recount that wrote reads again, until what it reads is what
+   * the session says (every change of the tasks is followed by a recount of its own, so the last write is
+   * always checked against the counts after it).
+   */
   async function recount(tenantId: string, sessionId: string): Promise<void> {
-    const s = await store.sessions.get(tenantId, sessionId);
-    if (!s || s.kind !== 'multi_agent') return;
-    const counts = await store.tasks.counts(tenantId, sessionId);
-    const counted = tasks.statusOf(s, counts);
-    // an archived session stays archived and gets its outcome once every task has ended
-    const next = s.status === 'archived' ? { status: s.status, outcome: counted.outcome } : counted;
-    if (next.status !== s.status || next.outcome !== s.outcome) await change(tenantId, sessionId, next, [s.status]);
+    for (let i = 0; i < RECOUNT_TRIES; i++) {
+      const s = await store.sessions.get(tenantId, sessionId);
+      if (!s || s.kind !== 'multi_agent') return;
+      const counts = await store.tasks.counts(tenantId, sessionId);
+      const counted = tasks.statusOf(s, counts);
+      // an archived session stays archived and gets its outcome once every task has ended
+      const next = s.status === 'archived' ? { status: s.status, outcome: counted.outcome } : counted;
+      if (next.status === s.status && next.outcome === s.outcome) return;
+      await change(tenantId, sessionId, next, [s.status]);
+    }
   }
 
   const tasks = tasksOf({ ...deps, dag: dagStateOf(deps.redis, deps.queues.prefix), recount });

@@ -583,6 +583,48 @@ describe('task DAG', function () {
     }
   });
 
+  it('keeps the session running while a task runs when the recount of a task that ended read its counts before the next task was added', async () => {
+    const id = await session();
+    const first = releasable(h, 'release-recount-first');
+    const second = releasable(h, 'release-recount-second');
+    const status = async () => (await h.call<Body>('GET', `/api/v1/sessions/${id}`)).body;
+    const counts = h.rt.store.tasks.counts;
+    try {
+      expect((await h.call('POST', `/api/v1/sessions/${id}/tasks`, { body: { id: 't1', steps: sh(first.command) } })).status).to.equal(201);
+      await eventually(async () => (await status()).tasks[0].status === 'running', 't1 to run');
+      // the recount of t1's end reads its counts (t1 ended, nothing else) and is held there; t2 is added and
+      // runs meanwhile, and its own recount finds the session running: nothing to write
+      let hold!: () => void;
+      const held = new Promise<void>((resolve) => (hold = resolve));
+      let armed = true;
+      h.rt.store.tasks.counts = async (...args: Parameters<typeof counts>) => {
+        const read = await counts.apply(h.rt.store.tasks, args);
+        if (armed && read.succeeded === 1 && !read.queued && !read.running && !read.pending) {
+          armed = false;
+          await held;
+        }
+        return read;
+      };
+      await first.release();
+      await eventually(() => !armed, 't1’s recount to read its counts');
+      expect((await h.call('POST', `/api/v1/sessions/${id}/tasks`, { body: { id: 't2', steps: sh(second.command) } })).status).to.equal(201);
+      await eventually(async () => (await status()).tasks.find((t: Body) => t.id === 't2').status === 'running', 't2 to run');
+      hold();
+      // the held recount writes what it read (idle, succeeded), then reads again: t2 runs, so running again
+      const s = await eventually(async () => {
+        const now = await status();
+        return now.status === 'running' && now.outcome === null ? now : null;
+      }, 'the session to say it runs while t2 runs');
+      expect(s.task_counts).to.deep.include({ running: 1, succeeded: 1 });
+      await second.release();
+      expect((await settled(id, 2)).outcome).to.equal('succeeded');
+    } finally {
+      h.rt.store.tasks.counts = counts;
+      await first.clear();
+      await second.clear();
+    }
+  });
+
   it('goes on after Redis loses the DAG’s state: a task that ends releases its dependents, and a task added later sees what ended before', async () => {
     const id = await session();
     const forget = async () => {
