@@ -779,7 +779,8 @@ export interface paths {
          *     cycle, an unknown agent, more tasks than a session holds (SERVICE_SESSION_MAX_TASKS, 10,000 unless set). A task starts when its dependencies allow (`all_success`: every one succeeded;
          *     `all_done`: every one ended); when one fails after its attempts, its `all_success` dependents end
          *     `upstream_failed`, and independent branches go on. A task's run (kind `session_task`) gets the
-         *     outputs of its dependencies as `inputs.upstream`.
+         *     outputs of its dependencies as `inputs.upstream`. An archived session takes no task (409), nor one
+         *     archived while the request adds them: the archive's outcome stands.
          */
         post: operations["addSessionTasks"];
         delete?: never;

@@ -576,7 +576,10 @@ export function tasksOf(deps: TasksDeps) {
         allowlistOf(deps.settings, agent?.tool_allowlist, t.steps, `/body/tasks/${i}`);
         requireAgentFor(deps.settings, t.steps, `task ${t.id}`);
       });
-      const inserted = await store.tasks.insertMany(records, { maxHeld: max });
+      // only into a session not archived since it was read: an archive that answered has the last word on
+      // its session's tasks and outcome
+      const inserted = await store.tasks.insertMany(records, { maxHeld: max, whileLive: true });
+      if (inserted === 'archived') throw new ConflictError(`session ${session.id} is archived and read-only`, { status: 'archived' });
       // another batch stored since the count above: the session as it is now
       if (inserted === 'over-cap') {
         const over = tooMany(max, tasksIn(await store.tasks.counts(session.tenant_id, session.id)));
@@ -606,9 +609,10 @@ export function tasksOf(deps: TasksDeps) {
         'registering new tasks (the reconciler registers what Redis never took)',
       );
       if (registered) await apply(session, registered[1]);
-      // the session as it is now, these stored: archived meanwhile, its archive listed the tasks before
-      // these, so they end here as it ended the rest (held by the pause, none would ever start or end);
-      // held by a pause that a resume, listing the tasks before these, has ended since: started now
+      // the session as it is now, these stored: archived meanwhile (on MongoDB the insert's check cannot hold
+      // off an archive), its archive listed the tasks before these, so they end here as it ended the rest
+      // (held by the pause, none would ever start or end); held by a pause that a resume, listing the tasks
+      // before these, has ended since: started now
       const current = await store.sessions.get(session.tenant_id, session.id);
       if (current?.status === 'archived')
         await cancelAll(current).catch((err: unknown) =>

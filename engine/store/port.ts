@@ -333,8 +333,11 @@ export interface TaskRepo {
    * batch over it that also reuses a taken id is 'over-cap'. With a cap, a refused batch is never seen by a
    * reader; an insert that fails is taken back, but on MongoDB (no transaction) a reader may see part of it
    * until then, and without a cap a batch refused at a taken id shows the tasks before it until then.
+   * With `whileLive` too, only while the batch's session is not archived, else 'archived' (nothing stored),
+   * checked before the cap: in the same transaction in SQLite; on MongoDB under the session's lease, which an
+   * archive does not take, so there an archive can still come between the check and the insert.
    */
-  insertMany(tasks: TaskRecord[], cap?: { maxHeld: number }): Promise<CappedInsert | 'id-taken'>;
+  insertMany(tasks: TaskRecord[], cap?: { maxHeld: number; whileLive?: boolean }): Promise<CappedInsert | 'id-taken' | 'archived'>;
   get(tenantId: string, sessionId: string, id: string): Promise<TaskRecord | null>;
   /** The tasks of a session with these ids, in creation order; ids it does not have are left out. */
   getMany(tenantId: string, sessionId: string, ids: string[]): Promise<TaskRecord[]>;

@@ -4,7 +4,7 @@ import fs from 'node:fs/promises';
 import path from 'node:path';
 import { expect } from 'chai';
 import { ConflictError, jobIdOfRun } from '../../engine/platform/index.js';
-import { eventually, KEYS, releasable, scanKeys, startHarness, type Harness } from '../support/harness.js';
+import { eventually, KEYS, releasable, scanKeys, startHarness, type Harness, type Reply } from '../support/harness.js';
 
 type Body = Record<string, any>;
 const TERMINAL = ['succeeded', 'failed', 'upstream_failed', 'canceled'];
@@ -445,14 +445,18 @@ describe('task DAG', function () {
     await h.call('DELETE', `/api/v1/sessions/${id}`);
   });
 
-  it('ends the tasks a request adds while the session is archived under it (paused or not): none is left queued for good', async () => {
+  it('refuses the tasks a request adds while the session is archived under it (paused or not): the outcome the archive gave stands', async () => {
     for (const paused of [true, false]) {
       const id = await session();
+      // a task ended before: the archive answers its outcome (succeeded), and no add that lost the race changes it
+      expect((await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, { body: { id: 'done', steps: sh('true') } })).status).to.equal(201);
+      await settled(id, 1);
       if (paused) await h.call('PATCH', `/api/v1/sessions/${id}`, { body: { status: 'paused' } });
       // the DELETE lands between the request's read of the session and its insert
+      let archive: Reply<Body> | undefined;
       const insert = h.rt.store.tasks.insertMany.bind(h.rt.store.tasks);
       h.rt.store.tasks.insertMany = async (...args: Parameters<typeof insert>) => {
-        expect((await h.call<Body>('DELETE', `/api/v1/sessions/${id}`)).status).to.equal(200);
+        archive = await h.call<Body>('DELETE', `/api/v1/sessions/${id}`);
         return insert(...args);
       };
       try {
@@ -460,14 +464,18 @@ describe('task DAG', function () {
           { id: 'a', steps: sh('true') },
           { id: 'b', depends_on: ['a'], steps: sh('true') },
         ];
-        expect((await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, { body: { tasks } })).status).to.equal(201);
+        const late = await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, { body: { tasks } });
+        expect(late.status, late.text).to.equal(409);
+        expect(late.body).to.deep.include({ code: 'conflict', status: 409 });
+        expect(late.body.detail).to.contain('archived');
       } finally {
         h.rt.store.tasks.insertMany = insert;
       }
-      const s = await settled(id, 2);
-      expect(s, `paused: ${paused}`).to.deep.include({ status: 'archived', outcome: 'canceled' });
-      expect(s.tasks[0].status).to.equal('canceled');
-      expect(s.tasks[1].status).to.be.oneOf(['canceled', 'upstream_failed']);
+      expect(archive?.status).to.equal(200);
+      expect(archive?.body, `paused: ${paused}`).to.deep.include({ status: 'archived', outcome: 'succeeded' });
+      const s = (await h.call<Body>('GET', `/api/v1/sessions/${id}`)).body;
+      expect(s, `paused: ${paused}`).to.deep.include({ status: 'archived', outcome: 'succeeded' });
+      expect(s.tasks.map((t: Body) => [t.id, t.status])).to.deep.equal([['done', 'succeeded']]);
     }
     // the process that added them died before it ended them: the reconciler does (one held by the pause, one never registered)
     const archived = await session();

@@ -938,6 +938,38 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect((await store.tasks.list('t1', 'ses_r')).map((t) => t.id).sort()).to.deep.equal(won.map((t) => t.id).sort());
     });
 
+    it('inserts a batch `whileLive` only while its session is not archived, checked before the cap, and keeps nothing of a refused one', async () => {
+      const now = new Date().toISOString();
+      const session = (id: string, tenant: string, status: Session['status']): Session => ({
+        id,
+        tenant_id: tenant,
+        title: 't',
+        goal: null,
+        kind: 'multi_agent',
+        status,
+        outcome: null,
+        metadata: {},
+        created_at: now,
+        updated_at: now,
+      });
+      await store.sessions.insert(session('ses_live', 't1', 'idle'));
+      await store.sessions.insert(session('ses_gone', 't1', 'archived'));
+      const task = (id: string, session_id: string) => taskFixture({ id, session_id });
+      const live = { maxHeld: 2, whileLive: true };
+      expect(await store.tasks.insertMany([task('a', 'ses_live')], live)).to.equal('inserted');
+      expect(await store.tasks.insertMany([task('a', 'ses_gone'), task('b', 'ses_gone'), task('c', 'ses_gone')], live), 'archived, and over the cap').to.equal(
+        'archived',
+      );
+      expect(await store.tasks.list('t1', 'ses_gone')).to.deep.equal([]);
+      // the session of the batch's own tenant: another tenant's archived session of that id is not it
+      expect(await store.tasks.insertMany([taskFixture({ id: 'a', tenant_id: 't2', session_id: 'ses_gone' })], live)).to.equal('inserted');
+      // without whileLive the batch goes in (the reconciler's repairs, a process that stored its tasks before the archive)
+      expect(await store.tasks.insertMany([task('a', 'ses_gone')], { maxHeld: 2 })).to.equal('inserted');
+      await store.sessions.update('t1', 'ses_live', { status: 'archived' }, ['idle']);
+      expect(await store.tasks.insertMany([task('b', 'ses_live')], live)).to.equal('archived');
+      expect((await store.tasks.list('t1', 'ses_live')).map((t) => t.id)).to.deep.equal(['a']);
+    });
+
     it('refuses a batch over the cap before a taken id, as one transaction checks them, and keeps nothing of a refused batch', async () => {
       const task = (id: string) => taskFixture({ id, session_id: 'ses_o' });
       expect(await store.tasks.insertMany([task('a'), task('b')], { maxHeld: 3 })).to.equal('inserted');

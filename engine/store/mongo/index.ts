@@ -91,7 +91,7 @@ export async function openMongoStore(uri: string): Promise<Store> {
     sessions: sessionRepo(sessions),
     agents: agentRepo(agents),
     messages: messageRepo(messages),
-    tasks: taskRepo(tasks as never, leases),
+    tasks: taskRepo(tasks as never, leases, sessions as never),
     evidence: evidenceRepo(ledger as never, ledgerPayloads as never),
     gateRuns: gateRunRepo(gateRuns as never, gateResults as never),
     async ping() {

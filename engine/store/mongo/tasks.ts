@@ -23,7 +23,8 @@ const fromStored = (d: StoredTask | null): TaskRecord | null => {
   return { id: task_id, ...rest } as TaskRecord;
 };
 
-export function taskRepo(model: Model<StoredTask>, leases: Leases): TaskRepo {
+/** `sessions`: the sessions' collection, whose status a batch `whileLive` is inserted under. */
+export function taskRepo(model: Model<StoredTask>, leases: Leases, sessions: Model<{ _id: string; tenant_id: string; status: string }>): TaskRepo {
   // a replica set would make this one transaction; ordered inserts stop at the first failure, and what
   // they stored before it is taken back, so the batch is all or none
   const insertAll = async (tasks: TaskRecord[]) => {
@@ -59,10 +60,12 @@ export function taskRepo(model: Model<StoredTask>, leases: Leases): TaskRepo {
       return leases.insertHeld(
         `tasks:${first.tenant_id}:${first.session_id}`,
         async () => {
-          const [held, taken] = await Promise.all([
+          const [archived, held, taken] = await Promise.all([
+            cap.whileLive ? sessions.exists({ _id: first.session_id, tenant_id: first.tenant_id, status: 'archived' }).read('primary') : null,
             model.countDocuments({ tenant_id: first.tenant_id, session_id: first.session_id }).read('primary'),
             model.exists({ _id: { $in: keys } }).read('primary'),
           ]);
+          if (archived) return 'archived';
           if (held + tasks.length > cap.maxHeld) return 'over-cap';
           return taken || new Set(keys).size < keys.length ? 'id-taken' : null;
         },

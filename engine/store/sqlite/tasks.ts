@@ -20,12 +20,15 @@ export function taskRepo(db: Db): TaskRepo {
     'SELECT status, n FROM task_counts WHERE tenant_id = ? AND session_id = ? AND n > 0',
   );
   const held = db.prepare<[string, string], { n: number | null }>('SELECT SUM(n) AS n FROM task_counts WHERE tenant_id = ? AND session_id = ?');
+  const sessionStatus = db.prepare<[string, string], { status: string }>('SELECT status FROM sessions WHERE tenant_id = ? AND id = ?');
   const read = (row: { doc: string } | undefined): TaskRecord | null => (row ? (JSON.parse(row.doc) as TaskRecord) : null);
   // writes go in the store's group commit: the writes of one turn of the event loop share a commit
   const commit = groupCommit(db);
-  // the count is read inside the write's IMMEDIATE transaction: no other write, of this process or another, comes between
-  const insertMany = (tasks: TaskRecord[], cap?: { maxHeld: number }): CappedInsert => {
+  // the session's status and the count are read inside the write's IMMEDIATE transaction: no other write, of
+  // this process or another (an archive), comes between
+  const insertMany = (tasks: TaskRecord[], cap?: { maxHeld: number; whileLive?: boolean }): CappedInsert | 'archived' => {
     const first = tasks[0];
+    if (cap?.whileLive && first && sessionStatus.get(first.tenant_id, first.session_id)?.status === 'archived') return 'archived';
     if (cap && first && (held.get(first.tenant_id, first.session_id)?.n ?? 0) + tasks.length > cap.maxHeld) return 'over-cap';
     for (const t of tasks) insert.run(t.tenant_id, t.session_id, t.id, t.status, t.created_at, t.updated_at, JSON.stringify(t));
     return 'inserted';
