@@ -1,7 +1,7 @@
 // /api/v1/sessions: sessions, their agents, their message log, their runs and their live trace.
 import { Router, type Request } from 'express';
 import type { Engine } from '../../engine/index.js';
-import { scopes, type EventHub } from '../../engine/platform/index.js';
+import { scopes, TaskGraphInvalidError, ValidationError, type EventHub, type FieldError } from '../../engine/platform/index.js';
 import { tenantOf } from '../auth.js';
 import type { components, operations } from '../schema.js';
 import { lastEventIdOf, streamEvents, type OpenStreams } from '../sse.js';
@@ -68,8 +68,13 @@ export function sessionsRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
 
   router.post('/:id/tasks', async (req, res) => {
     const body = req.body as Schemas['TaskCreate'];
-    const inputs = 'tasks' in body && Array.isArray(body.tasks) ? body.tasks : [body as Schemas['TaskInput']];
-    res.status(201).json({ data: await sessions.addTasks(tenantOf(req), idOf(req), inputs) });
+    const batch = 'tasks' in body && Array.isArray(body.tasks) ? body.tasks : null;
+    const inputs = batch ?? [body as Schemas['TaskInput']];
+    try {
+      res.status(201).json({ data: await sessions.addTasks(tenantOf(req), idOf(req), inputs) });
+    } catch (err) {
+      throw batch ? err : asSingleTask(err);
+    }
   });
 
   router.get('/:id/messages', async (req, res) => {
@@ -106,4 +111,15 @@ export function sessionsRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
   });
 
   return router;
+}
+
+/**
+ * The engine names a task's fields as a batch's (`/body/tasks/0/...`); a request that sent one task has them
+ * at `/body/...`, and its errors point there, as the schema's own do.
+ */
+function asSingleTask(err: unknown): unknown {
+  if (!(err instanceof TaskGraphInvalidError || err instanceof ValidationError)) return err;
+  const errors: FieldError[] = err.errors.map((e) => ({ ...e, path: e.path.replace(/^\/body\/tasks\/0(?=\/|$)/, '/body') }));
+  const message = errors.map((e) => `${e.path}: ${e.message}`).join('; ');
+  return err instanceof TaskGraphInvalidError ? new TaskGraphInvalidError(message, errors) : new ValidationError(message, errors);
 }

@@ -428,6 +428,15 @@ describe('task DAG', function () {
     const batch = await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, { body: { tasks: [{ steps: sh('true'), max_attempts: 0 }] } });
     expect(batch.status).to.equal(400);
     expect(batch.body.errors).to.deep.equal([{ path: '/body/tasks/0/max_attempts', message: 'must be >= 1' }]);
+    // and so do the DAG's own checks (422)
+    const self = await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, { body: { id: 's', depends_on: ['s'], steps: sh('true') } });
+    expect(self.status).to.equal(422);
+    expect(self.body.errors).to.deep.equal([{ path: '/body/depends_on/0', message: 'a task cannot depend on itself' }]);
+    expect(self.body.detail).to.equal('/body/depends_on/0: a task cannot depend on itself');
+    const blankOne = await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, { body: { goal: '  ' } });
+    expect(blankOne.body.errors).to.deep.equal([{ path: '/body', message: 'give the work to do: steps, or a goal for its agent' }]);
+    const selfInBatch = await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, { body: { tasks: [{ id: 's', depends_on: ['s'], steps: sh('true') }] } });
+    expect(selfInBatch.body.errors).to.deep.equal([{ path: '/body/tasks/0/depends_on/0', message: 'a task cannot depend on itself' }]);
   });
 
   it('lists tasks added later after those added before, however large the earlier batch, with true creation times', async () => {
