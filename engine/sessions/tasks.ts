@@ -527,7 +527,8 @@ export function tasksOf(deps: TasksDeps) {
       const held = tasksIn(counts);
       const now = clock.now().toISOString();
       // after every task the session has: a later request's tasks come after an earlier one's, however large it
-      // was. Each add numbers its tasks from the count it read, so no task's position is above the count
+      // was. Numbered from the count read here; the insert numbers them again from the count it checks the cap
+      // against, in its own transaction, so that two adds at once never share a position
       const first = held + 1;
       const records: TaskRecord[] = inputs.map((t, i) => ({
         id: t.id ?? newId('tsk'),

@@ -335,7 +335,9 @@ export interface TaskRepo {
    * until then, and without a cap a batch refused at a taken id shows the tasks before it until then.
    * With `whileLive` too, only while the batch's session is not archived, else 'archived' (nothing stored),
    * checked before the cap: in the same transaction in SQLite; on MongoDB under the session's lease, which an
-   * archive does not take, so there an archive can still come between the check and the insert.
+   * archive does not take, so there an archive can still come between the check and the insert. With a cap the
+   * batch's tasks are numbered (`position`, written on the records given) from the count the cap is checked
+   * against: two batches that race never share a position, and a later batch's come after an earlier one's.
    */
   insertMany(tasks: TaskRecord[], cap?: { maxHeld: number; whileLive?: boolean }): Promise<CappedInsert | 'id-taken' | 'archived'>;
   get(tenantId: string, sessionId: string, id: string): Promise<TaskRecord | null>;

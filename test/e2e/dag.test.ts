@@ -4,7 +4,7 @@ import fs from 'node:fs/promises';
 import path from 'node:path';
 import { expect } from 'chai';
 import { ConflictError, jobIdOfRun } from '../../engine/platform/index.js';
-import { eventually, KEYS, releasable, scanKeys, startHarness, type Harness, type Reply } from '../support/harness.js';
+import { eventually, heldTogether, KEYS, releasable, scanKeys, startHarness, type Harness, type Reply } from '../support/harness.js';
 
 type Body = Record<string, any>;
 const TERMINAL = ['succeeded', 'failed', 'upstream_failed', 'canceled'];
@@ -675,6 +675,28 @@ describe('task DAG', function () {
     expect(added.body.data[0].run_ids).to.have.length(1);
     expect(['queued', 'running', 'succeeded']).to.include(added.body.data[0].status);
     expect((await settled(id, 3)).tasks.map((t: Body) => t.status)).to.deep.equal(['succeeded', 'succeeded', 'succeeded']);
+  });
+
+  it('numbers the tasks of two adds at once apart: each batch in one run of positions, and listed so', async () => {
+    const id = await session();
+    await h.call('PATCH', `/api/v1/sessions/${id}`, { body: { status: 'paused' } });
+    // both read the session's count before either stores its batch
+    const restore = heldTogether(h.rt.store.tasks, 'counts', 2);
+    try {
+      const add = (prefix: string) =>
+        h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, {
+          body: { tasks: [1, 2].map((n) => ({ id: `${prefix}${n}`, steps: sh('true') })) },
+        });
+      const answers = await Promise.all([add('p'), add('q')]);
+      expect(answers.map((a) => a.status)).to.deep.equal([201, 201]);
+      const positions = answers.map((a) => a.body.data.map((t: Body) => t.position));
+      expect(positions.flat().sort()).to.deep.equal([1, 2, 3, 4]);
+      for (const p of positions) expect(p[1] - p[0]).to.equal(1);
+    } finally {
+      restore();
+    }
+    const listed = (await h.call<Body>('GET', `/api/v1/sessions/${id}/tasks`)).body.data.map((t: Body) => t.id);
+    expect([['p1', 'p2', 'q1', 'q2'].join(), ['q1', 'q2', 'p1', 'p2'].join()]).to.include(listed.join());
   });
 
   it('answers the same 422 when two requests at once choose the same task id: one is stored, the other names the clash', async () => {

@@ -938,6 +938,26 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect((await store.tasks.list('t1', 'ses_r')).map((t) => t.id).sort()).to.deep.equal(won.map((t) => t.id).sort());
     });
 
+    it('numbers a capped batch from the count it checks: batches that race never share a position, each in one run', async () => {
+      const task = (id: string) => taskFixture({ id, session_id: 'ses_n', position: 1 });
+      const cap = { maxHeld: 100 };
+      const batches = [
+        [task('a1'), task('a2')],
+        [task('b1'), task('b2'), task('b3')],
+      ];
+      expect(await Promise.all(batches.map((b) => store.tasks.insertMany(b, cap)))).to.deep.equal(['inserted', 'inserted']);
+      const stored = new Map((await store.tasks.list('t1', 'ses_n')).map((t) => [t.id, t.position]));
+      expect([...stored.values()].sort()).to.deep.equal([1, 2, 3, 4, 5]);
+      for (const b of batches) {
+        const positions = b.map((t) => stored.get(t.id)!);
+        expect(positions, 'consecutive').to.deep.equal(positions.map((_, i) => positions[0]! + i));
+        // the records given carry them too
+        expect(b.map((t) => t.position)).to.deep.equal(positions);
+      }
+      expect(await store.tasks.insertMany([task('c1')], cap)).to.equal('inserted');
+      expect((await store.tasks.get('t1', 'ses_n', 'c1'))!.position).to.equal(6);
+    });
+
     it('inserts a batch `whileLive` only while its session is not archived, checked before the cap, and keeps nothing of a refused one', async () => {
       const now = new Date().toISOString();
       const session = (id: string, tenant: string, status: Session['status']): Session => ({

@@ -67,7 +67,9 @@ export function taskRepo(model: Model<StoredTask>, leases: Leases, sessions: Mod
           ]);
           if (archived) return 'archived';
           if (held + tasks.length > cap.maxHeld) return 'over-cap';
-          return taken || new Set(keys).size < keys.length ? 'id-taken' : null;
+          if (taken || new Set(keys).size < keys.length) return 'id-taken';
+          tasks.forEach((t, i) => (t.position = held + 1 + i));
+          return null;
         },
         () => insertAll(tasks),
       );

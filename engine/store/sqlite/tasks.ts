@@ -29,7 +29,11 @@ export function taskRepo(db: Db): TaskRepo {
   const insertMany = (tasks: TaskRecord[], cap?: { maxHeld: number; whileLive?: boolean }): CappedInsert | 'archived' => {
     const first = tasks[0];
     if (cap?.whileLive && first && sessionStatus.get(first.tenant_id, first.session_id)?.status === 'archived') return 'archived';
-    if (cap && first && (held.get(first.tenant_id, first.session_id)?.n ?? 0) + tasks.length > cap.maxHeld) return 'over-cap';
+    if (cap && first) {
+      const n = held.get(first.tenant_id, first.session_id)?.n ?? 0;
+      if (n + tasks.length > cap.maxHeld) return 'over-cap';
+      tasks.forEach((t, i) => (t.position = n + 1 + i));
+    }
     for (const t of tasks) insert.run(t.tenant_id, t.session_id, t.id, t.status, t.created_at, t.updated_at, JSON.stringify(t));
     return 'inserted';
   };
