@@ -526,11 +526,7 @@ export function tasksOf(deps: TasksDeps) {
       ]);
       const held = tasksIn(counts);
       const now = clock.now().toISOString();
-      // after every task the session has: a later request's tasks come after an earlier one's, however large it
-      // was. Numbered from the count read here; the insert numbers them again from the count it checks the cap
-      // against, in its own transaction, so that two adds at once never share a position
-      const first = held + 1;
-      const records: TaskRecord[] = inputs.map((t, i) => ({
+      const records: TaskRecord[] = inputs.map((t) => ({
         id: t.id ?? newId('tsk'),
         tenant_id: session.tenant_id,
         session_id: session.id,
@@ -547,7 +543,9 @@ export function tasksOf(deps: TasksDeps) {
         run_ids: [],
         output: null,
         inbox_after: lastSeq,
-        position: first + i,
+        // after every task the session has, however large an earlier batch was: numbered by the insert, from the
+        // count it checks the cap against in its own transaction, so that two adds at once never share a position
+        position: 0,
         created_at: now,
         updated_at: now,
       }));

@@ -8,8 +8,8 @@ import { PROJECT_ROOT } from '../../config/paths.js';
 
 export const CLI = path.join(PROJECT_ROOT, 'dist', 'cli', 'main.js');
 
-/** What tsconfig.build.json compiles into dist/. */
-const SOURCES = ['main.ts', 'api', 'engine', 'workers', 'config', 'cli'];
+/** What tsconfig.build.json compiles into dist/ (its `include`). */
+const SOURCES = (JSON.parse(fs.readFileSync(path.join(PROJECT_ROOT, 'tsconfig.build.json'), 'utf8')) as { include: string[] }).include;
 let checked = false;
 
 /** True when a source file changed after the last build wrote dist/ (or there was none). */
