@@ -45,6 +45,8 @@ const STEPS = [
   { parts: 'auth,validate', label: '+ express-openapi-validator' },
   { parts: 'auth,validate,store', label: "+ the store's write: the floor" },
 ];
+/** Run creation's own step past the floor: what SPEC and DESIGN ask of every run (see floor-express.ts). */
+const RUN_STEP = { parts: 'auth,validate,run', label: "+ the run's session record, tenant slot and `run.queued` event: the contract's floor" };
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
@@ -67,7 +69,7 @@ async function routeRows(route: Route): Promise<string[]> {
         ? await start(route.baseline, 'bench/servers/bare-express-queue.ts', { SERVICE_QUEUE_PREFIX: prefix }, false)
         : await start(route.baseline, 'bench/servers/bare-express.ts', { PORT: '0', BENCH_FIXTURES: fixtures }, false),
     ];
-    for (const step of STEPS)
+    for (const step of runCreation ? [...STEPS, RUN_STEP] : STEPS)
       servers.push(
         await start(step.label, 'bench/servers/floor-express.ts', { SERVICE_QUEUE_PREFIX: prefix, BENCH_FLOOR: step.parts, BENCH_FLOOR_DIR: dataDir }, true),
       );

@@ -4,6 +4,8 @@
 //  - auth: the presented key's sha256 and its row read from the store by that hash (the bench tenants' keys seeded)
 //  - validate: express-openapi-validator configured as the API configures it, with the service's spec
 //  - store: the created document written to the real SQLite store through its group commit, before the answer
+//  - run (run creation only): what SPEC and DESIGN ask of a run beyond it: its session record in the same commit,
+//    the tenant's slot taken (the engine's Lua) and its `run.queued` event appended, before its job is added
 // and for POST /api/v1/autonomy/run always `queue.add` (the baseline's one job); an automation is stored
 // under the tenant's cap as the service stores it. With no parts it is the baselines themselves.
 import fs from 'node:fs';
@@ -15,20 +17,24 @@ import { Redis } from 'ioredis';
 import { requestValidator } from '../../api/app.js';
 import { loadSpec } from '../../api/spec.js';
 import { hashKey } from '../../engine/auth/api-keys.js';
-import { newId, type Automation } from '../../engine/platform/index.js';
+import { createEventLog, newId, type Automation } from '../../engine/platform/index.js';
+import { createTenantSlots } from '../../engine/runs/concurrency.js';
 import { openSqliteStore } from '../../engine/store/sqlite/index.js';
 import { runFixture } from '../../test/integration/store-contract.js';
 import { RUN_KEYS, runTenant } from '../http.js';
 
 const parts = new Set((process.env.BENCH_FLOOR ?? '').split(',').filter(Boolean));
-const unknown = [...parts].filter((p) => !['auth', 'validate', 'store'].includes(p));
-if (unknown.length) throw new Error(`BENCH_FLOOR: no part ${unknown.join(', ')} (auth, validate, store)`);
+const unknown = [...parts].filter((p) => !['auth', 'validate', 'store', 'run'].includes(p));
+if (unknown.length) throw new Error(`BENCH_FLOOR: no part ${unknown.join(', ')} (auth, validate, store, run)`);
 
 // BENCH_FLOOR_DIR: a folder the bench removes itself (it stops this server with SIGKILL, so no clean-up here runs)
 const dir = fs.mkdtempSync(path.join(process.env.BENCH_FLOOR_DIR ?? os.tmpdir(), 'svc-bench-http-floor-'));
 const store = openSqliteStore(path.join(dir, 'service.db'));
 const connection = new Redis(process.env.REDIS_URL ?? 'redis://127.0.0.1:6379', { maxRetriesPerRequest: null });
-const queue = new Queue('bare', { connection, prefix: process.env.SERVICE_QUEUE_PREFIX ?? 'bench-floor' });
+const prefix = process.env.SERVICE_QUEUE_PREFIX ?? 'bench-floor';
+const queue = new Queue('bare', { connection, prefix });
+const eventLog = createEventLog(connection, `${prefix}:floor`);
+const slots = createTenantSlots(connection, `${prefix}:floor`, 1_000_000);
 const now = new Date().toISOString();
 // the keys of the service's bench tenants (run creation spreads over them); one row each, as the service keeps
 for (const [i, key] of RUN_KEYS.entries())
@@ -62,7 +68,25 @@ if (parts.has('validate')) app.use(requestValidator(loadSpec(), false));
 
 app.post('/api/v1/autonomy/run', async (req, res) => {
   const run = runFixture('bench', { kind: 'autonomy', plan: (req.body as { steps: never[] }).steps, tool_allowlist: ['message'], workspace: dir });
-  if (parts.has('store')) await store.runs.insert(run);
+  if (parts.has('run')) {
+    const at = run.created_at;
+    const session = { id: run.session_id, tenant_id: run.tenant_id, title: '1 step', goal: null, kind: 'autonomy' as const, status: 'running' as const };
+    await Promise.all([
+      store.runs.insert(run),
+      store.sessions.insert({ ...session, outcome: null, metadata: { run_id: run.id }, created_at: at, updated_at: at }),
+    ]);
+    const [admitted] = await Promise.all([
+      slots.admit(run.tenant_id, run.id),
+      eventLog.append(`session:${run.session_id}`, {
+        tenant_id: run.tenant_id,
+        session_id: run.session_id,
+        run_id: run.id,
+        type: 'run.queued',
+        data: { kind: 'autonomy', trigger: run.trigger, attempt: 1, rerun_of: null },
+      }),
+    ]);
+    if (!admitted) throw new Error('over the slots');
+  } else if (parts.has('store')) await store.runs.insert(run);
   await queue.add('run', { run_id: run.id }, { jobId: run.id, removeOnComplete: true });
   const events = `/api/v1/autonomy/streaming/${run.session_id}/events`;
   res.status(202).json({ run_id: run.id, session_id: run.session_id, status: run.status, events_url: events, run });
