@@ -244,7 +244,7 @@ function pager(inb: Inbound, ctx: VerifyContext): Verified {
     .map((e) => e.trim())
     .filter((e) => e.startsWith('v1='))
     .map((e) => e.slice(3));
-  const matched = matchAny(ctx.secrets, entries, (s) => hmacHex(s, inb.body)) ?? invalid('X-Pager-Signature');
+  if (!matchAny(ctx.secrets, entries, (s) => hmacHex(s, inb.body))) invalid('X-Pager-Signature');
   const payload = parseJson(inb.body);
   const event = asObject(payload.event);
   // nothing time-bound is signed: the event's id is what makes it once only, so an event has one
@@ -255,7 +255,8 @@ function pager(inb: Inbound, ctx: VerifyContext): Verified {
     action: null,
     providerId: id,
     repeatIs: 'retry',
-    replayKey: matched,
+    // the body signed, not the entry that matched (see generic)
+    replayKey: sha256Hex(inb.body),
     retriesResend: true,
     event_payload: payload,
     keepBody: true,
@@ -269,7 +270,7 @@ function generic(inb: Inbound, ctx: VerifyContext): Verified {
   const t = parts.find((p) => p.startsWith('t='))?.slice(2);
   const entries = parts.filter((p) => p.startsWith('v1=')).map((p) => p.slice(3));
   if (t === undefined || !/^\d{1,12}$/.test(t) || !entries.length) invalid('X-Service-Signature (expected t=<unix seconds>,v1=<hex>)');
-  const matched = matchAny(ctx.secrets, entries, (s) => hmacHex(s, `${t}.`, inb.body)) ?? invalid('X-Service-Signature');
+  if (!matchAny(ctx.secrets, entries, (s) => hmacHex(s, `${t}.`, inb.body))) invalid('X-Service-Signature');
   checkWindow(Number(t) * 1000, ctx);
   const payload = parseJson(inb.body);
   return {
@@ -277,7 +278,9 @@ function generic(inb: Inbound, ctx: VerifyContext): Verified {
     action: str(payload.action),
     providerId: header(inb.headers, 'x-service-delivery') ?? str(payload.id),
     repeatIs: 'retry',
-    replayKey: `${t}:${matched}`,
+    // what was signed (t and the body), not the entry that matched: a request signed by both secrets of a
+    // rotation, sent again with one of its entries, is the same signed request
+    replayKey: `${t}:${sha256Hex(inb.body)}`,
     event_payload: payload,
     keepBody: true,
   };

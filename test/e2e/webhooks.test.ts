@@ -514,6 +514,31 @@ describe('webhook intake', function () {
       expect(malformed.body.code).to.equal('webhook-signature-invalid');
     });
 
+    it('refuses a request signed by both secrets of a rotation sent again with one entry, or under another delivery id', async () => {
+      const second = 'generic-secret-second-0123456';
+      const put = (secrets: string[]) => h.call('PUT', '/api/v1/webhook-secrets/generic', { body: { secrets } });
+      expect((await put([SECRET.generic, second])).status).to.equal(200);
+      try {
+        const both = sign.generic([SECRET.generic, second], { type: 'deploy.finished' }, { delivery: `d-${randomUUID()}` });
+        const first = await post('generic', both);
+        expect(first.status, first.text).to.equal(200);
+        expect(first.body.status).to.equal('accepted');
+        const entries = both.headers['x-service-signature']!.split(',');
+        // the same t and body, only the second secret's entry, no delivery id: the same signed request
+        const { 'x-service-delivery': _id, ...headers } = both.headers;
+        const stripped = await post('generic', { body: both.body, headers: { ...headers, 'x-service-signature': [entries[0], entries[2]].join(',') } });
+        expect(stripped.status, stripped.text).to.equal(409);
+        expect(stripped.body.code).to.equal('webhook-replay');
+        const renamed = await post('generic', {
+          body: both.body,
+          headers: { ...headers, 'x-service-signature': [entries[0], entries[1]].join(','), 'x-service-delivery': 'd-other' },
+        });
+        expect(renamed.status, renamed.text).to.equal(409);
+      } finally {
+        expect((await put([SECRET.generic])).status).to.equal(200);
+      }
+    });
+
     it('refuses a signed body that is not a JSON object as webhook-payload-invalid', async () => {
       const r = await post('generic', { ...sign.generic([SECRET.generic], {}), body: 'not json' });
       expect(r.status).to.equal(401); // the signature covers the body: a changed body fails it first
