@@ -1,7 +1,7 @@
 // /api/v1/autonomy: autonomy and vibe runs, their SSE streams, reliability hints, gate readiness and
 // evidence packs.
 import { Router, type Request, type Response } from 'express';
-import { scopes, type EventHub, type RunKind } from '../../engine/platform/index.js';
+import { isTerminal, scopes, type EventHub, type RunKind } from '../../engine/platform/index.js';
 import type { Engine } from '../../engine/index.js';
 import { packTar } from '../../engine/evidence/index.js';
 import type { RunRequest } from '../../engine/runs/index.js';
@@ -73,10 +73,18 @@ export function autonomyRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
 
   router.get('/streaming/:session_id/events', async (req, res) => {
     const sessionId = String(req.params.session_id);
-    await engine.runs.assertSession(tenantOf(req), sessionId);
-    // a run session has its outcome once its run has finished: its run.finished is in the log
+    const run = await engine.runs.sessionRun(tenantOf(req), sessionId);
+    // The stream has ended (a reconnect past its end is a 204) once the store says its work has ended and
+    // the log holds the end: a session's outcome (autonomy, vibe, a multi-agent session's tasks), or the
+    // run's own status for a run with no session record (an automation's). The store is written before the
+    // log: a run.finished still to be appended (Redis refused it; it is retried) keeps the stream open for
+    // it. A log that expired whole has nothing left to send.
     const session = await engine.sessions.get(tenantOf(req), sessionId).catch(() => null);
-    await watch(req, res, sessionId, lastEventIdOf(req), { ended: session?.outcome != null });
+    const scope = scopes.runSession(sessionId);
+    const ended =
+      (session ? session.outcome !== null : isTerminal(run.status)) &&
+      ((await opts.hub.anyAfter(scope.stream, '0-0', scope.isLast)) || (await opts.hub.lastId(scope.stream)) === '0-0');
+    await watch(req, res, sessionId, lastEventIdOf(req), { ended });
   });
 
   router.get('/reliability-context', async (req, res) => {

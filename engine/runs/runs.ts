@@ -407,10 +407,11 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       return store.runs.list(tenantId, { ...q, limit: q.limit ?? 20 });
     },
 
-    /** A session's events are its tenant's only: another tenant's session is a 404. */
-    async assertSession(tenantId: string, sessionId: string): Promise<void> {
-      const owned = await store.runs.list(tenantId, { session_id: sessionId, limit: 1 });
-      if (!owned.items.length) throw new NotFoundError(`no run session ${sessionId}`);
+    /** The newest run of a run session. A session's events are its tenant's only: another tenant's session is a 404. */
+    async sessionRun(tenantId: string, sessionId: string): Promise<Run> {
+      const [newest] = (await store.runs.list(tenantId, { session_id: sessionId, limit: 1 })).items;
+      if (!newest) throw new NotFoundError(`no run session ${sessionId}`);
+      return newest;
     },
 
     /**

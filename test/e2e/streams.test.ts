@@ -135,7 +135,43 @@ describe('run session streams', function () {
       expect(types).to.include('run.started').and.include('step.finished');
       expect(types.at(-1)).to.equal('run.finished');
       expect(text).to.contain('"status":"succeeded"');
+      // EventSource reconnects from the end on its own: every route's run answers it 204, an automation's (whose
+      // run session has no session record) too, instead of a stream of heartbeats held open for good
+      const lastId = [...text.matchAll(/^id: (.+)$/gm)].at(-1)![1]!;
+      const again = await fetch(`${h.url}${res.body.events_url}`, {
+        headers: { authorization: `Bearer ${KEYS.a}`, 'last-event-id': lastId },
+        signal: AbortSignal.timeout(5000),
+      });
+      expect(again.status, res.body.run.kind).to.equal(204);
     }
+  });
+
+  it('keeps the stream of a run that ended in the store open until its run.finished is in the log, then sends it', async () => {
+    const { body } = await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'message', args: { text: 'x' } }] } });
+    const scope = `session:${body.session_id}`;
+    const log = await eventually(async () => {
+      const events = await h.rt.events.after(scope, '0-0');
+      const finished = events.findIndex((e) => e.type === 'run.finished');
+      return finished >= 0 && events.slice(finished + 1).some((e) => e.type === 'session.updated') ? events : null;
+    }, 'the run to end and its session to take its outcome');
+    // as when Redis refused the append (an outage): the run ended in the store, its run.finished not yet in the log
+    const finished = log.find((e) => e.type === 'run.finished')!;
+    await h.rt.redis.xdel(h.rt.events.key(scope), finished.id);
+    const before = log[log.indexOf(finished) - 1]!.id;
+    const reader = open(h, body.session_id, before);
+    await new Promise((r) => setTimeout(r, 500));
+    expect(reader.isEnded()).to.equal(false);
+    expect(reader.es.readyState, 'the stream is open, not ended by a 204').to.equal(EventSource.OPEN);
+    // the append's retry lands: the reader gets the end it had not seen
+    await h.rt.events.append(scope, {
+      tenant_id: finished.tenant_id,
+      session_id: body.session_id,
+      run_id: body.run_id,
+      type: 'run.finished',
+      data: finished.data,
+    } as never);
+    await eventually(() => reader.isEnded(), 'run.finished');
+    expect(reader.received.map((e) => e.type)).to.deep.equal(['run.finished']);
   });
 
   it('refuses a Last-Event-ID after every event of the stream (400), which would hold it open past the run’s end', async () => {
