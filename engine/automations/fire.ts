@@ -9,10 +9,15 @@ import type { CronJob, Schedules } from './schedules.js';
 export function firesOf(deps: Pick<Platform, 'store' | 'log'> & { automations: Automations; schedules: Schedules; runs: Pick<Runs, 'createIdempotent'> }) {
   const { automations, schedules, runs } = deps;
 
+  /**
+   * The automation's run for this trigger, or null when the automation is not enabled. What the run's
+   * creation throws goes to the caller: a ServiceUnavailableError (Redis or the store did not answer) or
+   * a ConflictError (the same key's first request is still being handled) is worth a retry, with the same key.
+   */
   async function fire(tenantId: string, automationId: string, trigger: RunTrigger, idempotencyKey?: string, inputs?: Record<string, unknown>) {
+    let request: Awaited<ReturnType<typeof automations.runRequest>>;
     try {
-      const request = await automations.runRequest(tenantId, automationId, { trigger, inputs });
-      return (await runs.createIdempotent(tenantId, idempotencyKey, { trigger }, request)).run;
+      request = await automations.runRequest(tenantId, automationId, { trigger, inputs });
     } catch (err) {
       if (!(err instanceof NotFoundError || err instanceof ConflictError)) throw err;
       deps.log.info({ automation_id: automationId, trigger: trigger.type }, 'trigger ignored: the automation is not enabled');
@@ -20,6 +25,7 @@ export function firesOf(deps: Pick<Platform, 'store' | 'log'> & { automations: A
       if (a) await schedules.sync(a);
       return null;
     }
+    return (await runs.createIdempotent(tenantId, idempotencyKey, { trigger }, request)).run;
   }
 
   /** One fire of a cron trigger: its job id makes the run once, even if the job runs twice. */

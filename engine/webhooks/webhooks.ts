@@ -3,6 +3,7 @@
 import type { Platform } from '../deps.js';
 import {
   ConflictError,
+  ServiceUnavailableError,
   NotFoundError,
   PayloadTooLargeError,
   RateLimitedError,
@@ -199,11 +200,16 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
       .catch((e: unknown) => log.warn({ err: (e as Error).message }, 'could not record a rejected webhook'));
   }
 
-  /** Starts the runs of every enabled automation whose webhook trigger takes this delivery. */
-  async function dispatch(d: WebhookDelivery, attempt: number): Promise<Pick<WebhookDelivery, 'runs' | 'error'>> {
+  /**
+   * Starts the runs of every enabled automation whose webhook trigger takes this delivery. `transient` is
+   * the first failure worth a retry (Redis or the store did not answer, the run's key still being handled):
+   * the others are started all the same, and a retry with the same attempt finds their runs by their keys.
+   */
+  async function dispatch(d: WebhookDelivery, attempt: number): Promise<Pick<WebhookDelivery, 'runs' | 'error'> & { transient: AppError | null }> {
     const automations = await store.automations.listEnabledWithTrigger('webhook', d.tenant_id);
     const runs: WebhookDelivery['runs'] = [];
     let error: WebhookDelivery['error'] = null;
+    let transient: AppError | null = null;
     for (const a of automations) {
       const takes = a.triggers.some((t) => t.type === 'webhook' && t.provider === d.kind && eventMatches(t.events, d.event, d.action));
       if (!takes) continue;
@@ -212,12 +218,13 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
         const run = await fire(d.tenant_id, a.id, trigger, `webhook:${d.id}:${attempt}:${a.id}`, { event: d.event_payload });
         if (run) runs.push({ automation_id: a.id, run_id: run.id });
       } catch (err) {
-        // the automation cannot run as defined (no agent endpoint, a bad budget): say so, start the others
         if (!(err instanceof AppError)) throw err;
+        if (err instanceof ServiceUnavailableError || err instanceof ConflictError) transient ??= err;
+        // the automation cannot run as defined (no agent endpoint, a bad budget): say so, start the others
         error = { code: err.code, message: `automation ${a.id}: ${err.message}` };
       }
     }
-    return { runs, error };
+    return { runs, error, transient };
   }
 
   return {
@@ -329,7 +336,10 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
     async process(tenantId: string, deliveryId: string): Promise<WebhookDelivery | null> {
       const d = await store.deliveries.get(tenantId, deliveryId);
       if (!d || d.status !== 'received') return d;
-      const { runs, error } = await dispatch(d, 1);
+      const { runs, error, transient } = await dispatch(d, 1);
+      // accepted is sure to run: the job fails and is retried (then the reconciler retries it), the delivery
+      // still received, and the retry's runs of attempt 1 are the ones started here, found by their keys
+      if (transient) throw transient instanceof ServiceUnavailableError ? transient : new ServiceUnavailableError(transient.message, 1, { cause: transient });
       const done = await store.deliveries.update(
         tenantId,
         d.id,

@@ -10,6 +10,7 @@ import { createHmac, randomBytes, randomUUID } from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
 import Database from 'better-sqlite3';
+import { ServiceUnavailableError } from '../../engine/platform/errors.js';
 import { newId } from '../../engine/platform/ids.js';
 import { createSecretBox } from '../../engine/platform/secret-box.js';
 import { eventually, finishedRun, KEYS, scanKeys, startHarness, type Harness, type Reply } from '../support/harness.js';
@@ -727,6 +728,45 @@ describe('webhook intake', function () {
         return d.status === 'processed' ? d : null;
       }, 'the delivery after disabling');
       expect(none.runs).to.deep.equal([]);
+    });
+
+    it('retries an accepted delivery whose run could not be made (Redis or the store did not answer) instead of losing it', async () => {
+      const name = `on deploy ${randomUUID()}`;
+      const automation = (
+        await h.call<Body>('POST', '/api/v1/automations', {
+          body: {
+            name,
+            steps: [{ tool: 'message', args: { text: 'deployed' } }],
+            triggers: [{ type: 'webhook', provider: 'codehost', events: ['deployment'] }],
+          },
+        })
+      ).body;
+      const runs = h.rt.engine.runs;
+      const createIdempotent = runs.createIdempotent;
+      let calls = 0;
+      // the first try meets an outage, as runs.createIdempotent answers when Redis does not answer in time
+      runs.createIdempotent = (async (...args: Parameters<typeof createIdempotent>) => {
+        if (args[1]?.startsWith('webhook:') && calls++ === 0) throw new ServiceUnavailableError('Redis did not answer', 2);
+        return createIdempotent(...args);
+      }) as typeof createIdempotent;
+      try {
+        const r = await post('codehost', await sign.codehost(SECRET.codehost, { deployment: { id: randomUUID() } }, { event: 'deployment' }));
+        expect(r.status, r.text).to.equal(200);
+        const processed = await eventually(
+          async () => {
+            const d = await delivery(r.body.delivery_id);
+            return d.status === 'processed' ? d : null;
+          },
+          'the delivery to be processed on its job’s retry',
+          10_000,
+        );
+        expect(calls, 'the refused try and its retry').to.equal(2);
+        expect(processed).to.deep.include({ error: null, attempts: 1 });
+        expect(processed.runs.map((x: Body) => x.automation_id)).to.deep.equal([automation.id]);
+        expect((await finishedRun(h, processed.runs[0].run_id)).status).to.equal('succeeded');
+      } finally {
+        runs.createIdempotent = createIdempotent;
+      }
     });
 
     it('lists with kind and status filters and cursors, hides one tenant’s deliveries from another, and refuses replaying a rejection', async () => {
