@@ -3352,6 +3352,17 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"];
             };
         };
+        /** @description The first request with this `Idempotency-Key` is still being handled (`conflict`); nothing was started. Send the same request again after `Retry-After` seconds to get its answer. */
+        IdempotencyKeyInUse: {
+            headers: {
+                /** @description Seconds to wait before retrying. */
+                "Retry-After"?: number;
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
         /** @description The object's state forbids the change (`conflict`), for example an archived automation. */
         Conflict: {
             headers: {
@@ -3437,7 +3448,7 @@ export interface components {
         AgentId: string;
         /** @description The run's id. */
         RunId: string;
-        /** @description Send the same key to make a retry return the first run instead of starting another. Kept 24 hours; the same key with a different body is a 422. Bodies are compared by content (canonical JSON), so the order of an object's fields does not matter; the order of a list does. */
+        /** @description Send the same key to make a retry return the first run instead of starting another. Kept 24 hours; the same key with a different body is a 422. Bodies are compared by content (canonical JSON), so the order of an object's fields does not matter; the order of a list does. A request that comes while the first one with its key is still being handled waits for that one's run (up to 5 s) and answers it; when that one is refused (its 400 or 422, say), it is handled as if it came alone; when that one has not stored its run after the wait, it is a 409 with `Retry-After`. */
         IdempotencyKey: string;
         /** @description The `next_cursor` of the previous page. */
         Cursor: string;
@@ -3905,7 +3916,7 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description Send the same key to make a retry return the first run instead of starting another. Kept 24 hours; the same key with a different body is a 422. Bodies are compared by content (canonical JSON), so the order of an object's fields does not matter; the order of a list does. */
+                /** @description Send the same key to make a retry return the first run instead of starting another. Kept 24 hours; the same key with a different body is a 422. Bodies are compared by content (canonical JSON), so the order of an object's fields does not matter; the order of a list does. A request that comes while the first one with its key is still being handled waits for that one's run (up to 5 s) and answers it; when that one is refused (its 400 or 422, say), it is handled as if it came alone; when that one has not stored its run after the wait, it is a 409 with `Retry-After`. */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
             };
             path?: never;
@@ -3999,7 +4010,7 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description Send the same key to make a retry return the first run instead of starting another. Kept 24 hours; the same key with a different body is a 422. Bodies are compared by content (canonical JSON), so the order of an object's fields does not matter; the order of a list does. */
+                /** @description Send the same key to make a retry return the first run instead of starting another. Kept 24 hours; the same key with a different body is a 422. Bodies are compared by content (canonical JSON), so the order of an object's fields does not matter; the order of a list does. A request that comes while the first one with its key is still being handled waits for that one's run (up to 5 s) and answers it; when that one is refused (its 400 or 422, say), it is handled as if it came alone; when that one has not stored its run after the wait, it is a 409 with `Retry-After`. */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
             };
             path?: never;
@@ -4029,6 +4040,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["NotPermitted"];
+            409: components["responses"]["IdempotencyKeyInUse"];
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             422: components["responses"]["Unprocessable"];
@@ -4040,7 +4052,7 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description Send the same key to make a retry return the first run instead of starting another. Kept 24 hours; the same key with a different body is a 422. Bodies are compared by content (canonical JSON), so the order of an object's fields does not matter; the order of a list does. */
+                /** @description Send the same key to make a retry return the first run instead of starting another. Kept 24 hours; the same key with a different body is a 422. Bodies are compared by content (canonical JSON), so the order of an object's fields does not matter; the order of a list does. A request that comes while the first one with its key is still being handled waits for that one's run (up to 5 s) and answers it; when that one is refused (its 400 or 422, say), it is handled as if it came alone; when that one has not stored its run after the wait, it is a 409 with `Retry-After`. */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
             };
             path?: never;
@@ -4057,6 +4069,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["NotPermitted"];
+            409: components["responses"]["IdempotencyKeyInUse"];
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             422: components["responses"]["Unprocessable"];
@@ -4340,7 +4353,7 @@ export interface operations {
                 workspace?: components["schemas"]["TranscriptionWorkspace"];
             };
             header?: {
-                /** @description Send the same key to make a retry return the first run instead of starting another. Kept 24 hours; the same key with a different body is a 422. Bodies are compared by content (canonical JSON), so the order of an object's fields does not matter; the order of a list does. */
+                /** @description Send the same key to make a retry return the first run instead of starting another. Kept 24 hours; the same key with a different body is a 422. Bodies are compared by content (canonical JSON), so the order of an object's fields does not matter; the order of a list does. A request that comes while the first one with its key is still being handled waits for that one's run (up to 5 s) and answers it; when that one is refused (its 400 or 422, say), it is handled as if it came alone; when that one has not stored its run after the wait, it is a 409 with `Retry-After`. */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
             };
             path?: never;
@@ -4963,7 +4976,7 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description Send the same key to make a retry return the first run instead of starting another. Kept 24 hours; the same key with a different body is a 422. Bodies are compared by content (canonical JSON), so the order of an object's fields does not matter; the order of a list does. */
+                /** @description Send the same key to make a retry return the first run instead of starting another. Kept 24 hours; the same key with a different body is a 422. Bodies are compared by content (canonical JSON), so the order of an object's fields does not matter; the order of a list does. A request that comes while the first one with its key is still being handled waits for that one's run (up to 5 s) and answers it; when that one is refused (its 400 or 422, say), it is handled as if it came alone; when that one has not stored its run after the wait, it is a 409 with `Retry-After`. */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
             };
             path: {

@@ -77,6 +77,16 @@ export class ConflictError extends AppError {
   readonly code = 'conflict';
 }
 
+/** The request that holds an Idempotency-Key has not stored its run yet: the same request again after `retryAfterSeconds` gets its answer. */
+export class IdempotencyKeyInUseError extends ConflictError {
+  constructor(
+    message: string,
+    readonly retryAfterSeconds: number,
+  ) {
+    super(message, { retry_after_seconds: retryAfterSeconds });
+  }
+}
+
 /** An error that names every problem of what was asked at once, each with where it is. */
 abstract class ProblemsError extends AppError {
   constructor(

@@ -7,6 +7,7 @@ import {
   type AgentSnapshot,
   canonicalJson,
   ConflictError,
+  IdempotencyKeyInUseError,
   IdempotencyKeyReusedError,
   isTerminal,
   sha256Hex,
@@ -115,6 +116,10 @@ const IDEMPOTENCY_TTL_SECONDS = 24 * 3600;
 /** A claim whose run was never stored (its process died in between) frees the key this soon. */
 const IDEMPOTENCY_CLAIM_SECONDS = 30;
 const REDIS_RETRY_AFTER_SECONDS = 2;
+/** How long a request waits for the run of the request that holds its key, and how often it may claim a key let go meanwhile. */
+const CLAIM_WAIT_MS = 5000;
+const CLAIM_TRIES = 3;
+const IDEMPOTENCY_IN_USE_RETRY_AFTER_SECONDS = 1;
 
 // removes an idempotency claim only if it is still ours: a claim that timed out may land later
 const RELEASE_CLAIM = `if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`;
@@ -273,65 +278,97 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
     const slot = `${prefix}:idempotency:${tenantId}:${keyDigest}`;
     const id = newId('run');
     const claim = JSON.stringify({ hash, run_id: id });
-    const claiming = batch.call<'OK' | null>('key.claim', [slot], [claim, IDEMPOTENCY_CLAIM_SECONDS]);
-    let won: string | null;
-    try {
-      won = await withTimeout(claiming, REDIS_DEADLINE_MS, 'Redis answer');
-    } catch (err) {
-      // the claim is still queued on the connection: take it back after it lands, so a retry is not refused
-      void claiming.then(() => redis.eval(RELEASE_CLAIM, 1, slot, claim)).catch(() => undefined);
-      throw new ServiceUnavailableError('Redis did not answer; retry this request with the same Idempotency-Key', REDIS_RETRY_AFTER_SECONDS, { cause: err });
-    }
-    if (won) {
+    const unavailable = (err: unknown) =>
+      new ServiceUnavailableError('Redis did not answer; retry this request with the same Idempotency-Key', REDIS_RETRY_AFTER_SECONDS, { cause: err });
+    // A request that finds the key claimed waits for the claim's run; when the claim is let go meanwhile (its
+    // request was refused, or failed before storing its run), this one claims the key in turn and is answered
+    // as the first would have been had it come alone (its own 400 or 422, say)
+    for (let claims = 0; claims < CLAIM_TRIES; claims++) {
+      const claiming = batch.call<'OK' | null>('key.claim', [slot], [claim, IDEMPOTENCY_CLAIM_SECONDS]);
+      let won: string | null;
       try {
-        // Redis forgets a key when it loses its data: the store keeps each key's run too, for its day
-        const since = new Date(clock.now().getTime() - IDEMPOTENCY_TTL_SECONDS * 1000).toISOString();
-        let kept: Awaited<ReturnType<typeof store.idempotencyKeys.get>>;
-        let earlier: Run | null = null;
-        try {
-          kept = await store.idempotencyKeys.get(tenantId, keyDigest, since);
-          if (kept) earlier = await store.runs.get(tenantId, kept.run_id);
-        } catch (err) {
-          throw new ServiceUnavailableError('the store did not answer; retry this request with the same Idempotency-Key', STORE_RETRY_AFTER_SECONDS, {
-            cause: err,
-          });
-        }
-        if (kept && earlier) {
-          // Redis holds the key again for the rest of its day, as it did before it lost it (if it cannot,
-          // the claim is taken back below and the next retry reads the store again)
-          const leftMs = Date.parse(kept.created_at) + IDEMPOTENCY_TTL_SECONDS * 1000 - clock.now().getTime();
-          const restored = await withTimeout(
-            redis.set(slot, JSON.stringify({ hash: kept.fingerprint, run_id: earlier.id }), 'PX', Math.max(1000, leftMs)),
-            REDIS_DEADLINE_MS,
-            'Redis answer',
-          ).catch(() => null);
-          if (!restored) await redis.eval(RELEASE_CLAIM, 1, slot, claim).catch(() => undefined);
-          if (kept.fingerprint !== hash) throw new IdempotencyKeyReusedError('this Idempotency-Key was used with a different request');
-          return { run: earlier, replayed: true };
-        }
-        const remember = (run: Run) =>
-          store.idempotencyKeys.put({ tenant_id: tenantId, key_digest: keyDigest, fingerprint: hash, run_id: run.id, created_at: run.created_at });
-        const run = await create(tenantId, await requestNow(), id, after, remember);
-        // stored: the key now holds for its full day (not waited for: the claim already holds it for 30 s)
-        void batch.call('key.expire', [slot], [IDEMPOTENCY_TTL_SECONDS]).catch(() => undefined);
-        return { run, replayed: false };
+        won = await withTimeout(claiming, REDIS_DEADLINE_MS, 'Redis answer');
       } catch (err) {
-        await redis.eval(RELEASE_CLAIM, 1, slot, claim).catch(() => undefined);
-        throw err;
+        // the claim is still queued on the connection: take it back after it lands, so a retry is not refused
+        void claiming.then(() => redis.eval(RELEASE_CLAIM, 1, slot, claim)).catch(() => undefined);
+        throw unavailable(err);
       }
+      if (won) return createClaimed(tenantId, { slot, claim, keyDigest, hash, id }, requestNow, after);
+      const held = await heldClaim(slot).catch((err: unknown) => {
+        throw unavailable(err);
+      });
+      if (!held) continue; // let go between the two reads
+      if (held.hash !== hash && held.hash !== legacyFingerprintOf(fingerprint))
+        throw new IdempotencyKeyReusedError('this Idempotency-Key was used with a different request');
+      for (const until = Date.now() + CLAIM_WAIT_MS; Date.now() < until;) {
+        const run = await store.runs.get(tenantId, held.run_id);
+        if (run) return { run, replayed: true };
+        await new Promise((r) => setTimeout(r, 20)); // the first request is still writing it
+        const now = await heldClaim(slot).catch(() => held);
+        if (now?.run_id !== held.run_id) break; // let go (or expired): claim it in turn
+      }
+      if ((await heldClaim(slot).catch(() => held))?.run_id === held.run_id)
+        throw new IdempotencyKeyInUseError(
+          'a request with this Idempotency-Key is still being handled; retry it after a moment',
+          IDEMPOTENCY_IN_USE_RETRY_AFTER_SECONDS,
+        );
     }
-    const holding = await withTimeout(redis.get(slot), REDIS_DEADLINE_MS, 'Redis answer').catch((err: unknown) => {
-      throw new ServiceUnavailableError('Redis did not answer; retry this request with the same Idempotency-Key', REDIS_RETRY_AFTER_SECONDS, { cause: err });
-    });
-    const held = JSON.parse(holding ?? '{}') as { hash?: string; run_id?: string };
-    if (held.hash !== hash && held.hash !== legacyFingerprintOf(fingerprint))
-      throw new IdempotencyKeyReusedError('this Idempotency-Key was used with a different request');
-    for (let i = 0; i < 50; i++) {
-      const run = await store.runs.get(tenantId, held.run_id!);
-      if (run) return { run, replayed: true };
-      await new Promise((r) => setTimeout(r, 20)); // the first request is still writing it
+    throw new IdempotencyKeyInUseError(
+      'requests with this Idempotency-Key keep coming and going; retry it after a moment',
+      IDEMPOTENCY_IN_USE_RETRY_AFTER_SECONDS,
+    );
+  }
+
+  /** What holds an idempotency key now: its request's fingerprint and run; null when nothing does. */
+  async function heldClaim(slot: string): Promise<{ hash?: string; run_id: string } | null> {
+    const holding = await withTimeout(redis.get(slot), REDIS_DEADLINE_MS, 'Redis answer');
+    return holding === null ? null : (JSON.parse(holding) as { hash?: string; run_id: string });
+  }
+
+  /** The run of a request that holds its key's claim: the run the store kept for the key, or a new one. */
+  async function createClaimed(
+    tenantId: string,
+    c: { slot: string; claim: string; keyDigest: string; hash: string; id: string },
+    requestNow: () => Promise<RunRequest>,
+    after?: AfterStored,
+  ): Promise<{ run: Run; replayed: boolean }> {
+    const { slot, claim, keyDigest, hash, id } = c;
+    try {
+      // Redis forgets a key when it loses its data: the store keeps each key's run too, for its day
+      const since = new Date(clock.now().getTime() - IDEMPOTENCY_TTL_SECONDS * 1000).toISOString();
+      let kept: Awaited<ReturnType<typeof store.idempotencyKeys.get>>;
+      let earlier: Run | null = null;
+      try {
+        kept = await store.idempotencyKeys.get(tenantId, keyDigest, since);
+        if (kept) earlier = await store.runs.get(tenantId, kept.run_id);
+      } catch (err) {
+        throw new ServiceUnavailableError('the store did not answer; retry this request with the same Idempotency-Key', STORE_RETRY_AFTER_SECONDS, {
+          cause: err,
+        });
+      }
+      if (kept && earlier) {
+        // Redis holds the key again for the rest of its day, as it did before it lost it (if it cannot,
+        // the claim is taken back below and the next retry reads the store again)
+        const leftMs = Date.parse(kept.created_at) + IDEMPOTENCY_TTL_SECONDS * 1000 - clock.now().getTime();
+        const restored = await withTimeout(
+          redis.set(slot, JSON.stringify({ hash: kept.fingerprint, run_id: earlier.id }), 'PX', Math.max(1000, leftMs)),
+          REDIS_DEADLINE_MS,
+          'Redis answer',
+        ).catch(() => null);
+        if (!restored) await redis.eval(RELEASE_CLAIM, 1, slot, claim).catch(() => undefined);
+        if (kept.fingerprint !== hash) throw new IdempotencyKeyReusedError('this Idempotency-Key was used with a different request');
+        return { run: earlier, replayed: true };
+      }
+      const remember = (run: Run) =>
+        store.idempotencyKeys.put({ tenant_id: tenantId, key_digest: keyDigest, fingerprint: hash, run_id: run.id, created_at: run.created_at });
+      const run = await create(tenantId, await requestNow(), id, after, remember);
+      // stored: the key now holds for its full day (not waited for: the claim already holds it for 30 s)
+      void batch.call('key.expire', [slot], [IDEMPOTENCY_TTL_SECONDS]).catch(() => undefined);
+      return { run, replayed: false };
+    } catch (err) {
+      await redis.eval(RELEASE_CLAIM, 1, slot, claim).catch(() => undefined);
+      throw err;
     }
-    throw new ConflictError('a request with this Idempotency-Key is still being handled; retry');
   }
 
   /** The request that made a run, so it can be made again. */

@@ -207,6 +207,34 @@ describe('autonomy runs', function () {
     expect(otherTenant.body.run_id).not.to.equal(first.body.run_id);
   });
 
+  it('answers requests sent at once with one Idempotency-Key as the first: its refusal, or its run however slow it is to store', async () => {
+    // over the operator's budget (SERVICE_RUN_MAX_BUDGET_SECONDS), inside the schema's: refused by the first, which lets the key go
+    const over = { steps: [{ tool: 'message', args: { text: 'x' } }], budget_seconds: 5000 };
+    const refused = await Promise.all(
+      Array.from({ length: 4 }, () => h.call('POST', '/api/v1/autonomy/run', { body: over, headers: { 'idempotency-key': 'at-once-1' } })),
+    );
+    expect(refused.map((r) => `${r.status} ${r.body.code}`)).to.deep.equal(Array(4).fill('400 validation-failed'));
+    // a first request that takes longer than a second to store its run: the others wait for it and answer it
+    const insert = h.rt.store.runs.insert;
+    let calls = 0;
+    h.rt.store.runs.insert = (async (...args: Parameters<typeof insert>) => {
+      if (calls++ === 0) await new Promise((r) => setTimeout(r, 1500));
+      return insert.apply(h.rt.store.runs, args);
+    }) as typeof insert;
+    try {
+      const body = { steps: [{ tool: 'message', args: { text: 'slow' } }] };
+      const answers = await Promise.all(
+        Array.from({ length: 3 }, () => h.call('POST', '/api/v1/autonomy/run', { body, headers: { 'idempotency-key': 'at-once-2' } })),
+      );
+      expect(answers.map((r) => r.status)).to.deep.equal([202, 202, 202]);
+      expect(new Set(answers.map((r) => r.body.run_id)).size).to.equal(1);
+      expect(answers.filter((r) => r.headers.get('idempotent-replayed') === 'true')).to.have.length(2);
+      expect(calls).to.equal(1);
+    } finally {
+      h.rt.store.runs.insert = insert;
+    }
+  });
+
   it('knows a request with the same Idempotency-Key by its content, not the order of its fields', async () => {
     const key = { 'idempotency-key': 'deploy-43' };
     const first = await h.call('POST', '/api/v1/autonomy/run', {
