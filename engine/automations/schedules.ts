@@ -8,7 +8,7 @@
 // store at start-up and by the periodic reconcile.
 import type { Platform } from '../deps.js';
 import { redisBatch, type Automation } from '../platform/index.js';
-import { nextCronFire } from './triggers.js';
+import { isCronFire, nextCronFire } from './triggers.js';
 
 /** The job of one fire: which trigger, as it was when the fire was handed over, and its time. */
 export type CronJob = { tenant_id: string; automation_id: string; trigger_index: number; schedule?: string; timezone?: string; fire_at?: string };
@@ -101,7 +101,7 @@ export function schedulesOf(deps: Pick<Platform, 'queues' | 'store' | 'log' | 'r
     if (!m || !t || t.type !== 'cron') return (await move(member, at, null)) === 1; // no longer a cron trigger that fires
     // a time the trigger's schedule does not give is no fire of it: the member was placed for the schedule
     // before a change whose own write has not reached the set yet (or was lost); it moves on to this one's
-    if (nextCronFire(t.schedule, t.timezone, new Date(at - 1))?.getTime() === at) {
+    if (isCronFire(t.schedule, t.timezone, at)) {
       const job: CronJob = { ...m, schedule: t.schedule, timezone: t.timezone, fire_at: new Date(at).toISOString() };
       await queue.add('cron', job, { jobId: cronJobIdOf(m, at), delay: Math.max(0, at - now), ...KEPT });
     }

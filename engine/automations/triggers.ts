@@ -89,6 +89,24 @@ export function nextCronFire(schedule: string, timezone: string | undefined, fro
   return next === null ? null : new Date(next);
 }
 
+/** How far before a time `isCronFire` starts walking the schedule: more than any zone's clock change (2 h). */
+const FIRE_CHECK_BACK_MS = 3 * 3600_000;
+/** The fires it walks at most from there (a schedule firing every second has 10,800 in 3 h: it is answered by the first check). */
+const FIRE_CHECK_STEPS = 200;
+
+/**
+ * True when `at` is a time the schedule gives. Asked from the millisecond before, cron-parser can miss a
+ * fire the clock change of a spring night moved (`30 2 * * *` in Europe/Paris gives 01:30Z that day, from
+ * the evening before; from 01:29:59.999Z, already in summer time, it gives the next day's): the schedule is
+ * then walked from a few hours before.
+ */
+export function isCronFire(schedule: string, timezone: string | undefined, at: number): boolean {
+  if (nextCronFire(schedule, timezone, new Date(at - 1))?.getTime() === at) return true;
+  let next = nextCronFire(schedule, timezone, new Date(at - FIRE_CHECK_BACK_MS))?.getTime();
+  for (let i = 0; next !== undefined && next < at && i < FIRE_CHECK_STEPS; i++) next = nextCronFire(schedule, timezone, new Date(next))?.getTime();
+  return next === at;
+}
+
 const MAX_DAYS = [31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
 
 /** A schedule's fields, parsed once for its check and its shortest gap (throws for what is not an expression). */

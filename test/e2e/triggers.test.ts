@@ -283,6 +283,16 @@ describe('the cron ticker', function () {
     expect(await h.rt.engine.schedules.tick(), 'nothing more due').to.equal(0);
   });
 
+  it('hands over a fire that the spring clock change moved (02:30 in Paris that night is 03:30 summer time)', async () => {
+    const a = (await h.call<Body>('POST', '/api/v1/automations', { body: cronAutomation('dst', '30 2 * * *', 'Europe/Paris') })).body;
+    const movedAt = Date.parse('2026-03-29T01:30:00Z'); // what the schedule gave for that night, placed the evening before
+    await h.rt.redis.zadd(cronDueKey(h.config.queuePrefix), movedAt, `${a.tenant_id}\t${a.id}\t0`);
+    expect(await h.rt.engine.schedules.tick()).to.equal(1);
+    const jobs = (await h.rt.queues.get('triggers').getJobs(['waiting', 'delayed'])).filter((j) => j.name === 'cron' && j.data.automation_id === a.id);
+    expect(jobs.map((j) => j.data.fire_at)).to.deep.equal(['2026-03-29T01:30:00.000Z']);
+    await h.call('DELETE', `/api/v1/automations/${a.id}`);
+  });
+
   it('hands a fire due within the next tick over as the automation is made, and ignores one whose trigger changed since', async () => {
     const a = (await h.call<Body>('POST', '/api/v1/automations', { body: cronAutomation('soon', '* * * * * *') })).body;
     const queue = h.rt.queues.get('triggers');

@@ -1,6 +1,6 @@
 import { expect } from 'chai';
 import { CronExpressionParser } from 'cron-parser';
-import { isTimeZone, nextCronFire, validateTriggers } from '../../engine/automations/triggers.js';
+import { isCronFire, isTimeZone, nextCronFire, validateTriggers } from '../../engine/automations/triggers.js';
 
 describe('engine/triggers', () => {
   it('accepts 5-field and 6-field (seconds first) cron expressions', () => {
@@ -47,6 +47,25 @@ describe('engine/triggers', () => {
             expect(nextCronFire(schedule, timezone, from)?.getTime()).to.equal(fresh); // remembered
           }
     expect(nextCronFire('0 0 31 2 *', 'UTC', new Date())).to.equal(null); // never fires
+  });
+
+  it('knows a fire the spring clock change moved as a time its schedule gives, and no other time', () => {
+    // 02:30 does not exist in Paris on 2027-03-28: the schedule fires at 03:30 summer time (01:30Z), which
+    // cron-parser gives from the evening before, but not from the millisecond before, already in summer time
+    const moved = Date.parse('2027-03-28T01:30:00Z');
+    expect(nextCronFire('30 2 * * *', 'Europe/Paris', new Date('2027-03-27T22:00:00Z'))?.getTime()).to.equal(moved);
+    expect(isCronFire('30 2 * * *', 'Europe/Paris', moved)).to.equal(true);
+    expect(isCronFire('30 2 * * *', 'Europe/Paris', Date.parse('2027-03-29T00:30:00Z'))).to.equal(true);
+    expect(isCronFire('30 2 * * *', 'Europe/Paris', moved + 60_000)).to.equal(false);
+    expect(isCronFire('30 2 * * *', 'Europe/Paris', Date.parse('2027-03-28T00:30:00Z'))).to.equal(false);
+    for (const [schedule, at] of [
+      ['*/7 * * * * *', '2026-11-28T10:00:07Z'],
+      ['0 9 * * MON-FRI', '2026-11-27T09:00:00Z'],
+      ['0 0 L * *', '2026-11-30T00:00:00Z'],
+    ] as const) {
+      expect(isCronFire(schedule, 'UTC', Date.parse(at)), schedule).to.equal(true);
+      expect(isCronFire(schedule, 'UTC', Date.parse(at) + 1000), `${schedule} + 1 s`).to.equal(false);
+    }
   });
 
   it('takes the shortest gap from the clock fields, the same at any hour it is asked (11 fires from now saw it only at some)', () => {
