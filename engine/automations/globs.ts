@@ -35,7 +35,7 @@ function bracesOf(glob: string): Map<number, { close: number; commas: number[] }
 }
 
 /** Expands a glob's braces: `a{b,c}` is `ab` and `ac`, `f{1..3}` is `f1`, `f2`, `f3`; throws past MAX_BRACE_EXPANSION. */
-function expandBraces(glob: string, out: string[] = []): string[] {
+export function expandBraces(glob: string, out: string[] = []): string[] {
   const braces = bracesOf(glob);
   // the first brace that expands: one with commas, or a range (`{x}` is literal, a brace within it may expand)
   for (const [at, { close, commas }] of [...braces].sort((x, y) => x[0] - y[0])) {

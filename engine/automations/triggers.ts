@@ -3,7 +3,7 @@
 import path from 'node:path';
 import { CronExpressionParser } from 'cron-parser';
 import type { FieldError, Trigger } from '../platform/index.js';
-import { globSyntaxError } from './globs.js';
+import { expandBraces, globSyntaxError } from './globs.js';
 
 /** Remembers what a pure, costly check answered (zone and cron parsing cost ~0.1-1 ms each); bounded. */
 function memo<T>(compute: (key: string) => T, max = 2000): (key: string) => T {
@@ -161,10 +161,15 @@ const shortestGapSeconds = memo((schedule: string): number | null => {
   return Math.min(gap, first + 86_400 - last);
 }, 500);
 
+/** What is wrong with a file_change glob: its syntax, or any glob its braces make (`{..,a}/x` is `../x` too) leaving the workspace. */
 function globError(glob: string): string | null {
-  if (path.isAbsolute(glob) || /^[A-Za-z]:[\\/]/.test(glob)) return 'must be relative to the workspace root';
-  if (glob.split(/[\\/]/).includes('..')) return 'must not climb out of the workspace root with ..';
-  return globSyntaxError(glob);
+  const syntax = globSyntaxError(glob);
+  if (syntax) return syntax;
+  for (const one of expandBraces(glob)) {
+    if (path.isAbsolute(one) || /^[A-Za-z]:[\\/]/.test(one)) return 'must be relative to the workspace root';
+    if (one.split(/[\\/]/).includes('..')) return 'must not climb out of the workspace root with ..';
+  }
+  return null;
 }
 
 export function validateTriggers(triggers: Trigger[], at = '/body/triggers', opts: { cronMinIntervalSeconds?: number } = {}): FieldError[] {

@@ -21,8 +21,16 @@ describe('engine/triggers', () => {
   });
 
   it('keeps file_change globs inside the workspace', () => {
-    const errors = validateTriggers([{ type: 'file_change', paths: ['src/**/*.ts', '/etc/passwd', '../outside/*'] }]);
-    expect(errors.map((e) => e.path)).to.deep.equal(['/body/triggers/0/paths/1', '/body/triggers/0/paths/2']);
+    const errors = validateTriggers([{ type: 'file_change', paths: ['src/**/*.ts', '/etc/passwd', '../outside/*', '{..,a}/x', '{src,/etc}/*', '{a,b}/*.ts'] }]);
+    expect(errors.map((e) => e.path)).to.deep.equal([
+      '/body/triggers/0/paths/1',
+      '/body/triggers/0/paths/2',
+      '/body/triggers/0/paths/3',
+      '/body/triggers/0/paths/4',
+    ]);
+    // a brace's alternatives are globs of their own: `{..,a}/x` is `../x` too
+    expect(errors[2]!.message).to.match(/climb out/);
+    expect(errors[3]!.message).to.match(/relative/);
   });
 
   it('knows IANA zones and computes the next fire in that zone', () => {
