@@ -3,7 +3,7 @@
 // signatures are over exactly what was sent.
 import express, { Router, type NextFunction, type Request, type Response } from 'express';
 import { TENANT_ID_PATTERN } from '../../config/env.js';
-import { NotFoundError, WEBHOOK_PROVIDERS, type WebhookProvider } from '../../engine/platform/index.js';
+import { NotFoundError, WEBHOOK_PROVIDERS, WebhookRejectedError, type WebhookProvider } from '../../engine/platform/index.js';
 import type { Engine } from '../../engine/index.js';
 import { BODY_LIMIT_BYTES } from '../../engine/webhooks/index.js';
 import { tenantOf } from '../auth.js';
@@ -11,6 +11,20 @@ import { refuseDeclaredOver } from '../body-limit.js';
 import type { operations } from '../schema.js';
 
 const isKind = (k: string): k is WebhookProvider => (WEBHOOK_PROVIDERS as readonly string[]).includes(k);
+
+/** A body the intake could not read, as the provider's problem (webhook-payload-invalid); null for any other error. */
+function unreadableBody(err: unknown): WebhookRejectedError | null {
+  const e = err as { type?: unknown; encoding?: unknown; code?: unknown };
+  if (e.type === 'encoding.unsupported')
+    return new WebhookRejectedError(
+      'webhook-payload-invalid',
+      `the body's Content-Encoding "${String(e.encoding)}" is not one the intake reads (gzip, deflate, br)`,
+    );
+  // zlib's errors (Z_DATA_ERROR, Z_BUF_ERROR, ERR_BROTLI_...): what the sender compressed does not inflate
+  if (typeof e.code === 'string' && /^(Z_|ERR_BROTLI|ERR_ZLIB)/.test(e.code))
+    return new WebhookRejectedError('webhook-payload-invalid', 'the compressed body does not inflate with its Content-Encoding');
+  return null;
+}
 
 export function webhookIntakeRouter(engine: Engine): Router {
   const router = Router();
@@ -26,7 +40,11 @@ export function webhookIntakeRouter(engine: Engine): Router {
     if (!TENANT_ID_PATTERN.test(tenantId) || !isKind(kind)) throw new NotFoundError(`no webhook route ${req.path}`);
     if (refuseDeclaredOver(BODY_LIMIT_BYTES[kind], req, res, next)) return;
     (kind === 'email' ? rawLarge : rawSmall)(req, res, (err?: unknown) => {
-      if (err) return next(err);
+      if (err) {
+        const unreadable = unreadableBody(err);
+        if (!unreadable) return next(err);
+        return void engine.webhooks.refuseUnreadable(tenantId, kind, req.headers, Number(req.headers['content-length']) || 0, unreadable).catch(next);
+      }
       const body = Buffer.isBuffer(req.body) ? req.body : Buffer.alloc(0);
       engine.webhooks.receive(tenantId, kind, req.headers, body).then((receipt) => {
         if (receipt.delivery_id) res.setHeader('X-Delivery-Id', receipt.delivery_id);

@@ -350,6 +350,20 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
       return done;
     },
 
+    /**
+     * Refuses a request whose body could not be read (an encoding the intake does not undo, a compressed body
+     * that does not inflate): counted, and recorded within the tenant's budget of refusals, as receive's are.
+     */
+    async refuseUnreadable(tenantId: string, kind: WebhookProvider, headers: Headers, size: number, err: WebhookRejectedError): Promise<never> {
+      if (!(await secretsOf(tenantId)).known) {
+        deps.metrics.webhookRequests.inc({ kind, outcome: 'webhook-not-configured' });
+        throw new WebhookRejectedError('webhook-not-configured', `no usable ${kind} secret is set for this tenant: PUT /api/v1/webhook-secrets/${kind}`);
+      }
+      deps.metrics.webhookRequests.inc({ kind, outcome: err.code });
+      if (await refusalsWithinLimit(tenantId)) await recordRejection(tenantId, kind, headers, size, err);
+      throw err;
+    },
+
     /** Matches a delivery again and starts new runs, without verifying it again. */
     async replay(tenantId: string, deliveryId: string): Promise<WebhookDelivery> {
       const d = await store.deliveries.get(tenantId, deliveryId);

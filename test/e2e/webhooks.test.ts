@@ -7,6 +7,7 @@ import { verify as octokitVerify } from '@octokit/webhooks-methods';
 import { UnrecoverableError, Worker } from 'bullmq';
 import { expect } from 'chai';
 import { createHmac, randomBytes, randomUUID } from 'node:crypto';
+import { gzipSync } from 'node:zlib';
 import fs from 'node:fs';
 import path from 'node:path';
 import Database from 'better-sqlite3';
@@ -575,6 +576,24 @@ describe('webhook intake', function () {
   });
 
   describe('bad input', () => {
+    it('inflates a compressed body; refuses one that does not inflate, or an encoding it does not read, as webhook-payload-invalid, recorded', async () => {
+      const signed = await sign.codehost(SECRET.codehost, { ref: 'refs/heads/gz' }, { event: 'push' });
+      const gz = await post('codehost', { body: gzipSync(signed.body as string), headers: { ...signed.headers, 'content-encoding': 'gzip' } });
+      expect(gz.status, gz.text).to.equal(200);
+      expect((await delivery(gz.body.delivery_id)).body).to.equal(signed.body);
+      for (const [encoding, body, detail] of [
+        ['bogus', Buffer.from('{}'), /Content-Encoding "bogus"/],
+        ['gzip', Buffer.from('not gzip at all'), /does not inflate/],
+      ] as const) {
+        const r = await post('codehost', { body, headers: { 'content-type': 'application/json', 'content-encoding': encoding } });
+        expect(r.status, `${encoding}: ${r.text}`).to.equal(400);
+        expect(r.body.code).to.equal('webhook-payload-invalid');
+        expect(r.body.detail).to.match(detail);
+        const rejected = (await h.call<Body>('GET', '/api/v1/webhook-deliveries?kind=codehost&status=rejected&limit=1')).body.data[0];
+        expect(rejected.rejection.message).to.match(detail);
+      }
+    });
+
     it('answers every malformed request with a problem and stays up', async () => {
       const t = Math.floor(Date.now() / 1000);
       const cases: [string, sign.Signed][] = [
