@@ -263,7 +263,8 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
       args: Record<string, unknown>,
       signal?: AbortSignal,
     ): Promise<{ connection_id: string; answer: Answer }> {
-      const run = ACTIONS[provider][action];
+      // its own actions only: `constructor` would be Object, which answers the access (the credential) itself
+      const run = Object.hasOwn(ACTIONS[provider], action) ? ACTIONS[provider][action] : undefined;
       if (!run) throw new ActionArgsError(`${provider} has no action ${action}; it has ${Object.keys(ACTIONS[provider]).join(', ')}`);
       const record = await this.use(tenantId, provider, named);
       const access = accessOf(record, signal);

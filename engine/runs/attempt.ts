@@ -27,6 +27,10 @@ const STREAMED_MAX_BYTES = 1024 * 1024;
 export const ATTEMPT_STREAMED_MAX_BYTES = 8 * 1024 * 1024;
 const PROGRESS_SAVE_MS = 200;
 
+/** A plain object: not null, an array, or what a prototype makes (a class instance, a function). */
+const isObjectRecord = (v: unknown): v is Record<string, unknown> =>
+  typeof v === 'object' && v !== null && !Array.isArray(v) && [Object.prototype, null].includes(Object.getPrototypeOf(v));
+
 /** Why an attempt was stopped before its work ended: the reason its AbortSignal carries. */
 export type StopReason = { status: Extract<RunStatus, 'canceled' | 'timed_out'>; error: ErrorInfo } | { status: 'interrupted'; error: ErrorInfo };
 
@@ -269,6 +273,9 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
       };
       try {
         result = await unlessStuck(tool.execute(step.args, ctx), signal);
+        // a step's output is an object (the API's StepRecord): anything else would be kept and make the run unreadable
+        if (!isObjectRecord(result.output))
+          result = { output: {}, error: { code: 'tool-failed', message: `${step.tool} answered something that is not an object` } };
       } catch (err) {
         // a tool's own error, or what the service refused it (another tenant's session, a gate set that is
         // not valid, an unknown gate): the step fails with its code

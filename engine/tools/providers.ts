@@ -48,7 +48,8 @@ function actionTool(provider: ConnectionProvider, description: string, actions: 
     async execute(args, ctx) {
       if (!ctx.connections) throw new ToolError('tool-unavailable', 'connections are not reachable from this run');
       const action = stringArg(args, 'action');
-      if (!(action in actions)) throw new ToolError('invalid-args', `args.action must be one of ${Object.keys(actions).join(', ')}`);
+      // its own actions only: `in` would take what every object inherits (`constructor`, `toString`)
+      if (!Object.hasOwn(actions, action)) throw new ToolError('invalid-args', `args.action must be one of ${Object.keys(actions).join(', ')}`);
       return { output: await ctx.connections.act(provider, action, args) };
     },
   };

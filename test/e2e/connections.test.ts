@@ -645,4 +645,19 @@ describe('action tools', function () {
     const events = await h.rt.events.after(`session:${refused.session_id}`, '0-0');
     expect(events.find((e) => e.type === 'provider.answer')!.data).to.deep.include({ ok: false, answer: null });
   });
+
+  it('refuses as an action what every object inherits (constructor answered the connection’s access, its credential in clear)', async () => {
+    for (const action of ['constructor', 'toString', '__proto__', 'hasOwnProperty', 'valueOf']) {
+      const run = await start({ tools: ['chat'], steps: [{ tool: 'chat', args: { action, connection: 'slack' } }] });
+      expect(run.status, action).to.equal('failed');
+      expect(run.steps[0].error?.code, action).to.equal('invalid-args');
+      expect(run.steps[0].output, action).to.deep.equal({});
+      const events = await h.rt.events.after(`session:${run.session_id}`, '0-0');
+      expect(JSON.stringify({ run, events }), action).to.not.contain(FAKE_TOKEN);
+    }
+    // and below the tool: the connections' own lookup
+    let refused: unknown;
+    await h.rt.engine.connections.act('tenant-a', 'chat', 'slack', 'constructor', {}).catch((err: unknown) => (refused = err));
+    expect(String(refused)).to.match(/has no action constructor/);
+  });
 });
