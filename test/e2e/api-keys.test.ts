@@ -118,6 +118,12 @@ describe('api keys', function () {
     // a leap second passes the format and is no instant: refused, never a key that cannot expire
     const leap = await h.call<Body>('POST', '/api/v1/api-keys', { body: { expires_at: '2030-12-31T23:59:60Z' } });
     expect(leap.status, leap.text).to.equal(400);
+    // a day its month does not have is no date (Date.parse would roll it into the next month, a key living two days longer)
+    for (const expires_at of ['2030-02-30T00:00:00Z', '2030-04-31T12:00:00Z']) {
+      const rolled = await h.call<Body>('POST', '/api/v1/api-keys', { body: { expires_at } });
+      expect(rolled.status, `${expires_at}: ${rolled.text}`).to.equal(400);
+      expect(rolled.body.errors[0].path).to.equal('/body/expires_at');
+    }
     const soon = (await h.call<Body>('POST', '/api/v1/api-keys', { body: { expires_at: new Date(Date.now() + 1500).toISOString() } })).body;
     expect((await h.call('GET', '/api/v1/runs', { key: soon.key })).status).to.equal(200);
     // a key that expires makes keys that expire with it, never later
