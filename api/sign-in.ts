@@ -92,9 +92,14 @@ export function corsFor(origins: string[]): RequestHandler {
 }
 
 /** Where a sign-in may send the browser back to: a path of this service, or a page of an allowed origin. */
+const RETURN_TO_MAX_LENGTH = 2000;
+
 function returnToOf(raw: unknown, allowedOrigins: string[]): string | null {
   if (raw === undefined || raw === '') return null;
   if (typeof raw !== 'string') throw new ValidationError('return_to must be one URL', [{ path: '/query/return_to', message: 'one value' }]);
+  // the spec's maxLength (the validator checks /api only): longer, the sealed sign-in cookie passes the 4 KB browsers keep
+  if (raw.length > RETURN_TO_MAX_LENGTH)
+    throw new ValidationError('return_to is too long', [{ path: '/query/return_to', message: `at most ${RETURN_TO_MAX_LENGTH} characters` }]);
   if (raw.startsWith('/') && !raw.startsWith('//') && !raw.startsWith('/\\')) return raw;
   let url: URL;
   try {
