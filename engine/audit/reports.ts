@@ -63,15 +63,21 @@ export function reportStoreOf(redis: Redis, settings: ReportStoreSettings) {
   const runningOf = (tenantId: string) => `${prefix}:audit-running:{${tenantId}}`;
   const member = (tenantId: string, id: string) => `${tenantId}\n${id}`;
 
-  /** drops what expired from the index, then the oldest reports beyond the cap */
+  /**
+   * Drops what expired from the index, then the oldest finished reports beyond the cap. A running report is
+   * never dropped (its audit was accepted and will report): the index holds at most the cap and the tenant's
+   * running ones more.
+   */
   async function trim(tenantId: string, nowMs: number): Promise<void> {
     await redis.zremrangebyscore(index(tenantId), '-inf', nowMs - (ttlSeconds + RUNNING_GRACE_SECONDS) * 1000);
     const excess = (await redis.zcard(index(tenantId))) - maxPerTenant;
     if (excess <= 0) return;
-    const evicted = await redis.zrange(index(tenantId), 0, excess - 1);
+    const stillRunning = new Set(await redis.zrange(runningOf(tenantId), 0, -1));
+    const evicted = (await redis.zrange(index(tenantId), 0, excess + stillRunning.size - 1)).filter((id) => !stillRunning.has(id)).slice(0, excess);
+    if (!evicted.length) return;
     const m = redis.multi();
-    for (const id of evicted) m.del(key(tenantId, id)).zrem(running, member(tenantId, id));
-    m.zrem(index(tenantId), ...evicted).zrem(runningOf(tenantId), ...evicted);
+    for (const id of evicted) m.del(key(tenantId, id));
+    m.zrem(index(tenantId), ...evicted);
     await m.exec();
   }
 

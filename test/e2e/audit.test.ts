@@ -332,24 +332,32 @@ describe('workspace audit reports: expiry, eviction and phases that do not compl
     await h.close();
   });
 
-  it('drops the oldest report beyond the cap and every report after its TTL: a 404 that says how long reports are kept', async () => {
-    // three started one after the other (not waited for): the third evicts the first at once
+  it('drops the oldest finished report beyond the cap, never a running one, and every report after its TTL: a 404 that says how long reports are kept', async () => {
+    // three started one after the other (not waited for): past the cap of 2, but all running, so none goes
     const ids: string[] = [];
-    for (let i = 0; i < 3; i++) {
+    const start = async () => {
       const res = await h.call<Body>('POST', '/api/v1/autonomy/workspace-audit/run', { body: { phases: ['sanity'], timeout_seconds: 0 } });
       expect(res.status, res.text).to.equal(202);
       ids.push(res.body.report_id);
+    };
+    for (let i = 0; i < 3; i++) await start();
+    // each accepted audit reports
+    for (const id of ids)
+      await eventually(async () => (await h.call<Body>('GET', `/api/v1/autonomy/workspace-audit/${id}`)).body.status === 'completed', `report ${id}`, 40_000);
+    // a fourth: the oldest finished ones go down to the cap
+    await start();
+    for (const id of ids.slice(0, 2)) {
+      const evicted = await h.call<Body>('GET', `/api/v1/autonomy/workspace-audit/${id}`);
+      expect(evicted.status, id).to.equal(404);
+      expect(evicted.body.detail).to.contain('kept for 2 s').and.contain('the last 2 per tenant');
     }
-    const evicted = await h.call<Body>('GET', `/api/v1/autonomy/workspace-audit/${ids[0]}`);
-    expect(evicted.status).to.equal(404);
-    expect(evicted.body.detail).to.contain('kept for 2 s').and.contain('the last 2 per tenant');
     await eventually(
-      async () => (await h.call<Body>('GET', `/api/v1/autonomy/workspace-audit/${ids[2]}`)).body.status === 'completed',
+      async () => (await h.call<Body>('GET', `/api/v1/autonomy/workspace-audit/${ids[3]}`)).body.status === 'completed',
       'the newest report',
       40_000,
     );
     // kept for 2 s; one kept for good never goes
-    await eventually(async () => (await h.call('GET', `/api/v1/autonomy/workspace-audit/${ids[2]}`)).status === 404, 'the TTL', 40_000);
+    await eventually(async () => (await h.call('GET', `/api/v1/autonomy/workspace-audit/${ids[3]}`)).status === 404, 'the TTL', 40_000);
   });
 
   it('makes the report partial, not stuck, when a phase dies: the others complete, the dead one says why', async () => {
