@@ -102,8 +102,11 @@ export async function resolveAuditRoot(requested: string | undefined, policy: Au
       [policy.privateRoots.workspaceRoot, policy.privateRoots.dataDir, policy.tenantRoot].map((r) => fs.realpath(r).catch(() => path.resolve(r))),
     );
     const named = requested ?? real;
-    // in the folder or above it: a folder that holds the data folder or other tenants' roots reads them too
-    if (inside(real, data!) || inside(data!, real)) throw new PathNotPermittedError(`${named} is or holds the service's data folder, which no audit reads`);
+    // in the folder or above it: a folder that holds the data folder or other tenants' roots reads them too. A
+    // folder inside the data folder is refused too, but for the workspaces (SERVICE_WORKSPACE_ROOT may be
+    // inside SERVICE_DATA_DIR), whose own rule follows
+    if (inside(data!, real) || (inside(real, data!) && !inside(real, workspaces!)))
+      throw new PathNotPermittedError(`${named} is, holds or is inside the service's data folder, which no audit reads`);
     if (!inside(real, own!) && (inside(real, workspaces!) || (workspaces !== own && inside(workspaces!, real))))
       throw new PathNotPermittedError(`${named} is or holds another tenant's workspace root`);
   }

@@ -43,6 +43,19 @@ describe('audit roots', () => {
       for (const requested of ['../tenant-b', '../tenant-b/app', 'to-b', workspaces, data, path.join(data, 'redis'), '../../data', '../..', dir])
         expect(await refused(requested, p), `${requested}, production ${isProduction}`).to.be.instanceOf(PathNotPermittedError);
     }
+    // the workspaces inside the data folder (as SERVICE_DATA_DIR/workspaces): the tenant's own root and its
+    // folders are its to audit; the data folder's other folders, the workspaces and other roots are not
+    const inData = path.join(data, 'workspaces');
+    const mine = path.join(inData, 'tenant-a');
+    for (const d of [path.join(mine, 'app'), path.join(inData, 'tenant-b')]) await fs.mkdir(d, { recursive: true });
+    for (const isProduction of [false, true]) {
+      const p: AuditRootPolicy = { ...policy, tenantRoot: mine, isProduction, privateRoots: { workspaceRoot: inData, dataDir: data } };
+      expect(await resolveAuditRoot(undefined, p), `production ${isProduction}`).to.equal(mine);
+      expect(await resolveAuditRoot('.', p)).to.equal(mine);
+      expect(await resolveAuditRoot('app', p)).to.equal(path.join(mine, 'app'));
+      for (const requested of ['../tenant-b', '..', '../../redis', '../..'])
+        expect(await refused(requested, p), `${requested}, production ${isProduction}`).to.be.instanceOf(PathNotPermittedError);
+    }
     // outside production a folder elsewhere is still the developer's to audit
     const dev: AuditRootPolicy = { ...policy, tenantRoot: own, privateRoots: { workspaceRoot: workspaces, dataDir: data } };
     expect(await resolveAuditRoot(path.join(dir, 'tenant'), dev)).to.equal(path.join(dir, 'tenant'));
