@@ -5,6 +5,8 @@
 import type { Request, Response } from 'express';
 import { compareIds, EVENTS_KEPT, ValidationError, withTimeout, type EventHub, type Scope, type ServiceEvent } from '../engine/platform/index.js';
 
+/** How far ahead of this process's clock an event id may be (another process's, whose clock runs ahead). */
+const FUTURE_ID_MARGIN_MS = 60_000;
 /** How long a stream waits to learn whether its reader missed trimmed events. */
 const NOTICE_DEADLINE_MS = 1000;
 /** What a stream holds for a reader beyond what its socket took, and what live events wait for it (see streamEvents). */
@@ -73,10 +75,18 @@ export async function streamEvents(req: Request, res: Response, opts: SseOptions
     withTimeout(opts.hub.lastId(opts.scope.stream), NOTICE_DEADLINE_MS, 'the log answered').catch(() => null),
   ]);
   // an id after every event of the log was never one of its events: every event to come (the scope's end
-  // included) would be taken as seen, and the stream held open for good
-  if (newest && newest !== '0-0' && opts.afterId !== '0-0' && compareIds(opts.afterId, newest) > 0)
+  // included) would be taken as seen, and the stream held open for good. A log with no event (none yet, or
+  // lost with Redis's data) has ids to come, which are times: one later than a minute from now is none of them
+  if (
+    newest &&
+    opts.afterId !== '0-0' &&
+    (newest === '0-0' ? Number(opts.afterId.split('-')[0]) > Date.now() + FUTURE_ID_MARGIN_MS : compareIds(opts.afterId, newest) > 0)
+  )
     throw new ValidationError('Last-Event-ID is after the last event of this stream', [
-      { path: '/header/last-event-id', message: `must be an id this stream sent (its newest is ${newest})` },
+      {
+        path: '/header/last-event-id',
+        message: newest === '0-0' ? 'must be an id this stream sent' : `must be an id this stream sent (its newest is ${newest})`,
+      },
     ]);
   if (req.socket.destroyed) return;
   res.status(opts.status ?? 200);

@@ -64,6 +64,11 @@ export function auditRouter(engine: Engine, opts: { hub: EventHub; heartbeatMs: 
         return;
       }
     } else {
+      // HEAD is safe: a link checker or `curl -I` starts no audit. It gets the stream's headers, no report id
+      if (req.method === 'HEAD') {
+        res.status(200).set({ 'Content-Type': 'text/event-stream; charset=utf-8', 'Cache-Control': 'no-cache, no-transform' }).end();
+        return;
+      }
       const q = req.query as { workspace?: string; phases?: AuditPhase[]; layers?: string };
       let layers: AuditRequest['layers'];
       try {

@@ -266,6 +266,32 @@ describe('workspace audit', function () {
     expect(resumed.events.every((e) => (e.name === 'report' ? e.data.data.report_id : e.data.data.report_id) === reportId)).to.equal(true);
   });
 
+  it('starts no audit on HEAD, and refuses a Last-Event-ID that no event of a running audit can have', async () => {
+    const reports = async () => (await h.rt.redis.zcard(`${h.config.queuePrefix}:audit-index:{tenant-a}`)) as number;
+    const before = await reports();
+    const head = await fetch(`${h.url}/api/v1/autonomy/workspace-audit/stream?phases=sanity`, {
+      method: 'HEAD',
+      headers: { authorization: `Bearer ${KEYS.a}` },
+    });
+    expect(head.status).to.equal(200);
+    expect(head.headers.get('content-type')).to.match(/^text\/event-stream/);
+    expect(head.headers.get('x-report-id')).to.equal(null);
+    expect(await reports(), 'no audit started').to.equal(before);
+    // an audit with no event yet: an id from far in the future would take every event to come as seen
+    const started = await h.call<Body>('POST', '/api/v1/autonomy/workspace-audit/run', { body: { phases: ['sanity'], timeout_seconds: 0 } });
+    expect(started.status, started.text).to.equal(202);
+    const ahead = await fetch(`${h.url}/api/v1/autonomy/workspace-audit/stream`, {
+      headers: { authorization: `Bearer ${KEYS.a}`, 'last-event-id': `${started.body.report_id}/999999999999999-0` },
+      signal: AbortSignal.timeout(5000),
+    });
+    expect(ahead.status).to.equal(400);
+    await eventually(
+      async () => (await h.call<Body>('GET', `/api/v1/autonomy/workspace-audit/${started.body.report_id}`)).body.status === 'completed',
+      'the audit',
+      40_000,
+    );
+  });
+
   it('audits the folder the X-Service-Workspace-Root header names: this very checkout', async () => {
     const res = await h.call<Body>('POST', '/api/v1/autonomy/workspace-audit/run', {
       headers: { 'x-service-workspace-root': PROJECT_ROOT },
