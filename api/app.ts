@@ -85,8 +85,9 @@ export function requestValidator(spec: OpenApiDocument, validateResponses: boole
     validateRequests: { allErrors: true, allowUnknownQueryParameters: false, discriminator: true },
     validateResponses,
     validateSecurity: false,
-    // 'full': a date-time's day is checked against its month (fast mode took 2027-02-30, which Date.parse rolls into March)
-    validateFormats: 'full',
+    validateFormats: true,
+    // full: a date-time's day is checked against its month (fast mode took 2027-02-30, which Date.parse rolls into March)
+    ajvFormats: { mode: 'full' },
     // multipart bodies (voice uploads) are read by their route as they stream, with its own limits; never buffered here
     fileUploader: false,
     // in any case: a path that reaches an API route is never let through unchecked
