@@ -148,7 +148,8 @@ const int = (def: number, min: number, max: number) =>
     .optional()
     .transform((v, ctx) => {
       if (v === undefined || v.trim() === '') return def;
-      const n = Number(v);
+      // digits only: Number() also reads 0x1E, 1e3 and 0b11
+      const n = /^\s*\d+\s*$/.test(v) ? Number(v) : NaN;
       if (!Number.isInteger(n) || n < min || n > max) {
         ctx.addIssue({ code: 'custom', message: `expected a whole number from ${min} to ${max}, got "${v}"` });
         return z.NEVER;
@@ -177,6 +178,26 @@ const url = (protocols: string[], def?: string) =>
         return z.NEVER;
       }
     });
+
+/**
+ * A MongoDB connection string: its scheme and a host are checked here, the rest by the driver as it connects.
+ * A replica set's seed list (`mongodb://db1:27017,db2:27017/app?replicaSet=rs0`) is no WHATWG URL.
+ */
+const mongodbUri = z
+  .string()
+  .optional()
+  .transform((v, ctx) => {
+    const s = v?.trim();
+    if (!s) return undefined;
+    if (!/^mongodb(\+srv)?:\/\/[^\s/?#]+(\/[^\s]*)?$/.test(s)) {
+      ctx.addIssue({ code: 'custom', message: 'expected a mongodb:// or mongodb+srv:// connection string' });
+      return z.NEVER;
+    }
+    return s;
+  });
+
+/** 32 bytes as 64 hex characters or as base64 (padded or not): Buffer.from skips what is not base64, so the text is checked first. */
+const is32Bytes = (v: string) => /^[0-9a-fA-F]{64}$/.test(v) || (/^[A-Za-z0-9+/_-]{43}=?$/.test(v) && Buffer.from(v, 'base64').length === 32);
 
 const list = z
   .string()
@@ -226,7 +247,7 @@ const schema = z.object({
         return z.NEVER;
       }
     }),
-  MONGODB_URI: url(['mongodb:', 'mongodb+srv:']),
+  MONGODB_URI: mongodbUri,
   SERVICE_STORE: optionalText.pipe(z.enum(['sqlite', 'mongo'], { message: 'expected "sqlite" or "mongo"' }).optional()),
   SERVICE_DATA_DIR: z
     .string()
@@ -283,14 +304,8 @@ const schema = z.object({
     .transform((v) => v?.trim() || 'https://registry.npmjs.org')
     .pipe(z.union([z.literal('none'), z.url({ protocol: /^https?$/, message: 'expected an http(s) URL or "none"' })])),
   SERVICE_ADMIN_KEYS: list.refine((keys) => keys.every((k) => k.length >= 16), 'every admin key must be at least 16 characters'),
-  SERVICE_SECRET_KEY: optionalText.refine(
-    (v) => v === undefined || /^[0-9a-fA-F]{64}$/.test(v) || Buffer.from(v, 'base64').length === 32,
-    'expected 32 bytes as 64 hex characters or base64',
-  ),
-  SERVICE_EVIDENCE_KEY: optionalText.refine(
-    (v) => v === undefined || /^[0-9a-fA-F]{64}$/.test(v) || Buffer.from(v, 'base64').length === 32,
-    'expected a 32-byte Ed25519 seed as 64 hex characters or base64',
-  ),
+  SERVICE_SECRET_KEY: optionalText.refine((v) => v === undefined || is32Bytes(v), 'expected 32 bytes as 64 hex characters or base64'),
+  SERVICE_EVIDENCE_KEY: optionalText.refine((v) => v === undefined || is32Bytes(v), 'expected a 32-byte Ed25519 seed as 64 hex characters or base64'),
   // each an Ed25519 public key: its 32 raw bytes (hex or base64), or the base64 line of its PEM (44 bytes)
   SERVICE_EVIDENCE_PREVIOUS_KEYS: list.refine(
     (keys) => keys.every((k) => publicKeyFromText(k) !== null),

@@ -105,6 +105,29 @@ describe('config/env', () => {
     expect(() => parseEnv({ SERVICE_STORE: 'mongo' })).to.throw(ConfigError, /"mongo" needs MONGODB_URI/);
     expect(() => parseEnv({ SERVICE_STORE: 'sqlite', MONGODB_URI: 'mongodb://db/svc' })).to.throw(ConfigError, /pick one store/);
     expect(() => parseEnv({ SERVICE_STORE: 'postgres' })).to.throw(ConfigError, /SERVICE_STORE: expected "sqlite" or "mongo"/);
+    // a replica set's seed list, with ports, is the usual production string (and no WHATWG URL)
+    for (const uri of [
+      'mongodb://db1:27017,db2:27017,db3:27017/automation?replicaSet=rs0',
+      'mongodb+srv://u:p@cluster0.example.net/app',
+      'mongodb://u:p@h1,h2/db',
+    ])
+      expect(parseEnv({ ...prod, MONGODB_URI: uri }).mongodbUri, uri).to.equal(uri);
+    for (const uri of ['http://db/svc', 'mongodb:/db', 'mongodb://', 'db:27017'])
+      expect(() => parseEnv({ ...prod, MONGODB_URI: uri }), uri).to.throw(
+        ConfigError,
+        /MONGODB_URI: expected a mongodb:\/\/ or mongodb\+srv:\/\/ connection string/,
+      );
+  });
+
+  it('reads whole numbers as digits only, and keys as hex or base64 of exactly 32 bytes', () => {
+    expect(parseEnv({ SERVICE_SHUTDOWN_GRACE_SECONDS: ' 30 ' }).shutdownGraceSeconds).to.equal(30);
+    for (const v of ['0x1E', '1e3', '0b11', '3.0', '-1'])
+      expect(() => parseEnv({ SERVICE_SHUTDOWN_GRACE_SECONDS: v }), v).to.throw(ConfigError, /SERVICE_SHUTDOWN_GRACE_SECONDS: expected a whole number/);
+    const b64 = Buffer.alloc(32, 7).toString('base64');
+    for (const key of [b64, b64.replace(/=+$/, ''), 'ab'.repeat(32)]) expect(() => parseEnv({ SERVICE_SECRET_KEY: key }), key).to.not.throw();
+    // Buffer.from skips what is not base64: 32 zero bytes hid behind four characters it dropped
+    for (const key of ['!!!!' + 'A'.repeat(43), `${b64}AA`, 'ab'.repeat(31)])
+      expect(() => parseEnv({ SERVICE_SECRET_KEY: key }), key).to.throw(ConfigError, /SERVICE_SECRET_KEY: expected 32 bytes/);
   });
 
   it('refuses notification tries whose doubled waits would pass 7 days (50 tries overflowed a date)', () => {
