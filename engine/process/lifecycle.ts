@@ -51,6 +51,7 @@ export async function runMain(name: string, start: (config: Config, log: Logger)
       process.exit(1);
     }
   };
-  process.once('SIGTERM', () => void stop('SIGTERM'));
-  process.once('SIGINT', () => void stop('SIGINT'));
+  // on, not once: a second signal must reach stop (exit 1 at once, the exit handlers run: a private Redis is stopped), not Node's default kill
+  process.on('SIGTERM', () => void stop('SIGTERM'));
+  process.on('SIGINT', () => void stop('SIGINT'));
 }

@@ -22,7 +22,7 @@ import {
   uniquePrefix,
 } from '../support/harness.js';
 
-type Proc = { child: ChildProcess; out: () => string; exited: Promise<{ code: number | null; ms: number }> };
+type Proc = { child: ChildProcess; out: () => string; exited: Promise<{ code: number | null; signal: NodeJS.Signals | null; ms: number }> };
 
 /** A process of the service as the Procfile starts it: its built entry point (`api/main.ts`: dist/api/main.js). */
 const start = (entry: string, env: Record<string, string>): Proc => spawnProc(process.execPath, [builtEntry(entry)], env);
@@ -34,7 +34,9 @@ function spawnProc(command: string, args: string[], env: Record<string, string>)
   let out = '';
   child.stdout!.on('data', (d) => (out += d));
   child.stderr!.on('data', (d) => (out += d));
-  const exited = new Promise<{ code: number | null; ms: number }>((resolve) => child.on('exit', (code) => resolve({ code, ms: Date.now() - started })));
+  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null; ms: number }>((resolve) =>
+    child.on('exit', (code, signal) => resolve({ code, signal, ms: Date.now() - started })),
+  );
   return { child, out: () => out, exited };
 }
 
@@ -189,6 +191,23 @@ describe('processes', function () {
     // not at the end of its 6 s grace period
     expect(Date.now() - answeredAt).to.be.below(3500);
     expect(web.out()).to.contain('stopped cleanly');
+  });
+
+  it('a web process given a second signal while it waits for a request exits 1 at once, as it says', async () => {
+    const web = start('api/main.ts', { ...env(), SERVICE_SHUTDOWN_GRACE_SECONDS: '20' });
+    procs.push(web);
+    const [, port] = await waitFor(web, /"url":"http:\/\/localhost:(\d+)"/);
+    const request = halfSentRun(Number(port));
+    await request.sent;
+    web.child.kill('SIGTERM');
+    await waitFor(web, /shutting down/);
+    const again = Date.now();
+    web.child.kill('SIGTERM');
+    const { code, signal } = await web.exited;
+    // exited by its own hand (its exit handlers ran), not killed by the signal's default
+    expect({ code, signal }, web.out()).to.deep.equal({ code: 1, signal: null });
+    expect(Date.now() - again).to.be.below(3000);
+    expect(web.out()).to.contain('second signal: exiting now');
   });
 
   it('a web process cuts a request still unanswered near the end of the grace period, then closes the store and Redis and exits 0', async () => {
