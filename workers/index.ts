@@ -17,6 +17,8 @@ const HELD_RETRY_MS = 5000;
  * is shorter): the time left for their steps to be killed and their next attempts to be queued.
  */
 const INTERRUPT_MARGIN_MS = 2500;
+/** How often the runs executing here have their cancel keys read (a cancel's message can be lost; its key is not). */
+const CANCEL_POLL_MS = 2000;
 
 export type Processors = Partial<Record<QueueName, { processor: Processor; concurrency: number }>>;
 
@@ -159,6 +161,16 @@ export async function startWorkers(rt: Runtime, processors: Processors = process
   cancels.on('message', (_channel, runId: string) => {
     if (rt.engine.executor.abort(runId)) rt.log.info({ run_id: runId }, 'run cancel requested');
   });
+  // a message published while the listener reconnects is lost: the cancel keys of the runs executing here
+  // are read when it is back, and every few seconds in any case
+  const checkCancels = () =>
+    void rt.engine.executor.abortCanceled().then(
+      (n) => n && rt.log.info({ aborted: n }, 'run cancels found by their keys'),
+      () => undefined,
+    );
+  cancels.on('ready', checkCancels);
+  const cancelPoll = setInterval(checkCancels, CANCEL_POLL_MS);
+  cancelPoll.unref();
 
   // the runs this process executes, told to the others a few times per lock: a run whose job's lock
   // lapsed while this process still runs it is not taken for lost
@@ -204,6 +216,7 @@ export async function startWorkers(rt: Runtime, processors: Processors = process
       } finally {
         clearTimeout(timer);
       }
+      clearInterval(cancelPoll);
       await cancels.quit().catch(() => cancels.disconnect());
       await stopClaims();
     },

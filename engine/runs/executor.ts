@@ -199,10 +199,21 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
       clearTimeout(deadline);
       inFlight.delete(runId);
     }
+    // a cancel asked for while the attempt ran but never delivered (its message lost while the listener
+    // reconnected, or published as the attempt settled) ends the run canceled: a canceled run is never retried
+    if ((outcome.status === 'failed' || outcome.status === 'timed_out') && (await runs.isCancelRequested(runId).catch(() => false)))
+      outcome = { ...outcome, status: 'canceled', error: { code: 'canceled', message: 'canceled while running' }, summary: 'canceled' };
     const steps = a.close();
     await a.cleanup();
     // the run's end is appended after its steps' events: waiting for those costs nothing more
     return (await settle(() => transitions.finish(run, outcome, steps)).finally(a.drained)) as Settled;
+  }
+
+  /** Aborts a run this process is executing; false when it is not here. */
+  function abort(runId: string): boolean {
+    const c = inFlight.get(runId);
+    c?.abort({ status: 'canceled', error: { code: 'canceled', message: 'canceled while running' } } satisfies StopReason);
+    return Boolean(c);
   }
 
   return {
@@ -211,12 +222,16 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
     isExecuting: (runId: string) => claimed.has(runId),
     /** the runs this process is executing now, until their end is written */
     executing: (): string[] => [...claimed.keys()],
-    /** Aborts a run this process is executing; false when it is not here. */
-    abort(runId: string): boolean {
-      const c = inFlight.get(runId);
-      c?.abort({ status: 'canceled', error: { code: 'canceled', message: 'canceled while running' } } satisfies StopReason);
-      return Boolean(c);
+    /**
+     * Aborts the runs this process executes whose cancel was asked for: the cancel's message reaches the
+     * listener only while it is connected, its key stays (read at each start, and here, now and then).
+     */
+    async abortCanceled(): Promise<number> {
+      let aborted = 0;
+      for (const runId of [...inFlight.keys()]) if ((await runs.isCancelRequested(runId).catch(() => false)) && abort(runId)) aborted++;
+      return aborted;
     },
+    abort,
     /** This process is shutting down: a step killed by the platform's signal from now on is not the run's failure. */
     drain(): void {
       draining = true;

@@ -495,6 +495,8 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       const now = await mustGet(tenantId, id);
       // it ended on its own meanwhile: the cancel came too late, as for a run found ended above
       if (isTerminal(now.status) && now.status !== 'canceled') throw new ConflictError(`run ${id} is ${now.status} already`, { status: now.status });
+      // its attempt settled meanwhile and it waits for its next: canceled there, never retried, its slot freed
+      if (now.status === 'queued') return (await transitions.cancel(now, 'canceled before its next attempt started')) ?? (await mustGet(tenantId, id));
       return now;
     },
 

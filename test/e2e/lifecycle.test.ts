@@ -99,6 +99,48 @@ describe('run lifecycle', function () {
     expect(job.failedReason).to.match(/run failed: nonzero-exit/);
   });
 
+  it('cancels a running run whose cancel message was lost (its listener reconnecting): its key is read again', async () => {
+    const id = await start({ steps: [{ tool: 'shell', args: { command: 'sleep 30' } }] });
+    await eventually(async () => (await h.call<Body>('GET', `/api/v1/runs/${id}`)).body.steps[0]?.status === 'running', 'the step to run', 15_000);
+    // what runs.cancel writes, without the message that a reconnecting listener would miss
+    await h.rt.redis.set(`${h.config.queuePrefix}:run-cancel:${id}`, '1', 'EX', 60);
+    const run = await finishedRun(h, id);
+    expect(run).to.deep.include({ status: 'canceled', attempt: 1 });
+  });
+
+  it('cancels, never retries, a run whose failed attempt settled into its backoff while the cancel was asked for', async () => {
+    const id = await start({ steps: [{ tool: 'shell', args: { command: 'exit 3' } }], retry: { attempts: 2, backoff: { type: 'fixed', delay_ms: 4000 } } });
+    const waiting = await eventually(async () => {
+      const r = (await h.call<Body>('GET', `/api/v1/runs/${id}`)).body;
+      return r.status === 'queued' && r.attempt === 2 ? r : null;
+    }, 'the first attempt to fail into its backoff');
+    // the cancel's first read finds the attempt still running (it settles just after), as a cancel racing the settle does
+    const get = h.rt.store.runs.get;
+    let stale = true;
+    h.rt.store.runs.get = (async (...args: Parameters<typeof get>) => {
+      const r = await get.apply(h.rt.store.runs, args);
+      if (r && r.id === id && stale) {
+        stale = false;
+        return { ...r, status: 'running', attempt: 1 };
+      }
+      return r;
+    }) as typeof get;
+    let canceled: Body;
+    try {
+      canceled = await h.call<Body>('POST', `/api/v1/runs/${id}/cancel`);
+    } finally {
+      h.rt.store.runs.get = get;
+    }
+    expect(canceled.status, canceled.text).to.equal(200);
+    expect(canceled.body.status).to.equal('canceled');
+    // its backoff over, the second attempt never starts
+    await new Promise((r) => setTimeout(r, 4500));
+    const after = (await h.call<Body>('GET', `/api/v1/runs/${id}`)).body;
+    expect(after).to.deep.include({ status: 'canceled', attempt: waiting.attempt });
+    const events = await h.rt.events.after(`session:${after.session_id}`, '0-0');
+    expect(events.filter((e) => e.type === 'run.started')).to.have.length(1);
+  });
+
   it('carries an automation’s retry policy into its runs, with defaults filled in, and changes it by PATCH', async () => {
     const created = await h.call<Body>('POST', '/api/v1/automations', {
       body: { name: 'flaky', steps: [{ tool: 'shell', args: { command: 'exit 1' } }], retry: { attempts: 2, backoff: { delay_ms: 50 } } },
