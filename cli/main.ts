@@ -3,6 +3,7 @@
 // error ends in one line on stderr and the exit code CI scripts rely on.
 import { CommanderError } from 'commander';
 import { ConfigError } from '../config/env.js';
+import { AppError } from '../engine/platform/errors.js';
 import { ApiError, CliError, EXIT, UsageError } from './client.js';
 import { buildProgram } from './program.js';
 
@@ -15,7 +16,9 @@ try {
     if (err.exitCode === EXIT.usage && !(err instanceof ApiError)) process.stderr.write('(automation-service <command> --help shows the usage)\n');
     process.exit(err.exitCode);
   }
-  if (err instanceof ConfigError || err instanceof UsageError || (err as { code?: string }).code === 'gate-set-invalid') {
+  // what the engine refused in a local command (no such key, an expiry in the past, a gate set that is not
+  // valid) is the caller's to correct, not a service away: a retry would be refused the same way
+  if (err instanceof ConfigError || err instanceof UsageError || (err instanceof AppError && !err.retryable)) {
     process.stderr.write(`automation-service: ${(err as Error).message}\n`);
     process.exit(EXIT.usage);
   }

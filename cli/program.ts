@@ -50,6 +50,16 @@ function contextOf(cmd: Command): { client: ApiClient; o: Output } {
   return { client: new ApiClient(url, key, fetch, timeoutMs), o: outputOf({ json: Boolean(g.json), noColor: clientEnv.noColor }) };
 }
 
+/**
+ * An RFC 3339 date and time that names a real instant: Date.parse takes 2027-02-30 (and rolls it into March)
+ * and 'March 7' (in 2001), so the text's shape is checked and its date read back.
+ */
+const isDateTime = (s: string) => {
+  const m = /^(\d{4})-(\d{2})-(\d{2})T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$/i.exec(s);
+  if (!m) return false;
+  const at = new Date(Date.UTC(Number(m[1]), Number(m[2]) - 1, Number(m[3])));
+  return !Number.isNaN(Date.parse(s)) && at.getUTCFullYear() === Number(m[1]) && at.getUTCMonth() === Number(m[2]) - 1 && at.getUTCDate() === Number(m[3]);
+};
 const collect = (value: string, previous: string[] = []) => [...previous, value];
 const positiveInt = (name: string) => (value: string) => {
   const n = Number(value);
@@ -509,7 +519,7 @@ Examples:
       ),
     )
     .action(async (opts: { tenant: string; label?: string; expires?: string }) => {
-      if (opts.expires && Number.isNaN(Date.parse(opts.expires))) throw usage('--expires: an ISO 8601 date and time, e.g. 2027-01-31T00:00:00Z');
+      if (opts.expires && !isDateTime(opts.expires)) throw usage('--expires: an ISO 8601 date and time, e.g. 2027-01-31T00:00:00Z');
       await withKeys(opts.tenant, async (apiKeys, store) => {
         const expires_at = opts.expires ? new Date(opts.expires).toISOString() : null;
         const created = await apiKeys.create(opts.tenant, { label: opts.label, source: 'cli', expires_at });

@@ -187,6 +187,23 @@ describe('api keys', function () {
     const parsed = JSON.parse(json.stdout) as Body[];
     expect(parsed.find((k) => k.id === made.api_key.id)).to.deep.include({ revoked_reason: 'revoked' });
     expect(json.stdout).not.to.contain('"hash"');
+    // the caller's mistakes exit 2 (usage), not 5 (the service away), which CI scripts retry
+    for (const args of [
+      ['keys', 'revoke', 'key_01doesnotexist0000000000000', '--tenant', 'tenant-a'],
+      ['keys', 'revoke', made.api_key.id, '--tenant', 'tenant-b'],
+      ['keys', 'create', '--tenant', 'tenant-a', '--expires', '2020-01-01T00:00:00Z'],
+      // a day its month does not have, and what Date.parse would take for a date
+      ['keys', 'create', '--tenant', 'tenant-a', '--expires', '2030-02-30T00:00:00Z'],
+      ['keys', 'create', '--tenant', 'tenant-a', '--expires', 'March 7'],
+    ]) {
+      const refused = spawnSync(process.execPath, [CLI, ...args], { env, encoding: 'utf8' });
+      expect(refused.status, `${args.join(' ')}: ${refused.stderr}`).to.equal(2);
+    }
+    const ok = spawnSync(process.execPath, [CLI, 'keys', 'create', '--tenant', 'tenant-a', '--expires', '2030-02-28T12:00:00+01:00'], {
+      env,
+      encoding: 'utf8',
+    });
+    expect(ok.status, ok.stderr).to.equal(0);
   });
 });
 
