@@ -60,6 +60,24 @@ const isDateTime = (s: string) => {
   const at = new Date(Date.UTC(Number(m[1]), Number(m[2]) - 1, Number(m[3])));
   return !Number.isNaN(Date.parse(s)) && at.getUTCFullYear() === Number(m[1]) && at.getUTCMonth() === Number(m[2]) - 1 && at.getUTCDate() === Number(m[3]);
 };
+const SEVERITIES = ['critical', 'high', 'medium', 'low'];
+
+/**
+ * An audit's exit code: 1 when a finding is `failOn` or more severe; else 3 when a phase timed out and 1
+ * when one failed (it audited nothing: zero findings there say nothing); else 0. With the phases not audited.
+ */
+export function auditExitCode(
+  phases: { phase: string; status: string; counts?: Record<string, number> }[],
+  failOn?: string,
+): { code: number; unfinished: string[] } {
+  const worst = failOn ? SEVERITIES.slice(0, SEVERITIES.indexOf(failOn) + 1) : [];
+  const unfinished = phases.filter((p) => p.status !== 'completed').map((p) => `${p.phase} (${p.status})`);
+  if (phases.some((p) => worst.some((s) => (p.counts?.[s] ?? 0) > 0))) return { code: EXIT.failed, unfinished };
+  if (phases.some((p) => p.status === 'timed_out')) return { code: EXIT.timedOut, unfinished };
+  if (unfinished.length) return { code: EXIT.failed, unfinished };
+  return { code: EXIT.succeeded, unfinished };
+}
+
 const collect = (value: string, previous: string[] = []) => [...previous, value];
 const positiveInt = (name: string) => (value: string) => {
   const n = Number(value);
@@ -482,10 +500,9 @@ Examples:
       }
       if (!o.json)
         for (const p of report.phases) o.out(`${p.phase.padEnd(13)} ${p.status.padEnd(10)} ${JSON.stringify(p.counts ?? {})}  ${seconds(p.duration_ms)}\n`);
-      const order = ['critical', 'high', 'medium', 'low'];
-      const worst = opts.failOn ? order.slice(0, order.indexOf(opts.failOn) + 1) : [];
-      const hit = (report.phases as { counts?: Record<string, number> }[]).some((p) => worst.some((s) => (p.counts?.[s] ?? 0) > 0));
-      process.exitCode = hit ? EXIT.failed : EXIT.succeeded;
+      const { code, unfinished } = auditExitCode(report.phases, opts.failOn);
+      if (unfinished.length) process.stderr.write(`automation-service: not audited: ${unfinished.join(', ')}\n`);
+      process.exitCode = code;
     });
 
   const keys = program.command('keys').description('API keys of a tenant, in the service’s store (local: MONGODB_URI or SERVICE_DATA_DIR)');

@@ -1,7 +1,8 @@
-// The command-line tool's output (cli/output.ts): colour is decided for stdout and stderr each, so a
+// The command-line tool's output (cli/output.ts) and an audit's exit code: colour is decided for stdout and stderr each, so a
 // redirected stream gets plain text while the other, at a terminal, keeps its colour.
 import { expect } from 'chai';
 import { outputOf } from '../../cli/output.js';
+import { auditExitCode } from '../../cli/program.js';
 
 /** A stream that keeps what is written to it; a terminal or not. */
 const stream = (isTTY: boolean) => {
@@ -34,5 +35,19 @@ describe('the command-line tool’s output', () => {
     o.out(o.paint('green', 'ok\n'));
     o.err('reconnecting\n', 'dim');
     expect([...out.written, ...err.written]).to.deep.equal(['ok\n', 'reconnecting\n']);
+  });
+});
+
+describe('cli/program auditExitCode', () => {
+  const phase = (p: string, status: string, counts: Record<string, number> = {}) => ({ phase: p, status, counts });
+  it('exits 1 for a finding at --fail-on or worse, 3 when a phase timed out, 1 when one failed, else 0', () => {
+    expect(auditExitCode([phase('security', 'completed', { high: 1 })], 'high')).to.deep.equal({ code: 1, unfinished: [] });
+    expect(auditExitCode([phase('security', 'completed', { low: 4 })], 'high').code).to.equal(0);
+    // a phase that timed out or failed found nothing because it audited nothing: not a pass
+    const partial = [phase('security', 'timed_out'), phase('sanity', 'completed'), phase('health', 'failed')];
+    expect(auditExitCode(partial, 'low')).to.deep.equal({ code: 3, unfinished: ['security (timed_out)', 'health (failed)'] });
+    expect(auditExitCode([phase('health', 'failed')]).code).to.equal(1);
+    expect(auditExitCode([phase('security', 'timed_out', { critical: 1 }), phase('sanity', 'completed', { critical: 1 })], 'critical').code).to.equal(1);
+    expect(auditExitCode([phase('sanity', 'completed')]).code).to.equal(0);
   });
 });
