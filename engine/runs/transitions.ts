@@ -367,7 +367,7 @@ export function transitionsOf(deps: TransitionsDeps) {
     async lose(run: Run, message: string, cancelRequested = false): Promise<Settled> {
       const at = clock.now();
       const error = cancelRequested ? { code: 'canceled', message: `canceled; ${message}` } : { code: 'worker-lost', message };
-      const recorded = await store.runs.steps(run.tenant_id, run.id, run.attempt);
+      const [recorded, turns] = await Promise.all([store.runs.steps(run.tenant_id, run.id, run.attempt), store.runs.turns(run.tenant_id, run.id, run.attempt)]);
       const cut = recorded
         .filter((s) => s.status === 'running')
         .map((s): StepRecord => ({
@@ -377,8 +377,13 @@ export function transitionsOf(deps: TransitionsDeps) {
           duration_ms: s.started_at ? Math.max(0, at.getTime() - Date.parse(s.started_at)) : null,
           error,
         }));
-      // the attempt's time is counted up to now, as an end written by its worker counts it
-      const usage = { ...run.usage, steps: recorded.length, seconds: elapsed(run, at) / 1000 };
+      // the attempt's time is counted up to now, as an end written by its worker counts it; its steps and
+      // model turns (tokens too) from what the attempt kept as it went (the run's own usage is written at its end)
+      const usage: Run['usage'] = { ...run.usage, steps: recorded.length, model_turns: turns.length, seconds: elapsed(run, at) / 1000 };
+      for (const t of turns) {
+        if (t.usage?.prompt_tokens) usage.prompt_tokens = (usage.prompt_tokens ?? 0) + t.usage.prompt_tokens;
+        if (t.usage?.completion_tokens) usage.completion_tokens = (usage.completion_tokens ?? 0) + t.usage.completion_tokens;
+      }
       const changes = { error, summary: cancelRequested ? 'canceled' : 'failed: worker lost', usage };
       return settleAttempt(run, cancelRequested ? 'canceled' : 'failed', changes, 'lost', cut);
     },

@@ -256,6 +256,15 @@ describe('run lifecycle', function () {
       const lost = await post('echo three');
       await queue.remove(jobOf(lost, 1));
       await noWorkers.rt.store.runs.update('tenant-a', lost, { status: 'running', started_at: new Date().toISOString() }, { status: ['queued'] });
+      // the lost attempt had asked the model twice: its turns are kept as it goes, its usage only at its end
+      for (const index of [0, 1])
+        await noWorkers.rt.store.runs.appendTurn('tenant-a', lost, 1, {
+          index,
+          at: new Date().toISOString(),
+          content: 'thinking',
+          tool_calls: [],
+          usage: { prompt_tokens: 10, completion_tokens: 5 },
+        });
       // a slot still held by a run that ended (a crash between its end and the release)
       const ended = await post('echo four');
       await queue.remove(jobOf(ended, 1));
@@ -269,7 +278,10 @@ describe('run lifecycle', function () {
       const repaired = await noWorkers.rt.engine.runs.reconcile({ olderThanMs: 0 });
       await stopClaims();
       expect(repaired).to.deep.equal({ requeued: 2, lost: 1, freed: 1 });
-      expect((await noWorkers.rt.store.runs.get('tenant-a', lost))!.error!.code).to.equal('worker-lost');
+      const lostRun = (await noWorkers.rt.store.runs.get('tenant-a', lost))!;
+      expect(lostRun.error!.code).to.equal('worker-lost');
+      // the lost attempt's usage counts what it kept: its turns and their tokens
+      expect(lostRun.attempts.at(-1)!.usage).to.deep.include({ model_turns: 2, prompt_tokens: 20, completion_tokens: 10 });
       expect(await (await queue.getJob(jobOf(failedJob, 1)))!.getState()).to.equal('waiting');
       expect(await (await queue.getJob(jobOf(removed, 1)))!.getState()).to.equal('waiting');
       expect((await noWorkers.rt.engine.runs.reliabilityContext('tenant-a')).tenant.running).to.equal(2);
