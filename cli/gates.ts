@@ -34,7 +34,9 @@ const MARK: Record<GateResult['conclusion'], string> = {
 export type GatesRunOptions = { workspace?: string; only?: string[]; json?: boolean; record?: boolean; tenant?: string };
 
 export async function gatesRun(values: GatesRunOptions, out: (text: string) => void): Promise<number> {
-  const config = loadConfig();
+  // a local run reads the sandbox's settings only (NODE_ENV=production is common in CI images); --record opens
+  // the service's store and ledger with the service's own rules (record, below)
+  const config = loadConfig({ service: false });
   const dir = await fs.realpath(path.resolve(values.workspace ?? '.')).catch(() => {
     throw new UsageError(`--workspace ${values.workspace} is not a folder`);
   });

@@ -374,8 +374,12 @@ const schema = z.object({
 type Parsed = z.infer<typeof schema>;
 
 /** What the variables say together (each read alone already): one message each. */
-function problemsTogether(e: Parsed): string[] {
-  const isProduction = e.NODE_ENV === 'production';
+/**
+ * What the variables say together. `service`: the rules of a process that serves (its keys, its shared store,
+ * no SERVICE_AUTH=none in production); a local tool that starts no service (`gates run`) is held to the rest.
+ */
+function problemsTogether(e: Parsed, service = true): string[] {
+  const isProduction = e.NODE_ENV === 'production' && service;
   const problems: string[] = [];
   if (isProduction && e.SERVICE_AUTH === 'none') problems.push('SERVICE_AUTH: "none" is refused when NODE_ENV=production');
   if (isProduction && !e.SERVICE_SECRET_KEY) problems.push('SERVICE_SECRET_KEY: required when NODE_ENV=production');
@@ -411,19 +415,19 @@ function problemsTogether(e: Parsed): string[] {
   return problems;
 }
 
-export function parseEnv(env: Record<string, string | undefined>): Config {
+export function parseEnv(env: Record<string, string | undefined>, opts: { service?: boolean } = {}): Config {
   const parsed = schema.safeParse(env);
   if (!parsed.success) {
     // every bad variable in one message: those that do not read, then what the others say together (read
     // with the bad ones left to their defaults, so a rule that names one of them is left to its own message)
     const bad = [...new Set(parsed.error.issues.map((i) => String(i.path[0])))];
     const rest = schema.safeParse({ ...env, ...Object.fromEntries(bad.map((name) => [name, undefined])) });
-    const together = rest.success ? problemsTogether(rest.data).filter((p) => !bad.some((name) => p.includes(name))) : [];
+    const together = rest.success ? problemsTogether(rest.data, opts.service).filter((p) => !bad.some((name) => p.includes(name))) : [];
     throw new ConfigError([...parsed.error.issues.map((i) => `${String(i.path[0])}: ${i.message}`), ...together]);
   }
   const e = parsed.data;
   const isProduction = e.NODE_ENV === 'production';
-  const problems = problemsTogether(e);
+  const problems = problemsTogether(e, opts.service);
   if (problems.length) throw new ConfigError(problems);
   return {
     nodeEnv: e.NODE_ENV,
@@ -528,8 +532,9 @@ export function parseEnv(env: Record<string, string | undefined>): Config {
   };
 }
 
-export function loadConfig(): Config {
-  return parseEnv(process.env);
+/** This process's configuration; `service: false` for a local tool that starts no service (see problemsTogether). */
+export function loadConfig(opts: { service?: boolean } = {}): Config {
+  return parseEnv(process.env, opts);
 }
 
 /** A variable of this process's environment, for the CLI's `gates run` (a gate names what it needs). */

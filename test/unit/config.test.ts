@@ -119,6 +119,14 @@ describe('config/env', () => {
       );
   });
 
+  it('holds a local tool that starts no service (gates run) to the rules that are not a service’s, in production too', () => {
+    expect(() => parseEnv({ NODE_ENV: 'production' })).to.throw(ConfigError, /SERVICE_SECRET_KEY: required/);
+    const local = parseEnv({ NODE_ENV: 'production' }, { service: false });
+    expect(local.isProduction).to.equal(true);
+    // what is wrong whatever runs is still refused
+    expect(() => parseEnv({ NODE_ENV: 'production', SERVICE_SHUTDOWN_GRACE_SECONDS: 'soon' }, { service: false })).to.throw(ConfigError, /SHUTDOWN_GRACE/);
+  });
+
   it('reads whole numbers as digits only, and keys as hex or base64 of exactly 32 bytes', () => {
     expect(parseEnv({ SERVICE_SHUTDOWN_GRACE_SECONDS: ' 30 ' }).shutdownGraceSeconds).to.equal(30);
     for (const v of ['0x1E', '1e3', '0b11', '3.0', '-1'])
