@@ -3,7 +3,6 @@
 // error ends in one line on stderr and the exit code CI scripts rely on.
 import { CommanderError } from 'commander';
 import { ConfigError } from '../config/env.js';
-import { AppError } from '../engine/platform/errors.js';
 import { ApiError, CliError, EXIT, UsageError } from './client.js';
 import { buildProgram } from './program.js';
 
@@ -17,8 +16,9 @@ try {
     process.exit(err.exitCode);
   }
   // what the engine refused in a local command (no such key, an expiry in the past, a gate set that is not
-  // valid) is the caller's to correct, not a service away: a retry would be refused the same way
-  if (err instanceof ConfigError || err instanceof UsageError || (err instanceof AppError && !err.retryable)) {
+  // valid) is the caller's to correct, not a service away: a retry would be refused the same way. Known by
+  // the engine's errors' own `retryable` (the engine's platform is not loaded for this: client commands skip it)
+  if (err instanceof ConfigError || err instanceof UsageError || (err instanceof Error && (err as { retryable?: unknown }).retryable === false)) {
     process.stderr.write(`automation-service: ${(err as Error).message}\n`);
     process.exit(EXIT.usage);
   }
