@@ -227,9 +227,9 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
      * listener only while it is connected, its key stays (read at each start, and here, now and then).
      */
     async abortCanceled(): Promise<number> {
-      let aborted = 0;
-      for (const runId of [...inFlight.keys()]) if ((await runs.isCancelRequested(runId).catch(() => false)) && abort(runId)) aborted++;
-      return aborted;
+      const going = [...inFlight].filter(([, c]) => !c.signal.aborted).map(([runId]) => runId);
+      const asked = await Promise.all(going.map((runId) => runs.isCancelRequested(runId).catch(() => false)));
+      return going.filter((runId, i) => asked[i] && abort(runId)).length;
     },
     abort,
     /** This process is shutting down: a step killed by the platform's signal from now on is not the run's failure. */
