@@ -119,18 +119,12 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
   const dirty = new Set<StepRecord>();
   let timer: NodeJS.Timeout | undefined;
   // The attempt's events are sent in the order they are asked for without waiting for each: the event
-  // log keeps that order, and the settling transition's own event comes after them. A failure to append
-  // one is logged once the attempt is drained; it does not undo what the step did.
+  // log keeps that order, and the settling transition's own event comes after them. One that Redis does
+  // not take is tried again, the run's later events after it (transitions.emit); it does not undo what
+  // the step did.
   const sending = new Set<Promise<unknown>>();
-  let unsent: Error | undefined;
   const emit = (body: EventBody): void => {
-    const sent: Promise<unknown> = transitions.emit(run, body).then(
-      () => sending.delete(sent),
-      (err: Error) => {
-        sending.delete(sent);
-        unsent ??= err;
-      },
-    );
+    const sent: Promise<unknown> = transitions.emit(run, body).finally(() => sending.delete(sent));
     sending.add(sent);
   };
   const sessions = deps.sessionActions?.(run);
@@ -395,10 +389,9 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
           .rm(checkoutDir, { recursive: true, force: true })
           .catch((err: Error) => log.warn({ run_id: run.id, err: err.message }, 'a checkout was not removed'));
     },
-    /** Waits for the attempt's events to be appended; one that could not be is logged. */
+    /** Waits for the first try of the attempt's events (one Redis refused goes on being tried in the background). */
     async drained(): Promise<void> {
       await Promise.all(sending);
-      if (unsent) log.warn({ run_id: run.id, err: unsent.message }, 'events of the attempt were not all appended');
     },
     /** Stops saving progress; returns the steps changed since the last save, for the settling write. */
     close(): StepRecord[] {

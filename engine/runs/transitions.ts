@@ -78,13 +78,57 @@ export function transitionsOf(deps: TransitionsDeps) {
   const emit = (run: Pick<Run, 'id' | 'tenant_id' | 'session_id'>, body: EventBody) =>
     events.append(sessionStream(run.session_id), { tenant_id: run.tenant_id, session_id: run.session_id, run_id: run.id, ...body });
 
+  /** Per run, its events that Redis refused at first and that are being tried again: its later events wait behind them. */
+  const backlog = new Map<string, Promise<void>>();
+  const behind = (runId: string, next: Promise<void>) => {
+    backlog.set(runId, next);
+    void next.finally(() => backlog.get(runId) === next && backlog.delete(runId));
+  };
+
   /**
-   * The event of a transition the store has already committed. Redis not taking it does not undo the
-   * transition, and must not lose its event (a stream would wait for good for a `run.finished` that is
-   * never written): it is tried again in the background, with backoff, for about five minutes.
+   * An event of a run, its transitions' and its steps'. Redis not taking it does not undo what it tells,
+   * and must not lose it (a stream would wait for good for a `run.finished` never written) or let a later
+   * one pass it (a `run.started` after its `run.finished`): it is tried again in the background, with
+   * backoff, for about five minutes, and the run's events asked for meanwhile follow it, in order. Settles
+   * after the first try (at once for an event that waits behind another), never rejected.
    */
-  const emitCommitted = (run: Pick<Run, 'id' | 'tenant_id' | 'session_id'>, body: EventBody): Promise<void> =>
-    persist(() => emit(run, body), { run_id: run.id, what: body.type });
+  const emitInOrder = (run: Pick<Run, 'id' | 'tenant_id' | 'session_id'>, body: EventBody): Promise<void> => {
+    const about = { run_id: run.id, what: body.type };
+    const waiting = backlog.get(run.id);
+    if (waiting) {
+      behind(
+        run.id,
+        waiting.then(() => untilTaken(() => emit(run, body), about, true)),
+      );
+      return Promise.resolve();
+    }
+    return emit(run, body).then(
+      () => undefined,
+      (err: Error) => {
+        log.warn({ ...about, err: err.message }, 'Redis did not take an event of a run; trying again, its later events after it');
+        // another event of the run refused in the same round trip went first: this one follows it
+        behind(
+          run.id,
+          (backlog.get(run.id) ?? Promise.resolve()).then(() => untilTaken(() => emit(run, body), about, false)),
+        );
+      },
+    );
+  };
+  const emitCommitted = emitInOrder;
+
+  /** Tries `work` (now, or after a first wait) until Redis takes it, with backoff, or RETRIES_AFTER_COMMIT times; never rejected. */
+  async function untilTaken(work: () => Promise<unknown>, about: { run_id: string; what: string }, now: boolean): Promise<void> {
+    for (let tryNo = 1; ; tryNo++) {
+      if (!now || tryNo > 1) await new Promise((r) => setTimeout(r, Math.min(RETRY_AFTER_COMMIT_MAX_MS, 500 * 2 ** tryNo)).unref());
+      try {
+        await work();
+        if (tryNo > 1 || !now) log.info({ ...about, try: tryNo + (now ? 0 : 1) }, 'done after a retry');
+        return;
+      } catch (err) {
+        if (tryNo >= RETRIES_AFTER_COMMIT) return void log.error({ ...about, err: (err as Error).message }, 'given up: the reconciler repairs what it can');
+      }
+    }
+  }
 
   /**
    * Redis work that follows a committed transition (its event, the release of its slot): tried now, and
@@ -441,7 +485,8 @@ export function transitionsOf(deps: TransitionsDeps) {
       return requeued;
     },
 
-    emit,
+    /** An event of a run (its steps', its workspace's): see emitInOrder. */
+    emit: emitInOrder,
   };
   return api;
 }

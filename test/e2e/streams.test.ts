@@ -146,6 +146,43 @@ describe('run session streams', function () {
     }
   });
 
+  it('keeps a run’s events in order when Redis refuses one for a moment: the run’s later events wait behind it', async () => {
+    const append = h.rt.events.append;
+    let refused = 0;
+    // Redis refuses the start's event (an OOM at maxmemory, say) once; it takes everything else
+    h.rt.events.append = (async (...args: Parameters<typeof append>) => {
+      if (args[1].type === 'run.started' && refused++ === 0) throw new Error('OOM command not allowed when used memory > maxmemory');
+      return append.apply(h.rt.events, args);
+    }) as typeof append;
+    let log: { type: string }[];
+    try {
+      const { body } = await h.call('POST', '/api/v1/autonomy/run', {
+        body: {
+          steps: [
+            { tool: 'message', args: { text: 'a' } },
+            { tool: 'shell', args: { command: 'echo b' } },
+          ],
+        },
+      });
+      log = await eventually(
+        async () => {
+          const events = await h.rt.events.after(`session:${body.session_id}`, '0-0');
+          return events.some((e) => e.type === 'run.started') && events.some((e) => e.type === 'run.finished') ? events : null;
+        },
+        'the refused event to be taken on its retry',
+        10_000,
+      );
+    } finally {
+      h.rt.events.append = append;
+    }
+    expect(refused).to.be.greaterThan(0);
+    const types = log.map((e) => e.type).filter((t) => t.startsWith('run.') || t.startsWith('step.'));
+    expect(types[0]).to.equal('run.queued');
+    expect(types[1], types.join(' ')).to.equal('run.started');
+    expect(types.at(-1), types.join(' ')).to.equal('run.finished');
+    expect(types.filter((t) => t === 'step.finished')).to.have.length(2);
+  });
+
   it('keeps the stream of a run that ended in the store open until its run.finished is in the log, then sends it', async () => {
     const { body } = await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'message', args: { text: 'x' } }] } });
     const scope = `session:${body.session_id}`;
