@@ -1,7 +1,7 @@
 // /api/v1/autonomy: autonomy and vibe runs, their SSE streams, reliability hints, gate readiness and
 // evidence packs.
 import { Router, type Request, type Response } from 'express';
-import { isTerminal, scopes, type EventHub, type RunKind } from '../../engine/platform/index.js';
+import { isTerminal, scopes, type EventHub, type Run, type RunKind } from '../../engine/platform/index.js';
 import type { Engine } from '../../engine/index.js';
 import { packTar } from '../../engine/evidence/index.js';
 import type { RunRequest } from '../../engine/runs/index.js';
@@ -21,6 +21,11 @@ export type AutonomyWork = Omit<AutonomyRunRequest, 'stream'>;
 export function startAutonomyRun(engine: Engine, req: Request, kind: RunKind, work: AutonomyWork, fingerprint: unknown = { kind, work }) {
   return engine.runs.createIdempotent(tenantOf(req), idempotencyKeyOf(req), fingerprint, autonomyRunRequest(req, kind, work));
 }
+
+/** The most runs of a multi-agent session whose ends a reconnect to its run-session stream looks for. */
+const MAX_ENDS_READ = 2000;
+/** How long the event of a committed transition is tried again (transitions.ts: 12 tries, at most 30 s apart), and a little more. */
+const ENDS_TRIED_MS = 6 * 60_000;
 
 /** The engine's request for an autonomy or vibe run asked for over HTTP. */
 export function autonomyRunRequest(req: Request, kind: RunKind, work: AutonomyWork): RunRequest {
@@ -71,19 +76,46 @@ export function autonomyRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
   router.post('/run', start('autonomy'));
   router.post('/vibe/run', start('vibe'));
 
+  /** The runs whose ends a run session's stream carries: a multi-agent session's (every task's run, up to MAX_ENDS_READ), or its one run. */
+  const endedRuns = async (run: Run, session: { kind: string } | null): Promise<string[]> => {
+    if (session?.kind !== 'multi_agent') return [run.id];
+    const ids: string[] = [];
+    for (let cursor: string | undefined; ids.length < MAX_ENDS_READ;) {
+      const page = await engine.runs.list(run.tenant_id, { session_id: run.session_id, limit: 100, cursor });
+      ids.push(...page.items.map((r) => r.id));
+      if (!page.next_cursor) break;
+      cursor = page.next_cursor;
+    }
+    return ids;
+  };
+  /** True when the log holds the run.finished of each of `runIds` (read newest first, until all are found). */
+  const logHoldsEnds = (stream: string, runIds: string[]): Promise<boolean> => {
+    const missing = new Set(runIds);
+    return opts.hub.anyAfter(stream, '0-0', (e) => {
+      if (e.type === 'run.finished' && e.run_id) missing.delete(e.run_id);
+      return missing.size === 0;
+    });
+  };
+
   router.get('/streaming/:session_id/events', async (req, res) => {
     const sessionId = String(req.params.session_id);
     const run = await engine.runs.sessionRun(tenantOf(req), sessionId);
     // The stream has ended (a reconnect past its end is a 204) once the store says its work has ended and
-    // the log holds the end: a session's outcome (autonomy, vibe, a multi-agent session's tasks), or the
-    // run's own status for a run with no session record (an automation's). The store is written before the
-    // log: a run.finished still to be appended (Redis refused it; it is retried) keeps the stream open for
-    // it. A log that expired whole has nothing left to send.
+    // the log holds its end: a session's outcome (autonomy, vibe, a multi-agent session's tasks), or the
+    // run's own status for a run with no session record (an automation's); the run.finished of its run, or of
+    // each run of a multi-agent session. The store is written before the log: a run.finished still to be
+    // appended (Redis refused it; it is retried) keeps the stream open for it. A log that expired whole has
+    // nothing left to send.
     const session = await engine.sessions.get(tenantOf(req), sessionId).catch(() => null);
     const scope = scopes.runSession(sessionId);
+    const storeEnded = session ? session.outcome !== null : isTerminal(run.status);
+    // an end the log never got (Redis refused it past its retries) ends the stream when its retries are over
+    const endedAt = Date.parse(session?.updated_at ?? run.finished_at ?? '');
     const ended =
-      (session ? session.outcome !== null : isTerminal(run.status)) &&
-      ((await opts.hub.anyAfter(scope.stream, '0-0', scope.isLast)) || (await opts.hub.lastId(scope.stream)) === '0-0');
+      storeEnded &&
+      (endedAt < Date.now() - ENDS_TRIED_MS ||
+        (await opts.hub.lastId(scope.stream)) === '0-0' ||
+        (await logHoldsEnds(scope.stream, await endedRuns(run, session))));
     await watch(req, res, sessionId, lastEventIdOf(req), { ended });
   });
 

@@ -146,6 +146,39 @@ describe('run session streams', function () {
     }
   });
 
+  it('keeps a multi-agent session’s run stream open until the log holds the end of each of its runs', async () => {
+    const session = (await h.call<Record<string, any>>('POST', '/api/v1/sessions', { body: { title: 'two runs' } })).body;
+    const step = [{ tool: 'message', args: { text: 'x' } }];
+    const added = await h.call('POST', `/api/v1/sessions/${session.id}/tasks`, {
+      body: {
+        tasks: [
+          { id: 'a', steps: step },
+          { id: 'b', depends_on: ['a'], steps: step },
+        ],
+      },
+    });
+    expect(added.status, added.text).to.equal(201);
+    const scope = `session:${session.id}`;
+    const ends = await eventually(async () => {
+      const s = (await h.call<Record<string, any>>('GET', `/api/v1/sessions/${session.id}`)).body;
+      const finished = (await h.rt.events.after(scope, '0-0')).filter((e) => e.type === 'run.finished');
+      return s.outcome === 'succeeded' && finished.length === 2 ? finished : null;
+    }, 'both tasks to end');
+    // b's end not in the log yet (Redis refused it; it is being tried again): a reader who saw a's end waits for it
+    await h.rt.redis.xdel(h.rt.events.key(scope), ends[1]!.id);
+    const url = `${h.url}/api/v1/autonomy/streaming/${session.id}/events`;
+    const reader = new AbortController();
+    const open = await fetch(url, { headers: { authorization: `Bearer ${KEYS.a}`, 'last-event-id': ends[0]!.id }, signal: reader.signal });
+    expect(open.status, 'not a 204: the stream waits for b’s end').to.equal(200);
+    reader.abort();
+    await open.body?.cancel().catch(() => undefined);
+    // once it is in, a reader who saw it is told the stream has ended
+    const { id: _id, at: _at, ...end } = ends[1]!;
+    const back = await h.rt.events.append(scope, end as never);
+    const after = await fetch(url, { headers: { authorization: `Bearer ${KEYS.a}`, 'last-event-id': back.id }, signal: AbortSignal.timeout(5000) });
+    expect(after.status, await after.text()).to.equal(204);
+  });
+
   it('keeps a run’s events in order when Redis refuses one for a moment: the run’s later events wait behind it', async () => {
     const append = h.rt.events.append;
     let refused = 0;
