@@ -189,7 +189,7 @@ const mongodbUri = z
   .transform((v, ctx) => {
     const s = v?.trim();
     if (!s) return undefined;
-    if (!/^mongodb(\+srv)?:\/\/[^\s/?#]+(\/[^\s]*)?$/.test(s)) {
+    if (!/^mongodb(\+srv)?:\/\/[^\s/?#]+([/?][^\s]*)?$/.test(s)) {
       ctx.addIssue({ code: 'custom', message: 'expected a mongodb:// or mongodb+srv:// connection string' });
       return z.NEVER;
     }

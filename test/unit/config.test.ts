@@ -110,6 +110,7 @@ describe('config/env', () => {
       'mongodb://db1:27017,db2:27017,db3:27017/automation?replicaSet=rs0',
       'mongodb+srv://u:p@cluster0.example.net/app',
       'mongodb://u:p@h1,h2/db',
+      'mongodb://localhost:27017?replicaSet=rs0',
     ])
       expect(parseEnv({ ...prod, MONGODB_URI: uri }).mongodbUri, uri).to.equal(uri);
     for (const uri of ['http://db/svc', 'mongodb:/db', 'mongodb://', 'db:27017'])
