@@ -85,6 +85,8 @@ export class IdempotencyKeyInUseError extends ConflictError {
   ) {
     super(message, { retry_after_seconds: retryAfterSeconds });
   }
+  // the same request again gets its answer: a job that meets it tries again
+  override readonly retryable = true;
 }
 
 /** An error that names every problem of what was asked at once, each with where it is. */

@@ -116,7 +116,7 @@ const IDEMPOTENCY_TTL_SECONDS = 24 * 3600;
 /** A claim whose run was never stored (its process died in between) frees the key this soon. */
 const IDEMPOTENCY_CLAIM_SECONDS = 30;
 const REDIS_RETRY_AFTER_SECONDS = 2;
-/** How long a request waits for the run of the request that holds its key, and how often it may claim a key let go meanwhile. */
+/** How long a request waits, in all, for the run of the request that holds its key, and how often it may claim a key let go meanwhile. */
 const CLAIM_WAIT_MS = 5000;
 const CLAIM_TRIES = 3;
 const IDEMPOTENCY_IN_USE_RETRY_AFTER_SECONDS = 1;
@@ -283,7 +283,9 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
     // A request that finds the key claimed waits for the claim's run; when the claim is let go meanwhile (its
     // request was refused, or failed before storing its run), this one claims the key in turn and is answered
     // as the first would have been had it come alone (its own 400 or 422, say)
-    for (let claims = 0; claims < CLAIM_TRIES; claims++) {
+    // one wait in all, however often the key is let go and claimed again
+    const until = Date.now() + CLAIM_WAIT_MS;
+    for (let claims = 0; claims < CLAIM_TRIES && Date.now() < until; claims++) {
       const claiming = batch.call<'OK' | null>('key.claim', [slot], [claim, IDEMPOTENCY_CLAIM_SECONDS]);
       let won: string | null;
       try {
@@ -300,21 +302,16 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       if (!held) continue; // let go between the two reads
       if (held.hash !== hash && held.hash !== legacyFingerprintOf(fingerprint))
         throw new IdempotencyKeyReusedError('this Idempotency-Key was used with a different request');
-      for (const until = Date.now() + CLAIM_WAIT_MS; Date.now() < until;) {
+      while (Date.now() < until) {
         const run = await store.runs.get(tenantId, held.run_id);
         if (run) return { run, replayed: true };
         await new Promise((r) => setTimeout(r, 20)); // the first request is still writing it
         const now = await heldClaim(slot).catch(() => held);
         if (now?.run_id !== held.run_id) break; // let go (or expired): claim it in turn
       }
-      if ((await heldClaim(slot).catch(() => held))?.run_id === held.run_id)
-        throw new IdempotencyKeyInUseError(
-          'a request with this Idempotency-Key is still being handled; retry it after a moment',
-          IDEMPOTENCY_IN_USE_RETRY_AFTER_SECONDS,
-        );
     }
     throw new IdempotencyKeyInUseError(
-      'requests with this Idempotency-Key keep coming and going; retry it after a moment',
+      'a request with this Idempotency-Key is still being handled; retry it after a moment',
       IDEMPOTENCY_IN_USE_RETRY_AFTER_SECONDS,
     );
   }

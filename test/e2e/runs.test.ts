@@ -218,7 +218,7 @@ describe('autonomy runs', function () {
     const insert = h.rt.store.runs.insert;
     let calls = 0;
     h.rt.store.runs.insert = (async (...args: Parameters<typeof insert>) => {
-      if (calls++ === 0) await new Promise((r) => setTimeout(r, 1500));
+      if (calls++ <= 0) await new Promise((r) => setTimeout(r, calls <= 0 ? 6000 : 1500));
       return insert.apply(h.rt.store.runs, args);
     }) as typeof insert;
     try {
@@ -230,6 +230,16 @@ describe('autonomy runs', function () {
       expect(new Set(answers.map((r) => r.body.run_id)).size).to.equal(1);
       expect(answers.filter((r) => r.headers.get('idempotent-replayed') === 'true')).to.have.length(2);
       expect(calls).to.equal(1);
+      // one slower than the wait (5 s in all): the others are a 409 to retry after a second, nothing made
+      calls = -10; // every insert from here waits 6 s
+      const slow = h.call('POST', '/api/v1/autonomy/run', { body, headers: { 'idempotency-key': 'at-once-3' } });
+      await new Promise((r) => setTimeout(r, 200));
+      const startedAt = Date.now();
+      const waited = await h.call('POST', '/api/v1/autonomy/run', { body, headers: { 'idempotency-key': 'at-once-3' } });
+      expect(waited.status, waited.text).to.equal(409);
+      expect(waited.headers.get('retry-after')).to.equal('1');
+      expect(Date.now() - startedAt).to.be.within(4500, 6500);
+      expect((await slow).status).to.equal(202);
     } finally {
       h.rt.store.runs.insert = insert;
     }
