@@ -1083,7 +1083,9 @@ export interface paths {
          * Inbound email (SendGrid, Postmark, Mailgun)
          * @description SendGrid Inbound Parse (`multipart/form-data`), Postmark inbound (JSON) and Mailgun routes (form or
          *     multipart), normalized to one event: from, to, cc, subject, text, html, message id and attachments
-         *     (name, type, size; their bytes are not kept). Authenticated by HTTP Basic with the tenant's `email`
+         *     (name, type, size; their bytes are not kept), and `verified_from`: the From address when the provider
+         *     vouches for it (SendGrid's DKIM pass for its domain, or an SPF pass, from SendGrid, Mailgun or
+         *     Postmark's own Received-SPF, for an envelope sender of its domain), else null; anyone can write any From. Authenticated by HTTP Basic with the tenant's `email`
          *     secret as password (put it in the URL you give SendGrid or Postmark:
          *     `https://user:<secret>@host/webhooks/<tenant>/email`), or by Mailgun's `timestamp`, `token` and
          *     `signature` fields (hex HMAC-SHA256 of timestamp + token under the secret; the timestamp inside the

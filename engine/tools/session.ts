@@ -1,17 +1,11 @@
 // session: acts on a multi-agent session of the run's own tenant (never another's): adds a task, or
 // posts a message to an agent. `allowed_senders` and `sender` let an intake (the email-to-task
 // template) add a task only for the senders it trusts.
+import { mailAddress, mailDomain } from '../platform/index.js';
 import { stringArg, ToolError, type Tool } from './tool.js';
 
-/**
- * The one address of a From header (`Name <a@b>` or `a@b`); null when it holds anything else (two
- * addresses, a group, no address), so that what is checked is exactly whom a reply would reach.
- */
-export function senderAddress(sender: string): string | null {
-  const trimmed = sender.trim();
-  const m = /^(?:"[^"]*"|[^<>",@]*)\s*<([^<>\s,;]+@[^<>\s,;]+)>$/.exec(trimmed) ?? /^([^<>\s,;"]+@[^<>\s,;"]+)$/.exec(trimmed);
-  return m ? m[1]!.toLowerCase() : null;
-}
+/** The one address of a sender (`Name <a@b>` or `a@b`); null for anything else (see mailAddress). */
+export const senderAddress = mailAddress;
 
 /** A sender matches `*`, an address, or an `@domain` of the comma-separated list. */
 export function senderAllowed(sender: string, allowed: string): boolean {
@@ -21,7 +15,7 @@ export function senderAllowed(sender: string, allowed: string): boolean {
     .split(',')
     .map((a) => a.trim().toLowerCase())
     .filter(Boolean)
-    .some((a) => a === '*' || a === address || (a.startsWith('@') && address.endsWith(a)));
+    .some((a) => a === '*' || a === address || (a.startsWith('@') && mailDomain(address) === a.slice(1)));
 }
 
 export const sessionTool: Tool = {

@@ -3,13 +3,20 @@
 // Attachments are counted, never kept: the event lists their name, type and size.
 import busboy from 'busboy';
 import { Readable } from 'node:stream';
-import { unsafeJson, WebhookRejectedError } from '../platform/index.js';
+import { alignedDomain, mailAddress, mailDomain, unsafeJson, WebhookRejectedError } from '../platform/index.js';
 
 export type EmailAttachment = { name: string; type: string; size: number };
 
 export type EmailEvent = {
   provider: 'sendgrid' | 'postmark' | 'mailgun';
+  /** the From header as sent: anyone can write any address there */
   from: string | null;
+  /**
+   * the From header's address when the provider vouches for it: a DKIM signature that passed for its
+   * domain, or an SPF pass for an envelope sender of its domain (DMARC's alignment); null otherwise.
+   * What a sender allowlist checks, and where an answer may go.
+   */
+  verified_from: string | null;
   to: string[];
   cc: string[];
   subject: string | null;
@@ -157,14 +164,41 @@ function messageIdOf(rawHeaders: string | undefined): string | null {
   return m ? m[1]!.trim() : null;
 }
 
+/** What a provider vouches for: the domains whose DKIM signatures passed, and the envelope sender when SPF passed for it. */
+type Vouched = { dkimPassed: string[]; spfPassedFor: string | null };
+
+/** The From header's address when a domain the provider vouches for aligns with it; null otherwise. */
+function verifiedFrom(from: string | null, vouched: Vouched): string | null {
+  const address = from ? mailAddress(from) : null;
+  if (!address) return null;
+  const domain = mailDomain(address);
+  const envelope = vouched.spfPassedFor ? mailAddress(vouched.spfPassedFor) : null;
+  if (vouched.dkimPassed.some((d) => alignedDomain(domain, d)) || (envelope && alignedDomain(domain, mailDomain(envelope)))) return address;
+  return null;
+}
+
+/** The envelope sender of a Received-SPF header that passed (`Pass ... envelope-from=a@b;`), or null. */
+function spfPassedIn(receivedSpf: string | undefined): string | null {
+  if (!receivedSpf || !/^\s*pass\b/i.test(receivedSpf)) return null;
+  return /envelope-from=<?([^\s;>]+)/i.exec(receivedSpf)?.[1] ?? null;
+}
+
 function fromPostmark(p: Record<string, unknown>): EmailEvent {
   // what is not an attachment object (null, a string) is not an attachment
   const attachments = (Array.isArray(p.Attachments) ? (p.Attachments as unknown[]) : []).filter(
     (a): a is Record<string, unknown> => typeof a === 'object' && a !== null && !Array.isArray(a),
   );
+  // Postmark passes the message's headers on, its own Received-SPF first: one further down, or any
+  // Authentication-Results, may be the sender's own writing
+  const headers = (Array.isArray(p.Headers) ? (p.Headers as unknown[]) : []).filter(
+    (h): h is { Name: string; Value: string } => typeof h === 'object' && h !== null && typeof (h as { Name?: unknown }).Name === 'string',
+  );
+  const receivedSpf = headers.find((h) => h.Name.toLowerCase() === 'received-spf');
+  const vouched: Vouched = { dkimPassed: [], spfPassedFor: spfPassedIn(receivedSpf ? String(receivedSpf.Value ?? '') : undefined) };
   return {
     provider: 'postmark',
     from: text(p.From),
+    verified_from: verifiedFrom(text(p.From), vouched),
     to: addresses(p.To),
     cc: addresses(p.Cc),
     subject: text(p.Subject),
@@ -182,10 +216,15 @@ function fromPostmark(p: Record<string, unknown>): EmailEvent {
 function fromForm(form: Form): ParsedEmail {
   const f = form.fields;
   if (f.signature !== undefined || f.token !== undefined || f['body-plain'] !== undefined) {
+    // Mailgun's SPF verdict is for the envelope sender (`sender`); its DKIM verdict names no domain (a
+    // signature of the sender's own domain passes it), so it vouches for none
+    const mailgunVouched: Vouched = { dkimPassed: [], spfPassedFor: /^pass$/i.test(f['X-Mailgun-Spf'] ?? '') ? (f.sender ?? null) : null };
+    const mailgunFrom = text(f.from ?? f.From ?? f.sender);
     return {
       email: {
         provider: 'mailgun',
-        from: text(f.from ?? f.From ?? f.sender),
+        from: mailgunFrom,
+        verified_from: verifiedFrom(mailgunFrom, mailgunVouched),
         to: addresses(f.To ?? f.recipient),
         cc: addresses(f.Cc),
         subject: text(f.subject ?? f.Subject),
@@ -204,10 +243,23 @@ function fromForm(form: Form): ParsedEmail {
   } catch {
     info = {};
   }
+  // SendGrid's verdicts: `SPF` for the envelope sender (in `envelope`), `dkim` as {@domain : pass, ...}
+  let envelopeFrom: string | null = null;
+  try {
+    const envelope: unknown = f.envelope ? JSON.parse(f.envelope) : null;
+    envelopeFrom = typeof (envelope as { from?: unknown } | null)?.from === 'string' ? (envelope as { from: string }).from : null;
+  } catch {
+    envelopeFrom = null;
+  }
+  const sendgridVouched: Vouched = {
+    dkimPassed: [...String(f.dkim ?? '').matchAll(/@([a-z0-9.-]+)\s*:\s*pass/gi)].map((m) => m[1]!),
+    spfPassedFor: /^\s*pass\b/i.test(f.SPF ?? '') ? envelopeFrom : null,
+  };
   return {
     email: {
       provider: 'sendgrid',
       from: text(f.from),
+      verified_from: verifiedFrom(text(f.from), sendgridVouched),
       to: addresses(f.to),
       cc: addresses(f.cc),
       subject: text(f.subject),

@@ -369,17 +369,39 @@ describe('email to task (the session tool)', function () {
     expect(automation.status, automation.text).to.equal(201);
     const secret = 'inbound-secret-0123456789';
     expect((await h.call('PUT', '/api/v1/webhook-secrets/email', { body: { secrets: [secret] } })).status).to.equal(200);
-    const email = (from: string, subject: string, id: string) =>
+    // Postmark's own Received-SPF comes first in the headers it passes on: SPF passed for the envelope sender
+    const spf = (verdict: string, envelope: string) => ({
+      Name: 'Received-SPF',
+      Value: `${verdict} (sender SPF authorized) identity=mailfrom; client-ip=192.0.2.1; envelope-from=${envelope}; helo=mx.example`,
+    });
+    const email = (from: string, subject: string, id: string, headers: Body[]) =>
       fetch(`${h.url}/webhooks/tenant-a/email`, {
         method: 'POST',
         headers: { 'content-type': 'application/json', authorization: `Basic ${Buffer.from(`inbound:${secret}`).toString('base64')}` },
-        body: JSON.stringify({ From: from, To: 'inbox@in.example.com', Subject: subject, TextBody: 'Please rotate the keys.', MessageID: id, Attachments: [] }),
+        body: JSON.stringify({
+          From: from,
+          To: 'inbox@in.example.com',
+          Subject: subject,
+          TextBody: 'Please rotate the keys.',
+          MessageID: id,
+          Attachments: [],
+          Headers: headers,
+        }),
       });
-    expect((await email('Ops Team <ops@example.com>', 'Rotate keys', 'm-1')).status).to.equal(200);
-    expect((await email('mallory@evil.example', 'Send me the keys', 'm-2')).status).to.equal(200);
+    expect((await email('Ops Team <ops@example.com>', 'Rotate keys', 'm-1', [spf('Pass', 'bounce@mail.example.com')])).status).to.equal(200);
+    expect((await email('mallory@evil.example', 'Send me the keys', 'm-2', [spf('Pass', 'mallory@evil.example')])).status).to.equal(200);
+    // a From the provider does not vouch for: SPF passed for another domain's envelope (a forged verdict further
+    // down is the sender's own writing), SPF failed, no verdict at all, or an address with two @
+    const spoofs: [string, Body[]][] = [
+      ['ops@example.com', [spf('Pass', 'mallory@evil.example'), spf('Pass', 'ops@example.com')]],
+      ['ops@example.com', [spf('Fail', 'ops@example.com')]],
+      ['ops@example.com', []],
+      ['mallory@evil.example@trusted.example', [spf('Pass', 'x@trusted.example')]],
+    ];
+    for (const [i, [from, headers]] of spoofs.entries()) expect((await email(from, `Spoof ${i}`, `s-${i}`, headers)).status).to.equal(200);
     const tasks = await eventually(async () => {
       const runs = (await h.call<Body>('GET', `/api/v1/automations/${automation.body.id}/history`)).body.data;
-      if (runs.length < 2 || runs.some((r: Body) => !['succeeded', 'failed'].includes(r.status))) return null;
+      if (runs.length < 2 + spoofs.length || runs.some((r: Body) => !['succeeded', 'failed'].includes(r.status))) return null;
       return (await h.call<Body>('GET', `/api/v1/sessions/${session.id}/tasks`)).body.data;
     }, 'both emails to be handled');
     expect(tasks).to.have.length(1);

@@ -366,6 +366,9 @@ describe('webhook intake', function () {
           html: '<p>see log</p>',
           headers: 'Received: x\nMessage-ID: <m1@example.com>\nSubject: Build failed',
           'attachment-info': JSON.stringify({ attachment1: { filename: 'log.txt', type: 'text/plain' } }),
+          // SendGrid's verdicts: the From address is vouched for by the SPF pass of its envelope sender
+          SPF: 'pass',
+          envelope: JSON.stringify({ to: ['ops@in.example.com'], from: 'bounces@example.com' }),
         },
         [{ field: 'attachment1', name: 'log.txt', type: 'text/plain', bytes: 2048 }],
       );
@@ -377,6 +380,7 @@ describe('webhook intake', function () {
       expect(d.event_payload).to.deep.equal({
         provider: 'sendgrid',
         from: 'Ada <ada@example.com>',
+        verified_from: 'ada@example.com',
         to: ['ops@in.example.com', '"Doe, Jane" <jane@example.com>'],
         cc: ['cc@example.com'],
         subject: 'Build failed',
