@@ -145,11 +145,16 @@ export function instantiateTemplate(t: Template, given: Record<string, unknown>)
   const values: Record<string, unknown> = {};
   for (const v of t.variables) {
     const value = given[v.name] ?? v.default;
-    if (value === undefined || value === null) {
+    // a required string of blanks is no value: the automation it made could never work
+    if (value === undefined || value === null || (v.required && typeof value === 'string' && !value.trim())) {
       if (v.required) errors.push({ path: `/body/variables/${v.name}`, message: `required: ${v.description}` });
       continue;
     }
     if (!typeMatches(v.type, value)) errors.push({ path: `/body/variables/${v.name}`, message: `must be of type ${v.type}` });
+    // pasted into steps whose `${...}` the run reads as its own references: a value would lose its text, or
+    // become a reference (an `if` that always holds)
+    else if (typeof value === 'string' && value.includes('${'))
+      errors.push({ path: `/body/variables/${v.name}`, message: 'must not hold ${: steps read it as a reference to the run’s inputs or steps' });
     else if (v.enum && !v.enum.includes(value as string | number))
       errors.push({ path: `/body/variables/${v.name}`, message: `must be one of ${v.enum.join(', ')}` });
     else values[v.name] = value;

@@ -391,6 +391,18 @@ describe('automation templates API', () => {
     expect(res.status).to.equal(400);
     expect(res.body.errors.map((e: { path: string }) => e.path).sort()).to.deep.equal(['/body/variables/colour', '/body/variables/repository']);
     expect(res.body.detail).to.contain('colour').and.contain('repository');
+    // a required value of blanks is none; a value with ${ would be read by the run as one of its references
+    const blank = await h.call('POST', '/api/v1/automations/templates/instantiate', { body: { template_id: 'pr-review', variables: { repository: '  ' } } });
+    expect(blank.status).to.equal(400);
+    expect(blank.body.errors[0].path).to.equal('/body/variables/repository');
+    const reference = await h.call('POST', '/api/v1/automations/templates/instantiate', {
+      body: { template_id: 'gates-on-push', variables: { repository: '${inputs.event.repository.full_name}' } },
+    });
+    expect(reference.status, reference.text).to.equal(400);
+    expect(reference.body.errors).to.deep.include({
+      path: '/body/variables/repository',
+      message: 'must not hold ${: steps read it as a reference to the run’s inputs or steps',
+    });
   });
 
   it('refuses an unknown template and a variable that makes a bad trigger', async () => {
