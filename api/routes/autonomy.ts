@@ -114,8 +114,8 @@ export function autonomyRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
     const ended =
       storeEnded &&
       (endedAt < Date.now() - ENDS_TRIED_MS ||
-        (await opts.hub.lastId(scope.stream)) === '0-0' ||
-        (await logHoldsEnds(scope.stream, await endedRuns(run, session))));
+        (await logHoldsEnds(scope.stream, await endedRuns(run, session))) ||
+        (await opts.hub.lastId(scope.stream)) === '0-0');
     await watch(req, res, sessionId, lastEventIdOf(req), { ended });
   });
 

@@ -127,9 +127,9 @@ export class EventHub {
     return this.log.droppedAfter(scope, afterId);
   }
 
-  /** See EventLog.lastId. */
+  /** See EventLog.lastId. Without Redis it is a 503 the client retries (redisOrUnavailable), not a request held for the outage. */
   lastId(scope: string): Promise<string> {
-    return this.log.lastId(scope);
+    return redisOrUnavailable(this.redis, 'reading the event log', () => this.log.lastId(scope));
   }
 
   /** See EventLog.after: a page of the log, for a reader that reads it at its own pace. */
