@@ -3,7 +3,6 @@
 import type { Platform } from '../deps.js';
 import {
   ConflictError,
-  ServiceUnavailableError,
   NotFoundError,
   PayloadTooLargeError,
   RateLimitedError,
@@ -219,7 +218,7 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
         if (run) runs.push({ automation_id: a.id, run_id: run.id });
       } catch (err) {
         if (!(err instanceof AppError)) throw err;
-        if (err instanceof ServiceUnavailableError || err instanceof ConflictError) transient ??= err;
+        if (err.retryable) transient ??= err;
         // the automation cannot run as defined (no agent endpoint, a bad budget): say so, start the others
         error = { code: err.code, message: `automation ${a.id}: ${err.message}` };
       }
@@ -339,7 +338,7 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
       const { runs, error, transient } = await dispatch(d, 1);
       // accepted is sure to run: the job fails and is retried (then the reconciler retries it), the delivery
       // still received, and the retry's runs of attempt 1 are the ones started here, found by their keys
-      if (transient) throw transient instanceof ServiceUnavailableError ? transient : new ServiceUnavailableError(transient.message, 1, { cause: transient });
+      if (transient) throw transient;
       const done = await store.deliveries.update(
         tenantId,
         d.id,
