@@ -11,8 +11,8 @@ export function firesOf(deps: Pick<Platform, 'store' | 'log'> & { automations: A
 
   /**
    * The automation's run for this trigger, or null when the automation is not enabled. What the run's
-   * creation throws goes to the caller: a ServiceUnavailableError (Redis or the store did not answer) or
-   * a ConflictError (the same key's first request is still being handled) is worth a retry, with the same key.
+   * creation throws goes to the caller: one that is `retryable` (Redis or the store did not answer, the
+   * same key's first request still being handled) is worth a retry, with the same key.
    */
   async function fire(tenantId: string, automationId: string, trigger: RunTrigger, idempotencyKey?: string, inputs?: Record<string, unknown>) {
     let request: Awaited<ReturnType<typeof automations.runRequest>>;
