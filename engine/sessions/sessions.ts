@@ -38,6 +38,10 @@ const LIVE: SessionStatus[] = ['idle', 'running', 'waiting', 'paused'];
 /** How many writes one recount makes at most before it leaves the session to the next recount (or the reconciler). */
 const RECOUNT_TRIES = 5;
 
+/** Stale sessions the reconciler reads at a time, and at most in one pass of each status (the next pass goes on from there). */
+const STALE_SESSIONS_PAGE = 200;
+const STALE_SESSIONS_PER_PASS = 5 * STALE_SESSIONS_PAGE;
+
 /** Runs made through the autonomy routes have a session of their own. */
 const hasRunSession = (run: Run): run is Run & { kind: 'autonomy' | 'vibe' } => run.kind === 'autonomy' || run.kind === 'vibe';
 
@@ -45,6 +49,8 @@ const OUTCOME_OF_RUN: Record<string, SessionOutcome> = { succeeded: 'succeeded',
 
 export function sessionsOf(deps: SessionsDeps) {
   const { store, clock, events, runs } = deps;
+  /** where the reconciler's last pass stopped reading stale sessions, by status */
+  const staleAfter: Record<'running' | 'waiting', { updated_at: string; id: string } | undefined> = { running: undefined, waiting: undefined };
 
   async function mustGet(tenantId: string, id: string): Promise<Session> {
     const s = await store.sessions.get(tenantId, id);
@@ -299,8 +305,17 @@ export function sessionsOf(deps: SessionsDeps) {
       const repaired = await tasks.reconcile(olderThanMs);
       // a session whose last change was lost with its process (all its tasks ended, its outcome unset)
       const before = new Date(clock.now().getTime() - olderThanMs).toISOString();
+      // a page at a time from where the last pass stopped, from the oldest again at the end: sessions that wait
+      // for good (a task waiting for input) hold no place before the others
       for (const status of ['running', 'waiting'] as const) {
-        for (const s of await store.sessions.listStale(status, before, 200)) if (s.kind === 'multi_agent') await recount(s.tenant_id, s.id);
+        for (let read = 0; read < STALE_SESSIONS_PER_PASS;) {
+          const page = await store.sessions.listStale(status, before, STALE_SESSIONS_PAGE, staleAfter[status]);
+          for (const s of page) if (s.kind === 'multi_agent') await recount(s.tenant_id, s.id);
+          read += page.length;
+          const last = page.at(-1);
+          staleAfter[status] = page.length < STALE_SESSIONS_PAGE || !last ? undefined : { updated_at: last.updated_at, id: last.id };
+          if (!staleAfter[status]) break;
+        }
       }
       return repaired;
     },

@@ -253,8 +253,17 @@ export interface SessionRepo {
   list(tenantId: string, q: SessionQuery): Promise<Page<Session>>;
   /** Applies `changes` only while the status is one of `ifStatusIn`; null when no row matched. */
   update(tenantId: string, id: string, changes: SessionChanges, ifStatusIn: SessionStatus[]): Promise<Session | null>;
-  /** System use (the reconciler): multi-agent sessions of every tenant running or waiting, not changed since a time. */
-  listStale(status: Extract<SessionStatus, 'running' | 'waiting'>, updatedBefore: string, limit: number): Promise<Session[]>;
+  /**
+   * System use (the reconciler): multi-agent sessions of every tenant running or waiting, not changed since a
+   * time, oldest first; `after` (the last session of the page before) pages on, so sessions that wait for good
+   * (a task waiting for input) never hide the rest.
+   */
+  listStale(
+    status: Extract<SessionStatus, 'running' | 'waiting'>,
+    updatedBefore: string,
+    limit: number,
+    after?: Pick<Session, 'updated_at' | 'id'>,
+  ): Promise<Session[]>;
 }
 
 export interface AgentRepo {

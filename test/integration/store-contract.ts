@@ -809,6 +809,24 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
         kind: 'multi_agent',
       });
       expect(await store.sessions.update('t2', a.id, { status: 'idle' }, ['paused'])).to.equal(null);
+      // the reconciler's stale sessions, oldest first, ties by id, a page at a time: a tenant's sessions that
+      // wait for good hide no other tenant's behind them
+      const old = '2020-01-01T00:00:00.000Z';
+      const hog = Array.from({ length: 3 }, () => session('hog', { status: 'waiting', updated_at: old }));
+      const victim = session('victim', { status: 'waiting', updated_at: '2020-01-01T00:00:01.000Z' });
+      const notStale = session('victim', { status: 'waiting' });
+      for (const x of [...hog, victim, notStale, session('victim', { status: 'waiting', kind: 'autonomy', updated_at: old })]) await store.sessions.insert(x);
+      const cutoff = '2021-01-01T00:00:00.000Z';
+      const firstPage = await store.sessions.listStale('waiting', cutoff, 2);
+      expect(firstPage.map((x) => x.id)).to.deep.equal(
+        hog
+          .map((x) => x.id)
+          .sort()
+          .slice(0, 2),
+      );
+      const second = await store.sessions.listStale('waiting', cutoff, 2, firstPage.at(-1)!);
+      expect(second.map((x) => x.id)).to.deep.equal([hog.map((x) => x.id).sort()[2], victim.id]);
+      expect(await store.sessions.listStale('waiting', cutoff, 2, second.at(-1)!)).to.deep.equal([]);
     });
 
     it('keeps a session’s agents in the order they were added, per tenant', async () => {

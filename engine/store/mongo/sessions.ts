@@ -10,7 +10,7 @@ sessionSchema.index({ tenant_id: 1, _id: -1 });
 sessionSchema.index({ tenant_id: 1, status: 1, _id: -1 });
 // a tenant's multi-agent sessions (GET /sessions?kind=multi_agent), apart from the many its runs make
 sessionSchema.index({ tenant_id: 1, kind: 1, _id: -1 }, { name: 'sessions_multi_agent', partialFilterExpression: { kind: 'multi_agent' } });
-sessionSchema.index({ status: 1, updated_at: 1 });
+sessionSchema.index({ status: 1, updated_at: 1, _id: 1 });
 
 export const agentSchema = new Schema({ _id: String, tenant_id: { type: String, required: true }, session_id: String }, loose);
 agentSchema.index({ tenant_id: 1, session_id: 1, _id: 1 });
@@ -33,10 +33,11 @@ export function sessionRepo(model: Model<Stored<Session>>): SessionRepo {
         .lean<Stored<Session>>();
       return fromStored(updated);
     },
-    async listStale(status, updatedBefore, limit) {
+    async listStale(status, updatedBefore, limit, after) {
+      const page = after ? { $or: [{ updated_at: { $gt: after.updated_at } }, { updated_at: after.updated_at, _id: { $gt: after.id } }] } : {};
       const rows = await model
-        .find({ kind: 'multi_agent', status, updated_at: { $lt: updatedBefore } })
-        .sort({ updated_at: 1 })
+        .find({ kind: 'multi_agent', status, updated_at: { $lt: updatedBefore }, ...page })
+        .sort({ updated_at: 1, _id: 1 })
         .limit(limit)
         .lean<Stored<Session>[]>();
       return rows.map((r) => fromStored(r)!);

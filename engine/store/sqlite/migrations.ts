@@ -361,3 +361,10 @@ MIGRATIONS.push(`
 MIGRATIONS.push(`
   CREATE INDEX sessions_multi_agent ON sessions (tenant_id, id) WHERE kind = 'multi_agent';
 `);
+
+// The reconciler pages through the stale sessions by (updated_at, id): the id in the index keeps the page's order in it.
+MIGRATIONS.push(`
+  DROP INDEX sessions_live_by_updated;
+  CREATE INDEX sessions_live_by_updated ON sessions (status, json_extract(doc, '$.updated_at'), id)
+    WHERE kind = 'multi_agent' AND status IN ('running', 'waiting');
+`);

@@ -13,9 +13,10 @@ export function sessionRepo(db: Db): SessionRepo {
   const writeDoc = db.prepare('UPDATE sessions SET doc = ? WHERE tenant_id = ? AND id = ?');
   const read = (row: { doc: string } | undefined): Session | null => (row ? (JSON.parse(row.doc) as Session) : null);
   // the reconciler's partial index: its condition is repeated word for word, or SQLite does not use it
-  const stale = db.prepare<[string, string, number], { doc: string }>(
+  const stale = db.prepare<[string, string, string, string, number], { doc: string }>(
     `SELECT doc FROM sessions WHERE kind = 'multi_agent' AND status IN ('running', 'waiting')
-     AND status = ? AND json_extract(doc, '$.updated_at') < ? ORDER BY json_extract(doc, '$.updated_at') LIMIT ?`,
+     AND status = ? AND json_extract(doc, '$.updated_at') < ? AND (json_extract(doc, '$.updated_at'), id) > (?, ?)
+     ORDER BY json_extract(doc, '$.updated_at'), id LIMIT ?`,
   );
   const listStatements = new Map<string, Statement<unknown[], { doc: string }>>();
   const listStatement = (status: boolean, kind: boolean, multiAgent: boolean) => {
@@ -62,8 +63,8 @@ export function sessionRepo(db: Db): SessionRepo {
     async update(tenantId, id, changes, ifStatusIn) {
       return commit(() => update(tenantId, id, changes, ifStatusIn));
     },
-    async listStale(status, updatedBefore, limit) {
-      return stale.all(status, updatedBefore, limit).map((r) => read(r)!);
+    async listStale(status, updatedBefore, limit, after) {
+      return stale.all(status, updatedBefore, after?.updated_at ?? '', after?.id ?? '', limit).map((r) => read(r)!);
     },
   };
 }
