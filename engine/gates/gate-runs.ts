@@ -35,8 +35,12 @@ const WAIT_POLL_MS = 200;
 /** A seal's claim: long enough to write the ledger; a process that dies holding it frees it this soon. */
 const SEAL_CLAIM_SECONDS = 120;
 const HASHERS_KEPT = 64;
+/** Running gate runs the reconciler reads in one pass. */
+const STALE_GATE_RUNS_PAGE = 200;
 
 export function gateRunsOf(deps: GatesDeps) {
+  /** where the reconciler's last pass stopped reading running gate runs */
+  let staleAfter: { created_at: string; id: string } | undefined;
   const { store, clock, log, queues, events, ledger, sandbox, settings } = deps;
   let flows: FlowProducer | undefined;
   /** gates this process is running, by gate run: a cancel stops them */
@@ -228,7 +232,12 @@ export function gateRunsOf(deps: GatesDeps) {
     async reconcile(olderThanMs = 60_000): Promise<number> {
       const before = new Date(clock.now().getTime() - olderThanMs).toISOString();
       let repaired = 0;
-      for (const r of await store.gateRuns.listRunning(before, 200)) {
+      // a page at a time from where the last pass stopped (from the oldest again at the end): runs still going
+      // hold no place before a lost one
+      const page = await store.gateRuns.listRunning(before, STALE_GATE_RUNS_PAGE, staleAfter);
+      const last = page.at(-1);
+      staleAfter = page.length < STALE_GATE_RUNS_PAGE || !last ? undefined : { created_at: last.created_at, id: last.id };
+      for (const r of page) {
         const seal = await queues.get('gates').getJob(`${r.id}__seal`);
         const state = seal ? await seal.getState() : 'missing';
         // a seal job that completed with its run still running ended without sealing it: it found the claim of a

@@ -327,8 +327,11 @@ export interface GateRunRepo {
   latestResults(tenantId: string, workspace: string): Promise<{ gate_run_id: string; result: GateResult }[]>;
   /** The gate runs of a workspace that are running, newest first (their results are kept apart until sealed). */
   runningOf(tenantId: string, workspace: string): Promise<GateRunRecord[]>;
-  /** System use (the reconciler): running gate runs of every tenant made before a time, oldest first. */
-  listRunning(createdBefore: string, limit: number): Promise<GateRunRecord[]>;
+  /**
+   * System use (the reconciler): running gate runs of every tenant made before a time, oldest first; `after`
+   * (the last run of the page before) pages on, so runs still going never hide a lost one behind them.
+   */
+  listRunning(createdBefore: string, limit: number, after?: Pick<GateRunRecord, 'created_at' | 'id'>): Promise<GateRunRecord[]>;
 }
 
 export type TaskChanges = Partial<Pick<TaskRecord, 'status' | 'attempts' | 'run_ids' | 'output' | 'updated_at'>>;

@@ -1160,6 +1160,18 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
         .and.include(other.id)
         .and.not.include(first.id);
       expect(await store.gateRuns.listRunning('2000-01-01T00:00:00.000Z', 10)).to.deep.equal([]);
+      // a page at a time, oldest first, ties by id: runs still going hide no other behind them
+      const cutoff = new Date(Date.now() + 1000).toISOString();
+      const all = (await store.gateRuns.listRunning(cutoff, 100)).map((r) => r.id);
+      const pages: string[] = [];
+      for (let after: { created_at: string; id: string } | undefined, i = 0; i < 10; i++) {
+        const page = await store.gateRuns.listRunning(cutoff, 1, after);
+        if (!page.length) break;
+        pages.push(page[0]!.id);
+        after = page[0]!;
+      }
+      expect(pages).to.deep.equal(all);
+      expect(pages).to.have.length(3);
     });
   });
 }

@@ -9,7 +9,7 @@ type StoredResult = { _id: string; tenant_id: string; gate_run_id: string; gate_
 export const gateRunSchema = new Schema({ _id: String, tenant_id: { type: String, required: true }, workspace: String, status: String }, loose);
 gateRunSchema.index({ tenant_id: 1, workspace: 1, _id: -1 });
 gateRunSchema.index({ tenant_id: 1, _id: -1 });
-gateRunSchema.index({ status: 1, created_at: 1 });
+gateRunSchema.index({ status: 1, created_at: 1, _id: 1 });
 export const gateResultSchema = new Schema(
   { _id: String, tenant_id: String, gate_run_id: String, gate_id: String, workspace: String, finished_at: String },
   loose,
@@ -54,10 +54,11 @@ export function gateRunRepo(runs: Model<Stored<GateRunRecord>>, results: Model<S
     async results(tenantId, gateRunId) {
       return (await results.find({ tenant_id: tenantId, gate_run_id: gateRunId }).lean<StoredResult[]>()).map((r) => r.result);
     },
-    async listRunning(createdBefore, limit) {
+    async listRunning(createdBefore, limit, after) {
+      const page = after ? { $or: [{ created_at: { $gt: after.created_at } }, { created_at: after.created_at, _id: { $gt: after.id } }] } : {};
       const rows = await runs
-        .find({ status: 'running', created_at: { $lt: createdBefore } })
-        .sort({ created_at: 1 })
+        .find({ status: 'running', created_at: { $lt: createdBefore }, ...page })
+        .sort({ created_at: 1, _id: 1 })
         .limit(limit)
         .lean<Stored<GateRunRecord>[]>();
       return rows.map((r) => fromStored(r)!);

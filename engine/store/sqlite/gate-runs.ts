@@ -32,8 +32,9 @@ export function gateRunRepo(db: Db): GateRunRepo {
   const runningOf = db.prepare<[string, string], { doc: string }>(
     "SELECT doc FROM gate_runs INDEXED BY gate_runs_by_status WHERE status = 'running' AND tenant_id = ? AND workspace = ? ORDER BY id DESC",
   );
-  const running = db.prepare<[string, number], { doc: string }>(
-    "SELECT doc FROM gate_runs WHERE status = 'running' AND json_extract(doc, '$.created_at') < ? ORDER BY json_extract(doc, '$.created_at') LIMIT ?",
+  const running = db.prepare<[string, string, string, number], { doc: string }>(
+    `SELECT doc FROM gate_runs WHERE status = 'running' AND json_extract(doc, '$.created_at') < ? AND (json_extract(doc, '$.created_at'), id) > (?, ?)
+     ORDER BY json_extract(doc, '$.created_at'), id LIMIT ?`,
   );
   const read = (row: { doc: string } | undefined) => (row ? (JSON.parse(row.doc) as GateRunRecord) : null);
   // writes go in the store's group commit: the writes of one turn of the event loop share a commit
@@ -70,8 +71,8 @@ export function gateRunRepo(db: Db): GateRunRepo {
     async results(tenantId, gateRunId) {
       return results.all(tenantId, gateRunId).map((row) => JSON.parse(row.doc) as GateResult);
     },
-    async listRunning(createdBefore, limit) {
-      return running.all(createdBefore, limit).map((r) => read(r)!);
+    async listRunning(createdBefore, limit, after) {
+      return running.all(createdBefore, after?.created_at ?? '', after?.id ?? '', limit).map((r) => read(r)!);
     },
     async latestResults(tenantId, workspace) {
       return latest.all({ tenant: tenantId, workspace }).map((row) => ({ gate_run_id: row.gate_run_id, result: JSON.parse(row.doc) as GateResult }));

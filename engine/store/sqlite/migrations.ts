@@ -368,3 +368,9 @@ MIGRATIONS.push(`
   CREATE INDEX sessions_live_by_updated ON sessions (status, json_extract(doc, '$.updated_at'), id)
     WHERE kind = 'multi_agent' AND status IN ('running', 'waiting');
 `);
+
+// The reconciler pages through running gate runs by (created_at, id) as well.
+MIGRATIONS.push(`
+  DROP INDEX gate_runs_by_status;
+  CREATE INDEX gate_runs_by_status ON gate_runs (status, json_extract(doc, '$.created_at'), id);
+`);
