@@ -60,6 +60,7 @@ const isDateTime = (s: string) => {
   const at = new Date(Date.UTC(Number(m[1]), Number(m[2]) - 1, Number(m[3])));
   return !Number.isNaN(Date.parse(s)) && at.getUTCFullYear() === Number(m[1]) && at.getUTCMonth() === Number(m[2]) - 1 && at.getUTCDate() === Number(m[3]);
 };
+
 const SEVERITIES = ['critical', 'high', 'medium', 'low'];
 
 /**

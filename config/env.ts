@@ -373,10 +373,10 @@ const schema = z.object({
 
 type Parsed = z.infer<typeof schema>;
 
-/** What the variables say together (each read alone already): one message each. */
 /**
- * What the variables say together. `service`: the rules of a process that serves (its keys, its shared store,
- * no SERVICE_AUTH=none in production); a local tool that starts no service (`gates run`) is held to the rest.
+ * What the variables say together (each read alone already): one message each. `service`: the rules of a
+ * process that serves (its keys, its shared store, no SERVICE_AUTH=none in production); a local tool that
+ * starts no service (`gates run`) is held to the rest.
  */
 function problemsTogether(e: Parsed, service = true): string[] {
   const isProduction = e.NODE_ENV === 'production' && service;
