@@ -25,7 +25,7 @@ import { allowlistOf, budgetTooLong, type RunLimits, type Runs, type ToolPolicy 
 import type { NewMessage, SessionQuery } from '../store/index.js';
 import { ToolError, type SessionActions } from '../tools/index.js';
 import { dagStateOf } from './dag-state.js';
-import { longer, tasksOf, type TaskInput } from './tasks.js';
+import { longer, TASK_LIMITS, tasksOf, type TaskInput } from './tasks.js';
 
 export type SessionsDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'events' | 'redis' | 'queues'> & {
   runs: Runs;
@@ -230,9 +230,9 @@ export function sessionsOf(deps: SessionsDeps) {
     actionsFor(run: Run): SessionActions {
       const tenantId = run.tenant_id;
       const actions: SessionActions = {
-        addTask: async (sessionId, task) => {
+        addTask: async (sessionId, task, opts) => {
           const session = await mustBeLive(tenantId, sessionId);
-          const [added] = await tasks.add(session, [taskInputOf(task)]);
+          const [added] = await tasks.add(session, [opts?.cut ? cutToLimits(taskInputOf(task)) : taskInputOf(task)]);
           return { id: added!.id };
         },
         postMessage: async (sessionId, message) => {
@@ -515,6 +515,12 @@ function textWithinLimit(text: string): void {
 }
 
 const textOf = (m: MessageRecord) => m.parts.map((p) => (p.type === 'text' ? p.text : JSON.stringify(p.data))).join('\n');
+
+/** A task's title and goal cut to what a task may hold (code points, as the schema counts them), an ellipsis marking the cut. */
+function cutToLimits(t: TaskInput): TaskInput {
+  const cut = (text: string | undefined, max: number) => (text !== undefined && longer(text, max) ? `${[...text].slice(0, max - 1).join('')}…` : text);
+  return { ...t, title: cut(t.title ?? undefined, TASK_LIMITS.title), goal: cut(t.goal ?? undefined, TASK_LIMITS.goal) };
+}
 
 /** A task the `session` tool adds: only the fields a task has, whatever else the arguments carry. */
 function taskInputOf(t: Record<string, unknown>): TaskInput {

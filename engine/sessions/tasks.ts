@@ -67,7 +67,7 @@ const OUTPUT_STEPS_MAX_BYTES = 256 * 1024;
 const runKey = (sessionId: string, taskId: string, nth?: number) => `\0task:${sessionId}:${taskId}${nth === undefined ? '' : `:${nth}`}`;
 
 /** What one task may hold (api/openapi.yaml's TaskInput): a task the session tool adds is held to them too. */
-const TASK_LIMITS = { depends_on: 100, title: 200, goal: 20_000 };
+export const TASK_LIMITS = { depends_on: 100, title: 200, goal: 20_000 };
 /** Longer than `max` characters as the schema counts them (code points: an emoji is one). */
 export const longer = (text: string, max: number) => text.length > max && [...text].length > max;
 

@@ -38,6 +38,7 @@ export const sessionTool: Tool = {
       },
       message: { type: 'object', properties: { text: { type: 'string' }, to: { type: 'string' } } },
       sender: { type: 'string', description: 'Who asked (an email address); checked against allowed_senders.' },
+      cut_to_limits: { type: 'boolean', description: 'Cut a task title over 200 and a goal over 20,000 characters to fit, rather than fail.' },
       allowed_senders: { type: 'string', description: 'Comma-separated addresses or @domains; * for anyone.' },
     },
   },
@@ -53,7 +54,7 @@ export const sessionTool: Tool = {
     const checked = typeof args.sender === 'string' ? senderAddress(args.sender) : null;
     if (action === 'add_task') {
       const task = (args.task && typeof args.task === 'object' ? args.task : {}) as Record<string, unknown>;
-      const added = await ctx.sessions.addTask(sessionId, task);
+      const added = await ctx.sessions.addTask(sessionId, task, { cut: args.cut_to_limits === true });
       return { output: { done: true, session_id: sessionId, task_id: added.id, ...(checked ? { sender: checked } : {}) } };
     }
     if (action === 'post_message') {

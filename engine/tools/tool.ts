@@ -73,7 +73,8 @@ export type GateActions = {
 
 /** What a run may do to the sessions of its tenant. */
 export type SessionActions = {
-  addTask(sessionId: string, task: Record<string, unknown>): Promise<{ id: string }>;
+  /** `cut`: a title and a goal longer than a task may hold are cut to fit, as an intake of text it does not write wants (an email's subject) */
+  addTask(sessionId: string, task: Record<string, unknown>, opts?: { cut?: boolean }): Promise<{ id: string }>;
   postMessage(sessionId: string, message: { text: string; to?: string }): Promise<{ id: string; seq: number }>;
   /** a session task's run, in its own session, as its agent; absent for other runs */
   own?: OwnSession;

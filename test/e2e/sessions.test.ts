@@ -399,21 +399,27 @@ describe('email to task (the session tool)', function () {
       ['mallory@evil.example@trusted.example', [spf('Pass', 'x@trusted.example')]],
     ];
     for (const [i, [from, headers]] of spoofs.entries()) expect((await email(from, `Spoof ${i}`, `s-${i}`, headers)).status).to.equal(200);
+    // a subject past a task's 200 characters is cut to fit, not refused
+    expect((await email('ops@example.com', `Long ${'x'.repeat(300)}`, 'm-3', [spf('Pass', 'ops@example.com')])).status).to.equal(200);
     const tasks = await eventually(async () => {
       const runs = (await h.call<Body>('GET', `/api/v1/automations/${automation.body.id}/history`)).body.data;
-      if (runs.length < 2 + spoofs.length || runs.some((r: Body) => !['succeeded', 'failed'].includes(r.status))) return null;
+      if (runs.length < 3 + spoofs.length || runs.some((r: Body) => !['succeeded', 'failed'].includes(r.status))) return null;
       return (await h.call<Body>('GET', `/api/v1/sessions/${session.id}/tasks`)).body.data;
     }, 'both emails to be handled');
-    expect(tasks).to.have.length(1);
-    expect(tasks[0]).to.deep.include({ title: 'Rotate keys', agent_id: agent.id, status: 'queued' });
-    expect(tasks[0].goal).to.contain('ops@example.com').and.contain('Please rotate the keys.');
+    expect(tasks).to.have.length(2);
+    const [rotate, long] = [tasks.find((t: Body) => t.title === 'Rotate keys'), tasks.find((t: Body) => t.title.startsWith('Long '))];
+    expect(rotate).to.deep.include({ agent_id: agent.id, status: 'queued' });
+    expect(rotate.goal).to.contain('ops@example.com').and.contain('Please rotate the keys.');
+    expect([...long.title]).to.have.length(200);
+    expect(long.title.endsWith('…')).to.equal(true);
     // the allowed sender hears back, in the same thread; nobody else gets mail from the service
-    expect(fake.mails).to.have.length(1);
-    expect(fake.mails[0]).to.deep.include({ from: 'tasks@acme.test', to: ['ops@example.com'] });
-    expect(fake.mails[0]!.data)
-      .to.match(/^Subject: Re: Rotate keys/m)
-      .and.match(/^In-Reply-To: <?m-1>?/m)
-      .and.contain(tasks[0].id);
+    expect(fake.mails).to.have.length(2);
+    const answer = fake.mails.find((m) => /^Subject: Re: Rotate keys/m.test(m.data))!;
+    expect(answer).to.deep.include({ from: 'tasks@acme.test', to: ['ops@example.com'] });
+    expect(answer.data)
+      .to.match(/^In-Reply-To: <?m-1>?/m)
+      .and.contain(rotate.id);
+    expect(fake.mails.every((m) => m.to.length === 1 && m.to[0] === 'ops@example.com')).to.equal(true);
     // another tenant's session cannot be named: the tool acts for its run's tenant only
     const foreign = await h.call<Body>('POST', '/api/v1/autonomy/run', {
       key: KEYS.b,
@@ -428,7 +434,7 @@ describe('email to task (the session tool)', function () {
     // the step fails with the service's own answer, as for any tool: not the run as an internal error
     expect(run.steps[0].error).to.deep.include({ code: 'not-found' });
     expect(run.error.code).to.not.equal('internal');
-    expect((await h.call<Body>('GET', `/api/v1/sessions/${session.id}/tasks`)).body.data).to.have.length(1);
+    expect((await h.call<Body>('GET', `/api/v1/sessions/${session.id}/tasks`)).body.data).to.have.length(2);
   });
 
   it('holds a task or message the session tool adds to the limits of one added over HTTP: 100 dependencies, a 200-character title, a 20,000-character goal, 100,000 characters of text', async () => {
