@@ -96,7 +96,10 @@ const codehostActions = actionTool(
 const REF = /^(?!-)[\w./-]{1,250}$/;
 const REPOSITORY = /^[\w.-]+\/[\w.-]+$/;
 const CHECKOUT_OUTPUT_MAX = 16 * 1024;
-// a fresh repository (made by the service, so no config of a run's own making): fetch, then put its files at what was fetched
+// a fresh repository (made by the service, so no config of a run's own making): fetch, then put its files at what was
+// fetched. Its git folder is a private one of the service's (GIT_DIR), never the checkout's `.git`: another run's
+// step of the tenant, which can write in the checkout folder, could put config there (hooks, an fsmonitor, a proxy)
+// that git would obey in this process, the one with the network and the token
 const CHECKOUT = 'git init -q && git fetch -q --no-tags "$REMOTE" "$REF" && git checkout -q --force --detach FETCH_HEAD && git rev-parse HEAD';
 
 /**
@@ -117,6 +120,7 @@ async function checkout(args: Record<string, unknown>, ctx: ToolContext): Promis
   const access = await ctx.connections.git(typeof args.connection === 'string' ? args.connection : undefined);
   const remote = `${access.web_url}/${repo}.git`;
   const secrets = await fs.mkdtemp(path.join(os.tmpdir(), 'svc-git-'));
+  const cleanup = [secrets];
   try {
     const config = path.join(secrets, 'config');
     const header = `Authorization: Basic ${Buffer.from(`x-access-token:${access.token}`).toString('base64')}`;
@@ -139,12 +143,23 @@ async function checkout(args: Record<string, unknown>, ctx: ToolContext): Promis
       { mode: 0o600 },
     );
     const dir = await ctx.checkouts.fresh();
-    const env = { ...ctx.childEnv, GIT_TERMINAL_PROMPT: '0', GIT_CONFIG_NOSYSTEM: '1', GIT_CONFIG_GLOBAL: config, REMOTE: remote, REF: ref };
+    const gitDir = await fs.mkdtemp(path.join(os.tmpdir(), 'svc-git-dir-'));
+    cleanup.push(gitDir);
+    const env = {
+      ...ctx.childEnv,
+      GIT_TERMINAL_PROMPT: '0',
+      GIT_CONFIG_NOSYSTEM: '1',
+      GIT_CONFIG_GLOBAL: config,
+      GIT_DIR: gitDir,
+      GIT_WORK_TREE: ctx.sandbox.workspacePath(dir),
+      REMOTE: remote,
+      REF: ref,
+    };
     const r = await runProcess(ctx.sandbox, ['/bin/sh', '-c', CHECKOUT], {
       workspace: dir,
       env,
       network: true,
-      binds: [],
+      binds: [gitDir],
       readOnlyBinds: [secrets],
       signal: ctx.signal,
       maxBytes: CHECKOUT_OUTPUT_MAX,
@@ -162,10 +177,14 @@ async function checkout(args: Record<string, unknown>, ctx: ToolContext): Promis
     const expected = typeof args.expect_sha === 'string' && args.expect_sha ? args.expect_sha.toLowerCase() : null;
     if (expected && output.head_sha !== expected)
       return { output, error: { code: 'checkout-moved', message: `${ref} of ${repo} is at ${output.head_sha ?? '?'}, not at ${expected} as the event said` } };
+    // the repository joins its files once the token and the network are gone: what is in the folder's `.git` now
+    // (another step's making) goes first
+    await fs.rm(path.join(dir, '.git'), { recursive: true, force: true });
+    await fs.cp(gitDir, path.join(dir, '.git'), { recursive: true });
     ctx.checkouts.use(dir);
     return { output };
   } finally {
-    await fs.rm(secrets, { recursive: true, force: true });
+    await Promise.all(cleanup.map((d) => fs.rm(d, { recursive: true, force: true })));
   }
 }
 

@@ -561,6 +561,41 @@ describe('action tools', function () {
     expect(after.filter((p) => p.startsWith('/github/acme/app.git/'))).to.deep.equal([]);
   });
 
+  it('runs the networked, token-bearing git of a checkout on a git folder of its own: config another run put in the checkout folder is not obeyed', async () => {
+    const repo = makePullRequestRepo(fs.mkdtempSync(path.join(h.config.dataDir, 'planted-')), 8, { path: 'src/b.ts', content: 'export const b = 2;\n' });
+    fake.serveRepo('acme/planted', repo.bare);
+    // another run of the tenant plants a hook the moment the checkout folder appears (as a step looping over .checkouts/ would)
+    const area = path.join(h.tenantDir(), '.checkouts');
+    fs.mkdirSync(area, { recursive: true });
+    let planted = 0;
+    const plant = (dir: string) => {
+      try {
+        fs.mkdirSync(path.join(dir, '.git', 'h'), { recursive: true });
+        fs.writeFileSync(path.join(dir, '.git', 'h', 'post-checkout'), `#!/bin/sh\ntouch /workspace/HOOK_RAN\n`, { mode: 0o755 });
+        fs.writeFileSync(path.join(dir, '.git', 'config'), '[core]\n\thooksPath = /workspace/.git/h\n');
+        planted++;
+      } catch {
+        // the folder was made again meanwhile: the next event plants anew
+      }
+    };
+    const watcher = fs.watch(area, (_event, name) => name && !name.startsWith('.') && plant(path.join(area, name)));
+    try {
+      const run = await start({
+        tools: ['codehost', 'shell'],
+        steps: [
+          { tool: 'codehost', args: { action: 'checkout', repository: 'acme/planted', ref: 'refs/pull/8/head' } },
+          { tool: 'shell', args: { command: 'ls -a; git log --format=%s -1' } },
+        ],
+      });
+      expect(run.status, JSON.stringify(run.steps)).to.equal('succeeded');
+      expect(planted, 'the plant was made').to.be.greaterThan(0);
+      expect(run.steps[1].output.stdout).to.contain('pull request 8');
+      expect(run.steps[1].output.stdout, 'the planted hook did not run').to.not.contain('HOOK_RAN');
+    } finally {
+      watcher.close();
+    }
+  });
+
   it('opens a pull request from a vibe run’s diff: the base files patched, committed on a new branch, the pull request opened', async () => {
     const repo = path.join(h.tenantDir(), 'vibe');
     fs.mkdirSync(path.join(repo, 'src'), { recursive: true });
