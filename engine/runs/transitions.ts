@@ -114,7 +114,6 @@ export function transitionsOf(deps: TransitionsDeps) {
       },
     );
   };
-  const emitCommitted = emitInOrder;
 
   /** Tries `work` (now, or after a first wait) until Redis takes it, with backoff, or RETRIES_AFTER_COMMIT times; never rejected. */
   async function untilTaken(work: () => Promise<unknown>, about: { run_id: string; what: string }, now: boolean): Promise<void> {
@@ -131,19 +130,16 @@ export function transitionsOf(deps: TransitionsDeps) {
   }
 
   /**
-   * Redis work that follows a committed transition (its event, the release of its slot): tried now, and
-   * if Redis does not take it, again in the background with backoff for about five minutes. The
-   * returned promise settles after the first try, never rejected.
+   * Redis work that follows a committed transition, other than its events (emitInOrder): the release of
+   * its slot. Tried now, and if Redis does not take it, again in the background with backoff for about five
+   * minutes (untilTaken). The returned promise settles after the first try, never rejected.
    */
-  function persist(work: () => Promise<unknown>, about: { run_id: string; what: string }, tryNo = 0): Promise<void> {
+  function persist(work: () => Promise<unknown>, about: { run_id: string; what: string }): Promise<void> {
     return work().then(
-      () => {
-        if (tryNo) log.info({ ...about, try: tryNo + 1 }, 'done after a retry');
-      },
+      () => undefined,
       (err: Error) => {
-        if (tryNo >= RETRIES_AFTER_COMMIT) return void log.error({ ...about, err: err.message }, 'given up: the reconciler repairs what it can');
-        if (!tryNo) log.warn({ ...about, err: err.message }, 'Redis did not take the work of a committed transition; trying again');
-        setTimeout(() => void persist(work, about, tryNo + 1), Math.min(RETRY_AFTER_COMMIT_MAX_MS, 500 * 2 ** (tryNo + 1))).unref();
+        log.warn({ ...about, err: err.message }, 'Redis did not take the work of a committed transition; trying again');
+        void untilTaken(work, about, false);
       },
     );
   }
@@ -222,7 +218,7 @@ export function transitionsOf(deps: TransitionsDeps) {
     metrics.runsFinished.inc({ kind: run.kind, status: run.status, reason: run.error?.code ?? 'none' });
     // the event and the slot in one round trip: both are asked for before either is waited for
     const told = Promise.all([
-      emitCommitted(run, {
+      emitInOrder(run, {
         type: 'run.finished',
         data: {
           status: run.status,
@@ -274,7 +270,7 @@ export function transitionsOf(deps: TransitionsDeps) {
         steps,
       );
       if (!retried) return null;
-      await emitCommitted(retried, { type: 'run.retrying', data: { attempt: run.attempt, next_attempt: retried.attempt, status, error, delay_ms: delay } });
+      await emitInOrder(retried, { type: 'run.retrying', data: { attempt: run.attempt, next_attempt: retried.attempt, status, error, delay_ms: delay } });
       metrics.runsRetried.inc({ kind: run.kind, status });
       await enqueue(retried, delay);
       log.warn({ run_id: run.id, attempt: run.attempt, status, error_code: error?.code, delay_ms: delay }, 'run attempt failed; retrying');
@@ -385,7 +381,7 @@ export function transitionsOf(deps: TransitionsDeps) {
       // the event is asked for first, and not waited for: the attempt's steps, whose events follow it in the
       // log, start once the hooks have what they write (a session task's move), not a round trip later. Like
       // every event of a committed transition it is tried again until Redis takes it
-      void emitCommitted(started, { type: 'run.started', data: { kind: run.kind, attempt: run.attempt, budget: run.budget, queued_ms: queuedMs, sandbox } });
+      void emitInOrder(started, { type: 'run.started', data: { kind: run.kind, attempt: run.attempt, budget: run.budget, queued_ms: queuedMs, sandbox } });
       await runHooks(startHooks, started, 'run-started');
       return started;
     },
@@ -479,7 +475,7 @@ export function transitionsOf(deps: TransitionsDeps) {
         steps,
       );
       if (!requeued) return null;
-      await emitCommitted(requeued, { type: 'run.interrupted', data: { attempt: run.attempt, next_attempt: requeued.attempt, reason } });
+      await emitInOrder(requeued, { type: 'run.interrupted', data: { attempt: run.attempt, next_attempt: requeued.attempt, reason } });
       await enqueue(requeued);
       log.warn({ run_id: run.id, attempt: run.attempt, reason }, 'run interrupted; queued for another worker');
       return requeued;

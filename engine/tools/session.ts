@@ -4,12 +4,9 @@
 import { mailAddress, mailDomain } from '../platform/index.js';
 import { stringArg, ToolError, type Tool } from './tool.js';
 
-/** The one address of a sender (`Name <a@b>` or `a@b`); null for anything else (see mailAddress). */
-export const senderAddress = mailAddress;
-
 /** A sender matches `*`, an address, or an `@domain` of the comma-separated list. */
 export function senderAllowed(sender: string, allowed: string): boolean {
-  const address = senderAddress(sender);
+  const address = mailAddress(sender);
   if (!address) return false;
   return allowed
     .split(',')
@@ -51,7 +48,7 @@ export const sessionTool: Tool = {
       if (!senderAllowed(sender, args.allowed_senders)) return { output: { done: false, reason: `sender ${sender || '(none)'} is not allowed` } };
     }
     // the one address that was checked: what an answer may go to
-    const checked = typeof args.sender === 'string' ? senderAddress(args.sender) : null;
+    const checked = typeof args.sender === 'string' ? mailAddress(args.sender) : null;
     if (action === 'add_task') {
       const task = (args.task && typeof args.task === 'object' ? args.task : {}) as Record<string, unknown>;
       const added = await ctx.sessions.addTask(sessionId, task, { cut: args.cut_to_limits === true });

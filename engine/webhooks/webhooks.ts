@@ -199,6 +199,10 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
       .catch((e: unknown) => log.warn({ err: (e as Error).message }, 'could not record a rejected webhook'));
   }
 
+  /** What a kind with no usable secret for the tenant (or a tenant that does not exist) is answered. */
+  const notConfigured = (kind: WebhookProvider) =>
+    new WebhookRejectedError('webhook-not-configured', `no usable ${kind} secret is set for this tenant: PUT /api/v1/webhook-secrets/${kind}`);
+
   /**
    * Starts the runs of every enabled automation whose webhook trigger takes this delivery. `transient` is
    * the first failure worth a retry (Redis or the store did not answer, the run's key still being handled):
@@ -234,7 +238,7 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
       // does not tell which tenants exist (nothing is recorded for it: there is no tenant to record it for)
       if (!tenant.known) {
         deps.metrics.webhookRequests.inc({ kind, outcome: 'webhook-not-configured' });
-        throw new WebhookRejectedError('webhook-not-configured', `no usable ${kind} secret is set for this tenant: PUT /api/v1/webhook-secrets/${kind}`);
+        throw notConfigured(kind);
       }
       const count = (outcome: string) => deps.metrics.webhookRequests.inc({ kind, outcome });
       if (body.length > BODY_LIMIT_BYTES[kind]) throw new PayloadTooLargeError(`the body is over the ${BODY_LIMIT_BYTES[kind] / 1024 / 1024} MB limit`);
@@ -243,8 +247,7 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
       let seenKey: string | null = null;
       try {
         const secrets = tenant.byKind.get(kind);
-        if (!secrets?.length)
-          throw new WebhookRejectedError('webhook-not-configured', `no usable ${kind} secret is set for this tenant: PUT /api/v1/webhook-secrets/${kind}`);
+        if (!secrets?.length) throw notConfigured(kind);
         verified = await verifyDelivery(kind, { headers, body }, { secrets, nowMs: clock.now().getTime(), windowSeconds });
         seenKey = verified.replayKey ? `${prefix}:webhook-seen:${tenantId}:${kind}:${sha256Hex(verified.replayKey)}` : null;
         const fresh = await gate(tenantId, kind, seenKey, Boolean(verified.retriesResend && verified.providerId));
@@ -356,7 +359,7 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
     async refuseUnreadable(tenantId: string, kind: WebhookProvider, headers: Headers, size: number, err: WebhookRejectedError): Promise<never> {
       if (!(await secretsOf(tenantId)).known) {
         deps.metrics.webhookRequests.inc({ kind, outcome: 'webhook-not-configured' });
-        throw new WebhookRejectedError('webhook-not-configured', `no usable ${kind} secret is set for this tenant: PUT /api/v1/webhook-secrets/${kind}`);
+        throw notConfigured(kind);
       }
       deps.metrics.webhookRequests.inc({ kind, outcome: err.code });
       if (await refusalsWithinLimit(tenantId)) await recordRejection(tenantId, kind, headers, size, err);
