@@ -116,9 +116,8 @@ const IDEMPOTENCY_TTL_SECONDS = 24 * 3600;
 /** A claim whose run was never stored (its process died in between) frees the key this soon. */
 const IDEMPOTENCY_CLAIM_SECONDS = 30;
 const REDIS_RETRY_AFTER_SECONDS = 2;
-/** How long a request waits, in all, for the run of the request that holds its key, and how often it may claim a key let go meanwhile. */
+/** How long a request waits, in all, for the run of the request that holds its key (claiming it in turn each time it is let go). */
 const CLAIM_WAIT_MS = 5000;
-const CLAIM_TRIES = 3;
 const IDEMPOTENCY_IN_USE_RETRY_AFTER_SECONDS = 1;
 
 // removes an idempotency claim only if it is still ours: a claim that timed out may land later
@@ -285,7 +284,8 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
     // as the first would have been had it come alone (its own 400 or 422, say)
     // one wait in all, however often the key is let go and claimed again
     const until = Date.now() + CLAIM_WAIT_MS;
-    for (let claims = 0; claims < CLAIM_TRIES && Date.now() < until; claims++) {
+    // each claim lost is another request's progress: only the wait bounds how often this one tries
+    while (Date.now() < until) {
       const claiming = batch.call<'OK' | null>('key.claim', [slot], [claim, IDEMPOTENCY_CLAIM_SECONDS]);
       let won: string | null;
       try {
