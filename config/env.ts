@@ -49,8 +49,8 @@ export type Config = {
   webhookReplayWindowSeconds: number;
   /** webhook requests one tenant may send per minute, over all kinds; more answer 429 */
   webhookRateLimitPerMinute: number;
-  /** outbound notifications (SERVICE_NOTIFY_*): tries of a delivery, the first wait between them, failed deliveries in a row that disable an endpoint, a try's timeout */
-  notify: { attempts: number; backoffMs: number; disableAfter: number; timeoutMs: number; maxEndpoints: number };
+  /** outbound notifications (SERVICE_NOTIFY_*): tries of a delivery, the first wait between them, failed deliveries in a row that disable an endpoint, a try's timeout, a tenant's tries in flight */
+  notify: { attempts: number; backoffMs: number; disableAfter: number; timeoutMs: number; tenantConcurrency: number; maxEndpoints: number };
   /** /api/v1 requests a minute: per tenant (SERVICE_API_RATE_LIMIT_PER_MINUTE) and per key (SERVICE_API_KEY_RATE_LIMIT_PER_MINUTE, default the same) */
   apiRateLimit: { perTenantPerMinute: number; perKeyPerMinute: number };
   /** people's sign-in (SERVICE_OIDC_*); null: API keys only */
@@ -328,6 +328,7 @@ const schema = z.object({
   SERVICE_NOTIFY_BACKOFF_MS: int(5000, 1, 3_600_000),
   SERVICE_NOTIFY_DISABLE_AFTER: int(10, 1, 10_000),
   SERVICE_NOTIFY_TIMEOUT_SECONDS: int(15, 1, 300),
+  SERVICE_NOTIFY_TENANT_CONCURRENCY: int(5, 1, 1000),
   SERVICE_TENANT_MAX_NOTIFICATION_ENDPOINTS: int(50, 1, 1000),
   SERVICE_API_RATE_LIMIT_PER_MINUTE: int(6000, 1, 100_000_000),
   SERVICE_OIDC_ISSUER: url(['http:', 'https:']),
@@ -478,6 +479,7 @@ export function parseEnv(env: Record<string, string | undefined>, opts: { servic
       backoffMs: e.SERVICE_NOTIFY_BACKOFF_MS,
       disableAfter: e.SERVICE_NOTIFY_DISABLE_AFTER,
       timeoutMs: e.SERVICE_NOTIFY_TIMEOUT_SECONDS * 1000,
+      tenantConcurrency: e.SERVICE_NOTIFY_TENANT_CONCURRENCY,
       maxEndpoints: e.SERVICE_TENANT_MAX_NOTIFICATION_ENDPOINTS,
     },
     oidc: [e.SERVICE_OIDC_ISSUER, e.SERVICE_OIDC_CLIENT_ID, e.SERVICE_OIDC_CLIENT_SECRET, e.SERVICE_OIDC_REDIRECT_URL].every(Boolean)

@@ -6,7 +6,7 @@ import { AppError, type QueueName } from '../engine/platform/index.js';
 import { CRON_TICK, type CronJob } from '../engine/automations/index.js';
 import type { GateJob } from '../engine/gates/index.js';
 import type { AuditJob } from '../engine/audit/index.js';
-import type { NotificationJob } from '../engine/connections/index.js';
+import { NOTIFY_BUSY_WAIT_MS, type NotificationJob } from '../engine/connections/index.js';
 import type { Runtime } from '../engine/process/index.js';
 
 /** How long a held run's job waits before it is offered again, when no resume promotes it sooner. */
@@ -120,13 +120,18 @@ export function processorsOf(rt: Runtime): Processors {
     },
     notifications: {
       concurrency: 20,
-      processor: async (job) => {
+      processor: async (job, token) => {
         const { tenant_id, delivery_id } = job.data as NotificationJob;
         // the last try counts a failure against the endpoint; the ones before are retried by BullMQ with backoff
         const last = job.attemptsMade + 1 >= (job.opts.attempts ?? 1);
         const d = await rt.engine.notifications.deliver(tenant_id, delivery_id, last).catch((err) => {
           throw jobErrorOf(err);
         });
+        // its tenant has all its tries in flight: the job waits, delayed, holding no worker and spending no try
+        if (d === 'busy') {
+          await job.moveToDelayed(Date.now() + NOTIFY_BUSY_WAIT_MS * (1 + Math.random()), token);
+          throw new DelayedError();
+        }
         return d && { status: d.status };
       },
     },

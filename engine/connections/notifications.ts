@@ -14,7 +14,7 @@ import {
   privateLiteral,
   newId,
   NOTIFICATION_TYPES,
-  repairJobs,
+  staleJobRepair,
   NotFoundError,
   ValidationError,
   ConflictError,
@@ -23,6 +23,7 @@ import {
   type NotificationDelivery,
   type NotificationEndpoint,
   type NotificationType,
+  type Redis,
   type ServiceEvent,
 } from '../platform/index.js';
 import type { Platform } from '../deps.js';
@@ -37,6 +38,8 @@ export type NotificationSettings = {
   /** deliveries failed for good in a row that disable an endpoint */
   disableAfter: number;
   timeoutMs: number;
+  /** tries of one tenant's deliveries in flight at once, over every process: endpoints that never answer hold no more */
+  tenantConcurrency: number;
   /** endpoints a tenant keeps: each event of the tenant is one stored delivery and one job per endpoint, made in its append */
   maxEndpoints: number;
 };
@@ -65,8 +68,27 @@ const jobId = (d: NotificationDelivery) => `ntf-${d.id}${d.replays ? `-r${d.repl
 const tooMany = (max: number) =>
   new ConflictError(`this tenant has ${max} notification endpoints, the most it may keep (SERVICE_TENANT_MAX_NOTIFICATION_ENDPOINTS): remove one first`);
 
-export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | 'secretBox' | 'queues'>, settings: NotificationSettings) {
+/**
+ * A tenant's tries in flight: a sorted set of delivery ids scored by when each try is over at the latest (a
+ * process that dies mid-try frees its place then). A try starts only while fewer than ARGV[3] are in flight.
+ */
+const TAKE_PLACE = `redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+if redis.call('ZSCORE', KEYS[1], ARGV[4]) == false and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[4])
+redis.call('PEXPIREAT', KEYS[1], ARGV[2])
+return 1`;
+
+/** How long a delivery whose tenant has all its tries in flight waits (and up to as long again, at random) before it asks again. */
+export const NOTIFY_BUSY_WAIT_MS = 1000;
+
+type PlaceRedis = Redis & { notifyTakePlace(key: string, ...args: (string | number)[]): Promise<number> };
+
+export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | 'secretBox' | 'queues' | 'redis'>, settings: NotificationSettings) {
   const { store, clock, log, secretBox, queues } = deps;
+  if (!('notifyTakePlace' in deps.redis)) deps.redis.defineCommand('notifyTakePlace', { numberOfKeys: 1, lua: TAKE_PLACE });
+  const redis = deps.redis as PlaceRedis;
+  // {tenant} is a hash tag: one key, one Redis Cluster slot
+  const inFlight = (tenantId: string) => `${queues.prefix}:notify-in-flight:{${tenantId}}`;
   const owner = (tenantId: string, id: string) => `notification-endpoint:${tenantId}:${id}`;
   /** a tenant's enabled endpoints, for the event path: read at most every CACHE_MS per process */
   const cache = new Map<string, { at: number; endpoints: NotificationEndpoint[] }>();
@@ -123,34 +145,34 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
     });
   }
 
-  /** One POST of a delivery; the status code, or why there was none. */
+  /**
+   * One POST of a delivery; the status code, or why there was none. The answer is its status line: the body
+   * is not read (a receiver that took the delivery and sends a slow or endless body has still taken it).
+   */
   function post(url: URL, headers: Record<string, string>, body: string): Promise<{ status_code: number | null; error: string | null }> {
     const client = url.protocol === 'https:' ? https : http;
     // an endpoint given as an address is checked here: no lookup is made for it at connect time
     const literal = settings.httpAllowPrivate ? null : privateLiteral(url);
     if (literal) return Promise.resolve({ status_code: null, error: `address-not-allowed: ${literal} is a private or loopback address` });
+    const noAnswer = `no answer within ${settings.timeoutMs} ms`;
+    // the whole try, not only a quiet socket: a slow endpoint cannot hold a worker's slot for long
+    const signal = AbortSignal.timeout(settings.timeoutMs);
     return new Promise((resolve) => {
       const req = client.request(
         url,
-        {
-          method: 'POST',
-          headers,
-          timeout: settings.timeoutMs,
-          // the whole try, not only a quiet socket: a slow endpoint cannot hold a worker's slot for long
-          signal: AbortSignal.timeout(settings.timeoutMs),
-          ...(settings.httpAllowPrivate ? {} : { lookup: guardedLookup as never }),
-        },
+        { method: 'POST', headers, timeout: settings.timeoutMs, signal, ...(settings.httpAllowPrivate ? {} : { lookup: guardedLookup as never }) },
         (res) => {
-          res.resume(); // the answer's body is not kept
-          res.on('end', () =>
-            resolve({ status_code: res.statusCode ?? null, error: res.statusCode && res.statusCode < 300 ? null : `HTTP ${res.statusCode}` }),
-          );
-          res.on('error', (err) => resolve({ status_code: res.statusCode ?? null, error: err.message }));
+          const status = res.statusCode ?? null;
+          res.destroy();
+          resolve({ status_code: status, error: status && status >= 200 && status < 300 ? null : `HTTP ${status}` });
         },
       );
-      req.on('timeout', () => req.destroy(new Error(`no answer within ${settings.timeoutMs} ms`)));
+      req.on('timeout', () => req.destroy(new Error(noAnswer)));
       req.on('error', (err: NodeJS.ErrnoException) =>
-        resolve({ status_code: null, error: err.code === 'EPRIVATE' ? `address-not-allowed: ${err.message}` : err.message }),
+        resolve({
+          status_code: null,
+          error: err.code === 'EPRIVATE' ? `address-not-allowed: ${err.message}` : signal.aborted ? noAnswer : err.message,
+        }),
       );
       req.end(body);
     });
@@ -169,6 +191,14 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
       data: { endpoint_id: endpoint.id, url: new URL(endpoint.url).origin, reason, consecutive_failures: failures },
     });
   }
+
+  const repairStale = staleJobRepair<NotificationDelivery, Pick<NotificationDelivery, 'updated_at' | 'id'>>({
+    queue: () => queues.get('notifications'),
+    read: (before, after, limit) => store.notificationDeliveries.listStalePending(before, limit, after),
+    cursorOf: (d) => ({ updated_at: d.updated_at, id: d.id }),
+    jobIdOf: jobId,
+    enqueue,
+  });
 
   const api = {
     /** Makes an endpoint; `secret` is the only time the signing secret exists in clear outside the store. */
@@ -256,35 +286,42 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
       const type = outboundType(event.type);
       if (!type) return 0;
       const endpoints = (await enabledOf(event.tenant_id)).filter((e) => subscribes(e.event_types, type));
-      for (const e of endpoints) {
-        const now = clock.now().toISOString();
-        const delivery: NotificationDelivery = {
-          id: newId('ntf'),
-          tenant_id: event.tenant_id,
-          endpoint_id: e.id,
-          event_type: type,
-          payload: {
-            type,
-            timestamp: event.at,
-            data: { ...(event.run_id ? { run_id: event.run_id } : {}), ...(event.session_id ? { session_id: event.session_id } : {}), ...event.data },
-          },
-          status: 'pending',
-          attempts: [],
-          replays: 0,
-          created_at: now,
-          updated_at: now,
-        };
-        await store.notificationDeliveries.insert(delivery);
-        await enqueue(delivery);
-      }
+      const now = clock.now().toISOString();
+      const deliveries = endpoints.map((e): NotificationDelivery => ({
+        id: newId('ntf'),
+        tenant_id: event.tenant_id,
+        endpoint_id: e.id,
+        event_type: type,
+        payload: {
+          type,
+          timestamp: event.at,
+          data: { ...(event.run_id ? { run_id: event.run_id } : {}), ...(event.session_id ? { session_id: event.session_id } : {}), ...event.data },
+        },
+        status: 'pending',
+        attempts: [],
+        replays: 0,
+        created_at: now,
+        updated_at: now,
+      }));
+      // all stored first (asked together, one group commit): a stored delivery is the reconciler's to queue
+      // again, so a queue that refuses one job loses none of them, and does not keep the others from theirs
+      await Promise.all(deliveries.map((d) => store.notificationDeliveries.insert(d)));
+      const queued = await Promise.allSettled(deliveries.map(enqueue));
+      for (const [i, r] of queued.entries())
+        if (r.status === 'rejected')
+          log.warn(
+            { tenant_id: event.tenant_id, delivery_id: deliveries[i]!.id, err: (r.reason as Error).message },
+            'notification delivery stored, not queued: the reconciler queues it',
+          );
       return endpoints.length;
     },
 
     /**
      * One try of a delivery (the notifications queue's job). Throws when it failed and BullMQ will try
-     * again; on the last try, the failure counts against the endpoint, which may be disabled.
+     * again; on the last try, the failure counts against the endpoint, which may be disabled. `busy`: its
+     * tenant has SERVICE_NOTIFY_TENANT_CONCURRENCY tries in flight; no try was made, and none is counted.
      */
-    async deliver(tenantId: string, deliveryId: string, last: boolean): Promise<NotificationDelivery | null> {
+    async deliver(tenantId: string, deliveryId: string, last: boolean): Promise<NotificationDelivery | null | 'busy'> {
       const d = await store.notificationDeliveries.get(tenantId, deliveryId);
       if (!d || d.status !== 'pending') return d;
       const endpoint = await store.notificationEndpoints.get(tenantId, d.endpoint_id);
@@ -322,7 +359,14 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
         'webhook-signature': signature,
       };
       const started = Date.now();
-      const sent = await post(new URL(endpoint.url), headers, body);
+      const place = inFlight(tenantId);
+      if (!(await redis.notifyTakePlace(place, started, started + settings.timeoutMs + 10_000, settings.tenantConcurrency, d.id))) return 'busy';
+      let sent: Awaited<ReturnType<typeof post>>;
+      try {
+        sent = await post(new URL(endpoint.url), headers, body);
+      } finally {
+        await redis.zrem(place, d.id).catch(() => undefined);
+      }
       const attempts = [...d.attempts, { at: at.toISOString(), ...sent, duration_ms: Date.now() - started }];
       if (!sent.error) {
         const done = await store.notificationDeliveries.update(tenantId, d.id, { status: 'succeeded', attempts, updated_at: clock.now().toISOString() });
@@ -341,13 +385,12 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
      * Repairs deliveries left pending longer than all their tries could take: their job was lost (the
      * process died between storing and queueing) or ran out of tries on an error of the service's own.
      */
-    async reconcile(): Promise<{ requeued: number; retried: number }> {
+    async reconcile(): Promise<{ requeued: number; retried: number; errors: number }> {
       const window = settings.backoffMs * 2 ** settings.attempts + settings.attempts * settings.timeoutMs;
       const before = new Date(clock.now().getTime() - Math.max(window, 10 * 60_000)).toISOString();
-      const stale = await store.notificationDeliveries.listStalePending(before, 500);
-      const { requeued, retried } = await repairJobs(queues.get('notifications'), stale, jobId, enqueue);
-      if (requeued || retried) log.warn({ requeued, retried }, 'reconciler repaired notification deliveries');
-      return { requeued, retried };
+      const done = await repairStale(before);
+      if (done.requeued || done.retried || done.errors) log.warn(done, 'reconciler repaired notification deliveries');
+      return done;
     },
 
     /**

@@ -38,27 +38,68 @@ export function jobTree<T>(queueName: QueueName, id: string, parent: { name: str
 
 /**
  * What the reconcilers do with items stored as waiting for a job: one whose job is gone (its process died
- * between the store and the queue) is queued again; one whose job used up its attempts is tried again.
+ * between the store and the queue) is queued again; one whose job used up its attempts is tried again. An
+ * item that cannot be repaired now (Redis refused, another process retried its job first) is counted in
+ * `errors` and left for the next pass: it does not end this one.
  */
 export async function repairJobs<T>(
   queue: Queue,
   items: T[],
   jobIdOf: (item: T) => string,
   enqueue: (item: T) => Promise<void>,
-): Promise<{ requeued: number; retried: number }> {
+): Promise<{ requeued: number; retried: number; errors: number }> {
   let requeued = 0;
   let retried = 0;
+  let errors = 0;
   for (const item of items) {
-    const job = await queue.getJob(jobIdOf(item));
-    if (!job) {
-      await enqueue(item);
-      requeued++;
-    } else if (await job.isFailed()) {
-      await job.retry('failed');
-      retried++;
+    try {
+      const job = await queue.getJob(jobIdOf(item));
+      if (!job) {
+        await enqueue(item);
+        requeued++;
+      } else if (await job.isFailed()) {
+        await job.retry('failed');
+        retried++;
+      }
+    } catch {
+      errors++;
     }
   }
-  return { requeued, retried };
+  return { requeued, retried, errors };
+}
+
+/**
+ * A reconciler's pass over stored items waiting for a job, oldest first, a page at a time by a keyset cursor
+ * (its time, then its id): items whose jobs merely wait in a backlog hide none behind them. A pass reads at
+ * most `perPass` and the next goes on from where it stopped, from the oldest again once it reached the end.
+ */
+export function staleJobRepair<T, C>(opts: {
+  queue: () => Queue;
+  /** a page of the items stale since `before`, after `after` */
+  read: (before: string, after: C | undefined, limit: number) => Promise<T[]>;
+  cursorOf: (item: T) => C;
+  jobIdOf: (item: T) => string;
+  enqueue: (item: T) => Promise<void>;
+  page?: number;
+  perPass?: number;
+}): (before: string) => Promise<{ requeued: number; retried: number; errors: number }> {
+  const page = opts.page ?? 500;
+  const perPass = opts.perPass ?? 5000;
+  let after: C | undefined;
+  return async (before) => {
+    const total = { requeued: 0, retried: 0, errors: 0 };
+    for (let read = 0; read < perPass;) {
+      const items = await opts.read(before, after, page);
+      const done = await repairJobs(opts.queue(), items, opts.jobIdOf, opts.enqueue);
+      total.requeued += done.requeued;
+      total.retried += done.retried;
+      total.errors += done.errors;
+      read += items.length;
+      after = items.length < page ? undefined : opts.cursorOf(items.at(-1)!);
+      if (after === undefined) break;
+    }
+    return total;
+  };
 }
 
 export type Queues = {

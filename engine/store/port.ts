@@ -206,8 +206,11 @@ export interface NotificationDeliveryRepo {
   /** Newest first, of one endpoint. */
   list(tenantId: string, endpointId: string, q: { limit: number; cursor?: string }): Promise<Page<NotificationDelivery>>;
   update(tenantId: string, id: string, changes: NotificationDeliveryChanges): Promise<NotificationDelivery | null>;
-  /** System use (the reconciler): pending deliveries of every tenant not changed since a time, oldest first. */
-  listStalePending(updatedBefore: string, limit: number): Promise<NotificationDelivery[]>;
+  /**
+   * System use (the reconciler): pending deliveries of every tenant not changed since a time, oldest first (by
+   * updated_at, then id); `after` (the last delivery of the page before) pages on.
+   */
+  listStalePending(updatedBefore: string, limit: number, after?: Pick<NotificationDelivery, 'updated_at' | 'id'>): Promise<NotificationDelivery[]>;
 }
 
 export type DeliveryQuery = { kind?: WebhookProvider; status?: DeliveryStatus; limit: number; cursor?: string };
@@ -224,8 +227,11 @@ export interface DeliveryRepo {
   list(tenantId: string, query: DeliveryQuery): Promise<Page<WebhookDelivery>>;
   /** Applies `changes` only while the status is one of `ifStatusIn`; null when no row matched. */
   update(tenantId: string, id: string, changes: DeliveryChanges, ifStatusIn: DeliveryStatus[]): Promise<WebhookDelivery | null>;
-  /** System use (the reconciler): deliveries of every tenant in a status, received before a time. */
-  listStale(status: DeliveryStatus, receivedBefore: string, limit: number): Promise<WebhookDelivery[]>;
+  /**
+   * System use (the reconciler): deliveries of every tenant in a status, received before a time, oldest first
+   * (by received_at, then id); `after` (the last delivery of the page before) pages on.
+   */
+  listStale(status: DeliveryStatus, receivedBefore: string, limit: number, after?: Pick<WebhookDelivery, 'received_at' | 'id'>): Promise<WebhookDelivery[]>;
   /** Adds one to a delivery's attempts while its status is one of `ifStatusIn`, in one atomic write: the record after, or null. */
   addAttempt(tenantId: string, id: string, ifStatusIn: DeliveryStatus[]): Promise<WebhookDelivery | null>;
   /**

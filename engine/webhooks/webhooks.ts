@@ -12,7 +12,7 @@ import {
   redisBatch,
   redisOrUnavailable,
   afterStored,
-  repairJobs,
+  staleJobRepair,
   type RunTrigger,
   type WebhookDelivery,
   type WebhookProvider,
@@ -230,6 +230,14 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
     return { runs, error, transient };
   }
 
+  const repairStale = staleJobRepair<WebhookDelivery, Pick<WebhookDelivery, 'received_at' | 'id'>>({
+    queue: () => queues.get('webhooks'),
+    read: (before, after, limit) => store.deliveries.listStale('received', before, limit, after),
+    cursorOf: (d) => ({ received_at: d.received_at, id: d.id }),
+    jobIdOf: (d) => jobIdOfDelivery(d.id),
+    enqueue,
+  });
+
   return {
     /** Verifies, de-duplicates and stores one request; the answer to give the provider. */
     async receive(tenantId: string, kind: WebhookProvider, headers: Headers, body: Buffer): Promise<Receipt> {
@@ -399,12 +407,10 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
      * Deliveries stored but never processed: a job lost between the store and Redis is queued again;
      * a job that used up its attempts (Redis or the store failing for minutes) is retried.
      */
-    async reconcile(): Promise<{ requeued: number; retried: number }> {
-      const before = new Date(clock.now().getTime() - STALE_AFTER_MS).toISOString();
-      const stale = await store.deliveries.listStale('received', before, 500);
-      const { requeued, retried } = await repairJobs(queues.get('webhooks'), stale, (d) => jobIdOfDelivery(d.id), enqueue);
-      if (requeued || retried) log.warn({ requeued, retried }, 'reconciler repaired webhook deliveries');
-      return { requeued, retried };
+    async reconcile(): Promise<{ requeued: number; retried: number; errors: number }> {
+      const done = await repairStale(new Date(clock.now().getTime() - STALE_AFTER_MS).toISOString());
+      if (done.requeued || done.retried || done.errors) log.warn(done, 'reconciler repaired webhook deliveries');
+      return done;
     },
 
     secrets: {

@@ -16,7 +16,10 @@ type Body = Record<string, any>;
 
 type Received = { path: string; headers: http.IncomingHttpHeaders; body: string; at: number };
 
-/** A receiver on loopback: records every POST, and answers each path with the status set for it (200 by default). */
+/**
+ * A receiver on loopback: records every POST, and answers each path with the status set for it (200 by
+ * default); `/hang` never answers, and `/drip` answers 200 with a body that never ends, a byte at a time.
+ */
 async function startReceiver() {
   const received: Received[] = [];
   const status = new Map<string, number>();
@@ -25,12 +28,28 @@ async function startReceiver() {
     req.on('data', (d) => (body += d));
     req.on('end', () => {
       received.push({ path: req.url ?? '/', headers: req.headers, body, at: Date.now() });
+      if (req.url === '/hang') return;
+      if (req.url === '/drip') {
+        res.writeHead(200);
+        const drip = setInterval(() => res.write('.'), 200);
+        res.on('close', () => clearInterval(drip));
+        return;
+      }
       res.writeHead(status.get(req.url ?? '/') ?? 200).end();
     });
   });
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
   const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
-  return { url, received, status, close: () => new Promise<void>((r) => server.close(() => r())) };
+  return {
+    url,
+    received,
+    status,
+    close: () =>
+      new Promise<void>((r) => {
+        server.close(() => r());
+        server.closeAllConnections();
+      }),
+  };
 }
 
 describe('outbound notifications', function () {
@@ -183,12 +202,143 @@ describe('outbound notifications', function () {
       created_at: old,
       updated_at: old,
     });
-    expect(await h.rt.engine.notifications.reconcile()).to.deep.equal({ requeued: 1, retried: 0 });
+    expect(await h.rt.engine.notifications.reconcile()).to.deep.equal({ requeued: 1, retried: 0, errors: 0 });
     const got = await eventually(() => receiver.received.find((r) => r.path === '/lost'), 'the repaired delivery');
     expect(new Webhook(made.secret).verify(got.body, got.headers as Record<string, string>)).to.deep.include({ type: 'run.finished' });
     expect(got.headers['webhook-id']).to.equal(id);
     await eventually(async () => (await h.rt.store.notificationDeliveries.get('tenant-a', id))?.status === 'succeeded' || null, 'it to be logged as sent');
-    expect(await h.rt.engine.notifications.reconcile(), 'nothing left to repair').to.deep.equal({ requeued: 0, retried: 0 });
+    expect(await h.rt.engine.notifications.reconcile(), 'nothing left to repair').to.deep.equal({ requeued: 0, retried: 0, errors: 0 });
+  });
+
+  it('stores every delivery of an event before queueing any: a queue that refuses one job loses no delivery and keeps none of the others from being sent', async () => {
+    const made = await Promise.all(['/q1', '/q2', '/q3'].map((p) => endpoint({ url: `${receiver.url}${p}`, event_types: ['run.finished'] })));
+    const queue = h.rt.queues.get('notifications');
+    const add = queue.add.bind(queue);
+    // Redis refuses the job of the second endpoint's delivery (the first of the three to be queued, the last, or between)
+    let refused = 0;
+    queue.add = (async (...args: Parameters<typeof add>) => {
+      const d = await h.rt.store.notificationDeliveries.get('tenant-a', (args[1] as { delivery_id: string }).delivery_id);
+      if (d?.endpoint_id === made[1]!.endpoint.id && !refused++) throw new Error('OOM command not allowed when used memory > maxmemory');
+      return add(...args);
+    }) as typeof add;
+    let sent: Received[];
+    let finished: Body;
+    try {
+      finished = await run();
+      // the run's end is stored before its event is appended: the deliveries are made a moment after
+      sent = await eventually(() => {
+        const got = receiver.received.filter((r) => /^\/q\d$/.test(r.path) && r.body.includes(finished.id));
+        return got.length === 2 && refused ? got : null;
+      }, 'the two queued deliveries');
+    } finally {
+      queue.add = add;
+    }
+    const stored = (await Promise.all(made.map((m) => h.rt.store.notificationDeliveries.list('tenant-a', m.endpoint.id, { limit: 5 })))).map((p) => p.items);
+    expect(
+      stored.map((items) => items.length),
+      'one stored delivery an endpoint',
+    ).to.deep.equal([1, 1, 1]);
+    const unsent = stored.flat().find((d) => !sent.some((r) => r.headers['webhook-id'] === d.id))!;
+    expect(unsent.status).to.equal('pending');
+    expect(h.logs.join('')).to.contain('stored, not queued');
+    // the reconciler queues it once it is stale
+    await h.rt.store.notificationDeliveries.update('tenant-a', unsent.id, { updated_at: new Date(Date.now() - 3_600_000).toISOString() });
+    expect(await h.rt.engine.notifications.reconcile()).to.deep.include({ requeued: 1 });
+    await eventually(() => receiver.received.find((r) => r.headers['webhook-id'] === unsent.id), 'the repaired delivery');
+  });
+
+  it('takes a try’s answer from its status line: a receiver that answers 200 and sends a body that never ends has taken the delivery', async () => {
+    const made = await endpoint({ url: `${receiver.url}/drip`, event_types: ['run.finished'] });
+    await run();
+    const done = await eventually(async () => {
+      const [d] = (await h.call<Body>('GET', `/api/v1/notification-endpoints/${made.endpoint.id}/deliveries`)).body.data as Body[];
+      return d?.status === 'pending' ? null : d;
+    }, 'the delivery to be settled');
+    expect(done.status).to.equal('succeeded');
+    expect(done.attempts).to.have.length(1);
+    expect(done.attempts[0]).to.deep.include({ status_code: 200, error: null });
+    expect(done.attempts[0].duration_ms).to.be.below(5000);
+  });
+
+  it('holds one tenant to SERVICE_NOTIFY_TENANT_CONCURRENCY tries in flight: its endpoints that never answer do not delay another tenant’s', async () => {
+    const fair = await startHarness({
+      env: {
+        SERVICE_HTTP_ALLOW_PRIVATE: '1',
+        SERVICE_NOTIFY_ATTEMPTS: '1',
+        SERVICE_NOTIFY_TIMEOUT_SECONDS: '3',
+        SERVICE_NOTIFY_TENANT_CONCURRENCY: '2',
+      },
+    });
+    try {
+      const make = async (url: string, key: string) => {
+        const res = await fair.call<Body>('POST', '/api/v1/notification-endpoints', { key, body: { url, event_types: ['run.finished'] } });
+        expect(res.status, res.text).to.equal(201);
+        return res.body.endpoint as Body;
+      };
+      const runOn = async (key: string) => {
+        const res = await fair.call<Body>('POST', '/api/v1/autonomy/run', {
+          key,
+          body: { steps: [{ tool: 'message', args: { text: 'hi' } }], tools: ['message'] },
+        });
+        return finishedRun(fair, res.body.run_id, key);
+      };
+      // tenant b: twenty endpoints that never answer, as many as a worker's notification slots
+      const hung = await Promise.all(Array.from({ length: 20 }, () => make(`${receiver.url}/hang`, KEYS.b)));
+      await make(`${receiver.url}/fast`, KEYS.a);
+      const before = receiver.received.filter((r) => r.path === '/hang').length;
+      await runOn(KEYS.b);
+      await eventually(() => receiver.received.filter((r) => r.path === '/hang').length - before >= 2 || null, 'tenant b’s tries to hang');
+      const finished = await runOn(KEYS.a);
+      const got = await eventually(() => receiver.received.find((r) => r.path === '/fast' && r.body.includes(finished.id)), 'tenant a’s delivery');
+      expect(got.at - Date.parse(finished.finished_at), 'sent while b’s tries hang (each for 3 s)').to.be.below(1500);
+      expect(receiver.received.filter((r) => r.path === '/hang').length - before, 'b’s tries in flight').to.equal(2);
+      // a try that gets no answer says so
+      const failed = await eventually(async () => {
+        for (const e of hung) {
+          const [d] = (await fair.call<Body>('GET', `/api/v1/notification-endpoints/${e.id}/deliveries`, { key: KEYS.b })).body.data as Body[];
+          if (d?.status === 'failed') return d;
+        }
+        return null;
+      }, 'a hung delivery to fail');
+      expect(failed.attempts[0]).to.deep.include({ status_code: null, error: 'no answer within 3000 ms' });
+    } finally {
+      await fair.close();
+    }
+  });
+
+  it('pages the reconciler past deliveries whose jobs only wait in a backlog: a lost one behind 500 of them is queued again', async () => {
+    const idle = await startHarness({ workers: false, env: { SERVICE_HTTP_ALLOW_PRIVATE: '1' } });
+    try {
+      const res = await idle.call<Body>('POST', '/api/v1/notification-endpoints', { body: { url: `${receiver.url}/backlog`, event_types: ['run.finished'] } });
+      const endpointId = res.body.endpoint.id as string;
+      const stale = (ms: number, i: number): Body => {
+        const at = new Date(Date.now() - ms).toISOString();
+        return {
+          id: `ntf_${String(ms).padStart(10, '0')}${String(i).padStart(16, '0')}`,
+          tenant_id: 'tenant-a',
+          endpoint_id: endpointId,
+          event_type: 'run.finished',
+          payload: { type: 'run.finished', timestamp: at, data: { i } },
+          status: 'pending',
+          attempts: [],
+          replays: 0,
+          created_at: at,
+          updated_at: at,
+        };
+      };
+      // 500 older ones, each with its job waiting; then one whose job is lost
+      const waiting = Array.from({ length: 500 }, (_, i) => stale(7_200_000, i));
+      await Promise.all(waiting.map((d) => idle.rt.store.notificationDeliveries.insert(d as never)));
+      await idle.rt.queues
+        .get('notifications')
+        .addBulk(waiting.map((d) => ({ name: 'deliver', data: { tenant_id: 'tenant-a', delivery_id: d.id }, opts: { jobId: `ntf-${d.id}` } })));
+      const lost = stale(3_600_000, 0);
+      await idle.rt.store.notificationDeliveries.insert(lost as never);
+      expect(await idle.rt.engine.notifications.reconcile()).to.deep.equal({ requeued: 1, retried: 0, errors: 0 });
+      expect(await idle.rt.queues.get('notifications').getJob(`ntf-${lost.id}`)).to.not.equal(undefined);
+    } finally {
+      await idle.close();
+    }
   });
 
   it('refuses bad event types, loopback URLs without SERVICE_HTTP_ALLOW_PRIVATE, and another tenant’s endpoints and deliveries', async () => {

@@ -876,7 +876,7 @@ describe('webhook rate limit', function () {
     const old = new Date(Date.now() - 60_000).toISOString();
     const orphan = { ...d[0]!, id: newId('whd'), provider_delivery_id: null, received_at: old };
     await store.deliveries.insert(orphan);
-    expect(await h.rt.engine.webhooks.reconcile()).to.deep.equal({ requeued: 1, retried: 0 });
+    expect(await h.rt.engine.webhooks.reconcile()).to.deep.equal({ requeued: 1, retried: 0, errors: 0 });
     const job = await h.rt.queues.get('webhooks').getJob(`delivery-${orphan.id}`);
     expect(job).to.not.equal(undefined);
     // a job that used up its attempts is retried, not left failed
@@ -889,7 +889,7 @@ describe('webhook rate limit', function () {
       await manual.close();
     }
     expect(await job!.isFailed()).to.equal(true);
-    expect(await h.rt.engine.webhooks.reconcile()).to.deep.equal({ requeued: 0, retried: 1 });
+    expect(await h.rt.engine.webhooks.reconcile()).to.deep.equal({ requeued: 0, retried: 1, errors: 0 });
     expect(await job!.isFailed()).to.equal(false);
   });
 });

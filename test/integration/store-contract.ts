@@ -664,6 +664,11 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       const stale = (await store.notificationDeliveries.listStalePending(later, 10)).map((d) => d.id);
       expect(stale).to.include(ds[1]!.id).and.include(ds[2]!.id).and.not.include(ds[0]!.id);
       expect((await store.notificationDeliveries.listStalePending(now, 10)).map((d) => d.id)).not.to.include(ds[1]!.id);
+      // page by page, by (updated_at, id): deliveries of one time are neither skipped nor read twice
+      const firstPage = await store.notificationDeliveries.listStalePending(later, 1);
+      const rest = await store.notificationDeliveries.listStalePending(later, 10, firstPage[0]);
+      expect([...firstPage, ...rest].map((d) => d.id).filter((id) => id === ds[1]!.id || id === ds[2]!.id)).to.deep.equal([ds[1]!.id, ds[2]!.id]);
+      expect(await store.notificationDeliveries.listStalePending(later, 10, rest.at(-1))).to.deep.equal([]);
       expect(await store.notificationEndpoints.delete('t2', e.id)).to.equal(false);
       expect(await store.notificationEndpoints.delete('t1', e.id)).to.equal(true);
     });
@@ -764,6 +769,14 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       const older = deliveryFixture('t2', { received_at: old });
       await store.deliveries.insert(older);
       expect((await store.deliveries.listStale('received', new Date(Date.now() - 30_000).toISOString(), 10)).map((d) => d.id)).to.deep.equal([older.id]);
+      // page by page, by (received_at, id): deliveries received at one time are neither skipped nor read twice
+      const twins = [deliveryFixture('t2', { received_at: old }), deliveryFixture('t1', { received_at: old })];
+      for (const d of twins) await store.deliveries.insert(d);
+      const cutoff = new Date(Date.now() - 30_000).toISOString();
+      const firstPage = await store.deliveries.listStale('received', cutoff, 2);
+      const rest = await store.deliveries.listStale('received', cutoff, 2, firstPage.at(-1));
+      expect([...firstPage, ...rest].map((d) => d.id)).to.deep.equal([older.id, ...twins.map((d) => d.id)].sort());
+      expect(await store.deliveries.listStale('received', cutoff, 2, rest.at(-1))).to.deep.equal([]);
     });
 
     it('lists enabled automations with a trigger type for one tenant', async () => {

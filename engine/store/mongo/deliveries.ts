@@ -63,10 +63,11 @@ export function deliveryRepo(model: Model<Stored<WebhookDelivery>>): DeliveryRep
         await model.findOne({ tenant_id: tenantId, kind, body_sha256: bodySha256, status: { $ne: 'rejected' } }).lean<Stored<WebhookDelivery>>(),
       );
     },
-    async listStale(status, receivedBefore, limit) {
+    async listStale(status, receivedBefore, limit, after) {
+      const page = after ? { $or: [{ received_at: { $gt: after.received_at } }, { received_at: after.received_at, _id: { $gt: after.id } }] } : {};
       const rows = await model
-        .find({ status, received_at: { $lt: receivedBefore } })
-        .sort({ received_at: 1 })
+        .find({ status, received_at: { $lt: receivedBefore }, ...page })
+        .sort({ received_at: 1, _id: 1 })
         .limit(limit)
         .lean<Stored<WebhookDelivery>[]>();
       return rows.map((r) => fromStored(r)!);

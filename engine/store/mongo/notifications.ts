@@ -12,7 +12,7 @@ export const notificationDeliverySchema = new Schema(
   loose,
 );
 notificationDeliverySchema.index({ tenant_id: 1, endpoint_id: 1, _id: -1 });
-notificationDeliverySchema.index({ status: 1, updated_at: 1 });
+notificationDeliverySchema.index({ status: 1, updated_at: 1, _id: 1 });
 
 export function notificationEndpointRepo(model: Model<Stored<NotificationEndpoint>>, leases: Leases): NotificationEndpointRepo {
   return {
@@ -87,10 +87,11 @@ export function notificationDeliveryRepo(model: Model<Stored<NotificationDeliver
         await model.findOneAndUpdate({ _id: id, tenant_id: tenantId }, { $set: changes }, { returnDocument: 'after' }).lean<Stored<NotificationDelivery>>(),
       );
     },
-    async listStalePending(updatedBefore, limit) {
+    async listStalePending(updatedBefore, limit, after) {
+      const page = after ? { $or: [{ updated_at: { $gt: after.updated_at } }, { updated_at: after.updated_at, _id: { $gt: after.id } }] } : {};
       const rows = await model
-        .find({ status: 'pending', updated_at: { $lt: updatedBefore } })
-        .sort({ updated_at: 1 })
+        .find({ status: 'pending', updated_at: { $lt: updatedBefore }, ...page })
+        .sort({ updated_at: 1, _id: 1 })
         .limit(limit)
         .lean<Stored<NotificationDelivery>[]>();
       return rows.map((r) => fromStored(r)!);

@@ -13,8 +13,9 @@ export function deliveryRepo(db: Db): DeliveryRepo {
   );
   const get = db.prepare<[string, string], { doc: string }>('SELECT doc FROM deliveries WHERE tenant_id = ? AND id = ?');
   const write = db.prepare('UPDATE deliveries SET status = ?, doc = ? WHERE tenant_id = ? AND id = ?');
-  const stale = db.prepare<[string, string, number], { doc: string }>(
-    'SELECT doc FROM deliveries WHERE status = ? AND received_at < ? ORDER BY received_at LIMIT ?',
+  // through deliveries_by_status: few are in a stale status at any time, and their sort is cheap
+  const stale = db.prepare<[string, string, string, string, number], { doc: string }>(
+    'SELECT doc FROM deliveries WHERE status = ? AND received_at < ? AND (received_at, id) > (?, ?) ORDER BY received_at, id LIMIT ?',
   );
   // the partial index's condition word for word (migrations.ts), so that SQLite uses it
   const byBody = db.prepare<[string, string, string], { doc: string }>(
@@ -71,8 +72,8 @@ export function deliveryRepo(db: Db): DeliveryRepo {
     async addRuns(tenantId, id, runs, changes, ifStatusIn) {
       return commit(() => update(tenantId, id, (d) => ({ ...changes, runs: [...d.runs, ...runs] }), ifStatusIn));
     },
-    async listStale(status, receivedBefore, limit) {
-      return stale.all(status, receivedBefore, limit).map((r) => read(r)!);
+    async listStale(status, receivedBefore, limit, after) {
+      return stale.all(status, receivedBefore, after?.received_at ?? '', after?.id ?? '', limit).map((r) => read(r)!);
     },
     async findByBody(tenantId, kind, bodySha256) {
       return read(byBody.get(tenantId, kind, bodySha256));

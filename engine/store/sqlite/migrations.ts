@@ -374,3 +374,9 @@ MIGRATIONS.push(`
   DROP INDEX gate_runs_by_status;
   CREATE INDEX gate_runs_by_status ON gate_runs (status, json_extract(doc, '$.created_at'), id);
 `);
+
+// The reconciler pages through pending notification deliveries by (updated_at, id) too.
+MIGRATIONS.push(`
+  DROP INDEX notification_deliveries_pending;
+  CREATE INDEX notification_deliveries_pending ON notification_deliveries (json_extract(doc, '$.status'), json_extract(doc, '$.updated_at'), id);
+`);

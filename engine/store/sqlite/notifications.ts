@@ -63,8 +63,10 @@ export function notificationDeliveryRepo(db: Db): NotificationDeliveryRepo {
     'SELECT doc FROM notification_deliveries WHERE tenant_id = ? AND endpoint_id = ? AND id < ? ORDER BY id DESC LIMIT ?',
   );
   const write = db.prepare('UPDATE notification_deliveries SET doc = ? WHERE tenant_id = ? AND id = ?');
-  const stale = db.prepare<[string, number], { doc: string }>(
-    "SELECT doc FROM notification_deliveries WHERE json_extract(doc, '$.status') = 'pending' AND json_extract(doc, '$.updated_at') < ? ORDER BY json_extract(doc, '$.updated_at') LIMIT ?",
+  // the index's expressions word for word (migrations.ts), so that SQLite uses it
+  const stale = db.prepare<[string, string, string, number], { doc: string }>(
+    `SELECT doc FROM notification_deliveries WHERE json_extract(doc, '$.status') = 'pending' AND json_extract(doc, '$.updated_at') < ?
+     AND (json_extract(doc, '$.updated_at'), id) > (?, ?) ORDER BY json_extract(doc, '$.updated_at'), id LIMIT ?`,
   );
   const parse = (r: { doc: string } | undefined) => (r ? (JSON.parse(r.doc) as NotificationDelivery) : null);
   const commit = groupCommit(db);
@@ -89,8 +91,8 @@ export function notificationDeliveryRepo(db: Db): NotificationDeliveryRepo {
     async update(tenantId, id, changes) {
       return commit(() => update(tenantId, id, changes));
     },
-    async listStalePending(updatedBefore, limit) {
-      return stale.all(updatedBefore, limit).map((r) => parse(r)!);
+    async listStalePending(updatedBefore, limit, after) {
+      return stale.all(updatedBefore, after?.updated_at ?? '', after?.id ?? '', limit).map((r) => parse(r)!);
     },
   };
 }
