@@ -59,9 +59,11 @@ export function sessionsOf(deps: SessionsDeps) {
   }
 
   /** A session that may still change: archived ones answer 409. */
+  const archivedError = (id: string) => new ConflictError(`session ${id} is archived and read-only`, { status: 'archived' });
+
   async function mustBeLive(tenantId: string, id: string): Promise<Session> {
     const s = await mustGet(tenantId, id);
-    if (s.status === 'archived') throw new ConflictError(`session ${id} is archived and read-only`, { status: s.status });
+    if (s.status === 'archived') throw archivedError(id);
     return s;
   }
 
@@ -157,6 +159,8 @@ export function sessionsOf(deps: SessionsDeps) {
       session_id: session.id,
       created_at: clock.now().toISOString(),
     });
+    // archived after the caller's check: the archive's commit came first, and nothing is written past it
+    if (!message) throw archivedError(session.id);
     const told = appendStored(session.id, {
       type: 'message.created',
       tenant_id: session.tenant_id,
@@ -289,10 +293,23 @@ export function sessionsOf(deps: SessionsDeps) {
         inbox: async (afterSeq) => {
           const page = await store.messages.list(tenantId, run.session_id, { afterSeq, limit: 200 });
           if (!page.length) return { texts: [], lastSeq: afterSeq };
-          const mine = page.filter((m) => (m.to === null || m.to === agentId) && m.run_id !== run.id && !(agentId && m.from === agentId));
+          // a reply to all goes to the author of what it replies to when that was an agent (another agent's
+          // question is not this one's), to every agent when it replies to a person's or the system's message
+          const authors = new Map<string, string | null>();
+          for (const m of page)
+            if (m.to === null && m.in_reply_to && !authors.has(m.in_reply_to))
+              authors.set(m.in_reply_to, (await store.messages.get(tenantId, run.session_id, m.in_reply_to))?.from ?? null);
+          const repliesTo = (m: MessageRecord) => (m.in_reply_to ? (authors.get(m.in_reply_to) ?? null) : null);
+          const mine = page.filter(
+            (m) =>
+              (m.to === agentId || (m.to === null && [null, agentId].includes(repliesTo(m)))) && m.run_id !== run.id && !(agentId && m.from === agentId),
+          );
           const names = mine.some((m) => m.from) ? new Map((await store.agents.list(tenantId, run.session_id)).map((a) => [a.id, a.name])) : new Map();
           return {
-            texts: mine.map((m) => `Message from ${m.from ? `agent ${names.get(m.from) ?? m.from}` : m.role}${m.to ? ' to you' : ''}: ${textOf(m)}`),
+            texts: mine.map(
+              (m) =>
+                `Message from ${m.from ? `agent ${names.get(m.from) ?? m.from}` : m.role}${m.to ? ' to you' : ''}${agentId && repliesTo(m) === agentId ? ' (a reply to your message)' : ''}: ${textOf(m)}`,
+            ),
             lastSeq: page.at(-1)!.seq,
           };
         },
@@ -417,7 +434,7 @@ export function sessionsOf(deps: SessionsDeps) {
         created_at: now,
         updated_at: now,
       };
-      await store.agents.insert(agent);
+      if (!(await store.agents.insert(agent))) throw archivedError(sessionId);
       return agent;
     },
 
@@ -446,15 +463,19 @@ export function sessionsOf(deps: SessionsDeps) {
       },
     ): Promise<AgentRecord> {
       await mustBeLive(tenantId, sessionId);
+      const current = await store.agents.get(tenantId, sessionId, agentId);
+      if (!current) throw new NotFoundError(`no agent ${agentId} in session ${sessionId}`);
       const changes: Partial<AgentRecord> = { updated_at: clock.now().toISOString() };
       if (patch.name !== undefined) changes.name = patch.name;
       if (patch.role !== undefined) changes.role = patch.role;
       if (patch.instructions !== undefined) changes.instructions = patch.instructions;
       if (patch.model !== undefined) changes.model = patch.model;
       if (patch.tool_allowlist !== undefined) changes.tool_allowlist = allowlistOf(deps.settings, patch.tool_allowlist, null, '/body/tool_allowlist');
-      if (patch.budget !== undefined) changes.budget = budgetOf(patch.budget);
+      // the fields of the budget given: the others keep their values
+      if (patch.budget !== undefined) changes.budget = budgetOf({ ...current.budget, ...patch.budget });
       const updated = await store.agents.update(tenantId, sessionId, agentId, changes);
-      if (!updated) throw new NotFoundError(`no agent ${agentId} in session ${sessionId}`);
+      // no row written: the session was archived after the check (the agent itself is never removed)
+      if (!updated) throw archivedError(sessionId);
       return updated;
     },
 

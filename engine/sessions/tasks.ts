@@ -304,14 +304,16 @@ export function tasksOf(deps: TasksDeps) {
   const readUpTo = (q: { seq: number; inbox_seq?: number }) => q.inbox_seq ?? q.seq;
 
   /**
-   * Does this message answer the task's question: a reply to it, a message to its agent, or a person's
-   * message to all; never the agent's own, and never another agent's broadcast.
+   * Does this message answer the task's question: a reply to it, or (a message that replies to nothing) a
+   * message to its agent or a person's message to all; never the agent's own, never another agent's
+   * broadcast, and never a reply to another message (another task's question is not this one's).
    */
   function answers(t: TaskRecord, m: MessageRecord): boolean {
     const q = questionOf(t);
     if (!q || m.seq <= readUpTo(q) || !mayAnswer(m)) return false;
     if (t.agent_id && m.from === t.agent_id) return false;
-    return m.in_reply_to === q.message_id || (m.to !== null && m.to === t.agent_id) || (m.to === null && (m.role === 'user' || m.role === 'system'));
+    if (m.in_reply_to !== null) return m.in_reply_to === q.message_id;
+    return (m.to !== null && m.to === t.agent_id) || (m.to === null && (m.role === 'user' || m.role === 'system'));
   }
 
   /** Could this message answer any task: a reply, a message to an agent, or a person's to all (an agent's broadcast answers nobody). */
@@ -337,10 +339,14 @@ export function tasksOf(deps: TasksDeps) {
    * The task's next run, which continues the conversation of the run that asked; the answer is in its
    * inbox. The task is read again first: an answer that arrives after the task has moved on does nothing.
    */
-  async function continueTask(session: Session, seen: TaskRecord): Promise<void> {
-    const task = await store.tasks.get(seen.tenant_id, seen.session_id, seen.id);
+  async function continueTask(seenSession: Session, seen: TaskRecord): Promise<void> {
+    const [task, session] = await Promise.all([
+      store.tasks.get(seen.tenant_id, seen.session_id, seen.id),
+      store.sessions.get(seenSession.tenant_id, seenSession.id),
+    ]);
     const q = task && task.status === 'input_required' ? questionOf(task) : null;
-    if (!task || !q) return;
+    // archived since it was read: no run starts in a read-only session
+    if (!task || !q || !session || session.status === 'archived') return;
     const asked = task.run_ids.at(-1)!;
     // each earlier run of the task ended by asking (it succeeded): its tries before that one failed
     const runs = await Promise.all(task.run_ids.map((id) => store.runs.get(task.tenant_id, id)));
@@ -451,10 +457,13 @@ export function tasksOf(deps: TasksDeps) {
         { status: 'input_required', output: { status: 'input_required', input_required: asked, run_id: run.id, usage }, attempts: attemptOf(run) },
         ['queued', 'running'],
       );
+      const session = waiting && (await store.sessions.get(run.tenant_id, run.session_id));
+      // archived while the run asked (the archive's cancel came a moment late, or it read the task before this
+      // move): no task waits in a read-only session; it is canceled, as the archive's others
+      if (waiting && session?.status === 'archived') await cancelTask(session, ref.id);
       await deps.recount(run.tenant_id, run.session_id);
       // an answer posted before the task moved is not lost
-      const session = waiting && (await store.sessions.get(run.tenant_id, run.session_id));
-      if (waiting && session) await continueIfAnswered(session, waiting);
+      if (waiting && session && session.status !== 'archived') await continueIfAnswered(session, waiting);
       return;
     }
     // a run that did not succeed once its session was archived was cut by the archive (its steps found

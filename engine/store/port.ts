@@ -272,12 +272,15 @@ export interface SessionRepo {
   ): Promise<Session[]>;
 }
 
+// A session's agents and messages are written only while it is not archived, checked in the write's own
+// transaction: an archive that lands between a route's check and its write is never written past.
 export interface AgentRepo {
-  insert(agent: AgentRecord): Promise<void>;
+  /** false: the session is archived, and nothing was stored. */
+  insert(agent: AgentRecord): Promise<boolean>;
   get(tenantId: string, sessionId: string, id: string): Promise<AgentRecord | null>;
   /** In the order they were added. */
   list(tenantId: string, sessionId: string): Promise<AgentRecord[]>;
-  /** Applies `changes`; null when the session (of that tenant) has no such agent. */
+  /** Applies `changes`; null when the session (of that tenant) has no such agent, or is archived. */
   update(
     tenantId: string,
     sessionId: string,
@@ -289,8 +292,8 @@ export interface AgentRepo {
 export type NewMessage = Omit<MessageRecord, 'seq'>;
 
 export interface MessageRepo {
-  /** Appends to the session's log, giving the message the next `seq` (1, 2, 3, … per session). */
-  append(message: NewMessage): Promise<MessageRecord>;
+  /** Appends to the session's log, giving the message the next `seq` (1, 2, 3, … per session); null: the session is archived, nothing was stored. */
+  append(message: NewMessage): Promise<MessageRecord | null>;
   /** Oldest first, after the given `seq` (exclusive). */
   list(tenantId: string, sessionId: string, q: { afterSeq?: number; limit: number }): Promise<MessageRecord[]>;
   /** The seq of the session's latest message; 0 when it has none. */

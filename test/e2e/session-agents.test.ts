@@ -310,6 +310,87 @@ describe('agents of a session', function () {
     });
   });
 
+  it('takes a reply to one task’s question as that task’s answer only: another agent waiting is not answered, nor told it', async () => {
+    const ask = (question: string): ScriptedTurn => ({ tool_calls: [{ name: 'ask_for_input', args: { question } }] });
+    const script: ScriptedTurn[] = [ask('Deploy staging?'), ask('Wipe prod?'), { content: 'Done.' }, { content: 'Done.' }];
+    await withAgents(script, async (h, model, session) => {
+      const staging = await agent(h, session, { name: 'staging' });
+      const prod = await agent(h, session, { name: 'prod' });
+      await task(h, session, {
+        tasks: [
+          { id: 'a', goal: 'deploy staging', agent_id: staging.id },
+          { id: 'b', goal: 'wipe prod', agent_id: prod.id },
+        ],
+      });
+      await sessionWhen(h, session, (s) => s.tasks.every((t: Body) => t.status === 'input_required'), 'both tasks to wait');
+      const log = (await h.call<Body>('GET', `/api/v1/sessions/${session}/messages`)).body.data as Body[];
+      const questionOf = (task: string) => log.find((m) => m.kind === 'input_request' && m.task_id === task)!;
+      // a reply to staging's question, to no one in particular
+      const reply = await h.call('POST', `/api/v1/sessions/${session}/messages`, {
+        body: { role: 'user', in_reply_to: questionOf('a').id, parts: text('yes, staging') },
+      });
+      expect(reply.status).to.equal(201);
+      await sessionWhen(h, session, (s) => s.tasks.find((t: Body) => t.id === 'a').status === 'succeeded', 'staging’s task to end');
+      await new Promise((r) => setTimeout(r, 300));
+      expect((await h.call<Body>('GET', `/api/v1/sessions/${session}`)).body.tasks.find((t: Body) => t.id === 'b').status).to.equal('input_required');
+      expect(model.requests).to.have.length(3);
+      expect(JSON.stringify(model.requests[2]!.body.messages)).to.contain('(a reply to your message): yes, staging');
+      // prod's own answer continues it, and its conversation does not hold the reply meant for staging
+      await h.call('POST', `/api/v1/sessions/${session}/messages`, { body: { role: 'user', in_reply_to: questionOf('b').id, parts: text('no, never') } });
+      const done = await sessionWhen(h, session, (s) => s.outcome !== null, 'the session to end');
+      expect(done.tasks.map((t: Body) => t.run_ids.length)).to.deep.equal([2, 2]);
+      const prodCall = JSON.stringify(model.requests[3]!.body.messages);
+      expect(prodCall).to.contain('no, never').and.not.contain('yes, staging');
+    });
+  });
+
+  it('writes nothing in a session archived after a route checked it: a message, a new agent and an agent’s edit are refused with 409', async () => {
+    await withAgents([{ content: 'unused' }], async (h, _model, session) => {
+      const writer = await agent(h, session, { name: 'writer' });
+      // each write is held until the archive has committed: the route's check saw the session live
+      let archived!: Promise<unknown>;
+      const store = h.rt.store;
+      const held = <K extends 'append' | 'insert' | 'update'>(repo: Record<K, (...a: any[]) => Promise<any>>, name: K) => {
+        const original = repo[name].bind(repo);
+        repo[name] = async (...args: any[]) => {
+          await archived;
+          return original(...args);
+        };
+        return () => (repo[name] = original);
+      };
+      const restore = [held(store.messages, 'append'), held(store.agents, 'insert'), held(store.agents, 'update')];
+      let answers: { status: number }[];
+      try {
+        let archive!: () => void;
+        archived = new Promise<void>((r) => (archive = r));
+        const writes = Promise.all([
+          h.call('POST', `/api/v1/sessions/${session}/messages`, { body: { role: 'user', parts: text('too late') } }),
+          h.call('POST', `/api/v1/sessions/${session}/agents`, { body: { name: 'late' } }),
+          h.call('PATCH', `/api/v1/sessions/${session}/agents/${writer.id}`, { body: { name: 'renamed' } }),
+        ]);
+        // the three have passed their checks and wait at their writes
+        await new Promise((r) => setTimeout(r, 200));
+        expect((await h.call('DELETE', `/api/v1/sessions/${session}`)).status).to.equal(200);
+        archive();
+        answers = await writes;
+      } finally {
+        restore.forEach((r) => r());
+      }
+      expect(answers.map((r) => r.status)).to.deep.equal([409, 409, 409]);
+      expect((await h.call<Body>('GET', `/api/v1/sessions/${session}/messages`)).body.data).to.deep.equal([]);
+      expect((await h.call<Body>('GET', `/api/v1/sessions/${session}/agents`)).body.data.map((a: Body) => a.name)).to.deep.equal(['writer']);
+    });
+  });
+
+  it('changes only the budget’s fields given: the others keep their values', async () => {
+    await withAgents([{ content: 'unused' }], async (h, _model, session) => {
+      const capped = await agent(h, session, { name: 'capped', budget: { seconds: 120, max_steps: 7 } });
+      const patch = (budget: Body) => h.call<Body>('PATCH', `/api/v1/sessions/${session}/agents/${capped.id}`, { body: { budget } });
+      expect((await patch({ max_steps: 3 })).body.budget).to.deep.equal({ seconds: 120, max_steps: 3 });
+      expect((await patch({ seconds: 50 })).body.budget).to.deep.equal({ seconds: 50, max_steps: 3 });
+    });
+  });
+
   it('takes many answers at once as one continuation', async () => {
     const script: ScriptedTurn[] = [{ tool_calls: [{ name: 'ask_for_input', args: { question: 'Which branch?' } }] }, { content: 'Deployed.' }];
     await withAgents(script, async (h, model, session) => {

@@ -874,6 +874,15 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect(await store.agents.update('t2', 'ses_a', y.id, { name: 'stolen' })).to.equal(null);
       expect(await store.agents.update('t1', 'ses_other', y.id, { name: 'stolen' })).to.equal(null);
       expect((await store.agents.get('t1', 'ses_a', y.id))!.name).to.equal('y');
+      // nothing is written in an archived session: not a new agent, not an edit (another tenant's session of that id is not it)
+      const now2 = new Date().toISOString();
+      const base = { title: 't', goal: null, kind: 'multi_agent' as const, outcome: null, metadata: {}, created_at: now2, updated_at: now2 };
+      await store.sessions.insert({ ...base, id: 'ses_a', tenant_id: 't1', status: 'archived' });
+      await store.sessions.insert({ ...base, id: 'ses_a', tenant_id: 't2', status: 'idle' }).catch(() => undefined);
+      expect(await store.agents.insert(agent('late'))).to.equal(false);
+      expect(await store.agents.update('t1', 'ses_a', y.id, { name: 'late' })).to.equal(null);
+      expect((await store.agents.list('t1', 'ses_a')).map((a) => a.name)).to.deep.equal(['x', 'y']);
+      expect(await store.agents.insert(agent('other', 't2'))).to.equal(true);
     });
 
     it('numbers a session’s messages 1, 2, 3 even when written at once, and pages them by seq per tenant', async () => {
@@ -892,8 +901,25 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
         created_at: new Date().toISOString(),
       });
       const written = await Promise.all([1, 2, 3, 4, 5].map((i) => store.messages.append(message(i))));
-      expect(written.map((m) => m.seq).sort()).to.deep.equal([1, 2, 3, 4, 5]);
-      expect((await store.messages.append(message(9, 'ses_other'))).seq).to.equal(1);
+      expect(written.map((m) => m!.seq).sort()).to.deep.equal([1, 2, 3, 4, 5]);
+      expect((await store.messages.append(message(9, 'ses_other')))!.seq).to.equal(1);
+      // none in an archived session
+      const at = new Date().toISOString();
+      await store.sessions.insert({
+        id: 'ses_shut',
+        tenant_id: 't1',
+        title: 't',
+        goal: null,
+        kind: 'multi_agent',
+        status: 'archived',
+        outcome: null,
+        metadata: {},
+        created_at: at,
+        updated_at: at,
+      });
+      expect(await store.messages.append(message(1, 'ses_shut'))).to.equal(null);
+      expect(await store.messages.lastSeq('t1', 'ses_shut')).to.equal(0);
+      expect((await store.messages.append(message(1, 'ses_shut', 't2')))!.seq, 'another tenant’s session of that id').to.equal(1);
       const page = await store.messages.list('t1', 'ses_m', { limit: 2 });
       expect(page.map((m) => m.seq)).to.deep.equal([1, 2]);
       expect((await store.messages.list('t1', 'ses_m', { afterSeq: 2, limit: 10 })).map((m) => m.seq)).to.deep.equal([3, 4, 5]);

@@ -45,10 +45,22 @@ export function sessionRepo(model: Model<Stored<Session>>): SessionRepo {
   };
 }
 
-export function agentRepo(model: Model<Stored<AgentRecord>>): AgentRepo {
+type SessionModel = Model<Stored<Session>>;
+
+/**
+ * Whether a session is archived, read from the primary just before a write of its agents or messages. Without
+ * a transaction (no replica set assumed) an archive may still land between the read and the write, a window
+ * of one round trip where SQLite's IMMEDIATE transaction has none.
+ */
+const isArchived = async (sessions: SessionModel, tenantId: string, sessionId: string) =>
+  Boolean(await sessions.exists({ _id: sessionId, tenant_id: tenantId, status: 'archived' }).read('primary'));
+
+export function agentRepo(model: Model<Stored<AgentRecord>>, sessions: SessionModel): AgentRepo {
   return {
     async insert(a) {
+      if (await isArchived(sessions, a.tenant_id, a.session_id)) return false;
       await model.collection.insertOne(toStored(a) as never);
+      return true;
     },
     async get(tenantId, sessionId, id) {
       return fromStored(await model.findOne({ _id: id, tenant_id: tenantId, session_id: sessionId }).lean<Stored<AgentRecord>>());
@@ -58,6 +70,7 @@ export function agentRepo(model: Model<Stored<AgentRecord>>): AgentRepo {
       return rows.map((r) => fromStored(r)!);
     },
     async update(tenantId, sessionId, id, changes) {
+      if (await isArchived(sessions, tenantId, sessionId)) return null;
       const updated = await model
         .findOneAndUpdate({ _id: id, tenant_id: tenantId, session_id: sessionId }, { $set: definedOnly(changes) }, { returnDocument: 'after' })
         .lean<Stored<AgentRecord>>();
@@ -69,12 +82,13 @@ export function agentRepo(model: Model<Stored<AgentRecord>>): AgentRepo {
 /** tries of a message's append that another append beat to its seq */
 const APPEND_TRIES = 50;
 
-export function messageRepo(model: Model<Stored<MessageRecord>>): MessageRepo {
+export function messageRepo(model: Model<Stored<MessageRecord>>, sessions: SessionModel): MessageRepo {
   return {
     // seq is the last visible one plus one, taken again when another append took it first (the unique
     // (session_id, seq) index): a message is visible before any later seq is, so a reader that has seen N
     // never misses a message N-1 that appears after it (a counter's seq, inserted in a second write, could)
     async append(m) {
+      if (await isArchived(sessions, m.tenant_id, m.session_id)) return null;
       for (let i = 1; ; i++) {
         const last = await model.findOne({ session_id: m.session_id }, { seq: 1 }).sort({ seq: -1 }).lean<{ seq: number }>();
         const record: MessageRecord = { ...m, seq: (last?.seq ?? 0) + 1 };

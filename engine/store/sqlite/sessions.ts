@@ -69,13 +69,21 @@ export function sessionRepo(db: Db): SessionRepo {
   };
 }
 
+/** Whether a session is archived, read inside the caller's write transaction (no archive comes between). */
+function archivedCheck(db: Db): (tenantId: string, sessionId: string) => boolean {
+  const status = db.prepare<[string, string], { status: string }>('SELECT status FROM sessions WHERE tenant_id = ? AND id = ?');
+  return (tenantId, sessionId) => status.get(tenantId, sessionId)?.status === 'archived';
+}
+
 export function agentRepo(db: Db): AgentRepo {
   const insert = db.prepare('INSERT INTO agents (id, tenant_id, session_id, doc) VALUES (?, ?, ?, ?)');
   const get = db.prepare<[string, string, string], { doc: string }>('SELECT doc FROM agents WHERE tenant_id = ? AND session_id = ? AND id = ?');
   const list = db.prepare<[string, string], { doc: string }>('SELECT doc FROM agents WHERE tenant_id = ? AND session_id = ? ORDER BY id');
   const write = db.prepare('UPDATE agents SET doc = ? WHERE tenant_id = ? AND session_id = ? AND id = ?');
+  const archived = archivedCheck(db);
   const commit = groupCommit(db);
   const update = (tenantId: string, sessionId: string, id: string, changes: Partial<AgentRecord>): AgentRecord | null => {
+    if (archived(tenantId, sessionId)) return null;
     const row = get.get(tenantId, sessionId, id);
     if (!row) return null;
     const current = JSON.parse(row.doc) as AgentRecord;
@@ -85,7 +93,11 @@ export function agentRepo(db: Db): AgentRepo {
   };
   return {
     async insert(a) {
-      await commit(() => insert.run(a.id, a.tenant_id, a.session_id, JSON.stringify(a)));
+      return commit(() => {
+        if (archived(a.tenant_id, a.session_id)) return false;
+        insert.run(a.id, a.tenant_id, a.session_id, JSON.stringify(a));
+        return true;
+      });
     },
     async get(tenantId, sessionId, id) {
       const row = get.get(tenantId, sessionId, id);
@@ -110,8 +122,10 @@ export function messageRepo(db: Db): MessageRepo {
   const one = db.prepare<[string, string, string], { doc: string }>('SELECT doc FROM messages WHERE id = ? AND session_id = ? AND tenant_id = ?');
   // the seq is read and taken inside the write, and the group commit's writes run one after another in
   // one IMMEDIATE transaction: concurrent writers (another process) wait for the file's write lock
+  const archived = archivedCheck(db);
   const commit = groupCommit(db);
-  const append = (m: NewMessage): MessageRecord => {
+  const append = (m: NewMessage): MessageRecord | null => {
+    if (archived(m.tenant_id, m.session_id)) return null;
     const record: MessageRecord = { ...m, seq: (last.get(m.session_id)?.seq ?? 0) + 1 };
     insert.run(record.session_id, record.seq, record.tenant_id, record.id, JSON.stringify(record));
     return record;
