@@ -7,10 +7,23 @@
 //                 cannot release a child twice)
 //   kids:<t> SET  tasks that depend on t
 // A completion is first-writer-wins: a task already ended is not ended again, and its dependents are
-// released once. A task that has ended never starts again (the fence).
+// released once. A task that has ended never starts again (the fence). What is no longer needed goes: a
+// task's sat:<t> once it has left pending, its kids:<t> once its end has been walked (a task added later
+// reads an ended dependency's state); and every key of a session lives DAG_TTL_MS past the last script
+// that touched it. A session's keys lost (expired with a session idle that long, or with Redis's data) are
+// rebuilt from the store: ADD learns the dependencies that ended, START lets a task it does not know run
+// (its run is in the store), and the reconciler registers again a pending task Redis does not know.
 import { redisBatch, type Redis, type TaskStatus, type TriggerRule } from '../platform/index.js';
 
-const FAILED = `local function failed(s) return s == 'failed' or s == 'upstream_failed' or s == 'canceled' end`;
+/** How long a session's DAG keys outlive the last change of its DAG. */
+export const DAG_TTL_MS = 7 * 86_400_000;
+
+const FAILED = `local function failed(s) return s == 'failed' or s == 'upstream_failed' or s == 'canceled' end
+local function keep(base)
+  redis.call('PEXPIRE', base .. ':state', ${DAG_TTL_MS})
+  redis.call('PEXPIRE', base .. ':need', ${DAG_TTL_MS})
+  redis.call('PEXPIRE', base .. ':rule', ${DAG_TTL_MS})
+end`;
 
 // Ends tasks and walks their dependents: all_success dependents of a failure end upstream_failed (and
 // theirs after them); a dependent whose every dependency is satisfied becomes queued.
@@ -27,15 +40,20 @@ local function walk(base, queue, ready, upstream)
           redis.call('SADD', base .. ':sat:' .. kid, done)
           if redis.call('SCARD', base .. ':sat:' .. kid) >= tonumber(redis.call('HGET', base .. ':need', kid)) then
             redis.call('HSET', base .. ':state', kid, 'queued')
+            redis.call('DEL', base .. ':sat:' .. kid)
             table.insert(ready, kid)
+          else
+            redis.call('PEXPIRE', base .. ':sat:' .. kid, ${DAG_TTL_MS})
           end
         elseif failed(outcome) then
           redis.call('HSET', base .. ':state', kid, 'upstream_failed')
+          redis.call('DEL', base .. ':sat:' .. kid)
           table.insert(upstream, kid)
           table.insert(queue, kid)
         end
       end
     end
+    redis.call('DEL', base .. ':kids:' .. done)
     i = i + 1
   end
 end`;
@@ -54,7 +72,14 @@ for _, t in ipairs(tasks) do
   if redis.call('HSETNX', base .. ':state', t.id, 'pending') == 1 then
     redis.call('HSET', base .. ':need', t.id, #t.deps)
     redis.call('HSET', base .. ':rule', t.id, t.rule)
-    for _, d in ipairs(t.deps) do redis.call('SADD', base .. ':kids:' .. d, t.id) end
+    for _, d in ipairs(t.deps) do
+      -- an ended dependency is read below, not walked again: it keeps no kids
+      local s = redis.call('HGET', base .. ':state', d)
+      if not (s == 'succeeded' or failed(s)) then
+        redis.call('SADD', base .. ':kids:' .. d, t.id)
+        redis.call('PEXPIRE', base .. ':kids:' .. d, ${DAG_TTL_MS})
+      end
+    end
     table.insert(new, t)
   end
 end
@@ -74,9 +99,15 @@ for _, t in ipairs(new) do
       redis.call('HSET', base .. ':state', t.id, 'queued')
       table.insert(ready, t.id)
     end
+    if redis.call('HGET', base .. ':state', t.id) == 'pending' then
+      redis.call('PEXPIRE', base .. ':sat:' .. t.id, ${DAG_TTL_MS})
+    else
+      redis.call('DEL', base .. ':sat:' .. t.id)
+    end
   end
 end
 walk(base, queue, ready, upstream)
+keep(base)
 return {ready, upstream}`;
 
 // ARGV[1]: the task, ARGV[2]: how it ended. Answers {ready, upstream_failed}, or nothing when it had ended already.
@@ -89,6 +120,7 @@ if s == 'succeeded' or (s and failed(s)) then return false end
 redis.call('HSET', base .. ':state', ARGV[1], ARGV[2])
 local ready, upstream = {}, {}
 walk(base, {ARGV[1]}, ready, upstream)
+keep(base)
 return {ready, upstream}`;
 
 // The fence: queued or running (another attempt, or a run after an answer) -> running, 1; a task
@@ -97,7 +129,10 @@ return {ready, upstream}`;
 const START = `${FAILED}
 local s = redis.call('HGET', KEYS[1] .. ':state', ARGV[1])
 if s == 'succeeded' or failed(s) then return 0 end
-if s then redis.call('HSET', KEYS[1] .. ':state', ARGV[1], 'running') end
+if s then
+  redis.call('HSET', KEYS[1] .. ':state', ARGV[1], 'running')
+  keep(KEYS[1])
+end
 return 1`;
 
 export type DagChange = { ready: string[]; upstreamFailed: string[] };

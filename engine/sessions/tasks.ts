@@ -168,7 +168,8 @@ export function tasksOf(deps: TasksDeps) {
         tool_allowlist: agent?.tool_allowlist,
         budget_seconds: agent?.budget.seconds,
         max_steps: maxSteps,
-        retry: attempts > 1 ? { attempts, backoff: { type: 'fixed', delay_ms: 200 } } : null,
+        // a try that ran out of its budget is a failed try of the task as well
+        retry: attempts > 1 ? { attempts, backoff: { type: 'fixed', delay_ms: 200 }, on: ['failed', 'timed_out'] } : null,
         inputs: { upstream, task: { id: task.id, title: task.title } },
         agent: agent ? { id: agent.id, name: agent.name, role: agent.role, model: agent.model } : null,
         trigger: { type: 'task', task_id: task.id, ...trigger },
@@ -484,6 +485,8 @@ export function tasksOf(deps: TasksDeps) {
     const known = new Map(held.map((t) => [t.id, t]));
     const start = (t: TaskRecord) => {
       if (t.status === 'input_required') return continueIfAnswered(session, t);
+      // a task whose try failed as the session was paused: its next try's run waits, queued, held at its start
+      if (t.status === 'running') return t.run_ids.length ? offerHeld(t) : null;
       if (t.status !== 'queued') return null;
       // held before its run was made, or its run held at its start
       return t.run_ids.length ? offerHeld(t) : dispatch(session, t.id, known);
@@ -704,6 +707,13 @@ export function tasksOf(deps: TasksDeps) {
       for await (const t of stale('pending', before))
         await repair(t, async () => {
           const state = await dag.stateOf(t.session_id, t.id);
+          // failed upstream in Redis, its move lost (the process died, or the store refused, between a dependency's
+          // end in Redis and its dependents' moves; or an add's answer never came): moved now, as the walk decided
+          if (state === 'upstream_failed') {
+            if (await move(t, { status: 'upstream_failed' }, ['pending', 'queued'])) finished++;
+            await deps.recount(t.tenant_id, t.session_id);
+            return;
+          }
           if (state !== 'queued' && state !== null) return;
           const session = await store.sessions.get(t.tenant_id, t.session_id);
           if (!session) return;

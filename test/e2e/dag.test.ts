@@ -677,6 +677,105 @@ describe('task DAG', function () {
     expect((await settled(id, 3)).tasks.map((t: Body) => t.status)).to.deep.equal(['succeeded', 'succeeded', 'succeeded']);
   });
 
+  it('moves a dependent Redis failed upstream whose move was lost (the failed task’s store write refused once): the reconciler applies it', async () => {
+    const id = await session();
+    const tasks = h.rt.store.tasks;
+    const update = tasks.update.bind(tasks);
+    let refused = 0;
+    tasks.update = async (tenantId, sessionId, taskId, changes, ifStatusIn) => {
+      if (sessionId === id && taskId === 'bad' && changes.status === 'failed' && !refused++) throw new Error('SQLITE_IOERR: disk I/O error');
+      return update(tenantId, sessionId, taskId, changes, ifStatusIn);
+    };
+    try {
+      const body = {
+        tasks: [
+          { id: 'bad', steps: sh('exit 3'), max_attempts: 1 },
+          { id: 'child', depends_on: ['bad'], steps: sh('true') },
+          { id: 'grandchild', depends_on: ['child'], steps: sh('true') },
+        ],
+      };
+      expect((await h.call('POST', `/api/v1/sessions/${id}/tasks`, { body })).status).to.equal(201);
+      await eventually(() => refused > 0 || null, 'the failed task’s move to be refused');
+    } finally {
+      tasks.update = update;
+    }
+    const ended = await eventually(async () => {
+      await h.rt.engine.sessions.reconcile(0);
+      const s = (await h.call<Body>('GET', `/api/v1/sessions/${id}`)).body;
+      return s.outcome ? s : null;
+    }, 'the session to end');
+    expect(ended.tasks.map((t: Body) => [t.id, t.status])).to.deep.equal([
+      ['bad', 'failed'],
+      ['child', 'upstream_failed'],
+      ['grandchild', 'upstream_failed'],
+    ]);
+    expect(ended).to.deep.include({ status: 'idle', outcome: 'failed' });
+  });
+
+  it('keeps in Redis only what the DAG still needs, for a bounded time: no dependency sets once their tasks ended, every key with a TTL', async () => {
+    const id = await session();
+    const tasks = [
+      { id: 'a', steps: sh('true') },
+      { id: 'b', depends_on: ['a'], steps: sh('true') },
+      { id: 'c', depends_on: ['a'], steps: sh('true') },
+      { id: 'd', depends_on: ['b', 'c'], steps: sh('true') },
+    ];
+    expect((await h.call('POST', `/api/v1/sessions/${id}/tasks`, { body: { tasks } })).status).to.equal(201);
+    await settled(id, 4);
+    const keys = (await scanKeys(h.rt.redis, `${h.config.queuePrefix}:dag:{${id}}*`)).map((k) => k.slice(`${h.config.queuePrefix}:dag:{${id}}`.length)).sort();
+    expect(keys).to.deep.equal([':need', ':rule', ':state']);
+    for (const k of keys) {
+      const ttl = await h.rt.redis.pttl(`${h.config.queuePrefix}:dag:{${id}}${k}`);
+      expect(ttl, k)
+        .to.be.greaterThan(6 * 86_400_000)
+        .and.at.most(7 * 86_400_000);
+    }
+    // a task added later on an ended one reads its state: it starts, and leaves nothing behind either
+    expect((await h.call('POST', `/api/v1/sessions/${id}/tasks`, { body: { id: 'e', depends_on: ['d'], steps: sh('true') } })).status).to.equal(201);
+    await settled(id, 5);
+    expect((await scanKeys(h.rt.redis, `${h.config.queuePrefix}:dag:{${id}}*`)).length).to.equal(3);
+  });
+
+  it('retries a task whose run ran out of its budget’s time, as any failed try, up to max_attempts', async () => {
+    const id = await session();
+    const agent = await h.call<Body>('POST', `/api/v1/sessions/${id}/agents`, { body: { name: 'slow', tool_allowlist: ['shell'], budget: { seconds: 1 } } });
+    expect(agent.status, agent.text).to.equal(201);
+    const body = { id: 'slow', agent_id: agent.body.id, steps: sh('sleep 5'), max_attempts: 2 };
+    expect((await h.call('POST', `/api/v1/sessions/${id}/tasks`, { body })).status).to.equal(201);
+    const s = await settled(id, 1);
+    expect(s.tasks[0]).to.deep.include({ status: 'failed', attempts: 2 });
+    const run = (await h.call<Body>('GET', `/api/v1/runs/${s.tasks[0].run_ids[0]}`)).body;
+    expect(run.status).to.equal('timed_out');
+    expect(run.attempt).to.equal(2);
+  });
+
+  it('offers at once, on resume, a task’s next try that the pause held (its try before failed while paused)', async () => {
+    const id = await session();
+    const held = releasable(h, 'release-retry');
+    // the first try waits for the release, then fails; the second succeeds
+    const steps = sh(`${held.command}; if [ -e tried-${id} ]; then true; else touch tried-${id}; exit 1; fi`);
+    expect((await h.call('POST', `/api/v1/sessions/${id}/tasks`, { body: { id: 'r', steps, max_attempts: 2 } })).status).to.equal(201);
+    await eventually(async () => (await h.call<Body>('GET', `/api/v1/sessions/${id}`)).body.tasks[0].status === 'running' || null, 'the first try to run');
+    expect((await h.call('PATCH', `/api/v1/sessions/${id}`, { body: { status: 'paused' } })).status).to.equal(200);
+    await held.release();
+    const queue = h.rt.queues.get('runs');
+    const runId = (await h.call<Body>('GET', `/api/v1/sessions/${id}`)).body.tasks[0].run_ids[0];
+    // the second try's job, held at its start: delayed
+    await eventually(async () => {
+      const run = (await h.call<Body>('GET', `/api/v1/runs/${runId}`)).body;
+      if (run.attempt !== 2 || run.status !== 'queued') return null;
+      const job = await queue.getJob(jobIdOfRun(run as Parameters<typeof jobIdOfRun>[0], 2));
+      return (job && (await job.getState()) === 'delayed' && (await h.rt.redis.exists(`${h.config.queuePrefix}:runs:${job.id}:lock`)) === 0) || null;
+    }, 'the second try to be held');
+    await new Promise((r) => setTimeout(r, 300));
+    const resumed = Date.now();
+    expect((await h.call('PATCH', `/api/v1/sessions/${id}`, { body: { status: 'idle' } })).status).to.equal(200);
+    const s = await settled(id, 1);
+    await held.clear();
+    expect(s.tasks[0].status).to.equal('succeeded');
+    expect(Date.now() - resumed, 'started by the resume, not by the held job’s own retry 5 s later').to.be.below(3500);
+  });
+
   it('numbers the tasks of two adds at once apart: each batch in one run of positions, and listed so', async () => {
     const id = await session();
     await h.call('PATCH', `/api/v1/sessions/${id}`, { body: { status: 'paused' } });
