@@ -31,6 +31,14 @@ describe('task DAG', function () {
       40_000,
     );
 
+  /** The session once it has an outcome, the reconciler run before each look. */
+  const reconciledToEnd = (id: string) =>
+    eventually(async () => {
+      await h.rt.engine.sessions.reconcile(0);
+      const s = (await h.call<Body>('GET', `/api/v1/sessions/${id}`)).body;
+      return s.outcome ? s : null;
+    }, 'the session to end');
+
   it('runs a diamond: B and C after A, D after both; each starts only after its dependencies, and the session ends succeeded', async () => {
     const id = await session();
     const log = (name: string) => `echo ${name} $(date +%s%N) >> order.log`;
@@ -657,11 +665,7 @@ describe('task DAG', function () {
     // lost while a runs: b, registered again by the reconciler, is released by a's end, or finds it ended
     await forget();
     await h.rt.engine.sessions.reconcile(0);
-    const ended = await eventually(async () => {
-      await h.rt.engine.sessions.reconcile(0);
-      const s = (await h.call<Body>('GET', `/api/v1/sessions/${id}`)).body;
-      return s.outcome ? s : null;
-    }, 'the session to end');
+    const ended = await reconciledToEnd(id);
     expect(ended.tasks.map((t: Body) => [t.id, t.status])).to.deep.equal([
       ['a', 'succeeded'],
       ['b', 'succeeded'],
@@ -699,11 +703,7 @@ describe('task DAG', function () {
     } finally {
       tasks.update = update;
     }
-    const ended = await eventually(async () => {
-      await h.rt.engine.sessions.reconcile(0);
-      const s = (await h.call<Body>('GET', `/api/v1/sessions/${id}`)).body;
-      return s.outcome ? s : null;
-    }, 'the session to end');
+    const ended = await reconciledToEnd(id);
     expect(ended.tasks.map((t: Body) => [t.id, t.status])).to.deep.equal([
       ['bad', 'failed'],
       ['child', 'upstream_failed'],
