@@ -2,7 +2,7 @@
 import express, { type Express, type Request } from 'express';
 import * as OpenApiValidator from 'express-openapi-validator';
 import { fastRouteLookup } from './route-matchers.js';
-import { NotFoundError, unsafeJson, ValidationError, type EventHub, type Logger, type Metrics, type Queues, type Redis } from '../engine/platform/index.js';
+import { BadRequestError, NotFoundError, type EventHub, type Logger, type Metrics, type Queues, type Redis } from '../engine/platform/index.js';
 import type { Engine } from '../engine/index.js';
 import type { Store } from '../engine/store/index.js';
 import { adminRouter } from './admin.js';
@@ -22,8 +22,8 @@ import { apiKeysRouter } from './routes/api-keys.js';
 import { connectionsRouter } from './routes/connections.js';
 import { notificationDeliveriesRouter, notificationEndpointsRouter } from './routes/notifications.js';
 import { webhookDeliveriesRouter, webhookIntakeRouter, webhookSecretsRouter } from './routes/webhooks.js';
-import { refuseDeclaredOver } from './body-limit.js';
 import { chain } from './chain.js';
+import { requestBody } from './request-body.js';
 import { finiteNumericQuery } from './numeric-query.js';
 import { loadSpec, type OpenApiDocument } from './spec.js';
 import { OpenStreams } from './sse.js';
@@ -47,9 +47,6 @@ export type AppDeps = {
   /** people's sign-in (engine.sso) and the web client's origins */
   signIn: { corsOrigins: string[]; redirectUrl: string | null; sessionMaxSeconds: number };
 };
-
-export const BODY_LIMIT_BYTES = 1024 * 1024;
-const JSON_TYPES = ['application/json', 'application/*+json'];
 
 /**
  * The spec as the validator wants it: Ajv reads `discriminator` to check a oneOf against the one
@@ -106,7 +103,18 @@ export function createApp(deps: AppDeps): Express {
   // a route that answers stored JSON texts as they are (json-page.ts) parses them first when true
   app.locals.validateResponses = deps.validateResponses ?? false;
 
-  app.use(requestLog(app, { log: deps.log, httpDuration: deps.metrics.httpDuration, quiet: (p) => p === '/healthz' || p === '/readyz' }));
+  app.use(
+    chain(
+      requestLog(app, { log: deps.log, httpDuration: deps.metrics.httpDuration, quiet: (p) => p === '/healthz' || p === '/readyz' }),
+      // HTTP/1.1 requires Host (RFC 9112 §3.2): refused here, as a problem with the request's id (the server
+      // lets such requests through for this: Node's own refusal was a bare 400)
+      (req, _res, next) => {
+        if (req.headers.host === undefined && req.httpVersionMajor === 1 && req.httpVersionMinor >= 1)
+          throw new BadRequestError('An HTTP/1.1 request must carry a Host header (RFC 9112).');
+        next();
+      },
+    ),
+  );
 
   // providers sign the bytes they send: the intake reads them raw, with no API key, before any parser
   // (at the root, not mounted at /webhooks: a mount would follow the API's case-sensitive routing, and a
@@ -126,21 +134,9 @@ export function createApp(deps: AppDeps): Express {
       ...(deps.signIn.corsOrigins.length ? [corsFor(deps.signIn.corsOrigins)] : []),
       authenticate({ mode: deps.auth, apiKeys: deps.engine.apiKeys, sso: deps.engine.sso, allowedOrigins }),
       rateLimit(deps.engine.apiRateLimit),
-      // the JSON bodies' limit, before a byte is read; audio uploads (multipart or raw) count their own bytes
-      // against their own limit as they stream
-      (req, res, next) => {
-        if (!req.is(JSON_TYPES) || !refuseDeclaredOver(BODY_LIMIT_BYTES, req, res, next)) next();
-      },
-      express.json({
-        limit: BODY_LIMIT_BYTES,
-        type: JSON_TYPES,
-        strict: true,
-        // refused before it is parsed: nothing that would store or echo it can overflow on it
-        verify: (_req, _res, buf) => {
-          const unsafe = unsafeJson(buf);
-          if (unsafe) throw new ValidationError(unsafe.detail, [{ path: '/body', message: unsafe.rule }]);
-        },
-      }),
+      // JSON bodies, within their limits from before a byte is read; audio uploads (multipart or raw) count
+      // their own bytes against their own limit as they stream
+      ...requestBody(spec),
     ),
   );
   const underApi = (req: Request) => req.path === '/api' || req.path.startsWith('/api/');

@@ -20,7 +20,15 @@ export type Problem = {
   instance?: string;
   request_id: string;
   errors?: FieldError[];
+  /** how many errors were found past the MAX_LISTED_ERRORS listed */
+  errors_omitted?: number;
 };
+
+/**
+ * The most errors a problem lists; the rest are counted. A body with thousands of bad items is refused as
+ * well by its first errors, and its answer stays small (50,000 were 4.4 MB).
+ */
+export const MAX_LISTED_ERRORS = 50;
 
 const TITLES: Record<number, string> = {
   400: 'Bad Request',
@@ -70,7 +78,7 @@ export function toProblem(err: unknown, requestId: string, instance: string): Pr
       status,
       code: err.code,
       detail: status === 500 ? 'The service failed to handle this request.' : err.message,
-      ...(err instanceof ValidationError || err instanceof TaskGraphInvalidError ? { errors: err.errors } : {}),
+      ...(err instanceof ValidationError || err instanceof TaskGraphInvalidError ? listed(err.errors) : {}),
       ...base,
     };
   }
@@ -95,14 +103,22 @@ export function toProblem(err: unknown, requestId: string, instance: string): Pr
       ? uniqueErrors(e.errors.map((i) => ({ path: normalisePath(i.path ?? ''), message: i.message ?? 'invalid' })))
       : undefined;
     const code = CODE_OF_STATUS[status] ?? 'bad-request';
-    const detail = errors?.length ? errors.map((i) => `${i.path} ${i.message}`).join('; ') : e.message;
-    return { ...problem(status, code, detail, base), ...(errors?.length ? { errors } : {}) };
+    if (!errors?.length) return problem(status, code, e.message, base);
+    const shown = listed(errors);
+    const more = shown.errors_omitted ? `; and ${shown.errors_omitted} more` : '';
+    return { ...problem(status, code, shown.errors.map((i) => `${i.path} ${i.message}`).join('; ') + more, base), ...shown };
   }
   return problem(500, 'internal', 'The service failed to handle this request.', base);
 }
 
 function problem(status: number, code: ErrorCode, detail: string, base: { request_id: string; instance: string }): Problem {
   return { type: `/problems/${code}`, title: TITLES[status] ?? 'Error', status, code, detail, ...base };
+}
+
+/** The first MAX_LISTED_ERRORS errors, and how many more there were when there were more. */
+function listed(errors: FieldError[]): { errors: FieldError[]; errors_omitted?: number } {
+  if (errors.length <= MAX_LISTED_ERRORS) return { errors };
+  return { errors: errors.slice(0, MAX_LISTED_ERRORS), errors_omitted: errors.length - MAX_LISTED_ERRORS };
 }
 
 /** Errors that only say a wrapper (if/then/else, oneOf) did not match: noise when a precise error is there too. */

@@ -15,6 +15,11 @@ declare module 'express-serve-static-core' {
 }
 
 const REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
+
+/** A request id the service makes (for a request that brought none, or none well formed). */
+export function newRequestId(): string {
+  return randomUUID();
+}
 const BINDINGS = Symbol('log bindings');
 const CHILD = Symbol('request logger');
 
@@ -57,7 +62,7 @@ export function requestLog(app: Express, opts: { log: Logger; httpDuration: Metr
   });
   return (req, res, next) => {
     const given = req.headers['x-request-id'];
-    const id = typeof given === 'string' && REQUEST_ID.test(given) ? given : randomUUID();
+    const id = typeof given === 'string' && REQUEST_ID.test(given) ? given : newRequestId();
     req.id = id;
     res.setHeader('X-Request-Id', id);
     const started = performance.now();

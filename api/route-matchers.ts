@@ -6,8 +6,9 @@
 // Until the fix is released, the validator's `applyOpenApiMetadata` is replaced by the same middleware
 // over a table of the routes compiled once: the same routes in the same order (the validator's own,
 // most specific first), the same matchers and options, the same answers (`req.openapi`, 404, 405, 400 for
-// a malformed escape). Only the walk changes: one RegExp test a route, and none before a route without
-// parameters asked for by its own path.
+// a malformed escape; a 405's Allow names HEAD too where the path has GET, as app.ts serves it there). Only
+// the walk changes: one RegExp test a route, and none before a route without parameters asked for by its
+// own path.
 import { createRequire } from 'node:module';
 import path from 'node:path';
 import type { NextFunction, Request, Response } from 'express';
@@ -134,15 +135,10 @@ export function fastRouteLookup(): RouteLookupStats {
         if (!schema) {
           // a route that matches on path but not on method
           if (context.ignoreUndocumented) return next();
-          throw new MethodNotAllowed({
-            path: req.path,
-            message: `${req.method} method not allowed`,
-            headers: {
-              Allow: Object.keys(context.openApiRouteMap[openApiRoute]!)
-                .filter((key) => mod.httpMethods.has(key.toLowerCase()))
-                .join(', '),
-            },
-          });
+          const allowed = Object.keys(context.openApiRouteMap[openApiRoute]!).filter((key) => mod.httpMethods.has(key.toLowerCase()));
+          // HEAD is served wherever GET is (app.ts checks it as the GET it stands for), though the spec lists GETs only
+          if (allowed.includes('GET') && !allowed.includes('HEAD')) allowed.splice(allowed.indexOf('GET') + 1, 0, 'HEAD');
+          throw new MethodNotAllowed({ path: req.path, message: `${req.method} method not allowed`, headers: { Allow: allowed.join(', ') } });
         }
         const openapi: Record<string, unknown> = { expressRoute, openApiRoute, pathParams, schema, serial: context.serial };
         if (responseApiDoc) openapi._responseSchema = matched._responseSchema;

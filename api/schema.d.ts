@@ -1605,6 +1605,8 @@ export interface components {
                 path: string;
                 message: string;
             }[];
+            /** @description How many errors were found past the 50 `errors` lists (present only then). */
+            errors_omitted?: number;
         };
         WebhookSecretPut: {
             /** @description One secret, or two while rotating (new first). */
@@ -2411,7 +2413,7 @@ export interface components {
              * @enum {string}
              */
             trigger_rule?: "all_success" | "all_done";
-            /** @description Tries of the task's run, the first included (a worker lost mid-run counts as a failed try). Default 2. */
+            /** @description Tries of the task's run, the first included (a worker lost mid-run, or a run out of its budget's time, counts as a failed try). Default 2. */
             max_attempts?: number;
         };
         /** @description One task, or a whole DAG at once when `tasks` is present (errors then name only the form given). */

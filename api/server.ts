@@ -1,10 +1,11 @@
 // Starts the HTTP server on a runtime and stops it: no new connections, in-flight requests finish.
 import type { AddressInfo } from 'node:net';
-import type { Server, ServerResponse } from 'node:http';
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
-import { ERROR_STATUS, type ErrorCode } from '../engine/platform/index.js';
+import { ERROR_STATUS, type ErrorCode, type Logger } from '../engine/platform/index.js';
 import type { Runtime } from '../engine/process/index.js';
 import { createApp } from './app.js';
+import { newRequestId } from './request-log.js';
 import type { OpenStreams } from './sse.js';
 
 /** How long before the end of the grace period the connections of requests still in flight are cut. */
@@ -37,19 +38,23 @@ export async function startWebServer(rt: Runtime, opts: { port?: number; host?: 
     signIn: { corsOrigins: config.corsOrigins, redirectUrl: config.oidc?.redirectUrl ?? null, sessionMaxSeconds: config.sessions.maxSeconds },
   });
   const port = opts.port ?? config.port;
-  const server = opts.host ? app.listen(port, opts.host) : app.listen(port);
+  // a request without Host is the app's to refuse (a problem with its request id, logged), not Node's bare 400
+  const server = createServer({ requireHostHeader: false }, app);
+  if (opts.host) server.listen(port, opts.host);
+  else server.listen(port);
   await new Promise<void>((resolve, reject) => {
     server.once('listening', resolve);
     server.once('error', reject);
   });
   server.keepAliveTimeout = 65_000; // above common load balancers' idle timeouts
-  server.on('clientError', answerClientError);
+  server.on('clientError', (err: Error & { code?: string }, socket: Duplex) => answerClientError(err, socket, rt.log));
   // once closing, no connection is kept alive: an answer not begun yet says `Connection: close`, and a connection
   // is closed once its answer is sent. Left idle, a keep-alive connection whose request was in flight when closing
   // began would hold close() open for keepAliveTimeout (closeIdleConnections() at the start sees only those idle then).
   let closing = false;
   const answering = new Set<ServerResponse>();
-  server.prependListener('request', (_req, res) => {
+  server.prependListener('request', (req, res) => {
+    toOriginForm(req);
     if (closing) res.shouldKeepAlive = false;
     answering.add(res);
     res.once('close', () => {
@@ -94,7 +99,7 @@ const CLIENT_ERRORS: Record<string, { code: ErrorCode; title: string; detail: st
   ERR_HTTP_REQUEST_TIMEOUT: { code: 'request-timeout', title: 'Request Timeout', detail: 'The request was not received in time.' },
 };
 
-function answerClientError(err: Error & { code?: string }, socket: Duplex): void {
+function answerClientError(err: Error & { code?: string }, socket: Duplex, log: Logger): void {
   if (!socket.writable) return void socket.destroy();
   const { code, title, detail } = CLIENT_ERRORS[err.code ?? ''] ?? {
     code: 'bad-request',
@@ -102,8 +107,32 @@ function answerClientError(err: Error & { code?: string }, socket: Duplex): void
     detail: 'The request could not be read as HTTP.',
   };
   const status = ERROR_STATUS[code];
-  const body = JSON.stringify({ type: `/problems/${code}`, title, status, code, detail });
+  // an id like every request's, so that what the client was told can be found in the log
+  const requestId = newRequestId();
+  log.info({ req_id: requestId, code, status, reason: err.code }, 'request refused before it was read');
+  const body = JSON.stringify({ type: `/problems/${code}`, title, status, code, detail, request_id: requestId });
   socket.end(
-    `HTTP/1.1 ${status} ${title}\r\nContent-Type: application/problem+json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`,
+    `HTTP/1.1 ${status} ${title}\r\nContent-Type: application/problem+json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\nX-Request-Id: ${requestId}\r\nConnection: close\r\n\r\n${body}`,
   );
+}
+
+/** scheme://authority of an absolute-form request target; the authority may hold userinfo (user@host) */
+const ABSOLUTE_FORM = /^[A-Za-z][A-Za-z0-9+.-]*:\/\/([^/?#]*)/;
+
+/**
+ * An absolute-form target (`GET http://host/api/v1/me`, the form a client sends to a proxy) is answered as
+ * the origin-form request it names, its authority taking the place of Host (RFC 9112 §3.2.2): everything
+ * that reads the URL (routing, the validator's route lookup, the CSRF rule, the log) sees the path as it was
+ * written, as it would in origin form. The validator's lookup, which reads the URL as sent, found no route for
+ * it (a 404 for every such request). Host is not made up for a request that sent none: that one is refused.
+ */
+function toOriginForm(req: IncomingMessage): void {
+  const url = req.url ?? '/';
+  if (url.startsWith('/')) return;
+  const absolute = ABSOLUTE_FORM.exec(url);
+  if (!absolute) return;
+  const rest = url.slice(absolute[0].length);
+  req.url = rest.startsWith('/') ? rest : `/${rest}`;
+  const authority = absolute[1]!.slice(absolute[1]!.lastIndexOf('@') + 1);
+  if (authority && req.headers.host !== undefined) req.headers.host = authority;
 }

@@ -75,6 +75,9 @@ export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledg
 
   return {
     async build(tenantId: string, q: { workspace?: string; subject?: string; since?: string }): Promise<EvidencePack> {
+      // RFC 3339's grammar takes a leap second (23:59:60), which no Date holds: no instant to compare with
+      if (q.since !== undefined && !Number.isFinite(Date.parse(q.since)))
+        throw new ValidationError('since is not a date and time this service can compare', [{ path: '/query/since', message: 'an RFC 3339 date and time' }]);
       const ws = await gates.workspaceOf(tenantId, q.workspace, '/query/workspace');
       const { runs, latest } = await packRuns(tenantId, ws.name, q);
       if (!runs.length)

@@ -149,6 +149,16 @@ export class PayloadTooLargeError extends AppError {
   readonly code = 'payload-too-large';
 }
 
+/** A body of a type (or charset) the route does not read, or of no type where one is needed. */
+export class UnsupportedMediaTypeError extends AppError {
+  readonly code = 'unsupported-media-type';
+}
+
+/** A request that is not one HTTP can carry as asked (no Host on HTTP/1.1). */
+export class BadRequestError extends AppError {
+  readonly code = 'bad-request';
+}
+
 /** Something the service depends on (the store, Redis) did not answer: worth retrying after `retryAfterSeconds`. */
 export class ServiceUnavailableError extends AppError {
   readonly code = 'unavailable';

@@ -1,7 +1,9 @@
-// How deep a JSON text nests, read from its bytes before it is parsed. JSON.parse takes any depth, but
+// What a JSON text holds, read from its bytes before it is parsed. JSON.parse takes any depth, but
 // what the service then does with the value does not: JSON.stringify recurses (a body nested 5,000 deep
 // overflows the stack when it is stored), and SQLite's JSON functions stop at 1,000. Input deeper than
-// MAX_JSON_DEPTH is refused where it comes in.
+// MAX_JSON_DEPTH is refused where it comes in. How many values it holds, and how long its lists are, bound
+// what parsing and checking it costs: a body of 100 KB is 50,000 values, and a schema validator that lists
+// every error of a list's items does work that grows with the square of their number.
 
 /** The deepest nesting of objects and arrays a request or delivery body may have. */
 export const MAX_JSON_DEPTH = 64;
@@ -66,6 +68,9 @@ export function hasLoneSurrogate(text: Buffer): boolean {
   return pendingHigh;
 }
 
+/** The most values a JSON body may hold: a real one holds hundreds or a few thousand; 2 million tiny ones parsed for 3 s. */
+export const MAX_JSON_VALUES = 50_000;
+
 /**
  * Why a JSON text is refused before it is parsed (too deep, or a lone surrogate), or null when it is not:
  * one check for the API's bodies and every webhook intake, all of which store what they take. `detail`
@@ -76,5 +81,40 @@ export function unsafeJson(text: Buffer, what = 'the body'): { detail: string; r
     return { detail: `${what} nests deeper than ${MAX_JSON_DEPTH} levels`, rule: `must not nest objects and arrays deeper than ${MAX_JSON_DEPTH} levels` };
   if (hasLoneSurrogate(text))
     return { detail: `${what} holds a lone surrogate (a \\ud800-\\udfff escape without its other half)`, rule: 'strings must be well-formed Unicode' };
+  return null;
+}
+
+const COMMA = 0x2c;
+
+/**
+ * Why a JSON text holds too much to be checked value by value (more than `limits.values` values: objects,
+ * arrays and what commas separate; or a list of more than `limits.items` items), or null when it does not;
+ * brackets and commas inside strings do not count. One pass over the bytes. `detail` names `what` was
+ * refused; `rule` is the rule it broke.
+ */
+export function bulkyJson(text: Uint8Array, limits: { values: number; items: number }, what = 'the body'): { detail: string; rule: string } | null {
+  const tooMany = () => ({ detail: `${what} holds more than ${limits.values} JSON values`, rule: `must not hold more than ${limits.values} JSON values` });
+  let values = 0;
+  // per open container: the commas seen at its level, or -1 for an object (its members are not counted)
+  const commas: number[] = [];
+  let inString = false;
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i];
+    if (inString) {
+      if (c === BACKSLASH) i++;
+      else if (c === QUOTE) inString = false;
+    } else if (c === QUOTE) inString = true;
+    else if (c === OPEN_ARRAY || c === OPEN_OBJECT) {
+      if (++values > limits.values) return tooMany();
+      commas.push(c === OPEN_ARRAY ? 0 : -1);
+    } else if (c === CLOSE_ARRAY || c === CLOSE_OBJECT) commas.pop();
+    else if (c === COMMA) {
+      if (++values > limits.values) return tooMany();
+      const top = commas.length - 1;
+      const seen = top < 0 ? -1 : commas[top]!;
+      if (seen >= 0 && (commas[top] = seen + 1) >= limits.items)
+        return { detail: `${what} holds a list of more than ${limits.items} items`, rule: `must not hold a list of more than ${limits.items} items` };
+    }
+  }
   return null;
 }

@@ -3,7 +3,7 @@
 // Attachments are counted, never kept: the event lists their name, type and size.
 import busboy from 'busboy';
 import { Readable } from 'node:stream';
-import { alignedDomain, mailAddress, mailDomain, unsafeJson, WebhookRejectedError } from '../platform/index.js';
+import { alignedDomain, bulkyJson, mailAddress, mailDomain, MAX_JSON_VALUES, unsafeJson, WebhookRejectedError } from '../platform/index.js';
 
 export type EmailAttachment = { name: string; type: string; size: number };
 
@@ -34,8 +34,6 @@ const MAX_FIELDS = 1000;
 const MAX_FILES = 100;
 /** Parts past the fields and files kept are not read: a body of many tiny parts cost seconds of one thread. */
 const MAX_PARTS = MAX_FIELDS + MAX_FILES;
-/** Values (objects, arrays and what commas separate) of a JSON email: a real one has hundreds; 2 million tiny ones parsed for 3 s. */
-const MAX_JSON_VALUES = 50_000;
 
 export async function parseEmail(contentType: string, body: Buffer): Promise<ParsedEmail> {
   const media = contentType.split(';')[0]!.trim().toLowerCase();
@@ -80,25 +78,11 @@ export function mailgunFieldsOfForm(form: Buffer): NonNullable<ParsedEmail['mail
   return found;
 }
 
-/** True when the JSON text holds more than `max` values: objects, arrays and commas outside strings. */
-function valuesOver(text: Buffer, max: number): boolean {
-  let count = 0;
-  let inString = false;
-  for (let i = 0; i < text.length; i++) {
-    const c = text[i];
-    if (inString) {
-      if (c === 0x5c) i++;
-      else if (c === 0x22) inString = false;
-    } else if (c === 0x22) inString = true;
-    else if ((c === 0x2c || c === 0x7b || c === 0x5b) && ++count > max) return true;
-  }
-  return false;
-}
-
 function parseObject(body: Buffer): Record<string, unknown> {
   const unsafe = unsafeJson(body);
   if (unsafe) throw new WebhookRejectedError('webhook-payload-invalid', unsafe.detail);
-  if (valuesOver(body, MAX_JSON_VALUES)) throw new WebhookRejectedError('webhook-payload-invalid', `the body holds more than ${MAX_JSON_VALUES} JSON values`);
+  const bulky = bulkyJson(body, { values: MAX_JSON_VALUES, items: Infinity });
+  if (bulky) throw new WebhookRejectedError('webhook-payload-invalid', bulky.detail);
   try {
     const v: unknown = JSON.parse(body.toString('utf8'));
     if (v && typeof v === 'object' && !Array.isArray(v)) return v as Record<string, unknown>;

@@ -100,6 +100,141 @@ describe('bad input', () => {
     expect((await h.call<{ data: unknown[] }>('GET', '/api/v1/runs')).body.data).to.deep.equal([]);
   });
 
+  it('refuses a body of more than 50,000 values or a list of more than 1,000 items before checking it, and stays responsive', async () => {
+    const json = { 'content-type': 'application/json' };
+    // 100 KB of list items that each fail the step schema: the validator listed every error, which takes it time
+    // that grows with the square of their number (9 s for these, a 4.4 MB answer, the event loop held throughout)
+    const items = `{"name":"x","steps":[${Array(50_000).fill('1').join(',')}]}`;
+    const started = performance.now();
+    const [refused, health] = await Promise.all([
+      h.call('POST', '/api/v1/automations', { raw: items, headers: json }),
+      new Promise((r) => setTimeout(r, 5)).then(async () => {
+        const sent = performance.now();
+        const res = await h.call('GET', '/healthz', { key: null });
+        return { status: res.status, ms: performance.now() - sent };
+      }),
+    ]);
+    expect(performance.now() - started).to.be.below(1000);
+    expect(health.status).to.equal(200);
+    expect(health.ms, 'a health check sent meanwhile').to.be.below(500);
+    await expectProblem(refused, 400, 'validation-failed');
+    // one pass over the bytes: the list's 1,001st item is met before the body's 50,001st value
+    expect(refused.body.errors).to.deep.equal([{ path: '/body', message: 'must not hold a list of more than 1000 items' }]);
+    expect(refused.text.length).to.be.below(2000);
+    // as many values in short lists, and one list over the longest the spec has (a DAG's 1,000 tasks)
+    const lists = Array.from({ length: 60 }, (_, i) => `"k${i}":[${Array(300).fill('[1,2]').join(',')}]`);
+    const values = `{"title":"v","metadata":{${lists.join(',')}}}`;
+    const many = await h.call('POST', '/api/v1/sessions', { raw: values, headers: json });
+    await expectProblem(many, 400, 'validation-failed');
+    expect(many.body.errors).to.deep.equal([{ path: '/body', message: 'must not hold more than 50000 JSON values' }]);
+    const list = await h.call('POST', '/api/v1/sessions', { raw: `{"metadata":{"a":[${Array(1001).fill('1').join(',')}]}}`, headers: json });
+    await expectProblem(list, 400, 'validation-failed');
+    expect(list.body.errors).to.deep.equal([{ path: '/body', message: 'must not hold a list of more than 1000 items' }]);
+    // commas and brackets inside strings are text
+    const text = await h.call('POST', '/api/v1/sessions', {
+      body: { title: ',['.repeat(50), metadata: { a: ',{'.repeat(30_000), b: `[${','.repeat(2000)}]` } },
+    });
+    expect(text.status, text.text).to.equal(201);
+    expect((await h.call('GET', '/api/v1/automations')).body.data).to.deep.equal([]);
+  });
+
+  it('answers a body of many bad items quickly, listing its first 50 errors and counting the rest', async () => {
+    // under both limits: 1,000 tasks with 40 bad dependencies each, 40,000 errors
+    const tasks = `{"tasks":[${Array(1000)
+      .fill(`{"goal":"g","depends_on":[${Array(40).fill('1').join(',')}]}`)
+      .join(',')}]}`;
+    const started = performance.now();
+    const res = await h.call('POST', '/api/v1/sessions/ses_00000000000000000000000000/tasks', { raw: tasks, headers: { 'content-type': 'application/json' } });
+    expect(performance.now() - started).to.be.below(1000);
+    await expectProblem(res, 400, 'bad-request');
+    expect(res.body.errors).to.have.length(50);
+    expect(res.body.errors[0]).to.deep.equal({ path: '/body/tasks/0/depends_on/0', message: 'must be string' });
+    expect(res.body.errors_omitted).to.equal(39_950);
+    expect(res.body.detail).to.match(/; and 39950 more$/);
+    // the largest body a client means: a DAG of 1,000 tasks, each with its title, dependencies and step, passes
+    // both limits (answered by the route: this session is not there)
+    const dag = Array.from({ length: 1000 }, (_, i) => ({
+      id: `task-${i}`,
+      title: `Build part ${i}`,
+      depends_on: i > 2 ? [`task-${i - 1}`, `task-${i - 2}`, `task-${i - 3}`] : [],
+      steps: [{ name: 'make', tool: 'shell', args: { command: `make part-${i}`, cwd: 'parts' } }],
+      trigger_rule: 'all_success',
+      max_attempts: 2,
+    }));
+    const missing = await h.call('POST', '/api/v1/sessions/ses_00000000000000000000000000/tasks', { body: { tasks: dag } });
+    await expectProblem(missing, 404, 'not-found');
+  });
+
+  it('refuses a JSON body in any charset but UTF-8 with a 415, before reading it (RFC 8259 §8.1)', async () => {
+    const utf16 = (text: string) => Buffer.from(text, 'utf16le');
+    const deep = (depth: number) => '{"a":'.repeat(depth) + '1' + '}'.repeat(depth);
+    // decoded after the checks, these passed them: a lone surrogate stored, a 5,000-deep value a 500 or a 503
+    const bodies: [string, string][] = [
+      ['/api/v1/automations', '{"name":"lone \\ud800","steps":[{"tool":"message","args":{"text":"x"}}]}'],
+      ['/api/v1/sessions', `{"title":"d","metadata":${deep(5000)}}`],
+      ['/api/v1/autonomy/run', `{"inputs":${deep(5000)},"steps":[{"tool":"message","args":{"text":"x"}}]}`],
+    ];
+    const sessions = async () => (await h.call<{ data: unknown[] }>('GET', '/api/v1/sessions?limit=100')).body.data.length;
+    const sessionsBefore = await sessions();
+    for (const [path, text] of bodies)
+      for (const charset of ['utf-16le', 'UTF-16', 'utf-16be', 'utf-7', 'utf8', 'latin1']) {
+        const res = await h.call('POST', path, {
+          raw: charset.startsWith('utf-16') ? utf16(text) : text,
+          headers: { 'content-type': `application/json; charset=${charset}` },
+        });
+        await expectProblem(res, 415, 'unsupported-media-type');
+        expect(res.body.detail, `${path} ${charset}`).to.contain('UTF-8');
+      }
+    expect((await h.call('GET', '/api/v1/automations')).body.data).to.deep.equal([]);
+    expect(await sessions()).to.equal(sessionsBefore);
+    expect((await h.call<{ data: unknown[] }>('GET', '/api/v1/runs')).body.data).to.deep.equal([]);
+    // UTF-8, however it is written, and a merge patch's JSON type too
+    for (const type of ['application/json; charset=utf-8', 'application/json;charset="UTF-8"', 'application/json ; Charset=Utf-8']) {
+      const res = await h.call('POST', '/api/v1/sessions', { raw: '{"title":"ü"}', headers: { 'content-type': type } });
+      expect(res.status, `${type}: ${res.text}`).to.equal(201);
+      expect(res.body.title).to.equal('ü');
+    }
+    const auto = await h.call('POST', '/api/v1/automations', { body: { name: 'a', steps: [{ tool: 'message', args: { text: 'x' } }] } });
+    const patch = await h.call('PATCH', `/api/v1/automations/${auto.body.id}`, {
+      raw: utf16('{"name":"b"}'),
+      headers: { 'content-type': 'application/merge-patch+json; charset=utf-16le' },
+    });
+    await expectProblem(patch, 415, 'unsupported-media-type');
+    expect((await h.call('GET', `/api/v1/automations/${auto.body.id}`)).body.name).to.equal('a');
+    await h.call('DELETE', `/api/v1/automations/${auto.body.id}`);
+  });
+
+  it('refuses a body sent without a Content-Type with a 415, where it was dropped, and takes no body at all', async () => {
+    const keys = async () => (await h.call<{ data: unknown[] }>('GET', '/api/v1/api-keys')).body.data.length;
+    const sessions = async () => (await h.call<{ data: unknown[] }>('GET', '/api/v1/sessions?limit=100')).body.data.length;
+    const before = { keys: await keys(), sessions: await sessions() };
+    // a Buffer: fetch names no type for it (a string it would send as text/plain)
+    for (const [path, text] of [
+      ['/api/v1/api-keys', '{"label":"x","expires_at":"2027-06-30T00:00:00Z"}'],
+      ['/api/v1/sessions', 'not json {{{'],
+      ['/api/v1/autonomy/workspace-audit/run', '{"workspace":"nope"}'],
+    ]) {
+      const res = await h.call('POST', path!, { raw: Buffer.from(text!) });
+      await expectProblem(res, 415, 'unsupported-media-type');
+      expect(res.body.detail).to.contain('Content-Type');
+    }
+    // sent in chunks, its length unknown: a body all the same
+    const { port } = new URL(h.url);
+    const chunked = await new Promise<string>((resolve, reject) => {
+      const socket = net.connect(Number(port), '127.0.0.1', () =>
+        socket.write(
+          `POST /api/v1/api-keys HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${KEYS.a}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n2\r\n{}\r\n0\r\n\r\n`,
+        ),
+      );
+      let text = '';
+      socket.on('data', (d) => (text += d));
+      socket.on('end', () => resolve(text));
+      socket.on('error', reject);
+    });
+    expect(chunked).to.match(/^HTTP\/1\.1 415 /);
+    expect({ keys: await keys(), sessions: await sessions() }).to.deep.equal(before);
+  });
+
   it('makes a session or an API key from no body at all, as the spec allows', async () => {
     for (const path of ['/api/v1/sessions', '/api/v1/api-keys']) {
       const none = await h.call('POST', path);
@@ -138,6 +273,66 @@ describe('bad input', () => {
     expect(answer).to.contain('Content-Type: application/problem+json');
     const body = JSON.parse(answer.slice(answer.indexOf('\r\n\r\n') + 4));
     expect(body).to.include({ status: 431, code: 'headers-too-large', type: '/problems/headers-too-large' });
+    expect(body.request_id).to.match(/^[0-9a-f-]{36}$/);
+    expect(answer).to.contain(`\r\nX-Request-Id: ${body.request_id}\r\n`);
+  });
+
+  it('answers what Node refuses before a request exists as problems with a request id, and a request without Host with a 400', async () => {
+    const { port } = new URL(h.url);
+    const send = (text: string) =>
+      new Promise<string>((resolve, reject) => {
+        const socket = net.connect(Number(port), '127.0.0.1', () => socket.write(text));
+        let got = '';
+        socket.on('data', (d) => (got += d));
+        socket.on('end', () => resolve(got));
+        socket.on('error', reject);
+      });
+    const bodyOf = (answer: string) => JSON.parse(answer.slice(answer.indexOf('\r\n\r\n') + 4));
+    // two lengths: no one can tell where the body ends (request smuggling)
+    const twice = await send(`POST /api/v1/sessions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}`);
+    expect(twice).to.match(/^HTTP\/1\.1 400 /);
+    const problem = bodyOf(twice);
+    expect(problem).to.include({ status: 400, code: 'bad-request', type: '/problems/bad-request' });
+    expect(problem.request_id).to.match(/^[0-9a-f-]{36}$/);
+    expect(twice).to.contain(`\r\nX-Request-Id: ${problem.request_id}\r\n`);
+    // HTTP/1.1 requires Host (RFC 9112 §3.2): a problem like any other, with its request id
+    const hostless = await send(`GET /api/v1/me HTTP/1.1\r\nAuthorization: Bearer ${KEYS.a}\r\nConnection: close\r\n\r\n`);
+    expect(hostless).to.match(/^HTTP\/1\.1 400 /);
+    expect(hostless).to.match(/\r\nContent-Type: application\/problem\+json/i);
+    const noHost = bodyOf(hostless);
+    expect(noHost).to.include({ status: 400, code: 'bad-request' });
+    expect(noHost.detail).to.contain('Host');
+    expect(hostless).to.match(new RegExp(`\r\nX-Request-Id: ${noHost.request_id}\r\n`, 'i'));
+    // HTTP/1.0 had no Host
+    const old = await send(`GET /healthz HTTP/1.0\r\n\r\n`);
+    expect(old).to.match(/^HTTP\/1\.1 200 /);
+  });
+
+  it('answers a request whose target is in absolute form as the same request in origin form, checked the same', async () => {
+    const { port } = new URL(h.url);
+    const send = (head: string, body = '') =>
+      new Promise<{ status: number; body: any }>((resolve, reject) => {
+        const socket = net.connect(Number(port), '127.0.0.1', () =>
+          socket.write(
+            `${head}Host: elsewhere\r\nAuthorization: Bearer ${KEYS.a}\r\nConnection: close\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`,
+          ),
+        );
+        let got = '';
+        socket.on('data', (d) => (got += d));
+        socket.on('end', () => resolve({ status: Number(got.slice(9, 12)), body: JSON.parse(got.slice(got.indexOf('\r\n\r\n') + 4) || 'null') }));
+        socket.on('error', reject);
+      });
+    const me = await send(`GET http://x/api/v1/me HTTP/1.1\r\n`);
+    expect(me.status).to.equal(200);
+    expect(me.body).to.include({ tenant_id: 'tenant-a' });
+    // validated as any request is: a bad body, a bad query, a path in another case
+    const bad = await send(`POST http://x:8080/api/v1/automations HTTP/1.1\r\nContent-Type: application/json\r\n`, '{"name":42,"colour":"red"}');
+    expect(bad.status).to.equal(400);
+    expect(bad.body.instance).to.equal('/api/v1/automations');
+    expect((await send(`GET http://x/api/v1/automations?limit=0 HTTP/1.1\r\n`)).status).to.equal(400);
+    expect((await send(`GET https://x/API/v1/automations?limit=100000 HTTP/1.1\r\n`)).status).to.equal(404);
+    expect((await send(`GET http://x?limit=1 HTTP/1.1\r\n`)).status).to.equal(404);
+    expect((await h.call('GET', '/api/v1/automations')).body.data).to.deep.equal([]);
   });
 
   it('takes reserved characters in query values as they are written (a path, a time)', async () => {
@@ -145,6 +340,13 @@ describe('bad input', () => {
     expect(since.status, since.text).to.equal(404); // nothing sealed yet: read, not refused
     const nested = await h.call('GET', '/api/v1/autonomy/smart-gates?workspace=apps/web');
     expect(nested.body.code, nested.text).to.equal('validation-failed'); // the service's own answer: no such folder
+    // a leap second is a date-time by RFC 3339's grammar, but no instant this service can compare: said so
+    // (it was a 404, as if nothing had been sealed since), as an API key's expiry says it
+    const leap = await h.call('GET', '/api/v1/autonomy/evidence-pack?since=2026-06-30T23:59:60Z');
+    await expectProblem(leap, 400, 'validation-failed');
+    expect(leap.body.errors).to.deep.equal([{ path: '/query/since', message: 'an RFC 3339 date and time' }]);
+    const key = await h.call('POST', '/api/v1/api-keys', { body: { expires_at: '2026-06-30T23:59:60Z' } });
+    await expectProblem(key, 400, 'validation-failed');
   });
 
   it('answers a workspace that is not one of the tenant’s folders the same way, whatever is there, and never with a server path', async () => {

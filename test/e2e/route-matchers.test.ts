@@ -34,7 +34,11 @@ describe('route lookup of the request validator', function () {
   it('answers 405 with the methods the path has, 404 for no route, 400 for a malformed escape', async () => {
     const put = await h.call('PUT', '/api/v1/automations');
     expect(put.status).to.equal(405);
-    expect(put.headers.get('allow')?.split(', ').sort()).to.deep.equal(['GET', 'POST']);
+    // HEAD too: it is served wherever GET is
+    expect(put.headers.get('allow')?.split(', ').sort()).to.deep.equal(['GET', 'HEAD', 'POST']);
+    const onPost = await h.call('GET', '/api/v1/autonomy/run');
+    expect(onPost.status).to.equal(405);
+    expect(onPost.headers.get('allow'), 'no GET, no HEAD').to.equal('POST');
     expect((await h.call('GET', '/api/v1/nothing-here')).status).to.equal(404);
     const malformed = await h.call('GET', '/api/v1/runs/%E0%A4%A');
     expect(malformed.status, malformed.text).to.equal(400);

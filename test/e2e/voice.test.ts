@@ -180,6 +180,10 @@ describe('voice transcription', function () {
       expect(named.status, `${type}: ${named.text}`).to.equal(200);
     }
     expect((await raw(h, wav(1), 'text/plain')).status, 'not audio by its name').to.equal(415);
+    // no type at all is application/octet-stream (RFC 9110 §8.3), which the route takes: a Buffer is sent with none
+    provider.play([{ status: 200, body: VERBOSE }]);
+    const untyped = await h.call<Body>('POST', '/api/v1/autonomy/voice/transcribe', { raw: wav(1) });
+    expect(untyped.status, untyped.text).to.equal(200);
     // over the JSON bodies' 1 MB: audio has its own limit, raw as in a form
     const minute = wav(60);
     expect(minute.length).to.be.greaterThan(1024 * 1024);

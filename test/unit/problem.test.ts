@@ -35,6 +35,22 @@ describe('api/problem', () => {
     expect(v.errors).to.deep.equal([{ path: '/body/name', message: 'required' }]);
   });
 
+  it('lists the first 50 errors and counts the rest, from the validator or our own', () => {
+    const many = Array.from({ length: 50_001 }, (_, i) => ({ path: `.body.steps.${i}`, message: 'must be object' }));
+    const v = toProblem(Object.assign(new Error('x'), { status: 400, errors: many }), 'r', '/');
+    expect(v.errors).to.have.length(50);
+    expect(v.errors![49]).to.deep.equal({ path: '/body/steps/49', message: 'must be object' });
+    expect(v.errors_omitted).to.equal(49_951);
+    expect(v.detail).to.match(/^\/body\/steps\/0 must be object; .*\/body\/steps\/49 must be object; and 49951 more$/);
+    expect(JSON.stringify(v).length).to.be.below(10_000);
+    const own = toProblem(new ValidationError('bad', many.slice(0, 51)), 'r', '/');
+    expect(own).to.include({ errors_omitted: 1 });
+    expect(own.errors).to.have.length(50);
+    const few = toProblem(new ValidationError('bad', many.slice(0, 50)), 'r', '/');
+    expect(few.errors).to.have.length(50);
+    expect(few).not.to.have.property('errors_omitted');
+  });
+
   it('answers a store that cannot write now (a full disk) 503 with Retry-After, not 500', () => {
     const full = storeUnavailable(Object.assign(new Error('database or disk is full'), { code: 'SQLITE_FULL' }));
     expect(full?.retryAfterSeconds).to.equal(5);

@@ -1,0 +1,82 @@
+// The API's request bodies, read before its routes: JSON in UTF-8 (RFC 8259 §8.1) within its limits,
+// checked from its bytes before it is parsed; a body of no type only where the spec takes raw bytes. What is
+// checked is what is parsed: body-parser would decode any other utf-* charset after the checks had passed.
+import express, { type NextFunction, type Request, type RequestHandler, type Response } from 'express';
+import { bulkyJson, MAX_JSON_VALUES, unsafeJson, UnsupportedMediaTypeError, ValidationError } from '../engine/platform/index.js';
+import { refuseDeclaredOver } from './body-limit.js';
+import type { OpenApiDocument } from './spec.js';
+
+export const BODY_LIMIT_BYTES = 1024 * 1024;
+/**
+ * The most items of one list in a JSON body: the spec's longest list (a DAG's tasks). With the values'
+ * limit it bounds the validator's work on a body whose every item is wrong, which grows with the number of
+ * bad items of a list times the errors before them (Ajv copies its error list for each): 50,000 took 9 s.
+ */
+export const MAX_LIST_ITEMS = 1000;
+const JSON_LIMITS = { values: MAX_JSON_VALUES, items: MAX_LIST_ITEMS };
+const JSON_TYPES = ['application/json', 'application/*+json'];
+
+/** The steps of the API's chain that read a body, in order: its type, its declared length, then the JSON parser. */
+export function requestBody(spec: OpenApiDocument): RequestHandler[] {
+  const takesRaw = rawUploads(spec);
+  return [
+    (req: Request, res: Response, next: NextFunction) => {
+      if (!req.headers['content-type']) {
+        if (!hasBody(req)) return next();
+        // bytes of no type are application/octet-stream (RFC 9110 §8.3), which a route of raw uploads reads
+        // (it judges the bytes); anywhere else they are refused, not dropped as if no body had been sent
+        if (!takesRaw(req)) throw new UnsupportedMediaTypeError('The body has no Content-Type: send JSON as application/json.');
+        req.headers['content-type'] = 'application/octet-stream';
+        return next();
+      }
+      if (!req.is(JSON_TYPES)) return next();
+      const charset = charsetsOf(req.headers['content-type']).find((c) => c !== 'utf-8');
+      if (charset !== undefined) throw new UnsupportedMediaTypeError(`A JSON body is UTF-8 (RFC 8259): charset=${charset} is not read.`);
+      if (!refuseDeclaredOver(BODY_LIMIT_BYTES, req, res, next)) next();
+    },
+    express.json({
+      limit: BODY_LIMIT_BYTES,
+      type: JSON_TYPES,
+      strict: true,
+      // refused before it is parsed: nothing that would store or echo it can overflow on it, and the
+      // validator is never handed more than it can check in a few milliseconds
+      verify: (_req, _res, buf) => {
+        const refused = unsafeJson(buf) ?? bulkyJson(buf, JSON_LIMITS);
+        if (refused) throw new ValidationError(refused.detail, [{ path: '/body', message: refused.rule }]);
+      },
+    }),
+  ];
+}
+
+/** A body is on its way: a length over 0, or chunks (whose length is not known before they are read). */
+function hasBody(req: Request): boolean {
+  return req.headers['transfer-encoding'] !== undefined || Number(req.headers['content-length']) > 0;
+}
+
+/** Every charset parameter of a Content-Type, lower case and unquoted: a repeated one must not hide another. */
+function charsetsOf(contentType: string): string[] {
+  const found: string[] = [];
+  for (const param of contentType.split(';').slice(1)) {
+    const eq = param.indexOf('=');
+    if (eq === -1 || param.slice(0, eq).trim().toLowerCase() !== 'charset') continue;
+    const value = param.slice(eq + 1).trim();
+    found.push((value.length > 1 && value.startsWith('"') && value.endsWith('"') ? value.slice(1, -1) : value).toLowerCase());
+  }
+  return found;
+}
+
+/** The operations whose body may be raw bytes (application/octet-stream in the spec: voice uploads), by method and path. */
+function rawUploads(spec: OpenApiDocument): (req: Request) => boolean {
+  const routes: { method: string; path: RegExp }[] = [];
+  for (const [template, operations] of Object.entries(spec.paths))
+    for (const [method, op] of Object.entries(operations)) {
+      const content = (op as { requestBody?: { content?: Record<string, unknown> } }).requestBody?.content;
+      if (!content || !('application/octet-stream' in content)) continue;
+      const pattern = template.split(/\{[^}]+\}/).map((part) => part.replace(/[.*+?^$()|[\]\\]/g, '\\$&'));
+      routes.push({ method: method.toUpperCase(), path: new RegExp(`^${pattern.join('[^/]+')}/?$`) });
+    }
+  return (req) => {
+    const path = `${req.baseUrl}${req.path}`;
+    return routes.some((r) => r.method === req.method && r.path.test(path));
+  };
+}
