@@ -6,7 +6,7 @@ import { AppError, type QueueName } from '../engine/platform/index.js';
 import { CRON_TICK, type CronJob } from '../engine/automations/index.js';
 import type { GateJob } from '../engine/gates/index.js';
 import type { AuditJob } from '../engine/audit/index.js';
-import { NOTIFY_BUSY_WAIT_MS, type NotificationJob } from '../engine/connections/index.js';
+import { notifyBusyWaitMs, type NotificationJob } from '../engine/connections/index.js';
 import type { Runtime } from '../engine/process/index.js';
 
 /** How long a held run's job waits before it is offered again, when no resume promotes it sooner. */
@@ -128,8 +128,9 @@ export function processorsOf(rt: Runtime): Processors {
           throw jobErrorOf(err);
         });
         // its tenant has all its tries in flight: the job waits, delayed, holding no worker and spending no try
+        // (each start that found it busy is a start that was not a try)
         if (d === 'busy') {
-          await job.moveToDelayed(Date.now() + NOTIFY_BUSY_WAIT_MS * (1 + Math.random()), token);
+          await job.moveToDelayed(Date.now() + notifyBusyWaitMs(job.attemptsStarted - job.attemptsMade) * (1 + Math.random()), token);
           throw new DelayedError();
         }
         return d && { status: d.status };

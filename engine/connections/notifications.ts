@@ -78,8 +78,14 @@ redis.call('ZADD', KEYS[1], ARGV[2], ARGV[4])
 redis.call('PEXPIREAT', KEYS[1], ARGV[2])
 return 1`;
 
-/** How long a delivery whose tenant has all its tries in flight waits (and up to as long again, at random) before it asks again. */
-export const NOTIFY_BUSY_WAIT_MS = 1000;
+/**
+ * How long a delivery whose tenant has all its tries in flight waits before it asks again (and up to as long
+ * again, at random): 1 s, doubled each time it found the tenant busy, at most 16 s. A tenant whose endpoints
+ * hang keeps a backlog that asks less and less often, not a load that grows with it.
+ */
+export function notifyBusyWaitMs(timesBusy: number): number {
+  return 1000 * 2 ** Math.min(Math.max(timesBusy - 1, 0), 4);
+}
 
 type PlaceRedis = Redis & { notifyTakePlace(key: string, ...args: (string | number)[]): Promise<number> };
 
@@ -190,6 +196,60 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
       // where it pointed, by origin: an endpoint's path and query are often its secret (a capability URL)
       data: { endpoint_id: endpoint.id, url: new URL(endpoint.url).origin, reason, consecutive_failures: failures },
     });
+  }
+
+  /** One try of a delivery, its tenant's place taken (see deliver). */
+  async function deliverInPlace(tenantId: string, deliveryId: string, last: boolean): Promise<NotificationDelivery | null> {
+    const d = await store.notificationDeliveries.get(tenantId, deliveryId);
+    if (!d || d.status !== 'pending') return d;
+    const endpoint = await store.notificationEndpoints.get(tenantId, d.endpoint_id);
+    if (!endpoint || endpoint.status !== 'enabled') {
+      const why = endpoint ? 'the endpoint is disabled' : 'the endpoint was removed';
+      return store.notificationDeliveries.update(tenantId, d.id, {
+        status: 'failed',
+        attempts: [...d.attempts, { at: clock.now().toISOString(), status_code: null, error: why, duration_ms: 0 }],
+        updated_at: clock.now().toISOString(),
+      });
+    }
+    const body = JSON.stringify(d.payload);
+    const at = clock.now();
+    let secret: string;
+    try {
+      secret = secretBox.open(endpoint.sealed_secret, owner(tenantId, endpoint.id));
+    } catch {
+      // sealed under another SERVICE_SECRET_KEY: no try will ever sign, so none is made; the endpoint stops until it is made again
+      const why = "the endpoint's signing secret does not open with SERVICE_SECRET_KEY (the key changed): make the endpoint again for a new secret";
+      log.error({ tenant_id: tenantId, endpoint_id: endpoint.id, delivery_id: d.id }, why);
+      const failed = await store.notificationDeliveries.update(tenantId, d.id, {
+        status: 'failed',
+        attempts: [...d.attempts, { at: at.toISOString(), status_code: null, error: why, duration_ms: 0 }],
+        updated_at: clock.now().toISOString(),
+      });
+      await disable(tenantId, endpoint, why, endpoint.consecutive_failures);
+      return failed;
+    }
+    const signature = new Webhook(secret).sign(d.id, at, body);
+    const headers = {
+      'content-type': 'application/json',
+      'user-agent': 'automation-service-notifications',
+      'webhook-id': d.id,
+      'webhook-timestamp': String(Math.floor(at.getTime() / 1000)),
+      'webhook-signature': signature,
+    };
+    const started = Date.now();
+    const sent = await post(new URL(endpoint.url), headers, body);
+    const attempts = [...d.attempts, { at: at.toISOString(), ...sent, duration_ms: Date.now() - started }];
+    if (!sent.error) {
+      const done = await store.notificationDeliveries.update(tenantId, d.id, { status: 'succeeded', attempts, updated_at: clock.now().toISOString() });
+      if (endpoint.consecutive_failures) await store.notificationEndpoints.update(tenantId, endpoint.id, { consecutive_failures: 0 });
+      return done;
+    }
+    await store.notificationDeliveries.update(tenantId, d.id, { status: last ? 'failed' : 'pending', attempts, updated_at: clock.now().toISOString() });
+    if (!last) throw new Error(`delivery ${d.id} to ${endpoint.id}: ${sent.error}`);
+    const counted = await store.notificationEndpoints.addFailure(tenantId, endpoint.id, clock.now().toISOString());
+    if (counted && counted.status === 'enabled' && counted.consecutive_failures >= settings.disableAfter)
+      await disable(tenantId, endpoint, `${counted.consecutive_failures} deliveries in a row failed (the last: ${sent.error})`, counted.consecutive_failures);
+    return null;
   }
 
   const repairStale = staleJobRepair<NotificationDelivery, Pick<NotificationDelivery, 'updated_at' | 'id'>>({
@@ -322,63 +382,15 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
      * tenant has SERVICE_NOTIFY_TENANT_CONCURRENCY tries in flight; no try was made, and none is counted.
      */
     async deliver(tenantId: string, deliveryId: string, last: boolean): Promise<NotificationDelivery | null | 'busy'> {
-      const d = await store.notificationDeliveries.get(tenantId, deliveryId);
-      if (!d || d.status !== 'pending') return d;
-      const endpoint = await store.notificationEndpoints.get(tenantId, d.endpoint_id);
-      if (!endpoint || endpoint.status !== 'enabled') {
-        const why = endpoint ? 'the endpoint is disabled' : 'the endpoint was removed';
-        return store.notificationDeliveries.update(tenantId, d.id, {
-          status: 'failed',
-          attempts: [...d.attempts, { at: clock.now().toISOString(), status_code: null, error: why, duration_ms: 0 }],
-          updated_at: clock.now().toISOString(),
-        });
-      }
-      const body = JSON.stringify(d.payload);
-      const at = clock.now();
-      let secret: string;
-      try {
-        secret = secretBox.open(endpoint.sealed_secret, owner(tenantId, endpoint.id));
-      } catch {
-        // sealed under another SERVICE_SECRET_KEY: no try will ever sign, so none is made; the endpoint stops until it is made again
-        const why = "the endpoint's signing secret does not open with SERVICE_SECRET_KEY (the key changed): make the endpoint again for a new secret";
-        log.error({ tenant_id: tenantId, endpoint_id: endpoint.id, delivery_id: d.id }, why);
-        const failed = await store.notificationDeliveries.update(tenantId, d.id, {
-          status: 'failed',
-          attempts: [...d.attempts, { at: at.toISOString(), status_code: null, error: why, duration_ms: 0 }],
-          updated_at: clock.now().toISOString(),
-        });
-        await disable(tenantId, endpoint, why, endpoint.consecutive_failures);
-        return failed;
-      }
-      const signature = new Webhook(secret).sign(d.id, at, body);
-      const headers = {
-        'content-type': 'application/json',
-        'user-agent': 'automation-service-notifications',
-        'webhook-id': d.id,
-        'webhook-timestamp': String(Math.floor(at.getTime() / 1000)),
-        'webhook-signature': signature,
-      };
-      const started = Date.now();
+      // the tenant's place first: a delivery that waits for one costs a script, not reads and a signature
       const place = inFlight(tenantId);
-      if (!(await redis.notifyTakePlace(place, started, started + settings.timeoutMs + 10_000, settings.tenantConcurrency, d.id))) return 'busy';
-      let sent: Awaited<ReturnType<typeof post>>;
+      const now = Date.now();
+      if (!(await redis.notifyTakePlace(place, now, now + settings.timeoutMs + 10_000, settings.tenantConcurrency, deliveryId))) return 'busy';
       try {
-        sent = await post(new URL(endpoint.url), headers, body);
+        return await deliverInPlace(tenantId, deliveryId, last);
       } finally {
-        await redis.zrem(place, d.id).catch(() => undefined);
+        await redis.zrem(place, deliveryId).catch(() => undefined);
       }
-      const attempts = [...d.attempts, { at: at.toISOString(), ...sent, duration_ms: Date.now() - started }];
-      if (!sent.error) {
-        const done = await store.notificationDeliveries.update(tenantId, d.id, { status: 'succeeded', attempts, updated_at: clock.now().toISOString() });
-        if (endpoint.consecutive_failures) await store.notificationEndpoints.update(tenantId, endpoint.id, { consecutive_failures: 0 });
-        return done;
-      }
-      await store.notificationDeliveries.update(tenantId, d.id, { status: last ? 'failed' : 'pending', attempts, updated_at: clock.now().toISOString() });
-      if (!last) throw new Error(`delivery ${d.id} to ${endpoint.id}: ${sent.error}`);
-      const counted = await store.notificationEndpoints.addFailure(tenantId, endpoint.id, clock.now().toISOString());
-      if (counted && counted.status === 'enabled' && counted.consecutive_failures >= settings.disableAfter)
-        await disable(tenantId, endpoint, `${counted.consecutive_failures} deliveries in a row failed (the last: ${sent.error})`, counted.consecutive_failures);
-      return null;
     },
 
     /**
