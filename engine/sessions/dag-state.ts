@@ -1,18 +1,18 @@
 // The task DAG's live state, in Redis, changed only by Lua scripts (DESIGN.md: a BullMQ job has one
-// parent, so a DAG is not a flow). Per session, under one hash tag so every key is in one slot:
-//   state    HASH task -> pending | queued | running | succeeded | failed | upstream_failed | canceled
-//   need     HASH task -> how many dependencies it has
-//   rule     HASH task -> all_success | all_done
-//   sat:<t>  SET  dependencies of t already satisfied (a set, not a counter: a replayed completion
-//                 cannot release a child twice)
-//   kids:<t> SET  tasks that depend on t
+// parent, so a DAG is not a flow). Per session, five hashes under one hash tag so every key is in one slot:
+//   state  task -> pending | queued | running | succeeded | failed | upstream_failed | canceled
+//   need   task -> how many dependencies it has
+//   rule   task -> all_success | all_done
+//   sat    task -> JSON list of its dependencies already satisfied (a set, not a counter: a replayed
+//                  completion cannot release a child twice), while the task is pending
+//   kids   task -> JSON list of the tasks that depend on it, until its end has been walked (a task added
+//                  later reads an ended dependency's state)
 // A completion is first-writer-wins: a task already ended is not ended again, and its dependents are
-// released once. A task that has ended never starts again (the fence). What is no longer needed goes: a
-// task's sat:<t> once it has left pending, its kids:<t> once its end has been walked (a task added later
-// reads an ended dependency's state); and every key of a session lives DAG_TTL_MS past the last script
-// that touched it. A session's keys lost (expired with a session idle that long, or with Redis's data) are
-// rebuilt from the store: ADD learns the dependencies that ended, START lets a task it does not know run
-// (its run is in the store), and the reconciler registers again a pending task Redis does not know.
+// released once. A task that has ended never starts again (the fence). Every script that changes a
+// session's DAG keeps its five keys DAG_TTL_MS from then: a session's DAG lives as long as it changes, and
+// goes after that long without a change. A session's keys lost (expired, or with Redis's data) are rebuilt
+// from the store: ADD learns the dependencies that ended, START lets a task it does not know run (its run is
+// in the store), and the reconciler registers again a pending task Redis does not know.
 import { redisBatch, type Redis, type TaskStatus, type TriggerRule } from '../platform/index.js';
 
 /** How long a session's DAG keys outlive the last change of its DAG. */
@@ -20,9 +20,20 @@ export const DAG_TTL_MS = 7 * 86_400_000;
 
 const FAILED = `local function failed(s) return s == 'failed' or s == 'upstream_failed' or s == 'canceled' end
 local function keep(base)
-  redis.call('PEXPIRE', base .. ':state', ${DAG_TTL_MS})
-  redis.call('PEXPIRE', base .. ':need', ${DAG_TTL_MS})
-  redis.call('PEXPIRE', base .. ':rule', ${DAG_TTL_MS})
+  for _, k in ipairs({':state', ':need', ':rule', ':sat', ':kids'}) do redis.call('PEXPIRE', base .. k, ${DAG_TTL_MS}) end
+end
+local function listOf(h, field)
+  local v = redis.call('HGET', h, field)
+  if v then return cjson.decode(v) end
+  return {}
+end
+-- adds x to the list in h[field] unless it is there already; answers the list's length
+local function addTo(h, field, x)
+  local list = listOf(h, field)
+  for _, y in ipairs(list) do if y == x then return #list end end
+  table.insert(list, x)
+  redis.call('HSET', h, field, cjson.encode(list))
+  return #list
 end`;
 
 // Ends tasks and walks their dependents: all_success dependents of a failure end upstream_failed (and
@@ -33,27 +44,24 @@ local function walk(base, queue, ready, upstream)
   while i <= #queue do
     local done = queue[i]
     local outcome = redis.call('HGET', base .. ':state', done)
-    for _, kid in ipairs(redis.call('SMEMBERS', base .. ':kids:' .. done)) do
+    for _, kid in ipairs(listOf(base .. ':kids', done)) do
       if redis.call('HGET', base .. ':state', kid) == 'pending' then
         local rule = redis.call('HGET', base .. ':rule', kid)
         if outcome == 'succeeded' or rule == 'all_done' then
-          redis.call('SADD', base .. ':sat:' .. kid, done)
-          if redis.call('SCARD', base .. ':sat:' .. kid) >= tonumber(redis.call('HGET', base .. ':need', kid)) then
+          if addTo(base .. ':sat', kid, done) >= tonumber(redis.call('HGET', base .. ':need', kid)) then
             redis.call('HSET', base .. ':state', kid, 'queued')
-            redis.call('DEL', base .. ':sat:' .. kid)
+            redis.call('HDEL', base .. ':sat', kid)
             table.insert(ready, kid)
-          else
-            redis.call('PEXPIRE', base .. ':sat:' .. kid, ${DAG_TTL_MS})
           end
         elseif failed(outcome) then
           redis.call('HSET', base .. ':state', kid, 'upstream_failed')
-          redis.call('DEL', base .. ':sat:' .. kid)
+          redis.call('HDEL', base .. ':sat', kid)
           table.insert(upstream, kid)
           table.insert(queue, kid)
         end
       end
     end
-    redis.call('DEL', base .. ':kids:' .. done)
+    redis.call('HDEL', base .. ':kids', done)
     i = i + 1
   end
 end`;
@@ -68,42 +76,43 @@ local base = KEYS[1]
 local tasks = cjson.decode(ARGV[1])
 for _, e in ipairs(cjson.decode(ARGV[2])) do redis.call('HSETNX', base .. ':state', e.id, e.state) end
 local ready, upstream, queue, new = {}, {}, {}, {}
+-- the new dependents of each dependency that has not ended, written once a dependency
+local kids, order = {}, {}
 for _, t in ipairs(tasks) do
   if redis.call('HSETNX', base .. ':state', t.id, 'pending') == 1 then
     redis.call('HSET', base .. ':need', t.id, #t.deps)
     redis.call('HSET', base .. ':rule', t.id, t.rule)
     for _, d in ipairs(t.deps) do
-      -- an ended dependency is read below, not walked again: it keeps no kids
       local s = redis.call('HGET', base .. ':state', d)
       if not (s == 'succeeded' or failed(s)) then
-        redis.call('SADD', base .. ':kids:' .. d, t.id)
-        redis.call('PEXPIRE', base .. ':kids:' .. d, ${DAG_TTL_MS})
+        if not kids[d] then
+          kids[d] = listOf(base .. ':kids', d)
+          table.insert(order, d)
+        end
+        table.insert(kids[d], t.id)
       end
     end
     table.insert(new, t)
   end
 end
+for _, d in ipairs(order) do redis.call('HSET', base .. ':kids', d, cjson.encode(kids[d])) end
 for _, t in ipairs(new) do
   if redis.call('HGET', base .. ':state', t.id) == 'pending' then
     for _, d in ipairs(t.deps) do
       local s = redis.call('HGET', base .. ':state', d)
       if s == 'succeeded' or (t.rule == 'all_done' and failed(s)) then
-        redis.call('SADD', base .. ':sat:' .. t.id, d)
+        addTo(base .. ':sat', t.id, d)
       elseif failed(s) and redis.call('HGET', base .. ':state', t.id) == 'pending' then
         redis.call('HSET', base .. ':state', t.id, 'upstream_failed')
         table.insert(upstream, t.id)
         table.insert(queue, t.id)
       end
     end
-    if redis.call('HGET', base .. ':state', t.id) == 'pending' and redis.call('SCARD', base .. ':sat:' .. t.id) >= #t.deps then
+    if redis.call('HGET', base .. ':state', t.id) == 'pending' and #listOf(base .. ':sat', t.id) >= #t.deps then
       redis.call('HSET', base .. ':state', t.id, 'queued')
       table.insert(ready, t.id)
     end
-    if redis.call('HGET', base .. ':state', t.id) == 'pending' then
-      redis.call('PEXPIRE', base .. ':sat:' .. t.id, ${DAG_TTL_MS})
-    else
-      redis.call('DEL', base .. ':sat:' .. t.id)
-    end
+    if redis.call('HGET', base .. ':state', t.id) ~= 'pending' then redis.call('HDEL', base .. ':sat', t.id) end
   end
 end
 walk(base, queue, ready, upstream)

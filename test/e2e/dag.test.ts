@@ -736,6 +736,34 @@ describe('task DAG', function () {
     expect((await scanKeys(h.rt.redis, `${h.config.queuePrefix}:dag:{${id}}*`)).length).to.equal(3);
   });
 
+  it('keeps every DAG key of a session as long as its DAG changes: a dependent registered long ago is still released', async () => {
+    const id = await session();
+    const held = releasable(h, 'release-kids-ttl');
+    const base = `${h.config.queuePrefix}:dag:{${id}}`;
+    const body = {
+      tasks: [
+        { id: 'a', steps: sh(held.command) },
+        { id: 'b', depends_on: ['a', 'z'], steps: sh('true') },
+        { id: 'z', steps: sh('true') },
+      ],
+    };
+    expect((await h.call('POST', `/api/v1/sessions/${id}/tasks`, { body })).status).to.equal(201);
+    // z has ended (b half satisfied), a runs: b's dependency set and a's dependents are kept
+    await eventually(
+      async () => (await h.call<Body>('GET', `/api/v1/sessions/${id}`)).body.tasks.find((t: Body) => t.id === 'z').status === 'succeeded' || null,
+      'z to end',
+    );
+    // days pass: shortened here to a second left on every key, then a change of the DAG (another task)
+    for (const k of [':state', ':need', ':rule', ':sat', ':kids']) expect(await h.rt.redis.pexpire(`${base}${k}`, 1000), k).to.equal(1);
+    expect((await h.call('POST', `/api/v1/sessions/${id}/tasks`, { body: { id: 'x', steps: sh('true') } })).status).to.equal(201);
+    for (const k of [':sat', ':kids']) expect(await h.rt.redis.pttl(`${base}${k}`), k).to.be.greaterThan(6 * 86_400_000);
+    await new Promise((r) => setTimeout(r, 1100));
+    await held.release();
+    const s = await settled(id, 4);
+    await held.clear();
+    expect(Object.fromEntries(s.tasks.map((t: Body) => [t.id, t.status]))).to.deep.equal({ a: 'succeeded', b: 'succeeded', z: 'succeeded', x: 'succeeded' });
+  });
+
   it('retries a task whose run ran out of its budget’s time, as any failed try, up to max_attempts', async () => {
     const id = await session();
     const agent = await h.call<Body>('POST', `/api/v1/sessions/${id}/agents`, { body: { name: 'slow', tool_allowlist: ['shell'], budget: { seconds: 1 } } });
