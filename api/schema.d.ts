@@ -1914,8 +1914,8 @@ export interface components {
             max_steps?: number;
         };
         /**
-         * @description A change of an automation's budget, merged into the one it has (RFC 7396): a member left out keeps
-         *     its value; `max_steps: null` removes the bound on steps.
+         * @description A change of an automation's or an agent's budget, merged into the one it has (RFC 7396): a member
+         *     left out keeps its value; `max_steps: null` removes the bound on steps.
          */
         BudgetPatch: {
             seconds?: number;
@@ -2393,7 +2393,7 @@ export interface components {
             role?: string | null;
             instructions?: string | null;
             tool_allowlist?: components["schemas"]["ToolName"][];
-            budget?: components["schemas"]["Budget"];
+            budget?: components["schemas"]["BudgetPatch"];
             model?: string | null;
         };
         AgentList: {

@@ -293,16 +293,19 @@ export function sessionsOf(deps: SessionsDeps) {
         inbox: async (afterSeq) => {
           const page = await store.messages.list(tenantId, run.session_id, { afterSeq, limit: 200 });
           if (!page.length) return { texts: [], lastSeq: afterSeq };
-          // a reply to all goes to the author of what it replies to when that was an agent (another agent's
-          // question is not this one's), to every agent when it replies to a person's or the system's message
+          // a reply goes to the author of what it replies to when that was this agent, whoever it is addressed to;
+          // a reply to all goes to no other agent when it replies to one (another agent's question is not this
+          // one's), to every agent when it replies to a person's or the system's message
           const authors = new Map<string, string | null>();
           for (const m of page)
-            if (m.to === null && m.in_reply_to && !authors.has(m.in_reply_to))
+            if (m.in_reply_to && !authors.has(m.in_reply_to))
               authors.set(m.in_reply_to, (await store.messages.get(tenantId, run.session_id, m.in_reply_to))?.from ?? null);
           const repliesTo = (m: MessageRecord) => (m.in_reply_to ? (authors.get(m.in_reply_to) ?? null) : null);
           const mine = page.filter(
             (m) =>
-              (m.to === agentId || (m.to === null && [null, agentId].includes(repliesTo(m)))) && m.run_id !== run.id && !(agentId && m.from === agentId),
+              (m.to === agentId || (agentId !== null && repliesTo(m) === agentId) || (m.to === null && repliesTo(m) === null)) &&
+              m.run_id !== run.id &&
+              !(agentId && m.from === agentId),
           );
           const names = mine.some((m) => m.from) ? new Map((await store.agents.list(tenantId, run.session_id)).map((a) => [a.id, a.name])) : new Map();
           return {
@@ -458,7 +461,7 @@ export function sessionsOf(deps: SessionsDeps) {
         role?: string | null;
         instructions?: string | null;
         tool_allowlist?: ToolName[];
-        budget?: Partial<Budget>;
+        budget?: { seconds?: number; max_steps?: number | null };
         model?: string | null;
       },
     ): Promise<AgentRecord> {
@@ -471,8 +474,11 @@ export function sessionsOf(deps: SessionsDeps) {
       if (patch.instructions !== undefined) changes.instructions = patch.instructions;
       if (patch.model !== undefined) changes.model = patch.model;
       if (patch.tool_allowlist !== undefined) changes.tool_allowlist = allowlistOf(deps.settings, patch.tool_allowlist, null, '/body/tool_allowlist');
-      // the fields of the budget given: the others keep their values
-      if (patch.budget !== undefined) changes.budget = budgetOf({ ...current.budget, ...patch.budget });
+      // merged (RFC 7396): the fields of the budget given, the others keep their values; max_steps null removes it
+      if (patch.budget !== undefined) {
+        const { max_steps, ...rest } = { ...current.budget, ...patch.budget };
+        changes.budget = budgetOf(max_steps === null ? rest : { ...rest, max_steps });
+      }
       const updated = await store.agents.update(tenantId, sessionId, agentId, changes);
       // no row written: the session was archived after the check (the agent itself is never removed)
       if (!updated) throw archivedError(sessionId);

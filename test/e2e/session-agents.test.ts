@@ -148,7 +148,7 @@ describe('agents of a session', function () {
       const messages = model.requests[1]!.body.messages as Body[];
       expect(messages[0]!.role).to.equal('system');
       expect(messages.find((m) => m.role === 'assistant')!.tool_calls[0].function.name).to.equal('ask_for_input');
-      expect(messages.at(-1)).to.deep.equal({ role: 'user', content: 'Message from user to you: Deploy main.' });
+      expect(messages.at(-1)).to.deep.equal({ role: 'user', content: 'Message from user to you (a reply to your message): Deploy main.' });
       // each attempt of the task has its own deterministic job
       const queue = h.rt.queues.get('runs');
       expect(await (await queue.getJob(`${session}__deploy__1`))?.getState()).to.equal('completed');
@@ -344,6 +344,37 @@ describe('agents of a session', function () {
     });
   });
 
+  it('takes a message to the agent that replies to its other message as an answer, and gives a reply to its question to it whoever it is addressed to', async () => {
+    const script: ScriptedTurn[] = [
+      { tool_calls: [{ name: 'message', args: { text: 'Starting on the deploy.' } }] },
+      { tool_calls: [{ name: 'ask_for_input', args: { question: 'Which branch?' } }] },
+      { tool_calls: [{ name: 'ask_for_input', args: { question: 'Which region?' } }] },
+      { content: 'Deployed.' },
+    ];
+    await withAgents(script, async (h, model, session) => {
+      const deployer = await agent(h, session, { name: 'deployer', tool_allowlist: ['message'] });
+      const other = await agent(h, session, { name: 'other' });
+      await task(h, session, { id: 'deploy', goal: 'Deploy', agent_id: deployer.id });
+      await sessionWhen(h, session, (s) => s.tasks[0].status === 'input_required', 'the task to wait');
+      const log = async () => (await h.call<Body>('GET', `/api/v1/sessions/${session}/messages`)).body.data as Body[];
+      const status = (await log()).find((m) => m.kind === 'text' && m.from === deployer.id)!;
+      // to the agent, replying to its status message (not a question): an answer
+      const first = await h.call('POST', `/api/v1/sessions/${session}/messages`, {
+        body: { role: 'user', to: deployer.id, in_reply_to: status.id, parts: text('use main') },
+      });
+      expect(first.status).to.equal(201);
+      await eventually(() => model.requests.length === 3 || null, 'the continuation’s model call');
+      expect(JSON.stringify(model.requests[2]!.body.messages)).to.contain('use main');
+      await sessionWhen(h, session, (s) => s.tasks[0].status === 'input_required' && s.tasks[0].run_ids.length === 2, 'the second question');
+      const second = (await log()).filter((m) => m.kind === 'input_request').at(-1)!;
+      // a reply to the question, addressed to another agent: it answers the question, and its asker reads it
+      await h.call('POST', `/api/v1/sessions/${session}/messages`, { body: { role: 'user', to: other.id, in_reply_to: second.id, parts: text('eu-west') } });
+      const done = await sessionWhen(h, session, (s) => s.outcome !== null, 'the task to end');
+      expect(done.tasks[0]).to.deep.include({ status: 'succeeded' });
+      expect(JSON.stringify(model.requests[3]!.body.messages)).to.contain('eu-west');
+    });
+  });
+
   it('writes nothing in a session archived after a route checked it: a message, a new agent and an agent’s edit are refused with 409', async () => {
     await withAgents([{ content: 'unused' }], async (h, _model, session) => {
       const writer = await agent(h, session, { name: 'writer' });
@@ -388,6 +419,8 @@ describe('agents of a session', function () {
       const patch = (budget: Body) => h.call<Body>('PATCH', `/api/v1/sessions/${session}/agents/${capped.id}`, { body: { budget } });
       expect((await patch({ max_steps: 3 })).body.budget).to.deep.equal({ seconds: 120, max_steps: 3 });
       expect((await patch({ seconds: 50 })).body.budget).to.deep.equal({ seconds: 50, max_steps: 3 });
+      // null removes the bound on steps (RFC 7396), as an automation's budget patch does
+      expect((await patch({ max_steps: null })).body.budget).to.deep.equal({ seconds: 50 });
     });
   });
 
