@@ -153,7 +153,8 @@ export function problemHandler(): ErrorRequestHandler {
     }
     const err = storeUnavailable(caught) ?? caught;
     const p = toProblem(err, requestIdOf(req), req.originalUrl.split('?')[0] ?? '/');
-    if (p.status >= 500) req.log?.error({ err }, 'request failed');
+    // an operator's missing setting (no transcription provider) is a refusal to log as such, not a failure with its stack
+    if (p.status >= 500 && !(err instanceof AppError && err.code.endsWith('-not-configured'))) req.log?.error({ err }, 'request failed');
     else req.log?.info({ code: p.code, status: p.status }, 'request refused');
     if (res.headersSent) {
       res.end();

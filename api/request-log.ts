@@ -70,7 +70,8 @@ export function requestLog(app: Express, opts: { log: Logger; httpDuration: Metr
       const ms = performance.now() - started;
       const route = routeOf(req);
       httpDuration.observe({ method: req.method, route, status: String(res.statusCode) }, ms / 1000);
-      const level = res.statusCode >= 500 ? 'error' : 'info';
+      // a 503 says something the service depends on is away or not set up (the store, a provider): worth a look, not a failure of its own
+      const level = res.statusCode === 503 ? 'warn' : res.statusCode >= 500 ? 'error' : 'info';
       if (!log.isLevelEnabled(level) || opts.quiet?.(req.path)) return;
       // method, path and status only: no headers, no bodies, no query strings (they may carry secrets)
       // a mounted sub-app (the queue dashboard) swaps the request's prototype: do not rely on req.log here

@@ -2906,7 +2906,7 @@ export interface components {
             status: "running";
             /** @description Where to fetch the report. */
             location: string;
-            /** @description The audit's stream, to resume with `Last-Event-ID` `{report_id}/0-0`. */
+            /** @description This audit's stream from its start (`?last_event_id={report_id}/0-0`; a reconnect's `Last-Event-ID` takes over from there). The stream's URL without it starts another audit. */
             stream: string;
             /** @description The phases ended so far. */
             phases?: components["schemas"]["AuditPhaseResult"][];

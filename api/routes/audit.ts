@@ -47,7 +47,15 @@ export function auditRouter(engine: Engine, opts: { hub: EventHub; heartbeatMs: 
     res
       .status(202)
       .location(location)
-      .json({ report_id: report.report_id, status: 'running', location, stream: `${BASE}/stream`, phases: report.phases });
+      // this audit's stream from its start: a first connection cannot send Last-Event-ID, and without one the
+      // stream starts another audit
+      .json({
+        report_id: report.report_id,
+        status: 'running',
+        location,
+        stream: `${BASE}/stream?last_event_id=${report.report_id}/0-0`,
+        phases: report.phases,
+      });
   });
 
   router.get('/workspace-audit/stream', async (req, res) => {

@@ -4,6 +4,9 @@ import { ConfigError, loadConfig, type Config } from '../../config/env.js';
 import { createLogger, type Logger, RedisUnreachableError, wantsPrettyLogs } from '../platform/index.js';
 import { LocalRedisError } from './local-redis.js';
 
+/** A signal repeated within this long of the first is its copy, not a second request to stop. */
+const REPEATED_SIGNAL_MS = 1000;
+
 /** close(deadline): the end of the grace period (epoch ms), when the process exits whatever is unfinished. */
 export type Stoppable = { close(deadline: number): Promise<void> };
 
@@ -28,13 +31,16 @@ export async function runMain(name: string, start: (config: Config, log: Logger)
     process.exit(1);
   }
 
-  let stopping = false;
+  let stopping: { signal: string; at: number } | null = null;
   const stop = async (signal: string) => {
     if (stopping) {
+      // the same signal again at once is the first one's copy (a wrapper such as npm or tsx forwards to its child
+      // the signal its process group got as well): only a later one, or another, is someone asking again
+      if (signal === stopping.signal && Date.now() - stopping.at < REPEATED_SIGNAL_MS) return;
       log.warn({ signal }, 'second signal: exiting now');
       process.exit(1);
     }
-    stopping = true;
+    stopping = { signal, at: Date.now() };
     log.info({ signal, grace_seconds: config.shutdownGraceSeconds }, 'shutting down');
     const graceMs = config.shutdownGraceSeconds * 1000;
     const deadline = Date.now() + graceMs;

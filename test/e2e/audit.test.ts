@@ -214,6 +214,11 @@ describe('workspace audit', function () {
     expect(res.status, res.text).to.equal(202);
     expect(res.body.status).to.equal('running');
     expect(res.headers.get('location')).to.equal(`/api/v1/autonomy/workspace-audit/${res.body.report_id}`);
+    // its stream link follows this audit (a first connection sends no Last-Event-ID): no other audit starts
+    const followed = watch(`${h.url}${res.body.stream}`);
+    await eventually(() => followed.events.some((e) => e.name === 'report') || followed.failed(), 'the report on the stream', 60_000);
+    expect(followed.failed()).to.equal(null);
+    expect(new Set(followed.events.map((e) => e.id.split('/')[0]))).to.deep.equal(new Set([res.body.report_id]));
     const done = await eventually(
       async () => {
         const r = await h.call<Body>('GET', res.body.location);

@@ -201,6 +201,8 @@ describe('processes', function () {
     await request.sent;
     web.child.kill('SIGTERM');
     await waitFor(web, /shutting down/);
+    // asked again, not the first signal's copy (which comes at once)
+    await new Promise((r) => setTimeout(r, 1200));
     const again = Date.now();
     web.child.kill('SIGTERM');
     const { code, signal } = await web.exited;
@@ -208,6 +210,23 @@ describe('processes', function () {
     expect({ code, signal }, web.out()).to.deep.equal({ code: 1, signal: null });
     expect(Date.now() - again).to.be.below(3000);
     expect(web.out()).to.contain('second signal: exiting now');
+  });
+
+  it('a web process takes a signal that comes twice at once (a wrapper such as npm forwarding its group’s) as one: it stops cleanly', async () => {
+    const web = start('api/main.ts', { ...env(), SERVICE_SHUTDOWN_GRACE_SECONDS: '6' });
+    procs.push(web);
+    const [, port] = await waitFor(web, /"url":"http:\/\/localhost:(\d+)"/);
+    const request = halfSentRun(Number(port));
+    await request.sent;
+    web.child.kill('SIGTERM');
+    web.child.kill('SIGTERM');
+    await waitFor(web, /shutting down/);
+    await new Promise((r) => setTimeout(r, 300));
+    request.finish();
+    expect(await request.answer).to.match(/^HTTP\/1\.1 202 /);
+    const { code } = await web.exited;
+    expect(code, web.out()).to.equal(0);
+    expect(web.out()).to.contain('stopped cleanly').and.not.contain('second signal');
   });
 
   it('a web process cuts a request still unanswered near the end of the grace period, then closes the store and Redis and exits 0', async () => {

@@ -566,6 +566,14 @@ describe('voice transcription', function () {
       expect(res.status, res.text).to.equal(503);
       expect(res.body.code).to.equal('transcription-not-configured');
       expect(res.body.detail).to.contain('SERVICE_TRANSCRIBE_PROVIDER');
+      // an operator's missing setting, logged as a refusal (a warning), not as a failure of the service with its stack
+      const lines = bare.logs
+        .join('')
+        .split('\n')
+        .filter((l) => l.includes(res.body.request_id))
+        .map((l) => JSON.parse(l) as { level: number });
+      expect(lines.length).to.be.greaterThan(0);
+      expect(lines.map((l) => l.level).filter((level) => level >= 50)).to.deep.equal([]);
     } finally {
       await bare.close();
     }
