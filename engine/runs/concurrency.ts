@@ -16,6 +16,8 @@ if redis.call('TYPE', KEYS[2]).ok == 'list' then
   for i, id in ipairs(ids) do redis.call('ZADD', KEYS[2], 'NX', i, id) end
 end`;
 
+// ARGV[3] '1': the run's job exists already, delayed (a run held at its start): once admitted from the line
+// its job is promoted, not added (KEYS[3], the tenant's parked runs)
 const ADMIT = `${LINE}
 if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return 1 end
 if redis.call('SCARD', KEYS[1]) < tonumber(ARGV[2]) and redis.call('ZCARD', KEYS[2]) == 0 then
@@ -26,19 +28,23 @@ if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
   local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
   redis.call('ZADD', KEYS[2], (tonumber(last[2]) or 0) + 1, ARGV[1])
 end
+if ARGV[3] == '1' then redis.call('SADD', KEYS[3], ARGV[1]) end
 return 0`;
 
+// Answers {admitted, parked}: the runs admitted in the freed places, those whose jobs are to be added and
+// those whose jobs wait, delayed, to be promoted.
 const RELEASE = `${LINE}
 redis.call('SREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
-local admitted = {}
+redis.call('SREM', KEYS[3], ARGV[1])
+local admitted, parked = {}, {}
 while redis.call('SCARD', KEYS[1]) < tonumber(ARGV[2]) do
   local first = redis.call('ZPOPMIN', KEYS[2])
   if not first[1] then break end
   redis.call('SADD', KEYS[1], first[1])
-  table.insert(admitted, first[1])
+  if redis.call('SREM', KEYS[3], first[1]) == 1 then table.insert(parked, first[1]) else table.insert(admitted, first[1]) end
 end
-return admitted`;
+return {admitted, parked}`;
 
 /** The runs waiting in line, first first. */
 const IN_LINE = `${LINE}
@@ -49,10 +55,13 @@ const WAITING = `${LINE}
 return redis.call('ZCARD', KEYS[2])`;
 
 export type TenantSlots = {
-  /** true: the run may go to the queue now; false: it waits in the tenant's list */
-  admit(tenantId: string, runId: string): Promise<boolean>;
-  /** frees the run's slot (or its place in line) and returns the runs admitted in its place */
-  release(tenantId: string, runId: string): Promise<string[]>;
+  /**
+   * true: the run may go to the queue now; false: it waits in the tenant's list. `parked`: its job exists,
+   * delayed (a run held at its start), to be promoted once the run is admitted from the line.
+   */
+  admit(tenantId: string, runId: string, parked?: boolean): Promise<boolean>;
+  /** frees the run's slot (or its place in line) and returns the runs admitted in its place: whose jobs to add, and whose to promote */
+  release(tenantId: string, runId: string): Promise<{ admitted: string[]; parked: string[] }>;
   running(tenantId: string): Promise<number>;
   waiting(tenantId: string): Promise<number>;
   /** the runs waiting in the tenant's line, in the order they will be admitted */
@@ -67,20 +76,26 @@ export type TenantSlots = {
 export function createTenantSlots(redis: Redis, prefix: string, limit: number): TenantSlots {
   // in the engine's Redis batch: a run's release shares its round trip with its run.finished event
   const batch = redisBatch(redis);
-  batch.define('slots.admit', { keys: 2, args: 2, lua: ADMIT });
-  batch.define('slots.release', { keys: 2, args: 2, lua: RELEASE });
+  batch.define('slots.admit', { keys: 3, args: 3, lua: ADMIT });
+  batch.define('slots.release', { keys: 3, args: 2, lua: RELEASE });
   batch.define('slots.line', { keys: 2, args: 0, lua: IN_LINE });
   batch.define('slots.waiting', { keys: 2, args: 0, lua: WAITING });
   const running = (t: string) => `${prefix}:tenant:${t}:running`;
   const pending = (t: string) => `${prefix}:tenant:${t}:pending`;
+  const parkedOf = (t: string) => `${prefix}:tenant:${t}:parked`;
   const line = (t: string) => batch.call<string[]>('slots.line', [running(t), pending(t)], []);
   return {
     limit,
-    async admit(tenantId, runId) {
-      return (await batch.call<number>('slots.admit', [running(tenantId), pending(tenantId)], [runId, limit])) === 1;
+    async admit(tenantId, runId, parked) {
+      return (await batch.call<number>('slots.admit', [running(tenantId), pending(tenantId), parkedOf(tenantId)], [runId, limit, parked ? '1' : '0'])) === 1;
     },
     async release(tenantId, runId) {
-      return batch.call<string[]>('slots.release', [running(tenantId), pending(tenantId)], [runId, limit]);
+      const [admitted, parked] = await batch.call<[string[], string[]]>(
+        'slots.release',
+        [running(tenantId), pending(tenantId), parkedOf(tenantId)],
+        [runId, limit],
+      );
+      return { admitted, parked };
     },
     running: (t) => redis.scard(running(t)),
     waiting: (t) => batch.call<number>('slots.waiting', [running(t), pending(t)], []),

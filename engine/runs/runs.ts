@@ -521,11 +521,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
     },
 
     /** Offers a queued run to the workers now: its job, delayed because a guard held it (its session was paused), is promoted. */
-    async offerNow(run: Run): Promise<void> {
-      const job = await queues.get('runs').getJob(jobIdOfRun(run, run.attempt));
-      // promoted by another process meanwhile, or taken by a worker: nothing to do
-      if (job && (await job.isDelayed())) await job.promote().catch(() => undefined);
-    },
+    offerNow: transitions.offerNow,
 
     isCancelRequested,
     /** which runs the live worker processes are executing (each process beats its own list) */

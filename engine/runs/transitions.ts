@@ -73,6 +73,8 @@ export function transitionsOf(deps: TransitionsDeps) {
   const hooks: RunFinishedHook[] = [];
   const startHooks: RunFinishedHook[] = [];
   const guards: StartGuard[] = [];
+  /** which runs a guard may hold: those give their tenant slot back while held, and take one again to start */
+  const holdable: ((run: Run) => boolean)[] = [];
   const companions: RunCompanion[] = [];
 
   const emit = (run: Pick<Run, 'id' | 'tenant_id' | 'session_id'>, body: EventBody) =>
@@ -168,11 +170,21 @@ export function transitionsOf(deps: TransitionsDeps) {
 
   /** Frees a run's slot and sends the runs admitted in its place to the queue. */
   async function release(tenantId: string, runId: string): Promise<void> {
-    for (const next of await slots.release(tenantId, runId)) {
+    const { admitted, parked } = await slots.release(tenantId, runId);
+    for (const next of [...admitted, ...parked]) {
       const run = await store.runs.get(tenantId, next);
-      if (run?.status === 'queued') await enqueue(run);
-      else await release(tenantId, next);
+      if (run?.status !== 'queued') await release(tenantId, next);
+      else if (parked.includes(next)) await offerNow(run);
+      else await enqueue(run);
     }
+  }
+
+  /** Offers a queued run whose job waits, delayed (held at its start), to the workers now; its job again if it has none. */
+  async function offerNow(run: Run): Promise<void> {
+    const job = await queues.get('runs').getJob(jobIdOfRun(run, run.attempt));
+    if (!job) return enqueue(run);
+    // promoted by another process meanwhile, or taken by a worker: nothing to do
+    if (await job.isDelayed()) await job.promote().catch(() => undefined);
   }
 
   const elapsed = (run: Run, at: Date) => at.getTime() - new Date(run.started_at ?? run.created_at).getTime();
@@ -332,6 +344,7 @@ export function transitionsOf(deps: TransitionsDeps) {
     enqueue,
     admit,
     release,
+    offerNow,
 
     /** Registers what to do when any run ends (sessions, gates and audits): once per run, with its event asked for first. */
     onRunFinished(hook: RunFinishedHook): void {
@@ -348,9 +361,15 @@ export function transitionsOf(deps: TransitionsDeps) {
       startHooks.push(hook);
     },
 
-    /** Registers a check made before an attempt starts; a run it refuses is canceled instead. */
-    guardStart(guard: StartGuard): void {
+    /**
+     * Registers a check made before an attempt starts; a run it refuses is canceled instead. `mayHold` names
+     * the runs it may hold (for as long as their session is paused, say): a held run gives its tenant slot
+     * back, so that the tenant's other runs are not kept waiting behind it, and takes one again (or its
+     * place in the tenant's line) once it may start.
+     */
+    guardStart(guard: StartGuard, mayHold?: (run: Run) => boolean): void {
       guards.push(guard);
+      if (mayHold) holdable.push(mayHold);
     },
 
     /**
@@ -361,13 +380,19 @@ export function transitionsOf(deps: TransitionsDeps) {
     async start(run: Run, sandbox: string | null): Promise<Run | Held | null> {
       for (const guard of guards) {
         const verdict = await guard(run);
-        if (verdict && 'hold' in verdict) return { held: verdict.hold };
+        if (verdict && 'hold' in verdict) {
+          await release(run.tenant_id, run.id);
+          return { held: verdict.hold };
+        }
         if (verdict) {
           log.warn({ run_id: run.id, reason: verdict.refuse }, 'run refused at start');
           await api.cancel(run, verdict.refuse);
           return null;
         }
       }
+      // a run that may have been held gave its slot back: it has one (admitted), takes a free one, or waits in
+      // its tenant's line, its job offered again later (a slot freed for it finds the job there)
+      if (holdable.some((may) => may(run)) && !(await slots.admit(run.tenant_id, run.id, true))) return { held: 'waiting in its tenant’s line' };
       const at = clock.now();
       const started = await store.runs.update(
         run.tenant_id,

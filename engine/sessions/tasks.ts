@@ -527,7 +527,7 @@ export function tasksOf(deps: TasksDeps) {
     if (failed) throw failed.reason;
   }
 
-  runs.guardStart(mayStart);
+  runs.guardStart(mayStart, (run) => run.trigger.type === 'task');
   runs.onRunStarted(onRunStarted);
   runs.onRunFinished(onRunFinished);
 

@@ -804,6 +804,52 @@ describe('task DAG', function () {
     expect(Date.now() - resumed, 'started by the resume, not by the held job’s own retry 5 s later').to.be.below(3500);
   });
 
+  it('gives back the tenant slot of a run its paused session holds: the tenant’s other runs go on, and the held ones start after the resume', async () => {
+    const one = await startHarness({ env: { SERVICE_TENANT_MAX_RUNNING: '1' } });
+    try {
+      const held = releasable(one, 'release-slot-blocker');
+      const blocker = await one.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: sh(held.command) } });
+      expect(blocker.status, blocker.text).to.equal(202);
+      await eventually(
+        async () => (await one.call<Body>('GET', `/api/v1/runs/${blocker.body.run_id}`)).body.status === 'running' || null,
+        'the blocker to run',
+      );
+      const id = (await one.call<Body>('POST', '/api/v1/sessions', { body: { title: 'held' } })).body.id as string;
+      const tasks = [
+        { id: 't1', steps: sh('true') },
+        { id: 't2', steps: sh('true') },
+      ];
+      expect((await one.call('POST', `/api/v1/sessions/${id}/tasks`, { body: { tasks } })).status).to.equal(201);
+      expect((await one.call('PATCH', `/api/v1/sessions/${id}`, { body: { status: 'paused' } })).status).to.equal(200);
+      await held.release();
+      // the paused session's runs are held at their start, and hold no slot: another run of the tenant runs
+      const other = await one.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: sh('echo other') } });
+      const done = await eventually(
+        async () => {
+          const r = (await one.call<Body>('GET', `/api/v1/runs/${other.body.run_id}`)).body;
+          return r.status === 'succeeded' ? r : null;
+        },
+        'the other run to end while the session is paused',
+        15_000,
+      );
+      expect(done.status).to.equal('succeeded');
+      const paused = (await one.call<Body>('GET', `/api/v1/sessions/${id}`)).body;
+      expect(paused.tasks.map((t: Body) => t.status)).to.deep.equal(['queued', 'queued']);
+      // resumed: the held runs take the slot in turn and run
+      expect((await one.call('PATCH', `/api/v1/sessions/${id}`, { body: { status: 'idle' } })).status).to.equal(200);
+      const ended = await eventually(async () => {
+        const s = (await one.call<Body>('GET', `/api/v1/sessions/${id}`)).body;
+        return s.outcome ? s : null;
+      }, 'the session to end');
+      expect(ended.outcome).to.equal('succeeded');
+      const ctx = await one.rt.engine.runs.reliabilityContext('tenant-a');
+      expect(ctx.tenant).to.deep.include({ running: 0, waiting: 0 });
+      await held.clear();
+    } finally {
+      await one.close();
+    }
+  });
+
   it('numbers the tasks of two adds at once apart: each batch in one run of positions, and listed so', async () => {
     const id = await session();
     await h.call('PATCH', `/api/v1/sessions/${id}`, { body: { status: 'paused' } });

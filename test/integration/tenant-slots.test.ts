@@ -31,14 +31,14 @@ describe('tenant slots and line', () => {
     // another tenant is not behind this one's line
     expect(await slots.admit('u', 'x1')).to.equal(true);
     // a waiting run that leaves (canceled) frees no slot and admits nothing; a running one admits the first in line
-    expect(await slots.release('t', 'r4')).to.deep.equal([]);
-    expect(await slots.release('t', 'r1')).to.deep.equal(['r3']);
+    expect(await slots.release('t', 'r4')).to.deep.equal({ admitted: [], parked: [] });
+    expect(await slots.release('t', 'r1')).to.deep.equal({ admitted: ['r3'], parked: [] });
     expect(await slots.line('t')).to.deep.equal(['r5']);
     // released twice (a replay): nothing more is freed
-    expect(await slots.release('t', 'r1')).to.deep.equal([]);
+    expect(await slots.release('t', 'r1')).to.deep.equal({ admitted: [], parked: [] });
     expect(await slots.admit('t', 'r6')).to.equal(false);
-    expect(await slots.release('t', 'r2')).to.deep.equal(['r5']);
-    expect(await slots.release('t', 'r3')).to.deep.equal(['r6']);
+    expect(await slots.release('t', 'r2')).to.deep.equal({ admitted: ['r5'], parked: [] });
+    expect(await slots.release('t', 'r3')).to.deep.equal({ admitted: ['r6'], parked: [] });
     expect(await slots.line('t')).to.deep.equal([]);
     // an empty line starts its places again, still in order
     await slots.admit('t', 'r7');
@@ -49,6 +49,19 @@ describe('tenant slots and line', () => {
     expect([...holders.get('t')!.waiting]).to.deep.equal(['r7', 'r8']);
   });
 
+  it('names apart, once admitted, a run put in line whose job waits already (held at its start): its job is promoted, not added', async () => {
+    const slots = createTenantSlots(redis, prefix, 1);
+    expect(await slots.admit('t', 'r1')).to.equal(true);
+    expect(await slots.admit('t', 'held', true)).to.equal(false);
+    expect(await slots.admit('t', 'fresh')).to.equal(false);
+    expect(await slots.release('t', 'r1')).to.deep.equal({ admitted: [], parked: ['held'] });
+    expect(await slots.release('t', 'held')).to.deep.equal({ admitted: ['fresh'], parked: [] });
+    // a parked run that leaves the line (canceled) is no longer parked
+    expect(await slots.admit('t', 'gone', true)).to.equal(false);
+    await slots.release('t', 'gone');
+    expect(await redis.exists(`${prefix}:tenant:t:parked`)).to.equal(0);
+  });
+
   it('takes over a line kept as a list, in its order, at the first operation on it', async () => {
     const slots = createTenantSlots(redis, prefix, 1);
     await redis.sadd(`${prefix}:tenant:t:running`, 'r0');
@@ -56,7 +69,7 @@ describe('tenant slots and line', () => {
     expect(await slots.admit('t', 'r4')).to.equal(false);
     expect(await redis.type(`${prefix}:tenant:t:pending`)).to.equal('zset');
     expect(await slots.line('t')).to.deep.equal(['r1', 'r2', 'r3', 'r4']);
-    expect(await slots.release('t', 'r0')).to.deep.equal(['r1']);
+    expect(await slots.release('t', 'r0')).to.deep.equal({ admitted: ['r1'], parked: [] });
     // reading converts too (the reconciler may be first to touch a line after an upgrade)
     await redis.del(`${prefix}:tenant:t:pending`);
     await redis.rpush(`${prefix}:tenant:t:pending`, 'a', 'b');
