@@ -185,7 +185,10 @@ export async function startWorkers(rt: Runtime, processors: Processors = process
   const fileTriggers = rt.engine.watchFiles({ refreshMs: rt.config.fileTriggerRefreshSeconds * 1000 });
   await fileTriggers.start();
 
-  const reconcile = () =>
+  // one pass at a time: a pass longer than the interval (a large repair after Redis lost its data) is not joined by the next
+  let reconciling: Promise<unknown> | null = null;
+  const reconcile = () => (reconciling ??= reconcilePass().finally(() => (reconciling = null)));
+  const reconcilePass = () =>
     Promise.all([
       rt.engine.runs.reconcile({ isExecuting: rt.engine.executor.isExecuting }),
       rt.engine.sessions.reconcile(),

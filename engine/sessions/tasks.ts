@@ -393,14 +393,21 @@ export function tasksOf(deps: TasksDeps) {
     }
   }
 
-  /** Every task in a status not changed since `before`, page by page (tasks that wait for good hide none of the rest). */
+  /** where the reconciler's last pass stopped reading, by status */
+  const staleAfter = new Map<LiveTaskStatus, TaskRecord>();
+
+  /**
+   * The tasks in a status not changed since `before`, page by page: at most STALE_PAGES a pass, from where the
+   * pass before stopped, and from the oldest again once the end is reached (tasks that wait for good, however
+   * many, hide none of the rest).
+   */
   async function* stale(status: LiveTaskStatus, before: string): AsyncGenerator<TaskRecord> {
-    let after: TaskRecord | undefined;
     for (let page = 0; page < STALE_PAGES; page++) {
-      const tasks = await store.tasks.listStale(status, before, STALE_PAGE, after);
+      const tasks = await store.tasks.listStale(status, before, STALE_PAGE, staleAfter.get(status));
+      if (tasks.length < STALE_PAGE) staleAfter.delete(status);
+      else staleAfter.set(status, tasks.at(-1)!);
       yield* tasks;
       if (tasks.length < STALE_PAGE) return;
-      after = tasks.at(-1);
     }
   }
 
