@@ -104,15 +104,19 @@ export async function streamEvents(req: Request, res: Response, opts: SseOptions
   }
   res.flushHeaders();
   res.write('retry: 2000\n\n');
-  if (firstKept)
+  /** Tells the reader that events after `after` were trimmed from the log before it was sent them. */
+  const truncated = (after: string, kept: string) =>
     res.write(
       `event: stream.truncated\ndata: ${JSON.stringify({
         type: 'stream.truncated',
-        after: opts.afterId,
-        first_kept: firstKept === '0-0' ? null : firstKept,
-        message: `events after ${opts.afterId} were dropped (the stream keeps its last ${EVENTS_KEPT}); read the resource for its state`,
+        after,
+        first_kept: kept === '0-0' ? null : kept,
+        message: `events after ${after} were dropped (the stream keeps its last ${EVENTS_KEPT}); read the resource for its state`,
       })}\n\n`,
     );
+  // the first event kept that the reader was last told of (once a gap)
+  let told = firstKept;
+  if (firstKept) truncated(opts.afterId, firstKept);
   let ended = false;
   let sub: { close(): void } | undefined;
   const heartbeat = setInterval(() => {
@@ -182,6 +186,10 @@ export async function streamEvents(req: Request, res: Response, opts: SseOptions
         }
         if (fromLog) {
           const seen = overflows;
+          // a reader that fell behind (its socket full, or live events past what waits for it) may have been
+          // passed by the log's trim meanwhile: told, never by a silent gap
+          const dropped = await opts.hub.droppedAfter(opts.scope.stream, lastSent);
+          if (dropped && dropped !== told) truncated(lastSent, (told = dropped));
           const page = await opts.hub.after(opts.scope.stream, lastSent, CATCH_UP_PAGE);
           let i = 0;
           // what the reader cannot take now is read again once it has (from the last event written)

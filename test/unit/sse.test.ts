@@ -48,6 +48,45 @@ describe('SSE streams', () => {
     }
   });
 
+  it('tells a reader catching up from the log that the log was trimmed past it meanwhile, once, before what is kept', async () => {
+    const event = (n: number) => ({ id: `1-${n}`, type: 'step.output', tenant_id: 't', at: '2026-01-01T00:00:00Z', data: { n } });
+    const log = [1, 2, 3, 4, 5].map(event);
+    let checks = 0;
+    const hub = {
+      // nothing trimmed when the stream opens; by the time it reads the log, what follows 1-2 is gone up to 1-4
+      droppedAfter: async (_s: string, after: string) => (checks++ === 0 ? null : after < '1-4' ? '1-4' : null),
+      lastId: async () => '1-5',
+      subscribe: async () => ({ close() {} }),
+      anyAfter: async () => false,
+      after: async (_s: string, after: string, n: number) => log.filter((e) => e.id > after && (checks < 2 || e.id === '1-1' || e.id >= '1-4')).slice(0, n),
+    } as unknown as EventHub;
+    const app = express();
+    app.get('/s', async (req, res) => {
+      await streamEvents(req, res, {
+        streams: new OpenStreams(),
+        hub,
+        scope: { stream: 's', isLast: (e) => e.id === '1-5' },
+        afterId: '1-1',
+        heartbeatMs: 1000,
+      });
+    });
+    const server = http.createServer(app);
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    try {
+      const { port } = server.address() as AddressInfo;
+      const text = await (await fetch(`http://127.0.0.1:${port}/s`)).text();
+      const notices = text.match(/event: stream\.truncated\ndata: (.*)\n/g) ?? [];
+      expect(notices, text).to.have.length(1);
+      expect(JSON.parse(notices[0]!.split('data: ')[1]!)).to.deep.include({ after: '1-1', first_kept: '1-4' });
+      expect(text.indexOf('stream.truncated')).to.be.below(text.indexOf('id: 1-4'));
+      expect(text).to.not.contain('id: 1-2\n');
+      expect(text).to.contain('id: 1-5\n');
+    } finally {
+      server.closeAllConnections();
+      server.close();
+    }
+  });
+
   it('ends at once a stream that opens after every stream was closed (a shutdown while it was being prepared)', async () => {
     const streams = new OpenStreams();
     streams.closeAll();
