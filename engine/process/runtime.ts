@@ -214,6 +214,7 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
         workerConcurrency: config.workerConcurrency,
         gatesConcurrency: config.gatesConcurrency,
         sessionMaxTasks: config.sessionMaxTasks,
+        sessionMaxAgents: config.sessionMaxAgents,
         webhookReplayWindowSeconds: config.webhookReplayWindowSeconds,
         webhookRateLimitPerMinute: config.webhookRateLimitPerMinute,
       },

@@ -92,6 +92,7 @@ export type RunSettings = ToolPolicy & {
   gatesConcurrency: number;
   /** the most tasks one session holds: every add, resume and listing reads them all */
   sessionMaxTasks: number;
+  sessionMaxAgents: number;
 };
 
 export type RunsDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'events' | 'queues' | 'redis' | 'metrics'> & {

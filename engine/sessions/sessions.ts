@@ -30,7 +30,7 @@ import { longer, TASK_LIMITS, tasksOf, type TaskInput } from './tasks.js';
 export type SessionsDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'events' | 'redis' | 'queues'> & {
   runs: Runs;
   limits: RunLimits;
-  settings: ToolPolicy & { agent: unknown; sessionMaxTasks: number };
+  settings: ToolPolicy & { agent: unknown; sessionMaxTasks: number; sessionMaxAgents: number };
 };
 
 const LIVE: SessionStatus[] = ['idle', 'running', 'waiting', 'paused'];
@@ -437,7 +437,11 @@ export function sessionsOf(deps: SessionsDeps) {
         created_at: now,
         updated_at: now,
       };
-      if (!(await store.agents.insert(agent))) throw archivedError(sessionId);
+      const max = deps.settings.sessionMaxAgents;
+      const inserted = await store.agents.insert(agent, { maxHeld: max });
+      if (inserted === 'archived') throw archivedError(sessionId);
+      if (inserted === 'over-cap')
+        throw new ConflictError(`a session holds at most ${max} agents (SERVICE_SESSION_MAX_AGENTS): give a task to one it has`, { max });
       return agent;
     },
 

@@ -275,8 +275,8 @@ export interface SessionRepo {
 // A session's agents and messages are written only while it is not archived, checked in the write's own
 // transaction: an archive that lands between a route's check and its write is never written past.
 export interface AgentRepo {
-  /** false: the session is archived, and nothing was stored. */
-  insert(agent: AgentRecord): Promise<boolean>;
+  /** 'archived': the session is archived; 'over-cap': it holds `cap.maxHeld` agents already. Either way nothing was stored. */
+  insert(agent: AgentRecord, cap?: { maxHeld: number }): Promise<CappedInsert | 'archived'>;
   get(tenantId: string, sessionId: string, id: string): Promise<AgentRecord | null>;
   /** In the order they were added. */
   list(tenantId: string, sessionId: string): Promise<AgentRecord[]>;

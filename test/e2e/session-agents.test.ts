@@ -413,6 +413,24 @@ describe('agents of a session', function () {
     });
   });
 
+  it('keeps at most SERVICE_SESSION_MAX_AGENTS agents a session: one more is a 409, also when creates race', async () => {
+    const h = await startHarness({ workers: false, env: { SERVICE_SESSION_MAX_AGENTS: '2' } });
+    try {
+      const session = (await h.call<Body>('POST', '/api/v1/sessions', { body: { title: 'capped' } })).body.id as string;
+      await agent(h, session, { name: 'one' });
+      const raced = await Promise.all(['two', 'three', 'four'].map((name) => h.call<Body>('POST', `/api/v1/sessions/${session}/agents`, { body: { name } })));
+      expect(raced.map((r) => r.status).sort()).to.deep.equal([201, 409, 409]);
+      const refused = raced.find((r) => r.status === 409)!;
+      expect(refused.body.detail).to.contain('SERVICE_SESSION_MAX_AGENTS');
+      expect((await h.call<Body>('GET', `/api/v1/sessions/${session}/agents`)).body.data).to.have.length(2);
+      // another session has its own
+      const other = (await h.call<Body>('POST', '/api/v1/sessions', { body: { title: 'other' } })).body.id as string;
+      await agent(h, other, { name: 'one' });
+    } finally {
+      await h.close();
+    }
+  });
+
   it('changes only the budget’s fields given: the others keep their values', async () => {
     await withAgents([{ content: 'unused' }], async (h, _model, session) => {
       const capped = await agent(h, session, { name: 'capped', budget: { seconds: 120, max_steps: 7 } });

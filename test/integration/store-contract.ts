@@ -879,10 +879,14 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       const base = { title: 't', goal: null, kind: 'multi_agent' as const, outcome: null, metadata: {}, created_at: now2, updated_at: now2 };
       await store.sessions.insert({ ...base, id: 'ses_a', tenant_id: 't1', status: 'archived' });
       await store.sessions.insert({ ...base, id: 'ses_a', tenant_id: 't2', status: 'idle' }).catch(() => undefined);
-      expect(await store.agents.insert(agent('late'))).to.equal(false);
+      expect(await store.agents.insert(agent('late'))).to.equal('archived');
       expect(await store.agents.update('t1', 'ses_a', y.id, { name: 'late' })).to.equal(null);
       expect((await store.agents.list('t1', 'ses_a')).map((a) => a.name)).to.deep.equal(['x', 'y']);
-      expect(await store.agents.insert(agent('other', 't2'))).to.equal(true);
+      expect(await store.agents.insert(agent('other', 't2'))).to.equal('inserted');
+      // under a cap on the agents a session holds: one more is refused, and nothing is stored
+      expect(await store.agents.insert({ ...agent('capped', 't2'), session_id: 'ses_cap' }, { maxHeld: 1 })).to.equal('inserted');
+      expect(await store.agents.insert({ ...agent('over', 't2'), session_id: 'ses_cap' }, { maxHeld: 1 })).to.equal('over-cap');
+      expect((await store.agents.list('t2', 'ses_cap')).map((a) => a.name)).to.deep.equal(['capped']);
     });
 
     it('numbers a session’s messages 1, 2, 3 even when written at once, and pages them by seq per tenant', async () => {

@@ -57,10 +57,12 @@ const isArchived = async (sessions: SessionModel, tenantId: string, sessionId: s
 
 export function agentRepo(model: Model<Stored<AgentRecord>>, sessions: SessionModel): AgentRepo {
   return {
-    async insert(a) {
-      if (await isArchived(sessions, a.tenant_id, a.session_id)) return false;
+    // the count read just before the insert: two inserts at once may both pass it (no transaction assumed)
+    async insert(a, cap) {
+      if (await isArchived(sessions, a.tenant_id, a.session_id)) return 'archived';
+      if (cap && (await model.countDocuments({ tenant_id: a.tenant_id, session_id: a.session_id }).read('primary')) >= cap.maxHeld) return 'over-cap';
       await model.collection.insertOne(toStored(a) as never);
-      return true;
+      return 'inserted';
     },
     async get(tenantId, sessionId, id) {
       return fromStored(await model.findOne({ _id: id, tenant_id: tenantId, session_id: sessionId }).lean<Stored<AgentRecord>>());

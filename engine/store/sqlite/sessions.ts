@@ -2,7 +2,7 @@
 // taken in the same IMMEDIATE transaction as the insert (the group commit's), so concurrent writers never share one.
 import type { Statement } from 'better-sqlite3';
 import type { AgentRecord, MessageRecord, Session } from '../../platform/index.js';
-import { decodeCursor, toPage, type AgentRepo, type MessageRepo, type NewMessage, type SessionRepo } from '../port.js';
+import { decodeCursor, toPage, type AgentRepo, type CappedInsert, type MessageRepo, type NewMessage, type SessionRepo } from '../port.js';
 import { groupCommit, TOP, type Db } from './db.js';
 
 export function sessionRepo(db: Db): SessionRepo {
@@ -80,6 +80,7 @@ export function agentRepo(db: Db): AgentRepo {
   const get = db.prepare<[string, string, string], { doc: string }>('SELECT doc FROM agents WHERE tenant_id = ? AND session_id = ? AND id = ?');
   const list = db.prepare<[string, string], { doc: string }>('SELECT doc FROM agents WHERE tenant_id = ? AND session_id = ? ORDER BY id');
   const write = db.prepare('UPDATE agents SET doc = ? WHERE tenant_id = ? AND session_id = ? AND id = ?');
+  const held = db.prepare<[string, string], { n: number }>('SELECT COUNT(*) AS n FROM agents WHERE tenant_id = ? AND session_id = ?');
   const archived = archivedCheck(db);
   const commit = groupCommit(db);
   const update = (tenantId: string, sessionId: string, id: string, changes: Partial<AgentRecord>): AgentRecord | null => {
@@ -92,11 +93,13 @@ export function agentRepo(db: Db): AgentRepo {
     return next;
   };
   return {
-    async insert(a) {
-      return commit(() => {
-        if (archived(a.tenant_id, a.session_id)) return false;
+    async insert(a, cap) {
+      // the status and the count read inside the write's IMMEDIATE transaction: no archive or other insert comes between
+      return commit((): CappedInsert | 'archived' => {
+        if (archived(a.tenant_id, a.session_id)) return 'archived';
+        if (cap && (held.get(a.tenant_id, a.session_id)?.n ?? 0) >= cap.maxHeld) return 'over-cap';
         insert.run(a.id, a.tenant_id, a.session_id, JSON.stringify(a));
-        return true;
+        return 'inserted';
       });
     },
     async get(tenantId, sessionId, id) {
