@@ -34,6 +34,8 @@ export type AppDeps = {
   metrics: Metrics;
   sandbox: SandboxReport;
   sseHeartbeatMs: number;
+  /** event streams one tenant may hold open on this server (SERVICE_TENANT_MAX_STREAMS) */
+  maxStreamsPerTenant?: number;
   redis: Redis;
   store: Store;
   queues: Queues;
@@ -98,7 +100,7 @@ export function createApp(deps: AppDeps): Express {
   app.set('query parser', 'simple');
   // the API's paths are the spec's, letter for letter: /API/v1/runs is not /api/v1/runs
   app.set('case sensitive routing', true);
-  const streams = new OpenStreams();
+  const streams = new OpenStreams(deps.maxStreamsPerTenant);
   app.locals.streams = streams;
   // a route that answers stored JSON texts as they are (json-page.ts) parses them first when true
   app.locals.validateResponses = deps.validateResponses ?? false;

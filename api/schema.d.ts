@@ -3219,7 +3219,8 @@ export interface components {
         };
         /**
          * @description The tenant's or the key's requests this minute are spent (`rate-limited`):
-         *     SERVICE_API_RATE_LIMIT_PER_MINUTE per tenant, SERVICE_API_KEY_RATE_LIMIT_PER_MINUTE per key.
+         *     SERVICE_API_RATE_LIMIT_PER_MINUTE per tenant, SERVICE_API_KEY_RATE_LIMIT_PER_MINUTE per key; or, for
+         *     an event stream, the tenant holds SERVICE_TENANT_MAX_STREAMS streams open on the server already.
          */
         ApiRateLimited: {
             headers: {

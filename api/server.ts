@@ -27,6 +27,7 @@ export async function startWebServer(rt: Runtime, opts: { port?: number; host?: 
       ...(rt.sandbox.kind === 'none' ? { warning: 'tool processes run unsandboxed, as the service' } : {}),
     },
     sseHeartbeatMs: config.sseHeartbeatSeconds * 1000,
+    maxStreamsPerTenant: config.tenantMaxStreams,
     redis: rt.redis,
     store: rt.store,
     queues: rt.queues,

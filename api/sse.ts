@@ -3,7 +3,17 @@
 // each heartbeat the request's credential is checked again: a stream ends once its key is revoked or
 // expired, or its session has ended (the client's reconnect is then refused with a 401).
 import type { Request, Response } from 'express';
-import { compareIds, EVENTS_KEPT, ValidationError, withTimeout, type EventHub, type Scope, type ServiceEvent } from '../engine/platform/index.js';
+import {
+  compareIds,
+  EVENTS_KEPT,
+  RateLimitedError,
+  ValidationError,
+  withTimeout,
+  type EventHub,
+  type Scope,
+  type ServiceEvent,
+} from '../engine/platform/index.js';
+import { tenantOf } from './auth.js';
 
 /** How far ahead of this process's clock an event id may be (another process's, whose clock runs ahead). */
 const FUTURE_ID_MARGIN_MS = 60_000;
@@ -14,10 +24,41 @@ const BUFFERED_MAX_BYTES = 1024 * 1024;
 /** Events read from the log at a time for a reader catching up: a step.output event may be 400 KB of JSON (64 KB of escaped text). */
 const CATCH_UP_PAGE = 10;
 
-/** The open streams of an app, so shutdown can end them: clients resume elsewhere with Last-Event-ID. */
+/** How long a tenant at its streams' limit is told to wait before it opens another. */
+const STREAMS_FULL_RETRY_SECONDS = 5;
+
+/**
+ * The open streams of an app, so shutdown can end them (clients resume elsewhere with Last-Event-ID), and
+ * each tenant's count of them in this process, held to `maxPerTenant`: a stream holds a socket, a heartbeat
+ * and up to two buffers of BUFFERED_MAX_BYTES for a reader that does not read.
+ */
 export class OpenStreams {
   private readonly ends = new Set<() => void>();
+  private readonly perTenant = new Map<string, number>();
   private closed = false;
+  constructor(private readonly maxPerTenant = Infinity) {}
+  /** A 429 when the tenant has its limit of streams open (a route that would start work for a stream asks first). */
+  assertRoom(tenantId: string): void {
+    const n = this.perTenant.get(tenantId) ?? 0;
+    if (n >= this.maxPerTenant)
+      throw new RateLimitedError(
+        `this tenant has ${n} event streams open on this server, the most it may (SERVICE_TENANT_MAX_STREAMS): close one first`,
+        STREAMS_FULL_RETRY_SECONDS,
+      );
+  }
+  /** A place for one more stream of the tenant, or a 429 when it has its limit open; the answer gives it back (once). */
+  enter(tenantId: string): () => void {
+    this.assertRoom(tenantId);
+    this.perTenant.set(tenantId, (this.perTenant.get(tenantId) ?? 0) + 1);
+    let left = false;
+    return () => {
+      if (left) return;
+      left = true;
+      const now = (this.perTenant.get(tenantId) ?? 1) - 1;
+      if (now > 0) this.perTenant.set(tenantId, now);
+      else this.perTenant.delete(tenantId);
+    };
+  }
   /** A stream opened once all were closed (it was still being prepared) is ended at once: the server is closing. */
   add(end: () => void): () => void {
     if (this.closed) {
@@ -60,11 +101,22 @@ export function lastEventIdOf(req: Request): string {
 }
 
 export async function streamEvents(req: Request, res: Response, opts: SseOptions): Promise<void> {
+  const leave = opts.streams.enter(tenantOf(req));
+  let open = false;
+  try {
+    open = await openStream(req, res, opts, leave);
+  } finally {
+    if (!open) leave();
+  }
+}
+
+/** Answers the stream; true when it is open (its end gives back the tenant's place), false when it was answered at once. */
+async function openStream(req: Request, res: Response, opts: SseOptions, leave: () => void): Promise<boolean> {
   // a client gone while the route prepared (an audit started, a run stored) gets nothing, and holds nothing
-  if (req.socket.destroyed) return;
+  if (req.socket.destroyed) return false;
   if (opts.ended && !(await opts.hub.anyAfter(opts.scope.stream, opts.afterId, (e) => opts.scope.isLast(e)))) {
     res.status(204).end();
-    return;
+    return false;
   }
   // the log keeps its last events only: a reader whose replay would start before them (a first look at a
   // long stream, a resume from an old id) is told what it missed, ahead of what is still there (a notice,
@@ -88,7 +140,7 @@ export async function streamEvents(req: Request, res: Response, opts: SseOptions
         message: newest === '0-0' ? 'must be an id this stream sent' : `must be an id this stream sent (its newest is ${newest})`,
       },
     ]);
-  if (req.socket.destroyed) return;
+  if (req.socket.destroyed) return false;
   res.status(opts.status ?? 200);
   res.set({
     'Content-Type': 'text/event-stream; charset=utf-8',
@@ -100,7 +152,7 @@ export async function streamEvents(req: Request, res: Response, opts: SseOptions
   // HEAD: the headers a GET would get, and the end at once (no stream is held open for no body)
   if (req.method === 'HEAD') {
     res.end();
-    return;
+    return false;
   }
   res.flushHeaders();
   res.write('retry: 2000\n\n');
@@ -131,6 +183,7 @@ export async function streamEvents(req: Request, res: Response, opts: SseOptions
   const end = () => {
     if (ended) return;
     ended = true;
+    leave();
     clearInterval(heartbeat);
     forget();
     sub?.close();
@@ -229,4 +282,5 @@ export async function streamEvents(req: Request, res: Response, opts: SseOptions
   sub = await opts.hub.subscribe(opts.scope.stream, fromLog ? newest! : opts.afterId, send);
   if (ended) sub.close();
   else void pump();
+  return true;
 }

@@ -83,6 +83,8 @@ export type Config = {
   sessionMaxTasks: number;
   /** the most agents one session holds (SERVICE_SESSION_MAX_AGENTS) */
   sessionMaxAgents: number;
+  /** the most event streams one tenant holds open on one web process (SERVICE_TENANT_MAX_STREAMS) */
+  tenantMaxStreams: number;
   /** the most automations a tenant keeps, archived ones aside (SERVICE_TENANT_MAX_AUTOMATIONS) */
   tenantMaxAutomations: number;
   /** the environment a shell step starts from: a short allowlist, never the service's secrets */
@@ -367,6 +369,7 @@ const schema = z.object({
   SERVICE_CRON_MIN_INTERVAL_SECONDS: int(60, 1, 86_400),
   SERVICE_SESSION_MAX_TASKS: int(10_000, 1, 1_000_000),
   SERVICE_SESSION_MAX_AGENTS: int(100, 1, 10_000),
+  SERVICE_TENANT_MAX_STREAMS: int(100, 1, 100_000),
   SERVICE_TENANT_MAX_AUTOMATIONS: int(1000, 1, 1_000_000),
   LOG_LEVEL: z
     .string()
@@ -521,6 +524,7 @@ export function parseEnv(env: Record<string, string | undefined>, opts: { servic
     cronMinIntervalSeconds: e.SERVICE_CRON_MIN_INTERVAL_SECONDS,
     sessionMaxTasks: e.SERVICE_SESSION_MAX_TASKS,
     sessionMaxAgents: e.SERVICE_SESSION_MAX_AGENTS,
+    tenantMaxStreams: e.SERVICE_TENANT_MAX_STREAMS,
     tenantMaxAutomations: e.SERVICE_TENANT_MAX_AUTOMATIONS,
     sandbox: {
       mode: e.SERVICE_SANDBOX,

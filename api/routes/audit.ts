@@ -60,6 +60,8 @@ export function auditRouter(engine: Engine, opts: { hub: EventHub; heartbeatMs: 
 
   router.get('/workspace-audit/stream', async (req, res) => {
     const tenantId = tenantOf(req);
+    // a tenant at its streams' limit is refused before an audit is started for a stream it would not get
+    opts.streams.assertRoom(tenantId);
     const resumeFrom = lastEventIdOf(req);
     let reportId: string;
     let afterId = '0-0';

@@ -4,7 +4,7 @@ import net from 'node:net';
 import { expect } from 'chai';
 import { EventSource } from 'eventsource';
 import { compareIds } from '../../engine/platform/events.js';
-import { eventually, KEYS, startHarness, type Harness } from '../support/harness.js';
+import { eventually, KEYS, releasable, startHarness, type Harness } from '../support/harness.js';
 
 type Received = { id: string; type: string; data: Record<string, any> };
 
@@ -115,6 +115,45 @@ describe('run session streams', function () {
     // a reader with nothing missing gets no notice
     const whole = await read(kept[0]!.id);
     expect(whole).to.not.contain('stream.truncated');
+  });
+
+  it('holds a tenant to SERVICE_TENANT_MAX_STREAMS streams open on a server: one more is a 429, another tenant is not held to it', async () => {
+    const capped = await startHarness({ env: { SERVICE_TENANT_MAX_STREAMS: '2' } });
+    const held = releasable(capped, 'release-streams-cap');
+    const opened: AbortController[] = [];
+    try {
+      const { body } = await capped.call<Record<string, any>>('POST', '/api/v1/autonomy/run', {
+        body: { steps: [{ tool: 'shell', args: { command: held.command } }] },
+      });
+      const urlOf = (session: string) => `${capped.url}/api/v1/autonomy/streaming/${session}/events`;
+      const open = async (key = KEYS.a, url = urlOf(body.session_id)) => {
+        const abort = new AbortController();
+        opened.push(abort);
+        return fetch(url, { headers: { authorization: `Bearer ${key}` }, signal: abort.signal });
+      };
+      const [first, second] = [await open(), await open()];
+      expect([first.status, second.status]).to.deep.equal([200, 200]);
+      const third = await open();
+      expect(third.status).to.equal(429);
+      expect(third.headers.get('retry-after')).to.equal('5');
+      expect(((await third.json()) as { detail: string }).detail).to.contain('SERVICE_TENANT_MAX_STREAMS');
+      // another tenant's are its own
+      const other = await capped.call<Record<string, any>>('POST', '/api/v1/autonomy/run', {
+        key: KEYS.b,
+        body: { steps: [{ tool: 'shell', args: { command: held.command } }] },
+      });
+      expect((await open(KEYS.b, urlOf(other.body.session_id))).status).to.equal(200);
+      // one closed, its place is free again
+      opened[0]!.abort();
+      await eventually(async () => {
+        const again = await open();
+        return again.status === 200 || null;
+      }, 'a place to free');
+    } finally {
+      for (const a of opened) a.abort();
+      await Promise.all([held.release(), held.release('tenant-b')]);
+      await capped.close();
+    }
   });
 
   it('lets a run started through each route be watched to its end', async () => {
