@@ -13,7 +13,6 @@ import {
   type Scope,
   type ServiceEvent,
 } from '../engine/platform/index.js';
-import { tenantOf } from './auth.js';
 
 /** How far ahead of this process's clock an event id may be (another process's, whose clock runs ahead). */
 const FUTURE_ID_MARGIN_MS = 60_000;
@@ -79,6 +78,8 @@ export class OpenStreams {
 
 export type SseOptions = {
   streams: OpenStreams;
+  /** whose stream it is: a tenant holds a limited number open */
+  tenantId: string;
   hub: EventHub;
   /** which log to read, and which event ends the stream */
   scope: Scope;
@@ -101,7 +102,7 @@ export function lastEventIdOf(req: Request): string {
 }
 
 export async function streamEvents(req: Request, res: Response, opts: SseOptions): Promise<void> {
-  const leave = opts.streams.enter(tenantOf(req));
+  const leave = opts.streams.enter(opts.tenantId);
   let open = false;
   try {
     open = await openStream(req, res, opts, leave);

@@ -100,6 +100,7 @@ export function auditRouter(engine: Engine, opts: { hub: EventHub; heartbeatMs: 
     }
     await streamEvents(req, res, {
       streams: opts.streams,
+      tenantId: tenantOf(req),
       hub: opts.hub,
       scope: scopes.audit(reportId),
       afterId,

@@ -59,6 +59,7 @@ export function autonomyRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
   ) =>
     streamEvents(req, res, {
       streams: opts.streams,
+      tenantId: tenantOf(req),
       hub: opts.hub,
       scope: scopes.runSession(sessionId),
       afterId,

@@ -99,6 +99,7 @@ export function sessionsRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
     const afterId = lastEventIdOf(req);
     await streamEvents(req, res, {
       streams: opts.streams,
+      tenantId: tenantOf(req),
       hub: opts.hub,
       scope,
       afterId,

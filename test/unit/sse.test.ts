@@ -29,7 +29,7 @@ describe('SSE streams', () => {
     app.get('/s', async (req, res) => {
       const write = res.write.bind(res) as (chunk: string) => boolean;
       res.write = ((chunk: string) => (chunk.startsWith(': heartbeat') && heartbeats++, write(chunk))) as typeof res.write;
-      await streamEvents(req, res, { streams, hub, scope: { stream: 's', isLast: () => false }, afterId: '0-0', heartbeatMs: 50 });
+      await streamEvents(req, res, { tenantId: 't', streams, hub, scope: { stream: 's', isLast: () => false }, afterId: '0-0', heartbeatMs: 50 });
     });
     const server = http.createServer(app);
     await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
@@ -63,6 +63,7 @@ describe('SSE streams', () => {
     const app = express();
     app.get('/s', async (req, res) => {
       await streamEvents(req, res, {
+        tenantId: 't',
         streams: new OpenStreams(),
         hub,
         scope: { stream: 's', isLast: (e) => e.id === '1-5' },
