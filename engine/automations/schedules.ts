@@ -8,7 +8,7 @@
 // store at start-up and by the periodic reconcile.
 import type { Platform } from '../deps.js';
 import { redisBatch, type Automation } from '../platform/index.js';
-import { isCronFire, nextCronFire } from './triggers.js';
+import { isCronFire, nextCronFire, prevCronFire } from './triggers.js';
 
 /** The job of one fire: which trigger, as it was when the fire was handed over, and its time. */
 export type CronJob = { tenant_id: string; automation_id: string; trigger_index: number; schedule?: string; timezone?: string; fire_at?: string };
@@ -52,6 +52,9 @@ const placedOf = (a: Automation) => JSON.stringify([a.status, a.triggers.map((t,
 const sameSchedule = (x: Automation, y: Automation) => placedOf(x) === placedOf(y);
 
 type Member = { tenant_id: string; automation_id: string; trigger_index: number };
+/** How far back a fire missed while the set was lost is still made (within the day the store keeps its key). */
+const MISSED_FIRE_MS = 12 * 3600_000;
+
 const memberOf = (m: Member) => `${m.tenant_id}\t${m.automation_id}\t${m.trigger_index}`;
 function parseMember(member: string): Member | null {
   const [tenant_id, automation_id, index] = member.split('\t');
@@ -72,6 +75,20 @@ export function schedulesOf(deps: Pick<Platform, 'queues' | 'store' | 'log' | 'r
   batch.define('cron.set', { keys: 1, args: 2, lua: SET });
   batch.define('cron.move', { keys: 1, args: 3, lua: MOVE });
   batch.define('cron.add', { keys: 1, args: 2, lua: ADD });
+
+  /**
+   * The fire a trigger missed while its member was missing from the set (Redis lost its data): its last fire
+   * at or before `now`, when that came after the automation's last change and within MISSED_FIRE_MS (the
+   * store keeps a fire's idempotency key a day, so a fire made before the loss is not made again); or null.
+   */
+  function missedFire(a: Automation, i: number, now: Date): number | null {
+    const t = a.triggers[i];
+    if (t?.type !== 'cron') return null;
+    const last = prevCronFire(t.schedule, t.timezone, now)?.getTime();
+    return last !== undefined && last > Date.parse(a.updated_at) && last >= now.getTime() - MISSED_FIRE_MS && isCronFire(t.schedule, t.timezone, last)
+      ? last
+      : null;
+  }
 
   /** The triggers of an automation that fire, with their next time (null: it never fires from now). */
   function wanted(a: Automation, from: Date): Map<string, number | null> {
@@ -209,15 +226,22 @@ export function schedulesOf(deps: Pick<Platform, 'queues' | 'store' | 'log' | 'r
       const placed = await redis.zrange(key, 0, -1, 'WITHSCORES');
       const now = clock.now();
       const want = new Map<string, number | null>();
-      for (const a of await store.automations.listEnabledWithTrigger('cron')) for (const [member, at] of wanted(a, now)) want.set(member, at);
+      const automationOf = new Map<string, Automation>();
+      for (const a of await store.automations.listEnabledWithTrigger('cron'))
+        for (const [member, at] of wanted(a, now)) {
+          want.set(member, at);
+          automationOf.set(member, a);
+        }
       const have = new Map<string, number>();
       for (let i = 0; i < placed.length; i += 2) have.set(placed[i]!, Number(placed[i + 1]));
       const writes: Promise<number>[] = [];
       // a trigger placed for a time still to come keeps it if its schedule gives that time (a change
-      // whose write was lost does not); one overdue keeps it, for the next tick to fire once
+      // whose write was lost does not); one overdue keeps it, for the next tick to fire once; one missing
+      // (Redis lost the set) is placed at the fire it missed meanwhile, if any, for the next tick to make
       for (const [member, at] of want) {
         const was = have.get(member);
-        if (was === undefined || at === null || (was > now.getTime() && was !== at)) writes.push(set(member, at));
+        if (was === undefined) writes.push(set(member, missedFire(automationOf.get(member)!, parseMember(member)!.trigger_index, now) ?? at));
+        else if (at === null || (was > now.getTime() && was !== at)) writes.push(set(member, at));
       }
       for (const member of have.keys()) if (!want.has(member)) writes.push(set(member, null));
       await Promise.all(writes);

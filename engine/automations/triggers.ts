@@ -89,6 +89,19 @@ export function nextCronFire(schedule: string, timezone: string | undefined, fro
   return next === null ? null : new Date(next);
 }
 
+/** The last time a cron trigger fired at or before `at`, or null when it did not (or it is not an expression). */
+export function prevCronFire(schedule: string, timezone: string | undefined, at: Date): Date | null {
+  try {
+    return new Date(
+      CronExpressionParser.parse(schedule, { tz: timezone || undefined, currentDate: new Date(at.getTime() + 1) })
+        .prev()
+        .getTime(),
+    );
+  } catch {
+    return null;
+  }
+}
+
 /** How far before a time `isCronFire` starts walking the schedule: more than any zone's clock change (2 h). */
 const FIRE_CHECK_BACK_MS = 3 * 3600_000;
 /** The fires it walks at most from there (a schedule firing every second has 10,800 in 3 h: it is answered by the first check). */

@@ -268,6 +268,24 @@ describe('the cron ticker', function () {
     await h.close();
   });
 
+  it('places a trigger Redis lost at the fire it missed meanwhile (made once by the next tick), unless the automation changed since', async () => {
+    const hourly = { type: 'cron', schedule: '0 * * * *', timezone: 'UTC' } as const;
+    const twoHoursAgo = new Date(Date.now() - 2 * 3_600_000).toISOString();
+    const lost = automationFixture('tenant-a', { triggers: [hourly], created_at: twoHoursAgo, updated_at: twoHoursAgo });
+    const changed = automationFixture('tenant-a', { triggers: [hourly] });
+    for (const a of [lost, changed]) await h.rt.store.automations.insert(a); // their members missing from the set, as after a loss
+    await h.rt.engine.schedules.reconcile();
+    const now = new Date();
+    const lastHour = Math.floor(now.getTime() / 3_600_000) * 3_600_000;
+    const p = await placed(h);
+    expect(p.get(`${lost.id}-0`), 'the fire it missed').to.equal(lastHour);
+    expect(p.get(`${changed.id}-0`), 'changed after that fire: from now on').to.equal(nextCronFire('0 * * * *', 'UTC', now)!.getTime());
+    await h.rt.engine.schedules.tick();
+    const jobs = (await h.rt.queues.get('triggers').getJobs(['waiting', 'delayed', 'active', 'completed'])).filter((j) => j.data?.automation_id === lost.id);
+    expect(jobs.map((j) => j.id)).to.deep.equal([cronJobIdOf({ tenant_id: 'tenant-a', automation_id: lost.id, trigger_index: 0 }, lastHour)]);
+    expect((await placed(h)).get(`${lost.id}-0`)).to.equal(nextCronFire('0 * * * *', 'UTC', new Date())!.getTime());
+  });
+
   it('makes a fire missed while nothing ran once, then goes on from now; two ticks at once hand a fire over once', async () => {
     const a = (await h.call<Body>('POST', '/api/v1/automations', { body: cronAutomation('missed', '0 0 1 1 *') })).body;
     const key = cronDueKey(h.config.queuePrefix);
