@@ -88,6 +88,11 @@ export type SseOptions = {
   status?: number;
   headers?: Record<string, string>;
   /**
+   * Whether what the stream follows still exists, asked at each heartbeat: a stream whose scope is gone (an
+   * audit whose report Redis lost) ends, rather than sending heartbeats for good. A failure to answer is not gone.
+   */
+  stillThere?: () => Promise<boolean>;
+  /**
    * The scope's last event is in the log (its run or session has ended): a client that has already
    * seen it is answered 204, which tells EventSource to stop reconnecting, instead of an empty stream
    * held open for good.
@@ -178,6 +183,10 @@ async function openStream(req: Request, res: Response, opts: SseOptions, leave: 
     // a store or Redis that does not answer is not a revocation: the stream goes on, and asks again
     req.stillAuthorized?.().then(
       (ok) => ok || end(),
+      () => undefined,
+    );
+    opts.stillThere?.().then(
+      (there) => there || end(),
       () => undefined,
     );
   }, opts.heartbeatMs);

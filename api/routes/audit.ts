@@ -1,7 +1,7 @@
 // /api/v1/autonomy/workspace-audit: run the audit and answer its report (or a 202 past the timeout),
 // stream it per phase (resumable: the event ids name the report), and fetch a recent report.
 import { Router, type Request } from 'express';
-import { nestsDeeperThan, scopes, ValidationError, type AuditPhase, type EventHub } from '../../engine/platform/index.js';
+import { nestsDeeperThan, NotFoundError, scopes, ValidationError, type AuditPhase, type EventHub } from '../../engine/platform/index.js';
 import type { Engine } from '../../engine/index.js';
 import { tenantOf } from '../auth.js';
 import type { components } from '../schema.js';
@@ -106,6 +106,12 @@ export function auditRouter(engine: Engine, opts: { hub: EventHub; heartbeatMs: 
       afterId,
       heartbeatMs: opts.heartbeatMs,
       headers: { 'X-Report-Id': reportId, 'Content-Location': `${BASE}/${reportId}` },
+      // a report gone before its end (Redis lost it) will never end the stream: it ends, and a reconnect is told so
+      stillThere: () =>
+        engine.audits.get(tenantId, reportId).then(
+          () => true,
+          (err: unknown) => !(err instanceof NotFoundError),
+        ),
     });
   });
 

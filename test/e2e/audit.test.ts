@@ -10,7 +10,7 @@ import { expect } from 'chai';
 import { EventSource } from 'eventsource';
 import { PROJECT_ROOT } from '../../config/paths.js';
 import { newId } from '../../engine/platform/index.js';
-import { eventually, finishedRun, KEYS, startHarness, type Harness } from '../support/harness.js';
+import { eventually, finishedRun, KEYS, scanKeys, startHarness, type Harness } from '../support/harness.js';
 import { makeFlawedProject, PLANTED_TOKEN } from '../support/projects.js';
 import { startWorkers } from '../../workers/index.js';
 
@@ -432,6 +432,27 @@ describe('workspace audit reports: expiry, eviction and phases that do not compl
     expect(arch).to.deep.include({ phase: 'architecture', status: 'failed', score: null });
     expect(arch.error).to.contain('the architecture phase failed');
     expect(report.scores).to.deep.include({ architecture: null });
+  });
+
+  it('ends the stream of an audit whose report is gone before its end (Redis lost it): no stream is held open for good', async () => {
+    const idle = await startHarness({ workers: false });
+    try {
+      const res = await fetch(`${idle.url}/api/v1/autonomy/workspace-audit/stream?phases=sanity`, {
+        headers: { authorization: `Bearer ${KEYS.a}` },
+        signal: AbortSignal.timeout(15_000),
+      });
+      expect(res.status).to.equal(200);
+      const reportId = res.headers.get('x-report-id')!;
+      // no worker takes its phases: the audit stays running, the stream sends heartbeats
+      await new Promise((r) => setTimeout(r, 300));
+      for (const key of await scanKeys(idle.rt.redis, `${idle.config.queuePrefix}:audit*`)) await idle.rt.redis.del(key);
+      const ended = Date.now();
+      await res.text(); // the stream's end (its heartbeat finds the report gone)
+      expect(Date.now() - ended).to.be.below(5000);
+      expect((await idle.call('GET', `/api/v1/autonomy/workspace-audit/${reportId}`)).status).to.equal(404);
+    } finally {
+      await idle.close();
+    }
   });
 
   it('finishes a report whose flow was lost: the reconciler assembles it, partial, and the ledger has it', async () => {
