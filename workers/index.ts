@@ -180,7 +180,11 @@ export async function startWorkers(rt: Runtime, processors: Processors = process
 
   // the runs this process executes, told to the others a few times per lock: a run whose job's lock
   // lapsed while this process still runs it is not taken for lost
-  const stopClaims = rt.engine.runs.claims.start(rt.engine.executor.executing, Math.max(100, Math.round(stalledMs / 3)));
+  // the runs and the gate runs this process executes: another process's reconciler never takes them for lost
+  const stopClaims = rt.engine.runs.claims.start(
+    () => [...rt.engine.executor.executing(), ...rt.engine.gates.executing()],
+    Math.max(100, Math.round(stalledMs / 3)),
+  );
 
   const fileTriggers = rt.engine.watchFiles({ refreshMs: rt.config.fileTriggerRefreshSeconds * 1000 });
   await fileTriggers.start();
@@ -195,7 +199,7 @@ export async function startWorkers(rt: Runtime, processors: Processors = process
       rt.engine.schedules.reconcile(),
       rt.engine.webhooks.reconcile(),
       rt.engine.notifications.reconcile(),
-      rt.engine.gates.reconcile(),
+      rt.engine.gates.reconcile(undefined, { elsewhere: () => rt.engine.runs.claims.elsewhere() }),
       rt.engine.audits.reconcile(),
     ]).catch((err: unknown) => rt.log.warn({ err: (err as Error).message }, 'reconcile failed'));
   const reconciler = setInterval(reconcile, rt.config.reconcileIntervalSeconds * 1000);

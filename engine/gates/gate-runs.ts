@@ -229,8 +229,12 @@ export function gateRunsOf(deps: GatesDeps) {
      * failed or completed without sealing it is sealed with what it has, or canceled
      * when no gate reported anything. A gate run never stays `running` for good.
      */
-    async reconcile(olderThanMs = 60_000): Promise<number> {
+    async reconcile(olderThanMs = 60_000, opts: { elsewhere?: () => Promise<Set<string> | null> } = {}): Promise<number> {
       const before = new Date(clock.now().getTime() - olderThanMs).toISOString();
+      // gate runs another live process is executing (the workers' claims): their gates still report, whatever
+      // became of the jobs (Redis lost them); a registry too young to tell (just made again) judges nothing
+      const elsewhere = opts.elsewhere ? await opts.elsewhere() : new Set<string>();
+      if (!elsewhere) return 0;
       let repaired = 0;
       // a page at a time from where the last pass stopped (from the oldest again at the end): runs still going
       // hold no place before a lost one
@@ -238,6 +242,7 @@ export function gateRunsOf(deps: GatesDeps) {
       const last = page.at(-1);
       staleAfter = page.length < STALE_GATE_RUNS_PAGE || !last ? undefined : { created_at: last.created_at, id: last.id };
       for (const r of page) {
+        if (running.has(r.id) || elsewhere.has(r.id)) continue;
         const seal = await queues.get('gates').getJob(`${r.id}__seal`);
         const state = seal ? await seal.getState() : 'missing';
         // a seal job that completed with its run still running ended without sealing it: it found the claim of a
@@ -256,6 +261,8 @@ export function gateRunsOf(deps: GatesDeps) {
 
     get: mustGet,
     list: (tenantId: string, q: { workspace?: string; limit: number; cursor?: string }) => store.gateRuns.list(tenantId, q),
+    /** the gate runs whose gates this process is running now (the workers claim them, as they claim runs) */
+    executing: (): string[] => [...running.keys()],
 
     async close(): Promise<void> {
       await flows?.close();

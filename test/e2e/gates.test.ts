@@ -10,7 +10,7 @@ import { GENESIS_HASH, publicKeyFromPem, readPack, signerOf, verifyEntries, veri
 import { smartGatesOf } from '../../engine/gates/index.js';
 import { newId } from '../../engine/platform/index.js';
 import { builtCli } from '../support/built.js';
-import { eventually, finishedRun, KEYS, startHarness, type Harness } from '../support/harness.js';
+import { eventually, finishedRun, KEYS, scanKeys, startHarness, type Harness } from '../support/harness.js';
 import * as sign from '../support/signers.js';
 import { GATES_YAML, makeProject, passed } from '../support/projects.js';
 
@@ -687,6 +687,29 @@ describe('gates in the service', function () {
     expect(sealed.status).to.equal('succeeded');
     expect(sealed.ledger).to.not.equal(null);
     expect(await h.rt.engine.gates.reconcile(0)).to.equal(0);
+  });
+
+  it('leaves a gate run whose jobs Redis lost to the gates still running it (here, or claimed by another live worker), then seals what they report', async () => {
+    const dir = path.join(h.tenantDir(), 'lost-jobs');
+    await fs.mkdir(dir, { recursive: true });
+    await fs.writeFile(path.join(dir, 'gates.yaml'), "gates:\n  - id: waits\n    run: ['sh', '-c', 'until [ -e go-gate ]; do sleep 0.05; done']\n");
+    const started = await h.rt.engine.gates.start('tenant-a', { workspace: 'lost-jobs', trigger: { type: 'api' } });
+    await eventually(() => h.rt.engine.gates.executing().includes(started.id) || null, 'the gate to run');
+    // Redis loses the gate run's jobs while its gate runs in this worker
+    for (const key of await scanKeys(h.rt.redis, `${h.config.queuePrefix}:gates:${started.id}*`)) await h.rt.redis.del(key);
+    expect(await h.rt.engine.gates.reconcile(0), 'running here: not taken for lost').to.equal(0);
+    // the same run claimed by another live worker (its registry old enough to tell)
+    expect(await h.rt.engine.gates.reconcile(0, { elsewhere: async () => new Set([started.id]) })).to.equal(0);
+    expect(await h.rt.engine.gates.reconcile(0, { elsewhere: async () => null }), 'a registry too young to tell judges nothing').to.equal(0);
+    expect((await h.rt.engine.gates.get('tenant-a', started.id)).status).to.equal('running');
+    await fs.writeFile(path.join(dir, 'go-gate'), '');
+    await eventually(() => !h.rt.engine.gates.executing().includes(started.id) || null, 'the gate to end');
+    // its result reported, no seal job left: the reconciler seals what it reported
+    await eventually(async () => (await h.rt.store.gateRuns.results('tenant-a', started.id)).length === 1 || null, 'the gate’s result');
+    expect(await h.rt.engine.gates.reconcile(0)).to.equal(1);
+    const sealed = await h.rt.engine.gates.get('tenant-a', started.id);
+    expect(sealed.status).to.equal('succeeded');
+    expect(sealed.results.map((r) => [r.gate_id, r.conclusion])).to.deep.equal([['waits', 'success']]);
   });
 
   it('seals a gate run once when two seals race', async () => {
