@@ -17,19 +17,7 @@ const CLOSE_ARRAY = 0x5d;
 
 /** True when the JSON text nests objects and arrays deeper than `max` (brackets inside strings do not count). */
 export function nestsDeeperThan(text: Uint8Array, max = MAX_JSON_DEPTH): boolean {
-  let depth = 0;
-  let inString = false;
-  for (let i = 0; i < text.length; i++) {
-    const c = text[i];
-    if (inString) {
-      if (c === BACKSLASH) i++;
-      else if (c === QUOTE) inString = false;
-    } else if (c === QUOTE) inString = true;
-    else if (c === OPEN_OBJECT || c === OPEN_ARRAY) {
-      if (++depth > max) return true;
-    } else if (c === CLOSE_OBJECT || c === CLOSE_ARRAY) depth--;
-  }
-  return false;
+  return overLimit(text, { depth: max }) === 'depth';
 }
 
 const LOWER_U = 0x75;
@@ -87,13 +75,12 @@ export function unsafeJson(text: Buffer, what = 'the body'): { detail: string; r
 const COMMA = 0x2c;
 
 /**
- * Why a JSON text holds too much to be checked value by value (more than `limits.values` values: objects,
- * arrays and what commas separate; or a list of more than `limits.items` items), or null when it does not;
- * brackets and commas inside strings do not count. One pass over the bytes. `detail` names `what` was
- * refused; `rule` is the rule it broke.
+ * The first of its limits the JSON text passes, or null: how deep objects and arrays nest, how many values it
+ * holds (objects, arrays and what commas separate), how many items one list holds. Brackets and commas inside
+ * strings do not count. One pass over the bytes.
  */
-export function bulkyJson(text: Uint8Array, limits: { values: number; items: number }, what = 'the body'): { detail: string; rule: string } | null {
-  const tooMany = () => ({ detail: `${what} holds more than ${limits.values} JSON values`, rule: `must not hold more than ${limits.values} JSON values` });
+function overLimit(text: Uint8Array, limits: { depth?: number; values?: number; items?: number }): 'depth' | 'values' | 'items' | null {
+  const { depth = Infinity, values: valuesMax = Infinity, items = Infinity } = limits;
   let values = 0;
   // per open container: the commas seen at its level, or -1 for an object (its members are not counted)
   const commas: number[] = [];
@@ -105,16 +92,29 @@ export function bulkyJson(text: Uint8Array, limits: { values: number; items: num
       else if (c === QUOTE) inString = false;
     } else if (c === QUOTE) inString = true;
     else if (c === OPEN_ARRAY || c === OPEN_OBJECT) {
-      if (++values > limits.values) return tooMany();
-      commas.push(c === OPEN_ARRAY ? 0 : -1);
+      if (++values > valuesMax) return 'values';
+      if (commas.push(c === OPEN_ARRAY ? 0 : -1) > depth) return 'depth';
     } else if (c === CLOSE_ARRAY || c === CLOSE_OBJECT) commas.pop();
     else if (c === COMMA) {
-      if (++values > limits.values) return tooMany();
+      if (++values > valuesMax) return 'values';
       const top = commas.length - 1;
       const seen = top < 0 ? -1 : commas[top]!;
-      if (seen >= 0 && (commas[top] = seen + 1) >= limits.items)
-        return { detail: `${what} holds a list of more than ${limits.items} items`, rule: `must not hold a list of more than ${limits.items} items` };
+      if (seen >= 0 && (commas[top] = seen + 1) >= items) return 'items';
     }
   }
+  return null;
+}
+
+/**
+ * Why a JSON text holds too much to be checked value by value (more than `limits.values` values, or a list
+ * of more than `limits.items` items), or null when it does not. `detail` names `what` was refused; `rule`
+ * is the rule it broke.
+ */
+export function bulkyJson(text: Uint8Array, limits: { values: number; items: number }, what = 'the body'): { detail: string; rule: string } | null {
+  const over = overLimit(text, limits);
+  if (over === 'values')
+    return { detail: `${what} holds more than ${limits.values} JSON values`, rule: `must not hold more than ${limits.values} JSON values` };
+  if (over === 'items')
+    return { detail: `${what} holds a list of more than ${limits.items} items`, rule: `must not hold a list of more than ${limits.items} items` };
   return null;
 }
