@@ -171,19 +171,22 @@ describe('processes', function () {
     expect((await fetch(`${metricsUrl}/healthz?probe=1`)).status).to.equal(200);
   });
 
-  it('a web process stopped with a request in flight answers it with Connection: close and exits 0 once it is answered', async () => {
+  /** A web process whose request's body is still coming (a keep-alive connection) when `signals` SIGTERMs come at once; the body comes after. */
+  async function stoppedWithRequestInFlight(signals: number) {
     const web = start('api/main.ts', { ...env(), SERVICE_SHUTDOWN_GRACE_SECONDS: '6' });
     procs.push(web);
     const [, port] = await waitFor(web, /"url":"http:\/\/localhost:(\d+)"/);
-    // a keep-alive connection whose request's body is still coming at SIGTERM
     const request = halfSentRun(Number(port));
     await request.sent;
-    web.child.kill('SIGTERM');
+    for (let i = 0; i < signals; i++) web.child.kill('SIGTERM');
     await waitFor(web, /shutting down/);
     await new Promise((r) => setTimeout(r, 300));
     request.finish();
-    const answer = await request.answer;
-    const answeredAt = Date.now();
+    return { web, answer: await request.answer, answeredAt: Date.now() };
+  }
+
+  it('a web process stopped with a request in flight answers it with Connection: close and exits 0 once it is answered', async () => {
+    const { web, answer, answeredAt } = await stoppedWithRequestInFlight(1);
     expect(answer).to.match(/^HTTP\/1\.1 202 /);
     expect(answer).to.match(/^connection: close\r$/im);
     const { code } = await web.exited;
@@ -213,17 +216,8 @@ describe('processes', function () {
   });
 
   it('a web process takes a signal that comes twice at once (a wrapper such as npm forwarding its group’s) as one: it stops cleanly', async () => {
-    const web = start('api/main.ts', { ...env(), SERVICE_SHUTDOWN_GRACE_SECONDS: '6' });
-    procs.push(web);
-    const [, port] = await waitFor(web, /"url":"http:\/\/localhost:(\d+)"/);
-    const request = halfSentRun(Number(port));
-    await request.sent;
-    web.child.kill('SIGTERM');
-    web.child.kill('SIGTERM');
-    await waitFor(web, /shutting down/);
-    await new Promise((r) => setTimeout(r, 300));
-    request.finish();
-    expect(await request.answer).to.match(/^HTTP\/1\.1 202 /);
+    const { web, answer } = await stoppedWithRequestInFlight(2);
+    expect(answer).to.match(/^HTTP\/1\.1 202 /);
     const { code } = await web.exited;
     expect(code, web.out()).to.equal(0);
     expect(web.out()).to.contain('stopped cleanly').and.not.contain('second signal');
