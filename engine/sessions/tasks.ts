@@ -227,18 +227,24 @@ export function tasksOf(deps: TasksDeps) {
     };
   }
 
-  /** Starts a ready task's run, unless its session is paused (then it waits, queued, for the resume). */
-  async function dispatch(session: Session, taskId: string, known?: Map<string, TaskRecord>): Promise<void> {
+  /**
+   * Starts a ready task's run, unless its session is paused (then it waits, queued, for the resume). False
+   * when there was nothing to do: the task had its run already, or has ended.
+   */
+  async function dispatch(session: Session, taskId: string, known?: Map<string, TaskRecord>): Promise<boolean> {
     const task = known?.get(taskId) ?? (await store.tasks.get(session.tenant_id, session.id, taskId));
     // a task is started once: pending, or queued by a pause and not started since
-    if (!task || !(task.status === 'pending' || (task.status === 'queued' && !task.run_ids.length))) return;
-    if (session.status === 'archived') return cancelTask(session, task.id);
+    if (!task || !(task.status === 'pending' || (task.status === 'queued' && !task.run_ids.length))) return false;
+    if (session.status === 'archived') {
+      await cancelTask(session, task.id);
+      return true;
+    }
     if (session.status === 'paused') {
       const held = await move(task, { status: 'queued' }, ['pending']);
       // a resume that listed the tasks before this one was held has ended the pause since: it starts now
       const now = held && (await store.sessions.get(session.tenant_id, session.id));
       if (now && now.status !== 'paused') await dispatch(now, held.id);
-      return;
+      return held !== null;
     }
     const trigger = { prior_attempts: 0, ...(task.agent_id && task.goal ? { inbox_after: task.inbox_after ?? 0 } : {}) };
     try {
@@ -255,6 +261,7 @@ export function tasksOf(deps: TasksDeps) {
       if (!(err instanceof AppError) || !UNSTARTABLE.has(err.code)) throw err;
       await failUnstartable(session, task, err);
     }
+    return true;
   }
 
   /**
@@ -713,8 +720,7 @@ export function tasksOf(deps: TasksDeps) {
                 await cancelTask(session, t.id);
                 await deps.recount(t.tenant_id, t.session_id);
                 finished++;
-              } else if (session && session.status !== 'paused') {
-                await dispatch(session, t.id);
+              } else if (session && session.status !== 'paused' && (await dispatch(session, t.id))) {
                 await deps.recount(t.tenant_id, t.session_id);
                 started++;
               }
@@ -742,8 +748,8 @@ export function tasksOf(deps: TasksDeps) {
             const change = await dag.add(t.session_id, [t], endedAmong(await store.tasks.getMany(t.tenant_id, t.session_id, t.depends_on), [t]));
             await apply(session, change);
             started += change.ready.length;
-          } else {
-            await dispatch(session, t.id);
+          } else if (await dispatch(session, t.id)) {
+            // a task the normal path started since the page was read is no repair: dispatch found its run
             started++;
           }
           await deps.recount(t.tenant_id, t.session_id);

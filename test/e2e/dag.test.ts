@@ -850,6 +850,25 @@ describe('task DAG', function () {
     }
   });
 
+  it('counts as repaired only what the reconciler did: a task the normal path started after the pass read it is not counted', async () => {
+    const id = await session();
+    expect((await h.call('POST', `/api/v1/sessions/${id}/tasks`, { body: { id: 'a', steps: sh('true') } })).status).to.equal(201);
+    const s = await settled(id, 1);
+    // the pass read it pending, and Redis said it was ready, before the normal path started (and here ended) it
+    const before = { ...s.tasks[0], status: 'pending', run_ids: [] };
+    await h.rt.redis.hset(`${h.config.queuePrefix}:dag:{${id}}:state`, 'a', 'queued');
+    const tasks = h.rt.store.tasks;
+    const listStale = tasks.listStale.bind(tasks);
+    tasks.listStale = async (status, ...rest) => (status === 'pending' ? [before as never] : listStale(status, ...rest));
+    try {
+      expect(await h.rt.engine.sessions.reconcile(0)).to.deep.equal({ finished: 0, started: 0 });
+    } finally {
+      tasks.listStale = listStale;
+      await h.rt.redis.hset(`${h.config.queuePrefix}:dag:{${id}}:state`, 'a', 'succeeded');
+    }
+    expect((await h.call<Body>('GET', `/api/v1/sessions/${id}`)).body.tasks[0].run_ids).to.have.length(1);
+  });
+
   it('numbers the tasks of two adds at once apart: each batch in one run of positions, and listed so', async () => {
     const id = await session();
     await h.call('PATCH', `/api/v1/sessions/${id}`, { body: { status: 'paused' } });

@@ -13,6 +13,8 @@ export const TOP = '\uffff';
 
 /** How long a statement waits for another process's write lock before it fails with SQLITE_BUSY. */
 export const BUSY_TIMEOUT_MS = 5000;
+/** What the write-ahead log keeps of its file once checkpointed (SQLite truncates it to this). */
+const WAL_SIZE_LIMIT_BYTES = 16 * 1024 * 1024;
 
 export function openDatabase(file: string): Db {
   if (file !== ':memory:') fs.mkdirSync(path.dirname(file), { recursive: true });
@@ -21,6 +23,8 @@ export function openDatabase(file: string): Db {
   db.pragma('synchronous = NORMAL');
   db.pragma(`busy_timeout = ${BUSY_TIMEOUT_MS}`);
   db.pragma('foreign_keys = ON');
+  // the write-ahead log is cut back to this once checkpointed: a burst of writes does not leave it at its peak for good
+  db.pragma(`journal_size_limit = ${WAL_SIZE_LIMIT_BYTES}`);
   migrate(db);
   return db;
 }
