@@ -192,16 +192,22 @@ export async function startWorkers(rt: Runtime, processors: Processors = process
   // one pass at a time: a pass longer than the interval (a large repair after Redis lost its data) is not joined by the next
   let reconciling: Promise<unknown> | null = null;
   const reconcile = () => (reconciling ??= reconcilePass().finally(() => (reconciling = null)));
-  const reconcilePass = () =>
-    Promise.all([
-      rt.engine.runs.reconcile({ isExecuting: rt.engine.executor.isExecuting }),
-      rt.engine.sessions.reconcile(),
-      rt.engine.schedules.reconcile(),
-      rt.engine.webhooks.reconcile(),
-      rt.engine.notifications.reconcile(),
-      rt.engine.gates.reconcile(undefined, { elsewhere: () => rt.engine.runs.claims.elsewhere() }),
-      rt.engine.audits.reconcile(),
-    ]).catch((err: unknown) => rt.log.warn({ err: (err as Error).message }, 'reconcile failed'));
+  const reconcilers: [string, () => Promise<unknown>][] = [
+    ['runs', () => rt.engine.runs.reconcile({ isExecuting: rt.engine.executor.isExecuting })],
+    ['sessions', () => rt.engine.sessions.reconcile()],
+    ['schedules', () => rt.engine.schedules.reconcile()],
+    ['webhooks', () => rt.engine.webhooks.reconcile()],
+    ['notifications', () => rt.engine.notifications.reconcile()],
+    ['gates', () => rt.engine.gates.reconcile(undefined, { elsewhere: () => rt.engine.runs.claims.elsewhere() })],
+    ['audits', () => rt.engine.audits.reconcile()],
+  ];
+  // a pass ends when every reconciler has (one that fails holds back no other, and is logged by its name)
+  const reconcilePass = async () => {
+    const settled = await Promise.allSettled(reconcilers.map(([, pass]) => pass()));
+    settled.forEach((r, i) => {
+      if (r.status === 'rejected') rt.log.warn({ reconciler: reconcilers[i]![0], err: (r.reason as Error)?.message }, 'reconcile failed');
+    });
+  };
   const reconciler = setInterval(reconcile, rt.config.reconcileIntervalSeconds * 1000);
   reconciler.unref();
   void reconcile();

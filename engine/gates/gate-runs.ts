@@ -45,6 +45,8 @@ export function gateRunsOf(deps: GatesDeps) {
   let flows: FlowProducer | undefined;
   /** gates this process is running, by gate run: a cancel stops them */
   const running = new Map<string, Set<AbortController>>();
+  /** the gate runs whose gate jobs this process runs, from their start until their results are kept */
+  const claimed = new Map<string, number>();
   /** a file hasher per workspace folder: a digest after a change reads only what changed */
   const hashers = new Map<string, FileHasher>();
 
@@ -63,6 +65,55 @@ export function gateRunsOf(deps: GatesDeps) {
     const root = await tenantRoot(settings, tenantId);
     const dir = await resolveWorkspace(root, requested, at);
     return { dir, name: path.relative(root, dir) || '.' };
+  }
+
+  /** One gate of a gate run, claimed (see runGateJob): its result kept at once, and told. */
+  async function runGateClaimed(record: GateRunRecord, tenantId: string, gateRunId: string, gateId: string): Promise<GateResult> {
+    const ws = await workspaceOf(tenantId, record.workspace);
+    const gate = (await loadGateSet(ws.dir)).gates.find((g) => g.id === gateId);
+    const git = await gitState(sandbox, ws.dir);
+    const ctx = { workspaceName: ws.name, git };
+    let result: GateResult;
+    if (!gate) {
+      const at = clock.now().toISOString();
+      result = skipped(gateId, subjectOf(ctx), 'the gate is no longer in the gate set', at);
+    } else {
+      const controller = new AbortController();
+      const mine = running.get(gateRunId) ?? new Set();
+      running.set(gateRunId, mine.add(controller));
+      try {
+        const ran = await runGate(gate, {
+          sandbox,
+          workspace: ws.dir,
+          workspaceName: ws.name,
+          git,
+          hasher: hasherOf(ws.dir),
+          baseEnv: settings.childEnv,
+          // a gate set is the tenant's: it gets none of the service's environment beyond the base
+          envValue: gateEnv((name) => settings.childEnv[name]),
+          network: false,
+          signal: controller.signal,
+        });
+        result = ran.result;
+        if (ran.artifacts.length) await store.evidence.append(tenantId, () => [], ran.artifacts);
+      } finally {
+        mine.delete(controller);
+        if (!mine.size) running.delete(gateRunId);
+      }
+    }
+    await store.gateRuns.putResult(tenantId, gateRunId, result);
+    await emit(record, {
+      type: 'gate.finished',
+      data: {
+        gate_run_id: gateRunId,
+        gate_id: gateId,
+        conclusion: result.conclusion,
+        required: result.required,
+        summary: result.summary,
+        duration_ms: result.duration_ms,
+      },
+    });
+    return result;
   }
 
   async function mustGet(tenantId: string, id: string): Promise<GateRunRecord> {
@@ -131,51 +182,15 @@ export function gateRunsOf(deps: GatesDeps) {
     async runGateJob(tenantId: string, gateRunId: string, gateId: string): Promise<GateResult | null> {
       const record = await store.gateRuns.get(tenantId, gateRunId);
       if (!record || record.status !== 'running') return null;
-      const ws = await workspaceOf(tenantId, record.workspace);
-      const gate = (await loadGateSet(ws.dir)).gates.find((g) => g.id === gateId);
-      const git = await gitState(sandbox, ws.dir);
-      const ctx = { workspaceName: ws.name, git };
-      let result: GateResult;
-      if (!gate) {
-        const at = clock.now().toISOString();
-        result = skipped(gateId, subjectOf(ctx), 'the gate is no longer in the gate set', at);
-      } else {
-        const controller = new AbortController();
-        const mine = running.get(gateRunId) ?? new Set();
-        running.set(gateRunId, mine.add(controller));
-        try {
-          const ran = await runGate(gate, {
-            sandbox,
-            workspace: ws.dir,
-            workspaceName: ws.name,
-            git,
-            hasher: hasherOf(ws.dir),
-            baseEnv: settings.childEnv,
-            // a gate set is the tenant's: it gets none of the service's environment beyond the base
-            envValue: gateEnv((name) => settings.childEnv[name]),
-            network: false,
-            signal: controller.signal,
-          });
-          result = ran.result;
-          if (ran.artifacts.length) await store.evidence.append(tenantId, () => [], ran.artifacts);
-        } finally {
-          mine.delete(controller);
-          if (!mine.size) running.delete(gateRunId);
-        }
+      // claimed until its result is kept, not only while its gate runs: a reconciler never seals between the two
+      claimed.set(gateRunId, (claimed.get(gateRunId) ?? 0) + 1);
+      try {
+        return await runGateClaimed(record, tenantId, gateRunId, gateId);
+      } finally {
+        const n = (claimed.get(gateRunId) ?? 1) - 1;
+        if (n > 0) claimed.set(gateRunId, n);
+        else claimed.delete(gateRunId);
       }
-      await store.gateRuns.putResult(tenantId, gateRunId, result);
-      await emit(record, {
-        type: 'gate.finished',
-        data: {
-          gate_run_id: gateRunId,
-          gate_id: gateId,
-          conclusion: result.conclusion,
-          required: result.required,
-          summary: result.summary,
-          duration_ms: result.duration_ms,
-        },
-      });
-      return result;
     },
 
     /** The parent job: every gate's result (cancelled when it has none) sealed into the ledger, once. */
@@ -242,7 +257,7 @@ export function gateRunsOf(deps: GatesDeps) {
       const last = page.at(-1);
       staleAfter = page.length < STALE_GATE_RUNS_PAGE || !last ? undefined : { created_at: last.created_at, id: last.id };
       for (const r of page) {
-        if (running.has(r.id) || elsewhere.has(r.id)) continue;
+        if (claimed.has(r.id) || elsewhere.has(r.id)) continue;
         const seal = await queues.get('gates').getJob(`${r.id}__seal`);
         const state = seal ? await seal.getState() : 'missing';
         // a seal job that completed with its run still running ended without sealing it: it found the claim of a
@@ -262,7 +277,7 @@ export function gateRunsOf(deps: GatesDeps) {
     get: mustGet,
     list: (tenantId: string, q: { workspace?: string; limit: number; cursor?: string }) => store.gateRuns.list(tenantId, q),
     /** the gate runs whose gates this process is running now (the workers claim them, as they claim runs) */
-    executing: (): string[] => [...running.keys()],
+    executing: (): string[] => [...claimed.keys()],
 
     async close(): Promise<void> {
       await flows?.close();

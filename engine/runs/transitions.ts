@@ -392,7 +392,9 @@ export function transitionsOf(deps: TransitionsDeps) {
       }
       // a run that may have been held gave its slot back: it has one (admitted), takes a free one, or waits in
       // its tenant's line, its job offered again later (a slot freed for it finds the job there)
-      if (holdable.some((may) => may(run)) && !(await slots.admit(run.tenant_id, run.id, true))) return { held: 'waiting in its tenant’s line' };
+      // (one canceled meanwhile and put in line is let go when its turn comes: a release passes over a run no longer queued)
+      const admits = holdable.some((may) => may(run));
+      if (admits && !(await slots.admit(run.tenant_id, run.id, true))) return { held: 'waiting in its tenant’s line' };
       const at = clock.now();
       const started = await store.runs.update(
         run.tenant_id,
@@ -400,7 +402,11 @@ export function transitionsOf(deps: TransitionsDeps) {
         { status: 'running', started_at: at.toISOString(), sandbox },
         { status: ['queued'], attempt: run.attempt },
       );
-      if (!started) return null;
+      if (!started) {
+        // ended meanwhile (canceled, its session archived): the slot it took again goes back, as its end gave it
+        if (admits) await release(run.tenant_id, run.id);
+        return null;
+      }
       const queuedMs = Math.max(0, at.getTime() - new Date(run.attempts.at(-1)?.finished_at ?? run.created_at).getTime());
       metrics.runQueueWait.observe({ kind: run.kind }, queuedMs / 1000);
       // the event is asked for first, and not waited for: the attempt's steps, whose events follow it in the

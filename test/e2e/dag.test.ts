@@ -869,6 +869,36 @@ describe('task DAG', function () {
     expect((await h.call<Body>('GET', `/api/v1/sessions/${id}`)).body.tasks[0].run_ids).to.have.length(1);
   });
 
+  it('gives back the slot a task run took again at its start when it was canceled meanwhile', async () => {
+    const one = await startHarness({ env: { SERVICE_TENANT_MAX_RUNNING: '1' } });
+    try {
+      let canceled = 0;
+      // a cancel that lands while the run's start is checked (after the session's guard, before its write)
+      one.rt.engine.runs.guardStart(async (run) => {
+        if (run.trigger.type !== 'task' || canceled++) return null;
+        await one.call('POST', `/api/v1/runs/${run.id}/cancel`);
+        // the cancel's end has given the slot back before the start goes on
+        await eventually(async () => (await one.rt.engine.runs.reliabilityContext('tenant-a')).tenant.running === 0 || null, 'the cancel to free the slot');
+        return null;
+      });
+      const id = (await one.call<Body>('POST', '/api/v1/sessions', { body: { title: 'cut' } })).body.id as string;
+      expect((await one.call('POST', `/api/v1/sessions/${id}/tasks`, { body: { id: 'a', steps: sh('true') } })).status).to.equal(201);
+      await eventually(
+        async () => (await one.call<Body>('GET', `/api/v1/sessions/${id}`)).body.tasks[0].status === 'canceled' || null,
+        'the task to be canceled',
+      );
+      const other = await one.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: sh('echo other') } });
+      await eventually(
+        async () => (await one.call<Body>('GET', `/api/v1/runs/${other.body.run_id}`)).body.status === 'succeeded' || null,
+        'the tenant’s next run to run',
+        10_000,
+      );
+      expect((await one.rt.engine.runs.reliabilityContext('tenant-a')).tenant).to.deep.include({ running: 0, waiting: 0 });
+    } finally {
+      await one.close();
+    }
+  });
+
   it('numbers the tasks of two adds at once apart: each batch in one run of positions, and listed so', async () => {
     const id = await session();
     await h.call('PATCH', `/api/v1/sessions/${id}`, { body: { status: 'paused' } });
