@@ -748,10 +748,11 @@ export interface paths {
         head?: never;
         /**
          * Edit an agent
-         * @description Changes the fields given. A run takes a snapshot of its agent when it is made (its instructions in
-         *     its goal, its tools, budget and model), so an edit never changes a run already made: it reaches the
-         *     runs made after it (a task that becomes ready, a task's next run after an answer). An archived
-         *     session's agents are read-only (409).
+         * @description Changes the fields given (a merge, RFC 7396: `budget`'s members given change, `max_steps: null`
+         *     removes it). A run takes a snapshot of its agent when it is made (its instructions in its goal, its
+         *     tools, budget and model), so an edit never changes a run already made: it reaches the runs made after
+         *     it (a task that becomes ready, a task's next run after an answer). An archived session's agents are
+         *     read-only (409).
          */
         patch: operations["updateSessionAgent"];
         trace?: never;
@@ -4681,6 +4682,7 @@ export interface operations {
         requestBody: {
             content: {
                 "application/json": components["schemas"]["AgentPatch"];
+                "application/merge-patch+json": components["schemas"]["AgentPatch"];
             };
         };
         responses: {

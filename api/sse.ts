@@ -201,7 +201,9 @@ async function openStream(req: Request, res: Response, opts: SseOptions, leave: 
     res.end();
   };
   const forget = opts.streams.add(end);
-  req.on('close', end);
+  // the response's close, not the request's: a request whose body was read (a POST with stream: true) has
+  // closed already, and would never tell that its client left
+  res.on('close', end);
 
   // What a reader has not taken is held for it up to BUFFERED_MAX_BYTES, never more: a reader that does not
   // keep up (or does not read at all) would otherwise hold the whole log in this process's memory, once per
@@ -251,9 +253,11 @@ async function openStream(req: Request, res: Response, opts: SseOptions, leave: 
           const seen = overflows;
           // a reader that fell behind (its socket full, or live events past what waits for it) may have been
           // passed by the log's trim meanwhile: told, never by a silent gap
+          // asked after the page is read: a trim only takes the oldest, so nothing before the page was missed
+          // unless it says so (asked before, a trim between the two would go untold)
+          const page = await opts.hub.after(opts.scope.stream, lastSent, CATCH_UP_PAGE);
           const dropped = await opts.hub.droppedAfter(opts.scope.stream, lastSent);
           if (dropped && dropped !== told) truncated(lastSent, (told = dropped));
-          const page = await opts.hub.after(opts.scope.stream, lastSent, CATCH_UP_PAGE);
           let i = 0;
           // what the reader cannot take now is read again once it has (from the last event written)
           for (; i < page.length && !congested(); i++) write(page[i]!);

@@ -69,6 +69,8 @@ export function autonomyRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
 
   const start = (kind: RunKind) => async (req: Request, res: Response) => {
     const { stream, ...work } = req.body as AutonomyRunRequest;
+    // a tenant at its streams' limit is refused before a run is started for a stream it would not get
+    if (stream) opts.streams.assertRoom(tenantOf(req));
     const { run, replayed } = await startAutonomyRun(engine, req, kind, work);
     if (stream) await watch(req, res, run.session_id, '0-0', { headers: { Location: runLocation(run.id) } });
     else acceptRun(res, engine, run, replayed);

@@ -311,7 +311,7 @@ export function sessionsOf(deps: SessionsDeps) {
           return {
             texts: mine.map(
               (m) =>
-                `Message from ${m.from ? `agent ${names.get(m.from) ?? m.from}` : m.role}${m.to ? ' to you' : ''}${agentId && repliesTo(m) === agentId ? ' (a reply to your message)' : ''}: ${textOf(m)}`,
+                `Message from ${m.from ? `agent ${names.get(m.from) ?? m.from}` : m.role}${m.to && m.to === agentId ? ' to you' : ''}${agentId && repliesTo(m) === agentId ? ' (a reply to your message)' : ''}: ${textOf(m)}`,
             ),
             lastSeq: page.at(-1)!.seq,
           };

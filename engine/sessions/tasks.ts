@@ -313,24 +313,26 @@ export function tasksOf(deps: TasksDeps) {
 
   /**
    * Does this message answer the task's question: a reply to it, or a message to its agent or a person's
-   * message to all; never the agent's own, never another agent's broadcast, and never a reply to another
-   * question (`questions`: the ids among the messages replied to that are questions; another task's
-   * question is not this one's).
+   * message to all; never the agent's own, never another agent's broadcast, never a reply to another
+   * question (another task's question is not this one's), and never a reply to all that replies to another
+   * agent's message (it is that agent's, as its inbox has it). `replied`: the messages replied to, by id.
    */
-  function answers(t: TaskRecord, m: MessageRecord, questions: ReadonlySet<string>): boolean {
+  function answers(t: TaskRecord, m: MessageRecord, replied: ReadonlyMap<string, MessageRecord>): boolean {
     const q = questionOf(t);
     if (!q || m.seq <= readUpTo(q) || !mayAnswer(m)) return false;
     if (t.agent_id && m.from === t.agent_id) return false;
     if (m.in_reply_to === q.message_id) return true;
-    if (m.in_reply_to !== null && questions.has(m.in_reply_to)) return false;
+    const to = m.in_reply_to ? replied.get(m.in_reply_to) : undefined;
+    if (to?.kind === 'input_request') return false;
+    if (m.to === null && to?.from && to.from !== t.agent_id) return false;
     return (m.to !== null && m.to === t.agent_id) || (m.to === null && (m.role === 'user' || m.role === 'system'));
   }
 
-  /** Which of the messages these reply to are questions (`input_request`), read once each. */
-  async function questionsAmong(session: Session, messages: MessageRecord[]): Promise<Set<string>> {
+  /** The messages these reply to, by id, read once each. */
+  async function repliedAmong(session: Session, messages: MessageRecord[]): Promise<Map<string, MessageRecord>> {
     const named = [...new Set(messages.flatMap((m) => (m.in_reply_to ? [m.in_reply_to] : [])))];
     const found = await Promise.all(named.map((id) => store.messages.get(session.tenant_id, session.id, id)));
-    return new Set(found.flatMap((m) => (m?.kind === 'input_request' ? [m.id] : [])));
+    return new Map(found.flatMap((m) => (m ? [[m.id, m] as const] : [])));
   }
 
   /** Could this message answer any task: a reply, a message to an agent, or a person's to all (an agent's broadcast answers nobody). */
@@ -390,8 +392,8 @@ export function tasksOf(deps: TasksDeps) {
     if (task.status !== 'input_required' || !q || session.status === 'paused' || session.status === 'archived') return false;
     for (let after = readUpTo(q); ;) {
       const page = await store.messages.list(session.tenant_id, session.id, { afterSeq: after, limit: 200 });
-      const questions = await questionsAmong(session, page);
-      if (page.some((m) => answers(task, m, questions))) {
+      const replied = await repliedAmong(session, page);
+      if (page.some((m) => answers(task, m, replied))) {
         await continueTask(session, task);
         return true;
       }
@@ -681,9 +683,9 @@ export function tasksOf(deps: TasksDeps) {
       if (session.kind !== 'multi_agent' || session.status === 'paused' || !mayAnswer(message)) return;
       // most messages find no task waiting: a count answers that without reading every task
       if (!(await store.tasks.counts(session.tenant_id, session.id)).input_required) return;
-      const [tasks, questions] = await Promise.all([store.tasks.list(session.tenant_id, session.id), questionsAmong(session, [message])]);
+      const [tasks, replied] = await Promise.all([store.tasks.list(session.tenant_id, session.id), repliedAmong(session, [message])]);
       for (const t of tasks) {
-        if (t.status === 'input_required' && answers(t, message, questions))
+        if (t.status === 'input_required' && answers(t, message, replied))
           await continueTask(session, t).catch((err: unknown) => log.error({ err, task_id: t.id }, 'an answered task could not continue'));
       }
     },

@@ -375,6 +375,25 @@ describe('agents of a session', function () {
     });
   });
 
+  it('takes a person’s reply to all that replies to another agent’s message as that agent’s: a waiting agent is not answered by it', async () => {
+    const script: ScriptedTurn[] = [{ tool_calls: [{ name: 'ask_for_input', args: { question: 'Which branch?' } }] }, { content: 'Done.' }];
+    await withAgents(script, async (h, model, session) => {
+      const asker = await agent(h, session, { name: 'asker' });
+      const builder = await agent(h, session, { name: 'builder', tool_allowlist: ['message'] });
+      await task(h, session, { id: 'ask', goal: 'Deploy', agent_id: asker.id });
+      await sessionWhen(h, session, (s) => s.tasks[0].status === 'input_required', 'the task to wait');
+      await task(h, session, { id: 'say', agent_id: builder.id, steps: [{ tool: 'message', args: { text: 'The build is green.' } }] });
+      await sessionWhen(h, session, (s) => s.tasks.find((t: Body) => t.id === 'say')?.status === 'succeeded', 'the builder to speak');
+      const said = ((await h.call<Body>('GET', `/api/v1/sessions/${session}/messages`)).body.data as Body[]).find((m) => m.from === builder.id)!;
+      expect(
+        (await h.call('POST', `/api/v1/sessions/${session}/messages`, { body: { role: 'user', in_reply_to: said.id, parts: text('Nice.') } })).status,
+      ).to.equal(201);
+      await new Promise((r) => setTimeout(r, 500));
+      expect((await h.call<Body>('GET', `/api/v1/sessions/${session}`)).body.tasks.find((t: Body) => t.id === 'ask').status).to.equal('input_required');
+      expect(model.requests).to.have.length(1);
+    });
+  });
+
   it('writes nothing in a session archived after a route checked it: a message, a new agent and an agent’s edit are refused with 409', async () => {
     await withAgents([{ content: 'unused' }], async (h, _model, session) => {
       const writer = await agent(h, session, { name: 'writer' });
@@ -437,8 +456,13 @@ describe('agents of a session', function () {
       const patch = (budget: Body) => h.call<Body>('PATCH', `/api/v1/sessions/${session}/agents/${capped.id}`, { body: { budget } });
       expect((await patch({ max_steps: 3 })).body.budget).to.deep.equal({ seconds: 120, max_steps: 3 });
       expect((await patch({ seconds: 50 })).body.budget).to.deep.equal({ seconds: 50, max_steps: 3 });
-      // null removes the bound on steps (RFC 7396), as an automation's budget patch does
-      expect((await patch({ max_steps: null })).body.budget).to.deep.equal({ seconds: 50 });
+      // null removes the bound on steps (RFC 7396), as an automation's budget patch does, sent as a merge patch too
+      const merged = await h.call<Body>('PATCH', `/api/v1/sessions/${session}/agents/${capped.id}`, {
+        raw: JSON.stringify({ budget: { max_steps: null } }),
+        headers: { 'content-type': 'application/merge-patch+json' },
+      });
+      expect(merged.status, merged.text).to.equal(200);
+      expect(merged.body.budget).to.deep.equal({ seconds: 50 });
     });
   });
 

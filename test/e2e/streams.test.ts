@@ -156,6 +156,49 @@ describe('run session streams', function () {
     }
   });
 
+  it('gives back the place of a POST stream whose client left, and refuses a POST stream at the limit before starting its run', async () => {
+    const capped = await startHarness({ env: { SERVICE_TENANT_MAX_STREAMS: '1' } });
+    const held = releasable(capped, 'release-post-stream');
+    const opened: AbortController[] = [];
+    try {
+      const post = async (steps: unknown[]) => {
+        const abort = new AbortController();
+        opened.push(abort);
+        const res = await fetch(`${capped.url}/api/v1/autonomy/run`, {
+          method: 'POST',
+          headers: { authorization: `Bearer ${KEYS.a}`, 'content-type': 'application/json' },
+          body: JSON.stringify({ stream: true, steps }),
+          signal: abort.signal,
+        });
+        return { res, abort };
+      };
+      const first = await post([{ tool: 'shell', args: { command: held.command } }]);
+      expect(first.res.status).to.equal(200);
+      const runId = first.res.headers.get('location')!.split('/').pop()!;
+      await first.res.body!.getReader().read(); // the stream began
+      first.abort.abort();
+      // its client gone, its place is free while the run still runs
+      const run = (await capped.call<Record<string, any>>('GET', `/api/v1/runs/${runId}`)).body;
+      const watch = new AbortController();
+      opened.push(watch);
+      const url = `${capped.url}/api/v1/autonomy/streaming/${run.session_id}/events`;
+      const again = await eventually(async () => {
+        const res = await fetch(url, { headers: { authorization: `Bearer ${KEYS.a}` }, signal: watch.signal });
+        return res.status === 200 ? res : null;
+      }, 'the left stream’s place to be free');
+      expect(again.status).to.equal(200);
+      // at its limit again: a POST stream is refused before it starts a run
+      const before = (await capped.call<Record<string, any>>('GET', '/api/v1/runs?limit=100')).body.data.length;
+      const refused = await post([{ tool: 'message', args: { text: 'x' } }]);
+      expect(refused.res.status).to.equal(429);
+      expect((await capped.call<Record<string, any>>('GET', '/api/v1/runs?limit=100')).body.data.length).to.equal(before);
+    } finally {
+      for (const a of opened) a.abort();
+      await held.release();
+      await capped.close();
+    }
+  });
+
   it('lets a run started through each route be watched to its end', async () => {
     const automation = (
       await h.call('POST', '/api/v1/automations', { body: { name: 'watched', steps: [{ tool: 'shell', args: { command: 'echo automation' } }] } })

@@ -51,14 +51,20 @@ describe('SSE streams', () => {
   it('tells a reader catching up from the log that the log was trimmed past it meanwhile, once, before what is kept', async () => {
     const event = (n: number) => ({ id: `1-${n}`, type: 'step.output', tenant_id: 't', at: '2026-01-01T00:00:00Z', data: { n } });
     const log = [1, 2, 3, 4, 5].map(event);
-    let checks = 0;
+    let trimmed = false;
     const hub = {
-      // nothing trimmed when the stream opens; by the time it reads the log, what follows 1-2 is gone up to 1-4
-      droppedAfter: async (_s: string, after: string) => (checks++ === 0 ? null : after < '1-4' ? '1-4' : null),
+      // nothing trimmed when the stream opens; by the time it reads the log, what follows 1-1 is gone up to 1-4
+      droppedAfter: async (_s: string, after: string) => {
+        if (!trimmed) {
+          trimmed = true;
+          return null;
+        }
+        return after < '1-4' ? '1-4' : null;
+      },
       lastId: async () => '1-5',
       subscribe: async () => ({ close() {} }),
       anyAfter: async () => false,
-      after: async (_s: string, after: string, n: number) => log.filter((e) => e.id > after && (checks < 2 || e.id === '1-1' || e.id >= '1-4')).slice(0, n),
+      after: async (_s: string, after: string, n: number) => log.filter((e) => e.id > after && (!trimmed || e.id === '1-1' || e.id >= '1-4')).slice(0, n),
     } as unknown as EventHub;
     const app = express();
     app.get('/s', async (req, res) => {
