@@ -842,8 +842,11 @@ describe('task DAG', function () {
         return s.outcome ? s : null;
       }, 'the session to end');
       expect(ended.outcome).to.equal('succeeded');
-      const ctx = await one.rt.engine.runs.reliabilityContext('tenant-a');
-      expect(ctx.tenant).to.deep.include({ running: 0, waiting: 0 });
+      // the slot of a run that ended is given back in its end's round trip, a moment after its status is stored
+      await eventually(async () => {
+        const { running, waiting } = (await one.rt.engine.runs.reliabilityContext('tenant-a')).tenant;
+        return (running === 0 && waiting === 0) || null;
+      }, 'every slot to be free');
       await held.clear();
     } finally {
       await one.close();
@@ -893,7 +896,11 @@ describe('task DAG', function () {
         'the tenant’s next run to run',
         10_000,
       );
-      expect((await one.rt.engine.runs.reliabilityContext('tenant-a')).tenant).to.deep.include({ running: 0, waiting: 0 });
+      // the slot of a run that ended is given back in its end's round trip, a moment after its status is stored
+      await eventually(async () => {
+        const { running, waiting } = (await one.rt.engine.runs.reliabilityContext('tenant-a')).tenant;
+        return (running === 0 && waiting === 0) || null;
+      }, 'every slot to be free');
     } finally {
       await one.close();
     }
