@@ -232,6 +232,8 @@ export interface DeliveryRepo {
    * (by received_at, then id); `after` (the last delivery of the page before) pages on.
    */
   listStale(status: DeliveryStatus, receivedBefore: string, limit: number, after?: Pick<WebhookDelivery, 'received_at' | 'id'>): Promise<WebhookDelivery[]>;
+  /** System use (the reconciler): deletes at most `limit` rejected deliveries received before a time, oldest first; how many went. */
+  pruneRejected(receivedBefore: string, limit: number): Promise<number>;
   /** Adds one to a delivery's attempts while its status is one of `ifStatusIn`, in one atomic write: the record after, or null. */
   addAttempt(tenantId: string, id: string, ifStatusIn: DeliveryStatus[]): Promise<WebhookDelivery | null>;
   /**

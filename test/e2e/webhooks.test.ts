@@ -891,5 +891,19 @@ describe('webhook rate limit', function () {
     expect(await job!.isFailed()).to.equal(true);
     expect(await h.rt.engine.webhooks.reconcile()).to.deep.equal({ requeued: 0, retried: 1, errors: 0 });
     expect(await job!.isFailed()).to.equal(false);
+    // a refused request's record is kept a week: an older one goes at a reconcile, a newer one stays
+    const week = 7 * 86_400_000;
+    const refusedOld = {
+      ...d[0]!,
+      id: newId('whd'),
+      provider_delivery_id: null,
+      status: 'rejected' as const,
+      received_at: new Date(Date.now() - week - 60_000).toISOString(),
+    };
+    const refusedNew = { ...refusedOld, id: newId('whd'), received_at: new Date(Date.now() - week + 3_600_000).toISOString() };
+    for (const r of [refusedOld, refusedNew]) await store.deliveries.insert(r);
+    await h.rt.engine.webhooks.reconcile();
+    expect(await store.deliveries.get('tenant-a', refusedOld.id)).to.equal(null);
+    expect(await store.deliveries.get('tenant-a', refusedNew.id)).to.not.equal(null);
   });
 });

@@ -777,6 +777,19 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       const rest = await store.deliveries.listStale('received', cutoff, 2, firstPage.at(-1));
       expect([...firstPage, ...rest].map((d) => d.id)).to.deep.equal([older.id, ...twins.map((d) => d.id)].sort());
       expect(await store.deliveries.listStale('received', cutoff, 2, rest.at(-1))).to.deep.equal([]);
+      // rejected ones received before a time are deleted, oldest first, a page at a time; nothing else is
+      const oldRejected = [1, 2, 3].map((i) => deliveryFixture('t5', { status: 'rejected', received_at: new Date(Date.now() - 3_600_000 + i).toISOString() }));
+      const newRejected = deliveryFixture('t5', { status: 'rejected' });
+      const oldReceived = deliveryFixture('t5', { received_at: new Date(Date.now() - 3_600_000).toISOString() });
+      for (const d of [...oldRejected, newRejected, oldReceived]) await store.deliveries.insert(d);
+      const minuteAgo = new Date(Date.now() - 60_000).toISOString();
+      expect(await store.deliveries.pruneRejected(minuteAgo, 2)).to.equal(2);
+      expect(await store.deliveries.get('t5', oldRejected[0]!.id)).to.equal(null);
+      expect(await store.deliveries.get('t5', oldRejected[2]!.id)).to.not.equal(null);
+      expect(await store.deliveries.pruneRejected(minuteAgo, 2)).to.equal(1);
+      expect(await store.deliveries.pruneRejected(minuteAgo, 2)).to.equal(0);
+      expect((await store.deliveries.get('t5', newRejected.id))!.status).to.equal('rejected');
+      expect((await store.deliveries.get('t5', oldReceived.id))!.status).to.equal('received');
     });
 
     it('lists enabled automations with a trigger type for one tenant', async () => {

@@ -58,6 +58,15 @@ export function deliveryRepo(model: Model<Stored<WebhookDelivery>>): DeliveryRep
         .lean<Stored<WebhookDelivery>>();
       return fromStored(updated);
     },
+    async pruneRejected(before, limit) {
+      const old = await model
+        .find({ status: 'rejected', received_at: { $lt: before } }, { _id: 1 })
+        .sort({ received_at: 1 })
+        .limit(limit)
+        .lean<{ _id: string }[]>();
+      if (!old.length) return 0;
+      return (await model.deleteMany({ _id: { $in: old.map((d) => d._id) }, status: 'rejected' })).deletedCount;
+    },
     async findByBody(tenantId, kind, bodySha256) {
       return fromStored(
         await model.findOne({ tenant_id: tenantId, kind, body_sha256: bodySha256, status: { $ne: 'rejected' } }).lean<Stored<WebhookDelivery>>(),

@@ -17,6 +17,9 @@ export function deliveryRepo(db: Db): DeliveryRepo {
   const stale = db.prepare<[string, string, string, string, number], { doc: string }>(
     'SELECT doc FROM deliveries WHERE status = ? AND received_at < ? AND (received_at, id) > (?, ?) ORDER BY received_at, id LIMIT ?',
   );
+  const pruneRejected = db.prepare(
+    `DELETE FROM deliveries WHERE id IN (SELECT id FROM deliveries WHERE status = 'rejected' AND received_at < ? ORDER BY received_at LIMIT ?)`,
+  );
   // the partial index's condition word for word (migrations.ts), so that SQLite uses it
   const byBody = db.prepare<[string, string, string], { doc: string }>(
     "SELECT doc FROM deliveries WHERE status <> 'rejected' AND tenant_id = ? AND kind = ? AND body_sha256 = ? LIMIT 1",
@@ -74,6 +77,9 @@ export function deliveryRepo(db: Db): DeliveryRepo {
     },
     async listStale(status, receivedBefore, limit, after) {
       return stale.all(status, receivedBefore, after?.received_at ?? '', after?.id ?? '', limit).map((r) => read(r)!);
+    },
+    async pruneRejected(before, limit) {
+      return commit(() => pruneRejected.run(before, limit).changes);
     },
     async findByBody(tenantId, kind, bodySha256) {
       return read(byBody.get(tenantId, kind, bodySha256));
