@@ -2797,7 +2797,9 @@ export interface components {
             data: {
                 /** @enum {string} */
                 role?: "assistant" | "system" | "user" | "agent" | "tool";
+                /** @description The message's text; of a session's message, its first 4,000 characters (`text_truncated` then says the rest is in the message, `GET /api/v1/sessions/{id}/messages`). */
                 text?: string;
+                text_truncated?: boolean;
                 step?: number;
                 message_id?: string;
                 seq?: number;

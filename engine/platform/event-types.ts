@@ -70,6 +70,8 @@ export type EventBody =
       data: {
         role: 'assistant' | 'system' | 'user' | 'agent' | 'tool';
         text: string;
+        /** the text is the message's first characters only: the whole of it is the message's (GET .../messages) */
+        text_truncated?: boolean;
         step?: number;
         message_id?: string;
         seq?: number;

@@ -161,12 +161,24 @@ export function sessionsOf(deps: SessionsDeps) {
     });
     // archived after the caller's check: the archive's commit came first, and nothing is written past it
     if (!message) throw archivedError(session.id);
+    // the trace carries the text's start: the whole message is in the store (GET .../messages), and the log, kept
+    // in Redis for days, is not made to hold a megabyte a message
+    const text = textOf(message);
     const told = appendStored(session.id, {
       type: 'message.created',
       tenant_id: session.tenant_id,
       session_id: session.id,
       ...(message.run_id ? { run_id: message.run_id } : {}),
-      data: { role: message.role, text: textOf(message), message_id: message.id, seq: message.seq, from: message.from, to: message.to, kind: message.kind },
+      data: {
+        role: message.role,
+        text: text.length > EVENT_TEXT_MAX ? text.slice(0, EVENT_TEXT_MAX) : text,
+        ...(text.length > EVENT_TEXT_MAX ? { text_truncated: true } : {}),
+        message_id: message.id,
+        seq: message.seq,
+        from: message.from,
+        to: message.to,
+        kind: message.kind,
+      },
     });
     if (message.kind !== 'input_request') await tasks.answer(session, message);
     if (!byRun) await told;
@@ -538,6 +550,8 @@ export type Sessions = ReturnType<typeof sessionsOf>;
 
 /** The most characters of a message's text part (api/openapi.yaml's MessagePart): the session tool and agents are held to it too. */
 const MESSAGE_TEXT_MAX = 100_000;
+/** The characters of a message's text its `message.created` event carries (the rest is read from the message). */
+const EVENT_TEXT_MAX = 4000;
 
 /** Refuses a text a message part may not hold, as the API refuses it (code points counted, as the schema does). */
 function textWithinLimit(text: string): void {

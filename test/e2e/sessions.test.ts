@@ -142,6 +142,15 @@ describe('sessions', function () {
       body: { role: 'user', to: 'agt_01m00000000000000000000000', parts: [{ type: 'text', text: 'x' }] },
     });
     expect(unknownAgent.status).to.equal(404);
+    // a long message is whole in the log; its trace event carries its first 4,000 characters and says so
+    const long = 'x'.repeat(60_000);
+    const big = await h.call<Body>('POST', `/api/v1/sessions/${s.id}/messages`, { body: { role: 'user', parts: [{ type: 'text', text: long }] } });
+    expect(big.status).to.equal(201);
+    const event = (await h.rt.events.after(`session:${s.id}`, '0-0')).find((e) => e.type === 'message.created' && (e.data as Body).message_id === big.body.id)!;
+    expect((event.data as Body).text).to.have.length(4000);
+    expect((event.data as Body).text_truncated).to.equal(true);
+    const kept = (await h.call<Body>('GET', `/api/v1/sessions/${s.id}/messages?limit=100`)).body.data.find((m: Body) => m.id === big.body.id);
+    expect(kept.parts[0].text).to.equal(long);
   });
 
   it('streams the trace through a real SSE client: messages and session changes, until the session is archived', async () => {
