@@ -2,6 +2,20 @@ import net from 'node:net';
 import { expect } from 'chai';
 import { KEYS, startHarness, type Harness } from '../support/harness.js';
 
+/** What a server answers to bytes sent as they are, on a connection of their own, until it closes it. */
+function rawAnswer(url: string, bytes: string): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const socket = net.connect(Number(new URL(url).port), '127.0.0.1', () => socket.write(bytes));
+    let text = '';
+    socket.on('data', (d) => (text += d));
+    socket.on('end', () => resolve(text));
+    socket.on('error', reject);
+  });
+}
+
+/** The JSON body of a raw HTTP answer. */
+const bodyOfAnswer = (answer: string) => JSON.parse(answer.slice(answer.indexOf('\r\n\r\n') + 4) || 'null');
+
 describe('bad input', () => {
   let h: Harness;
   before(async () => {
@@ -219,18 +233,10 @@ describe('bad input', () => {
       expect(res.body.detail).to.contain('Content-Type');
     }
     // sent in chunks, its length unknown: a body all the same
-    const { port } = new URL(h.url);
-    const chunked = await new Promise<string>((resolve, reject) => {
-      const socket = net.connect(Number(port), '127.0.0.1', () =>
-        socket.write(
-          `POST /api/v1/api-keys HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${KEYS.a}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n2\r\n{}\r\n0\r\n\r\n`,
-        ),
-      );
-      let text = '';
-      socket.on('data', (d) => (text += d));
-      socket.on('end', () => resolve(text));
-      socket.on('error', reject);
-    });
+    const chunked = await rawAnswer(
+      h.url,
+      `POST /api/v1/api-keys HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${KEYS.a}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n2\r\n{}\r\n0\r\n\r\n`,
+    );
     expect(chunked).to.match(/^HTTP\/1\.1 415 /);
     expect({ keys: await keys(), sessions: await sessions() }).to.deep.equal(before);
   });
@@ -259,39 +265,21 @@ describe('bad input', () => {
   });
 
   it('answers headers over 16 KB with a 431 problem, and closes the connection', async () => {
-    const { port } = new URL(h.url);
-    const answer = await new Promise<string>((resolve, reject) => {
-      const socket = net.connect(Number(port), '127.0.0.1', () =>
-        socket.write(`GET /api/v1/automations HTTP/1.1\r\nHost: x\r\nX-Big: ${'a'.repeat(20_000)}\r\n\r\n`),
-      );
-      let text = '';
-      socket.on('data', (d) => (text += d));
-      socket.on('end', () => resolve(text));
-      socket.on('error', reject);
-    });
+    const answer = await rawAnswer(h.url, `GET /api/v1/automations HTTP/1.1\r\nHost: x\r\nX-Big: ${'a'.repeat(20_000)}\r\n\r\n`);
     expect(answer).to.match(/^HTTP\/1\.1 431 /);
     expect(answer).to.contain('Content-Type: application/problem+json');
-    const body = JSON.parse(answer.slice(answer.indexOf('\r\n\r\n') + 4));
+    const body = bodyOfAnswer(answer);
     expect(body).to.include({ status: 431, code: 'headers-too-large', type: '/problems/headers-too-large' });
     expect(body.request_id).to.match(/^[0-9a-f-]{36}$/);
     expect(answer).to.contain(`\r\nX-Request-Id: ${body.request_id}\r\n`);
   });
 
   it('answers what Node refuses before a request exists as problems with a request id, and a request without Host with a 400', async () => {
-    const { port } = new URL(h.url);
-    const send = (text: string) =>
-      new Promise<string>((resolve, reject) => {
-        const socket = net.connect(Number(port), '127.0.0.1', () => socket.write(text));
-        let got = '';
-        socket.on('data', (d) => (got += d));
-        socket.on('end', () => resolve(got));
-        socket.on('error', reject);
-      });
-    const bodyOf = (answer: string) => JSON.parse(answer.slice(answer.indexOf('\r\n\r\n') + 4));
+    const send = (text: string) => rawAnswer(h.url, text);
     // two lengths: no one can tell where the body ends (request smuggling)
     const twice = await send(`POST /api/v1/sessions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}`);
     expect(twice).to.match(/^HTTP\/1\.1 400 /);
-    const problem = bodyOf(twice);
+    const problem = bodyOfAnswer(twice);
     expect(problem).to.include({ status: 400, code: 'bad-request', type: '/problems/bad-request' });
     expect(problem.request_id).to.match(/^[0-9a-f-]{36}$/);
     expect(twice).to.contain(`\r\nX-Request-Id: ${problem.request_id}\r\n`);
@@ -299,7 +287,7 @@ describe('bad input', () => {
     const hostless = await send(`GET /api/v1/me HTTP/1.1\r\nAuthorization: Bearer ${KEYS.a}\r\nConnection: close\r\n\r\n`);
     expect(hostless).to.match(/^HTTP\/1\.1 400 /);
     expect(hostless).to.match(/\r\nContent-Type: application\/problem\+json/i);
-    const noHost = bodyOf(hostless);
+    const noHost = bodyOfAnswer(hostless);
     expect(noHost).to.include({ status: 400, code: 'bad-request' });
     expect(noHost.detail).to.contain('Host');
     expect(hostless).to.match(new RegExp(`\r\nX-Request-Id: ${noHost.request_id}\r\n`, 'i'));
@@ -309,19 +297,13 @@ describe('bad input', () => {
   });
 
   it('answers a request whose target is in absolute form as the same request in origin form, checked the same', async () => {
-    const { port } = new URL(h.url);
-    const send = (head: string, body = '') =>
-      new Promise<{ status: number; body: any }>((resolve, reject) => {
-        const socket = net.connect(Number(port), '127.0.0.1', () =>
-          socket.write(
-            `${head}Host: elsewhere\r\nAuthorization: Bearer ${KEYS.a}\r\nConnection: close\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`,
-          ),
-        );
-        let got = '';
-        socket.on('data', (d) => (got += d));
-        socket.on('end', () => resolve({ status: Number(got.slice(9, 12)), body: JSON.parse(got.slice(got.indexOf('\r\n\r\n') + 4) || 'null') }));
-        socket.on('error', reject);
-      });
+    const send = async (head: string, body = ''): Promise<{ status: number; body: any }> => {
+      const got = await rawAnswer(
+        h.url,
+        `${head}Host: elsewhere\r\nAuthorization: Bearer ${KEYS.a}\r\nConnection: close\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`,
+      );
+      return { status: Number(got.slice(9, 12)), body: bodyOfAnswer(got) };
+    };
     const me = await send(`GET http://x/api/v1/me HTTP/1.1\r\n`);
     expect(me.status).to.equal(200);
     expect(me.body).to.include({ tenant_id: 'tenant-a' });
