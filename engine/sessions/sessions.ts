@@ -308,11 +308,8 @@ export function sessionsOf(deps: SessionsDeps) {
           // a reply goes to the author of what it replies to when that was this agent, whoever it is addressed to;
           // a reply to all goes to no other agent when it replies to one (another agent's question is not this
           // one's), to every agent when it replies to a person's or the system's message
-          const authors = new Map<string, string | null>();
-          for (const m of page)
-            if (m.in_reply_to && !authors.has(m.in_reply_to))
-              authors.set(m.in_reply_to, (await store.messages.get(tenantId, run.session_id, m.in_reply_to))?.from ?? null);
-          const repliesTo = (m: MessageRecord) => (m.in_reply_to ? (authors.get(m.in_reply_to) ?? null) : null);
+          const replied = await tasks.repliedAmong({ tenant_id: tenantId, id: run.session_id }, page);
+          const repliesTo = (m: MessageRecord) => (m.in_reply_to ? (replied.get(m.in_reply_to)?.from ?? null) : null);
           const mine = page.filter(
             (m) =>
               (m.to === agentId || (agentId !== null && repliesTo(m) === agentId) || (m.to === null && repliesTo(m) === null)) &&

@@ -329,7 +329,7 @@ export function tasksOf(deps: TasksDeps) {
   }
 
   /** The messages these reply to, by id, read once each. */
-  async function repliedAmong(session: Session, messages: MessageRecord[]): Promise<Map<string, MessageRecord>> {
+  async function repliedAmong(session: Pick<Session, 'tenant_id' | 'id'>, messages: MessageRecord[]): Promise<Map<string, MessageRecord>> {
     const named = [...new Set(messages.flatMap((m) => (m.in_reply_to ? [m.in_reply_to] : [])))];
     const found = await Promise.all(named.map((id) => store.messages.get(session.tenant_id, session.id, id)));
     return new Map(found.flatMap((m) => (m ? [[m.id, m] as const] : [])));
@@ -548,6 +548,7 @@ export function tasksOf(deps: TasksDeps) {
   runs.onRunFinished(onRunFinished);
 
   return {
+    repliedAmong,
     /** Adds one task or a whole DAG; every error of the batch comes back in one 422. */
     async add(session: Session, inputs: TaskInput[]): Promise<TaskRecord[]> {
       // a run's session follows its one run: a task in it would run unseen by its status and outcome
