@@ -28,7 +28,7 @@ describe('on a Redis Cluster', function () {
 
   before(async () => {
     dir = await fs.mkdtemp(path.join(os.tmpdir(), 'redis-cluster-'));
-    ports = [await freePort(), await freePort(), await freePort()];
+    ports = [await freePort([10000]), await freePort([10000]), await freePort([10000])];
     for (const port of ports)
       servers.push(
         spawn(

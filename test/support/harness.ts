@@ -2,7 +2,7 @@
 // a unique SERVICE_QUEUE_PREFIX, a fresh SQLite file. close() closes every connection and removes
 // what the test left in Redis and on disk.
 import { spawnSync } from 'node:child_process';
-import { randomBytes } from 'node:crypto';
+import { randomBytes, randomInt } from 'node:crypto';
 import { mkdirSync } from 'node:fs';
 import fs from 'node:fs/promises';
 import os from 'node:os';
@@ -211,15 +211,28 @@ export async function deleteRedisPrefix(prefix: string): Promise<void> {
   }
 }
 
-/** A loopback port free now (for a private server of a test). */
-export async function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
+/**
+ * A loopback port free now, for a private server a test starts on a port chosen in advance. It is drawn
+ * below the kernel's ephemeral range (32768-60999 here), where no server listening on port 0 and no
+ * client socket of another test file running alongside can take it between this check and the server's
+ * start; `alsoFree` offsets must be free too (a Redis Cluster node's bus listens at port + 10000).
+ */
+export async function freePort(alsoFree: number[] = []): Promise<number> {
+  for (;;) {
+    const port = 12000 + randomInt(10000);
+    if (handedOut.has(port)) continue;
+    const free = await Promise.all([port, ...alsoFree.map((o) => port + o)].map(canListen));
+    if (free.every(Boolean)) return (handedOut.add(port), port);
+  }
+}
+/** ports this process handed out already: a test may ask for several before it starts anything on them */
+const handedOut = new Set<number>();
+
+function canListen(port: number): Promise<boolean> {
+  return new Promise((resolve) => {
     const srv = net.createServer();
-    srv.listen(0, '127.0.0.1', () => {
-      const { port } = srv.address() as net.AddressInfo;
-      srv.close(() => resolve(port));
-    });
-    srv.on('error', reject);
+    srv.once('error', () => resolve(false));
+    srv.listen(port, '127.0.0.1', () => srv.close(() => resolve(true)));
   });
 }
 
