@@ -1,26 +1,17 @@
 // `npm test`: the suite in two parts, so that it stays within five minutes on two cores. Most spec
 // files run in parallel (mocha --parallel, three workers: much of the suite waits on Redis, processes
 // and timers rather than the CPU). The files that hold the service to its tightest time bounds (an
-// answer within 2 s while Redis is down, a budget that ends an agent run within 3 s) or restart it
-// again and again run before them, alone, so another file's load cannot make them lie. The closing line CI reads adds both parts up: `N passed, N failed, N skipped`.
+// answer within 2 s while Redis is down, a budget that ends an agent run within 3 s)
+// run before them, alone, so another file's load cannot make them lie. The closing line CI reads adds both parts up: `N passed, N failed, N skipped`.
 import { spawn } from 'node:child_process';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 const root = path.dirname(path.dirname(fileURLToPath(import.meta.url)));
 const mocha = path.join(root, 'node_modules', 'mocha', 'bin', 'mocha.js');
-/** measured against a time bound, or listening on ports chosen in advance: run alone */
-const ALONE = [
-  'test/e2e/redis-outage.test.ts',
-  'test/e2e/agent.test.ts',
-  'test/e2e/api-keys.test.ts',
-  // these listen on ports chosen in advance (freePort): a parallel file's server could take one first
-  'test/e2e/sign-in.test.ts',
-  'test/e2e/sign-in-browser.test.ts',
-  'test/e2e/process.test.ts',
-  'test/e2e/redis-cluster.test.ts',
-  'test/integration/local-redis.test.ts',
-];
+/** measured against a time bound: run alone (files that start servers on ports chosen in advance run in
+ * parallel: freePort draws them below the kernel's ephemeral range, where no other file's server or client takes them) */
+const ALONE = ['test/e2e/redis-outage.test.ts', 'test/e2e/agent.test.ts', 'test/e2e/api-keys.test.ts'];
 const JOBS = process.env.TEST_JOBS ?? '3';
 /** every spec file (.mocharc.json names none: this script gives them) */
 const SPEC = ['test/unit/**/*.test.ts', 'test/integration/**/*.test.ts', 'test/e2e/**/*.test.ts'];
