@@ -23,4 +23,6 @@ if (process.env.NODE_ENV === 'production' || pruned) {
 }
 const tsc = require.resolve('typescript/bin/tsc');
 const built = spawnSync(process.execPath, [tsc, '-p', path.join(root, 'tsconfig.build.json')], { stdio: 'inherit', cwd: root });
-process.exit(built.status ?? 1);
+if (built.status !== 0) process.exit(built.status ?? 1);
+const spec = spawnSync(process.execPath, [path.join(root, 'scripts', 'openapi-json.mjs')], { stdio: 'inherit', cwd: root });
+process.exit(spec.status ?? 1);

@@ -1,14 +1,13 @@
 // The built-in automation templates: YAML data files in templates/, one template a file, named by
 // its id. The catalog loads them at start and, when watching, picks up a changed file without a
 // restart; a broken file is logged and the last good version of that template stays.
-import { readFileSync } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import Ajv2020Module from 'ajv/dist/2020.js';
 import { watch, type FSWatcher } from 'chokidar';
 import { parse as parseYaml } from 'yaml';
 import { z } from 'zod';
-import { OPENAPI_FILE } from '../../config/paths.js';
+import { openApiDocument } from '../../config/openapi-document.js';
 import { ValidationError, type FieldError, type Logger, type AutomationDefinition } from '../platform/index.js';
 
 const Ajv2020 = Ajv2020Module as unknown as typeof Ajv2020Module.default;
@@ -21,7 +20,7 @@ let definitionValidator: ReturnType<InstanceType<typeof Ajv2020>['compile']> | u
  */
 function definitionErrors(definition: unknown): FieldError[] {
   if (!definitionValidator) {
-    const spec = parseYaml(readFileSync(OPENAPI_FILE, 'utf8')) as { components: Record<string, unknown> };
+    const spec = openApiDocument() as { components: Record<string, unknown> };
     const ajv = new Ajv2020({ allErrors: true, strict: false });
     definitionValidator = ajv.compile({ $ref: '#/components/schemas/AutomationDefinition', components: spec.components });
   }
