@@ -3147,7 +3147,10 @@ export interface components {
                 concurrency_per_worker: number;
             };
             tenant: {
+                /** @description SERVICE_TENANT_MAX_RUNNING, the runs of the tenant admitted at once. */
                 max_running: number;
+                /** @description SERVICE_TENANT_MAX_WAITING, the runs of the tenant that may wait in its line; a new run past it is a 429. */
+                max_waiting: number;
                 running: number;
                 waiting: number;
             };
@@ -3223,7 +3226,9 @@ export interface components {
         /**
          * @description The tenant's or the key's requests this minute are spent (`rate-limited`):
          *     SERVICE_API_RATE_LIMIT_PER_MINUTE per tenant, SERVICE_API_KEY_RATE_LIMIT_PER_MINUTE per key; or, for
-         *     an event stream, the tenant holds SERVICE_TENANT_MAX_STREAMS streams open on the server already.
+         *     an event stream, the tenant holds SERVICE_TENANT_MAX_STREAMS streams open on the server already; or,
+         *     for a new run, SERVICE_TENANT_MAX_WAITING of the tenant's runs wait for a slot already (nothing is
+         *     stored; Retry-After is 30 s).
          */
         ApiRateLimited: {
             headers: {

@@ -43,6 +43,8 @@ export type Config = {
   /** the ledger's earlier public keys (SERVICE_EVIDENCE_PREVIOUS_KEYS): entries they signed before a rotation still verify */
   evidencePreviousKeys: string[];
   tenantMaxRunning: number;
+  /** runs of one tenant that may wait in its line; a new run past it is a 429 (SERVICE_TENANT_MAX_WAITING) */
+  tenantMaxWaiting: number;
   agent: { baseUrl: string | undefined; apiKey: string | undefined; model: string | undefined; timeoutSeconds: number; maxRetries: number };
   /** voice transcription (SERVICE_TRANSCRIBE_*); provider undefined: the route answers 503 */
   transcribe: TranscribeConfig;
@@ -316,6 +318,7 @@ const schema = z.object({
     'expected Ed25519 public keys, comma-separated: each 64 hex characters, or the base64 of its 32 bytes or of its PEM',
   ),
   SERVICE_TENANT_MAX_RUNNING: int(10, 1, 10_000),
+  SERVICE_TENANT_MAX_WAITING: int(50_000, 1, 10_000_000),
   SERVICE_AGENT_BASE_URL: url(['http:', 'https:']),
   SERVICE_AGENT_API_KEY: optionalText,
   SERVICE_AGENT_MODEL: optionalText,
@@ -464,6 +467,7 @@ export function parseEnv(env: Record<string, string | undefined>, opts: { servic
     evidenceKey: e.SERVICE_EVIDENCE_KEY,
     evidencePreviousKeys: e.SERVICE_EVIDENCE_PREVIOUS_KEYS,
     tenantMaxRunning: e.SERVICE_TENANT_MAX_RUNNING,
+    tenantMaxWaiting: e.SERVICE_TENANT_MAX_WAITING,
     agent: {
       baseUrl: e.SERVICE_AGENT_BASE_URL,
       apiKey: e.SERVICE_AGENT_API_KEY,

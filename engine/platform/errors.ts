@@ -145,6 +145,11 @@ export class RateLimitedError extends AppError {
   }
 }
 
+/** A tenant's line of waiting runs is full (SERVICE_TENANT_MAX_WAITING): a trigger's run is worth trying again once it drains. */
+export class TenantLineFullError extends RateLimitedError {
+  override readonly retryable = true;
+}
+
 export class PayloadTooLargeError extends AppError {
   readonly code = 'payload-too-large';
 }

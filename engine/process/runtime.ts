@@ -194,7 +194,7 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
       queues,
       events,
       metrics,
-      slots: createTenantSlots(redis, config.queuePrefix, config.tenantMaxRunning),
+      slots: createTenantSlots(redis, config.queuePrefix, config.tenantMaxRunning, config.tenantMaxWaiting),
       sandbox,
       limits: {
         defaultBudgetSeconds: config.runBudget.defaultSeconds,

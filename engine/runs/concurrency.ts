@@ -17,22 +17,23 @@ if redis.call('TYPE', KEYS[2]).ok == 'list' then
 end`;
 
 // ARGV[3] '1': the run's job exists already, delayed (a run held at its start): once admitted from the line
-// its job is promoted, not added (KEYS[3], the tenant's parked runs)
+// its job is promoted, not added (KEYS[3], the tenant's parked runs). Answers -1 when the run is admitted,
+// else how many runs wait in line, the run included.
 const ADMIT = `${LINE}
-if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return 1 end
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return -1 end
 if redis.call('SCARD', KEYS[1]) < tonumber(ARGV[2]) and redis.call('ZCARD', KEYS[2]) == 0 then
   redis.call('SADD', KEYS[1], ARGV[1])
-  return 1
+  return -1
 end
 if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
   local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
   redis.call('ZADD', KEYS[2], (tonumber(last[2]) or 0) + 1, ARGV[1])
 end
 if ARGV[3] == '1' then redis.call('SADD', KEYS[3], ARGV[1]) end
-return 0`;
+return redis.call('ZCARD', KEYS[2])`;
 
-// Answers {admitted, parked}: the runs admitted in the freed places, those whose jobs are to be added and
-// those whose jobs wait, delayed, to be promoted.
+// Answers {admitted, parked, waiting}: the runs admitted in the freed places, those whose jobs are to be
+// added and those whose jobs wait, delayed, to be promoted; and how many runs still wait in line.
 const RELEASE = `${LINE}
 redis.call('SREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
@@ -44,7 +45,7 @@ while redis.call('SCARD', KEYS[1]) < tonumber(ARGV[2]) do
   redis.call('SADD', KEYS[1], first[1])
   if redis.call('SREM', KEYS[3], first[1]) == 1 then table.insert(parked, first[1]) else table.insert(admitted, first[1]) end
 end
-return {admitted, parked}`;
+return {admitted, parked, redis.call('ZCARD', KEYS[2])}`;
 
 /** The runs waiting in line, first first. */
 const IN_LINE = `${LINE}
@@ -64,6 +65,13 @@ export type TenantSlots = {
   release(tenantId: string, runId: string): Promise<{ admitted: string[]; parked: string[] }>;
   running(tenantId: string): Promise<number>;
   waiting(tenantId: string): Promise<number>;
+  /**
+   * false when the tenant's line holds `maxWaiting` runs or more. Asks Redis only when this process last
+   * saw the line within a tenth of the cap (each admission and release tells it the line's length): a
+   * tenant far from its cap costs run creation nothing, and the cap can be passed by the runs of the
+   * requests in flight as it is reached, in this process and the others.
+   */
+  hasRoom(tenantId: string): Promise<boolean>;
   /** the runs waiting in the tenant's line, in the order they will be admitted */
   line(tenantId: string): Promise<string[]>;
   /** System use (the reconciler): gives back the slot of a run that is running, whatever the limit (Redis lost it). */
@@ -71,9 +79,11 @@ export type TenantSlots = {
   /** System use (the reconciler): every tenant's admitted and waiting runs, by tenant. */
   holders(): Promise<Map<string, { admitted: Set<string>; waiting: Set<string> }>>;
   readonly limit: number;
+  /** the most runs a tenant may have waiting in its line (SERVICE_TENANT_MAX_WAITING) */
+  readonly maxWaiting: number;
 };
 
-export function createTenantSlots(redis: Redis, prefix: string, limit: number): TenantSlots {
+export function createTenantSlots(redis: Redis, prefix: string, limit: number, maxWaiting = Number.MAX_SAFE_INTEGER): TenantSlots {
   // in the engine's Redis batch: a run's release shares its round trip with its run.finished event
   const batch = redisBatch(redis);
   batch.define('slots.admit', { keys: 3, args: 3, lua: ADMIT });
@@ -84,21 +94,37 @@ export function createTenantSlots(redis: Redis, prefix: string, limit: number): 
   const pending = (t: string) => `${prefix}:tenant:${t}:pending`;
   const parkedOf = (t: string) => `${prefix}:tenant:${t}:parked`;
   const line = (t: string) => batch.call<string[]>('slots.line', [running(t), pending(t)], []);
+  /** the length of each tenant's line as this process last saw it (only while some run waits) */
+  const seen = new Map<string, number>();
+  const saw = (t: string, waiting: number) => (waiting > 0 ? seen.set(t, waiting) : seen.delete(t));
+  const waiting = async (t: string) => {
+    const n = await batch.call<number>('slots.waiting', [running(t), pending(t)], []);
+    saw(t, n);
+    return n;
+  };
   return {
     limit,
+    maxWaiting,
     async admit(tenantId, runId, parked) {
-      return (await batch.call<number>('slots.admit', [running(tenantId), pending(tenantId), parkedOf(tenantId)], [runId, limit, parked ? '1' : '0'])) === 1;
+      const answer = await batch.call<number>('slots.admit', [running(tenantId), pending(tenantId), parkedOf(tenantId)], [runId, limit, parked ? '1' : '0']);
+      if (answer >= 0) saw(tenantId, answer);
+      return answer < 0;
     },
     async release(tenantId, runId) {
-      const [admitted, parked] = await batch.call<[string[], string[]]>(
+      const [admitted, parked, left] = await batch.call<[string[], string[], number]>(
         'slots.release',
         [running(tenantId), pending(tenantId), parkedOf(tenantId)],
         [runId, limit],
       );
+      saw(tenantId, left);
       return { admitted, parked };
     },
     running: (t) => redis.scard(running(t)),
-    waiting: (t) => batch.call<number>('slots.waiting', [running(t), pending(t)], []),
+    waiting,
+    async hasRoom(tenantId) {
+      if ((seen.get(tenantId) ?? 0) < maxWaiting - Math.ceil(maxWaiting / 10)) return true;
+      return (await waiting(tenantId)) < maxWaiting;
+    },
     line,
     async restore(t, runId) {
       await redis.sadd(running(t), runId);

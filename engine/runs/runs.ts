@@ -18,6 +18,7 @@ import {
   redisBatch,
   redisOrUnavailable,
   ServiceUnavailableError,
+  TenantLineFullError,
   ValidationError,
   withTimeout,
   type ConnectionNames,
@@ -120,6 +121,8 @@ const REDIS_RETRY_AFTER_SECONDS = 2;
 /** How long a request waits, in all, for the run of the request that holds its key (claiming it in turn each time it is let go). */
 const CLAIM_WAIT_MS = 5000;
 const IDEMPOTENCY_IN_USE_RETRY_AFTER_SECONDS = 1;
+/** a full line drains at the tenant's pace, which nothing here knows: a client asks again in half a minute */
+const LINE_FULL_RETRY_AFTER_SECONDS = 30;
 
 // removes an idempotency claim only if it is still ours: a claim that timed out may land later
 const RELEASE_CLAIM = `if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`;
@@ -165,6 +168,12 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
   /** `alongside` stores a record that goes with this run in the run's own commit (its idempotency key). */
   async function create(tenantId: string, req: RunRequest, id = newId('run'), after?: AfterStored, alongside?: RunCompanion): Promise<Run> {
     const { steps, goal, seconds, tool_allowlist, network, workspace } = await admit(tenantId, req);
+    // a session's task runs as the DAG it was accepted in moves on: only new work is held to the line's cap
+    if (req.kind !== 'session_task' && !(await slots.hasRoom(tenantId)))
+      throw new TenantLineFullError(
+        `tenant ${tenantId} has ${slots.maxWaiting} runs waiting for a slot already (SERVICE_TENANT_MAX_WAITING); retry once they drain`,
+        LINE_FULL_RETRY_AFTER_SECONDS,
+      );
     // an agent's loop is bounded by its steps as well as its time: each step is kept with the run
     const maxSteps = req.max_steps ?? (goal ? limits.defaultAgentMaxSteps : undefined);
     const run: Run = {
@@ -515,7 +524,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
         return {
           budget: { default_seconds: limits.defaultBudgetSeconds, max_seconds: limits.maxBudgetSeconds, suggested_seconds: suggested },
           workers: { count: workers, concurrency_per_worker: settings.workerConcurrency },
-          tenant: { max_running: slots.limit, running: await slots.running(tenantId), waiting: await slots.waiting(tenantId) },
+          tenant: { max_running: slots.limit, max_waiting: slots.maxWaiting, running: await slots.running(tenantId), waiting: await slots.waiting(tenantId) },
           queues: queueDepths,
         };
       });

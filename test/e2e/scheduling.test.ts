@@ -108,6 +108,57 @@ describe('scheduling', function () {
     }
   });
 
+  it('refuses a new run with 429 once SERVICE_TENANT_MAX_WAITING of the tenant’s runs wait, storing nothing; replays, other tenants and a session’s tasks still go', async () => {
+    // no workers: nothing drains the line while the test fills it
+    const h = await startHarness({ workers: false, env: { SERVICE_TENANT_MAX_RUNNING: '1', SERVICE_TENANT_MAX_WAITING: '2' } });
+    try {
+      const body = { steps: [{ tool: 'shell', args: { command: 'true' } }] };
+      const post = (key = KEYS.a, headers: Record<string, string> = {}) => h.call<RunBody>('POST', '/api/v1/autonomy/run', { body, key, headers });
+      const admitted = await post();
+      const waiting = [await post(KEYS.a, { 'idempotency-key': 'second' }), await post()];
+      expect([admitted, ...waiting].map((r) => r.status)).to.deep.equal([202, 202, 202]);
+      const count = async () => (await h.call<RunBody>('GET', '/api/v1/runs?limit=100')).body.data.length;
+      expect(await count()).to.equal(3);
+
+      const refused = await post();
+      expect(refused.status, refused.text).to.equal(429);
+      expect(refused.headers.get('content-type')).to.match(/^application\/problem\+json/);
+      expect(refused.body).to.deep.include({ code: 'rate-limited', status: 429 });
+      expect(refused.body.detail).to.include('SERVICE_TENANT_MAX_WAITING');
+      expect(refused.headers.get('retry-after')).to.equal('30');
+      expect(await count(), 'a refused run is not stored').to.equal(3);
+      // an automation run now is refused the same way
+      const automation = await h.call<RunBody>('POST', '/api/v1/automations', {
+        body: { name: 'line-full', triggers: [{ type: 'manual' }], steps: body.steps },
+      });
+      expect(automation.status, automation.text).to.equal(201);
+      expect((await h.call('POST', '/api/v1/automations/run', { body: { automation_id: automation.body.id } })).status).to.equal(429);
+
+      // a retry of a request already taken answers its run, whatever the line
+      const replay = await post(KEYS.a, { 'idempotency-key': 'second' });
+      expect(replay.status).to.equal(202);
+      expect(replay.body.run_id).to.equal(waiting[0]!.body.run_id);
+      // another tenant's line is its own
+      expect((await post(KEYS.b)).status).to.equal(202);
+      // a session's task is work the tenant already handed over: its run is made, the line's cap aside
+      const session = (await h.call<RunBody>('POST', '/api/v1/sessions', { body: { title: 'full line' } })).body.id as string;
+      expect((await h.call('POST', `/api/v1/sessions/${session}/tasks`, { body: { id: 't', steps: body.steps } })).status).to.equal(201);
+      await eventually(async () => {
+        const [task] = (await h.call<RunBody>('GET', `/api/v1/sessions/${session}/tasks`)).body.data;
+        return task.run_ids.length === 1;
+      }, 'the task’s run');
+      const context = (await h.call<RunBody>('GET', '/api/v1/autonomy/reliability-context')).body;
+      expect(context.tenant).to.deep.include({ max_running: 1, max_waiting: 2, running: 1, waiting: 3 });
+
+      // a place in line freed: a new run is taken again
+      expect((await h.call('POST', `/api/v1/runs/${waiting[1]!.body.run_id}/cancel`)).status).to.equal(200);
+      expect((await h.call('POST', `/api/v1/runs/${waiting[0]!.body.run_id}/cancel`)).status).to.equal(200);
+      expect((await post()).status).to.equal(202);
+    } finally {
+      await h.close();
+    }
+  });
+
   it('re-enqueues a queued run that lost its job (the reconciler), so a 202 is never lost', async () => {
     const h = await startHarness();
     try {

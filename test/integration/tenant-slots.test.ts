@@ -49,6 +49,24 @@ describe('tenant slots and line', () => {
     expect([...holders.get('t')!.waiting]).to.deep.equal(['r7', 'r8']);
   });
 
+  it('has room for a new run while fewer than maxWaiting wait, asking Redis only once this process saw the line near the cap', async () => {
+    const here = createTenantSlots(redis, prefix, 1, 20);
+    const elsewhere = createTenantSlots(redis, prefix, 1, 20);
+    expect(await here.admit('t', 'r0')).to.equal(true);
+    for (let i = 1; i <= 5; i++) await here.admit('t', `r${i}`);
+    // another process fills the line: this one, which saw 5 waiting, does not ask (that is the cap's slack)
+    for (let i = 6; i <= 20; i++) await elsewhere.admit('t', `r${i}`);
+    expect(await here.hasRoom('t')).to.equal(true);
+    expect(await elsewhere.hasRoom('t'), 'it saw 20 waiting: it asks, and the line is full').to.equal(false);
+    // once this process sees the line near the cap (its own admission tells it), it asks too
+    await here.admit('t', 'r21');
+    expect(await here.hasRoom('t')).to.equal(false);
+    // runs leave the line: the next look finds room
+    for (const id of ['r1', 'r2', 'r3']) await elsewhere.release('t', id);
+    expect(await here.hasRoom('t')).to.equal(true);
+    expect(await here.hasRoom('u'), 'another tenant').to.equal(true);
+  });
+
   it('names apart, once admitted, a run put in line whose job waits already (held at its start): its job is promoted, not added', async () => {
     const slots = createTenantSlots(redis, prefix, 1);
     expect(await slots.admit('t', 'r1')).to.equal(true);
