@@ -14,7 +14,7 @@ import Database from 'better-sqlite3';
 import { ServiceUnavailableError } from '../../engine/platform/errors.js';
 import { newId } from '../../engine/platform/ids.js';
 import { createSecretBox } from '../../engine/platform/secret-box.js';
-import { eventually, finishedRun, KEYS, scanKeys, startHarness, type Harness, type Reply } from '../support/harness.js';
+import { eventually, finishedRun, KEYS, releasable, scanKeys, startHarness, type Harness, type Reply } from '../support/harness.js';
 import * as sign from '../support/signers.js';
 
 type Body = Record<string, any>;
@@ -689,6 +689,52 @@ describe('webhook intake', function () {
   });
 
   describe('deliveries and runs', () => {
+    it('keeps a delivery whose run its tenant’s full line refused (SERVICE_TENANT_MAX_WAITING) received, and starts the run once the line has room', async () => {
+      const full = await startHarness({ env: { SERVICE_TENANT_MAX_RUNNING: '1', SERVICE_TENANT_MAX_WAITING: '1' } });
+      try {
+        expect((await full.call('PUT', '/api/v1/webhook-secrets/codehost', { body: { secrets: [SECRET.codehost] } })).status).to.equal(200);
+        const automation = await full.call<Body>('POST', '/api/v1/automations', {
+          body: {
+            name: 'on push',
+            steps: [{ tool: 'shell', args: { command: 'echo built' } }],
+            triggers: [{ type: 'webhook', provider: 'codehost', events: ['push'] }],
+          },
+        });
+        expect(automation.status, automation.text).to.equal(201);
+        // one run holds the tenant's slot, one waits: the line is full
+        const slot = releasable(full, 'release-line-full');
+        const holding = await full.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: slot.command } }] } });
+        const waiting = await full.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'true' } }] } });
+        expect([holding.status, waiting.status]).to.deep.equal([202, 202]);
+
+        const signed = await sign.codehost(SECRET.codehost, { ref: 'refs/heads/main' }, { event: 'push' });
+        const r = await full.call<Body>('POST', '/webhooks/tenant-a/codehost', { key: null, raw: signed.body, headers: signed.headers });
+        expect(r.status, r.text).to.equal(200);
+        const id = r.body.delivery_id;
+        // its job was tried and refused (a transient failure): the delivery waits, received, with no run
+        await eventually(async () => {
+          const [job] = await full.rt.queues.get('webhooks').getJobs(['delayed', 'failed', 'wait']);
+          return (job?.attemptsMade ?? 0) >= 1;
+        }, 'the delivery’s first try');
+        const held = (await full.call<Body>('GET', `/api/v1/webhook-deliveries/${id}`)).body;
+        expect(held).to.deep.include({ status: 'received', runs: [] });
+
+        await slot.release();
+        const processed = await eventually(
+          async () => {
+            const d = (await full.call<Body>('GET', `/api/v1/webhook-deliveries/${id}`)).body;
+            return d.status === 'processed' ? d : null;
+          },
+          'the delivery to be processed once the line has room',
+          20_000,
+        );
+        expect(processed.runs.map((x: Body) => x.automation_id)).to.deep.equal([automation.body.id]);
+        expect((await finishedRun(full, processed.runs[0].run_id)).status).to.equal('succeeded');
+      } finally {
+        await full.close();
+      }
+    });
+
     it('starts the run of each matching automation, with the event as input and the delivery as trigger; replay starts it again', async () => {
       const mk = async (name: string, trigger: object) =>
         (
