@@ -25,9 +25,14 @@ export function requestBody(spec: OpenApiDocument): RequestHandler[] {
         if (!hasBody(req)) return next();
         // bytes of no type are application/octet-stream (RFC 9110 §8.3), which a route of raw uploads reads
         // (it judges the bytes); anywhere else they are refused, not dropped as if no body had been sent
-        if (!takesRaw(req)) throw new UnsupportedMediaTypeError('The body has no Content-Type: send JSON as application/json.');
-        req.headers['content-type'] = 'application/octet-stream';
-        return next();
+        if (takesRaw(req)) {
+          req.headers['content-type'] = 'application/octet-stream';
+          return next();
+        }
+        // chunks, their length unknown: the body is refused when its first byte comes, and one that ends
+        // with none is no body (a client that streams every request, an empty one too)
+        if (req.headers['content-length'] === undefined) return void whenEmpty(req, next);
+        throw noType();
       }
       if (!req.is(JSON_TYPES)) return next();
       const charset = charsetsOf(req.headers['content-type']).find((c) => c !== 'utf-8');
@@ -46,6 +51,23 @@ export function requestBody(spec: OpenApiDocument): RequestHandler[] {
       },
     }),
   ];
+}
+
+const noType = () => new UnsupportedMediaTypeError('The body has no Content-Type: send JSON as application/json.');
+
+/** Reads a chunked body of no type: next() when it ends empty, a 415 at its first byte. */
+function whenEmpty(req: Request, next: NextFunction): void {
+  const done = (err?: unknown) => {
+    req.off('data', onData).off('end', onEnd).off('error', done);
+    next(err);
+  };
+  const onData = (chunk: Buffer) => {
+    if (!chunk.length) return;
+    req.pause();
+    done(noType());
+  };
+  const onEnd = () => done();
+  req.on('data', onData).on('end', onEnd).on('error', done);
 }
 
 /** A body is on its way: a length over 0, or chunks (whose length is not known before they are read). */

@@ -239,6 +239,13 @@ describe('bad input', () => {
     );
     expect(chunked).to.match(/^HTTP\/1\.1 415 /);
     expect({ keys: await keys(), sessions: await sessions() }).to.deep.equal(before);
+    // chunks that end with none: no body, as a client that streams every request sends an empty one
+    const empty = await rawAnswer(
+      h.url,
+      `POST /api/v1/sessions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${KEYS.a}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n0\r\n\r\n`,
+    );
+    expect(empty).to.match(/^HTTP\/1\.1 201 /);
+    expect(await sessions()).to.equal(before.sessions + 1);
   });
 
   it('makes a session or an API key from no body at all, as the spec allows', async () => {
