@@ -20,7 +20,11 @@ export class UsageError extends Error {}
 
 export type Problem = { title?: string; detail?: string; code?: string; status?: number; errors?: { path?: string; message?: string }[] };
 
-/** An answer of the service other than 2xx. A 429 (too many requests) is the service's load, not the command's mistake: 5, as a 5xx. */
+/**
+ * An answer of the service other than 2xx. A 429 (too many requests), or any answer that says when to ask
+ * again (Retry-After: a 409 while the same Idempotency-Key's first request is still being handled), is the
+ * service's state, not the command's mistake: 5, as a 5xx, which a CI step may retry.
+ */
 export class ApiError extends CliError {
   constructor(
     readonly status: number,
@@ -31,7 +35,7 @@ export class ApiError extends CliError {
     const errors = (problem.errors ?? []).map((e) => `\n  ${e.path ? `${e.path}: ` : ''}${e.message ?? ''}`).join('');
     super(
       `${status} ${problem.code ?? problem.title ?? 'error'}: ${problem.detail ?? problem.title ?? ''}${errors}`,
-      status < 500 && status !== 429 ? EXIT.usage : EXIT.unavailable,
+      status >= 500 || status === 429 || retryAfterSeconds !== undefined ? EXIT.unavailable : EXIT.usage,
     );
   }
 }

@@ -202,7 +202,8 @@ export function buildProgram(): Command {
       'after',
       `
 Exit codes: 0 succeeded, 1 failed, 2 usage or auth error, 3 timed out, 4 canceled,
-            5 the service could not be reached, failed or was too busy (429), 130 left running on Ctrl-C.
+            5 the service could not be reached, failed, was too busy (429) or said when to retry (Retry-After),
+            130 left running on Ctrl-C.
 
 Examples:
   $ export SERVICE_URL=https://automation.example.com SERVICE_API_KEY=...

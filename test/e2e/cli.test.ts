@@ -326,6 +326,23 @@ describe('the command-line tool (built) against stub servers', function () {
     expect(listed.stderr).to.contain('429 rate-limited');
   });
 
+  it('exits 5 on a 409 that says when to retry (the same Idempotency-Key still being handled), 2 on one that does not', async () => {
+    const url = await stub((req, res) => {
+      if (req.method === 'POST' && req.url === '/api/v1/autonomy/run') {
+        res.setHeader('retry-after', '1');
+        return json(res, 409, { title: 'Conflict', status: 409, code: 'conflict', detail: 'a request with this Idempotency-Key is still being handled' });
+      }
+      return json(res, 409, { title: 'Conflict', status: 409, code: 'conflict', detail: 'run run_x is succeeded already' });
+    });
+    const [inUse, finished] = await Promise.all([
+      spawnCli(['run', '--step', 'shell:true', '--idempotency-key', 'k', '--url', url], {}).done,
+      spawnCli(['runs', 'cancel', 'run_x', '--url', url], {}).done,
+    ]);
+    expect(inUse.code, inUse.stderr).to.equal(5);
+    expect(inUse.stderr).to.contain('409 conflict');
+    expect(finished.code, finished.stderr).to.equal(2);
+  });
+
   it('gives up on a call the service does not answer after --request-timeout (exit 5), headers or body', async () => {
     // one stub answers nothing at all; the other sends its headers and then nothing of the body
     const silent = await stub(() => {});
