@@ -2659,7 +2659,7 @@ export interface components {
                 source?: "plan" | "agent";
             };
         };
-        /** @description A chunk of a step's output (coalesced every 50 ms or 16 KB, up to 1 MB a step). */
+        /** @description A chunk of a step's output (coalesced every 50 ms or 16 KB, up to 1 MB a step and 8 MB an attempt). Once the tenant's runs streamed SERVICE_TENANT_OUTPUT_MB_PER_DAY in the UTC day, a session's stream gets one chunk that says so, and none after it; the step's record keeps its last 64 KB all the same. */
         EventStepOutput: {
             id: string;
             /**

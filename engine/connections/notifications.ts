@@ -410,16 +410,17 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
      * tenant's endpoints. A failure to make its deliveries is logged; the event itself stands.
      */
     wrap(inner: EventLog): EventLog {
+      const offer = async <E extends ServiceEvent | null>(stored: E): Promise<E> => {
+        if (stored && outboundType(stored.type))
+          await api
+            .notify(stored)
+            .catch((err: Error) => log.error({ tenant_id: stored.tenant_id, type: stored.type, err: err.message }, 'notifications not made'));
+        return stored;
+      };
       events = {
         ...inner,
-        async append(scope, event) {
-          const stored = await inner.append(scope, event);
-          if (outboundType(stored.type))
-            await api
-              .notify(stored)
-              .catch((err: Error) => log.error({ tenant_id: stored.tenant_id, type: stored.type, err: err.message }, 'notifications not made'));
-          return stored;
-        },
+        append: async (scope, event) => offer(await inner.append(scope, event)),
+        appendWithin: async (scope, event, budget) => offer(await inner.appendWithin(scope, event, budget)),
       };
       return events;
     },

@@ -23,6 +23,13 @@ export type EventLog = {
    * takes the event's place), so a caller may ask for several before waiting for any.
    */
   append(scope: string, event: NewEvent): Promise<ServiceEvent>;
+  /**
+   * Appends an event that spends `budget.bytes` of a budget (a counter under `budget.name`, kept
+   * `budget.ttlSeconds`), in the same script: taken while the budget has room; past it, the first such
+   * event of a scope is replaced by `budget.notice` (to say why nothing more comes), and from then on none
+   * of the scope's is appended (null), so what was taken stays a prefix. Ordered with append's.
+   */
+  appendWithin(scope: string, event: NewEvent, budget: EventBudget): Promise<ServiceEvent | null>;
   /** events after `afterId` (exclusive), oldest first */
   after(scope: string, afterId: string, count?: number): Promise<ServiceEvent[]>;
   /** Up to `count` events after `afterId` (exclusive) and up to `before` (`+`, an id, or `(id` for exclusive), newest first. */
@@ -35,6 +42,8 @@ export type EventLog = {
   /** The id of the newest event the log holds; `0-0` when it holds none. */
   lastId(scope: string): Promise<string>;
 };
+
+export type EventBudget = { name: string; bytes: number; limit: number; ttlSeconds: number; notice: NewEvent };
 
 /** Events anyAfter reads at a time. */
 const ANY_AFTER_PAGE = 20;
@@ -53,7 +62,7 @@ function parseEntries(entries: [string, string[]][]): ServiceEvent[] {
 // before 7.0 has no such field (XSETID takes no MAXDELETEDID): there the note fails alone, not the append,
 // and a reader is not told of a trim
 const TRIM_STEP = 100;
-const appendOf = (kept: number) => `local id = redis.call('XADD', KEYS[1], '*', 'e', ARGV[1])
+const appendOf = (kept: number, body = 'ARGV[1]', answer = 'id') => `local id = redis.call('XADD', KEYS[1], '*', 'e', ${body})
 redis.call('EXPIRE', KEYS[1], ${TTL_SECONDS})
 local over = redis.call('XLEN', KEYS[1]) - ${kept}
 if over >= ${TRIM_STEP} then
@@ -61,19 +70,49 @@ if over >= ${TRIM_STEP} then
   redis.call('XTRIM', KEYS[1], 'MAXLEN', ${kept})
   redis.pcall('XSETID', KEYS[1], id, 'MAXDELETEDID', dropped[#dropped][1])
 end
-return id`;
+return ${answer}`;
+
+// KEYS[2]: the budget, a hash of the bytes spent and of the scopes told it is spent. ARGV: the event, the
+// notice, its bytes, the limit, the budget's TTL. Answers {id, 1 when the notice was appended}, or 0 when
+// nothing was (a batch operation answers something, never nil).
+const appendWithinOf = (kept: number) => `local body, notice = ARGV[1], 0
+if redis.call('HEXISTS', KEYS[2], KEYS[1]) == 1 then return 0 end
+if tonumber(redis.call('HGET', KEYS[2], 'bytes') or '0') + tonumber(ARGV[3]) > tonumber(ARGV[4]) then
+  if redis.call('HSETNX', KEYS[2], KEYS[1], 1) == 0 then return 0 end
+  body, notice = ARGV[2], 1
+else
+  redis.call('HINCRBY', KEYS[2], 'bytes', ARGV[3])
+end
+redis.call('EXPIRE', KEYS[2], ARGV[5])
+${appendOf(kept, 'body', '{id, notice}')}`;
 
 export function createEventLog(redis: Redis, prefix: string, clock: { now(): Date } = { now: () => new Date() }, kept = EVENTS_KEPT): EventLog {
   const key = (scope: string) => `${prefix}:events:${scope}`;
   const batch = redisBatch(redis);
   const append = `event.append.${kept}`;
   batch.define(append, { keys: 1, args: 1, lua: appendOf(kept) });
+  const appendWithin = `event.append-within.${kept}`;
+  batch.define(appendWithin, { keys: 2, args: 5, lua: appendWithinOf(kept) });
   return {
     key,
     async append(scope, event) {
       const body = { ...event, at: clock.now().toISOString() };
       const id = await batch.call<string>(append, [key(scope)], [JSON.stringify(body)]);
       return { id, ...body } as ServiceEvent;
+    },
+    async appendWithin(scope, event, budget) {
+      const at = clock.now().toISOString();
+      const [body, notice] = [
+        { ...event, at },
+        { ...budget.notice, at },
+      ];
+      const taken = await batch.call<[string, number] | 0>(
+        appendWithin,
+        [key(scope), `${prefix}:budget:${budget.name}`],
+        [JSON.stringify(body), JSON.stringify(notice), budget.bytes, budget.limit, budget.ttlSeconds],
+      );
+      if (!Array.isArray(taken)) return null;
+      return { id: taken[0], ...(taken[1] ? notice : body) } as ServiceEvent;
     },
     async after(scope, afterId, count = 1000) {
       const entries = (await redis.xrange(key(scope), `(${afterId}`, '+', 'COUNT', count)) as [string, string[]][];

@@ -74,6 +74,8 @@ export type RunLimits = {
   cronMinIntervalSeconds?: number;
   /** the most automations a tenant keeps, archived ones aside (absent: any) */
   tenantMaxAutomations?: number;
+  /** the bytes of step output a tenant's runs stream into the event log a day, UTC (absent: no bound) */
+  tenantOutputBytesPerDay?: number;
 };
 
 /** A budget longer than the operator allows (SERVICE_RUN_MAX_BUDGET_SECONDS), as the error at `path`; null when it is not. */

@@ -18,6 +18,7 @@ import {
   type AttemptRecord,
   type ErrorInfo,
   type EventBody,
+  type NewEvent,
   type Run,
   type RunStatus,
   type StepRecord,
@@ -64,7 +65,16 @@ export type Settled = { run: Run; next: 'ended' | 'retry' | 'interrupted' | 'hel
 const RETRIES_AFTER_COMMIT = 12;
 const RETRY_AFTER_COMMIT_MAX_MS = 30_000;
 
-export type TransitionsDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'events' | 'metrics' | 'queues'> & { slots: TenantSlots };
+export type TransitionsDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'events' | 'metrics' | 'queues'> & {
+  slots: TenantSlots;
+  /** the bytes of step output a tenant's runs stream into the event log a day (absent: no bound) */
+  limits?: { tenantOutputBytesPerDay?: number };
+};
+
+/** A tenant's day of streamed output is counted by the UTC day; its counter outlives the day by one. */
+const OUTPUT_BUDGET_TTL_SECONDS = 2 * 24 * 3600;
+const OUTPUT_BUDGET_NOTICE =
+  "\n[the output that follows is not streamed: this tenant's runs streamed SERVICE_TENANT_OUTPUT_MB_PER_DAY today (UTC); each step's record keeps its last 64 KB]\n";
 
 export const sessionStream = (sessionId: string) => `session:${sessionId}`;
 
@@ -77,8 +87,20 @@ export function transitionsOf(deps: TransitionsDeps) {
   const holdable: ((run: Run) => boolean)[] = [];
   const companions: RunCompanion[] = [];
 
-  const emit = (run: Pick<Run, 'id' | 'tenant_id' | 'session_id'>, body: EventBody) =>
-    events.append(sessionStream(run.session_id), { tenant_id: run.tenant_id, session_id: run.session_id, run_id: run.id, ...body });
+  const outputPerDay = deps.limits?.tenantOutputBytesPerDay;
+  const emit = (run: Pick<Run, 'id' | 'tenant_id' | 'session_id'>, body: EventBody) => {
+    const event = { tenant_id: run.tenant_id, session_id: run.session_id, run_id: run.id, ...body };
+    if (body.type !== 'step.output' || outputPerDay === undefined) return events.append(sessionStream(run.session_id), event);
+    // output, the one event a run's own work sizes, spends the tenant's day of it: the event log lives in the shared Redis
+    const notice: NewEvent = { ...event, type: 'step.output', data: { ...body.data, text: OUTPUT_BUDGET_NOTICE } };
+    return events.appendWithin(sessionStream(run.session_id), event, {
+      name: `output:${run.tenant_id}:${clock.now().toISOString().slice(0, 10)}`,
+      bytes: Buffer.byteLength(body.data.text),
+      limit: outputPerDay,
+      ttlSeconds: OUTPUT_BUDGET_TTL_SECONDS,
+      notice,
+    });
+  };
 
   /** Per run, its events that Redis refused at first and that are being tried again: its later events wait behind them. */
   const backlog = new Map<string, Promise<void>>();

@@ -502,6 +502,40 @@ describe('sandbox', function () {
     expect(run.steps[9].output.stdout.length).to.be.greaterThan(0);
   });
 
+  it('streams a tenant’s step output up to SERVICE_TENANT_OUTPUT_MB_PER_DAY a day, then says so once a run and streams no more; other tenants go on', async () => {
+    const budgeted = await startHarness({ env: { SERVICE_TENANT_OUTPUT_MB_PER_DAY: '1' } });
+    try {
+      const print = (bytes: number) => ({ tool: 'shell', args: { command: `head -c ${bytes} /dev/zero | tr "\\0" a` } });
+      const runOf = async (steps: object[], key = KEYS.a) => {
+        const res = await budgeted.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps }, key });
+        expect(res.status, res.text).to.equal(202);
+        const run = await finishedRun(budgeted, res.body.run_id, key);
+        expect(run.status).to.equal('succeeded');
+        const events = await budgeted.rt.events.after(`session:${run.session_id}`, '0-0', 100_000);
+        return { run, texts: events.filter((e) => e.type === 'step.output').map((e) => (e.data as { text: string }).text) };
+      };
+      // 1.4 MB printed over two steps, 1 MB of them streamed, then the notice
+      const first = await runOf([print(700_000), print(700_000)]);
+      const notice = first.texts.at(-1)!;
+      expect(notice).to.contain('SERVICE_TENANT_OUTPUT_MB_PER_DAY');
+      // whole chunks (up to a pipe read, 64 KB) while they fit
+      const streamed = first.texts.slice(0, -1).join('');
+      expect(streamed).to.match(/^a+$/);
+      expect(streamed.length).to.be.within(1024 * 1024 - 64 * 1024, 1024 * 1024);
+      expect(first.texts.filter((t) => t === notice)).to.have.length(1);
+      // the records keep each step's tail all the same
+      expect(first.run.steps[1].output.stdout.length).to.be.greaterThan(0);
+      // the tenant's next run the same day: what is left of the day's budget, then the notice
+      const second = await runOf([print(100_000)]);
+      expect(second.texts.at(-1)).to.equal(notice);
+      expect(second.texts.slice(0, -1).join('').length).to.be.at.most(1024 * 1024 - streamed.length);
+      // another tenant's output is its own
+      expect((await runOf([print(10)], KEYS.b)).texts.join('')).to.equal('a'.repeat(10));
+    } finally {
+      await budgeted.close();
+    }
+  });
+
   it('refuses tools the operator does not allow, naming them (403), and narrows the default tools of a goal', async () => {
     const narrow = await startHarness({ env: { SERVICE_TOOLS_ALLOWED: 'read_file,list_files,message' } });
     try {

@@ -51,3 +51,46 @@ describe('event log', function () {
     expect(await log.droppedAfter('none', '0-0')).to.equal(null);
   });
 });
+
+describe('event log: appends within a budget', function () {
+  const prefix = uniquePrefix();
+  let redis: Redis;
+  let log: EventLog;
+  const output = (scope: string, text: string) =>
+    ({ type: 'step.output', tenant_id: 't', session_id: scope, data: { index: 0, stream: 'stdout', text } }) as never;
+  const within = (scope: string, text: string) =>
+    log.appendWithin(scope, output(scope, text), {
+      name: 'output:t',
+      bytes: Buffer.byteLength(text),
+      limit: 10,
+      ttlSeconds: 60,
+      notice: output(scope, '[spent]'),
+    });
+
+  before(() => {
+    redis = new Redis(testRedisUrl(), { maxRetriesPerRequest: null });
+    log = createEventLog(redis, prefix);
+  });
+  after(async () => {
+    await deleteRedisPrefix(prefix);
+    redis.disconnect();
+  });
+
+  it('takes events while the budget has room; past it, each scope is told once, and nothing more is appended', async () => {
+    const texts = async (scope: string) => (await log.after(scope, '0-0')).map((e) => (e.data as unknown as { text: string }).text);
+    // asked for together, in one round trip: taken in the order asked
+    const answers = await Promise.all(['abcd', 'efgh', 'ijk', 'lm', 'no'].map((t) => within('a', t)));
+    expect(answers.map((e) => (e ? (e.data as unknown as { text: string }).text : null))).to.deep.equal(['abcd', 'efgh', '[spent]', null, null]);
+    expect(await texts('a')).to.deep.equal(['abcd', 'efgh', '[spent]']);
+    // 'lm' would fit the 2 bytes left, but a scope told the budget is spent gets nothing more: its output stays a prefix
+    expect(await within('b', 'xyz')).to.deep.include({ type: 'step.output' });
+    expect(await texts('b')).to.deep.equal(['[spent]']);
+    expect(await within('b', 'x')).to.equal(null);
+    // events outside the budget are not held by it
+    await log.append('a', output('a', 'plain'));
+    expect((await texts('a')).at(-1)).to.equal('plain');
+    const budget = `${prefix}:budget:output:t`;
+    expect(await redis.hget(budget, 'bytes')).to.equal('8');
+    expect(await redis.ttl(budget)).to.be.within(1, 60);
+  });
+});
