@@ -95,7 +95,8 @@ export function transitionsOf(deps: TransitionsDeps) {
     const notice: NewEvent = { ...event, type: 'step.output', data: { ...body.data, text: OUTPUT_BUDGET_NOTICE } };
     return events.appendWithin(sessionStream(run.session_id), event, {
       name: `output:${run.tenant_id}:${clock.now().toISOString().slice(0, 10)}`,
-      bytes: Buffer.byteLength(body.data.text),
+      // as the log keeps it: JSON, where a control character takes six bytes
+      bytes: Buffer.byteLength(JSON.stringify(body.data.text)),
       limit: outputPerDay,
       ttlSeconds: OUTPUT_BUDGET_TTL_SECONDS,
       notice,
