@@ -3227,8 +3227,8 @@ export interface components {
          * @description The tenant's or the key's requests this minute are spent (`rate-limited`):
          *     SERVICE_API_RATE_LIMIT_PER_MINUTE per tenant, SERVICE_API_KEY_RATE_LIMIT_PER_MINUTE per key; or, for
          *     an event stream, the tenant holds SERVICE_TENANT_MAX_STREAMS streams open on the server already; or,
-         *     for a new run, SERVICE_TENANT_MAX_WAITING of the tenant's runs wait for a slot already (nothing is
-         *     stored; Retry-After is 30 s).
+         *     for a new run or new tasks of a session, SERVICE_TENANT_MAX_WAITING of the tenant's runs wait for a
+         *     slot already (nothing is stored; Retry-After is 30 s).
          */
         ApiRateLimited: {
             headers: {

@@ -72,18 +72,19 @@ if over >= ${TRIM_STEP} then
 end
 return ${answer}`;
 
-// KEYS[2]: the budget, a hash of the bytes spent and of the scopes told it is spent. ARGV: the event, the
-// notice, its bytes, the limit, the budget's TTL. Answers {id, 1 when the notice was appended}, or 0 when
-// nothing was (a batch operation answers something, never nil).
+// KEYS[2]: the budget's counter of bytes; KEYS[3]: the scope's note that it was told the budget is spent,
+// kept as long as its log (a day's budget ends, the scope's output does not come back after its notice).
+// ARGV: the event, the notice, its bytes, the limit, the counter's TTL. Answers {id, 1 when the notice
+// was appended}, or 0 when nothing was (a batch operation answers something, never nil).
 const appendWithinOf = (kept: number) => `local body, notice = ARGV[1], 0
-if redis.call('HEXISTS', KEYS[2], KEYS[1]) == 1 then return 0 end
-if tonumber(redis.call('HGET', KEYS[2], 'bytes') or '0') + tonumber(ARGV[3]) > tonumber(ARGV[4]) then
-  if redis.call('HSETNX', KEYS[2], KEYS[1], 1) == 0 then return 0 end
+if redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
+if tonumber(redis.call('GET', KEYS[2]) or '0') + tonumber(ARGV[3]) > tonumber(ARGV[4]) then
+  redis.call('SET', KEYS[3], 1, 'EX', ${TTL_SECONDS})
   body, notice = ARGV[2], 1
 else
-  redis.call('HINCRBY', KEYS[2], 'bytes', ARGV[3])
+  redis.call('INCRBY', KEYS[2], ARGV[3])
+  redis.call('EXPIRE', KEYS[2], ARGV[5])
 end
-redis.call('EXPIRE', KEYS[2], ARGV[5])
 ${appendOf(kept, 'body', '{id, notice}')}`;
 
 export function createEventLog(redis: Redis, prefix: string, clock: { now(): Date } = { now: () => new Date() }, kept = EVENTS_KEPT): EventLog {
@@ -92,7 +93,7 @@ export function createEventLog(redis: Redis, prefix: string, clock: { now(): Dat
   const append = `event.append.${kept}`;
   batch.define(append, { keys: 1, args: 1, lua: appendOf(kept) });
   const appendWithin = `event.append-within.${kept}`;
-  batch.define(appendWithin, { keys: 2, args: 5, lua: appendWithinOf(kept) });
+  batch.define(appendWithin, { keys: 3, args: 5, lua: appendWithinOf(kept) });
   return {
     key,
     async append(scope, event) {
@@ -108,7 +109,7 @@ export function createEventLog(redis: Redis, prefix: string, clock: { now(): Dat
       ];
       const taken = await batch.call<[string, number] | 0>(
         appendWithin,
-        [key(scope), `${prefix}:budget:${budget.name}`],
+        [key(scope), `${prefix}:budget:${budget.name}`, `${key(scope)}:over-budget`],
         [JSON.stringify(body), JSON.stringify(notice), budget.bytes, budget.limit, budget.ttlSeconds],
       );
       if (!Array.isArray(taken)) return null;

@@ -125,6 +125,8 @@ const CLAIM_WAIT_MS = 5000;
 const IDEMPOTENCY_IN_USE_RETRY_AFTER_SECONDS = 1;
 /** a full line drains at the tenant's pace, which nothing here knows: a client asks again in half a minute */
 const LINE_FULL_RETRY_AFTER_SECONDS = 30;
+/** how long the line's length is waited for (Redis answers in a millisecond when it is there) */
+const LINE_CHECK_DEADLINE_MS = 250;
 
 // removes an idempotency claim only if it is still ours: a claim that timed out may land later
 const RELEASE_CLAIM = `if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`;
@@ -167,15 +169,26 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
     return { steps, goal, seconds, tool_allowlist, network, workspace };
   }
 
-  /** `alongside` stores a record that goes with this run in the run's own commit (its idempotency key). */
-  async function create(tenantId: string, req: RunRequest, id = newId('run'), after?: AfterStored, alongside?: RunCompanion): Promise<Run> {
-    const { steps, goal, seconds, tool_allowlist, network, workspace } = await admit(tenantId, req);
-    // a session's task runs as the DAG it was accepted in moves on: only new work is held to the line's cap
-    if (req.kind !== 'session_task' && !(await slots.hasRoom(tenantId)))
+  /**
+   * Refuses new work while the tenant's line is full (SERVICE_TENANT_MAX_WAITING): new runs, and tasks when
+   * they are added to a session (a task's own runs, made as its DAG moves on, never are). A Redis that does
+   * not answer within LINE_CHECK_DEADLINE_MS lets the work in: the cap is soft, and a stored run waits for
+   * Redis (the request's own wait for Redis, REDIS_DEADLINE_MS, comes after this one).
+   */
+  async function assertRoom(tenantId: string): Promise<void> {
+    const asking = slots.hasRoom(tenantId);
+    const room = await withTimeout(asking, LINE_CHECK_DEADLINE_MS, 'Redis answer').catch(() => (asking.catch(() => undefined), true));
+    if (!room)
       throw new TenantLineFullError(
         `tenant ${tenantId} has ${slots.maxWaiting} runs waiting for a slot already (SERVICE_TENANT_MAX_WAITING); retry once they drain`,
         LINE_FULL_RETRY_AFTER_SECONDS,
       );
+  }
+
+  /** `alongside` stores a record that goes with this run in the run's own commit (its idempotency key). */
+  async function create(tenantId: string, req: RunRequest, id = newId('run'), after?: AfterStored, alongside?: RunCompanion): Promise<Run> {
+    const { steps, goal, seconds, tool_allowlist, network, workspace } = await admit(tenantId, req);
+    if (req.kind !== 'session_task') await assertRoom(tenantId);
     // an agent's loop is bounded by its steps as well as its time: each step is kept with the run
     const maxSteps = req.max_steps ?? (goal ? limits.defaultAgentMaxSteps : undefined);
     const run: Run = {
@@ -432,7 +445,11 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
     create,
     createIdempotent,
     /** Throws what `create` would refuse this request for, storing nothing (a caller about to pay for the request's input asks first). */
-    assertAcceptable: async (tenantId: string, req: RunRequest): Promise<void> => void (await admit(tenantId, req)),
+    assertAcceptable: async (tenantId: string, req: RunRequest): Promise<void> => {
+      await admit(tenantId, req);
+      if (req.kind !== 'session_task') await assertRoom(tenantId);
+    },
+    assertRoom,
     workspaceOf,
     /** Registers a check of a finished run about to be re-run; it throws the problem that refuses it. */
     guardRerun(guard: (run: Run) => Promise<void>): void {

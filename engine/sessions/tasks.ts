@@ -551,6 +551,8 @@ export function tasksOf(deps: TasksDeps) {
     repliedAmong,
     /** Adds one task or a whole DAG; every error of the batch comes back in one 422. */
     async add(session: Session, inputs: TaskInput[]): Promise<TaskRecord[]> {
+      // new work: refused while the tenant's line of runs is full, as a new run is
+      await runs.assertRoom(session.tenant_id);
       // a run's session follows its one run: a task in it would run unseen by its status and outcome
       if (session.kind !== 'multi_agent')
         throw new ConflictError(`session ${session.id} is the session of an ${session.kind} run; tasks go in multi-agent sessions`, { kind: session.kind });

@@ -502,7 +502,7 @@ describe('sandbox', function () {
     expect(run.steps[9].output.stdout.length).to.be.greaterThan(0);
   });
 
-  it('streams a tenant’s step output up to SERVICE_TENANT_OUTPUT_MB_PER_DAY a day, then says so once a run and streams no more; other tenants go on', async () => {
+  it('streams a tenant’s step output up to SERVICE_TENANT_OUTPUT_MB_PER_DAY a day, then says so once a session and streams no more; other tenants go on', async () => {
     const budgeted = await startHarness({ env: { SERVICE_TENANT_OUTPUT_MB_PER_DAY: '1' } });
     try {
       const print = (bytes: number) => ({ tool: 'shell', args: { command: `head -c ${bytes} /dev/zero | tr "\\0" a` } });

@@ -108,7 +108,7 @@ describe('scheduling', function () {
     }
   });
 
-  it('refuses a new run with 429 once SERVICE_TENANT_MAX_WAITING of the tenant’s runs wait, storing nothing; replays, other tenants and a session’s tasks still go', async () => {
+  it('refuses a new run or task with 429 once SERVICE_TENANT_MAX_WAITING of the tenant’s runs wait, storing nothing; replays and other tenants still go', async () => {
     // no workers: nothing drains the line while the test fills it
     const h = await startHarness({ workers: false, env: { SERVICE_TENANT_MAX_RUNNING: '1', SERVICE_TENANT_MAX_WAITING: '2' } });
     try {
@@ -140,13 +140,16 @@ describe('scheduling', function () {
       expect(replay.body.run_id).to.equal(waiting[0]!.body.run_id);
       // another tenant's line is its own
       expect((await post(KEYS.b)).status).to.equal(202);
-      // a session's task is work the tenant already handed over: its run is made, the line's cap aside
+      // a task is new work when it is added to a session
       const session = (await h.call<RunBody>('POST', '/api/v1/sessions', { body: { title: 'full line' } })).body.id as string;
-      expect((await h.call('POST', `/api/v1/sessions/${session}/tasks`, { body: { id: 't', steps: body.steps } })).status).to.equal(201);
-      await eventually(async () => {
-        const [task] = (await h.call<RunBody>('GET', `/api/v1/sessions/${session}/tasks`)).body.data;
-        return task.run_ids.length === 1;
-      }, 'the task’s run');
+      expect((await h.call('POST', `/api/v1/sessions/${session}/tasks`, { body: { id: 't', steps: body.steps } })).status).to.equal(429);
+      // but a task's own run, which the engine makes as its DAG moves on (its task was taken when there was
+      // room), is never refused: its session accepted it
+      const request = { steps: [{ tool: 'shell' as const, args: { command: 'true' } }], session_id: session };
+      const taskRun = await h.rt.engine.runs.create('tenant-a', { ...request, kind: 'session_task', trigger: { type: 'task', task_id: 't' } });
+      expect(taskRun.status).to.equal('queued');
+      const refusal = await h.rt.engine.runs.create('tenant-a', { ...request, kind: 'autonomy', trigger: { type: 'api' } }).catch((err: Error) => err);
+      expect(refusal).to.be.instanceOf(Error).and.have.property('code', 'rate-limited');
       const context = (await h.call<RunBody>('GET', '/api/v1/autonomy/reliability-context')).body;
       expect(context.tenant).to.deep.include({ max_running: 1, max_waiting: 2, running: 1, waiting: 3 });
 

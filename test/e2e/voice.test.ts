@@ -555,6 +555,33 @@ describe('voice transcription', function () {
     expect(provider.received[0]!.file!.mimeType).to.equal('audio/mpeg');
   });
 
+  it('refuses a spoken run with 429 before the provider is paid, while the tenant’s line is full (SERVICE_TENANT_MAX_WAITING)', async () => {
+    const full = await startHarness({
+      workers: false,
+      env: {
+        SERVICE_TENANT_MAX_RUNNING: '1',
+        SERVICE_TENANT_MAX_WAITING: '1',
+        SERVICE_TRANSCRIBE_PROVIDER: 'openai',
+        SERVICE_TRANSCRIBE_BASE_URL: provider.url,
+        SERVICE_TRANSCRIBE_API_KEY: KEY,
+        SERVICE_TRANSCRIBE_MODEL: 'whisper-1',
+        SERVICE_AGENT_BASE_URL: 'http://127.0.0.1:9/v1',
+        SERVICE_AGENT_MODEL: 'none',
+      },
+    });
+    try {
+      for (let i = 0; i < 2; i++)
+        expect((await full.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'message', args: { text: 'x' } }] } })).status).to.equal(202);
+      provider.play([{ status: 200, body: VERBOSE }]);
+      const res = await raw(full, wav(0.3), 'audio/wav', { query: 'run=true', headers: { 'idempotency-key': 'voice-full' } });
+      expect(res.status, res.text).to.equal(429);
+      expect(res.headers.get('retry-after')).to.equal('30');
+      expect(provider.received, 'the provider was not asked').to.have.length(0);
+    } finally {
+      await full.close();
+    }
+  });
+
   it('never writes the provider key to the logs', () => {
     expect(h.logs.join('\n')).not.to.contain(KEY);
   });

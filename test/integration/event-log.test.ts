@@ -90,7 +90,13 @@ describe('event log: appends within a budget', function () {
     await log.append('a', output('a', 'plain'));
     expect((await texts('a')).at(-1)).to.equal('plain');
     const budget = `${prefix}:budget:output:t`;
-    expect(await redis.hget(budget, 'bytes')).to.equal('8');
+    expect(await redis.get(budget)).to.equal('8');
     expect(await redis.ttl(budget)).to.be.within(1, 60);
+    // a new budget (the next day's): a scope told already still gets nothing, so its output stays a prefix
+    const nextDay = (scope: string, text: string) =>
+      log.appendWithin(scope, output(scope, text), { name: 'output:t:next', bytes: 1, limit: 10, ttlSeconds: 60, notice: output(scope, '[spent]') });
+    expect(await nextDay('a', 'p')).to.equal(null);
+    expect(await nextDay('c', 'q')).to.deep.include({ type: 'step.output' });
+    expect(await texts('c')).to.deep.equal(['q']);
   });
 });
