@@ -36,19 +36,18 @@ export class OpenStreams {
   private readonly perTenant = new Map<string, number>();
   private closed = false;
   constructor(private readonly maxPerTenant = Infinity) {}
-  /** A 429 when the tenant has its limit of streams open (a route that would start work for a stream asks first). */
-  assertRoom(tenantId: string): void {
+  /**
+   * A place for one more stream of the tenant, or a 429 when it has its limit open; the answer gives it back
+   * (once). A route that starts work for a stream (a run, an audit) takes it first.
+   */
+  enter(tenantId: string): () => void {
     const n = this.perTenant.get(tenantId) ?? 0;
     if (n >= this.maxPerTenant)
       throw new RateLimitedError(
         `this tenant has ${n} event streams open on this server, the most it may (SERVICE_TENANT_MAX_STREAMS): close one first`,
         STREAMS_FULL_RETRY_SECONDS,
       );
-  }
-  /** A place for one more stream of the tenant, or a 429 when it has its limit open; the answer gives it back (once). */
-  enter(tenantId: string): () => void {
-    this.assertRoom(tenantId);
-    this.perTenant.set(tenantId, (this.perTenant.get(tenantId) ?? 0) + 1);
+    this.perTenant.set(tenantId, n + 1);
     let left = false;
     return () => {
       if (left) return;
@@ -98,6 +97,12 @@ export type SseOptions = {
    * held open for good.
    */
   ended?: boolean;
+  /**
+   * The tenant's place for this stream (`streams.enter`), when the route took it before it started the
+   * stream's work (a run, an audit): two requests at once cannot both pass the limit and start work for a
+   * stream one of them will not get. Without it the stream takes its own place.
+   */
+  place?: () => void;
 };
 
 export function lastEventIdOf(req: Request): string {
@@ -107,7 +112,7 @@ export function lastEventIdOf(req: Request): string {
 }
 
 export async function streamEvents(req: Request, res: Response, opts: SseOptions): Promise<void> {
-  const leave = opts.streams.enter(opts.tenantId);
+  const leave = opts.place ?? opts.streams.enter(opts.tenantId);
   let open = false;
   try {
     open = await openStream(req, res, opts, leave);

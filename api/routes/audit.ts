@@ -1,6 +1,6 @@
 // /api/v1/autonomy/workspace-audit: run the audit and answer its report (or a 202 past the timeout),
 // stream it per phase (resumable: the event ids name the report), and fetch a recent report.
-import { Router, type Request } from 'express';
+import { Router, type Request, type Response } from 'express';
 import { nestsDeeperThan, NotFoundError, scopes, ValidationError, type AuditPhase, type EventHub } from '../../engine/platform/index.js';
 import type { Engine } from '../../engine/index.js';
 import { tenantOf } from '../auth.js';
@@ -60,8 +60,19 @@ export function auditRouter(engine: Engine, opts: { hub: EventHub; heartbeatMs: 
 
   router.get('/workspace-audit/stream', async (req, res) => {
     const tenantId = tenantOf(req);
-    // a tenant at its streams' limit is refused before an audit is started for a stream it would not get
-    opts.streams.assertRoom(tenantId);
+    // a tenant at its streams' limit is refused before an audit is started for a stream it would not get: the
+    // stream's place is taken first (given back by the stream, or at the end here when no stream follows)
+    const place = opts.streams.enter(tenantId);
+    try {
+      await auditStream(req, res, tenantId, place);
+    } catch (err) {
+      place();
+      throw err;
+    }
+  });
+
+  /** The audit stream's answer: `place` is the tenant's place for it, given back here when no stream follows. */
+  async function auditStream(req: Request, res: Response, tenantId: string, place: () => void) {
     const resumeFrom = lastEventIdOf(req);
     let reportId: string;
     let afterId = '0-0';
@@ -70,12 +81,14 @@ export function auditRouter(engine: Engine, opts: { hub: EventHub; heartbeatMs: 
       [reportId, afterId] = resumeFrom.split('/') as [string, string];
       // a client that saw the report reconnects as EventSource does after any close: 204 tells it to stop
       if (!(await engine.audits.hasMore(tenantId, reportId, afterId))) {
+        place();
         res.status(204).end();
         return;
       }
     } else {
       // HEAD is safe: a link checker or `curl -I` starts no audit. It gets the stream's headers, no report id
       if (req.method === 'HEAD') {
+        place();
         res.status(200).set({ 'Content-Type': 'text/event-stream; charset=utf-8', 'Cache-Control': 'no-cache, no-transform' }).end();
         return;
       }
@@ -106,6 +119,7 @@ export function auditRouter(engine: Engine, opts: { hub: EventHub; heartbeatMs: 
       afterId,
       heartbeatMs: opts.heartbeatMs,
       headers: { 'X-Report-Id': reportId, 'Content-Location': `${BASE}/${reportId}` },
+      place,
       // a report gone before its end (Redis lost it) will never end the stream: it ends, and a reconnect is told so
       stillThere: () =>
         engine.audits.get(tenantId, reportId).then(
@@ -113,7 +127,7 @@ export function auditRouter(engine: Engine, opts: { hub: EventHub; heartbeatMs: 
           (err: unknown) => !(err instanceof NotFoundError),
         ),
     });
-  });
+  }
 
   router.get('/workspace-audit/:report_id', async (req, res) => {
     res.json(await engine.audits.get(tenantOf(req), String(req.params.report_id)));

@@ -55,7 +55,7 @@ export function autonomyRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
     res: Response,
     sessionId: string,
     afterId: string,
-    extra: { status?: number; headers?: Record<string, string>; ended?: boolean } = {},
+    extra: { status?: number; headers?: Record<string, string>; ended?: boolean; place?: () => void } = {},
   ) =>
     streamEvents(req, res, {
       streams: opts.streams,
@@ -69,11 +69,17 @@ export function autonomyRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
 
   const start = (kind: RunKind) => async (req: Request, res: Response) => {
     const { stream, ...work } = req.body as AutonomyRunRequest;
-    // a tenant at its streams' limit is refused before a run is started for a stream it would not get
-    if (stream) opts.streams.assertRoom(tenantOf(req));
-    const { run, replayed } = await startAutonomyRun(engine, req, kind, work);
-    if (stream) await watch(req, res, run.session_id, '0-0', { headers: { Location: runLocation(run.id) } });
-    else acceptRun(res, engine, run, replayed);
+    // a tenant at its streams' limit is refused before a run is started for a stream it would not get: the
+    // stream's place is taken first (given back by the stream, or below when no stream follows)
+    const place = stream ? opts.streams.enter(tenantOf(req)) : undefined;
+    try {
+      const { run, replayed } = await startAutonomyRun(engine, req, kind, work);
+      if (place) await watch(req, res, run.session_id, '0-0', { headers: { Location: runLocation(run.id) }, place });
+      else acceptRun(res, engine, run, replayed);
+    } catch (err) {
+      place?.();
+      throw err;
+    }
   };
 
   router.post('/run', start('autonomy'));

@@ -199,6 +199,33 @@ describe('run session streams', function () {
     }
   });
 
+  it('of POST streams asked at once at the limit, starts the run of one only; a refused run gives its place back', async () => {
+    const capped = await startHarness({ env: { SERVICE_TENANT_MAX_STREAMS: '1' } });
+    const held = releasable(capped, 'release-post-streams');
+    const opened: AbortController[] = [];
+    try {
+      const post = async (body: object) => {
+        const abort = new AbortController();
+        opened.push(abort);
+        return fetch(`${capped.url}/api/v1/autonomy/run`, {
+          method: 'POST',
+          headers: { authorization: `Bearer ${KEYS.a}`, 'content-type': 'application/json' },
+          body: JSON.stringify({ stream: true, ...body }),
+          signal: abort.signal,
+        });
+      };
+      // a run the engine refuses (a goal with no agent endpoint): its stream's place is given back
+      expect((await post({ goal: 'plan it' })).status).to.equal(422);
+      const answers = await Promise.all(Array.from({ length: 6 }, () => post({ steps: [{ tool: 'shell', args: { command: held.command } }] })));
+      expect(answers.map((r) => r.status).sort()).to.deep.equal([200, 429, 429, 429, 429, 429]);
+      expect((await capped.call<Record<string, any>>('GET', '/api/v1/runs?limit=100')).body.data.length, 'one run started').to.equal(1);
+    } finally {
+      for (const a of opened) a.abort();
+      await held.release();
+      await capped.close();
+    }
+  });
+
   it('lets a run started through each route be watched to its end', async () => {
     const automation = (
       await h.call('POST', '/api/v1/automations', { body: { name: 'watched', steps: [{ tool: 'shell', args: { command: 'echo automation' } }] } })
