@@ -1807,6 +1807,7 @@ export interface components {
             status: components["schemas"]["DeliveryStatus"];
             event: string | null;
             action: string | null;
+            /** @description The provider's id of the delivery (X-GitHub-Delivery, a Slack event_id, X-Service-Delivery, ...). For a signed request that names none (a slash command, the generic scheme without an id), `signed:` and the SHA-256 of what was signed, so that its replay is refused even once Redis has forgotten the signature. */
             provider_delivery_id: string | null;
             /** @description Event names, ids and retry counts; never credentials or signatures. */
             headers: {

@@ -258,10 +258,16 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
 
       let verified: Verified;
       let seenKey: string | null = null;
+      /** the delivery's id in the store: the provider's, or for a request that names none, what was signed */
+      let providerId: string | null = null;
       try {
         const secrets = tenant.byKind.get(kind);
         if (!secrets?.length) throw notConfigured(kind);
         verified = await verifyDelivery(kind, { headers, body }, { secrets, nowMs: clock.now().getTime(), windowSeconds });
+        // ids are short in practice; a longer one is cut, never allowed to bloat the unique index. A request
+        // with no id (a slash command, our generic scheme without X-Service-Delivery) is known by its signed
+        // bytes, so the store finds its replay too once Redis has forgotten the signature (it loses its data)
+        providerId = verified.providerId?.slice(0, 256) ?? (verified.replayKey ? `signed:${sha256Hex(verified.replayKey)}` : null);
         seenKey = verified.replayKey ? `${prefix}:webhook-seen:${tenantId}:${kind}:${sha256Hex(verified.replayKey)}` : null;
         const fresh = await gate(tenantId, kind, seenKey, Boolean(verified.retriesResend && verified.providerId));
         if (!fresh) {
@@ -275,7 +281,7 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
         // delivery again (a byte-for-byte retry, the same id) or a replay under another id
         if (verified.signedOnce) {
           const earlier = await store.deliveries.findByBody(tenantId, kind, sha256Hex(body));
-          if (earlier && verified.repeatIs === 'retry' && earlier.provider_delivery_id === (verified.providerId?.slice(0, 256) ?? null)) {
+          if (earlier && verified.repeatIs === 'retry' && earlier.provider_delivery_id === providerId) {
             count('duplicate');
             return { status: 200, delivery_id: earlier.id, body: verified.emptyReply ? undefined : { delivery_id: earlier.id, status: 'duplicate' } };
           }
@@ -306,8 +312,7 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
         status: 'received',
         event: verified.event,
         action: verified.action,
-        // ids are short in practice; a longer one is cut, never allowed to bloat the unique index
-        provider_delivery_id: verified.providerId?.slice(0, 256) ?? null,
+        provider_delivery_id: providerId,
         headers: kept,
         content_type: kept['content-type'] ?? null,
         body: verified.keepBody ? body.toString('utf8') : null,
@@ -330,8 +335,9 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
         throw err;
       }
       if (existing) {
-        if (verified.repeatIs === 'replay') {
-          const err = new WebhookRejectedError('webhook-replay', `delivery ${verified.providerId} was already accepted as ${existing.id}`);
+        // the same signed request of no id again: a replay, as Redis would have said had it remembered
+        if (verified.repeatIs === 'replay' || !verified.providerId) {
+          const err = new WebhookRejectedError('webhook-replay', `delivery ${providerId} was already accepted as ${existing.id}`);
           count(err.code);
           await recordRejection(tenantId, kind, headers, body.length, err);
           throw err;

@@ -520,6 +520,21 @@ describe('webhook intake', function () {
       expect(malformed.body.code).to.equal('webhook-signature-invalid');
     });
 
+    it('refuses an id-less signed request sent again once Redis forgot its signature (it lost its data): the store knows it by what was signed', async () => {
+      const signed = sign.generic([SECRET.generic], { type: 'deploy.finished', n: randomUUID() });
+      const first = await post('generic', signed);
+      expect(first.status, first.text).to.equal(200);
+      expect((await delivery(first.body.delivery_id)).provider_delivery_id).to.match(/^signed:[0-9a-f]{64}$/);
+      for (const key of await scanKeys(h.rt.redis, `${h.config.queuePrefix}:webhook-seen:*`)) await h.rt.redis.del(key);
+      const again = await post('generic', signed);
+      expect(again.status, again.text).to.equal(409);
+      expect(again.body.code).to.equal('webhook-replay');
+      // the same body signed at another time is another request
+      const later = await post('generic', sign.generic([SECRET.generic], JSON.parse(String(signed.body)), { t: Math.floor(Date.now() / 1000) + 2 }));
+      expect(later.status, later.text).to.equal(200);
+      expect(later.body.delivery_id).not.to.equal(first.body.delivery_id);
+    });
+
     it('refuses a request signed by both secrets of a rotation sent again with one entry, or under another delivery id', async () => {
       const second = 'generic-secret-second-0123456';
       const put = (secrets: string[]) => h.call('PUT', '/api/v1/webhook-secrets/generic', { body: { secrets } });
