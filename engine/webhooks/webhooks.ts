@@ -211,9 +211,14 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
   /**
    * Starts the runs of every enabled automation whose webhook trigger takes this delivery. `transient` is
    * the first failure worth a retry (Redis or the store did not answer, the run's key still being handled):
-   * the others are started all the same, and a retry with the same attempt finds their runs by their keys.
+   * the others are started all the same, and a retry with the same attempt finds their runs by their keys,
+   * or in `startedBefore` (the runs an earlier try of the attempt kept with the delivery).
    */
-  async function dispatch(d: WebhookDelivery, attempt: number): Promise<Pick<WebhookDelivery, 'runs' | 'error'> & { transient: AppError | null }> {
+  async function dispatch(
+    d: WebhookDelivery,
+    attempt: number,
+    startedBefore: WebhookDelivery['runs'] = [],
+  ): Promise<Pick<WebhookDelivery, 'runs' | 'error'> & { transient: AppError | null }> {
     const automations = await store.automations.listEnabledWithTrigger('webhook', d.tenant_id);
     const runs: WebhookDelivery['runs'] = [];
     let error: WebhookDelivery['error'] = null;
@@ -221,6 +226,13 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
     for (const a of automations) {
       const takes = a.triggers.some((t) => t.type === 'webhook' && t.provider === d.kind && eventMatches(t.events, d.event, d.action));
       if (!takes) continue;
+      // started by an earlier try of this attempt (recorded when another automation's run failed transiently):
+      // not started again, however long ago (its run's key lives a day)
+      const started = startedBefore.find((r) => r.automation_id === a.id);
+      if (started) {
+        runs.push(started);
+        continue;
+      }
       const trigger: RunTrigger = { type: 'webhook', provider: d.kind, delivery_id: d.id, ...(d.event ? { event: d.event } : {}) };
       try {
         const run = await fire(d.tenant_id, a.id, trigger, `webhook:${d.id}:${attempt}:${a.id}`, { event: d.event_payload });
@@ -357,10 +369,14 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
     async process(tenantId: string, deliveryId: string): Promise<WebhookDelivery | null> {
       const d = await store.deliveries.get(tenantId, deliveryId);
       if (!d || d.status !== 'received') return d;
-      const { runs, error, transient } = await dispatch(d, 1);
+      const { runs, error, transient } = await dispatch(d, 1, d.runs);
       // accepted is sure to run: the job fails and is retried (then the reconciler retries it), the delivery
-      // still received, and the retry's runs of attempt 1 are the ones started here, found by their keys
-      if (transient) throw transient;
+      // still received, and the runs started here are kept with it, so a retry (a day later, when a tenant's
+      // line stays full) never starts them again
+      if (transient) {
+        if (runs.length > d.runs.length) await store.deliveries.update(tenantId, d.id, { runs }, ['received']);
+        throw transient;
+      }
       const done = await store.deliveries.update(
         tenantId,
         d.id,

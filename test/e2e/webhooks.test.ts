@@ -704,35 +704,44 @@ describe('webhook intake', function () {
   });
 
   describe('deliveries and runs', () => {
-    it('keeps a delivery whose run its tenant’s full line refused (SERVICE_TENANT_MAX_WAITING) received, and starts the run once the line has room', async () => {
+    it('keeps a delivery whose run its tenant’s full line refused (SERVICE_TENANT_MAX_WAITING) received, with the runs it did start, and starts the rest once the line has room, never the same again', async () => {
       const full = await startHarness({ env: { SERVICE_TENANT_MAX_RUNNING: '1', SERVICE_TENANT_MAX_WAITING: '1' } });
       try {
         expect((await full.call('PUT', '/api/v1/webhook-secrets/codehost', { body: { secrets: [SECRET.codehost] } })).status).to.equal(200);
-        const automation = await full.call<Body>('POST', '/api/v1/automations', {
-          body: {
-            name: 'on push',
-            steps: [{ tool: 'shell', args: { command: 'echo built' } }],
-            triggers: [{ type: 'webhook', provider: 'codehost', events: ['push'] }],
-          },
-        });
-        expect(automation.status, automation.text).to.equal(201);
-        // one run holds the tenant's slot, one waits: the line is full
+        const automations: string[] = [];
+        for (const name of ['on push 1', 'on push 2']) {
+          const made = await full.call<Body>('POST', '/api/v1/automations', {
+            body: {
+              name,
+              steps: [{ tool: 'shell', args: { command: 'echo built' } }],
+              triggers: [{ type: 'webhook', provider: 'codehost', events: ['push'] }],
+            },
+          });
+          expect(made.status, made.text).to.equal(201);
+          automations.push(made.body.id);
+        }
+        // one run holds the tenant's slot: the line has room for one run, the delivery's first
         const slot = releasable(full, 'release-line-full');
         const holding = await full.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: slot.command } }] } });
-        const waiting = await full.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'true' } }] } });
-        expect([holding.status, waiting.status]).to.deep.equal([202, 202]);
+        expect(holding.status).to.equal(202);
 
         const signed = await sign.codehost(SECRET.codehost, { ref: 'refs/heads/main' }, { event: 'push' });
         const r = await full.call<Body>('POST', '/webhooks/tenant-a/codehost', { key: null, raw: signed.body, headers: signed.headers });
         expect(r.status, r.text).to.equal(200);
         const id = r.body.delivery_id;
-        // its job was tried and refused (a transient failure): the delivery waits, received, with no run
+        // its job was tried and one run refused (a transient failure): the delivery waits, received, with the run it started
         await eventually(async () => {
           const [job] = await full.rt.queues.get('webhooks').getJobs(['delayed', 'failed', 'wait']);
           return (job?.attemptsMade ?? 0) >= 1;
         }, 'the delivery’s first try');
         const held = (await full.call<Body>('GET', `/api/v1/webhook-deliveries/${id}`)).body;
-        expect(held).to.deep.include({ status: 'received', runs: [] });
+        expect(held.status).to.equal('received');
+        expect(held.runs).to.have.length(1);
+        // a day passes (the line stays full): the run's idempotency key is gone from Redis and the store
+        for (const key of await scanKeys(full.rt.redis, `${full.config.queuePrefix}:idempotency:*`)) await full.rt.redis.del(key);
+        const db = new Database(path.join(full.config.dataDir, 'service.sqlite'));
+        db.prepare('DELETE FROM idempotency_keys').run();
+        db.close();
 
         await slot.release();
         const processed = await eventually(
@@ -743,8 +752,14 @@ describe('webhook intake', function () {
           'the delivery to be processed once the line has room',
           20_000,
         );
-        expect(processed.runs.map((x: Body) => x.automation_id)).to.deep.equal([automation.body.id]);
-        expect((await finishedRun(full, processed.runs[0].run_id)).status).to.equal('succeeded');
+        expect(processed.runs.map((x: Body) => x.automation_id).sort()).to.deep.equal([...automations].sort());
+        expect(processed.runs).to.deep.include(held.runs[0]);
+        for (const run of processed.runs) expect((await finishedRun(full, run.run_id)).status).to.equal('succeeded');
+        const all = (await full.call<Body>('GET', '/api/v1/runs?limit=100')).body.data as Body[];
+        expect(
+          all.filter((x) => x.automation_id === held.runs[0].automation_id),
+          'the first automation ran once',
+        ).to.have.length(1);
       } finally {
         await full.close();
       }
