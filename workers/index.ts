@@ -178,9 +178,8 @@ export async function startWorkers(rt: Runtime, processors: Processors = process
   const cancelPoll = setInterval(checkCancels, CANCEL_POLL_MS);
   cancelPoll.unref();
 
-  // the runs this process executes, told to the others a few times per lock: a run whose job's lock
-  // lapsed while this process still runs it is not taken for lost
-  // the runs and the gate runs this process executes: another process's reconciler never takes them for lost
+  // the runs and the gate runs this process executes, told to the others a few times per lock: another
+  // process's reconciler never takes one for lost (a run whose job's lock lapsed while it still runs here)
   const stopClaims = rt.engine.runs.claims.start(
     () => [...rt.engine.executor.executing(), ...rt.engine.gates.executing()],
     Math.max(100, Math.round(stalledMs / 3)),

@@ -120,3 +120,15 @@ export function createQueues(connection: Redis, prefix: string): Queues {
     },
   };
 }
+
+/** Records a reconciler's pass deletes at a time, and how long a pass spends deleting them at most. */
+const PRUNE_PAGE = 1000;
+const PRUNE_BUDGET_MS = 2000;
+
+/**
+ * Deletes a page at a time (`prune(limit)` answers how many went) until none is left or PRUNE_BUDGET_MS has
+ * passed: a reconciler's pass keeps up with any rate of new records and is never held long by them.
+ */
+export async function pruneInPages(prune: (limit: number) => Promise<number>): Promise<void> {
+  for (const until = Date.now() + PRUNE_BUDGET_MS; Date.now() < until;) if ((await prune(PRUNE_PAGE)) < PRUNE_PAGE) return;
+}

@@ -15,6 +15,7 @@ import {
   newId,
   NotFoundError,
   percentile,
+  pruneInPages,
   redisBatch,
   redisOrUnavailable,
   ServiceUnavailableError,
@@ -110,9 +111,6 @@ const cancelKey = (prefix: string, runId: string) => `${prefix}:run-cancel:${run
 /** Slot holders the reconciler reads at once. */
 const HOLDERS_PAGE = 500;
 
-/** The store's expired idempotency keys go this many a write, for at most this long a reconcile pass. */
-const PRUNE_PAGE = 1000;
-const PRUNE_BUDGET_MS = 2000;
 /** stale runs the reconciler reads at a time, and at most in one pass (the next pass goes on from there) */
 const STALE_PAGE = 500;
 const STALE_PER_PASS = 10 * STALE_PAGE;
@@ -641,7 +639,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       // the store's idempotency keys past their day (Redis's expire by themselves): a page at a time until
       // none is left, within a bound, so a pass keeps up with any rate of keyed runs and is never held long
       const expired = new Date(clock.now().getTime() - IDEMPOTENCY_TTL_SECONDS * 1000).toISOString();
-      for (const until = Date.now() + PRUNE_BUDGET_MS; Date.now() < until;) if ((await store.idempotencyKeys.prune(expired, PRUNE_PAGE)) < PRUNE_PAGE) break;
+      await pruneInPages((limit) => store.idempotencyKeys.prune(expired, limit));
       if (requeued || lost || freed) log.warn({ requeued, lost, freed }, 'reconciler repaired runs');
       return { requeued, lost, freed };
     },

@@ -13,6 +13,7 @@ import {
   redisOrUnavailable,
   afterStored,
   staleJobRepair,
+  pruneInPages,
   type RunTrigger,
   type WebhookDelivery,
   type WebhookProvider,
@@ -36,9 +37,6 @@ const SECRET_CACHE_MS = 5000;
 const STALE_AFTER_MS = 30_000;
 /** How long a refused request's record is kept (its metadata only: a tenant sees who knocked, for a week). */
 export const REJECTED_KEPT_MS = 7 * 86_400_000;
-/** Rejected deliveries deleted at a time, and how long a reconcile pass spends deleting them at most. */
-const PRUNE_PAGE = 1000;
-const PRUNE_BUDGET_MS = 2000;
 
 type Fire = (
   tenantId: string,
@@ -439,7 +437,7 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
       if (done.requeued || done.retried || done.errors) log.warn(done, 'reconciler repaired webhook deliveries');
       // refused requests are kept REJECTED_KEPT_MS (anyone can send them): a page at a time, within a bound
       const expired = new Date(clock.now().getTime() - REJECTED_KEPT_MS).toISOString();
-      for (const until = Date.now() + PRUNE_BUDGET_MS; Date.now() < until;) if ((await store.deliveries.pruneRejected(expired, PRUNE_PAGE)) < PRUNE_PAGE) break;
+      await pruneInPages((limit) => store.deliveries.pruneRejected(expired, limit));
       return done;
     },
 

@@ -31,6 +31,16 @@ function open(h: Harness, sessionId: string, lastEventId?: string) {
   return { es, received, isEnded: () => ended };
 }
 
+/** POST /api/v1/autonomy/run with stream: true: the response is the run's event stream (or its refusal). */
+function postStream(h: Harness, body: object, signal: AbortSignal): Promise<Response> {
+  return fetch(`${h.url}/api/v1/autonomy/run`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${KEYS.a}`, 'content-type': 'application/json' },
+    body: JSON.stringify({ stream: true, ...body }),
+    signal,
+  });
+}
+
 describe('run session streams', function () {
   this.timeout(30_000);
   let h: Harness;
@@ -164,13 +174,7 @@ describe('run session streams', function () {
       const post = async (steps: unknown[]) => {
         const abort = new AbortController();
         opened.push(abort);
-        const res = await fetch(`${capped.url}/api/v1/autonomy/run`, {
-          method: 'POST',
-          headers: { authorization: `Bearer ${KEYS.a}`, 'content-type': 'application/json' },
-          body: JSON.stringify({ stream: true, steps }),
-          signal: abort.signal,
-        });
-        return { res, abort };
+        return { res: await postStream(capped, { steps }, abort.signal), abort };
       };
       const first = await post([{ tool: 'shell', args: { command: held.command } }]);
       expect(first.res.status).to.equal(200);
@@ -207,12 +211,7 @@ describe('run session streams', function () {
       const post = async (body: object) => {
         const abort = new AbortController();
         opened.push(abort);
-        return fetch(`${capped.url}/api/v1/autonomy/run`, {
-          method: 'POST',
-          headers: { authorization: `Bearer ${KEYS.a}`, 'content-type': 'application/json' },
-          body: JSON.stringify({ stream: true, ...body }),
-          signal: abort.signal,
-        });
+        return postStream(capped, body, abort.signal);
       };
       // a run the engine refuses (a goal with no agent endpoint): its stream's place is given back
       expect((await post({ goal: 'plan it' })).status).to.equal(422);
