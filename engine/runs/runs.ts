@@ -32,12 +32,12 @@ import {
   type Step,
   type StepRecord,
 } from '../platform/index.js';
-import type { RunQuery } from '../store/index.js';
+import type { KeyClaim, RunQuery } from '../store/index.js';
 import type { AgentEndpoint } from './agent.js';
 import { createRunClaims } from './claims.js';
 import type { TenantSlots } from './concurrency.js';
 import { retryPolicyOf } from './retry.js';
-import { REDIS_DEADLINE_MS, STORE_RETRY_AFTER_SECONDS, type AfterStored, type RunCompanion, type Transitions } from './transitions.js';
+import { REDIS_DEADLINE_MS, STORE_RETRY_AFTER_SECONDS, KeyHeld, type AfterStored, type Transitions } from './transitions.js';
 import { allowlistOf, networkOf, requireAgentFor, type ToolPolicy } from './policy.js';
 import { resolveWorkspace, tenantRoot, tenantRootPath } from './workspace.js';
 import type { Sandbox } from '../tools/index.js';
@@ -183,8 +183,8 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       );
   }
 
-  /** `alongside` stores a record that goes with this run in the run's own commit (its idempotency key). */
-  async function create(tenantId: string, req: RunRequest, id = newId('run'), after?: AfterStored, alongside?: RunCompanion): Promise<Run> {
+  /** With `key`, the run takes its Idempotency-Key's record in its own commit, or is not made (KeyHeld). */
+  async function create(tenantId: string, req: RunRequest, id = newId('run'), after?: AfterStored, key?: KeyClaim): Promise<Run> {
     const { steps, goal, seconds, tool_allowlist, network, workspace } = await admit(tenantId, req);
     if (req.kind !== 'session_task') await assertRoom(tenantId);
     // an agent's loop is bounded by its steps as well as its time: each step is kept with the run
@@ -222,7 +222,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       finished_at: null,
       duration_ms: null,
     };
-    await transitions.queue(run, after, alongside);
+    await transitions.queue(run, after, key);
     log.info({ tenant_id: tenantId, run_id: run.id, kind: run.kind, request_id: run.request_id }, 'run queued');
     return run;
   }
@@ -318,7 +318,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
         void claiming.then(() => redis.eval(RELEASE_CLAIM, 1, slot, claim)).catch(() => undefined);
         throw unavailable(err);
       }
-      if (won) return createClaimed(tenantId, { slot, claim, keyDigest, hash, id }, requestNow, after);
+      if (won) return createClaimed(tenantId, { slot, claim, keyDigest, hash, id }, requestNow, until, after);
       const held = await heldClaim(slot).catch((err: unknown) => {
         throw unavailable(err);
       });
@@ -345,46 +345,75 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
     return holding === null ? null : (JSON.parse(holding) as { hash?: string; run_id: string });
   }
 
-  /** The run of a request that holds its key's claim: the run the store kept for the key, or a new one. */
+  /**
+   * The run of a request that holds its key's claim in Redis: the run of the key's record in the store, or
+   * a new one. The new run takes the key's record in its own commit, so a request that finds Redis without
+   * the key (it lost its data) while another request of the same key is still storing its run waits for
+   * that run instead of making a second one.
+   */
   async function createClaimed(
     tenantId: string,
     c: { slot: string; claim: string; keyDigest: string; hash: string; id: string },
     requestNow: () => Promise<RunRequest>,
+    until: number,
     after?: AfterStored,
   ): Promise<{ run: Run; replayed: boolean }> {
     const { slot, claim, keyDigest, hash, id } = c;
-    try {
-      // Redis forgets a key when it loses its data: the store keeps each key's run too, for its day
-      const since = new Date(clock.now().getTime() - IDEMPOTENCY_TTL_SECONDS * 1000).toISOString();
-      let kept: Awaited<ReturnType<typeof store.idempotencyKeys.get>>;
-      let earlier: Run | null = null;
+    const fromStore = async <T>(read: () => Promise<T>): Promise<T> => {
       try {
-        kept = await store.idempotencyKeys.get(tenantId, keyDigest, since);
-        if (kept) earlier = await store.runs.get(tenantId, kept.run_id);
+        return await read();
       } catch (err) {
         throw new ServiceUnavailableError('the store did not answer; retry this request with the same Idempotency-Key', STORE_RETRY_AFTER_SECONDS, {
           cause: err,
         });
       }
-      if (kept && earlier) {
-        // Redis holds the key again for the rest of its day, as it did before it lost it (if it cannot,
-        // the claim is taken back below and the next retry reads the store again)
-        const leftMs = Date.parse(kept.created_at) + IDEMPOTENCY_TTL_SECONDS * 1000 - clock.now().getTime();
-        const restored = await withTimeout(
-          redis.set(slot, JSON.stringify({ hash: kept.fingerprint, run_id: earlier.id }), 'PX', Math.max(1000, leftMs)),
-          REDIS_DEADLINE_MS,
-          'Redis answer',
-        ).catch(() => null);
-        if (!restored) await redis.eval(RELEASE_CLAIM, 1, slot, claim).catch(() => undefined);
-        if (kept.fingerprint !== hash) throw new IdempotencyKeyReusedError('this Idempotency-Key was used with a different request');
-        return { run: earlier, replayed: true };
+    };
+    try {
+      // Redis forgets a key when it loses its data: the store keeps each key's run too, for its day
+      const now = clock.now().getTime();
+      const since = new Date(now - IDEMPOTENCY_TTL_SECONDS * 1000).toISOString();
+      let held = await fromStore(() => store.idempotencyKeys.get(tenantId, keyDigest, since));
+      for (;;) {
+        const earlier = held && (await fromStore(() => store.runs.get(tenantId, held!.run_id)));
+        if (held && earlier) {
+          // Redis holds the key again for the rest of its day, as it did before it lost it (if it cannot,
+          // the claim is taken back below and the next retry reads the store again)
+          const leftMs = Date.parse(held.created_at) + IDEMPOTENCY_TTL_SECONDS * 1000 - clock.now().getTime();
+          const restored = await withTimeout(
+            redis.set(slot, JSON.stringify({ hash: held.fingerprint, run_id: earlier.id }), 'PX', Math.max(1000, leftMs)),
+            REDIS_DEADLINE_MS,
+            'Redis answer',
+          ).catch(() => null);
+          if (!restored) await redis.eval(RELEASE_CLAIM, 1, slot, claim).catch(() => undefined);
+          if (held.fingerprint !== hash) throw new IdempotencyKeyReusedError('this Idempotency-Key was used with a different request');
+          return { run: earlier, replayed: true };
+        }
+        const at = clock.now();
+        // a record whose run is not stored after the claim's lifetime is one whose request died before storing it
+        const pendingSince = new Date(at.getTime() - IDEMPOTENCY_CLAIM_SECONDS * 1000).toISOString();
+        if (!held || held.created_at <= pendingSince) {
+          const record = { tenant_id: tenantId, key_digest: keyDigest, fingerprint: hash, run_id: id, created_at: at.toISOString() };
+          try {
+            const run = await create(tenantId, await requestNow(), id, after, { record, since, pendingSince });
+            // stored: the key now holds for its full day (not waited for: the claim already holds it for 30 s)
+            void batch.call('key.expire', [slot], [IDEMPOTENCY_TTL_SECONDS]).catch(() => undefined);
+            return { run, replayed: false };
+          } catch (err) {
+            if (!(err instanceof KeyHeld)) throw err;
+            held = err.held; // taken by another request meanwhile: its run is the answer
+            continue;
+          }
+        }
+        // another request's record, its run still being stored
+        if (held.fingerprint !== hash) throw new IdempotencyKeyReusedError('this Idempotency-Key was used with a different request');
+        if (Date.now() >= until)
+          throw new IdempotencyKeyInUseError(
+            'a request with this Idempotency-Key is still being handled; retry it after a moment',
+            IDEMPOTENCY_IN_USE_RETRY_AFTER_SECONDS,
+          );
+        await new Promise((r) => setTimeout(r, 20));
+        held = await fromStore(() => store.idempotencyKeys.get(tenantId, keyDigest, since));
       }
-      const remember = (run: Run) =>
-        store.idempotencyKeys.put({ tenant_id: tenantId, key_digest: keyDigest, fingerprint: hash, run_id: run.id, created_at: run.created_at });
-      const run = await create(tenantId, await requestNow(), id, after, remember);
-      // stored: the key now holds for its full day (not waited for: the claim already holds it for 30 s)
-      void batch.call('key.expire', [slot], [IDEMPOTENCY_TTL_SECONDS]).catch(() => undefined);
-      return { run, replayed: false };
     } catch (err) {
       await redis.eval(RELEASE_CLAIM, 1, slot, claim).catch(() => undefined);
       throw err;

@@ -23,6 +23,7 @@ import {
   type RunStatus,
   type StepRecord,
 } from '../platform/index.js';
+import type { IdempotencyRecord, KeyClaim } from '../store/index.js';
 import type { TenantSlots } from './concurrency.js';
 import { retryDelayMs } from './retry.js';
 
@@ -37,6 +38,13 @@ export type RunCompanion = (run: Run) => Promise<void>;
 
 /** Records what follows from one new run once it is stored (its task's move to `queued`), while the run is put in line. */
 export type AfterStored = (run: Run) => Promise<void>;
+
+/** A new run not stored: another request's record holds its Idempotency-Key (`RunRepo.insert`). */
+export class KeyHeld extends Error {
+  constructor(readonly held: IdempotencyRecord) {
+    super(`the Idempotency-Key is held by run ${held.run_id}`);
+  }
+}
 
 /**
  * What a check made before a run starts says: start it (null); refuse it, which cancels it (a session
@@ -332,21 +340,24 @@ export function transitionsOf(deps: TransitionsDeps) {
   const api = {
     /**
      * A new run: stored `queued` first (the outbox; a failure here is the caller's 503), with the
-     * records that go with it in the same commit (every run's, and `alongside`, this run's own); then its run.queued event and its place in line, and
+     * records that go with every run in the same commit; then its run.queued event and its place in line, and
      * beside them `after`, this run's own follow-up, which only a stored run gets. When Redis does not
      * answer within REDIS_DEADLINE_MS the run is still accepted: what is pending completes when Redis
      * returns, and the reconciler queues the run if it never does.
      */
-    async queue(run: Run, after?: AfterStored, alongside?: RunCompanion): Promise<void> {
+    async queue(run: Run, after?: AfterStored, key?: KeyClaim): Promise<void> {
+      const inserting = store.runs.insert(run, key);
+      const records = () => companions.map((companion) => companion(run));
+      // with a key the run may not be stored (KeyHeld): then its records must not be, so they wait for it (a commit later)
       const [stored, ...others] = await Promise.allSettled([
-        store.runs.insert(run),
-        ...companions.map((companion) => companion(run)),
-        ...(alongside ? [alongside(run)] : []),
+        inserting,
+        ...(key ? [inserting.then((held) => (held ? undefined : Promise.all(records())))] : records()),
       ]);
       if (stored.status === 'rejected') {
         log.error({ err: stored.reason, run_id: run.id }, 'a run could not be stored');
         throw new ServiceUnavailableError('the store did not accept the run; retry shortly', STORE_RETRY_AFTER_SECONDS, { cause: stored.reason });
       }
+      if (stored.value) throw new KeyHeld(stored.value);
       // the run stands without them: it runs, and what follows it (its session's status) finds nothing to move
       for (const other of others) if (other.status === 'rejected') log.error({ err: other.reason, run_id: run.id }, 'a record of the run was not stored');
       // run.queued is in the log before the job exists, so it always precedes run.started

@@ -84,8 +84,15 @@ export type RunStats = { counts: Partial<Record<RunStatus, number>>; durations_m
 
 export type RunQuery = { kind?: RunKind; status?: RunStatus; automation_id?: string; session_id?: string; limit: number; cursor?: string };
 
+/** An Idempotency-Key's record to take with a new run, on IdempotencyKeyRepo.claim's terms. */
+export type KeyClaim = { record: IdempotencyRecord; since: string; pendingSince: string };
+
 export interface RunRepo {
-  insert(run: Run): Promise<void>;
+  /**
+   * Stores a new run. With `key`, takes the key's record for it in the same write: when another request's
+   * record holds the key (IdempotencyKeyRepo.claim), nothing is stored and that record is the answer.
+   */
+  insert(run: Run, key?: KeyClaim): Promise<IdempotencyRecord | null>;
   get(tenantId: string, id: string): Promise<Run | null>;
   /**
    * Applies `changes` only while the run matches `guard`: every transition is conditional. `steps`
@@ -125,8 +132,16 @@ export type RunStatusRow = Pick<Run, 'id' | 'status' | 'finished_at'>;
 export type IdempotencyRecord = { tenant_id: string; key_digest: string; fingerprint: string; run_id: string; created_at: string };
 
 export interface IdempotencyKeyRepo {
-  /** Keeps a key's record; the record of the same key kept before (a day ago or more) is replaced. */
-  put(record: IdempotencyRecord): Promise<void>;
+  /**
+   * Takes the key for `record`'s run, before the run is stored. Another record of the key kept after
+   * `since` (within its day) holds it when its run is stored, or when it was kept after `pendingSince`
+   * (its request may still be storing its run): that record is answered and nothing changes. Otherwise
+   * (no record, the same run's, one past its day, or one whose request never stored its run) `record` is
+   * kept and the answer is null. Two requests that claim a key at once: one of them keeps it.
+   */
+  claim(record: IdempotencyRecord, since: string, pendingSince: string): Promise<IdempotencyRecord | null>;
+  /** Lets a key go when `runId`'s request holds it still (that request stored no run). */
+  release(tenantId: string, keyDigest: string, runId: string): Promise<void>;
   /** The key's record, when it was kept after `since`. */
   get(tenantId: string, keyDigest: string, since: string): Promise<IdempotencyRecord | null>;
   /** System use (the reconciler): forgets at most `limit` records kept before `before`; how many it forgot. */

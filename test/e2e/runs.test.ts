@@ -303,11 +303,10 @@ describe('autonomy runs', function () {
     await h.rt.redis.del(slot);
     const kept = await h.rt.store.idempotencyKeys.get('tenant-a', createHash('sha256').update('deploy-45').digest('hex'), '1970-01-01T00:00:00.000Z');
     const dayAgo = new Date(Date.now() - 25 * 3600 * 1000).toISOString();
-    await h.rt.store.idempotencyKeys.put({ ...kept!, created_at: dayAgo });
+    const keep = (r: NonNullable<typeof kept>) => h.rt.store.idempotencyKeys.claim(r, '1970-01-01T00:00:00.000Z', '1970-01-01T00:00:00.000Z');
+    expect(await keep({ ...kept!, created_at: dayAgo })).to.equal(null);
     // with more expired keys than a write takes: one pass forgets them all (a page a pass fell behind any busy day)
-    await Promise.all(
-      Array.from({ length: 2500 }, (_, i) => h.rt.store.idempotencyKeys.put({ ...kept!, key_digest: `${i}`.padStart(64, '0'), created_at: dayAgo })),
-    );
+    await Promise.all(Array.from({ length: 2500 }, (_, i) => keep({ ...kept!, key_digest: `${i}`.padStart(64, '0'), created_at: dayAgo })));
     await h.rt.engine.runs.reconcile();
     expect(await h.rt.store.idempotencyKeys.get('tenant-a', '0'.repeat(64), '1970-01-01T00:00:00.000Z')).to.equal(null);
     expect(await h.rt.store.idempotencyKeys.get('tenant-a', '2499'.padStart(64, '0'), '1970-01-01T00:00:00.000Z')).to.equal(null);
@@ -317,6 +316,49 @@ describe('autonomy runs', function () {
     expect(later.status).to.equal(202);
     expect(later.headers.get('idempotent-replayed')).to.equal(null);
     expect(later.body.run_id).not.to.equal(first.body.run_id);
+  });
+
+  it('makes one run for a key when Redis loses it while the first request is still storing its run', async () => {
+    const body = { steps: [{ tool: 'message', args: { text: 'window' } }] };
+    const key = { 'idempotency-key': 'deploy-46' };
+    const slot = `${h.config.queuePrefix}:idempotency:tenant-a:${createHash('sha256').update('deploy-46').digest('hex')}`;
+    const insert = h.rt.store.runs.insert;
+    let reached!: () => void;
+    const storing = new Promise<void>((r) => (reached = r));
+    let go!: () => void;
+    const gate = new Promise<void>((r) => (go = r));
+    h.rt.store.runs.insert = (async (...args: Parameters<typeof insert>) => {
+      reached();
+      await gate;
+      return insert.apply(h.rt.store.runs, args);
+    }) as typeof insert;
+    try {
+      const first = h.call('POST', '/api/v1/autonomy/run', { body, headers: key });
+      await storing;
+      expect(await h.rt.redis.del(slot)).to.equal(1); // Redis lost its data between the first's claim and its commit
+      const second = h.call('POST', '/api/v1/autonomy/run', { body, headers: key });
+      await new Promise((r) => setTimeout(r, 300));
+      go();
+      const [a, b] = await Promise.all([first, second]);
+      expect([a.status, b.status]).to.deep.equal([202, 202]);
+      expect(b.body.run_id).to.equal(a.body.run_id);
+      expect(b.headers.get('idempotent-replayed')).to.equal('true');
+    } finally {
+      h.rt.store.runs.insert = insert;
+    }
+    // and a request that dies after taking the key in the store, before storing its run, holds it only for the claim's lifetime
+    const digest = createHash('sha256').update('deploy-47').digest('hex');
+    const old = new Date(Date.now() - 31_000).toISOString();
+    const taken = await h.rt.store.idempotencyKeys.claim(
+      { tenant_id: 'tenant-a', key_digest: digest, fingerprint: 'x', run_id: 'run_never_stored', created_at: old },
+      '1970-01-01T00:00:00.000Z',
+      '1970-01-01T00:00:00.000Z',
+    );
+    expect(taken).to.equal(null);
+    const fresh = await h.call('POST', '/api/v1/autonomy/run', { body, headers: { 'idempotency-key': 'deploy-47' } });
+    expect(fresh.status, fresh.text).to.equal(202);
+    expect(fresh.headers.get('idempotent-replayed')).to.equal(null);
+    expect((await h.rt.store.idempotencyKeys.get('tenant-a', digest, '1970-01-01T00:00:00.000Z'))?.run_id).to.equal(fresh.body.run_id);
   });
 
   it('still knows a retry by a key claimed before fingerprints were canonical', async () => {

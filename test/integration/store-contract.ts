@@ -488,16 +488,19 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
         run_id: runId,
         created_at: at,
       });
-      await store.idempotencyKeys.put(rec('t1', 'k1', 'run_1', '2026-11-20T10:00:00.000Z'));
-      await store.idempotencyKeys.put(rec('t1', 'k2', 'run_2', '2026-11-21T10:00:00.000Z'));
-      await store.idempotencyKeys.put(rec('t2', 'k1', 'run_3', '2026-11-21T11:00:00.000Z'));
+      const claim = (r: ReturnType<typeof rec>) => store.idempotencyKeys.claim(r, '2000-01-01T00:00:00.000Z', '2000-01-01T00:00:00.000Z');
+      expect(await claim(rec('t1', 'k1', 'run_1', '2026-11-20T10:00:00.000Z'))).to.equal(null);
+      expect(await claim(rec('t1', 'k2', 'run_2', '2026-11-21T10:00:00.000Z'))).to.equal(null);
+      expect(await claim(rec('t2', 'k1', 'run_3', '2026-11-21T11:00:00.000Z'))).to.equal(null);
       expect(await store.idempotencyKeys.get('t1', 'k1', '2026-11-19T00:00:00.000Z')).to.deep.equal(rec('t1', 'k1', 'run_1', '2026-11-20T10:00:00.000Z'));
       // kept before `since`: past its day
       expect(await store.idempotencyKeys.get('t1', 'k1', '2026-11-20T10:00:00.000Z')).to.equal(null);
       expect(await store.idempotencyKeys.get('t3', 'k1', '2026-11-19T00:00:00.000Z')).to.equal(null);
       expect((await store.idempotencyKeys.get('t2', 'k1', '2026-11-19T00:00:00.000Z'))?.run_id).to.equal('run_3');
       // the key used again after its day: the new run replaces the old
-      await store.idempotencyKeys.put(rec('t1', 'k1', 'run_4', '2026-11-22T10:00:00.000Z'));
+      expect(
+        await store.idempotencyKeys.claim(rec('t1', 'k1', 'run_4', '2026-11-22T10:00:00.000Z'), '2026-11-21T10:00:00.000Z', '2026-11-22T09:59:30.000Z'),
+      ).to.equal(null);
       expect((await store.idempotencyKeys.get('t1', 'k1', '2026-11-21T12:00:00.000Z'))?.run_id).to.equal('run_4');
       expect(await store.idempotencyKeys.prune('2026-11-21T12:00:00.000Z', 1)).to.equal(1);
       expect(await store.idempotencyKeys.get('t1', 'k2', '2026-11-19T00:00:00.000Z')).to.equal(null);
@@ -505,6 +508,50 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect(await store.idempotencyKeys.prune('2026-11-21T12:00:00.000Z', 10)).to.equal(1);
       expect(await store.idempotencyKeys.prune('2026-11-21T12:00:00.000Z', 10)).to.equal(0);
       expect((await store.idempotencyKeys.get('t1', 'k1', '2026-11-19T00:00:00.000Z'))?.run_id).to.equal('run_4');
+    });
+
+    it('lets one request claim a key: held while its run is stored or still being stored, then taken over', async () => {
+      const at = (s: number) => new Date(Date.UTC(2026, 10, 25, 12, 0, s)).toISOString();
+      const rec = (runId: string, created: string, tenant = 't1') => ({
+        tenant_id: tenant,
+        key_digest: 'kc',
+        fingerprint: 'fp',
+        run_id: runId,
+        created_at: created,
+      });
+      const day = '2026-11-24T12:00:00.000Z';
+      // five requests at once: one holds the key, the others are told which
+      const ids = ['run_a', 'run_b', 'run_c', 'run_d', 'run_e'];
+      const answers = await Promise.all(ids.map((id) => store.idempotencyKeys.claim(rec(id, at(0)), day, at(-30))));
+      expect(answers.filter((a) => a === null)).to.have.length(1);
+      const holder = ids[answers.indexOf(null)]!;
+      for (const a of answers) if (a) expect(a).to.deep.equal(rec(holder, at(0)));
+      // another tenant's key of the same digest is its own
+      expect(await store.idempotencyKeys.claim(rec('run_z', at(1), 't2'), day, at(-29))).to.equal(null);
+      // within the claim's lifetime the holder may still be storing its run: held
+      expect((await store.idempotencyKeys.claim(rec('run_f', at(10)), day, at(-20)))?.run_id).to.equal(holder);
+      // its run never stored and the lifetime over: the request died, the key is taken over
+      expect(await store.idempotencyKeys.claim(rec('run_f', at(31)), day, at(1))).to.equal(null);
+      // a run that is stored holds its key for the day, however old its claim
+      const stored = runFixture('t1');
+      expect(await store.idempotencyKeys.claim(rec(stored.id, at(70)), day, at(40))).to.equal(null);
+      await store.runs.insert(stored);
+      expect((await store.idempotencyKeys.claim(rec('run_g', at(100)), day, at(70)))?.run_id).to.equal(stored.id);
+      // let go only by the request that holds it
+      await store.idempotencyKeys.release('t1', 'kc', 'run_g');
+      await store.idempotencyKeys.release('t2', 'kc', stored.id);
+      expect((await store.idempotencyKeys.get('t1', 'kc', day))?.run_id).to.equal(stored.id);
+      await store.idempotencyKeys.release('t1', 'kc', stored.id);
+      expect(await store.idempotencyKeys.get('t1', 'kc', day)).to.equal(null);
+      expect((await store.idempotencyKeys.get('t2', 'kc', day))?.run_id).to.equal('run_z');
+      // a new run takes its key as it is stored: both, or neither when another request's record holds the key
+      const mine = runFixture('t2');
+      const refused = await store.runs.insert(mine, { record: rec(mine.id, at(10), 't2'), since: day, pendingSince: at(-20) });
+      expect(refused?.run_id).to.equal('run_z');
+      expect(await store.runs.get('t2', mine.id)).to.equal(null);
+      expect(await store.runs.insert(mine, { record: rec(mine.id, at(40), 't2'), since: day, pendingSince: at(10) })).to.equal(null);
+      expect((await store.runs.get('t2', mine.id))?.id).to.equal(mine.id);
+      expect((await store.idempotencyKeys.get('t2', 'kc', day))?.run_id).to.equal(mine.id);
     });
 
     it('stores api keys by hash, once, and finds them by hash', async () => {

@@ -11,12 +11,37 @@ export const idempotencyKeySchema = new Schema({ _id: String, created_at: { type
 idempotencyKeySchema.index({ expires_at: 1 }, { expireAfterSeconds: 0 });
 idempotencyKeySchema.index({ created_at: 1 });
 
-export function idempotencyKeyRepo(model: Model<KeyDoc>): IdempotencyKeyRepo {
+const isDuplicateKey = (err: unknown) => (err as { code?: unknown } | null)?.code === 11000;
+
+/** `runs`: the runs' collection, where a claim looks for the run of the record that holds a key. */
+export function idempotencyKeyRepo(model: Model<KeyDoc>, runs: Model<{ _id: string; tenant_id: string }>): IdempotencyKeyRepo {
   const idOf = (tenantId: string, keyDigest: string) => `${tenantId}:${keyDigest}`;
   return {
-    async put(r) {
+    async claim(r, since, pendingSince) {
       const doc: KeyDoc = { ...r, _id: idOf(r.tenant_id, r.key_digest), expires_at: new Date(Date.parse(r.created_at) + KEPT_MS) };
-      await model.collection.replaceOne({ _id: doc._id } as never, doc, { upsert: true });
+      // no transaction: the record read is replaced only if it is still the one read (or inserted only if
+      // there was none), else read again; a claim made meanwhile is then the one that holds the key
+      for (;;) {
+        const held = await model.findOne({ _id: doc._id }).lean<KeyDoc>();
+        if (held && held.created_at > since && held.run_id !== r.run_id) {
+          if (held.created_at > pendingSince || (await runs.exists({ _id: held.run_id, tenant_id: r.tenant_id }))) {
+            return { tenant_id: held.tenant_id, key_digest: held.key_digest, fingerprint: held.fingerprint, run_id: held.run_id, created_at: held.created_at };
+          }
+        }
+        try {
+          if (!held) {
+            await model.collection.insertOne(doc as never);
+            return null;
+          }
+          const replaced = await model.collection.replaceOne({ _id: doc._id, run_id: held.run_id, created_at: held.created_at } as never, doc);
+          if (replaced.matchedCount === 1) return null;
+        } catch (err) {
+          if (!isDuplicateKey(err)) throw err;
+        }
+      }
+    },
+    async release(tenantId, keyDigest, runId) {
+      await model.deleteOne({ _id: idOf(tenantId, keyDigest), run_id: runId });
     },
     async get(tenantId, keyDigest, since) {
       const doc = await model.findOne({ _id: idOf(tenantId, keyDigest), created_at: { $gt: since } }).lean<KeyDoc>();

@@ -77,12 +77,13 @@ export async function openMongoStore(uri: string): Promise<Store> {
   ];
   await Promise.all(models.map((m) => m.init()));
   const leases = leasesOf(storeLeases);
+  const keys = idempotencyKeyRepo(idempotencyKeys as never, runs as never);
   return {
     kind: 'mongo',
     automations: automationRepo(automations, leases),
     apiKeys: apiKeyRepo(apiKeys),
-    runs: runRepo(runs, runSteps as never, runTurns as never),
-    idempotencyKeys: idempotencyKeyRepo(idempotencyKeys as never),
+    runs: runRepo(runs, runSteps as never, runTurns as never, keys),
+    idempotencyKeys: keys,
     webhookSecrets: webhookSecretRepo(webhookSecrets),
     connections: connectionRepo(connections),
     notificationEndpoints: notificationEndpointRepo(notificationEndpoints, leases),

@@ -1,6 +1,6 @@
 import { Schema, type Model } from 'mongoose';
 import type { AgentTurn, Run, StepRecord } from '../../platform/index.js';
-import type { RunQuery, RunRepo, RunStats } from '../port.js';
+import type { IdempotencyKeyRepo, RunQuery, RunRepo, RunStats } from '../port.js';
 import { definedOnly, fromStored, loose, pageOf, toStored, type Stored } from './documents.js';
 
 export const runSchema = new Schema(
@@ -37,12 +37,27 @@ const STEP_WRITE_TRIES = 4;
 /** how long the metrics' counts of runs by kind and status are answered from the last count */
 const COUNTS_FRESH_MS = 10_000;
 
-export function runRepo(model: Model<Stored<Run>>, stepModel: Model<AttemptRow<StepRecord>>, turnModel: Model<AttemptRow<AgentTurn>>): RunRepo {
+/** `keys`: where a new run's Idempotency-Key is taken, before the run is stored (MongoDB has no transaction here). */
+export function runRepo(
+  model: Model<Stored<Run>>,
+  stepModel: Model<AttemptRow<StepRecord>>,
+  turnModel: Model<AttemptRow<AgentTurn>>,
+  keys: IdempotencyKeyRepo,
+): RunRepo {
   let counted: { at: number; rows: { kind: Run['kind']; status: Run['status']; count: number }[] } | undefined;
   const page = (filter: Record<string, unknown>, q: { limit: number; cursor?: string }) => pageOf(model, filter, q);
   return {
-    async insert(r) {
-      await model.collection.insertOne(toStored(r) as never);
+    async insert(r, key) {
+      const held = key ? await keys.claim(key.record, key.since, key.pendingSince) : null;
+      if (held) return held;
+      try {
+        await model.collection.insertOne(toStored(r) as never);
+      } catch (err) {
+        // let the key go (a process that dies here leaves a record a later claim takes over)
+        if (key) await keys.release(r.tenant_id, key.record.key_digest, r.id).catch(() => undefined);
+        throw err;
+      }
+      return null;
     },
     async get(tenantId, id) {
       return fromStored(await model.findOne({ _id: id, tenant_id: tenantId }).lean<Stored<Run>>());

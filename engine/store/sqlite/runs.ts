@@ -4,12 +4,14 @@ import type { Statement } from 'better-sqlite3';
 import type { AgentTurn, Run, StepRecord } from '../../platform/index.js';
 import { decodeCursor, toPage, type RunQuery, type RunRepo, type RunStats, type RunStatusRow } from '../port.js';
 import { groupCommit, TOP, type Db } from './db.js';
+import { keyClaimer } from './idempotency-keys.js';
 
 export function runRepo(db: Db): RunRepo {
   const insert = db.prepare(
     'INSERT INTO runs (id, tenant_id, kind, status, automation_id, session_id, created_at, finished_at, duration_ms, doc) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
   );
   const get = db.prepare<[string, string], { doc: string }>('SELECT doc FROM runs WHERE tenant_id = ? AND id = ?');
+  const claimKey = keyClaimer(db);
   const putStep = db.prepare('INSERT OR REPLACE INTO run_steps (run_id, attempt, idx, tenant_id, doc) VALUES (?, ?, ?, ?, ?)');
   const stepsOf = db.prepare<[string, number, string], { doc: string }>(
     'SELECT doc FROM run_steps WHERE run_id = ? AND attempt = ? AND tenant_id = ? ORDER BY idx',
@@ -97,10 +99,14 @@ export function runRepo(db: Db): RunRepo {
   };
 
   return {
-    async insert(r) {
-      await commit(() =>
-        insert.run(r.id, r.tenant_id, r.kind, r.status, r.automation_id, r.session_id, r.created_at, r.finished_at, r.duration_ms, JSON.stringify(r)),
-      );
+    async insert(r, key) {
+      return commit(() => {
+        // the key and its run in one transaction: both stored, or neither
+        const held = key ? claimKey(key.record, key.since, key.pendingSince) : null;
+        if (!held)
+          insert.run(r.id, r.tenant_id, r.kind, r.status, r.automation_id, r.session_id, r.created_at, r.finished_at, r.duration_ms, JSON.stringify(r));
+        return held;
+      });
     },
     async get(tenantId, id) {
       return read(get.get(tenantId, id));
