@@ -183,8 +183,8 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       );
   }
 
-  /** With `key`, the run takes its Idempotency-Key's record in its own commit, or is not made (KeyHeld). */
-  async function create(tenantId: string, req: RunRequest, id = newId('run'), after?: AfterStored, key?: KeyClaim): Promise<Run> {
+  /** With `key`, the run takes its Idempotency-Key's record (dated as the run) in its own commit, or is not made (KeyHeld). */
+  async function create(tenantId: string, req: RunRequest, id = newId('run'), after?: AfterStored, key?: (run: Run) => KeyClaim): Promise<Run> {
     const { steps, goal, seconds, tool_allowlist, network, workspace } = await admit(tenantId, req);
     if (req.kind !== 'session_task') await assertRoom(tenantId);
     // an agent's loop is bounded by its steps as well as its time: each step is kept with the run
@@ -222,7 +222,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       finished_at: null,
       duration_ms: null,
     };
-    await transitions.queue(run, after, key);
+    await transitions.queue(run, after, key?.(run));
     log.info({ tenant_id: tenantId, run_id: run.id, kind: run.kind, request_id: run.request_id }, 'run queued');
     return run;
   }
@@ -388,13 +388,16 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
           if (held.fingerprint !== hash) throw new IdempotencyKeyReusedError('this Idempotency-Key was used with a different request');
           return { run: earlier, replayed: true };
         }
-        const at = clock.now();
         // a record whose run is not stored after the claim's lifetime is one whose request died before storing it
-        const pendingSince = new Date(at.getTime() - IDEMPOTENCY_CLAIM_SECONDS * 1000).toISOString();
-        if (!held || held.created_at <= pendingSince) {
-          const record = { tenant_id: tenantId, key_digest: keyDigest, fingerprint: hash, run_id: id, created_at: at.toISOString() };
+        const pendingSince = (at: string) => new Date(Date.parse(at) - IDEMPOTENCY_CLAIM_SECONDS * 1000).toISOString();
+        if (!held || held.created_at <= pendingSince(clock.now().toISOString())) {
+          const key = (run: Run): KeyClaim => ({
+            record: { tenant_id: tenantId, key_digest: keyDigest, fingerprint: hash, run_id: id, created_at: run.created_at },
+            since,
+            pendingSince: pendingSince(run.created_at),
+          });
           try {
-            const run = await create(tenantId, await requestNow(), id, after, { record, since, pendingSince });
+            const run = await create(tenantId, await requestNow(), id, after, key);
             // stored: the key now holds for its full day (not waited for: the claim already holds it for 30 s)
             void batch.call('key.expire', [slot], [IDEMPOTENCY_TTL_SECONDS]).catch(() => undefined);
             return { run, replayed: false };

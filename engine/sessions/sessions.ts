@@ -127,7 +127,8 @@ export function sessionsOf(deps: SessionsDeps) {
   }
   runs.onRunFinished(followRun);
 
-  // an autonomy or vibe run has a session of its own, stored in the same commit as the run
+  // an autonomy or vibe run has a session of its own, stored in the same commit as the run (a commit after it when
+  // the run takes an Idempotency-Key: a run another request's key refuses leaves no session behind)
   runs.storeWithRun(async (run) => {
     if (!hasRunSession(run)) return;
     const title = run.goal ? run.goal.split('\n')[0]!.slice(0, 200) : `${run.plan?.length ?? 0} step${run.plan?.length === 1 ? '' : 's'}`;

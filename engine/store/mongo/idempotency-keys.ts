@@ -1,6 +1,6 @@
 import { Schema, type Model } from 'mongoose';
 import type { IdempotencyKeyRepo, IdempotencyRecord } from '../port.js';
-import { loose } from './documents.js';
+import { isDuplicateKey, loose } from './documents.js';
 
 /** a key's document: its record, and the time MongoDB's TTL monitor forgets it after (a day and a margin) */
 type KeyDoc = IdempotencyRecord & { _id: string; expires_at: Date };
@@ -10,8 +10,6 @@ const KEPT_MS = 25 * 3600 * 1000;
 export const idempotencyKeySchema = new Schema({ _id: String, created_at: { type: String, required: true }, expires_at: Date }, loose);
 idempotencyKeySchema.index({ expires_at: 1 }, { expireAfterSeconds: 0 });
 idempotencyKeySchema.index({ created_at: 1 });
-
-const isDuplicateKey = (err: unknown) => (err as { code?: unknown } | null)?.code === 11000;
 
 /** `runs`: the runs' collection, where a claim looks for the run of the record that holds a key. */
 export function idempotencyKeyRepo(model: Model<KeyDoc>, runs: Model<{ _id: string; tenant_id: string }>): IdempotencyKeyRepo {

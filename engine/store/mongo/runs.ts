@@ -1,7 +1,7 @@
 import { Schema, type Model } from 'mongoose';
 import type { AgentTurn, Run, StepRecord } from '../../platform/index.js';
 import type { IdempotencyKeyRepo, RunQuery, RunRepo, RunStats } from '../port.js';
-import { definedOnly, fromStored, loose, pageOf, toStored, type Stored } from './documents.js';
+import { definedOnly, fromStored, isDuplicateKey, loose, pageOf, toStored, type Stored } from './documents.js';
 
 export const runSchema = new Schema(
   {
@@ -53,8 +53,16 @@ export function runRepo(
       try {
         await model.collection.insertOne(toStored(r) as never);
       } catch (err) {
-        // let the key go (a process that dies here leaves a record a later claim takes over)
-        if (key) await keys.release(r.tenant_id, key.record.key_digest, r.id).catch(() => undefined);
+        // a failure that may have stored the run all the same: the run is taken back, then the key let go (if
+        // the run cannot be taken back, its record stays: a claim sees the run and answers it). A process
+        // that dies here leaves a record that a later claim takes over once the claim's lifetime is past.
+        if (key && !isDuplicateKey(err)) {
+          const gone = await model
+            .deleteOne({ _id: r.id, tenant_id: r.tenant_id })
+            .then(() => true)
+            .catch(() => false);
+          if (gone) await keys.release(r.tenant_id, key.record.key_digest, r.id).catch(() => undefined);
+        }
         throw err;
       }
       return null;
