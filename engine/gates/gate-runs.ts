@@ -122,6 +122,27 @@ export function gateRunsOf(deps: GatesDeps) {
     return r;
   }
 
+  /** The gate run's flow: a job for each of `gates` under its seal job (job ids from the gate run's). */
+  async function addFlow(record: GateRunRecord, gates: string[]): Promise<void> {
+    const data = (gate_id?: string): GateJob => ({ tenant_id: record.tenant_id, gate_run_id: record.id, ...(gate_id ? { gate_id } : {}) });
+    flows ??= new FlowProducer({ connection: deps.redis, prefix: queues.prefix });
+    await flows.add(
+      jobTree(
+        'gates',
+        record.id,
+        { name: 'seal', data: data() },
+        gates.map((id) => ({ key: id, name: 'gate', data: data(id) })),
+      ),
+    );
+  }
+
+  /** A gate run still waited for: started by the attempt of a run that is running now (or not by a run). */
+  async function waitedFor(r: GateRunRecord): Promise<boolean> {
+    if (r.trigger.type !== 'run') return true;
+    const run = await store.runs.get(r.tenant_id, r.trigger.run_id);
+    return run?.status === 'running' && !!run.started_at && run.started_at <= r.created_at;
+  }
+
   /** Events of a gate run started by a run's step go to that run's session stream. */
   async function emit(r: GateRunRecord, body: EventBody): Promise<void> {
     if (r.trigger.type !== 'run') return;
@@ -164,16 +185,13 @@ export function gateRunsOf(deps: GatesDeps) {
         finished_at: null,
       };
       await store.gateRuns.insert(record);
-      const data = (gate_id?: string): GateJob => ({ tenant_id: tenantId, gate_run_id: record.id, ...(gate_id ? { gate_id } : {}) });
-      flows ??= new FlowProducer({ connection: deps.redis, prefix: queues.prefix });
-      await flows.add(
-        jobTree(
-          'gates',
-          record.id,
-          { name: 'seal', data: data() },
-          gates.map((id) => ({ key: id, name: 'gate', data: data(id) })),
-        ),
-      );
+      try {
+        await addFlow(record, gates);
+      } catch (err) {
+        // the step that asked fails: its gate run must not run later without it (the reconciler adds lost flows)
+        await store.gateRuns.update(tenantId, record.id, { status: 'canceled', finished_at: clock.now().toISOString() }, ['running']).catch(() => undefined);
+        throw err;
+      }
       log.info({ tenant_id: tenantId, gate_run_id: record.id, workspace: ws.name, gates }, 'gate run started');
       return record;
     },
@@ -240,9 +258,10 @@ export function gateRunsOf(deps: GatesDeps) {
 
     /**
      * Repairs gate runs whose flow was lost (the process died between the record and the flow, or Redis
-     * lost the jobs, or a redelivered seal job ended on a dead process's claim): one whose seal job is gone,
-     * failed or completed without sealing it is sealed with what it has, or canceled
-     * when no gate reported anything. A gate run never stays `running` for good.
+     * lost the jobs, or a redelivered seal job ended on a dead process's claim). One whose seal job is gone
+     * and that is still waited for (`waitedFor`) gets its flow again, for the gates that have not reported;
+     * otherwise one whose seal job is gone, failed or completed without sealing it is sealed with what it
+     * has, or canceled when no gate reported anything. A gate run never stays `running` for good.
      */
     async reconcile(olderThanMs = 60_000, opts: { elsewhere?: () => Promise<Set<string> | null> } = {}): Promise<number> {
       const before = new Date(clock.now().getTime() - olderThanMs).toISOString();
@@ -266,11 +285,24 @@ export function gateRunsOf(deps: GatesDeps) {
         // read after the job's state: a seal that ended since the list was read is not taken for lost
         if ((await store.gateRuns.get(r.tenant_id, r.id))?.status !== 'running') continue;
         const reported = await store.gateRuns.results(r.tenant_id, r.id);
-        if (reported.length) await api.seal(r.tenant_id, r.id);
+        const unreported = r.gates.filter((g) => !reported.some((x) => x.gate_id === g));
+        if (state === 'missing' && unreported.length && (await waitedFor(r))) {
+          // Redis lost the flow (or the process died before it was added) and the gate run is still waited for:
+          // the gates that did not report run, under a new seal job (what is left of the old jobs goes first)
+          try {
+            for (const gate of unreported) await (await queues.get('gates').getJob(`${r.id}__${gate}`))?.remove();
+            await addFlow(r, unreported);
+          } catch (err) {
+            // a leftover job still locked by a process that died, or Redis refused: the next pass tries again
+            log.warn({ gate_run_id: r.id, err: (err as Error).message }, 'a gate run’s lost flow could not be added again yet');
+            continue;
+          }
+          log.warn({ tenant_id: r.tenant_id, gate_run_id: r.id, gates: unreported }, 'a gate run’s lost flow was added again');
+        } else if (reported.length) await api.seal(r.tenant_id, r.id);
         else await api.cancel(r.tenant_id, r.id);
         repaired++;
       }
-      if (repaired) log.warn({ repaired }, 'reconciler ended gate runs whose flow was lost');
+      if (repaired) log.warn({ repaired }, 'reconciler repaired gate runs whose flow was lost');
       return repaired;
     },
 

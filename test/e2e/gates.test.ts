@@ -5,6 +5,7 @@ import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { Worker } from 'node:worker_threads';
+import { FlowProducer } from 'bullmq';
 import { expect } from 'chai';
 import { GENESIS_HASH, publicKeyFromPem, readPack, signerOf, verifyEntries, verifyPack, type PackFiles, type PackJson } from '../../engine/evidence/index.js';
 import { smartGatesOf } from '../../engine/gates/index.js';
@@ -580,37 +581,75 @@ describe('gates in the service', function () {
     expect(refused.error.code).to.not.equal('internal');
   });
 
-  it('ends a gate run whose flow was lost: sealed with what it has, or canceled when nothing reported', async () => {
-    const lost = (gates: string[]) => ({
+  it('runs again the gates of a lost flow that a running step still waits for; seals (or cancels) one no step waits for', async () => {
+    const dir = path.join(h.tenantDir(), 'lost-flow');
+    await fs.mkdir(dir, { recursive: true });
+    await fs.writeFile(path.join(dir, 'gates.yaml'), 'gates:\n  - id: syntax\n    run: [/bin/true]\n  - id: other\n    run: [/bin/true]\n');
+    const running = (await h.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'sleep 30' } }] } })).body.run_id;
+    const ended = (await h.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'message', args: { text: 'done' } }] } })).body.run_id;
+    await finishedRun(h, ended);
+    const startedAt = await eventually(async () => (await h.call<Body>('GET', `/api/v1/runs/${running}`)).body.started_at as string | null, 'the run to start');
+    const lost = (runId: string, createdAt: string) => ({
       id: newId('grn'),
       tenant_id: 'tenant-a',
-      workspace: 'vibe',
+      workspace: 'lost-flow',
       status: 'running' as const,
       source: 'gates.yaml',
-      gates,
-      trigger: { type: 'api' as const },
-      subject: { workspace: 'vibe', commit: null, tree: null, dirty: null },
+      gates: ['syntax', 'other'],
+      trigger: { type: 'run' as const, run_id: runId, session_id: 'ses_x' },
+      subject: { workspace: 'lost-flow', commit: null, tree: null, dirty: null },
       results: [],
       ledger: null,
-      created_at: new Date(Date.now() - 5 * 60_000).toISOString(),
+      created_at: createdAt,
       finished_at: null,
     });
-    const nothing = lost(['syntax']);
-    const half = lost(['syntax', 'other']);
-    await h.rt.store.gateRuns.insert(nothing);
-    await h.rt.store.gateRuns.insert(half);
+    // Redis lost their flows (none was ever added here): the one the running attempt's step waits for, one of an
+    // attempt before it, one of a run that ended (half reported)
+    const waited = lost(running, new Date(Date.parse(startedAt) + 1).toISOString());
+    const earlier = lost(running, new Date(Date.parse(startedAt) - 1000).toISOString());
+    const half = lost(ended, new Date(Date.now() - 5 * 60_000).toISOString());
+    for (const r of [waited, earlier, half]) await h.rt.store.gateRuns.insert(r);
     const at = new Date().toISOString();
+    await h.rt.store.gateRuns.putResult('tenant-a', waited.id, passed('syntax', waited.subject, at));
     await h.rt.store.gateRuns.putResult('tenant-a', half.id, passed('syntax', half.subject, at));
-    expect(await h.rt.engine.gates.reconcile()).to.equal(2);
-    expect((await h.rt.engine.gates.get('tenant-a', nothing.id)).status).to.equal('canceled');
-    const sealed = await h.rt.engine.gates.get('tenant-a', half.id);
-    expect(sealed.status).to.equal('failed');
-    expect(sealed.results.map((r) => [r.gate_id, r.conclusion])).to.deep.equal([
-      ['syntax', 'success'],
-      ['other', 'cancelled'],
-    ]);
-    expect(sealed.ledger).to.not.equal(null);
-    expect(await h.rt.engine.gates.reconcile()).to.equal(0);
+    try {
+      expect(await h.rt.engine.gates.reconcile(0)).to.equal(3);
+      // only the gate that had not reported runs; the run is sealed with both
+      const done = await h.rt.engine.gates.wait('tenant-a', waited.id);
+      expect(done.status).to.equal('succeeded');
+      expect(done.results.map((r) => [r.gate_id, r.conclusion, r.finished_at === at])).to.deep.equal([
+        ['syntax', 'success', true],
+        ['other', 'success', false],
+      ]);
+      expect(done.ledger).to.not.equal(null);
+      expect((await h.rt.engine.gates.get('tenant-a', earlier.id)).status).to.equal('canceled');
+      const sealed = await h.rt.engine.gates.get('tenant-a', half.id);
+      expect(sealed.status).to.equal('failed');
+      expect(sealed.results.map((r) => [r.gate_id, r.conclusion])).to.deep.equal([
+        ['syntax', 'success'],
+        ['other', 'cancelled'],
+      ]);
+      expect(sealed.ledger).to.not.equal(null);
+      expect(await h.rt.engine.gates.reconcile(0)).to.equal(0);
+    } finally {
+      await h.call('POST', `/api/v1/runs/${running}/cancel`);
+    }
+    // a gate run whose flow Redis refuses fails the step that asked, and is canceled: no later pass runs it without that step
+    const add = FlowProducer.prototype.add;
+    FlowProducer.prototype.add = async () => {
+      throw new Error('Connection is closed.');
+    };
+    try {
+      await h.rt.engine.gates.start('tenant-a', { workspace: 'lost-flow', trigger: { type: 'api' } }).then(
+        () => expect.fail('started'),
+        (err: Error) => expect(err.message).to.equal('Connection is closed.'),
+      );
+    } finally {
+      FlowProducer.prototype.add = add;
+    }
+    const refused = (await h.rt.store.gateRuns.list('tenant-a', { workspace: 'lost-flow', limit: 1 })).items[0]!;
+    expect(refused.trigger.type).to.equal('api');
+    expect(refused.status).to.equal('canceled');
   });
 
   it('builds a pack without holding every scanned gate run whole: 200 fat runs of another commit do not reach the heap together', async () => {
