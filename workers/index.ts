@@ -197,7 +197,7 @@ export async function startWorkers(rt: Runtime, processors: Processors = process
     ['schedules', () => rt.engine.schedules.reconcile()],
     ['webhooks', () => rt.engine.webhooks.reconcile()],
     ['notifications', () => rt.engine.notifications.reconcile()],
-    ['gates', () => rt.engine.gates.reconcile(undefined, { elsewhere: () => rt.engine.runs.claims.elsewhere() })],
+    ['gates', () => rt.engine.gates.reconcile(undefined, { elsewhere: () => rt.engine.runs.claims.elsewhere(), isExecuting: rt.engine.executor.isExecuting })],
     ['audits', () => rt.engine.audits.reconcile()],
   ];
   // a pass ends when every reconciler has (one that fails holds back no other, and is logged by its name)

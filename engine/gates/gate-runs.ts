@@ -136,11 +136,37 @@ export function gateRunsOf(deps: GatesDeps) {
     );
   }
 
-  /** A gate run still waited for: started by the attempt of a run that is running now (or not by a run). */
-  async function waitedFor(r: GateRunRecord): Promise<boolean> {
-    if (r.trigger.type !== 'run') return true;
+  /**
+   * A gate run still waited for: started by a run's step whose attempt is still being executed, here or by
+   * another live process (`executing`). One the CLI started, or whose run's process died, is not.
+   */
+  async function waitedFor(r: GateRunRecord, executing: (runId: string) => boolean): Promise<boolean> {
+    if (r.trigger.type !== 'run' || !executing(r.trigger.run_id)) return false;
     const run = await store.runs.get(r.tenant_id, r.trigger.run_id);
     return run?.status === 'running' && !!run.started_at && run.started_at <= r.created_at;
+  }
+
+  /**
+   * Adds a lost flow again for the gates of `r` that have not reported, once however many reconcilers find
+   * it lost at once: under a claim, with the seal job and the results read again. False when another
+   * reconciler has it, or it is no longer lost.
+   */
+  async function addLostFlow(r: GateRunRecord): Promise<boolean> {
+    const claim = `${queues.prefix}:gates:refill:${r.id}`;
+    if ((await deps.redis.set(claim, '1', 'EX', SEAL_CLAIM_SECONDS, 'NX')) !== 'OK') return false;
+    try {
+      if (await queues.get('gates').getJob(`${r.id}__seal`)) return false;
+      const reported = new Set((await store.gateRuns.results(r.tenant_id, r.id)).map((x) => x.gate_id));
+      const unreported = r.gates.filter((g) => !reported.has(g));
+      // what is left of the old jobs goes first (a job a live process holds refuses: the next pass tries again)
+      for (const gate of unreported) await (await queues.get('gates').getJob(`${r.id}__${gate}`))?.remove();
+      await addFlow(r, unreported);
+      log.warn({ tenant_id: r.tenant_id, gate_run_id: r.id, gates: unreported }, 'a gate run’s lost flow was added again');
+      return true;
+    } catch (err) {
+      await deps.redis.del(claim).catch(() => undefined);
+      throw err;
+    }
   }
 
   /** Events of a gate run started by a run's step go to that run's session stream. */
@@ -259,16 +285,21 @@ export function gateRunsOf(deps: GatesDeps) {
     /**
      * Repairs gate runs whose flow was lost (the process died between the record and the flow, or Redis
      * lost the jobs, or a redelivered seal job ended on a dead process's claim). One whose seal job is gone
-     * and that is still waited for (`waitedFor`) gets its flow again, for the gates that have not reported;
+     * and that a live step still waits for (`waitedFor`) gets its flow again, for the gates that have not reported;
      * otherwise one whose seal job is gone, failed or completed without sealing it is sealed with what it
      * has, or canceled when no gate reported anything. A gate run never stays `running` for good.
      */
-    async reconcile(olderThanMs = 60_000, opts: { elsewhere?: () => Promise<Set<string> | null> } = {}): Promise<number> {
+    async reconcile(
+      olderThanMs = 60_000,
+      opts: { elsewhere?: () => Promise<Set<string> | null>; isExecuting?: (runId: string) => boolean } = {},
+    ): Promise<number> {
       const before = new Date(clock.now().getTime() - olderThanMs).toISOString();
       // gate runs another live process is executing (the workers' claims): their gates still report, whatever
       // became of the jobs (Redis lost them); a registry too young to tell (just made again) judges nothing
       const elsewhere = opts.elsewhere ? await opts.elsewhere() : new Set<string>();
       if (!elsewhere) return 0;
+      /** the runs being executed now, here or by another live process */
+      const executing = (runId: string) => opts.isExecuting?.(runId) === true || elsewhere.has(runId);
       let repaired = 0;
       // a page at a time from where the last pass stopped (from the oldest again at the end): runs still going
       // hold no place before a lost one
@@ -285,19 +316,16 @@ export function gateRunsOf(deps: GatesDeps) {
         // read after the job's state: a seal that ended since the list was read is not taken for lost
         if ((await store.gateRuns.get(r.tenant_id, r.id))?.status !== 'running') continue;
         const reported = await store.gateRuns.results(r.tenant_id, r.id);
-        const unreported = r.gates.filter((g) => !reported.some((x) => x.gate_id === g));
-        if (state === 'missing' && unreported.length && (await waitedFor(r))) {
-          // Redis lost the flow (or the process died before it was added) and the gate run is still waited for:
-          // the gates that did not report run, under a new seal job (what is left of the old jobs goes first)
+        if (state === 'missing' && reported.length < r.gates.length && (await waitedFor(r, executing))) {
+          // Redis lost the flow (or the process died before it was added) and a live step still waits for the
+          // gate run: the gates that did not report run, under a new seal job
           try {
-            for (const gate of unreported) await (await queues.get('gates').getJob(`${r.id}__${gate}`))?.remove();
-            await addFlow(r, unreported);
+            if (!(await addLostFlow(r))) continue;
           } catch (err) {
             // a leftover job still locked by a process that died, or Redis refused: the next pass tries again
             log.warn({ gate_run_id: r.id, err: (err as Error).message }, 'a gate run’s lost flow could not be added again yet');
             continue;
           }
-          log.warn({ tenant_id: r.tenant_id, gate_run_id: r.id, gates: unreported }, 'a gate run’s lost flow was added again');
         } else if (reported.length) await api.seal(r.tenant_id, r.id);
         else await api.cancel(r.tenant_id, r.id);
         repaired++;

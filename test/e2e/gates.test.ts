@@ -9,7 +9,7 @@ import { FlowProducer } from 'bullmq';
 import { expect } from 'chai';
 import { GENESIS_HASH, publicKeyFromPem, readPack, signerOf, verifyEntries, verifyPack, type PackFiles, type PackJson } from '../../engine/evidence/index.js';
 import { smartGatesOf } from '../../engine/gates/index.js';
-import { newId } from '../../engine/platform/index.js';
+import { newId, type GateRunRecord } from '../../engine/platform/index.js';
 import { builtCli } from '../support/built.js';
 import { eventually, finishedRun, KEYS, scanKeys, startHarness, type Harness } from '../support/harness.js';
 import * as sign from '../support/signers.js';
@@ -584,37 +584,51 @@ describe('gates in the service', function () {
   it('runs again the gates of a lost flow that a running step still waits for; seals (or cancels) one no step waits for', async () => {
     const dir = path.join(h.tenantDir(), 'lost-flow');
     await fs.mkdir(dir, { recursive: true });
-    await fs.writeFile(path.join(dir, 'gates.yaml'), 'gates:\n  - id: syntax\n    run: [/bin/true]\n  - id: other\n    run: [/bin/true]\n');
+    await fs.writeFile(
+      path.join(dir, 'gates.yaml'),
+      "gates:\n  - id: syntax\n    run: [/bin/true]\n  - id: other\n    run: ['sh', '-c', 'echo ran >> other-ran']\n",
+    );
     const running = (await h.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'sleep 30' } }] } })).body.run_id;
     const ended = (await h.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'message', args: { text: 'done' } }] } })).body.run_id;
     await finishedRun(h, ended);
     const startedAt = await eventually(async () => (await h.call<Body>('GET', `/api/v1/runs/${running}`)).body.started_at as string | null, 'the run to start');
-    const lost = (runId: string, createdAt: string) => ({
+    const lost = (trigger: GateRunRecord['trigger'], createdAt: string) => ({
       id: newId('grn'),
       tenant_id: 'tenant-a',
       workspace: 'lost-flow',
       status: 'running' as const,
       source: 'gates.yaml',
       gates: ['syntax', 'other'],
-      trigger: { type: 'run' as const, run_id: runId, session_id: 'ses_x' },
+      trigger,
       subject: { workspace: 'lost-flow', commit: null, tree: null, dirty: null },
       results: [],
       ledger: null,
       created_at: createdAt,
       finished_at: null,
     });
+    const byRun = (runId: string) => ({ type: 'run' as const, run_id: runId, session_id: 'ses_x' });
     // Redis lost their flows (none was ever added here): the one the running attempt's step waits for, one of an
-    // attempt before it, one of a run that ended (half reported)
-    const waited = lost(running, new Date(Date.parse(startedAt) + 1).toISOString());
-    const earlier = lost(running, new Date(Date.parse(startedAt) - 1000).toISOString());
-    const half = lost(ended, new Date(Date.now() - 5 * 60_000).toISOString());
-    for (const r of [waited, earlier, half]) await h.rt.store.gateRuns.insert(r);
+    // attempt before it, one of a run that ended (half reported), one the CLI started (half reported)
+    const waited = lost(byRun(running), new Date(Date.parse(startedAt) + 1).toISOString());
+    const earlier = lost(byRun(running), new Date(Date.parse(startedAt) - 1000).toISOString());
+    const half = lost(byRun(ended), new Date(Date.now() - 5 * 60_000).toISOString());
+    const cli = lost({ type: 'cli' }, new Date(Date.now() - 5 * 60_000).toISOString());
+    for (const r of [waited, earlier, half, cli]) await h.rt.store.gateRuns.insert(r);
     const at = new Date().toISOString();
-    await h.rt.store.gateRuns.putResult('tenant-a', waited.id, passed('syntax', waited.subject, at));
-    await h.rt.store.gateRuns.putResult('tenant-a', half.id, passed('syntax', half.subject, at));
+    for (const r of [waited, half, cli]) await h.rt.store.gateRuns.putResult('tenant-a', r.id, passed('syntax', r.subject, at));
+    // the run is executed here (by this process's workers)
+    const isExecuting = h.rt.engine.executor.isExecuting;
     try {
-      expect(await h.rt.engine.gates.reconcile(0)).to.equal(3);
-      // only the gate that had not reported runs; the run is sealed with both
+      // another reconciler (another worker process) is adding the flow again: this one leaves it to that one
+      const refill = `${h.config.queuePrefix}:gates:refill:${waited.id}`;
+      await h.rt.redis.set(refill, '1', 'EX', 60);
+      await h.rt.engine.gates.reconcile(0, { isExecuting });
+      expect(await h.rt.queues.get('gates').getJob(`${waited.id}__seal`)).to.equal(undefined);
+      expect((await h.rt.engine.gates.get('tenant-a', waited.id)).status).to.equal('running');
+      await h.rt.redis.del(refill);
+      // two reconcilers at once: the flow is added once
+      await Promise.all([h.rt.engine.gates.reconcile(0, { isExecuting }), h.rt.engine.gates.reconcile(0, { isExecuting })]);
+      // only the gate that had not reported runs, once; the run is sealed with both
       const done = await h.rt.engine.gates.wait('tenant-a', waited.id);
       expect(done.status).to.equal('succeeded');
       expect(done.results.map((r) => [r.gate_id, r.conclusion, r.finished_at === at])).to.deep.equal([
@@ -622,15 +636,23 @@ describe('gates in the service', function () {
         ['other', 'success', false],
       ]);
       expect(done.ledger).to.not.equal(null);
+      expect(await fs.readFile(path.join(dir, 'other-ran'), 'utf8')).to.equal('ran\n');
       expect((await h.rt.engine.gates.get('tenant-a', earlier.id)).status).to.equal('canceled');
-      const sealed = await h.rt.engine.gates.get('tenant-a', half.id);
-      expect(sealed.status).to.equal('failed');
-      expect(sealed.results.map((r) => [r.gate_id, r.conclusion])).to.deep.equal([
-        ['syntax', 'success'],
-        ['other', 'cancelled'],
-      ]);
-      expect(sealed.ledger).to.not.equal(null);
-      expect(await h.rt.engine.gates.reconcile(0)).to.equal(0);
+      for (const id of [half.id, cli.id]) {
+        const sealed = await h.rt.engine.gates.get('tenant-a', id);
+        expect(sealed.status).to.equal('failed');
+        expect(sealed.results.map((r) => [r.gate_id, r.conclusion])).to.deep.equal([
+          ['syntax', 'success'],
+          ['other', 'cancelled'],
+        ]);
+        expect(sealed.ledger).to.not.equal(null);
+      }
+      expect(await h.rt.engine.gates.reconcile(0, { isExecuting })).to.equal(0);
+      // the same run's, once no live process executes the run (its process died): no step waits for it
+      const orphan = lost(byRun(running), new Date(Date.parse(startedAt) + 2).toISOString());
+      await h.rt.store.gateRuns.insert(orphan);
+      expect(await h.rt.engine.gates.reconcile(0, { isExecuting: () => false })).to.equal(1);
+      expect((await h.rt.engine.gates.get('tenant-a', orphan.id)).status).to.equal('canceled');
     } finally {
       await h.call('POST', `/api/v1/runs/${running}/cancel`);
     }
