@@ -159,7 +159,9 @@ describe('bad input', () => {
       .join(',')}]}`;
     const started = performance.now();
     const res = await h.call('POST', '/api/v1/sessions/ses_00000000000000000000000000/tasks', { raw: tasks, headers: { 'content-type': 'application/json' } });
-    expect(performance.now() - started).to.be.below(1000);
+    // Ajv copying its error list for each error held the event loop 9 s; on a slow 2-core machine sharing its cores
+    // with two other test files this takes up to 1.6 s
+    expect(performance.now() - started).to.be.below(3000);
     await expectProblem(res, 400, 'bad-request');
     expect(res.body.errors).to.have.length(50);
     expect(res.body.errors[0]).to.deep.equal({ path: '/body/tasks/0/depends_on/0', message: 'must be string' });
