@@ -126,6 +126,10 @@ const LINE_FULL_RETRY_AFTER_SECONDS = 30;
 /** how long the line's length is waited for (Redis answers in a millisecond when it is there) */
 const LINE_CHECK_DEADLINE_MS = 250;
 
+const keyReused = () => new IdempotencyKeyReusedError('this Idempotency-Key was used with a different request');
+const keyInUse = () =>
+  new IdempotencyKeyInUseError('a request with this Idempotency-Key is still being handled; retry it after a moment', IDEMPOTENCY_IN_USE_RETRY_AFTER_SECONDS);
+
 // removes an idempotency claim only if it is still ours: a claim that timed out may land later
 const RELEASE_CLAIM = `if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`;
 
@@ -183,10 +187,16 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       );
   }
 
+  /** `admit`, and for work that is new (not a task's run) room in the tenant's line. */
+  async function admitNew(tenantId: string, req: RunRequest): Promise<Awaited<ReturnType<typeof admit>>> {
+    const admitted = await admit(tenantId, req);
+    if (req.kind !== 'session_task') await assertRoom(tenantId);
+    return admitted;
+  }
+
   /** With `key`, the run takes its Idempotency-Key's record (dated as the run) in its own commit, or is not made (KeyHeld). */
   async function create(tenantId: string, req: RunRequest, id = newId('run'), after?: AfterStored, key?: (run: Run) => KeyClaim): Promise<Run> {
-    const { steps, goal, seconds, tool_allowlist, network, workspace } = await admit(tenantId, req);
-    if (req.kind !== 'session_task') await assertRoom(tenantId);
+    const { steps, goal, seconds, tool_allowlist, network, workspace } = await admitNew(tenantId, req);
     // an agent's loop is bounded by its steps as well as its time: each step is kept with the run
     const maxSteps = req.max_steps ?? (goal ? limits.defaultAgentMaxSteps : undefined);
     const run: Run = {
@@ -323,8 +333,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
         throw unavailable(err);
       });
       if (!held) continue; // let go between the two reads
-      if (held.hash !== hash && held.hash !== legacyFingerprintOf(fingerprint))
-        throw new IdempotencyKeyReusedError('this Idempotency-Key was used with a different request');
+      if (held.hash !== hash && held.hash !== legacyFingerprintOf(fingerprint)) throw keyReused();
       while (Date.now() < until) {
         const run = await store.runs.get(tenantId, held.run_id);
         if (run) return { run, replayed: true };
@@ -333,10 +342,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
         if (now?.run_id !== held.run_id) break; // let go (or expired): claim it in turn
       }
     }
-    throw new IdempotencyKeyInUseError(
-      'a request with this Idempotency-Key is still being handled; retry it after a moment',
-      IDEMPOTENCY_IN_USE_RETRY_AFTER_SECONDS,
-    );
+    throw keyInUse();
   }
 
   /** What holds an idempotency key now: its request's fingerprint and run; null when nothing does. */
@@ -372,6 +378,8 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       // Redis forgets a key when it loses its data: the store keeps each key's run too, for its day
       const now = clock.now().getTime();
       const since = new Date(now - IDEMPOTENCY_TTL_SECONDS * 1000).toISOString();
+      // a record whose run is not stored after the claim's lifetime is one whose request died before storing it
+      const pendingSince = (at: string) => new Date(Date.parse(at) - IDEMPOTENCY_CLAIM_SECONDS * 1000).toISOString();
       let held = await fromStore(() => store.idempotencyKeys.get(tenantId, keyDigest, since));
       for (;;) {
         const earlier = held && (await fromStore(() => store.runs.get(tenantId, held!.run_id)));
@@ -385,11 +393,9 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
             'Redis answer',
           ).catch(() => null);
           if (!restored) await redis.eval(RELEASE_CLAIM, 1, slot, claim).catch(() => undefined);
-          if (held.fingerprint !== hash) throw new IdempotencyKeyReusedError('this Idempotency-Key was used with a different request');
+          if (held.fingerprint !== hash) throw keyReused();
           return { run: earlier, replayed: true };
         }
-        // a record whose run is not stored after the claim's lifetime is one whose request died before storing it
-        const pendingSince = (at: string) => new Date(Date.parse(at) - IDEMPOTENCY_CLAIM_SECONDS * 1000).toISOString();
         if (!held || held.created_at <= pendingSince(clock.now().toISOString())) {
           const key = (run: Run): KeyClaim => ({
             record: { tenant_id: tenantId, key_digest: keyDigest, fingerprint: hash, run_id: id, created_at: run.created_at },
@@ -408,12 +414,8 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
           }
         }
         // another request's record, its run still being stored
-        if (held.fingerprint !== hash) throw new IdempotencyKeyReusedError('this Idempotency-Key was used with a different request');
-        if (Date.now() >= until)
-          throw new IdempotencyKeyInUseError(
-            'a request with this Idempotency-Key is still being handled; retry it after a moment',
-            IDEMPOTENCY_IN_USE_RETRY_AFTER_SECONDS,
-          );
+        if (held.fingerprint !== hash) throw keyReused();
+        if (Date.now() >= until) throw keyInUse();
         await new Promise((r) => setTimeout(r, 20));
         held = await fromStore(() => store.idempotencyKeys.get(tenantId, keyDigest, since));
       }
@@ -475,10 +477,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
     create,
     createIdempotent,
     /** Throws what `create` would refuse this request for, storing nothing (a caller about to pay for the request's input asks first). */
-    assertAcceptable: async (tenantId: string, req: RunRequest): Promise<void> => {
-      await admit(tenantId, req);
-      if (req.kind !== 'session_task') await assertRoom(tenantId);
-    },
+    assertAcceptable: async (tenantId: string, req: RunRequest): Promise<void> => void (await admitNew(tenantId, req)),
     assertRoom,
     workspaceOf,
     /** Registers a check of a finished run about to be re-run; it throws the problem that refuses it. */
