@@ -168,20 +168,34 @@ function prlimitArgs(limits: SandboxLimits, o: { nproc: boolean; addressSpace: b
 const O_CLOEXEC = 0o2000000;
 
 /**
+ * A file this process's own runtime opened without close-on-exec before any of our code ran: V8 names the
+ * files of its profiler flags after the process (`--perf-basic-prof`'s perf-<pid>.map, `--perf-prof`'s
+ * jit-<pid>.dump, `--prof`'s isolate-<address>-<pid>-v8.log) and keeps writing to them. Closed, their
+ * descriptor is the next file opened (the store's): V8's lines went into the SQLite file, which was then no
+ * longer a database. A parent cannot name a file after a process that did not exist when it opened it.
+ */
+export function isOwnProfilerOutput(target: string, pid = process.pid): boolean {
+  return new RegExp(`^(perf|jit)-${pid}\\.(map|dump)$|-${pid}-v8\\.log$`).test(path.basename(target));
+}
+
+/**
  * Closes what this process was handed open by its parent beyond stdin, stdout and stderr, unless marked to
  * close on exec: such a descriptor (a supervisor's pipe, a wrapper script's socket or file) would otherwise
  * reach every step, and bubblewrap passes it on. Everything Node and SQLite open is close-on-exec; the IPC
- * channel of a parent that forked this process is kept. Linux only (/proc); returns what it closed.
+ * channel of a parent that forked this process is kept, and so are V8's profiler files (`isOwnProfilerOutput`:
+ * a step could reach those, which hold code addresses and names, while an operator profiles). Linux only
+ * (/proc); returns what it closed and what it kept.
  */
-export function closeInheritedDescriptors(): { fd: number; target: string }[] {
+export function closeInheritedDescriptors(): { closed: { fd: number; target: string }[]; kept: { fd: number; target: string }[] } {
   // the IPC channel of a parent that forked this process (Node takes NODE_CHANNEL_FD out of the environment)
   const keep = new Set([0, 1, 2, (process.channel as { fd?: number } | undefined)?.fd ?? -1]);
   const closed: { fd: number; target: string }[] = [];
+  const kept: { fd: number; target: string }[] = [];
   let entries: string[];
   try {
     entries = fs.readdirSync('/proc/self/fdinfo');
   } catch {
-    return closed;
+    return { closed, kept };
   }
   for (const name of entries) {
     const fd = Number(name);
@@ -190,13 +204,17 @@ export function closeInheritedDescriptors(): { fd: number; target: string }[] {
       const flags = /^flags:\s*([0-7]+)/m.exec(fs.readFileSync(`/proc/self/fdinfo/${fd}`, 'utf8'))?.[1];
       if (flags === undefined || Number.parseInt(flags, 8) & O_CLOEXEC) continue;
       const target = fs.readlinkSync(`/proc/self/fd/${fd}`);
+      if (isOwnProfilerOutput(target)) {
+        kept.push({ fd, target });
+        continue;
+      }
       fs.closeSync(fd);
       closed.push({ fd, target });
     } catch {
       // gone meanwhile (the listing's own descriptor)
     }
   }
-  return closed;
+  return { closed, kept };
 }
 
 export function bwrapSandbox(opts: { bwrap: string; prlimit: string; limits: SandboxLimits; prefix: string; log: Logger }): Sandbox {
@@ -209,7 +227,10 @@ export function bwrapSandbox(opts: { bwrap: string; prlimit: string; limits: San
       'this bubblewrap is older than 0.8: steps’ /tmp is not bounded, or steps may make user namespaces (install bubblewrap 0.8 or later)',
     );
   const inherited = closeInheritedDescriptors();
-  if (inherited.length) opts.log.warn({ closed: inherited }, 'closed descriptors inherited open from the parent process, so that no step reaches them');
+  if (inherited.closed.length)
+    opts.log.warn({ closed: inherited.closed }, 'closed descriptors inherited open from the parent process, so that no step reaches them');
+  if (inherited.kept.length)
+    opts.log.warn({ kept: inherited.kept }, 'kept the files of V8’s profiler flags open: steps can reach them while this process is profiled');
   const cgroups = stepCgroups(opts.prefix);
   const isRoot = process.getuid?.() === 0;
   const processLimit = cgroups?.controllers.includes('pids') ? 'cgroup' : isRoot ? 'none' : 'rlimit';

@@ -372,6 +372,42 @@ describe('sandbox', function () {
     expect(child.stdout + child.stderr, 'the operator is told').to.contain('parent-secret.txt');
   });
 
+  it('keeps open the files V8 writes for a profiler flag, so that they never land in the store', async () => {
+    // node --perf-basic-prof writes /tmp/perf-<pid>.map and a log through descriptors that are not close-on-exec:
+    // closed, their numbers went to the next files opened (the store's), and V8's lines into them
+    const script = `
+      import { bwrapSandbox, which } from './engine/tools/sandbox.ts';
+      import { createLogger } from './engine/platform/log.ts';
+      import fs from 'node:fs';
+      const sandbox = bwrapSandbox({ bwrap: which('bwrap', process.env.PATH), prlimit: which('prlimit', process.env.PATH),
+        limits: { cpuSeconds: 10, memoryMb: 512, processes: 64, fileSizeMb: 16 }, prefix: 'profiled-' + process.pid, log: createLogger('warn') });
+      const file = fs.mkdtempSync('/tmp/profiled-') + '/store';
+      const fd = fs.openSync(file, 'w');
+      fs.writeSync(fd, 'the store');
+      // new code, as the service loads and warms up: V8 writes lines of its log for it
+      await import('./engine/store/sqlite/index.ts');
+      for (let i = 0; i < 300; i++) { const f = new Function('a', 'return a + ' + i); for (let k = 0; k < 2000; k++) f(k); }
+      fs.closeSync(fd);
+      const targets = fs.readdirSync('/proc/self/fd').map((n) => { try { return fs.readlinkSync('/proc/self/fd/' + n); } catch { return ''; } });
+      console.log('RESULT:' + JSON.stringify({ store: fs.readFileSync(file, 'utf8'), mapOpen: targets.includes('/tmp/perf-' + process.pid + '.map') }));
+      fs.rmSync(file.slice(0, -6), { recursive: true });
+      sandbox.close();
+    `;
+    const child = spawnSync(process.execPath, ['--perf-basic-prof', '--import', 'tsx', '--input-type=module', '-e', script], {
+      cwd: process.cwd(),
+      stdio: ['ignore', 'pipe', 'pipe'],
+      encoding: 'utf8',
+      timeout: 30_000,
+    });
+    // the map, and the log the flag writes where the process runs
+    await fs.rm(`/tmp/perf-${child.pid}.map`, { force: true });
+    for (const name of await fs.readdir(process.cwd())) if (name.endsWith(`-${child.pid}-v8.log`)) await fs.rm(name);
+    const out = /RESULT:(.*)/.exec(child.stdout)?.[1];
+    expect(out, child.stdout + child.stderr).to.be.a('string');
+    expect(JSON.parse(out!)).to.deep.equal({ store: 'the store', mapOpen: true });
+    expect(child.stdout + child.stderr, 'the operator is told').to.contain(`perf-${child.pid}.map`);
+  });
+
   it('leaves nothing behind: a daemonized process dies with its step', async () => {
     const marker = `sleep ${7000 + Math.floor(Math.random() * 2000)}`;
     const run = await shell(`setsid ${marker} > /dev/null 2>&1 < /dev/null & echo started`);
