@@ -1,6 +1,7 @@
 // The API's request bodies, read before its routes: JSON in UTF-8 (RFC 8259 §8.1) within its limits,
 // checked from its bytes before it is parsed; a body of no type only where the spec takes raw bytes. What is
 // checked is what is parsed: body-parser would decode any other utf-* charset after the checks had passed.
+import type { IncomingMessage } from 'node:http';
 import express, { type NextFunction, type Request, type RequestHandler, type Response } from 'express';
 import { bulkyJson, MAX_JSON_VALUES, unsafeJson, UnsupportedMediaTypeError, ValidationError } from '../engine/platform/index.js';
 import { refuseDeclaredOver } from './body-limit.js';
@@ -71,7 +72,7 @@ function whenEmpty(req: Request, next: NextFunction): void {
 }
 
 /** A body is on its way: a length over 0, or chunks (whose length is not known before they are read). */
-function hasBody(req: Request): boolean {
+export function hasBody(req: IncomingMessage): boolean {
   return req.headers['transfer-encoding'] !== undefined || Number(req.headers['content-length']) > 0;
 }
 

@@ -6,6 +6,7 @@ import { ERROR_STATUS, type ErrorCode, type Logger } from '../engine/platform/in
 import type { Runtime } from '../engine/process/index.js';
 import { createApp } from './app.js';
 import { newRequestId } from './request-log.js';
+import { hasBody } from './request-body.js';
 import type { OpenStreams } from './sse.js';
 
 /**
@@ -58,8 +59,10 @@ export async function startWebServer(rt: Runtime, opts: { port?: number; host?: 
   // began would hold close() open for keepAliveTimeout (closeIdleConnections() at the start sees only those idle then).
   let closing = false;
   const answering = new Set<ServerResponse>();
+  const bodyIdleMs = config.bodyIdleSeconds * 1000;
   server.prependListener('request', (req, res) => {
     toOriginForm(req);
+    whileBodyComes(req, res, bodyIdleMs, rt.log);
     if (closing) res.shouldKeepAlive = false;
     answering.add(res);
     res.once('close', () => {
@@ -96,6 +99,34 @@ export async function startWebServer(rt: Runtime, opts: { port?: number; host?: 
       }
     },
   };
+}
+
+/**
+ * A request whose body stops coming held its connection, and whatever reads it (the JSON parser, an upload's
+ * stream), until Node's request timeout (300 s): one whose body sends nothing for `idleMs` is answered 408 and
+ * its connection closed, and the reading fails, so nothing it asked for is done. Once the body is all in, the
+ * handler takes the time it needs. Node raises the request's `timeout` only while its body is incomplete.
+ */
+function whileBodyComes(req: IncomingMessage, res: ServerResponse, idleMs: number, log: Logger): void {
+  if (!hasBody(req)) return;
+  req.setTimeout(idleMs, () => {
+    const socket = req.socket;
+    if (res.headersSent) return void socket.destroy(); // answered already (a refusal), and the body still hangs
+    const requestId = (req as IncomingMessage & { id?: string }).id ?? newRequestId();
+    log.info({ req_id: requestId, idle_ms: idleMs }, 'a request body sent nothing for too long: answered 408');
+    const body = JSON.stringify({
+      type: '/problems/request-timeout',
+      title: 'Request Timeout',
+      status: 408,
+      code: 'request-timeout',
+      detail: `The request body sent nothing for ${idleMs / 1000} s.`,
+      request_id: requestId,
+    });
+    res.shouldKeepAlive = false;
+    res.writeHead(408, { 'Content-Type': 'application/problem+json; charset=utf-8', 'Content-Length': Buffer.byteLength(body), 'X-Request-Id': requestId });
+    res.end(body, () => socket.destroy());
+  });
+  req.once('end', () => req.setTimeout(0));
 }
 
 /** What Node refuses before a request exists (its parser's errors), as problems like every other error; the socket then closes. */

@@ -67,6 +67,8 @@ export type Config = {
   /** a worker process's own /metrics and /healthz port (SERVICE_WORKER_METRICS_PORT); unset: none */
   workerMetricsPort: number | undefined;
   shutdownGraceSeconds: number;
+  /** how long a request's body may send nothing before it is answered 408 and its connection closed */
+  bodyIdleSeconds: number;
   /** defaultMaxSteps: the tool calls an attempt of a run with a goal may make when it names no max_steps */
   runBudget: { defaultSeconds: number; maxSeconds: number; defaultMaxSteps: number };
   workerConcurrency: number;
@@ -361,6 +363,7 @@ const schema = z.object({
   SERVICE_API_KEY_RATE_LIMIT_PER_MINUTE: int(0, 0, 100_000_000),
   SERVICE_WORKER_METRICS_PORT: int(0, 0, 65535),
   SERVICE_SHUTDOWN_GRACE_SECONDS: int(10, 1, 3600), // at least 1 s for interrupted runs to go back to the queue before the exit
+  SERVICE_BODY_IDLE_SECONDS: int(30, 1, 3600),
   SERVICE_RUN_DEFAULT_BUDGET_SECONDS: int(600, 1, 86_400),
   SERVICE_RUN_MAX_BUDGET_SECONDS: int(3600, 1, 86_400),
   SERVICE_RUN_DEFAULT_MAX_STEPS: int(200, 1, 10_000),
@@ -516,6 +519,7 @@ export function parseEnv(env: Record<string, string | undefined>, opts: { servic
     logLevel: e.LOG_LEVEL,
     workerMetricsPort: e.SERVICE_WORKER_METRICS_PORT || undefined,
     shutdownGraceSeconds: e.SERVICE_SHUTDOWN_GRACE_SECONDS,
+    bodyIdleSeconds: e.SERVICE_BODY_IDLE_SECONDS,
     runBudget: {
       defaultSeconds: e.SERVICE_RUN_DEFAULT_BUDGET_SECONDS,
       maxSeconds: e.SERVICE_RUN_MAX_BUDGET_SECONDS,

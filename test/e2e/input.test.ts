@@ -429,6 +429,76 @@ describe('bad input', () => {
     }
   });
 
+  describe('a body that stops coming (SERVICE_BODY_IDLE_SECONDS=1)', () => {
+    let slow: Harness;
+    before(async () => {
+      slow = await startHarness({ env: { SERVICE_BODY_IDLE_SECONDS: '1' }, workers: false });
+    });
+    after(async () => {
+      await slow.close();
+    });
+
+    /** A connection of its own that sends each part after its wait (ms); its whole answer once the server closes it (or after 6 s). */
+    const sent = (parts: [number, string][]) =>
+      new Promise<{ text: string; ms: number }>((resolve, reject) => {
+        const started = performance.now();
+        const socket = net.connect(Number(new URL(slow.url).port), '127.0.0.1', async () => {
+          for (const [wait, part] of parts) {
+            await new Promise((r) => setTimeout(r, wait));
+            if (socket.destroyed) return;
+            socket.write(part);
+          }
+        });
+        let text = '';
+        const timer = setTimeout(() => socket.destroy(), 6000);
+        socket.on('data', (d) => (text += d));
+        socket.on('close', () => {
+          clearTimeout(timer);
+          resolve({ text, ms: performance.now() - started });
+        });
+        socket.on('error', reject);
+      });
+    const head = (path: string, headers: string) => `POST ${path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${KEYS.a}\r\n${headers}\r\n`;
+    const automation = JSON.stringify({ name: 'slow', steps: [{ tool: 'message', args: { text: 'x' } }] });
+
+    it('answers 408 and closes the connection when the body sends nothing for that long, and does nothing it asked', async () => {
+      const cases: [string, string][] = [
+        // part of a declared body, then nothing
+        [
+          'JSON, part sent',
+          head('/api/v1/automations', `Content-Type: application/json\r\nContent-Length: ${automation.length}\r\n`) + automation.slice(0, 10),
+        ],
+        // chunks of no type, not one sent: held until the 300 s request timeout before
+        ['chunks of no type, none sent', head('/api/v1/sessions', 'Transfer-Encoding: chunked\r\n')],
+        ['the webhook intake', 'POST /webhooks/tenant-a/codehost HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 40\r\n\r\n{"a":'],
+      ];
+      const answers = await Promise.all(cases.map(([, bytes]) => sent([[0, bytes]])));
+      for (const [i, { text, ms }] of answers.entries()) {
+        const what = cases[i]![0];
+        expect(text, what).to.match(/^HTTP\/1\.1 408 /);
+        expect(text, what).to.match(/\r\nConnection: close\r\n/i);
+        expect(bodyOfAnswer(text), what).to.include({ code: 'request-timeout', status: 408 });
+        expect(ms, what).to.be.within(900, 4000);
+      }
+      expect((await slow.call('GET', '/api/v1/automations')).body.data).to.deep.equal([]);
+      expect((await slow.call('GET', '/api/v1/sessions')).body.data).to.deep.equal([]);
+    });
+
+    it('takes a body that keeps coming, however slowly, and keeps an idle connection alive between requests', async () => {
+      const bytes = head('/api/v1/automations', `Content-Type: application/json\r\nContent-Length: ${automation.length}\r\n`) + automation;
+      // a piece every 0.4 s for 2.4 s, the idle limit 1 s
+      const pieces = Array.from({ length: 7 }, (_, i): [number, string] => [i ? 400 : 0, bytes.slice((i * bytes.length) / 7, ((i + 1) * bytes.length) / 7)]);
+      // then, 1.5 s after, a second request on the same connection
+      const { text } = await sent([
+        ...pieces,
+        [1500, `GET /api/v1/automations HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${KEYS.a}\r\nConnection: close\r\n\r\n`],
+      ]);
+      expect(text).to.match(/^HTTP\/1\.1 201 /);
+      expect(text.match(/HTTP\/1\.1 200 /g), text).to.have.length(1);
+      await slow.call('DELETE', `/api/v1/automations/${(await slow.call('GET', '/api/v1/automations')).body.data[0].id}`);
+    });
+  });
+
   it('unknown fields and wrong types are a 400 listing each one', async () => {
     const res = await h.call('POST', '/api/v1/automations', { body: { name: 42, goal: 'g', colour: 'red' } });
     await expectProblem(res, 400, 'bad-request');
