@@ -12,6 +12,7 @@ import {
   ROUNDS_NOTE,
   type Result,
   runCreations,
+  RUN_TENANTS,
   runsWaiting,
   SECONDS,
   serviceEnv,
@@ -50,7 +51,7 @@ async function runCreation(): Promise<[string, Result, Result]> {
       { url: `${bare.url}/api/v1/autonomy/run`, method: 'POST', headers: { 'content-type': 'application/json' }, body },
     );
     return [
-      `POST /api/v1/autonomy/run (one no-op step, ten tenants) vs Express + queue.add, ${ROUNDS_NOTE}${waitedNote(await runsWaiting(web.url))}`,
+      `POST /api/v1/autonomy/run (one no-op step, ${RUN_TENANTS} tenants) vs Express + queue.add, ${ROUNDS_NOTE}${waitedNote(await runsWaiting(web.url))}`,
       ...results,
     ];
   } finally {
