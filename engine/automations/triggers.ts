@@ -83,6 +83,18 @@ export function nextCronFire(schedule: string, timezone: string | undefined, fro
   } catch {
     next = null; // past the horizon, never (cron-parser's loop limit), or not an expression
   }
+  // a time of day the autumn's clock change gives twice is a fire once, at its first pass, for a schedule of
+  // set hours (as cron does): cron-parser gave the second pass too when asked from inside it (the periodic
+  // reconcile, an automation changed then), and `30 2 * * *` in Europe/Paris fired twice that night
+  for (let skipped = 0; next !== null && skipped < FIRE_CHECK_STEPS && hasSetHours(schedule) && repeatsEarlierTime(timezone, next); skipped++) {
+    try {
+      next = CronExpressionParser.parse(schedule, { tz: timezone || undefined, currentDate: new Date(next), endDate: new Date(at + HORIZON_MS) })
+        .next()
+        .getTime();
+    } catch {
+      next = null;
+    }
+  }
   nextFires.delete(key);
   if (nextFires.size >= 10_000) nextFires.delete(nextFires.keys().next().value!);
   nextFires.set(key, { from: at, offset, next });
@@ -101,6 +113,29 @@ export function prevCronFire(schedule: string, timezone: string | undefined, at:
     return null;
   }
 }
+
+/** The minutes of an offset as `offsetAt` writes it (GMT+05:30, GMT-03:00, GMT). */
+function offsetMinutes(offset: string): number {
+  const m = /([+-])(\d\d):(\d\d)/.exec(offset);
+  return m ? (m[1] === '-' ? -1 : 1) * (Number(m[2]) * 60 + Number(m[3])) : 0;
+}
+
+/** True when the zone's clocks went back in the hours before `at` and showed its time of day once already, before the change. */
+function repeatsEarlierTime(zone: string | undefined, at: number): boolean {
+  if (UTC_ZONES.has(zone ?? '')) return false;
+  const now = offsetMinutes(offsetAt(zone, at));
+  const before = offsetMinutes(offsetAt(zone, at - FIRE_CHECK_BACK_MS));
+  return before > now && offsetMinutes(offsetAt(zone, at - (before - now) * 60_000)) === before;
+}
+
+/** A schedule that names its hours (not every hour): its fire in the repeated hour of an autumn night is made once. */
+const hasSetHours = (schedule: string) => {
+  try {
+    return fieldsOf(schedule).hour.values.length < 24;
+  } catch {
+    return false;
+  }
+};
 
 /** How far before a time `isCronFire` starts walking the schedule: more than any zone's clock change (2 h). */
 const FIRE_CHECK_BACK_MS = 3 * 3600_000;

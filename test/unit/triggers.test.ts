@@ -76,6 +76,26 @@ describe('engine/triggers', () => {
     }
   });
 
+  it('fires a time of day the autumn clock change gives twice once, at its first pass, whenever it is asked (a schedule of set hours)', () => {
+    // 02:30 happens twice in Paris on 2026-10-25: 00:30Z (summer time), then 01:30Z (winter time)
+    const first = Date.parse('2026-10-25T00:30:00Z');
+    const tomorrow = Date.parse('2026-10-26T01:30:00Z');
+    for (const from of ['2026-10-24T23:00:00Z', '2026-10-25T00:29:59.999Z'])
+      expect(nextCronFire('30 2 * * *', 'Europe/Paris', new Date(from))?.getTime(), from).to.equal(first);
+    // from after the first pass, and from inside the repeated hour (what the reconcile asked: it gave 01:30Z)
+    for (const from of ['2026-10-25T00:30:00.001Z', '2026-10-25T01:00:00Z', '2026-10-25T01:29:59.999Z'])
+      expect(nextCronFire('30 2 * * *', 'Europe/Paris', new Date(from))?.getTime(), from).to.equal(tomorrow);
+    expect(isCronFire('30 2 * * *', 'Europe/Paris', first)).to.equal(true);
+    expect(isCronFire('30 2 * * *', 'Europe/Paris', Date.parse('2026-10-25T01:30:00Z'))).to.equal(false);
+    // every quarter of the hours 1 to 3: the repeated hour's quarters are not made again
+    expect(nextCronFire('*/15 1-3 * * *', 'Europe/Paris', new Date('2026-10-25T00:50:00Z'))?.toISOString()).to.equal('2026-10-25T02:00:00.000Z');
+    // a schedule of every hour goes on through the repeated hour, as before
+    expect(nextCronFire('*/30 * * * *', 'Europe/Paris', new Date('2026-10-25T00:45:00Z'))?.toISOString()).to.equal('2026-10-25T01:00:00.000Z');
+    expect(nextCronFire('0 * * * *', 'Europe/Paris', new Date('2026-10-25T01:15:00Z'))?.toISOString()).to.equal('2026-10-25T02:00:00.000Z');
+    // New York's 01:30 on 2026-11-01: 05:30Z, then 06:30Z
+    expect(nextCronFire('30 1 * * *', 'America/New_York', new Date('2026-11-01T06:00:00Z'))?.toISOString()).to.equal('2026-11-02T06:30:00.000Z');
+  });
+
   it('takes the shortest gap from the clock fields, the same at any hour it is asked (11 fires from now saw it only at some)', () => {
     // 2 h apart but for 22:00 -> 23:00, and 23:00 -> 00:00 the next day
     const late = validateTriggers([{ type: 'cron', schedule: '0 0,2,4,6,8,10,12,14,16,18,20,22,23 * * *', timezone: 'UTC' }], '/t', {
