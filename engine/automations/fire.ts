@@ -5,6 +5,7 @@ import { ConflictError, NotFoundError, type RunTrigger } from '../platform/index
 import type { Runs } from '../runs/index.js';
 import type { Automations } from './automations.js';
 import type { CronJob, Schedules } from './schedules.js';
+import { isCronFire } from './triggers.js';
 
 export function firesOf(deps: Pick<Platform, 'store' | 'log'> & { automations: Automations; schedules: Schedules; runs: Pick<Runs, 'createIdempotent'> }) {
   const { automations, schedules, runs } = deps;
@@ -32,8 +33,10 @@ export function firesOf(deps: Pick<Platform, 'store' | 'log'> & { automations: A
   async function fireCron(job: CronJob, jobId: string, firedAt: Date) {
     const a = await deps.store.automations.get(job.tenant_id, job.automation_id);
     const t = a?.triggers[job.trigger_index];
-    // a fire handed over just before its trigger's schedule changed is not the new schedule's
-    if (job.schedule !== undefined && (t?.type !== 'cron' || t.schedule !== job.schedule || t.timezone !== job.timezone)) {
+    // a fire handed over just before its trigger's schedule changed is not the new schedule's, unless the new
+    // schedule gives that time too: its own fire has this job's id, and was not added as another job
+    const changed = job.schedule !== undefined && (t?.type !== 'cron' || t.schedule !== job.schedule || t.timezone !== job.timezone);
+    if (changed && !(t?.type === 'cron' && isCronFire(t.schedule, t.timezone, firedAt.getTime()))) {
       deps.log.info({ automation_id: job.automation_id, trigger_index: job.trigger_index }, 'cron fire ignored: its trigger changed since it was handed over');
       return null;
     }

@@ -311,17 +311,24 @@ describe('the cron ticker', function () {
     await h.call('DELETE', `/api/v1/automations/${a.id}`);
   });
 
-  it('hands a fire due within the next tick over as the automation is made, and ignores one whose trigger changed since', async () => {
+  it('hands a fire due within the next tick over as the automation is made; after a change, makes it only if the new schedule gives its time too', async () => {
     const a = (await h.call<Body>('POST', '/api/v1/automations', { body: cronAutomation('soon', '* * * * * *') })).body;
     const queue = h.rt.queues.get('triggers');
     const jobs = (await queue.getJobs(['waiting', 'delayed'])).filter((j) => j.data.automation_id === a.id);
     expect(jobs.length, 'the fires of the next two seconds').to.be.within(1, 3);
-    await h.call('PATCH', `/api/v1/automations/${a.id}`, { body: { triggers: [{ type: 'cron', schedule: '*/2 * * * * *', timezone: 'UTC' }] } });
-    const stale = jobs[0]!;
-    expect(await h.rt.engine.fireCron(stale.data, String(stale.id), new Date(stale.data.fire_at))).to.equal(null);
-    expect((await history(h, a.id)).length).to.equal(0);
+    await h.call('DELETE', `/api/v1/automations/${a.id}`); // its fires every second would be in the next tests' ticks
+    // a fire of the old schedule handed over before a change: the new schedule's fire at the same time has the
+    // same job id, so it was not added again; made at an even second (the new schedule's), not at an odd one
+    const b = (await h.call<Body>('POST', '/api/v1/automations', { body: cronAutomation('changed', '0 0 1 1 *') })).body;
+    await h.call('PATCH', `/api/v1/automations/${b.id}`, { body: { triggers: [{ type: 'cron', schedule: '*/2 * * * * *', timezone: 'UTC' }] } });
+    const member = { tenant_id: b.tenant_id, automation_id: b.id, trigger_index: 0 };
+    const stale = (at: number): CronJob => ({ ...member, schedule: '* * * * * *', timezone: 'UTC', fire_at: new Date(at).toISOString() });
+    const even = Math.floor(Date.now() / 2000) * 2000 - 10_000;
+    expect(await h.rt.engine.fireCron(stale(even + 1000), cronJobIdOf(member, even + 1000), new Date(even + 1000))).to.equal(null);
     expect(h.logs.join('\n')).to.contain('its trigger changed since it was handed over');
-    await h.call('DELETE', `/api/v1/automations/${a.id}`); // its fires every 2 s would be in the next tests' ticks
+    const made = await h.rt.engine.fireCron(stale(even), cronJobIdOf(member, even), new Date(even));
+    expect(made?.trigger).to.deep.include({ type: 'cron', schedule: '*/2 * * * * *', fire_at: new Date(even).toISOString() });
+    await h.call('DELETE', `/api/v1/automations/${b.id}`);
   });
 
   it('holds back no other fire when one cannot be handed over, and hands that one over at a later tick', async () => {
