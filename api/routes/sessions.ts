@@ -115,12 +115,12 @@ export function sessionsRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
 }
 
 /**
- * The engine names a task's fields as a batch's (`/body/tasks/0/...`); a request that sent one task has them
- * at `/body/...`, and its errors point there, as the schema's own do.
+ * The engine names a task's fields as a batch's (`/body/tasks/0/...`, the batch itself `/body/tasks`); a request
+ * that sent one task has them at `/body/...`, and its errors point there, as the schema's own do.
  */
 function asSingleTask(err: unknown): unknown {
   if (!(err instanceof TaskGraphInvalidError || err instanceof ValidationError)) return err;
-  const errors: FieldError[] = err.errors.map((e) => ({ ...e, path: e.path.replace(/^\/body\/tasks\/0(?=\/|$)/, '/body') }));
+  const errors: FieldError[] = err.errors.map((e) => ({ ...e, path: e.path.replace(/^\/body\/tasks(\/0)?(?=\/|$)/, '/body') }));
   const message = errors.map((e) => `${e.path}: ${e.message}`).join('; ');
   return err instanceof TaskGraphInvalidError ? new TaskGraphInvalidError(message, errors) : new ValidationError(message, errors);
 }

@@ -608,6 +608,12 @@ export function tasksOf(deps: TasksDeps) {
         if (t.goal && t.steps)
           errors.push({ path: `/body/tasks/${i}`, message: 'give steps or a goal, not both: a goal is for an agent to plan, steps are the plan' });
         if (t.goal && !t.steps && !t.agent_id) errors.push({ path: `/body/tasks/${i}/agent_id`, message: 'a task with a goal needs an agent to pursue it' });
+        // the task's run has its agent's allowlist: a step outside it would fail each of its tries
+        const allowed = agents.find((a) => a.id === t.agent_id)?.tool_allowlist;
+        t.steps?.forEach((step, j) => {
+          if (allowed && !allowed.includes(step.tool))
+            errors.push({ path: `/body/tasks/${i}/steps/${j}/tool`, message: `"${step.tool}" is not in the tool_allowlist of agent ${t.agent_id}` });
+        });
       });
       if (errors.length) throw new TaskGraphInvalidError(errors.map((e) => `${e.path}: ${e.message}`).join('; '), errors);
       // the operator's tool policy and the agent endpoint are checked now, not when a task becomes ready

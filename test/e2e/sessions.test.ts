@@ -285,9 +285,44 @@ describe('sessions', function () {
       expect(over.body.errors).to.deep.include({ path: '/body/tasks', message: 'a session holds at most 5 tasks (SERVICE_SESSION_MAX_TASKS); this one has 3' });
       expect((await small.call<Body>('GET', `/api/v1/sessions/${s.id}/tasks`)).body.data.map((t: Body) => t.id)).to.deep.equal(['a', 'b', 'c']);
       expect((await add(['d', 'e'])).status, 'up to the limit').to.equal(201);
+      // one task sent as itself: the error names its body, as every other error of that form does
+      const one = await small.call<Body>('POST', `/api/v1/sessions/${s.id}/tasks`, { body: { steps: [{ tool: 'message', args: { text: 'f' } }] } });
+      expect(one.status, one.text).to.equal(422);
+      expect(one.body.errors).to.deep.equal([{ path: '/body', message: 'a session holds at most 5 tasks (SERVICE_SESSION_MAX_TASKS); this one has 5' }]);
     } finally {
       await small.close();
     }
+  });
+
+  it("refuses a task whose steps use a tool its agent's allowlist does not hold, with the batch's other errors, and adds nothing", async () => {
+    const s = (await h.call<Body>('POST', '/api/v1/sessions', { body: { title: 'allowlist' } })).body;
+    const agent = (await h.call<Body>('POST', `/api/v1/sessions/${s.id}/agents`, { body: { name: 'talker', tool_allowlist: ['message'] } })).body;
+    const res = await h.call<Body>('POST', `/api/v1/sessions/${s.id}/tasks`, {
+      body: {
+        tasks: [
+          { id: 'ok', agent_id: agent.id, steps: [{ tool: 'message', args: { text: 'x' } }] },
+          {
+            id: 'shell',
+            agent_id: agent.id,
+            steps: [
+              { tool: 'message', args: { text: 'x' } },
+              { tool: 'shell', args: { command: 'echo hi' } },
+            ],
+          },
+          { id: 'after', depends_on: ['nothing'], steps: [{ tool: 'shell', args: { command: 'true' } }] },
+        ],
+      },
+    });
+    expect(res.status, res.text).to.equal(422);
+    expect(res.body.errors).to.deep.include({ path: '/body/tasks/1/steps/1/tool', message: `"shell" is not in the tool_allowlist of agent ${agent.id}` });
+    expect(res.body.errors).to.have.length(2); // and the unknown dependency; a task of no agent has no agent's allowlist
+    expect((await h.call<Body>('GET', `/api/v1/sessions/${s.id}/tasks`)).body.data).to.deep.equal([]);
+    // sent as one task, its path is the body's
+    const one = await h.call<Body>('POST', `/api/v1/sessions/${s.id}/tasks`, {
+      body: { agent_id: agent.id, steps: [{ tool: 'shell', args: { command: 'true' } }] },
+    });
+    expect(one.body.errors).to.deep.equal([{ path: '/body/steps/0/tool', message: `"shell" is not in the tool_allowlist of agent ${agent.id}` }]);
+    await h.call('DELETE', `/api/v1/sessions/${s.id}`);
   });
 
   it('holds a session to SERVICE_SESSION_MAX_TASKS when batches race: of two that fit alone but not together, one is added', async () => {
