@@ -1663,6 +1663,17 @@ export interface components {
             pager?: string;
             email?: string;
         };
+        /**
+         * @description A change of an automation's connections, merged into the ones it has (RFC 7396): a provider left out
+         *     keeps its connection; one set to null has none named again (the tenant's only connection of it).
+         */
+        ConnectionNamesPatch: {
+            codehost?: string | null;
+            chat?: string | null;
+            tracker?: string | null;
+            pager?: string | null;
+            email?: string | null;
+        };
         /** @description Non-secret settings. `username` is the SMTP login (email); `from` is the sender address (email) or the PagerDuty user's email that notes and acknowledgements are made as (pager). */
         ConnectionSettings: {
             username?: string;
@@ -1968,7 +1979,7 @@ export interface components {
             budget?: components["schemas"]["BudgetPatch"];
             retry?: components["schemas"]["RetryPolicyInput"];
             network?: boolean;
-            connections?: components["schemas"]["ConnectionNames"];
+            connections?: components["schemas"]["ConnectionNamesPatch"];
         };
         Automation: {
             id: components["schemas"]["AutomationId"];

@@ -17,7 +17,7 @@ import {
   type RunStatus,
   type RunTrigger,
 } from '../platform/index.js';
-import { type JsonDoc, type Page } from '../store/index.js';
+import { type AutomationMembers, type JsonDoc, type Page } from '../store/index.js';
 import { allowlistOf, budgetTooLong, networkOf, requireAgentFor, retryPolicyOf, type RunLimits, type RunRequest, type ToolPolicy } from '../runs/index.js';
 import type { Platform } from '../deps.js';
 import { instantiateTemplate, type TemplateCatalog } from './templates.js';
@@ -63,13 +63,19 @@ export type AutomationsDeps = Pick<Platform, 'store' | 'clock' | 'log'> & {
 export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
   const { store, clock, limits } = deps;
 
-  /** A budget from the one given, merged into `base` when it is a patch (RFC 7396: `max_steps: null` removes the bound). */
-  function budgetOf(given: { seconds?: number; max_steps?: number | null } | undefined, at: string, errors: FieldError[], base?: Budget): Budget {
-    const seconds = given?.seconds ?? base?.seconds ?? limits.defaultBudgetSeconds;
+  /** A new automation's budget: the one given, or the default time. */
+  function budgetOf(given: Partial<Budget> | undefined, at: string, errors: FieldError[]): Budget {
+    const seconds = given?.seconds ?? limits.defaultBudgetSeconds;
     const tooLong = budgetTooLong(limits, seconds, `${at}/seconds`);
     if (tooLong) errors.push(tooLong);
-    const maxSteps = given?.max_steps === null ? undefined : (given?.max_steps ?? base?.max_steps);
-    return maxSteps === undefined ? { seconds } : { seconds, max_steps: maxSteps };
+    return given?.max_steps === undefined ? { seconds } : { seconds, max_steps: given.max_steps };
+  }
+
+  /** A change of a budget's members (RFC 7396), checked: `max_steps: null` removes the bound. */
+  function budgetMembers(given: { seconds?: number; max_steps?: number | null }, at: string, errors: FieldError[]): Record<string, unknown> {
+    const tooLong = given.seconds === undefined ? null : budgetTooLong(limits, given.seconds, `${at}/seconds`);
+    if (tooLong) errors.push(tooLong);
+    return { seconds: given.seconds, max_steps: given.max_steps };
   }
 
   function check(errors: FieldError[]): void {
@@ -104,8 +110,8 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
   const changed = (a: Automation, before?: Automation) => told(a, hooks.changed(a, before));
 
   /** A conditional update that says why it did not apply: gone (404) or archived (409). */
-  async function change(tenantId: string, id: string, changes: Partial<Automation>, before?: Automation): Promise<Automation> {
-    const updated = await store.automations.update(tenantId, id, { ...changes, updated_at: clock.now().toISOString() }, LIVE);
+  async function change(tenantId: string, id: string, changes: Partial<Automation>, before?: Automation, members?: AutomationMembers): Promise<Automation> {
+    const updated = await store.automations.update(tenantId, id, { ...changes, updated_at: clock.now().toISOString() }, LIVE, members);
     if (updated) return changed(updated, before);
     const current = await mustGet(tenantId, id);
     throw new ConflictError(`automation ${id} is ${current.status} and cannot change`, { status: current.status });
@@ -182,13 +188,15 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
       if (patch.triggers !== undefined) changes.triggers = patch.triggers;
       if (patch.tool_allowlist !== undefined) changes.tool_allowlist = allowlistOf(deps.settings, patch.tool_allowlist, null, '/body/tool_allowlist');
       if (patch.network !== undefined) changes.network = networkOf(deps.settings, patch.network);
-      if (patch.connections !== undefined) changes.connections = patch.connections;
-      if (patch.budget !== undefined) changes.budget = budgetOf(patch.budget, '/body/budget', errors, current.budget);
+      // merged into what is stored by the write itself: two changes of different members at once both land
+      const members: AutomationMembers = {};
+      if (patch.connections !== undefined) members.connections = patch.connections;
+      if (patch.budget !== undefined) members.budget = budgetMembers(patch.budget, '/body/budget', errors);
       if (patch.retry !== undefined) changes.retry = retryPolicyOf(patch.retry);
       if (changes.tool_allowlist && current.steps)
         checkWork({ steps: current.steps, goal: current.goal ?? undefined, tool_allowlist: changes.tool_allowlist }, errors);
       check(errors);
-      return change(tenantId, id, changes, current);
+      return change(tenantId, id, changes, current, members);
     },
 
     enable: (tenantId: string, id: string) => change(tenantId, id, { status: 'enabled' }),

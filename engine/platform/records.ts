@@ -60,9 +60,11 @@ export type AutomationDefinition = {
   connections?: ConnectionNames;
 };
 
-export type AutomationPatch = Partial<Pick<Automation, 'name' | 'description' | 'triggers' | 'tool_allowlist' | 'network' | 'connections'>> & {
+export type AutomationPatch = Partial<Pick<Automation, 'name' | 'description' | 'triggers' | 'tool_allowlist' | 'network'>> & {
   /** merged into the automation's budget (RFC 7396): `max_steps: null` removes the bound */
   budget?: { seconds?: number; max_steps?: number | null };
+  /** merged into the automation's connections (RFC 7396): a provider null takes the tenant's only connection again */
+  connections?: Partial<Record<ConnectionProvider, string | null>>;
   retry?: RetryPolicyInput | null;
 };
 

@@ -22,7 +22,7 @@ import {
   type ToolName,
 } from '../platform/index.js';
 import { allowlistOf, budgetTooLong, type RunLimits, type Runs, type ToolPolicy } from '../runs/index.js';
-import type { NewMessage, SessionQuery } from '../store/index.js';
+import type { AgentMembers, NewMessage, SessionQuery } from '../store/index.js';
 import { ToolError, type SessionActions } from '../tools/index.js';
 import { dagStateOf } from './dag-state.js';
 import { longer, TASK_LIMITS, tasksOf, type TaskInput } from './tasks.js';
@@ -186,11 +186,15 @@ export function sessionsOf(deps: SessionsDeps) {
     return message;
   }
 
-  /** An agent's budget: the default time when none is given; more than the operator's maximum is refused, as a run's is. */
-  const budgetOf = (asked: Partial<Budget> | undefined): Budget => {
-    const seconds = asked?.seconds ?? deps.limits.defaultBudgetSeconds;
+  /** An agent's time: more than the operator's maximum is refused, as a run's is. */
+  const withinLimit = (seconds: number): number => {
     const tooLong = budgetTooLong(deps.limits, seconds, '/body/budget/seconds');
     if (tooLong) throw new ValidationError(`${tooLong.path}: ${tooLong.message}`, [tooLong]);
+    return seconds;
+  };
+  /** An agent's budget: the default time when none is given. */
+  const budgetOf = (asked: Partial<Budget> | undefined): Budget => {
+    const seconds = withinLimit(asked?.seconds ?? deps.limits.defaultBudgetSeconds);
     return asked?.max_steps === undefined ? { seconds } : { seconds, max_steps: asked.max_steps };
   };
 
@@ -488,12 +492,11 @@ export function sessionsOf(deps: SessionsDeps) {
       if (patch.instructions !== undefined) changes.instructions = patch.instructions;
       if (patch.model !== undefined) changes.model = patch.model;
       if (patch.tool_allowlist !== undefined) changes.tool_allowlist = allowlistOf(deps.settings, patch.tool_allowlist, null, '/body/tool_allowlist');
-      // merged (RFC 7396): the fields of the budget given, the others keep their values; max_steps null removes it
-      if (patch.budget !== undefined) {
-        const { max_steps, ...rest } = { ...current.budget, ...patch.budget };
-        changes.budget = budgetOf(max_steps === null ? rest : { ...rest, max_steps });
-      }
-      const updated = await store.agents.update(tenantId, sessionId, agentId, changes);
+      // merged (RFC 7396) by the write itself: the members of the budget given, the others keep their values
+      // (a change of another member made at once included); max_steps null removes it
+      if (patch.budget?.seconds !== undefined) withinLimit(patch.budget.seconds);
+      const members: AgentMembers | undefined = patch.budget && { budget: { seconds: patch.budget.seconds, max_steps: patch.budget.max_steps } };
+      const updated = await store.agents.update(tenantId, sessionId, agentId, changes, members);
       // no row written: the session was archived after the check (the agent itself is never removed)
       if (!updated) throw archivedError(sessionId);
       return updated;

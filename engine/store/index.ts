@@ -3,3 +3,4 @@
 // better-sqlite3 or mongoose.
 export * from './open.js';
 export * from './port.js';
+export * from './members.js';

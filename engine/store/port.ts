@@ -34,6 +34,7 @@ import {
   type WebhookProvider,
   type WebhookSecretRecord,
 } from '../platform/index.js';
+import type { MemberChanges } from './members.js';
 
 export type Page<T> = { items: T[]; next_cursor: string | null };
 
@@ -45,6 +46,11 @@ export type AutomationQuery = {
 };
 
 export type AutomationChanges = Partial<Omit<Automation, 'id' | 'tenant_id' | 'created_at'>>;
+
+/** Members of an automation's budget and connections changed by the update itself (members.ts). */
+export type AutomationMembers = MemberChanges<'budget' | 'connections'>;
+/** Members of an agent's budget changed by the update itself. */
+export type AgentMembers = MemberChanges<'budget'>;
 
 /** What an insert under a cap did: stored it, or stored nothing because it would take the count past the cap. */
 export type CappedInsert = 'inserted' | 'over-cap';
@@ -67,8 +73,11 @@ export interface AutomationRepo {
   list(tenantId: string, query: AutomationQuery): Promise<Page<Automation>>;
   /** The same page, each automation as the JSON text of its representation: answered without a parse and a stringify. */
   listJson(tenantId: string, query: AutomationQuery): Promise<Page<JsonDoc>>;
-  /** Applies `changes` only while the status is one of `ifStatusIn`; null when no row matched. */
-  update(tenantId: string, id: string, changes: AutomationChanges, ifStatusIn: AutomationStatus[]): Promise<Automation | null>;
+  /**
+   * Applies `changes`, and `members` merged into the stored budget and connections (a member null removed),
+   * only while the status is one of `ifStatusIn`; null when no row matched.
+   */
+  update(tenantId: string, id: string, changes: AutomationChanges, ifStatusIn: AutomationStatus[], members?: AutomationMembers): Promise<Automation | null>;
   /** How many automations the tenant has that are not archived. */
   countLive(tenantId: string): Promise<number>;
   /** Enabled automations with a trigger of this type: of one tenant, or (system use: trigger reconcilers) of all. */
@@ -297,12 +306,13 @@ export interface AgentRepo {
   get(tenantId: string, sessionId: string, id: string): Promise<AgentRecord | null>;
   /** In the order they were added. */
   list(tenantId: string, sessionId: string): Promise<AgentRecord[]>;
-  /** Applies `changes`; null when the session (of that tenant) has no such agent, or is archived. */
+  /** Applies `changes`, and `members` merged into the stored budget; null when the session (of that tenant) has no such agent, or is archived. */
   update(
     tenantId: string,
     sessionId: string,
     id: string,
     changes: Partial<Omit<AgentRecord, 'id' | 'tenant_id' | 'session_id' | 'created_at'>>,
+    members?: AgentMembers,
   ): Promise<AgentRecord | null>;
 }
 

@@ -301,6 +301,34 @@ describe('automations API', () => {
     expect(unchanged.body.steps).to.deep.equal(definition.steps);
   });
 
+  it('merges a PATCH of budget and connections members into what is stored: two PATCHes at once both land, null removes a member', async () => {
+    const { body: a } = await create({ ...definition, connections: { codehost: 'gh', chat: 'sl' } });
+    // both read the automation before either writes (the window a lost update needs, open every time)
+    const release = heldTogether(h.rt.store.automations, 'get', 2);
+    let answers: Awaited<ReturnType<typeof h.call>>[];
+    try {
+      answers = await Promise.all([
+        h.call('PATCH', `/api/v1/automations/${a.id}`, { body: { budget: { seconds: 200 } } }),
+        h.call('PATCH', `/api/v1/automations/${a.id}`, { body: { budget: { max_steps: 20 }, connections: { chat: 'other' } } }),
+      ]);
+    } finally {
+      release();
+    }
+    expect(answers.map((r) => r.status)).to.deep.equal([200, 200]);
+    const stored = (await h.call('GET', `/api/v1/automations/${a.id}`)).body;
+    expect(stored.budget).to.deep.equal({ seconds: 200, max_steps: 20 });
+    expect(stored.connections).to.deep.equal({ codehost: 'gh', chat: 'other' });
+    const removed = await h.call('PATCH', `/api/v1/automations/${a.id}`, {
+      raw: JSON.stringify({ connections: { codehost: null } }),
+      headers: { 'content-type': 'application/merge-patch+json' },
+    });
+    expect(removed.status, removed.text).to.equal(200);
+    expect(removed.body.connections).to.deep.equal({ chat: 'other' });
+    const tooLong = await h.call('PATCH', `/api/v1/automations/${a.id}`, { body: { budget: { seconds: 86_400 } } });
+    expect(tooLong.status, 'over SERVICE_RUN_MAX_BUDGET_SECONDS').to.equal(400);
+    expect((await h.call('GET', `/api/v1/automations/${a.id}`)).body.budget).to.deep.equal({ seconds: 200, max_steps: 20 });
+  });
+
   it('enables and disables, then archives softly and idempotently; archived cannot change (409)', async () => {
     const { body: a } = await create();
     expect((await h.call('POST', `/api/v1/automations/${a.id}/disable`)).body.status).to.equal('disabled');

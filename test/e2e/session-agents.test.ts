@@ -2,7 +2,7 @@
 // model, its inbox read between turns, a question that ends its run and an answer that continues the
 // task in a new run, and messages from one agent to another.
 import { expect } from 'chai';
-import { eventually, finishedRun, startHarness, type Harness } from '../support/harness.js';
+import { eventually, finishedRun, heldTogether, startHarness, type Harness } from '../support/harness.js';
 import { startScriptedModel, type ScriptedModel, type ScriptedTurn } from '../support/scripted-model.js';
 
 type Body = Record<string, any>;
@@ -192,6 +192,18 @@ describe('agents of a session', function () {
       expect(after.goal).to.contain('Be thorough.');
       expect(model.requests.at(-1)!.body.model).to.equal('bigger-model');
       expect(model.requests[0]!.body.model).to.equal('default-model');
+      // two edits of different budget members at once both land, though each read the agent before either wrote
+      const release = heldTogether(h.rt.store.agents, 'get', 2);
+      try {
+        const both = await Promise.all([
+          h.call('PATCH', `/api/v1/sessions/${session}/agents/${writer.id}`, { body: { budget: { seconds: 150 } } }),
+          h.call('PATCH', `/api/v1/sessions/${session}/agents/${writer.id}`, { body: { budget: { max_steps: 7 } } }),
+        ]);
+        expect(both.map((r) => r.status)).to.deep.equal([200, 200]);
+      } finally {
+        release();
+      }
+      expect((await h.call<Body>('GET', `/api/v1/sessions/${session}/agents/${writer.id}`)).body.budget).to.deep.equal({ seconds: 150, max_steps: 7 });
       // not another session's agent, nor once archived
       const other = (await h.call<Body>('POST', '/api/v1/sessions', { body: { title: 'other' } })).body.id;
       expect((await h.call('GET', `/api/v1/sessions/${other}/agents/${writer.id}`)).status).to.equal(404);
@@ -208,7 +220,7 @@ describe('agents of a session', function () {
         expect(refused.body.errors[0]).to.deep.include({ path: '/body/budget/seconds' });
       }
       expect((await h.call<Body>('GET', `/api/v1/sessions/${session}/agents`)).body.data.map((a: Body) => a.name)).to.deep.equal(['writer']);
-      expect((await h.call<Body>('GET', `/api/v1/sessions/${session}/agents/${writer.id}`)).body.budget.seconds).to.equal(120);
+      expect((await h.call<Body>('GET', `/api/v1/sessions/${session}/agents/${writer.id}`)).body.budget.seconds).to.equal(150);
       await h.call('DELETE', `/api/v1/sessions/${session}`);
       expect((await h.call('PATCH', `/api/v1/sessions/${session}/agents/${writer.id}`, { body: { name: 'x' } })).status).to.equal(409);
     });

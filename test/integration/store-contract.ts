@@ -267,6 +267,32 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect(await store.automations.countLive('t1')).to.equal(1);
     });
 
+    it('merges members of the budget and connections into what is stored, in the update itself: changes of two members at once both land', async () => {
+      const a = automationFixture('t1', { budget: { seconds: 100, max_steps: 10 }, connections: { codehost: 'gh', chat: 'sl' } });
+      await store.automations.insert(a);
+      // asked together, each with one member: neither writes back what it read of the other
+      const [one, two] = await Promise.all([
+        store.automations.update('t1', a.id, { updated_at: 'one' }, ['enabled'], { budget: { seconds: 200 } }),
+        store.automations.update('t1', a.id, { updated_at: 'two' }, ['enabled'], { budget: { max_steps: 20 }, connections: { chat: 'other', pager: 'pd' } }),
+      ]);
+      expect(one && two).to.not.equal(null);
+      const stored = await store.automations.get('t1', a.id);
+      expect(stored!.budget).to.deep.equal({ seconds: 200, max_steps: 20 });
+      expect(stored!.connections).to.deep.equal({ codehost: 'gh', chat: 'other', pager: 'pd' });
+      // null removes a member; a member left out keeps its value
+      const removed = await store.automations.update('t1', a.id, {}, ['enabled'], {
+        budget: { max_steps: null },
+        connections: { codehost: null, email: undefined },
+      });
+      expect(removed!.budget).to.deep.equal({ seconds: 200 });
+      expect(removed!.connections).to.deep.equal({ chat: 'other', pager: 'pd' });
+      expect(await store.automations.get('t1', a.id)).to.deep.equal(removed);
+      // only while the status is expected, and only in its tenant
+      expect(await store.automations.update('t1', a.id, {}, ['disabled'], { budget: { seconds: 1 } })).to.equal(null);
+      expect(await store.automations.update('t2', a.id, {}, ['enabled'], { budget: { seconds: 1 } })).to.equal(null);
+      expect((await store.automations.get('t1', a.id))!.budget).to.deep.equal({ seconds: 200 });
+    });
+
     it('inserts an automation under a cap on the tenant’s live ones, archived ones aside, and stores nothing over it', async () => {
       const cap = { maxLive: 2 };
       expect(await store.automations.insert(automationFixture('t1'), cap)).to.equal('inserted');
@@ -931,6 +957,13 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       });
       expect(edited).to.deep.equal({ ...y, instructions: 'do it better', budget: { seconds: 90, max_steps: 3 }, updated_at: 'later' });
       expect(await store.agents.get('t1', 'ses_a', y.id)).to.deep.equal(edited);
+      // a budget's members merged by the update itself: two changes of different members at once both land
+      await Promise.all([
+        store.agents.update('t1', 'ses_a', y.id, {}, { budget: { seconds: 120 } }),
+        store.agents.update('t1', 'ses_a', y.id, {}, { budget: { max_steps: null } }),
+      ]);
+      expect((await store.agents.get('t1', 'ses_a', y.id))!.budget).to.deep.equal({ seconds: 120 });
+      await store.agents.update('t1', 'ses_a', y.id, { budget: { seconds: 90, max_steps: 3 } });
       expect(await store.agents.update('t2', 'ses_a', y.id, { name: 'stolen' })).to.equal(null);
       expect(await store.agents.update('t1', 'ses_other', y.id, { name: 'stolen' })).to.equal(null);
       expect((await store.agents.get('t1', 'ses_a', y.id))!.name).to.equal('y');

@@ -1,6 +1,7 @@
 import { Schema, type Model } from 'mongoose';
 import type { Automation } from '../../platform/index.js';
 import type { AutomationRepo } from '../port.js';
+import { memberOperators } from '../members.js';
 import { definedOnly, fromStored, insertOneOrNone, loose, pageOf, type Stored } from './documents.js';
 import type { Leases } from './leases.js';
 
@@ -34,9 +35,14 @@ export function automationRepo(model: Model<Stored<Automation>>, leases: Leases)
       const page = await list(tenantId, q);
       return { items: page.items.map((a) => ({ id: a.id, json: JSON.stringify(a) })), next_cursor: page.next_cursor };
     },
-    async update(tenantId, id, changes, ifStatusIn) {
+    async update(tenantId, id, changes, ifStatusIn, members) {
+      const { $set, ...unset } = memberOperators(members);
       const updated = await model
-        .findOneAndUpdate({ _id: id, tenant_id: tenantId, status: { $in: ifStatusIn } }, { $set: definedOnly(changes) }, { returnDocument: 'after' })
+        .findOneAndUpdate(
+          { _id: id, tenant_id: tenantId, status: { $in: ifStatusIn } },
+          { $set: { ...definedOnly(changes), ...$set }, ...unset },
+          { returnDocument: 'after' },
+        )
         .lean<Stored<Automation>>();
       return fromStored(updated);
     },

@@ -3,6 +3,7 @@
 import { Schema, type Model } from 'mongoose';
 import type { AgentRecord, MessageRecord, Session } from '../../platform/index.js';
 import type { AgentRepo, MessageRepo, SessionRepo } from '../port.js';
+import { memberOperators } from '../members.js';
 import { definedOnly, fromStored, isDuplicateKey, loose, pageOf, toStored, type Stored } from './documents.js';
 
 export const sessionSchema = new Schema({ _id: String, tenant_id: { type: String, required: true }, kind: String, status: String }, loose);
@@ -71,10 +72,15 @@ export function agentRepo(model: Model<Stored<AgentRecord>>, sessions: SessionMo
       const rows = await model.find({ tenant_id: tenantId, session_id: sessionId }).sort({ _id: 1 }).lean<Stored<AgentRecord>[]>();
       return rows.map((r) => fromStored(r)!);
     },
-    async update(tenantId, sessionId, id, changes) {
+    async update(tenantId, sessionId, id, changes, members) {
       if (await isArchived(sessions, tenantId, sessionId)) return null;
+      const { $set, ...unset } = memberOperators(members);
       const updated = await model
-        .findOneAndUpdate({ _id: id, tenant_id: tenantId, session_id: sessionId }, { $set: definedOnly(changes) }, { returnDocument: 'after' })
+        .findOneAndUpdate(
+          { _id: id, tenant_id: tenantId, session_id: sessionId },
+          { $set: { ...definedOnly(changes), ...$set }, ...unset },
+          { returnDocument: 'after' },
+        )
         .lean<Stored<AgentRecord>>();
       return fromStored(updated);
     },

@@ -1,8 +1,18 @@
 // Automations: a JSON document per row, with the columns the list filters on beside it.
 import type { Statement } from 'better-sqlite3';
 import { groupCommit, type Db } from './db.js';
+import { withMembers } from '../members.js';
 import type { Automation } from '../../platform/index.js';
-import { decodeCursor, toPage, type AutomationQuery, type AutomationRepo, type CappedInsert, type JsonDoc, type Page } from '../port.js';
+import {
+  decodeCursor,
+  toPage,
+  type AutomationMembers,
+  type AutomationQuery,
+  type AutomationRepo,
+  type CappedInsert,
+  type JsonDoc,
+  type Page,
+} from '../port.js';
 
 export function automationRepo(db: Db): AutomationRepo {
   const insert = db.prepare('INSERT INTO automations (id, tenant_id, status, doc) VALUES (?, ?, ?, ?)');
@@ -57,10 +67,10 @@ export function automationRepo(db: Db): AutomationRepo {
 
   // writes go in the store's group commit: the writes of one turn of the event loop share a commit
   const commit = groupCommit(db);
-  const update = (tenantId: string, id: string, changes: Partial<Automation>, ifStatusIn: string[]) => {
+  const update = (tenantId: string, id: string, changes: Partial<Automation>, ifStatusIn: string[], members?: AutomationMembers) => {
     const current = read(get.get(tenantId, id));
     if (!current || !ifStatusIn.includes(current.status)) return null;
-    const next: Automation = { ...current, ...changes, id: current.id, tenant_id: current.tenant_id, created_at: current.created_at };
+    const next: Automation = withMembers({ ...current, ...changes, id: current.id, tenant_id: current.tenant_id, created_at: current.created_at }, members);
     write.run(next.status, JSON.stringify(next), tenantId, id);
     placeTriggers(current, next);
     return next;
@@ -86,8 +96,8 @@ export function automationRepo(db: Db): AutomationRepo {
     async listJson(tenantId, q) {
       return listJson(tenantId, q);
     },
-    async update(tenantId, id, changes, ifStatusIn) {
-      return commit(() => update(tenantId, id, changes, ifStatusIn));
+    async update(tenantId, id, changes, ifStatusIn, members) {
+      return commit(() => update(tenantId, id, changes, ifStatusIn, members));
     },
     async countLive(tenantId) {
       return live.get(tenantId)?.live ?? 0;

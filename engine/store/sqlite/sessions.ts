@@ -2,7 +2,8 @@
 // taken in the same IMMEDIATE transaction as the insert (the group commit's), so concurrent writers never share one.
 import type { Statement } from 'better-sqlite3';
 import type { AgentRecord, MessageRecord, Session } from '../../platform/index.js';
-import { decodeCursor, toPage, type AgentRepo, type CappedInsert, type MessageRepo, type NewMessage, type SessionRepo } from '../port.js';
+import { withMembers } from '../members.js';
+import { decodeCursor, toPage, type AgentMembers, type AgentRepo, type CappedInsert, type MessageRepo, type NewMessage, type SessionRepo } from '../port.js';
 import { groupCommit, TOP, type Db } from './db.js';
 
 export function sessionRepo(db: Db): SessionRepo {
@@ -83,12 +84,12 @@ export function agentRepo(db: Db): AgentRepo {
   const held = db.prepare<[string, string], { n: number }>('SELECT COUNT(*) AS n FROM agents WHERE tenant_id = ? AND session_id = ?');
   const archived = archivedCheck(db);
   const commit = groupCommit(db);
-  const update = (tenantId: string, sessionId: string, id: string, changes: Partial<AgentRecord>): AgentRecord | null => {
+  const update = (tenantId: string, sessionId: string, id: string, changes: Partial<AgentRecord>, members?: AgentMembers): AgentRecord | null => {
     if (archived(tenantId, sessionId)) return null;
     const row = get.get(tenantId, sessionId, id);
     if (!row) return null;
     const current = JSON.parse(row.doc) as AgentRecord;
-    const next: AgentRecord = { ...current, ...changes, id, tenant_id: tenantId, session_id: sessionId, created_at: current.created_at };
+    const next: AgentRecord = withMembers({ ...current, ...changes, id, tenant_id: tenantId, session_id: sessionId, created_at: current.created_at }, members);
     write.run(JSON.stringify(next), tenantId, sessionId, id);
     return next;
   };
@@ -109,8 +110,8 @@ export function agentRepo(db: Db): AgentRepo {
     async list(tenantId, sessionId) {
       return list.all(tenantId, sessionId).map((r) => JSON.parse(r.doc) as AgentRecord);
     },
-    async update(tenantId, sessionId, id, changes) {
-      return commit(() => update(tenantId, sessionId, id, changes));
+    async update(tenantId, sessionId, id, changes, members) {
+      return commit(() => update(tenantId, sessionId, id, changes, members));
     },
   };
 }
