@@ -39,6 +39,19 @@ export function webhookIntakeRouter(engine: Engine): Router {
     // malformed tenant ids and unknown kinds are refused before the body is read
     if (!TENANT_ID_PATTERN.test(tenantId) || !isKind(kind)) throw new NotFoundError(`no webhook route ${req.path}`);
     if (refuseDeclaredOver(BODY_LIMIT_BYTES[kind], req, res, next)) return;
+    const declared = Number(req.headers['content-length']) || 0;
+    engine.webhooks.refuseUnconfigured(tenantId, kind, req.headers, declared).then(
+      () => read(tenantId, kind, req, res, next),
+      (err: unknown) => {
+        // refused before its body is read: the connection closes after the answer (the body is never read)
+        res.setHeader('Connection', 'close');
+        next(err);
+      },
+    );
+  });
+
+  /** Reads the body as bytes (inflated if compressed) and hands it to the intake. */
+  function read(tenantId: string, kind: WebhookProvider, req: Request, res: Response, next: NextFunction): void {
     (kind === 'email' ? rawLarge : rawSmall)(req, res, (err?: unknown) => {
       if (err) {
         const unreadable = unreadableBody(err);
@@ -54,7 +67,7 @@ export function webhookIntakeRouter(engine: Engine): Router {
         else res.end();
       }, next);
     });
-  });
+  }
   return router;
 }
 

@@ -8,6 +8,7 @@ import { UnrecoverableError, Worker } from 'bullmq';
 import { expect } from 'chai';
 import { createHmac, randomBytes, randomUUID } from 'node:crypto';
 import { gzipSync } from 'node:zlib';
+import net from 'node:net';
 import fs from 'node:fs';
 import path from 'node:path';
 import Database from 'better-sqlite3';
@@ -147,6 +148,42 @@ describe('webhook intake', function () {
       const shouted = await h.call<Body>('POST', '/Webhooks/tenant-b/codehost', { key: null, raw: small.body, headers: small.headers });
       expect(shouted.status, shouted.text).to.equal(403);
       expect(shouted.body.code).to.equal('webhook-not-configured');
+    });
+
+    it('refuses a request to a tenant without a secret for the kind before reading its body, and closes the connection', async () => {
+      // 20 MB announced (500 KB where the limit is 1 MB), 10 bytes sent: read first, the body was waited for (and buffered whole) to be refused
+      const headOnly = (path: string, length: number) =>
+        new Promise<string>((resolve, reject) => {
+          const socket = net.connect(Number(new URL(h.url).port), '127.0.0.1', () =>
+            socket.write(`POST ${path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${length}\r\n\r\n{"a":"bcd"`),
+          );
+          let text = '';
+          const timer = setTimeout(() => {
+            socket.destroy();
+            reject(new Error(`no answer in 3 s, only: ${text}`));
+          }, 3000);
+          socket.on('data', (d) => (text += d));
+          socket.on('close', () => {
+            clearTimeout(timer);
+            resolve(text);
+          });
+          socket.on('error', reject);
+        });
+      const before = (await h.call<Body>('GET', '/api/v1/webhook-deliveries?status=rejected', { key: KEYS.b })).body.data.length;
+      for (const [path, length] of [
+        ['/webhooks/no-such-tenant/email', 20_000_000],
+        ['/webhooks/tenant-b/email', 20_000_000],
+        ['/webhooks/tenant-b/generic', 500_000],
+      ] as const) {
+        const answer = await headOnly(path, length);
+        expect(answer, path).to.match(/^HTTP\/1\.1 403 /);
+        expect(answer, path).to.match(/\r\nConnection: close\r\n/i);
+        expect(JSON.parse(answer.slice(answer.indexOf('\r\n\r\n') + 4)), path).to.include({ code: 'webhook-not-configured' });
+      }
+      // recorded for the tenant that exists, as a refusal read whole was
+      const after = (await h.call<Body>('GET', '/api/v1/webhook-deliveries?status=rejected', { key: KEYS.b })).body.data;
+      expect(after.length - before).to.equal(2);
+      expect(after[0]).to.deep.include({ kind: 'generic', status: 'rejected', body_size: 500_000 });
     });
   });
 
