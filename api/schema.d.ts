@@ -3314,6 +3314,10 @@ export interface components {
          */
         RunEventStream: {
             headers: {
+                /** @description The run, when a run was started with `stream` (POST). */
+                Location?: string;
+                /** @description true when the run was started with `stream` and an Idempotency-Key returned an earlier run (its stream, from its start). */
+                "Idempotent-Replayed"?: string;
                 [name: string]: unknown;
             };
             content: {

@@ -74,7 +74,11 @@ export function autonomyRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
     const place = stream ? opts.streams.enter(tenantOf(req)) : undefined;
     try {
       const { run, replayed } = await startAutonomyRun(engine, req, kind, work);
-      if (place) await watch(req, res, run.session_id, '0-0', { headers: { Location: runLocation(run.id) }, place });
+      if (place)
+        await watch(req, res, run.session_id, '0-0', {
+          headers: { Location: runLocation(run.id), ...(replayed ? { 'Idempotent-Replayed': 'true' } : {}) },
+          place,
+        });
       else acceptRun(res, engine, run, replayed);
     } catch (err) {
       place?.();

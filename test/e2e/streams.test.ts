@@ -429,5 +429,24 @@ describe('run session streams', function () {
     expect(types).to.include('step.output');
     expect(types[types.length - 1]).to.equal('run.finished');
     expect(text).to.contain('streamed');
+    expect(res.headers.get('idempotent-replayed')).to.equal(null);
+  });
+
+  it('says a streamed run is an Idempotency-Key’s earlier run, as the 202 does, and streams it from its start', async () => {
+    const post = (stream: boolean) =>
+      fetch(`${h.url}/api/v1/autonomy/run`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${KEYS.a}`, 'content-type': 'application/json', 'idempotency-key': 'stream-replayed-1' },
+        body: JSON.stringify({ ...(stream ? { stream: true } : {}), steps: [{ tool: 'shell', args: { command: 'echo keyed' } }] }),
+      });
+    const first = await post(false);
+    expect(first.status).to.equal(202);
+    const { run_id } = (await first.json()) as { run_id: string };
+    const again = await post(true);
+    expect(again.status).to.equal(200);
+    expect(again.headers.get('idempotent-replayed')).to.equal('true');
+    expect(again.headers.get('location')).to.equal(`/api/v1/runs/${run_id}`);
+    const text = await again.text();
+    expect([...text.matchAll(/^event: (.+)$/gm)].map((m) => m[1])[0]).to.equal('run.queued');
   });
 });
