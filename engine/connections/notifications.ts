@@ -13,6 +13,7 @@ import {
   guardedLookup,
   privateLiteral,
   newId,
+  redisBatch,
   NOTIFICATION_TYPES,
   staleJobRepair,
   NotFoundError,
@@ -62,6 +63,7 @@ function subscribes(patterns: string[], type: NotificationType): boolean {
   return patterns.some((p) => p === '*' || p === type || (p.endsWith('.*') && type.startsWith(p.slice(0, -1))));
 }
 
+/** The longest a process answers events from its copy of a tenant's endpoints (when Redis cannot say whether they changed). */
 const CACHE_MS = 5_000;
 const jobId = (d: NotificationDelivery) => `ntf-${d.id}${d.replays ? `-r${d.replays}` : ''}`;
 
@@ -96,17 +98,39 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
   // {tenant} is a hash tag: one key, one Redis Cluster slot
   const inFlight = (tenantId: string) => `${queues.prefix}:notify-in-flight:{${tenantId}}`;
   const owner = (tenantId: string, id: string) => `notification-endpoint:${tenantId}:${id}`;
-  /** a tenant's enabled endpoints, for the event path: read at most every CACHE_MS per process */
-  const cache = new Map<string, { at: number; endpoints: NotificationEndpoint[] }>();
+  /**
+   * A tenant's enabled endpoints, for the event path: each process keeps a copy, with the tenant's endpoints'
+   * version as Redis had it when the copy was read. Every change of them (in any process) writes a new
+   * version after the store, and an event finds the copy out of date by it, in the round trip the event's
+   * other Redis work takes. Kept 5 s at most: the copy alone (no version) let an endpoint made in the web
+   * process miss the worker's events for 5 s, and one that dropped a type still be sent it.
+   */
+  const cache = new Map<string, { at: number; version: string | undefined; endpoints: NotificationEndpoint[] }>();
+  const batch = redisBatch(redis);
+  batch.define('notify.endpoints', { keys: 1, args: 0, lua: "return redis.call('GET', KEYS[1]) or ''" });
+  const versionKey = (tenantId: string) => `${queues.prefix}:notify-endpoints:{${tenantId}}`;
   let events: EventLog | null = null;
 
   async function enabledOf(tenantId: string): Promise<NotificationEndpoint[]> {
+    // unanswered, no copy is taken as current
+    const version = await batch.call<string>('notify.endpoints', [versionKey(tenantId)], []).catch(() => undefined);
     const hit = cache.get(tenantId);
-    if (hit && Date.now() - hit.at < CACHE_MS) return hit.endpoints;
+    if (hit && version !== undefined && hit.version === version && Date.now() - hit.at < CACHE_MS) return hit.endpoints;
     const endpoints = (await store.notificationEndpoints.list(tenantId)).filter((e) => e.status === 'enabled');
-    cache.set(tenantId, { at: Date.now(), endpoints });
+    cache.set(tenantId, { at: Date.now(), version, endpoints });
     if (cache.size > 10_000) cache.delete(cache.keys().next().value!);
     return endpoints;
+  }
+
+  /** The tenant's endpoints changed (stored): every process's copy is out of date from now. */
+  async function changed(tenantId: string): Promise<void> {
+    cache.delete(tenantId);
+    await redis.set(versionKey(tenantId), randomBytes(8).toString('hex')).catch((err: Error) => {
+      log.warn(
+        { tenant_id: tenantId, err: err.message },
+        "notification endpoints changed; Redis did not take their new version: other processes' copies last up to 5 s",
+      );
+    });
   }
 
   function problemsOf(input: Partial<EndpointInput>): FieldError[] {
@@ -187,7 +211,7 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
   /** Disables an endpoint and tells its tenant (of two disables at once, one does both). */
   async function disable(tenantId: string, endpoint: NotificationEndpoint, reason: string, failures: number): Promise<void> {
     const disabled = await store.notificationEndpoints.disable(tenantId, endpoint.id, reason, clock.now().toISOString());
-    cache.delete(tenantId);
+    await changed(tenantId);
     if (!disabled) return;
     log.warn({ tenant_id: tenantId, endpoint_id: endpoint.id, consecutive_failures: failures }, 'notification endpoint disabled');
     await events?.append(`notifications:${tenantId}`, {
@@ -203,8 +227,14 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
     const d = await store.notificationDeliveries.get(tenantId, deliveryId);
     if (!d || d.status !== 'pending') return d;
     const endpoint = await store.notificationEndpoints.get(tenantId, d.endpoint_id);
-    if (!endpoint || endpoint.status !== 'enabled') {
-      const why = endpoint ? 'the endpoint is disabled' : 'the endpoint was removed';
+    // what the endpoint is now decides: disabled, removed, or no longer subscribed to the type since the event
+    const unsubscribed = endpoint && !subscribes(endpoint.event_types, d.event_type);
+    if (!endpoint || endpoint.status !== 'enabled' || unsubscribed) {
+      const why = !endpoint
+        ? 'the endpoint was removed'
+        : endpoint.status !== 'enabled'
+          ? 'the endpoint is disabled'
+          : `the endpoint no longer subscribes to ${d.event_type}`;
       return store.notificationDeliveries.update(tenantId, d.id, {
         status: 'failed',
         attempts: [...d.attempts, { at: clock.now().toISOString(), status_code: null, error: why, duration_ms: 0 }],
@@ -286,7 +316,7 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
         updated_at: now,
       };
       if ((await store.notificationEndpoints.insert(endpoint, { maxHeld: max })) === 'over-cap') throw tooMany(max);
-      cache.delete(tenantId);
+      await changed(tenantId);
       log.info({ tenant_id: tenantId, endpoint_id: id }, 'notification endpoint created');
       return { endpoint, secret };
     },
@@ -311,13 +341,13 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
       }
       const next = await store.notificationEndpoints.update(tenantId, id, changes);
       if (!next) throw new NotFoundError(`no notification endpoint ${id}`);
-      cache.delete(tenantId);
+      await changed(tenantId);
       return next;
     },
 
     async remove(tenantId: string, id: string): Promise<void> {
       if (!(await store.notificationEndpoints.delete(tenantId, id))) throw new NotFoundError(`no notification endpoint ${id}`);
-      cache.delete(tenantId);
+      await changed(tenantId);
     },
 
     async deliveries(tenantId: string, endpointId: string, q: { limit: number; cursor?: string }): Promise<Page<NotificationDelivery>> {

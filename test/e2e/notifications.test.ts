@@ -113,6 +113,46 @@ describe('outbound notifications', function () {
     expect(h.logs.join('')).not.to.contain(made.secret.slice(6));
   });
 
+  it('sends the workers’ events to an endpoint made or changed in the web process from the next event on, not 5 s later', async () => {
+    // the Procfile's web process, apart from this one's workers, on the same store and Redis
+    const web = await startHarness({ workers: false, env: { ...sameDeployment(h), SERVICE_HTTP_ALLOW_PRIVATE: '1' } });
+    try {
+      await run(); // the workers have read this tenant's endpoints: their copy is warm
+      const made = await web.call<Body>('POST', '/api/v1/notification-endpoints', { body: { url: `${receiver.url}/fresh`, event_types: ['run.finished'] } });
+      expect(made.status, made.text).to.equal(201);
+      const first = await run();
+      await eventually(() => receiver.received.find((r) => r.path === '/fresh' && r.body.includes(first.id)), 'the new endpoint’s first delivery');
+      // no longer subscribed: the next run.finished is not sent (nor delivered, had it been made from an older copy)
+      const narrowed = await web.call('PATCH', `/api/v1/notification-endpoints/${made.body.endpoint.id}`, { body: { event_types: ['gate.finished'] } });
+      expect(narrowed.status, narrowed.text).to.equal(200);
+      const second = await run();
+      await new Promise((r) => setTimeout(r, 300));
+      expect(receiver.received.filter((r) => r.path === '/fresh' && r.body.includes(second.id))).to.deep.equal([]);
+      // a delivery made before the change (an event of the old copy's time), tried after it: failed, not sent
+      const id = `ntf_${'1'.repeat(10)}${Date.now().toString(36).padStart(16, '0')}`.slice(0, 30);
+      const now = new Date().toISOString();
+      await h.rt.store.notificationDeliveries.insert({
+        id,
+        tenant_id: 'tenant-a',
+        endpoint_id: made.body.endpoint.id,
+        event_type: 'run.finished',
+        payload: { type: 'run.finished', timestamp: now, data: { run_id: 'run_before' } },
+        status: 'pending',
+        attempts: [],
+        replays: 0,
+        created_at: now,
+        updated_at: now,
+      });
+      const tried = await h.rt.engine.notifications.deliver('tenant-a', id, false);
+      expect(tried).to.deep.include({ status: 'failed' });
+      expect((tried as Body).attempts[0].error).to.equal('the endpoint no longer subscribes to run.finished');
+      expect(receiver.received.filter((r) => r.body.includes('run_before'))).to.deep.equal([]);
+      await web.call('DELETE', `/api/v1/notification-endpoints/${made.body.endpoint.id}`);
+    } finally {
+      await web.close();
+    }
+  });
+
   it('retries a failing endpoint with backoff, disables it after repeated failure and tells the tenant, then replays with the same webhook-id', async () => {
     const watcher = await endpoint({ url: `${receiver.url}/ops`, event_types: ['notification.*'] });
     const failing = await endpoint({ url: `${receiver.url}/down`, event_types: ['run.*'] });
