@@ -105,7 +105,19 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
   }
 
   function accessOf(record: ConnectionRecord, signal?: AbortSignal): Access {
-    return { token: secretBox.open(record.sealed, owner(record.tenant_id, record.id)), baseUrl: record.base_url, settings: record.settings, signal };
+    let token: string;
+    try {
+      token = secretBox.open(record.sealed, owner(record.tenant_id, record.id));
+    } catch {
+      // the service's own key, not the provider: said as such (a test blamed the provider, which was never asked)
+      log.error({ tenant_id: record.tenant_id, connection_id: record.id }, "a connection's credential does not open with SERVICE_SECRET_KEY (the key changed)");
+      throw new ProviderError(
+        'credential-unreadable',
+        `the ${record.provider} connection's credential does not open with SERVICE_SECRET_KEY (the key changed): give the credential again`,
+        null,
+      );
+    }
+    return { token, baseUrl: record.base_url, settings: record.settings, signal };
   }
 
   /** The diff a vibe run of the tenant left: whole, or refused. */

@@ -7,7 +7,14 @@ import type { ConnectionProvider } from '../platform/index.js';
 export type ProviderFailure = { status: number | null; retryAfterSeconds: number | null; reason: string };
 
 export type ProviderErrorCode =
-  'provider-auth-failed' | 'provider-not-found' | 'provider-refused' | 'provider-rate-limited' | 'provider-error' | 'provider-unreachable';
+  | 'provider-auth-failed'
+  | 'provider-not-found'
+  | 'provider-refused'
+  | 'provider-rate-limited'
+  | 'provider-error'
+  | 'provider-unreachable'
+  /** not the provider's: the stored credential does not open with this SERVICE_SECRET_KEY */
+  | 'credential-unreadable';
 
 export class ProviderError extends Error {
   constructor(

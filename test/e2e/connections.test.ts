@@ -1,6 +1,7 @@
 // Connections: per-tenant provider credentials, sealed at rest and never shown, checked against fake
 // providers on loopback through each provider's own SDK.
 import { execFileSync } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
 import fs from 'node:fs';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -8,6 +9,7 @@ import path from 'node:path';
 import { expect } from 'chai';
 import { FAKE_TOKEN, makePullRequestRepo, SMTP_USER, startFakeProviders, type FakeProviders } from '../support/fake-providers.js';
 import { startScriptedModel, type ScriptedModel } from '../support/scripted-model.js';
+import { createSecretBox } from '../../engine/platform/secret-box.js';
 import { finishedRun, freePort, KEYS, sameDeployment, startHarness, type Harness } from '../support/harness.js';
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
@@ -241,6 +243,23 @@ describe('connections', function () {
     expect((await h.call<Body>('GET', '/api/v1/connections', { key: KEYS.b })).body.data).to.deep.equal([]);
     expect((await h.call<Body>('GET', `/api/v1/connections/${mine.id}`)).body.name).to.equal(mine.name);
     expect((await h.call('GET', '/api/v1/connections/con_nope')).status).to.equal(400);
+  });
+
+  it('says a credential sealed under another SERVICE_SECRET_KEY is unreadable, not the provider’s fault, and asks no provider', async () => {
+    const made = await create({ ...connectionsOf(fake)[0]!, name: 'rekeyed' });
+    expect(made.status, made.text).to.equal(201);
+    const record = (await h.rt.store.connections.get('tenant-a', made.body.id))!;
+    const sealed = createSecretBox(randomBytes(32)).seal('stale-token', `connection:tenant-a:${made.body.id}`);
+    await h.rt.store.connections.update('tenant-a', made.body.id, { sealed });
+    const asked = fake.requests.length;
+    const tested = await h.call<Body>('POST', `/api/v1/connections/${made.body.id}/test`);
+    expect(tested.status, tested.text).to.equal(200);
+    expect(tested.body).to.deep.include({ ok: false });
+    expect(tested.body.error.code).to.equal('credential-unreadable');
+    expect(tested.body.error.message).to.contain('SERVICE_SECRET_KEY');
+    expect(fake.requests.length, 'no provider was asked').to.equal(asked);
+    expect(h.logs.join('')).to.contain(record.id);
+    await h.call('DELETE', `/api/v1/connections/${made.body.id}`);
   });
 
   it('keeps no verdict of a test that a change of credential overtook', async () => {
