@@ -1,20 +1,9 @@
-import net from 'node:net';
 import { expect } from 'chai';
 import { KEYS, startHarness, type Harness } from '../support/harness.js';
+import { bodyOfAnswer, rawExchange } from '../support/raw-http.js';
 
 /** What a server answers to bytes sent as they are, on a connection of their own, until it closes it. */
-function rawAnswer(url: string, bytes: string): Promise<string> {
-  return new Promise((resolve, reject) => {
-    const socket = net.connect(Number(new URL(url).port), '127.0.0.1', () => socket.write(bytes));
-    let text = '';
-    socket.on('data', (d) => (text += d));
-    socket.on('end', () => resolve(text));
-    socket.on('error', reject);
-  });
-}
-
-/** The JSON body of a raw HTTP answer. */
-const bodyOfAnswer = (answer: string) => JSON.parse(answer.slice(answer.indexOf('\r\n\r\n') + 4) || 'null');
+const rawAnswer = async (url: string, bytes: string) => (await rawExchange(url, [[0, bytes]])).text;
 
 describe('bad input', () => {
   let h: Harness;
@@ -403,21 +392,8 @@ describe('bad input', () => {
   });
 
   it('answers a body declared over its limit at once, without waiting for it, and closes the connection', async () => {
-    const { port } = new URL(h.url);
     /** the answer to a request whose head alone is sent: the body it announces never comes */
-    const headOnly = (head: string) =>
-      new Promise<string>((resolve, reject) => {
-        const socket = net.connect(Number(port), '127.0.0.1', () => socket.write(head));
-        let text = '';
-        const timer = setTimeout(() => {
-          socket.destroy();
-          reject(new Error(`no answer in 3 s, only: ${text}`));
-        }, 3000);
-        socket.on('data', (d) => (text += d));
-        socket.on('end', () => resolve(text));
-        socket.on('close', () => clearTimeout(timer));
-        socket.on('error', reject);
-      });
+    const headOnly = async (head: string) => (await rawExchange(h.url, [[0, head]], 3000)).text;
     for (const [what, head] of [
       ['the API', `POST /api/v1/automations HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${KEYS.a}\r\nContent-Type: application/json\r\n`],
       ['the webhook intake', 'POST /webhooks/tenant-a/codehost HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n'],
@@ -440,26 +416,7 @@ describe('bad input', () => {
       await slow.close();
     });
 
-    /** A connection of its own that sends each part after its wait (ms); its whole answer once the server closes it (or after 6 s). */
-    const sent = (parts: [number, string][]) =>
-      new Promise<{ text: string; ms: number }>((resolve, reject) => {
-        const started = performance.now();
-        const socket = net.connect(Number(new URL(slow.url).port), '127.0.0.1', async () => {
-          for (const [wait, part] of parts) {
-            await new Promise((r) => setTimeout(r, wait));
-            if (socket.destroyed) return;
-            socket.write(part);
-          }
-        });
-        let text = '';
-        const timer = setTimeout(() => socket.destroy(), 6000);
-        socket.on('data', (d) => (text += d));
-        socket.on('close', () => {
-          clearTimeout(timer);
-          resolve({ text, ms: performance.now() - started });
-        });
-        socket.on('error', reject);
-      });
+    const sent = (parts: [number, string][]) => rawExchange(slow.url, parts);
     const head = (path: string, headers: string) => `POST ${path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${KEYS.a}\r\n${headers}\r\n`;
     const automation = JSON.stringify({ name: 'slow', steps: [{ tool: 'message', args: { text: 'x' } }] });
 
