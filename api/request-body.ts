@@ -35,14 +35,16 @@ export function requestBody(spec: OpenApiDocument): RequestHandler[] {
         if (req.headers['content-length'] === undefined) return void whenEmpty(req, next);
         throw noType();
       }
-      if (!req.is(JSON_TYPES)) return next();
+      // a route of raw uploads takes no JSON: its validator answers the type 415 (parsed, an upload sent as
+      // JSON was a 400 malformed-json, or a 413 past the JSON limit)
+      if (!req.is(JSON_TYPES) || takesRaw(req)) return next();
       const charset = charsetsOf(req.headers['content-type']).find((c) => c !== 'utf-8');
       if (charset !== undefined) throw new UnsupportedMediaTypeError(`A JSON body is UTF-8 (RFC 8259): charset=${charset} is not read.`);
       if (!refuseDeclaredOver(BODY_LIMIT_BYTES, req, res, next)) next();
     },
     express.json({
       limit: BODY_LIMIT_BYTES,
-      type: JSON_TYPES,
+      type: (req) => Boolean((req as Request).is(JSON_TYPES)) && !takesRaw(req as Request),
       strict: true,
       // refused before it is parsed: nothing that would store or echo it can overflow on it, and the
       // validator is never handed more than it can check in a few milliseconds

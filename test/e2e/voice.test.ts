@@ -180,6 +180,12 @@ describe('voice transcription', function () {
       expect(named.status, `${type}: ${named.text}`).to.equal(200);
     }
     expect((await raw(h, wav(1), 'text/plain')).status, 'not audio by its name').to.equal(415);
+    // nor JSON, which the route never takes: refused for its type, not read as JSON (a 400 malformed-json, or past 1 MB a 413)
+    for (const bytes of [wav(1), wav(60)]) {
+      const json = await raw(h, bytes, 'application/json');
+      expect(json.status, json.text).to.equal(415);
+      expect(json.body.code).to.equal('unsupported-media-type');
+    }
     // no type at all is application/octet-stream (RFC 9110 §8.3), which the route takes: a Buffer is sent with none
     provider.play([{ status: 200, body: VERBOSE }]);
     const untyped = await h.call<Body>('POST', '/api/v1/autonomy/voice/transcribe', { raw: wav(1) });
