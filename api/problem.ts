@@ -1,15 +1,7 @@
 // The one place errors become HTTP: RFC 9457 problem+json with a stable `code` and the request id.
 // Anything we do not recognise is a 500 that shows no internals.
 import type { ErrorRequestHandler, Request } from 'express';
-import {
-  AppError,
-  ERROR_STATUS,
-  ServiceUnavailableError,
-  TaskGraphInvalidError,
-  ValidationError,
-  type ErrorCode,
-  type FieldError,
-} from '../engine/platform/index.js';
+import { AppError, ERROR_STATUS, ProblemsError, ServiceUnavailableError, type ErrorCode, type FieldError } from '../engine/platform/index.js';
 
 export type Problem = {
   type: string;
@@ -78,7 +70,7 @@ export function toProblem(err: unknown, requestId: string, instance: string): Pr
       status,
       code: err.code,
       detail: status === 500 ? 'The service failed to handle this request.' : err.message,
-      ...(err instanceof ValidationError || err instanceof TaskGraphInvalidError ? listed(err.errors) : {}),
+      ...(err instanceof ProblemsError ? listed(err.errors) : {}),
       ...base,
     };
   }

@@ -40,8 +40,14 @@ const DEFAULT_TIMEOUT_SECONDS = 600;
 /** The largest package.json read for its scripts (a gate file may be 256 KB). */
 const PACKAGE_JSON_MAX_BYTES = 1024 * 1024;
 
-const invalid = (file: string, errors: FieldError[]) =>
-  new GateSetInvalidError(`${file} is not a valid gate set: ${errors.map((e) => `${e.path || '/'} ${e.message}`).join('; ')}`, errors);
+/** The errors a refusal's detail names (the answer lists as many in `errors`, and counts the rest). */
+const ERRORS_IN_DETAIL = 50;
+
+const invalid = (file: string, errors: FieldError[]) => {
+  const named = errors.slice(0, ERRORS_IN_DETAIL).map((e) => `${e.path || '/'} ${e.message}`);
+  const more = errors.length > ERRORS_IN_DETAIL ? `; and ${errors.length - ERRORS_IN_DETAIL} more` : '';
+  return new GateSetInvalidError(`${file} is not a valid gate set: ${named.join('; ')}${more}`, errors);
+};
 
 // a CommonJS module whose types describe an ES default export
 const Ajv2020 = Ajv2020Module as unknown as typeof Ajv2020Module.default;
@@ -109,25 +115,35 @@ export async function loadGateSet(workspace: string): Promise<GateSet> {
       throw invalid(name, [{ path: '', message: `is not YAML: ${(err as Error).message.split('\n')[0]}` }]);
     }
     const errors = await validate(doc);
-    const gates = errors.length ? [] : ((doc as { gates: Record<string, unknown>[] }).gates ?? []);
-    const ids = new Set<string>();
-    gates.forEach((g, i) => {
-      if (ids.has(g.id as string)) errors.push({ path: `/gates/${i}/id`, message: `repeats the id ${String(g.id)}` });
-      ids.add(g.id as string);
+    // the service's own rules are checked on every gate that is an object, whatever the schema said: one 422
+    // names every error (a repeated id or a path out of the workspace was named only once the schema's were fixed)
+    const listed = (doc as { gates?: unknown } | null)?.gates;
+    const items = Array.isArray(listed) ? (listed as unknown[]) : [];
+    const ids = new Set<unknown>();
+    items.forEach((item, i) => {
+      if (!item || typeof item !== 'object' || Array.isArray(item)) return;
+      const g = item as Record<string, unknown>;
+      if (g.id !== undefined && ids.has(g.id)) errors.push({ path: `/gates/${i}/id`, message: `repeats the id ${String(g.id)}` });
+      ids.add(g.id);
       if (Boolean(g.run) === Boolean(g.builtin)) errors.push({ path: `/gates/${i}`, message: 'needs either run or builtin' });
       if (g.shell && typeof g.run !== 'string') errors.push({ path: `/gates/${i}/run`, message: 'must be a string when shell is true' });
       if (!g.shell && typeof g.run === 'string') errors.push({ path: `/gates/${i}/run`, message: 'must be an argv array (or set shell: true)' });
       if (g.pass === 'report' && !g.report) errors.push({ path: `/gates/${i}/report`, message: 'is required when pass is report' });
       // what the service reads itself stays inside the workspace
-      for (const field of ['inputs', 'artifacts'] as const)
-        ((g[field] as string[] | undefined) ?? []).forEach((p, k) => {
-          if (!staysInside(p)) errors.push({ path: `/gates/${i}/${field}/${k}`, message: 'must be relative to the workspace, without ..' });
+      for (const field of ['inputs', 'artifacts'] as const) {
+        const paths = g[field];
+        if (!Array.isArray(paths)) continue;
+        paths.forEach((p, k) => {
+          if (typeof p === 'string' && !staysInside(p))
+            errors.push({ path: `/gates/${i}/${field}/${k}`, message: 'must be relative to the workspace, without ..' });
         });
-      const report = g.report as { path?: string } | undefined;
-      if (report?.path && !staysInside(report.path)) errors.push({ path: `/gates/${i}/report/path`, message: 'must be relative to the workspace, without ..' });
+      }
+      const report = g.report as { path?: unknown } | undefined;
+      if (typeof report?.path === 'string' && report.path && !staysInside(report.path))
+        errors.push({ path: `/gates/${i}/report/path`, message: 'must be relative to the workspace, without ..' });
     });
     if (errors.length) throw invalid(name, errors);
-    return withDigests(name, gates.map(normalize));
+    return withDigests(name, (items as Record<string, unknown>[]).map(normalize));
   }
   return withDigests('detected', await detect(workspace));
 }

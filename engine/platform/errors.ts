@@ -90,7 +90,7 @@ export class IdempotencyKeyInUseError extends ConflictError {
 }
 
 /** An error that names every problem of what was asked at once, each with where it is. */
-abstract class ProblemsError extends AppError {
+export abstract class ProblemsError extends AppError {
   constructor(
     message: string,
     readonly errors: FieldError[],

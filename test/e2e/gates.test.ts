@@ -144,6 +144,19 @@ describe('gates in the service', function () {
       expect(res.body.code).to.equal('gate-set-invalid');
       expect(res.text).to.not.contain('ghp_');
     }
+    // every error of a gate file, in `errors` as every 422 of the kind lists them: the first 50, the rest counted
+    const many = path.join(h.tenantDir(), 'many-bad');
+    await fs.mkdir(many, { recursive: true });
+    await fs.writeFile(
+      path.join(many, 'gates.yaml'),
+      `gates:\n${Array.from({ length: 30 }, (_, i) => `  - id: g${i}\n    run: [x]\n    colour: red\n    inputs: ['../x']\n`).join('')}`,
+    );
+    const refused = await h.call<Body>('GET', '/api/v1/autonomy/smart-gates?workspace=many-bad');
+    expect(refused.status, refused.text).to.equal(422);
+    expect(refused.body.errors).to.have.length(50);
+    expect(refused.body.errors[0]).to.deep.equal({ path: '/gates/0', message: 'has an unknown field colour' });
+    expect(refused.body.errors_omitted).to.equal(10);
+    expect(refused.body.detail).to.match(/; and 10 more$/);
   });
 
   it('names the gate run of each gate’s latest result however many runs came since, and which gates a run under way holds, without reading sealed runs', async () => {

@@ -87,6 +87,13 @@ describe('gates', function () {
     expect(err).to.be.instanceOf(GateSetInvalidError);
     const paths = (err as GateSetInvalidError).errors.map((e) => `${e.path} ${e.message}`);
     expect(paths.join('\n')).to.contain('/gates/0 has an unknown field colour').and.contain('/gates/2/id');
+    // the service's own rules too, with the schema's: one answer names them all
+    expect(paths).to.include.members([
+      '/gates/1/id repeats the id a',
+      '/gates/2 needs either run or builtin',
+      '/gates/3/run must be an argv array (or set shell: true)',
+      '/gates/4/report is required when pass is report',
+    ]);
     await fs.writeFile(
       path.join(bad, 'gates.yaml'),
       'gates:\n  - id: a\n    run: [x]\n  - id: a\n    builtin: secret-scan\n  - id: c\n    run: "echo hi"\n  - id: d\n    run: [x]\n    pass: report\n',
