@@ -1,12 +1,12 @@
 // `npm start`: the API and the workers in one process, on the embedded defaults (SQLite store,
 // local Redis; outside production, a private redis-server when none answers and REDIS_URL is unset).
 // Prints where the docs and the dashboard are and how to call the API.
-import { startWebServer } from './api/server.js';
+import { startWebServer, type WebServer } from './api/server.js';
 import { DASHBOARD_PATH } from './api/admin.js';
 import type { Config } from './config/env.js';
 import type { Logger } from './engine/platform/index.js';
 import { ensureRedis, runMain, openRuntime, type LocalRedis } from './engine/process/index.js';
-import { startWorkers } from './workers/index.js';
+import { startWorkers, type Workers } from './workers/index.js';
 
 await runMain('service', async (given, log) => {
   const { config, local } = await ensureRedis(given, { log });
@@ -20,8 +20,17 @@ await runMain('service', async (given, log) => {
 
 async function startService(config: Config, log: Logger, local: LocalRedis | null) {
   const rt = await openRuntime(config, log, { watchTemplates: true, servesApi: true });
-  const workers = await startWorkers(rt);
-  const web = await startWebServer(rt);
+  let web: WebServer | undefined;
+  let workers: Workers;
+  try {
+    // the port first: one in use ends the start before any run is taken (taken, its attempt would be lost)
+    web = await startWebServer(rt);
+    workers = await startWorkers(rt);
+  } catch (err) {
+    await web?.close(Date.now());
+    await rt.close();
+    throw err;
+  }
   const redis = local
     ? `private redis-server on ${local.url} (data in ${local.dir}, stopped with the service)`
     : config.redisUrl.replace(/\/\/[^@]*@/, '//***@');

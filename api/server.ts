@@ -3,7 +3,7 @@ import type { AddressInfo } from 'node:net';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { ERROR_STATUS, type ErrorCode, type Logger } from '../engine/platform/index.js';
-import type { Runtime } from '../engine/process/index.js';
+import { listenError, type Runtime } from '../engine/process/index.js';
 import { createApp } from './app.js';
 import { newRequestId } from './request-log.js';
 import { hasBody } from './request-body.js';
@@ -50,7 +50,7 @@ export async function startWebServer(rt: Runtime, opts: { port?: number; host?: 
   else server.listen(port);
   await new Promise<void>((resolve, reject) => {
     server.once('listening', resolve);
-    server.once('error', reject);
+    server.once('error', (err) => reject(listenError(err, 'PORT', port)));
   });
   server.keepAliveTimeout = 65_000; // above common load balancers' idle timeouts
   server.on('clientError', (err: Error & { code?: string }, socket: Duplex) => answerClientError(err, socket, rt.log));

@@ -233,6 +233,14 @@ const apiKeySeeds = list.transform((items, ctx) => {
       });
       return z.NEVER;
     }
+    const bound = seeds.find((s) => s.key === key);
+    if (bound && bound.tenantId !== tenantId) {
+      ctx.addIssue({
+        code: 'custom',
+        message: `entry ${i + 1} gives tenant ${tenantId} the key entry ${seeds.indexOf(bound) + 1} gives tenant ${bound.tenantId}: a key opens one tenant`,
+      });
+      return z.NEVER;
+    }
     seeds.push({ tenantId, key });
   }
   return seeds;

@@ -5,7 +5,7 @@ import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { ADMIN_CHALLENGE, adminRefusal, isAdminRequest } from '../engine/auth/index.js';
 import { withTimeout } from '../engine/platform/index.js';
-import type { Runtime } from '../engine/process/index.js';
+import { listenError, type Runtime } from '../engine/process/index.js';
 import type { Workers } from './index.js';
 
 export type MetricsServer = { url: string; close(): Promise<void> };
@@ -15,13 +15,15 @@ function problem(res: http.ServerResponse, status: number, title: string, detail
   res.end(JSON.stringify({ type: 'about:blank', title, status, detail }));
 }
 
-export async function startMetricsServer(rt: Runtime, workers: Workers, port: number): Promise<MetricsServer> {
+/** `workers`: the process's workers once they are started (the port is taken first: one in use fails before any run is taken). */
+export async function startMetricsServer(rt: Runtime, workers: () => Workers | undefined, port: number): Promise<MetricsServer> {
   const server = http.createServer((req, res) => {
     // the path as sent: a request target no URL parses (`//[`) is only a path that is not served
     const pathname = (req.url ?? '/').split('?')[0];
     if (req.method !== 'GET' && req.method !== 'HEAD') return problem(res, 405, 'Method Not Allowed', 'only GET', { allow: 'GET, HEAD' });
     if (pathname === '/healthz') {
-      const running = workers.workers.filter((w) => w.isRunning()).map((w) => w.name);
+      const all = workers()?.workers ?? [];
+      const running = all.filter((w) => w.isRunning()).map((w) => w.name);
       // a PING with a deadline, as the web's /readyz asks: a hung Redis keeps the connection 'ready' and answers nothing
       void withTimeout(rt.redis.ping(), 1000, 'no answer')
         .then(
@@ -29,7 +31,7 @@ export async function startMetricsServer(rt: Runtime, workers: Workers, port: nu
           (err: Error) => err.message,
         )
         .then((redis) => {
-          const ok = running.length === workers.workers.length && redis === 'ready';
+          const ok = all.length > 0 && running.length === all.length && redis === 'ready';
           res.writeHead(ok ? 200 : 503, { 'content-type': 'application/json' });
           res.end(JSON.stringify({ status: ok ? 'ok' : 'degraded', process: 'worker', redis, queues: running }));
         });
@@ -53,7 +55,7 @@ export async function startMetricsServer(rt: Runtime, workers: Workers, port: nu
     problem(res, 404, 'Not Found', 'this port serves /metrics and /healthz');
   });
   await new Promise<void>((resolve, reject) => {
-    server.once('error', reject);
+    server.once('error', (err) => reject(listenError(err, 'SERVICE_WORKER_METRICS_PORT', port)));
     server.listen(port, resolve);
   });
   const { port: bound } = server.address() as AddressInfo;

@@ -1,7 +1,7 @@
 // API keys: random, shown once, stored as a sha256 hash and bound to one tenant. A presented key is
 // hashed and looked up by its hash, so no stored key is ever compared byte by byte.
 import { createHash, randomBytes } from 'node:crypto';
-import type { ApiKeySeed } from '../../config/env.js';
+import { ConfigError, type ApiKeySeed } from '../../config/env.js';
 import { type ApiKeyRecord, type Clock, newId, NotFoundError, type Logger, ValidationError } from '../platform/index.js';
 import type { Store } from '../store/index.js';
 
@@ -141,7 +141,7 @@ export function apiKeysOf(deps: { store: Store; clock: Clock; log: Logger }) {
         }
         const existing = await store.apiKeys.findByHash(hash);
         if (existing && existing.tenant_id !== s.tenantId)
-          throw new Error(`SERVICE_API_KEYS: a key given for tenant ${s.tenantId} is already bound to another tenant`);
+          throw new ConfigError([`SERVICE_API_KEYS: a key given for tenant ${s.tenantId} is already bound to another tenant`]);
         if (existing?.revoked_reason === REMOVED) await store.apiKeys.update(existing.tenant_id, existing.id, { revoked_at: null, revoked_reason: null });
       }
       let revoked = 0;

@@ -7,6 +7,16 @@ import { LocalRedisError } from './local-redis.js';
 /** A signal repeated within this long of the first is its copy, not a second request to stop. */
 const REPEATED_SIGNAL_MS = 1000;
 
+/**
+ * A port a process cannot listen on is its setting's fault (another process has it, or it needs privileges):
+ * said in one line naming the variable, as every other bad setting is, not as a stack trace.
+ */
+export function listenError(err: NodeJS.ErrnoException, variable: string, port: number): Error {
+  if (err.code === 'EADDRINUSE') return new ConfigError([`${variable}: port ${port} is in use by another process`]);
+  if (err.code === 'EACCES') return new ConfigError([`${variable}: port ${port} needs privileges this process does not have`]);
+  return err;
+}
+
 /** close(deadline): the end of the grace period (epoch ms), when the process exits whatever is unfinished. */
 export type Stoppable = { close(deadline: number): Promise<void> };
 

@@ -93,8 +93,14 @@ function voiceSettingsOf(config: Config, opts: RuntimeOptions, sandbox: Sandbox,
  * otherwise start with `..`.
  */
 async function checkDataDirOutsideWorkspaces(config: Config): Promise<string> {
-  await fs.mkdir(config.dataDir, { recursive: true });
-  await fs.mkdir(config.workspaceRoot, { recursive: true });
+  // a folder that cannot be made (a file is there, no permission) is the setting's fault: said as such, in one line
+  for (const [name, dir] of [
+    ['SERVICE_DATA_DIR', config.dataDir],
+    ['SERVICE_WORKSPACE_ROOT', config.workspaceRoot],
+  ] as const)
+    await fs.mkdir(dir, { recursive: true }).catch((err: NodeJS.ErrnoException) => {
+      throw new ConfigError([`${name}: ${dir} cannot be used as a folder (${err.code ?? err.message})`]);
+    });
   const [data, root] = await Promise.all([fs.realpath(config.dataDir), fs.realpath(config.workspaceRoot)]);
   if (data === root || data.startsWith(root + path.sep)) {
     throw new ConfigError([`SERVICE_DATA_DIR: ${data} is inside SERVICE_WORKSPACE_ROOT (${root}), where tools could read it; put one outside the other`]);

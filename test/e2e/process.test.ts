@@ -380,6 +380,47 @@ describe('processes', function () {
     expect(p.out()).to.contain('PORT').and.contain('SERVICE_AUTH');
   });
 
+  it('says in one line which setting it cannot start with (a port in use, a data dir that is a file, a key given to two tenants), and takes no run first', async () => {
+    const h = await startHarness({ workers: false });
+    try {
+      const marker = `sleep ${3000 + Math.floor(Math.random() * 1000)}`;
+      const ids: string[] = [];
+      for (let i = 0; i < 2; i++)
+        ids.push((await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: marker } }] } })).body.run_id);
+      const port = new URL(h.url).port;
+      const shared = { ...sameDeployment(h), REDIS_URL: h.config.redisUrl, SERVICE_API_KEYS: `tenant-a:${KEYS.a}` };
+      for (const [entry, variable, extra] of [
+        ['main.ts', 'PORT', { PORT: port }],
+        ['workers/main.ts', 'SERVICE_WORKER_METRICS_PORT', { SERVICE_WORKER_METRICS_PORT: port }],
+      ] as const) {
+        const p = start(entry, { ...shared, ...extra });
+        procs.push(p);
+        const { code } = await p.exited;
+        expect(code, p.out()).to.equal(1);
+        expect(p.out(), entry).to.contain(`${variable}: port ${port} is in use by another process`);
+        expect(p.out(), entry).not.to.contain('start-up failed');
+        // its workers never took a run: both are still queued, on their first attempt (taken, each was lost)
+        for (const id of ids) expect((await h.call('GET', `/api/v1/runs/${id}`)).body, entry).to.deep.include({ status: 'queued', attempt: 1 });
+      }
+      expect(processesMatching(marker)).to.equal(0);
+    } finally {
+      await h.close();
+    }
+    const file = path.join(dataDir, 'a-file');
+    await fs.writeFile(file, '');
+    for (const [bad, said] of [
+      [{ SERVICE_DATA_DIR: file }, `SERVICE_DATA_DIR: ${file} cannot be used as a folder`],
+      [{ SERVICE_API_KEYS: `acme:${KEYS.a},other:${KEYS.a}` }, 'SERVICE_API_KEYS: entry 2 gives tenant other the key entry 1 gives tenant acme'],
+    ] as const) {
+      const p = start('api/main.ts', { ...env(), ...bad });
+      procs.push(p);
+      expect((await p.exited).code).to.equal(1);
+      expect(p.out()).to.contain(said);
+      expect(p.out()).not.to.contain('start-up failed');
+      expect(p.out()).not.to.contain(KEYS.a);
+    }
+  });
+
   it('refuses SERVICE_AUTH=none in production', async () => {
     const p = start('api/main.ts', {
       ...env(),
