@@ -2,7 +2,7 @@
 // command in the sandbox), and offline verification of an evidence pack.
 import fs from 'node:fs/promises';
 import path from 'node:path';
-import { environmentValue, loadConfig } from '../config/env.js';
+import { environmentValue, loadConfig, TENANT_ID_PATTERN } from '../config/env.js';
 import { EVIDENCE_KEY_FILE, ledgerOf, readPack, signerOf, verifyPack } from '../engine/evidence/index.js';
 import {
   FileHasher,
@@ -15,7 +15,7 @@ import {
   type ArtifactPayload,
   type GateContext,
 } from '../engine/gates/index.js';
-import { createLogger, loadKeyBytes, newId, systemClock, type GateResult, type GateRunRecord } from '../engine/platform/index.js';
+import { createLogger, stderrDestination, loadKeyBytes, newId, systemClock, type GateResult, type GateRunRecord } from '../engine/platform/index.js';
 import { tenantRootPath } from '../engine/runs/index.js';
 import { openStore } from '../engine/store/index.js';
 import { openSandbox } from '../engine/tools/index.js';
@@ -44,6 +44,8 @@ export async function gatesRun(values: GatesRunOptions, out: (text: string) => v
   let workspaceName = path.basename(dir);
   if (values.record) {
     if (!values.tenant) throw new UsageError('--record needs --tenant: the results join that tenant’s ledger');
+    // the tenant ids an API key can have: results recorded under another would never reach the tenant's pack
+    if (!TENANT_ID_PATTERN.test(values.tenant)) throw new UsageError('--tenant: letters, digits, _ or -, at most 64');
     const root = await fs
       .realpath(tenantRootPath({ workspaceRoot: config.workspaceRoot, singleTenant: config.auth === 'none' }, values.tenant))
       .catch(() => '');
@@ -56,7 +58,7 @@ export async function gatesRun(values: GatesRunOptions, out: (text: string) => v
     limits: config.sandbox.limits,
     prefix: `cli-${process.pid}`,
     pathVar: config.childEnv.PATH,
-    log: createLogger('warn'),
+    log: createLogger('warn', stderrDestination()),
   });
   const controller = new AbortController();
   const stop = () => controller.abort();

@@ -80,9 +80,11 @@ export function auditExitCode(
 }
 
 const collect = (value: string, previous: string[] = []) => [...previous, value];
+/** The most seconds a timer waits (2^31 - 1 ms): a larger wait fired at once, and every call timed out. */
+const MAX_SECONDS = 2_147_483;
 const positiveInt = (name: string) => (value: string) => {
   const n = Number(value);
-  if (!Number.isInteger(n) || n < 1) throw usage(`${name} must be a whole number above 0, got "${value}"`);
+  if (!Number.isInteger(n) || n < 1 || n > MAX_SECONDS) throw usage(`${name} must be a whole number from 1 to ${MAX_SECONDS}, got "${value}"`);
   return n;
 };
 const keyValue =
@@ -511,7 +513,7 @@ Examples:
   /** The service's store and its key manager, for one command. */
   const withKeys = async <T>(tenant: string, fn: (apiKeys: ApiKeys, store: Store) => Promise<T>): Promise<T> => {
     if (!TENANT_ID_PATTERN.test(tenant)) throw usage('--tenant: letters, digits, _ or -, at most 64');
-    const [{ apiKeysOf }, { systemClock, createLogger }, { openStore }] = await Promise.all([
+    const [{ apiKeysOf }, { systemClock, createLogger, stderrDestination }, { openStore }] = await Promise.all([
       import('../engine/auth/index.js'),
       import('../engine/platform/index.js'),
       import('../engine/store/index.js'),
@@ -519,7 +521,7 @@ Examples:
     const config = loadConfig();
     const store = await openStore({ mongodbUri: config.mongodbUri, dataDir: config.dataDir });
     try {
-      return await fn(apiKeysOf({ store, clock: systemClock, log: createLogger('warn') }), store);
+      return await fn(apiKeysOf({ store, clock: systemClock, log: createLogger('warn', stderrDestination()) }), store);
     } finally {
       await store.close();
     }

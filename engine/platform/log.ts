@@ -46,5 +46,8 @@ export function createLogger(level: string, destination?: pino.DestinationStream
   return pino(options, destination);
 }
 
+/** Where a command's log lines go: stderr, so that what it prints (a JSON document) stays whole on stdout. */
+export const stderrDestination = (): pino.DestinationStream => pino.destination(2);
+
 /** Readable logs for a person: stdout is a terminal and this is not production. */
 export const wantsPrettyLogs = (isProduction: boolean, stdout: { isTTY?: boolean } = process.stdout): boolean => !isProduction && Boolean(stdout.isTTY);

@@ -397,6 +397,39 @@ describe('the command-line tool (built) against stub servers', function () {
     expect(ftp.stderr).to.contain('must start with http:// or https://');
     expect(input.code, input.stderr).to.equal(2);
     expect(input.stderr).to.contain('--input takes name=value, got "noequals"');
+    // a wait no timer can hold (it fired at once: every call timed out), and a tenant no key can have
+    const [long, tenant] = await Promise.all([
+      spawnCli(['runs', 'list', '--request-timeout', '2147484', '--url', 'http://127.0.0.1:1'], {}).done,
+      spawnCli(['gates', 'run', '--workspace', '.', '--record', '--tenant', 'acme/app/..'], {}).done,
+    ]);
+    expect(long.code, long.stderr).to.equal(2);
+    expect(long.stderr).to.contain('--request-timeout must be a whole number from 1 to 2147483');
+    expect(tenant.code, tenant.stderr).to.equal(2);
+    expect(tenant.stderr).to.contain('--tenant: letters, digits, _ or -');
+  });
+
+  it('gates run --json prints one JSON document on stdout, its log lines on stderr, whatever the CLI was handed open', async () => {
+    const ws = fs.mkdtempSync(path.join(os.tmpdir(), 'cli-gates-'));
+    fs.writeFileSync(path.join(ws, 'gates.yaml'), 'gates:\n  - id: ok\n    run: [/bin/true]\n');
+    // a descriptor beyond stdio, as make's jobserver or a CI runner's pipe: the sandbox closes it, and says so in a log line
+    const extra = fs.openSync(path.join(ws, 'gates.yaml'), 'r');
+    try {
+      const child = spawn(process.execPath, [CLI, 'gates', 'run', '--workspace', ws, '--json'], {
+        env: { PATH: process.env.PATH ?? '' },
+        stdio: ['ignore', 'pipe', 'pipe', ...Array.from({ length: 97 }, (_, i) => (i === 96 ? extra : ('ignore' as const)))],
+      });
+      let stdout = '';
+      let stderr = '';
+      child.stdout!.on('data', (d) => (stdout += d));
+      child.stderr!.on('data', (d) => (stderr += d));
+      const code = await new Promise((resolve) => child.on('close', resolve));
+      expect(code, stderr).to.equal(0);
+      expect(JSON.parse(stdout)).to.deep.include({ ready: true });
+      expect(stderr).to.contain('closed descriptors inherited open');
+    } finally {
+      fs.closeSync(extra);
+      fs.rmSync(ws, { recursive: true, force: true });
+    }
   });
 
   it('loads none of the service’s own modules for --help or a client command; `keys` loads its store when it runs', async () => {
