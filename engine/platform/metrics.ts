@@ -68,7 +68,9 @@ export function createMetrics(deps: { countRuns: RunCounter; queues: Queues }): 
     registers: [registry],
     async collect() {
       this.reset();
-      for (const row of await deps.countRuns()) this.set({ kind: row.kind, status: row.status }, row.count);
+      // a store that does not answer (closed, or a MongoDB away) costs a scrape this gauge, as Redis costs the queues'
+      const rows = await withTimeout(Promise.resolve().then(deps.countRuns), QUEUE_COUNTS_DEADLINE_MS, 'the runs count').catch(() => []);
+      for (const row of rows) this.set({ kind: row.kind, status: row.status }, row.count);
     },
   });
   new Gauge({

@@ -24,6 +24,17 @@ describe('operations', function () {
       expect(res.text).to.match(/^automation_runs\{kind="autonomy",status="succeeded"\} 1$/m);
       expect(res.text).to.match(/^automation_run_duration_seconds_count\{kind="autonomy",status="succeeded"\} 1$/m);
       expect(res.text).to.match(/^automation_queue_jobs\{queue="runs",state="waiting"\} 0$/m);
+      // a store that does not answer costs the scrape the runs gauge, not the scrape (it was a 500 with no metrics)
+      const count = h.rt.store.runs.countByKindAndStatus;
+      h.rt.store.runs.countByKindAndStatus = () => Promise.reject(new Error('the store is closed'));
+      try {
+        const without = await h.call('GET', '/metrics', { key: KEYS.admin });
+        expect(without.status).to.equal(200);
+        expect(without.text).not.to.match(/^automation_runs\{/m);
+        expect(without.text).to.match(/^automation_queue_jobs\{queue="runs",state="waiting"\} 0$/m);
+      } finally {
+        h.rt.store.runs.countByKindAndStatus = count;
+      }
     } finally {
       await h.close();
     }
