@@ -94,13 +94,25 @@ export function corsFor(origins: string[]): RequestHandler {
 /** Where a sign-in may send the browser back to: a path of this service, or a page of an allowed origin. */
 const RETURN_TO_MAX_LENGTH = 2000;
 
+/**
+ * The spec's maxLength (the validator checks /api only), counted as the sign-in cookie holds it: its JSON's
+ * bytes. Longer, the sealed cookie passes the 4 KB browsers keep, and they drop it: 2,000 characters of `é`
+ * (4,000 bytes) or `"` (escaped) made a cookie of 7.6 KB, and the sign-in failed at its callback.
+ */
+function assertFits(returnTo: string): string {
+  if (Buffer.byteLength(JSON.stringify(returnTo)) - 2 > RETURN_TO_MAX_LENGTH)
+    throw new ValidationError('return_to is too long', [
+      { path: '/query/return_to', message: `at most ${RETURN_TO_MAX_LENGTH} bytes as JSON (a character beyond ASCII, or one JSON escapes, counts for more)` },
+    ]);
+  return returnTo;
+}
+
 function returnToOf(raw: unknown, allowedOrigins: string[]): string | null {
   if (raw === undefined || raw === '') return null;
   if (typeof raw !== 'string') throw new ValidationError('return_to must be one URL', [{ path: '/query/return_to', message: 'one value' }]);
-  // the spec's maxLength (the validator checks /api only): longer, the sealed sign-in cookie passes the 4 KB browsers keep
   if (raw.length > RETURN_TO_MAX_LENGTH)
     throw new ValidationError('return_to is too long', [{ path: '/query/return_to', message: `at most ${RETURN_TO_MAX_LENGTH} characters` }]);
-  if (raw.startsWith('/') && !raw.startsWith('//') && !raw.startsWith('/\\')) return raw;
+  if (raw.startsWith('/') && !raw.startsWith('//') && !raw.startsWith('/\\')) return assertFits(raw);
   let url: URL;
   try {
     url = new URL(raw);
@@ -109,7 +121,7 @@ function returnToOf(raw: unknown, allowedOrigins: string[]): string | null {
   }
   if (!allowedOrigins.includes(url.origin))
     throw new ValidationError('return_to is not an allowed origin', [{ path: '/query/return_to', message: `${url.origin} is not in SERVICE_CORS_ORIGINS` }]);
-  return url.href;
+  return assertFits(url.href);
 }
 
 export function signInRouter(o: SignInOptions): Router {
