@@ -29,7 +29,7 @@ export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledg
     tenantId: string,
     workspace: string,
     q: { subject?: string; since?: string },
-  ): Promise<{ runs: GateRunRecord[]; latest: Map<string, { run: GateRunRecord; seq: number }> }> {
+  ): Promise<{ runs: GateRunRecord[]; latest: Map<string, GateRunRecord> }> {
     // an instant, whatever offset it was written with (compared as text, +02:00 and Z disagreed)
     const from = q.since ? Date.parse(q.since) : Number.NEGATIVE_INFINITY;
     let commit: string | null | undefined = q.subject;
@@ -38,12 +38,12 @@ export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledg
     // a run of a tree with uncommitted changes tested that tree, not the commit: the commit's results come
     // from its clean runs only; with none, the latest run stands alone for what it tested (dirty)
     const clean: GateRunRecord[] = [];
-    const ofClean = new Map<string, { run: GateRunRecord; seq: number }>();
-    let first: { run: GateRunRecord; latest: Map<string, { run: GateRunRecord; seq: number }> } | undefined;
-    /** the latest result of each gate, and the entry that sealed it (results are sealed in order from from_seq) */
-    const addLatest = (latest: Map<string, { run: GateRunRecord; seq: number }>, run: GateRunRecord, light: GateRunRecord) =>
-      run.results.forEach((result, i) => {
-        if (!latest.has(result.gate_id)) latest.set(result.gate_id, { run: light, seq: run.ledger!.from_seq + i });
+    const ofClean = new Map<string, GateRunRecord>();
+    let first: { run: GateRunRecord; latest: Map<string, GateRunRecord> } | undefined;
+    /** the run of the latest result of each gate (the entry that sealed it is found in the run's slice of the ledger) */
+    const addLatest = (latest: Map<string, GateRunRecord>, run: GateRunRecord, light: GateRunRecord) =>
+      run.results.forEach((result) => {
+        if (!latest.has(result.gate_id)) latest.set(result.gate_id, light);
       });
     let scanned = 0;
     let cursor: string | undefined;
@@ -104,16 +104,24 @@ export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledg
       // entries signed before the ledger's key was rotated: the pack names their keys, and its signature vouches for them
       const earlier = ledger.earlierKeysOf(entries);
       const earlierKeys = earlier.length ? { earlier_keys: earlier } : {};
-      const sealedResult = (seq: number, gateId: string): GateResult => {
-        const entry = bySeq.get(seq);
-        const body = payloadOf.get(entry?.payload_digest ?? '');
-        // the entry the stored run points at must be that gate's sealed result
-        if (!entry || entry.kind !== 'gate.result' || entry.subject.gate_id !== gateId || body === undefined)
-          throw new ConflictError(`the ledger has no sealed result of gate ${gateId} at entry ${seq}; no pack is signed`);
-        return JSON.parse(body) as GateResult;
+      /**
+       * The gate's sealed result among its run's entries (from_seq to to_seq). Not from_seq plus its place: on
+       * MongoDB a seal whose batch another writer cut into is built on around that writer's entries, and the
+       * pack of that commit was refused for good (409), its entries counted from from_seq.
+       */
+      const sealedResult = (run: GateRunRecord, gateId: string): { seq: number; result: GateResult } => {
+        for (let seq = run.ledger!.from_seq; seq <= run.ledger!.to_seq; seq++) {
+          const entry = bySeq.get(seq);
+          if (entry?.kind !== 'gate.result' || entry.subject.gate_id !== gateId || (entry.subject.gate_run_id ?? run.id) !== run.id) continue;
+          const body = payloadOf.get(entry.payload_digest);
+          if (body !== undefined) return { seq, result: JSON.parse(body) as GateResult };
+        }
+        throw new ConflictError(
+          `the ledger has no sealed result of gate ${gateId} of gate run ${run.id} (entries ${run.ledger!.from_seq} to ${run.ledger!.to_seq}); no pack is signed`,
+        );
       };
       // artifacts are payloads too: the pack carries them so that it stands alone
-      const rows = [...latest].map(([gateId, { run, seq }]) => ({ run, seq, result: sealedResult(seq, gateId) }));
+      const rows = [...latest].map(([gateId, run]) => ({ run, ...sealedResult(run, gateId) }));
       const artifactDigests = rows.flatMap(({ result }) => result.artifacts.map((a) => a.payload_digest));
       if (artifactDigests.length) payloads.push(...(await ledger.payloads(tenantId, artifactDigests)));
       // what the latest run tested, and the required gates of the set as it saw them, as its seal says (a run

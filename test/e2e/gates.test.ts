@@ -273,6 +273,41 @@ describe('gates in the service', function () {
     expect(again.every((t) => t.body.gates[0].state === 'passing')).to.equal(true);
   });
 
+  it('packs a seal that another writer cut into (MongoDB builds the rest of a batch on its entries): each result found in its run’s slice', async () => {
+    const dir = path.join(h.tenantDir(), 'inter');
+    await fs.mkdir(dir, { recursive: true });
+    await fs.writeFile(path.join(dir, 'gates.yaml'), 'gates:\n  - id: a\n    run: [/bin/true]\n  - id: b\n    run: [/bin/true]\n');
+    const { execFileSync } = await import('node:child_process');
+    execFileSync('sh', ['-c', 'git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm init'], { cwd: dir });
+    // the seal's first entry is written, then another writer's, then the rest on the new head, as the MongoDB adapter does
+    const repo = h.rt.store.evidence;
+    const append = repo.append.bind(repo);
+    let cut = false;
+    repo.append = async (tenantId, build, payloads) => {
+      if (cut || !build(null, 0).some((e) => e.kind === 'gate.run')) return append(tenantId, build, payloads);
+      cut = true;
+      const first = await append(tenantId, (head, from) => build(head, from).slice(0, 1), payloads);
+      await h.rt.engine.evidence.append(tenantId, [{ kind: 'run.finished', subject: { run_id: 'run_elsewhere' }, payload: { status: 'succeeded' } }]);
+      return [...first, ...(await append(tenantId, (head) => build(head, 1), payloads))];
+    };
+    try {
+      const started = await h.rt.engine.gates.start('tenant-a', { workspace: 'inter', trigger: { type: 'api' } });
+      const sealed = await h.rt.engine.gates.wait('tenant-a', started.id);
+      expect(sealed.status).to.equal('succeeded');
+      expect(sealed.ledger!.to_seq - sealed.ledger!.from_seq, 'three entries of its own and one between').to.equal(3);
+    } finally {
+      repo.append = append;
+    }
+    expect(cut).to.equal(true);
+    const pack = await h.call<Body>('GET', '/api/v1/autonomy/evidence-pack?workspace=inter');
+    expect(pack.status, pack.text).to.equal(200);
+    expect(pack.body.statement.predicate.gates.map((g: Body) => [g.gate_id, g.conclusion])).to.deep.equal([
+      ['a', 'success'],
+      ['b', 'success'],
+    ]);
+    expect(verifyPack({ pack: pack.body as PackJson, publicKeyPem: pack.body.public_key.pem, entries: null, payloads: null })).to.deep.include({ ok: true });
+  });
+
   it('packs the evidence of the latest commit as a signed in-toto statement; the tar verifies offline and a change to any part is caught', async () => {
     const json = await h.call<Body>('GET', '/api/v1/autonomy/evidence-pack');
     expect(json.status, json.text).to.equal(200);
