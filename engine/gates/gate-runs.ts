@@ -32,6 +32,8 @@ export type GatesDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'queues' | 'r
 export type GateJob = { tenant_id: string; gate_run_id: string; gate_id?: string };
 
 const WAIT_POLL_MS = 200;
+/** How often a gate that runs looks whether its gate run was canceled in another process. */
+const CANCEL_POLL_MS = 500;
 /** A seal's claim: long enough to write the ledger; a process that dies holding it frees it this soon. */
 const SEAL_CLAIM_SECONDS = 120;
 const HASHERS_KEPT = 64;
@@ -81,6 +83,14 @@ export function gateRunsOf(deps: GatesDeps) {
       const controller = new AbortController();
       const mine = running.get(gateRunId) ?? new Set();
       running.set(gateRunId, mine.add(controller));
+      // a cancel asked of another process (the one serving the request, or running the step that waits) reaches
+      // this one through the store: its gate was left to run to its timeout, and its result kept as the latest
+      const watch = setInterval(() => {
+        void store.gateRuns.get(tenantId, gateRunId).then(
+          (r) => r?.status !== 'running' && controller.abort(),
+          () => undefined,
+        );
+      }, CANCEL_POLL_MS);
       try {
         const ran = await runGate(gate, {
           sandbox,
@@ -97,9 +107,16 @@ export function gateRunsOf(deps: GatesDeps) {
         result = ran.result;
         if (ran.artifacts.length) await store.evidence.append(tenantId, () => [], ran.artifacts);
       } finally {
+        clearInterval(watch);
         mine.delete(controller);
         if (!mine.size) running.delete(gateRunId);
       }
+    }
+    // a gate run ended meanwhile (canceled, or sealed without this gate) keeps no result of it: smart gates
+    // would read it as the gate's latest, which no ledger entry seals
+    if ((await store.gateRuns.get(tenantId, gateRunId))?.status !== 'running') {
+      log.info({ tenant_id: tenantId, gate_run_id: gateRunId, gate_id: gateId }, 'gate result not kept: its gate run ended while it ran');
+      return result;
     }
     await store.gateRuns.putResult(tenantId, gateRunId, result);
     await emit(record, {

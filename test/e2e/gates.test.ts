@@ -11,7 +11,7 @@ import { GENESIS_HASH, publicKeyFromPem, readPack, signerOf, verifyEntries, veri
 import { smartGatesOf } from '../../engine/gates/index.js';
 import { newId, type GateRunRecord } from '../../engine/platform/index.js';
 import { builtCli } from '../support/built.js';
-import { eventually, finishedRun, KEYS, scanKeys, startHarness, type Harness } from '../support/harness.js';
+import { eventually, finishedRun, KEYS, sameDeployment, scanKeys, startHarness, type Harness } from '../support/harness.js';
 import * as sign from '../support/signers.js';
 import { GATES_YAML, makeProject, passed } from '../support/projects.js';
 
@@ -271,6 +271,38 @@ describe('gates in the service', function () {
     console.log(`      smart gates on 5,000 files: first ${first.ms.toFixed(1)} ms, then ${again.map((t) => t.ms.toFixed(1)).join(' / ')} ms`);
     expect(Math.min(...again.map((t) => t.ms))).to.be.below(50);
     expect(again.every((t) => t.body.gates[0].state === 'passing')).to.equal(true);
+  });
+
+  it('stops a gate that runs in another process when its gate run is canceled, and keeps no result of it', async () => {
+    const dir = path.join(h.tenantDir(), 'cancel-elsewhere');
+    await fs.mkdir(dir, { recursive: true });
+    await fs.writeFile(path.join(dir, 'gates.yaml'), 'gates:\n  - id: long\n    shell: true\n    run: "touch started; sleep 4; touch finished"\n');
+    // the web process (no workers) starts and cancels it; this harness's workers run the gate
+    const web = await startHarness({ workers: false, env: sameDeployment(h) });
+    try {
+      const started = await web.rt.engine.gates.start('tenant-a', { workspace: 'cancel-elsewhere', trigger: { type: 'api' } });
+      await eventually(
+        () =>
+          fs.stat(path.join(dir, 'started')).then(
+            () => true,
+            () => null,
+          ),
+        'the gate to start',
+        10_000,
+      );
+      const canceledAt = Date.now();
+      expect((await web.rt.engine.gates.cancel('tenant-a', started.id)).status).to.equal('canceled');
+      // past the gate's own end: it would have written `finished` by then
+      await new Promise((r) => setTimeout(r, Math.max(0, canceledAt + 4500 - Date.now())));
+      await fs.stat(path.join(dir, 'finished')).then(
+        () => expect.fail('the gate ran to its end after its gate run was canceled'),
+        () => undefined,
+      );
+      expect(await h.rt.store.gateRuns.results('tenant-a', started.id)).to.deep.equal([]);
+      expect((await h.rt.store.gateRuns.get('tenant-a', started.id))!.status).to.equal('canceled');
+    } finally {
+      await web.close();
+    }
   });
 
   it('packs a seal that another writer cut into (MongoDB builds the rest of a batch on its entries): each result found in its run’s slice', async () => {
