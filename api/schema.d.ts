@@ -1923,7 +1923,7 @@ export interface components {
         Budget: {
             /** @description Wall-clock bound of each attempt of a run (a retry gets it again). Defaults to SERVICE_RUN_DEFAULT_BUDGET_SECONDS and may not exceed SERVICE_RUN_MAX_BUDGET_SECONDS. */
             seconds?: number;
-            /** @description Most tool calls each attempt of a run may make (a retry gets them again, as it gets `seconds` again). A run with a goal that names none gets SERVICE_RUN_DEFAULT_MAX_STEPS (200 unless set). */
+            /** @description Most tool calls each attempt of a run may make (a retry gets them again, as it gets `seconds` again). A run with a goal that names none gets SERVICE_RUN_DEFAULT_MAX_STEPS (200 unless set); a plan with an `agent` step, its steps and that many more. */
             max_steps?: number;
         };
         /**
@@ -2056,7 +2056,7 @@ export interface components {
             workspace?: string;
             /** @description Wall-clock bound of each attempt of the run. Default SERVICE_RUN_DEFAULT_BUDGET_SECONDS, at most SERVICE_RUN_MAX_BUDGET_SECONDS. */
             budget_seconds?: number;
-            /** @description Most tool calls each attempt of the run may make (a retry gets them again, as it gets `budget_seconds` again). A run with a goal that names none gets SERVICE_RUN_DEFAULT_MAX_STEPS (200 unless set); a run of steps alone is bounded by its plan. */
+            /** @description Most tool calls each attempt of the run may make (a retry gets them again, as it gets `budget_seconds` again). A run with a goal that names none gets SERVICE_RUN_DEFAULT_MAX_STEPS (200 unless set); a plan with an `agent` step, its steps and that many more; a run of other steps alone is bounded by its plan. */
             max_steps?: number;
             inputs?: {
                 [key: string]: unknown;

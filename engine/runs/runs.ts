@@ -197,8 +197,11 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
   /** With `key`, the run takes its Idempotency-Key's record (dated as the run) in its own commit, or is not made (KeyHeld). */
   async function create(tenantId: string, req: RunRequest, id = newId('run'), after?: AfterStored, key?: (run: Run) => KeyClaim): Promise<Run> {
     const { steps, goal, seconds, tool_allowlist, network, workspace } = await admitNew(tenantId, req);
-    // an agent's loop is bounded by its steps as well as its time: each step is kept with the run
-    const maxSteps = req.max_steps ?? (goal ? limits.defaultAgentMaxSteps : undefined);
+    // an agent's loop is bounded by its steps as well as its time: each step is kept with the run. A plan's
+    // `agent` step is such a loop too (it was bounded by time alone: 755 steps in 3 s of a model that looped),
+    // with the plan's own steps on top of the loop's allowance
+    const agentSteps = steps?.some((s) => s.tool === 'agent') && limits.defaultAgentMaxSteps !== undefined;
+    const maxSteps = req.max_steps ?? (goal ? limits.defaultAgentMaxSteps : agentSteps ? steps!.length + limits.defaultAgentMaxSteps! : undefined);
     const run: Run = {
       id,
       tenant_id: tenantId,

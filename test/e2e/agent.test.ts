@@ -168,7 +168,7 @@ describe('agent runs', function () {
   });
   it('bounds the steps of an agent’s run that names no max_steps by SERVICE_RUN_DEFAULT_MAX_STEPS', async () => {
     // a model that would call tools for good: each step is kept with the run (up to 64 KB of output each)
-    const script: ScriptedTurn[] = Array.from({ length: 6 }, () => ({ tool_calls: [{ name: 'message', args: { text: 'again' } }] }));
+    const script: ScriptedTurn[] = Array.from({ length: 12 }, () => ({ tool_calls: [{ name: 'message', args: { text: 'again' } }] }));
     await withAgent(
       script,
       async (h) => {
@@ -184,6 +184,21 @@ describe('agent runs', function () {
         expect((await h.call<RunBody>('GET', `/api/v1/runs/${named.body.run_id}`)).body.budget.max_steps).to.equal(5);
         const plain = await h.call<RunBody>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'message', args: { text: 'hi' } }] } });
         expect((await h.call<RunBody>('GET', `/api/v1/runs/${plain.body.run_id}`)).body.budget).to.not.have.property('max_steps');
+        // a plan's `agent` step is such a loop as well: its plan's steps, and the bound on top (it had none: 755 steps in 3 s)
+        const planned = await h.call<RunBody>('POST', '/api/v1/autonomy/run', {
+          body: {
+            steps: [
+              { tool: 'message', args: { text: 'first' } },
+              { tool: 'agent', args: { goal: 'talk forever' } },
+            ],
+            tools: ['agent', 'message'],
+          },
+        });
+        expect(planned.status, planned.text).to.equal(202);
+        const loop = await finished(h, planned.body.run_id);
+        expect(loop.budget.max_steps).to.equal(2 + 3);
+        expect(loop.error.code).to.equal('max-steps-reached');
+        expect(loop.steps.length).to.be.at.most(5);
       },
       { SERVICE_RUN_DEFAULT_MAX_STEPS: '3' },
     );
