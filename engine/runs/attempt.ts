@@ -16,6 +16,7 @@ import {
   type StepConnections,
   type ToolContext,
   type ToolResult,
+  runProcess,
 } from '../tools/index.js';
 import type { Transitions } from './transitions.js';
 import { tenantRootPath } from './workspace.js';
@@ -135,15 +136,25 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
   let checkoutDir: string | null = null;
   const checkouts = {
     async fresh() {
-      const area = path.join(tenantRootPath(deps.settings, run.tenant_id), CHECKOUTS_DIR);
-      // the service's own folder in the tenant's root: a link or a file the tenant put in its place is
-      // removed (the link, never what it points to), so the checkout is made there and nowhere else; a
-      // link put there after this is refused when the sandbox binds the checkout
-      const found = await fs.lstat(area).catch(() => null);
-      if (found && !found.isDirectory()) await fs.rm(area, { force: true });
-      checkoutDir = path.join(area, run.id);
-      await fs.rm(checkoutDir, { recursive: true, force: true });
-      await fs.mkdir(checkoutDir, { recursive: true });
+      const root = tenantRootPath(deps.settings, run.tenant_id);
+      // the service's own folder in the tenant's root: a link or a file the tenant put in its place is removed
+      // (the link, never what it points to), and the run's folder made again. In the sandbox, the root bound by
+      // its descriptor: by path, as the service, a link a step put there between the check and the write led
+      // the removal and the making elsewhere. A link put there after this is refused when the checkout binds it
+      const made = await runProcess(
+        deps.sandbox,
+        [
+          '/bin/sh',
+          '-c',
+          'if [ -L "$1" ] || { [ -e "$1" ] && [ ! -d "$1" ]; }; then rm -f "$1"; fi; rm -rf "$1/$2" && mkdir -p "$1/$2"',
+          'fresh',
+          `${deps.sandbox.workspacePath(root)}/${CHECKOUTS_DIR}`,
+          run.id,
+        ],
+        { workspace: root, env: { PATH: deps.settings.childEnv.PATH ?? '/usr/bin:/bin' }, network: false, maxBytes: 64 * 1024 },
+      );
+      if (made.exit_code !== 0) throw new ToolError('checkout-failed', `the run's checkout folder could not be made (exit ${made.exit_code ?? made.signal})`);
+      checkoutDir = path.join(root, CHECKOUTS_DIR, run.id);
       return checkoutDir;
     },
     use(dir: string) {

@@ -178,9 +178,26 @@ async function checkout(args: Record<string, unknown>, ctx: ToolContext): Promis
     if (expected && output.head_sha !== expected)
       return { output, error: { code: 'checkout-moved', message: `${ref} of ${repo} is at ${output.head_sha ?? '?'}, not at ${expected} as the event said` } };
     // the repository joins its files once the token and the network are gone: what is in the folder's `.git` now
-    // (another step's making) goes first
-    await fs.rm(path.join(dir, '.git'), { recursive: true, force: true });
-    await fs.cp(gitDir, path.join(dir, '.git'), { recursive: true });
+    // (another step's making) goes first. In the sandbox, the folder bound by its descriptor: done by path, as the
+    // service, a link another run's step put in the folder's place led the removal and the copy into another
+    // tenant's repository (or the data dir)
+    const joined = await runProcess(
+      ctx.sandbox,
+      ['/bin/sh', '-c', 'rm -rf "$1/.git" && cp -R "$2" "$1/.git"', 'join', ctx.sandbox.workspacePath(dir), gitDir],
+      {
+        workspace: dir,
+        env: { PATH: ctx.childEnv.PATH ?? '/usr/bin:/bin' },
+        network: false,
+        readOnlyBinds: [gitDir],
+        signal: ctx.signal,
+        maxBytes: CHECKOUT_OUTPUT_MAX,
+      },
+    );
+    if (joined.exit_code !== 0)
+      return {
+        output: { ...output, stderr: joined.stderr },
+        error: { code: 'checkout-failed', message: `the checkout's git folder could not be put in place (exit ${joined.exit_code ?? joined.signal})` },
+      };
     ctx.checkouts.use(dir);
     return { output };
   } finally {

@@ -580,6 +580,41 @@ describe('action tools', function () {
     expect(after.filter((p) => p.startsWith('/github/acme/app.git/'))).to.deep.equal([]);
   });
 
+  it('puts a checkout’s git folder in place only in its own folder: one another step swapped for a link to another tenant’s repository is refused, and that repository left as it was', async () => {
+    const repo = makePullRequestRepo(fs.mkdtempSync(path.join(h.config.dataDir, 'swapped-')), 9, { path: 'src/c.ts', content: 'export const c = 3;\n' });
+    fake.serveRepo('acme/swapped', repo.bare);
+    // tenant-b's repository, with a mark of its own in its .git
+    const victim = path.join(h.tenantDir('tenant-b'), 'repo');
+    fs.mkdirSync(victim, { recursive: true });
+    execFileSync('sh', ['-c', 'git init -q && git -c user.name=b -c user.email=b@b commit -q --allow-empty -m mine && touch .git/MARK'], { cwd: victim });
+    const head = execFileSync('git', ['rev-parse', 'HEAD'], { cwd: victim, encoding: 'utf8' });
+    // another step of tenant-a swaps the checkout folder for a link to it the moment its git is done (the race, won every time)
+    const spawn = h.rt.sandbox.spawn.bind(h.rt.sandbox);
+    let swapped = false;
+    h.rt.sandbox.spawn = (argv, o) => {
+      const proc = spawn(argv, o);
+      if (argv.some((a) => a.includes('git fetch')))
+        proc.child.once('exit', () => {
+          fs.renameSync(o.workspace, `${o.workspace}.real`);
+          fs.symlinkSync(path.relative(path.dirname(o.workspace), victim), o.workspace);
+          swapped = true;
+        });
+      return proc;
+    };
+    try {
+      const run = await start({
+        tools: ['codehost'],
+        steps: [{ tool: 'codehost', args: { action: 'checkout', repository: 'acme/swapped', ref: 'refs/pull/9/head' } }],
+      });
+      expect(swapped).to.equal(true);
+      expect(run.status, JSON.stringify(run.steps)).to.equal('failed');
+    } finally {
+      h.rt.sandbox.spawn = spawn;
+    }
+    expect(fs.existsSync(path.join(victim, '.git', 'MARK')), 'tenant-b’s .git is its own').to.equal(true);
+    expect(execFileSync('git', ['rev-parse', 'HEAD'], { cwd: victim, encoding: 'utf8' })).to.equal(head);
+  });
+
   it('runs the networked, token-bearing git of a checkout on a git folder of its own: config another run put in the checkout folder is not obeyed', async () => {
     const repo = makePullRequestRepo(fs.mkdtempSync(path.join(h.config.dataDir, 'planted-')), 8, { path: 'src/b.ts', content: 'export const b = 2;\n' });
     fake.serveRepo('acme/planted', repo.bare);
