@@ -103,15 +103,26 @@ export async function startWebServer(rt: Runtime, opts: { port?: number; host?: 
 
 /**
  * A request whose body stops coming held its connection, and whatever reads it (the JSON parser, an upload's
- * stream), until Node's request timeout (300 s): one whose body sends nothing for `idleMs` is answered 408 and
- * its connection closed, and the reading fails, so nothing it asked for is done. Once the body is all in, the
- * handler takes the time it needs. Node raises the request's `timeout` only while its body is incomplete.
+ * stream), until Node's request timeout (300 s): one whose body sends nothing for `idleMs` (to twice that) is
+ * answered 408 and its connection closed, and the reading fails, so nothing it asked for is done. A check of
+ * the request's own, on the bytes its connection has read, until its body is all in or it ends: the socket's
+ * timeout, shared by the requests of a connection, was set back by an earlier request's body ending (a
+ * pipelined request that stalled was never answered) and left cleared on a kept-alive connection whose body
+ * the route never read (it was never closed). Listening for the body's chunks would start it flowing before
+ * its reader is there.
  */
 function whileBodyComes(req: IncomingMessage, res: ServerResponse, idleMs: number, log: Logger): void {
   if (!hasBody(req)) return;
-  req.setTimeout(idleMs, () => {
-    const socket = req.socket;
-    if (res.headersSent) return void socket.destroy(); // answered already (a refusal), and the body still hangs
+  const socket = req.socket;
+  let read = socket.bytesRead;
+  const check = setInterval(() => {
+    if (socket.bytesRead !== read) {
+      read = socket.bytesRead;
+      return;
+    }
+    done();
+    // answered already (the route did not read the body) and the rest of it does not come: the connection goes
+    if (res.headersSent) return void socket.destroy();
     const requestId = (req as IncomingMessage & { id?: string }).id ?? newRequestId();
     log.info({ req_id: requestId, idle_ms: idleMs }, 'a request body sent nothing for too long: answered 408');
     const body = JSON.stringify({
@@ -125,8 +136,10 @@ function whileBodyComes(req: IncomingMessage, res: ServerResponse, idleMs: numbe
     res.shouldKeepAlive = false;
     res.writeHead(408, { 'Content-Type': 'application/problem+json; charset=utf-8', 'Content-Length': Buffer.byteLength(body), 'X-Request-Id': requestId });
     res.end(body, () => socket.destroy());
-  });
-  req.once('end', () => req.setTimeout(0));
+  }, idleMs);
+  const done = () => clearInterval(check);
+  req.once('end', done);
+  req.once('close', done);
 }
 
 /** What Node refuses before a request exists (its parser's errors), as problems like every other error; the socket then closes. */

@@ -443,6 +443,29 @@ describe('bad input', () => {
       expect((await slow.call('GET', '/api/v1/sessions')).body.data).to.deep.equal([]);
     });
 
+    it('answers 408 to a pipelined request whose body stalls, and closes a kept-alive connection whose body the route never read', async () => {
+      // the second request, written with the first, sends 10 bytes of its body and no more (an earlier request's
+      // body ending reset the connection's timer: it was never answered)
+      const whole = head('/api/v1/automations', `Content-Type: application/json\r\nContent-Length: ${automation.length}\r\n`) + automation;
+      const cut = head('/api/v1/automations', `Content-Type: application/json\r\nContent-Length: ${automation.length}\r\n`) + automation.slice(0, 10);
+      const piped = await rawExchange(slow.url, [[0, whole + cut]]);
+      expect(piped.text).to.match(/^HTTP\/1\.1 201 /);
+      expect(piped.text).to.match(/HTTP\/1\.1 408 Request Timeout/);
+      expect(piped.ms).to.be.below(4000);
+      // answered without its body read (no key: a 401), then idle: closed at the keep-alive timeout, not kept for good
+      const keepAlive = slow.web.server.keepAliveTimeout;
+      slow.web.server.keepAliveTimeout = 500;
+      try {
+        const unread = `POST /api/v1/automations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${automation.length}\r\n\r\n${automation}`;
+        const answered = await rawExchange(slow.url, [[0, unread]], 5000);
+        expect(answered.text).to.match(/^HTTP\/1\.1 401 /);
+        expect(answered.ms, 'closed by the server, not by the client at 5 s').to.be.below(4000);
+      } finally {
+        slow.web.server.keepAliveTimeout = keepAlive;
+      }
+      for (const a of (await slow.call('GET', '/api/v1/automations')).body.data) await slow.call('DELETE', `/api/v1/automations/${a.id}`);
+    });
+
     it('takes a body that keeps coming, however slowly, and keeps an idle connection alive between requests', async () => {
       const bytes = head('/api/v1/automations', `Content-Type: application/json\r\nContent-Length: ${automation.length}\r\n`) + automation;
       // a piece every 0.4 s for 2.4 s, the idle limit 1 s
