@@ -14,6 +14,7 @@ import {
   privateLiteral,
   newId,
   redisBatch,
+  withTimeout,
   NOTIFICATION_TYPES,
   staleJobRepair,
   NotFoundError,
@@ -65,6 +66,8 @@ function subscribes(patterns: string[], type: NotificationType): boolean {
 
 /** The longest a process answers events from its copy of a tenant's endpoints (when Redis cannot say whether they changed). */
 const CACHE_MS = 5_000;
+/** How long a change of endpoints, or an event, waits for Redis to take or give their version. */
+const VERSION_WAIT_MS = 1000;
 const jobId = (d: NotificationDelivery) => `ntf-${d.id}${d.replays ? `-r${d.replays}` : ''}`;
 
 const tooMany = (max: number) =>
@@ -112,8 +115,10 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
   let events: EventLog | null = null;
 
   async function enabledOf(tenantId: string): Promise<NotificationEndpoint[]> {
-    // unanswered, no copy is taken as current
-    const version = await batch.call<string>('notify.endpoints', [versionKey(tenantId)], []).catch(() => undefined);
+    // unanswered (within a second: a stalled Redis never answers), no copy is taken as current
+    const version = await withTimeout(batch.call<string>('notify.endpoints', [versionKey(tenantId)], []), VERSION_WAIT_MS, 'the endpoints’ version').catch(
+      () => undefined,
+    );
     const hit = cache.get(tenantId);
     if (hit && version !== undefined && hit.version === version && Date.now() - hit.at < CACHE_MS) return hit.endpoints;
     const endpoints = (await store.notificationEndpoints.list(tenantId)).filter((e) => e.status === 'enabled');
@@ -122,10 +127,13 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
     return endpoints;
   }
 
-  /** The tenant's endpoints changed (stored): every process's copy is out of date from now. */
+  /**
+   * The tenant's endpoints changed (stored): every process's copy is out of date from now. The change is
+   * answered within a second whatever Redis does (stalled, it held the answer of a change already stored).
+   */
   async function changed(tenantId: string): Promise<void> {
     cache.delete(tenantId);
-    await redis.set(versionKey(tenantId), randomBytes(8).toString('hex')).catch((err: Error) => {
+    await withTimeout(redis.set(versionKey(tenantId), randomBytes(8).toString('hex')), VERSION_WAIT_MS, 'the endpoints’ new version').catch((err: Error) => {
       log.warn(
         { tenant_id: tenantId, err: err.message },
         "notification endpoints changed; Redis did not take their new version: other processes' copies last up to 5 s",

@@ -167,6 +167,10 @@ describe('Redis outage', function () {
     // the routes once while Redis answers: what is timed below is the outage, not the first use of a route
     await h.call('POST', `/api/v1/sessions/${warmSession.body.id}/tasks`, { body: { id: 'warm', steps: [{ tool: 'message', args: { text: 'w' } }] } });
     await h.call('POST', `/api/v1/sessions/${warmSession.body.id}/messages`, { body: { role: 'user', parts: [{ type: 'text', text: 'warm' }] } });
+    const hookEndpoint = { url: 'https://93.184.216.34/hook', event_types: ['audit.report'] };
+    const warmEndpoint = await h.call<Record<string, any>>('POST', '/api/v1/notification-endpoints', { body: hookEndpoint });
+    expect(warmEndpoint.status, warmEndpoint.text).to.equal(201);
+    await h.call('DELETE', `/api/v1/notification-endpoints/${warmEndpoint.body.endpoint.id}`);
     const signed = sign.generic([secret], { type: 'deploy.finished', id: 'warm' });
     expect((await h.call('POST', '/webhooks/tenant-a/generic', { key: null, raw: signed.body, headers: signed.headers })).status).to.equal(200);
     const long = await h.call<Record<string, any>>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'sleep 20' } }] } });
@@ -205,6 +209,11 @@ describe('Redis outage', function () {
         }),
       );
       expect(message.status, message.text).to.equal(201);
+      // stored, then answered: the new version of the tenant's endpoints is Redis's to take later (it held the answer)
+      const endpoint = await timed('a notification endpoint', () =>
+        h.call<Record<string, any>>('POST', '/api/v1/notification-endpoints', { body: hookEndpoint }),
+      );
+      expect(endpoint.status, endpoint.text).to.equal(201);
       const hook = sign.generic([secret], { type: 'deploy.finished', id: 'during' });
       const delivered = await timed('a webhook', () =>
         h.call<Record<string, any>>('POST', '/webhooks/tenant-a/generic', { key: null, raw: hook.body, headers: hook.headers }),
@@ -223,6 +232,7 @@ describe('Redis outage', function () {
       const context = await timed('the reliability context', () => h.call<Record<string, any>>('GET', '/api/v1/autonomy/reliability-context'));
       expect(context.status, context.text).to.equal(503);
       await resumed;
+      await h.call('DELETE', `/api/v1/notification-endpoints/${endpoint.body.endpoint.id}`);
       // the webhook refused during the outage is taken when the provider sends it again: not a replay
       // (the claim Redis took late is given back as soon as Redis answers it; a provider retries after Retry-After)
       await eventually(
