@@ -269,7 +269,11 @@ export function bwrapSandbox(opts: { bwrap: string; prlimit: string; limits: San
     '/proc/sysrq-trigger',
     '--dev',
     '/dev',
-    // /tmp is memory: it holds no more than the largest file a step may write
+    // /tmp and /dev/shm are memory: each holds no more than the largest file a step may write (a step wrote 150 MB
+    // into /dev/shm where no memory cgroup bounds it); the root and /dev themselves are made read-only below
+    ...(supports.has('--size') ? ['--size', String(opts.limits.fileSizeMb * 1024 * 1024)] : []),
+    '--tmpfs',
+    '/dev/shm',
     ...(supports.has('--size') ? ['--size', String(opts.limits.fileSizeMb * 1024 * 1024)] : []),
     '--tmpfs',
     '/tmp',
@@ -304,6 +308,8 @@ export function bwrapSandbox(opts: { bwrap: string; prlimit: string; limits: San
           o.readOnly ? '--ro-bind-fd' : '--bind-fd',
           bound(o.workspace),
           INSIDE_WORKSPACE,
+          // once every mount point is made: the root (a tmpfs of no size) and /dev take no file of a step's
+          ...(supports.has('--remount-ro') ? ['--remount-ro', '/dev', '--remount-ro', '/'] : []),
           '--chdir',
           INSIDE_WORKSPACE,
           ...Object.entries(env).flatMap(([k, v]) => ['--setenv', k, v]),

@@ -134,11 +134,19 @@ describe('sandbox', function () {
         'unshare -Ur true 2>/dev/null && echo userns-made || echo userns-refused',
         // the harness's SERVICE_SANDBOX_FILE_SIZE_MB bounds /tmp too
         `dd if=/dev/zero of=/tmp/big bs=1M count=${h.config.sandbox.limits.fileSizeMb + 8} 2>/dev/null; echo tmp=$(( $(stat -c %s /tmp/big) / 1048576 ))`,
+        // and /dev/shm; the root and /dev take no file at all (memory with no bound, where no cgroup counts it)
+        // (in files each under the size a file may have: together over it)
+        `for f in a b; do dd if=/dev/zero of=/dev/shm/$f bs=1M count=${h.config.sandbox.limits.fileSizeMb / 2 + 4} 2>/dev/null; done; echo shm=$(( $(cat /dev/shm/a /dev/shm/b | wc -c) / 1048576 ))`,
+        'touch /rootfile 2>/dev/null && echo root-written || echo root-refused',
+        'touch /dev/devfile 2>/dev/null && echo dev-written || echo dev-refused',
+        'echo x > /dev/null && echo null-written',
       ].join('; '),
     );
-    const [sysctl, userns, tmp] = (run.steps[0].output.stdout as string).trim().split('\n');
+    const [sysctl, userns, tmp, shm, ...rest] = (run.steps[0].output.stdout as string).trim().split('\n');
     expect([sysctl, userns]).to.deep.equal(['sysctl-refused', 'userns-refused']);
     expect(Number(tmp!.slice(4))).to.be.at.most(h.config.sandbox.limits.fileSizeMb);
+    expect(Number(shm!.slice(4))).to.be.at.most(h.config.sandbox.limits.fileSizeMb);
+    expect(rest).to.deep.equal(['root-refused', 'dev-refused', 'null-written']);
     // no other user of the machine goes into the store's folder or the tenants' workspaces
     for (const dir of [h.config.dataDir, h.config.workspaceRoot]) expect((await fs.stat(dir)).mode & 0o777, dir).to.equal(0o700);
   });
