@@ -5,7 +5,7 @@
 // conversation. The loop ends when the model answers without a tool call, asks for input (the run
 // ends; the conversation is kept for the run that the answer starts), the budget ends, or max_steps is reached.
 import OpenAI from 'openai';
-import type { AgentTurn, ChatMessage, ChatToolCall } from '../platform/index.js';
+import type { AgentTurn, ChatMessage, ChatToolCall, ErrorInfo } from '../platform/index.js';
 import type { Tool, ToolResult } from '../tools/index.js';
 
 export type AgentEndpoint = { baseUrl: string; apiKey: string | undefined; model: string; timeoutSeconds: number; maxRetries: number };
@@ -134,7 +134,8 @@ export async function runAgent(opts: {
   signal: AbortSignal;
   /** how many more tool calls the run may make; undefined: no bound */
   stepsLeft: () => number | undefined;
-  callTool(name: string, args: Record<string, unknown>): Promise<ToolResult>;
+  /** a call with `refused` is kept as a failed step without running the tool (arguments that are not a JSON object) */
+  callTool(name: string, args: Record<string, unknown>, refused?: ErrorInfo): Promise<ToolResult>;
   onTurn(turn: Omit<AgentTurn, 'index' | 'at'>): Promise<void>;
 }): Promise<AgentOutcome> {
   const messages: ChatMessage[] = opts.conversation
@@ -157,8 +158,8 @@ export async function runAgent(opts: {
     for (const text of await opts.inbox()) messages.push({ role: 'user', content: capped(text) });
     const message = await opts.client.complete(model, messages, tools, opts.signal);
     const calls = message.tool_calls;
-    const parsed = calls.map((c) => ({ id: c.id, tool: c.function.name, args: parseArgs(c.function.arguments) }));
-    await opts.onTurn({ content: message.content, tool_calls: parsed, usage: message.usage });
+    const parsed = calls.map((c) => ({ id: c.id, tool: c.function.name, ...parseArgs(c.function.arguments) }));
+    await opts.onTurn({ content: message.content, tool_calls: parsed.map(({ id, tool, args }) => ({ id, tool, args })), usage: message.usage });
     messages.push({ role: 'assistant', content: message.content, ...(calls.length ? { tool_calls: calls } : {}) });
     if (calls.length === 0) return { stopped_by: 'answer', answer: message.content, conversation: messages };
     let question: string | null = null;
@@ -170,7 +171,7 @@ export async function runAgent(opts: {
       } else {
         const left = opts.stepsLeft();
         if (left !== undefined && left <= 0) return { stopped_by: 'max_steps', conversation: messages };
-        const result = await opts.callTool(call.tool, call.args);
+        const result = await opts.callTool(call.tool, call.args, call.refused);
         content = JSON.stringify(result.error ? { error: result.error, output: result.output } : result.output);
       }
       messages.push({ role: 'tool', tool_call_id: call.id, content: capped(content) });
@@ -180,11 +181,23 @@ export async function runAgent(opts: {
   }
 }
 
-function parseArgs(text: string): Record<string, unknown> {
+/** What the model sent as a call's arguments: kept as it is, in `invalid_arguments`, when it is not a JSON object. */
+const INVALID_ARGS_KEPT = 2000;
+
+/**
+ * A call's arguments, or why they are refused: text that is not a JSON object ran the tool with none (`{}`),
+ * as if the call had been what the model meant, and the model was told it worked.
+ */
+function parseArgs(text: string): { args: Record<string, unknown>; refused?: ErrorInfo } {
+  let v: unknown;
   try {
-    const v: unknown = JSON.parse(text || '{}');
-    return v && typeof v === 'object' && !Array.isArray(v) ? (v as Record<string, unknown>) : {};
+    v = JSON.parse(text || '{}');
   } catch {
-    return {};
+    v = undefined;
   }
+  if (v && typeof v === 'object' && !Array.isArray(v)) return { args: v as Record<string, unknown> };
+  return {
+    args: { invalid_arguments: text.slice(0, INVALID_ARGS_KEPT) },
+    refused: { code: 'invalid-args', message: 'the arguments are not a JSON object: the tool was not called; send them again as one' },
+  };
 }

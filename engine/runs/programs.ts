@@ -200,7 +200,7 @@ export function agentProgram(client: ModelClient, runOf: (runId: string) => Prom
         },
         signal: a.signal,
         stepsLeft: () => stepsLeft(a),
-        callTool: (tool, args) => a.runStep(a.newStep({ tool, args, name: null, source: 'agent' })),
+        callTool: (tool, args, refused) => a.runStep(a.newStep({ tool, args, name: null, source: 'agent' }), refused),
         onTurn: (turn) => a.addTurn(turn, turns++),
       });
       if (outcome.stopped_by === 'max_steps') {

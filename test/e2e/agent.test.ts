@@ -129,6 +129,28 @@ describe('agent runs', function () {
     );
   });
 
+  it('refuses a tool call whose arguments are not a JSON object, as a failed step the model is told of, without calling the tool', async () => {
+    const script: ScriptedTurn[] = [
+      { tool_calls: [{ name: 'list_files', args: {}, raw: '{"path": "sub' }] },
+      { tool_calls: [{ name: 'list_files', args: {}, raw: '["sub"]' }] },
+      { content: 'Gave up on listing.' },
+    ];
+    await withAgent(script, async (h, model) => {
+      const res = await h.call('POST', '/api/v1/autonomy/run', { body: { goal: 'list sub', tools: ['list_files'] } });
+      const run = await finished(h, res.body.run_id);
+      expect(run.status, JSON.stringify(run.steps)).to.equal('succeeded');
+      expect(run.steps.map((s: Record<string, any>) => [s.status, s.error?.code, s.args])).to.deep.equal([
+        ['failed', 'invalid-args', { invalid_arguments: '{"path": "sub' }],
+        ['failed', 'invalid-args', { invalid_arguments: '["sub"]' }],
+      ]);
+      // the model hears why, where it was answered a listing of the workspace as if its call had worked
+      const told = model.requests[1]!.body.messages.at(-1);
+      expect(told.role).to.equal('tool');
+      expect(told.content).to.contain('invalid-args');
+      expect(told.content).not.to.contain('"files"');
+    });
+  });
+
   it('retries a 429 after its Retry-After and a 503, then goes on', async () => {
     await withAgent([{ status: 429, headers: { 'retry-after': '1' } }, { status: 503 }, { content: 'Done after the rate limit.' }], async (h, model) => {
       const res = await h.call('POST', '/api/v1/autonomy/run', { body: { goal: 'be patient' } });

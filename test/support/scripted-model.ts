@@ -6,7 +6,8 @@ import type { AddressInfo } from 'node:net';
 export type ScriptedTurn =
   | {
       content?: string | null;
-      tool_calls?: { name: string; args: Record<string, unknown> }[];
+      /** `raw`: the arguments' text as sent, in place of `args` as JSON (a model's broken JSON) */
+      tool_calls?: { name: string; args: Record<string, unknown>; raw?: string }[];
       /** the answer waits for this (a test acts while the agent is between turns) */
       gate?: Promise<unknown>;
       /** the answer comes this late */
@@ -50,7 +51,7 @@ export async function startScriptedModel(script: ScriptedTurn[]): Promise<Script
               tool_calls: next.tool_calls.map((c, i) => ({
                 id: `call_${index}_${i}`,
                 type: 'function',
-                function: { name: c.name, arguments: JSON.stringify(c.args) },
+                function: { name: c.name, arguments: c.raw ?? JSON.stringify(c.args) },
               })),
             }
           : {}),
