@@ -41,6 +41,9 @@ const RECOUNT_TRIES = 5;
 /** Stale sessions the reconciler reads at a time, and at most in one pass of each status (the next pass goes on from there). */
 const STALE_SESSIONS_PAGE = 200;
 const STALE_SESSIONS_PER_PASS = 5 * STALE_SESSIONS_PAGE;
+/** An agent's inbox is read this many messages a page, up to this many pages before a model call. */
+const INBOX_PAGE = 200;
+const INBOX_PAGES = 50;
 
 /** Runs made through the autonomy routes have a session of their own. */
 const hasRunSession = (run: Run): run is Run & { kind: 'autonomy' | 'vibe' } => run.kind === 'autonomy' || run.kind === 'vibe';
@@ -308,27 +311,37 @@ export function sessionsOf(deps: SessionsDeps) {
           return { id: posted.id, seq: posted.seq };
         },
         inbox: async (afterSeq) => {
-          const page = await store.messages.list(tenantId, run.session_id, { afterSeq, limit: 200 });
-          if (!page.length) return { texts: [], lastSeq: afterSeq };
-          // a reply goes to the author of what it replies to when that was this agent, whoever it is addressed to;
-          // a reply to all goes to no other agent when it replies to one (another agent's question is not this
-          // one's), to every agent when it replies to a person's or the system's message
-          const replied = await tasks.repliedAmong({ tenant_id: tenantId, id: run.session_id }, page);
-          const repliesTo = (m: MessageRecord) => (m.in_reply_to ? (replied.get(m.in_reply_to)?.from ?? null) : null);
-          const mine = page.filter(
-            (m) =>
-              (m.to === agentId || (agentId !== null && repliesTo(m) === agentId) || (m.to === null && repliesTo(m) === null)) &&
-              m.run_id !== run.id &&
-              !(agentId && m.from === agentId),
-          );
-          const names = mine.some((m) => m.from) ? new Map((await store.agents.list(tenantId, run.session_id)).map((a) => [a.id, a.name])) : new Map();
-          return {
-            texts: mine.map(
+          // every message since the last look, read a page at a time before the next model call (one page of 200,
+          // other agents' messages among them, left the rest to a turn that may not come: the task answered
+          // without a message to it), up to INBOX_PAGES pages a turn; the rest at the next
+          const texts: string[] = [];
+          let lastSeq = afterSeq;
+          let names: Map<string, string> | undefined;
+          for (let pages = 0; pages < INBOX_PAGES; pages++) {
+            const page = await store.messages.list(tenantId, run.session_id, { afterSeq: lastSeq, limit: INBOX_PAGE });
+            if (!page.length) break;
+            lastSeq = page.at(-1)!.seq;
+            // a reply goes to the author of what it replies to when that was this agent, whoever it is addressed to;
+            // a reply to all goes to no other agent when it replies to one (another agent's question is not this
+            // one's), to every agent when it replies to a person's or the system's message
+            const replied = await tasks.repliedAmong({ tenant_id: tenantId, id: run.session_id }, page);
+            const repliesTo = (m: MessageRecord) => (m.in_reply_to ? (replied.get(m.in_reply_to)?.from ?? null) : null);
+            const mine = page.filter(
               (m) =>
-                `Message from ${m.from ? `agent ${names.get(m.from) ?? m.from}` : m.role}${m.to && m.to === agentId ? ' to you' : ''}${agentId && repliesTo(m) === agentId ? ' (a reply to your message)' : ''}: ${textOf(m)}`,
-            ),
-            lastSeq: page.at(-1)!.seq,
-          };
+                (m.to === agentId || (agentId !== null && repliesTo(m) === agentId) || (m.to === null && repliesTo(m) === null)) &&
+                m.run_id !== run.id &&
+                !(agentId && m.from === agentId),
+            );
+            if (mine.some((m) => m.from) && !names) names = new Map((await store.agents.list(tenantId, run.session_id)).map((a) => [a.id, a.name]));
+            texts.push(
+              ...mine.map(
+                (m) =>
+                  `Message from ${m.from ? `agent ${names?.get(m.from) ?? m.from}` : m.role}${m.to && m.to === agentId ? ' to you' : ''}${agentId && repliesTo(m) === agentId ? ' (a reply to your message)' : ''}: ${textOf(m)}`,
+              ),
+            );
+            if (page.length < INBOX_PAGE) break;
+          }
+          return { texts, lastSeq };
         },
       };
       return actions;

@@ -73,6 +73,12 @@ describe('agents of a session', function () {
         { role: 'user', to: other.id, parts: text('Not for the writer.') },
       ])
         expect((await h.call('POST', `/api/v1/sessions/${session}/messages`, { body })).status).to.equal(201);
+      // more than a page of messages to the other agent, then one more to the writer: read before its next call too
+      // (one page of 200 was read a turn, and the task answered before the next)
+      for (let i = 0; i < 210; i++) await h.rt.engine.sessions.postMessage('tenant-a', session, { role: 'user', to: other.id, parts: text(`other ${i}`) });
+      expect(
+        (await h.call('POST', `/api/v1/sessions/${session}/messages`, { body: { role: 'user', to: writer.id, parts: text('IMPORTANT: stop') } })).status,
+      ).to.equal(201);
       release();
       const done = await sessionWhen(h, session, (s) => s.outcome !== null, 'the task to end');
       expect(done.outcome).to.equal('succeeded');
@@ -81,6 +87,7 @@ describe('agents of a session', function () {
       const second = JSON.stringify(model.requests[1]!.body.messages);
       expect(first).not.to.contain('changelog');
       expect(second).to.contain('Message from user to you: Also update the changelog.');
+      expect(second).to.contain('Message from user to you: IMPORTANT: stop');
       expect(second).not.to.contain('Not for the writer.');
       const run = await finishedRun(h, done.tasks[0].run_ids[0]);
       expect(run.agent).to.deep.equal({ id: writer.id, name: 'writer', role: null, model: 'special-model' });
