@@ -75,7 +75,8 @@ describe('agents of a session', function () {
         expect((await h.call('POST', `/api/v1/sessions/${session}/messages`, { body })).status).to.equal(201);
       // more than a page of messages to the other agent, then one more to the writer: read before its next call too
       // (one page of 200 was read a turn, and the task answered before the next)
-      for (let i = 0; i < 210; i++) await h.rt.engine.sessions.postMessage('tenant-a', session, { role: 'user', to: other.id, parts: text(`other ${i}`) });
+      for (let i = 0; i < 210; i++)
+        await h.rt.engine.sessions.postMessage('tenant-a', session, { role: 'user', to: other.id, parts: [{ type: 'text', text: `other ${i}` }] });
       expect(
         (await h.call('POST', `/api/v1/sessions/${session}/messages`, { body: { role: 'user', to: writer.id, parts: text('IMPORTANT: stop') } })).status,
       ).to.equal(201);
