@@ -1923,7 +1923,7 @@ export interface components {
         Budget: {
             /** @description Wall-clock bound of each attempt of a run (a retry gets it again). Defaults to SERVICE_RUN_DEFAULT_BUDGET_SECONDS and may not exceed SERVICE_RUN_MAX_BUDGET_SECONDS. */
             seconds?: number;
-            /** @description Most tool calls each attempt of a run may make (a retry gets them again, as it gets `seconds` again). A run with a goal that names none gets SERVICE_RUN_DEFAULT_MAX_STEPS (200 unless set); a plan with an `agent` step, its steps and that many more. */
+            /** @description Most tool calls each attempt of a run may make (a retry gets them again, as it gets `seconds` again). A run with a goal that names none gets SERVICE_RUN_DEFAULT_MAX_STEPS (200 unless set); a plan with an `agent` step, its steps and that many more. 0 lets an agent answer and call no tool (the run that continues a task whose agent's steps are spent). */
             max_steps?: number;
         };
         /**

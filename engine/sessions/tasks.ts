@@ -149,7 +149,9 @@ export function tasksOf(deps: TasksDeps) {
     // tries that failed count against max_attempts, a run that asked for input does not
     const attempts = Math.max(1, task.max_attempts - (opts.failed ?? 0));
     const stepsUsed = trigger.continues ? (taskUsage(task).steps ?? 0) : 0;
-    const maxSteps = agent?.budget.max_steps === undefined ? undefined : Math.max(1, agent.budget.max_steps - stepsUsed);
+    // none left: the continuation may answer, and a tool call of it ends the task with max-steps-reached (it was
+    // given one more step at each answer)
+    const maxSteps = agent?.budget.max_steps === undefined ? undefined : Math.max(0, agent.budget.max_steps - stepsUsed);
     // the task's move to queued, and its task.updated as soon as the write lands
     const moveQueued = async (r: Run): Promise<void> => {
       const how = queued(r);

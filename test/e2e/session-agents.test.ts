@@ -95,6 +95,30 @@ describe('agents of a session', function () {
     });
   });
 
+  it('gives the run that continues a task what is left of its agent’s steps, none when they are spent', async () => {
+    const script: ScriptedTurn[] = [
+      { tool_calls: [{ name: 'list_files', args: {} }] },
+      { tool_calls: [{ name: 'ask_for_input', args: { question: 'Go on?' } }] },
+      { tool_calls: [{ name: 'list_files', args: {} }] },
+      { content: 'Done.' },
+    ];
+    await withAgents(script, async (h, _model, session) => {
+      const lister = await agent(h, session, { name: 'lister', tool_allowlist: ['list_files'], budget: { seconds: 60, max_steps: 1 } });
+      await task(h, session, { id: 'list', goal: 'List', agent_id: lister.id, max_attempts: 1 });
+      const waiting = await sessionWhen(h, session, (s) => s.tasks[0].status === 'input_required', 'the question');
+      const question = (await h.call<Body>('GET', `/api/v1/sessions/${session}/messages`)).body.data.find((m: Body) => m.kind === 'input_request');
+      expect(waiting.tasks[0].output.usage.steps).to.equal(1);
+      await h.call('POST', `/api/v1/sessions/${session}/messages`, { body: { role: 'user', in_reply_to: question.id, parts: text('Yes.') } });
+      const done = await sessionWhen(h, session, (s) => s.outcome !== null, 'the task to end');
+      // its one step was spent: the continuation had none, and its tool call ended the task (it was given one more)
+      const next = await finishedRun(h, done.tasks[0].run_ids[1]);
+      expect(next.budget.max_steps).to.equal(0);
+      expect(next.error.code).to.equal('max-steps-reached');
+      expect(done.tasks[0].status).to.equal('failed');
+      expect(done.tasks[0].output.usage.steps).to.equal(1);
+    });
+  });
+
   it('asks for input: the run ends and holds no worker, the task waits, and the answer continues the conversation in the task’s next run', async () => {
     const script: ScriptedTurn[] = [
       { content: 'I need to know where.', tool_calls: [{ name: 'ask_for_input', args: { question: 'Which branch should I deploy?' } }] },
