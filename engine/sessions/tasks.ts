@@ -368,6 +368,9 @@ export function tasksOf(deps: TasksDeps) {
     const q = task && task.status === 'input_required' ? questionOf(task) : null;
     // archived since it was read: no run starts in a read-only session
     if (!task || !q || !session || session.status === 'archived') return;
+    // the question answered is the one the task waits on: an answer read before another run asked again (a
+    // slow read) continued the task past the new question, which nobody had answered
+    if (q.message_id !== questionOf(seen)?.message_id) return;
     const asked = task.run_ids.at(-1)!;
     // each earlier run of the task ended by asking (it succeeded): its tries before that one failed
     const runs = await Promise.all(task.run_ids.map((id) => store.runs.get(task.tenant_id, id)));

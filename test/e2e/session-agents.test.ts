@@ -95,6 +95,46 @@ describe('agents of a session', function () {
     });
   });
 
+  it('continues a task only past the question its answer answers: an answer read before the task asked again does not answer the new question', async () => {
+    const script: ScriptedTurn[] = [
+      { tool_calls: [{ name: 'ask_for_input', args: { question: 'Deploy?' } }] },
+      { tool_calls: [{ name: 'ask_for_input', args: { question: 'Really deploy to prod?' } }] },
+      { content: 'Deployed to prod.' },
+    ];
+    await withAgents(script, async (h, model, session) => {
+      const deployer = await agent(h, session, { name: 'deployer', tool_allowlist: ['read_file'] });
+      await task(h, session, { id: 'deploy', goal: 'Deploy', agent_id: deployer.id });
+      await sessionWhen(h, session, (s) => s.tasks[0].status === 'input_required', 'the first question');
+      // answer B reads the tasks (the first question waiting) and is slow to go on; answer A continues the task,
+      // whose next run reads both and asks again
+      const tasks = h.rt.store.tasks;
+      const list = tasks.list.bind(tasks);
+      let held = false;
+      tasks.list = async (...args) => {
+        const found = await list(...args);
+        if (!held) {
+          held = true;
+          await new Promise((r) => setTimeout(r, 2500));
+        }
+        return found;
+      };
+      try {
+        const slow = h.call('POST', `/api/v1/sessions/${session}/messages`, { body: { role: 'user', parts: text('Yes (B).') } });
+        await new Promise((r) => setTimeout(r, 200));
+        expect((await h.call('POST', `/api/v1/sessions/${session}/messages`, { body: { role: 'user', parts: text('Yes (A).') } })).status).to.equal(201);
+        await sessionWhen(h, session, (s) => s.tasks[0].status === 'input_required' && s.tasks[0].run_ids.length === 2, 'the second question');
+        expect((await slow).status).to.equal(201);
+      } finally {
+        tasks.list = list;
+      }
+      await new Promise((r) => setTimeout(r, 500));
+      const after = (await h.call<Body>('GET', `/api/v1/sessions/${session}`)).body.tasks[0];
+      expect(after.status, 'the second question still waits for its own answer').to.equal('input_required');
+      expect(after.run_ids).to.have.length(2);
+      expect(model.requests).to.have.length(2);
+    });
+  });
+
   it('gives the run that continues a task what is left of its agent’s steps, none when they are spent', async () => {
     const script: ScriptedTurn[] = [
       { tool_calls: [{ name: 'list_files', args: {} }] },
