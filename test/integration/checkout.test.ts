@@ -69,7 +69,10 @@ describe('code host checkout', function () {
     expect(used).to.equal(dir);
     expect(fs.readFileSync(path.join(dir, 'src/x.ts'), 'utf8')).to.equal('export const x = 3;\n');
     const basic = Buffer.from(`x-access-token:${FAKE_TOKEN}`).toString('base64');
-    expect(seen).to.have.length(1);
+    // the fetch, then the git folder put in place in the sandbox (the checkout bound by its descriptor), with no token
+    expect(seen).to.have.length(2);
+    expect(seen[1]!.argv.join(' ')).to.contain('rm -rf').and.contain('cp -R');
+    expect(Object.keys(seen[1]!.env)).to.deep.equal(['PATH']);
     const everything = JSON.stringify(seen);
     expect(everything).not.to.contain(FAKE_TOKEN).and.not.to.contain(basic);
     // the file it was in is gone, and git read no system or user config but it
