@@ -116,6 +116,8 @@ function whileBodyComes(req: IncomingMessage, res: ServerResponse, idleMs: numbe
   const socket = req.socket;
   let read = socket.bytesRead;
   const check = setInterval(() => {
+    // all of it is in, read or not yet (a handler that reads it late is not a body that stopped coming)
+    if (req.complete) return done();
     if (socket.bytesRead !== read) {
       read = socket.bytesRead;
       return;

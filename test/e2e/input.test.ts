@@ -466,6 +466,22 @@ describe('bad input', () => {
       for (const a of (await slow.call('GET', '/api/v1/automations')).body.data) await slow.call('DELETE', `/api/v1/automations/${a.id}`);
     });
 
+    it('takes a whole body its route reads later than the idle limit (a slow key lookup): only a body that stops coming is refused', async () => {
+      const keys = slow.rt.engine.apiKeys;
+      const resolve = keys.resolve.bind(keys);
+      keys.resolve = async (key) => {
+        await new Promise((r) => setTimeout(r, 2500));
+        return resolve(key);
+      };
+      try {
+        const made = await slow.call('POST', '/api/v1/automations', { body: JSON.parse(automation) });
+        expect(made.status, made.text).to.equal(201);
+        await slow.call('DELETE', `/api/v1/automations/${made.body.id}`);
+      } finally {
+        keys.resolve = resolve;
+      }
+    });
+
     it('takes a body that keeps coming, however slowly, and keeps an idle connection alive between requests', async () => {
       const bytes = head('/api/v1/automations', `Content-Type: application/json\r\nContent-Length: ${automation.length}\r\n`) + automation;
       // a piece every 0.4 s for 2.4 s, the idle limit 1 s
