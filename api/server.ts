@@ -118,7 +118,9 @@ function whileBodyComes(req: IncomingMessage, res: ServerResponse, idleMs: numbe
   const check = setInterval(() => {
     // all of it is in, read or not yet (a handler that reads it late is not a body that stopped coming)
     if (req.complete) return done();
-    if (socket.bytesRead !== read) {
+    // bytes wait to be read: the service is not reading (Node stops reading the socket once they pass the
+    // stream's mark), not the client that stopped sending
+    if (socket.bytesRead !== read || req.readableLength > 0) {
       read = socket.bytesRead;
       return;
     }

@@ -140,13 +140,15 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
       // the service's own folder in the tenant's root: a link or a file the tenant put in its place is removed
       // (the link, never what it points to), and the run's folder made again. In the sandbox, the root bound by
       // its descriptor: by path, as the service, a link a step put there between the check and the write led
-      // the removal and the making elsewhere. A link put there after this is refused when the checkout binds it
+      // the removal and the making elsewhere. A link put there after this is refused when the checkout binds it.
+      // What a step made read-only there (a module cache, a build's output) is made writable first: the
+      // sandbox's user has no power over permissions, where the service's (root) had
       const made = await runProcess(
         deps.sandbox,
         [
           '/bin/sh',
           '-c',
-          'if [ -L "$1" ] || { [ -e "$1" ] && [ ! -d "$1" ]; }; then rm -f "$1"; fi; rm -rf "$1/$2" && mkdir -p "$1/$2"',
+          'if [ -L "$1" ] || { [ -e "$1" ] && [ ! -d "$1" ]; }; then rm -f "$1"; fi; mkdir -p "$1" && chmod u+rwx "$1" && if [ -e "$1/$2" ]; then chmod -R u+rwX "$1/$2"; fi; rm -rf "$1/$2" && mkdir "$1/$2"',
           'fresh',
           `${deps.sandbox.workspacePath(root)}/${CHECKOUTS_DIR}`,
           run.id,

@@ -139,7 +139,8 @@ export function stepsProgram(agent?: AgentLoop) {
         a.skipStep(a.newStep({ tool: s.tool, args: s.args ?? {}, name: s.name ?? null, source: 'plan' }));
         continue;
       }
-      const left = stepsLeft(a);
+      // an `agent` step is no tool call: its loop bounds its own calls (an agent of max_steps 0 may still answer)
+      const left = s.tool === 'agent' ? undefined : stepsLeft(a);
       if (left !== undefined && left <= 0) {
         return { summary: '', error: { code: 'max-steps-reached', message: `max_steps (${a.run.budget.max_steps}) reached before step ${i}` } };
       }

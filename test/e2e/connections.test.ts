@@ -580,6 +580,24 @@ describe('action tools', function () {
     expect(after.filter((p) => p.startsWith('/github/acme/app.git/'))).to.deep.equal([]);
   });
 
+  it('checks out again over what a step left read-only, in the run’s folder and in the checkout area', async () => {
+    const repo = makePullRequestRepo(fs.mkdtempSync(path.join(h.config.dataDir, 'readonly-')), 10, { path: 'src/d.ts', content: 'export const d = 4;\n' });
+    fake.serveRepo('acme/readonly', repo.bare);
+    const checkout = { tool: 'codehost', args: { action: 'checkout', repository: 'acme/readonly', ref: 'refs/pull/10/head' } };
+    // a build's read-only output in the checkout, then the same checkout again (the sandbox's user, unlike the
+    // service's, has no power over permissions: the folder could not be made again)
+    const run = await start({
+      tools: ['codehost', 'shell'],
+      steps: [checkout, { tool: 'shell', args: { command: 'mkdir -p build/out && touch build/out/a && chmod -R a-w build' } }, checkout],
+    });
+    expect(run.status, JSON.stringify(run.steps.map((s: Body) => [s.status, s.error]))).to.equal('succeeded');
+    // the checkout area itself made read-only by a step of another run
+    const locked = await start({ tools: ['shell'], steps: [{ tool: 'shell', args: { command: 'mkdir -p .checkouts && chmod a-w .checkouts' } }] });
+    expect(locked.status).to.equal('succeeded');
+    const after = await start({ tools: ['codehost'], steps: [checkout] });
+    expect(after.status, JSON.stringify(after.steps)).to.equal('succeeded');
+  });
+
   it('puts a checkout’s git folder in place only in its own folder: one another step swapped for a link to another tenant’s repository is refused, and that repository left as it was', async () => {
     const repo = makePullRequestRepo(fs.mkdtempSync(path.join(h.config.dataDir, 'swapped-')), 9, { path: 'src/c.ts', content: 'export const c = 3;\n' });
     fake.serveRepo('acme/swapped', repo.bare);

@@ -474,9 +474,17 @@ describe('bad input', () => {
         return resolve(key);
       };
       try {
-        const made = await slow.call('POST', '/api/v1/automations', { body: JSON.parse(automation) });
-        expect(made.status, made.text).to.equal(201);
-        await slow.call('DELETE', `/api/v1/automations/${made.body.id}`);
+        // small, and past what Node buffers before it stops reading the connection (the bytes read then stand still)
+        for (const description of ['small', 'd'.repeat(1999)]) {
+          const made = await slow.call('POST', '/api/v1/automations', { body: { ...JSON.parse(automation), description } });
+          expect(made.status, made.text).to.equal(201);
+          await slow.call('DELETE', `/api/v1/automations/${made.body.id}`);
+        }
+        const large = await slow.call('POST', '/api/v1/automations', {
+          body: { ...JSON.parse(automation), inputs: { blob: 'x'.repeat(600_000) } },
+        });
+        expect(large.status, `not taken for a body that stopped coming: ${large.text.slice(0, 300)}`).to.equal(201);
+        await slow.call('DELETE', `/api/v1/automations/${large.body.id}`);
       } finally {
         keys.resolve = resolve;
       }

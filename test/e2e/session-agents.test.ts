@@ -159,6 +159,23 @@ describe('agents of a session', function () {
     });
   });
 
+  it('lets an agent of max_steps 0 answer, from a goal or from a plan’s agent step, and changes a budget to 0 as it sets one', async () => {
+    await withAgents([{ content: 'Answered.' }], async (h, model, session) => {
+      const quiet = await agent(h, session, { name: 'quiet', tool_allowlist: ['list_files', 'agent'], budget: { seconds: 60, max_steps: 0 } });
+      await task(h, session, { id: 'goal', goal: 'Answer', agent_id: quiet.id });
+      await task(h, session, { id: 'plan', steps: [{ tool: 'agent', args: { goal: 'Answer' } }], agent_id: quiet.id });
+      const done = await sessionWhen(h, session, (s) => s.outcome !== null, 'both tasks to end');
+      expect(done.tasks.map((t: Body) => [t.id, t.status])).to.deep.equal([
+        ['goal', 'succeeded'],
+        ['plan', 'succeeded'],
+      ]);
+      expect(model.requests).to.have.length(2);
+      const edited = await h.call<Body>('PATCH', `/api/v1/sessions/${session}/agents/${quiet.id}`, { body: { budget: { max_steps: 0, seconds: 30 } } });
+      expect(edited.status, edited.text).to.equal(200);
+      expect(edited.body.budget).to.deep.equal({ seconds: 30, max_steps: 0 });
+    });
+  });
+
   it('asks for input: the run ends and holds no worker, the task waits, and the answer continues the conversation in the task’s next run', async () => {
     const script: ScriptedTurn[] = [
       { content: 'I need to know where.', tool_calls: [{ name: 'ask_for_input', args: { question: 'Which branch should I deploy?' } }] },
