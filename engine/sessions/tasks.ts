@@ -595,7 +595,8 @@ export function tasksOf(deps: TasksDeps) {
         created_at: now,
         updated_at: now,
       }));
-      const errors = dagErrors(existing, records, new Set(agents.map((a) => a.id)));
+      const agentOf = new Map(agents.map((a) => [a.id, a]));
+      const errors = dagErrors(existing, records, new Set(agentOf.keys()));
       // every resume, archive and listing reads all of a session's tasks. The count read above answers most at
       // once, with the batch's other errors; the insert's own check is the one that holds when batches race
       const max = deps.settings.sessionMaxTasks;
@@ -614,7 +615,7 @@ export function tasksOf(deps: TasksDeps) {
           errors.push({ path: `/body/tasks/${i}`, message: 'give steps or a goal, not both: a goal is for an agent to plan, steps are the plan' });
         if (t.goal && !t.steps && !t.agent_id) errors.push({ path: `/body/tasks/${i}/agent_id`, message: 'a task with a goal needs an agent to pursue it' });
         // the task's run has its agent's allowlist: a step outside it would fail each of its tries
-        const allowed = agents.find((a) => a.id === t.agent_id)?.tool_allowlist;
+        const allowed = t.agent_id ? agentOf.get(t.agent_id)?.tool_allowlist : undefined;
         t.steps?.forEach((step, j) => {
           if (allowed && !allowed.includes(step.tool))
             errors.push({ path: `/body/tasks/${i}/steps/${j}/tool`, message: `"${step.tool}" is not in the tool_allowlist of agent ${t.agent_id}` });
@@ -623,8 +624,7 @@ export function tasksOf(deps: TasksDeps) {
       if (errors.length) throw new TaskGraphInvalidError(errors.map((e) => `${e.path}: ${e.message}`).join('; '), errors);
       // the operator's tool policy and the agent endpoint are checked now, not when a task becomes ready
       records.forEach((t, i) => {
-        const agent = agents.find((a) => a.id === t.agent_id);
-        allowlistOf(deps.settings, agent?.tool_allowlist, t.steps, `/body/tasks/${i}`);
+        allowlistOf(deps.settings, t.agent_id ? agentOf.get(t.agent_id)?.tool_allowlist : undefined, t.steps, `/body/tasks/${i}`);
         requireAgentFor(deps.settings, t.steps, `task ${t.id}`);
       });
       // only into a session not archived since it was read: an archive that answered has the last word on

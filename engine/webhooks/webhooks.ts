@@ -386,20 +386,19 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
     },
 
     /**
+     * Refuses (throws), before its body is read, a request to a tenant that does not exist or has no secret for
+     * the kind (recorded, as `receive` records it, for a tenant that exists). The intake is open to anyone, and
+     * read first, such a body (25 MB for email) was buffered whole to be refused.
+     */
+    async refuseUnconfigured(tenantId: string, kind: WebhookProvider, headers: Headers, size: number): Promise<void> {
+      const tenant = await secretsOf(tenantId);
+      if (!tenant.known || !tenant.byKind.get(kind)?.length) await this.refuseUnreadable(tenantId, kind, headers, size, notConfigured(kind));
+    },
+
+    /**
      * Refuses a request whose body could not be read (an encoding the intake does not undo, a compressed body
      * that does not inflate): counted, and recorded within the tenant's budget of refusals, as receive's are.
      */
-    /**
-     * Refuses, before its body is read, a request to a tenant that does not exist or has no secret for the
-     * kind (recorded, as `receive` records it, for a tenant that exists): else false. The intake is open to
-     * anyone, and read first, such a body (25 MB for email) was buffered whole to be refused.
-     */
-    async refuseUnconfigured(tenantId: string, kind: WebhookProvider, headers: Headers, size: number): Promise<false> {
-      const tenant = await secretsOf(tenantId);
-      if (tenant.known && tenant.byKind.get(kind)?.length) return false;
-      return this.refuseUnreadable(tenantId, kind, headers, size, notConfigured(kind));
-    },
-
     async refuseUnreadable(tenantId: string, kind: WebhookProvider, headers: Headers, size: number, err: WebhookRejectedError): Promise<never> {
       if (!(await secretsOf(tenantId)).known) {
         deps.metrics.webhookRequests.inc({ kind, outcome: 'webhook-not-configured' });
