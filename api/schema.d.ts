@@ -1829,6 +1829,8 @@ export interface components {
             body: string | null;
             body_size: number;
             body_sha256: string | null;
+            /** @description On a delivery whose id the signature does not cover (the generic scheme's `X-Service-Delivery`): the SHA-256 of what was signed (its `t` and the body's digest). The same signed request sent again under any id is found by it as a replay, even once Redis has lost the signatures it remembers. Absent otherwise, and on deliveries stored before 2026-11-29. */
+            signed_sha256?: string | null;
             /** @description The normalized event; runs receive it as `inputs.event`. */
             event_payload: Record<string, never> | null;
             rejection: components["schemas"]["ErrorInfo"];

@@ -273,6 +273,8 @@ export interface DeliveryRepo {
   ): Promise<WebhookDelivery | null>;
   /** An accepted delivery (any status but rejected) of the tenant and kind with this body's sha256, or null. */
   findByBody(tenantId: string, kind: WebhookProvider, bodySha256: string): Promise<WebhookDelivery | null>;
+  /** An accepted delivery of the tenant and kind stored with this `signed_sha256`, or null. */
+  findBySigned(tenantId: string, kind: WebhookProvider, signedSha256: string): Promise<WebhookDelivery | null>;
 }
 
 export type SessionQuery = { status?: SessionStatus; kind?: SessionKind; limit: number; cursor?: string };

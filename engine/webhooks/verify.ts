@@ -35,6 +35,11 @@ export type Verified = {
    * Redis's window, and is the same delivery (a retry, `repeatIs: 'retry'`, naming the same id) or a replay
    */
   signedOnce?: boolean;
+  /**
+   * the delivery id came from a header the signature does not cover (our `X-Service-Delivery`): a request
+   * sent again under another id is looked for in the store by what was signed, once Redis has forgotten it
+   */
+  idUnsigned?: boolean;
   /** the normalized event: what matching reads and runs receive */
   event_payload: Record<string, unknown>;
   /** false when the raw body is not worth keeping (email: the event holds what matters, not the attachments) */
@@ -273,10 +278,12 @@ function generic(inb: Inbound, ctx: VerifyContext): Verified {
   if (!matchAny(ctx.secrets, entries, (s) => hmacHex(s, `${t}.`, inb.body))) invalid('X-Service-Signature');
   checkWindow(Number(t) * 1000, ctx);
   const payload = parseJson(inb.body);
+  const delivery = header(inb.headers, 'x-service-delivery');
   return {
     event: header(inb.headers, 'x-service-event') ?? str(payload.type) ?? str(payload.event),
     action: str(payload.action),
-    providerId: header(inb.headers, 'x-service-delivery') ?? str(payload.id),
+    providerId: delivery ?? str(payload.id),
+    idUnsigned: delivery !== undefined,
     repeatIs: 'retry',
     // what was signed (t and the body), not the entry that matched: a request signed by both secrets of a
     // rotation, sent again with one of its entries, is the same signed request

@@ -270,6 +270,8 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
       let seenKey: string | null = null;
       /** the delivery's id in the store: the provider's, or for a request that names none, what was signed */
       let providerId: string | null = null;
+      /** the digest of what was signed, kept with a delivery whose id the signature does not cover */
+      let signedUnderUnsignedId: string | null = null;
       try {
         const secrets = tenant.byKind.get(kind);
         if (!secrets?.length) throw notConfigured(kind);
@@ -277,8 +279,10 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
         // ids are short in practice; a longer one is cut, never allowed to bloat the unique index. A request
         // with no id (a slash command, our generic scheme without X-Service-Delivery) is known by its signed
         // bytes, so the store finds its replay too once Redis has forgotten the signature (it loses its data)
-        providerId = verified.providerId?.slice(0, 256) ?? (verified.replayKey ? `signed:${sha256Hex(verified.replayKey)}` : null);
-        seenKey = verified.replayKey ? `${prefix}:webhook-seen:${tenantId}:${kind}:${sha256Hex(verified.replayKey)}` : null;
+        const signedDigest = verified.replayKey ? sha256Hex(verified.replayKey) : null;
+        providerId = verified.providerId?.slice(0, 256) ?? (signedDigest ? `signed:${signedDigest}` : null);
+        seenKey = signedDigest ? `${prefix}:webhook-seen:${tenantId}:${kind}:${signedDigest}` : null;
+        signedUnderUnsignedId = verified.idUnsigned ? signedDigest : null;
         const fresh = await gate(tenantId, kind, seenKey, Boolean(verified.retriesResend && verified.providerId));
         if (!fresh) {
           seenKey = null;
@@ -299,6 +303,11 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
           // claimed by a request still being stored: whatever id this one names, it is not a new delivery
           if (!fresh) throw new WebhookRejectedError('webhook-replay', 'this signed request is being accepted');
         }
+        // an id the signature does not cover (our X-Service-Delivery) can be changed by whoever captured the
+        // request: what was signed, found in the store, is a replay under any id once Redis has lost its claims
+        // (as Redis says within the window: our scheme signs each try anew, so the same bytes are never a retry)
+        if (signedUnderUnsignedId && (await store.deliveries.findBySigned(tenantId, kind, signedUnderUnsignedId)))
+          throw new WebhookRejectedError('webhook-replay', 'this signed request was already accepted');
         if (verified.handshake) {
           count('handshake');
           return { status: 200, body: verified.handshake };
@@ -328,6 +337,7 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
         body: verified.keepBody ? body.toString('utf8') : null,
         body_size: body.length,
         body_sha256: sha256Hex(body),
+        ...(signedUnderUnsignedId ? { signed_sha256: signedUnderUnsignedId } : {}),
         event_payload: verified.event_payload,
         rejection: null,
         runs: [],

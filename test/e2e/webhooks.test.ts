@@ -563,6 +563,30 @@ describe('webhook intake', function () {
       expect(later.body.delivery_id).not.to.equal(first.body.delivery_id);
     });
 
+    it('refuses a captured request sent again under another X-Service-Delivery (the header is not signed) once Redis lost its claims; a retry signed anew is a duplicate', async () => {
+      const payload = { type: 'deploy.finished', n: randomUUID() };
+      const t = Math.floor(Date.now() / 1000);
+      const signed = sign.generic([SECRET.generic], payload, { t, delivery: `d-${randomUUID()}` });
+      const first = await post('generic', signed);
+      expect(first.status, first.text).to.equal(200);
+      const stored = await delivery(first.body.delivery_id);
+      expect(stored.signed_sha256).to.match(/^[0-9a-f]{64}$/);
+      for (const key of await scanKeys(h.rt.redis, `${h.config.queuePrefix}:webhook-seen:*`)) await h.rt.redis.del(key);
+      for (const id of [`d-${randomUUID()}`, signed.headers['x-service-delivery']!]) {
+        const renamed = await post('generic', { body: signed.body, headers: { ...signed.headers, 'x-service-delivery': id } });
+        expect(renamed.status, renamed.text).to.equal(409);
+        expect(renamed.body.code).to.equal('webhook-replay');
+      }
+      // the sender's retry of that delivery, signed at another time: the same delivery, acknowledged once
+      const retry = await post('generic', sign.generic([SECRET.generic], payload, { t: t + 1, delivery: signed.headers['x-service-delivery'] }));
+      expect(retry.status, retry.text).to.equal(200);
+      expect(retry.body).to.deep.equal({ delivery_id: first.body.delivery_id, status: 'duplicate' });
+      // the same body signed at another time under a new id is another delivery
+      const other = await post('generic', sign.generic([SECRET.generic], payload, { t: t + 2, delivery: `d-${randomUUID()}` }));
+      expect(other.status, other.text).to.equal(200);
+      expect(other.body.status).to.equal('accepted');
+    });
+
     it('refuses a request signed by both secrets of a rotation sent again with one entry, or under another delivery id', async () => {
       const second = 'generic-secret-second-0123456';
       const put = (secrets: string[]) => h.call('PUT', '/api/v1/webhook-secrets/generic', { body: { secrets } });

@@ -829,6 +829,15 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect((await store.deliveries.findByBody('t3', 'codehost', digest))!.id).to.equal(accepted.id);
       expect(await store.deliveries.findByBody('t3', 'pager', digest)).to.equal(null);
       expect(await store.deliveries.findByBody('t4', 'codehost', digest)).to.equal(null);
+      // by the digest of what was signed, kept only where the delivery's id is not signed (the generic scheme)
+      const signed = 'ef'.repeat(32);
+      expect(await store.deliveries.findBySigned('t3', 'generic', signed)).to.equal(null);
+      const genericOne = deliveryFixture('t3', { kind: 'generic', provider_delivery_id: 'd-1', signed_sha256: signed });
+      await store.deliveries.insert(genericOne);
+      expect(await store.deliveries.findBySigned('t3', 'generic', signed)).to.deep.include({ id: genericOne.id, signed_sha256: signed });
+      expect(await store.deliveries.findBySigned('t3', 'codehost', signed)).to.equal(null);
+      expect(await store.deliveries.findBySigned('t4', 'generic', signed)).to.equal(null);
+      expect(await store.deliveries.findBySigned('t3', 'generic', digest)).to.equal(null);
       const done = await store.deliveries.update('t1', ds[0]!.id, { status: 'processed', runs: [{ automation_id: 'aut_x', run_id: 'run_y' }], attempts: 1 }, [
         'received',
       ]);

@@ -13,6 +13,8 @@ deliverySchema.index({ tenant_id: 1, kind: 1, _id: -1 });
 deliverySchema.index({ status: 1, tenant_id: 1, _id: -1 });
 // a GitHub body signed once is a replay for good: found by its digest
 deliverySchema.index({ tenant_id: 1, kind: 1, body_sha256: 1 });
+// a request signed under an id the signature does not cover (ours) is a replay under any id: found by what was signed
+deliverySchema.index({ tenant_id: 1, kind: 1, signed_sha256: 1 }, { partialFilterExpression: { signed_sha256: { $type: 'string' } } });
 deliverySchema.index(
   { tenant_id: 1, kind: 1, provider_delivery_id: 1 },
   { unique: true, partialFilterExpression: { provider_delivery_id: { $type: 'string' } } },
@@ -70,6 +72,11 @@ export function deliveryRepo(model: Model<Stored<WebhookDelivery>>): DeliveryRep
     async findByBody(tenantId, kind, bodySha256) {
       return fromStored(
         await model.findOne({ tenant_id: tenantId, kind, body_sha256: bodySha256, status: { $ne: 'rejected' } }).lean<Stored<WebhookDelivery>>(),
+      );
+    },
+    async findBySigned(tenantId, kind, signedSha256) {
+      return fromStored(
+        await model.findOne({ tenant_id: tenantId, kind, signed_sha256: signedSha256, status: { $ne: 'rejected' } }).lean<Stored<WebhookDelivery>>(),
       );
     },
     async listStale(status, receivedBefore, limit, after) {

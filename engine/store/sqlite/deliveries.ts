@@ -6,7 +6,7 @@ import { groupCommit, TOP, type Db } from './db.js';
 
 export function deliveryRepo(db: Db): DeliveryRepo {
   const insert = db.prepare(
-    'INSERT INTO deliveries (id, tenant_id, kind, status, provider_delivery_id, received_at, body_sha256, doc) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING',
+    'INSERT INTO deliveries (id, tenant_id, kind, status, provider_delivery_id, received_at, body_sha256, signed_sha256, doc) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING',
   );
   const byProviderId = db.prepare<[string, string, string], { doc: string }>(
     'SELECT doc FROM deliveries WHERE tenant_id = ? AND kind = ? AND provider_delivery_id = ?',
@@ -23,6 +23,10 @@ export function deliveryRepo(db: Db): DeliveryRepo {
   // the partial index's condition word for word (migrations.ts), so that SQLite uses it
   const byBody = db.prepare<[string, string, string], { doc: string }>(
     "SELECT doc FROM deliveries WHERE status <> 'rejected' AND tenant_id = ? AND kind = ? AND body_sha256 = ? LIMIT 1",
+  );
+  // the partial index's condition word for word as well
+  const bySigned = db.prepare<[string, string, string], { doc: string }>(
+    "SELECT doc FROM deliveries WHERE signed_sha256 IS NOT NULL AND status <> 'rejected' AND tenant_id = ? AND kind = ? AND signed_sha256 = ? LIMIT 1",
   );
   const read = (row: { doc: string } | undefined): WebhookDelivery | null => (row ? (JSON.parse(row.doc) as WebhookDelivery) : null);
   const listStatements = new Map<string, Statement<unknown[], { doc: string }>>();
@@ -45,7 +49,7 @@ export function deliveryRepo(db: Db): DeliveryRepo {
     return next;
   };
   const insertOne = (d: WebhookDelivery): WebhookDelivery | null => {
-    const inserted = insert.run(d.id, d.tenant_id, d.kind, d.status, d.provider_delivery_id, d.received_at, d.body_sha256, JSON.stringify(d)).changes === 1;
+    const inserted = insert.run(d.id, d.tenant_id, d.kind, d.status, d.provider_delivery_id, d.received_at, d.body_sha256, d.signed_sha256 ?? null, JSON.stringify(d)).changes === 1;
     if (inserted || d.provider_delivery_id === null) return null;
     return read(byProviderId.get(d.tenant_id, d.kind, d.provider_delivery_id));
   };
@@ -83,6 +87,9 @@ export function deliveryRepo(db: Db): DeliveryRepo {
     },
     async findByBody(tenantId, kind, bodySha256) {
       return read(byBody.get(tenantId, kind, bodySha256));
+    },
+    async findBySigned(tenantId, kind, signedSha256) {
+      return read(bySigned.get(tenantId, kind, signedSha256));
     },
   };
 }

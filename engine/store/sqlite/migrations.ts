@@ -380,3 +380,10 @@ MIGRATIONS.push(`
   DROP INDEX notification_deliveries_pending;
   CREATE INDEX notification_deliveries_pending ON notification_deliveries (json_extract(doc, '$.status'), json_extract(doc, '$.updated_at'), id);
 `);
+
+// What was signed, kept with a delivery whose id the signature does not cover (the generic scheme's
+// X-Service-Delivery): its replay under another id is found by it once Redis has lost its claims.
+MIGRATIONS.push(`
+  ALTER TABLE deliveries ADD COLUMN signed_sha256 TEXT;
+  CREATE INDEX deliveries_by_signed ON deliveries (tenant_id, kind, signed_sha256) WHERE signed_sha256 IS NOT NULL;
+`);
