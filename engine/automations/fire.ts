@@ -2,7 +2,7 @@
 // idempotency key. A disabled or archived automation never fires; its cron triggers are brought in line.
 import type { Platform } from '../deps.js';
 import { ConflictError, NotFoundError, type RunTrigger } from '../platform/index.js';
-import type { Runs } from '../runs/index.js';
+import { serviceKey, type Runs } from '../runs/index.js';
 import type { Automations } from './automations.js';
 import type { CronJob, Schedules } from './schedules.js';
 import { isCronFire } from './triggers.js';
@@ -46,7 +46,7 @@ export function firesOf(deps: Pick<Platform, 'store' | 'log'> & { automations: A
       timezone: t?.type === 'cron' ? t.timezone : '',
       fire_at: firedAt.toISOString(),
     };
-    return fire(job.tenant_id, job.automation_id, trigger, `cron:${jobId}`);
+    return fire(job.tenant_id, job.automation_id, trigger, serviceKey(`cron:${jobId}`));
   }
 
   return { fire, fireCron };

@@ -66,6 +66,13 @@ export type RunRequest = {
   request_id?: string;
 };
 
+/**
+ * An idempotency key of the service's own (a cron fire's, a webhook delivery's run, a task's run). It begins with
+ * a NUL, which no HTTP header can carry: a client's Idempotency-Key of the same text never takes it first, which
+ * would refuse that run for good (the same key, another request). Kept apart from clients' keys in Redis and the store.
+ */
+export const serviceKey = (name: string) => `\0${name}`;
+
 export type RunLimits = {
   defaultBudgetSeconds: number;
   maxBudgetSeconds: number;

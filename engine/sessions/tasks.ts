@@ -26,7 +26,7 @@ import {
   type TaskStatus,
   type TriggerRule,
 } from '../platform/index.js';
-import { allowlistOf, requireAgentFor, type Runs, type StartVerdict, type ToolPolicy } from '../runs/index.js';
+import { allowlistOf, requireAgentFor, serviceKey, type Runs, type StartVerdict, type ToolPolicy } from '../runs/index.js';
 import { dagErrors, dagOrder } from './dag.js';
 import type { DagState } from './dag-state.js';
 
@@ -59,12 +59,8 @@ type TasksDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'events'> & {
  */
 const OUTPUT_STEPS_MAX_BYTES = 256 * 1024;
 
-/**
- * The idempotency key of a task's run (its first, or the nth, that an answer starts). It begins with a
- * NUL, which no HTTP header can carry: a client's Idempotency-Key (`task:<session>:<task>`) never takes
- * it first, which would refuse the task's run for good (the same key, another request).
- */
-const runKey = (sessionId: string, taskId: string, nth?: number) => `\0task:${sessionId}:${taskId}${nth === undefined ? '' : `:${nth}`}`;
+/** The idempotency key of a task's run (its first, or the nth, that an answer starts): the service's own. */
+const runKey = (sessionId: string, taskId: string, nth?: number) => serviceKey(`task:${sessionId}:${taskId}${nth === undefined ? '' : `:${nth}`}`);
 
 /** What one task may hold (api/openapi.yaml's TaskInput): a task the session tool adds is held to them too. */
 export const TASK_LIMITS = { depends_on: 100, title: 200, goal: 20_000 };

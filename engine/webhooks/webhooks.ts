@@ -20,6 +20,7 @@ import {
   type WebhookSecretRecord,
 } from '../platform/index.js';
 import type { DeliveryQuery } from '../store/index.js';
+import { serviceKey } from '../runs/index.js';
 import { eventMatches, keptHeaders, sha256Hex, verifyDelivery, windowOf, type Headers, type Verified } from './verify.js';
 
 /** Email carries attachments; everything else is small. */
@@ -233,7 +234,7 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
       }
       const trigger: RunTrigger = { type: 'webhook', provider: d.kind, delivery_id: d.id, ...(d.event ? { event: d.event } : {}) };
       try {
-        const run = await fire(d.tenant_id, a.id, trigger, `webhook:${d.id}:${attempt}:${a.id}`, { event: d.event_payload });
+        const run = await fire(d.tenant_id, a.id, trigger, serviceKey(`webhook:${d.id}:${attempt}:${a.id}`), { event: d.event_payload });
         if (run) runs.push({ automation_id: a.id, run_id: run.id });
       } catch (err) {
         if (!(err instanceof AppError)) throw err;

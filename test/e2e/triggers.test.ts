@@ -326,6 +326,12 @@ describe('the cron ticker', function () {
     const even = Math.floor(Date.now() / 2000) * 2000 - 10_000;
     expect(await h.rt.engine.fireCron(stale(even + 1000), cronJobIdOf(member, even + 1000), new Date(even + 1000))).to.equal(null);
     expect(h.logs.join('\n')).to.contain('its trigger changed since it was handed over');
+    // a client's Idempotency-Key of the text the service's own key for this fire would have takes nothing from it
+    const squatter = await h.call('POST', '/api/v1/autonomy/run', {
+      body: { steps: [{ tool: 'message', args: { text: 'mine' } }] },
+      headers: { 'idempotency-key': `cron:${cronJobIdOf(member, even)}` },
+    });
+    expect(squatter.status, squatter.text).to.equal(202);
     const made = await h.rt.engine.fireCron(stale(even), cronJobIdOf(member, even), new Date(even));
     expect(made?.trigger).to.deep.include({ type: 'cron', schedule: '*/2 * * * * *', fire_at: new Date(even).toISOString() });
     await h.call('DELETE', `/api/v1/automations/${b.id}`);

@@ -851,8 +851,16 @@ describe('webhook intake', function () {
       expect(prDone.runs.map((x: Body) => x.automation_id)).to.deep.equal([onPrOpened.id]);
       expect(onTracker.id).to.be.a('string');
 
+      // a client's Idempotency-Key of the text the service's own key for the replay's run would have: it takes
+      // nothing from the service, whose keys no header can carry
+      const squatter = await h.call<Body>('POST', '/api/v1/autonomy/run', {
+        body: { steps: [{ tool: 'message', args: { text: 'mine' } }] },
+        headers: { 'idempotency-key': `webhook:${id}:2:${onPush.id}` },
+      });
+      expect(squatter.status, squatter.text).to.equal(202);
       const replayed = await h.call<Body>('POST', `/api/v1/webhook-deliveries/${id}/replay`);
       expect(replayed.status, replayed.text).to.equal(200);
+      expect(replayed.body.error, JSON.stringify(replayed.body)).to.equal(null);
       expect(replayed.body.attempts).to.equal(2);
       expect(replayed.body.runs).to.have.length(2);
       const second = replayed.body.runs[1].run_id;
@@ -897,7 +905,7 @@ describe('webhook intake', function () {
       let calls = 0;
       // the first try meets an outage, as runs.createIdempotent answers when Redis does not answer in time
       runs.createIdempotent = (async (...args: Parameters<typeof createIdempotent>) => {
-        if (args[1]?.startsWith('webhook:') && calls++ === 0) throw new ServiceUnavailableError('Redis did not answer', 2);
+        if (args[1]?.startsWith('\0webhook:') && calls++ === 0) throw new ServiceUnavailableError('Redis did not answer', 2);
         return createIdempotent(...args);
       }) as typeof createIdempotent;
       try {
