@@ -8,7 +8,6 @@ import {
   EVENTS_KEPT,
   RateLimitedError,
   ValidationError,
-  withTimeout,
   type EventHub,
   type Scope,
   type ServiceEvent,
@@ -16,8 +15,6 @@ import {
 
 /** How far ahead of this process's clock an event id may be (another process's, whose clock runs ahead). */
 const FUTURE_ID_MARGIN_MS = 60_000;
-/** How long a stream waits to learn whether its reader missed trimmed events. */
-const NOTICE_DEADLINE_MS = 1000;
 /** What a stream holds for a reader beyond what its socket took, and what live events wait for it (see streamEvents). */
 const BUFFERED_MAX_BYTES = 1024 * 1024;
 /** Events read from the log at a time for a reader catching up: a step.output event may be 400 KB of JSON (64 KB of escaped text). */
@@ -132,16 +129,13 @@ async function openStream(req: Request, res: Response, opts: SseOptions, leave: 
   // the log keeps its last events only: a reader whose replay would start before them (a first look at a
   // long stream, a resume from an old id) is told what it missed, ahead of what is still there (a notice,
   // not an event of the log: it has no id, so a reconnect is unchanged). Asked before anything is held
-  // open, and bounded: a Redis that does not answer costs the notice, not the stream
-  const [firstKept, newest] = await Promise.all([
-    withTimeout(opts.hub.droppedAfter(opts.scope.stream, opts.afterId), NOTICE_DEADLINE_MS, 'the log answered').catch(() => null),
-    withTimeout(opts.hub.lastId(opts.scope.stream), NOTICE_DEADLINE_MS, 'the log answered').catch(() => null),
-  ]);
+  // open; a Redis that does not answer in time is a 503 the client retries, never a stream opened without
+  // them (a gap it is not told of, or a Last-Event-ID from the future that would hold it open for good)
+  const [firstKept, newest] = await Promise.all([opts.hub.droppedAfter(opts.scope.stream, opts.afterId), opts.hub.lastId(opts.scope.stream)]);
   // an id after every event of the log was never one of its events: every event to come (the scope's end
   // included) would be taken as seen, and the stream held open for good. A log with no event (none yet, or
   // lost with Redis's data) has ids to come, which are times: one later than a minute from now is none of them
   if (
-    newest &&
     opts.afterId !== '0-0' &&
     (newest === '0-0' ? Number(opts.afterId.split('-')[0]) > Date.now() + FUTURE_ID_MARGIN_MS : compareIds(opts.afterId, newest) > 0)
   )
@@ -223,7 +217,7 @@ async function openStream(req: Request, res: Response, opts: SseOptions, leave: 
   let waiting: { e: ServiceEvent; frame: string }[] = [];
   let waitingBytes = 0;
   // the log has events this reader has not been sent and that are not in `waiting`: the replay, or an overflow
-  let fromLog = newest !== null && newest !== '0-0' && compareIds(newest, opts.afterId) > 0;
+  let fromLog = newest !== '0-0' && compareIds(newest, opts.afterId) > 0;
   // counts overflows: a page read while one happened may miss what was dropped, and does not end the catch-up
   let overflows = 0;
   let pumping = false;
@@ -297,8 +291,14 @@ async function openStream(req: Request, res: Response, opts: SseOptions, leave: 
     void pump();
   };
   // live from the log's newest event (what is before it is read at the reader's pace), or from the
-  // reader's own when the log's newest is not known
-  sub = await opts.hub.subscribe(opts.scope.stream, fromLog ? newest! : opts.afterId, send);
+  // reader's own when the log has nothing after it
+  try {
+    sub = await opts.hub.subscribe(opts.scope.stream, fromLog ? newest : opts.afterId, send);
+  } catch {
+    // its replay could not be read: the reader reconnects with Last-Event-ID and is sent the rest then
+    end();
+    return true;
+  }
   if (ended) sub.close();
   else void pump();
   return true;

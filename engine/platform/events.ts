@@ -162,9 +162,9 @@ export class EventHub {
     private readonly log: EventLog,
   ) {}
 
-  /** See EventLog.droppedAfter. */
+  /** See EventLog.droppedAfter. Without Redis it is a 503 the client retries (redisOrUnavailable). */
   droppedAfter(scope: string, afterId: string): Promise<string | null> {
-    return this.log.droppedAfter(scope, afterId);
+    return redisOrUnavailable(this.redis, 'reading the event log', () => this.log.droppedAfter(scope, afterId));
   }
 
   /** See EventLog.lastId. Without Redis it is a 503 the client retries (redisOrUnavailable), not a request held for the outage. */
@@ -217,29 +217,34 @@ export class EventHub {
     }
     entry.subs.add(sub);
     const closed = { value: false };
+    const close = () => {
+      closed.value = true;
+      const e = this.scopes.get(scope);
+      e?.subs.delete(sub);
+      if (e && e.subs.size === 0) this.scopes.delete(scope);
+    };
     const emit = (e: ServiceEvent) => {
       if (closed.value || compareIds(e.id, sub.lastId) <= 0) return;
       sub.lastId = e.id;
       deliver(e);
     };
     sub.deliver = (e) => (sub.replaying ? sub.buffer.push(e) : emit(e));
-    await this.ensureReading();
-    this.interrupt();
-    for (;;) {
-      const history = await this.log.after(scope, sub.lastId);
-      history.forEach(emit);
-      if (history.length < 1000) break;
+    try {
+      await this.ensureReading();
+      this.interrupt();
+      for (;;) {
+        const history = await this.log.after(scope, sub.lastId);
+        history.forEach(emit);
+        if (history.length < 1000) break;
+      }
+    } catch (err) {
+      // a replay Redis refused (LOADING, BUSY, ...) leaves no subscriber behind, buffering its scope's events for good
+      close();
+      throw err;
     }
     sub.replaying = false;
     sub.buffer.splice(0).forEach(emit);
-    return {
-      close: () => {
-        closed.value = true;
-        const e = this.scopes.get(scope);
-        e?.subs.delete(sub);
-        if (e && e.subs.size === 0) this.scopes.delete(scope);
-      },
-    };
+    return { close };
   }
 
   private async ensureReading(): Promise<void> {

@@ -2,7 +2,7 @@
 // in steps, and knows, for a reader who resumes after an id, whether events after it were dropped.
 import { expect } from 'chai';
 import { Redis } from 'ioredis';
-import { createEventLog, type EventLog } from '../../engine/platform/index.js';
+import { createEventLog, EventHub, ServiceUnavailableError, type EventLog } from '../../engine/platform/index.js';
 import { deleteRedisPrefix, testRedisUrl, uniquePrefix } from '../support/harness.js';
 
 describe('event log', function () {
@@ -49,6 +49,49 @@ describe('event log', function () {
 
   it('has nothing dropped for a log that does not exist (never written, or expired)', async () => {
     expect(await log.droppedAfter('none', '0-0')).to.equal(null);
+  });
+
+  it('keeps no subscriber of a hub whose replay Redis refused: it would buffer its scope’s events for good', async () => {
+    await append('h', 3);
+    let refuse = true;
+    const refusing = {
+      ...log,
+      after: (scope: string, afterId: string, count?: number) => {
+        if (refuse) return Promise.reject(new Error('LOADING Redis is loading the dataset in memory'));
+        return log.after(scope, afterId, count);
+      },
+    } as EventLog;
+    const hub = new EventHub(redis, refusing);
+    const scopes = (hub as unknown as { scopes: Map<string, unknown> }).scopes;
+    try {
+      const seen: string[] = [];
+      let failed: unknown;
+      await hub.subscribe('h', '0-0', (e) => seen.push(e.id)).catch((err: unknown) => (failed = err));
+      expect(String(failed)).to.contain('LOADING');
+      expect(scopes.size, 'the scope the refused replay read').to.equal(0);
+      // the next reader (the client's reconnect) gets the whole log, and live events after it
+      refuse = false;
+      const sub = await hub.subscribe('h', '0-0', (e) => seen.push(e.id));
+      expect(seen).to.have.length(3);
+      await append('h', 1);
+      for (let i = 0; i < 100 && seen.length < 4; i++) await new Promise((r) => setTimeout(r, 20));
+      expect(seen).to.have.length(4);
+      sub.close();
+      expect(scopes.size).to.equal(0);
+    } finally {
+      await hub.close();
+    }
+  });
+
+  it('answers a 503 when Redis does not tell in time whether a reader missed trimmed events, rather than no notice', async () => {
+    const stalled = { ...log, droppedAfter: () => new Promise<string | null>(() => undefined) } as EventLog;
+    const hub = new EventHub(redis, stalled);
+    try {
+      const err = await hub.droppedAfter('b', '0-0').catch((e: unknown) => e);
+      expect(err).to.be.instanceOf(ServiceUnavailableError);
+    } finally {
+      await hub.close();
+    }
   });
 });
 

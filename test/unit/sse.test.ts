@@ -4,7 +4,7 @@ import type { AddressInfo } from 'node:net';
 import { expect } from 'chai';
 import express from 'express';
 import { OpenStreams, streamEvents } from '../../api/sse.js';
-import type { EventHub } from '../../engine/platform/index.js';
+import { ServiceUnavailableError, type EventHub } from '../../engine/platform/index.js';
 
 describe('SSE streams', () => {
   it('holds nothing for a client that left while the stream asked whether its events were trimmed', async () => {
@@ -18,7 +18,7 @@ describe('SSE streams', () => {
         asked();
         return new Promise((r) => setTimeout(() => r(null), 300)); // a slow round trip
       },
-      lastId: async () => null,
+      lastId: async () => '0-0',
       subscribe: async () => {
         subscribed++;
         return { close() {} };
@@ -88,6 +88,41 @@ describe('SSE streams', () => {
       expect(text.indexOf('stream.truncated')).to.be.below(text.indexOf('id: 1-4'));
       expect(text).to.not.contain('id: 1-2\n');
       expect(text).to.contain('id: 1-5\n');
+    } finally {
+      server.closeAllConnections();
+      server.close();
+    }
+  });
+
+  it('opens no stream while Redis has not said where its log ends: a 503 before any header, not a future Last-Event-ID taken or a gap untold', async () => {
+    const streams = new OpenStreams();
+    let subscribed = 0;
+    const hub = {
+      droppedAfter: async () => null,
+      lastId: () => Promise.reject(new ServiceUnavailableError('Redis is not answering (reading the event log); retry shortly', 2)),
+      subscribe: async () => {
+        subscribed++;
+        return { close() {} };
+      },
+    } as unknown as EventHub;
+    const app = express();
+    let failure: unknown;
+    let headersSent: boolean | undefined;
+    app.get('/s', async (req, res) => {
+      const afterId = `${Date.now() + 3_600_000}-0`;
+      await streamEvents(req, res, { tenantId: 't', streams, hub, scope: { stream: 's', isLast: () => false }, afterId, heartbeatMs: 50 }).catch((err) => {
+        failure = err;
+        headersSent = res.headersSent;
+        res.status(503).end();
+      });
+    });
+    const server = http.createServer(app);
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    try {
+      const { port } = server.address() as AddressInfo;
+      expect((await fetch(`http://127.0.0.1:${port}/s`)).status).to.equal(503);
+      expect(failure).to.be.instanceOf(ServiceUnavailableError);
+      expect({ headersSent, subscribed, open: streams.size }).to.deep.equal({ headersSent: false, subscribed: 0, open: 0 });
     } finally {
       server.closeAllConnections();
       server.close();
