@@ -3,15 +3,7 @@
 // each heartbeat the request's credential is checked again: a stream ends once its key is revoked or
 // expired, or its session has ended (the client's reconnect is then refused with a 401).
 import type { Request, Response } from 'express';
-import {
-  compareIds,
-  EVENTS_KEPT,
-  RateLimitedError,
-  ValidationError,
-  type EventHub,
-  type Scope,
-  type ServiceEvent,
-} from '../engine/platform/index.js';
+import { compareIds, EVENTS_KEPT, RateLimitedError, ValidationError, type EventHub, type Scope, type ServiceEvent } from '../engine/platform/index.js';
 
 /** How far ahead of this process's clock an event id may be (another process's, whose clock runs ahead). */
 const FUTURE_ID_MARGIN_MS = 60_000;

@@ -49,7 +49,9 @@ export function deliveryRepo(db: Db): DeliveryRepo {
     return next;
   };
   const insertOne = (d: WebhookDelivery): WebhookDelivery | null => {
-    const inserted = insert.run(d.id, d.tenant_id, d.kind, d.status, d.provider_delivery_id, d.received_at, d.body_sha256, d.signed_sha256 ?? null, JSON.stringify(d)).changes === 1;
+    const inserted =
+      insert.run(d.id, d.tenant_id, d.kind, d.status, d.provider_delivery_id, d.received_at, d.body_sha256, d.signed_sha256 ?? null, JSON.stringify(d))
+        .changes === 1;
     if (inserted || d.provider_delivery_id === null) return null;
     return read(byProviderId.get(d.tenant_id, d.kind, d.provider_delivery_id));
   };
