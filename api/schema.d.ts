@@ -3394,6 +3394,17 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"];
             };
         };
+        /** @description `conflict`: the object's state forbids it (a disabled automation, a run that has not finished; no `Retry-After`), or the first request with this `Idempotency-Key` is still being handled (with `Retry-After`; nothing was started: send the same request again after that many seconds to get its answer). */
+        ConflictOrIdempotencyKeyInUse: {
+            headers: {
+                /** @description Seconds to wait before retrying, when the first request with this `Idempotency-Key` is still being handled. */
+                "Retry-After"?: number;
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
         /** @description The object's state forbids the change (`conflict`), for example an archived automation. */
         Conflict: {
             headers: {
@@ -3970,7 +3981,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["NotPermitted"];
             404: components["responses"]["NotFound"];
-            409: components["responses"]["Conflict"];
+            409: components["responses"]["ConflictOrIdempotencyKeyInUse"];
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             422: components["responses"]["Unprocessable"];
@@ -5024,7 +5035,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["NotPermitted"];
             404: components["responses"]["NotFound"];
-            409: components["responses"]["Conflict"];
+            409: components["responses"]["ConflictOrIdempotencyKeyInUse"];
             422: components["responses"]["Unprocessable"];
             429: components["responses"]["ApiRateLimited"];
             503: components["responses"]["Unavailable"];
