@@ -28,16 +28,46 @@ async function keepInside(h: FileHandle, root: string, rel: string): Promise<Fil
   throw new OutsideError(`${rel} is not inside the workspace`);
 }
 
+/** Links followed at most, as the kernel does (its limit is 40). */
+const MAX_HOPS = 40;
+
+/**
+ * Where `p` leads, whether or not all of it exists: the real path of its deepest part that does, with the
+ * rest after it, each link on the way followed (a link whose target is missing too).
+ */
+async function whereLeads(p: string, hops = { left: MAX_HOPS }): Promise<string> {
+  const real = await fs.realpath(p).catch(() => null);
+  if (real !== null) return real;
+  const parent = path.dirname(p);
+  if (parent === p) return p;
+  const at = path.join(await whereLeads(parent, hops), path.basename(p));
+  const target = hops.left-- > 0 ? await fs.readlink(at).catch(() => null) : null;
+  return target === null ? at : whereLeads(path.resolve(path.dirname(at), target), hops);
+}
+
+/**
+ * A failed open's error, unless the path leads outside the root: then the OutsideError an open that
+ * succeeded would have met. Whether something outside exists (another tenant's file, a host's folder)
+ * never shows in the answer. `follow: false`: a link as the last part is not followed.
+ */
+async function failedOpen(err: unknown, root: string, full: string, rel: string, follow = true): Promise<never> {
+  if (err instanceof OutsideError) throw err;
+  const leads = follow ? await whereLeads(full) : path.join(await whereLeads(path.dirname(full)), path.basename(full));
+  if (!within(root, leads)) throw new OutsideError(`${rel} is not inside the workspace`);
+  throw err;
+}
+
 /**
  * Opens `rel` under `root` (a real path) to read, or as a folder; never blocks (a FIFO opens at once,
  * for the caller's stat to refuse). `follow: false` refuses a link as the last part (ELOOP). Throws
- * OutsideError, or the file system's error (ENOENT, ...).
+ * OutsideError, or the file system's error (ENOENT, ...) for a path that leads inside the root.
  */
 export async function openInside(root: string, rel: string, opts: { follow?: boolean; folder?: boolean } = {}): Promise<FileHandle> {
   const full = path.resolve(root, rel);
   if (!within(root, full)) throw new OutsideError(`${rel} is not inside the workspace`);
   const flags = O_RDONLY | O_NONBLOCK | (opts.follow === false ? O_NOFOLLOW : 0) | (opts.folder ? O_DIRECTORY : 0);
-  return keepInside(await fs.open(full, flags), root, rel);
+  const opened = await fs.open(full, flags).catch((err: unknown) => failedOpen(err, root, full, rel, opts.follow !== false));
+  return keepInside(opened, root, rel);
 }
 
 /** Opens a folder found in an open folder, without following a link. */
@@ -57,6 +87,10 @@ export function entriesOf(folder: FileHandle) {
 export async function openToWriteInside(root: string, rel: string): Promise<FileHandle> {
   const full = path.resolve(root, rel);
   if (!within(root, full) || full === root) throw new OutsideError(`${rel} is not inside the workspace`);
+  return writeInside(root, full, rel).catch((err: unknown) => failedOpen(err, root, full, rel, false));
+}
+
+async function writeInside(root: string, full: string, rel: string): Promise<FileHandle> {
   let folder = await openInside(root, '.', { folder: true });
   try {
     for (const part of path.relative(root, path.dirname(full)).split(path.sep).filter(Boolean)) {

@@ -6,7 +6,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { expect } from 'chai';
 import { readInside } from '../../engine/gates/paths.js';
-import { readFileTool, writeFileTool } from '../../engine/tools/files.js';
+import { listFilesTool, readFileTool, writeFileTool } from '../../engine/tools/files.js';
 import type { ToolContext } from '../../engine/tools/index.js';
 
 const FLIP_SECONDS = 3;
@@ -55,6 +55,42 @@ describe('files opened in a folder whose path is being swapped for a link', func
       ).to.equal('path-outside-workspace');
     expect(await readInside(ctx.workspace, 'secret.txt', 1024)).to.equal(null);
     expect(await fs.readdir(outside)).to.deep.equal(['secret.txt']);
+  });
+
+  it('answers a path that leads outside the same whether or not what it leads to exists: nothing outside shows', async () => {
+    flipper.kill();
+    const ctx = { workspace: ws } as ToolContext;
+    await fs.mkdir(path.join(outside, 'present'));
+    await fs.symlink(path.join(outside, 'secret.txt'), path.join(ws, 'to-file'));
+    await fs.symlink(path.join(outside, 'missing.txt'), path.join(ws, 'to-missing'));
+    await fs.symlink(path.join(outside, 'gone'), path.join(ws, 'to-gone-folder'));
+    await fs.symlink('to-missing', path.join(ws, 'chain'));
+    await fs.symlink('inside-missing.txt', path.join(ws, 'dangling-inside'));
+    const answer = (attempt: Promise<unknown>) =>
+      attempt.then(
+        () => 'done',
+        (err: { code?: string }) => err.code,
+      );
+    const outsideAnswers = {
+      'lnk/secret.txt': await answer(readFileTool.execute({ path: 'lnk/secret.txt' }, ctx)),
+      'lnk/missing.txt': await answer(readFileTool.execute({ path: 'lnk/missing.txt' }, ctx)),
+      'lnk/secret.txt/x': await answer(readFileTool.execute({ path: 'lnk/secret.txt/x' }, ctx)),
+      'lnk/gone/x': await answer(readFileTool.execute({ path: 'lnk/gone/x' }, ctx)),
+      'to-file': await answer(readFileTool.execute({ path: 'to-file' }, ctx)),
+      'to-missing': await answer(readFileTool.execute({ path: 'to-missing' }, ctx)),
+      chain: await answer(readFileTool.execute({ path: 'chain' }, ctx)),
+      'list lnk/present': await answer(listFilesTool.execute({ path: 'lnk/present' }, ctx)),
+      'list lnk/gone': await answer(listFilesTool.execute({ path: 'lnk/gone' }, ctx)),
+      'write lnk/present/x': await answer(writeFileTool.execute({ path: 'lnk/present/x', content: 'x' }, ctx)),
+      'write to-gone-folder/x': await answer(writeFileTool.execute({ path: 'to-gone-folder/x', content: 'x' }, ctx)),
+      'write to-gone-folder/a/b': await answer(writeFileTool.execute({ path: 'to-gone-folder/a/b', content: 'x' }, ctx)),
+    };
+    for (const [what, code] of Object.entries(outsideAnswers)) expect(code, what).to.equal('path-outside-workspace');
+    // inside, what is missing is said to be missing
+    expect(await answer(readFileTool.execute({ path: 'dangling-inside' }, ctx))).to.equal('not-found');
+    expect(await answer(readFileTool.execute({ path: 'd/none.txt' }, ctx))).to.equal('not-found');
+    expect((await fs.readdir(outside)).sort()).to.deep.equal(['present', 'secret.txt']);
+    expect(await fs.readdir(path.join(outside, 'present'))).to.deep.equal([]);
   });
 
   const flipping = () => flipper.exitCode === null && flipper.signalCode === null;
