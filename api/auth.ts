@@ -12,7 +12,7 @@ import {
   type ApiRateLimit,
   type Sso,
 } from '../engine/auth/index.js';
-import { assertSameOrigin, cookiesOf, SESSION_COOKIE } from './sign-in.js';
+import { assertLocalCaller, assertSameOrigin, cookiesOf, SESSION_COOKIE } from './sign-in.js';
 import { UnauthorizedError } from '../engine/platform/index.js';
 import { bindToRequestLog } from './request-log.js';
 
@@ -42,6 +42,7 @@ export function tenantOf(req: Request): string {
 export function authenticate(opts: { mode: 'required' | 'none'; apiKeys: ApiKeys; sso: Sso | null; allowedOrigins: string[] }): RequestHandler {
   return async (req, _res, next) => {
     if (opts.mode === 'none') {
+      assertLocalCaller(req, opts.allowedOrigins);
       req.tenantId = LOCAL_TENANT;
       return next();
     }

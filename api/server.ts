@@ -46,7 +46,9 @@ export async function startWebServer(rt: Runtime, opts: { port?: number; host?: 
   const port = opts.port ?? config.port;
   // a request without Host is the app's to refuse (a problem with its request id, logged), not Node's bare 400
   const server = createServer({ requireHostHeader: false }, app);
-  if (opts.host) server.listen(port, opts.host);
+  // SERVICE_AUTH=none serves this machine only: whoever reaches the port is its tenant
+  const host = opts.host ?? (config.auth === 'none' ? '127.0.0.1' : undefined);
+  if (host) server.listen(port, host);
   else server.listen(port);
   await new Promise<void>((resolve, reject) => {
     server.once('listening', resolve);

@@ -81,6 +81,43 @@ export function assertSameOrigin(req: Request, allowedOrigins: string[]): void {
   throw new CsrfRefusedError('a request authenticated by the session cookie must come from an allowed origin (Origin or Sec-Fetch-Site)');
 }
 
+/** A host name of this machine's own: `localhost` (and its subdomains, RFC 6761), 127.0.0.0/8, ::1. */
+function isLoopbackName(hostname: string): boolean {
+  const name = hostname.toLowerCase().replace(/\.$/, '');
+  return name === 'localhost' || name.endsWith('.localhost') || /^127(\.\d{1,3}){3}$/.test(name) || name === '[::1]';
+}
+
+/** The host name of a URL (an Origin), or of a Host header (`name:port`, `[v6]:port`); null when it names none. */
+function hostnameOf(url: string | undefined, asHost = false): string | null {
+  try {
+    return url ? new URL(asHost ? `http://${url}` : url).hostname || null : null;
+  } catch {
+    return null;
+  }
+}
+
+/**
+ * SERVICE_AUTH=none: whoever reaches the port is the tenant `local`, an ambient credential as a cookie is.
+ * Only this machine's own clients are served: a request named to another host is refused (DNS rebinding:
+ * a page of evil.example whose name now resolves to 127.0.0.1 would otherwise drive the API, shell steps
+ * included), and so is a browser's request from another site that changes something or starts work (its
+ * page's form or <img>). A client that is no browser (curl, the CLI) names neither Origin nor Sec-Fetch-Site.
+ */
+export function assertLocalCaller(req: Request, allowedOrigins: string[]): void {
+  const hostname = hostnameOf(req.headers.host, true);
+  if (!hostname || !isLoopbackName(hostname))
+    throw new CsrfRefusedError(
+      `with SERVICE_AUTH=none only this machine's own clients are served (Host ${JSON.stringify(req.headers.host ?? '')}): call it as localhost, or serve others with API keys`,
+    );
+  const origin = req.headers.origin;
+  const fromHere = origin !== undefined && (allowedOrigins.includes(origin) || isLoopbackName(hostnameOf(origin) ?? ''));
+  const site = req.headers['sec-fetch-site'];
+  const elsewhere = origin !== undefined ? !fromHere : site === 'cross-site' || site === 'same-site';
+  const routed = req.originalUrl.split('?')[0]!.replace(/(.)\/+$/, '$1');
+  if (elsewhere && (!SAFE_METHODS.has(req.method) || GETS_THAT_START_WORK.has(routed)))
+    throw new CsrfRefusedError(`a request from ${origin ?? 'another site'} cannot use this service's local access (SERVICE_AUTH=none)`);
+}
+
 /** CORS for the web client's origins only: with credentials, and the headers a client reads. */
 export function corsFor(origins: string[]): RequestHandler {
   return cors({

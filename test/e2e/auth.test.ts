@@ -1,7 +1,9 @@
 import { spawnSync } from 'node:child_process';
 import { expect } from 'chai';
 import { builtCli } from '../support/built.js';
+import { startWebServer } from '../../api/server.js';
 import { KEYS, startHarness, type Harness } from '../support/harness.js';
+import { bodyOfAnswer, rawExchange } from '../support/raw-http.js';
 
 describe('authentication', () => {
   let h: Harness;
@@ -98,6 +100,61 @@ describe('SERVICE_AUTH=none', () => {
       const res = await h.call('POST', '/api/v1/automations', { key: null, body: { name: 'local', steps: [{ tool: 'message', args: { text: 'x' } }] } });
       expect(res.status).to.equal(201);
       expect(res.body.tenant_id).to.equal('local');
+    } finally {
+      await h.close();
+    }
+  });
+
+  it('serves this machine’s clients only: a request named to another host (DNS rebinding) or a browser’s from another site is refused, and it listens on loopback', async () => {
+    const h = await startHarness({ env: { SERVICE_AUTH: 'none' } });
+    try {
+      const port = new URL(h.url).port;
+      const body = JSON.stringify({ steps: [{ tool: 'message', args: { text: 'x' } }] });
+      const post = async (path: string, headers: Record<string, string>) => {
+        const head = Object.entries({ 'content-type': 'application/json', 'content-length': String(body.length), connection: 'close', ...headers })
+          .map(([k, v]) => `${k}: ${v}\r\n`)
+          .join('');
+        const { text } = await rawExchange(h.url, [[0, `POST ${path} HTTP/1.1\r\n${head}\r\n${body}`]]);
+        return { status: Number(text.split(' ')[1]), body: bodyOfAnswer(text) };
+      };
+      const get = async (path: string, headers: Record<string, string>) => {
+        const head = Object.entries({ connection: 'close', ...headers })
+          .map(([k, v]) => `${k}: ${v}\r\n`)
+          .join('');
+        const { text } = await rawExchange(h.url, [[0, `GET ${path} HTTP/1.1\r\n${head}\r\n`]]);
+        return { status: Number(text.split(' ')[1]), text };
+      };
+      const refused = [
+        { host: `rebind.attacker.example:${port}`, origin: `http://rebind.attacker.example:${port}` },
+        { host: `rebind.attacker.example:${port}` },
+        { host: `192.168.1.20:${port}` },
+        { host: `127.0.0.1:${port}`, origin: 'https://evil.example' },
+        { host: `127.0.0.1:${port}`, origin: 'null' },
+        { host: `127.0.0.1:${port}`, 'sec-fetch-site': 'cross-site' },
+      ];
+      for (const headers of refused) {
+        const r = await post('/api/v1/autonomy/run', headers);
+        expect(r.status, JSON.stringify(headers)).to.equal(403);
+        expect(r.body.code).to.equal('csrf-refused');
+      }
+      // an <img> of another site cannot start an audit; a GET that starts nothing may be read (no CORS lets it be read)
+      expect((await get('/api/v1/autonomy/workspace-audit/stream?phases=sanity', { host: `localhost:${port}`, 'sec-fetch-site': 'cross-site' })).status).to.equal(403);
+      expect((await get('/api/v1/automations', { host: `rebind.attacker.example:${port}` })).status).to.equal(403);
+      expect((await h.call<{ data: unknown[] }>('GET', '/api/v1/runs', { key: null })).body.data).to.deep.equal([]);
+      // this machine's clients: curl or the CLI (no Origin), a local web page, each loopback name
+      for (const headers of [
+        { host: `127.0.0.1:${port}` },
+        { host: `localhost:${port}` },
+        { host: `[::1]:${port}` },
+        { host: `app.localhost:${port}`, origin: 'http://localhost:5173', 'sec-fetch-site': 'same-site' },
+      ])
+        expect((await post('/api/v1/autonomy/run', headers)).status, JSON.stringify(headers)).to.equal(202);
+      const other = await startWebServer(h.rt, { port: 0 });
+      try {
+        expect(other.server.address()).to.deep.include({ address: '127.0.0.1' });
+      } finally {
+        await other.close();
+      }
     } finally {
       await h.close();
     }
