@@ -138,7 +138,9 @@ describe('SERVICE_AUTH=none', () => {
         expect(r.body.code).to.equal('csrf-refused');
       }
       // an <img> of another site cannot start an audit; a GET that starts nothing may be read (no CORS lets it be read)
-      expect((await get('/api/v1/autonomy/workspace-audit/stream?phases=sanity', { host: `localhost:${port}`, 'sec-fetch-site': 'cross-site' })).status).to.equal(403);
+      expect(
+        (await get('/api/v1/autonomy/workspace-audit/stream?phases=sanity', { host: `localhost:${port}`, 'sec-fetch-site': 'cross-site' })).status,
+      ).to.equal(403);
       expect((await get('/api/v1/automations', { host: `rebind.attacker.example:${port}` })).status).to.equal(403);
       expect((await h.call<{ data: unknown[] }>('GET', '/api/v1/runs', { key: null })).body.data).to.deep.equal([]);
       // this machine's clients: curl or the CLI (no Origin), a local web page, each loopback name
