@@ -124,7 +124,7 @@ describe('SERVICE_AUTH=none', () => {
         const { text } = await rawExchange(h.url, [[0, `GET ${path} HTTP/1.1\r\n${head}\r\n`]]);
         return { status: Number(text.split(' ')[1]), text };
       };
-      const refused = [
+      const refused: Record<string, string>[] = [
         { host: `rebind.attacker.example:${port}`, origin: `http://rebind.attacker.example:${port}` },
         { host: `rebind.attacker.example:${port}` },
         { host: `192.168.1.20:${port}` },
@@ -144,13 +144,13 @@ describe('SERVICE_AUTH=none', () => {
       expect((await get('/api/v1/automations', { host: `rebind.attacker.example:${port}` })).status).to.equal(403);
       expect((await h.call<{ data: unknown[] }>('GET', '/api/v1/runs', { key: null })).body.data).to.deep.equal([]);
       // this machine's clients: curl or the CLI (no Origin), a local web page, each loopback name
-      for (const headers of [
+      const local: Record<string, string>[] = [
         { host: `127.0.0.1:${port}` },
         { host: `localhost:${port}` },
         { host: `[::1]:${port}` },
         { host: `app.localhost:${port}`, origin: 'http://localhost:5173', 'sec-fetch-site': 'same-site' },
-      ])
-        expect((await post('/api/v1/autonomy/run', headers)).status, JSON.stringify(headers)).to.equal(202);
+      ];
+      for (const headers of local) expect((await post('/api/v1/autonomy/run', headers)).status, JSON.stringify(headers)).to.equal(202);
       const other = await startWebServer(h.rt, { port: 0 });
       try {
         expect(other.server.address()).to.deep.include({ address: '127.0.0.1' });
