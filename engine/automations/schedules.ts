@@ -24,6 +24,14 @@ const PASS_MAX = 500;
 const LEGACY_SCHEDULER_PREFIX = 'cron-aut_';
 
 const KEPT = { removeOnComplete: { count: 100 }, removeOnFail: { count: 500 } };
+/**
+ * A fire's job is tried again when what failed may pass (Redis or the store did not answer): 1, 2, 4 and
+ * 8 s later; past that, the reconcile tries it again while it is not too late (MISSED_FIRE_MS). Its run's
+ * idempotency key (the job's id) keeps every try to one run.
+ */
+const FIRE_TRIES = { attempts: 5, backoff: { type: 'exponential' as const, delay: 1000 } };
+/** BullMQ's reason for a job whose worker died (or stalled) more often than it allows. */
+const STALLED_REASON = 'job stalled more than allowable limit';
 
 // ARGV: member, score ('' removes it)
 const SET = `if ARGV[2] == '' then return redis.call('ZREM', KEYS[1], ARGV[1]) end
@@ -120,11 +128,30 @@ export function schedulesOf(deps: Pick<Platform, 'queues' | 'store' | 'log' | 'r
     // before a change whose own write has not reached the set yet (or was lost); it moves on to this one's
     if (isCronFire(t.schedule, t.timezone, at)) {
       const job: CronJob = { ...m, schedule: t.schedule, timezone: t.timezone, fire_at: new Date(at).toISOString() };
-      await queue.add('cron', job, { jobId: cronJobIdOf(m, at), delay: Math.max(0, at - now), ...KEPT });
+      await queue.add('cron', job, { jobId: cronJobIdOf(m, at), delay: Math.max(0, at - now), ...KEPT, ...FIRE_TRIES });
     }
     // a fire missed while nothing ran is made once, then the trigger goes on from now
     const next = nextCronFire(t.schedule, t.timezone, new Date(Math.max(at, now)));
     return (await move(member, at, next?.getTime() ?? null)) === 1;
+  }
+
+  /**
+   * The fires whose jobs failed for a reason that may pass (their tries spent on a Redis or store that did
+   * not answer, or their worker died twice), tried again while not too late; a fire refused for good (its
+   * automation's line full, say: an UnrecoverableError ends its tries early) is not.
+   */
+  async function retryFailedFires(now: number): Promise<void> {
+    for (let start = 0; ; start += 100) {
+      const page = await queue.getFailed(start, start + 99);
+      for (const job of page) {
+        const fireAt = Date.parse((job.data as Partial<CronJob>).fire_at ?? '');
+        const spent = job.attemptsMade >= (job.opts.attempts ?? 1) || job.failedReason === STALLED_REASON;
+        if (job.name !== 'cron' || !spent || !(fireAt >= now - MISSED_FIRE_MS)) continue;
+        log.warn({ job_id: job.id, fire_at: job.data.fire_at, reason: job.failedReason }, 'cron fire failed; trying it again');
+        await job.retry('failed', { resetAttemptsMade: true, resetAttemptsStarted: true }).catch(() => undefined);
+      }
+      if (page.length < 100) break;
+    }
   }
 
   /** Places the triggers of `a` in the set, and removes those `before` had that it has not; what it placed. */
@@ -245,6 +272,7 @@ export function schedulesOf(deps: Pick<Platform, 'queues' | 'store' | 'log' | 'r
       }
       for (const member of have.keys()) if (!want.has(member)) writes.push(set(member, null));
       await Promise.all(writes);
+      await retryFailedFires(now.getTime());
       await queue.upsertJobScheduler(CRON_TICK, { every: TICK_EVERY_MS }, { name: CRON_TICK, opts: { removeOnComplete: true, removeOnFail: { count: 100 } } });
       for (let start = 0; ; start += 500) {
         const page = await queue.getJobSchedulers(start, start + 499, true);

@@ -6,6 +6,7 @@ import { expect } from 'chai';
 import { startWorkers } from '../../workers/index.js';
 import { CRON_TICK, cronDueKey, cronJobIdOf, nextCronFire, type CronJob } from '../../engine/automations/index.js';
 import { automationFixture } from '../integration/store-contract.js';
+import { ServiceUnavailableError, ValidationError } from '../../engine/platform/index.js';
 import { eventually, KEYS, startHarness, type Harness } from '../support/harness.js';
 
 type Body = Record<string, any>;
@@ -316,6 +317,7 @@ describe('the cron ticker', function () {
     const queue = h.rt.queues.get('triggers');
     const jobs = (await queue.getJobs(['waiting', 'delayed'])).filter((j) => j.data.automation_id === a.id);
     expect(jobs.length, 'the fires of the next two seconds').to.be.within(1, 3);
+    expect(jobs.map((j) => j.opts.attempts)).to.deep.equal(jobs.map(() => 5));
     await h.call('DELETE', `/api/v1/automations/${a.id}`); // its fires every second would be in the next tests' ticks
     // a fire of the old schedule handed over before a change: the new schedule's fire at the same time has the
     // same job id, so it was not added again; made at an even second (the new schedule's), not at an odd one
@@ -335,6 +337,47 @@ describe('the cron ticker', function () {
     const made = await h.rt.engine.fireCron(stale(even), cronJobIdOf(member, even), new Date(even));
     expect(made?.trigger).to.deep.include({ type: 'cron', schedule: '*/2 * * * * *', fire_at: new Date(even).toISOString() });
     await h.call('DELETE', `/api/v1/automations/${b.id}`);
+  });
+
+  it('tries a fire again when what failed may pass: its job has tries of its own, and the reconcile takes up one whose tries were spent', async () => {
+    const a = (await h.call<Body>('POST', '/api/v1/automations', { body: cronAutomation('flaky', '0 0 1 1 *') })).body;
+    const member = { tenant_id: a.tenant_id, automation_id: a.id, trigger_index: 0 };
+    const queue = h.rt.queues.get('triggers');
+    const runs = h.rt.engine.runs;
+    const createIdempotent = runs.createIdempotent;
+    let refusal: Error | null = new ServiceUnavailableError('Redis did not answer', 2);
+    const workers = await startWorkers(h.rt); // this suite's ticks are its own; the fires need a worker
+    runs.createIdempotent = (async (...args: Parameters<typeof createIdempotent>) => {
+      if (refusal && args[0] === a.tenant_id) throw refusal;
+      return createIdempotent(...args);
+    }) as typeof createIdempotent;
+    try {
+      const minute = Math.floor(Date.now() / 60_000) * 60_000;
+      const fire = async (at: number, attempts: number) => {
+        const job: CronJob = { ...member, schedule: '0 0 1 1 *', timezone: 'UTC', fire_at: new Date(at).toISOString() };
+        const id = cronJobIdOf(member, at);
+        await queue.add('cron', job, { jobId: id, attempts, removeOnFail: { count: 500 } });
+        return eventually(async () => ((await queue.getJob(id))?.finishedOn ? id : null), 'the fire’s job to fail');
+      };
+      // its tries spent on a Redis that did not answer (one try here, for the test's time)
+      const spent = await fire(minute - 60_000, 1);
+      // refused for good on its first of five tries: not a fire to try again
+      refusal = new ValidationError('no', [{ path: '/x', message: 'refused for good' }]);
+      const refused = await fire(minute - 120_000, 5);
+      refusal = null;
+      await h.rt.engine.schedules.reconcile();
+      const made = await eventually(async () => {
+        const list = await history(h, a.id);
+        return list.length ? list : null;
+      }, 'the fire tried again');
+      expect(made.map((r) => r.trigger.fire_at)).to.deep.equal([new Date(minute - 60_000).toISOString()]);
+      expect(await (await queue.getJob(spent))!.getState()).to.equal('completed');
+      expect(await (await queue.getJob(refused))!.getState()).to.equal('failed');
+    } finally {
+      runs.createIdempotent = createIdempotent;
+      await workers.close();
+      await h.call('DELETE', `/api/v1/automations/${a.id}`);
+    }
   });
 
   it('holds back no other fire when one cannot be handed over, and hands that one over at a later tick', async () => {
