@@ -138,7 +138,7 @@ export function schedulesOf(deps: Pick<Platform, 'queues' | 'store' | 'log' | 'r
   /**
    * The fires whose jobs failed for a reason that may pass (their tries spent on a Redis or store that did
    * not answer, or their worker died twice), tried again while not too late; a fire refused for good (its
-   * automation's line full, say: an UnrecoverableError ends its tries early) is not.
+   * work needs an agent endpoint none is configured for, say: an UnrecoverableError ends its tries early) is not.
    */
   async function retryFailedFires(now: number): Promise<void> {
     for (let start = 0; ; start += 100) {
