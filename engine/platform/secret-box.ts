@@ -59,6 +59,9 @@ function decodeKey(text: string, variable: string): Buffer {
   return key;
 }
 
+/** GCM's tag as sealed: 16 bytes. */
+const TAG_BYTES = 16;
+
 export function createSecretBox(key: Buffer): SecretBox {
   return {
     seal(plaintext, owner) {
@@ -69,7 +72,8 @@ export function createSecretBox(key: Buffer): SecretBox {
       return { v: 1, iv: iv.toString('base64'), tag: cipher.getAuthTag().toString('base64'), ct: ct.toString('base64') };
     },
     open(sealed, owner) {
-      const decipher = createDecipheriv('aes-256-gcm', key, Buffer.from(sealed.iv, 'base64'));
+      // the whole 16-byte tag, never a shorter one (GCM would check only the bytes given: 4 of them, 32 bits)
+      const decipher = createDecipheriv('aes-256-gcm', key, Buffer.from(sealed.iv, 'base64'), { authTagLength: TAG_BYTES });
       decipher.setAAD(Buffer.from(owner));
       decipher.setAuthTag(Buffer.from(sealed.tag, 'base64'));
       return Buffer.concat([decipher.update(Buffer.from(sealed.ct, 'base64')), decipher.final()]).toString('utf8');

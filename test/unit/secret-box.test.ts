@@ -23,6 +23,11 @@ describe('secret box', () => {
     ct[0] = ct[0]! ^ 1;
     expect(() => box.open({ ...sealed, ct: ct.toString('base64') }, 'webhook-secret:t1:codehost')).to.throw();
     expect(() => createSecretBox(randomBytes(32)).open(sealed, 'webhook-secret:t1:codehost')).to.throw();
+    // a tag cut short checks only the bytes left (32 bits of 128): refused, whatever its length
+    for (const bytes of [4, 8, 12, 15])
+      expect(() =>
+        box.open({ ...sealed, tag: Buffer.from(sealed.tag, 'base64').subarray(0, bytes).toString('base64') }, 'webhook-secret:t1:codehost'),
+      ).to.throw();
   });
 
   it('generates a 0600 key file once outside production, reads it after, and takes SERVICE_SECRET_KEY as hex or base64', () => {
