@@ -186,7 +186,11 @@ export function signInRouter(o: SignInOptions): Router {
     // its query as sent (the request target may be in any form, even one no URL parses)
     const query = req.originalUrl.indexOf('?');
     current.search = query === -1 ? '' : req.originalUrl.slice(query);
-    const done = await signIn.callback(current, cookiesOf(req)[STATE_COOKIE]);
+    const cookies = cookiesOf(req);
+    const done = await signIn.callback(current, cookies[STATE_COOKIE]);
+    // signing in again ends the session this browser had: a logout from here on ends the one it holds, and
+    // nothing left behind stays open for its idle time
+    if (cookies[SESSION_COOKIE]) await signIn.logout(cookies[SESSION_COOKIE]);
     setCookie(res, STATE_COOKIE, '', 0);
     setCookie(res, SESSION_COOKIE, done.sessionId, o.sessionMaxSeconds);
     res.redirect(302, done.returnTo ?? '/api/v1/me');

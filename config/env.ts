@@ -209,6 +209,16 @@ const mongodbUri = z
 /** 32 bytes as 64 hex characters or as base64 (padded or not): Buffer.from skips what is not base64, so the text is checked first. */
 const is32Bytes = (v: string) => /^[0-9a-fA-F]{64}$/.test(v) || (/^[A-Za-z0-9+/_-]{43}=?$/.test(v) && Buffer.from(v, 'base64').length === 32);
 
+/** An http(s) origin as a browser sends it (`https://App.Example.com:443` is `https://app.example.com`); null for anything more or else. */
+function originOf(text: string): string | null {
+  if (!/^https?:\/\/[^/\s?#@]+\/?$/i.test(text)) return null;
+  try {
+    return new URL(text).origin;
+  } catch {
+    return null;
+  }
+}
+
 const list = z
   .string()
   .optional()
@@ -363,10 +373,13 @@ const schema = z.object({
   SERVICE_OIDC_ALLOWED_EMAIL_DOMAINS: list,
   SERVICE_SESSION_IDLE_SECONDS: int(8 * 3600, 60, 30 * 86_400),
   SERVICE_SESSION_MAX_SECONDS: int(7 * 86_400, 60, 365 * 86_400),
-  SERVICE_CORS_ORIGINS: list.refine(
-    (origins) => origins.every((o) => /^https?:\/\/[^/\s]+$/.test(o)),
-    'expected origins such as https://app.example.com, separated by commas',
-  ),
+  // kept as a browser sends an Origin (a lower-case host, no default port), which is what they are compared with
+  SERVICE_CORS_ORIGINS: list
+    .refine(
+      (origins) => origins.every((o) => originOf(o) !== null),
+      'expected origins such as https://app.example.com (a scheme and a host, no path), separated by commas',
+    )
+    .transform((origins) => origins.map((o) => originOf(o)!)),
   // 0: the tenant's figure
   SERVICE_API_KEY_RATE_LIMIT_PER_MINUTE: int(0, 0, 100_000_000),
   SERVICE_WORKER_METRICS_PORT: int(0, 0, 65535),

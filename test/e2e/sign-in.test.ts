@@ -139,6 +139,8 @@ describe('sign-in with OpenID Connect', function () {
     expect(again.url).to.equal(`${service()}/api/v1/me`);
     const second = alice.cookie(service(), '__Host-session');
     expect(second).not.to.equal(session);
+    // and ends the session the browser had: no session is left behind that no logout reaches
+    expect((await fetch(`${service()}/api/v1/me`, { headers: { cookie: `__Host-session=${session}` } })).status).to.equal(401);
     // another web process (same Redis) takes the session, and refuses it from the moment it ends
     const other = await startHarness({ workers: false, env: { ...oidcEnv, SERVICE_QUEUE_PREFIX: h.config.queuePrefix } });
     const inOther = () => fetch(`${other.url}/api/v1/me`, { headers: { cookie: `__Host-session=${second}` } });

@@ -41,6 +41,19 @@ describe('config/env', () => {
     expect(c.adminKeys).to.deep.equal(['admin0123456789abc']);
   });
 
+  it('keeps SERVICE_CORS_ORIGINS as a browser sends an Origin, and refuses what no Origin is', () => {
+    const c = parseEnv({ SERVICE_CORS_ORIGINS: 'https://App.Example.com, https://web.example.com:443, http://localhost:5173/, HTTPS://X.example' });
+    expect(c.corsOrigins).to.deep.equal(['https://app.example.com', 'https://web.example.com', 'http://localhost:5173', 'https://x.example']);
+    for (const bad of [
+      'https://app.example.com/path',
+      'https://user@app.example.com',
+      'https://app.example.com?x=1',
+      'ftp://app.example.com',
+      'app.example.com',
+    ])
+      expect(() => parseEnv({ SERVICE_CORS_ORIGINS: bad }), bad).to.throw(ConfigError, /SERVICE_CORS_ORIGINS/);
+  });
+
   it('reads 1/0 and true/false flags correctly', () => {
     expect(parseEnv({ SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS: '1' }).auditAllowSensitivePaths).to.equal(true);
     expect(parseEnv({ SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS: 'true' }).auditAllowSensitivePaths).to.equal(true);
