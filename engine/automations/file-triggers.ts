@@ -1,9 +1,11 @@
-// file_change triggers: one chokidar watcher per process over the tenant roots that have an enabled
-// file_change automation (no other folder is watched); a change that matches an automation's globs
-// starts its run after the trigger's debounce. Links are not followed, nor watched: a tenant's link to
-// another tenant's folder (or to /usr) shows no change there, and costs no watch. When several processes watch
-// the same files, a Redis lock per automation and batch of changes (its paths and their state) lets
-// only one of them fire it.
+// file_change triggers: a chokidar watcher per tenant root that has an enabled file_change automation (no
+// other folder is watched); a change that matches an automation's globs starts its run after the trigger's
+// debounce. Links are not followed, nor watched: a tenant's link to another tenant's folder (or to /usr)
+// shows no change there, and costs no watch. Each file and folder watched is one of the host's inotify
+// watches, which every process of the user shares: a root holding more than its share is not watched (and
+// says so in the log), so that one tenant's tree cannot take the watches of the others and of the gates.
+// When several processes watch the same files, a Redis lock per automation and batch of changes (its
+// paths and their state) lets only one of them fire it.
 import { createHash } from 'node:crypto';
 import fs from 'node:fs/promises';
 import path from 'node:path';
@@ -12,25 +14,123 @@ import type { Platform } from '../deps.js';
 import type { Automation, RunTrigger } from '../platform/index.js';
 import { compileGlobs } from './globs.js';
 
-type Watched = { automation: Automation; tenantRoot: string; matchers: { match: (p: string) => boolean; paths: string[]; debounceMs: number }[] };
+type Matcher = { match: (p: string) => boolean; debounceMs: number };
+type Watched = { automation: Automation; tenantRoot: string; matchers: Matcher[] };
 
 export type FileTriggers = { start(): Promise<void>; refresh(): Promise<void>; close(): Promise<void> };
 
 /** folders no trigger looks into: dependencies, git's own files, vibe runs' scratch copies and checkouts */
 const IGNORED = /(^|[\\/])(node_modules|\.git|\.scratch|\.checkouts)([\\/]|$)/;
+/** The most files and folders (a watch each) one tenant root's watcher holds, and all of them together. */
+const ROOT_ENTRIES_MAX = 20_000;
+const ENTRIES_TOTAL = 100_000;
+/** How long a root found too large waits before it is counted again (it may have shrunk). */
+const TOO_LARGE_RETRY_MS = 10 * 60_000;
+/** The paths a run's trigger names, and what a pending batch keeps of its paths: its first ones in order. */
+const PATHS_KEPT = 100;
+
+type Root = {
+  watcher: FSWatcher;
+  /** device, inode and birth time when it was watched: a root made again is another folder */
+  identity: string;
+  /** the files and folders it holds watches on, once it is ready */
+  entries: number;
+  ready: Promise<void>;
+  /** more entries than it was allowed: not watched, until `retryAt` */
+  tooLarge?: { retryAt: number };
+};
+
+/** A batch of changes waiting for its debounce: its first paths in order, and whether there were more. */
+type Pending = { timer: NodeJS.Timeout; paths: string[]; more: boolean };
 
 export function fileTriggersOf(
-  deps: Pick<Platform, 'store' | 'redis' | 'queues' | 'log'> & { tenantRootOf(tenantId: string): string },
+  deps: Pick<Platform, 'store' | 'redis' | 'queues' | 'log'> & {
+    tenantRootOf(tenantId: string): string;
+    rootEntriesMax?: number;
+    entriesTotal?: number;
+    tooLargeRetryMs?: number;
+  },
   opts: { refreshMs: number; fire(a: Automation, trigger: RunTrigger): Promise<unknown> },
 ): FileTriggers {
+  const rootMax = deps.rootEntriesMax ?? ROOT_ENTRIES_MAX;
+  const total = deps.entriesTotal ?? ENTRIES_TOTAL;
+  const retryMs = deps.tooLargeRetryMs ?? TOO_LARGE_RETRY_MS;
   let watched: Watched[] = [];
-  /** the tenant roots being watched, each with its identity (device, inode, birth time) when it was added */
-  let roots = new Map<string, string>();
-  const pending = new Map<string, { timer: NodeJS.Timeout; paths: Set<string> }>();
-  let watcher: FSWatcher | undefined;
+  /** the tenant roots being watched (or found too large), by real path */
+  const roots = new Map<string, Root>();
+  const pending = new Map<string, Pending>();
+  let started = false;
+  let closed = false;
   let refresher: NodeJS.Timeout | undefined;
 
-  async function refresh(): Promise<void> {
+  /** The watches every root holds now (a root being read counts what it has read so far). */
+  const entriesHeld = () => {
+    let n = 0;
+    for (const r of roots.values()) n += r.entries;
+    return n;
+  };
+
+  const matchersOf = (a: Automation): Matcher[] =>
+    a.triggers.flatMap((t) => (t.type === 'file_change' ? [{ match: compileGlobs(t.paths), debounceMs: t.debounce_ms ?? 500 }] : []));
+
+  /** Watches one root, counting what it holds as it is read: past what it may hold, it is closed at once. */
+  function watchRoot(root: string, identity: string): Root {
+    // chokidar offers a path without its stats and then with them: each counted once, with them, for as long
+    // as the root is watched (a root that grows past its share later is let go then; what is removed is
+    // counted off). The count grows as the root is read, so roots read at once leave each other their share
+    const seen = new Set<string>();
+    let over = false;
+    let ready = false;
+    const entry = { identity, entries: 0 } as Root;
+    const letGo = () => {
+      entry.tooLarge = { retryAt: Date.now() + retryMs };
+      entry.entries = 0;
+      seen.clear();
+      deps.log.warn(
+        { root, entries: seen.size, root_max: rootMax, total_max: total },
+        `a tenant root holds more files and folders than its file watcher may (each is one of the host's watches): its file_change triggers do not fire`,
+      );
+      void watcher.close();
+    };
+    const watcher = watch(root, {
+      ignoreInitial: true,
+      followSymlinks: false,
+      // a link is not watched at all: chokidar, not following it, still watched the link's path, and the
+      // kernel's watch of a path follows the link, so a change in the folder a link points to (another
+      // tenant's) came through as a change of the link itself
+      ignored: (p: string, stats?: { isSymbolicLink(): boolean }) => {
+        if (over || IGNORED.test(p) || stats?.isSymbolicLink()) return true;
+        if (stats) entry.entries = seen.add(p).size;
+        if (seen.size <= rootMax && entriesHeld() <= total) return false;
+        over = true;
+        if (ready) letGo();
+        return true;
+      },
+    });
+    entry.watcher = watcher;
+    entry.ready = new Promise<void>((resolve) =>
+      watcher.once('ready', () => {
+        ready = true;
+        if (over) letGo();
+        resolve();
+      }),
+    );
+    const forget = (p: string) => (entry.entries = seen.delete(p) ? seen.size : entry.entries);
+    watcher.on('unlink', forget).on('unlinkDir', forget);
+    watcher.on('add', onChange).on('change', onChange).on('unlink', onChange);
+    watcher.on('error', (err) => deps.log.warn({ err, root }, 'file watcher error'));
+    return entry;
+  }
+
+  /** One refresh at a time: two at once would each watch a root the other is adding. */
+  let refreshing: Promise<void> = Promise.resolve();
+  function refresh(): Promise<void> {
+    const next = refreshing.then(refreshOnce, refreshOnce);
+    refreshing = next.catch(() => undefined);
+    return next;
+  }
+
+  async function refreshOnce(): Promise<void> {
     const automations = await deps.store.automations.listEnabledWithTrigger('file_change');
     // a tenant's root is watched at its real path: a root that is itself a link (a tenant's folder on
     // another disk) is followed, where no link inside it is
@@ -45,63 +145,95 @@ export function fileTriggersOf(
       const st = await fs.stat(real).catch(() => null);
       identities.set(real, st ? `${st.dev}:${st.ino}:${st.birthtimeMs}` : '');
     }
-    watched = automations.map((automation) => ({
-      automation,
-      tenantRoot: realRoots.get(automation.tenant_id)!,
-      matchers: automation.triggers.flatMap((t) =>
-        t.type === 'file_change' ? [{ match: compileGlobs(t.paths), paths: t.paths, debounceMs: t.debounce_ms ?? 500 }] : [],
-      ),
-    }));
-    if (!watcher) return;
+    watched = automations.map((automation) => ({ automation, tenantRoot: realRoots.get(automation.tenant_id)!, matchers: matchersOf(automation) }));
+    if (!started || closed) return;
     const wanted = new Map([...new Set(watched.map((w) => w.tenantRoot))].map((r) => [r, identities.get(r) ?? '']));
-    // a root removed and made again (a run's rm -rf, a restore) is another folder: the watch of the one
-    // removed saw its end and no more, so the new one is watched afresh
-    const dropped = [...roots].filter(([r, id]) => wanted.get(r) !== id).map(([r]) => r);
-    const added = [...wanted].filter(([r, id]) => roots.get(r) !== id).map(([r]) => r);
-    if (dropped.length) watcher.unwatch(dropped);
-    if (added.length) watcher.add(added);
-    roots = wanted;
+    // a root no longer wanted, or removed and made again (a run's rm -rf, a restore: the watch of the one
+    // removed saw its end and no more), or found too large a while ago, is closed (every watch it holds goes)
+    // and, if wanted, watched afresh
+    const now = Date.now();
+    for (const [root, r] of roots)
+      if (wanted.get(root) !== r.identity || (r.tooLarge && now >= r.tooLarge.retryAt)) {
+        roots.delete(root);
+        await r.watcher.close();
+      }
+    for (const [root, identity] of wanted) if (!roots.has(root)) roots.set(root, watchRoot(root, identity));
   }
 
   function onChange(file: string): void {
+    let rel: string | undefined;
     for (const w of watched) {
       // an automation's globs are relative to its own tenant's root, and see nothing outside it
       if (!file.startsWith(w.tenantRoot + path.sep)) continue;
-      const rel = path.relative(w.tenantRoot, file).split(path.sep).join('/');
-      const hit = w.matchers.find((m) => m.match(rel));
+      rel ??= path.relative(w.tenantRoot, file).split(path.sep).join('/');
+      const hit = w.matchers.find((m) => m.match(rel!));
       if (!hit) continue;
       const key = w.automation.id;
-      const entry = pending.get(key) ?? { timer: undefined as unknown as NodeJS.Timeout, paths: new Set<string>() };
-      entry.paths.add(rel);
+      const entry = pending.get(key) ?? { timer: undefined as unknown as NodeJS.Timeout, paths: [], more: false };
+      keep(entry, rel);
       clearTimeout(entry.timer);
-      entry.timer = setTimeout(() => void fire(w.automation, entry, w.tenantRoot, hit.debounceMs), hit.debounceMs);
+      entry.timer = setTimeout(() => void fire(w.automation, entry, w.tenantRoot), hit.debounceMs);
       pending.set(key, entry);
     }
   }
 
-  async function fire(a: Automation, batch: { paths: Set<string> }, root: string, debounceMs: number): Promise<void> {
-    pending.delete(a.id);
-    const paths = [...batch.paths].sort();
-    // the batch's identity: its paths and the state each is in now (modified time, or gone). Every process
-    // that saw the same changes takes the same lock and only one fires; a later change of the same files
-    // is another state, so another lock, and is never dropped for following the last too closely
-    const states = await Promise.all(
-      paths.slice(0, 100).map((p) =>
-        fs.stat(path.join(root, p)).then(
-          (st) => st.mtimeMs,
-          () => 'gone',
-        ),
-      ),
-    );
+  /** Adds a path to a batch, which keeps its first PATHS_KEPT in order (a burst of 100,000 is not held whole). */
+  function keep(batch: Pending, rel: string): void {
+    const paths = batch.paths;
+    let lo = 0;
+    for (let hi = paths.length; lo < hi;) {
+      const mid = (lo + hi) >> 1;
+      if (paths[mid]! < rel) lo = mid + 1;
+      else hi = mid;
+    }
+    if (paths[lo] === rel) return;
+    if (lo >= PATHS_KEPT) {
+      batch.more = true;
+      return;
+    }
+    paths.splice(lo, 0, rel);
+    if (paths.length > PATHS_KEPT) {
+      paths.pop();
+      batch.more = true;
+    }
+  }
+
+  /** The state a path is in now: its change time and size, or, once gone, its folder's change time. */
+  async function stateOf(root: string, rel: string): Promise<string> {
+    const full = path.join(root, rel);
+    const st = await fs.lstat(full).catch(() => null);
+    // the change time, which no one sets (a copy that keeps the modified time still moves it)
+    if (st) return `${st.ctimeMs}:${st.size}`;
+    // gone: its folder's change time tells one removal from the next (a file made and removed again)
+    const folder = await fs.lstat(path.dirname(full)).catch(() => null);
+    return folder ? `gone:${folder.ctimeMs}` : 'gone';
+  }
+
+  async function fire(fired: Automation, batch: Pending, root: string): Promise<void> {
+    pending.delete(fired.id);
+    // the automation as it is now: one disabled, archived or whose file_change triggers changed since the
+    // batch began fires only for the paths its triggers still match (runRequest refuses one not enabled)
+    const a = (await deps.store.automations.get(fired.tenant_id, fired.id).catch(() => fired)) ?? null;
+    const matchers = a ? matchersOf(a) : [];
+    const paths = batch.paths.filter((p) => matchers.some((m) => m.match(p)));
+    if (!a || !paths.length) {
+      deps.log.info({ automation_id: fired.id }, 'file changes not fired: the automation no longer watches them');
+      return;
+    }
+    // the batch's identity: its paths and the state each is in now. Every process that saw the same changes
+    // takes the same lock and only one fires; a later change of the same files is another state, so another
+    // lock, and is never dropped for following the last too closely
+    const states = await Promise.all(paths.map((p) => stateOf(root, p)));
     const identity = createHash('sha256')
-      .update(JSON.stringify([paths.length, paths.slice(0, 100), states]))
+      .update(JSON.stringify([batch.more, paths, states]))
       .digest('hex')
       .slice(0, 24);
     const lock = `${deps.queues.prefix}:file-trigger:${a.id}:${identity}`;
+    const debounceMs = Math.max(0, ...matchers.map((m) => m.debounceMs));
     const won = await deps.redis.set(lock, '1', 'PX', Math.max(debounceMs, 250) + 10_000, 'NX');
     if (!won) return;
     try {
-      await opts.fire(a, { type: 'file_change', paths: paths.slice(0, 100) });
+      await opts.fire(a, { type: 'file_change', paths });
     } catch (err) {
       deps.log.warn({ automation_id: a.id, err: (err as Error).message }, 'file_change trigger did not start a run');
     }
@@ -110,32 +242,24 @@ export function fileTriggersOf(
   return {
     refresh,
     async start() {
-      // a link is not watched at all: chokidar, not following it, still watched the link's path, and the
-      // kernel's watch of a path follows the link, so a change in the folder a link points to (another
-      // tenant's) came through as a change of the link itself
-      watcher = watch([], {
-        ignoreInitial: true,
-        followSymlinks: false,
-        ignored: (p: string, stats?: { isSymbolicLink(): boolean }) => IGNORED.test(p) || Boolean(stats?.isSymbolicLink()),
-      });
-      watcher.on('add', onChange).on('change', onChange).on('unlink', onChange);
-      watcher.on('error', (err) => deps.log.warn({ err }, 'file watcher error'));
-      // chokidar says `ready` once, when the roots first added have been read
-      const ready = new Promise<void>((resolve) => watcher!.once('ready', () => resolve()));
+      started = true;
       // a store that cannot list the triggers now does not stop the process: the next refresh tries again
       const listed = await refresh().then(
         () => true,
         (err: Error) => (deps.log.warn({ err: err.message }, 'file triggers not refreshed'), false),
       );
-      if (listed && roots.size) await ready;
+      // chokidar says `ready` once a root's files have been read
+      if (listed) await Promise.all([...roots.values()].map((r) => r.ready));
       refresher = setInterval(() => void refresh().catch((err: Error) => deps.log.warn({ err: err.message }, 'file triggers not refreshed')), opts.refreshMs);
       refresher.unref();
     },
     async close() {
+      closed = true;
       clearInterval(refresher);
       for (const p of pending.values()) clearTimeout(p.timer);
       pending.clear();
-      await watcher?.close();
+      await Promise.all([...roots.values()].map((r) => r.watcher.close()));
+      roots.clear();
     },
   };
 }

@@ -4,9 +4,9 @@ import os from 'node:os';
 import path from 'node:path';
 import { expect } from 'chai';
 import { startWorkers } from '../../workers/index.js';
-import { CRON_TICK, cronDueKey, cronJobIdOf, nextCronFire, type CronJob } from '../../engine/automations/index.js';
+import { CRON_TICK, cronDueKey, cronJobIdOf, fileTriggersOf, nextCronFire, type CronJob } from '../../engine/automations/index.js';
 import { automationFixture } from '../integration/store-contract.js';
-import { ServiceUnavailableError, ValidationError } from '../../engine/platform/index.js';
+import { ServiceUnavailableError, ValidationError, type Automation, type RunTrigger } from '../../engine/platform/index.js';
 import { eventually, KEYS, startHarness, type Harness } from '../support/harness.js';
 
 type Body = Record<string, any>;
@@ -590,6 +590,119 @@ describe('file_change triggers', function () {
       expect(runs.trigger.paths).to.deep.equal(['after.txt']);
     } finally {
       await watcher.close();
+    }
+  });
+
+  it('fires a file made and removed again each time (its removals are not one state), and never for an automation whose trigger changed meanwhile', async () => {
+    const a = (
+      await h.call<Body>('POST', '/api/v1/automations', {
+        body: {
+          name: 'again and again',
+          triggers: [{ type: 'file_change', paths: ['again/**'], debounce_ms: 100 }],
+          steps: [{ tool: 'message', args: { text: 'x' } }],
+        },
+      })
+    ).body;
+    await fs.mkdir(path.join(h.tenantDir(), 'again'), { recursive: true });
+    await watching(h);
+    const file = path.join(h.tenantDir(), 'again/f.txt');
+    for (const [n, change] of [() => fs.writeFile(file, 'x'), () => fs.rm(file), () => fs.writeFile(file, 'x'), () => fs.rm(file)].entries()) {
+      await change();
+      await runsOnce(h, a.id, n + 1, `run ${n + 1}`);
+    }
+    // a batch pending when its trigger is taken away fires nothing
+    const patched = (
+      await h.call<Body>('POST', '/api/v1/automations', {
+        body: {
+          name: 'changed',
+          triggers: [{ type: 'file_change', paths: ['changed/**'], debounce_ms: 1500 }],
+          steps: [{ tool: 'message', args: { text: 'x' } }],
+        },
+      })
+    ).body;
+    await fs.mkdir(path.join(h.tenantDir(), 'changed'), { recursive: true });
+    await watching(h);
+    await fs.writeFile(path.join(h.tenantDir(), 'changed/one.txt'), 'x');
+    await new Promise((r) => setTimeout(r, 300));
+    expect((await h.call('PATCH', `/api/v1/automations/${patched.id}`, { body: { triggers: [{ type: 'manual' }] } })).status).to.equal(200);
+    await new Promise((r) => setTimeout(r, 2500));
+    expect(await history(h, patched.id)).to.deep.equal([]);
+  });
+
+  it('lets go of every watch of a root no automation watches any more, and watches no root past its share of watches', async () => {
+    /** The inotify watches this process holds. */
+    const watches = async () => {
+      let n = 0;
+      for (const fd of await fs.readdir('/proc/self/fd')) {
+        const target = await fs.readlink(`/proc/self/fd/${fd}`).catch(() => '');
+        if (target === 'anon_inode:inotify') n += ((await fs.readFile(`/proc/self/fdinfo/${fd}`, 'utf8').catch(() => '')).match(/^inotify wd:/gm) ?? []).length;
+      }
+      return n;
+    };
+    const roots = await fs.mkdtemp(path.join(os.tmpdir(), 'svc-watch-'));
+    const fired: RunTrigger[] = [];
+    const automation = (tenant: string): Automation => automationFixture(tenant, { triggers: [{ type: 'file_change', paths: ['**'], debounce_ms: 50 }] });
+    let enabled: Automation[] = [];
+    const triggers = fileTriggersOf(
+      {
+        ...h.rt,
+        store: {
+          automations: {
+            listEnabledWithTrigger: async () => enabled,
+            get: async (t: string, id: string) => enabled.find((a) => a.tenant_id === t && a.id === id) ?? null,
+          },
+        },
+        tenantRootOf: (t: string) => path.join(roots, t),
+        rootEntriesMax: 400,
+        entriesTotal: 500,
+        tooLargeRetryMs: 4000,
+      } as never,
+      { refreshMs: 3_600_000, fire: async (_a, t) => void fired.push(t) },
+    );
+    try {
+      for (const [tenant, folders] of [
+        ['small', 30],
+        ['large', 401],
+        ['second', 200],
+      ] as const)
+        for (let i = 0; i < folders; i++) await fs.mkdir(path.join(roots, tenant, `d${i}`), { recursive: true });
+      const before = await watches();
+      const small = automation('small');
+      enabled = [small];
+      await triggers.start();
+      expect((await watches()) - before, 'the small root: its folders and itself').to.be.within(30, 32);
+      // a burst of 300 files: one run, naming the first 100 in order
+      await Promise.all(Array.from({ length: 300 }, (_, i) => fs.writeFile(path.join(roots, 'small', `f${String(i).padStart(3, '0')}.txt`), 'x')));
+      await eventually(() => fired.length > 0 || null, 'the burst to fire');
+      await new Promise((r) => setTimeout(r, 300));
+      expect(fired.length).to.equal(1);
+      expect(fired[0]).to.deep.equal({ type: 'file_change', paths: Array.from({ length: 100 }, (_, i) => `f${String(i).padStart(3, '0')}.txt`) });
+      // a root past its share is not watched, and holds no watch; one after it is held to what is left of the total
+      enabled = [small, automation('large'), automation('second')];
+      const withSmall = await watches();
+      expect(withSmall - before, 'the small root and its 300 files').to.be.within(330, 332);
+      await triggers.refresh();
+      await new Promise((r) => setTimeout(r, 1500));
+      expect((await watches()) - withSmall, 'the large root (401 folders of 400), and the second (200 of the 169 the small one left)').to.equal(0);
+      expect(h.logs.join('\n').match(/its file_change triggers do not fire/g)).to.have.length(2);
+      // a root that grows past its share while watched lets go of its watches then
+      await Promise.all(Array.from({ length: 100 }, (_, i) => fs.writeFile(path.join(roots, 'small', `g${i}.txt`), 'x')));
+      await eventually(async () => ((await watches()) <= before ? true : null), 'the small root, grown past its share, to be let go');
+      // no automation left: every watch goes, the files' and folders' included
+      await fs.rm(path.join(roots, 'large'), { recursive: true });
+      await fs.rm(path.join(roots, 'small', 'g0.txt'));
+      enabled = [small, automation('second')];
+      // a root let go is counted again a while later: the second now fits what is left, the small one still does not
+      await new Promise((r) => setTimeout(r, 4000));
+      await triggers.refresh();
+      await new Promise((r) => setTimeout(r, 1500));
+      expect((await watches()) - before, 'the second root, 200 folders, now within the total').to.be.within(200, 202);
+      enabled = [];
+      await triggers.refresh();
+      expect(await watches()).to.be.at.most(before);
+    } finally {
+      await triggers.close();
+      await fs.rm(roots, { recursive: true, force: true });
     }
   });
 
