@@ -40,29 +40,29 @@ type Known = {
   git?: Promise<GitState>;
   digests: Map<string, Promise<string>>;
   used: number;
-  /** more folders than a watcher may hold: not watched, each snapshot computed afresh */
+  /** more files and folders than a watcher may hold: not watched, each snapshot computed afresh */
   unwatched?: boolean;
-  /** the folders its watcher holds */
-  folders: number;
+  /** the files and folders its watcher holds (a watch each) */
+  entries: number;
 };
 
 const WATCHED_MAX = 32;
 /**
- * The most folders one workspace's watcher holds (a watch each, from the host's inotify watches, which
+ * The most files and folders one workspace's watcher holds (a watch each, from the host's inotify watches, which
  * every process of the user shares): a workspace with more is not watched, and its snapshots are computed
  * afresh, so that one tenant's tree cannot spend the watches the file triggers and others need.
  */
-const WATCHED_DIRS_MAX = 10_000;
-/** The most folders all the watchers of the process hold together (of the host's 8,192 to a few hundred thousand). */
-const WATCHED_DIRS_TOTAL = 40_000;
+const WATCHED_ENTRIES_MAX = 20_000;
+/** The most files and folders all the watchers of the process hold together (of the host's 8,192 to a few hundred thousand). */
+const WATCHED_ENTRIES_TOTAL = 80_000;
 const IGNORED = /(^|[/\\])(node_modules|\.git[/\\](objects|logs|lfs))([/\\]|$)/;
 
 export function smartGatesOf(
-  deps: Pick<Platform, 'store' | 'clock'> & { sandbox: Sandbox; gates: GateRuns; watchedDirsMax?: number; watchedDirsTotal?: number },
+  deps: Pick<Platform, 'store' | 'clock'> & { sandbox: Sandbox; gates: GateRuns; watchedEntriesMax?: number; watchedEntriesTotal?: number },
 ) {
   const { store, clock, sandbox, gates } = deps;
-  const dirsMax = deps.watchedDirsMax ?? WATCHED_DIRS_MAX;
-  const dirsTotal = deps.watchedDirsTotal ?? WATCHED_DIRS_TOTAL;
+  const entriesMax = deps.watchedEntriesMax ?? WATCHED_ENTRIES_MAX;
+  const entriesTotal = deps.watchedEntriesTotal ?? WATCHED_ENTRIES_TOTAL;
   const known = new Map<string, Known>();
 
   function knownOf(dir: string): Known {
@@ -73,35 +73,45 @@ export function smartGatesOf(
         void oldest![1].watcher?.close();
         known.delete(oldest![0]);
       }
-      // the folders seen as the watcher scans (each is offered with its stats, twice): past what it may hold
-      // (its own most, or what the other watchers leave of the total), nothing more is watched
-      const folders = new Set<string>();
-      let others = 0;
-      for (const other of known.values()) others += other.folders;
-      const allowed = Math.min(dirsMax, dirsTotal - others);
-      const ignored = (p: string, stats?: { isDirectory(): boolean }) => {
-        if (IGNORED.test(p) || folders.size > allowed) return true;
-        if (stats?.isDirectory()) folders.add(p);
-        return folders.size > allowed;
+      // the files and folders seen as the watcher scans (chokidar watches each; each is offered with its
+      // stats, twice), for as long as it watches: past what it may hold (its own most, or what the other
+      // watchers leave of the total), it is let go, at once or once the workspace has grown past it
+      const seen = new Set<string>();
+      let over = false;
+      let ready = false;
+      const letGo = () => {
+        fresh.unwatched = true;
+        fresh.entries = 0;
+        seen.clear();
+        void watcher.close();
+      };
+      const ignored = (p: string, stats?: object) => {
+        if (over || IGNORED.test(p)) return true;
+        if (stats) fresh.entries = seen.add(p).size;
+        let held = 0;
+        for (const other of known.values()) held += other.entries;
+        if (seen.size <= entriesMax && held <= entriesTotal) return false;
+        over = true;
+        if (ready) letGo();
+        return true;
       };
       const watcher = watch(dir, { ignored, ignoreInitial: true, followSymlinks: false });
       const fresh: Known = {
         watcher,
         ready: new Promise((r) =>
           watcher.once('ready', () => {
-            if (folders.size > allowed) {
-              fresh.unwatched = true;
-              void watcher.close();
-            } else fresh.folders = folders.size;
-            folders.clear();
+            ready = true;
+            if (over) letGo();
             r();
           }),
         ),
         generation: 0,
         digests: new Map(),
         used: 0,
-        folders: 0,
+        entries: 0,
       };
+      const countOff = (p: string) => (fresh.entries = seen.delete(p) ? seen.size : fresh.entries);
+      watcher.on('unlink', countOff).on('unlinkDir', countOff);
       // any change forgets what was computed: the next snapshot computes it again (and rehashes only what changed)
       const forget = () => {
         fresh.generation++;
@@ -126,7 +136,7 @@ export function smartGatesOf(
     /** The gates' readiness now; `watch: false` computes it once, without a watcher or a cache (an audit in a worker). */
     async snapshot(tenantId: string, workspace: string | undefined, opts: { watch?: boolean } = {}): Promise<SmartGates> {
       const ws = await gates.workspaceOf(tenantId, workspace, '/query/workspace');
-      const once = (): Known => ({ ready: Promise.resolve(), generation: 0, digests: new Map(), used: 0, folders: 0 });
+      const once = (): Known => ({ ready: Promise.resolve(), generation: 0, digests: new Map(), used: 0, entries: 0 });
       const watched = opts.watch === false ? once() : knownOf(ws.dir);
       await watched.ready;
       const k = watched.unwatched ? once() : watched;

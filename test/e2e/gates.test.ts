@@ -213,8 +213,8 @@ describe('gates in the service', function () {
         n += ((await fs.readFile(`/proc/self/fdinfo/${fd}`, 'utf8').catch(() => '')).match(/^inotify wd:/gm) ?? []).length;
       return n;
     };
-    const measure = async (watchedDirsMax?: number) => {
-      const smart = smartGatesOf({ store: h.rt.store, clock: h.rt.clock, sandbox: h.rt.sandbox, gates: h.rt.engine.gates, watchedDirsMax });
+    const measure = async (watchedEntriesMax?: number) => {
+      const smart = smartGatesOf({ store: h.rt.store, clock: h.rt.clock, sandbox: h.rt.sandbox, gates: h.rt.engine.gates, watchedEntriesMax });
       try {
         const run = await h.rt.engine.gates.start('tenant-c', { workspace: 'wide', trigger: { type: 'api' } });
         expect((await h.rt.engine.gates.wait('tenant-c', run.id)).status).to.equal('succeeded');
@@ -231,11 +231,15 @@ describe('gates in the service', function () {
     };
     expect((await measure()).held).to.be.at.least(40);
     expect(await measure(10)).to.deep.equal({ held: 0, changed: true });
+    // files are watched one by one too: 60 files in a few folders are past a share of 50
+    for (let i = 0; i < 60; i++) await fs.writeFile(path.join(wide, `d${i % 2}`, `f${i}.txt`), `${i}`);
+    expect(await measure(50)).to.deep.equal({ held: 0, changed: true });
+    for (let i = 0; i < 60; i++) await fs.rm(path.join(wide, `d${i % 2}`, `f${i}.txt`));
     // and all of the process's watchers hold no more than a total: a second workspace past what the first left is not watched
     const other = path.join(h.tenantDir('tenant-c'), 'other');
     for (let i = 0; i < 40; i++) await fs.mkdir(path.join(other, `d${i}`), { recursive: true });
     await fs.copyFile(path.join(wide, 'gates.yaml'), path.join(other, 'gates.yaml'));
-    const shared = smartGatesOf({ store: h.rt.store, clock: h.rt.clock, sandbox: h.rt.sandbox, gates: h.rt.engine.gates, watchedDirsTotal: 60 });
+    const shared = smartGatesOf({ store: h.rt.store, clock: h.rt.clock, sandbox: h.rt.sandbox, gates: h.rt.engine.gates, watchedEntriesTotal: 60 });
     try {
       const start = await watches();
       await shared.snapshot('tenant-c', 'wide');
