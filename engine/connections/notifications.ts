@@ -68,6 +68,9 @@ function subscribes(patterns: string[], type: NotificationType): boolean {
 const CACHE_MS = 5_000;
 /** How long a change of endpoints, or an event, waits for Redis to take or give their version. */
 const VERSION_WAIT_MS = 1000;
+/** Deliveries the store refused are asked for again STORE_TRIES times, STORE_RETRY_MS later and then twice as late (about a minute). */
+const STORE_TRIES = 8;
+const STORE_RETRY_MS = 250;
 const jobId = (d: NotificationDelivery) => `ntf-${d.id}${d.replays ? `-r${d.replays}` : ''}`;
 
 const tooMany = (max: number) =>
@@ -298,6 +301,44 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
     enqueue,
   });
 
+  /** Queues stored deliveries; one the queue refuses is the reconciler's. */
+  async function queueAll(deliveries: NotificationDelivery[]): Promise<void> {
+    const queued = await Promise.allSettled(deliveries.map(enqueue));
+    for (const [i, r] of queued.entries())
+      if (r.status === 'rejected')
+        log.warn(
+          { tenant_id: deliveries[i]!.tenant_id, delivery_id: deliveries[i]!.id, err: (r.reason as Error).message },
+          'notification delivery stored, not queued: the reconciler queues it',
+        );
+  }
+
+  /**
+   * Stores again, 0.25 s later and then twice as late each time (about a minute in all), deliveries the store
+   * refused; one found stored already (its insert had landed) is not stored twice. Those still refused after
+   * the last try are lost, and logged as such.
+   */
+  function storeLater(deliveries: NotificationDelivery[], tried: number): void {
+    setTimeout(
+      async () => {
+        const left: NotificationDelivery[] = [];
+        const stored: NotificationDelivery[] = [];
+        for (const d of deliveries) {
+          try {
+            if (!(await store.notificationDeliveries.get(d.tenant_id, d.id))) await store.notificationDeliveries.insert(d);
+            stored.push(d);
+          } catch {
+            left.push(d);
+          }
+        }
+        await queueAll(stored);
+        if (!left.length) return;
+        if (tried + 1 < STORE_TRIES) return storeLater(left, tried + 1);
+        log.error({ tenant_id: left[0]!.tenant_id, delivery_ids: left.map((d) => d.id) }, 'notifications not made: the store refused them');
+      },
+      STORE_RETRY_MS * 2 ** tried,
+    ).unref();
+  }
+
   const api = {
     /** Makes an endpoint; `secret` is the only time the signing secret exists in clear outside the store. */
     async create(tenantId: string, input: EndpointInput): Promise<{ endpoint: NotificationEndpoint; secret: string }> {
@@ -379,7 +420,7 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
       return next!;
     },
 
-    /** Makes a delivery of an event for each of its tenant's endpoints that subscribe to its type. */
+    /** Makes a delivery of an event for each of its tenant's endpoints that subscribe to its type; a delivery the store refuses is stored later (storeLater). */
     async notify(event: ServiceEvent): Promise<number> {
       const type = outboundType(event.type);
       if (!type) return 0;
@@ -403,14 +444,17 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
       }));
       // all stored first (asked together, one group commit): a stored delivery is the reconciler's to queue
       // again, so a queue that refuses one job loses none of them, and does not keep the others from theirs
-      await Promise.all(deliveries.map((d) => store.notificationDeliveries.insert(d)));
-      const queued = await Promise.allSettled(deliveries.map(enqueue));
-      for (const [i, r] of queued.entries())
-        if (r.status === 'rejected')
-          log.warn(
-            { tenant_id: event.tenant_id, delivery_id: deliveries[i]!.id, err: (r.reason as Error).message },
-            'notification delivery stored, not queued: the reconciler queues it',
-          );
+      const stored = await Promise.allSettled(deliveries.map((d) => store.notificationDeliveries.insert(d)));
+      const unstored = deliveries.filter((_, i) => stored[i]!.status === 'rejected');
+      await queueAll(deliveries.filter((_, i) => stored[i]!.status === 'fulfilled'));
+      // a store that refused them for a moment (busy, a failover) is asked again, while the event goes on
+      if (unstored.length) {
+        log.warn(
+          { tenant_id: event.tenant_id, type, err: (stored.find((r) => r.status === 'rejected') as PromiseRejectedResult).reason?.message },
+          'notification deliveries not stored yet: trying again',
+        );
+        storeLater(unstored, 0);
+      }
       return endpoints.length;
     },
 

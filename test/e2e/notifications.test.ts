@@ -287,6 +287,30 @@ describe('outbound notifications', function () {
     await eventually(() => receiver.received.find((r) => r.headers['webhook-id'] === unsent.id), 'the repaired delivery');
   });
 
+  it('stores later a delivery the store refused for a moment (busy, a failover), and sends it: the event’s notification is not lost', async () => {
+    const made = await endpoint({ url: `${receiver.url}/busy`, event_types: ['run.finished'] });
+    const deliveries = h.rt.store.notificationDeliveries;
+    const insert = deliveries.insert.bind(deliveries);
+    let refused = 0;
+    deliveries.insert = (async (d: Parameters<typeof insert>[0]) => {
+      if (d.endpoint_id === made.endpoint.id && refused++ < 2) throw new Error('SQLITE_BUSY: database is locked');
+      return insert(d);
+    }) as typeof insert;
+    try {
+      const finished = await run();
+      const got = await eventually(
+        () => receiver.received.find((r) => r.path === '/busy' && r.body.includes(finished.id)),
+        'the delivery stored later, and sent',
+      );
+      expect(new Webhook(made.secret).verify(got.body, got.headers as Record<string, string>)).to.deep.include({ type: 'run.finished' });
+      expect(refused).to.equal(3);
+      expect((await deliveries.list('tenant-a', made.endpoint.id, { limit: 5 })).items).to.have.length(1);
+      expect(h.logs.join('')).to.contain('not stored yet: trying again');
+    } finally {
+      deliveries.insert = insert;
+    }
+  });
+
   it('takes a try’s answer from its status line: a receiver that answers 200 and sends a body that never ends has taken the delivery', async () => {
     const made = await endpoint({ url: `${receiver.url}/drip`, event_types: ['run.finished'] });
     await run();
