@@ -21,7 +21,7 @@ import { resolveWorkspace, tenantRoot } from '../runs/index.js';
 import type { Sandbox } from '../tools/index.js';
 import { loadGateSet } from './definition.js';
 import { gateEnv, runGate, subjectOf } from './runner.js';
-import { FileHasher, gitState } from './subject.js';
+import { FileHasher, gitState, type GitState } from './subject.js';
 
 export type GatesDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'queues' | 'redis' | 'events'> & {
   sandbox: Sandbox;
@@ -75,10 +75,19 @@ export function gateRunsOf(deps: GatesDeps) {
     const gate = (await loadGateSet(ws.dir)).gates.find((g) => g.id === gateId);
     const git = await gitState(sandbox, ws.dir);
     const ctx = { workspaceName: ws.name, git };
+    // a gate run is of one commit: a gate that would run, or ran, after its workspace's HEAD moved is not run,
+    // or not kept (its result would be another commit's, which the run's seal and its pack do not name)
+    const movedFrom = (now: GitState) =>
+      record.subject?.commit && now.commit !== record.subject.commit
+        ? `the workspace's HEAD moved from ${record.subject.commit} to ${now.commit ?? 'none'} during the gate run: no result of its commit`
+        : null;
     let result: GateResult;
-    if (!gate) {
+    const moved = movedFrom(git);
+    if (!gate || moved) {
       const at = clock.now().toISOString();
-      result = skipped(gateId, subjectOf(ctx), 'the gate is no longer in the gate set', at);
+      result = gate
+        ? { ...skipped(gateId, record.subject!, moved!, at), name: gate.name, required: gate.required, conclusion: 'cancelled' }
+        : skipped(gateId, subjectOf(ctx), 'the gate is no longer in the gate set', at);
     } else {
       const controller = new AbortController();
       const mine = running.get(gateRunId) ?? new Set();
@@ -105,7 +114,9 @@ export function gateRunsOf(deps: GatesDeps) {
           signal: controller.signal,
         });
         result = ran.result;
-        if (ran.artifacts.length) await store.evidence.append(tenantId, () => [], ran.artifacts);
+        const movedMeanwhile = record.subject?.commit ? movedFrom(await gitState(sandbox, ws.dir)) : null;
+        if (movedMeanwhile) result = { ...result, subject: record.subject!, conclusion: 'cancelled', summary: movedMeanwhile, artifacts: [] };
+        else if (ran.artifacts.length) await store.evidence.append(tenantId, () => [], ran.artifacts);
       } finally {
         clearInterval(watch);
         mine.delete(controller);

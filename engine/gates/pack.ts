@@ -137,6 +137,13 @@ export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledg
         tree: sealedSubject.tree ?? null,
         dirty: sealedSubject.dirty ?? null,
       };
+      // every row's result sealed for the commit the pack names, as `gates verify` holds it to: a gate run that
+      // mixed commits (sealed before gate runs were held to one) is refused, not signed
+      for (const { result, seq } of rows) {
+        const sealedFor = bySeq.get(seq)?.subject.commit;
+        if (subject.commit && sealedFor !== subject.commit)
+          throw new ConflictError(`gate ${result.gate_id} was sealed for commit ${String(sealedFor)}, not ${subject.commit}; no pack is signed`);
+      }
       const required = sealedRun.required_gates ?? runs[0]!.required_gates ?? [];
       const missing = required.filter((id) => !latest.has(id));
       const gateRows = rows.map(({ result, run, seq }) => ({

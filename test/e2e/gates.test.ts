@@ -309,6 +309,33 @@ describe('gates in the service', function () {
     }
   });
 
+  it('keeps a gate run to one commit: a gate during which, or before which, HEAD moved ends cancelled, and the pack names one commit and verifies', async () => {
+    const dir = path.join(h.tenantDir(), 'moving');
+    await fs.mkdir(dir, { recursive: true });
+    await fs.writeFile(path.join(dir, 'gates.yaml'), 'gates:\n  - id: slow\n    run: [sleep, "2"]\n  - id: quick\n    run: [/bin/true]\n');
+    const { execFileSync } = await import('node:child_process');
+    const git = (script: string) => execFileSync('sh', ['-c', script], { cwd: dir, encoding: 'utf8' }).trim();
+    git('git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm one');
+    const first = git('git rev-parse HEAD');
+    const started = await h.rt.engine.gates.start('tenant-a', { workspace: 'moving', trigger: { type: 'api' } });
+    await eventually(
+      async () => ((await h.rt.store.gateRuns.results('tenant-a', started.id)).some((r) => r.gate_id === 'quick') ? true : null),
+      'the quick gate',
+    );
+    git('git -c user.name=t -c user.email=t@t commit -q --allow-empty -m two');
+    const sealed = await h.rt.engine.gates.wait('tenant-a', started.id);
+    const byId = Object.fromEntries(sealed.results.map((r) => [r.gate_id, r]));
+    expect(byId.quick).to.deep.include({ conclusion: 'success' });
+    expect(byId.slow).to.deep.include({ conclusion: 'cancelled' });
+    expect(byId.slow!.summary).to.contain(`HEAD moved from ${first}`);
+    const results = await h.rt.store.gateRuns.results('tenant-a', started.id);
+    expect(results.map((r) => r.subject.commit)).to.deep.equal([first, first]);
+    const pack = await h.call<Body>('GET', `/api/v1/autonomy/evidence-pack?workspace=moving&subject=${first}`);
+    expect(pack.status, pack.text).to.equal(200);
+    expect(pack.body.statement.predicate.ready).to.equal(false);
+    expect(verifyPack({ pack: pack.body as PackJson, publicKeyPem: pack.body.public_key.pem, entries: null, payloads: null })).to.deep.include({ ok: true });
+  });
+
   it('packs a seal that another writer cut into (MongoDB builds the rest of a batch on its entries): each result found in its run’s slice', async () => {
     const dir = path.join(h.tenantDir(), 'inter');
     await fs.mkdir(dir, { recursive: true });
