@@ -4,6 +4,7 @@
 // opened without following a link (a link is reported as one, with its target's name, never read).
 // What a read opens is checked again once open (engine/platform/inside.ts): a folder swapped for a
 // link between the check and the open leads nowhere.
+import { createHash } from 'node:crypto';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import { openInside } from '../platform/index.js';
@@ -32,11 +33,16 @@ export async function entryOf(root: string, rel: string): Promise<WorkspaceEntry
   return { kind: 'file', size: stat.size, mtimeMs: stat.mtimeMs, ctimeMs: stat.ctimeMs, ino: stat.ino };
 }
 
-/** A plain file's bytes (at most `maxBytes`, else null), or null when it is not one inside the workspace. */
-export async function readInside(root: string, rel: string, maxBytes: number): Promise<Buffer | null> {
+/** A file of the workspace opened to read (the caller checks it is a plain file, and closes it), or null. */
+async function openFileInside(root: string, rel: string) {
   const file = await resolved(root, rel);
   if (!file) return null;
-  const handle = await openInside(root, path.relative(root, file), { follow: false }).catch(() => null);
+  return openInside(root, path.relative(root, file), { follow: false }).catch(() => null);
+}
+
+/** A plain file's bytes (at most `maxBytes`, else null), or null when it is not one inside the workspace. */
+export async function readInside(root: string, rel: string, maxBytes: number): Promise<Buffer | null> {
+  const handle = await openFileInside(root, rel);
   if (!handle) return null;
   try {
     const stat = await handle.stat();
@@ -44,6 +50,33 @@ export async function readInside(root: string, rel: string, maxBytes: number): P
     const buf = Buffer.alloc(stat.size);
     const { bytesRead } = await handle.read(buf, 0, stat.size, 0);
     return buf.subarray(0, bytesRead);
+  } finally {
+    await handle.close();
+  }
+}
+
+/** What a hash reads at a time: the most it holds of a file. */
+const HASH_CHUNK_BYTES = 1024 * 1024;
+
+/**
+ * The sha256 (hex) of a plain file's bytes, read a chunk at a time, never whole: the same bytes
+ * readInside would give (those of the size it had when opened), and null where it gives null.
+ */
+export async function hashInside(root: string, rel: string, maxBytes: number): Promise<string | null> {
+  const handle = await openFileInside(root, rel);
+  if (!handle) return null;
+  try {
+    const stat = await handle.stat();
+    if (!stat.isFile() || stat.size > maxBytes) return null;
+    const hash = createHash('sha256');
+    const buf = Buffer.allocUnsafe(Math.min(stat.size, HASH_CHUNK_BYTES));
+    for (let at = 0; at < stat.size;) {
+      const { bytesRead } = await handle.read(buf, 0, Math.min(buf.length, stat.size - at), at);
+      if (bytesRead === 0) break; // cut short since it was opened
+      hash.update(buf.subarray(0, bytesRead));
+      at += bytesRead;
+    }
+    return hash.digest('hex');
   } finally {
     await handle.close();
   }

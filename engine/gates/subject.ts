@@ -2,14 +2,15 @@
 // the gate's inputs (its globs, or the files git knows: tracked and untracked but not ignored; every
 // file outside a repository). git runs in the sandbox, as for any command of the workspace: a
 // repository's own config can name programs to run. Files are hashed by the service without
-// following links (a link is hashed as its target's name), and a file's hash is kept while its size,
-// mtime, change time and inode stay the same, so a digest after a few changes reads only what changed.
+// following links (a link is hashed as its target's name), a chunk at a time and a few files at once
+// (never held whole), and a file's hash is kept while its size, mtime, change time and inode stay the
+// same, so a digest after a few changes reads only what changed.
 import { createHash } from 'node:crypto';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import { glob } from 'tinyglobby';
 import { runProcess, type Sandbox } from '../tools/index.js';
-import { entryOf, readInside, staysInside } from './paths.js';
+import { entryOf, hashInside, staysInside } from './paths.js';
 
 export type GitState = { commit: string | null; tree: string | null; dirty: boolean | null; files: string[] | null };
 
@@ -17,6 +18,25 @@ const GIT = ['git', '--no-optional-locks', '-c', 'safe.directory=*', '-c', 'core
 const ALWAYS_IGNORED = ['.git/**', '**/node_modules/**'];
 /** A file larger than this is hashed by its size (its change of size still makes a result stale). */
 const HASH_MAX_BYTES = 64 * 1024 * 1024;
+/** Files a digest reads at once (each through a chunk of its own, never whole). */
+const HASH_CONCURRENCY = 8;
+
+/** Runs tasks given to it at most `n` at a time, in the order given. */
+function limited(n: number) {
+  let running = 0;
+  const waiting: (() => void)[] = [];
+  return async <T>(task: () => Promise<T>): Promise<T> => {
+    if (running < n) running++;
+    else await new Promise<void>((start) => waiting.push(start)); // its slot is handed over by the task that ends
+    try {
+      return await task();
+    } finally {
+      const next = waiting.shift();
+      if (next) next();
+      else running--;
+    }
+  };
+}
 
 /** The repository at the workspace's root, seen from the sandbox; all null outside a repository. */
 export async function gitState(sandbox: Sandbox, workspace: string, readOnlyBinds: string[] = []): Promise<GitState> {
@@ -65,11 +85,12 @@ export class FileHasher {
 
   /** `sha256:<hex>` over every file's path and hash; a missing file counts as missing. */
   async digest(workspace: string, files: string[]): Promise<string> {
-    const lines = await Promise.all(files.map(async (f) => `${f}\0${await this.hashOf(workspace, f)}\n`));
+    const reads = limited(HASH_CONCURRENCY);
+    const lines = await Promise.all(files.map(async (f) => `${f}\0${await this.hashOf(workspace, f, reads)}\n`));
     return `sha256:${createHash('sha256').update(lines.join('')).digest('hex')}`;
   }
 
-  private async hashOf(workspace: string, rel: string): Promise<string> {
+  private async hashOf(workspace: string, rel: string, reads: ReturnType<typeof limited>): Promise<string> {
     const entry = await entryOf(workspace, rel);
     if (!entry) return 'missing';
     if (entry.kind === 'link') return `link:${entry.target}`;
@@ -78,10 +99,11 @@ export class FileHasher {
     const seen = this.known.get(key);
     // the change time and inode too: mtime can be set back by anyone who writes the file (touch -r), they cannot
     if (seen && seen.size === entry.size && seen.mtimeMs === entry.mtimeMs && seen.ctimeMs === entry.ctimeMs && seen.ino === entry.ino) return seen.hash;
-    const content = await readInside(workspace, rel, HASH_MAX_BYTES);
+    // read a chunk at a time and a few files at once: a workspace of large (sparse) files is never held in memory
+    const hashed = await reads(() => hashInside(workspace, rel, HASH_MAX_BYTES));
     // a file too large to read whole is known by its size, change time and inode: a rewrite of the same size
     // is a change (it sets the change time, which no one can set back)
-    const hash = content ? createHash('sha256').update(content).digest('hex') : `large:${entry.size}:${entry.ctimeMs}:${entry.ino}`;
+    const hash = hashed ?? `large:${entry.size}:${entry.ctimeMs}:${entry.ino}`;
     this.known.set(key, { size: entry.size, mtimeMs: entry.mtimeMs, ctimeMs: entry.ctimeMs, ino: entry.ino, hash });
     return hash;
   }
