@@ -11,6 +11,8 @@ import type { Runtime } from '../engine/process/index.js';
 
 /** How long a held run's job waits before it is offered again, when no resume promotes it sooner. */
 const HELD_RETRY_MS = 5000;
+/** How long a gate whose workspace another gate run holds waits (with jitter) before it asks again. */
+const GATE_BUSY_RETRY_MS = 500;
 
 /**
  * How long before the end of the grace period running attempts are interrupted (at once when the grace
@@ -64,19 +66,23 @@ export function processorsOf(rt: Runtime): Processors {
     },
     gates: {
       concurrency: rt.config.gatesConcurrency,
-      processor: async (job) => {
+      processor: async (job, token) => {
         const { tenant_id, gate_run_id, gate_id } = job.data as GateJob;
         try {
           // a child runs one gate; the parent seals the results once every child has ended
           if (job.name === 'gate' && gate_id) {
             const result = await rt.engine.gates.runGateJob(tenant_id, gate_run_id, gate_id);
-            return result && { gate_id, conclusion: result.conclusion };
+            if (result !== 'busy') return result && { gate_id, conclusion: result.conclusion };
+          } else {
+            const sealed = await rt.engine.gates.seal(tenant_id, gate_run_id);
+            return sealed && { status: sealed.status };
           }
-          const sealed = await rt.engine.gates.seal(tenant_id, gate_run_id);
-          return sealed && { status: sealed.status };
         } catch (err) {
           throw jobErrorOf(err);
         }
+        // another gate run holds the workspace: this gate waits for it, holding no worker
+        await job.moveToDelayed(Date.now() + GATE_BUSY_RETRY_MS * (1 + Math.random()), token);
+        throw new DelayedError();
       },
     },
     audits: {

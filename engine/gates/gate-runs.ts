@@ -2,6 +2,7 @@
 // seals the results into the evidence ledger. Every child has `ignoreDependencyOnFailure`, so a gate
 // whose job fails never strands the seal; a gate the seal finds without a result counts as cancelled.
 // The record is written before the flow exists; results are kept as each gate ends.
+import { createHash } from 'node:crypto';
 import path from 'node:path';
 import { FlowProducer } from 'bullmq';
 import type { Platform } from '../deps.js';
@@ -37,6 +38,17 @@ const CANCEL_POLL_MS = 500;
 /** A seal's claim: long enough to write the ledger; a process that dies holding it frees it this soon. */
 const SEAL_CLAIM_SECONDS = 120;
 const HASHERS_KEPT = 64;
+/**
+ * A workspace's gates run for one gate run at a time: they share its folder, and one run's report files and
+ * build outputs would be taken for another's (a gate that failed read as passing from the other's report).
+ * Held in Redis by the gate run for this long, renewed while a gate of it runs, let go at its seal or cancel.
+ */
+const WORKSPACE_HOLD_MS = 30_000;
+const HOLD = `local v = redis.call('GET', KEYS[1])
+if v == false or v == ARGV[1] then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end
+return 0`;
+const LET_GO = `if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0`;
 /** Running gate runs the reconciler reads in one pass. */
 const STALE_GATE_RUNS_PAGE = 200;
 
@@ -61,6 +73,13 @@ export function gateRunsOf(deps: GatesDeps) {
     }
     return h;
   }
+
+  const workspaceKey = (r: Pick<GateRunRecord, 'tenant_id' | 'workspace'>) =>
+    `${queues.prefix}:gates:workspace:${r.tenant_id}:${createHash('sha256').update(r.workspace).digest('hex')}`;
+  /** Takes (or renews) the gate run's hold of its workspace: false while another gate run holds it. */
+  const hold = async (r: GateRunRecord) => (await deps.redis.eval(HOLD, 1, workspaceKey(r), r.id, WORKSPACE_HOLD_MS)) === 1;
+  /** Lets go of the gate run's hold, if it has it. */
+  const letGo = (r: GateRunRecord) => deps.redis.eval(LET_GO, 1, workspaceKey(r), r.id).catch(() => undefined);
 
   /** A workspace of the tenant: its folder, and its name relative to the tenant's root. */
   async function workspaceOf(tenantId: string, requested: string | undefined, at?: string): Promise<{ dir: string; name: string }> {
@@ -250,15 +269,21 @@ export function gateRunsOf(deps: GatesDeps) {
       return record;
     },
 
-    /** A child job: one gate, in the sandbox; its result is kept at once. Null when the gate run is over. */
-    async runGateJob(tenantId: string, gateRunId: string, gateId: string): Promise<GateResult | null> {
+    /**
+     * A child job: one gate, in the sandbox; its result is kept at once. Null when the gate run is over; `busy`
+     * while another gate run holds the workspace (the job waits, holding no worker, and is tried again).
+     */
+    async runGateJob(tenantId: string, gateRunId: string, gateId: string): Promise<GateResult | null | 'busy'> {
       const record = await store.gateRuns.get(tenantId, gateRunId);
       if (!record || record.status !== 'running') return null;
+      if (!(await hold(record))) return 'busy';
+      const renew = setInterval(() => void hold(record).catch(() => undefined), WORKSPACE_HOLD_MS / 3);
       // claimed until its result is kept, not only while its gate runs: a reconciler never seals between the two
       claimed.set(gateRunId, (claimed.get(gateRunId) ?? 0) + 1);
       try {
         return await runGateClaimed(record, tenantId, gateRunId, gateId);
       } finally {
+        clearInterval(renew);
         const n = (claimed.get(gateRunId) ?? 1) - 1;
         if (n > 0) claimed.set(gateRunId, n);
         else claimed.delete(gateRunId);
@@ -281,6 +306,7 @@ export function gateRunsOf(deps: GatesDeps) {
         throw err;
       }
       if (sealed) {
+        await letGo(sealed);
         const failedRequired = sealed.results.filter((r) => r.required && r.conclusion !== 'success').map((r) => r.gate_id);
         await emit(sealed, {
           type: 'gate.run_finished',
@@ -295,6 +321,7 @@ export function gateRunsOf(deps: GatesDeps) {
     async cancel(tenantId: string, gateRunId: string): Promise<GateRunRecord> {
       const canceled = await store.gateRuns.update(tenantId, gateRunId, { status: 'canceled', finished_at: clock.now().toISOString() }, ['running']);
       for (const c of running.get(gateRunId) ?? []) c.abort();
+      if (canceled) await letGo(canceled);
       if (canceled)
         await emit(canceled, { type: 'gate.run_finished', data: { gate_run_id: gateRunId, status: 'canceled', failed_required: [], ledger_head: null } });
       return canceled ?? mustGet(tenantId, gateRunId);

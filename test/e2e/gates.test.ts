@@ -9,7 +9,7 @@ import { FlowProducer } from 'bullmq';
 import { expect } from 'chai';
 import { GENESIS_HASH, publicKeyFromPem, readPack, signerOf, verifyEntries, verifyPack, type PackFiles, type PackJson } from '../../engine/evidence/index.js';
 import { smartGatesOf } from '../../engine/gates/index.js';
-import { newId, type GateRunRecord } from '../../engine/platform/index.js';
+import { newId, type GateResult, type GateRunRecord } from '../../engine/platform/index.js';
 import { builtCli } from '../support/built.js';
 import { eventually, finishedRun, KEYS, sameDeployment, scanKeys, startHarness, type Harness } from '../support/harness.js';
 import * as sign from '../support/signers.js';
@@ -334,6 +334,28 @@ describe('gates in the service', function () {
     expect(pack.status, pack.text).to.equal(200);
     expect(pack.body.statement.predicate.ready).to.equal(false);
     expect(verifyPack({ pack: pack.body as PackJson, publicKeyPem: pack.body.public_key.pem, entries: null, payloads: null })).to.deep.include({ ok: true });
+  });
+
+  it('runs a workspace’s gates for one gate run at a time: a second run’s gate never reads the first’s report as its own', async () => {
+    const dir = path.join(h.tenantDir(), 'shared-report');
+    await fs.mkdir(dir, { recursive: true });
+    // the first to come writes a failing report and ends 0 a moment later; a second, at once, a passing one
+    const command = `if mkdir lock 2>/dev/null; then printf 'TAP version 13\\n1..1\\nnot ok 1 - broken\\n' > r.tap; sleep 2; else sleep 0.5; printf 'TAP version 13\\n1..1\\nok 1 - fine\\n' > r.tap; fi`;
+    await fs.writeFile(
+      path.join(dir, 'gates.yaml'),
+      `gates:\n  - id: rep\n    run: [sh, -c, ${JSON.stringify(command)}]\n    pass: report\n    report: {format: tap, path: r.tap}\n`,
+    );
+    const first = await h.rt.engine.gates.start('tenant-a', { workspace: 'shared-report', trigger: { type: 'api' } });
+    await new Promise((r) => setTimeout(r, 300));
+    const second = await h.rt.engine.gates.start('tenant-a', { workspace: 'shared-report', trigger: { type: 'api' } });
+    const [a, b] = await Promise.all([h.rt.engine.gates.wait('tenant-a', first.id), h.rt.engine.gates.wait('tenant-a', second.id)]);
+    expect(
+      a.results.map((r) => r.conclusion),
+      'the first run read its own failing report',
+    ).to.deep.equal(['failure']);
+    expect(b.results.map((r) => r.conclusion)).to.deep.equal(['success']);
+    const startOf = (r: GateResult) => Date.parse(r.finished_at) - r.duration_ms;
+    expect(startOf(b.results[0]!), 'the second run’s gate began after the first’s ended').to.be.at.least(Date.parse(a.results[0]!.finished_at) - 50);
   });
 
   it('packs a seal that another writer cut into (MongoDB builds the rest of a batch on its entries): each result found in its run’s slice', async () => {
