@@ -4,7 +4,7 @@
 // credential. Arguments are checked here, before anything is sent.
 import { applyPatch, parsePatch } from 'diff';
 import type { ConnectionProvider } from '../platform/index.js';
-import { linearOf, mailerOf, octokitOf, pagerCall, slackOf, type Access } from './kits.js';
+import { linearOf, mailerOf, octokitOf, pagerCall, slackOf, untilAborted, type Access } from './kits.js';
 
 type Args = Record<string, unknown>;
 export type Answer = Record<string, unknown>;
@@ -256,13 +256,16 @@ export const ACTIONS: Record<ConnectionProvider, Record<string, Action>> = {
       try {
         const inReplyTo = optStr(args, 'in_reply_to');
         const subject = str(args, 'subject');
-        const info = await mailer.sendMail({
-          from: a.settings.from,
-          to,
-          subject: inReplyTo && !/^re:/i.test(subject) ? `Re: ${subject}` : subject,
-          text: str(args, 'text'),
-          ...(inReplyTo ? { inReplyTo, references: optStr(args, 'references') ?? inReplyTo } : {}),
-        });
+        const info = await untilAborted(
+          mailer.sendMail({
+            from: a.settings.from,
+            to,
+            subject: inReplyTo && !/^re:/i.test(subject) ? `Re: ${subject}` : subject,
+            text: str(args, 'text'),
+            ...(inReplyTo ? { inReplyTo, references: optStr(args, 'references') ?? inReplyTo } : {}),
+          }),
+          a.signal,
+        );
         return { message_id: info.messageId, accepted: info.accepted.map(String), rejected: info.rejected.map(String) };
       } finally {
         mailer.close();

@@ -23,6 +23,41 @@ export type Kit = {
 
 const QUIET = { debug() {}, info() {}, warn() {}, error() {} };
 
+/** The most of an answer a provider's SDK reads, once decoded: a provider's answers are a few KB. */
+export const ANSWER_MAX_BYTES = 4 * 1024 * 1024;
+
+/** An answer past ANSWER_MAX_BYTES: its reading stops there (a gzip bomb of 300 KB decoded to 300 MB). */
+export class AnswerTooLargeError extends Error {
+  constructor() {
+    super(`the provider's answer is over ${ANSWER_MAX_BYTES / 1024 / 1024} MB`);
+    this.name = 'AnswerTooLargeError';
+  }
+}
+
+/**
+ * The fetch an SDK is given: no redirect (one could lead past the address check of base_url), and an answer
+ * read only up to ANSWER_MAX_BYTES as decoded (fetch decodes gzip, br and deflate without a bound).
+ */
+export async function boundedFetch(url: string | URL | Request, init?: RequestInit): Promise<Response> {
+  const res = await fetch(url, { ...init, redirect: 'error' });
+  if (!res.body) return res;
+  let read = 0;
+  const counted = res.body.pipeThrough(
+    new TransformStream<Uint8Array, Uint8Array>({
+      transform(chunk, out) {
+        read += chunk.byteLength;
+        if (read > ANSWER_MAX_BYTES) out.error(new AnswerTooLargeError());
+        else out.enqueue(chunk);
+      },
+    }),
+  );
+  const headers = new Headers(res.headers);
+  // what is handed on is decoded already
+  headers.delete('content-encoding');
+  headers.delete('content-length');
+  return new Response(counted, { status: res.status, statusText: res.statusText, headers });
+}
+
 // ---- code host: GitHub (or GitHub Enterprise through base_url) ----
 
 export async function octokitOf(a: Access) {
@@ -33,8 +68,16 @@ export async function octokitOf(a: Access) {
     userAgent: 'automation-service',
     log: QUIET,
     // a redirect could lead anywhere, past the address check of base_url: refused
-    request: { signal: a.signal, redirect: 'error' },
+    request: { signal: a.signal, redirect: 'error', fetch: boundedFetch },
   });
+}
+
+/** A code host answer that names no user: cut short (no status), or not GitHub's. */
+class CodehostAnswerError extends Error {
+  constructor(readonly status: number | null) {
+    super(status === null ? 'no whole answer' : 'the answer names no user');
+    this.name = 'CodehostAnswerError';
+  }
 }
 
 export const codehostKit: Kit = {
@@ -42,6 +85,8 @@ export const codehostKit: Kit = {
   defaultBaseUrl: 'https://api.github.com',
   schemes: ['https:', 'http:'],
   classify(err, token) {
+    if (err instanceof CodehostAnswerError) return { status: err.status === null ? null : 502, retryAfterSeconds: null, reason: err.message };
+    if (err instanceof AnswerTooLargeError) return { status: 502, retryAfterSeconds: null, reason: err.message };
     const e = err as { name?: string; status?: number; response?: { headers?: Record<string, string>; data?: unknown } };
     if (e?.name !== 'HttpError' || typeof e.status !== 'number') return null;
     // @octokit/request reports a request that never got an answer as a 500 without a response
@@ -62,7 +107,11 @@ export const codehostKit: Kit = {
         .split(',')
         .map((s) => s.trim())
         .filter(Boolean);
-      return { identity: me.data.login, capabilities: scopes };
+      // an answer cut short or not GitHub's (@octokit/request gives its text, or nothing, as data) names no one
+      const data: unknown = me.data;
+      const login = data && typeof data === 'object' ? (data as { login?: unknown }).login : undefined;
+      if (typeof login !== 'string' || !login) throw new CodehostAnswerError(a.signal?.aborted ? null : me.status);
+      return { identity: login, capabilities: scopes };
     } catch (err) {
       // a GitHub App installation token cannot read /user: it is its installation, with its repositories
       if ((err as { status?: number }).status !== 403) throw err;
@@ -86,7 +135,7 @@ export async function slackOf(a: Access) {
     logger: SLACK_QUIET,
     timeout: 30_000,
     // a redirect could lead past the address check of base_url: refused
-    fetch: (url: string | URL | Request, init?: RequestInit) => fetch(url, { ...init, redirect: 'error' }),
+    fetch: boundedFetch,
   });
 }
 
@@ -180,6 +229,11 @@ export class PagerAnswerError extends Error {
   }
 }
 
+/** A PagerDuty answer that did not come whole: the retry layer takes it for no answer. */
+class PagerNoAnswerError extends Error {
+  override name = 'PagerNoAnswerError';
+}
+
 /** One PagerDuty REST call; `from` is the user the change is made as (PagerDuty's From header). */
 export async function pagerCall(a: Access, method: 'GET' | 'POST' | 'PUT', path: string, data?: object): Promise<Record<string, unknown>> {
   const { api } = await import('@pagerduty/pdjs');
@@ -193,11 +247,15 @@ export async function pagerCall(a: Access, method: 'GET' | 'POST' | 'PUT', path:
     // pdjs re-sends a 429 itself; with no wait of its own the retry layer waits as Retry-After says
     retryTimeout: 0,
     redirect: 'error',
+    // node-fetch's own bound on the answer as decoded
+    size: ANSWER_MAX_BYTES,
     signal: a.signal,
   } as never).catch((err: unknown) => {
     // a body that is not JSON: pdjs rejects with the response itself
     const r = err as { status?: number; headers?: Headers };
-    if (typeof r?.status === 'number') throw new PagerAnswerError(r.status, r.headers?.get('retry-after') ?? null, `HTTP ${r.status}`);
+    if (typeof r?.status === 'number' && r.status >= 400) throw new PagerAnswerError(r.status, r.headers?.get('retry-after') ?? null, `HTTP ${r.status}`);
+    // an answer of success whose body did not come whole (or was not JSON): no answer, not a refusal
+    if (typeof r?.status === 'number') throw new PagerNoAnswerError(`the answer (HTTP ${r.status}) did not come whole`);
     throw err;
   });
   if (res.status >= 400) {
@@ -213,6 +271,7 @@ export const pagerKit: Kit = {
   schemes: ['https:', 'http:'],
   classify(err, token) {
     if (err instanceof PagerAnswerError) return { status: err.status, retryAfterSeconds: retryAfterOf(err.retryAfter), reason: reasonOf(err.message, token) };
+    if (err instanceof PagerNoAnswerError) return { status: null, retryAfterSeconds: null, reason: err.message };
     const e = err as { name?: string; type?: string };
     if (e?.name === 'FetchError' || e?.type === 'system') return { status: null, retryAfterSeconds: null, reason: reasonOf((err as Error).message, token) };
     return null;
@@ -241,6 +300,17 @@ export async function mailerOf(a: Access) {
   });
 }
 
+/** `work`, or an ETIMEDOUT error (nodemailer's code for no answer) once `signal` aborts. */
+export function untilAborted<T>(work: Promise<T>, signal: AbortSignal | undefined): Promise<T> {
+  if (!signal) return work;
+  return new Promise<T>((resolve, reject) => {
+    const stop = () => reject(Object.assign(new Error('the SMTP server did not finish in time'), { code: 'ETIMEDOUT' }));
+    if (signal.aborted) return stop();
+    signal.addEventListener('abort', stop, { once: true });
+    work.then(resolve, reject).finally(() => signal.removeEventListener('abort', stop));
+  });
+}
+
 const SMTP_UNREACHABLE = new Set(['ECONNECTION', 'ETIMEDOUT', 'ESOCKET', 'EDNS', 'ETLS']);
 
 export const emailKit: Kit = {
@@ -260,7 +330,8 @@ export const emailKit: Kit = {
   async identify(a) {
     const mailer = await mailerOf(a);
     try {
-      await mailer.verify();
+      // nodemailer's own timeouts are of silence: a server that sends a line every few seconds held verify for good
+      await untilAborted(mailer.verify(), a.signal);
     } finally {
       mailer.close();
     }

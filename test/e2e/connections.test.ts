@@ -4,11 +4,13 @@ import { execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import fs from 'node:fs';
 import http from 'node:http';
-import type { AddressInfo } from 'node:net';
+import net, { type AddressInfo } from 'node:net';
+import { gzipSync } from 'node:zlib';
 import path from 'node:path';
 import { expect } from 'chai';
 import { FAKE_TOKEN, makePullRequestRepo, SMTP_USER, startFakeProviders, type FakeProviders } from '../support/fake-providers.js';
 import { startScriptedModel, type ScriptedModel } from '../support/scripted-model.js';
+import { emailKit } from '../../engine/connections/kits.js';
 import { createSecretBox } from '../../engine/platform/secret-box.js';
 import { finishedRun, freePort, KEYS, sameDeployment, startHarness, type Harness } from '../support/harness.js';
 
@@ -105,6 +107,56 @@ describe('connections', function () {
     const tested = await h.call<Body>('POST', `/api/v1/connections/${gone}/test`);
     expect(tested.body.error.code).to.equal('provider-unreachable');
     expect(h.logs.join('')).not.to.contain(wrong);
+  });
+
+  it('reads a provider’s answer only up to 4 MB as decoded (a gzip bomb), takes an answer that names no user for none, and bounds an SMTP server that never finishes', async () => {
+    const bomb = gzipSync(Buffer.concat([Buffer.from('{"login":"'), Buffer.alloc(300 * 1024 * 1024, 0x61), Buffer.from('"}')]));
+    const hostile = http.createServer((req, res) => {
+      if (req.url!.startsWith('/bomb/')) {
+        res.writeHead(200, { 'content-type': 'application/json', 'content-encoding': 'gzip' });
+        return res.end(bomb);
+      }
+      if (req.url!.startsWith('/nologin/')) {
+        res.writeHead(200, { 'content-type': 'application/json' });
+        return res.end('{"id":1}');
+      }
+      res.writeHead(404).end();
+    });
+    await new Promise<void>((r) => hostile.listen(0, '127.0.0.1', r));
+    // an SMTP server that greets, then answers a line every 200 ms and never ends its answer
+    const drip = net.createServer((socket) => {
+      socket.write('220 x ESMTP\r\n');
+      socket.on('data', () => {
+        const t = setInterval(() => socket.write('250-slow\r\n'), 200);
+        socket.on('close', () => clearInterval(t));
+      });
+    });
+    await new Promise<void>((r) => drip.listen(0, '127.0.0.1', r));
+    const base = `http://127.0.0.1:${(hostile.address() as AddressInfo).port}`;
+    try {
+      const rss = process.memoryUsage().rss;
+      let peak = rss;
+      const sampler = setInterval(() => (peak = Math.max(peak, process.memoryUsage().rss)), 5);
+      const bombed = (await create({ provider: 'codehost', name: 'bomb', base_url: `${base}/bomb/api/v3`, credential: FAKE_TOKEN })).body.id;
+      const tested = await h.call<Body>('POST', `/api/v1/connections/${bombed}/test`);
+      clearInterval(sampler);
+      expect(tested.body.ok, tested.text).to.equal(false);
+      expect((peak - rss) / 1024 / 1024, 'MB the answer took').to.be.below(120);
+      const nologin = (await create({ provider: 'codehost', name: 'nologin', base_url: `${base}/nologin/api/v3`, credential: FAKE_TOKEN })).body.id;
+      const named = await h.call<Body>('POST', `/api/v1/connections/${nologin}/test`);
+      expect(named.status, named.text).to.equal(200);
+      expect(named.body).to.deep.include({ ok: false, identity: null });
+      // the SMTP server that never finishes: held to the signal the test (30 s) or a step gives
+      const access = { token: 'x', baseUrl: `smtp://127.0.0.1:${(drip.address() as AddressInfo).port}`, settings: { username: 'u', from: 'a@example.com' } };
+      const t0 = Date.now();
+      const err = await emailKit.identify({ ...access, signal: AbortSignal.timeout(1000) }).catch((e: unknown) => e);
+      expect(Date.now() - t0).to.be.below(5000);
+      expect(emailKit.classify(err, 'x')).to.deep.include({ status: null });
+    } finally {
+      hostile.closeAllConnections();
+      hostile.close();
+      drip.close();
+    }
   });
 
   it('refuses a credential with a control character, and masks one stored before wherever its library quotes it', async () => {
