@@ -51,10 +51,17 @@ export async function runPhase(
   sandbox: Sandbox,
   root: string,
   phase: AuditPhase,
-  opts: { layers: AuditLayer[] | null; identity?: string; timeoutMs: number; signal?: AbortSignal },
+  opts: {
+    layers: AuditLayer[] | null;
+    identity?: string;
+    timeoutMs: number;
+    signal?: AbortSignal;
+    /** runProcess (a test gives its own) */
+    run?: typeof runProcess;
+  },
 ): Promise<PhaseOutput> {
   const { argv, env, binds } = command();
-  const r = await runProcess(sandbox, [...argv, phase, JSON.stringify({ layers: opts.layers, identity: opts.identity ?? null })], {
+  const r = await (opts.run ?? runProcess)(sandbox, [...argv, phase, JSON.stringify({ layers: opts.layers, identity: opts.identity ?? null })], {
     workspace: root,
     readOnly: true,
     serviceBinds: binds,
@@ -71,8 +78,13 @@ export async function runPhase(
       .split('\n')
       .map((l) => l.trim())
       .filter(Boolean);
-    const said = lines.find((l) => /FATAL ERROR|^\w*Error\b/.test(l)) ?? lines[0];
-    const why = r.truncated ? 'its output was too large' : (said ?? `it exited ${r.exit_code ?? r.signal}`);
+    const said = lines.find((l) => /FATAL ERROR|out of memory|^\w*Error\b/.test(l)) ?? lines[0];
+    // a process the kernel ended for the sandbox's memory is said so, as a gate's is: the exit alone (137) reads
+    // as the phase's own failure
+    const memory = r.out_of_memory
+      ? `it ran out of memory (over the sandbox's ${sandbox.limits?.memoryMb} MB, SERVICE_SANDBOX_MEMORY_MB)${said ? `: ${said}` : ''}`
+      : null;
+    const why = r.truncated ? 'its output was too large' : (memory ?? said ?? `it exited ${r.exit_code ?? r.signal}`);
     throw new PhaseError('failed', `the ${phase} phase failed: ${why.slice(0, 500)}`);
   }
   try {

@@ -3,14 +3,16 @@
 // to nothing, packages imported but not declared in the nearest package.json, and layering rules when
 // the request or the workspace's `audit-layers.json` (data) declares them; then the largest files and
 // functions, measured on TypeScript's parse of each source file.
+import fs from 'node:fs/promises';
 import { builtinModules } from 'node:module';
+import os from 'node:os';
 import path from 'node:path';
 import { cruise, type ICruiseResult } from 'dependency-cruiser';
 import ts from 'typescript';
 import type { AuditLayer } from '../../platform/index.js';
 import { LAYERS_FILE, layerPattern, parseLayers } from './layers.js';
 import { masked } from './mask.js';
-import { Findings, readText, type PhaseOutput, type Workspace } from './workspace.js';
+import { Findings, readRegular, readText, type PhaseOutput, type Workspace } from './workspace.js';
 
 const SOURCE = /\.(c|m)?(j|t)sx?$/;
 const DECLARATIONS = /\.d\.(c|m)?ts$/;
@@ -25,7 +27,8 @@ const ORPHAN_EXEMPT = [
 ];
 const LARGE_FILE_LINES = 1000;
 const LONG_FUNCTION_LINES = 150;
-const MAX_SOURCE_BYTES = 2 * 1024 * 1024;
+/** a source larger than this is left out of the import graph and of the measures (a file's own bytes) */
+export const MAX_SOURCE_BYTES = 2 * 1024 * 1024;
 const CORE = new Set(builtinModules);
 
 /** The package a bare specifier names (`@scope/name/sub` is `@scope/name`), or null when it is not bare. */
@@ -82,8 +85,105 @@ function functionSizes(file: string, text: string): { name: string; line: number
   return out;
 }
 
-export async function architecturePhase(ws: Workspace, findings: Findings, requested: AuditLayer[] | null): Promise<PhaseOutput['metrics']> {
-  const sources = ws.files.filter((f) => SOURCE.test(f));
+/** What the import graph is made of: a private copy of the workspace's files, made once. */
+type Snapshot = {
+  dir: string;
+  maxBytes: number;
+  /** the sources copied whole (their bytes are the snapshot's) */
+  sources: string[];
+  /** sources over the size bound: an empty file of that name (imports of it resolve) left out of the cruise */
+  tooLarge: string[];
+  /** listed sources that were no regular file inside the root any more (gone, a FIFO, a link out): left out */
+  gone: string[];
+};
+
+const escape = (s: string) => s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+
+/**
+ * The files dependency-cruiser reads, copied into a private temp folder: it and TypeScript read by path with
+ * blocking calls, and the tenant's steps have the workspace read-write while the audit runs, so a source
+ * swapped for a FIFO after the listing held the phase until its timeout, and one removed (and made again)
+ * failed the whole phase ("ENOENT ... stat"). Here each is read once, without waiting and checked to be a
+ * regular file inside, at most `maxBytes`: what is no longer a regular file is left out, what is larger is an
+ * empty file of that name (an import of it still resolves; it is not read). Other listed files (JSON, styles,
+ * assets) are empty files of their names, for imports of them to resolve; package.json files are copied
+ * (their dependencies, `exports` and `imports`), whole up to the same bound. Nothing outside the listed files
+ * is there (node_modules, ignored files): an import of one does not resolve, and is not read either.
+ */
+async function snapshot(ws: Workspace, maxBytes: number): Promise<Snapshot> {
+  const dir = await fs.mkdtemp(path.join(os.tmpdir(), 'audit-architecture-'));
+  const out: Snapshot = { dir, maxBytes, sources: [], tooLarge: [], gone: [] };
+  try {
+    // each folder made once, and waited for by every file in it
+    const made = new Map<string, Promise<unknown>>();
+    const folder = (rel: string) => {
+      const d = path.dirname(rel);
+      if (d === '.') return Promise.resolve();
+      let p = made.get(d);
+      if (!p) made.set(d, (p = fs.mkdir(path.join(dir, d), { recursive: true })));
+      return p;
+    };
+    const BATCH = 64;
+    for (let i = 0; i < ws.files.length; i += BATCH)
+      await Promise.all(
+        ws.files.slice(i, i + BATCH).map(async (rel) => {
+          const source = SOURCE.test(rel);
+          const manifest = path.basename(rel) === 'package.json';
+          const read = source || manifest ? await readRegular(ws.root, rel, maxBytes) : Buffer.alloc(0);
+          if (read === null) {
+            if (source) out.gone.push(rel);
+            return;
+          }
+          try {
+            await folder(rel);
+            await fs.writeFile(path.join(dir, rel), read === 'too-large' ? (manifest ? '{}' : '') : read, { flag: 'wx' });
+          } catch (err) {
+            // no room in the phase's /tmp is said as such; a name that cannot be made (a path listed both as a
+            // file and as a folder, in a tree changed while it was listed) is left out
+            const code = (err as NodeJS.ErrnoException).code;
+            if (code === 'ENOSPC' || code === 'EFBIG' || code === 'EDQUOT')
+              throw new Error(`the workspace's sources do not fit in the phase's /tmp (SERVICE_SANDBOX_FILE_SIZE_MB): ${code}`);
+            if (source) out.gone.push(rel);
+            return;
+          }
+          if (source) (read === 'too-large' ? out.tooLarge : out.sources).push(rel);
+        }),
+      );
+    out.sources.sort();
+    out.tooLarge.sort();
+    out.gone.sort();
+    return out;
+  } catch (err) {
+    await fs.rm(dir, { recursive: true, force: true });
+    throw err;
+  }
+}
+
+/**
+ * Whether a relative import that resolved to nothing in the snapshot names a file of the workspace itself
+ * (one git ignores, a generated source): it exists, so it is not reported as missing. Checked by lstat only.
+ */
+async function existsInWorkspace(root: string, from: string, specifier: string): Promise<boolean> {
+  if (!specifier.startsWith('.')) return false;
+  const base = path.posix.normalize(path.posix.join(path.posix.dirname(from), specifier.replace(/[?#].*$/, '')));
+  if (base === '..' || base.startsWith('../') || path.isAbsolute(base)) return false;
+  const exts = ['.ts', '.tsx', '.d.ts', '.mts', '.cts', '.js', '.jsx', '.mjs', '.cjs', '.json'];
+  const candidates = [base, ...exts.map((e) => base + e), ...exts.map((e) => `${base}/index${e}`), `${base}/package.json`];
+  // an ESM import of `./x.js` names `./x.ts`
+  const m = /^(.*)\.(c|m)?jsx?$/.exec(base);
+  if (m) candidates.push(...['.ts', '.tsx', '.mts', '.cts', '.d.ts'].map((e) => m[1] + e));
+  for (const c of candidates) if ((await fs.lstat(path.join(root, c)).catch(() => null))?.isFile()) return true;
+  return false;
+}
+
+/** `maxSourceBytes`: the size bound of a source (MAX_SOURCE_BYTES; a test makes it small) */
+export async function architecturePhase(
+  ws: Workspace,
+  findings: Findings,
+  requested: AuditLayer[] | null,
+  opts: { maxSourceBytes?: number } = {},
+): Promise<PhaseOutput['metrics']> {
+  const maxSourceBytes = opts.maxSourceBytes ?? MAX_SOURCE_BYTES;
   let layers = requested;
   let layersFrom: string | null = requested ? 'request' : null;
   if (!layers) {
@@ -98,8 +198,30 @@ export async function architecturePhase(ws: Workspace, findings: Findings, reque
     }
   }
 
+  // the graph and the measures are made of a private copy of the sources, read once each (see snapshot)
+  const snap = await snapshot(ws, maxSourceBytes);
+  try {
+    return await measured(ws, snap, findings, layers, layersFrom);
+  } finally {
+    await fs.rm(snap.dir, { recursive: true, force: true });
+  }
+}
+
+async function measured(
+  ws: Workspace,
+  snap: Snapshot,
+  findings: Findings,
+  layers: AuditLayer[] | null,
+  layersFrom: string | null,
+): Promise<PhaseOutput['metrics']> {
+  const sources = snap.sources;
+  for (const rel of snap.tooLarge)
+    findings.add('source-not-read', 'info', rel, null, `${rel} is larger than ${snap.maxBytes} bytes: its imports are not in the graph, nor its size measured`);
   let graph: ICruiseResult | null = null;
   if (sources.length) {
+    const exclude = ['(^|/)node_modules/'];
+    // an oversized source is there (empty) for imports of it to resolve, and is left out of the graph
+    if (snap.tooLarge.length) exclude.push(`^(${snap.tooLarge.map(escape).join('|')})$`);
     const out = await cruise(sources, {
       validate: true,
       ruleSet: {
@@ -111,8 +233,8 @@ export async function architecturePhase(ws: Workspace, findings: Findings, reque
       },
       tsPreCompilationDeps: true,
       doNotFollow: { path: '(^|/)node_modules/' },
-      exclude: { path: '(^|/)node_modules/' },
-      baseDir: ws.root,
+      exclude: { path: exclude },
+      baseDir: snap.dir,
       enhancedResolveOptions: { exportsFields: ['exports'], conditionNames: ['import', 'require', 'node', 'default', 'types'] },
     } as never);
     graph = out.output as ICruiseResult;
@@ -126,8 +248,11 @@ export async function architecturePhase(ws: Workspace, findings: Findings, reque
         cycles.add(key);
         findings.add('import-cycle', 'medium', v.from, null, `import cycle: ${[v.from, ...cycle].join(' -> ')}`);
       } else if (v.rule.name === 'no-orphans') findings.add('orphan-module', 'low', v.from, null, `${v.from} is imported by nothing and imports nothing`);
-      else if (v.rule.name === 'unresolvable-import')
+      else if (v.rule.name === 'unresolvable-import') {
+        // an import of a file the snapshot does not hold (one git ignores) is not one of nothing
+        if (await existsInWorkspace(ws.root, v.from, v.to)) continue;
         findings.add('unresolvable-import', 'high', v.from, null, `${v.from} imports ${v.to}, which does not exist`);
+      }
     }
   }
 
@@ -179,8 +304,10 @@ export async function architecturePhase(ws: Workspace, findings: Findings, reque
   const sizes: { file: string; lines: number }[] = [];
   const functions: { file: string; name: string; line: number; lines: number }[] = [];
   for (const rel of sources) {
-    const text = await readText(ws.root, rel, MAX_SOURCE_BYTES);
-    if (text === null) continue;
+    // the snapshot's bytes (private, and within the bound): what was cruised is what is measured
+    const bytes = await fs.readFile(path.join(snap.dir, rel));
+    if (bytes.subarray(0, 8192).includes(0)) continue;
+    const text = bytes.toString('utf8');
     const lines = text.split('\n').length;
     sizes.push({ file: rel, lines });
     if (lines > LARGE_FILE_LINES) findings.add('large-file', 'low', rel, null, `${rel} has ${lines} lines`);
@@ -195,7 +322,9 @@ export async function architecturePhase(ws: Workspace, findings: Findings, reque
   return {
     modules: graph?.summary.totalCruised ?? 0,
     dependencies: graph?.summary.totalDependenciesCruised ?? 0,
-    source_files: sources.length,
+    source_files: ws.files.filter((f) => SOURCE.test(f)).length,
+    // listed sources left out: larger than the bound, or no longer a regular file when they were read
+    sources_not_read: { too_large: snap.tooLarge.length, gone: snap.gone.length },
     undeclared_packages: undeclared,
     layers: layers ? { from: layersFrom, count: layers.length, violations: layerViolations } : null,
     largest_files: sizes.slice(0, 10),

@@ -46,12 +46,18 @@ function git(root: string, args: string[]): Promise<string | null> {
 
 const insideTree = (rel: string) => rel !== '' && !path.isAbsolute(rel) && !rel.split('/').some((p) => p === '..' || SKIPPED_DIRS.has(p));
 
-async function crawl(root: string): Promise<string[]> {
+/**
+ * The files under the root outside a repository, at most `max + 1` (one more than kept says the tree was
+ * larger): the cap is checked at every file, not only on entering a folder, so one folder of 150,000 files
+ * stops at it too. Each folder's entries in name order, so the files kept are the same from run to run.
+ */
+async function crawl(root: string, max: number): Promise<string[]> {
   const out: string[] = [];
   const walk = async (rel: string) => {
-    if (out.length >= MAX_FILES) return;
     const entries = await fs.readdir(path.join(root, rel), { withFileTypes: true }).catch(() => []);
+    entries.sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
     for (const e of entries) {
+      if (out.length > max) return;
       const child = rel ? `${rel}/${e.name}` : e.name;
       if (e.isDirectory() && !SKIPPED_DIRS.has(e.name)) await walk(child);
       else if (e.isFile()) out.push(child);
@@ -78,7 +84,9 @@ async function regularFiles(root: string, rels: string[]): Promise<string[]> {
   return rels.filter((_, i) => keep[i]);
 }
 
-export async function openWorkspace(root: string): Promise<Workspace> {
+/** `maxFiles`: the cap of files audited (MAX_FILES; a test makes it small) */
+export async function openWorkspace(root: string, opts: { maxFiles?: number } = {}): Promise<Workspace> {
+  const max = opts.maxFiles ?? MAX_FILES;
   const isRepo = Boolean(await fs.lstat(path.join(root, '.git')).catch(() => null));
   if (isRepo) {
     const [cached, others, head, branch, status] = await Promise.all([
@@ -97,15 +105,16 @@ export async function openWorkspace(root: string): Promise<Workspace> {
         .map((l) => l.slice(3));
       return {
         root,
-        files: files.slice(0, MAX_FILES),
+        files: files.slice(0, max),
         tracked,
         git: { commit: head?.trim() || null, branch: branch?.trim() || null, detached: Boolean(head?.trim()) && !branch?.trim(), changed },
-        truncated: files.length > MAX_FILES,
+        truncated: files.length > max,
       };
     }
   }
-  const files = (await crawl(root)).sort();
-  return { root, files, tracked: null, git: null, truncated: files.length >= MAX_FILES };
+  // as in a repository: the first `max` in order kept, truncated only when there were more
+  const files = (await crawl(root, max)).sort();
+  return { root, files: files.slice(0, max), tracked: null, git: null, truncated: files.length > max };
 }
 
 const realDirs = new Map<string, Promise<string | null>>();
@@ -116,6 +125,16 @@ const realDirs = new Map<string, Promise<string | null>>();
  * waiting (a FIFO or a device is not a regular file: refused once open).
  */
 export async function readInside(root: string, rel: string, maxBytes: number): Promise<Buffer | null> {
+  const read = await readRegular(root, rel, maxBytes);
+  return read === 'too-large' ? null : read;
+}
+
+/**
+ * As readInside, and says 'too-large' when the file is a regular file inside over `maxBytes` (its size
+ * checked on the open file, so a file swapped for a larger one is not read whole either). Null: not a
+ * regular file inside now (gone, a FIFO, a device, behind a link out).
+ */
+export async function readRegular(root: string, rel: string, maxBytes: number): Promise<Buffer | 'too-large' | null> {
   const dir = path.dirname(path.join(root, rel));
   let real = realDirs.get(dir);
   if (!real) realDirs.set(dir, (real = fs.realpath(dir).catch(() => null)));
@@ -127,8 +146,19 @@ export async function readInside(root: string, rel: string, maxBytes: number): P
   if (!handle) return null;
   try {
     const st = await handle.stat();
-    if (!st.isFile() || st.size > maxBytes) return null;
-    return await handle.readFile();
+    if (!st.isFile()) return null;
+    if (st.size > maxBytes) return 'too-large';
+    // at most maxBytes even when the file grows while it is read
+    const buf = Buffer.alloc(st.size);
+    let n = 0;
+    while (n < buf.length) {
+      const { bytesRead } = await handle.read(buf, n, buf.length - n, n);
+      if (!bytesRead) break;
+      n += bytesRead;
+    }
+    return buf.subarray(0, n);
+  } catch {
+    return null;
   } finally {
     await handle.close();
   }
