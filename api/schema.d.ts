@@ -2240,6 +2240,11 @@ export interface components {
             /** Format: date-time */
             finished_at: string | null;
             duration_ms: number | null;
+            /**
+             * Format: date-time
+             * @description When a cancel was asked of the run while it ran (its worker is told through Redis; this is kept in the store, so an attempt whose worker was lost after the cancel ends canceled, never retried, even if Redis lost the cancel meanwhile). Absent when none was asked.
+             */
+            cancel_requested_at?: string | null;
         };
         RunPage: {
             data: components["schemas"]["Run"][];

@@ -237,6 +237,8 @@ export type Run = {
   started_at: string | null;
   finished_at: string | null;
   duration_ms: number | null;
+  /** when a cancel was asked of the run while it ran: kept in the store, where Redis's cancel key may be lost */
+  cancel_requested_at?: string | null;
 };
 
 export type RunResult = {

@@ -114,6 +114,12 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
     }
   }
 
+  /** Whether a cancel was asked of the run: as Redis says, or as the store kept it (Redis may have lost its key). */
+  async function cancelAsked(run: Run): Promise<boolean> {
+    if (await runs.isCancelRequested(run.id).catch(() => false)) return true;
+    return Boolean((await store.runs.get(run.tenant_id, run.id).catch(() => null))?.cancel_requested_at);
+  }
+
   /** One attempt of a queued run: started, executed, settled. */
   async function attemptOf(found: Run): Promise<Settled> {
     const runId = found.id;
@@ -126,6 +132,8 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
     try {
       // unanswered, the key counts as unset: a cancel published from now on still reaches the controller
       [started, cancelRequested] = await Promise.all([transitions.start(found, deps.sandbox.kind), runs.isCancelRequested(runId).catch(() => false)]);
+      // one asked of an earlier attempt, kept in the store where Redis may have lost its key
+      cancelRequested ||= Boolean(found.cancel_requested_at);
     } finally {
       if (!started || 'held' in started) inFlight.delete(runId);
     }
@@ -201,7 +209,7 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
     }
     // a cancel asked for while the attempt ran but never delivered (its message lost while the listener
     // reconnected, or published as the attempt settled) ends the run canceled: a canceled run is never retried
-    if ((outcome.status === 'failed' || outcome.status === 'timed_out') && (await runs.isCancelRequested(runId).catch(() => false)))
+    if ((outcome.status === 'failed' || outcome.status === 'timed_out') && (await cancelAsked(run)))
       outcome = { ...outcome, status: 'canceled', error: { code: 'canceled', message: 'canceled while running' }, summary: 'canceled' };
     const steps = a.close();
     await a.cleanup();

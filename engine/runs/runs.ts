@@ -551,8 +551,11 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
         const canceled = await transitions.cancel(run, 'canceled before it started');
         if (canceled) return canceled;
       }
-      // running: tell whichever worker holds it; the key covers a worker that has not subscribed yet. Without
-      // Redis no worker can be told: a 503 the client retries
+      // running: the ask kept in the store first (a worker lost after it, its run repaired by the reconciler,
+      // ends canceled, never retried, even if Redis loses its key meanwhile); then tell whichever worker holds
+      // it; the key covers a worker that has not subscribed yet. Without Redis no worker can be told: a 503 the
+      // client retries
+      await transitions.askCancel(run);
       await redisOrUnavailable(redis, 'asking the worker to stop the run', async () => {
         await redis.set(cancelKey(prefix, id), '1', 'EX', 24 * 3600);
         await redis.publish(CANCEL_CHANNEL(prefix), id);

@@ -469,7 +469,9 @@ export function transitionsOf(deps: TransitionsDeps) {
      * policy; or canceled, never retried, when a cancel was asked for before (the worker that would have
      * stopped it is gone). The steps it left running end failed with the attempt, and are counted.
      */
-    async lose(run: Run, message: string, cancelRequested = false): Promise<Settled> {
+    async lose(run: Run, message: string, askedInRedis = false): Promise<Settled> {
+      // a cancel asked of its attempt, as Redis says, or as the store kept it (Redis may have lost its key)
+      const cancelRequested = askedInRedis || Boolean(run.cancel_requested_at);
       const at = clock.now();
       const error = cancelRequested ? { code: 'canceled', message: `canceled; ${message}` } : { code: 'worker-lost', message };
       const [recorded, turns] = await Promise.all([store.runs.steps(run.tenant_id, run.id, run.attempt), store.runs.turns(run.tenant_id, run.id, run.attempt)]);
@@ -491,6 +493,15 @@ export function transitionsOf(deps: TransitionsDeps) {
       }
       const changes = { error, summary: cancelRequested ? 'canceled' : 'failed: worker lost', usage };
       return settleAttempt(run, cancelRequested ? 'canceled' : 'failed', changes, 'lost', cut);
+    },
+
+    /**
+     * Keeps in the store that a cancel was asked of the running attempt (`attempt`): read where a lost attempt
+     * is ended (lose) and where an attempt starts or fails, even once Redis has lost the cancel's key.
+     */
+    async askCancel(run: Run): Promise<void> {
+      if (run.cancel_requested_at) return;
+      await store.runs.update(run.tenant_id, run.id, { cancel_requested_at: clock.now().toISOString() }, { status: ['running'], attempt: run.attempt });
     },
 
     /** queued -> canceled: a run that never started (its job, if any, is removed). */

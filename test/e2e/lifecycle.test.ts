@@ -300,6 +300,34 @@ describe('run lifecycle', function () {
     }
   });
 
+  it('ends canceled, never retried, a running run whose cancel was asked before its worker was lost, even once Redis lost the cancel', async () => {
+    const noWorkers = await startHarness({ workers: false });
+    try {
+      const id = (
+        await noWorkers.call<Body>('POST', '/api/v1/autonomy/run', {
+          body: { steps: [{ tool: 'shell', args: { command: 'sleep 5' } }], retry: { attempts: 3, backoff: { type: 'fixed', delay_ms: 100 } } },
+        })
+      ).body.run_id as string;
+      // its worker took it and died with it: running, its job gone
+      await noWorkers.rt.queues.get('runs').remove(jobOf(id, 1));
+      await noWorkers.rt.store.runs.update('tenant-a', id, { status: 'running', started_at: new Date().toISOString() }, { status: ['queued'] });
+      const asked = await noWorkers.call<Body>('POST', `/api/v1/runs/${id}/cancel`);
+      expect(asked.status, asked.text).to.equal(202);
+      expect(asked.body.cancel_requested_at).to.be.a('string');
+      // Redis lost its data: the cancel's key is gone
+      await noWorkers.rt.redis.del(`${noWorkers.config.queuePrefix}:run-cancel:${id}`);
+      const stopClaims = noWorkers.rt.engine.runs.claims.start(() => [], 50);
+      await eventually(async () => (await noWorkers.rt.engine.runs.claims.elsewhere()) !== null, 'the registry of claims to be complete');
+      expect(await noWorkers.rt.engine.runs.reconcile({ olderThanMs: 0 })).to.deep.include({ lost: 1 });
+      await stopClaims();
+      const run = (await noWorkers.rt.store.runs.get('tenant-a', id))!;
+      expect(run).to.deep.include({ status: 'canceled', attempt: 1 });
+      expect(run.error!.code).to.equal('canceled');
+    } finally {
+      await noWorkers.close();
+    }
+  });
+
   it('leaves a queued run that a worker took after the reconciler listed it', async () => {
     const noWorkers = await startHarness({ workers: false });
     try {
