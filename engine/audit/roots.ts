@@ -9,7 +9,7 @@
 import { constants } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
-import { PathNotPermittedError, ValidationError } from '../platform/index.js';
+import { PathNotPermittedError, ValidationError, whereLeads } from '../platform/index.js';
 
 export type AuditRootPolicy = {
   /** the tenant's workspace root (relative requests are resolved from it) */
@@ -53,6 +53,21 @@ async function identities(roots: string[]): Promise<Map<string, string>> {
 
 let known: { roots: string; ids: Promise<Map<string, string>> } | undefined;
 
+/** Refuses (403) a folder that is, holds or is inside what no audit reads: the data folder, another tenant's root. */
+async function assertNotPrivate(real: string, requested: string | undefined, policy: AuditRootPolicy): Promise<void> {
+  const [workspaces, data, own] = await Promise.all(
+    [policy.privateRoots!.workspaceRoot, policy.privateRoots!.dataDir, policy.tenantRoot].map((r) => fs.realpath(r).catch(() => path.resolve(r))),
+  );
+  const named = requested ?? real;
+  // in the folder or above it: a folder that holds the data folder or other tenants' roots reads them too. A
+  // folder inside the data folder is refused too, but for the workspaces (SERVICE_WORKSPACE_ROOT may be
+  // inside SERVICE_DATA_DIR), whose own rule follows
+  if (inside(data!, real) || (inside(real, data!) && !inside(real, workspaces!)))
+    throw new PathNotPermittedError(`${named} is, holds or is inside the service's data folder, which no audit reads`);
+  if (!inside(real, own!) && (inside(real, workspaces!) || (workspaces !== own && inside(workspaces!, real))))
+    throw new PathNotPermittedError(`${named} is or holds another tenant's workspace root`);
+}
+
 /** Resolves and checks an audit's root; throws a 400 for what is not a readable directory, a 403 for what is not permitted. */
 export async function resolveAuditRoot(requested: string | undefined, policy: AuditRootPolicy): Promise<string> {
   const sensitive = policy.sensitiveRoots ?? SENSITIVE_ROOTS;
@@ -67,6 +82,9 @@ export async function resolveAuditRoot(requested: string | undefined, policy: Au
       : new ValidationError(`${requested ?? '(the tenant root)'} is not a readable directory`, [
           { path: '/headers/x-service-workspace-root', message: 'must be a readable directory' },
         ]);
+  // what no audit reads (another tenant's root, the data folder) is refused whether it exists or not, before
+  // anything else: a 400 for a missing folder there and a 403 for one that exists told a tenant another's folders
+  if (policy.privateRoots) await assertNotPrivate(await whereLeads(wanted), requested, policy);
   const real = await fs.realpath(wanted).catch(() => null);
   const stat = real ? await fs.stat(real).catch(() => null) : null;
   if (!real || !stat?.isDirectory()) throw notAFolder();
@@ -97,19 +115,7 @@ export async function resolveAuditRoot(requested: string | undefined, policy: Au
     }
   }
 
-  if (policy.privateRoots) {
-    const [workspaces, data, own] = await Promise.all(
-      [policy.privateRoots.workspaceRoot, policy.privateRoots.dataDir, policy.tenantRoot].map((r) => fs.realpath(r).catch(() => path.resolve(r))),
-    );
-    const named = requested ?? real;
-    // in the folder or above it: a folder that holds the data folder or other tenants' roots reads them too. A
-    // folder inside the data folder is refused too, but for the workspaces (SERVICE_WORKSPACE_ROOT may be
-    // inside SERVICE_DATA_DIR), whose own rule follows
-    if (inside(data!, real) || (inside(real, data!) && !inside(real, workspaces!)))
-      throw new PathNotPermittedError(`${named} is, holds or is inside the service's data folder, which no audit reads`);
-    if (!inside(real, own!) && (inside(real, workspaces!) || (workspaces !== own && inside(workspaces!, real))))
-      throw new PathNotPermittedError(`${named} is or holds another tenant's workspace root`);
-  }
+  if (policy.privateRoots) await assertNotPrivate(real, requested, policy);
 
   if (policy.isProduction) {
     const allowed = await Promise.all([policy.tenantRoot, ...policy.allowedRoots].map((r) => fs.realpath(r).catch(() => null)));

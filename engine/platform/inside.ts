@@ -35,7 +35,7 @@ const MAX_HOPS = 40;
  * Where `p` leads, whether or not all of it exists: the real path of its deepest part that does, with the
  * rest after it, each link on the way followed (a link whose target is missing too).
  */
-async function whereLeads(p: string, hops = { left: MAX_HOPS }): Promise<string> {
+export async function whereLeads(p: string, hops = { left: MAX_HOPS }): Promise<string> {
   const real = await fs.realpath(p).catch(() => null);
   if (real !== null) return real;
   const parent = path.dirname(p);

@@ -42,6 +42,9 @@ describe('audit roots', () => {
       expect(await resolveAuditRoot('app', p)).to.equal(path.join(own, 'app'));
       for (const requested of ['../tenant-b', '../tenant-b/app', 'to-b', workspaces, data, path.join(data, 'redis'), '../../data', '../..', dir])
         expect(await refused(requested, p), `${requested}, production ${isProduction}`).to.be.instanceOf(PathNotPermittedError);
+      // the same answer whether what is named there exists or not: nothing of another tenant's shows
+      for (const requested of ['../tenant-b/missing', '../tenant-zz', 'to-b/missing', path.join(data, 'missing')])
+        expect(await refused(requested, p), `${requested}, production ${isProduction}`).to.be.instanceOf(PathNotPermittedError);
     }
     // the workspaces inside the data folder (as SERVICE_DATA_DIR/workspaces): the tenant's own root and its
     // folders are its to audit; the data folder's other folders, the workspaces and other roots are not
