@@ -40,9 +40,16 @@ export async function whereLeads(p: string, hops = { left: MAX_HOPS }): Promise<
   if (real !== null) return real;
   const parent = path.dirname(p);
   if (parent === p) return p;
-  const at = path.join(await whereLeads(parent, hops), path.basename(p));
+  const folder = await whereLeads(parent, hops);
+  const at = path.join(folder, path.basename(p));
   const target = hops.left-- > 0 ? await fs.readlink(at).catch(() => null) : null;
-  return target === null ? at : whereLeads(path.resolve(path.dirname(at), target), hops);
+  if (target === null) return at;
+  // the link's target a part at a time, as the kernel follows it: `..` after a link is the parent of where
+  // that link leads, not of its name (`lnk/../x` with lnk pointing elsewhere is elsewhere's parent's x)
+  let leads = path.isAbsolute(target) ? path.parse(folder).root : folder;
+  for (const part of target.split('/').filter((x) => x && x !== '.'))
+    leads = part === '..' ? path.dirname(leads) : await whereLeads(path.join(leads, part), hops);
+  return leads;
 }
 
 /**

@@ -66,6 +66,10 @@ describe('files opened in a folder whose path is being swapped for a link', func
     await fs.symlink(path.join(outside, 'gone'), path.join(ws, 'to-gone-folder'));
     await fs.symlink('to-missing', path.join(ws, 'chain'));
     await fs.symlink('inside-missing.txt', path.join(ws, 'dangling-inside'));
+    // `..` after a link is the parent of where the link leads: lnk/../ is outside, whatever the text says
+    await fs.writeFile(path.join(tmp, 'beside.txt'), 'BESIDE');
+    await fs.symlink('lnk/../beside.txt', path.join(ws, 'dot-dot-present'));
+    await fs.symlink('lnk/../missing.txt', path.join(ws, 'dot-dot-missing'));
     const answer = (attempt: Promise<unknown>) =>
       attempt.then(
         () => 'done',
@@ -79,6 +83,9 @@ describe('files opened in a folder whose path is being swapped for a link', func
       'to-file': await answer(readFileTool.execute({ path: 'to-file' }, ctx)),
       'to-missing': await answer(readFileTool.execute({ path: 'to-missing' }, ctx)),
       chain: await answer(readFileTool.execute({ path: 'chain' }, ctx)),
+      'dot-dot-present': await answer(readFileTool.execute({ path: 'dot-dot-present' }, ctx)),
+      'dot-dot-missing': await answer(readFileTool.execute({ path: 'dot-dot-missing' }, ctx)),
+      'write dot-dot-missing/x': await answer(writeFileTool.execute({ path: 'dot-dot-missing/x', content: 'x' }, ctx)),
       'list lnk/present': await answer(listFilesTool.execute({ path: 'lnk/present' }, ctx)),
       'list lnk/gone': await answer(listFilesTool.execute({ path: 'lnk/gone' }, ctx)),
       'write lnk/present/x': await answer(writeFileTool.execute({ path: 'lnk/present/x', content: 'x' }, ctx)),
