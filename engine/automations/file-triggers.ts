@@ -41,7 +41,13 @@ type Root = {
 };
 
 /** A batch of changes waiting for its debounce: its first paths in order, and whether there were more. */
-type Pending = { timer: NodeJS.Timeout; paths: string[]; more: boolean };
+type Pending = {
+  timer: NodeJS.Timeout;
+  paths: string[];
+  more: boolean;
+  /** the kept paths last seen removed: their folder's change time as the removal was seen (see removal) */
+  gone: Map<string, Promise<string>>;
+};
 
 export function fileTriggersOf(
   deps: Pick<Platform, 'store' | 'redis' | 'queues' | 'log'> & {
@@ -85,9 +91,10 @@ export function fileTriggersOf(
     const letGo = () => {
       entry.tooLarge = { retryAt: Date.now() + retryMs };
       entry.entries = 0;
+      const held = seen.size;
       seen.clear();
       deps.log.warn(
-        { root, entries: seen.size, root_max: rootMax, total_max: total },
+        { root, entries: held, root_max: rootMax, total_max: total },
         `a tenant root holds more files and folders than its file watcher may (each is one of the host's watches): its file_change triggers do not fire`,
       );
       void watcher.close();
@@ -117,7 +124,10 @@ export function fileTriggersOf(
     );
     const forget = (p: string) => (entry.entries = seen.delete(p) ? seen.size : entry.entries);
     watcher.on('unlink', forget).on('unlinkDir', forget);
-    watcher.on('add', onChange).on('change', onChange).on('unlink', onChange);
+    watcher
+      .on('add', (f) => onChange(f))
+      .on('change', (f) => onChange(f))
+      .on('unlink', (f) => onChange(f, removal(f)));
     watcher.on('error', (err) => deps.log.warn({ err, root }, 'file watcher error'));
     return entry;
   }
@@ -160,7 +170,19 @@ export function fileTriggersOf(
     for (const [root, identity] of wanted) if (!roots.has(root)) roots.set(root, watchRoot(root, identity));
   }
 
-  function onChange(file: string): void {
+  /**
+   * A removal's state, taken as it is seen: its folder's change time then, which every process watching reads
+   * alike (read when the batch fires instead, a file written in the folder meanwhile gave each process a batch
+   * of its own, and each fired it), and which tells one removal of a file from the next.
+   */
+  function removal(file: string): Promise<string> {
+    return fs.lstat(path.dirname(file)).then(
+      (folder) => `gone:${folder.ctimeMs}`,
+      () => 'gone',
+    );
+  }
+
+  function onChange(file: string, removed?: Promise<string>): void {
     let rel: string | undefined;
     for (const w of watched) {
       // an automation's globs are relative to its own tenant's root, and see nothing outside it
@@ -169,8 +191,10 @@ export function fileTriggersOf(
       const hit = w.matchers.find((m) => m.match(rel!));
       if (!hit) continue;
       const key = w.automation.id;
-      const entry = pending.get(key) ?? { timer: undefined as unknown as NodeJS.Timeout, paths: [], more: false };
+      const entry: Pending = pending.get(key) ?? { timer: undefined as unknown as NodeJS.Timeout, paths: [], more: false, gone: new Map() };
       keep(entry, rel);
+      if (removed && entry.paths.includes(rel)) entry.gone.set(rel, removed);
+      else entry.gone.delete(rel);
       clearTimeout(entry.timer);
       entry.timer = setTimeout(() => void fire(w.automation, entry, w.tenantRoot), hit.debounceMs);
       pending.set(key, entry);
@@ -193,20 +217,17 @@ export function fileTriggersOf(
     }
     paths.splice(lo, 0, rel);
     if (paths.length > PATHS_KEPT) {
-      paths.pop();
+      batch.gone.delete(paths.pop()!);
       batch.more = true;
     }
   }
 
-  /** The state a path is in now: its change time and size, or, once gone, its folder's change time. */
-  async function stateOf(root: string, rel: string): Promise<string> {
-    const full = path.join(root, rel);
-    const st = await fs.lstat(full).catch(() => null);
+  /** The state a path of a batch is in now: its change time and size, or, gone, its removal's (see removal). */
+  async function stateOf(root: string, rel: string, batch: Pending): Promise<string> {
+    const st = await fs.lstat(path.join(root, rel)).catch(() => null);
     // the change time, which no one sets (a copy that keeps the modified time still moves it)
     if (st) return `${st.ctimeMs}:${st.size}`;
-    // gone: its folder's change time tells one removal from the next (a file made and removed again)
-    const folder = await fs.lstat(path.dirname(full)).catch(() => null);
-    return folder ? `gone:${folder.ctimeMs}` : 'gone';
+    return (await batch.gone.get(rel)) ?? 'gone';
   }
 
   async function fire(fired: Automation, batch: Pending, root: string): Promise<void> {
@@ -223,7 +244,7 @@ export function fileTriggersOf(
     // the batch's identity: its paths and the state each is in now. Every process that saw the same changes
     // takes the same lock and only one fires; a later change of the same files is another state, so another
     // lock, and is never dropped for following the last too closely
-    const states = await Promise.all(paths.map((p) => stateOf(root, p)));
+    const states = await Promise.all(paths.map((p) => stateOf(root, p, batch)));
     const identity = createHash('sha256')
       .update(JSON.stringify([batch.more, paths, states]))
       .digest('hex')

@@ -706,6 +706,44 @@ describe('file_change triggers', function () {
     }
   });
 
+  it('fires a removal once however many processes watch it, when the folder changes again before the slower one fires', async () => {
+    const roots = await fs.mkdtemp(path.join(os.tmpdir(), 'svc-removal-'));
+    const a = automationFixture('t1', { triggers: [{ type: 'file_change', paths: ['x.txt'], debounce_ms: 100 }] });
+    const fired: string[] = [];
+    // two processes on one Redis; the second reads the automation half a second later as its batch fires
+    const process = (name: string, lateMs: number) =>
+      fileTriggersOf(
+        {
+          ...h.rt,
+          store: {
+            automations: {
+              listEnabledWithTrigger: async () => [a],
+              get: async () => (await new Promise((r) => setTimeout(r, lateMs)), a),
+            },
+          },
+          tenantRootOf: (t: string) => path.join(roots, t),
+        } as never,
+        { refreshMs: 3_600_000, fire: async () => void fired.push(name) },
+      );
+    await fs.mkdir(path.join(roots, 't1'), { recursive: true });
+    await fs.writeFile(path.join(roots, 't1', 'x.txt'), 'x');
+    const [p1, p2] = [process('p1', 0), process('p2', 500)];
+    try {
+      await p1.start();
+      await p2.start();
+      await new Promise((r) => setTimeout(r, 300));
+      await fs.rm(path.join(roots, 't1', 'x.txt'));
+      await new Promise((r) => setTimeout(r, 300));
+      await fs.writeFile(path.join(roots, 't1', 'build.log'), 'a file no trigger watches, in the same folder');
+      await new Promise((r) => setTimeout(r, 1500));
+      expect(fired).to.have.length(1);
+    } finally {
+      await p1.close();
+      await p2.close();
+      await fs.rm(roots, { recursive: true, force: true });
+    }
+  });
+
   it("never follows a link out of the tenant's root: another tenant's files are not seen through it", async () => {
     // one link there before the watch starts, one made while it runs; links are not watched at all (the
     // kernel's watch of a link's path watches the folder it points to)
