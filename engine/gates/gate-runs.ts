@@ -49,6 +49,9 @@ if v == false or v == ARGV[1] then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARG
 return 0`;
 const LET_GO = `if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0`;
+// renews only a hold the gate run has: a renewal after its seal or cancel let go takes nothing again
+const RENEW = `if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0`;
 /** Running gate runs the reconciler reads in one pass. */
 const STALE_GATE_RUNS_PAGE = 200;
 
@@ -277,7 +280,15 @@ export function gateRunsOf(deps: GatesDeps) {
       const record = await store.gateRuns.get(tenantId, gateRunId);
       if (!record || record.status !== 'running') return null;
       if (!(await hold(record))) return 'busy';
-      const renew = setInterval(() => void hold(record).catch(() => undefined), WORKSPACE_HOLD_MS / 3);
+      // ended (sealed, canceled) between its read and the hold: the hold goes back at once, not 30 s later
+      if ((await store.gateRuns.get(tenantId, gateRunId))?.status !== 'running') {
+        await letGo(record);
+        return null;
+      }
+      const renew = setInterval(
+        () => void deps.redis.eval(RENEW, 1, workspaceKey(record), record.id, WORKSPACE_HOLD_MS).catch(() => undefined),
+        WORKSPACE_HOLD_MS / 3,
+      );
       // claimed until its result is kept, not only while its gate runs: a reconciler never seals between the two
       claimed.set(gateRunId, (claimed.get(gateRunId) ?? 0) + 1);
       try {
