@@ -1134,8 +1134,8 @@ export interface paths {
         };
         /**
          * List the tenant's API keys
-         * @description Every key of the calling tenant, oldest first, revoked and expired ones included (with when and
-         *     why). Never the key or its hash. `last_used_at` is written at most once a minute per key.
+         * @description The keys of the calling tenant, newest first, a page at a time, revoked and expired ones included
+         *     (with when and why). Never the key or its hash. `last_used_at` is written at most once a minute per key.
          */
         get: operations["listApiKeys"];
         put?: never;
@@ -1143,7 +1143,9 @@ export interface paths {
          * Make an API key
          * @description A new key of the calling tenant. The answer carries the key itself: it is stored hashed (sha256)
          *     and never shown again. With `expires_at` the key stops working at that instant. The body is
-         *     optional: without one the key has no label and no expiry.
+         *     optional: without one the key has no label and no expiry. A tenant keeps at most
+         *     SERVICE_TENANT_MAX_API_KEYS (1,000) keys not revoked made this way: one more is a 409 (revoke one
+         *     first); it holds when creates race.
          */
         post: operations["createApiKey"];
         delete?: never;
@@ -5309,14 +5311,19 @@ export interface operations {
     };
     listApiKeys: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description Items per page. */
+                limit?: components["parameters"]["Limit"];
+                /** @description The `next_cursor` of the previous page. */
+                cursor?: components["parameters"]["Cursor"];
+            };
             header?: never;
             path?: never;
             cookie?: never;
         };
         requestBody?: never;
         responses: {
-            /** @description The keys. */
+            /** @description A page of the keys. */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -5324,9 +5331,11 @@ export interface operations {
                 content: {
                     "application/json": {
                         data: components["schemas"]["ApiKey"][];
+                        next_cursor: string | null;
                     };
                 };
             };
+            400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             429: components["responses"]["ApiRateLimited"];
         };
@@ -5355,6 +5364,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
+            409: components["responses"]["Conflict"];
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             429: components["responses"]["ApiRateLimited"];

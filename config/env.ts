@@ -93,6 +93,8 @@ export type Config = {
   tenantMaxStreams: number;
   /** the most automations a tenant keeps, archived ones aside (SERVICE_TENANT_MAX_AUTOMATIONS) */
   tenantMaxAutomations: number;
+  /** the most API keys not revoked a tenant may make through the API (SERVICE_TENANT_MAX_API_KEYS) */
+  tenantMaxApiKeys: number;
   /** the environment a shell step starts from: a short allowlist, never the service's secrets */
   childEnv: Record<string, string>;
   /** how tool processes are isolated: `auto` picks bwrap when it is installed; `explicit` when SERVICE_SANDBOX was set */
@@ -401,6 +403,7 @@ const schema = z.object({
   SERVICE_SESSION_MAX_AGENTS: int(100, 1, 10_000),
   SERVICE_TENANT_MAX_STREAMS: int(100, 1, 100_000),
   SERVICE_TENANT_MAX_AUTOMATIONS: int(1000, 1, 1_000_000),
+  SERVICE_TENANT_MAX_API_KEYS: int(1000, 1, 1_000_000),
   LOG_LEVEL: z
     .string()
     .optional()
@@ -559,6 +562,7 @@ export function parseEnv(env: Record<string, string | undefined>, opts: { servic
     sessionMaxAgents: e.SERVICE_SESSION_MAX_AGENTS,
     tenantMaxStreams: e.SERVICE_TENANT_MAX_STREAMS,
     tenantMaxAutomations: e.SERVICE_TENANT_MAX_AUTOMATIONS,
+    tenantMaxApiKeys: e.SERVICE_TENANT_MAX_API_KEYS,
     sandbox: {
       mode: e.SERVICE_SANDBOX,
       explicit: e.SERVICE_SANDBOX !== 'auto',

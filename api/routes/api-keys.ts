@@ -26,13 +26,15 @@ function view(k: ApiKeyRecord): ApiKeyView {
 export function apiKeysRouter(engine: Engine): Router {
   const router = Router();
   router.get('/', async (req, res) => {
-    res.json({ data: (await engine.apiKeys.list(tenantOf(req))).map(view) });
+    const q = req.query as { limit?: number; cursor?: string };
+    const page = await engine.apiKeys.page(tenantOf(req), { limit: q.limit ?? 50, cursor: q.cursor });
+    res.json({ data: page.items.map(view), next_cursor: page.next_cursor });
   });
   router.post('/', async (req, res) => {
     const body = (req.body ?? {}) as ApiKeyCreate; // the body is optional
     // a key outlives the session that made it: who made it stays on it
     const created_by = req.apiKeyId ? `key:${req.apiKeyId}` : req.signedIn ? `person:${req.signedIn.sub}` : null;
-    const maker = req.apiKeyId ? (await engine.apiKeys.list(tenantOf(req))).find((k) => k.id === req.apiKeyId) : undefined;
+    const maker = req.apiKeyId ? await engine.apiKeys.get(tenantOf(req), req.apiKeyId) : null;
     const made = await engine.apiKeys.create(tenantOf(req), {
       label: body.label,
       expires_at: body.expires_at,

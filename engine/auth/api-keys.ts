@@ -2,7 +2,7 @@
 // hashed and looked up by its hash, so no stored key is ever compared byte by byte.
 import { createHash, randomBytes } from 'node:crypto';
 import { ConfigError, type ApiKeySeed } from '../../config/env.js';
-import { type ApiKeyRecord, type Clock, newId, NotFoundError, type Logger, ValidationError } from '../platform/index.js';
+import { type ApiKeyRecord, type Clock, ConflictError, newId, NotFoundError, type Logger, ValidationError } from '../platform/index.js';
 import type { Store } from '../store/index.js';
 
 export function hashKey(key: string): string {
@@ -24,7 +24,7 @@ export function isSpent(k: ApiKeyRecord, now: Date): boolean {
   return !!k.revoked_at || (!!k.expires_at && !(Date.parse(k.expires_at) > now.getTime()));
 }
 
-export function apiKeysOf(deps: { store: Store; clock: Clock; log: Logger }) {
+export function apiKeysOf(deps: { store: Store; clock: Clock; log: Logger; limits?: { tenantMaxApiKeys?: number } }) {
   const { store, clock, log } = deps;
 
   function record(
@@ -73,12 +73,19 @@ export function apiKeysOf(deps: { store: Store; clock: Clock; log: Logger }) {
         ]);
       const key = generateKey();
       const made = record(tenantId, hashKey(key), { ...opts, expires_at: expires === null ? null : new Date(expires).toISOString() });
-      await store.apiKeys.insert(made);
+      // keys made through the API are held to the tenant's cap (each is a row every list and revocation reads);
+      // the operator's (the CLI's, SERVICE_API_KEYS) are not
+      const max = opts.source === 'api' ? deps.limits?.tenantMaxApiKeys : undefined;
+      if ((await store.apiKeys.insert(made, max ? { maxLive: max } : undefined)) === 'over-cap')
+        throw new ConflictError(`this tenant has ${max} API keys not revoked, the most it may keep (SERVICE_TENANT_MAX_API_KEYS): revoke one first`);
       log.info({ tenant_id: tenantId, key_id: made.id, source: opts.source }, 'api key created');
       return { record: made, key };
     },
 
     list: (tenantId: string) => store.apiKeys.list(tenantId),
+    /** A page of the tenant's keys, newest first. */
+    page: (tenantId: string, q: { limit: number; cursor?: string }) => store.apiKeys.page(tenantId, q),
+    get: (tenantId: string, id: string) => store.apiKeys.get(tenantId, id),
 
     /**
      * Revokes one of the tenant's keys; every process refuses it from its next request (each looks keys

@@ -208,6 +208,7 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
         maxBudgetSeconds: config.runBudget.maxSeconds,
         cronMinIntervalSeconds: config.cronMinIntervalSeconds,
         tenantMaxAutomations: config.tenantMaxAutomations,
+        tenantMaxApiKeys: config.tenantMaxApiKeys,
         tenantOutputBytesPerDay: config.tenantOutputMbPerDay * 1024 * 1024,
       },
       settings: {

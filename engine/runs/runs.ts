@@ -82,6 +82,8 @@ export type RunLimits = {
   cronMinIntervalSeconds?: number;
   /** the most automations a tenant keeps, archived ones aside (absent: any) */
   tenantMaxAutomations?: number;
+  /** the most API keys not revoked a tenant may make through the API */
+  tenantMaxApiKeys?: number;
   /** the bytes of step output a tenant's runs stream into the event log a day, UTC (absent: no bound) */
   tenantOutputBytesPerDay?: number;
 };

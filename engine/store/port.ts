@@ -158,11 +158,18 @@ export interface IdempotencyKeyRepo {
 }
 
 export interface ApiKeyRepo {
-  /** Inserts unless a key with the same hash exists; true when inserted. */
-  insert(record: ApiKeyRecord): Promise<boolean>;
+  /**
+   * Inserts unless a key with the same hash exists; true when inserted. With `cap`, only while the tenant holds
+   * fewer than `maxLive` keys not revoked, else 'over-cap', storing nothing (checked as AutomationRepo.insert's cap).
+   */
+  insert(record: ApiKeyRecord, cap?: { maxLive: number }): Promise<boolean | 'over-cap'>;
   /** Resolves a presented key's hash to its record: the one lookup that finds the tenant. */
   findByHash(hash: string): Promise<ApiKeyRecord | null>;
+  get(tenantId: string, id: string): Promise<ApiKeyRecord | null>;
+  /** Every key of the tenant, oldest first (revocation's cascade reads them all). */
   list(tenantId: string): Promise<ApiKeyRecord[]>;
+  /** A page of the tenant's keys, newest first. */
+  page(tenantId: string, q: { limit: number; cursor?: string }): Promise<Page<ApiKeyRecord>>;
   /** Every key made from SERVICE_API_KEYS, of every tenant: what start-up syncs with the variable. */
   listBootstrap(): Promise<ApiKeyRecord[]>;
   /** Changes one key of the tenant; the key as it is now, or null when the tenant has no such key. */

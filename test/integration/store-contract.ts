@@ -1,4 +1,5 @@
 // One contract for every store adapter. Each adapter's test file calls storeContract with a factory.
+import { createHash } from 'node:crypto';
 import { expect } from 'chai';
 import { newId } from '../../engine/platform/ids.js';
 import type {
@@ -588,6 +589,34 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect(await store.apiKeys.findByHash('cd'.repeat(32))).to.equal(null);
       expect(await store.apiKeys.list('t1')).to.deep.equal([k]);
       expect(await store.apiKeys.list('t2')).to.deep.equal([]);
+    });
+
+    it('pages a tenant’s keys newest first, gets one of its own, and holds a capped insert to the keys not revoked, concurrent ones too', async () => {
+      const key = (tenant: string, n: number, revoked = false): ApiKeyRecord => ({
+        id: newId('key'),
+        tenant_id: tenant,
+        hash: createHash('sha256').update(`${tenant}-${n}-${Math.random()}`).digest('hex'),
+        label: `k${n}`,
+        source: 'api',
+        created_at: new Date().toISOString(),
+        revoked_at: revoked ? new Date().toISOString() : null,
+      });
+      const made: ApiKeyRecord[] = [];
+      for (let n = 0; n < 5; n++) {
+        made.push(key('t-page', n, n === 0));
+        expect(await store.apiKeys.insert(made.at(-1)!)).to.equal(true);
+      }
+      const first = await store.apiKeys.page('t-page', { limit: 3 });
+      expect(first.items.map((k) => k.label)).to.deep.equal(['k4', 'k3', 'k2']);
+      const second = await store.apiKeys.page('t-page', { limit: 3, cursor: first.next_cursor! });
+      expect({ labels: second.items.map((k) => k.label), next: second.next_cursor }).to.deep.equal({ labels: ['k1', 'k0'], next: null });
+      expect((await store.apiKeys.get('t-page', made[2]!.id))?.label).to.equal('k2');
+      expect(await store.apiKeys.get('t-other', made[2]!.id)).to.equal(null);
+      // four not revoked (k0 is): a cap of 5 takes one more, of the twenty asked at once
+      const asked = await Promise.all(Array.from({ length: 20 }, (_, i) => store.apiKeys.insert(key('t-page', 10 + i), { maxLive: 5 })));
+      expect(asked.filter((r) => r === true)).to.have.length(1);
+      expect(asked.filter((r) => r === 'over-cap')).to.have.length(19);
+      expect(await store.apiKeys.list('t-page')).to.have.length(6);
     });
 
     it('changes a key only for its tenant, and lists the bootstrap keys of every tenant', async () => {

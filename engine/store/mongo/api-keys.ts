@@ -1,23 +1,42 @@
 import { Schema, type Model } from 'mongoose';
 import type { ApiKeyRecord } from '../../platform/index.js';
 import { type ApiKeyRepo } from '../port.js';
-import { fromStored, isDuplicateKey, loose, toStored, type Stored } from './documents.js';
+import { fromStored, isDuplicateKey, loose, pageOf, toStored, type Stored } from './documents.js';
+import type { Leases } from './leases.js';
 
 export const apiKeySchema = new Schema({ _id: String, tenant_id: { type: String, required: true }, hash: { type: String, required: true } }, loose);
 apiKeySchema.index({ hash: 1 }, { unique: true });
 apiKeySchema.index({ tenant_id: 1, _id: 1 });
 
-export function apiKeyRepo(model: Model<Stored<ApiKeyRecord>>): ApiKeyRepo {
+export function apiKeyRepo(model: Model<Stored<ApiKeyRecord>>, leases: Leases): ApiKeyRepo {
+  const insert = async (k: ApiKeyRecord): Promise<boolean> => {
+    try {
+      await model.collection.insertOne(toStored(k) as never);
+      return true;
+    } catch (err) {
+      if (isDuplicateKey(err)) return false;
+      throw err;
+    }
+  };
   return {
-    async insert(k) {
-      try {
-        await model.collection.insertOne(toStored(k) as never);
-        return true;
-      } catch (err) {
-        if (isDuplicateKey(err)) return false;
-        throw err;
-      }
+    async insert(k, cap) {
+      if (!cap) return insert(k);
+      // counted and inserted under the tenant's lease: its capped inserts take turns, as in SQLite's IMMEDIATE transaction
+      let inserted = false;
+      const done = await leases.insertHeld(
+        `api-keys:${k.tenant_id}`,
+        async () => ((await model.countDocuments({ tenant_id: k.tenant_id, revoked_at: null }).read('primary')) >= cap.maxLive ? 'over-cap' : null),
+        async () => {
+          inserted = await insert(k);
+          return 'inserted';
+        },
+      );
+      return done === 'over-cap' ? 'over-cap' : inserted;
     },
+    async get(tenantId, id) {
+      return fromStored(await model.findOne({ _id: id, tenant_id: tenantId }).lean<Stored<ApiKeyRecord>>());
+    },
+    page: (tenantId, q) => pageOf(model, { tenant_id: tenantId }, q),
     async findByHash(hash) {
       return fromStored(await model.findOne({ hash }).lean<Stored<ApiKeyRecord>>());
     },

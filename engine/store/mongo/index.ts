@@ -81,7 +81,7 @@ export async function openMongoStore(uri: string): Promise<Store> {
   return {
     kind: 'mongo',
     automations: automationRepo(automations, leases),
-    apiKeys: apiKeyRepo(apiKeys),
+    apiKeys: apiKeyRepo(apiKeys, leases),
     runs: runRepo(runs, runSteps as never, runTurns as never, keys),
     idempotencyKeys: keys,
     webhookSecrets: webhookSecretRepo(webhookSecrets),

@@ -1,7 +1,7 @@
 // API keys, found by the hash of the key.
-import { groupCommit, type Db } from './db.js';
+import { groupCommit, TOP, type Db } from './db.js';
 import type { ApiKeyPatch, ApiKeyRecord } from '../../platform/index.js';
-import type { ApiKeyRepo } from '../port.js';
+import { decodeCursor, toPage, type ApiKeyRepo } from '../port.js';
 
 export function apiKeyRepo(db: Db): ApiKeyRepo {
   const insert = db.prepare('INSERT OR IGNORE INTO api_keys (id, tenant_id, hash, doc) VALUES (?, ?, ?, ?)');
@@ -10,6 +10,8 @@ export function apiKeyRepo(db: Db): ApiKeyRepo {
   const all = db.prepare<[], { doc: string }>('SELECT doc FROM api_keys ORDER BY id');
   const one = db.prepare<[string, string], { doc: string }>('SELECT doc FROM api_keys WHERE tenant_id = ? AND id = ?');
   const write = db.prepare('UPDATE api_keys SET doc = ? WHERE tenant_id = ? AND id = ?');
+  const page = db.prepare<[string, string, number], { doc: string }>('SELECT doc FROM api_keys WHERE tenant_id = ? AND id < ? ORDER BY id DESC LIMIT ?');
+  const live = db.prepare<[string], { n: number }>("SELECT COUNT(*) AS n FROM api_keys WHERE tenant_id = ? AND json_extract(doc, '$.revoked_at') IS NULL");
   const commit = groupCommit(db);
   const update = (tenantId: string, id: string, patch: ApiKeyPatch): ApiKeyRecord | null => {
     const row = one.get(tenantId, id);
@@ -19,8 +21,20 @@ export function apiKeyRepo(db: Db): ApiKeyRepo {
     return next;
   };
   return {
-    async insert(k) {
-      return commit(() => insert.run(k.id, k.tenant_id, k.hash, JSON.stringify(k)).changes === 1);
+    async insert(k, cap) {
+      // counted inside the write's IMMEDIATE transaction: no other write, of this process or another, comes between
+      return commit(() => {
+        if (cap && (live.get(k.tenant_id)?.n ?? 0) >= cap.maxLive) return 'over-cap';
+        return insert.run(k.id, k.tenant_id, k.hash, JSON.stringify(k)).changes === 1;
+      });
+    },
+    async get(tenantId, id) {
+      const row = one.get(tenantId, id);
+      return row ? (JSON.parse(row.doc) as ApiKeyRecord) : null;
+    },
+    async page(tenantId, q) {
+      const rows = page.all(tenantId, decodeCursor(q.cursor) ?? TOP, q.limit + 1).map((r) => JSON.parse(r.doc) as ApiKeyRecord);
+      return toPage(rows, q.limit);
     },
     async findByHash(hash) {
       const row = byHash.get(hash);
