@@ -68,6 +68,10 @@ function subscribes(patterns: string[], type: NotificationType): boolean {
 const CACHE_MS = 5_000;
 /** How long a change of endpoints, or an event, waits for Redis to take or give their version. */
 const VERSION_WAIT_MS = 1000;
+/** The tries a delivery keeps: its last ones (each replay adds tries, and each try rewrites the whole row). */
+const TRIES_KEPT = 100;
+const keptTries = (tries: NotificationDelivery['attempts'], next: NotificationDelivery['attempts'][number]) => [...tries, next].slice(-TRIES_KEPT);
+
 /** Deliveries the store refused are asked for again STORE_TRIES times, STORE_RETRY_MS later and then twice as late (about a minute). */
 const STORE_TRIES = 8;
 const STORE_RETRY_MS = 250;
@@ -248,7 +252,7 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
           : `the endpoint no longer subscribes to ${d.event_type}`;
       return store.notificationDeliveries.update(tenantId, d.id, {
         status: 'failed',
-        attempts: [...d.attempts, { at: clock.now().toISOString(), status_code: null, error: why, duration_ms: 0 }],
+        attempts: keptTries(d.attempts, { at: clock.now().toISOString(), status_code: null, error: why, duration_ms: 0 }),
         updated_at: clock.now().toISOString(),
       });
     }
@@ -263,7 +267,7 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
       log.error({ tenant_id: tenantId, endpoint_id: endpoint.id, delivery_id: d.id }, why);
       const failed = await store.notificationDeliveries.update(tenantId, d.id, {
         status: 'failed',
-        attempts: [...d.attempts, { at: at.toISOString(), status_code: null, error: why, duration_ms: 0 }],
+        attempts: keptTries(d.attempts, { at: at.toISOString(), status_code: null, error: why, duration_ms: 0 }),
         updated_at: clock.now().toISOString(),
       });
       await disable(tenantId, endpoint, why, endpoint.consecutive_failures);
@@ -279,7 +283,7 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
     };
     const started = Date.now();
     const sent = await post(new URL(endpoint.url), headers, body);
-    const attempts = [...d.attempts, { at: at.toISOString(), ...sent, duration_ms: Date.now() - started }];
+    const attempts = keptTries(d.attempts, { at: at.toISOString(), ...sent, duration_ms: Date.now() - started });
     if (!sent.error) {
       const done = await store.notificationDeliveries.update(tenantId, d.id, { status: 'succeeded', attempts, updated_at: clock.now().toISOString() });
       if (endpoint.consecutive_failures) await store.notificationEndpoints.update(tenantId, endpoint.id, { consecutive_failures: 0 });

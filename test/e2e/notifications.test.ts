@@ -8,6 +8,7 @@ import type { AddressInfo } from 'node:net';
 import path from 'node:path';
 import { expect } from 'chai';
 import { Webhook } from 'standardwebhooks';
+import { newId } from '../../engine/platform/index.js';
 import { createSecretBox } from '../../engine/platform/secret-box.js';
 import { eventually, finishedRun, heldTogether, KEYS, sameDeployment, startHarness, type Harness } from '../support/harness.js';
 
@@ -309,6 +310,33 @@ describe('outbound notifications', function () {
     } finally {
       deliveries.insert = insert;
     }
+  });
+
+  it('keeps a delivery’s last 100 tries: replays do not grow its row without end', async () => {
+    const made = await endpoint({ url: `${receiver.url}/kept`, event_types: ['run.finished'] });
+    const at = new Date().toISOString();
+    const id = newId('ntf');
+    const tries = Array.from({ length: 100 }, (_, i) => ({ at, status_code: 500, error: `try ${i}`, duration_ms: 1 }));
+    await h.rt.store.notificationDeliveries.insert({
+      id,
+      tenant_id: 'tenant-a',
+      endpoint_id: made.endpoint.id,
+      event_type: 'run.finished',
+      payload: { type: 'run.finished', timestamp: at, data: { run_id: 'run_kept' } },
+      status: 'failed',
+      attempts: tries,
+      replays: 0,
+      created_at: at,
+      updated_at: at,
+    });
+    expect((await h.call('POST', `/api/v1/notification-deliveries/${id}/replay`)).status).to.equal(202);
+    const sent = await eventually(async () => {
+      const d = await h.rt.store.notificationDeliveries.get('tenant-a', id);
+      return d?.status === 'succeeded' ? d : null;
+    }, 'the replay to be sent');
+    expect(sent.attempts).to.have.length(100);
+    expect(sent.attempts[0]!.error).to.equal('try 1');
+    expect(sent.attempts.at(-1)!.status_code).to.equal(200);
   });
 
   it('takes a try’s answer from its status line: a receiver that answers 200 and sends a body that never ends has taken the delivery', async () => {
