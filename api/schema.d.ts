@@ -1466,7 +1466,7 @@ export interface paths {
         };
         /**
          * The delivery log of an endpoint
-         * @description Newest first, each with its message and every try (when, the status code or the error, how long).
+         * @description Newest first, each with its message and its last 100 tries (when, the status code or the error, how long).
          */
         get: operations["listNotificationDeliveries"];
         put?: never;
