@@ -7,7 +7,9 @@ import type { Automations } from './automations.js';
 import type { CronJob, Schedules } from './schedules.js';
 import { isCronFire } from './triggers.js';
 
-export function firesOf(deps: Pick<Platform, 'store' | 'log'> & { automations: Automations; schedules: Schedules; runs: Pick<Runs, 'createIdempotent'> }) {
+export function firesOf(
+  deps: Pick<Platform, 'store' | 'log'> & { automations: Automations; schedules: Schedules; runs: Pick<Runs, 'createIdempotent' | 'cancel'> },
+) {
   const { automations, schedules, runs } = deps;
 
   /**
@@ -26,7 +28,14 @@ export function firesOf(deps: Pick<Platform, 'store' | 'log'> & { automations: A
       if (a) await schedules.sync(a);
       return null;
     }
-    return (await runs.createIdempotent(tenantId, idempotencyKey, { trigger }, request)).run;
+    const { run, replayed } = await runs.createIdempotent(tenantId, idempotencyKey, { trigger }, request);
+    // disabled or archived between the read above and the run's insert (a request answered meanwhile): the run
+    // it made is canceled before it starts, as its answer promised (a fire never runs past a disable)
+    if (!replayed && (await deps.store.automations.get(tenantId, automationId))?.status !== 'enabled') {
+      deps.log.info({ automation_id: automationId, run_id: run.id, trigger: trigger.type }, 'fire canceled: the automation was disabled as it fired');
+      return runs.cancel(tenantId, run.id).catch(() => run);
+    }
+    return run;
   }
 
   /** One fire of a cron trigger: its job id makes the run once, even if the job runs twice. */

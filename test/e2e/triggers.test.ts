@@ -380,6 +380,38 @@ describe('the cron ticker', function () {
     }
   });
 
+  it('cancels before it starts the run of a fire whose automation was disabled or archived as it fired (the answer came first)', async () => {
+    for (const change of ['disable', 'archive'] as const) {
+      const a = (await h.call<Body>('POST', '/api/v1/automations', { body: cronAutomation(`racing ${change}`, '0 0 1 1 *') })).body;
+      const member = { tenant_id: a.tenant_id, automation_id: a.id, trigger_index: 0 };
+      const runs = h.rt.engine.runs;
+      const createIdempotent = runs.createIdempotent;
+      let inside!: () => void;
+      const entered = new Promise<void>((r) => (inside = r));
+      let release!: () => void;
+      const held = new Promise<void>((r) => (release = r));
+      runs.createIdempotent = (async (...args: Parameters<typeof createIdempotent>) => {
+        inside();
+        await held;
+        return createIdempotent(...args);
+      }) as typeof createIdempotent;
+      try {
+        const at = Math.floor(Date.now() / 60_000) * 60_000 - 60_000;
+        const job: CronJob = { ...member, schedule: '0 0 1 1 *', timezone: 'UTC', fire_at: new Date(at).toISOString() };
+        const firing = h.rt.engine.fireCron(job, cronJobIdOf(member, at), new Date(at));
+        await entered;
+        const answered =
+          change === 'disable' ? await h.call('POST', `/api/v1/automations/${a.id}/disable`) : await h.call('DELETE', `/api/v1/automations/${a.id}`);
+        expect(answered.status).to.be.oneOf([200, 204]);
+        release();
+        const run = await firing;
+        expect(run?.status, change).to.equal('canceled');
+      } finally {
+        runs.createIdempotent = createIdempotent;
+      }
+    }
+  });
+
   it('holds back no other fire when one cannot be handed over, and hands that one over at a later tick', async () => {
     const [a, b] = [
       (await h.call<Body>('POST', '/api/v1/automations', { body: cronAutomation('first', '0 0 1 1 *') })).body,
@@ -691,8 +723,8 @@ describe('file_change triggers', function () {
       // no automation left: every watch goes, the files' and folders' included
       await fs.rm(path.join(roots, 'large'), { recursive: true });
       await fs.rm(path.join(roots, 'small', 'g0.txt'));
-      enabled = [small, automation('second')];
-      // a root let go is counted again a while later: the second now fits what is left, the small one still does not
+      enabled = [automation('second')];
+      // a root let go is counted again a while later: the second now fits what is left
       await new Promise((r) => setTimeout(r, 4000));
       await triggers.refresh();
       await new Promise((r) => setTimeout(r, 1500));
