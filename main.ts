@@ -4,7 +4,7 @@
 import { startWebServer, type WebServer } from './api/server.js';
 import { DASHBOARD_PATH } from './api/admin.js';
 import type { Config } from './config/env.js';
-import type { Logger } from './engine/platform/index.js';
+import { redactUrl, type Logger } from './engine/platform/index.js';
 import { ensureRedis, runMain, openRuntime, type LocalRedis } from './engine/process/index.js';
 import { startWorkers, type Workers } from './workers/index.js';
 
@@ -31,9 +31,7 @@ async function startService(config: Config, log: Logger, local: LocalRedis | nul
     await rt.close();
     throw err;
   }
-  const redis = local
-    ? `private redis-server on ${local.url} (data in ${local.dir}, stopped with the service)`
-    : config.redisUrl.replace(/\/\/[^@]*@/, '//***@');
+  const redis = local ? `private redis-server on ${local.url} (data in ${local.dir}, stopped with the service)` : redactUrl(config.redisUrl);
   const lines = [
     '',
     `Automation backend listening on ${web.url} (store: ${rt.store.kind}, redis: ${redis})`,

@@ -70,15 +70,27 @@ export class RedisUnreachableError extends Error {
   }
 }
 
-/** Hides a password in a redis URL before it reaches a message or a log line. */
+/** Query parameters of a redis URL that may hold a secret (ioredis takes `?password=` as the password). */
+const SECRET_PARAM = /pass|auth|secret|token|key/i;
+
+/**
+ * Hides a password in a redis URL (a cluster's too: `rediss://u:p@a:7000,b:7001`) before it reaches a message
+ * or a log line: the one in its user info, and any query parameter that may hold one.
+ */
 export function redactUrl(url: string): string {
-  try {
-    const u = new URL(url);
-    if (u.password) u.password = '***';
-    return u.toString();
-  } catch {
-    return '(unparseable REDIS_URL)';
+  const m = /^([a-z][a-z0-9+.-]*:\/\/)([^/?#]*)([^?#]*)(\?[^#]*)?(#.*)?$/is.exec(url);
+  if (!m) return '(unparseable REDIS_URL)';
+  let authority = m[2]!;
+  const at = authority.lastIndexOf('@');
+  const colon = at >= 0 ? authority.slice(0, at).indexOf(':') : -1;
+  if (colon >= 0) authority = `${authority.slice(0, colon + 1)}***${authority.slice(at)}`;
+  let query = m[4] ?? '';
+  if (query) {
+    const params = new URLSearchParams(query.slice(1));
+    for (const name of [...new Set(params.keys())]) if (SECRET_PARAM.test(name)) params.set(name, '***');
+    query = `?${params.toString()}`;
   }
+  return `${m[1]}${authority}${m[3]}${query}`;
 }
 
 /** Connects once, without retrying, and answers within `timeoutMs`: start-up must not hang on a dead Redis. */

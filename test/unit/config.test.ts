@@ -1,7 +1,7 @@
 import { expect } from 'chai';
 import path from 'node:path';
 import { ConfigError, parseEnv } from '../../config/env.js';
-import { parseRedisUrl } from '../../engine/platform/index.js';
+import { parseRedisUrl, redactUrl } from '../../engine/platform/index.js';
 
 describe('config/env', () => {
   it('gives every variable of DESIGN.md its default', () => {
@@ -169,6 +169,11 @@ describe('config/env', () => {
   });
 
   it("reads REDIS_URL as one server or a cluster's nodes, and wants a hash-tagged prefix on a cluster", () => {
+    // a password, in the user info or the query (ioredis takes ?password=), never reaches a message or the banner
+    expect(redactUrl('redis://:p%40ss@h:1/2')).to.equal('redis://:***@h:1/2');
+    expect(redactUrl('redis://h:6379/0?password=QuerySecret123&db=1')).to.equal('redis://h:6379/0?password=***&db=1');
+    expect(redactUrl('rediss://u:p@a:7000,b:7001,[::1]:7002')).to.equal('rediss://u:***@a:7000,b:7001,[::1]:7002');
+    expect(redactUrl('redis://h:1')).to.equal('redis://h:1');
     expect(parseRedisUrl('redis://:p%40ss@h:1/2')).to.deep.equal({ cluster: false, nodes: [{ host: 'h', port: 1 }], password: 'p@ss', db: 2, tls: false });
     expect(parseRedisUrl('rediss://u:p@a:7000,b:7001,[::1]:7002')).to.deep.equal({
       cluster: true,
