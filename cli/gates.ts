@@ -56,7 +56,9 @@ export async function gatesRun(values: GatesRunOptions, out: (text: string) => v
   const sandbox = openSandbox({
     mode: config.sandbox.mode,
     limits: config.sandbox.limits,
-    prefix: `cli-${process.pid}`,
+    // one folder of step groups for every run of the command, as a deployment has one: a folder a run of its
+    // own (cli-<pid>) stayed on the host for good, one more each time
+    prefix: 'cli',
     pathVar: config.childEnv.PATH,
     log: createLogger('warn', stderrDestination()),
   });

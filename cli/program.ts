@@ -4,6 +4,8 @@
 // dependencies of its own, nested commands with generated --help for each, and the most used parser of
 // its kind, so its behaviour is what people already know.
 import { createHash } from 'node:crypto';
+import { existsSync } from 'node:fs';
+import path from 'node:path';
 import { Command, Option } from 'commander';
 import { loadClientEnv, loadConfig, TENANT_ID_PATTERN } from '../config/env.js';
 import type { ApiKeys } from '../engine/auth/index.js';
@@ -511,7 +513,7 @@ Examples:
 
   const keys = program.command('keys').description('API keys of a tenant, in the service’s store (local: MONGODB_URI or SERVICE_DATA_DIR)');
   /** The service's store and its key manager, for one command. */
-  const withKeys = async <T>(tenant: string, fn: (apiKeys: ApiKeys, store: Store) => Promise<T>): Promise<T> => {
+  const withKeys = async <T>(tenant: string, fn: (apiKeys: ApiKeys, store: Store, where: string) => Promise<T>): Promise<T> => {
     if (!TENANT_ID_PATTERN.test(tenant)) throw usage('--tenant: letters, digits, _ or -, at most 64');
     const [{ apiKeysOf }, { systemClock, createLogger, stderrDestination }, { openStore }] = await Promise.all([
       import('../engine/auth/index.js'),
@@ -519,9 +521,12 @@ Examples:
       import('../engine/store/index.js'),
     ]);
     const config = loadConfig();
+    // where the keys are: a store made here and now (the command run outside the service's folder) is said to be new
+    const file = path.resolve(config.dataDir, 'service.sqlite');
+    const where = config.mongodbUri ? 'the MongoDB store of MONGODB_URI' : `${existsSync(file) ? '' : 'a new '}SQLite store ${file}`;
     const store = await openStore({ mongodbUri: config.mongodbUri, dataDir: config.dataDir });
     try {
-      return await fn(apiKeysOf({ store, clock: systemClock, log: createLogger('warn', stderrDestination()) }), store);
+      return await fn(apiKeysOf({ store, clock: systemClock, log: createLogger('warn', stderrDestination()) }), store, where);
     } finally {
       await store.close();
     }
@@ -541,10 +546,12 @@ Examples:
     )
     .action(async (opts: { tenant: string; label?: string; expires?: string }) => {
       if (opts.expires && !isDateTime(opts.expires)) throw usage('--expires: an ISO 8601 date and time, e.g. 2027-01-31T00:00:00Z');
-      await withKeys(opts.tenant, async (apiKeys, store) => {
+      await withKeys(opts.tenant, async (apiKeys, _store, where) => {
         const expires_at = opts.expires ? new Date(opts.expires).toISOString() : null;
         const created = await apiKeys.create(opts.tenant, { label: opts.label, source: 'cli', expires_at });
-        process.stderr.write(`Created key ${created.record.id} for tenant ${created.record.tenant_id} (${store.kind} store). It is shown once:\n`);
+        // a new store is not the service's unless it runs with this SERVICE_DATA_DIR: said, so a key that opens nothing is not a surprise
+        const hint = where.startsWith('a new') ? ' (the service must run with this SERVICE_DATA_DIR for the key to open it)' : '';
+        process.stderr.write(`Created key ${created.record.id} for tenant ${created.record.tenant_id} in ${where}${hint}. It is shown once:\n`);
         process.stdout.write(`${created.key}\n`);
       });
     });

@@ -175,6 +175,8 @@ describe('cli keys create', () => {
       const key = out.stdout.trim();
       expect(key).to.match(/^sk_[A-Za-z0-9_-]{43}$/);
       expect(out.stderr).to.contain('tenant-c');
+      // where the key is: the service's own store, not a new one
+      expect(out.stderr).to.contain(`in SQLite store ${h.config.dataDir}/service.sqlite.`);
       const created = await h.call('POST', '/api/v1/automations', { key, body: { name: 'from cli key', steps: [{ tool: 'message', args: { text: 'x' } }] } });
       expect(created.status).to.equal(201);
       expect(created.body.tenant_id).to.equal('tenant-c');
