@@ -167,6 +167,13 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
       onCheckpointerFailure: (err) => log.warn({ err: err.message }, 'the SQLite checkpointer thread stopped; the store checkpoints in its commits again'),
     });
     closers.push(() => store.close());
+    // one store, one deployment: a process of another queue prefix sees none of the jobs and claims of this
+    // one's, and its reconciler would end every running run of it worker-lost
+    const recorded = await store.deployment.claimQueuePrefix(config.queuePrefix);
+    if (recorded !== config.queuePrefix)
+      throw new ConfigError([
+        `SERVICE_QUEUE_PREFIX: this store belongs to the deployment of prefix "${recorded}", not "${config.queuePrefix}" (its processes would take each other's running runs for lost); set "${recorded}", or use another SERVICE_DATA_DIR or MONGODB_URI`,
+      ]);
     const queues = createQueues(redis, config.queuePrefix);
     closers.push(() => queues.close());
     const templates = createTemplateCatalog({ dir: opts.templatesDir ?? TEMPLATES_DIR, log: log.child({ component: 'templates' }) });

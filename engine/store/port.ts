@@ -413,8 +413,18 @@ export interface TaskRepo {
   listStale(status: LiveTaskStatus, updatedBefore: string, limit: number, after?: TaskRecord): Promise<TaskRecord[]>;
 }
 
+/** What the store knows of the deployment it belongs to. */
+export interface DeploymentRepo {
+  /**
+   * The queue prefix of the deployment this store belongs to: the one given, on its first call for a store, else
+   * the one recorded then (first writer wins). Processes of two prefixes on one store take each other's runs for lost.
+   */
+  claimQueuePrefix(prefix: string): Promise<string>;
+}
+
 export interface Store {
   readonly kind: 'sqlite' | 'mongo';
+  readonly deployment: DeploymentRepo;
   readonly automations: AutomationRepo;
   readonly apiKeys: ApiKeyRepo;
   readonly runs: RunRepo;

@@ -6,6 +6,9 @@ import path from 'node:path';
 import { UnrecoverableError, Worker } from 'bullmq';
 import { expect } from 'chai';
 import { jobIdOfRun } from '../../engine/platform/index.js';
+import { ConfigError, parseEnv } from '../../config/env.js';
+import { createLogger } from '../../engine/platform/index.js';
+import { openRuntime } from '../../engine/process/index.js';
 import { createTenantSlots } from '../../engine/runs/index.js';
 import { eventually, finishedRun, KEYS, sameDeployment, startHarness, type Harness } from '../support/harness.js';
 
@@ -326,6 +329,21 @@ describe('run lifecycle', function () {
     } finally {
       await noWorkers.close();
     }
+  });
+
+  it('refuses to start a process of another queue prefix on a deployment’s store, naming SERVICE_QUEUE_PREFIX (its reconciler ended the other’s running runs)', async () => {
+    const config = parseEnv({ ...sameDeployment(h), REDIS_URL: h.config.redisUrl, SERVICE_QUEUE_PREFIX: `${h.config.queuePrefix}-other` });
+    const err = await openRuntime(config, createLogger('silent')).then(
+      async (rt) => {
+        await rt.close();
+        return null;
+      },
+      (e: unknown) => e,
+    );
+    expect(err).to.be.instanceOf(ConfigError);
+    expect(String((err as Error).message))
+      .to.contain('SERVICE_QUEUE_PREFIX')
+      .and.contain(`"${h.config.queuePrefix}"`);
   });
 
   it('leaves a queued run that a worker took after the reconciler listed it', async () => {

@@ -581,6 +581,12 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect((await store.idempotencyKeys.get('t2', 'kc', day))?.run_id).to.equal(mine.id);
     });
 
+    it('records the queue prefix of the deployment it belongs to: the first claimed, whatever is claimed after', async () => {
+      const first = await store.deployment.claimQueuePrefix('svc-one');
+      expect(await store.deployment.claimQueuePrefix('svc-two')).to.equal(first);
+      expect(await store.deployment.claimQueuePrefix(first)).to.equal(first);
+    });
+
     it('stores api keys by hash, once, and finds them by hash', async () => {
       const k: ApiKeyRecord = { id: newId('key'), tenant_id: 't1', hash: 'ab'.repeat(32), label: null, source: 'cli', created_at: new Date().toISOString() };
       expect(await store.apiKeys.insert(k)).to.equal(true);

@@ -53,6 +53,8 @@ export async function openMongoStore(uri: string): Promise<Store> {
   const gateRuns = conn.model('GateRun', gateRunSchema, 'gate_runs');
   const gateResults = conn.model('GateResult', gateResultSchema, 'gate_results');
   const storeLeases = conn.model<StoredLease>('StoreLease', leaseSchema, 'store_leases');
+  // the deployment a store belongs to (its queue prefix), one document a name
+  const deployment = conn.collection<{ _id: string; value: string }>('deployment');
   const models = [
     automations,
     apiKeys,
@@ -80,6 +82,12 @@ export async function openMongoStore(uri: string): Promise<Store> {
   const keys = idempotencyKeyRepo(idempotencyKeys as never, runs as never);
   return {
     kind: 'mongo',
+    deployment: {
+      async claimQueuePrefix(prefix) {
+        await deployment.updateOne({ _id: 'queue_prefix' }, { $setOnInsert: { value: prefix } }, { upsert: true });
+        return (await deployment.findOne({ _id: 'queue_prefix' }))!.value;
+      },
+    },
     automations: automationRepo(automations, leases),
     apiKeys: apiKeyRepo(apiKeys, leases),
     runs: runRepo(runs, runSteps as never, runTurns as never, keys),

@@ -7,7 +7,7 @@ import { apiKeyRepo } from './api-keys.js';
 import { automationRepo } from './automations.js';
 import { connectionRepo } from './connections.js';
 import { notificationDeliveryRepo, notificationEndpointRepo } from './notifications.js';
-import { groupCommit, openDatabase, startCheckpointer } from './db.js';
+import { groupCommit, openDatabase, startCheckpointer, type Db } from './db.js';
 import { deliveryRepo } from './deliveries.js';
 import { evidenceRepo } from './evidence.js';
 import { gateRunRepo } from './gate-runs.js';
@@ -17,11 +17,23 @@ import { agentRepo, messageRepo, sessionRepo } from './sessions.js';
 import { taskRepo } from './tasks.js';
 import { webhookSecretRepo } from './webhook-secrets.js';
 
+function deploymentRepo(db: Db): Store['deployment'] {
+  const claim = db.prepare("INSERT OR IGNORE INTO deployment (name, value) VALUES ('queue_prefix', ?)");
+  const read = db.prepare<[], { value: string }>("SELECT value FROM deployment WHERE name = 'queue_prefix'");
+  return {
+    async claimQueuePrefix(prefix) {
+      claim.run(prefix);
+      return read.get()!.value;
+    },
+  };
+}
+
 export function openSqliteStore(file: string, onCheckpointerFailure: (err: Error) => void = () => {}): Store {
   const db = openDatabase(file);
   const checkpointer = startCheckpointer(db, onCheckpointerFailure);
   return {
     kind: 'sqlite',
+    deployment: deploymentRepo(db),
     automations: automationRepo(db),
     apiKeys: apiKeyRepo(db),
     runs: runRepo(db),

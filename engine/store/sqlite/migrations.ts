@@ -387,3 +387,8 @@ MIGRATIONS.push(`
   ALTER TABLE deliveries ADD COLUMN signed_sha256 TEXT;
   CREATE INDEX deliveries_by_signed ON deliveries (tenant_id, kind, signed_sha256) WHERE signed_sha256 IS NOT NULL;
 `);
+
+// The deployment a store belongs to (its queue prefix): processes of another prefix on the same store refuse to start.
+MIGRATIONS.push(`
+  CREATE TABLE deployment (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+`);
