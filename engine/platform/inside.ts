@@ -32,24 +32,42 @@ async function keepInside(h: FileHandle, root: string, rel: string): Promise<Fil
 const MAX_HOPS = 40;
 
 /**
- * Where `p` leads, whether or not all of it exists: the real path of its deepest part that does, with the
- * rest after it, each link on the way followed (a link whose target is missing too).
+ * Where `p` (absolute) leads, whether or not all of it exists: its parts walked once, as the kernel walks them,
+ * each link followed (at most MAX_HOPS, the kernel's bound) by putting its target's parts in front of those
+ * left, and what is missing appended as it is named. `..` after a link is the parent of where the link leads.
  */
-export async function whereLeads(p: string, hops = { left: MAX_HOPS }): Promise<string> {
-  const real = await fs.realpath(p).catch(() => null);
-  if (real !== null) return real;
-  const parent = path.dirname(p);
-  if (parent === p) return p;
-  const folder = await whereLeads(parent, hops);
-  const at = path.join(folder, path.basename(p));
-  const target = hops.left-- > 0 ? await fs.readlink(at).catch(() => null) : null;
-  if (target === null) return at;
-  // the link's target a part at a time, as the kernel follows it: `..` after a link is the parent of where
-  // that link leads, not of its name (`lnk/../x` with lnk pointing elsewhere is elsewhere's parent's x)
-  let leads = path.isAbsolute(target) ? path.parse(folder).root : folder;
-  for (const part of target.split('/').filter((x) => x && x !== '.'))
-    leads = part === '..' ? path.dirname(leads) : await whereLeads(path.join(leads, part), hops);
-  return leads;
+export async function whereLeads(p: string): Promise<string> {
+  const left = p.split(path.sep).filter(Boolean).reverse();
+  let at = path.parse(p).root || path.sep;
+  let hops = MAX_HOPS;
+  let missing = false;
+  while (left.length) {
+    const part = left.pop()!;
+    if (part === '.') continue;
+    if (part === '..') {
+      at = path.dirname(at);
+      continue;
+    }
+    const next = path.join(at, part);
+    if (missing) {
+      at = next;
+      continue;
+    }
+    const st = await fs.lstat(next).catch(() => null);
+    if (!st) {
+      missing = true;
+      at = next;
+      continue;
+    }
+    const target = st.isSymbolicLink() && hops-- > 0 ? await fs.readlink(next).catch(() => null) : null;
+    if (target === null) {
+      at = next;
+      continue;
+    }
+    if (path.isAbsolute(target)) at = path.parse(target).root;
+    left.push(...target.split('/').filter(Boolean).reverse());
+  }
+  return at;
 }
 
 /**
