@@ -78,19 +78,19 @@ const SECRET_PARAM = /pass|auth|secret|token|key/i;
  * or a log line: the one in its user info, and any query parameter that may hold one.
  */
 export function redactUrl(url: string): string {
-  const m = /^([a-z][a-z0-9+.-]*:\/\/)([^/?#]*)([^?#]*)(\?[^#]*)?(#.*)?$/is.exec(url);
+  // the user info as parseRedisUrl reads it: up to the first @ before any /, a password holding ? or # included
+  const m = /^([a-z][a-z0-9+.-]*:\/\/)(?:([^@/]*)@)?([^?#]*)(\?[^#]*)?(#.*)?$/is.exec(url.trim());
   if (!m) return '(unparseable REDIS_URL)';
-  let authority = m[2]!;
-  const at = authority.lastIndexOf('@');
-  const colon = at >= 0 ? authority.slice(0, at).indexOf(':') : -1;
-  if (colon >= 0) authority = `${authority.slice(0, colon + 1)}***${authority.slice(at)}`;
+  const info = m[2];
+  const colon = info === undefined ? -1 : info.indexOf(':');
+  const user = info === undefined ? '' : colon >= 0 ? `${info.slice(0, colon)}:***@` : `${info}@`;
   let query = m[4] ?? '';
   if (query) {
     const params = new URLSearchParams(query.slice(1));
     for (const name of [...new Set(params.keys())]) if (SECRET_PARAM.test(name)) params.set(name, '***');
     query = `?${params.toString()}`;
   }
-  return `${m[1]}${authority}${m[3]}${query}`;
+  return `${m[1]}${user}${m[3]}${query}`;
 }
 
 /** Connects once, without retrying, and answers within `timeoutMs`: start-up must not hang on a dead Redis. */

@@ -174,6 +174,9 @@ describe('config/env', () => {
     expect(redactUrl('redis://h:6379/0?password=QuerySecret123&db=1')).to.equal('redis://h:6379/0?password=***&db=1');
     expect(redactUrl('rediss://u:p@a:7000,b:7001,[::1]:7002')).to.equal('rediss://u:***@a:7000,b:7001,[::1]:7002');
     expect(redactUrl('redis://h:1')).to.equal('redis://h:1');
+    // a cluster's password may hold ? and # (parseRedisUrl takes them, and the service connects with them)
+    expect(redactUrl('redis://:hunter2?topsecret@127.0.0.1:1,127.0.0.1:2')).to.equal('redis://:***@127.0.0.1:1,127.0.0.1:2');
+    expect(redactUrl('redis://default:hunter2#more@a:1,b:2')).to.equal('redis://default:***@a:1,b:2');
     expect(parseRedisUrl('redis://:p%40ss@h:1/2')).to.deep.equal({ cluster: false, nodes: [{ host: 'h', port: 1 }], password: 'p@ss', db: 2, tls: false });
     expect(parseRedisUrl('rediss://u:p@a:7000,b:7001,[::1]:7002')).to.deep.equal({
       cluster: true,
