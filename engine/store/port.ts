@@ -160,7 +160,8 @@ export interface IdempotencyKeyRepo {
 export interface ApiKeyRepo {
   /**
    * Inserts unless a key with the same hash exists; true when inserted. With `cap`, only while the tenant holds
-   * fewer than `maxLive` keys not revoked, else 'over-cap', storing nothing (checked as AutomationRepo.insert's cap).
+   * fewer than `maxLive` keys made through the API (`source: api`) and not revoked, else 'over-cap', storing
+   * nothing (checked as AutomationRepo.insert's cap).
    */
   insert(record: ApiKeyRecord, cap?: { maxLive: number }): Promise<boolean | 'over-cap'>;
   /** Resolves a presented key's hash to its record: the one lookup that finds the tenant. */

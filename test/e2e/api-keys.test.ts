@@ -48,22 +48,24 @@ describe('api keys', function () {
   it('lists keys a page at a time, newest first, and holds a tenant to SERVICE_TENANT_MAX_API_KEYS keys not revoked made through the API', async () => {
     const capped = await startHarness({ workers: false, env: { SERVICE_TENANT_MAX_API_KEYS: '3' } });
     try {
-      // tenant-a has its bootstrap key; two more through the API reach 3
+      // tenant-a's bootstrap key is the operator's, not counted: three through the API reach 3
       const made: Body[] = [];
-      for (const label of ['one', 'two']) made.push((await capped.call<Body>('POST', '/api/v1/api-keys', { body: { label } })).body);
+      for (const label of ['zero', 'one', 'two']) made.push((await capped.call<Body>('POST', '/api/v1/api-keys', { body: { label } })).body);
       const over = await capped.call<Body>('POST', '/api/v1/api-keys', { body: { label: 'three' } });
       expect(over.status, over.text).to.equal(409);
       expect(over.body.detail).to.contain('SERVICE_TENANT_MAX_API_KEYS');
       // another tenant is not held to it
       expect((await capped.call('POST', '/api/v1/api-keys', { key: KEYS.b, body: { label: 'theirs' } })).status).to.equal(201);
       // a revoked key makes room
-      expect((await capped.call('DELETE', `/api/v1/api-keys/${made[0]!.api_key.id}`)).status).to.equal(204);
+      expect((await capped.call('DELETE', `/api/v1/api-keys/${made[1]!.api_key.id}`)).status).to.equal(204);
       expect((await capped.call('POST', '/api/v1/api-keys', { body: { label: 'three' } })).status).to.equal(201);
       const first = await capped.call<Body>('GET', '/api/v1/api-keys?limit=2');
       expect(first.body.data.map((k: Body) => k.label)).to.deep.equal(['three', 'two']);
       const rest = await capped.call<Body>('GET', `/api/v1/api-keys?limit=2&cursor=${first.body.next_cursor}`);
-      expect(rest.body.data.map((k: Body) => k.label)).to.deep.equal(['one', 'SERVICE_API_KEYS']);
-      expect(rest.body.next_cursor).to.equal(null);
+      expect(rest.body.data.map((k: Body) => k.label)).to.deep.equal(['one', 'zero']);
+      const last = await capped.call<Body>('GET', `/api/v1/api-keys?limit=2&cursor=${rest.body.next_cursor}`);
+      expect(last.body.data.map((k: Body) => k.source)).to.deep.equal(['bootstrap']);
+      expect(last.body.next_cursor).to.equal(null);
       expect((await capped.call('GET', '/api/v1/api-keys?limit=0')).status).to.equal(400);
     } finally {
       await capped.close();

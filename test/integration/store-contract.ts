@@ -618,11 +618,13 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect({ labels: second.items.map((k) => k.label), next: second.next_cursor }).to.deep.equal({ labels: ['k1', 'k0'], next: null });
       expect((await store.apiKeys.get('t-page', made[2]!.id))?.label).to.equal('k2');
       expect(await store.apiKeys.get('t-other', made[2]!.id)).to.equal(null);
+      // an operator's key is not counted
+      expect(await store.apiKeys.insert({ ...key('t-page', 9), source: 'cli' })).to.equal(true);
       // four not revoked (k0 is): a cap of 5 takes one more, of the twenty asked at once
       const asked = await Promise.all(Array.from({ length: 20 }, (_, i) => store.apiKeys.insert(key('t-page', 10 + i), { maxLive: 5 })));
       expect(asked.filter((r) => r === true)).to.have.length(1);
       expect(asked.filter((r) => r === 'over-cap')).to.have.length(19);
-      expect(await store.apiKeys.list('t-page')).to.have.length(6);
+      expect(await store.apiKeys.list('t-page')).to.have.length(7);
     });
 
     it('changes a key only for its tenant, and lists the bootstrap keys of every tenant', async () => {

@@ -25,7 +25,8 @@ export function apiKeyRepo(model: Model<Stored<ApiKeyRecord>>, leases: Leases): 
       let inserted = false;
       const done = await leases.insertHeld(
         `api-keys:${k.tenant_id}`,
-        async () => ((await model.countDocuments({ tenant_id: k.tenant_id, revoked_at: null }).read('primary')) >= cap.maxLive ? 'over-cap' : null),
+        async () =>
+          (await model.countDocuments({ tenant_id: k.tenant_id, source: 'api', revoked_at: null }).read('primary')) >= cap.maxLive ? 'over-cap' : null,
         async () => {
           inserted = await insert(k);
           return 'inserted';

@@ -11,7 +11,10 @@ export function apiKeyRepo(db: Db): ApiKeyRepo {
   const one = db.prepare<[string, string], { doc: string }>('SELECT doc FROM api_keys WHERE tenant_id = ? AND id = ?');
   const write = db.prepare('UPDATE api_keys SET doc = ? WHERE tenant_id = ? AND id = ?');
   const page = db.prepare<[string, string, number], { doc: string }>('SELECT doc FROM api_keys WHERE tenant_id = ? AND id < ? ORDER BY id DESC LIMIT ?');
-  const live = db.prepare<[string], { n: number }>("SELECT COUNT(*) AS n FROM api_keys WHERE tenant_id = ? AND json_extract(doc, '$.revoked_at') IS NULL");
+  // the keys the cap counts: made through the API and not revoked (the operator's, CLI and SERVICE_API_KEYS, are not)
+  const live = db.prepare<[string], { n: number }>(
+    "SELECT COUNT(*) AS n FROM api_keys WHERE tenant_id = ? AND json_extract(doc, '$.source') = 'api' AND json_extract(doc, '$.revoked_at') IS NULL",
+  );
   const commit = groupCommit(db);
   const update = (tenantId: string, id: string, patch: ApiKeyPatch): ApiKeyRecord | null => {
     const row = one.get(tenantId, id);
