@@ -31,11 +31,12 @@ export function firesOf(
     const { run, replayed } = await runs.createIdempotent(tenantId, idempotencyKey, { trigger }, request);
     // disabled or archived between the read above and the run's insert (a request answered meanwhile): the run
     // it made is canceled before it starts, as its answer promised (a fire never runs past a disable)
-    if (!replayed && (await deps.store.automations.get(tenantId, automationId))?.status !== 'enabled') {
-      deps.log.info({ automation_id: automationId, run_id: run.id, trigger: trigger.type }, 'fire canceled: the automation was disabled as it fired');
-      return runs.cancel(tenantId, run.id).catch(() => run);
-    }
-    return run;
+    if (replayed) return run;
+    // a store that does not answer this read leaves the run as made: the automation was enabled as it fired
+    const now = await deps.store.automations.get(tenantId, automationId).catch(() => undefined);
+    if (now === undefined || now?.status === 'enabled') return run;
+    deps.log.info({ automation_id: automationId, run_id: run.id, trigger: trigger.type }, 'fire canceled: the automation was disabled as it fired');
+    return runs.cancel(tenantId, run.id).catch(() => run);
   }
 
   /** One fire of a cron trigger: its job id makes the run once, even if the job runs twice. */
