@@ -170,10 +170,24 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
     // one store, one deployment: a process of another queue prefix sees none of the jobs and claims of this
     // one's, and its reconciler would end every running run of it worker-lost
     const recorded = await store.deployment.claimQueuePrefix(config.queuePrefix);
-    if (recorded !== config.queuePrefix)
-      throw new ConfigError([
-        `SERVICE_QUEUE_PREFIX: this store belongs to the deployment of prefix "${recorded}", not "${config.queuePrefix}" (its processes would take each other's running runs for lost); set "${recorded}", or use another SERVICE_DATA_DIR or MONGODB_URI`,
-      ]);
+    if (recorded !== config.queuePrefix) {
+      // a deployment moved to a new prefix (a Redis Cluster's hash tag, a new Redis) once no run is running:
+      // what waits in the store (queued runs, deliveries, notifications) its reconcilers queue again under it
+      // and no worker of the old prefix is still connected (its reconciler and this one's would take each
+      // other's runs for lost from then on)
+      const old = createQueues(redis, recorded);
+      const workers = await Promise.all(old.all().map((q) => q.getWorkersCount())).finally(() => old.close());
+      const running = await store.runs.listStale('running', '9999-12-31T23:59:59.999Z', 1);
+      if (running.length || workers.some((n) => n > 0))
+        throw new ConfigError([
+          `SERVICE_QUEUE_PREFIX: this store belongs to the deployment of prefix "${recorded}", not "${config.queuePrefix}", and ${running.length ? 'runs of it are running' : 'workers of it are running'} (they would take each other's runs for lost); stop that deployment's processes once no run runs, then start with the new prefix (the store moves to it), or use another SERVICE_DATA_DIR or MONGODB_URI`,
+        ]);
+      await store.deployment.moveQueuePrefix(config.queuePrefix);
+      log.warn(
+        { from: recorded, to: config.queuePrefix },
+        'the store moved to a new queue prefix (no run was running): what waits in it is queued again under this one',
+      );
+    }
     const queues = createQueues(redis, config.queuePrefix);
     closers.push(() => queues.close());
     const templates = createTemplateCatalog({ dir: opts.templatesDir ?? TEMPLATES_DIR, log: log.child({ component: 'templates' }) });

@@ -421,6 +421,8 @@ export interface DeploymentRepo {
    * the one recorded then (first writer wins). Processes of two prefixes on one store take each other's runs for lost.
    */
   claimQueuePrefix(prefix: string): Promise<string>;
+  /** Records `prefix` as the deployment's, whatever was recorded (a deployment moved to a new prefix). */
+  moveQueuePrefix(prefix: string): Promise<void>;
 }
 
 export interface Store {

@@ -10,7 +10,7 @@ import { ConfigError, parseEnv } from '../../config/env.js';
 import { createLogger } from '../../engine/platform/index.js';
 import { openRuntime } from '../../engine/process/index.js';
 import { createTenantSlots } from '../../engine/runs/index.js';
-import { eventually, finishedRun, KEYS, sameDeployment, startHarness, type Harness } from '../support/harness.js';
+import { deleteRedisPrefix, eventually, finishedRun, KEYS, sameDeployment, startHarness, type Harness } from '../support/harness.js';
 
 type Body = Record<string, any>;
 
@@ -344,6 +344,20 @@ describe('run lifecycle', function () {
     expect(String((err as Error).message))
       .to.contain('SERVICE_QUEUE_PREFIX')
       .and.contain(`"${h.config.queuePrefix}"`);
+    // a deployment whose processes are stopped, with no run running, moves to a new prefix (a Redis Cluster's hash tag)
+    const stopped = await startHarness({ workers: false });
+    const moved = parseEnv({ ...sameDeployment(stopped), REDIS_URL: stopped.config.redisUrl, SERVICE_QUEUE_PREFIX: `${stopped.config.queuePrefix}-moved` });
+    await stopped.web.close();
+    await stopped.rt.close();
+    const rt = await openRuntime(moved, createLogger('silent'));
+    try {
+      expect(await rt.store.deployment.claimQueuePrefix('anything')).to.equal(moved.queuePrefix);
+    } finally {
+      await rt.close();
+      await deleteRedisPrefix(moved.queuePrefix);
+      await deleteRedisPrefix(stopped.config.queuePrefix);
+      await fs.rm(stopped.config.dataDir, { recursive: true, force: true });
+    }
   });
 
   it('leaves a queued run that a worker took after the reconciler listed it', async () => {

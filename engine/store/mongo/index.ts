@@ -87,6 +87,9 @@ export async function openMongoStore(uri: string): Promise<Store> {
         await deployment.updateOne({ _id: 'queue_prefix' }, { $setOnInsert: { value: prefix } }, { upsert: true });
         return (await deployment.findOne({ _id: 'queue_prefix' }))!.value;
       },
+      async moveQueuePrefix(prefix) {
+        await deployment.updateOne({ _id: 'queue_prefix' }, { $set: { value: prefix } }, { upsert: true });
+      },
     },
     automations: automationRepo(automations, leases),
     apiKeys: apiKeyRepo(apiKeys, leases),

@@ -20,10 +20,14 @@ import { webhookSecretRepo } from './webhook-secrets.js';
 function deploymentRepo(db: Db): Store['deployment'] {
   const claim = db.prepare("INSERT OR IGNORE INTO deployment (name, value) VALUES ('queue_prefix', ?)");
   const read = db.prepare<[], { value: string }>("SELECT value FROM deployment WHERE name = 'queue_prefix'");
+  const move = db.prepare("INSERT OR REPLACE INTO deployment (name, value) VALUES ('queue_prefix', ?)");
   return {
     async claimQueuePrefix(prefix) {
       claim.run(prefix);
       return read.get()!.value;
+    },
+    async moveQueuePrefix(prefix) {
+      move.run(prefix);
     },
   };
 }
