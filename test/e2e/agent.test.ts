@@ -342,7 +342,8 @@ describe('vibe runs', function () {
       await fs.writeFile(path.join(h.tenantDir(), 'a.txt'), 'one\n');
       const res = await h.call('POST', '/api/v1/autonomy/vibe/run', {
         body: {
-          budget_seconds: 1,
+          // time for the scratch copy and the write on a loaded machine (at 1 s the budget could run out before them)
+          budget_seconds: 3,
           steps: [
             { tool: 'write_file', args: { path: 'a.txt', content: 'one\nbefore the budget ran out\n' } },
             { tool: 'shell', args: { command: 'sleep 20' } },
