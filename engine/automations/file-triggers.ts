@@ -9,9 +9,8 @@
 import { createHash } from 'node:crypto';
 import fs from 'node:fs/promises';
 import path from 'node:path';
-import { watch, type FSWatcher } from 'chokidar';
 import type { Platform } from '../deps.js';
-import type { Automation, RunTrigger } from '../platform/index.js';
+import { watchWithinShare, type Automation, type RunTrigger, type SharedWatch } from '../platform/index.js';
 import { compileGlobs } from './globs.js';
 
 type Matcher = { match: (p: string) => boolean; debounceMs: number };
@@ -30,12 +29,9 @@ const TOO_LARGE_RETRY_MS = 10 * 60_000;
 const PATHS_KEPT = 100;
 
 type Root = {
-  watcher: FSWatcher;
+  watch: SharedWatch;
   /** device, inode and birth time when it was watched: a root made again is another folder */
   identity: string;
-  /** the files and folders it holds watches on, once it is ready */
-  entries: number;
-  ready: Promise<void>;
   /** more entries than it was allowed: not watched, until `retryAt` */
   tooLarge?: { retryAt: number };
 };
@@ -72,63 +68,37 @@ export function fileTriggersOf(
   /** The watches every root holds now (a root being read counts what it has read so far). */
   const entriesHeld = () => {
     let n = 0;
-    for (const r of roots.values()) n += r.entries;
+    for (const r of roots.values()) n += r.watch.entries;
     return n;
   };
 
   const matchersOf = (a: Automation): Matcher[] =>
     a.triggers.flatMap((t) => (t.type === 'file_change' ? [{ match: compileGlobs(t.paths), debounceMs: t.debounce_ms ?? 500 }] : []));
 
-  /** Watches one root, counting what it holds as it is read: past what it may hold, it is closed at once. */
+  /** Watches one root within its share of watches (watchWithinShare): past it, the root is let go and said so. */
   function watchRoot(root: string, identity: string): Root {
-    // chokidar offers a path without its stats and then with them: each counted once, with them, for as long
-    // as the root is watched (a root that grows past its share later is let go then; what is removed is
-    // counted off). The count grows as the root is read, so roots read at once leave each other their share
-    const seen = new Set<string>();
-    let over = false;
-    let ready = false;
-    const entry = { identity, entries: 0 } as Root;
-    const letGo = () => {
-      entry.tooLarge = { retryAt: Date.now() + retryMs };
-      entry.entries = 0;
-      const held = seen.size;
-      seen.clear();
-      deps.log.warn(
-        { root, entries: held, root_max: rootMax, total_max: total },
-        `a tenant root holds more files and folders than its file watcher may (each is one of the host's watches): its file_change triggers do not fire`,
-      );
-      void watcher.close();
-    };
-    const watcher = watch(root, {
-      ignoreInitial: true,
-      followSymlinks: false,
+    const entry = { identity } as Root;
+    entry.watch = watchWithinShare(root, {
       // a link is not watched at all: chokidar, not following it, still watched the link's path, and the
       // kernel's watch of a path follows the link, so a change in the folder a link points to (another
       // tenant's) came through as a change of the link itself
-      ignored: (p: string, stats?: { isSymbolicLink(): boolean }) => {
-        if (over || IGNORED.test(p) || stats?.isSymbolicLink()) return true;
-        if (stats) entry.entries = seen.add(p).size;
-        if (seen.size <= rootMax && entriesHeld() <= total) return false;
-        over = true;
-        if (ready) letGo();
-        return true;
+      skip: (p, stats) => IGNORED.test(p) || Boolean(stats?.isSymbolicLink()),
+      max: rootMax,
+      total,
+      held: entriesHeld,
+      letGo: (held) => {
+        entry.tooLarge = { retryAt: Date.now() + retryMs };
+        deps.log.warn(
+          { root, entries: held, root_max: rootMax, total_max: total },
+          `a tenant root holds more files and folders than its file watcher may (each is one of the host's watches): its file_change triggers do not fire`,
+        );
       },
     });
-    entry.watcher = watcher;
-    entry.ready = new Promise<void>((resolve) =>
-      watcher.once('ready', () => {
-        ready = true;
-        if (over) letGo();
-        resolve();
-      }),
-    );
-    const forget = (p: string) => (entry.entries = seen.delete(p) ? seen.size : entry.entries);
-    watcher.on('unlink', forget).on('unlinkDir', forget);
-    watcher
+    entry.watch.watcher
       .on('add', (f) => onChange(f))
       .on('change', (f) => onChange(f))
-      .on('unlink', (f) => onChange(f, removal(f)));
-    watcher.on('error', (err) => deps.log.warn({ err, root }, 'file watcher error'));
+      .on('unlink', (f) => onChange(f, removal(f)))
+      .on('error', (err) => deps.log.warn({ err, root }, 'file watcher error'));
     return entry;
   }
 
@@ -165,7 +135,7 @@ export function fileTriggersOf(
     for (const [root, r] of roots)
       if (wanted.get(root) !== r.identity || (r.tooLarge && now >= r.tooLarge.retryAt)) {
         roots.delete(root);
-        await r.watcher.close();
+        await r.watch.watcher.close();
       }
     for (const [root, identity] of wanted) if (!roots.has(root)) roots.set(root, watchRoot(root, identity));
   }
@@ -270,7 +240,7 @@ export function fileTriggersOf(
         (err: Error) => (deps.log.warn({ err: err.message }, 'file triggers not refreshed'), false),
       );
       // chokidar says `ready` once a root's files have been read
-      if (listed) await Promise.all([...roots.values()].map((r) => r.ready));
+      if (listed) await Promise.all([...roots.values()].map((r) => r.watch.ready));
       refresher = setInterval(() => void refresh().catch((err: Error) => deps.log.warn({ err: err.message }, 'file triggers not refreshed')), opts.refreshMs);
       refresher.unref();
     },
@@ -279,7 +249,7 @@ export function fileTriggersOf(
       clearInterval(refresher);
       for (const p of pending.values()) clearTimeout(p.timer);
       pending.clear();
-      await Promise.all([...roots.values()].map((r) => r.watcher.close()));
+      await Promise.all([...roots.values()].map((r) => r.watch.watcher.close()));
       roots.clear();
     },
   };

@@ -3,9 +3,9 @@
 // workspace is ready when every required gate passes on the current inputs. A chokidar watcher per
 // workspace marks what it knows stale within a second of a change; until one comes, a snapshot reuses
 // the digests it computed, so a request does not rehash the tree.
-import { watch, type FSWatcher } from 'chokidar';
+import type { FSWatcher } from 'chokidar';
 import type { Platform } from '../deps.js';
-import type { GateResult, GateSubject } from '../platform/index.js';
+import { watchWithinShare, type GateResult, type GateSubject } from '../platform/index.js';
 import type { Sandbox } from '../tools/index.js';
 import { loadGateSet, type GateDefinition } from './definition.js';
 import type { GateRuns } from './gate-runs.js';
@@ -42,8 +42,8 @@ type Known = {
   used: number;
   /** more files and folders than a watcher may hold: not watched, each snapshot computed afresh */
   unwatched?: boolean;
-  /** the files and folders its watcher holds (a watch each) */
-  entries: number;
+  /** the files and folders its watcher holds now (a watch each) */
+  entries(): number;
 };
 
 const WATCHED_MAX = 32;
@@ -73,45 +73,24 @@ export function smartGatesOf(
         void oldest![1].watcher?.close();
         known.delete(oldest![0]);
       }
-      // the files and folders seen as the watcher scans (chokidar watches each; each is offered with its
-      // stats, twice), for as long as it watches: past what it may hold (its own most, or what the other
-      // watchers leave of the total), it is let go, at once or once the workspace has grown past it
-      const seen = new Set<string>();
-      let over = false;
-      let ready = false;
-      const letGo = () => {
-        fresh.unwatched = true;
-        fresh.entries = 0;
-        seen.clear();
-        void watcher.close();
-      };
-      const ignored = (p: string, stats?: object) => {
-        if (over || IGNORED.test(p)) return true;
-        if (stats) fresh.entries = seen.add(p).size;
-        let held = 0;
-        for (const other of known.values()) held += other.entries;
-        if (seen.size <= entriesMax && held <= entriesTotal) return false;
-        over = true;
-        if (ready) letGo();
-        return true;
-      };
-      const watcher = watch(dir, { ignored, ignoreInitial: true, followSymlinks: false });
+      // within its share of the host's watches (its own most, and what the other watchers leave of the total):
+      // past it, at once or once the workspace has grown past it, it is let go
+      const share = watchWithinShare(dir, {
+        skip: (p) => IGNORED.test(p),
+        max: entriesMax,
+        total: entriesTotal,
+        held: () => [...known.values()].reduce((n, other) => n + other.entries(), 0),
+        letGo: () => (fresh.unwatched = true),
+      });
+      const { watcher } = share;
       const fresh: Known = {
         watcher,
-        ready: new Promise((r) =>
-          watcher.once('ready', () => {
-            ready = true;
-            if (over) letGo();
-            r();
-          }),
-        ),
+        ready: share.ready,
         generation: 0,
         digests: new Map(),
         used: 0,
-        entries: 0,
+        entries: () => share.entries,
       };
-      const countOff = (p: string) => (fresh.entries = seen.delete(p) ? seen.size : fresh.entries);
-      watcher.on('unlink', countOff).on('unlinkDir', countOff);
       // any change forgets what was computed: the next snapshot computes it again (and rehashes only what changed)
       const forget = () => {
         fresh.generation++;
@@ -136,7 +115,7 @@ export function smartGatesOf(
     /** The gates' readiness now; `watch: false` computes it once, without a watcher or a cache (an audit in a worker). */
     async snapshot(tenantId: string, workspace: string | undefined, opts: { watch?: boolean } = {}): Promise<SmartGates> {
       const ws = await gates.workspaceOf(tenantId, workspace, '/query/workspace');
-      const once = (): Known => ({ ready: Promise.resolve(), generation: 0, digests: new Map(), used: 0, entries: 0 });
+      const once = (): Known => ({ ready: Promise.resolve(), generation: 0, digests: new Map(), used: 0, entries: () => 0 });
       const watched = opts.watch === false ? once() : knownOf(ws.dir);
       await watched.ready;
       const k = watched.unwatched ? once() : watched;

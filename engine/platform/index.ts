@@ -19,3 +19,4 @@ export * from './redis-batch.js';
 export * from './secret-box.js';
 export * from './stats.js';
 export * from './records.js';
+export * from './watch-share.js';
