@@ -5,7 +5,7 @@
 // What a read opens is checked again once open (engine/platform/inside.ts): a folder swapped for a
 // link between the check and the open leads nowhere.
 import { createHash } from 'node:crypto';
-import fs from 'node:fs/promises';
+import fs, { type FileHandle } from 'node:fs/promises';
 import path from 'node:path';
 import { openInside } from '../platform/index.js';
 
@@ -33,26 +33,31 @@ export async function entryOf(root: string, rel: string): Promise<WorkspaceEntry
   return { kind: 'file', size: stat.size, mtimeMs: stat.mtimeMs, ctimeMs: stat.ctimeMs, ino: stat.ino };
 }
 
-/** A file of the workspace opened to read (the caller checks it is a plain file, and closes it), or null. */
-async function openFileInside(root: string, rel: string) {
+/**
+ * Opens a file of the workspace to read and hands it to `read` with its size, when it is a plain file inside
+ * the workspace of at most `maxBytes`; null otherwise. The file is closed after.
+ */
+async function withPlainFile<T>(root: string, rel: string, maxBytes: number, read: (handle: FileHandle, size: number) => Promise<T>): Promise<T | null> {
   const file = await resolved(root, rel);
   if (!file) return null;
-  return openInside(root, path.relative(root, file), { follow: false }).catch(() => null);
-}
-
-/** A plain file's bytes (at most `maxBytes`, else null), or null when it is not one inside the workspace. */
-export async function readInside(root: string, rel: string, maxBytes: number): Promise<Buffer | null> {
-  const handle = await openFileInside(root, rel);
+  const handle = await openInside(root, path.relative(root, file), { follow: false }).catch(() => null);
   if (!handle) return null;
   try {
     const stat = await handle.stat();
     if (!stat.isFile() || stat.size > maxBytes) return null;
-    const buf = Buffer.alloc(stat.size);
-    const { bytesRead } = await handle.read(buf, 0, stat.size, 0);
-    return buf.subarray(0, bytesRead);
+    return await read(handle, stat.size);
   } finally {
     await handle.close();
   }
+}
+
+/** A plain file's bytes (at most `maxBytes`, else null), or null when it is not one inside the workspace. */
+export function readInside(root: string, rel: string, maxBytes: number): Promise<Buffer | null> {
+  return withPlainFile(root, rel, maxBytes, async (handle, size) => {
+    const buf = Buffer.alloc(size);
+    const { bytesRead } = await handle.read(buf, 0, size, 0);
+    return buf.subarray(0, bytesRead);
+  });
 }
 
 /** What a hash reads at a time: the most it holds of a file. */
@@ -62,22 +67,16 @@ const HASH_CHUNK_BYTES = 1024 * 1024;
  * The sha256 (hex) of a plain file's bytes, read a chunk at a time, never whole: the same bytes
  * readInside would give (those of the size it had when opened), and null where it gives null.
  */
-export async function hashInside(root: string, rel: string, maxBytes: number): Promise<string | null> {
-  const handle = await openFileInside(root, rel);
-  if (!handle) return null;
-  try {
-    const stat = await handle.stat();
-    if (!stat.isFile() || stat.size > maxBytes) return null;
+export function hashInside(root: string, rel: string, maxBytes: number): Promise<string | null> {
+  return withPlainFile(root, rel, maxBytes, async (handle, size) => {
     const hash = createHash('sha256');
-    const buf = Buffer.allocUnsafe(Math.min(stat.size, HASH_CHUNK_BYTES));
-    for (let at = 0; at < stat.size;) {
-      const { bytesRead } = await handle.read(buf, 0, Math.min(buf.length, stat.size - at), at);
+    const buf = Buffer.allocUnsafe(Math.min(size, HASH_CHUNK_BYTES));
+    for (let at = 0; at < size;) {
+      const { bytesRead } = await handle.read(buf, 0, Math.min(buf.length, size - at), at);
       if (bytesRead === 0) break; // cut short since it was opened
       hash.update(buf.subarray(0, bytesRead));
       at += bytesRead;
     }
     return hash.digest('hex');
-  } finally {
-    await handle.close();
-  }
+  });
 }
