@@ -10,7 +10,7 @@ import { ConfigError, parseEnv } from '../../config/env.js';
 import { createLogger } from '../../engine/platform/index.js';
 import { openRuntime } from '../../engine/process/index.js';
 import { createTenantSlots } from '../../engine/runs/index.js';
-import { deleteRedisPrefix, eventually, finishedRun, KEYS, sameDeployment, startHarness, type Harness } from '../support/harness.js';
+import { deleteRedisPrefix, eventually, finishedRun, KEYS, refusalToOpen, sameDeployment, startHarness, type Harness } from '../support/harness.js';
 
 type Body = Record<string, any>;
 
@@ -333,13 +333,7 @@ describe('run lifecycle', function () {
 
   it('refuses to start a process of another queue prefix on a deployment’s store, naming SERVICE_QUEUE_PREFIX (its reconciler ended the other’s running runs)', async () => {
     const config = parseEnv({ ...sameDeployment(h), REDIS_URL: h.config.redisUrl, SERVICE_QUEUE_PREFIX: `${h.config.queuePrefix}-other` });
-    const err = await openRuntime(config, createLogger('silent')).then(
-      async (rt) => {
-        await rt.close();
-        return null;
-      },
-      (e: unknown) => e,
-    );
+    const err = await refusalToOpen(config);
     expect(err).to.be.instanceOf(ConfigError);
     expect(String((err as Error).message))
       .to.contain('SERVICE_QUEUE_PREFIX')

@@ -10,9 +10,7 @@ import path from 'node:path';
 import { expect } from 'chai';
 import { Cluster } from 'ioredis';
 import { ConfigError, parseEnv } from '../../config/env.js';
-import { createLogger } from '../../engine/platform/index.js';
-import { openRuntime } from '../../engine/process/index.js';
-import { eventually, finishedRun, freePort, listening, startHarness, type Harness, uniquePrefix } from '../support/harness.js';
+import { eventually, finishedRun, freePort, listening, refusalToOpen, startHarness, type Harness, uniquePrefix } from '../support/harness.js';
 import * as sign from '../support/signers.js';
 
 type Body = Record<string, any>;
@@ -140,13 +138,7 @@ describe('on a Redis Cluster', function () {
         SERVICE_DATA_DIR: dataDir,
         SERVICE_WORKSPACE_ROOT: path.join(dataDir, 'ws'),
       });
-      const err = await openRuntime(config, createLogger('silent')).then(
-        async (rt) => {
-          await rt.close();
-          return null;
-        },
-        (e: unknown) => e,
-      );
+      const err = await refusalToOpen(config);
       expect(err).to.be.instanceOf(ConfigError);
       expect((err as Error).message).to.contain('node of a Redis Cluster');
     } finally {

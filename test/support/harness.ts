@@ -137,6 +137,17 @@ export async function startHarness(
  * on speed (a test that holds something to a time checks the time itself): it leaves room for a CI machine
  * where three spec files share two cores, on which work of a second alone has taken over ten.
  */
+/** What opening a runtime with `config` throws (a start refused), or null when it opened (it is closed again). */
+export function refusalToOpen(config: Config): Promise<unknown> {
+  return openRuntime(config, createLogger('silent')).then(
+    async (rt) => {
+      await rt.close();
+      return null;
+    },
+    (e: unknown) => e,
+  );
+}
+
 export async function eventually<T>(check: () => Promise<T> | T, what: string, ms = 20_000): Promise<NonNullable<T>> {
   const until = Date.now() + ms;
   for (;;) {
