@@ -342,7 +342,8 @@ describe('processes', function () {
       const worker = start('workers/main.ts', { ...env(), REDIS_URL: local.url, SERVICE_WORKER_METRICS_PORT: String(await freePort()) });
       procs.push(worker);
       const [, metricsUrl] = await waitFor(worker, /"url":"(http:\/\/localhost:\d+)".*worker metrics listening/);
-      expect((await fetch(`${metricsUrl}/healthz`)).status).to.equal(200);
+      // its port listens before its workers start (a port in use refuses the start before any run is taken): 503 until they run
+      await eventually(async () => (await fetch(`${metricsUrl}/healthz`)).status === 200 || null, 'the worker to be healthy', 5000);
       process.kill(local.pid, 'SIGSTOP');
       try {
         const started = Date.now();
