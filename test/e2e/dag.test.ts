@@ -80,7 +80,7 @@ describe('task DAG', function () {
     expect(BigInt(at.a!) < BigInt(at.b!) && BigInt(at.a!) < BigInt(at.c!)).to.equal(true);
     expect(BigInt(at.b!) < BigInt(at.d!) && BigInt(at.c!) < BigInt(at.d!)).to.equal(true);
     // one job per task attempt, named by the task
-    expect(await (await h.rt.queues.get('runs').getJob(`${id}__d__1`))?.getState()).to.equal('completed');
+    await eventually(async () => (await (await h.rt.queues.get('runs').getJob(`${id}__d__1`))?.getState()) === 'completed', 'the task’s job to complete');
 
     // the fence: another run of a task that has ended (a duplicate, a replay) is canceled before it starts
     const again = await h.rt.engine.runs.create('tenant-a', {

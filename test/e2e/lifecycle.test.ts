@@ -78,9 +78,11 @@ describe('run lifecycle', function () {
       'run.started',
       'run.finished',
     ]);
-    const first = await h.rt.queues.get('runs').getJob(jobOf(id, 1));
-    expect(await first!.getState()).to.equal('failed');
-    expect(first!.failedReason).to.match(/retrying as attempt 2/);
+    const first = await eventually(async () => {
+      const job = await h.rt.queues.get('runs').getJob(jobOf(id, 1));
+      return (await job?.getState()) === 'failed' ? job : null;
+    }, 'attempt 1’s job to fail');
+    expect(first.failedReason).to.match(/retrying as attempt 2/);
     await eventually(async () => (await (await h.rt.queues.get('runs').getJob(jobOf(id, 2)))?.getState()) === 'completed', 'attempt 2’s job to complete');
   });
 

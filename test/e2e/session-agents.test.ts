@@ -240,8 +240,13 @@ describe('agents of a session', function () {
       expect(messages.at(-1)).to.deep.equal({ role: 'user', content: 'Message from user to you (a reply to your message): Deploy main.' });
       // each attempt of the task has its own deterministic job
       const queue = h.rt.queues.get('runs');
-      expect(await (await queue.getJob(`${session}__deploy__1`))?.getState()).to.equal('completed');
-      expect(await (await queue.getJob(`${session}__deploy__2`))?.getState()).to.equal('completed');
+      // (a run ends in the store before its job's processor returns: the job completes a moment later)
+      for (const attempt of [1, 2]) {
+        await eventually(
+          async () => (await (await queue.getJob(`${session}__deploy__${attempt}`))?.getState()) === 'completed',
+          `attempt ${attempt}’s job to complete`,
+        );
+      }
       // the session's trace told the story
       const types = (await h.rt.events.after(`session:${session}`, '0-0')).map((e) => (e.type === 'task.updated' ? `task:${(e.data as Body).status}` : e.type));
       expect(types.filter((x) => x.startsWith('task:'))).to.deep.equal([
