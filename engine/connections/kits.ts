@@ -3,6 +3,7 @@
 // @pagerduty/pdjs for the pager, nodemailer over SMTP for email. A kit reads its SDK's errors (for the
 // retry layer) and says who a credential is and what it may do.
 import type { ConnectionProvider, ConnectionRecord } from '../platform/index.js';
+import type { Dispatcher } from 'undici';
 import { reasonOf, retryAfterOf, type ProviderFailure } from './retry.js';
 
 /** What a kit is given: the credential in clear (only ever in memory), where the provider is, and a stop signal. */
@@ -56,6 +57,57 @@ export async function boundedFetch(url: string | URL | Request, init?: RequestIn
   headers.delete('content-encoding');
   headers.delete('content-length');
   return new Response(counted, { status: res.status, statusText: res.statusText, headers });
+}
+
+/** An answer sent encoded although it was asked for as it is: fetch would decode it without a bound. */
+export class EncodedAnswerError extends Error {
+  constructor(encoding: string) {
+    super(`the provider's answer came encoded (${encoding.slice(0, 40)}) although it was asked for as it is`);
+    this.name = 'EncodedAnswerError';
+  }
+}
+
+let bounded: Promise<Dispatcher> | null = null;
+
+/**
+ * The dispatcher given to the global fetch of an SDK that takes no fetch of its own but passes its options on
+ * to it (Linear's): it asks for the answer as it is (`accept-encoding: identity`), refuses one that comes
+ * encoded anyway, and stops reading past ANSWER_MAX_BYTES, so that what fetch hands the SDK is bounded.
+ */
+export function boundedDispatcher(): Promise<Dispatcher> {
+  bounded ??= import('undici').then(({ Agent }) =>
+    new Agent().compose((dispatch) => (opts, handler) => {
+      let read = 0;
+      const headers = { ...(opts.headers as Record<string, string> | undefined), 'accept-encoding': 'identity' };
+      return dispatch(
+        { ...opts, headers },
+        {
+          onRequestStart: (controller, context) => handler.onRequestStart?.(controller, context),
+          onRequestUpgrade: (controller, status, upgraded, socket) => handler.onRequestUpgrade?.(controller, status, upgraded, socket),
+          onResponseStart(controller, status, answered, message) {
+            const encoding = answered['content-encoding'];
+            if (encoding && String(encoding).toLowerCase() !== 'identity') return controller.abort(new EncodedAnswerError(String(encoding)));
+            return handler.onResponseStart?.(controller, status, answered, message);
+          },
+          onResponseData(controller, chunk) {
+            read += chunk.byteLength;
+            if (read > ANSWER_MAX_BYTES) return controller.abort(new AnswerTooLargeError());
+            return handler.onResponseData?.(controller, chunk);
+          },
+          onResponseEnd: (controller, trailers) => handler.onResponseEnd?.(controller, trailers),
+          onResponseError: (controller, err) => handler.onResponseError?.(controller, err),
+        },
+      );
+    }),
+  );
+  return bounded;
+}
+
+/** The bound an answer met (AnswerTooLargeError or EncodedAnswerError), wherever in an SDK's error's causes. */
+function boundMet(err: unknown): Error | null {
+  for (let e = err, depth = 0; e && depth < 5; e = (e as { cause?: unknown; raw?: unknown }).cause ?? (e as { raw?: unknown }).raw, depth++)
+    if (e instanceof AnswerTooLargeError || e instanceof EncodedAnswerError) return e;
+  return null;
 }
 
 // ---- code host: GitHub (or GitHub Enterprise through base_url) ----
@@ -187,7 +239,9 @@ export const chatKit: Kit = {
 
 export async function linearOf(a: Access) {
   const { LinearClient } = await import('@linear/sdk');
-  return new LinearClient({ apiKey: a.token, ...(a.baseUrl ? { apiUrl: a.baseUrl } : {}), signal: a.signal, redirect: 'error' } as never);
+  // the SDK hands these options on to the global fetch: no redirect, and a dispatcher that bounds the answer
+  const dispatcher = await boundedDispatcher();
+  return new LinearClient({ apiKey: a.token, ...(a.baseUrl ? { apiUrl: a.baseUrl } : {}), signal: a.signal, redirect: 'error', dispatcher } as never);
 }
 
 /** Linear's error types that say more than the HTTP status (a refused key comes as a 400 with an authentication error). */
@@ -198,6 +252,8 @@ export const trackerKit: Kit = {
   defaultBaseUrl: 'https://api.linear.app/graphql',
   schemes: ['https:', 'http:'],
   classify(err, token) {
+    const bound = boundMet(err);
+    if (bound) return { status: 502, retryAfterSeconds: null, reason: bound.message };
     const e = err as { name?: string; type?: string; status?: number; retryAfter?: number; raw?: { response?: { headers?: Headers } } };
     if (!e || typeof e.type !== 'string' || !('errors' in (e as object))) return null;
     const answered = typeof e.status === 'number' && e.status >= 400 ? e.status : null;

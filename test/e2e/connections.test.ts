@@ -116,6 +116,19 @@ describe('connections', function () {
         res.writeHead(200, { 'content-type': 'application/json', 'content-encoding': 'gzip' });
         return res.end(bomb);
       }
+      if (req.url!.startsWith('/endless/')) {
+        // an answer sent as it is, with no end in sight: 64 MB unless the reader stops
+        res.writeHead(200, { 'content-type': 'application/json' });
+        res.write('{"data":{"viewer":{"id":"');
+        const chunk = Buffer.alloc(1024 * 1024, 0x61);
+        let sent = 0;
+        const more = () => {
+          while (sent < 64 && res.write(chunk)) sent++;
+          if (sent >= 64) res.end('"}}}');
+          else res.once('drain', () => (sent++, more()));
+        };
+        return more();
+      }
       if (req.url!.startsWith('/nologin/')) {
         res.writeHead(200, { 'content-type': 'application/json' });
         return res.end('{"id":1}');
@@ -142,6 +155,18 @@ describe('connections', function () {
       clearInterval(sampler);
       expect(tested.body.ok, tested.text).to.equal(false);
       expect((peak - rss) / 1024 / 1024, 'MB the answer took').to.be.below(120);
+      // the tracker's SDK calls the global fetch itself: its answers are bounded as well, compressed or not
+      for (const path of ['bomb', 'endless']) {
+        const before = process.memoryUsage().rss;
+        let top = before;
+        const sampling = setInterval(() => (top = Math.max(top, process.memoryUsage().rss)), 5);
+        const tracker = (await create({ provider: 'tracker', name: `tracker ${path}`, base_url: `${base}/${path}/graphql`, credential: FAKE_TOKEN })).body.id;
+        const answered = await h.call<Body>('POST', `/api/v1/connections/${tracker}/test`);
+        clearInterval(sampling);
+        expect(answered.body, `${path}: ${answered.text}`).to.deep.include({ ok: false });
+        expect((top - before) / 1024 / 1024, `${path}: MB the answer took`).to.be.below(60);
+        expect(answered.body.error.message, path).to.match(/over 4 MB|encoded/);
+      }
       const nologin = (await create({ provider: 'codehost', name: 'nologin', base_url: `${base}/nologin/api/v3`, credential: FAKE_TOKEN })).body.id;
       const named = await h.call<Body>('POST', `/api/v1/connections/${nologin}/test`);
       expect(named.status, named.text).to.equal(200);
