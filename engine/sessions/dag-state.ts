@@ -12,7 +12,8 @@
 // session's DAG keeps its five keys DAG_TTL_MS from then: a session's DAG lives as long as it changes, and
 // goes after that long without a change. A session's keys lost (expired, or with Redis's data) are rebuilt
 // from the store: ADD learns the dependencies that ended, START lets a task it does not know run (its run is
-// in the store), and the reconciler registers again a pending task Redis does not know.
+// in the store), and the reconciler registers again a pending task Redis does not know, or whose dependency
+// the store has ended and Redis, back from older data, has not.
 import { redisBatch, type Redis, type TaskStatus, type TriggerRule } from '../platform/index.js';
 
 /** How long a session's DAG keys outlive the last change of its DAG. */
@@ -69,13 +70,22 @@ end`;
 // ARGV[1]: JSON [{id, deps, rule}]. Registers the tasks Redis does not know yet (adding one again, as the
 // reconciler does for a task whose registration was cut off, changes nothing it knows), satisfies their
 // dependencies that already ended, and answers {ready, upstream_failed}. ARGV[2]: JSON [{id, state}], their
-// dependencies that have ended in the store: what Redis does not know of them (its data lost) it learns
-// first, so a dependency that ended before the loss still satisfies, or fails, its dependents.
+// dependencies that have ended in the store: what Redis does not know of them it learns first, so a
+// dependency that ended before Redis lost its data still satisfies, or fails, its dependents. Lost, or
+// older: Redis back from an older save (or a replica behind) may hold such a dependency as not ended, and its
+// end, which the store has, will not come again. It ends now, and its dependents registered before are walked.
 const ADD = `${WALK}
 local base = KEYS[1]
 local tasks = cjson.decode(ARGV[1])
-for _, e in ipairs(cjson.decode(ARGV[2])) do redis.call('HSETNX', base .. ':state', e.id, e.state) end
 local ready, upstream, queue, new = {}, {}, {}, {}
+for _, e in ipairs(cjson.decode(ARGV[2])) do
+  local s = redis.call('HGET', base .. ':state', e.id)
+  if not (s == 'succeeded' or failed(s)) then
+    redis.call('HSET', base .. ':state', e.id, e.state)
+    redis.call('HDEL', base .. ':sat', e.id)
+    table.insert(queue, e.id)
+  end
+end
 -- the new dependents of each dependency that has not ended, written once a dependency
 local kids, order = {}, {}
 for _, t in ipairs(tasks) do

@@ -749,17 +749,24 @@ export function tasksOf(deps: TasksDeps) {
             await deps.recount(t.tenant_id, t.session_id);
             return;
           }
-          if (state !== 'queued' && state !== null) return;
+          if (state !== 'queued' && state !== 'pending' && state !== null) return;
+          // pending in Redis: waiting on a dependency, unless Redis came back with older data (a restart from an
+          // older save, a failover to a replica behind) in which a dependency the store has ended had not ended
+          const ended = state === 'queued' ? [] : endedAmong(await store.tasks.getMany(t.tenant_id, t.session_id, t.depends_on), [t]);
+          if (state === 'pending' && !ended.length) return;
           const session = await store.sessions.get(t.tenant_id, t.session_id);
           if (!session) return;
           if (session.status === 'archived') {
             await cancelTask(session, t.id);
             finished++;
-          } else if (state === null) {
-            // stored, never registered (its request's Redis work was cut off): registered now, and what that makes ready starts
-            const change = await dag.add(t.session_id, [t], endedAmong(await store.tasks.getMany(t.tenant_id, t.session_id, t.depends_on), [t]));
+          } else if (state !== 'queued') {
+            // stored, never registered (its request's Redis work was cut off), or its dependencies' ends lost: registered
+            // now with what the store has ended, and what that makes ready starts (nothing, for a task that still waits)
+            const change = await dag.add(t.session_id, [t], ended);
+            if (state === 'pending' && !change.ready.length && !change.upstreamFailed.length) return;
             await apply(session, change);
             started += change.ready.length;
+            finished += change.upstreamFailed.length;
           } else if (await dispatch(session, t.id)) {
             // a task the normal path started since the page was read is no repair: dispatch found its run
             started++;
