@@ -681,7 +681,12 @@ describe('task DAG', function () {
     expect((await settled(id, 3)).tasks.map((t: Body) => t.status)).to.deep.equal(['succeeded', 'succeeded', 'succeeded']);
   });
 
-  it('goes on after Redis comes back with older data (a restart from an older save, a failover to a replica behind): what the store has ended, Redis learns', async () => {
+  /**
+   * A session of a (held until released) and b after it, and a save of its DAG's keys taken while a runs (a
+   * running, b waiting on it); `restore` brings Redis back to that save, as a restart from it, or a failover to a
+   * replica that far behind, would.
+   */
+  const savedWhileARuns = async () => {
     const id = await session();
     const keys = ['state', 'need', 'rule', 'sat', 'kids'].map((k) => `${h.config.queuePrefix}:dag:{${id}}:${k}`);
     const a = releasable(h, `release-${id}`);
@@ -691,13 +696,24 @@ describe('task DAG', function () {
     ];
     expect((await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, { body: { tasks } })).status).to.equal(201);
     await eventually(async () => (await h.rt.store.tasks.get('tenant-a', id, 'a'))?.status === 'running', 'a to run');
-    // what a save taken now holds: a running, b waiting on it
     const saved = await Promise.all(keys.map(async (k) => [k, await h.rt.redis.dumpBuffer(k), await h.rt.redis.pttl(k)] as const));
+    return {
+      id,
+      a,
+      state: (task: string) => h.rt.redis.hget(keys[0]!, task),
+      restore: async () => {
+        for (const [k, dump, ttl] of saved) if (dump) await h.rt.redis.restore(k, ttl > 0 ? ttl : 0, dump, 'REPLACE');
+      },
+    };
+  };
+
+  it('goes on after Redis comes back with older data (a restart from an older save, a failover to a replica behind): what the store has ended, Redis learns', async () => {
+    const { id, a, state, restore } = await savedWhileARuns();
     await a.release();
     expect((await settled(id, 2)).outcome).to.equal('succeeded');
     // Redis restarts from that save: it has a running and b pending again, though both ended in the store
-    for (const [k, dump, ttl] of saved) if (dump) await h.rt.redis.restore(k, ttl > 0 ? ttl : 0, dump, 'REPLACE');
-    expect(await h.rt.redis.hget(keys[0]!, 'a')).to.equal('running');
+    await restore();
+    expect(await state('a')).to.equal('running');
     // a task added on a (and one on b) starts: it does not wait for an end of a that will never come again
     const added = await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, {
       body: {
@@ -719,16 +735,7 @@ describe('task DAG', function () {
   });
 
   it('starts, by the reconciler, a task registered before Redis went back to older data in which its dependency had not ended', async () => {
-    const id = await session();
-    const keys = ['state', 'need', 'rule', 'sat', 'kids'].map((k) => `${h.config.queuePrefix}:dag:{${id}}:${k}`);
-    const a = releasable(h, `release-${id}`);
-    const tasks = [
-      { id: 'a', steps: sh(a.command) },
-      { id: 'b', depends_on: ['a'], steps: sh('true') },
-    ];
-    expect((await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, { body: { tasks } })).status).to.equal(201);
-    await eventually(async () => (await h.rt.store.tasks.get('tenant-a', id, 'a'))?.status === 'running', 'a to run');
-    const saved = await Promise.all(keys.map(async (k) => [k, await h.rt.redis.dumpBuffer(k), await h.rt.redis.pttl(k)] as const));
+    const { id, a, state, restore } = await savedWhileARuns();
     // a ends, and its release of b is lost with Redis's later data and the process that would have started b:
     // b's start is refused once, and Redis goes back to the save
     const dispatchOf = h.rt.engine.runs.createIdempotent;
@@ -736,7 +743,7 @@ describe('task DAG', function () {
     h.rt.engine.runs.createIdempotent = (async (...args: Parameters<typeof dispatchOf>) => {
       const request = args[3];
       if (typeof request !== 'function' && request.trigger.type === 'task' && request.trigger.task_id === 'b' && !refused++) {
-        for (const [k, dump, ttl] of saved) if (dump) await h.rt.redis.restore(k, ttl > 0 ? ttl : 0, dump, 'REPLACE');
+        await restore();
         throw new Error('the process died');
       }
       return dispatchOf(...args);
@@ -747,7 +754,7 @@ describe('task DAG', function () {
     } finally {
       h.rt.engine.runs.createIdempotent = dispatchOf;
     }
-    expect(await h.rt.redis.hget(keys[0]!, 'b')).to.equal('pending');
+    expect(await state('b')).to.equal('pending');
     const ended = await reconciledToEnd(id);
     expect(ended.tasks.map((t: Body) => [t.id, t.status])).to.deep.equal([
       ['a', 'succeeded'],
