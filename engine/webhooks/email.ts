@@ -3,6 +3,7 @@
 // Attachments are counted, never kept: the event lists their name, type and size.
 import busboy from 'busboy';
 import { Readable } from 'node:stream';
+import { TextDecoder } from 'node:util';
 import { alignedDomain, bulkyJson, mailAddress, mailDomain, MAX_JSON_VALUES, unsafeJson, WebhookRejectedError } from '../platform/index.js';
 
 export type EmailAttachment = { name: string; type: string; size: number };
@@ -38,7 +39,7 @@ const MAX_PARTS = MAX_FIELDS + MAX_FILES;
 export async function parseEmail(contentType: string, body: Buffer): Promise<ParsedEmail> {
   const media = contentType.split(';')[0]!.trim().toLowerCase();
   if (media === 'application/json') return { email: fromPostmark(parseObject(body)) };
-  if (media === 'multipart/form-data') return fromForm(await parseMultipart(contentType, body));
+  if (media === 'multipart/form-data') return fromForm(await inTheirCharsets(contentType, body, await parseMultipart(contentType, body)));
   if (media === 'application/x-www-form-urlencoded') {
     refuseManyFields(body);
     return fromForm({ fields: Object.fromEntries(new URLSearchParams(body.toString('utf8'))), files: [] });
@@ -92,12 +93,55 @@ function parseObject(body: Buffer): Record<string, unknown> {
   throw new WebhookRejectedError('webhook-payload-invalid', 'the body is not a JSON object');
 }
 
-function parseMultipart(contentType: string, body: Buffer): Promise<Form> {
+/** The fields SendGrid sends in the mail's own charset (named in its `charsets` field); it sends the others in UTF-8. */
+const OWN_CHARSET_FIELDS = ['text', 'html'] as const;
+
+/**
+ * SendGrid's `text` and `html` come in the mail's own charset, which its `charsets` field names (the others in
+ * UTF-8): read as UTF-8, an ISO-8859-1 or Shift_JIS mail's every other letter was U+FFFD, and the mail is not
+ * kept. When `charsets` names another charset for one of them, the body is read again with each field's bytes
+ * as they came (latin1 maps a byte to a character), and those fields are decoded in their charset. A charset
+ * no decoder knows leaves the field as it was read.
+ */
+async function inTheirCharsets(contentType: string, body: Buffer, form: Form): Promise<Form> {
+  let charsets: Record<string, unknown>;
+  try {
+    charsets = form.fields.charsets ? (JSON.parse(form.fields.charsets) as Record<string, unknown>) : {};
+  } catch {
+    return form;
+  }
+  const decoders = new Map<string, TextDecoder>();
+  for (const field of OWN_CHARSET_FIELDS) {
+    const label = charsets?.[field];
+    if (typeof label !== 'string' || form.fields[field] === undefined) continue;
+    try {
+      const decoder = new TextDecoder(label.trim());
+      if (decoder.encoding !== 'utf-8') decoders.set(field, decoder);
+    } catch {
+      // a label no decoder knows: the field stays as read
+    }
+  }
+  if (!decoders.size) return form;
+  const raw = await parseMultipart(contentType, body, 'latin1');
+  const fields = { ...form.fields };
+  for (const [field, decoder] of decoders) {
+    const bytes = raw.fields[field];
+    if (bytes !== undefined) fields[field] = decoder.decode(Buffer.from(bytes, 'latin1'));
+  }
+  return { ...form, fields };
+}
+
+/** `charset`: what a field whose part names none is read as (latin1 keeps its bytes, a character each). */
+function parseMultipart(contentType: string, body: Buffer, charset = 'utf8'): Promise<Form> {
   return new Promise((resolve, reject) => {
     const form: Form = { fields: {}, files: [] };
     let bb: busboy.Busboy;
     try {
-      bb = busboy({ headers: { 'content-type': contentType }, limits: { fields: MAX_FIELDS, files: MAX_FILES, parts: MAX_PARTS, fieldSize: body.length } });
+      bb = busboy({
+        headers: { 'content-type': contentType },
+        defCharset: charset,
+        limits: { fields: MAX_FIELDS, files: MAX_FILES, parts: MAX_PARTS, fieldSize: body.length },
+      });
     } catch (err) {
       reject(new WebhookRejectedError('webhook-payload-invalid', `the multipart body cannot be read: ${(err as Error).message}`));
       return;

@@ -419,6 +419,40 @@ describe('webhook intake', function () {
       });
     });
 
+    it('decodes a SendGrid post’s text and html in the charsets it names (SendGrid sends them in the mail’s own)', async () => {
+      const boundary = 'xYzZY';
+      const part = (name: string, value: Buffer | string) =>
+        Buffer.concat([Buffer.from(`--${boundary}\r\nContent-Disposition: form-data; name="${name}"\r\n\r\n`), Buffer.from(value), Buffer.from('\r\n')]);
+      const body = Buffer.concat([
+        part('from', 'Zoé <zoe@example.com>'),
+        part('to', 'ops@in.example.com'),
+        part('subject', 'Café ☕'),
+        part('headers', 'Message-ID: <cs1@example.com>'),
+        // the mail's own bytes: ISO-8859-1 for the text, Shift_JIS for the html (日本 is 93 fa 96 7b)
+        part('text', Buffer.from('Le café est prêt', 'latin1')),
+        part('html', Buffer.from([0x3c, 0x70, 0x3e, 0x93, 0xfa, 0x96, 0x7b, 0x3c, 0x2f, 0x70, 0x3e])),
+        part('charsets', JSON.stringify({ to: 'UTF-8', from: 'UTF-8', subject: 'UTF-8', text: 'iso-8859-1', html: 'shift_jis' })),
+        Buffer.from(`--${boundary}--\r\n`),
+      ]);
+      const contentType = `multipart/form-data; boundary=${boundary}`;
+      const r = await post('email', { body, headers: { 'content-type': contentType, authorization: sign.basicAuth(SECRET.email) } });
+      expect(r.status, r.text).to.equal(200);
+      const d = await delivery(r.body.delivery_id);
+      expect(d.event_payload).to.deep.include({ from: 'Zoé <zoe@example.com>', subject: 'Café ☕', text: 'Le café est prêt', html: '<p>日本</p>' });
+      // a charset no decoder knows leaves the field as UTF-8, as before
+      const unknown = Buffer.concat([
+        part('from', 'a@example.com'),
+        part('to', 'ops@in.example.com'),
+        part('headers', 'Message-ID: <cs2@example.com>'),
+        part('text', 'déjà vu'),
+        part('charsets', JSON.stringify({ text: 'x-no-such-charset' })),
+        Buffer.from(`--${boundary}--\r\n`),
+      ]);
+      const u = await post('email', { body: unknown, headers: { 'content-type': contentType, authorization: sign.basicAuth(SECRET.email) } });
+      expect(u.status, u.text).to.equal(200);
+      expect((await delivery(u.body.delivery_id)).event_payload.text).to.equal('déjà vu');
+    });
+
     it('normalizes a Postmark inbound JSON post (Basic auth), and refuses a wrong password or none', async () => {
       const body = JSON.stringify({
         From: 'ci@example.com',
