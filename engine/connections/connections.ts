@@ -117,7 +117,7 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
         null,
       );
     }
-    return { token, baseUrl: record.base_url, settings: record.settings, signal };
+    return { token, baseUrl: record.base_url, settings: record.settings, allowPrivate: settings.httpAllowPrivate, signal };
   }
 
   /** The diff a vibe run of the tenant left: whole, or refused. */

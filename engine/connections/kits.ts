@@ -2,12 +2,21 @@
 // uses one): @octokit/rest for the code host, @slack/web-api for chat, @linear/sdk for the tracker,
 // @pagerduty/pdjs for the pager, nodemailer over SMTP for email. A kit reads its SDK's errors (for the
 // retry layer) and says who a credential is and what it may do.
-import type { ConnectionProvider, ConnectionRecord } from '../platform/index.js';
+import http from 'node:http';
+import https from 'node:https';
 import type { Dispatcher } from 'undici';
+import { guardedLookup, type ConnectionProvider, type ConnectionRecord } from '../platform/index.js';
 import { reasonOf, retryAfterOf, type ProviderFailure } from './retry.js';
 
 /** What a kit is given: the credential in clear (only ever in memory), where the provider is, and a stop signal. */
-export type Access = { token: string; baseUrl: string | null; settings: ConnectionRecord['settings']; signal?: AbortSignal };
+export type Access = {
+  token: string;
+  baseUrl: string | null;
+  settings: ConnectionRecord['settings'];
+  /** SERVICE_HTTP_ALLOW_PRIVATE: a name may lead to a private or loopback address */
+  allowPrivate: boolean;
+  signal?: AbortSignal;
+};
 
 export type Identity = { identity: string | null; capabilities: string[] };
 
@@ -35,30 +44,6 @@ export class AnswerTooLargeError extends Error {
   }
 }
 
-/**
- * The fetch an SDK is given: no redirect (one could lead past the address check of base_url), and an answer
- * read only up to ANSWER_MAX_BYTES as decoded (fetch decodes gzip, br and deflate without a bound).
- */
-export async function boundedFetch(url: string | URL | Request, init?: RequestInit): Promise<Response> {
-  const res = await fetch(url, { ...init, redirect: 'error' });
-  if (!res.body) return res;
-  let read = 0;
-  const counted = res.body.pipeThrough(
-    new TransformStream<Uint8Array, Uint8Array>({
-      transform(chunk, out) {
-        read += chunk.byteLength;
-        if (read > ANSWER_MAX_BYTES) out.error(new AnswerTooLargeError());
-        else out.enqueue(chunk);
-      },
-    }),
-  );
-  const headers = new Headers(res.headers);
-  // what is handed on is decoded already
-  headers.delete('content-encoding');
-  headers.delete('content-length');
-  return new Response(counted, { status: res.status, statusText: res.statusText, headers });
-}
-
 /** An answer sent encoded although it was asked for as it is: fetch would decode it without a bound. */
 export class EncodedAnswerError extends Error {
   constructor(encoding: string) {
@@ -67,45 +52,65 @@ export class EncodedAnswerError extends Error {
   }
 }
 
-let bounded: Promise<Dispatcher> | null = null;
+/**
+ * Asks for an answer as it is (`accept-encoding: identity`), refuses one that comes encoded anyway, and stops
+ * reading past ANSWER_MAX_BYTES: what fetch hands an SDK is bounded (fetch decodes gzip, br and deflate
+ * without a bound: a gzip bomb of 300 KB took 600 MB).
+ */
+const boundAnswers: Dispatcher.DispatcherComposeInterceptor = (dispatch) => (opts, handler) => {
+  let read = 0;
+  const headers = { ...(opts.headers as Record<string, string> | undefined), 'accept-encoding': 'identity' };
+  return dispatch(
+    { ...opts, headers },
+    {
+      onRequestStart: (controller, context) => handler.onRequestStart?.(controller, context),
+      onRequestUpgrade: (controller, status, upgraded, socket) => handler.onRequestUpgrade?.(controller, status, upgraded, socket),
+      onResponseStart(controller, status, answered, message) {
+        const encoding = answered['content-encoding'];
+        if (encoding && String(encoding).toLowerCase() !== 'identity') return controller.abort(new EncodedAnswerError(String(encoding)));
+        return handler.onResponseStart?.(controller, status, answered, message);
+      },
+      onResponseData(controller, chunk) {
+        read += chunk.byteLength;
+        if (read > ANSWER_MAX_BYTES) return controller.abort(new AnswerTooLargeError());
+        return handler.onResponseData?.(controller, chunk);
+      },
+      onResponseEnd: (controller, trailers) => handler.onResponseEnd?.(controller, trailers),
+      onResponseError: (controller, err) => handler.onResponseError?.(controller, err),
+    },
+  );
+};
+
+const dispatchers = new Map<boolean, Promise<Dispatcher>>();
 
 /**
- * The dispatcher given to the global fetch of an SDK that takes no fetch of its own but passes its options on
- * to it (Linear's): it asks for the answer as it is (`accept-encoding: identity`), refuses one that comes
- * encoded anyway, and stops reading past ANSWER_MAX_BYTES, so that what fetch hands the SDK is bounded.
+ * What the fetch of every provider's SDK goes through: answers bounded (boundAnswers), and, unless private
+ * addresses are allowed, each connection's own lookup guarded: base_url is checked before each call, but a
+ * name whose DNS answer changes between the check and the SDK's connect (rebinding) reached loopback.
  */
-export function boundedDispatcher(): Promise<Dispatcher> {
-  bounded ??= import('undici').then(({ Agent }) =>
-    new Agent().compose((dispatch) => (opts, handler) => {
-      let read = 0;
-      const headers = { ...(opts.headers as Record<string, string> | undefined), 'accept-encoding': 'identity' };
-      return dispatch(
-        { ...opts, headers },
-        {
-          onRequestStart: (controller, context) => handler.onRequestStart?.(controller, context),
-          onRequestUpgrade: (controller, status, upgraded, socket) => handler.onRequestUpgrade?.(controller, status, upgraded, socket),
-          onResponseStart(controller, status, answered, message) {
-            const encoding = answered['content-encoding'];
-            if (encoding && String(encoding).toLowerCase() !== 'identity') return controller.abort(new EncodedAnswerError(String(encoding)));
-            return handler.onResponseStart?.(controller, status, answered, message);
-          },
-          onResponseData(controller, chunk) {
-            read += chunk.byteLength;
-            if (read > ANSWER_MAX_BYTES) return controller.abort(new AnswerTooLargeError());
-            return handler.onResponseData?.(controller, chunk);
-          },
-          onResponseEnd: (controller, trailers) => handler.onResponseEnd?.(controller, trailers),
-          onResponseError: (controller, err) => handler.onResponseError?.(controller, err),
-        },
-      );
-    }),
-  );
-  return bounded;
+function dispatcherOf(allowPrivate: boolean): Promise<Dispatcher> {
+  let made = dispatchers.get(allowPrivate);
+  if (!made) {
+    made = import('undici').then(({ Agent }) => new Agent(allowPrivate ? {} : { connect: { lookup: guardedLookup } }).compose(boundAnswers));
+    dispatchers.set(allowPrivate, made);
+  }
+  return made;
 }
+
+/** The fetch an SDK is given: through dispatcherOf, and no redirect (one could lead past the address check of base_url). */
+async function fetchOf(a: Access): Promise<typeof fetch> {
+  const dispatcher = await dispatcherOf(a.allowPrivate);
+  // (undici's own Dispatcher type, not the one Node's fetch types name: the same interface)
+  return (url, init) => fetch(url, { ...init, redirect: 'error', dispatcher } as unknown as RequestInit);
+}
+
+/** node-fetch's agents (the pager's SDK), whose connections look names up guarded as dispatcherOf's do. */
+const guardedAgents = { http: new http.Agent({ lookup: guardedLookup }), https: new https.Agent({ lookup: guardedLookup }) };
 
 /** The bound an answer met (AnswerTooLargeError or EncodedAnswerError), wherever in an SDK's error's causes. */
 function boundMet(err: unknown): Error | null {
-  for (let e = err, depth = 0; e && depth < 5; e = (e as { cause?: unknown; raw?: unknown }).cause ?? (e as { raw?: unknown }).raw, depth++)
+  type Wrapped = { cause?: unknown; raw?: unknown; original?: unknown };
+  for (let e = err, depth = 0; e && depth < 5; e = (e as Wrapped).cause ?? (e as Wrapped).raw ?? (e as Wrapped).original, depth++)
     if (e instanceof AnswerTooLargeError || e instanceof EncodedAnswerError) return e;
   return null;
 }
@@ -120,7 +125,7 @@ export async function octokitOf(a: Access) {
     userAgent: 'automation-service',
     log: QUIET,
     // a redirect could lead anywhere, past the address check of base_url: refused
-    request: { signal: a.signal, redirect: 'error', fetch: boundedFetch },
+    request: { signal: a.signal, redirect: 'error', fetch: await fetchOf(a) },
   });
 }
 
@@ -138,7 +143,8 @@ export const codehostKit: Kit = {
   schemes: ['https:', 'http:'],
   classify(err, token) {
     if (err instanceof CodehostAnswerError) return { status: err.status === null ? null : 502, retryAfterSeconds: null, reason: err.message };
-    if (err instanceof AnswerTooLargeError) return { status: 502, retryAfterSeconds: null, reason: err.message };
+    const bound = boundMet(err);
+    if (bound) return { status: 502, retryAfterSeconds: null, reason: bound.message };
     const e = err as { name?: string; status?: number; response?: { headers?: Record<string, string>; data?: unknown } };
     if (e?.name !== 'HttpError' || typeof e.status !== 'number') return null;
     // @octokit/request reports a request that never got an answer as a 500 without a response
@@ -187,7 +193,7 @@ export async function slackOf(a: Access) {
     logger: SLACK_QUIET,
     timeout: 30_000,
     // a redirect could lead past the address check of base_url: refused
-    fetch: boundedFetch,
+    fetch: await fetchOf(a),
   });
 }
 
@@ -207,6 +213,8 @@ export const chatKit: Kit = {
   defaultBaseUrl: 'https://slack.com/api/',
   schemes: ['https:', 'http:'],
   classify(err, token) {
+    const bound = boundMet(err);
+    if (bound) return { status: 502, retryAfterSeconds: null, reason: bound.message };
     const e = err as { code?: string; retryAfter?: number; statusCode?: number; headers?: Record<string, string>; data?: { error?: string } };
     switch (e?.code) {
       case 'slack_webapi_rate_limited_error':
@@ -239,8 +247,8 @@ export const chatKit: Kit = {
 
 export async function linearOf(a: Access) {
   const { LinearClient } = await import('@linear/sdk');
-  // the SDK hands these options on to the global fetch: no redirect, and a dispatcher that bounds the answer
-  const dispatcher = await boundedDispatcher();
+  // the SDK takes no fetch of its own, but hands these options on to the global one: no redirect, and the dispatcher
+  const dispatcher = await dispatcherOf(a.allowPrivate);
   return new LinearClient({ apiKey: a.token, ...(a.baseUrl ? { apiUrl: a.baseUrl } : {}), signal: a.signal, redirect: 'error', dispatcher } as never);
 }
 
@@ -305,6 +313,7 @@ export async function pagerCall(a: Access, method: 'GET' | 'POST' | 'PUT', path:
     redirect: 'error',
     // node-fetch's own bound on the answer as decoded
     size: ANSWER_MAX_BYTES,
+    ...(a.allowPrivate ? {} : { agent: (url: URL) => (url.protocol === 'https:' ? guardedAgents.https : guardedAgents.http) }),
     signal: a.signal,
   } as never).catch((err: unknown) => {
     // a body that is not JSON: pdjs rejects with the response itself

@@ -2,6 +2,7 @@
 // providers on loopback through each provider's own SDK.
 import { execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
+import dns from 'node:dns';
 import fs from 'node:fs';
 import http from 'node:http';
 import net, { type AddressInfo } from 'node:net';
@@ -10,7 +11,7 @@ import path from 'node:path';
 import { expect } from 'chai';
 import { FAKE_TOKEN, makePullRequestRepo, SMTP_USER, startFakeProviders, type FakeProviders } from '../support/fake-providers.js';
 import { startScriptedModel, type ScriptedModel } from '../support/scripted-model.js';
-import { emailKit } from '../../engine/connections/kits.js';
+import { chatKit, codehostKit, emailKit, pagerKit, trackerKit } from '../../engine/connections/kits.js';
 import { createSecretBox } from '../../engine/platform/secret-box.js';
 import { finishedRun, freePort, KEYS, sameDeployment, startHarness, type Harness } from '../support/harness.js';
 
@@ -154,6 +155,7 @@ describe('connections', function () {
       const tested = await h.call<Body>('POST', `/api/v1/connections/${bombed}/test`);
       clearInterval(sampler);
       expect(tested.body.ok, tested.text).to.equal(false);
+      expect(tested.body.error.message).to.match(/came encoded \(gzip\)/);
       expect((peak - rss) / 1024 / 1024, 'MB the answer took').to.be.below(120);
       // the tracker's SDK calls the global fetch itself: its answers are bounded as well, compressed or not
       for (const path of ['bomb', 'endless']) {
@@ -172,7 +174,12 @@ describe('connections', function () {
       expect(named.status, named.text).to.equal(200);
       expect(named.body).to.deep.include({ ok: false, identity: null });
       // the SMTP server that never finishes: held to the signal the test (30 s) or a step gives
-      const access = { token: 'x', baseUrl: `smtp://127.0.0.1:${(drip.address() as AddressInfo).port}`, settings: { username: 'u', from: 'a@example.com' } };
+      const access = {
+        token: 'x',
+        baseUrl: `smtp://127.0.0.1:${(drip.address() as AddressInfo).port}`,
+        settings: { username: 'u', from: 'a@example.com' },
+        allowPrivate: true,
+      };
       const t0 = Date.now();
       const err = await emailKit.identify({ ...access, signal: AbortSignal.timeout(1000) }).catch((e: unknown) => e);
       expect(Date.now() - t0).to.be.below(5000);
@@ -181,6 +188,55 @@ describe('connections', function () {
       hostile.closeAllConnections();
       hostile.close();
       drip.close();
+    }
+  });
+
+  it('reaches no private address through a name whose DNS answer changes after the check (rebinding): each connection looks it up again, guarded', async () => {
+    const internal = http.createServer((_req, res) => {
+      res.writeHead(200, { 'content-type': 'application/json' }).end('{"login":"internal","ok":true}');
+    });
+    // connections, not requests: the tracker's SDK speaks only HTTPS to a name, which this server cannot answer
+    let reached = 0;
+    internal.on('connection', () => reached++);
+    await new Promise<void>((r) => internal.listen(0, '127.0.0.1', r));
+    const port = (internal.address() as AddressInfo).port;
+    // the check before the call is answered a public address; the SDK's own lookup at connect time, loopback
+    const lookup = dns.lookup;
+    const checked = dns.promises.lookup;
+    dns.promises.lookup = (async (host: string, options: object) =>
+      host === 'rebind.example' ? [{ address: '93.184.216.34', family: 4 }] : checked(host, options as never)) as typeof checked;
+    dns.lookup = ((host: string, options: unknown, callback?: unknown) => {
+      const cb = (typeof options === 'function' ? options : callback) as (...args: unknown[]) => void;
+      const opts = (typeof options === 'function' ? {} : options) as dns.LookupOptions;
+      if (host !== 'rebind.example') return (lookup as (...args: unknown[]) => void)(host, options, callback);
+      return opts.all ? cb(null, [{ address: '127.0.0.1', family: 4 }]) : cb(null, '127.0.0.1', 4);
+    }) as typeof lookup;
+    try {
+      const base = `http://rebind.example:${port}`;
+      const kits = [
+        [codehostKit, `${base}/api/v3`],
+        [chatKit, `${base}/api/`],
+        [trackerKit, `https://rebind.example:${port}/graphql`],
+        [pagerKit, base],
+      ] as const;
+      for (const [kit, baseUrl] of kits) {
+        const access = { token: FAKE_TOKEN, baseUrl, settings: { from: 'a@example.com' }, allowPrivate: false, signal: AbortSignal.timeout(5000) };
+        const err = await kit.identify(access).then(
+          () => null,
+          (e: unknown) => e,
+        );
+        expect(err, `${kit.provider}: answered`).to.not.equal(null);
+        expect(kit.classify(err, FAKE_TOKEN), kit.provider).to.deep.include({ status: null });
+        expect(reached, `${kit.provider} reached the private address`).to.equal(0);
+      }
+      // where private addresses are allowed (SERVICE_HTTP_ALLOW_PRIVATE), the same name is reached
+      await codehostKit.identify({ token: FAKE_TOKEN, baseUrl: `${base}/api/v3`, settings: {}, allowPrivate: true });
+      expect(reached).to.equal(1);
+    } finally {
+      dns.lookup = lookup;
+      dns.promises.lookup = checked;
+      internal.closeAllConnections();
+      internal.close();
     }
   });
 
