@@ -293,6 +293,7 @@ export function bwrapSandbox(opts: { bwrap: string; prlimit: string; limits: San
       cgroups?.close();
     },
     spawn(argv, o) {
+      refuseUnstartable(argv, o.env);
       const env = { ...o.env, HOME: '/tmp', PWD: INSIDE_WORKSPACE, TMPDIR: '/tmp' };
       // what is bound is opened here and handed to bwrap open (fd 3 on): bwrap never follows the path again
       const fds: number[] = [];
@@ -351,6 +352,10 @@ export function bwrapSandbox(opts: { bwrap: string; prlimit: string; limits: San
               stdio,
             })
           : spawn(opts.bwrap, args, { env: {}, cwd: '/', detached: true, stdio });
+      } catch (err) {
+        // not started (the arguments and environment together past what the kernel takes): its groups go with it
+        group?.remove();
+        throw startFailure(err);
       } finally {
         // the child has its own copies; bwrap closes them once bound, so the step never holds one
         for (const fd of fds) fs.closeSync(fd);
@@ -397,6 +402,36 @@ function openBound(p: string): number {
 }
 
 /** No isolation: the process runs as the service's own user, in the workspace itself. */
+/** The most one argument or environment entry of a process may be, its ending NUL included (Linux's MAX_ARG_STRLEN). */
+const ARG_MAX_BYTES = 128 * 1024;
+
+/**
+ * A step the kernel would not start, refused before anything is made for it: a NUL byte (no argument or
+ * environment entry can hold one), or one argument or entry past ARG_MAX_BYTES. Said without the sandbox's own
+ * arguments (Node named the step's command `args[117]` of bubblewrap's).
+ */
+function refuseUnstartable(argv: string[], env: Record<string, string>): void {
+  const entries = Object.entries(env);
+  if (argv.some((a) => a.includes('\0')) || entries.some(([k, v]) => k.includes('\0') || v.includes('\0')))
+    throw new ToolError('invalid-args', 'the step’s command or environment holds a NUL byte, which no process can be given');
+  const over =
+    argv.find((a) => Buffer.byteLength(a) >= ARG_MAX_BYTES) ?? entries.find(([k, v]) => Buffer.byteLength(k) + Buffer.byteLength(v) + 1 >= ARG_MAX_BYTES)?.[0];
+  if (over !== undefined)
+    throw new ToolError(
+      'invalid-args',
+      `one argument or environment entry of the step is over ${ARG_MAX_BYTES / 1024} KB, the most the kernel gives a process: put a longer script in a file of the workspace and run that`,
+    );
+}
+
+/** A process the kernel did not start, said as the step's fault where it is (E2BIG: its arguments and environment together too large). */
+function startFailure(err: unknown): Error {
+  const code = (err as NodeJS.ErrnoException)?.code;
+  if (code === 'E2BIG') return new ToolError('invalid-args', 'the step’s arguments and environment together are more than the kernel gives a process');
+  if (code === 'ERR_INVALID_ARG_VALUE' || code === 'ERR_INVALID_ARG_TYPE')
+    return new ToolError('invalid-args', 'the step’s command or environment cannot be given to a process');
+  return err as Error;
+}
+
 export function noSandbox(): Sandbox {
   return {
     kind: 'none',
@@ -406,7 +441,13 @@ export function noSandbox(): Sandbox {
     workspacePath: (workspace) => workspace,
     close() {},
     spawn(argv, o) {
-      const child = spawn(argv[0]!, argv.slice(1), { cwd: o.workspace, env: o.env, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
+      refuseUnstartable(argv, o.env);
+      let child: ChildProcess;
+      try {
+        child = spawn(argv[0]!, argv.slice(1), { cwd: o.workspace, env: o.env, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
+      } catch (err) {
+        throw startFailure(err);
+      }
       return { child, kill: (signal) => killGroup(child.pid, signal), outOfMemory: () => false, done() {} };
     },
   };

@@ -285,6 +285,38 @@ describe('sandbox', function () {
       }
     });
 
+    it('removes the groups of a step the kernel would not start (a NUL byte, an argument over 128 KB), and says why without the sandbox’s own arguments', async () => {
+      const prefix = `${h.config.queuePrefix}-refused`;
+      const sandbox = openCgroupSandbox(prefix);
+      try {
+        const spawnOf = (argv: string[], env: Record<string, string> = { PATH: '/usr/bin:/bin' }) =>
+          Promise.resolve()
+            .then(() => runProcess(sandbox, argv, { workspace: h.tenantDir(), env, network: false, maxBytes: 4096 }))
+            .then(
+              () => null,
+              (e: { code?: string; message?: string }) => e,
+            );
+        const refusals = [
+          await spawnOf(['/bin/sh', '-c', 'echo a\u0000b']),
+          await spawnOf(['/bin/sh', '-c', 'true'], { PATH: '/usr/bin:/bin', X: 'a\u0000b' }),
+          await spawnOf(['/bin/sh', '-c', `echo ${'x'.repeat(200_000)} | wc -c`]),
+          // each entry under 128 KB, together past what the kernel takes (E2BIG once its groups were made)
+          await spawnOf(['/bin/sh', '-c', 'true'], Object.fromEntries(Array.from({ length: 40 }, (_, i) => [`BIG${i}`, 'y'.repeat(120_000)]))),
+        ];
+        for (const err of refusals) {
+          expect(err?.code, err?.message).to.equal('invalid-args');
+          expect(err?.message).not.to.match(/args\[\d+\]/);
+        }
+        expect(stepGroups(prefix), 'groups left').to.deep.equal([0, 0]);
+        // a step that runs leaves none either, as before
+        expect((await run(sandbox, 'echo ok')).stdout).to.equal('ok\n');
+        expect(stepGroups(prefix)).to.deep.equal([0, 0]);
+      } finally {
+        sandbox.close();
+        await removeFolders(prefix);
+      }
+    });
+
     it('never meets the groups a process of the same pid left behind, and removes the empty leftovers of a dead one', async () => {
       const prefix = `${h.config.queuePrefix}-left`;
       openCgroupSandbox(prefix).close();
