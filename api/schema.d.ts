@@ -454,7 +454,10 @@ export interface paths {
          *     EventSource to stop reconnecting. A stream keeps at least its last 10,000 events: a reader whose
          *     replay would start before them (a first connection to a longer stream, a resume from an older id)
          *     first gets a `stream.truncated` event (no id; `data`: `after`, `first_kept`, `message`), then what
-         *     is kept.
+         *     is kept. A `Last-Event-ID` later than a minute from now is refused (400); one after the stream's
+         *     newest event that is not (the log lost events: Redis back from an older save) gets what comes after
+         *     it. A stream whose `run.finished` the log never got ends once that event's retries are over (6
+         *     minutes after the run's end); a reconnect is then answered 204.
          */
         get: operations["streamRunSession"];
         put?: never;

@@ -124,13 +124,12 @@ async function openStream(req: Request, res: Response, opts: SseOptions, leave: 
   // open; a Redis that does not answer in time is a 503 the client retries, never a stream opened without
   // them (a gap it is not told of, or a Last-Event-ID from the future that would hold it open for good)
   const [firstKept, newest] = await Promise.all([opts.hub.droppedAfter(opts.scope.stream, opts.afterId), opts.hub.lastId(opts.scope.stream)]);
-  // an id after every event of the log was never one of its events: every event to come (the scope's end
-  // included) would be taken as seen, and the stream held open for good. A log with no event (none yet, or
-  // lost with Redis's data) has ids to come, which are times: one later than a minute from now is none of them
-  if (
-    opts.afterId !== '0-0' &&
-    (newest === '0-0' ? Number(opts.afterId.split('-')[0]) > Date.now() + FUTURE_ID_MARGIN_MS : compareIds(opts.afterId, newest) > 0)
-  )
+  // an id from the future was never one of the log's events: every event to come (the scope's end included)
+  // would be taken as seen, and the stream held open for good. The ids to come are times (Redis's clock): one
+  // later than a minute from now is none of them. An id after the log's newest but not from the future is one
+  // the log lost (Redis back from an older save, or a replica behind): the reader had it, and what comes after
+  // it is sent (a 400 there was the end of an EventSource, which does not reconnect after one)
+  if (opts.afterId !== '0-0' && Number(opts.afterId.split('-')[0]) > Date.now() + FUTURE_ID_MARGIN_MS)
     throw new ValidationError('Last-Event-ID is after the last event of this stream', [
       {
         path: '/header/last-event-id',

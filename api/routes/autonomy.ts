@@ -1,7 +1,7 @@
 // /api/v1/autonomy: autonomy and vibe runs, their SSE streams, reliability hints, gate readiness and
 // evidence packs.
 import { Router, type Request, type Response } from 'express';
-import { isTerminal, scopes, type EventHub, type Run, type RunKind } from '../../engine/platform/index.js';
+import { isTerminal, scopes, type EventHub, type Run, type RunKind, type Session } from '../../engine/platform/index.js';
 import type { Engine } from '../../engine/index.js';
 import { packTar } from '../../engine/evidence/index.js';
 import type { RunRequest } from '../../engine/runs/index.js';
@@ -55,7 +55,7 @@ export function autonomyRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
     res: Response,
     sessionId: string,
     afterId: string,
-    extra: { status?: number; headers?: Record<string, string>; ended?: boolean; place?: () => void } = {},
+    extra: { status?: number; headers?: Record<string, string>; ended?: boolean; place?: () => void; stillThere?: () => Promise<boolean> } = {},
   ) =>
     streamEvents(req, res, {
       streams: opts.streams,
@@ -101,6 +101,8 @@ export function autonomyRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
     }
     return ids;
   };
+  /** The store's end of the stream's work is older than the retries of its last event's append: that event will not come. */
+  const endTriedOut = (session: Session | null, run: Run) => Date.parse(session?.updated_at ?? run.finished_at ?? '') < Date.now() - ENDS_TRIED_MS;
   /** True when the log holds the run.finished of each of `runIds` (read newest first, until all are found). */
   const logHoldsEnds = (stream: string, runIds: string[]): Promise<boolean> => {
     const missing = new Set(runIds);
@@ -122,14 +124,19 @@ export function autonomyRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
     const session = await engine.sessions.get(tenantOf(req), sessionId).catch(() => null);
     const scope = scopes.runSession(sessionId);
     const storeEnded = session ? session.outcome !== null : isTerminal(run.status);
-    // an end the log never got (Redis refused it past its retries) ends the stream when its retries are over
-    const endedAt = Date.parse(session?.updated_at ?? run.finished_at ?? '');
     const ended =
       storeEnded &&
-      (endedAt < Date.now() - ENDS_TRIED_MS ||
-        (await logHoldsEnds(scope.stream, await endedRuns(run, session))) ||
-        (await opts.hub.lastId(scope.stream)) === '0-0');
-    await watch(req, res, sessionId, lastEventIdOf(req), { ended });
+      (endTriedOut(session, run) || (await logHoldsEnds(scope.stream, await endedRuns(run, session))) || (await opts.hub.lastId(scope.stream)) === '0-0');
+    // an end the log will not get (lost with Redis's later data, or refused past its retries while the stream
+    // was open) ends the stream when its retries are over: asked at each heartbeat, else it stayed open for good
+    const stillThere = async () => {
+      const [now, nowRun] = await Promise.all([
+        engine.sessions.get(tenantOf(req), sessionId).catch(() => null),
+        engine.runs.sessionRun(tenantOf(req), sessionId),
+      ]);
+      return !((now ? now.outcome !== null : isTerminal(nowRun.status)) && endTriedOut(now, nowRun));
+    };
+    await watch(req, res, sessionId, lastEventIdOf(req), { ended, stillThere });
   });
 
   router.get('/reliability-context', async (req, res) => {

@@ -360,6 +360,56 @@ describe('run session streams', function () {
     expect(((await res.json()) as { errors: { path: string }[] }).errors[0]!.path).to.equal('/header/last-event-id');
   });
 
+  it('sends what comes after a Last-Event-ID the log lost (Redis back from an older save), and ends a stream whose run.finished will not come once its retries are over', async () => {
+    const { body } = await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'message', args: { text: 'x' } }] } });
+    const scope = `session:${body.session_id}`;
+    const log = await eventually(async () => {
+      const events = await h.rt.events.after(scope, '0-0');
+      const finished = events.findIndex((e) => e.type === 'run.finished');
+      return finished >= 0 && events.slice(finished + 1).some((e) => e.type === 'session.updated') ? events : null;
+    }, 'the run to end and its session to take its outcome');
+    // the reader had every event up to the step's end; Redis came back without the step's end and what followed
+    const stepFinished = log.find((e) => e.type === 'step.finished')!;
+    const lost = log.slice(log.indexOf(stepFinished));
+    await h.rt.redis.xdel(h.rt.events.key(scope), ...lost.map((e) => e.id));
+    const reader = open(h, body.session_id, stepFinished.id);
+    await eventually(() => reader.es.readyState === EventSource.OPEN || null, 'the stream to open (it was a 400, and the reader gave up)');
+    // what is appended from now on reaches it: its ids come after the reader's
+    const finished = lost.find((e) => e.type === 'run.finished')!;
+    await h.rt.events.append(scope, {
+      tenant_id: finished.tenant_id,
+      session_id: body.session_id,
+      run_id: body.run_id,
+      type: 'run.finished',
+      data: finished.data,
+    } as never);
+    await eventually(() => reader.isEnded(), 'the run.finished appended after the loss');
+    expect(reader.received.map((e) => e.type)).to.deep.equal(['run.finished']);
+
+    // a run.finished nobody will append again: the store's end is past the append's retries (6 minutes), so the
+    // stream opened just before they ran out ends at a heartbeat after, and a reconnect is answered 204
+    const other = (await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'message', args: { text: 'y' } }] } })).body;
+    const otherScope = `session:${other.session_id}`;
+    const otherLog = await eventually(async () => {
+      const events = await h.rt.events.after(otherScope, '0-0');
+      return events.some((e) => e.type === 'session.updated' && (e.data as { outcome?: string }).outcome) ? events : null;
+    }, 'the other run to end');
+    const otherEnd = otherLog.findIndex((e) => e.type === 'run.finished');
+    await h.rt.redis.xdel(h.rt.events.key(otherScope), ...otherLog.slice(otherEnd).map((e) => e.id));
+    const almost = new Date(Date.now() - 6 * 60_000 + 1500).toISOString();
+    expect(await h.rt.store.sessions.update('tenant-a', other.session_id, { updated_at: almost }, ['idle'])).to.not.equal(null);
+    const stuck = await fetch(`${h.url}/api/v1/autonomy/streaming/${other.session_id}/events`, {
+      headers: { authorization: `Bearer ${KEYS.a}` },
+      signal: AbortSignal.timeout(15_000),
+    });
+    expect(stuck.status).to.equal(200);
+    const t0 = Date.now();
+    await stuck.text();
+    expect(Date.now() - t0, 'ms the stream stayed open').to.be.below(6000);
+    const again = await fetch(`${h.url}/api/v1/autonomy/streaming/${other.session_id}/events`, { headers: { authorization: `Bearer ${KEYS.a}` } });
+    expect(again.status).to.equal(204);
+  });
+
   it('sends heartbeats while a run is quiet', async () => {
     const { body } = await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'sleep 2.5' } }] } });
     const res = await fetch(`${h.url}/api/v1/autonomy/streaming/${body.session_id}/events`, { headers: { authorization: `Bearer ${KEYS.a}` } });
