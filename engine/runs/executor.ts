@@ -40,8 +40,8 @@ export type RunActions = {
 
 export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions, actions: RunActions = {}) {
   const { store, log, settings } = deps;
-  /** the AbortController of each run this process is executing, for cancel requests and shutdown */
-  const inFlight = new Map<string, AbortController>();
+  /** the AbortController of each run this process is executing (and its tenant), for cancel requests and shutdown */
+  const inFlight = new Map<string, { controller: AbortController; tenantId: string }>();
   /** the runs this process executes, from before their start until their end is written (a count: two attempts may overlap) */
   const claimed = new Map<string, number>();
   const model = settings.agent ? modelClientOf(settings.agent) : undefined;
@@ -126,7 +126,7 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
     // registered before the start, so a cancel request published from here on reaches it; the key
     // covers one published before, and is read while the start is written
     const controller = new AbortController();
-    inFlight.set(runId, controller);
+    inFlight.set(runId, { controller, tenantId: found.tenant_id });
     let started: Run | Held | null = null;
     let cancelRequested = false;
     try {
@@ -219,7 +219,7 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
 
   /** Aborts a run this process is executing; false when it is not here. */
   function abort(runId: string): boolean {
-    const c = inFlight.get(runId);
+    const c = inFlight.get(runId)?.controller;
     c?.abort({ status: 'canceled', error: { code: 'canceled', message: 'canceled while running' } } satisfies StopReason);
     return Boolean(c);
   }
@@ -235,9 +235,16 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
      * listener only while it is connected, its key stays (read at each start, and here, now and then).
      */
     async abortCanceled(): Promise<number> {
-      const going = [...inFlight].filter(([, c]) => !c.signal.aborted).map(([runId]) => runId);
-      const asked = await Promise.all(going.map((runId) => runs.isCancelRequested(runId).catch(() => false)));
-      return going.filter((runId, i) => asked[i] && abort(runId)).length;
+      const going = [...inFlight].filter(([, r]) => !r.controller.signal.aborted);
+      const asked = await Promise.all(going.map(([runId]) => runs.isCancelRequested(runId).catch(() => false)));
+      let aborted = going.filter(([runId], i) => asked[i] && abort(runId)).length;
+      // the store keeps each ask too (cancel_requested_at): a key Redis lost with its data, or went back on (an
+      // older save), whose message the listener missed, left the run going to its budget's end. A read of each
+      // run this process executes (its concurrency's worth) at each call
+      const rest = going.filter((_, i) => !asked[i]);
+      const stored = await Promise.all(rest.map(([runId, r]) => store.runs.get(r.tenantId, runId).catch(() => null)));
+      aborted += rest.filter(([runId], i) => stored[i]?.cancel_requested_at && abort(runId)).length;
+      return aborted;
     },
     abort,
     /** This process is shutting down: a step killed by the platform's signal from now on is not the run's failure. */
@@ -246,7 +253,8 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
     },
     /** Stops every attempt this process is executing so that another worker runs it again (shutdown). */
     interruptAll(reason: string): number {
-      for (const c of inFlight.values()) c.abort({ status: 'interrupted', error: { code: 'interrupted', message: reason } } satisfies StopReason);
+      for (const { controller: c } of inFlight.values())
+        c.abort({ status: 'interrupted', error: { code: 'interrupted', message: reason } } satisfies StopReason);
       return inFlight.size;
     },
   };

@@ -333,6 +333,20 @@ describe('run lifecycle', function () {
     }
   });
 
+  it('stops a running run whose cancel only the store kept (Redis lost its key, or went back on it, and its message was missed)', async () => {
+    const id = (await h.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'sleep 20' } }] } })).body
+      .run_id as string;
+    await eventually(async () => (await h.rt.store.runs.get('tenant-a', id))?.status === 'running', 'the run to start');
+    await new Promise((r) => setTimeout(r, 300));
+    // the ask in the store alone: no key in Redis, no message
+    const asked = await h.rt.store.runs.update('tenant-a', id, { cancel_requested_at: new Date().toISOString() }, { status: ['running'] });
+    expect(asked?.cancel_requested_at).to.be.a('string');
+    // the worker's poll of cancel asks (every 2 s) finds it
+    const run = await finishedRun(h, id);
+    expect(run).to.deep.include({ status: 'canceled' });
+    expect(Date.parse(run.finished_at) - Date.parse(asked!.cancel_requested_at!)).to.be.below(5000);
+  });
+
   it('refuses to start a process of another queue prefix on a deployment’s store, naming SERVICE_QUEUE_PREFIX (its reconciler ended the other’s running runs)', async () => {
     const config = parseEnv({ ...sameDeployment(h), REDIS_URL: h.config.redisUrl, SERVICE_QUEUE_PREFIX: `${h.config.queuePrefix}-other` });
     const err = await refusalToOpen(config);
