@@ -2,7 +2,9 @@
 // `ignoreDependencyOnFailure`, so a phase whose job fails never strands the report) under a parent
 // that assembles the report, writes its summary into the evidence ledger and ends the stream. The
 // report lives in Redis (reports.ts) from the start, so a fetch from any web process sees it as it
-// grows; each phase appends a `phase_done` event to the audit's log as it ends.
+// grows; each phase appends a `phase_done` event to the audit's log as it ends. Whether a report was
+// assembled is the ledger's to say, not Redis's: a report that Redis brings back running (an older save, a
+// lagging replica) is finished again from its entry, and its phases do not run again.
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import { FlowProducer } from 'bullmq';
@@ -20,6 +22,7 @@ import {
   type AuditPhase,
   type AuditPhaseResult,
   type AuditReport,
+  type LedgerEntry,
   type SeverityCounts,
   ValidationError,
 } from '../platform/index.js';
@@ -80,6 +83,13 @@ export type AuditRequest = {
   waitForRedis?: boolean;
 };
 
+/** What the evidence ledger keeps of an assembled report: its `audit.report` entry's payload. */
+type ReportSummary = Pick<AuditReport, 'report_id' | 'workspace' | 'status' | 'started_at' | 'finished_at' | 'trigger' | 'totals' | 'scores'> & {
+  phases: Pick<AuditPhaseResult, 'phase' | 'status' | 'counts' | 'score' | 'duration_ms' | 'findings_omitted'>[];
+  report_digest: string;
+};
+
+const REPORT_KIND = 'audit.report';
 const WAIT_POLL_MS = 100;
 /** an assembly's claim: a redelivered parent job or a second reconciler leaves the ledger one entry */
 const ASSEMBLE_CLAIM_SECONDS = 120;
@@ -183,8 +193,63 @@ export function auditsOf(deps: AuditsDeps) {
     });
   }
 
+  /** The assembled report into Redis (out of the running sets), and the end of its stream. */
+  async function finishWith(tenantId: string, report: AuditReport): Promise<void> {
+    const id = report.report_id;
+    await reports.finish(tenantId, report);
+    await events.append(scopes.audit(id).stream, { tenant_id: tenantId, type: 'audit.finished', data: report });
+    // the stream holds the whole report too: it goes when the report does, not a week later
+    await deps.redis.expire(events.key(scopes.audit(id).stream), settings.reportTtlSeconds);
+  }
+
+  /**
+   * Finishes again, from its ledger entry, a report that was assembled but reads running: Redis came back
+   * with older data (a restart from an older save, a failover to a lagging replica). The ledger keeps its one
+   * entry. A phase whose whole result Redis no longer has is its summary: its findings counted, not listed.
+   */
+  async function restoreClaimed(tenantId: string, current: AuditReport, entry: LedgerEntry): Promise<AuditReport> {
+    const id = current.report_id;
+    const [kept] = await ledger.payloads(tenantId, [entry.payload_digest]);
+    if (!kept) throw new Error(`the ledger's entry ${entry.seq} of audit report ${id} has no payload`);
+    const summary = JSON.parse(kept.body) as ReportSummary;
+    const results = new Map(current.phases.map((p) => [p.phase, p]));
+    const phases = summary.phases.map((s): AuditPhaseResult => {
+      const full = results.get(s.phase);
+      if (full && full.status === s.status && full.duration_ms === s.duration_ms && canonicalJson(full.counts) === canonicalJson(s.counts)) return full;
+      return {
+        ...s,
+        findings: [],
+        findings_omitted: SEVERITIES.reduce((n, k) => n + s.counts[k], 0),
+        metrics: {},
+        error: s.status === 'completed' ? null : "the phase's result was lost with Redis's data: the evidence ledger keeps its summary",
+      };
+    });
+    for (const p of phases) if (results.get(p.phase) !== p) await emitPhase(tenantId, id, p);
+    const report: AuditReport = {
+      ...current,
+      workspace: summary.workspace,
+      started_at: summary.started_at,
+      finished_at: summary.finished_at,
+      status: summary.status,
+      trigger: summary.trigger,
+      phases,
+      totals: summary.totals,
+      scores: summary.scores,
+      ledger: { seq: entry.seq, hash: entry.hash },
+    };
+    await finishWith(tenantId, report);
+    log.warn(
+      { tenant_id: tenantId, report_id: id, status: report.status, ledger_seq: entry.seq },
+      'audit read running though its ledger entry exists: finished from it',
+    );
+    return report;
+  }
+
   /** Assembles a report whose claim this process holds: every phase's result, the ledger entry, the end of its stream. */
   async function assembleClaimed(tenantId: string, id: string, current: AuditReport): Promise<AuditReport> {
+    // the ledger, not Redis, says whether it was assembled: Redis may have come back older than the store
+    const recorded = await ledger.firstOfReport(tenantId, REPORT_KIND, id);
+    if (recorded) return restoreClaimed(tenantId, current, recorded);
     const at = clock.now().toISOString();
     const kept = new Map(current.phases.map((p) => [p.phase, p]));
     const phases = current.phases_requested.map(
@@ -203,7 +268,7 @@ export function auditsOf(deps: AuditsDeps) {
     };
     const [entry] = await ledger.append(tenantId, [
       {
-        kind: 'audit.report',
+        kind: REPORT_KIND,
         subject: { workspace: report.workspace, report_id: id, ...(report.trigger.type === 'run' ? { run_id: report.trigger.run_id } : {}) },
         payload: {
           report_id: id,
@@ -224,14 +289,11 @@ export function auditsOf(deps: AuditsDeps) {
           })),
           /** the whole report's digest: a copy kept elsewhere can be checked against the ledger */
           report_digest: sha256Hex(canonicalJson({ ...report, ledger: null })),
-        },
+        } satisfies ReportSummary,
       },
     ]);
     report.ledger = { seq: entry!.seq, hash: entry!.hash };
-    await reports.finish(tenantId, report);
-    await events.append(scopes.audit(id).stream, { tenant_id: tenantId, type: 'audit.finished', data: report });
-    // the stream holds the whole report too: it goes when the report does, not a week later
-    await deps.redis.expire(events.key(scopes.audit(id).stream), settings.reportTtlSeconds);
+    await finishWith(tenantId, report);
     log.info({ tenant_id: tenantId, report_id: id, status: report.status, totals }, 'audit finished');
     return report;
   }
@@ -290,6 +352,12 @@ export function auditsOf(deps: AuditsDeps) {
       if (!got || got.report.status !== 'running') return null;
       const done = got.report.phases.find((p) => p.phase === phase);
       if (done) return done; // a redelivered job: the phase already reported
+      // assembled already, though Redis reads it running (it came back with older data): the report is
+      // finished from its ledger entry, and the phase does not run again
+      if (await ledger.firstOfReport(tenantId, REPORT_KIND, id)) {
+        await api.assemble(tenantId, id);
+        return null;
+      }
       const started = performance.now();
       const controller = new AbortController();
       const mine = running.get(id) ?? new Set();

@@ -61,6 +61,8 @@ export function ledgerOf(deps: Pick<Platform, 'store' | 'clock'> & { signer: Evi
     head: (tenantId: string) => store.evidence.head(tenantId),
     list: (tenantId: string, q: { afterSeq?: number; since?: string; limit: number }) => store.evidence.list(tenantId, q),
     payloads: (tenantId: string, digests: string[]) => store.evidence.payloads(tenantId, digests),
+    /** The tenant's first entry of `kind` about this report; null when the ledger has none. */
+    firstOfReport: (tenantId: string, kind: string, reportId: string) => store.evidence.firstOfReport(tenantId, kind, reportId),
   };
 }
 

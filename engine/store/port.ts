@@ -356,6 +356,8 @@ export interface EvidenceRepo {
   list(tenantId: string, q: { afterSeq?: number; since?: string; limit: number }): Promise<LedgerEntry[]>;
   /** The payloads of these digests that the tenant's ledger keeps. */
   payloads(tenantId: string, digests: string[]): Promise<LedgerPayload[]>;
+  /** The tenant's first entry of `kind` whose subject names this report; null when it has none. */
+  firstOfReport(tenantId: string, kind: string, reportId: string): Promise<LedgerEntry | null>;
 }
 
 export interface GateRunRepo {

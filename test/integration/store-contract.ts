@@ -1265,6 +1265,38 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect(await store.evidence.payloads('t2', ['sha256:p'])).to.deep.equal([]);
     });
 
+    it('finds the first ledger entry of a kind about a report, per tenant', async () => {
+      const entry = (tenantId: string, seq: number, prev: string, kind: string, subject: Record<string, string>) => ({
+        tenant_id: tenantId,
+        seq,
+        at: '2026-01-01T00:00:00.000Z',
+        kind,
+        subject,
+        payload_digest: `sha256:${seq}`,
+        prev_hash: prev,
+        hash: `h${seq}`,
+        key_id: 'k',
+        sig: 's',
+      });
+      const items: [string, Record<string, string>][] = [
+        ['gate.result', { workspace: '.' }],
+        ['run.finished', { report_id: 'aud_1', run_id: 'run_1' }],
+        ['audit.report', { workspace: '.', report_id: 'aud_1' }],
+        ['audit.report', { workspace: '.', report_id: 'aud_2' }],
+        ['audit.report', { workspace: '.', report_id: 'aud_1' }],
+      ];
+      for (const [kind, subject] of items)
+        await store.evidence.append('t1', (head) => [entry('t1', (head?.seq ?? 0) + 1, head?.hash ?? 'genesis', kind, subject)], []);
+      expect((await store.evidence.firstOfReport('t1', 'audit.report', 'aud_1'))?.seq).to.equal(3);
+      expect(await store.evidence.firstOfReport('t1', 'audit.report', 'aud_2')).to.deep.equal(
+        entry('t1', 4, 'h3', 'audit.report', { workspace: '.', report_id: 'aud_2' }),
+      );
+      expect((await store.evidence.firstOfReport('t1', 'run.finished', 'aud_1'))?.seq).to.equal(2);
+      expect(await store.evidence.firstOfReport('t1', 'audit.report', 'aud_3')).to.equal(null);
+      expect(await store.evidence.firstOfReport('t1', 'gate.result', 'aud_1')).to.equal(null);
+      expect(await store.evidence.firstOfReport('t2', 'audit.report', 'aud_1')).to.equal(null);
+    });
+
     it('keeps gate runs per tenant with their results; the latest result of each gate of a workspace; conditional updates', async () => {
       const subject = (workspace: string) => ({ workspace, commit: null, tree: null, dirty: null });
       const gateRun = (tenantId: string, workspace: string) => ({

@@ -12,6 +12,11 @@ type StoredPayload = { _id: string; tenant_id: string; digest: string; body: str
 export const ledgerSchema = new Schema({ _id: String, tenant_id: { type: String, required: true }, seq: Number, at: String }, loose);
 ledgerSchema.index({ tenant_id: 1, seq: 1 });
 ledgerSchema.index({ tenant_id: 1, at: 1 });
+// a report's entry by its id: only entries that name a report are indexed
+ledgerSchema.index(
+  { tenant_id: 1, 'subject.report_id': 1, seq: 1 },
+  { name: 'ledger_by_report', partialFilterExpression: { 'subject.report_id': { $type: 'string' } } },
+);
 export const ledgerPayloadSchema = new Schema({ _id: String, tenant_id: String, digest: String }, loose);
 
 const APPEND_TRIES = 20;
@@ -68,6 +73,10 @@ export function evidenceRepo(ledger: Model<StoredEntry>, payloads: Model<StoredP
     async payloads(tenantId, digests) {
       const rows = await payloads.find({ _id: { $in: [...new Set(digests)].map((d) => `${tenantId}:${d}`) } }).lean<StoredPayload[]>();
       return rows.map((r) => ({ digest: r.digest, body: r.body }));
+    },
+    async firstOfReport(tenantId, kind, reportId) {
+      const first = await ledger.findOne({ tenant_id: tenantId, 'subject.report_id': reportId, kind }).sort({ seq: 1 }).lean<StoredEntry>();
+      return first ? strip(first) : null;
     },
   };
 }

@@ -16,6 +16,10 @@ export function evidenceRepo(db: Db): EvidenceRepo {
     'SELECT doc FROM ledger WHERE tenant_id = ? AND seq > ? AND at >= ? ORDER BY seq LIMIT ?',
   );
   const payload = db.prepare<[string, string], { digest: string; body: string }>('SELECT digest, body FROM ledger_payloads WHERE tenant_id = ? AND digest = ?');
+  // served by ledger_by_report: only entries that name a report are in it
+  const ofReport = db.prepare<[string, string, string], { doc: string }>(
+    "SELECT doc FROM ledger WHERE tenant_id = ? AND json_extract(doc, '$.subject.report_id') = ? AND json_extract(doc, '$.kind') = ? ORDER BY seq LIMIT 1",
+  );
   const commit = groupCommit(db);
   const append = (tenantId: string, build: (head: LedgerHead, from: number) => LedgerEntry[], payloads: { digest: string; body: string }[]) => {
     const entries = build(headLink.get(tenantId) ?? null, 0);
@@ -36,6 +40,10 @@ export function evidenceRepo(db: Db): EvidenceRepo {
     },
     async payloads(tenantId, digests) {
       return [...new Set(digests)].map((d) => payload.get(tenantId, d)).filter((p) => p !== undefined);
+    },
+    async firstOfReport(tenantId, kind, reportId) {
+      const row = ofReport.get(tenantId, reportId, kind);
+      return row ? (JSON.parse(row.doc) as LedgerEntry) : null;
     },
   };
 }

@@ -392,3 +392,10 @@ MIGRATIONS.push(`
 MIGRATIONS.push(`
   CREATE TABLE deployment (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
 `);
+
+// A report's entry in the ledger, found by its id: an audit whose report Redis lost (or brought back older)
+// is finished from the entry it already has, not appended again. Only entries that name a report are indexed.
+MIGRATIONS.push(`
+  CREATE INDEX ledger_by_report ON ledger (tenant_id, json_extract(doc, '$.subject.report_id'), seq)
+    WHERE json_extract(doc, '$.subject.report_id') IS NOT NULL;
+`);
