@@ -56,19 +56,24 @@ export function guardedLookup(hostname: string, options: dns.LookupOptions, call
  * ones are allowed). For clients that cannot take guardedLookup at connect time (the providers' SDKs),
  * checked just before each use. A name that does not resolve is refused too: it cannot be checked, and
  * the client's own lookup a moment later could find a private address.
+ *
+ * Answers the addresses the name was found at, every one checked: a client that looks the name up again
+ * itself (git's curl) is to be given these, since its own answer could be another (DNS rebinding). None
+ * when nothing was looked up: private addresses are allowed, or the host is an address.
  */
-export async function assertPublicHost(url: URL, allowPrivate: boolean): Promise<void> {
-  if (allowPrivate) return;
+export async function assertPublicHost(url: URL, allowPrivate: boolean): Promise<string[]> {
+  if (allowPrivate) return [];
   const literal = privateLiteral(url);
   if (literal) throw new AddressNotAllowedError(`${literal} is a private or loopback address`);
   const host = url.hostname.replace(/^\[|\]$/g, '');
   // no host is no address to check: clients may take it as localhost
   if (!host) throw new AddressNotAllowedError('the URL names no host');
-  if (ipaddr.isValid(host)) return;
+  if (ipaddr.isValid(host)) return [];
   const addresses = await dns.promises.lookup(host, { all: true }).catch((err: NodeJS.ErrnoException) => {
     throw new AddressNotAllowedError(`${host} does not resolve (${err.code ?? 'no answer'}): only a name whose addresses are public is reached`);
   });
   if (!addresses.length) throw new AddressNotAllowedError(`${host} does not resolve: only a name whose addresses are public is reached`);
   // which address is not said: a tenant could map the deployment's internal names with it
   if (addresses.some((a) => isPrivateAddress(a.address))) throw new AddressNotAllowedError(`${host} resolves to a private or loopback address`);
+  return addresses.map((a) => a.address);
 }

@@ -1,7 +1,7 @@
 // The action tools: codehost, chat, tracker, pager and email, one per provider. Each takes an
 // `action` and its arguments, and acts through the run's connection to that provider (the engine's
 // connections capability holds the SDK clients); what the provider answers is the step's output.
-import type { ConnectionProvider } from '../platform/index.js';
+import { assertPublicHost, type ConnectionProvider } from '../platform/index.js';
 import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -103,11 +103,28 @@ const CHECKOUT_OUTPUT_MAX = 16 * 1024;
 const CHECKOUT = 'git init -q && git fetch -q --no-tags "$REMOTE" "$REF" && git checkout -q --force --detach FETCH_HEAD && git rev-parse HEAD';
 
 /**
+ * Where git is to fetch from and, unless private addresses are allowed, the addresses it must connect to
+ * there. The code host's name is looked up and checked here, and git's curl is given the addresses checked
+ * (http.curloptResolve): its own lookup of the name a moment later could be answered otherwise (DNS
+ * rebinding) and take the token to loopback or the internal network. The remote is written from the same
+ * parse as the check's (host lowercased, in punycode, an address in its usual form): curl takes a given
+ * address only for the host exactly as the URL names it, and looks up any other itself.
+ */
+async function pinnedRemote(webUrl: string, allowPrivate: boolean): Promise<{ base: string; resolve: string | null }> {
+  const web = new URL(webUrl);
+  const base = `${web.origin}${web.pathname.replace(/\/+$/, '')}`;
+  const checked = await assertPublicHost(web, allowPrivate);
+  if (!checked.length) return { base, resolve: null };
+  const port = web.port || (web.protocol === 'https:' ? '443' : '80');
+  return { base, resolve: `${web.hostname}:${port}:${[...new Set(checked)].map((a) => (a.includes(':') ? `[${a}]` : a)).join(',')}` };
+}
+
+/**
  * Fetches a ref of the repository from the code host into a fresh folder of the run's (the steps after
  * it work there), in the sandbox, with the network for this process only. The token reaches git only in
  * a config file of the service's (mode 0600, in a private folder bound read-only), as a header git sends
  * to the code host's address alone: never in an argument, the environment, the remote URL or the output.
- * System and user git config are not read.
+ * Git connects only to the addresses checked (pinnedRemote). System and user git config are not read.
  */
 async function checkout(args: Record<string, unknown>, ctx: ToolContext): Promise<ToolResult> {
   if (!ctx.connections || !ctx.checkouts) throw new ToolError('tool-unavailable', 'checkouts are not possible from this run');
@@ -118,7 +135,8 @@ async function checkout(args: Record<string, unknown>, ctx: ToolContext): Promis
   if (!ctx.networkAllowed)
     throw new ToolError('network-required', 'checking out fetches from the code host: the operator must allow it (SERVICE_SANDBOX_ALLOW_NETWORK=1)');
   const access = await ctx.connections.git(typeof args.connection === 'string' ? args.connection : undefined);
-  const remote = `${access.web_url}/${repo}.git`;
+  const { base, resolve } = await pinnedRemote(access.web_url, ctx.httpAllowPrivate);
+  const remote = `${base}/${repo}.git`;
   const secrets = await fs.mkdtemp(path.join(os.tmpdir(), 'svc-git-'));
   const cleanup = [secrets];
   try {
@@ -128,11 +146,12 @@ async function checkout(args: Record<string, unknown>, ctx: ToolContext): Promis
     await fs.writeFile(
       config,
       [
-        `[http ${quote(`${access.web_url}/`)}]`,
+        `[http ${quote(`${base}/`)}]`,
         `\textraHeader = ${quote(header)}`,
         // the code host's address was checked, a redirect's never is: none is followed (a renamed repository is named anew)
         '[http]',
         '\tfollowRedirects = false',
+        ...(resolve ? [`\tcurloptResolve = ${quote(resolve)}`] : []),
         '[core]',
         '\thooksPath = /dev/null',
         '\tfsmonitor = false',

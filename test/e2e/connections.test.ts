@@ -801,6 +801,47 @@ describe('action tools', function () {
     }
   });
 
+  it('fetches a checkout only from the addresses its check found: a name whose DNS answer changes after the check (rebinding) takes neither git nor the token to loopback', async function () {
+    this.timeout(60_000);
+    // the code host's git server, on loopback only
+    const reached: { path: string; authorization: string }[] = [];
+    const internal = http.createServer((req, res) => {
+      reached.push({ path: req.url ?? '', authorization: String(req.headers.authorization ?? '') });
+      res.writeHead(404).end();
+    });
+    await new Promise<void>((r) => internal.listen(0, '127.0.0.1', r));
+    const port = (internal.address() as AddressInfo).port;
+    // the check is answered a public address for the name; git's own lookup (the system's, in the sandbox) says loopback
+    const checked = dns.promises.lookup;
+    dns.promises.lookup = (async (host: string, options: object) =>
+      host === 'localhost' ? [{ address: '93.184.216.34', family: 4 }] : checked(host, options as never)) as typeof checked;
+    // the operator's rule: network for checkouts, private addresses out
+    const strict = await startHarness({ env: { SERVICE_SANDBOX_ALLOW_NETWORK: '1' } });
+    try {
+      const made = await strict.call<Body>('POST', '/api/v1/connections', {
+        body: { provider: 'codehost', name: 'rebound', base_url: `http://localhost:${port}/api/v3`, credential: FAKE_TOKEN },
+      });
+      expect(made.status, made.text).to.equal(201);
+      const started = await strict.call<Body>('POST', '/api/v1/autonomy/run', {
+        body: { tools: ['codehost'], steps: [{ tool: 'codehost', args: { action: 'checkout', repository: 'acme/shop', ref: 'main' } }] },
+      });
+      expect(started.status, started.text).to.equal(202);
+      const id = started.body.run_id;
+      // the public address may not answer where this runs (a dropped SYN): the run is stopped once git had the time to reach loopback
+      const run = await finishedRun(strict, id).catch(async () => {
+        await strict.call('POST', `/api/v1/runs/${id}/cancel`);
+        return finishedRun(strict, id);
+      });
+      expect(run.status, JSON.stringify(run.steps)).to.not.equal('succeeded');
+      expect(reached, 'git reached the loopback server').to.deep.equal([]);
+    } finally {
+      dns.promises.lookup = checked;
+      await strict.close();
+      internal.closeAllConnections();
+      internal.close();
+    }
+  });
+
   it('opens a pull request from a vibe run’s diff: the base files patched, committed on a new branch, the pull request opened', async () => {
     const repo = path.join(h.tenantDir(), 'vibe');
     fs.mkdirSync(path.join(repo, 'src'), { recursive: true });
