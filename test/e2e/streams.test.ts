@@ -4,6 +4,7 @@ import net from 'node:net';
 import { expect } from 'chai';
 import { EventSource } from 'eventsource';
 import { compareIds } from '../../engine/platform/events.js';
+import type { ServiceEvent } from '../../engine/platform/index.js';
 import { eventually, KEYS, releasable, startHarness, type Harness } from '../support/harness.js';
 
 type Received = { id: string; type: string; data: Record<string, any> };
@@ -324,14 +325,23 @@ describe('run session streams', function () {
     expect(types.filter((t) => t === 'step.finished')).to.have.length(2);
   });
 
-  it('keeps the stream of a run that ended in the store open until its run.finished is in the log, then sends it', async () => {
-    const { body } = await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'message', args: { text: 'x' } }] } });
+  /** A no-op run of tenant A once it has ended and its session has taken its outcome: its answer, its log's scope, its log. */
+  const endedRun = async (text: string) => {
+    const { body } = await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'message', args: { text } }] } });
     const scope = `session:${body.session_id}`;
     const log = await eventually(async () => {
       const events = await h.rt.events.after(scope, '0-0');
       const finished = events.findIndex((e) => e.type === 'run.finished');
       return finished >= 0 && events.slice(finished + 1).some((e) => e.type === 'session.updated') ? events : null;
     }, 'the run to end and its session to take its outcome');
+    return { body, scope, log };
+  };
+  /** An event of the log appended again, as the retry of its append would (with a new id). */
+  const appendAgain = (scope: string, e: ServiceEvent) =>
+    h.rt.events.append(scope, { tenant_id: e.tenant_id, session_id: e.session_id, run_id: e.run_id, type: e.type, data: e.data } as never);
+
+  it('keeps the stream of a run that ended in the store open until its run.finished is in the log, then sends it', async () => {
+    const { body, scope, log } = await endedRun('x');
     // as when Redis refused the append (an outage): the run ended in the store, its run.finished not yet in the log
     const finished = log.find((e) => e.type === 'run.finished')!;
     await h.rt.redis.xdel(h.rt.events.key(scope), finished.id);
@@ -341,13 +351,7 @@ describe('run session streams', function () {
     expect(reader.isEnded()).to.equal(false);
     expect(reader.es.readyState, 'the stream is open, not ended by a 204').to.equal(EventSource.OPEN);
     // the append's retry lands: the reader gets the end it had not seen
-    await h.rt.events.append(scope, {
-      tenant_id: finished.tenant_id,
-      session_id: body.session_id,
-      run_id: body.run_id,
-      type: 'run.finished',
-      data: finished.data,
-    } as never);
+    await appendAgain(scope, finished);
     await eventually(() => reader.isEnded(), 'run.finished');
     expect(reader.received.map((e) => e.type)).to.deep.equal(['run.finished']);
   });
@@ -361,13 +365,7 @@ describe('run session streams', function () {
   });
 
   it('sends what comes after a Last-Event-ID the log lost (Redis back from an older save), and ends a stream whose run.finished will not come once its retries are over', async () => {
-    const { body } = await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'message', args: { text: 'x' } }] } });
-    const scope = `session:${body.session_id}`;
-    const log = await eventually(async () => {
-      const events = await h.rt.events.after(scope, '0-0');
-      const finished = events.findIndex((e) => e.type === 'run.finished');
-      return finished >= 0 && events.slice(finished + 1).some((e) => e.type === 'session.updated') ? events : null;
-    }, 'the run to end and its session to take its outcome');
+    const { body, scope, log } = await endedRun('x');
     // the reader had every event up to the step's end; Redis came back without the step's end and what followed
     const stepFinished = log.find((e) => e.type === 'step.finished')!;
     const lost = log.slice(log.indexOf(stepFinished));
@@ -376,24 +374,13 @@ describe('run session streams', function () {
     await eventually(() => reader.es.readyState === EventSource.OPEN || null, 'the stream to open (it was a 400, and the reader gave up)');
     // what is appended from now on reaches it: its ids come after the reader's
     const finished = lost.find((e) => e.type === 'run.finished')!;
-    await h.rt.events.append(scope, {
-      tenant_id: finished.tenant_id,
-      session_id: body.session_id,
-      run_id: body.run_id,
-      type: 'run.finished',
-      data: finished.data,
-    } as never);
+    await appendAgain(scope, finished);
     await eventually(() => reader.isEnded(), 'the run.finished appended after the loss');
     expect(reader.received.map((e) => e.type)).to.deep.equal(['run.finished']);
 
     // a run.finished nobody will append again: the store's end is past the append's retries (6 minutes), so the
     // stream opened just before they ran out ends at a heartbeat after, and a reconnect is answered 204
-    const other = (await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'message', args: { text: 'y' } }] } })).body;
-    const otherScope = `session:${other.session_id}`;
-    const otherLog = await eventually(async () => {
-      const events = await h.rt.events.after(otherScope, '0-0');
-      return events.some((e) => e.type === 'session.updated' && (e.data as { outcome?: string }).outcome) ? events : null;
-    }, 'the other run to end');
+    const { body: other, scope: otherScope, log: otherLog } = await endedRun('y');
     const otherEnd = otherLog.findIndex((e) => e.type === 'run.finished');
     await h.rt.redis.xdel(h.rt.events.key(otherScope), ...otherLog.slice(otherEnd).map((e) => e.id));
     const almost = new Date(Date.now() - 6 * 60_000 + 1500).toISOString();
