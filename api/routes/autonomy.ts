@@ -128,13 +128,15 @@ export function autonomyRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
       storeEnded &&
       (endTriedOut(session, run) || (await logHoldsEnds(scope.stream, await endedRuns(run, session))) || (await opts.hub.lastId(scope.stream)) === '0-0');
     // an end the log will not get (lost with Redis's later data, or refused past its retries while the stream
-    // was open) ends the stream when its retries are over: asked at each heartbeat, else it stayed open for good
+    // was open) ends the stream when its retries are over: asked at each heartbeat, else it stayed open for good.
+    // An end the log holds is the stream's to reach (a long replay of an old run is not cut short)
     const stillThere = async () => {
       const [now, nowRun] = await Promise.all([
         engine.sessions.get(tenantOf(req), sessionId).catch(() => null),
         engine.runs.sessionRun(tenantOf(req), sessionId),
       ]);
-      return !((now ? now.outcome !== null : isTerminal(nowRun.status)) && endTriedOut(now, nowRun));
+      if (!((now ? now.outcome !== null : isTerminal(nowRun.status)) && endTriedOut(now, nowRun))) return true;
+      return logHoldsEnds(scope.stream, await endedRuns(nowRun, now));
     };
     await watch(req, res, sessionId, lastEventIdOf(req), { ended, stillThere });
   });

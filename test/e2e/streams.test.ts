@@ -397,6 +397,33 @@ describe('run session streams', function () {
     expect(again.status).to.equal(204);
   });
 
+  it('never cuts short the slow replay of a run that ended long ago, its end in the log (the check for an end that will not come finds it)', async () => {
+    const steps = Array.from({ length: 4 }, (_, i) => ({ tool: 'message', args: { text: `m${i}` } }));
+    const { body } = await h.call('POST', '/api/v1/autonomy/run', { body: { steps } });
+    const session = await eventually(async () => {
+      const s = await h.rt.store.sessions.get('tenant-a', body.session_id);
+      return s?.outcome ? s : null;
+    }, 'the run to end');
+    await eventually(async () => (await h.rt.events.after(`session:${body.session_id}`, '0-0')).some((e) => e.type === 'run.finished'), 'its end in the log');
+    // ended longer ago than its end's retries (6 minutes); each page of its replay comes slower than a heartbeat
+    const old = new Date(Date.now() - 7 * 60_000).toISOString();
+    expect(await h.rt.store.sessions.update('tenant-a', body.session_id, { updated_at: old }, [session.status])).to.not.equal(null);
+    const after = h.rt.hub.after;
+    h.rt.hub.after = async (...args: Parameters<typeof after>) => {
+      await new Promise((r) => setTimeout(r, 1200));
+      return after.apply(h.rt.hub, args);
+    };
+    try {
+      const res = await fetch(`${h.url}/api/v1/autonomy/streaming/${body.session_id}/events`, { headers: { authorization: `Bearer ${KEYS.a}` } });
+      expect(res.status).to.equal(200);
+      const types = [...(await res.text()).matchAll(/^event: (.+)$/gm)].map((m) => m[1]);
+      expect(types.at(-1), types.join(' ')).to.equal('run.finished');
+      expect(types.filter((t) => t === 'step.finished')).to.have.length(4);
+    } finally {
+      h.rt.hub.after = after;
+    }
+  });
+
   it('sends heartbeats while a run is quiet', async () => {
     const { body } = await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'sleep 2.5' } }] } });
     const res = await fetch(`${h.url}/api/v1/autonomy/streaming/${body.session_id}/events`, { headers: { authorization: `Bearer ${KEYS.a}` } });
