@@ -1,10 +1,12 @@
 // /api/v1/autonomy/workspace-audit: run the audit and answer its report (or a 202 past the timeout),
 // stream it per phase (resumable: the event ids name the report), and fetch a recent report.
+import { Ajv2020, type ValidateFunction } from 'ajv/dist/2020.js';
 import { Router, type Request, type Response } from 'express';
 import { nestsDeeperThan, NotFoundError, scopes, ValidationError, type AuditPhase, type EventHub } from '../../engine/platform/index.js';
 import type { Engine } from '../../engine/index.js';
 import { tenantOf } from '../auth.js';
 import type { components } from '../schema.js';
+import { loadSpec } from '../spec.js';
 import { lastEventIdOf, streamEvents, type OpenStreams } from '../sse.js';
 
 type AuditRequest = components['schemas']['AuditRequest'];
@@ -16,6 +18,33 @@ const rootOf = (req: Request) => {
   const header = req.headers['x-service-workspace-root'];
   return typeof header === 'string' ? header : undefined;
 };
+
+/**
+ * The stream's `layers` query, parsed, held to the schema the POST's `layers` is (AuditRequest's): a query
+ * parameter of type string is all the request validator checks, so an empty list, 60 layers or unknown fields
+ * started an audit the POST refuses.
+ */
+function layersOfQuery(text: string | undefined): AuditRequest['layers'] {
+  if (text === undefined) return undefined;
+  let layers: unknown;
+  try {
+    if (nestsDeeperThan(Buffer.from(text))) throw new Error('too deep');
+    layers = JSON.parse(text);
+  } catch {
+    throw new ValidationError('layers: not valid JSON', [{ path: '/query/layers', message: 'must be a JSON list of layers' }]);
+  }
+  validateLayers ??= new Ajv2020({ allErrors: true, strict: false }).compile({
+    $ref: '#/components/schemas/AuditRequest/properties/layers',
+    components: loadSpec().components,
+  });
+  if (!validateLayers(layers))
+    throw new ValidationError(
+      'layers: not valid',
+      (validateLayers.errors ?? []).map((e) => ({ path: `/query/layers${e.instancePath}`, message: e.message ?? 'is not valid' })),
+    );
+  return layers as AuditRequest['layers'];
+}
+let validateLayers: ValidateFunction | undefined;
 
 export function auditRouter(engine: Engine, opts: { hub: EventHub; heartbeatMs: number; streams: OpenStreams }): Router {
   const router = Router();
@@ -93,20 +122,14 @@ export function auditRouter(engine: Engine, opts: { hub: EventHub; heartbeatMs: 
         return;
       }
       const q = req.query as { workspace?: string; phases?: AuditPhase[]; layers?: string };
-      let layers: AuditRequest['layers'];
-      try {
-        if (q.layers !== undefined && nestsDeeperThan(Buffer.from(q.layers))) throw new Error('too deep');
-        layers = q.layers === undefined ? undefined : (JSON.parse(q.layers) as AuditRequest['layers']);
-      } catch {
-        throw new ValidationError('layers: not valid JSON', [{ path: '/query/layers', message: 'must be a JSON list of layers' }]);
-      }
       reportId = (
         await engine.audits.start(tenantId, {
           root: rootOf(req),
           workspace: q.workspace,
           workspaceAt: '/query/workspace',
           phases: q.phases,
-          layers,
+          layers: layersOfQuery(q.layers),
+          layersAt: '/query/layers',
           trigger: { type: 'api', request_id: String(req.id) },
         })
       ).report_id;

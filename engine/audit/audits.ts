@@ -72,6 +72,8 @@ export type AuditRequest = {
   workspace?: string;
   /** where the request named the workspace, for its error (a query parameter on the stream's GET) */
   workspaceAt?: string;
+  /** where the request named its layers, for errors (`/body/layers` unless said) */
+  layersAt?: string;
   phases?: AuditPhase[];
   /** layering rules as asked for (checked and completed by parseLayers) */
   layers?: { name: string; path: string; may_import?: string[] }[] | null;
@@ -309,7 +311,7 @@ export function auditsOf(deps: AuditsDeps) {
         layers = req.layers ? parseLayers(req.layers) : null;
         if (layers?.length === 0) layers = null;
       } catch (err) {
-        throw new ValidationError(`layers: ${(err as Error).message}`, [{ path: '/body/layers', message: (err as Error).message }]);
+        throw new ValidationError(`layers: ${(err as Error).message}`, [{ path: req.layersAt ?? '/body/layers', message: (err as Error).message }]);
       }
       const ws = await rootOf(tenantId, req);
       const phases = AUDIT_PHASES.filter((p) => !req.phases?.length || req.phases.includes(p));

@@ -267,6 +267,24 @@ describe('workspace audit', function () {
     const nowhere = await h.call<Body>('GET', '/api/v1/autonomy/workspace-audit/stream?workspace=nowhere');
     expect(nowhere.status).to.equal(400);
     expect(nowhere.body.errors[0].path).to.equal('/query/workspace');
+    // the stream's layers are held to the POST's schema, and named where they were given: no audit starts
+    const indexed = `${h.config.queuePrefix}:audit-index:{tenant-a}`;
+    const before = await h.rt.redis.zcard(indexed);
+    const layersOf = (layers: unknown) =>
+      h.call<Body>('GET', `/api/v1/autonomy/workspace-audit/stream?phases=sanity&layers=${encodeURIComponent(JSON.stringify(layers))}`);
+    for (const [layers, path] of [
+      [[], '/query/layers'],
+      [[{ name: 'n'.repeat(500), path: '^a', extra: 1 }], '/query/layers/0'],
+      [Array.from({ length: 60 }, (_, i) => ({ name: `l${i}`, path: '^a' })), '/query/layers'],
+      [{ layers: [{ name: 'a', path: '^a' }] }, '/query/layers'],
+      [[{ name: 'a' }], '/query/layers/0'],
+      [[{ name: 'a', path: '([' }], '/query/layers'],
+    ] as const) {
+      const refused = await layersOf(layers);
+      expect(refused.status, JSON.stringify(layers).slice(0, 80)).to.equal(400);
+      expect(refused.body.errors[0].path, JSON.stringify(layers).slice(0, 80)).to.equal(path);
+    }
+    expect(await h.rt.redis.zcard(indexed), 'audits started').to.equal(before);
     // no other audit was started by the reconnect
     expect(resumed.events.every((e) => (e.name === 'report' ? e.data.data.report_id : e.data.data.report_id) === reportId)).to.equal(true);
   });
