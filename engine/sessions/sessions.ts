@@ -89,8 +89,14 @@ export function sessionsOf(deps: SessionsDeps) {
   const emit = (s: Session): Promise<void> =>
     appendStored(s.id, { type: 'session.updated', tenant_id: s.tenant_id, session_id: s.id, data: { status: s.status, outcome: s.outcome, title: s.title } });
 
-  async function change(tenantId: string, id: string, changes: Partial<Session>, ifStatusIn: SessionStatus[]): Promise<Session | null> {
-    const updated = await store.sessions.update(tenantId, id, { ...changes, updated_at: clock.now().toISOString() }, ifStatusIn);
+  async function change(
+    tenantId: string,
+    id: string,
+    changes: Partial<Session>,
+    ifStatusIn: SessionStatus[],
+    ifOutcome?: Session['outcome'],
+  ): Promise<Session | null> {
+    const updated = await store.sessions.update(tenantId, id, { ...changes, updated_at: clock.now().toISOString() }, ifStatusIn, ifOutcome);
     if (updated) await emit(updated);
     return updated;
   }
@@ -101,7 +107,9 @@ export function sessionsOf(deps: SessionsDeps) {
    * added, one ended) can land after that change's own recount, which found nothing to write, and leave
    * the session idle with a task running. So a recount that wrote reads again, until what it reads is what
    * the session says (every change of the tasks is followed by a recount of its own, so the last write is
-   * always checked against the counts after it).
+   * always checked against the counts after it). It is conditional on the outcome it read too: two recounts
+   * at once that read the same would both write it, and the trace got its end (an archived session's
+   * outcome) twice.
    */
   async function recount(tenantId: string, sessionId: string): Promise<void> {
     for (let i = 0; i < RECOUNT_TRIES; i++) {
@@ -112,7 +120,7 @@ export function sessionsOf(deps: SessionsDeps) {
       // an archived session stays archived and gets its outcome once every task has ended
       const next = s.status === 'archived' ? { status: s.status, outcome: counted.outcome } : counted;
       if (next.status === s.status && next.outcome === s.outcome) return;
-      await change(tenantId, sessionId, next, [s.status]);
+      await change(tenantId, sessionId, next, [s.status], s.outcome);
     }
   }
 

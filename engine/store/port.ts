@@ -293,8 +293,11 @@ export interface SessionRepo {
   get(tenantId: string, id: string): Promise<Session | null>;
   /** Newest first; archived sessions only when asked for by status. */
   list(tenantId: string, q: SessionQuery): Promise<Page<Session>>;
-  /** Applies `changes` only while the status is one of `ifStatusIn`; null when no row matched. */
-  update(tenantId: string, id: string, changes: SessionChanges, ifStatusIn: SessionStatus[]): Promise<Session | null>;
+  /**
+   * Applies `changes` only while the status is one of `ifStatusIn` (and, when `ifOutcome` is given, the
+   * outcome is that one); null when no row matched.
+   */
+  update(tenantId: string, id: string, changes: SessionChanges, ifStatusIn: SessionStatus[], ifOutcome?: Session['outcome']): Promise<Session | null>;
   /**
    * System use (the reconciler): multi-agent sessions of every tenant running or waiting, not changed since a
    * time, oldest first; `after` (the last session of the page before) pages on, so sessions that wait for good

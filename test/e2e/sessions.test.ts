@@ -220,6 +220,10 @@ describe('sessions', function () {
     expect(canceled.sort()).to.deep.equal(['after', 'anyway', 'long']);
     expect(events.some((e) => e.type === 'run.finished' && e.data.status === 'canceled')).to.equal(true);
     expect(events.filter((e) => e.type === 'session.updated' && e.data.status === 'archived').length).to.be.at.least(2);
+    // its end once: two recounts at once that read the same write it once (the second, conditional on the outcome read, none)
+    await new Promise((r) => setTimeout(r, 300));
+    const ends = (await h.rt.events.after(`session:${s.id}`, '0-0')).filter((e) => e.type === 'session.updated' && (e.data as Body).outcome);
+    expect(ends.map((e) => e.id)).to.deep.equal([end.id]);
     // a reconnect after the end: 204, so EventSource stops; one before it gets the rest and the end
     expect((await read(end.id)).status).to.equal(204);
     const rest = await read(events.at(-3)!.id);

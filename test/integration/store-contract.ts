@@ -954,6 +954,11 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
         kind: 'multi_agent',
       });
       expect(await store.sessions.update('t2', a.id, { status: 'idle' }, ['paused'])).to.equal(null);
+      // conditional on the outcome too, when one is named (null included): the second of two recounts that read the same writes nothing
+      expect(await store.sessions.update('t1', a.id, { outcome: 'succeeded' }, ['paused'], 'failed')).to.equal(null);
+      expect((await store.sessions.update('t1', a.id, { outcome: 'succeeded' }, ['paused'], null))!.outcome).to.equal('succeeded');
+      expect(await store.sessions.update('t1', a.id, { outcome: 'succeeded' }, ['paused'], null)).to.equal(null);
+      expect((await store.sessions.update('t1', a.id, { outcome: null }, ['paused']))!.outcome).to.equal(null);
       // the reconciler's stale sessions, oldest first, ties by id, a page at a time: a tenant's sessions that
       // wait for good hide no other tenant's behind them
       const old = '2020-01-01T00:00:00.000Z';

@@ -28,9 +28,14 @@ export function sessionRepo(model: Model<Stored<Session>>): SessionRepo {
       return fromStored(await model.findOne({ _id: id, tenant_id: tenantId }).lean<Stored<Session>>());
     },
     list: (tenantId, q) => pageOf(model, { tenant_id: tenantId, status: q.status ?? { $ne: 'archived' }, ...(q.kind ? { kind: q.kind } : {}) }, q),
-    async update(tenantId, id, changes, ifStatusIn) {
+    async update(tenantId, id, changes, ifStatusIn, ifOutcome) {
+      const outcome = ifOutcome === undefined ? {} : { outcome: ifOutcome };
       const updated = await model
-        .findOneAndUpdate({ _id: id, tenant_id: tenantId, status: { $in: ifStatusIn } }, { $set: definedOnly(changes) }, { returnDocument: 'after' })
+        .findOneAndUpdate(
+          { _id: id, tenant_id: tenantId, status: { $in: ifStatusIn }, ...outcome },
+          { $set: definedOnly(changes) },
+          { returnDocument: 'after' },
+        )
         .lean<Stored<Session>>();
       return fromStored(updated);
     },

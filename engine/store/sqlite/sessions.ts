@@ -36,9 +36,10 @@ export function sessionRepo(db: Db): SessionRepo {
     }
     return stmt;
   };
-  const update = (tenantId: string, id: string, changes: Partial<Session>, ifStatusIn: string[]) => {
+  const update = (tenantId: string, id: string, changes: Partial<Session>, ifStatusIn: string[], ifOutcome?: Session['outcome']) => {
     const current = read(get.get(tenantId, id));
     if (!current || !ifStatusIn.includes(current.status)) return null;
+    if (ifOutcome !== undefined && current.outcome !== ifOutcome) return null;
     const next: Session = { ...current, ...changes, id: current.id, tenant_id: current.tenant_id, kind: current.kind, created_at: current.created_at };
     if (next.status === current.status) writeDoc.run(JSON.stringify(next), tenantId, id);
     else write.run(next.status, JSON.stringify(next), tenantId, id);
@@ -61,8 +62,8 @@ export function sessionRepo(db: Db): SessionRepo {
         q.limit,
       );
     },
-    async update(tenantId, id, changes, ifStatusIn) {
-      return commit(() => update(tenantId, id, changes, ifStatusIn));
+    async update(tenantId, id, changes, ifStatusIn, ifOutcome) {
+      return commit(() => update(tenantId, id, changes, ifStatusIn, ifOutcome));
     },
     async listStale(status, updatedBefore, limit, after) {
       return stale.all(status, updatedBefore, after?.updated_at ?? '', after?.id ?? '', limit).map((r) => read(r)!);
