@@ -78,8 +78,9 @@ export type SseOptions = {
   /**
    * Whether what the stream follows still exists, asked at each heartbeat: a stream whose scope is gone (an
    * audit whose report Redis lost) ends, rather than sending heartbeats for good. A failure to answer is not gone.
+   * `lastSent`: the id of the last event this reader was sent.
    */
-  stillThere?: () => Promise<boolean>;
+  stillThere?: (lastSent: string) => Promise<boolean>;
   /**
    * The scope's last event is in the log (its run or session has ended): a client that has already
    * seen it is answered 204, which tells EventSource to stop reconnecting, instead of an empty stream
@@ -175,7 +176,7 @@ async function openStream(req: Request, res: Response, opts: SseOptions, leave: 
       (ok) => ok || end(),
       () => undefined,
     );
-    opts.stillThere?.().then(
+    opts.stillThere?.(lastSent).then(
       (there) => there || end(),
       () => undefined,
     );

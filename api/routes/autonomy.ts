@@ -55,7 +55,7 @@ export function autonomyRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
     res: Response,
     sessionId: string,
     afterId: string,
-    extra: { status?: number; headers?: Record<string, string>; ended?: boolean; place?: () => void; stillThere?: () => Promise<boolean> } = {},
+    extra: { status?: number; headers?: Record<string, string>; ended?: boolean; place?: () => void; stillThere?: (lastSent: string) => Promise<boolean> } = {},
   ) =>
     streamEvents(req, res, {
       streams: opts.streams,
@@ -129,14 +129,15 @@ export function autonomyRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
       (endTriedOut(session, run) || (await logHoldsEnds(scope.stream, await endedRuns(run, session))) || (await opts.hub.lastId(scope.stream)) === '0-0');
     // an end the log will not get (lost with Redis's later data, or refused past its retries while the stream
     // was open) ends the stream when its retries are over: asked at each heartbeat, else it stayed open for good.
-    // An end the log holds is the stream's to reach (a long replay of an old run is not cut short)
-    const stillThere = async () => {
+    // An end still ahead of what this reader was sent is the stream's to reach (a long replay of an old run is
+    // not cut short); one behind it (read before the session took its outcome) is no end to wait for
+    const stillThere = async (lastSent: string) => {
       const [now, nowRun] = await Promise.all([
         engine.sessions.get(tenantOf(req), sessionId).catch(() => null),
         engine.runs.sessionRun(tenantOf(req), sessionId),
       ]);
       if (!((now ? now.outcome !== null : isTerminal(nowRun.status)) && endTriedOut(now, nowRun))) return true;
-      return logHoldsEnds(scope.stream, await endedRuns(nowRun, now));
+      return opts.hub.anyAfter(scope.stream, lastSent, (e) => scope.isLast(e));
     };
     await watch(req, res, sessionId, lastEventIdOf(req), { ended, stillThere });
   });

@@ -424,6 +424,26 @@ describe('run session streams', function () {
     }
   });
 
+  it('ends at a heartbeat the stream of a reader who had the run’s end before its session took its outcome, once its retries are over', async () => {
+    const { body, log } = await endedRun('z');
+    // the window: the run's end is in the log, its session's outcome not yet stored
+    expect(await h.rt.store.sessions.update('tenant-a', body.session_id, { outcome: null }, ['idle'])).to.not.equal(null);
+    const controller = new AbortController();
+    const res = await fetch(`${h.url}/api/v1/autonomy/streaming/${body.session_id}/events`, {
+      headers: { authorization: `Bearer ${KEYS.a}`, 'last-event-id': log.at(-1)!.id },
+      signal: controller.signal,
+    });
+    expect(res.status).to.equal(200);
+    // the outcome lands, longer ago than the end's retries: no end is ahead of this reader
+    const old = new Date(Date.now() - 7 * 60_000).toISOString();
+    expect(await h.rt.store.sessions.update('tenant-a', body.session_id, { outcome: 'succeeded', updated_at: old }, ['idle'])).to.not.equal(null);
+    const timer = setTimeout(() => controller.abort(), 8000);
+    const t0 = Date.now();
+    await res.text().catch(() => undefined);
+    clearTimeout(timer);
+    expect(Date.now() - t0, 'ms the stream stayed open').to.be.below(5000);
+  });
+
   it('sends heartbeats while a run is quiet', async () => {
     const { body } = await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'sleep 2.5' } }] } });
     const res = await fetch(`${h.url}/api/v1/autonomy/streaming/${body.session_id}/events`, { headers: { authorization: `Bearer ${KEYS.a}` } });
