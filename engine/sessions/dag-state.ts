@@ -68,8 +68,8 @@ local function walk(base, queue, ready, upstream)
 end`;
 
 // ARGV[1]: JSON [{id, deps, rule}]. Registers the tasks Redis does not know yet (adding one again, as the
-// reconciler does for a task whose registration was cut off, changes nothing it knows), satisfies their
-// dependencies that already ended, and answers {ready, upstream_failed}. ARGV[2]: JSON [{id, state}], their
+// reconciler does for a task whose registration was cut off, registers nothing again), satisfies their
+// dependencies that already ended (a known task that waits, too), and answers {ready, upstream_failed}. ARGV[2]: JSON [{id, state}], their
 // dependencies that have ended in the store: what Redis does not know of them it learns first, so a
 // dependency that ended before Redis lost its data still satisfies, or fails, its dependents. Lost, or
 // older: Redis back from an older save (or a replica behind) may hold such a dependency as not ended, and its
@@ -106,7 +106,9 @@ for _, t in ipairs(tasks) do
   end
 end
 for _, d in ipairs(order) do redis.call('HSET', base .. ':kids', d, cjson.encode(kids[d])) end
-for _, t in ipairs(new) do
+-- every task given that waits, new or known (the reconciler's), is judged by its dependencies' states as
+-- they are now: one whose release the walk of an ended dependency would have made is made here
+for _, t in ipairs(tasks) do
   if redis.call('HGET', base .. ':state', t.id) == 'pending' then
     for _, d in ipairs(t.deps) do
       local s = redis.call('HGET', base .. ':state', d)
