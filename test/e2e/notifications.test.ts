@@ -8,7 +8,7 @@ import type { AddressInfo } from 'node:net';
 import path from 'node:path';
 import { expect } from 'chai';
 import { Webhook } from 'standardwebhooks';
-import { newId } from '../../engine/platform/index.js';
+import { newId, type NotificationDelivery } from '../../engine/platform/index.js';
 import { createSecretBox } from '../../engine/platform/secret-box.js';
 import { eventually, finishedRun, heldTogether, KEYS, sameDeployment, startHarness, type Harness } from '../support/harness.js';
 
@@ -74,6 +74,19 @@ describe('outbound notifications', function () {
     expect(res.status, res.text).to.equal(201);
     return res.body as { secret: string; endpoint: Body };
   };
+  /** A run.finished delivery of tenant A's endpoint written straight to the store, made at `at`. */
+  const storeDelivery = (id: string, endpointId: string, runId: string, at: string, rest: Pick<NotificationDelivery, 'status' | 'attempts'>) =>
+    h.rt.store.notificationDeliveries.insert({
+      id,
+      tenant_id: 'tenant-a',
+      endpoint_id: endpointId,
+      event_type: 'run.finished',
+      payload: { type: 'run.finished', timestamp: at, data: { run_id: runId } },
+      ...rest,
+      replays: 0,
+      created_at: at,
+      updated_at: at,
+    });
   const run = async (key = KEYS.a) => {
     const res = await h.call<Body>('POST', '/api/v1/autonomy/run', { key, body: { steps: [{ tool: 'message', args: { text: 'hi' } }], tools: ['message'] } });
     return finishedRun(h, res.body.run_id, key);
@@ -231,18 +244,7 @@ describe('outbound notifications', function () {
     const made = await endpoint({ url: `${receiver.url}/lost`, event_types: ['run.finished'] });
     const old = new Date(Date.now() - 3_600_000).toISOString();
     const id = `ntf_${'0'.repeat(10)}${Date.now().toString(36).padStart(16, '0')}`.slice(0, 30);
-    await h.rt.store.notificationDeliveries.insert({
-      id,
-      tenant_id: 'tenant-a',
-      endpoint_id: made.endpoint.id,
-      event_type: 'run.finished',
-      payload: { type: 'run.finished', timestamp: old, data: { run_id: 'run_lost' } },
-      status: 'pending',
-      attempts: [],
-      replays: 0,
-      created_at: old,
-      updated_at: old,
-    });
+    await storeDelivery(id, made.endpoint.id, 'run_lost', old, { status: 'pending', attempts: [] });
     expect(await h.rt.engine.notifications.reconcile()).to.deep.equal({ requeued: 1, retried: 0, errors: 0 });
     const got = await eventually(() => receiver.received.find((r) => r.path === '/lost'), 'the repaired delivery');
     expect(new Webhook(made.secret).verify(got.body, got.headers as Record<string, string>)).to.deep.include({ type: 'run.finished' });
@@ -317,18 +319,7 @@ describe('outbound notifications', function () {
     const at = new Date().toISOString();
     const id = newId('ntf');
     const tries = Array.from({ length: 100 }, (_, i) => ({ at, status_code: 500, error: `try ${i}`, duration_ms: 1 }));
-    await h.rt.store.notificationDeliveries.insert({
-      id,
-      tenant_id: 'tenant-a',
-      endpoint_id: made.endpoint.id,
-      event_type: 'run.finished',
-      payload: { type: 'run.finished', timestamp: at, data: { run_id: 'run_kept' } },
-      status: 'failed',
-      attempts: tries,
-      replays: 0,
-      created_at: at,
-      updated_at: at,
-    });
+    await storeDelivery(id, made.endpoint.id, 'run_kept', at, { status: 'failed', attempts: tries });
     expect((await h.call('POST', `/api/v1/notification-deliveries/${id}/replay`)).status).to.equal(202);
     const sent = await eventually(async () => {
       const d = await h.rt.store.notificationDeliveries.get('tenant-a', id);

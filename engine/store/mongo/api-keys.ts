@@ -1,7 +1,7 @@
 import { Schema, type Model } from 'mongoose';
 import type { ApiKeyRecord } from '../../platform/index.js';
 import { type ApiKeyRepo } from '../port.js';
-import { fromStored, isDuplicateKey, loose, pageOf, toStored, type Stored } from './documents.js';
+import { fromStored, insertNew, loose, pageOf, type Stored } from './documents.js';
 import type { Leases } from './leases.js';
 
 export const apiKeySchema = new Schema({ _id: String, tenant_id: { type: String, required: true }, hash: { type: String, required: true } }, loose);
@@ -9,15 +9,7 @@ apiKeySchema.index({ hash: 1 }, { unique: true });
 apiKeySchema.index({ tenant_id: 1, _id: 1 });
 
 export function apiKeyRepo(model: Model<Stored<ApiKeyRecord>>, leases: Leases): ApiKeyRepo {
-  const insert = async (k: ApiKeyRecord): Promise<boolean> => {
-    try {
-      await model.collection.insertOne(toStored(k) as never);
-      return true;
-    } catch (err) {
-      if (isDuplicateKey(err)) return false;
-      throw err;
-    }
-  };
+  const insert = (k: ApiKeyRecord) => insertNew(model, k);
   return {
     async insert(k, cap) {
       if (!cap) return insert(k);

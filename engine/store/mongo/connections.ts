@@ -1,7 +1,7 @@
 import { Schema, type Model } from 'mongoose';
 import type { ConnectionRecord } from '../../platform/index.js';
 import { type ConnectionRepo } from '../port.js';
-import { fromStored, isDuplicateKey, loose, toStored, type Stored } from './documents.js';
+import { fromStored, insertNew, isDuplicateKey, loose, type Stored } from './documents.js';
 
 export const connectionSchema = new Schema(
   { _id: String, tenant_id: { type: String, required: true }, provider: { type: String, required: true }, name: { type: String, required: true } },
@@ -12,15 +12,7 @@ connectionSchema.index({ tenant_id: 1, provider: 1, _id: 1 });
 
 export function connectionRepo(model: Model<Stored<ConnectionRecord>>): ConnectionRepo {
   return {
-    async insert(c) {
-      try {
-        await model.collection.insertOne(toStored(c) as never);
-        return true;
-      } catch (err) {
-        if (isDuplicateKey(err)) return false;
-        throw err;
-      }
-    },
+    insert: (c) => insertNew(model, c),
     async get(tenantId, id) {
       return fromStored(await model.findOne({ _id: id, tenant_id: tenantId }).lean<Stored<ConnectionRecord>>());
     },

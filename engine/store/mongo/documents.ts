@@ -20,6 +20,17 @@ export const loose = { strict: false, versionKey: false, minimize: false } as co
 /** A write refused by a unique index (MongoDB's E11000). */
 export const isDuplicateKey = (err: unknown): boolean => (err as { code?: number }).code === 11000;
 
+/** Inserts one record; false when a unique index already holds its id or key. */
+export async function insertNew<T extends { id: string }>(model: Model<Stored<T>>, record: T): Promise<boolean> {
+  try {
+    await model.collection.insertOne(toStored(record) as never);
+    return true;
+  } catch (err) {
+    if (isDuplicateKey(err)) return false;
+    throw err;
+  }
+}
+
 /**
  * Inserts one record. A failure that may have stored it all the same (a connection lost on the way) takes it
  * back: the id is its own, unless the failure is that the id is another's.
