@@ -271,7 +271,8 @@ describe('scheduling', function () {
       expect(run.steps[0].output.stdout).to.equal('second\n');
       const events = await h.rt.events.after(`session:${run.session_id}`, '0-0');
       expect(events.map((e) => e.type)).to.include('run.interrupted');
-      expect((await h.rt.engine.runs.reliabilityContext('tenant-a')).tenant.running).to.equal(0);
+      // the slot is freed a moment after the run's end is stored
+      await eventually(async () => (await h.rt.engine.runs.reliabilityContext('tenant-a')).tenant.running === 0, 'the run’s slot to be freed');
     } finally {
       killGroups(first, second);
       await h.close();
