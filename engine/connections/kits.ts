@@ -4,6 +4,7 @@
 // retry layer) and says who a credential is and what it may do.
 import http from 'node:http';
 import https from 'node:https';
+import net from 'node:net';
 import type { Dispatcher } from 'undici';
 import { guardedLookup, type ConnectionProvider, type ConnectionRecord } from '../platform/index.js';
 import { reasonOf, retryAfterOf, type ProviderFailure } from './retry.js';
@@ -349,15 +350,31 @@ export const pagerKit: Kit = {
 
 // ---- email: SMTP ----
 
+/**
+ * The address an SMTP connection goes to, its name looked up guarded as dispatcherOf's are: nodemailer looks
+ * names up itself (its own resolver, and a cache of five minutes for the whole process), past the check of
+ * base_url, so a name whose answer changed after the check (rebinding) reached loopback. A failed lookup is
+ * nodemailer's EDNS: the provider could not be reached.
+ */
+function smtpAddress(a: Access, host: string): Promise<string> {
+  if (a.allowPrivate || net.isIP(host)) return Promise.resolve(host);
+  return new Promise((resolve, reject) =>
+    guardedLookup(host, {}, (err, address) => (err ? reject(Object.assign(new Error(err.message), { code: 'EDNS' })) : resolve(address as string))),
+  );
+}
+
 export async function mailerOf(a: Access) {
   const nodemailer = (await import('nodemailer')).default;
   const url = new URL(a.baseUrl!);
+  const host = url.hostname.replace(/^\[|\]$/g, '');
   return nodemailer.createTransport({
-    host: url.hostname.replace(/^\[|\]$/g, ''),
+    host: await smtpAddress(a, host),
+    // the certificate is checked against the name, not the address connected to
+    servername: host,
     port: url.port ? Number(url.port) : url.protocol === 'smtps:' ? 465 : 587,
     secure: url.protocol === 'smtps:',
     // never the password in clear over the network: STARTTLS or nothing, but for a relay on this host
-    requireTLS: url.protocol === 'smtp:' && !['127.0.0.1', 'localhost', '::1'].includes(url.hostname.replace(/^\[|\]$/g, '')),
+    requireTLS: url.protocol === 'smtp:' && !['127.0.0.1', 'localhost', '::1'].includes(host),
     auth: { user: a.settings.username, pass: a.token },
     connectionTimeout: 10_000,
     greetingTimeout: 10_000,

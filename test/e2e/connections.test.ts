@@ -211,6 +211,13 @@ describe('connections', function () {
       if (host !== 'rebind.example') return (lookup as (...args: unknown[]) => void)(host, options, callback);
       return opts.all ? cb(null, [{ address: '127.0.0.1', family: 4 }]) : cb(null, '127.0.0.1', 4);
     }) as typeof lookup;
+    // nodemailer asks DNS itself (a resolver of its own, not dns.lookup): answered loopback too
+    const resolve4 = dns.Resolver.prototype.resolve4;
+    dns.Resolver.prototype.resolve4 = function (this: dns.Resolver, host: string, ...rest: unknown[]) {
+      const cb = rest.at(-1) as (err: Error | null, addresses: string[]) => void;
+      if (host === 'rebind.example') return void setImmediate(() => cb(null, ['127.0.0.1']));
+      return (resolve4 as (...args: unknown[]) => void).call(this, host, ...rest);
+    } as typeof resolve4;
     try {
       const base = `http://rebind.example:${port}`;
       const kits = [
@@ -218,6 +225,7 @@ describe('connections', function () {
         [chatKit, `${base}/api/`],
         [trackerKit, `https://rebind.example:${port}/graphql`],
         [pagerKit, base],
+        [emailKit, `smtp://rebind.example:${port}`],
       ] as const;
       for (const [kit, baseUrl] of kits) {
         const access = { token: FAKE_TOKEN, baseUrl, settings: { from: 'a@example.com' }, allowPrivate: false, signal: AbortSignal.timeout(5000) };
@@ -235,6 +243,7 @@ describe('connections', function () {
     } finally {
       dns.lookup = lookup;
       dns.promises.lookup = checked;
+      dns.Resolver.prototype.resolve4 = resolve4;
       internal.closeAllConnections();
       internal.close();
     }
