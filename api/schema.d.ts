@@ -1907,7 +1907,18 @@ export interface components {
              */
             type: "file_change";
             paths: string[];
-            /** @default 500 */
+            /**
+             * @description Globs of the files whose changes fire the trigger: a changed file fires it when one glob matches it and no
+             *     glob with a leading `!` does, in whatever order they are given (GitHub Actions' `paths` read the same
+             *     when their `!` globs come last: `['src/**', '!src/gen/**']` is every file under `src` but those under
+             *     `src/gen`). A `!` glob only excludes; a list of only `!` globs fires for every file none of
+             *     them matches. Files are watched, not folders:
+             *     a glob ending in `/` never matches, or excludes nothing, and is a 400 (write `src/**`, `!src/gen/**`). Nothing named `node_modules`, `.git`,
+             *     `.scratch` or `.checkouts`, at any depth, is watched, nor anything in it: a glob (not a `!` one) with such a
+             *     folder as one of its plain segments (`node_modules/**`, `.git/refs/heads/*`, `pkg/*\/node_modules/**`, or
+             *     one of its `{a,b}` alternatives) can never fire and is a 400.
+             * @default 500
+             */
             debounce_ms: number;
         };
         /**

@@ -18,8 +18,13 @@ type Watched = { automation: Automation; tenantRoot: string; matchers: Matcher[]
 
 export type FileTriggers = { start(): Promise<void>; refresh(): Promise<void>; close(): Promise<void> };
 
-/** folders no trigger looks into: dependencies, git's own files, vibe runs' scratch copies and checkouts */
-const IGNORED = /(^|[\\/])(node_modules|\.git|\.scratch|\.checkouts)([\\/]|$)/;
+/**
+ * Folders no trigger looks into, at any depth: dependencies, git's own files, vibe runs' scratch copies and
+ * checkouts. Named once: the watcher skips them and validateTriggers refuses a glob that could only match in them.
+ */
+export const IGNORED_FOLDERS: readonly string[] = ['node_modules', '.git', '.scratch', '.checkouts'];
+const ignored = new Set(IGNORED_FOLDERS);
+const isIgnored = (p: string) => p.split(/[\\/]/).some((name) => ignored.has(name));
 /** The most files and folders (a watch each) one tenant root's watcher holds, and all of them together. */
 const ROOT_ENTRIES_MAX = 20_000;
 const ENTRIES_TOTAL = 100_000;
@@ -82,7 +87,7 @@ export function fileTriggersOf(
       // a link is not watched at all: chokidar, not following it, still watched the link's path, and the
       // kernel's watch of a path follows the link, so a change in the folder a link points to (another
       // tenant's) came through as a change of the link itself
-      skip: (p, stats) => IGNORED.test(p) || Boolean(stats?.isSymbolicLink()),
+      skip: (p, stats) => isIgnored(p) || Boolean(stats?.isSymbolicLink()),
       max: rootMax,
       total,
       held: entriesHeld,

@@ -9,6 +9,10 @@
 // character), `[abc]`, `[a-z]`, `[!a]` / `[^a]`, `{a,b}` and `{1..5}` (expanded), `\` to escape, a leading
 // `!` to negate, a leading `./`. Extended globs (`@(…)`, `+(…)`, …), POSIX classes and `(a|b)` groups are
 // refused by globSyntaxError.
+//
+// A list of globs: a path is in when one of its globs matches it and none of its `!` globs does, whatever their
+// order (GitHub Actions' `paths` read the same when their `!` globs come last, as they are mostly written); a
+// list of only `!` globs takes in every path none of them matches.
 
 /** At most this many globs one glob's braces expand to. */
 export const MAX_BRACE_EXPANSION = 64;
@@ -103,6 +107,14 @@ function tokensOf(segment: string): Token[] {
     } else tokens.push({ kind: 'char', ch: c });
   }
   return tokens;
+}
+
+/**
+ * The names a glob's segments stand for, one a segment: a segment of no wildcard is the one name it matches
+ * (escapes undone), any other is null. For a glob without braces (expandBraces first).
+ */
+export function literalSegmentsOf(glob: string): (string | null)[] {
+  return segmentsOf(glob).map((s) => (s !== 'globstar' && s.every((t) => t.kind === 'char') ? s.map((t) => (t as { ch: string }).ch).join('') : null));
 }
 
 function segmentsOf(glob: string): Segment[] {
@@ -204,10 +216,12 @@ export function globSyntaxError(glob: string): string | null {
 }
 
 /**
- * A matcher of paths relative to a root (`/`-separated) that answers whether any of the globs matches,
- * as picomatch(globs, { dot: true }) does for the syntax above. A glob globSyntaxError refuses is not
- * rejected here (an automation stored before): its parentheses are characters and its braces past the
- * bound are literal.
+ * A matcher of paths relative to a root (`/`-separated) that answers whether the list of globs takes the
+ * path in: one glob matches it, as picomatch(glob, { dot: true }) does for the syntax above, and no `!` glob
+ * does (a list of only `!` globs: no `!` glob does). A `!` glob is an exclusion, never a match of its own: OR'd
+ * in as "whatever it does not match", `['src/**', '!src/gen/**']` took in README.md and src/gen/x.ts. A glob
+ * globSyntaxError refuses is not rejected here (an automation stored before): its parentheses are characters
+ * and its braces past the bound are literal.
  */
 export function compileGlobs(globs: string[]): (relPath: string) => boolean {
   const compiled = globs.map((glob) => {
@@ -222,8 +236,12 @@ export function compileGlobs(globs: string[]): (relPath: string) => boolean {
     }
     return { negated, alternatives: expanded.map(segmentsOf) };
   });
+  const included = compiled.filter((g) => !g.negated);
+  const excluded = compiled.filter((g) => g.negated);
   return (relPath) => {
     const names = relPath.split('/').map((s) => Array.from(s));
-    return compiled.some((g) => g.alternatives.some((segments) => pathMatches(segments, names)) !== g.negated);
+    const hits = (g: (typeof compiled)[number]) => g.alternatives.some((segments) => pathMatches(segments, names));
+    if (excluded.some(hits)) return false;
+    return included.length ? included.some(hits) : excluded.length > 0;
   };
 }

@@ -3,7 +3,8 @@
 import path from 'node:path';
 import { CronExpressionParser } from 'cron-parser';
 import type { FieldError, Trigger } from '../platform/index.js';
-import { expandBraces, globSyntaxError } from './globs.js';
+import { IGNORED_FOLDERS } from './file-triggers.js';
+import { expandBraces, globSyntaxError, literalSegmentsOf } from './globs.js';
 
 /** Remembers what a pure, costly check answered (zone and cron parsing cost ~0.1-1 ms each); bounded. */
 function memo<T>(compute: (key: string) => T, max = 2000): (key: string) => T {
@@ -209,13 +210,28 @@ const shortestGapSeconds = memo((schedule: string): number | null => {
   return Math.min(gap, first + 86_400 - last);
 }, 500);
 
-/** What is wrong with a file_change glob: its syntax, or any glob its braces make (`{..,a}/x` is `../x` too) leaving the workspace. */
+/**
+ * What is wrong with a file_change glob: its syntax, any glob its braces make (`{..,a}/x` is `../x` too)
+ * leaving the workspace, or any it makes that can never fire (or, for a `!` glob, exclude). The watcher sees
+ * files only, never a folder as such (`src/` matches nothing), and never looks into IGNORED_FOLDERS: such a
+ * glob was stored (201) and stayed silent.
+ */
 function globError(glob: string): string | null {
   const syntax = globSyntaxError(glob);
   if (syntax) return syntax;
-  for (const one of expandBraces(glob)) {
+  const expanded = expandBraces(glob);
+  for (const one of expanded) {
     if (path.isAbsolute(one) || /^[A-Za-z]:[\\/]/.test(one)) return 'must be relative to the workspace root';
     if (one.split(/[\\/]/).includes('..')) return 'must not climb out of the workspace root with ..';
+  }
+  for (const one of expanded) {
+    const shown = one === glob ? `"${glob}"` : `"${glob}" (as "${one}")`;
+    // `!src/gen/` too: it would exclude nothing, and src/gen's files would fire
+    if (one.endsWith('/')) return `${shown} ends in /, and never matches: changes are seen as files, not folders; write "${one}**" for the files under it`;
+    // an exclusion of what is never seen excludes nothing, and harms nothing
+    if (glob.startsWith('!')) continue;
+    const folder = literalSegmentsOf(one).find((name) => name !== null && IGNORED_FOLDERS.includes(name));
+    if (folder) return `${shown} never matches: ${folder} is not watched (nothing named ${IGNORED_FOLDERS.join(', ')} is, at any depth, nor anything in it)`;
   }
   return null;
 }

@@ -199,6 +199,37 @@ describe('automations API', () => {
     await h.call('DELETE', `/api/v1/automations/${legacy.id}`);
   });
 
+  it('refuses file_change globs that can never fire (a folder ending in /, a folder the watcher never looks into) with 400, and stores nothing', async () => {
+    const before = (await h.call<{ data: unknown[] }>('GET', '/api/v1/automations?limit=100')).body.data.length;
+    // (`!src/gen/` would exclude nothing, and src/gen's files would fire)
+    const silent = ['.git/refs/heads/*', 'node_modules/**', 'src/', './.scratch/x.txt', 'pkg/*/.checkouts/**', '{src,node_modules}/**', '!src/gen/'];
+    const bad = await h.call<{ code: string; errors: { path: string; message: string }[] }>('POST', '/api/v1/automations', {
+      body: { ...definition, triggers: [{ type: 'file_change', paths: ['src/**', ...silent, '!node_modules/**'] }] },
+    });
+    expect(bad.status).to.equal(400);
+    expect(bad.headers.get('content-type')).to.contain('application/problem+json');
+    expect(bad.body.code).to.equal('validation-failed');
+    // each silent glob, named with why; src/** and the ! glob of a folder never watched (harmless) pass
+    expect(bad.body.errors.map((e) => e.path)).to.deep.equal(silent.map((_, j) => `/body/triggers/0/paths/${j + 1}`));
+    bad.body.errors.forEach((e, j) => expect(e.message).to.contain(`"${silent[j]}"`));
+    expect(bad.body.errors[0]!.message).to.match(/\.git is not watched/);
+    expect(bad.body.errors[1]!.message).to.match(/node_modules is not watched/);
+    expect(bad.body.errors[2]!.message).to.match(/ends in \/.*src\/\*\*/);
+    expect(bad.body.errors[6]!.message).to.match(/ends in \/.*!src\/gen\/\*\*/);
+
+    const ok = await create({ ...definition, triggers: [{ type: 'file_change', paths: ['src/**'] }] });
+    for (const paths of [['.git/refs/heads/*'], ['node_modules/**'], ['src/']]) {
+      const posted = await h.call('POST', '/api/v1/automations', { body: { ...definition, triggers: [{ type: 'file_change', paths }] } });
+      expect(posted.status, paths[0]).to.equal(400);
+      const patched = await h.call('PATCH', `/api/v1/automations/${ok.body.id}`, { body: { triggers: [{ type: 'file_change', paths }] } });
+      expect(patched.status, paths[0]).to.equal(400);
+    }
+    expect((await h.call<{ data: unknown[] }>('GET', '/api/v1/automations?limit=100')).body.data.length).to.equal(before + 1);
+    expect((await h.call('GET', `/api/v1/automations/${ok.body.id}`)).body.triggers).to.deep.equal([
+      { type: 'file_change', paths: ['src/**'], debounce_ms: 500 },
+    ]);
+  });
+
   it('refuses work that is missing, tools outside the allowlist, and budgets over the maximum', async () => {
     const none = await h.call('POST', '/api/v1/automations', { body: { name: 'nothing to do' } });
     expect(none.status).to.equal(400);

@@ -555,6 +555,27 @@ describe('file_change triggers', function () {
     ).to.deep.equal(['d0/first.txt', 'd0/second.txt']);
   });
 
+  it('excludes the paths of a ! glob: a change there or elsewhere starts no run, one the other glob matches does', async () => {
+    const a = (
+      await h.call<Body>('POST', '/api/v1/automations', {
+        body: {
+          name: 'all but generated',
+          triggers: [{ type: 'file_change', paths: ['neg/**', '!neg/gen/**'], debounce_ms: 100 }],
+          steps: [{ tool: 'message', args: { text: 'x' } }],
+        },
+      })
+    ).body;
+    await fs.mkdir(path.join(h.tenantDir(), 'neg/gen'), { recursive: true });
+    await watching(h);
+    await fs.writeFile(path.join(h.tenantDir(), 'neg/gen/out.ts'), 'excluded');
+    await fs.writeFile(path.join(h.tenantDir(), 'neg-unrelated.md'), 'unrelated');
+    await fs.writeFile(path.join(h.tenantDir(), 'neg/kept.ts'), 'included');
+    const runs = await runsOnce(h, a.id, 1, 'a run for neg/kept.ts');
+    await new Promise((r) => setTimeout(r, 500));
+    expect(await history(h, a.id)).to.have.length(1);
+    expect(runs[0]!.trigger.paths).to.deep.equal(['neg/kept.ts']);
+  });
+
   it("follows a tenant's root that is itself a link (its folder on another disk)", async () => {
     const linked = await startHarness({ env: { SERVICE_FILE_TRIGGER_REFRESH_SECONDS: '1' } });
     const elsewhere = await fs.mkdtemp(path.join(os.tmpdir(), 'svc-tenant-disk-'));

@@ -34,6 +34,18 @@ describe('engine/globs', () => {
     expect(compileGlobs(['*.md', 'src/**'])('src/a/b.ts')).to.equal(true); // any of them
   });
 
+  it('reads a ! glob of a list as an exclusion from the others, never as a match of its own', () => {
+    const paths = ['src/a.ts', 'src/gen/x.ts', 'src/gen/deep/y.ts', 'README.md', 'lib/b.ts'];
+    const taken = (globs: string[]) => paths.filter(compileGlobs(globs));
+    expect(taken(['src/**', '!src/gen/**'])).to.deep.equal(['src/a.ts']);
+    expect(taken(['!src/gen/**', 'src/**']), 'the ! glob first').to.deep.equal(['src/a.ts']);
+    expect(taken(['src/**', 'lib/**', '!src/gen/**', '!**/y.ts'])).to.deep.equal(['src/a.ts', 'lib/b.ts']);
+    expect(taken(['!src/gen/**']), 'only ! globs: every path they do not match').to.deep.equal(['src/a.ts', 'README.md', 'lib/b.ts']);
+    expect(taken(['!src/**', '!*.md'])).to.deep.equal(['lib/b.ts']);
+    expect(taken(['src/**', '!{src/gen,lib}/**'])).to.deep.equal(['src/a.ts']);
+    expect(taken([])).to.deep.equal([]);
+  });
+
   it('takes time in proportion to the glob and the path, however many wildcards (picomatch took minutes)', () => {
     // each of these, as a regular expression, backtracks for minutes or forever on the paths below
     const hostile = ['*a'.repeat(249) + 'b', '**/*a'.repeat(83) + 'b', '?*'.repeat(249) + 'b', '[a-z]*'.repeat(80) + 'b', '**/a'.repeat(100) + 'b'];
