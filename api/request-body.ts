@@ -16,6 +16,8 @@ export const BODY_LIMIT_BYTES = 1024 * 1024;
 export const MAX_LIST_ITEMS = 1000;
 const JSON_LIMITS = { values: MAX_JSON_VALUES, items: MAX_LIST_ITEMS };
 const JSON_TYPES = ['application/json', 'application/*+json'];
+/** type/subtype, each an RFC 9110 token (§8.3.1) */
+const MEDIA_TYPE = /^[!#$%&'*+.^_`|~0-9a-z-]+\/[!#$%&'*+.^_`|~0-9a-z-]+$/i;
 
 /** The steps of the API's chain that read a body, in order: its type, its declared length, then the JSON parser. */
 export function requestBody(spec: OpenApiDocument): RequestHandler[] {
@@ -35,6 +37,12 @@ export function requestBody(spec: OpenApiDocument): RequestHandler[] {
         if (req.headers['content-length'] === undefined) return void whenEmpty(req, next);
         throw noType();
       }
+      // a type that is no media type (`;`, `;;;`): the validator took the request as one of no body, and a
+      // route whose body is optional went on without it (an API key asked with an expiry made without one)
+      if (hasBody(req) && !MEDIA_TYPE.test(req.headers['content-type'].split(';')[0]!.trim()))
+        throw new UnsupportedMediaTypeError(
+          `The Content-Type ${JSON.stringify(req.headers['content-type'].slice(0, 100))} is not a media type: send JSON as application/json.`,
+        );
       // a route of raw uploads takes no JSON: its validator answers the type 415 (parsed, an upload sent as
       // JSON was a 400 malformed-json, or a 413 past the JSON limit)
       if (!req.is(JSON_TYPES) || takesRaw(req)) return next();

@@ -241,6 +241,27 @@ describe('bad input', () => {
     expect(await sessions()).to.equal(before.sessions + 1);
   });
 
+  it('refuses a body whose Content-Type is no media type, or not JSON, with a 415 where the body is optional (it was taken as no body)', async () => {
+    const keys = async () => (await h.call<{ data: unknown[] }>('GET', '/api/v1/api-keys')).body.data.length;
+    const sessions = async () => (await h.call<{ data: unknown[] }>('GET', '/api/v1/sessions?limit=100')).body.data.length;
+    const before = { keys: await keys(), sessions: await sessions() };
+    for (const type of [';;;', ';', ' ; charset=utf-8', 'application', 'application/', '/json', 'text/plain'])
+      for (const [path, text] of [
+        ['/api/v1/api-keys', '{"label":"ci","expires_at":"2027-01-01T00:00:00Z"}'],
+        ['/api/v1/sessions', '{"kind":"nope"}'],
+      ]) {
+        const res = await h.call('POST', path!, { raw: text!, headers: { 'content-type': type } });
+        await expectProblem(res, 415, 'unsupported-media-type');
+      }
+    expect({ keys: await keys(), sessions: await sessions() }).to.deep.equal(before);
+    // a type with odd spacing and case is still JSON
+    const spaced = await h.call('POST', '/api/v1/api-keys', { raw: '{"label":"spaced"}', headers: { 'content-type': 'Application/JSON ; charset=UTF-8' } });
+    expect(spaced.status, spaced.text).to.equal(201);
+    const made = (spaced.body as { api_key: { id: string; label: string } }).api_key;
+    expect(made.label).to.equal('spaced');
+    await h.call('DELETE', `/api/v1/api-keys/${made.id}`);
+  });
+
   it('makes a session or an API key from no body at all, as the spec allows', async () => {
     for (const path of ['/api/v1/sessions', '/api/v1/api-keys']) {
       const none = await h.call('POST', path);
