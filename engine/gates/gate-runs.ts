@@ -2,7 +2,7 @@
 // seals the results into the evidence ledger. Every child has `ignoreDependencyOnFailure`, so a gate
 // whose job fails never strands the seal; a gate the seal finds without a result counts as cancelled.
 // The record is written before the flow exists; results are kept as each gate ends.
-import { createHash } from 'node:crypto';
+import { createHash, randomUUID } from 'node:crypto';
 import path from 'node:path';
 import { FlowProducer } from 'bullmq';
 import type { Platform } from '../deps.js';
@@ -17,6 +17,7 @@ import {
   type GateRunRecord,
   type GateSubject,
   type EventBody,
+  type LedgerEntry,
 } from '../platform/index.js';
 import { resolveWorkspace, tenantRoot } from '../runs/index.js';
 import type { Sandbox } from '../tools/index.js';
@@ -35,8 +36,13 @@ export type GateJob = { tenant_id: string; gate_run_id: string; gate_id?: string
 const WAIT_POLL_MS = 200;
 /** How often a gate that runs looks whether its gate run was canceled in another process. */
 const CANCEL_POLL_MS = 500;
-/** A seal's claim: long enough to write the ledger; a process that dies holding it frees it this soon. */
+/**
+ * A seal's claim: long enough to write the ledger; a process that dies holding it frees it this soon. A cancel
+ * holds it too, for the moment of its update: a gate run ends once, sealed or canceled, never both.
+ */
 const SEAL_CLAIM_SECONDS = 120;
+/** How often a cancel that meets a seal under way looks whether it ended (or let go of its claim). */
+const SEAL_WAIT_POLL_MS = 50;
 const HASHERS_KEPT = 64;
 /**
  * A workspace's gates run for one gate run at a time: they share its folder, and one run's report files and
@@ -83,6 +89,15 @@ export function gateRunsOf(deps: GatesDeps) {
   const hold = async (r: GateRunRecord) => (await deps.redis.eval(HOLD, 1, workspaceKey(r), r.id, WORKSPACE_HOLD_MS)) === 1;
   /** Lets go of the gate run's hold, if it has it. */
   const letGo = (r: GateRunRecord) => deps.redis.eval(LET_GO, 1, workspaceKey(r), r.id).catch(() => undefined);
+
+  const sealClaim = (gateRunId: string) => `${queues.prefix}:gates:seal:${gateRunId}`;
+  /** Takes the claim on a gate run's end (see SEAL_CLAIM_SECONDS): its token, or null while another holds it. */
+  async function claimEnd(gateRunId: string): Promise<string | null> {
+    const token = randomUUID();
+    return (await deps.redis.set(sealClaim(gateRunId), token, 'EX', SEAL_CLAIM_SECONDS, 'NX')) === 'OK' ? token : null;
+  }
+  /** Lets go of the claim on a gate run's end, if this token still holds it. */
+  const releaseEnd = (gateRunId: string, token: string) => deps.redis.eval(LET_GO, 1, sealClaim(gateRunId), token).catch(() => undefined);
 
   /** A workspace of the tenant: its folder, and its name relative to the tenant's root. */
   async function workspaceOf(tenantId: string, requested: string | undefined, at?: string): Promise<{ dir: string; name: string }> {
@@ -230,6 +245,53 @@ export function gateRunsOf(deps: GatesDeps) {
     });
   }
 
+  /** A gate run that ended (sealed or canceled) lets go of its workspace and tells its end, once. */
+  async function ended(r: GateRunRecord): Promise<void> {
+    await letGo(r);
+    const failedRequired = r.status === 'canceled' ? [] : r.results.filter((x) => x.required && x.conclusion !== 'success').map((x) => x.gate_id);
+    await emit(r, {
+      type: 'gate.run_finished',
+      data: { gate_run_id: r.id, status: r.status, failed_required: failedRequired, ledger_head: r.ledger?.head_hash ?? null },
+    });
+    if (r.status !== 'canceled') log.info({ tenant_id: r.tenant_id, gate_run_id: r.id, status: r.status, failed_required: failedRequired }, 'gate run sealed');
+  }
+
+  /**
+   * Cancels a gate run, under the claim on its end, and answers its end. A seal under way ends it instead: the
+   * cancel waits for it (with `waitForSeal`; else it answers null at once). A seal cut off after its ledger
+   * entries is finished from them, not canceled: the record says what the ledger seals.
+   */
+  async function cancelUnderClaim(tenantId: string, gateRunId: string, waitForSeal: boolean): Promise<GateRunRecord | null> {
+    let claim: string | null;
+    while (!(claim = await claimEnd(gateRunId))) {
+      const r = await mustGet(tenantId, gateRunId);
+      if (r.status !== 'running') return stopped(r);
+      if (!waitForSeal) return null;
+      await new Promise((resolve) => setTimeout(resolve, SEAL_WAIT_POLL_MS));
+    }
+    let end: GateRunRecord | null;
+    try {
+      const current = await mustGet(tenantId, gateRunId);
+      if (current.status !== 'running') return stopped(current);
+      const sealed = await sealedInLedger(store, current);
+      end = await store.gateRuns.update(tenantId, gateRunId, sealed ?? { status: 'canceled', finished_at: clock.now().toISOString() }, ['running']);
+      // ended by a writer that takes no claim (the CLI's seal): its end is told by it
+      if (!end) return stopped(await mustGet(tenantId, gateRunId));
+      if (sealed)
+        log.warn({ tenant_id: tenantId, gate_run_id: gateRunId, status: end.status }, 'gate run to cancel was sealed in the ledger: finished from it');
+    } finally {
+      await releaseEnd(gateRunId, claim);
+    }
+    await ended(end);
+    return stopped(end);
+  }
+
+  /** The gates of a gate run that ended which run here stop (those not started do not start: they read its record). */
+  function stopped(r: GateRunRecord): GateRunRecord {
+    for (const c of running.get(r.id) ?? []) c.abort();
+    return r;
+  }
+
   const api = {
     workspaceOf,
     hasherOf,
@@ -305,37 +367,34 @@ export function gateRunsOf(deps: GatesDeps) {
     async seal(tenantId: string, gateRunId: string): Promise<GateRunRecord | null> {
       const record = await store.gateRuns.get(tenantId, gateRunId);
       if (!record || record.status !== 'running') return record;
-      // one seal at a time (a redelivered seal job, two reconcilers): the ledger gets its entries once
-      const claim = `${queues.prefix}:gates:seal:${gateRunId}`;
-      if ((await deps.redis.set(claim, '1', 'EX', SEAL_CLAIM_SECONDS, 'NX')) !== 'OK') return record;
+      // one seal at a time (a redelivered seal job, two reconcilers), and no cancel meanwhile: the ledger gets
+      // its entries once, and the record ends as they say
+      const claim = await claimEnd(gateRunId);
+      if (!claim) return record;
       let sealed: GateRunRecord | null;
       try {
-        sealed = await sealGateRun({ store, clock, ledger }, record);
+        // read again under the claim: a cancel that held it first ended the gate run, which is not sealed
+        const current = await store.gateRuns.get(tenantId, gateRunId);
+        if (current?.status !== 'running') {
+          await releaseEnd(gateRunId, claim);
+          return current;
+        }
+        sealed = await sealGateRun({ store, clock, ledger }, current);
       } catch (err) {
         // a retry (the reconciler's) may seal at once, not a claim's lifetime later
-        await deps.redis.del(claim).catch(() => undefined);
+        await releaseEnd(gateRunId, claim);
         throw err;
       }
-      if (sealed) {
-        await letGo(sealed);
-        const failedRequired = sealed.results.filter((r) => r.required && r.conclusion !== 'success').map((r) => r.gate_id);
-        await emit(sealed, {
-          type: 'gate.run_finished',
-          data: { gate_run_id: gateRunId, status: sealed.status, failed_required: failedRequired, ledger_head: sealed.ledger!.head_hash },
-        });
-        log.info({ tenant_id: tenantId, gate_run_id: gateRunId, status: sealed.status, failed_required: failedRequired }, 'gate run sealed');
-      }
+      if (sealed) await ended(sealed);
       return sealed ?? (await store.gateRuns.get(tenantId, gateRunId));
     },
 
-    /** Stops a gate run: its gates running here are stopped, those not started do not start, nothing is sealed. */
+    /**
+     * Stops a gate run: its gates running here are stopped, those not started do not start, nothing is sealed.
+     * A seal under way (or cut off after its ledger entries) ends it instead, and the answer is that end.
+     */
     async cancel(tenantId: string, gateRunId: string): Promise<GateRunRecord> {
-      const canceled = await store.gateRuns.update(tenantId, gateRunId, { status: 'canceled', finished_at: clock.now().toISOString() }, ['running']);
-      for (const c of running.get(gateRunId) ?? []) c.abort();
-      if (canceled) await letGo(canceled);
-      if (canceled)
-        await emit(canceled, { type: 'gate.run_finished', data: { gate_run_id: gateRunId, status: 'canceled', failed_required: [], ledger_head: null } });
-      return canceled ?? mustGet(tenantId, gateRunId);
+      return (await cancelUnderClaim(tenantId, gateRunId, true))!;
     },
 
     /** Waits for a gate run to end; an abort cancels it. */
@@ -393,7 +452,8 @@ export function gateRunsOf(deps: GatesDeps) {
             continue;
           }
         } else if (reported.length) await api.seal(r.tenant_id, r.id);
-        else await api.cancel(r.tenant_id, r.id);
+        // a seal under way (or whose process died holding its claim) is not waited for: the next pass looks again
+        else if (!(await cancelUnderClaim(r.tenant_id, r.id, false))) continue;
         repaired++;
       }
       if (repaired) log.warn({ repaired }, 'reconciler repaired gate runs whose flow was lost');
@@ -420,6 +480,10 @@ export function gateRunsOf(deps: GatesDeps) {
 export async function sealGateRun(deps: Pick<Platform, 'store' | 'clock'> & { ledger: Ledger }, record: GateRunRecord): Promise<GateRunRecord | null> {
   const { store, clock, ledger } = deps;
   const tenantId = record.tenant_id;
+  // the ledger, not a claim, says whether it was sealed: a seal cut off between its entries and the record's
+  // update (its process died, its claim lapsed) is finished from its entries, never appended again
+  const sealed = await sealedInLedger(store, record);
+  if (sealed) return store.gateRuns.update(tenantId, record.id, sealed, ['running']);
   const kept = new Map((await store.gateRuns.results(tenantId, record.id)).map((r) => [r.gate_id, r]));
   const at = clock.now().toISOString();
   const subject = record.subject ?? { workspace: record.workspace, commit: null, tree: null, dirty: null };
@@ -454,6 +518,43 @@ export async function sealGateRun(deps: Pick<Platform, 'store' | 'clock'> & { le
     { status, results, finished_at: at, ledger: { from_seq: entries[0]!.seq, to_seq: entries.at(-1)!.seq, head_hash: entries.at(-1)!.hash } },
     ['running'],
   );
+}
+
+/**
+ * The end the ledger already seals of a gate run, as its record keeps it: the status of its first gate.run
+ * entry, each gate's result sealed before it, and their range. Null when the ledger seals none.
+ */
+async function sealedInLedger(
+  store: Platform['store'],
+  record: GateRunRecord,
+): Promise<Pick<GateRunRecord, 'status' | 'results' | 'finished_at' | 'ledger'> | null> {
+  const entries = await store.evidence.ofGateRun(record.tenant_id, record.id);
+  const run = entries.find((e) => e.kind === 'gate.run');
+  if (!run) return null;
+  const results = entries.filter((e) => e.kind === 'gate.result' && e.seq < run.seq);
+  const payloads = await store.evidence.payloads(
+    record.tenant_id,
+    [run, ...results].map((e) => e.payload_digest),
+  );
+  const bodies = new Map(payloads.map((p) => [p.digest, p.body]));
+  const payloadOf = <T>(e: LedgerEntry): T => {
+    const body = bodies.get(e.payload_digest);
+    if (body === undefined) throw new Error(`the ledger seals gate run ${record.id}, but keeps no payload of its entry ${e.seq}`);
+    return JSON.parse(body) as T;
+  };
+  const sealed = payloadOf<{ status: 'succeeded' | 'failed'; gates: { gate_id: string }[] }>(run);
+  // each gate's latest entry before the run's: a MongoDB append cut off midway left an earlier one, sealed by nothing
+  const byGate = sealed.gates.map(({ gate_id }) => {
+    const entry = results.findLast((e) => e.subject.gate_id === gate_id);
+    if (!entry) throw new Error(`the ledger seals gate run ${record.id} at entry ${run.seq} without a result of gate ${gate_id}`);
+    return entry;
+  });
+  return {
+    status: sealed.status,
+    results: byGate.map((e) => payloadOf<GateResult>(e)),
+    finished_at: run.at,
+    ledger: { from_seq: Math.min(run.seq, ...byGate.map((e) => e.seq)), to_seq: run.seq, head_hash: run.hash },
+  };
 }
 
 function skipped(gateId: string, subject: GateSubject, summary: string, at: string): GateResult {

@@ -361,6 +361,11 @@ export interface EvidenceRepo {
   payloads(tenantId: string, digests: string[]): Promise<LedgerPayload[]>;
   /** The tenant's first entry of `kind` whose subject names this report; null when it has none. */
   firstOfReport(tenantId: string, kind: string, reportId: string): Promise<LedgerEntry | null>;
+  /**
+   * The tenant's entries whose subject names this gate run (its seal's: a result per gate, then the run),
+   * oldest first; empty when it has none.
+   */
+  ofGateRun(tenantId: string, gateRunId: string): Promise<LedgerEntry[]>;
 }
 
 export interface GateRunRepo {

@@ -7,9 +7,20 @@ import path from 'node:path';
 import { Worker } from 'node:worker_threads';
 import { FlowProducer } from 'bullmq';
 import { expect } from 'chai';
-import { GENESIS_HASH, publicKeyFromPem, readPack, signerOf, verifyEntries, verifyPack, type PackFiles, type PackJson } from '../../engine/evidence/index.js';
-import { smartGatesOf } from '../../engine/gates/index.js';
-import { newId, type GateResult, type GateRunRecord } from '../../engine/platform/index.js';
+import {
+  GENESIS_HASH,
+  publicKeyFromPem,
+  readPack,
+  signerOf,
+  verifyEntries,
+  verifyPack,
+  type Ledger,
+  type PackFiles,
+  type PackJson,
+} from '../../engine/evidence/index.js';
+import { gateRunsOf, sealGateRun, smartGatesOf } from '../../engine/gates/index.js';
+import { newId, type EventBody, type GateResult, type GateRunRecord } from '../../engine/platform/index.js';
+import type { Store } from '../../engine/store/index.js';
 import { builtCli } from '../support/built.js';
 import { eventually, finishedRun, KEYS, sameDeployment, scanKeys, startHarness, type Harness } from '../support/harness.js';
 import * as sign from '../support/signers.js';
@@ -924,5 +935,165 @@ describe('gates in the service', function () {
     const entries = (await h.rt.engine.evidence.list('tenant-a', { afterSeq: before, limit: 100 })).filter((e) => e.subject.gate_run_id === copy.id);
     expect(entries.map((e) => e.kind)).to.deep.equal(['gate.result', 'gate.run']);
     expect([a?.status, b?.status].sort()).to.deep.equal(['running', 'succeeded']);
+  });
+
+  describe('one end per gate run: a cancel that meets its seal, a seal cut off between the ledger and the record', () => {
+    let before = 0;
+    beforeEach(async () => {
+      before = (await h.rt.engine.evidence.head('tenant-a'))?.seq ?? 0;
+    });
+    /** A running gate run whose one gate kept a passing result; it has no flow, so no worker seals it but the calls below. */
+    async function runningWithResult(workspace: string): Promise<GateRunRecord> {
+      const at = new Date().toISOString();
+      const subject = { workspace, commit: null, tree: null, dirty: null };
+      const record: GateRunRecord = {
+        id: newId('grn'),
+        tenant_id: 'tenant-a',
+        workspace,
+        status: 'running',
+        source: 'gates.yaml',
+        gates: ['ok'],
+        required_gates: ['ok'],
+        // started by a run's step: its end is told on the run's stream
+        trigger: { type: 'run', run_id: newId('run'), session_id: newId('ses') },
+        subject,
+        results: [],
+        ledger: null,
+        created_at: at,
+        finished_at: null,
+      };
+      await h.rt.store.gateRuns.insert(record);
+      await h.rt.store.gateRuns.putResult('tenant-a', record.id, passed('ok', subject, at));
+      return record;
+    }
+    /** The gate runs over this harness's Redis and queues, with the store or the ledger given; the events they tell are kept. */
+    function gatesWith(over: { store?: Store; ledger?: Ledger } = {}) {
+      const told: EventBody[] = [];
+      const gates = gateRunsOf({
+        store: over.store ?? h.rt.store,
+        clock: h.rt.clock,
+        log: h.rt.log,
+        queues: h.rt.queues,
+        redis: h.rt.redis,
+        events: { append: async (_scope: string, body: EventBody) => void told.push(body) } as never,
+        sandbox: h.rt.sandbox,
+        ledger: over.ledger ?? h.rt.engine.evidence,
+        settings: { workspaceRoot: h.workspace, singleTenant: false, childEnv: {} },
+      });
+      return { gates, ends: () => told.filter((e) => e.type === 'gate.run_finished') };
+    }
+    const entriesOf = async (id: string) =>
+      (await h.rt.engine.evidence.list('tenant-a', { afterSeq: before, limit: 1000 })).filter((e) => e.subject.gate_run_id === id);
+    const payloadOf = async (digest: string) => JSON.parse((await h.rt.engine.evidence.payloads('tenant-a', [digest]))[0]!.body) as Record<string, unknown>;
+
+    /** The record, the ledger, the answers and the events all name the same one end. */
+    async function expectOneEnd(id: string, status: GateRunRecord['status'], answers: (GateRunRecord | null)[], ends: EventBody[]) {
+      const end = (await h.rt.store.gateRuns.get('tenant-a', id))!;
+      expect(end.status, 'the record').to.equal(status);
+      expect(
+        answers.map((a) => a?.status),
+        'what the seal and the cancel answered',
+      ).to.deep.equal(answers.map(() => status));
+      expect(
+        ends.map((e) => (e.type === 'gate.run_finished' ? e.data.status : null)),
+        'one end told',
+      ).to.deep.equal([status]);
+      const entries = await entriesOf(id);
+      if (status === 'canceled') {
+        expect(entries, 'a canceled gate run is not sealed').to.deep.equal([]);
+        expect(end.ledger).to.equal(null);
+        return;
+      }
+      expect(entries.map((e) => e.kind)).to.deep.equal(['gate.result', 'gate.run']);
+      expect((await payloadOf(entries[1]!.payload_digest)).status, 'the ledger').to.equal(status);
+      expect(end.ledger).to.deep.equal({ from_seq: entries[0]!.seq, to_seq: entries[1]!.seq, head_hash: entries[1]!.hash });
+      expect(end.results).to.deep.equal([await payloadOf(entries[0]!.payload_digest)]);
+    }
+
+    it('ends a gate run canceled while its seal writes the ledger as the ledger seals it: the cancel waits for the seal', async () => {
+      // the cancel comes while the seal writes its entries (a run canceled, or out of budget, as its last gate ends)
+      const first = await runningWithResult('race-in-append');
+      let appending!: () => void;
+      let goOn!: () => void;
+      const inAppend = new Promise<void>((resolve) => (appending = resolve));
+      const appendMayGoOn = new Promise<void>((resolve) => (goOn = resolve));
+      const held: Ledger = {
+        ...h.rt.engine.evidence,
+        append: async (tenantId, items) => {
+          appending();
+          await appendMayGoOn;
+          return h.rt.engine.evidence.append(tenantId, items);
+        },
+      };
+      const a = gatesWith({ ledger: held });
+      const sealing = a.gates.seal('tenant-a', first.id);
+      await inAppend;
+      const canceling = a.gates.cancel('tenant-a', first.id);
+      // the cancel ends meanwhile, or waits for the seal: either way the seal goes on after it
+      await Promise.race([canceling, new Promise((resolve) => setTimeout(resolve, 300))]);
+      goOn();
+      await expectOneEnd(first.id, 'succeeded', await Promise.all([sealing, canceling]), a.ends());
+    });
+
+    it('seals nothing of a gate run canceled between its seal’s read of the record and the seal’s claim', async () => {
+      const second = await runningWithResult('race-before-claim');
+      let reading!: () => void;
+      let readMayGoOn!: () => void;
+      const inRead = new Promise<void>((resolve) => (reading = resolve));
+      const readGoesOn = new Promise<void>((resolve) => (readMayGoOn = resolve));
+      let reads = 0;
+      const slowFirstRead: Store = {
+        ...h.rt.store,
+        gateRuns: {
+          ...h.rt.store.gateRuns,
+          get: async (tenantId, id) => {
+            const r = await h.rt.store.gateRuns.get(tenantId, id);
+            if (id === second.id && reads++ === 0) {
+              reading();
+              await readGoesOn;
+            }
+            return r;
+          },
+        },
+      };
+      const b = gatesWith({ store: slowFirstRead });
+      const sealingLate = b.gates.seal('tenant-a', second.id);
+      await inRead;
+      const canceled = await b.gates.cancel('tenant-a', second.id);
+      readMayGoOn();
+      await expectOneEnd(second.id, 'canceled', [await sealingLate, canceled], b.ends());
+    });
+
+    it('seals a gate run once when its seal was cut off between its ledger entries and its record: a later seal or cancel finishes the record from the ledger', async () => {
+      for (const next of ['seal', 'cancel'] as const) {
+        const record = await runningWithResult(`cut-then-${next}`);
+        // the process dies after the ledger took the entries, before the record's update
+        const dying: Store = {
+          ...h.rt.store,
+          gateRuns: {
+            ...h.rt.store.gateRuns,
+            update: async () => {
+              throw new Error('the process died');
+            },
+          },
+        };
+        const cut = await sealGateRun({ store: dying, clock: h.rt.clock, ledger: h.rt.engine.evidence }, record).then(
+          () => expect.fail('the seal was not cut off'),
+          (err: Error) => err.message,
+        );
+        expect(cut).to.equal('the process died');
+        expect((await entriesOf(record.id)).map((e) => e.kind)).to.deep.equal(['gate.result', 'gate.run']);
+        expect((await h.rt.store.gateRuns.get('tenant-a', record.id))!.status).to.equal('running');
+        // its claim is gone (it lapses 120 s after a process dies): the seal job runs again, or the reconciler
+        // seals it, or its run is canceled
+        const { gates, ends } = gatesWith();
+        const answer = await gates[next]('tenant-a', record.id);
+        await expectOneEnd(record.id, 'succeeded', [answer], ends());
+        // and more seals and cancels change nothing
+        await gates.seal('tenant-a', record.id);
+        await gates.cancel('tenant-a', record.id);
+        await expectOneEnd(record.id, 'succeeded', [answer], ends());
+      }
+    });
   });
 });

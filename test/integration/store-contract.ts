@@ -1302,6 +1302,41 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect(await store.evidence.firstOfReport('t2', 'audit.report', 'aud_1')).to.equal(null);
     });
 
+    it('finds the ledger entries about a gate run, oldest first, per tenant', async () => {
+      const entry = (tenantId: string, seq: number, prev: string, kind: string, subject: Record<string, string>) => ({
+        tenant_id: tenantId,
+        seq,
+        at: '2026-01-01T00:00:00.000Z',
+        kind,
+        subject,
+        payload_digest: `sha256:${seq}`,
+        prev_hash: prev,
+        hash: `h${seq}`,
+        key_id: 'k',
+        sig: 's',
+      });
+      const items: [string, string, Record<string, string>][] = [
+        ['t1', 'gate.result', { workspace: '.', gate_id: 'test', gate_run_id: 'grn_1' }],
+        ['t1', 'audit.report', { workspace: '.', report_id: 'aud_1' }],
+        ['t1', 'gate.result', { workspace: '.', gate_id: 'test', gate_run_id: 'grn_2' }],
+        ['t1', 'gate.run', { workspace: '.', gate_run_id: 'grn_1', run_id: 'run_1' }],
+        ['t1', 'run.finished', { workspace: '.', run_id: 'run_1' }],
+        ['t2', 'gate.run', { workspace: '.', gate_run_id: 'grn_1' }],
+      ];
+      for (const [tenantId, kind, subject] of items)
+        await store.evidence.append(tenantId, (head) => [entry(tenantId, (head?.seq ?? 0) + 1, head?.hash ?? 'genesis', kind, subject)], []);
+      const ofFirst = await store.evidence.ofGateRun('t1', 'grn_1');
+      expect(ofFirst.map((e) => [e.seq, e.kind])).to.deep.equal([
+        [1, 'gate.result'],
+        [4, 'gate.run'],
+      ]);
+      expect(ofFirst[1]).to.deep.equal(entry('t1', 4, 'h3', 'gate.run', { workspace: '.', gate_run_id: 'grn_1', run_id: 'run_1' }));
+      expect((await store.evidence.ofGateRun('t1', 'grn_2')).map((e) => e.seq)).to.deep.equal([3]);
+      expect((await store.evidence.ofGateRun('t2', 'grn_1')).map((e) => [e.seq, e.kind])).to.deep.equal([[1, 'gate.run']]);
+      expect(await store.evidence.ofGateRun('t1', 'grn_3')).to.deep.equal([]);
+      expect(await store.evidence.ofGateRun('t3', 'grn_1')).to.deep.equal([]);
+    });
+
     it('keeps gate runs per tenant with their results; the latest result of each gate of a workspace; conditional updates', async () => {
       const subject = (workspace: string) => ({ workspace, commit: null, tree: null, dirty: null });
       const gateRun = (tenantId: string, workspace: string) => ({

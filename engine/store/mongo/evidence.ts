@@ -17,6 +17,11 @@ ledgerSchema.index(
   { tenant_id: 1, 'subject.report_id': 1, seq: 1 },
   { name: 'ledger_by_report', partialFilterExpression: { 'subject.report_id': { $type: 'string' } } },
 );
+// a gate run's entries by its id (its seal's): only entries that name a gate run are indexed
+ledgerSchema.index(
+  { tenant_id: 1, 'subject.gate_run_id': 1, seq: 1 },
+  { name: 'ledger_by_gate_run', partialFilterExpression: { 'subject.gate_run_id': { $type: 'string' } } },
+);
 export const ledgerPayloadSchema = new Schema({ _id: String, tenant_id: String, digest: String }, loose);
 
 const APPEND_TRIES = 20;
@@ -77,6 +82,10 @@ export function evidenceRepo(ledger: Model<StoredEntry>, payloads: Model<StoredP
     async firstOfReport(tenantId, kind, reportId) {
       const first = await ledger.findOne({ tenant_id: tenantId, 'subject.report_id': reportId, kind }).sort({ seq: 1 }).lean<StoredEntry>();
       return first ? strip(first) : null;
+    },
+    async ofGateRun(tenantId, gateRunId) {
+      const rows = await ledger.find({ tenant_id: tenantId, 'subject.gate_run_id': gateRunId }).sort({ seq: 1 }).lean<StoredEntry[]>();
+      return rows.map(strip);
     },
   };
 }
