@@ -2,8 +2,22 @@
 // hashed and looked up by its hash, so no stored key is ever compared byte by byte.
 import { createHash, randomBytes } from 'node:crypto';
 import { ConfigError, type ApiKeySeed } from '../../config/env.js';
-import { type ApiKeyRecord, type Clock, ConflictError, newId, NotFoundError, type Logger, ValidationError } from '../platform/index.js';
+import { type ApiKeyRecord, type Clock, ConflictError, newId, NotFoundError, type Logger, UnauthorizedError, ValidationError } from '../platform/index.js';
 import type { Store } from '../store/index.js';
+
+/** Every key made with `root`, and those made with them, all the way down (revoked ones too, and through them). */
+function madeBelow(all: ApiKeyRecord[], root: ApiKeyRecord): ApiKeyRecord[] {
+  const below: ApiKeyRecord[] = [];
+  for (let queue = [root]; queue.length;) {
+    const maker = queue.shift()!;
+    for (const k of all)
+      if (k.created_by === `key:${maker.id}` && k.id !== root.id && !below.some((b) => b.id === k.id)) {
+        below.push(k);
+        queue.push(k);
+      }
+  }
+  return below;
+}
 
 export function hashKey(key: string): string {
   return createHash('sha256').update(key, 'utf8').digest('hex');
@@ -76,8 +90,11 @@ export function apiKeysOf(deps: { store: Store; clock: Clock; log: Logger; limit
       // keys made through the API are held to the tenant's cap (each is a row every list and revocation reads);
       // the operator's (the CLI's, SERVICE_API_KEYS) are not
       const max = opts.source === 'api' ? deps.limits?.tenantMaxApiKeys : undefined;
-      if ((await store.apiKeys.insert(made, max ? { maxLive: max } : undefined)) === 'over-cap')
+      const inserted = await store.apiKeys.insert(made, max ? { maxLive: max } : undefined);
+      if (inserted === 'over-cap')
         throw new ConflictError(`this tenant has ${max} API keys not revoked, the most it may keep (SERVICE_TENANT_MAX_API_KEYS): revoke one first`);
+      // the request came in with a key revoked since: it makes none
+      if (inserted === 'maker-revoked') throw new UnauthorizedError('the API key this request came with was revoked');
       log.info({ tenant_id: tenantId, key_id: made.id, source: opts.source }, 'api key created');
       return { record: made, key };
     },
@@ -93,17 +110,8 @@ export function apiKeysOf(deps: { store: Store; clock: Clock; log: Logger; limit
      * way down (a leaked key's holder may have made keys). Answers the key and the others it revoked.
      */
     async revoke(tenantId: string, id: string, opts: { cascade?: boolean } = {}): Promise<{ key: ApiKeyRecord; cascaded: ApiKeyRecord[] }> {
-      const all = await store.apiKeys.list(tenantId);
-      const existing = all.find((k) => k.id === id);
+      const existing = await store.apiKeys.get(tenantId, id);
       if (!existing) throw new NotFoundError(`no api key ${id}`);
-      const madeWith = (k: ApiKeyRecord) => all.filter((other) => other.created_by === `key:${k.id}`);
-      const below: ApiKeyRecord[] = [];
-      for (let queue = opts.cascade ? madeWith(existing) : []; queue.length;) {
-        const next = queue.shift()!;
-        if (next.id === existing.id || below.includes(next)) continue;
-        below.push(next);
-        queue.push(...madeWith(next));
-      }
       const at = clock.now().toISOString();
       const revokeOne = async (k: ApiKeyRecord): Promise<ApiKeyRecord> => {
         // revoked here it stays revoked, even if SERVICE_API_KEYS had dropped it first and lists it again later
@@ -112,9 +120,15 @@ export function apiKeysOf(deps: { store: Store; clock: Clock; log: Logger; limit
         if (!revoked) throw new NotFoundError(`no api key ${k.id}`);
         return revoked;
       };
+      // the key first, then what was made with it: a key made with a revoked key is refused as it is written
+      // (ApiKeyRepo.insert), so once a listing finds nothing left to revoke, nothing more can come
       const key = await revokeOne(existing);
       const cascaded: ApiKeyRecord[] = [];
-      for (const k of below) if (k.revoked_reason !== 'revoked') cascaded.push(await revokeOne(k));
+      while (opts.cascade) {
+        const left = madeBelow(await store.apiKeys.list(tenantId), existing).filter((k) => k.revoked_reason !== 'revoked');
+        if (!left.length) break;
+        for (const k of left) cascaded.push(await revokeOne(k));
+      }
       log.info({ tenant_id: tenantId, key_id: id, cascaded: cascaded.map((k) => k.id) }, 'api key revoked');
       return { key, cascaded };
     },

@@ -157,13 +157,18 @@ export interface IdempotencyKeyRepo {
   prune(before: string, limit: number): Promise<number>;
 }
 
+/** The id of the key an API key was made with (`created_by: key:<id>`); null when a person, the CLI or the operator made it. */
+export const makerOf = (k: ApiKeyRecord): string | null => (k.created_by?.startsWith('key:') ? k.created_by.slice(4) : null);
+
 export interface ApiKeyRepo {
   /**
    * Inserts unless a key with the same hash exists; true when inserted. With `cap`, only while the tenant holds
    * fewer than `maxLive` keys made through the API (`source: api`) and not revoked, else 'over-cap', storing
-   * nothing (checked as AutomationRepo.insert's cap).
+   * nothing (checked as AutomationRepo.insert's cap). A key made with a key (`created_by: key:<id>`) is
+   * refused ('maker-revoked'; not kept, or kept revoked) when that key is revoked by the time it is written: a request
+   * let in before a revocation makes no key after it (revocation's cascade counts on it).
    */
-  insert(record: ApiKeyRecord, cap?: { maxLive: number }): Promise<boolean | 'over-cap'>;
+  insert(record: ApiKeyRecord, cap?: { maxLive: number }): Promise<boolean | 'over-cap' | 'maker-revoked'>;
   /** Resolves a presented key's hash to its record: the one lookup that finds the tenant. */
   findByHash(hash: string): Promise<ApiKeyRecord | null>;
   get(tenantId: string, id: string): Promise<ApiKeyRecord | null>;

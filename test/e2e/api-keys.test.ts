@@ -106,6 +106,28 @@ describe('api keys', function () {
     expect(await works(sibling)).to.equal(true);
   });
 
+  it('leaves no key made with a revoked key: a request let in before a cascade makes none after it, however many race it', async () => {
+    const works = async (key: string) => (await other.call('GET', '/api/v1/runs', { key })).status === 200;
+    const leaked = (await h.call<Body>('POST', '/api/v1/api-keys', { body: { label: 'leaked' } })).body;
+    // the holder's requests in flight as the cascade runs: each was let in with the key, and writes after
+    const made = Promise.all(Array.from({ length: 30 }, (_, i) => h.call<Body>('POST', '/api/v1/api-keys', { key: leaked.key, body: { label: `held-${i}` } })));
+    await new Promise((r) => setTimeout(r, 2));
+    expect((await h.call('DELETE', `/api/v1/api-keys/${leaked.api_key.id}?cascade=true`)).status).to.equal(204);
+    const answers = await made;
+    for (const a of answers) expect([201, 401], a.text).to.include(a.status);
+    for (const a of answers.filter((x) => x.status === 201)) expect(await works(a.body.key), a.body.api_key.label).to.equal(false);
+    // a request whose key was revoked as it was let in: refused when its key is written, nothing made
+    const late = (await h.call<Body>('POST', '/api/v1/api-keys', { body: { label: 'late' } })).body;
+    await h.call('DELETE', `/api/v1/api-keys/${late.api_key.id}`);
+    const before = (await h.call<Body>('GET', '/api/v1/api-keys')).body.data.length;
+    const err = await h.rt.engine.apiKeys.create('tenant-a', { source: 'api', label: 'after', created_by: `key:${late.api_key.id}` }).then(
+      () => null,
+      (e: Error & { code?: string }) => e,
+    );
+    expect(err?.code).to.equal('unauthorized');
+    expect((await h.call<Body>('GET', '/api/v1/api-keys')).body.data.length).to.equal(before);
+  });
+
   it('ends an open event stream once its key is revoked, in another process, before anything more reaches it', async () => {
     const made = (await h.call<Body>('POST', '/api/v1/api-keys', { body: { label: 'watcher' } })).body;
     const session = (await h.call<Body>('POST', '/api/v1/sessions', { body: { title: 'watched' } })).body;

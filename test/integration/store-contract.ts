@@ -597,6 +597,31 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect(await store.apiKeys.list('t2')).to.deep.equal([]);
     });
 
+    it('refuses a key made with a key revoked by the time it is written, capped or not; a live maker’s, a person’s and another tenant’s same id are taken', async () => {
+      const key = (tenant: string, createdBy: string | null, revoked = false): ApiKeyRecord => ({
+        id: newId('key'),
+        tenant_id: tenant,
+        hash: createHash('sha256').update(`${tenant}-${Math.random()}`).digest('hex'),
+        label: null,
+        source: 'api',
+        created_at: new Date().toISOString(),
+        revoked_at: revoked ? new Date().toISOString() : null,
+        created_by: createdBy,
+      });
+      const live = key('t-maker', null);
+      const revoked = key('t-maker', null, true);
+      for (const k of [live, revoked]) expect(await store.apiKeys.insert(k)).to.equal(true);
+      expect(await store.apiKeys.insert(key('t-maker', `key:${live.id}`))).to.equal(true);
+      expect(await store.apiKeys.insert(key('t-maker', 'person:someone'))).to.equal(true);
+      const refused = [key('t-maker', `key:${revoked.id}`), key('t-maker', `key:${revoked.id}`)];
+      expect(await store.apiKeys.insert(refused[0]!)).to.equal('maker-revoked');
+      expect(await store.apiKeys.insert(refused[1]!, { maxLive: 100 })).to.equal('maker-revoked');
+      // not kept, or kept revoked: it never opens anything
+      for (const k of refused) expect((await store.apiKeys.findByHash(k.hash))?.revoked_at ?? 'revoked').to.be.a('string');
+      // a maker of that id in another tenant is not this key's maker
+      expect(await store.apiKeys.insert(key('t-other', `key:${revoked.id}`))).to.equal(true);
+    });
+
     it('pages a tenant’s keys newest first, gets one of its own, and holds a capped insert to the keys not revoked, concurrent ones too', async () => {
       const key = (tenant: string, n: number, revoked = false): ApiKeyRecord => ({
         id: newId('key'),

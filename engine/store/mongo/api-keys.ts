@@ -1,6 +1,6 @@
 import { Schema, type Model } from 'mongoose';
 import type { ApiKeyRecord } from '../../platform/index.js';
-import { type ApiKeyRepo } from '../port.js';
+import { makerOf, type ApiKeyRepo } from '../port.js';
 import { fromStored, insertNew, loose, pageOf, type Stored } from './documents.js';
 import type { Leases } from './leases.js';
 
@@ -9,12 +9,25 @@ apiKeySchema.index({ hash: 1 }, { unique: true });
 apiKeySchema.index({ tenant_id: 1, _id: 1 });
 
 export function apiKeyRepo(model: Model<Stored<ApiKeyRecord>>, leases: Leases): ApiKeyRepo {
-  const insert = (k: ApiKeyRecord) => insertNew(model, k);
+  /**
+   * Inserts, then reads the maker: one revoked by then (before this key's insert, or meanwhile) has its
+   * cascade's listing miss this key, so this key is revoked here and refused. Without transactions, the order
+   * is what holds: a cascade revokes its key before it lists what was made with it.
+   */
+  const insert = async (k: ApiKeyRecord): Promise<boolean | 'maker-revoked'> => {
+    if (!(await insertNew(model, k))) return false;
+    const maker = makerOf(k);
+    if (!maker) return true;
+    const made = await model.findOne({ _id: maker, tenant_id: k.tenant_id }, { revoked_at: 1 }).read('primary').lean<{ revoked_at?: string | null }>();
+    if (!made?.revoked_at) return true;
+    await model.updateOne({ _id: k.id, tenant_id: k.tenant_id }, { $set: { revoked_at: made.revoked_at, revoked_reason: 'revoked' } });
+    return 'maker-revoked';
+  };
   return {
     async insert(k, cap) {
       if (!cap) return insert(k);
       // counted and inserted under the tenant's lease: its capped inserts take turns, as in SQLite's IMMEDIATE transaction
-      let inserted = false;
+      let inserted: boolean | 'maker-revoked' = false;
       const done = await leases.insertHeld(
         `api-keys:${k.tenant_id}`,
         async () =>

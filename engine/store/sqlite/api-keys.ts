@@ -1,7 +1,7 @@
 // API keys, found by the hash of the key.
 import { groupCommit, TOP, type Db } from './db.js';
 import type { ApiKeyPatch, ApiKeyRecord } from '../../platform/index.js';
-import { decodeCursor, toPage, type ApiKeyRepo } from '../port.js';
+import { decodeCursor, makerOf, toPage, type ApiKeyRepo } from '../port.js';
 
 export function apiKeyRepo(db: Db): ApiKeyRepo {
   const insert = db.prepare('INSERT OR IGNORE INTO api_keys (id, tenant_id, hash, doc) VALUES (?, ?, ?, ?)');
@@ -25,9 +25,12 @@ export function apiKeyRepo(db: Db): ApiKeyRepo {
   };
   return {
     async insert(k, cap) {
-      // counted inside the write's IMMEDIATE transaction: no other write, of this process or another, comes between
+      // counted, and the maker read, inside the write's IMMEDIATE transaction: no other write, of this process or
+      // another, comes between
       return commit(() => {
         if (cap && (live.get(k.tenant_id)?.n ?? 0) >= cap.maxLive) return 'over-cap';
+        const maker = makerOf(k);
+        if (maker && (JSON.parse(one.get(k.tenant_id, maker)?.doc ?? '{}') as Partial<ApiKeyRecord>).revoked_at) return 'maker-revoked';
         return insert.run(k.id, k.tenant_id, k.hash, JSON.stringify(k)).changes === 1;
       });
     },
