@@ -526,6 +526,13 @@ export interface paths {
          *     DSSE envelope signed with the ledger's Ed25519 key, with the public key. `format=tar` adds the ledger
          *     slice and every payload it names (`pack.json`, `public-key.pem`, `ledger.jsonl`, `payloads/`), so the
          *     pack stands alone: `automation-service gates verify <pack>` checks it offline.
+         *
+         *     The JSON answer reads none of the gates' artifacts. The tar carries them (at most 5 MB a gate: some
+         *     350 MB, with their base64, for a set of 50 gates) and is streamed, without a `Content-Length`: each
+         *     artifact is read only once the client has taken the one before, and a client that goes away stops the
+         *     reading. A failure after the first byte cuts the connection, so a tar that was not finished never looks
+         *     whole. There is no byte cap: `subject` and `since` choose which gate runs a pack is about, not how many
+         *     artifacts their results keep.
          */
         get: operations["getEvidencePack"];
         put?: never;
@@ -1906,7 +1913,6 @@ export interface components {
              * @enum {string}
              */
             type: "file_change";
-            paths: string[];
             /**
              * @description Globs of the files whose changes fire the trigger: a changed file fires it when one glob matches it and no
              *     glob with a leading `!` does, in whatever order they are given (GitHub Actions' `paths` read the same
@@ -1917,8 +1923,9 @@ export interface components {
              *     `.scratch` or `.checkouts`, at any depth, is watched, nor anything in it: a glob (not a `!` one) with such a
              *     folder as one of its plain segments (`node_modules/**`, `.git/refs/heads/*`, `pkg/*\/node_modules/**`, or
              *     one of its `{a,b}` alternatives) can never fire and is a 400.
-             * @default 500
              */
+            paths: string[];
+            /** @default 500 */
             debounce_ms: number;
         };
         /**
@@ -4229,6 +4236,7 @@ export interface operations {
                 subject?: string;
                 /** @description Only gate runs sealed at or after this time. */
                 since?: string;
+                /** @description `json` (default): the signed pack alone; `tar`: with its ledger slice and payloads, streamed. */
                 format?: "json" | "tar";
             };
             header?: never;

@@ -1,5 +1,6 @@
 // /api/v1/autonomy: autonomy and vibe runs, their SSE streams, reliability hints, gate readiness and
 // evidence packs.
+import { pipeline } from 'node:stream/promises';
 import { Router, type Request, type Response } from 'express';
 import { isTerminal, scopes, type EventHub, type Run, type RunKind, type Session } from '../../engine/platform/index.js';
 import type { Engine } from '../../engine/index.js';
@@ -153,16 +154,23 @@ export function autonomyRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
 
   router.get('/evidence-pack', async (req, res) => {
     const q = req.query as { workspace?: string; subject?: string; since?: string; format?: 'json' | 'tar' };
-    const built = await engine.evidencePacks.build(tenantOf(req), { workspace: q.workspace, subject: q.subject, since: q.since });
+    const tenantId = tenantOf(req);
+    const built = await engine.evidencePacks.build(tenantId, { workspace: q.workspace, subject: q.subject, since: q.since });
     if (q.format !== 'tar') {
       res.json(built.pack);
       return;
     }
     const head = built.pack.statement.predicate.ledger!;
-    res
-      .type('application/x-tar')
-      .set('content-disposition', `attachment; filename="evidence-${head.from_seq}-${head.to_seq}.tar"`)
-      .send(await packTar(built.pack, built.entries, built.payloads));
+    res.type('application/x-tar').set('content-disposition', `attachment; filename="evidence-${head.from_seq}-${head.to_seq}.tar"`);
+    // HEAD: the headers a GET would get, without reading a payload for a body Node would drop
+    if (req.method === 'HEAD') return void res.end();
+    // streamed as the client takes it (hundreds of megabytes of artifacts at most): a client that goes away
+    // destroys the tar, which stops the reads (problem.ts logs the client gone). A tar that fails midway cuts
+    // the connection, so that no unfinished tar looks whole; problem.ts would take that for a client gone too.
+    await pipeline(packTar(built.pack, built.entries, engine.evidencePacks.payloadsOf(tenantId, built)), res).catch((err: unknown) => {
+      if ((err as { code?: unknown }).code === 'ERR_STREAM_PREMATURE_CLOSE') throw err;
+      req.log.error({ err }, 'the evidence pack failed midway: its connection was cut');
+    });
   });
 
   return router;

@@ -55,24 +55,33 @@ export function envelopeOf(statement: Statement, signer: EvidenceSigner): DsseEn
 /** A pack as JSON: the envelope, the public key, and the statement it signs (for reading; verification uses the envelope's). */
 export type PackJson = { envelope: DsseEnvelope; public_key: { key_id: string; pem: string }; statement: Statement };
 
-/** A pack's files: pack.json, public-key.pem, ledger.jsonl and payloads/<hex>.json. */
-export async function packTar(pack: PackJson, entries: LedgerEntry[], payloads: { digest: string; body: string }[]): Promise<Buffer> {
+/** A payload a pack's tar carries, by its digest. */
+export type PackPayload = { digest: string; body: string };
+
+/**
+ * A pack's files as a tar, streamed: pack.json, public-key.pem, ledger.jsonl and payloads/<hex>.json. A
+ * payload is taken from `payloads` only once the reader has taken the one before (tar-stream holds an entry
+ * until it is read), so a pack of hundreds of megabytes of artifacts holds about one of them in memory.
+ * Destroying the stream (the client went away) stops taking payloads: the iterator is returned.
+ */
+export function packTar(pack: PackJson, entries: LedgerEntry[], payloads: Iterable<PackPayload> | AsyncIterable<PackPayload>): Readable {
   const p = tar.pack();
+  // entry() throws once the pack is destroyed, and an entry destroyed with it fails its callback: the promise
+  // rejects, and the loop below ends. Its error event, also emitted, would be thrown with no listener.
   const add = (name: string, text: string) =>
-    new Promise<void>((resolve, reject) => p.entry({ name, mode: 0o644 }, text, (err) => (err ? reject(err) : resolve())));
-  const chunks: Buffer[] = [];
-  p.on('data', (c: unknown) => chunks.push(c as Buffer));
-  const done = new Promise<void>((resolve, reject) => {
-    p.on('end', resolve);
-    p.on('error', reject);
-  });
-  await add('pack.json', `${JSON.stringify(pack, null, 2)}\n`);
-  await add('public-key.pem', pack.public_key.pem);
-  await add('ledger.jsonl', entries.map((e) => JSON.stringify(e)).join('\n') + '\n');
-  for (const { digest, body } of payloads) await add(`payloads/${digest.replace(/^sha256:/, '')}.json`, body);
-  p.finalize();
-  await done;
-  return Buffer.concat(chunks);
+    new Promise<void>((resolve, reject) => {
+      p.entry({ name, mode: 0o644 }, text, (err) => (err ? reject(err) : resolve())).on('error', () => undefined);
+    });
+  const write = async () => {
+    await add('pack.json', `${JSON.stringify(pack, null, 2)}\n`);
+    await add('public-key.pem', pack.public_key.pem);
+    await add('ledger.jsonl', entries.map((e) => JSON.stringify(e)).join('\n') + '\n');
+    for await (const { digest, body } of payloads) await add(`payloads/${digest.replace(/^sha256:/, '')}.json`, body);
+    p.finalize();
+  };
+  write().catch((err: unknown) => p.destroy(err instanceof Error ? err : new Error(String(err))));
+  // a Node stream (tar-stream's is streamx's), in bytes: it asks for the next entry only once its own buffer is taken
+  return Readable.from(p, { objectMode: false });
 }
 
 export type PackFiles = { pack: PackJson; publicKeyPem: string; entries: LedgerEntry[] | null; payloads: Map<string, string> | null };

@@ -2,6 +2,7 @@
 // default the latest one sealed), the gate runs and runs that produced them, and the ledger range
 // that seals them (with the summaries of the workspace's audits sealed in that range), as an in-toto Statement in a DSSE envelope signed with the ledger's key. As a tar
 // it carries the ledger slice and every payload it names, so it can be checked offline.
+import { setImmediate as turn } from 'node:timers/promises';
 import { STATEMENT_TYPE, type Ledger, type PackJson, type Statement } from '../evidence/index.js';
 import type { Platform } from '../deps.js';
 import { ConflictError, NotFoundError, ValidationError, type GateResult, type GateRunRecord, type GateSubject, type LedgerEntry } from '../platform/index.js';
@@ -13,7 +14,11 @@ const RUNS_SCANNED = 500;
 const PAGE = 20;
 const SLICE_MAX = 10_000;
 
-export type EvidencePack = { pack: PackJson; entries: LedgerEntry[]; payloads: { digest: string; body: string }[] };
+/**
+ * A pack and what its tar rests on: the ledger slice and its payloads (read to verify it), and the digests of
+ * its gates' artifacts, not read: 50 gates of 5 MB each are read only for a tar, one at a time (`payloadsOf`).
+ */
+export type EvidencePack = { pack: PackJson; entries: LedgerEntry[]; payloads: { digest: string; body: string }[]; artifacts: string[] };
 
 export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledger: Ledger; gates: GateRuns }) {
   const { store, clock, ledger, gates } = deps;
@@ -120,10 +125,9 @@ export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledg
           `the ledger has no sealed result of gate ${gateId} of gate run ${run.id} (entries ${run.ledger!.from_seq} to ${run.ledger!.to_seq}); no pack is signed`,
         );
       };
-      // artifacts are payloads too: the pack carries them so that it stands alone
+      // artifacts are payloads too: the tar carries them so that it stands alone (payloadsOf reads them)
       const rows = [...latest].map(([gateId, run]) => ({ run, ...sealedResult(run, gateId) }));
-      const artifactDigests = rows.flatMap(({ result }) => result.artifacts.map((a) => a.payload_digest));
-      if (artifactDigests.length) payloads.push(...(await ledger.payloads(tenantId, artifactDigests)));
+      const artifacts = [...new Set(rows.flatMap(({ result }) => result.artifacts.map((a) => a.payload_digest)))].filter((d) => !payloadOf.has(d));
       // what the latest run tested, and the required gates of the set as it saw them, as its seal says (a run
       // sealed before the seal held the required gates: as stored); one with no result for the commit blocks
       const seal = bySeq.get(runs[0]!.ledger!.to_seq);
@@ -202,7 +206,24 @@ export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledg
         pack: { envelope: ledger.envelope(statement), public_key: ledger.publicKey, statement },
         entries,
         payloads: [...new Map(payloads.map((p) => [p.digest, p])).values()],
+        artifacts,
       };
+    },
+
+    /**
+     * The payloads a pack's tar carries, as its writer takes them: the slice's, then each artifact read from
+     * the store only when asked for, one at a time, with a turn of the event loop before each (a SQLite read
+     * is synchronous), so that a pack of hundreds of megabytes neither holds them together nor holds up the
+     * other requests. A writer that stops asking (its client went away) stops the reads. An artifact the
+     * store does not keep is left out.
+     */
+    async *payloadsOf(tenantId: string, built: EvidencePack): AsyncGenerator<{ digest: string; body: string }> {
+      yield* built.payloads;
+      for (const digest of built.artifacts) {
+        await turn();
+        const [payload] = await ledger.payloads(tenantId, [digest]);
+        if (payload) yield payload;
+      }
     },
   };
 }

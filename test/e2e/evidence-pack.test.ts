@@ -1,0 +1,158 @@
+// The evidence pack's cost: the JSON answer reads no artifact, and the tar is streamed, its artifacts read
+// one at a time as the client takes them and no more once it has gone away.
+import { randomBytes } from 'node:crypto';
+import fs from 'node:fs/promises';
+import path from 'node:path';
+import { expect } from 'chai';
+import { readPack, verifyPack, type PackJson } from '../../engine/evidence/index.js';
+import { eventually, KEYS, startHarness, type Harness } from '../support/harness.js';
+
+type Body = Record<string, any>;
+
+/** 4 gates, each keeping 5 artifacts of 1 MB (the most a gate keeps): a tar of about 27 MB. */
+const GATES = 4;
+const ARTIFACTS = 5;
+const ARTIFACT_BYTES = 1_000_000;
+
+describe('evidence packs of large artifacts', function () {
+  this.timeout(120_000);
+  let h: Harness;
+  /** the payload digests of every artifact the packed gate run kept */
+  let artifacts: Set<string>;
+  /** each call's digests to the store's payload read that names an artifact, while `watchReads` is on */
+  let reads: string[][];
+  let unwatch: (() => void) | undefined;
+
+  const watchReads = () => {
+    reads = [];
+    const repo = h.rt.store.evidence;
+    const payloads = repo.payloads;
+    repo.payloads = async (tenantId, digests) => {
+      if (digests.some((d) => artifacts.has(d))) reads.push([...digests]);
+      return payloads.call(repo, tenantId, digests);
+    };
+    unwatch = () => {
+      repo.payloads = payloads;
+      unwatch = undefined;
+    };
+  };
+  const artifactsRead = () => reads.flat().filter((d) => artifacts.has(d)).length;
+  const tar = (opts: { signal?: AbortSignal; requestId?: string } = {}) =>
+    fetch(`${h.url}/api/v1/autonomy/evidence-pack?workspace=packed&format=tar`, {
+      headers: { authorization: `Bearer ${KEYS.a}`, ...(opts.requestId ? { 'x-request-id': opts.requestId } : {}) },
+      signal: opts.signal,
+    });
+
+  before(async () => {
+    h = await startHarness();
+    const dir = path.join(h.tenantDir(), 'packed');
+    const yaml = ['gates:'];
+    for (let g = 0; g < GATES; g++) {
+      yaml.push(`  - id: g${g}`, '    run: [/bin/true]', `    artifacts: ['out/g${g}/*']`);
+      await fs.mkdir(path.join(dir, 'out', `g${g}`), { recursive: true });
+      for (let a = 0; a < ARTIFACTS; a++) await fs.writeFile(path.join(dir, 'out', `g${g}`, `a${a}.bin`), randomBytes(ARTIFACT_BYTES));
+    }
+    await fs.writeFile(path.join(dir, 'gates.yaml'), yaml.join('\n') + '\n');
+    const started = await h.rt.engine.gates.start('tenant-a', { workspace: 'packed', trigger: { type: 'api' } });
+    const sealed = await h.rt.engine.gates.wait('tenant-a', started.id);
+    expect(sealed.status).to.equal('succeeded');
+    artifacts = new Set(sealed.results.flatMap((r) => r.artifacts.map((a) => a.payload_digest)));
+    expect(artifacts.size).to.equal(GATES * ARTIFACTS);
+  });
+  afterEach(() => unwatch?.());
+  after(async () => {
+    await h.close();
+  });
+
+  it('answers the JSON pack without reading any artifact', async () => {
+    watchReads();
+    const json = await h.call<Body>('GET', '/api/v1/autonomy/evidence-pack?workspace=packed');
+    expect(json.status, json.text.slice(0, 500)).to.equal(200);
+    expect(json.body.statement.predicate.gates).to.have.length(GATES);
+    expect(verifyPack({ pack: json.body as PackJson, publicKeyPem: json.body.public_key.pem, entries: null, payloads: null })).to.deep.include({ ok: true });
+    expect(artifactsRead(), 'artifacts read for a JSON answer').to.equal(0);
+  });
+
+  it('streams a tar of several MB, reading its artifacts one at a time as the client takes them; it verifies offline', async () => {
+    const keyId = (await h.call<Body>('GET', '/api/v1/autonomy/evidence-pack?workspace=packed')).body.public_key.key_id as string;
+    watchReads();
+    const res = await tar();
+    expect(res.status).to.equal(200);
+    expect(res.headers.get('content-type')).to.contain('application/x-tar');
+    // the answer has begun and the client reads nothing for a while: the server waits for it, it does not read ahead
+    await new Promise((r) => setTimeout(r, 500));
+    const before = artifactsRead();
+    expect(before, 'artifacts read before the client took any of the tar').to.be.below(artifacts.size);
+    const bytes = Buffer.from(await res.arrayBuffer());
+    expect(bytes.length).to.be.above(GATES * ARTIFACTS * ARTIFACT_BYTES);
+    expect(
+      reads.every((call) => call.length === 1),
+      'one artifact a read',
+    ).to.equal(true);
+    expect(artifactsRead(), 'each artifact read once').to.equal(artifacts.size);
+    const files = await readPack(bytes);
+    expect(verifyPack(files, { keyId, tenantId: 'tenant-a' })).to.deep.include({ ok: true });
+    for (const digest of artifacts) expect(files.payloads!.has(digest), digest).to.equal(true);
+  });
+
+  it('stops reading artifacts when the client goes away in the middle of the tar', async () => {
+    watchReads();
+    const abort = new AbortController();
+    const requestId = `gone-${randomBytes(4).toString('hex')}`;
+    const res = await tar({ signal: abort.signal, requestId });
+    expect(res.status).to.equal(200);
+    const reader = res.body!.getReader();
+    let received = 0;
+    while (received < 3 * ARTIFACT_BYTES) received += (await reader.read()).value?.length ?? 0;
+    abort.abort();
+    await reader.cancel().catch(() => undefined);
+    // the reads stop: none for half a second
+    let seen = -1;
+    await eventually(async () => {
+      const now = artifactsRead();
+      if (now === seen) return true;
+      seen = now;
+      await new Promise((r) => setTimeout(r, 500));
+      return false;
+    }, 'the artifact reads to stop');
+    expect(seen, 'artifacts read in all').to.be.below(artifacts.size);
+    // the server saw the client go, and says so as no failure of its own
+    await eventually(() => h.logs.some((l) => l.includes(requestId) && l.includes('the client went away')), 'the server to see the client gone');
+    // and goes on answering
+    expect((await h.call('GET', '/api/v1/autonomy/evidence-pack?workspace=packed')).status).to.equal(200);
+  });
+
+  it('cuts the connection of a tar whose artifact cannot be read midway, so that it never looks whole, and logs the failure', async () => {
+    const repo = h.rt.store.evidence;
+    const payloads = repo.payloads;
+    let artifactReads = 0;
+    repo.payloads = async (tenantId, digests) => {
+      if (digests.some((d) => artifacts.has(d)) && ++artifactReads === 3) throw new Error('the store failed');
+      return payloads.call(repo, tenantId, digests);
+    };
+    unwatch = () => {
+      repo.payloads = payloads;
+      unwatch = undefined;
+    };
+    const requestId = `cut-${randomBytes(4).toString('hex')}`;
+    const res = await tar({ requestId });
+    expect(res.status).to.equal(200);
+    const read = await res.arrayBuffer().then(
+      () => 'whole',
+      (err: Error) => `cut: ${err.message}`,
+    );
+    expect(read).to.match(/^cut/);
+    await eventually(() => h.logs.some((l) => l.includes(requestId) && l.includes('failed midway') && l.includes('the store failed')), 'the failure logged');
+  });
+
+  it('answers HEAD of a tar with its headers, reading no artifact', async () => {
+    watchReads();
+    const res = await fetch(`${h.url}/api/v1/autonomy/evidence-pack?workspace=packed&format=tar`, {
+      method: 'HEAD',
+      headers: { authorization: `Bearer ${KEYS.a}` },
+    });
+    expect(res.status).to.equal(200);
+    expect(res.headers.get('content-type')).to.contain('application/x-tar');
+    expect(artifactsRead()).to.equal(0);
+  });
+});
