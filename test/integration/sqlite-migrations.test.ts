@@ -7,6 +7,7 @@ import os from 'node:os';
 import path from 'node:path';
 import Database from 'better-sqlite3';
 import { expect } from 'chai';
+import { openSqliteStore } from '../../engine/store/sqlite/index.js';
 import { MIGRATIONS } from '../../engine/store/sqlite/migrations.js';
 
 describe('sqlite migrations', function () {
@@ -33,6 +34,75 @@ describe('sqlite migrations', function () {
       expect(first.pragma('user_version', { simple: true })).to.equal(MIGRATIONS.length);
     } finally {
       first.close();
+      await fs.rm(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('keeps the ledger payloads of a store from before they left WITHOUT ROWID, found by a unique index on the same key', async () => {
+    // the version whose next migration rebuilds ledger_payloads as a rowid table
+    const before = 32;
+    expect(MIGRATIONS[before]).to.include('ALTER TABLE ledger_payloads_rowid RENAME TO ledger_payloads');
+    const dir = await fs.mkdtemp(path.join(os.tmpdir(), 'migrate-'));
+    const file = path.join(dir, 'service.db');
+    try {
+      const old = new Database(file);
+      old.pragma('journal_mode = WAL');
+      old.transaction(() => {
+        for (const m of MIGRATIONS.slice(0, before)) old.exec(m);
+        old.pragma(`user_version = ${before}`);
+      })();
+      const kept = [
+        { tenant: 'acme', digest: 'sha256:aa', body: '{"gate":"test"}' },
+        { tenant: 'acme', digest: 'sha256:bb', body: JSON.stringify({ artifact: 'x'.repeat(200_000) }) },
+        { tenant: 'acme', digest: 'sha256:cc', body: '{"gate":"lint"}' },
+        { tenant: 'other', digest: 'sha256:aa', body: '{"gate":"other"}' },
+      ];
+      const put = old.prepare('INSERT INTO ledger_payloads (tenant_id, digest, body) VALUES (?, ?, ?)');
+      for (const p of kept) put.run(p.tenant, p.digest, p.body);
+      old.close();
+
+      const store = openSqliteStore(file);
+      try {
+        const found = await store.evidence.payloads('acme', ['sha256:cc', 'sha256:aa', 'sha256:bb', 'sha256:zz']);
+        expect(found).to.deep.equal([
+          { digest: 'sha256:cc', body: '{"gate":"lint"}' },
+          { digest: 'sha256:aa', body: '{"gate":"test"}' },
+          { digest: 'sha256:bb', body: kept[1]!.body },
+        ]);
+        expect(await store.evidence.payloads('other', ['sha256:aa'])).to.deep.equal([{ digest: 'sha256:aa', body: '{"gate":"other"}' }]);
+        // a digest already kept is not written again; a new one is added
+        await store.evidence.append('acme', () => [], [
+          { digest: 'sha256:aa', body: '{"changed":true}' },
+          { digest: 'sha256:dd', body: '{"gate":"new"}' },
+        ]);
+        expect(await store.evidence.payloads('acme', ['sha256:aa', 'sha256:dd'])).to.deep.equal([
+          { digest: 'sha256:aa', body: '{"gate":"test"}' },
+          { digest: 'sha256:dd', body: '{"gate":"new"}' },
+        ]);
+      } finally {
+        await store.close();
+      }
+
+      const db = new Database(file, { readonly: true });
+      try {
+        expect(db.pragma('user_version', { simple: true })).to.equal(MIGRATIONS.length);
+        const table = db.prepare<[], { sql: string }>("SELECT sql FROM sqlite_schema WHERE type = 'table' AND name = 'ledger_payloads'").get()!;
+        expect(table.sql).not.to.match(/WITHOUT ROWID/i);
+        expect(db.prepare('SELECT COUNT(*) AS n FROM ledger_payloads').get()).to.deep.equal({ n: 5 });
+        const plan = db
+          .prepare<[string, string], { detail: string }>('EXPLAIN QUERY PLAN SELECT digest, body FROM ledger_payloads WHERE tenant_id = ? AND digest = ?')
+          .all('acme', 'sha256:aa');
+        expect(plan.map((p) => p.detail)).to.deep.equal(['SEARCH ledger_payloads USING INDEX ledger_payloads_by_digest (tenant_id=? AND digest=?)']);
+        const unique = db.prepare<[], { name: string; unique: number }>('SELECT name, "unique" FROM pragma_index_list(\'ledger_payloads\')').all();
+        expect(unique).to.deep.equal([{ name: 'ledger_payloads_by_digest', unique: 1 }]);
+        expect(db.prepare("SELECT name FROM pragma_index_info('ledger_payloads_by_digest') ORDER BY seqno").pluck().all()).to.deep.equal([
+          'tenant_id',
+          'digest',
+        ]);
+      } finally {
+        db.close();
+      }
+    } finally {
       await fs.rm(dir, { recursive: true, force: true });
     }
   });
