@@ -8,12 +8,18 @@ import path from 'node:path';
 import Database from 'better-sqlite3';
 import { expect } from 'chai';
 import { openSqliteStore } from '../../engine/store/sqlite/index.js';
+import { BUSY_TIMEOUT_MS } from '../../engine/store/sqlite/db.js';
 import { MIGRATIONS } from '../../engine/store/sqlite/migrations.js';
 
 describe('sqlite migrations', function () {
   this.timeout(30_000);
 
-  it('are applied once when another process migrates the file while this one waits for the lock', async () => {
+  for (const holdMs of [1500, BUSY_TIMEOUT_MS + 1500])
+    it(`are applied once when another process migrates the file while this one waits for the lock (${holdMs} ms${holdMs > BUSY_TIMEOUT_MS ? ', longer than a statement waits' : ''})`, async () => {
+      await migratedWhileWaiting(holdMs);
+    });
+
+  async function migratedWhileWaiting(holdMs: number) {
     const dir = await fs.mkdtemp(path.join(os.tmpdir(), 'migrate-'));
     const file = path.join(dir, 'service.db');
     const first = new Database(file);
@@ -26,7 +32,7 @@ describe('sqlite migrations', function () {
       second.stderr.on('data', (d) => (stderr += d));
       const exited = new Promise<number | null>((resolve) => second.on('exit', resolve));
       // the second has opened the file and waits for the lock; the first now migrates and commits
-      await new Promise((r) => setTimeout(r, 1500));
+      await new Promise((r) => setTimeout(r, holdMs));
       for (const m of MIGRATIONS) first.exec(m);
       first.pragma(`user_version = ${MIGRATIONS.length}`);
       first.exec('COMMIT');
@@ -36,7 +42,7 @@ describe('sqlite migrations', function () {
       first.close();
       await fs.rm(dir, { recursive: true, force: true });
     }
-  });
+  }
 
   it('keeps the ledger payloads of a store from before they left WITHOUT ROWID, found by a unique index on the same key', async () => {
     // the version whose next migration rebuilds ledger_payloads as a rowid table

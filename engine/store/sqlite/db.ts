@@ -92,6 +92,13 @@ export function startCheckpointer(db: Db, onFailure: (err: Error) => void): Chec
  * processes opening a new file at once (the Procfile's web and worker), the second waits for the first
  * and then finds nothing left to do.
  */
+/**
+ * How long a process starting waits for another's migrations (the Procfile's web and worker start together):
+ * one that rebuilds a table copies it, some 70 MB a second, so BUSY_TIMEOUT_MS alone failed the start of the
+ * second process on a store of over 350 MB.
+ */
+export const MIGRATION_WAIT_MS = 10 * 60_000;
+
 function migrate(db: Db): void {
   const apply = db.transaction(() => {
     const current = db.pragma('user_version', { simple: true }) as number;
@@ -100,7 +107,14 @@ function migrate(db: Db): void {
       db.pragma(`user_version = ${v + 1}`);
     }
   });
-  apply.immediate();
+  for (const started = Date.now(); ;) {
+    try {
+      return void apply.immediate();
+    } catch (err) {
+      // each try waits BUSY_TIMEOUT_MS for the lock
+      if ((err as { code?: string }).code !== 'SQLITE_BUSY' || Date.now() - started >= MIGRATION_WAIT_MS) throw err;
+    }
+  }
 }
 
 /**
