@@ -26,11 +26,13 @@ describe('sqlite migrations', function () {
     try {
       first.pragma('journal_mode = WAL');
       first.exec('BEGIN IMMEDIATE'); // the first process has the write lock, its migrations not yet written
-      const script = `import('./engine/store/sqlite/db.ts').then(({ openDatabase }) => { openDatabase(${JSON.stringify(file)}).close(); })`;
-      const second = spawn(process.execPath, ['--import', 'tsx', '-e', script], { stdio: ['ignore', 'ignore', 'pipe'] });
+      // it says when it opens the file (its start, a second or two, is not counted in the time it waits)
+      const script = `import('./engine/store/sqlite/db.ts').then(({ openDatabase }) => { console.log('opening'); openDatabase(${JSON.stringify(file)}).close(); })`;
+      const second = spawn(process.execPath, ['--import', 'tsx', '-e', script], { stdio: ['ignore', 'pipe', 'pipe'] });
       let stderr = '';
       second.stderr.on('data', (d) => (stderr += d));
       const exited = new Promise<number | null>((resolve) => second.on('exit', resolve));
+      await new Promise((resolve) => second.stdout.once('data', resolve));
       // the second has opened the file and waits for the lock; the first now migrates and commits
       await new Promise((r) => setTimeout(r, holdMs));
       for (const m of MIGRATIONS) first.exec(m);
