@@ -59,6 +59,38 @@ function shownUrl(url: URL): string {
   return copy.toString();
 }
 
+/**
+ * A redirect (3xx), never followed: fetch would send the request on, its body (a webhook secret, a run's
+ * steps) and, within the origin, the API key, to wherever Location points, and take that address's answer
+ * for the service's. 5, as an answer the tool cannot use; not retried while following a stream.
+ */
+export class RedirectError extends CliError {
+  constructor(status: number, location: string | null, requested: URL, apiPath: string) {
+    let to: URL | undefined;
+    try {
+      to = location ? new URL(location, requested) : undefined;
+    } catch {
+      // not a URL: named as it came
+    }
+    const where = to ? ` to ${shownUrl(to)}` : location ? ` to "${location.slice(0, 200)}"` : ' without a Location';
+    super(
+      `the service at ${shownUrl(requested)} answered ${status}, a redirect${where}; requests are not sent on (they carry the API key and their body): ` +
+        `set --url or SERVICE_URL to ${to ? baseOf(to, apiPath) : 'the service itself'}`,
+      EXIT.unavailable,
+    );
+  }
+}
+
+/** The service's base URL in a redirect's target: the target less the API path asked for (and its query), else the target. */
+function baseOf(target: URL, apiPath: string): string {
+  const base = new URL(shownUrl(target));
+  if (!base.pathname.endsWith(apiPath)) return base.toString();
+  base.pathname = base.pathname.slice(0, -apiPath.length) || '/';
+  base.search = '';
+  base.hash = '';
+  return base.toString().replace(/\/$/, '');
+}
+
 export type RequestOptions = {
   body?: unknown;
   query?: Record<string, string | number | undefined>;
@@ -107,8 +139,11 @@ export class ApiClient {
       throw new CliError(`the service URL carries a user name or password (${shownUrl(base)}); give the API key with --key or SERVICE_API_KEY`, EXIT.usage);
     const body = opts.body === undefined ? undefined : JSON.stringify(opts.body);
     const headers = this.headers({ ...(body === undefined ? {} : { 'content-type': 'application/json' }), ...extra, ...opts.headers });
+    const url = this.url(path, opts.query);
+    let res: Response;
     try {
-      return await this.fetchImpl(this.url(path, opts.query), { method, headers, body, signal: opts.signal });
+      // never followed: see RedirectError
+      res = await this.fetchImpl(url, { method, headers, body, signal: opts.signal, redirect: 'manual' });
     } catch (err) {
       // the caller's own deadline ran out: its reason says what happened
       if (err instanceof CliError) throw err;
@@ -118,6 +153,11 @@ export class ApiClient {
         EXIT.unavailable,
       );
     }
+    if (res.status >= 300 && res.status < 400) {
+      await res.body?.cancel().catch(() => undefined);
+      throw new RedirectError(res.status, res.headers.get('location'), new URL(url), path);
+    }
+    return res;
   }
 
   /** One call; the parsed JSON answer (null for 204), or an ApiError. */
@@ -190,7 +230,7 @@ export class ApiClient {
         if (last) return last;
         why = 'the stream ended early';
       } catch (err) {
-        if (err instanceof ApiError && !RETRIED_STATUSES.has(err.status)) throw err;
+        if (err instanceof RedirectError || (err instanceof ApiError && !RETRIED_STATUSES.has(err.status))) throw err;
         if (opts.signal?.aborted) throw err;
         why = (err as Error).message;
         if (err instanceof ApiError && err.retryAfterSeconds !== undefined) retryAfterMs = Math.min(err.retryAfterSeconds * 1000, RETRY_AFTER_MAX_MS);

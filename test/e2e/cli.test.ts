@@ -2,8 +2,8 @@
 // against a real service: exit codes by run status, output in order, a web restart mid-run that neither
 // loses nor repeats a line, a wrong key, Ctrl-C that cancels, and --json that parses. Also: the built
 // entry points import production dependencies only; and, against stub servers, a stream that goes silent,
-// Ctrl-C twice at a terminal, usage errors that need no service, and a client command that loads none of
-// the service's modules.
+// Ctrl-C twice at a terminal, usage errors that need no service, redirects it does not follow, and a client
+// command that loads none of the service's modules.
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import http from 'node:http';
@@ -20,13 +20,17 @@ import { eventually, KEYS, startHarness, type Harness } from '../support/harness
 type Result = { code: number | null; stdout: string; stderr: string };
 type Child = { done: Promise<Result>; stdout: () => string; signal(s: NodeJS.Signals): void };
 
-/** The built tool as a child process, with only PATH and `env` in its environment. */
-const spawnCli = (args: string[], env: Record<string, string>): Child => {
-  const child = spawn(process.execPath, [CLI, ...args], { env: { PATH: process.env.PATH ?? '', ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+/** The built tool as a child process, with only PATH and `env` in its environment, and `input` (else nothing) on stdin. */
+const spawnCli = (args: string[], env: Record<string, string>, input?: string): Child => {
+  const child = spawn(process.execPath, [CLI, ...args], {
+    env: { PATH: process.env.PATH ?? '', ...env },
+    stdio: [input === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe'],
+  });
+  child.stdin?.end(input);
   let stdout = '';
   let stderr = '';
-  child.stdout.on('data', (d) => (stdout += d));
-  child.stderr.on('data', (d) => (stderr += d));
+  child.stdout!.on('data', (d) => (stdout += d));
+  child.stderr!.on('data', (d) => (stderr += d));
   const done = new Promise<Result>((resolve) => child.on('close', (code) => resolve({ code, stdout, stderr })));
   return { done, stdout: () => stdout, signal: (s) => child.kill(s) };
 };
@@ -386,6 +390,60 @@ describe('the command-line tool (built) against stub servers', function () {
     expect(screen).to.contain('exit code 130');
     expect(screen).to.contain('left run run_x running').and.not.contain('AbortError');
     expect(cancels).to.equal(0);
+  });
+
+  it('follows no redirect: a 307 or 301 exits 5 naming the Location, and nothing reaches the address it names', async () => {
+    // fetch followed them: the secret (307/308: the run's steps too) went to the other address, and its answer
+    // was printed as the service's ("codehost: 1 secret set", its run id) with exit 0
+    const received: string[] = [];
+    const elsewhere = await stub((req, res) => {
+      received.push(`${req.method} ${req.url}`);
+      req.resume();
+      json(res, 200, { run_id: 'run_elsewhere', session_id: 'ses_x', status: 'queued', kind: 'codehost', secrets: 1 });
+    });
+    const moved = (status: number, acceptRun = false) =>
+      stub((req, res) => {
+        if (acceptRun && req.method === 'POST') return json(res, 202, { run_id: 'run_x', session_id: 'ses_x', status: 'queued' });
+        res.writeHead(status, { location: `${elsewhere}${req.url}` }).end();
+      });
+    const secret = (url: string, env: Record<string, string> = {}) => spawnCli(['secrets', 'set', 'codehost', '--url', url], env, 'whsec_TOPSECRET\n').done;
+    const run = (url: string, ...more: string[]) => {
+      const child = spawnCli(['run', '--step', 'shell:true', ...more, '--url', url], {});
+      // --wait had taken the redirected stream's end for a dropped connection and reconnected for two minutes
+      const stuck = setTimeout(() => child.signal('SIGKILL'), 15_000);
+      return child.done.finally(() => clearTimeout(stuck));
+    };
+    const [temporary, permanent, following] = await Promise.all([moved(307), moved(301), moved(307, true)]);
+    // a redirect within the service's origin would carry the API key with the request
+    const sameOrigin = await stub((req, res) => {
+      if (req.url?.startsWith('/moved/')) {
+        received.push(`${req.method} ${req.url} (same origin, key ${req.headers.authorization ?? 'none'})`);
+        return json(res, 200, { kind: 'codehost', secrets: 1 });
+      }
+      res.writeHead(308, { location: `/moved${req.url}` }).end();
+    });
+    const results = await Promise.all([
+      secret(temporary).then((r) => ({ ...r, status: 307, path: '/api/v1/webhook-secrets/codehost', to: elsewhere })),
+      secret(permanent).then((r) => ({ ...r, status: 301, path: '/api/v1/webhook-secrets/codehost', to: elsewhere })),
+      run(temporary).then((r) => ({ ...r, status: 307, path: '/api/v1/autonomy/run', to: elsewhere })),
+      run(permanent).then((r) => ({ ...r, status: 301, path: '/api/v1/autonomy/run', to: elsewhere })),
+      // the run started; its event stream redirects: not retried for two minutes as a dropped connection
+      run(following, '--wait').then((r) => ({ ...r, status: 307, path: '/api/v1/autonomy/streaming/ses_x/events', to: elsewhere })),
+      secret(sameOrigin, { SERVICE_API_KEY: 'svc_same_origin_key' }).then((r) => ({
+        ...r,
+        status: 308,
+        path: '/api/v1/webhook-secrets/codehost',
+        to: `${sameOrigin}/moved`,
+      })),
+    ]);
+    for (const r of results) {
+      expect(r.code, r.stdout + r.stderr).to.equal(5);
+      expect(r.stderr.trim().split('\n').pop(), r.stderr).to.match(/^automation-service: the service at http:\/\/127\.0\.0\.1:\d+\/api\/v1\//);
+      expect(r.stderr).to.contain(`answered ${r.status}, a redirect to ${r.to}${r.path}`).and.contain(`set --url or SERVICE_URL to ${r.to}\n`);
+      expect(r.stdout).not.to.contain('secret set').and.not.contain('run_elsewhere');
+      expect(r.stderr).not.to.contain('reconnecting').and.not.contain('TOPSECRET');
+    }
+    expect(received).to.deep.equal([]);
   });
 
   it('refuses a --url that is not http(s) and a bad --input as usage errors (2)', async () => {
