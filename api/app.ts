@@ -115,6 +115,9 @@ export function createApp(deps: AppDeps): Express {
   app.set('case sensitive routing', true);
   const streams = new OpenStreams(deps.maxStreamsPerTenant);
   app.locals.streams = streams;
+  // aborted by the server's close: a request that waits (an audit's long-poll) answers at once what it has
+  const closing = new AbortController();
+  app.locals.closing = closing;
   // a route that answers stored JSON texts as they are (json-page.ts) parses them first when true
   app.locals.validateResponses = deps.validateResponses ?? false;
 
@@ -176,7 +179,7 @@ export function createApp(deps: AppDeps): Express {
   );
   app.use('/api/v1/automations', automationsRouter(deps.engine));
   app.use('/api/v1/autonomy', autonomyRouter(deps.engine, { hub: deps.hub, heartbeatMs: deps.sseHeartbeatMs, streams }));
-  app.use('/api/v1/autonomy', auditRouter(deps.engine, { hub: deps.hub, heartbeatMs: deps.sseHeartbeatMs, streams }));
+  app.use('/api/v1/autonomy', auditRouter(deps.engine, { hub: deps.hub, heartbeatMs: deps.sseHeartbeatMs, streams, closing: closing.signal }));
   app.use('/api/v1/autonomy', voiceRouter(deps.engine, spec));
   app.use('/api/v1/runs', runsRouter(deps.engine));
   app.use('/api/v1/sessions', sessionsRouter(deps.engine, { hub: deps.hub, heartbeatMs: deps.sseHeartbeatMs, streams }));

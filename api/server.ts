@@ -1,5 +1,5 @@
 // Starts the HTTP server on a runtime and stops it: no new connections, in-flight requests finish.
-import type { AddressInfo } from 'node:net';
+import type { AddressInfo, Socket } from 'node:net';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { ERROR_STATUS, type ErrorCode, type Logger } from '../engine/platform/index.js';
@@ -15,6 +15,23 @@ import type { OpenStreams } from './sse.js';
  * 370 ms late left 136 ms of a 500 ms margin, too little: the process exited 1 with its work done).
  */
 const CUT_MARGIN_MS = 1000;
+
+/**
+ * The requests a connection may have unanswered at once (pipelined: sent before it read the answers to those
+ * before them); one more closes it. Each answer waits in memory behind the one before it: 300 requests for the
+ * 1 MB Redoc bundle, never read, held 330 MB for good. Browsers and common clients do not pipeline at all.
+ */
+const MAX_UNANSWERED_PER_CONNECTION = 16;
+
+/**
+ * How long an answer may wait to be written with no byte of it taken by the client (Node's socket timeout, set
+ * back by every byte read and every write the socket gets done) before its connection is closed: a client that
+ * stops reading held its connection, and what was written for it, for good. A connection whose answer is still
+ * being made (a long-poll, a slow handler) with nothing waiting to be written is not closed, nor is an event
+ * stream read by its client between heartbeats; one that stops reading its stream is (sse.ts holds up to 2 MB
+ * for it until then).
+ */
+const WRITE_STALL_MS = 60_000;
 
 /** close(deadline): the end of the grace period (epoch ms; by default SERVICE_SHUTDOWN_GRACE_SECONDS from now). */
 export type WebServer = { server: Server; url: string; close(deadline?: number): Promise<void> };
@@ -45,7 +62,11 @@ export async function startWebServer(rt: Runtime, opts: { port?: number; host?: 
   });
   const port = opts.port ?? config.port;
   // a request without Host is the app's to refuse (a problem with its request id, logged), not Node's bare 400
-  const server = createServer({ requireHostHeader: false }, app);
+  // a request that comes on a connection closed already (past MAX_UNANSWERED_PER_CONNECTION, in the same read as
+  // the one that closed it) is not served: nothing could be answered
+  const server = createServer({ requireHostHeader: false }, (req, res) => {
+    if (!req.socket.destroyed) app(req, res);
+  });
   // SERVICE_AUTH=none serves this machine only: whoever reaches the port is its tenant
   const host = opts.host ?? (config.auth === 'none' ? '127.0.0.1' : undefined);
   if (host) server.listen(port, host);
@@ -61,17 +82,40 @@ export async function startWebServer(rt: Runtime, opts: { port?: number; host?: 
   // began would hold close() open for keepAliveTimeout (closeIdleConnections() at the start sees only those idle then).
   let closing = false;
   const answering = new Set<ServerResponse>();
+  /** each connection's answers not yet sent (a connection's first request makes its entry) */
+  const unanswered = new WeakMap<Socket, Set<ServerResponse>>();
   const bodyIdleMs = config.bodyIdleSeconds * 1000;
   server.prependListener('request', (req, res) => {
+    const socket = req.socket;
+    let open = unanswered.get(socket);
+    if (!open) {
+      const mine = (open = new Set());
+      unanswered.set(socket, mine);
+      // the answers queued behind others on a connection that closes are never sent, nor do they close
+      socket.once('close', () => {
+        for (const r of mine) answering.delete(r);
+        mine.clear();
+      });
+    }
+    if (socket.destroyed) return;
+    if (open.size >= MAX_UNANSWERED_PER_CONNECTION) {
+      rt.log.info({ unanswered: open.size }, 'a connection sent more requests than it read answers: closed');
+      return void socket.destroy();
+    }
     toOriginForm(req);
     whileBodyComes(req, res, bodyIdleMs, rt.log);
     if (closing) res.shouldKeepAlive = false;
     answering.add(res);
+    open.add(res);
+    res.once('finish', () => open.delete(res));
     res.once('close', () => {
+      open.delete(res);
       answering.delete(res);
       if (closing) server.closeIdleConnections();
     });
   });
+  server.timeout = WRITE_STALL_MS;
+  server.on('timeout', (socket: Socket) => whenSocketIdle(socket, unanswered.get(socket), rt.log));
   const bound = (server.address() as AddressInfo).port;
   const url = `http://${opts.host && opts.host !== '0.0.0.0' && opts.host !== '::' ? opts.host : 'localhost'}:${bound}`;
   return {
@@ -79,6 +123,8 @@ export async function startWebServer(rt: Runtime, opts: { port?: number; host?: 
     url,
     async close(deadline = Date.now() + config.shutdownGraceSeconds * 1000) {
       closing = true;
+      // requests that wait (an audit's long-poll) answer now what they would at their timeout
+      (app.locals.closing as AbortController).abort();
       for (const res of answering) if (!res.headersSent) res.shouldKeepAlive = false;
       // requests still unanswered near the end of the grace period are cut, so that close() ends and the
       // store and Redis are closed before the exit
@@ -146,6 +192,17 @@ function whileBodyComes(req: IncomingMessage, res: ServerResponse, idleMs: numbe
   const done = () => clearInterval(check);
   req.once('end', done);
   req.once('close', done);
+}
+
+/**
+ * A connection's socket timeout (WRITE_STALL_MS, or keepAliveTimeout once its answers are sent): `open` is its
+ * answers not yet sent, none for a connection that has not sent a request yet (Node's headers timeout answers
+ * that one 408). Answers owed with nothing waiting to be written are still being made: the connection stays.
+ */
+function whenSocketIdle(socket: Socket, open: Set<ServerResponse> | undefined, log: Logger): void {
+  if (!open || (open.size > 0 && socket.writableLength === 0)) return;
+  if (open.size > 0) log.info({ unanswered: open.size, stalled_ms: socket.timeout }, 'a client took no byte of its answer for too long: connection closed');
+  socket.destroy();
 }
 
 /** What Node refuses before a request exists (its parser's errors), as problems like every other error; the socket then closes. */

@@ -46,7 +46,8 @@ function layersOfQuery(text: string | undefined): AuditRequest['layers'] {
 }
 let validateLayers: ValidateFunction | undefined;
 
-export function auditRouter(engine: Engine, opts: { hub: EventHub; heartbeatMs: number; streams: OpenStreams }): Router {
+/** `closing`: aborted when the server closes (a long-poll then answers its 202 at once, as past its timeout). */
+export function auditRouter(engine: Engine, opts: { hub: EventHub; heartbeatMs: number; streams: OpenStreams; closing: AbortSignal }): Router {
   const router = Router();
 
   router.post('/workspace-audit/run', async (req, res) => {
@@ -59,13 +60,15 @@ export function auditRouter(engine: Engine, opts: { hub: EventHub; heartbeatMs: 
       layers: body.layers,
       trigger: { type: 'api', request_id: String(req.id) },
     });
-    // the wait ends with the client: a closed connection stops waiting (the audit goes on)
+    // the wait ends with the client (a closed connection stops waiting) or with the server: closing, it answers
+    // the 202 now, where the client can fetch the report from another instance; the audit goes on either way.
+    // Left waiting, the answer was cut at the end of the grace period, its report id never told.
     const gone = new AbortController();
     res.on('close', () => gone.abort());
     if (req.socket.destroyed) gone.abort();
     const report = await engine.audits.wait(tenantId, started.report_id, {
       timeoutMs: (body.timeout_seconds ?? DEFAULT_TIMEOUT_SECONDS) * 1000,
-      signal: gone.signal,
+      signal: AbortSignal.any([gone.signal, opts.closing]),
       keepRunning: true,
     });
     if (report.status !== 'running') {
