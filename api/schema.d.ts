@@ -216,6 +216,14 @@ export interface paths {
          *     One whose work needs the agent endpoint (a goal, an `agent` step) is refused with 422
          *     `agent-not-configured` when none is configured: every fire of it would fail. A tenant keeps at most
          *     SERVICE_TENANT_MAX_AUTOMATIONS automations that are not archived (1,000 unless set; one more is a 409).
+         *
+         *     With an `Idempotency-Key`, a retry (the same key and body) answers the automation the first request
+         *     made, as it is now, with 201 and `Idempotent-Replayed: true`, instead of making a second one whose
+         *     triggers would fire as well: requests sent at once with one key make one automation. The same key with
+         *     another body is a 422 `idempotency-key-reused`, and nothing is made. A request refused (400, 403, 409
+         *     over the cap, 422) keeps no key: the next with it is handled as if it came alone. Keys are the tenant's
+         *     and kept 24 hours, as the runs' are, but apart from them: a key sent to a run-starting route is
+         *     another key.
          */
         post: operations["createAutomation"];
         delete?: never;
@@ -253,6 +261,8 @@ export interface paths {
         /**
          * Create an automation from a template
          * @description A missing required variable, an unknown variable or a value of the wrong type is a 400 that names each one.
+         *     An `Idempotency-Key` is kept as `POST /api/v1/automations` keeps it (the same key and body there, as a
+         *     template body, is the same request).
          */
         post: operations["instantiateAutomationTemplate"];
         delete?: never;
@@ -3314,11 +3324,13 @@ export interface components {
                 "application/json": components["schemas"]["Automation"];
             };
         };
-        /** @description Created. */
-        AutomationCreated: {
+        /** @description Created; or the automation an earlier request with the same `Idempotency-Key` and body made, as it is now (nothing new is made). */
+        AutomationCreatedOrReplayed: {
             headers: {
                 Location: components["headers"]["Location"];
                 "X-Request-Id": components["headers"]["RequestId"];
+                /** @description true when an Idempotency-Key returned the automation an earlier request made. */
+                "Idempotent-Replayed"?: string;
                 [name: string]: unknown;
             };
             content: {
@@ -3422,7 +3434,7 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"];
             };
         };
-        /** @description `conflict`: the object's state forbids it (a disabled automation, a run that has not finished; no `Retry-After`), or the first request with this `Idempotency-Key` is still being handled (with `Retry-After`; nothing was started: send the same request again after that many seconds to get its answer). */
+        /** @description `conflict`: the object's state forbids it (a disabled automation, a run that has not finished, a tenant at its cap of automations; no `Retry-After`), or the first request with this `Idempotency-Key` is still being handled (with `Retry-After`; nothing was started: send the same request again after that many seconds to get its answer). */
         ConflictOrIdempotencyKeyInUse: {
             headers: {
                 /** @description Seconds to wait before retrying, when the first request with this `Idempotency-Key` is still being handled. */
@@ -3518,7 +3530,7 @@ export interface components {
         AgentId: string;
         /** @description The run's id. */
         RunId: string;
-        /** @description Send the same key to make a retry return the first run instead of starting another. Kept 24 hours; the same key with a different body is a 422. Bodies are compared by content (canonical JSON), so the order of an object's fields does not matter; the order of a list does. A request that comes while the first one with its key is still being handled waits for that one's run (up to 5 s) and answers it; when that one is refused (its 400 or 422, say), it is handled as if it came alone; when that one has not stored its run after the wait, it is a 409 with `Retry-After`. */
+        /** @description Send the same key to make a retry return what the first request made (its run; for createAutomation, its automation) instead of making another. Kept 24 hours, per tenant; the same key with a different body is a 422. Bodies are compared by content (canonical JSON), so the order of an object's fields does not matter; the order of a list does. A request that comes while the first one with its key is still being handled waits for that one's run or automation (up to 5 s) and answers it; when that one is refused (its 400 or 422, say), it is handled as if it came alone; when that one has not stored what it made after the wait, it is a 409 with `Retry-After`. */
         IdempotencyKey: string;
         /** @description The `next_cursor` of the previous page. */
         Cursor: string;
@@ -3791,7 +3803,10 @@ export interface operations {
     createAutomation: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description Send the same key to make a retry return what the first request made (its run; for createAutomation, its automation) instead of making another. Kept 24 hours, per tenant; the same key with a different body is a 422. Bodies are compared by content (canonical JSON), so the order of an object's fields does not matter; the order of a list does. A request that comes while the first one with its key is still being handled waits for that one's run or automation (up to 5 s) and answers it; when that one is refused (its 400 or 422, say), it is handled as if it came alone; when that one has not stored what it made after the wait, it is a 409 with `Retry-After`. */
+                "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
+            };
             path?: never;
             cookie?: never;
         };
@@ -3801,11 +3816,11 @@ export interface operations {
             };
         };
         responses: {
-            201: components["responses"]["AutomationCreated"];
+            201: components["responses"]["AutomationCreatedOrReplayed"];
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["NotPermitted"];
-            409: components["responses"]["Conflict"];
+            409: components["responses"]["ConflictOrIdempotencyKeyInUse"];
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             422: components["responses"]["Unprocessable"];
@@ -3840,7 +3855,10 @@ export interface operations {
     instantiateAutomationTemplate: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description Send the same key to make a retry return what the first request made (its run; for createAutomation, its automation) instead of making another. Kept 24 hours, per tenant; the same key with a different body is a 422. Bodies are compared by content (canonical JSON), so the order of an object's fields does not matter; the order of a list does. A request that comes while the first one with its key is still being handled waits for that one's run or automation (up to 5 s) and answers it; when that one is refused (its 400 or 422, say), it is handled as if it came alone; when that one has not stored what it made after the wait, it is a 409 with `Retry-After`. */
+                "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
+            };
             path?: never;
             cookie?: never;
         };
@@ -3858,11 +3876,11 @@ export interface operations {
             };
         };
         responses: {
-            201: components["responses"]["AutomationCreated"];
+            201: components["responses"]["AutomationCreatedOrReplayed"];
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["NotPermitted"];
-            409: components["responses"]["Conflict"];
+            409: components["responses"]["ConflictOrIdempotencyKeyInUse"];
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             422: components["responses"]["Unprocessable"];
@@ -3986,7 +4004,7 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description Send the same key to make a retry return the first run instead of starting another. Kept 24 hours; the same key with a different body is a 422. Bodies are compared by content (canonical JSON), so the order of an object's fields does not matter; the order of a list does. A request that comes while the first one with its key is still being handled waits for that one's run (up to 5 s) and answers it; when that one is refused (its 400 or 422, say), it is handled as if it came alone; when that one has not stored its run after the wait, it is a 409 with `Retry-After`. */
+                /** @description Send the same key to make a retry return what the first request made (its run; for createAutomation, its automation) instead of making another. Kept 24 hours, per tenant; the same key with a different body is a 422. Bodies are compared by content (canonical JSON), so the order of an object's fields does not matter; the order of a list does. A request that comes while the first one with its key is still being handled waits for that one's run or automation (up to 5 s) and answers it; when that one is refused (its 400 or 422, say), it is handled as if it came alone; when that one has not stored what it made after the wait, it is a 409 with `Retry-After`. */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
             };
             path?: never;
@@ -4080,7 +4098,7 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description Send the same key to make a retry return the first run instead of starting another. Kept 24 hours; the same key with a different body is a 422. Bodies are compared by content (canonical JSON), so the order of an object's fields does not matter; the order of a list does. A request that comes while the first one with its key is still being handled waits for that one's run (up to 5 s) and answers it; when that one is refused (its 400 or 422, say), it is handled as if it came alone; when that one has not stored its run after the wait, it is a 409 with `Retry-After`. */
+                /** @description Send the same key to make a retry return what the first request made (its run; for createAutomation, its automation) instead of making another. Kept 24 hours, per tenant; the same key with a different body is a 422. Bodies are compared by content (canonical JSON), so the order of an object's fields does not matter; the order of a list does. A request that comes while the first one with its key is still being handled waits for that one's run or automation (up to 5 s) and answers it; when that one is refused (its 400 or 422, say), it is handled as if it came alone; when that one has not stored what it made after the wait, it is a 409 with `Retry-After`. */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
             };
             path?: never;
@@ -4122,7 +4140,7 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description Send the same key to make a retry return the first run instead of starting another. Kept 24 hours; the same key with a different body is a 422. Bodies are compared by content (canonical JSON), so the order of an object's fields does not matter; the order of a list does. A request that comes while the first one with its key is still being handled waits for that one's run (up to 5 s) and answers it; when that one is refused (its 400 or 422, say), it is handled as if it came alone; when that one has not stored its run after the wait, it is a 409 with `Retry-After`. */
+                /** @description Send the same key to make a retry return what the first request made (its run; for createAutomation, its automation) instead of making another. Kept 24 hours, per tenant; the same key with a different body is a 422. Bodies are compared by content (canonical JSON), so the order of an object's fields does not matter; the order of a list does. A request that comes while the first one with its key is still being handled waits for that one's run or automation (up to 5 s) and answers it; when that one is refused (its 400 or 422, say), it is handled as if it came alone; when that one has not stored what it made after the wait, it is a 409 with `Retry-After`. */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
             };
             path?: never;
@@ -4424,7 +4442,7 @@ export interface operations {
                 workspace?: components["schemas"]["TranscriptionWorkspace"];
             };
             header?: {
-                /** @description Send the same key to make a retry return the first run instead of starting another. Kept 24 hours; the same key with a different body is a 422. Bodies are compared by content (canonical JSON), so the order of an object's fields does not matter; the order of a list does. A request that comes while the first one with its key is still being handled waits for that one's run (up to 5 s) and answers it; when that one is refused (its 400 or 422, say), it is handled as if it came alone; when that one has not stored its run after the wait, it is a 409 with `Retry-After`. */
+                /** @description Send the same key to make a retry return what the first request made (its run; for createAutomation, its automation) instead of making another. Kept 24 hours, per tenant; the same key with a different body is a 422. Bodies are compared by content (canonical JSON), so the order of an object's fields does not matter; the order of a list does. A request that comes while the first one with its key is still being handled waits for that one's run or automation (up to 5 s) and answers it; when that one is refused (its 400 or 422, say), it is handled as if it came alone; when that one has not stored what it made after the wait, it is a 409 with `Retry-After`. */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
             };
             path?: never;
@@ -5048,7 +5066,7 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description Send the same key to make a retry return the first run instead of starting another. Kept 24 hours; the same key with a different body is a 422. Bodies are compared by content (canonical JSON), so the order of an object's fields does not matter; the order of a list does. A request that comes while the first one with its key is still being handled waits for that one's run (up to 5 s) and answers it; when that one is refused (its 400 or 422, say), it is handled as if it came alone; when that one has not stored its run after the wait, it is a 409 with `Retry-After`. */
+                /** @description Send the same key to make a retry return what the first request made (its run; for createAutomation, its automation) instead of making another. Kept 24 hours, per tenant; the same key with a different body is a 422. Bodies are compared by content (canonical JSON), so the order of an object's fields does not matter; the order of a list does. A request that comes while the first one with its key is still being handled waits for that one's run or automation (up to 5 s) and answers it; when that one is refused (its 400 or 422, say), it is handled as if it came alone; when that one has not stored what it made after the wait, it is a 409 with `Retry-After`. */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
             };
             path: {

@@ -25,8 +25,10 @@ export function automationsRouter(engine: Engine): Router {
 
   router.post('/', async (req, res) => {
     const body = req.body as Schemas['AutomationDefinition'] | Schemas['TemplateInstantiation'];
-    const created = 'template_id' in body ? await automations.createFromTemplate(tenantOf(req), body) : await automations.create(tenantOf(req), body);
-    res.status(201).location(location(created.id)).json(created);
+    // an Idempotency-Key's retry answers the automation its first request made, as a run's retry answers its run
+    const { automation, replayed } = await automations.createIdempotent(tenantOf(req), idempotencyKeyOf(req), body);
+    if (replayed) res.setHeader('Idempotent-Replayed', 'true');
+    res.status(201).location(location(automation.id)).json(automation);
   });
 
   router.post('/run', async (req, res) => {
@@ -61,8 +63,10 @@ export function automationsRouter(engine: Engine): Router {
   });
 
   router.post('/templates/instantiate', async (req, res) => {
-    const created = await automations.createFromTemplate(tenantOf(req), req.body as Schemas['TemplateInstantiation']);
-    res.status(201).location(location(created.id)).json(created);
+    const body = req.body as Schemas['TemplateInstantiation'];
+    const { automation, replayed } = await automations.createIdempotent(tenantOf(req), idempotencyKeyOf(req), body);
+    if (replayed) res.setHeader('Idempotent-Replayed', 'true');
+    res.status(201).location(location(automation.id)).json(automation);
   });
 
   router.get('/:id', async (req, res) => {

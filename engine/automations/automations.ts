@@ -1,8 +1,12 @@
 // Automations: reusable, triggerable definitions of work, scoped to one tenant.
 // Every change is a conditional update in the store: an archived automation cannot change.
 import {
+  canonicalJson,
   ConflictError,
+  IdempotencyKeyInUseError,
+  IdempotencyKeyReusedError,
   NotFoundError,
+  sha256Hex,
   ValidationError,
   type FieldError,
   newId,
@@ -17,7 +21,7 @@ import {
   type RunStatus,
   type RunTrigger,
 } from '../platform/index.js';
-import { type AutomationMembers, type JsonDoc, type Page } from '../store/index.js';
+import { type AutomationMembers, type CappedInsert, type JsonDoc, type KeyClaim, type Page } from '../store/index.js';
 import { allowlistOf, budgetTooLong, networkOf, requireAgentFor, retryPolicyOf, type RunLimits, type RunRequest, type ToolPolicy } from '../runs/index.js';
 import type { Platform } from '../deps.js';
 import { instantiateTemplate, type TemplateCatalog } from './templates.js';
@@ -45,6 +49,31 @@ export function runSummaryOf(r: Run) {
 
 const tooMany = (max: number) =>
   new ConflictError(`this tenant has ${max} automations, the most it may keep (SERVICE_TENANT_MAX_AUTOMATIONS): archive one first`);
+
+/** A template and the caller's values for it: what POST /automations/templates/instantiate takes. */
+export type TemplateInstantiation = { template_id: string; variables?: Record<string, unknown>; name?: string; connections?: ConnectionNames };
+
+// A create's Idempotency-Key lives as a run's does (engine/runs/runs.ts): a day, in the store's records of keys
+// (which the reconciler forgets past their day), a record whose automation is not stored 30 s on taken over (its
+// request died between the key and the insert, which MongoDB does not write at once), a request waiting at most
+// 5 s for the automation of the request that holds its key, then a 409 to retry in a second.
+const KEY_KEPT_SECONDS = 24 * 3600;
+const KEY_CLAIM_SECONDS = 30;
+const KEY_WAIT_MS = 5000;
+const KEY_IN_USE_RETRY_AFTER_SECONDS = 1;
+
+/**
+ * The digest a create's Idempotency-Key is kept under: of the key in the automations' scope, so that the same
+ * text sent with a run (whose keys share the store's records) is another key. No header carries a NUL: no
+ * client's run key (the key itself), nor a service key (a NUL, then its name), is this text.
+ */
+const keyDigestOf = (key: string) => sha256Hex(`automations\0${key}`);
+/** What a create with a key is known by when it comes again: the digest of its body's canonical JSON (RFC 8785), as the runs'. */
+const fingerprintOf = (body: unknown) => sha256Hex(canonicalJson(body));
+
+const keyReused = () => new IdempotencyKeyReusedError('this Idempotency-Key was used with a different request');
+const keyInUse = () =>
+  new IdempotencyKeyInUseError('a request with this Idempotency-Key is still being handled; retry it after a moment', KEY_IN_USE_RETRY_AFTER_SECONDS);
 
 export type AutomationHooks = {
   /** after any change of an automation's triggers or status (keeps the cron triggers' set in step) */
@@ -117,57 +146,122 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
     throw new ConflictError(`automation ${id} is ${current.status} and cannot change`, { status: current.status });
   }
 
+  /** A new automation from a definition, checked (400, 403, 422): nothing is stored here. */
+  function draft(tenantId: string, def: AutomationDefinition, template: Automation['template'] = null): Automation {
+    const errors: FieldError[] = [];
+    const triggers = def.triggers ?? [{ type: 'manual' as const }];
+    errors.push(...validateTriggers(triggers, '/body/triggers', { cronMinIntervalSeconds: limits.cronMinIntervalSeconds }));
+    const budget = budgetOf(def.budget, '/body/budget', errors);
+    checkWork(def, errors);
+    check(errors);
+    requireAgentFor(deps.settings, def.steps, 'this automation');
+    const now = clock.now().toISOString();
+    return {
+      id: newId('aut'),
+      tenant_id: tenantId,
+      name: def.name,
+      description: def.description ?? null,
+      status: def.status ?? 'enabled',
+      triggers,
+      tool_allowlist: allowlistOf(deps.settings, def.tool_allowlist, def.steps?.length ? def.steps : null, '/body/tool_allowlist'),
+      network: networkOf(deps.settings, def.network),
+      ...(def.connections && Object.keys(def.connections).length ? { connections: def.connections } : {}),
+      budget,
+      retry: retryPolicyOf(def.retry),
+      steps: def.steps && def.steps.length ? def.steps : null,
+      goal: def.goal?.trim() ? def.goal : null,
+      inputs: def.inputs ?? {},
+      template,
+      created_at: now,
+      updated_at: now,
+    };
+  }
+
+  /** A new automation from a built-in template and the caller's variables, checked as `draft`. */
+  function draftFromTemplate(tenantId: string, req: TemplateInstantiation): Automation {
+    const template = deps.templates.get(req.template_id);
+    if (!template) {
+      throw new ValidationError(`no template ${req.template_id}`, [
+        { path: '/body/template_id', message: `unknown template; GET /api/v1/automations/templates lists them` },
+      ]);
+    }
+    const { definition, variables } = instantiateTemplate(template, req.variables ?? {});
+    const named = { ...definition, ...(req.name ? { name: req.name } : {}), ...(req.connections ? { connections: req.connections } : {}) };
+    return draft(tenantId, named, { id: template.id, variables });
+  }
+
+  /**
+   * Every automation is work for each file event, trigger refresh and reconcile of the process: a tenant keeps
+   * at most so many, checked by the insert itself, which holds when creates race.
+   */
+  const cap = () => (limits.tenantMaxAutomations === undefined ? undefined : { maxLive: limits.tenantMaxAutomations });
+
+  /** What the insert of a new automation did: refused over the cap (409), or stored, and then told. */
+  async function inserted(automation: Automation, done: CappedInsert): Promise<Automation> {
+    if (done === 'over-cap') throw tooMany(limits.tenantMaxAutomations!);
+    deps.log.info({ tenant_id: automation.tenant_id, automation_id: automation.id, template_id: automation.template?.id }, 'automation created');
+    return told(automation, hooks.created(automation));
+  }
+
+  const insert = async (automation: Automation) => inserted(automation, await store.automations.insert(automation, cap()));
+
   return {
     async create(tenantId: string, def: AutomationDefinition, template: Automation['template'] = null): Promise<Automation> {
-      const errors: FieldError[] = [];
-      const triggers = def.triggers ?? [{ type: 'manual' as const }];
-      errors.push(...validateTriggers(triggers, '/body/triggers', { cronMinIntervalSeconds: limits.cronMinIntervalSeconds }));
-      const budget = budgetOf(def.budget, '/body/budget', errors);
-      checkWork(def, errors);
-      check(errors);
-      requireAgentFor(deps.settings, def.steps, 'this automation');
-      // every automation is work for each file event, trigger refresh and reconcile of the process: the
-      // tenant's cap is checked by the insert itself, which holds when creates race
-      const max = limits.tenantMaxAutomations;
-      const now = clock.now().toISOString();
-      const automation: Automation = {
-        id: newId('aut'),
-        tenant_id: tenantId,
-        name: def.name,
-        description: def.description ?? null,
-        status: def.status ?? 'enabled',
-        triggers,
-        tool_allowlist: allowlistOf(deps.settings, def.tool_allowlist, def.steps?.length ? def.steps : null, '/body/tool_allowlist'),
-        network: networkOf(deps.settings, def.network),
-        ...(def.connections && Object.keys(def.connections).length ? { connections: def.connections } : {}),
-        budget,
-        retry: retryPolicyOf(def.retry),
-        steps: def.steps && def.steps.length ? def.steps : null,
-        goal: def.goal?.trim() ? def.goal : null,
-        inputs: def.inputs ?? {},
-        template,
-        created_at: now,
-        updated_at: now,
-      };
-      if ((await store.automations.insert(automation, max === undefined ? undefined : { maxLive: max })) === 'over-cap') throw tooMany(max!);
-      deps.log.info({ tenant_id: tenantId, automation_id: automation.id, template_id: template?.id }, 'automation created');
-      return told(automation, hooks.created(automation));
+      return insert(draft(tenantId, def, template));
     },
 
     /** Creates an automation from a built-in template and the caller's variables. */
-    async createFromTemplate(
+    async createFromTemplate(tenantId: string, req: TemplateInstantiation): Promise<Automation> {
+      return insert(draftFromTemplate(tenantId, req));
+    },
+
+    /**
+     * Creates an automation from a definition or a template (`template_id`), once per Idempotency-Key of the
+     * tenant: the same key with the same body (by content, its fields in any order) answers the automation the
+     * first request made, as it is now, even when that body would now be refused (the tenant at its cap, say);
+     * with another body it is refused (422). A request refused (400, 409 over the cap, 422) keeps no key. Keys
+     * live a day. A request that finds its key held by one whose automation is not stored yet (MongoDB) waits
+     * for it, up to 5 s, then is a 409 to retry.
+     */
+    async createIdempotent(
       tenantId: string,
-      req: { template_id: string; variables?: Record<string, unknown>; name?: string; connections?: ConnectionNames },
-    ): Promise<Automation> {
-      const template = deps.templates.get(req.template_id);
-      if (!template) {
-        throw new ValidationError(`no template ${req.template_id}`, [
-          { path: '/body/template_id', message: `unknown template; GET /api/v1/automations/templates lists them` },
-        ]);
+      key: string | undefined,
+      body: AutomationDefinition | TemplateInstantiation,
+    ): Promise<{ automation: Automation; replayed: boolean }> {
+      const make = () => ('template_id' in body ? draftFromTemplate(tenantId, body) : draft(tenantId, body));
+      if (!key) return { automation: await insert(make()), replayed: false };
+      const keyDigest = keyDigestOf(key);
+      const hash = fingerprintOf(body);
+      const ago = (seconds: number, from = clock.now().toISOString()) => new Date(Date.parse(from) - seconds * 1000).toISOString();
+      const until = Date.now() + KEY_WAIT_MS;
+      let held = await store.idempotencyKeys.get(tenantId, keyDigest, ago(KEY_KEPT_SECONDS));
+      for (;;) {
+        if (held) {
+          const earlier = await store.automations.get(tenantId, held.run_id);
+          if (earlier) {
+            if (held.fingerprint !== hash) throw keyReused();
+            return { automation: earlier, replayed: true };
+          }
+          // its request is still storing it; or died doing so, and the key is taken over below
+          if (held.created_at > ago(KEY_CLAIM_SECONDS)) {
+            if (held.fingerprint !== hash) throw keyReused();
+            if (Date.now() >= until) throw keyInUse();
+            await new Promise((r) => setTimeout(r, 20));
+            held = await store.idempotencyKeys.get(tenantId, keyDigest, ago(KEY_KEPT_SECONDS));
+            continue;
+          }
+        }
+        // a new key: the automation is made (and checked) only now, so a retry answers what the first made
+        const automation = make();
+        const claim: KeyClaim = {
+          record: { tenant_id: tenantId, key_digest: keyDigest, fingerprint: hash, run_id: automation.id, created_at: automation.created_at },
+          since: ago(KEY_KEPT_SECONDS, automation.created_at),
+          pendingSince: ago(KEY_CLAIM_SECONDS, automation.created_at),
+        };
+        const done = await store.automations.insertWithKey(automation, claim, cap());
+        if (typeof done === 'string') return { automation: await inserted(automation, done), replayed: false };
+        held = done; // taken by another request meanwhile: its automation is the answer
       }
-      const { definition, variables } = instantiateTemplate(template, req.variables ?? {});
-      const named = { ...definition, ...(req.name ? { name: req.name } : {}), ...(req.connections ? { connections: req.connections } : {}) };
-      return this.create(tenantId, named, { id: template.id, variables });
     },
 
     get: mustGet,

@@ -69,6 +69,14 @@ export interface AutomationRepo {
    * insert without a cap is held to none, and on MongoDB does not take turns with capped ones.
    */
   insert(automation: Automation, cap?: { maxLive: number }): Promise<CappedInsert>;
+  /**
+   * `insert`, the automation taking a create's Idempotency-Key (its digest in the automations' scope:
+   * IdempotencyRecord's `run_id` is the automation's id) as RunRepo.insert takes a run's: in the same
+   * transaction on SQLite, just before the insert on MongoDB (let go when the automation is not stored). When
+   * another request's record holds the key, nothing is stored and that record is the answer. One refused over
+   * the cap keeps no key.
+   */
+  insertWithKey(automation: Automation, key: KeyClaim, cap?: { maxLive: number }): Promise<CappedInsert | IdempotencyRecord>;
   get(tenantId: string, id: string): Promise<Automation | null>;
   list(tenantId: string, query: AutomationQuery): Promise<Page<Automation>>;
   /** The same page, each automation as the JSON text of its representation: answered without a parse and a stringify. */
@@ -137,6 +145,8 @@ export type RunStatusRow = Pick<Run, 'id' | 'status' | 'finished_at'>;
 /**
  * An Idempotency-Key a run was started with, as the store remembers it beside Redis (which forgets it if
  * it loses its data): the key's digest, the digest of the request it came with, and the run it started.
+ * An automation's create keeps its keys here too, under digests of their own scope: `run_id` is then the
+ * automation it made, and AutomationRepo.insert's claim looks for it among the automations.
  */
 export type IdempotencyRecord = { tenant_id: string; key_digest: string; fingerprint: string; run_id: string; created_at: string };
 

@@ -399,6 +399,137 @@ describe('automations API', () => {
     expect(list.body.data.map((x: { id: string }) => x.id)).not.to.include(a.id);
     expect(await h.rt.store.automations.get('tenant-a', a.id)).to.deep.equal(a);
   });
+
+  /** The ids of a tenant's automations of one name, archived ones too, as stored (an earlier test keeps one the API would not answer). */
+  async function idsNamed(name: string, tenantId = 'tenant-a'): Promise<string[]> {
+    const page = await h.rt.store.automations.list(tenantId, { limit: 1000, statuses: ['enabled', 'disabled', 'archived'] });
+    return page.items.filter((a) => a.name === name).map((a) => a.id);
+  }
+
+  it('makes one automation of creates sent at once with one Idempotency-Key: the others answer it, 201 with Idempotent-Replayed; a retry too', async () => {
+    const body = { ...definition, name: 'Once at once' };
+    const key = { 'idempotency-key': 'create-at-once' };
+    // the three read the key before any of them stores its automation: the window a race needs, every time
+    const release = heldTogether(h.rt.store.idempotencyKeys, 'get', 3);
+    const answers = await Promise.all(Array.from({ length: 3 }, () => h.call('POST', '/api/v1/automations', { body, headers: key }))).finally(release);
+    expect(
+      answers.map((r) => r.status),
+      answers.map((r) => r.text).join('\n'),
+    ).to.deep.equal([201, 201, 201]);
+    const ids = new Set(answers.map((r) => r.body.id));
+    expect(ids.size, 'one automation answered to all').to.equal(1);
+    const [id] = ids;
+    expect(answers.filter((r) => r.headers.get('idempotent-replayed') === 'true')).to.have.length(2);
+    for (const r of answers) expect(r.headers.get('location')).to.equal(`/api/v1/automations/${id}`);
+    expect(await idsNamed('Once at once')).to.deep.equal([id]);
+    // one cron trigger to fire, not three
+    const cron = await h.rt.store.automations.listEnabledWithTrigger('cron', 'tenant-a');
+    expect(cron.filter((a) => a.name === 'Once at once').map((a) => a.id)).to.deep.equal([id]);
+    // a retry later, its fields in another order: the same automation, as it is now
+    await h.call('PATCH', `/api/v1/automations/${id}`, { body: { description: 'changed since' } });
+    const reordered = Object.fromEntries(Object.entries(body).reverse());
+    const retry = await h.call('POST', '/api/v1/automations', { body: reordered, headers: key });
+    expect(retry.status, retry.text).to.equal(201);
+    expect(retry.headers.get('idempotent-replayed')).to.equal('true');
+    expect(retry.body).to.deep.include({ id, description: 'changed since' });
+    expect(await idsNamed('Once at once')).to.deep.equal([id]);
+  });
+
+  it('keeps an Idempotency-Key on the template route as on the create: a retry answers its automation; the same template body sent to either is one request', async () => {
+    const body = { template_id: 'nightly-audit', variables: {}, name: 'Templated once' };
+    const key = { 'idempotency-key': 'instantiate-once' };
+    const first = await h.call('POST', '/api/v1/automations/templates/instantiate', { body, headers: key });
+    expect(first.status, first.text).to.equal(201);
+    expect(first.headers.get('idempotent-replayed')).to.equal(null);
+    for (const path of ['/api/v1/automations/templates/instantiate', '/api/v1/automations']) {
+      const again = await h.call('POST', path, { body, headers: key });
+      expect(again.status, again.text).to.equal(201);
+      expect(again.headers.get('idempotent-replayed'), path).to.equal('true');
+      expect(again.body.id).to.equal(first.body.id);
+    }
+    const other = await h.call('POST', '/api/v1/automations/templates/instantiate', { body: { ...body, name: 'Templated twice' }, headers: key });
+    expect(other.status, other.text).to.equal(422);
+    expect(await idsNamed('Templated once')).to.deep.equal([first.body.id]);
+    expect(await idsNamed('Templated twice')).to.deep.equal([]);
+  });
+
+  it('refuses the same Idempotency-Key with another body (422 idempotency-key-reused) and stores nothing; another tenant’s same key is its own', async () => {
+    const key = { 'idempotency-key': 'create-reused' };
+    const first = await h.call('POST', '/api/v1/automations', { body: { ...definition, name: 'Reused first' }, headers: key });
+    expect(first.status, first.text).to.equal(201);
+    expect(first.headers.get('idempotent-replayed')).to.equal(null);
+    const other = await h.call('POST', '/api/v1/automations', { body: { ...definition, name: 'Reused other' }, headers: key });
+    expect(other.status, other.text).to.equal(422);
+    expect(other.body.code).to.equal('idempotency-key-reused');
+    expect(await idsNamed('Reused other')).to.deep.equal([]);
+    // a template body with the key is another body too
+    const template = await h.call('POST', '/api/v1/automations', { body: { template_id: 'nightly-audit', variables: {} }, headers: key });
+    expect(template.status, template.text).to.equal(422);
+    // tenant B's key of the same text: its own automation, not A's, and not a 422
+    const b = await h.call('POST', '/api/v1/automations', { key: KEYS.b, body: { ...definition, name: 'Reused other' }, headers: key });
+    expect(b.status, b.text).to.equal(201);
+    expect(b.headers.get('idempotent-replayed')).to.equal(null);
+    expect(b.body).to.deep.include({ tenant_id: 'tenant-b', name: 'Reused other' });
+    expect(b.body.id).not.to.equal(first.body.id);
+    const bAgain = await h.call('POST', '/api/v1/automations', { key: KEYS.b, body: { ...definition, name: 'Reused other' }, headers: key });
+    expect(bAgain.body.id).to.equal(b.body.id);
+    expect(bAgain.headers.get('idempotent-replayed')).to.equal('true');
+    expect(await idsNamed('Reused other', 'tenant-b')).to.deep.equal([b.body.id]);
+    expect(await idsNamed('Reused other')).to.deep.equal([]);
+    // a run started with the same text of key is not refused by it: the automations' keys are apart from the runs'
+    const run = await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'message', args: { text: 'x' } }] }, headers: key });
+    expect(run.status, run.text).to.equal(202);
+  });
+
+  it('keeps no Idempotency-Key for a create it refuses (400): the next request with the key is handled as if it came alone', async () => {
+    const key = { 'idempotency-key': 'create-refused' };
+    const bad = await h.call('POST', '/api/v1/automations', {
+      body: { ...definition, name: 'Refused first', triggers: [{ type: 'cron', schedule: '0 25 * * *', timezone: 'UTC' }] },
+      headers: key,
+    });
+    expect(bad.status, bad.text).to.equal(400);
+    // the same key with a good body: made (a key kept by the refusal would make this a 422)
+    const body = { ...definition, name: 'Refused then made' };
+    const made = await h.call('POST', '/api/v1/automations', { body, headers: key });
+    expect(made.status, made.text).to.equal(201);
+    expect(made.headers.get('idempotent-replayed')).to.equal(null);
+    const again = await h.call('POST', '/api/v1/automations', { body, headers: key });
+    expect(again.status).to.equal(201);
+    expect(again.headers.get('idempotent-replayed')).to.equal('true');
+    expect(again.body.id).to.equal(made.body.id);
+    expect(await idsNamed('Refused then made')).to.deep.equal([made.body.id]);
+    expect(await idsNamed('Refused first')).to.deep.equal([]);
+  });
+
+  it('keeps no Idempotency-Key for a create over the cap (409), and answers a retry of one it made even at the cap', async () => {
+    const small = await startHarness({ workers: false, env: { SERVICE_TENANT_MAX_AUTOMATIONS: '1' } });
+    try {
+      const body = { name: 'capped', steps: [{ tool: 'message', args: { text: 'x' } }] };
+      const key = { 'idempotency-key': 'create-capped' };
+      const first = await small.call('POST', '/api/v1/automations', { body, headers: key });
+      expect(first.status, first.text).to.equal(201);
+      // at the cap now: a retry is still its automation, not a 409
+      const retry = await small.call('POST', '/api/v1/automations', { body, headers: key });
+      expect(retry.status, retry.text).to.equal(201);
+      expect(retry.headers.get('idempotent-replayed')).to.equal('true');
+      expect(retry.body.id).to.equal(first.body.id);
+      // another key over the cap: 409, and its key is not kept
+      const other = { 'idempotency-key': 'create-over-cap' };
+      const over = await small.call('POST', '/api/v1/automations', { body: { ...body, name: 'over' }, headers: other });
+      expect(over.status, over.text).to.equal(409);
+      expect(over.headers.get('retry-after')).to.equal(null);
+      expect((await small.call('DELETE', `/api/v1/automations/${first.body.id}`)).status).to.equal(204);
+      const room = await small.call('POST', '/api/v1/automations', { body: { ...body, name: 'over' }, headers: other });
+      expect(room.status, room.text).to.equal(201);
+      expect(room.headers.get('idempotent-replayed')).to.equal(null);
+      const roomAgain = await small.call('POST', '/api/v1/automations', { body: { ...body, name: 'over' }, headers: other });
+      expect(roomAgain.headers.get('idempotent-replayed')).to.equal('true');
+      expect(roomAgain.body.id).to.equal(room.body.id);
+      expect(await small.rt.store.automations.countLive('tenant-a')).to.equal(1);
+    } finally {
+      await small.close();
+    }
+  });
 });
 
 describe('automation templates API', () => {

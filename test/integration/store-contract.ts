@@ -318,6 +318,49 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       again: (a) => ({ ...a, name: 'again' }),
     });
 
+    it('takes a create’s Idempotency-Key with its automation: of inserts at once with one key one is stored, the others answer its record; one over the cap keeps no key', async () => {
+      const at = (s: number) => new Date(Date.UTC(2026, 10, 29, 12, 0, s)).toISOString();
+      const day = '2026-11-28T12:00:00.000Z';
+      const made = (tenant = 't1') => automationFixture(tenant, { created_at: at(0), updated_at: at(0) });
+      const key = (a: Automation, digest: string, s: number) => ({
+        record: { tenant_id: a.tenant_id, key_digest: digest, fingerprint: 'fp', run_id: a.id, created_at: at(s) },
+        since: day,
+        pendingSince: at(s - 30),
+      });
+      const raced = Array.from({ length: 5 }, () => made());
+      const outcomes = await Promise.all(raced.map((a) => store.automations.insertWithKey(a, key(a, 'ka', 0), { maxLive: 10 })));
+      expect(outcomes.filter((o) => o === 'inserted')).to.have.length(1);
+      const winner = raced[outcomes.indexOf('inserted')]!;
+      for (const o of outcomes) if (o !== 'inserted') expect(o).to.deep.equal(key(winner, 'ka', 0).record);
+      const stored = await Promise.all(raced.map((a) => store.automations.get('t1', a.id)));
+      expect(stored.filter(Boolean).map((a) => a!.id)).to.deep.equal([winner.id]);
+      expect(await store.automations.countLive('t1')).to.equal(1);
+      expect((await store.idempotencyKeys.get('t1', 'ka', day))?.run_id).to.equal(winner.id);
+      // another tenant's key of the same digest is its own
+      const theirs = made('t2');
+      expect(await store.automations.insertWithKey(theirs, key(theirs, 'ka', 1))).to.equal('inserted');
+      // an automation that is stored holds its key for the day, however old its record: nothing else is stored
+      const late = made();
+      expect(await store.automations.insertWithKey(late, key(late, 'ka', 100))).to.deep.include({ run_id: winner.id });
+      expect(await store.automations.get('t1', late.id)).to.equal(null);
+      // refused over the cap: neither the automation nor its key is kept, and the key is free for the next
+      const over = made();
+      expect(await store.automations.insertWithKey(over, key(over, 'kb', 2), { maxLive: 1 })).to.equal('over-cap');
+      expect(await store.automations.get('t1', over.id)).to.equal(null);
+      expect(await store.idempotencyKeys.get('t1', 'kb', day)).to.equal(null);
+      const room = made();
+      expect(await store.automations.insertWithKey(room, key(room, 'kb', 3), { maxLive: 2 })).to.equal('inserted');
+      expect((await store.idempotencyKeys.get('t1', 'kb', day))?.run_id).to.equal(room.id);
+      // a record whose automation is not stored (its request still storing it, or dead) holds the key for the
+      // claim's lifetime, then is taken over
+      expect(await store.idempotencyKeys.claim({ ...key(room, 'kc', 0).record, run_id: 'aut_never_stored' }, day, at(-30))).to.equal(null);
+      const waiting = made();
+      expect(await store.automations.insertWithKey(waiting, key(waiting, 'kc', 10))).to.deep.include({ run_id: 'aut_never_stored' });
+      expect(await store.automations.get('t1', waiting.id)).to.equal(null);
+      expect(await store.automations.insertWithKey(waiting, key(waiting, 'kc', 31))).to.equal('inserted');
+      expect((await store.idempotencyKeys.get('t1', 'kc', day))?.run_id).to.equal(waiting.id);
+    });
+
     it('lists newest first with cursor pages, hiding archived unless asked', async () => {
       const made: Automation[] = [];
       for (let i = 0; i < 5; i++) {

@@ -1,8 +1,8 @@
 import { Schema, type Model } from 'mongoose';
 import type { Automation } from '../../platform/index.js';
-import type { AutomationRepo } from '../port.js';
+import type { AutomationRepo, CappedInsert, IdempotencyKeyRepo } from '../port.js';
 import { memberOperators } from '../members.js';
-import { definedOnly, fromStored, insertOneOrNone, loose, pageOf, type Stored } from './documents.js';
+import { definedOnly, fromStored, insertOneOrNone, isDuplicateKey, loose, pageOf, type Stored } from './documents.js';
 import type { Leases } from './leases.js';
 
 export const automationSchema = new Schema({ _id: String, tenant_id: { type: String, required: true }, status: { type: String, required: true } }, loose);
@@ -12,20 +12,46 @@ automationSchema.index({ tenant_id: 1, status: 1, _id: -1 });
 automationSchema.index({ 'triggers.type': 1, status: 1, _id: 1 });
 automationSchema.index({ tenant_id: 1, 'triggers.type': 1, status: 1, _id: 1 });
 
-export function automationRepo(model: Model<Stored<Automation>>, leases: Leases): AutomationRepo {
+/** `keys`: where a create's Idempotency-Key is taken, before its automation is stored (MongoDB has no transaction here). */
+export function automationRepo(model: Model<Stored<Automation>>, leases: Leases, keys: IdempotencyKeyRepo): AutomationRepo {
   const list: AutomationRepo['list'] = (tenantId, q) =>
     pageOf(model, { tenant_id: tenantId, status: q.statuses ? { $in: q.statuses } : { $ne: 'archived' } }, q);
   const countLive = (tenantId: string) => model.countDocuments({ tenant_id: tenantId, status: { $ne: 'archived' } });
+
+  const insert = (a: Automation, cap?: { maxLive: number }): Promise<CappedInsert> => {
+    if (!cap || a.status === 'archived') return insertOneOrNone(model, a);
+    // counted and inserted under the tenant's lease: its capped inserts take turns, as in SQLite's IMMEDIATE transaction
+    return leases.insertHeld(
+      `automations:${a.tenant_id}`,
+      async () => ((await countLive(a.tenant_id).read('primary')) >= cap.maxLive ? 'over-cap' : null),
+      () => insertOneOrNone(model, a),
+    );
+  };
+
   return {
-    async insert(a, cap) {
-      const insert = () => insertOneOrNone(model, a);
-      if (!cap || a.status === 'archived') return insert();
-      // counted and inserted under the tenant's lease: its capped inserts take turns, as in SQLite's IMMEDIATE transaction
-      return leases.insertHeld(
-        `automations:${a.tenant_id}`,
-        async () => ((await countLive(a.tenant_id).read('primary')) >= cap.maxLive ? 'over-cap' : null),
-        insert,
-      );
+    insert,
+    async insertWithKey(a, key, cap) {
+      // as the runs' insert: the key first, then the automation, and the key let go when the automation is not stored
+      const held = await keys.claim(key.record, key.since, key.pendingSince);
+      if (held) return held;
+      const letGo = () => keys.release(a.tenant_id, key.record.key_digest, a.id).catch(() => undefined);
+      try {
+        const done = await insert(a, cap);
+        if (done === 'over-cap') await letGo();
+        return done;
+      } catch (err) {
+        // a failure that may have stored the automation all the same: it is taken back, then the key let go (if
+        // it cannot be taken back, its record stays: a claim sees the automation and answers it). A process that
+        // dies here leaves a record that a later claim takes over once the claim's lifetime is past.
+        if (!isDuplicateKey(err)) {
+          const gone = await model
+            .deleteOne({ _id: a.id, tenant_id: a.tenant_id })
+            .then(() => true)
+            .catch(() => false);
+          if (gone) await letGo();
+        }
+        throw err;
+      }
     },
     async get(tenantId, id) {
       return fromStored(await model.findOne({ _id: id, tenant_id: tenantId }).lean<Stored<Automation>>());

@@ -11,8 +11,11 @@ export const idempotencyKeySchema = new Schema({ _id: String, created_at: { type
 idempotencyKeySchema.index({ expires_at: 1 }, { expireAfterSeconds: 0 });
 idempotencyKeySchema.index({ created_at: 1 });
 
-/** `runs`: the runs' collection, where a claim looks for the run of the record that holds a key. */
-export function idempotencyKeyRepo(model: Model<KeyDoc>, runs: Model<{ _id: string; tenant_id: string }>): IdempotencyKeyRepo {
+/**
+ * `made`: where a claim looks for what the record that holds a key made: the runs' collection, or for the keys
+ * of automations' creates (a digest scope of their own in the same collection) the automations'.
+ */
+export function idempotencyKeyRepo(model: Model<KeyDoc>, made: Model<{ _id: string; tenant_id: string }>): IdempotencyKeyRepo {
   const idOf = (tenantId: string, keyDigest: string) => `${tenantId}:${keyDigest}`;
   return {
     async claim(r, since, pendingSince) {
@@ -22,7 +25,7 @@ export function idempotencyKeyRepo(model: Model<KeyDoc>, runs: Model<{ _id: stri
       for (;;) {
         const held = await model.findOne({ _id: doc._id }).lean<KeyDoc>();
         if (held && held.created_at > since && held.run_id !== r.run_id) {
-          if (held.created_at > pendingSince || (await runs.exists({ _id: held.run_id, tenant_id: r.tenant_id }))) {
+          if (held.created_at > pendingSince || (await made.exists({ _id: held.run_id, tenant_id: r.tenant_id }))) {
             return { tenant_id: held.tenant_id, key_digest: held.key_digest, fingerprint: held.fingerprint, run_id: held.run_id, created_at: held.created_at };
           }
         }

@@ -80,6 +80,8 @@ export async function openMongoStore(uri: string): Promise<Store> {
   await Promise.all(models.map((m) => m.init()));
   const leases = leasesOf(storeLeases);
   const keys = idempotencyKeyRepo(idempotencyKeys as never, runs as never);
+  // the same records, for creates' keys: a claim looks for the automation its record made
+  const automationKeys = idempotencyKeyRepo(idempotencyKeys as never, automations as never);
   return {
     kind: 'mongo',
     deployment: {
@@ -91,7 +93,7 @@ export async function openMongoStore(uri: string): Promise<Store> {
         await deployment.updateOne({ _id: 'queue_prefix' }, { $set: { value: prefix } }, { upsert: true });
       },
     },
-    automations: automationRepo(automations, leases),
+    automations: automationRepo(automations, leases, automationKeys),
     apiKeys: apiKeyRepo(apiKeys, leases),
     runs: runRepo(runs, runSteps as never, runTurns as never, keys),
     idempotencyKeys: keys,

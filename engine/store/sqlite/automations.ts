@@ -1,6 +1,7 @@
 // Automations: a JSON document per row, with the columns the list filters on beside it.
 import type { Statement } from 'better-sqlite3';
 import { groupCommit, type Db } from './db.js';
+import { keyClaimer } from './idempotency-keys.js';
 import { withMembers } from '../members.js';
 import type { Automation } from '../../platform/index.js';
 import {
@@ -10,6 +11,7 @@ import {
   type AutomationQuery,
   type AutomationRepo,
   type CappedInsert,
+  type IdempotencyRecord,
   type JsonDoc,
   type Page,
 } from '../port.js';
@@ -43,6 +45,9 @@ export function automationRepo(db: Db): AutomationRepo {
     for (const type of now) if (!was.has(type)) addTrigger.run(type, after.tenant_id, after.id);
   };
   const live = db.prepare<[string], { live: number }>('SELECT live FROM automation_counts WHERE tenant_id = ?');
+  // a create's Idempotency-Key, taken in the insert's own transaction
+  const claimKey = keyClaimer(db, 'automations');
+  const releaseKey = db.prepare('DELETE FROM idempotency_keys WHERE tenant_id = ? AND key_digest = ? AND run_id = ?');
   const read = (row: { doc: string } | undefined): Automation | null => (row ? (JSON.parse(row.doc) as Automation) : null);
   // one prepared statement per shape of list query (how many statuses, whether a cursor), made once
   const listStatements = new Map<string, Statement<unknown[], JsonDoc>>();
@@ -76,14 +81,27 @@ export function automationRepo(db: Db): AutomationRepo {
     return next;
   };
 
+  // read inside the write's IMMEDIATE transaction: no other write, of this process or another, comes between
+  const capped = (a: Automation, cap?: { maxLive: number }): CappedInsert => {
+    if (cap && a.status !== 'archived' && (live.get(a.tenant_id)?.live ?? 0) >= cap.maxLive) return 'over-cap';
+    insert.run(a.id, a.tenant_id, a.status, JSON.stringify(a));
+    placeTriggers(null, a);
+    return 'inserted';
+  };
+
   return {
     async insert(a, cap) {
-      // read inside the write's IMMEDIATE transaction: no other write, of this process or another, comes between
-      return commit((): CappedInsert => {
-        if (cap && a.status !== 'archived' && (live.get(a.tenant_id)?.live ?? 0) >= cap.maxLive) return 'over-cap';
-        insert.run(a.id, a.tenant_id, a.status, JSON.stringify(a));
-        placeTriggers(null, a);
-        return 'inserted';
+      return commit(() => capped(a, cap));
+    },
+    async insertWithKey(a, key, cap) {
+      return commit((): CappedInsert | IdempotencyRecord => {
+        // the key first: a retry answers the automation its key made even when the tenant is at its cap now
+        const held = claimKey(key.record, key.since, key.pendingSince);
+        if (held) return held;
+        const done = capped(a, cap);
+        // refused: the key taken above goes with it (a record it replaced held the key no longer)
+        if (done === 'over-cap') releaseKey.run(a.tenant_id, key.record.key_digest, a.id);
+        return done;
       });
     },
     async get(tenantId, id) {

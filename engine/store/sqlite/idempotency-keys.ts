@@ -1,23 +1,27 @@
-// Idempotency keys and the runs they started, one row per key of a tenant, forgotten after a day.
+// Idempotency keys and the runs (or automations) they made, one row per key of a tenant, forgotten after a day.
 import type { IdempotencyKeyRepo, IdempotencyRecord } from '../port.js';
 import { groupCommit, type Db } from './db.js';
 
 const SELECT = 'SELECT tenant_id, key_digest, fingerprint, run_id, created_at FROM idempotency_keys WHERE tenant_id = ? AND key_digest = ? AND created_at > ?';
 
 /**
- * IdempotencyKeyRepo.claim as a write of a transaction (the runs' insert takes a key in its own): the
- * record that holds the key, or null when `r` was kept.
+ * IdempotencyKeyRepo.claim as a write of a transaction (the runs' insert takes a key in its own, the automations'
+ * insert a create's): the record that holds the key, or null when `r` was kept. `made`: the table a record's
+ * run_id is stored in once its request has made it (the runs, or for a create's key the automations).
  */
-export function keyClaimer(db: Db): (r: IdempotencyRecord, since: string, pendingSince: string) => IdempotencyRecord | null {
+export function keyClaimer(
+  db: Db,
+  made: 'runs' | 'automations' = 'runs',
+): (r: IdempotencyRecord, since: string, pendingSince: string) => IdempotencyRecord | null {
   const put = db.prepare(
     `INSERT INTO idempotency_keys (tenant_id, key_digest, fingerprint, run_id, created_at) VALUES (?, ?, ?, ?, ?)
      ON CONFLICT (tenant_id, key_digest) DO UPDATE SET fingerprint = excluded.fingerprint, run_id = excluded.run_id, created_at = excluded.created_at`,
   );
   const get = db.prepare<[string, string, string], IdempotencyRecord>(SELECT);
-  const runStored = db.prepare<[string, string], { one: number }>('SELECT 1 AS one FROM runs WHERE id = ? AND tenant_id = ?');
+  const stored = db.prepare<[string, string], { one: number }>(`SELECT 1 AS one FROM ${made} WHERE id = ? AND tenant_id = ?`);
   return (r, since, pendingSince) => {
     const held = get.get(r.tenant_id, r.key_digest, since);
-    if (held && held.run_id !== r.run_id && (held.created_at > pendingSince || runStored.get(held.run_id, r.tenant_id))) return held;
+    if (held && held.run_id !== r.run_id && (held.created_at > pendingSince || stored.get(held.run_id, r.tenant_id))) return held;
     put.run(r.tenant_id, r.key_digest, r.fingerprint, r.run_id, r.created_at);
     return null;
   };
