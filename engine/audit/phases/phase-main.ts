@@ -27,7 +27,35 @@ async function main(phase: AuditPhase, options: Options): Promise<PhaseOutput> {
   else throw new Error(`no phase ${String(phase)}`);
   if (ws.truncated) metrics.files_truncated_at = ws.files.length;
   const { findings: listed, omitted } = findings.result();
-  return { findings: listed, findings_omitted: omitted, counts: findings.counts, metrics, ...(dependencies ? { dependencies } : {}) };
+  return {
+    findings: await Promise.all(listed.map(async (f) => ({ ...f, file: f.file === null ? null : await quoted(f.file), message: await quoted(f.message) }))),
+    findings_omitted: omitted,
+    counts: findings.counts,
+    metrics: (await maskedValue(metrics)) as PhaseOutput['metrics'],
+    // data for the service's registry lookup, not quoted in the report (the lookup's findings name a package and a version)
+    ...(dependencies ? { dependencies } : {}),
+  };
+}
+
+/**
+ * What the report quotes of the workspace leaves here masked, whatever the phase: a finding's file and
+ * message, and every text of the metrics (a branch's name, a license the lockfile declares, a path), keys
+ * included. A phase may mask what it quotes itself (the mask then takes only the quote); masking twice
+ * changes nothing. Each distinct text is linted once.
+ */
+const seen = new Map<string, Promise<string>>();
+function quoted(text: string): Promise<string> {
+  let out = seen.get(text);
+  if (!out) seen.set(text, (out = masked(text)));
+  return out;
+}
+
+async function maskedValue(value: unknown): Promise<unknown> {
+  if (typeof value === 'string') return quoted(value);
+  if (Array.isArray(value)) return Promise.all(value.map(maskedValue));
+  if (value && typeof value === 'object')
+    return Object.fromEntries(await Promise.all(Object.entries(value).map(async ([k, v]) => [await quoted(k), await maskedValue(v)])));
+  return value;
 }
 
 const phase = process.argv[2] as AuditPhase;
@@ -36,7 +64,7 @@ main(phase, { layers: options.layers ?? null, identity: options.identity ?? null
   (out) => process.stdout.write(`${JSON.stringify(out)}\n`),
   async (err: unknown) => {
     // an error may quote the workspace (a parser's message): what it says goes to the service's log masked
-    process.stderr.write(`${await masked((err as Error)?.stack ?? String(err)).catch(() => 'the phase failed')}\n`);
+    process.stderr.write(`${await quoted((err as Error)?.stack ?? String(err)).catch(() => 'the phase failed')}\n`);
     process.exitCode = 1;
   },
 );

@@ -3,6 +3,7 @@
 // changes, a detached HEAD).
 import semver from 'semver';
 import YAML from 'yaml';
+import { masked } from './mask.js';
 import { Findings, readText, type PhaseOutput, type Workspace } from './workspace.js';
 
 const MAX_MANIFEST_BYTES = 64 * 1024 * 1024;
@@ -68,18 +69,21 @@ export async function sanityPhase(ws: Workspace, findings: Findings): Promise<Ph
     findings.add('no-lockfile', 'medium', 'package.json', null, 'package.json declares dependencies and no lockfile pins them');
   if (npm) {
     const recorded = declared(npm.root as Manifest);
+    // a range or a locked value may hold a credential (a git URL's token): each quote masked on its own, so the
+    // mask takes the credential, not the words after it (phase-main masks every message again, whole)
     for (const [name, range] of deps) {
       if (recorded.get(name) !== range)
         mismatch(
           npm.file,
-          `package.json declares ${name}@${range}, ${npm.file} records ${recorded.has(name) ? `${name}@${recorded.get(name)}` : 'nothing for it'}`,
+          `package.json declares ${await masked(`${name}@${range}`)}, ${npm.file} records ${recorded.has(name) ? await masked(`${name}@${recorded.get(name)}`) : 'nothing for it'}`,
         );
       const locked = npm.packages.get(name)?.version;
-      if (!locked) mismatch(npm.file, `${name} is declared and not in ${npm.file}`);
+      if (!locked) mismatch(npm.file, `${await masked(name)} is declared and not in ${npm.file}`);
       else if (registryRange(range) && semver.valid(locked) && !semver.satisfies(locked, range, { includePrerelease: true }))
-        mismatch(npm.file, `${npm.file} locks ${name}@${locked}, outside the declared ${range}`);
+        mismatch(npm.file, `${npm.file} locks ${await masked(`${name}@${locked}`)}, outside the declared ${await masked(range)}`);
     }
-    for (const name of recorded.keys()) if (!deps.has(name)) mismatch(npm.file, `${npm.file} records ${name}, which package.json no longer declares`);
+    for (const name of recorded.keys())
+      if (!deps.has(name)) mismatch(npm.file, `${npm.file} records ${await masked(name)}, which package.json no longer declares`);
     // licenses, as the lockfile declares them
     const licenses: Record<string, number> = {};
     for (const [name, p] of npm.packages) {
@@ -103,12 +107,17 @@ export async function sanityPhase(ws: Workspace, findings: Findings): Promise<Ph
     const root = lock?.importers?.['.'] ?? {};
     for (const [name, range] of deps) {
       const specifier = SECTIONS.map((s) => root[s]?.[name]?.specifier).find(Boolean);
-      if (specifier !== range) mismatch('pnpm-lock.yaml', `package.json declares ${name}@${range}, pnpm-lock.yaml records ${specifier ?? 'nothing for it'}`);
+      if (specifier !== range)
+        mismatch(
+          'pnpm-lock.yaml',
+          `package.json declares ${await masked(`${name}@${range}`)}, pnpm-lock.yaml records ${specifier ? await masked(specifier) : 'nothing for it'}`,
+        );
     }
   } else if (hasYarn) {
     const text = (await readText(ws.root, 'yarn.lock', MAX_MANIFEST_BYTES)) ?? '';
     for (const [name, range] of deps)
-      if (!text.includes(`${name}@${range}`) && !text.includes(`${name}@npm:${range}`)) mismatch('yarn.lock', `yarn.lock has no entry for ${name}@${range}`);
+      if (!text.includes(`${name}@${range}`) && !text.includes(`${name}@npm:${range}`))
+        mismatch('yarn.lock', `yarn.lock has no entry for ${await masked(`${name}@${range}`)}`);
   }
   metrics.lockfile_mismatches = mismatches;
 

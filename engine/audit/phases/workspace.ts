@@ -1,14 +1,26 @@
 // What a phase sees of the workspace: its files (those git knows, tracked and untracked but not
 // ignored; every file under the root outside a repository), read without following a link out of
-// the root, and its git state. This runs inside the audit's sandbox, as the phase's own process:
-// git is started with the repository's config unable to name programs, and nothing here writes.
+// the root, and its git state. This runs inside the audit's sandbox, as the phase's own process, and
+// writes nothing of the workspace: git reads the repository through a private git folder in the phase's
+// /tmp (see privateGitDir), so no config of the workspace's names a program git runs.
 import { execFile } from 'node:child_process';
 import { constants } from 'node:fs';
 import fs from 'node:fs/promises';
+import os from 'node:os';
 import path from 'node:path';
 import type { AuditFinding, Severity } from '../../platform/index.js';
 
 const GIT = ['--no-optional-locks', '-c', 'safe.directory=*', '-c', 'core.fsmonitor=false', '-c', 'core.hooksPath=/dev/null'];
+/** no system or global config either: git runs with what the command line says and the private folder's config */
+const GIT_ENV = { PATH: '/usr/local/bin:/usr/bin:/bin', GIT_CONFIG_NOSYSTEM: '1', GIT_CONFIG_GLOBAL: '/dev/null', GIT_OPTIONAL_LOCKS: '0' };
+/**
+ * The repository's settings the private config keeps: how the work tree's bytes and modes compare with the
+ * index (a workspace on a mount without modes says core.filemode=false, or every file reads as changed). Each
+ * takes a word, never a path or a command; any other setting of the repository's config is left out.
+ */
+const KEPT_CORE = new Set(['repositoryformatversion', 'filemode', 'symlinks', 'ignorecase', 'precomposeunicode', 'autocrlf', 'eol', 'checkstat', 'trustctime']);
+/** a lazy fetch of missing objects would start `git fetch` from a remote the config no longer names */
+const DROPPED_EXTENSIONS = new Set(['partialclone']);
 const SKIPPED_DIRS = new Set(['node_modules', '.git']);
 /** the findings a phase lists; more are counted, not listed (a report stays a few MB at most) */
 export const FINDINGS_CAP = 1000;
@@ -33,15 +45,112 @@ export type Workspace = {
   truncated: boolean;
 };
 
-function git(root: string, args: string[]): Promise<string | null> {
+/** Every git command of the phases: the private git folder `gitDir`, the workspace its work tree. */
+function git(gitDir: string, root: string, args: string[]): Promise<string | null> {
   return new Promise((resolve) => {
     execFile(
       'git',
-      [...GIT, ...args],
-      { cwd: root, maxBuffer: 256 * 1024 * 1024, env: { PATH: '/usr/local/bin:/usr/bin:/bin', HOME: '/tmp' } },
+      [`--git-dir=${gitDir}`, `--work-tree=${root}`, ...GIT, ...args],
+      // HOME and XDG_CONFIG_HOME: no ignore file of a user's (core.excludesFile's default) is read either
+      { cwd: root, maxBuffer: 256 * 1024 * 1024, env: { ...GIT_ENV, HOME: gitDir, XDG_CONFIG_HOME: path.join(gitDir, 'xdg') } },
       (err, stdout) => resolve(err ? null : stdout),
     );
   });
+}
+
+/**
+ * A git folder of the phase's own (in its /tmp) for git to read the workspace's repository through: its
+ * HEAD, ignore and attribute files copied, its index, objects and refs linked, and a config written here
+ * holding only the repository's format, extensions and the KEPT_CORE settings. The repository's own config
+ * (filter drivers' clean and process commands, core.fsmonitor, an include, core.attributesFile, ...) is
+ * read as data by `git config --file`, which runs nothing, and git never reads it. The index is linked,
+ * not copied: git writes an index by renaming a new file over it, which would replace the link here, and
+ * no command below writes one (no optional locks). Null when the folder is not a repository git can read.
+ */
+async function privateGitDir(root: string): Promise<{ dir: string; close: () => Promise<void> } | null> {
+  // .git: the repository's folder, or a file naming it (a worktree, a submodule), as git reads it
+  const dotGit = path.join(root, '.git');
+  const st = await fs.stat(dotGit).catch(() => null);
+  let named = dotGit;
+  if (st?.isFile()) {
+    const m = /^gitdir: *(.+)$/m.exec((await readSmall(root, '.git')) ?? '');
+    if (!m) return null;
+    named = path.resolve(root, m[1]!.trim());
+  } else if (!st?.isDirectory()) return null;
+  const gitDir = await fs.realpath(named).catch(() => null);
+  if (!gitDir) return null;
+  // a worktree's folder holds its HEAD and index; objects, refs and the config are in the common folder
+  const common = await readSmall(gitDir, 'commondir');
+  const commonDir = common === null ? gitDir : await fs.realpath(path.resolve(gitDir, common.trim())).catch(() => null);
+  const head = await readSmall(gitDir, 'HEAD');
+  if (!commonDir || head === null) return null;
+
+  const dir = await fs.mkdtemp(path.join(os.tmpdir(), 'audit-git-'));
+  const close = () => fs.rm(dir, { recursive: true, force: true });
+  try {
+    const config = await readRegular(commonDir, 'config', 4 * 1024 * 1024);
+    const kept: string[] = [];
+    if (Buffer.isBuffer(config)) {
+      // the folder holds no HEAD yet: git takes it for no repository, and reads only the file named
+      await fs.writeFile(path.join(dir, 'repository-config'), config);
+      const out = await git(dir, root, [
+        'config',
+        '--file',
+        path.join(dir, 'repository-config'),
+        '--no-includes',
+        '-z',
+        '--get-regexp',
+        '^(core|extensions)\\.',
+      ]);
+      await fs.rm(path.join(dir, 'repository-config'));
+      for (const entry of (out ?? '').split('\0').filter(Boolean)) {
+        const nl = entry.indexOf('\n');
+        const [key, value] = nl < 0 ? [entry, 'true'] : [entry.slice(0, nl), entry.slice(nl + 1)];
+        const m = /^(core|extensions)\.([a-z0-9-]+)$/.exec(key);
+        if (!m || !/^[A-Za-z0-9_.-]{1,64}$/.test(value)) continue;
+        if (m[1] === 'core' ? KEPT_CORE.has(m[2]!) : !DROPPED_EXTENSIONS.has(m[2]!)) kept.push(`${m[1]}.${m[2]}=${value}`);
+      }
+    }
+    const section = (name: string) =>
+      kept
+        .filter((k) => k.startsWith(`${name}.`))
+        .map((k) => `\t${k.slice(name.length + 1).replace('=', ' = ')}\n`)
+        .join('');
+    await fs.writeFile(path.join(dir, 'config'), `[core]\n${section('core')}[extensions]\n${section('extensions')}`);
+    await fs.writeFile(path.join(dir, 'HEAD'), head);
+    await fs.mkdir(path.join(dir, 'info'));
+    for (const file of ['info/exclude', 'info/attributes']) {
+      const bytes = await readRegular(commonDir, file, 16 * 1024 * 1024);
+      if (Buffer.isBuffer(bytes)) await fs.writeFile(path.join(dir, file), bytes);
+    }
+    // linked: what may be large; each only when it is what git expects (a FIFO would hold git in open(2))
+    const links: [string, string, 'file' | 'dir'][] = [
+      [gitDir, 'index', 'file'],
+      ...(await fs.readdir(gitDir).catch(() => [] as string[]))
+        .filter((n) => n.startsWith('sharedindex.'))
+        .map((n): [string, string, 'file'] => [gitDir, n, 'file']),
+      [commonDir, 'objects', 'dir'],
+      [commonDir, 'refs', 'dir'],
+      [commonDir, 'reftable', 'dir'],
+      [commonDir, 'packed-refs', 'file'],
+      [commonDir, 'shallow', 'file'],
+    ];
+    for (const [from, name, kind] of links) {
+      const target = path.join(from, name);
+      const t = await fs.stat(target).catch(() => null);
+      if (t && (kind === 'file' ? t.isFile() : t.isDirectory())) await fs.symlink(target, path.join(dir, name));
+    }
+    return { dir, close };
+  } catch {
+    await close();
+    return null;
+  }
+}
+
+/** A small file's text (HEAD, .git, commondir), read as readRegular reads; null when it is not one. */
+async function readSmall(dir: string, rel: string): Promise<string | null> {
+  const bytes = await readRegular(dir, rel, 64 * 1024);
+  return Buffer.isBuffer(bytes) ? bytes.toString('utf8') : null;
 }
 
 const insideTree = (rel: string) => rel !== '' && !path.isAbsolute(rel) && !rel.split('/').some((p) => p === '..' || SKIPPED_DIRS.has(p));
@@ -87,15 +196,18 @@ async function regularFiles(root: string, rels: string[]): Promise<string[]> {
 /** `maxFiles`: the cap of files audited (MAX_FILES; a test makes it small) */
 export async function openWorkspace(root: string, opts: { maxFiles?: number } = {}): Promise<Workspace> {
   const max = opts.maxFiles ?? MAX_FILES;
-  const isRepo = Boolean(await fs.lstat(path.join(root, '.git')).catch(() => null));
-  if (isRepo) {
+  const gitDir = await privateGitDir(root);
+  if (gitDir) {
+    const run = (args: string[]) => git(gitDir.dir, root, args);
     const [cached, others, head, branch, status] = await Promise.all([
-      git(root, ['ls-files', '-z', '--cached']),
-      git(root, ['ls-files', '-z', '--others', '--exclude-standard']),
-      git(root, ['rev-parse', '--verify', '-q', 'HEAD']),
-      git(root, ['symbolic-ref', '-q', '--short', 'HEAD']),
-      git(root, ['status', '--porcelain=v1', '-z', '--untracked-files=normal']),
-    ]);
+      run(['ls-files', '-z', '--cached']),
+      run(['ls-files', '-z', '--others', '--exclude-standard']),
+      run(['rev-parse', '--verify', '-q', 'HEAD']),
+      run(['symbolic-ref', '-q', '--short', 'HEAD']),
+      // a submodule's changed commit is seen; its work tree is not: that is a `git status` started in it, which
+      // reads the submodule's own config (its filters)
+      run(['status', '--porcelain=v1', '-z', '--untracked-files=normal', '--ignore-submodules=dirty']),
+    ]).finally(() => gitDir.close());
     if (cached !== null && others !== null) {
       const tracked = new Set(cached.split('\0').filter(insideTree));
       const files = await regularFiles(root, [...new Set([...tracked, ...others.split('\0').filter(insideTree)])].sort());
