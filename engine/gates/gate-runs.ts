@@ -29,6 +29,8 @@ export type GatesDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'queues' | 'r
   sandbox: Sandbox;
   ledger: Ledger;
   settings: { workspaceRoot: string; singleTenant: boolean; childEnv: Record<string, string> };
+  /** the lifetime of the claim on a gate run's end, renewed while a seal writes (SEAL_CLAIM_MS unless set: tests) */
+  sealClaimMs?: number;
 };
 
 export type GateJob = { tenant_id: string; gate_run_id: string; gate_id?: string };
@@ -37,10 +39,14 @@ const WAIT_POLL_MS = 200;
 /** How often a gate that runs looks whether its gate run was canceled in another process. */
 const CANCEL_POLL_MS = 500;
 /**
- * A seal's claim: long enough to write the ledger; a process that dies holding it frees it this soon. A cancel
- * holds it too, for the moment of its update: a gate run ends once, sealed or canceled, never both.
+ * A seal's claim, renewed every third of it while the seal writes: a process that dies holding it frees it this
+ * soon (it lived 120 s, unrenewed, and a cancel, which waits for a seal under way, waited that long behind a
+ * sealer that had died). A cancel holds it too, for the moment of its update: a gate run ends once, sealed or
+ * canceled, never both.
  */
-const SEAL_CLAIM_SECONDS = 120;
+const SEAL_CLAIM_MS = 10_000;
+/** A reconciler's claim on adding a lost flow again. */
+const REFILL_CLAIM_SECONDS = 120;
 /** How often a cancel that meets a seal under way looks whether it ended (or let go of its claim). */
 const SEAL_WAIT_POLL_MS = 50;
 const HASHERS_KEPT = 64;
@@ -91,10 +97,23 @@ export function gateRunsOf(deps: GatesDeps) {
   const letGo = (r: GateRunRecord) => deps.redis.eval(LET_GO, 1, workspaceKey(r), r.id).catch(() => undefined);
 
   const sealClaim = (gateRunId: string) => `${queues.prefix}:gates:seal:${gateRunId}`;
-  /** Takes the claim on a gate run's end (see SEAL_CLAIM_SECONDS): its token, or null while another holds it. */
+  const sealClaimMs = deps.sealClaimMs ?? SEAL_CLAIM_MS;
+  /** Takes the claim on a gate run's end (see SEAL_CLAIM_MS): its token, or null while another holds it. */
   async function claimEnd(gateRunId: string): Promise<string | null> {
     const token = randomUUID();
-    return (await deps.redis.set(sealClaim(gateRunId), token, 'EX', SEAL_CLAIM_SECONDS, 'NX')) === 'OK' ? token : null;
+    return (await deps.redis.set(sealClaim(gateRunId), token, 'PX', sealClaimMs, 'NX')) === 'OK' ? token : null;
+  }
+  /** Keeps the claim on a gate run's end while `work` runs, renewed every third of its lifetime. */
+  async function holdingEnd<T>(gateRunId: string, token: string, work: () => Promise<T>): Promise<T> {
+    const renew = setInterval(
+      () => void deps.redis.eval(RENEW, 1, sealClaim(gateRunId), token, sealClaimMs).catch(() => undefined),
+      Math.max(1, Math.floor(sealClaimMs / 3)),
+    );
+    try {
+      return await work();
+    } finally {
+      clearInterval(renew);
+    }
   }
   /** Lets go of the claim on a gate run's end, if this token still holds it. */
   const releaseEnd = (gateRunId: string, token: string) => deps.redis.eval(LET_GO, 1, sealClaim(gateRunId), token).catch(() => undefined);
@@ -218,7 +237,7 @@ export function gateRunsOf(deps: GatesDeps) {
    */
   async function addLostFlow(r: GateRunRecord): Promise<boolean> {
     const claim = `${queues.prefix}:gates:refill:${r.id}`;
-    if ((await deps.redis.set(claim, '1', 'EX', SEAL_CLAIM_SECONDS, 'NX')) !== 'OK') return false;
+    if ((await deps.redis.set(claim, '1', 'EX', REFILL_CLAIM_SECONDS, 'NX')) !== 'OK') return false;
     try {
       if (await queues.get('gates').getJob(`${r.id}__seal`)) return false;
       const reported = new Set((await store.gateRuns.results(r.tenant_id, r.id)).map((x) => x.gate_id));
@@ -379,7 +398,7 @@ export function gateRunsOf(deps: GatesDeps) {
           await releaseEnd(gateRunId, claim);
           return current;
         }
-        sealed = await sealGateRun({ store, clock, ledger }, current);
+        sealed = await holdingEnd(gateRunId, claim, () => sealGateRun({ store, clock, ledger }, current));
       } catch (err) {
         // a retry (the reconciler's) may seal at once, not a claim's lifetime later
         await releaseEnd(gateRunId, claim);

@@ -967,7 +967,7 @@ describe('gates in the service', function () {
       return record;
     }
     /** The gate runs over this harness's Redis and queues, with the store or the ledger given; the events they tell are kept. */
-    function gatesWith(over: { store?: Store; ledger?: Ledger } = {}) {
+    function gatesWith(over: { store?: Store; ledger?: Ledger; sealClaimMs?: number } = {}) {
       const told: EventBody[] = [];
       const gates = gateRunsOf({
         store: over.store ?? h.rt.store,
@@ -979,9 +979,11 @@ describe('gates in the service', function () {
         sandbox: h.rt.sandbox,
         ledger: over.ledger ?? h.rt.engine.evidence,
         settings: { workspaceRoot: h.workspace, singleTenant: false, childEnv: {} },
+        ...(over.sealClaimMs ? { sealClaimMs: over.sealClaimMs } : {}),
       });
       return { gates, ends: () => told.filter((e) => e.type === 'gate.run_finished') };
     }
+    const claimOf = (id: string) => `${h.rt.queues.prefix}:gates:seal:${id}`;
     const entriesOf = async (id: string) =>
       (await h.rt.engine.evidence.list('tenant-a', { afterSeq: before, limit: 1000 })).filter((e) => e.subject.gate_run_id === id);
     const payloadOf = async (digest: string) => JSON.parse((await h.rt.engine.evidence.payloads('tenant-a', [digest]))[0]!.body) as Record<string, unknown>;
@@ -1028,11 +1030,42 @@ describe('gates in the service', function () {
       const a = gatesWith({ ledger: held });
       const sealing = a.gates.seal('tenant-a', first.id);
       await inAppend;
+      // the claim a sealer that died would leave lapses within 10 s (it lived 120 s, and a cancel waited that long)
+      expect(await h.rt.redis.pttl(claimOf(first.id))).to.be.within(1, 10_000);
       const canceling = a.gates.cancel('tenant-a', first.id);
       // the cancel ends meanwhile, or waits for the seal: either way the seal goes on after it
       await Promise.race([canceling, new Promise((resolve) => setTimeout(resolve, 300))]);
       goOn();
       await expectOneEnd(first.id, 'succeeded', await Promise.all([sealing, canceling]), a.ends());
+    });
+
+    it('waits for a sealer that died only until its claim lapses, and keeps the claim of a live seal slower than its lifetime', async () => {
+      // a sealer that died: its claim is left, unrenewed
+      const dead = await runningWithResult('claim-left');
+      const a = gatesWith({ sealClaimMs: 400 });
+      await h.rt.redis.set(claimOf(dead.id), 'a-dead-sealer', 'PX', 400);
+      const asked = Date.now();
+      expect((await a.gates.cancel('tenant-a', dead.id)).status).to.equal('canceled');
+      expect(Date.now() - asked).to.be.below(3000);
+      // a live seal whose ledger write takes three lifetimes of its claim: renewed, the cancel still waits for it
+      const slow = await runningWithResult('claim-renewed');
+      let appending!: () => void;
+      const inAppend = new Promise<void>((resolve) => (appending = resolve));
+      const held: Ledger = {
+        ...h.rt.engine.evidence,
+        append: async (tenantId, items) => {
+          appending();
+          await new Promise((resolve) => setTimeout(resolve, 1200));
+          return h.rt.engine.evidence.append(tenantId, items);
+        },
+      };
+      const b = gatesWith({ ledger: held, sealClaimMs: 400 });
+      const sealing = b.gates.seal('tenant-a', slow.id);
+      await inAppend;
+      await new Promise((resolve) => setTimeout(resolve, 800));
+      expect(await h.rt.redis.pttl(claimOf(slow.id)), 'the claim, renewed').to.be.above(0);
+      const canceling = b.gates.cancel('tenant-a', slow.id);
+      await expectOneEnd(slow.id, 'succeeded', await Promise.all([sealing, canceling]), b.ends());
     });
 
     it('seals nothing of a gate run canceled between its seal’s read of the record and the seal’s claim', async () => {
