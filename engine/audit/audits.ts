@@ -4,7 +4,8 @@
 // report lives in Redis (reports.ts) from the start, so a fetch from any web process sees it as it
 // grows; each phase appends a `phase_done` event to the audit's log as it ends. Whether a report was
 // assembled is the ledger's to say, not Redis's: a report that Redis brings back running (an older save, a
-// lagging replica) is finished again from its entry, and its phases do not run again.
+// lagging replica) is finished again from its entry, and its phases do not run again. A cancel marks the
+// report in Redis: phases in every worker process read the mark, as gates read their gate run's status.
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import { FlowProducer } from 'bullmq';
@@ -15,8 +16,10 @@ import {
   jobTree,
   newId,
   NotFoundError,
+  REDIS_DEADLINE_MS,
   redisOrUnavailable,
   scopes,
+  ServiceUnavailableError,
   SEVERITIES,
   type AuditLayer,
   type AuditPhase,
@@ -93,6 +96,10 @@ type ReportSummary = Pick<AuditReport, 'report_id' | 'workspace' | 'status' | 's
 
 const REPORT_KIND = 'audit.report';
 const WAIT_POLL_MS = 100;
+/** How often a phase that runs looks whether its audit was canceled (or taken back) in another process. */
+const CANCEL_POLL_MS = 500;
+/** Why a canceled audit's phases stopped, or did not run. */
+const CANCELED = 'the audit was canceled (the run that waited on it was canceled)';
 /** an assembly's claim: a redelivered parent job or a second reconciler leaves the ledger one entry */
 const ASSEMBLE_CLAIM_SECONDS = 120;
 const WEIGHTS: SeverityCounts = { critical: 40, high: 15, medium: 5, low: 1, info: 0 };
@@ -248,15 +255,14 @@ export function auditsOf(deps: AuditsDeps) {
   }
 
   /** Assembles a report whose claim this process holds: every phase's result, the ledger entry, the end of its stream. */
-  async function assembleClaimed(tenantId: string, id: string, current: AuditReport): Promise<AuditReport> {
+  async function assembleClaimed(tenantId: string, id: string, current: AuditReport, canceled: boolean): Promise<AuditReport> {
     // the ledger, not Redis, says whether it was assembled: Redis may have come back older than the store
     const recorded = await ledger.firstOfReport(tenantId, REPORT_KIND, id);
     if (recorded) return restoreClaimed(tenantId, current, recorded);
     const at = clock.now().toISOString();
     const kept = new Map(current.phases.map((p) => [p.phase, p]));
-    const phases = current.phases_requested.map(
-      (phase): AuditPhaseResult => kept.get(phase) ?? notCompleted(phase, 'failed', 0, 'the phase did not report (its job failed or was lost)'),
-    );
+    const missing = canceled ? `${CANCELED} before the phase reported` : 'the phase did not report (its job failed or was lost)';
+    const phases = current.phases_requested.map((phase): AuditPhaseResult => kept.get(phase) ?? notCompleted(phase, 'failed', 0, missing));
     for (const p of phases) if (!kept.has(p.phase)) await emitPhase(tenantId, id, p);
     const totals = zero();
     for (const p of phases) for (const s of SEVERITIES) totals[s] += p.counts[s];
@@ -300,6 +306,19 @@ export function auditsOf(deps: AuditsDeps) {
     return report;
   }
 
+  /**
+   * Takes back an audit whose start Redis completed after its request was answered 503: the client never
+   * learned its id. The report first (its tenant's place is free at once, and a phase finds nothing to run),
+   * then its jobs (all unless a phase runs already: that phase stops, finding no report, and the report job
+   * assembles nothing), so no ledger entry follows.
+   */
+  async function withdraw(tenantId: string, id: string): Promise<void> {
+    await reports.remove(tenantId, id);
+    await queues.get('audits').remove(`${id}__report`, { removeChildren: true });
+    await deps.redis.del(events.key(scopes.audit(id).stream));
+    log.warn({ tenant_id: tenantId, report_id: id }, 'audit started after its request was answered 503: taken back');
+  }
+
   const api = {
     reports,
     rootOf,
@@ -331,8 +350,20 @@ export function auditsOf(deps: AuditsDeps) {
       };
       const data = (phase?: AuditPhase): AuditJob => ({ tenant_id: tenantId, report_id: report.report_id, ...(phase ? { phase } : {}) });
       flows ??= new FlowProducer({ connection: deps.redis, prefix: queues.prefix });
+      let created = false;
       const begin = async () => {
-        await reports.create(tenantId, report, { phases, layers }, now.getTime());
+        // a request's deadline goes into the report's creation: a Redis stalled past it (the request answered
+        // 503) makes nothing when it runs the script later
+        const deadline = req.waitForRedis ? 0 : Date.now() + REDIS_DEADLINE_MS;
+        let made = await reports.create(tenantId, report, { phases, layers }, now.getTime(), deadline);
+        if (!made && Date.now() < deadline) {
+          // refused as late by Redis's clock, answered in time by this one's: the clocks disagree, and the
+          // answer's own timing is what counts
+          log.warn({ tenant_id: tenantId, report_id: report.report_id }, "Redis's clock is ahead of this process's: an audit's deadline is not checked");
+          made = await reports.create(tenantId, report, { phases, layers }, now.getTime());
+        }
+        if (!made) throw new ServiceUnavailableError('Redis ran the start of the audit after its request was answered: nothing was started', 5);
+        created = true;
         await flows!.add(
           jobTree(
             'audits',
@@ -342,8 +373,19 @@ export function auditsOf(deps: AuditsDeps) {
           ),
         );
       };
-      // the report and its jobs live in Redis: without it a request's audit is refused (503), not held until it returns
-      await (req.waitForRedis ? begin() : redisOrUnavailable(deps.redis, 'starting an audit', begin));
+      // the report and its jobs live in Redis: without it a request's audit is refused (503), not held until it
+      // returns; what Redis makes of it after that answer (the flow added past the deadline) is taken back
+      const takeBack = (late: Promise<void>) =>
+        void late
+          .catch(() => undefined)
+          .then(() => (created ? withdraw(tenantId, report.report_id) : undefined))
+          .catch((err: Error) =>
+            log.error(
+              { tenant_id: tenantId, report_id: report.report_id, err: err.message },
+              'an audit started after its request was answered 503: not taken back',
+            ),
+          );
+      await (req.waitForRedis ? begin() : redisOrUnavailable(deps.redis, 'starting an audit', begin, takeBack));
       log.info({ tenant_id: tenantId, report_id: report.report_id, workspace: ws.name, phases }, 'audit started');
       return report;
     },
@@ -354,6 +396,8 @@ export function auditsOf(deps: AuditsDeps) {
       if (!got || got.report.status !== 'running') return null;
       const done = got.report.phases.find((p) => p.phase === phase);
       if (done) return done; // a redelivered job: the phase already reported
+      // canceled before it started: it does not run, nor hold a worker (the report, assembled, says so)
+      if (got.canceled) return null;
       // assembled already, though Redis reads it running (it came back with older data): the report is
       // finished from its ledger entry, and the phase does not run again
       if (await ledger.firstOfReport(tenantId, REPORT_KIND, id)) {
@@ -364,6 +408,14 @@ export function auditsOf(deps: AuditsDeps) {
       const controller = new AbortController();
       const mine = running.get(id) ?? new Set();
       running.set(id, mine.add(controller));
+      // a cancel asked in another process (the one running the step that waits) reaches this one through the
+      // report's mark; a report assembled or taken back meanwhile has no use for the phase either
+      const watch = setInterval(() => {
+        void reports.isWanted(tenantId, id).then(
+          (wanted) => wanted || controller.abort(CANCELED),
+          () => undefined,
+        );
+      }, CANCEL_POLL_MS);
       let result: AuditPhaseResult;
       try {
         const dir = await dirOf(tenantId, got.report);
@@ -394,9 +446,12 @@ export function auditsOf(deps: AuditsDeps) {
         result = notCompleted(phase, err instanceof PhaseError ? err.status : 'failed', Math.round(performance.now() - started), (err as Error).message);
         log.warn({ tenant_id: tenantId, report_id: id, phase, err: result.error }, 'audit phase did not complete');
       } finally {
+        clearInterval(watch);
         mine.delete(controller);
         if (!mine.size) running.delete(id);
       }
+      // stopped by a cancel after its report was assembled (which says the phase was canceled): nothing to add
+      if (controller.signal.aborted && (await reports.status(tenantId, id)) !== 'running') return null;
       if (!(await reports.putPhase(tenantId, id, phase, result))) return null;
       await emitPhase(tenantId, id, result);
       return result;
@@ -416,7 +471,7 @@ export function auditsOf(deps: AuditsDeps) {
       const claim = `${queues.prefix}:audit:assemble:${id}`;
       if ((await deps.redis.set(claim, '1', 'EX', ASSEMBLE_CLAIM_SECONDS, 'NX')) !== 'OK') return got.report;
       try {
-        return await assembleClaimed(tenantId, id, got.report);
+        return await assembleClaimed(tenantId, id, got.report, got.canceled);
       } catch (err) {
         // a retry (the job's, or the reconciler's) may try at once
         await deps.redis.del(claim).catch(() => undefined);
@@ -438,7 +493,7 @@ export function auditsOf(deps: AuditsDeps) {
 
     /**
      * Waits for a report to be assembled, up to `timeoutMs`; the report as it stands then. An abort ends
-     * the wait, and stops the audit's phases running here unless `keepRunning` (a client that went away).
+     * the wait, and cancels the audit (see cancel) unless `keepRunning` (a client that went away).
      */
     async wait(tenantId: string, id: string, opts: { timeoutMs: number; signal?: AbortSignal; keepRunning?: boolean }): Promise<AuditReport> {
       const until = performance.now() + opts.timeoutMs;
@@ -447,12 +502,23 @@ export function auditsOf(deps: AuditsDeps) {
         const status = await reports.status(tenantId, id);
         if (!status) throw notFound(id);
         if (status !== 'running' || performance.now() >= until) return (await mustGet(tenantId, id)).report;
-        if (opts.signal?.aborted) {
-          if (!opts.keepRunning) for (const c of running.get(id) ?? []) c.abort();
-          return (await mustGet(tenantId, id)).report;
-        }
+        if (opts.signal?.aborted) return opts.keepRunning ? (await mustGet(tenantId, id)).report : api.cancel(tenantId, id);
         await new Promise((resolve) => setTimeout(resolve, Math.min(WAIT_POLL_MS, Math.max(1, until - performance.now()))));
       }
+    },
+
+    /**
+     * Cancels an audit (a run that waited on it was canceled): its report is marked in Redis, so that its phases
+     * stop in every worker process within CANCEL_POLL_MS and those not started do not start, and it is assembled
+     * now (partial, each phase that did not complete saying it was canceled), its tenant's place freed at once.
+     * The report as it ends; one that ended already is left as it was.
+     */
+    async cancel(tenantId: string, id: string): Promise<AuditReport> {
+      await reports.markCanceled(tenantId, id, clock.now().toISOString());
+      for (const c of running.get(id) ?? []) c.abort(CANCELED);
+      const report = await api.assemble(tenantId, id);
+      if (!report) throw notFound(id);
+      return report;
     },
 
     /**

@@ -22,14 +22,27 @@ return 1`;
 
 // a report is made only while its tenant has fewer than ARGV[3] running (those running longer than a
 // report may are not counted): the count and the report's keys in one step, so that two requests
-// cannot both take the last place
-const CREATE_IF_ROOM = `redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[2])
+// cannot both take the last place. Nor after ARGV[9] (epoch ms; 0: no deadline) by Redis's clock: a
+// request answered 503 while Redis stalled is not started when Redis takes its script later (-1)
+const CREATE_IF_ROOM = `local deadline = tonumber(ARGV[9])
+if deadline > 0 then
+  local t = redis.call('TIME')
+  if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > deadline then return -1 end
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[2])
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
 redis.call('ZADD', KEYS[1], ARGV[1], ARGV[4])
 redis.call('HSET', KEYS[2], 'head', ARGV[6], 'options', ARGV[7])
 redis.call('EXPIRE', KEYS[2], ARGV[8])
 redis.call('ZADD', KEYS[3], ARGV[1], ARGV[4])
 redis.call('ZADD', KEYS[4], ARGV[1], ARGV[5])
+return 1`;
+
+// a running report is marked canceled (a run waiting on it was canceled): its phases not started do not
+// start, those running stop; one that ended already is left as it is (0)
+const MARK_CANCELED = `local head = redis.call('HGET', KEYS[1], 'head')
+if not head or cjson.decode(head).status ~= 'running' then return 0 end
+redis.call('HSET', KEYS[1], 'canceled', ARGV[1])
 return 1`;
 
 // the assembled report replaces the head (while the report exists), kept for the TTL from now, and leaves
@@ -48,6 +61,7 @@ type ReportRedis = Redis & {
   auditFinish(...args: (string | number)[]): Promise<number>;
   auditPutIfExists(key: string, field: string, value: string): Promise<number>;
   auditCreateIfRoom(...args: (string | number)[]): Promise<number>;
+  auditMarkCanceled(key: string, at: string): Promise<number>;
 };
 
 export function reportStoreOf(redis: Redis, settings: ReportStoreSettings) {
@@ -55,6 +69,7 @@ export function reportStoreOf(redis: Redis, settings: ReportStoreSettings) {
   if (!('auditPutIfExists' in redis)) redis.defineCommand('auditPutIfExists', { numberOfKeys: 1, lua: PUT_IF_EXISTS });
   if (!('auditCreateIfRoom' in redis)) redis.defineCommand('auditCreateIfRoom', { numberOfKeys: 4, lua: CREATE_IF_ROOM });
   if (!('auditFinish' in redis)) redis.defineCommand('auditFinish', { numberOfKeys: 3, lua: FINISH });
+  if (!('auditMarkCanceled' in redis)) redis.defineCommand('auditMarkCanceled', { numberOfKeys: 1, lua: MARK_CANCELED });
   const r = redis as ReportRedis;
   // {tenant} is a hash tag: a tenant's reports and its index live in one Redis Cluster slot
   const key = (tenantId: string, id: string) => `${prefix}:audit:{${tenantId}}:${id}`;
@@ -85,8 +100,11 @@ export function reportStoreOf(redis: Redis, settings: ReportStoreSettings) {
     ttlSeconds,
     maxPerTenant,
 
-    /** Keeps a new running report; throws RateLimitedError when the tenant has its most running already. */
-    async create(tenantId: string, report: AuditReport, options: AuditOptions, nowMs: number): Promise<void> {
+    /**
+     * Keeps a new running report; throws RateLimitedError when the tenant has its most running already. False,
+     * and nothing kept, when Redis ran it after `deadlineMs` (epoch ms, by Redis's clock; 0: no deadline).
+     */
+    async create(tenantId: string, report: AuditReport, options: AuditOptions, nowMs: number, deadlineMs = 0): Promise<boolean> {
       const id = report.report_id;
       const made = await r.auditCreateIfRoom(
         runningOf(tenantId),
@@ -101,23 +119,42 @@ export function reportStoreOf(redis: Redis, settings: ReportStoreSettings) {
         JSON.stringify(report),
         JSON.stringify(options),
         ttlSeconds + RUNNING_GRACE_SECONDS,
+        deadlineMs,
       );
+      if (made === -1) return false;
       if (made !== 1)
         throw new RateLimitedError(
           `${maxRunningPerTenant} audits of this tenant are running (SERVICE_AUDIT_TENANT_MAX_RUNNING): start another when one has finished`,
           FULL_RETRY_AFTER_SECONDS,
         );
       await trim(tenantId, nowMs);
+      return true;
     },
 
-    /** the report as it stands: while it runs, its head with the phases ended so far */
-    async get(tenantId: string, id: string): Promise<{ report: AuditReport; options: AuditOptions } | null> {
+    /** takes back a report that should not have been made (its request was answered 503): its keys and its place */
+    async remove(tenantId: string, id: string): Promise<void> {
+      await redis.multi().del(key(tenantId, id)).zrem(index(tenantId), id).zrem(running, member(tenantId, id)).zrem(runningOf(tenantId), id).exec();
+    },
+
+    /** the report as it stands: while it runs, its head with the phases ended so far; `canceled` once marked */
+    async get(tenantId: string, id: string): Promise<{ report: AuditReport; options: AuditOptions; canceled: boolean } | null> {
       const h = await redis.hgetall(key(tenantId, id));
       if (!h.head) return null;
       const report = JSON.parse(h.head) as AuditReport;
       if (report.status === 'running')
         report.phases = report.phases_requested.flatMap((p) => (h[`phase:${p}`] ? [JSON.parse(h[`phase:${p}`]!) as AuditPhaseResult] : []));
-      return { report, options: JSON.parse(h.options ?? '{"phases":[],"layers":null}') as AuditOptions };
+      return { report, options: JSON.parse(h.options ?? '{"phases":[],"layers":null}') as AuditOptions, canceled: h.canceled !== undefined };
+    },
+
+    /** marks a running report canceled, in one step with reading its state: false when it is over or gone */
+    async markCanceled(tenantId: string, id: string, at: string): Promise<boolean> {
+      return (await r.auditMarkCanceled(key(tenantId, id), at)) === 1;
+    },
+
+    /** whether the report's phases should still run: it exists, runs and is not canceled */
+    async isWanted(tenantId: string, id: string): Promise<boolean> {
+      const [head, canceled] = await redis.hmget(key(tenantId, id), 'head', 'canceled');
+      return typeof head === 'string' && canceled == null && (JSON.parse(head) as AuditReport).status === 'running';
     },
 
     /** the report's status alone, or null when it is gone */

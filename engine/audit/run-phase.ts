@@ -72,6 +72,12 @@ export async function runPhase(
     signal: opts.signal,
   });
   if (r.timed_out) throw new PhaseError('timed_out', `the ${phase} phase did not end within ${Math.round(opts.timeoutMs / 1000)} s`);
+  // stopped by its signal (the audit was canceled): said so, not as the signal it exited by; the reason, when the
+  // abort gave one as text, says why
+  if (r.aborted && (r.exit_code !== 0 || r.truncated)) {
+    const reason: unknown = opts.signal?.reason;
+    throw new PhaseError('failed', `the ${phase} phase was canceled${typeof reason === 'string' ? `: ${reason}` : ''}`);
+  }
   if (r.exit_code !== 0 || r.truncated) {
     // the line that says what went wrong: a fatal error (out of memory) or a thrown error, else the first
     const lines = r.stderr

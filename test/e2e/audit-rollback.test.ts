@@ -1,10 +1,14 @@
 // A workspace audit when Redis comes back with older data (a restart from an older save, a failover to a
 // lagging replica): the report and its jobs read as they were before it finished. The evidence ledger in
 // the store says it was assembled: the report is finished again from it, its phases do not run again, and
-// the ledger keeps one entry for it.
+// the ledger keeps one entry for it. And a start Redis takes only after its request was answered 503 (Redis
+// stalled past the deadline, on a private redis-server stopped with SIGSTOP): nothing of it is kept.
+import { spawn, type ChildProcess } from 'node:child_process';
+import fs from 'node:fs/promises';
+import path from 'node:path';
 import { expect } from 'chai';
 import { scanKeys } from '../../engine/platform/redis.js';
-import { eventually, startHarness, type Harness } from '../support/harness.js';
+import { eventually, freePort, listening, startHarness, type Harness } from '../support/harness.js';
 import { makeFlawedProject } from '../support/projects.js';
 import { startWorkers, type Workers } from '../../workers/index.js';
 
@@ -118,5 +122,102 @@ describe('workspace audit after Redis comes back with older data', function () {
     expect(again).to.deep.equal(first);
     const entries = (await h.rt.store.evidence.list('tenant-a', { limit: 1000 })).filter((e) => e.subject.report_id === first.report_id);
     expect(entries).to.have.length(1);
+  });
+});
+
+describe('workspace audit whose start Redis takes after the request was answered 503', function () {
+  this.timeout(60_000);
+  let redis: ChildProcess;
+  let h: Harness;
+  let stopped = false;
+  const stop = () => {
+    redis.kill('SIGSTOP');
+    stopped = true;
+  };
+  const resume = () => {
+    redis.kill('SIGCONT');
+    stopped = false;
+  };
+  before(async () => {
+    const port = await freePort();
+    redis = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], { stdio: 'ignore' });
+    await eventually(() => listening(port), 'the private redis-server to listen');
+    // one place per tenant: a start kept after its 503 would refuse the client's retry (429)
+    h = await startHarness({
+      env: { REDIS_URL: `redis://127.0.0.1:${port}`, SERVICE_AUDIT_TENANT_MAX_RUNNING: '1', SERVICE_AUDIT_REGISTRY_URL: 'none' },
+    });
+    await fs.writeFile(path.join(h.tenantDir(), 'README.md'), '# a\n');
+    // one audit while Redis answers: its scripts are then in Redis's cache, so that what a refused start sends
+    // is run in the order it was sent (a script's first use is sent again, after Redis says it has none)
+    const warm = await start(60);
+    expect(warm.status, warm.text).to.equal(200);
+  });
+  after(async () => {
+    if (stopped) resume();
+    await h?.close();
+    redis?.kill('SIGKILL');
+  });
+
+  const start = (timeoutSeconds: number) =>
+    h.call<Body>('POST', '/api/v1/autonomy/workspace-audit/run', { body: { phases: ['sanity'], timeout_seconds: timeoutSeconds } });
+  const placesTaken = () => h.rt.redis.zcard(`${h.config.queuePrefix}:audit-running:{tenant-a}`);
+  const reportKeys = () => scanKeys(h.rt.redis, `${h.config.queuePrefix}:audit:{tenant-a}:*`);
+  const jobCounts = () => h.rt.queues.get('audits').getJobCounts('waiting', 'active', 'waiting-children', 'delayed', 'completed', 'failed');
+  const reportEntries = async () => (await h.rt.store.evidence.list('tenant-a', { limit: 1000 })).filter((e) => e.kind === 'audit.report');
+
+  it('makes nothing when Redis runs the start after the deadline: no report, no place taken, no jobs; the retry is accepted', async () => {
+    const [reportsBefore, jobsBefore, entriesBefore] = [await reportKeys(), await jobCounts(), await reportEntries()];
+    stop();
+    try {
+      const refused = await start(0);
+      expect(refused.status, refused.text).to.equal(503);
+      expect(refused.headers.get('retry-after')).to.equal('5');
+    } finally {
+      resume();
+    }
+    // what the refused request sent Redis runs now, before what is asked after it on the same connection
+    expect(await placesTaken(), 'places taken').to.equal(0);
+    expect(await reportKeys(), 'reports kept').to.deep.equal(reportsBefore);
+    expect(await jobCounts(), 'jobs').to.deep.equal(jobsBefore);
+    // the client's retry is accepted (not refused for the place a kept start would hold), and it is the one audit
+    const again = await start(60);
+    expect(again.status, again.text).to.equal(200);
+    expect(again.body.status).to.equal('completed');
+    expect((await reportEntries()).map((e) => e.subject.report_id)).to.deep.equal([...entriesBefore.map((e) => e.subject.report_id), again.body.report_id]);
+  });
+
+  it('takes back a start whose report Redis made in time but whose jobs it took after the 503: report, place and jobs, and no ledger entry', async () => {
+    const before = (await reportEntries()).length;
+    const reports = h.rt.engine.audits.reports;
+    const create = reports.create;
+    let made: string | undefined;
+    // Redis stalls right after it made the report, before the audit's jobs are added
+    reports.create = async (...args: Parameters<typeof create>) => {
+      const answer = await create.apply(reports, args);
+      made = args[1].report_id;
+      stop();
+      return answer;
+    };
+    try {
+      const refused = await start(0);
+      expect(refused.status, refused.text).to.equal(503);
+    } finally {
+      reports.create = create;
+      resume();
+    }
+    expect(made).to.be.a('string');
+    // the jobs land once Redis runs again; the report, its place and its jobs are taken back
+    const kept = async () => (await reportKeys()).filter((k) => k.endsWith(`:${made}`));
+    await eventually(async () => (await placesTaken()) === 0 && (await kept()).length === 0, 'the report and its place taken back', 10_000);
+    const job = (name: string) => h.rt.queues.get('audits').getJob(`${made}__${name}`);
+    // its jobs are gone (or, when a worker had taken its phase first, ended finding no report)
+    await eventually(async () => ['gone', 'completed'].includes((await (await job('report'))?.getState()) ?? 'gone'), 'its jobs to go', 20_000);
+    expect((await h.call<Body>('GET', `/api/v1/autonomy/workspace-audit/${made}`)).status).to.equal(404);
+    expect(await reportEntries(), 'no ledger entry of it').to.have.length(before);
+    const again = await start(60);
+    expect(again.status, again.text).to.equal(200);
+    expect((await reportEntries()).map((e) => e.subject.report_id))
+      .to.include(again.body.report_id)
+      .and.not.include(made);
   });
 });
