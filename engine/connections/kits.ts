@@ -351,27 +351,40 @@ export const pagerKit: Kit = {
 // ---- email: SMTP ----
 
 /**
- * The address an SMTP connection goes to, its name looked up guarded as dispatcherOf's are: nodemailer looks
- * names up itself (its own resolver, and a cache of five minutes for the whole process), past the check of
- * base_url, so a name whose answer changed after the check (rebinding) reached loopback. A failed lookup is
- * nodemailer's EDNS: the provider could not be reached.
+ * The connection nodemailer speaks SMTP over, its name looked up guarded as dispatcherOf's are: nodemailer
+ * looks names up itself (its own resolver, and a cache of five minutes for the whole process), past the check
+ * of base_url, so a name whose answer changed after the check (rebinding) reached loopback. Every address the
+ * name has is tried in turn (autoSelectFamily), as nodemailer would. A refused name is nodemailer's EDNS, a
+ * connection that fails its ECONNECTION (or ETIMEDOUT): the provider could not be reached.
  */
-function smtpAddress(a: Access, host: string): Promise<string> {
-  if (a.allowPrivate || net.isIP(host)) return Promise.resolve(host);
-  return new Promise((resolve, reject) =>
-    guardedLookup(host, {}, (err, address) => (err ? reject(Object.assign(new Error(err.message), { code: 'EDNS' })) : resolve(address as string))),
-  );
+function guardedSmtpSocket(host: string, port: number): (options: unknown, done: (err: Error | null, socket?: { connection: net.Socket }) => void) => void {
+  return (_options, done) => {
+    const socket = net.connect({ host, port, lookup: guardedLookup, autoSelectFamily: true });
+    const fail = (err: NodeJS.ErrnoException) => {
+      socket.destroy();
+      const code = ['EPRIVATE', 'ENOTFOUND', 'EAI_AGAIN'].includes(err.code ?? '') ? 'EDNS' : err.code === 'ETIMEDOUT' ? 'ETIMEDOUT' : 'ECONNECTION';
+      done(Object.assign(new Error(err.message), { code }));
+    };
+    socket.setTimeout(SMTP_CONNECT_TIMEOUT_MS, () => fail(Object.assign(new Error(`no connection to ${host}:${port} within 10 s`), { code: 'ETIMEDOUT' })));
+    socket.once('error', fail);
+    socket.once('connect', () => {
+      socket.setTimeout(0);
+      socket.off('error', fail);
+      done(null, { connection: socket });
+    });
+  };
 }
+const SMTP_CONNECT_TIMEOUT_MS = 10_000;
 
 export async function mailerOf(a: Access) {
   const nodemailer = (await import('nodemailer')).default;
   const url = new URL(a.baseUrl!);
   const host = url.hostname.replace(/^\[|\]$/g, '');
+  const port = url.port ? Number(url.port) : url.protocol === 'smtps:' ? 465 : 587;
   return nodemailer.createTransport({
-    host: await smtpAddress(a, host),
-    // the certificate is checked against the name, not the address connected to
-    servername: host,
-    port: url.port ? Number(url.port) : url.protocol === 'smtps:' ? 465 : 587,
+    host,
+    ...(a.allowPrivate ? {} : { getSocket: guardedSmtpSocket(host, port) }),
+    port,
     secure: url.protocol === 'smtps:',
     // never the password in clear over the network: STARTTLS or nothing, but for a relay on this host
     requireTLS: url.protocol === 'smtp:' && !['127.0.0.1', 'localhost', '::1'].includes(host),
