@@ -1931,8 +1931,8 @@ export interface components {
              *     them matches. Files are watched, not folders:
              *     a glob ending in `/` never matches, or excludes nothing, and is a 400 (write `src/**`, `!src/gen/**`). Nothing named `node_modules`, `.git`,
              *     `.scratch` or `.checkouts`, at any depth, is watched, nor anything in it: a glob (not a `!` one) with such a
-             *     folder as one of its plain segments (`node_modules/**`, `.git/refs/heads/*`, `pkg/*\/node_modules/**`, or
-             *     one of its `{a,b}` alternatives) can never fire and is a 400.
+             *     folder as one of its plain segments (`node_modules/**`, `.git/refs/heads/*`, `pkg/*\/node_modules/**`;
+             *     with `{a,b}`, in every glob they make: `{src,node_modules}/**` fires for `src`) can never fire and is a 400.
              */
             paths: string[];
             /** @default 500 */

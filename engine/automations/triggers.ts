@@ -224,16 +224,19 @@ function globError(glob: string): string | null {
     if (path.isAbsolute(one) || /^[A-Za-z]:[\\/]/.test(one)) return 'must be relative to the workspace root';
     if (one.split(/[\\/]/).includes('..')) return 'must not climb out of the workspace root with ..';
   }
-  for (const one of expanded) {
+  // refused only when none of the globs its braces make can match: `{src,node_modules}/**` fires for src
+  const silent = expanded.map((one) => {
     const shown = one === glob ? `"${glob}"` : `"${glob}" (as "${one}")`;
     // `!src/gen/` too: it would exclude nothing, and src/gen's files would fire
     if (one.endsWith('/')) return `${shown} ends in /, and never matches: changes are seen as files, not folders; write "${one}**" for the files under it`;
     // an exclusion of what is never seen excludes nothing, and harms nothing
-    if (glob.startsWith('!')) continue;
+    if (glob.startsWith('!')) return null;
     const folder = literalSegmentsOf(one).find((name) => name !== null && IGNORED_FOLDERS.includes(name));
-    if (folder) return `${shown} never matches: ${folder} is not watched (nothing named ${IGNORED_FOLDERS.join(', ')} is, at any depth, nor anything in it)`;
-  }
-  return null;
+    return folder
+      ? `${shown} never matches: ${folder} is not watched (nothing named ${IGNORED_FOLDERS.join(', ')} is, at any depth, nor anything in it)`
+      : null;
+  });
+  return silent.every((why) => why !== null) ? silent[0]! : null;
 }
 
 export function validateTriggers(triggers: Trigger[], at = '/body/triggers', opts: { cronMinIntervalSeconds?: number } = {}): FieldError[] {
