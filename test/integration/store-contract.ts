@@ -222,6 +222,22 @@ function racingCap<T extends { id: string; tenant_id: string }>(storeOf: () => S
   });
 }
 
+/** A ledger entry of `kind` about `subject`, chained to `prev` (hashes and signature stand-ins: the store checks neither). */
+export function ledgerEntryFixture(tenantId: string, seq: number, prev: string, kind: string, subject: Record<string, string>) {
+  return {
+    tenant_id: tenantId,
+    seq,
+    at: '2026-01-01T00:00:00.000Z',
+    kind,
+    subject,
+    payload_digest: `sha256:${seq}`,
+    prev_hash: prev,
+    hash: `h${seq}`,
+    key_id: 'k',
+    sig: 's',
+  };
+}
+
 export function storeContract(name: string, open: () => Promise<Store>): void {
   describe(`store contract: ${name}`, () => {
     let store: Store;
@@ -1339,18 +1355,7 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
     });
 
     it('finds the first ledger entry of a kind about a report, per tenant', async () => {
-      const entry = (tenantId: string, seq: number, prev: string, kind: string, subject: Record<string, string>) => ({
-        tenant_id: tenantId,
-        seq,
-        at: '2026-01-01T00:00:00.000Z',
-        kind,
-        subject,
-        payload_digest: `sha256:${seq}`,
-        prev_hash: prev,
-        hash: `h${seq}`,
-        key_id: 'k',
-        sig: 's',
-      });
+      const entry = ledgerEntryFixture;
       const items: [string, Record<string, string>][] = [
         ['gate.result', { workspace: '.' }],
         ['run.finished', { report_id: 'aud_1', run_id: 'run_1' }],
@@ -1371,18 +1376,7 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
     });
 
     it('finds the ledger entries about a gate run, oldest first, per tenant', async () => {
-      const entry = (tenantId: string, seq: number, prev: string, kind: string, subject: Record<string, string>) => ({
-        tenant_id: tenantId,
-        seq,
-        at: '2026-01-01T00:00:00.000Z',
-        kind,
-        subject,
-        payload_digest: `sha256:${seq}`,
-        prev_hash: prev,
-        hash: `h${seq}`,
-        key_id: 'k',
-        sig: 's',
-      });
+      const entry = ledgerEntryFixture;
       const items: [string, string, Record<string, string>][] = [
         ['t1', 'gate.result', { workspace: '.', gate_id: 'test', gate_run_id: 'grn_1' }],
         ['t1', 'audit.report', { workspace: '.', report_id: 'aud_1' }],
