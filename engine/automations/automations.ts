@@ -1,10 +1,7 @@
 // Automations: reusable, triggerable definitions of work, scoped to one tenant.
 // Every change is a conditional update in the store: an archived automation cannot change.
 import {
-  canonicalJson,
   ConflictError,
-  IdempotencyKeyInUseError,
-  IdempotencyKeyReusedError,
   NotFoundError,
   sha256Hex,
   ValidationError,
@@ -22,7 +19,22 @@ import {
   type RunTrigger,
 } from '../platform/index.js';
 import { type AutomationMembers, type CappedInsert, type JsonDoc, type KeyClaim, type Page } from '../store/index.js';
-import { allowlistOf, budgetTooLong, networkOf, requireAgentFor, retryPolicyOf, type RunLimits, type RunRequest, type ToolPolicy } from '../runs/index.js';
+import {
+  allowlistOf,
+  budgetTooLong,
+  CLAIM_WAIT_MS,
+  fingerprintOf,
+  IDEMPOTENCY_CLAIM_SECONDS,
+  IDEMPOTENCY_TTL_SECONDS,
+  keyInUse,
+  keyReused,
+  networkOf,
+  requireAgentFor,
+  retryPolicyOf,
+  type RunLimits,
+  type RunRequest,
+  type ToolPolicy,
+} from '../runs/index.js';
 import type { Platform } from '../deps.js';
 import { instantiateTemplate, type TemplateCatalog } from './templates.js';
 import { nextCronFire, validateTriggers } from './triggers.js';
@@ -53,27 +65,13 @@ const tooMany = (max: number) =>
 /** A template and the caller's values for it: what POST /automations/templates/instantiate takes. */
 export type TemplateInstantiation = { template_id: string; variables?: Record<string, unknown>; name?: string; connections?: ConnectionNames };
 
-// A create's Idempotency-Key lives as a run's does (engine/runs/runs.ts): a day, in the store's records of keys
-// (which the reconciler forgets past their day), a record whose automation is not stored 30 s on taken over (its
-// request died between the key and the insert, which MongoDB does not write at once), a request waiting at most
-// 5 s for the automation of the request that holds its key, then a 409 to retry in a second.
-const KEY_KEPT_SECONDS = 24 * 3600;
-const KEY_CLAIM_SECONDS = 30;
-const KEY_WAIT_MS = 5000;
-const KEY_IN_USE_RETRY_AFTER_SECONDS = 1;
-
 /**
- * The digest a create's Idempotency-Key is kept under: of the key in the automations' scope, so that the same
- * text sent with a run (whose keys share the store's records) is another key. No header carries a NUL: no
- * client's run key (the key itself), nor a service key (a NUL, then its name), is this text.
+ * The digest a create's Idempotency-Key is kept under (it lives as a run's does: engine/runs/runs.ts): of the
+ * key in the automations' scope, so that the same text sent with a run (whose keys share the store's records)
+ * is another key. No header carries a NUL: no client's run key (the key itself), nor a service key (a NUL, then
+ * its name), is this text.
  */
 const keyDigestOf = (key: string) => sha256Hex(`automations\0${key}`);
-/** What a create with a key is known by when it comes again: the digest of its body's canonical JSON (RFC 8785), as the runs'. */
-const fingerprintOf = (body: unknown) => sha256Hex(canonicalJson(body));
-
-const keyReused = () => new IdempotencyKeyReusedError('this Idempotency-Key was used with a different request');
-const keyInUse = () =>
-  new IdempotencyKeyInUseError('a request with this Idempotency-Key is still being handled; retry it after a moment', KEY_IN_USE_RETRY_AFTER_SECONDS);
 
 export type AutomationHooks = {
   /** after any change of an automation's triggers or status (keeps the cron triggers' set in step) */
@@ -233,8 +231,8 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
       const keyDigest = keyDigestOf(key);
       const hash = fingerprintOf(body);
       const ago = (seconds: number, from = clock.now().toISOString()) => new Date(Date.parse(from) - seconds * 1000).toISOString();
-      const until = Date.now() + KEY_WAIT_MS;
-      let held = await store.idempotencyKeys.get(tenantId, keyDigest, ago(KEY_KEPT_SECONDS));
+      const until = Date.now() + CLAIM_WAIT_MS;
+      let held = await store.idempotencyKeys.get(tenantId, keyDigest, ago(IDEMPOTENCY_TTL_SECONDS));
       for (;;) {
         if (held) {
           const earlier = await store.automations.get(tenantId, held.run_id);
@@ -243,11 +241,11 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
             return { automation: earlier, replayed: true };
           }
           // its request is still storing it; or died doing so, and the key is taken over below
-          if (held.created_at > ago(KEY_CLAIM_SECONDS)) {
+          if (held.created_at > ago(IDEMPOTENCY_CLAIM_SECONDS)) {
             if (held.fingerprint !== hash) throw keyReused();
             if (Date.now() >= until) throw keyInUse();
             await new Promise((r) => setTimeout(r, 20));
-            held = await store.idempotencyKeys.get(tenantId, keyDigest, ago(KEY_KEPT_SECONDS));
+            held = await store.idempotencyKeys.get(tenantId, keyDigest, ago(IDEMPOTENCY_TTL_SECONDS));
             continue;
           }
         }
@@ -255,8 +253,8 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
         const automation = make();
         const claim: KeyClaim = {
           record: { tenant_id: tenantId, key_digest: keyDigest, fingerprint: hash, run_id: automation.id, created_at: automation.created_at },
-          since: ago(KEY_KEPT_SECONDS, automation.created_at),
-          pendingSince: ago(KEY_CLAIM_SECONDS, automation.created_at),
+          since: ago(IDEMPOTENCY_TTL_SECONDS, automation.created_at),
+          pendingSince: ago(IDEMPOTENCY_CLAIM_SECONDS, automation.created_at),
         };
         const done = await store.automations.insertWithKey(automation, claim, cap());
         if (typeof done === 'string') return { automation: await inserted(automation, done), replayed: false };

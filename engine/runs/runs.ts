@@ -123,20 +123,21 @@ const HOLDERS_PAGE = 500;
 /** stale runs the reconciler reads at a time, and at most in one pass (the next pass goes on from there) */
 const STALE_PAGE = 500;
 const STALE_PER_PASS = 10 * STALE_PAGE;
-const IDEMPOTENCY_TTL_SECONDS = 24 * 3600;
+/** How long an Idempotency-Key is kept (a run's, and an automation create's). */
+export const IDEMPOTENCY_TTL_SECONDS = 24 * 3600;
 /** A claim whose run was never stored (its process died in between) frees the key this soon. */
-const IDEMPOTENCY_CLAIM_SECONDS = 30;
+export const IDEMPOTENCY_CLAIM_SECONDS = 30;
 const REDIS_RETRY_AFTER_SECONDS = 2;
 /** How long a request waits, in all, for the run of the request that holds its key (claiming it in turn each time it is let go). */
-const CLAIM_WAIT_MS = 5000;
+export const CLAIM_WAIT_MS = 5000;
 const IDEMPOTENCY_IN_USE_RETRY_AFTER_SECONDS = 1;
 /** a full line drains at the tenant's pace, which nothing here knows: a client asks again in half a minute */
 const LINE_FULL_RETRY_AFTER_SECONDS = 30;
 /** how long the line's length is waited for (Redis answers in a millisecond when it is there) */
 const LINE_CHECK_DEADLINE_MS = 250;
 
-const keyReused = () => new IdempotencyKeyReusedError('this Idempotency-Key was used with a different request');
-const keyInUse = () =>
+export const keyReused = () => new IdempotencyKeyReusedError('this Idempotency-Key was used with a different request');
+export const keyInUse = () =>
   new IdempotencyKeyInUseError('a request with this Idempotency-Key is still being handled; retry it after a moment', IDEMPOTENCY_IN_USE_RETRY_AFTER_SECONDS);
 
 // removes an idempotency claim only if it is still ours: a claim that timed out may land later
@@ -146,7 +147,7 @@ const RELEASE_CLAIM = `if redis.call('GET', KEYS[1]) == ARGV[1] then return redi
  * What a request with an Idempotency-Key is recognised by when it comes again: the digest of its
  * canonical JSON (RFC 8785), so the same request with its fields in another order is the same request.
  */
-const fingerprintOf = (fingerprint: unknown) => sha256Hex(canonicalJson(fingerprint));
+export const fingerprintOf = (fingerprint: unknown) => sha256Hex(canonicalJson(fingerprint));
 /** the digest of a key claimed before fingerprints were canonical (2026-11-24): of the JSON as the fields came */
 const legacyFingerprintOf = (fingerprint: unknown) => sha256Hex(JSON.stringify(fingerprint));
 

@@ -9,8 +9,8 @@ import path from 'node:path';
 import { expect } from 'chai';
 import { openWorkspace } from '../../engine/audit/phases/workspace.js';
 import { runPhase } from '../../engine/audit/run-phase.js';
-import { createLogger } from '../../engine/platform/index.js';
-import { openSandbox, type Sandbox } from '../../engine/tools/index.js';
+import { type Sandbox } from '../../engine/tools/index.js';
+import { openAuditSandbox } from '../support/audit-sandbox.js';
 import { PLANTED_TOKEN } from '../support/projects.js';
 
 async function write(root: string, files: Record<string, string>): Promise<void> {
@@ -46,13 +46,7 @@ describe('audit hardening: the workspace’s git config runs nothing, and what i
   let sandbox: Sandbox;
   before(async () => {
     base = await fs.realpath(await fs.mkdtemp(path.join(os.tmpdir(), 'audit-hardening-')));
-    sandbox = openSandbox({
-      mode: 'auto',
-      limits: { cpuSeconds: 120, memoryMb: 4096, processes: 256, fileSizeMb: 100 },
-      prefix: `audit-hardening-${process.pid}`,
-      pathVar: process.env.PATH,
-      log: createLogger('silent'),
-    });
+    sandbox = openAuditSandbox('audit-hardening');
   });
   after(async () => {
     sandbox.close();

@@ -9,8 +9,8 @@ import path from 'node:path';
 import { expect } from 'chai';
 import { runPhase } from '../../engine/audit/run-phase.js';
 import { checkOutdated } from '../../engine/audit/registry.js';
-import { createLogger } from '../../engine/platform/index.js';
-import { openSandbox, type Sandbox } from '../../engine/tools/index.js';
+import { type Sandbox } from '../../engine/tools/index.js';
+import { openAuditSandbox } from '../support/audit-sandbox.js';
 import { PLANTED_TOKEN } from '../support/projects.js';
 
 describe('audit phases', function () {
@@ -19,13 +19,7 @@ describe('audit phases', function () {
   let outside: string;
   let sandbox: Sandbox;
   before(async () => {
-    sandbox = openSandbox({
-      mode: 'auto',
-      limits: { cpuSeconds: 120, memoryMb: 4096, processes: 256, fileSizeMb: 100 },
-      prefix: `audit-phases-${process.pid}`,
-      pathVar: process.env.PATH,
-      log: createLogger('silent'),
-    });
+    sandbox = openAuditSandbox('audit-phases');
     const base = await fs.realpath(await fs.mkdtemp(path.join(os.tmpdir(), 'audit-phases-')));
     dir = path.join(base, 'ws');
     outside = path.join(base, 'outside');

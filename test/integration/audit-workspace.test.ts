@@ -12,8 +12,8 @@ import { expect } from 'chai';
 import { architecturePhase } from '../../engine/audit/phases/architecture.js';
 import { Findings, openWorkspace } from '../../engine/audit/phases/workspace.js';
 import { runPhase } from '../../engine/audit/run-phase.js';
-import { createLogger } from '../../engine/platform/index.js';
-import { openSandbox, type ProcessResult, type Sandbox } from '../../engine/tools/index.js';
+import { openAuditSandbox } from '../support/audit-sandbox.js';
+import { type ProcessResult, type Sandbox } from '../../engine/tools/index.js';
 
 const here = path.dirname(new URL(import.meta.url).pathname);
 const engine = (rel: string) => pathToFileURL(path.join(here, '../../engine/audit/phases', rel)).href;
@@ -35,13 +35,7 @@ describe('audit workspace: caps, and files that change while a phase reads them'
   let sandbox: Sandbox;
   before(async () => {
     base = await fs.realpath(await fs.mkdtemp(path.join(os.tmpdir(), 'audit-workspace-')));
-    sandbox = openSandbox({
-      mode: 'auto',
-      limits: { cpuSeconds: 120, memoryMb: 4096, processes: 256, fileSizeMb: 100 },
-      prefix: `audit-workspace-${process.pid}`,
-      pathVar: process.env.PATH,
-      log: createLogger('silent'),
-    });
+    sandbox = openAuditSandbox('audit-workspace');
   });
   after(async () => {
     sandbox.close();

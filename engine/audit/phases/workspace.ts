@@ -89,7 +89,7 @@ async function privateGitDir(root: string): Promise<{ dir: string; close: () => 
   const close = () => fs.rm(dir, { recursive: true, force: true });
   try {
     const config = await readRegular(commonDir, 'config', 4 * 1024 * 1024);
-    const kept: string[] = [];
+    const kept = { core: [] as string[], extensions: [] as string[] };
     if (Buffer.isBuffer(config)) {
       // the folder holds no HEAD yet: git takes it for no repository, and reads only the file named
       await fs.writeFile(path.join(dir, 'repository-config'), config);
@@ -108,15 +108,11 @@ async function privateGitDir(root: string): Promise<{ dir: string; close: () => 
         const [key, value] = nl < 0 ? [entry, 'true'] : [entry.slice(0, nl), entry.slice(nl + 1)];
         const m = /^(core|extensions)\.([a-z0-9-]+)$/.exec(key);
         if (!m || !/^[A-Za-z0-9_.-]{1,64}$/.test(value)) continue;
-        if (m[1] === 'core' ? KEPT_CORE.has(m[2]!) : !DROPPED_EXTENSIONS.has(m[2]!)) kept.push(`${m[1]}.${m[2]}=${value}`);
+        const [section, name] = [m[1] as keyof typeof kept, m[2]!];
+        if (section === 'core' ? KEPT_CORE.has(name) : !DROPPED_EXTENSIONS.has(name)) kept[section].push(`\t${name} = ${value}\n`);
       }
     }
-    const section = (name: string) =>
-      kept
-        .filter((k) => k.startsWith(`${name}.`))
-        .map((k) => `\t${k.slice(name.length + 1).replace('=', ' = ')}\n`)
-        .join('');
-    await fs.writeFile(path.join(dir, 'config'), `[core]\n${section('core')}[extensions]\n${section('extensions')}`);
+    await fs.writeFile(path.join(dir, 'config'), `[core]\n${kept.core.join('')}[extensions]\n${kept.extensions.join('')}`);
     await fs.writeFile(path.join(dir, 'HEAD'), head);
     await fs.mkdir(path.join(dir, 'info'));
     for (const file of ['info/exclude', 'info/attributes']) {
