@@ -73,6 +73,13 @@ return {1, 0}`;
 
 export const jobIdOfDelivery = (deliveryId: string) => `delivery-${deliveryId}`;
 
+/**
+ * How long a signed request's replay claim is held before its delivery is stored. Once stored, the claim is
+ * held for the whole replay window; a process that dies in between (after the claim, before its commit) must not
+ * leave the provider's retry of a delivery never stored refused as a replay for the window (10 minutes).
+ */
+export const WEBHOOK_CLAIM_SECONDS = 30;
+
 export type WebhookSettings = { webhookReplayWindowSeconds: number; webhookRateLimitPerMinute: number };
 
 export type WebhooksDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'queues' | 'secretBox' | 'redis' | 'metrics'> & { settings: WebhookSettings };
@@ -133,13 +140,13 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
    * provider `resends` its retries, which go on as duplicates).
    */
   async function gate(tenantId: string, kind: WebhookProvider, seenKey: string | null, resends: boolean): Promise<boolean> {
-    // a signature stays valid for a window either side of its timestamp: remember it for both. Without Redis
+    // claimed until the delivery is stored (then remembered for the window: `remember`). Without Redis
     // the delivery is refused (503: the provider sends it again), and a claim Redis takes later is given back,
     // or the provider's retry would be refused as a replay of a delivery never stored
     const [verdict, ttlMs] = await redisOrUnavailable(
       redis,
       'checking the delivery',
-      () => countThisMinute('rate', tenantId, seenKey, windowOf(kind, windowSeconds) * 2 + 1, resends),
+      () => countThisMinute('rate', tenantId, seenKey, WEBHOOK_CLAIM_SECONDS, resends),
       (late) => void late.then(([claimed]) => (claimed === 1 && seenKey ? redis.del(seenKey) : 0)).catch(() => undefined),
     );
     if (verdict === 0) {
@@ -150,6 +157,17 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
       );
     }
     return verdict === 1;
+  }
+
+  /**
+   * Remembers a stored delivery's signature for as long as it stays valid, a window either side of its
+   * timestamp. Not waited for: were Redis to miss it, the store still knows the delivery (a replay of it is
+   * refused there, as after Redis lost its data).
+   */
+  function remember(kind: WebhookProvider, seenKey: string): void {
+    redis
+      .set(seenKey, '1', 'EX', windowOf(kind, windowSeconds) * 2 + 1)
+      .catch((err: Error) => log.warn({ err: err.message }, 'a webhook replay claim was not extended'));
   }
 
   /** Counts a refused request against its tenant's minute of refusals (the same number as the limit); false past it. */
@@ -355,6 +373,7 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
         if (seenKey) await redis.del(seenKey).catch(() => undefined);
         throw err;
       }
+      if (seenKey) remember(kind, seenKey);
       if (existing) {
         // the same signed request of no id again: a replay, as Redis would have said had it remembered
         if (verified.repeatIs === 'replay' || !verified.providerId) {

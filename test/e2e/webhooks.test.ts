@@ -329,6 +329,44 @@ describe('webhook intake', function () {
       const stored = listed.body.data.filter((d: Body) => ['received', 'processed'].includes(d.status) && d.body === signed.body);
       expect(stored).to.have.length(1);
     });
+
+    it('takes the retry of a delivery whose process died before storing it once the claim lapses (30 s, not the replay window)', async () => {
+      const signed = sign.tracker(SECRET.tracker, { type: 'Issue', action: 'create', data: { id: randomUUID() } }, { delivery: randomUUID() });
+      const seenKeys = () => scanKeys(h.rt.redis, `${h.config.queuePrefix}:webhook-seen:tenant-a:tracker:*`);
+      const before = new Set(await seenKeys());
+      // the first try's process stops for good between its claim and its commit: its insert never returns
+      const deliveries = h.rt.store.deliveries;
+      const insert = deliveries.insert;
+      let died!: (err: Error) => void;
+      deliveries.insert = () => new Promise((_, reject) => (died = reject));
+      const cut = new AbortController();
+      const first = fetch(`${h.url}/webhooks/tenant-a/tracker`, { method: 'POST', headers: signed.headers, body: signed.body, signal: cut.signal }).catch(
+        () => null,
+      );
+      try {
+        const claim = await eventually(async () => (await seenKeys()).find((k) => !before.has(k)), 'the first try’s claim');
+        const ttl = await h.rt.redis.ttl(claim);
+        expect(ttl).to.be.within(1, 30);
+        cut.abort();
+        deliveries.insert = insert;
+        // while it is claimed, the same bytes are another try of a delivery being stored
+        const during = await post('tracker', signed);
+        expect(during.status, during.text).to.equal(409);
+        // the claim lapses (as 30 s would): the provider's retry goes in, once, and is then remembered for the window
+        await h.rt.redis.pexpire(claim, 1);
+        await eventually(async () => (await h.rt.redis.exists(claim)) === 0, 'the claim to lapse');
+        const retry = await post('tracker', signed);
+        expect(retry.status, retry.text).to.equal(200);
+        expect(retry.body.status).to.equal('accepted');
+        await eventually(async () => (await h.rt.redis.ttl(claim)) > 300, 'the claim held for the window');
+        const again = await post('tracker', signed);
+        expect(again.body).to.deep.equal({ delivery_id: retry.body.delivery_id, status: 'duplicate' });
+      } finally {
+        deliveries.insert = insert;
+        died?.(new Error('the process is gone'));
+        await first;
+      }
+    });
   });
 
   describe('pager (PagerDuty v3 scheme)', () => {
