@@ -230,7 +230,7 @@ export class EventHub {
     };
     sub.deliver = (e) => (sub.replaying ? sub.buffer.push(e) : emit(e));
     try {
-      await this.ensureReading();
+      this.ensureReading();
       this.interrupt();
       for (;;) {
         const history = await this.log.after(scope, sub.lastId);
@@ -247,13 +247,36 @@ export class EventHub {
     return { close };
   }
 
-  private async ensureReading(): Promise<void> {
+  // Starts the read loop at once, with nothing to await: a start cannot fail, so no refused command can
+  // leave the hub marked running with no loop, its subscribers getting their replay and never a live event.
+  private ensureReading(): void {
     if (this.running) return;
     this.running = true;
-    this.reader = this.redis.duplicate({ connectionName: 'event-hub' });
-    this.reader.on('error', () => {}); // the loop below sees failures and retries
-    this.readerId = Number(await this.reader.client('ID'));
-    this.loop = this.read();
+    const reader = this.redis.duplicate({ connectionName: 'event-hub' });
+    reader.on('error', () => {}); // the loop below sees failures and retries
+    // interrupt and close unblock the reader by its client id, and each connection ioredis makes for it (it
+    // reconnects, and resends the XREAD it was blocked in) is a new client with a new id: an id is forgotten
+    // when its connection closes and asked for as the next one opens. CLIENT is one of the commands ioredis
+    // sends before a connection is ready, so the answer comes ahead of the resent XREAD, not after its BLOCK.
+    reader.on('close', () => {
+      if (this.reader === reader) this.readerId = undefined;
+    });
+    reader.on('connect', () => this.askReaderId(reader));
+    this.reader = reader;
+    this.loop = this.read(reader);
+  }
+
+  // Redis may refuse to tell (BUSY while a script runs, a managed Redis that forbids CLIENT): the hub reads
+  // all the same, and until the loop asks again and is told, a new scope waits out one BLOCK at most, and so
+  // does close. Nobody awaits the answer: one asked as a connection opens is lost, never settled, if the
+  // connection closes before it is ready.
+  private askReaderId(reader: Redis): void {
+    reader.client('ID').then(
+      (id) => {
+        if (this.reader === reader) this.readerId = Number(id);
+      },
+      () => {},
+    );
   }
 
   /** Wakes the blocking XREAD so it picks up a scope just added. */
@@ -262,8 +285,11 @@ export class EventHub {
     else if (this.readerId !== undefined) void this.redis.client('UNBLOCK', this.readerId).catch(() => {});
   }
 
-  private async read(): Promise<void> {
+  private async read(reader: Redis): Promise<void> {
     while (this.running) {
+      // asked again when Redis refused it as the connection opened; sent ahead of the XREAD on the same
+      // connection, so known before it blocks. A connection yet to open asks as it opens (ensureReading).
+      if (this.readerId === undefined && reader.status === 'ready') this.askReaderId(reader);
       const scopes = [...this.scopes.entries()];
       if (scopes.length === 0) {
         await new Promise<void>((resolve) => (this.wake = resolve));
@@ -273,7 +299,7 @@ export class EventHub {
       try {
         const keys = scopes.map(([s]) => this.log.key(s));
         const ids = scopes.map(([, e]) => e.cursor);
-        const res = (await this.reader!.xread('COUNT', 500, 'BLOCK', 1000, 'STREAMS', ...keys, ...ids)) as [string, [string, string[]][]][] | null;
+        const res = (await reader.xread('COUNT', 500, 'BLOCK', 1000, 'STREAMS', ...keys, ...ids)) as [string, [string, string[]][]][] | null;
         for (const [key, entries] of res ?? []) {
           const scope = scopes.find(([s]) => this.log.key(s) === key)?.[0];
           const entry = scope ? this.scopes.get(scope) : undefined;
@@ -295,6 +321,8 @@ export class EventHub {
     if (this.readerId !== undefined) await this.redis.client('UNBLOCK', this.readerId).catch(() => {});
     await this.loop;
     this.reader?.disconnect();
+    this.reader = undefined;
+    this.readerId = undefined;
     this.scopes.clear();
   }
 }

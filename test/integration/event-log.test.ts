@@ -3,7 +3,7 @@
 import { expect } from 'chai';
 import { Redis } from 'ioredis';
 import { createEventLog, EventHub, ServiceUnavailableError, type EventLog } from '../../engine/platform/index.js';
-import { deleteRedisPrefix, testRedisUrl, uniquePrefix } from '../support/harness.js';
+import { deleteRedisPrefix, eventually, testRedisUrl, uniquePrefix } from '../support/harness.js';
 
 describe('event log', function () {
   const prefix = uniquePrefix();
@@ -17,6 +17,33 @@ describe('event log', function () {
     redis = new Redis(testRedisUrl(), { maxRetriesPerRequest: null });
     log = createEventLog(redis, prefix, undefined, KEPT);
   });
+  // A connection for a hub, whose reader (the connection the hub duplicates from it) is a real one, named
+  // with this run's prefix so that a test finds it among the clients of a Redis other tests share;
+  // `refuseId` has its first CLIENT ID refused, as Redis refuses it while a script runs.
+  const readerName = `event-hub-${prefix}`;
+  const hubRedis = (opts: { refuseId?: boolean } = {}) => {
+    const source = new Redis(testRedisUrl(), { maxRetriesPerRequest: null });
+    const refused = { count: 0 };
+    const duplicate = source.duplicate.bind(source);
+    source.duplicate = (options) => {
+      const reader = duplicate({ ...options, connectionName: readerName });
+      const client = reader.client.bind(reader) as (...args: unknown[]) => Promise<unknown>;
+      reader.client = ((...args: unknown[]) => {
+        if (opts.refuseId && refused.count === 0 && String(args[0]).toUpperCase() === 'ID') {
+          refused.count++;
+          return Promise.reject(new Error('BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.'));
+        }
+        return client(...args);
+      }) as typeof reader.client;
+      return reader;
+    };
+    return { source, refused };
+  };
+  const readerIds = async () =>
+    String(await redis.client('LIST'))
+      .split('\n')
+      .filter((line) => line.includes(` name=${readerName} `))
+      .map((line) => /^id=(\d+)/.exec(line)![1]!);
   after(async () => {
     await deleteRedisPrefix(prefix);
     redis.disconnect();
@@ -80,6 +107,59 @@ describe('event log', function () {
       expect(scopes.size).to.equal(0);
     } finally {
       await hub.close();
+    }
+  });
+
+  it('reads live events for later subscribers when Redis refused to tell its reader’s client id', async () => {
+    await append('i', 2);
+    const { source, refused } = hubRedis({ refuseId: true });
+    const hub = new EventHub(source, log);
+    try {
+      // the first subscriber's stream may end with the refusal (its client reconnects): the hub must not
+      // be left running with no loop, every later stream getting its replay and then only heartbeats
+      await hub
+        .subscribe('i', '0-0', () => {})
+        .then(
+          (first) => first.close(),
+          () => {},
+        );
+      const seen: string[] = [];
+      const sub = await hub.subscribe('i', '0-0', (e) => seen.push(e.id));
+      expect(seen).to.have.length(2);
+      const [live] = await append('i', 1);
+      await eventually(() => seen.includes(live!.id), 'the live event', 3000);
+      expect(refused.count, 'CLIENT ID refused').to.equal(1);
+      sub.close();
+    } finally {
+      await hub.close();
+      source.disconnect();
+    }
+  });
+
+  it('wakes its reader by the client id of its current connection, after Redis dropped the one before', async () => {
+    const { source } = hubRedis();
+    const hub = new EventHub(source, log);
+    try {
+      const sub = await hub.subscribe('j', '0-0', () => {});
+      const killed = await eventually(async () => (await readerIds())[0], 'the reader to connect', 3000);
+      await redis.client('KILL', 'ID', killed);
+      await eventually(async () => (await readerIds()).some((id) => id !== killed), 'the reader to reconnect', 3000);
+      await new Promise((r) => setTimeout(r, 100)); // its XREAD, resent, blocks again
+      // a new scope is read at once (interrupt unblocks the XREAD), not after the BLOCK's second
+      const seen: string[] = [];
+      const other = await hub.subscribe('j2', '0-0', (e) => seen.push(e.id));
+      const started = Date.now();
+      const [live] = await append('j2', 1);
+      await eventually(() => seen.includes(live!.id), 'the live event', 3000);
+      expect(Date.now() - started, 'ms to the live event').to.be.below(500);
+      other.close();
+      sub.close();
+      const closing = Date.now();
+      await hub.close();
+      expect(Date.now() - closing, 'ms to close').to.be.below(500);
+    } finally {
+      await hub.close();
+      source.disconnect();
     }
   });
 
