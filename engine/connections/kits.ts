@@ -351,15 +351,23 @@ export const pagerKit: Kit = {
 // ---- email: SMTP ----
 
 /**
- * The connection nodemailer speaks SMTP over, its name looked up guarded as dispatcherOf's are: nodemailer
- * looks names up itself (its own resolver, and a cache of five minutes for the whole process), past the check
- * of base_url, so a name whose answer changed after the check (rebinding) reached loopback. Every address the
- * name has is tried in turn (autoSelectFamily), as nodemailer would. A refused name is nodemailer's EDNS, a
- * connection that fails its ECONNECTION (or ETIMEDOUT): the provider could not be reached.
+ * The connection nodemailer speaks SMTP over, its name looked up guarded as dispatcherOf's are (unless private
+ * addresses are allowed): nodemailer looks names up itself (its own resolver, and a cache of five minutes for the
+ * whole process), past the check of base_url, so a name whose answer changed after the check (rebinding) reached
+ * loopback. Every address the name has is tried in turn (autoSelectFamily), as nodemailer would. A refused name is
+ * nodemailer's EDNS, a connection that fails its ECONNECTION (or ETIMEDOUT): the provider could not be reached.
+ * The stop signal ends the connection itself: nodemailer's timeouts are of silence, and a server that sends a
+ * line now and then kept a connection the caller had given up on open for as long as it went on.
  */
-function guardedSmtpSocket(host: string, port: number): (options: unknown, done: (err: Error | null, socket?: { connection: net.Socket }) => void) => void {
+function smtpSocket(
+  host: string,
+  port: number,
+  o: { guarded: boolean; signal?: AbortSignal },
+): (options: unknown, done: (err: Error | null, socket?: { connection: net.Socket }) => void) => void {
   return (_options, done) => {
-    const socket = net.connect({ host, port, lookup: guardedLookup, autoSelectFamily: true });
+    const socket = net.connect({ host, port, ...(o.guarded ? { lookup: guardedLookup } : {}), autoSelectFamily: true });
+    let connected = false;
+    const stop = () => (connected ? socket.destroy() : fail(Object.assign(new Error(`stopped before ${host}:${port} answered`), { code: 'ETIMEDOUT' })));
     const fail = (err: NodeJS.ErrnoException) => {
       socket.destroy();
       const code = ['EPRIVATE', 'ENOTFOUND', 'EAI_AGAIN'].includes(err.code ?? '') ? 'EDNS' : err.code === 'ETIMEDOUT' ? 'ETIMEDOUT' : 'ECONNECTION';
@@ -368,10 +376,14 @@ function guardedSmtpSocket(host: string, port: number): (options: unknown, done:
     socket.setTimeout(SMTP_CONNECT_TIMEOUT_MS, () => fail(Object.assign(new Error(`no connection to ${host}:${port} within 10 s`), { code: 'ETIMEDOUT' })));
     socket.once('error', fail);
     socket.once('connect', () => {
+      connected = true;
       socket.setTimeout(0);
       socket.off('error', fail);
       done(null, { connection: socket });
     });
+    o.signal?.addEventListener('abort', stop, { once: true });
+    socket.once('close', () => o.signal?.removeEventListener('abort', stop));
+    if (o.signal?.aborted) stop();
   };
 }
 const SMTP_CONNECT_TIMEOUT_MS = 10_000;
@@ -383,7 +395,7 @@ export async function mailerOf(a: Access) {
   const port = url.port ? Number(url.port) : url.protocol === 'smtps:' ? 465 : 587;
   return nodemailer.createTransport({
     host,
-    ...(a.allowPrivate ? {} : { getSocket: guardedSmtpSocket(host, port) }),
+    getSocket: smtpSocket(host, port, { guarded: !a.allowPrivate, signal: a.signal }),
     port,
     secure: url.protocol === 'smtps:',
     // never the password in clear over the network: STARTTLS or nothing, but for a relay on this host

@@ -13,7 +13,7 @@ import { FAKE_TOKEN, makePullRequestRepo, SMTP_USER, startFakeProviders, type Fa
 import { startScriptedModel, type ScriptedModel } from '../support/scripted-model.js';
 import { chatKit, codehostKit, emailKit, pagerKit, trackerKit } from '../../engine/connections/kits.js';
 import { createSecretBox } from '../../engine/platform/secret-box.js';
-import { finishedRun, freePort, KEYS, sameDeployment, startHarness, type Harness } from '../support/harness.js';
+import { eventually, finishedRun, freePort, KEYS, sameDeployment, startHarness, type Harness } from '../support/harness.js';
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 type Body = Record<string, any>;
@@ -138,7 +138,10 @@ describe('connections', function () {
     });
     await new Promise<void>((r) => hostile.listen(0, '127.0.0.1', r));
     // an SMTP server that greets, then answers a line every 200 ms and never ends its answer
+    const dripping = new Set<net.Socket>();
     const drip = net.createServer((socket) => {
+      dripping.add(socket);
+      socket.on('close', () => dripping.delete(socket));
       socket.write('220 x ESMTP\r\n');
       socket.on('data', () => {
         const t = setInterval(() => socket.write('250-slow\r\n'), 200);
@@ -184,6 +187,8 @@ describe('connections', function () {
       const err = await emailKit.identify({ ...access, signal: AbortSignal.timeout(1000) }).catch((e: unknown) => e);
       expect(Date.now() - t0).to.be.below(5000);
       expect(emailKit.classify(err, 'x')).to.deep.include({ status: null });
+      // and the connection given up on is closed, not left open for as long as the server goes on talking
+      await eventually(() => dripping.size === 0, 'the SMTP connection to close', 2000);
     } finally {
       hostile.closeAllConnections();
       hostile.close();
