@@ -2,7 +2,7 @@
 // evidence packs.
 import { pipeline } from 'node:stream/promises';
 import { Router, type Request, type Response } from 'express';
-import { isTerminal, scopes, type EventHub, type Run, type RunKind, type Session } from '../../engine/platform/index.js';
+import { isTerminal, scopes, TRIED_AFTER_COMMIT_MS, type EventHub, type Run, type RunKind, type Session } from '../../engine/platform/index.js';
 import type { Engine } from '../../engine/index.js';
 import { packTar } from '../../engine/evidence/index.js';
 import type { RunRequest } from '../../engine/runs/index.js';
@@ -25,8 +25,6 @@ export function startAutonomyRun(engine: Engine, req: Request, kind: RunKind, wo
 
 /** The most runs of a multi-agent session whose ends a reconnect to its run-session stream looks for. */
 const MAX_ENDS_READ = 2000;
-/** How long the event of a committed transition is tried again (transitions.ts: 12 tries, at most 30 s apart), and a little more. */
-const ENDS_TRIED_MS = 6 * 60_000;
 
 /** The engine's request for an autonomy or vibe run asked for over HTTP. */
 export function autonomyRunRequest(req: Request, kind: RunKind, work: AutonomyWork): RunRequest {
@@ -103,7 +101,7 @@ export function autonomyRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
     return ids;
   };
   /** The store's end of the stream's work is older than the retries of its last event's append: that event will not come. */
-  const endTriedOut = (session: Session | null, run: Run) => Date.parse(session?.updated_at ?? run.finished_at ?? '') < Date.now() - ENDS_TRIED_MS;
+  const endTriedOut = (session: Session | null, run: Run) => Date.parse(session?.updated_at ?? run.finished_at ?? '') < Date.now() - TRIED_AFTER_COMMIT_MS;
   /** True when the log holds the run.finished of each of `runIds` (read newest first, until all are found). */
   const logHoldsEnds = (stream: string, runIds: string[]): Promise<boolean> => {
     const missing = new Set(runIds);

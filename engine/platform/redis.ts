@@ -197,3 +197,32 @@ export async function afterStored<T>(work: Promise<T>, log: Pick<Logger, 'warn' 
   log.warn(about, `${what}: waits for Redis`);
   return null;
 }
+
+/** How often the Redis work of a change already stored is tried (untilTaken), at most this long apart: about five minutes in all. */
+const RETRIES_AFTER_COMMIT = 12;
+const RETRY_AFTER_COMMIT_MAX_MS = 30_000;
+/** How long untilTaken may go on trying, and a little more: a stream whose last event is not in the log by then will not get it. */
+export const TRIED_AFTER_COMMIT_MS = 6 * 60_000;
+
+/**
+ * Tries `work` (now, or after a first wait) until Redis takes it, with backoff, or RETRIES_AFTER_COMMIT times; never
+ * rejected. For what must follow a change already stored (a transition's event, a slot's release): the change stands,
+ * so its Redis half is tried again rather than reported.
+ */
+export async function untilTaken(
+  work: () => Promise<unknown>,
+  log: Pick<Logger, 'info' | 'error'>,
+  about: Record<string, unknown>,
+  now: boolean,
+): Promise<void> {
+  for (let tryNo = 1; ; tryNo++) {
+    if (!now || tryNo > 1) await new Promise((r) => setTimeout(r, Math.min(RETRY_AFTER_COMMIT_MAX_MS, 500 * 2 ** tryNo)).unref());
+    try {
+      await work();
+      if (tryNo > 1 || !now) log.info({ ...about, try: tryNo + (now ? 0 : 1) }, 'done after a retry');
+      return;
+    } catch (err) {
+      if (tryNo >= RETRIES_AFTER_COMMIT) return void log.error({ ...about, err: (err as Error).message }, 'given up: the reconciler repairs what it can');
+    }
+  }
+}

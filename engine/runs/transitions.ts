@@ -14,6 +14,7 @@ import {
   jobIdOfRun,
   REDIS_DEADLINE_MS,
   ServiceUnavailableError,
+  untilTaken,
   withTimeout,
   type AttemptRecord,
   type ErrorInfo,
@@ -70,8 +71,6 @@ export type Outcome = {
 export type Settled = { run: Run; next: 'ended' | 'retry' | 'interrupted' | 'held' } | null;
 
 /** how many times, and at most how far apart, the Redis work of a committed transition is tried again */
-const RETRIES_AFTER_COMMIT = 12;
-const RETRY_AFTER_COMMIT_MAX_MS = 30_000;
 
 export type TransitionsDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'events' | 'metrics' | 'queues'> & {
   slots: TenantSlots;
@@ -131,7 +130,7 @@ export function transitionsOf(deps: TransitionsDeps) {
     if (waiting) {
       behind(
         run.id,
-        waiting.then(() => untilTaken(() => emit(run, body), about, true)),
+        waiting.then(() => untilTaken(() => emit(run, body), log, about, true)),
       );
       return Promise.resolve();
     }
@@ -142,25 +141,11 @@ export function transitionsOf(deps: TransitionsDeps) {
         // another event of the run refused in the same round trip went first: this one follows it
         behind(
           run.id,
-          (backlog.get(run.id) ?? Promise.resolve()).then(() => untilTaken(() => emit(run, body), about, false)),
+          (backlog.get(run.id) ?? Promise.resolve()).then(() => untilTaken(() => emit(run, body), log, about, false)),
         );
       },
     );
   };
-
-  /** Tries `work` (now, or after a first wait) until Redis takes it, with backoff, or RETRIES_AFTER_COMMIT times; never rejected. */
-  async function untilTaken(work: () => Promise<unknown>, about: { run_id: string; what: string }, now: boolean): Promise<void> {
-    for (let tryNo = 1; ; tryNo++) {
-      if (!now || tryNo > 1) await new Promise((r) => setTimeout(r, Math.min(RETRY_AFTER_COMMIT_MAX_MS, 500 * 2 ** tryNo)).unref());
-      try {
-        await work();
-        if (tryNo > 1 || !now) log.info({ ...about, try: tryNo + (now ? 0 : 1) }, 'done after a retry');
-        return;
-      } catch (err) {
-        if (tryNo >= RETRIES_AFTER_COMMIT) return void log.error({ ...about, err: (err as Error).message }, 'given up: the reconciler repairs what it can');
-      }
-    }
-  }
 
   /**
    * Redis work that follows a committed transition, other than its events (emitInOrder): the release of
@@ -172,7 +157,7 @@ export function transitionsOf(deps: TransitionsDeps) {
       () => undefined,
       (err: Error) => {
         log.warn({ ...about, err: err.message }, 'Redis did not take the work of a committed transition; trying again');
-        void untilTaken(work, about, false);
+        void untilTaken(work, log, about, false);
       },
     );
   }
@@ -217,6 +202,9 @@ export function transitionsOf(deps: TransitionsDeps) {
     // promoted by another process meanwhile, or taken by a worker: nothing to do
     if (await job.isDelayed()) await job.promote().catch(() => undefined);
   }
+
+  /** the attempt follows one its retry policy retried, whose settling gave the run's slot back */
+  const afterRetry = (run: Run) => run.attempt > 1 && run.attempts.at(-1)?.outcome !== 'interrupted';
 
   const elapsed = (run: Run, at: Date) => at.getTime() - new Date(run.started_at ?? run.created_at).getTime();
 
@@ -283,7 +271,9 @@ export function transitionsOf(deps: TransitionsDeps) {
 
   /**
    * An attempt that ended with `status`: the run ends, or (its retry policy says so) goes back to the
-   * queue for its next attempt after a backoff. Its tenant slot stays held while it waits.
+   * queue for its next attempt after a backoff. It gives its tenant slot back while it waits (a backoff is up
+   * to 15 minutes, and ten flaky runs held a tenant's every slot with nothing running), and takes one again,
+   * or its place in the tenant's line, when its next attempt's job comes (`start`).
    */
   async function settleAttempt(
     run: Run,
@@ -315,6 +305,8 @@ export function transitionsOf(deps: TransitionsDeps) {
       if (!retried) return null;
       await emitInOrder(retried, { type: 'run.retrying', data: { attempt: run.attempt, next_attempt: retried.attempt, status, error, delay_ms: delay } });
       metrics.runsRetried.inc({ kind: run.kind, status });
+      // freed before its job is added, so that an attempt due at once takes its slot again after, not before
+      await persist(() => release(run.tenant_id, run.id), { run_id: run.id, what: 'slot release' });
       await enqueue(retried, delay);
       log.warn({ run_id: run.id, attempt: run.attempt, status, error_code: error?.code, delay_ms: delay }, 'run attempt failed; retrying');
       return { run: retried, next: 'retry' };
@@ -424,10 +416,11 @@ export function transitionsOf(deps: TransitionsDeps) {
           return null;
         }
       }
-      // a run that may have been held gave its slot back: it has one (admitted), takes a free one, or waits in
-      // its tenant's line, its job offered again later (a slot freed for it finds the job there)
-      // (one canceled meanwhile and put in line is let go when its turn comes: a release passes over a run no longer queued)
-      const admits = holdable.some((may) => may(run));
+      // a run that may have been held, or that waited out a retry's backoff, gave its slot back: it has one
+      // (admitted), takes a free one, or waits in its tenant's line, its job offered again later (a slot freed for
+      // it finds the job there). One canceled meanwhile and put in line is let go when its turn comes: a release
+      // passes over a run no longer queued. (An attempt after an interruption kept its slot: admitted already.)
+      const admits = afterRetry(run) || holdable.some((may) => may(run));
       if (admits && !(await slots.admit(run.tenant_id, run.id, true))) return { held: 'waiting in its tenant’s line' };
       const at = clock.now();
       const started = await store.runs.update(

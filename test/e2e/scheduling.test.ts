@@ -108,6 +108,34 @@ describe('scheduling', function () {
     }
   });
 
+  it('gives a run’s slot back while it waits out a retry’s backoff, and its next attempt waits in line for one', async () => {
+    const h = await startHarness({ env: { SERVICE_TENANT_MAX_RUNNING: '1' } });
+    try {
+      // fails its first attempt, succeeds its second, 6 s later
+      const flaky = {
+        steps: [{ tool: 'shell', args: { command: 'if [ -e tried ]; then exit 0; fi; touch tried; exit 3' } }],
+        retry: { attempts: 2, backoff: { type: 'fixed', delay_ms: 6000 } },
+      };
+      const a = (await h.call('POST', '/api/v1/autonomy/run', { body: flaky })).body.run_id;
+      await eventually(async () => (await runStatus(h, a)).attempt === 2, 'the retry');
+      // while it waits, the tenant's one slot is free: another run starts
+      const slot = releasable(h, 'release-after-backoff');
+      const c = (await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: slot.command } }] } })).body.run_id;
+      await eventually(async () => (await runStatus(h, c)).status === 'running', 'the other run to start');
+      expect(await runStatus(h, a)).to.deep.include({ status: 'queued', attempt: 2 });
+      // its next attempt comes while that run holds the slot: it waits in the tenant's line, not beside it
+      const context = async () => (await h.call<RunBody>('GET', '/api/v1/autonomy/reliability-context')).body.tenant;
+      await eventually(async () => (await context()).waiting === 1, 'the next attempt in line');
+      expect((await runStatus(h, a)).status).to.equal('queued');
+      await slot.release();
+      await eventually(async () => (await runStatus(h, a)).status === 'succeeded', 'the second attempt');
+      expect((await runStatus(h, c)).status).to.equal('succeeded');
+      await eventually(async () => (await context()).running === 0, 'the slot back');
+    } finally {
+      await h.close();
+    }
+  });
+
   it('refuses a new run or task with 429 once SERVICE_TENANT_MAX_WAITING of the tenant’s runs wait, storing nothing; replays and other tenants still go', async () => {
     // no workers: nothing drains the line while the test fills it
     const h = await startHarness({ workers: false, env: { SERVICE_TENANT_MAX_RUNNING: '1', SERVICE_TENANT_MAX_WAITING: '2' } });
