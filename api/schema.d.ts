@@ -487,7 +487,7 @@ export interface paths {
         };
         /**
          * Budget and concurrency hints
-         * @description Default and maximum budget, budgets suggested from recent durations of each kind, workers and their concurrency, the tenant's limit and running count, queue depths.
+         * @description Default and maximum budget, budgets suggested from the tenant's recent durations of each kind, workers and their concurrency, the tenant's limits and its runs admitted and waiting. Only the tenant's own figures and the deployment's settings; the queues' depths, which count every tenant's jobs, are for operators (`/metrics`, `/admin/queues`).
          */
         get: operations["getReliabilityContext"];
         put?: never;
@@ -657,7 +657,8 @@ export interface paths {
          *
          *     Two actions may ride along. `session_id` (with `to`, an agent of it) appends the text as a `user`
          *     message to that session's inbox; the session is checked before the audio is transcribed (404 for one
-         *     that is not the caller's, 409 when archived). `run=true` starts an autonomy run with the text as its
+         *     that is not the caller's, 409 when archived or the session of an autonomy or vibe run, as for
+         *     `POST /sessions/{id}/messages`). `run=true` starts an autonomy run with the text as its
          *     goal (in `workspace`, when given) and answers 202 as `POST /autonomy/run` does, with `Location` and the
          *     run in `run`; an `Idempotency-Key` returns the run an earlier request with the same audio started. A
          *     recording in which no words are recognised starts and posts nothing (422 `audio-invalid`).
@@ -828,7 +829,10 @@ export interface paths {
         put?: never;
         /**
          * Inject a user or system message
-         * @description Appends to the session's log (a `message.created` event on its trace). `to` names an agent of the session, or is absent for all. Only `user` and `system` messages may be injected.
+         * @description Appends to the session's log (a `message.created` event on its trace). `to` names an agent of the
+         *     session, or is absent for all. Only `user` and `system` messages may be injected. An archived session
+         *     takes no message (409), nor does the session of an autonomy or vibe run, whose inbox nothing reads (409,
+         *     as it takes no tasks or agents).
          */
         post: operations["postSessionMessage"];
         delete?: never;
@@ -3189,7 +3193,7 @@ export interface components {
             budget: {
                 default_seconds: number;
                 max_seconds: number;
-                /** @description By run kind, 1.5 times the p95 of the tenant's latest 50 durations (at least 30 s, at most the maximum); the default when there is no history. */
+                /** @description By run kind, 1.5 times the p95 of the durations of the tenant's latest 50 runs that started and ended `succeeded`, `failed` or `timed_out` (at least 30 s, at most the maximum); the default when there is none. A canceled run, stopped when someone asked, does not count. */
                 suggested_seconds: {
                     [key: string]: number;
                 };
@@ -3203,13 +3207,10 @@ export interface components {
                 max_running: number;
                 /** @description SERVICE_TENANT_MAX_WAITING, the runs of the tenant that may wait in its line; a new run past it is a 429. */
                 max_waiting: number;
+                /** @description The tenant's slots held, its runs admitted, running or about to (their jobs on their way to a worker). */
                 running: number;
+                /** @description The tenant's runs waiting in its line for a slot, admitted first come, first served. The run of a session's task, made as its session moves on, is never refused, so the count can pass `max_waiting`. */
                 waiting: number;
-            };
-            queues: {
-                [key: string]: {
-                    [key: string]: number;
-                };
             };
         };
     };

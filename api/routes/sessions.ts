@@ -1,7 +1,7 @@
 // /api/v1/sessions: sessions, their agents, their message log, their runs and their live trace.
 import { Router, type Request } from 'express';
 import type { Engine } from '../../engine/index.js';
-import { scopes, TaskGraphInvalidError, ValidationError, type EventHub, type FieldError } from '../../engine/platform/index.js';
+import { scopes, TaskGraphInvalidError, TRIED_AFTER_COMMIT_MS, ValidationError, type EventHub, type FieldError } from '../../engine/platform/index.js';
 import { tenantOf } from '../auth.js';
 import type { components, operations } from '../schema.js';
 import { lastEventIdOf, streamEvents, type OpenStreams } from '../sse.js';
@@ -108,6 +108,13 @@ export function sessionsRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
       // before the session's record is committed, so a client naming it as its last has seen the end too
       // (an archived session never changes again)
       ended: (session.status === 'archived' && session.outcome !== null) || (await opts.hub.isAt(scope.stream, afterId, (e) => scope.isLast(e))),
+      // an end the log will not get (its append refused past its retries while the trace was open) ends the trace
+      // once those retries are over, asked at each heartbeat, as a run's stream ends: else it stayed open for good
+      stillThere: async (lastSent) => {
+        const now = await sessions.get(tenantOf(req), id).catch(() => null);
+        const triedOut = now?.status === 'archived' && now.outcome !== null && Date.parse(now.updated_at) < Date.now() - TRIED_AFTER_COMMIT_MS;
+        return !triedOut || opts.hub.anyAfter(scope.stream, lastSent, (e) => scope.isLast(e));
+      },
     });
   });
 

@@ -571,25 +571,28 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       return now;
     },
 
-    /** Budget and concurrency hints for a tenant: what the studio shows before a run starts. */
+    /**
+     * Budget and concurrency hints for a tenant: what the studio shows before a run starts. Only the tenant's
+     * own figures and the deployment's settings: the queues' depths count the jobs of every tenant, and would
+     * tell one how busy the others are (operators read them on /metrics and /admin/queues).
+     */
     async reliabilityContext(tenantId: string) {
       const suggested: Record<string, number> = {};
       for (const kind of ['autonomy', 'vibe', 'automation'] as const) {
+        // runs that started and ran to their end or their budget (the store's recentDurations): one canceled
+        // before it started lasted 0 ms, which would bring the suggestion down to its floor
         const recent = await store.runs.recentDurations(tenantId, kind, 50);
         suggested[kind] = recent.length
           ? Math.min(limits.maxBudgetSeconds, Math.max(30, Math.ceil((percentile(recent, 95) * 1.5) / 1000)))
           : limits.defaultBudgetSeconds;
       }
-      // the queues and the tenant's line live in Redis: without it, a 503 rather than a request held for the outage
-      return redisOrUnavailable(redis, 'reading the queues', async () => {
-        const queueDepths: Record<string, Record<string, number>> = {};
-        for (const q of queues.all()) queueDepths[q.name] = await q.getJobCounts('waiting', 'active', 'delayed', 'prioritized', 'failed', 'completed');
+      // the workers and the tenant's line live in Redis: without it, a 503 rather than a request held for the outage
+      return redisOrUnavailable(redis, 'reading the workers and the tenant slots', async () => {
         const workers = await queues.get('runs').getWorkersCount();
         return {
           budget: { default_seconds: limits.defaultBudgetSeconds, max_seconds: limits.maxBudgetSeconds, suggested_seconds: suggested },
           workers: { count: workers, concurrency_per_worker: settings.workerConcurrency },
           tenant: { max_running: slots.limit, max_waiting: slots.maxWaiting, running: await slots.running(tenantId), waiting: await slots.waiting(tenantId) },
-          queues: queueDepths,
         };
       });
     },

@@ -9,6 +9,7 @@ import {
   NotFoundError,
   afterStored,
   scopes,
+  untilTaken,
   type AgentRecord,
   type Budget,
   type MessagePart,
@@ -25,7 +26,7 @@ import { allowlistOf, budgetTooLong, type RunLimits, type Runs, type ToolPolicy 
 import type { AgentMembers, NewMessage, SessionQuery } from '../store/index.js';
 import { ToolError, type SessionActions } from '../tools/index.js';
 import { dagStateOf } from './dag-state.js';
-import { longer, TASK_LIMITS, tasksOf, type TaskInput } from './tasks.js';
+import { assertMultiAgent, longer, TASK_LIMITS, tasksOf, type TaskInput } from './tasks.js';
 
 export type SessionsDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'events' | 'redis' | 'queues'> & {
   runs: Runs;
@@ -70,9 +71,11 @@ export function sessionsOf(deps: SessionsDeps) {
     return s;
   }
 
-  /** The session a message may be posted to (the caller's, not archived), with `to` one of its agents. */
+  /** The session a message may be posted to (the caller's, multi-agent, not archived), with `to` one of its agents. */
   async function assertCanPost(tenantId: string, sessionId: string, to?: string | null): Promise<Session> {
     const session = await mustBeLive(tenantId, sessionId);
+    // only a session task's run reads an inbox: a message to a run's session would be stored for nobody
+    assertMultiAgent(session, 'messages');
     if (to && !(await store.agents.get(tenantId, sessionId, to))) throw new NotFoundError(`no agent ${to} in session ${sessionId}`);
     return session;
   }
@@ -86,8 +89,24 @@ export function sessionsOf(deps: SessionsDeps) {
       'a session event',
     ));
 
-  const emit = (s: Session): Promise<void> =>
-    appendStored(s.id, { type: 'session.updated', tenant_id: s.tenant_id, session_id: s.id, data: { status: s.status, outcome: s.outcome, title: s.title } });
+  const emit = (s: Session): Promise<void> => {
+    const event: NewEvent = {
+      type: 'session.updated',
+      tenant_id: s.tenant_id,
+      session_id: s.id,
+      data: { status: s.status, outcome: s.outcome, title: s.title },
+    };
+    if (s.status !== 'archived' || s.outcome === null) return appendStored(s.id, event);
+    // the trace's last event (an archived session never changes again): one Redis refused is tried again, as a
+    // run's are, or the trace's readers would wait for it until the route gives up on it (TRIED_AFTER_COMMIT_MS)
+    const about = { session_id: s.id, type: event.type };
+    const append = () => events.append(scopes.sessionTrace(s.id).stream, event);
+    const appended = append().catch((err: Error) => {
+      deps.log.warn({ ...about, err: err.message }, 'Redis did not take the last event of a session; trying again');
+      return untilTaken(append, deps.log, about, false);
+    });
+    return afterStored(appended, deps.log, about, 'a session event').then(() => undefined);
+  };
 
   async function change(
     tenantId: string,
@@ -124,7 +143,7 @@ export function sessionsOf(deps: SessionsDeps) {
     }
   }
 
-  const tasks = tasksOf({ ...deps, dag: dagStateOf(deps.redis, deps.queues.prefix), recount });
+  const tasks = tasksOf({ ...deps, dag: dagStateOf(deps.redis, deps.queues.prefix), recount, emitSession: emit });
 
   // a run session follows its run: running while it runs, idle with the run's outcome once it ends. It
   // is the session of that one run (made with it; a PATCH cannot pause it), so only an archived one, or
@@ -272,6 +291,8 @@ export function sessionsOf(deps: SessionsDeps) {
           // into its own session a task's run speaks as its agent (never as the system: it cannot answer itself)
           if (actions.own && sessionId === run.session_id) return actions.own.say(message);
           const session = await mustBeLive(tenantId, sessionId);
+          // refused as the API refuses it: nothing reads an inbox in a run's session
+          assertMultiAgent(session, 'messages');
           if (message.to && !(await store.agents.get(tenantId, sessionId, message.to)))
             throw new ToolError('invalid-args', `no agent ${message.to} in session ${sessionId}`);
           const posted = await append(
@@ -456,8 +477,7 @@ export function sessionsOf(deps: SessionsDeps) {
     ): Promise<AgentRecord> {
       const session = await mustBeLive(tenantId, sessionId);
       // a run's session has no tasks, so an agent in it would never be given work
-      if (session.kind !== 'multi_agent')
-        throw new ConflictError(`session ${sessionId} is the session of an ${session.kind} run; agents go in multi-agent sessions`, { kind: session.kind });
+      assertMultiAgent(session, 'agents');
       const now = clock.now().toISOString();
       const agent: AgentRecord = {
         id: newId('agt'),

@@ -50,6 +50,8 @@ type TasksDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'events'> & {
   dag: DagState;
   /** tells the session that its tasks changed (status, outcome) */
   recount(tenantId: string, sessionId: string): Promise<void>;
+  /** sends a change of the session that the store made with its tasks (a batch that reopened it) as its `session.updated` */
+  emitSession(session: Session): Promise<void>;
 };
 
 /**
@@ -64,6 +66,17 @@ const runKey = (sessionId: string, taskId: string, nth?: number) => serviceKey(`
 
 /** What one task may hold (api/openapi.yaml's TaskInput): a task the session tool adds is held to them too. */
 export const TASK_LIMITS = { depends_on: 100, title: 200, goal: 20_000 };
+
+/**
+ * Refuses what only a multi-agent session takes (its agents, tasks and messages) in the session of an autonomy or
+ * vibe run, which follows its one run: one refusal, worded alike whatever was asked of it.
+ */
+export function assertMultiAgent(session: Pick<Session, 'id' | 'kind'>, what: 'agents' | 'tasks' | 'messages'): void {
+  if (session.kind === 'multi_agent') return;
+  const run = `${session.kind === 'autonomy' ? 'an' : 'a'} ${session.kind} run`;
+  throw new ConflictError(`session ${session.id} is the session of ${run}; ${what} go in multi-agent sessions`, { kind: session.kind });
+}
+
 /** Longer than `max` characters as the schema counts them (code points: an emoji is one). */
 export const longer = (text: string, max: number) => text.length > max && [...text].length > max;
 
@@ -555,8 +568,7 @@ export function tasksOf(deps: TasksDeps) {
       // new work: refused while the tenant's line of runs is full, as a new run is
       await runs.assertRoom(session.tenant_id);
       // a run's session follows its one run: a task in it would run unseen by its status and outcome
-      if (session.kind !== 'multi_agent')
-        throw new ConflictError(`session ${session.id} is the session of an ${session.kind} run; tasks go in multi-agent sessions`, { kind: session.kind });
+      assertMultiAgent(session, 'tasks');
       // of the session's tasks, only those the new ones name (their ids, their dependencies) and how many there
       // are: reading every task of the session, twice, cost an add 200 ms at 10,000 tasks
       const named = [...new Set(inputs.flatMap((t) => [...(t.id === undefined ? [] : [t.id]), ...(t.depends_on ?? [])]))];
@@ -624,8 +636,10 @@ export function tasksOf(deps: TasksDeps) {
         requireAgentFor(deps.settings, t.steps, `task ${t.id}`);
       });
       // only into a session not archived since it was read: an archive that answered has the last word on
-      // its session's tasks and outcome
-      const inserted = await store.tasks.insertMany(records, { maxHeld: max, whileLive: true });
+      // its session's tasks and outcome. A session that had ended loses its outcome in the same write: the
+      // recount below comes after Redis has the tasks and the ready ones have their runs, and until then the
+      // session answered succeeded (and was listed among the finished) with this work pending
+      const inserted = await store.tasks.insertMany(records, { maxHeld: max, whileLive: true, reopenAt: now });
       if (inserted === 'archived') throw new ConflictError(`session ${session.id} is archived and read-only`, { status: 'archived' });
       // another batch stored since the count above: the session as it is now
       if (inserted === 'over-cap') {
@@ -646,16 +660,19 @@ export function tasksOf(deps: TasksDeps) {
         const clashes = records.flatMap((t, i) => (taken.has(t.id) ? [{ path: `/body/tasks/${i}/id`, message: `task id ${t.id} is used twice` }] : []));
         throw new TaskGraphInvalidError(clashes.map((e) => `${e.path}: ${e.message}`).join('; '), clashes);
       }
+      // the trace hears of the reopened session before it hears of the new tasks, with the session as it is now
+      // (the store changed its outcome only: pending tasks move no status)
+      const reopened = inserted === 'reopened' ? await store.sessions.get(session.tenant_id, session.id) : null;
       // appends keep the order they are asked in: all of them in one round trip, not one round trip each.
       // Stored, the tasks stand: a Redis that does not answer holds the answer no longer than its deadline,
       // and the reconciler registers what it never took
       const registered = await afterStored(
-        Promise.all([Promise.all(records.map(emit)), dag.add(session.id, records, endedAmong(existing, records))]),
+        Promise.all([reopened && deps.emitSession(reopened), Promise.all(records.map(emit)), dag.add(session.id, records, endedAmong(existing, records))]),
         log,
         { session_id: session.id },
         'registering new tasks (the reconciler registers what Redis never took)',
       );
-      if (registered) await apply(session, registered[1]);
+      if (registered) await apply(session, registered[2]);
       // the session as it is now, these stored: archived meanwhile (on MongoDB the insert's check cannot hold
       // off an archive), its archive listed the tasks before these, so they end here as it ended the rest
       // (held by the pause, none would ever start or end); held by a pause that a resume, listing the tasks

@@ -97,6 +97,13 @@ export type RunChanges = Partial<Omit<Run, 'id' | 'tenant_id' | 'created_at' | '
 /** What a conditional update of a run expects to find: one of these statuses, and (when given) this attempt. */
 export type RunGuard = { status: RunStatus[]; attempt?: number };
 
+/**
+ * The ends a run reaches by running: its work succeeded or failed, or its budget ran out (the time it took
+ * then is what a budget must at least allow). A canceled run stopped when someone asked, before it started
+ * (0 ms) or part way, which says nothing of how long its work takes.
+ */
+export const RAN_THROUGH_STATUSES: readonly RunStatus[] = ['succeeded', 'failed', 'timed_out'];
+
 export type RunStats = { counts: Partial<Record<RunStatus, number>>; durations_ms: number[]; last: Run | null };
 
 export type RunQuery = { kind?: RunKind; status?: RunStatus; automation_id?: string; session_id?: string; limit: number; cursor?: string };
@@ -127,7 +134,10 @@ export interface RunRepo {
   list(tenantId: string, q: RunQuery): Promise<Page<Run>>;
   /** Counts by status, durations of the latest finished runs (newest first), and the latest run. */
   automationStats(tenantId: string, automationId: string, recent: number): Promise<RunStats>;
-  /** Durations of the tenant's latest finished runs of a kind, newest first. */
+  /**
+   * Durations of the tenant's latest runs of a kind that started and ended in one of RAN_THROUGH_STATUSES, newest
+   * first: how long its work takes, which budgets are suggested from.
+   */
   recentDurations(tenantId: string, kind: RunKind, limit: number): Promise<number[]>;
   /** System use (metrics): how many runs of every tenant there are, by kind and status. */
   countByKindAndStatus(): Promise<{ kind: RunKind; status: RunStatus; count: number }[]>;
@@ -421,8 +431,16 @@ export interface TaskRepo {
    * archive does not take, so there an archive can still come between the check and the insert. With a cap the
    * batch's tasks are numbered (`position`, written on the records given) from the count the cap is checked
    * against: two batches that race never share a position, and a later batch's come after an earlier one's.
+   * With `reopenAt` too, a session that has an outcome (every task it held had ended) and is not archived loses it
+   * with the batch: its outcome becomes null and its `updated_at` `reopenAt`, in the insert's own transaction in
+   * SQLite (no reader sees the new tasks and the session still ended); on MongoDB in one conditional write just
+   * after the insert, under the session's lease. Its status stays: new tasks are pending, which moves no status
+   * (an ended session is idle, or paused, and is so with work pending). The answer is then 'reopened', not 'inserted'.
    */
-  insertMany(tasks: TaskRecord[], cap?: { maxHeld: number; whileLive?: boolean }): Promise<CappedInsert | 'id-taken' | 'archived'>;
+  insertMany(
+    tasks: TaskRecord[],
+    cap?: { maxHeld: number; whileLive?: boolean; reopenAt?: string },
+  ): Promise<CappedInsert | 'reopened' | 'id-taken' | 'archived'>;
   get(tenantId: string, sessionId: string, id: string): Promise<TaskRecord | null>;
   /** The tasks of a session with these ids, in creation order; ids it does not have are left out. */
   getMany(tenantId: string, sessionId: string, ids: string[]): Promise<TaskRecord[]>;

@@ -229,7 +229,7 @@ describe('Redis outage', function () {
       expect(audit.status, audit.text).to.equal(503);
       const stream = await timed('the stream of an ended run', () => h.call('GET', `/api/v1/autonomy/streaming/${ended.session_id}/events`));
       expect(stream.status, 'answered, not held').to.equal(503);
-      // no worker can be told to stop a run without Redis: 503; nor can the queues be read
+      // no worker can be told to stop a run without Redis: 503; nor can the tenant’s line be read
       const cancel = await timed('a cancel of a running run', () => h.call<Record<string, any>>('POST', `/api/v1/runs/${long.body.run_id}/cancel`));
       expect(cancel.status, cancel.text).to.equal(503);
       const context = await timed('the reliability context', () => h.call<Record<string, any>>('GET', '/api/v1/autonomy/reliability-context'));

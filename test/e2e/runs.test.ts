@@ -2,7 +2,7 @@ import { createHash } from 'node:crypto';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import { expect } from 'chai';
-import { eventually, finishedRun, KEYS, processesMatching, startHarness, type Harness } from '../support/harness.js';
+import { eventually, finishedRun, KEYS, processesMatching, releasable, startHarness, type Harness } from '../support/harness.js';
 
 type RunBody = Record<string, any>;
 
@@ -386,7 +386,51 @@ describe('autonomy runs', function () {
     expect(res.body.budget.suggested_seconds.autonomy).to.be.a('number');
     expect(res.body.workers.count).to.be.at.least(1);
     expect(res.body.tenant.max_running).to.equal(h.config.tenantMaxRunning);
-    expect(res.body.queues.runs).to.include.keys('waiting', 'active');
+    expect(res.body.tenant).to.have.all.keys('max_running', 'max_waiting', 'running', 'waiting');
+  });
+
+  it('tells a tenant only its own figures: another tenant’s running runs show nowhere in its hints', async () => {
+    const hints = async (key: string) => {
+      const res = await h.call<RunBody>('GET', '/api/v1/autonomy/reliability-context', { key });
+      expect(res.status, res.text).to.equal(200);
+      return res.body;
+    };
+    const before = await hints(KEYS.b);
+    const gate = releasable(h, 'hints-running');
+    const busy = await Promise.all([1, 2].map(() => start({ steps: [{ tool: 'shell', args: { command: gate.command } }] })));
+    try {
+      await eventually(async () => {
+        const statuses = await Promise.all(busy.map(async (r) => (await h.call<RunBody>('GET', `/api/v1/runs/${r.body.run_id}`)).body.status));
+        return statuses.every((s) => s === 'running') || null;
+      }, 'both runs to run');
+      // tenant-a's own answer counts them
+      expect((await hints(KEYS.a)).tenant.running).to.be.at.least(2);
+      // tenant-b's is what it was: no figure in it counts tenant-a's runs, as the queues' depths of every tenant did
+      const during = await hints(KEYS.b);
+      expect(during).to.have.all.keys('budget', 'workers', 'tenant');
+      expect(during).to.deep.equal(before);
+    } finally {
+      await gate.release();
+      for (const r of busy) await finished(r.body.run_id);
+      await gate.clear();
+    }
+  });
+
+  it('suggests budgets from runs that started: a run canceled before it started does not lower them', async () => {
+    // no worker: a run stays queued until it is canceled
+    const idle = await startHarness({ workers: false });
+    try {
+      const suggested = async () => (await idle.call<RunBody>('GET', '/api/v1/autonomy/reliability-context')).body.budget.suggested_seconds.autonomy as number;
+      expect(await suggested(), 'with no history, the default').to.equal(idle.config.runBudget.defaultSeconds);
+      const res = await idle.call<RunBody>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'true' } }] } });
+      expect(res.status, res.text).to.equal(202);
+      const canceled = await idle.call<RunBody>('POST', `/api/v1/runs/${res.body.run_id}/cancel`);
+      expect(canceled.body).to.deep.include({ status: 'canceled', started_at: null, duration_ms: 0 });
+      // its 0 ms says nothing of how long the work takes: counted, it brought the suggestion down to the floor of 30 s
+      expect(await suggested()).to.equal(idle.config.runBudget.defaultSeconds);
+    } finally {
+      await idle.close();
+    }
   });
 
   it('fails a step whose references would make its args more than 1 MB, before it runs; what it carries stays small', async () => {

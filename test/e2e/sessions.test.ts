@@ -242,6 +242,59 @@ describe('sessions', function () {
     }
   });
 
+  it('ends an open trace when Redis refused its session’s last event: the event is tried again, and one never taken ends the trace once its tries are over', async () => {
+    const events = h.rt.events;
+    const append = events.append;
+    /** sessions whose archive's last event Redis refuses: once, or (Infinity) every time */
+    const refusing = new Map<string, number>();
+    events.append = async function (this: typeof events, stream, event) {
+      const left = refusing.get(event.session_id ?? '') ?? 0;
+      if (left > 0 && event.type === 'session.updated' && (event.data as Body).status === 'archived' && (event.data as Body).outcome) {
+        refusing.set(event.session_id!, left - 1);
+        throw new Error('OOM command not allowed when used memory > maxmemory');
+      }
+      return append.call(this, stream, event);
+    } as typeof append;
+    /** the trace read from the start until the server ends it: its events' types and outcomes */
+    const readToEnd = async (id: string) => {
+      const res = await fetch(`${h.url}/api/v1/sessions/${id}/trace`, { headers: { authorization: `Bearer ${KEYS.a}` }, signal: AbortSignal.timeout(15_000) });
+      return (await res.text())
+        .split('\n')
+        .filter((l) => l.startsWith('data: '))
+        .map((l) => JSON.parse(l.slice(6)) as Body);
+    };
+    const endedSession = async () => {
+      const s = await create({ title: 'refused end' });
+      await h.call('POST', `/api/v1/sessions/${s.id}/tasks`, { body: { id: 'one', steps: [{ tool: 'message', args: { text: 'done' } }] } });
+      await eventually(async () => (await h.call<Body>('GET', `/api/v1/sessions/${s.id}`)).body.outcome === 'succeeded', 'the session to end');
+      return s.id as string;
+    };
+    try {
+      // refused once: the trace still ends with it
+      const once = await endedSession();
+      refusing.set(once, 1);
+      const reading = readToEnd(once);
+      await h.call('DELETE', `/api/v1/sessions/${once}`);
+      const got = await reading;
+      expect(got.at(-1)).to.deep.include({ type: 'session.updated' });
+      expect(got.at(-1)!.data).to.include({ status: 'archived', outcome: 'succeeded' });
+      expect(refusing.get(once)).to.equal(0);
+      // refused every time: once the tries are over (the session's last change older than them), the trace ends
+      const never = await endedSession();
+      refusing.set(never, Infinity);
+      const waiting = readToEnd(never);
+      await h.call('DELETE', `/api/v1/sessions/${never}`);
+      await eventually(async () => (await h.call<Body>('GET', `/api/v1/sessions/${never}`)).body.status === 'archived', 'the archive');
+      await new Promise((r) => setTimeout(r, 1500));
+      const longAgo = new Date(Date.now() - 7 * 60_000).toISOString();
+      expect(await h.rt.store.sessions.update('tenant-a', never, { updated_at: longAgo }, ['archived'])).to.not.equal(null);
+      const ended = await waiting;
+      expect(ended.some((e) => e.type === 'session.updated' && e.data.status === 'archived' && e.data.outcome)).to.equal(false);
+    } finally {
+      events.append = append;
+    }
+  });
+
   it('takes tasks and agents only in multi-agent sessions, and a resume asked of a running session changes nothing', async () => {
     const run = await h.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'message', args: { text: 'x' } }] } });
     const refused = await h.call<Body>('POST', `/api/v1/sessions/${run.body.session_id}/tasks`, {
@@ -274,6 +327,83 @@ describe('sessions', function () {
     }
     await eventually(async () => (await h.call<Body>('GET', `/api/v1/sessions/${s.id}`)).body.status === 'idle' || null, 'the task to end');
     await busy.clear();
+  });
+
+  it('refuses a message to the session of an autonomy or vibe run with 409, as it refuses its tasks and agents, over HTTP and from the session tool', async () => {
+    const step = [{ tool: 'message', args: { text: 'x' } }];
+    for (const [kind, path] of [
+      ['autonomy', '/api/v1/autonomy/run'],
+      ['vibe', '/api/v1/autonomy/vibe/run'],
+    ] as const) {
+      const run = await h.call<Body>('POST', path, { body: { steps: step } });
+      expect(run.status, run.text).to.equal(202);
+      const id = run.body.session_id;
+      const message = await h.call<Body>('POST', `/api/v1/sessions/${id}/messages`, { body: { role: 'user', parts: [{ type: 'text', text: 'anyone?' }] } });
+      expect(message.status, message.text).to.equal(409);
+      // the same refusal as a task's, in the same words: only what is refused differs
+      const task = await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, { body: { steps: step } });
+      const article = kind === 'autonomy' ? 'an' : 'a';
+      expect(task.body).to.deep.include({
+        code: 'conflict',
+        status: 409,
+        detail: `session ${id} is the session of ${article} ${kind} run; tasks go in multi-agent sessions`,
+      });
+      expect(message.body).to.deep.include({
+        code: 'conflict',
+        status: 409,
+        detail: `session ${id} is the session of ${article} ${kind} run; messages go in multi-agent sessions`,
+      });
+      // nothing reads an inbox there: the session tool's message is refused too, as the step's own answer
+      const post = { tool: 'session', args: { action: 'post_message', session_id: id, message: { text: 'anyone?' } } };
+      const poster = await finishedRun(h, (await h.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [post] } })).body.run_id);
+      expect(poster.steps[0].status, kind).to.equal('failed');
+      expect(poster.steps[0].error).to.deep.include({ code: 'conflict' });
+      expect((await h.call<Body>('GET', `/api/v1/sessions/${id}/messages`)).body.data, kind).to.deep.equal([]);
+    }
+  });
+
+  it('clears an ended session’s outcome in the write that stores the tasks giving it work again: no reader finds it finished with a task pending', async () => {
+    const s = await create({ title: 'again' });
+    const step = [{ tool: 'message', args: { text: 'x' } }];
+    expect((await h.call('POST', `/api/v1/sessions/${s.id}/tasks`, { body: { id: 'first', steps: step } })).status).to.equal(201);
+    await eventually(
+      async () => (await h.call<Body>('GET', `/api/v1/sessions/${s.id}`)).body.outcome === 'succeeded' || null,
+      'the first task to end the session',
+    );
+    // the add held just after its store write: Redis has not the task yet, and the session has not been recounted
+    const tasks = h.rt.store.tasks;
+    const insert = tasks.insertMany;
+    let seen: { one: Body; listed: Body | undefined } | undefined;
+    tasks.insertMany = async (...args) => {
+      const inserted = await insert.apply(tasks, args);
+      const one = (await h.call<Body>('GET', `/api/v1/sessions/${s.id}`)).body;
+      const idle = (await h.call<Body>('GET', '/api/v1/sessions?status=idle&kind=multi_agent&limit=100')).body.data;
+      seen = { one, listed: idle.find((x: Body) => x.id === s.id) };
+      return inserted;
+    };
+    try {
+      expect((await h.call('POST', `/api/v1/sessions/${s.id}/tasks`, { body: { id: 'second', steps: step } })).status).to.equal(201);
+    } finally {
+      tasks.insertMany = insert;
+    }
+    expect(seen?.one).to.deep.include({ status: 'idle', outcome: null });
+    expect(seen?.one.task_counts).to.deep.include({ pending: 1, succeeded: 1 });
+    expect(seen?.listed, 'listed idle, not finished').to.deep.include({ status: 'idle', outcome: null });
+    // the trace hears of it before it hears of the new task
+    const trace = await h.rt.events.after(`session:${s.id}`, '0-0');
+    const ended = trace.findIndex((e) => e.type === 'session.updated' && (e.data as Body).outcome === 'succeeded');
+    const added = trace.findIndex((e) => e.type === 'task.updated' && (e.data as Body).task_id === 'second');
+    const between = trace.slice(ended + 1, added).filter((e) => e.type === 'session.updated');
+    expect(
+      between.map((e) => e.data),
+      'the session reopened between its end and the new task',
+    ).to.deep.equal([{ status: 'idle', outcome: null, title: 'again' }]);
+    const done = await eventually(async () => {
+      const now = (await h.call<Body>('GET', `/api/v1/sessions/${s.id}`)).body;
+      return now.outcome ? now : null;
+    }, 'the second task to end the session');
+    expect(done).to.deep.include({ status: 'idle', outcome: 'succeeded' });
+    expect(done.task_counts).to.deep.include({ succeeded: 2 });
   });
 
   it('holds a session to SERVICE_SESSION_MAX_TASKS tasks: a batch past it is one 422 and adds nothing', async () => {

@@ -536,9 +536,10 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
     it('computes automation stats, recent durations and stale runs', async () => {
       const old = new Date(Date.now() - 60_000).toISOString();
       const at = (ms: number) => new Date(Date.now() - ms).toISOString();
-      await store.runs.insert(runFixture('t1', { automation_id: 'aut_s', status: 'succeeded', duration_ms: 100, finished_at: at(3000) }));
-      await store.runs.insert(runFixture('t1', { automation_id: 'aut_s', status: 'failed', duration_ms: 300, finished_at: at(2000) }));
-      await store.runs.insert(runFixture('t1', { automation_id: 'aut_s', status: 'succeeded', duration_ms: 200, finished_at: at(1000) }));
+      const ran = (ms: number, duration: number) => ({ started_at: at(ms + duration), finished_at: at(ms), duration_ms: duration });
+      await store.runs.insert(runFixture('t1', { automation_id: 'aut_s', status: 'succeeded', ...ran(3000, 100) }));
+      await store.runs.insert(runFixture('t1', { automation_id: 'aut_s', status: 'failed', ...ran(2000, 300) }));
+      await store.runs.insert(runFixture('t1', { automation_id: 'aut_s', status: 'succeeded', ...ran(1000, 200) }));
       const stale = runFixture('t1', { automation_id: 'aut_s', status: 'queued', created_at: old });
       await store.runs.insert(stale);
       const stats = await store.runs.automationStats('t1', 'aut_s', 10);
@@ -564,6 +565,27 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
         { kind: 'automation', status: 'queued', count: 3 },
         { kind: 'automation', status: 'succeeded', count: 2 },
       ]);
+    });
+
+    it('counts in recent durations only runs that started and ran to their end or their budget', async () => {
+      const at = (ms: number) => new Date(Date.now() - ms).toISOString();
+      const ended = (status: Run['status'], ms: number, duration: number, started = true) =>
+        runFixture('t1', { kind: 'vibe', status, started_at: started ? at(ms + duration) : null, finished_at: at(ms), duration_ms: duration });
+      for (const r of [
+        ended('succeeded', 6000, 1000),
+        ended('failed', 5000, 2000),
+        ended('timed_out', 4000, 3000),
+        // canceled before it started: 0 ms, no start
+        ended('canceled', 3000, 0, false),
+        // canceled while running: stopped when someone asked, not when its work ended
+        ended('canceled', 2000, 500),
+        // no path writes an end of this kind without a start; one that did would not count either
+        ended('failed', 1000, 50, false),
+      ])
+        await store.runs.insert(r);
+      await store.runs.insert(runFixture('t1', { kind: 'vibe', status: 'running', started_at: at(500) }));
+      expect(await store.runs.recentDurations('t1', 'vibe', 10)).to.deep.equal([3000, 2000, 1000]);
+      expect(await store.runs.recentDurations('t1', 'vibe', 2)).to.deep.equal([3000, 2000]);
     });
 
     it('keeps an idempotency key per tenant for its day, replaces it, and forgets the oldest first', async () => {
@@ -1277,6 +1299,65 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       await store.sessions.update('t1', 'ses_live', { status: 'archived' }, ['idle']);
       expect(await store.tasks.insertMany([task('b', 'ses_live')], live)).to.equal('archived');
       expect((await store.tasks.list('t1', 'ses_live')).map((t) => t.id)).to.deep.equal(['a']);
+    });
+
+    it('clears the outcome of an ended session with a batch `reopenAt`, its status kept, and of no other: an archived one, a refused batch, another tenant’s', async () => {
+      const then = new Date(Date.UTC(2026, 0, 1)).toISOString();
+      const now = new Date(Date.UTC(2026, 0, 2)).toISOString();
+      const session = (id: string, status: Session['status'], outcome: Session['outcome']): Session => ({
+        id,
+        tenant_id: 't1',
+        title: 't',
+        goal: null,
+        kind: 'multi_agent',
+        status,
+        outcome,
+        metadata: {},
+        created_at: then,
+        updated_at: then,
+      });
+      for (const s of [
+        session('ses_done', 'idle', 'succeeded'),
+        session('ses_held', 'paused', 'failed'),
+        session('ses_shut', 'archived', 'canceled'),
+        session('ses_open', 'idle', null),
+        session('ses_mine', 'idle', 'succeeded'),
+      ])
+        await store.sessions.insert(s);
+      const task = (id: string, session_id: string) => taskFixture({ id, session_id });
+      const reopen = { maxHeld: 3, whileLive: true, reopenAt: now };
+      const state = async (id: string) => {
+        const s = (await store.sessions.get('t1', id))!;
+        return { status: s.status, outcome: s.outcome, updated_at: s.updated_at };
+      };
+      // refused, the batch reopens nothing: over the cap, a taken id
+      expect(await store.tasks.insertMany([task('a', 'ses_done'), task('b', 'ses_done'), task('c', 'ses_done'), task('d', 'ses_done')], reopen)).to.equal(
+        'over-cap',
+      );
+      await store.tasks.insertMany([task('a', 'ses_done')], { maxHeld: 3 });
+      expect(await store.tasks.insertMany([task('a', 'ses_done')], reopen)).to.equal('id-taken');
+      // without reopenAt, the outcome is the caller's to change
+      expect(await store.tasks.insertMany([task('b', 'ses_done')], { maxHeld: 3, whileLive: true })).to.equal('inserted');
+      expect(await state('ses_done')).to.deep.equal({ status: 'idle', outcome: 'succeeded', updated_at: then });
+      expect(await store.tasks.insertMany([task('c', 'ses_done')], reopen)).to.equal('reopened');
+      expect(await store.sessions.get('t1', 'ses_done'), 'the rest of it as it was').to.deep.equal({
+        ...session('ses_done', 'idle', 'succeeded'),
+        outcome: null,
+        updated_at: now,
+      });
+      expect((await store.tasks.list('t1', 'ses_done')).map((t) => t.id)).to.deep.equal(['a', 'b', 'c']);
+      // a batch of another tenant under a session id of this one's
+      expect(await store.tasks.insertMany([taskFixture({ id: 'a', tenant_id: 't2', session_id: 'ses_mine' })], reopen)).to.equal('inserted');
+      expect(await state('ses_mine'), 'another tenant’s batch').to.deep.equal({ status: 'idle', outcome: 'succeeded', updated_at: then });
+      // a paused one stays paused; one with no outcome is not written
+      expect(await store.tasks.insertMany([task('a', 'ses_held')], reopen)).to.equal('reopened');
+      expect(await state('ses_held')).to.deep.equal({ status: 'paused', outcome: null, updated_at: now });
+      expect(await store.tasks.insertMany([task('a', 'ses_open')], reopen)).to.equal('inserted');
+      expect(await state('ses_open')).to.deep.equal({ status: 'idle', outcome: null, updated_at: then });
+      // an archived one keeps the outcome its archive gave, whether or not the batch goes in
+      expect(await store.tasks.insertMany([task('a', 'ses_shut')], reopen)).to.equal('archived');
+      expect(await store.tasks.insertMany([task('a', 'ses_shut')], { ...reopen, whileLive: false })).to.equal('inserted');
+      expect(await state('ses_shut')).to.deep.equal({ status: 'archived', outcome: 'canceled', updated_at: then });
     });
 
     it('refuses a batch over the cap before a taken id, as one transaction checks them, and keeps nothing of a refused batch', async () => {

@@ -1,6 +1,6 @@
 import { Schema, type Model } from 'mongoose';
 import type { AgentTurn, Run, StepRecord } from '../../platform/index.js';
-import type { IdempotencyKeyRepo, RunQuery, RunRepo, RunStats } from '../port.js';
+import { RAN_THROUGH_STATUSES, type IdempotencyKeyRepo, type RunQuery, type RunRepo, type RunStats } from '../port.js';
 import { definedOnly, fromStored, isDuplicateKey, loose, pageOf, toStored, type Stored } from './documents.js';
 
 export const runSchema = new Schema(
@@ -140,8 +140,10 @@ export function runRepo(
       return { counts: Object.fromEntries(grouped.map((g) => [g._id, g.n])), durations_ms: durations.map((d) => d.duration_ms), last: fromStored(last) };
     },
     async recentDurations(tenantId, kind, limit) {
+      // only runs that started and ran to an end of their own (port.ts)
+      const ran = { status: { $in: RAN_THROUGH_STATUSES }, started_at: { $ne: null } };
       const rows = await model
-        .find({ tenant_id: tenantId, kind, finished_at: { $ne: null }, duration_ms: { $ne: null } }, { duration_ms: 1 })
+        .find({ tenant_id: tenantId, kind, finished_at: { $ne: null }, duration_ms: { $ne: null }, ...ran }, { duration_ms: 1 })
         .sort({ finished_at: -1 })
         .limit(limit)
         .lean<{ duration_ms: number }[]>();

@@ -23,8 +23,10 @@ const fromStored = (d: StoredTask | null): TaskRecord | null => {
   return { id: task_id, ...rest } as TaskRecord;
 };
 
-/** `sessions`: the sessions' collection, whose status a batch `whileLive` is inserted under. */
-export function taskRepo(model: Model<StoredTask>, leases: Leases, sessions: Model<{ _id: string; tenant_id: string; status: string }>): TaskRepo {
+type StoredSession = { _id: string; tenant_id: string; status: string; outcome: string | null; updated_at: string };
+
+/** `sessions`: the sessions' collection, whose status a batch `whileLive` is inserted under, and whose outcome one `reopenAt` clears. */
+export function taskRepo(model: Model<StoredTask>, leases: Leases, sessions: Model<StoredSession>): TaskRepo {
   // a replica set would make this one transaction; ordered inserts stop at the first failure, and what
   // they stored before it is taken back, so the batch is all or none
   const insertAll = async (tasks: TaskRecord[]) => {
@@ -54,10 +56,23 @@ export function taskRepo(model: Model<StoredTask>, leases: Leases, sessions: Mod
       if (!first) return 'inserted';
       if (!cap) return insertAll(tasks);
       const keys = tasks.map((t) => keyOf(t.tenant_id, t.session_id, t.id));
+      // a session that had ended has work again: its outcome goes in one conditional write just after the insert
+      // (its status, which pending tasks do not move, stays; an archived one keeps the outcome its archive gave).
+      // Without a transaction a reader may see the tasks and the outcome for that round trip. A write that fails
+      // leaves the outcome to the caller's recount: the tasks are stored, and the insert answers so
+      const reopen = async (at: string) => {
+        const cleared = await sessions
+          .updateOne(
+            { _id: first.session_id, tenant_id: first.tenant_id, status: { $ne: 'archived' }, outcome: { $ne: null } },
+            { $set: { outcome: null, updated_at: at } },
+          )
+          .catch(() => null);
+        return cleared?.modifiedCount ? ('reopened' as const) : ('inserted' as const);
+      };
       // under the session's lease its capped batches take turns, as in SQLite's IMMEDIATE transaction, and are
       // refused in its order: the cap, then a taken id (or one named twice). Checked before the insert, a taken
       // id stores no part of the batch, not for a moment
-      return leases.insertHeld(
+      return leases.insertHeld<'archived' | 'over-cap' | 'id-taken' | 'reopened'>(
         `tasks:${first.tenant_id}:${first.session_id}`,
         async () => {
           const [archived, held, taken] = await Promise.all([
@@ -71,7 +86,10 @@ export function taskRepo(model: Model<StoredTask>, leases: Leases, sessions: Mod
           tasks.forEach((t, i) => (t.position = held + 1 + i));
           return null;
         },
-        () => insertAll(tasks),
+        async () => {
+          const inserted = await insertAll(tasks);
+          return inserted === 'inserted' && cap.reopenAt ? reopen(cap.reopenAt) : inserted;
+        },
       );
     },
     async get(tenantId, sessionId, id) {

@@ -21,12 +21,18 @@ export function taskRepo(db: Db): TaskRepo {
   );
   const held = db.prepare<[string, string], { n: number | null }>('SELECT SUM(n) AS n FROM task_counts WHERE tenant_id = ? AND session_id = ?');
   const sessionStatus = db.prepare<[string, string], { status: string }>('SELECT status FROM sessions WHERE tenant_id = ? AND id = ?');
+  // a session that had ended has work again: its outcome goes with the insert (its status, which pending tasks do not
+  // move, stays), so no reader finds it succeeded with a task pending. An archived one keeps the outcome its archive gave
+  const reopen = db.prepare(
+    `UPDATE sessions SET doc = json_set(doc, '$.outcome', NULL, '$.updated_at', ?)
+     WHERE tenant_id = ? AND id = ? AND status <> 'archived' AND json_extract(doc, '$.outcome') IS NOT NULL`,
+  );
   const read = (row: { doc: string } | undefined): TaskRecord | null => (row ? (JSON.parse(row.doc) as TaskRecord) : null);
   // writes go in the store's group commit: the writes of one turn of the event loop share a commit
   const commit = groupCommit(db);
   // the session's status and the count are read inside the write's IMMEDIATE transaction: no other write, of
   // this process or another (an archive), comes between
-  const insertMany = (tasks: TaskRecord[], cap?: { maxHeld: number; whileLive?: boolean }): CappedInsert | 'archived' => {
+  const insertMany = (tasks: TaskRecord[], cap?: { maxHeld: number; whileLive?: boolean; reopenAt?: string }): CappedInsert | 'reopened' | 'archived' => {
     const first = tasks[0];
     if (cap?.whileLive && first && sessionStatus.get(first.tenant_id, first.session_id)?.status === 'archived') return 'archived';
     if (cap && first) {
@@ -35,6 +41,7 @@ export function taskRepo(db: Db): TaskRepo {
       tasks.forEach((t, i) => (t.position = n + 1 + i));
     }
     for (const t of tasks) insert.run(t.tenant_id, t.session_id, t.id, t.status, t.created_at, t.updated_at, JSON.stringify(t));
+    if (cap?.reopenAt && first && reopen.run(cap.reopenAt, first.tenant_id, first.session_id).changes) return 'reopened';
     return 'inserted';
   };
   const update = (tenantId: string, sessionId: string, id: string, changes: Partial<TaskRecord>, ifStatusIn: string[]) => {
