@@ -2077,7 +2077,7 @@ export interface components {
             };
         };
         ErrorInfo: {
-            /** @description Stable, for example tool-not-allowed, nonzero-exit, memory-exceeded (the processes of a shell step together passed SERVICE_SANDBOX_MEMORY_MB), budget-exceeded, canceled, worker-lost, max-steps-reached, agent-error, path-outside-workspace, address-not-allowed, tool-failed (a tool failed in a way it did not expect). */
+            /** @description Stable, for example tool-not-allowed, nonzero-exit, memory-exceeded (the processes of a shell step together passed SERVICE_SANDBOX_MEMORY_MB), cpu-exceeded (a process of a shell step used SERVICE_SANDBOX_CPU_SECONDS of CPU time), budget-exceeded, canceled, worker-lost, max-steps-reached, agent-error, path-outside-workspace, address-not-allowed, tool-failed (a tool failed in a way it did not expect). */
             code: string;
             message: string;
         } | null;

@@ -156,13 +156,20 @@ function systemRoots(): string[] {
 function prlimitArgs(limits: SandboxLimits, o: { nproc: boolean; addressSpace: boolean }): string[] {
   const mb = 1024 * 1024;
   return [
-    `--cpu=${limits.cpuSeconds}`,
+    // SIGXCPU at the limit, which says why the process ended (the step's `cpu-exceeded`), where a hard limit alone
+    // sent SIGKILL, which says nothing; SIGKILL a few seconds on for a process that catches it. No core file: SIGXCPU
+    // dumps one by default, into the workspace
+    `--cpu=${limits.cpuSeconds}:${limits.cpuSeconds + CPU_GRACE_SECONDS}`,
+    '--core=0',
     ...(o.addressSpace ? [`--as=${limits.memoryMb * mb}`] : []),
     `--fsize=${limits.fileSizeMb * mb}`,
     '--nofile=4096',
     ...(o.nproc ? [`--nproc=${limits.processes}`] : []),
   ];
 }
+
+/** CPU seconds a process may go on using after its SIGXCPU, before the kernel kills it */
+const CPU_GRACE_SECONDS = 2;
 
 /** O_CLOEXEC as /proc/<pid>/fdinfo shows it (octal flags) */
 const O_CLOEXEC = 0o2000000;

@@ -206,6 +206,43 @@ describe('sandbox', function () {
     expect(ready.body.sandbox).to.deep.include({ memory_limit: 'cgroup' });
   });
 
+  it('ends a process past its CPU seconds with SIGXCPU and says so (cpu-exceeded), leaving no core file in the workspace', async () => {
+    const sandbox = bwrapSandbox({
+      bwrap: which('bwrap', process.env.PATH)!,
+      prlimit: which('prlimit', process.env.PATH)!,
+      limits: { cpuSeconds: 1, memoryMb: 256, processes: 64, fileSizeMb: 16 },
+      prefix: h.config.queuePrefix,
+      log: h.rt.log,
+    });
+    const workspace = h.tenantDir('tenant-a');
+    const ctx = {
+      workspace,
+      signal: new AbortController().signal,
+      output() {},
+      childEnv: { PATH: '/usr/bin:/bin' },
+      sandbox,
+      network: false,
+      readOnlyBinds: [],
+    } as unknown as ToolContext;
+    try {
+      const before = new Set(await fs.readdir(workspace));
+      // the shell's child, and the command bwrap ran itself (the shell gone by exec): both say the limit
+      for (const command of ['while :; do :; done; echo never', 'exec sh -c "while :; do :; done"']) {
+        const spun = await shellTool.execute({ command }, ctx);
+        expect(spun.error, JSON.stringify(spun.output)).to.deep.include({ code: 'cpu-exceeded' });
+        expect(spun.error!.message).to.contain('1 s of CPU time');
+        expect((spun.output as { stdout: string }).stdout).to.equal('');
+      }
+      // a process that ends on its own is not blamed for the limit
+      const quick = await shellTool.execute({ command: 'exit 7' }, ctx);
+      expect(quick.error).to.deep.include({ code: 'nonzero-exit' });
+      const left = (await fs.readdir(workspace)).filter((f) => !before.has(f));
+      expect(left, 'files the ended processes left').to.deep.equal([]);
+    } finally {
+      sandbox.close();
+    }
+  });
+
   describe('a step’s cgroups', function () {
     const controllers = ['pids', 'memory'] as const;
     /** this process's own group in v1's hierarchy of a controller */
