@@ -305,8 +305,12 @@ export function transitionsOf(deps: TransitionsDeps) {
       if (!retried) return null;
       await emitInOrder(retried, { type: 'run.retrying', data: { attempt: run.attempt, next_attempt: retried.attempt, status, error, delay_ms: delay } });
       metrics.runsRetried.inc({ kind: run.kind, status });
-      // freed before its job is added, so that an attempt due at once takes its slot again after, not before
-      await persist(() => release(run.tenant_id, run.id), { run_id: run.id, what: 'slot release' });
+      // freed before its job is added, so that an attempt due at once takes its slot again after, not before. Tried
+      // once: a release tried again later could take the slot of the next attempt, running by then, and let the
+      // tenant past its cap; one Redis refused keeps the slot through the backoff (the next attempt has it)
+      await release(run.tenant_id, run.id).catch((err: Error) =>
+        log.warn({ run_id: run.id, err: err.message }, 'a retried run keeps its slot through its backoff: Redis did not take its release'),
+      );
       await enqueue(retried, delay);
       log.warn({ run_id: run.id, attempt: run.attempt, status, error_code: error?.code, delay_ms: delay }, 'run attempt failed; retrying');
       return { run: retried, next: 'retry' };

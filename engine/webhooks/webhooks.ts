@@ -287,110 +287,124 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
 
       let verified: Verified;
       let seenKey: string | null = null;
-      /** the delivery's id in the store: the provider's, or for a request that names none, what was signed */
-      let providerId: string | null = null;
-      /** the digest of what was signed, kept with a delivery whose id the signature does not cover */
-      let signedUnderUnsignedId: string | null = null;
+      /** the replay claim kept alive while this request stores its delivery (stopped before it is remembered or given back) */
+      let holding: NodeJS.Timeout | undefined;
+      const stopHolding = () => clearInterval(holding);
       try {
-        const secrets = tenant.byKind.get(kind);
-        if (!secrets?.length) throw notConfigured(kind);
-        verified = await verifyDelivery(kind, { headers, body }, { secrets, nowMs: clock.now().getTime(), windowSeconds });
-        // ids are short in practice; a longer one is cut, never allowed to bloat the unique index. A request
-        // with no id (a slash command, our generic scheme without X-Service-Delivery) is known by its signed
-        // bytes, so the store finds its replay too once Redis has forgotten the signature (it loses its data)
-        const signedDigest = verified.replayKey ? sha256Hex(verified.replayKey) : null;
-        providerId = verified.providerId?.slice(0, 256) ?? (signedDigest ? `signed:${signedDigest}` : null);
-        seenKey = signedDigest ? `${prefix}:webhook-seen:${tenantId}:${kind}:${signedDigest}` : null;
-        signedUnderUnsignedId = verified.idUnsigned ? signedDigest : null;
-        const fresh = await gate(tenantId, kind, seenKey, Boolean(verified.retriesResend && verified.providerId));
-        if (!fresh) {
-          seenKey = null;
-          // a provider that retries with the same bytes (PagerDuty, Linear) sends its event's id again: the
-          // store's answer for that id (a duplicate, acknowledged) is the one to give, not a replay's 409
-          if (!verified.retriesResend || !verified.providerId) throw new WebhookRejectedError('webhook-replay', 'this signed request was already accepted');
-        }
-        // Redis remembers a signature for the window (and forgets it if Redis loses its data); a body whose
-        // delivery id is not signed (GitHub, Linear) is looked for in the store: seen there, it is the same
-        // delivery again (a byte-for-byte retry, the same id) or a replay under another id
-        if (verified.signedOnce) {
-          const earlier = await store.deliveries.findByBody(tenantId, kind, sha256Hex(body));
-          if (earlier && verified.repeatIs === 'retry' && earlier.provider_delivery_id === providerId) {
-            count('duplicate');
-            return { status: 200, delivery_id: earlier.id, body: verified.emptyReply ? undefined : { delivery_id: earlier.id, status: 'duplicate' } };
+        /** the delivery's id in the store: the provider's, or for a request that names none, what was signed */
+        let providerId: string | null = null;
+        /** the digest of what was signed, kept with a delivery whose id the signature does not cover */
+        let signedUnderUnsignedId: string | null = null;
+        try {
+          const secrets = tenant.byKind.get(kind);
+          if (!secrets?.length) throw notConfigured(kind);
+          verified = await verifyDelivery(kind, { headers, body }, { secrets, nowMs: clock.now().getTime(), windowSeconds });
+          // ids are short in practice; a longer one is cut, never allowed to bloat the unique index. A request
+          // with no id (a slash command, our generic scheme without X-Service-Delivery) is known by its signed
+          // bytes, so the store finds its replay too once Redis has forgotten the signature (it loses its data)
+          const signedDigest = verified.replayKey ? sha256Hex(verified.replayKey) : null;
+          providerId = verified.providerId?.slice(0, 256) ?? (signedDigest ? `signed:${signedDigest}` : null);
+          seenKey = signedDigest ? `${prefix}:webhook-seen:${tenantId}:${kind}:${signedDigest}` : null;
+          signedUnderUnsignedId = verified.idUnsigned ? signedDigest : null;
+          const fresh = await gate(tenantId, kind, seenKey, Boolean(verified.retriesResend && verified.providerId));
+          // renewed while this process has the request, so a store slower than the claim (a lock held, a failover)
+          // does not let a replay in meanwhile; a process that dies stops renewing, and the claim lapses
+          const claimed = fresh ? seenKey : null;
+          if (claimed)
+            holding = setInterval(() => void redis.expire(claimed, WEBHOOK_CLAIM_SECONDS).catch(() => undefined), (WEBHOOK_CLAIM_SECONDS * 1000) / 3).unref();
+          if (!fresh) {
+            seenKey = null;
+            // a provider that retries with the same bytes (PagerDuty, Linear) sends its event's id again: the
+            // store's answer for that id (a duplicate, acknowledged) is the one to give, not a replay's 409
+            if (!verified.retriesResend || !verified.providerId) throw new WebhookRejectedError('webhook-replay', 'this signed request was already accepted');
           }
-          if (earlier) throw new WebhookRejectedError('webhook-replay', 'this signed body was already accepted');
-          // claimed by a request still being stored: whatever id this one names, it is not a new delivery
-          if (!fresh) throw new WebhookRejectedError('webhook-replay', 'this signed request is being accepted');
-        }
-        // an id the signature does not cover (our X-Service-Delivery) can be changed by whoever captured the
-        // request: what was signed, found in the store, is a replay under any id once Redis has lost its claims
-        // (as Redis says within the window: our scheme signs each try anew, so the same bytes are never a retry)
-        if (signedUnderUnsignedId && (await store.deliveries.findBySigned(tenantId, kind, signedUnderUnsignedId)))
-          throw new WebhookRejectedError('webhook-replay', 'this signed request was already accepted');
-        if (verified.handshake) {
-          count('handshake');
-          return { status: 200, body: verified.handshake };
-        }
-      } catch (err) {
-        if (err instanceof WebhookRejectedError) {
-          count(err.code);
-          // a refused request is answered as such, never rate-limited: anyone can send unsigned ones, and they
-          // must not spend the budget of the tenant's real deliveries. They have a budget of their own for
-          // being recorded: past it they are answered and not stored
-          if (await refusalsWithinLimit(tenantId)) await recordRejection(tenantId, kind, headers, body.length, err);
-        }
-        throw err;
-      }
-
-      const kept = keptHeaders(headers);
-      const delivery: WebhookDelivery = {
-        id: newId('whd'),
-        tenant_id: tenantId,
-        kind,
-        status: 'received',
-        event: verified.event,
-        action: verified.action,
-        provider_delivery_id: providerId,
-        headers: kept,
-        content_type: kept['content-type'] ?? null,
-        body: verified.keepBody ? body.toString('utf8') : null,
-        body_size: body.length,
-        body_sha256: sha256Hex(body),
-        ...(signedUnderUnsignedId ? { signed_sha256: signedUnderUnsignedId } : {}),
-        event_payload: verified.event_payload,
-        rejection: null,
-        runs: [],
-        attempts: 0,
-        error: null,
-        received_at: clock.now().toISOString(),
-        processed_at: null,
-      };
-      let existing: WebhookDelivery | null;
-      try {
-        existing = await store.deliveries.insert(delivery);
-      } catch (err) {
-        // not stored, so not accepted: the provider's retry must not look like a replay
-        if (seenKey) await redis.del(seenKey).catch(() => undefined);
-        throw err;
-      }
-      if (seenKey) remember(kind, seenKey);
-      if (existing) {
-        // the same signed request of no id again: a replay, as Redis would have said had it remembered
-        if (verified.repeatIs === 'replay' || !verified.providerId) {
-          const err = new WebhookRejectedError('webhook-replay', `delivery ${providerId} was already accepted as ${existing.id}`);
-          count(err.code);
-          await recordRejection(tenantId, kind, headers, body.length, err);
+          // Redis remembers a signature for the window (and forgets it if Redis loses its data); a body whose
+          // delivery id is not signed (GitHub, Linear) is looked for in the store: seen there, it is the same
+          // delivery again (a byte-for-byte retry, the same id) or a replay under another id
+          if (verified.signedOnce) {
+            const earlier = await store.deliveries.findByBody(tenantId, kind, sha256Hex(body));
+            if (earlier && verified.repeatIs === 'retry' && earlier.provider_delivery_id === providerId) {
+              count('duplicate');
+              return { status: 200, delivery_id: earlier.id, body: verified.emptyReply ? undefined : { delivery_id: earlier.id, status: 'duplicate' } };
+            }
+            if (earlier) throw new WebhookRejectedError('webhook-replay', 'this signed body was already accepted');
+            // claimed by a request still being stored: whatever id this one names, it is not a new delivery
+            if (!fresh) throw new WebhookRejectedError('webhook-replay', 'this signed request is being accepted');
+          }
+          // an id the signature does not cover (our X-Service-Delivery) can be changed by whoever captured the
+          // request: what was signed, found in the store, is a replay under any id once Redis has lost its claims
+          // (as Redis says within the window: our scheme signs each try anew, so the same bytes are never a retry)
+          if (signedUnderUnsignedId && (await store.deliveries.findBySigned(tenantId, kind, signedUnderUnsignedId)))
+            throw new WebhookRejectedError('webhook-replay', 'this signed request was already accepted');
+          if (verified.handshake) {
+            count('handshake');
+            return { status: 200, body: verified.handshake };
+          }
+        } catch (err) {
+          if (err instanceof WebhookRejectedError) {
+            count(err.code);
+            // a refused request is answered as such, never rate-limited: anyone can send unsigned ones, and they
+            // must not spend the budget of the tenant's real deliveries. They have a budget of their own for
+            // being recorded: past it they are answered and not stored
+            if (await refusalsWithinLimit(tenantId)) await recordRejection(tenantId, kind, headers, body.length, err);
+          }
           throw err;
         }
-        count('duplicate');
-        return { status: 200, delivery_id: existing.id, body: verified.emptyReply ? undefined : { delivery_id: existing.id, status: 'duplicate' } };
+
+        const kept = keptHeaders(headers);
+        const delivery: WebhookDelivery = {
+          id: newId('whd'),
+          tenant_id: tenantId,
+          kind,
+          status: 'received',
+          event: verified.event,
+          action: verified.action,
+          provider_delivery_id: providerId,
+          headers: kept,
+          content_type: kept['content-type'] ?? null,
+          body: verified.keepBody ? body.toString('utf8') : null,
+          body_size: body.length,
+          body_sha256: sha256Hex(body),
+          ...(signedUnderUnsignedId ? { signed_sha256: signedUnderUnsignedId } : {}),
+          event_payload: verified.event_payload,
+          rejection: null,
+          runs: [],
+          attempts: 0,
+          error: null,
+          received_at: clock.now().toISOString(),
+          processed_at: null,
+        };
+        let existing: WebhookDelivery | null;
+        try {
+          existing = await store.deliveries.insert(delivery);
+        } catch (err) {
+          // not stored, so not accepted: the provider's retry must not look like a replay
+          stopHolding();
+          if (seenKey) await redis.del(seenKey).catch(() => undefined);
+          throw err;
+        }
+        stopHolding();
+        if (seenKey) remember(kind, seenKey);
+        if (existing) {
+          // the same signed request of no id again: a replay, as Redis would have said had it remembered
+          if (verified.repeatIs === 'replay' || !verified.providerId) {
+            const err = new WebhookRejectedError('webhook-replay', `delivery ${providerId} was already accepted as ${existing.id}`);
+            count(err.code);
+            await recordRejection(tenantId, kind, headers, body.length, err);
+            throw err;
+          }
+          count('duplicate');
+          return { status: 200, delivery_id: existing.id, body: verified.emptyReply ? undefined : { delivery_id: existing.id, status: 'duplicate' } };
+        }
+        // stored: from here the delivery will be processed, by this job or by the reconciler
+        // stored is accepted: a Redis that stalls since the gate holds the answer no longer than its deadline (the
+        // job, deterministic, lands when Redis does, or the reconciler adds it)
+        await afterStored(enqueue(delivery), log, { delivery_id: delivery.id }, 'queueing a stored delivery (the reconciler queues it otherwise)');
+        count('accepted');
+        return { status: 200, delivery_id: delivery.id, body: verified.emptyReply ? undefined : { delivery_id: delivery.id, status: 'accepted' } };
+      } finally {
+        stopHolding();
       }
-      // stored: from here the delivery will be processed, by this job or by the reconciler
-      // stored is accepted: a Redis that stalls since the gate holds the answer no longer than its deadline (the
-      // job, deterministic, lands when Redis does, or the reconciler adds it)
-      await afterStored(enqueue(delivery), log, { delivery_id: delivery.id }, 'queueing a stored delivery (the reconciler queues it otherwise)');
-      count('accepted');
-      return { status: 200, delivery_id: delivery.id, body: verified.emptyReply ? undefined : { delivery_id: delivery.id, status: 'accepted' } };
     },
 
     /** The job: match a stored delivery to automations and start their runs, once. */

@@ -136,6 +136,48 @@ describe('scheduling', function () {
     }
   });
 
+  it('keeps a retried run’s slot when Redis refused its release: its next attempt runs in it, and no other run of the tenant beside it', async () => {
+    const h = await startHarness({ env: { SERVICE_TENANT_MAX_RUNNING: '1' } });
+    const redis = h.rt.redis;
+    const send = redis.sendCommand;
+    try {
+      // fails its first attempt; its second, at once, runs until the test lets it end
+      const go = releasable(h, 'release-kept-slot');
+      const flaky = {
+        steps: [{ tool: 'shell', args: { command: `if [ -e tried ]; then ${go.command}; exit 0; fi; touch tried; exit 3` } }],
+        retry: { attempts: 2, backoff: { type: 'fixed', delay_ms: 0 } },
+      };
+      let refused = 0;
+      let a = '';
+      // Redis refuses the release of the run's slot as its first attempt settles (once)
+      redis.sendCommand = function (this: typeof redis, command: Parameters<typeof send>[0], ...rest: unknown[]) {
+        const args = (command as { args?: unknown[] }).args?.map(String) ?? [];
+        if (a && !refused && args.includes('slots.release') && args.includes(a)) {
+          refused++;
+          (command as unknown as { reject(err: Error): void }).reject(new Error('OOM command not allowed when used memory > maxmemory'));
+          return (command as unknown as { promise: Promise<unknown> }).promise;
+        }
+        return (send as (...a: unknown[]) => unknown).call(this, command, ...rest);
+      } as typeof send;
+      a = (await h.call('POST', '/api/v1/autonomy/run', { body: flaky })).body.run_id;
+      await eventually(async () => {
+        const run = await runStatus(h, a);
+        return run.attempt === 2 && run.status === 'running';
+      }, 'the second attempt to run');
+      expect(refused).to.equal(1);
+      const b = (await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'true' } }] } })).body.run_id;
+      // a release tried again later would free the slot the second attempt runs in, and let this one in beside it
+      await new Promise((r) => setTimeout(r, 2500));
+      expect((await runStatus(h, b)).status).to.equal('queued');
+      await go.release();
+      await eventually(async () => (await runStatus(h, b)).status === 'succeeded', 'the other run, once the slot is free');
+      expect((await runStatus(h, a)).status).to.equal('succeeded');
+    } finally {
+      redis.sendCommand = send;
+      await h.close();
+    }
+  });
+
   it('refuses a new run or task with 429 once SERVICE_TENANT_MAX_WAITING of the tenant’s runs wait, storing nothing; replays and other tenants still go', async () => {
     // no workers: nothing drains the line while the test fills it
     const h = await startHarness({ workers: false, env: { SERVICE_TENANT_MAX_RUNNING: '1', SERVICE_TENANT_MAX_WAITING: '2' } });

@@ -334,11 +334,15 @@ describe('webhook intake', function () {
       const signed = sign.tracker(SECRET.tracker, { type: 'Issue', action: 'create', data: { id: randomUUID() } }, { delivery: randomUUID() });
       const seenKeys = () => scanKeys(h.rt.redis, `${h.config.queuePrefix}:webhook-seen:tenant-a:tracker:*`);
       const before = new Set(await seenKeys());
-      // the first try's process stops for good between its claim and its commit: its insert never returns
+      // the first try's process stops for good between its claim and its commit: its insert never returns, and
+      // nothing renews its claim any more
       const deliveries = h.rt.store.deliveries;
       const insert = deliveries.insert;
       let died!: (err: Error) => void;
       deliveries.insert = () => new Promise((_, reject) => (died = reject));
+      const redis = h.rt.redis;
+      const expire = redis.expire;
+      redis.expire = (async () => 0) as unknown as typeof expire;
       const cut = new AbortController();
       const first = fetch(`${h.url}/webhooks/tenant-a/tracker`, { method: 'POST', headers: signed.headers, body: signed.body, signal: cut.signal }).catch(
         () => null,
@@ -363,9 +367,41 @@ describe('webhook intake', function () {
         expect(again.body).to.deep.equal({ delivery_id: retry.body.delivery_id, status: 'duplicate' });
       } finally {
         deliveries.insert = insert;
+        redis.expire = expire;
         died?.(new Error('the process is gone'));
         await first;
       }
+    });
+
+    it('keeps the claim of a delivery its process is still storing, however long that takes: a replay under another id meanwhile is refused', async () => {
+      const signed = sign.tracker(SECRET.tracker, { type: 'Issue', action: 'create', data: { id: randomUUID() } }, { delivery: randomUUID() });
+      const seenKeys = () => scanKeys(h.rt.redis, `${h.config.queuePrefix}:webhook-seen:tenant-a:tracker:*`);
+      const before = new Set(await seenKeys());
+      // the store is slow (a lock held, a failover): the insert waits until the test lets it go on
+      const deliveries = h.rt.store.deliveries;
+      const insert = deliveries.insert;
+      let goOn!: () => void;
+      const held = new Promise<void>((r) => (goOn = r));
+      // (the first call only: a refusal is recorded through the same insert)
+      let calls = 0;
+      deliveries.insert = async (d) => {
+        if (calls++ === 0) await held;
+        return insert.call(deliveries, d);
+      };
+      const first = post('tracker', signed);
+      try {
+        const claim = await eventually(async () => (await seenKeys()).find((k) => !before.has(k)), 'the first try’s claim');
+        // with less left than the 30 s it was taken for, the process storing it renews it (every 10 s) before it lapses
+        await h.rt.redis.pexpire(claim, 12_000);
+        await eventually(async () => (await h.rt.redis.ttl(claim)) > 20, 'the claim renewed', 15_000);
+        const replay = await post('tracker', { body: signed.body, headers: { ...signed.headers, 'tracker-delivery': randomUUID() } });
+        expect(replay.status, replay.text).to.equal(409);
+        expect(replay.body.code).to.equal('webhook-replay');
+      } finally {
+        deliveries.insert = insert;
+        goOn();
+      }
+      expect((await first).body.status).to.equal('accepted');
     });
   });
 
