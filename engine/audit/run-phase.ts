@@ -89,7 +89,9 @@ export async function runPhase(
     // as the phase's own failure
     const memory = r.out_of_memory
       ? `it ran out of memory (over the sandbox's ${sandbox.limits?.memoryMb} MB, SERVICE_SANDBOX_MEMORY_MB)${said ? `: ${said}` : ''}`
-      : null;
+      : r.cpu_exceeded
+        ? `it used its ${sandbox.limits?.cpuSeconds} s of CPU time (SERVICE_SANDBOX_CPU_SECONDS)`
+        : null;
     const why = r.truncated ? 'its output was too large' : (memory ?? said ?? `it exited ${r.exit_code ?? r.signal}`);
     throw new PhaseError('failed', `the ${phase} phase failed: ${why.slice(0, 500)}`);
   }

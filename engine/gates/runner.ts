@@ -176,7 +176,8 @@ export async function runGate(gate: GateDefinition & { digest: string }, ctx: Ga
       const ended = r.exit_code === 0 ? 'exited 0' : `exited ${r.exit_code ?? r.signal}`;
       // a process the kernel ended for the step's memory is said first: the exit alone reads as the tool's own failure
       const memory = r.out_of_memory ? `ran out of memory (over the step's ${ctx.sandbox.limits?.memoryMb} MB, SERVICE_SANDBOX_MEMORY_MB); ` : '';
-      summary = `${memory}${report?.summary || ended}`;
+      const cpu = r.cpu_exceeded ? `a process used its ${ctx.sandbox.limits?.cpuSeconds} s of CPU time (SERVICE_SANDBOX_CPU_SECONDS); ` : '';
+      summary = `${memory}${cpu}${report?.summary || ended}`;
     }
   }
   const kept = await keepArtifacts(ctx.workspace, gate.artifacts);

@@ -1,5 +1,6 @@
 // Runs one command to its end in the sandbox: its own process group (an abort or a timeout kills it
 // and everything it started), the last bytes of its output kept, output streamed as it comes.
+import os from 'node:os';
 import { StringDecoder } from 'node:string_decoder';
 import type { Sandbox, SandboxSpawnOptions } from './sandbox.js';
 import { TailBuffer } from './tool.js';
@@ -16,6 +17,8 @@ export type ProcessResult = {
   timed_out: boolean;
   /** the signal ended it */
   aborted: boolean;
+  /** the kernel ended a process of it for its CPU seconds (SIGXCPU: the shell, or bwrap for the process it ran, exits 128 + 24) */
+  cpu_exceeded: boolean;
   /** the kernel ended a process of it for the step's memory over its limit (a memory cgroup's) */
   out_of_memory: boolean;
   duration_ms: number;
@@ -95,6 +98,7 @@ export async function runProcess(
       truncated: stdout.truncated || stderr.truncated,
       timed_out: timedOut,
       aborted: Boolean(opts.signal?.aborted),
+      cpu_exceeded: Boolean(sandbox.limits) && (signal === 'SIGXCPU' || code === 128 + os.constants.signals.SIGXCPU),
       out_of_memory: proc.outOfMemory(),
       duration_ms: Math.round(performance.now() - started),
     };

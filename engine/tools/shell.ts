@@ -1,7 +1,6 @@
 // shell: a command in the run's workspace, in the sandbox (sandbox.ts). Its own process group, so an
 // abort kills the command and everything it started; an environment of a short allowlist, never the
 // service's secrets.
-import os from 'node:os';
 import { runProcess } from './process.js';
 import { stringArg, ToolError, type Tool } from './tool.js';
 
@@ -42,13 +41,12 @@ export const shellTool: Tool = {
           message: `the command's processes together used more than the step's ${ctx.sandbox.limits?.memoryMb} MB of memory (SERVICE_SANDBOX_MEMORY_MB); the kernel ended one`,
         },
       };
-    // a process ended by SIGXCPU: the shell, or bwrap for the process it ran, exits 128 + 24
-    if (ctx.sandbox.limits && (r.signal === 'SIGXCPU' || r.exit_code === 128 + os.constants.signals.SIGXCPU))
+    if (r.cpu_exceeded)
       return {
         output,
         error: {
           code: 'cpu-exceeded',
-          message: `a process of the command used the ${ctx.sandbox.limits.cpuSeconds} s of CPU time a process of a step may (SERVICE_SANDBOX_CPU_SECONDS); the kernel ended it (exit ${r.exit_code ?? r.signal})`,
+          message: `a process of the command used the ${ctx.sandbox.limits?.cpuSeconds} s of CPU time a process of a step may (SERVICE_SANDBOX_CPU_SECONDS); the kernel ended it (exit ${r.exit_code ?? r.signal})`,
         },
       };
     if (r.exit_code !== 0) return { output, error: { code: 'nonzero-exit', message: `the command exited with ${r.exit_code ?? r.signal}` } };

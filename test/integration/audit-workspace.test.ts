@@ -165,6 +165,7 @@ describe('audit workspace: caps, and files that change while a phase reads them'
       truncated: false,
       timed_out: false,
       aborted: false,
+      cpu_exceeded: false,
       out_of_memory: true,
       duration_ms: 13_000,
     };

@@ -315,6 +315,24 @@ describe('gates', function () {
     }
   });
 
+  it('says a gate’s process used its CPU seconds when the kernel ended it for them', async () => {
+    const brief = openSandbox({
+      mode: 'auto',
+      limits: { cpuSeconds: 1, memoryMb: 256, processes: 64, fileSizeMb: 16 },
+      prefix: 'gates-cpu-test',
+      pathVar: process.env.PATH,
+      log: createLogger('silent'),
+    });
+    try {
+      const project = await fs.mkdtemp(path.join(dir, 'cpu-'));
+      const { result } = await runGate(shellGate('spin', 'while :; do :; done'), plainContext(project, brief));
+      expect(result.conclusion).to.equal('failure');
+      expect(result.summary).to.equal('a process used its 1 s of CPU time (SERVICE_SANDBOX_CPU_SECONDS); exited 152');
+    } finally {
+      brief.close();
+    }
+  });
+
   it('runs a project’s gates in the sandbox: one passes, one fails with annotations, one times out, secrets stay out, the scan finds a token', async () => {
     const project = path.join(dir, 'project');
     await makeProject(project, GATES_YAML);
