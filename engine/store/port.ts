@@ -337,9 +337,18 @@ export interface SessionRepo {
 }
 
 // A session's agents and messages are written only while it is not archived, checked in the write's own
-// transaction: an archive that lands between a route's check and its write is never written past.
+// transaction: an archive that lands between a route's check and its write is never written past. MongoDB (no
+// transaction) checks before the write and again after it: a new agent or message that finds the session
+// archived then is taken back and refused, so none stays past an archive, though a reader may see it for that
+// round trip (a message so taken back leaves its seq unused). An agent's update is checked before it only:
+// there an archive can still land between the check and the write.
 export interface AgentRepo {
-  /** 'archived': the session is archived; 'over-cap': it holds `cap.maxHeld` agents already. Either way nothing was stored. */
+  /**
+   * 'archived': the session is archived; 'over-cap': it holds `cap.maxHeld` agents already. Either way nothing
+   * was stored. The cap is checked as AutomationRepo.insert's, after the archive: in the IMMEDIATE transaction
+   * on SQLite; on MongoDB under the session's lease, the one its capped task batches take
+   * (ServiceUnavailableError when it cannot be had).
+   */
   insert(agent: AgentRecord, cap?: { maxHeld: number }): Promise<CappedInsert | 'archived'>;
   get(tenantId: string, sessionId: string, id: string): Promise<AgentRecord | null>;
   /** In the order they were added. */

@@ -123,6 +123,24 @@ export function taskFixture(over: Partial<TaskRecord> = {}): TaskRecord {
   };
 }
 
+export function agentFixture(tenantId: string, over: Partial<AgentRecord> = {}): AgentRecord {
+  const now = new Date().toISOString();
+  return {
+    id: newId('agt'),
+    tenant_id: tenantId,
+    session_id: 'ses_a',
+    name: 'fixture',
+    role: null,
+    instructions: 'do it',
+    tool_allowlist: ['read_file'],
+    budget: { seconds: 60 },
+    model: null,
+    created_at: now,
+    updated_at: now,
+    ...over,
+  };
+}
+
 export function endpointFixture(tenantId: string, over: Partial<NotificationEndpoint> = {}): NotificationEndpoint {
   const now = new Date().toISOString();
   return {
@@ -398,6 +416,11 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect(all.items).to.have.length(5);
       const disabled = await store.automations.list('t1', { limit: 10, statuses: ['disabled'] });
       expect(disabled.items.map((a) => a.name)).to.deep.equal(['a3']);
+      const none = await store.automations.list('t1', { limit: 10, statuses: [] });
+      expect(
+        none.items.map((a) => a.name),
+        'no statuses given: every one but archived',
+      ).to.deep.equal(['a4', 'a3', 'a1', 'a0']);
       // the same pages as JSON texts: each the automation's representation, with its id and the same cursors
       const pages: [AutomationQuery, Page<Automation>][] = [
         [{ limit: 2 }, first],
@@ -1139,6 +1162,22 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect((await store.agents.list('t2', 'ses_cap')).map((a) => a.name)).to.deep.equal(['capped']);
     });
 
+    // the cap is a session's: every agent of the race is of one session of the tenant
+    racingCap(() => store, {
+      what: 'an agent',
+      make: (tenantId) => agentFixture(tenantId, { session_id: 'ses_race' }),
+      insert: async (st, a, max) => {
+        const inserted = await st.agents.insert(a, { maxHeld: max });
+        if (inserted === 'archived') throw new Error('no session of the race is archived');
+        return inserted;
+      },
+      get: (st, a) => st.agents.get(a.tenant_id, a.session_id, a.id),
+      // what the cap counts, and what a task is given to
+      count: async (st, tenantId) => (await st.agents.list(tenantId, 'ses_race')).length,
+      seen: async (st, tenantId) => (await st.agents.list(tenantId, 'ses_race')).map((a) => a.id),
+      again: (a) => ({ ...a, name: 'again' }),
+    });
+
     it('numbers a session’s messages 1, 2, 3 even when written at once, and pages them by seq per tenant', async () => {
       const message = (i: number, session = 'ses_m', tenant = 't1') => ({
         id: newId('msg'),
@@ -1528,7 +1567,8 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       await store.gateRuns.putResult('t1', first.id, result('lint', 'app', '2026-01-01T00:00:02.000Z', 'success'));
       await store.gateRuns.putResult('t1', second.id, result('test', 'app', '2026-01-01T00:00:05.000Z', 'success'));
       await store.gateRuns.putResult('t1', other.id, result('test', 'lib', '2026-01-01T00:00:07.000Z', 'failure'));
-      expect((await store.gateRuns.results('t1', first.id)).map((r) => [r.gate_id, r.conclusion]).sort()).to.deep.equal([
+      // by gate id, not in the order they were kept
+      expect((await store.gateRuns.results('t1', first.id)).map((r) => [r.gate_id, r.conclusion])).to.deep.equal([
         ['lint', 'success'],
         ['test', 'failure'],
       ]);
@@ -1541,6 +1581,11 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect((await store.gateRuns.runningOf('t1', 'app')).map((r) => r.id)).to.deep.equal([second.id, first.id]);
       expect(await store.gateRuns.runningOf('t2', 'lib')).to.deep.equal([]);
       expect(await store.gateRuns.latestResults('t2', 'app')).to.deep.equal([]);
+      // two results of a gate that finished at once: the one of the greater gate run id, whichever was kept first
+      await store.gateRuns.putResult('t1', 'grn_tie_a', result('test', 'tie', '2026-01-01T00:00:03.000Z', 'failure'));
+      await store.gateRuns.putResult('t1', 'grn_tie_b', result('test', 'tie', '2026-01-01T00:00:03.000Z', 'success'));
+      await store.gateRuns.putResult('t1', 'grn_tie_0', result('test', 'tie', '2026-01-01T00:00:03.000Z', 'failure'));
+      expect((await store.gateRuns.latestResults('t1', 'tie')).map((l) => [l.gate_run_id, l.result.conclusion])).to.deep.equal([['grn_tie_b', 'success']]);
       expect(await store.gateRuns.update('t1', first.id, { status: 'succeeded' }, ['running'])).to.deep.include({
         status: 'succeeded',
         gates: ['test', 'lint'],

@@ -14,8 +14,9 @@ automationSchema.index({ tenant_id: 1, 'triggers.type': 1, status: 1, _id: 1 });
 
 /** `keys`: where a create's Idempotency-Key is taken, before its automation is stored (MongoDB has no transaction here). */
 export function automationRepo(model: Model<Stored<Automation>>, leases: Leases, keys: IdempotencyKeyRepo): AutomationRepo {
+  // an empty list of statuses is none given, as in SQLite (an `$in` of nothing would match nothing)
   const list: AutomationRepo['list'] = (tenantId, q) =>
-    pageOf(model, { tenant_id: tenantId, status: q.statuses ? { $in: q.statuses } : { $ne: 'archived' } }, q);
+    pageOf(model, { tenant_id: tenantId, status: q.statuses?.length ? { $in: q.statuses } : { $ne: 'archived' } }, q);
   const countLive = (tenantId: string) => model.countDocuments({ tenant_id: tenantId, status: { $ne: 'archived' } });
 
   const insert = (a: Automation, cap?: { maxLive: number }): Promise<CappedInsert> => {

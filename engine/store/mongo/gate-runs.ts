@@ -14,7 +14,8 @@ export const gateResultSchema = new Schema(
   { _id: String, tenant_id: String, gate_run_id: String, gate_id: String, workspace: String, finished_at: String },
   loose,
 );
-gateResultSchema.index({ tenant_id: 1, workspace: 1, gate_id: 1, finished_at: -1 });
+// each gate's latest result (latestResults) read in the index's order, ties on finished_at by gate run as in SQLite
+gateResultSchema.index({ tenant_id: 1, workspace: 1, gate_id: 1, finished_at: -1, gate_run_id: -1 });
 gateResultSchema.index({ tenant_id: 1, gate_run_id: 1 });
 
 export function gateRunRepo(runs: Model<Stored<GateRunRecord>>, results: Model<StoredResult>): GateRunRepo {
@@ -52,7 +53,8 @@ export function gateRunRepo(runs: Model<Stored<GateRunRecord>>, results: Model<S
       );
     },
     async results(tenantId, gateRunId) {
-      return (await results.find({ tenant_id: tenantId, gate_run_id: gateRunId }).lean<StoredResult[]>()).map((r) => r.result);
+      // sorted in memory: a gate run has a result per gate, a handful
+      return (await results.find({ tenant_id: tenantId, gate_run_id: gateRunId }).sort({ gate_id: 1 }).lean<StoredResult[]>()).map((r) => r.result);
     },
     async listRunning(createdBefore, limit, after) {
       const page = after ? { $or: [{ created_at: { $gt: after.created_at } }, { created_at: after.created_at, _id: { $gt: after.id } }] } : {};
@@ -66,7 +68,7 @@ export function gateRunRepo(runs: Model<Stored<GateRunRecord>>, results: Model<S
     async latestResults(tenantId, workspace) {
       const rows = await results.aggregate<{ gate_run_id: string; result: GateResult }>([
         { $match: { tenant_id: tenantId, workspace } },
-        { $sort: { gate_id: 1, finished_at: -1 } },
+        { $sort: { gate_id: 1, finished_at: -1, gate_run_id: -1 } },
         { $group: { _id: '$gate_id', gate_run_id: { $first: '$gate_run_id' }, result: { $first: '$result' } } },
         { $sort: { _id: 1 } },
       ]);

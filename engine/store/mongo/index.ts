@@ -103,7 +103,7 @@ export async function openMongoStore(uri: string): Promise<Store> {
     notificationDeliveries: notificationDeliveryRepo(notificationDeliveries),
     deliveries: deliveryRepo(deliveries),
     sessions: sessionRepo(sessions),
-    agents: agentRepo(agents, sessions),
+    agents: agentRepo(agents, sessions, leases),
     messages: messageRepo(messages, sessions),
     tasks: taskRepo(tasks as never, leases, sessions as never),
     evidence: evidenceRepo(ledger as never, ledgerPayloads as never),

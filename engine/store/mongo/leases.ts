@@ -1,5 +1,5 @@
-// Leases: one capped insert at a time in a scope (a tenant's automations, a session's tasks, a tenant's
-// notification endpoints), across processes, so what it counts is what it inserts against, without a
+// Leases: one capped insert at a time in a scope (a tenant's automations, a session's tasks and agents, a
+// tenant's notification endpoints), across processes, so what it counts is what it inserts against, without a
 // multi-document transaction. A scope's lease is one document of store_leases; taking it is one conditional
 // write. Time is the server's (`$$NOW`): whether a lease has run out is judged by one clock, the same one
 // the TTL index forgets released leases by, whatever the clocks of the processes that hold them say.
@@ -33,6 +33,13 @@ const busy = () => new ServiceUnavailableError('the store is taking other insert
 
 /** A lease that has run out on the server's clock (or was never held: no `until`, which sorts below any date). */
 const RUN_OUT = { $lt: ['$until', '$$NOW'] };
+
+/**
+ * The scope of a session's capped inserts, its task batches and its agents, which take turns in it. Its name is
+ * the one task batches had before agents shared it, kept so that in a rolling deploy the processes of both
+ * versions take the same lease of a session, not two.
+ */
+export const sessionScope = (tenantId: string, sessionId: string) => `tasks:${tenantId}:${sessionId}`;
 
 export type Leases = {
   /**

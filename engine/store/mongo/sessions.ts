@@ -4,7 +4,8 @@ import { Schema, type Model } from 'mongoose';
 import type { AgentRecord, MessageRecord, Session } from '../../platform/index.js';
 import type { AgentRepo, MessageRepo, SessionRepo } from '../port.js';
 import { memberOperators } from '../members.js';
-import { definedOnly, fromStored, isDuplicateKey, loose, pageOf, toStored, type Stored } from './documents.js';
+import { definedOnly, fromStored, insertOneOrNone, isDuplicateKey, loose, pageOf, toStored, type Stored } from './documents.js';
+import { sessionScope, type Leases } from './leases.js';
 
 export const sessionSchema = new Schema({ _id: String, tenant_id: { type: String, required: true }, kind: String, status: String }, loose);
 sessionSchema.index({ tenant_id: 1, _id: -1 });
@@ -54,21 +55,67 @@ export function sessionRepo(model: Model<Stored<Session>>): SessionRepo {
 type SessionModel = Model<Stored<Session>>;
 
 /**
- * Whether a session is archived, read from the primary just before a write of its agents or messages. Without
- * a transaction (no replica set assumed) an archive may still land between the read and the write, a window
- * of one round trip where SQLite's IMMEDIATE transaction has none.
+ * Whether a session is archived, read from the primary (a secondary behind it could miss the archive). Read
+ * just before a write of its agents or messages, it refuses most writes into an archived session before they
+ * are seen; without a transaction (no replica set assumed) an archive may still land between it and the
+ * write, which `whileLive` catches after the write.
  */
 const isArchived = async (sessions: SessionModel, tenantId: string, sessionId: string) =>
   Boolean(await sessions.exists({ _id: sessionId, tenant_id: tenantId, status: 'archived' }).read('primary'));
 
-export function agentRepo(model: Model<Stored<AgentRecord>>, sessions: SessionModel): AgentRepo {
+/**
+ * `write`, then whether the session is archived now: an archive that landed before the write is seen here, and
+ * the write is taken back (null), so nothing stays written past an archive, which is never undone. SQLite's
+ * IMMEDIATE transaction has no such step: here a reader may see the write for the round trip before it is
+ * taken back, and a write just before the archive is taken back too (its caller is told the session is
+ * archived, as when the archive came first). A read that fails takes the write back as well, and throws; a
+ * take-back that fails throws, and leaves the write.
+ */
+async function whileLive<T>(
+  sessions: SessionModel,
+  tenantId: string,
+  sessionId: string,
+  write: () => Promise<T>,
+  takeBack: () => Promise<unknown>,
+): Promise<T | null> {
+  const written = await write();
+  const archived = await isArchived(sessions, tenantId, sessionId).catch(async (err: unknown) => {
+    await takeBack().catch(() => undefined);
+    throw err;
+  });
+  if (!archived) return written;
+  await takeBack();
+  return null;
+}
+
+export function agentRepo(model: Model<Stored<AgentRecord>>, sessions: SessionModel, leases: Leases): AgentRepo {
+  const insertLive = async (a: AgentRecord) => {
+    const inserted = await whileLive(
+      sessions,
+      a.tenant_id,
+      a.session_id,
+      () => insertOneOrNone(model, a),
+      () => model.deleteOne({ _id: a.id, tenant_id: a.tenant_id }),
+    );
+    return inserted ?? 'archived';
+  };
   return {
-    // the count read just before the insert: two inserts at once may both pass it (no transaction assumed)
     async insert(a, cap) {
-      if (await isArchived(sessions, a.tenant_id, a.session_id)) return 'archived';
-      if (cap && (await model.countDocuments({ tenant_id: a.tenant_id, session_id: a.session_id }).read('primary')) >= cap.maxHeld) return 'over-cap';
-      await model.collection.insertOne(toStored(a) as never);
-      return 'inserted';
+      if (!cap) return (await isArchived(sessions, a.tenant_id, a.session_id)) ? 'archived' : insertLive(a);
+      // counted and inserted under the session's lease, which its task batches take too: its capped inserts take
+      // turns, as in SQLite's IMMEDIATE transaction, and are refused in its order: the archive, then the cap
+      return leases.insertHeld<'archived' | 'over-cap'>(
+        sessionScope(a.tenant_id, a.session_id),
+        async () => {
+          const [archived, held] = await Promise.all([
+            isArchived(sessions, a.tenant_id, a.session_id),
+            model.countDocuments({ tenant_id: a.tenant_id, session_id: a.session_id }).read('primary'),
+          ]);
+          if (archived) return 'archived';
+          return held >= cap.maxHeld ? 'over-cap' : null;
+        },
+        () => insertLive(a),
+      );
     },
     async get(tenantId, sessionId, id) {
       return fromStored(await model.findOne({ _id: id, tenant_id: tenantId, session_id: sessionId }).lean<Stored<AgentRecord>>());
@@ -77,6 +124,8 @@ export function agentRepo(model: Model<Stored<AgentRecord>>, sessions: SessionMo
       const rows = await model.find({ tenant_id: tenantId, session_id: sessionId }).sort({ _id: 1 }).lean<Stored<AgentRecord>[]>();
       return rows.map((r) => fromStored(r)!);
     },
+    // checked before the write only: an update cannot be taken back as an insert can (what it replaced, written
+    // back, could undo another update that stands), so an archive may still land between the check and the write
     async update(tenantId, sessionId, id, changes, members) {
       if (await isArchived(sessions, tenantId, sessionId)) return null;
       const { $set, ...unset } = memberOperators(members);
@@ -99,19 +148,24 @@ export function messageRepo(model: Model<Stored<MessageRecord>>, sessions: Sessi
   return {
     // seq is the last visible one plus one, taken again when another append took it first (the unique
     // (session_id, seq) index): a message is visible before any later seq is, so a reader that has seen N
-    // never misses a message N-1 that appears after it (a counter's seq, inserted in a second write, could)
+    // never misses a message N-1 that appears after it (a counter's seq, inserted in a second write, could).
+    // One taken back because the session was archived by then (`whileLive`) leaves its seq unused: an append
+    // after it that was written and checked before the archive keeps the seq after it
     async append(m) {
       if (await isArchived(sessions, m.tenant_id, m.session_id)) return null;
-      for (let i = 1; ; i++) {
-        const last = await model.findOne({ session_id: m.session_id }, { seq: 1 }).sort({ seq: -1 }).lean<{ seq: number }>();
-        const record: MessageRecord = { ...m, seq: (last?.seq ?? 0) + 1 };
-        try {
-          await model.collection.insertOne(toStored(record) as never);
-          return record;
-        } catch (err) {
-          if (!isDuplicateKey(err) || i >= APPEND_TRIES) throw err;
+      const insert = async () => {
+        for (let i = 1; ; i++) {
+          const last = await model.findOne({ session_id: m.session_id }, { seq: 1 }).sort({ seq: -1 }).lean<{ seq: number }>();
+          const record: MessageRecord = { ...m, seq: (last?.seq ?? 0) + 1 };
+          try {
+            await model.collection.insertOne(toStored(record) as never);
+            return record;
+          } catch (err) {
+            if (!isDuplicateKey(err) || i >= APPEND_TRIES) throw err;
+          }
         }
-      }
+      };
+      return whileLive(sessions, m.tenant_id, m.session_id, insert, () => model.deleteOne({ _id: m.id, tenant_id: m.tenant_id }));
     },
     async list(tenantId, sessionId, q) {
       const rows = await model

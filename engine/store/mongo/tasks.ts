@@ -3,7 +3,7 @@ import { Schema, type Model } from 'mongoose';
 import type { TaskRecord, TaskStatus } from '../../platform/index.js';
 import type { TaskRepo } from '../port.js';
 import { definedOnly, isDuplicateKey, loose } from './documents.js';
-import type { Leases } from './leases.js';
+import { sessionScope, type Leases } from './leases.js';
 
 type StoredTask = Omit<TaskRecord, 'id'> & { _id: string; task_id: string };
 
@@ -69,11 +69,11 @@ export function taskRepo(model: Model<StoredTask>, leases: Leases, sessions: Mod
           .catch(() => null);
         return cleared?.modifiedCount ? ('reopened' as const) : ('inserted' as const);
       };
-      // under the session's lease its capped batches take turns, as in SQLite's IMMEDIATE transaction, and are
-      // refused in its order: the cap, then a taken id (or one named twice). Checked before the insert, a taken
-      // id stores no part of the batch, not for a moment
+      // under the session's lease its capped batches take turns, as in SQLite's IMMEDIATE transaction (with each
+      // other and with its agents' inserts), and are refused in its order: the cap, then a taken id (or one named
+      // twice). Checked before the insert, a taken id stores no part of the batch, not for a moment
       return leases.insertHeld<'archived' | 'over-cap' | 'id-taken' | 'reopened'>(
-        `tasks:${first.tenant_id}:${first.session_id}`,
+        sessionScope(first.tenant_id, first.session_id),
         async () => {
           const [archived, held, taken] = await Promise.all([
             cap.whileLive ? sessions.exists({ _id: first.session_id, tenant_id: first.tenant_id, status: 'archived' }).read('primary') : null,
