@@ -169,6 +169,14 @@ export function createApp(deps: AppDeps): Express {
         }
         next();
       },
+      // no parameter of the spec is written in brackets (none is a deepObject): `status[a]=1` is refused as any
+      // parameter the spec does not name is, where the validator made an object of it and failed on it (a 500)
+      (req, _res, next) => {
+        const bracketed = underApi(req) ? Object.keys(req.query as object).filter((k) => k.includes('[')) : [];
+        if (!bracketed.length) return next();
+        const errors = bracketed.map((k) => ({ path: `/query/${k}`, message: 'is not a parameter of this operation (lists are comma-separated)' }));
+        throw Object.assign(new Error(errors.map((e) => `${e.path}: ${e.message}`).join('; ')), { status: 400, errors });
+      },
       finiteNumericQuery(spec),
       ...sharedValidator(spec, deps.validateResponses ?? false),
       (req, res, next) => {

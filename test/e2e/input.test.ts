@@ -50,6 +50,24 @@ describe('bad input', () => {
     for (const q of ['1e309', '0x10']) expect((await h.call('HEAD', `/api/v1/runs?limit=${q}`)).status, `HEAD ${q}`).to.equal(400);
   });
 
+  it('answers a 400 for a query parameter in bracket notation, a list one included (it was a 500)', async () => {
+    for (const [method, url] of [
+      ['GET', '/api/v1/automations?status[a]=1'],
+      ['HEAD', '/api/v1/automations?status[a][b]=1'],
+      ['GET', '/api/v1/autonomy/workspace-audit/stream?phases[x]=security'],
+      ['GET', '/api/v1/runs?limit[a]=1'],
+    ] as const) {
+      const res = await h.call(method, url);
+      expect(res.status, url).to.equal(400);
+      if (method === 'GET') {
+        await expectProblem(res, 400, 'bad-request');
+        expect(res.body.errors[0].path, url).to.match(/^\/query\/(status|phases|limit)\[/);
+      }
+    }
+    // a list as the spec writes it still goes
+    expect((await h.call('GET', '/api/v1/automations?status=enabled,disabled')).status).to.equal(200);
+  });
+
   it('refuses a string with a lone surrogate (not well-formed Unicode: strict readers refuse a page with it), and takes a pair', async () => {
     const post = (name: string) =>
       h.call('POST', '/api/v1/automations', {
