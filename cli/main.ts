@@ -6,6 +6,14 @@ import { ConfigError } from '../config/env.js';
 import { ApiError, CliError, EXIT, UsageError } from './client.js';
 import { buildProgram } from './program.js';
 
+// a reader that went away (`runs list | head`, `gates verify ... | true`) is not the command's failure: what is
+// left to print goes nowhere, and the command ends with its own exit code. Unhandled, the pipe's EPIPE ended
+// it with a stack trace and 1, which says "failed" (a pack that verifies read as a bad one under pipefail)
+for (const stream of [process.stdout, process.stderr])
+  stream.on('error', (err: NodeJS.ErrnoException) => {
+    if (err.code !== 'EPIPE' && err.code !== 'ERR_STREAM_DESTROYED') throw err;
+  });
+
 try {
   await buildProgram().parseAsync(process.argv);
 } catch (err) {

@@ -347,6 +347,23 @@ describe('the command-line tool (built) against stub servers', function () {
     expect(finished.code, finished.stderr).to.equal(2);
   });
 
+  it('ends with its own exit code when its reader goes away (`| head`): no stack trace, no 1', async () => {
+    // a page of runs whose JSON is far more than a pipe holds
+    const runs = Array.from({ length: 100 }, (_, i) => ({ id: `run_${i}`, status: 'succeeded', summary: 'x'.repeat(10_000) }));
+    const url = await stub((_req, res) => json(res, 200, { data: runs, next_cursor: null }));
+    const child = spawn(process.execPath, [CLI, 'runs', 'list', '--json', '--url', url], {
+      env: { PATH: process.env.PATH ?? '' },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    // the reader leaves before the tool writes: its every write meets a closed pipe (EPIPE)
+    child.stdout.destroy();
+    let stderr = '';
+    child.stderr.on('data', (d) => (stderr += d));
+    const code = await new Promise((resolve) => child.on('close', resolve));
+    expect(stderr).to.not.contain('EPIPE');
+    expect(code, stderr).to.equal(0);
+  });
+
   it('gives up on a call the service does not answer after --request-timeout (exit 5), headers or body', async () => {
     // one stub answers nothing at all; the other sends its headers and then nothing of the body
     const silent = await stub(() => {});
