@@ -70,8 +70,6 @@ export type Outcome = {
 /** What a transition left the run as: ended, queued again for another attempt, or not applied. */
 export type Settled = { run: Run; next: 'ended' | 'retry' | 'interrupted' | 'held' } | null;
 
-/** how many times, and at most how far apart, the Redis work of a committed transition is tried again */
-
 export type TransitionsDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'events' | 'metrics' | 'queues'> & {
   slots: TenantSlots;
   /** the bytes of step output a tenant's runs stream into the event log a day (absent: no bound) */
