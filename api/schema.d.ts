@@ -1636,7 +1636,7 @@ export interface components {
             errors_omitted?: number;
         };
         WebhookSecretPut: {
-            /** @description One secret, or two while rotating (new first). */
+            /** @description One secret, or two while rotating (new first), without control characters (a secret read from a file with its newline would verify no signature). */
             secrets: string[];
         };
         Me: {

@@ -852,6 +852,12 @@ describe('webhook intake', function () {
       expect((await h.call('PUT', '/api/v1/webhook-secrets/generic', { body: { secrets: [] } })).status).to.equal(400);
       expect((await h.call('PUT', '/api/v1/webhook-secrets/generic', { body: { secrets: ['a', 'b', 'c'] } })).status).to.equal(400);
       expect((await h.call('PUT', '/api/v1/webhook-secrets/nope', { body: { secrets: ['long-enough-secret'] } })).status).to.equal(400);
+      // a secret read from a file with its newline (or any control character) would verify no signature
+      for (const secret of ['long-enough-secret\n', 'long-enough\u001bsecret']) {
+        const refused = await h.call('PUT', '/api/v1/webhook-secrets/generic', { key: KEYS.b, body: { secrets: [secret] } });
+        expect(refused.status, JSON.stringify(secret)).to.equal(400);
+        expect(refused.body.errors[0].path).to.equal('/body/secrets/0');
+      }
       expect((await h.call('PUT', '/api/v1/webhook-secrets/generic', { body: { secrets: ['long-enough-secret'] }, key: null })).status).to.equal(401);
       const b = await h.call('PUT', '/api/v1/webhook-secrets/generic', { body: { secrets: ['tenant-b-generic-secret'] }, key: KEYS.b });
       expect(b.status).to.equal(200);
