@@ -1109,20 +1109,7 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
     });
 
     it('keeps a session’s agents in the order they were added, per tenant', async () => {
-      const now = new Date().toISOString();
-      const agent = (name: string, tenant = 't1'): AgentRecord => ({
-        id: newId('agt'),
-        tenant_id: tenant,
-        session_id: 'ses_a',
-        name,
-        role: null,
-        instructions: 'do it',
-        tool_allowlist: ['read_file'],
-        budget: { seconds: 60 },
-        model: null,
-        created_at: now,
-        updated_at: now,
-      });
+      const agent = (name: string, tenant = 't1'): AgentRecord => agentFixture(tenant, { name });
       const [x, y] = [agent('x'), agent('y')];
       for (const a of [x, y, agent('z', 't2')]) await store.agents.insert(a);
       expect((await store.agents.list('t1', 'ses_a')).map((a) => a.name)).to.deep.equal(['x', 'y']);
