@@ -1,7 +1,7 @@
 // One way to call a provider: its SDK's error is read into a status and a Retry-After, 429 and 5xx are
 // tried again (up to three calls in all, waiting as Retry-After says, capped), and what fails is a
 // ProviderError with a stable code and a message that never carries the credential or the provider's body.
-import type { ConnectionProvider } from '../platform/index.js';
+import { maskCredential, type ConnectionProvider } from '../platform/index.js';
 
 /** What a provider's SDK error says, read by that provider's kit; null for an error that is not the provider's. */
 export type ProviderFailure = { status: number | null; retryAfterSeconds: number | null; reason: string };
@@ -101,14 +101,5 @@ export function retryAfterOf(value: string | number | null | undefined): number 
  */
 export function reasonOf(text: unknown, secret: string): string {
   if (typeof text !== 'string' || !text) return '';
-  let masked = text;
-  // as it is and with its whitespace folded as the reason's is (a credential with a newline in it), before the fold
-  for (const form of secret ? new Set([secret, secret.replace(/\s+/g, ' ').trim()]) : []) {
-    masked = masked.split(form).join('[credential]');
-    for (let i = 0; i + PART <= form.length; i++) masked = masked.split(form.slice(i, i + PART)).join('[credential]');
-  }
-  return masked.replace(/\s+/g, ' ').trim().slice(0, 200);
+  return maskCredential(text, secret).replace(/\s+/g, ' ').trim().slice(0, 200);
 }
-
-/** The shortest piece of a credential that is masked wherever it appears. */
-const PART = 12;

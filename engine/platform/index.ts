@@ -11,6 +11,7 @@ export * from './ids.js';
 export * from './inside.js';
 export * from './json-depth.js';
 export * from './log.js';
+export * from './mask.js';
 export * from './metrics.js';
 export * from './queues.js';
 export * from './redis.js';

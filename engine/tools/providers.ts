@@ -1,7 +1,7 @@
 // The action tools: codehost, chat, tracker, pager and email, one per provider. Each takes an
 // `action` and its arguments, and acts through the run's connection to that provider (the engine's
 // connections capability holds the SDK clients); what the provider answers is the step's output.
-import { assertPublicHost, type ConnectionProvider } from '../platform/index.js';
+import { assertPublicHost, maskCredential, type ConnectionProvider } from '../platform/index.js';
 import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -174,6 +174,10 @@ async function checkout(args: Record<string, unknown>, ctx: ToolContext): Promis
       REMOTE: remote,
       REF: ref,
     };
+    // a host that echoes what it was sent (its error quoting the Authorization header) gives the token back:
+    // what git says is masked as a provider's reason is, streamed a line at a time so a token split between two
+    // chunks is masked whole
+    const streamed = maskedLines(access.token, (stream, text) => ctx.output(stream, text));
     const r = await runProcess(ctx.sandbox, ['/bin/sh', '-c', CHECKOUT], {
       workspace: dir,
       env,
@@ -182,14 +186,14 @@ async function checkout(args: Record<string, unknown>, ctx: ToolContext): Promis
       readOnlyBinds: [secrets],
       signal: ctx.signal,
       maxBytes: CHECKOUT_OUTPUT_MAX,
-      onOutput: ctx.output,
-    });
+      onOutput: streamed.write,
+    }).finally(streamed.flush);
     const head = r.stdout.trim().split('\n').at(-1) ?? '';
     const output = { repository: repo, ref, remote, head_sha: /^[0-9a-f]{40,64}$/.test(head) ? head : null, connection_id: access.connection_id };
     if (r.aborted) return { output, error: { code: 'aborted', message: 'the checkout was stopped' } };
     if (r.exit_code !== 0)
       return {
-        output: { ...output, stderr: r.stderr },
+        output: { ...output, stderr: maskCredential(r.stderr, access.token) },
         error: { code: 'checkout-failed', message: `git could not fetch ${ref} of ${repo} (exit ${r.exit_code ?? r.signal})` },
       };
     // the ref moved on since the event: what was fetched is not what the event was about
@@ -214,7 +218,7 @@ async function checkout(args: Record<string, unknown>, ctx: ToolContext): Promis
     );
     if (joined.exit_code !== 0)
       return {
-        output: { ...output, stderr: joined.stderr },
+        output: { ...output, stderr: maskCredential(joined.stderr, access.token) },
         error: { code: 'checkout-failed', message: `the checkout's git folder could not be put in place (exit ${joined.exit_code ?? joined.signal})` },
       };
     ctx.checkouts.use(dir);
@@ -256,3 +260,30 @@ export const emailTool = actionTool('email', 'Send an email through the SMTP con
 });
 
 export const PROVIDER_TOOLS = [codehostTool, chatTool, trackerTool, pagerTool, emailTool];
+
+/** The longest piece of a line held back for its end; a line longer than it goes out masked as it is. */
+const MASKED_LINE_MAX = 16 * 1024;
+
+/**
+ * Output streamed with the credential masked, a line (or a progress line ending in a carriage return) at a
+ * time, so that a token split between two chunks is masked whole; `flush` sends what is left once the process
+ * has ended.
+ */
+function maskedLines(secret: string, out: (stream: 'stdout' | 'stderr', text: string) => void) {
+  const held = { stdout: '', stderr: '' };
+  return {
+    write(stream: 'stdout' | 'stderr', text: string): void {
+      const all = held[stream] + text;
+      const end = Math.max(all.lastIndexOf('\n'), all.lastIndexOf('\r')) + 1;
+      const cut = end > 0 ? end : all.length > MASKED_LINE_MAX ? all.length : 0;
+      held[stream] = all.slice(cut);
+      if (cut) out(stream, maskCredential(all.slice(0, cut), secret));
+    },
+    flush(): void {
+      for (const stream of ['stdout', 'stderr'] as const) {
+        if (held[stream]) out(stream, maskCredential(held[stream], secret));
+        held[stream] = '';
+      }
+    },
+  };
+}

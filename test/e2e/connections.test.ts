@@ -725,6 +725,20 @@ describe('action tools', function () {
     const after = fake.requests.slice(before).map((r) => r.path);
     expect(after.some((p) => p.startsWith('/github/acme/moved.git/'))).to.equal(true);
     expect(after.filter((p) => p.startsWith('/github/acme/app.git/'))).to.deep.equal([]);
+
+    // a host whose error quotes what it was sent gives the token back, in clear and in base64: git's output is
+    // masked where it is kept (the step's output) and where it is streamed (the run's events)
+    fake.echoAuthRepo('acme/echo');
+    const echoed = await start({
+      tools: ['codehost'],
+      workspace: 'checkout',
+      steps: [{ tool: 'codehost', args: { action: 'checkout', repository: 'acme/echo', ref: 'refs/pull/7/head' } }],
+    });
+    expect(echoed.steps[0].error.code).to.equal('checkout-failed');
+    expect(echoed.steps[0].output.stderr).to.contain('access denied for x-access-token:[credential] ([credential])');
+    const basic = Buffer.from(`x-access-token:${FAKE_TOKEN}`).toString('base64');
+    const kept = JSON.stringify([echoed.steps, await h.rt.events.after(`session:${echoed.session_id}`, '0-0')]);
+    expect(kept).to.not.contain(FAKE_TOKEN.slice(0, 12)).and.not.contain(basic.slice(0, 16));
   });
 
   it('checks out again over what a step left read-only, in the run’s folder and in the checkout area', async () => {

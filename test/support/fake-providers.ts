@@ -32,6 +32,8 @@ export type FakeProviders = {
   serveRepo(repository: string, bareDir: string): void;
   /** answers the git requests of one repository with a redirect to another's (a renamed repository, or a host sending git elsewhere) */
   redirectRepo(from: string, to: string): void;
+  /** answers the git requests of one repository with a smart-HTTP error that quotes the request's Authorization, decoded and not */
+  echoAuthRepo(repository: string): void;
   /** the files of main's one commit, for the Git Data API (a pull request from a diff) */
   setFiles(repository: string, files: Record<string, string>): void;
   /** the next `times` requests to a provider answer `status` (with Retry-After when given) */
@@ -71,6 +73,7 @@ export async function startFakeProviders(opts: { token?: string } = {}): Promise
 
   const repos = new Map<string, string>();
   const redirects = new Map<string, string>();
+  const echoing = new Set<string>();
   const repoFiles = new Map<string, Record<string, string>>();
 
   function github(r: Recorded, res: http.ServerResponse): void {
@@ -78,6 +81,12 @@ export async function startFakeProviders(opts: { token?: string } = {}): Promise
     if (git) {
       const moved = redirects.get(git[1]!);
       if (moved) return void res.writeHead(301, { location: `/github/${moved}.git/${git[2]}` }).end();
+      if (echoing.has(git[1]!)) {
+        const basic = r.authorization?.replace(/^Basic /, '') ?? '';
+        const line = `ERR access denied for ${Buffer.from(basic, 'base64').toString()} (${basic})\n`;
+        res.writeHead(200, { 'content-type': 'application/x-git-upload-pack-advertisement' });
+        return void res.end(`${(line.length + 4).toString(16).padStart(4, '0')}${line}`);
+      }
       const dir = repos.get(git[1]!);
       if (r.authorization !== `Basic ${Buffer.from(`x-access-token:${token}`).toString('base64')}`) {
         res.writeHead(401, { 'www-authenticate': 'Basic realm="git"' });
@@ -239,6 +248,9 @@ export async function startFakeProviders(opts: { token?: string } = {}): Promise
     },
     redirectRepo(from, to) {
       redirects.set(from, to);
+    },
+    echoAuthRepo(repository) {
+      echoing.add(repository);
     },
     failNext(provider, status, times = 1, retryAfter) {
       failures.set(provider, { status, times, retryAfter });

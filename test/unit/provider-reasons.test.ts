@@ -1,6 +1,7 @@
 // What a provider's error says reaches answers, events, notifications and logs: never the credential.
 import { expect } from 'chai';
 import { reasonOf } from '../../engine/connections/retry.js';
+import { maskCredential } from '../../engine/platform/mask.js';
 
 describe('provider error reasons', () => {
   const token = 'ghp_SUPERSECRETTOKEN1234567890abcdef';
@@ -25,5 +26,17 @@ describe('provider error reasons', () => {
     const reason = reasonOf(`Bearer ${odd} is not a legal HTTP header value`, odd);
     expect(reason).to.equal('Bearer [credential] is not a legal HTTP header value');
     expect(reasonOf(`Bearer SECRETPART_abcdefgh X-Evil: 1 refused`, odd)).to.not.contain('abcdefgh');
+  });
+
+  it('masks the credential echoed in base64 as the service sent it (HTTP Basic for git, SMTP AUTH PLAIN), and leaves other base64 alone', () => {
+    const b64 = (text: string) => Buffer.from(text).toString('base64');
+    const basic = b64(`x-access-token:${token}`);
+    const plain = b64(`\0bot@acme.test\0${token}`);
+    const other = b64('nothing secret in this one at all');
+    const said = reasonOf(`535 Authentication failed for ${plain} / ${b64(token)}; Basic ${basic}; trace ${other}`, token);
+    expect(said).to.equal(`535 Authentication failed for [credential] / [credential]; Basic [credential]; trace ${other}`);
+    // in git's output as it is kept and streamed, whatever its length
+    const git = `fatal: remote error: access denied for x-access-token:${token} (Basic ${basic})\n`.repeat(3);
+    expect(maskCredential(git, token)).to.not.contain(token.slice(0, 12)).and.not.contain(basic.slice(0, 16));
   });
 });
