@@ -173,8 +173,15 @@ function whileBodyComes(req: IncomingMessage, res: ServerResponse, idleMs: numbe
       return;
     }
     done();
+    // the request ends with its connection: its readers (an upload's stream, a parser) hear its close. Answered,
+    // it is no longer the connection's, and closing the socket alone never ended it: an upload stalled past its
+    // 408 kept its place and its temp file until the process stopped (8 such uploads held a tenant's every place)
+    const end = () => {
+      socket.destroy();
+      req.destroy();
+    };
     // answered already (the route did not read the body) and the rest of it does not come: the connection goes
-    if (res.headersSent) return void socket.destroy();
+    if (res.headersSent) return void end();
     const requestId = (req as IncomingMessage & { id?: string }).id ?? newRequestId();
     log.info({ req_id: requestId, idle_ms: idleMs }, 'a request body sent nothing for too long: answered 408');
     const body = JSON.stringify({
@@ -187,7 +194,7 @@ function whileBodyComes(req: IncomingMessage, res: ServerResponse, idleMs: numbe
     });
     res.shouldKeepAlive = false;
     res.writeHead(408, { 'Content-Type': 'application/problem+json; charset=utf-8', 'Content-Length': Buffer.byteLength(body), 'X-Request-Id': requestId });
-    res.end(body, () => socket.destroy());
+    res.end(body, end);
   }, idleMs);
   const done = () => clearInterval(check);
   req.once('end', done);

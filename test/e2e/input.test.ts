@@ -1,4 +1,7 @@
+import http from 'node:http';
+import net, { type AddressInfo } from 'node:net';
 import { expect } from 'chai';
+import { wav } from '../support/audio.js';
 import { KEYS, startHarness, type Harness } from '../support/harness.js';
 import { bodyOfAnswer, rawExchange } from '../support/raw-http.js';
 
@@ -441,6 +444,51 @@ describe('bad input', () => {
       expect(answer, what).to.match(/^HTTP\/1\.1 413 /);
       expect(answer, what).to.match(/\r\nConnection: close\r\n/i);
       expect(JSON.parse(answer.slice(answer.indexOf('\r\n\r\n') + 4))).to.include({ code: 'payload-too-large' });
+    }
+  });
+
+  it('ends an upload whose body stops coming with its 408: it gives back its place (8 stalled ones held a tenant’s every place)', async () => {
+    // a transcription provider that reads what it is sent and answers once it has all of it
+    const provider = http.createServer((req, res) => {
+      req.resume();
+      req.on('end', () => res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ text: 'hello', duration: 1, language: 'english' })));
+    });
+    await new Promise<void>((r) => provider.listen(0, '127.0.0.1', r));
+    const voice = await startHarness({
+      workers: false,
+      env: {
+        SERVICE_BODY_IDLE_SECONDS: '1',
+        SERVICE_TRANSCRIBE_PROVIDER: 'openai',
+        SERVICE_TRANSCRIBE_BASE_URL: `http://127.0.0.1:${(provider.address() as AddressInfo).port}/v1`,
+        SERVICE_TRANSCRIBE_API_KEY: 'sk-test-stalled',
+        SERVICE_TRANSCRIBE_MODEL: 'whisper-1',
+      },
+    });
+    try {
+      const audio = wav(5);
+      /** an upload that sends part of its audio and then nothing: the server's answer */
+      const stalled = () =>
+        new Promise<string>((resolve, reject) => {
+          const socket = net.connect(Number(new URL(voice.url).port), '127.0.0.1', () => {
+            socket.write(
+              `POST /api/v1/autonomy/voice/transcribe HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${KEYS.a}\r\nContent-Type: audio/wav\r\nContent-Length: ${audio.length}\r\n\r\n`,
+            );
+            socket.write(audio.subarray(0, 50_000));
+          });
+          let answer = '';
+          socket.on('data', (d) => (answer += d));
+          socket.on('close', () => resolve(answer));
+          socket.on('error', reject);
+          setTimeout(() => socket.destroy(), 8000);
+        });
+      const answers = await Promise.all(Array.from({ length: 8 }, stalled));
+      for (const a of answers) expect(a).to.match(/^HTTP\/1\.1 408 /);
+      const next = await voice.call('POST', '/api/v1/autonomy/voice/transcribe', { raw: wav(1), headers: { 'content-type': 'audio/wav' } });
+      expect(next.status, next.text).to.equal(200);
+    } finally {
+      await voice.close();
+      provider.closeAllConnections();
+      provider.close();
     }
   });
 
