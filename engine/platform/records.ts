@@ -449,6 +449,9 @@ export type MessageRole = (typeof MESSAGE_ROLES)[number];
 export type MessagePart = { type: 'text'; text: string } | { type: 'data'; data: Record<string, unknown> };
 
 /** One entry of a session's durable message log; `seq` orders the log (1, 2, 3, … per session). */
+/** The most characters (code points) of a message's text part (api/openapi.yaml's MessagePart): the session tool and agents are held to it too. */
+export const MESSAGE_TEXT_MAX = 100_000;
+
 export type MessageRecord = {
   id: string;
   tenant_id: string;

@@ -5,7 +5,7 @@
 // conversation. The loop ends when the model answers without a tool call, asks for input (the run
 // ends; the conversation is kept for the run that the answer starts), the budget ends, or max_steps is reached.
 import OpenAI from 'openai';
-import type { AgentTurn, ChatMessage, ChatToolCall, ErrorInfo } from '../platform/index.js';
+import { MESSAGE_TEXT_MAX, type AgentTurn, type ChatMessage, type ChatToolCall, type ErrorInfo } from '../platform/index.js';
 import type { Tool, ToolResult } from '../tools/index.js';
 
 export type AgentEndpoint = { baseUrl: string; apiKey: string | undefined; model: string; timeoutSeconds: number; maxRetries: number };
@@ -27,6 +27,14 @@ export class AgentError extends Error {
 /** What one tool result or inbox message may add to the conversation. */
 const CONTENT_MAX_CHARS = 16_000;
 const capped = (text: string) => (text.length > CONTENT_MAX_CHARS ? `${text.slice(0, CONTENT_MAX_CHARS)}…(truncated)` : text);
+
+/** A question is a message: one longer than a message may be could not be posted, and failed the run as `internal` on every try. */
+const QUESTION_MAX_CHARS = MESSAGE_TEXT_MAX;
+const QUESTION_CUT = '…(truncated)';
+const cutQuestion = (text: string) =>
+  text.length > QUESTION_MAX_CHARS && [...text].length > QUESTION_MAX_CHARS
+    ? `${[...text].slice(0, QUESTION_MAX_CHARS - QUESTION_CUT.length).join('')}${QUESTION_CUT}`
+    : text;
 
 /** The pseudo-tool a session task's agent calls to ask a person (or another agent) for input. */
 export const ASK_TOOL = 'ask_for_input';
@@ -53,16 +61,14 @@ export function modelClientOf(endpoint: AgentEndpoint) {
     webhookSecret: null,
     timeout: endpoint.timeoutSeconds * 1000,
     maxRetries: endpoint.maxRetries,
+    // the SDK's timer stops when fetch resolves on the headers: a body that stalls after them held the run to
+    // its budget. Read inside fetch, the body is under the same timer, and a stall is a timeout the SDK retries
+    fetch: readWhole,
     logLevel: 'off',
   });
   return {
     defaultModel: endpoint.model,
-    async complete(
-      model: string,
-      messages: ChatMessage[],
-      tools: unknown[],
-      signal: AbortSignal,
-    ): Promise<{ content: string | null; tool_calls: ChatToolCall[]; usage?: { prompt_tokens?: number; completion_tokens?: number } }> {
+    async complete(model: string, messages: ChatMessage[], tools: unknown[], signal: AbortSignal): Promise<Answer> {
       // one controller per call, tied to the run's signal and untied after: a long loop adds no listeners
       // to the run's signal; and the SDK's wait between retries does not listen to a signal, so the
       // budget and a cancel must not wait for it
@@ -85,7 +91,7 @@ export function modelClientOf(endpoint: AgentEndpoint) {
         },
         { signal: call.signal },
       );
-      let body: OpenAI.ChatCompletion;
+      let body: unknown;
       try {
         body = await Promise.race([request, stopped]);
       } catch (err) {
@@ -95,19 +101,75 @@ export function modelClientOf(endpoint: AgentEndpoint) {
       } finally {
         signal.removeEventListener('abort', stop);
       }
-      const message = body?.choices?.[0]?.message;
-      if (!message) throw new AgentError('agent-protocol', 'the model endpoint answered without choices[0].message');
-      const calls = (message.tool_calls ?? []).filter((c): c is ChatToolCall => c.type === 'function');
-      return {
-        content: message.content ?? null,
-        tool_calls: calls.map((c) => ({ id: c.id, type: 'function', function: { name: c.function.name, arguments: c.function.arguments } })),
-        usage: body.usage ? { prompt_tokens: body.usage.prompt_tokens, completion_tokens: body.usage.completion_tokens } : undefined,
-      };
+      return answerOf(body);
     },
   };
 }
 
 export type ModelClient = ReturnType<typeof modelClientOf>;
+
+/** A fetch that resolves once the whole body has arrived, so the SDK's timeout and abort cover the body too. */
+async function readWhole(url: string | URL | Request, init?: RequestInit): Promise<Response> {
+  const res = await fetch(url, init);
+  const body = await res.arrayBuffer();
+  // a status that carries no body (204, 304) may not be given one
+  const empty = res.status === 204 || res.status === 205 || res.status === 304;
+  return new Response(empty ? null : body, { status: res.status, statusText: res.statusText, headers: res.headers });
+}
+
+type Answer = { content: string | null; tool_calls: ChatToolCall[]; usage?: { prompt_tokens?: number; completion_tokens?: number } };
+
+/**
+ * The answer, checked against the shape the loop relies on: the SDK passes on whatever JSON the endpoint
+ * sent, and a string method called on a number, or a tool name that is not a string, failed the run as
+ * `internal` or stored a step the API cannot show. What does not fit is the endpoint's fault: agent-protocol.
+ */
+function answerOf(body: unknown): Answer {
+  const refuse = (what: string) => new AgentError('agent-protocol', `the model endpoint's answer could not be read: ${what}`);
+  const message = (body as { choices?: { message?: unknown }[] } | null)?.choices?.[0]?.message;
+  if (!message || typeof message !== 'object') throw new AgentError('agent-protocol', 'the model endpoint answered without choices[0].message');
+  const m = message as { content?: unknown; tool_calls?: unknown };
+  return { content: contentOf(m.content, refuse), tool_calls: toolCallsOf(m.tool_calls, refuse), usage: usageOf((body as { usage?: unknown }).usage) };
+}
+
+/** A message's text: a string, none, or (as some endpoints send it) a list of text parts, read as their texts joined. */
+function contentOf(content: unknown, refuse: (what: string) => AgentError): string | null {
+  if (content === undefined || content === null) return null;
+  if (typeof content === 'string') return content;
+  if (Array.isArray(content)) {
+    const texts = content.map((p: unknown) =>
+      p && typeof p === 'object' && typeof (p as { text?: unknown }).text === 'string' ? (p as { text: string }).text : null,
+    );
+    if (texts.every((t): t is string => t !== null)) return texts.join('');
+  }
+  throw refuse('choices[0].message.content is neither a string nor a list of text parts');
+}
+
+/** The calls of a function tool; arguments sent as a JSON object (not the text of one) are taken as their text. */
+function toolCallsOf(calls: unknown, refuse: (what: string) => AgentError): ChatToolCall[] {
+  if (calls === undefined || calls === null) return [];
+  if (!Array.isArray(calls)) throw refuse('choices[0].message.tool_calls is not a list');
+  const out: ChatToolCall[] = [];
+  for (const c of calls as unknown[]) {
+    const call = (c && typeof c === 'object' ? c : {}) as { id?: unknown; type?: unknown; function?: unknown };
+    // a call of another kind of tool than a function is none of ours: it was always passed over
+    if (call.type !== undefined && call.type !== 'function') continue;
+    const fn = (call.function && typeof call.function === 'object' ? call.function : null) as { name?: unknown; arguments?: unknown } | null;
+    if (typeof call.id !== 'string' || !fn || typeof fn.name !== 'string') throw refuse('a tool call lacks a string id or a function with a string name');
+    const args = typeof fn.arguments === 'string' ? fn.arguments : fn.arguments && typeof fn.arguments === 'object' ? JSON.stringify(fn.arguments) : null;
+    if (args === null) throw refuse(`the arguments of a call of ${fn.name} are neither JSON text nor an object`);
+    out.push({ id: call.id, type: 'function', function: { name: fn.name, arguments: args } });
+  }
+  return out;
+}
+
+/** Token counts the endpoint reported: only whole numbers of zero or more count (a string was added as text, a negative kept). */
+function usageOf(usage: unknown): Answer['usage'] {
+  if (!usage || typeof usage !== 'object') return undefined;
+  const count = (n: unknown) => (typeof n === 'number' && Number.isInteger(n) && n >= 0 ? n : undefined);
+  const u = usage as { prompt_tokens?: unknown; completion_tokens?: unknown };
+  return { prompt_tokens: count(u.prompt_tokens), completion_tokens: count(u.completion_tokens) };
+}
 
 function agentErrorOf(err: unknown, endpoint: AgentEndpoint): AgentError {
   const tries = `after ${endpoint.maxRetries + 1} tr${endpoint.maxRetries ? 'ies' : 'y'}`;
@@ -166,7 +228,7 @@ export async function runAgent(opts: {
     for (const call of parsed) {
       let content: string;
       if (call.tool === ASK_TOOL && opts.canAsk) {
-        question = typeof call.args.question === 'string' && call.args.question.trim() ? call.args.question : 'What should I do next?';
+        question = typeof call.args.question === 'string' && call.args.question.trim() ? cutQuestion(call.args.question) : 'What should I do next?';
         content = JSON.stringify({ asked: true, note: 'The answer arrives as a message.' });
       } else {
         const left = opts.stepsLeft();

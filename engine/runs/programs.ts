@@ -177,7 +177,9 @@ export function stepsProgram(agent?: AgentLoop) {
  * started by the answer, continues.
  */
 export function agentProgram(client: ModelClient, runOf: (runId: string) => Promise<Run | null>) {
-  const loop: AgentLoop = async (a, goal) => {
+  // only a goal task's run may ask: a plan's `agent` step cannot pause its plan, so its question went to the
+  // log, the task succeeded, and the answer did nothing
+  const run = async (a: Attempt, goal: string, canAsk: boolean): Promise<WorkOutcome> => {
     const allowed = a.run.tool_allowlist.map((t) => TOOLS.get(t)).filter((t) => t !== undefined);
     const own = a.sessions?.own;
     const trigger = a.run.trigger.type === 'task' ? a.run.trigger : null;
@@ -192,7 +194,7 @@ export function agentProgram(client: ModelClient, runOf: (runId: string) => Prom
         inputs: a.run.inputs,
         tools: allowed,
         conversation: continued,
-        canAsk: Boolean(own),
+        canAsk: canAsk && Boolean(own),
         inbox: async () => {
           if (!own) return [];
           const { texts, lastSeq } = await own.inbox(seen);
@@ -227,7 +229,8 @@ export function agentProgram(client: ModelClient, runOf: (runId: string) => Prom
       throw err;
     }
   };
-  return { loop, program: (a: Attempt) => loop(a, a.run.goal ?? '') };
+  const loop: AgentLoop = (a, goal) => run(a, goal, false);
+  return { loop, program: (a: Attempt) => run(a, a.run.goal ?? '', true) };
 }
 
 /** How long a vibe run's diff may take once its run is stopped (its budget ran out, a cancel, a shutdown). */

@@ -8,6 +8,7 @@ import {
   newId,
   NotFoundError,
   afterStored,
+  MESSAGE_TEXT_MAX,
   scopes,
   untilTaken,
   type AgentRecord,
@@ -590,8 +591,6 @@ export function sessionsOf(deps: SessionsDeps) {
 
 export type Sessions = ReturnType<typeof sessionsOf>;
 
-/** The most characters of a message's text part (api/openapi.yaml's MessagePart): the session tool and agents are held to it too. */
-const MESSAGE_TEXT_MAX = 100_000;
 /** The characters of a message's text its `message.created` event carries (the rest is read from the message). */
 const EVENT_TEXT_MAX = 4000;
 

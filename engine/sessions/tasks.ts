@@ -257,7 +257,7 @@ export function tasksOf(deps: TasksDeps) {
       if (now && now.status !== 'paused') await dispatch(now, held.id);
       return held !== null;
     }
-    const trigger = { prior_attempts: 0, ...(task.agent_id && task.goal ? { inbox_after: task.inbox_after ?? 0 } : {}) };
+    const trigger = { prior_attempts: 0, ...(task.agent_id ? { inbox_after: task.inbox_after ?? 0 } : {}) };
     try {
       await startRun(
         session,

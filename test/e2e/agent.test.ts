@@ -179,6 +179,71 @@ describe('agent runs', function () {
     );
   });
 
+  it('times a model call out when its body stalls after the headers, and retries it as a timeout', async () => {
+    await withAgent(
+      [{ content: 'too late', stall_ms: 5000 }],
+      async (h, model) => {
+        const res = await h.call('POST', '/api/v1/autonomy/run', { body: { goal: 'wait for the body' } });
+        const run = await finished(h, res.body.run_id);
+        expect(run.status).to.equal('failed');
+        expect(run.error).to.deep.equal({ code: 'agent-error', message: 'the model endpoint did not answer within 1 s (after 2 tries)' });
+        // two tries of 1 s and the wait between them, not the 5 s of the stalled body
+        expect(run.duration_ms).to.be.below(4000);
+        expect(model.requests).to.have.length(2);
+      },
+      { SERVICE_AGENT_TIMEOUT_SECONDS: '1', SERVICE_AGENT_MAX_RETRIES: '1' },
+    );
+  });
+
+  it('reads an answer of another shape the protocol allows, and fails one it cannot read with agent-protocol, not internal', async () => {
+    const answer = (message: Record<string, unknown>, usage?: unknown) => ({
+      raw: { id: 'chatcmpl-x', object: 'chat.completion', choices: [{ index: 0, message: { role: 'assistant', ...message }, finish_reason: 'stop' }], usage },
+    });
+    const call = (fn: unknown) => ({ id: 'call_1', type: 'function', function: fn });
+    const script: ScriptedTurn[] = [
+      // arguments as an object, content as text parts; token counts as text and below zero count for nothing
+      answer(
+        {
+          content: [
+            { type: 'text', text: 'Saying ' },
+            { type: 'text', text: 'hi.' },
+          ],
+          tool_calls: [call({ name: 'message', arguments: { text: 'hi' } })],
+        },
+        { prompt_tokens: '10', completion_tokens: -5 },
+      ),
+      answer({ content: [{ type: 'text', text: 'Done.' }] }, { prompt_tokens: 3, completion_tokens: 2 }),
+      // what cannot be read: one run each
+      answer({ content: null, tool_calls: [call({ name: 'message', arguments: 42 })] }),
+      answer({ content: null, tool_calls: [{ id: 'call_1', type: 'function' }] }),
+      answer({ content: null, tool_calls: { id: 'call_1', function: { name: 'message', arguments: '{}' } } }),
+      answer({ content: 42 }),
+      answer({ content: [{ type: 'image_url', image_url: { url: 'x' } }] }),
+      answer({ content: null, tool_calls: [call({ name: 42, arguments: '{}' })] }),
+    ];
+    await withAgent(
+      script,
+      async (h) => {
+        const start = async () =>
+          (await h.call<RunBody>('POST', '/api/v1/autonomy/run', { body: { goal: 'say hi', tools: ['message'] } })).body.run_id as string;
+        const read = await finished(h, await start());
+        expect(read.status, JSON.stringify(read.error)).to.equal('succeeded');
+        expect(read.steps.map((s: RunBody) => [s.tool, s.args, s.status])).to.deep.equal([['message', { text: 'hi' }, 'succeeded']]);
+        expect(read.agent_turns[0].content).to.equal('Saying hi.');
+        expect(read.result.final_answer).to.equal('Done.');
+        expect(read.usage).to.deep.include({ prompt_tokens: 3, completion_tokens: 2 });
+        for (let i = 0; i < 6; i++) {
+          const run = await finished(h, await start());
+          expect(run.status, `answer ${i + 3}`).to.equal('failed');
+          expect(run.error.code, `answer ${i + 3}: ${run.error.message}`).to.equal('agent-protocol');
+          expect(run.steps, `answer ${i + 3}`).to.deep.equal([]);
+        }
+        expect(h.logs.join('')).not.to.contain('TypeError');
+      },
+      { SERVICE_AGENT_MAX_RETRIES: '0' },
+    );
+  });
+
   it('ends timed_out when the budget runs out during the agent loop', async () => {
     await withAgent([{ tool_calls: [{ name: 'shell', args: { command: 'sleep 20' } }] }], async (h) => {
       const res = await h.call('POST', '/api/v1/autonomy/run', { body: { goal: 'wait', tools: ['shell'], budget_seconds: 1 } });

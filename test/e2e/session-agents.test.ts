@@ -261,6 +261,41 @@ describe('agents of a session', function () {
     });
   });
 
+  it('cuts a question longer than a message may be to the limit, marked, and waits for its answer', async () => {
+    const long = 'q'.repeat(100_001);
+    await withAgents([{ tool_calls: [{ name: 'ask_for_input', args: { question: long } }] }], async (h, _model, session) => {
+      const asker = await agent(h, session, { name: 'asker' });
+      await task(h, session, { id: 'ask', goal: 'Ask at length', agent_id: asker.id });
+      const waiting = await sessionWhen(
+        h,
+        session,
+        (s) => s.tasks[0].status !== 'pending' && s.tasks[0].status !== 'queued' && s.tasks[0].status !== 'running',
+        'the task to wait',
+      );
+      expect(waiting.tasks[0].status).to.equal('input_required');
+      const log = (await h.call<Body>('GET', `/api/v1/sessions/${session}/messages`)).body.data;
+      const question = log.find((m: Body) => m.kind === 'input_request').parts[0].text as string;
+      expect(question).to.have.length(100_000);
+      expect(question.endsWith('…(truncated)')).to.equal(true);
+      expect((await finishedRun(h, waiting.tasks[0].run_ids[0])).result.input_required.question).to.equal(question);
+    });
+  });
+
+  it('does not offer a plan’s agent step ask_for_input, and starts its inbox at the task’s add', async () => {
+    await withAgents([{ content: 'Done.' }], async (h, model, session) => {
+      const planner = await agent(h, session, { name: 'planner', tool_allowlist: ['agent', 'list_files'] });
+      const early = await h.call('POST', `/api/v1/sessions/${session}/messages`, { body: { role: 'user', to: planner.id, parts: text('Before the task.') } });
+      expect(early.status).to.equal(201);
+      await task(h, session, { id: 'plan', steps: [{ tool: 'agent', args: { goal: 'List the files' } }], agent_id: planner.id });
+      const done = await sessionWhen(h, session, (s) => s.outcome !== null, 'the task to end');
+      expect(done.tasks[0].status).to.equal('succeeded');
+      expect(model.requests).to.have.length(1);
+      // a plan cannot pause: a question would go to the log while the task went on, its answer doing nothing
+      expect(model.requests[0]!.body.tools.map((t: Body) => t.function.name)).not.to.include('ask_for_input');
+      expect(JSON.stringify(model.requests[0]!.body.messages)).not.to.contain('Before the task.');
+    });
+  });
+
   it('edits an agent: a run already made keeps its snapshot, the next run takes the edit; an archived session’s agents are read-only', async () => {
     const script: ScriptedTurn[] = [{ content: 'First done.' }, { content: 'Second done.' }];
     await withAgents(script, async (h, model, session) => {

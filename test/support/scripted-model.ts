@@ -12,8 +12,12 @@ export type ScriptedTurn =
       gate?: Promise<unknown>;
       /** the answer comes this late */
       delay_ms?: number;
+      /** the headers come at once, the body this late (an endpoint that stalls mid-answer) */
+      stall_ms?: number;
     }
-  | { status: number; headers?: Record<string, string> };
+  | { status: number; headers?: Record<string, string> }
+  /** this JSON as the whole answer, whatever its shape (an endpoint that does not keep to the protocol) */
+  | { raw: unknown };
 
 export type ScriptedModel = {
   url: string;
@@ -40,6 +44,10 @@ export async function startScriptedModel(script: ScriptedTurn[]): Promise<Script
         res.writeHead(next.status, { 'content-type': 'application/json', ...next.headers }).end('{"error":{"message":"scripted failure"}}');
         return;
       }
+      if ('raw' in next) {
+        res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(next.raw));
+        return;
+      }
       await next.gate;
       if (next.delay_ms) await new Promise((r) => setTimeout(r, next.delay_ms));
       if (res.destroyed) return;
@@ -56,7 +64,13 @@ export async function startScriptedModel(script: ScriptedTurn[]): Promise<Script
             }
           : {}),
       };
-      res.writeHead(200, { 'content-type': 'application/json' }).end(
+      res.writeHead(200, { 'content-type': 'application/json' });
+      if (next.stall_ms) {
+        res.flushHeaders();
+        await new Promise((r) => setTimeout(r, next.stall_ms));
+        if (res.destroyed) return;
+      }
+      res.end(
         JSON.stringify({
           id: `chatcmpl-${index}`,
           object: 'chat.completion',
