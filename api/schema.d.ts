@@ -653,14 +653,21 @@ export interface paths {
          *     than SERVICE_TRANSCRIBE_MAX_SECONDS (default 600; read from WAV, FLAC and Ogg headers before the
          *     provider is asked, from the provider's answer for the others) is a 422 `audio-too-long`. A failing
          *     provider is a 502 `transcription-provider-error`, a provider that does not answer in time a 504
-         *     `transcription-timeout`. Neither the audio nor its text is stored by this route.
+         *     `transcription-timeout`. Neither the audio nor its text is stored by this route. A form is refused with
+         *     400 as soon as it names a file part other than `file` or a second file, and with 413
+         *     `payload-too-large` once it runs past 25 MB of audio and what its fields may hold, without reading
+         *     the rest of it.
          *
          *     Two actions may ride along. `session_id` (with `to`, an agent of it) appends the text as a `user`
          *     message to that session's inbox; the session is checked before the audio is transcribed (404 for one
          *     that is not the caller's, 409 when archived or the session of an autonomy or vibe run, as for
-         *     `POST /sessions/{id}/messages`). `run=true` starts an autonomy run with the text as its
+         *     `POST /sessions/{id}/messages`). Options in the query, and a form's fields sent before its file, are
+         *     checked before any of the audio reaches the provider; fields after the file, before its last byte
+         *     does. `run=true` starts an autonomy run with the text as its
          *     goal (in `workspace`, when given) and answers 202 as `POST /autonomy/run` does, with `Location` and the
-         *     run in `run`; an `Idempotency-Key` returns the run an earlier request with the same audio started. A
+         *     run in `run`; an `Idempotency-Key` returns the run an earlier request with the same audio started
+         *     (with `Idempotent-Replayed: true`), even when a new request would now be refused because the tenant's
+         *     line is full or the session has been archived since. A
          *     recording in which no words are recognised starts and posts nothing (422 `audio-invalid`).
          */
         post: operations["transcribeVoice"];

@@ -5,7 +5,7 @@ import type { Readable } from 'node:stream';
 import { Ajv2020 } from 'ajv/dist/2020.js';
 import busboy from 'busboy';
 import { Router, type Request, type Response } from 'express';
-import { AudioRejectedError, ValidationError } from '../../engine/platform/index.js';
+import { AudioRejectedError, ConflictError, PayloadTooLargeError, ValidationError } from '../../engine/platform/index.js';
 import type { Engine } from '../../engine/index.js';
 import { tenantOf } from '../auth.js';
 import type { components } from '../schema.js';
@@ -29,7 +29,19 @@ export function voiceRouter(engine: Engine, spec: OpenApiDocument): Router {
   router.post('/voice/transcribe', async (req: Request, res: Response) => {
     engine.voice.assertConfigured();
     const tenantId = tenantOf(req);
-    const incoming = receive(req);
+    const incoming = receive(req, engine.voice.maxBytes);
+    // a retry of a spoken run answers the run its key started, as `POST /autonomy/run` does, even when a new
+    // request would now be refused (the tenant's line full, its session archived since): those checks are
+    // skipped for it. A session that is not the caller's is still refused: the key proves nothing about it.
+    const key = idempotencyKeyOf(req);
+    const replaying = key ? (await engine.runs.heldRun(tenantId, key)) !== null : false;
+    const assertCanTake = async (o: VoiceOptions) => {
+      if (o.session_id)
+        await engine.sessions.assertCanPost(tenantId, o.session_id, o.to).catch((err: unknown) => {
+          if (!(replaying && o.run && err instanceof ConflictError)) throw err;
+        });
+      if (o.run && !replaying) await engine.runs.assertAcceptable(tenantId, autonomyRunRequest(req, 'autonomy', spokenRun('…', o.workspace)));
+    };
     let opts: VoiceOptions = {};
     // once every byte is here, before the provider gets the last of them: a raw body's options are query
     // parameters (checked by the validator), a form's are its fields (which may follow its file)
@@ -38,8 +50,7 @@ export function voiceRouter(engine: Engine, spec: OpenApiDocument): Router {
       if (opts.to && !opts.session_id) throw new ValidationError('`to` names an agent of a session', [{ path: '/body/to', message: 'needs session_id' }]);
       if (opts.workspace && !opts.run) throw new ValidationError('`workspace` is where a run starts', [{ path: '/body/workspace', message: 'needs run=true' }]);
       // a session that is not there, not the caller's or archived, or a run that would be refused: the provider is not paid
-      if (opts.session_id) await engine.sessions.assertCanPost(tenantId, opts.session_id, opts.to);
-      if (opts.run) await engine.runs.assertAcceptable(tenantId, autonomyRunRequest(req, 'autonomy', spokenRun('…', opts.workspace)));
+      await assertCanTake(opts);
       return { language: opts.language, prompt: opts.prompt };
     };
 
@@ -50,15 +61,19 @@ export function voiceRouter(engine: Engine, spec: OpenApiDocument): Router {
     let heard: Awaited<ReturnType<Engine['voice']['transcribe']>>;
     try {
       // options in the query are known now: a foreign session or a refused run does not wait for the upload
-      const early = req.query as VoiceOptions;
-      if (early.session_id) await engine.sessions.assertCanPost(tenantId, early.session_id, early.to);
-      if (early.run) await engine.runs.assertAcceptable(tenantId, autonomyRunRequest(req, 'autonomy', spokenRun('…', early.workspace)));
-      heard = await engine.voice.transcribe(tenantId, await incoming.file, {
+      await assertCanTake(req.query as VoiceOptions);
+      // so are a form's fields ahead of its file, once the file is announced: they are checked before the
+      // engine sends a byte of the audio to the provider, which must not hear a recording meant for another
+      // tenant's session (or an archived one)
+      const { audio, before } = await incoming.file;
+      const ahead = optionsOf(before);
+      if (Object.keys(ahead).length) await assertCanTake({ ...(req.query as VoiceOptions), ...ahead });
+      heard = await engine.voice.transcribe(tenantId, audio, {
         signal: aborted.signal,
         log: req.log,
         complete,
         // a form's run field is read only at the end: any request with a key is fingerprinted
-        digest: !!idempotencyKeyOf(req),
+        digest: !!key,
       });
     } catch (err) {
       // what is left of a refused body is drained, unread, and the connection closed after the answer
@@ -90,7 +105,7 @@ export function voiceRouter(engine: Engine, spec: OpenApiDocument): Router {
     // one started, whatever the provider hears the second time, and posts nothing again: the message is
     // posted, and the transcript judged, only for a new key
     const fingerprint = { kind: 'autonomy', voice: heard.sha256, workspace: opts.workspace ?? null, session_id: opts.session_id ?? null, to: opts.to ?? null };
-    const { run, replayed } = await engine.runs.createIdempotent(tenantId, idempotencyKeyOf(req), fingerprint, async () => {
+    const { run, replayed } = await engine.runs.createIdempotent(tenantId, key, fingerprint, async () => {
       if (!text) throw silent();
       if (text.length > MAX_GOAL_CHARS)
         throw new ValidationError('the transcript is too long to be a run goal', [
@@ -127,46 +142,84 @@ function fieldValidator(spec: OpenApiDocument): (fields: Record<string, string>)
   };
 }
 
-/** The audio as it streams in (a form's `file`, or the raw body), and a form's fields once it has been read. */
-function receive(req: Request): { file: Promise<Readable>; fields: Promise<Record<string, string>> } {
-  if (!req.is('multipart/form-data')) return { file: Promise.resolve(req), fields: Promise.resolve({}) };
+/**
+ * What a form may hold besides its audio: every field at its limit, and each part's headers and boundary
+ * (busboy reads at most 16 KB of a part's headers).
+ */
+const MAX_FORM_OVERHEAD_BYTES = MAX_FIELDS * MAX_FIELD_BYTES + (MAX_FIELDS + 1) * 16 * 1024;
+
+/**
+ * The audio as it streams in (a form's `file`, with the fields that came before it, or the raw body), and a
+ * form's fields once it has been read.
+ */
+function receive(
+  req: Request,
+  maxAudioBytes: number,
+): { file: Promise<{ audio: Readable; before: Record<string, string> }>; fields: Promise<Record<string, string>> } {
+  if (!req.is('multipart/form-data')) return { file: Promise.resolve({ audio: req, before: {} }), fields: Promise.resolve({}) };
   const unreadable = (err: Error) => new ValidationError('the multipart body cannot be read', [{ path: '/body', message: err.message }]);
   const fields: Record<string, string> = Object.create(null);
+  // the engine counts the audio, but not what a form carries besides it (a part the route ignores, a field
+  // busboy truncates but reads whole): the whole body is capped, so nothing holds an upload slot for long
+  const maxBodyBytes = maxAudioBytes + MAX_FORM_OVERHEAD_BYTES;
+  const tooLarge = () =>
+    new PayloadTooLargeError(`the form is over its limit of ${maxBodyBytes} bytes (${Math.round(maxAudioBytes / 1024 / 1024)} MB of audio and its fields)`);
   let bb: busboy.Busboy;
   try {
-    // the upload's size is counted by the engine, which refuses it past the limit
     bb = busboy({ headers: req.headers, limits: { files: 1, fields: MAX_FIELDS, fieldSize: MAX_FIELD_BYTES } });
+    if (Number(req.headers['content-length']) > maxBodyBytes) throw tooLarge();
   } catch (err) {
-    const bad = Promise.reject(unreadable(err as Error));
+    const bad = Promise.reject(err instanceof PayloadTooLargeError ? err : unreadable(err as Error));
     bad.catch(() => undefined);
     return { file: bad, fields: bad };
   }
   let failure: Error | undefined;
   let audio: Readable | undefined;
-  const file = new Promise<Readable>((resolve, reject) => {
-    bb.on('file', (name, stream) => {
-      // busboy may break a part off in the same turn it is announced: nothing is left to throw it
-      stream.on('error', () => undefined);
-      if (name !== 'file') stream.resume();
-      else resolve((audio = stream));
-    });
-    bb.on('close', () => reject(new ValidationError('no audio', [{ path: '/body/file', message: 'a file field named "file" is required' }])));
-    bb.on('error', (err: Error) => reject(unreadable(err)));
-  });
-  const done = new Promise<Record<string, string>>((resolve, reject) => {
-    bb.on('field', (name, value, info) => {
-      if (info.valueTruncated)
-        failure ??= new ValidationError('a field is too long', [{ path: `/body/${name}`, message: `must be at most ${MAX_FIELD_BYTES} bytes` }]);
-      else if (value) fields[name] = value;
-    });
-    // what busboy would drop quietly is refused: a field past the limit may be session_id or run
-    bb.on('fieldsLimit', () => (failure ??= new ValidationError('too many fields', [{ path: '/body', message: `at most ${MAX_FIELDS} fields` }])));
-    bb.on('filesLimit', () => (failure ??= new ValidationError('more than one file', [{ path: '/body', message: 'send one file, named "file"' }])));
-    bb.on('close', () => (failure ? reject(failure) : resolve(fields)));
-    bb.on('error', (err: Error) => reject(unreadable(err)));
-  });
+  let settleFile: { resolve: (got: { audio: Readable; before: Record<string, string> }) => void; reject: (err: Error) => void };
+  let settleFields: { resolve: (got: Record<string, string>) => void; reject: (err: Error) => void };
+  const file = new Promise<{ audio: Readable; before: Record<string, string> }>((resolve, reject) => (settleFile = { resolve, reject }));
+  const done = new Promise<Record<string, string>>((resolve, reject) => (settleFields = { resolve, reject }));
   file.catch(() => undefined);
   done.catch(() => undefined);
+  // a form refused part way is not read further: the route answers at once and closes the connection, and
+  // what busboy would drop quietly is refused too (a field past the limit may be session_id or run)
+  const refuse = (err: Error) => {
+    if (failure) return;
+    failure = err;
+    settleFile.reject(err);
+    settleFields.reject(err);
+    req.unpipe(bb);
+    audio?.destroy(err);
+    // busboy is left to finish the chunk it is parsing, which may be the one that announced the part
+    process.nextTick(() => bb.destroy());
+  };
+  bb.on('file', (name, stream) => {
+    // busboy may break a part off in the same turn it is announced: nothing is left to throw it
+    stream.on('error', () => undefined);
+    // a second file is announced as busboy's `filesLimit`, below
+    if (name !== 'file') refuse(new ValidationError('no audio', [{ path: '/body/file', message: 'a file field named "file" is required' }]));
+    else settleFile.resolve({ audio: (audio = stream), before: { ...fields } });
+  });
+  bb.on('field', (name, value, info) => {
+    if (info.valueTruncated)
+      refuse(new ValidationError('a field is too long', [{ path: `/body/${name}`, message: `must be at most ${MAX_FIELD_BYTES} bytes` }]));
+    else if (value) fields[name] = value;
+  });
+  bb.on('fieldsLimit', () => refuse(new ValidationError('too many fields', [{ path: '/body', message: `at most ${MAX_FIELDS} fields` }])));
+  bb.on('filesLimit', () => refuse(new ValidationError('more than one file', [{ path: '/body', message: 'send one file, named "file"' }])));
+  bb.on('close', () => {
+    settleFile.reject(new ValidationError('no audio', [{ path: '/body/file', message: 'a file field named "file" is required' }]));
+    settleFields.resolve(fields);
+  });
+  bb.on('error', (err: Error) => {
+    settleFile.reject(unreadable(err));
+    settleFields.reject(unreadable(err));
+  });
+  let read = 0;
+  req.on('data', (chunk: Buffer) => {
+    read += chunk.length;
+    if (read > maxBodyBytes) refuse(tooLarge());
+  });
   // a client that goes away mid-form ends neither the form nor its file: both are broken off
   req.once('close', () => {
     if (req.complete) return;

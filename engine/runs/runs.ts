@@ -358,6 +358,25 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
     throw keyInUse();
   }
 
+  /**
+   * The stored run a tenant's Idempotency-Key holds, or null (none yet, or Redis and the store cannot say
+   * now). It only reads: a caller that would check a new request first (its tenant's line, its session)
+   * skips the checks for a retry, which `createIdempotent` answers with that run whatever they would say.
+   */
+  async function heldRun(tenantId: string, key: string): Promise<Run | null> {
+    const keyDigest = sha256Hex(key);
+    try {
+      const claimed = await heldClaim(`${prefix}:idempotency:${tenantId}:${keyDigest}`);
+      // Redis forgets a key when it loses its data: the store keeps each key's run too, for its day
+      const since = new Date(clock.now().getTime() - IDEMPOTENCY_TTL_SECONDS * 1000).toISOString();
+      const runId = claimed?.run_id ?? (await store.idempotencyKeys.get(tenantId, keyDigest, since))?.run_id;
+      return (runId && (await store.runs.get(tenantId, runId))) || null;
+    } catch {
+      // not knowing is answered as a new request is: checked first
+      return null;
+    }
+  }
+
   /** What holds an idempotency key now: its request's fingerprint and run; null when nothing does. */
   async function heldClaim(slot: string): Promise<{ hash?: string; run_id: string } | null> {
     const holding = await withTimeout(redis.get(slot), REDIS_DEADLINE_MS, 'Redis answer');
@@ -489,6 +508,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
   return {
     create,
     createIdempotent,
+    heldRun,
     /** Throws what `create` would refuse this request for, storing nothing (a caller about to pay for the request's input asks first). */
     assertAcceptable: async (tenantId: string, req: RunRequest): Promise<void> => void (await admitNew(tenantId, req)),
     assertRoom,

@@ -310,6 +310,88 @@ describe('voice transcription', function () {
     expect((await raw(h, wav(0.2))).status, 'the service still answers').to.be.oneOf([200, 504]);
   });
 
+  it('answers a form with a part it does not take, or past its size, before the rest of the body is sent', async () => {
+    provider.play([]);
+    const port = Number(new URL(h.url).port);
+    /**
+     * Sends a request's head, then its body a piece at a time (each once the last is handed to the kernel),
+     * and stops as soon as the service answers: its status line, and how much of the body had gone by then.
+     */
+    const sendUntilAnswered = (head: string, pieces: Iterable<Buffer>) =>
+      new Promise<{ status: string; sent: number }>((resolve) => {
+        const socket = net.connect(port, '127.0.0.1');
+        let answer = '';
+        let sent = 0;
+        let over = false;
+        const finish = () => {
+          if (over) return;
+          over = true;
+          clearTimeout(held);
+          socket.destroy();
+          resolve({ status: answer.split('\r\n')[0] ?? '', sent });
+        };
+        // a server that reads everything and still does not answer: the test says so rather than hang
+        const held = setTimeout(finish, 20_000);
+        socket.on('data', (d) => {
+          answer += d;
+          // the answer's head is all the test reads: a connection kept open after it is not waited for
+          if (answer.includes('\r\n\r\n')) finish();
+        });
+        socket.on('error', () => undefined);
+        socket.on('close', () => setTimeout(finish, 50));
+        socket.on('connect', async () => {
+          socket.write(`POST /api/v1/autonomy/voice/transcribe HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${KEYS.a}\r\n${head}\r\n`);
+          for (const piece of pieces) {
+            if (answer || over) break;
+            await new Promise((r) => socket.write(piece, r));
+            sent += piece.length;
+            // a little time between pieces, for an answer to come back
+            await new Promise((r) => setTimeout(r, 5));
+          }
+          // a whole body sent: the answer is waited for
+        });
+      });
+    const part = (name: string, body: Buffer, filename = '') =>
+      Buffer.concat([
+        Buffer.from(`--XB\r\nContent-Disposition: form-data; name="${name}"${filename ? `; filename="${filename}"` : ''}\r\n\r\n`),
+        body,
+        Buffer.from('\r\n'),
+      ]);
+    const end = Buffer.from('--XB--\r\n');
+    const pieces = function* (body: Buffer, size = 64 * 1024) {
+      for (let at = 0; at < body.length; at += size) yield body.subarray(at, at + size);
+    };
+    const form = 'Content-Type: multipart/form-data; boundary=XB\r\n';
+    const sized = (body: Buffer) => `${form}Content-Length: ${body.length}\r\n`;
+    // a file part not named `file`, and a second file part after the audio: refused when announced
+    const misnamed = Buffer.concat([part('audio', wav(100), 'a.wav'), end]);
+    const second = Buffer.concat([part('file', wav(0.5), 'a.wav'), part('file', wav(100), 'b.wav'), end]);
+    for (const [what, body] of [
+      ['a file part named audio', misnamed],
+      ['a second file part', second],
+    ] as const) {
+      const got = await sendUntilAnswered(sized(body), pieces(body));
+      expect(got.status, what).to.contain('400');
+      expect(got.sent, `${what}: answered before the whole body was sent`).to.be.below(body.length / 2);
+    }
+    // a field of 60 MB after the audio, in chunks of unannounced length: refused past the form's limit
+    const huge = Buffer.concat([part('file', wav(0.5), 'a.wav'), part('prompt', Buffer.alloc(60 * 1024 * 1024, 'a')), end]);
+    const chunked = function* () {
+      for (const piece of pieces(huge, 1024 * 1024)) yield Buffer.concat([Buffer.from(`${piece.length.toString(16)}\r\n`), piece, Buffer.from('\r\n')]);
+      yield Buffer.from('0\r\n\r\n');
+    };
+    const streamed = await sendUntilAnswered(`${form}Transfer-Encoding: chunked\r\n`, chunked());
+    expect(streamed.status).to.contain('413');
+    expect(streamed.sent, 'answered before the whole body was sent').to.be.below(40 * 1024 * 1024);
+    // one that says its length up front is refused before a byte of its body is read
+    const declared = await sendUntilAnswered(sized(huge), pieces(huge, 1024 * 1024));
+    expect(declared.status).to.contain('413');
+    expect(declared.sent).to.be.below(10 * 1024 * 1024);
+    expect(provider.received.filter((r) => r.file)).to.have.length(0);
+    provider.play([{ status: 200, body: VERBOSE }]);
+    expect((await upload(h, formOf(wav(0.2), {}))).status, 'the service still answers').to.equal(200);
+  });
+
   it('retries once after a 429, waiting as Retry-After says (capped)', async () => {
     provider.play([
       { status: 429, headers: { 'retry-after': '1' } },
@@ -482,6 +564,27 @@ describe('voice transcription', function () {
     expect(after).to.have.length(inbox.length);
   });
 
+  it("sends no byte of a form's audio to the provider when a field before its file names another tenant's or an archived session", async () => {
+    const session = (await h.call<Body>('POST', '/api/v1/sessions', { body: { title: 'not theirs' } })).body;
+    // the fields first, as a client that builds its form so sends them: known before any of the audio
+    const fieldsFirst = (fields: Record<string, string>) => {
+      const form = new FormData();
+      for (const [k, v] of Object.entries(fields)) form.append(k, v);
+      form.append('file', new Blob([wav(10)], { type: 'audio/wav' }), 'note.wav');
+      return form;
+    };
+    provider.play([]);
+    const foreign = await upload(h, fieldsFirst({ session_id: session.id }), { key: KEYS.b });
+    expect(foreign.status, foreign.text).to.equal(404);
+    expect((await h.call('DELETE', `/api/v1/sessions/${session.id}`)).status).to.be.oneOf([200, 202, 204]);
+    const archived = await upload(h, fieldsFirst({ session_id: session.id }));
+    expect(archived.status, archived.text).to.equal(409);
+    // bytes already on their way to the provider would land in a moment
+    await new Promise((r) => setTimeout(r, 200));
+    expect(provider.live.bytes, 'no byte of the audio reached the provider').to.equal(0);
+    expect(provider.received).to.have.length(0);
+  });
+
   it('starts an autonomy run with the text as its goal: 202 with Location, and the same key and audio return the same run', async () => {
     provider.play([
       { status: 200, body: { ...VERBOSE, text: 'open a pull request' } },
@@ -583,6 +686,51 @@ describe('voice transcription', function () {
       expect(res.status, res.text).to.equal(429);
       expect(res.headers.get('retry-after')).to.equal('30');
       expect(provider.received, 'the provider was not asked').to.have.length(0);
+    } finally {
+      await full.close();
+    }
+  });
+
+  it('answers a retry of a spoken run with its first run (202, Idempotent-Replayed) after the line filled and its session was archived', async () => {
+    const full = await startHarness({
+      workers: false,
+      env: {
+        SERVICE_TENANT_MAX_RUNNING: '1',
+        SERVICE_TENANT_MAX_WAITING: '1',
+        SERVICE_TRANSCRIBE_PROVIDER: 'openai',
+        SERVICE_TRANSCRIBE_BASE_URL: provider.url,
+        SERVICE_TRANSCRIBE_API_KEY: KEY,
+        SERVICE_TRANSCRIBE_MODEL: 'whisper-1',
+        SERVICE_AGENT_BASE_URL: 'http://127.0.0.1:9/v1',
+        SERVICE_AGENT_MODEL: 'none',
+      },
+    });
+    try {
+      const session = (await full.call<Body>('POST', '/api/v1/sessions', { body: { title: 'spoken' } })).body;
+      const audio = wav(0.4);
+      const asked = () => raw(full, audio, 'audio/wav', { query: `run=true&session_id=${session.id}`, headers: { 'idempotency-key': 'voice-retry' } });
+      provider.play([0, 1, 2].map(() => ({ status: 200, body: { ...VERBOSE, text: 'tidy the repo' } })));
+      const first = await asked();
+      expect(first.status, first.text).to.equal(202);
+      // the line is full now (the spoken run and one more): a new request would be refused with 429
+      expect((await full.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'message', args: { text: 'x' } }] } })).status).to.equal(202);
+      const whenFull = await asked();
+      expect(whenFull.status, whenFull.text).to.equal(202);
+      expect(whenFull.headers.get('idempotent-replayed')).to.equal('true');
+      expect(whenFull.body.run.run_id).to.equal(first.body.run.run_id);
+      // and its session archived since: a new request would be refused with 409
+      expect((await full.call('DELETE', `/api/v1/sessions/${session.id}`)).status).to.be.oneOf([200, 202, 204]);
+      const whenArchived = await asked();
+      expect(whenArchived.status, whenArchived.text).to.equal(202);
+      expect(whenArchived.headers.get('idempotent-replayed')).to.equal('true');
+      expect(whenArchived.body.run.run_id).to.equal(first.body.run.run_id);
+      // another tenant's key of the same name holds nothing of this one's
+      const other = await raw(full, audio, 'audio/wav', {
+        key: KEYS.b,
+        query: `run=true&session_id=${session.id}`,
+        headers: { 'idempotency-key': 'voice-retry' },
+      });
+      expect(other.status, other.text).to.equal(404);
     } finally {
       await full.close();
     }
