@@ -664,8 +664,9 @@ describe('voice transcription', function () {
     expect(provider.received[0]!.file!.mimeType).to.equal('audio/mpeg');
   });
 
-  it('refuses a spoken run with 429 before the provider is paid, while the tenant’s line is full (SERVICE_TENANT_MAX_WAITING)', async () => {
-    const full = await startHarness({
+  /** a service whose tenants' line holds one run, with no worker to empty it */
+  const startFullLine = () =>
+    startHarness({
       workers: false,
       env: {
         SERVICE_TENANT_MAX_RUNNING: '1',
@@ -678,6 +679,9 @@ describe('voice transcription', function () {
         SERVICE_AGENT_MODEL: 'none',
       },
     });
+
+  it('refuses a spoken run with 429 before the provider is paid, while the tenant’s line is full (SERVICE_TENANT_MAX_WAITING)', async () => {
+    const full = await startFullLine();
     try {
       for (let i = 0; i < 2; i++)
         expect((await full.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'message', args: { text: 'x' } }] } })).status).to.equal(202);
@@ -692,19 +696,7 @@ describe('voice transcription', function () {
   });
 
   it('answers a retry of a spoken run with its first run (202, Idempotent-Replayed) after the line filled and its session was archived', async () => {
-    const full = await startHarness({
-      workers: false,
-      env: {
-        SERVICE_TENANT_MAX_RUNNING: '1',
-        SERVICE_TENANT_MAX_WAITING: '1',
-        SERVICE_TRANSCRIBE_PROVIDER: 'openai',
-        SERVICE_TRANSCRIBE_BASE_URL: provider.url,
-        SERVICE_TRANSCRIBE_API_KEY: KEY,
-        SERVICE_TRANSCRIBE_MODEL: 'whisper-1',
-        SERVICE_AGENT_BASE_URL: 'http://127.0.0.1:9/v1',
-        SERVICE_AGENT_MODEL: 'none',
-      },
-    });
+    const full = await startFullLine();
     try {
       const session = (await full.call<Body>('POST', '/api/v1/sessions', { body: { title: 'spoken' } })).body;
       const audio = wav(0.4);
