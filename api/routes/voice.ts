@@ -158,6 +158,7 @@ function receive(
 ): { file: Promise<{ audio: Readable; before: Record<string, string> }>; fields: Promise<Record<string, string>> } {
   if (!req.is('multipart/form-data')) return { file: Promise.resolve({ audio: req, before: {} }), fields: Promise.resolve({}) };
   const unreadable = (err: Error) => new ValidationError('the multipart body cannot be read', [{ path: '/body', message: err.message }]);
+  const noAudio = () => new ValidationError('no audio', [{ path: '/body/file', message: 'a file field named "file" is required' }]);
   const fields: Record<string, string> = Object.create(null);
   // the engine counts the audio, but not what a form carries besides it (a part the route ignores, a field
   // busboy truncates but reads whole): the whole body is capped, so nothing holds an upload slot for long
@@ -197,7 +198,7 @@ function receive(
     // busboy may break a part off in the same turn it is announced: nothing is left to throw it
     stream.on('error', () => undefined);
     // a second file is announced as busboy's `filesLimit`, below
-    if (name !== 'file') refuse(new ValidationError('no audio', [{ path: '/body/file', message: 'a file field named "file" is required' }]));
+    if (name !== 'file') refuse(noAudio());
     else settleFile.resolve({ audio: (audio = stream), before: { ...fields } });
   });
   bb.on('field', (name, value, info) => {
@@ -208,7 +209,7 @@ function receive(
   bb.on('fieldsLimit', () => refuse(new ValidationError('too many fields', [{ path: '/body', message: `at most ${MAX_FIELDS} fields` }])));
   bb.on('filesLimit', () => refuse(new ValidationError('more than one file', [{ path: '/body', message: 'send one file, named "file"' }])));
   bb.on('close', () => {
-    settleFile.reject(new ValidationError('no audio', [{ path: '/body/file', message: 'a file field named "file" is required' }]));
+    settleFile.reject(noAudio());
     settleFields.resolve(fields);
   });
   bb.on('error', (err: Error) => {

@@ -7,7 +7,7 @@ import path from 'node:path';
 import { spawnSync } from 'node:child_process';
 import { expect } from 'chai';
 import { runProcess } from '../../engine/tools/process.js';
-import { bwrapSandbox, which } from '../../engine/tools/sandbox.js';
+import { bwrapSandbox, which, type SandboxLimits } from '../../engine/tools/sandbox.js';
 import { shellTool } from '../../engine/tools/shell.js';
 import type { ToolContext } from '../../engine/tools/tool.js';
 import { ATTEMPT_STREAMED_MAX_BYTES } from '../../engine/runs/attempt.js';
@@ -162,21 +162,15 @@ describe('sandbox', function () {
     expect(procs, 'still limited to SERVICE_SANDBOX_PROCESSES').to.be.at.most(h.config.sandbox.limits.processes);
   });
 
-  it('bounds the memory of a step’s processes together, and says so when the kernel ended one for it', async function () {
-    if (h.rt.sandbox.memoryLimit !== 'cgroup') {
-      console.log('      (no memory cgroup can be made here: the memory of all of a step’s processes is not bounded together)');
-      this.skip();
-    }
-    // 200 MB a step; each of four processes holds 100 MB (tail keeps a line without an end), well under its own
-    // address space limit of 200 MB, but 400 MB together
+  /** A bubblewrap sandbox of its own with these limits, and a shell step's context in tenant a's workspace (close the sandbox after). */
+  const shellIn = (limits: SandboxLimits) => {
     const sandbox = bwrapSandbox({
       bwrap: which('bwrap', process.env.PATH)!,
       prlimit: which('prlimit', process.env.PATH)!,
-      limits: { cpuSeconds: 30, memoryMb: 200, processes: 64, fileSizeMb: 16 },
+      limits,
       prefix: h.config.queuePrefix,
       log: h.rt.log,
     });
-    const hold = 'head -c 100000000 /dev/zero | tail > /dev/null';
     const ctx = {
       workspace: h.tenantDir('tenant-a'),
       signal: new AbortController().signal,
@@ -186,6 +180,18 @@ describe('sandbox', function () {
       network: false,
       readOnlyBinds: [],
     } as unknown as ToolContext;
+    return { sandbox, ctx };
+  };
+
+  it('bounds the memory of a step’s processes together, and says so when the kernel ended one for it', async function () {
+    if (h.rt.sandbox.memoryLimit !== 'cgroup') {
+      console.log('      (no memory cgroup can be made here: the memory of all of a step’s processes is not bounded together)');
+      this.skip();
+    }
+    // 200 MB a step; each of four processes holds 100 MB (tail keeps a line without an end), well under its own
+    // address space limit of 200 MB, but 400 MB together
+    const { sandbox, ctx } = shellIn({ cpuSeconds: 30, memoryMb: 200, processes: 64, fileSizeMb: 16 });
+    const hold = 'head -c 100000000 /dev/zero | tail > /dev/null';
     try {
       const together = await shellTool.execute({ command: `for i in 1 2 3 4; do (${hold}) & done; wait; sleep 0.2; exit 3` }, ctx);
       expect(together.error, JSON.stringify(together.output)).to.deep.include({ code: 'memory-exceeded' });
@@ -207,23 +213,8 @@ describe('sandbox', function () {
   });
 
   it('ends a process past its CPU seconds with SIGXCPU and says so (cpu-exceeded), leaving no core file in the workspace', async () => {
-    const sandbox = bwrapSandbox({
-      bwrap: which('bwrap', process.env.PATH)!,
-      prlimit: which('prlimit', process.env.PATH)!,
-      limits: { cpuSeconds: 1, memoryMb: 256, processes: 64, fileSizeMb: 16 },
-      prefix: h.config.queuePrefix,
-      log: h.rt.log,
-    });
-    const workspace = h.tenantDir('tenant-a');
-    const ctx = {
-      workspace,
-      signal: new AbortController().signal,
-      output() {},
-      childEnv: { PATH: '/usr/bin:/bin' },
-      sandbox,
-      network: false,
-      readOnlyBinds: [],
-    } as unknown as ToolContext;
+    const { sandbox, ctx } = shellIn({ cpuSeconds: 1, memoryMb: 256, processes: 64, fileSizeMb: 16 });
+    const workspace = ctx.workspace;
     try {
       const before = new Set(await fs.readdir(workspace));
       // the shell's child, and the command bwrap ran itself (the shell gone by exec): both say the limit

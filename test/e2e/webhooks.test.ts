@@ -261,6 +261,8 @@ describe('webhook intake', function () {
 
   describe('tracker (Linear scheme)', () => {
     const linear = new LinearWebhookClient(SECRET.tracker);
+    /** the replay claims of tenant a's tracker deliveries in Redis */
+    const seenKeys = () => scanKeys(h.rt.redis, `${h.config.queuePrefix}:webhook-seen:tenant-a:tracker:*`);
 
     it('accepts what @linear/sdk’s webhook client verifies, under both header names', async () => {
       for (const names of ['tracker', 'linear'] as const) {
@@ -332,7 +334,6 @@ describe('webhook intake', function () {
 
     it('takes the retry of a delivery whose process died before storing it once the claim lapses (30 s, not the replay window)', async () => {
       const signed = sign.tracker(SECRET.tracker, { type: 'Issue', action: 'create', data: { id: randomUUID() } }, { delivery: randomUUID() });
-      const seenKeys = () => scanKeys(h.rt.redis, `${h.config.queuePrefix}:webhook-seen:tenant-a:tracker:*`);
       const before = new Set(await seenKeys());
       // the first try's process stops for good between its claim and its commit: its insert never returns, and
       // nothing renews its claim any more
@@ -375,7 +376,6 @@ describe('webhook intake', function () {
 
     it('keeps the claim of a delivery its process is still storing, however long that takes: a replay under another id meanwhile is refused', async () => {
       const signed = sign.tracker(SECRET.tracker, { type: 'Issue', action: 'create', data: { id: randomUUID() } }, { delivery: randomUUID() });
-      const seenKeys = () => scanKeys(h.rt.redis, `${h.config.queuePrefix}:webhook-seen:tenant-a:tracker:*`);
       const before = new Set(await seenKeys());
       // the store is slow (a lock held, a failover): the insert waits until the test lets it go on
       const deliveries = h.rt.store.deliveries;
