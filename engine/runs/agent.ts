@@ -1,7 +1,7 @@
 // The agent loop: a goal, the allowed tools, and an OpenAI-compatible chat-completions endpoint with
-// tool calling, through the `openai` SDK (it retries 408, 429 and 5xx answers, honouring
-// `Retry-After`, and times a call out). Each model turn may call tools; their results go back to the
-// model; before each model call the agent's inbox (messages posted to it meanwhile) joins the
+// tool calling, through the `openai` SDK (it times a call out; we try again after 408, 409, 429 and
+// 5xx answers and timeouts, honouring `Retry-After` within the run's budget). Each model turn may call
+// tools; their results go back to the model; before each model call the agent's inbox (messages posted to it meanwhile) joins the
 // conversation. The loop ends when the model answers without a tool call, asks for input (the run
 // ends; the conversation is kept for the run that the answer starts), the budget ends, or max_steps is reached.
 import OpenAI from 'openai';
@@ -47,7 +47,7 @@ const askTool = {
   },
 };
 
-/** One client per endpoint: the SDK keeps its connections. */
+/** One client per endpoint: the SDK keeps its connections; the tries and the waits between them are ours (below). */
 export function modelClientOf(endpoint: AgentEndpoint) {
   const client = new OpenAI({
     baseURL: endpoint.baseUrl,
@@ -60,30 +60,23 @@ export function modelClientOf(endpoint: AgentEndpoint) {
     adminAPIKey: null,
     webhookSecret: null,
     timeout: endpoint.timeoutSeconds * 1000,
-    maxRetries: endpoint.maxRetries,
+    // the SDK's own retries slept through a cancel and the budget (a timer that outlived the run), waited out
+    // any Retry-After however far past the budget, and read a Retry-After of "soon" or "-5" as no wait at all
+    maxRetries: 0,
     // the SDK's timer stops when fetch resolves on the headers: a body that stalls after them held the run to
-    // its budget. Read inside fetch, the body is under the same timer, and a stall is a timeout the SDK retries
+    // its budget. Read inside fetch, the body is under the same timer, and a stall is a timeout, tried again
     fetch: readWhole,
     logLevel: 'off',
   });
-  return {
-    defaultModel: endpoint.model,
-    async complete(model: string, messages: ChatMessage[], tools: unknown[], signal: AbortSignal): Promise<Answer> {
-      // one controller per call, tied to the run's signal and untied after: a long loop adds no listeners
-      // to the run's signal; and the SDK's wait between retries does not listen to a signal, so the
-      // budget and a cancel must not wait for it
-      const call = new AbortController();
-      let stop!: () => void;
-      const stopped = new Promise<never>((_, reject) => {
-        stop = () => {
-          call.abort(signal.reason);
-          reject(signal.reason);
-        };
-      });
-      stopped.catch(() => undefined);
-      if (signal.aborted) stop();
-      else signal.addEventListener('abort', stop, { once: true });
-      const request = client.chat.completions.create(
+
+  /** One try, its abort tied to the run's signal and untied after: a long loop adds no listeners to the run's signal. */
+  async function once(model: string, messages: ChatMessage[], tools: unknown[], signal: AbortSignal): Promise<unknown> {
+    const call = new AbortController();
+    const stop = () => call.abort(signal.reason);
+    if (signal.aborted) stop();
+    else signal.addEventListener('abort', stop, { once: true });
+    try {
+      return await client.chat.completions.create(
         {
           model,
           messages: messages as OpenAI.ChatCompletionMessageParam[],
@@ -91,19 +84,95 @@ export function modelClientOf(endpoint: AgentEndpoint) {
         },
         { signal: call.signal },
       );
-      let body: unknown;
-      try {
-        body = await Promise.race([request, stopped]);
-      } catch (err) {
-        request.catch(() => undefined);
-        if (signal.aborted) throw signal.reason;
-        throw agentErrorOf(err, endpoint);
-      } finally {
-        signal.removeEventListener('abort', stop);
+    } finally {
+      signal.removeEventListener('abort', stop);
+    }
+  }
+
+  return {
+    defaultModel: endpoint.model,
+    /**
+     * A model call, tried again (up to SERVICE_AGENT_MAX_RETRIES more times) when it was not answered in time, could
+     * not connect, or was answered 408, 409, 429 or 5xx, after the wait the endpoint asks for or a backoff. A wait
+     * that would end past `deadlineAt` (the run's budget) fails the call at once; a cancel or the budget ends a wait.
+     */
+    async complete(model: string, messages: ChatMessage[], tools: unknown[], signal: AbortSignal, deadlineAt?: number): Promise<Answer> {
+      for (let tries = 1; ; tries++) {
+        let body: unknown;
+        try {
+          body = await once(model, messages, tools, signal);
+        } catch (err) {
+          if (signal.aborted) throw signal.reason;
+          const said = tried(endpoint, err, tries);
+          if (tries > endpoint.maxRetries || !retried(err)) throw said;
+          const asked = err instanceof OpenAI.APIError ? retryAfterMs(err.headers) : null;
+          const wait = asked ?? backoffMs(tries);
+          if (deadlineAt !== undefined && Date.now() + wait >= deadlineAt) {
+            const left = Math.max(0, deadlineAt - Date.now());
+            throw new AgentError(
+              'agent-error',
+              `${said.message}; the next try was ${asked === null ? 'due' : 'asked for'} in ${seconds(wait)} s, after the run's budget ends (${seconds(left)} s left)`,
+            );
+          }
+          await sleepUnless(wait, signal);
+          continue;
+        }
+        return answerOf(body);
       }
-      return answerOf(body);
     },
   };
+}
+
+/** Statuses the SDK retried, as we do: a timeout, a lock, the rate limit, the endpoint's own errors; `x-should-retry` overrules. */
+function retried(err: unknown): boolean {
+  if (err instanceof OpenAI.APIConnectionError) return true; // timeouts too: APIConnectionTimeoutError is one
+  if (!(err instanceof OpenAI.APIError) || err.status === undefined) return false;
+  const told = err.headers?.get('x-should-retry');
+  if (told === 'true' || told === 'false') return told === 'true';
+  return err.status === 408 || err.status === 409 || err.status === 429 || err.status >= 500;
+}
+
+/** The wait before try n + 1 when the endpoint asks for none: 0.5 s doubled each time up to 8 s, less up to a quarter at random (the SDK's). */
+const backoffMs = (tries: number) => Math.min(500 * 2 ** (tries - 1), 8000) * (1 - Math.random() * 0.25);
+
+const DELTA = /^\s*(\d+(?:\.\d+)?)\s*$/;
+
+/**
+ * The wait an answer asks for, in ms: `retry-after-ms`, else `Retry-After` as seconds or an HTTP date (one already
+ * past is no wait). Null when it asks none that reads: a value that is not a number of zero or more, nor a date.
+ */
+export function retryAfterMs(headers: Headers | undefined, now = Date.now()): number | null {
+  const ms = DELTA.exec(headers?.get('retry-after-ms') ?? '');
+  if (ms) return Number(ms[1]);
+  const after = headers?.get('retry-after')?.trim();
+  if (!after) return null;
+  const delta = DELTA.exec(after);
+  if (delta) return Number(delta[1]) * 1000;
+  // an HTTP date names its day and its zone (RFC 9110): a bare number or word that Date.parse reads is none
+  const at = /[a-z]{3}.*\d{2}:\d{2}:\d{2}/i.test(after) ? Date.parse(after) : NaN;
+  return Number.isNaN(at) ? null : Math.max(0, at - now);
+}
+
+const seconds = (ms: number) => String(Math.round(ms / 100) / 10);
+
+/** Waits `ms`, or until the signal aborts (then throws its reason): no timer is left behind either way. */
+function sleepUnless(ms: number, signal: AbortSignal): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const done = () => {
+      clearTimeout(timer);
+      signal.removeEventListener('abort', stopped);
+    };
+    const stopped = () => {
+      done();
+      reject(signal.reason);
+    };
+    const timer = setTimeout(() => {
+      done();
+      resolve();
+    }, ms);
+    if (signal.aborted) stopped();
+    else signal.addEventListener('abort', stopped, { once: true });
+  });
 }
 
 export type ModelClient = ReturnType<typeof modelClientOf>;
@@ -171,12 +240,13 @@ function usageOf(usage: unknown): Answer['usage'] {
   return { prompt_tokens: count(u.prompt_tokens), completion_tokens: count(u.completion_tokens) };
 }
 
-function agentErrorOf(err: unknown, endpoint: AgentEndpoint): AgentError {
-  const tries = `after ${endpoint.maxRetries + 1} tr${endpoint.maxRetries ? 'ies' : 'y'}`;
+/** Why a call failed, and after how many tries. */
+function tried(endpoint: AgentEndpoint, err: unknown, tries: number): AgentError {
+  const after = `after ${tries} tr${tries === 1 ? 'y' : 'ies'}`;
   if (err instanceof OpenAI.APIConnectionTimeoutError)
-    return new AgentError('agent-error', `the model endpoint did not answer within ${endpoint.timeoutSeconds} s (${tries})`);
-  if (err instanceof OpenAI.APIConnectionError) return new AgentError('agent-error', `the model endpoint could not be reached (${tries})`);
-  if (err instanceof OpenAI.APIError) return new AgentError('agent-error', `the model endpoint answered HTTP ${err.status ?? '?'} (${tries})`);
+    return new AgentError('agent-error', `the model endpoint did not answer within ${endpoint.timeoutSeconds} s (${after})`);
+  if (err instanceof OpenAI.APIConnectionError) return new AgentError('agent-error', `the model endpoint could not be reached (${after})`);
+  if (err instanceof OpenAI.APIError) return new AgentError('agent-error', `the model endpoint answered HTTP ${err.status ?? '?'} (${after})`);
   return new AgentError('agent-protocol', `the model endpoint's answer could not be read: ${(err as Error).message}`);
 }
 
@@ -194,6 +264,8 @@ export async function runAgent(opts: {
   /** messages posted to this agent since it last looked, as text for the conversation */
   inbox(): Promise<string[]>;
   signal: AbortSignal;
+  /** when the run's budget ends (ms since the epoch): no wait between a call's tries goes past it */
+  deadlineAt?: number;
   /** how many more tool calls the run may make; undefined: no bound */
   stepsLeft: () => number | undefined;
   /** a call with `refused` is kept as a failed step without running the tool (arguments that are not a JSON object) */
@@ -218,7 +290,7 @@ export async function runAgent(opts: {
   const model = opts.model ?? opts.client.defaultModel;
   for (;;) {
     for (const text of await opts.inbox()) messages.push({ role: 'user', content: capped(text) });
-    const message = await opts.client.complete(model, messages, tools, opts.signal);
+    const message = await opts.client.complete(model, messages, tools, opts.signal, opts.deadlineAt);
     const calls = message.tool_calls;
     const parsed = calls.map((c) => ({ id: c.id, tool: c.function.name, ...parseArgs(c.function.arguments) }));
     await opts.onTurn({ content: message.content, tool_calls: parsed.map(({ id, tool, args }) => ({ id, tool, args })), usage: message.usage });

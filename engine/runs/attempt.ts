@@ -113,7 +113,7 @@ function jsonPrefix(text: string, max: number): string {
 
 export type Attempt = ReturnType<typeof startAttempt>;
 
-export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, signal: AbortSignal) {
+export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, signal: AbortSignal, deadlineAt: number) {
   const { store, clock, log, transitions } = deps;
   const steps: StepRecord[] = [];
   const usage: Run['usage'] = { steps: 0, model_turns: 0, seconds: 0 };
@@ -368,6 +368,8 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
     /** folders besides the workspace that sandboxed processes read (the objects a vibe run's scratch clone shares) */
     readOnlyBinds: [] as string[],
     signal,
+    /** when the budget ends (ms since the epoch): the signal aborts then */
+    deadlineAt,
     steps,
     usage,
     /** the run's tenant's sessions; `own` for a session task's run */

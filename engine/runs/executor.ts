@@ -140,6 +140,8 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
     if (!started) return null; // canceled meanwhile
     if ('held' in started) return { run: found, next: 'held' }; // still queued: its job is tried again later
     const run = started;
+    // when the budget ends: a wait that would pass it (a model endpoint's Retry-After) fails at once instead
+    const deadlineAt = Date.now() + run.budget.seconds * 1000;
     const deadline = setTimeout(
       () =>
         controller.abort({
@@ -148,7 +150,7 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
         } satisfies StopReason),
       run.budget.seconds * 1000,
     );
-    const a = startAttempt({ ...deps, transitions, ...actions }, run, run.workspace, controller.signal);
+    const a = startAttempt({ ...deps, transitions, ...actions }, run, run.workspace, controller.signal, deadlineAt);
     let outcome: Outcome;
     try {
       if (cancelRequested) controller.abort({ status: 'canceled', error: { code: 'canceled', message: 'canceled' } } satisfies StopReason);

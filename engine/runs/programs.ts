@@ -202,6 +202,7 @@ export function agentProgram(client: ModelClient, runOf: (runId: string) => Prom
           return texts;
         },
         signal: a.signal,
+        deadlineAt: a.deadlineAt,
         stepsLeft: () => stepsLeft(a),
         callTool: (tool, args, refused) => a.runStep(a.newStep({ tool, args, name: null, source: 'agent' }), refused),
         onTurn: (turn) => a.addTurn(turn, turns++),

@@ -164,6 +164,42 @@ describe('agent runs', function () {
     });
   });
 
+  it('backs off when a Retry-After cannot be read (a word, a negative number), and tries an HTTP date’s wait', async () => {
+    const soon = new Date(Date.now() + 2000).toUTCString();
+    const script: ScriptedTurn[] = [
+      { status: 429, headers: { 'retry-after': 'soon' } },
+      { status: 503, headers: { 'retry-after': '-5' } },
+      { status: 429, headers: { 'retry-after': soon } },
+      { content: 'Done.' },
+    ];
+    await withAgent(script, async (h, model) => {
+      const res = await h.call('POST', '/api/v1/autonomy/run', { body: { goal: 'be patient' } });
+      const run = await finished(h, res.body.run_id);
+      expect(run.status, JSON.stringify(run.error)).to.equal('succeeded');
+      const gaps = model.requests.slice(1).map((r, i) => r.at - model.requests[i]!.at);
+      // the backoff's first two waits are 0.5 s and 1 s, less up to a quarter (the SDK's own retries read these as no wait)
+      expect(gaps[0]).to.be.at.least(350);
+      expect(gaps[1]).to.be.at.least(700);
+      // the date names a whole second: at least what is left of it
+      expect(model.requests[3]!.at).to.be.at.least(Date.parse(soon) - 50);
+    });
+  });
+
+  it('fails a call at once when the endpoint asks for a wait past the run’s budget, naming it', async () => {
+    await withAgent([{ status: 429, headers: { 'retry-after': '30' } }, { content: 'too late' }], async (h, model) => {
+      const res = await h.call('POST', '/api/v1/autonomy/run', { body: { goal: 'be patient', budget_seconds: 10 } });
+      const run = await finished(h, res.body.run_id);
+      expect(run.status).to.equal('failed');
+      expect(run.error.code).to.equal('agent-error');
+      expect(run.error.message).to.match(
+        /^the model endpoint answered HTTP 429 \(after 1 try\); the next try was asked for in 30 s, after the run's budget ends \(\d+(\.\d)? s left\)$/,
+      );
+      // not at the budget's end (10 s), nor after the 30 s asked for
+      expect(run.duration_ms).to.be.below(2000);
+      expect(model.requests).to.have.length(1);
+    });
+  });
+
   it('times a model call out', async () => {
     await withAgent(
       [{ content: 'too late', delay_ms: 2500 }],
