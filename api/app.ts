@@ -25,6 +25,7 @@ import { webhookDeliveriesRouter, webhookIntakeRouter, webhookSecretsRouter } fr
 import { chain } from './chain.js';
 import { requestBody } from './request-body.js';
 import { finiteNumericQuery } from './numeric-query.js';
+import { singleHeaders } from './single-headers.js';
 import { loadSpec, type OpenApiDocument } from './spec.js';
 import { OpenStreams } from './sse.js';
 
@@ -178,6 +179,7 @@ export function createApp(deps: AppDeps): Express {
         throw Object.assign(new Error(errors.map((e) => `${e.path}: ${e.message}`).join('; ')), { status: 400, errors });
       },
       finiteNumericQuery(spec),
+      singleHeaders(spec, underApi),
       ...sharedValidator(spec, deps.validateResponses ?? false),
       (req, res, next) => {
         if (res.locals.head) req.method = 'HEAD';

@@ -71,6 +71,34 @@ describe('bad input', () => {
     expect((await h.call('GET', '/api/v1/automations?status=enabled,disabled')).status).to.equal(200);
   });
 
+  it('answers a 400 for a header of the spec given twice (Node joined two Idempotency-Keys into one neither request named), and makes nothing', async () => {
+    const send = (path: string, method: string, headers: Record<string, string | string[]>, body?: string) =>
+      new Promise<{ status: number; body: any }>((resolve, reject) => {
+        const req = http.request(`${h.url}${path}`, { method, headers: { authorization: `Bearer ${KEYS.a}`, ...headers } }, (res) => {
+          let text = '';
+          res.on('data', (d) => (text += d));
+          res.on('end', () => resolve({ status: res.statusCode!, body: text.startsWith('{') ? JSON.parse(text) : text }));
+        });
+        req.on('error', reject);
+        req.end(body);
+      });
+    const runs = async () => (await h.call('GET', '/api/v1/runs')).body.data.length as number;
+    const before = await runs();
+    const body = JSON.stringify({ steps: [{ tool: 'message', args: { text: 'x' } }] });
+    const twice = await send('/api/v1/autonomy/run', 'POST', { 'content-type': 'application/json', 'idempotency-key': ['k-1', 'k-2'] }, body);
+    expect(twice.status, JSON.stringify(twice.body)).to.equal(400);
+    expect(twice.body).to.include({ code: 'bad-request' });
+    expect(twice.body.errors).to.deep.equal([{ path: '/header/idempotency-key', message: 'is given more than once (it holds one value)' }]);
+    // the same value twice is still two values
+    expect((await send('/api/v1/autonomy/run', 'POST', { 'content-type': 'application/json', 'Idempotency-Key': ['k-1', 'k-1'] }, body)).status).to.equal(400);
+    const stream = await send('/api/v1/sessions/ses_x/trace', 'GET', { 'last-event-id': ['1-0', '2-0'] });
+    expect(stream.status).to.equal(400);
+    expect(stream.body.errors[0].path).to.equal('/header/last-event-id');
+    expect(await runs()).to.equal(before);
+    // one of each still goes
+    expect((await send('/api/v1/autonomy/run', 'POST', { 'content-type': 'application/json', 'idempotency-key': 'k-1' }, body)).status).to.equal(202);
+  });
+
   it('refuses a string with a lone surrogate (not well-formed Unicode: strict readers refuse a page with it), and takes a pair', async () => {
     const post = (name: string) =>
       h.call('POST', '/api/v1/automations', {
