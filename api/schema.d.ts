@@ -1890,7 +1890,7 @@ export interface components {
         /** @enum {string} */
         WebhookProvider: "codehost" | "chat" | "tracker" | "pager" | "email" | "generic";
         Trigger: components["schemas"]["ManualTrigger"] | components["schemas"]["CronTrigger"] | components["schemas"]["WebhookTrigger"] | components["schemas"]["FileChangeTrigger"];
-        /** @description Started by `POST /api/v1/automations/run`. */
+        /** @description Says the automation is meant to be started by hand. Every enabled automation can be, with or without this trigger (as SPEC says, an automation "can be run manually or by triggers"); `POST /api/v1/automations/run` does not look for it, and it fires nothing on its own. */
         ManualTrigger: {
             /**
              * @description discriminator enum property added by openapi-typescript
