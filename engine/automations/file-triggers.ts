@@ -205,33 +205,38 @@ export function fileTriggersOf(
     return (await batch.gone.get(rel)) ?? 'gone';
   }
 
+  /**
+   * Fires a batch: never rejects (it is started from a timer, where a rejection would end the process). A batch
+   * whose lock or run cannot be had (Redis or the store did not answer, Redis refused the write) is not fired,
+   * and says so in the log, as a run refused for a full tenant line is.
+   */
   async function fire(fired: Automation, batch: Pending, root: string): Promise<void> {
     pending.delete(fired.id);
-    // the automation as it is now: one disabled, archived or whose file_change triggers changed since the
-    // batch began fires only for the paths its triggers still match (runRequest refuses one not enabled)
-    const a = (await deps.store.automations.get(fired.tenant_id, fired.id).catch(() => fired)) ?? null;
-    const matchers = a ? matchersOf(a) : [];
-    const paths = batch.paths.filter((p) => matchers.some((m) => m.match(p)));
-    if (!a || !paths.length) {
-      deps.log.info({ automation_id: fired.id }, 'file changes not fired: the automation no longer watches them');
-      return;
-    }
-    // the batch's identity: its paths and the state each is in now. Every process that saw the same changes
-    // takes the same lock and only one fires; a later change of the same files is another state, so another
-    // lock, and is never dropped for following the last too closely
-    const states = await Promise.all(paths.map((p) => stateOf(root, p, batch)));
-    const identity = createHash('sha256')
-      .update(JSON.stringify([batch.more, paths, states]))
-      .digest('hex')
-      .slice(0, 24);
-    const lock = `${deps.queues.prefix}:file-trigger:${a.id}:${identity}`;
-    const debounceMs = Math.max(0, ...matchers.map((m) => m.debounceMs));
-    const won = await deps.redis.set(lock, '1', 'PX', Math.max(debounceMs, 250) + 10_000, 'NX');
-    if (!won) return;
     try {
+      // the automation as it is now: one disabled, archived or whose file_change triggers changed since the
+      // batch began fires only for the paths its triggers still match (runRequest refuses one not enabled)
+      const a = (await deps.store.automations.get(fired.tenant_id, fired.id).catch(() => fired)) ?? null;
+      const matchers = a ? matchersOf(a) : [];
+      const paths = batch.paths.filter((p) => matchers.some((m) => m.match(p)));
+      if (!a || !paths.length) {
+        deps.log.info({ automation_id: fired.id }, 'file changes not fired: the automation no longer watches them');
+        return;
+      }
+      // the batch's identity: its paths and the state each is in now. Every process that saw the same changes
+      // takes the same lock and only one fires; a later change of the same files is another state, so another
+      // lock, and is never dropped for following the last too closely
+      const states = await Promise.all(paths.map((p) => stateOf(root, p, batch)));
+      const identity = createHash('sha256')
+        .update(JSON.stringify([batch.more, paths, states]))
+        .digest('hex')
+        .slice(0, 24);
+      const lock = `${deps.queues.prefix}:file-trigger:${a.id}:${identity}`;
+      const debounceMs = Math.max(0, ...matchers.map((m) => m.debounceMs));
+      const won = await deps.redis.set(lock, '1', 'PX', Math.max(debounceMs, 250) + 10_000, 'NX');
+      if (!won) return;
       await opts.fire(a, { type: 'file_change', paths });
     } catch (err) {
-      deps.log.warn({ automation_id: a.id, err: (err as Error).message }, 'file_change trigger did not start a run');
+      deps.log.warn({ automation_id: fired.id, err: (err as Error).message }, 'file_change trigger did not start a run');
     }
   }
 

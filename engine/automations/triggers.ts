@@ -1,7 +1,7 @@
 // Trigger rules the schema cannot express: a cron expression that parses, a real IANA time zone,
 // file globs that stay inside the workspace. Triggers are validated here and fire in the run engine.
 import path from 'node:path';
-import { CronExpressionParser } from 'cron-parser';
+import { CronExpression, CronExpressionParser } from 'cron-parser';
 import type { FieldError, Trigger } from '../platform/index.js';
 import { IGNORED_FOLDERS } from './file-triggers.js';
 import { expandBraces, globSyntaxError, literalSegmentsOf } from './globs.js';
@@ -40,13 +40,12 @@ const HORIZON_MS = CRON_HORIZON_YEARS * 366 * 86_400_000;
 const NONE_KEPT_MS = 3_600_000;
 
 /**
- * The last next fire computed for each expression and zone, and the time it was computed from (and the
- * zone's UTC offset then): it is the answer for every time from then until it (no fire lies between), so the
- * status route, the ticker and the reconcile of many triggers step through no days again. Not across a clock
- * change: cron-parser, stepping from within a skipped hour, passes over the fire it gives from before it.
- * Bounded; the oldest entry is dropped first.
+ * The last next fire computed for each expression and zone, and the time it was computed from: it is the
+ * answer for every time from then until it (the fires of a trigger are one set of instants, whatever time
+ * they are asked from, so none lies between), and the status route, the ticker and the reconcile of many
+ * triggers compute it once. Bounded; the oldest entry is dropped first.
  */
-const nextFires = new Map<string, { from: number; offset: string; next: number | null }>();
+const nextFires = new Map<string, { from: number; next: number | null }>();
 
 const offsetFormat = memo((zone: string) => new Intl.DateTimeFormat('en-US', { timeZone: zone || 'UTC', timeZoneName: 'longOffset' }));
 /** Zones that are UTC under another name: their offset never changes, so it is not formatted (a few µs a call). */
@@ -59,46 +58,118 @@ function offsetAt(zone: string | undefined, at: number): string {
     .find((p) => p.type === 'timeZoneName')!.value;
 }
 
+const MINUTE_MS = 60_000;
+const DAY_MS = 86_400_000;
+/** More than any zone's clock change (2 h): a change further than this from a time moves none of its fires. */
+const NEAR_MS = 3 * 3600_000;
+
+/** The zone's offset at `at`, in ms to add to an instant for its wall clock. */
+const offsetMsAt = (zone: string, at: number) => offsetMinutes(offsetAt(zone, at)) * MINUTE_MS;
+
+/** The instant the zone's offset changes from what it is at `lo`, at or before `hi`, where it differs: clocks change on whole minutes. */
+function changeBetween(zone: string, lo: number, hi: number): number {
+  const before = offsetMsAt(zone, lo);
+  let a = Math.floor(lo / MINUTE_MS);
+  let b = Math.ceil(hi / MINUTE_MS);
+  while (b - a > 1) {
+    const mid = Math.floor((a + b) / 2);
+    if (offsetMsAt(zone, mid * MINUTE_MS) === before) a = mid;
+    else b = mid;
+  }
+  return b * MINUTE_MS;
+}
+
+/**
+ * The next fire after `from` in a zone whose clocks change. cron-parser's own stepping in a zone is not
+ * trusted across a change: from just before or inside one it gave a time in the past (`15,45 * * * *` in
+ * Pacific/Chatham), skipped the day of a change at midnight (`0 0 * * *` in America/Santiago, Asia/Beirut,
+ * America/Havana), or gave up ("loop limit exceeded", `0 2 * * *` in Australia/Lord_Howe) and the trigger left
+ * the schedule. It is asked only for wall-clock times (the wall clock as UTC, which has no change), and each
+ * is placed in the zone here: a wall time the spring change skips fires by the offset before it (02:30 in
+ * Paris at 03:30 summer time, 00:00 in Santiago at 01:00), one the autumn change shows twice fires at its
+ * first pass, for a schedule of set hours, and at both for a schedule of every hour.
+ * Costs two to four cron steps and five offsets, and some twenty offsets near a change.
+ */
+function zonedNextFire(schedule: string, zone: string, from: number, until: number): number | null {
+  const expression = new CronExpression(fieldsOf(schedule), { tz: 'UTC', currentDate: new Date(from), endDate: new Date(until + DAY_MS) });
+  /** The first wall time of the schedule after `wall` (a wall clock read as UTC). */
+  const wallNext = (wall: number): number | null => {
+    try {
+      expression.reset(new Date(wall));
+      return expression.next().getTime();
+    } catch {
+      return null; // past the horizon
+    }
+  };
+  const setHours = hasSetHours(schedule);
+  const offset = (at: number) => offsetMsAt(zone, at);
+
+  /** The first fire after `from` around the change at `at` (`o1` before it, `o2` after), none lying between `from` and the change's day. */
+  function aroundChange(from: number, at: number, o1: number, o2: number, depth: number): number | null {
+    if (from < at) {
+      const w = wallNext(from + o1);
+      if (w !== null && w - o1 < at) return w - o1;
+    }
+    let best: number | null = null;
+    // spring: the wall times the change skips fire by the offset before it, and may come after a time past the gap
+    if (o2 > o1) {
+      const w = wallNext(Math.max(from + o1, at + o1 - 1));
+      if (w !== null && w < at + o2) best = w - o1;
+    }
+    // autumn: a schedule of set hours does not fire again at the wall times the change shows a second time
+    const w = wallNext(Math.max(from + o2, (setHours && o2 < o1 ? at + o1 : at + o2) - 1));
+    if (w !== null) {
+      const after = w - o2 < at + 2 * DAY_MS ? w - o2 : placeWall(w, Math.max(from, at), depth + 1);
+      if (after !== null && (best === null || after < best)) best = after;
+    }
+    return best;
+  }
+
+  /** The first fire after `from` from the wall time `w`, the schedule's first after `from`'s, far from a change at `from`. */
+  function placeWall(w: number, from: number, depth: number): number | null {
+    // an offset is at most 14 h: a day either side of the wall time read as UTC is before and after its instant
+    const before = offset(w - DAY_MS);
+    const after = offset(w + DAY_MS);
+    if (before === after) return w - before;
+    if (depth > 20) return null; // a change a day from each other, twenty times: no zone does that
+    const at = changeBetween(zone, w - DAY_MS, w + DAY_MS);
+    return aroundChange(Math.max(from, Math.min(w - before, w - after) - 1), at, before, after, depth);
+  }
+
+  const o = offset(from);
+  const early = offset(from - NEAR_MS);
+  if (early !== o) return aroundChange(from, changeBetween(zone, from - NEAR_MS, from), early, o, 0);
+  const late = offset(from + NEAR_MS);
+  if (late !== o) return aroundChange(from, changeBetween(zone, from, from + NEAR_MS), o, late, 0);
+  const w = wallNext(from + o);
+  return w === null ? null : placeWall(w, from, 0);
+}
+
 /**
  * The next time a cron trigger fires after `from`, or null when it does not fire within CRON_HORIZON_YEARS
- * (or never does).
+ * (or never does). Clock changes in its zone as cron does them for a schedule of set hours (zonedNextFire).
  */
 export function nextCronFire(schedule: string, timezone: string | undefined, from: Date): Date | null {
   const key = `${schedule}\n${timezone ?? ''}`;
   const at = from.getTime();
   const known = nextFires.get(key);
-  let offset: string;
-  try {
-    offset = offsetAt(timezone, at);
-  } catch {
-    return null; // not a time zone
-  }
-  if (known && at >= known.from && known.offset === offset && (known.next === null ? at < known.from + NONE_KEPT_MS : at < known.next)) {
+  if (known && at >= known.from && (known.next === null ? at < known.from + NONE_KEPT_MS : at < known.next)) {
     return known.next === null ? null : new Date(known.next);
   }
+  if (!isTimeZone(timezone || 'UTC')) return null;
+  const until = at + HORIZON_MS;
   let next: number | null;
   try {
-    next = CronExpressionParser.parse(schedule, { tz: timezone || undefined, currentDate: from, endDate: new Date(at + HORIZON_MS) })
-      .next()
-      .getTime();
+    next = UTC_ZONES.has(timezone ?? '')
+      ? new CronExpression(fieldsOf(schedule), { tz: 'UTC', currentDate: from, endDate: new Date(until) }).next().getTime()
+      : zonedNextFire(schedule, timezone!, at, until);
   } catch {
     next = null; // past the horizon, never (cron-parser's loop limit), or not an expression
   }
-  // a time of day the autumn's clock change gives twice is a fire once, at its first pass, for a schedule of
-  // set hours (as cron does): cron-parser gave the second pass too when asked from inside it (the periodic
-  // reconcile, an automation changed then), and `30 2 * * *` in Europe/Paris fired twice that night
-  for (let skipped = 0; next !== null && skipped < FIRE_CHECK_STEPS && hasSetHours(schedule) && repeatsEarlierTime(timezone, next); skipped++) {
-    try {
-      next = CronExpressionParser.parse(schedule, { tz: timezone || undefined, currentDate: new Date(next), endDate: new Date(at + HORIZON_MS) })
-        .next()
-        .getTime();
-    } catch {
-      next = null;
-    }
-  }
+  if (next !== null && (next > until || next <= at)) next = null;
   nextFires.delete(key);
   if (nextFires.size >= 10_000) nextFires.delete(nextFires.keys().next().value!);
-  nextFires.set(key, { from: at, offset, next });
+  nextFires.set(key, { from: at, next });
   return next === null ? null : new Date(next);
 }
 
@@ -121,14 +192,6 @@ function offsetMinutes(offset: string): number {
   return m ? (m[1] === '-' ? -1 : 1) * (Number(m[2]) * 60 + Number(m[3])) : 0;
 }
 
-/** True when the zone's clocks went back in the hours before `at` and showed its time of day once already, before the change. */
-function repeatsEarlierTime(zone: string | undefined, at: number): boolean {
-  if (UTC_ZONES.has(zone ?? '')) return false;
-  const now = offsetMinutes(offsetAt(zone, at));
-  const before = offsetMinutes(offsetAt(zone, at - FIRE_CHECK_BACK_MS));
-  return before > now && offsetMinutes(offsetAt(zone, at - (before - now) * 60_000)) === before;
-}
-
 /** A schedule that names its hours (not every hour): its fire in the repeated hour of an autumn night is made once. */
 const hasSetHours = (schedule: string) => {
   try {
@@ -138,22 +201,9 @@ const hasSetHours = (schedule: string) => {
   }
 };
 
-/** How far before a time `isCronFire` starts walking the schedule: more than any zone's clock change (2 h). */
-const FIRE_CHECK_BACK_MS = 3 * 3600_000;
-/** The fires it walks at most from there (a schedule firing every second has 10,800 in 3 h: it is answered by the first check). */
-const FIRE_CHECK_STEPS = 200;
-
-/**
- * True when `at` is a time the schedule gives. Asked from the millisecond before, cron-parser can miss a
- * fire the clock change of a spring night moved (`30 2 * * *` in Europe/Paris gives 01:30Z that day, from
- * the evening before; from 01:29:59.999Z, already in summer time, it gives the next day's): the schedule is
- * then walked from a few hours before.
- */
+/** True when `at` is a time the schedule gives (a fire the spring clock change moved included). */
 export function isCronFire(schedule: string, timezone: string | undefined, at: number): boolean {
-  if (nextCronFire(schedule, timezone, new Date(at - 1))?.getTime() === at) return true;
-  let next = nextCronFire(schedule, timezone, new Date(at - FIRE_CHECK_BACK_MS))?.getTime();
-  for (let i = 0; next !== undefined && next < at && i < FIRE_CHECK_STEPS; i++) next = nextCronFire(schedule, timezone, new Date(next))?.getTime();
-  return next === at;
+  return nextCronFire(schedule, timezone, new Date(at - 1))?.getTime() === at;
 }
 
 const MAX_DAYS = [31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];

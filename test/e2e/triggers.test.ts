@@ -1,13 +1,15 @@
 // Triggers that fire by themselves: cron through the set of due triggers and its ticker, file_change through chokidar.
+import { spawn } from 'node:child_process';
 import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { expect } from 'chai';
+import { Redis } from 'ioredis';
 import { startWorkers } from '../../workers/index.js';
 import { CRON_TICK, cronDueKey, cronJobIdOf, fileTriggersOf, nextCronFire, type CronJob } from '../../engine/automations/index.js';
 import { automationFixture } from '../integration/store-contract.js';
 import { ServiceUnavailableError, ValidationError, type Automation, type RunTrigger } from '../../engine/platform/index.js';
-import { eventually, KEYS, startHarness, type Harness } from '../support/harness.js';
+import { eventually, freePort, KEYS, listening, startHarness, type Harness } from '../support/harness.js';
 
 type Body = Record<string, any>;
 
@@ -310,6 +312,40 @@ describe('the cron ticker', function () {
     const jobs = (await h.rt.queues.get('triggers').getJobs(['waiting', 'delayed'])).filter((j) => j.name === 'cron' && j.data.automation_id === a.id);
     expect(jobs.map((j) => j.data.fire_at)).to.deep.equal(['2026-03-29T01:30:00.000Z']);
     await h.call('DELETE', `/api/v1/automations/${a.id}`);
+  });
+
+  it('moves a trigger on through a clock change at midnight or of 30 minutes in its zone: no day loses its fire, and none leaves the set', async () => {
+    // each zone's fire before its change, that day's, and the next day's (Santiago and Havana skipped the day of
+    // the change; Lord Howe's trigger left the set, cron-parser giving up at its change of 30 minutes)
+    const cases = [
+      ['0 0 * * *', 'America/Santiago', ['2026-09-05T04:00:00Z', '2026-09-06T04:00:00Z', '2026-09-07T03:00:00Z']],
+      ['0 0 * * *', 'America/Havana', ['2026-10-31T04:00:00Z', '2026-11-01T04:00:00Z', '2026-11-02T05:00:00Z']],
+      ['0 2 * * *', 'Australia/Lord_Howe', ['2026-04-03T15:00:00Z', '2026-04-04T15:30:00Z', '2026-04-05T15:30:00Z']],
+    ] as const;
+    const made = [];
+    for (const [schedule, zone] of cases) made.push((await h.call<Body>('POST', '/api/v1/automations', { body: cronAutomation(zone, schedule, zone) })).body);
+    const key = cronDueKey(h.config.queuePrefix);
+    const realNow = h.rt.clock.now;
+    let now = Date.now();
+    h.rt.clock.now = () => new Date(now);
+    try {
+      for (const [i, [, zone, fires]] of cases.entries()) {
+        const a = made[i]!;
+        await h.rt.redis.zadd(key, Date.parse(fires[0]), `${a.tenant_id}\t${a.id}\t0`);
+        for (let f = 0; f + 1 < fires.length; f++) {
+          now = Date.parse(fires[f]!) - 500; // the tick just before the fire
+          expect(await h.rt.engine.schedules.tick(), `${zone} ${fires[f]} handed over`).to.be.at.least(1);
+          expect(new Date((await placed(h)).get(`${a.id}-0`) ?? 0).toISOString(), `${zone}: placed after ${fires[f]}`).to.equal(
+            new Date(fires[f + 1]!).toISOString(),
+          );
+        }
+        const jobs = (await h.rt.queues.get('triggers').getJobs(['waiting', 'delayed'])).filter((j) => j.name === 'cron' && j.data.automation_id === a.id);
+        expect(jobs.map((j) => j.data.fire_at).sort(), zone).to.deep.equal(fires.slice(0, -1).map((t) => new Date(t).toISOString()));
+      }
+    } finally {
+      h.rt.clock.now = realNow;
+      for (const a of made) await h.call('DELETE', `/api/v1/automations/${a.id}`);
+    }
   });
 
   it('hands a fire due within the next tick over as the automation is made; after a change, makes it only if the new schedule gives its time too', async () => {
@@ -794,6 +830,59 @@ describe('file_change triggers', function () {
     } finally {
       await p1.close();
       await p2.close();
+      await fs.rm(roots, { recursive: true, force: true });
+    }
+  });
+
+  it('keeps the process up when Redis refuses the lock of a batch (out of memory): a warning, and the next change fires', async () => {
+    // a private redis-server, which this test fills up: the lock's SET, outside any try, was an unhandled
+    // rejection, which ends a worker process on Node 20
+    const port = await freePort();
+    const server = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], { stdio: 'ignore' });
+    const rejections: unknown[] = [];
+    const onRejection = (reason: unknown) => void rejections.push(reason);
+    process.on('unhandledRejection', onRejection);
+    const roots = await fs.mkdtemp(path.join(os.tmpdir(), 'svc-oom-'));
+    const a = automationFixture('t1', { triggers: [{ type: 'file_change', paths: ['w/*.txt'], debounce_ms: 0 }] });
+    const fired: string[][] = [];
+    let redis: Redis | undefined;
+    let triggers: ReturnType<typeof fileTriggersOf> | undefined;
+    try {
+      await eventually(() => listening(port), 'the private redis-server to listen');
+      redis = new Redis(`redis://127.0.0.1:${port}`, { maxRetriesPerRequest: 1 });
+      await fs.mkdir(path.join(roots, 't1', 'w'), { recursive: true });
+      triggers = fileTriggersOf(
+        {
+          ...h.rt,
+          redis,
+          store: { automations: { listEnabledWithTrigger: async () => [a], get: async () => a } },
+          tenantRootOf: (t: string) => path.join(roots, t),
+        } as never,
+        { refreshMs: 3_600_000, fire: async (_a, t) => void fired.push(t.type === 'file_change' ? t.paths : []) },
+      );
+      await triggers.start();
+      await fs.writeFile(path.join(roots, 't1', 'w', 'warm-up.txt'), 'x');
+      await eventually(() => fired.length === 1 || null, 'the warm-up change to fire');
+      await redis.config('SET', 'maxmemory', '1');
+      await fs.writeFile(path.join(roots, 't1', 'w', 'during-oom.txt'), 'x');
+      const warned = () => h.logs.some((l) => l.includes('file_change trigger did not start a run') && l.includes('OOM'));
+      await eventually(() => rejections.length > 0 || warned() || null, 'the refused lock to be seen');
+      await new Promise((r) => setTimeout(r, 200));
+      expect(
+        rejections.map((r) => String(r)),
+        'unhandled rejections',
+      ).to.deep.equal([]);
+      expect(warned(), 'the refused lock in the log').to.equal(true);
+      expect(fired).to.deep.equal([['w/warm-up.txt']]);
+      await redis.config('SET', 'maxmemory', '0');
+      await fs.writeFile(path.join(roots, 't1', 'w', 'after.txt'), 'x');
+      await eventually(() => fired.length === 2 || null, 'a change once Redis takes writes again to fire');
+      expect(fired[1]).to.deep.equal(['w/after.txt']);
+    } finally {
+      process.off('unhandledRejection', onRejection);
+      await triggers?.close();
+      redis?.disconnect();
+      server.kill('SIGKILL');
       await fs.rm(roots, { recursive: true, force: true });
     }
   });
