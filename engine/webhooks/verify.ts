@@ -61,6 +61,21 @@ export function header(headers: Headers, name: string): string | undefined {
   return Array.isArray(v) ? v[0] : v;
 }
 
+/**
+ * A delivery id: a blank one (an empty header, a Message-ID of spaces) is none. Kept, it would be one id shared by
+ * every delivery that sends it blank, each refused as a replay of the first.
+ */
+const idOrNull = (v: string | null | undefined): string | null => (v?.trim() ? v : null);
+
+/** The delivery id named in the first of these headers that names one. */
+function idHeader(headers: Headers, ...names: string[]): string | null {
+  for (const name of names) {
+    const id = idOrNull(header(headers, name));
+    if (id) return id;
+  }
+  return null;
+}
+
 export function sha256Hex(data: Buffer | string): string {
   return createHash('sha256').update(data).digest('hex');
 }
@@ -158,7 +173,7 @@ function codehost(inb: Inbound, ctx: VerifyContext): Verified {
   return {
     event,
     action: str(payload.action),
-    providerId: header(inb.headers, 'x-github-delivery') ?? null,
+    providerId: idHeader(inb.headers, 'x-github-delivery'),
     repeatIs: 'replay',
     replayKey: matched,
     signedOnce: true,
@@ -229,7 +244,7 @@ function tracker(inb: Inbound, ctx: VerifyContext): Verified {
     event: str(payload.type) ?? header(inb.headers, 'linear-event') ?? null,
     action: str(payload.action),
     // (not the body's webhookId: that names the webhook, the same for every event it sends)
-    providerId: header(inb.headers, 'tracker-delivery') ?? header(inb.headers, 'linear-delivery') ?? null,
+    providerId: idHeader(inb.headers, 'tracker-delivery', 'linear-delivery'),
     repeatIs: 'retry',
     replayKey: matched,
     retriesResend: true,
@@ -278,12 +293,12 @@ function generic(inb: Inbound, ctx: VerifyContext): Verified {
   if (!matchAny(ctx.secrets, entries, (s) => hmacHex(s, `${t}.`, inb.body))) invalid('X-Service-Signature');
   checkWindow(Number(t) * 1000, ctx);
   const payload = parseJson(inb.body);
-  const delivery = header(inb.headers, 'x-service-delivery');
+  const delivery = idHeader(inb.headers, 'x-service-delivery');
   return {
     event: header(inb.headers, 'x-service-event') ?? str(payload.type) ?? str(payload.event),
     action: str(payload.action),
     providerId: delivery ?? str(payload.id),
-    idUnsigned: delivery !== undefined,
+    idUnsigned: delivery !== null,
     repeatIs: 'retry',
     // what was signed (t and the body), not the entry that matched: a request signed by both secrets of a
     // rotation, sent again with one of its entries, is the same signed request
@@ -315,9 +330,18 @@ async function email(inb: Inbound, ctx: VerifyContext): Promise<Verified> {
     throw err instanceof WebhookRejectedError ? err : new WebhookRejectedError('webhook-payload-invalid', 'the email delivery could not be read');
   });
   const base = { event: 'email', action: null, keepBody: false, event_payload: parsed.email as unknown as Record<string, unknown> };
-  if (basicOk) return { ...base, providerId: parsed.email.message_id, repeatIs: 'retry', replayKey: null };
-  // a Mailgun token signs one request: seen again, ever, it is a replay
-  return { ...base, providerId: `mailgun-token:${mailgunToken(parsed.mailgun ?? {}, ctx)}`, repeatIs: 'replay', replayKey: null };
+  const messageId = idOrNull(parsed.email.message_id);
+  if (basicOk) return { ...base, providerId: messageId, repeatIs: 'retry', replayKey: null };
+  // a Mailgun token signs one request: seen again, it is a replay, refused before it is counted. The mail is
+  // known by its Message-ID, as SendGrid's and Postmark's are: sent again (signed anew), it is a duplicate; one
+  // without a Message-ID is known by its token, in the store too
+  const token = mailgunToken(parsed.mailgun ?? {}, ctx);
+  return {
+    ...base,
+    providerId: messageId ?? `mailgun-token:${token}`,
+    repeatIs: messageId ? 'retry' : 'replay',
+    replayKey: `mailgun:${token}`,
+  };
 }
 
 /** Checks Mailgun's signature fields (an HMAC of timestamp and token, the timestamp inside the window): the token. */
@@ -339,7 +363,8 @@ const VERIFIERS: Record<WebhookProvider, (inb: Inbound, ctx: VerifyContext) => V
 };
 
 export async function verifyDelivery(kind: WebhookProvider, inb: Inbound, ctx: VerifyContext): Promise<Verified> {
-  return VERIFIERS[kind](inb, ctx);
+  const verified = await VERIFIERS[kind](inb, ctx);
+  return { ...verified, providerId: idOrNull(verified.providerId) };
 }
 
 /** The headers a delivery keeps: event names, ids and retry counts. Never credentials or signatures. */

@@ -58,17 +58,16 @@ type TenantSecrets = { at: number; known: boolean; byKind: Map<WebhookProvider, 
 
 // One operation of the engine's Redis batch per request (requests of one event-loop turn share a round
 // trip): refused when the tenant's minute is spent; else (when a signed request has a replay key) what
-// was signed is remembered, and a replay of it is refused without counting (a captured delivery sent
-// again and again must not spend the budget of the real ones), unless its provider resends its retries
-// byte for byte (ARGV[4]: PagerDuty, Linear): then it is a retry, answered as its event's duplicate (a
-// write to the store), and counts like any delivery; else it counts against the minute.
-// Answers [1, 0] go on, [0, ms until the minute ends] rate-limited, [2, 0] a replay. Seen keys are only
+// was signed is remembered, and a request whose key is already claimed is not counted: a replay (409), or
+// the resend of a provider that retries with the same bytes (PagerDuty, Linear), answered from the store
+// as its event's duplicate. A captured delivery sent again and again must not spend the budget of the
+// real ones (a PagerDuty body signs no time: counted, it would hold its tenant at 429 for good); else it
+// counts against the minute.
+// Answers [1, 0] go on, [0, ms until the minute ends] rate-limited, [2, 0] seen before. Seen keys are only
 // written for requests within the limit.
 const GATE = `if tonumber(redis.call('GET', KEYS[1]) or '0') >= tonumber(ARGV[2]) then return {0, redis.call('PTTL', KEYS[1])} end
-local seen = ARGV[3] ~= '0' and not redis.call('SET', KEYS[2], '1', 'EX', ARGV[3], 'NX')
-if seen and ARGV[4] ~= '1' then return {2, 0} end
+if ARGV[3] ~= '0' and not redis.call('SET', KEYS[2], '1', 'EX', ARGV[3], 'NX') then return {2, 0} end
 if redis.call('INCR', KEYS[1]) == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
-if seen then return {2, 0} end
 return {1, 0}`;
 
 export const jobIdOfDelivery = (deliveryId: string) => `delivery-${deliveryId}`;
@@ -90,7 +89,7 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
   const prefix = queues.prefix;
   const cache = new Map<string, TenantSecrets>();
   const batch = redisBatch(redis);
-  batch.define('webhook.gate', { keys: 2, args: 4, lua: GATE });
+  batch.define('webhook.gate', { keys: 2, args: 3, lua: GATE });
   const owner = (tenantId: string, kind: WebhookProvider) => `webhook-secret:${tenantId}:${kind}`;
 
   async function secretsOf(tenantId: string): Promise<TenantSecrets> {
@@ -125,28 +124,28 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
    * those refused), claiming a replay key for `seenSeconds` if one is given: the gate's verdict and, past
    * the limit, the time left in the minute.
    */
-  function countThisMinute(counter: 'rate' | 'refused', tenantId: string, seenKey: string | null, seenSeconds: number, resends = false) {
+  function countThisMinute(counter: 'rate' | 'refused', tenantId: string, seenKey: string | null, seenSeconds: number) {
     const bucket = Math.floor(clock.now().getTime() / 60_000);
     return batch.call<[number, number]>(
       'webhook.gate',
       [`${prefix}:webhook-${counter}:${tenantId}:${bucket}`, seenKey ?? `${prefix}:webhook-seen:-`],
-      [61_000, perMinute, seenKey ? seenSeconds : 0, resends ? 1 : 0],
+      [61_000, perMinute, seenKey ? seenSeconds : 0],
     );
   }
 
   /**
    * Counts a verified request against its tenant's per-minute limit, over all kinds, and claims its
-   * replay key if it has one: false when that key was already claimed (a replay, not counted unless its
-   * provider `resends` its retries, which go on as duplicates).
+   * replay key if it has one: false, and not counted, when that key was already claimed (a replay, or a
+   * provider's resend, which goes on to be answered as its event's duplicate).
    */
-  async function gate(tenantId: string, kind: WebhookProvider, seenKey: string | null, resends: boolean): Promise<boolean> {
+  async function gate(tenantId: string, kind: WebhookProvider, seenKey: string | null): Promise<boolean> {
     // claimed until the delivery is stored (then remembered for the window: `remember`). Without Redis
     // the delivery is refused (503: the provider sends it again), and a claim Redis takes later is given back,
     // or the provider's retry would be refused as a replay of a delivery never stored
     const [verdict, ttlMs] = await redisOrUnavailable(
       redis,
       'checking the delivery',
-      () => countThisMinute('rate', tenantId, seenKey, WEBHOOK_CLAIM_SECONDS, resends),
+      () => countThisMinute('rate', tenantId, seenKey, WEBHOOK_CLAIM_SECONDS),
       (late) => void late.then(([claimed]) => (claimed === 1 && seenKey ? redis.del(seenKey) : 0)).catch(() => undefined),
     );
     if (verdict === 0) {
@@ -286,15 +285,13 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
       if (body.length > BODY_LIMIT_BYTES[kind]) throw new PayloadTooLargeError(`the body is over the ${BODY_LIMIT_BYTES[kind] / 1024 / 1024} MB limit`);
 
       let verified: Verified;
-      let seenKey: string | null = null;
-      /** the replay claim kept alive while this request stores its delivery (stopped before it is remembered or given back) */
+      let delivery: WebhookDelivery;
+      /** the replay claim this request took, until its delivery is stored (then remembered) or given back */
+      let claimed: string | null = null;
+      /** renews the claim while this request stores its delivery (stopped before it is remembered or given back) */
       let holding: NodeJS.Timeout | undefined;
       const stopHolding = () => clearInterval(holding);
       try {
-        /** the delivery's id in the store: the provider's, or for a request that names none, what was signed */
-        let providerId: string | null = null;
-        /** the digest of what was signed, kept with a delivery whose id the signature does not cover */
-        let signedUnderUnsignedId: string | null = null;
         try {
           const secrets = tenant.byKind.get(kind);
           if (!secrets?.length) throw notConfigured(kind);
@@ -303,33 +300,36 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
           // with no id (a slash command, our generic scheme without X-Service-Delivery) is known by its signed
           // bytes, so the store finds its replay too once Redis has forgotten the signature (it loses its data)
           const signedDigest = verified.replayKey ? sha256Hex(verified.replayKey) : null;
-          providerId = verified.providerId?.slice(0, 256) ?? (signedDigest ? `signed:${signedDigest}` : null);
-          seenKey = signedDigest ? `${prefix}:webhook-seen:${tenantId}:${kind}:${signedDigest}` : null;
-          signedUnderUnsignedId = verified.idUnsigned ? signedDigest : null;
-          const fresh = await gate(tenantId, kind, seenKey, Boolean(verified.retriesResend && verified.providerId));
+          /** the delivery's id in the store: the provider's, or for a request that names none, what was signed */
+          const providerId = verified.providerId ? verified.providerId.slice(0, 256) : signedDigest ? `signed:${signedDigest}` : null;
+          const seenKey = signedDigest ? `${prefix}:webhook-seen:${tenantId}:${kind}:${signedDigest}` : null;
+          /** the digest of what was signed, kept with a delivery whose id the signature does not cover */
+          const signedUnderUnsignedId = verified.idUnsigned ? signedDigest : null;
+          const fresh = await gate(tenantId, kind, seenKey);
           // renewed while this process has the request, so a store slower than the claim (a lock held, a failover)
           // does not let a replay in meanwhile; a process that dies stops renewing, and the claim lapses
-          const claimed = fresh ? seenKey : null;
-          if (claimed)
-            holding = setInterval(() => void redis.expire(claimed, WEBHOOK_CLAIM_SECONDS).catch(() => undefined), (WEBHOOK_CLAIM_SECONDS * 1000) / 3).unref();
-          if (!fresh) {
-            seenKey = null;
-            // a provider that retries with the same bytes (PagerDuty, Linear) sends its event's id again: the
-            // store's answer for that id (a duplicate, acknowledged) is the one to give, not a replay's 409
-            if (!verified.retriesResend || !verified.providerId) throw new WebhookRejectedError('webhook-replay', 'this signed request was already accepted');
+          if (fresh && seenKey) {
+            const key = (claimed = seenKey);
+            holding = setInterval(() => void redis.expire(key, WEBHOOK_CLAIM_SECONDS).catch(() => undefined), (WEBHOOK_CLAIM_SECONDS * 1000) / 3).unref();
           }
+          // a provider that retries with the same bytes (PagerDuty, Linear) sends its event's id again: the
+          // store's answer for that id (a duplicate, acknowledged) is the one to give, not a replay's 409
+          const resent = !fresh && Boolean(verified.retriesResend && verified.providerId);
+          if (!fresh && !resent) throw new WebhookRejectedError('webhook-replay', 'this signed request was already accepted');
           // Redis remembers a signature for the window (and forgets it if Redis loses its data); a body whose
           // delivery id is not signed (GitHub, Linear) is looked for in the store: seen there, it is the same
-          // delivery again (a byte-for-byte retry, the same id) or a replay under another id
-          if (verified.signedOnce) {
+          // delivery again (a byte-for-byte retry, the same id) or a replay under another id. A resend, not
+          // counted, is answered from there too, by a read
+          if (verified.signedOnce || resent) {
             const earlier = await store.deliveries.findByBody(tenantId, kind, sha256Hex(body));
             if (earlier && verified.repeatIs === 'retry' && earlier.provider_delivery_id === providerId) {
               count('duplicate');
               return { status: 200, delivery_id: earlier.id, body: verified.emptyReply ? undefined : { delivery_id: earlier.id, status: 'duplicate' } };
             }
             if (earlier) throw new WebhookRejectedError('webhook-replay', 'this signed body was already accepted');
-            // claimed by a request still being stored: whatever id this one names, it is not a new delivery
-            if (!fresh) throw new WebhookRejectedError('webhook-replay', 'this signed request is being accepted');
+            // claimed by a request still being stored: whatever id this one names, it is not a new delivery (a
+            // resend whose id is in what was signed (PagerDuty's) goes on: the insert finds that id's delivery)
+            if (!fresh && verified.signedOnce) throw new WebhookRejectedError('webhook-replay', 'this signed request is being accepted');
           }
           // an id the signature does not cover (our X-Service-Delivery) can be changed by whoever captured the
           // request: what was signed, found in the store, is a replay under any id once Redis has lost its claims
@@ -340,6 +340,42 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
             count('handshake');
             return { status: 200, body: verified.handshake };
           }
+
+          const kept = keptHeaders(headers);
+          delivery = {
+            id: newId('whd'),
+            tenant_id: tenantId,
+            kind,
+            status: 'received',
+            event: verified.event,
+            action: verified.action,
+            provider_delivery_id: providerId,
+            headers: kept,
+            content_type: kept['content-type'] ?? null,
+            body: verified.keepBody ? body.toString('utf8') : null,
+            body_size: body.length,
+            body_sha256: sha256Hex(body),
+            ...(signedUnderUnsignedId ? { signed_sha256: signedUnderUnsignedId } : {}),
+            event_payload: verified.event_payload,
+            rejection: null,
+            runs: [],
+            attempts: 0,
+            error: null,
+            received_at: clock.now().toISOString(),
+            processed_at: null,
+          };
+          const existing = await store.deliveries.insert(delivery);
+          stopHolding();
+          if (claimed) remember(kind, claimed);
+          // stored, or its id found stored: the claim is no longer this request's to give back
+          claimed = null;
+          if (existing) {
+            // the same signed request of no id again: a replay, as Redis would have said had it remembered
+            if (verified.repeatIs === 'replay' || !verified.providerId)
+              throw new WebhookRejectedError('webhook-replay', `delivery ${providerId} was already accepted as ${existing.id}`);
+            count('duplicate');
+            return { status: 200, delivery_id: existing.id, body: verified.emptyReply ? undefined : { delivery_id: existing.id, status: 'duplicate' } };
+          }
         } catch (err) {
           if (err instanceof WebhookRejectedError) {
             count(err.code);
@@ -347,54 +383,13 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
             // must not spend the budget of the tenant's real deliveries. They have a budget of their own for
             // being recorded: past it they are answered and not stored
             if (await refusalsWithinLimit(tenantId)) await recordRejection(tenantId, kind, headers, body.length, err);
+          } else if (claimed) {
+            // not stored (Redis or the store failed on the way), so not accepted: the provider's retry must not
+            // look like a replay of it
+            stopHolding();
+            await redis.del(claimed).catch(() => undefined);
           }
           throw err;
-        }
-
-        const kept = keptHeaders(headers);
-        const delivery: WebhookDelivery = {
-          id: newId('whd'),
-          tenant_id: tenantId,
-          kind,
-          status: 'received',
-          event: verified.event,
-          action: verified.action,
-          provider_delivery_id: providerId,
-          headers: kept,
-          content_type: kept['content-type'] ?? null,
-          body: verified.keepBody ? body.toString('utf8') : null,
-          body_size: body.length,
-          body_sha256: sha256Hex(body),
-          ...(signedUnderUnsignedId ? { signed_sha256: signedUnderUnsignedId } : {}),
-          event_payload: verified.event_payload,
-          rejection: null,
-          runs: [],
-          attempts: 0,
-          error: null,
-          received_at: clock.now().toISOString(),
-          processed_at: null,
-        };
-        let existing: WebhookDelivery | null;
-        try {
-          existing = await store.deliveries.insert(delivery);
-        } catch (err) {
-          // not stored, so not accepted: the provider's retry must not look like a replay
-          stopHolding();
-          if (seenKey) await redis.del(seenKey).catch(() => undefined);
-          throw err;
-        }
-        stopHolding();
-        if (seenKey) remember(kind, seenKey);
-        if (existing) {
-          // the same signed request of no id again: a replay, as Redis would have said had it remembered
-          if (verified.repeatIs === 'replay' || !verified.providerId) {
-            const err = new WebhookRejectedError('webhook-replay', `delivery ${providerId} was already accepted as ${existing.id}`);
-            count(err.code);
-            await recordRejection(tenantId, kind, headers, body.length, err);
-            throw err;
-          }
-          count('duplicate');
-          return { status: 200, delivery_id: existing.id, body: verified.emptyReply ? undefined : { delivery_id: existing.id, status: 'duplicate' } };
         }
         // stored: from here the delivery will be processed, by this job or by the reconciler
         // stored is accepted: a Redis that stalls since the gate holds the answer no longer than its deadline (the

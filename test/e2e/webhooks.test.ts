@@ -403,6 +403,44 @@ describe('webhook intake', function () {
       }
       expect((await first).body.status).to.equal('accepted');
     });
+
+    it('gives back the claim of a delivery the store could not look up (503), so the provider’s retry goes in (tracker, codehost, generic)', async () => {
+      const deliveries = h.rt.store.deliveries;
+      const { findByBody, findBySigned } = deliveries;
+      const cases = [
+        { kind: 'tracker', signed: sign.tracker(SECRET.tracker, { type: 'Issue', action: 'create', data: { id: randomUUID() } }) },
+        { kind: 'codehost', signed: await sign.codehost(SECRET.codehost, { ref: `refs/heads/${randomUUID()}` }) },
+        { kind: 'generic', signed: sign.generic([SECRET.generic], { type: 'deploy.finished', n: randomUUID() }, { delivery: `d-${randomUUID()}` }) },
+      ];
+      for (const { kind, signed } of cases) {
+        // the store fails once, after the replay claim is taken and before the delivery is stored
+        let failed = false;
+        const failOnce = () => {
+          if (failed) return false;
+          failed = true;
+          return true;
+        };
+        deliveries.findByBody = async (...args) => {
+          if (failOnce()) throw new ServiceUnavailableError('the store did not answer', 5);
+          return findByBody.apply(deliveries, args);
+        };
+        deliveries.findBySigned = async (...args) => {
+          if (failOnce()) throw new ServiceUnavailableError('the store did not answer', 5);
+          return findBySigned.apply(deliveries, args);
+        };
+        try {
+          const first = await post(kind, signed);
+          expect(first.status, `${kind}: ${first.text}`).to.equal(503);
+          expect(first.headers.get('retry-after')).to.equal('5');
+          const retry = await post(kind, signed);
+          expect(retry.status, `${kind}: ${retry.text}`).to.equal(200);
+          expect(retry.body.status, kind).to.equal('accepted');
+        } finally {
+          deliveries.findByBody = findByBody;
+          deliveries.findBySigned = findBySigned;
+        }
+      }
+    });
   });
 
   describe('pager (PagerDuty v3 scheme)', () => {
@@ -425,8 +463,8 @@ describe('webhook intake', function () {
       const b = await post('pager', sign.pager([SECRET.pagerOld], { ...incident(id), retried: true }));
       expect(b.status).to.equal(200);
       expect(b.body).to.deep.equal({ delivery_id: a.body.delivery_id, status: 'duplicate' });
-      // PagerDuty's retry is byte for byte the same request: a duplicate, and counted in the minute like any
-      // delivery (each is a write to the store; a captured one sent again and again spends the budget, not more)
+      // PagerDuty's retry is byte for byte the same request: a duplicate, answered from the store and not counted in
+      // the minute (nothing time-bound is signed: a captured one sent again and again would spend the budget for good)
       const same = sign.pager([SECRET.pager], incident());
       const first = await post('pager', same);
       const counted = async () => {
@@ -437,7 +475,7 @@ describe('webhook intake', function () {
       const again = await post('pager', same);
       expect(again.status, again.text).to.equal(200);
       expect(again.body).to.deep.equal({ delivery_id: first.body.delivery_id, status: 'duplicate' });
-      expect((await counted()) - before).to.equal(1);
+      expect((await counted()) - before).to.equal(0);
       // nothing time-bound is signed: an event without its id could be sent again once the replay window ends
       const anonymous = await post('pager', sign.pager([SECRET.pager], { event: { event_type: 'incident.triggered' } }));
       expect(anonymous.status).to.equal(400);
@@ -587,6 +625,20 @@ describe('webhook intake', function () {
       const forged = { ...sign.mailgunFields('not-the-key'), subject: 'x' };
       const f = await post('email', { body: new URLSearchParams(forged).toString(), headers: { 'content-type': 'application/x-www-form-urlencoded' } });
       expect(f.body.code).to.equal('webhook-signature-invalid');
+    });
+
+    it('takes a Mailgun mail sent again (signed anew, the same Message-Id) as a duplicate, as SendGrid’s and Postmark’s', async () => {
+      const messageId = `<${randomUUID()}@example.com>`;
+      const mail = () =>
+        new URLSearchParams({ ...sign.mailgunFields(SECRET.email), from: 'bob@example.com', subject: 'Hi', 'body-plain': 'hello', 'Message-Id': messageId });
+      const form = { 'content-type': 'application/x-www-form-urlencoded' };
+      const first = await post('email', { body: mail().toString(), headers: form });
+      expect(first.status, first.text).to.equal(200);
+      expect(first.body.status).to.equal('accepted');
+      expect((await delivery(first.body.delivery_id)).provider_delivery_id).to.equal(messageId);
+      const again = await post('email', { body: mail().toString(), headers: form });
+      expect(again.status, again.text).to.equal(200);
+      expect(again.body).to.deep.equal({ delivery_id: first.body.delivery_id, status: 'duplicate' });
     });
 
     it('reads nothing of a body for anyone without credentials, and bounds what it reads: parts, fields and JSON values', async () => {
@@ -755,6 +807,32 @@ describe('webhook intake', function () {
   });
 
   describe('bad input', () => {
+    it('takes an empty delivery header as none: two deliveries that send it empty are two deliveries (codehost, tracker, generic)', async () => {
+      const signers: Record<string, (n: number) => Promise<sign.Signed>> = {
+        codehost: async (n) => {
+          const s = await sign.codehost(SECRET.codehost, { ref: `refs/heads/${randomUUID()}`, n });
+          return { body: s.body, headers: { ...s.headers, 'x-github-delivery': '' } };
+        },
+        tracker: async (n) => {
+          const s = sign.tracker(SECRET.tracker, { type: 'Issue', action: 'create', data: { id: randomUUID() }, n });
+          return { body: s.body, headers: { ...s.headers, 'tracker-delivery': '' } };
+        },
+        generic: async (n) => {
+          const s = sign.generic([SECRET.generic], { type: 'deploy.finished', n: `${n}-${randomUUID()}` });
+          return { body: s.body, headers: { ...s.headers, 'x-service-delivery': '' } };
+        },
+      };
+      for (const [kind, signed] of Object.entries(signers)) {
+        const one = await post(kind, await signed(1));
+        const two = await post(kind, await signed(2));
+        expect([one.status, two.status], `${kind}: ${two.text}`).to.deep.equal([200, 200]);
+        expect([one.body.status, two.body.status], kind).to.deep.equal(['accepted', 'accepted']);
+        expect(two.body.delivery_id, kind).to.not.equal(one.body.delivery_id);
+        // known by what was signed, as a request that names no id
+        expect((await delivery(two.body.delivery_id)).provider_delivery_id, kind).to.match(/^signed:[0-9a-f]{64}$/);
+      }
+    });
+
     it('inflates a compressed body; refuses one that does not inflate, or an encoding it does not read, as webhook-payload-invalid, recorded', async () => {
       const signed = await sign.codehost(SECRET.codehost, { ref: 'refs/heads/gz' }, { event: 'push' });
       const gz = await post('codehost', { body: gzipSync(signed.body as string), headers: { ...signed.headers, 'content-encoding': 'gzip' } });
@@ -1155,5 +1233,82 @@ describe('webhook rate limit', function () {
     await h.rt.engine.webhooks.reconcile();
     expect(await store.deliveries.get('tenant-a', refusedOld.id)).to.equal(null);
     expect(await store.deliveries.get('tenant-a', refusedNew.id)).to.not.equal(null);
+  });
+});
+
+describe('webhook rate limit: replays and resends', function () {
+  this.timeout(30_000);
+  let h: Harness;
+  const post = (tenant: string, kind: string, signed: sign.Signed) =>
+    h.call<Body>('POST', `/webhooks/${tenant}/${kind}`, { key: null, raw: signed.body, headers: signed.headers });
+  /** The limit counts by the clock's minute: a test that spends it starts with 10 s of its minute left at least. */
+  const clearOfMinuteEnd = async () => {
+    const left = 60_000 - (Date.now() % 60_000);
+    if (left < 10_000) await new Promise((r) => setTimeout(r, left + 50));
+  };
+  before(async () => {
+    h = await startHarness({ env: { SERVICE_WEBHOOK_RATE_LIMIT_PER_MINUTE: '3' }, workers: false });
+    for (const key of [KEYS.a, KEYS.b])
+      for (const [kind, secret] of [
+        ['email', SECRET.email],
+        ['pager', SECRET.pager],
+        ['tracker', SECRET.tracker],
+      ] as const)
+        expect((await h.call('PUT', `/api/v1/webhook-secrets/${kind}`, { key, body: { secrets: [secret] } })).status).to.equal(200);
+  });
+  after(async () => {
+    await h.close();
+  });
+
+  it('never counts a Mailgun replay: the same signed form again is refused (409), recorded within the budget of refusals, and real mail still goes in', async () => {
+    await clearOfMinuteEnd();
+    // the minute's budget of recorded refusals (the limit, 3) spent by requests without credentials
+    for (let i = 0; i < 3; i++) {
+      const unsigned = await post('tenant-a', 'email', {
+        body: `from=a%40example.com&i=${i}`,
+        headers: { 'content-type': 'application/x-www-form-urlencoded' },
+      });
+      expect(unsigned.status, unsigned.text).to.equal(401);
+    }
+    const mail = () => ({
+      body: new URLSearchParams({ ...sign.mailgunFields(SECRET.email), from: 'bob@example.com', subject: 'Hi', 'body-plain': randomUUID() }).toString(),
+      headers: { 'content-type': 'application/x-www-form-urlencoded' },
+    });
+    const captured = mail();
+    const statuses = [(await post('tenant-a', 'email', captured)).status];
+    for (let i = 0; i < 3; i++) statuses.push((await post('tenant-a', 'email', captured)).status);
+    statuses.push((await post('tenant-a', 'email', mail())).status);
+    expect(statuses).to.deep.equal([200, 409, 409, 409, 200]);
+    // Redis lost its claims: the store knows the token (the mail names no Message-Id), and the refusal is past the
+    // minute's budget of records, as every other refusal is
+    for (const key of await scanKeys(h.rt.redis, `${h.config.queuePrefix}:webhook-seen:*`)) await h.rt.redis.del(key);
+    const afterLoss = await post('tenant-a', 'email', captured);
+    expect(afterLoss.status, afterLoss.text).to.equal(409);
+    expect(afterLoss.body.code).to.equal('webhook-replay');
+    const rejected = (await h.rt.store.deliveries.list('tenant-a', { status: 'rejected', limit: 100 })).items;
+    expect(rejected).to.have.length(3);
+  });
+
+  it('never counts the resend of a delivery already stored (PagerDuty, Linear): a captured body sent again is its duplicate, and real deliveries still go in', async () => {
+    await clearOfMinuteEnd();
+    const pagerEvent = () => sign.pager([SECRET.pager], { event: { id: randomUUID(), event_type: 'incident.triggered' } });
+    const resent = [
+      { kind: 'pager', signed: pagerEvent() },
+      { kind: 'tracker', signed: sign.tracker(SECRET.tracker, { type: 'Issue', action: 'create', data: { id: randomUUID() } }) },
+    ];
+    for (const { kind, signed } of resent) {
+      const first = await post('tenant-b', kind, signed);
+      expect(first.status, first.text).to.equal(200);
+      const statuses: number[] = [];
+      for (let i = 0; i < 3; i++) {
+        const again = await post('tenant-b', kind, signed);
+        statuses.push(again.status);
+        if (again.status === 200) expect(again.body).to.deep.equal({ delivery_id: first.body.delivery_id, status: 'duplicate' });
+      }
+      expect(statuses, kind).to.deep.equal([200, 200, 200]);
+    }
+    const next = await post('tenant-b', 'pager', pagerEvent());
+    expect(next.status, next.text).to.equal(200);
+    expect(next.body.status).to.equal('accepted');
   });
 });
