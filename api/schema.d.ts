@@ -2122,7 +2122,7 @@ export interface components {
              */
             gates: boolean;
             /**
-             * @description Answer with the run's SSE stream instead of 202.
+             * @description Answer with the run's SSE stream instead of 202. When the stream cannot be opened once the run is stored (Redis does not answer), the answer is the 202 the request without `stream` gets, whose `events_url` is the stream to read.
              * @default false
              */
             stream: boolean;

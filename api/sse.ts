@@ -93,6 +93,12 @@ export type SseOptions = {
    * stream one of them will not get. Without it the stream takes its own place.
    */
   place?: () => void;
+  /**
+   * The log was begun by this request (a run it just made): nothing of it can have been trimmed, and the reader
+   * starts at its start, so the checks that ask Redis before the stream opens are skipped. While Redis is away
+   * the stream opens at once and its events come when Redis does, rather than a 503 whose retry makes another run.
+   */
+  fresh?: boolean;
 };
 
 export function lastEventIdOf(req: Request): string {
@@ -124,7 +130,9 @@ async function openStream(req: Request, res: Response, opts: SseOptions, leave: 
   // not an event of the log: it has no id, so a reconnect is unchanged). Asked before anything is held
   // open; a Redis that does not answer in time is a 503 the client retries, never a stream opened without
   // them (a gap it is not told of, or a Last-Event-ID from the future that would hold it open for good)
-  const [firstKept, newest] = await Promise.all([opts.hub.droppedAfter(opts.scope.stream, opts.afterId), opts.hub.lastId(opts.scope.stream)]);
+  const [firstKept, newest] = opts.fresh
+    ? [null, '0-0']
+    : await Promise.all([opts.hub.droppedAfter(opts.scope.stream, opts.afterId), opts.hub.lastId(opts.scope.stream)]);
   // an id from the future was never one of the log's events: every event to come (the scope's end included)
   // would be taken as seen, and the stream held open for good. The ids to come are times (Redis's clock): one
   // later than a minute from now is none of them. An id after the log's newest but not from the future is one

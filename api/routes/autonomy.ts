@@ -8,7 +8,7 @@ import { packTar } from '../../engine/evidence/index.js';
 import type { RunRequest } from '../../engine/runs/index.js';
 import { tenantOf } from '../auth.js';
 import type { components } from '../schema.js';
-import { lastEventIdOf, streamEvents, type OpenStreams } from '../sse.js';
+import { lastEventIdOf, streamEvents, type OpenStreams, type SseOptions } from '../sse.js';
 import { acceptRun, idempotencyKeyOf, runLocation } from './runs.js';
 
 type AutonomyRunRequest = components['schemas']['AutonomyRunRequest'];
@@ -54,7 +54,7 @@ export function autonomyRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
     res: Response,
     sessionId: string,
     afterId: string,
-    extra: { status?: number; headers?: Record<string, string>; ended?: boolean; place?: () => void; stillThere?: (lastSent: string) => Promise<boolean> } = {},
+    extra: Pick<SseOptions, 'status' | 'headers' | 'ended' | 'place' | 'stillThere' | 'fresh'> = {},
   ) =>
     streamEvents(req, res, {
       streams: opts.streams,
@@ -71,17 +71,28 @@ export function autonomyRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
     // a tenant at its streams' limit is refused before a run is started for a stream it would not get: the
     // stream's place is taken first (given back by the stream, or below when no stream follows)
     const place = stream ? opts.streams.enter(tenantOf(req)) : undefined;
+    let started: Awaited<ReturnType<typeof startAutonomyRun>>;
     try {
-      const { run, replayed } = await startAutonomyRun(engine, req, kind, work);
-      if (place)
-        await watch(req, res, run.session_id, '0-0', {
-          headers: { Location: runLocation(run.id), ...(replayed ? { 'Idempotent-Replayed': 'true' } : {}) },
-          place,
-        });
-      else acceptRun(res, engine, run, replayed);
+      started = await startAutonomyRun(engine, req, kind, work);
     } catch (err) {
       place?.();
       throw err;
+    }
+    const { run, replayed } = started;
+    if (!place) return acceptRun(res, engine, run, replayed);
+    try {
+      await watch(req, res, run.session_id, '0-0', {
+        headers: { Location: runLocation(run.id), ...(replayed ? { 'Idempotent-Replayed': 'true' } : {}) },
+        place,
+        // a run made by this request: its log is new (a replayed one's may be long, and trimmed)
+        fresh: !replayed,
+      });
+    } catch (err) {
+      // the run is stored and will run: a stream that could not open (Redis not answering, for a replayed run) is
+      // answered as the request without `stream` is, 202 with the run and its events_url, not a 503 whose retry
+      // starts another
+      if (res.headersSent) throw err;
+      acceptRun(res, engine, run, replayed);
     }
   };
 

@@ -3,7 +3,7 @@
 // every run still reaches its end with its slot freed.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { expect } from 'chai';
-import { eventually, finishedRun, freePort, listening, startHarness, type Harness } from '../support/harness.js';
+import { eventually, finishedRun, freePort, KEYS, listening, startHarness, type Harness } from '../support/harness.js';
 import * as sign from '../support/signers.js';
 
 describe('Redis outage', function () {
@@ -93,6 +93,43 @@ describe('Redis outage', function () {
     } finally {
       await resumed;
     }
+  });
+
+  it('opens the stream of a run asked with stream: true at once while Redis is stopped (it was a 503 after 3.2 s, for a run stored that then ran); its events come when Redis does', async () => {
+    const body = { stream: true, steps: [{ tool: 'shell', args: { command: 'echo streamed' } }] };
+    const post = () =>
+      fetch(`${h.url}/api/v1/autonomy/run`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${KEYS.a}`, 'content-type': 'application/json' },
+        body: JSON.stringify(body),
+      });
+    // once while Redis answers: what is timed below is the outage, not the route's first use
+    const warm = await post();
+    expect(warm.status).to.equal(200);
+    await warm.body?.cancel();
+    const resumed = stopFor(3000);
+    let res: Response;
+    try {
+      const at = Date.now();
+      res = await post();
+      expect(Date.now() - at).to.be.below(2000);
+      expect(res.status).to.equal(200);
+      expect(res.headers.get('content-type')).to.contain('text/event-stream');
+    } finally {
+      await resumed;
+    }
+    const runId = res.headers.get('location')!.split('/').pop()!;
+    const reader = res.body!.pipeThrough(new TextDecoderStream()).getReader();
+    let text = '';
+    while (!text.includes('event: run.finished')) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      text += value;
+    }
+    await reader.cancel();
+    expect(text).to.contain('event: run.queued');
+    expect(text).to.contain('event: run.finished');
+    expect((await finishedRun(h, runId)).status).to.equal('succeeded');
   });
 
   it('writes run.finished once Redis takes writes again, when it refused them (out of memory) as the run ended', async () => {
