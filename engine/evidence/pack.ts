@@ -2,7 +2,8 @@
 // a tar, the ledger entries and payloads it rests on, so that it stands alone. verifyPack checks a
 // pack with nothing but its files (and, to pin it, the key id one expects): the envelope's signature,
 // the statement's ledger range and head, each entry's hash, link and signature, each payload's digest,
-// and that every gate result the statement names is the one its entry sealed.
+// that every gate result the statement names is the one its entry sealed (a clean tree's, for a clean
+// commit), and that a tar is whole: its end-of-archive blocks, and every artifact those results name.
 import { Readable } from 'node:stream';
 import tar from 'tar-stream';
 import type { LedgerEntry } from '../platform/index.js';
@@ -22,7 +23,7 @@ export type PackPredicate = {
   gates: { gate_id: string; ledger_seq: number; payload_digest: string; [field: string]: unknown }[];
   ready?: boolean;
   missing?: string[];
-  subject?: { commit?: string | null };
+  subject?: { commit?: string | null; dirty?: boolean | null };
   gate_runs?: { gate_run_id: string; ledger?: { to_seq: number } | null }[];
   [more: string]: unknown;
 };
@@ -95,9 +96,16 @@ export async function readPack(data: Buffer): Promise<PackFiles> {
   }
   const files = new Map<string, string>();
   const extract = tar.extract();
+  /** where the last entry's data (padded to its 512-byte block) ends: the end-of-archive marker comes after it */
+  let dataEnd = 0;
   await new Promise<void>((resolve, reject) => {
     extract.on('entry', (header, stream, next) => {
       const parts: Buffer[] = [];
+      const offset = (header as { byteOffset?: number }).byteOffset;
+      if (typeof offset === 'number') dataEnd = offset + Math.ceil((header.size ?? 0) / 512) * 512;
+      // a tar cut in the middle of a file ends its entry's stream with an error ("Unexpected end of data"),
+      // which with no listener was thrown out of the reader, uncaught
+      stream.on('error', reject);
       stream.on('data', (c: unknown) => parts.push(c as Buffer));
       stream.on('end', () => {
         // files only (a tar made again with GNU tar has an entry for the payloads/ folder), named as
@@ -111,6 +119,10 @@ export async function readPack(data: Buffer): Promise<PackFiles> {
     extract.on('error', reject);
     Readable.from([data]).pipe(extract);
   });
+  // a tar cut at the end of an entry reads as a whole one with fewer files: its end-of-archive marker (two
+  // blocks of zeros after the last entry) is what says that nothing was cut off
+  if (data.length < dataEnd + 1024 || data.subarray(dataEnd, dataEnd + 1024).some((b) => b !== 0))
+    throw new Error('the tar has no end-of-archive marker after its last file: it was cut short');
   const packText = files.get('pack.json');
   if (!packText) throw new Error('the pack has no pack.json');
   const payloads = new Map<string, string>();
@@ -191,6 +203,8 @@ export function verifyPack(files: PackFiles, opts: { keyId?: string; tenantId?: 
   if (entries.at(-1)!.hash !== range.head_hash)
     return fail({ part: 'chain', seq: range.to_seq, message: "the ledger slice does not end at the statement's head hash" });
   const gates = statement.predicate.gates ?? [];
+  /** the artifacts the sealed results name that the tar does not carry, with their gates */
+  const absent: string[] = [];
   for (const g of gates) {
     const e = entries.find((x) => x.seq === g.ledger_seq);
     if (!e || e.kind !== 'gate.result' || e.payload_digest !== g.payload_digest || e.subject.gate_id !== g.gate_id)
@@ -208,7 +222,20 @@ export function verifyPack(files: PackFiles, opts: { keyId?: string; tenantId?: 
         seq: g.ledger_seq,
         message: `gate ${g.gate_id} was sealed for commit ${String(e.subject.commit)}, not the statement's ${commit}`,
       });
+    // a pack of a clean commit holds only results of a clean tree: one whose tree changed before or while its
+    // gate ran tested that tree, not the commit
+    if (statement.predicate.subject?.dirty === false && e.subject.dirty !== false)
+      return fail({
+        part: 'statement',
+        seq: g.ledger_seq,
+        message: `gate ${g.gate_id} was sealed for a tree with changes (entry ${g.ledger_seq}), not the clean commit the statement names`,
+      });
+    // and the tar carries every artifact its sealed result names: a tar cut short, or stripped of them, is not the pack
+    const artifacts = Array.isArray(sealed.artifacts) ? (sealed.artifacts as { payload_digest?: unknown }[]) : [];
+    for (const a of artifacts)
+      if (typeof a?.payload_digest !== 'string' || !files.payloads!.has(a.payload_digest)) absent.push(`${String(a?.payload_digest)} (gate ${g.gate_id})`);
   }
+  if (absent.length) return fail({ part: 'payload', message: `the pack lacks the artifacts its sealed results name: ${absent.join(', ')}` });
   // the gates missing are those the latest run's seal names as required and the statement has no result of
   const latestRun = statement.predicate.gate_runs?.[0];
   const seal = latestRun?.ledger ? entries.find((x) => x.seq === latestRun.ledger!.to_seq) : undefined;

@@ -170,7 +170,8 @@ export function gateRunsOf(deps: GatesDeps) {
           signal: controller.signal,
         });
         result = ran.result;
-        const movedMeanwhile = record.subject?.commit ? movedFrom(await gitState(sandbox, ws.dir)) : null;
+        // the repository as the gate left it (runGate looked, to know whether its tree changed meanwhile)
+        const movedMeanwhile = record.subject?.commit ? movedFrom(ran.after ?? (await gitState(sandbox, ws.dir, [], { tracked: true }))) : null;
         if (movedMeanwhile) result = { ...result, subject: record.subject!, conclusion: 'cancelled', summary: movedMeanwhile, artifacts: [] };
         else if (ran.artifacts.length) await store.evidence.append(tenantId, () => [], ran.artifacts);
       } finally {

@@ -45,9 +45,14 @@ export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledg
     const clean: GateRunRecord[] = [];
     const ofClean = new Map<string, GateRunRecord>();
     let first: { run: GateRunRecord; latest: Map<string, GateRunRecord> } | undefined;
-    /** the run of the latest result of each gate (the entry that sealed it is found in the run's slice of the ledger) */
-    const addLatest = (latest: Map<string, GateRunRecord>, run: GateRunRecord, light: GateRunRecord) =>
+    /**
+     * The run of the latest result of each gate (the entry that sealed it is found in the run's slice of the
+     * ledger); of a clean commit, only results of a clean tree: a gate run that began clean may have a gate that
+     * began after another changed the tree, or whose tree changed while it ran (its result says dirty)
+     */
+    const addLatest = (latest: Map<string, GateRunRecord>, run: GateRunRecord, light: GateRunRecord, cleanOnly = false) =>
       run.results.forEach((result) => {
+        if (cleanOnly && result.subject?.dirty !== false) return;
         if (!latest.has(result.gate_id)) latest.set(result.gate_id, light);
       });
     let scanned = 0;
@@ -68,7 +73,7 @@ export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledg
         if (!commit) break scan;
         if (r.subject?.dirty === false) {
           clean.push(light);
-          addLatest(ofClean, r, light);
+          addLatest(ofClean, r, light, true);
         }
       }
       if (!page.next_cursor) break;
@@ -114,10 +119,15 @@ export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledg
        * MongoDB a seal whose batch another writer cut into is built on around that writer's entries, and the
        * pack of that commit was refused for good (409), its entries counted from from_seq.
        */
-      const sealedResult = (run: GateRunRecord, gateId: string): { seq: number; result: GateResult } => {
+      const sealedResult = (run: GateRunRecord, gateId: string, cleanOnly: boolean): { seq: number; result: GateResult } => {
         for (let seq = run.ledger!.from_seq; seq <= run.ledger!.to_seq; seq++) {
           const entry = bySeq.get(seq);
           if (entry?.kind !== 'gate.result' || entry.subject.gate_id !== gateId || (entry.subject.gate_run_id ?? run.id) !== run.id) continue;
+          // a pack of a clean commit signs only what the ledger sealed as a clean tree's (the record chose the row)
+          if (cleanOnly && entry.subject.dirty !== false)
+            throw new ConflictError(
+              `gate ${gateId} of gate run ${run.id} was sealed for a tree with changes (entry ${seq}), not the clean commit; no pack is signed`,
+            );
           const body = payloadOf.get(entry.payload_digest);
           if (body !== undefined) return { seq, result: JSON.parse(body) as GateResult };
         }
@@ -125,9 +135,6 @@ export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledg
           `the ledger has no sealed result of gate ${gateId} of gate run ${run.id} (entries ${run.ledger!.from_seq} to ${run.ledger!.to_seq}); no pack is signed`,
         );
       };
-      // artifacts are payloads too: the tar carries them so that it stands alone (payloadsOf reads them)
-      const rows = [...latest].map(([gateId, run]) => ({ run, ...sealedResult(run, gateId) }));
-      const artifacts = [...new Set(rows.flatMap(({ result }) => result.artifacts.map((a) => a.payload_digest)))].filter((d) => !payloadOf.has(d));
       // what the latest run tested, and the required gates of the set as it saw them, as its seal says (a run
       // sealed before the seal held the required gates: as stored); one with no result for the commit blocks
       const seal = bySeq.get(runs[0]!.ledger!.to_seq);
@@ -141,6 +148,9 @@ export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledg
         tree: sealedSubject.tree ?? null,
         dirty: sealedSubject.dirty ?? null,
       };
+      // artifacts are payloads too: the tar carries them so that it stands alone (payloadsOf reads them)
+      const rows = [...latest].map(([gateId, run]) => ({ run, ...sealedResult(run, gateId, subject.dirty === false) }));
+      const artifacts = [...new Set(rows.flatMap(({ result }) => result.artifacts.map((a) => a.payload_digest)))].filter((d) => !payloadOf.has(d));
       // every row's result sealed for the commit the pack names, as `gates verify` holds it to: a gate run that
       // mixed commits (sealed before gate runs were held to one) is refused, not signed
       for (const { result, seq } of rows) {
@@ -215,14 +225,16 @@ export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledg
      * the store only when asked for, one at a time, with a turn of the event loop before each (a SQLite read
      * is synchronous), so that a pack of hundreds of megabytes neither holds them together nor holds up the
      * other requests. A writer that stops asking (its client went away) stops the reads. An artifact the
-     * store does not keep is left out.
+     * store does not keep fails the tar (the route cuts its connection): a pack without an artifact its sealed
+     * results name is not whole, and was served as if it were.
      */
     async *payloadsOf(tenantId: string, built: EvidencePack): AsyncGenerator<{ digest: string; body: string }> {
       yield* built.payloads;
       for (const digest of built.artifacts) {
         await turn();
         const [payload] = await ledger.payloads(tenantId, [digest]);
-        if (payload) yield payload;
+        if (!payload) throw new Error(`the store keeps no artifact ${digest} that the pack's sealed results name`);
+        yield payload;
       }
     },
   };

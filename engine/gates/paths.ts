@@ -80,3 +80,33 @@ export function hashInside(root: string, rel: string, maxBytes: number): Promise
     return hash.digest('hex');
   });
 }
+
+/**
+ * A plain file's bytes a chunk of at most `chunkBytes` at a time, never whole, each chunk after the first
+ * beginning `overlapBytes` before the end of the one before (what lies across a border is whole in one of
+ * them); `each` gets a chunk (its buffer is used again after) and its offset. True once read, null where
+ * readInside gives null.
+ */
+export function readChunksInside(
+  root: string,
+  rel: string,
+  opts: { maxBytes: number; chunkBytes: number; overlapBytes: number },
+  each: (chunk: Buffer, at: number) => Promise<void>,
+): Promise<true | null> {
+  return withPlainFile(root, rel, opts.maxBytes, async (handle, size) => {
+    const buf = Buffer.allocUnsafe(Math.min(size, opts.chunkBytes));
+    for (let at = 0; at < size;) {
+      const want = Math.min(buf.length, size - at);
+      let got = 0;
+      while (got < want) {
+        const { bytesRead } = await handle.read(buf, got, want - got, at + got);
+        if (bytesRead === 0) break; // cut short since it was opened
+        got += bytesRead;
+      }
+      if (got > 0) await each(buf.subarray(0, got), at);
+      if (got < want || at + got >= size) break;
+      at += got - opts.overlapBytes;
+    }
+    return true as const;
+  });
+}

@@ -10,7 +10,7 @@ import type { Annotation, GateConclusion, GateResult, GateSubject, VibeGates } f
 import { runProcess, type Sandbox } from '../tools/index.js';
 import { GATE_FILES, loadGateSet, readPlainFile, type GateDefinition } from './definition.js';
 import { keptAnnotations, readReport, type Report } from './reports.js';
-import { maskSecrets, scanSecrets } from './secret-scan.js';
+import { maskSecrets, scanSecrets, scanSummary } from './secret-scan.js';
 import { entryOf, readInside, staysInside } from './paths.js';
 import { FileHasher, gitState, inputFiles, type GitState } from './subject.js';
 
@@ -121,7 +121,14 @@ export async function inputDigest(ctx: Pick<GateContext, 'workspace' | 'git' | '
   return ctx.hasher.digest(ctx.workspace, await inputFiles(ctx.workspace, gate.inputs, ctx.git));
 }
 
-export async function runGate(gate: GateDefinition & { digest: string }, ctx: GateContext): Promise<{ result: GateResult; artifacts: ArtifactPayload[] }> {
+/**
+ * Runs a gate. `after` is the repository as the gate left it (null outside one): its result is of a clean
+ * commit only if the tree was clean when it began and its tracked files still are the commit's when it ends.
+ */
+export async function runGate(
+  gate: GateDefinition & { digest: string },
+  ctx: GateContext,
+): Promise<{ result: GateResult; artifacts: ArtifactPayload[]; after: GitState | null }> {
   const started = new Date();
   const files = await inputFiles(ctx.workspace, gate.inputs, ctx.git);
   const [digest, tools] = await Promise.all([ctx.hasher.digest(ctx.workspace, files), toolVersions(ctx.sandbox, ctx.workspace)]);
@@ -132,9 +139,11 @@ export async function runGate(gate: GateDefinition & { digest: string }, ctx: Ga
   let report: Report | null = null;
   if (gate.builtin === 'secret-scan') {
     const found = await scanSecrets(ctx.workspace, files);
-    report = { ok: !found.failed, annotations: found.annotations, summary: '' };
+    // a file it could not scan is not one without secrets: the scan does not pass, and names it
+    report = { ok: !found.failed && !found.unscanned.length, annotations: found.annotations, summary: '' };
     conclusion = ctx.signal?.aborted ? 'cancelled' : report.ok ? 'success' : 'failure';
-    summary = found.found ? `${found.found} secret${found.found === 1 ? '' : 's'} found in ${found.scanned} files` : `no secrets in ${found.scanned} files`;
+    // a file's name may carry a token too
+    summary = await maskSecrets(scanSummary(found));
   } else {
     const env: Record<string, string> = { ...ctx.baseEnv, CI: 'true' };
     for (const name of gate.env) {
@@ -180,6 +189,11 @@ export async function runGate(gate: GateDefinition & { digest: string }, ctx: Ga
       summary = `${memory}${cpu}${report?.summary || ended}`;
     }
   }
+  // the tree may have changed while the gate ran (the gate itself, another gate beside it, anyone with the
+  // folder): what it read was then not the commit, whatever the tree was when it began
+  const after = ctx.git.commit ? await gitState(ctx.sandbox, ctx.workspace, ctx.readOnlyBinds ?? [], { tracked: true }) : null;
+  const subject = subjectOf(ctx);
+  if (after && subject.dirty === false && (after.commit !== subject.commit || after.dirty !== false)) subject.dirty = true;
   const kept = await keepArtifacts(ctx.workspace, gate.artifacts);
   const finished = new Date();
   return {
@@ -194,7 +208,7 @@ export async function runGate(gate: GateDefinition & { digest: string }, ctx: Ga
       output_tail: tail,
       // every kind of report within the same bounds (the secret scan's too)
       annotations: await maskedAnnotations(keptAnnotations(report?.annotations ?? [])),
-      subject: subjectOf(ctx),
+      subject,
       input_digest: digest,
       definition_digest: gate.digest,
       tool_versions: tools,
@@ -203,6 +217,7 @@ export async function runGate(gate: GateDefinition & { digest: string }, ctx: Ga
       finished_at: finished.toISOString(),
     },
     artifacts: kept.map((a) => a.payload),
+    after,
   };
 }
 

@@ -38,8 +38,12 @@ function limited(n: number) {
   };
 }
 
-/** The repository at the workspace's root, seen from the sandbox; all null outside a repository. */
-export async function gitState(sandbox: Sandbox, workspace: string, readOnlyBinds: string[] = []): Promise<GitState> {
+/**
+ * The repository at the workspace's root, seen from the sandbox; all null outside a repository. With
+ * `tracked`, only changes to tracked files make it dirty, and its files are not listed (after a gate: what it
+ * wrote of its own, a report or a build, is not a change of what it tested).
+ */
+export async function gitState(sandbox: Sandbox, workspace: string, readOnlyBinds: string[] = [], opts: { tracked?: boolean } = {}): Promise<GitState> {
   const none = { commit: null, tree: null, dirty: null, files: null };
   if (!(await fs.lstat(path.join(workspace, '.git')).catch(() => null))) return none;
   const q = (args: string[]) => args.map((a) => `'${a}'`).join(' ');
@@ -47,9 +51,10 @@ export async function gitState(sandbox: Sandbox, workspace: string, readOnlyBind
     `${q(GIT)} rev-parse --verify -q HEAD || echo`,
     `${q(GIT)} rev-parse --verify -q 'HEAD^{tree}' || echo`,
     'echo @@',
-    `${q(GIT)} status --porcelain=v1 --untracked-files=normal | head -c 4096`,
+    // a status that fails says the tree has changes: its silence read as a clean tree
+    `{ ${q(GIT)} status --porcelain=v1 --untracked-files=${opts.tracked ? 'no' : 'normal'} || echo '?? (git status failed)'; } | head -c 4096`,
     'echo @@',
-    `${q(GIT)} ls-files -z --cached --others --exclude-standard`,
+    opts.tracked ? 'true' : `${q(GIT)} ls-files -z --cached --others --exclude-standard`,
   ].join('; ');
   const r = await runProcess(sandbox, ['/bin/sh', '-c', script], {
     workspace,
@@ -66,7 +71,7 @@ export async function gitState(sandbox: Sandbox, workspace: string, readOnlyBind
     commit: commit || null,
     tree: tree || null,
     dirty: status.trim().length > 0,
-    files: files.split('\0').filter(Boolean),
+    files: opts.tracked ? null : files.split('\0').filter(Boolean),
   };
 }
 

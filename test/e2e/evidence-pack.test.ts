@@ -4,7 +4,8 @@ import { randomBytes } from 'node:crypto';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import { expect } from 'chai';
-import { readPack, verifyPack, type PackJson } from '../../engine/evidence/index.js';
+import { gatesVerify } from '../../cli/gates.js';
+import { readPack, verifyPack, type PackFiles, type PackJson } from '../../engine/evidence/index.js';
 import { eventually, KEYS, startHarness, type Harness } from '../support/harness.js';
 
 type Body = Record<string, any>;
@@ -143,6 +144,84 @@ describe('evidence packs of large artifacts', function () {
     );
     expect(read).to.match(/^cut/);
     await eventually(() => h.logs.some((l) => l.includes(requestId) && l.includes('failed midway') && l.includes('the store failed')), 'the failure logged');
+  });
+
+  it('cuts the connection of a tar whose artifact the store does not keep, rather than leave it out of a tar that looks whole', async () => {
+    const repo = h.rt.store.evidence;
+    const payloads = repo.payloads;
+    let artifactReads = 0;
+    let dropped = '';
+    repo.payloads = async (tenantId, digests) => {
+      if (digests.some((d) => artifacts.has(d)) && ++artifactReads === 3) {
+        dropped = digests[0]!;
+        return [];
+      }
+      return payloads.call(repo, tenantId, digests);
+    };
+    unwatch = () => {
+      repo.payloads = payloads;
+      unwatch = undefined;
+    };
+    const requestId = `lost-${randomBytes(4).toString('hex')}`;
+    const res = await tar({ requestId });
+    expect(res.status).to.equal(200);
+    const read = await res.arrayBuffer().then(
+      () => 'whole',
+      (err: Error) => `cut: ${err.message}`,
+    );
+    expect(read, 'the tar without an artifact').to.match(/^cut/);
+    await eventually(() => h.logs.some((l) => l.includes(requestId) && l.includes('failed midway') && l.includes(dropped)), 'the failure logged');
+  });
+
+  it('refuses a tar stripped of artifacts its sealed results name (naming each), or cut short anywhere; the CLI says FAILED of one cut mid-file', async () => {
+    const keyId = (await h.call<Body>('GET', '/api/v1/autonomy/evidence-pack?workspace=packed')).body.public_key.key_id as string;
+    const bytes = Buffer.from(await (await tar()).arrayBuffer());
+    const files = await readPack(bytes);
+    expect(verifyPack(files, { keyId })).to.deep.include({ ok: true });
+    // two artifacts taken out of the files: every payload left matches its digest, the ledger is whole
+    const [first, second] = [...artifacts];
+    const stripped: PackFiles = { ...files, payloads: new Map(files.payloads) };
+    stripped.payloads!.delete(first!);
+    stripped.payloads!.delete(second!);
+    const verdict = verifyPack(stripped, { keyId });
+    expect(verdict.ok, 'a pack without two of its artifacts').to.equal(false);
+    if (!verdict.ok) {
+      expect(verdict.problem.part).to.equal('payload');
+      expect(verdict.problem.message).to.contain(first!).and.contain(second!);
+    }
+    // the tar cut at the start of its last file: whole files only, but no end-of-archive marker
+    const headerAt = Math.max(...[...artifacts].map((d) => bytes.indexOf(`payloads/${d.replace(/^sha256:/, '')}.json`)));
+    expect(headerAt % 512, 'a header starts a block').to.equal(0);
+    const atBorder = bytes.subarray(0, headerAt);
+    expect(
+      await readPack(atBorder).then(
+        () => 'read',
+        (err: Error) => err.message,
+      ),
+    ).to.contain('no end-of-archive marker');
+    // without its end-of-archive blocks only, every file there: refused as well (nothing says it was not cut)
+    expect(bytes.subarray(-1024).every((b) => b === 0)).to.equal(true);
+    expect(
+      await readPack(bytes.subarray(0, bytes.length - 1024)).then(
+        () => 'read',
+        (err: Error) => err.message,
+      ),
+    ).to.contain('no end-of-archive marker');
+    // cut in the middle of a file: an error to catch, not one thrown out of the reader
+    const midFile = bytes.subarray(0, headerAt + 512 + 1000);
+    expect(
+      await readPack(midFile).then(
+        () => 'read',
+        (err: Error) => err.message,
+      ),
+    ).to.match(/Unexpected end of data/);
+    const file = path.join(h.config.dataDir, 'cut.tar');
+    for (const cut of [midFile, atBorder]) {
+      await fs.writeFile(file, cut);
+      const out: string[] = [];
+      expect(await gatesVerify(file, { key: keyId }, (t) => out.push(t))).to.equal(1);
+      expect(out.join('')).to.match(/^FAILED \(envelope\): not an evidence pack: /);
+    }
   });
 
   it('answers HEAD of a tar with its headers, reading no artifact', async () => {

@@ -347,6 +347,101 @@ describe('gates in the service', function () {
     expect(verifyPack({ pack: pack.body as PackJson, publicKeyPem: pack.body.public_key.pem, entries: null, payloads: null })).to.deep.include({ ok: true });
   });
 
+  it('packs a clean commit only with results of a clean tree: a tracked file edited while a gate ran, or by a gate before it, makes the result dirty, and the pack is not ready', async () => {
+    const { execFileSync } = await import('node:child_process');
+    const repoOf = async (root: string, name: string, gates: string) => {
+      const dir = path.join(root, name);
+      await fs.mkdir(dir, { recursive: true });
+      await fs.writeFile(path.join(dir, 'status.txt'), 'FAIL\n');
+      await fs.writeFile(path.join(dir, '.gitignore'), 'started\n');
+      await fs.writeFile(path.join(dir, 'gates.yaml'), gates);
+      const git = (script: string) => execFileSync('sh', ['-c', script], { cwd: dir, encoding: 'utf8' }).trim();
+      git('git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm one');
+      return { dir, commit: git('git rev-parse HEAD') };
+    };
+    // A: the file the gate reads is edited while it runs (uncommitted), and put back after
+    const a = await repoOf(
+      h.tenantDir(),
+      'edited-meanwhile',
+      'gates:\n  - id: check\n    shell: true\n    run: "touch started; sleep 3; grep -q PASS status.txt"\n',
+    );
+    const started = await h.rt.engine.gates.start('tenant-a', { workspace: 'edited-meanwhile', trigger: { type: 'api' } });
+    await eventually(
+      () =>
+        fs.stat(path.join(a.dir, 'started')).then(
+          () => true,
+          () => null,
+        ),
+      'the gate to start',
+      10_000,
+    );
+    await fs.writeFile(path.join(a.dir, 'status.txt'), 'PASS\n');
+    const sealed = await h.rt.engine.gates.wait('tenant-a', started.id);
+    await fs.writeFile(path.join(a.dir, 'status.txt'), 'FAIL\n');
+    expect(sealed.subject!.dirty, 'the tree was clean when the gate run began').to.equal(false);
+    expect(sealed.results[0]).to.deep.include({ conclusion: 'success' });
+    expect(sealed.results[0]!.subject.dirty, 'the result of a tree edited while its gate ran').to.equal(true);
+    const packA = await h.call<Body>('GET', `/api/v1/autonomy/evidence-pack?workspace=edited-meanwhile&subject=${a.commit}`);
+    expect(packA.status, packA.text).to.equal(200);
+    expect(packA.body.statement.predicate).to.deep.include({ ready: false, missing: ['check'], gates: [] });
+    expect(packA.body.statement.predicate.subject.dirty).to.equal(false);
+
+    // B: one gate after another (one at a time), the first rewriting a tracked file the second reads
+    const one = await startHarness({ env: { SERVICE_GATES_CONCURRENCY: '1' } });
+    try {
+      const b = await repoOf(
+        one.tenantDir(),
+        'generated',
+        'gates:\n  - id: gen\n    shell: true\n    run: "echo PASS > status.txt"\n  - id: test\n    shell: true\n    run: "grep -q PASS status.txt"\n',
+      );
+      const run = await one.rt.engine.gates.start('tenant-a', { workspace: 'generated', trigger: { type: 'api' } });
+      const done = await one.rt.engine.gates.wait('tenant-a', run.id);
+      await fs.writeFile(path.join(b.dir, 'status.txt'), 'FAIL\n');
+      expect(done.results.map((r) => [r.gate_id, r.conclusion, r.subject.dirty])).to.deep.equal([
+        ['gen', 'success', true],
+        ['test', 'success', true],
+      ]);
+      const tarB = Buffer.from(
+        await (
+          await fetch(`${one.url}/api/v1/autonomy/evidence-pack?workspace=generated&subject=${b.commit}&format=tar`, {
+            headers: { authorization: `Bearer ${KEYS.a}` },
+          })
+        ).arrayBuffer(),
+      );
+      const files = await readPack(tarB);
+      const keyId = files.pack.public_key.key_id;
+      expect(files.pack.statement.predicate).to.deep.include({ ready: false, missing: ['gen', 'test'], gates: [] });
+      expect(verifyPack(files, { keyId })).to.deep.include({ ok: true });
+      // a statement signed with the service's key that shows a result of the changed tree as the clean commit's: caught offline
+      const forged: PackFiles = structuredClone(files);
+      const p = forged.pack.statement.predicate as Body;
+      const entry = forged.entries!.find((e) => e.kind === 'gate.result' && e.subject.gate_id === 'test')!;
+      const result = JSON.parse(forged.payloads!.get(entry.payload_digest)!) as GateResult;
+      p.gates = [
+        {
+          gate_id: 'test',
+          name: result.name,
+          required: result.required,
+          conclusion: result.conclusion,
+          summary: result.summary,
+          finished_at: result.finished_at,
+          input_digest: result.input_digest,
+          definition_digest: result.definition_digest,
+          gate_run_id: run.id,
+          ledger_seq: entry.seq,
+          payload_digest: entry.payload_digest,
+        },
+      ];
+      p.missing = ['gen'];
+      forged.pack.envelope = one.rt.engine.evidence.envelope(forged.pack.statement);
+      const verdict = verifyPack(forged, { keyId });
+      expect(verdict.ok, 'a clean commit’s pack with a result of a changed tree').to.equal(false);
+      if (!verdict.ok) expect(verdict.problem.message).to.contain('gate test was sealed for a tree with changes');
+    } finally {
+      await one.close();
+    }
+  });
+
   it('runs a workspace’s gates for one gate run at a time: a second run’s gate never reads the first’s report as its own', async () => {
     const dir = path.join(h.tenantDir(), 'shared-report');
     await fs.mkdir(dir, { recursive: true });

@@ -468,6 +468,51 @@ describe('gates', function () {
     expect(await readPlainFile(alpha, 'fifo')).to.equal('not-plain');
   });
 
+  it('scans every input file for secrets: one past 1 MB (a chunk at a time, a key across a chunk’s border found once), one that looks binary, and fails naming one it cannot scan', async () => {
+    const project = await fs.mkdtemp(path.join(dir, 'scan-all-'));
+    const ctx = plainContext(project);
+    const scan = (inputs: string[]) => runGate(shellGate('scan', '', { run: null, builtin: 'secret-scan', inputs }), ctx);
+    const { privateKey } = (await import('node:crypto')).generateKeyPairSync('rsa', { modulusLength: 2048 });
+    const pem = privateKey.export({ type: 'pkcs1', format: 'pem' }).toString();
+    const secrets = `export const token = '${TOKEN}';\nexport const key = \`${pem}\`;\n`;
+    await fs.writeFile(path.join(project, 'small.js'), secrets);
+    const small = await scan(['small.js']);
+    expect(small.result.conclusion).to.equal('failure');
+    const found = small.result.annotations.length;
+    expect(found, 'the token and the key').to.be.at.least(2);
+    // the same secrets after a comment of 1 MB: no longer passed unread
+    const comment = `// ${'x'.repeat(1024 * 1024)}\n`;
+    await fs.writeFile(path.join(project, 'config.js'), comment + secrets);
+    const large = await scan(['config.js']);
+    expect(large.result.conclusion, large.result.summary).to.equal('failure');
+    expect(large.result.annotations.map((a) => [a.line, a.title])).to.deep.equal(small.result.annotations.map((a) => [a.line! + 1, a.title]));
+    // a file that looks binary (a NUL in its first 8 KB) is scanned byte for byte
+    await fs.writeFile(path.join(project, 'blob.js'), Buffer.concat([Buffer.from('a\0b\n'), Buffer.from(secrets)]));
+    const binary = await scan(['blob.js']);
+    expect(binary.result.conclusion, binary.result.summary).to.equal('failure');
+    expect(binary.result.annotations).to.have.length(found);
+    // a key that lies across the border of two chunks (1 MB): whole in the second, counted once; lines counted from the file's start
+    const lines = 1024;
+    const filler = `${'y'.repeat(1023)}\n`.repeat(lines - 1) + 'y'.repeat(1024 - 800) + '\n';
+    await fs.writeFile(path.join(project, 'border.txt'), filler + pem + 'z'.repeat(2 * 1024 * 1024) + '\n' + TOKEN + '\n');
+    expect(Buffer.byteLength(filler))
+      .to.be.below(1024 * 1024)
+      .and.above(1024 * 1024 - pem.length);
+    const border = await scan(['border.txt']);
+    expect(border.result.conclusion, border.result.summary).to.equal('failure');
+    expect(border.result.annotations.map((a) => a.line)).to.deep.equal([lines + 1, lines + pem.split('\n').length + 1]);
+    expect(border.result.summary).to.equal('2 secrets found in 1 files');
+    // a file it will not read (past 256 MB, sparse here) is named, and the scan does not pass without it
+    await fs.writeFile(path.join(project, 'clean.txt'), 'nothing to see\n');
+    await fs.writeFile(path.join(project, 'huge.bin'), '');
+    await fs.truncate(path.join(project, 'huge.bin'), 300 * 1024 * 1024);
+    const clean = await scan(['clean.txt']);
+    expect(clean.result).to.deep.include({ conclusion: 'success', summary: 'no secrets in 1 files' });
+    const unscanned = await scan(['clean.txt', 'huge.bin']);
+    expect(unscanned.result.conclusion).to.equal('failure');
+    expect(unscanned.result.summary).to.equal('no secrets in 1 files; 1 not scanned, so not passed: huge.bin (over 256 MB)');
+  });
+
   it('keeps a bounded result whatever a gate leaves: at most 100 artifacts (tiny files each took a ledger payload), annotations within 64 KB', async () => {
     const project = await fs.mkdtemp(path.join(dir, 'bounded-'));
     const ctx = plainContext(project);

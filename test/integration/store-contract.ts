@@ -1559,16 +1559,13 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
         ['lint', 'success'],
         ['test', 'failure'],
       ]);
-      expect(
-        (await store.gateRuns.latestResults('t1', 'app')).map((l) => [l.result.gate_id, l.result.conclusion, l.result.finished_at, l.gate_run_id]),
-      ).to.deep.equal([
-        ['lint', 'success', '2026-01-01T00:00:02.000Z', first.id],
-        ['test', 'success', '2026-01-01T00:00:05.000Z', second.id],
-      ]);
+      // results of gate runs under way are no gate's latest yet: no seal holds them
+      expect(await store.gateRuns.latestResults('t1', 'app')).to.deep.equal([]);
       expect((await store.gateRuns.runningOf('t1', 'app')).map((r) => r.id)).to.deep.equal([second.id, first.id]);
       expect(await store.gateRuns.runningOf('t2', 'lib')).to.deep.equal([]);
       expect(await store.gateRuns.latestResults('t2', 'app')).to.deep.equal([]);
       // two results of a gate that finished at once: the one of the greater gate run id, whichever was kept first
+      for (const id of ['grn_tie_a', 'grn_tie_b', 'grn_tie_0']) await store.gateRuns.insert({ ...gateRun('t1', 'tie'), id, status: 'succeeded' });
       await store.gateRuns.putResult('t1', 'grn_tie_a', result('test', 'tie', '2026-01-01T00:00:03.000Z', 'failure'));
       await store.gateRuns.putResult('t1', 'grn_tie_b', result('test', 'tie', '2026-01-01T00:00:03.000Z', 'success'));
       await store.gateRuns.putResult('t1', 'grn_tie_0', result('test', 'tie', '2026-01-01T00:00:03.000Z', 'failure'));
@@ -1601,6 +1598,64 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       }
       expect(pages).to.deep.equal(all);
       expect(pages).to.have.length(3);
+    });
+
+    it('takes each gate’s latest result only from a sealed gate run: not from one canceled after its gate reported, nor one still running', async () => {
+      const at = (s: number) => `2026-01-01T00:00:0${s}.000Z`;
+      const gateRun = (id: string) => ({
+        id,
+        tenant_id: 't1',
+        workspace: 'sealed-only',
+        status: 'running' as const,
+        source: 'gates.yaml',
+        gates: ['test', 'lint', 'build'],
+        trigger: { type: 'api' as const },
+        subject: { workspace: 'sealed-only', commit: null, tree: null, dirty: null },
+        results: [],
+        ledger: null,
+        created_at: new Date().toISOString(),
+        finished_at: null,
+      });
+      const result = (gate: string, finishedAt: string, conclusion: 'success' | 'failure') => ({
+        gate_id: gate,
+        name: gate,
+        required: true,
+        conclusion,
+        summary: '',
+        exit_code: conclusion === 'success' ? 0 : 1,
+        duration_ms: 1,
+        output_tail: '',
+        annotations: [],
+        subject: { workspace: 'sealed-only', commit: null, tree: null, dirty: null },
+        input_digest: 'sha256:i',
+        definition_digest: 'sha256:d',
+        tool_versions: {},
+        artifacts: [],
+        started_at: finishedAt,
+        finished_at: finishedAt,
+      });
+      const [succeeded, failed, canceled, running] = ['grn_sealed_1', 'grn_sealed_2', 'grn_sealed_3', 'grn_sealed_4'];
+      for (const id of [succeeded, failed, canceled, running]) await store.gateRuns.insert(gateRun(id));
+      // each result kept as its gate ends, while its gate run runs
+      await store.gateRuns.putResult('t1', succeeded, result('test', at(1), 'success'));
+      await store.gateRuns.putResult('t1', succeeded, result('lint', at(1), 'failure'));
+      await store.gateRuns.putResult('t1', failed, result('lint', at(2), 'success'));
+      await store.gateRuns.putResult('t1', canceled, result('test', at(3), 'failure'));
+      await store.gateRuns.putResult('t1', canceled, result('build', at(3), 'success'));
+      await store.gateRuns.putResult('t1', running, result('lint', at(4), 'failure'));
+      await store.gateRuns.update('t1', succeeded, { status: 'succeeded' }, ['running']);
+      await store.gateRuns.update('t1', failed, { status: 'failed' }, ['running']);
+      await store.gateRuns.update('t1', canceled, { status: 'canceled' }, ['running']);
+      expect((await store.gateRuns.latestResults('t1', 'sealed-only')).map((l) => [l.result.gate_id, l.result.conclusion, l.gate_run_id])).to.deep.equal([
+        ['lint', 'success', failed],
+        ['test', 'success', succeeded],
+      ]);
+      // a gate run's results count once it is sealed
+      await store.gateRuns.update('t1', running, { status: 'failed' }, ['running']);
+      expect((await store.gateRuns.latestResults('t1', 'sealed-only')).map((l) => [l.result.gate_id, l.result.conclusion, l.gate_run_id])).to.deep.equal([
+        ['lint', 'failure', running],
+        ['test', 'success', succeeded],
+      ]);
     });
   });
 }

@@ -18,6 +18,9 @@ export const gateResultSchema = new Schema(
 gateResultSchema.index({ tenant_id: 1, workspace: 1, gate_id: 1, finished_at: -1, gate_run_id: -1 });
 gateResultSchema.index({ tenant_id: 1, gate_run_id: 1 });
 
+/** A gate's results read at a time while looking for its latest of a sealed gate run (the first page nearly always holds it). */
+const LATEST_PAGE = 20;
+
 export function gateRunRepo(runs: Model<Stored<GateRunRecord>>, results: Model<StoredResult>): GateRunRepo {
   return {
     async insert(r) {
@@ -66,13 +69,32 @@ export function gateRunRepo(runs: Model<Stored<GateRunRecord>>, results: Model<S
       return rows.map((r) => fromStored(r)!);
     },
     async latestResults(tenantId, workspace) {
-      const rows = await results.aggregate<{ gate_run_id: string; result: GateResult }>([
-        { $match: { tenant_id: tenantId, workspace } },
-        { $sort: { gate_id: 1, finished_at: -1, gate_run_id: -1 } },
-        { $group: { _id: '$gate_id', gate_run_id: { $first: '$gate_run_id' }, result: { $first: '$result' } } },
-        { $sort: { _id: 1 } },
-      ]);
-      return rows.map((r) => ({ gate_run_id: r.gate_run_id, result: r.result }));
+      // each gate's latest result of a sealed gate run (a result is kept as its gate ends, and one of a gate run
+      // canceled later, or still running, was read as the gate's latest though no seal holds it): a gate's
+      // results newest first, a page at a time, each page's gate runs looked up at once, as SQLite walks its index
+      const gateIds = ((await results.distinct('gate_id', { tenant_id: tenantId, workspace })) as string[]).sort();
+      const latest: { gate_run_id: string; result: GateResult }[] = [];
+      for (const gateId of gateIds) {
+        for (let skip = 0; ; skip += LATEST_PAGE) {
+          const page = await results
+            .find({ tenant_id: tenantId, workspace, gate_id: gateId })
+            .sort({ finished_at: -1, gate_run_id: -1 })
+            .skip(skip)
+            .limit(LATEST_PAGE)
+            .lean<StoredResult[]>();
+          const sealed = new Set(
+            (
+              await runs
+                .find({ tenant_id: tenantId, _id: { $in: page.map((r) => r.gate_run_id) }, status: { $in: ['succeeded', 'failed'] } }, { _id: 1 })
+                .lean<{ _id: string }[]>()
+            ).map((r) => r._id),
+          );
+          const first = page.find((r) => sealed.has(r.gate_run_id));
+          if (first) latest.push({ gate_run_id: first.gate_run_id, result: first.result });
+          if (first || page.length < LATEST_PAGE) break;
+        }
+      }
+      return latest;
     },
     async runningOf(tenantId, workspace) {
       const rows = await runs.find({ tenant_id: tenantId, workspace, status: 'running' }).sort({ _id: -1 }).lean<Stored<GateRunRecord>[]>();

@@ -1,4 +1,4 @@
-// Gate runs and their results. The latest result of each gate of a workspace is one indexed query.
+// Gate runs and their results. The latest result of each gate of a workspace (of a sealed gate run) is one indexed query.
 import type { GateResult, GateRunRecord } from '../../platform/index.js';
 import { decodeCursor, toPage, type GateRunRepo } from '../port.js';
 import { groupCommit, type Db } from './db.js';
@@ -17,7 +17,9 @@ export function gateRunRepo(db: Db): GateRunRepo {
   const results = db.prepare<[string, string], { doc: string }>('SELECT doc FROM gate_results WHERE tenant_id = ? AND gate_run_id = ?');
   // one seek per gate, not a walk of every result the workspace ever had (a GROUP BY read them all: 137 ms at
   // 10,000 gate runs of 5 gates): the gate ids come one after another from the index (the next one above the
-  // last), and each gate's latest result is the top of its own range of the index, by finished_at
+  // last), and each gate's latest result is the top of its own range of the index, by finished_at, among the
+  // results of sealed gate runs (each looked up by its key): a result is kept as its gate ends, and one of a
+  // gate run canceled later, or still running, was read as the gate's latest, though no seal holds it
   const latest = db.prepare<[{ tenant: string; workspace: string }], { gate_run_id: string; doc: string }>(
     `WITH RECURSIVE gate (id) AS (
        SELECT MIN(gate_id) FROM gate_results WHERE tenant_id = @tenant AND workspace = @workspace
@@ -25,7 +27,10 @@ export function gateRunRepo(db: Db): GateRunRepo {
        SELECT (SELECT MIN(gate_id) FROM gate_results WHERE tenant_id = @tenant AND workspace = @workspace AND gate_id > gate.id) FROM gate WHERE gate.id IS NOT NULL
      )
      SELECT r.gate_run_id, r.doc FROM gate JOIN gate_results AS r ON r.tenant_id = @tenant AND r.gate_id = gate.id AND r.gate_run_id = (
-       SELECT gate_run_id FROM gate_results WHERE tenant_id = @tenant AND workspace = @workspace AND gate_id = gate.id ORDER BY finished_at DESC, gate_run_id DESC LIMIT 1
+       SELECT x.gate_run_id FROM gate_results AS x
+       WHERE x.tenant_id = @tenant AND x.workspace = @workspace AND x.gate_id = gate.id
+         AND EXISTS (SELECT 1 FROM gate_runs AS g WHERE g.id = x.gate_run_id AND g.tenant_id = @tenant AND g.status IN ('succeeded', 'failed'))
+       ORDER BY x.finished_at DESC, x.gate_run_id DESC LIMIT 1
      ) ORDER BY gate.id`,
   );
   // by the index of running runs (few), not by the workspace's (every run it ever had)
