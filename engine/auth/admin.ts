@@ -13,16 +13,19 @@ export function isAdminKey(presented: string, adminKeys: string[]): boolean {
   return match;
 }
 
-/** The key a request presents: Bearer, X-API-Key, or the password of HTTP Basic. */
+/**
+ * The key a request presents: a Bearer token, else (with `basic`, for the admin routes) the password of
+ * HTTP Basic, else X-API-Key. An Authorization that is neither (a browser's Basic for the dashboard, sent
+ * along to the API) does not hide an X-API-Key; a Bearer token is taken before an X-API-Key.
+ */
 export function presentedKeyOf(headers: IncomingHttpHeaders, opts: { basic: boolean }): string | undefined {
-  const auth = headers.authorization;
-  if (auth) {
-    const basic = opts.basic ? /^Basic\s+([A-Za-z0-9+/=]+)\s*$/i.exec(auth) : null;
-    if (basic) {
-      const decoded = Buffer.from(basic[1]!, 'base64').toString('utf8');
-      return decoded.slice(decoded.indexOf(':') + 1);
-    }
-    return /^Bearer\s+(\S+)\s*$/i.exec(auth)?.[1];
+  const auth = headers.authorization ?? '';
+  const bearer = /^Bearer\s+(\S+)\s*$/i.exec(auth)?.[1];
+  if (bearer) return bearer;
+  const basic = opts.basic ? /^Basic\s+([A-Za-z0-9+/=]+)\s*$/i.exec(auth) : null;
+  if (basic) {
+    const decoded = Buffer.from(basic[1]!, 'base64').toString('utf8');
+    return decoded.slice(decoded.indexOf(':') + 1);
   }
   const header = headers['x-api-key'];
   return typeof header === 'string' && header.trim() ? header.trim() : undefined;

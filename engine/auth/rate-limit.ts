@@ -2,9 +2,11 @@
 // fixed window of a minute counted in Redis, so every web process shares it. The count is an operation
 // of the engine's Redis batch: the requests of one turn of the event loop, both their budgets, take one
 // round trip. When Redis is not connected or does not answer within 100 ms, an in-memory count per
-// process stands in rather than refusing everyone or holding the request. A refused request counts in
-// neither budget.
-import { RateLimitedError, redisBatch, withTimeout, type Queues, type Redis } from '../platform/index.js';
+// process stands in rather than refusing everyone or holding the request; it counts on from the count
+// Redis last gave for the budget's window, so a budget Redis said was spent stays spent. A refused
+// request counts in neither budget.
+import { setImmediate as nextTurn } from 'node:timers/promises';
+import { RateLimitedError, redisBatch, type Queues, type Redis } from '../platform/index.js';
 
 export type ApiRateLimitSettings = { perTenantPerMinute: number; perKeyPerMinute: number };
 
@@ -12,7 +14,7 @@ export type ApiRateLimitSettings = { perTenantPerMinute: number; perKeyPerMinute
 export type RateLimitState = { policy: 'tenant' | 'key'; limit: number; remaining: number; resetSeconds: number };
 
 const WINDOW_SECONDS = 60;
-/** How long a request waits for Redis's count before its process counts alone (Redis answers in well under a millisecond). */
+/** How long a request waits for Redis's count, from its sending, before its process counts alone (Redis answers in well under a millisecond). */
 const REDIS_ANSWER_MS = 100;
 /** After Redis stalled, how long the process counts alone before it asks Redis again. */
 const STALL_PAUSE_MS = 5_000;
@@ -46,6 +48,33 @@ return { refused, n[1], ttl[1], n[2], ttl[2] }`;
 
 type Budget = { policy: 'tenant' | 'key'; limit: number };
 
+const LATE = Symbol('late');
+
+/**
+ * Redis's answer, or LATE when it has not come REDIS_ANSWER_MS after the batch sent it. A timer measures
+ * the event loop as much as Redis: on a process busy for longer than the deadline, the timer fires in
+ * the loop's timers phase before its poll phase reads a reply already in the socket. So the deadline
+ * starts once the batch has sent the call (it sends from setImmediate), and when it passes, the reply is
+ * given one more turn of the loop (its poll phase) before it is given up.
+ */
+async function answerInTime<T>(answer: Promise<T>): Promise<T | typeof LATE> {
+  let settled = false;
+  answer.then(
+    () => (settled = true),
+    () => (settled = true),
+  );
+  await nextTurn(); // after the batch's own setImmediate: the call is sent
+  if (!settled) {
+    let timer: NodeJS.Timeout | undefined;
+    await Promise.race([answer.catch(() => undefined), new Promise((resolve) => (timer = setTimeout(resolve, REDIS_ANSWER_MS)))]);
+    clearTimeout(timer);
+  }
+  if (!settled) await nextTurn(); // the poll phase of one more turn reads what Redis sent while the loop was busy
+  if (settled) return answer;
+  answer.catch(() => undefined);
+  return LATE;
+}
+
 export function apiRateLimitOf(deps: { redis: Redis; queues: Queues }, settings: ApiRateLimitSettings) {
   let stalledUntil = 0;
   const batch = redisBatch(deps.redis);
@@ -53,8 +82,19 @@ export function apiRateLimitOf(deps: { redis: Redis; queues: Queues }, settings:
   const tenant: Budget = { policy: 'tenant', limit: settings.perTenantPerMinute };
   const key: Budget = { policy: 'key', limit: settings.perKeyPerMinute };
   const keyOf = (b: Budget, id: string) => `${deps.queues.prefix}:api-rate:${b.policy}:${id}`;
-  /** This process's own counts, while Redis is not connected or stalled: the same rule as COUNT. */
+  /**
+   * This process's own counts, while Redis is not connected or stalled: the same rule as COUNT. Each of
+   * Redis's answers leaves its count here, so a window counted alone goes on from what Redis last said
+   * of it (a budget Redis said was spent is not started again from 0).
+   */
   const local = new Map<string, { n: number; resetAt: number }>();
+  let droppedAt = 0;
+  /** Past LOCAL_WINDOWS_MAX windows, drops the ended ones, at most once a second (every answer passes here). */
+  const dropEnded = (now: number) => {
+    if (local.size <= LOCAL_WINDOWS_MAX || now - droppedAt < 1000) return;
+    droppedAt = now;
+    for (const [name, w] of local) if (w.resetAt <= now) local.delete(name);
+  };
   const countLocally = (asked: [Budget, string][]): Count => {
     const now = Date.now();
     const windows = asked.map(([b, id]) => {
@@ -65,7 +105,7 @@ export function apiRateLimitOf(deps: { redis: Redis; queues: Queues }, settings:
     });
     const refused = windows.findIndex((w, i) => w.n >= asked[i]![0].limit) + 1;
     if (!refused) for (const w of windows) w.n++;
-    if (local.size > LOCAL_WINDOWS_MAX) for (const [name, w] of local) if (w.resetAt <= now) local.delete(name);
+    dropEnded(now);
     return { refused, counts: windows.map((w) => ({ n: w.n, ms: w.resetAt - now })) };
   };
   type Count = { refused: number; counts: { n: number; ms: number }[] };
@@ -76,13 +116,14 @@ export function apiRateLimitOf(deps: { redis: Redis; queues: Queues }, settings:
       [names[0]!, names[1] ?? names[0]!],
       [WINDOW_SECONDS * 1000, asked[0]![0].limit, asked[1]?.[0].limit ?? 0],
     );
-    return {
-      refused: refused!,
-      counts: [
-        { n: n1!, ms: ms1! },
-        { n: n2!, ms: ms2! },
-      ].slice(0, asked.length),
-    };
+    const counts = [
+      { n: n1!, ms: ms1! },
+      { n: n2!, ms: ms2! },
+    ].slice(0, asked.length);
+    const now = Date.now();
+    counts.forEach(({ n, ms }, i) => local.set(names[i]!, { n, resetAt: now + ms }));
+    dropEnded(now);
+    return { refused: refused!, counts };
   };
   /**
    * Redis's count, or this process's own when Redis is not connected, or does not answer in time
@@ -91,12 +132,15 @@ export function apiRateLimitOf(deps: { redis: Redis; queues: Queues }, settings:
    */
   const count = async (asked: [Budget, string][]): Promise<Count> => {
     if (Date.now() < stalledUntil || deps.redis.status !== 'ready') return countLocally(asked);
+    let shared: Count | typeof LATE = LATE;
     try {
-      return await withTimeout(countShared(asked), REDIS_ANSWER_MS, 'the rate limit count');
+      shared = await answerInTime(countShared(asked));
     } catch {
-      stalledUntil = Date.now() + STALL_PAUSE_MS;
-      return countLocally(asked);
+      // an error (the connection lost) pauses asking Redis as a silence does
     }
+    if (shared !== LATE) return shared;
+    stalledUntil = Date.now() + STALL_PAUSE_MS;
+    return countLocally(asked);
   };
 
   return {

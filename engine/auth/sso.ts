@@ -4,11 +4,13 @@
 // keeps its sha256. Everything a login needs between the redirect and the callback (its state, nonce,
 // PKCE verifier and where to go back to) travels sealed (AES-GCM, SERVICE_SECRET_KEY) in the browser's
 // sign-in cookie: starting a sign-in writes nothing, so no one can fill Redis by asking for logins. A
-// login is used once: its state is marked used in Redis when its callback succeeds.
+// login is used once: its state is marked used in Redis when its callback succeeds. Every Redis command
+// here has REDIS_DEADLINE_MS (redisOrUnavailable): a Redis that does not answer is a 503 with Retry-After,
+// never a request held for the outage, and never a session taken as valid without Redis's word.
 import { createHash, randomBytes } from 'node:crypto';
 import * as oidc from 'openid-client';
 import { TENANT_ID_PATTERN, type OidcConfig } from '../../config/env.js';
-import { AppError, ServiceUnavailableError, type Clock, type Logger, type Queues, type Redis, type SecretBox } from '../platform/index.js';
+import { AppError, redisOrUnavailable, ServiceUnavailableError, type Clock, type Logger, type Queues, type Redis, type SecretBox } from '../platform/index.js';
 
 /** A sign-in that cannot be completed: said to the person, logged without tokens. */
 export class SignInRefusedError extends AppError {
@@ -67,7 +69,11 @@ export function ssoOf(deps: { redis: Redis; queues: Queues; clock: Clock; log: L
     return { tenant: mapped, claim: value };
   }
 
-  async function read(sessionId: string, touch: boolean): Promise<SignedIn | null> {
+  /** The session, read (and its end or idle clock written) within Redis's deadline, or a 503. */
+  const read = (sessionId: string, touch: boolean): Promise<SignedIn | null> =>
+    redisOrUnavailable(redis, 'reading the session', () => readNow(sessionId, touch));
+
+  async function readNow(sessionId: string, touch: boolean): Promise<SignedIn | null> {
     const key = sessionKey(sessionId);
     const raw = await redis.get(key);
     if (!raw) return null;
@@ -125,7 +131,7 @@ export function ssoOf(deps: { redis: Redis; queues: Queues; clock: Clock; log: L
         login = null; // not sealed by this service (or by another key): no login of this browser
       }
       if (!state || !login || login.state !== state) throw new SignInRefusedError('this sign-in was not started in this browser; start again');
-      if (login.expires_at_ms <= clock.now().getTime() || (await redis.exists(usedKey(state))))
+      if (login.expires_at_ms <= clock.now().getTime() || (await redisOrUnavailable(redis, 'checking the sign-in', () => redis.exists(usedKey(state)))))
         throw new SignInRefusedError('this sign-in has expired or was already used; start again');
       const config = await configuration();
       let claims: Record<string, unknown>;
@@ -146,7 +152,8 @@ export function ssoOf(deps: { redis: Redis; queues: Queues; clock: Clock; log: L
         throw new SignInRefusedError('the identity provider’s answer did not check out; start again');
       }
       // used once: of two callbacks of one login (a provider that let its code be exchanged twice), one wins
-      if ((await redis.set(usedKey(state), '1', 'EX', LOGIN_SECONDS, 'NX')) === null)
+      // (a mark that lands late leaves the login used: its code was exchanged already, so it could not be completed again anyway)
+      if ((await redisOrUnavailable(redis, 'marking the sign-in used', () => redis.set(usedKey(state), '1', 'EX', LOGIN_SECONDS, 'NX'))) === null)
         throw new SignInRefusedError('this sign-in has expired or was already used; start again');
       const email = typeof claims.email === 'string' ? claims.email.toLowerCase() : null;
       if (s.allowedEmailDomains.length) {
@@ -170,7 +177,14 @@ export function ssoOf(deps: { redis: Redis; queues: Queues; clock: Clock; log: L
       };
       // a new id at every sign-in: nothing a browser held before opens this session
       const sessionId = randomBytes(32).toString('base64url');
-      await redis.set(sessionKey(sessionId), JSON.stringify(session), 'EX', Math.min(s.idleSeconds, s.maxSeconds));
+      const key = sessionKey(sessionId);
+      // a session stored after its request was answered 503 belongs to no browser: removed once it lands
+      await redisOrUnavailable(
+        redis,
+        'storing the session',
+        () => redis.set(key, JSON.stringify(session), 'EX', Math.min(s.idleSeconds, s.maxSeconds)),
+        (late) => void late.then(() => redis.del(key)).catch(() => undefined),
+      );
       log.info({ tenant_id: tenant, sub: session.sub }, 'signed in');
       return { sessionId, session, returnTo: login.return_to };
     },
@@ -184,8 +198,9 @@ export function ssoOf(deps: { redis: Redis; queues: Queues; clock: Clock; log: L
     /** The same answer without counting as a use: an open stream asks it at each heartbeat, and a tab left open is no use. */
     check: (sessionId: string): Promise<SignedIn | null> => read(sessionId, false),
 
+    /** Ends the session; without Redis's answer a 503 (the browser keeps its cookie, to log out again). */
     async logout(sessionId: string): Promise<void> {
-      await redis.del(sessionKey(sessionId));
+      await redisOrUnavailable(redis, 'ending the session', () => redis.del(sessionKey(sessionId)));
     },
   };
 }

@@ -31,6 +31,20 @@ describe('authentication', () => {
     expect((await h.call('GET', '/api/v1/automations', { key: null, headers: { 'x-api-key': KEYS.a } })).status).to.equal(200);
   });
 
+  it('takes X-API-Key alongside an Authorization that is not a Bearer token; a Bearer token is taken before it', async () => {
+    // a browser's Basic credentials for the dashboard ride along with a script's X-API-Key
+    const alongBasic = await h.call('GET', '/api/v1/me', { key: null, headers: { authorization: 'Basic dTpw', 'x-api-key': KEYS.a } });
+    expect(alongBasic.status, alongBasic.text).to.equal(200);
+    expect(alongBasic.body).to.include({ tenant_id: 'tenant-a', auth: 'api_key' });
+    const otherScheme = await h.call('GET', '/api/v1/me', { key: null, headers: { authorization: 'Negotiate abc', 'x-api-key': KEYS.b } });
+    expect(otherScheme.status, otherScheme.text).to.equal(200);
+    expect(otherScheme.body.tenant_id).to.equal('tenant-b');
+    // both: the Bearer token is the credential, whatever the X-API-Key says
+    const bearerFirst = await h.call('GET', '/api/v1/me', { key: null, headers: { authorization: `Bearer ${KEYS.b}`, 'x-api-key': KEYS.a } });
+    expect(bearerFirst.body.tenant_id).to.equal('tenant-b');
+    expect((await h.call('GET', '/api/v1/me', { key: null, headers: { authorization: 'Bearer not-a-key', 'x-api-key': KEYS.a } })).status).to.equal(401);
+  });
+
   it('checks the key before the body: no key and a bad body is still 401, and nothing is stored', async () => {
     const res = await h.call('POST', '/api/v1/automations', { key: null, raw: '{"name":', headers: { 'content-type': 'application/json' } });
     expect(res.status).to.equal(401);

@@ -1,10 +1,11 @@
 // People's sign-in against a real OpenID Connect provider on loopback (oidc-provider): the code flow
 // with PKCE, the tenant from a claim, the cookie session on every /api/v1 route, CSRF, CORS, logout,
 // and the refusals (forged state, replayed callback, wrong audience, unknown tenant).
+import { spawn, type ChildProcess } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import net from 'node:net';
 import { expect } from 'chai';
-import { freePort, scanKeys, startHarness, type Harness } from '../support/harness.js';
+import { eventually, freePort, KEYS, listening, scanKeys, startHarness, type Harness } from '../support/harness.js';
 import { startIdp, type Idp } from '../support/idp.js';
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
@@ -398,5 +399,98 @@ describe('sign-in with OpenID Connect', function () {
     expect(h.logs.join('\n')).not.to.match(/eyJ[A-Za-z0-9_-]{20,}\./);
     // untouched, the same account signs in
     expect((await new Browser().navigate(`${service()}/auth/login`, 'alice')).url).to.equal(`${service()}/api/v1/me`);
+  });
+});
+
+describe('sign-in while Redis does not answer', function () {
+  this.timeout(60_000);
+  let idp: Idp;
+  let h: Harness;
+  let port: number;
+  let redis: ChildProcess;
+  let stopped = false;
+  const resume = () => {
+    redis.kill('SIGCONT');
+    stopped = false;
+  };
+
+  before(async () => {
+    // a private redis-server, stopped with SIGSTOP: its connections hang as on a network partition
+    const redisPort = await freePort();
+    redis = spawn('redis-server', ['--port', String(redisPort), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], { stdio: 'ignore' });
+    await eventually(() => listening(redisPort), 'the private redis-server to listen');
+    port = await freePort();
+    const redirect = `http://127.0.0.1:${port}/auth/callback`;
+    idp = await startIdp({ redirectUri: redirect, orgOf: () => 'org-acme' });
+    h = await startHarness({
+      workers: false,
+      port,
+      env: {
+        REDIS_URL: `redis://127.0.0.1:${redisPort}`,
+        SERVICE_OIDC_ISSUER: idp.issuer,
+        SERVICE_OIDC_CLIENT_ID: idp.clientId,
+        SERVICE_OIDC_CLIENT_SECRET: idp.clientSecret,
+        SERVICE_OIDC_REDIRECT_URL: redirect,
+        SERVICE_OIDC_TENANT_MAP: 'org-acme:tenant-a',
+      },
+    });
+  });
+  after(async () => {
+    if (stopped) resume();
+    await h?.close();
+    await idp?.close();
+    redis?.kill('SIGKILL');
+  });
+
+  const service = () => `http://127.0.0.1:${port}`;
+  /** The answer within 2.5 s (Redis's deadline is 1.5 s), or a failure that says it was held. */
+  const timed = async (what: string, call: () => Promise<Response>, ms = 2500): Promise<Response> => {
+    let timer: NodeJS.Timeout | undefined;
+    const held = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`${what}: no answer within ${ms} ms`)), ms)));
+    try {
+      return await Promise.race([call(), held]);
+    } finally {
+      clearTimeout(timer);
+    }
+  };
+
+  it('answers a signed-in request, a sign-in’s callback and a logout 503 with Retry-After: 5 within 2.5 s, never the session taken unchecked; API keys go on', async () => {
+    const alice = new Browser();
+    expect((await alice.navigate(`${service()}/auth/login`, 'alice')).url).to.equal(`${service()}/api/v1/me`);
+    const cookie = `__Host-session=${alice.cookie(service(), '__Host-session')}`;
+    // each route once while Redis answers: what is timed below is the outage, not a route's first use
+    expect((await fetch(`${service()}/api/v1/me`, { headers: { cookie } })).status).to.equal(200);
+    expect((await fetch(`${service()}/api/v1/runs`, { headers: { cookie } })).status).to.equal(200);
+    expect((await h.call('GET', '/api/v1/runs')).status).to.equal(200);
+
+    redis.kill('SIGSTOP');
+    stopped = true;
+    try {
+      const byKey = await timed('an API key request', () => fetch(`${service()}/api/v1/runs`, { headers: { authorization: `Bearer ${KEYS.a}` } }));
+      expect(byKey.status).to.equal(200);
+      for (const path of ['/api/v1/me', '/api/v1/runs']) {
+        const res = await timed(`GET ${path} with the session`, () => fetch(`${service()}${path}`, { headers: { cookie } }));
+        expect(res.status, path).to.equal(503);
+        expect(res.headers.get('retry-after'), path).to.equal('5');
+        expect(((await res.json()) as Body).code, path).to.equal('unavailable');
+      }
+      // the session cannot be ended without Redis: 503, and the browser keeps its cookie to log out again
+      const out = await timed('a logout', () => alice.fetch(`${service()}/auth/logout`, { method: 'POST', headers: { origin: service() } }));
+      expect(out.status).to.equal(503);
+      expect(out.headers.get('retry-after')).to.equal('5');
+      expect(alice.cookie(service(), '__Host-session')).to.equal(cookie.slice('__Host-session='.length));
+      // a sign-in whose callback cannot check that its login is unused is refused for now (the provider's pages need no Redis)
+      const bob = new Browser();
+      const during = await timed('a sign-in', () => bob.navigate(`${service()}/auth/login`, 'alice').then((d) => d.res), 6000);
+      expect(bob.visited.at(-1)).to.contain('/auth/callback');
+      expect(during.status).to.equal(503);
+      expect(during.headers.get('retry-after')).to.equal('5');
+      expect(bob.cookie(service(), '__Host-session')).to.equal(undefined);
+    } finally {
+      if (stopped) resume();
+    }
+    // the logout asked again once Redis answers is a 204 (the first one's delete may have landed late), and the session is ended
+    expect((await alice.fetch(`${service()}/auth/logout`, { method: 'POST', headers: { origin: service() } })).status).to.equal(204);
+    expect((await fetch(`${service()}/api/v1/me`, { headers: { cookie } })).status).to.equal(401);
   });
 });

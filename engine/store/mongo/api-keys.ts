@@ -43,8 +43,9 @@ export function apiKeyRepo(model: Model<Stored<ApiKeyRecord>>, leases: Leases): 
       return fromStored(await model.findOne({ _id: id, tenant_id: tenantId }).lean<Stored<ApiKeyRecord>>());
     },
     page: (tenantId, q) => pageOf(model, { tenant_id: tenantId }, q),
+    // every request's key: read from the primary, so a key revoked there is not let in by a secondary that lags
     async findByHash(hash) {
-      return fromStored(await model.findOne({ hash }).lean<Stored<ApiKeyRecord>>());
+      return fromStored(await model.findOne({ hash }).read('primary').lean<Stored<ApiKeyRecord>>());
     },
     async list(tenantId) {
       const rows = await model.find({ tenant_id: tenantId }).sort({ _id: 1 }).lean<Stored<ApiKeyRecord>[]>();
