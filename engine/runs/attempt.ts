@@ -27,6 +27,14 @@ const STREAMED_MAX_BYTES = 1024 * 1024;
 /** What an attempt's steps stream in all: the event log lives in the shared Redis (a step's record keeps its own last 64 KB). */
 export const ATTEMPT_STREAMED_MAX_BYTES = 8 * 1024 * 1024;
 const PROGRESS_SAVE_MS = 200;
+/**
+ * What an event carries of a value the run's record keeps whole (a step's arguments, a provider's answer, a
+ * model turn): at most this many bytes of JSON, cut past it. The event log lives in the shared Redis, and a
+ * step's arguments alone may be 1 MB.
+ */
+export const EVENT_VALUE_MAX_BYTES = 4 * 1024;
+/** Where an event's value was cut: the run's record (GET /api/v1/runs/{id}) keeps all of it. */
+export const CUT_MARK = "…[cut: the run's record keeps it whole]";
 
 /** A plain object: not null, an array, or what a prototype makes (a class instance, a function). */
 const isObjectRecord = (v: unknown): v is Record<string, unknown> =>
@@ -109,6 +117,64 @@ function jsonPrefix(text: string, max: number): string {
     end += ch.length;
   }
   return text.slice(0, end);
+}
+
+/**
+ * `value` as an event carries it: itself when its JSON is at most `max` bytes; past that, its strings cut
+ * between characters and its later members left out once the room is spent, each cut marked with CUT_MARK
+ * (a member `…` of an object, an element of a list). `room` may be shared by several values of one event.
+ */
+export function forEvent<T>(value: T, max = EVENT_VALUE_MAX_BYTES, room = { left: max }): T {
+  const bytes = Buffer.byteLength(JSON.stringify(value) ?? '');
+  if (bytes <= room.left) {
+    room.left -= bytes;
+    return value;
+  }
+  return cut(value, room) as T;
+}
+
+function cut(value: unknown, room: { left: number }): unknown {
+  if (typeof value === 'string') {
+    const bytes = jsonBytes(value) + 2;
+    if (bytes <= room.left) {
+      room.left -= bytes;
+      return value;
+    }
+    const kept = jsonPrefix(value, Math.max(0, room.left - 2));
+    room.left = 0;
+    return kept + CUT_MARK;
+  }
+  if (Array.isArray(value)) {
+    room.left -= 2;
+    const out: unknown[] = [];
+    for (const v of value) {
+      if (room.left <= 0) {
+        out.push(CUT_MARK);
+        break;
+      }
+      out.push(cut(v, room));
+      room.left -= 1;
+    }
+    return out;
+  }
+  if (value && typeof value === 'object') {
+    room.left -= 2;
+    // made as entries: a member named `__proto__` stays a member
+    const out: [string, unknown][] = [];
+    for (const [k, v] of Object.entries(value)) {
+      const keyBytes = jsonBytes(k) + 3;
+      if (room.left - keyBytes <= 0) {
+        out.push(['…', CUT_MARK]);
+        break;
+      }
+      room.left -= keyBytes;
+      out.push([k, cut(v, room)]);
+      room.left -= 1;
+    }
+    return Object.fromEntries(out);
+  }
+  room.left -= Buffer.byteLength(JSON.stringify(value) ?? '');
+  return value;
 }
 
 export type Attempt = ReturnType<typeof startAttempt>;
@@ -195,12 +261,12 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
       async act(provider, action, args) {
         allowed(provider);
         const { action: _action, ...rest } = args;
-        emit({ type: 'provider.request', data: { step: step.index, provider, action, args: rest } });
+        emit({ type: 'provider.request', data: { step: step.index, provider, action, args: forEvent(rest) } });
         const started = clock.now().getTime();
         const done = (data: { connection_id: string | null; answer: Record<string, unknown> | null; error: ErrorInfo | null }) =>
           emit({
             type: 'provider.answer',
-            data: { step: step.index, provider, action, ok: !data.error, duration_ms: clock.now().getTime() - started, ...data },
+            data: { step: step.index, provider, action, ok: !data.error, duration_ms: clock.now().getTime() - started, ...data, answer: forEvent(data.answer) },
           });
         try {
           const { connection_id, answer } = await connections.act(provider, action, args, signal);
@@ -240,7 +306,8 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
     const started = clock.now();
     step.started_at = started.toISOString();
     usage.steps++;
-    emit({ type: 'step.started', data: { index: step.index, tool: step.tool, name: step.name, args: step.args, source: step.source } });
+    // the arguments' start: a step's may be 1 MB (its record keeps them whole)
+    emit({ type: 'step.started', data: { index: step.index, tool: step.tool, name: step.name, args: forEvent(step.args), source: step.source } });
     let result: ToolResult;
     const tool = TOOLS.get(step.tool);
     if (refused) result = { output: {}, error: refused };
@@ -260,12 +327,19 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
     } else {
       step.status = 'running';
       touch(step);
-      const streamer = outputStreamer(step);
+      const meter = streamMeter();
+      const streamer = outputStreamer(step, meter);
       const ctx: ToolContext = {
         workspace: attempt.workspace,
         signal,
         output: streamer.push,
-        message: async (role, text) => emit({ type: 'message.created', data: { role, text, step: step.index } }),
+        // a message's text is streamed as output is, from the same room (the step's output keeps it whole);
+        // one past the room still says that it was posted
+        message: async (role, text) => {
+          const taken = meter.take(text);
+          const streamed = taken?.piece ?? '';
+          emit({ type: 'message.created', data: { role, text: streamed, ...(streamed !== text ? { text_truncated: true } : {}), step: step.index } });
+        },
         childEnv: deps.settings.childEnv,
         httpAllowPrivate: deps.settings.httpAllowPrivate,
         sandbox: deps.sandbox,
@@ -321,11 +395,35 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
   }
 
   let attemptStreamed = 0;
-  /** Coalesces output chunks into step.output events (every 50 ms or 16 KB), up to 1 MB a step and 8 MB an attempt (of JSON text, in UTF-8). */
-  function outputStreamer(step: StepRecord) {
+  /**
+   * What a step streams of its output and its messages' text: up to 1 MB a step and 8 MB an attempt (of JSON
+   * text, in UTF-8). `take` answers the start of a text that fits, counted, or null when no room is left.
+   */
+  function streamMeter() {
+    let streamed = 0;
+    return {
+      take(text: string): { piece: string; bytes: number } | null {
+        const room = Math.min(STREAMED_MAX_BYTES - streamed, ATTEMPT_STREAMED_MAX_BYTES - attemptStreamed);
+        if (room <= 0) return null;
+        // counted as the log keeps it: JSON, where a control character takes six bytes
+        let bytes = jsonBytes(text);
+        let piece = text;
+        if (bytes > room) {
+          piece = jsonPrefix(text, room);
+          // the cut takes all the room left, though a shorter character might fit: what streams stays a prefix of the text
+          bytes = room;
+        }
+        streamed += bytes;
+        attemptStreamed += bytes;
+        return { piece, bytes };
+      },
+    };
+  }
+
+  /** Coalesces output chunks into step.output events (every 50 ms or 16 KB), within the step's stream meter. */
+  function outputStreamer(step: StepRecord, meter: ReturnType<typeof streamMeter>) {
     const pending: Record<'stdout' | 'stderr', string> = { stdout: '', stderr: '' };
     let pendingBytes = 0;
-    let streamed = 0;
     let flushTimer: NodeJS.Timeout | undefined;
     const flush = () => {
       clearTimeout(flushTimer);
@@ -340,20 +438,10 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
     };
     return {
       push(stream: 'stdout' | 'stderr', text: string) {
-        const room = Math.min(STREAMED_MAX_BYTES - streamed, ATTEMPT_STREAMED_MAX_BYTES - attemptStreamed);
-        if (room <= 0) return;
-        // counted as the log keeps it: JSON, where a control character takes six bytes
-        let bytes = jsonBytes(text);
-        let piece = text;
-        if (bytes > room) {
-          piece = jsonPrefix(text, room);
-          // the cut takes all the room left, though a shorter character might fit: what streams stays a prefix of the output
-          bytes = room;
-        }
-        streamed += bytes;
-        attemptStreamed += bytes;
-        pending[stream] += piece;
-        pendingBytes += bytes;
+        const taken = meter.take(text);
+        if (!taken) return;
+        pending[stream] += taken.piece;
+        pendingBytes += taken.bytes;
         if (pendingBytes >= OUTPUT_FLUSH_BYTES) flush();
         else flushTimer ??= setTimeout(flush, OUTPUT_FLUSH_MS);
       },
@@ -395,7 +483,11 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
       if (turn.usage?.prompt_tokens) usage.prompt_tokens = (usage.prompt_tokens ?? 0) + turn.usage.prompt_tokens;
       if (turn.usage?.completion_tokens) usage.completion_tokens = (usage.completion_tokens ?? 0) + turn.usage.completion_tokens;
       await store.runs.appendTurn(run.tenant_id, run.id, run.attempt, full);
-      emit({ type: 'agent.turn', data: full });
+      // the turn's text and its calls' arguments share one event's room (the run's agent_turns keep them whole)
+      const room = { left: EVENT_VALUE_MAX_BYTES };
+      const content = full.content === null ? null : forEvent(full.content, EVENT_VALUE_MAX_BYTES, room);
+      const toolCalls = full.tool_calls.map((call) => ({ ...call, args: forEvent(call.args, EVENT_VALUE_MAX_BYTES, room) }));
+      emit({ type: 'agent.turn', data: { ...full, content, tool_calls: toolCalls } });
     },
     /** Removes what the attempt made for itself (its checkout). */
     async cleanup(): Promise<void> {

@@ -33,10 +33,27 @@ function lookup(scope: Record<string, unknown>, ref: string): unknown {
  */
 export const STEP_ARGS_MAX_BYTES = 1024 * 1024;
 
-/** Takes `bytes` from what is left of the arguments' room; throws `args-too-large` once it is used up. */
-function spend(room: { left: number }, bytes: number): void {
+/**
+ * How large the arguments of an attempt's plan steps may grow in all, references brought in (as JSON, in
+ * bytes): each step's are kept whole in its record, which every answer about the run carries, and a plan
+ * of 1 MB steps would otherwise make a run of tens of MB.
+ */
+export const ATTEMPT_ARGS_MAX_BYTES = 8 * 1024 * 1024;
+
+/** What is left of the room arguments may take, and what refuses them past it. */
+type ArgsRoom = { left: number; refusal: () => ToolError };
+
+const stepRefusal = () => new ToolError('args-too-large', `what the references bring in makes more than ${STEP_ARGS_MAX_BYTES} bytes (1 MB) of JSON`);
+const attemptRefusal = () =>
+  new ToolError(
+    'attempt-args-too-large',
+    `with what the references bring in, the arguments of this attempt's steps make more than ${ATTEMPT_ARGS_MAX_BYTES} bytes (8 MB) of JSON in all`,
+  );
+
+/** Takes `bytes` from what is left of the arguments' room; throws its refusal once it is used up. */
+function spend(room: ArgsRoom, bytes: number): void {
   room.left -= bytes;
-  if (room.left < 0) throw new ToolError('args-too-large', `what the references bring in makes more than ${STEP_ARGS_MAX_BYTES} bytes (1 MB) of JSON`);
+  if (room.left < 0) throw room.refusal();
 }
 
 /**
@@ -48,14 +65,26 @@ function spend(room: { left: number }, bytes: number): void {
  * STEP_ARGS_MAX_BYTES of JSON is refused before it is made: a ToolError `args-too-large`.
  */
 export function interpolate(value: unknown, scope: Record<string, unknown>): unknown {
-  return expand(value, scope, { left: STEP_ARGS_MAX_BYTES });
+  return expand(value, scope, { left: STEP_ARGS_MAX_BYTES, refusal: stepRefusal });
+}
+
+/**
+ * A step's arguments as `interpolate` makes them, within the step's room and what is left of its attempt's
+ * (`attemptLeft` bytes), and the bytes they take. Past the attempt's room: a ToolError `attempt-args-too-large`.
+ */
+export function expandArgs(value: unknown, scope: Record<string, unknown>, attemptLeft: number): { args: unknown; bytes: number } {
+  const room: ArgsRoom =
+    attemptLeft < STEP_ARGS_MAX_BYTES ? { left: attemptLeft, refusal: attemptRefusal } : { left: STEP_ARGS_MAX_BYTES, refusal: stepRefusal };
+  const start = room.left;
+  const args = expand(value, scope, room);
+  return { args, bytes: start - room.left };
 }
 
 /**
  * What `interpolate` does, counting the size of the JSON of what it makes (escapes aside) as it goes,
  * so that arguments past the room are refused before they are made.
  */
-function expand(value: unknown, scope: Record<string, unknown>, room: { left: number }): unknown {
+function expand(value: unknown, scope: Record<string, unknown>, room: ArgsRoom): unknown {
   if (typeof value === 'string') {
     const whole = WHOLE_REFERENCE.exec(value);
     if (whole) {
@@ -101,7 +130,7 @@ export function holds(condition: string, scope: Record<string, unknown>): boolea
   return !(v === undefined || v === null || v === '' || v === false || v === 0 || v === 'false' || v === '0' || v === 'null');
 }
 
-/** What a step's `if` or arguments make of their references, or why that was refused (`args-too-large`). */
+/** What a step's `if` or arguments make of their references, or why that was refused (`args-too-large`, `attempt-args-too-large`). */
 function expanded<T>(what: 'if' | 'args', make: () => T): T | ToolError {
   try {
     return make();
@@ -125,6 +154,8 @@ export function stepsProgram(agent?: AgentLoop) {
     const plan = a.run.plan ?? [];
     // the steps' own fields alone: a step named `__proto__` is one like any other
     const outputs: Record<string, { output: unknown; status: string }> = Object.create(null);
+    // the room the attempt's expanded arguments have left (the steps' records keep them whole)
+    let argsLeft = ATTEMPT_ARGS_MAX_BYTES;
     for (const [i, s] of plan.entries()) {
       if (a.signal.aborted) break;
       const scope = { inputs: a.run.inputs, steps: outputs };
@@ -144,7 +175,9 @@ export function stepsProgram(agent?: AgentLoop) {
       if (left !== undefined && left <= 0) {
         return { summary: '', error: { code: 'max-steps-reached', message: `max_steps (${a.run.budget.max_steps}) reached before step ${i}` } };
       }
-      const args = runs instanceof ToolError ? runs : expanded('args', () => interpolate(s.args ?? {}, scope) as Record<string, unknown>);
+      const made = runs instanceof ToolError ? runs : expanded('args', () => expandArgs(s.args ?? {}, scope, argsLeft));
+      const args = made instanceof ToolError ? made : (made.args as Record<string, unknown>);
+      if (!(made instanceof ToolError)) argsLeft -= made.bytes;
       if (args instanceof ToolError) {
         // refused before anything of it runs; its record keeps its arguments as the plan wrote them
         const step = a.newStep({ tool: s.tool, args: s.args ?? {}, name: s.name ?? null, source: 'plan' });

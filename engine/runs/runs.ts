@@ -117,6 +117,8 @@ export type RunsDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'events' | 'qu
 
 const CANCEL_CHANNEL = (prefix: string) => `${prefix}:run-cancel`;
 const cancelKey = (prefix: string, runId: string) => `${prefix}:run-cancel:${runId}`;
+/** What a cancel says of a run canceled between its attempts (waiting out a retry's backoff, put back in line by a deploy). */
+const CANCELED_BEFORE_NEXT_ATTEMPT = 'canceled before its next attempt started';
 /** Slot holders the reconciler reads at once. */
 const HOLDERS_PAGE = 500;
 
@@ -290,7 +292,8 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       name: s.name ?? null,
       tool: s.tool,
       args: s.args ?? {},
-      status: isTerminal(run.status) && run.started_at ? 'skipped' : 'pending',
+      // an ended run that started, in this attempt or an earlier one, skipped them: never `pending` again
+      status: isTerminal(run.status) && (run.started_at || run.attempts.length) ? 'skipped' : 'pending',
       source: 'plan',
       started_at: null,
       finished_at: null,
@@ -571,7 +574,8 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       const run = await mustGet(tenantId, id);
       if (isTerminal(run.status)) throw new ConflictError(`run ${id} is ${run.status} already`, { status: run.status });
       if (run.status === 'queued') {
-        const canceled = await transitions.cancel(run, 'canceled before it started');
+        // a run after its first attempt waits for its next (a retry's backoff, a deploy): it did start
+        const canceled = await transitions.cancel(run, run.attempt > 1 ? CANCELED_BEFORE_NEXT_ATTEMPT : 'canceled before it started');
         if (canceled) return canceled;
       }
       // running: the ask kept in the store first (a worker lost after it, its run repaired by the reconciler,
@@ -587,7 +591,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       // it ended on its own meanwhile: the cancel came too late, as for a run found ended above
       if (isTerminal(now.status) && now.status !== 'canceled') throw new ConflictError(`run ${id} is ${now.status} already`, { status: now.status });
       // its attempt settled meanwhile and it waits for its next: canceled there, never retried, its slot freed
-      if (now.status === 'queued') return (await transitions.cancel(now, 'canceled before its next attempt started')) ?? (await mustGet(tenantId, id));
+      if (now.status === 'queued') return (await transitions.cancel(now, CANCELED_BEFORE_NEXT_ATTEMPT)) ?? (await mustGet(tenantId, id));
       return now;
     },
 

@@ -79,7 +79,7 @@ export type TransitionsDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'events
 /** A tenant's day of streamed output is counted by the UTC day; its counter outlives the day by one. */
 const OUTPUT_BUDGET_TTL_SECONDS = 2 * 24 * 3600;
 const OUTPUT_BUDGET_NOTICE =
-  "\n[the output that follows is not streamed: this tenant's runs streamed SERVICE_TENANT_OUTPUT_MB_PER_DAY today (UTC); each step's record keeps its last 64 KB]\n";
+  "\n[the output and messages that follow are not streamed: this tenant's runs streamed SERVICE_TENANT_OUTPUT_MB_PER_DAY today (UTC); each step's record keeps its last 64 KB of output, and its messages whole]\n";
 
 export const sessionStream = (sessionId: string) => `session:${sessionId}`;
 
@@ -93,15 +93,31 @@ export function transitionsOf(deps: TransitionsDeps) {
   const companions: RunCompanion[] = [];
 
   const outputPerDay = deps.limits?.tenantOutputBytesPerDay;
+  /**
+   * The text of an event whose size a run's own work makes without bound (a step's output, a message's text),
+   * spent from the tenant's day; with the notice that takes its place once the day is spent. The other events
+   * of a run's work carry a bounded start of what they tell (attempt.ts, forEvent).
+   */
+  const budgeted = (event: NewEvent, body: EventBody): { text: string; notice: NewEvent } | null => {
+    if (body.type === 'step.output')
+      return { text: body.data.text, notice: { ...event, type: 'step.output', data: { ...body.data, text: OUTPUT_BUDGET_NOTICE } } };
+    if (body.type === 'message.created')
+      return {
+        text: body.data.text,
+        notice: { ...event, type: 'message.created', data: { role: 'system', text: OUTPUT_BUDGET_NOTICE.trim(), step: body.data.step } },
+      };
+    return null;
+  };
   const emit = (run: Pick<Run, 'id' | 'tenant_id' | 'session_id'>, body: EventBody) => {
     const event = { tenant_id: run.tenant_id, session_id: run.session_id, run_id: run.id, ...body };
-    if (body.type !== 'step.output' || outputPerDay === undefined) return events.append(sessionStream(run.session_id), event);
-    // output, the one event a run's own work sizes, spends the tenant's day of it: the event log lives in the shared Redis
-    const notice: NewEvent = { ...event, type: 'step.output', data: { ...body.data, text: OUTPUT_BUDGET_NOTICE } };
+    const spending = outputPerDay === undefined ? null : budgeted(event, body);
+    if (!spending || outputPerDay === undefined) return events.append(sessionStream(run.session_id), event);
+    // the event log lives in the shared Redis: what a run's work sizes spends the tenant's day of it
+    const { text, notice } = spending;
     return events.appendWithin(sessionStream(run.session_id), event, {
       name: `output:${run.tenant_id}:${clock.now().toISOString().slice(0, 10)}`,
       // as the log keeps it: JSON, where a control character takes six bytes
-      bytes: Buffer.byteLength(JSON.stringify(body.data.text)),
+      bytes: Buffer.byteLength(JSON.stringify(text)),
       limit: outputPerDay,
       ttlSeconds: OUTPUT_BUDGET_TTL_SECONDS,
       notice,
@@ -499,13 +515,25 @@ export function transitionsOf(deps: TransitionsDeps) {
       await store.runs.update(run.tenant_id, run.id, { cancel_requested_at: clock.now().toISOString() }, { status: ['running'], attempt: run.attempt });
     },
 
-    /** queued -> canceled: a run that never started (its job, if any, is removed). */
+    /**
+     * queued -> canceled: a run whose attempt never started (its job, if any, is removed). One that ran
+     * attempts before (it waited out a retry's backoff, a deploy put it back in line) keeps its first start,
+     * and its duration covers them; one that never ran lasted 0 ms, and has no start.
+     */
     async cancel(run: Run, message: string): Promise<Run | null> {
       const at = clock.now();
+      const firstStart = run.attempts.find((a) => a.started_at)?.started_at ?? null;
       const canceled = await store.runs.update(
         run.tenant_id,
         run.id,
-        { status: 'canceled', finished_at: at.toISOString(), duration_ms: 0, error: { code: 'canceled', message }, summary: message },
+        {
+          status: 'canceled',
+          finished_at: at.toISOString(),
+          ...(firstStart ? { started_at: firstStart } : {}),
+          duration_ms: firstStart ? Math.max(0, at.getTime() - Date.parse(firstStart)) : 0,
+          error: { code: 'canceled', message },
+          summary: message,
+        },
         { status: ['queued'] },
       );
       if (!canceled) return null;

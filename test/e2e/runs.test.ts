@@ -2,6 +2,7 @@ import { createHash } from 'node:crypto';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import { expect } from 'chai';
+import { CUT_MARK, EVENT_VALUE_MAX_BYTES } from '../../engine/runs/attempt.js';
 import { eventually, finishedRun, KEYS, processesMatching, releasable, startHarness, type Harness } from '../support/harness.js';
 
 type RunBody = Record<string, any>;
@@ -503,5 +504,95 @@ describe('autonomy runs', function () {
     // a prefix of the output, of all the room it had: 174,762 characters of 6 bytes
     const joined = texts.join('');
     expect(joined === '\u0001'.repeat(174_762), `${joined.length} characters streamed`).to.equal(true);
+  });
+
+  /** A message of 500,000 characters, then steps that each post it twice over (1 MB of args each, references brought in). */
+  const doubling = (steps: number) => [
+    { name: 's', tool: 'message', args: { text: 'x'.repeat(500_000) } },
+    ...Array.from({ length: steps }, () => ({ tool: 'message', args: { text: '${steps.s.output.text}${steps.s.output.text}' } })),
+  ];
+
+  it('spends a run’s messages from the tenant’s day of output and streams its steps’ arguments cut; the record keeps both whole', async () => {
+    const budgeted = await startHarness({ env: { SERVICE_TENANT_OUTPUT_MB_PER_DAY: '1' } });
+    try {
+      const res = await budgeted.call<RunBody>('POST', '/api/v1/autonomy/run', { body: { steps: doubling(3) } });
+      expect(res.status, res.text).to.equal(202);
+      const run = await finishedRun(budgeted, res.body.run_id);
+      expect(run.status, JSON.stringify(run.error)).to.equal('succeeded');
+      const scope = `session:${run.session_id}`;
+      const events = await budgeted.rt.events.after(scope, '0-0', 10_000);
+      // 3.5 MB of messages posted, against 1 MB a day: the first (0.5 MB), then the notice once, then nothing
+      const messages = events.filter((e) => e.type === 'message.created').map((e) => e.data as { role: string; text: string; step: number });
+      expect(messages.map((m) => [m.step, m.role, m.text.length])).to.deep.equal([
+        [0, 'assistant', 500_000],
+        [1, 'system', messages[1]?.text.length],
+      ]);
+      expect(messages[1]!.text).to.contain('SERVICE_TENANT_OUTPUT_MB_PER_DAY');
+      // each step.started carries its arguments' start, marked, not 1 MB
+      const started = events.filter((e) => e.type === 'step.started').map((e) => (e.data as RunBody).args as { text: string });
+      expect(started).to.have.length(4);
+      for (const args of started) expect(Buffer.byteLength(JSON.stringify(args))).to.be.at.most(EVENT_VALUE_MAX_BYTES + Buffer.byteLength(CUT_MARK));
+      expect(started[1]!.text.startsWith('xxx') && started[1]!.text.endsWith(CUT_MARK)).to.equal(true);
+      // what the shared Redis holds of the run: the one message, not 50 times the budget
+      const held = Number(await budgeted.rt.redis.call('MEMORY', 'USAGE', budgeted.rt.events.key(scope)));
+      expect(held, 'bytes of the run’s stream in Redis').to.be.below(1024 * 1024);
+      // the run's record keeps the arguments and the messages whole
+      expect(run.steps[3].args.text.length).to.equal(1_000_000);
+      expect(run.steps[3].output.text.length).to.equal(1_000_000);
+    } finally {
+      await budgeted.close();
+    }
+  });
+
+  it('streams a message from its step’s and its attempt’s room: past 8 MB of output it streams only that it was posted', async () => {
+    // eight steps of 1.1 MB printed, 1 MB of each streamed: the attempt's 8 MB spent before the message
+    const print = { tool: 'shell', args: { command: 'head -c 1100000 /dev/zero | tr "\\0" a' } };
+    const res = await start({ steps: [...Array.from({ length: 8 }, () => print), { tool: 'message', args: { text: 'after the output' } }] });
+    const run = await finished(res.body.run_id);
+    expect(run.status, JSON.stringify(run.error)).to.equal('succeeded');
+    const events = await h.rt.events.after(`session:${run.session_id}`, '0-0', 10_000);
+    expect(events.filter((e) => e.type === 'message.created').map((e) => e.data)).to.deep.equal([
+      { role: 'assistant', text: '', text_truncated: true, step: 8 },
+    ]);
+    expect(run.steps[8].output.text).to.equal('after the output');
+  });
+
+  it('fails a plan whose steps’ arguments, references brought in, pass 8 MB an attempt, before the step that would pass it runs', async function () {
+    this.timeout(60_000);
+    const res = await start({ steps: doubling(39) });
+    const run = await finished(res.body.run_id);
+    expect(run.status).to.equal('failed');
+    expect(run.error.code).to.equal('attempt-args-too-large');
+    // 0.5 MB and seven steps of 1 MB fit in 8 MB; the eighth does not
+    expect(run.error.message).to.contain('step 8 (message)').and.contain('8388608 bytes');
+    expect(run.steps.map((s: RunBody) => s.status)).to.deep.equal([...Array<string>(8).fill('succeeded'), 'failed', ...Array<string>(31).fill('skipped')]);
+    expect(run.steps[8].error.code).to.equal('attempt-args-too-large');
+    expect(run.steps[8].args.text).to.equal('${steps.s.output.text}${steps.s.output.text}');
+    // what the run's record holds: its steps' 7.5 MB of arguments and the messages they posted, not 40 MB of each
+    expect(JSON.stringify(run).length).to.be.below(16 * 1024 * 1024);
+  });
+
+  it('cancels a run waiting out a retry’s backoff as canceled before its next attempt, keeping its first start and the time since', async () => {
+    const res = await start({
+      steps: [{ tool: 'shell', args: { command: 'exit 1' } }],
+      retry: { attempts: 3, backoff: { type: 'fixed', delay_ms: 20_000 } },
+    });
+    const id = res.body.run_id;
+    const waiting = await eventually(async () => {
+      const r = (await h.call<RunBody>('GET', `/api/v1/runs/${id}`)).body;
+      return r.status === 'queued' && r.attempt === 2 ? r : null;
+    }, 'the first attempt to fail into its backoff');
+    const canceled = await h.call<RunBody>('POST', `/api/v1/runs/${id}/cancel`);
+    expect(canceled.status, canceled.text).to.equal(200);
+    const run = (await h.call<RunBody>('GET', `/api/v1/runs/${id}`)).body;
+    expect(run).to.deep.include({ status: 'canceled', attempt: 2, summary: 'canceled before its next attempt started' });
+    expect(run.error).to.deep.equal({ code: 'canceled', message: 'canceled before its next attempt started' });
+    // it started once: its first start stays, and its duration runs from it to the cancel, its attempt within it
+    expect(run.started_at).to.equal(waiting.attempts[0].started_at);
+    expect(run.duration_ms).to.equal(Date.parse(run.finished_at) - Date.parse(run.started_at));
+    expect(run.duration_ms).to.be.at.least(waiting.attempts[0].duration_ms);
+    // the plan's step the next attempt never ran is skipped, not pending
+    expect(run.steps.map((s: RunBody) => s.status)).to.deep.equal(['skipped']);
+    expect(run.attempts.map((a: RunBody) => `${a.attempt}:${a.outcome}:${a.status}`)).to.deep.equal(['1:retried:failed']);
   });
 });
