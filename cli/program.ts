@@ -10,7 +10,7 @@ import { Command, Option } from 'commander';
 import { loadClientEnv, loadConfig, TENANT_ID_PATTERN } from '../config/env.js';
 import type { ApiKeys } from '../engine/auth/index.js';
 import type { Store } from '../engine/store/index.js';
-import { ApiClient, CliError, DEFAULT_IDLE_MS, DEFAULT_REQUEST_TIMEOUT_MS, EXIT } from './client.js';
+import { ApiClient, ApiError, CliError, DEFAULT_IDLE_MS, DEFAULT_REQUEST_TIMEOUT_MS, EXIT } from './client.js';
 import { outputOf, seconds, type Output } from './output.js';
 import { printRun, printRuns, usage, watchRun } from './runs.js';
 
@@ -64,6 +64,9 @@ const isDateTime = (s: string) => {
 };
 
 const SEVERITIES = ['critical', 'high', 'medium', 'low'];
+
+/** The most `timeout_seconds` the service's audit run waits (api/openapi.yaml, AuditRequest). */
+const AUDIT_WAIT_MAX_SECONDS = 300;
 
 /**
  * An audit's exit code: 1 when a finding is `failOn` or more severe; else 3 when a phase timed out and 1
@@ -480,7 +483,7 @@ Examples:
     .description("audit a folder of the tenant's workspace; exits 1 when a finding reaches --fail-on")
     .option('--workspace <dir>', "a folder of the tenant's workspace root")
     .option('--phases <list>', 'comma-separated: security, architecture, sanity, health')
-    .option('--timeout <seconds>', 'wait this long for the report (the audit goes on after)', positiveInt('--timeout'), 300)
+    .option('--timeout <seconds>', 'wait this long for the report, exit 3 if it is not done (the audit goes on after)', positiveInt('--timeout'), 300)
     .addOption(new Option('--fail-on <severity>', 'exit 1 when a finding is this severe or more').choices(['critical', 'high', 'medium', 'low']))
     .addHelpText(
       'after',
@@ -488,19 +491,34 @@ Examples:
     )
     .action(async function (this: Command, opts) {
       const { client, o } = contextOf(this);
+      const deadline = Date.now() + opts.timeout * 1000;
+      // the service waits at most AUDIT_WAIT_MAX_SECONDS (a longer timeout_seconds is a 400); the rest of --timeout
+      // the report is followed here
+      const wait = Math.min(opts.timeout, AUDIT_WAIT_MAX_SECONDS);
       const body = {
         ...(opts.workspace ? { workspace: opts.workspace } : {}),
         ...(opts.phases ? { phases: String(opts.phases).split(',') } : {}),
-        timeout_seconds: opts.timeout,
+        timeout_seconds: wait,
       };
-      // the service answers within --timeout (202 after it): the call waits that long, and a little more
-      const report = await client.request('POST', '/api/v1/autonomy/workspace-audit/run', {
+      // the service answers within its wait (202 after it): the call waits that long, and a little more
+      let report = await client.request('POST', '/api/v1/autonomy/workspace-audit/run', {
         body,
-        timeoutMs: Math.max(client.timeoutMs, (opts.timeout + 30) * 1000),
+        timeoutMs: Math.max(client.timeoutMs, (wait + 30) * 1000),
       });
+      // a 202 carries the phases ended so far (often none): the status says whether the audit is done
+      for (let pause = 1000; report.status === 'running' && Date.now() < deadline; pause = Math.min(pause * 2, 5000)) {
+        await new Promise((r) => setTimeout(r, Math.min(pause, deadline - Date.now())));
+        // by its id, never the answer's Location as given: the key goes to the service's own address only
+        report = await client.request('GET', `/api/v1/autonomy/workspace-audit/${encodeURIComponent(report.report_id)}`).catch((err: unknown) => {
+          // refused for load while it follows: asked again at the next pause, while --timeout lasts
+          if (err instanceof ApiError && err.retryAfterSeconds !== undefined) return report;
+          throw err;
+        });
+      }
       if (o.json) o.printJson(report);
-      if (!report.phases) {
-        if (!o.json) o.out(`audit ${report.report_id} still running; get it with the API: ${report.stream ?? ''}\n`);
+      if (report.status === 'running') {
+        if (!o.json)
+          o.out(`audit ${report.report_id} still running after ${opts.timeout} s; get it with GET /api/v1/autonomy/workspace-audit/${report.report_id}\n`);
         process.exitCode = EXIT.timedOut;
         return;
       }

@@ -426,6 +426,7 @@ export function auditsOf(deps: AuditsDeps) {
         const out = await runPhase(sandbox, dir, phase, {
           layers: got.options.layers,
           identity: `${st.dev}:${st.ino}`,
+          tenantRoot: await fs.realpath(await tenantRoot(settings, tenantId)).catch(() => null),
           timeoutMs: settings.phaseTimeoutSeconds * 1000,
           signal: controller.signal,
         });

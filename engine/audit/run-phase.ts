@@ -6,6 +6,7 @@ import path from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import type { AuditLayer, AuditPhase } from '../platform/index.js';
 import { runProcess, type Sandbox } from '../tools/index.js';
+import { gitMountsOf } from './git-mounts.js';
 import type { PhaseOutput } from './phases/workspace.js';
 
 const here = fileURLToPath(import.meta.url);
@@ -36,7 +37,8 @@ const NODE = [process.execPath, '--disable-wasm-trap-handler'];
 const ENV = { PATH: '/usr/local/bin:/usr/bin:/bin', HOME: '/tmp', MALLOC_ARENA_MAX: '2' };
 
 function command(): { argv: string[]; env: Record<string, string>; binds: string[] } {
-  const binds = [path.join(codeRoot, 'engine'), path.join(packageRoot, 'node_modules'), path.join(packageRoot, 'package.json')];
+  // config/: the security phase scans with the gates' code (engine/gates), which reads its paths from there
+  const binds = [path.join(codeRoot, 'engine'), path.join(codeRoot, 'config'), path.join(packageRoot, 'node_modules'), path.join(packageRoot, 'package.json')];
   if (ext !== '.ts') return { argv: [...NODE, entry], env: {}, binds };
   // under tsx: its loader by its own path (the workspace has none), with the service's tsconfig, not the workspace's
   const tsconfig = path.join(packageRoot, 'tsconfig.json');
@@ -54,6 +56,8 @@ export async function runPhase(
   opts: {
     layers: AuditLayer[] | null;
     identity?: string;
+    /** the tenant's root (a real path): git data of the folder's repository inside it is mounted too (git-mounts.ts) */
+    tenantRoot?: string | null;
     timeoutMs: number;
     signal?: AbortSignal;
     /** runProcess (a test gives its own) */
@@ -61,9 +65,12 @@ export async function runPhase(
   },
 ): Promise<PhaseOutput> {
   const { argv, env, binds } = command();
-  const r = await (opts.run ?? runProcess)(sandbox, [...argv, phase, JSON.stringify({ layers: opts.layers, identity: opts.identity ?? null })], {
+  const git = await gitMountsOf(root, opts.tenantRoot ?? null);
+  const options = { layers: opts.layers, identity: opts.identity ?? null, repositoryAbove: git.repositoryAbove };
+  const r = await (opts.run ?? runProcess)(sandbox, [...argv, phase, JSON.stringify(options)], {
     workspace: root,
     readOnly: true,
+    readOnlyBinds: git.readOnlyBinds,
     serviceBinds: binds,
     env: { ...ENV, ...env },
     network: false,

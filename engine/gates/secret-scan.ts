@@ -35,13 +35,57 @@ export type SecretScan = {
   unscanned: string[];
 };
 
+/** One secret a scan found in a file: its rule, where (the file's line), and secretlint's message (the value masked). */
+export type SecretFound = { ruleId: string; line: number; severity: string; message: string };
+
+/**
+ * One file of the workspace scanned for secrets, whatever its size or content: a large one a chunk at a time
+ * (CHUNK_BYTES, each sharing OVERLAP_BYTES with the one before, so a secret across a border is found once), one
+ * that looks binary (a NUL in its first 8 KB) as latin1 text, byte for byte. Each secret is handed to `found`.
+ * True once scanned; null when it is not a plain file now (gone since it was listed, a link, whose target inside
+ * is a file of its own, or not a file), nothing to scan; else why it could not be scanned (too large, unreadable).
+ */
+export async function scanFileSecrets(workspace: string, rel: string, found: (secret: SecretFound) => void): Promise<true | null | string> {
+  const entry = await entryOf(workspace, rel);
+  if (entry?.kind !== 'file') return null;
+  if (entry.size > SCAN_MAX_BYTES) return `over ${SCAN_MAX_BYTES / (1024 * 1024)} MB`;
+  const file = path.join(workspace, rel);
+  /** matches already counted, by rule and offset: the chunk before saw those that end within it */
+  const seen = new Set<string>();
+  /** the line the chunk at `at` begins on, less one: its newlines before it */
+  let linesBefore = 0;
+  let previousEnd = 0;
+  const read = await readChunksInside(workspace, rel, { maxBytes: SCAN_MAX_BYTES, chunkBytes: CHUNK_BYTES, overlapBytes: OVERLAP_BYTES }, async (chunk, at) => {
+    // a file read whole that looks like text is linted as UTF-8, as before; any other chunk as latin1, a
+    // character a byte, so that its offsets are the file's and its bytes all there
+    const whole = at === 0 && chunk.length === entry.size;
+    const text = whole && !chunk.subarray(0, 8192).includes(0) ? chunk.toString('utf8') : chunk.toString('latin1');
+    if (at > 0) linesBefore -= countNewlines(chunk.subarray(0, previousEnd - at));
+    const result = await lintSource({
+      source: { filePath: file, content: text, contentType: 'text' },
+      options: { config: CONFIG, locale: 'en', maskSecrets: true },
+    });
+    for (const m of result.messages) {
+      if (!whole) {
+        // one that ends within the overlap was the chunk before's to find (and, cut there, may have been found)
+        const key = `${m.ruleId}@${at + m.range[0]}`;
+        if ((at > 0 && at + m.range[1] <= previousEnd) || seen.has(key)) continue;
+        seen.add(key);
+      }
+      found({ ruleId: m.ruleId, line: linesBefore + m.loc.start.line, severity: m.severity, message: m.message });
+    }
+    linesBefore += countNewlines(chunk);
+    previousEnd = at + chunk.length;
+  });
+  return read === null ? 'unreadable' : true;
+}
+
 /**
  * What the scan found: every secret counted (`found`, `failed` when one is an error), the first
  * MAX_ANNOTATIONS kept as annotations (a file of 1 MB holds tens of thousands of tokens, and each
  * annotation was kept in the result, the ledger and every pack of it). Every plain file of the inputs is
- * scanned, whatever its size or content: a large one a chunk at a time, one that looks binary (a NUL in its
- * first 8 KB) as latin1 text, byte for byte (both were skipped, and a secret behind 1 MB of comment passed);
- * a file that cannot be read is named in `unscanned`.
+ * scanned, whatever its size or content (scanFileSecrets: both a large file and a binary-looking one were
+ * skipped, and a secret behind 1 MB of comment passed); a file that cannot be scanned is named in `unscanned`.
  */
 export async function scanSecrets(workspace: string, files: string[]): Promise<SecretScan> {
   const annotations: Annotation[] = [];
@@ -50,57 +94,14 @@ export async function scanSecrets(workspace: string, files: string[]): Promise<S
   let scanned = 0;
   const unscanned: string[] = [];
   for (const rel of files) {
-    const entry = await entryOf(workspace, rel);
-    // gone since it was listed, a link (its target, inside, is a file of the inputs of its own) or not a file
-    if (entry?.kind !== 'file') continue;
-    if (entry.size > SCAN_MAX_BYTES) {
-      unscanned.push(`${rel} (over ${SCAN_MAX_BYTES / (1024 * 1024)} MB)`);
-      continue;
-    }
-    const file = path.join(workspace, rel);
-    /** matches already counted, by rule and offset: the chunk before saw those that end within it */
-    const seen = new Set<string>();
-    /** the line the chunk at `at` begins on, less one: its newlines before it */
-    let linesBefore = 0;
-    let previousEnd = 0;
-    const read = await readChunksInside(
-      workspace,
-      rel,
-      { maxBytes: SCAN_MAX_BYTES, chunkBytes: CHUNK_BYTES, overlapBytes: OVERLAP_BYTES },
-      async (chunk, at) => {
-        // a file read whole that looks like text is linted as UTF-8, as before; any other chunk as latin1, a
-        // character a byte, so that its offsets are the file's and its bytes all there
-        const whole = at === 0 && chunk.length === entry.size;
-        const text = whole && !chunk.subarray(0, 8192).includes(0) ? chunk.toString('utf8') : chunk.toString('latin1');
-        if (at > 0) linesBefore -= countNewlines(chunk.subarray(0, previousEnd - at));
-        const result = await lintSource({
-          source: { filePath: file, content: text, contentType: 'text' },
-          options: { config: CONFIG, locale: 'en', maskSecrets: true },
-        });
-        for (const m of result.messages) {
-          if (!whole) {
-            // one that ends within the overlap was the chunk before's to find (and, cut there, may have been found)
-            const key = `${m.ruleId}@${at + m.range[0]}`;
-            if ((at > 0 && at + m.range[1] <= previousEnd) || seen.has(key)) continue;
-            seen.add(key);
-          }
-          found++;
-          if (m.severity === 'error') failed = true;
-          if (annotations.length >= MAX_ANNOTATIONS) continue;
-          annotations.push({
-            path: rel,
-            line: linesBefore + m.loc.start.line,
-            level: m.severity === 'error' ? 'failure' : 'warning',
-            title: m.ruleId,
-            message: m.message,
-          });
-        }
-        linesBefore += countNewlines(chunk);
-        previousEnd = at + chunk.length;
-      },
-    );
-    if (read === null) unscanned.push(`${rel} (unreadable)`);
-    else scanned++;
+    const done = await scanFileSecrets(workspace, rel, (m) => {
+      found++;
+      if (m.severity === 'error') failed = true;
+      if (annotations.length >= MAX_ANNOTATIONS) return;
+      annotations.push({ path: rel, line: m.line, level: m.severity === 'error' ? 'failure' : 'warning', title: m.ruleId, message: m.message });
+    });
+    if (done === true) scanned++;
+    else if (done !== null) unscanned.push(`${rel} (${done})`);
   }
   return { annotations, found, failed, scanned, unscanned };
 }

@@ -347,6 +347,62 @@ describe('the command-line tool (built) against stub servers', function () {
     expect(finished.code, finished.stderr).to.equal(2);
   });
 
+  /** the audit API as the service answers it: timeout_seconds over 300 is a 400; a 202 carries the phases ended so far (none) */
+  const auditService = (reportAfterGets: number | null) => {
+    const seen = { waits: [] as unknown[], gets: 0 };
+    const running = { report_id: 'aud_x', status: 'running', location: '/api/v1/autonomy/workspace-audit/aud_x', stream: '/s', phases: [] };
+    const done = {
+      report_id: 'aud_x',
+      status: 'completed',
+      phases: [{ phase: 'security', status: 'completed', counts: { critical: 0, high: 1, medium: 0, low: 0, info: 0 }, duration_ms: 5 }],
+    };
+    const url = stub((req, res) => {
+      let text = '';
+      req.on('data', (d) => (text += d));
+      req.on('end', () => {
+        if (req.method === 'POST') {
+          const wait = (JSON.parse(text) as { timeout_seconds?: number }).timeout_seconds;
+          seen.waits.push(wait);
+          if (typeof wait === 'number' && wait > 300)
+            return json(res, 400, {
+              title: 'Bad Request',
+              status: 400,
+              code: 'validation-failed',
+              errors: [{ path: '/body/timeout_seconds', message: 'must be <= 300' }],
+            });
+          return json(res, 202, running);
+        }
+        seen.gets++;
+        if (req.url !== '/api/v1/autonomy/workspace-audit/aud_x') return json(res, 404, { title: 'Not Found', status: 404 });
+        return json(res, 200, reportAfterGets !== null && seen.gets >= reportAfterGets ? done : running);
+      });
+    });
+    return { url, seen };
+  };
+
+  it('audit run exits 3 and names the report when the audit is not done within --timeout, with --fail-on too', async () => {
+    const { url, seen } = auditService(null);
+    const [plain, failOn] = await Promise.all([
+      spawnCli(['audit', 'run', '--timeout', '1', '--url', await url], {}).done,
+      spawnCli(['audit', 'run', '--timeout', '1', '--fail-on', 'low', '--url', await url], {}).done,
+    ]);
+    for (const r of [plain, failOn]) {
+      expect(r.code, r.stdout + r.stderr).to.equal(3);
+      expect(r.stdout).to.contain('audit aud_x still running after 1 s');
+    }
+    expect(seen.waits).to.deep.equal([1, 1]);
+  });
+
+  it('audit run --timeout 600 asks the service to wait at most 300 s, then follows the report for the rest', async () => {
+    const { url, seen } = auditService(2);
+    const r = await spawnCli(['audit', 'run', '--timeout', '600', '--fail-on', 'high', '--url', await url], {}).done;
+    // the help's own example was a 400 (exit 2): the API waits at most 300 s
+    expect(r.code, r.stdout + r.stderr).to.equal(1);
+    expect(seen.waits).to.deep.equal([300]);
+    expect(seen.gets).to.equal(2);
+    expect(r.stdout).to.match(/^security\s+completed\s+\{"critical":0,"high":1/);
+  });
+
   it('ends with its own exit code when its reader goes away (`| head`): no stack trace, no 1', async () => {
     // a page of runs whose JSON is far more than a pipe holds
     const runs = Array.from({ length: 100 }, (_, i) => ({ id: `run_${i}`, status: 'succeeded', summary: 'x'.repeat(10_000) }));

@@ -99,7 +99,7 @@ describe('audit hardening: the workspace’s git config runs nothing, and what i
     expect(await digest(path.join(root, '.git', 'index'))).to.equal(index);
     expect(ws.files).to.deep.equal(['.gitattributes', 'a.js', 'b.js', 'c.txt', 'd.md', 'new.js']);
     expect(ws.git).to.deep.include({ branch: 'master', detached: false });
-    expect(ws.git!.changed.sort()).to.deep.equal(['a.js', 'new.js']);
+    expect(ws.git!.changed!.sort()).to.deep.equal(['a.js', 'new.js']);
     // what plain git says of the same tree once its config names no filter
     git(root, 'config', '--unset-all', 'filter.x.clean');
     git(root, 'config', '--unset-all', 'filter.y.process');
@@ -109,7 +109,7 @@ describe('audit hardening: the workspace’s git config runs nothing, and what i
       .split('\0')
       .filter(Boolean)
       .map((l) => l.slice(3));
-    expect(ws.git!.changed.sort()).to.deep.equal(plain.sort());
+    expect(ws.git!.changed!.sort()).to.deep.equal(plain.sort());
     expect(await exists(path.join(markers, 'clean'))).to.equal(false);
   });
 

@@ -3,6 +3,7 @@
 // phase's findings are capped with the rest counted.
 import { execFileSync } from 'node:child_process';
 import fs from 'node:fs/promises';
+import http from 'node:http';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
@@ -50,6 +51,77 @@ describe('audit phases', function () {
       expect(out.findings.filter((f) => f.rule.startsWith('secret:')).map((f) => f.file)).to.deep.equal(['src/inside.ts']);
       expect(JSON.stringify(out)).not.to.contain(PLANTED_TOKEN);
     });
+
+  it('security: finds a secret past 1 MB and one in a binary-looking file, and names a file it cannot scan, never skips one in silence', async () => {
+    const big = path.join(path.dirname(dir), 'big');
+    await fs.mkdir(big);
+    const filler = `${'// filler line of a bundle\n'.repeat(45_000)}`; // 1.2 MB
+    await fs.writeFile(path.join(big, 'small.js'), `const t = '${PLANTED_TOKEN}';\n`);
+    await fs.writeFile(path.join(big, 'bundle.js'), `${filler}const t = '${PLANTED_TOKEN}';\n`);
+    await fs.writeFile(path.join(big, 'config.txt'), `\0\ntoken=${PLANTED_TOKEN}\n`);
+    await fs.writeFile(path.join(big, '.env'), `${filler.replaceAll('//', '#')}GITHUB_TOKEN=${PLANTED_TOKEN}\n`);
+    await fs.writeFile(path.join(big, 'locked.txt'), `token=${PLANTED_TOKEN}\n`);
+    await fs.chmod(path.join(big, 'locked.txt'), 0o000);
+    const out = await runPhase(sandbox, big, 'security', { layers: null, timeoutMs: 60_000 });
+    const secrets = out.findings.filter((f) => f.rule.startsWith('secret:'));
+    expect([...new Set(secrets.map((f) => f.file))].sort()).to.deep.equal(['.env', 'bundle.js', 'config.txt', 'small.js']);
+    // the line is the file's, across the chunks
+    expect(secrets.find((f) => f.file === 'bundle.js')).to.have.property('line', 45_001);
+    expect(out.findings.filter((f) => f.rule === 'file-not-scanned').map((f) => [f.file, f.message])).to.deep.equal([
+      ['locked.txt', 'locked.txt could not be scanned for secrets (unreadable): it is not known to hold none'],
+    ]);
+    expect(out.metrics).to.deep.include({ files: 5, files_scanned: 4, files_not_scanned: 1 });
+    expect(JSON.stringify(out)).not.to.contain(PLANTED_TOKEN);
+  });
+
+  it("reports a repository's real git state when its git data is elsewhere in the tenant's root, and never a clean one it could not read", async function () {
+    this.timeout(240_000);
+    const tenant = path.join(path.dirname(dir), 'tenant');
+    const g = (cwd: string, ...args: string[]) => execFileSync('git', ['-c', 'user.name=t', '-c', 'user.email=t@t', ...args], { cwd, stdio: 'pipe' });
+    const repo = async (at: string, files: Record<string, string>) => {
+      for (const [rel, text] of Object.entries(files)) {
+        await fs.mkdir(path.dirname(path.join(at, rel)), { recursive: true });
+        await fs.writeFile(path.join(at, rel), text);
+      }
+      g(at, 'init', '-q');
+      g(at, 'add', '-A');
+      g(at, 'commit', '-qm', 'init');
+    };
+    await repo(path.join(tenant, 'origin'), { 'README.md': '# a\n', '.gitignore': '.env\n' });
+    g(tenant, 'clone', '-q', '--shared', 'origin', 'shared');
+    g(path.join(tenant, 'origin'), 'worktree', 'add', '-q', '../wt');
+    await repo(path.join(tenant, 'mono'), { 'README.md': '# m\n', '.gitignore': '.env\n', 'packages/app/README.md': '# app\n' });
+    // in each: README.md changed and not committed, and a .env git ignores
+    const dirs = ['origin', 'shared', 'wt', 'mono/packages/app'].map((d) => path.join(tenant, d));
+    for (const d of dirs) {
+      await fs.appendFile(path.join(d, 'README.md'), 'changed\n');
+      await fs.writeFile(path.join(d, '.env'), 'X=1\n');
+    }
+    const audit = async (d: string, tenantRoot: string | null) => {
+      const run = (phase: 'security' | 'sanity') => runPhase(sandbox, d, phase, { layers: null, tenantRoot, timeoutMs: 60_000 });
+      const [security, sanity] = await Promise.all([run('security'), run('sanity')]);
+      const rules = [...security.findings, ...sanity.findings].map((f) => `${f.rule}:${f.severity}`).filter((r) => /git|env|uncommitted|repository/.test(r));
+      return { rules, git: sanity.metrics.git as Record<string, unknown> | null };
+    };
+    const [origin, shared, wt, app] = await Promise.all([audit(dirs[0]!, tenant), audit(dirs[1]!, tenant), audit(dirs[2]!, tenant), audit(dirs[3]!, tenant)]);
+    for (const [name, got] of Object.entries({ origin, shared, wt })) {
+      expect(got.rules, name).to.deep.equal(['uncommitted-changes:low']);
+      expect(got.git, name).to.deep.include({ uncommitted: 1, branch: name === 'wt' ? 'wt' : 'master' });
+    }
+    // a package of a monorepo: its repository is above the folder audited, its state unknown, never "not a repository"
+    expect(app.rules).to.deep.equal(['env-file-present:medium', 'git-state-unknown:medium']);
+    expect(app.git).to.deep.include({
+      uncommitted: null,
+      unknown: 'the folder is packages/app of a git repository whose git data is above it, outside the folder audited',
+    });
+    // with nothing mounted beyond the folder (git data outside the tenant's root): unknown, neither clean nor "not a repository"
+    const [sharedAlone, wtAlone] = await Promise.all([audit(dirs[1]!, null), audit(dirs[2]!, null)]);
+    expect(sharedAlone.rules).to.deep.equal(['git-state-unknown:medium']);
+    expect(sharedAlone.git).to.deep.include({ uncommitted: null });
+    expect(String(sharedAlone.git!.unknown)).to.match(/^git could not read the repository's state: git status: /);
+    expect(wtAlone.rules).to.deep.equal(['env-file-present:medium', 'git-state-unknown:medium']);
+    expect(wtAlone.git).to.deep.include({ uncommitted: null });
+  });
 
   it('reads no FIFO: one at a name a phase reads (tsconfig.json, yarn.lock) or in place of a tracked file does not hold a phase until its timeout', async () => {
     const fifos = path.join(path.dirname(dir), 'fifos');
@@ -100,7 +172,7 @@ describe('audit phases', function () {
     await new Promise((r) => closed.close(r));
     const deps = [{ name: 'semver', range: '^6.0.0', locked: '6.3.1' }];
     const unanswered = await checkOutdated(deps, `http://127.0.0.1:${port}`);
-    expect(unanswered).to.deep.equal({ metrics: { status: 'unknown', checked: 0, outdated: 0, unanswered: 1 }, findings: [] });
+    expect(unanswered).to.deep.equal({ metrics: { status: 'unknown', checked: 0, outdated: 0, unanswered: 1, invalid_names: 0 }, findings: [] });
     expect(await checkOutdated(deps, null)).to.deep.include({ findings: [] });
     const answered = await checkOutdated(
       deps,
@@ -109,5 +181,37 @@ describe('audit phases', function () {
     );
     expect(answered.metrics).to.deep.include({ status: 'checked', outdated: 1 });
     expect(answered.findings[0]).to.deep.include({ rule: 'outdated-major', severity: 'low', message: 'semver 6.3.1 is behind 7.6.0 (a major version)' });
+  });
+
+  it('looks up only valid npm names, the whole name encoded: a package.json name chooses no path or query on the registry host', async () => {
+    const asked: string[] = [];
+    const registry = http.createServer((req, res) => {
+      asked.push(req.url ?? '');
+      res.setHeader('content-type', 'application/json');
+      res.end(JSON.stringify({ 'dist-tags': { latest: '1.0.0' } }));
+    });
+    await new Promise<void>((r) => registry.listen(0, '127.0.0.1', r));
+    try {
+      const base = `http://127.0.0.1:${(registry.address() as net.AddressInfo).port}/repository/npm`;
+      const deps = ['../../../admin/delete?all=1', '@scope/name', 'semver', '@scope/../../x', 'Upper', 'a%2F..', `x${'a'.repeat(214)}`, 'a#b'].map((name) => ({
+        name,
+        range: '^1.0.0',
+        locked: '1.0.0',
+      }));
+      const out = await checkOutdated(deps, base);
+      expect(asked.sort()).to.deep.equal(['/repository/npm/@scope%2Fname', '/repository/npm/semver']);
+      expect(out.metrics).to.deep.equal({ status: 'checked', checked: 2, outdated: 0, unanswered: 0, invalid_names: 6 });
+      expect(out.findings).to.deep.equal([
+        {
+          rule: 'dependency-name-invalid',
+          severity: 'low',
+          file: 'package.json',
+          line: null,
+          message: '6 declared dependencies are not named as npm names are, so not looked up in the registry',
+        },
+      ]);
+    } finally {
+      await new Promise((r) => registry.close(r));
+    }
   });
 });

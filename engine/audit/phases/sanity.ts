@@ -128,19 +128,25 @@ export async function sanityPhase(ws: Workspace, findings: Findings): Promise<Ph
   metrics.readme = readme ?? null;
   metrics.test_files = tests;
 
-  if (!ws.git) findings.add('not-a-repository', 'info', null, null, 'the workspace is not a git repository');
-  else {
+  // a repository git could not read is said so: neither "not a repository" nor a clean state
+  if (ws.gitUnknown) findings.add('git-state-unknown', 'medium', null, null, `the git state is unknown: ${ws.gitUnknown}`);
+  else if (!ws.git) findings.add('not-a-repository', 'info', null, null, 'the workspace is not a git repository');
+  if (ws.git) {
+    const changed = ws.git.changed;
     if (ws.git.detached) findings.add('detached-head', 'low', null, null, `HEAD is detached at ${ws.git.commit?.slice(0, 12)}`);
-    if (ws.git.changed.length)
-      findings.add(
-        'uncommitted-changes',
-        'low',
-        null,
-        null,
-        `${ws.git.changed.length} path${ws.git.changed.length === 1 ? ' has' : 's have'} uncommitted changes`,
-      );
-    if (!ws.git.commit) findings.add('no-commits', 'low', null, null, 'the repository has no commit yet');
+    if (changed?.length)
+      findings.add('uncommitted-changes', 'low', null, null, `${changed.length} path${changed.length === 1 ? ' has' : 's have'} uncommitted changes`);
+    if (!ws.git.commit && !ws.gitUnknown) findings.add('no-commits', 'low', null, null, 'the repository has no commit yet');
   }
-  metrics.git = ws.git ? { commit: ws.git.commit, branch: ws.git.branch, detached: ws.git.detached, uncommitted: ws.git.changed.length } : null;
+  metrics.git =
+    ws.git || ws.gitUnknown
+      ? {
+          commit: ws.git?.commit ?? null,
+          branch: ws.git?.branch ?? null,
+          detached: ws.git?.detached ?? null,
+          uncommitted: ws.git?.changed?.length ?? null,
+          ...(ws.gitUnknown ? { unknown: ws.gitUnknown } : {}),
+        }
+      : null;
   return metrics;
 }

@@ -3,8 +3,7 @@
 // that fetch code and run it (worst in install hooks, which run on every `npm install`).
 import fs from 'node:fs/promises';
 import path from 'node:path';
-import { lintSource } from '@secretlint/core';
-import { masked, SECRETLINT } from './mask.js';
+import { masked } from './mask.js';
 import { Findings, readText, type PhaseOutput, type Workspace } from './workspace.js';
 
 const MAX_FILE_BYTES = 1024 * 1024;
@@ -21,33 +20,41 @@ const RISKY: { rule: string; pattern: RegExp; what: string }[] = [
 
 export async function securityPhase(ws: Workspace, findings: Findings): Promise<PhaseOutput['metrics']> {
   let scanned = 0;
+  let notScanned = 0;
   const withSecretKey = new Set<string>();
+  // the gates' scan, the same code: every file whatever its size (a chunk at a time) or content (binary-looking
+  // ones as latin1 bytes); a file over 1 MB or with a NUL in its first 8 KiB was skipped, and the report passed.
+  // Loaded here, not with the module: the other phases of this process do not scan.
+  const { scanFileSecrets } = await import('../../gates/index.js');
   for (const rel of ws.files) {
-    const text = await readText(ws.root, rel, MAX_FILE_BYTES);
-    if (text === null) continue;
-    scanned++;
-    const result = await lintSource({
-      source: { filePath: path.join(ws.root, rel), content: text, contentType: 'text' },
-      options: { config: SECRETLINT, locale: 'en', maskSecrets: true },
-    });
-    for (const m of result.messages) {
+    const done = await scanFileSecrets(ws.root, rel, (m) => {
       if (m.ruleId.includes('privatekey')) withSecretKey.add(rel);
-      findings.add(`secret:${m.ruleId.replace('@secretlint/secretlint-rule-', '')}`, 'critical', rel, m.loc.start.line, m.message);
+      findings.add(`secret:${m.ruleId.replace('@secretlint/secretlint-rule-', '')}`, 'critical', rel, m.line, m.message);
+    });
+    if (done === true) scanned++;
+    else if (done !== null) {
+      // not scanned is never silence: the report would say the file holds no secret
+      notScanned++;
+      findings.add('file-not-scanned', 'medium', rel, null, `${rel} could not be scanned for secrets (${done}): it is not known to hold none`);
     }
   }
 
   const committed = (rel: string) => (ws.tracked ? ws.tracked.has(rel) : true);
+  // where git's state could not be read, whether a file is committed or ignored is not known: never said either way
+  const where = ws.tracked ? 'committed' : ws.gitUnknown ? 'in the workspace (whether git tracks it is unknown)' : 'in the workspace';
   for (const rel of ws.files) {
     if (KEY_FILE.test(rel) && committed(rel) && !withSecretKey.has(rel))
-      findings.add(
-        'private-key-file',
-        'high',
-        rel,
-        null,
-        `${path.basename(rel)} looks like a private key or keystore and is ${ws.tracked ? 'committed' : 'in the workspace'}`,
-      );
+      findings.add('private-key-file', 'high', rel, null, `${path.basename(rel)} looks like a private key or keystore and is ${where}`);
     if (ENV_FILE.test(rel) && !ENV_TEMPLATE.test(rel)) {
-      if (committed(rel))
+      if (!ws.tracked && ws.gitUnknown)
+        findings.add(
+          'env-file-present',
+          'medium',
+          rel,
+          null,
+          `${rel} is in the workspace, and whether git commits or ignores it is unknown (${ws.gitUnknown}): environment files hold secrets`,
+        );
+      else if (committed(rel))
         findings.add(
           'env-file-committed',
           'high',
@@ -99,5 +106,5 @@ export async function securityPhase(ws: Workspace, findings: Findings): Promise<
       findings.add(risk.rule, hook ? 'high' : 'medium', rel, line, `the ${hook ? 'install hook' : 'script'} "${name}" ${risk.what}: ${shown}`);
     }
   }
-  return { files_scanned: scanned, files: ws.files.length, world_writable: worldWritable, manifests };
+  return { files_scanned: scanned, files_not_scanned: notScanned, files: ws.files.length, world_writable: worldWritable, manifests };
 }

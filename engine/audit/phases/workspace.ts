@@ -32,8 +32,8 @@ export type GitInfo = {
   /** the branch HEAD names; null when HEAD is detached */
   branch: string | null;
   detached: boolean;
-  /** paths with uncommitted changes (staged, unstaged or untracked) */
-  changed: string[];
+  /** paths with uncommitted changes (staged, unstaged or untracked); null when git could not say (never read as none) */
+  changed: string[] | null;
 };
 
 export type Workspace = {
@@ -42,18 +42,34 @@ export type Workspace = {
   /** files git tracks; null outside a repository */
   tracked: Set<string> | null;
   git: GitInfo | null;
+  /**
+   * Why git's state could not be read (its data outside the folder mounted, a command that failed), else null.
+   * `git` is then null or partial and `tracked` may be null: the workspace is a repository whose state is unknown,
+   * neither a clean one nor "not a repository".
+   */
+  gitUnknown: string | null;
   truncated: boolean;
 };
 
 /** Every git command of the phases: the private git folder `gitDir`, the workspace its work tree. */
 function git(gitDir: string, root: string, args: string[]): Promise<string | null> {
+  return gitSaid(gitDir, root, args).then((r) => r.out);
+}
+
+/** As git, with what git said when it failed (its stderr's first line), for a report that must not read a failure as none. */
+function gitSaid(gitDir: string, root: string, args: string[]): Promise<{ out: string | null; error: string }> {
   return new Promise((resolve) => {
     execFile(
       'git',
       [`--git-dir=${gitDir}`, `--work-tree=${root}`, ...GIT, ...args],
       // HOME and XDG_CONFIG_HOME: no ignore file of a user's (core.excludesFile's default) is read either
       { cwd: root, maxBuffer: 256 * 1024 * 1024, env: { ...GIT_ENV, HOME: gitDir, XDG_CONFIG_HOME: path.join(gitDir, 'xdg') } },
-      (err, stdout) => resolve(err ? null : stdout),
+      (err, stdout, stderr) =>
+        resolve(
+          err
+            ? { out: null, error: `git ${args[0]}: ${String(stderr).trim().split('\n')[0]?.slice(0, 300) || err.message.split('\n')[0]}` }
+            : { out: stdout, error: '' },
+        ),
     );
   });
 }
@@ -65,25 +81,29 @@ function git(gitDir: string, root: string, args: string[]): Promise<string | nul
  * (filter drivers' clean and process commands, core.fsmonitor, an include, core.attributesFile, ...) is
  * read as data by `git config --file`, which runs nothing, and git never reads it. The index is linked,
  * not copied: git writes an index by renaming a new file over it, which would replace the link here, and
- * no command below writes one (no optional locks). Null when the folder is not a repository git can read.
+ * no command below writes one (no optional locks). Null when the folder holds no `.git`; `unreadable` (why)
+ * when it holds one git cannot be read through here (a worktree's or submodule's git folder outside the folder
+ * mounted): a repository whose state is unknown, not "not a repository".
  */
-async function privateGitDir(root: string): Promise<{ dir: string; close: () => Promise<void> } | null> {
+async function privateGitDir(root: string): Promise<{ dir: string; close: () => Promise<void> } | { unreadable: string } | null> {
   // .git: the repository's folder, or a file naming it (a worktree, a submodule), as git reads it
   const dotGit = path.join(root, '.git');
   const st = await fs.stat(dotGit).catch(() => null);
   let named = dotGit;
   if (st?.isFile()) {
     const m = /^gitdir: *(.+)$/m.exec((await readSmall(root, '.git')) ?? '');
-    if (!m) return null;
+    if (!m) return { unreadable: 'its .git file names no git folder' };
     named = path.resolve(root, m[1]!.trim());
-  } else if (!st?.isDirectory()) return null;
+  } else if (!st?.isDirectory())
+    return (await fs.lstat(dotGit).catch(() => null)) ? { unreadable: 'its .git is neither a folder nor a file naming one' } : null;
   const gitDir = await fs.realpath(named).catch(() => null);
-  if (!gitDir) return null;
+  if (!gitDir) return { unreadable: 'its .git file names a git folder outside what the audit can read (a worktree or a submodule)' };
   // a worktree's folder holds its HEAD and index; objects, refs and the config are in the common folder
   const common = await readSmall(gitDir, 'commondir');
   const commonDir = common === null ? gitDir : await fs.realpath(path.resolve(gitDir, common.trim())).catch(() => null);
   const head = await readSmall(gitDir, 'HEAD');
-  if (!commonDir || head === null) return null;
+  if (!commonDir) return { unreadable: "its worktree's common git folder is outside what the audit can read" };
+  if (head === null) return { unreadable: 'its git folder holds no HEAD git can read' };
 
   const dir = await fs.mkdtemp(path.join(os.tmpdir(), 'audit-git-'));
   const close = () => fs.rm(dir, { recursive: true, force: true });
@@ -137,9 +157,9 @@ async function privateGitDir(root: string): Promise<{ dir: string; close: () => 
       if (t && (kind === 'file' ? t.isFile() : t.isDirectory())) await fs.symlink(target, path.join(dir, name));
     }
     return { dir, close };
-  } catch {
+  } catch (err) {
     await close();
-    return null;
+    return { unreadable: `its git folder could not be read (${(err as Error).message.split('\n')[0]})` };
   }
 }
 
@@ -189,12 +209,19 @@ async function regularFiles(root: string, rels: string[]): Promise<string[]> {
   return rels.filter((_, i) => keep[i]);
 }
 
-/** `maxFiles`: the cap of files audited (MAX_FILES; a test makes it small) */
-export async function openWorkspace(root: string, opts: { maxFiles?: number } = {}): Promise<Workspace> {
+/**
+ * `maxFiles`: the cap of files audited (MAX_FILES; a test makes it small). `repositoryAbove`: the service found the
+ * folder inside a repository above it (its path in that repository), whose git data is not mounted here.
+ */
+export async function openWorkspace(root: string, opts: { maxFiles?: number; repositoryAbove?: string | null } = {}): Promise<Workspace> {
   const max = opts.maxFiles ?? MAX_FILES;
   const gitDir = await privateGitDir(root);
-  if (gitDir) {
-    const run = (args: string[]) => git(gitDir.dir, root, args);
+  let gitUnknown: string | null = opts.repositoryAbove
+    ? `the folder is ${opts.repositoryAbove} of a git repository whose git data is above it, outside the folder audited`
+    : null;
+  if (gitDir && 'unreadable' in gitDir) gitUnknown = `the folder is a git repository, but ${gitDir.unreadable}`;
+  else if (gitDir) {
+    const run = (args: string[]) => gitSaid(gitDir.dir, root, args);
     const [cached, others, head, branch, status] = await Promise.all([
       run(['ls-files', '-z', '--cached']),
       run(['ls-files', '-z', '--others', '--exclude-standard']),
@@ -204,25 +231,32 @@ export async function openWorkspace(root: string, opts: { maxFiles?: number } = 
       // reads the submodule's own config (its filters)
       run(['status', '--porcelain=v1', '-z', '--untracked-files=normal', '--ignore-submodules=dirty']),
     ]).finally(() => gitDir.close());
-    if (cached !== null && others !== null) {
-      const tracked = new Set(cached.split('\0').filter(insideTree));
-      const files = await regularFiles(root, [...new Set([...tracked, ...others.split('\0').filter(insideTree)])].sort());
-      const changed = (status ?? '')
-        .split('\0')
-        .filter((l) => /^[ MADRCUT?!]{2} ./.test(l))
-        .map((l) => l.slice(3));
+    if (cached.out !== null && others.out !== null) {
+      const tracked = new Set(cached.out.split('\0').filter(insideTree));
+      const files = await regularFiles(root, [...new Set([...tracked, ...others.out.split('\0').filter(insideTree)])].sort());
+      // a status that failed (objects it needs outside the folder: a clone's alternates) is not "no changes"
+      const changed =
+        status.out === null
+          ? null
+          : status.out
+              .split('\0')
+              .filter((l) => /^[ MADRCUT?!]{2} ./.test(l))
+              .map((l) => l.slice(3));
       return {
         root,
         files: files.slice(0, max),
         tracked,
-        git: { commit: head?.trim() || null, branch: branch?.trim() || null, detached: Boolean(head?.trim()) && !branch?.trim(), changed },
+        git: { commit: head.out?.trim() || null, branch: branch.out?.trim() || null, detached: Boolean(head.out?.trim()) && !branch.out?.trim(), changed },
+        // (a HEAD git cannot read fails the status too: `rev-parse -q` alone fails without a word, as with no commit)
+        gitUnknown: status.out === null ? `git could not read the repository's state: ${status.error}` : null,
         truncated: files.length > max,
       };
     }
+    gitUnknown = `the folder is a git repository, but git could not list its files: ${(cached.out === null ? cached : others).error}`;
   }
   // as in a repository: the first `max` in order kept, truncated only when there were more
   const files = (await crawl(root, max)).sort();
-  return { root, files: files.slice(0, max), tracked: null, git: null, truncated: files.length > max };
+  return { root, files: files.slice(0, max), tracked: null, git: null, gitUnknown, truncated: files.length > max };
 }
 
 const realDirs = new Map<string, Promise<string | null>>();
