@@ -1338,9 +1338,9 @@ export interface paths {
         };
         /**
          * List the tenant's connections
-         * @description The provider credentials the tenant's runs act through, oldest first. Never the credential:
-         *     it is write-only, sealed at rest (AES-256-GCM under `SERVICE_SECRET_KEY`) and never returned,
-         *     logged or put in an event.
+         * @description The provider credentials the tenant's runs act through, oldest first, a page at a time. Never the
+         *     credential: it is write-only, sealed at rest (AES-256-GCM under `SERVICE_SECRET_KEY`) and never
+         *     returned, logged or put in an event.
          */
         get: operations["listConnections"];
         put?: never;
@@ -1351,7 +1351,8 @@ export interface paths {
          *     token (PagerDuty) or an SMTP password (email, `base_url` `smtp://host:port` or `smtps://host:port`,
          *     with `settings.username` and `settings.from`). A `base_url` must be http(s) (smtp(s) for email)
          *     and, unless SERVICE_HTTP_ALLOW_PRIVATE=1, name no private or loopback address. Names are unique
-         *     per tenant (409). The credential is not checked here: `POST .../test` checks it.
+         *     per tenant (409). A tenant keeps at most `SERVICE_TENANT_MAX_CONNECTIONS` (200) connections: one
+         *     more is a 409. The credential is not checked here: `POST .../test` checks it.
          */
         post: operations["createConnection"];
         delete?: never;
@@ -5601,6 +5602,10 @@ export interface operations {
         parameters: {
             query?: {
                 provider?: components["schemas"]["ConnectionProvider"];
+                /** @description Items per page. */
+                limit?: components["parameters"]["Limit"];
+                /** @description The `next_cursor` of the previous page. */
+                cursor?: components["parameters"]["Cursor"];
             };
             header?: never;
             path?: never;
@@ -5608,7 +5613,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description The connections. */
+            /** @description A page of connections. */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -5616,6 +5621,7 @@ export interface operations {
                 content: {
                     "application/json": {
                         data: components["schemas"]["Connection"][];
+                        next_cursor: string | null;
                     };
                 };
             };

@@ -54,7 +54,16 @@ export type Config = {
   /** webhook requests one tenant may send per minute, over all kinds; more answer 429 */
   webhookRateLimitPerMinute: number;
   /** outbound notifications (SERVICE_NOTIFY_*): tries of a delivery, the first wait between them, failed deliveries in a row that disable an endpoint, a try's timeout, a tenant's tries in flight */
-  notify: { attempts: number; backoffMs: number; disableAfter: number; timeoutMs: number; tenantConcurrency: number; maxEndpoints: number };
+  notify: {
+    attempts: number;
+    backoffMs: number;
+    disableAfter: number;
+    timeoutMs: number;
+    tenantConcurrency: number;
+    maxEndpoints: number;
+    /** days an ended notification delivery is kept (SERVICE_NOTIFICATION_DELIVERIES_KEPT_DAYS) */
+    deliveriesKeptDays: number;
+  };
   /** /api/v1 requests a minute: per tenant (SERVICE_API_RATE_LIMIT_PER_MINUTE) and per key (SERVICE_API_KEY_RATE_LIMIT_PER_MINUTE, default the same) */
   apiRateLimit: { perTenantPerMinute: number; perKeyPerMinute: number };
   /** people's sign-in (SERVICE_OIDC_*); null: API keys only */
@@ -95,6 +104,8 @@ export type Config = {
   tenantMaxAutomations: number;
   /** the most API keys not revoked a tenant may make through the API (SERVICE_TENANT_MAX_API_KEYS) */
   tenantMaxApiKeys: number;
+  /** the most connections a tenant keeps (SERVICE_TENANT_MAX_CONNECTIONS) */
+  tenantMaxConnections: number;
   /** the environment a shell step starts from: a short allowlist, never the service's secrets */
   childEnv: Record<string, string>;
   /** how tool processes are isolated: `auto` picks bwrap when it is installed; `explicit` when SERVICE_SANDBOX was set */
@@ -362,6 +373,7 @@ const schema = z.object({
   SERVICE_NOTIFY_TIMEOUT_SECONDS: int(15, 1, 300),
   SERVICE_NOTIFY_TENANT_CONCURRENCY: int(5, 1, 1000),
   SERVICE_TENANT_MAX_NOTIFICATION_ENDPOINTS: int(50, 1, 1000),
+  SERVICE_NOTIFICATION_DELIVERIES_KEPT_DAYS: int(30, 1, 3650),
   SERVICE_API_RATE_LIMIT_PER_MINUTE: int(6000, 1, 100_000_000),
   SERVICE_OIDC_ISSUER: url(['http:', 'https:']),
   SERVICE_OIDC_CLIENT_ID: optionalText,
@@ -404,6 +416,7 @@ const schema = z.object({
   SERVICE_TENANT_MAX_STREAMS: int(100, 1, 100_000),
   SERVICE_TENANT_MAX_AUTOMATIONS: int(1000, 1, 1_000_000),
   SERVICE_TENANT_MAX_API_KEYS: int(1000, 1, 1_000_000),
+  SERVICE_TENANT_MAX_CONNECTIONS: int(200, 1, 100_000),
   LOG_LEVEL: z
     .string()
     .optional()
@@ -522,6 +535,7 @@ export function parseEnv(env: Record<string, string | undefined>, opts: { servic
       timeoutMs: e.SERVICE_NOTIFY_TIMEOUT_SECONDS * 1000,
       tenantConcurrency: e.SERVICE_NOTIFY_TENANT_CONCURRENCY,
       maxEndpoints: e.SERVICE_TENANT_MAX_NOTIFICATION_ENDPOINTS,
+      deliveriesKeptDays: e.SERVICE_NOTIFICATION_DELIVERIES_KEPT_DAYS,
     },
     oidc: [e.SERVICE_OIDC_ISSUER, e.SERVICE_OIDC_CLIENT_ID, e.SERVICE_OIDC_CLIENT_SECRET, e.SERVICE_OIDC_REDIRECT_URL].every(Boolean)
       ? {
@@ -563,6 +577,7 @@ export function parseEnv(env: Record<string, string | undefined>, opts: { servic
     tenantMaxStreams: e.SERVICE_TENANT_MAX_STREAMS,
     tenantMaxAutomations: e.SERVICE_TENANT_MAX_AUTOMATIONS,
     tenantMaxApiKeys: e.SERVICE_TENANT_MAX_API_KEYS,
+    tenantMaxConnections: e.SERVICE_TENANT_MAX_CONNECTIONS,
     sandbox: {
       mode: e.SERVICE_SANDBOX,
       explicit: e.SERVICE_SANDBOX !== 'auto',

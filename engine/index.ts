@@ -34,7 +34,7 @@ export function createEngine(given: EngineDeps) {
   const notifications = notificationsOf(given, given.notify);
   const deps: EngineDeps = { ...given, events: notifications.wrap(given.events) };
   const transitions = transitionsOf(deps);
-  const connections = connectionsOf(deps, { httpAllowPrivate: deps.settings.httpAllowPrivate });
+  const connections = connectionsOf(deps, { httpAllowPrivate: deps.settings.httpAllowPrivate, maxConnections: deps.limits.tenantMaxConnections });
   const runs = runsOf(deps, transitions);
   const sessions = sessionsOf({ ...deps, runs });
   const evidence = ledgerOf(deps);

@@ -13,8 +13,9 @@ type ConnectionPatch = components['schemas']['ConnectionPatch'];
 export function connectionsRouter(engine: Engine): Router {
   const router = Router();
   router.get('/', async (req, res) => {
-    const provider = req.query.provider as ConnectionProvider | undefined;
-    res.json({ data: (await engine.connections.list(tenantOf(req), provider)).map(viewOf) });
+    const q = req.query as { provider?: ConnectionProvider; limit?: number; cursor?: string };
+    const page = await engine.connections.list(tenantOf(req), { provider: q.provider, limit: q.limit ?? 20, cursor: q.cursor });
+    res.json({ data: page.items.map(viewOf), next_cursor: page.next_cursor });
   });
   router.post('/', async (req, res) => {
     const made = await engine.connections.create(tenantOf(req), req.body as ConnectionCreate);

@@ -86,7 +86,19 @@ function completion(args: Args) {
   return { status: 'completed' as const, conclusion: oneOf(args.conclusion, CHECK_CONCLUSIONS, 'conclusion'), completed_at: new Date().toISOString() };
 }
 
-export type Action = (access: Access, args: Args, ctx: ActionContext) => Promise<Answer>;
+/**
+ * One action, and whether it lands the same however often it is made (`idempotent`: a label added, a priority set,
+ * an acknowledgement, a check run updated). One that is not makes something each time it is called (a comment, a
+ * message, a note, an email): after a 5xx or a timeout it may have been made all the same, so it is asked again
+ * only when the provider said it did nothing (retry.ts).
+ */
+export type Action = ((access: Access, args: Args, ctx: ActionContext) => Promise<Answer>) & { readonly idempotent: boolean };
+
+type Run = (access: Access, args: Args, ctx: ActionContext) => Promise<Answer>;
+/** An action that makes something each time it is called. */
+const once = (run: Run): Action => Object.assign(run, { idempotent: false });
+/** An action that lands the same however often it is made. */
+const repeatable = (run: Run): Action => Object.assign(run, { idempotent: true });
 
 const BRANCH = /^(?!-)(?!.*\.\.)[\w./-]{1,200}$/;
 /** a path of a git diff header (a/x, b/x), or null for /dev/null */
@@ -94,12 +106,12 @@ const diffPath = (name: string | undefined): string | null => (!name || name ===
 
 export const ACTIONS: Record<ConnectionProvider, Record<string, Action>> = {
   codehost: {
-    async comment(a, args) {
+    comment: once(async (a, args) => {
       const gh = await octokitOf(a);
       const res = await gh.rest.issues.createComment({ ...repoOf(args), issue_number: int(args, 'number'), body: str(args, 'body') });
       return { comment_id: res.data.id, url: res.data.html_url };
-    },
-    async review(a, args) {
+    }),
+    review: once(async (a, args) => {
       const gh = await octokitOf(a);
       const comments = list(args, 'comments', (c, i) => {
         const x = c as Args;
@@ -115,8 +127,8 @@ export const ACTIONS: Record<ConnectionProvider, Record<string, Action>> = {
         comments,
       });
       return { review_id: res.data.id, url: res.data.html_url, comments: comments.length };
-    },
-    async create_check_run(a, args) {
+    }),
+    create_check_run: once(async (a, args) => {
       const gh = await octokitOf(a);
       const res = await gh.rest.checks.create({
         ...repoOf(args),
@@ -127,12 +139,12 @@ export const ACTIONS: Record<ConnectionProvider, Record<string, Action>> = {
         ...(optStr(args, 'details_url') ? { details_url: optStr(args, 'details_url') } : {}),
       });
       return { check_run_id: res.data.id, url: res.data.html_url };
-    },
+    }),
     /**
      * A pull request from a vibe run's diff, made with the Git Data API: each changed file's content at
      * the base is patched, the new tree committed on the base, a branch made for it, the pull request opened.
      */
-    async open_pull_request(a, args, ctx) {
+    open_pull_request: once(async (a, args, ctx) => {
       const { owner, repo } = repoOf(args);
       const base = optStr(args, 'base') ?? 'main';
       const head = str(args, 'head');
@@ -175,8 +187,8 @@ export const ACTIONS: Record<ConnectionProvider, Record<string, Action>> = {
       await gh.rest.git.createRef({ owner, repo, ref: `refs/heads/${head}`, sha: commit });
       const pr = await gh.rest.pulls.create({ owner, repo, title, head, base, body: optStr(args, 'body') ?? '' });
       return { number: pr.data.number, url: pr.data.html_url, head, base, commit_sha: commit, files: tree.length };
-    },
-    async update_check_run(a, args) {
+    }),
+    update_check_run: repeatable(async (a, args) => {
       const gh = await octokitOf(a);
       const res = await gh.rest.checks.update({
         ...repoOf(args),
@@ -185,10 +197,10 @@ export const ACTIONS: Record<ConnectionProvider, Record<string, Action>> = {
         ...(checkOutput(args) ? { output: checkOutput(args) } : {}),
       });
       return { check_run_id: res.data.id, url: res.data.html_url };
-    },
+    }),
   },
   chat: {
-    async post(a, args) {
+    post: once(async (a, args) => {
       const slack = await slackOf(a);
       const res = await slack.chat.postMessage({
         channel: str(args, 'channel'),
@@ -196,16 +208,16 @@ export const ACTIONS: Record<ConnectionProvider, Record<string, Action>> = {
         ...(optStr(args, 'thread_ts') ? { thread_ts: optStr(args, 'thread_ts') } : {}),
       });
       return { channel: res.channel, ts: res.ts, thread_ts: optStr(args, 'thread_ts') ?? null };
-    },
-    async reply(a, args) {
+    }),
+    reply: once(async (a, args) => {
       const slack = await slackOf(a);
       const thread = str(args, 'thread_ts');
       const res = await slack.chat.postMessage({ channel: str(args, 'channel'), text: str(args, 'text'), thread_ts: thread });
       return { channel: res.channel, ts: res.ts, thread_ts: thread };
-    },
+    }),
   },
   tracker: {
-    async set_labels(a, args) {
+    set_labels: repeatable(async (a, args) => {
       const names = list(args, 'labels', (v, i) => {
         if (typeof v !== 'string' || !v.trim()) throw new ActionArgsError(`args.labels[${i}] must be a label name`);
         return v.trim();
@@ -221,34 +233,34 @@ export const ACTIONS: Record<ConnectionProvider, Record<string, Action>> = {
       // added to the issue's labels, not in their place
       const res = await linear.updateIssue(issueId, { addedLabelIds: known.map((n) => byName.get(n.toLowerCase())!.id) });
       return { issue_id: issueId, success: res.success, labels: known, unknown_labels: unknown };
-    },
-    async set_priority(a, args) {
+    }),
+    set_priority: repeatable(async (a, args) => {
       const linear = await linearOf(a);
       const issueId = str(args, 'issue_id');
       const priority = int(args, 'priority', 0, 4);
       const res = await linear.updateIssue(issueId, { priority });
       return { issue_id: issueId, success: res.success, priority };
-    },
-    async comment(a, args) {
+    }),
+    comment: once(async (a, args) => {
       const linear = await linearOf(a);
       const res = await linear.createComment({ issueId: str(args, 'issue_id'), body: str(args, 'body') });
       return { issue_id: str(args, 'issue_id'), success: res.success, comment_id: res.commentId ?? null };
-    },
+    }),
   },
   pager: {
-    async add_note(a, args) {
+    add_note: once(async (a, args) => {
       const incident = encodeURIComponent(str(args, 'incident_id'));
       const res = await pagerCall(a, 'POST', `/incidents/${incident}/notes`, { note: { content: str(args, 'content') } });
       return { incident_id: str(args, 'incident_id'), note_id: (res.note as { id?: string } | undefined)?.id ?? null };
-    },
-    async acknowledge(a, args) {
+    }),
+    acknowledge: repeatable(async (a, args) => {
       const id = str(args, 'incident_id');
       const res = await pagerCall(a, 'PUT', `/incidents/${encodeURIComponent(id)}`, { incident: { type: 'incident_reference', status: 'acknowledged' } });
       return { incident_id: id, status: (res.incident as { status?: string } | undefined)?.status ?? 'acknowledged' };
-    },
+    }),
   },
   email: {
-    async reply(a, args) {
+    reply: once(async (a, args) => {
       const to = str(args, 'to');
       // one recipient, written as an address: a reply never fans out to a list someone put in a header
       if (!/^[^<>\s,;"@]+@[^<>\s,;"@]+$/.test(to)) throw new ActionArgsError('args.to must be one email address');
@@ -270,6 +282,6 @@ export const ACTIONS: Record<ConnectionProvider, Record<string, Action>> = {
       } finally {
         mailer.close();
       }
-    },
+    }),
   },
 };

@@ -13,7 +13,7 @@ import {
   type FieldError,
 } from '../platform/index.js';
 import type { Platform } from '../deps.js';
-import type { ConnectionChanges, ConnectionState } from '../store/index.js';
+import type { ConnectionChanges, ConnectionQuery, ConnectionState, Page } from '../store/index.js';
 import { ACTIONS, ActionArgsError, type Answer } from './actions.js';
 import { KITS, type Access } from './kits.js';
 import { callProvider, ProviderError, reasonOf } from './retry.js';
@@ -31,7 +31,11 @@ function maskedError(err: unknown, token: string): unknown {
   return Object.assign(new Error(message), typeof code === 'string' ? { code } : {});
 }
 
-export type ConnectionSettings = { httpAllowPrivate: boolean };
+export type ConnectionSettings = {
+  httpAllowPrivate: boolean;
+  /** the most connections a tenant keeps (SERVICE_TENANT_MAX_CONNECTIONS); absent: no bound */
+  maxConnections?: number;
+};
 
 export type ConnectionInput = {
   provider: ConnectionProvider;
@@ -157,12 +161,18 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
         last_used_at: null,
         last_test: null,
       };
-      if (!(await store.connections.insert(record))) throw new ConflictError(`this tenant already has a connection named ${input.name}`);
+      // held to the cap by the insert itself (creates that race make no more than it)
+      const max = settings.maxConnections;
+      const inserted = await store.connections.insert(record, max === undefined ? undefined : { maxHeld: max });
+      if (inserted === 'over-cap')
+        throw new ConflictError(`this tenant has ${max} connections, the most it may keep (SERVICE_TENANT_MAX_CONNECTIONS): remove one first`);
+      if (!inserted) throw new ConflictError(`this tenant already has a connection named ${input.name}`);
       log.info({ tenant_id: tenantId, connection_id: id, provider: input.provider }, 'connection created');
       return record;
     },
 
-    list: (tenantId: string, provider?: ConnectionProvider) => store.connections.list(tenantId, provider),
+    /** A page of the tenant's connections, oldest first. */
+    list: (tenantId: string, q: ConnectionQuery): Promise<Page<ConnectionRecord>> => store.connections.page(tenantId, q),
 
     get: must,
 
@@ -233,14 +243,19 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
      * of the provider. Throws ConnectionMissingError naming the provider when there is none to take.
      */
     async resolve(tenantId: string, provider: ConnectionProvider, named?: string | null): Promise<ConnectionRecord> {
-      const all = await store.connections.list(tenantId, provider);
-      const record = named ? all.find((c) => c.id === named || c.name === named) : all.length === 1 ? all[0] : undefined;
-      if (record) return record;
-      const why = named
-        ? `no ${provider} connection named ${named}`
-        : all.length
-          ? `${all.length} ${provider} connections and none named: name one in the automation's connections`
-          : `no ${provider} connection: add one with POST /api/v1/connections`;
+      // looked up directly (by id, then by name), not found in a list of them all: each action step resolves one
+      if (named) {
+        const record = (await store.connections.get(tenantId, named)) ?? (await store.connections.getByName(tenantId, named));
+        if (record?.provider === provider) return record;
+        throw new ConnectionMissingError(provider, `no ${provider} connection named ${named}`);
+      }
+      // whether there is exactly one: two tell
+      const found = await store.connections.list(tenantId, provider, 2);
+      if (found.length === 1) return found[0]!;
+      // (counted only to say so: a run that fails here)
+      const why = found.length
+        ? `${(await store.connections.list(tenantId, provider)).length} ${provider} connections and none named: name one in the automation's connections`
+        : `no ${provider} connection: add one with POST /api/v1/connections`;
       throw new ConnectionMissingError(provider, why);
     },
 
@@ -285,7 +300,8 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
         provider,
         (e) => (e instanceof ActionArgsError ? null : kit.classify(e, access.token)),
         () => run(access, args, { vibeDiff: (id) => vibeDiff(tenantId, id) }),
-        { signal },
+        // one that makes something each time is asked again only when the provider said it did nothing
+        { signal, idempotent: run.idempotent },
       ).catch((err: unknown) => {
         throw maskedError(err, access.token);
       });

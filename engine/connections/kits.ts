@@ -39,7 +39,8 @@ export const ANSWER_MAX_BYTES = 4 * 1024 * 1024;
 
 /** An answer past ANSWER_MAX_BYTES: its reading stops there (a gzip bomb of 300 KB decoded to 300 MB). */
 export class AnswerTooLargeError extends Error {
-  constructor() {
+  /** `status`: the HTTP status the answer came with */
+  constructor(readonly status: number | null = null) {
     super(`the provider's answer is over ${ANSWER_MAX_BYTES / 1024 / 1024} MB`);
     this.name = 'AnswerTooLargeError';
   }
@@ -47,7 +48,11 @@ export class AnswerTooLargeError extends Error {
 
 /** An answer sent encoded although it was asked for as it is: fetch would decode it without a bound. */
 export class EncodedAnswerError extends Error {
-  constructor(encoding: string) {
+  /** `status`: the HTTP status the answer came with */
+  constructor(
+    encoding: string,
+    readonly status: number | null = null,
+  ) {
     super(`the provider's answer came encoded (${encoding.slice(0, 40)}) although it was asked for as it is`);
     this.name = 'EncodedAnswerError';
   }
@@ -60,6 +65,7 @@ export class EncodedAnswerError extends Error {
  */
 const boundAnswers: Dispatcher.DispatcherComposeInterceptor = (dispatch) => (opts, handler) => {
   let read = 0;
+  let answeredStatus: number | null = null;
   const headers = { ...(opts.headers as Record<string, string> | undefined), 'accept-encoding': 'identity' };
   return dispatch(
     { ...opts, headers },
@@ -67,13 +73,14 @@ const boundAnswers: Dispatcher.DispatcherComposeInterceptor = (dispatch) => (opt
       onRequestStart: (controller, context) => handler.onRequestStart?.(controller, context),
       onRequestUpgrade: (controller, status, upgraded, socket) => handler.onRequestUpgrade?.(controller, status, upgraded, socket),
       onResponseStart(controller, status, answered, message) {
+        answeredStatus = status;
         const encoding = answered['content-encoding'];
-        if (encoding && String(encoding).toLowerCase() !== 'identity') return controller.abort(new EncodedAnswerError(String(encoding)));
+        if (encoding && String(encoding).toLowerCase() !== 'identity') return controller.abort(new EncodedAnswerError(String(encoding), status));
         return handler.onResponseStart?.(controller, status, answered, message);
       },
       onResponseData(controller, chunk) {
         read += chunk.byteLength;
-        if (read > ANSWER_MAX_BYTES) return controller.abort(new AnswerTooLargeError());
+        if (read > ANSWER_MAX_BYTES) return controller.abort(new AnswerTooLargeError(answeredStatus));
         return handler.onResponseData?.(controller, chunk);
       },
       onResponseEnd: (controller, trailers) => handler.onResponseEnd?.(controller, trailers),
@@ -109,11 +116,23 @@ async function fetchOf(a: Access): Promise<typeof fetch> {
 const guardedAgents = { http: new http.Agent({ lookup: guardedLookup }), https: new https.Agent({ lookup: guardedLookup }) };
 
 /** The bound an answer met (AnswerTooLargeError or EncodedAnswerError), wherever in an SDK's error's causes. */
-function boundMet(err: unknown): Error | null {
+function boundMet(err: unknown): AnswerTooLargeError | EncodedAnswerError | null {
   type Wrapped = { cause?: unknown; raw?: unknown; original?: unknown };
   for (let e = err, depth = 0; e && depth < 5; e = (e as Wrapped).cause ?? (e as Wrapped).raw ?? (e as Wrapped).original, depth++)
     if (e instanceof AnswerTooLargeError || e instanceof EncodedAnswerError) return e;
   return null;
+}
+
+/**
+ * What an answer the service refused to read (a bound it met) says. One of success (or of no known status) came:
+ * the provider did what was asked, and only its answer is lost (`unread`: never asked again, and no status of the
+ * provider's: a 502 for it had a comment made three times). One of refusal is that refusal, its reason the bound.
+ */
+function boundFailure(err: unknown): ProviderFailure | null {
+  const bound = boundMet(err);
+  if (!bound) return null;
+  if (bound.status !== null && bound.status >= 400) return { status: bound.status, retryAfterSeconds: null, reason: bound.message };
+  return { status: bound.status, retryAfterSeconds: null, reason: bound.message, unread: true };
 }
 
 // ---- code host: GitHub (or GitHub Enterprise through base_url) ----
@@ -144,8 +163,8 @@ export const codehostKit: Kit = {
   schemes: ['https:', 'http:'],
   classify(err, token) {
     if (err instanceof CodehostAnswerError) return { status: err.status === null ? null : 502, retryAfterSeconds: null, reason: err.message };
-    const bound = boundMet(err);
-    if (bound) return { status: 502, retryAfterSeconds: null, reason: bound.message };
+    const bound = boundFailure(err);
+    if (bound) return bound;
     const e = err as { name?: string; status?: number; response?: { headers?: Record<string, string>; data?: unknown } };
     if (e?.name !== 'HttpError' || typeof e.status !== 'number') return null;
     // @octokit/request reports a request that never got an answer as a 500 without a response
@@ -214,8 +233,8 @@ export const chatKit: Kit = {
   defaultBaseUrl: 'https://slack.com/api/',
   schemes: ['https:', 'http:'],
   classify(err, token) {
-    const bound = boundMet(err);
-    if (bound) return { status: 502, retryAfterSeconds: null, reason: bound.message };
+    const bound = boundFailure(err);
+    if (bound) return bound;
     const e = err as { code?: string; retryAfter?: number; statusCode?: number; headers?: Record<string, string>; data?: { error?: string } };
     switch (e?.code) {
       case 'slack_webapi_rate_limited_error':
@@ -261,8 +280,8 @@ export const trackerKit: Kit = {
   defaultBaseUrl: 'https://api.linear.app/graphql',
   schemes: ['https:', 'http:'],
   classify(err, token) {
-    const bound = boundMet(err);
-    if (bound) return { status: 502, retryAfterSeconds: null, reason: bound.message };
+    const bound = boundFailure(err);
+    if (bound) return bound;
     const e = err as { name?: string; type?: string; status?: number; retryAfter?: number; raw?: { response?: { headers?: Headers } } };
     if (!e || typeof e.type !== 'string' || !('errors' in (e as object))) return null;
     const answered = typeof e.status === 'number' && e.status >= 400 ? e.status : null;
@@ -337,8 +356,12 @@ export const pagerKit: Kit = {
   schemes: ['https:', 'http:'],
   classify(err, token) {
     if (err instanceof PagerAnswerError) return { status: err.status, retryAfterSeconds: retryAfterOf(err.retryAfter), reason: reasonOf(err.message, token) };
-    if (err instanceof PagerNoAnswerError) return { status: null, retryAfterSeconds: null, reason: err.message };
+    // an answer of success that did not come whole: what was asked happened, only its answer is lost
+    if (err instanceof PagerNoAnswerError) return { status: null, retryAfterSeconds: null, reason: err.message, unread: true };
     const e = err as { name?: string; type?: string };
+    // node-fetch's bound on the answer (`size`): an answer came, too large to read
+    if (e?.name === 'FetchError' && e.type === 'max-size')
+      return { status: null, retryAfterSeconds: null, reason: reasonOf((err as Error).message, token), unread: true };
     if (e?.name === 'FetchError' || e?.type === 'system') return { status: null, retryAfterSeconds: null, reason: reasonOf((err as Error).message, token) };
     return null;
   },
@@ -430,8 +453,9 @@ export const emailKit: Kit = {
     const reason = reasonOf(e.response ?? (err as Error).message, token);
     if (e.code === 'EAUTH') return { status: 401, retryAfterSeconds: null, reason };
     if (SMTP_UNREACHABLE.has(e.code)) return { status: null, retryAfterSeconds: null, reason };
-    // SMTP 4xx is "try again later", 5xx "never"
-    if (typeof e.responseCode === 'number') return { status: e.responseCode < 500 ? 503 : 400, retryAfterSeconds: null, reason };
+    // SMTP 4xx is "try again later" (the mail was not taken: safe to send again), 5xx "never"
+    if (typeof e.responseCode === 'number')
+      return e.responseCode < 500 ? { status: 503, retryAfterSeconds: null, reason, unsent: true } : { status: 400, retryAfterSeconds: null, reason };
     return e.code.startsWith('E') ? { status: 400, retryAfterSeconds: null, reason } : null;
   },
   async identify(a) {

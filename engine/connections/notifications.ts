@@ -17,6 +17,7 @@ import {
   withTimeout,
   NOTIFICATION_TYPES,
   staleJobRepair,
+  pruneInPages,
   NotFoundError,
   ValidationError,
   ConflictError,
@@ -44,6 +45,8 @@ export type NotificationSettings = {
   tenantConcurrency: number;
   /** endpoints a tenant keeps: each event of the tenant is one stored delivery and one job per endpoint, made in its append */
   maxEndpoints: number;
+  /** days an ended delivery (its event's payload with it) is kept after its last try (SERVICE_NOTIFICATION_DELIVERIES_KEPT_DAYS) */
+  deliveriesKeptDays: number;
 };
 
 export type EndpointInput = { url: string; description?: string | null; event_types: string[] };
@@ -482,12 +485,16 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
     /**
      * Repairs deliveries left pending longer than all their tries could take: their job was lost (the
      * process died between storing and queueing) or ran out of tries on an error of the service's own.
+     * Deletes ended deliveries past their retention.
      */
     async reconcile(): Promise<{ requeued: number; retried: number; errors: number }> {
       const window = settings.backoffMs * 2 ** settings.attempts + settings.attempts * settings.timeoutMs;
       const before = new Date(clock.now().getTime() - Math.max(window, 10 * 60_000)).toISOString();
       const done = await repairStale(before);
       if (done.requeued || done.retried || done.errors) log.warn(done, 'reconciler repaired notification deliveries');
+      // ended deliveries are kept SERVICE_NOTIFICATION_DELIVERIES_KEPT_DAYS after their last try: a page at a time, within a bound
+      const expired = new Date(clock.now().getTime() - settings.deliveriesKeptDays * 86_400_000).toISOString();
+      await pruneInPages((limit) => store.notificationDeliveries.prune(expired, limit));
       return done;
     },
 

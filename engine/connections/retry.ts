@@ -1,10 +1,25 @@
-// One way to call a provider: its SDK's error is read into a status and a Retry-After, 429 and 5xx are
-// tried again (up to three calls in all, waiting as Retry-After says, capped), and what fails is a
+// One way to call a provider: its SDK's error is read into a status and a Retry-After, what may be asked
+// again is tried again (up to three calls in all, waiting as Retry-After says, capped), and what fails is a
 // ProviderError with a stable code and a message that never carries the credential or the provider's body.
+// What may be asked again depends on what was asked: a read or a change that lands the same however often it
+// is made (idempotent) is tried again on 429 and 5xx; one that makes something each time (a comment, a
+// message, a note, an email) only when the provider said it did nothing (429, an SMTP 4xx): after a 5xx it may
+// have been made all the same, and a second call would make it twice.
 import { maskCredential, type ConnectionProvider } from '../platform/index.js';
 
 /** What a provider's SDK error says, read by that provider's kit; null for an error that is not the provider's. */
-export type ProviderFailure = { status: number | null; retryAfterSeconds: number | null; reason: string };
+export type ProviderFailure = {
+  status: number | null;
+  retryAfterSeconds: number | null;
+  reason: string;
+  /**
+   * The provider answered (2xx) but its answer could not be read (encoded, too large, cut short): what was asked
+   * happened. Never tried again, and not a status of the provider's.
+   */
+  unread?: boolean;
+  /** The provider said it did nothing (a 429, an SMTP 4xx): safe to ask again, whatever was asked. */
+  unsent?: boolean;
+};
 
 export type ProviderErrorCode =
   | 'provider-auth-failed'
@@ -13,6 +28,8 @@ export type ProviderErrorCode =
   | 'provider-rate-limited'
   | 'provider-error'
   | 'provider-unreachable'
+  /** the provider answered that it did what was asked, but its answer could not be read */
+  | 'provider-answer-unreadable'
   /** not the provider's: the stored credential does not open with this SERVICE_SECRET_KEY */
   | 'credential-unreadable';
 
@@ -27,7 +44,14 @@ export class ProviderError extends Error {
   }
 }
 
-export type RetryOptions = { signal?: AbortSignal; attempts?: number; maxWaitMs?: number; sleep?: (ms: number, signal?: AbortSignal) => Promise<void> };
+export type RetryOptions = {
+  signal?: AbortSignal;
+  attempts?: number;
+  maxWaitMs?: number;
+  sleep?: (ms: number, signal?: AbortSignal) => Promise<void>;
+  /** whether `fn` may be called again after a 5xx (it lands the same however often it is made); true when absent */
+  idempotent?: boolean;
+};
 
 const MAX_WAIT_MS = 10_000;
 const ATTEMPTS = 3;
@@ -41,7 +65,12 @@ function codeOf(f: ProviderFailure): ProviderErrorCode {
   return 'provider-refused';
 }
 
-const retryable = (f: ProviderFailure) => f.status === 429 || (f.status !== null && f.status >= 500);
+/** Whether a failure may be tried again: never an answer that came but could not be read (what was asked happened). */
+function retryable(f: ProviderFailure, idempotent: boolean): boolean {
+  if (f.unread) return false;
+  if (f.status === 429 || f.unsent) return true;
+  return idempotent && f.status !== null && f.status >= 500;
+}
 
 function defaultSleep(ms: number, signal?: AbortSignal): Promise<void> {
   return new Promise((resolve, reject) => {
@@ -58,7 +87,7 @@ function defaultSleep(ms: number, signal?: AbortSignal): Promise<void> {
   });
 }
 
-/** Calls `fn`, trying 429 and 5xx again; anything the provider refused becomes a ProviderError. */
+/** Calls `fn`, trying again what `retryable` allows; anything the provider refused becomes a ProviderError. */
 export async function callProvider<T>(
   provider: ConnectionProvider,
   classify: (err: unknown) => ProviderFailure | null,
@@ -74,11 +103,17 @@ export async function callProvider<T>(
       if (opts.signal?.aborted) throw err;
       const failure = classify(err);
       if (!failure) throw err;
-      if (attempt < attempts && retryable(failure)) {
+      if (attempt < attempts && retryable(failure, opts.idempotent ?? true)) {
         const wait = failure.retryAfterSeconds !== null ? failure.retryAfterSeconds * 1000 : 500 * 2 ** (attempt - 1);
         await sleep(Math.min(Math.max(wait, 0), opts.maxWaitMs ?? MAX_WAIT_MS), opts.signal);
         continue;
       }
+      if (failure.unread)
+        throw new ProviderError(
+          'provider-answer-unreadable',
+          `the ${provider} provider answered${failure.status === null ? '' : ` ${failure.status}`}, but its answer could not be read (what was asked may have been done: it is not asked again)${failure.reason ? `: ${failure.reason}` : ''}`,
+          null,
+        );
       const status = failure.status === null ? 'could not be reached' : `answered ${failure.status}`;
       throw new ProviderError(codeOf(failure), `the ${provider} provider ${status}${failure.reason ? `: ${failure.reason}` : ''}`, failure.status);
     }

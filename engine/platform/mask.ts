@@ -21,5 +21,33 @@ export function maskCredential(text: string, secret: string): string {
   let masked = text;
   for (const piece of [...forms, ...parts]) masked = masked.split(piece).join('[credential]');
   const holds = (decoded: string) => forms.some((f) => decoded.includes(f)) || parts.some((p) => decoded.includes(p));
-  return masked.replace(BASE64_RUN, (run) => (holds(Buffer.from(run, 'base64').toString('latin1')) ? '[credential]' : run));
+  masked = masked.replace(BASE64_RUN, (run) => (holds(Buffer.from(run, 'base64').toString('latin1')) ? '[credential]' : run));
+  // a short credential's base64 is shorter than BASE64_RUN (AUTH LOGIN's password line alone): its own characters
+  const cores = forms.flatMap(base64Cores);
+  return cores.length ? masked.replace(ANY_BASE64_RUN, (run) => (cores.some((c) => run.includes(c)) ? '[credential]' : run)) : masked;
+}
+
+/** Any run of base64, standard or url-safe. */
+const ANY_BASE64_RUN = /[A-Za-z0-9+/_-]+={0,2}/g;
+/** The fewest characters of a credential's base64 that are told apart from any other text's. */
+const CORE_MIN = 6;
+
+/**
+ * The base64 characters that `secret` alone decides, wherever it sits in what is encoded: at each of the three
+ * places it can start in a group of three bytes (`\0user\0pass`, `user:pass`, the password alone), standard and
+ * url-safe. The first characters of a group it starts within and the last of the group it ends within also hold
+ * what comes before and after, so they are left out; what is left appears in any encoding that holds the secret.
+ */
+function base64Cores(secret: string): string[] {
+  const bytes = Buffer.from(secret, 'utf8');
+  const cores: string[] = [];
+  for (const lead of [0, 1, 2]) {
+    const encoded = Buffer.concat([Buffer.alloc(lead), bytes, Buffer.alloc(2)]).toString('base64');
+    // characters of whole bytes of the secret: from the first that holds no byte before it, to the last that holds none after
+    const from = lead === 0 ? 0 : lead + 1;
+    const to = Math.floor(((lead + bytes.length) * 8) / 6);
+    const core = encoded.slice(from, to);
+    if (core.length >= CORE_MIN) cores.push(core, core.replace(/\+/g, '-').replace(/\//g, '_'));
+  }
+  return [...new Set(cores)];
 }

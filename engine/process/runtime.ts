@@ -230,6 +230,7 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
         cronMinIntervalSeconds: config.cronMinIntervalSeconds,
         tenantMaxAutomations: config.tenantMaxAutomations,
         tenantMaxApiKeys: config.tenantMaxApiKeys,
+        tenantMaxConnections: config.tenantMaxConnections,
         tenantOutputBytesPerDay: config.tenantOutputMbPerDay * 1024 * 1024,
       },
       settings: {

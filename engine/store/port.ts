@@ -215,12 +215,22 @@ export type ConnectionChanges = Partial<Pick<ConnectionRecord, 'name' | 'base_ur
 /** What a connection's test was about: its credential and where it was tried */
 export type ConnectionState = Pick<ConnectionRecord, 'sealed' | 'base_url'>;
 
+export type ConnectionQuery = { provider?: ConnectionProvider; limit: number; cursor?: string };
+
 export interface ConnectionRepo {
-  /** Inserts unless the tenant has a connection of that name; false when it has. */
-  insert(connection: ConnectionRecord): Promise<boolean>;
+  /**
+   * Inserts unless the tenant has a connection of that name (false). With `cap`, only while the tenant has fewer
+   * connections than `maxHeld`, else 'over-cap', storing nothing: checked as NotificationEndpointRepo.insert's cap
+   * (SQLite counts inside the write's IMMEDIATE transaction, MongoDB under the tenant's lease).
+   */
+  insert(connection: ConnectionRecord, cap?: { maxHeld: number }): Promise<boolean | 'over-cap'>;
   get(tenantId: string, id: string): Promise<ConnectionRecord | null>;
-  /** Oldest first, optionally of one provider. */
-  list(tenantId: string, provider?: ConnectionProvider): Promise<ConnectionRecord[]>;
+  /** The tenant's connection of that name (names are the tenant's own, whatever the provider); null when none. */
+  getByName(tenantId: string, name: string): Promise<ConnectionRecord | null>;
+  /** Oldest first, optionally of one provider; at most `limit` (a run takes one, and needs to know only whether there are more). */
+  list(tenantId: string, provider?: ConnectionProvider, limit?: number): Promise<ConnectionRecord[]>;
+  /** A page of the tenant's connections, oldest first, optionally of one provider. */
+  page(tenantId: string, q: ConnectionQuery): Promise<Page<ConnectionRecord>>;
   /**
    * The connection as it is now; null when the tenant has none of that id, or when `when` is given and the
    * stored credential or base URL is no longer the one it names (nothing is written then); 'name-taken' when a
@@ -252,6 +262,10 @@ export interface NotificationEndpointRepo {
   addFailure(tenantId: string, id: string, at: string): Promise<NotificationEndpoint | null>;
   /** Disables the endpoint only while it is enabled: the endpoint, or null when it was not (of two that race, one wins). */
   disable(tenantId: string, id: string, reason: string, at: string): Promise<NotificationEndpoint | null>;
+  /**
+   * Deletes the endpoint and every delivery of it (each keeps its event's payload): on SQLite in one transaction,
+   * on MongoDB the deliveries right after the endpoint. true when there was one to delete.
+   */
   delete(tenantId: string, id: string): Promise<boolean>;
 }
 
@@ -268,6 +282,8 @@ export interface NotificationDeliveryRepo {
    * updated_at, then id); `after` (the last delivery of the page before) pages on.
    */
   listStalePending(updatedBefore: string, limit: number, after?: Pick<NotificationDelivery, 'updated_at' | 'id'>): Promise<NotificationDelivery[]>;
+  /** System use (the reconciler): deletes at most `limit` ended deliveries (not pending) of every tenant last changed before a time; how many went. */
+  prune(updatedBefore: string, limit: number): Promise<number>;
 }
 
 export type DeliveryQuery = { kind?: WebhookProvider; status?: DeliveryStatus; limit: number; cursor?: string };

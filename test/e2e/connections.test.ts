@@ -281,6 +281,47 @@ describe('connections', function () {
     for (const text of [JSON.stringify(tested.body), h.logs.join('')]) expect(text).not.to.contain('abcdefgh');
   });
 
+  it('masks a short SMTP password an AUTH LOGIN server echoes in base64, in the test’s answer and in last_test', async () => {
+    // a server that offers AUTH LOGIN and quotes the password line it was sent in its refusal
+    const echoing = net.createServer((socket) => {
+      let step = 'greeted';
+      socket.write('220 mail.acme.test ESMTP\r\n');
+      socket.on('data', (chunk) => {
+        for (const line of chunk.toString('latin1').split('\r\n').filter(Boolean)) {
+          if (/^(EHLO|HELO)/i.test(line)) socket.write('250-mail.acme.test\r\n250 AUTH LOGIN\r\n');
+          else if (/^AUTH LOGIN/i.test(line)) ((step = 'user'), socket.write('334 VXNlcm5hbWU6\r\n'));
+          else if (step === 'user') ((step = 'password'), socket.write('334 UGFzc3dvcmQ6\r\n'));
+          else if (step === 'password') ((step = 'done'), socket.write(`535 5.7.8 Authentication failed for ${line}\r\n`));
+          else if (/^QUIT/i.test(line)) socket.end('221 bye\r\n');
+          else socket.write('502 no\r\n');
+        }
+      });
+      socket.on('error', () => undefined);
+    });
+    await new Promise<void>((r) => echoing.listen(0, '127.0.0.1', r));
+    try {
+      for (const password of ['hunter2', 'Tr0ub4dor!']) {
+        const made = await create({
+          provider: 'email',
+          name: `smtp-echo-${password.length}`,
+          base_url: `smtp://127.0.0.1:${(echoing.address() as AddressInfo).port}`,
+          credential: password,
+          settings: { username: 'bot', from: 'bot@acme.test' },
+        });
+        expect(made.status, made.text).to.equal(201);
+        const tested = await h.call<Body>('POST', `/api/v1/connections/${made.body.id}/test`);
+        expect(tested.body.error?.code, tested.text).to.equal('provider-auth-failed');
+        const kept = await h.call<Body>('GET', `/api/v1/connections/${made.body.id}`);
+        for (const text of [tested.text, kept.text]) {
+          expect(text, password).to.contain('Authentication failed for [credential]');
+          expect(text, password).not.to.contain(Buffer.from(password).toString('base64').replace(/=+$/, ''));
+        }
+      }
+    } finally {
+      echoing.close();
+    }
+  });
+
   it('tries a 5xx and a 429 again as Retry-After says', async () => {
     const gh = (await h.call<Body>('GET', '/api/v1/connections?provider=codehost')).body.data.find((c: Body) => c.name === 'github');
     const slack = (await h.call<Body>('GET', '/api/v1/connections?provider=chat')).body.data.find((c: Body) => c.name === 'slack');
@@ -390,6 +431,42 @@ describe('connections', function () {
     expect((await h.call<Body>('GET', '/api/v1/connections', { key: KEYS.b })).body.data).to.deep.equal([]);
     expect((await h.call<Body>('GET', `/api/v1/connections/${mine.id}`)).body.name).to.equal(mine.name);
     expect((await h.call('GET', '/api/v1/connections/con_nope')).status).to.equal(400);
+  });
+
+  it('holds a tenant to SERVICE_TENANT_MAX_CONNECTIONS with 409, and lists its connections a page at a time', async () => {
+    const capped = await startHarness({ workers: false, env: { SERVICE_HTTP_ALLOW_PRIVATE: '1', SERVICE_TENANT_MAX_CONNECTIONS: '3' } });
+    try {
+      const add = (name: string, provider = 'codehost') =>
+        capped.call<Body>('POST', '/api/v1/connections', { body: { provider, name, base_url: fake.github, credential: FAKE_TOKEN } });
+      for (const name of ['one', 'two', 'three']) expect((await add(name, name === 'two' ? 'chat' : 'codehost')).status).to.equal(201);
+      const over = await add('four');
+      expect(over.status, over.text).to.equal(409);
+      expect(over.body.code).to.equal('conflict');
+      expect(over.body.detail).to.contain('SERVICE_TENANT_MAX_CONNECTIONS');
+      expect(
+        (await capped.call<Body>('POST', '/api/v1/connections', { key: KEYS.b, body: { provider: 'codehost', name: 'four', credential: FAKE_TOKEN } })).status,
+        'another tenant has its own count',
+      ).to.equal(201);
+      const first = await capped.call<Body>('GET', '/api/v1/connections?limit=2');
+      expect(first.status, first.text).to.equal(200);
+      expect(first.body.data.map((c: Body) => c.name)).to.deep.equal(['one', 'two']);
+      const second = await capped.call<Body>('GET', `/api/v1/connections?limit=2&cursor=${first.body.next_cursor}`);
+      expect(second.body).to.deep.include({ next_cursor: null });
+      expect(second.body.data.map((c: Body) => c.name)).to.deep.equal(['three']);
+      const codehost = await capped.call<Body>('GET', '/api/v1/connections?provider=codehost&limit=1');
+      expect(codehost.body.data.map((c: Body) => c.name)).to.deep.equal(['one']);
+      expect(
+        (await capped.call<Body>('GET', `/api/v1/connections?provider=codehost&limit=1&cursor=${codehost.body.next_cursor}`)).body.data.map(
+          (c: Body) => c.name,
+        ),
+      ).to.deep.equal(['three']);
+      expect((await capped.call<Body>('GET', '/api/v1/connections?limit=101')).status, 'at most 100 a page').to.equal(400);
+      // a removed one is not held
+      expect((await capped.call('DELETE', `/api/v1/connections/${first.body.data[0].id}`)).status).to.equal(204);
+      expect((await add('four')).status).to.equal(201);
+    } finally {
+      await capped.close();
+    }
   });
 
   it('says a credential sealed under another SERVICE_SECRET_KEY is unreadable, not the provider’s fault, and asks no provider', async () => {
@@ -953,6 +1030,82 @@ describe('action tools', function () {
     expect(refused.steps[0].error.code).to.equal('provider-refused');
     const events = await h.rt.events.after(`session:${refused.session_id}`, '0-0');
     expect(events.find((e) => e.type === 'provider.answer')!.data).to.deep.include({ ok: false, answer: null });
+  });
+
+  it('sends an action the provider answered 2xx but the service would not read (encoded) once: it fails as unreadable, not as a 502 tried three times', async () => {
+    // a GitHub Enterprise and a Slack that do what they are asked, then answer gzip although asked for the answer as it is
+    const posts: string[] = [];
+    const encoded = http.createServer((req, res) => {
+      req.resume();
+      req.on('end', () => {
+        posts.push(`${req.method} ${req.url}`);
+        const body = req.url!.startsWith('/slack/') ? { ok: true, channel: 'C1', ts: '1.2' } : { id: 1, html_url: 'https://github.example/c/1' };
+        res.writeHead(req.url!.startsWith('/slack/') ? 200 : 201, { 'content-type': 'application/json', 'content-encoding': 'gzip' });
+        res.end(gzipSync(JSON.stringify(body)));
+      });
+    });
+    await new Promise<void>((r) => encoded.listen(0, '127.0.0.1', r));
+    const base = `http://127.0.0.1:${(encoded.address() as AddressInfo).port}`;
+    try {
+      const add = async (body: Body) => expect((await h.call<Body>('POST', '/api/v1/connections', { body })).status).to.equal(201);
+      await add({ provider: 'codehost', name: 'ghe-gzip', base_url: `${base}/api/v3`, credential: FAKE_TOKEN });
+      await add({ provider: 'chat', name: 'slack-gzip', base_url: `${base}/slack/api/`, credential: FAKE_TOKEN });
+      const commented = await start({
+        tools: ['codehost'],
+        connections: { codehost: 'ghe-gzip' },
+        steps: [{ tool: 'codehost', args: { action: 'comment', repository: 'acme/app', number: 1, body: 'once' } }],
+      });
+      expect(commented.status).to.equal('failed');
+      expect(commented.steps[0].error.code, commented.steps[0].error.message).to.equal('provider-answer-unreadable');
+      expect(commented.steps[0].error.message)
+        .to.match(/answered 201, but its answer could not be read/)
+        .and.match(/came encoded \(gzip\)/);
+      expect(posts, 'one comment made, not three').to.deep.equal(['POST /api/v3/repos/acme/app/issues/1/comments']);
+      const posted = await start({
+        tools: ['chat'],
+        connections: { chat: 'slack-gzip' },
+        steps: [{ tool: 'chat', args: { action: 'post', channel: 'C1', text: 'once' } }],
+      });
+      expect(posted.steps[0].error.code, posted.steps[0].error.message).to.equal('provider-answer-unreadable');
+      expect(
+        posts.filter((p) => p.includes('chat.postMessage')),
+        'one message posted, not three',
+      ).to.have.length(1);
+    } finally {
+      encoded.closeAllConnections();
+      encoded.close();
+    }
+  });
+
+  it('asks a provider again after a 5xx only for an action that lands the same however often it is made; one that makes something only after a 429', async () => {
+    const calls = (provider: string) => fake.requests.filter((r) => r.provider === provider).length;
+    // a comment that may have been made: not made twice
+    let before = calls('github');
+    fake.failNext('github', 503, 3, 0);
+    const comment = await start({
+      tools: ['codehost'],
+      connections: { codehost: 'github' },
+      steps: [{ tool: 'codehost', args: { action: 'comment', repository: 'acme/app', number: 1, body: 'x' } }],
+    });
+    expect(comment.steps[0].error.code).to.equal('provider-error');
+    expect(calls('github') - before, 'a comment after a 503: one call').to.equal(1);
+    fake.failNext('github', 503, 0);
+    // a comment refused with 429 (nothing made): asked again
+    before = calls('github');
+    fake.failNext('github', 429, 1, 0);
+    const limited = await start({
+      tools: ['codehost'],
+      connections: { codehost: 'github' },
+      steps: [{ tool: 'codehost', args: { action: 'comment', repository: 'acme/app', number: 1, body: 'x' } }],
+    });
+    expect(limited.status, JSON.stringify(limited.steps[0].error)).to.equal('succeeded');
+    expect(calls('github') - before).to.equal(2);
+    // a priority set: the same however often, asked again after a 503
+    before = calls('linear');
+    fake.failNext('linear', 503, 1, 0);
+    const priority = await start({ tools: ['tracker'], steps: [{ tool: 'tracker', args: { action: 'set_priority', issue_id: 'ISS-1', priority: 1 } }] });
+    expect(priority.status, JSON.stringify(priority.steps[0].error)).to.equal('succeeded');
+    expect(calls('linear') - before).to.equal(2);
   });
 
   it('refuses as an action what every object inherits (constructor answered the connection’s access, its credential in clear)', async () => {

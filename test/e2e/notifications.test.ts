@@ -253,6 +253,23 @@ describe('outbound notifications', function () {
     expect(await h.rt.engine.notifications.reconcile(), 'nothing left to repair').to.deep.equal({ requeued: 0, retried: 0, errors: 0 });
   });
 
+  it('deletes a removed endpoint’s deliveries with it, and the reconciler deletes ended deliveries kept past SERVICE_NOTIFICATION_DELIVERIES_KEPT_DAYS (30)', async () => {
+    const made = await endpoint({ url: `${receiver.url}/kept`, event_types: ['run.finished'] });
+    const gone = await endpoint({ url: `${receiver.url}/gone`, event_types: ['run.finished'] });
+    const ids = (n: number) => Array.from({ length: n }, () => newId('ntf'));
+    const [expired, recent] = ids(2) as [string, string];
+    const [ofGone] = ids(1) as [string];
+    const longAgo = new Date(Date.now() - 31 * 86_400_000).toISOString();
+    await storeDelivery(expired, made.endpoint.id, 'run_old', longAgo, { status: 'succeeded', attempts: [] });
+    await storeDelivery(recent, made.endpoint.id, 'run_recent', new Date(Date.now() - 29 * 86_400_000).toISOString(), { status: 'failed', attempts: [] });
+    await storeDelivery(ofGone, gone.endpoint.id, 'run_gone', new Date().toISOString(), { status: 'succeeded', attempts: [] });
+    expect((await h.call('DELETE', `/api/v1/notification-endpoints/${gone.endpoint.id}`)).status).to.equal(204);
+    expect(await h.rt.store.notificationDeliveries.get('tenant-a', ofGone), 'the removed endpoint’s delivery').to.equal(null);
+    await h.rt.engine.notifications.reconcile();
+    expect(await h.rt.store.notificationDeliveries.get('tenant-a', expired), 'ended 31 days ago').to.equal(null);
+    expect(await h.rt.store.notificationDeliveries.get('tenant-a', recent), 'ended 29 days ago').to.not.equal(null);
+  });
+
   it('stores every delivery of an event before queueing any: a queue that refuses one job loses no delivery and keeps none of the others from being sent', async () => {
     const made = await Promise.all(['/q1', '/q2', '/q3'].map((p) => endpoint({ url: `${receiver.url}${p}`, event_types: ['run.finished'] })));
     const queue = h.rt.queues.get('notifications');

@@ -159,6 +159,25 @@ export function endpointFixture(tenantId: string, over: Partial<NotificationEndp
   };
 }
 
+export function connectionFixture(tenantId: string, over: Partial<ConnectionRecord> = {}): ConnectionRecord {
+  const now = new Date().toISOString();
+  const id = newId('con');
+  return {
+    id,
+    tenant_id: tenantId,
+    provider: 'codehost',
+    name: `github-${id}`,
+    base_url: null,
+    settings: {},
+    sealed: { v: 1, iv: 'aXY=', tag: 'dGFn', ct: 'Y3Q=' },
+    created_at: now,
+    updated_at: now,
+    last_used_at: null,
+    last_test: null,
+    ...over,
+  };
+}
+
 /**
  * What `racing` answers, read by `read` again and again until it has: what a reader can see while writes
  * race. Each read waits for the event loop's next turn, so writes that go there (SQLite's commits) go on.
@@ -843,6 +862,56 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect(await store.connections.get('t1', a.id)).to.equal(null);
     });
 
+    it('pages a tenant’s connections oldest first by provider, finds one by name, and takes only a named count', async () => {
+      const made = [
+        connectionFixture('t1'),
+        connectionFixture('t1', { provider: 'chat' }),
+        connectionFixture('t1'),
+        connectionFixture('t1', { provider: 'chat' }),
+        connectionFixture('t1'),
+      ];
+      for (const c of made) expect(await store.connections.insert(c)).to.equal(true);
+      await store.connections.insert(connectionFixture('t2'));
+      const first = await store.connections.page('t1', { limit: 2 });
+      expect(first.items.map((c) => c.id)).to.deep.equal([made[0]!.id, made[1]!.id]);
+      const second = await store.connections.page('t1', { limit: 2, cursor: first.next_cursor! });
+      expect(second.items.map((c) => c.id)).to.deep.equal([made[2]!.id, made[3]!.id]);
+      const last = await store.connections.page('t1', { limit: 2, cursor: second.next_cursor! });
+      expect(last).to.deep.equal({ items: [made[4]], next_cursor: null });
+      const chat = await store.connections.page('t1', { provider: 'chat', limit: 1 });
+      expect(chat.items.map((c) => c.id)).to.deep.equal([made[1]!.id]);
+      expect((await store.connections.page('t1', { provider: 'chat', limit: 1, cursor: chat.next_cursor! })).items.map((c) => c.id)).to.deep.equal([
+        made[3]!.id,
+      ]);
+      expect((await store.connections.list('t1', 'codehost', 2)).map((c) => c.id)).to.deep.equal([made[0]!.id, made[2]!.id]);
+      expect(await store.connections.getByName('t1', made[1]!.name)).to.deep.equal(made[1]);
+      expect(await store.connections.getByName('t2', made[1]!.name), 'another tenant’s').to.equal(null);
+    });
+
+    it('inserts a connection under a cap on the tenant’s connections and stores nothing over it; a taken name is still false', async () => {
+      const cap = { maxHeld: 2 };
+      const a = connectionFixture('t1');
+      expect(await store.connections.insert(a, cap)).to.equal(true);
+      expect(await store.connections.insert(connectionFixture('t1', { name: a.name }), cap), 'a taken name').to.equal(false);
+      expect(await store.connections.insert(connectionFixture('t1', { provider: 'email' }), cap)).to.equal(true);
+      const over = connectionFixture('t1');
+      expect(await store.connections.insert(over, cap)).to.equal('over-cap');
+      expect(await store.connections.get('t1', over.id)).to.equal(null);
+      expect(await store.connections.insert(connectionFixture('t2'), cap), 'another tenant has its own count').to.equal(true);
+      expect(await store.connections.delete('t1', a.id)).to.equal(true);
+      expect(await store.connections.insert(connectionFixture('t1'), cap), 'a removed one is not held').to.equal(true);
+    });
+
+    racingCap(() => store, {
+      what: 'a connection',
+      make: (tenantId) => connectionFixture(tenantId),
+      insert: async (st, c, max) => ((await st.connections.insert(c, { maxHeld: max })) === 'over-cap' ? 'over-cap' : 'inserted'),
+      get: (st, c) => st.connections.get(c.tenant_id, c.id),
+      count: async (st, tenantId) => (await st.connections.list(tenantId)).length,
+      seen: async (st, tenantId) => (await st.connections.list(tenantId)).map((c) => c.id),
+      again: (c) => ({ ...c, name: `${c.name}-again` }),
+    });
+
     it('keeps notification endpoints per tenant, counts failures atomically, and pages an endpoint’s deliveries newest first', async () => {
       const now = new Date().toISOString();
       const e: NotificationEndpoint = {
@@ -910,6 +979,48 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect(await store.notificationDeliveries.listStalePending(later, 10, rest.at(-1))).to.deep.equal([]);
       expect(await store.notificationEndpoints.delete('t2', e.id)).to.equal(false);
       expect(await store.notificationEndpoints.delete('t1', e.id)).to.equal(true);
+    });
+
+    it('deletes an endpoint’s deliveries with it, and prunes ended deliveries of every tenant last changed before a time, a page at a time', async () => {
+      const old = '2026-01-01T00:00:00.000Z';
+      const recent = '2026-03-01T00:00:00.000Z';
+      const delivery = (e: NotificationEndpoint, over: Partial<NotificationDelivery>): NotificationDelivery => ({
+        id: newId('ntf'),
+        tenant_id: e.tenant_id,
+        endpoint_id: e.id,
+        event_type: 'run.finished',
+        payload: { type: 'run.finished', data: { secret: 'payload' } },
+        status: 'succeeded',
+        attempts: [],
+        replays: 0,
+        created_at: old,
+        updated_at: old,
+        ...over,
+      });
+      const kept = endpointFixture('t1');
+      const removed = endpointFixture('t1');
+      for (const e of [kept, removed]) await store.notificationEndpoints.insert(e);
+      const ofRemoved = [delivery(removed, { status: 'pending' }), delivery(removed, { updated_at: recent })];
+      for (const d of ofRemoved) await store.notificationDeliveries.insert(d);
+      expect(await store.notificationEndpoints.delete('t2', removed.id), 'another tenant’s').to.equal(false);
+      expect((await store.notificationDeliveries.list('t1', removed.id, { limit: 10 })).items).to.have.length(2);
+      expect(await store.notificationEndpoints.delete('t1', removed.id)).to.equal(true);
+      for (const d of ofRemoved) expect(await store.notificationDeliveries.get('t1', d.id), 'a removed endpoint’s delivery').to.equal(null);
+      expect((await store.notificationDeliveries.list('t1', removed.id, { limit: 10 })).items).to.deep.equal([]);
+
+      const other = endpointFixture('t2');
+      await store.notificationEndpoints.insert(other);
+      const expired = [delivery(kept, { status: 'succeeded' }), delivery(kept, { status: 'failed' }), delivery(other, { status: 'failed' })];
+      const pending = delivery(kept, { status: 'pending' });
+      const fresh = delivery(kept, { status: 'succeeded', updated_at: recent });
+      for (const d of [...expired, pending, fresh]) await store.notificationDeliveries.insert(d);
+      const before = '2026-02-01T00:00:00.000Z';
+      expect(await store.notificationDeliveries.prune(before, 2), 'a page').to.equal(2);
+      expect(await store.notificationDeliveries.prune(before, 2), 'the rest').to.equal(1);
+      expect(await store.notificationDeliveries.prune(before, 2)).to.equal(0);
+      for (const d of expired) expect(await store.notificationDeliveries.get(d.tenant_id, d.id), d.status).to.equal(null);
+      expect(await store.notificationDeliveries.get('t1', pending.id), 'a pending one, however old').to.deep.equal(pending);
+      expect(await store.notificationDeliveries.get('t1', fresh.id), 'one changed since').to.deep.equal(fresh);
     });
 
     it('inserts a notification endpoint under a cap on the tenant’s endpoints, disabled ones too, and stores nothing over it', async () => {

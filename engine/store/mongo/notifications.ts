@@ -14,7 +14,11 @@ export const notificationDeliverySchema = new Schema(
 notificationDeliverySchema.index({ tenant_id: 1, endpoint_id: 1, _id: -1 });
 notificationDeliverySchema.index({ status: 1, updated_at: 1, _id: 1 });
 
-export function notificationEndpointRepo(model: Model<Stored<NotificationEndpoint>>, leases: Leases): NotificationEndpointRepo {
+export function notificationEndpointRepo(
+  model: Model<Stored<NotificationEndpoint>>,
+  leases: Leases,
+  deliveries: Model<Stored<NotificationDelivery>>,
+): NotificationEndpointRepo {
   return {
     async insert(e, cap) {
       const insert = () => insertOneOrNone(model, e);
@@ -57,7 +61,10 @@ export function notificationEndpointRepo(model: Model<Stored<NotificationEndpoin
       );
     },
     async delete(tenantId, id) {
-      return (await model.deleteOne({ _id: id, tenant_id: tenantId })).deletedCount === 1;
+      if ((await model.deleteOne({ _id: id, tenant_id: tenantId })).deletedCount !== 1) return false;
+      // its deliveries right after (no transaction here): none is left behind with its event's payload
+      await deliveries.deleteMany({ tenant_id: tenantId, endpoint_id: id });
+      return true;
     },
   };
 }
@@ -95,6 +102,12 @@ export function notificationDeliveryRepo(model: Model<Stored<NotificationDeliver
         .limit(limit)
         .lean<Stored<NotificationDelivery>[]>();
       return rows.map((r) => fromStored(r)!);
+    },
+    async prune(updatedBefore, limit) {
+      const ended = { status: { $in: ['succeeded', 'failed'] as NotificationDelivery['status'][] }, updated_at: { $lt: updatedBefore } };
+      const old = await model.find(ended, { _id: 1 }).limit(limit).lean<{ _id: string }[]>();
+      if (!old.length) return 0;
+      return (await model.deleteMany({ _id: { $in: old.map((d) => d._id) }, ...ended })).deletedCount;
     },
   };
 }

@@ -1,15 +1,19 @@
 // A tenant's connections: one row each, the sealed credential inside the document.
 import { groupCommit, type Db } from './db.js';
 import type { ConnectionRecord } from '../../platform/index.js';
-import type { ConnectionChanges, ConnectionRepo, ConnectionState } from '../port.js';
+import { decodeCursor, toPage, type ConnectionChanges, type ConnectionRepo, type ConnectionState } from '../port.js';
 
 const isUniqueViolation = (err: unknown) => (err as { code?: string }).code === 'SQLITE_CONSTRAINT_UNIQUE';
 
 export function connectionRepo(db: Db): ConnectionRepo {
   const insert = db.prepare('INSERT INTO connections (id, tenant_id, provider, name, doc) VALUES (?, ?, ?, ?, ?)');
   const one = db.prepare<[string, string], { doc: string }>('SELECT doc FROM connections WHERE tenant_id = ? AND id = ?');
-  const byTenant = db.prepare<[string], { doc: string }>('SELECT doc FROM connections WHERE tenant_id = ? ORDER BY id');
-  const byProvider = db.prepare<[string, string], { doc: string }>('SELECT doc FROM connections WHERE tenant_id = ? AND provider = ? ORDER BY id');
+  const byName = db.prepare<[string, string], { doc: string }>('SELECT doc FROM connections WHERE tenant_id = ? AND name = ?');
+  const byTenant = db.prepare<[string, string, number], { doc: string }>('SELECT doc FROM connections WHERE tenant_id = ? AND id > ? ORDER BY id LIMIT ?');
+  const byProvider = db.prepare<[string, string, string, number], { doc: string }>(
+    'SELECT doc FROM connections WHERE tenant_id = ? AND provider = ? AND id > ? ORDER BY id LIMIT ?',
+  );
+  const held = db.prepare<[string], { n: number }>('SELECT COUNT(*) AS n FROM connections WHERE tenant_id = ?');
   const write = db.prepare('UPDATE connections SET name = ?, doc = ? WHERE tenant_id = ? AND id = ?');
   const remove = db.prepare('DELETE FROM connections WHERE tenant_id = ? AND id = ?');
   const commit = groupCommit(db);
@@ -23,10 +27,14 @@ export function connectionRepo(db: Db): ConnectionRepo {
     return next;
   };
   const parse = (r: { doc: string }) => JSON.parse(r.doc) as ConnectionRecord;
+  const rows = (tenantId: string, provider: string | undefined, after: string, limit: number) =>
+    (provider ? byProvider.all(tenantId, provider, after, limit) : byTenant.all(tenantId, after, limit)).map(parse);
   return {
-    async insert(c) {
+    async insert(c, cap) {
       // a failed statement undoes only itself: the rest of the group commit's transaction stands
       return commit(() => {
+        // read inside the write's IMMEDIATE transaction: no other write, of this process or another, comes between
+        if (cap && (held.get(c.tenant_id)?.n ?? 0) >= cap.maxHeld) return 'over-cap' as const;
         try {
           insert.run(c.id, c.tenant_id, c.provider, c.name, JSON.stringify(c));
           return true;
@@ -40,8 +48,15 @@ export function connectionRepo(db: Db): ConnectionRepo {
       const row = one.get(tenantId, id);
       return row ? parse(row) : null;
     },
-    async list(tenantId, provider) {
-      return (provider ? byProvider.all(tenantId, provider) : byTenant.all(tenantId)).map(parse);
+    async getByName(tenantId, name) {
+      const row = byName.get(tenantId, name);
+      return row ? parse(row) : null;
+    },
+    async list(tenantId, provider, limit = -1) {
+      return rows(tenantId, provider, '', limit);
+    },
+    async page(tenantId, q) {
+      return toPage(rows(tenantId, q.provider, decodeCursor(q.cursor) ?? '', q.limit + 1), q.limit);
     },
     async update(tenantId, id, changes, when) {
       return commit(() => {

@@ -10,6 +10,7 @@ export function notificationEndpointRepo(db: Db): NotificationEndpointRepo {
   const held = db.prepare<[string], { n: number }>('SELECT COUNT(*) AS n FROM notification_endpoints WHERE tenant_id = ?');
   const write = db.prepare('UPDATE notification_endpoints SET doc = ? WHERE tenant_id = ? AND id = ?');
   const remove = db.prepare('DELETE FROM notification_endpoints WHERE tenant_id = ? AND id = ?');
+  const removeDeliveries = db.prepare('DELETE FROM notification_deliveries WHERE tenant_id = ? AND endpoint_id = ?');
   const parse = (r: { doc: string } | undefined) => (r ? (JSON.parse(r.doc) as NotificationEndpoint) : null);
   const commit = groupCommit(db);
   const change = (tenantId: string, id: string, apply: (e: NotificationEndpoint) => Partial<NotificationEndpoint>) => {
@@ -51,7 +52,12 @@ export function notificationEndpointRepo(db: Db): NotificationEndpointRepo {
       return commit(() => disable(tenantId, id, reason, at));
     },
     async delete(tenantId, id) {
-      return commit(() => remove.run(tenantId, id).changes === 1);
+      // its deliveries in the same transaction: none is left behind with its event's payload
+      return commit(() => {
+        if (remove.run(tenantId, id).changes !== 1) return false;
+        removeDeliveries.run(tenantId, id);
+        return true;
+      });
     },
   };
 }
@@ -67,6 +73,11 @@ export function notificationDeliveryRepo(db: Db): NotificationDeliveryRepo {
   const stale = db.prepare<[string, string, string, number], { doc: string }>(
     `SELECT doc FROM notification_deliveries WHERE json_extract(doc, '$.status') = 'pending' AND json_extract(doc, '$.updated_at') < ?
      AND (json_extract(doc, '$.updated_at'), id) > (?, ?) ORDER BY json_extract(doc, '$.updated_at'), id LIMIT ?`,
+  );
+  // the index's expressions word for word as well; ended: every status but pending
+  const prune = db.prepare(
+    `DELETE FROM notification_deliveries WHERE id IN (SELECT id FROM notification_deliveries
+     WHERE json_extract(doc, '$.status') IN ('succeeded', 'failed') AND json_extract(doc, '$.updated_at') < ? LIMIT ?)`,
   );
   const parse = (r: { doc: string } | undefined) => (r ? (JSON.parse(r.doc) as NotificationDelivery) : null);
   const commit = groupCommit(db);
@@ -93,6 +104,9 @@ export function notificationDeliveryRepo(db: Db): NotificationDeliveryRepo {
     },
     async listStalePending(updatedBefore, limit, after) {
       return stale.all(updatedBefore, after?.updated_at ?? '', after?.id ?? '', limit).map((r) => parse(r)!);
+    },
+    async prune(updatedBefore, limit) {
+      return commit(() => prune.run(updatedBefore, limit).changes);
     },
   };
 }
