@@ -10,6 +10,22 @@ import { publicKeyFromText } from '../engine/evidence/keys.js';
 
 export type ApiKeySeed = { tenantId: string; key: string };
 
+export type NotifyConfig = {
+  /** tries of one delivery, the first included */
+  attempts: number;
+  /** the first wait between tries; each next one doubles */
+  backoffMs: number;
+  /** deliveries failed for good in a row that disable an endpoint */
+  disableAfter: number;
+  timeoutMs: number;
+  /** tries of one tenant's deliveries in flight at once, over every process: endpoints that never answer hold no more */
+  tenantConcurrency: number;
+  /** endpoints a tenant keeps: each event of the tenant is one stored delivery and one job per endpoint, made in its append */
+  maxEndpoints: number;
+  /** days an ended delivery (its event's payload with it) is kept after its last try (SERVICE_NOTIFICATION_DELIVERIES_KEPT_DAYS) */
+  deliveriesKeptDays: number;
+};
+
 export type Config = {
   nodeEnv: string;
   isProduction: boolean;
@@ -53,17 +69,8 @@ export type Config = {
   webhookReplayWindowSeconds: number;
   /** webhook requests one tenant may send per minute, over all kinds; more answer 429 */
   webhookRateLimitPerMinute: number;
-  /** outbound notifications (SERVICE_NOTIFY_*): tries of a delivery, the first wait between them, failed deliveries in a row that disable an endpoint, a try's timeout, a tenant's tries in flight */
-  notify: {
-    attempts: number;
-    backoffMs: number;
-    disableAfter: number;
-    timeoutMs: number;
-    tenantConcurrency: number;
-    maxEndpoints: number;
-    /** days an ended notification delivery is kept (SERVICE_NOTIFICATION_DELIVERIES_KEPT_DAYS) */
-    deliveriesKeptDays: number;
-  };
+  /** outbound notifications (SERVICE_NOTIFY_*, SERVICE_NOTIFICATION_*) */
+  notify: NotifyConfig;
   /** /api/v1 requests a minute: per tenant (SERVICE_API_RATE_LIMIT_PER_MINUTE) and per key (SERVICE_API_KEY_RATE_LIMIT_PER_MINUTE, default the same) */
   apiRateLimit: { perTenantPerMinute: number; perKeyPerMinute: number };
   /** people's sign-in (SERVICE_OIDC_*); null: API keys only */

@@ -29,25 +29,11 @@ import {
   type Redis,
   type ServiceEvent,
 } from '../platform/index.js';
+import type { NotifyConfig } from '../../config/env.js';
 import type { Platform } from '../deps.js';
 import type { NotificationEndpointChanges, Page } from '../store/index.js';
 
-export type NotificationSettings = {
-  httpAllowPrivate: boolean;
-  /** tries of one delivery, the first included */
-  attempts: number;
-  /** the first wait between tries; each next one doubles */
-  backoffMs: number;
-  /** deliveries failed for good in a row that disable an endpoint */
-  disableAfter: number;
-  timeoutMs: number;
-  /** tries of one tenant's deliveries in flight at once, over every process: endpoints that never answer hold no more */
-  tenantConcurrency: number;
-  /** endpoints a tenant keeps: each event of the tenant is one stored delivery and one job per endpoint, made in its append */
-  maxEndpoints: number;
-  /** days an ended delivery (its event's payload with it) is kept after its last try (SERVICE_NOTIFICATION_DELIVERIES_KEPT_DAYS) */
-  deliveriesKeptDays: number;
-};
+export type NotificationSettings = NotifyConfig & { httpAllowPrivate: boolean };
 
 export type EndpointInput = { url: string; description?: string | null; event_types: string[] };
 export type EndpointPatch = Partial<EndpointInput> & { status?: 'enabled' | 'disabled' };

@@ -260,6 +260,46 @@ function racingCap<T extends { id: string; tenant_id: string }>(storeOf: () => S
 }
 
 /** A ledger entry of `kind` about `subject`, chained to `prev` (hashes and signature stand-ins: the store checks neither). */
+/** A running gate run of a workspace, with no results yet (the contract's gate-run tests). */
+export function gateRunFixture(tenantId: string, workspace: string) {
+  return {
+    id: newId('grn'),
+    tenant_id: tenantId,
+    workspace,
+    status: 'running' as const,
+    source: 'gates.yaml',
+    gates: ['test', 'lint'],
+    trigger: { type: 'api' as const },
+    subject: { workspace, commit: null, tree: null, dirty: null },
+    results: [],
+    ledger: null,
+    created_at: new Date().toISOString(),
+    finished_at: null,
+  };
+}
+
+/** A gate's result at `at`, of a workspace outside a repository. */
+export function gateResultFixture(gate: string, workspace: string, at: string, conclusion: 'success' | 'failure') {
+  return {
+    gate_id: gate,
+    name: gate,
+    required: true,
+    conclusion,
+    summary: '',
+    exit_code: conclusion === 'success' ? 0 : 1,
+    duration_ms: 1,
+    output_tail: '',
+    annotations: [],
+    subject: { workspace, commit: null, tree: null, dirty: null },
+    input_digest: 'sha256:i',
+    definition_digest: 'sha256:d',
+    tool_versions: {},
+    artifacts: [],
+    started_at: at,
+    finished_at: at,
+  };
+}
+
 export function ledgerEntryFixture(tenantId: string, seq: number, prev: string, kind: string, subject: Record<string, string>) {
   return {
     tenant_id: tenantId,
@@ -816,20 +856,7 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
 
     it('keeps connections per tenant with one name each, lists them by provider, renames only to a free name, deletes per tenant', async () => {
       const now = new Date().toISOString();
-      const con = (tenant: string, over: Partial<ConnectionRecord> = {}): ConnectionRecord => ({
-        id: newId('con'),
-        tenant_id: tenant,
-        provider: 'codehost',
-        name: 'github',
-        base_url: null,
-        settings: {},
-        sealed: { v: 1, iv: 'aXY=', tag: 'dGFn', ct: 'Y3Q=' },
-        created_at: now,
-        updated_at: now,
-        last_used_at: null,
-        last_test: null,
-        ...over,
-      });
+      const con = (tenant: string, over: Partial<ConnectionRecord> = {}): ConnectionRecord => connectionFixture(tenant, { name: 'github', ...over });
       const a = con('t1');
       const b = con('t1', { provider: 'email', name: 'smtp', base_url: 'smtp://mail.example.com:587', settings: { username: 'u', from: 'bot@example.com' } });
       expect(await store.connections.insert(a)).to.equal(true);
@@ -1618,39 +1645,8 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
     });
 
     it('keeps gate runs per tenant with their results; the latest result of each gate of a workspace; conditional updates', async () => {
-      const subject = (workspace: string) => ({ workspace, commit: null, tree: null, dirty: null });
-      const gateRun = (tenantId: string, workspace: string) => ({
-        id: newId('grn'),
-        tenant_id: tenantId,
-        workspace,
-        status: 'running' as const,
-        source: 'gates.yaml',
-        gates: ['test', 'lint'],
-        trigger: { type: 'api' as const },
-        subject: subject(workspace),
-        results: [],
-        ledger: null,
-        created_at: new Date().toISOString(),
-        finished_at: null,
-      });
-      const result = (gate: string, workspace: string, at: string, conclusion: 'success' | 'failure') => ({
-        gate_id: gate,
-        name: gate,
-        required: true,
-        conclusion,
-        summary: '',
-        exit_code: conclusion === 'success' ? 0 : 1,
-        duration_ms: 1,
-        output_tail: '',
-        annotations: [],
-        subject: subject(workspace),
-        input_digest: 'sha256:i',
-        definition_digest: 'sha256:d',
-        tool_versions: {},
-        artifacts: [],
-        started_at: at,
-        finished_at: at,
-      });
+      const gateRun = gateRunFixture;
+      const result = gateResultFixture;
       const first = gateRun('t1', 'app');
       const second = gateRun('t1', 'app');
       const other = gateRun('t1', 'lib');
@@ -1713,38 +1709,8 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
 
     it('takes each gate’s latest result only from a sealed gate run: not from one canceled after its gate reported, nor one still running', async () => {
       const at = (s: number) => `2026-01-01T00:00:0${s}.000Z`;
-      const gateRun = (id: string) => ({
-        id,
-        tenant_id: 't1',
-        workspace: 'sealed-only',
-        status: 'running' as const,
-        source: 'gates.yaml',
-        gates: ['test', 'lint', 'build'],
-        trigger: { type: 'api' as const },
-        subject: { workspace: 'sealed-only', commit: null, tree: null, dirty: null },
-        results: [],
-        ledger: null,
-        created_at: new Date().toISOString(),
-        finished_at: null,
-      });
-      const result = (gate: string, finishedAt: string, conclusion: 'success' | 'failure') => ({
-        gate_id: gate,
-        name: gate,
-        required: true,
-        conclusion,
-        summary: '',
-        exit_code: conclusion === 'success' ? 0 : 1,
-        duration_ms: 1,
-        output_tail: '',
-        annotations: [],
-        subject: { workspace: 'sealed-only', commit: null, tree: null, dirty: null },
-        input_digest: 'sha256:i',
-        definition_digest: 'sha256:d',
-        tool_versions: {},
-        artifacts: [],
-        started_at: finishedAt,
-        finished_at: finishedAt,
-      });
+      const gateRun = (id: string) => ({ ...gateRunFixture('t1', 'sealed-only'), id, gates: ['test', 'lint', 'build'] });
+      const result = (gate: string, finishedAt: string, conclusion: 'success' | 'failure') => gateResultFixture(gate, 'sealed-only', finishedAt, conclusion);
       const [succeeded, failed, canceled, running] = ['grn_sealed_1', 'grn_sealed_2', 'grn_sealed_3', 'grn_sealed_4'];
       for (const id of [succeeded, failed, canceled, running]) await store.gateRuns.insert(gateRun(id));
       // each result kept as its gate ends, while its gate run runs
