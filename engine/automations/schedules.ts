@@ -8,7 +8,7 @@
 // store at start-up and by the periodic reconcile.
 import type { Platform } from '../deps.js';
 import { redisBatch, type Automation } from '../platform/index.js';
-import { isCronFire, nextCronFire, prevCronFire } from './triggers.js';
+import { isCronFire, lastCronFire, nextCronFire } from './triggers.js';
 
 /** The job of one fire: which trigger, as it was when the fire was handed over, and its time. */
 export type CronJob = { tenant_id: string; automation_id: string; trigger_index: number; schedule?: string; timezone?: string; fire_at?: string };
@@ -92,10 +92,8 @@ export function schedulesOf(deps: Pick<Platform, 'queues' | 'store' | 'log' | 'r
   function missedFire(a: Automation, i: number, now: Date): number | null {
     const t = a.triggers[i];
     if (t?.type !== 'cron') return null;
-    const last = prevCronFire(t.schedule, t.timezone, now)?.getTime();
-    return last !== undefined && last > Date.parse(a.updated_at) && last >= now.getTime() - MISSED_FIRE_MS && isCronFire(t.schedule, t.timezone, last)
-      ? last
-      : null;
+    const since = Math.max(Date.parse(a.updated_at) + 1, now.getTime() - MISSED_FIRE_MS);
+    return lastCronFire(t.schedule, t.timezone, now, since)?.getTime() ?? null;
   }
 
   /** The triggers of an automation that fire, with their next time (null: it never fires from now). */

@@ -173,16 +173,24 @@ export function nextCronFire(schedule: string, timezone: string | undefined, fro
   return next === null ? null : new Date(next);
 }
 
-/** The last time a cron trigger fired at or before `at`, or null when it did not (or it is not an expression). */
-export function prevCronFire(schedule: string, timezone: string | undefined, at: Date): Date | null {
-  try {
-    return new Date(
-      CronExpressionParser.parse(schedule, { tz: timezone || undefined, currentDate: new Date(at.getTime() + 1) })
-        .prev()
-        .getTime(),
-    );
-  } catch {
-    return null;
+/**
+ * The last time a cron trigger fired at or before `at` and at or after `since`, or null when it did not (or
+ * it is not an expression). Found with nextCronFire, so the clock-change rules hold (cron-parser's own `prev`
+ * in a zone took the day before a spring change's moved fire, the autumn's second pass, and on some change
+ * days gave nothing after seconds of stepping): the first window before `at` that holds a fire, its length
+ * doubled from a minute, is walked to its last fire.
+ */
+export function lastCronFire(schedule: string, timezone: string | undefined, at: Date, since: number): Date | null {
+  const end = at.getTime();
+  for (let window = 60_000; ; window *= 2) {
+    const from = Math.max(since, end - window);
+    let next = nextCronFire(schedule, timezone, new Date(from - 1))?.getTime();
+    if (next !== undefined && next <= end) {
+      let last = next;
+      while ((next = nextCronFire(schedule, timezone, new Date(last))?.getTime()) !== undefined && next <= end) last = next;
+      return new Date(last);
+    }
+    if (from <= since) return null;
   }
 }
 

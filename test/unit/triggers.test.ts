@@ -1,6 +1,6 @@
 import { expect } from 'chai';
 import { CronExpressionParser } from 'cron-parser';
-import { isCronFire, isTimeZone, nextCronFire, validateTriggers } from '../../engine/automations/triggers.js';
+import { isCronFire, isTimeZone, lastCronFire, nextCronFire, validateTriggers } from '../../engine/automations/triggers.js';
 
 describe('engine/triggers', () => {
   it('accepts 5-field and 6-field (seconds first) cron expressions', () => {
@@ -209,5 +209,40 @@ describe('engine/triggers', () => {
     expect(nextCronFire('0 0 * 2 1#5', 'UTC', new Date('2026-01-01T00:00:00Z'))).to.equal(null); // 29 February 2044
     expect(nextCronFire('0 0 * 2 1#5', 'UTC', new Date('2040-01-01T00:00:00Z'))?.toISOString()).to.equal('2044-02-29T00:00:00.000Z');
     expect(nextCronFire('0 0 29 2 *', 'UTC', new Date('2026-01-01T00:00:00Z'))?.toISOString()).to.equal('2028-02-29T00:00:00.000Z');
+  });
+
+  it('finds the last fire before a time by the same clock-change rules as the next (a missed fire recovered after Redis lost the schedule)', () => {
+    const HOURS_12 = 12 * 3600_000;
+    const last = (schedule: string, zone: string, at: string) => {
+      const t = Date.parse(at);
+      const started = Date.now();
+      const found = lastCronFire(schedule, zone, new Date(t), t - HOURS_12)?.toISOString() ?? null;
+      // cron-parser's own prev stepped for up to 3.6 s on some change days, then gave nothing
+      expect(Date.now() - started, `${schedule} ${zone} ${at}`).to.be.below(200);
+      return found;
+    };
+    // the spring change's moved fire (02:30 at 03:30 summer time), not the day before's
+    expect(last('30 2 * * *', 'Europe/Paris', '2026-03-29T01:35:00Z')).to.equal('2026-03-29T01:30:00.000Z');
+    // a midnight the spring change skips fires at 01:00
+    expect(last('0 0 * * *', 'America/Santiago', '2026-09-06T05:00:00Z')).to.equal('2026-09-06T04:00:00.000Z');
+    // the autumn's first pass of a midnight shown twice, not its second
+    expect(last('0 0 * * *', 'America/Havana', '2026-11-01T05:00:00Z')).to.equal('2026-11-01T04:00:00.000Z');
+    // changes of 30 minutes
+    expect(last('15,45 * * * *', 'Australia/Lord_Howe', '2026-04-04T15:00:00Z')).to.equal('2026-04-04T14:45:00.000Z');
+    expect(last('*/30 * * * *', 'Pacific/Chatham', '2026-04-04T14:00:00Z')).to.equal('2026-04-04T13:45:00.000Z');
+    for (const [schedule, zone, at] of [
+      ['30 2 * * *', 'Pacific/Chatham', '2026-09-26T20:00:00Z'],
+      ['0 0 * * *', 'Africa/Cairo', '2026-04-24T06:00:00Z'],
+    ]) {
+      const found = last(schedule!, zone!, at!);
+      expect(found, `${schedule} ${zone}`).to.be.a('string');
+      expect(isCronFire(schedule!, zone, Date.parse(found!))).to.equal(true);
+      expect(nextCronFire(schedule!, zone, new Date(found!))!.getTime()).to.be.above(Date.parse(at!));
+    }
+    // none at or after `since`; a fire exactly at `at` is the last
+    expect(lastCronFire('0 3 * * *', 'UTC', new Date('2026-05-01T02:00:00Z'), Date.parse('2026-04-30T04:00:00Z'))).to.equal(null);
+    expect(lastCronFire('0 3 * * *', 'UTC', new Date('2026-05-01T03:00:00Z'), 0)!.toISOString()).to.equal('2026-05-01T03:00:00.000Z');
+    // a schedule of every minute: the minute itself
+    expect(last('* * * * *', 'Europe/Paris', '2026-06-01T10:00:30Z')).to.equal('2026-06-01T10:00:00.000Z');
   });
 });
