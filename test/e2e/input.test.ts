@@ -74,7 +74,8 @@ describe('bad input', () => {
   it('answers a 400 for a header of the spec given twice (Node joined two Idempotency-Keys into one neither request named), and makes nothing', async () => {
     const send = (path: string, method: string, headers: Record<string, string | string[]>, body?: string) =>
       new Promise<{ status: number; body: any }>((resolve, reject) => {
-        const req = http.request(`${h.url}${path}`, { method, headers: { authorization: `Bearer ${KEYS.a}`, ...headers } }, (res) => {
+        // tenant b's: the other tests of this file count tenant a's runs
+        const req = http.request(`${h.url}${path}`, { method, headers: { authorization: `Bearer ${KEYS.b}`, ...headers } }, (res) => {
           let text = '';
           res.on('data', (d) => (text += d));
           res.on('end', () => resolve({ status: res.statusCode!, body: text.startsWith('{') ? JSON.parse(text) : text }));
@@ -82,7 +83,7 @@ describe('bad input', () => {
         req.on('error', reject);
         req.end(body);
       });
-    const runs = async () => (await h.call('GET', '/api/v1/runs')).body.data.length as number;
+    const runs = async () => (await h.call('GET', '/api/v1/runs', { key: KEYS.b })).body.data.length as number;
     const before = await runs();
     const body = JSON.stringify({ steps: [{ tool: 'message', args: { text: 'x' } }] });
     const twice = await send('/api/v1/autonomy/run', 'POST', { 'content-type': 'application/json', 'idempotency-key': ['k-1', 'k-2'] }, body);
@@ -212,8 +213,9 @@ describe('bad input', () => {
     started = performance.now();
     const res = await h.call('POST', '/api/v1/sessions/ses_00000000000000000000000000/tasks', { raw: tasks, headers: { 'content-type': 'application/json' } });
     // Ajv copying its error list for each error held the event loop 9 s. Against the good body's time, measured
-    // under the same load: about 9 times as long (1.05 s against 0.12 on a slow 2-core machine, alone)
-    expect(performance.now() - started).to.be.below(Math.max(2000, 25 * good));
+    // under the same load: about 9 times as long (1.05 s against 0.12 on a slow 2-core machine, alone; 2.1 s in a
+    // full suite on another, whose good body took less than 0.09 s)
+    expect(performance.now() - started).to.be.below(Math.max(3000, 25 * good));
     await expectProblem(res, 400, 'bad-request');
     expect(res.body.errors).to.have.length(50);
     expect(res.body.errors[0]).to.deep.equal({ path: '/body/tasks/0/depends_on/0', message: 'must be string' });
