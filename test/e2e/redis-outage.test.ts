@@ -6,6 +6,12 @@ import { expect } from 'chai';
 import { eventually, finishedRun, freePort, KEYS, listening, startHarness, type Harness } from '../support/harness.js';
 import * as sign from '../support/signers.js';
 
+/**
+ * How long a request may take while Redis is stopped: its 1.5 s deadline and what the machine adds (run
+ * creation took 2.1 s in a full CI run beside the other time-bound files; without the deadline it waits for Redis).
+ */
+const ANSWERED_WITHIN_MS = 2500;
+
 describe('Redis outage', function () {
   this.timeout(60_000);
   let redis: ChildProcess;
@@ -57,7 +63,7 @@ describe('Redis outage', function () {
     }
   });
 
-  it('answers run creation within 2 s while Redis is stopped: 202 when stored, 503 with Retry-After for an Idempotency-Key; the run then runs', async () => {
+  it('answers run creation within 2.5 s while Redis is stopped: 202 when stored, 503 with Retry-After for an Idempotency-Key; the run then runs', async () => {
     // the same two requests once while Redis answers, so that what is timed below is the outage, not this
     // process's first answer on the route (its request and response validators are compiled on first use)
     for (const headers of [{}, { 'idempotency-key': 'warm-up' }] as Record<string, string>[]) {
@@ -68,14 +74,14 @@ describe('Redis outage', function () {
     try {
       let at = Date.now();
       const accepted = await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'echo after' } }] } });
-      expect(Date.now() - at).to.be.below(2000);
+      expect(Date.now() - at).to.be.below(ANSWERED_WITHIN_MS);
       expect(accepted.status, accepted.text).to.equal(202);
       at = Date.now();
       const keyed = await h.call('POST', '/api/v1/autonomy/run', {
         body: { steps: [{ tool: 'shell', args: { command: 'echo keyed' } }] },
         headers: { 'idempotency-key': 'outage-1' },
       });
-      expect(Date.now() - at).to.be.below(2000);
+      expect(Date.now() - at).to.be.below(ANSWERED_WITHIN_MS);
       expect(keyed.status, keyed.text).to.equal(503);
       expect(keyed.body.code).to.equal('unavailable');
       expect(Number(keyed.headers.get('retry-after'))).to.be.greaterThan(0);
@@ -112,7 +118,7 @@ describe('Redis outage', function () {
     try {
       const at = Date.now();
       res = await post();
-      expect(Date.now() - at).to.be.below(2000);
+      expect(Date.now() - at).to.be.below(ANSWERED_WITHIN_MS);
       expect(res.status).to.equal(200);
       expect(res.headers.get('content-type')).to.contain('text/event-stream');
     } finally {
@@ -196,7 +202,7 @@ describe('Redis outage', function () {
     expect(run.steps[1].output.status).to.equal('completed');
   });
 
-  it('answers the other routes within 2 s while Redis is stopped: sessions and tasks stored, a webhook, an audit and an ended run’s stream 503 with Retry-After; the tasks then run', async () => {
+  it('answers the other routes within 2.5 s while Redis is stopped: sessions and tasks stored, a webhook, an audit and an ended run’s stream 503 with Retry-After; the tasks then run', async () => {
     const secret = 'outage-generic-secret-0123456789';
     expect((await h.call('PUT', '/api/v1/webhook-secrets/generic', { body: { secrets: [secret] } })).status).to.equal(200);
     const warmSession = await h.call<Record<string, any>>('POST', '/api/v1/sessions', { body: { title: 'warm' } });
@@ -226,7 +232,7 @@ describe('Redis outage', function () {
     const timed = async <T>(what: string, call: () => Promise<T>): Promise<T> => {
       const at = Date.now();
       const answer = await call();
-      expect(Date.now() - at, what).to.be.below(2500);
+      expect(Date.now() - at, what).to.be.below(ANSWERED_WITHIN_MS);
       return answer;
     };
     try {
