@@ -94,10 +94,11 @@ describe('files opened in a folder whose path is being swapped for a link', func
     };
     for (const [what, code] of Object.entries(outsideAnswers)) expect(code, what).to.equal('path-outside-workspace');
     // a link that names itself again and again is walked once, to the kernel's bound of links, not without end
+    // (without end is for good: 1.2 s was seen under a full suite's load on a slow machine)
     await fs.symlink(Array(40).fill('loop').join('/'), path.join(ws, 'loop'));
     const t0 = performance.now();
     expect(await answer(readFileTool.execute({ path: 'loop/x' }, ctx))).to.be.a('string');
-    expect(performance.now() - t0, 'ms to answer a self-nesting link').to.be.below(1000);
+    expect(performance.now() - t0, 'ms to answer a self-nesting link').to.be.below(3000);
     // inside, what is missing is said to be missing
     expect(await answer(readFileTool.execute({ path: 'dangling-inside' }, ctx))).to.equal('not-found');
     expect(await answer(readFileTool.execute({ path: 'd/none.txt' }, ctx))).to.equal('not-found');
