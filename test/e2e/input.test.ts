@@ -72,32 +72,64 @@ describe('bad input', () => {
   });
 
   it('answers a 400 for a header of the spec given twice (Node joined two Idempotency-Keys into one neither request named), and makes nothing', async () => {
-    const send = (path: string, method: string, headers: Record<string, string | string[]>, body?: string) =>
-      new Promise<{ status: number; body: any }>((resolve, reject) => {
-        // tenant b's: the other tests of this file count tenant a's runs
-        const req = http.request(`${h.url}${path}`, { method, headers: { authorization: `Bearer ${KEYS.b}`, ...headers } }, (res) => {
-          let text = '';
-          res.on('data', (d) => (text += d));
-          res.on('end', () => resolve({ status: res.statusCode!, body: text.startsWith('{') ? JSON.parse(text) : text }));
-        });
-        req.on('error', reject);
-        req.end(body);
-      });
+    // headers as sent, each line as it is (fetch joins a repeated one); tenant b's: the file's other tests count tenant a's runs
+    const send = async (path: string, method: string, headers: [string, string][], body = '') => {
+      const lines = [`${method} ${path} HTTP/1.1`, 'Host: x', `Authorization: Bearer ${KEYS.b}`, ...headers.map(([k, v]) => `${k}: ${v}`)];
+      const answer = await rawAnswer(h.url, `${lines.join('\r\n')}\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`);
+      return { status: Number(answer.slice(9, 12)), body: bodyOfAnswer(answer) };
+    };
     const runs = async () => (await h.call('GET', '/api/v1/runs', { key: KEYS.b })).body.data.length as number;
     const before = await runs();
     const body = JSON.stringify({ steps: [{ tool: 'message', args: { text: 'x' } }] });
-    const twice = await send('/api/v1/autonomy/run', 'POST', { 'content-type': 'application/json', 'idempotency-key': ['k-1', 'k-2'] }, body);
+    const twice = await send(
+      '/api/v1/autonomy/run',
+      'POST',
+      [
+        ['content-type', 'application/json'],
+        ['idempotency-key', 'k-1'],
+        ['idempotency-key', 'k-2'],
+      ],
+      body,
+    );
     expect(twice.status, JSON.stringify(twice.body)).to.equal(400);
     expect(twice.body).to.include({ code: 'bad-request' });
     expect(twice.body.errors).to.deep.equal([{ path: '/header/idempotency-key', message: 'is given more than once (it holds one value)' }]);
     // the same value twice is still two values
-    expect((await send('/api/v1/autonomy/run', 'POST', { 'content-type': 'application/json', 'Idempotency-Key': ['k-1', 'k-1'] }, body)).status).to.equal(400);
-    const stream = await send('/api/v1/sessions/ses_x/trace', 'GET', { 'last-event-id': ['1-0', '2-0'] });
+    expect(
+      (
+        await send(
+          '/api/v1/autonomy/run',
+          'POST',
+          [
+            ['content-type', 'application/json'],
+            ['Idempotency-Key', 'k-1'],
+            ['Idempotency-Key', 'k-1'],
+          ],
+          body,
+        )
+      ).status,
+    ).to.equal(400);
+    const stream = await send('/api/v1/sessions/ses_x/trace', 'GET', [
+      ['last-event-id', '1-0'],
+      ['last-event-id', '2-0'],
+    ]);
     expect(stream.status).to.equal(400);
     expect(stream.body.errors[0].path).to.equal('/header/last-event-id');
     expect(await runs()).to.equal(before);
     // one of each still goes
-    expect((await send('/api/v1/autonomy/run', 'POST', { 'content-type': 'application/json', 'idempotency-key': 'k-1' }, body)).status).to.equal(202);
+    expect(
+      (
+        await send(
+          '/api/v1/autonomy/run',
+          'POST',
+          [
+            ['content-type', 'application/json'],
+            ['idempotency-key', 'k-1'],
+          ],
+          body,
+        )
+      ).status,
+    ).to.equal(202);
   });
 
   it('refuses a string with a lone surrogate (not well-formed Unicode: strict readers refuse a page with it), and takes a pair', async () => {
