@@ -110,17 +110,22 @@ describe('agents of a session', function () {
       const tasks = h.rt.store.tasks;
       const list = tasks.list.bind(tasks);
       let held = false;
+      let reached!: () => void;
+      const holding = new Promise<void>((r) => (reached = r));
       tasks.list = async (...args) => {
         const found = await list(...args);
         if (!held) {
           held = true;
+          reached();
           await new Promise((r) => setTimeout(r, 2500));
         }
         return found;
       };
       try {
         const slow = h.call('POST', `/api/v1/sessions/${session}/messages`, { body: { role: 'user', parts: text('Yes (B).') } });
-        await new Promise((r) => setTimeout(r, 200));
+        // A is posted only once B has read the tasks: under load B's request can take longer than any fixed pause
+        // to get there, and A would then be the one held (B continues the task, and A answers its next question)
+        await holding;
         expect((await h.call('POST', `/api/v1/sessions/${session}/messages`, { body: { role: 'user', parts: text('Yes (A).') } })).status).to.equal(201);
         await sessionWhen(h, session, (s) => s.tasks[0].status === 'input_required' && s.tasks[0].run_ids.length === 2, 'the second question');
         expect((await slow).status).to.equal(201);
