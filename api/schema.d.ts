@@ -2555,12 +2555,13 @@ export interface components {
         MessageCreate: {
             /** @enum {string} */
             role: "user" | "system";
-            to?: string;
+            /** @description An agent of this session, or null (or absent) for all. */
+            to?: string | null;
             /** @description What the message is (`text` by default). `input_request` is an agent's question and cannot be injected. */
             kind?: string;
             parts: components["schemas"]["MessagePart"][];
-            /** @description A message of this session (404 otherwise). */
-            in_reply_to?: string;
+            /** @description A message of this session (404 otherwise), or null (or absent) for none. */
+            in_reply_to?: string | null;
         };
         MessagePage: {
             data: components["schemas"]["Message"][];

@@ -321,7 +321,14 @@ export function sessionsOf(deps: SessionsDeps) {
           textWithinLimit(text);
           const session = await mustBeLive(tenantId, run.session_id);
           const agents = to === undefined ? [] : await store.agents.list(tenantId, session.id);
-          const target = to === undefined ? null : agents.find((a) => a.id === to || a.name === to);
+          // an id first (an agent named after another's id never takes its messages), then a name that one agent has
+          const named = to === undefined ? [] : agents.filter((a) => a.name === to);
+          const target = to === undefined ? null : (agents.find((a) => a.id === to) ?? (named.length === 1 ? named[0] : undefined));
+          if (named.length > 1 && !target)
+            throw new ToolError(
+              'invalid-args',
+              `${named.length} agents of this session are named ${to}: name one by its id (${named.map((a) => a.id).join(', ')})`,
+            );
           if (to !== undefined && !target)
             throw new ToolError('invalid-args', `no agent ${to} in this session (${agents.map((a) => a.name).join(', ') || 'none'})`);
           const posted = await append(

@@ -11,7 +11,7 @@ export const messageTool: Tool = {
     required: ['text'],
     properties: {
       text: { type: 'string' },
-      to: { type: 'string', description: 'An agent of this session, by id or name; absent for everyone.' },
+      to: { type: 'string', description: 'An agent of this session, by id, or by a name only one agent has; absent for everyone.' },
       role: { type: 'string', enum: ['assistant', 'system', 'user'] },
     },
   },

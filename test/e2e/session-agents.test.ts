@@ -360,28 +360,51 @@ describe('agents of a session', function () {
     });
   });
 
-  it('lets an agent’s step message another agent of its session, by name, in the durable log', async () => {
+  it('lets an agent’s step message another agent of its session, by id or by a name one agent has, in the durable log', async () => {
     await withAgents([{ content: 'unused' }], async (h, _model, session) => {
       const writer = await agent(h, session, { name: 'writer', tool_allowlist: ['message'] });
       const reviewer = await agent(h, session, { name: 'reviewer' });
+      // two agents of one name, and one named after the reviewer's id: a name two agents have names neither,
+      // and an id is the agent's whatever another is named
+      for (const name of ['twin', 'twin', reviewer.id]) await agent(h, session, { name });
       await task(h, session, {
         tasks: [
           { id: 'ask', agent_id: writer.id, steps: [{ tool: 'message', args: { to: 'reviewer', text: 'Please review PR 7.' } }] },
           { id: 'nobody', agent_id: writer.id, steps: [{ tool: 'message', args: { to: 'ghost', text: 'hello?' } }] },
+          { id: 'twins', agent_id: writer.id, steps: [{ tool: 'message', args: { to: 'twin', text: 'which of you?' } }] },
+          { id: 'by-id', agent_id: writer.id, depends_on: ['ask'], steps: [{ tool: 'message', args: { to: reviewer.id, text: 'Merged.' } }] },
         ],
       });
-      const done = await sessionWhen(h, session, (s) => s.outcome !== null, 'both tasks to end');
+      const done = await sessionWhen(h, session, (s) => s.outcome !== null, 'every task to end');
       expect(done.tasks.map((t: Body) => [t.id, t.status])).to.deep.equal([
         ['ask', 'succeeded'],
         ['nobody', 'failed'],
+        ['twins', 'failed'],
+        ['by-id', 'succeeded'],
       ]);
       const failed = await finishedRun(h, done.tasks[1].run_ids.at(-1));
       expect(failed.steps[0].error.code).to.equal('invalid-args');
       expect(failed.steps[0].error.message).to.contain('no agent ghost');
+      const twins = await finishedRun(h, done.tasks[2].run_ids.at(-1));
+      expect(twins.steps[0].error.code).to.equal('invalid-args');
+      expect(twins.steps[0].error.message).to.contain('2 agents of this session are named twin');
       const log = (await h.call<Body>('GET', `/api/v1/sessions/${session}/messages`)).body.data;
-      expect(log).to.have.length(1);
+      expect(log).to.have.length(2);
       expect(log[0]).to.deep.include({ role: 'agent', from: writer.id, to: reviewer.id, task_id: 'ask', kind: 'text' });
       expect(log[0].parts).to.deep.equal(text('Please review PR 7.'));
+      expect(log[1]).to.deep.include({ to: reviewer.id, task_id: 'by-id' });
+    });
+  });
+
+  it('takes a message whose to and in_reply_to are null as one to all that replies to nothing, as the log shows them', async () => {
+    await withAgents([{ content: 'unused' }], async (h, _model, session) => {
+      const res = await h.call<Body>('POST', `/api/v1/sessions/${session}/messages`, {
+        body: { role: 'user', to: null, in_reply_to: null, parts: text('To everyone.') },
+      });
+      expect(res.status, res.text).to.equal(201);
+      expect(res.body).to.deep.include({ to: null, in_reply_to: null });
+      const bad = await h.call<Body>('POST', `/api/v1/sessions/${session}/messages`, { body: { role: 'user', to: 'someone', parts: text('x') } });
+      expect(bad.status).to.equal(400);
     });
   });
 
