@@ -10,6 +10,8 @@ import { stringArg, ToolError, type Tool } from './tool.js';
 
 const READ_MAX_BYTES = 256 * 1024;
 const LIST_MAX = 1000;
+/** `list_files` walks at most this many folders: a tree of empty folders, which no size limit bounds, ends its walk too. */
+const LIST_MAX_FOLDERS = 10_000;
 
 /** The real path of `rel` inside `root`, or a ToolError when it would leave it (a check at a run's creation: the tools check what they open). */
 export async function resolveInside(root: string, rel: string): Promise<string> {
@@ -101,7 +103,7 @@ export const writeFileTool: Tool = {
 
 export const listFilesTool: Tool = {
   name: 'list_files',
-  description: 'List the files under a folder of the workspace (recursively, at most 1000).',
+  description: 'List the files under a folder of the workspace (recursively, at most 1000 files in at most 10,000 folders; truncated says some were left out).',
   parameters: { type: 'object', properties: { path: { type: 'string', description: 'Folder relative to the workspace; default the workspace itself.' } } },
   async execute(args, ctx) {
     const rel = typeof args.path === 'string' && args.path ? args.path : '.';
@@ -111,15 +113,23 @@ export const listFilesTool: Tool = {
     // names relative to the workspace, as the path asked for reads them
     const base = path.relative(ctx.workspace, path.resolve(ctx.workspace, rel));
     const files: string[] = [];
+    // set once an entry is left out (a file past the thousandth, a folder past LIST_MAX_FOLDERS): the walk stops there
+    let truncated = false;
+    let folders = 0;
     // each folder is opened from its open parent, a link never followed: what is listed stays inside
     const walk = async (folder: FileHandle, at: string): Promise<void> => {
       for (const entry of await entriesOf(folder)) {
-        if (files.length >= LIST_MAX) return;
+        if (truncated) return;
         if (entry.name === '.git' || entry.name === 'node_modules' || entry.name === '.scratch') continue;
         const name = path.join(at, entry.name);
         if (!entry.isDirectory()) {
-          files.push(name);
+          if (files.length === LIST_MAX) truncated = true;
+          else files.push(name);
           continue;
+        }
+        if (++folders > LIST_MAX_FOLDERS) {
+          truncated = true;
+          return;
         }
         const child = await openChildFolder(folder, entry.name).catch(() => null); // gone, or swapped for a link
         if (!child) continue;
@@ -135,6 +145,6 @@ export const listFilesTool: Tool = {
     } finally {
       await top.close();
     }
-    return { output: { path: rel, files: files.sort(), truncated: files.length >= LIST_MAX } };
+    return { output: { path: rel, files: files.sort(), truncated } };
   },
 };
