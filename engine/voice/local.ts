@@ -2,7 +2,7 @@
 // 16 kHz mono PCM by ffmpeg (any format) or sox (WAV, FLAC, Ogg Vorbis), then recognised by CMU
 // pocketsphinx with its US English model. Both run in the tool sandbox (no network, nothing of the
 // service's but a temporary folder holding this one upload), since a decoder reads untrusted bytes.
-// Recognition takes a core per transcription: at most `concurrency` run at once, the rest wait in turn.
+// Recognition takes a core per transcription: at most `concurrency` run at once, the rest wait, tenants in turn.
 import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -106,15 +106,21 @@ export function localTranscriber(s: LocalTranscriberSettings): Transcriber {
         'unsupported-audio',
         `the local provider decodes ${audio.format} with ffmpeg, which is not installed (sox reads WAV, FLAC and Ogg Vorbis)`,
       );
-    // a timer of our own: AbortSignal.timeout's, held only weakly by AbortSignal.any, can be collected
-    // before it fires (Node 20), and the recognition then runs unbounded
-    const timeout = new AbortController();
-    const timer = setTimeout(() => timeout.abort(), timeoutMs);
-    const deadline = AbortSignal.any([opts.signal, timeout.signal]);
-    const release = await slots.acquire(deadline).catch(() => {
+    // timers of our own: AbortSignal.timeout's, held only weakly by AbortSignal.any, can be collected
+    // before it fires (Node 20), and the recognition then runs unbounded. The wait for a core is bounded
+    // apart from the work: a burst of uploads that queue spends none of the time each has to be decoded and
+    // recognised
+    const waited = new AbortController();
+    let timer = setTimeout(() => waited.abort(), timeoutMs);
+    const release = await slots.acquire(opts.tenantId ?? '', AbortSignal.any([opts.signal, waited.signal])).catch(() => {
       clearTimeout(timer);
-      throw ended(opts.signal, timeoutMs);
+      if (opts.signal.aborted) throw ended(opts.signal, timeoutMs);
+      throw new TranscriptionFailedError('transcription-timeout', `no local recogniser was free within ${timeoutMs} ms (they were all busy)`);
     });
+    clearTimeout(timer);
+    const timeout = new AbortController();
+    timer = setTimeout(() => timeout.abort(), timeoutMs);
+    const deadline = AbortSignal.any([opts.signal, timeout.signal]);
     let dir: string | undefined;
     try {
       dir = await fs.mkdtemp(path.join(os.tmpdir(), 'transcribe-'));
@@ -130,6 +136,9 @@ export function localTranscriber(s: LocalTranscriberSettings): Transcriber {
         (st) => st.size,
         () => 0,
       );
+      // killed (a crash, the sandbox's CPU or memory limit): the service failed, not the audio
+      if (decoded.signal || decoded.cpu_exceeded || decoded.out_of_memory)
+        throw new TranscriptionFailedError('transcription-provider-error', `the local decoder (${decoder.kind}) ended by ${describeEnd(decoded)}`);
       if (decoded.exit_code !== 0 || pcmBytes === 0)
         throw new AudioRejectedError('audio-invalid', `the ${audio.format} audio cannot be decoded`, { decoder: decoder.kind });
       const seconds = pcmBytes / BYTES_PER_SECOND;
@@ -157,6 +166,10 @@ function ended(caller: AbortSignal, timeoutMs: number): Error {
   if (caller.aborted) return caller.reason instanceof Error ? caller.reason : new Error('the request was aborted');
   return new TranscriptionFailedError('transcription-timeout', `the local transcription did not finish within ${timeoutMs} ms`);
 }
+
+/** How a program that did not exit by itself ended, in words. */
+const describeEnd = (r: ProcessResult) =>
+  r.out_of_memory ? "the sandbox's memory limit" : r.cpu_exceeded ? "the sandbox's CPU time limit" : `signal ${r.signal}`;
 
 function programMissing(r: ProcessResult): Error {
   return new TranscriptionFailedError('transcription-provider-error', 'a program of the local provider could not be started', {
@@ -195,32 +208,66 @@ export function parseTimedOutput(stdout: string): TranscriptSegment[] {
   return segments;
 }
 
-/** At most `n` holders at once; a waiter gives up when its signal aborts. */
+/**
+ * At most `n` holders at once; a waiter gives up when its signal aborts. A place that frees goes to the
+ * waiting tenant served longest ago (one never served first), each tenant's own waiters in their order: a
+ * tenant with many uploads in line waits behind one upload of each other tenant, never the reverse.
+ */
 function semaphore(n: number) {
   let free = n;
-  const waiting: (() => void)[] = [];
-  const release = () => {
-    const next = waiting.shift();
-    if (next) next();
-    else free++;
+  const waiting = new Map<string, (() => void)[]>();
+  /** places held by tenant, and the turn of each one's last grant (kept while it holds or waits) */
+  const holding = new Map<string, number>();
+  const served = new Map<string, number>();
+  let turn = 0;
+  const grantTo = (tenant: string) => {
+    holding.set(tenant, (holding.get(tenant) ?? 0) + 1);
+    served.set(tenant, ++turn);
+    return once(() => release(tenant));
+  };
+  const forget = (tenant: string) => {
+    if (!holding.has(tenant) && !waiting.has(tenant)) served.delete(tenant);
+  };
+  const release = (tenant: string) => {
+    const held = holding.get(tenant)! - 1;
+    if (held) holding.set(tenant, held);
+    else holding.delete(tenant);
+    forget(tenant);
+    let next: string | undefined;
+    for (const t of waiting.keys()) if (next === undefined || (served.get(t) ?? 0) < (served.get(next) ?? 0)) next = t;
+    if (next === undefined) {
+      free++;
+      return;
+    }
+    const line = waiting.get(next)!;
+    const grant = line.shift()!;
+    if (!line.length) waiting.delete(next);
+    grant();
   };
   return {
-    acquire(signal: AbortSignal): Promise<() => void> {
+    acquire(tenant: string, signal: AbortSignal): Promise<() => void> {
       if (free > 0) {
         free--;
-        return Promise.resolve(once(release));
+        return Promise.resolve(grantTo(tenant));
       }
       return new Promise((resolve, reject) => {
         const grant = () => {
           signal.removeEventListener('abort', give);
-          resolve(once(release));
+          resolve(grantTo(tenant));
         };
         const give = () => {
-          waiting.splice(waiting.indexOf(grant), 1);
+          const line = waiting.get(tenant);
+          if (line) {
+            line.splice(line.indexOf(grant), 1);
+            if (!line.length) waiting.delete(tenant);
+          }
+          forget(tenant);
           reject(signal.reason);
         };
         if (signal.aborted) return reject(signal.reason);
-        waiting.push(grant);
+        const line = waiting.get(tenant);
+        if (line) line.push(grant);
+        else waiting.set(tenant, [grant]);
         signal.addEventListener('abort', give, { once: true });
       });
     },

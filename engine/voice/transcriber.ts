@@ -7,6 +7,8 @@ export type TranscriberOptions = {
   signal: AbortSignal;
   /** the longest audio taken: a provider that decodes may stop there */
   maxSeconds: number;
+  /** whose upload it is: a provider with few places (the local recogniser's cores) gives them to tenants in turn */
+  tenantId?: string;
 };
 export type TranscriptSegment = { start: number; end: number; text: string };
 export type TranscriberResult = { text: string; language: string | null; duration_seconds: number | null; segments: TranscriptSegment[] };

@@ -89,7 +89,7 @@ export function voiceOf(deps: VoiceDeps, settings: VoiceSettings) {
       const started = performance.now();
       let out;
       try {
-        out = await transcriber.transcribe(upload, { signal: opts.signal, maxSeconds: settings.maxSeconds });
+        out = await transcriber.transcribe(upload, { signal: opts.signal, maxSeconds: settings.maxSeconds, tenantId });
       } catch (err) {
         // a provider's transfer that broke because the upload was refused answers why the upload was
         throw upload.failure ?? err;
