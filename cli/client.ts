@@ -221,8 +221,10 @@ export class ApiClient {
       let why: string;
       let retryAfterMs: number | undefined;
       try {
+        // the stream is up once it sends anything, a heartbeat too: a later drop starts the clock again (a step
+        // silent for minutes between two drops is not two minutes without a connection)
         const last = await this.readStream(path, lastId, opts, (id) => {
-          lastId = id;
+          if (id) lastId = id;
           failingSince = undefined;
           tries = 0;
         });
@@ -247,7 +249,8 @@ export class ApiClient {
     path: string,
     lastId: string | undefined,
     opts: { isLast: (e: ServiceEvent) => boolean; onEvent: (e: ServiceEvent) => void; idleMs?: number },
-    seen: (id: string) => void,
+    /** an event's id, or none for the stream's first bytes (the connection is up) */
+    seen: (id?: string) => void,
   ): Promise<ServiceEvent | typeof NOTHING_MORE | null> {
     // a service that froze, or a connection that died without a word (a NAT mapping or a proxy dropped it),
     // sends nothing, not even its heartbeat: without a deadline the read waits for the kernel's own, minutes
@@ -282,10 +285,11 @@ export class ApiClient {
       const decoder = new TextDecoder();
       const reader = res.body.getReader();
       try {
-        while (!last) {
+        for (let first = true; !last; first = false) {
           const { value, done } = await reader.read();
           if (done) break;
           heard();
+          if (first) seen();
           parser.feed(decoder.decode(value, { stream: true }));
         }
       } finally {
