@@ -4,7 +4,11 @@ import { startWebServer } from './server.js';
 
 await runMain('web', async (config, log) => {
   const rt = await openRuntime(config, log, { watchTemplates: true, servesApi: true });
-  const web = await startWebServer(rt);
+  // a port in use ends the start: what the runtime opened is closed first, as the other processes do
+  const web = await startWebServer(rt).catch(async (err: unknown) => {
+    await rt.close();
+    throw err;
+  });
   log.info({ url: web.url }, 'web listening');
   process.stdout.write(`web listening on ${web.url}\n`);
   return {

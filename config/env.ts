@@ -466,6 +466,11 @@ function problemsTogether(e: Parsed, service = true): string[] {
     problems.push(
       `SERVICE_NOTIFY_ATTEMPTS, SERVICE_NOTIFY_BACKOFF_MS: ${e.SERVICE_NOTIFY_ATTEMPTS} tries, the first wait ${e.SERVICE_NOTIFY_BACKOFF_MS} ms and each next one doubled, wait ${Math.round(notifyWaitMs / 86_400_000)} days in all before the last; at most 7 days (fewer tries or a shorter first wait)`,
     );
+  // half an endpoint starts cleanly and then refuses every agent run as agent-not-configured
+  if ((e.SERVICE_AGENT_BASE_URL || e.SERVICE_AGENT_MODEL || e.SERVICE_AGENT_API_KEY) && !(e.SERVICE_AGENT_BASE_URL && e.SERVICE_AGENT_MODEL))
+    problems.push(
+      'SERVICE_AGENT_BASE_URL, SERVICE_AGENT_MODEL: set both for agent steps (SERVICE_AGENT_API_KEY with them when the endpoint asks for one), or none',
+    );
   const oidcSet = [e.SERVICE_OIDC_ISSUER, e.SERVICE_OIDC_CLIENT_ID, e.SERVICE_OIDC_CLIENT_SECRET, e.SERVICE_OIDC_REDIRECT_URL];
   if (oidcSet.some(Boolean) && !oidcSet.every(Boolean))
     problems.push('SERVICE_OIDC_ISSUER, SERVICE_OIDC_CLIENT_ID, SERVICE_OIDC_CLIENT_SECRET, SERVICE_OIDC_REDIRECT_URL: set all four for sign-in, or none');

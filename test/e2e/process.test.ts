@@ -383,7 +383,9 @@ describe('processes', function () {
     expect(p.out()).to.contain('PORT').and.contain('SERVICE_AUTH');
   });
 
-  it('says in one line which setting it cannot start with (a port in use, a data dir that is a file, a key given to two tenants), and takes no run first', async () => {
+  it('says in one line which setting it cannot start with (a port in use, a data dir that is a file, a key given to two tenants), and takes no run first', async function () {
+    // seven processes started one after another (about 20 s on a quiet machine)
+    this.timeout(90_000);
     const h = await startHarness({ workers: false });
     try {
       const marker = `sleep ${3000 + Math.floor(Math.random() * 1000)}`;
@@ -394,6 +396,7 @@ describe('processes', function () {
       const shared = { ...sameDeployment(h), REDIS_URL: h.config.redisUrl, SERVICE_API_KEYS: `tenant-a:${KEYS.a}` };
       for (const [entry, variable, extra] of [
         ['main.ts', 'PORT', { PORT: port }],
+        ['api/main.ts', 'PORT', { PORT: port }],
         ['workers/main.ts', 'SERVICE_WORKER_METRICS_PORT', { SERVICE_WORKER_METRICS_PORT: port }],
       ] as const) {
         const p = start(entry, { ...shared, ...extra });

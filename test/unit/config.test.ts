@@ -162,6 +162,16 @@ describe('config/env', () => {
     expect(parseEnv({ SERVICE_NOTIFY_ATTEMPTS: '1', SERVICE_NOTIFY_BACKOFF_MS: '3600000' }).notify.attempts).to.equal(1);
   });
 
+  it('wants the agent endpoint whole: its URL and model together, or neither (a key alone is half of one)', () => {
+    const url = 'http://127.0.0.1:9/v1';
+    for (const half of [{ SERVICE_AGENT_BASE_URL: url }, { SERVICE_AGENT_MODEL: 'm' }, { SERVICE_AGENT_API_KEY: 'sk-secret', SERVICE_AGENT_BASE_URL: url }])
+      expect(() => parseEnv(half), JSON.stringify(half))
+        .to.throw(ConfigError, /SERVICE_AGENT_BASE_URL, SERVICE_AGENT_MODEL: set both/)
+        .that.satisfies((e: Error) => !e.message.includes('sk-secret'));
+    expect(parseEnv({ SERVICE_AGENT_BASE_URL: url, SERVICE_AGENT_MODEL: 'm' }).agent).to.include({ baseUrl: url, model: 'm' });
+    expect(parseEnv({}).agent.baseUrl).to.equal(undefined);
+  });
+
   it('never echoes an API key in its error', () => {
     expect(() => parseEnv({ SERVICE_API_KEYS: 'acme:short-secret' }))
       .to.throw(ConfigError)
