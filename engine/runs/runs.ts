@@ -661,7 +661,8 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
         }
         const job = await queue.getJob(jobIdOfRun(run, run.attempt));
         const state = job ? await job.getState() : 'missing';
-        if (state !== 'missing' && state !== 'failed' && state !== 'completed') {
+        // unknown: its hash is in no list of the queue (Redis evicted the list, or lost part of its data): nothing will run it
+        if (state !== 'missing' && state !== 'failed' && state !== 'completed' && state !== 'unknown') {
           if (state === 'active') await keepSlot(run);
           continue;
         }
@@ -671,7 +672,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
           await keepSlot(run);
           continue;
         }
-        const why = `the run's job was ${state === 'missing' ? 'lost' : state} while the run was running`;
+        const why = `the run's job was ${state === 'missing' || state === 'unknown' ? 'lost' : state} while the run was running`;
         if (await transitions.lose(run, why, await isCancelRequested(run.id).catch(() => false))) lost++;
       }
       for await (const run of staleRuns('queued', before)) {
@@ -685,7 +686,8 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
             requeued++;
             continue;
           }
-          if (state !== 'completed') continue; // waiting, delayed, active, prioritized: on its way
+          // waiting, delayed, active, prioritized: on its way; unknown (in no list of the queue) never will be
+          if (state !== 'completed' && state !== 'unknown') continue;
         }
         // the list is a snapshot: a worker may have taken the run since (its job then completed, or was
         // already trimmed away with the completed ones), and a run that moved on is not queued again

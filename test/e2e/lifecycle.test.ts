@@ -305,6 +305,30 @@ describe('run lifecycle', function () {
     }
   });
 
+  it('repairs a run whose job is in no list of its queue (Redis evicted the list, its hash kept): queued goes back in line, running is lost', async () => {
+    const noWorkers = await startHarness({ workers: false });
+    try {
+      const post = async (command: string) =>
+        (await noWorkers.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command } }] } })).body.run_id as string;
+      const queue = noWorkers.rt.queues.get('runs');
+      const prefix = `${noWorkers.config.queuePrefix}:runs`;
+      const queued = await post('echo queued');
+      const running = await post('echo running');
+      // both jobs' hashes stay, out of every list (BullMQ reads them as 'unknown')
+      for (const id of [queued, running]) await noWorkers.rt.redis.lrem(`${prefix}:wait`, 0, jobOf(id, 1));
+      await noWorkers.rt.store.runs.update('tenant-a', running, { status: 'running', started_at: new Date().toISOString() }, { status: ['queued'] });
+      for (const id of [queued, running]) expect(await (await queue.getJob(jobOf(id, 1)))!.getState()).to.equal('unknown');
+      const stopClaims = noWorkers.rt.engine.runs.claims.start(() => [], 50);
+      await eventually(async () => (await noWorkers.rt.engine.runs.claims.elsewhere()) !== null, 'the registry of claims to be complete');
+      expect(await noWorkers.rt.engine.runs.reconcile({ olderThanMs: 0 })).to.deep.include({ requeued: 1, lost: 1 });
+      await stopClaims();
+      expect(await (await queue.getJob(jobOf(queued, 1)))!.getState()).to.equal('waiting');
+      expect((await noWorkers.rt.store.runs.get('tenant-a', running))!.error!.code).to.equal('worker-lost');
+    } finally {
+      await noWorkers.close();
+    }
+  });
+
   it('ends canceled, never retried, a running run whose cancel was asked before its worker was lost, even once Redis lost the cancel', async () => {
     const noWorkers = await startHarness({ workers: false });
     try {
