@@ -1,8 +1,8 @@
 // API keys through the API (made, listed, revoked, expiring), the bootstrap keys synced with
 // SERVICE_API_KEYS at start, and the CLI's keys list and revoke, all against the real store.
-import { spawnSync } from 'node:child_process';
 import { expect } from 'chai';
 import { builtCli } from '../support/built.js';
+import { spawnAsync } from '../support/spawn.js';
 import { KEYS, sameDeployment, startHarness, type Harness } from '../support/harness.js';
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
@@ -225,14 +225,14 @@ describe('api keys', function () {
     const CLI = builtCli();
     const env = { ...process.env, SERVICE_DATA_DIR: h.config.dataDir, SERVICE_AUTH: '', NO_COLOR: '1' };
     const made = (await h.call<Body>('POST', '/api/v1/api-keys', { body: { label: 'from the cli test' } })).body;
-    const list = spawnSync(process.execPath, [CLI, 'keys', 'list', '--tenant', 'tenant-a'], { env, encoding: 'utf8' });
+    const list = await spawnAsync(process.execPath, [CLI, 'keys', 'list', '--tenant', 'tenant-a'], { env });
     expect(list.status, list.stderr).to.equal(0);
     expect(list.stdout).to.contain(made.api_key.id).and.contain('from the cli test').and.contain('active');
     expect(list.stdout).not.to.contain(made.key);
-    const revoke = spawnSync(process.execPath, [CLI, 'keys', 'revoke', made.api_key.id, '--tenant', 'tenant-a'], { env, encoding: 'utf8' });
+    const revoke = await spawnAsync(process.execPath, [CLI, 'keys', 'revoke', made.api_key.id, '--tenant', 'tenant-a'], { env });
     expect(revoke.status, revoke.stderr).to.equal(0);
     expect((await h.call('GET', '/api/v1/runs', { key: made.key })).status).to.equal(401);
-    const json = spawnSync(process.execPath, [CLI, 'keys', 'list', '--tenant', 'tenant-a', '--json'], { env, encoding: 'utf8' });
+    const json = await spawnAsync(process.execPath, [CLI, 'keys', 'list', '--tenant', 'tenant-a', '--json'], { env });
     const parsed = JSON.parse(json.stdout) as Body[];
     expect(parsed.find((k) => k.id === made.api_key.id)).to.deep.include({ revoked_reason: 'revoked' });
     expect(json.stdout).not.to.contain('"hash"');
@@ -245,13 +245,10 @@ describe('api keys', function () {
       ['keys', 'create', '--tenant', 'tenant-a', '--expires', '2030-02-30T00:00:00Z'],
       ['keys', 'create', '--tenant', 'tenant-a', '--expires', 'March 7'],
     ]) {
-      const refused = spawnSync(process.execPath, [CLI, ...args], { env, encoding: 'utf8' });
+      const refused = await spawnAsync(process.execPath, [CLI, ...args], { env });
       expect(refused.status, `${args.join(' ')}: ${refused.stderr}`).to.equal(2);
     }
-    const ok = spawnSync(process.execPath, [CLI, 'keys', 'create', '--tenant', 'tenant-a', '--expires', '2030-02-28T12:00:00+01:00'], {
-      env,
-      encoding: 'utf8',
-    });
+    const ok = await spawnAsync(process.execPath, [CLI, 'keys', 'create', '--tenant', 'tenant-a', '--expires', '2030-02-28T12:00:00+01:00'], { env });
     expect(ok.status, ok.stderr).to.equal(0);
   });
 });

@@ -1,6 +1,7 @@
 import { spawnSync } from 'node:child_process';
 import { expect } from 'chai';
 import { builtCli } from '../support/built.js';
+import { spawnAsync } from '../support/spawn.js';
 import { startWebServer } from '../../api/server.js';
 import { KEYS, startHarness, type Harness } from '../support/harness.js';
 import { bodyOfAnswer, rawExchange } from '../support/raw-http.js';
@@ -181,9 +182,8 @@ describe('cli keys create', () => {
   it('prints a new key once; the key then works for its tenant only', async () => {
     const h = await startHarness();
     try {
-      const out = spawnSync(process.execPath, [builtCli(), 'keys', 'create', '--tenant', 'tenant-c', '--label', 'ci'], {
+      const out = await spawnAsync(process.execPath, [builtCli(), 'keys', 'create', '--tenant', 'tenant-c', '--label', 'ci'], {
         env: { ...process.env, SERVICE_DATA_DIR: h.config.dataDir, LOG_LEVEL: 'silent' },
-        encoding: 'utf8',
       });
       expect(out.status, out.stderr).to.equal(0);
       const key = out.stdout.trim();

@@ -22,6 +22,7 @@ import { gateRunsOf, sealGateRun, smartGatesOf } from '../../engine/gates/index.
 import { newId, type EventBody, type GateResult, type GateRunRecord } from '../../engine/platform/index.js';
 import type { Store } from '../../engine/store/index.js';
 import { builtCli } from '../support/built.js';
+import { spawnAsync } from '../support/spawn.js';
 import { eventually, finishedRun, KEYS, sameDeployment, scanKeys, startHarness, type Harness } from '../support/harness.js';
 import * as sign from '../support/signers.js';
 import { GATES_YAML, makeProject, passed } from '../support/projects.js';
@@ -633,11 +634,10 @@ describe('gates in the service', function () {
     // the CLI runs the whole gate set twice (typecheck and tests included): 52-65 s on a slower machine while other files run
     this.timeout(180_000);
     const cli = (...args: string[]) =>
-      spawnSync(process.execPath, [builtCli(), 'gates', ...args], {
+      spawnAsync(process.execPath, [builtCli(), 'gates', ...args], {
         env: { ...process.env, SERVICE_DATA_DIR: h.config.dataDir, SERVICE_WORKSPACE_ROOT: h.workspace, LOG_LEVEL: 'silent' },
-        encoding: 'utf8',
       });
-    const local = cli('run', '--workspace', h.tenantDir(), '--json');
+    const local = await cli('run', '--workspace', h.tenantDir(), '--json');
     expect(local.status, local.stderr).to.equal(1); // the test gate fails: a required gate
     const mine = JSON.parse(local.stdout) as { results: Body[]; ready: boolean };
     expect(mine.ready).to.equal(false);
@@ -648,7 +648,7 @@ describe('gates in the service', function () {
 
     // recorded: the CLI's run joins the tenant's ledger, signed with the same key, and the chain holds
     const before = (await h.rt.engine.evidence.head('tenant-a'))!.seq;
-    const recorded = cli('run', '--workspace', h.tenantDir(), '--only', 'typecheck', '--record', '--tenant', 'tenant-a');
+    const recorded = await cli('run', '--workspace', h.tenantDir(), '--only', 'typecheck', '--record', '--tenant', 'tenant-a');
     expect(recorded.status, recorded.stderr).to.equal(0);
     expect(recorded.stdout)
       .to.contain('ok    typecheck')
@@ -667,23 +667,23 @@ describe('gates in the service', function () {
     );
     const file = path.join(h.config.dataDir, 'pack.tar');
     await fs.writeFile(file, tar);
-    const unpinned = cli('verify', file);
+    const unpinned = await cli('verify', file);
     expect(unpinned.status).to.equal(3);
     expect(unpinned.stdout).to.contain('UNPINNED');
-    const ok = cli('verify', file, '--key', key.key_id, '--tenant', 'tenant-a');
+    const ok = await cli('verify', file, '--key', key.key_id, '--tenant', 'tenant-a');
     expect(ok.status, ok.stdout + ok.stderr).to.equal(0);
     expect(ok.stdout).to.contain(`ok: signed by key ${key.key_id} (pinned)`).and.contain('entries verified').and.contain('tenant: tenant-a');
     expect(ok.stdout).to.contain('ready: no\n'); // the test gate failed on this commit
-    const elsewhere = cli('verify', file, '--key', key.key_id, '--tenant', 'tenant-b');
+    const elsewhere = await cli('verify', file, '--key', key.key_id, '--tenant', 'tenant-b');
     expect(elsewhere.status).to.equal(1);
     expect(elsewhere.stdout).to.contain("the pack is tenant tenant-a's, not tenant-b's");
     const at = tar.indexOf('"kind":"gate.result"');
     tar[at + 9] = 'R'.charCodeAt(0);
     await fs.writeFile(file, tar);
-    const bad = cli('verify', file);
+    const bad = await cli('verify', file);
     expect(bad.status).to.equal(1);
     expect(bad.stdout).to.match(/^FAILED \(entry, entry \d+\): entry \d+ does not match its hash/);
-    expect(cli('verify', path.join(h.config.dataDir, 'missing.tar')).status).to.equal(2);
+    expect((await cli('verify', path.join(h.config.dataDir, 'missing.tar'))).status).to.equal(2);
 
     // a new commit (of everything, so the tree is clean) where only one gate ran: the set's other required
     // gates have no result, so it is not ready

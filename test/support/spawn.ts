@@ -1,0 +1,18 @@
+// spawnSync's answer without blocking the event loop. A test whose service runs in its own process must
+// not stop it while a child runs: the service's timers (its keep-alive connections' among them) all fire at
+// once after the block, and the test's next request met a connection the server was closing ("fetch failed").
+import { spawn, type SpawnOptions } from 'node:child_process';
+
+export type Spawned = { status: number | null; signal: NodeJS.Signals | null; stdout: string; stderr: string };
+
+export function spawnAsync(command: string, args: string[], opts: Omit<SpawnOptions, 'stdio'> = {}): Promise<Spawned> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(command, args, { ...opts, stdio: ['ignore', 'pipe', 'pipe'] });
+    let stdout = '';
+    let stderr = '';
+    child.stdout!.setEncoding('utf8').on('data', (d: string) => (stdout += d));
+    child.stderr!.setEncoding('utf8').on('data', (d: string) => (stderr += d));
+    child.on('error', reject);
+    child.on('close', (status, signal) => resolve({ status, signal, stdout, stderr }));
+  });
+}
