@@ -1,6 +1,6 @@
-// spawnSync's answer without blocking the event loop. A test whose service runs in its own process must
-// not stop it while a child runs: the service's timers (its keep-alive connections' among them) all fire at
-// once after the block, and the test's next request met a connection the server was closing ("fetch failed").
+// spawnSync's answer without blocking the event loop: a test whose service runs in its own process lets it
+// go on (its workers, its timers) while a child runs, as a deployed service would (the gates CLI test's
+// children ran for up to a minute with the service stopped).
 import { spawn, type SpawnOptions } from 'node:child_process';
 
 export type Spawned = { status: number | null; signal: NodeJS.Signals | null; stdout: string; stderr: string };
