@@ -97,7 +97,10 @@ export async function startHarness(
       body = JSON.stringify(o.body);
       headers['content-type'] ??= 'application/json';
     }
-    const res = await fetch(`${web.url}${p}`, { method, headers, body });
+    // undici says only "fetch failed": its cause (a refused or reset connection, and why) goes in the message
+    const res = await fetch(`${web.url}${p}`, { method, headers, body }).catch((err: Error & { cause?: { code?: string; message?: string } }) => {
+      throw new Error(`${method} ${p}: ${err.message}: ${err.cause?.code ?? ''} ${err.cause?.message ?? ''}`, { cause: err });
+    });
     const text = await res.text();
     let parsed: unknown = text;
     try {
