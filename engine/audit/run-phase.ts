@@ -66,7 +66,7 @@ export async function runPhase(
 ): Promise<PhaseOutput> {
   const { argv, env, binds } = command();
   const git = await gitMountsOf(root, opts.tenantRoot ?? null);
-  const options = { layers: opts.layers, identity: opts.identity ?? null, repositoryAbove: git.repositoryAbove };
+  const options = { layers: opts.layers, identity: opts.identity ?? null, repositoryAbove: git.repositoryAbove, repository: git.repository };
   const r = await (opts.run ?? runProcess)(sandbox, [...argv, phase, JSON.stringify(options)], {
     workspace: root,
     readOnly: true,

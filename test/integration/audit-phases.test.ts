@@ -90,7 +90,13 @@ describe('audit phases', function () {
     await repo(path.join(tenant, 'origin'), { 'README.md': '# a\n', '.gitignore': '.env\n' });
     g(tenant, 'clone', '-q', '--shared', 'origin', 'shared');
     g(path.join(tenant, 'origin'), 'worktree', 'add', '-q', '../wt');
-    await repo(path.join(tenant, 'mono'), { 'README.md': '# m\n', '.gitignore': '.env\n', 'packages/app/README.md': '# app\n' });
+    await repo(path.join(tenant, 'mono'), {
+      'README.md': '# m\n',
+      '.gitignore': '.env\n',
+      'packages/app/README.md': '# app\n',
+      'packages/lib/README.md': '# lib\n',
+    });
+    await fs.appendFile(path.join(tenant, 'mono', 'packages', 'lib', 'README.md'), 'changed\n');
     // in each: README.md changed and not committed, and a .env git ignores
     const dirs = ['origin', 'shared', 'wt', 'mono/packages/app'].map((d) => path.join(tenant, d));
     for (const d of dirs) {
@@ -104,16 +110,12 @@ describe('audit phases', function () {
       return { rules, git: sanity.metrics.git as Record<string, unknown> | null };
     };
     const [origin, shared, wt, app] = await Promise.all([audit(dirs[0]!, tenant), audit(dirs[1]!, tenant), audit(dirs[2]!, tenant), audit(dirs[3]!, tenant)]);
-    for (const [name, got] of Object.entries({ origin, shared, wt })) {
+    // a package of a monorepo too: its repository's git data and the root's .gitignore (which ignores its .env)
+    // are mounted, and git reads the package alone (another package's change is not the audited one's)
+    for (const [name, got] of Object.entries({ origin, shared, wt, app })) {
       expect(got.rules, name).to.deep.equal(['uncommitted-changes:low']);
       expect(got.git, name).to.deep.include({ uncommitted: 1, branch: name === 'wt' ? 'wt' : 'master' });
     }
-    // a package of a monorepo: its repository is above the folder audited, its state unknown, never "not a repository"
-    expect(app.rules).to.deep.equal(['env-file-present:medium', 'git-state-unknown:medium']);
-    expect(app.git).to.deep.include({
-      uncommitted: null,
-      unknown: 'the folder is packages/app of a git repository whose git data is above it, outside the folder audited',
-    });
     // with nothing mounted beyond the folder (git data outside the tenant's root): unknown, neither clean nor "not a repository"
     const [sharedAlone, wtAlone] = await Promise.all([audit(dirs[1]!, null), audit(dirs[2]!, null)]);
     expect(sharedAlone.rules).to.deep.equal(['git-state-unknown:medium']);

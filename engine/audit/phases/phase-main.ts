@@ -10,13 +10,17 @@ import { sanityPhase } from './sanity.js';
 import { securityPhase } from './security.js';
 import { Findings, FINDINGS_CAP, openWorkspace, type PhaseOutput } from './workspace.js';
 
-type Options = Pick<AuditOptions, 'layers'> & { identity: string | null; repositoryAbove: string | null };
+type Options = Pick<AuditOptions, 'layers'> & {
+  identity: string | null;
+  repositoryAbove: string | null;
+  repository: { root: string; dir: string } | null;
+};
 
 async function main(phase: AuditPhase, options: Options): Promise<PhaseOutput> {
   // the folder mounted here is the one the service checked (device and inode), not one swapped in since
   const here = fs.statSync('.');
   if (options.identity && `${here.dev}:${here.ino}` !== options.identity) throw new Error('the workspace is not the folder that was checked');
-  const ws = await openWorkspace(process.cwd(), { repositoryAbove: options.repositoryAbove });
+  const ws = await openWorkspace(process.cwd(), { repositoryAbove: options.repositoryAbove, repository: options.repository });
   const findings = new Findings(FINDINGS_CAP);
   let metrics: PhaseOutput['metrics'];
   let dependencies: PhaseOutput['dependencies'];
@@ -60,7 +64,12 @@ async function maskedValue(value: unknown): Promise<unknown> {
 
 const phase = process.argv[2] as AuditPhase;
 const options = JSON.parse(process.argv[3] ?? '{}') as Partial<Options>;
-main(phase, { layers: options.layers ?? null, identity: options.identity ?? null, repositoryAbove: options.repositoryAbove ?? null }).then(
+main(phase, {
+  layers: options.layers ?? null,
+  identity: options.identity ?? null,
+  repositoryAbove: options.repositoryAbove ?? null,
+  repository: options.repository ?? null,
+}).then(
   (out) => process.stdout.write(`${JSON.stringify(out)}\n`),
   async (err: unknown) => {
     // an error may quote the workspace (a parser's message): what it says goes to the service's log masked

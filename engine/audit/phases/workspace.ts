@@ -56,14 +56,17 @@ function git(gitDir: string, root: string, args: string[]): Promise<string | nul
   return gitSaid(gitDir, root, args).then((r) => r.out);
 }
 
-/** As git, with what git said when it failed (its stderr's first line), for a report that must not read a failure as none. */
-function gitSaid(gitDir: string, root: string, args: string[]): Promise<{ out: string | null; error: string }> {
+/**
+ * As git, with what git said when it failed (its stderr's first line), for a report that must not read a failure as none.
+ * `cwd`: where git runs, when the folder audited is a part of the work tree `root` (a package of a monorepo).
+ */
+function gitSaid(gitDir: string, root: string, args: string[], cwd = root): Promise<{ out: string | null; error: string }> {
   return new Promise((resolve) => {
     execFile(
       'git',
       [`--git-dir=${gitDir}`, `--work-tree=${root}`, ...GIT, ...args],
       // HOME and XDG_CONFIG_HOME: no ignore file of a user's (core.excludesFile's default) is read either
-      { cwd: root, maxBuffer: 256 * 1024 * 1024, env: { ...GIT_ENV, HOME: gitDir, XDG_CONFIG_HOME: path.join(gitDir, 'xdg') } },
+      { cwd, maxBuffer: 256 * 1024 * 1024, env: { ...GIT_ENV, HOME: gitDir, XDG_CONFIG_HOME: path.join(gitDir, 'xdg') } },
       (err, stdout, stderr) =>
         resolve(
           err
@@ -211,22 +214,29 @@ async function regularFiles(root: string, rels: string[]): Promise<string[]> {
 
 /**
  * `maxFiles`: the cap of files audited (MAX_FILES; a test makes it small). `repositoryAbove`: the service found the
- * folder inside a repository above it (its path in that repository), whose git data is not mounted here.
+ * folder inside a repository above it (its path in that repository); `repository`: that repository's root and the
+ * folder, where both are mounted at their own paths (git-mounts.ts), else its git state is unknown here.
  */
-export async function openWorkspace(root: string, opts: { maxFiles?: number; repositoryAbove?: string | null } = {}): Promise<Workspace> {
+export async function openWorkspace(
+  root: string,
+  opts: { maxFiles?: number; repositoryAbove?: string | null; repository?: { root: string; dir: string } | null } = {},
+): Promise<Workspace> {
   const max = opts.maxFiles ?? MAX_FILES;
-  const gitDir = await privateGitDir(root);
-  let gitUnknown: string | null = opts.repositoryAbove
-    ? `the folder is ${opts.repositoryAbove} of a git repository whose git data is above it, outside the folder audited`
-    : null;
-  if (gitDir && 'unreadable' in gitDir) gitUnknown = `the folder is a git repository, but ${gitDir.unreadable}`;
+  const above = opts.repositoryAbove ? (opts.repository ?? null) : null;
+  const gitDir = await privateGitDir(above ? above.root : root);
+  let gitUnknown: string | null =
+    opts.repositoryAbove && !gitDir ? `the folder is ${opts.repositoryAbove} of a git repository whose git data is above it, outside the folder audited` : null;
+  if (gitDir && 'unreadable' in gitDir) gitUnknown = `the folder is ${above ? `${opts.repositoryAbove} of ` : ''}a git repository, but ${gitDir.unreadable}`;
   else if (gitDir) {
-    const run = (args: string[]) => gitSaid(gitDir.dir, root, args);
+    // a package of a monorepo: git runs in it, its work tree the repository's, and reads the package alone (ls-files
+    // answers paths from where it runs; status from the repository's root, which `prefix` takes off)
+    const run = (args: string[]) => (above ? gitSaid(gitDir.dir, above.root, [...args, '--', '.'], above.dir) : gitSaid(gitDir.dir, root, args));
+    const prefix = above ? `${opts.repositoryAbove!.split(path.sep).join('/')}/` : '';
     const [cached, others, head, branch, status] = await Promise.all([
       run(['ls-files', '-z', '--cached']),
       run(['ls-files', '-z', '--others', '--exclude-standard']),
-      run(['rev-parse', '--verify', '-q', 'HEAD']),
-      run(['symbolic-ref', '-q', '--short', 'HEAD']),
+      gitSaid(gitDir.dir, above?.root ?? root, ['rev-parse', '--verify', '-q', 'HEAD'], above?.dir),
+      gitSaid(gitDir.dir, above?.root ?? root, ['symbolic-ref', '-q', '--short', 'HEAD'], above?.dir),
       // a submodule's changed commit is seen; its work tree is not: that is a `git status` started in it, which
       // reads the submodule's own config (its filters)
       run(['status', '--porcelain=v1', '-z', '--untracked-files=normal', '--ignore-submodules=dirty']),
@@ -241,7 +251,9 @@ export async function openWorkspace(root: string, opts: { maxFiles?: number; rep
           : status.out
               .split('\0')
               .filter((l) => /^[ MADRCUT?!]{2} ./.test(l))
-              .map((l) => l.slice(3));
+              .map((l) => l.slice(3))
+              .filter((p) => p.startsWith(prefix))
+              .map((p) => p.slice(prefix.length));
       return {
         root,
         files: files.slice(0, max),
