@@ -384,7 +384,7 @@ describe('processes', function () {
   });
 
   it('says in one line which setting it cannot start with (a port in use, a data dir that is a file, a key given to two tenants), and takes no run first', async function () {
-    // seven processes started one after another (about 20 s on a quiet machine)
+    // seven processes started one after another (40 s under a loaded machine, past the file's bound)
     this.timeout(90_000);
     const h = await startHarness({ workers: false });
     try {
