@@ -2,7 +2,7 @@
 // stream it per phase (resumable: the event ids name the report), and fetch a recent report.
 import { Ajv2020, type ValidateFunction } from 'ajv/dist/2020.js';
 import { Router, type Request, type Response } from 'express';
-import { nestsDeeperThan, NotFoundError, scopes, ValidationError, type AuditPhase, type EventHub } from '../../engine/platform/index.js';
+import { nestsDeeperThan, scopes, ValidationError, type AuditPhase, type EventHub } from '../../engine/platform/index.js';
 import type { Engine } from '../../engine/index.js';
 import { tenantOf } from '../auth.js';
 import type { components } from '../schema.js';
@@ -146,12 +146,9 @@ export function auditRouter(engine: Engine, opts: { hub: EventHub; heartbeatMs: 
       heartbeatMs: opts.heartbeatMs,
       headers: { 'X-Report-Id': reportId, 'Content-Location': `${BASE}/${reportId}` },
       place,
-      // a report gone before its end (Redis lost it) will never end the stream: it ends, and a reconnect is told so
-      stillThere: () =>
-        engine.audits.get(tenantId, reportId).then(
-          () => true,
-          (err: unknown) => !(err instanceof NotFoundError),
-        ),
+      // a report gone before its end (Redis lost it) will never end the stream: it ends, and a reconnect is told so;
+      // one finished whose end the log lacks is given it, and the stream ends with it
+      stillThere: () => engine.audits.stillThere(tenantId, reportId),
     });
   }
 

@@ -204,11 +204,33 @@ export function auditsOf(deps: AuditsDeps) {
 
   /** The assembled report into Redis (out of the running sets), and the end of its stream. */
   async function finishWith(tenantId: string, report: AuditReport): Promise<void> {
-    const id = report.report_id;
     await reports.finish(tenantId, report);
-    await events.append(scopes.audit(id).stream, { tenant_id: tenantId, type: 'audit.finished', data: report });
+    await appendEnd(tenantId, report);
+  }
+
+  async function appendEnd(tenantId: string, report: AuditReport): Promise<void> {
+    const stream = scopes.audit(report.report_id).stream;
+    await events.append(stream, { tenant_id: tenantId, type: 'audit.finished', data: report });
     // the stream holds the whole report too: it goes when the report does, not a week later
-    await deps.redis.expire(events.key(scopes.audit(id).stream), settings.reportTtlSeconds);
+    await deps.redis.expire(events.key(stream), settings.reportTtlSeconds);
+  }
+
+  /**
+   * A finished report whose log lacks its end (stored, then Redis refused the event, and no job is left to
+   * append it) gets it now, once (a claim): a stream waiting for it ends with it, a reconnect is sent it.
+   */
+  async function ensureEnded(tenantId: string, report: AuditReport): Promise<void> {
+    if (report.status === 'running') return;
+    const [last] = await events.newestFirst(scopes.audit(report.report_id).stream, '0-0', '+', 1);
+    if (last?.type === 'audit.finished') return;
+    const claim = `${queues.prefix}:audit:end:${report.report_id}`;
+    if ((await deps.redis.set(claim, '1', 'EX', ASSEMBLE_CLAIM_SECONDS, 'NX')) !== 'OK') return;
+    try {
+      await appendEnd(tenantId, report);
+    } catch (err) {
+      await deps.redis.del(claim).catch(() => undefined);
+      throw err;
+    }
   }
 
   /**
@@ -467,6 +489,7 @@ export function auditsOf(deps: AuditsDeps) {
       }
       if (got.report.status !== 'running') {
         await reports.dropRunning(tenantId, id); // done, but still counted running (a process stopped half way)
+        await ensureEnded(tenantId, got.report);
         return got.report;
       }
       const claim = `${queues.prefix}:audit:assemble:${id}`;
@@ -483,8 +506,20 @@ export function auditsOf(deps: AuditsDeps) {
     async hasMore(tenantId: string, id: string, afterId: string): Promise<boolean> {
       return redisOrUnavailable(deps.redis, 'reading an audit', async () => {
         const { report } = await mustGet(tenantId, id);
+        await ensureEnded(tenantId, report);
         return report.status === 'running' || (await events.after(scopes.audit(id).stream, afterId, 1)).length > 0;
       });
+    },
+
+    /**
+     * Whether a report's stream may still end (asked at a stream's heartbeats): false once the report is gone
+     * (Redis lost it, or it expired); a finished one whose end the log lacks is given it (ensureEnded).
+     */
+    async stillThere(tenantId: string, id: string): Promise<boolean> {
+      const got = await reports.get(tenantId, id);
+      if (!got) return false;
+      await ensureEnded(tenantId, got.report);
+      return true;
     },
 
     /** The report now; a 404 problem when it is unknown, expired or evicted (reports live in Redis: 503 without it). */

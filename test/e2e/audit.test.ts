@@ -473,6 +473,39 @@ describe('workspace audit reports: expiry, eviction and phases that do not compl
     }
   });
 
+  it('ends the stream of a report whose end Redis refused once: the report is sent from the store, and a reconnect gets it, not a 204', async () => {
+    const own = await startHarness({ env: { SERVICE_AUDIT_REGISTRY_URL: 'none' } });
+    const events = own.rt.events;
+    const append = events.append.bind(events);
+    let ends = 0;
+    events.append = async (scope, event) => {
+      if (event.type === 'audit.finished' && !ends++) throw new Error('injected: Redis refused the write');
+      return append(scope, event);
+    };
+    try {
+      await makeFlawedProject(own.tenantDir());
+      const stream = watch(`${own.url}/api/v1/autonomy/workspace-audit/stream?phases=sanity`);
+      // the report job's end failed after the report was stored; the stream's heartbeat finds the end missing
+      await eventually(() => stream.events.some((e) => e.name === 'report') || stream.failed(), 'the report', 60_000);
+      stream.es.close();
+      // refused, then appended once from the stored report
+      expect(ends).to.equal(2);
+      const [phase, report] = stream.events;
+      expect([phase!.name, report!.name]).to.deep.equal(['phase_done', 'report']);
+      expect(report!.data.data.status).to.equal('completed');
+      // a reader that had only the phase is sent the report; one that had the report is told there is no more
+      const from = async (lastEventId: string) =>
+        fetch(`${own.url}/api/v1/autonomy/workspace-audit/stream`, { headers: { authorization: `Bearer ${KEYS.a}`, 'last-event-id': lastEventId } });
+      const resumed = await from(phase!.id);
+      expect(resumed.status).to.equal(200);
+      expect(await resumed.text()).to.contain('event: report');
+      expect((await from(report!.id)).status).to.equal(204);
+    } finally {
+      events.append = append;
+      await own.close();
+    }
+  });
+
   it('finishes a report whose flow was lost: the reconciler assembles it, partial, and the ledger has it', async () => {
     const audits = h.rt.engine.audits;
     const now = Date.now();
