@@ -4,6 +4,7 @@
 // MAX_JSON_DEPTH is refused where it comes in. How many values it holds, and how long its lists are, bound
 // what parsing and checking it costs: a body of 100 KB is 50,000 values, and a schema validator that lists
 // every error of a list's items does work that grows with the square of their number.
+import { isUtf8 } from 'node:buffer';
 
 /** The deepest nesting of objects and arrays a request or delivery body may have. */
 export const MAX_JSON_DEPTH = 64;
@@ -60,11 +61,13 @@ export function hasLoneSurrogate(text: Buffer): boolean {
 export const MAX_JSON_VALUES = 50_000;
 
 /**
- * Why a JSON text is refused before it is parsed (too deep, or a lone surrogate), or null when it is not:
- * one check for the API's bodies and every webhook intake, all of which store what they take. `detail`
- * names `what` was refused; `rule` is the rule it broke.
+ * Why a JSON text is refused before it is parsed (not UTF-8, too deep, or a lone surrogate), or null when it
+ * is not: one check for the API's bodies and every webhook intake, all of which store what they take (bytes
+ * that are not UTF-8 were decoded as U+FFFD: a shell command stored was not the one sent, a delivery's body
+ * not the bytes its size and hash are of). `detail` names `what` was refused; `rule` is the rule it broke.
  */
 export function unsafeJson(text: Buffer, what = 'the body'): { detail: string; rule: string } | null {
+  if (!isUtf8(text)) return { detail: `${what} is not UTF-8, which JSON is (RFC 8259)`, rule: 'must be UTF-8' };
   if (nestsDeeperThan(text))
     return { detail: `${what} nests deeper than ${MAX_JSON_DEPTH} levels`, rule: `must not nest objects and arrays deeper than ${MAX_JSON_DEPTH} levels` };
   if (hasLoneSurrogate(text))

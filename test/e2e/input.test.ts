@@ -157,6 +157,17 @@ describe('bad input', () => {
     expect((await h.call<{ data: unknown[] }>('GET', '/api/v1/automations?limit=100')).body.data.length).to.equal(before);
   });
 
+  it('refuses a body that is not UTF-8 (its bytes were stored as U+FFFD: a shell command that was not the one sent), and stores nothing', async () => {
+    const before = (await h.call<{ data: unknown[] }>('GET', '/api/v1/automations?limit=100')).body.data.length;
+    for (const bad of [[0xff], [0xc3, 0x28], [0xed, 0xa0, 0x80], [0xf4, 0x90, 0x80, 0x80]]) {
+      const raw = Buffer.concat([Buffer.from('{"name":"n","steps":[{"tool":"shell","args":{"command":"printf '), Buffer.from(bad), Buffer.from('"}}]}')]);
+      const res = await h.call('POST', '/api/v1/automations', { raw, headers: { 'content-type': 'application/json' } });
+      expect(res.status, JSON.stringify(bad)).to.equal(400);
+      expect(res.body.errors).to.deep.equal([{ path: '/body', message: 'must be UTF-8' }]);
+    }
+    expect((await h.call<{ data: unknown[] }>('GET', '/api/v1/automations?limit=100')).body.data.length).to.equal(before);
+  });
+
   it('refuses a body nested deeper than 64 levels before parsing it, and stores nothing', async () => {
     const nested = (depth: number) => '{"a":'.repeat(depth) + '1' + '}'.repeat(depth);
     for (const depth of [65, 1000, 5000]) {

@@ -803,6 +803,20 @@ describe('webhook intake', function () {
       const email = await post('email', { body: lone, headers: { 'content-type': 'application/json', authorization: sign.basicAuth(SECRET.email) } });
       expect(email.status).to.equal(400);
       expect(email.body.detail).to.match(/lone surrogate/);
+      // signed, but not UTF-8: taken, it was stored as U+FFFD, a body that is not the bytes its size and hash are of
+      const bytes = Buffer.concat([Buffer.from('{"type":"'), Buffer.from([0xff, 0xfe]), Buffer.from('"}')]);
+      const notUtf8 = await post('generic', {
+        body: bytes,
+        headers: {
+          'content-type': 'application/json',
+          'x-service-signature': `t=${t},v1=${createHmac('sha256', SECRET.generic).update(`${t}.`).update(bytes).digest('hex')}`,
+        },
+      });
+      expect(notUtf8.status).to.equal(400);
+      expect(notUtf8.body).to.include({ code: 'webhook-payload-invalid', detail: 'the body is not UTF-8, which JSON is (RFC 8259)' });
+      const mail = await post('email', { body: bytes, headers: { 'content-type': 'application/json', authorization: sign.basicAuth(SECRET.email) } });
+      expect(mail.status).to.equal(400);
+      expect(mail.body.detail).to.match(/not UTF-8/);
     });
   });
 
