@@ -2,7 +2,16 @@
 import express, { type Express, type Request } from 'express';
 import * as OpenApiValidator from 'express-openapi-validator';
 import { fastRouteLookup } from './route-matchers.js';
-import { BadRequestError, NotFoundError, type EventHub, type Logger, type Metrics, type Queues, type Redis } from '../engine/platform/index.js';
+import {
+  BadRequestError,
+  ExpectationFailedError,
+  NotFoundError,
+  type EventHub,
+  type Logger,
+  type Metrics,
+  type Queues,
+  type Redis,
+} from '../engine/platform/index.js';
 import type { Engine } from '../engine/index.js';
 import type { Store } from '../engine/store/index.js';
 import { adminRouter } from './admin.js';
@@ -130,6 +139,10 @@ export function createApp(deps: AppDeps): Express {
       (req, _res, next) => {
         if (req.headers.host === undefined && req.httpVersionMajor === 1 && req.httpVersionMinor >= 1)
           throw new BadRequestError('An HTTP/1.1 request must carry a Host header (RFC 9112).');
+        // the server hands such a request here for the same reason (Node's own answer was a bare 417)
+        const expect = req.headers.expect;
+        if (expect !== undefined && expect.trim().toLowerCase() !== '100-continue')
+          throw new ExpectationFailedError(`The Expect header asks for ${JSON.stringify(expect.slice(0, 100))}: only 100-continue is met (RFC 9110).`);
         next();
       },
     ),

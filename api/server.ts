@@ -77,6 +77,8 @@ export async function startWebServer(rt: Runtime, opts: { port?: number; host?: 
   });
   server.keepAliveTimeout = 65_000; // above common load balancers' idle timeouts
   server.on('clientError', (err: Error & { code?: string }, socket: Duplex) => answerClientError(err, socket, rt.log));
+  // an Expect other than 100-continue is the app's to refuse, as a problem (api/app.ts), not Node's bare 417
+  server.on('checkExpectation', (req, res) => server.emit('request', req, res));
   // once closing, no connection is kept alive: an answer not begun yet says `Connection: close`, and a connection
   // is closed once its answer is sent. Left idle, a keep-alive connection whose request was in flight when closing
   // began would hold close() open for keepAliveTimeout (closeIdleConnections() at the start sees only those idle then).

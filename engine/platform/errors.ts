@@ -27,6 +27,7 @@ export const ERROR_STATUS = {
   'payload-too-large': 413,
   'unsupported-media-type': 415,
   'unsupported-audio': 415,
+  'expectation-failed': 417,
   'address-not-allowed': 422,
   'audio-invalid': 422,
   'audio-too-long': 422,
@@ -162,6 +163,11 @@ export class UnsupportedMediaTypeError extends AppError {
 /** A request that is not one HTTP can carry as asked (no Host on HTTP/1.1). */
 export class BadRequestError extends AppError {
   readonly code = 'bad-request';
+}
+
+/** An `Expect` header the service cannot meet: only `100-continue` is one (RFC 9110 §10.1.1). */
+export class ExpectationFailedError extends AppError {
+  readonly code = 'expectation-failed';
 }
 
 /** Something the service depends on (the store, Redis) did not answer: worth retrying after `retryAfterSeconds`. */

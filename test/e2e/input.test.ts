@@ -409,6 +409,17 @@ describe('bad input', () => {
     // HTTP/1.0 had no Host
     const old = await send(`GET /healthz HTTP/1.0\r\n\r\n`);
     expect(old).to.match(/^HTTP\/1\.1 200 /);
+    // an Expect the service cannot meet: a problem with its request id too (Node's own 417 was bare); 100-continue is met
+    const expecting = (value: string) =>
+      send(
+        `POST /api/v1/sessions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${KEYS.a}\r\nContent-Type: application/json\r\nExpect: ${value}\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}`,
+      );
+    const unmet = await expecting('foo');
+    expect(unmet).to.match(/^HTTP\/1\.1 417 /);
+    const failed = bodyOfAnswer(unmet);
+    expect(failed).to.include({ status: 417, code: 'expectation-failed' });
+    expect(unmet).to.match(new RegExp(`\r\nX-Request-Id: ${failed.request_id}\r\n`, 'i'));
+    expect(await expecting('100-continue')).to.match(/^HTTP\/1\.1 100 Continue\r\n\r\nHTTP\/1\.1 201 /);
   });
 
   it('answers a request whose target is in absolute form as the same request in origin form, checked the same', async () => {
