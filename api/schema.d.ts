@@ -3455,6 +3455,21 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"];
             };
         };
+        /**
+         * @description Any other refusal, as every error is: `application/problem+json` with its `code`. Among them, on any
+         *     operation: 405 `method-not-allowed` (a method the path does not have), 408 `request-timeout` (a body
+         *     that stopped coming), 413 and 415 for a body an operation that takes none was sent, 417
+         *     `expectation-failed` (an `Expect` other than `100-continue`), 429 `rate-limited`, 431
+         *     `headers-too-large`, 400 for a query parameter the operation does not take, and 503 `unavailable`.
+         */
+        OtherProblem: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
         /** @description The object's state forbids the change (`conflict`), for example an archived automation. */
         Conflict: {
             headers: {
@@ -3592,6 +3607,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            default: components["responses"]["OtherProblem"];
         };
     };
     signInCallback: {
@@ -3619,6 +3635,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            default: components["responses"]["OtherProblem"];
         };
     };
     signOut: {
@@ -3646,6 +3663,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            default: components["responses"]["OtherProblem"];
         };
     };
     whoAmI: {
@@ -3668,6 +3686,7 @@ export interface operations {
             };
             401: components["responses"]["Unauthorized"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     getHealth: {
@@ -3688,6 +3707,7 @@ export interface operations {
                     "application/json": components["schemas"]["Health"];
                 };
             };
+            default: components["responses"]["OtherProblem"];
         };
     };
     getReadiness: {
@@ -3717,6 +3737,7 @@ export interface operations {
                     "application/json": components["schemas"]["Readiness"];
                 };
             };
+            default: components["responses"]["OtherProblem"];
         };
     };
     getOpenApi: {
@@ -3737,6 +3758,7 @@ export interface operations {
                     "application/json": Record<string, never>;
                 };
             };
+            default: components["responses"]["OtherProblem"];
         };
     };
     getDocs: {
@@ -3757,6 +3779,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
+            default: components["responses"]["OtherProblem"];
         };
     };
     getRedoc: {
@@ -3777,6 +3800,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
+            default: components["responses"]["OtherProblem"];
         };
     };
     listAutomations: {
@@ -3808,6 +3832,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     createAutomation: {
@@ -3836,6 +3861,7 @@ export interface operations {
             422: components["responses"]["Unprocessable"];
             429: components["responses"]["ApiRateLimited"];
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     listAutomationTemplates: {
@@ -3860,6 +3886,7 @@ export interface operations {
             };
             401: components["responses"]["Unauthorized"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     instantiateAutomationTemplate: {
@@ -3896,6 +3923,7 @@ export interface operations {
             422: components["responses"]["Unprocessable"];
             429: components["responses"]["ApiRateLimited"];
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     getAutomation: {
@@ -3915,6 +3943,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     archiveAutomation: {
@@ -3940,6 +3969,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     updateAutomation: {
@@ -3968,6 +3998,7 @@ export interface operations {
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     enableAutomation: {
@@ -3988,6 +4019,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     disableAutomation: {
@@ -4008,6 +4040,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     runAutomation: {
@@ -4043,6 +4076,7 @@ export interface operations {
             422: components["responses"]["Unprocessable"];
             429: components["responses"]["ApiRateLimited"];
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     getAutomationStatus: {
@@ -4070,6 +4104,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     getAutomationHistory: {
@@ -4102,6 +4137,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     runAutonomy: {
@@ -4144,6 +4180,7 @@ export interface operations {
             422: components["responses"]["Unprocessable"];
             429: components["responses"]["ApiRateLimited"];
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     runVibe: {
@@ -4173,6 +4210,7 @@ export interface operations {
             422: components["responses"]["Unprocessable"];
             429: components["responses"]["ApiRateLimited"];
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     streamRunSession: {
@@ -4203,6 +4241,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             429: components["responses"]["ApiRateLimited"];
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     getReliabilityContext: {
@@ -4226,6 +4265,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             429: components["responses"]["ApiRateLimited"];
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     getSmartGates: {
@@ -4253,6 +4293,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             422: components["responses"]["Unprocessable"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     getEvidencePack: {
@@ -4297,6 +4338,7 @@ export interface operations {
             };
             422: components["responses"]["Unprocessable"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     runWorkspaceAudit: {
@@ -4348,6 +4390,7 @@ export interface operations {
             415: components["responses"]["UnsupportedMediaType"];
             429: components["responses"]["ApiRateLimited"];
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     streamWorkspaceAudit: {
@@ -4406,6 +4449,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             429: components["responses"]["ApiRateLimited"];
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     getWorkspaceAuditReport: {
@@ -4433,6 +4477,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             429: components["responses"]["ApiRateLimited"];
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     transcribeVoice: {
@@ -4512,6 +4557,7 @@ export interface operations {
             502: components["responses"]["BadGateway"];
             503: components["responses"]["TranscriptionNotConfigured"];
             504: components["responses"]["GatewayTimeout"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     listSessions: {
@@ -4542,6 +4588,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     createSession: {
@@ -4578,6 +4625,7 @@ export interface operations {
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     getSession: {
@@ -4605,6 +4653,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     archiveSession: {
@@ -4632,6 +4681,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     updateSession: {
@@ -4666,6 +4716,7 @@ export interface operations {
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     listSessionAgents: {
@@ -4693,6 +4744,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     addSessionAgent: {
@@ -4729,6 +4781,7 @@ export interface operations {
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     getSessionAgent: {
@@ -4758,6 +4811,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     updateSessionAgent: {
@@ -4796,6 +4850,7 @@ export interface operations {
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     listSessionTasks: {
@@ -4823,6 +4878,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     addSessionTasks: {
@@ -4891,6 +4947,7 @@ export interface operations {
             422: components["responses"]["Unprocessable"];
             429: components["responses"]["ApiRateLimited"];
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     listSessionMessages: {
@@ -4922,6 +4979,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     postSessionMessage: {
@@ -4967,6 +5025,7 @@ export interface operations {
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     listSessionRuns: {
@@ -4999,6 +5058,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     traceSession: {
@@ -5038,6 +5098,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             429: components["responses"]["ApiRateLimited"];
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     listRuns: {
@@ -5070,6 +5131,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     rerunRun: {
@@ -5096,6 +5158,7 @@ export interface operations {
             422: components["responses"]["Unprocessable"];
             429: components["responses"]["ApiRateLimited"];
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     getRun: {
@@ -5123,6 +5186,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     cancelRun: {
@@ -5161,6 +5225,7 @@ export interface operations {
             409: components["responses"]["Conflict"];
             429: components["responses"]["ApiRateLimited"];
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     receiveCodehostWebhook: {
@@ -5196,6 +5261,7 @@ export interface operations {
             413: components["responses"]["PayloadTooLarge"];
             429: components["responses"]["RateLimited"];
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     receiveChatWebhook: {
@@ -5229,6 +5295,7 @@ export interface operations {
             413: components["responses"]["PayloadTooLarge"];
             429: components["responses"]["RateLimited"];
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     receiveTrackerWebhook: {
@@ -5261,6 +5328,7 @@ export interface operations {
             413: components["responses"]["PayloadTooLarge"];
             429: components["responses"]["RateLimited"];
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     receivePagerWebhook: {
@@ -5291,6 +5359,7 @@ export interface operations {
             413: components["responses"]["PayloadTooLarge"];
             429: components["responses"]["RateLimited"];
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     receiveEmailWebhook: {
@@ -5323,6 +5392,7 @@ export interface operations {
             413: components["responses"]["PayloadTooLarge"];
             429: components["responses"]["RateLimited"];
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     receiveGenericWebhook: {
@@ -5357,6 +5427,7 @@ export interface operations {
             413: components["responses"]["PayloadTooLarge"];
             429: components["responses"]["RateLimited"];
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     listApiKeys: {
@@ -5388,6 +5459,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     createApiKey: {
@@ -5418,6 +5490,7 @@ export interface operations {
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     revokeApiKey: {
@@ -5446,6 +5519,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     listWebhookSecrets: {
@@ -5470,6 +5544,7 @@ export interface operations {
             };
             401: components["responses"]["Unauthorized"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     putWebhookSecret: {
@@ -5501,6 +5576,7 @@ export interface operations {
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     deleteWebhookSecret: {
@@ -5525,6 +5601,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     listWebhookDeliveries: {
@@ -5558,6 +5635,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     getWebhookDelivery: {
@@ -5577,6 +5655,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     replayWebhookDelivery: {
@@ -5597,6 +5676,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     listConnections: {
@@ -5629,6 +5709,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     createConnection: {
@@ -5661,6 +5742,7 @@ export interface operations {
             415: components["responses"]["UnsupportedMediaType"];
             422: components["responses"]["Unprocessable"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     getConnection: {
@@ -5688,6 +5770,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     deleteConnection: {
@@ -5713,6 +5796,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     updateConnection: {
@@ -5748,6 +5832,7 @@ export interface operations {
             415: components["responses"]["UnsupportedMediaType"];
             422: components["responses"]["Unprocessable"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     testConnection: {
@@ -5775,6 +5860,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     listNotificationEndpoints: {
@@ -5799,6 +5885,7 @@ export interface operations {
             };
             401: components["responses"]["Unauthorized"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     createNotificationEndpoint: {
@@ -5832,6 +5919,7 @@ export interface operations {
             422: components["responses"]["Unprocessable"];
             429: components["responses"]["ApiRateLimited"];
             503: components["responses"]["Unavailable"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     getNotificationEndpoint: {
@@ -5859,6 +5947,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     deleteNotificationEndpoint: {
@@ -5884,6 +5973,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     updateNotificationEndpoint: {
@@ -5918,6 +6008,7 @@ export interface operations {
             415: components["responses"]["UnsupportedMediaType"];
             422: components["responses"]["Unprocessable"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     listNotificationDeliveries: {
@@ -5953,6 +6044,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
     replayNotificationDelivery: {
@@ -5981,6 +6073,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
             429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
         };
     };
 }
