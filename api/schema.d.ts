@@ -1954,7 +1954,9 @@ export interface components {
          * @description One tool call. String arguments may name the run's inputs and the outputs of earlier steps:
          *     `${inputs.event.pull_request.number}`, `${steps.review.output.summary}` (a step by its name or
          *     its place in the plan, from 0); an argument that is one such reference alone takes the value as it
-         *     is (a number, an object). The `agent` tool runs the agent loop towards `args.goal` with the run's
+         *     is (a number, an object). Any other `${...}` is left as written. A `shell` step's command takes each
+         *     reference through its environment (`${SVC_REF_0}`, the value in `args.env`), never as command text.
+         *     The `agent` tool runs the agent loop towards `args.goal` with the run's
          *     allowed tools; its output is `{summary, answer}`.
          */
         Step: {

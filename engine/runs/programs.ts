@@ -9,9 +9,15 @@ import type { Scratch } from './workspace.js';
 
 export type WorkOutcome = { summary: string; error?: ErrorInfo; result?: Run['result'] };
 
-/** One `${a.b.c}` reference alone: its value is taken as it is, not as text. */
-const WHOLE_REFERENCE = /^\$\{([a-z_][\w.|]*)\}$/i;
-const REFERENCE = /\$\{([a-z_][\w.|]*)\}/gi;
+/**
+ * A reference names the run's inputs or an earlier step's output (`${inputs.a.b}`, `${steps.x.output|inputs.y}`);
+ * any other `${...}` is left as it is written (a shell's `${HOME}`, `${1:-x}`). One alone: its value is taken as
+ * it is, not as text.
+ */
+const ROOT = String.raw`(?:inputs|steps)(?:\.\w+)*`;
+const REFERENCE_BODY = String.raw`(${ROOT}(?:\|${ROOT})*)`;
+const WHOLE_REFERENCE = new RegExp(String.raw`^\$\{${REFERENCE_BODY}\}$`);
+const REFERENCE = new RegExp(String.raw`\$\{${REFERENCE_BODY}\}`, 'g');
 
 /**
  * `a.b.c`, or alternatives `a.b|c.d`: the first that is set (not absent, null or empty). Only a value's
@@ -119,6 +125,25 @@ function expand(value: unknown, scope: Record<string, unknown>, room: ArgsRoom):
   return value;
 }
 
+/**
+ * A shell step's command takes what its references name through its environment, never as text of the
+ * command line: `echo "${inputs.event.pull_request.title}"` runs as `echo "${SVC_REF_0}"` with SVC_REF_0 the
+ * title (in the step's `env`), so a title holding `"; id; echo "` is printed, not run. A command that is one
+ * reference alone is the value itself, a command the run's author chose to take from its inputs.
+ */
+export function liftShellReferences(args: Record<string, unknown>): Record<string, unknown> {
+  const command = args.command;
+  if (typeof command !== 'string' || WHOLE_REFERENCE.test(command)) return args;
+  const env: Record<string, unknown> = args.env && typeof args.env === 'object' && !Array.isArray(args.env) ? { ...args.env } : {};
+  let n = 0;
+  const lifted = command.replace(REFERENCE, (reference) => {
+    const name = `SVC_REF_${n++}`;
+    env[name] = reference;
+    return `\${${name}}`;
+  });
+  return n ? { ...args, command: lifted, env } : args;
+}
+
 /** A step's `if`: `a == b` or `a != b` (compared as text, trimmed), or a value that is set and not false, 0 or null. */
 export function holds(condition: string, scope: Record<string, unknown>): boolean {
   const compared = /^([\s\S]*?)\s(==|!=)\s([\s\S]*)$/.exec(condition);
@@ -175,7 +200,8 @@ export function stepsProgram(agent?: AgentLoop) {
       if (left !== undefined && left <= 0) {
         return { summary: '', error: { code: 'max-steps-reached', message: `max_steps (${a.run.budget.max_steps}) reached before step ${i}` } };
       }
-      const made = runs instanceof ToolError ? runs : expanded('args', () => expandArgs(s.args ?? {}, scope, argsLeft));
+      const written = s.tool === 'shell' ? liftShellReferences(s.args ?? {}) : (s.args ?? {});
+      const made = runs instanceof ToolError ? runs : expanded('args', () => expandArgs(written, scope, argsLeft));
       const args = made instanceof ToolError ? made : (made.args as Record<string, unknown>);
       if (!(made instanceof ToolError)) argsLeft -= made.bytes;
       if (args instanceof ToolError) {

@@ -20,7 +20,9 @@ export const shellTool: Tool = {
   async execute(args, ctx) {
     const command = stringArg(args, 'command');
     const extra = (args.env && typeof args.env === 'object' ? args.env : {}) as Record<string, unknown>;
-    const env = { ...ctx.childEnv, ...Object.fromEntries(Object.entries(extra).map(([k, v]) => [k, String(v)])) };
+    // a value that is not text (a reference to a number or an object) is its JSON, as in a command's text; none is empty
+    const text = (v: unknown) => (typeof v === 'string' ? v : v === null || v === undefined ? '' : JSON.stringify(v));
+    const env = { ...ctx.childEnv, ...Object.fromEntries(Object.entries(extra).map(([k, v]) => [k, text(v)])) };
     if (ctx.signal.aborted) throw new ToolError('aborted', 'the run was stopped before the command started');
     const r = await runProcess(ctx.sandbox, ['/bin/sh', '-c', command], {
       workspace: ctx.workspace,

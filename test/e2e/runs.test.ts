@@ -474,6 +474,27 @@ describe('autonomy runs', function () {
     expect(run.summary).to.equal('4 steps succeeded');
   });
 
+  it('hands a shell step what its references name through its environment, never as command text, and leaves other ${...} to the shell', async () => {
+    // a pull request's title as a webhook brings it: a quote and a command after it
+    const title = 'fix typo"; echo INJECTED; echo "';
+    const res = await start({
+      inputs: { title, count: 3, labels: ['a', 'b'] },
+      steps: [
+        { tool: 'shell', name: 'say', args: { command: 'echo "PR title: ${inputs.title}"' } },
+        { tool: 'shell', args: { command: 'X=abc; echo "var=${X} home=${HOME:+set} n=${inputs.count} l=${inputs.labels} s=${steps.say.output.exit_code}"' } },
+        // written as the author wants it, the value itself is the command
+        { tool: 'shell', args: { command: '${inputs.cmd|inputs.fallback}' } },
+      ],
+    });
+    const run = await finished(res.body.run_id);
+    expect(run.status, JSON.stringify(run.error)).to.equal('failed');
+    expect(run.steps[0].output.stdout).to.equal(`PR title: ${title}\n`);
+    expect(run.steps[0].args).to.deep.equal({ command: 'echo "PR title: ${SVC_REF_0}"', env: { SVC_REF_0: title } });
+    expect(run.steps[1].output.stdout).to.equal('var=abc home=set n=3 l=["a","b"] s=0\n');
+    // the third names nothing that is set: an empty command is refused by the tool, not run as something else
+    expect(run.steps[2].args).to.deep.equal({ command: '' });
+  });
+
   it('streams a step’s output whole characters at a time, up to 1 MB of UTF-8, and keeps a tail that starts with a whole one', async () => {
     // 1,000,000 € (3 bytes each): 3 MB printed
     const res = await start({ steps: [{ tool: 'shell', args: { command: 'yes € | head -n 1000000 | tr -d "\\n"' } }] });
