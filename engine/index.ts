@@ -142,6 +142,7 @@ export function createEngine(given: EngineDeps) {
   const schedules = schedulesOf(deps);
   const automations = automationsOf(deps, { changed: (a, before) => schedules.sync(a, before), created: (a) => schedules.placeNew(a) });
   runs.guardRerun(automations.assertMayRerun);
+  runs.guardStart(automations.mayStart);
   const { fire, fireCron } = firesOf({ ...deps, automations, schedules, runs });
 
   return {

@@ -304,6 +304,18 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
         throw new ConflictError(`run ${run.id} is of automation ${a.id}, which is disabled; enable it to re-run its runs`, { status: a.status });
     },
 
+    /**
+     * A run of an automation disabled or archived since it was queued does not start (a fire never runs past a
+     * disable): it is canceled at its start, as a retry's next attempt is. A start guard of the run engine's.
+     */
+    async mayStart(run: Run): Promise<null | { refuse: string }> {
+      if (!run.automation_id) return null;
+      const a = await store.automations.get(run.tenant_id, run.automation_id);
+      if (!a || a.status === 'archived') return { refuse: `automation ${run.automation_id} was archived before the run started` };
+      if (a.status === 'disabled') return { refuse: `automation ${a.id} was disabled before the run started` };
+      return null;
+    },
+
     /** The run request an automation makes; the caller starts it (so Idempotency-Key can wrap it). */
     async runRequest(tenantId: string, id: string, opts: { inputs?: Record<string, unknown>; trigger: RunTrigger; request_id?: string }): Promise<RunRequest> {
       const a = await mustGet(tenantId, id);

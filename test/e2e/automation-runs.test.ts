@@ -1,5 +1,6 @@
 import { expect } from 'chai';
-import { eventually, KEYS, startHarness, type Harness } from '../support/harness.js';
+import { eventually, finishedRun, KEYS, startHarness, type Harness } from '../support/harness.js';
+import { startWorkers } from '../../workers/index.js';
 
 type Body = Record<string, any>;
 
@@ -68,6 +69,36 @@ describe('automation runs', function () {
     await h.call('DELETE', `/api/v1/automations/${a.id}`);
     expect((await h.call('POST', '/api/v1/automations/run', { body: { automation_id: a.id } })).status).to.equal(404);
     expect((await h.call('GET', `/api/v1/automations/${a.id}/history`)).body.data).to.deep.equal([]);
+  });
+
+  it('never starts a run queued before its automation was disabled or archived: it ends canceled, its steps never run', async () => {
+    const idle = await startHarness({ workers: false });
+    try {
+      const made = async (name: string) =>
+        (await idle.call<Body>('POST', '/api/v1/automations', { body: { name, steps: [{ tool: 'shell', args: { command: 'touch ran' } }] } })).body;
+      const [disabled, archived] = [await made('to disable'), await made('to archive')];
+      const queued = [];
+      for (const a of [disabled, archived]) {
+        const res = await idle.call<Body>('POST', '/api/v1/automations/run', { body: { automation_id: a.id } });
+        expect(res.status, res.text).to.equal(202);
+        queued.push(res.body.run_id as string);
+      }
+      expect((await idle.call('POST', `/api/v1/automations/${disabled.id}/disable`)).status).to.equal(200);
+      expect((await idle.call('DELETE', `/api/v1/automations/${archived.id}`)).status).to.equal(204);
+      const workers = await startWorkers(idle.rt);
+      try {
+        const [one, two] = [await finishedRun(idle, queued[0]!), await finishedRun(idle, queued[1]!)];
+        expect([one.status, two.status]).to.deep.equal(['canceled', 'canceled']);
+        expect(one.error.message).to.equal(`automation ${disabled.id} was disabled before the run started`);
+        expect(two.error.message).to.equal(`automation ${archived.id} was archived before the run started`);
+        // as any run canceled before it started: its plan's steps never ran
+        expect(one.steps.map((st: Body) => st.status)).to.deep.equal(['pending']);
+      } finally {
+        await workers.close();
+      }
+    } finally {
+      await idle.close();
+    }
   });
 
   it('runs an automation once per Idempotency-Key', async () => {
