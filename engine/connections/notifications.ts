@@ -404,13 +404,17 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
       if (d.status === 'pending') throw new ConflictError(`delivery ${deliveryId} is still being sent`);
       const endpoint = await must(tenantId, d.endpoint_id);
       if (endpoint.status !== 'enabled') throw new ConflictError(`endpoint ${endpoint.id} is disabled; enable it first`);
-      const next = await store.notificationDeliveries.update(tenantId, deliveryId, {
-        status: 'pending',
-        replays: d.replays + 1,
-        updated_at: clock.now().toISOString(),
-      });
-      await enqueue(next!);
-      return next!;
+      // as it was read: of two replays that read it at once, one sends it again (the other's job, of the same id, was
+      // taken for the first's once that had completed, and the delivery stayed pending for good)
+      const next = await store.notificationDeliveries.update(
+        tenantId,
+        deliveryId,
+        { status: 'pending', replays: d.replays + 1, updated_at: clock.now().toISOString() },
+        { replays: d.replays, status: ['succeeded', 'failed'] },
+      );
+      if (!next) throw new ConflictError(`delivery ${deliveryId} is being sent again already`);
+      await enqueue(next);
+      return next;
     },
 
     /** Makes a delivery of an event for each of its tenant's endpoints that subscribe to its type; a delivery the store refuses is stored later (storeLater). */

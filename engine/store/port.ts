@@ -276,7 +276,16 @@ export interface NotificationDeliveryRepo {
   get(tenantId: string, id: string): Promise<NotificationDelivery | null>;
   /** Newest first, of one endpoint. */
   list(tenantId: string, endpointId: string, q: { limit: number; cursor?: string }): Promise<Page<NotificationDelivery>>;
-  update(tenantId: string, id: string, changes: NotificationDeliveryChanges): Promise<NotificationDelivery | null>;
+  /**
+   * Null when there is no such delivery, or (with `when`) when it is not as `when` says: its replays a number and its
+   * status one of a list, checked in the write (two replays read at once: one of them sends it again).
+   */
+  update(
+    tenantId: string,
+    id: string,
+    changes: NotificationDeliveryChanges,
+    when?: { replays: number; status: NotificationDelivery['status'][] },
+  ): Promise<NotificationDelivery | null>;
   /**
    * System use (the reconciler): pending deliveries of every tenant not changed since a time, oldest first (by
    * updated_at, then id); `after` (the last delivery of the page before) pages on.

@@ -222,6 +222,30 @@ describe('outbound notifications', function () {
     }, 'the replay to be logged');
   });
 
+  it('sends a delivery again once for two replays asked at once: one is taken, the other is a 409, and the delivery ends', async () => {
+    const made = await endpoint({ url: `${receiver.url}/twice`, event_types: ['run.finished'] });
+    const at = new Date().toISOString();
+    const id = newId('ntf');
+    await storeDelivery(id, made.endpoint.id, 'run_x', at, { status: 'succeeded', attempts: [] });
+    const seen = receiver.received.length;
+    const release = heldTogether(h.rt.store.notificationDeliveries, 'get', 2);
+    let answers: number[];
+    try {
+      answers = (await Promise.all([1, 2].map(() => h.call('POST', `/api/v1/notification-deliveries/${id}/replay`)))).map((r) => r.status).sort();
+    } finally {
+      release();
+    }
+    expect(answers).to.deep.equal([202, 409]);
+    const ended = await eventually(async () => {
+      const d = await h.rt.store.notificationDeliveries.get('tenant-a', id);
+      return d?.status === 'succeeded' && d.replays === 1 ? d : null;
+    }, 'the replay to be sent and logged');
+    expect(ended.replays).to.equal(1);
+    expect(receiver.received.slice(seen).filter((r) => r.headers['webhook-id'] === id)).to.have.length(1);
+    // it is sent again later as well: nothing was left pending
+    expect((await h.call('POST', `/api/v1/notification-deliveries/${id}/replay`)).status).to.equal(202);
+  });
+
   it('fails at once, and disables the endpoint saying why, when its signing secret no longer opens (SERVICE_SECRET_KEY changed)', async () => {
     const made = await endpoint({ url: `${receiver.url}/rekeyed`, event_types: ['run.finished'] });
     // sealed under another key, as after a change of SERVICE_SECRET_KEY

@@ -1004,6 +1004,12 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       const rest = await store.notificationDeliveries.listStalePending(later, 10, firstPage[0]);
       expect([...firstPage, ...rest].map((d) => d.id).filter((id) => id === ds[1]!.id || id === ds[2]!.id)).to.deep.equal([ds[1]!.id, ds[2]!.id]);
       expect(await store.notificationDeliveries.listStalePending(later, 10, rest.at(-1))).to.deep.equal([]);
+      // a replay's write holds only while the delivery is as it was read
+      const replay = { status: 'pending' as const, replays: 1 };
+      expect(await store.notificationDeliveries.update('t1', ds[0]!.id, replay, { replays: 1, status: ['failed'] })).to.equal(null);
+      expect(await store.notificationDeliveries.update('t1', ds[0]!.id, replay, { replays: 0, status: ['succeeded'] })).to.equal(null);
+      expect(await store.notificationDeliveries.update('t1', ds[0]!.id, replay, { replays: 0, status: ['succeeded', 'failed'] })).to.deep.include(replay);
+      expect(await store.notificationDeliveries.update('t1', ds[0]!.id, replay, { replays: 0, status: ['succeeded', 'failed'] })).to.equal(null);
       expect(await store.notificationEndpoints.delete('t2', e.id)).to.equal(false);
       expect(await store.notificationEndpoints.delete('t1', e.id)).to.equal(true);
     });

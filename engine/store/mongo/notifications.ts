@@ -89,9 +89,12 @@ export function notificationDeliveryRepo(model: Model<Stored<NotificationDeliver
         q.limit,
       );
     },
-    async update(tenantId, id, changes) {
+    async update(tenantId, id, changes, when) {
+      const condition = when ? { replays: when.replays, status: { $in: when.status } } : {};
       return fromStored(
-        await model.findOneAndUpdate({ _id: id, tenant_id: tenantId }, { $set: changes }, { returnDocument: 'after' }).lean<Stored<NotificationDelivery>>(),
+        await model
+          .findOneAndUpdate({ _id: id, tenant_id: tenantId, ...condition }, { $set: changes }, { returnDocument: 'after' })
+          .lean<Stored<NotificationDelivery>>(),
       );
     },
     async listStalePending(updatedBefore, limit, after) {

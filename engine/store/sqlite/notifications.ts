@@ -81,9 +81,14 @@ export function notificationDeliveryRepo(db: Db): NotificationDeliveryRepo {
   );
   const parse = (r: { doc: string } | undefined) => (r ? (JSON.parse(r.doc) as NotificationDelivery) : null);
   const commit = groupCommit(db);
-  const update = (tenantId: string, id: string, changes: Partial<NotificationDelivery>) => {
+  const update = (
+    tenantId: string,
+    id: string,
+    changes: Partial<NotificationDelivery>,
+    when?: { replays: number; status: NotificationDelivery['status'][] },
+  ) => {
     const current = parse(one.get(tenantId, id));
-    if (!current) return null;
+    if (!current || (when && (current.replays !== when.replays || !when.status.includes(current.status)))) return null;
     const next = { ...current, ...changes };
     write.run(JSON.stringify(next), tenantId, id);
     return next;
@@ -99,8 +104,8 @@ export function notificationDeliveryRepo(db: Db): NotificationDeliveryRepo {
       const rows = page.all(tenantId, endpointId, decodeCursor(q.cursor) ?? TOP, q.limit + 1).map((r) => parse(r)!);
       return toPage(rows, q.limit);
     },
-    async update(tenantId, id, changes) {
-      return commit(() => update(tenantId, id, changes));
+    async update(tenantId, id, changes, when) {
+      return commit(() => update(tenantId, id, changes, when));
     },
     async listStalePending(updatedBefore, limit, after) {
       return stale.all(updatedBefore, after?.updated_at ?? '', after?.id ?? '', limit).map((r) => parse(r)!);
