@@ -221,8 +221,6 @@ export function transitionsOf(deps: TransitionsDeps) {
   const afterRetry = (run: Run) => run.attempt > 1 && run.attempts.at(-1)?.outcome !== 'interrupted';
 
   const elapsed = (run: Run, at: Date) => at.getTime() - new Date(run.started_at ?? run.created_at).getTime();
-  /** when the run's first attempt started (its own start, with none before): an ended run's start and duration cover every attempt */
-  const firstStartOf = (run: Run) => run.attempts.find((a) => a.started_at)?.started_at ?? run.started_at;
 
   /** `usage`: what the attempt used, kept with it when the run goes on to another attempt (which starts from nothing) */
   const attemptRecord = (
@@ -339,9 +337,7 @@ export function transitionsOf(deps: TransitionsDeps) {
         status,
         ...(outcome === 'lost' ? { attempts: [...run.attempts, attemptRecord(run, 'lost', status, error, at, changes.usage ?? run.usage)] } : {}),
         finished_at: at.toISOString(),
-        // over all its attempts, as a cancel between them counts (the attempts keep their own)
-        started_at: firstStartOf(run),
-        duration_ms: Math.max(0, at.getTime() - Date.parse(firstStartOf(run) ?? run.created_at)),
+        duration_ms: elapsed(run, at),
       },
       { status: ['running'], attempt: run.attempt },
       steps,
@@ -526,7 +522,7 @@ export function transitionsOf(deps: TransitionsDeps) {
      */
     async cancel(run: Run, message: string): Promise<Run | null> {
       const at = clock.now();
-      const firstStart = firstStartOf(run);
+      const firstStart = run.attempts.find((a) => a.started_at)?.started_at ?? null;
       const canceled = await store.runs.update(
         run.tenant_id,
         run.id,

@@ -95,10 +95,6 @@ describe('run lifecycle', function () {
     );
     expect(exhausted).to.deep.include({ status: 'failed', attempt: 2 });
     expect(exhausted.attempts.map((a: Body) => a.outcome)).to.deep.equal(['retried']);
-    // its start and duration cover both attempts (the first keeps its own), as a cancel between them counts
-    expect(exhausted.started_at).to.equal(exhausted.attempts[0].started_at);
-    expect(exhausted.duration_ms).to.equal(Date.parse(exhausted.finished_at) - Date.parse(exhausted.started_at));
-    expect(exhausted.duration_ms).to.be.at.least(exhausted.attempts[0].duration_ms + 50);
     // the last attempt's job failed too: the dashboard's Failed tab shows the run
     // (the job fails just after the run's end is written)
     const job = await eventually(async () => {
