@@ -205,7 +205,8 @@ export function auditsOf(deps: AuditsDeps) {
   /** The assembled report into Redis (out of the running sets), and the end of its stream. */
   async function finishWith(tenantId: string, report: AuditReport): Promise<void> {
     await reports.finish(tenantId, report);
-    await appendEnd(tenantId, report);
+    // under the same claim as a heartbeat's or a reconnect's that finds it finished first: the end is appended once
+    await ensureEnded(tenantId, report);
   }
 
   async function appendEnd(tenantId: string, report: AuditReport): Promise<void> {

@@ -309,10 +309,13 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
      * disable): it is canceled at its start, as a retry's next attempt is. A start guard of the run engine's.
      */
     async mayStart(run: Run): Promise<null | { refuse: string }> {
-      if (!run.automation_id) return null;
+      // an attempt a deploy interrupted goes on: the run had started while its automation was enabled, and a
+      // disable stops no run already running
+      if (!run.automation_id || run.attempts.at(-1)?.outcome === 'interrupted') return null;
       const a = await store.automations.get(run.tenant_id, run.automation_id);
-      if (!a || a.status === 'archived') return { refuse: `automation ${run.automation_id} was archived before the run started` };
-      if (a.status === 'disabled') return { refuse: `automation ${a.id} was disabled before the run started` };
+      const when = run.attempt > 1 ? `before the run's attempt ${run.attempt} started` : 'before the run started';
+      if (!a || a.status === 'archived') return { refuse: `automation ${run.automation_id} was archived ${when}` };
+      if (a.status === 'disabled') return { refuse: `automation ${a.id} was disabled ${when}` };
       return null;
     },
 

@@ -133,19 +133,25 @@ function expand(value: unknown, scope: Record<string, unknown>, room: ArgsRoom):
  */
 export function liftShellReferences(args: Record<string, unknown>): Record<string, unknown> {
   const command = args.command;
-  if (typeof command !== 'string' || WHOLE_REFERENCE.test(command)) return args;
-  const env: Record<string, unknown> = args.env && typeof args.env === 'object' && !Array.isArray(args.env) ? { ...args.env } : {};
+  // (a YAML block's command ends with a newline: one reference and that newline is still one alone)
+  if (typeof command !== 'string' || WHOLE_REFERENCE.test(command.trim())) return args;
+  if (args.env !== undefined && (!args.env || typeof args.env !== 'object' || Array.isArray(args.env))) return args;
+  const env: Record<string, unknown> = { ...(args.env as Record<string, unknown> | undefined) };
   let n = 0;
   const lifted = command.replace(REFERENCE, (reference) => {
+    // a name the step's own env does not use
+    while (Object.hasOwn(env, `SVC_REF_${n}`)) n++;
     const name = `SVC_REF_${n++}`;
     env[name] = reference;
     return `\${${name}}`;
   });
-  return n ? { ...args, command: lifted, env } : args;
+  return lifted === command ? args : { ...args, command: lifted, env };
 }
 
 /** A step's `if`: `a == b` or `a != b` (compared as text, trimmed), or a value that is set and not false, 0 or null. */
 export function holds(condition: string, scope: Record<string, unknown>): boolean {
+  // a `${...}` that names neither inputs nor steps (a typo: `${input.x}`) is empty, not text that is set
+  condition = condition.replace(/\$\{[^}]*\}/g, (written) => (WHOLE_REFERENCE.test(written) ? written : ''));
   const compared = /^([\s\S]*?)\s(==|!=)\s([\s\S]*)$/.exec(condition);
   if (compared) {
     const [left, right] = [interpolate(compared[1]!, scope), interpolate(compared[3]!, scope)].map((x) => String(x ?? '').trim());

@@ -136,8 +136,13 @@ export function localTranscriber(s: LocalTranscriberSettings): Transcriber {
         (st) => st.size,
         () => 0,
       );
-      // killed (a crash, the sandbox's CPU or memory limit): the service failed, not the audio
-      if (decoded.signal || decoded.cpu_exceeded || decoded.out_of_memory)
+      // past the sandbox's CPU or memory limit: what the upload made the decoder do (422, as audio it cannot decode);
+      // killed otherwise (a crash): the service failed, not the audio
+      if (decoded.cpu_exceeded || decoded.out_of_memory)
+        throw new AudioRejectedError('audio-invalid', `the ${audio.format} audio could not be decoded within ${describeEnd(decoded)}`, {
+          decoder: decoder.kind,
+        });
+      if (decoded.signal)
         throw new TranscriptionFailedError('transcription-provider-error', `the local decoder (${decoder.kind}) ended by ${describeEnd(decoded)}`);
       if (decoded.exit_code !== 0 || pcmBytes === 0)
         throw new AudioRejectedError('audio-invalid', `the ${audio.format} audio cannot be decoded`, { decoder: decoder.kind });

@@ -478,21 +478,27 @@ describe('autonomy runs', function () {
     // a pull request's title as a webhook brings it: a quote and a command after it
     const title = 'fix typo"; echo INJECTED; echo "';
     const res = await start({
-      inputs: { title, count: 3, labels: ['a', 'b'] },
+      inputs: { title, count: 3, labels: ['a', 'b'], fallback: 'echo from-input' },
       steps: [
         { tool: 'shell', name: 'say', args: { command: 'echo "PR title: ${inputs.title}"' } },
         { tool: 'shell', args: { command: 'X=abc; echo "var=${X} home=${HOME:+set} n=${inputs.count} l=${inputs.labels} s=${steps.say.output.exit_code}"' } },
-        // written as the author wants it, the value itself is the command
-        { tool: 'shell', args: { command: '${inputs.cmd|inputs.fallback}' } },
+        // the step's own env keeps its names; a typo in an `if` names nothing (the step is skipped, not run)
+        { tool: 'shell', args: { command: 'echo "$SVC_REF_0 ${inputs.count}"', env: { SVC_REF_0: 'mine' } } },
+        { tool: 'shell', if: '${input.count}', args: { command: 'echo never' } },
+        // written as the author wants it (a YAML block ends with a newline), the value itself is the command
+        { tool: 'shell', args: { command: '${inputs.cmd|inputs.fallback}\n' } },
       ],
     });
     const run = await finished(res.body.run_id);
-    expect(run.status, JSON.stringify(run.error)).to.equal('failed');
+    expect(run.status, JSON.stringify(run.error)).to.equal('succeeded');
     expect(run.steps[0].output.stdout).to.equal(`PR title: ${title}\n`);
     expect(run.steps[0].args).to.deep.equal({ command: 'echo "PR title: ${SVC_REF_0}"', env: { SVC_REF_0: title } });
     expect(run.steps[1].output.stdout).to.equal('var=abc home=set n=3 l=["a","b"] s=0\n');
-    // the third names nothing that is set: an empty command is refused by the tool, not run as something else
-    expect(run.steps[2].args).to.deep.equal({ command: '' });
+    expect(run.steps[2].output.stdout).to.equal('mine 3\n');
+    expect(run.steps[2].args.env).to.deep.equal({ SVC_REF_0: 'mine', SVC_REF_1: 3 });
+    expect(run.steps[3].status).to.equal('skipped');
+    expect(run.steps[4].args).to.deep.equal({ command: 'echo from-input\n' });
+    expect(run.steps[4].output.stdout).to.equal('from-input\n');
   });
 
   it('streams a step’s output whole characters at a time, up to 1 MB of UTF-8, and keeps a tail that starts with a whole one', async () => {
