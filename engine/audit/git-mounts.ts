@@ -98,16 +98,13 @@ export async function gitMountsOf(dir: string, tenantRoot: string | null): Promi
     if (!wanted) return { ...none, repositoryAbove };
     // what says which files git ignores or how it compares them, in the folders from the repository's root down
     // to the audited one (whose own are in it): regular files only, never a link
-    const between: string[] = [];
     for (let at = path.dirname(dir); ; at = path.dirname(at)) {
-      between.push(at);
-      if (at === up) break;
-    }
-    for (const folder of between)
       for (const name of ['.gitignore', '.gitattributes']) {
-        const file = path.join(folder, name);
+        const file = path.join(at, name);
         if ((await fs.lstat(file).catch(() => null))?.isFile()) wanted.push(file);
       }
+      if (at === up) break;
+    }
     return { readOnlyBinds: outermost([...wanted, dir]), repositoryAbove, repository: { root: up, dir } };
   }
   return none;

@@ -2,7 +2,7 @@
 // a vibe run does either on a scratch copy of its workspace and keeps the diff. Each program says how
 // the work ended; the executor turns that into the run's transition.
 import { AppError, type ErrorInfo, type Run, type VibeGates } from '../platform/index.js';
-import { TOOLS, ToolError } from '../tools/index.js';
+import { textOf, TOOLS, ToolError } from '../tools/index.js';
 import { AgentError, runAgent, type ModelClient } from './agent.js';
 import type { Attempt, StopReason } from './attempt.js';
 import type { Scratch } from './workspace.js';
@@ -101,7 +101,7 @@ function expand(value: unknown, scope: Record<string, unknown>, room: ArgsRoom):
     spend(room, Buffer.byteLength(value) + 2);
     return value.replace(REFERENCE, (reference: string, ref: string) => {
       const v = lookup(scope, ref);
-      const text = v === undefined || v === null ? '' : typeof v === 'string' ? v : JSON.stringify(v);
+      const text = textOf(v);
       // a reference is ASCII: its length is its size
       spend(room, Buffer.byteLength(text) - reference.length);
       return text;

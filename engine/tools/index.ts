@@ -19,6 +19,7 @@ export { INSIDE_WORKSPACE, openSandbox, which, type Sandbox, type SandboxKind, t
 export { runProcess, type ProcessResult } from './process.js';
 export {
   ToolError,
+  textOf,
   type AuditActions,
   type ConnectionActions,
   type GateActions,

@@ -2,7 +2,7 @@
 // abort kills the command and everything it started; an environment of a short allowlist, never the
 // service's secrets.
 import { runProcess } from './process.js';
-import { stringArg, ToolError, type Tool } from './tool.js';
+import { stringArg, textOf, ToolError, type Tool } from './tool.js';
 
 export const OUTPUT_MAX_BYTES = 64 * 1024;
 
@@ -20,9 +20,8 @@ export const shellTool: Tool = {
   async execute(args, ctx) {
     const command = stringArg(args, 'command');
     const extra = (args.env && typeof args.env === 'object' ? args.env : {}) as Record<string, unknown>;
-    // a value that is not text (a reference to a number or an object) is its JSON, as in a command's text; none is empty
-    const text = (v: unknown) => (typeof v === 'string' ? v : v === null || v === undefined ? '' : JSON.stringify(v));
-    const env = { ...ctx.childEnv, ...Object.fromEntries(Object.entries(extra).map(([k, v]) => [k, text(v)])) };
+    // a value that is not text (a reference to a number or an object) is its JSON, as in a command's text
+    const env = { ...ctx.childEnv, ...Object.fromEntries(Object.entries(extra).map(([k, v]) => [k, textOf(v)])) };
     if (ctx.signal.aborted) throw new ToolError('aborted', 'the run was stopped before the command started');
     const r = await runProcess(ctx.sandbox, ['/bin/sh', '-c', command], {
       workspace: ctx.workspace,

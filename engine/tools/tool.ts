@@ -100,6 +100,9 @@ export type Tool = {
 
 export { ToolError };
 
+/** A value as text where text is wanted (a reference in a command, an environment variable): a string as it is, none as empty, anything else its JSON. */
+export const textOf = (v: unknown): string => (typeof v === 'string' ? v : v === null || v === undefined ? '' : JSON.stringify(v));
+
 export function stringArg(args: Record<string, unknown>, name: string, required = true): string {
   const v = args[name];
   if (typeof v === 'string' && (v !== '' || !required)) return v;

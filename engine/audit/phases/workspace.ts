@@ -230,16 +230,17 @@ export async function openWorkspace(
   else if (gitDir) {
     // a package of a monorepo: git runs in it, its work tree the repository's, and reads the package alone (ls-files
     // answers paths from where it runs; status from the repository's root, which `prefix` takes off)
-    const run = (args: string[]) => (above ? gitSaid(gitDir.dir, above.root, [...args, '--', '.'], above.dir) : gitSaid(gitDir.dir, root, args));
-    const prefix = above ? `${opts.repositoryAbove!.split(path.sep).join('/')}/` : '';
+    const at = (args: string[]) => (above ? gitSaid(gitDir.dir, above.root, args, above.dir) : gitSaid(gitDir.dir, root, args));
+    const ofFolder = (args: string[]) => at(above ? [...args, '--', '.'] : args);
+    const prefix = above ? `${path.relative(above.root, above.dir).split(path.sep).join('/')}/` : '';
     const [cached, others, head, branch, status] = await Promise.all([
-      run(['ls-files', '-z', '--cached']),
-      run(['ls-files', '-z', '--others', '--exclude-standard']),
-      gitSaid(gitDir.dir, above?.root ?? root, ['rev-parse', '--verify', '-q', 'HEAD'], above?.dir),
-      gitSaid(gitDir.dir, above?.root ?? root, ['symbolic-ref', '-q', '--short', 'HEAD'], above?.dir),
+      ofFolder(['ls-files', '-z', '--cached']),
+      ofFolder(['ls-files', '-z', '--others', '--exclude-standard']),
+      at(['rev-parse', '--verify', '-q', 'HEAD']),
+      at(['symbolic-ref', '-q', '--short', 'HEAD']),
       // a submodule's changed commit is seen; its work tree is not: that is a `git status` started in it, which
       // reads the submodule's own config (its filters)
-      run(['status', '--porcelain=v1', '-z', '--untracked-files=normal', '--ignore-submodules=dirty']),
+      ofFolder(['status', '--porcelain=v1', '-z', '--untracked-files=normal', '--ignore-submodules=dirty']),
     ]).finally(() => gitDir.close());
     if (cached.out !== null && others.out !== null) {
       const tracked = new Set(cached.out.split('\0').filter(insideTree));
