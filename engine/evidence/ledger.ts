@@ -27,7 +27,7 @@ export function ledgerOf(deps: Pick<Platform, 'store' | 'clock'> & { signer: Evi
 
     /** Appends the items in order, after the tenant's head, in one atomic write. */
     async append(tenantId: string, items: LedgerItem[]): Promise<LedgerEntry[]> {
-      const at = clock.now().toISOString();
+      const now = clock.now().toISOString();
       const bodies = items.map((i) => canonicalJson(i.payload));
       const payloads = bodies.map((body) => ({ digest: payloadDigest(body), body }));
       return store.evidence.append(
@@ -35,6 +35,8 @@ export function ledgerOf(deps: Pick<Platform, 'store' | 'clock'> & { signer: Evi
         (head, from) => {
           let prev = head?.hash ?? GENESIS_HASH;
           let seq = head?.seq ?? 0;
+          // never earlier than the head: an append that read the clock first can commit after another one
+          const at = head && head.at > now ? head.at : now;
           return items.slice(from).map((item, k) => {
             const i = from + k;
             const fields = {

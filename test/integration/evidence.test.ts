@@ -113,4 +113,19 @@ describe('evidence ledger', () => {
     c[513]!.kind = 'gate.run';
     expect(await both(c)).to.deep.include({ part: 'signature', seq: 513 });
   });
+
+  it('never dates an entry before the one it follows, even when the append that read the clock first commits second', async () => {
+    const signer = signerOf(randomBytes(32));
+    // two appends at once: the first reads 12:00:01, the second 12:00:00, and the second commits... second
+    const times = ['2026-11-30T12:00:01.000Z', '2026-11-30T12:00:00.000Z', '2026-11-30T11:59:59.000Z'];
+    const ledger = ledgerOf({ store, clock: { now: () => new Date(times.shift()!) }, signer });
+    const item = (i: number) => ({ kind: 'gate.result', subject: {}, payload: { i } });
+    await ledger.append('clock', [item(1)]);
+    await Promise.all([ledger.append('clock', [item(2), item(3)]), ledger.append('clock', [item(4)])]);
+    const entries = await ledger.list('clock', { limit: 10 });
+    expect(entries.map((e) => e.at)).to.deep.equal(Array(4).fill('2026-11-30T12:00:01.000Z'));
+    expect(verifyEntries(entries, { publicKey: publicKeyFromPem(ledger.publicKey.pem)!, keyId: signer.keyId })).to.equal(null);
+    // a list from a time finds every entry after the first one dated at or after it
+    expect(await ledger.list('clock', { since: '2026-11-30T12:00:01.000Z', limit: 10 })).to.have.length(4);
+  });
 });
