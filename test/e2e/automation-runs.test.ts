@@ -101,6 +101,28 @@ describe('automation runs', function () {
     }
   });
 
+  it('goes on with an attempt a deploy interrupted after its automation was disabled: a disable stops no run already running', async () => {
+    const idle = await startHarness({ workers: false });
+    try {
+      const a = (await idle.call<Body>('POST', '/api/v1/automations', { body: { name: 'long', steps: [{ tool: 'shell', args: { command: 'true' } }] } })).body;
+      const res = await idle.call<Body>('POST', '/api/v1/automations/run', { body: { automation_id: a.id } });
+      expect(res.status, res.text).to.equal(202);
+      expect((await idle.call('POST', `/api/v1/automations/${a.id}/disable`)).status).to.equal(200);
+      const run = (await idle.rt.store.runs.get(res.body.run.tenant_id, res.body.run_id))!;
+      const { automations } = idle.rt.engine;
+      // its first start is refused, as the test above shows through the workers
+      expect(await automations.mayStart(run)).to.deep.equal({ refuse: `automation ${a.id} was disabled before the run started` });
+      // its second attempt after a retry is refused too: the retry is a new start
+      const retried = { ...run, attempt: 2, attempts: [{ ...attemptOf(1), outcome: 'retried' as const }] };
+      expect(await automations.mayStart(retried)).to.deep.equal({ refuse: `automation ${a.id} was disabled before the run's attempt 2 started` });
+      // an attempt a deploy cut off goes on: the run had started while its automation was enabled
+      const interrupted = { ...run, attempt: 2, attempts: [{ ...attemptOf(1), outcome: 'interrupted' as const }] };
+      expect(await automations.mayStart(interrupted)).to.equal(null);
+    } finally {
+      await idle.close();
+    }
+  });
+
   it('runs an automation once per Idempotency-Key', async () => {
     const a = await create();
     const headers = { 'idempotency-key': `nightly-${a.id}` };
@@ -121,4 +143,13 @@ describe('automation runs', function () {
     expect(later.status).to.equal(202);
     expect(later.body.run_id).not.to.equal(one.body.run_id);
   });
+});
+
+const attemptOf = (attempt: number) => ({
+  attempt,
+  status: 'running' as const,
+  error: null,
+  started_at: '2026-11-30T00:00:00.000Z',
+  finished_at: '2026-11-30T00:00:01.000Z',
+  duration_ms: 1000,
 });
