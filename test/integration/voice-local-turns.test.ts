@@ -1,6 +1,6 @@
 // The local provider's places (engine/voice/local.ts) with stand-in programs: the time limit counts from a
 // transcription's place, not from its place in line; tenants take the places in turn; a decoder that was
-// killed is the service's failure (502), not the audio's (422).
+// killed is the service's failure (502), not the audio's (422), unless the sandbox's own limit ended it.
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -68,5 +68,20 @@ describe('the local provider’s places, with stand-in programs', function () {
     expect(err.message).to.contain('signal SIGSEGV');
     const refused = localTranscriber({ programs: programs(0, 'exit 1'), sandbox, env: { PATH: process.env.PATH! }, timeoutMs: 5000, concurrency: 1 });
     expect(await transcribe(refused, 'a').catch((e: { code: string }) => e.code)).to.equal('audio-invalid');
+  });
+
+  it('answers a decoder the sandbox’s CPU limit ended as audio it cannot decode (422): the upload made it spin', async () => {
+    // the sandbox of no isolation, but with limits (as bwrap's has), and a decoder that spins past its own 1 s of CPU
+    const limited = { ...sandbox, limits: { cpuSeconds: 1, memoryMb: 512, processes: 64, fileSizeMb: 64 } };
+    const spin = programs(0, 'ulimit -S -t 1\nwhile :; do :; done');
+    const t = localTranscriber({ programs: spin, sandbox: limited, env: { PATH: process.env.PATH! }, timeoutMs: 10_000, concurrency: 1 });
+    const err = (await transcribe(t, 'a').catch((e: unknown) => e)) as { code: string; message: string };
+    expect(err.code, err.message).to.equal('audio-invalid');
+    expect(err.message).to.contain("within the sandbox's CPU time limit");
+    // the same signal where the sandbox sets no limit is a crash: the service's failure
+    const unlimited = localTranscriber({ programs: spin, sandbox, env: { PATH: process.env.PATH! }, timeoutMs: 10_000, concurrency: 1 });
+    const crash = (await transcribe(unlimited, 'a').catch((e: unknown) => e)) as { code: string; message: string };
+    expect(crash.code).to.equal('transcription-provider-error');
+    expect(crash.message).to.contain('signal SIGXCPU');
   });
 });
