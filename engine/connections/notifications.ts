@@ -231,14 +231,15 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
     const d = await store.notificationDeliveries.get(tenantId, deliveryId);
     if (!d || d.status !== 'pending') return d;
     const endpoint = await store.notificationEndpoints.get(tenantId, d.endpoint_id);
-    // what the endpoint is now decides: disabled, removed, or no longer subscribed to the type since the event
-    const unsubscribed = endpoint && !subscribes(endpoint.event_types, d.event_type);
-    if (!endpoint || endpoint.status !== 'enabled' || unsubscribed) {
-      const why = !endpoint
-        ? 'the endpoint was removed'
-        : endpoint.status !== 'enabled'
-          ? 'the endpoint is disabled'
-          : `the endpoint no longer subscribes to ${d.event_type}`;
+    // removed since the event: its deliveries went with it, and one stored after (from a process's copy of the
+    // tenant's endpoints, made before the delete) goes too, with its event's payload, sent to no one
+    if (!endpoint) {
+      await store.notificationDeliveries.delete(tenantId, d.id);
+      return null;
+    }
+    // what the endpoint is now decides: disabled, or no longer subscribed to the type since the event
+    if (endpoint.status !== 'enabled' || !subscribes(endpoint.event_types, d.event_type)) {
+      const why = endpoint.status !== 'enabled' ? 'the endpoint is disabled' : `the endpoint no longer subscribes to ${d.event_type}`;
       return store.notificationDeliveries.update(tenantId, d.id, {
         status: 'failed',
         attempts: keptTries(d.attempts, { at: clock.now().toISOString(), status_code: null, error: why, duration_ms: 0 }),

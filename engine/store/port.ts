@@ -293,6 +293,8 @@ export interface NotificationDeliveryRepo {
   listStalePending(updatedBefore: string, limit: number, after?: Pick<NotificationDelivery, 'updated_at' | 'id'>): Promise<NotificationDelivery[]>;
   /** System use (the reconciler): deletes at most `limit` ended deliveries (not pending) of every tenant last changed before a time; how many went. */
   prune(updatedBefore: string, limit: number): Promise<number>;
+  /** Deletes a delivery; false when there was none. */
+  delete(tenantId: string, id: string): Promise<boolean>;
 }
 
 export type DeliveryQuery = { kind?: WebhookProvider; status?: DeliveryStatus; limit: number; cursor?: string };

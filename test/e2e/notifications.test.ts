@@ -289,6 +289,12 @@ describe('outbound notifications', function () {
     await storeDelivery(ofGone, gone.endpoint.id, 'run_gone', new Date().toISOString(), { status: 'succeeded', attempts: [] });
     expect((await h.call('DELETE', `/api/v1/notification-endpoints/${gone.endpoint.id}`)).status).to.equal(204);
     expect(await h.rt.store.notificationDeliveries.get('tenant-a', ofGone), 'the removed endpoint’s delivery').to.equal(null);
+    // one stored after the delete (an event answered from a process's copy of the endpoints made before it) is
+    // deleted by its try, not kept as a failure no one can list
+    const late = newId('ntf');
+    await storeDelivery(late, gone.endpoint.id, 'run_late', new Date().toISOString(), { status: 'pending', attempts: [] });
+    expect(await h.rt.engine.notifications.deliver('tenant-a', late, false)).to.equal(null);
+    expect(await h.rt.store.notificationDeliveries.get('tenant-a', late), 'a delivery stored after its endpoint’s delete').to.equal(null);
     await h.rt.engine.notifications.reconcile();
     expect(await h.rt.store.notificationDeliveries.get('tenant-a', expired), 'ended 31 days ago').to.equal(null);
     expect(await h.rt.store.notificationDeliveries.get('tenant-a', recent), 'ended 29 days ago').to.not.equal(null);

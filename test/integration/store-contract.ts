@@ -1010,6 +1010,11 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect(await store.notificationDeliveries.update('t1', ds[0]!.id, replay, { replays: 0, status: ['succeeded'] })).to.equal(null);
       expect(await store.notificationDeliveries.update('t1', ds[0]!.id, replay, { replays: 0, status: ['succeeded', 'failed'] })).to.deep.include(replay);
       expect(await store.notificationDeliveries.update('t1', ds[0]!.id, replay, { replays: 0, status: ['succeeded', 'failed'] })).to.equal(null);
+      // one delivery deleted, of its own tenant only
+      expect(await store.notificationDeliveries.delete('t2', ds[2]!.id)).to.equal(false);
+      expect(await store.notificationDeliveries.delete('t1', ds[2]!.id)).to.equal(true);
+      expect(await store.notificationDeliveries.get('t1', ds[2]!.id)).to.equal(null);
+      expect(await store.notificationDeliveries.delete('t1', ds[2]!.id)).to.equal(false);
       expect(await store.notificationEndpoints.delete('t2', e.id)).to.equal(false);
       expect(await store.notificationEndpoints.delete('t1', e.id)).to.equal(true);
     });

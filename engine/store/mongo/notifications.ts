@@ -112,5 +112,8 @@ export function notificationDeliveryRepo(model: Model<Stored<NotificationDeliver
       if (!old.length) return 0;
       return (await model.deleteMany({ _id: { $in: old.map((d) => d._id) }, ...ended })).deletedCount;
     },
+    async delete(tenantId, id) {
+      return (await model.deleteOne({ _id: id, tenant_id: tenantId })).deletedCount === 1;
+    },
   };
 }

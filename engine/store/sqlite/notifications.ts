@@ -79,6 +79,7 @@ export function notificationDeliveryRepo(db: Db): NotificationDeliveryRepo {
     `DELETE FROM notification_deliveries WHERE id IN (SELECT id FROM notification_deliveries
      WHERE json_extract(doc, '$.status') IN ('succeeded', 'failed') AND json_extract(doc, '$.updated_at') < ? LIMIT ?)`,
   );
+  const removeOne = db.prepare('DELETE FROM notification_deliveries WHERE tenant_id = ? AND id = ?');
   const parse = (r: { doc: string } | undefined) => (r ? (JSON.parse(r.doc) as NotificationDelivery) : null);
   const commit = groupCommit(db);
   const update = (
@@ -112,6 +113,9 @@ export function notificationDeliveryRepo(db: Db): NotificationDeliveryRepo {
     },
     async prune(updatedBefore, limit) {
       return commit(() => prune.run(updatedBefore, limit).changes);
+    },
+    async delete(tenantId, id) {
+      return commit(() => removeOne.run(tenantId, id).changes === 1);
     },
   };
 }
