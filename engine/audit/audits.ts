@@ -560,9 +560,16 @@ export function auditsOf(deps: AuditsDeps) {
 
     /**
      * Finishes reports whose flow was lost (the process died between the report and the flow, Redis lost
-     * the jobs, or a redelivered report job ended on a dead process's claim) or that ran far past every phase's timeout: a report never stays `running` for good.
+     * the jobs, or a redelivered report job ended on a dead process's claim) or whose phase stayed active far past its timeout: a report never stays `running` for good.
      */
     async reconcile(olderThanMs = 60_000): Promise<number> {
+      const phasesWaiting = async (tenantId: string, id: string) => {
+        const got = await reports.get(tenantId, id);
+        const states = await Promise.all(
+          (got?.report.phases_requested ?? []).map(async (phase) => (await queues.get('audits').getJob(`${id}__${phase}`))?.getState()),
+        );
+        return states.some((st) => st === 'waiting' || st === 'prioritized' || st === 'delayed' || st === 'waiting-children');
+      };
       const now = clock.now().getTime();
       const overdue = now - (2 * settings.phaseTimeoutSeconds * 1000 + 300_000);
       let repaired = 0;
@@ -578,6 +585,9 @@ export function auditsOf(deps: AuditsDeps) {
         // claim of a process that died assembling (the job was redelivered), and no job is left to do it
         const lost = state === 'missing' || state === 'failed' || state === 'unknown' || state === 'completed';
         if (!lost && startedMs > overdue) continue;
+        // far past every phase's timeout, but a phase still waits for a worker (a backlog, a nightly burst of
+        // audits): the flow is alive, and its phases have all their time once they start
+        if (!lost && (await phasesWaiting(tenantId, id))) continue;
         // read after the job's state: a report assembled since the list was read is not taken for lost
         if ((await reports.status(tenantId, id)) !== 'running') continue;
         await api.assemble(tenantId, id);

@@ -13,6 +13,7 @@ import { newId } from '../../engine/platform/index.js';
 import { eventually, finishedRun, KEYS, scanKeys, startHarness, type Harness } from '../support/harness.js';
 import { makeFlawedProject, PLANTED_TOKEN } from '../support/projects.js';
 import { startWorkers } from '../../workers/index.js';
+import { Worker } from 'bullmq';
 
 type Body = Record<string, any>;
 
@@ -538,6 +539,31 @@ describe('workspace audit reports: expiry, eviction and phases that do not compl
     expect(got.body.ledger.seq).to.be.a('number');
     // once finished, it is not repaired again
     expect(await audits.reconcile(0)).to.equal(0);
+  });
+
+  it('leaves a report whose phases still wait for a worker past every timeout running, and finishes one whose phase stays active past them', async () => {
+    let ahead = 0;
+    const idle = await startHarness({ workers: false, runtime: { clock: { now: () => new Date(Date.now() + ahead) } } });
+    const worker = new Worker('audits', null, { connection: idle.rt.redis.duplicate(), prefix: idle.config.queuePrefix });
+    try {
+      const res = await idle.call<Body>('POST', '/api/v1/autonomy/workspace-audit/run', { body: { phases: ['sanity'], timeout_seconds: 0 } });
+      expect(res.status, res.text).to.equal(202);
+      const id = res.body.report_id as string;
+      // two hours on (the timeout is 600 s): its phase waits in line, as in a nightly burst with every worker busy
+      ahead = 2 * 3_600_000;
+      expect(await idle.rt.engine.audits.reconcile(0)).to.equal(0);
+      expect((await idle.call<Body>('GET', `/api/v1/autonomy/workspace-audit/${id}`)).body.status).to.equal('running');
+      // taken by a worker that never ends it (hung): past every timeout, the report is finished, partial
+      const phase = await worker.getNextJob('hung');
+      expect(phase?.id).to.equal(`${id}__sanity`);
+      expect(await idle.rt.engine.audits.reconcile(0)).to.equal(1);
+      const got = await idle.call<Body>('GET', `/api/v1/autonomy/workspace-audit/${id}`);
+      expect(got.body.status).to.equal('partial');
+      expect(got.body.phases.map((p: Body) => [p.phase, p.status])).to.deep.equal([['sanity', 'failed']]);
+    } finally {
+      await worker.close(true);
+      await idle.close();
+    }
   });
 
   it('finishes a report whose report job ran again while a dead worker still held the assembly (the job completed, the report was left running)', async () => {
