@@ -329,19 +329,35 @@ export function transitionsOf(deps: TransitionsDeps) {
       log.warn({ run_id: run.id, attempt: run.attempt, status, error_code: error?.code, delay_ms: delay }, 'run attempt failed; retrying');
       return { run: retried, next: 'retry' };
     }
-    const done = await store.runs.update(
-      run.tenant_id,
-      run.id,
-      {
-        ...changes,
-        status,
-        ...(outcome === 'lost' ? { attempts: [...run.attempts, attemptRecord(run, 'lost', status, error, at, changes.usage ?? run.usage)] } : {}),
-        finished_at: at.toISOString(),
-        duration_ms: elapsed(run, at),
-      },
-      { status: ['running'], attempt: run.attempt },
-      steps,
-    );
+    const end = (ending: RunStatus, more: Partial<Run>) =>
+      store.runs.update(
+        run.tenant_id,
+        run.id,
+        {
+          ...changes,
+          ...more,
+          status: ending,
+          ...(outcome === 'lost'
+            ? { attempts: [...run.attempts, attemptRecord(run, 'lost', ending, more.error ?? error, at, changes.usage ?? run.usage)] }
+            : {}),
+          finished_at: at.toISOString(),
+          duration_ms: elapsed(run, at),
+        },
+        // any other end only while no cancel was asked: a cancel answered 202 while the attempt ran ends it canceled
+        { status: ['running'], attempt: run.attempt, uncanceled: ending !== 'canceled' },
+        steps,
+      );
+    let done = await end(status, {});
+    if (!done && status !== 'canceled') {
+      // a cancel asked (and answered 202) after the attempt's work ended, before this end was written: the end is
+      // the cancel's, with what the attempt did kept (its steps, result and usage); its own end is in the summary
+      const now = await store.runs.get(run.tenant_id, run.id);
+      if (now?.status === 'running' && now.attempt === run.attempt && now.cancel_requested_at)
+        done = await end('canceled', {
+          error: { code: 'canceled', message: 'canceled while running' },
+          summary: `canceled (its attempt had ended ${status.replace('_', ' ')})`,
+        });
+    }
     if (!done) return null;
     await ended(done);
     return { run: done, next: 'ended' };

@@ -95,7 +95,8 @@ export interface AutomationRepo {
 export type RunChanges = Partial<Omit<Run, 'id' | 'tenant_id' | 'created_at' | 'kind'>>;
 
 /** What a conditional update of a run expects to find: one of these statuses, and (when given) this attempt. */
-export type RunGuard = { status: RunStatus[]; attempt?: number };
+/** What a run must be for a write to apply: one of these statuses, at this attempt, and (`uncanceled`) no cancel asked of it. */
+export type RunGuard = { status: RunStatus[]; attempt?: number; uncanceled?: boolean };
 
 /**
  * The ends a run reaches by running: its work succeeded or failed, or its budget ran out (the time it took

@@ -146,6 +146,38 @@ describe('run lifecycle', function () {
     expect(events.filter((e) => e.type === 'run.started')).to.have.length(1);
   });
 
+  it('ends canceled a run whose cancel was answered 202 after its attempt’s work was done but before its end was written', async () => {
+    const id = await start({ steps: [{ tool: 'shell', args: { command: 'true' } }] });
+    // its end, succeeded, held until the cancel has been answered: the cancel's write comes first
+    const update = h.rt.store.runs.update;
+    let open!: () => void;
+    const gate = new Promise<void>((r) => (open = r));
+    let held = false;
+    h.rt.store.runs.update = (async (...args: Parameters<typeof update>) => {
+      if (args[1] === id && args[2].status === 'succeeded' && !held) {
+        held = true;
+        await gate;
+      }
+      return update.apply(h.rt.store.runs, args);
+    }) as typeof update;
+    try {
+      await eventually(() => held || null, 'the end to be held');
+      const asked = await h.call<Body>('POST', `/api/v1/runs/${id}/cancel`);
+      expect(asked.status, asked.text).to.equal(202);
+      expect(asked.body.status).to.equal('running');
+    } finally {
+      open();
+      h.rt.store.runs.update = update;
+    }
+    const run = await finishedRun(h, id);
+    expect(run).to.deep.include({ status: 'canceled', summary: 'canceled (its attempt had ended succeeded)' });
+    expect(run.error).to.deep.equal({ code: 'canceled', message: 'canceled while running' });
+    // what the attempt did is kept: its step ran and succeeded
+    expect(run.steps.map((st: Body) => st.status)).to.deep.equal(['succeeded']);
+    const events = await h.rt.events.after(`session:${run.session_id}`, '0-0');
+    expect(events.filter((e) => e.type === 'run.finished').map((e) => (e.data as Body).status)).to.deep.equal(['canceled']);
+  });
+
   it('carries an automation’s retry policy into its runs, with defaults filled in, and changes it by PATCH', async () => {
     const created = await h.call<Body>('POST', '/api/v1/automations', {
       body: { name: 'flaky', steps: [{ tool: 'shell', args: { command: 'exit 1' } }], retry: { attempts: 2, backoff: { delay_ms: 50 } } },

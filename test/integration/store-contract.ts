@@ -535,6 +535,10 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect(await store.runs.update('t1', r.id, { status: 'running' }, { status: ['queued'] })).to.equal(null);
       expect(await store.runs.update('t1', r.id, { status: 'failed' }, { status: ['running'], attempt: 2 })).to.equal(null);
       expect(await store.runs.update('t2', r.id, { status: 'failed' }, { status: ['running'] })).to.equal(null);
+      // an end guarded by `uncanceled` applies only while no cancel was asked of the run
+      expect(await store.runs.update('t1', r.id, { summary: 'checked' }, { status: ['running'], uncanceled: true })).to.deep.include({ summary: 'checked' });
+      await store.runs.update('t1', r.id, { cancel_requested_at: new Date().toISOString() }, { status: ['running'] });
+      expect(await store.runs.update('t1', r.id, { status: 'succeeded' }, { status: ['running'], uncanceled: true })).to.equal(null);
       const done = await store.runs.update(
         't1',
         r.id,

@@ -73,6 +73,7 @@ export function runRepo(
     async update(tenantId, id, changes, guard, steps = []) {
       const filter: Record<string, unknown> = { _id: id, tenant_id: tenantId, status: { $in: guard.status } };
       if (guard.attempt !== undefined) filter.attempt = guard.attempt;
+      if (guard.uncanceled) filter.cancel_requested_at = null;
       const updated = fromStored(await model.findOneAndUpdate(filter, { $set: definedOnly(changes) }, { returnDocument: 'after' }).lean<Stored<Run>>());
       // two writes (one transaction would need a replica set): once the run's change has applied, the
       // transition stands, so its steps are tried a few more times rather than failing it (its caller

@@ -2,7 +2,7 @@
 // Steps and agent turns are rows of their own, keyed by run, attempt and index.
 import type { Statement } from 'better-sqlite3';
 import type { AgentTurn, Run, StepRecord } from '../../platform/index.js';
-import { decodeCursor, RAN_THROUGH_STATUSES, toPage, type RunQuery, type RunRepo, type RunStats, type RunStatusRow } from '../port.js';
+import { decodeCursor, RAN_THROUGH_STATUSES, toPage, type RunGuard, type RunQuery, type RunRepo, type RunStats, type RunStatusRow } from '../port.js';
 import { groupCommit, TOP, type Db } from './db.js';
 import { keyClaimer } from './idempotency-keys.js';
 
@@ -94,9 +94,10 @@ export function runRepo(db: Db): RunRepo {
 
   // every write of a run goes through one group commit: ten runs settling at once pay for one commit
   const commit = groupCommit(db);
-  const update = (tenantId: string, id: string, changes: Partial<Run>, status: string[], attempt: number | undefined, steps: StepRecord[]) => {
+  const update = (tenantId: string, id: string, changes: Partial<Run>, guard: RunGuard, steps: StepRecord[]) => {
     const current = read(get.get(tenantId, id));
-    if (!current || !status.includes(current.status) || (attempt !== undefined && current.attempt !== attempt)) return null;
+    if (!current || !guard.status.includes(current.status)) return null;
+    if ((guard.attempt !== undefined && current.attempt !== guard.attempt) || (guard.uncanceled && current.cancel_requested_at)) return null;
     const next: Run = { ...current, ...changes, id: current.id, tenant_id: current.tenant_id, kind: current.kind, created_at: current.created_at };
     write(current, next);
     writeSteps(tenantId, id, current.attempt, steps);
@@ -117,7 +118,7 @@ export function runRepo(db: Db): RunRepo {
       return read(get.get(tenantId, id));
     },
     async update(tenantId, id, changes, guard, steps = []) {
-      return commit(() => update(tenantId, id, changes, guard.status, guard.attempt, steps));
+      return commit(() => update(tenantId, id, changes, guard, steps));
     },
     async putSteps(tenantId, runId, attempt, steps) {
       if (steps.length) await commit(() => writeSteps(tenantId, runId, attempt, steps));
