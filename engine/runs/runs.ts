@@ -573,12 +573,16 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
 
     /** Cancels a queued run at once; asks the worker running a run to stop it. */
     async cancel(tenantId: string, id: string): Promise<Run> {
-      const run = await mustGet(tenantId, id);
-      if (isTerminal(run.status)) throw new ConflictError(`run ${id} is ${run.status} already`, { status: run.status });
+      let run = await mustGet(tenantId, id);
+      const ended = (r: Run) => new ConflictError(`run ${id} is ${r.status} already`, { status: r.status });
+      if (isTerminal(run.status)) throw ended(run);
       if (run.status === 'queued') {
         // a run after its first attempt waits for its next (a retry's backoff, a deploy): it did start
         const canceled = await transitions.cancel(run, run.attempt > 1 ? CANCELED_BEFORE_NEXT_ATTEMPT : 'canceled before it started');
         if (canceled) return canceled;
+        // it moved meanwhile: another cancel ended it (this one is as late as one sent after it), or it started
+        run = await mustGet(tenantId, id);
+        if (isTerminal(run.status)) throw ended(run);
       }
       // running: the ask kept in the store first (a worker lost after it, its run repaired by the reconciler,
       // ends canceled, never retried, even if Redis loses its key meanwhile); then tell whichever worker holds
@@ -591,7 +595,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       });
       const now = await mustGet(tenantId, id);
       // it ended on its own meanwhile: the cancel came too late, as for a run found ended above
-      if (isTerminal(now.status) && now.status !== 'canceled') throw new ConflictError(`run ${id} is ${now.status} already`, { status: now.status });
+      if (isTerminal(now.status) && now.status !== 'canceled') throw ended(now);
       // its attempt settled meanwhile and it waits for its next: canceled there, never retried, its slot freed
       if (now.status === 'queued') return (await transitions.cancel(now, CANCELED_BEFORE_NEXT_ATTEMPT)) ?? (await mustGet(tenantId, id));
       return now;

@@ -10,7 +10,17 @@ import { ConfigError, parseEnv } from '../../config/env.js';
 import { createLogger } from '../../engine/platform/index.js';
 import { openRuntime } from '../../engine/process/index.js';
 import { createTenantSlots } from '../../engine/runs/index.js';
-import { deleteRedisPrefix, eventually, finishedRun, KEYS, refusalToOpen, sameDeployment, startHarness, type Harness } from '../support/harness.js';
+import {
+  deleteRedisPrefix,
+  eventually,
+  finishedRun,
+  heldTogether,
+  KEYS,
+  refusalToOpen,
+  sameDeployment,
+  startHarness,
+  type Harness,
+} from '../support/harness.js';
 
 type Body = Record<string, any>;
 
@@ -176,6 +186,31 @@ describe('run lifecycle', function () {
     expect(run.steps.map((st: Body) => st.status)).to.deep.equal(['succeeded']);
     const events = await h.rt.events.after(`session:${run.session_id}`, '0-0');
     expect(events.filter((e) => e.type === 'run.finished').map((e) => (e.data as Body).status)).to.deep.equal(['canceled']);
+  });
+
+  it('answers one of two cancels of a queued run sent at once 200 and the other 409, as if it came after', async () => {
+    const idle = await startHarness({ workers: false });
+    try {
+      const made = await idle.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'true' } }] } });
+      expect(made.status, made.text).to.equal(202);
+      const id = made.body.run_id as string;
+      // both read it queued before either cancels it
+      const release = heldTogether(idle.rt.store.runs, 'get', 2);
+      let answers: Body[];
+      try {
+        answers = await Promise.all([1, 2].map(() => idle.call<Body>('POST', `/api/v1/runs/${id}/cancel`)));
+      } finally {
+        release();
+      }
+      expect(answers.map((a) => a.status).sort()).to.deep.equal([200, 409]);
+      const refused = answers.find((a) => a.status === 409)!;
+      expect(refused.body.detail).to.equal(`run ${id} is canceled already`);
+      // the loser neither asked a worker to stop it nor kept a cancel for it
+      expect(await idle.rt.redis.exists(`${idle.config.queuePrefix}:run-cancel:${id}`)).to.equal(0);
+      expect((await idle.call<Body>('GET', `/api/v1/runs/${id}`)).body.status).to.equal('canceled');
+    } finally {
+      await idle.close();
+    }
   });
 
   it('carries an automation’s retry policy into its runs, with defaults filled in, and changes it by PATCH', async () => {
