@@ -193,6 +193,20 @@ export function transitionsOf(deps: TransitionsDeps) {
     );
   }
 
+  /**
+   * What Redis refused of a new run, tried again in the background until it takes it (untilTaken, about five
+   * minutes; past that the reconciler's): its run.queued `event`, before its job; then its place in line when
+   * `admitted` is not known (the admission was refused; admitting again is a no-op), or its job when it was admitted.
+   */
+  function refused(run: Run, err: Error, event: EventBody | null, admitted?: boolean): void {
+    log.warn({ run_id: run.id, err: err.message }, 'Redis refused a part of a new run; trying again');
+    void (async () => {
+      if (event) await untilTaken(() => emit(run, event), log, { run_id: run.id, what: event.type }, false);
+      if (admitted === false) return;
+      await untilTaken(() => (admitted ? enqueue(run) : admit(run)), log, { run_id: run.id, what: 'its place in line' }, Boolean(event));
+    })();
+  }
+
   /** Puts a queued run in line: its job now, or in its tenant's list until a slot frees. */
   async function admit(run: Run): Promise<void> {
     if (await slots.admit(run.tenant_id, run.id)) await enqueue(run);
@@ -387,10 +401,15 @@ export function transitionsOf(deps: TransitionsDeps) {
       // the run stands without them: it runs, and what follows it (its session's status) finds nothing to move
       for (const other of others) if (other.status === 'rejected') log.error({ err: other.reason, run_id: run.id }, 'a record of the run was not stored');
       // run.queued is in the log before the job exists, so it always precedes run.started
-      const lined = Promise.all([
-        emit(run, { type: 'run.queued', data: { kind: run.kind, trigger: run.trigger, attempt: run.attempt, rerun_of: run.rerun_of } }),
-        slots.admit(run.tenant_id, run.id),
-      ]).then(([, admitted]) => (admitted ? enqueue(run) : undefined));
+      const queued: EventBody = { type: 'run.queued', data: { kind: run.kind, trigger: run.trigger, attempt: run.attempt, rerun_of: run.rerun_of } };
+      const lined = Promise.allSettled([emit(run, queued), slots.admit(run.tenant_id, run.id)]).then(([told, placed]) => {
+        if (told.status === 'fulfilled' && placed.status === 'fulfilled')
+          return placed.value ? enqueue(run).catch((err: Error) => refused(run, err, null, true)) : undefined;
+        // Redis answered with an error (a failover's READONLY, LOADING, OOM), not silence: what it refused is tried
+        // again in the background, in order, rather than left to the reconciler's next pass
+        const err = (told.status === 'rejected' ? told : (placed as PromiseRejectedResult)).reason as Error;
+        refused(run, err, told.status === 'rejected' ? queued : null, placed.status === 'fulfilled' ? placed.value : undefined);
+      });
       // as with the records above, the run stands (and its request succeeds) whatever becomes of this;
       // the caller waits for it if it needs to
       after?.(run).catch((err: unknown) => log.error({ err, run_id: run.id }, 'a record of the run was not stored'));

@@ -213,6 +213,57 @@ describe('run lifecycle', function () {
     }
   });
 
+  it('puts a new run in line though Redis refused its run.queued event or its whole first round trip (an error, not silence)', async () => {
+    // no reconciler pass during the test: what queues the run is the run's own retry
+    const own = await startHarness({ env: { SERVICE_RECONCILE_INTERVAL_SECONDS: '3600' } });
+    const events = own.rt.events;
+    const append = events.append.bind(events);
+    try {
+      const create = async () => {
+        const res = await own.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'true' } }] } });
+        expect(res.status, res.text).to.equal(202);
+        return res.body.run_id as string;
+      };
+      const typesOf = async (run: Body) => (await own.rt.events.after(`session:${run.session_id}`, '0-0')).map((e) => e.type);
+      // run.queued refused once, as a failover's READONLY answers
+      let refusals = 0;
+      events.append = async (scope, event) => {
+        if (event.type === 'run.queued' && !refusals++) throw new Error('READONLY You can’t write against a read only replica.');
+        return append(scope, event);
+      };
+      const first = await finishedRun(own, await create());
+      expect(first.status).to.equal('succeeded');
+      expect(refusals).to.equal(2);
+      expect((await typesOf(first)).slice(0, 5)).to.deep.equal(['run.queued', 'run.started', 'step.started', 'step.finished', 'run.finished']);
+      events.append = append;
+      // the engine's whole round trip of a turn (the event and the tenant's slot) refused once
+      const redis = own.rt.redis as unknown as Record<string, (...args: unknown[]) => Promise<unknown>>;
+      const name =
+        Object.keys(redis).find((k) => /^engineBatch\d+$/.test(k)) ??
+        Object.getOwnPropertyNames(Object.getPrototypeOf(redis)).find((k) => /^engineBatch\d+$/.test(k));
+      expect(name, 'the engine batch command').to.be.a('string');
+      const batch = redis[name!]!;
+      let loading = 0;
+      // the call that carries the new run's event and its admission (both asked in one turn), refused
+      redis[name!] = async (...args: unknown[]) => {
+        if (args.includes('slots.admit') && JSON.stringify(args).includes('run.queued') && !loading++)
+          throw new Error('LOADING Redis is loading the dataset in memory');
+        return batch.apply(own.rt.redis, args);
+      };
+      try {
+        const second = await finishedRun(own, await create());
+        expect(second.status).to.equal('succeeded');
+        expect(loading, 'the round trip refused').to.equal(1);
+        expect((await typesOf(second)).slice(0, 2)).to.deep.equal(['run.queued', 'run.started']);
+      } finally {
+        redis[name!] = batch;
+      }
+    } finally {
+      events.append = append;
+      await own.close();
+    }
+  });
+
   it('carries an automation’s retry policy into its runs, with defaults filled in, and changes it by PATCH', async () => {
     const created = await h.call<Body>('POST', '/api/v1/automations', {
       body: { name: 'flaky', steps: [{ tool: 'shell', args: { command: 'exit 1' } }], retry: { attempts: 2, backoff: { delay_ms: 50 } } },
