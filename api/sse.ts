@@ -1,7 +1,7 @@
 // Server-sent events: `id:`, `event:`, `data:` lines, a heartbeat comment, resumable from
-// Last-Event-ID, and closed after the terminal event. Events come from the process's EventHub. At
-// each heartbeat the request's credential is checked again: a stream ends once its key is revoked or
-// expired, or its session has ended (the client's reconnect is then refused with a 401).
+// Last-Event-ID, and closed after the terminal event. Events come from the process's EventHub. Each
+// second the request's credential is checked again: a stream ends once its key is revoked or expired,
+// or its session has ended (the client's reconnect is then refused with a 401).
 import type { Request, Response } from 'express';
 import { compareIds, EVENTS_KEPT, RateLimitedError, ValidationError, type EventHub, type Scope, type ServiceEvent } from '../engine/platform/index.js';
 
@@ -11,6 +11,9 @@ const FUTURE_ID_MARGIN_MS = 60_000;
 const BUFFERED_MAX_BYTES = 1024 * 1024;
 /** Events read from the log at a time for a reader catching up: a step.output event may be 400 KB of JSON (64 KB of escaped text). */
 const CATCH_UP_PAGE = 10;
+
+/** How often an open stream checks again the key or sign-in that opened it. */
+const AUTHORIZATION_RECHECK_MS = 1000;
 
 /** How long a tenant at its streams' limit is told to wait before it opens another. */
 const STREAMS_FULL_RETRY_SECONDS = 5;
@@ -176,14 +179,24 @@ async function openStream(req: Request, res: Response, opts: SseOptions, leave: 
   if (firstKept) truncated(opts.afterId, firstKept);
   let ended = false;
   let sub: { close(): void } | undefined;
+  // the key or sign-in that opened it, checked again each second (not each heartbeat, up to 300 s apart): a key
+  // revoked or expired stops what reaches its stream within a second. A store or Redis that does not answer is not
+  // a revocation: the stream goes on, and asks again; one check at a time
+  let checking = false;
+  const authorization = setInterval(() => {
+    if (checking || !req.stillAuthorized) return;
+    checking = true;
+    req.stillAuthorized().then(
+      (ok) => {
+        checking = false;
+        if (!ok) end();
+      },
+      () => (checking = false),
+    );
+  }, AUTHORIZATION_RECHECK_MS);
   const heartbeat = setInterval(() => {
     // a reader that is not reading has what it needs to know the stream is alive
     if (!congested()) res.write(': heartbeat\n\n');
-    // a store or Redis that does not answer is not a revocation: the stream goes on, and asks again
-    req.stillAuthorized?.().then(
-      (ok) => ok || end(),
-      () => undefined,
-    );
     opts.stillThere?.(lastSent).then(
       (there) => there || end(),
       () => undefined,
@@ -194,6 +207,7 @@ async function openStream(req: Request, res: Response, opts: SseOptions, leave: 
     ended = true;
     leave();
     clearInterval(heartbeat);
+    clearInterval(authorization);
     forget();
     sub?.close();
     wake?.();
