@@ -90,9 +90,11 @@ export function apiKeysOf(deps: { store: Store; clock: Clock; log: Logger; limit
       // keys made through the API are held to the tenant's cap (each is a row every list and revocation reads);
       // the operator's (the CLI's, SERVICE_API_KEYS) are not
       const max = opts.source === 'api' ? deps.limits?.tenantMaxApiKeys : undefined;
-      const inserted = await store.apiKeys.insert(made, max ? { maxLive: max } : undefined);
+      const inserted = await store.apiKeys.insert(made, max ? { maxLive: max, now: clock.now().toISOString() } : undefined);
       if (inserted === 'over-cap')
-        throw new ConflictError(`this tenant has ${max} API keys not revoked, the most it may keep (SERVICE_TENANT_MAX_API_KEYS): revoke one first`);
+        throw new ConflictError(
+          `this tenant has ${max} API keys neither revoked nor expired, the most it may keep (SERVICE_TENANT_MAX_API_KEYS): revoke one first`,
+        );
       // the request came in with a key revoked since: it makes none
       if (inserted === 'maker-revoked') throw new UnauthorizedError('the API key this request came with was revoked');
       log.info({ tenant_id: tenantId, key_id: made.id, source: opts.source }, 'api key created');

@@ -184,12 +184,12 @@ export const makerOf = (k: ApiKeyRecord): string | null => (k.created_by?.starts
 export interface ApiKeyRepo {
   /**
    * Inserts unless a key with the same hash exists; true when inserted. With `cap`, only while the tenant holds
-   * fewer than `maxLive` keys made through the API (`source: api`) and not revoked, else 'over-cap', storing
+   * fewer than `maxLive` keys made through the API (`source: api`), neither revoked nor expired at `now`, else 'over-cap', storing
    * nothing (checked as AutomationRepo.insert's cap). A key made with a key (`created_by: key:<id>`) is
    * refused ('maker-revoked'; not kept, or kept revoked) when that key is revoked by the time it is written: a request
    * let in before a revocation makes no key after it (revocation's cascade counts on it).
    */
-  insert(record: ApiKeyRecord, cap?: { maxLive: number }): Promise<boolean | 'over-cap' | 'maker-revoked'>;
+  insert(record: ApiKeyRecord, cap?: { maxLive: number; now: string }): Promise<boolean | 'over-cap' | 'maker-revoked'>;
   /** Resolves a presented key's hash to its record: the one lookup that finds the tenant. */
   findByHash(hash: string): Promise<ApiKeyRecord | null>;
   get(tenantId: string, id: string): Promise<ApiKeyRecord | null>;

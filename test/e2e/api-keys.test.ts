@@ -46,7 +46,7 @@ describe('api keys', function () {
     expect((await h.call('GET', '/api/v1/runs', { key: made.body.key })).status, 'still works').to.equal(200);
   });
 
-  it('lists keys a page at a time, newest first, and holds a tenant to SERVICE_TENANT_MAX_API_KEYS keys not revoked made through the API', async () => {
+  it('lists keys a page at a time, newest first, and holds a tenant to SERVICE_TENANT_MAX_API_KEYS keys neither revoked nor expired made through the API', async () => {
     const capped = await startHarness({ workers: false, env: { SERVICE_TENANT_MAX_API_KEYS: '3' } });
     try {
       // tenant-a's bootstrap key is the operator's, not counted: three through the API reach 3
@@ -60,6 +60,28 @@ describe('api keys', function () {
       // a revoked key makes room
       expect((await capped.call('DELETE', `/api/v1/api-keys/${made[1]!.api_key.id}`)).status).to.equal(204);
       expect((await capped.call('POST', '/api/v1/api-keys', { body: { label: 'three' } })).status).to.equal(201);
+      // so does one that has expired (tenant B: one of its three expires in a second)
+      for (const label of ['b1', 'b2']) expect((await capped.call('POST', '/api/v1/api-keys', { key: KEYS.b, body: { label } })).status).to.equal(201);
+      const soon = await capped.call('POST', '/api/v1/api-keys', {
+        key: KEYS.b,
+        body: { label: 'soon', expires_at: new Date(Date.now() + 1000).toISOString() },
+      });
+      expect(soon.status, soon.text).to.equal(409);
+      expect(
+        (
+          await capped.call(
+            'DELETE',
+            `/api/v1/api-keys/${(await capped.call<Body>('GET', '/api/v1/api-keys', { key: KEYS.b })).body.data.find((k: Body) => k.label === 'b2').id}`,
+            { key: KEYS.b },
+          )
+        ).status,
+      ).to.equal(204);
+      expect(
+        (await capped.call('POST', '/api/v1/api-keys', { key: KEYS.b, body: { label: 'soon', expires_at: new Date(Date.now() + 1000).toISOString() } })).status,
+      ).to.equal(201);
+      expect((await capped.call('POST', '/api/v1/api-keys', { key: KEYS.b, body: { label: 'b3' } })).status).to.equal(409);
+      await new Promise((r) => setTimeout(r, 1100));
+      expect((await capped.call('POST', '/api/v1/api-keys', { key: KEYS.b, body: { label: 'b3' } })).status, 'once one has expired').to.equal(201);
       const first = await capped.call<Body>('GET', '/api/v1/api-keys?limit=2');
       expect(first.body.data.map((k: Body) => k.label)).to.deep.equal(['three', 'two']);
       const rest = await capped.call<Body>('GET', `/api/v1/api-keys?limit=2&cursor=${first.body.next_cursor}`);

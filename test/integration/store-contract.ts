@@ -782,14 +782,14 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect(await store.apiKeys.insert(key('t-maker', 'person:someone'))).to.equal(true);
       const refused = [key('t-maker', `key:${revoked.id}`), key('t-maker', `key:${revoked.id}`)];
       expect(await store.apiKeys.insert(refused[0]!)).to.equal('maker-revoked');
-      expect(await store.apiKeys.insert(refused[1]!, { maxLive: 100 })).to.equal('maker-revoked');
+      expect(await store.apiKeys.insert(refused[1]!, { maxLive: 100, now: new Date().toISOString() })).to.equal('maker-revoked');
       // not kept, or kept revoked: it never opens anything
       for (const k of refused) expect((await store.apiKeys.findByHash(k.hash))?.revoked_at ?? 'revoked').to.be.a('string');
       // a maker of that id in another tenant is not this key's maker
       expect(await store.apiKeys.insert(key('t-other', `key:${revoked.id}`))).to.equal(true);
     });
 
-    it('pages a tenant’s keys newest first, gets one of its own, and holds a capped insert to the keys not revoked, concurrent ones too', async () => {
+    it('pages a tenant’s keys newest first, gets one of its own, and holds a capped insert to the keys neither revoked nor expired, concurrent ones too', async () => {
       const key = (tenant: string, n: number, revoked = false): ApiKeyRecord => ({
         id: newId('key'),
         tenant_id: tenant,
@@ -812,11 +812,19 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect(await store.apiKeys.get('t-other', made[2]!.id)).to.equal(null);
       // an operator's key is not counted
       expect(await store.apiKeys.insert({ ...key('t-page', 9), source: 'cli' })).to.equal(true);
+      // one expired is not counted either
+      const now = new Date().toISOString();
+      expect(await store.apiKeys.insert({ ...key('t-page', 8), expires_at: new Date(Date.parse(now) - 1000).toISOString() })).to.equal(true);
       // four not revoked (k0 is): a cap of 5 takes one more, of the twenty asked at once
-      const asked = await Promise.all(Array.from({ length: 20 }, (_, i) => store.apiKeys.insert(key('t-page', 10 + i), { maxLive: 5 })));
+      const asked = await Promise.all(Array.from({ length: 20 }, (_, i) => store.apiKeys.insert(key('t-page', 10 + i), { maxLive: 5, now })));
       expect(asked.filter((r) => r === true)).to.have.length(1);
       expect(asked.filter((r) => r === 'over-cap')).to.have.length(19);
-      expect(await store.apiKeys.list('t-page')).to.have.length(7);
+      expect(await store.apiKeys.list('t-page')).to.have.length(8);
+      // a key that expires later counts until it has
+      const later = { ...key('t-later', 1), expires_at: new Date(Date.parse(now) + 60_000).toISOString() };
+      expect(await store.apiKeys.insert(later)).to.equal(true);
+      expect(await store.apiKeys.insert(key('t-later', 2), { maxLive: 1, now })).to.equal('over-cap');
+      expect(await store.apiKeys.insert(key('t-later', 3), { maxLive: 1, now: new Date(Date.parse(now) + 120_000).toISOString() })).to.equal(true);
     });
 
     it('changes a key only for its tenant, and lists the bootstrap keys of every tenant', async () => {

@@ -31,7 +31,11 @@ export function apiKeyRepo(model: Model<Stored<ApiKeyRecord>>, leases: Leases): 
       const done = await leases.insertHeld(
         `api-keys:${k.tenant_id}`,
         async () =>
-          (await model.countDocuments({ tenant_id: k.tenant_id, source: 'api', revoked_at: null }).read('primary')) >= cap.maxLive ? 'over-cap' : null,
+          (await model
+            .countDocuments({ tenant_id: k.tenant_id, source: 'api', revoked_at: null, $or: [{ expires_at: null }, { expires_at: { $gt: cap.now } }] })
+            .read('primary')) >= cap.maxLive
+            ? 'over-cap'
+            : null,
         async () => {
           inserted = await insert(k);
           return 'inserted';

@@ -11,9 +11,11 @@ export function apiKeyRepo(db: Db): ApiKeyRepo {
   const one = db.prepare<[string, string], { doc: string }>('SELECT doc FROM api_keys WHERE tenant_id = ? AND id = ?');
   const write = db.prepare('UPDATE api_keys SET doc = ? WHERE tenant_id = ? AND id = ?');
   const page = db.prepare<[string, string, number], { doc: string }>('SELECT doc FROM api_keys WHERE tenant_id = ? AND id < ? ORDER BY id DESC LIMIT ?');
-  // the keys the cap counts: made through the API and not revoked (the operator's, CLI and SERVICE_API_KEYS, are not)
-  const live = db.prepare<[string], { n: number }>(
-    "SELECT COUNT(*) AS n FROM api_keys WHERE tenant_id = ? AND json_extract(doc, '$.source') = 'api' AND json_extract(doc, '$.revoked_at') IS NULL",
+  // the keys the cap counts: made through the API, neither revoked nor expired (the operator's, CLI and
+  // SERVICE_API_KEYS, are not); expiries are ISO times of one form, compared as text
+  const live = db.prepare<[string, string], { n: number }>(
+    `SELECT COUNT(*) AS n FROM api_keys WHERE tenant_id = ? AND json_extract(doc, '$.source') = 'api' AND json_extract(doc, '$.revoked_at') IS NULL
+     AND (json_extract(doc, '$.expires_at') IS NULL OR json_extract(doc, '$.expires_at') > ?)`,
   );
   const commit = groupCommit(db);
   const update = (tenantId: string, id: string, patch: ApiKeyPatch): ApiKeyRecord | null => {
@@ -28,7 +30,7 @@ export function apiKeyRepo(db: Db): ApiKeyRepo {
       // counted, and the maker read, inside the write's IMMEDIATE transaction: no other write, of this process or
       // another, comes between
       return commit(() => {
-        if (cap && (live.get(k.tenant_id)?.n ?? 0) >= cap.maxLive) return 'over-cap';
+        if (cap && (live.get(k.tenant_id, cap.now)?.n ?? 0) >= cap.maxLive) return 'over-cap';
         const maker = makerOf(k);
         if (maker && (JSON.parse(one.get(k.tenant_id, maker)?.doc ?? '{}') as Partial<ApiKeyRecord>).revoked_at) return 'maker-revoked';
         return insert.run(k.id, k.tenant_id, k.hash, JSON.stringify(k)).changes === 1;
