@@ -1175,7 +1175,7 @@ export interface paths {
          * @description A new key of the calling tenant. The answer carries the key itself: it is stored hashed (sha256)
          *     and never shown again. With `expires_at` the key stops working at that instant. The body is
          *     optional: without one the key has no label and no expiry. A tenant keeps at most
-         *     SERVICE_TENANT_MAX_API_KEYS (1,000) keys not revoked made this way: one more is a 409 (revoke one
+         *     SERVICE_TENANT_MAX_API_KEYS (1,000) keys neither revoked nor expired made this way: one more is a 409 (revoke one
          *     first); it holds when creates race.
          */
         post: operations["createApiKey"];
@@ -1270,7 +1270,9 @@ export interface paths {
         };
         /**
          * Deliveries received
-         * @description Accepted deliveries and rejected requests (metadata only), newest first.
+         * @description Accepted deliveries and rejected requests (metadata only), newest first, as summaries: every field of
+         *     a delivery but its `body` and `event_payload` (up to 1 MB each, 25 MB for email), which
+         *     `GET /api/v1/webhook-deliveries/{id}` answers.
          */
         get: operations["listWebhookDeliveries"];
         put?: never;
@@ -1863,10 +1865,41 @@ export interface components {
             body: string | null;
             body_size: number;
             body_sha256: string | null;
-            /** @description On a delivery whose id the signature does not cover (the generic scheme's `X-Service-Delivery`): the SHA-256 of what was signed (its `t` and the body's digest). The same signed request sent again under any id is found by it as a replay, even once Redis has lost the signatures it remembers. Absent otherwise, and on deliveries stored before 2026-11-29. */
+            /** @description The SHA-256 of what was signed once (the generic scheme's `t` and the body's digest, a Mailgun token, a signature), on every accepted delivery that has one. A request whose id the signature does not cover (the generic scheme, with `X-Service-Delivery` or without it; Mailgun's `Message-Id`) and whose signed part is found here is refused as a replay under any id, even once Redis has lost the signatures it remembers. Absent on deliveries with nothing signed once (email by HTTP Basic); before 2026-11-30 it was kept only with the generic scheme's `X-Service-Delivery` (from 2026-11-29). */
             signed_sha256?: string | null;
             /** @description The normalized event; runs receive it as `inputs.event`. */
             event_payload: Record<string, never> | null;
+            rejection: components["schemas"]["ErrorInfo"];
+            runs: {
+                automation_id: string;
+                run_id: string;
+            }[];
+            attempts: number;
+            error: components["schemas"]["ErrorInfo"];
+            /** Format: date-time */
+            received_at: string;
+            /** Format: date-time */
+            processed_at: string | null;
+        };
+        /** @description A delivery as lists show it: every field of a `WebhookDelivery` but `body` and `event_payload`, which `GET /api/v1/webhook-deliveries/{id}` answers. */
+        WebhookDeliverySummary: {
+            id: string;
+            tenant_id: string;
+            kind: components["schemas"]["WebhookProvider"];
+            status: components["schemas"]["DeliveryStatus"];
+            event: string | null;
+            action: string | null;
+            /** @description As in `WebhookDelivery`. */
+            provider_delivery_id: string | null;
+            /** @description Event names, ids and retry counts; never credentials or signatures. */
+            headers: {
+                [key: string]: string;
+            };
+            content_type: string | null;
+            body_size: number;
+            body_sha256: string | null;
+            /** @description As in `WebhookDelivery`. */
+            signed_sha256?: string | null;
             rejection: components["schemas"]["ErrorInfo"];
             runs: {
                 automation_id: string;
@@ -3269,7 +3302,7 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"];
             };
         };
-        /** @description No such tenant, or no such kind (`not-found`). */
+        /** @description A tenant id that is not one (malformed), or no such kind (`not-found`). A well-formed tenant id that names no tenant is answered 403 `webhook-not-configured`, as one without a secret for the kind: the intake does not tell which tenants exist. */
         WebhookNotFound: {
             headers: {
                 [name: string]: unknown;
@@ -5622,14 +5655,14 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description A page of deliveries. */
+            /** @description A page of delivery summaries (no `body`, no `event_payload`). */
             200: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": {
-                        data: components["schemas"]["WebhookDelivery"][];
+                        data: components["schemas"]["WebhookDeliverySummary"][];
                         next_cursor: string | null;
                     };
                 };

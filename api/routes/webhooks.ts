@@ -12,6 +12,14 @@ import type { operations } from '../schema.js';
 
 const isKind = (k: string): k is WebhookProvider => (WEBHOOK_PROVIDERS as readonly string[]).includes(k);
 
+/** The tenant and kind an intake path names; a malformed tenant id or an unknown kind is no intake path (404). */
+function intakeOf(req: Request): [string, WebhookProvider] {
+  const tenantId = String(req.params.tenant_id);
+  const kind = String(req.params.kind);
+  if (!TENANT_ID_PATTERN.test(tenantId) || !isKind(kind)) throw new NotFoundError(`no webhook route ${req.path}`);
+  return [tenantId, kind];
+}
+
 /** A body the intake could not read, as the provider's problem (webhook-payload-invalid); null for any other error. */
 function unreadableBody(err: unknown): WebhookRejectedError | null {
   const e = err as { type?: unknown; encoding?: unknown; code?: unknown };
@@ -34,13 +42,12 @@ export function webhookIntakeRouter(engine: Engine): Router {
 
   // one handler, not three: the intake is the hottest route, and each layer Express walks costs
   router.post('/webhooks/:tenant_id/:kind', (req: Request, res: Response, next: NextFunction) => {
-    const tenantId = String(req.params.tenant_id);
-    const kind = String(req.params.kind);
-    // malformed tenant ids and unknown kinds are refused before the body is read
-    if (!TENANT_ID_PATTERN.test(tenantId) || !isKind(kind)) throw new NotFoundError(`no webhook route ${req.path}`);
+    const [tenantId, kind] = intakeOf(req);
     if (refuseDeclaredOver(BODY_LIMIT_BYTES[kind], req, res, next)) return;
     const declared = Number(req.headers['content-length']) || 0;
-    engine.webhooks.refuseUnconfigured(tenantId, kind, req.headers, declared).then(
+    // a tenant without the kind's secret, a signature header missing, email credentials that are wrong: refused
+    // as soon as the headers say so (an email body is up to 25 MB, and anyone can send one)
+    engine.webhooks.refuseByHeaders(tenantId, kind, req.headers, declared).then(
       () => read(tenantId, kind, req, res, next),
       (err: unknown) => {
         // refused before its body is read: the connection closes after the answer (the body is never read)
@@ -48,6 +55,11 @@ export function webhookIntakeRouter(engine: Engine): Router {
         next(err);
       },
     );
+  });
+  // the intake's path takes POST only: any other method is told so, as the API's paths tell it (405, Allow)
+  router.all('/webhooks/:tenant_id/:kind', (req: Request) => {
+    intakeOf(req);
+    throw Object.assign(new Error(`${req.method} method not allowed`), { status: 405, headers: { Allow: 'POST' } });
   });
 
   /** Reads the body as bytes (inflated if compressed) and hands it to the intake. */
@@ -72,6 +84,7 @@ export function webhookIntakeRouter(engine: Engine): Router {
 }
 
 type DeliveriesQuery = NonNullable<operations['listWebhookDeliveries']['parameters']['query']>;
+type DeliveriesPage = operations['listWebhookDeliveries']['responses']['200']['content']['application/json'];
 type SecretPut = operations['putWebhookSecret']['requestBody']['content']['application/json'];
 
 export function webhookSecretsRouter(engine: Engine): Router {
@@ -95,7 +108,9 @@ export function webhookDeliveriesRouter(engine: Engine): Router {
   router.get('/', async (req, res) => {
     const q = req.query as DeliveriesQuery;
     const page = await engine.webhooks.list(tenantOf(req), { kind: q.kind, status: q.status, limit: q.limit ?? 20, cursor: q.cursor });
-    res.json({ data: page.items, next_cursor: page.next_cursor });
+    // summaries: a delivery's body and event are answered by GET /{id} only (a page of them was up to 188 MB)
+    const answer: DeliveriesPage = { data: page.items, next_cursor: page.next_cursor };
+    res.json(answer);
   });
   router.get('/:id', async (req, res) => {
     res.json(await engine.webhooks.get(tenantOf(req), String(req.params.id)));

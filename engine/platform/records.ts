@@ -388,7 +388,7 @@ export type WebhookDelivery = {
   body: string | null;
   body_size: number;
   body_sha256: string | null;
-  /** the digest of what was signed, when a delivery's id is not signed (the generic scheme): its replay under another id is found by it */
+  /** the digest of what was signed (its replay key): where a delivery's id is not signed (generic, Mailgun), its replay under another id, or none, is found by it */
   signed_sha256?: string | null;
   /** the normalized event that runs receive as `inputs.event` */
   event_payload: Record<string, unknown> | null;

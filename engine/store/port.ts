@@ -300,6 +300,8 @@ export interface NotificationDeliveryRepo {
 
 export type DeliveryQuery = { kind?: WebhookProvider; status?: DeliveryStatus; limit: number; cursor?: string };
 export type DeliveryChanges = Partial<Pick<WebhookDelivery, 'status' | 'runs' | 'attempts' | 'error' | 'processed_at'>>;
+/** A delivery as lists show it: without its body and event (up to 1 MB each, 25 MB for email), which `get` reads. */
+export type DeliverySummary = Omit<WebhookDelivery, 'body' | 'event_payload'>;
 
 export interface DeliveryRepo {
   /**
@@ -308,8 +310,8 @@ export interface DeliveryRepo {
    */
   insert(delivery: WebhookDelivery): Promise<WebhookDelivery | null>;
   get(tenantId: string, id: string): Promise<WebhookDelivery | null>;
-  /** Newest first. */
-  list(tenantId: string, query: DeliveryQuery): Promise<Page<WebhookDelivery>>;
+  /** Newest first, as summaries: the database leaves the bodies and events out, so they are never copied or parsed here. */
+  list(tenantId: string, query: DeliveryQuery): Promise<Page<DeliverySummary>>;
   /** Applies `changes` only while the status is one of `ifStatusIn`; null when no row matched. */
   update(tenantId: string, id: string, changes: DeliveryChanges, ifStatusIn: DeliveryStatus[]): Promise<WebhookDelivery | null>;
   /**

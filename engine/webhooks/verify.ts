@@ -36,8 +36,9 @@ export type Verified = {
    */
   signedOnce?: boolean;
   /**
-   * the delivery id came from a header the signature does not cover (our `X-Service-Delivery`): a request
-   * sent again under another id is looked for in the store by what was signed, once Redis has forgotten it
+   * the delivery id is not in what was signed (ours: `X-Service-Delivery`, which a captured request can carry
+   * changed, added or dropped; Mailgun's: the Message-Id, a field its signature does not cover): what was signed
+   * is looked for in the store, so the request sent again under any id is a replay once Redis has forgotten it
    */
   idUnsigned?: boolean;
   /** the normalized event: what matching reads and runs receive */
@@ -163,9 +164,52 @@ function jsonOrFormPayload(inb: Inbound): Record<string, unknown> {
   return parseJson(inb.body);
 }
 
+// The headers each kind's signature is in, read the same way before the body (a request without them is refused
+// unread) and by its verifier after it.
+const codehostSignature = (headers: Headers) => header(headers, 'x-hub-signature-256') ?? missing('X-Hub-Signature-256');
+
+function chatSignature(headers: Headers): { given: string; ts: string } {
+  const given = header(headers, 'x-chat-signature') ?? header(headers, 'x-slack-signature') ?? missing('X-Chat-Signature (or X-Slack-Signature)');
+  const ts =
+    header(headers, 'x-chat-request-timestamp') ??
+    header(headers, 'x-slack-request-timestamp') ??
+    missing('X-Chat-Request-Timestamp (or X-Slack-Request-Timestamp)');
+  return { given, ts };
+}
+
+const trackerSignature = (headers: Headers) =>
+  header(headers, 'tracker-signature') ?? header(headers, 'linear-signature') ?? missing('Tracker-Signature (or Linear-Signature)');
+
+const pagerSignature = (headers: Headers) =>
+  header(headers, 'x-pager-signature') ?? header(headers, 'x-pagerduty-signature') ?? missing('X-Pager-Signature (or X-PagerDuty-Signature)');
+
+const genericSignature = (headers: Headers) => header(headers, 'x-service-signature') ?? missing('X-Service-Signature');
+
+const EMAIL_CREDENTIALS = 'credentials (HTTP Basic, or Mailgun’s timestamp, token and signature fields)';
+
+/**
+ * An email request's HTTP Basic password, checked: true when a current secret makes it, false when there is none;
+ * refused when it is wrong, or the Authorization not Basic. A JSON delivery is Postmark's, which signs with Basic:
+ * without it there is nothing to check (Mailgun's signature is in a form's fields), and it is refused.
+ */
+function emailBasic(headers: Headers, secrets: string[]): boolean {
+  const authorization = header(headers, 'authorization');
+  const basic = authorization?.match(/^Basic\s+([A-Za-z0-9+/=]+)\s*$/i);
+  if (authorization !== undefined && !basic) invalid('Authorization (expected Basic)');
+  let basicOk = false;
+  if (basic) {
+    const decoded = Buffer.from(basic[1]!, 'base64').toString('utf8');
+    const password = decoded.slice(decoded.indexOf(':') + 1);
+    basicOk = matchAny(secrets, [sha256Hex(password)], (s) => sha256Hex(s)) !== null;
+    if (!basicOk) invalid('the Basic password');
+  }
+  if (!basicOk && mediaType(headers) === 'application/json') missing(EMAIL_CREDENTIALS);
+  return basicOk;
+}
+
 /** GitHub: `X-Hub-Signature-256: sha256=<hex HMAC of the body>`. No timestamp is signed, so what was signed must never repeat. */
 function codehost(inb: Inbound, ctx: VerifyContext): Verified {
-  const given = header(inb.headers, 'x-hub-signature-256') ?? missing('X-Hub-Signature-256');
+  const given = codehostSignature(inb.headers);
   const hex = given.startsWith('sha256=') ? given.slice(7) : '';
   const matched = matchAny(ctx.secrets, [hex], (s) => hmacHex(s, inb.body)) ?? invalid('X-Hub-Signature-256');
   const payload = jsonOrFormPayload(inb);
@@ -184,11 +228,7 @@ function codehost(inb: Inbound, ctx: VerifyContext): Verified {
 
 /** Slack: `v0=<hex HMAC of "v0:<timestamp>:<body>">`, five minutes either way; JSON events, or forms for commands and interactions. */
 function chat(inb: Inbound, ctx: VerifyContext): Verified {
-  const given = header(inb.headers, 'x-chat-signature') ?? header(inb.headers, 'x-slack-signature') ?? missing('X-Chat-Signature (or X-Slack-Signature)');
-  const ts =
-    header(inb.headers, 'x-chat-request-timestamp') ??
-    header(inb.headers, 'x-slack-request-timestamp') ??
-    missing('X-Chat-Request-Timestamp (or X-Slack-Request-Timestamp)');
+  const { given, ts } = chatSignature(inb.headers);
   const hex = given.startsWith('v0=') ? given.slice(3) : '';
   const matched = matchAny(ctx.secrets, [hex], (s) => hmacHex(s, `v0:${ts}:`, inb.body)) ?? invalid('X-Chat-Signature');
   checkWindow(/^\d{1,12}$/.test(ts) ? Number(ts) * 1000 : NaN, ctx, windowOf('chat', ctx.windowSeconds));
@@ -236,7 +276,7 @@ function chat(inb: Inbound, ctx: VerifyContext): Verified {
 
 /** Linear: `Tracker-Signature` (or `Linear-Signature`) is the bare hex HMAC of the body; `webhookTimestamp` (ms) in the body is signed. */
 function tracker(inb: Inbound, ctx: VerifyContext): Verified {
-  const given = header(inb.headers, 'tracker-signature') ?? header(inb.headers, 'linear-signature') ?? missing('Tracker-Signature (or Linear-Signature)');
+  const given = trackerSignature(inb.headers);
   const matched = matchAny(ctx.secrets, [given], (s) => hmacHex(s, inb.body)) ?? invalid('Tracker-Signature');
   const payload = parseJson(inb.body);
   checkWindow(typeof payload.webhookTimestamp === 'number' ? payload.webhookTimestamp : NaN, ctx);
@@ -257,8 +297,7 @@ function tracker(inb: Inbound, ctx: VerifyContext): Verified {
 
 /** PagerDuty v3: `v1=<hex>` entries separated by commas; any entry that any current secret makes passes. */
 function pager(inb: Inbound, ctx: VerifyContext): Verified {
-  const given =
-    header(inb.headers, 'x-pager-signature') ?? header(inb.headers, 'x-pagerduty-signature') ?? missing('X-Pager-Signature (or X-PagerDuty-Signature)');
+  const given = pagerSignature(inb.headers);
   const entries = given
     .split(',')
     .map((e) => e.trim())
@@ -285,7 +324,7 @@ function pager(inb: Inbound, ctx: VerifyContext): Verified {
 
 /** Ours: `X-Service-Signature: t=<unix s>,v1=<hex HMAC of "<t>.<body>">[,v1=…]`, t inside the window. */
 function generic(inb: Inbound, ctx: VerifyContext): Verified {
-  const given = header(inb.headers, 'x-service-signature') ?? missing('X-Service-Signature');
+  const given = genericSignature(inb.headers);
   const parts = given.split(',').map((p) => p.trim());
   const t = parts.find((p) => p.startsWith('t='))?.slice(2);
   const entries = parts.filter((p) => p.startsWith('v1=')).map((p) => p.slice(3));
@@ -298,7 +337,8 @@ function generic(inb: Inbound, ctx: VerifyContext): Verified {
     event: header(inb.headers, 'x-service-event') ?? str(payload.type) ?? str(payload.event),
     action: str(payload.action),
     providerId: delivery ?? str(payload.id),
-    idUnsigned: delivery !== null,
+    // with the header or without it: the same signed request can be sent again with it added, changed or dropped
+    idUnsigned: true,
     repeatIs: 'retry',
     // what was signed (t and the body), not the entry that matched: a request signed by both secrets of a
     // rotation, sent again with one of its entries, is the same signed request
@@ -310,19 +350,8 @@ function generic(inb: Inbound, ctx: VerifyContext): Verified {
 
 /** Inbound mail: HTTP Basic with the tenant's email secret as password (SendGrid, Postmark), or Mailgun's signature fields. */
 async function email(inb: Inbound, ctx: VerifyContext): Promise<Verified> {
-  const authorization = header(inb.headers, 'authorization');
-  const basic = authorization?.match(/^Basic\s+([A-Za-z0-9+/=]+)\s*$/i);
-  if (authorization !== undefined && !basic) invalid('Authorization (expected Basic)');
-  let basicOk = false;
-  if (basic) {
-    const decoded = Buffer.from(basic[1]!, 'base64').toString('utf8');
-    const password = decoded.slice(decoded.indexOf(':') + 1);
-    basicOk = matchAny(ctx.secrets, [sha256Hex(password)], (s) => sha256Hex(s)) !== null;
-    if (!basicOk) invalid('the Basic password');
-  }
-  // Mailgun's signature is in a form's fields; a JSON delivery is Postmark's, which signs with Basic: without
-  // it there is nothing to check, and nothing is parsed for anyone (26 MB of JSON took 3 s of the thread)
-  if (!basicOk && mediaType(inb.headers) === 'application/json') missing('credentials (HTTP Basic, or Mailgun’s timestamp, token and signature fields)');
+  // Basic, or none: a JSON body without it is refused unparsed (26 MB of JSON took 3 s of the thread), as the intake refuses it unread
+  const basicOk = emailBasic(inb.headers, ctx.secrets);
   // a urlencoded form's signature fields are checked before the rest of it is decoded
   if (!basicOk && mediaType(inb.headers) === 'application/x-www-form-urlencoded') mailgunToken(mailgunFieldsOfForm(inb.body), ctx);
   // read before its signature is checked (Mailgun's is in the body): what it cannot read is the sender's fault, never a 500
@@ -341,13 +370,15 @@ async function email(inb: Inbound, ctx: VerifyContext): Promise<Verified> {
     providerId: messageId ?? `mailgun-token:${token}`,
     repeatIs: messageId ? 'retry' : 'replay',
     replayKey: `mailgun:${token}`,
+    // the signature covers the timestamp and token only: the Message-Id and the mail can be anything
+    idUnsigned: true,
   };
 }
 
 /** Checks Mailgun's signature fields (an HMAC of timestamp and token, the timestamp inside the window): the token. */
 function mailgunToken(fields: { timestamp?: string; token?: string; signature?: string }, ctx: VerifyContext): string {
   const { timestamp, token, signature } = fields;
-  if (!timestamp || !token || !signature) missing('credentials (HTTP Basic, or Mailgun’s timestamp, token and signature fields)');
+  if (!timestamp || !token || !signature) missing(EMAIL_CREDENTIALS);
   matchAny(ctx.secrets, [signature], (s) => hmacHex(s, timestamp, token)) ?? invalid('the Mailgun signature');
   checkWindow(/^\d{1,12}$/.test(timestamp) ? Number(timestamp) * 1000 : NaN, ctx);
   return token;
@@ -361,6 +392,25 @@ const VERIFIERS: Record<WebhookProvider, (inb: Inbound, ctx: VerifyContext) => V
   email,
   generic,
 };
+
+/** What of each kind's verification its headers alone decide. */
+const HEADER_CHECKS: Record<WebhookProvider, (headers: Headers, secrets: string[]) => unknown> = {
+  codehost: codehostSignature,
+  chat: chatSignature,
+  tracker: trackerSignature,
+  pager: pagerSignature,
+  email: emailBasic,
+  generic: genericSignature,
+};
+
+/**
+ * Refuses (throws) a request whose headers already decide its refusal, with the problem verifyDelivery would
+ * give once its body is read: a signature header missing; for email, credentials that are wrong, or none for
+ * JSON (a form without Basic may be Mailgun's, signed in its fields). What passes is verified whole after.
+ */
+export function checkHeaders(kind: WebhookProvider, headers: Headers, secrets: string[]): void {
+  HEADER_CHECKS[kind](headers, secrets);
+}
 
 export async function verifyDelivery(kind: WebhookProvider, inb: Inbound, ctx: VerifyContext): Promise<Verified> {
   const verified = await VERIFIERS[kind](inb, ctx);

@@ -21,7 +21,7 @@ import {
 } from '../platform/index.js';
 import type { DeliveryQuery } from '../store/index.js';
 import { serviceKey } from '../runs/index.js';
-import { eventMatches, keptHeaders, sha256Hex, verifyDelivery, windowOf, type Headers, type Verified } from './verify.js';
+import { checkHeaders, eventMatches, keptHeaders, sha256Hex, verifyDelivery, windowOf, type Headers, type Verified } from './verify.js';
 
 /** Email carries attachments; everything else is small. */
 export const BODY_LIMIT_BYTES: Record<WebhookProvider, number> = {
@@ -298,13 +298,13 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
           verified = await verifyDelivery(kind, { headers, body }, { secrets, nowMs: clock.now().getTime(), windowSeconds });
           // ids are short in practice; a longer one is cut, never allowed to bloat the unique index. A request
           // with no id (a slash command, our generic scheme without X-Service-Delivery) is known by its signed
-          // bytes, so the store finds its replay too once Redis has forgotten the signature (it loses its data)
+          // bytes, so the store finds its replay too once Redis has forgotten the signature (it loses its data).
+          // The digest of what was signed is kept with every delivery that has one: a request whose id the
+          // signature does not cover is looked for by it, whatever id the delivery it replays was stored under
           const signedDigest = verified.replayKey ? sha256Hex(verified.replayKey) : null;
           /** the delivery's id in the store: the provider's, or for a request that names none, what was signed */
           const providerId = verified.providerId ? verified.providerId.slice(0, 256) : signedDigest ? `signed:${signedDigest}` : null;
           const seenKey = signedDigest ? `${prefix}:webhook-seen:${tenantId}:${kind}:${signedDigest}` : null;
-          /** the digest of what was signed, kept with a delivery whose id the signature does not cover */
-          const signedUnderUnsignedId = verified.idUnsigned ? signedDigest : null;
           const fresh = await gate(tenantId, kind, seenKey);
           // renewed while this process has the request, so a store slower than the claim (a lock held, a failover)
           // does not let a replay in meanwhile; a process that dies stops renewing, and the claim lapses
@@ -331,10 +331,11 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
             // resend whose id is in what was signed (PagerDuty's) goes on: the insert finds that id's delivery)
             if (!fresh && verified.signedOnce) throw new WebhookRejectedError('webhook-replay', 'this signed request is being accepted');
           }
-          // an id the signature does not cover (our X-Service-Delivery) can be changed by whoever captured the
-          // request: what was signed, found in the store, is a replay under any id once Redis has lost its claims
-          // (as Redis says within the window: our scheme signs each try anew, so the same bytes are never a retry)
-          if (signedUnderUnsignedId && (await store.deliveries.findBySigned(tenantId, kind, signedUnderUnsignedId)))
+          // an id the signature does not cover (our X-Service-Delivery, Mailgun's Message-Id) can be changed, added
+          // or dropped by whoever captured the request: what was signed, found in the store, is a replay under any id
+          // once Redis has lost its claims (as Redis says within the window: these schemes sign each try anew, so
+          // the same signed bytes are never a retry)
+          if (verified.idUnsigned && signedDigest && (await store.deliveries.findBySigned(tenantId, kind, signedDigest)))
             throw new WebhookRejectedError('webhook-replay', 'this signed request was already accepted');
           if (verified.handshake) {
             count('handshake');
@@ -355,7 +356,7 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
             body: verified.keepBody ? body.toString('utf8') : null,
             body_size: body.length,
             body_sha256: sha256Hex(body),
-            ...(signedUnderUnsignedId ? { signed_sha256: signedUnderUnsignedId } : {}),
+            ...(signedDigest ? { signed_sha256: signedDigest } : {}),
             event_payload: verified.event_payload,
             rejection: null,
             runs: [],
@@ -425,18 +426,27 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
     },
 
     /**
-     * Refuses (throws), before its body is read, a request to a tenant that does not exist or has no secret for
-     * the kind (recorded, as `receive` records it, for a tenant that exists). The intake is open to anyone, and
-     * read first, such a body (25 MB for email) was buffered whole to be refused.
+     * Refuses (throws), before its body is read, a request its headers already refuse: to a tenant that does not
+     * exist or has no secret for the kind, or without its kind's signature header, or with email credentials that
+     * are wrong (or none, for JSON). Recorded, as `receive` records it, for a tenant that exists. The intake is
+     * open to anyone, and read first, such a body (25 MB for email) was buffered whole to be refused.
      */
-    async refuseUnconfigured(tenantId: string, kind: WebhookProvider, headers: Headers, size: number): Promise<void> {
+    async refuseByHeaders(tenantId: string, kind: WebhookProvider, headers: Headers, size: number): Promise<void> {
       const tenant = await secretsOf(tenantId);
-      if (!tenant.known || !tenant.byKind.get(kind)?.length) await this.refuseUnreadable(tenantId, kind, headers, size, notConfigured(kind));
+      const secrets = tenant.byKind.get(kind);
+      if (!tenant.known || !secrets?.length) return this.refuseUnreadable(tenantId, kind, headers, size, notConfigured(kind));
+      try {
+        checkHeaders(kind, headers, secrets);
+      } catch (err) {
+        if (err instanceof WebhookRejectedError) await this.refuseUnreadable(tenantId, kind, headers, size, err);
+        throw err;
+      }
     },
 
     /**
-     * Refuses a request whose body could not be read (an encoding the intake does not undo, a compressed body
-     * that does not inflate): counted, and recorded within the tenant's budget of refusals, as receive's are.
+     * Refuses a request refused before its body was read, or whose body could not be read (an encoding the intake
+     * does not undo, a compressed body that does not inflate): counted, and recorded within the tenant's budget of
+     * refusals, as receive's are.
      */
     async refuseUnreadable(tenantId: string, kind: WebhookProvider, headers: Headers, size: number, err: WebhookRejectedError): Promise<never> {
       if (!(await secretsOf(tenantId)).known) {

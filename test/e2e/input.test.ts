@@ -600,7 +600,11 @@ describe('bad input', () => {
         ],
         // chunks of no type, not one sent: held until the 300 s request timeout before
         ['chunks of no type, none sent', head('/api/v1/sessions', 'Transfer-Encoding: chunked\r\n')],
-        ['the webhook intake', 'POST /webhooks/tenant-a/codehost HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 40\r\n\r\n{"a":'],
+        // signed, as far as its headers say: one without a signature is refused before its body is read
+        [
+          'the webhook intake',
+          `POST /webhooks/tenant-a/codehost HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Hub-Signature-256: sha256=${'0'.repeat(64)}\r\nContent-Length: 40\r\n\r\n{"a":`,
+        ],
       ];
       const answers = await Promise.all(cases.map(([, bytes]) => sent([[0, bytes]])));
       for (const [i, { text, ms }] of answers.entries()) {

@@ -6,12 +6,12 @@ import { isValidSlackRequest } from '@slack/bolt/dist/receivers/verify-request.j
 import { verify as octokitVerify } from '@octokit/webhooks-methods';
 import { UnrecoverableError, Worker } from 'bullmq';
 import { expect } from 'chai';
-import { createHmac, randomBytes, randomUUID } from 'node:crypto';
+import { createHash, createHmac, randomBytes, randomUUID } from 'node:crypto';
 import { gzipSync } from 'node:zlib';
 import fs from 'node:fs';
 import path from 'node:path';
 import Database from 'better-sqlite3';
-import { rawExchange } from '../support/raw-http.js';
+import { bodyOfAnswer, rawExchange } from '../support/raw-http.js';
 import { ServiceUnavailableError } from '../../engine/platform/errors.js';
 import { newId } from '../../engine/platform/ids.js';
 import { createSecretBox } from '../../engine/platform/secret-box.js';
@@ -109,7 +109,7 @@ describe('webhook intake', function () {
       // rejected requests are kept as metadata only
       const rejected = (await h.call<Body>('GET', '/api/v1/webhook-deliveries?kind=codehost&status=rejected')).body.data;
       expect(rejected.map((d: Body) => d.rejection.code)).to.include.members(['webhook-signature-invalid', 'webhook-signature-missing']);
-      for (const d of rejected) expect(d).to.deep.include({ body: null, event_payload: null, status: 'rejected' });
+      for (const d of rejected) expect(await delivery(d.id)).to.deep.include({ body: null, event_payload: null, status: 'rejected' });
     });
 
     it('refuses a replay: the same delivery, the same id with another body, the same signed body with another id', async () => {
@@ -328,7 +328,8 @@ describe('webhook intake', function () {
       expect(retry.body).to.deep.equal({ delivery_id: first.body.delivery_id, status: 'duplicate' });
       // in one read: a worker may move the delivery from received to processed between two
       const listed = await h.call<Body>('GET', '/api/v1/webhook-deliveries?kind=tracker&limit=100');
-      const stored = listed.body.data.filter((d: Body) => ['received', 'processed'].includes(d.status) && d.body === signed.body);
+      const digest = createHash('sha256').update(signed.body).digest('hex');
+      const stored = listed.body.data.filter((d: Body) => ['received', 'processed'].includes(d.status) && d.body_sha256 === digest);
       expect(stored).to.have.length(1);
     });
 
@@ -641,6 +642,48 @@ describe('webhook intake', function () {
       expect(again.body).to.deep.equal({ delivery_id: first.body.delivery_id, status: 'duplicate' });
     });
 
+    it('refuses a captured Mailgun post sent again under another Message-Id, or none, with forged content once Redis lost its claims (only the token is signed)', async () => {
+      const form = { 'content-type': 'application/x-www-form-urlencoded' };
+      const captured = [sign.mailgunFields(SECRET.email), sign.mailgunFields(SECRET.email)];
+      const first = await post('email', {
+        body: new URLSearchParams({
+          ...captured[0],
+          from: 'bob@example.com',
+          subject: 'Hi',
+          'body-plain': 'hello',
+          'Message-Id': `<${randomUUID()}@example.com>`,
+        }).toString(),
+        headers: form,
+      });
+      expect(first.status, first.text).to.equal(200);
+      const second = await post('email', {
+        body: new URLSearchParams({ ...captured[1], from: 'bob@example.com', subject: 'No id' }).toString(),
+        headers: form,
+      });
+      expect(second.status, second.text).to.equal(200);
+      for (const key of await scanKeys(h.rt.redis, `${h.config.queuePrefix}:webhook-seen:*`)) await h.rt.redis.del(key);
+      const forged = (fields: Record<string, string>, messageId?: string) => ({
+        body: new URLSearchParams({
+          ...fields,
+          from: 'ceo@example.com',
+          subject: 'Wire the money',
+          'body-plain': 'now',
+          ...(messageId ? { 'Message-Id': messageId } : {}),
+        }).toString(),
+        headers: form,
+      });
+      const replays: [string, sign.Signed][] = [
+        ['another Message-Id', forged(captured[0]!, `<${randomUUID()}@example.com>`)],
+        ['no Message-Id', forged(captured[0]!)],
+        ['a Message-Id added', forged(captured[1]!, `<${randomUUID()}@example.com>`)],
+      ];
+      for (const [what, replayed] of replays) {
+        const r = await post('email', replayed);
+        expect(r.status, `${what}: ${r.text}`).to.equal(409);
+        expect(r.body.code, what).to.equal('webhook-replay');
+      }
+    });
+
     it('reads nothing of a body for anyone without credentials, and bounds what it reads: parts, fields and JSON values', async () => {
       // a JSON delivery is Postmark's, signed with Basic: without it nothing is parsed (26 MB of tiny values took 3 s of the thread)
       const notJson = await post('email', { body: '{"From": not json', headers: { 'content-type': 'application/json' } });
@@ -745,6 +788,27 @@ describe('webhook intake', function () {
       const other = await post('generic', sign.generic([SECRET.generic], payload, { t: t + 2, delivery: `d-${randomUUID()}` }));
       expect(other.status, other.text).to.equal(200);
       expect(other.body.status).to.equal('accepted');
+    });
+
+    it('refuses a captured request sent again with X-Service-Delivery dropped or added once Redis lost its claims: the store knows what was signed under any id', async () => {
+      const withId = sign.generic([SECRET.generic], { type: 'deploy.finished', n: randomUUID() }, { delivery: `d-${randomUUID()}` });
+      const withoutId = sign.generic([SECRET.generic], { type: 'deploy.finished', n: randomUUID() });
+      for (const signed of [withId, withoutId]) {
+        const first = await post('generic', signed);
+        expect(first.status, first.text).to.equal(200);
+        expect((await delivery(first.body.delivery_id)).signed_sha256).to.match(/^[0-9a-f]{64}$/);
+      }
+      for (const key of await scanKeys(h.rt.redis, `${h.config.queuePrefix}:webhook-seen:*`)) await h.rt.redis.del(key);
+      const { 'x-service-delivery': _dropped, ...headersWithout } = withId.headers;
+      const replays: [string, sign.Signed][] = [
+        ['dropped', { body: withId.body, headers: headersWithout }],
+        ['added', { body: withoutId.body, headers: { ...withoutId.headers, 'x-service-delivery': `d-${randomUUID()}` } }],
+      ];
+      for (const [what, replayed] of replays) {
+        const r = await post('generic', replayed);
+        expect(r.status, `${what}: ${r.text}`).to.equal(409);
+        expect(r.body.code, what).to.equal('webhook-replay');
+      }
     });
 
     it('refuses a request signed by both secrets of a rotation sent again with one entry, or under another delivery id', async () => {
@@ -856,13 +920,68 @@ describe('webhook intake', function () {
         ['bogus', Buffer.from('{}'), /Content-Encoding "bogus"/],
         ['gzip', Buffer.from('not gzip at all'), /does not inflate/],
       ] as const) {
-        const r = await post('codehost', { body, headers: { 'content-type': 'application/json', 'content-encoding': encoding } });
+        // signed as far as its headers go: without the header it is refused before its body is read
+        const headers = { 'content-type': 'application/json', 'content-encoding': encoding, 'x-hub-signature-256': `sha256=${'0'.repeat(64)}` };
+        const r = await post('codehost', { body, headers });
         expect(r.status, `${encoding}: ${r.text}`).to.equal(400);
         expect(r.body.code).to.equal('webhook-payload-invalid');
         expect(r.body.detail).to.match(detail);
         const rejected = (await h.call<Body>('GET', '/api/v1/webhook-deliveries?kind=codehost&status=rejected&limit=1')).body.data[0];
         expect(rejected.rejection.message).to.match(detail);
       }
+    });
+
+    it('refuses a request its headers refuse (no signature header; email credentials wrong, or none for JSON) before reading its body, and closes the connection', async () => {
+      // 20 MB announced for email (500 KB where the limit is 1 MB), 10 bytes sent: read first, the body was waited for (and buffered whole) to be refused
+      const headOnly = (kind: string, length: number, headers: string, limitMs = 3000) =>
+        rawExchange(h.url, [[0, `POST /webhooks/tenant-a/${kind} HTTP/1.1\r\nHost: x\r\n${headers}Content-Length: ${length}\r\n\r\n{"a":"bcd"`]], limitMs);
+      const json = 'Content-Type: application/json\r\n';
+      const wrongBasic = `Authorization: ${sign.basicAuth('wrong-password')}\r\n`;
+      const cases: [string, number, string, string][] = [
+        ['email', 20_000_000, json, 'webhook-signature-missing'],
+        ['email', 20_000_000, json + wrongBasic, 'webhook-signature-invalid'],
+        ['email', 20_000_000, `Content-Type: multipart/form-data; boundary=B\r\n${wrongBasic}`, 'webhook-signature-invalid'],
+        ['email', 20_000_000, `${json}Authorization: Bearer nope\r\n`, 'webhook-signature-invalid'],
+        ...(['codehost', 'chat', 'tracker', 'pager', 'generic'] as const).map((kind): [string, number, string, string] => [
+          kind,
+          500_000,
+          json,
+          'webhook-signature-missing',
+        ]),
+        // Slack's signature without its timestamp
+        ['chat', 500_000, `${json}X-Slack-Signature: v0=${'0'.repeat(64)}\r\n`, 'webhook-signature-missing'],
+      ];
+      for (const [kind, length, headers, code] of cases) {
+        const { text, ms } = await headOnly(kind, length, headers);
+        const what = `${kind} ${headers.replace(/\r\n/g, '; ')}`;
+        expect(text, what).to.match(/^HTTP\/1\.1 401 /);
+        expect(text, what).to.match(/\r\nConnection: close\r\n/i);
+        expect(text, what).to.match(/\r\nContent-Type: application\/problem\+json/i);
+        expect(bodyOfAnswer(text), what).to.include({ code });
+        expect(ms, what).to.be.below(1000);
+      }
+      // recorded, as a refusal read whole was, with the size it announced
+      const recorded = (await h.call<Body>('GET', '/api/v1/webhook-deliveries?kind=email&status=rejected&limit=1')).body.data[0];
+      expect(recorded).to.deep.include({ body_size: 20_000_000, rejection: { code: 'webhook-signature-invalid', message: recorded.rejection.message } });
+      // a form without Basic may be Mailgun's, signed in its fields: its body is waited for
+      const mailgun = await headOnly('email', 20_000_000, 'Content-Type: application/x-www-form-urlencoded\r\n', 800);
+      expect(mailgun.text).to.equal('');
+    });
+
+    it('answers another method than POST on an intake path 405 with Allow: POST, as the API’s paths do; a path that is no intake 404', async () => {
+      for (const method of ['GET', 'PUT', 'DELETE', 'PATCH']) {
+        const r = await h.call<Body>(method, '/webhooks/tenant-a/codehost', { key: null });
+        expect(r.status, `${method}: ${r.text}`).to.equal(405);
+        expect(r.headers.get('allow'), method).to.equal('POST');
+        expect(r.headers.get('content-type'), method).to.match(/^application\/problem\+json/);
+        expect(r.body, method).to.include({ code: 'method-not-allowed', status: 405 });
+      }
+      // as an API path answers it
+      const api = await h.call<Body>('PUT', '/api/v1/webhook-deliveries');
+      expect(api.status).to.equal(405);
+      expect(api.body.code).to.equal('method-not-allowed');
+      expect((await h.call<Body>('GET', '/webhooks/tenant-a/nosuchkind', { key: null })).status).to.equal(404);
+      expect((await h.call<Body>('GET', '/webhooks/Not%20A%20Tenant/codehost', { key: null })).status).to.equal(404);
     });
 
     it('answers every malformed request with a problem and stays up', async () => {
@@ -1134,6 +1253,30 @@ describe('webhook intake', function () {
       }
     });
 
+    it('lists deliveries as summaries, without their bodies and events (up to 1 MB each), which a delivery’s own GET answers', async () => {
+      const ids: string[] = [];
+      for (let i = 0; i < 3; i++) {
+        const r = await post('generic', sign.generic([SECRET.generic], { type: 'bulk.export', n: randomUUID(), blob: 'x'.repeat(900_000) }));
+        expect(r.status, r.text).to.equal(200);
+        ids.push(r.body.delivery_id);
+      }
+      const listed = await h.call<Body>('GET', '/api/v1/webhook-deliveries?kind=generic&limit=3');
+      expect(listed.status, listed.text.slice(0, 300)).to.equal(200);
+      expect(listed.body.data.map((d: Body) => d.id)).to.have.members(ids);
+      for (const d of listed.body.data) {
+        expect(d).to.not.have.any.keys('body', 'event_payload');
+        expect(d).to.include({ kind: 'generic', event: 'bulk.export' });
+        expect(d.body_size).to.be.above(900_000);
+      }
+      // three summaries, not 5.4 MB of bodies and events
+      expect(listed.text.length).to.be.below(10_000);
+      for (const id of ids) {
+        const one = await delivery(id);
+        expect(one.body).to.have.length(one.body_size);
+        expect(one.event_payload.blob).to.have.length(900_000);
+      }
+    });
+
     it('lists with kind and status filters and cursors, hides one tenant’s deliveries from another, and refuses replaying a rejection', async () => {
       const page1 = await h.call<Body>('GET', '/api/v1/webhook-deliveries?kind=pager&limit=2');
       expect(page1.status).to.equal(200);
@@ -1212,8 +1355,10 @@ describe('webhook rate limit', function () {
 
   it('keeps an accepted delivery when no worker runs, and the reconciler queues one whose job was lost', async () => {
     const store = h.rt.store;
-    const d = (await store.deliveries.list('tenant-a', { kind: 'generic', status: 'received', limit: 10 })).items;
-    expect(d.length).to.equal(3);
+    const listed = (await store.deliveries.list('tenant-a', { kind: 'generic', status: 'received', limit: 10 })).items;
+    expect(listed.length).to.equal(3);
+    // a list has summaries: a whole delivery to copy is read by its id
+    const d = [(await store.deliveries.get('tenant-a', listed[0]!.id))!];
     await h.rt.queues.get('webhooks').obliterate({ force: true });
     const old = new Date(Date.now() - 60_000).toISOString();
     const orphan = { ...d[0]!, id: newId('whd'), provider_delivery_id: null, received_at: old };

@@ -37,7 +37,9 @@ export function deliveryRepo(model: Model<Stored<WebhookDelivery>>): DeliveryRep
     async get(tenantId, id) {
       return fromStored(await model.findOne({ _id: id, tenant_id: tenantId }).lean<Stored<WebhookDelivery>>());
     },
-    list: (tenantId, q) => pageOf(model, { tenant_id: tenantId, ...(q.kind ? { kind: q.kind } : {}), ...(q.status ? { status: q.status } : {}) }, q),
+    // summaries: the server leaves the body and the event (up to 1 MB each) out
+    list: (tenantId, q) =>
+      pageOf(model, { tenant_id: tenantId, ...(q.kind ? { kind: q.kind } : {}), ...(q.status ? { status: q.status } : {}) }, q, ['body', 'event_payload']),
     async update(tenantId, id, changes, ifStatusIn) {
       const updated = await model
         .findOneAndUpdate({ _id: id, tenant_id: tenantId, status: { $in: ifStatusIn } }, { $set: definedOnly(changes) }, { returnDocument: 'after' })

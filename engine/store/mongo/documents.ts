@@ -54,10 +54,12 @@ export async function pageOf<T extends { id: string }>(
   model: Model<Stored<T>>,
   filter: Record<string, unknown>,
   q: { limit: number; cursor?: string },
+  /** fields the server leaves out of every document (a list of summaries, whose type, the caller's, omits them) */
+  leftOut: (keyof T & string)[] = [],
 ): Promise<Page<T>> {
   const after = decodeCursor(q.cursor);
   const rows = await model
-    .find(after ? { ...filter, _id: { $lt: after } } : filter)
+    .find(after ? { ...filter, _id: { $lt: after } } : filter, Object.fromEntries(leftOut.map((k) => [k, 0])))
     .sort({ _id: -1 })
     .limit(q.limit + 1)
     .lean<Stored<T>[]>();
