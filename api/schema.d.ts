@@ -1687,7 +1687,7 @@ export interface components {
             created_by: string | null;
         };
         /**
-         * @description Who the connection reaches: codehost (GitHub, @octokit/rest), chat (Slack, @slack/web-api), tracker (Linear, @linear/sdk), pager (PagerDuty, @pagerduty/pdjs), email (SMTP, nodemailer).
+         * @description Who the connection reaches: codehost (GitHub, @octokit/rest), chat (Slack, @slack/web-api), tracker (Linear, @linear/sdk), pager (PagerDuty, its REST API), email (SMTP, nodemailer).
          * @enum {string}
          */
         ConnectionProvider: "codehost" | "chat" | "tracker" | "pager" | "email";

@@ -4,6 +4,7 @@
 import {
   assertPublicHost,
   ConflictError,
+  maskCredential,
   newId,
   NotFoundError,
   ValidationError,
@@ -16,7 +17,7 @@ import type { Platform } from '../deps.js';
 import type { ConnectionChanges, ConnectionQuery, ConnectionState, Page } from '../store/index.js';
 import { ACTIONS, ActionArgsError, type Answer } from './actions.js';
 import { KITS, type Access } from './kits.js';
-import { callProvider, ProviderError, reasonOf } from './retry.js';
+import { callProvider, ProviderError, PROVIDER_TIMEOUT_MS, reasonOf } from './retry.js';
 
 /**
  * An error no kit classified (an SDK's own, a library's), with the credential masked from its message
@@ -31,10 +32,25 @@ function maskedError(err: unknown, token: string): unknown {
   return Object.assign(new Error(message), typeof code === 'string' ? { code } : {});
 }
 
+/**
+ * What a provider answered, every string in it (however deep) with the credential masked as errors are: a
+ * compatible server may echo what it was sent (the token as a Slack channel, a login), and the answer becomes a
+ * step's output, an event, a test's verdict kept on the connection.
+ */
+function maskedAnswer<T>(value: T, token: string): T {
+  if (typeof value === 'string') return maskCredential(value, token) as T;
+  if (Array.isArray(value)) return value.map((v: unknown) => maskedAnswer(v, token)) as T;
+  if (value && typeof value === 'object')
+    return Object.fromEntries(Object.entries(value).map(([k, v]) => [maskCredential(k, token), maskedAnswer(v, token)])) as T;
+  return value;
+}
+
 export type ConnectionSettings = {
   httpAllowPrivate: boolean;
   /** the most connections a tenant keeps (SERVICE_TENANT_MAX_CONNECTIONS); absent: no bound */
   maxConnections?: number;
+  /** the most one call to a provider may take; PROVIDER_TIMEOUT_MS when absent (tests make it short) */
+  providerTimeoutMs?: number;
 };
 
 export type ConnectionInput = {
@@ -67,6 +83,7 @@ export class ConnectionMissingError extends Error {
 export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | 'secretBox'>, settings: ConnectionSettings) {
   const { store, clock, log, secretBox } = deps;
   const owner = (tenantId: string, id: string) => `connection:${tenantId}:${id}`;
+  const timeoutMs = settings.providerTimeoutMs ?? PROVIDER_TIMEOUT_MS;
 
   /** The problems of a base_url and settings for a provider, each with where it is. */
   function problemsOf(provider: ConnectionProvider, baseUrl: string | null, s: ConnectionRecord['settings'], at: string): FieldError[] {
@@ -108,7 +125,8 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
     return found;
   }
 
-  function accessOf(record: ConnectionRecord, signal?: AbortSignal): Access {
+  /** The credential in clear and where it goes; the stop signal is each call's own (callProvider's). */
+  function accessOf(record: ConnectionRecord): Access {
     let token: string;
     try {
       token = secretBox.open(record.sealed, owner(record.tenant_id, record.id));
@@ -121,7 +139,7 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
         null,
       );
     }
-    return { token, baseUrl: record.base_url, settings: record.settings, allowPrivate: settings.httpAllowPrivate, signal };
+    return { token, baseUrl: record.base_url, settings: record.settings, allowPrivate: settings.httpAllowPrivate };
   }
 
   /** The diff a vibe run of the tenant left: whole, or refused. */
@@ -215,15 +233,17 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
       let result: ConnectionTestResult;
       try {
         await checkAddress(record.base_url);
-        const access = accessOf(record, AbortSignal.timeout(30_000));
+        const access = accessOf(record);
         const found = await callProvider(
           record.provider,
           (e) => kit.classify(e, access.token),
-          () => kit.identify(access),
+          (signal) => kit.identify({ ...access, signal }),
+          { timeoutMs },
         ).catch((err: unknown) => {
           throw maskedError(err, access.token);
         });
-        result = { ok: true, ...found, error: null, checked_at: clock.now().toISOString() };
+        // kept on the connection and answered by GET: never the credential, whatever the provider echoed
+        result = { ok: true, ...maskedAnswer(found, access.token), error: null, checked_at: clock.now().toISOString() };
       } catch (err) {
         const error =
           err instanceof ProviderError || (err as { code?: string }).code === 'address-not-allowed'
@@ -294,18 +314,19 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
       const run = Object.hasOwn(ACTIONS[provider], action) ? ACTIONS[provider][action] : undefined;
       if (!run) throw new ActionArgsError(`${provider} has no action ${action}; it has ${Object.keys(ACTIONS[provider]).join(', ')}`);
       const record = await this.use(tenantId, provider, named);
-      const access = accessOf(record, signal);
+      const access = accessOf(record);
       const kit = KITS[provider];
       const answer = await callProvider(
         provider,
         (e) => (e instanceof ActionArgsError ? null : kit.classify(e, access.token)),
-        () => run(access, args, { vibeDiff: (id) => vibeDiff(tenantId, id) }),
+        (attempt) => run({ ...access, signal: attempt }, args, { vibeDiff: (id) => vibeDiff(tenantId, id) }),
         // one that makes something each time is asked again only when the provider said it did nothing
-        { signal, idempotent: run.idempotent },
+        { signal, idempotent: run.idempotent, timeoutMs },
       ).catch((err: unknown) => {
         throw maskedError(err, access.token);
       });
-      return { connection_id: record.id, answer };
+      // a step's output and a provider.answer event: never the credential, whatever the provider echoed
+      return { connection_id: record.id, answer: maskedAnswer(answer, access.token) };
     },
   };
 }

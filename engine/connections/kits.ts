@@ -1,13 +1,11 @@
 // Each provider through its own SDK (loaded on first use: the web process pays nothing until a tenant
 // uses one): @octokit/rest for the code host, @slack/web-api for chat, @linear/sdk for the tracker,
-// @pagerduty/pdjs for the pager, nodemailer over SMTP for email. A kit reads its SDK's errors (for the
-// retry layer) and says who a credential is and what it may do.
-import http from 'node:http';
-import https from 'node:https';
+// nodemailer over SMTP for email; the pager's REST API, plain JSON, through the service's own fetch. A kit
+// reads its SDK's errors (for the retry layer) and says who a credential is and what it may do.
 import net from 'node:net';
 import type { Dispatcher } from 'undici';
 import { guardedLookup, type ConnectionProvider, type ConnectionRecord } from '../platform/index.js';
-import { reasonOf, retryAfterOf, type ProviderFailure } from './retry.js';
+import { PROVIDER_TIMEOUT_MS, reasonOf, retryAfterOf, type ProviderFailure } from './retry.js';
 
 /** What a kit is given: the credential in clear (only ever in memory), where the provider is, and a stop signal. */
 export type Access = {
@@ -105,15 +103,18 @@ function dispatcherOf(allowPrivate: boolean): Promise<Dispatcher> {
   return made;
 }
 
-/** The fetch an SDK is given: through dispatcherOf, and no redirect (one could lead past the address check of base_url). */
+/**
+ * The fetch an SDK is given: through dispatcherOf, no redirect (one could lead past the address check of base_url),
+ * and stopped by the access's signal as well as by any the SDK gives (Slack's WebClient takes no signal of ours).
+ */
 async function fetchOf(a: Access): Promise<typeof fetch> {
   const dispatcher = await dispatcherOf(a.allowPrivate);
-  // (undici's own Dispatcher type, not the one Node's fetch types name: the same interface)
-  return (url, init) => fetch(url, { ...init, redirect: 'error', dispatcher } as unknown as RequestInit);
+  return (url, init) => {
+    const signal = a.signal && init?.signal ? AbortSignal.any([a.signal, init.signal]) : (init?.signal ?? a.signal);
+    // (undici's own Dispatcher type, not the one Node's fetch types name: the same interface)
+    return fetch(url, { ...init, signal, redirect: 'error', dispatcher } as unknown as RequestInit);
+  };
 }
-
-/** node-fetch's agents (the pager's SDK), whose connections look names up guarded as dispatcherOf's do. */
-const guardedAgents = { http: new http.Agent({ lookup: guardedLookup }), https: new https.Agent({ lookup: guardedLookup }) };
 
 /** The bound an answer met (AnswerTooLargeError or EncodedAnswerError), wherever in an SDK's error's causes. */
 function boundMet(err: unknown): AnswerTooLargeError | EncodedAnswerError | null {
@@ -157,6 +158,24 @@ class CodehostAnswerError extends Error {
   }
 }
 
+/**
+ * The seconds GitHub says to wait before asking again: its Retry-After (a secondary rate limit), else, when no
+ * request is left (x-ratelimit-remaining: 0), until x-ratelimit-reset (in seconds since the epoch); null for none.
+ */
+function codehostWait(headers: Record<string, string | undefined>): number | null {
+  const retryAfter = retryAfterOf(headers['retry-after']);
+  if (retryAfter !== null) return retryAfter;
+  const reset = Number(headers['x-ratelimit-reset']);
+  if (headers['x-ratelimit-remaining'] !== '0' || !headers['x-ratelimit-reset'] || !Number.isFinite(reset)) return null;
+  return Math.max(0, Math.ceil(reset - Date.now() / 1000));
+}
+
+/** A 403 of GitHub's that is a rate limit (it names a wait), not a refusal of the credential. */
+const isRateLimited = (err: unknown): boolean => {
+  const e = err as { status?: number; response?: { headers?: Record<string, string> } };
+  return e?.status === 403 && codehostWait(e.response?.headers ?? {}) !== null;
+};
+
 export const codehostKit: Kit = {
   provider: 'codehost',
   defaultBaseUrl: 'https://api.github.com',
@@ -172,8 +191,9 @@ export const codehostKit: Kit = {
     // GitHub's own short message, never the rest of a body (which could be anything a server sent)
     const message = (e.response.data as { message?: unknown } | undefined)?.message;
     return {
-      status: e.status,
-      retryAfterSeconds: retryAfterOf(e.response.headers?.['retry-after']),
+      // GitHub answers a rate limit 403 as often as 429: asked again when it says, not taken for a refused credential
+      status: isRateLimited(err) ? 429 : e.status,
+      retryAfterSeconds: codehostWait(e.response.headers ?? {}),
       reason: reasonOf(typeof message === 'string' ? message : '', token),
     };
   },
@@ -192,7 +212,7 @@ export const codehostKit: Kit = {
       return { identity: login, capabilities: scopes };
     } catch (err) {
       // a GitHub App installation token cannot read /user: it is its installation, with its repositories
-      if ((err as { status?: number }).status !== 403) throw err;
+      if ((err as { status?: number }).status !== 403 || isRateLimited(err)) throw err;
       const repos = await gh.rest.apps.listReposAccessibleToInstallation({ per_page: 1 });
       return { identity: `installation (${repos.data.total_count} repositories)`, capabilities: ['installation'] };
     }
@@ -211,7 +231,7 @@ export async function slackOf(a: Access) {
     rejectRateLimitedCalls: true,
     logLevel: LogLevel.ERROR,
     logger: SLACK_QUIET,
-    timeout: 30_000,
+    timeout: PROVIDER_TIMEOUT_MS,
     // a redirect could lead past the address check of base_url: refused
     fetch: await fetchOf(a),
   });
@@ -301,8 +321,8 @@ export const trackerKit: Kit = {
 
 // ---- pager: PagerDuty ----
 
-/** pdjs answers every HTTP status without throwing: an answer of 400 or more is thrown as this. */
-export class PagerAnswerError extends Error {
+/** A PagerDuty answer of 400 or more. */
+class PagerAnswerError extends Error {
   constructor(
     readonly status: number,
     readonly retryAfter: string | null,
@@ -313,41 +333,54 @@ export class PagerAnswerError extends Error {
   }
 }
 
-/** A PagerDuty answer that did not come whole: the retry layer takes it for no answer. */
+/** A PagerDuty answer of success that did not come whole (or was not JSON): what was asked happened, its answer is lost. */
 class PagerNoAnswerError extends Error {
   override name = 'PagerNoAnswerError';
 }
 
-/** One PagerDuty REST call; `from` is the user the change is made as (PagerDuty's From header). */
+/** No answer came: no connection, a name the guarded lookup refused, a redirect. */
+class PagerUnreachableError extends Error {
+  override name = 'PagerUnreachableError';
+}
+
+/**
+ * One PagerDuty REST call, plain JSON through fetchOf (its bounds, its guarded lookup, no redirect), made once: the
+ * retry layer alone asks again (pdjs re-sent a 429 three times at once, and the retry layer repeated that: 12
+ * requests in 2 s for one call). `from` is the user the change is made as (PagerDuty's From header).
+ */
 export async function pagerCall(a: Access, method: 'GET' | 'POST' | 'PUT', path: string, data?: object): Promise<Record<string, unknown>> {
-  const { api } = await import('@pagerduty/pdjs');
   const base = (a.baseUrl ?? pagerKit.defaultBaseUrl!).replace(/\/+$/, '');
-  const res = await api({
-    token: a.token,
-    url: `${base}${path}`,
-    method,
-    ...(data ? { data } : {}),
-    headers: a.settings.from ? { From: a.settings.from } : {},
-    // pdjs re-sends a 429 itself; with no wait of its own the retry layer waits as Retry-After says
-    retryTimeout: 0,
-    redirect: 'error',
-    // node-fetch's own bound on the answer as decoded
-    size: ANSWER_MAX_BYTES,
-    ...(a.allowPrivate ? {} : { agent: (url: URL) => (url.protocol === 'https:' ? guardedAgents.https : guardedAgents.http) }),
-    signal: a.signal,
-  } as never).catch((err: unknown) => {
-    // a body that is not JSON: pdjs rejects with the response itself
-    const r = err as { status?: number; headers?: Headers };
-    if (typeof r?.status === 'number' && r.status >= 400) throw new PagerAnswerError(r.status, r.headers?.get('retry-after') ?? null, `HTTP ${r.status}`);
-    // an answer of success whose body did not come whole (or was not JSON): no answer, not a refusal
-    if (typeof r?.status === 'number') throw new PagerNoAnswerError(`the answer (HTTP ${r.status}) did not come whole`);
-    throw err;
+  const headers: Record<string, string> = {
+    accept: 'application/vnd.pagerduty+json;version=2',
+    authorization: `Token token=${a.token}`,
+    'user-agent': 'automation-service',
+    ...(data ? { 'content-type': 'application/json' } : {}),
+    ...(a.settings.from ? { from: a.settings.from } : {}),
+  };
+  // what the service's own bound or stop signal ended is for the retry layer to read as it is
+  const ours = (err: unknown) => boundMet(err) !== null || a.signal?.aborted === true;
+  const res = await (
+    await fetchOf(a)
+  )(`${base}${path}`, { method, headers, ...(data ? { body: JSON.stringify(data) } : {}) }).catch((err: unknown) => {
+    if (ours(err) || !(err instanceof TypeError) || err.message !== 'fetch failed') throw err;
+    throw new PagerUnreachableError((err.cause as Error | undefined)?.message ?? err.message);
   });
-  if (res.status >= 400) {
-    const error = (res.data as { error?: { message?: string } } | undefined)?.error;
-    throw new PagerAnswerError(res.status, res.response.headers.get('retry-after'), error?.message ?? `HTTP ${res.status}`);
+  const retryAfter = res.headers.get('retry-after');
+  let body: unknown;
+  try {
+    const text = await res.text();
+    body = res.status === 204 ? {} : JSON.parse(text);
+  } catch (err) {
+    if (ours(err)) throw err;
+    // a refusal whose body is not JSON (a proxy's page) is that refusal
+    if (res.status >= 400) throw new PagerAnswerError(res.status, retryAfter, `HTTP ${res.status}`);
+    throw new PagerNoAnswerError(`the answer (HTTP ${res.status}) did not come whole`);
   }
-  return (res.data ?? {}) as Record<string, unknown>;
+  if (res.status >= 400) {
+    const message = (body as { error?: { message?: unknown } } | null)?.error?.message;
+    throw new PagerAnswerError(res.status, retryAfter, typeof message === 'string' ? message : `HTTP ${res.status}`);
+  }
+  return body && typeof body === 'object' ? (body as Record<string, unknown>) : {};
 }
 
 export const pagerKit: Kit = {
@@ -355,14 +388,12 @@ export const pagerKit: Kit = {
   defaultBaseUrl: 'https://api.pagerduty.com',
   schemes: ['https:', 'http:'],
   classify(err, token) {
+    const bound = boundFailure(err);
+    if (bound) return bound;
     if (err instanceof PagerAnswerError) return { status: err.status, retryAfterSeconds: retryAfterOf(err.retryAfter), reason: reasonOf(err.message, token) };
     // an answer of success that did not come whole: what was asked happened, only its answer is lost
     if (err instanceof PagerNoAnswerError) return { status: null, retryAfterSeconds: null, reason: err.message, unread: true };
-    const e = err as { name?: string; type?: string };
-    // node-fetch's bound on the answer (`size`): an answer came, too large to read
-    if (e?.name === 'FetchError' && e.type === 'max-size')
-      return { status: null, retryAfterSeconds: null, reason: reasonOf((err as Error).message, token), unread: true };
-    if (e?.name === 'FetchError' || e?.type === 'system') return { status: null, retryAfterSeconds: null, reason: reasonOf((err as Error).message, token) };
+    if (err instanceof PagerUnreachableError) return { status: null, retryAfterSeconds: null, reason: reasonOf(err.message, token) };
     return null;
   },
   async identify(a) {

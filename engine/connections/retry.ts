@@ -1,10 +1,13 @@
 // One way to call a provider: its SDK's error is read into a status and a Retry-After, what may be asked
-// again is tried again (up to three calls in all, waiting as Retry-After says, capped), and what fails is a
+// again is tried again (up to three calls in all, waiting as Retry-After says), and what fails is a
 // ProviderError with a stable code and a message that never carries the credential or the provider's body.
 // What may be asked again depends on what was asked: a read or a change that lands the same however often it
 // is made (idempotent) is tried again on 429 and 5xx; one that makes something each time (a comment, a
 // message, a note, an email) only when the provider said it did nothing (429, an SMTP 4xx): after a 5xx it may
-// have been made all the same, and a second call would make it twice.
+// have been made all the same, and a second call would make it twice. A wait the provider names past the cap
+// (10 s) is not cut short, which would ask again before the time it named: the call fails at once, saying the
+// wait. Each call is held to a time of its own (PROVIDER_TIMEOUT_MS): a provider that took the connection and
+// never answered held a step for the whole run's budget.
 import { maskCredential, type ConnectionProvider } from '../platform/index.js';
 
 /** What a provider's SDK error says, read by that provider's kit; null for an error that is not the provider's. */
@@ -51,10 +54,14 @@ export type RetryOptions = {
   sleep?: (ms: number, signal?: AbortSignal) => Promise<void>;
   /** whether `fn` may be called again after a 5xx (it lands the same however often it is made); true when absent */
   idempotent?: boolean;
+  /** the most one call of `fn` may take; PROVIDER_TIMEOUT_MS when absent */
+  timeoutMs?: number;
 };
 
 const MAX_WAIT_MS = 10_000;
 const ATTEMPTS = 3;
+/** The most one call to a provider may take (each SDK's, the test's, an action's). */
+export const PROVIDER_TIMEOUT_MS = 30_000;
 
 function codeOf(f: ProviderFailure): ProviderErrorCode {
   if (f.status === null) return 'provider-unreachable';
@@ -87,25 +94,40 @@ function defaultSleep(ms: number, signal?: AbortSignal): Promise<void> {
   });
 }
 
-/** Calls `fn`, trying again what `retryable` allows; anything the provider refused becomes a ProviderError. */
+/**
+ * Calls `fn` with a signal that stops it at the caller's signal or after `timeoutMs`, trying again what `retryable`
+ * allows; anything the provider refused, or a call that took too long, becomes a ProviderError.
+ */
 export async function callProvider<T>(
   provider: ConnectionProvider,
   classify: (err: unknown) => ProviderFailure | null,
-  fn: () => Promise<T>,
+  fn: (signal: AbortSignal) => Promise<T>,
   opts: RetryOptions = {},
 ): Promise<T> {
   const attempts = opts.attempts ?? ATTEMPTS;
   const sleep = opts.sleep ?? defaultSleep;
+  const timeoutMs = opts.timeoutMs ?? PROVIDER_TIMEOUT_MS;
+  const maxWaitMs = opts.maxWaitMs ?? MAX_WAIT_MS;
   for (let attempt = 1; ; attempt++) {
+    const timeout = AbortSignal.timeout(timeoutMs);
     try {
-      return await fn();
+      return await fn(opts.signal ? AbortSignal.any([opts.signal, timeout]) : timeout);
     } catch (err) {
       if (opts.signal?.aborted) throw err;
+      // never tried again: what was asked may have been done
+      if (timeout.aborted) throw new ProviderError('provider-unreachable', `the ${provider} provider did not answer within ${timeoutMs / 1000} s`, null);
       const failure = classify(err);
       if (!failure) throw err;
       if (attempt < attempts && retryable(failure, opts.idempotent ?? true)) {
-        const wait = failure.retryAfterSeconds !== null ? failure.retryAfterSeconds * 1000 : 500 * 2 ** (attempt - 1);
-        await sleep(Math.min(Math.max(wait, 0), opts.maxWaitMs ?? MAX_WAIT_MS), opts.signal);
+        const named = failure.retryAfterSeconds !== null ? Math.max(failure.retryAfterSeconds * 1000, 0) : null;
+        // asked again before the time it named, a provider refuses again (and may count the call against the credential)
+        if (named !== null && named > maxWaitMs)
+          throw new ProviderError(
+            codeOf(failure),
+            `the ${provider} provider answered ${failure.status}${failure.reason ? `: ${failure.reason}` : ''}; retry after ${Math.ceil(named / 1000)} s (longer than the ${maxWaitMs / 1000} s a call waits: not asked again)`,
+            failure.status,
+          );
+        await sleep(named ?? Math.min(500 * 2 ** (attempt - 1), maxWaitMs), opts.signal);
         continue;
       }
       if (failure.unread)

@@ -11,6 +11,7 @@ import path from 'node:path';
 import { expect } from 'chai';
 import { FAKE_TOKEN, makePullRequestRepo, SMTP_USER, startFakeProviders, type FakeProviders } from '../support/fake-providers.js';
 import { startScriptedModel, type ScriptedModel } from '../support/scripted-model.js';
+import { connectionsOf as connectionsCapability } from '../../engine/connections/index.js';
 import { chatKit, codehostKit, emailKit, pagerKit, trackerKit } from '../../engine/connections/kits.js';
 import { createSecretBox } from '../../engine/platform/secret-box.js';
 import { eventually, finishedRun, freePort, KEYS, sameDeployment, startHarness, type Harness } from '../support/harness.js';
@@ -265,7 +266,7 @@ describe('connections', function () {
     expect(newline.status, newline.text).to.equal(400);
     expect(newline.body.errors.map((e: Body) => e.path)).to.deep.equal(['/body/credential']);
     expect(newline.text).not.to.contain('ABCDEFGHIJ12345');
-    // one stored before the check: node-fetch refuses the header and quotes the token in its error
+    // one stored before the check: fetch refuses the header and quotes the token in its error
     const secret = 'SECRETPART_abcdefgh\nX-Evil: 1';
     const stored = await h.rt.engine.connections.create('tenant-a', {
       provider: 'pager',
@@ -341,6 +342,120 @@ describe('connections', function () {
     expect(failed.body.error.code).to.equal('provider-error');
     expect(fake.requests.length - before).to.equal(7);
     fake.failNext('github', 500, 0);
+  });
+
+  it('asks the pager once per try: a 429 with Retry-After: 1 is three requests a second apart, not a burst of twelve', async () => {
+    const pager = (await h.call<Body>('GET', '/api/v1/connections?provider=pager')).body.data.find((c: Body) => c.name === 'pagerduty');
+    const before = fake.requests.length;
+    fake.failNext('pager', 429, 20, 1);
+    try {
+      const tested = await h.call<Body>('POST', `/api/v1/connections/${pager.id}/test`);
+      expect(tested.body.error?.code, tested.text).to.equal('provider-rate-limited');
+    } finally {
+      fake.failNext('pager', 429, 0);
+    }
+    const sent = fake.requests.slice(before).filter((r) => r.provider === 'pager');
+    expect(sent.map((r) => r.path)).to.deep.equal(['/pager/abilities', '/pager/abilities', '/pager/abilities']);
+    for (let i = 1; i < sent.length; i++) expect(sent[i]!.at - sent[i - 1]!.at, `the wait before request ${i + 1}`).to.be.at.least(950);
+  });
+
+  /** Tests the code host connection `github`: its answer, how long it took, and the paths it asked for. */
+  const testGithub = async () => {
+    const gh = (await h.call<Body>('GET', '/api/v1/connections?provider=codehost')).body.data.find((c: Body) => c.name === 'github');
+    const before = fake.requests.length;
+    const started = Date.now();
+    const tested = await h.call<Body>('POST', `/api/v1/connections/${gh.id}/test`);
+    return { tested: tested.body, took: Date.now() - started, paths: fake.requests.slice(before).map((r) => r.path) };
+  };
+
+  it('takes a GitHub 403 that names a wait (Retry-After, or no request left until x-ratelimit-reset) for a rate limit, and asks again when it says', async () => {
+    // no request left until x-ratelimit-reset (seconds since the epoch), a second from now at most
+    const reset = Math.floor(Date.now() / 1000) + 1;
+    fake.failNext('github', 403, 1, undefined, { 'x-ratelimit-remaining': '0', 'x-ratelimit-reset': String(reset) });
+    let { tested, paths, took } = await testGithub();
+    expect(tested, 'not taken for a refused credential (nor for an installation token)').to.deep.include({ ok: true, identity: 'acme-bot' });
+    expect(paths).to.deep.equal(['/github/user', '/github/user']);
+    expect(fake.requests.at(-1)!.at, 'asked again once the limit was reset').to.be.at.least(reset * 1000 - 50);
+    // a secondary rate limit: Retry-After
+    fake.failNext('github', 403, 1, 1);
+    ({ tested, paths, took } = await testGithub());
+    expect(tested).to.deep.include({ ok: true, identity: 'acme-bot' });
+    expect(paths).to.deep.equal(['/github/user', '/github/user']);
+    expect(took).to.be.at.least(950);
+  });
+
+  it('fails a call at once, saying the wait, when the provider asks to wait longer than 10 s: never asked again before the time it named', async () => {
+    fake.failNext('github', 429, 3, 60);
+    let { tested, paths, took } = await testGithub();
+    expect(tested.error.code, tested.error.message).to.equal('provider-rate-limited');
+    expect(tested.error.message).to.contain('retry after 60 s');
+    expect(paths).to.have.length(1);
+    expect(took).to.be.below(5000);
+    // GitHub's limit reset in an hour
+    fake.failNext('github', 403, 3, undefined, { 'x-ratelimit-remaining': '0', 'x-ratelimit-reset': String(Math.floor(Date.now() / 1000) + 3600) });
+    ({ tested, paths, took } = await testGithub());
+    expect(tested.error.code, tested.error.message).to.equal('provider-rate-limited');
+    expect(tested.error.message).to.match(/retry after 3\d{3} s/);
+    expect(paths).to.have.length(1);
+    expect(took).to.be.below(5000);
+    fake.failNext('github', 403, 0);
+  });
+
+  it('holds each call to a provider that takes the connection and never answers to the provider timeout: provider-unreachable, saying so, not asked again', async () => {
+    // takes every connection and request, never says a word
+    const held = new Set<net.Socket>();
+    let asked = 0;
+    const silent = net.createServer((socket) => {
+      held.add(socket);
+      socket.on('data', (chunk) => (asked += chunk.toString('latin1').match(/^(GET|POST|PUT) \S+ HTTP\/1\.1\r$/gm)?.length ?? 0));
+      socket.on('error', () => undefined);
+      socket.on('close', () => held.delete(socket));
+    });
+    await new Promise<void>((r) => silent.listen(0, '127.0.0.1', r));
+    const base = `http://127.0.0.1:${(silent.address() as AddressInfo).port}`;
+    // the connections capability over the same store, its timeout made short (no variable of the environment sets it)
+    const quick = connectionsCapability(
+      { store: h.rt.store, clock: h.rt.clock, log: h.rt.log, secretBox: createSecretBox(randomBytes(32)) },
+      { httpAllowPrivate: true, providerTimeoutMs: 300 },
+    );
+    const tenant = 'tenant-silent';
+    const cases = [
+      ['codehost', { base_url: `${base}/api/v3` }, 'comment', { repository: 'acme/app', number: 1, body: 'x' }],
+      ['chat', { base_url: `${base}/api/` }, 'post', { channel: 'C1', text: 'x' }],
+      ['tracker', { base_url: `${base}/graphql` }, 'set_priority', { issue_id: 'ISS-1', priority: 1 }],
+      ['pager', { base_url: base, settings: { from: 'a@b.test' } }, 'acknowledge', { incident_id: 'P1' }],
+      [
+        'email',
+        { base_url: base.replace(/^http/, 'smtp'), settings: { username: 'u', from: 'a@b.test' } },
+        'reply',
+        { to: 'a@example.com', subject: 's', text: 't' },
+      ],
+    ] as const;
+    try {
+      for (const [provider, where, action, args] of cases) {
+        const made = await quick.create(tenant, { provider, name: provider, credential: FAKE_TOKEN, ...where });
+        const before = asked;
+        const started = Date.now();
+        const err = await quick.act(tenant, provider, provider, action, args).then(
+          () => null,
+          (e: unknown) => e as Error & { code?: string },
+        );
+        expect(Date.now() - started, provider).to.be.below(3000);
+        expect(err?.code, `${provider}: ${err?.message}`).to.equal('provider-unreachable');
+        expect(err!.message).to.equal(`the ${provider} provider did not answer within 0.3 s`);
+        // (an SMTP client says nothing before the server's greeting)
+        if (provider !== 'email') expect(asked - before, `${provider}: one request, not asked again`).to.equal(1);
+        const tested = await quick.test(tenant, made.id);
+        expect(tested, provider).to.deep.include({
+          ok: false,
+          error: { code: 'provider-unreachable', message: `the ${provider} provider did not answer within 0.3 s` },
+        });
+      }
+    } finally {
+      for (const c of await h.rt.store.connections.list(tenant)) await quick.remove(tenant, c.id);
+      for (const socket of held) socket.destroy();
+      silent.close();
+    }
   });
 
   it('renames, rotates (dropping the last test), refuses a taken name, a bad base_url or settings, and removes', async () => {
@@ -656,6 +771,31 @@ describe('action tools', function () {
     expect(events.filter((e) => e.type === 'provider.request')).to.have.length(9);
     expect(JSON.stringify(events)).not.to.contain(FAKE_TOKEN);
     expect(h.logs.join('')).not.to.contain(FAKE_TOKEN);
+  });
+
+  it('masks the credential a provider echoes in its answer: in no step output, event, test answer or connection kept', async () => {
+    const slack = (await h.call<Body>('GET', '/api/v1/connections?provider=chat')).body.data.find((c: Body) => c.name === 'slack');
+    fake.echoCredential(true);
+    try {
+      const run = await start({
+        tools: ['chat'],
+        connections: { chat: 'slack' },
+        steps: [{ tool: 'chat', args: { action: 'post', channel: 'C1', text: 'hi' } }],
+      });
+      expect(run.status, JSON.stringify(run.steps[0])).to.equal('succeeded');
+      expect(run.steps[0].output).to.deep.include({ channel: 'Bearer [credential]', ts: '[credential]' });
+      const events = await h.rt.events.after(`session:${run.session_id}`, '0-0');
+      expect(events.find((e) => e.type === 'provider.answer')!.data).to.deep.include({
+        answer: { channel: 'Bearer [credential]', ts: '[credential]', thread_ts: null },
+      });
+      const tested = await h.call<Body>('POST', `/api/v1/connections/${slack.id}/test`);
+      expect(tested.body).to.deep.include({ ok: true, identity: 'Bearer [credential] in [credential]', capabilities: ['chat:write', '[credential]'] });
+      const kept = await h.call<Body>('GET', `/api/v1/connections/${slack.id}`);
+      expect(kept.body.last_test).to.deep.include({ identity: 'Bearer [credential] in [credential]' });
+      for (const text of [JSON.stringify(run), JSON.stringify(events), tested.text, kept.text]) expect(text).not.to.contain(FAKE_TOKEN.slice(0, 12));
+    } finally {
+      fake.echoCredential(false);
+    }
   });
 
   it('masks a credential stored before credentials were checked from a step whose library quotes it in its error', async () => {

@@ -17,6 +17,8 @@ export type Recorded = {
   authorization: string;
   headers: http.IncomingHttpHeaders;
   body: any;
+  /** when it came (Date.now()) */
+  at: number;
 };
 export type Mail = { from: string; to: string[]; data: string };
 
@@ -36,8 +38,10 @@ export type FakeProviders = {
   echoAuthRepo(repository: string): void;
   /** the files of main's one commit, for the Git Data API (a pull request from a diff) */
   setFiles(repository: string, files: Record<string, string>): void;
-  /** the next `times` requests to a provider answer `status` (with Retry-After when given) */
-  failNext(provider: Recorded['provider'], status: number, times?: number, retryAfter?: number): void;
+  /** the next `times` requests to a provider answer `status` (with Retry-After when given, and any other `headers`) */
+  failNext(provider: Recorded['provider'], status: number, times?: number, retryAfter?: number, headers?: Record<string, string>): void;
+  /** Slack answers with the Authorization it was sent in its names, ids and scopes (a compatible server that echoes), or no longer */
+  echoCredential(on: boolean): void;
   close(): Promise<void>;
 };
 
@@ -63,7 +67,8 @@ export async function startFakeProviders(opts: { token?: string } = {}): Promise
   const token = opts.token ?? FAKE_TOKEN;
   const requests: Recorded[] = [];
   const mails: Mail[] = [];
-  const failures = new Map<string, { status: number; times: number; retryAfter?: number }>();
+  const failures = new Map<string, { status: number; times: number; retryAfter?: number; headers?: Record<string, string> }>();
+  let echoing = false;
   let nextId = 1000;
 
   const json = (res: http.ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}) => {
@@ -73,7 +78,7 @@ export async function startFakeProviders(opts: { token?: string } = {}): Promise
 
   const repos = new Map<string, string>();
   const redirects = new Map<string, string>();
-  const echoing = new Set<string>();
+  const echoingRepos = new Set<string>();
   const repoFiles = new Map<string, Record<string, string>>();
 
   function github(r: Recorded, res: http.ServerResponse): void {
@@ -81,7 +86,7 @@ export async function startFakeProviders(opts: { token?: string } = {}): Promise
     if (git) {
       const moved = redirects.get(git[1]!);
       if (moved) return void res.writeHead(301, { location: `/github/${moved}.git/${git[2]}` }).end();
-      if (echoing.has(git[1]!)) {
+      if (echoingRepos.has(git[1]!)) {
         const basic = r.authorization?.replace(/^Basic /, '') ?? '';
         const line = `ERR access denied for ${Buffer.from(basic, 'base64').toString()} (${basic})\n`;
         res.writeHead(200, { 'content-type': 'application/x-git-upload-pack-advertisement' });
@@ -129,6 +134,9 @@ export async function startFakeProviders(opts: { token?: string } = {}): Promise
   function slack(r: Recorded, res: http.ServerResponse): void {
     const method = r.path.replace(/^\/slack\/api\//, '');
     if (r.authorization !== `Bearer ${token}`) return json(res, 200, { ok: false, error: 'invalid_auth' });
+    if (echoing && method === 'auth.test')
+      return json(res, 200, { ok: true, user: r.authorization, team: token, user_id: token, team_id: 'T1' }, { 'x-oauth-scopes': `chat:write,${token}` });
+    if (echoing && method === 'chat.postMessage') return json(res, 200, { ok: true, channel: r.authorization, ts: token, message: { text: token } });
     if (method === 'auth.test')
       return json(res, 200, { ok: true, user: 'acme-bot', team: 'Acme', user_id: 'U1', team_id: 'T1' }, { 'x-oauth-scopes': 'chat:write,app_mentions:read' });
     if (method === 'chat.postMessage') return json(res, 200, { ok: true, channel: r.body.channel, ts: `${Date.now() / 1000}`, message: { text: r.body.text } });
@@ -185,6 +193,7 @@ export async function startFakeProviders(opts: { token?: string } = {}): Promise
         authorization: String(req.headers.authorization ?? ''),
         headers: req.headers,
         body,
+        at: Date.now(),
       };
       requests.push(r);
       const failing = failures.get(provider);
@@ -194,7 +203,7 @@ export async function startFakeProviders(opts: { token?: string } = {}): Promise
           res,
           failing.status,
           { message: 'failing on purpose' },
-          failing.retryAfter !== undefined ? { 'retry-after': String(failing.retryAfter) } : {},
+          { ...(failing.retryAfter !== undefined ? { 'retry-after': String(failing.retryAfter) } : {}), ...failing.headers },
         );
       }
       if (provider === 'github') return github(r, res);
@@ -250,10 +259,13 @@ export async function startFakeProviders(opts: { token?: string } = {}): Promise
       redirects.set(from, to);
     },
     echoAuthRepo(repository) {
-      echoing.add(repository);
+      echoingRepos.add(repository);
     },
-    failNext(provider, status, times = 1, retryAfter) {
-      failures.set(provider, { status, times, retryAfter });
+    failNext(provider, status, times = 1, retryAfter, headers) {
+      failures.set(provider, { status, times, retryAfter, headers });
+    },
+    echoCredential(on) {
+      echoing = on;
     },
     async close() {
       server.closeAllConnections();
