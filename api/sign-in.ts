@@ -190,7 +190,8 @@ export function signInRouter(o: SignInOptions): Router {
     const done = await signIn.callback(current, cookies[STATE_COOKIE]);
     // signing in again ends the session this browser had: a logout from here on ends the one it holds, and
     // nothing left behind stays open for its idle time
-    if (cookies[SESSION_COOKIE]) await signIn.logout(cookies[SESSION_COOKIE]);
+    // (an old one that cannot be ended now lapses at its idle time: the new one, stored, is still handed over)
+    if (cookies[SESSION_COOKIE]) await signIn.logout(cookies[SESSION_COOKIE]).catch(() => undefined);
     setCookie(res, STATE_COOKIE, '', 0);
     setCookie(res, SESSION_COOKIE, done.sessionId, o.sessionMaxSeconds);
     res.redirect(302, done.returnTo ?? '/api/v1/me');

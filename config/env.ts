@@ -387,9 +387,10 @@ const schema = z.object({
   SERVICE_OIDC_CLIENT_SECRET: optionalText,
   SERVICE_OIDC_REDIRECT_URL: url(['http:', 'https:']),
   SERVICE_OIDC_TENANT_CLAIM: optionalText,
+  // split at the last colon (a claim value may hold colons: urn:org:acme); the tenant as sign-in takes it
   SERVICE_OIDC_TENANT_MAP: list.refine(
-    (pairs) => pairs.every((p) => /^[^:]+:[A-Za-z0-9_-]{1,64}$/.test(p)),
-    'expected claim-value:tenant pairs separated by commas',
+    (pairs) => pairs.every((p) => p.lastIndexOf(':') > 0 && TENANT_ID_PATTERN.test(p.slice(p.lastIndexOf(':') + 1))),
+    'expected claim-value:tenant pairs separated by commas, each tenant a letter or digit then up to 63 of letters, digits, _ and -',
   ),
   SERVICE_OIDC_ALLOWED_EMAIL_DOMAINS: list,
   SERVICE_SESSION_IDLE_SECONDS: int(8 * 3600, 60, 30 * 86_400),
@@ -475,6 +476,8 @@ function problemsTogether(e: Parsed, service = true): string[] {
   if (oidcSet.some(Boolean) && !oidcSet.every(Boolean))
     problems.push('SERVICE_OIDC_ISSUER, SERVICE_OIDC_CLIENT_ID, SERVICE_OIDC_CLIENT_SECRET, SERVICE_OIDC_REDIRECT_URL: set all four for sign-in, or none');
   if (isProduction && e.SERVICE_OIDC_ISSUER?.startsWith('http:')) problems.push('SERVICE_OIDC_ISSUER: must be https when NODE_ENV=production');
+  // the sign-in's cookies are __Host- (Secure): a browser keeps none over http, and every sign-in would fail
+  if (isProduction && e.SERVICE_OIDC_REDIRECT_URL?.startsWith('http:')) problems.push('SERVICE_OIDC_REDIRECT_URL: must be https when NODE_ENV=production');
   if (e.SERVICE_SESSION_IDLE_SECONDS > e.SERVICE_SESSION_MAX_SECONDS)
     problems.push('SERVICE_SESSION_IDLE_SECONDS: must not exceed SERVICE_SESSION_MAX_SECONDS');
   return problems;

@@ -131,7 +131,11 @@ export function ssoOf(deps: { redis: Redis; queues: Queues; clock: Clock; log: L
         login = null; // not sealed by this service (or by another key): no login of this browser
       }
       if (!state || !login || login.state !== state) throw new SignInRefusedError('this sign-in was not started in this browser; start again');
-      if (login.expires_at_ms <= clock.now().getTime() || (await redisOrUnavailable(redis, 'checking the sign-in', () => redis.exists(usedKey(state)))))
+      if (login.expires_at_ms <= clock.now().getTime()) throw new SignInRefusedError('this sign-in has expired or was already used; start again');
+      // used once, marked before its code is exchanged: of two callbacks of one login one goes on, and a login's state
+      // cannot be sent again and again with made-up codes, each a request to the provider with the client's secret (a
+      // code is good once: a callback that fails cannot be completed anyway; a mark that lands late leaves it used)
+      if ((await redisOrUnavailable(redis, 'marking the sign-in used', () => redis.set(usedKey(state), '1', 'EX', LOGIN_SECONDS, 'NX'))) === null)
         throw new SignInRefusedError('this sign-in has expired or was already used; start again');
       const config = await configuration();
       let claims: Record<string, unknown>;
@@ -151,10 +155,6 @@ export function ssoOf(deps: { redis: Redis; queues: Queues; clock: Clock; log: L
         log.warn({ issuer: s.issuer, reason: (err as { code?: string }).code ?? (err as Error).name, err: (err as Error).message }, 'sign-in refused');
         throw new SignInRefusedError('the identity provider’s answer did not check out; start again');
       }
-      // used once: of two callbacks of one login (a provider that let its code be exchanged twice), one wins
-      // (a mark that lands late leaves the login used: its code was exchanged already, so it could not be completed again anyway)
-      if ((await redisOrUnavailable(redis, 'marking the sign-in used', () => redis.set(usedKey(state), '1', 'EX', LOGIN_SECONDS, 'NX'))) === null)
-        throw new SignInRefusedError('this sign-in has expired or was already used; start again');
       const email = typeof claims.email === 'string' ? claims.email.toLowerCase() : null;
       if (s.allowedEmailDomains.length) {
         // the domain after the address's one `@`: an address with a quoted local part or more than one

@@ -327,6 +327,17 @@ describe('sign-in with OpenID Connect', function () {
     const replayed = await replay.fetch(callback, { headers: { cookie: `__Host-sign-in=${signInCookie}` } });
     expect(replayed.status).to.equal(403);
     expect(((await replayed.json()) as Body).detail).to.contain('expired or was already used');
+    // a login's state sent again with made-up codes: the first is refused by the provider, the rest unasked
+    const bogus = new Browser();
+    const started = await bogus.fetch(`${service()}/auth/login`);
+    const bogusState = new URL(started.headers.get('location')!).searchParams.get('state')!;
+    const refusedBefore = h.logs.join('\n').split('sign-in refused').length;
+    for (let i = 0; i < 3; i++) {
+      const tried = await bogus.fetch(`${service()}/auth/callback?code=made-up-${i}&state=${bogusState}`);
+      expect(tried.status).to.equal(403);
+      if (i > 0) expect(((await tried.json()) as Body).detail).to.contain('expired or was already used');
+    }
+    expect(h.logs.join('\n').split('sign-in refused').length - refusedBefore, 'exchanges tried with the provider').to.equal(1);
     // the state alone (what the URL shows) is no sign-in cookie: the login travels sealed
     const stateOnly = await new Browser().fetch(callback, { headers: { cookie: `__Host-sign-in=${new URL(callback).searchParams.get('state')}` } });
     expect(((await stateOnly.json()) as Body).detail).to.contain('not started in this browser');

@@ -172,6 +172,27 @@ describe('config/env', () => {
     expect(parseEnv({}).agent.baseUrl).to.equal(undefined);
   });
 
+  it('takes a sign-in tenant map whose claim values hold colons and whose tenants sign-in takes, and an https redirect in production', () => {
+    const oidc = {
+      SERVICE_OIDC_ISSUER: 'https://idp.example.com',
+      SERVICE_OIDC_CLIENT_ID: 'svc',
+      SERVICE_OIDC_CLIENT_SECRET: 'secret',
+      SERVICE_OIDC_REDIRECT_URL: 'https://svc.example.com/auth/callback',
+    };
+    const map = parseEnv({ ...oidc, SERVICE_OIDC_TENANT_MAP: 'urn:org:acme:tenant-a,org-b:b' }).oidc!.tenantMap;
+    expect(map).to.deep.equal({ 'urn:org:acme': 'tenant-a', 'org-b': 'b' });
+    // a tenant no sign-in could ever open (it must start with a letter or digit), or no claim value at all
+    for (const bad of ['org-acme:-x', 'org-acme:_x', ':tenant-a', 'org-acme:', `org:${'x'.repeat(65)}`])
+      expect(() => parseEnv({ ...oidc, SERVICE_OIDC_TENANT_MAP: bad }), bad).to.throw(ConfigError, /SERVICE_OIDC_TENANT_MAP/);
+    // in production the redirect is https, as the issuer is: the sign-in's cookies are Secure
+    const prod = { NODE_ENV: 'production', SERVICE_STORE: 'sqlite', SERVICE_SECRET_KEY: 'ab'.repeat(32), SERVICE_EVIDENCE_KEY: 'cd'.repeat(32) };
+    expect(() => parseEnv({ ...prod, ...oidc })).not.to.throw();
+    expect(() => parseEnv({ ...prod, ...oidc, SERVICE_OIDC_REDIRECT_URL: 'http://svc.example.com/auth/callback' })).to.throw(
+      ConfigError,
+      /SERVICE_OIDC_REDIRECT_URL: must be https when NODE_ENV=production/,
+    );
+  });
+
   it('never echoes an API key in its error', () => {
     expect(() => parseEnv({ SERVICE_API_KEYS: 'acme:short-secret' }))
       .to.throw(ConfigError)
