@@ -19,7 +19,9 @@ export const shellTool: Tool = {
   },
   async execute(args, ctx) {
     const command = stringArg(args, 'command');
-    const extra = (args.env && typeof args.env === 'object' ? args.env : {}) as Record<string, unknown>;
+    if (args.env !== undefined && (!args.env || typeof args.env !== 'object' || Array.isArray(args.env)))
+      throw new ToolError('invalid-args', 'env must be an object of variable names to values');
+    const extra = (args.env ?? {}) as Record<string, unknown>;
     // a value that is not text (a reference to a number or an object) is its JSON, as in a command's text
     const env = { ...ctx.childEnv, ...Object.fromEntries(Object.entries(extra).map(([k, v]) => [k, textOf(v)])) };
     if (ctx.signal.aborted) throw new ToolError('aborted', 'the run was stopped before the command started');

@@ -499,6 +499,29 @@ describe('autonomy runs', function () {
     expect(run.steps[3].status).to.equal('skipped');
     expect(run.steps[4].args).to.deep.equal({ command: 'echo from-input\n' });
     expect(run.steps[4].output.stdout).to.equal('from-input\n');
+
+    // in single quotes, where the shell expands nothing, the value still comes through (the quotes closed around
+    // it); an escaped quote neither opens nor closes anything
+    const quoted = await finished(
+      (
+        await start({
+          inputs: { title },
+          steps: [{ tool: 'shell', args: { command: `echo 'a=\${inputs.title}' "b=\\"\${inputs.title}" \\'c` } }],
+        })
+      ).body.run_id,
+    );
+    expect(quoted.status, JSON.stringify(quoted.error)).to.equal('succeeded');
+    expect(quoted.steps[0].output.stdout).to.equal(`a=${title} b="${title} 'c\n`);
+    // an env that is no object of names: the step is refused before it runs, never run with the title as command text
+    for (const env of [null, [], 'x', '${inputs.vars}']) {
+      const refused = await finished(
+        (await start({ inputs: { title, vars: {} }, steps: [{ tool: 'shell', args: { command: 'echo "v=${inputs.title}"', env } }] })).body.run_id,
+      );
+      expect(refused.status, JSON.stringify(env)).to.equal('failed');
+      expect(refused.error.code, JSON.stringify(env)).to.equal('invalid-args');
+      expect(refused.error.message).to.contain('env must be an object');
+      expect(refused.steps[0].output ?? {}, JSON.stringify(env)).not.to.have.property('stdout');
+    }
   });
 
   it('streams a step’s output whole characters at a time, up to 1 MB of UTF-8, and keeps a tail that starts with a whole one', async () => {
