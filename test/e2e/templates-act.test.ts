@@ -179,6 +179,28 @@ describe('templates that act on their providers', function () {
     expect(JSON.stringify(model.requests.at(-1)!.body.messages)).to.contain('where is the retry policy?');
   });
 
+  it('chat-command: answers its own slash command, not another command of the same chat app', async () => {
+    script.push({ content: 'Deploys go through the release workflow.' });
+    const automation = await instantiate('chat-command', { command: '/ask' });
+    const form = (command: string) =>
+      new URLSearchParams({ command, text: 'how do deploys work?', channel_id: 'C7', user_id: 'U2', trigger_id: `t-${command}` }).toString();
+    // another command the app serves (its /deploy): no run, and no agent budget spent
+    await deliver('chat', sign.chat(SECRET, form('/deploy'), { contentType: 'application/x-www-form-urlencoded' }));
+    const other = await eventually(
+      async () => (await h.call<Body>('GET', '/api/v1/webhook-deliveries?kind=chat&limit=1')).body.data.find((d: Body) => d.status !== 'received') ?? null,
+      'the /deploy delivery to be processed',
+    );
+    expect(other.runs).to.deep.equal([]);
+    // its own: answered in the command's channel
+    await deliver('chat', sign.chat(SECRET, form('/ask'), { contentType: 'application/x-www-form-urlencoded' }));
+    const run = await onlyRun(automation);
+    expect(run.status, JSON.stringify(run.error)).to.equal('succeeded');
+    expect(run.trigger).to.deep.include({ type: 'webhook' });
+    const posted = fake.requests.filter((r) => r.path === '/slack/api/chat.postMessage').at(-1)!;
+    expect(posted.body).to.deep.include({ channel: 'C7', text: 'Deploys go through the release workflow.' });
+    expect((await h.call<Body>('GET', `/api/v1/automations/${automation}/history`)).body.data).to.have.length(1);
+  });
+
   it('tracker-issue-triage: a signed issue creation ends in labels, a priority and a comment on the issue', async () => {
     script.push(
       {
