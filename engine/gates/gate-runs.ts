@@ -81,11 +81,13 @@ export function gateRunsOf(deps: GatesDeps) {
 
   function hasherOf(dir: string): FileHasher {
     let h = hashers.get(dir);
-    if (!h) {
+    // the least recently used goes first (each use moves a hasher to the end)
+    if (h) hashers.delete(dir);
+    else {
       if (hashers.size >= HASHERS_KEPT) hashers.delete(hashers.keys().next().value!);
       h = new FileHasher();
-      hashers.set(dir, h);
     }
+    hashers.set(dir, h);
     return h;
   }
 

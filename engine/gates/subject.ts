@@ -84,32 +84,51 @@ export async function inputFiles(workspace: string, globs: string[] | null, git:
   return [...new Set(files)].filter(staysInside).sort();
 }
 
-/** Hashes files by content, keeping each hash while the file's size and mtime stay the same. */
+/** Digests after which a file none of them named is forgotten (gates of one workspace name different files). */
+const HASHES_KEPT_DIGESTS = 16;
+
+/**
+ * Hashes files by content, keeping each hash while the file's size and mtime stay the same. A file gone, or
+ * named by none of the last HASHES_KEPT_DIGESTS digests, is forgotten: a build's new names each time (hashed
+ * bundles, coverage) would otherwise keep an entry each for the life of the process.
+ */
 export class FileHasher {
-  private readonly known = new Map<string, { size: number; mtimeMs: number; ctimeMs: number; ino: number; hash: string }>();
+  private readonly known = new Map<string, { size: number; mtimeMs: number; ctimeMs: number; ino: number; hash: string; digest: number }>();
+  private digests = 0;
 
   /** `sha256:<hex>` over every file's path and hash; a missing file counts as missing. */
   async digest(workspace: string, files: string[]): Promise<string> {
     const reads = limited(HASH_CONCURRENCY);
-    const lines = await Promise.all(files.map(async (f) => `${f}\0${await this.hashOf(workspace, f, reads)}\n`));
+    const now = ++this.digests;
+    const lines = await Promise.all(files.map(async (f) => `${f}\0${await this.hashOf(workspace, f, reads, now)}\n`));
+    for (const [key, seen] of this.known) if (seen.digest <= now - HASHES_KEPT_DIGESTS) this.known.delete(key);
     return `sha256:${createHash('sha256').update(lines.join('')).digest('hex')}`;
   }
 
-  private async hashOf(workspace: string, rel: string, reads: ReturnType<typeof limited>): Promise<string> {
+  /** How many files' hashes are kept (for tests). */
+  get size(): number {
+    return this.known.size;
+  }
+
+  private async hashOf(workspace: string, rel: string, reads: ReturnType<typeof limited>, now: number): Promise<string> {
+    const key = path.join(workspace, rel);
     const entry = await entryOf(workspace, rel);
+    if (!entry || entry.kind !== 'file') this.known.delete(key);
     if (!entry) return 'missing';
     if (entry.kind === 'link') return `link:${entry.target}`;
     if (entry.kind === 'other') return 'other';
-    const key = path.join(workspace, rel);
     const seen = this.known.get(key);
     // the change time and inode too: mtime can be set back by anyone who writes the file (touch -r), they cannot
-    if (seen && seen.size === entry.size && seen.mtimeMs === entry.mtimeMs && seen.ctimeMs === entry.ctimeMs && seen.ino === entry.ino) return seen.hash;
+    if (seen && seen.size === entry.size && seen.mtimeMs === entry.mtimeMs && seen.ctimeMs === entry.ctimeMs && seen.ino === entry.ino) {
+      seen.digest = now;
+      return seen.hash;
+    }
     // read a chunk at a time and a few files at once: a workspace of large (sparse) files is never held in memory
     const hashed = await reads(() => hashInside(workspace, rel, HASH_MAX_BYTES));
     // a file too large to read whole is known by its size, change time and inode: a rewrite of the same size
     // is a change (it sets the change time, which no one can set back)
     const hash = hashed ?? `large:${entry.size}:${entry.ctimeMs}:${entry.ino}`;
-    this.known.set(key, { size: entry.size, mtimeMs: entry.mtimeMs, ctimeMs: entry.ctimeMs, ino: entry.ino, hash });
+    this.known.set(key, { size: entry.size, mtimeMs: entry.mtimeMs, ctimeMs: entry.ctimeMs, ino: entry.ino, hash, digest: now });
     return hash;
   }
 }

@@ -54,6 +54,20 @@ describe('gate input hashing', function () {
     // and again from what it kept, and from a hasher of its own
     expect(await hasher.digest(dir, files)).to.equal(expected);
     expect(await new FileHasher().digest(dir, files)).to.equal(expected);
+    // a build's new names each time: what is gone, or named by none of the last 16 digests, is forgotten
+    expect(hasher.size).to.equal(3);
+    for (let round = 0; round < 20; round++) {
+      const named = `gen/bundle-${round}.js`;
+      await fs.mkdir(path.join(dir, 'gen'), { recursive: true });
+      await fs.rm(path.join(dir, 'gen', `bundle-${round - 1}.js`), { force: true });
+      await fs.writeFile(path.join(dir, named), `round ${round}\n`);
+      await hasher.digest(dir, [`gen/bundle-${round - 1}.js`, named]);
+    }
+    expect(hasher.size, 'the files of the last round, not every round’s').to.be.at.most(2);
+    for (let round = 0; round < 20; round++) await hasher.digest(dir, [`only-${round % 2}.txt`]);
+    expect(hasher.size, 'named by none of the last 16 digests').to.equal(0);
+    // what it kept still gives the same digest
+    expect(await hasher.digest(dir, files)).to.equal(expected);
   });
 
   it('hashes 16 sparse 60 MB inputs without holding them in memory, and to the same digest as read whole', async () => {
