@@ -1988,8 +1988,8 @@ export interface components {
          *     `${inputs.event.pull_request.number}`, `${steps.review.output.summary}` (a step by its name or
          *     its place in the plan, from 0); an argument that is one such reference alone takes the value as it
          *     is (a number, an object). Any other `${...}` is left as written. A `shell` step's command takes each
-         *     reference through its environment (`${SVC_REF_0}`, the value in `args.env`), never as command text; in
-         *     single quotes the quotes are closed around it, so the value still comes through. A `shell` step whose
+         *     reference through its environment (`${SVC_REF_0}`, the value in `args.env`), never as command text
+         *     (quote it in double quotes: in single quotes the shell leaves it as written). A `shell` step whose
          *     `args.env` is not an object of names fails `invalid-args` before it runs.
          *     The `agent` tool runs the agent loop towards `args.goal` with the run's
          *     allowed tools; its output is `{summary, answer}`.

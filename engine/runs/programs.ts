@@ -128,11 +128,12 @@ function expand(value: unknown, scope: Record<string, unknown>, room: ArgsRoom):
 /**
  * A shell step's command takes what its references name through its environment, never as text of the
  * command line: `echo "${inputs.event.pull_request.title}"` runs as `echo "${SVC_REF_0}"` with SVC_REF_0 the
- * title (in the step's `env`), so a title holding `"; id; echo "` is printed, not run. In single quotes, where
- * the shell expands nothing, the quotes are closed around it: `echo 'v=${inputs.x}'` runs as
- * `echo 'v='"${SVC_REF_0}"''`. A command that is one reference alone is the value itself, a command the run's
- * author chose to take from its inputs. An `env` that is no object of names (null, a list, text, a reference)
- * is refused: the references could not go through it, and a command with them as text is never run.
+ * title (in the step's `env`), so a title holding `"; id; echo "` is printed, not run. The reference is put
+ * where it stood, whatever the quoting around it (in single quotes the shell leaves it as written): a guess at
+ * the shell's quoting (an apostrophe in a comment or a heredoc) could take a reference the author quoted out of
+ * its quotes. A command that is one reference alone is the value itself, a command the run's author chose to
+ * take from its inputs. An `env` that is no object of names (null, a list, text, a reference) is refused: the
+ * references could not go through it, and a command with them as text is never run.
  */
 export function liftShellReferences(args: Record<string, unknown>): Record<string, unknown> {
   const command = args.command;
@@ -142,38 +143,14 @@ export function liftShellReferences(args: Record<string, unknown>): Record<strin
     throw new ToolError('invalid-args', 'env must be an object of variable names to values');
   const env: Record<string, unknown> = { ...(args.env as Record<string, unknown> | undefined) };
   let n = 0;
-  const nameFor = (reference: string) => {
+  const lifted = command.replace(REFERENCE, (reference) => {
     // a name the step's own env does not use
     while (Object.hasOwn(env, `SVC_REF_${n}`)) n++;
     const name = `SVC_REF_${n++}`;
     env[name] = reference;
-    return name;
-  };
-  // every reference is lifted, wherever it stands (one left as text would be interpolated into the command);
-  // the quoting around it is followed only to know whether it stands in single quotes
-  const at = new RegExp(REFERENCE.source, 'y');
-  let lifted = '';
-  let quote: "'" | '"' | null = null;
-  for (let i = 0; i < command.length;) {
-    at.lastIndex = i;
-    const reference = at.exec(command);
-    if (reference) {
-      const name = nameFor(reference[0]);
-      lifted += quote === "'" ? `'"\${${name}}"'` : `\${${name}}`;
-      i += reference[0].length;
-      continue;
-    }
-    const c = command[i]!;
-    lifted += c;
-    i++;
-    // a backslash outside single quotes keeps the quote after it from opening or closing anything
-    if (c === '\\' && quote !== "'" && (command[i] === '"' || command[i] === "'" || command[i] === '\\')) {
-      lifted += command[i];
-      i++;
-    } else if (quote === null && (c === "'" || c === '"')) quote = c;
-    else if (c === quote) quote = null;
-  }
-  return n === 0 ? args : { ...args, command: lifted, env };
+    return `\${${name}}`;
+  });
+  return lifted === command ? args : { ...args, command: lifted, env };
 }
 
 /** A step's `if`: `a == b` or `a != b` (compared as text, trimmed), or a value that is set and not false, 0 or null. */

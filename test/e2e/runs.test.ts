@@ -500,18 +500,23 @@ describe('autonomy runs', function () {
     expect(run.steps[4].args).to.deep.equal({ command: 'echo from-input\n' });
     expect(run.steps[4].output.stdout).to.equal('from-input\n');
 
-    // in single quotes, where the shell expands nothing, the value still comes through (the quotes closed around
-    // it); an escaped quote neither opens nor closes anything
-    const quoted = await finished(
+    // a reference stays where it stood whatever the quoting: an apostrophe in a comment or a heredoc (which a
+    // guess at the quoting took for an opening quote) never takes a quoted reference out of its quotes
+    const spread = 'a b -o -exec echo INJECTED {} ; -name y';
+    const commented = await finished(
       (
         await start({
-          inputs: { title },
-          steps: [{ tool: 'shell', args: { command: `echo 'a=\${inputs.title}' "b=\\"\${inputs.title}" \\'c` } }],
+          inputs: { v: spread },
+          steps: [
+            { tool: 'shell', args: { command: `# we don't split it\nprintf '[%s]\\n' "\${inputs.v}"` } },
+            { tool: 'shell', args: { command: `cat <<EOF\nThe build didn't pass: \${inputs.v}\nEOF\nfind . -maxdepth 0 -name "\${inputs.v}"` } },
+          ],
         })
       ).body.run_id,
     );
-    expect(quoted.status, JSON.stringify(quoted.error)).to.equal('succeeded');
-    expect(quoted.steps[0].output.stdout).to.equal(`a=${title} b="${title} 'c\n`);
+    expect(commented.steps[0].output.stdout).to.equal(`[${spread}]\n`);
+    expect(commented.steps[1].output.stdout).to.equal(`The build didn't pass: ${spread}\n`);
+    expect(commented.steps[1].output.stdout).not.to.contain('INJECTED .');
     // an env that is no object of names: the step is refused before it runs, never run with the title as command text
     for (const env of [null, [], 'x', '${inputs.vars}']) {
       const refused = await finished(
