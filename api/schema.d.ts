@@ -2108,6 +2108,8 @@ export interface components {
             required: boolean;
             default?: string | number | boolean;
             enum?: (string | number)[];
+            /** @description A regular expression (ECMAScript) a string value must match whole, or the instantiation is a 400 naming the variable. */
+            pattern?: string;
             description: string;
         };
         Template: {

@@ -40,6 +40,8 @@ export type TemplateVariable = {
   required: boolean;
   default?: string | number | boolean;
   enum?: (string | number)[];
+  /** a regular expression a string value matches whole */
+  pattern?: string;
   description: string;
 };
 
@@ -66,6 +68,17 @@ const variableSchema = z
     enum: z
       .array(z.union([z.string(), z.number()]))
       .min(1)
+      .optional(),
+    pattern: z
+      .string()
+      .refine((p) => {
+        try {
+          new RegExp(p);
+          return true;
+        } catch {
+          return false;
+        }
+      }, 'a regular expression')
       .optional(),
     description: z.string().min(1),
   })
@@ -156,6 +169,8 @@ export function instantiateTemplate(t: Template, given: Record<string, unknown>)
       errors.push({ path: `/body/variables/${v.name}`, message: 'must not hold ${: steps read it as a reference to the run’s inputs or steps' });
     else if (v.enum && !v.enum.includes(value as string | number))
       errors.push({ path: `/body/variables/${v.name}`, message: `must be one of ${v.enum.join(', ')}` });
+    else if (v.pattern && typeof value === 'string' && !new RegExp(`^(?:${v.pattern})$`).test(value))
+      errors.push({ path: `/body/variables/${v.name}`, message: `must match ${v.pattern}: ${v.description}` });
     else values[v.name] = value;
   }
   if (errors.length) throw new ValidationError(`the variables do not fit template ${t.id}: ${errors.map((e) => e.path.split('/').pop()).join(', ')}`, errors);

@@ -181,6 +181,12 @@ describe('templates that act on their providers', function () {
 
   it('chat-command: answers its own slash command, not another command of the same chat app', async () => {
     script.push({ content: 'Deploys go through the release workflow.' });
+    // a command without its slash would name no command chat sends: refused, not made to never fire
+    const bare = await h.call<Body>('POST', '/api/v1/automations/templates/instantiate', {
+      body: { template_id: 'chat-command', variables: { command: 'ask' } },
+    });
+    expect(bare.status, bare.text).to.equal(400);
+    expect(bare.body.errors[0]).to.deep.include({ path: '/body/variables/command' });
     const automation = await instantiate('chat-command', { command: '/ask' });
     const form = (command: string) =>
       new URLSearchParams({ command, text: 'how do deploys work?', channel_id: 'C7', user_id: 'U2', trigger_id: `t-${command}` }).toString();
