@@ -6,7 +6,7 @@
 // that is shutting down interrupts its attempts: they go back to the queue for another worker.
 import fs from 'node:fs/promises';
 import { CONNECTION_PROVIDERS, isTerminal, type ConnectionProvider, type ErrorInfo, type Run, type StepRecord } from '../platform/index.js';
-import { startAttempt, type StopReason } from './attempt.js';
+import { startAttempt, type Attempt, type StopReason } from './attempt.js';
 import { modelClientOf } from './agent.js';
 import { agentProgram, stepsProgram, vibeProgram, type CopyGates, type WorkOutcome } from './programs.js';
 import type { Runs, RunsDeps } from './runs.js';
@@ -80,8 +80,11 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
   }
 
   /** Puts an interrupted attempt back in the queue; the steps it changed are written once, with it, and what it used is kept. */
-  async function interrupted(run: Run, reason: string, steps: StepRecord[], usage: Run['usage']): Promise<Settled> {
-    return (await settle(() => transitions.interrupt(run, reason, steps, usage))) ? { run, next: 'interrupted' } : null;
+  /** The attempt goes back to the queue; what it made for itself (its checkout) is removed first, as at any end. */
+  async function interrupted(run: Run, reason: string, a: Pick<Attempt, 'close' | 'cleanup' | 'drained' | 'usage'>): Promise<Settled> {
+    const steps = a.close();
+    await a.cleanup();
+    return (await settle(() => transitions.interrupt(run, reason, steps, a.usage)).finally(a.drained)) ? { run, next: 'interrupted' } : null;
   }
 
   async function execute(runId: string, tenantId: string, attempt: number): Promise<Settled> {
@@ -176,11 +179,11 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
       const work: WorkOutcome = missing ? { summary: missing.message, error: missing } : await program(a);
       const stop = a.stopReason();
       if (stop?.status === 'interrupted') {
-        return await interrupted(run, stop.error.message, a.close(), a.usage).finally(a.drained);
+        return await interrupted(run, stop.error.message, a);
       }
       if (!stop && work.error && (await cutByShutdown(a.steps))) {
         log.warn({ run_id: runId }, 'a step was killed as the worker shut down; the run goes back to the queue');
-        return await interrupted(run, 'the worker shut down (its machine was stopped)', a.close(), a.usage).finally(a.drained);
+        return await interrupted(run, 'the worker shut down (its machine was stopped)', a);
       }
       const status = stop?.status ?? (work.error ? 'failed' : 'succeeded');
       const error = stop?.error ?? work.error ?? null;
@@ -194,7 +197,7 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
     } catch (err) {
       const stop = a.stopReason();
       if (stop?.status === 'interrupted') {
-        return await interrupted(run, stop.error.message, a.close(), a.usage).finally(a.drained);
+        return await interrupted(run, stop.error.message, a);
       }
       if (stop) {
         // stopped in the middle of work that is not a step (a vibe run's copy or diff): the stop says how it
