@@ -216,6 +216,11 @@ export async function startWorkers(rt: Runtime, processors: Processors = process
   const reconciler = setInterval(reconcile, rt.config.reconcileIntervalSeconds * 1000);
   reconciler.unref();
   void reconcile();
+  // what attempts of a process that died left on disk (a vibe run's copy, a checkout): its restart removes it
+  const swept = rt.engine.runs.sweepLeftovers().then(
+    (n) => n && rt.log.info({ removed: n }, 'removed what attempts of a process that died left on disk'),
+    (err: Error) => rt.log.warn({ err: err.message }, 'leftovers of dead attempts not removed'),
+  );
 
   rt.log.info({ queues: workers.map((w) => w.name), concurrency: rt.config.workerConcurrency }, 'workers ready');
   return {
@@ -243,6 +248,7 @@ export async function startWorkers(rt: Runtime, processors: Processors = process
       clearInterval(cancelPoll);
       await cancels.quit().catch(() => cancels.disconnect());
       await stopClaims();
+      await swept;
     },
   };
 }

@@ -19,7 +19,7 @@ import {
   runProcess,
 } from '../tools/index.js';
 import type { Transitions } from './transitions.js';
-import { tenantRootPath } from './workspace.js';
+import { CHECKOUTS_DIR, tenantRootPath } from './workspace.js';
 
 const OUTPUT_FLUSH_MS = 50;
 const OUTPUT_FLUSH_BYTES = 16 * 1024;
@@ -63,9 +63,6 @@ export type AttemptDeps = Pick<Platform, 'store' | 'clock' | 'log'> & {
     singleTenant: boolean;
   };
 };
-
-/** Where a run's checkout goes: a folder of its own in its tenant's root (gates can run there), removed when the attempt ends. */
-const CHECKOUTS_DIR = '.checkouts';
 
 /** How long a stopped step waits for its tool to stop on its own before it is given up on. */
 export const STUCK_TOOL_GRACE_MS = 5_000;

@@ -39,7 +39,7 @@ import type { TenantSlots } from './concurrency.js';
 import { retryPolicyOf } from './retry.js';
 import { REDIS_DEADLINE_MS, STORE_RETRY_AFTER_SECONDS, KeyHeld, type AfterStored, type Transitions } from './transitions.js';
 import { allowlistOf, networkOf, requireAgentFor, type ToolPolicy } from './policy.js';
-import { resolveWorkspace, tenantRoot, tenantRootPath } from './workspace.js';
+import { resolveWorkspace, sweepLeftovers, tenantRoot, tenantRootPath } from './workspace.js';
 import type { Sandbox } from '../tools/index.js';
 
 export type RunRequest = {
@@ -629,6 +629,9 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
 
     /** Offers a queued run to the workers now: its job, delayed because a guard held it (its session was paused), is promoted. */
     offerNow: transitions.offerNow,
+
+    /** Removes the scratch copies and checkouts that attempts of a process that died left (a worker's start asks); how many went. */
+    sweepLeftovers: () => sweepLeftovers(settings, async (tenantId, runId) => (await store.runs.get(tenantId, runId))?.status ?? null),
 
     isCancelRequested,
     /** which runs the live worker processes are executing (each process beats its own list) */

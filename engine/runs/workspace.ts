@@ -17,6 +17,8 @@ const DIFF_MAX_BYTES = 1024 * 1024;
 
 /** Where scratch copies go, per tenant: beside the tenants' folders, never in a shared temp folder. */
 export const SCRATCH_DIR = '.scratch';
+/** Where a run's checkout goes: a folder of its own in its tenant's root (`.checkouts/<run>`; gates can run there), removed when the attempt ends. */
+export const CHECKOUTS_DIR = '.checkouts';
 
 type Roots = { workspaceRoot: string; singleTenant: boolean };
 
@@ -40,6 +42,46 @@ export async function tenantRoot(roots: Roots, tenantId: string): Promise<string
     made.set(dir, await fs.realpath(dir));
   }
   return dir;
+}
+
+/** What a run's own leftovers are named by: a run id (newId's form) and nothing else. */
+const RUN_ID = /^run_[0-9a-z]{26}$/;
+const SCRATCH_OF_RUN = /^vibe-(run_[0-9a-z]{26})-/;
+
+/** A folder that is one and not a link (lstat): a tenant's link in the service's place leads nowhere. */
+const realDirs = async (dir: string): Promise<string[]> => {
+  const st = await fs.lstat(dir).catch(() => null);
+  if (!st?.isDirectory()) return [];
+  return (await fs.readdir(dir, { withFileTypes: true })).filter((e) => e.isDirectory()).map((e) => e.name);
+};
+
+/**
+ * Removes what attempts whose process died left (their end's cleanup never ran): a scratch copy of a run not
+ * running (each attempt's is its own, `vibe-<run>-*`), and the checkout of a run that ended or is gone
+ * (`.checkouts/<run>`, which a later attempt of a queued run makes again). `statusOf` is the run's status, or
+ * null when there is none. Only folders named by a run id, never through a link. How many went.
+ */
+export async function sweepLeftovers(roots: Roots, statusOf: (tenantId: string, runId: string) => Promise<string | null>): Promise<number> {
+  let removed = 0;
+  const remove = async (dir: string) => {
+    await fs.rm(dir, { recursive: true, force: true });
+    removed++;
+  };
+  const scratch = path.join(roots.workspaceRoot, SCRATCH_DIR);
+  for (const tenant of await realDirs(scratch))
+    for (const name of await realDirs(path.join(scratch, tenant))) {
+      const runId = SCRATCH_OF_RUN.exec(name)?.[1];
+      if (runId && (await statusOf(tenant, runId)) !== 'running') await remove(path.join(scratch, tenant, name));
+    }
+  const tenants = roots.singleTenant ? [null] : (await realDirs(roots.workspaceRoot)).filter((t) => !t.startsWith('.'));
+  for (const tenant of tenants) {
+    const checkouts = path.join(tenant === null ? roots.workspaceRoot : path.join(roots.workspaceRoot, tenant), CHECKOUTS_DIR);
+    for (const runId of (await realDirs(checkouts)).filter((n) => RUN_ID.test(n))) {
+      const status = await statusOf(tenant ?? '', runId);
+      if (status === null || ['succeeded', 'failed', 'canceled', 'timed_out'].includes(status)) await remove(path.join(checkouts, runId));
+    }
+  }
+  return removed;
 }
 
 /** A tenant's scratch area (vibe runs' copies), made on first use. */
@@ -124,9 +166,13 @@ const q = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
  * `root` is the real path of the tenant's root; `workspace` a real path inside it. `signal` (the run's
  * budget, a cancel) stops the clone or copy.
  */
-export async function makeScratch(sandbox: Sandbox, opts: { root: string; workspace: string; area: string; signal?: AbortSignal }): Promise<Scratch> {
+export async function makeScratch(
+  sandbox: Sandbox,
+  opts: { root: string; workspace: string; area: string; runId: string; signal?: AbortSignal },
+): Promise<Scratch> {
   const { root, workspace, area, signal } = opts;
-  const base = await fs.mkdtemp(path.join(area, 'vibe-'));
+  // named by its run: one a dead process left is found and removed (sweepLeftovers)
+  const base = await fs.mkdtemp(path.join(area, `vibe-${opts.runId}-`));
   const repo = await repositoryOf(workspace, root);
   let top: string;
   let dir: string;

@@ -5,7 +5,7 @@ import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { expect } from 'chai';
-import { makeScratch } from '../../engine/runs/workspace.js';
+import { makeScratch, sweepLeftovers } from '../../engine/runs/workspace.js';
 import { DIFF_GRACE_MS, diffGraceMs, withGrace } from '../../engine/runs/programs.js';
 import { noSandbox, type Sandbox } from '../../engine/tools/sandbox.js';
 
@@ -31,7 +31,13 @@ describe('a vibe run’s scratch copy', () => {
   });
   afterEach(() => fs.rm(dir, { recursive: true, force: true }));
 
-  const opts = (signal?: AbortSignal) => ({ root: path.join(dir, 'root'), workspace: path.join(dir, 'root', 'ws'), area: path.join(dir, 'area'), signal });
+  const opts = (signal?: AbortSignal) => ({
+    root: path.join(dir, 'root'),
+    workspace: path.join(dir, 'root', 'ws'),
+    area: path.join(dir, 'area'),
+    runId: 'run_0123456789abcdefghjkmnpqrs',
+    signal,
+  });
 
   it('is made and diffed on the host’s processes', async () => {
     const scratch = await makeScratch(noSandbox(), opts());
@@ -92,5 +98,45 @@ describe('a vibe run’s scratch copy', () => {
     run.abort(stop('interrupted'));
     await new Promise((r) => setTimeout(r, 20));
     expect(grace.aborted).to.equal(true);
+  });
+});
+
+describe('what attempts of a process that died left on disk', () => {
+  it('removes scratch copies of runs not running and checkouts of runs ended or gone, only folders a run names, never through a link', async () => {
+    const root = await fs.mkdtemp(path.join(os.tmpdir(), 'leftovers-'));
+    try {
+      const run = (c: string) => `run_${c.repeat(26)}`;
+      const [running, ended, queued, gone] = [run('a'), run('b'), run('c'), run('d')];
+      const status: Record<string, string> = { [running]: 'running', [ended]: 'succeeded', [queued]: 'queued' };
+      const asked: string[] = [];
+      const statusOf = async (tenant: string, runId: string) => {
+        asked.push(`${tenant}/${runId}`);
+        return status[runId] ?? null;
+      };
+      const made = async (...parts: string[]) => {
+        await fs.mkdir(path.join(root, ...parts), { recursive: true });
+        await fs.writeFile(path.join(root, ...parts, 'f'), 'x');
+      };
+      for (const id of [running, ended, queued, gone]) await made('.scratch', 'tenant-a', `vibe-${id}-x1`);
+      await made('.scratch', 'tenant-a', 'vibe-x1y2z3');
+      for (const id of [running, ended, queued, gone]) await made('tenant-a', '.checkouts', id);
+      await made('tenant-a', '.checkouts', 'mine');
+      // a tenant's .checkouts that is a link to a folder holding an ended run's name: not followed
+      await made('elsewhere', ended);
+      await fs.mkdir(path.join(root, 'tenant-b'));
+      await fs.symlink(path.join(root, 'elsewhere'), path.join(root, 'tenant-b', '.checkouts'));
+
+      expect(await sweepLeftovers({ workspaceRoot: root, singleTenant: false }, statusOf)).to.equal(5);
+      expect((await fs.readdir(path.join(root, '.scratch', 'tenant-a'))).sort()).to.deep.equal([`vibe-${running}-x1`, 'vibe-x1y2z3']);
+      // a queued run's checkout is the folder its next attempt makes again: kept until the run has ended
+      expect((await fs.readdir(path.join(root, 'tenant-a', '.checkouts'))).sort()).to.deep.equal(['mine', running, queued].sort());
+      expect(await fs.readdir(path.join(root, 'elsewhere'))).to.deep.equal([ended]);
+      expect(asked).to.include(`tenant-a/${gone}`).and.not.include(`tenant-b/${ended}`);
+      // the single local tenant's checkouts are in the root itself
+      await made('.checkouts', ended);
+      expect(await sweepLeftovers({ workspaceRoot: root, singleTenant: true }, statusOf)).to.equal(1);
+    } finally {
+      await fs.rm(root, { recursive: true, force: true });
+    }
   });
 });
