@@ -245,6 +245,7 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
         gatesConcurrency: config.gatesConcurrency,
         sessionMaxTasks: config.sessionMaxTasks,
         sessionMaxAgents: config.sessionMaxAgents,
+        runsKeptDays: config.runsKeptDays,
         webhookReplayWindowSeconds: config.webhookReplayWindowSeconds,
         webhookRateLimitPerMinute: config.webhookRateLimitPerMinute,
       },

@@ -9,6 +9,7 @@ import {
   ConflictError,
   IdempotencyKeyInUseError,
   IdempotencyKeyReusedError,
+  idBefore,
   isTerminal,
   sha256Hex,
   jobIdOfRun,
@@ -97,6 +98,8 @@ export function budgetTooLong(limits: RunLimits, seconds: number, path: string):
 
 export type RunSettings = ToolPolicy & {
   workspaceRoot: string;
+  /** days an ended run is kept after it was made (SERVICE_RUNS_KEPT_DAYS); 0 or absent: for good */
+  runsKeptDays?: number;
   /** SERVICE_AUTH=none: one local tenant, whose workspace is the root itself */
   singleTenant: boolean;
   agent: AgentEndpoint | undefined;
@@ -725,6 +728,12 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       // none is left, within a bound, so a pass keeps up with any rate of keyed runs and is never held long
       const expired = new Date(clock.now().getTime() - IDEMPOTENCY_TTL_SECONDS * 1000).toISOString();
       await pruneInPages((limit) => store.idempotencyKeys.prune(expired, limit));
+      // ended runs made more than SERVICE_RUNS_KEPT_DAYS ago, with their steps, turns and own session: by id,
+      // which is the time it was made (a run still queued or running then is kept until it ends)
+      if (settings.runsKeptDays) {
+        const madeBefore = idBefore('run', clock.now().getTime() - settings.runsKeptDays * 86_400_000);
+        await pruneInPages((limit) => store.runs.prune(madeBefore, limit));
+      }
       if (requeued || lost || freed) log.warn({ requeued, lost, freed }, 'reconciler repaired runs');
       return { requeued, lost, freed };
     },

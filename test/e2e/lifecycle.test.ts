@@ -264,6 +264,29 @@ describe('run lifecycle', function () {
     }
   });
 
+  it('deletes an ended run SERVICE_RUNS_KEPT_DAYS after it was made, with its steps and its own session', async () => {
+    let ahead = 0;
+    const own = await startHarness({ env: { SERVICE_RUNS_KEPT_DAYS: '7' }, runtime: { clock: { now: () => new Date(Date.now() + ahead) } } });
+    try {
+      const made = await own.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'true' } }] } });
+      const run = await finishedRun(own, made.body.run_id);
+      expect(run.status).to.equal('succeeded');
+      const reconcile = () => own.rt.engine.runs.reconcile({ isExecuting: () => false });
+      // six days on: kept
+      ahead = 6 * 86_400_000;
+      await reconcile();
+      expect((await own.call('GET', `/api/v1/runs/${run.id}`)).status).to.equal(200);
+      // eight: gone, its steps and its session with it
+      ahead = 8 * 86_400_000;
+      await reconcile();
+      expect((await own.call('GET', `/api/v1/runs/${run.id}`)).status).to.equal(404);
+      expect((await own.call('GET', `/api/v1/sessions/${run.session_id}`)).status).to.equal(404);
+      expect(await own.rt.store.runs.steps('tenant-a', run.id, 1)).to.deep.equal([]);
+    } finally {
+      await own.close();
+    }
+  });
+
   it('carries an automation’s retry policy into its runs, with defaults filled in, and changes it by PATCH', async () => {
     const created = await h.call<Body>('POST', '/api/v1/automations', {
       body: { name: 'flaky', steps: [{ tool: 'shell', args: { command: 'exit 1' } }], retry: { attempts: 2, backoff: { delay_ms: 50 } } },

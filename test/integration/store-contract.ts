@@ -1,7 +1,7 @@
 // One contract for every store adapter. Each adapter's test file calls storeContract with a factory.
 import { createHash } from 'node:crypto';
 import { expect } from 'chai';
-import { newId } from '../../engine/platform/ids.js';
+import { idBefore, newId } from '../../engine/platform/ids.js';
 import type {
   AgentRecord,
   ApiKeyRecord,
@@ -547,6 +547,53 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       );
       expect(done).to.deep.include({ status: 'succeeded', duration_ms: 42, kind: 'automation' });
       expect(done!.plan).to.deep.equal(r.plan);
+    });
+
+    it('prunes ended runs made before a time, with their steps, turns and own session, and counts them out', async () => {
+      const day = 86_400_000;
+      // an id made `ago` ms before now (newId never goes back in time): its time leads, as newId's does
+      const madeAgo = (ago: number) => `${idBefore('run', Date.now() - ago).slice(0, -16)}${newId('run').slice(-16)}`;
+      const own = (over: Partial<Run>) => runFixture('t-prune', { kind: 'autonomy', session_id: newId('ses'), ...over });
+      const old = own({ id: madeAgo(10 * day), status: 'succeeded', automation_id: 'aut_prune' });
+      const oldQueued = own({ id: madeAgo(10 * day), status: 'queued' });
+      const recent = own({ id: madeAgo(0), status: 'failed' });
+      const shared = newId('ses');
+      const ofSession = [runFixture('t-prune', { id: madeAgo(9 * day), kind: 'session_task', status: 'succeeded', session_id: shared })];
+      for (const r of [old, oldQueued, recent, ...ofSession]) await store.runs.insert(r);
+      const now = new Date().toISOString();
+      for (const [id, kind] of [
+        [old.session_id, 'autonomy'],
+        [shared, 'multi_agent'],
+      ] as const)
+        await store.sessions.insert({
+          id: id!,
+          tenant_id: 't-prune',
+          title: 't',
+          goal: null,
+          kind,
+          status: 'idle',
+          outcome: null,
+          metadata: {},
+          created_at: now,
+          updated_at: now,
+        });
+      await store.runs.putSteps('t-prune', old.id, 1, [{ index: 0, tool: 'shell', args: {}, status: 'succeeded' } as never]);
+      expect((await store.runs.automationStats('t-prune', 'aut_prune', 10)).counts).to.deep.equal({ succeeded: 1 });
+
+      const cutoff = idBefore('run', Date.now() - 7 * day);
+      expect(await store.runs.prune(cutoff, 1)).to.equal(1);
+      expect(await store.runs.prune(cutoff, 10)).to.equal(1);
+      expect(await store.runs.prune(cutoff, 10)).to.equal(0);
+      expect(await store.runs.get('t-prune', old.id)).to.equal(null);
+      expect(await store.runs.steps('t-prune', old.id, 1)).to.deep.equal([]);
+      expect(await store.runs.get('t-prune', ofSession[0]!.id)).to.equal(null);
+      // a run still queued is kept until it has ended; a recent one until its time
+      expect((await store.runs.get('t-prune', oldQueued.id))?.status).to.equal('queued');
+      expect((await store.runs.get('t-prune', recent.id))?.status).to.equal('failed');
+      // an autonomy run's own session goes with it; a session of tasks stays
+      expect(await store.sessions.get('t-prune', old.session_id!)).to.equal(null);
+      expect(await store.sessions.get('t-prune', shared)).to.not.equal(null);
+      expect((await store.runs.automationStats('t-prune', 'aut_prune', 10)).counts).to.deep.equal({});
     });
 
     it('keeps step records and agent turns per attempt, apart from the run, and only for its tenant', async () => {

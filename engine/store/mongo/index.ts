@@ -95,7 +95,7 @@ export async function openMongoStore(uri: string): Promise<Store> {
     },
     automations: automationRepo(automations, leases, automationKeys),
     apiKeys: apiKeyRepo(apiKeys, leases),
-    runs: runRepo(runs, runSteps as never, runTurns as never, keys),
+    runs: runRepo(runs, runSteps as never, runTurns as never, keys, sessions),
     idempotencyKeys: keys,
     webhookSecrets: webhookSecretRepo(webhookSecrets),
     connections: connectionRepo(connections, leases),

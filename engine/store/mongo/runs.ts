@@ -1,5 +1,5 @@
 import { Schema, type Model } from 'mongoose';
-import type { AgentTurn, Run, StepRecord } from '../../platform/index.js';
+import type { AgentTurn, Run, Session, StepRecord } from '../../platform/index.js';
 import { RAN_THROUGH_STATUSES, type IdempotencyKeyRepo, type RunQuery, type RunRepo, type RunStats } from '../port.js';
 import { definedOnly, fromStored, isDuplicateKey, loose, pageOf, toStored, type Stored } from './documents.js';
 
@@ -43,6 +43,7 @@ export function runRepo(
   stepModel: Model<AttemptRow<StepRecord>>,
   turnModel: Model<AttemptRow<AgentTurn>>,
   keys: IdempotencyKeyRepo,
+  sessionModel: Model<Stored<Session>>,
 ): RunRepo {
   let counted: { at: number; rows: { kind: Run['kind']; status: Run['status']; count: number }[] } | undefined;
   const page = (filter: Record<string, unknown>, q: { limit: number; cursor?: string }) => pageOf(model, filter, q);
@@ -69,6 +70,22 @@ export function runRepo(
     },
     async get(tenantId, id) {
       return fromStored(await model.findOne({ _id: id, tenant_id: tenantId }).lean<Stored<Run>>());
+    },
+    async prune(idBefore, limit) {
+      // by _id, which sorts by the time a run was made; each run's rows and own session go after it
+      const ended = await model
+        .find({ _id: { $lt: idBefore }, status: { $in: ['succeeded', 'failed', 'canceled', 'timed_out'] } }, { _id: 1, tenant_id: 1, kind: 1, session_id: 1 })
+        .sort({ _id: 1 })
+        .limit(limit)
+        .lean<Pick<Stored<Run>, '_id' | 'tenant_id' | 'kind' | 'session_id'>[]>();
+      if (!ended.length) return 0;
+      const ids = ended.map((r) => r._id);
+      await Promise.all([stepModel.deleteMany({ run_id: { $in: ids } }), turnModel.deleteMany({ run_id: { $in: ids } })]);
+      await model.deleteMany({ _id: { $in: ids } });
+      for (const r of ended)
+        if (r.session_id && (r.kind === 'autonomy' || r.kind === 'vibe') && !(await model.exists({ tenant_id: r.tenant_id, session_id: r.session_id })))
+          await sessionModel.deleteOne({ _id: r.session_id, tenant_id: r.tenant_id, kind: { $in: ['autonomy', 'vibe'] } });
+      return ended.length;
     },
     async update(tenantId, id, changes, guard, steps = []) {
       const filter: Record<string, unknown> = { _id: id, tenant_id: tenantId, status: { $in: guard.status } };

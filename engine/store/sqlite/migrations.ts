@@ -422,3 +422,12 @@ MIGRATIONS.push(`
   ALTER TABLE ledger_payloads_rowid RENAME TO ledger_payloads;
   CREATE UNIQUE INDEX ledger_payloads_by_digest ON ledger_payloads (tenant_id, digest);
 `);
+// Ended runs are deleted past their retention (SERVICE_RUNS_KEPT_DAYS): the counts kept by triggers count them out.
+MIGRATIONS.push(`
+  CREATE TRIGGER run_counts_delete AFTER DELETE ON runs BEGIN
+    UPDATE run_counts SET n = n - 1 WHERE kind = old.kind AND status = old.status;
+  END;
+  CREATE TRIGGER automation_run_counts_delete AFTER DELETE ON runs WHEN old.automation_id IS NOT NULL BEGIN
+    UPDATE automation_run_counts SET n = n - 1 WHERE tenant_id = old.tenant_id AND automation_id = old.automation_id AND status = old.status;
+  END;
+`);

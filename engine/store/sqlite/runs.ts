@@ -50,6 +50,17 @@ export function runRepo(db: Db): RunRepo {
     'SELECT id, status, finished_at FROM runs WHERE tenant_id = ? AND id IN (SELECT value FROM json_each(?))',
   );
   const read = (row: { doc: string } | undefined): Run | null => (row ? (JSON.parse(row.doc) as Run) : null);
+  // by the primary key: an id sorts by the time its run was made
+  const ended = db.prepare<[string, number], { id: string; tenant_id: string; kind: string; session_id: string | null }>(
+    "SELECT id, tenant_id, kind, session_id FROM runs WHERE id < ? AND status IN ('succeeded', 'failed', 'canceled', 'timed_out') ORDER BY id LIMIT ?",
+  );
+  const removeRun = db.prepare('DELETE FROM runs WHERE id = ?');
+  const removeSteps = db.prepare('DELETE FROM run_steps WHERE run_id = ?');
+  const removeTurns = db.prepare('DELETE FROM run_turns WHERE run_id = ?');
+  // an autonomy or vibe run's own session, once no run of it is left
+  const removeOwnSession = db.prepare(
+    "DELETE FROM sessions WHERE tenant_id = ? AND id = ? AND kind IN ('autonomy', 'vibe') AND NOT EXISTS (SELECT 1 FROM runs WHERE tenant_id = ? AND session_id = ?)",
+  );
 
   // one prepared statement per shape of list query (which filters are given), made once
   const FILTERS = ['kind', 'status', 'automation_id', 'session_id'] as const;
@@ -116,6 +127,18 @@ export function runRepo(db: Db): RunRepo {
     },
     async get(tenantId, id) {
       return read(get.get(tenantId, id));
+    },
+    async prune(idBefore, limit) {
+      return commit(() => {
+        const rows = ended.all(idBefore, limit);
+        for (const r of rows) {
+          removeSteps.run(r.id);
+          removeTurns.run(r.id);
+          removeRun.run(r.id);
+          if (r.session_id && (r.kind === 'autonomy' || r.kind === 'vibe')) removeOwnSession.run(r.tenant_id, r.session_id, r.tenant_id, r.session_id);
+        }
+        return rows.length;
+      });
     },
     async update(tenantId, id, changes, guard, steps = []) {
       return commit(() => update(tenantId, id, changes, guard, steps));
