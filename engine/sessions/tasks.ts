@@ -766,6 +766,16 @@ export function tasksOf(deps: TasksDeps) {
             await deps.recount(t.tenant_id, t.session_id);
             return;
           }
+          // ended in Redis, its move lost (its end's store write refused, or the process died between the two: a ready
+          // task whose run could not be started, a task the archive cut): its end is applied now (Redis's first
+          // writer won, so its end never comes again), and its session can end
+          if (state === 'succeeded' || state === 'failed' || state === 'canceled') {
+            const lost = { code: 'task-end-not-stored', message: `the task ${state}; why was lost with the store's write of its end` };
+            if (await move(t, { status: state, ...(state === 'succeeded' ? {} : { output: { status: state, error: lost } }) }, ['pending', 'queued']))
+              finished++;
+            await deps.recount(t.tenant_id, t.session_id);
+            return;
+          }
           if (state !== 'queued' && state !== 'pending' && state !== null) return;
           // pending in Redis: waiting on a dependency, unless Redis came back with older data (a restart from an
           // older save, a failover to a replica behind) in which a dependency the store has ended had not ended

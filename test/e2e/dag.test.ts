@@ -796,6 +796,50 @@ describe('task DAG', function () {
     expect(ended).to.deep.include({ status: 'idle', outcome: 'failed' });
   });
 
+  it('ends a task Redis ended whose own end the store refused (a ready task whose run could not start): the reconciler applies it and the session ends', async () => {
+    const id = await session();
+    const allowed = h.config.toolsAllowed as string[];
+    const tasks = h.rt.store.tasks;
+    const update = tasks.update.bind(tasks);
+    let refused = 0;
+    tasks.update = async (tenantId, sessionId, taskId, changes, ifStatusIn) => {
+      if (sessionId === id && taskId === 'b' && changes.status === 'failed' && !refused++) throw new Error('SQLITE_IOERR: disk I/O error');
+      return update(tenantId, sessionId, taskId, changes, ifStatusIn);
+    };
+    const first = releasable(h, 'release-end-not-stored');
+    const at = allowed.indexOf('shell');
+    try {
+      const body = {
+        tasks: [
+          { id: 'a', steps: sh(first.command) },
+          { id: 'b', depends_on: ['a'], steps: sh('true') },
+          { id: 'c', depends_on: ['b'], steps: [{ tool: 'message', args: { text: 'c' } }] },
+        ],
+      };
+      expect((await h.call('POST', `/api/v1/sessions/${id}/tasks`, { body })).status).to.equal(201);
+      await eventually(async () => {
+        const a = (await h.call<Body>('GET', `/api/v1/sessions/${id}/tasks`)).body.data[0];
+        return a.run_ids.length && (await h.call<Body>('GET', `/api/v1/runs/${a.run_ids[0]}`)).body.steps[0]?.status === 'running';
+      }, 'a to be running its step');
+      // b, ready once a ends, cannot be started (shell is taken off the list), and its failure's store write is refused
+      allowed.splice(at, 1);
+      await first.release();
+      await eventually(() => refused > 0 || null, 'b’s end to be refused by the store');
+    } finally {
+      if (!allowed.includes('shell')) allowed.splice(at, 0, 'shell');
+      tasks.update = update;
+      await first.clear();
+    }
+    const ended = await reconciledToEnd(id);
+    expect(ended.tasks.map((t: Body) => [t.id, t.status])).to.deep.equal([
+      ['a', 'succeeded'],
+      ['b', 'failed'],
+      ['c', 'upstream_failed'],
+    ]);
+    expect(ended.tasks[1].output.error.code).to.equal('task-end-not-stored');
+    expect(ended).to.deep.include({ status: 'idle', outcome: 'failed' });
+  });
+
   it('keeps in Redis only what the DAG still needs, for a bounded time: no dependency sets once their tasks ended, every key with a TTL', async () => {
     const id = await session();
     const tasks = [
