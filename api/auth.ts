@@ -13,10 +13,10 @@ import {
   type Sso,
 } from '../engine/auth/index.js';
 import { assertLocalCaller, assertSameOrigin, cookiesOf, SESSION_COOKIE } from './sign-in.js';
-import { UnauthorizedError } from '../engine/platform/index.js';
-import { bindToRequestLog } from './request-log.js';
+import { LOCAL_TENANT, UnauthorizedError } from '../engine/platform/index.js';
 
-export const LOCAL_TENANT = 'local';
+export { LOCAL_TENANT };
+import { bindToRequestLog } from './request-log.js';
 
 declare global {
   namespace Express {

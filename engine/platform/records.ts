@@ -112,6 +112,9 @@ export type ApiKeyRecord = {
 export type ApiKeyPatch = Partial<Pick<ApiKeyRecord, 'revoked_at' | 'revoked_reason' | 'last_used_at'>>;
 
 export const RUN_KINDS = ['autonomy', 'vibe', 'automation', 'session_task', 'audit'] as const;
+
+/** The one tenant of SERVICE_AUTH=none (a local install): its runs and workspace are under this id. */
+export const LOCAL_TENANT = 'local';
 export type RunKind = (typeof RUN_KINDS)[number];
 
 export const RUN_STATUSES = ['queued', 'running', 'succeeded', 'failed', 'canceled', 'timed_out'] as const;

@@ -80,10 +80,13 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
   }
 
   /** Puts an interrupted attempt back in the queue; the steps it changed are written once, with it, and what it used is kept. */
-  /** The attempt goes back to the queue; what it made for itself (its checkout) is removed first, as at any end. */
-  async function interrupted(run: Run, reason: string, a: Pick<Attempt, 'close' | 'cleanup' | 'drained' | 'usage'>): Promise<Settled> {
+  /**
+   * The attempt goes back to the queue, at once: it is asked at the end of a shutdown's grace. Its checkout stays,
+   * for its next attempt's checkout to make again (or the sweep at a worker's start, once the run has ended):
+   * removing a large one first could take the grace's last seconds.
+   */
+  async function interrupted(run: Run, reason: string, a: Pick<Attempt, 'close' | 'drained' | 'usage'>): Promise<Settled> {
     const steps = a.close();
-    await a.cleanup();
     return (await settle(() => transitions.interrupt(run, reason, steps, a.usage)).finally(a.drained)) ? { run, next: 'interrupted' } : null;
   }
 

@@ -41,7 +41,7 @@ import { retryPolicyOf } from './retry.js';
 import { REDIS_DEADLINE_MS, STORE_RETRY_AFTER_SECONDS, KeyHeld, type AfterStored, type Transitions } from './transitions.js';
 import { allowlistOf, networkOf, requireAgentFor, type ToolPolicy } from './policy.js';
 import { resolveWorkspace, sweepLeftovers, tenantRoot, tenantRootPath } from './workspace.js';
-import type { Sandbox } from '../tools/index.js';
+import { runProcess, type Sandbox } from '../tools/index.js';
 
 export type RunRequest = {
   kind: RunKind;
@@ -634,7 +634,27 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
     offerNow: transitions.offerNow,
 
     /** Removes the scratch copies and checkouts that attempts of a process that died left (a worker's start asks); how many went. */
-    sweepLeftovers: () => sweepLeftovers(settings, async (tenantId, runId) => (await store.runs.get(tenantId, runId))?.status ?? null),
+    sweepLeftovers: () =>
+      sweepLeftovers(
+        settings,
+        async (tenantId, runId) => (await store.runs.get(tenantId, runId))?.status ?? null,
+        // in the sandbox, the tenant's root bound as its workspace: a `.checkouts` a step made a link leads nowhere
+        // outside it (as the checkout's own folder is made)
+        async (root, runId) => {
+          await runProcess(
+            deps.sandbox,
+            [
+              '/bin/sh',
+              '-c',
+              'if [ -L "$1" ]; then exit 0; fi; if [ -e "$1/$2" ]; then chmod -R u+rwX "$1/$2"; fi; rm -rf "$1/$2"',
+              'sweep',
+              `${deps.sandbox.workspacePath(root)}/.checkouts`,
+              runId,
+            ],
+            { workspace: root, env: { PATH: settings.childEnv.PATH ?? '/usr/bin:/bin' }, network: false, maxBytes: 64 * 1024 },
+          );
+        },
+      ),
 
     isCancelRequested,
     /** which runs the live worker processes are executing (each process beats its own list) */
@@ -728,11 +748,12 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       // none is left, within a bound, so a pass keeps up with any rate of keyed runs and is never held long
       const expired = new Date(clock.now().getTime() - IDEMPOTENCY_TTL_SECONDS * 1000).toISOString();
       await pruneInPages((limit) => store.idempotencyKeys.prune(expired, limit));
-      // ended runs made more than SERVICE_RUNS_KEPT_DAYS ago, with their steps, turns and own session: by id,
-      // which is the time it was made (a run still queued or running then is kept until it ends)
+      // runs made and ended more than SERVICE_RUNS_KEPT_DAYS ago, with their steps, turns and own session: by id,
+      // which is the time it was made (a run still queued or running then is kept its days after it ends); a
+      // session task's runs stay with their session (a task waiting for an answer continues its run's conversation)
       if (settings.runsKeptDays) {
-        const madeBefore = idBefore('run', clock.now().getTime() - settings.runsKeptDays * 86_400_000);
-        await pruneInPages((limit) => store.runs.prune(madeBefore, limit));
+        const cutoff = clock.now().getTime() - settings.runsKeptDays * 86_400_000;
+        await pruneInPages((limit) => store.runs.prune(idBefore('run', cutoff), new Date(cutoff).toISOString(), limit));
       }
       if (requeued || lost || freed) log.warn({ requeued, lost, freed }, 'reconciler repaired runs');
       return { requeued, lost, freed };

@@ -6,7 +6,7 @@
 import { existsSync } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
-import { ValidationError } from '../platform/index.js';
+import { LOCAL_TENANT, ValidationError } from '../platform/index.js';
 import { resolveInside, runProcess, type Sandbox } from '../tools/index.js';
 
 /** Options that keep git from running anything a repository's config names (beside the sandbox it runs in). */
@@ -59,26 +59,33 @@ const realDirs = async (dir: string): Promise<string[]> => {
  * Removes what attempts whose process died left (their end's cleanup never ran): a scratch copy of a run not
  * running (each attempt's is its own, `vibe-<run>-*`), and the checkout of a run that ended or is gone
  * (`.checkouts/<run>`, which a later attempt of a queued run makes again). `statusOf` is the run's status, or
- * null when there is none. Only folders named by a run id, never through a link. How many went.
+ * null when there is none. Only folders named by a run id, never through a link; a checkout, in a tenant's root
+ * where its steps write, is removed by `removeCheckout` (in the sandbox, as it was made). How many went.
  */
-export async function sweepLeftovers(roots: Roots, statusOf: (tenantId: string, runId: string) => Promise<string | null>): Promise<number> {
+export async function sweepLeftovers(
+  roots: Roots,
+  statusOf: (tenantId: string, runId: string) => Promise<string | null>,
+  removeCheckout: (tenantRoot: string, runId: string) => Promise<void>,
+): Promise<number> {
   let removed = 0;
-  const remove = async (dir: string) => {
-    await fs.rm(dir, { recursive: true, force: true });
-    removed++;
-  };
   const scratch = path.join(roots.workspaceRoot, SCRATCH_DIR);
   for (const tenant of await realDirs(scratch))
     for (const name of await realDirs(path.join(scratch, tenant))) {
       const runId = SCRATCH_OF_RUN.exec(name)?.[1];
-      if (runId && (await statusOf(tenant, runId)) !== 'running') await remove(path.join(scratch, tenant, name));
+      if (runId && (await statusOf(tenant, runId)) !== 'running') {
+        await fs.rm(path.join(scratch, tenant, name), { recursive: true, force: true });
+        removed++;
+      }
     }
-  const tenants = roots.singleTenant ? [null] : (await realDirs(roots.workspaceRoot)).filter((t) => !t.startsWith('.'));
+  const tenants = roots.singleTenant ? [LOCAL_TENANT] : (await realDirs(roots.workspaceRoot)).filter((t) => !t.startsWith('.'));
   for (const tenant of tenants) {
-    const checkouts = path.join(tenant === null ? roots.workspaceRoot : path.join(roots.workspaceRoot, tenant), CHECKOUTS_DIR);
-    for (const runId of (await realDirs(checkouts)).filter((n) => RUN_ID.test(n))) {
-      const status = await statusOf(tenant ?? '', runId);
-      if (status === null || ['succeeded', 'failed', 'canceled', 'timed_out'].includes(status)) await remove(path.join(checkouts, runId));
+    const root = tenantRootPath(roots, tenant);
+    for (const runId of (await realDirs(path.join(root, CHECKOUTS_DIR))).filter((n) => RUN_ID.test(n))) {
+      const status = await statusOf(tenant, runId);
+      if (status === null || ['succeeded', 'failed', 'canceled', 'timed_out'].includes(status)) {
+        await removeCheckout(root, runId);
+        removed++;
+      }
     }
   }
   return removed;

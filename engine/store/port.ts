@@ -125,11 +125,11 @@ export interface RunRepo {
    */
   update(tenantId: string, id: string, changes: RunChanges, guard: RunGuard, steps?: StepRecord[]): Promise<Run | null>;
   /**
-   * System use (the reconciler): deletes at most `limit` ended runs of every tenant whose id sorts before
-   * `idBefore` (made before its time), each with its steps and turns, and its own session (an autonomy or
-   * vibe run's) once no run of it is left; how many runs went.
+   * System use (the reconciler): deletes at most `limit` runs of every tenant made before `idBefore` (their id
+   * sorts before it) and ended before `finishedBefore`, but a session task's, each with its steps and turns, and
+   * its own session (an autonomy or vibe run's) once no run of it is left; how many runs went.
    */
-  prune(idBefore: string, limit: number): Promise<number>;
+  prune(idBefore: string, finishedBefore: string, limit: number): Promise<number>;
   /** Writes step records of an attempt (new or changed), whatever the run's status. */
   putSteps(tenantId: string, runId: string, attempt: number, steps: StepRecord[]): Promise<void>;
   /** The step records of one attempt, by index. */

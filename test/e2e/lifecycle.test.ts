@@ -10,6 +10,7 @@ import { ConfigError, parseEnv } from '../../config/env.js';
 import { createLogger } from '../../engine/platform/index.js';
 import { openRuntime } from '../../engine/process/index.js';
 import { createTenantSlots } from '../../engine/runs/index.js';
+import { runFixture } from '../integration/store-contract.js';
 import {
   deleteRedisPrefix,
   eventually,
@@ -284,6 +285,28 @@ describe('run lifecycle', function () {
       expect(await own.rt.store.runs.steps('tenant-a', run.id, 1)).to.deep.equal([]);
     } finally {
       await own.close();
+    }
+  });
+
+  it('removes at a worker’s start the checkout a dead process left of a run that ended, never one of a run still running (the local tenant too)', async () => {
+    for (const auth of ['none', 'keys']) {
+      const own = await startHarness({ workers: false, env: auth === 'none' ? { SERVICE_AUTH: 'none' } : {} });
+      try {
+        const tenant = auth === 'none' ? 'local' : 'tenant-a';
+        const root = auth === 'none' ? own.workspace : own.tenantDir();
+        const ids: Record<string, string> = {};
+        for (const status of ['running', 'failed'] as const) {
+          const run = runFixture(tenant, { status, kind: 'autonomy' });
+          await own.rt.store.runs.insert(run);
+          ids[status] = run.id;
+          await fs.mkdir(path.join(root, '.checkouts', run.id), { recursive: true });
+          await fs.writeFile(path.join(root, '.checkouts', run.id, 'work.txt'), 'x');
+        }
+        expect(await own.rt.engine.runs.sweepLeftovers(), auth).to.equal(1);
+        expect(await fs.readdir(path.join(root, '.checkouts')), auth).to.deep.equal([ids.running]);
+      } finally {
+        await own.close();
+      }
     }
   });
 

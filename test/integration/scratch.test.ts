@@ -107,12 +107,15 @@ describe('what attempts of a process that died left on disk', () => {
     try {
       const run = (c: string) => `run_${c.repeat(26)}`;
       const [running, ended, queued, gone] = [run('a'), run('b'), run('c'), run('d')];
-      const status: Record<string, string> = { [running]: 'running', [ended]: 'succeeded', [queued]: 'queued' };
+      const status: Record<string, string> = {};
+      for (const tenant of ['tenant-a', 'local'])
+        Object.assign(status, { [`${tenant}/${running}`]: 'running', [`${tenant}/${ended}`]: 'succeeded', [`${tenant}/${queued}`]: 'queued' });
       const asked: string[] = [];
       const statusOf = async (tenant: string, runId: string) => {
         asked.push(`${tenant}/${runId}`);
-        return status[runId] ?? null;
+        return status[`${tenant}/${runId}`] ?? null;
       };
+      const removeCheckout = (root: string, runId: string) => fs.rm(path.join(root, '.checkouts', runId), { recursive: true, force: true });
       const made = async (...parts: string[]) => {
         await fs.mkdir(path.join(root, ...parts), { recursive: true });
         await fs.writeFile(path.join(root, ...parts, 'f'), 'x');
@@ -126,15 +129,18 @@ describe('what attempts of a process that died left on disk', () => {
       await fs.mkdir(path.join(root, 'tenant-b'));
       await fs.symlink(path.join(root, 'elsewhere'), path.join(root, 'tenant-b', '.checkouts'));
 
-      expect(await sweepLeftovers({ workspaceRoot: root, singleTenant: false }, statusOf)).to.equal(5);
+      expect(await sweepLeftovers({ workspaceRoot: root, singleTenant: false }, statusOf, removeCheckout)).to.equal(5);
       expect((await fs.readdir(path.join(root, '.scratch', 'tenant-a'))).sort()).to.deep.equal([`vibe-${running}-x1`, 'vibe-x1y2z3']);
       // a queued run's checkout is the folder its next attempt makes again: kept until the run has ended
       expect((await fs.readdir(path.join(root, 'tenant-a', '.checkouts'))).sort()).to.deep.equal(['mine', running, queued].sort());
       expect(await fs.readdir(path.join(root, 'elsewhere'))).to.deep.equal([ended]);
       expect(asked).to.include(`tenant-a/${gone}`).and.not.include(`tenant-b/${ended}`);
-      // the single local tenant's checkouts are in the root itself
+      // the single local tenant's checkouts are in the root itself, its runs under its id: a running one stays
       await made('.checkouts', ended);
-      expect(await sweepLeftovers({ workspaceRoot: root, singleTenant: true }, statusOf)).to.equal(1);
+      await made('.checkouts', running);
+      expect(await sweepLeftovers({ workspaceRoot: root, singleTenant: true }, statusOf, removeCheckout)).to.equal(1);
+      expect(await fs.readdir(path.join(root, '.checkouts'))).to.deep.equal([running]);
+      expect(asked).to.include(`local/${running}`);
     } finally {
       await fs.rm(root, { recursive: true, force: true });
     }

@@ -549,17 +549,27 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect(done!.plan).to.deep.equal(r.plan);
     });
 
-    it('prunes ended runs made before a time, with their steps, turns and own session, and counts them out', async () => {
+    it('prunes runs made and ended before a time, with their steps, turns and own session, and counts them out; never a session task’s', async () => {
       const day = 86_400_000;
       // an id made `ago` ms before now (newId never goes back in time): its time leads, as newId's does
       const madeAgo = (ago: number) => `${idBefore('run', Date.now() - ago).slice(0, -16)}${newId('run').slice(-16)}`;
+      const endedAgo = (ago: number) => new Date(Date.now() - ago).toISOString();
       const own = (over: Partial<Run>) => runFixture('t-prune', { kind: 'autonomy', session_id: newId('ses'), ...over });
-      const old = own({ id: madeAgo(10 * day), status: 'succeeded', automation_id: 'aut_prune' });
+      const old = own({ id: madeAgo(10 * day), status: 'succeeded', finished_at: endedAgo(10 * day), automation_id: 'aut_prune' });
       const oldQueued = own({ id: madeAgo(10 * day), status: 'queued' });
-      const recent = own({ id: madeAgo(0), status: 'failed' });
+      // made long ago, ended lately (it waited in line, or its session was paused): kept its days after its end
+      const lateEnd = own({ id: madeAgo(10 * day), status: 'failed', finished_at: endedAgo(day) });
+      const recent = own({ id: madeAgo(0), status: 'failed', finished_at: endedAgo(0) });
       const shared = newId('ses');
-      const ofSession = [runFixture('t-prune', { id: madeAgo(9 * day), kind: 'session_task', status: 'succeeded', session_id: shared })];
-      for (const r of [old, oldQueued, recent, ...ofSession]) await store.runs.insert(r);
+      // a task's: a task waiting for an answer continues its conversation from it
+      const ofTask = runFixture('t-prune', {
+        id: madeAgo(9 * day),
+        kind: 'session_task',
+        status: 'succeeded',
+        finished_at: endedAgo(9 * day),
+        session_id: shared,
+      });
+      for (const r of [old, oldQueued, lateEnd, recent, ofTask]) await store.runs.insert(r);
       const now = new Date().toISOString();
       for (const [id, kind] of [
         [old.session_id, 'autonomy'],
@@ -580,16 +590,12 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       await store.runs.putSteps('t-prune', old.id, 1, [{ index: 0, tool: 'shell', args: {}, status: 'succeeded' } as never]);
       expect((await store.runs.automationStats('t-prune', 'aut_prune', 10)).counts).to.deep.equal({ succeeded: 1 });
 
-      const cutoff = idBefore('run', Date.now() - 7 * day);
-      expect(await store.runs.prune(cutoff, 1)).to.equal(1);
-      expect(await store.runs.prune(cutoff, 10)).to.equal(1);
-      expect(await store.runs.prune(cutoff, 10)).to.equal(0);
+      const [madeBefore, endedBefore] = [idBefore('run', Date.now() - 7 * day), endedAgo(7 * day)];
+      expect(await store.runs.prune(madeBefore, endedBefore, 10)).to.equal(1);
+      expect(await store.runs.prune(madeBefore, endedBefore, 10)).to.equal(0);
       expect(await store.runs.get('t-prune', old.id)).to.equal(null);
       expect(await store.runs.steps('t-prune', old.id, 1)).to.deep.equal([]);
-      expect(await store.runs.get('t-prune', ofSession[0]!.id)).to.equal(null);
-      // a run still queued is kept until it has ended; a recent one until its time
-      expect((await store.runs.get('t-prune', oldQueued.id))?.status).to.equal('queued');
-      expect((await store.runs.get('t-prune', recent.id))?.status).to.equal('failed');
+      for (const kept of [oldQueued, lateEnd, recent, ofTask]) expect((await store.runs.get('t-prune', kept.id))?.status, kept.status).to.equal(kept.status);
       // an autonomy run's own session goes with it; a session of tasks stays
       expect(await store.sessions.get('t-prune', old.session_id!)).to.equal(null);
       expect(await store.sessions.get('t-prune', shared)).to.not.equal(null);

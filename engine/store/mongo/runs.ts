@@ -71,10 +71,18 @@ export function runRepo(
     async get(tenantId, id) {
       return fromStored(await model.findOne({ _id: id, tenant_id: tenantId }).lean<Stored<Run>>());
     },
-    async prune(idBefore, limit) {
+    async prune(idBefore, finishedBefore, limit) {
       // by _id, which sorts by the time a run was made; each run's rows and own session go after it
       const ended = await model
-        .find({ _id: { $lt: idBefore }, status: { $in: ['succeeded', 'failed', 'canceled', 'timed_out'] } }, { _id: 1, tenant_id: 1, kind: 1, session_id: 1 })
+        .find(
+          {
+            _id: { $lt: idBefore },
+            status: { $in: ['succeeded', 'failed', 'canceled', 'timed_out'] },
+            finished_at: { $lt: finishedBefore },
+            kind: { $ne: 'session_task' },
+          },
+          { _id: 1, tenant_id: 1, kind: 1, session_id: 1 },
+        )
         .sort({ _id: 1 })
         .limit(limit)
         .lean<Pick<Stored<Run>, '_id' | 'tenant_id' | 'kind' | 'session_id'>[]>();

@@ -51,8 +51,9 @@ export function runRepo(db: Db): RunRepo {
   );
   const read = (row: { doc: string } | undefined): Run | null => (row ? (JSON.parse(row.doc) as Run) : null);
   // by the primary key: an id sorts by the time its run was made
-  const ended = db.prepare<[string, number], { id: string; tenant_id: string; kind: string; session_id: string | null }>(
-    "SELECT id, tenant_id, kind, session_id FROM runs WHERE id < ? AND status IN ('succeeded', 'failed', 'canceled', 'timed_out') ORDER BY id LIMIT ?",
+  const ended = db.prepare<[string, string, number], { id: string; tenant_id: string; kind: string; session_id: string | null }>(
+    `SELECT id, tenant_id, kind, session_id FROM runs WHERE id < ? AND status IN ('succeeded', 'failed', 'canceled', 'timed_out')
+     AND finished_at < ? AND kind <> 'session_task' ORDER BY id LIMIT ?`,
   );
   const removeRun = db.prepare('DELETE FROM runs WHERE id = ?');
   const removeSteps = db.prepare('DELETE FROM run_steps WHERE run_id = ?');
@@ -128,9 +129,9 @@ export function runRepo(db: Db): RunRepo {
     async get(tenantId, id) {
       return read(get.get(tenantId, id));
     },
-    async prune(idBefore, limit) {
+    async prune(idBefore, finishedBefore, limit) {
       return commit(() => {
-        const rows = ended.all(idBefore, limit);
+        const rows = ended.all(idBefore, finishedBefore, limit);
         for (const r of rows) {
           removeSteps.run(r.id);
           removeTurns.run(r.id);
