@@ -120,12 +120,18 @@ export function assertLocalCaller(req: Request, allowedOrigins: string[]): void 
 
 /** CORS for the web client's origins only: with credentials, and the headers a client reads. */
 export function corsFor(origins: string[]): RequestHandler {
-  return cors({
+  const allow = cors({
     origin: (origin, done) => done(null, origin !== undefined && origins.includes(origin)),
     credentials: true,
     exposedHeaders: ['Location', 'X-Request-Id', 'RateLimit', 'RateLimit-Policy', 'Retry-After', 'Idempotent-Replayed'],
     maxAge: 600,
   });
+  // every answer varies with the Origin, not only one to an allowed origin: a cache must not give the answer to a
+  // request with no Origin (a navigation) to the web client's fetch, or the other way round
+  return (req, res, next) => {
+    res.vary('Origin');
+    allow(req, res, next);
+  };
 }
 
 /** Where a sign-in may send the browser back to: a path of this service, or a page of an allowed origin. */

@@ -286,6 +286,10 @@ describe('sign-in with OpenID Connect', function () {
       headers: { origin: 'https://evil.example', 'access-control-request-method': 'POST' },
     });
     expect(evilPreflight.headers.get('access-control-allow-origin')).to.equal(null);
+    // every answer says it varies with the Origin, whatever Origin it had: a cache keeps them apart
+    expect(read.headers.get('vary'), 'no Origin').to.match(/\bOrigin\b/);
+    expect(evilPreflight.headers.get('vary'), 'an Origin refused').to.match(/\bOrigin\b/);
+    expect(fromApp.headers.get('vary'), 'the web client’s').to.match(/\bOrigin\b/);
     // an API key needs no origin: it is no ambient credential
     expect(
       (
