@@ -158,22 +158,34 @@ class CodehostAnswerError extends Error {
   }
 }
 
+/** What GitHub says to wait when a secondary rate limit's answer names no time: "at least one minute". */
+const SECONDARY_LIMIT_WAIT_SECONDS = 60;
+
 /**
  * The seconds GitHub says to wait before asking again: its Retry-After (a secondary rate limit), else, when no
- * request is left (x-ratelimit-remaining: 0), until x-ratelimit-reset (in seconds since the epoch); null for none.
+ * request is left (x-ratelimit-remaining: 0), until x-ratelimit-reset (in seconds since the epoch), else a minute
+ * for a secondary rate limit its message names without either; null for none.
  */
-function codehostWait(headers: Record<string, string | undefined>): number | null {
+function codehostWait(headers: Record<string, string | undefined>, message: string): number | null {
   const retryAfter = retryAfterOf(headers['retry-after']);
   if (retryAfter !== null) return retryAfter;
   const reset = Number(headers['x-ratelimit-reset']);
-  if (headers['x-ratelimit-remaining'] !== '0' || !headers['x-ratelimit-reset'] || !Number.isFinite(reset)) return null;
-  return Math.max(0, Math.ceil(reset - Date.now() / 1000));
+  if (headers['x-ratelimit-remaining'] === '0' && headers['x-ratelimit-reset'] && Number.isFinite(reset))
+    return Math.max(0, Math.ceil(reset - Date.now() / 1000));
+  return /secondary rate limit/i.test(message) ? SECONDARY_LIMIT_WAIT_SECONDS : null;
 }
+
+/** What an Octokit error says: its status, headers and GitHub's own short message. */
+const answerOf = (err: unknown) => {
+  const e = err as { status?: number; response?: { headers?: Record<string, string>; data?: unknown } };
+  const message = (e?.response?.data as { message?: unknown } | undefined)?.message;
+  return { status: e?.status, headers: e?.response?.headers ?? {}, message: typeof message === 'string' ? message : '' };
+};
 
 /** A 403 of GitHub's that is a rate limit (it names a wait), not a refusal of the credential. */
 const isRateLimited = (err: unknown): boolean => {
-  const e = err as { status?: number; response?: { headers?: Record<string, string> } };
-  return e?.status === 403 && codehostWait(e.response?.headers ?? {}) !== null;
+  const a = answerOf(err);
+  return a.status === 403 && codehostWait(a.headers, a.message) !== null;
 };
 
 export const codehostKit: Kit = {
@@ -189,12 +201,12 @@ export const codehostKit: Kit = {
     // @octokit/request reports a request that never got an answer as a 500 without a response
     if (!e.response) return { status: null, retryAfterSeconds: null, reason: 'no answer' };
     // GitHub's own short message, never the rest of a body (which could be anything a server sent)
-    const message = (e.response.data as { message?: unknown } | undefined)?.message;
+    const { headers, message } = answerOf(err);
     return {
       // GitHub answers a rate limit 403 as often as 429: asked again when it says, not taken for a refused credential
       status: isRateLimited(err) ? 429 : e.status,
-      retryAfterSeconds: codehostWait(e.response.headers ?? {}),
-      reason: reasonOf(typeof message === 'string' ? message : '', token),
+      retryAfterSeconds: codehostWait(headers, message),
+      reason: reasonOf(message, token),
     };
   },
   async identify(a) {
