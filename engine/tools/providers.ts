@@ -137,15 +137,17 @@ async function checkout(args: Record<string, unknown>, ctx: ToolContext): Promis
   const access = await ctx.connections.git(typeof args.connection === 'string' ? args.connection : undefined);
   const { base, resolve } = await pinnedRemote(access.web_url, ctx.httpAllowPrivate);
   const remote = `${base}/${repo}.git`;
-  const configDir = await fs.mkdtemp(path.join(os.tmpdir(), 'svc-git-'));
-  const cleanup = [configDir];
+  const secrets = await fs.mkdtemp(path.join(os.tmpdir(), 'svc-git-'));
+  const cleanup = [secrets];
   try {
-    const config = path.join(configDir, 'config');
+    const config = path.join(secrets, 'config');
     const header = `Authorization: Basic ${Buffer.from(`x-access-token:${access.token}`).toString('base64')}`;
     const quote = (v: string) => `"${v.replace(/\\/g, '\\\\').replace(/"/g, '\\"')}"`;
     await fs.writeFile(
       config,
       [
+        `[http ${quote(`${base}/`)}]`,
+        `\textraHeader = ${quote(header)}`,
         // the code host's address was checked, a redirect's never is: none is followed (a renamed repository is named anew)
         '[http]',
         '\tfollowRedirects = false',
@@ -167,10 +169,6 @@ async function checkout(args: Record<string, unknown>, ctx: ToolContext): Promis
       GIT_TERMINAL_PROMPT: '0',
       GIT_CONFIG_NOSYSTEM: '1',
       GIT_CONFIG_GLOBAL: config,
-      // the token in git's environment only, never on disk: a process killed mid-checkout leaves no file that holds it
-      GIT_CONFIG_COUNT: '1',
-      GIT_CONFIG_KEY_0: `http.${base}/.extraHeader`,
-      GIT_CONFIG_VALUE_0: header,
       GIT_DIR: gitDir,
       GIT_WORK_TREE: ctx.sandbox.workspacePath(dir),
       REMOTE: remote,
@@ -185,7 +183,7 @@ async function checkout(args: Record<string, unknown>, ctx: ToolContext): Promis
       env,
       network: true,
       binds: [gitDir],
-      readOnlyBinds: [configDir],
+      readOnlyBinds: [secrets],
       signal: ctx.signal,
       maxBytes: CHECKOUT_OUTPUT_MAX,
       onOutput: streamed.write,
