@@ -41,7 +41,7 @@ import { retryPolicyOf } from './retry.js';
 import { REDIS_DEADLINE_MS, STORE_RETRY_AFTER_SECONDS, KeyHeld, type AfterStored, type Transitions } from './transitions.js';
 import { allowlistOf, networkOf, requireAgentFor, type ToolPolicy } from './policy.js';
 import { resolveWorkspace, sweepLeftovers, tenantRoot, tenantRootPath } from './workspace.js';
-import { runProcess, type Sandbox } from '../tools/index.js';
+import { runProcess, sweepGitTemp, type Sandbox } from '../tools/index.js';
 
 export type RunRequest = {
   kind: RunKind;
@@ -633,9 +633,10 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
     /** Offers a queued run to the workers now: its job, delayed because a guard held it (its session was paused), is promoted. */
     offerNow: transitions.offerNow,
 
-    /** Removes the scratch copies and checkouts that attempts of a process that died left (a worker's start asks); how many went. */
-    sweepLeftovers: () =>
-      sweepLeftovers(
+    /** Removes the scratch copies, checkouts and checkouts' temp folders that attempts of a process that died left (a worker's start asks); how many went. */
+    sweepLeftovers: async () =>
+      (await sweepGitTemp()) +
+      (await sweepLeftovers(
         settings,
         async (tenantId, runId) => (await store.runs.get(tenantId, runId))?.status ?? null,
         // in the sandbox, the tenant's root bound as its workspace: a `.checkouts` a step made a link leads nowhere
@@ -654,7 +655,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
             { workspace: root, env: { PATH: settings.childEnv.PATH ?? '/usr/bin:/bin' }, network: false, maxBytes: 64 * 1024 },
           );
         },
-      ),
+      )),
 
     isCancelRequested,
     /** which runs the live worker processes are executing (each process beats its own list) */

@@ -261,6 +261,27 @@ export const emailTool = actionTool('email', 'Send an email through the SMTP con
 
 export const PROVIDER_TOOLS = [codehostTool, chatTool, trackerTool, pagerTool, emailTool];
 
+/** Older than any checkout can last (a run's budget is at most 24 h), with an hour to spare. */
+const GIT_TEMP_MAX_AGE_MS = 25 * 3_600_000;
+
+/**
+ * Removes the temp folders of checkouts a killed process left (`svc-git-*`: git's config, with the code host's
+ * token in a 0600 file, and its objects), once older than any checkout can last: processes of this host that are
+ * alive may be checking out now. How many went.
+ */
+export async function sweepGitTemp(now = Date.now(), tmp = os.tmpdir()): Promise<number> {
+  let removed = 0;
+  for (const e of await fs.readdir(tmp, { withFileTypes: true }).catch(() => [])) {
+    if (!e.isDirectory() || !/^svc-git-(?:dir-)?[A-Za-z0-9]{6}$/.test(e.name)) continue;
+    const dir = path.join(tmp, e.name);
+    const st = await fs.lstat(dir).catch(() => null);
+    if (!st?.isDirectory() || now - st.mtimeMs < GIT_TEMP_MAX_AGE_MS) continue;
+    await fs.rm(dir, { recursive: true, force: true });
+    removed++;
+  }
+  return removed;
+}
+
 /** The longest piece of a line held back for its end; a line longer than it goes out masked as it is. */
 const MASKED_LINE_MAX = 16 * 1024;
 

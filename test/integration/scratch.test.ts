@@ -8,6 +8,7 @@ import { expect } from 'chai';
 import { makeScratch, sweepLeftovers } from '../../engine/runs/workspace.js';
 import { DIFF_GRACE_MS, diffGraceMs, withGrace } from '../../engine/runs/programs.js';
 import { noSandbox, type Sandbox } from '../../engine/tools/sandbox.js';
+import { sweepGitTemp } from '../../engine/tools/index.js';
 
 /** The host's processes, made slow on demand: then every command sleeps 30 s before it does its work. */
 function slowSandbox(slow = true): Sandbox & { slow: boolean } {
@@ -143,6 +144,30 @@ describe('what attempts of a process that died left on disk', () => {
       expect(asked).to.include(`local/${running}`);
     } finally {
       await fs.rm(root, { recursive: true, force: true });
+    }
+  });
+
+  it('removes the temp folders of checkouts a killed process left (the code host’s token in one) once older than any checkout lasts, only its own', async () => {
+    const tmp = await fs.mkdtemp(path.join(os.tmpdir(), 'git-temp-'));
+    try {
+      const day = 86_400_000;
+      const folder = async (name: string, ago: number) => {
+        await fs.mkdir(path.join(tmp, name));
+        await fs.writeFile(path.join(tmp, name, 'config'), 'extraHeader = "Authorization: Basic dG9rZW4="');
+        const at = new Date(Date.now() - ago);
+        await fs.utimes(path.join(tmp, name), at, at);
+      };
+      await folder('svc-git-Ab12Cd', 2 * day);
+      await folder('svc-git-dir-Ef34Gh', 2 * day);
+      // a checkout of a live process (a run's budget is at most a day), another program's, a name not ours
+      await folder('svc-git-Ij56Kl', 3_600_000);
+      await folder('other-Mn78Op', 2 * day);
+      await folder('svc-git-long-name', 2 * day);
+      await fs.symlink(path.join(tmp, 'other-Mn78Op'), path.join(tmp, 'svc-git-Qr90St'));
+      expect(await sweepGitTemp(Date.now(), tmp)).to.equal(2);
+      expect((await fs.readdir(tmp)).sort()).to.deep.equal(['other-Mn78Op', 'svc-git-Ij56Kl', 'svc-git-Qr90St', 'svc-git-long-name']);
+    } finally {
+      await fs.rm(tmp, { recursive: true, force: true });
     }
   });
 });
