@@ -151,6 +151,12 @@ describe('workspace audit whose start Redis takes after the request was answered
     // is run in the order it was sent (a script's first use is sent again, after Redis says it has none)
     const warm = await start(60);
     expect(warm.status, warm.text).to.equal(200);
+    // its report is answered once assembled, and its report job completes just after: what the tests count starts
+    // from both its jobs completed (under load, a count taken at once found the report job still active)
+    await eventually(async () => {
+      const counts = await jobCounts();
+      return (counts.completed === 2 && !counts.active) || null;
+    }, 'the warm-up audit’s jobs to complete');
   });
   after(async () => {
     if (stopped) resume();
