@@ -14,8 +14,6 @@ import {
 } from '../engine/auth/index.js';
 import { assertLocalCaller, assertSameOrigin, cookiesOf, SESSION_COOKIE } from './sign-in.js';
 import { LOCAL_TENANT, UnauthorizedError } from '../engine/platform/index.js';
-
-export { LOCAL_TENANT };
 import { bindToRequestLog } from './request-log.js';
 
 declare global {

@@ -40,7 +40,7 @@ import type { TenantSlots } from './concurrency.js';
 import { retryPolicyOf } from './retry.js';
 import { REDIS_DEADLINE_MS, STORE_RETRY_AFTER_SECONDS, KeyHeld, type AfterStored, type Transitions } from './transitions.js';
 import { allowlistOf, networkOf, requireAgentFor, type ToolPolicy } from './policy.js';
-import { resolveWorkspace, sweepLeftovers, tenantRoot, tenantRootPath } from './workspace.js';
+import { CHECKOUTS_DIR, resolveWorkspace, sweepLeftovers, tenantRoot, tenantRootPath } from './workspace.js';
 import { runProcess, sweepGitTemp, type Sandbox } from '../tools/index.js';
 
 export type RunRequest = {
@@ -649,7 +649,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
               '-c',
               'if [ -L "$1" ]; then exit 0; fi; if [ -e "$1/$2" ]; then chmod -R u+rwX "$1/$2"; fi; rm -rf "$1/$2"',
               'sweep',
-              `${deps.sandbox.workspacePath(root)}/.checkouts`,
+              `${deps.sandbox.workspacePath(root)}/${CHECKOUTS_DIR}`,
               runId,
             ],
             { workspace: root, env: { PATH: settings.childEnv.PATH ?? '/usr/bin:/bin' }, network: false, maxBytes: 64 * 1024 },

@@ -6,7 +6,7 @@
 import { existsSync } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
-import { LOCAL_TENANT, ValidationError } from '../platform/index.js';
+import { isTerminal, LOCAL_TENANT, ValidationError, type RunStatus } from '../platform/index.js';
 import { resolveInside, runProcess, type Sandbox } from '../tools/index.js';
 
 /** Options that keep git from running anything a repository's config names (beside the sandbox it runs in). */
@@ -64,7 +64,7 @@ const realDirs = async (dir: string): Promise<string[]> => {
  */
 export async function sweepLeftovers(
   roots: Roots,
-  statusOf: (tenantId: string, runId: string) => Promise<string | null>,
+  statusOf: (tenantId: string, runId: string) => Promise<RunStatus | null>,
   removeCheckout: (tenantRoot: string, runId: string) => Promise<void>,
 ): Promise<number> {
   let removed = 0;
@@ -82,7 +82,7 @@ export async function sweepLeftovers(
     const root = tenantRootPath(roots, tenant);
     for (const runId of (await realDirs(path.join(root, CHECKOUTS_DIR))).filter((n) => RUN_ID.test(n))) {
       const status = await statusOf(tenant, runId);
-      if (status === null || ['succeeded', 'failed', 'canceled', 'timed_out'].includes(status)) {
+      if (status === null || isTerminal(status)) {
         await removeCheckout(root, runId);
         removed++;
       }

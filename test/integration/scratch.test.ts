@@ -9,6 +9,7 @@ import { makeScratch, sweepLeftovers } from '../../engine/runs/workspace.js';
 import { DIFF_GRACE_MS, diffGraceMs, withGrace } from '../../engine/runs/programs.js';
 import { noSandbox, type Sandbox } from '../../engine/tools/sandbox.js';
 import { sweepGitTemp } from '../../engine/tools/index.js';
+import type { RunStatus } from '../../engine/platform/index.js';
 
 /** The host's processes, made slow on demand: then every command sleeps 30 s before it does its work. */
 function slowSandbox(slow = true): Sandbox & { slow: boolean } {
@@ -108,7 +109,7 @@ describe('what attempts of a process that died left on disk', () => {
     try {
       const run = (c: string) => `run_${c.repeat(26)}`;
       const [running, ended, queued, gone] = [run('a'), run('b'), run('c'), run('d')];
-      const status: Record<string, string> = {};
+      const status: Record<string, RunStatus> = {};
       for (const tenant of ['tenant-a', 'local'])
         Object.assign(status, { [`${tenant}/${running}`]: 'running', [`${tenant}/${ended}`]: 'succeeded', [`${tenant}/${queued}`]: 'queued' });
       const asked: string[] = [];

@@ -1,5 +1,5 @@
 import { Schema, type Model } from 'mongoose';
-import type { AgentTurn, Run, Session, StepRecord } from '../../platform/index.js';
+import { TERMINAL_RUN_STATUSES, type AgentTurn, type Run, type Session, type StepRecord } from '../../platform/index.js';
 import { RAN_THROUGH_STATUSES, type IdempotencyKeyRepo, type RunQuery, type RunRepo, type RunStats } from '../port.js';
 import { definedOnly, fromStored, isDuplicateKey, loose, pageOf, toStored, type Stored } from './documents.js';
 
@@ -77,7 +77,7 @@ export function runRepo(
         .find(
           {
             _id: { $lt: idBefore },
-            status: { $in: ['succeeded', 'failed', 'canceled', 'timed_out'] },
+            status: { $in: TERMINAL_RUN_STATUSES },
             finished_at: { $lt: finishedBefore },
             kind: { $ne: 'session_task' },
           },

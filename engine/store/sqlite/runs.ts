@@ -1,7 +1,7 @@
 // Runs: a JSON document per row, with the columns the lists, stats and the reconciler filter on.
 // Steps and agent turns are rows of their own, keyed by run, attempt and index.
 import type { Statement } from 'better-sqlite3';
-import type { AgentTurn, Run, StepRecord } from '../../platform/index.js';
+import { TERMINAL_RUN_STATUSES, type AgentTurn, type Run, type StepRecord } from '../../platform/index.js';
 import { decodeCursor, RAN_THROUGH_STATUSES, toPage, type RunGuard, type RunQuery, type RunRepo, type RunStats, type RunStatusRow } from '../port.js';
 import { groupCommit, TOP, type Db } from './db.js';
 import { keyClaimer } from './idempotency-keys.js';
@@ -52,7 +52,7 @@ export function runRepo(db: Db): RunRepo {
   const read = (row: { doc: string } | undefined): Run | null => (row ? (JSON.parse(row.doc) as Run) : null);
   // by the primary key: an id sorts by the time its run was made
   const ended = db.prepare<[string, string, number], { id: string; tenant_id: string; kind: string; session_id: string | null }>(
-    `SELECT id, tenant_id, kind, session_id FROM runs WHERE id < ? AND status IN ('succeeded', 'failed', 'canceled', 'timed_out')
+    `SELECT id, tenant_id, kind, session_id FROM runs WHERE id < ? AND status IN (${TERMINAL_RUN_STATUSES.map((st) => `'${st}'`).join(', ')})
      AND finished_at < ? AND kind <> 'session_task' ORDER BY id LIMIT ?`,
   );
   const removeRun = db.prepare('DELETE FROM runs WHERE id = ?');
