@@ -1322,7 +1322,8 @@ export interface paths {
          * Replay a delivery
          * @description Matches a processed delivery against the tenant's automations again, as they are now, and starts
          *     their runs, without verifying it again (it was verified when it arrived). The new runs are added
-         *     to `runs` and `attempts` grows by one. A rejected or not yet processed delivery is a 409.
+         *     to `runs` and `attempts` grows by one. A rejected or not yet processed delivery is a 409, as is one
+         *     whose event was deleted past its retention (`payload_pruned_at`).
          */
         post: operations["replayWebhookDelivery"];
         delete?: never;
@@ -1861,14 +1862,19 @@ export interface components {
                 [key: string]: string;
             };
             content_type: string | null;
-            /** @description The raw body; null for rejected requests and for email, whose event holds its content. */
+            /** @description The raw body; null for rejected requests, for email, whose event holds its content, and once `payload_pruned_at` is set. */
             body: string | null;
             body_size: number;
             body_sha256: string | null;
             /** @description The SHA-256 of what was signed once (the generic scheme's `t` and the body's digest, a Mailgun token, a signature), on every accepted delivery that has one. A request whose id the signature does not cover (the generic scheme, with `X-Service-Delivery` or without it; Mailgun's `Message-Id`) and whose signed part is found here is refused as a replay under any id, even once Redis has lost the signatures it remembers. Absent on deliveries with nothing signed once (email by HTTP Basic); before 2026-11-30 it was kept only with the generic scheme's `X-Service-Delivery` (from 2026-11-29). */
             signed_sha256?: string | null;
-            /** @description The normalized event; runs receive it as `inputs.event`. */
+            /** @description The normalized event; runs receive it as `inputs.event`. Null once `payload_pruned_at` is set. */
             event_payload: Record<string, never> | null;
+            /**
+             * Format: date-time
+             * @description When the reconciler deleted the body and the event of this processed or failed delivery, `SERVICE_WEBHOOK_DELIVERIES_KEPT_DAYS` (30) after it was received; absent while they are kept. The record stays, with its digests, ids and runs: a replay of the request is still refused, and the delivery can no longer be replayed (409).
+             */
+            payload_pruned_at?: string | null;
             rejection: components["schemas"]["ErrorInfo"];
             runs: {
                 automation_id: string;
@@ -1911,6 +1917,11 @@ export interface components {
             received_at: string;
             /** Format: date-time */
             processed_at: string | null;
+            /**
+             * Format: date-time
+             * @description As in `WebhookDelivery`.
+             */
+            payload_pruned_at?: string | null;
         };
         /** @example aut_01jd7k2m9x4b8c6v5n3q1w0e2r */
         AutomationId: string;

@@ -69,6 +69,8 @@ export type Config = {
   webhookReplayWindowSeconds: number;
   /** webhook requests one tenant may send per minute, over all kinds; more answer 429 */
   webhookRateLimitPerMinute: number;
+  /** days an accepted delivery's body and event are kept after it was received; 0: for good (SERVICE_WEBHOOK_DELIVERIES_KEPT_DAYS) */
+  webhookDeliveriesKeptDays: number;
   /** outbound notifications (SERVICE_NOTIFY_*, SERVICE_NOTIFICATION_*) */
   notify: NotifyConfig;
   /** /api/v1 requests a minute: per tenant (SERVICE_API_RATE_LIMIT_PER_MINUTE) and per key (SERVICE_API_KEY_RATE_LIMIT_PER_MINUTE, default the same) */
@@ -376,6 +378,7 @@ const schema = z.object({
   SERVICE_TRANSCRIBE_MAX_SECONDS: int(600, 1, 86_400),
   SERVICE_WEBHOOK_REPLAY_WINDOW_SECONDS: int(300, 1, 86_400),
   SERVICE_WEBHOOK_RATE_LIMIT_PER_MINUTE: int(1200, 1, 10_000_000),
+  SERVICE_WEBHOOK_DELIVERIES_KEPT_DAYS: int(30, 0, 36_500),
   SERVICE_NOTIFY_ATTEMPTS: int(8, 1, 50),
   SERVICE_NOTIFY_BACKOFF_MS: int(5000, 1, 3_600_000),
   SERVICE_NOTIFY_DISABLE_AFTER: int(10, 1, 10_000),
@@ -546,6 +549,7 @@ export function parseEnv(env: Record<string, string | undefined>, opts: { servic
     },
     webhookReplayWindowSeconds: e.SERVICE_WEBHOOK_REPLAY_WINDOW_SECONDS,
     webhookRateLimitPerMinute: e.SERVICE_WEBHOOK_RATE_LIMIT_PER_MINUTE,
+    webhookDeliveriesKeptDays: e.SERVICE_WEBHOOK_DELIVERIES_KEPT_DAYS,
     notify: {
       attempts: e.SERVICE_NOTIFY_ATTEMPTS,
       backoffMs: e.SERVICE_NOTIFY_BACKOFF_MS,

@@ -402,6 +402,8 @@ export type WebhookDelivery = {
   error: ErrorInfo | null;
   received_at: string;
   processed_at: string | null;
+  /** when its body and event were deleted, SERVICE_WEBHOOK_DELIVERIES_KEPT_DAYS after it was received; absent while kept */
+  payload_pruned_at?: string | null;
 };
 
 export const SESSION_KINDS = ['multi_agent', 'autonomy', 'vibe'] as const;
@@ -451,10 +453,10 @@ export type MessageRole = (typeof MESSAGE_ROLES)[number];
 
 export type MessagePart = { type: 'text'; text: string } | { type: 'data'; data: Record<string, unknown> };
 
-/** One entry of a session's durable message log; `seq` orders the log (1, 2, 3, … per session). */
 /** The most characters (code points) of a message's text part (api/openapi.yaml's MessagePart): the session tool and agents are held to it too. */
 export const MESSAGE_TEXT_MAX = 100_000;
 
+/** One entry of a session's durable message log; `seq` orders the log (1, 2, 3, … per session). */
 export type MessageRecord = {
   id: string;
   tenant_id: string;

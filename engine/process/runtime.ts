@@ -248,6 +248,7 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
         runsKeptDays: config.runsKeptDays,
         webhookReplayWindowSeconds: config.webhookReplayWindowSeconds,
         webhookRateLimitPerMinute: config.webhookRateLimitPerMinute,
+        webhookDeliveriesKeptDays: config.webhookDeliveriesKeptDays,
       },
       audit: {
         dataDir: config.dataDir,

@@ -327,6 +327,12 @@ export interface DeliveryRepo {
   listStale(status: DeliveryStatus, receivedBefore: string, limit: number, after?: Pick<WebhookDelivery, 'received_at' | 'id'>): Promise<WebhookDelivery[]>;
   /** System use (the reconciler): deletes at most `limit` rejected deliveries received before a time, oldest first; how many went. */
   pruneRejected(receivedBefore: string, limit: number): Promise<number>;
+  /**
+   * System use (the reconciler): deletes the body and the event of at most `limit` processed or failed deliveries
+   * received before a time, oldest first, and dates it `payload_pruned_at`; the record stays (its digests are the
+   * replay guard of providers that sign no time). How many changed.
+   */
+  prunePayloads(receivedBefore: string, prunedAt: string, limit: number): Promise<number>;
   /** Adds one to a delivery's attempts while its status is one of `ifStatusIn`, in one atomic write: the record after, or null. */
   addAttempt(tenantId: string, id: string, ifStatusIn: DeliveryStatus[]): Promise<WebhookDelivery | null>;
   /**

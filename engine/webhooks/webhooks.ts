@@ -79,13 +79,18 @@ export const jobIdOfDelivery = (deliveryId: string) => `delivery-${deliveryId}`;
  */
 export const WEBHOOK_CLAIM_SECONDS = 30;
 
-export type WebhookSettings = { webhookReplayWindowSeconds: number; webhookRateLimitPerMinute: number };
+export type WebhookSettings = {
+  webhookReplayWindowSeconds: number;
+  webhookRateLimitPerMinute: number;
+  /** days an accepted delivery's body and event are kept after it was received; 0 or absent: for good */
+  webhookDeliveriesKeptDays?: number;
+};
 
 export type WebhooksDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'queues' | 'secretBox' | 'redis' | 'metrics'> & { settings: WebhookSettings };
 
 export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
   const { store, clock, log, queues, secretBox, redis } = deps;
-  const { webhookReplayWindowSeconds: windowSeconds, webhookRateLimitPerMinute: perMinute } = deps.settings;
+  const { webhookReplayWindowSeconds: windowSeconds, webhookRateLimitPerMinute: perMinute, webhookDeliveriesKeptDays: keptDays } = deps.settings;
   const prefix = queues.prefix;
   const cache = new Map<string, TenantSecrets>();
   const batch = redisBatch(redis);
@@ -464,9 +469,18 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
       if (!d) throw new NotFoundError(`no delivery ${deliveryId}`);
       if (d.status === 'rejected') throw new ConflictError('a rejected delivery was never verified, so it cannot be replayed', { status: d.status });
       if (d.status === 'received') throw new ConflictError('this delivery has not been processed yet', { status: d.status });
+      const pruned = (x: WebhookDelivery) => {
+        if (x.payload_pruned_at)
+          throw new ConflictError('this delivery’s event was deleted past its retention (SERVICE_WEBHOOK_DELIVERIES_KEPT_DAYS)', {
+            payload_pruned_at: x.payload_pruned_at,
+          });
+      };
+      pruned(d);
       // claim an attempt of its own first, in one atomic write: two replays at once start two sets of runs
       const claimed = await store.deliveries.addAttempt(tenantId, d.id, ['processed', 'failed']);
       if (!claimed) throw new ConflictError('this delivery changed while replaying; retry');
+      // (its event deleted between the read and the claim)
+      pruned(claimed);
       const { runs, error } = await dispatch(claimed, claimed.attempts);
       // appended, not written over: a replay finishing at the same time keeps its runs too
       const done = await store.deliveries.addRuns(
@@ -497,6 +511,12 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
       // refused requests are kept REJECTED_KEPT_MS (anyone can send them): a page at a time, within a bound
       const expired = new Date(clock.now().getTime() - REJECTED_KEPT_MS).toISOString();
       await pruneInPages((limit) => store.deliveries.pruneRejected(expired, limit));
+      // an accepted delivery's body and event are kept SERVICE_WEBHOOK_DELIVERIES_KEPT_DAYS, its record (the replay guard) for good
+      if (keptDays) {
+        const now = clock.now();
+        const before = new Date(now.getTime() - keptDays * 86_400_000).toISOString();
+        await pruneInPages((limit) => store.deliveries.prunePayloads(before, now.toISOString(), limit));
+      }
       return done;
     },
 

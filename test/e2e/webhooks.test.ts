@@ -1393,6 +1393,39 @@ describe('webhook rate limit', function () {
     expect(await store.deliveries.get('tenant-a', refusedOld.id)).to.equal(null);
     expect(await store.deliveries.get('tenant-a', refusedNew.id)).to.not.equal(null);
   });
+
+  it('deletes a processed delivery’s body and event SERVICE_WEBHOOK_DELIVERIES_KEPT_DAYS after it arrived, keeps its record, and refuses its replay then', async () => {
+    const store = h.rt.store;
+    const [first] = (await store.deliveries.list('tenant-a', { kind: 'generic', limit: 1 })).items;
+    const d = (await store.deliveries.get('tenant-a', first!.id))!;
+    const day = 86_400_000;
+    const aged = (days: number) => ({
+      ...d,
+      id: newId('whd'),
+      provider_delivery_id: null,
+      status: 'processed' as const,
+      processed_at: d.received_at,
+      received_at: new Date(Date.now() - days * day).toISOString(),
+    });
+    const old = aged(31);
+    const kept = aged(29);
+    for (const x of [old, kept]) await store.deliveries.insert(x);
+    await h.rt.engine.webhooks.reconcile();
+    const got = await h.call<Body>('GET', `/api/v1/webhook-deliveries/${old.id}`);
+    expect(got.status, got.text).to.equal(200);
+    expect(got.body).to.deep.include({ body: null, event_payload: null, body_sha256: d.body_sha256, status: 'processed' });
+    expect(Date.parse(got.body.payload_pruned_at as string)).to.be.closeTo(Date.now(), 60_000);
+    const listed = await h.call<Body>('GET', '/api/v1/webhook-deliveries?kind=generic&limit=100');
+    expect((listed.body.data as Body[]).find((x) => x.id === old.id)).to.have.property('payload_pruned_at', got.body.payload_pruned_at);
+    const replay = await h.call<Body>('POST', `/api/v1/webhook-deliveries/${old.id}/replay`);
+    expect(replay.status, replay.text).to.equal(409);
+    expect(replay.body.detail).to.match(/retention/);
+    expect((await store.deliveries.get('tenant-a', old.id))!.attempts).to.equal(old.attempts);
+    // one a day younger keeps them
+    const young = await h.call<Body>('GET', `/api/v1/webhook-deliveries/${kept.id}`);
+    expect(young.body).to.deep.include({ body: d.body, event_payload: d.event_payload });
+    expect(young.body).to.not.have.property('payload_pruned_at');
+  });
 });
 
 describe('webhook rate limit: replays and resends', function () {

@@ -1259,6 +1259,41 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect((await store.deliveries.get('t5', oldReceived.id))!.status).to.equal('received');
     });
 
+    it('deletes the body and event of processed and failed deliveries received before a time, oldest first, and keeps their records', async () => {
+      const hourAgo = (i: number) => new Date(Date.now() - 3_600_000 + i).toISOString();
+      const ended = [
+        deliveryFixture('t6', {
+          status: 'processed',
+          received_at: hourAgo(1),
+          provider_delivery_id: 'gh-1',
+          runs: [{ automation_id: 'aut_1', run_id: 'run_1' }],
+        }),
+        deliveryFixture('t7', { status: 'failed', received_at: hourAgo(2) }),
+        deliveryFixture('t6', { status: 'processed', received_at: hourAgo(3), signed_sha256: 'cd'.repeat(32) }),
+      ];
+      const recent = deliveryFixture('t6', { status: 'processed' });
+      const waiting = deliveryFixture('t6', { status: 'received', received_at: hourAgo(0) });
+      for (const d of [...ended, recent, waiting]) await store.deliveries.insert(d);
+      const minuteAgo = new Date(Date.now() - 60_000).toISOString();
+      const now = new Date().toISOString();
+      expect(await store.deliveries.prunePayloads(minuteAgo, now, 2)).to.equal(2);
+      expect((await store.deliveries.get('t6', ended[2]!.id))!.body).to.equal('{"a":1}');
+      expect(await store.deliveries.prunePayloads(minuteAgo, now, 2)).to.equal(1);
+      expect(await store.deliveries.prunePayloads(minuteAgo, now, 2)).to.equal(0);
+      const pruned = (await store.deliveries.get('t6', ended[0]!.id))!;
+      expect(pruned).to.deep.equal({ ...ended[0]!, body: null, event_payload: null, payload_pruned_at: now });
+      // the record is still found by what identifies a replay
+      expect(await store.deliveries.findByBody('t7', 'codehost', ended[1]!.body_sha256!)).to.deep.include({ id: ended[1]!.id });
+      expect((await store.deliveries.findBySigned('t6', 'codehost', 'cd'.repeat(32)))!.id).to.equal(ended[2]!.id);
+      expect((await store.deliveries.get('t7', ended[1]!.id))!).to.deep.include({ status: 'failed', body: null, event_payload: null, payload_pruned_at: now });
+      // a list's summaries say so too
+      const listed = (await store.deliveries.list('t6', { limit: 10 })).items;
+      expect(listed.find((d) => d.id === ended[0]!.id)).to.deep.include({ payload_pruned_at: now });
+      // a recent one and one still being processed keep theirs
+      expect((await store.deliveries.get('t6', recent.id))!).to.deep.equal(recent);
+      expect((await store.deliveries.get('t6', waiting.id))!).to.deep.equal(waiting);
+    });
+
     it('lists enabled automations with a trigger type for one tenant', async () => {
       const hook = automationFixture('t1', { triggers: [{ type: 'webhook', provider: 'codehost' }] });
       await store.automations.insert(hook);

@@ -1,5 +1,5 @@
 import { Schema, type Model } from 'mongoose';
-import type { WebhookDelivery } from '../../platform/index.js';
+import type { DeliveryStatus, WebhookDelivery } from '../../platform/index.js';
 import type { DeliveryRepo } from '../port.js';
 import { definedOnly, fromStored, isDuplicateKey, loose, pageOf, toStored, type Stored } from './documents.js';
 
@@ -15,6 +15,8 @@ deliverySchema.index({ status: 1, tenant_id: 1, _id: -1 });
 deliverySchema.index({ tenant_id: 1, kind: 1, body_sha256: 1 });
 // a request signed under an id the signature does not cover (ours) is a replay under any id: found by what was signed
 deliverySchema.index({ tenant_id: 1, kind: 1, signed_sha256: 1 }, { partialFilterExpression: { signed_sha256: { $type: 'string' } } });
+// the reconciler's scan of processed and failed deliveries whose body and event are past their retention
+deliverySchema.index({ status: 1, payload_pruned_at: 1, received_at: 1 });
 deliverySchema.index(
   { tenant_id: 1, kind: 1, provider_delivery_id: 1 },
   { unique: true, partialFilterExpression: { provider_delivery_id: { $type: 'string' } } },
@@ -70,6 +72,21 @@ export function deliveryRepo(model: Model<Stored<WebhookDelivery>>): DeliveryRep
         .lean<{ _id: string }[]>();
       if (!old.length) return 0;
       return (await model.deleteMany({ _id: { $in: old.map((d) => d._id) }, status: 'rejected' })).deletedCount;
+    },
+    async prunePayloads(before, prunedAt, limit) {
+      // payload_pruned_at: null matches the records that have none
+      const kept = { status: { $in: ['processed', 'failed'] as DeliveryStatus[] }, payload_pruned_at: null };
+      const old = await model
+        .find({ ...kept, received_at: { $lt: before } }, { _id: 1 })
+        .sort({ received_at: 1 })
+        .limit(limit)
+        .lean<{ _id: string }[]>();
+      if (!old.length) return 0;
+      const done = await model.updateMany(
+        { _id: { $in: old.map((d) => d._id) }, ...kept },
+        { $set: { body: null, event_payload: null, payload_pruned_at: prunedAt } },
+      );
+      return done.modifiedCount;
     },
     async findByBody(tenantId, kind, bodySha256) {
       return fromStored(

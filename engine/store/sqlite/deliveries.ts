@@ -20,6 +20,11 @@ export function deliveryRepo(db: Db): DeliveryRepo {
   const pruneRejected = db.prepare(
     `DELETE FROM deliveries WHERE id IN (SELECT id FROM deliveries WHERE status = 'rejected' AND received_at < ? ORDER BY received_at LIMIT ?)`,
   );
+  // through the partial index of those still kept (by status, the planner would read every processed delivery)
+  const prunePayloads = db.prepare(
+    `UPDATE deliveries SET payload_pruned = 1, doc = json_set(doc, '$.body', NULL, '$.event_payload', NULL, '$.payload_pruned_at', ?)
+     WHERE id IN (SELECT id FROM deliveries INDEXED BY deliveries_payload_kept WHERE payload_pruned = 0 AND status IN ('processed', 'failed') AND received_at < ? ORDER BY received_at LIMIT ?)`,
+  );
   // the partial index's condition word for word (migrations.ts), so that SQLite uses it
   const byBody = db.prepare<[string, string, string], { doc: string }>(
     "SELECT doc FROM deliveries WHERE status <> 'rejected' AND tenant_id = ? AND kind = ? AND body_sha256 = ? LIMIT 1",
@@ -90,6 +95,9 @@ export function deliveryRepo(db: Db): DeliveryRepo {
     },
     async pruneRejected(before, limit) {
       return commit(() => pruneRejected.run(before, limit).changes);
+    },
+    async prunePayloads(before, prunedAt, limit) {
+      return commit(() => prunePayloads.run(prunedAt, before, limit).changes);
     },
     async findByBody(tenantId, kind, bodySha256) {
       return read(byBody.get(tenantId, kind, bodySha256));
