@@ -5,7 +5,7 @@ import type { Readable } from 'node:stream';
 import { Ajv2020 } from 'ajv/dist/2020.js';
 import busboy from 'busboy';
 import { Router, type Request, type Response } from 'express';
-import { AudioRejectedError, ConflictError, PayloadTooLargeError, ValidationError } from '../../engine/platform/index.js';
+import { AudioRejectedError, ConflictError, MESSAGE_TEXT_MAX, PayloadTooLargeError, ValidationError } from '../../engine/platform/index.js';
 import type { Engine } from '../../engine/index.js';
 import { tenantOf } from '../auth.js';
 import type { components } from '../schema.js';
@@ -92,6 +92,11 @@ export function voiceRouter(engine: Engine, spec: OpenApiDocument): Router {
     const text = out.text.trim();
     const silent = () => new AudioRejectedError('audio-invalid', 'no words were recognised in the audio; nothing was posted or started');
     const post = async () => {
+      // (the engine refuses it too, under the message's own path)
+      if (opts.session_id && [...text].length > MESSAGE_TEXT_MAX)
+        throw new ValidationError('the transcript is too long to be a message', [
+          { path: '/body/session_id', message: `a message's text is at most ${MESSAGE_TEXT_MAX} characters` },
+        ]);
       if (opts.session_id)
         out.message = await engine.sessions.postMessage(tenantId, opts.session_id, { role: 'user', to: opts.to, parts: [{ type: 'text', text }] });
     };

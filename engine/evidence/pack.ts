@@ -89,7 +89,8 @@ export type PackFiles = { pack: PackJson; publicKeyPem: string; entries: LedgerE
 
 /** Reads a pack: a tar of its files, or pack.json alone. Throws when it is neither. */
 export async function readPack(data: Buffer): Promise<PackFiles> {
-  const text = data.subarray(0, 1).toString() === '{' ? data.toString('utf8') : null;
+  // pack.json as an editor or a pipe may leave it (a byte-order mark, leading white space); a tar starts with a file's name
+  const text = /^(\uFEFF)?\s*\{/.test(data.subarray(0, 64).toString('utf8')) ? data.toString('utf8').replace(/^\uFEFF/, '') : null;
   if (text !== null) {
     const pack = JSON.parse(text) as PackJson;
     return { pack, publicKeyPem: pack.public_key?.pem ?? '', entries: null, payloads: null };

@@ -564,6 +564,12 @@ export function sessionsOf(deps: SessionsDeps) {
       sessionId: string,
       req: { role: 'user' | 'system'; to?: string | null; kind?: string; parts: MessagePart[]; in_reply_to?: string | null },
     ): Promise<MessageRecord> {
+      // the API's schema holds a text part to MESSAGE_TEXT_MAX; a caller that is not the API (a transcript) is held to it here
+      const tooLong = req.parts.findIndex((p) => p.type === 'text' && longer(p.text, MESSAGE_TEXT_MAX));
+      if (tooLong >= 0)
+        throw new ValidationError(`a message's text is at most ${MESSAGE_TEXT_MAX} characters`, [
+          { path: `/body/parts/${tooLong}/text`, message: `at most ${MESSAGE_TEXT_MAX} characters` },
+        ]);
       const session = await assertCanPost(tenantId, sessionId, req.to);
       // a reply names a message of this session: another session's, another tenant's or a made-up id is refused
       if (req.in_reply_to && !(await store.messages.get(tenantId, sessionId, req.in_reply_to)))

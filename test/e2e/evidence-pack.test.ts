@@ -72,6 +72,9 @@ describe('evidence packs of large artifacts', function () {
     expect(json.body.statement.predicate.gates).to.have.length(GATES);
     expect(verifyPack({ pack: json.body as PackJson, publicKeyPem: json.body.public_key.pem, entries: null, payloads: null })).to.deep.include({ ok: true });
     expect(artifactsRead(), 'artifacts read for a JSON answer').to.equal(0);
+    // read as a file: also as an editor or a pipe leaves it, with a byte-order mark or white space before it
+    for (const saved of [json.text, `\uFEFF${json.text}`, `\n  ${JSON.stringify(json.body, null, 2)}\n`])
+      expect(verifyPack(await readPack(Buffer.from(saved, 'utf8'))), JSON.stringify(saved.slice(0, 3))).to.deep.include({ ok: true });
   });
 
   it('streams a tar of several MB, reading its artifacts one at a time as the client takes them; it verifies offline', async () => {

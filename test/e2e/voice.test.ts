@@ -634,6 +634,31 @@ describe('voice transcription', function () {
     expect(await messages(), 'nothing posted for a refused request').to.equal(1);
   });
 
+  it('posts nothing, and starts nothing, when the transcript is longer than a message’s text or a goal may be', async () => {
+    const session = (await h.call<Body>('POST', '/api/v1/sessions', { body: { title: 'long-winded' } })).body;
+    const runsBefore = (await h.call<Body>('GET', '/api/v1/runs?limit=100')).body.data.length;
+    // 100,001 characters: one more than a message part takes
+    provider.play([{ status: 200, body: { ...VERBOSE, text: 'word '.repeat(20_000) + 'xy' } }]);
+    const message = await raw(h, wav(0.5), 'audio/wav', { query: `session_id=${session.id}` });
+    expect(message.status, message.text).to.equal(400);
+    expect(message.body.detail).to.match(/too long to be a message/);
+    // 20,001: one more than a goal takes
+    provider.play([{ status: 200, body: { ...VERBOSE, text: 'a'.repeat(20_001) } }]);
+    const run = await raw(h, wav(0.5), 'audio/wav', { query: `run=true&session_id=${session.id}` });
+    expect(run.status, run.text).to.equal(400);
+    expect(run.body.detail).to.match(/too long to be a run goal/);
+    const messages = await h.call<Body>('GET', `/api/v1/sessions/${session.id}/messages`);
+    expect(messages.status, messages.text).to.equal(200);
+    expect(messages.body.data).to.deep.equal([]);
+    expect((await h.call<Body>('GET', '/api/v1/runs?limit=100')).body.data).to.have.length(runsBefore);
+    // the engine holds every caller to the limit, not only the API's schema
+    const direct = await h.rt.engine.sessions
+      .postMessage('tenant-a', session.id, { role: 'user', parts: [{ type: 'text', text: 'é'.repeat(100_001) }] })
+      .catch((err: Error) => err);
+    expect(String(direct)).to.match(/at most 100000 characters/);
+    expect((await h.call<Body>('GET', `/api/v1/sessions/${session.id}/messages`)).body.data).to.deep.equal([]);
+  });
+
   it('posts and starts nothing when no words are heard, and refuses option fields that are not valid', async () => {
     const before = (await h.call<Body>('GET', '/api/v1/runs?limit=100')).body.data.length;
     provider.play([{ status: 200, body: { ...VERBOSE, text: '  ', segments: [] } }]);
