@@ -28,6 +28,9 @@ export const REDACT_PATHS = [
   '*.password',
   // a URL that did not parse (TypeError: Invalid URL) carries it whole, query and all
   'err.input',
+  // an ioredis reply error carries its command: a refused AUTH its password
+  'err.command.args',
+  '*.err.command.args',
 ];
 
 /**

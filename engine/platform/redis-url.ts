@@ -16,7 +16,9 @@ export type RedisTarget = {
 };
 
 export function parseRedisUrl(url: string): RedisTarget {
-  const m = /^(rediss?):\/\/(?:([^:@/]*)(?::([^@/]*))?@)?([^/?#]+)(?:\/(\d+))?\/?(?:\?[^#]*)?$/.exec(url.trim());
+  // the password runs to the last @ (one written unencoded may hold @), and a host never holds one: no part of a
+  // password is ever taken for a host, which errors and logs would name
+  const m = /^(rediss?):\/\/(?:([^:@/]*)(?::([^/]*))?@)?([^/?#@]+)(?:\/(\d+))?\/?(?:\?[^#]*)?$/.exec(url.trim());
   if (!m) throw new Error('expected redis://[user:password@]host:port[,host:port...][/db]');
   const [, scheme, user, pass, hosts, db] = m;
   const nodes = hosts!.split(',').map((h) => {

@@ -78,8 +78,8 @@ const SECRET_PARAM = /pass|auth|secret|token|key/i;
  * or a log line: the one in its user info, and any query parameter that may hold one.
  */
 export function redactUrl(url: string): string {
-  // the user info as parseRedisUrl reads it: up to the first @ before any /, a password holding ? or # included
-  const m = /^([a-z][a-z0-9+.-]*:\/\/)(?:([^@/]*)@)?([^?#]*)(\?[^#]*)?(#.*)?$/is.exec(url.trim());
+  // the user info as parseRedisUrl reads it: up to the last @ before any /, a password holding @, ? or # included
+  const m = /^([a-z][a-z0-9+.-]*:\/\/)(?:([^/]*)@)?([^?#]*)(\?[^#]*)?(#.*)?$/is.exec(url.trim());
   if (!m) return '(unparseable REDIS_URL)';
   const info = m[2];
   const colon = info === undefined ? -1 : info.indexOf(':');

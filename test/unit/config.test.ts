@@ -209,6 +209,13 @@ describe('config/env', () => {
     expect(redactUrl('redis://:hunter2?topsecret@127.0.0.1:1,127.0.0.1:2')).to.equal('redis://:***@127.0.0.1:1,127.0.0.1:2');
     expect(redactUrl('redis://default:hunter2#more@a:1,b:2')).to.equal('redis://default:***@a:1,b:2');
     expect(parseRedisUrl('redis://:p%40ss@h:1/2')).to.deep.equal({ cluster: false, nodes: [{ host: 'h', port: 1 }], password: 'p@ss', db: 2, tls: false });
+    // a password written with its @ unencoded runs to the last @: no part of it is taken for a host, or printed
+    expect(parseRedisUrl('redis://:p@ss@h:1')).to.deep.include({ nodes: [{ host: 'h', port: 1 }], password: 'p@ss' });
+    expect(redactUrl('redis://:se@cr:et@h:1,g:2')).to.equal('redis://:***@h:1,g:2');
+    expect(() => parseEnv({ REDIS_URL: 'redis://:se@cr/et@h:1' }))
+      .to.throw(ConfigError)
+      .with.property('message')
+      .that.does.not.match(/cr|et@/);
     expect(parseRedisUrl('rediss://u:p@a:7000,b:7001,[::1]:7002')).to.deep.equal({
       cluster: true,
       nodes: [
