@@ -1,4 +1,5 @@
 // The `web` process: the HTTP API only (Procfile).
+import { sweepTemp } from '../engine/platform/index.js';
 import { runMain, openRuntime } from '../engine/process/index.js';
 import { startWebServer } from './server.js';
 
@@ -10,6 +11,11 @@ await runMain('web', async (config, log) => {
     throw err;
   });
   log.info({ url: web.url }, 'web listening');
+  // what requests of a process that died left in the temp folder (an upload's spill file, a recogniser's audio)
+  void sweepTemp().then(
+    (n) => n && log.info({ removed: n }, 'removed temp files a process that died left'),
+    (err: Error) => log.warn({ err: err.message }, 'temp files of a process that died not removed'),
+  );
   process.stdout.write(`web listening on ${web.url}\n`);
   return {
     async close() {

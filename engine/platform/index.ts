@@ -19,5 +19,6 @@ export * from './redis-url.js';
 export * from './redis-batch.js';
 export * from './secret-box.js';
 export * from './stats.js';
+export * from './temp.js';
 export * from './records.js';
 export * from './watch-share.js';

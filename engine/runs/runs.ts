@@ -20,6 +20,7 @@ import {
   redisBatch,
   redisOrUnavailable,
   ServiceUnavailableError,
+  sweepTemp,
   TenantLineFullError,
   ValidationError,
   withTimeout,
@@ -41,7 +42,7 @@ import { retryPolicyOf } from './retry.js';
 import { REDIS_DEADLINE_MS, STORE_RETRY_AFTER_SECONDS, KeyHeld, type AfterStored, type Transitions } from './transitions.js';
 import { allowlistOf, networkOf, requireAgentFor, type ToolPolicy } from './policy.js';
 import { CHECKOUTS_DIR, resolveWorkspace, sweepLeftovers, tenantRoot, tenantRootPath } from './workspace.js';
-import { runProcess, sweepGitTemp, type Sandbox } from '../tools/index.js';
+import { runProcess, type Sandbox } from '../tools/index.js';
 
 export type RunRequest = {
   kind: RunKind;
@@ -635,7 +636,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
 
     /** Removes the scratch copies, checkouts and checkouts' temp folders that attempts of a process that died left (a worker's start asks); how many went. */
     sweepLeftovers: async () =>
-      (await sweepGitTemp()) +
+      (await sweepTemp()) +
       (await sweepLeftovers(
         settings,
         async (tenantId, runId) => (await store.runs.get(tenantId, runId))?.status ?? null,

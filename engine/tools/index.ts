@@ -6,7 +6,6 @@ import { auditTool } from './audit.js';
 import { httpTool } from './http.js';
 import { messageTool } from './message.js';
 import { PROVIDER_TOOLS } from './providers.js';
-export { sweepGitTemp } from './providers.js';
 import { sessionTool } from './session.js';
 import { shellTool } from './shell.js';
 import type { Tool } from './tool.js';

@@ -1,9 +1,8 @@
 // The action tools: codehost, chat, tracker, pager and email, one per provider. Each takes an
 // `action` and its arguments, and acts through the run's connection to that provider (the engine's
 // connections capability holds the SDK clients); what the provider answers is the step's output.
-import { assertPublicHost, maskCredential, type ConnectionProvider } from '../platform/index.js';
+import { assertPublicHost, maskCredential, tempPrefix, type ConnectionProvider } from '../platform/index.js';
 import fs from 'node:fs/promises';
-import os from 'node:os';
 import path from 'node:path';
 import { runProcess } from './process.js';
 import { stringArg, ToolError, type Tool, type ToolContext, type ToolResult } from './tool.js';
@@ -137,7 +136,7 @@ async function checkout(args: Record<string, unknown>, ctx: ToolContext): Promis
   const access = await ctx.connections.git(typeof args.connection === 'string' ? args.connection : undefined);
   const { base, resolve } = await pinnedRemote(access.web_url, ctx.httpAllowPrivate);
   const remote = `${base}/${repo}.git`;
-  const secrets = await fs.mkdtemp(path.join(os.tmpdir(), 'svc-git-'));
+  const secrets = await fs.mkdtemp(tempPrefix('git'));
   const cleanup = [secrets];
   try {
     const config = path.join(secrets, 'config');
@@ -162,7 +161,7 @@ async function checkout(args: Record<string, unknown>, ctx: ToolContext): Promis
       { mode: 0o600 },
     );
     const dir = await ctx.checkouts.fresh();
-    const gitDir = await fs.mkdtemp(path.join(os.tmpdir(), 'svc-git-dir-'));
+    const gitDir = await fs.mkdtemp(tempPrefix('git-dir'));
     cleanup.push(gitDir);
     const env = {
       ...ctx.childEnv,
@@ -260,27 +259,6 @@ export const emailTool = actionTool('email', 'Send an email through the SMTP con
 });
 
 export const PROVIDER_TOOLS = [codehostTool, chatTool, trackerTool, pagerTool, emailTool];
-
-/** Older than any checkout can last (a run's budget is at most 24 h), with an hour to spare. */
-const GIT_TEMP_MAX_AGE_MS = 25 * 3_600_000;
-
-/**
- * Removes the temp folders of checkouts a killed process left (`svc-git-*`: git's config, with the code host's
- * token in a 0600 file, and its objects), once older than any checkout can last: processes of this host that are
- * alive may be checking out now. How many went.
- */
-export async function sweepGitTemp(now = Date.now(), tmp = os.tmpdir()): Promise<number> {
-  let removed = 0;
-  for (const e of await fs.readdir(tmp, { withFileTypes: true }).catch(() => [])) {
-    if (!e.isDirectory() || !/^svc-git-(?:dir-)?[A-Za-z0-9]{6}$/.test(e.name)) continue;
-    const dir = path.join(tmp, e.name);
-    const st = await fs.lstat(dir).catch(() => null);
-    if (!st?.isDirectory() || now - st.mtimeMs < GIT_TEMP_MAX_AGE_MS) continue;
-    await fs.rm(dir, { recursive: true, force: true });
-    removed++;
-  }
-  return removed;
-}
 
 /** The longest piece of a line held back for its end; a line longer than it goes out masked as it is. */
 const MASKED_LINE_MAX = 16 * 1024;

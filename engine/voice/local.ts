@@ -6,7 +6,7 @@
 import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
-import { AudioRejectedError, TranscriptionFailedError, ValidationError } from '../platform/index.js';
+import { AudioRejectedError, tempPrefix, TranscriptionFailedError, ValidationError } from '../platform/index.js';
 import { runProcess, which, type ProcessResult, type Sandbox } from '../tools/index.js';
 import type { Transcriber, TranscriberAudio, TranscriberOptions, TranscriberResult, TranscriptSegment } from './transcriber.js';
 
@@ -123,7 +123,7 @@ export function localTranscriber(s: LocalTranscriberSettings): Transcriber {
     const deadline = AbortSignal.any([opts.signal, timeout.signal]);
     let dir: string | undefined;
     try {
-      dir = await fs.mkdtemp(path.join(os.tmpdir(), 'transcribe-'));
+      dir = await fs.mkdtemp(tempPrefix('transcribe'));
       const input = `in.${audio.format}`;
       await audio.saveAs(path.join(dir, input));
       const workspace = dir;

@@ -10,12 +10,10 @@
 // needs a file and the digest read; `discard()` removes it.
 import { createHash, randomUUID } from 'node:crypto';
 import fs from 'node:fs';
-import os from 'node:os';
-import path from 'node:path';
 import type { Readable } from 'node:stream';
 import { finished } from 'node:stream/promises';
 import { once } from 'node:events';
-import { AudioRejectedError, PayloadTooLargeError, ValidationError } from '../platform/index.js';
+import { AudioRejectedError, PayloadTooLargeError, tempPrefix, ValidationError } from '../platform/index.js';
 import { AUDIO_MIME, durationOf, sniffAudio, WavLength, type AudioFormat } from './audio.js';
 
 /** What the caller learns only once the upload has arrived (a form's fields may follow its file). */
@@ -64,7 +62,7 @@ export class AudioUpload {
   private bytes = 0;
   private ended = false;
   private passed = false;
-  private readonly spillPath = path.join(os.tmpdir(), `upload-${randomUUID()}`);
+  private readonly spillPath = `${tempPrefix('upload')}${randomUUID()}`;
   private readonly spill = fs.createWriteStream(this.spillPath, { flags: 'wx', mode: 0o600 });
   private readonly spilled: Promise<void>;
   private wake: () => void = () => {};

@@ -199,7 +199,7 @@ describe('voice transcription on this machine (local provider)', function () {
     header.writeUInt32LE(0xffffffff, header.length - 4);
     // the temporary folder is shared with the other test files running at the same time (their uploads come
     // and go): this test's uploads are the new ones of its own size, and a file gone between list and stat is none
-    const spills = () => fs.readdirSync(os.tmpdir()).filter((f) => f.startsWith('upload-'));
+    const spills = () => fs.readdirSync(os.tmpdir()).filter((f) => f.startsWith('svc-upload-'));
     const before = new Set(spills());
     const sizeOf = (f: string) => {
       try {

@@ -250,7 +250,7 @@ describe('voice transcription', function () {
 
   it('survives forms cut short, refuses what busboy would drop, and leaves no temporary file when a client goes away', async () => {
     provider.play(['hang']);
-    const spills = () => new Set(fs.readdirSync(os.tmpdir()).filter((f) => f.startsWith('upload-')));
+    const spills = () => new Set(fs.readdirSync(os.tmpdir()).filter((f) => f.startsWith('svc-upload-')));
     const before = spills();
     const port = Number(new URL(h.url).port);
     const send = (head: string, body: Buffer | string, o: { cut?: number } = {}) =>
@@ -499,7 +499,7 @@ describe('voice transcription', function () {
   });
 
   it('breaks off an answer over 10 MB with a 502, and keeps no temporary file', async () => {
-    const spills = () => new Set(fs.readdirSync(os.tmpdir()).filter((f) => f.startsWith('upload-')));
+    const spills = () => new Set(fs.readdirSync(os.tmpdir()).filter((f) => f.startsWith('svc-upload-')));
     const before = spills();
     provider.play([{ status: 200, body: { ...VERBOSE, text: 'a'.repeat(11 * 1024 * 1024) } }]);
     const res = await raw(h, wav(0.5));

@@ -1,6 +1,7 @@
 // A vibe run's scratch copy (engine/runs/workspace.ts) stops with its run: the copy, the clone and the
 // diff are killed when the run's signal aborts (its budget, a cancel, a shutdown), and the diff of a run
 // that was stopped still has a few seconds to be taken (engine/runs/programs.ts).
+import { randomUUID } from 'node:crypto';
 import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -8,8 +9,7 @@ import { expect } from 'chai';
 import { makeScratch, sweepLeftovers } from '../../engine/runs/workspace.js';
 import { DIFF_GRACE_MS, diffGraceMs, withGrace } from '../../engine/runs/programs.js';
 import { noSandbox, type Sandbox } from '../../engine/tools/sandbox.js';
-import { sweepGitTemp } from '../../engine/tools/index.js';
-import type { RunStatus } from '../../engine/platform/index.js';
+import { sweepTemp, tempPrefix, TEMP_KINDS, type RunStatus } from '../../engine/platform/index.js';
 
 /** The host's processes, made slow on demand: then every command sleeps 30 s before it does its work. */
 function slowSandbox(slow = true): Sandbox & { slow: boolean } {
@@ -148,7 +148,7 @@ describe('what attempts of a process that died left on disk', () => {
     }
   });
 
-  it('removes the temp folders of checkouts a killed process left (the code host’s token in one) once older than any checkout lasts, only its own', async () => {
+  it('removes the temp folders and files a killed process left (a checkout’s, with the code host’s token; an upload’s; an audit’s) once older than any lasts, only its own', async () => {
     const tmp = await fs.mkdtemp(path.join(os.tmpdir(), 'git-temp-'));
     try {
       const day = 86_400_000;
@@ -158,15 +158,24 @@ describe('what attempts of a process that died left on disk', () => {
         const at = new Date(Date.now() - ago);
         await fs.utimes(path.join(tmp, name), at, at);
       };
-      await folder('svc-git-Ab12Cd', 2 * day);
-      await folder('svc-git-dir-Ef34Gh', 2 * day);
-      // a checkout of a live process (a run's budget is at most a day), another program's, a name not ours
+      // every kind, as the service names them
+      const ours = await Promise.all(TEMP_KINDS.map((kind) => fs.mkdtemp(tempPrefix(kind, tmp))));
+      for (const dir of ours) {
+        await fs.writeFile(path.join(dir, 'config'), 'extraHeader = "Authorization: Basic dG9rZW4="');
+        const at = new Date(Date.now() - 2 * day);
+        await fs.utimes(dir, at, at);
+      }
+      const spill = `${tempPrefix('upload', tmp)}${randomUUID()}`;
+      await fs.writeFile(spill, 'RIFF');
+      await fs.utimes(spill, new Date(Date.now() - 2 * day), new Date(Date.now() - 2 * day));
+      // one of a live process (a run's budget and an audit are at most a day), another program's, names not ours
       await folder('svc-git-Ij56Kl', 3_600_000);
       await folder('other-Mn78Op', 2 * day);
       await folder('svc-git-long-name', 2 * day);
+      await folder('upload-Ab12Cd', 2 * day);
       await fs.symlink(path.join(tmp, 'other-Mn78Op'), path.join(tmp, 'svc-git-Qr90St'));
-      expect(await sweepGitTemp(Date.now(), tmp)).to.equal(2);
-      expect((await fs.readdir(tmp)).sort()).to.deep.equal(['other-Mn78Op', 'svc-git-Ij56Kl', 'svc-git-Qr90St', 'svc-git-long-name']);
+      expect(await sweepTemp(Date.now(), tmp)).to.equal(TEMP_KINDS.length + 1);
+      expect((await fs.readdir(tmp)).sort()).to.deep.equal(['other-Mn78Op', 'svc-git-Ij56Kl', 'svc-git-Qr90St', 'svc-git-long-name', 'upload-Ab12Cd']);
     } finally {
       await fs.rm(tmp, { recursive: true, force: true });
     }

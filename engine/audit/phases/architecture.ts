@@ -5,11 +5,10 @@
 // functions, measured on TypeScript's parse of each source file.
 import fs from 'node:fs/promises';
 import { builtinModules } from 'node:module';
-import os from 'node:os';
 import path from 'node:path';
 import { cruise, type ICruiseResult } from 'dependency-cruiser';
 import ts from 'typescript';
-import type { AuditLayer } from '../../platform/index.js';
+import { tempPrefix, type AuditLayer } from '../../platform/index.js';
 import { LAYERS_FILE, layerPattern, parseLayers } from './layers.js';
 import { masked } from './mask.js';
 import { Findings, readRegular, readText, type PhaseOutput, type Workspace } from './workspace.js';
@@ -111,7 +110,7 @@ const escape = (s: string) => s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
  * is there (node_modules, ignored files): an import of one does not resolve, and is not read either.
  */
 async function snapshot(ws: Workspace, maxBytes: number): Promise<Snapshot> {
-  const dir = await fs.mkdtemp(path.join(os.tmpdir(), 'audit-architecture-'));
+  const dir = await fs.mkdtemp(tempPrefix('audit-architecture'));
   const out: Snapshot = { dir, maxBytes, sources: [], tooLarge: [], gone: [] };
   try {
     // each folder made once, and waited for by every file in it

@@ -6,9 +6,8 @@
 import { execFile } from 'node:child_process';
 import { constants } from 'node:fs';
 import fs from 'node:fs/promises';
-import os from 'node:os';
 import path from 'node:path';
-import type { AuditFinding, Severity } from '../../platform/index.js';
+import { tempPrefix, type AuditFinding, type Severity } from '../../platform/index.js';
 
 const GIT = ['--no-optional-locks', '-c', 'safe.directory=*', '-c', 'core.fsmonitor=false', '-c', 'core.hooksPath=/dev/null'];
 /** no system or global config either: git runs with what the command line says and the private folder's config */
@@ -108,7 +107,7 @@ async function privateGitDir(root: string): Promise<{ dir: string; close: () => 
   if (!commonDir) return { unreadable: "its worktree's common git folder is outside what the audit can read" };
   if (head === null) return { unreadable: 'its git folder holds no HEAD git can read' };
 
-  const dir = await fs.mkdtemp(path.join(os.tmpdir(), 'audit-git-'));
+  const dir = await fs.mkdtemp(tempPrefix('audit-git'));
   const close = () => fs.rm(dir, { recursive: true, force: true });
   try {
     const config = await readRegular(commonDir, 'config', 4 * 1024 * 1024);
