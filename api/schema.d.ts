@@ -15,8 +15,10 @@ export interface paths {
          * Sign in with the organisation's identity provider
          * @description Starts OpenID Connect's authorization code flow with PKCE (when SERVICE_OIDC_* are set; 404
          *     otherwise): redirects to the identity provider, and binds the attempt to this browser with a
-         *     short-lived `__Host-sign-in` cookie. `return_to` is a path of this service or a page of an origin in
-         *     SERVICE_CORS_ORIGINS; anything else is a 400.
+         *     short-lived cookie of its own (`__Host-sign-in-` and a digest of its state), so that sign-ins started in
+         *     two tabs each complete; a browser keeps three going at most, and a fourth clears the oldest.
+         *     `return_to` is a path of this service or a page of an origin in SERVICE_CORS_ORIGINS; anything else is
+         *     a 400.
          */
         get: operations["signIn"];
         put?: never;

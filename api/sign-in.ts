@@ -1,6 +1,7 @@
 // People in a browser: /auth/login, /auth/callback and /auth/logout (OpenID Connect, engine/auth/sso.ts),
 // the session cookie they leave, the CSRF rule for requests that cookie authenticates, and CORS for
 // the web client's origins.
+import { createHash } from 'node:crypto';
 import cors from 'cors';
 import { Router, type Request, type RequestHandler, type Response } from 'express';
 import { LOGIN_SECONDS, type SignedIn, type Sso } from '../engine/auth/index.js';
@@ -8,8 +9,19 @@ import { AppError, NotFoundError, ValidationError } from '../engine/platform/ind
 
 /** The session's cookie: `__Host-` so only this origin over HTTPS can set it, for every path. */
 export const SESSION_COOKIE = '__Host-session';
-/** Binds a sign-in's callback to the browser that started it. */
-const STATE_COOKIE = '__Host-sign-in';
+/**
+ * Binds a sign-in's callback to the browser that started it: one cookie a sign-in, named by its state, so that
+ * two tabs signing in at once each find their own (one name for all, the later sign-in's cookie replaced the
+ * earlier's, and the earlier tab's callback was refused).
+ */
+const STATE_COOKIE = '__Host-sign-in-';
+const stateCookie = (state: string) => STATE_COOKIE + createHash('sha256').update(state).digest('base64url').slice(0, 16);
+/**
+ * Sign-ins one browser has going at once: a new one clears the oldest past it. Each cookie is up to 4 KB, and
+ * a browser sends them all with every request to the service: left to grow, they would pass what a server reads
+ * of a request's headers (Node's 16 KB), and every request of that browser would be refused (431).
+ */
+const SIGN_INS_AT_ONCE = 3;
 
 export class CsrfRefusedError extends AppError {
   readonly code = 'csrf-refused';
@@ -181,7 +193,10 @@ export function signInRouter(o: SignInOptions): Router {
   router.get('/auth/login', async (req, res) => {
     const returnTo = returnToOf(req.query.return_to, o.allowedOrigins);
     const started = await sso().login(returnTo);
-    setCookie(res, STATE_COOKIE, started.cookie, LOGIN_SECONDS);
+    // a browser sends its cookies of one path oldest first (RFC 6265, 5.4): the first are the oldest sign-ins
+    const going = Object.keys(cookiesOf(req)).filter((name) => name.startsWith(STATE_COOKIE));
+    for (const name of going.slice(0, Math.max(0, going.length - (SIGN_INS_AT_ONCE - 1)))) setCookie(res, name, '', 0);
+    setCookie(res, stateCookie(started.state), started.cookie, LOGIN_SECONDS);
     res.redirect(302, started.url);
   });
 
@@ -193,12 +208,13 @@ export function signInRouter(o: SignInOptions): Router {
     const query = req.originalUrl.indexOf('?');
     current.search = query === -1 ? '' : req.originalUrl.slice(query);
     const cookies = cookiesOf(req);
-    const done = await signIn.callback(current, cookies[STATE_COOKIE]);
+    const state = current.searchParams.get('state');
+    const done = await signIn.callback(current, state ? cookies[stateCookie(state)] : undefined);
     // signing in again ends the session this browser had: a logout from here on ends the one it holds, and
     // nothing left behind stays open for its idle time
     // (an old one that cannot be ended now lapses at its idle time: the new one, stored, is still handed over)
     if (cookies[SESSION_COOKIE]) await signIn.logout(cookies[SESSION_COOKIE]).catch(() => undefined);
-    setCookie(res, STATE_COOKIE, '', 0);
+    setCookie(res, stateCookie(state!), '', 0);
     setCookie(res, SESSION_COOKIE, done.sessionId, o.sessionMaxSeconds);
     res.redirect(302, done.returnTo ?? '/api/v1/me');
   });

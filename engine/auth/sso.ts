@@ -96,8 +96,8 @@ export function ssoOf(deps: { redis: Redis; queues: Queues; clock: Clock; log: L
   }
 
   return {
-    /** Starts a sign-in: where to send the browser, and the sealed login its cookie carries to the callback. */
-    async login(returnTo: string | null): Promise<{ url: string; cookie: string }> {
+    /** Starts a sign-in: where to send the browser, its state, and the sealed login its cookie carries to the callback. */
+    async login(returnTo: string | null): Promise<{ url: string; state: string; cookie: string }> {
       const config = await configuration();
       const state = oidc.randomState();
       const nonce = oidc.randomNonce();
@@ -112,7 +112,7 @@ export function ssoOf(deps: { redis: Redis; queues: Queues; clock: Clock; log: L
         code_challenge: await oidc.calculatePKCECodeChallenge(verifier),
         code_challenge_method: 'S256',
       });
-      return { url: url.href, cookie };
+      return { url: url.href, state, cookie };
     },
 
     /**

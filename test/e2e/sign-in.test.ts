@@ -25,6 +25,11 @@ class Browser {
     return this.jar.get(origin)?.get(name);
   }
 
+  /** the names of the cookies it keeps for an origin that begin so, oldest first */
+  cookieNames(origin: string, prefix: string): string[] {
+    return [...(this.jar.get(origin)?.keys() ?? [])].filter((name) => name.startsWith(prefix));
+  }
+
   async fetch(url: string, init: RequestInit = {}): Promise<Response> {
     const u = new URL(url);
     const cookies = [...(this.jar.get(u.origin) ?? new Map()).entries()].map(([k, v]) => `${k}=${v}`).join('; ');
@@ -117,7 +122,8 @@ describe('sign-in with OpenID Connect', function () {
     expect(Date.parse(me.session_expires_at)).to.be.greaterThan(Date.now());
     const session = alice.cookie(service(), '__Host-session');
     expect(session).to.be.a('string').with.length.greaterThan(30);
-    expect(alice.cookie(service(), '__Host-sign-in'), 'the sign-in cookie is cleared').to.equal(undefined);
+    expect(alice.cookieNames(service(), '__Host-sign-in'), 'the sign-in cookie is cleared').to.deep.equal([]);
+    expect(alice.set.filter(([name]) => name.startsWith('__Host-sign-in-'))).to.have.length(2);
 
     // alice's object, seen by alice and by tenant-a's key; bob, of another tenant, sees none of it
     const made = await alice.fetch(`${service()}/api/v1/automations`, {
@@ -301,6 +307,36 @@ describe('sign-in with OpenID Connect', function () {
     ).to.equal(201);
   });
 
+  it('signs in two tabs of one browser that started at once, each to its own return_to; a browser keeps three sign-ins going at most', async () => {
+    const browser = new Browser();
+    const start = async (returnTo: string) => {
+      const res = await browser.fetch(`${service()}/auth/login?return_to=${encodeURIComponent(returnTo)}`);
+      expect(res.status).to.equal(302);
+      return res.headers.get('location')!;
+    };
+    const first = await start('/api/v1/me');
+    const second = await start('/api/v1/automations');
+    expect(browser.cookieNames(service(), '__Host-sign-in-')).to.have.length(2);
+    // the later tab finishes first, then the earlier one: both are signed in, each where it asked to go
+    const late = await browser.navigate(second, 'alice');
+    expect(late.url).to.equal(`${service()}/api/v1/automations`);
+    expect(late.res.status).to.equal(200);
+    const early = await browser.navigate(first, 'alice');
+    expect(early.url).to.equal(`${service()}/api/v1/me`);
+    expect(((await early.res.json()) as Body).tenant_id).to.equal('tenant-a');
+    expect(browser.cookieNames(service(), '__Host-sign-in-')).to.deep.equal([]);
+    // four started and none finished: the oldest is cleared, and its callback is refused; the three others go on
+    const many = [];
+    for (const path of ['/api/v1/me', '/api/v1/runs', '/api/v1/sessions', '/api/v1/automations']) many.push(await start(path));
+    expect(browser.cookieNames(service(), '__Host-sign-in-')).to.have.length(3);
+    const oldest = await browser.navigate(many[0]!, 'alice');
+    expect(oldest.res.status).to.equal(403);
+    expect(((await oldest.res.json()) as Body).detail).to.contain('not started in this browser');
+    const newest = await browser.navigate(many[3]!, 'alice');
+    expect(newest.url).to.equal(`${service()}/api/v1/automations`);
+    expect(newest.res.status).to.equal(200);
+  });
+
   it('refuses a forged state, a replayed callback, an unknown tenant, no tenant claim, and a return_to elsewhere', async () => {
     // forged: the state in the URL is not the browser's
     const forged = new Browser();
@@ -326,9 +362,9 @@ describe('sign-in with OpenID Connect', function () {
     const alice = new Browser();
     await alice.navigate(`${service()}/auth/login`, 'alice');
     const callback = alice.visited.find((u) => u.startsWith(`${service()}/auth/callback?`))!;
-    const signInCookie = alice.set.find(([name, value]) => name === '__Host-sign-in' && value)![1];
+    const [signInName, signInCookie] = alice.set.find(([name, value]) => name.startsWith('__Host-sign-in-') && value)!;
     const replay = new Browser();
-    const replayed = await replay.fetch(callback, { headers: { cookie: `__Host-sign-in=${signInCookie}` } });
+    const replayed = await replay.fetch(callback, { headers: { cookie: `${signInName}=${signInCookie}` } });
     expect(replayed.status).to.equal(403);
     expect(((await replayed.json()) as Body).detail).to.contain('expired or was already used');
     // a login's state sent again with made-up codes: the first is refused by the provider, the rest unasked
@@ -343,7 +379,7 @@ describe('sign-in with OpenID Connect', function () {
     }
     expect(h.logs.join('\n').split('sign-in refused').length - refusedBefore, 'exchanges tried with the provider').to.equal(1);
     // the state alone (what the URL shows) is no sign-in cookie: the login travels sealed
-    const stateOnly = await new Browser().fetch(callback, { headers: { cookie: `__Host-sign-in=${new URL(callback).searchParams.get('state')}` } });
+    const stateOnly = await new Browser().fetch(callback, { headers: { cookie: `${signInName}=${new URL(callback).searchParams.get('state')}` } });
     expect(((await stateOnly.json()) as Body).detail).to.contain('not started in this browser');
 
     // starting sign-ins writes nothing: no one can fill Redis by asking for logins
@@ -377,7 +413,7 @@ describe('sign-in with OpenID Connect', function () {
     }
     const longest = await fetch(`${service()}/auth/login?return_to=${encodeURIComponent(`/${'a'.repeat(1999)}`)}`, { redirect: 'manual' });
     expect(longest.status).to.equal(302);
-    const cookie = longest.headers.getSetCookie().find((c) => c.startsWith('__Host-sign-in='))!;
+    const cookie = longest.headers.getSetCookie().find((c) => c.startsWith('__Host-sign-in-'))!;
     expect(cookie.split(';')[0]!.length).to.be.at.most(4096);
     const ok = await fetch(`${service()}/auth/login?return_to=${encodeURIComponent(`${WEB_APP}/home`)}`, { redirect: 'manual' });
     expect(ok.status).to.equal(302);
