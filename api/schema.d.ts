@@ -719,7 +719,7 @@ export interface paths {
         post?: never;
         /**
          * Archive a session
-         * @description Archives the session (read-only from then on), then cancels its queued and running runs and every task not yet ended. Archiving an archived session whose work has all ended changes nothing; one whose archiving failed part way is finished by the next DELETE.
+         * @description Archives the session (read-only from then on), then cancels its queued and running runs and every task not yet ended. Archiving an archived session whose work has all ended changes nothing; one whose archiving failed part way is finished by the next DELETE. `SERVICE_RUNS_KEPT_DAYS` (90) after its work has ended, an archived session is deleted with its agents, tasks, messages and runs (then 404).
          */
         delete: operations["archiveSession"];
         options?: never;

@@ -6,6 +6,7 @@ import {
   ConflictError,
   ValidationError,
   newId,
+  pruneInPages,
   NotFoundError,
   afterStored,
   MESSAGE_TEXT_MAX,
@@ -32,7 +33,13 @@ import { assertMultiAgent, longer, TASK_LIMITS, tasksOf, type TaskInput } from '
 export type SessionsDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'events' | 'redis' | 'queues'> & {
   runs: Runs;
   limits: RunLimits;
-  settings: ToolPolicy & { agent: unknown; sessionMaxTasks: number; sessionMaxAgents: number };
+  settings: ToolPolicy & {
+    agent: unknown;
+    sessionMaxTasks: number;
+    sessionMaxAgents: number;
+    /** days an archived session is kept once its work has ended (SERVICE_RUNS_KEPT_DAYS); 0 or absent: for good */
+    runsKeptDays?: number;
+  };
 };
 
 const LIVE: SessionStatus[] = ['idle', 'running', 'waiting', 'paused'];
@@ -400,6 +407,12 @@ export function sessionsOf(deps: SessionsDeps) {
           staleAfter[status] = page.length < STALE_SESSIONS_PAGE || !last ? undefined : { updated_at: last.updated_at, id: last.id };
           if (!staleAfter[status]) break;
         }
+      }
+      // an archived session whose work has ended is deleted SERVICE_RUNS_KEPT_DAYS later, with its agents, tasks,
+      // messages and runs (as an ended run is): a page at a time, within a bound
+      if (deps.settings.runsKeptDays) {
+        const cutoff = new Date(clock.now().getTime() - deps.settings.runsKeptDays * 86_400_000).toISOString();
+        await pruneInPages((limit) => store.sessions.pruneArchived(cutoff, limit));
       }
       return repaired;
     },

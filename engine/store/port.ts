@@ -376,6 +376,12 @@ export interface SessionRepo {
     limit: number,
     after?: Pick<Session, 'updated_at' | 'id'>,
   ): Promise<Session[]>;
+  /**
+   * System use (the reconciler): deletes at most `limit` archived multi-agent sessions of every tenant whose work
+   * has all ended (an outcome, no run queued or running) and that last changed before a time, oldest first, each
+   * with its agents, tasks, messages and runs (their steps and turns); how many went.
+   */
+  pruneArchived(updatedBefore: string, limit: number): Promise<number>;
 }
 
 // A session's agents and messages are written only while it is not archived, checked in the write's own

@@ -288,6 +288,44 @@ describe('run lifecycle', function () {
     }
   });
 
+  it('deletes an archived session SERVICE_RUNS_KEPT_DAYS after its work ended, with its tasks, messages and runs; one not archived stays', async () => {
+    let ahead = 0;
+    const own = await startHarness({ env: { SERVICE_RUNS_KEPT_DAYS: '7' }, runtime: { clock: { now: () => new Date(Date.now() + ahead) } } });
+    try {
+      const ended = async (title: string) => {
+        const s = (await own.call<Body>('POST', '/api/v1/sessions', { body: { title } })).body;
+        const added = await own.call<Body>('POST', `/api/v1/sessions/${s.id}/tasks`, {
+          body: { id: 'one', steps: [{ tool: 'shell', args: { command: 'true' } }] },
+        });
+        expect(added.status, added.text).to.equal(201);
+        await own.call('POST', `/api/v1/sessions/${s.id}/messages`, { body: { role: 'user', parts: [{ type: 'text', text: 'hello' }] } });
+        await eventually(async () => (await own.call<Body>('GET', `/api/v1/sessions/${s.id}`)).body.outcome === 'succeeded', 'the session to end');
+        const runs = (await own.call<Body>('GET', `/api/v1/sessions/${s.id}/runs`)).body.data as Body[];
+        expect(runs).to.have.length(1);
+        return { id: s.id as string, run: runs[0]!.id as string };
+      };
+      const archived = await ended('archived');
+      const open = await ended('open');
+      expect((await own.call('DELETE', `/api/v1/sessions/${archived.id}`)).status).to.be.oneOf([200, 202]);
+      await eventually(async () => (await own.call<Body>('GET', `/api/v1/sessions/${archived.id}`)).body.status === 'archived', 'the archive');
+      const reconcile = () => own.rt.engine.sessions.reconcile();
+      ahead = 6 * 86_400_000;
+      await reconcile();
+      expect((await own.call('GET', `/api/v1/sessions/${archived.id}`)).status).to.equal(200);
+      ahead = 8 * 86_400_000;
+      await reconcile();
+      expect((await own.call('GET', `/api/v1/sessions/${archived.id}`)).status).to.equal(404);
+      expect((await own.call('GET', `/api/v1/runs/${archived.run}`)).status).to.equal(404);
+      expect(await own.rt.store.tasks.list('tenant-a', archived.id)).to.deep.equal([]);
+      expect(await own.rt.store.messages.list('tenant-a', archived.id, { limit: 10 })).to.deep.equal([]);
+      // a session not archived is the tenant's to keep: its tasks may be given more work
+      expect((await own.call<Body>('GET', `/api/v1/sessions/${open.id}/tasks`)).body.data).to.have.length(1);
+      expect((await own.call('GET', `/api/v1/runs/${open.run}`)).status).to.equal(200);
+    } finally {
+      await own.close();
+    }
+  });
+
   it('removes at a worker’s start the checkout a dead process left of a run that ended, never one of a run still running (the local tenant too)', async () => {
     for (const auth of ['none', 'keys']) {
       const own = await startHarness({ workers: false, env: auth === 'none' ? { SERVICE_AUTH: 'none' } : {} });

@@ -602,6 +602,97 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect((await store.runs.automationStats('t-prune', 'aut_prune', 10)).counts).to.deep.equal({});
     });
 
+    it('deletes archived multi-agent sessions whose work ended before a time with everything they hold, oldest first; no other session', async () => {
+      const day = 86_400_000;
+      const ago = (ms: number) => new Date(Date.now() - ms).toISOString();
+      const made = async (over: Partial<Session>, runStatus: Run['status'] = 'succeeded') => {
+        const s: Session = {
+          id: newId('ses'),
+          tenant_id: 't-arch',
+          title: 't',
+          goal: null,
+          kind: over.kind ?? 'multi_agent',
+          status: 'idle',
+          outcome: null,
+          metadata: {},
+          created_at: ago(30 * day),
+          updated_at: ago(30 * day),
+        };
+        await store.sessions.insert(s);
+        delete over.kind;
+        const agent = agentFixture('t-arch', { session_id: s.id });
+        await store.agents.insert(agent);
+        const task = taskFixture({ tenant_id: 't-arch', session_id: s.id, status: 'succeeded' });
+        expect(await store.tasks.insertMany([task])).to.equal('inserted');
+        const message = await store.messages.append({
+          id: newId('msg'),
+          tenant_id: 't-arch',
+          session_id: s.id,
+          role: 'user',
+          from: null,
+          to: null,
+          kind: 'text',
+          parts: [{ type: 'text', text: 'hi' }],
+          task_id: null,
+          run_id: null,
+          in_reply_to: null,
+          created_at: s.created_at,
+        });
+        const run = runFixture('t-arch', {
+          kind: 'session_task',
+          session_id: s.id,
+          status: runStatus,
+          finished_at: runStatus === 'running' ? null : ago(29 * day),
+        });
+        await store.runs.insert(run);
+        await store.runs.putSteps('t-arch', run.id, 1, [{ index: 0, tool: 'shell', args: {}, status: 'succeeded' } as never]);
+        await store.runs.appendTurn('t-arch', run.id, 1, { index: 0, at: s.created_at } as never);
+        if (over.status) expect(await store.sessions.update('t-arch', s.id, over, ['idle'])).to.not.equal(null);
+        return { s: { ...s, ...over }, agent, task, message: message!, run };
+      };
+      const ended = [
+        await made({ status: 'archived', outcome: 'succeeded', updated_at: ago(9 * day) }),
+        await made({ status: 'archived', outcome: 'canceled', updated_at: ago(8 * day) }),
+      ];
+      const kept = [
+        // archived lately; archived with work still ending; one whose run still runs; not archived; another kind
+        await made({ status: 'archived', outcome: 'failed', updated_at: ago(6 * day) }),
+        await made({ status: 'archived', updated_at: ago(9 * day) }),
+        await made({ status: 'archived', outcome: 'canceled', updated_at: ago(9 * day) }, 'running'),
+        await made({ status: 'idle', outcome: 'succeeded', updated_at: ago(9 * day) }),
+        await made({ kind: 'autonomy', status: 'archived', outcome: 'succeeded', updated_at: ago(9 * day) }),
+      ];
+      const succeededTaskRuns = async () =>
+        (await store.runs.countByKindAndStatus()).find((c) => c.kind === 'session_task' && c.status === 'succeeded')?.count ?? 0;
+      const runsBefore = await succeededTaskRuns();
+      const weekAgo = ago(7 * day);
+      expect(await store.sessions.pruneArchived(weekAgo, 1)).to.equal(1);
+      expect(await store.sessions.get('t-arch', ended[0]!.s.id)).to.equal(null);
+      expect(await store.sessions.get('t-arch', ended[1]!.s.id)).to.not.equal(null);
+      expect(await store.sessions.pruneArchived(weekAgo, 10)).to.equal(1);
+      expect(await store.sessions.pruneArchived(weekAgo, 10)).to.equal(0);
+      for (const { s, agent, task, message, run } of ended) {
+        expect(await store.sessions.get('t-arch', s.id)).to.equal(null);
+        expect(await store.agents.get('t-arch', s.id, agent.id)).to.equal(null);
+        expect(await store.tasks.get('t-arch', s.id, task.id)).to.equal(null);
+        expect(await store.tasks.counts('t-arch', s.id)).to.deep.equal({});
+        expect(await store.messages.get('t-arch', s.id, message.id)).to.equal(null);
+        expect(await store.runs.get('t-arch', run.id)).to.equal(null);
+        expect(await store.runs.steps('t-arch', run.id, 1)).to.deep.equal([]);
+        expect(await store.runs.turns('t-arch', run.id, 1)).to.deep.equal([]);
+      }
+      for (const { s, agent, task, message, run } of kept) {
+        expect((await store.sessions.get('t-arch', s.id))!.status).to.equal(s.status);
+        expect(await store.agents.get('t-arch', s.id, agent.id)).to.not.equal(null);
+        expect(await store.tasks.get('t-arch', s.id, task.id)).to.not.equal(null);
+        expect(await store.messages.get('t-arch', s.id, message.id)).to.not.equal(null);
+        expect(await store.runs.get('t-arch', run.id)).to.not.equal(null);
+        expect(await store.runs.steps('t-arch', run.id, 1)).to.have.length(1);
+      }
+      // the kept counts count the deleted runs out
+      expect(await succeededTaskRuns()).to.equal(runsBefore - 2);
+    });
+
     it('keeps step records and agent turns per attempt, apart from the run, and only for its tenant', async () => {
       const r = runFixture('t1', { status: 'running' });
       await store.runs.insert(r);

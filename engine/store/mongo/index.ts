@@ -27,7 +27,7 @@ import { idempotencyKeyRepo, idempotencyKeySchema } from './idempotency-keys.js'
 import { leaseSchema, leasesOf, type StoredLease } from './leases.js';
 import type { Stored } from './documents.js';
 import { runRepo, runSchema, runStepSchema, runTurnSchema } from './runs.js';
-import { agentRepo, agentSchema, messageRepo, messageSchema, sessionRepo, sessionSchema } from './sessions.js';
+import { agentRepo, agentSchema, messageRepo, messageSchema, sessionRepo, sessionSchema, type SessionRows } from './sessions.js';
 import { taskRepo, taskSchema } from './tasks.js';
 import { webhookSecretRepo, webhookSecretSchema } from './webhook-secrets.js';
 
@@ -102,7 +102,7 @@ export async function openMongoStore(uri: string): Promise<Store> {
     notificationEndpoints: notificationEndpointRepo(notificationEndpoints, leases, notificationDeliveries),
     notificationDeliveries: notificationDeliveryRepo(notificationDeliveries),
     deliveries: deliveryRepo(deliveries),
-    sessions: sessionRepo(sessions),
+    sessions: sessionRepo(sessions, { runs, runSteps, runTurns, agents, messages, tasks, leases: storeLeases } as unknown as SessionRows),
     agents: agentRepo(agents, sessions, leases),
     messages: messageRepo(messages, sessions),
     tasks: taskRepo(tasks as never, leases, sessions as never),

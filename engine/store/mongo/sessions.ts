@@ -20,7 +20,10 @@ agentSchema.index({ tenant_id: 1, session_id: 1, _id: 1 });
 export const messageSchema = new Schema({ _id: String, tenant_id: { type: String, required: true }, session_id: String, seq: Number }, loose);
 messageSchema.index({ session_id: 1, seq: 1 }, { unique: true });
 
-export function sessionRepo(model: Model<Stored<Session>>): SessionRepo {
+/** The collections of what a session holds (other repositories' own), which its prune deletes with it. */
+export type SessionRows = Record<'runs' | 'runSteps' | 'runTurns' | 'agents' | 'messages' | 'tasks' | 'leases', Model<{ _id: string }>>;
+
+export function sessionRepo(model: Model<Stored<Session>>, rows: SessionRows): SessionRepo {
   return {
     async insert(s) {
       await model.collection.insertOne(toStored(s) as never);
@@ -48,6 +51,31 @@ export function sessionRepo(model: Model<Stored<Session>>): SessionRepo {
         .limit(limit)
         .lean<Stored<Session>[]>();
       return rows.map((r) => fromStored(r)!);
+    },
+    async pruneArchived(updatedBefore, limit) {
+      const old = await model
+        .find({ kind: 'multi_agent', status: 'archived', outcome: { $ne: null }, updated_at: { $lt: updatedBefore } }, { _id: 1, tenant_id: 1 })
+        .sort({ updated_at: 1 })
+        .limit(limit)
+        .lean<{ _id: string; tenant_id: string }[]>();
+      let pruned = 0;
+      for (const { _id: sessionId, tenant_id: tenantId } of old) {
+        const of = { tenant_id: tenantId, session_id: sessionId };
+        if (await rows.runs.exists({ ...of, status: { $in: ['queued', 'running'] } })) continue;
+        const runIds = (await rows.runs.find(of, { _id: 1 }).lean<{ _id: string }[]>()).map((r) => r._id);
+        await Promise.all([rows.runSteps.deleteMany({ run_id: { $in: runIds } }), rows.runTurns.deleteMany({ run_id: { $in: runIds } })]);
+        await rows.runs.deleteMany(of);
+        await Promise.all([
+          rows.messages.deleteMany(of),
+          rows.agents.deleteMany(of),
+          rows.tasks.deleteMany(of),
+          rows.leases.deleteOne({ _id: sessionScope(tenantId, sessionId) }),
+        ]);
+        // the session last: a prune cut off on the way leaves it to be found again
+        await model.deleteOne({ _id: sessionId, tenant_id: tenantId, status: 'archived' });
+        pruned++;
+      }
+      return pruned;
     },
   };
 }

@@ -437,3 +437,8 @@ MIGRATIONS.push(`
   ALTER TABLE deliveries ADD COLUMN payload_pruned INTEGER NOT NULL DEFAULT 0;
   CREATE INDEX deliveries_payload_kept ON deliveries (received_at) WHERE payload_pruned = 0 AND status IN ('processed', 'failed');
 `);
+// Archived multi-agent sessions whose work has ended are deleted past their retention (SERVICE_RUNS_KEPT_DAYS),
+// found oldest first through this index.
+MIGRATIONS.push(`
+  CREATE INDEX sessions_archived_by_updated ON sessions (json_extract(doc, '$.updated_at')) WHERE kind = 'multi_agent' AND status = 'archived';
+`);

@@ -19,6 +19,24 @@ export function sessionRepo(db: Db): SessionRepo {
      AND status = ? AND json_extract(doc, '$.updated_at') < ? AND (json_extract(doc, '$.updated_at'), id) > (?, ?)
      ORDER BY json_extract(doc, '$.updated_at'), id LIMIT ?`,
   );
+  // through the partial index of archived multi-agent sessions (migrations.ts)
+  const archivedEnded = db.prepare<[string, number], { tenant_id: string; id: string }>(
+    `SELECT tenant_id, id FROM sessions INDEXED BY sessions_archived_by_updated
+     WHERE kind = 'multi_agent' AND status = 'archived' AND json_extract(doc, '$.updated_at') < ? AND json_extract(doc, '$.outcome') IS NOT NULL
+     AND NOT EXISTS (SELECT 1 FROM runs WHERE runs.tenant_id = sessions.tenant_id AND runs.session_id = sessions.id AND runs.status IN ('queued', 'running'))
+     ORDER BY json_extract(doc, '$.updated_at') LIMIT ?`,
+  );
+  // a session's rows, those that name it first (each (tenant, session)); the counts kept by triggers count its runs out
+  const removeSession = [
+    'DELETE FROM run_steps WHERE run_id IN (SELECT id FROM runs WHERE tenant_id = @tenant AND session_id = @session)',
+    'DELETE FROM run_turns WHERE run_id IN (SELECT id FROM runs WHERE tenant_id = @tenant AND session_id = @session)',
+    'DELETE FROM runs WHERE tenant_id = @tenant AND session_id = @session',
+    'DELETE FROM messages WHERE session_id = @session AND tenant_id = @tenant',
+    'DELETE FROM agents WHERE tenant_id = @tenant AND session_id = @session',
+    'DELETE FROM tasks WHERE tenant_id = @tenant AND session_id = @session',
+    'DELETE FROM task_counts WHERE tenant_id = @tenant AND session_id = @session',
+    'DELETE FROM sessions WHERE tenant_id = @tenant AND id = @session',
+  ].map((sql) => db.prepare(sql));
   const listStatements = new Map<string, Statement<unknown[], { doc: string }>>();
   const listStatement = (status: boolean, kind: boolean, multiAgent: boolean) => {
     const shape = `${status}:${kind}:${multiAgent}`;
@@ -67,6 +85,13 @@ export function sessionRepo(db: Db): SessionRepo {
     },
     async listStale(status, updatedBefore, limit, after) {
       return stale.all(status, updatedBefore, after?.updated_at ?? '', after?.id ?? '', limit).map((r) => read(r)!);
+    },
+    async pruneArchived(updatedBefore, limit) {
+      return commit(() => {
+        const rows = archivedEnded.all(updatedBefore, limit);
+        for (const { tenant_id: tenantId, id } of rows) for (const stmt of removeSession) stmt.run({ tenant: tenantId, session: id });
+        return rows.length;
+      });
     },
   };
 }
