@@ -16,7 +16,8 @@ export interface paths {
          * @description Starts OpenID Connect's authorization code flow with PKCE (when SERVICE_OIDC_* are set; 404
          *     otherwise): redirects to the identity provider, and binds the attempt to this browser with a
          *     short-lived cookie of its own (`__Host-sign-in-` and a digest of its state), so that sign-ins started in
-         *     two tabs each complete; a browser keeps three going at most, and a fourth clears the oldest.
+         *     several tabs each complete; a new sign-in clears the oldest past 8 KB of such cookies (each under 1 KB, up
+         *     to 4 KB with a long `return_to`).
          *     `return_to` is a path of this service or a page of an origin in SERVICE_CORS_ORIGINS; anything else is
          *     a 400.
          */

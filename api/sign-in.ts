@@ -17,11 +17,12 @@ export const SESSION_COOKIE = '__Host-session';
 const STATE_COOKIE = '__Host-sign-in-';
 const stateCookie = (state: string) => STATE_COOKIE + createHash('sha256').update(state).digest('base64url').slice(0, 16);
 /**
- * Sign-ins one browser has going at once: a new one clears the oldest past it. Each cookie is up to 4 KB, and
- * a browser sends them all with every request to the service: left to grow, they would pass what a server reads
- * of a request's headers (Node's 16 KB), and every request of that browser would be refused (431).
+ * The bytes of sign-in cookies one browser keeps: a new sign-in clears the oldest past it. A cookie is 0.6 KB, up
+ * to 4 KB with a long return_to, and a browser sends them all with every request to the service: left to grow,
+ * they would pass what a server reads of a request's headers (Node's 16 KB, the URL and the rest included), and
+ * every request of that browser would be refused (431), the sign-in that would clear them too.
  */
-const SIGN_INS_AT_ONCE = 3;
+const SIGN_IN_COOKIE_BYTES = 8192;
 
 export class CsrfRefusedError extends AppError {
   readonly code = 'csrf-refused';
@@ -193,10 +194,12 @@ export function signInRouter(o: SignInOptions): Router {
   router.get('/auth/login', async (req, res) => {
     const returnTo = returnToOf(req.query.return_to, o.allowedOrigins);
     const started = await sso().login(returnTo);
-    // a browser sends its cookies of one path oldest first (RFC 6265, 5.4): the first are the oldest sign-ins
-    const going = Object.keys(cookiesOf(req)).filter((name) => name.startsWith(STATE_COOKIE));
-    for (const name of going.slice(0, Math.max(0, going.length - (SIGN_INS_AT_ONCE - 1)))) setCookie(res, name, '', 0);
-    setCookie(res, stateCookie(started.state), started.cookie, LOGIN_SECONDS);
+    const name = stateCookie(started.state);
+    // a browser sends its cookies of one path oldest first (RFC 6265, 5.4): the newest sign-ins are kept
+    let bytes = name.length + started.cookie.length;
+    const going = Object.entries(cookiesOf(req)).filter(([n]) => n.startsWith(STATE_COOKIE));
+    for (const [n, value] of going.reverse()) if ((bytes += n.length + value.length + 2) > SIGN_IN_COOKIE_BYTES) setCookie(res, n, '', 0);
+    setCookie(res, name, started.cookie, LOGIN_SECONDS);
     res.redirect(302, started.url);
   });
 

@@ -126,9 +126,10 @@ const PRUNE_PAGE = 1000;
 const PRUNE_BUDGET_MS = 2000;
 
 /**
- * Deletes a page at a time (`prune(limit)` answers how many went) until none is left or PRUNE_BUDGET_MS has
+ * Deletes a page at a time (`prune(limit)` answers how many went; `page` records, PRUNE_PAGE unless a record may
+ * be large) until none is left or PRUNE_BUDGET_MS has
  * passed: a reconciler's pass keeps up with any rate of new records and is never held long by them.
  */
-export async function pruneInPages(prune: (limit: number) => Promise<number>): Promise<void> {
-  for (const until = Date.now() + PRUNE_BUDGET_MS; Date.now() < until;) if ((await prune(PRUNE_PAGE)) < PRUNE_PAGE) return;
+export async function pruneInPages(prune: (limit: number) => Promise<number>, page = PRUNE_PAGE): Promise<void> {
+  for (const until = Date.now() + PRUNE_BUDGET_MS; Date.now() < until;) if ((await prune(page)) < page) return;
 }

@@ -20,19 +20,24 @@ export const TEMP_MAX_AGE_MS = 25 * 3_600_000;
 const OURS = new RegExp(`^svc-(?:${TEMP_KINDS.join('|')})-(?:[A-Za-z0-9]{6}|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$`);
 
 /**
- * Removes the temp folders and files a killed process of this host left (only names the service makes, never
- * through a link), once older than any of them can be in use: processes of this host that are alive may be
- * using theirs now. How many went.
+ * Removes the temp folders and files a killed process of this host left (only names the service makes, owned by
+ * this process's user, never through a link), once older than any of them can be in use: processes of this host
+ * that are alive may be using theirs now. One that cannot be removed is left, and the rest still go. How many went.
  */
-export async function sweepTemp(now = Date.now(), tmp = os.tmpdir()): Promise<number> {
+export async function sweepTemp(now = Date.now(), tmp = os.tmpdir(), uid = process.getuid?.()): Promise<number> {
   let removed = 0;
   for (const e of await fs.readdir(tmp, { withFileTypes: true }).catch(() => [])) {
     if (!(e.isDirectory() || e.isFile()) || !OURS.test(e.name)) continue;
     const at = path.join(tmp, e.name);
     const st = await fs.lstat(at).catch(() => null);
-    if (!st || !(st.isDirectory() || st.isFile()) || now - st.mtimeMs < TEMP_MAX_AGE_MS) continue;
-    await fs.rm(at, { recursive: true, force: true });
-    removed++;
+    if (!st || !(st.isDirectory() || st.isFile()) || (uid !== undefined && st.uid !== uid) || now - st.mtimeMs < TEMP_MAX_AGE_MS) continue;
+    if (
+      await fs.rm(at, { recursive: true, force: true }).then(
+        () => true,
+        () => false,
+      )
+    )
+      removed++;
   }
   return removed;
 }

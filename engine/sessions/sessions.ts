@@ -412,7 +412,8 @@ export function sessionsOf(deps: SessionsDeps) {
       // messages and runs (as an ended run is): a page at a time, within a bound
       if (deps.settings.runsKeptDays) {
         const cutoff = new Date(clock.now().getTime() - deps.settings.runsKeptDays * 86_400_000).toISOString();
-        await pruneInPages((limit) => store.sessions.pruneArchived(cutoff, limit));
+        // one a call: a session may hold 10,000 tasks and their runs
+        await pruneInPages((limit) => store.sessions.pruneArchived(cutoff, limit), 1);
       }
       return repaired;
     },

@@ -333,7 +333,10 @@ export interface DeliveryRepo {
    * replay guard of providers that sign no time). How many changed.
    */
   prunePayloads(receivedBefore: string, prunedAt: string, limit: number): Promise<number>;
-  /** Adds one to a delivery's attempts while its status is one of `ifStatusIn`, in one atomic write: the record after, or null. */
+  /**
+   * Adds one to a delivery's attempts while its status is one of `ifStatusIn` and its body and event are kept (no
+   * `payload_pruned_at`), in one atomic write: the record after, or null.
+   */
   addAttempt(tenantId: string, id: string, ifStatusIn: DeliveryStatus[]): Promise<WebhookDelivery | null>;
   /**
    * Appends `runs` to a delivery's runs and applies `changes` while its status is one of `ifStatusIn`, in

@@ -469,18 +469,20 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
       if (!d) throw new NotFoundError(`no delivery ${deliveryId}`);
       if (d.status === 'rejected') throw new ConflictError('a rejected delivery was never verified, so it cannot be replayed', { status: d.status });
       if (d.status === 'received') throw new ConflictError('this delivery has not been processed yet', { status: d.status });
-      const pruned = (x: WebhookDelivery) => {
-        if (x.payload_pruned_at)
+      const pruned = (x: WebhookDelivery | null) => {
+        if (x?.payload_pruned_at)
           throw new ConflictError('this delivery’s event was deleted past its retention (SERVICE_WEBHOOK_DELIVERIES_KEPT_DAYS)', {
             payload_pruned_at: x.payload_pruned_at,
           });
       };
       pruned(d);
-      // claim an attempt of its own first, in one atomic write: two replays at once start two sets of runs
+      // claim an attempt of its own first, in one atomic write: two replays at once start two sets of runs; none is
+      // claimed once its event is deleted (a prune between the read and the claim)
       const claimed = await store.deliveries.addAttempt(tenantId, d.id, ['processed', 'failed']);
-      if (!claimed) throw new ConflictError('this delivery changed while replaying; retry');
-      // (its event deleted between the read and the claim)
-      pruned(claimed);
+      if (!claimed) {
+        pruned(await store.deliveries.get(tenantId, d.id));
+        throw new ConflictError('this delivery changed while replaying; retry');
+      }
       const { runs, error } = await dispatch(claimed, claimed.attempts);
       // appended, not written over: a replay finishing at the same time keeps its runs too
       const done = await store.deliveries.addRuns(
@@ -515,7 +517,8 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
       if (keptDays) {
         const now = clock.now();
         const before = new Date(now.getTime() - keptDays * 86_400_000).toISOString();
-        await pruneInPages((limit) => store.deliveries.prunePayloads(before, now.toISOString(), limit));
+        // ten a commit: each rewrites its record, whose event may be 25 MB (an email)
+        await pruneInPages((limit) => store.deliveries.prunePayloads(before, now.toISOString(), limit), 10);
       }
       return done;
     },

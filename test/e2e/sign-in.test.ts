@@ -307,7 +307,7 @@ describe('sign-in with OpenID Connect', function () {
     ).to.equal(201);
   });
 
-  it('signs in two tabs of one browser that started at once, each to its own return_to; a browser keeps three sign-ins going at most', async () => {
+  it('signs in tabs of one browser that started at once, each to its own return_to; a browser keeps 8 KB of sign-ins going at most', async () => {
     const browser = new Browser();
     const start = async (returnTo: string) => {
       const res = await browser.fetch(`${service()}/auth/login?return_to=${encodeURIComponent(returnTo)}`);
@@ -325,15 +325,22 @@ describe('sign-in with OpenID Connect', function () {
     expect(early.url).to.equal(`${service()}/api/v1/me`);
     expect(((await early.res.json()) as Body).tenant_id).to.equal('tenant-a');
     expect(browser.cookieNames(service(), '__Host-sign-in-')).to.deep.equal([]);
-    // four started and none finished: the oldest is cleared, and its callback is refused; the three others go on
+    // four started and none finished: all kept (each cookie is under a kilobyte); the first finishes
     const many = [];
     for (const path of ['/api/v1/me', '/api/v1/runs', '/api/v1/sessions', '/api/v1/automations']) many.push(await start(path));
-    expect(browser.cookieNames(service(), '__Host-sign-in-')).to.have.length(3);
-    const oldest = await browser.navigate(many[0]!, 'alice');
+    expect(browser.cookieNames(service(), '__Host-sign-in-')).to.have.length(4);
+    expect((await browser.navigate(many[0]!, 'alice')).url).to.equal(`${service()}/api/v1/me`);
+    // with the longest return_to a cookie is 4 KB: a third such sign-in clears the older ones past 8 KB, whose
+    // callbacks are then refused; the newest goes on
+    const long = `/api/v1/me#${'a'.repeat(1980)}`;
+    const big = [await start(long), await start(long), await start(long)];
+    const names = browser.cookieNames(service(), '__Host-sign-in-');
+    expect(names).to.have.length(2);
+    expect(names.reduce((n, name) => n + name.length + browser.cookie(service(), name)!.length, 0)).to.be.within(6000, 8192);
+    const oldest = await browser.navigate(big[0]!, 'alice');
     expect(oldest.res.status).to.equal(403);
     expect(((await oldest.res.json()) as Body).detail).to.contain('not started in this browser');
-    const newest = await browser.navigate(many[3]!, 'alice');
-    expect(newest.url).to.equal(`${service()}/api/v1/automations`);
+    const newest = await browser.navigate(big[2]!, 'alice');
     expect(newest.res.status).to.equal(200);
   });
 

@@ -174,6 +174,8 @@ describe('what attempts of a process that died left on disk', () => {
       await folder('svc-git-long-name', 2 * day);
       await folder('upload-Ab12Cd', 2 * day);
       await fs.symlink(path.join(tmp, 'other-Mn78Op'), path.join(tmp, 'svc-git-Qr90St'));
+      // another user's is not ours to remove (a shared temp folder)
+      expect(await sweepTemp(Date.now(), tmp, 12345)).to.equal(0);
       expect(await sweepTemp(Date.now(), tmp)).to.equal(TEMP_KINDS.length + 1);
       expect((await fs.readdir(tmp)).sort()).to.deep.equal(['other-Mn78Op', 'svc-git-Ij56Kl', 'svc-git-Qr90St', 'svc-git-long-name', 'upload-Ab12Cd']);
     } finally {

@@ -50,7 +50,11 @@ export function deliveryRepo(model: Model<Stored<WebhookDelivery>>): DeliveryRep
     },
     async addAttempt(tenantId, id, ifStatusIn) {
       const updated = await model
-        .findOneAndUpdate({ _id: id, tenant_id: tenantId, status: { $in: ifStatusIn } }, { $inc: { attempts: 1 } }, { returnDocument: 'after' })
+        .findOneAndUpdate(
+          { _id: id, tenant_id: tenantId, status: { $in: ifStatusIn }, payload_pruned_at: null },
+          { $inc: { attempts: 1 } },
+          { returnDocument: 'after' },
+        )
         .lean<Stored<WebhookDelivery>>();
       return fromStored(updated);
     },

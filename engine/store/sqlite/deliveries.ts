@@ -50,9 +50,9 @@ export function deliveryRepo(db: Db): DeliveryRepo {
     return stmt;
   };
   /** A change computed from the record as the write finds it (inside the commit's transaction, so atomic). */
-  const update = (tenantId: string, id: string, changes: (current: WebhookDelivery) => Partial<WebhookDelivery>, ifStatusIn: string[]) => {
+  const update = (tenantId: string, id: string, changes: (current: WebhookDelivery) => Partial<WebhookDelivery>, ifStatusIn: string[], ifKept = false) => {
     const current = read(get.get(tenantId, id));
-    if (!current || !ifStatusIn.includes(current.status)) return null;
+    if (!current || !ifStatusIn.includes(current.status) || (ifKept && current.payload_pruned_at)) return null;
     const next: WebhookDelivery = { ...current, ...changes(current), id: current.id, tenant_id: current.tenant_id };
     write.run(next.status, JSON.stringify(next), tenantId, id);
     return next;
@@ -85,7 +85,7 @@ export function deliveryRepo(db: Db): DeliveryRepo {
       return commit(() => update(tenantId, id, () => changes, ifStatusIn));
     },
     async addAttempt(tenantId, id, ifStatusIn) {
-      return commit(() => update(tenantId, id, (d) => ({ attempts: d.attempts + 1 }), ifStatusIn));
+      return commit(() => update(tenantId, id, (d) => ({ attempts: d.attempts + 1 }), ifStatusIn, true));
     },
     async addRuns(tenantId, id, runs, changes, ifStatusIn) {
       return commit(() => update(tenantId, id, (d) => ({ ...changes, runs: [...d.runs, ...runs] }), ifStatusIn));

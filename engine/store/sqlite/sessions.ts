@@ -6,6 +6,9 @@ import { withMembers } from '../members.js';
 import { decodeCursor, toPage, type AgentMembers, type AgentRepo, type CappedInsert, type MessageRepo, type NewMessage, type SessionRepo } from '../port.js';
 import { groupCommit, TOP, type Db } from './db.js';
 
+/** Rows of a session's a prune deletes a commit (runs with their steps and turns; messages; tasks; agents). */
+const PRUNE_CHUNK = 200;
+
 export function sessionRepo(db: Db): SessionRepo {
   const insert = db.prepare('INSERT INTO sessions (id, tenant_id, kind, status, doc) VALUES (?, ?, ?, ?, ?)');
   const get = db.prepare<[string, string], { doc: string }>('SELECT doc FROM sessions WHERE tenant_id = ? AND id = ?');
@@ -19,21 +22,28 @@ export function sessionRepo(db: Db): SessionRepo {
      AND status = ? AND json_extract(doc, '$.updated_at') < ? AND (json_extract(doc, '$.updated_at'), id) > (?, ?)
      ORDER BY json_extract(doc, '$.updated_at'), id LIMIT ?`,
   );
-  // through the partial index of archived multi-agent sessions (migrations.ts)
-  const archivedEnded = db.prepare<[string, number], { tenant_id: string; id: string }>(
+  // the oldest archived multi-agent session whose work has ended, through their partial index (migrations.ts)
+  const archivedEnded = db.prepare<[string], { tenant_id: string; id: string }>(
     `SELECT tenant_id, id FROM sessions INDEXED BY sessions_archived_by_updated
      WHERE kind = 'multi_agent' AND status = 'archived' AND json_extract(doc, '$.updated_at') < ? AND json_extract(doc, '$.outcome') IS NOT NULL
      AND NOT EXISTS (SELECT 1 FROM runs WHERE runs.tenant_id = sessions.tenant_id AND runs.session_id = sessions.id AND runs.status IN ('queued', 'running'))
-     ORDER BY json_extract(doc, '$.updated_at') LIMIT ?`,
+     ORDER BY json_extract(doc, '$.updated_at') LIMIT 1`,
   );
-  // a session's rows, those that name it first (each (tenant, session)); the counts kept by triggers count its runs out
-  const removeSession = [
-    'DELETE FROM run_steps WHERE run_id IN (SELECT id FROM runs WHERE tenant_id = @tenant AND session_id = @session)',
-    'DELETE FROM run_turns WHERE run_id IN (SELECT id FROM runs WHERE tenant_id = @tenant AND session_id = @session)',
-    'DELETE FROM runs WHERE tenant_id = @tenant AND session_id = @session',
-    'DELETE FROM messages WHERE session_id = @session AND tenant_id = @tenant',
-    'DELETE FROM agents WHERE tenant_id = @tenant AND session_id = @session',
-    'DELETE FROM tasks WHERE tenant_id = @tenant AND session_id = @session',
+  // a session's rows go a chunk a commit (one session's 10,000 tasks and 200,000 steps in one held the event loop
+  // 3 s): its runs with their steps and turns, then the rest of what names it, the session last, so that a prune
+  // cut off on the way finds it again. The counts kept by triggers count its runs out.
+  const runsOf = db.prepare<{ tenant: string; session: string; n: number }, { id: string }>(
+    'SELECT id FROM runs WHERE tenant_id = @tenant AND session_id = @session LIMIT @n',
+  );
+  const removeRun = ['DELETE FROM run_steps WHERE run_id = ?', 'DELETE FROM run_turns WHERE run_id = ?', 'DELETE FROM runs WHERE id = ?'].map((sql) =>
+    db.prepare(sql),
+  );
+  const removeChunk = [
+    'DELETE FROM messages WHERE session_id = @session AND seq IN (SELECT seq FROM messages WHERE session_id = @session LIMIT @n)',
+    'DELETE FROM tasks WHERE tenant_id = @tenant AND session_id = @session AND id IN (SELECT id FROM tasks WHERE tenant_id = @tenant AND session_id = @session LIMIT @n)',
+    'DELETE FROM agents WHERE tenant_id = @tenant AND session_id = @session AND id IN (SELECT id FROM agents WHERE tenant_id = @tenant AND session_id = @session LIMIT @n)',
+  ].map((sql) => db.prepare(sql));
+  const removeLast = [
     'DELETE FROM task_counts WHERE tenant_id = @tenant AND session_id = @session',
     'DELETE FROM sessions WHERE tenant_id = @tenant AND id = @session',
   ].map((sql) => db.prepare(sql));
@@ -87,11 +97,19 @@ export function sessionRepo(db: Db): SessionRepo {
       return stale.all(status, updatedBefore, after?.updated_at ?? '', after?.id ?? '', limit).map((r) => read(r)!);
     },
     async pruneArchived(updatedBefore, limit) {
-      return commit(() => {
-        const rows = archivedEnded.all(updatedBefore, limit);
-        for (const { tenant_id: tenantId, id } of rows) for (const stmt of removeSession) stmt.run({ tenant: tenantId, session: id });
-        return rows.length;
-      });
+      let pruned = 0;
+      for (let next; pruned < limit && (next = archivedEnded.get(updatedBefore)); pruned++) {
+        const of = { tenant: next.tenant_id, session: next.id, n: PRUNE_CHUNK };
+        const runsGone = () => {
+          const ids = runsOf.all(of);
+          for (const { id } of ids) for (const stmt of removeRun) stmt.run(id);
+          return ids.length;
+        };
+        while ((await commit(runsGone)) === PRUNE_CHUNK);
+        for (const stmt of removeChunk) while ((await commit(() => stmt.run(of).changes)) === PRUNE_CHUNK);
+        await commit(() => removeLast.forEach((stmt) => stmt.run(of)));
+      }
+      return pruned;
     },
   };
 }
