@@ -544,7 +544,9 @@ describe('workspace audit reports: expiry, eviction and phases that do not compl
   it('leaves a report whose phases still wait for a worker past every timeout running, and finishes one whose phase stays active past them', async () => {
     let ahead = 0;
     const idle = await startHarness({ workers: false, runtime: { clock: { now: () => new Date(Date.now() + ahead) } } });
-    const worker = new Worker('audits', null, { connection: idle.rt.redis.duplicate(), prefix: idle.config.queuePrefix });
+    // (BullMQ closes no connection it was given: this one is closed below, or the file's process never exits)
+    const connection = idle.rt.redis.duplicate();
+    const worker = new Worker('audits', null, { connection, prefix: idle.config.queuePrefix });
     try {
       const res = await idle.call<Body>('POST', '/api/v1/autonomy/workspace-audit/run', { body: { phases: ['sanity'], timeout_seconds: 0 } });
       expect(res.status, res.text).to.equal(202);
@@ -562,6 +564,7 @@ describe('workspace audit reports: expiry, eviction and phases that do not compl
       expect(got.body.phases.map((p: Body) => [p.phase, p.status])).to.deep.equal([['sanity', 'failed']]);
     } finally {
       await worker.close(true);
+      connection.disconnect();
       await idle.close();
     }
   });
