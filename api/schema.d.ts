@@ -1628,6 +1628,7 @@ export interface components {
         Check: {
             ok: boolean;
             latency_ms: number;
+            /** @description Why the check failed, in short (`no answer within 1 s`, or the error's code such as `ECONNREFUSED`): this route answers anyone, so the driver's own message, which may name hosts and addresses, goes to the log only. */
             error?: string;
         };
         /** @description RFC 9457 problem details. */

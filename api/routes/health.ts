@@ -1,24 +1,31 @@
 // Liveness and readiness, unauthenticated. Readiness asks Redis and the store, each with a deadline.
 import { Router } from 'express';
-import { redisSettingsOf, withTimeout, type Redis, type RedisSettings } from '../../engine/platform/index.js';
+import { redisSettingsOf, withTimeout, type Logger, type Redis, type RedisSettings } from '../../engine/platform/index.js';
 import type { Store } from '../../engine/store/index.js';
 
 type Check = { ok: boolean; latency_ms: number; error?: string };
 
-async function check(probe: () => Promise<unknown>): Promise<Check> {
+const NO_ANSWER = 'no answer within 1 s';
+
+/** A check of one dependency; a failure says why in short, the whole error going to the log. */
+async function check(name: string, probe: () => Promise<unknown>, log: Logger): Promise<Check> {
   const started = performance.now();
   try {
-    await withTimeout(probe(), 1000, 'no answer');
+    await withTimeout(probe(), 1000, NO_ANSWER);
     return { ok: true, latency_ms: Math.round((performance.now() - started) * 100) / 100 };
   } catch (err) {
-    return { ok: false, latency_ms: Math.round(performance.now() - started), error: (err as Error).message };
+    const e = err as Error & { code?: unknown };
+    log.warn({ check: name, err: e.message }, 'readiness check failed');
+    const code = typeof e.code === 'string' && /^[A-Z][A-Z0-9_]{1,40}$/.test(e.code) ? e.code : null;
+    const error = e.message === NO_ANSWER ? NO_ANSWER : (code ?? (e.name !== 'Error' ? e.name : 'failed; the log says why'));
+    return { ok: false, latency_ms: Math.round(performance.now() - started), error };
   }
 }
 
 /** What /readyz says of the tool sandbox: a service that runs tools unsandboxed says so. */
 export type SandboxReport = { kind: string; process_limit: string; memory_limit: string; warning?: string };
 
-export function healthRouter(deps: { redis: Redis; store: Store; sandbox: SandboxReport }): Router {
+export function healthRouter(deps: { redis: Redis; store: Store; sandbox: SandboxReport; log: Logger }): Router {
   const router = Router();
   router.get('/healthz', (_req, res) => {
     res.json({ status: 'ok' });
@@ -27,8 +34,8 @@ export function healthRouter(deps: { redis: Redis; store: Store; sandbox: Sandbo
     // INFO answers as PING does, and says whether Redis may evict keys
     let settings: RedisSettings | undefined;
     const [redis, store] = await Promise.all([
-      check(async () => (settings = redisSettingsOf(await deps.redis.info('memory')))),
-      check(() => deps.store.ping()),
+      check('redis', async () => (settings = redisSettingsOf(await deps.redis.info('memory'))), deps.log),
+      check('store', () => deps.store.ping(), deps.log),
     ]);
     const ready = redis.ok && store.ok;
     res.status(ready ? 200 : 503).json({
