@@ -56,10 +56,12 @@ export function sessionRepo(model: Model<Stored<Session>>, rows: SessionRows): S
       const old = await model
         .find({ kind: 'multi_agent', status: 'archived', outcome: { $ne: null }, updated_at: { $lt: updatedBefore } }, { _id: 1, tenant_id: 1 })
         .sort({ updated_at: 1 })
-        .limit(limit)
+        // more than asked for: one with a run still live is passed over, and must not hold the rest back
+        .limit(limit + 20)
         .lean<{ _id: string; tenant_id: string }[]>();
       let pruned = 0;
       for (const { _id: sessionId, tenant_id: tenantId } of old) {
+        if (pruned === limit) break;
         const of = { tenant_id: tenantId, session_id: sessionId };
         if (await rows.runs.exists({ ...of, status: { $in: ['queued', 'running'] } })) continue;
         const runIds = (await rows.runs.find(of, { _id: 1 }).lean<{ _id: string }[]>()).map((r) => r._id);
