@@ -754,7 +754,9 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       // which is the time it was made (a run still queued or running then is kept its days after it ends); a
       // session task's runs stay with their session (a task waiting for an answer continues its run's conversation)
       if (settings.runsKeptDays) {
-        const cutoff = clock.now().getTime() - settings.runsKeptDays * 86_400_000;
+        // never before its Idempotency-Key's day is over, with an hour to spare (SERVICE_RUNS_KEPT_DAYS=1): a key
+        // Redis still held for a run deleted would answer its retries "still being handled" until it lapsed
+        const cutoff = clock.now().getTime() - Math.max(settings.runsKeptDays * 86_400_000, IDEMPOTENCY_TTL_SECONDS * 1000 + 3_600_000);
         await pruneInPages((limit) => store.runs.prune(idBefore('run', cutoff), new Date(cutoff).toISOString(), limit));
       }
       if (requeued || lost || freed) log.warn({ requeued, lost, freed }, 'reconciler repaired runs');

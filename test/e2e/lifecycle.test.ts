@@ -288,6 +288,28 @@ describe('run lifecycle', function () {
     }
   });
 
+  it('keeps a run its Idempotency-Key’s day and an hour more, however short SERVICE_RUNS_KEPT_DAYS is', async () => {
+    let ahead = 0;
+    const own = await startHarness({ env: { SERVICE_RUNS_KEPT_DAYS: '1' }, runtime: { clock: { now: () => new Date(Date.now() + ahead) } } });
+    try {
+      const made = await own.call<Body>('POST', '/api/v1/autonomy/run', {
+        body: { steps: [{ tool: 'shell', args: { command: 'true' } }] },
+        headers: { 'idempotency-key': 'kept-a-day' },
+      });
+      expect((await finishedRun(own, made.body.run_id)).status).to.equal('succeeded');
+      const reconcile = () => own.rt.engine.runs.reconcile({ isExecuting: () => false });
+      // a day and half an hour on: past its one day, not past its key's day and the hour
+      ahead = 24.5 * 3_600_000;
+      await reconcile();
+      expect((await own.call('GET', `/api/v1/runs/${made.body.run_id}`)).status).to.equal(200);
+      ahead = 25.5 * 3_600_000;
+      await reconcile();
+      expect((await own.call('GET', `/api/v1/runs/${made.body.run_id}`)).status).to.equal(404);
+    } finally {
+      await own.close();
+    }
+  });
+
   it('deletes an archived session SERVICE_RUNS_KEPT_DAYS after its work ended, with its tasks, messages and runs; one not archived stays', async () => {
     let ahead = 0;
     const own = await startHarness({ env: { SERVICE_RUNS_KEPT_DAYS: '7' }, runtime: { clock: { now: () => new Date(Date.now() + ahead) } } });
