@@ -31,13 +31,12 @@ export async function sweepTemp(now = Date.now(), tmp = os.tmpdir(), uid = proce
     const at = path.join(tmp, e.name);
     const st = await fs.lstat(at).catch(() => null);
     if (!st || !(st.isDirectory() || st.isFile()) || (uid !== undefined && st.uid !== uid) || now - st.mtimeMs < TEMP_MAX_AGE_MS) continue;
-    if (
-      await fs.rm(at, { recursive: true, force: true }).then(
-        () => true,
-        () => false,
-      )
-    )
+    try {
+      await fs.rm(at, { recursive: true, force: true });
       removed++;
+    } catch {
+      // not ours to remove after all (permissions): left, and the rest still go
+    }
   }
   return removed;
 }

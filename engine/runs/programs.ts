@@ -2,7 +2,7 @@
 // a vibe run does either on a scratch copy of its workspace and keeps the diff. Each program says how
 // the work ended; the executor turns that into the run's transition.
 import { AppError, type ErrorInfo, type Run, type VibeGates } from '../platform/index.js';
-import { textOf, TOOLS, ToolError } from '../tools/index.js';
+import { envArg, textOf, TOOLS, ToolError } from '../tools/index.js';
 import { AgentError, runAgent, type ModelClient } from './agent.js';
 import type { Attempt, StopReason } from './attempt.js';
 import type { Scratch } from './workspace.js';
@@ -139,9 +139,7 @@ export function liftShellReferences(args: Record<string, unknown>): Record<strin
   const command = args.command;
   // (a YAML block's command ends with a newline: one reference and that newline is still one alone)
   if (typeof command !== 'string' || WHOLE_REFERENCE.test(command.trim())) return args;
-  if (args.env !== undefined && (!args.env || typeof args.env !== 'object' || Array.isArray(args.env)))
-    throw new ToolError('invalid-args', 'env must be an object of variable names to values');
-  const env: Record<string, unknown> = { ...(args.env as Record<string, unknown> | undefined) };
+  const env: Record<string, unknown> = { ...envArg(args) };
   let n = 0;
   const lifted = command.replace(REFERENCE, (reference) => {
     // a name the step's own env does not use

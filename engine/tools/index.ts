@@ -18,6 +18,7 @@ export { resolveInside } from './files.js';
 export { INSIDE_WORKSPACE, openSandbox, which, type Sandbox, type SandboxKind, type SandboxLimits } from './sandbox.js';
 export { runProcess, type ProcessResult } from './process.js';
 export {
+  envArg,
   ToolError,
   textOf,
   type AuditActions,

@@ -2,7 +2,7 @@
 // abort kills the command and everything it started; an environment of a short allowlist, never the
 // service's secrets.
 import { runProcess } from './process.js';
-import { stringArg, textOf, ToolError, type Tool } from './tool.js';
+import { envArg, stringArg, textOf, ToolError, type Tool } from './tool.js';
 
 export const OUTPUT_MAX_BYTES = 64 * 1024;
 
@@ -19,9 +19,7 @@ export const shellTool: Tool = {
   },
   async execute(args, ctx) {
     const command = stringArg(args, 'command');
-    if (args.env !== undefined && (!args.env || typeof args.env !== 'object' || Array.isArray(args.env)))
-      throw new ToolError('invalid-args', 'env must be an object of variable names to values');
-    const extra = (args.env ?? {}) as Record<string, unknown>;
+    const extra = envArg(args);
     // a value that is not text (a reference to a number or an object) is its JSON, as in a command's text
     const env = { ...ctx.childEnv, ...Object.fromEntries(Object.entries(extra).map(([k, v]) => [k, textOf(v)])) };
     if (ctx.signal.aborted) throw new ToolError('aborted', 'the run was stopped before the command started');

@@ -110,6 +110,14 @@ export function stringArg(args: Record<string, unknown>, name: string, required 
   throw new ToolError('invalid-args', `args.${name} must be a${required ? ' non-empty' : ''} string`);
 }
 
+/** A step's `env`: an object of variable names to values, or none (`{}`); anything else is refused. */
+export function envArg(args: Record<string, unknown>): Record<string, unknown> {
+  const v = args.env;
+  if (v === undefined) return {};
+  if (!v || typeof v !== 'object' || Array.isArray(v)) throw new ToolError('invalid-args', 'env must be an object of variable names to values');
+  return v as Record<string, unknown>;
+}
+
 /** Keeps the last `max` bytes of a stream of text, remembering whether anything was dropped. */
 export class TailBuffer {
   private chunks: Buffer[] = [];
