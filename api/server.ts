@@ -166,8 +166,9 @@ function whileBodyComes(req: IncomingMessage, res: ServerResponse, idleMs: numbe
   const socket = req.socket;
   let read = socket.bytesRead;
   const check = setInterval(() => {
-    // all of it is in, read or not yet (a handler that reads it late is not a body that stopped coming)
-    if (req.complete) return done();
+    // all of it is in, read or not yet (a handler that reads it late is not a body that stopped coming); or its
+    // connection is gone, which a request answered before its body was all in no longer hears (Node detaches it)
+    if (req.complete || socket.destroyed) return done();
     // bytes wait to be read: the service is not reading (Node stops reading the socket once they pass the
     // stream's mark), not the client that stopped sending
     if (socket.bytesRead !== read || req.readableLength > 0) {
@@ -198,6 +199,8 @@ function whileBodyComes(req: IncomingMessage, res: ServerResponse, idleMs: numbe
     res.writeHead(408, { 'Content-Type': 'application/problem+json; charset=utf-8', 'Content-Length': Buffer.byteLength(body), 'X-Request-Id': requestId });
     res.end(body, end);
   }, idleMs);
+  // a check on a connection: it never holds the process open (a closed server's test process lingered 60 s)
+  check.unref();
   const done = () => clearInterval(check);
   req.once('end', done);
   req.once('close', done);
