@@ -647,7 +647,11 @@ describe('bad input', () => {
       const setInterval = sinon.spy(globalThis, 'setInterval');
       let answer;
       try {
-        answer = await rawExchange(slow.url, [[0, `POST /api/v1/automations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{"name":`]], 1500);
+        answer = await rawExchange(
+          slow.url,
+          [[0, `POST /api/v1/automations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{"name":`]],
+          1500,
+        );
       } finally {
         setInterval.restore();
       }
@@ -664,7 +668,7 @@ describe('bad input', () => {
         await new Promise((r) => setTimeout(r, 2500));
         return resolve(key);
       };
-      let made: Awaited<ReturnType<typeof slow.call>>[] = [];
+      let made: { status: number; text: string; body: { id: string } }[] = [];
       try {
         // small, and past what Node buffers before it stops reading the connection (the bytes read then stand
         // still); each on a connection of its own, at once
