@@ -68,7 +68,8 @@ describe('processes', function () {
       }
     }
     await deleteRedisPrefix(prefix);
-    await fs.rm(dataDir, { recursive: true, force: true });
+    // and the workspace root a test gave beside it, which the service made
+    for (const dir of [dataDir, `${dataDir}-ws`]) await fs.rm(dir, { recursive: true, force: true });
   });
 
   const env = () => ({

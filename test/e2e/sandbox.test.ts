@@ -424,6 +424,7 @@ describe('sandbox', function () {
       timeout: 30_000,
     });
     await file.close();
+    await fs.rm(path.dirname(secret), { recursive: true, force: true });
     const out = /STEP:(.*)/.exec(child.stdout)?.[1];
     expect(out, child.stdout + child.stderr).to.be.a('string');
     const stdout = JSON.parse(out!) as string;
