@@ -22,7 +22,10 @@ if (process.env.NODE_ENV === 'production' || pruned) {
   process.exit(0);
 }
 const tsc = require.resolve('typescript/bin/tsc');
-const built = spawnSync(process.execPath, [tsc, '-p', path.join(root, 'tsconfig.build.json')], { stdio: 'inherit', cwd: root });
+// --no-check: emit only, for a caller that type-checks the same sources beside it (`npm test`'s pretest); the
+// output is the same (isolatedModules: each file is emitted on its own), in half the time
+const check = process.argv.includes('--no-check') ? ['--noCheck'] : [];
+const built = spawnSync(process.execPath, [tsc, '-p', path.join(root, 'tsconfig.build.json'), ...check], { stdio: 'inherit', cwd: root });
 if (built.status !== 0) process.exit(built.status ?? 1);
 const spec = spawnSync(process.execPath, [path.join(root, 'scripts', 'openapi-json.mjs')], { stdio: 'inherit', cwd: root });
 process.exit(spec.status ?? 1);
