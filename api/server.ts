@@ -87,10 +87,21 @@ export async function startWebServer(rt: Runtime, opts: { port?: number; host?: 
   /** each connection's answers not yet sent (a connection's first request makes its entry) */
   const unanswered = new WeakMap<Socket, Set<ServerResponse>>();
   const bodyIdleMs = config.bodyIdleSeconds * 1000;
+  /**
+   * Connections that have sent no request yet: a client's or a balancer's spare, opened ahead of need. Node's
+   * closeIdleConnections() passes over them (a connection is idle once a request of it is complete), so each held
+   * close() until the cut near the end of the grace period (a test service's close took 4 s for its client's).
+   */
+  const unused = new Set<Socket>();
+  server.on('connection', (socket: Socket) => {
+    unused.add(socket);
+    socket.once('close', () => unused.delete(socket));
+  });
   server.prependListener('request', (req, res) => {
     const socket = req.socket;
     let open = unanswered.get(socket);
     if (!open) {
+      unused.delete(socket);
       const mine = (open = new Set());
       unanswered.set(socket, mine);
       // the answers queued behind others on a connection that closes are never sent, nor do they close
@@ -143,6 +154,8 @@ export async function startWebServer(rt: Runtime, opts: { port?: number; host?: 
           // open event streams end now: their clients resume on another instance with Last-Event-ID
           (app.locals.streams as OpenStreams).closeAll();
           server.closeIdleConnections();
+          // one whose first request has begun to arrive is answered (Connection: close) or cut with the rest
+          for (const socket of unused) if (socket.bytesRead === 0) socket.destroy();
         });
       } finally {
         clearTimeout(cut);

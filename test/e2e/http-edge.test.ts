@@ -78,6 +78,29 @@ describe('web server edge: long-polls at shutdown, pipelined requests, clients t
     }
   });
 
+  it('closes at once, not at the cut near the end of the grace period, with connections that have sent no request (a spare a client opened ahead)', async () => {
+    const web = await startWebServer(h.rt, { port: 0, host: '127.0.0.1', validateResponses: true });
+    const spares: net.Socket[] = [];
+    try {
+      // two that never sent a byte
+      for (let i = 0; i < 2; i++) {
+        const accepted = once(web.server, 'connection') as Promise<[net.Socket]>;
+        const spare = net.connect(Number(new URL(web.url).port), '127.0.0.1');
+        spare.on('error', () => undefined);
+        spares.push(spare);
+        await Promise.all([accepted, once(spare, 'connect')]);
+      }
+      const started = Date.now();
+      await web.close(started + 20_000);
+      // at once: the cut comes 1 s before the end of the 20 s grace (a bound with room for a busy machine)
+      expect(Date.now() - started).to.be.below(5_000);
+      for (const spare of spares) expect(await closesWithin(spare, 2000), 'a spare connection closed by the server').to.equal(true);
+    } finally {
+      for (const spare of spares) spare.destroy();
+      await web.close();
+    }
+  });
+
   it('closes a connection that pipelines more than 16 requests without reading their answers', async () => {
     const { client, onServer } = await connect(h);
     try {
