@@ -52,7 +52,7 @@ describe('workspace audit canceled', function () {
   async function securityPhase(): Promise<number[]> {
     const st = await fs.stat(h.tenantDir());
     const argv0 = (pid: number) => spawnSync('cat', [`/proc/${pid}/cmdline`], { encoding: 'utf8' }).stdout.split('\0')[0] ?? '';
-    return spawnSync('pgrep', ['-f', `phase-main.ts security .*"identity":"${st.dev}:${st.ino}"`], { encoding: 'utf8' })
+    return spawnSync('pgrep', ['-f', `phase-main.[jt]s security .*"identity":"${st.dev}:${st.ino}"`], { encoding: 'utf8' })
       .stdout.split('\n')
       .filter((l) => l.trim())
       .map(Number)

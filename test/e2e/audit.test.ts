@@ -413,7 +413,7 @@ describe('workspace audit reports: expiry, eviction and phases that do not compl
   it('makes the report partial, not stuck, when a phase dies: the others complete, the dead one says why', async () => {
     // this harness's phase (its workspace's identity is on the command line), not another test file's
     const st = await fs.stat(h.tenantDir());
-    const ours = `phase-main.ts architecture .*"identity":"${st.dev}:${st.ino}"`;
+    const ours = `phase-main.[jt]s architecture .*"identity":"${st.dev}:${st.ino}"`;
     const state = (pid: number) => /State:\s+(\w)/.exec(spawnSync('cat', [`/proc/${pid}/status`], { encoding: 'utf8' }).stdout)?.[1];
     let res!: { body: Body };
     // the architecture phase's process (in its sandbox) is killed while it runs: stopped first, so a phase

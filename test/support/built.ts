@@ -4,26 +4,10 @@
 import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
-import { PROJECT_ROOT } from '../../config/paths.js';
+import { buildIsCurrent, PROJECT_ROOT } from '../../config/paths.js';
 
 export const CLI = path.join(PROJECT_ROOT, 'dist', 'cli', 'main.js');
-
-/** What tsconfig.build.json compiles into dist/ (its `include`). */
-const SOURCES = (JSON.parse(fs.readFileSync(path.join(PROJECT_ROOT, 'tsconfig.build.json'), 'utf8')) as { include: string[] }).include;
 let checked = false;
-
-/** True when a source file changed after the last build wrote dist/ (or there was none). */
-function stale(): boolean {
-  const info = path.join(PROJECT_ROOT, 'dist', '.tsbuildinfo');
-  if (!fs.existsSync(info)) return true;
-  const builtAt = fs.statSync(info).mtimeMs;
-  const newer = (p: string): boolean => {
-    const st = fs.statSync(p);
-    if (st.isDirectory()) return fs.readdirSync(p).some((name) => newer(path.join(p, name)));
-    return p.endsWith('.ts') && st.mtimeMs > builtAt;
-  };
-  return SOURCES.some((s) => newer(path.join(PROJECT_ROOT, s)));
-}
 
 /**
  * The built file of a source entry point (`workers/main.ts`: dist/workers/main.js). dist/ is checked
@@ -32,7 +16,7 @@ function stale(): boolean {
  */
 export function builtEntry(entry: string): string {
   if (!checked) {
-    if (stale()) {
+    if (!buildIsCurrent()) {
       if (spawnSync(process.execPath, ['scripts/ensure-build.mjs'], { cwd: PROJECT_ROOT, stdio: 'inherit' }).status !== 0)
         throw new Error('dist/ could not be built (scripts/ensure-build.mjs)');
       // tsc leaves its build info as it was when no output changed (a file saved again as it was): dated

@@ -1,6 +1,9 @@
 import { expect } from 'chai';
+import fs from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 import { ConfigError, parseEnv } from '../../config/env.js';
+import { buildIsCurrent } from '../../config/paths.js';
 import { parseRedisUrl, redactUrl } from '../../engine/platform/index.js';
 
 describe('config/env', () => {
@@ -232,5 +235,33 @@ describe('config/env', () => {
     expect(() => parseEnv({ REDIS_URL: 'redis://a:1,b:2', SERVICE_QUEUE_PREFIX: 'svc' })).to.throw(ConfigError, /hash tag/);
     expect(parseEnv({ REDIS_URL: 'redis://a:1,b:2', SERVICE_QUEUE_PREFIX: '{svc}' }).queuePrefix).to.equal('{svc}');
     expect(() => parseEnv({ SERVICE_QUEUE_PREFIX: '{a}{b}' })).to.throw(ConfigError, /SERVICE_QUEUE_PREFIX/);
+  });
+});
+
+describe('config/paths buildIsCurrent', () => {
+  it('says dist/ is current only while no source the build compiles is newer than its record', () => {
+    const root = fs.mkdtempSync(path.join(os.tmpdir(), 'svc-test-build-'));
+    try {
+      fs.writeFileSync(path.join(root, 'tsconfig.build.json'), JSON.stringify({ include: ['main.ts', 'engine'] }));
+      fs.mkdirSync(path.join(root, 'engine', 'deep'), { recursive: true });
+      const past = new Date(Date.now() - 60_000);
+      for (const file of ['main.ts', 'engine/deep/a.ts']) {
+        fs.writeFileSync(path.join(root, file), 'export {};\n');
+        fs.utimesSync(path.join(root, file), past, past);
+      }
+      expect(buildIsCurrent(root), 'no build').to.equal(false);
+      fs.mkdirSync(path.join(root, 'dist'));
+      fs.writeFileSync(path.join(root, 'dist', '.tsbuildinfo'), '{}');
+      expect(buildIsCurrent(root)).to.equal(true);
+      // a file that is not TypeScript, or is outside what the build compiles, changes nothing
+      fs.writeFileSync(path.join(root, 'engine', 'notes.md'), 'x');
+      fs.writeFileSync(path.join(root, 'other.ts'), 'x');
+      expect(buildIsCurrent(root)).to.equal(true);
+      const later = new Date(Date.now() + 60_000);
+      fs.utimesSync(path.join(root, 'engine', 'deep', 'a.ts'), later, later);
+      expect(buildIsCurrent(root), 'a source edited after the build').to.equal(false);
+    } finally {
+      fs.rmSync(root, { recursive: true, force: true });
+    }
   });
 });
