@@ -225,8 +225,8 @@ describe('Redis outage', function () {
       h,
       (await h.call<Record<string, any>>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'message', args: { text: 'e' } }] } })).body.run_id,
     );
-    // stopped until the last of these routes has answered (each may wait out its deadline, nine in a row: on a
-    // loaded machine more than a fixed 14 s took, and Redis ran again before the last was asked)
+    // stopped until the last of these routes has answered (each may wait out its deadline: on a loaded machine,
+    // nine in a row took more than a fixed 14 s, and Redis ran again before the last was asked)
     redis.kill('SIGSTOP');
     stopped = true;
     const timed = async <T>(what: string, call: () => Promise<T>): Promise<T> => {
@@ -238,44 +238,41 @@ describe('Redis outage', function () {
     try {
       const session = await timed('a new session', () => h.call<Record<string, any>>('POST', '/api/v1/sessions', { body: { title: 'during' } }));
       expect(session.status, session.text).to.equal(201);
-      const tasks = await timed('new tasks', () =>
-        h.call<Record<string, any>>('POST', `/api/v1/sessions/${session.body.id}/tasks`, {
-          body: {
-            tasks: [
-              { id: 'a', steps: [{ tool: 'message', args: { text: 'a' } }] },
-              { id: 'b', depends_on: ['a'], steps: [{ tool: 'message', args: { text: 'b' } }] },
-            ],
-          },
-        }),
-      );
+      const hook = sign.generic([secret], { type: 'deploy.finished', id: 'during' });
+      // the others at once: each is held to its own bound, whatever the others wait for
+      const [tasks, message, endpoint, delivered, audit, stream, cancel, context] = await Promise.all([
+        timed('new tasks', () =>
+          h.call<Record<string, any>>('POST', `/api/v1/sessions/${session.body.id}/tasks`, {
+            body: {
+              tasks: [
+                { id: 'a', steps: [{ tool: 'message', args: { text: 'a' } }] },
+                { id: 'b', depends_on: ['a'], steps: [{ tool: 'message', args: { text: 'b' } }] },
+              ],
+            },
+          }),
+        ),
+        timed('a message', () =>
+          h.call<Record<string, any>>('POST', `/api/v1/sessions/${session.body.id}/messages`, {
+            body: { role: 'user', parts: [{ type: 'text', text: 'during' }] },
+          }),
+        ),
+        timed('a notification endpoint', () => h.call<Record<string, any>>('POST', '/api/v1/notification-endpoints', { body: hookEndpoint })),
+        timed('a webhook', () => h.call<Record<string, any>>('POST', '/webhooks/tenant-a/generic', { key: null, raw: hook.body, headers: hook.headers })),
+        timed('an audit', () => h.call<Record<string, any>>('POST', '/api/v1/autonomy/workspace-audit/run', { body: { phases: ['health'] } })),
+        timed('the stream of an ended run', () => h.call('GET', `/api/v1/autonomy/streaming/${ended.session_id}/events`)),
+        timed('a cancel of a running run', () => h.call<Record<string, any>>('POST', `/api/v1/runs/${long.body.run_id}/cancel`)),
+        timed('the reliability context', () => h.call<Record<string, any>>('GET', '/api/v1/autonomy/reliability-context')),
+      ]);
       expect(tasks.status, tasks.text).to.equal(201);
-      const message = await timed('a message', () =>
-        h.call<Record<string, any>>('POST', `/api/v1/sessions/${session.body.id}/messages`, {
-          body: { role: 'user', parts: [{ type: 'text', text: 'during' }] },
-        }),
-      );
       expect(message.status, message.text).to.equal(201);
       // stored, then answered: the new version of the tenant's endpoints is Redis's to take later (it held the answer)
-      const endpoint = await timed('a notification endpoint', () =>
-        h.call<Record<string, any>>('POST', '/api/v1/notification-endpoints', { body: hookEndpoint }),
-      );
       expect(endpoint.status, endpoint.text).to.equal(201);
-      const hook = sign.generic([secret], { type: 'deploy.finished', id: 'during' });
-      const delivered = await timed('a webhook', () =>
-        h.call<Record<string, any>>('POST', '/webhooks/tenant-a/generic', { key: null, raw: hook.body, headers: hook.headers }),
-      );
       expect(delivered.status, delivered.text).to.equal(503);
       expect(delivered.headers.get('retry-after')).to.equal('5');
-      const audit = await timed('an audit', () =>
-        h.call<Record<string, any>>('POST', '/api/v1/autonomy/workspace-audit/run', { body: { phases: ['health'] } }),
-      );
       expect(audit.status, audit.text).to.equal(503);
-      const stream = await timed('the stream of an ended run', () => h.call('GET', `/api/v1/autonomy/streaming/${ended.session_id}/events`));
       expect(stream.status, 'answered, not held').to.equal(503);
       // no worker can be told to stop a run without Redis: 503; nor can the tenant’s line be read
-      const cancel = await timed('a cancel of a running run', () => h.call<Record<string, any>>('POST', `/api/v1/runs/${long.body.run_id}/cancel`));
       expect(cancel.status, cancel.text).to.equal(503);
-      const context = await timed('the reliability context', () => h.call<Record<string, any>>('GET', '/api/v1/autonomy/reliability-context'));
       expect(context.status, context.text).to.equal(503);
       resume();
       await h.call('DELETE', `/api/v1/notification-endpoints/${endpoint.body.endpoint.id}`);
