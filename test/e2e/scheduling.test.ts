@@ -42,13 +42,15 @@ describe('scheduling', function () {
   it('runs at most SERVICE_TENANT_MAX_RUNNING of a tenant at once, and another tenant does not wait behind it', async () => {
     const h = await startHarness({ env: { SERVICE_TENANT_MAX_RUNNING: '2' } });
     try {
-      // every run goes on until the test lets them end (in each tenant's workspace), so the first wave and
-      // tenant B's run are seen running while A's backlog waits, however slowly the machine starts them
-      const wave = releasable(h, 'release-scheduling');
-      const slow = { steps: [{ tool: 'shell', args: { command: wave.command } }] };
+      // every run goes on until the test lets its wave end (a file in its tenant's workspace), so each wave and
+      // tenant B's run are seen running while the rest of A's backlog waits, however slowly the machine starts them
+      const waves = [0, 1, 2].map((n) => releasable(h, `release-scheduling-${n}`));
+      const other = releasable(h, 'release-scheduling-b');
       const a: string[] = [];
-      for (let i = 0; i < 5; i++) a.push((await h.call('POST', '/api/v1/autonomy/run', { body: slow })).body.run_id);
-      const b = (await h.call('POST', '/api/v1/autonomy/run', { body: slow, key: KEYS.b })).body.run_id;
+      for (const wave of [0, 0, 1, 1, 2])
+        a.push((await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: waves[wave]!.command } }] } })).body.run_id);
+      const b = (await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: other.command } }] }, key: KEYS.b })).body
+        .run_id;
       let maxRunning = 0;
       let bStartedWhileAWaited = false;
       const look = async () => {
@@ -58,30 +60,36 @@ describe('scheduling', function () {
         const listed = await h.call<{ data: RunBody[] }>('GET', '/api/v1/runs?status=running&limit=100');
         const running = listed.body.data.filter((r) => a.includes(r.id as string)).length;
         maxRunning = Math.max(maxRunning, running);
-        const other = await runStatus(h, b, KEYS.b);
-        if (other.status !== 'queued' && runs.some((r) => r.status === 'queued')) bStartedWhileAWaited = true;
-        return { runs, running, other };
+        const theirs = await runStatus(h, b, KEYS.b);
+        if (theirs.status !== 'queued' && runs.some((r) => r.status === 'queued')) bStartedWhileAWaited = true;
+        return { statuses: runs.map((r) => r.status), theirs };
       };
+      // first come, first served within the tenant, two at a time: each wave runs only once the one before ended
+      const expected = [
+        ['running', 'running', 'queued', 'queued', 'queued'],
+        ['succeeded', 'succeeded', 'running', 'running', 'queued'],
+        ['succeeded', 'succeeded', 'succeeded', 'succeeded', 'running'],
+      ];
+      for (const [n, statuses] of expected.entries()) {
+        if (n > 0) await waves[n - 1]!.release('tenant-a');
+        await eventually(
+          async () => {
+            const now = await look();
+            return (now.theirs.status === 'running' && JSON.stringify(now.statuses) === JSON.stringify(statuses)) || null;
+          },
+          `tenant A's runs to be ${statuses.join(', ')}, and tenant B's running`,
+        );
+      }
+      await waves[2]!.release('tenant-a');
+      await other.release('tenant-b');
       await eventually(async () => {
-        const { runs, running, other } = await look();
-        return running === 2 && runs.filter((r) => r.status === 'queued').length === 3 && other.status === 'running';
-      }, 'two of tenant A’s runs and tenant B’s to run');
-      await wave.release('tenant-a');
-      await wave.release('tenant-b');
-      await eventually(async () => {
-        const { runs, other } = await look();
-        return runs.every((r) => TERMINAL.includes(r.status)) && TERMINAL.includes(other.status);
+        const { statuses, theirs } = await look();
+        return statuses.every((status) => TERMINAL.includes(status as string)) && TERMINAL.includes(theirs.status);
       }, 'every run to finish');
       expect(maxRunning).to.equal(2);
       expect(bStartedWhileAWaited, "tenant B's run started while tenant A's backlog waited").to.equal(true);
       const runs = await Promise.all(a.map((id) => runStatus(h, id)));
       expect(runs.every((r) => r.status === 'succeeded')).to.equal(true);
-      // first come, first served within the tenant, wave by wave (two slots): the first two runs, then the
-      // next two as they end, then the last; inside a wave two starts milliseconds apart may swap
-      const byStart = [...runs].sort((x, y) => String(x.started_at).localeCompare(String(y.started_at))).map((r) => r.id as string);
-      expect(byStart.slice(0, 2).sort()).to.deep.equal(a.slice(0, 2).sort());
-      expect(byStart.slice(2, 4).sort()).to.deep.equal(a.slice(2, 4).sort());
-      expect(byStart[4]).to.equal(a[4]);
     } finally {
       await h.close();
     }
