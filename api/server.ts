@@ -17,6 +17,12 @@ import type { OpenStreams } from './sse.js';
 const CUT_MARGIN_MS = 1000;
 
 /**
+ * How long after a close begins a connection that has sent no byte yet is taken for a spare (a client's or a
+ * balancer's, opened ahead of need) and closed: bytes a client wrote before the close began are read well within it.
+ */
+const SPARE_WAIT_MS = 500;
+
+/**
  * The requests a connection may have unanswered at once (pipelined: sent before it read the answers to those
  * before them); one more closes it. Each answer waits in memory behind the one before it: 300 requests for the
  * 1 MB Redoc bundle, never read, held 330 MB for good. Browsers and common clients do not pipeline at all.
@@ -148,17 +154,22 @@ export async function startWebServer(rt: Runtime, opts: { port?: number; host?: 
         },
         Math.max(0, deadline - Date.now() - CUT_MARGIN_MS),
       );
+      // connections that have sent nothing a moment after (a request already on its way is read by then: closed
+      // at once, one the client wrote as the stop began was lost) are spares; one whose first request has begun
+      // to arrive is answered (Connection: close) or cut with the rest
+      const spares = setTimeout(() => {
+        for (const socket of unused) if (socket.bytesRead === 0) socket.destroy();
+      }, SPARE_WAIT_MS);
       try {
         await new Promise<void>((resolve) => {
           server.close(() => resolve());
           // open event streams end now: their clients resume on another instance with Last-Event-ID
           (app.locals.streams as OpenStreams).closeAll();
           server.closeIdleConnections();
-          // one whose first request has begun to arrive is answered (Connection: close) or cut with the rest
-          for (const socket of unused) if (socket.bytesRead === 0) socket.destroy();
         });
       } finally {
         clearTimeout(cut);
+        clearTimeout(spares);
       }
     },
   };

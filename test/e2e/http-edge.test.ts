@@ -78,25 +78,34 @@ describe('web server edge: long-polls at shutdown, pipelined requests, clients t
     }
   });
 
-  it('closes at once, not at the cut near the end of the grace period, with connections that have sent no request (a spare a client opened ahead)', async () => {
+  it('closes at once, not at the cut near the end of the grace period, with connections that have sent no request (a spare a client opened ahead), and answers one sent as the close began', async () => {
     const web = await startWebServer(h.rt, { port: 0, host: '127.0.0.1', validateResponses: true });
-    const spares: net.Socket[] = [];
+    const opened: net.Socket[] = [];
+    const open = async () => {
+      const accepted = once(web.server, 'connection') as Promise<[net.Socket]>;
+      const socket = net.connect(Number(new URL(web.url).port), '127.0.0.1');
+      socket.on('error', () => undefined);
+      opened.push(socket);
+      await Promise.all([accepted, once(socket, 'connect')]);
+      return socket;
+    };
     try {
-      // two that never sent a byte
-      for (let i = 0; i < 2; i++) {
-        const accepted = once(web.server, 'connection') as Promise<[net.Socket]>;
-        const spare = net.connect(Number(new URL(web.url).port), '127.0.0.1');
-        spare.on('error', () => undefined);
-        spares.push(spare);
-        await Promise.all([accepted, once(spare, 'connect')]);
-      }
+      const spares = [await open(), await open()];
+      // written in the same turn as the close begins: the server has read none of it yet
+      const sender = await open();
+      let answer = '';
+      sender.setEncoding('utf8').on('data', (d: string) => (answer += d));
+      sender.write('GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n');
       const started = Date.now();
       await web.close(started + 20_000);
       // at once: the cut comes 1 s before the end of the 20 s grace (a bound with room for a busy machine)
       expect(Date.now() - started).to.be.below(5_000);
       for (const spare of spares) expect(await closesWithin(spare, 2000), 'a spare connection closed by the server').to.equal(true);
+      expect(await closesWithin(sender, 2000)).to.equal(true);
+      expect(answer, 'a request on its way as the close began is answered, not dropped').to.match(/^HTTP\/1\.1 200 /);
+      expect(answer).to.match(/\r\nConnection: close\r\n/i);
     } finally {
-      for (const spare of spares) spare.destroy();
+      for (const socket of opened) socket.destroy();
       await web.close();
     }
   });
