@@ -13,22 +13,6 @@ import type { PhaseOutput } from './phases/workspace.js';
 const here = fileURLToPath(import.meta.url);
 const OUTPUT_MAX_BYTES = 64 * 1024 * 1024;
 
-/**
- * The phase's entry, and whether it runs under tsx. Built, this file's own `.js`; under tsx (development and
- * tests) the build's when dist/ is current, which starts without compiling the sources (a phase process took
- * about 0.7 s more CPU under tsx, each audit four of them), else the `.ts` under tsx. Chosen once a process.
- */
-let chosen: { entry: string; tsx: boolean } | undefined;
-function phaseEntry(): { entry: string; tsx: boolean } {
-  if (!chosen) {
-    const own = (ext: string) => path.join(path.dirname(here), 'phases', `phase-main${ext}`);
-    if (path.extname(here) !== '.ts') chosen = { entry: own('.js'), tsx: false };
-    else if (buildIsCurrent()) chosen = { entry: path.join(PROJECT_ROOT, 'dist', 'engine', 'audit', 'phases', 'phase-main.js'), tsx: false };
-    else chosen = { entry: own('.ts'), tsx: true };
-  }
-  return chosen;
-}
-
 export class PhaseError extends Error {
   constructor(
     readonly status: 'failed' | 'timed_out',
@@ -47,21 +31,32 @@ export class PhaseError extends Error {
 const NODE = [process.execPath, '--disable-wasm-trap-handler'];
 const ENV = { PATH: '/usr/local/bin:/usr/bin:/bin', HOME: '/tmp', MALLOC_ARENA_MAX: '2' };
 
-function command(): { argv: string[]; env: Record<string, string>; binds: string[] } {
-  const { entry, tsx } = phaseEntry();
+type Command = { argv: string[]; env: Record<string, string>; binds: string[] };
+let chosen: Command | undefined;
+
+/**
+ * How a phase process starts, chosen once a process. Built, this file's own `.js`; under tsx (development and
+ * tests) the build's when dist/ is current, which starts without compiling the sources (a phase process took
+ * about 0.7 s more CPU under tsx, each audit four of them), else the `.ts` under tsx.
+ */
+function command(): Command {
+  if (chosen) return chosen;
+  const own = (ext: string) => path.join(path.dirname(here), 'phases', `phase-main${ext}`);
+  const tsx = path.extname(here) === '.ts' && !buildIsCurrent();
+  const entry = path.extname(here) !== '.ts' ? own('.js') : tsx ? own('.ts') : path.join(PROJECT_ROOT, 'dist', 'engine', 'audit', 'phases', 'phase-main.js');
   /** the folder holding `engine/` (the checkout, or its dist/) and the package root above it */
   const codeRoot = path.dirname(path.dirname(path.dirname(path.dirname(entry))));
   const packageRoot = fs.existsSync(path.join(codeRoot, 'package.json')) ? codeRoot : path.dirname(codeRoot);
   // config/: the security phase scans with the gates' code (engine/gates), which reads its paths from there
   const binds = [path.join(codeRoot, 'engine'), path.join(codeRoot, 'config'), path.join(packageRoot, 'node_modules'), path.join(packageRoot, 'package.json')];
-  if (!tsx) return { argv: [...NODE, entry], env: {}, binds };
+  if (!tsx) return (chosen = { argv: [...NODE, entry], env: {}, binds });
   // under tsx: its loader by its own path (the workspace has none), with the service's tsconfig, not the workspace's
   const tsconfig = path.join(packageRoot, 'tsconfig.json');
-  return {
+  return (chosen = {
     argv: [...NODE, '--import', pathToFileURL(createRequire(import.meta.url).resolve('tsx')).href, entry],
     env: { TSX_TSCONFIG_PATH: tsconfig },
     binds: [...binds, tsconfig],
-  };
+  });
 }
 
 export async function runPhase(
