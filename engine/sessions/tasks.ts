@@ -297,7 +297,10 @@ export function tasksOf(deps: TasksDeps) {
     try {
       if (change && (change.ready.length || change.upstreamFailed.length)) {
         const current = session ?? (await store.sessions.get(ref.tenant_id, ref.session_id));
-        if (current) await apply(current, change);
+        // in an archived session (a run its archive canceled ended before the archive reached its tasks) what
+        // the end releases is canceled with it: not started, nor upstream_failed as if a task had failed
+        if (current?.status === 'archived') for (const id of [...change.ready, ...change.upstreamFailed]) await cancelTask(current, id);
+        else if (current) await apply(current, change);
       }
       await deps.recount(ref.tenant_id, ref.session_id);
     } finally {

@@ -286,6 +286,44 @@ describe('task DAG', function () {
     expect((await h.call<Body>('GET', `/api/v1/sessions/${held}`)).body.tasks.every((t: Body) => t.status === 'canceled')).to.equal(true);
   });
 
+  it('archiving cancels the tasks waiting on one whose run it cancels, transitively: canceled, not upstream_failed, whether the run was queued or running', async () => {
+    const tasks = [
+      { id: 'a', steps: sh('sleep 30') },
+      { id: 'b', depends_on: ['a'], steps: sh('true') },
+      { id: 'c', depends_on: ['b'], steps: sh('true') },
+      { id: 'd', depends_on: ['a'], trigger_rule: 'all_done', steps: sh('true') },
+      { id: 'e', depends_on: ['d'], steps: sh('true') },
+    ];
+    // a queued run ends as the archive cancels it, before the archive reaches its tasks; a running one after
+    const queued = await startHarness({ workers: false });
+    try {
+      for (const [hh, first] of [
+        [queued, 'queued'],
+        [h, 'running'],
+      ] as const) {
+        const id = (await hh.call<Body>('POST', '/api/v1/sessions', { body: { title: first } })).body.id as string;
+        expect((await hh.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, { body: { tasks } })).status).to.equal(201);
+        await eventually(async () => (await hh.call<Body>('GET', `/api/v1/sessions/${id}/tasks`)).body.data[0].status === first, `a ${first}`);
+        expect((await hh.call<Body>('DELETE', `/api/v1/sessions/${id}`)).status).to.equal(200);
+        const s = await eventually(async () => {
+          const got = (await hh.call<Body>('GET', `/api/v1/sessions/${id}`)).body;
+          return got.outcome ? got : null;
+        }, 'the session to end');
+        expect(
+          s.tasks.map((t: Body) => [t.id, t.status]),
+          first,
+        ).to.deep.equal(['a', 'b', 'c', 'd', 'e'].map((t) => [t, 'canceled']));
+        expect(s).to.deep.include({ status: 'archived', outcome: 'canceled' });
+        expect(
+          s.tasks.map((t: Body) => t.run_ids.length),
+          'nothing after a ran',
+        ).to.deep.equal([1, 0, 0, 0, 0]);
+      }
+    } finally {
+      await queued.close();
+    }
+  });
+
   it('cancels, never fails, a task whose run the archive cut: its steps found the session read-only before the cancel reached it', async () => {
     const id = await session();
     // the archive's cancels come late (a busy Redis): the run meets the archived session first. Its first
