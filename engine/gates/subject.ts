@@ -50,10 +50,12 @@ export async function gitState(sandbox: Sandbox, workspace: string, readOnlyBind
   const script = [
     `${q(GIT)} rev-parse --verify -q HEAD || echo`,
     `${q(GIT)} rev-parse --verify -q 'HEAD^{tree}' || echo`,
-    'echo @@',
+    // the parts end with a NUL, which neither part holds (status quotes an odd name): a file's name may hold
+    // any other byte (`a@@` and a newline split the listing when a line was the mark, dropping the files after it)
+    "printf '\\0'",
     // a status that fails says the tree has changes: its silence read as a clean tree
     `{ ${q(GIT)} status --porcelain=v1 --untracked-files=${opts.tracked ? 'no' : 'normal'} || echo '?? (git status failed)'; } | head -c 4096`,
-    'echo @@',
+    "printf '\\0'",
     opts.tracked ? 'true' : `${q(GIT)} ls-files -z --cached --others --exclude-standard`,
   ].join('; ');
   const r = await runProcess(sandbox, ['/bin/sh', '-c', script], {
@@ -64,8 +66,10 @@ export async function gitState(sandbox: Sandbox, workspace: string, readOnlyBind
     maxBytes: 16 * 1024 * 1024,
     timeoutMs: 30_000,
   });
-  if (r.exit_code !== 0 || r.truncated) return none;
-  const [head = '', status = '', files = ''] = r.stdout.split('@@\n');
+  const headEnd = r.stdout.indexOf('\0');
+  const statusEnd = headEnd < 0 ? -1 : r.stdout.indexOf('\0', headEnd + 1);
+  if (r.exit_code !== 0 || r.truncated || statusEnd < 0) return none;
+  const [head, status, files] = [r.stdout.slice(0, headEnd), r.stdout.slice(headEnd + 1, statusEnd), r.stdout.slice(statusEnd + 1)];
   const [commit, tree] = head.trim().split('\n');
   return {
     commit: commit || null,

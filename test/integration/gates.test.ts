@@ -333,6 +333,29 @@ describe('gates', function () {
     }
   });
 
+  it('lists every file of a repository whatever its name holds: a name with a newline or `@@` hides no file after it', async () => {
+    const repo = await fs.mkdtemp(path.join(dir, 'names-'));
+    const names = ['0@@\nx', 'a@@', 'b\n@@\n', 'src/z.ts', 'é @@.txt'];
+    for (const name of names) {
+      await fs.mkdir(path.dirname(path.join(repo, name)), { recursive: true });
+      await fs.writeFile(path.join(repo, name), name);
+    }
+    const git = (...args: string[]) => execFileSync('git', ['-c', 'user.name=t', '-c', 'user.email=t@t', '-c', 'core.quotePath=false', ...args], { cwd: repo });
+    git('init', '-q');
+    git('add', '-A');
+    git('commit', '-qm', 'init');
+    const clean = await gitState(sandbox, repo);
+    expect(clean.commit).to.match(/^[0-9a-f]{40}$/);
+    expect(clean.dirty).to.equal(false);
+    expect(clean.files).to.deep.equal([...names].sort());
+    // one untracked, named to look like the listing's old mark: the tree is dirty, and every file still listed
+    await fs.writeFile(path.join(repo, 'new@@\nfile'), 'x');
+    const dirty = await gitState(sandbox, repo);
+    expect(dirty.dirty).to.equal(true);
+    expect(dirty.files).to.have.members([...names, 'new@@\nfile']);
+    expect((await gitState(sandbox, repo, [], { tracked: true })).dirty).to.equal(false);
+  });
+
   it('runs a project’s gates in the sandbox: one passes, one fails with annotations, one times out, secrets stay out, the scan finds a token', async () => {
     const project = path.join(dir, 'project');
     await makeProject(project, GATES_YAML);
