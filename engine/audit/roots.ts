@@ -84,7 +84,9 @@ export async function resolveAuditRoot(requested: string | undefined, policy: Au
         ]);
   // what no audit reads (another tenant's root, the data folder) is refused whether it exists or not, before
   // anything else: a 400 for a missing folder there and a 403 for one that exists told a tenant another's folders
-  if (policy.privateRoots) await assertNotPrivate(await whereLeads(wanted), requested, policy);
+  const passed: string[] = [];
+  const leads = await whereLeads(wanted, (at) => passed.push(at));
+  if (policy.privateRoots) await assertNotPrivate(leads, requested, policy);
   const real = await fs.realpath(wanted).catch(() => null);
   const stat = real ? await fs.stat(real).catch(() => null) : null;
   if (!real || !stat?.isDirectory()) throw notAFolder();
@@ -101,6 +103,9 @@ export async function resolveAuditRoot(requested: string | undefined, policy: Au
       new PathNotPermittedError(`${requested ?? real} is ${why}; audits of /etc, /proc and /sys need SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS=1`);
     const realSensitive = await Promise.all(sensitive.map((r) => fs.realpath(r).catch(() => r)));
     if (realSensitive.some((r) => inside(real, r))) throw refuse(`under ${realSensitive.find((r) => inside(real, r))}`);
+    // a path through one that leads elsewhere (/proc/self/cwd, the service's own folder; a link to it)
+    const through = passed.find((at) => realSensitive.some((r) => inside(at, r)));
+    if (through) throw refuse(`reached through ${through}`);
     const fsType = (await fs.statfs(real).catch(() => null))?.type;
     if (fsType === PROC_SUPER_MAGIC || fsType === SYSFS_MAGIC) throw refuse('on the proc or sys file system');
     const key = realSensitive.join('\0');

@@ -35,8 +35,9 @@ const MAX_HOPS = 40;
  * Where `p` (absolute) leads, whether or not all of it exists: its parts walked once, as the kernel walks them,
  * each link followed (at most MAX_HOPS, the kernel's bound) by putting its target's parts in front of those
  * left, and what is missing appended as it is named. `..` after a link is the parent of where the link leads.
+ * `passing` hears each place that exists on the way, links included (where a path goes, not only where it ends).
  */
-export async function whereLeads(p: string): Promise<string> {
+export async function whereLeads(p: string, passing?: (at: string) => void): Promise<string> {
   const left = p.split(path.sep).filter(Boolean).reverse();
   let at = path.parse(p).root || path.sep;
   let hops = MAX_HOPS;
@@ -59,6 +60,7 @@ export async function whereLeads(p: string): Promise<string> {
       at = next;
       continue;
     }
+    passing?.(next);
     const target = st.isSymbolicLink() && hops-- > 0 ? await fs.readlink(next).catch(() => null) : null;
     if (target === null) {
       at = next;

@@ -80,6 +80,19 @@ describe('audit roots', () => {
     expect(await resolveAuditRoot('etc-link', { ...policy, allowSensitive: true })).to.equal('/etc');
   });
 
+  it('refuses a path through /proc that leads elsewhere: /proc/self/cwd (the service’s own folder), and a link to it', async () => {
+    await fs.symlink('/proc/self/cwd', path.join(tenantRoot, 'cwd-link'));
+    await fs.symlink(`/proc/${process.pid}/root/tmp`, path.join(tenantRoot, 'tmp-link'));
+    for (const requested of ['/proc/self/cwd', '/proc/../proc/self/cwd', `/proc/${process.pid}/cwd`, 'cwd-link', 'tmp-link']) {
+      const err = await refused(requested);
+      expect(err, requested).to.be.instanceOf(PathNotPermittedError);
+      expect((err as Error).message, requested).to.match(/reached through \/proc/);
+    }
+    // the same folders named as they are
+    expect(await resolveAuditRoot(process.cwd(), policy)).to.equal(await fs.realpath(process.cwd()));
+    expect(await resolveAuditRoot('cwd-link', { ...policy, allowSensitive: true })).to.equal(await fs.realpath(process.cwd()));
+  });
+
   it('refuses a bind mount of /etc elsewhere (same device and inode)', async function () {
     const mounted = path.join(dir, 'bind');
     await fs.mkdir(mounted);
