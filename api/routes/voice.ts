@@ -161,7 +161,17 @@ function receive(
   req: Request,
   maxAudioBytes: number,
 ): { file: Promise<{ audio: Readable; before: Record<string, string> }>; fields: Promise<Record<string, string>> } {
-  if (!req.is('multipart/form-data')) return { file: Promise.resolve({ audio: req, before: {} }), fields: Promise.resolve({}) };
+  const refused = (err: Error) => {
+    const bad = Promise.reject(err);
+    bad.catch(() => undefined);
+    return { file: bad, fields: bad };
+  };
+  if (!req.is('multipart/form-data')) {
+    // a raw body whose length says it is over the limit is refused before a byte of it reaches the provider
+    if (Number(req.headers['content-length']) > maxAudioBytes)
+      return refused(new PayloadTooLargeError(`the audio is over the ${Math.round(maxAudioBytes / 1024 / 1024)} MB limit`));
+    return { file: Promise.resolve({ audio: req, before: {} }), fields: Promise.resolve({}) };
+  }
   const unreadable = (err: Error) => new ValidationError('the multipart body cannot be read', [{ path: '/body', message: err.message }]);
   const noAudio = () => new ValidationError('no audio', [{ path: '/body/file', message: 'a file field named "file" is required' }]);
   const fields: Record<string, string> = Object.create(null);
@@ -175,9 +185,7 @@ function receive(
     bb = busboy({ headers: req.headers, limits: { files: 1, fields: MAX_FIELDS, fieldSize: MAX_FIELD_BYTES } });
     if (Number(req.headers['content-length']) > maxBodyBytes) throw tooLarge();
   } catch (err) {
-    const bad = Promise.reject(err instanceof PayloadTooLargeError ? err : unreadable(err as Error));
-    bad.catch(() => undefined);
-    return { file: bad, fields: bad };
+    return refused(err instanceof PayloadTooLargeError ? err : unreadable(err as Error));
   }
   let failure: Error | undefined;
   let audio: Readable | undefined;

@@ -387,6 +387,10 @@ describe('voice transcription', function () {
     const declared = await sendUntilAnswered(sized(huge), pieces(huge, 1024 * 1024));
     expect(declared.status).to.contain('413');
     expect(declared.sent).to.be.below(10 * 1024 * 1024);
+    // so is a raw body that says its length is over the audio's limit: the provider hears none of it
+    const rawDeclared = await sendUntilAnswered(`Content-Type: audio/wav\r\nContent-Length: ${huge.length}\r\n`, pieces(huge, 1024 * 1024));
+    expect(rawDeclared.status).to.contain('413');
+    expect(rawDeclared.sent).to.be.below(10 * 1024 * 1024);
     expect(provider.received.filter((r) => r.file)).to.have.length(0);
     provider.play([{ status: 200, body: VERBOSE }]);
     expect((await upload(h, formOf(wav(0.2), {}))).status, 'the service still answers').to.equal(200);
@@ -451,15 +455,30 @@ describe('voice transcription', function () {
     const csv = await raw(h, utf16);
     expect(csv.status, csv.text).to.equal(415);
 
-    // a recorder's WAV of unknown length plays 60 s in its first 1.9 MB: refused then, not at 25 MB
+    // a recorder's WAV of unknown length (sent as it is made: no Content-Length) plays 60 s in its first 1.9 MB:
+    // refused then, not at 25 MB
     const huge = Buffer.alloc(26 * 1024 * 1024);
     wav(0).copy(huge);
-    const streamed = await raw(h, huge);
+    const unsized = async (bytes: Buffer, type: string) => {
+      const res = await fetch(`${h.url}/api/v1/autonomy/voice/transcribe`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${KEYS.a}`, 'content-type': type },
+        body: new Blob([bytes]).stream(),
+        duplex: 'half',
+      } as RequestInit);
+      const text = await res.text();
+      return { status: res.status, text, body: JSON.parse(text) };
+    };
+    const streamed = await unsized(huge, 'audio/wav');
     expect(streamed.status, streamed.text).to.equal(422);
     expect(streamed.body.code).to.equal('audio-too-long');
+    // said up front, the same length is refused before the body is read
+    const declared = await raw(h, huge);
+    expect(declared.status, declared.text).to.equal(413);
+    expect(declared.body.code).to.equal('payload-too-large');
     // a length only decoding tells (MP3): the size limit
     huge.write('ID3\x04', 0, 'latin1');
-    const big = await raw(h, huge, 'audio/mpeg');
+    const big = await unsized(huge, 'audio/mpeg');
     expect(big.status, big.text).to.equal(413);
     expect(big.body.code).to.equal('payload-too-large');
     const bigForm = await upload(h, formOf(huge, { language: 'en' }));
