@@ -42,8 +42,9 @@ export class ApiError extends CliError {
 
 /** An answer's Retry-After in seconds (delta-seconds only); undefined without one. */
 function retryAfterOf(res: Response): number | undefined {
-  const value = Number(res.headers.get('retry-after') ?? NaN);
-  return Number.isFinite(value) && value >= 0 ? value : undefined;
+  // (an empty one is none: Number('') is 0, which made a 400 a "retry at once", exit 5)
+  const value = res.headers.get('retry-after')?.trim() ?? '';
+  return /^\d{1,9}$/.test(value) ? Number(value) : undefined;
 }
 
 /** Answers worth trying again while following a stream: the service busy, restarting or behind a proxy that is. */
@@ -76,6 +77,16 @@ export class RedirectError extends CliError {
     super(
       `the service at ${shownUrl(requested)} answered ${status}, a redirect${where}; requests are not sent on (they carry the API key and their body): ` +
         `set --url or SERVICE_URL to ${to ? baseOf(to, apiPath) : 'the service itself'}`,
+      EXIT.unavailable,
+    );
+  }
+}
+
+/** A 2xx that is not an event stream where one was asked for: a proxy's page (a sign-in, an error), not the service. */
+export class NotAStreamError extends CliError {
+  constructor(status: number, type: string | null) {
+    super(
+      `the service answered ${status} with ${type ? `"${type.slice(0, 100)}"` : 'no content type'}, not an event stream: is a proxy in front of it answering instead?`,
       EXIT.unavailable,
     );
   }
@@ -232,7 +243,7 @@ export class ApiClient {
         if (last) return last;
         why = 'the stream ended early';
       } catch (err) {
-        if (err instanceof RedirectError || (err instanceof ApiError && !RETRIED_STATUSES.has(err.status))) throw err;
+        if (err instanceof RedirectError || err instanceof NotAStreamError || (err instanceof ApiError && !RETRIED_STATUSES.has(err.status))) throw err;
         if (opts.signal?.aborted) throw err;
         why = (err as Error).message;
         if (err instanceof ApiError && err.retryAfterSeconds !== undefined) retryAfterMs = Math.min(err.retryAfterSeconds * 1000, RETRY_AFTER_MAX_MS);
@@ -271,6 +282,12 @@ export class ApiClient {
         throw new ApiError(res.status, problem, retryAfterOf(res));
       }
       if (res.status === 204) return NOTHING_MORE;
+      // (its body, which would end at once, was read as a stream that dropped: reconnected every 250 ms, for good)
+      const type = res.headers.get('content-type');
+      if (!/^text\/event-stream\s*(;|$)/i.test(type ?? '')) {
+        await res.body?.cancel().catch(() => undefined);
+        throw new NotAStreamError(res.status, type);
+      }
       if (!res.body) return null;
       let last: ServiceEvent | null = null;
       const parser = createParser({

@@ -330,6 +330,28 @@ describe('the command-line tool (built) against stub servers', function () {
     expect(listed.stderr).to.contain('429 rate-limited');
   });
 
+  it('--wait exits 5 at once when the event stream is answered by a page that is not one (a proxy’s sign-in): it reconnected four times a second, for good', async () => {
+    let streams = 0;
+    const url = await stub((req, res) => {
+      if (req.method === 'POST') return json(res, 202, { run_id: 'run_x', session_id: 'ses_x', status: 'queued' });
+      streams++;
+      res.writeHead(200, { 'content-type': 'text/html' }).end('<html>please sign in</html>');
+    });
+    const { code, stderr } = await spawnCli(['run', '--step', 'shell:true', '--wait', '--url', url], {}).done;
+    expect(code, stderr).to.equal(5);
+    expect(stderr).to.contain('answered 200 with "text/html", not an event stream');
+    expect(streams).to.equal(1);
+  });
+
+  it('reads an empty Retry-After as none: a 400 that carries one exits 2, not 5', async () => {
+    const url = await stub((_req, res) => {
+      res.setHeader('retry-after', '');
+      json(res, 400, { title: 'Bad Request', status: 400, code: 'bad-request', detail: 'no' });
+    });
+    const { code, stderr } = await spawnCli(['runs', 'list', '--url', url], {}).done;
+    expect(code, stderr).to.equal(2);
+  });
+
   it('exits 5 on a 409 that says when to retry (the same Idempotency-Key still being handled), 2 on one that does not', async () => {
     const url = await stub((req, res) => {
       if (req.method === 'POST' && req.url === '/api/v1/autonomy/run') {
