@@ -1947,7 +1947,7 @@ export interface components {
              */
             type: "manual";
         };
-        /** @description Fires on a schedule. A bad expression or time zone is a 400 that says which, and so is one that fires more often than SERVICE_CRON_MIN_INTERVAL_SECONDS (60 s unless the operator sets it), or not within the next 5 years. */
+        /** @description Fires on a schedule. A bad expression or time zone is a 400 that says which, and so is one that fires more often than SERVICE_CRON_MIN_INTERVAL_SECONDS (60 s unless the operator sets it), alone or with the automation's other cron triggers, or not within the next 5 years. */
         CronTrigger: {
             /**
              * @description discriminator enum property added by openapi-typescript

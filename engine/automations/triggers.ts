@@ -243,6 +243,16 @@ const cronError = memo((schedule: string): string | null => {
   return null;
 });
 
+/** The times of day (seconds after midnight, sorted) a cron expression fires at: its seconds, minutes and hours. */
+function timesOfDay(schedule: string): number[] {
+  const f = fieldsOf(schedule);
+  const sorted = (values: readonly (number | string)[]) => values.filter((v): v is number => typeof v === 'number').sort((a, b) => a - b);
+  const [hours, minutes, seconds] = [sorted(f.hour.values), sorted(f.minute.values), sorted(f.second.values)];
+  const out: number[] = [];
+  for (const h of hours) for (const m of minutes) for (const s of seconds) out.push(h * 3600 + m * 60 + s);
+  return out;
+}
+
 /**
  * The shortest time between two fires of a cron expression on the clock, from its seconds, minutes and hours
  * (no stepping through dates: an expression's days only space its fires further apart), the step from a
@@ -250,23 +260,99 @@ const cronError = memo((schedule: string): string | null => {
  * may shorten one gap of the year by its hour.
  */
 const shortestGapSeconds = memo((schedule: string): number | null => {
-  const f = fieldsOf(schedule);
-  const sorted = (values: readonly (number | string)[]) => values.filter((v): v is number => typeof v === 'number').sort((a, b) => a - b);
-  const [hours, minutes, seconds] = [sorted(f.hour.values), sorted(f.minute.values), sorted(f.second.values)];
-  if (hours.length * minutes.length * seconds.length < 2) return null;
-  let first = -1;
-  let last = -1;
-  let gap = Infinity;
-  for (const h of hours)
-    for (const m of minutes)
-      for (const s of seconds) {
-        const t = h * 3600 + m * 60 + s;
-        if (last >= 0) gap = Math.min(gap, t - last);
-        else first = t;
-        last = t;
-      }
-  return Math.min(gap, first + 86_400 - last);
+  const times = timesOfDay(schedule);
+  if (times.length < 2) return null;
+  let gap = times[0]! + 86_400 - times.at(-1)!;
+  for (let i = 1; i < times.length; i++) gap = Math.min(gap, times[i]! - times[i - 1]!);
+  return gap;
 }, 500);
+
+/** Days compared when two triggers of one zone are: a year and a month, so each date and weekday of the year is seen. */
+const DAYS_COMPARED = 400;
+
+/**
+ * Which of the DAYS_COMPARED days from `start` (a UTC midnight, read as a date of the trigger's zone) a cron
+ * expression fires on, by its month, day-of-month and weekday fields (either of the last two when both are
+ * set, as cron does). A day rule beyond plain values (L, #) is taken as every day of its months: more days, so
+ * a closeness it hides is never missed.
+ */
+function fireDays(schedule: string, start: number): Uint8Array {
+  const f = fieldsOf(schedule);
+  const plain = (values: readonly (number | string)[]) => values.every((v) => typeof v === 'number');
+  const special = !plain(f.dayOfMonth.values) || !plain(f.dayOfWeek.values) || f.dayOfMonth.hasLastChar || f.dayOfWeek.hasLastChar || !!f.dayOfWeek.nthDay;
+  const months = new Set(f.month.values as readonly number[]);
+  const dates = new Set(f.dayOfMonth.values as readonly number[]);
+  const weekdays = new Set((f.dayOfWeek.values as readonly number[]).map((d) => d % 7));
+  const [anyDate, anyWeekday] = [f.dayOfMonth.isWildcard, f.dayOfWeek.isWildcard];
+  const days = new Uint8Array(DAYS_COMPARED);
+  for (let i = 0; i < DAYS_COMPARED; i++) {
+    const d = new Date(start + i * DAY_MS);
+    if (!months.has(d.getUTCMonth() + 1)) continue;
+    const [date, weekday] = [dates.has(d.getUTCDate()), weekdays.has(d.getUTCDay())];
+    days[i] = Number(special || (anyDate && anyWeekday) || (anyDate ? weekday : anyWeekday ? date : date || weekday));
+  }
+  return days;
+}
+
+/** The least distance between a number of one sorted list and one of another. */
+function closest(a: readonly number[], b: readonly number[]): number {
+  let best = Infinity;
+  for (let i = 0, j = 0; i < a.length && j < b.length;) {
+    best = Math.min(best, Math.abs(a[i]! - b[j]!));
+    if (a[i]! < b[j]!) i++;
+    else j++;
+  }
+  return best;
+}
+
+type CronTrigger = Extract<Trigger, { type: 'cron' }>;
+
+/**
+ * The two cron triggers of one automation that fire closest together, when closer than `limit` seconds (each
+ * on its own was checked already). Two of one zone are compared on the days both fire (Monday's 09:00 and
+ * Tuesday's are a day apart), a day's last fire with the next day's first included; two of different zones by
+ * their times of day in UTC alone, at each offset their zones take in the coming year.
+ */
+function closestCronTriggers(crons: { t: CronTrigger; i: number }[], limit: number, now: number): { a: number; b: number; gap: number; zones: boolean } | null {
+  const zoneOf = (t: CronTrigger) => (UTC_ZONES.has(t.timezone ?? '') ? 'UTC' : t.timezone!);
+  const start = Math.floor(now / DAY_MS) * DAY_MS;
+  const times = crons.map(({ t }) => timesOfDay(t.schedule));
+  const days = new Map<number, Uint8Array>();
+  const daysOf = (k: number) => days.get(k) ?? days.set(k, fireDays(crons[k]!.t.schedule, start)).get(k)!;
+  /** some day the first fires on, and the second `shift` days later */
+  const together = (x: Uint8Array, y: Uint8Array, shift: number) => x.some((on, d) => on && y[d + shift]);
+  const utc = new Map<number, number[][]>();
+  /** the times of day in UTC, at each offset of the zone over the coming year */
+  const utcTimes = (k: number) => {
+    const known = utc.get(k);
+    if (known) return known;
+    const zone = zoneOf(crons[k]!.t);
+    const offsets = new Set(Array.from({ length: 26 }, (_, w) => offsetMsAt(zone, now + w * 15 * DAY_MS) / 1000));
+    const shifted = [...offsets].map((o) => times[k]!.map((t) => (((t - o) % 86_400) + 86_400) % 86_400).sort((x, y) => x - y));
+    utc.set(k, shifted);
+    return shifted;
+  };
+  for (let a = 0; a < crons.length; a++)
+    for (let b = a + 1; b < crons.length; b++) {
+      const [ta, tb] = [times[a]!, times[b]!];
+      if (!ta.length || !tb.length) continue;
+      if (zoneOf(crons[a]!.t) === zoneOf(crons[b]!.t)) {
+        const same = closest(ta, tb);
+        if (same < limit && together(daysOf(a), daysOf(b), 0)) return { a: crons[a]!.i, b: crons[b]!.i, gap: same, zones: false };
+        const aThenB = 86_400 - ta.at(-1)! + tb[0]!;
+        if (aThenB < limit && together(daysOf(a), daysOf(b), 1)) return { a: crons[a]!.i, b: crons[b]!.i, gap: aThenB, zones: false };
+        const bThenA = 86_400 - tb.at(-1)! + ta[0]!;
+        if (bThenA < limit && together(daysOf(b), daysOf(a), 1)) return { a: crons[a]!.i, b: crons[b]!.i, gap: bThenA, zones: false };
+        continue;
+      }
+      for (const x of utcTimes(a))
+        for (const y of utcTimes(b)) {
+          const gap = Math.min(closest(x, y), x[0]! + 86_400 - y.at(-1)!, y[0]! + 86_400 - x.at(-1)!);
+          if (gap < limit) return { a: crons[a]!.i, b: crons[b]!.i, gap, zones: true };
+        }
+    }
+  return null;
+}
 
 /**
  * What is wrong with a file_change glob: its syntax, any glob its braces make (`{..,a}/x` is `../x` too)
@@ -327,5 +413,16 @@ export function validateTriggers(triggers: Trigger[], at = '/body/triggers', opt
       });
     }
   });
+  // the limit bounds how often an automation fires, not each of its triggers: five triggers of every 10 s,
+  // 2 s apart, fired every 2 s under a limit of 10
+  const crons = triggers.flatMap((t, i) => (t?.type === 'cron' ? [{ t, i }] : []));
+  if (opts.cronMinIntervalSeconds && !errors.length && crons.length > 1) {
+    const near = closestCronTriggers(crons, opts.cronMinIntervalSeconds, Date.now());
+    if (near)
+      errors.push({
+        path: `${at}/${near.b}/schedule`,
+        message: `fires ${near.gap} s from a fire of trigger ${near.a}; an automation's cron triggers together may fire no closer than ${opts.cronMinIntervalSeconds} s (SERVICE_CRON_MIN_INTERVAL_SECONDS)${near.zones ? '; triggers of different time zones are compared by their times of day' : ''}`,
+      });
+  }
   return errors;
 }

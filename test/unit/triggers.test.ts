@@ -199,6 +199,46 @@ describe('engine/triggers', () => {
     expect(validateTriggers([{ type: 'cron', schedule: '0 9 * * MON', timezone: 'UTC' }], '/t', { cronMinIntervalSeconds: 86_400 })).to.deep.equal([]);
   });
 
+  it('holds an automation’s cron triggers together to the shortest interval: on the days both fire, across midnight, and across zones', () => {
+    const cron = (schedule: string, timezone = 'UTC') => ({ type: 'cron' as const, schedule, timezone });
+    const check = (triggers: ReturnType<typeof cron>[], limit: number) =>
+      validateTriggers(triggers, '/t', { cronMinIntervalSeconds: limit }).map((e) => `${e.path} ${e.message.split(';')[0]}`);
+    // five triggers of every 10 s, 2 s apart: every 2 s in all
+    expect(
+      check(
+        [0, 2, 4, 6, 8].map((s) => cron(`${s}/10 * * * * *`)),
+        10,
+      ),
+    ).to.deep.equal(['/t/1/schedule fires 2 s from a fire of trigger 0']);
+    expect(
+      check(
+        [0, 5].map((s) => cron(`${s}/10 * * * * *`)),
+        5,
+      ),
+    ).to.deep.equal([]);
+    // the same schedule twice: two fires at once
+    expect(check([cron('0 9 * * *'), cron('0 12 * * *'), cron('0 9 * * *')], 60)).to.deep.equal(['/t/2/schedule fires 0 s from a fire of trigger 0']);
+    // 09:00 on Mondays and on Tuesdays never fire together; on Mondays and on the 1st of the month they do, some day
+    expect(check([cron('0 9 * * MON'), cron('0 9 * * TUE')], 60)).to.deep.equal([]);
+    expect(check([cron('0 9 * * MON'), cron('0 9 1 * *')], 60)).to.deep.equal(['/t/1/schedule fires 0 s from a fire of trigger 0']);
+    // a day's last fire and the next day's first: Monday 23:59:30 and Tuesday 00:00:10, not Wednesday's
+    expect(check([cron('30 59 23 * * MON'), cron('10 0 0 * * TUE')], 60)).to.deep.equal(['/t/1/schedule fires 40 s from a fire of trigger 0']);
+    expect(check([cron('30 59 23 * * MON'), cron('10 0 0 * * WED')], 60)).to.deep.equal([]);
+    expect(check([cron('10 0 0 * * TUE'), cron('30 59 23 * * MON')], 60)).to.deep.equal(['/t/1/schedule fires 40 s from a fire of trigger 0']);
+    // zones: every hour in UTC and at half past in India (UTC+05:30) are the same instants; on the hour there, 30 min apart
+    expect(check([cron('0 * * * *'), cron('30 * * * *', 'Asia/Kolkata')], 60)).to.deep.equal(['/t/1/schedule fires 0 s from a fire of trigger 0']);
+    expect(check([cron('0 * * * *'), cron('0 * * * *', 'Asia/Kolkata')], 60)).to.deep.equal([]);
+    // Paris is UTC+1 or UTC+2: 10:00 there is 09:00 UTC half the year
+    expect(check([cron('0 9 * * *'), cron('0 10 * * *', 'Europe/Paris')], 60)).to.deep.equal(['/t/1/schedule fires 0 s from a fire of trigger 0']);
+    expect(check([cron('0 9 * * *'), cron('30 10 * * *', 'Europe/Paris')], 60)).to.deep.equal([]);
+    // twenty triggers of every minute, as dense as the limit allows: answered in little time
+    const started = performance.now();
+    const dense = Array.from({ length: 20 }, (_, i) => cron(`${i * 3} * * * * *`, i % 2 ? 'UTC' : 'Europe/Paris'));
+    expect(check(dense, 60)).to.have.length(1);
+    expect(check(dense.slice(0, 1), 60)).to.deep.equal([]);
+    expect(performance.now() - started).to.be.below(500);
+  });
+
   it('looks for a next fire no further than 5 years ahead, in little time however rarely the expression fires', () => {
     const started = performance.now();
     const rare = Array.from({ length: 20 }, (_, i) => ({ type: 'cron' as const, schedule: `${i} 5 * 2 1#5`, timezone: 'Europe/Paris' }));
