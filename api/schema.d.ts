@@ -1993,6 +1993,8 @@ export interface components {
              *     `.scratch` or `.checkouts`, at any depth, is watched, nor anything in it: a glob (not a `!` one) with such a
              *     folder as one of its plain segments (`node_modules/**`, `.git/refs/heads/*`, `pkg/*\/node_modules/**`;
              *     with `{a,b}`, in every glob they make: `{src,node_modules}/**` fires for `src`) can never fire and is a 400.
+             *     The globs of all of an automation's file_change triggers come to at most 8,192 characters with their
+             *     braces expanded (each file event is matched against them all); past it, a 400.
              */
             paths: string[];
             /** @default 500 */

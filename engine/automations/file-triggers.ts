@@ -32,6 +32,13 @@ const ENTRIES_TOTAL = 100_000;
 const TOO_LARGE_RETRY_MS = 10 * 60_000;
 /** The paths a run's trigger names, and what a pending batch keeps of its paths: its first ones in order. */
 const PATHS_KEPT = 100;
+/**
+ * How long matching file events holds the process before it lets other work in (a turn of the event loop): each
+ * automation's globs are bounded (MAX_GLOB_CHARS), but a tenant may keep many, and the process is every tenant's.
+ */
+const MATCH_SLICE_MS = 10;
+/** File events waiting to be matched, at most: past it (a burst faster than matching), new ones are dropped, and said so. */
+const EVENTS_QUEUED_MAX = 100_000;
 
 type Root = {
   watch: SharedWatch;
@@ -157,23 +164,65 @@ export function fileTriggersOf(
     );
   }
 
+  /** file events not yet matched (from `head` on), each with the automations it is matched against (those watched when it came) and how far it got */
+  let events: { file: string; removed?: Promise<string>; against: Watched[]; next: number; rel?: string }[] = [];
+  let head = 0;
+  let matching = false;
+  let dropped = 0;
+
   function onChange(file: string, removed?: Promise<string>): void {
-    let rel: string | undefined;
-    for (const w of watched) {
-      // an automation's globs are relative to its own tenant's root, and see nothing outside it
-      if (!file.startsWith(w.tenantRoot + path.sep)) continue;
-      rel ??= path.relative(w.tenantRoot, file).split(path.sep).join('/');
-      const hit = w.matchers.find((m) => m.match(rel!));
-      if (!hit) continue;
-      const key = w.automation.id;
-      const entry: Pending = pending.get(key) ?? { timer: undefined as unknown as NodeJS.Timeout, paths: [], more: false, gone: new Map() };
-      keep(entry, rel);
-      if (removed && entry.paths.includes(rel)) entry.gone.set(rel, removed);
-      else entry.gone.delete(rel);
-      clearTimeout(entry.timer);
-      entry.timer = setTimeout(() => void fire(w.automation, entry, w.tenantRoot), hit.debounceMs);
-      pending.set(key, entry);
+    if (events.length - head >= EVENTS_QUEUED_MAX) {
+      if (dropped++ === 0)
+        deps.log.warn({ queued: events.length - head }, 'file events come faster than they are matched: new ones are dropped until the line drains');
+      return;
     }
+    events.push({ file, removed, against: watched, next: 0 });
+    if (!matching) matchEvents();
+  }
+
+  /** Matches the events in line, in order, and lets other work in every MATCH_SLICE_MS (most events take a fraction of it). */
+  function matchEvents(): void {
+    matching = true;
+    const until = performance.now() + MATCH_SLICE_MS;
+    for (let e = events[head]; e && !closed; e = events[head]) {
+      while (e.next < e.against.length) {
+        try {
+          matchOne(e, e.against[e.next++]!);
+        } catch (err) {
+          deps.log.warn({ err: (err as Error).message, automation_id: e.against[e.next - 1]!.automation.id }, 'a file event could not be matched');
+        }
+        if (performance.now() > until) {
+          setImmediate(matchEvents);
+          return;
+        }
+      }
+      // the matched ones are let go now and then, not one at a time (shifting a long line is slow)
+      if (++head >= 4096) {
+        events = events.slice(head);
+        head = 0;
+      }
+    }
+    events = [];
+    head = 0;
+    matching = false;
+    if (dropped) deps.log.warn({ dropped }, 'file events were dropped while matching could not keep up');
+    dropped = 0;
+  }
+
+  function matchOne(e: (typeof events)[number], w: Watched): void {
+    // an automation's globs are relative to its own tenant's root, and see nothing outside it
+    if (!e.file.startsWith(w.tenantRoot + path.sep)) return;
+    const rel = (e.rel ??= path.relative(w.tenantRoot, e.file).split(path.sep).join('/'));
+    const hit = w.matchers.find((m) => m.match(rel));
+    if (!hit) return;
+    const key = w.automation.id;
+    const entry: Pending = pending.get(key) ?? { timer: undefined as unknown as NodeJS.Timeout, paths: [], more: false, gone: new Map() };
+    keep(entry, rel);
+    if (e.removed && entry.paths.includes(rel)) entry.gone.set(rel, e.removed);
+    else entry.gone.delete(rel);
+    clearTimeout(entry.timer);
+    entry.timer = setTimeout(() => void fire(w.automation, entry, w.tenantRoot), hit.debounceMs);
+    pending.set(key, entry);
   }
 
   /** Adds a path to a batch, which keeps its first PATHS_KEPT in order (a burst of 100,000 is not held whole). */
@@ -217,7 +266,15 @@ export function fileTriggersOf(
       // batch began fires only for the paths its triggers still match (runRequest refuses one not enabled)
       const a = (await deps.store.automations.get(fired.tenant_id, fired.id).catch(() => fired)) ?? null;
       const matchers = a ? matchersOf(a) : [];
-      const paths = batch.paths.filter((p) => matchers.some((m) => m.match(p)));
+      const paths: string[] = [];
+      let until = performance.now() + MATCH_SLICE_MS;
+      for (const p of batch.paths) {
+        if (matchers.some((m) => m.match(p))) paths.push(p);
+        if (performance.now() > until) {
+          await new Promise((r) => setImmediate(r));
+          until = performance.now() + MATCH_SLICE_MS;
+        }
+      }
       if (!a || !paths.length) {
         deps.log.info({ automation_id: fired.id }, 'file changes not fired: the automation no longer watches them');
         return;
@@ -256,6 +313,8 @@ export function fileTriggersOf(
     },
     async close() {
       closed = true;
+      events = [];
+      head = 0;
       clearInterval(refresher);
       for (const p of pending.values()) clearTimeout(p.timer);
       pending.clear();

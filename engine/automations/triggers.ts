@@ -267,6 +267,9 @@ const shortestGapSeconds = memo((schedule: string): number | null => {
   return gap;
 }, 500);
 
+/** The most characters an automation's file_change globs may come to, braces expanded: a file event's matching costs at most that times the path's length. */
+export const MAX_GLOB_CHARS = 8192;
+
 /** Days compared when two triggers of one zone are: a year and a month, so each date and weekday of the year is seen. */
 const DAYS_COMPARED = 400;
 
@@ -413,6 +416,18 @@ export function validateTriggers(triggers: Trigger[], at = '/body/triggers', opt
       });
     }
   });
+  // every file event is matched against every glob of the automations watching its root: what one automation's
+  // globs cost is bounded in all (each glob alone is, by its braces; 20 triggers of 50 globs of 64 expansions
+  // held the watching process 8 s for one event)
+  const globs = triggers.flatMap((t) => (t?.type === 'file_change' && Array.isArray(t.paths) ? t.paths : []));
+  if (!errors.length && globs.length) {
+    const chars = globs.reduce((n, glob) => n + expandBraces(glob).reduce((m, one) => m + one.length, 0), 0);
+    if (chars > MAX_GLOB_CHARS)
+      errors.push({
+        path: at,
+        message: `its file_change globs come to ${chars} characters with their braces expanded, over the ${MAX_GLOB_CHARS} an automation may match each file against: fewer globs, or a glob with fewer braces`,
+      });
+  }
   // the limit bounds how often an automation fires, not each of its triggers: five triggers of every 10 s,
   // 2 s apart, fired every 2 s under a limit of 10
   const crons = triggers.flatMap((t, i) => (t?.type === 'cron' ? [{ t, i }] : []));
