@@ -276,7 +276,8 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
     const attempts = keptTries(d.attempts, { at: at.toISOString(), ...sent, duration_ms: Date.now() - started });
     if (!sent.error) {
       const done = await store.notificationDeliveries.update(tenantId, d.id, { status: 'succeeded', attempts, updated_at: clock.now().toISOString() });
-      if (endpoint.consecutive_failures) await store.notificationEndpoints.update(tenantId, endpoint.id, { consecutive_failures: 0 });
+      // whatever the endpoint read before the try said: a try that failed while this one waited is before it
+      await store.notificationEndpoints.resetFailures(tenantId, endpoint.id);
       return done;
     }
     await store.notificationDeliveries.update(tenantId, d.id, { status: last ? 'failed' : 'pending', attempts, updated_at: clock.now().toISOString() });

@@ -267,6 +267,12 @@ export interface NotificationEndpointRepo {
   update(tenantId: string, id: string, changes: NotificationEndpointChanges): Promise<NotificationEndpoint | null>;
   /** Counts one more delivery that failed for good (atomically); the endpoint as it is now. */
   addFailure(tenantId: string, id: string, at: string): Promise<NotificationEndpoint | null>;
+  /**
+   * Counts a delivery that succeeded: the failures in a row start again from none (atomically, whatever was read
+   * before the try: a try that failed while this one waited for its answer is not in a row with the next one).
+   * Nothing is written when there were none.
+   */
+  resetFailures(tenantId: string, id: string): Promise<void>;
   /** Disables the endpoint only while it is enabled: the endpoint, or null when it was not (of two that race, one wins). */
   disable(tenantId: string, id: string, reason: string, at: string): Promise<NotificationEndpoint | null>;
   /**

@@ -24,6 +24,8 @@ type Received = { path: string; headers: http.IncomingHttpHeaders; body: string;
 async function startReceiver() {
   const received: Received[] = [];
   const status = new Map<string, number>();
+  /** a path's answer chosen by the request's body (its status, and how long it is held first), before `status` */
+  const plans = new Map<string, (body: string) => { status: number; delayMs: number }>();
   const server = http.createServer((req, res) => {
     let body = '';
     req.on('data', (d) => (body += d));
@@ -36,7 +38,9 @@ async function startReceiver() {
         res.on('close', () => clearInterval(drip));
         return;
       }
-      res.writeHead(status.get(req.url ?? '/') ?? 200).end();
+      const plan = plans.get(req.url ?? '/')?.(body);
+      if (plan) setTimeout(() => res.writeHead(plan.status).end(), plan.delayMs);
+      else res.writeHead(status.get(req.url ?? '/') ?? 200).end();
     });
   });
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
@@ -45,6 +49,7 @@ async function startReceiver() {
     url,
     received,
     status,
+    plans,
     close: () =>
       new Promise<void>((r) => {
         server.close(() => r());
@@ -220,6 +225,28 @@ describe('outbound notifications', function () {
       );
       return d?.status === 'succeeded' ? d : null;
     }, 'the replay to be logged');
+  });
+
+  it('counts failures in a row by when each try ended: a try that succeeded after another failed starts the count again', async () => {
+    const made = await endpoint({ url: `${receiver.url}/in-a-row`, event_types: ['run.finished'] });
+    const at = new Date().toISOString();
+    const ids = ['a', 'b', 'c'].map(() => newId('ntf'));
+    for (const [i, id] of ids.entries()) await storeDelivery(id, made.endpoint.id, `run_row_${i}`, at, { status: 'pending', attempts: [] });
+    // the first succeeds after 800 ms; the second fails at once meanwhile, the third after the first has ended
+    receiver.plans.set('/in-a-row', (body) => (body.includes('run_row_0') ? { status: 200, delayMs: 800 } : { status: 500, delayMs: 0 }));
+    try {
+      const first = h.rt.engine.notifications.deliver('tenant-a', ids[0]!, true);
+      await eventually(() => receiver.received.some((r) => r.body.includes('run_row_0')) || null, 'the first try to reach the receiver');
+      expect(await h.rt.engine.notifications.deliver('tenant-a', ids[1]!, true)).to.equal(null);
+      expect(await first).to.deep.include({ status: 'succeeded' });
+      expect(await h.rt.engine.notifications.deliver('tenant-a', ids[2]!, true)).to.equal(null);
+      // (SERVICE_NOTIFY_DISABLE_AFTER=2: one failure after the success, not two in a row)
+      const now = (await h.call<Body>('GET', `/api/v1/notification-endpoints/${made.endpoint.id}`)).body;
+      expect(now).to.deep.include({ status: 'enabled', consecutive_failures: 1 });
+    } finally {
+      receiver.plans.delete('/in-a-row');
+      await h.call('DELETE', `/api/v1/notification-endpoints/${made.endpoint.id}`);
+    }
   });
 
   it('sends a delivery again once for two replays asked at once: one is taken, the other is a 409, and the delivery ends', async () => {

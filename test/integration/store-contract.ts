@@ -1132,6 +1132,13 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       await Promise.all([store.notificationEndpoints.addFailure('t1', e.id, now), store.notificationEndpoints.addFailure('t1', e.id, now)]);
       expect((await store.notificationEndpoints.get('t1', e.id))!.consecutive_failures).to.equal(2);
       expect(await store.notificationEndpoints.addFailure('t2', e.id, now)).to.equal(null);
+      // a success starts the count again, whatever was read before it; another tenant's reset reaches nothing
+      await store.notificationEndpoints.resetFailures('t2', e.id);
+      expect((await store.notificationEndpoints.get('t1', e.id))!.consecutive_failures).to.equal(2);
+      await store.notificationEndpoints.resetFailures('t1', e.id);
+      await store.notificationEndpoints.resetFailures('t1', e.id);
+      expect((await store.notificationEndpoints.get('t1', e.id))!.consecutive_failures).to.equal(0);
+      await Promise.all([store.notificationEndpoints.addFailure('t1', e.id, now), store.notificationEndpoints.addFailure('t1', e.id, now)]);
       const [won, lost] = await Promise.all([
         store.notificationEndpoints.disable('t1', e.id, 'x', now),
         store.notificationEndpoints.disable('t1', e.id, 'y', now),

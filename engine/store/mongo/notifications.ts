@@ -49,6 +49,9 @@ export function notificationEndpointRepo(
           .lean<Stored<NotificationEndpoint>>(),
       );
     },
+    async resetFailures(tenantId, id) {
+      await model.updateOne({ _id: id, tenant_id: tenantId, consecutive_failures: { $gt: 0 } }, { $set: { consecutive_failures: 0 } });
+    },
     async disable(tenantId, id, reason, at) {
       return fromStored(
         await model

@@ -48,6 +48,12 @@ export function notificationEndpointRepo(db: Db): NotificationEndpointRepo {
     async addFailure(tenantId, id, at) {
       return commit(() => change(tenantId, id, (e) => ({ consecutive_failures: e.consecutive_failures + 1, updated_at: at })));
     },
+    async resetFailures(tenantId, id) {
+      await commit(() => {
+        const current = parse(one.get(tenantId, id));
+        if (current?.consecutive_failures) write.run(JSON.stringify({ ...current, consecutive_failures: 0 }), tenantId, id);
+      });
+    },
     async disable(tenantId, id, reason, at) {
       return commit(() => disable(tenantId, id, reason, at));
     },
