@@ -8,24 +8,24 @@ import { redactUrl, type Logger } from './engine/platform/index.js';
 import { ensureRedis, runMain, openRuntime, type LocalRedis } from './engine/process/index.js';
 import { startWorkers, type Workers } from './workers/index.js';
 
-await runMain('service', async (given, log) => {
+await runMain('service', async (given, log, stopping) => {
   const { config, local } = await ensureRedis(given, { log });
   try {
-    return await startService(config, log, local);
+    return await startService(config, log, local, stopping);
   } catch (err) {
     await local?.stop(); // runMain exits on a start-up error: the private redis-server must not outlive it
     throw err;
   }
 });
 
-async function startService(config: Config, log: Logger, local: LocalRedis | null) {
+async function startService(config: Config, log: Logger, local: LocalRedis | null, stopping: AbortSignal) {
   const rt = await openRuntime(config, log, { watchTemplates: true, servesApi: true });
   let web: WebServer | undefined;
   let workers: Workers;
   try {
     // the port first: one in use ends the start before any run is taken (taken, its attempt would be lost)
     web = await startWebServer(rt);
-    workers = await startWorkers(rt);
+    workers = await startWorkers(rt, undefined, stopping);
   } catch (err) {
     await web?.close(Date.now());
     await rt.close();

@@ -148,7 +148,8 @@ export function processorsOf(rt: Runtime): Processors {
 /** close(deadline): the end of the grace period (epoch ms; by default SERVICE_SHUTDOWN_GRACE_SECONDS from now). */
 export type Workers = { workers: Worker[]; close(deadline?: number): Promise<void> };
 
-export async function startWorkers(rt: Runtime, processors: Processors = processorsOf(rt)): Promise<Workers> {
+/** `stopping`: aborted when the process was asked to stop as it started; its workers then take no job. */
+export async function startWorkers(rt: Runtime, processors: Processors = processorsOf(rt), stopping?: AbortSignal): Promise<Workers> {
   const stalledMs = rt.config.stalledIntervalSeconds * 1000;
   const workers = Object.entries(processors).map(([name, p]) => {
     const worker = new Worker(name, p!.processor, {
@@ -160,6 +161,9 @@ export async function startWorkers(rt: Runtime, processors: Processors = process
       lockDuration: stalledMs,
       stalledInterval: stalledMs,
       maxStalledCount: 1,
+      // it takes jobs once the process is ready to give them back (its signal handling, its cancel listener,
+      // its file triggers): a stop while it started killed a run it had taken, which ended worker-lost
+      autorun: false,
     });
     worker.on('failed', (job, err) => rt.log.warn({ queue: name, job_id: job?.id, err: err.message }, 'job failed'));
     worker.on('error', (err) => rt.log.error({ queue: name, err: err.message }, 'worker error'));
@@ -222,7 +226,11 @@ export async function startWorkers(rt: Runtime, processors: Processors = process
     (err: Error) => rt.log.warn({ err: err.message }, 'leftovers of dead attempts not removed'),
   );
 
-  rt.log.info({ queues: workers.map((w) => w.name), concurrency: rt.config.workerConcurrency }, 'workers ready');
+  if (stopping?.aborted) rt.log.info('workers take no job: the process was asked to stop as it started');
+  else {
+    for (const w of workers) void w.run().catch((err: Error) => rt.log.error({ queue: w.name, err: err.message }, 'worker stopped taking jobs'));
+    rt.log.info({ queues: workers.map((w) => w.name), concurrency: rt.config.workerConcurrency }, 'workers ready');
+  }
   return {
     workers,
     async close(deadline = Date.now() + rt.config.shutdownGraceSeconds * 1000) {

@@ -4,7 +4,7 @@ import { runMain, openRuntime } from '../engine/process/index.js';
 import { startWorkers, type Workers } from './index.js';
 import { startMetricsServer, type MetricsServer } from './metrics-server.js';
 
-await runMain('worker', async (config, log) => {
+await runMain('worker', async (config, log, stopping) => {
   const rt = await openRuntime(config, log);
   let workers: Workers | undefined;
   let metrics: MetricsServer | undefined;
@@ -12,7 +12,7 @@ await runMain('worker', async (config, log) => {
     // its port first: one in use ends the start before any run is taken (taken, its attempt would be lost)
     metrics = config.workerMetricsPort === undefined ? undefined : await startMetricsServer(rt, () => workers, config.workerMetricsPort);
     if (metrics) log.info({ url: metrics.url }, 'worker metrics listening');
-    workers = await startWorkers(rt);
+    workers = await startWorkers(rt, undefined, stopping);
   } catch (err) {
     await metrics?.close();
     await rt.close();

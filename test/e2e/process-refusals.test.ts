@@ -22,6 +22,43 @@ describe('processes that refuse to start', function () {
     ).to.equal(true);
   });
 
+  it('stops cleanly when a deploy’s signal comes while it starts: exit 0 once started, its workers taking no run', async () => {
+    const h = await startHarness({ workers: false });
+    try {
+      const marker = `sleep ${30 + Math.floor(Math.random() * 1000)}`;
+      const id = (await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: marker } }] } })).body.run_id;
+      const shared = { ...sameDeployment(h), REDIS_URL: h.config.redisUrl, SERVICE_API_KEYS: `tenant-a:${KEYS.a}`, SERVICE_SHUTDOWN_GRACE_SECONDS: '5' };
+      // a start that takes a while: its file watcher reads a root of 6,000 files before the process is ready
+      const made = await h.call('POST', '/api/v1/automations', {
+        body: { name: 'watch', triggers: [{ type: 'file_change', paths: ['src/**/*.ts'] }], steps: [{ tool: 'message', args: { text: 'x' } }] },
+      });
+      expect(made.status, made.text).to.equal(201);
+      for (let d = 0; d < 60; d++) {
+        const dir = path.join(h.tenantDir(), 'src', `d${d}`);
+        await fs.mkdir(dir, { recursive: true });
+        await Promise.all(Array.from({ length: 100 }, (_, f) => fs.writeFile(path.join(dir, `f${f}.txt`), '')));
+      }
+      for (const entry of ['workers/main.ts', 'main.ts']) {
+        const p = start(entry, { ...shared, ...(entry === 'main.ts' ? { PORT: '0' } : {}) });
+        procs.push(p);
+        // the runtime is open, the workers not yet made: Node's own action for SIGTERM killed the process here
+        await waitFor(p, /runtime open/);
+        p.child.kill('SIGTERM');
+        const { code, signal } = await p.exited;
+        expect({ code, signal }, p.out()).to.deep.equal({ code: 0, signal: null });
+        expect(p.out(), entry)
+          .to.match(/"starting":true.*shutting down/)
+          .and.match(/workers take no job: the process was asked to stop as it started/)
+          .and.match(/stopped cleanly/);
+        // never taken: still on its first attempt
+        expect((await h.call('GET', `/api/v1/runs/${id}`)).body, entry).to.deep.include({ status: 'queued', attempt: 1 });
+      }
+      expect(processesMatching(marker)).to.equal(0);
+    } finally {
+      await h.close();
+    }
+  });
+
   it('stops before listening when the environment is bad, naming each bad variable', async () => {
     const p = start('main.ts', { ...env(), PORT: 'eighty', SERVICE_AUTH: 'sometimes' });
     procs.push(p);
