@@ -184,9 +184,22 @@ export const ACTIONS: Record<ConnectionProvider, Record<string, Action>> = {
       }
       const newTree = (await gh.rest.git.createTree({ owner, repo, base_tree: baseTree, tree })).data.sha;
       const commit = (await gh.rest.git.createCommit({ owner, repo, message: title, tree: newTree, parents: [baseSha] })).data.sha;
-      await gh.rest.git.createRef({ owner, repo, ref: `refs/heads/${head}`, sha: commit });
+      const made = await gh.rest.git.createRef({ owner, repo, ref: `refs/heads/${head}`, sha: commit }).then(
+        () => commit,
+        async (err: unknown) => {
+          // asked again after a 429 (the action is tried again whole), the branch an earlier try made is there: it is
+          // this change when its commit has the same tree on the same base, and the pull request is opened from it
+          if ((err as { status?: unknown }).status !== 422) throw err;
+          const there = await gh.rest.git.getRef({ owner, repo, ref: `heads/${head}` }).catch(() => null);
+          if (!there) throw err;
+          const { tree: t, parents } = (await gh.rest.git.getCommit({ owner, repo, commit_sha: there.data.object.sha })).data;
+          if (t.sha !== newTree || parents.length !== 1 || parents[0]!.sha !== baseSha)
+            throw new ActionArgsError(`the branch ${head} exists already, with other changes: name another args.head`);
+          return there.data.object.sha;
+        },
+      );
       const pr = await gh.rest.pulls.create({ owner, repo, title, head, base, body: optStr(args, 'body') ?? '' });
-      return { number: pr.data.number, url: pr.data.html_url, head, base, commit_sha: commit, files: tree.length };
+      return { number: pr.data.number, url: pr.data.html_url, head, base, commit_sha: made, files: tree.length };
     }),
     update_check_run: repeatable(async (a, args) => {
       const gh = await octokitOf(a);

@@ -1153,6 +1153,47 @@ describe('action tools', function () {
     expect(notVibe.steps[0].error.message).to.contain(`no vibe run ${run.id}`);
   });
 
+  it('opens the pull request after a 429 on it from the branch the first try made, and refuses a branch that holds other changes', async () => {
+    const repo = path.join(h.tenantDir(), 'vibe-retry');
+    fs.mkdirSync(path.join(repo, 'src'), { recursive: true });
+    const base = { 'src/app.mjs': 'export const answer = 41;\n' };
+    for (const [file, content] of Object.entries(base)) fs.writeFileSync(path.join(repo, file), content);
+    execFileSync('sh', ['-c', 'git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm init'], { cwd: repo });
+    fake.setFiles('acme/retry', base);
+    const vibeOf = async (content: string) => {
+      const res = await h.call<Body>('POST', '/api/v1/autonomy/vibe/run', {
+        body: { workspace: 'vibe-retry', steps: [{ tool: 'write_file', args: { path: 'src/app.mjs', content } }] },
+      });
+      return finishedRun(h, res.body.run_id);
+    };
+    const open = (runId: string) =>
+      start({
+        tools: ['codehost'],
+        steps: [{ tool: 'codehost', args: { action: 'open_pull_request', repository: 'acme/retry', run_id: runId, head: 'retried', title: 'Retried' } }],
+      });
+    const vibe = await vibeOf('export const answer = 42;\n');
+    // the pull request's creation only is rate-limited once: the action is tried again whole, and finds its branch made
+    fake.failNext('github', 429, 1, 0, {}, 'POST /github/repos/acme/retry/pulls');
+    const before = fake.requests.length;
+    const run = await open(vibe.id);
+    expect(run.status, JSON.stringify([run.error, run.steps[0]])).to.equal('succeeded');
+    const sent = fake.requests.slice(before).map((r) => `${r.method} ${r.path.replace('/github/repos/acme/retry', '')}`);
+    expect(sent.filter((r) => r === 'POST /pulls')).to.have.length(2);
+    expect(
+      sent.filter((r) => r === 'POST /git/refs'),
+      'asked twice: the second answered that it exists',
+    ).to.have.length(2);
+    const [firstCommit] = fake.requests
+      .slice(before)
+      .filter((r) => r.method === 'POST' && r.path.endsWith('/git/refs'))
+      .map((r) => r.body.sha);
+    expect(run.steps[0].output).to.deep.include({ head: 'retried', commit_sha: firstCommit });
+    // another change under the same branch name: not this change's branch, said so rather than the provider's 422
+    const other = await open((await vibeOf('export const answer = 43;\n')).id);
+    expect(other.steps[0].error).to.deep.include({ code: 'invalid-args' });
+    expect(other.steps[0].error.message).to.contain('the branch retried exists already, with other changes');
+  });
+
   it('fails a step whose arguments an action cannot take before anything is sent, and one the provider refuses with its code', async () => {
     const before = fake.requests.length;
     const run = await start({

@@ -4,6 +4,7 @@
 // the credential the way each provider does, answer with the shapes each SDK reads, and record every
 // request (and every mail) for the test to look at.
 import { execFileSync } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import fs from 'node:fs';
 import http from 'node:http';
 import path from 'node:path';
@@ -38,8 +39,11 @@ export type FakeProviders = {
   echoAuthRepo(repository: string): void;
   /** the files of main's one commit, for the Git Data API (a pull request from a diff) */
   setFiles(repository: string, files: Record<string, string>): void;
-  /** the next `times` requests to a provider answer `status` (with Retry-After when given, and any other `headers`) */
-  failNext(provider: Recorded['provider'], status: number, times?: number, retryAfter?: number, headers?: Record<string, string>): void;
+  /**
+   * the next `times` requests to a provider answer `status` (with Retry-After when given, and any other `headers`);
+   * with `at` (`POST /github/repos/acme/app/pulls`), only the requests of that method and path
+   */
+  failNext(provider: Recorded['provider'], status: number, times?: number, retryAfter?: number, headers?: Record<string, string>, at?: string): void;
   /** Slack answers with the Authorization it was sent in its names, ids and scopes (a compatible server that echoes), or no longer */
   echoCredential(on: boolean): void;
   close(): Promise<void>;
@@ -67,7 +71,7 @@ export async function startFakeProviders(opts: { token?: string } = {}): Promise
   const token = opts.token ?? FAKE_TOKEN;
   const requests: Recorded[] = [];
   const mails: Mail[] = [];
-  const failures = new Map<string, { status: number; times: number; retryAfter?: number; headers?: Record<string, string> }>();
+  const failures = new Map<string, { status: number; times: number; retryAfter?: number; headers?: Record<string, string>; at?: string }>();
   let echoing = false;
   let nextId = 1000;
 
@@ -80,6 +84,9 @@ export async function startFakeProviders(opts: { token?: string } = {}): Promise
   const redirects = new Map<string, string>();
   const echoingRepos = new Set<string>();
   const repoFiles = new Map<string, Record<string, string>>();
+  /** what the Git Data API made: branches (repository and ref: a commit), commits (their tree and parents) */
+  const refs = new Map<string, string>();
+  const commits = new Map<string, { tree: string; parents: string[] }>();
 
   function github(r: Recorded, res: http.ServerResponse): void {
     const git = /^\/github\/([\w.-]+\/[\w.-]+)\.git\/(.+)$/.exec(r.path);
@@ -121,7 +128,32 @@ export async function startFakeProviders(opts: { token?: string } = {}): Promise
       if (content === undefined) return json(res, 404, { message: 'Not Found' });
       return json(res, 200, { type: 'file', encoding: 'base64', content: Buffer.from(content).toString('base64'), sha: 'blob' });
     }
+    // trees by their content, as git names them; branches made once; commits and branches read back
+    const made = /^\/repos\/([\w.-]+\/[\w.-]+)\/git\/(trees|commits|refs|ref\/heads\/(.+)|commits\/(.+))$/.exec(p);
+    const sent = (typeof r.body === 'object' && r.body ? r.body : {}) as { base_tree?: string; tree?: unknown; ref?: string; sha?: string; parents?: string[] };
+    if (made && r.method === 'POST' && made[2] === 'trees')
+      return json(res, 201, {
+        sha: `tree-${createHash('sha256')
+          .update(JSON.stringify([sent.base_tree, sent.tree]))
+          .digest('hex')
+          .slice(0, 12)}`,
+      });
+    if (made && r.method === 'POST' && made[2] === 'refs') {
+      const key = `${made[1]} ${sent.ref}`;
+      if (refs.has(key)) return json(res, 422, { message: 'Reference already exists' });
+      refs.set(key, String(sent.sha));
+      return json(res, 201, { ref: sent.ref, object: { type: 'commit', sha: sent.sha } });
+    }
+    if (made && r.method === 'GET' && made[3] !== undefined) {
+      const sha = refs.get(`${made[1]} refs/heads/${made[3]}`);
+      return sha ? json(res, 200, { ref: `refs/heads/${made[3]}`, object: { type: 'commit', sha } }) : json(res, 404, { message: 'Not Found' });
+    }
+    if (made && r.method === 'GET' && made[4] !== undefined && commits.has(made[4])) {
+      const c = commits.get(made[4])!;
+      return json(res, 200, { sha: made[4], tree: { sha: c.tree }, parents: c.parents.map((sha) => ({ sha })) });
+    }
     const id = nextId++;
+    if (made && r.method === 'POST' && made[2] === 'commits') commits.set(`sha-${id}`, { tree: String(sent.tree), parents: sent.parents ?? [] });
     return json(res, r.method === 'POST' ? 201 : 200, {
       id,
       sha: `sha-${id}`,
@@ -197,7 +229,7 @@ export async function startFakeProviders(opts: { token?: string } = {}): Promise
       };
       requests.push(r);
       const failing = failures.get(provider);
-      if (failing && failing.times > 0) {
+      if (failing && failing.times > 0 && (!failing.at || failing.at === `${r.method} ${r.path}`)) {
         failing.times--;
         return json(
           res,
@@ -261,8 +293,8 @@ export async function startFakeProviders(opts: { token?: string } = {}): Promise
     echoAuthRepo(repository) {
       echoingRepos.add(repository);
     },
-    failNext(provider, status, times = 1, retryAfter, headers) {
-      failures.set(provider, { status, times, retryAfter, headers });
+    failNext(provider, status, times = 1, retryAfter, headers, at) {
+      failures.set(provider, { status, times, retryAfter, headers, at });
     },
     echoCredential(on) {
       echoing = on;
