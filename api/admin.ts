@@ -8,6 +8,7 @@ import { ExpressAdapter } from '@bull-board/express';
 import { Router, type Express, type RequestHandler } from 'express';
 import type { Metrics, Queues } from '../engine/platform/index.js';
 import { requireAdmin } from './auth.js';
+import { requestIdOf, toProblem } from './problem.js';
 import { CsrfRefusedError, SAFE_METHODS } from './sign-in.js';
 
 /** Headers of pages no other site may frame (clickjacking). */
@@ -31,6 +32,30 @@ const sameOriginChanges: RequestHandler = (req, res, next) => {
   next();
 };
 
+/**
+ * The dashboard's own API answers its errors in bull-board's JSON (`{"error":{"key":"ERRORS.QUEUE_NOT_FOUND"}}`,
+ * a body parser's message): they go out as the service's problems, with a stable code and the request's id.
+ */
+const asProblems: RequestHandler = (req, res, next) => {
+  const json = res.json.bind(res);
+  res.json = (body: unknown) => {
+    if (res.statusCode < 400) return json(body);
+    const { error, message } = (body ?? {}) as { error?: { key?: unknown }; message?: unknown };
+    const key =
+      typeof error?.key === 'string'
+        ? error.key
+            .replace(/^ERRORS\./, '')
+            .toLowerCase()
+            .replaceAll('_', ' ')
+        : null;
+    const said = typeof message === 'string' ? message : key && !/internal server error/.test(key) ? key : 'the dashboard refused the request';
+    const problem = toProblem(Object.assign(new Error(said), { status: res.statusCode }), requestIdOf(req), req.originalUrl);
+    res.status(problem.status).type('application/problem+json');
+    return json(problem);
+  };
+  next();
+};
+
 export const DASHBOARD_PATH = '/admin/queues';
 
 export function adminRouter(opts: { queues: Queues; adminKeys: string[]; metrics: Metrics }): Router {
@@ -44,7 +69,7 @@ export function adminRouter(opts: { queues: Queues; adminKeys: string[]; metrics
   const board = serverAdapter.getRouter() as Express;
   board.disable('x-powered-by');
   const router = Router();
-  router.use(DASHBOARD_PATH, requireAdmin(opts.adminKeys), sameOriginChanges, board);
+  router.use(DASHBOARD_PATH, requireAdmin(opts.adminKeys), sameOriginChanges, asProblems, board);
   router.get('/metrics', requireAdmin(opts.adminKeys), async (_req, res) => {
     res.type(opts.metrics.registry.contentType).send(await opts.metrics.registry.metrics());
   });

@@ -2,7 +2,7 @@
 import type { AddressInfo, Socket } from 'node:net';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
-import { ERROR_STATUS, type ErrorCode, type Logger } from '../engine/platform/index.js';
+import { answerClientError, type Logger } from '../engine/platform/index.js';
 import { listenError, type Runtime } from '../engine/process/index.js';
 import { createApp } from './app.js';
 import { newRequestId } from './request-log.js';
@@ -239,29 +239,6 @@ function whenSocketIdle(socket: Socket, open: Set<ServerResponse> | undefined, l
   if (!open || (open.size > 0 && socket.writableLength === 0)) return;
   if (open.size > 0) log.info({ unanswered: open.size, stalled_ms: socket.timeout }, 'a client took no byte of its answer for too long: connection closed');
   socket.destroy();
-}
-
-/** What Node refuses before a request exists (its parser's errors), as problems like every other error; the socket then closes. */
-const CLIENT_ERRORS: Record<string, { code: ErrorCode; title: string; detail: string }> = {
-  HPE_HEADER_OVERFLOW: { code: 'headers-too-large', title: 'Request Header Fields Too Large', detail: "The request's headers are over the limit (16 KB)." },
-  ERR_HTTP_REQUEST_TIMEOUT: { code: 'request-timeout', title: 'Request Timeout', detail: 'The request was not received in time.' },
-};
-
-function answerClientError(err: Error & { code?: string }, socket: Duplex, log: Logger): void {
-  if (!socket.writable) return void socket.destroy();
-  const { code, title, detail } = CLIENT_ERRORS[err.code ?? ''] ?? {
-    code: 'bad-request',
-    title: 'Bad Request',
-    detail: 'The request could not be read as HTTP.',
-  };
-  const status = ERROR_STATUS[code];
-  // an id like every request's, so that what the client was told can be found in the log
-  const requestId = newRequestId();
-  log.info({ req_id: requestId, code, status, reason: err.code }, 'request refused before it was read');
-  const body = JSON.stringify({ type: `/problems/${code}`, title, status, code, detail, request_id: requestId });
-  socket.end(
-    `HTTP/1.1 ${status} ${title}\r\nContent-Type: application/problem+json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\nX-Request-Id: ${requestId}\r\nConnection: close\r\n\r\n${body}`,
-  );
 }
 
 /** scheme://authority of an absolute-form request target; the authority may hold userinfo (user@host) */

@@ -4,23 +4,19 @@
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { ADMIN_CHALLENGE, adminRefusal, isAdminRequest } from '../engine/auth/index.js';
-import { withTimeout } from '../engine/platform/index.js';
+import { answerClientError, answerProblem, withTimeout } from '../engine/platform/index.js';
 import { listenError, type Runtime } from '../engine/process/index.js';
 import type { Workers } from './index.js';
 
 export type MetricsServer = { url: string; close(): Promise<void> };
 
-function problem(res: http.ServerResponse, status: number, title: string, detail: string, headers: Record<string, string> = {}): void {
-  res.writeHead(status, { 'content-type': 'application/problem+json', ...headers });
-  res.end(JSON.stringify({ type: 'about:blank', title, status, detail }));
-}
-
 /** `workers`: the process's workers once they are started (the port is taken first: one in use fails before any run is taken). */
 export async function startMetricsServer(rt: Runtime, workers: () => Workers | undefined, port: number): Promise<MetricsServer> {
   const server = http.createServer((req, res) => {
     // the path as sent: a request target no URL parses (`//[`) is only a path that is not served
-    const pathname = (req.url ?? '/').split('?')[0];
-    if (req.method !== 'GET' && req.method !== 'HEAD') return problem(res, 405, 'Method Not Allowed', 'only GET', { allow: 'GET, HEAD' });
+    const pathname = (req.url ?? '/').split('?')[0] ?? '/';
+    if (req.method !== 'GET' && req.method !== 'HEAD')
+      return answerProblem(res, 'method-not-allowed', 'Method Not Allowed', 'only GET', pathname, { allow: 'GET, HEAD' });
     if (pathname === '/healthz') {
       const all = workers()?.workers ?? [];
       const running = all.filter((w) => w.isRunning()).map((w) => w.name);
@@ -39,7 +35,7 @@ export async function startMetricsServer(rt: Runtime, workers: () => Workers | u
     }
     if (pathname === '/metrics') {
       if (!isAdminRequest(req.headers, rt.config.adminKeys))
-        return problem(res, 401, 'Unauthorized', adminRefusal(rt.config.adminKeys), { 'www-authenticate': ADMIN_CHALLENGE });
+        return answerProblem(res, 'unauthorized', 'Unauthorized', adminRefusal(rt.config.adminKeys), pathname, { 'www-authenticate': ADMIN_CHALLENGE });
       rt.metrics.registry.metrics().then(
         (text) => {
           res.writeHead(200, { 'content-type': rt.metrics.registry.contentType });
@@ -47,13 +43,15 @@ export async function startMetricsServer(rt: Runtime, workers: () => Workers | u
         },
         (err: Error) => {
           rt.log.warn({ err: err.message }, 'metrics collection failed');
-          problem(res, 503, 'Service Unavailable', 'metrics could not be collected');
+          answerProblem(res, 'unavailable', 'Service Unavailable', 'metrics could not be collected', pathname);
         },
       );
       return;
     }
-    problem(res, 404, 'Not Found', 'this port serves /metrics and /healthz');
+    answerProblem(res, 'not-found', 'Not Found', 'this port serves /metrics and /healthz', pathname);
   });
+  // what Node's parser refuses, as the web process answers it
+  server.on('clientError', (err: Error & { code?: string }, socket) => answerClientError(err, socket, rt.log));
   await new Promise<void>((resolve, reject) => {
     server.once('error', (err) => reject(listenError(err, 'SERVICE_WORKER_METRICS_PORT', port)));
     server.listen(port, resolve);

@@ -7,6 +7,7 @@ export * from './clock.js';
 export * from './errors.js';
 export * from './event-types.js';
 export * from './events.js';
+export * from './http-refusals.js';
 export * from './ids.js';
 export * from './inside.js';
 export * from './json-depth.js';

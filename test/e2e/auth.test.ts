@@ -105,6 +105,18 @@ describe('authentication', () => {
     expect((await pause({ origin: new URL(h.url).origin, 'sec-fetch-site': 'same-origin' })).status).to.equal(200);
     expect(await h.rt.queues.get('webhooks').isPaused()).to.equal(true);
     await h.rt.queues.get('webhooks').resume();
+    // the dashboard API's refusals are the service's problems, not bull-board's own JSON
+    const admin = { key: null, headers: { authorization: basic('ops', KEYS.admin) } };
+    const missing = await h.call('PUT', '/admin/queues/api/queues/nope/pause', admin);
+    expect(missing.headers.get('content-type')).to.match(/^application\/problem\+json/);
+    expect(missing.body).to.deep.include({ status: 404, code: 'not-found', detail: 'queue not found', request_id: missing.headers.get('x-request-id') });
+    const malformed = await h.call('POST', '/admin/queues/api/queues/runs/add', {
+      ...admin,
+      raw: Buffer.from('{bad'),
+      headers: { ...admin.headers, 'content-type': 'application/json', origin: new URL(h.url).origin },
+    });
+    expect(malformed.status).to.equal(400);
+    expect(malformed.body).to.deep.include({ code: 'bad-request', request_id: malformed.headers.get('x-request-id') });
   });
 });
 

@@ -95,7 +95,15 @@ describe('processes', function () {
     expect(webText).to.match(/^automation_runs\{kind="autonomy",status="failed"\} 1$/m);
     expect((await scrape(null)).status).to.equal(401);
     expect((await scrape(KEYS.a)).status).to.equal(401);
-    expect((await fetch(`${metricsUrl}/other`)).status).to.equal(404);
+    const other = await fetch(`${metricsUrl}/other`);
+    expect(other.status).to.equal(404);
+    // its refusals are the service's problems, as the web's are: a stable code and the request's id
+    expect(other.headers.get('content-type')).to.match(/^application\/problem\+json/);
+    expect(await other.json()).to.deep.include({ code: 'not-found', status: 404, request_id: other.headers.get('x-request-id'), instance: '/other' });
+    const unreadable = await rawRequest(port, `GET / HTTP/1.1\r\nHost x\r\n\r\n`);
+    expect(unreadable)
+      .to.match(/^HTTP\/1\.1 400 /)
+      .and.match(/"code":"bad-request"/);
     // request targets no URL parses are paths it does not serve: the worker answers and lives on
     for (const target of ['//[', 'http://[/x', 'http://x:99999/']) {
       const answer = await rawRequest(port, `GET ${target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n`);
