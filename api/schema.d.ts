@@ -936,7 +936,7 @@ export interface paths {
         put?: never;
         /**
          * Re-run a finished run
-         * @description A new run of the same request (kind, steps or goal, tools, workspace, budget, retry policy, inputs), in a session of its own, linked to the first by `rerun_of`. A 409 for a run that has not finished, a run of an automation that is disabled or archived since (as `POST /automations/run` refuses it), and a session task's run (its session re-runs it: the task's `max_attempts`, or a new task).
+         * @description A new run of the same request (kind, steps or goal, tools, workspace, budget, retry policy, inputs), in a session of its own, linked to the first by `rerun_of`. A 409 for a run that has not finished, a run of an automation that is disabled or archived since (as `POST /automations/run` refuses it), a session task's run (its session re-runs it: the task's `max_attempts`, or a new task), and a run whose workspace folder is gone since.
          */
         post: operations["rerunRun"];
         delete?: never;

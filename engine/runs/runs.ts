@@ -572,6 +572,13 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
           trigger: { type: 'rerun', run_id: first.id, request_id: requestId },
           request_id: requestId,
         };
+      }).catch((err: unknown) => {
+        // the request has no body: a workspace gone since the run is the run's state, not a field of the request
+        if (err instanceof ValidationError && err.errors.some((e) => e.path === '/body/workspace'))
+          throw new ConflictError(`run ${id}'s workspace ${workspaceOf(first)} is no longer a folder inside the workspace root: it cannot run there again`, {
+            workspace: workspaceOf(first),
+          });
+        throw err;
       });
     },
 

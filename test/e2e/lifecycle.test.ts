@@ -408,6 +408,14 @@ describe('run lifecycle', function () {
     expect((await h.call('POST', `/api/v1/runs/${id}/rerun`, { key: KEYS.b })).status).to.equal(404);
     await h.call('POST', `/api/v1/runs/${slow}/cancel`);
     await finishedRun(h, slow);
+    // a run whose workspace is gone since: a 409 that says so (the request has no body to name)
+    await fs.mkdir(path.join(h.tenantDir(), 'gone-later'));
+    const gone = await start({ steps: [{ tool: 'shell', args: { command: 'true' } }], workspace: 'gone-later' });
+    await finishedRun(h, gone);
+    await fs.rm(path.join(h.tenantDir(), 'gone-later'), { recursive: true });
+    const refused = await h.call<Body>('POST', `/api/v1/runs/${gone}/rerun`);
+    expect(refused.status, refused.text).to.equal(409);
+    expect(refused.body.detail).to.equal(`run ${gone}'s workspace gone-later is no longer a folder inside the workspace root: it cannot run there again`);
   });
 
   it('re-runs an automation’s run only while the automation is enabled, and never a session task’s run on its own', async () => {
