@@ -11,7 +11,7 @@ import fs from 'node:fs/promises';
 import path from 'node:path';
 import type { Platform } from '../deps.js';
 import { watchWithinShare, type Automation, type RunTrigger, type SharedWatch } from '../platform/index.js';
-import { compileGlobs } from './globs.js';
+import { compileGlobs, expandedChars, MAX_GLOB_CHARS } from './globs.js';
 
 type Matcher = { match: (p: string) => boolean; debounceMs: number };
 type Watched = { automation: Automation; tenantRoot: string; matchers: Matcher[] };
@@ -122,8 +122,30 @@ export function fileTriggersOf(
     return next;
   }
 
+  /** automations not matched for their globs' cost, each said once (a refresh every few seconds would say it again) */
+  const tooCostly = new Set<string>();
+  /** Whether an automation's globs are within MAX_GLOB_CHARS: one stored before they were bounded is not matched. */
+  const affordable = (a: Automation): boolean => {
+    let chars: number;
+    try {
+      chars = expandedChars(a.triggers.flatMap((t) => (t.type === 'file_change' ? t.paths : [])));
+    } catch {
+      chars = Infinity; // braces past their own bound
+    }
+    if (chars <= MAX_GLOB_CHARS) return true;
+    const key = `${a.id}:${a.updated_at}`;
+    if (!tooCostly.has(key)) {
+      tooCostly.add(key);
+      deps.log.warn(
+        { tenant_id: a.tenant_id, automation_id: a.id, glob_chars: chars, max: MAX_GLOB_CHARS },
+        'an automation’s file_change globs cost more than any may (stored before they were bounded): its file changes do not fire it until they are made fewer',
+      );
+    }
+    return false;
+  };
+
   async function refreshOnce(): Promise<void> {
-    const automations = await deps.store.automations.listEnabledWithTrigger('file_change');
+    const automations = (await deps.store.automations.listEnabledWithTrigger('file_change')).filter(affordable);
     // a tenant's root is watched at its real path: a root that is itself a link (a tenant's folder on
     // another disk) is followed, where no link inside it is
     const realRoots = new Map<string, string>();

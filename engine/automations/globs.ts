@@ -16,6 +16,8 @@
 
 /** At most this many globs one glob's braces expand to. */
 export const MAX_BRACE_EXPANSION = 64;
+/** The most characters an automation's file_change globs may come to, braces expanded: a file event's matching costs at most that times the path's length. */
+export const MAX_GLOB_CHARS = 8192;
 
 type Token =
   { kind: 'char'; ch: string } | { kind: 'one' } | { kind: 'star' } | { kind: 'class'; negated: boolean; chars: string[]; ranges: [string, string][] };
@@ -244,4 +246,9 @@ export function compileGlobs(globs: string[]): (relPath: string) => boolean {
     if (excluded.some(hits)) return false;
     return included.length ? included.some(hits) : excluded.length > 0;
   };
+}
+
+/** The characters globs come to with their braces expanded (what matching a path against them all costs, per character of the path). */
+export function expandedChars(globs: string[]): number {
+  return globs.reduce((n, glob) => n + expandBraces(glob).reduce((m, one) => m + one.length, 0), 0);
 }

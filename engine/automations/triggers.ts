@@ -4,7 +4,7 @@ import path from 'node:path';
 import { CronExpression, CronExpressionParser } from 'cron-parser';
 import type { FieldError, Trigger } from '../platform/index.js';
 import { IGNORED_FOLDERS } from './file-triggers.js';
-import { expandBraces, globSyntaxError, literalSegmentsOf } from './globs.js';
+import { expandBraces, expandedChars, globSyntaxError, literalSegmentsOf, MAX_GLOB_CHARS } from './globs.js';
 
 /** Remembers what a pure, costly check answered (zone and cron parsing cost ~0.1-1 ms each); bounded. */
 function memo<T>(compute: (key: string) => T, max = 2000): (key: string) => T {
@@ -267,11 +267,11 @@ const shortestGapSeconds = memo((schedule: string): number | null => {
   return gap;
 }, 500);
 
-/** The most characters an automation's file_change globs may come to, braces expanded: a file event's matching costs at most that times the path's length. */
-export const MAX_GLOB_CHARS = 8192;
-
-/** Days compared when two triggers of one zone are: a year and a month, so each date and weekday of the year is seen. */
-const DAYS_COMPARED = 400;
+/**
+ * Days compared when two triggers of one zone are: 28 years, the calendar's cycle (in this century), so every
+ * date falls on every weekday (13 March on a Friday, 29 February on a Tuesday) within them.
+ */
+const DAYS_COMPARED = 28 * 366;
 
 /**
  * Which of the DAYS_COMPARED days from `start` (a UTC midnight, read as a date of the trigger's zone) a cron
@@ -324,6 +324,27 @@ function closestCronTriggers(crons: { t: CronTrigger; i: number }[], limit: numb
   const daysOf = (k: number) => days.get(k) ?? days.set(k, fireDays(crons[k]!.t.schedule, start)).get(k)!;
   /** some day the first fires on, and the second `shift` days later */
   const together = (x: Uint8Array, y: Uint8Array, shift: number) => x.some((on, d) => on && y[d + shift]);
+  /**
+   * The zone's spring changes in the coming year, as the times of day they skip: a fire in one is made at the
+   * same time after it (02:30 in Paris at 03:30 that night), where another trigger of the zone may fire already
+   */
+  const springs = new Map<string, { from: number; by: number }[]>();
+  const springsOf = (zone: string) => {
+    const known = springs.get(zone);
+    if (known) return known;
+    const found: { from: number; by: number }[] = [];
+    for (let w = 0; w < 26; w++) {
+      const [lo, hi] = [now + w * 15 * DAY_MS, now + (w + 1) * 15 * DAY_MS];
+      const [before, after] = [offsetMsAt(zone, lo), offsetMsAt(zone, hi)];
+      if (after <= before) continue;
+      const at = changeBetween(zone, lo, hi);
+      found.push({ from: Math.round((((at + before) % DAY_MS) + DAY_MS) % DAY_MS) / 1000, by: (after - before) / 1000 });
+    }
+    springs.set(zone, found);
+    return found;
+  };
+  /** the times of day moved as a spring change moves them, sorted */
+  const sprung = (ts: number[], s: { from: number; by: number }) => ts.map((t) => (t >= s.from && t < s.from + s.by ? t + s.by : t)).sort((x, y) => x - y);
   const utc = new Map<number, number[][]>();
   /** the times of day in UTC, at each offset of the zone over the coming year */
   const utcTimes = (k: number) => {
@@ -346,6 +367,12 @@ function closestCronTriggers(crons: { t: CronTrigger; i: number }[], limit: numb
         if (aThenB < limit && together(daysOf(a), daysOf(b), 1)) return { a: crons[a]!.i, b: crons[b]!.i, gap: aThenB, zones: false };
         const bThenA = 86_400 - tb.at(-1)! + ta[0]!;
         if (bThenA < limit && together(daysOf(b), daysOf(a), 1)) return { a: crons[a]!.i, b: crons[b]!.i, gap: bThenA, zones: false };
+        // the night the clocks go forward (02:00 and 03:00 in Paris are then one instant), on any day both fire: a
+        // closeness only some spring night's date would show is taken as shown
+        for (const s of springsOf(zoneOf(crons[a]!.t))) {
+          const gap = closest(sprung(ta, s), sprung(tb, s));
+          if (gap < limit && together(daysOf(a), daysOf(b), 0)) return { a: crons[a]!.i, b: crons[b]!.i, gap, zones: false };
+        }
         continue;
       }
       for (const x of utcTimes(a))
@@ -421,7 +448,7 @@ export function validateTriggers(triggers: Trigger[], at = '/body/triggers', opt
   // held the watching process 8 s for one event)
   const globs = triggers.flatMap((t) => (t?.type === 'file_change' && Array.isArray(t.paths) ? t.paths : []));
   if (!errors.length && globs.length) {
-    const chars = globs.reduce((n, glob) => n + expandBraces(glob).reduce((m, one) => m + one.length, 0), 0);
+    const chars = expandedChars(globs);
     if (chars > MAX_GLOB_CHARS)
       errors.push({
         path: at,

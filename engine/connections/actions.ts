@@ -190,7 +190,10 @@ export const ACTIONS: Record<ConnectionProvider, Record<string, Action>> = {
           // asked again after a 429 (the action is tried again whole), the branch an earlier try made is there: it is
           // this change when its commit has the same tree on the same base, and the pull request is opened from it
           if ((err as { status?: unknown }).status !== 422) throw err;
-          const there = await gh.rest.git.getRef({ owner, repo, ref: `heads/${head}` }).catch(() => null);
+          // (only a 404 says there is none: a 429 or a 5xx goes to the provider's retry, as any call's)
+          const there = await gh.rest.git
+            .getRef({ owner, repo, ref: `heads/${head}` })
+            .catch((e: unknown) => ((e as { status?: unknown }).status === 404 ? null : Promise.reject(e)));
           if (!there) throw err;
           const { tree: t, parents } = (await gh.rest.git.getCommit({ owner, repo, commit_sha: there.data.object.sha })).data;
           if (t.sha !== newTree || parents.length !== 1 || parents[0]!.sha !== baseSha)

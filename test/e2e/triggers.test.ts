@@ -6,16 +6,8 @@ import path from 'node:path';
 import { expect } from 'chai';
 import { Redis } from 'ioredis';
 import { startWorkers } from '../../workers/index.js';
-import {
-  CRON_TICK,
-  cronDueKey,
-  cronJobIdOf,
-  fileTriggersOf,
-  MAX_GLOB_CHARS,
-  nextCronFire,
-  validateTriggers,
-  type CronJob,
-} from '../../engine/automations/index.js';
+import { CRON_TICK, cronDueKey, cronJobIdOf, fileTriggersOf, nextCronFire, validateTriggers, type CronJob } from '../../engine/automations/index.js';
+import { MAX_GLOB_CHARS } from '../../engine/automations/globs.js';
 import { automationFixture } from '../integration/store-contract.js';
 import { ServiceUnavailableError, ValidationError, type Automation, type RunTrigger } from '../../engine/platform/index.js';
 import { eventually, freePort, KEYS, listening, startHarness, type Harness } from '../support/harness.js';
@@ -812,7 +804,10 @@ describe('file_change triggers', function () {
     const slow = Array.from({ length: Math.floor(MAX_GLOB_CHARS / 126) }, () => `**/*${'a'.repeat(120)}b`);
     expect(validateTriggers([{ type: 'file_change', paths: slow }])).to.deep.equal([]);
     expect(validateTriggers([{ type: 'file_change', paths: [...slow, 'x'.repeat(200)] }])[0]?.message).to.match(/over the 8192 an automation may match/);
+    // one stored before the bound, past it: not matched at all, and said so once
+    const costly = automationFixture('t1', { triggers: [{ type: 'file_change', paths: [...slow, ...slow, '*'], debounce_ms: 0 }] });
     const enabled = [
+      costly,
       ...Array.from({ length: 300 }, () => automationFixture('t1', { triggers: [{ type: 'file_change', paths: slow, debounce_ms: 0 }] })),
       automationFixture('t1', { triggers: [{ type: 'file_change', paths: ['*'], debounce_ms: 0 }] }),
     ];
@@ -840,7 +835,10 @@ describe('file_change triggers', function () {
       }, 1);
       await fs.writeFile(path.join(root, name), 'x');
       await eventually(() => fired.length > 0 || null, 'the last automation to fire', 20_000).finally(() => clearInterval(sampler));
-      expect(fired[0]).to.deep.equal({ type: 'file_change', paths: [name] });
+      await triggers.refresh();
+      await new Promise((r) => setTimeout(r, 200));
+      expect(fired, 'the last automation only').to.deep.equal([{ type: 'file_change', paths: [name] }]);
+      expect(h.logs.filter((l) => l.includes(costly.id) && l.includes('cost more than any may'))).to.have.length(1);
       // matched all at once, the 300 held the process 1.4 s (4-7 ms each on these machines); a slice at a time, 25-30 ms
       expect(stall, `the longest stall, of ${Math.round(performance.now() - started)} ms to the fire`).to.be.below(400);
     } finally {

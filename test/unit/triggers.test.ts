@@ -231,6 +231,20 @@ describe('engine/triggers', () => {
     // Paris is UTC+1 or UTC+2: 10:00 there is 09:00 UTC half the year
     expect(check([cron('0 9 * * *'), cron('0 10 * * *', 'Europe/Paris')], 60)).to.deep.equal(['/t/1/schedule fires 0 s from a fire of trigger 0']);
     expect(check([cron('0 9 * * *'), cron('30 10 * * *', 'Europe/Paris')], 60)).to.deep.equal([]);
+    // a date on a weekday, and 29 February, come together only some years: within the calendar's 28
+    expect(check([cron('0 9 13 3 *'), cron('0 9 * * 5')], 60)).to.deep.equal(['/t/1/schedule fires 0 s from a fire of trigger 0']);
+    expect(check([cron('0 0 9 29 2 *'), cron('5 0 9 * * *')], 10)).to.deep.equal(['/t/1/schedule fires 5 s from a fire of trigger 0']);
+    // the night Paris's clocks go forward, 02:00 is made at 03:00: one instant with a trigger of 03:00
+    expect(check([cron('0 2 * * *', 'Europe/Paris'), cron('0 3 * * *', 'Europe/Paris')], 60)).to.deep.equal([
+      '/t/1/schedule fires 0 s from a fire of trigger 0',
+    ]);
+    expect(check([cron('30 2 * * *', 'Europe/Paris'), cron('0 3 * * *', 'Europe/Paris')], 60)).to.deep.equal([]);
+    expect(check([cron('0 2 * * *', 'UTC'), cron('0 3 * * *', 'UTC')], 60)).to.deep.equal([]);
+    // twenty at one time of day on different dates: never together, found without stepping through fires
+    const dates = Array.from({ length: 20 }, (_, d) => cron(`0 9 ${d + 1} 1 *`, 'Europe/Paris'));
+    const compared = performance.now();
+    expect(check(dates, 60)).to.deep.equal([]);
+    expect(performance.now() - compared).to.be.below(500);
     // twenty triggers of every minute, as dense as the limit allows: answered in little time
     const started = performance.now();
     const dense = Array.from({ length: 20 }, (_, i) => cron(`${i * 3} * * * * *`, i % 2 ? 'UTC' : 'Europe/Paris'));
