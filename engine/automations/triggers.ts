@@ -283,16 +283,26 @@ function fireDays(schedule: string, start: number): Uint8Array {
   const f = fieldsOf(schedule);
   const plain = (values: readonly (number | string)[]) => values.every((v) => typeof v === 'number');
   const special = !plain(f.dayOfMonth.values) || !plain(f.dayOfWeek.values) || f.dayOfMonth.hasLastChar || f.dayOfWeek.hasLastChar || !!f.dayOfWeek.nthDay;
-  const months = new Set(f.month.values as readonly number[]);
-  const dates = new Set(f.dayOfMonth.values as readonly number[]);
-  const weekdays = new Set((f.dayOfWeek.values as readonly number[]).map((d) => d % 7));
+  const flags = (values: readonly (number | string)[], size: number, of = (v: number) => v) => {
+    const on = new Uint8Array(size);
+    for (const v of values) if (typeof v === 'number') on[of(v)] = 1;
+    return on;
+  };
+  const [months, dates, weekdays] = [flags(f.month.values, 13), flags(f.dayOfMonth.values, 32), flags(f.dayOfWeek.values, 7, (d) => d % 7)];
   const [anyDate, anyWeekday] = [f.dayOfMonth.isWildcard, f.dayOfWeek.isWildcard];
   const days = new Uint8Array(DAYS_COMPARED);
+  // the calendar walked a day at a time (a Date a day took 5 ms a trigger)
+  const first = new Date(start);
+  let [year, month, date, weekday] = [first.getUTCFullYear(), first.getUTCMonth() + 1, first.getUTCDate(), first.getUTCDay()];
+  const lengthOf = (y: number, m: number) => (m === 2 && (y % 4 !== 0 || (y % 100 === 0 && y % 400 !== 0)) ? 28 : MAX_DAYS[m - 1]!);
   for (let i = 0; i < DAYS_COMPARED; i++) {
-    const d = new Date(start + i * DAY_MS);
-    if (!months.has(d.getUTCMonth() + 1)) continue;
-    const [date, weekday] = [dates.has(d.getUTCDate()), weekdays.has(d.getUTCDay())];
-    days[i] = Number(special || (anyDate && anyWeekday) || (anyDate ? weekday : anyWeekday ? date : date || weekday));
+    if (months[month]) {
+      const [onDate, onWeekday] = [dates[date] === 1, weekdays[weekday] === 1];
+      days[i] = Number(special || (anyDate && anyWeekday) || (anyDate ? onWeekday : anyWeekday ? onDate : onDate || onWeekday));
+    }
+    weekday = (weekday + 1) % 7;
+    if (++date > lengthOf(year, month)) [date, month] = [1, month + 1];
+    if (month > 12) [month, year] = [1, year + 1];
   }
   return days;
 }
