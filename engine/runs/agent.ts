@@ -177,10 +177,23 @@ function sleepUnless(ms: number, signal: AbortSignal): Promise<void> {
 
 export type ModelClient = ReturnType<typeof modelClientOf>;
 
+/** The most of a model endpoint's answer read: past it the answer is refused (agent-protocol), not held whole in memory. */
+const ANSWER_MAX_BYTES = 16 * 1024 * 1024;
+
 /** A fetch that resolves once the whole body has arrived, so the SDK's timeout and abort cover the body too. */
 async function readWhole(url: string | URL | Request, init?: RequestInit): Promise<Response> {
   const res = await fetch(url, init);
-  const body = await res.arrayBuffer();
+  const chunks: Uint8Array[] = [];
+  let size = 0;
+  for await (const chunk of (res.body ?? []) as AsyncIterable<Uint8Array>) {
+    size += chunk.length;
+    if (size > ANSWER_MAX_BYTES) {
+      await res.body?.cancel().catch(() => undefined);
+      throw new AgentError('agent-protocol', `the model endpoint's answer is over ${ANSWER_MAX_BYTES / 1024 / 1024} MB`);
+    }
+    chunks.push(chunk);
+  }
+  const body = Buffer.concat(chunks);
   // a status that carries no body (204, 304) may not be given one
   const empty = res.status === 204 || res.status === 205 || res.status === 304;
   return new Response(empty ? null : body, { status: res.status, statusText: res.statusText, headers: res.headers });
@@ -270,6 +283,8 @@ export async function runAgent(opts: {
   stepsLeft: () => number | undefined;
   /** a call with `refused` is kept as a failed step without running the tool (arguments that are not a JSON object) */
   callTool(name: string, args: Record<string, unknown>, refused?: ErrorInfo): Promise<ToolResult>;
+  /** the most a call's arguments may be (JSON, bytes), and all of the run's calls' together: a plan step's bounds */
+  argsMaxBytes: { call: number; attempt: number };
   onTurn(turn: Omit<AgentTurn, 'index' | 'at'>): Promise<void>;
 }): Promise<AgentOutcome> {
   const messages: ChatMessage[] = opts.conversation
@@ -288,14 +303,34 @@ export async function runAgent(opts: {
     ...(opts.canAsk ? [askTool] : []),
   ];
   const model = opts.model ?? opts.client.defaultModel;
+  let argsLeft = opts.argsMaxBytes.attempt;
   for (;;) {
     for (const text of await opts.inbox()) messages.push({ role: 'user', content: capped(text) });
     const message = await opts.client.complete(model, messages, tools, opts.signal, opts.deadlineAt);
     const calls = message.tool_calls;
-    const parsed = calls.map((c) => ({ id: c.id, tool: c.function.name, ...parseArgs(c.function.arguments) }));
-    await opts.onTurn({ content: message.content, tool_calls: parsed.map(({ id, tool, args }) => ({ id, tool, args })), usage: message.usage });
+    const parsed = calls.map((c) => {
+      const one = { id: c.id, tool: c.function.name, ...parseArgs(c.function.arguments, opts.argsMaxBytes.call) };
+      if (!one.refused && (argsLeft -= Buffer.byteLength(c.function.arguments)) < 0)
+        return {
+          ...one,
+          args: { invalid_arguments: c.function.arguments.slice(0, INVALID_ARGS_KEPT) },
+          refused: attemptArgsRefusal(opts.argsMaxBytes.attempt),
+        };
+      return one;
+    });
+    await opts.onTurn({
+      content: message.content && capped(message.content),
+      tool_calls: parsed.map(({ id, tool, args }) => ({ id, tool, args })),
+      usage: message.usage,
+    });
     messages.push({ role: 'assistant', content: message.content, ...(calls.length ? { tool_calls: calls } : {}) });
-    if (calls.length === 0) return { stopped_by: 'answer', answer: message.content, conversation: messages };
+    if (calls.length === 0) {
+      // messages posted while the model answered are read before its answer is taken as the last word
+      const late = await opts.inbox();
+      if (!late.length) return { stopped_by: 'answer', answer: message.content, conversation: messages };
+      for (const text of late) messages.push({ role: 'user', content: capped(text) });
+      continue;
+    }
     let question: string | null = null;
     for (const call of parsed) {
       let content: string;
@@ -318,11 +353,22 @@ export async function runAgent(opts: {
 /** What the model sent as a call's arguments: kept as it is, in `invalid_arguments`, when it is not a JSON object. */
 const INVALID_ARGS_KEPT = 2000;
 
+const attemptArgsRefusal = (max: number): ErrorInfo => ({
+  code: 'attempt-args-too-large',
+  message: `the arguments of this attempt's calls make more than ${max} bytes of JSON in all: the tool was not called`,
+});
+
 /**
  * A call's arguments, or why they are refused: text that is not a JSON object ran the tool with none (`{}`),
  * as if the call had been what the model meant, and the model was told it worked.
  */
-function parseArgs(text: string): { args: Record<string, unknown>; refused?: ErrorInfo } {
+function parseArgs(text: string, maxBytes: number): { args: Record<string, unknown>; refused?: ErrorInfo } {
+  // as a plan step's: a call's arguments go whole into its step, its events and its turn
+  if (Buffer.byteLength(text) > maxBytes)
+    return {
+      args: { invalid_arguments: text.slice(0, INVALID_ARGS_KEPT) },
+      refused: { code: 'args-too-large', message: `the arguments are over ${maxBytes} bytes of JSON: the tool was not called` },
+    };
   let v: unknown;
   try {
     v = JSON.parse(text || '{}');

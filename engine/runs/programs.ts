@@ -273,6 +273,7 @@ export function agentProgram(client: ModelClient, runOf: (runId: string) => Prom
         deadlineAt: a.deadlineAt,
         stepsLeft: () => stepsLeft(a),
         callTool: (tool, args, refused) => a.runStep(a.newStep({ tool, args, name: null, source: 'agent' }), refused),
+        argsMaxBytes: { call: STEP_ARGS_MAX_BYTES, attempt: ATTEMPT_ARGS_MAX_BYTES },
         onTurn: (turn) => a.addTurn(turn, turns++),
       });
       if (outcome.stopped_by === 'max_steps') {

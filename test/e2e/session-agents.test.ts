@@ -95,6 +95,39 @@ describe('agents of a session', function () {
     });
   });
 
+  it('reads a message posted while the model gives its last answer before taking that answer as the last word', async () => {
+    let release!: () => void;
+    const gate = new Promise<void>((r) => (release = r));
+    const script: ScriptedTurn[] = [{ gate, content: 'All done.' }, { content: 'Stopped: not shipping.' }];
+    await withAgents(script, async (h, model, session) => {
+      const worker = await agent(h, session, { name: 'worker', tool_allowlist: ['list_files'] });
+      await task(h, session, { id: 'ship', goal: 'Do it', agent_id: worker.id });
+      await eventually(() => model.requests.length === 1, 'the model call');
+      const posted = await h.call('POST', `/api/v1/sessions/${session}/messages`, { body: { role: 'user', to: worker.id, parts: text('STOP: do not ship') } });
+      expect(posted.status).to.equal(201);
+      release();
+      const done = await sessionWhen(h, session, (s) => s.outcome !== null, 'the task to end');
+      expect(done.outcome).to.equal('succeeded');
+      expect(model.requests).to.have.length(2);
+      expect(JSON.stringify(model.requests[1]!.body.messages)).to.contain('STOP: do not ship').and.contain('All done.');
+      expect(done.tasks[0].output.summary ?? JSON.stringify(done.tasks[0].output)).to.contain('Stopped: not shipping.');
+    });
+  });
+
+  it('refuses a tool call whose arguments are over a plan step’s 1 MB: the tool is not called, and the model is told', async () => {
+    const script: ScriptedTurn[] = [{ tool_calls: [{ name: 'list_files', args: { path: 'x'.repeat(2 * 1024 * 1024) } }] }, { content: 'Gave up.' }];
+    await withAgents(script, async (h, model, session) => {
+      const worker = await agent(h, session, { name: 'worker', tool_allowlist: ['list_files'] });
+      await task(h, session, { id: 'big', goal: 'List', agent_id: worker.id });
+      const done = await sessionWhen(h, session, (s) => s.outcome !== null, 'the task to end');
+      const run = await finishedRun(h, done.tasks[0].run_ids[0]);
+      expect(run.steps[0]).to.deep.include({ tool: 'list_files', status: 'failed' });
+      expect(run.steps[0].error.code).to.equal('args-too-large');
+      expect(JSON.stringify(run.steps[0].args).length).to.be.below(4096);
+      expect(JSON.stringify(model.requests[1]!.body.messages)).to.contain('args-too-large');
+    });
+  });
+
   it('continues a task only past the question its answer answers: an answer read before the task asked again does not answer the new question', async () => {
     const script: ScriptedTurn[] = [
       { tool_calls: [{ name: 'ask_for_input', args: { question: 'Deploy?' } }] },
