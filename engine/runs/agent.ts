@@ -125,6 +125,8 @@ export function modelClientOf(endpoint: AgentEndpoint) {
 
 /** Statuses the SDK retried, as we do: a timeout, a lock, the rate limit, the endpoint's own errors; `x-should-retry` overrules. */
 function retried(err: unknown): boolean {
+  // an answer the service refused itself (over ANSWER_MAX_BYTES) is not asked for again
+  if ((err as { cause?: unknown } | null)?.cause instanceof AgentError) return false;
   if (err instanceof OpenAI.APIConnectionError) return true; // timeouts too: APIConnectionTimeoutError is one
   if (!(err instanceof OpenAI.APIError) || err.status === undefined) return false;
   const told = err.headers?.get('x-should-retry');
@@ -256,6 +258,9 @@ function usageOf(usage: unknown): Answer['usage'] {
 /** Why a call failed, and after how many tries. */
 function tried(endpoint: AgentEndpoint, err: unknown, tries: number): AgentError {
   const after = `after ${tries} tr${tries === 1 ? 'y' : 'ies'}`;
+  // what the service itself refused of an answer (over ANSWER_MAX_BYTES), which the SDK wraps as a connection's failure
+  const cause = (err as { cause?: unknown } | null)?.cause;
+  if (cause instanceof AgentError) return cause;
   if (err instanceof OpenAI.APIConnectionTimeoutError)
     return new AgentError('agent-error', `the model endpoint did not answer within ${endpoint.timeoutSeconds} s (${after})`);
   if (err instanceof OpenAI.APIConnectionError) return new AgentError('agent-error', `the model endpoint could not be reached (${after})`);

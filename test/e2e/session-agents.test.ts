@@ -128,6 +128,20 @@ describe('agents of a session', function () {
     });
   });
 
+  it('refuses a model answer over 16 MB without holding it whole, saying so', async () => {
+    const script: ScriptedTurn[] = [{ content: 'x'.repeat(17 * 1024 * 1024) }];
+    await withAgents(script, async (h, model, session) => {
+      const worker = await agent(h, session, { name: 'worker', tool_allowlist: ['list_files'] });
+      await task(h, session, { id: 'huge', goal: 'Answer', agent_id: worker.id });
+      const done = await sessionWhen(h, session, (s) => s.outcome !== null, 'the task to end');
+      const run = await finishedRun(h, done.tasks[0].run_ids[0]);
+      expect(run.error).to.deep.include({ code: 'agent-protocol' });
+      expect(run.error.message).to.contain("the model endpoint's answer is over 16 MB");
+      // not asked again within an attempt: one request an attempt (the task's two)
+      expect(model.requests).to.have.length(run.attempt);
+    });
+  });
+
   it('continues a task only past the question its answer answers: an answer read before the task asked again does not answer the new question', async () => {
     const script: ScriptedTurn[] = [
       { tool_calls: [{ name: 'ask_for_input', args: { question: 'Deploy?' } }] },
