@@ -15,8 +15,7 @@ export async function startMetricsServer(rt: Runtime, workers: () => Workers | u
   const server = http.createServer((req, res) => {
     // the path as sent: a request target no URL parses (`//[`) is only a path that is not served
     const pathname = (req.url ?? '/').split('?')[0] ?? '/';
-    if (req.method !== 'GET' && req.method !== 'HEAD')
-      return answerProblem(res, 'method-not-allowed', 'Method Not Allowed', 'only GET', pathname, { allow: 'GET, HEAD' });
+    if (req.method !== 'GET' && req.method !== 'HEAD') return answerProblem(res, 'method-not-allowed', 'only GET', pathname, { allow: 'GET, HEAD' });
     if (pathname === '/healthz') {
       const all = workers()?.workers ?? [];
       const running = all.filter((w) => w.isRunning()).map((w) => w.name);
@@ -35,7 +34,7 @@ export async function startMetricsServer(rt: Runtime, workers: () => Workers | u
     }
     if (pathname === '/metrics') {
       if (!isAdminRequest(req.headers, rt.config.adminKeys))
-        return answerProblem(res, 'unauthorized', 'Unauthorized', adminRefusal(rt.config.adminKeys), pathname, { 'www-authenticate': ADMIN_CHALLENGE });
+        return answerProblem(res, 'unauthorized', adminRefusal(rt.config.adminKeys), pathname, { 'www-authenticate': ADMIN_CHALLENGE });
       rt.metrics.registry.metrics().then(
         (text) => {
           res.writeHead(200, { 'content-type': rt.metrics.registry.contentType });
@@ -43,12 +42,12 @@ export async function startMetricsServer(rt: Runtime, workers: () => Workers | u
         },
         (err: Error) => {
           rt.log.warn({ err: err.message }, 'metrics collection failed');
-          answerProblem(res, 'unavailable', 'Service Unavailable', 'metrics could not be collected', pathname);
+          answerProblem(res, 'unavailable', 'metrics could not be collected', pathname);
         },
       );
       return;
     }
-    answerProblem(res, 'not-found', 'Not Found', 'this port serves /metrics and /healthz', pathname);
+    answerProblem(res, 'not-found', 'this port serves /metrics and /healthz', pathname);
   });
   // what Node's parser refuses, as the web process answers it
   server.on('clientError', (err: Error & { code?: string }, socket) => answerClientError(err, socket, rt.log));

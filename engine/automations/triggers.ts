@@ -370,25 +370,26 @@ function closestCronTriggers(crons: { t: CronTrigger; i: number }[], limit: numb
     for (let b = a + 1; b < crons.length; b++) {
       const [ta, tb] = [times[a]!, times[b]!];
       if (!ta.length || !tb.length) continue;
+      const pair = (gap: number, zones: boolean) => ({ a: crons[a]!.i, b: crons[b]!.i, gap, zones });
       if (zoneOf(crons[a]!.t) === zoneOf(crons[b]!.t)) {
         const same = closest(ta, tb);
-        if (same < limit && together(daysOf(a), daysOf(b), 0)) return { a: crons[a]!.i, b: crons[b]!.i, gap: same, zones: false };
+        if (same < limit && together(daysOf(a), daysOf(b), 0)) return pair(same, false);
         const aThenB = 86_400 - ta.at(-1)! + tb[0]!;
-        if (aThenB < limit && together(daysOf(a), daysOf(b), 1)) return { a: crons[a]!.i, b: crons[b]!.i, gap: aThenB, zones: false };
+        if (aThenB < limit && together(daysOf(a), daysOf(b), 1)) return pair(aThenB, false);
         const bThenA = 86_400 - tb.at(-1)! + ta[0]!;
-        if (bThenA < limit && together(daysOf(b), daysOf(a), 1)) return { a: crons[a]!.i, b: crons[b]!.i, gap: bThenA, zones: false };
+        if (bThenA < limit && together(daysOf(b), daysOf(a), 1)) return pair(bThenA, false);
         // the night the clocks go forward (02:00 and 03:00 in Paris are then one instant), on any day both fire: a
         // closeness only some spring night's date would show is taken as shown
         for (const s of springsOf(zoneOf(crons[a]!.t))) {
           const gap = closest(sprung(ta, s), sprung(tb, s));
-          if (gap < limit && together(daysOf(a), daysOf(b), 0)) return { a: crons[a]!.i, b: crons[b]!.i, gap, zones: false };
+          if (gap < limit && together(daysOf(a), daysOf(b), 0)) return pair(gap, false);
         }
         continue;
       }
       for (const x of utcTimes(a))
         for (const y of utcTimes(b)) {
           const gap = Math.min(closest(x, y), x[0]! + 86_400 - y.at(-1)!, y[0]! + 86_400 - x.at(-1)!);
-          if (gap < limit) return { a: crons[a]!.i, b: crons[b]!.i, gap, zones: true };
+          if (gap < limit) return pair(gap, true);
         }
     }
   return null;

@@ -2,16 +2,19 @@
 // request id, as every other error): what Node's parser refuses before a request exists, and what a small
 // server of the service's own (a worker's metrics port) refuses.
 import { randomUUID } from 'node:crypto';
-import type { ServerResponse } from 'node:http';
+import { STATUS_CODES, type ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { ERROR_STATUS, type ErrorCode } from './errors.js';
 import type { Logger } from './log.js';
 
+/** A problem's title: its status's reason phrase. */
+const titleOf = (code: ErrorCode) => STATUS_CODES[ERROR_STATUS[code]] ?? 'Error';
+
 /** A problem's body: `/problems/{code}`, its title, status and code, what it says, the request's id and path. */
-export function problemBody(code: ErrorCode, title: string, detail: string, requestId: string, instance?: string): string {
+export function problemBody(code: ErrorCode, detail: string, requestId: string, instance?: string): string {
   return JSON.stringify({
     type: `/problems/${code}`,
-    title,
+    title: titleOf(code),
     status: ERROR_STATUS[code],
     code,
     detail,
@@ -21,38 +24,27 @@ export function problemBody(code: ErrorCode, title: string, detail: string, requ
 }
 
 /** Answers a problem with a new request id (in its body and X-Request-Id), on a plain Node server. */
-export function answerProblem(
-  res: ServerResponse,
-  code: ErrorCode,
-  title: string,
-  detail: string,
-  instance: string,
-  headers: Record<string, string> = {},
-): void {
+export function answerProblem(res: ServerResponse, code: ErrorCode, detail: string, instance: string, headers: Record<string, string> = {}): void {
   const requestId = randomUUID();
   res.writeHead(ERROR_STATUS[code], { 'content-type': 'application/problem+json; charset=utf-8', 'x-request-id': requestId, ...headers });
-  res.end(problemBody(code, title, detail, requestId, instance));
+  res.end(problemBody(code, detail, requestId, instance));
 }
 
 /** What Node refuses before a request exists (its parser's errors), as problems like every other error; the socket then closes. */
-const CLIENT_ERRORS: Record<string, { code: ErrorCode; title: string; detail: string }> = {
-  HPE_HEADER_OVERFLOW: { code: 'headers-too-large', title: 'Request Header Fields Too Large', detail: "The request's headers are over the limit (16 KB)." },
-  ERR_HTTP_REQUEST_TIMEOUT: { code: 'request-timeout', title: 'Request Timeout', detail: 'The request was not received in time.' },
+const CLIENT_ERRORS: Record<string, { code: ErrorCode; detail: string }> = {
+  HPE_HEADER_OVERFLOW: { code: 'headers-too-large', detail: "The request's headers are over the limit (16 KB)." },
+  ERR_HTTP_REQUEST_TIMEOUT: { code: 'request-timeout', detail: 'The request was not received in time.' },
 };
 
 export function answerClientError(err: Error & { code?: string }, socket: Duplex, log: Logger): void {
   if (!socket.writable) return void socket.destroy();
-  const { code, title, detail } = CLIENT_ERRORS[err.code ?? ''] ?? {
-    code: 'bad-request',
-    title: 'Bad Request',
-    detail: 'The request could not be read as HTTP.',
-  };
+  const { code, detail } = CLIENT_ERRORS[err.code ?? ''] ?? { code: 'bad-request' as const, detail: 'The request could not be read as HTTP.' };
   const status = ERROR_STATUS[code];
   // an id like every request's, so that what the client was told can be found in the log
   const requestId = randomUUID();
   log.info({ req_id: requestId, code, status, reason: err.code }, 'request refused before it was read');
-  const body = problemBody(code, title, detail, requestId);
+  const body = problemBody(code, detail, requestId);
   socket.end(
-    `HTTP/1.1 ${status} ${title}\r\nContent-Type: application/problem+json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\nX-Request-Id: ${requestId}\r\nConnection: close\r\n\r\n${body}`,
+    `HTTP/1.1 ${status} ${titleOf(code)}\r\nContent-Type: application/problem+json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\nX-Request-Id: ${requestId}\r\nConnection: close\r\n\r\n${body}`,
   );
 }

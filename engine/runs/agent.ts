@@ -126,7 +126,7 @@ export function modelClientOf(endpoint: AgentEndpoint) {
 /** Statuses the SDK retried, as we do: a timeout, a lock, the rate limit, the endpoint's own errors; `x-should-retry` overrules. */
 function retried(err: unknown): boolean {
   // an answer the service refused itself (over ANSWER_MAX_BYTES) is not asked for again
-  if ((err as { cause?: unknown } | null)?.cause instanceof AgentError) return false;
+  if (ownRefusal(err)) return false;
   if (err instanceof OpenAI.APIConnectionError) return true; // timeouts too: APIConnectionTimeoutError is one
   if (!(err instanceof OpenAI.APIError) || err.status === undefined) return false;
   const told = err.headers?.get('x-should-retry');
@@ -255,12 +255,17 @@ function usageOf(usage: unknown): Answer['usage'] {
   return { prompt_tokens: count(u.prompt_tokens), completion_tokens: count(u.completion_tokens) };
 }
 
+/** What the service itself refused of an answer (over ANSWER_MAX_BYTES), which the SDK wraps as a connection's failure. */
+function ownRefusal(err: unknown): AgentError | null {
+  const cause = (err as { cause?: unknown } | null)?.cause;
+  return cause instanceof AgentError ? cause : null;
+}
+
 /** Why a call failed, and after how many tries. */
 function tried(endpoint: AgentEndpoint, err: unknown, tries: number): AgentError {
   const after = `after ${tries} tr${tries === 1 ? 'y' : 'ies'}`;
-  // what the service itself refused of an answer (over ANSWER_MAX_BYTES), which the SDK wraps as a connection's failure
-  const cause = (err as { cause?: unknown } | null)?.cause;
-  if (cause instanceof AgentError) return cause;
+  const own = ownRefusal(err);
+  if (own) return own;
   if (err instanceof OpenAI.APIConnectionTimeoutError)
     return new AgentError('agent-error', `the model endpoint did not answer within ${endpoint.timeoutSeconds} s (${after})`);
   if (err instanceof OpenAI.APIConnectionError) return new AgentError('agent-error', `the model endpoint could not be reached (${after})`);
@@ -309,18 +314,16 @@ export async function runAgent(opts: {
   ];
   const model = opts.model ?? opts.client.defaultModel;
   let argsLeft = opts.argsMaxBytes.attempt;
+  // messages posted to the agent, read before each model call and once more before an answer is its last word
+  let inbox = await opts.inbox();
   for (;;) {
-    for (const text of await opts.inbox()) messages.push({ role: 'user', content: capped(text) });
+    for (const text of inbox) messages.push({ role: 'user', content: capped(text) });
     const message = await opts.client.complete(model, messages, tools, opts.signal, opts.deadlineAt);
     const calls = message.tool_calls;
     const parsed = calls.map((c) => {
       const one = { id: c.id, tool: c.function.name, ...parseArgs(c.function.arguments, opts.argsMaxBytes.call) };
       if (!one.refused && (argsLeft -= Buffer.byteLength(c.function.arguments)) < 0)
-        return {
-          ...one,
-          args: { invalid_arguments: c.function.arguments.slice(0, INVALID_ARGS_KEPT) },
-          refused: attemptArgsRefusal(opts.argsMaxBytes.attempt),
-        };
+        return { ...one, args: invalidArgs(c.function.arguments), refused: attemptArgsRefusal(opts.argsMaxBytes.attempt) };
       return one;
     });
     await opts.onTurn({
@@ -331,9 +334,8 @@ export async function runAgent(opts: {
     messages.push({ role: 'assistant', content: message.content, ...(calls.length ? { tool_calls: calls } : {}) });
     if (calls.length === 0) {
       // messages posted while the model answered are read before its answer is taken as the last word
-      const late = await opts.inbox();
-      if (!late.length) return { stopped_by: 'answer', answer: message.content, conversation: messages };
-      for (const text of late) messages.push({ role: 'user', content: capped(text) });
+      inbox = await opts.inbox();
+      if (!inbox.length) return { stopped_by: 'answer', answer: message.content, conversation: messages };
       continue;
     }
     let question: string | null = null;
@@ -352,11 +354,13 @@ export async function runAgent(opts: {
       if (opts.signal.aborted) throw opts.signal.reason;
     }
     if (question !== null) return { stopped_by: 'input_required', question, conversation: messages };
+    inbox = await opts.inbox();
   }
 }
 
 /** What the model sent as a call's arguments: kept as it is, in `invalid_arguments`, when it is not a JSON object. */
 const INVALID_ARGS_KEPT = 2000;
+const invalidArgs = (text: string): Record<string, unknown> => ({ invalid_arguments: text.slice(0, INVALID_ARGS_KEPT) });
 
 const attemptArgsRefusal = (max: number): ErrorInfo => ({
   code: 'attempt-args-too-large',
@@ -371,7 +375,7 @@ function parseArgs(text: string, maxBytes: number): { args: Record<string, unkno
   // as a plan step's: a call's arguments go whole into its step, its events and its turn
   if (Buffer.byteLength(text) > maxBytes)
     return {
-      args: { invalid_arguments: text.slice(0, INVALID_ARGS_KEPT) },
+      args: invalidArgs(text),
       refused: { code: 'args-too-large', message: `the arguments are over ${maxBytes} bytes of JSON: the tool was not called` },
     };
   let v: unknown;
@@ -382,7 +386,7 @@ function parseArgs(text: string, maxBytes: number): { args: Record<string, unkno
   }
   if (v && typeof v === 'object' && !Array.isArray(v)) return { args: v as Record<string, unknown> };
   return {
-    args: { invalid_arguments: text.slice(0, INVALID_ARGS_KEPT) },
+    args: invalidArgs(text),
     refused: { code: 'invalid-args', message: 'the arguments are not a JSON object: the tool was not called; send them again as one' },
   };
 }
