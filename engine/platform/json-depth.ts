@@ -57,11 +57,63 @@ export function hasLoneSurrogate(text: Buffer): boolean {
   return pendingHigh;
 }
 
+const MINUS = 0x2d;
+const DIGIT_0 = 0x30;
+const DIGIT_9 = 0x39;
+const LOWER_E = 0x65;
+const UPPER_E = 0x45;
+/** the bytes a JSON number may hold after its first (digits, `.`, `e`, `E`, `+`, `-`) */
+const NUMBER_BYTE = new Uint8Array(256);
+for (const c of '0123456789.eE+-') NUMBER_BYTE[c.charCodeAt(0)] = 1;
+
+/**
+ * True when a number of the JSON text is too large for a double (`1e309`, `-1e400`, 309 digits): JSON.parse
+ * makes it ±Infinity, which is stored as null (what was stored is not what was sent), and which the canonical
+ * form of a request (its idempotency fingerprint) cannot hold. Only a number with an exponent, or of more than
+ * 308 bytes, can be one; only those are read as numbers.
+ */
+export function hasOverflowingNumber(text: Uint8Array): boolean {
+  let inString = false;
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i]!;
+    if (inString) {
+      if (c === BACKSLASH) i++;
+      else if (c === QUOTE) inString = false;
+      continue;
+    }
+    if (c === QUOTE) inString = true;
+    else if (c === MINUS || (c >= DIGIT_0 && c <= DIGIT_9)) {
+      const start = i;
+      let exponent = false;
+      while (i + 1 < text.length && NUMBER_BYTE[text[i + 1]!]) {
+        i++;
+        if (text[i] === LOWER_E || text[i] === UPPER_E) exponent = true;
+      }
+      if ((exponent || i - start >= 308) && !Number.isFinite(Number(Buffer.from(text.buffer, text.byteOffset + start, i + 1 - start).toString('latin1'))))
+        return true;
+    }
+  }
+  return false;
+}
+
+/**
+ * The value with every string in it (and every key) made well-formed Unicode, a lone surrogate replaced by
+ * U+FFFD: for JSON the service did not check as a body (a model's answer, a tool call's arguments), which it
+ * stores and serves as it stores what it checked. The value itself when it is already well-formed.
+ */
+export function wellFormed<T>(value: T): T {
+  if (typeof value === 'string') return (value.isWellFormed() ? value : value.toWellFormed()) as T;
+  if (Array.isArray(value)) return value.map(wellFormed) as T;
+  if (value && typeof value === 'object') return Object.fromEntries(Object.entries(value).map(([k, v]) => [wellFormed(k), wellFormed(v)])) as T;
+  return value;
+}
+
 /** The most values a JSON body may hold: a real one holds hundreds or a few thousand; 2 million tiny ones parsed for 3 s. */
 export const MAX_JSON_VALUES = 50_000;
 
 /**
- * Why a JSON text is refused before it is parsed (not UTF-8, too deep, or a lone surrogate), or null when it
+ * Why a JSON text is refused before it is parsed (not UTF-8, too deep, a lone surrogate, or a number past a
+ * double's range), or null when it
  * is not: one check for the API's bodies and every webhook intake, all of which store what they take (bytes
  * that are not UTF-8 were decoded as U+FFFD: a shell command stored was not the one sent, a delivery's body
  * not the bytes its size and hash are of). `detail` names `what` was refused; `rule` is the rule it broke.
@@ -72,6 +124,7 @@ export function unsafeJson(text: Buffer, what = 'the body'): { detail: string; r
     return { detail: `${what} nests deeper than ${MAX_JSON_DEPTH} levels`, rule: `must not nest objects and arrays deeper than ${MAX_JSON_DEPTH} levels` };
   if (hasLoneSurrogate(text))
     return { detail: `${what} holds a lone surrogate (a \\ud800-\\udfff escape without its other half)`, rule: 'strings must be well-formed Unicode' };
+  if (hasOverflowingNumber(text)) return { detail: `${what} holds a number too large for a double (beyond ±1.8e308)`, rule: 'numbers must be finite doubles' };
   return null;
 }
 

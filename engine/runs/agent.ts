@@ -5,7 +5,7 @@
 // conversation. The loop ends when the model answers without a tool call, asks for input (the run
 // ends; the conversation is kept for the run that the answer starts), the budget ends, or max_steps is reached.
 import OpenAI from 'openai';
-import { MESSAGE_TEXT_MAX, type AgentTurn, type ChatMessage, type ChatToolCall, type ErrorInfo } from '../platform/index.js';
+import { MESSAGE_TEXT_MAX, wellFormed, type AgentTurn, type ChatMessage, type ChatToolCall, type ErrorInfo } from '../platform/index.js';
 import type { Tool, ToolResult } from '../tools/index.js';
 
 export type AgentEndpoint = { baseUrl: string; apiKey: string | undefined; model: string; timeoutSeconds: number; maxRetries: number };
@@ -210,7 +210,9 @@ type Answer = { content: string | null; tool_calls: ChatToolCall[]; usage?: { pr
  */
 function answerOf(body: unknown): Answer {
   const refuse = (what: string) => new AgentError('agent-protocol', `the model endpoint's answer could not be read: ${what}`);
-  const message = (body as { choices?: { message?: unknown }[] } | null)?.choices?.[0]?.message;
+  // what is stored and served is well-formed Unicode, as what a request may send: a lone surrogate in the
+  // answer's text or a call's name made strict readers refuse the run, its page of the list and its events
+  const message = wellFormed((body as { choices?: { message?: unknown }[] } | null)?.choices?.[0]?.message);
   if (!message || typeof message !== 'object') throw new AgentError('agent-protocol', 'the model endpoint answered without choices[0].message');
   const m = message as { content?: unknown; tool_calls?: unknown };
   return { content: contentOf(m.content, refuse), tool_calls: toolCallsOf(m.tool_calls, refuse), usage: usageOf((body as { usage?: unknown }).usage) };
@@ -380,7 +382,8 @@ function parseArgs(text: string, maxBytes: number): { args: Record<string, unkno
     };
   let v: unknown;
   try {
-    v = JSON.parse(text || '{}');
+    // the arguments' own escapes (`\\ud800` in their text) may spell a lone surrogate
+    v = wellFormed(JSON.parse(text || '{}'));
   } catch {
     v = undefined;
   }

@@ -129,6 +129,25 @@ describe('agent runs', function () {
     );
   });
 
+  it('stores and serves a model’s lone surrogates (in its text, a call’s arguments) as U+FFFD: what it serves is well-formed Unicode, as what a request may send', async () => {
+    const script: ScriptedTurn[] = [
+      { content: 'thinking \ud800', tool_calls: [{ name: 'message', args: {}, raw: '{"text":"x\\ud800y"}' }] },
+      { content: 'done \udc00 end' },
+    ];
+    await withAgent(script, async (h) => {
+      const res = await h.call('POST', '/api/v1/autonomy/run', { body: { goal: 'say it', tools: ['message'] } });
+      const run = await finished(h, res.body.run_id);
+      expect(run.status, JSON.stringify(run.steps)).to.equal('succeeded');
+      expect(run.steps[0].args).to.deep.equal({ text: 'x\ufffdy' });
+      expect(run.result.final_answer).to.equal('done \ufffd end');
+      // no escape of a lone surrogate anywhere in what the API serves of the run: its record, its page of the list, its events
+      const lone = /(?<!\\)(?:\\\\)*\\u[dD][89a-fA-F][0-9a-fA-F]{2}/;
+      for (const url of [`/api/v1/runs/${run.id}`, '/api/v1/runs?limit=10']) expect((await h.call('GET', url)).text).not.to.match(lone);
+      const events = await h.rt.events.after(`session:${run.session_id}`, '0-0');
+      expect(JSON.stringify(events)).not.to.match(lone);
+    });
+  });
+
   it('refuses a tool call whose arguments are not a JSON object, as a failed step the model is told of, without calling the tool', async () => {
     const script: ScriptedTurn[] = [
       { tool_calls: [{ name: 'list_files', args: {}, raw: '{"path": "sub' }] },

@@ -158,6 +158,33 @@ describe('bad input', () => {
     expect((await h.call<{ data: unknown[] }>('GET', '/api/v1/automations?limit=100')).body.data.length).to.equal(before);
   });
 
+  it('refuses a number too large for a double (parsed, it was Infinity: stored as null, and a 500 with an idempotency key), and stores nothing', async () => {
+    const runsBefore = (await h.call<{ data: unknown[] }>('GET', '/api/v1/runs?limit=100')).body.data.length;
+    const automationsBefore = (await h.call<{ data: unknown[] }>('GET', '/api/v1/automations?limit=100')).body.data.length;
+    for (const n of ['1e309', '-1E400', '9'.repeat(309)])
+      for (const key of [null, `inf-${n.slice(0, 6)}`]) {
+        const headers = { 'content-type': 'application/json', ...(key ? { 'idempotency-key': key } : {}) };
+        const run = await h.call('POST', '/api/v1/autonomy/run', { raw: `{"steps":[{"tool":"message","args":{"text":"x","n":${n}}}]}`, headers });
+        expect(run.status, `${n} ${key}`).to.equal(400);
+        expect(run.body.errors).to.deep.equal([{ path: '/body', message: 'numbers must be finite doubles' }]);
+        const automation = await h.call('POST', '/api/v1/automations', {
+          raw: `{"name":"n","steps":[{"tool":"message","args":{"text":"x","n":${n}}}]}`,
+          headers,
+        });
+        expect(automation.status, `${n} ${key}`).to.equal(400);
+      }
+    expect((await h.call<{ data: unknown[] }>('GET', '/api/v1/runs?limit=100')).body.data.length).to.equal(runsBefore);
+    expect((await h.call<{ data: unknown[] }>('GET', '/api/v1/automations?limit=100')).body.data.length).to.equal(automationsBefore);
+    // the largest double, a tiny one (0 when parsed, as it should be) and a string that spells a huge number are fine
+    const fine = await h.call('POST', '/api/v1/automations', {
+      raw: '{"name":"n","steps":[{"tool":"message","args":{"text":"1e309","n":1.7976931348623157e308,"m":1e-400}}]}',
+      headers: { 'content-type': 'application/json', 'idempotency-key': 'finite-1' },
+    });
+    expect(fine.status, fine.text).to.equal(201);
+    expect(fine.body.steps[0].args).to.deep.equal({ text: '1e309', n: 1.7976931348623157e308, m: 0 });
+    await h.call('DELETE', `/api/v1/automations/${fine.body.id}`);
+  });
+
   it('refuses a body that is not UTF-8 (its bytes were stored as U+FFFD: a shell command that was not the one sent), and stores nothing', async () => {
     const before = (await h.call<{ data: unknown[] }>('GET', '/api/v1/automations?limit=100')).body.data.length;
     for (const bad of [[0xff], [0xc3, 0x28], [0xed, 0xa0, 0x80], [0xf4, 0x90, 0x80, 0x80]]) {
