@@ -94,7 +94,8 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
     const found = await store.runs.get(tenantId, runId);
     if (!found) return null;
     if (isTerminal(found.status)) {
-      await transitions.release(tenantId, runId);
+      // its end stored by a process that may have died before it freed the slot and ran the hooks
+      await Promise.all([transitions.release(tenantId, runId), transitions.finishedAgain(found)]);
       return null;
     }
     // a job of an earlier attempt, delivered again after the run moved on, does nothing

@@ -86,6 +86,8 @@ export const sessionStream = (sessionId: string) => `session:${sessionId}`;
 export function transitionsOf(deps: TransitionsDeps) {
   const { store, clock, log, events, metrics, queues, slots } = deps;
   const hooks: RunFinishedHook[] = [];
+  /** the finished hooks that may run again (what they change, they change once): see finishedAgain */
+  const repeatable: RunFinishedHook[] = [];
   const startHooks: RunFinishedHook[] = [];
   const guards: StartGuard[] = [];
   /** which runs a guard may hold: those give their tenant slot back while held, and take one again to start */
@@ -425,9 +427,21 @@ export function transitionsOf(deps: TransitionsDeps) {
     release,
     offerNow,
 
-    /** Registers what to do when any run ends (sessions, gates and audits): once per run, with its event asked for first. */
-    onRunFinished(hook: RunFinishedHook): void {
+    /**
+     * Registers what to do when any run ends (sessions, gates and audits): once per run, with its event asked
+     * for first. `repeatable`: the hook may run again for the same end (see finishedAgain).
+     */
+    onRunFinished(hook: RunFinishedHook, opts: { repeatable?: boolean } = {}): void {
       hooks.push(hook);
+      if (opts.repeatable) repeatable.push(hook);
+    },
+
+    /**
+     * The repeatable finished hooks of a run found ended by a job delivered again: the process that stored
+     * its end may have died before its hooks ran (its job was not completed, so it stalled and came back).
+     */
+    async finishedAgain(run: Run): Promise<void> {
+      await runHooks(repeatable, run, 'run-finished (again)');
     },
 
     /** Registers a record stored with each new run (a run's session). */

@@ -163,7 +163,9 @@ export function sessionsOf(deps: SessionsDeps) {
     if (!(await change(run.tenant_id, run.session_id, { status: 'idle', outcome }, ['running'])))
       await change(run.tenant_id, run.session_id, { outcome }, ['archived']);
   }
-  runs.onRunFinished(followRun);
+  // repeatable: a conditional write; a run's end whose process died before this hook ran leaves the session
+  // running for good otherwise (nothing else moves a run session)
+  runs.onRunFinished(followRun, { repeatable: true });
 
   // an autonomy or vibe run has a session of its own, stored in the same commit as the run (a commit after it when
   // the run takes an Idempotency-Key: a run another request's key refuses leaves no session behind)

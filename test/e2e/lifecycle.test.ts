@@ -214,6 +214,28 @@ describe('run lifecycle', function () {
     }
   });
 
+  it('ends the session of a run whose process died after storing its end, before its hooks ran, when its job comes back (it said running for good)', async () => {
+    const idle = await startHarness({ workers: false });
+    try {
+      const made = await idle.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'true' } }] } });
+      expect(made.status, made.text).to.equal(202);
+      const { run_id: id, session_id: sessionId } = made.body as { run_id: string; session_id: string };
+      // what the dead process left: the run's end stored, its session not moved (its hook never ran), its job not completed
+      const at = new Date().toISOString();
+      expect(await idle.rt.store.runs.update('tenant-a', id, { status: 'running', started_at: at }, { status: ['queued'] })).not.to.equal(null);
+      expect(await idle.rt.store.runs.update('tenant-a', id, { status: 'succeeded', finished_at: at }, { status: ['running'] })).not.to.equal(null);
+      expect((await idle.call<Body>('GET', `/api/v1/sessions/${sessionId}`)).body).to.deep.include({ status: 'running', outcome: null });
+      // the stalled job delivered again finds the run ended
+      expect(await idle.rt.engine.executor.execute(id, 'tenant-a', 1)).to.equal(null);
+      expect((await idle.call<Body>('GET', `/api/v1/sessions/${sessionId}`)).body).to.deep.include({ status: 'idle', outcome: 'succeeded' });
+      // again: nothing more changes
+      await idle.rt.engine.executor.execute(id, 'tenant-a', 1);
+      expect((await idle.call<Body>('GET', `/api/v1/sessions/${sessionId}`)).body).to.deep.include({ status: 'idle', outcome: 'succeeded' });
+    } finally {
+      await idle.close();
+    }
+  });
+
   it('puts a new run in line though Redis refused its run.queued event or its whole first round trip (an error, not silence)', async () => {
     // no reconciler pass during the test: what queues the run is the run's own retry
     const own = await startHarness({ env: { SERVICE_RECONCILE_INTERVAL_SECONDS: '3600' } });
