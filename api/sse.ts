@@ -144,7 +144,8 @@ async function openStream(req: Request, res: Response, opts: SseOptions, leave: 
   if (opts.afterId !== '0-0' && Number(opts.afterId.split('-')[0]) > Date.now() + FUTURE_ID_MARGIN_MS)
     throw new ValidationError('Last-Event-ID is after the last event of this stream', [
       {
-        path: '/header/last-event-id',
+        // where the id came from: the header takes over from the query (lastEventIdOf)
+        path: typeof req.headers['last-event-id'] === 'string' && req.headers['last-event-id'] ? '/header/last-event-id' : '/query/last_event_id',
         message: newest === '0-0' ? 'must be an id this stream sent' : `must be an id this stream sent (its newest is ${newest})`,
       },
     ]);

@@ -149,6 +149,22 @@ describe('web server edge: long-polls at shutdown, pipelined requests, clients t
     expect(text.match(/HTTP\/1\.1 200 /g), text.slice(0, 500)).to.have.length(16);
   });
 
+  it('closes an event stream whose connection then sends bytes that are not HTTP, without writing a 400 into the stream’s body', async () => {
+    const { client, onServer } = await connect(h);
+    try {
+      let got = '';
+      client.on('data', (d: Buffer) => (got += d.toString('latin1')));
+      client.write(`GET /api/v1/autonomy/workspace-audit/stream?phases=sanity HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${KEYS.b}\r\n\r\n`);
+      await eventually(async () => got.includes(': heartbeat'), 'a heartbeat of the stream');
+      client.write('BLAH BLAH BLAH\0\r\n\r\n');
+      expect(await closesWithin(onServer, 10_000), 'the server closed the connection').to.equal(true);
+      expect(got.startsWith('HTTP/1.1 200 ')).to.equal(true);
+      expect(got.match(/HTTP\/1\.1 /g), 'one answer on the connection').to.have.length(1);
+    } finally {
+      client.destroy();
+    }
+  });
+
   it('closes a connection whose client stops reading its answers, not one whose answer is still being made nor an event stream read between heartbeats', async () => {
     const server = h.web.server;
     const bound = server.timeout;

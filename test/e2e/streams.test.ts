@@ -362,6 +362,13 @@ describe('run session streams', function () {
     const res = await fetch(url, { headers: { authorization: `Bearer ${KEYS.a}`, 'last-event-id': '999999999999999-0' }, signal: AbortSignal.timeout(5000) });
     expect(res.status).to.equal(400);
     expect(((await res.json()) as { errors: { path: string }[] }).errors[0]!.path).to.equal('/header/last-event-id');
+    // given as the query's last_event_id, the error names it there
+    const queried = await fetch(`${url}?last_event_id=999999999999999-0`, {
+      headers: { authorization: `Bearer ${KEYS.a}` },
+      signal: AbortSignal.timeout(5000),
+    });
+    expect(queried.status).to.equal(400);
+    expect(((await queried.json()) as { errors: { path: string }[] }).errors[0]!.path).to.equal('/query/last_event_id');
   });
 
   it('sends what comes after a Last-Event-ID the log lost (Redis back from an older save), and ends a stream whose run.finished will not come once its retries are over', async () => {
