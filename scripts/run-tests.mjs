@@ -20,7 +20,8 @@ const SPEC = ['test/unit/**/*.test.ts', 'test/integration/**/*.test.ts', 'test/e
 const SUMMARY = /^(\d+) passed, (\d+) failed, (\d+) skipped$/m;
 
 /** Runs mocha with the project's .mocharc.json and these arguments; echoes its output; its counts. */
-function run(args) {
+function run(name, args) {
+  const started = Date.now();
   return new Promise((resolve) => {
     const child = spawn(process.execPath, [mocha, ...args, ...process.argv.slice(2)], { cwd: root, stdio: ['ignore', 'pipe', 'inherit'] });
     let out = '';
@@ -30,6 +31,7 @@ function run(args) {
     });
     child.on('close', (code) => {
       const m = SUMMARY.exec(out.trimEnd().split('\n').at(-1) ?? '');
+      process.stdout.write(`test: ${name} took ${((Date.now() - started) / 1000).toFixed(1)} s\n`);
       // no summary at all (mocha could not start): a failure of its own
       resolve(m ? { passed: +m[1], failed: +m[2], skipped: +m[3], code } : { passed: 0, failed: 1, skipped: 0, code: code || 1 });
     });
@@ -39,8 +41,8 @@ function run(args) {
 // the timing-bound files first, on a machine nothing else has warmed or left busy (a file's leftover processes)
 // (side by side with each other: together they keep less than one core busy, mostly waiting on the outages they make)
 const parts = [
-  await run(['--parallel', '--jobs', String(ALONE.length), ...ALONE]),
-  await run(['--parallel', '--jobs', JOBS, ...SPEC, ...ALONE.flatMap((f) => ['--ignore', f])]),
+  await run('the time-bound files', ['--parallel', '--jobs', String(ALONE.length), ...ALONE]),
+  await run('the rest', ['--parallel', '--jobs', JOBS, ...SPEC, ...ALONE.flatMap((f) => ['--ignore', f])]),
 ];
 const total = parts.reduce((a, p) => ({ passed: a.passed + p.passed, failed: a.failed + p.failed, skipped: a.skipped + p.skipped }), {
   passed: 0,
