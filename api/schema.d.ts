@@ -1820,7 +1820,7 @@ export interface components {
             updated_at: string;
         };
         ApiKeyCreate: {
-            /** @description What the key is for. */
+            /** @description What the key is for (no control characters). */
             label?: string;
             /**
              * Format: date-time

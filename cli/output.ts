@@ -35,12 +35,17 @@ export function outputOf(opts: { json: boolean; noColor: boolean; stdout?: NodeJ
     paint,
     printJson: (value) => void stdout.write(`${JSON.stringify(value, null, 2)}\n`),
     table(rows, columns) {
-      const cells = [columns.map(([h]) => h), ...rows.map((r) => columns.map(([, v]) => String(v(r) ?? '-')))];
+      const cells = [columns.map(([h]) => h), ...rows.map((r) => columns.map(([, v]) => visible(String(v(r) ?? '-'))))];
       const widths = columns.map((_, i) => Math.max(...cells.map((c) => c[i]!.length)));
       for (const line of cells) stdout.write(`${line.map((c, i) => (i === line.length - 1 ? c : c.padEnd(widths[i]!))).join('  ')}\n`);
       if (!rows.length) stdout.write('(none)\n');
     },
   };
 }
+
+/** A table cell's text with its control characters shown as escapes: a value the server holds (a label, a
+ * name) cannot move the cursor, erase or recolour another row. */
+const visible = (text: string): string =>
+  text.replace(/[\u0000-\u001f\u007f-\u009f]/g, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`);
 
 export const seconds = (ms: number | null | undefined): string => (ms == null ? '-' : `${(ms / 1000).toFixed(1)} s`);
