@@ -31,10 +31,13 @@ describe('the command-line tool’s output', () => {
   it('shows a table cell’s control characters as escapes: a label cannot erase or redraw another row', () => {
     const out = stream(true);
     const o = outputOf({ json: false, noColor: false, stdout: out.stream, stderr: stream(false).stream });
-    o.table([{ id: 'key_1', label: 'bot\u001b[2K\r\u001b[31mkey_0 revoked\u001b[0m\nkey_fake\u009b' }], [
-      ['ID', (r) => r.id],
-      ['LABEL', (r) => r.label],
-    ]);
+    o.table(
+      [{ id: 'key_1', label: 'bot\u001b[2K\r\u001b[31mkey_0 revoked\u001b[0m\nkey_fake\u009b' }],
+      [
+        ['ID', (r) => r.id],
+        ['LABEL', (r) => r.label],
+      ],
+    );
     const text = out.written.join('');
     expect(text).not.to.match(/[\u0000-\u0009\u000b-\u001f\u007f-\u009f]/);
     expect(text.trimEnd().split('\n')).to.have.length(2);
