@@ -148,12 +148,14 @@ export function createApp(deps: AppDeps): Express {
     ),
   );
 
+  const spec = loadSpec();
   // providers sign the bytes they send: the intake reads them raw, with no API key, before any parser
   // (at the root, not mounted at /webhooks: a mount would follow the API's case-sensitive routing, and a
-  // provider's URL has always matched in any case)
+  // provider's URL has always matched in any case). A header of the spec's given twice is refused there too:
+  // Node joined two delivery ids into one neither named (`d-1, d-2`, and `d-1` again was no replay of it)
+  app.use(singleHeaders(spec, (req) => /^\/webhooks\/[^/]+\/[^/]+\/?$/i.test(req.path)));
   app.use(webhookIntakeRouter(deps.engine));
 
-  const spec = loadSpec();
   // Then the API: its requests are most of the traffic, and the routers after it (health, docs, the
   // dashboard, sign-in) have no path under /api/v1, so no API request walks them.
   // Who is calling comes first: an unauthenticated body is never parsed.

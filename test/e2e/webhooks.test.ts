@@ -751,6 +751,25 @@ describe('webhook intake', function () {
       expect(malformed.body.code).to.equal('webhook-signature-invalid');
     });
 
+    it('refuses a delivery id, an event or a signature header given twice (400 naming it), where Node joined them into one value neither named', async () => {
+      const signed = sign.generic([SECRET.generic], { type: 'deploy.finished', n: randomUUID() });
+      const head = (extra: string) =>
+        `POST /webhooks/tenant-a/generic HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Service-Signature: ${signed.headers['x-service-signature']}\r\n${extra}Content-Length: ${Buffer.byteLength(String(signed.body))}\r\nConnection: close\r\n\r\n${signed.body}`;
+      const before = (await h.call<Body>('GET', '/api/v1/webhook-deliveries?limit=100')).body.data.length;
+      for (const [extra, name] of [
+        ['X-Service-Delivery: d-1\r\nX-Service-Delivery: d-2\r\n', 'x-service-delivery'],
+        ['X-Service-Event: push\r\nx-service-event: evil\r\n', 'x-service-event'],
+        [`X-Service-Signature: ${signed.headers['x-service-signature']}\r\n`, 'x-service-signature'],
+      ]) {
+        const answer = (await rawExchange(h.url, [[0, head(extra!)]])).text;
+        expect(answer, name).to.match(/^HTTP\/1\.1 400 /);
+        expect(bodyOfAnswer(answer).errors, name).to.deep.equal([{ path: `/header/${name}`, message: 'is given more than once (it holds one value)' }]);
+      }
+      expect((await h.call<Body>('GET', '/api/v1/webhook-deliveries?limit=100')).body.data.length).to.equal(before);
+      // once each, the same request goes in
+      expect((await rawExchange(h.url, [[0, head('X-Service-Delivery: d-1\r\n')]])).text).to.match(/^HTTP\/1\.1 200 /);
+    });
+
     it('refuses an id-less signed request sent again once Redis forgot its signature (it lost its data): the store knows it by what was signed', async () => {
       const signed = sign.generic([SECRET.generic], { type: 'deploy.finished', n: randomUUID() });
       const first = await post('generic', signed);
