@@ -30,7 +30,7 @@ const SPARE_WAIT_MS = 500;
 const MAX_UNANSWERED_PER_CONNECTION = 16;
 
 /**
- * How long an answer may wait to be written with no byte of it taken by the client (Node's socket timeout, set
+ * How long at most an answer may wait to be written with no byte of it taken by the client (Node's socket timeout, set
  * back by every byte read and every write the socket gets done) before its connection is closed: a client that
  * stops reading held its connection, and what was written for it, for good. A connection whose answer is still
  * being made (a long-poll, a slow handler) with nothing waiting to be written is not closed, nor is an event
@@ -42,7 +42,11 @@ const WRITE_STALL_MS = 60_000;
 /** close(deadline): the end of the grace period (epoch ms; by default SERVICE_SHUTDOWN_GRACE_SECONDS from now). */
 export type WebServer = { server: Server; url: string; close(deadline?: number): Promise<void> };
 
-export async function startWebServer(rt: Runtime, opts: { port?: number; host?: string; validateResponses?: boolean } = {}): Promise<WebServer> {
+/** `writeStallMs`: WRITE_STALL_MS but for tests. */
+export async function startWebServer(
+  rt: Runtime,
+  opts: { port?: number; host?: string; validateResponses?: boolean; writeStallMs?: number } = {},
+): Promise<WebServer> {
   const { config } = rt;
   const app = createApp({
     engine: rt.engine,
@@ -133,7 +137,10 @@ export async function startWebServer(rt: Runtime, opts: { port?: number; host?: 
       if (closing) server.closeIdleConnections();
     });
   });
-  server.timeout = WRITE_STALL_MS;
+  // half the bound: Node lets a socket's first timeout pass when its client took part of the last write since
+  // (Socket._onTimeout), and a stalled stream's client had (the kernel's buffers), so a client that stopped
+  // reading was closed after twice the bound (120 s). Now after one to two halves: at most the bound
+  server.timeout = (opts.writeStallMs ?? WRITE_STALL_MS) / 2;
   server.on('timeout', (socket: Socket) => whenSocketIdle(socket, unanswered.get(socket), rt.log));
   const bound = (server.address() as AddressInfo).port;
   const url = `http://${opts.host && opts.host !== '0.0.0.0' && opts.host !== '::' ? opts.host : 'localhost'}:${bound}`;

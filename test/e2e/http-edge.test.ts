@@ -165,6 +165,30 @@ describe('web server edge: long-polls at shutdown, pipelined requests, clients t
     }
   });
 
+  it('closes a connection whose client stopped reading within the stall bound, not twice it (Node lets the first timeout pass once the client took part of a write)', async () => {
+    const web = await startWebServer(h.rt, { port: 0, host: '127.0.0.1', writeStallMs: 4000 });
+    try {
+      const accepted = once(web.server, 'connection') as Promise<[net.Socket]>;
+      const client = net.connect(Number(new URL(web.url).port), '127.0.0.1');
+      client.on('error', () => undefined);
+      const [[onServer]] = await Promise.all([accepted, once(client, 'connect')]);
+      try {
+        client.pause();
+        client.write(redocTimes(4));
+        // the kernel's buffers take what they can within a moment; from then on no byte is taken
+        await eventually(async () => onServer.writableLength > 0, 'the answers to wait to be written');
+        const stalledAt = Date.now();
+        expect(await closesWithin(onServer, 15_000), 'the server closed the stalled connection').to.equal(true);
+        // within the bound (4 s) and a busy machine's late timers, not at twice it (8 s)
+        expect(Date.now() - stalledAt).to.be.below(6500);
+      } finally {
+        client.destroy();
+      }
+    } finally {
+      await web.close();
+    }
+  });
+
   it('closes a connection whose client stops reading its answers, not one whose answer is still being made nor an event stream read between heartbeats', async () => {
     const server = h.web.server;
     const bound = server.timeout;
