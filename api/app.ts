@@ -1,5 +1,5 @@
 // Builds the Express app from its dependencies. Opens no connection: api/main.ts and main.ts do.
-import express, { type Express, type Request } from 'express';
+import express, { type Express, type Request, type RequestHandler } from 'express';
 import * as OpenApiValidator from 'express-openapi-validator';
 import { fastRouteLookup } from './route-matchers.js';
 import {
@@ -221,9 +221,37 @@ export function createApp(deps: AppDeps): Express {
   app.use(adminRouter({ queues: deps.queues, adminKeys: deps.adminKeys, metrics: deps.metrics }));
   app.use(signInRouter({ sso: deps.engine.sso, allowedOrigins, ...deps.signIn }));
 
+  app.use(otherMethods(spec, { docs: Boolean(deps.docs) }));
   app.use((req) => {
     throw new NotFoundError(`no route ${req.method} ${req.path}`);
   });
   app.use(problemHandler());
   return app;
 }
+
+const DOCS_PATHS = new Set(['/docs', '/redoc', '/openapi.json']);
+
+/**
+ * The paths of the spec outside the API and the intake (health, docs, sign-in), asked with a method they do not
+ * have: 405 with Allow, as the API's paths answer (a 404 there said the path did not exist). The docs' paths
+ * only while the docs are served.
+ */
+function otherMethods(spec: OpenApiDocument, opts: { docs: boolean }): RequestHandler {
+  const routes = Object.entries(spec.paths)
+    .filter(([template]) => !template.startsWith('/api/') && !template.startsWith('/webhooks/') && (opts.docs || !DOCS_PATHS.has(template)))
+    .map(([template, item]) => {
+      const methods = Object.keys(item as object)
+        .filter((m) => HTTP_METHODS.has(m))
+        .map((m) => m.toUpperCase());
+      if (methods.includes('GET')) methods.push('HEAD');
+      const pattern = template.split(/\{[^}]+\}/).map((part) => part.replace(/[.*+?^$()|[\]\\]/g, '\\$&'));
+      return { path: new RegExp(`^${pattern.join('[^/]+')}/?$`), methods };
+    });
+  return (req, _res, next) => {
+    const route = req.method === 'OPTIONS' ? undefined : routes.find((r) => r.path.test(req.path));
+    if (!route || route.methods.includes(req.method)) return next();
+    throw Object.assign(new Error(`${req.method} method not allowed`), { status: 405, headers: { Allow: route.methods.join(', ') } });
+  };
+}
+
+const HTTP_METHODS = new Set(['get', 'put', 'post', 'delete', 'options', 'head', 'patch', 'trace']);

@@ -8,6 +8,19 @@ describe('health', () => {
       const live = await h.call('GET', '/healthz', { key: null });
       expect(live.status).to.equal(200);
       expect(live.body).to.deep.equal({ status: 'ok' });
+      // a path of the spec outside the API asked with a method it does not have: 405 with Allow, as the API's paths
+      for (const [method, path, allow] of [
+        ['PATCH', '/healthz', 'GET, HEAD'],
+        ['DELETE', '/openapi.json', 'GET, HEAD'],
+        ['POST', '/readyz/', 'GET, HEAD'],
+      ] as const) {
+        const refused = await h.call(method, path, { key: null });
+        expect(refused.status, `${method} ${path}`).to.equal(405);
+        expect(refused.headers.get('allow')).to.equal(allow);
+        expect(refused.headers.get('content-type')).to.match(/^application\/problem\+json/);
+        expect(refused.body.code).to.equal('method-not-allowed');
+      }
+      expect((await h.call('PATCH', '/no-such-path', { key: null })).status).to.equal(404);
       const ready = await h.call('GET', '/readyz', { key: null });
       expect(ready.status).to.equal(200);
       expect(ready.body.status).to.equal('ready');
