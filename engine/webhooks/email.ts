@@ -29,7 +29,19 @@ export type EmailEvent = {
 
 export type ParsedEmail = { email: EmailEvent; mailgun?: { timestamp?: string; token?: string; signature?: string } };
 
-type Form = { fields: Record<string, string>; files: (EmailAttachment & { field: string })[] };
+/** `repeated`: the fields given more than once (`fields` keeps the last): a verdict given twice is no verdict. */
+type Form = { fields: Record<string, string>; files: (EmailAttachment & { field: string })[]; repeated?: Set<string> };
+
+/** A form of URL-encoded fields, with those given more than once. */
+function urlEncodedForm(text: string): Form {
+  const fields: Record<string, string> = {};
+  const repeated = new Set<string>();
+  for (const [name, value] of new URLSearchParams(text)) {
+    if (name in fields) repeated.add(name);
+    fields[name] = value;
+  }
+  return { fields, files: [], repeated };
+}
 
 const MAX_FIELDS = 1000;
 const MAX_FILES = 100;
@@ -42,7 +54,7 @@ export async function parseEmail(contentType: string, body: Buffer): Promise<Par
   if (media === 'multipart/form-data') return fromForm(await inTheirCharsets(contentType, body, await parseMultipart(contentType, body)));
   if (media === 'application/x-www-form-urlencoded') {
     refuseManyFields(body);
-    return fromForm({ fields: Object.fromEntries(new URLSearchParams(body.toString('utf8'))), files: [] });
+    return fromForm(urlEncodedForm(body.toString('utf8')));
   }
   throw new WebhookRejectedError('webhook-payload-invalid', 'an email delivery is multipart/form-data, application/x-www-form-urlencoded or application/json');
 }
@@ -134,7 +146,7 @@ async function inTheirCharsets(contentType: string, body: Buffer, form: Form): P
 /** `charset`: what a field whose part names none is read as (latin1 keeps its bytes, a character each). */
 function parseMultipart(contentType: string, body: Buffer, charset = 'utf8'): Promise<Form> {
   return new Promise((resolve, reject) => {
-    const form: Form = { fields: {}, files: [] };
+    const form: Form = { fields: {}, files: [], repeated: new Set() };
     let bb: busboy.Busboy;
     try {
       bb = busboy({
@@ -147,6 +159,7 @@ function parseMultipart(contentType: string, body: Buffer, charset = 'utf8'): Pr
       return;
     }
     bb.on('field', (name, value) => {
+      if (name in form.fields) form.repeated!.add(name);
       form.fields[name] = value;
     });
     bb.on('file', (field, stream, info) => {
@@ -205,10 +218,71 @@ function verifiedFrom(from: string | null, vouched: Vouched): string | null {
   return null;
 }
 
-/** The envelope sender of a Received-SPF header that passed (`Pass ... envelope-from=a@b;`), or null. */
-function spfPassedIn(receivedSpf: string | undefined): string | null {
-  if (!receivedSpf || !/^\s*pass\b/i.test(receivedSpf)) return null;
-  return /envelope-from=<?([^\s;>]+)/i.exec(receivedSpf)?.[1] ?? null;
+/**
+ * The envelope sender of a Received-SPF header that passed, or null: read as RFC 7208 §9.1 writes it, a result,
+ * comments, then `key=value` pairs split by `;`, the sender the value of its own `envelope-from` key. Found
+ * anywhere in the header, it was taken from the sending server's own words (`helo=envelope-from=ops@example.com;
+ * envelope-from=mallory@evil.example`: the HELO is the sender's to choose, and SPF passed for evil.example). A
+ * header that does not parse, or names the sender twice, vouches for no one.
+ */
+export function spfPassedIn(receivedSpf: string | undefined): string | null {
+  if (!receivedSpf) return null;
+  const h = receivedSpf;
+  let i = 0;
+  /** skips white space and comments (nested, with quoted pairs); false at a comment left open */
+  const skipCfws = (): boolean => {
+    for (;;) {
+      while (i < h.length && /\s/.test(h[i]!)) i++;
+      if (h[i] !== '(') return true;
+      let depth = 0;
+      for (; i < h.length; i++) {
+        if (h[i] === '\\') i++;
+        else if (h[i] === '(') depth++;
+        else if (h[i] === ')' && --depth === 0) break;
+      }
+      if (depth > 0) return false;
+      i++;
+    }
+  };
+  const result = /^\s*([A-Za-z]+)/.exec(h);
+  if (!result || result[1]!.toLowerCase() !== 'pass') return null;
+  i = result[0].length;
+  const found: string[] = [];
+  while (skipCfws() && i < h.length) {
+    const key = /^[A-Za-z0-9_.-]+/.exec(h.slice(i));
+    if (!key) return null;
+    i += key[0].length;
+    if (!skipCfws() || h[i] !== '=') return null;
+    i++;
+    if (!skipCfws()) return null;
+    let value: string;
+    if (h[i] === '"') {
+      let v = '';
+      for (i++; i < h.length && h[i] !== '"'; i++) v += h[i] === '\\' ? (h[++i] ?? '') : h[i];
+      if (h[i] !== '"') return null;
+      i++;
+      value = v;
+    } else {
+      const token = /^[^\s;()"]+/.exec(h.slice(i));
+      if (!token) return null;
+      i += token[0].length;
+      value = token[0];
+    }
+    if (key[0].toLowerCase() === 'envelope-from') found.push(value.replace(/^<(.*)>$/, '$1'));
+    if (!skipCfws()) return null;
+    if (i < h.length && h[i] !== ';') return null;
+    i++;
+  }
+  return found.length === 1 && found[0] ? found[0] : null;
+}
+
+/** The domains a SendGrid `dkim` field says passed (`{@a.example : pass, @b.example : fail}`), each entry read whole. */
+export function dkimPassedIn(dkim: string | undefined): string[] {
+  const list = (dkim ?? '').trim().replace(/^\{(.*)\}$/s, '$1');
+  return list
+    .split(',')
+    .map((entry) => /^\s*@([a-z0-9](?:[a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)*)\s*:\s*([a-z]+)\s*$/i.exec(entry))
+    .flatMap((m) => (m && m[2]!.toLowerCase() === 'pass' ? [m[1]!] : []));
 }
 
 function fromPostmark(p: Record<string, unknown>): EmailEvent {
@@ -246,7 +320,10 @@ function fromForm(form: Form): ParsedEmail {
   if (f.signature !== undefined || f.token !== undefined || f['body-plain'] !== undefined) {
     // Mailgun's SPF verdict is for the envelope sender (`sender`); its DKIM verdict names no domain (a
     // signature of the sender's own domain passes it), so it vouches for none
-    const mailgunVouched: Vouched = { dkimPassed: [], spfPassedFor: /^pass$/i.test(f['X-Mailgun-Spf'] ?? '') ? (f.sender ?? null) : null };
+    // (a verdict or a sender given twice is no verdict: the form kept the last, which the sender's own fields could be)
+    const repeated = (name: string) => form.repeated?.has(name) ?? false;
+    const spfPassed = /^pass$/i.test(f['X-Mailgun-Spf'] ?? '') && !repeated('X-Mailgun-Spf') && !repeated('sender');
+    const mailgunVouched: Vouched = { dkimPassed: [], spfPassedFor: spfPassed ? (f.sender ?? null) : null };
     const mailgunFrom = text(f.from ?? f.From ?? f.sender);
     return {
       email: {
@@ -280,8 +357,8 @@ function fromForm(form: Form): ParsedEmail {
     envelopeFrom = null;
   }
   const sendgridVouched: Vouched = {
-    dkimPassed: [...String(f.dkim ?? '').matchAll(/@([a-z0-9.-]+)\s*:\s*pass/gi)].map((m) => m[1]!),
-    spfPassedFor: /^\s*pass\b/i.test(f.SPF ?? '') ? envelopeFrom : null,
+    dkimPassed: form.repeated?.has('dkim') ? [] : dkimPassedIn(f.dkim),
+    spfPassedFor: /^\s*pass\b/i.test(f.SPF ?? '') && !form.repeated?.has('SPF') && !form.repeated?.has('envelope') ? envelopeFrom : null,
   };
   return {
     email: {

@@ -550,7 +550,7 @@ describe('email to task (the session tool)', function () {
     // Postmark's own Received-SPF comes first in the headers it passes on: SPF passed for the envelope sender
     const spf = (verdict: string, envelope: string) => ({
       Name: 'Received-SPF',
-      Value: `${verdict} (sender SPF authorized) identity=mailfrom; client-ip=192.0.2.1; envelope-from=${envelope}; helo=mx.example`,
+      Value: `${verdict} (sender SPF authorized) identity=mailfrom; client-ip=192.0.2.1; helo=mx.example; envelope-from=${envelope}; receiver=in.example`,
     });
     const email = (from: string, subject: string, id: string, headers: Body[]) =>
       fetch(`${h.url}/webhooks/tenant-a/email`, {

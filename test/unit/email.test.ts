@@ -29,6 +29,46 @@ describe('engine/webhooks/email verified_from', () => {
     );
   });
 
+  it('Postmark: its Received-SPF read as RFC 7208 writes it; an envelope-from in the HELO or a comment (the sender’s own words), or named twice, vouches for no one', async () => {
+    const postmark = async (spf: string) =>
+      (
+        await parseEmail(
+          'application/json',
+          Buffer.from(JSON.stringify({ From: 'Ops <ops@example.com>', To: 'in@x.test', Headers: [{ Name: 'Received-SPF', Value: spf }] })),
+        )
+      ).email.verified_from;
+    // the order policyd-spf writes (Postmark passes it on): helo before envelope-from
+    expect(
+      await postmark('Pass (sender SPF authorized) identity=mailfrom; client-ip=192.0.2.1; helo=mx.example.com; envelope-from=bounce@example.com; receiver=in'),
+    ).to.equal('ops@example.com');
+    expect(await postmark('pass (comment (nested)) envelope-from="<bounce@example.com>"; helo=x')).to.equal('ops@example.com');
+    for (const forged of [
+      'Pass (sender SPF authorized) identity=mailfrom; client-ip=192.0.2.1; helo=envelope-from=ops@example.com; envelope-from=mallory@evil.example; receiver=in',
+      'Pass (x envelope-from=ops@example.com;) envelope-from=mallory@evil.example',
+      'Pass (x "envelope-from=ops@example.com;"@evil.example) helo=a',
+      'Pass envelope-from=ops@example.com; envelope-from=mallory@evil.example',
+      'Pass envelope-from=mallory@evil.example; x=(envelope-from=ops@example.com)',
+      'Pass (unclosed envelope-from=ops@example.com',
+      'Fail envelope-from=ops@example.com',
+      'Passed envelope-from=ops@example.com',
+    ])
+      expect(await postmark(forged), forged).to.equal(null);
+  });
+
+  it('Mailgun and SendGrid: a verdict or sender given twice vouches for no one; a dkim entry is read whole', async () => {
+    const raw = (pairs: [string, string][]) => ['application/x-www-form-urlencoded', Buffer.from(new URLSearchParams(pairs).toString())] as const;
+    const mailgun = ['token', 't', 'timestamp', '1', 'signature', 's', 'body-plain', 'x', 'from', 'ops@example.com'];
+    const pairs = (...flat: string[]) => flat.flatMap((v, i) => (i % 2 ? [] : [[v, flat[i + 1]!] as [string, string]]));
+    const verified = async (flat: string[]) => (await parseEmail(...raw(pairs(...flat)))).email.verified_from;
+    expect(await verified([...mailgun, 'sender', 'ops@example.com', 'X-Mailgun-Spf', 'Pass'])).to.equal('ops@example.com');
+    expect(await verified([...mailgun, 'sender', 'ops@example.com', 'X-Mailgun-Spf', 'Fail', 'X-Mailgun-Spf', 'Pass'])).to.equal(null);
+    expect(await verified([...mailgun, 'sender', 'mallory@evil.example', 'sender', 'ops@example.com', 'X-Mailgun-Spf', 'Pass'])).to.equal(null);
+    const sendgrid = ['to', 'in@x.test', 'from', 'ops@example.com'];
+    expect(await verified([...sendgrid, 'dkim', '{@example.com:pass : fail, @evil.example : pass}'])).to.equal(null);
+    expect(await verified([...sendgrid, 'dkim', '{@example.com : pass}', 'dkim', '{@evil.example : pass}'])).to.equal(null);
+    expect(await verified([...sendgrid, 'dkim', '{@evil.example : pass, @example.com : pass}'])).to.equal('ops@example.com');
+  });
+
   it('matches an allowlist on exactly one address: two @ are no address, and an @domain is the whole domain', () => {
     expect(senderAllowed('Ops <ops@trusted.example>', '@trusted.example')).to.equal(true);
     expect(senderAllowed('mallory@evil.example@trusted.example', '@trusted.example')).to.equal(false);
