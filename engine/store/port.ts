@@ -561,29 +561,36 @@ export interface Store {
 /** A document as JSON text (its API representation), with its id for paging. */
 export type JsonDoc = { id: string; json: string };
 
-/** Cursors are opaque to clients: the id of the last item seen, base64url-encoded. */
-export function encodeCursor(lastId: string): string {
-  return Buffer.from(JSON.stringify({ after: lastId })).toString('base64url');
+/**
+ * Cursors are opaque to clients: the id of the last item seen and the list it was seen in, base64url-encoded.
+ * A cursor of another list is refused: taken as a place in this one, it gave page 1 again (a client paging
+ * for good) or an empty page. One issued before cursors named their list is taken as it always was.
+ */
+export function encodeCursor(lastId: string, list: string): string {
+  return Buffer.from(JSON.stringify({ after: lastId, list })).toString('base64url');
 }
 
-export function decodeCursor(cursor: string | undefined): string | undefined {
+export function decodeCursor(cursor: string | undefined, list: string): string | undefined {
   if (!cursor) return undefined;
+  let parsed: unknown;
   try {
-    const parsed: unknown = JSON.parse(Buffer.from(cursor, 'base64url').toString('utf8'));
-    if (parsed && typeof parsed === 'object' && typeof (parsed as { after?: unknown }).after === 'string') {
-      return (parsed as { after: string }).after;
-    }
+    parsed = JSON.parse(Buffer.from(cursor, 'base64url').toString('utf8'));
   } catch {
     // falls through to the error below
   }
-  throw new ValidationError('the cursor is not one this service issued', [
-    { path: '/query/cursor', message: 'pass the next_cursor of a previous page unchanged' },
-  ]);
+  const given = parsed && typeof parsed === 'object' ? (parsed as { after?: unknown; list?: unknown }) : null;
+  if (given && typeof given.after === 'string' && (given.list === undefined || given.list === list)) return given.after;
+  throw new ValidationError(
+    given && typeof given.list === 'string' && typeof given.after === 'string'
+      ? `the cursor is one of another list (${given.list.slice(0, 40)}), not of ${list}`
+      : 'the cursor is not one this service issued',
+    [{ path: '/query/cursor', message: 'pass the next_cursor of a previous page of this list unchanged' }],
+  );
 }
 
 /** Fetch one more than asked to learn whether a next page exists. */
-export function toPage<T extends { id: string }>(rows: T[], limit: number): Page<T> {
+export function toPage<T extends { id: string }>(rows: T[], limit: number, list: string): Page<T> {
   const items = rows.slice(0, limit);
   const last = items[items.length - 1];
-  return { items, next_cursor: rows.length > limit && last ? encodeCursor(last.id) : null };
+  return { items, next_cursor: rows.length > limit && last ? encodeCursor(last.id, list) : null };
 }

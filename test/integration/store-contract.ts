@@ -505,6 +505,27 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect(error).to.have.property('code', 'validation-failed');
     });
 
+    it('refuses a cursor of another list (taken as a place, it gave page 1 again), and takes one issued before cursors named their list', async () => {
+      for (let i = 0; i < 3; i++) {
+        await store.automations.insert(automationFixture('t-cur', { name: `c${i}` }));
+        await store.runs.insert(runFixture('t-cur'));
+      }
+      const runs = await store.runs.list('t-cur', { limit: 1 });
+      let error: unknown;
+      try {
+        await store.automations.list('t-cur', { limit: 1, cursor: runs.next_cursor! });
+      } catch (err) {
+        error = err;
+      }
+      expect(error).to.have.property('code', 'validation-failed');
+      expect((error as Error).message).to.match(/another list/);
+      const first = await store.automations.list('t-cur', { limit: 1 });
+      // a cursor of the form issued until 2026-11-30: the last id alone
+      const old = Buffer.from(JSON.stringify({ after: first.items[0]!.id })).toString('base64url');
+      expect((await store.automations.list('t-cur', { limit: 1, cursor: old })).items.map((a) => a.name)).to.deep.equal(['c1']);
+      expect((await store.automations.list('t-cur', { limit: 1, cursor: first.next_cursor! })).items.map((a) => a.name)).to.deep.equal(['c1']);
+    });
+
     it('lists enabled automations of every tenant that have a trigger of a type', async () => {
       const cron = automationFixture('t1', { triggers: [{ type: 'manual' }, { type: 'cron', schedule: '* * * * *', timezone: 'UTC' }] });
       const other = automationFixture('t2', { triggers: [{ type: 'cron', schedule: '0 * * * *', timezone: 'UTC' }] });

@@ -56,7 +56,7 @@ export function connectionRepo(model: Model<Stored<ConnectionRecord>>, leases: L
       return rows(tenantId, provider, undefined, limit);
     },
     async page(tenantId, q) {
-      return toPage(await rows(tenantId, q.provider, decodeCursor(q.cursor), q.limit + 1), q.limit);
+      return toPage(await rows(tenantId, q.provider, decodeCursor(q.cursor, 'connections'), q.limit + 1), q.limit, 'connections');
     },
     async update(tenantId, id, changes, when) {
       const unchanged = when ? { base_url: when.base_url, 'sealed.iv': when.sealed.iv, 'sealed.ct': when.sealed.ct } : {};

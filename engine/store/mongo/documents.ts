@@ -57,7 +57,9 @@ export async function pageOf<T extends { id: string }>(
   /** fields the server leaves out of every document (a list of summaries, whose type, the caller's, omits them) */
   leftOut: (keyof T & string)[] = [],
 ): Promise<Page<T>> {
-  const after = decodeCursor(q.cursor);
+  // the list a cursor is of: the collection's
+  const list = model.collection.collectionName;
+  const after = decodeCursor(q.cursor, list);
   const rows = await model
     .find(after ? { ...filter, _id: { $lt: after } } : filter, Object.fromEntries(leftOut.map((k) => [k, 0])))
     .sort({ _id: -1 })
@@ -66,5 +68,6 @@ export async function pageOf<T extends { id: string }>(
   return toPage(
     rows.map((r) => fromStored(r)!),
     q.limit,
+    list,
   );
 }

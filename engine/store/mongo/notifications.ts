@@ -81,7 +81,7 @@ export function notificationDeliveryRepo(model: Model<Stored<NotificationDeliver
       return fromStored(await model.findOne({ _id: id, tenant_id: tenantId }).lean<Stored<NotificationDelivery>>());
     },
     async list(tenantId, endpointId, q) {
-      const after = decodeCursor(q.cursor);
+      const after = decodeCursor(q.cursor, 'notification-deliveries');
       const rows = await model
         .find({ tenant_id: tenantId, endpoint_id: endpointId, ...(after ? { _id: { $lt: after } } : {}) })
         .sort({ _id: -1 })
@@ -90,6 +90,7 @@ export function notificationDeliveryRepo(model: Model<Stored<NotificationDeliver
       return toPage(
         rows.map((r) => fromStored(r)!),
         q.limit,
+        'notification-deliveries',
       );
     },
     async update(tenantId, id, changes, when) {

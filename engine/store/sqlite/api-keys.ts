@@ -41,8 +41,8 @@ export function apiKeyRepo(db: Db): ApiKeyRepo {
       return row ? (JSON.parse(row.doc) as ApiKeyRecord) : null;
     },
     async page(tenantId, q) {
-      const rows = page.all(tenantId, decodeCursor(q.cursor) ?? TOP, q.limit + 1).map((r) => JSON.parse(r.doc) as ApiKeyRecord);
-      return toPage(rows, q.limit);
+      const rows = page.all(tenantId, decodeCursor(q.cursor, 'api-keys') ?? TOP, q.limit + 1).map((r) => JSON.parse(r.doc) as ApiKeyRecord);
+      return toPage(rows, q.limit, 'api-keys');
     },
     async findByHash(hash) {
       const row = byHash.get(hash);

@@ -64,10 +64,10 @@ export function automationRepo(db: Db): AutomationRepo {
   };
 
   const listJson = (tenantId: string, q: AutomationQuery): Page<JsonDoc> => {
-    const after = decodeCursor(q.cursor);
+    const after = decodeCursor(q.cursor, 'automations');
     const statuses = q.statuses ?? [];
     const params: unknown[] = [tenantId, ...statuses, ...(after ? [after] : []), q.limit + 1];
-    return toPage(listStatement(statuses.length, Boolean(after)).all(...params), q.limit);
+    return toPage(listStatement(statuses.length, Boolean(after)).all(...params), q.limit, 'automations');
   };
 
   // writes go in the store's group commit: the writes of one turn of the event loop share a commit

@@ -56,7 +56,7 @@ export function connectionRepo(db: Db): ConnectionRepo {
       return rows(tenantId, provider, '', limit);
     },
     async page(tenantId, q) {
-      return toPage(rows(tenantId, q.provider, decodeCursor(q.cursor) ?? '', q.limit + 1), q.limit);
+      return toPage(rows(tenantId, q.provider, decodeCursor(q.cursor, 'connections') ?? '', q.limit + 1), q.limit, 'connections');
     },
     async update(tenantId, id, changes, when) {
       return commit(() => {

@@ -74,11 +74,18 @@ export function deliveryRepo(db: Db): DeliveryRepo {
       return read(get.get(tenantId, id));
     },
     async list(tenantId, q) {
-      const params: unknown[] = [tenantId, ...(q.kind ? [q.kind] : []), ...(q.status ? [q.status] : []), decodeCursor(q.cursor) ?? TOP, q.limit + 1];
+      const params: unknown[] = [
+        tenantId,
+        ...(q.kind ? [q.kind] : []),
+        ...(q.status ? [q.status] : []),
+        decodeCursor(q.cursor, 'webhook-deliveries') ?? TOP,
+        q.limit + 1,
+      ];
       const rows = listStatement(Boolean(q.kind), Boolean(q.status)).all(...params);
       return toPage(
         rows.map((r) => JSON.parse(r.doc) as DeliverySummary),
         q.limit,
+        'webhook-deliveries',
       );
     },
     async update(tenantId, id, changes, ifStatusIn) {

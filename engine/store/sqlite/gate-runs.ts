@@ -63,11 +63,12 @@ export function gateRunRepo(db: Db): GateRunRepo {
     },
     async list(tenantId, q) {
       // ids sort below '~' (they are ulids): no cursor starts from the top
-      const before = decodeCursor(q.cursor) ?? '~';
+      const before = decodeCursor(q.cursor, 'gate-runs') ?? '~';
       const rows = q.workspace === undefined ? list.all(tenantId, before, q.limit + 1) : listOfWorkspace.all(tenantId, q.workspace, before, q.limit + 1);
       return toPage(
         rows.map((r) => read(r)!),
         q.limit,
+        'gate-runs',
       );
     },
     async putResult(tenantId, gateRunId, r) {

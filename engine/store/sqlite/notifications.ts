@@ -108,8 +108,8 @@ export function notificationDeliveryRepo(db: Db): NotificationDeliveryRepo {
       return parse(one.get(tenantId, id));
     },
     async list(tenantId, endpointId, q) {
-      const rows = page.all(tenantId, endpointId, decodeCursor(q.cursor) ?? TOP, q.limit + 1).map((r) => parse(r)!);
-      return toPage(rows, q.limit);
+      const rows = page.all(tenantId, endpointId, decodeCursor(q.cursor, 'notification-deliveries') ?? TOP, q.limit + 1).map((r) => parse(r)!);
+      return toPage(rows, q.limit, 'notification-deliveries');
     },
     async update(tenantId, id, changes, when) {
       return commit(() => update(tenantId, id, changes, when));

@@ -159,10 +159,11 @@ export function runRepo(db: Db): RunRepo {
     async list(tenantId, q: RunQuery) {
       const given = FILTERS.filter((f) => q[f] !== undefined);
       const live = q.status === 'queued' || q.status === 'running';
-      const rows = listStatement(given, live).all(tenantId, ...given.map((f) => q[f]), decodeCursor(q.cursor) ?? TOP, q.limit + 1);
+      const rows = listStatement(given, live).all(tenantId, ...given.map((f) => q[f]), decodeCursor(q.cursor, 'runs') ?? TOP, q.limit + 1);
       return toPage(
         rows.map((r) => read(r)!),
         q.limit,
+        'runs',
       );
     },
     async automationStats(tenantId, automationId, recent): Promise<RunStats> {

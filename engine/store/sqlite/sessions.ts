@@ -83,11 +83,12 @@ export function sessionRepo(db: Db): SessionRepo {
       return read(get.get(tenantId, id));
     },
     async list(tenantId, q) {
-      const params = [tenantId, ...(q.status ? [q.status] : []), ...(q.kind ? [q.kind] : []), decodeCursor(q.cursor) ?? TOP, q.limit + 1];
+      const params = [tenantId, ...(q.status ? [q.status] : []), ...(q.kind ? [q.kind] : []), decodeCursor(q.cursor, 'sessions') ?? TOP, q.limit + 1];
       const rows = listStatement(Boolean(q.status), Boolean(q.kind), q.kind === 'multi_agent').all(...params);
       return toPage(
         rows.map((r) => read(r)!),
         q.limit,
+        'sessions',
       );
     },
     async update(tenantId, id, changes, ifStatusIn, ifOutcome) {
