@@ -160,8 +160,9 @@ export function sessionsOf(deps: SessionsDeps) {
   async function followRun(run: Run): Promise<void> {
     if (!hasRunSession(run)) return;
     const outcome = OUTCOME_OF_RUN[run.status] ?? null;
+    // archived: once (no outcome yet), so that a repeat of the hook does not end the session's trace again
     if (!(await change(run.tenant_id, run.session_id, { status: 'idle', outcome }, ['running'])))
-      await change(run.tenant_id, run.session_id, { outcome }, ['archived']);
+      await change(run.tenant_id, run.session_id, { outcome }, ['archived'], null);
   }
   // repeatable: a conditional write; a run's end whose process died before this hook ran leaves the session
   // running for good otherwise (nothing else moves a run session)

@@ -228,9 +228,27 @@ describe('run lifecycle', function () {
       // the stalled job delivered again finds the run ended
       expect(await idle.rt.engine.executor.execute(id, 'tenant-a', 1)).to.equal(null);
       expect((await idle.call<Body>('GET', `/api/v1/sessions/${sessionId}`)).body).to.deep.include({ status: 'idle', outcome: 'succeeded' });
-      // again: nothing more changes
+      // again: nothing more changes, nor is the session's end told again
+      const ended = (await idle.call<Body>('GET', `/api/v1/sessions/${sessionId}`)).body;
       await idle.rt.engine.executor.execute(id, 'tenant-a', 1);
-      expect((await idle.call<Body>('GET', `/api/v1/sessions/${sessionId}`)).body).to.deep.include({ status: 'idle', outcome: 'succeeded' });
+      expect((await idle.call<Body>('GET', `/api/v1/sessions/${sessionId}`)).body).to.deep.equal(ended);
+      // an archived one takes the outcome once
+      const other = await idle.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'true' } }] } });
+      const otherId = other.body.run_id as string;
+      expect((await idle.call('DELETE', `/api/v1/sessions/${other.body.session_id}`)).status).to.be.oneOf([200, 202]);
+      const archived = (await idle.call<Body>('GET', `/api/v1/sessions/${other.body.session_id}`)).body;
+      expect(archived.status).to.equal('archived');
+      if (archived.outcome === null) {
+        await idle.rt.store.runs.update('tenant-a', otherId, { status: 'running', started_at: at }, { status: ['queued'] });
+        await idle.rt.store.runs.update('tenant-a', otherId, { status: 'succeeded', finished_at: at }, { status: ['running'] });
+      }
+      const count = async () =>
+        (await idle.rt.events.after(`session:${other.body.session_id}`, '0-0')).filter((e) => e.type === 'session.updated' && (e.data as Body).outcome).length;
+      await idle.rt.engine.executor.execute(otherId, 'tenant-a', 1);
+      const told = await count();
+      await idle.rt.engine.executor.execute(otherId, 'tenant-a', 1);
+      await idle.rt.engine.executor.execute(otherId, 'tenant-a', 1);
+      expect(await count(), 'the archived session’s end told once').to.equal(told);
     } finally {
       await idle.close();
     }
