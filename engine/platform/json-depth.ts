@@ -62,15 +62,16 @@ const DIGIT_0 = 0x30;
 const DIGIT_9 = 0x39;
 const LOWER_E = 0x65;
 const UPPER_E = 0x45;
-/** the bytes a JSON number may hold after its first (digits, `.`, `e`, `E`, `+`, `-`) */
-const NUMBER_BYTE = new Uint8Array(256);
-for (const c of '0123456789.eE+-') NUMBER_BYTE[c.charCodeAt(0)] = 1;
+const DOT = 0x2e;
+const PLUS = 0x2b;
+const isDigit = (c: number | undefined) => c !== undefined && c >= DIGIT_0 && c <= DIGIT_9;
 
 /**
  * True when a number of the JSON text is too large for a double (`1e309`, `-1e400`, 309 digits): JSON.parse
  * makes it ±Infinity, which is stored as null (what was stored is not what was sent), and which the canonical
- * form of a request (its idempotency fingerprint) cannot hold. Only a number with an exponent, or of more than
- * 308 bytes, can be one; only those are read as numbers.
+ * form of a request (its idempotency fingerprint) cannot hold. A number's size is told from its digits and
+ * exponent as they are read; only one whose power of ten is 308 or more is read as a number, to be sure. A
+ * malformed number (`1e`) is not one: the parser refuses it as such.
  */
 export function hasOverflowingNumber(text: Uint8Array): boolean {
   let inString = false;
@@ -81,16 +82,44 @@ export function hasOverflowingNumber(text: Uint8Array): boolean {
       else if (c === QUOTE) inString = false;
       continue;
     }
-    if (c === QUOTE) inString = true;
-    else if (c === MINUS || (c >= DIGIT_0 && c <= DIGIT_9)) {
-      const start = i;
-      let exponent = false;
-      while (i + 1 < text.length && NUMBER_BYTE[text[i + 1]!]) {
-        i++;
-        if (text[i] === LOWER_E || text[i] === UPPER_E) exponent = true;
+    if (c === QUOTE) {
+      inString = true;
+      continue;
+    }
+    if (c !== MINUS && !isDigit(c)) continue;
+    const start = i;
+    if (c === MINUS) i++;
+    // the power of ten of its first significant digit: the integer's digits after its leading zeros, or the
+    // fraction's zeros before its first other digit
+    let power = -1;
+    let significant = false;
+    for (; isDigit(text[i]); i++) {
+      if (significant) power++;
+      else if (text[i] !== DIGIT_0) {
+        significant = true;
+        power = 0;
       }
-      if ((exponent || i - start >= 308) && !Number.isFinite(Number(Buffer.from(text.buffer, text.byteOffset + start, i + 1 - start).toString('latin1'))))
-        return true;
+    }
+    if (text[i] === DOT)
+      for (i++; isDigit(text[i]); i++) {
+        if (significant) continue;
+        if (text[i] !== DIGIT_0) significant = true;
+        else power--;
+      }
+    let exponent = 0;
+    if (text[i] === LOWER_E || text[i] === UPPER_E) {
+      i++;
+      const negative = text[i] === MINUS;
+      if (negative || text[i] === PLUS) i++;
+      // held below a bound that keeps the sum exact: an exponent that large is past any double's either way
+      for (; isDigit(text[i]); i++) exponent = Math.min(exponent * 10 + (text[i]! - DIGIT_0), 1e6);
+      if (negative) exponent = -exponent;
+    }
+    const end = i;
+    i--; // the loop's own step reads the byte after the number
+    if (significant && power + exponent >= 308) {
+      const n = Number(Buffer.from(text.buffer, text.byteOffset + start, end - start).toString('latin1'));
+      if (Math.abs(n) === Infinity) return true;
     }
   }
   return false;
@@ -99,13 +128,18 @@ export function hasOverflowingNumber(text: Uint8Array): boolean {
 /**
  * The value with every string in it (and every key) made well-formed Unicode, a lone surrogate replaced by
  * U+FFFD: for JSON the service did not check as a body (a model's answer, a tool call's arguments), which it
- * stores and serves as it stores what it checked. The value itself when it is already well-formed.
+ * stores and serves as it stores what it checked. What holds no lone surrogate is given back as it is, not copied.
  */
 export function wellFormed<T>(value: T): T {
   if (typeof value === 'string') return (value.isWellFormed() ? value : value.toWellFormed()) as T;
-  if (Array.isArray(value)) return value.map(wellFormed) as T;
-  if (value && typeof value === 'object') return Object.fromEntries(Object.entries(value).map(([k, v]) => [wellFormed(k), wellFormed(v)])) as T;
-  return value;
+  if (!value || typeof value !== 'object') return value;
+  if (Array.isArray(value)) {
+    const items = value.map(wellFormed);
+    return (items.some((v, i) => v !== value[i]) ? items : value) as T;
+  }
+  const entries = Object.entries(value);
+  const made = entries.map(([k, v]) => [wellFormed(k), wellFormed(v)] as const);
+  return (made.some(([k, v], i) => k !== entries[i]![0] || v !== entries[i]![1]) ? Object.fromEntries(made) : value) as T;
 }
 
 /** The most values a JSON body may hold: a real one holds hundreds or a few thousand; 2 million tiny ones parsed for 3 s. */

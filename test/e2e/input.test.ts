@@ -175,6 +175,10 @@ describe('bad input', () => {
       }
     expect((await h.call<{ data: unknown[] }>('GET', '/api/v1/runs?limit=100')).body.data.length).to.equal(runsBefore);
     expect((await h.call<{ data: unknown[] }>('GET', '/api/v1/automations?limit=100')).body.data.length).to.equal(automationsBefore);
+    // a malformed number is malformed JSON, not a number too large
+    const malformed = await h.call('POST', '/api/v1/automations', { raw: '{"name":"n","steps":[],"x":1e}', headers: { 'content-type': 'application/json' } });
+    expect(malformed.status).to.equal(400);
+    expect(malformed.body.code).to.equal('malformed-json');
     // the largest double, a tiny one (0 when parsed, as it should be) and a string that spells a huge number are fine
     const fine = await h.call('POST', '/api/v1/automations', {
       raw: '{"name":"n","steps":[{"tool":"message","args":{"text":"1e309","n":1.7976931348623157e308,"m":1e-400}}]}',
