@@ -210,12 +210,17 @@ type Answer = { content: string | null; tool_calls: ChatToolCall[]; usage?: { pr
  */
 function answerOf(body: unknown): Answer {
   const refuse = (what: string) => new AgentError('agent-protocol', `the model endpoint's answer could not be read: ${what}`);
-  // what is stored and served is well-formed Unicode, as what a request may send: a lone surrogate in the
-  // answer's text or a call's name made strict readers refuse the run, its page of the list and its events
-  const message = wellFormed((body as { choices?: { message?: unknown }[] } | null)?.choices?.[0]?.message);
+  const message = (body as { choices?: { message?: unknown }[] } | null)?.choices?.[0]?.message;
   if (!message || typeof message !== 'object') throw new AgentError('agent-protocol', 'the model endpoint answered without choices[0].message');
   const m = message as { content?: unknown; tool_calls?: unknown };
-  return { content: contentOf(m.content, refuse), tool_calls: toolCallsOf(m.tool_calls, refuse), usage: usageOf((body as { usage?: unknown }).usage) };
+  // what is stored and served is well-formed Unicode, as what a request may send: a lone surrogate in the
+  // answer's text or a call's name made strict readers refuse the run, its page of the list and its events
+  const content = contentOf(m.content, refuse);
+  return {
+    content: content === null ? null : wellFormed(content),
+    tool_calls: toolCallsOf(m.tool_calls, refuse),
+    usage: usageOf((body as { usage?: unknown }).usage),
+  };
 }
 
 /** A message's text: a string, none, or (as some endpoints send it) a list of text parts, read as their texts joined. */
@@ -244,7 +249,7 @@ function toolCallsOf(calls: unknown, refuse: (what: string) => AgentError): Chat
     if (typeof call.id !== 'string' || !fn || typeof fn.name !== 'string') throw refuse('a tool call lacks a string id or a function with a string name');
     const args = typeof fn.arguments === 'string' ? fn.arguments : fn.arguments && typeof fn.arguments === 'object' ? JSON.stringify(fn.arguments) : null;
     if (args === null) throw refuse(`the arguments of a call of ${fn.name} are neither JSON text nor an object`);
-    out.push({ id: call.id, type: 'function', function: { name: fn.name, arguments: args } });
+    out.push({ id: wellFormed(call.id), type: 'function', function: { name: wellFormed(fn.name), arguments: wellFormed(args) } });
   }
   return out;
 }
