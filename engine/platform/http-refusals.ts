@@ -37,11 +37,11 @@ const CLIENT_ERRORS: Record<string, { code: ErrorCode; detail: string }> = {
 };
 
 export function answerClientError(err: Error & { code?: string }, socket: Duplex, log: Logger): void {
-  // an answer of this connection already under way (an event stream, a pipelined request's answer): what the
-  // parser refused after it is told by the close, as Node's own handler does; an answer written there landed in
-  // the middle of that one's body (a chunked stream's next chunk was `HTTP/1.1 400 ...`)
-  const answering = (socket as Duplex & { _httpMessage?: { headersSent?: boolean } | null })._httpMessage;
-  if (!socket.writable || answering?.headersSent) return void socket.destroy();
+  // an answer of this connection owed or under way (an event stream, a long-poll, a pipelined request's answer):
+  // what the parser refused after that request is told by the close. Written, a 400 landed in the middle of that
+  // answer's body (a chunked stream's next chunk was `HTTP/1.1 400 ...`), or was read as that request's answer
+  const answering = (socket as Duplex & { _httpMessage?: unknown })._httpMessage;
+  if (!socket.writable || answering) return void socket.destroy();
   const { code, detail } = CLIENT_ERRORS[err.code ?? ''] ?? { code: 'bad-request' as const, detail: 'The request could not be read as HTTP.' };
   const status = ERROR_STATUS[code];
   // an id like every request's, so that what the client was told can be found in the log
