@@ -163,6 +163,22 @@ describe('web server edge: long-polls at shutdown, pipelined requests, clients t
     } finally {
       client.destroy();
     }
+    // a request still owed its answer (a long-poll no worker answers): the 400 would be read as its answer
+    const owed = await connect(h);
+    try {
+      let got = '';
+      owed.client.on('data', (d: Buffer) => (got += d.toString('latin1')));
+      const body = JSON.stringify({ timeout_seconds: 30, phases: ['sanity'] });
+      owed.client.write(
+        `POST /api/v1/autonomy/workspace-audit/run HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${KEYS.b}\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`,
+      );
+      await new Promise((r) => setTimeout(r, 500));
+      owed.client.write('BLAH BLAH BLAH\0\r\n\r\n');
+      expect(await closesWithin(owed.onServer, 10_000), 'the server closed the connection').to.equal(true);
+      expect(got).not.to.contain('400 Bad Request');
+    } finally {
+      owed.client.destroy();
+    }
   });
 
   it('closes a connection whose client stopped reading within the stall bound, not twice it (Node lets the first timeout pass once the client took part of a write)', async () => {
