@@ -35,7 +35,7 @@ import { chain } from './chain.js';
 import { requestBody } from './request-body.js';
 import { finiteNumericQuery } from './numeric-query.js';
 import { singleHeaders } from './single-headers.js';
-import { loadSpec, type OpenApiDocument } from './spec.js';
+import { loadSpec, pathPattern, type OpenApiDocument } from './spec.js';
 import { OpenStreams } from './sse.js';
 
 export type AppDeps = {
@@ -221,7 +221,7 @@ export function createApp(deps: AppDeps): Express {
   app.use(adminRouter({ queues: deps.queues, adminKeys: deps.adminKeys, metrics: deps.metrics }));
   app.use(signInRouter({ sso: deps.engine.sso, allowedOrigins, ...deps.signIn }));
 
-  app.use(otherMethods(spec, { docs: Boolean(deps.docs) }));
+  app.use(otherMethods(spec, { docs: Boolean(deps.docs), signIn: Boolean(deps.engine.sso) }));
   app.use((req) => {
     throw new NotFoundError(`no route ${req.method} ${req.path}`);
   });
@@ -233,19 +233,24 @@ const DOCS_PATHS = new Set(['/docs', '/redoc', '/openapi.json']);
 
 /**
  * The paths of the spec outside the API and the intake (health, docs, sign-in), asked with a method they do not
- * have: 405 with Allow, as the API's paths answer (a 404 there said the path did not exist). The docs' paths
- * only while the docs are served.
+ * have: 405 with Allow, as the API's paths answer (a 404 there said the path did not exist). The docs' and
+ * sign-in's paths only while they are served.
  */
-function otherMethods(spec: OpenApiDocument, opts: { docs: boolean }): RequestHandler {
+function otherMethods(spec: OpenApiDocument, opts: { docs: boolean; signIn: boolean }): RequestHandler {
+  const served = (template: string) =>
+    !template.startsWith('/api/') &&
+    !template.startsWith('/webhooks/') &&
+    (opts.docs || !DOCS_PATHS.has(template)) &&
+    (opts.signIn || !template.startsWith('/auth/'));
   const routes = Object.entries(spec.paths)
-    .filter(([template]) => !template.startsWith('/api/') && !template.startsWith('/webhooks/') && (opts.docs || !DOCS_PATHS.has(template)))
+    .filter(([template]) => served(template))
     .map(([template, item]) => {
       const methods = Object.keys(item as object)
         .filter((m) => HTTP_METHODS.has(m))
         .map((m) => m.toUpperCase());
       if (methods.includes('GET')) methods.push('HEAD');
-      const pattern = template.split(/\{[^}]+\}/).map((part) => part.replace(/[.*+?^$()|[\]\\]/g, '\\$&'));
-      return { path: new RegExp(`^${pattern.join('[^/]+')}/?$`), methods };
+      // as the health, docs and sign-in routers match: any case
+      return { path: pathPattern(template, { anyCase: true }), methods };
     });
   return (req, _res, next) => {
     const route = req.method === 'OPTIONS' ? undefined : routes.find((r) => r.path.test(req.path));

@@ -3,7 +3,7 @@
 // this check, made from the spec itself for every integer or number query parameter, refuses them with
 // a 400 before the validator runs. A route matches as Express matches it: any case, a trailing slash.
 import type { RequestHandler } from 'express';
-import type { OpenApiDocument } from './spec.js';
+import { pathPattern, type OpenApiDocument } from './spec.js';
 
 type Parameter = { name?: string; in?: string; schema?: { type?: string | string[] }; $ref?: string };
 
@@ -18,7 +18,7 @@ function numericQueryParams(spec: OpenApiDocument): { method: string; pattern: R
       const params = [...shared, ...((op as { parameters?: Parameter[] }).parameters ?? []).map(resolve)];
       const names = params.filter((p) => p.in === 'query' && [p.schema?.type].flat().some((t) => t === 'integer' || t === 'number')).map((p) => p.name!);
       if (!names.length) continue;
-      const pattern = new RegExp(`^${path.replace(/\{[^}]+\}/g, '[^/]+')}/?$`, 'i');
+      const pattern = pathPattern(path, { anyCase: true });
       out.push({ method: method.toUpperCase(), pattern, names });
     }
   }

@@ -5,7 +5,7 @@ import type { IncomingMessage } from 'node:http';
 import express, { type NextFunction, type Request, type RequestHandler, type Response } from 'express';
 import { bulkyJson, MAX_JSON_VALUES, unsafeJson, UnsupportedMediaTypeError, ValidationError } from '../engine/platform/index.js';
 import { refuseDeclaredOver } from './body-limit.js';
-import type { OpenApiDocument } from './spec.js';
+import { pathPattern, type OpenApiDocument } from './spec.js';
 
 export const BODY_LIMIT_BYTES = 1024 * 1024;
 /**
@@ -105,8 +105,7 @@ function rawUploads(spec: OpenApiDocument): (req: Request) => boolean {
     for (const [method, op] of Object.entries(operations)) {
       const content = (op as { requestBody?: { content?: Record<string, unknown> } }).requestBody?.content;
       if (!content || !('application/octet-stream' in content)) continue;
-      const pattern = template.split(/\{[^}]+\}/).map((part) => part.replace(/[.*+?^$()|[\]\\]/g, '\\$&'));
-      routes.push({ method: method.toUpperCase(), path: new RegExp(`^${pattern.join('[^/]+')}/?$`) });
+      routes.push({ method: method.toUpperCase(), path: pathPattern(template) });
     }
   return (req) => {
     const path = `${req.baseUrl}${req.path}`;

@@ -13,6 +13,8 @@ describe('health', () => {
         ['PATCH', '/healthz', 'GET, HEAD'],
         ['DELETE', '/openapi.json', 'GET, HEAD'],
         ['POST', '/readyz/', 'GET, HEAD'],
+        // any case, as the path's GET is served
+        ['PUT', '/HealthZ', 'GET, HEAD'],
       ] as const) {
         const refused = await h.call(method, path, { key: null });
         expect(refused.status, `${method} ${path}`).to.equal(405);
@@ -21,6 +23,8 @@ describe('health', () => {
         expect(refused.body.code).to.equal('method-not-allowed');
       }
       expect((await h.call('PATCH', '/no-such-path', { key: null })).status).to.equal(404);
+      // sign-in is not configured here: its paths are none of the service's, whatever the method
+      expect((await h.call('POST', '/auth/login', { key: null })).status).to.equal(404);
       const ready = await h.call('GET', '/readyz', { key: null });
       expect(ready.status).to.equal(200);
       expect(ready.body.status).to.equal('ready');
