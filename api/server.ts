@@ -30,8 +30,8 @@ const SPARE_WAIT_MS = 500;
 const MAX_UNANSWERED_PER_CONNECTION = 16;
 
 /**
- * How long at most an answer may wait to be written with no byte of it taken by the client (Node's socket timeout, set
- * back by every byte read and every write the socket gets done) before its connection is closed: a client that
+ * How long at most an answer may wait to be written with no byte of it taken by the client (twice Node's socket
+ * timeout, which every byte read and every write the socket gets done sets back) before its connection is closed: a client that
  * stops reading held its connection, and what was written for it, for good. A connection whose answer is still
  * being made (a long-poll, a slow handler) with nothing waiting to be written is not closed, nor is an event
  * stream read by its client between heartbeats; one that stops reading its stream is (sse.ts holds up to 2 MB
@@ -238,13 +238,14 @@ function whileBodyComes(req: IncomingMessage, res: ServerResponse, idleMs: numbe
 }
 
 /**
- * A connection's socket timeout (WRITE_STALL_MS, or keepAliveTimeout once its answers are sent): `open` is its
+ * A connection's socket timeout (half WRITE_STALL_MS, or keepAliveTimeout once its answers are sent): `open` is its
  * answers not yet sent, none for a connection that has not sent a request yet (Node's headers timeout answers
  * that one 408). Answers owed with nothing waiting to be written are still being made: the connection stays.
  */
 function whenSocketIdle(socket: Socket, open: Set<ServerResponse> | undefined, log: Logger): void {
   if (!open || (open.size > 0 && socket.writableLength === 0)) return;
-  if (open.size > 0) log.info({ unanswered: open.size, stalled_ms: socket.timeout }, 'a client took no byte of its answer for too long: connection closed');
+  if (open.size > 0)
+    log.info({ unanswered: open.size, stalled_ms_at_most: 2 * (socket.timeout ?? 0) }, 'a client took no byte of its answer for too long: connection closed');
   socket.destroy();
 }
 
