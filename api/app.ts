@@ -153,7 +153,13 @@ export function createApp(deps: AppDeps): Express {
   // (at the root, not mounted at /webhooks: a mount would follow the API's case-sensitive routing, and a
   // provider's URL has always matched in any case). A header of the spec's given twice is refused there too:
   // Node joined two delivery ids into one neither named (`d-1, d-2`, and `d-1` again was no replay of it)
-  app.use(singleHeaders(spec, (req) => /^\/webhooks\/[^/]+\/[^/]+\/?$/i.test(req.path)));
+  app.use(
+    singleHeaders(
+      spec,
+      (req) => /^\/webhooks\/[^/]+\/[^/]+\/?$/i.test(req.path),
+      (template) => template.startsWith('/webhooks/'),
+    ),
+  );
   app.use(webhookIntakeRouter(deps.engine));
 
   // Then the API: its requests are most of the traffic, and the routers after it (health, docs, the

@@ -6,26 +6,30 @@ import type { OpenApiDocument } from './spec.js';
 
 type Parameter = { name?: string; in?: string; $ref?: string };
 
-/** Every header parameter of the spec, lower-cased. */
-function headerNames(spec: OpenApiDocument): Set<string> {
+/** Every header parameter of the spec's paths that `paths` takes (all by default), lower-cased. */
+function headerNames(spec: OpenApiDocument, paths: (template: string) => boolean): Set<string> {
   const names = new Set<string>();
   const add = (p: Parameter) => {
     if (p.in === 'header' && p.name) names.add(p.name.toLowerCase());
   };
   const components = (spec as { components?: { parameters?: Record<string, Parameter> } }).components?.parameters ?? {};
-  Object.values(components).forEach(add);
-  for (const item of Object.values(spec.paths)) {
+  const resolve = (p: Parameter): Parameter => (p.$ref ? (components[p.$ref.split('/').pop()!] ?? {}) : p);
+  for (const [template, item] of Object.entries(spec.paths)) {
+    if (!paths(template)) continue;
     for (const [key, value] of Object.entries(item as Record<string, unknown>)) {
       const params = key === 'parameters' ? value : (value as { parameters?: unknown })?.parameters;
-      if (Array.isArray(params)) (params as Parameter[]).forEach(add);
+      if (Array.isArray(params)) (params as Parameter[]).forEach((p) => add(resolve(p)));
     }
   }
   return names;
 }
 
-/** Refuses, where `applies`, a header of the spec's that a request gives more than once. */
-export function singleHeaders(spec: OpenApiDocument, applies: (req: Request) => boolean): RequestHandler {
-  const names = headerNames(spec);
+/**
+ * Refuses, where `applies`, a header of the spec's that a request gives more than once: a header of the paths
+ * `paths` takes (all by default; a webhook intake's own headers there, not the API's).
+ */
+export function singleHeaders(spec: OpenApiDocument, applies: (req: Request) => boolean, paths: (template: string) => boolean = () => true): RequestHandler {
+  const names = headerNames(spec, paths);
   return (req, _res, next) => {
     if (!applies(req)) return next();
     const raw = req.rawHeaders;
