@@ -43,8 +43,8 @@ export function outputOf(opts: { json: boolean; noColor: boolean; stdout?: NodeJ
   };
 }
 
-/** A table cell's text with its control characters shown as escapes: a value the server holds (a label, a
- * name) cannot move the cursor, erase or recolour another row. */
-const visible = (text: string): string => text.replace(/[\u0000-\u001f\u007f-\u009f]/g, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`);
+/** Text the server holds (a label, a name, a title) with its control characters shown as escapes: it cannot
+ * move the cursor, erase or recolour another line (a table's cells, a record's fields). */
+export const visible = (text: string): string => text.replace(/[\u0000-\u001f\u007f-\u009f]/g, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`);
 
 export const seconds = (ms: number | null | undefined): string => (ms == null ? '-' : `${(ms / 1000).toFixed(1)} s`);

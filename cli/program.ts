@@ -11,7 +11,7 @@ import { loadClientEnv, loadConfig, TENANT_ID_PATTERN } from '../config/env.js';
 import type { ApiKeys } from '../engine/auth/index.js';
 import type { Store } from '../engine/store/index.js';
 import { ApiClient, ApiError, CliError, DEFAULT_IDLE_MS, DEFAULT_REQUEST_TIMEOUT_MS, EXIT } from './client.js';
-import { outputOf, seconds, type Output } from './output.js';
+import { outputOf, seconds, visible, type Output } from './output.js';
 import { printRun, printRuns, usage, watchRun } from './runs.js';
 
 const clientEnv = loadClientEnv();
@@ -323,8 +323,9 @@ Examples:
       const { client, o } = contextOf(this);
       const a = await client.request('GET', `/api/v1/automations/${encodeURIComponent(id)}`);
       if (o.json) return o.printJson(a);
-      o.out(`${a.id}  ${a.name}  ${a.status}\n`);
-      for (const t of a.triggers ?? []) o.out(`  trigger ${t.type}${t.schedule ? ` ${t.schedule}` : ''}${t.paths ? ` ${t.paths.join(' ')}` : ''}\n`);
+      o.out(`${a.id}  ${visible(a.name)}  ${a.status}\n`);
+      for (const t of a.triggers ?? [])
+        o.out(visible(`  trigger ${t.type}${t.schedule ? ` ${t.schedule}` : ''}${t.paths ? ` ${t.paths.join(' ')}` : ''}`) + '\n');
       for (const [i, s] of (a.steps ?? []).entries()) o.out(`  step ${i + 1} ${s.tool} ${JSON.stringify(s.args ?? {})}\n`);
     });
   const runAutomation = clientCommand(automations, 'run <id>')
@@ -390,7 +391,7 @@ Examples:
         body: { template_id: templateId, variables: opts.var ?? {}, ...(opts.name ? { name: opts.name } : {}) },
       });
       if (o.json) o.printJson(a);
-      else o.out(`${a.id}  ${a.name}  ${a.status}\n`);
+      else o.out(`${a.id}  ${visible(a.name)}  ${a.status}\n`);
     });
 
   const deliveries = program.command('deliveries').description('webhook deliveries: list, replay');
@@ -474,8 +475,8 @@ Examples:
       const { client, o } = contextOf(this);
       const s = await client.request('GET', `/api/v1/sessions/${encodeURIComponent(id)}`);
       if (o.json) return o.printJson(s);
-      o.out(`${s.id}  ${s.title ?? ''}  ${s.status}${s.outcome ? ` (${s.outcome})` : ''}\n`);
-      for (const t of s.tasks ?? []) o.out(`  task ${t.id} ${t.status}${t.depends_on?.length ? ` after ${t.depends_on.join(',')}` : ''}\n`);
+      o.out(`${s.id}  ${visible(s.title ?? '')}  ${s.status}${s.outcome ? ` (${s.outcome})` : ''}\n`);
+      for (const t of s.tasks ?? []) o.out(visible(`  task ${t.id} ${t.status}${t.depends_on?.length ? ` after ${t.depends_on.join(',')}` : ''}`) + '\n');
     });
 
   const audit = program.command('audit').description('workspace audits');

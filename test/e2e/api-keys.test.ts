@@ -27,7 +27,7 @@ describe('api keys', function () {
   it('makes a key shown once, lists keys without their hashes, and keeps each tenant to its own', async () => {
     // a label with control characters (an escape sequence that redrew the operator's list) is refused
     const before = (await h.call<Body>('GET', '/api/v1/api-keys')).body.data.length;
-    for (const label of ['bot\u001b[2K\u001b[31mrevoked', 'two\nlines', 'del\u007f']) {
+    for (const label of ['bot\u001b[2K\u001b[31mrevoked', 'two\nlines', 'del\u007f', 'csi\u009b2K']) {
       const refused = await h.call<Body>('POST', '/api/v1/api-keys', { body: { label } });
       expect(refused.status, JSON.stringify(label)).to.equal(400);
       expect(refused.body.errors[0].path).to.equal('/body/label');
