@@ -71,7 +71,7 @@ export type TenantSlots = {
    * tenant far from its cap costs run creation nothing, and the cap can be passed by the runs of the
    * requests in flight as it is reached, in this process and the others.
    */
-  hasRoom(tenantId: string): Promise<boolean>;
+  hasRoom(tenantId: string, adding?: number): Promise<boolean>;
   /** the runs waiting in the tenant's line, in the order they will be admitted */
   line(tenantId: string): Promise<string[]>;
   /** System use (the reconciler): gives back the slot of a run that is running, whatever the limit (Redis lost it). */
@@ -121,9 +121,9 @@ export function createTenantSlots(redis: Redis, prefix: string, limit: number, m
     },
     running: (t) => redis.scard(running(t)),
     waiting,
-    async hasRoom(tenantId) {
-      if ((seen.get(tenantId) ?? 0) < maxWaiting - Math.ceil(maxWaiting / 10)) return true;
-      return (await waiting(tenantId)) < maxWaiting;
+    async hasRoom(tenantId, adding = 1) {
+      if ((seen.get(tenantId) ?? 0) + adding <= maxWaiting - Math.ceil(maxWaiting / 10)) return true;
+      return (await waiting(tenantId)) + adding <= maxWaiting;
     },
     line,
     async restore(t, runId) {

@@ -195,12 +195,15 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
    * not answer within LINE_CHECK_DEADLINE_MS lets the work in: the cap is soft, and a stored run waits for
    * Redis (the request's own wait for Redis, REDIS_DEADLINE_MS, comes after this one).
    */
-  async function assertRoom(tenantId: string): Promise<void> {
-    const asking = slots.hasRoom(tenantId);
+  /** Room in the tenant's line for `adding` more runs (a batch of tasks: those that may start at once). */
+  async function assertRoom(tenantId: string, adding = 1): Promise<void> {
+    const asking = slots.hasRoom(tenantId, adding);
     const room = await withTimeout(asking, LINE_CHECK_DEADLINE_MS, 'Redis answer').catch(() => (asking.catch(() => undefined), true));
     if (!room)
       throw new TenantLineFullError(
-        `tenant ${tenantId} has ${slots.maxWaiting} runs waiting for a slot already (SERVICE_TENANT_MAX_WAITING); retry once they drain`,
+        adding > 1
+          ? `tenant ${tenantId}'s line of runs waiting for a slot has no room for ${adding} more (SERVICE_TENANT_MAX_WAITING, ${slots.maxWaiting}); retry once they drain`
+          : `tenant ${tenantId} has ${slots.maxWaiting} runs waiting for a slot already (SERVICE_TENANT_MAX_WAITING); retry once they drain`,
         LINE_FULL_RETRY_AFTER_SECONDS,
       );
   }

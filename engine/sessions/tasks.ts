@@ -568,8 +568,11 @@ export function tasksOf(deps: TasksDeps) {
     repliedAmong,
     /** Adds one task or a whole DAG; every error of the batch comes back in one 422. */
     async add(session: Session, inputs: TaskInput[]): Promise<TaskRecord[]> {
-      // new work: refused while the tenant's line of runs is full, as a new run is
-      await runs.assertRoom(session.tenant_id);
+      // new work: refused while the tenant's line of runs has no room for the tasks that may start at once (those
+      // that wait on none of the batch's own), as a new run is (one batch of 200 such tasks took the line from 1
+      // run waiting to 201 under a limit of 3)
+      const ownIds = new Set(inputs.flatMap((t) => (t.id === undefined ? [] : [t.id])));
+      await runs.assertRoom(session.tenant_id, inputs.filter((t) => !(t.depends_on ?? []).some((d) => ownIds.has(d))).length || 1);
       // a run's session follows its one run: a task in it would run unseen by its status and outcome
       assertMultiAgent(session, 'tasks');
       // of the session's tasks, only those the new ones name (their ids, their dependencies) and how many there

@@ -234,7 +234,29 @@ describe('scheduling', function () {
       // a place in line freed: a new run is taken again
       expect((await h.call('POST', `/api/v1/runs/${waiting[1]!.body.run_id}/cancel`)).status).to.equal(200);
       expect((await h.call('POST', `/api/v1/runs/${waiting[0]!.body.run_id}/cancel`)).status).to.equal(200);
-      expect((await post()).status).to.equal(202);
+      const taken = await post();
+      expect(taken.status).to.equal(202);
+      // one place left: a batch of tasks counts those that may start at once (one batch of 200 took the line far past its limit)
+      expect((await h.call('POST', `/api/v1/runs/${taken.body.run_id}/cancel`)).status).to.equal(200);
+      const both = await h.call<RunBody>('POST', `/api/v1/sessions/${session}/tasks`, {
+        body: {
+          tasks: [
+            { id: 'a', steps: body.steps },
+            { id: 'b', steps: body.steps },
+          ],
+        },
+      });
+      expect(both.status, both.text).to.equal(429);
+      expect(both.body.detail).to.include('no room for 2 more');
+      const chained = await h.call('POST', `/api/v1/sessions/${session}/tasks`, {
+        body: {
+          tasks: [
+            { id: 'a', steps: body.steps },
+            { id: 'b', steps: body.steps, depends_on: ['a'] },
+          ],
+        },
+      });
+      expect(chained.status, chained.text).to.equal(201);
     } finally {
       await h.close();
     }
