@@ -92,6 +92,8 @@ export type Config = {
   workerConcurrency: number;
   /** gates one worker process runs at once */
   gatesConcurrency: number;
+  /** gates of one tenant running at once, over every worker process */
+  gatesTenantConcurrency: number;
   /** the http tool may reach private and loopback addresses */
   httpAllowPrivate: boolean;
   /** SERVICE_REDIS_TLS_INSECURE: a rediss: server's certificate is not verified (managed Redis with self-signed certificates) */
@@ -417,6 +419,9 @@ const schema = z.object({
   SERVICE_RUN_DEFAULT_MAX_STEPS: int(200, 1, 10_000),
   SERVICE_WORKER_CONCURRENCY: int(10, 1, 1000),
   SERVICE_GATES_CONCURRENCY: int(4, 1, 100),
+  // 0: one less than SERVICE_GATES_CONCURRENCY (at least 1), so that one tenant's gates leave a place for another's
+  // (all of them with SERVICE_AUTH=none)
+  SERVICE_GATES_TENANT_CONCURRENCY: int(0, 0, 1000),
   SERVICE_HTTP_ALLOW_PRIVATE: flag,
   SERVICE_REDIS_TLS_INSECURE: flag,
   SERVICE_SSE_HEARTBEAT_SECONDS: int(15, 1, 300),
@@ -587,6 +592,9 @@ export function parseEnv(env: Record<string, string | undefined>, opts: { servic
     },
     workerConcurrency: e.SERVICE_WORKER_CONCURRENCY,
     gatesConcurrency: e.SERVICE_GATES_CONCURRENCY,
+    // one tenant alone (SERVICE_AUTH=none) has no other to leave a place for
+    gatesTenantConcurrency:
+      e.SERVICE_GATES_TENANT_CONCURRENCY || (e.SERVICE_AUTH === 'none' ? e.SERVICE_GATES_CONCURRENCY : Math.max(1, e.SERVICE_GATES_CONCURRENCY - 1)),
     httpAllowPrivate: e.SERVICE_HTTP_ALLOW_PRIVATE,
     redisTlsInsecure: e.SERVICE_REDIS_TLS_INSECURE,
     sseHeartbeatSeconds: e.SERVICE_SSE_HEARTBEAT_SECONDS,

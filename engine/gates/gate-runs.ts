@@ -28,7 +28,7 @@ import { FileHasher, gitState, type GitState } from './subject.js';
 export type GatesDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'queues' | 'redis' | 'events'> & {
   sandbox: Sandbox;
   ledger: Ledger;
-  settings: { workspaceRoot: string; singleTenant: boolean; childEnv: Record<string, string> };
+  settings: { workspaceRoot: string; singleTenant: boolean; childEnv: Record<string, string>; gatesTenantConcurrency: number };
   /** the lifetime of the claim on a gate run's end, renewed while a seal writes (SEAL_CLAIM_MS unless set: tests) */
   sealClaimMs?: number;
 };
@@ -64,6 +64,17 @@ return 0`;
 // renews only a hold the gate run has: a renewal after its seal or cancel let go takes nothing again
 const RENEW = `if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 0`;
+/**
+ * A place among a tenant's gates running at once (SERVICE_GATES_TENANT_CONCURRENCY), or 0: a sorted set of the
+ * gates holding one, each until its deadline (a process that died holding one gives it back then), renewed while
+ * its gate runs. The gates queue is one line for every tenant: without it one tenant's hundred gates held every
+ * place, and another tenant's run waited for its one gate until its budget ran out.
+ */
+const TAKE_GATE_PLACE = `redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+if redis.call('ZSCORE', KEYS[1], ARGV[4]) == false and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[4])
+redis.call('PEXPIREAT', KEYS[1], ARGV[2])
+return 1`;
 /** Running gate runs the reconciler reads in one pass. */
 const STALE_GATE_RUNS_PAGE = 200;
 
@@ -363,22 +374,34 @@ export function gateRunsOf(deps: GatesDeps) {
     async runGateJob(tenantId: string, gateRunId: string, gateId: string): Promise<GateResult | null | 'busy'> {
       const record = await store.gateRuns.get(tenantId, gateRunId);
       if (!record || record.status !== 'running') return null;
-      if (!(await hold(record))) return 'busy';
+      const place = { key: `${queues.prefix}:gate-places:${tenantId}`, member: `${gateRunId}:${gateId}` };
+      const takePlace = () => {
+        const now = Date.now();
+        return deps.redis.eval(TAKE_GATE_PLACE, 1, place.key, now, now + WORKSPACE_HOLD_MS, settings.gatesTenantConcurrency, place.member);
+      };
+      // the tenant's other gates hold every place of its own: this one waits, as for a held workspace
+      if (!(await takePlace())) return 'busy';
+      const givePlace = () => deps.redis.zrem(place.key, place.member).catch(() => undefined);
+      if (!(await hold(record))) {
+        await givePlace();
+        return 'busy';
+      }
       // ended (sealed, canceled) between its read and the hold: the hold goes back at once, not 30 s later
       if ((await store.gateRuns.get(tenantId, gateRunId))?.status !== 'running') {
-        await letGo(record);
+        await Promise.all([letGo(record), givePlace()]);
         return null;
       }
-      const renew = setInterval(
-        () => void deps.redis.eval(RENEW, 1, workspaceKey(record), record.id, WORKSPACE_HOLD_MS).catch(() => undefined),
-        WORKSPACE_HOLD_MS / 3,
-      );
+      const renew = setInterval(() => {
+        void deps.redis.eval(RENEW, 1, workspaceKey(record), record.id, WORKSPACE_HOLD_MS).catch(() => undefined);
+        void takePlace().catch(() => undefined);
+      }, WORKSPACE_HOLD_MS / 3);
       // claimed until its result is kept, not only while its gate runs: a reconciler never seals between the two
       claimed.set(gateRunId, (claimed.get(gateRunId) ?? 0) + 1);
       try {
         return await runGateClaimed(record, tenantId, gateRunId, gateId);
       } finally {
         clearInterval(renew);
+        await givePlace();
         const n = (claimed.get(gateRunId) ?? 1) - 1;
         if (n > 0) claimed.set(gateRunId, n);
         else claimed.delete(gateRunId);

@@ -243,6 +243,7 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
         httpAllowPrivate: config.httpAllowPrivate,
         workerConcurrency: config.workerConcurrency,
         gatesConcurrency: config.gatesConcurrency,
+        gatesTenantConcurrency: config.gatesTenantConcurrency,
         sessionMaxTasks: config.sessionMaxTasks,
         sessionMaxAgents: config.sessionMaxAgents,
         runsKeptDays: config.runsKeptDays,

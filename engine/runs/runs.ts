@@ -109,6 +109,8 @@ export type RunSettings = ToolPolicy & {
   workerConcurrency: number;
   /** gates run at once by one gate run on a copy (a vibe run's) */
   gatesConcurrency: number;
+  /** gates of one tenant's gate runs running at once over every worker process (the gates queue's jobs) */
+  gatesTenantConcurrency: number;
   /** the most tasks one session holds: every add, resume and listing reads them all */
   sessionMaxTasks: number;
   sessionMaxAgents: number;

@@ -1062,7 +1062,7 @@ describe('gates in the service', function () {
       return record;
     }
     /** The gate runs over this harness's Redis and queues, with the store or the ledger given; the events they tell are kept. */
-    function gatesWith(over: { store?: Store; ledger?: Ledger; sealClaimMs?: number } = {}) {
+    function gatesWith(over: { store?: Store; ledger?: Ledger; sealClaimMs?: number; gatesTenantConcurrency?: number } = {}) {
       const told: EventBody[] = [];
       const gates = gateRunsOf({
         store: over.store ?? h.rt.store,
@@ -1073,7 +1073,7 @@ describe('gates in the service', function () {
         events: { append: async (_scope: string, body: EventBody) => void told.push(body) } as never,
         sandbox: h.rt.sandbox,
         ledger: over.ledger ?? h.rt.engine.evidence,
-        settings: { workspaceRoot: h.workspace, singleTenant: false, childEnv: {} },
+        settings: { workspaceRoot: h.workspace, singleTenant: false, childEnv: {}, gatesTenantConcurrency: over.gatesTenantConcurrency ?? 3 },
         ...(over.sealClaimMs ? { sealClaimMs: over.sealClaimMs } : {}),
       });
       return { gates, ends: () => told.filter((e) => e.type === 'gate.run_finished') };
@@ -1106,6 +1106,22 @@ describe('gates in the service', function () {
       expect(end.ledger).to.deep.equal({ from_seq: entries[0]!.seq, to_seq: entries[1]!.seq, head_hash: entries[1]!.hash });
       expect(end.results).to.deep.equal([await payloadOf(entries[0]!.payload_digest)]);
     }
+
+    it('holds a gate while its tenant’s other gates hold all its places (one line for every tenant: one tenant’s gates held them all), and gives its place back', async () => {
+      const { gates } = gatesWith({ gatesTenantConcurrency: 1 });
+      const record = await runningWithResult('places');
+      const key = `${h.rt.queues.prefix}:gate-places:tenant-a`;
+      await h.rt.redis.zadd(key, Date.now() + 60_000, 'grn_other:g');
+      expect(await gates.runGateJob('tenant-a', record.id, 'ok')).to.equal('busy');
+      expect(await h.rt.redis.zcard(key), 'no place taken').to.equal(1);
+      // another tenant's places are its own
+      expect(await h.rt.redis.exists(`${h.rt.queues.prefix}:gate-places:tenant-b`)).to.equal(0);
+      // the place of a holder that died lapses at its deadline
+      await h.rt.redis.zadd(key, Date.now() - 1, 'grn_other:g');
+      const ran = await gates.runGateJob('tenant-a', record.id, 'ok').catch(() => 'threw');
+      expect(ran).not.to.equal('busy');
+      expect(await h.rt.redis.zcard(key), 'its place given back').to.equal(0);
+    });
 
     it('ends a gate run canceled while its seal writes the ledger as the ledger seals it: the cancel waits for the seal', async () => {
       // the cancel comes while the seal writes its entries (a run canceled, or out of budget, as its last gate ends)
