@@ -18,6 +18,7 @@ import {
   NOTIFICATION_TYPES,
   staleJobRepair,
   pruneInPages,
+  TAKE_PLACE_LUA,
   NotFoundError,
   ValidationError,
   ConflictError,
@@ -70,16 +71,6 @@ const tooMany = (max: number) =>
   new ConflictError(`this tenant has ${max} notification endpoints, the most it may keep (SERVICE_TENANT_MAX_NOTIFICATION_ENDPOINTS): remove one first`);
 
 /**
- * A tenant's tries in flight: a sorted set of delivery ids scored by when each try is over at the latest (a
- * process that dies mid-try frees its place then). A try starts only while fewer than ARGV[3] are in flight.
- */
-const TAKE_PLACE = `redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
-if redis.call('ZSCORE', KEYS[1], ARGV[4]) == false and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
-redis.call('ZADD', KEYS[1], ARGV[2], ARGV[4])
-redis.call('PEXPIREAT', KEYS[1], ARGV[2])
-return 1`;
-
-/**
  * How long a delivery whose tenant has all its tries in flight waits before it asks again (and up to as long
  * again, at random): 1 s, doubled each time it found the tenant busy, at most 16 s. A tenant whose endpoints
  * hang keeps a backlog that asks less and less often, not a load that grows with it.
@@ -92,7 +83,7 @@ type PlaceRedis = Redis & { notifyTakePlace(key: string, ...args: (string | numb
 
 export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | 'secretBox' | 'queues' | 'redis'>, settings: NotificationSettings) {
   const { store, clock, log, secretBox, queues } = deps;
-  if (!('notifyTakePlace' in deps.redis)) deps.redis.defineCommand('notifyTakePlace', { numberOfKeys: 1, lua: TAKE_PLACE });
+  if (!('notifyTakePlace' in deps.redis)) deps.redis.defineCommand('notifyTakePlace', { numberOfKeys: 1, lua: TAKE_PLACE_LUA });
   const redis = deps.redis as PlaceRedis;
   // {tenant} is a hash tag: one key, one Redis Cluster slot
   const inFlight = (tenantId: string) => `${queues.prefix}:notify-in-flight:{${tenantId}}`;

@@ -12,6 +12,7 @@ import {
   newId,
   NotFoundError,
   scopes,
+  TAKE_PLACE_LUA,
   ValidationError,
   type GateResult,
   type GateRunRecord,
@@ -64,17 +65,6 @@ return 0`;
 // renews only a hold the gate run has: a renewal after its seal or cancel let go takes nothing again
 const RENEW = `if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 0`;
-/**
- * A place among a tenant's gates running at once (SERVICE_GATES_TENANT_CONCURRENCY), or 0: a sorted set of the
- * gates holding one, each until its deadline (a process that died holding one gives it back then), renewed while
- * its gate runs. The gates queue is one line for every tenant: without it one tenant's hundred gates held every
- * place, and another tenant's run waited for its one gate until its budget ran out.
- */
-const TAKE_GATE_PLACE = `redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
-if redis.call('ZSCORE', KEYS[1], ARGV[4]) == false and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
-redis.call('ZADD', KEYS[1], ARGV[2], ARGV[4])
-redis.call('PEXPIREAT', KEYS[1], ARGV[2])
-return 1`;
 /** Running gate runs the reconciler reads in one pass. */
 const STALE_GATE_RUNS_PAGE = 200;
 
@@ -377,9 +367,12 @@ export function gateRunsOf(deps: GatesDeps) {
       const place = { key: `${queues.prefix}:gate-places:${tenantId}`, member: `${gateRunId}:${gateId}` };
       const takePlace = () => {
         const now = Date.now();
-        return deps.redis.eval(TAKE_GATE_PLACE, 1, place.key, now, now + WORKSPACE_HOLD_MS, settings.gatesTenantConcurrency, place.member);
+        return deps.redis.eval(TAKE_PLACE_LUA, 1, place.key, now, now + WORKSPACE_HOLD_MS, settings.gatesTenantConcurrency, place.member);
       };
-      // the tenant's other gates hold every place of its own: this one waits, as for a held workspace
+      // a place among the tenant's gates running at once (SERVICE_GATES_TENANT_CONCURRENCY), renewed while its gate
+      // runs: the gates queue is one line for every tenant, and one tenant's hundred gates held every worker place
+      // while another tenant's run waited on its one gate until its budget ran out. When the tenant's other gates
+      // hold every place of its own, this one waits, as for a held workspace
       if (!(await takePlace())) return 'busy';
       const givePlace = () => deps.redis.zrem(place.key, place.member).catch(() => undefined);
       if (!(await hold(record))) {

@@ -226,3 +226,15 @@ export async function untilTaken(
     }
   }
 }
+
+/**
+ * A place among at most ARGV[3] holders of KEYS[1] (a sorted set of holders scored by when each place lapses:
+ * ARGV[2], ms), `ARGV[4]` the holder; ARGV[1] is now. Places past their time are dropped first (their holder
+ * died); a holder that has one already keeps it, its time moved on. 1 when taken, 0 when every place is held.
+ * Notifications' tries and gates in flight per tenant.
+ */
+export const TAKE_PLACE_LUA = `redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+if redis.call('ZSCORE', KEYS[1], ARGV[4]) == false and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[4])
+redis.call('PEXPIREAT', KEYS[1], ARGV[2])
+return 1`;
