@@ -104,10 +104,14 @@ export type SseOptions = {
   fresh?: boolean;
 };
 
-export function lastEventIdOf(req: Request): string {
+/** A Last-Event-ID header the request sends (it takes over from the query's last_event_id), or null. */
+const lastEventIdHeader = (req: Request): string | null => {
   const header = req.headers['last-event-id'];
-  const query = (req.query as { last_event_id?: string }).last_event_id;
-  return (typeof header === 'string' && header) || query || '0-0';
+  return typeof header === 'string' && header ? header : null;
+};
+
+export function lastEventIdOf(req: Request): string {
+  return lastEventIdHeader(req) ?? ((req.query as { last_event_id?: string }).last_event_id || '0-0');
 }
 
 export async function streamEvents(req: Request, res: Response, opts: SseOptions): Promise<void> {
@@ -144,8 +148,7 @@ async function openStream(req: Request, res: Response, opts: SseOptions, leave: 
   if (opts.afterId !== '0-0' && Number(opts.afterId.split('-')[0]) > Date.now() + FUTURE_ID_MARGIN_MS)
     throw new ValidationError('Last-Event-ID is after the last event of this stream', [
       {
-        // where the id came from: the header takes over from the query (lastEventIdOf)
-        path: typeof req.headers['last-event-id'] === 'string' && req.headers['last-event-id'] ? '/header/last-event-id' : '/query/last_event_id',
+        path: lastEventIdHeader(req) !== null ? '/header/last-event-id' : '/query/last_event_id',
         message: newest === '0-0' ? 'must be an id this stream sent' : `must be an id this stream sent (its newest is ${newest})`,
       },
     ]);
