@@ -1,4 +1,5 @@
 // Builds the Express app from its dependencies. Opens no connection: api/main.ts and main.ts do.
+import { METHODS } from 'node:http';
 import express, { type Express, type Request, type RequestHandler } from 'express';
 import * as OpenApiValidator from 'express-openapi-validator';
 import { fastRouteLookup } from './route-matchers.js';
@@ -252,8 +253,8 @@ function otherMethods(spec: OpenApiDocument, opts: { docs: boolean; signIn: bool
     .filter(([template]) => served(template))
     .map(([template, item]) => {
       const methods = Object.keys(item as object)
-        .filter((m) => HTTP_METHODS.has(m))
-        .map((m) => m.toUpperCase());
+        .map((m) => m.toUpperCase())
+        .filter((m) => METHODS.includes(m));
       if (methods.includes('GET')) methods.push('HEAD');
       // as the health, docs and sign-in routers match: any case
       return { path: pathPattern(template, { anyCase: true }), methods };
@@ -264,5 +265,3 @@ function otherMethods(spec: OpenApiDocument, opts: { docs: boolean; signIn: bool
     throw Object.assign(new Error(`${req.method} method not allowed`), { status: 405, headers: { Allow: route.methods.join(', ') } });
   };
 }
-
-const HTTP_METHODS = new Set(['get', 'put', 'post', 'delete', 'options', 'head', 'patch', 'trace']);

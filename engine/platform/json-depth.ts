@@ -67,62 +67,45 @@ const PLUS = 0x2b;
 const isDigit = (c: number | undefined) => c !== undefined && c >= DIGIT_0 && c <= DIGIT_9;
 
 /**
- * True when a number of the JSON text is too large for a double (`1e309`, `-1e400`, 309 digits): JSON.parse
- * makes it ±Infinity, which is stored as null (what was stored is not what was sent), and which the canonical
- * form of a request (its idempotency fingerprint) cannot hold. A number's size is told from its digits and
- * exponent as they are read; only one whose power of ten is 308 or more is read as a number, to be sure. A
- * malformed number (`1e`) is not one: the parser refuses it as such.
+ * Reads the number that starts at `start` (a `-` or a digit outside a string): where it ends, and whether it is
+ * too large for a double (`1e309`, `-1e400`, 309 digits). JSON.parse makes such a number ±Infinity, which is
+ * stored as null (what was stored is not what was sent), and which the canonical form of a request (its
+ * idempotency fingerprint) cannot hold. Its size is told from its digits and exponent as they are read; only one
+ * whose power of ten is 308 or more is read as a number, to be sure. A malformed number (`1e`) does not
+ * overflow: the parser refuses it as such.
  */
-export function hasOverflowingNumber(text: Uint8Array): boolean {
-  let inString = false;
-  for (let i = 0; i < text.length; i++) {
-    const c = text[i]!;
-    if (inString) {
-      if (c === BACKSLASH) i++;
-      else if (c === QUOTE) inString = false;
-      continue;
-    }
-    if (c === QUOTE) {
-      inString = true;
-      continue;
-    }
-    if (c !== MINUS && !isDigit(c)) continue;
-    const start = i;
-    if (c === MINUS) i++;
-    // the power of ten of its first significant digit: the integer's digits after its leading zeros, or the
-    // fraction's zeros before its first other digit
-    let power = -1;
-    let significant = false;
-    for (; isDigit(text[i]); i++) {
-      if (significant) power++;
-      else if (text[i] !== DIGIT_0) {
-        significant = true;
-        power = 0;
-      }
-    }
-    if (text[i] === DOT)
-      for (i++; isDigit(text[i]); i++) {
-        if (significant) continue;
-        if (text[i] !== DIGIT_0) significant = true;
-        else power--;
-      }
-    let exponent = 0;
-    if (text[i] === LOWER_E || text[i] === UPPER_E) {
-      i++;
-      const negative = text[i] === MINUS;
-      if (negative || text[i] === PLUS) i++;
-      // held below a bound that keeps the sum exact: an exponent that large is past any double's either way
-      for (; isDigit(text[i]); i++) exponent = Math.min(exponent * 10 + (text[i]! - DIGIT_0), 1e6);
-      if (negative) exponent = -exponent;
-    }
-    const end = i;
-    i--; // the loop's own step reads the byte after the number
-    if (significant && power + exponent >= 308) {
-      const n = Number(Buffer.from(text.buffer, text.byteOffset + start, end - start).toString('latin1'));
-      if (Math.abs(n) === Infinity) return true;
+function readNumber(text: Uint8Array, start: number): { end: number; overflows: boolean } {
+  let i = start;
+  if (text[i] === MINUS) i++;
+  // the power of ten of its first significant digit: the integer's digits after its leading zeros, or the
+  // fraction's zeros before its first other digit
+  let power = -1;
+  let significant = false;
+  for (; isDigit(text[i]); i++) {
+    if (significant) power++;
+    else if (text[i] !== DIGIT_0) {
+      significant = true;
+      power = 0;
     }
   }
-  return false;
+  if (text[i] === DOT)
+    for (i++; isDigit(text[i]); i++) {
+      if (significant) continue;
+      if (text[i] !== DIGIT_0) significant = true;
+      else power--;
+    }
+  let exponent = 0;
+  if (text[i] === LOWER_E || text[i] === UPPER_E) {
+    i++;
+    const negative = text[i] === MINUS;
+    if (negative || text[i] === PLUS) i++;
+    // held below a bound that keeps the sum exact: an exponent that large is past any double's either way
+    for (; isDigit(text[i]); i++) exponent = Math.min(exponent * 10 + (text[i]! - DIGIT_0), 1e6);
+    if (negative) exponent = -exponent;
+  }
+  const overflows =
+    significant && power + exponent >= 308 && Math.abs(Number(Buffer.from(text.buffer, text.byteOffset + start, i - start).toString('latin1'))) === Infinity;
+  return { end: i, overflows };
 }
 
 /**
@@ -154,11 +137,13 @@ export const MAX_JSON_VALUES = 50_000;
  */
 export function unsafeJson(text: Buffer, what = 'the body'): { detail: string; rule: string } | null {
   if (!isUtf8(text)) return { detail: `${what} is not UTF-8, which JSON is (RFC 8259)`, rule: 'must be UTF-8' };
-  if (nestsDeeperThan(text))
+  // its depth and its numbers in one pass over the bytes
+  const over = overLimit(text, { depth: MAX_JSON_DEPTH, numbers: true });
+  if (over === 'depth')
     return { detail: `${what} nests deeper than ${MAX_JSON_DEPTH} levels`, rule: `must not nest objects and arrays deeper than ${MAX_JSON_DEPTH} levels` };
   if (hasLoneSurrogate(text))
     return { detail: `${what} holds a lone surrogate (a \\ud800-\\udfff escape without its other half)`, rule: 'strings must be well-formed Unicode' };
-  if (hasOverflowingNumber(text)) return { detail: `${what} holds a number too large for a double (beyond ±1.8e308)`, rule: 'numbers must be finite doubles' };
+  if (over === 'number') return { detail: `${what} holds a number too large for a double (beyond ±1.8e308)`, rule: 'numbers must be finite doubles' };
   return null;
 }
 
@@ -166,11 +151,16 @@ const COMMA = 0x2c;
 
 /**
  * The first of its limits the JSON text passes, or null: how deep objects and arrays nest, how many values it
- * holds (objects, arrays and what commas separate), how many items one list holds. Brackets and commas inside
- * strings do not count. One pass over the bytes.
+ * holds (objects, arrays and what commas separate), how many items one list holds; with `numbers`, whether a
+ * number is too large for a double (`number`, told only when no other limit is passed). Brackets, commas and
+ * digits inside strings do not count. One pass over the bytes.
  */
-function overLimit(text: Uint8Array, limits: { depth?: number; values?: number; items?: number }): 'depth' | 'values' | 'items' | null {
-  const { depth = Infinity, values: valuesMax = Infinity, items = Infinity } = limits;
+function overLimit(
+  text: Uint8Array,
+  limits: { depth?: number; values?: number; items?: number; numbers?: boolean },
+): 'depth' | 'values' | 'items' | 'number' | null {
+  const { depth = Infinity, values: valuesMax = Infinity, items = Infinity, numbers = false } = limits;
+  let overflows = false;
   let values = 0;
   // per open container: the commas seen at its level, or -1 for an object (its members are not counted)
   const commas: number[] = [];
@@ -190,9 +180,13 @@ function overLimit(text: Uint8Array, limits: { depth?: number; values?: number; 
       const top = commas.length - 1;
       const seen = top < 0 ? -1 : commas[top]!;
       if (seen >= 0 && (commas[top] = seen + 1) >= items) return 'items';
+    } else if (numbers && (c === MINUS || isDigit(c))) {
+      const number = readNumber(text, i);
+      overflows ||= number.overflows;
+      i = number.end - 1; // the loop's own step reads the byte after the number
     }
   }
-  return null;
+  return overflows ? 'number' : null;
 }
 
 /**

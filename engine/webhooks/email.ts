@@ -224,7 +224,7 @@ function verifiedFrom(from: string | null, vouched: Vouched): string | null {
  * envelope-from=mallory@evil.example`: the HELO is the sender's to choose, and SPF passed for evil.example). A
  * header that does not parse, or names the sender twice, vouches for no one.
  */
-export function spfPassedIn(receivedSpf: string | undefined): string | null {
+function spfPassedIn(receivedSpf: string | undefined): string | null {
   if (!receivedSpf) return null;
   const h = receivedSpf;
   let i = 0;
@@ -276,7 +276,7 @@ export function spfPassedIn(receivedSpf: string | undefined): string | null {
 }
 
 /** The domains a SendGrid `dkim` field says passed (`{@a.example : pass, @b.example : fail}`), each entry read whole. */
-export function dkimPassedIn(dkim: string | undefined): string[] {
+function dkimPassedIn(dkim: string | undefined): string[] {
   const list = (dkim ?? '').trim().replace(/^\{(.*)\}$/s, '$1');
   return list
     .split(',')
