@@ -1,6 +1,8 @@
 // `npm test`: the suite in two parts, so that it stays within five minutes on two cores. Most spec
-// files run in parallel (mocha --parallel, two workers since 2026-11-29: with three, the time bounds of three
-// full runs in a row on a slower machine failed 3, 1 and 2 tests, each a different one, under the load). The files that hold the service to its tightest time bounds (an
+// files run in parallel (mocha --parallel, three workers: they wait more than they compute, the suite's CPU was
+// 428 s in 7 min 10 s with two, about one core busy; three took that part from 347 s to 281 s on 2026-11-30,
+// and passed beside a busy loop taking a whole core; two from 2026-11-29, when three runs in a row on a slower
+// machine each failed a different time bound, bounds of work since measured in CPU time, test/support/cpu.ts). The files that hold the service to its tightest time bounds (an
 // answer within 2 s while Redis is down, a budget that ends an agent run within 3 s, a process's exit within its grace)
 // run before them, apart from the rest, so another file's load cannot make them lie. The closing line CI reads adds both parts up: `N passed, N failed, N skipped`.
 import { spawn } from 'node:child_process';
@@ -14,7 +16,7 @@ const mocha = path.join(root, 'node_modules', 'mocha', 'bin', 'mocha.js');
  * process.test.ts since 2026-11-29: its processes must exit within a grace period of 2 or 3 s, and under the other
  * files' load on a slower machine their timers fired up to 1.4 s late (2 failures in 4 runs of the suite there) */
 const ALONE = ['test/e2e/redis-outage.test.ts', 'test/e2e/agent.test.ts', 'test/e2e/api-keys.test.ts', 'test/e2e/process.test.ts'];
-const JOBS = process.env.TEST_JOBS ?? '2';
+const JOBS = process.env.TEST_JOBS ?? '3';
 /** every spec file (.mocharc.json names none: this script gives them) */
 const SPEC = ['test/unit/**/*.test.ts', 'test/integration/**/*.test.ts', 'test/e2e/**/*.test.ts'];
 const SUMMARY = /^(\d+) passed, (\d+) failed, (\d+) skipped$/m;

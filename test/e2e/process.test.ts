@@ -259,8 +259,9 @@ describe('processes', function () {
       worker.child.kill('SIGTERM');
       expect((await worker.exited).code, worker.out()).to.equal(0);
       expect((await h.call('GET', `/api/v1/runs/${id}`)).body, 'a deploy, not the run’s failure').to.deep.include({ status: 'queued', attempt: 2 });
-      // a step killed by the same signal while no shutdown is under way is the run's own failure
-      const other = start('workers/main.ts', { ...sameDeployment(h), REDIS_URL: h.config.redisUrl });
+      // a step killed by the same signal while no shutdown is under way is the run's own failure (this worker
+      // takes the first run's attempt 2 too: its shortest grace, so that its stop waits 0.75 s for it, not 7.5)
+      const other = start('workers/main.ts', { ...sameDeployment(h), REDIS_URL: h.config.redisUrl, SERVICE_SHUTDOWN_GRACE_SECONDS: '1' });
       procs.push(other);
       await waitFor(other, /workers ready/);
       const lone = `sleep ${13_000 + Math.floor(Math.random() * 3000)}`;
