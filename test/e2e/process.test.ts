@@ -35,12 +35,12 @@ describe('processes', function () {
     // `script` gives the service a pseudo-terminal as its stdout
     const cmd = [process.execPath, builtEntry('main.ts')].map((a) => `'${a}'`).join(' ');
     const p = spawnProc('script', ['-qfec', cmd, '/dev/null'], env());
-    procs.push(p);
+    // and one beside it whose stdout is a pipe
+    const json = start('main.ts', env());
+    procs.push(p, json);
     await waitFor(p, /listening on http:\/\/localhost:\d+/);
     await waitFor(p, /INFO\S*: \S*workers ready/);
     expect(p.out()).not.to.contain('"level":30');
-    const json = start('main.ts', env());
-    procs.push(json);
     await waitFor(json, /"msg":"workers ready"/);
     expect(json.out()).not.to.contain('template loaded');
   });
