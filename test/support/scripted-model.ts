@@ -85,6 +85,11 @@ export async function startScriptedModel(script: ScriptedTurn[]): Promise<Script
   return {
     url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/v1`,
     requests,
-    close: () => new Promise((r) => server.close(() => r())),
+    // a turn still delayed or stalling is cut, not waited out (server.close waited for each: 3-4 s of a timeout's test)
+    close: () =>
+      new Promise((r) => {
+        server.close(() => r());
+        server.closeAllConnections();
+      }),
   };
 }
