@@ -1,11 +1,10 @@
 // `npm test`: the suite in two parts, so that it stays within five minutes on two cores. Most spec
-// files run in parallel (mocha --parallel, three workers: they wait more than they compute, the suite's CPU was
-// 428 s in 7 min 10 s with two, about one core busy; three took that part from 347 s to 281 s on 2026-11-30,
-// and passed beside a busy loop taking a whole core; two from 2026-11-29, when three runs in a row on a slower
-// machine each failed a different time bound, bounds of work since measured in CPU time, test/support/cpu.ts). The files that hold the service to its tightest time bounds (an
+// files run in parallel (mocha --parallel, three workers, or two on a slow machine: SLOW_FIRST_PART_S below;
+// bounds of work are measured in CPU time, test/support/cpu.ts). The files that hold the service to its tightest time bounds (an
 // answer within 2 s while Redis is down, a budget that ends an agent run within 3 s, a process's exit within its grace)
 // run before them, apart from the rest, so another file's load cannot make them lie. The closing line CI reads adds both parts up: `N passed, N failed, N skipped`.
 import { spawn } from 'node:child_process';
+import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -16,9 +15,36 @@ const mocha = path.join(root, 'node_modules', 'mocha', 'bin', 'mocha.js');
  * process.test.ts since 2026-11-29: its processes must exit within a grace period of 2 or 3 s, and under the other
  * files' load on a slower machine their timers fired up to 1.4 s late (2 failures in 4 runs of the suite there) */
 const ALONE = ['test/e2e/redis-outage.test.ts', 'test/e2e/agent.test.ts', 'test/e2e/api-keys.test.ts', 'test/e2e/process.test.ts'];
-const JOBS = process.env.TEST_JOBS ?? '3';
-/** every spec file (.mocharc.json names none: this script gives them) */
-const SPEC = ['test/unit/**/*.test.ts', 'test/integration/**/*.test.ts', 'test/e2e/**/*.test.ts'];
+/**
+ * The rest's workers, unless TEST_JOBS says: three, or two on a machine the first part finds slow. Three took the
+ * rest from 347 s to 281 s on 2026-11-30 (the files wait more than they compute: with two, about one core was
+ * busy) and passed beside a busy loop taking a whole core, the first part then 62 s; on a slower machine
+ * (2026-11-29, a twenty-fourth), three runs in a row with three workers each failed a different time bound.
+ */
+const SLOW_FIRST_PART_S = 65;
+/**
+ * The files that took longest alone (2026-11-30, in seconds: gates 63, triggers 55, audit 50, cli 34, lifecycle 32,
+ * process-refusals 31, connections 30), handed out first: the triggers file, handed out near the end, ended a run
+ * 24 s after the other workers had run out of files.
+ */
+const LONGEST = [
+  'test/e2e/gates.test.ts',
+  'test/e2e/triggers.test.ts',
+  'test/e2e/audit.test.ts',
+  'test/e2e/cli.test.ts',
+  'test/e2e/lifecycle.test.ts',
+  'test/e2e/process-refusals.test.ts',
+  'test/e2e/connections.test.ts',
+];
+/** every spec file (.mocharc.json names none: this script gives them), the longest first, then by folder and name */
+const SPEC = ['test/unit', 'test/integration', 'test/e2e'].flatMap((dir) =>
+  fs
+    .readdirSync(path.join(root, dir), { recursive: true })
+    .filter((f) => f.endsWith('.test.ts'))
+    .sort()
+    .map((f) => `${dir}/${f}`),
+);
+const REST = [...LONGEST.filter((f) => SPEC.includes(f)), ...SPEC.filter((f) => !LONGEST.includes(f) && !ALONE.includes(f))];
 const SUMMARY = /^(\d+) passed, (\d+) failed, (\d+) skipped$/m;
 
 /** Runs mocha with the project's .mocharc.json and these arguments; echoes its output; its counts. */
@@ -33,19 +59,20 @@ function run(name, args) {
     });
     child.on('close', (code) => {
       const m = SUMMARY.exec(out.trimEnd().split('\n').at(-1) ?? '');
-      process.stdout.write(`test: ${name} took ${((Date.now() - started) / 1000).toFixed(1)} s\n`);
+      const seconds = (Date.now() - started) / 1000;
+      process.stdout.write(`test: ${name} took ${seconds.toFixed(1)} s\n`);
       // no summary at all (mocha could not start): a failure of its own
-      resolve(m ? { passed: +m[1], failed: +m[2], skipped: +m[3], code } : { passed: 0, failed: 1, skipped: 0, code: code || 1 });
+      resolve({ ...(m ? { passed: +m[1], failed: +m[2], skipped: +m[3], code } : { passed: 0, failed: 1, skipped: 0, code: code || 1 }), seconds });
     });
   });
 }
 
 // the timing-bound files first, on a machine nothing else has warmed or left busy (a file's leftover processes)
 // (side by side with each other: together they keep less than one core busy, mostly waiting on the outages they make)
-const parts = [
-  await run('the time-bound files', ['--parallel', '--jobs', String(ALONE.length), ...ALONE]),
-  await run('the rest', ['--parallel', '--jobs', JOBS, ...SPEC, ...ALONE.flatMap((f) => ['--ignore', f])]),
-];
+const first = await run('the time-bound files', ['--parallel', '--jobs', String(ALONE.length), ...ALONE]);
+const jobs = process.env.TEST_JOBS ?? (first.seconds > SLOW_FIRST_PART_S ? '2' : '3');
+process.stdout.write(`test: the rest with ${jobs} mocha workers${process.env.TEST_JOBS ? ' (TEST_JOBS)' : ''}\n`);
+const parts = [first, await run('the rest', ['--parallel', '--jobs', jobs, ...REST])];
 const total = parts.reduce((a, p) => ({ passed: a.passed + p.passed, failed: a.failed + p.failed, skipped: a.skipped + p.skipped }), {
   passed: 0,
   failed: 0,
