@@ -283,8 +283,8 @@ describe('gates in the service', function () {
     };
     const first = await timed();
     expect(first.body.ready).to.equal(true);
-    // the best of up to ten (2-9 ms each on a quiet machine; 58-80 ms for each of three while the suite's four
-    // longest files started together; the first digest takes a second)
+    // the best of up to ten (2-9 ms each on a quiet machine; 58-80 ms for each of three while the suite's
+    // longest files ran together; the first digest takes a second)
     const again = [await timed(), await timed(), await timed()];
     while (again.length < 10 && Math.min(...again.map((t) => t.ms)) >= 50) again.push(await timed());
     console.log(`      smart gates on 5,000 files: first ${first.ms.toFixed(1)} ms, then ${again.map((t) => t.ms.toFixed(1)).join(' / ')} ms`);
