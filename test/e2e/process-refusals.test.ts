@@ -38,21 +38,25 @@ describe('processes that refuse to start', function () {
         await fs.mkdir(dir, { recursive: true });
         await Promise.all(Array.from({ length: 100 }, (_, f) => fs.writeFile(path.join(dir, `f${f}.txt`), '')));
       }
-      for (const entry of ['workers/main.ts', 'main.ts']) {
-        const p = start(entry, { ...shared, ...(entry === 'main.ts' ? { PORT: '0' } : {}) });
-        procs.push(p);
-        // the runtime is open, the workers not yet made: Node's own action for SIGTERM killed the process here
-        await waitFor(p, /runtime open/);
-        p.child.kill('SIGTERM');
-        const { code, signal } = await p.exited;
-        expect({ code, signal }, p.out()).to.deep.equal({ code: 0, signal: null });
-        expect(p.out(), entry)
-          .to.match(/"starting":true.*shutting down/)
-          .and.match(/workers take no job: the process was asked to stop as it started/)
-          .and.match(/stopped cleanly/);
-        // never taken: still on its first attempt
-        expect((await h.call('GET', `/api/v1/runs/${id}`)).body, entry).to.deep.include({ status: 'queued', attempt: 1 });
-      }
+      // the two side by side
+      const entries = ['workers/main.ts', 'main.ts'];
+      const started = entries.map((entry) => start(entry, { ...shared, ...(entry === 'main.ts' ? { PORT: '0' } : {}) }));
+      procs.push(...started);
+      await Promise.all(
+        started.map(async (p, i) => {
+          // the runtime is open, the workers not yet made: Node's own action for SIGTERM killed the process here
+          await waitFor(p, /runtime open/);
+          p.child.kill('SIGTERM');
+          const { code, signal } = await p.exited;
+          expect({ code, signal }, p.out()).to.deep.equal({ code: 0, signal: null });
+          expect(p.out(), entries[i])
+            .to.match(/"starting":true.*shutting down/)
+            .and.match(/workers take no job: the process was asked to stop as it started/)
+            .and.match(/stopped cleanly/);
+        }),
+      );
+      // never taken: still on its first attempt
+      expect((await h.call('GET', `/api/v1/runs/${id}`)).body).to.deep.include({ status: 'queued', attempt: 1 });
       expect(processesMatching(marker)).to.equal(0);
     } finally {
       await h.close();
@@ -68,7 +72,7 @@ describe('processes that refuse to start', function () {
   });
 
   it('says in one line which setting it cannot start with (a port in use, a data dir that is a file, a key given to two tenants), and takes no run first', async function () {
-    // seven processes started one after another (40 s under a loaded machine, past the file's bound)
+    // five processes, three then two side by side (seven one after another took 40 s under a loaded machine)
     this.timeout(90_000);
     const h = await startHarness({ workers: false });
     try {
@@ -78,32 +82,37 @@ describe('processes that refuse to start', function () {
         ids.push((await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: marker } }] } })).body.run_id);
       const port = new URL(h.url).port;
       const shared = { ...sameDeployment(h), REDIS_URL: h.config.redisUrl, SERVICE_API_KEYS: `tenant-a:${KEYS.a}` };
-      for (const [entry, variable, extra] of [
-        ['main.ts', 'PORT', { PORT: port }],
-        ['api/main.ts', 'PORT', { PORT: port }],
-        ['workers/main.ts', 'SERVICE_WORKER_METRICS_PORT', { SERVICE_WORKER_METRICS_PORT: port }],
-      ] as const) {
-        const p = start(entry, { ...shared, ...extra });
-        procs.push(p);
+      // the three side by side
+      const refused = (
+        [
+          ['main.ts', 'PORT', { PORT: port }],
+          ['api/main.ts', 'PORT', { PORT: port }],
+          ['workers/main.ts', 'SERVICE_WORKER_METRICS_PORT', { SERVICE_WORKER_METRICS_PORT: port }],
+        ] as const
+      ).map(([entry, variable, extra]) => ({ entry, variable, p: start(entry, { ...shared, ...extra }) }));
+      procs.push(...refused.map((r) => r.p));
+      for (const { entry, variable, p } of refused) {
         const { code } = await p.exited;
         expect(code, p.out()).to.equal(1);
         expect(p.out(), entry).to.contain(`${variable}: port ${port} is in use by another process`);
         expect(p.out(), entry).not.to.contain('start-up failed');
-        // its workers never took a run: both are still queued, on their first attempt (taken, each was lost)
-        for (const id of ids) expect((await h.call('GET', `/api/v1/runs/${id}`)).body, entry).to.deep.include({ status: 'queued', attempt: 1 });
       }
+      // their workers never took a run: both are still queued, on their first attempt (taken, each was lost)
+      for (const id of ids) expect((await h.call('GET', `/api/v1/runs/${id}`)).body).to.deep.include({ status: 'queued', attempt: 1 });
       expect(processesMatching(marker)).to.equal(0);
     } finally {
       await h.close();
     }
     const file = path.join(dataDir(), 'a-file');
     await fs.writeFile(file, '');
-    for (const [bad, said] of [
-      [{ SERVICE_DATA_DIR: file }, `SERVICE_DATA_DIR: ${file} cannot be used as a folder`],
-      [{ SERVICE_API_KEYS: `acme:${KEYS.a},other:${KEYS.a}` }, 'SERVICE_API_KEYS: entry 2 gives tenant other the key entry 1 gives tenant acme'],
-    ] as const) {
-      const p = start('api/main.ts', { ...env(), ...bad });
-      procs.push(p);
+    const bad = (
+      [
+        [{ SERVICE_DATA_DIR: file }, `SERVICE_DATA_DIR: ${file} cannot be used as a folder`],
+        [{ SERVICE_API_KEYS: `acme:${KEYS.a},other:${KEYS.a}` }, 'SERVICE_API_KEYS: entry 2 gives tenant other the key entry 1 gives tenant acme'],
+      ] as const
+    ).map(([setting, said]) => ({ said, p: start('api/main.ts', { ...env(), ...setting }) }));
+    procs.push(...bad.map((b) => b.p));
+    for (const { said, p } of bad) {
       expect((await p.exited).code).to.equal(1);
       expect(p.out()).to.contain(said);
       expect(p.out()).not.to.contain('start-up failed');
