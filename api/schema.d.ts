@@ -1326,7 +1326,9 @@ export interface paths {
          * @description Matches a processed delivery against the tenant's automations again, as they are now, and starts
          *     their runs, without verifying it again (it was verified when it arrived). The new runs are added
          *     to `runs` and `attempts` grows by one. A rejected or not yet processed delivery is a 409, as is one
-         *     whose event was deleted past its retention (`payload_pruned_at`).
+         *     whose event was deleted past its retention (`payload_pruned_at`). A replay that can start none of its
+         *     runs for now (the tenant's line of waiting runs full: 429 with `Retry-After`; Redis or the store not
+         *     answering: 503) changes nothing: the delivery stays as it was and `attempts` does not grow.
          */
         post: operations["replayWebhookDelivery"];
         delete?: never;

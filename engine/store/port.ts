@@ -345,6 +345,11 @@ export interface DeliveryRepo {
    */
   addAttempt(tenantId: string, id: string, ifStatusIn: DeliveryStatus[]): Promise<WebhookDelivery | null>;
   /**
+   * Gives back the attempt `attempt` claimed by `addAttempt` (a replay that started nothing): one less, only while
+   * it is still the delivery's latest (a replay claimed after it keeps its own number). Whether it was given back.
+   */
+  releaseAttempt(tenantId: string, id: string, attempt: number): Promise<boolean>;
+  /**
    * Appends `runs` to a delivery's runs and applies `changes` while its status is one of `ifStatusIn`, in
    * one atomic write (two replays at once keep both their runs): the record after, or null.
    */

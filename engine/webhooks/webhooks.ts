@@ -483,7 +483,14 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
         pruned(await store.deliveries.get(tenantId, d.id));
         throw new ConflictError('this delivery changed while replaying; retry');
       }
-      const { runs, error } = await dispatch(claimed, claimed.attempts);
+      const { runs, error, transient } = await dispatch(claimed, claimed.attempts);
+      if (transient && !runs.length) {
+        // nothing started (the tenant's line full, Redis or the store not answering): refused as a new run would
+        // be (429 with Retry-After, or 503), the delivery as it was, its attempt given back. A run stored before
+        // the failure keeps its key, which the next replay then uses again and finds: it does not run twice.
+        await store.deliveries.releaseAttempt(tenantId, d.id, claimed.attempts).catch(() => false);
+        throw transient;
+      }
       // appended, not written over: a replay finishing at the same time keeps its runs too
       const done = await store.deliveries.addRuns(
         tenantId,

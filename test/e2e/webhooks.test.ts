@@ -1158,6 +1158,32 @@ describe('webhook intake', function () {
           all.filter((x) => x.automation_id === held.runs[0].automation_id),
           'the first automation ran once',
         ).to.have.length(1);
+
+        // a replay while the line is full starts nothing: refused as a new run is (429, Retry-After), the delivery
+        // as it was, its attempt given back; once the line has room, the replay starts both again
+        const again = releasable(full, 'release-line-full-replay');
+        try {
+          expect((await full.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: again.command } }] } })).status).to.equal(
+            202,
+          );
+          const waiting = await full.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'message', args: { text: 'waits' } }] } });
+          expect(waiting.status, waiting.text).to.equal(202);
+          const refused = await full.call<Body>('POST', `/api/v1/webhook-deliveries/${id}/replay`);
+          expect(refused.status, refused.text).to.equal(429);
+          expect(refused.body.code).to.equal('rate-limited');
+          expect(Number(refused.headers.get('retry-after'))).to.be.greaterThan(0);
+          const unchanged = (await full.call<Body>('GET', `/api/v1/webhook-deliveries/${id}`)).body;
+          expect(unchanged).to.deep.include({ status: 'processed', attempts: 1, error: null });
+          expect(unchanged.runs).to.deep.equal(processed.runs);
+          await again.release();
+          await finishedRun(full, waiting.body.run_id);
+        } finally {
+          await again.clear();
+        }
+        const replayed = await full.call<Body>('POST', `/api/v1/webhook-deliveries/${id}/replay`);
+        expect(replayed.status, replayed.text).to.equal(200);
+        expect(replayed.body).to.deep.include({ status: 'processed', attempts: 2, error: null });
+        expect(replayed.body.runs).to.have.length(4);
       } finally {
         await full.close();
       }

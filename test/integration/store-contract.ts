@@ -1337,6 +1337,12 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       const both = (await store.deliveries.get('t5', replayed.id))!;
       expect(both.runs.map((r) => r.run_id).sort()).to.deep.equal(['run_0', 'run_1', 'run_2', 'run_3']);
       expect(await store.deliveries.addAttempt('t5', replayed.id, ['received'])).to.equal(null);
+      // an attempt given back (a replay that started nothing) only while it is still the latest
+      expect(await store.deliveries.releaseAttempt('t5', replayed.id, 3)).to.equal(false);
+      expect(await store.deliveries.releaseAttempt('t6', replayed.id, 4)).to.equal(false);
+      expect(await store.deliveries.releaseAttempt('t5', replayed.id, 4)).to.equal(true);
+      expect((await store.deliveries.get('t5', replayed.id))!).to.deep.include({ attempts: 3, status: 'processed' });
+      expect((await store.deliveries.get('t5', replayed.id))!.runs).to.have.length(4);
       expect(await store.deliveries.addAttempt('t6', replayed.id, ['processed'])).to.equal(null);
       // by the body's digest: an accepted delivery of the tenant and kind, never a rejected one or another tenant's
       const digest = 'cd'.repeat(32);

@@ -58,6 +58,10 @@ export function deliveryRepo(model: Model<Stored<WebhookDelivery>>): DeliveryRep
         .lean<Stored<WebhookDelivery>>();
       return fromStored(updated);
     },
+    async releaseAttempt(tenantId, id, attempt) {
+      const released = await model.updateOne({ _id: id, tenant_id: tenantId, attempts: attempt }, { $inc: { attempts: -1 } });
+      return released.modifiedCount === 1;
+    },
     async addRuns(tenantId, id, runs, changes, ifStatusIn) {
       const updated = await model
         .findOneAndUpdate(

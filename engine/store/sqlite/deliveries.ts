@@ -94,6 +94,14 @@ export function deliveryRepo(db: Db): DeliveryRepo {
     async addAttempt(tenantId, id, ifStatusIn) {
       return commit(() => update(tenantId, id, (d) => ({ attempts: d.attempts + 1 }), ifStatusIn, true));
     },
+    async releaseAttempt(tenantId, id, attempt) {
+      return commit(() => {
+        const current = read(get.get(tenantId, id));
+        if (current?.attempts !== attempt) return false;
+        write.run(current.status, JSON.stringify({ ...current, attempts: attempt - 1 }), tenantId, id);
+        return true;
+      });
+    },
     async addRuns(tenantId, id, runs, changes, ifStatusIn) {
       return commit(() => update(tenantId, id, (d) => ({ ...changes, runs: [...d.runs, ...runs] }), ifStatusIn));
     },
