@@ -578,12 +578,15 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
           request_id: requestId,
         };
       }).catch((err: unknown) => {
-        // the request has no body: a workspace gone since the run is the run's state, not a field of the request
-        if (err instanceof ValidationError && err.errors.some((e) => e.path === '/body/workspace'))
+        // the request has no body: what the checks refuse is the run's state under today's settings (a workspace
+        // gone since, a budget over a SERVICE_RUN_MAX_BUDGET_SECONDS lowered since), not a field of the request
+        if (!(err instanceof ValidationError)) throw err;
+        if (err.errors.some((e) => e.path === '/body/workspace'))
           throw new ConflictError(`run ${id}'s workspace ${workspaceOf(first)} is no longer a folder inside the workspace root: it cannot run there again`, {
             workspace: workspaceOf(first),
           });
-        throw err;
+        const fields = err.errors.map((e) => ({ field: e.path.replace(/^\/body\//, ''), message: e.message }));
+        throw new ConflictError(`run ${id} cannot run again as it ran: ${fields.map((f) => `its ${f.field} ${f.message}`).join('; ')}`, { fields });
       });
     },
 

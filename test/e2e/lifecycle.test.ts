@@ -456,6 +456,22 @@ describe('run lifecycle', function () {
     const refused = await h.call<Body>('POST', `/api/v1/runs/${gone}/rerun`);
     expect(refused.status, refused.text).to.equal(409);
     expect(refused.body.detail).to.equal(`run ${gone}'s workspace gone-later is no longer a folder inside the workspace root: it cannot run there again`);
+    // a budget over a SERVICE_RUN_MAX_BUDGET_SECONDS lowered since: a 409 that names the run's budget, not a 400
+    // about a body the request never had (the same deployment, restarted with the lower bound)
+    const long = await start({ steps: [{ tool: 'message', args: { text: 'x' } }], budget_seconds: 2000 });
+    await finishedRun(h, long);
+    const lowered = await startHarness({
+      workers: false,
+      env: { ...sameDeployment(h), SERVICE_RUN_MAX_BUDGET_SECONDS: '300', SERVICE_RUN_DEFAULT_BUDGET_SECONDS: '120' },
+    });
+    try {
+      const over = await lowered.call<Body>('POST', `/api/v1/runs/${long}/rerun`);
+      expect(over.status, over.text).to.equal(409);
+      expect(over.body.code).to.equal('conflict');
+      expect(over.body.detail).to.equal(`run ${long} cannot run again as it ran: its budget_seconds must be at most 300 (SERVICE_RUN_MAX_BUDGET_SECONDS)`);
+    } finally {
+      await lowered.close();
+    }
   });
 
   it('re-runs an automation’s run only while the automation is enabled, and never a session task’s run on its own', async () => {
