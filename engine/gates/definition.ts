@@ -35,6 +35,11 @@ export type GateSet = {
 };
 
 export const GATE_FILES = ['gates.yaml', '.gates.yaml'] as const;
+/**
+ * The name of a gate run's seal job, whose id is the gate run's id and this, as each gate's job id is the gate run's
+ * and the gate's id (engine/platform/queues.ts jobTree): a gate of this id is refused, as its job would be the seal's.
+ */
+export const SEAL_JOB = 'seal';
 const DETECTED_SCRIPTS = ['typecheck', 'lint', 'test', 'build'] as const;
 const DEFAULT_TIMEOUT_SECONDS = 600;
 /** The largest package.json read for its scripts (a gate file may be 256 KB). */
@@ -125,6 +130,7 @@ export async function loadGateSet(workspace: string): Promise<GateSet> {
       const g = item as Record<string, unknown>;
       if (g.id !== undefined && ids.has(g.id)) errors.push({ path: `/gates/${i}/id`, message: `repeats the id ${String(g.id)}` });
       ids.add(g.id);
+      if (g.id === SEAL_JOB) errors.push({ path: `/gates/${i}/id`, message: `${SEAL_JOB} is reserved (the gate run's own job); choose another id` });
       if (Boolean(g.run) === Boolean(g.builtin)) errors.push({ path: `/gates/${i}`, message: 'needs either run or builtin' });
       if (g.shell && typeof g.run !== 'string') errors.push({ path: `/gates/${i}/run`, message: 'must be a string when shell is true' });
       if (!g.shell && typeof g.run === 'string') errors.push({ path: `/gates/${i}/run`, message: 'must be an argv array (or set shell: true)' });

@@ -22,7 +22,7 @@ import {
 } from '../platform/index.js';
 import { resolveWorkspace, tenantRoot } from '../runs/index.js';
 import type { Sandbox } from '../tools/index.js';
-import { loadGateSet } from './definition.js';
+import { loadGateSet, SEAL_JOB } from './definition.js';
 import { gateEnv, runGate, subjectOf } from './runner.js';
 import { FileHasher, gitState, type GitState } from './subject.js';
 
@@ -218,7 +218,7 @@ export function gateRunsOf(deps: GatesDeps) {
       jobTree(
         'gates',
         record.id,
-        { name: 'seal', data: data() },
+        { name: SEAL_JOB, data: data() },
         gates.map((id) => ({ key: id, name: 'gate', data: data(id) })),
       ),
     );
@@ -243,7 +243,7 @@ export function gateRunsOf(deps: GatesDeps) {
     const claim = `${queues.prefix}:gates:refill:${r.id}`;
     if ((await deps.redis.set(claim, '1', 'EX', REFILL_CLAIM_SECONDS, 'NX')) !== 'OK') return false;
     try {
-      if (await queues.get('gates').getJob(`${r.id}__seal`)) return false;
+      if (await queues.get('gates').getJob(`${r.id}__${SEAL_JOB}`)) return false;
       const reported = new Set((await store.gateRuns.results(r.tenant_id, r.id)).map((x) => x.gate_id));
       const unreported = r.gates.filter((g) => !reported.has(g));
       // what is left of the old jobs goes first (a job a live process holds refuses: the next pass tries again)
@@ -471,7 +471,7 @@ export function gateRunsOf(deps: GatesDeps) {
       staleAfter = page.length < STALE_GATE_RUNS_PAGE || !last ? undefined : { created_at: last.created_at, id: last.id };
       for (const r of page) {
         if (claimed.has(r.id) || elsewhere.has(r.id)) continue;
-        const seal = await queues.get('gates').getJob(`${r.id}__seal`);
+        const seal = await queues.get('gates').getJob(`${r.id}__${SEAL_JOB}`);
         const state = seal ? await seal.getState() : 'missing';
         // a seal job that completed with its run still running ended without sealing it: it found the claim of a
         // process that died sealing (the job was redelivered), and no job is left to seal the run

@@ -476,7 +476,10 @@ export interface GateRunRepo {
   putResult(tenantId: string, gateRunId: string, result: GateResult): Promise<void>;
   /** The results of one gate run, by gate id. */
   results(tenantId: string, gateRunId: string): Promise<GateResult[]>;
-  /** The latest result of each gate of a workspace, by when it finished, with the gate run it is of. */
+  /**
+   * The latest result of each gate of a workspace, by when it finished, with the gate run it is of: of a sealed
+   * gate run, and of a gate that ran (not the stand-in, with no `definition_digest`, of one its run did not run).
+   */
   latestResults(tenantId: string, workspace: string): Promise<{ gate_run_id: string; result: GateResult }[]>;
   /** The gate runs of a workspace that are running, newest first (their results are kept apart until sealed). */
   runningOf(tenantId: string, workspace: string): Promise<GateRunRecord[]>;

@@ -81,7 +81,7 @@ describe('gates', function () {
     await fs.mkdir(bad);
     await fs.writeFile(
       path.join(bad, 'gates.yaml'),
-      'gates:\n  - id: a\n    run: [x]\n    colour: red\n  - id: a\n    builtin: secret-scan\n  - id: B!\n  - id: c\n    run: "echo hi"\n  - id: d\n    run: [x]\n    pass: report\n',
+      'gates:\n  - id: a\n    run: [x]\n    colour: red\n  - id: a\n    builtin: secret-scan\n  - id: B!\n  - id: c\n    run: "echo hi"\n  - id: d\n    run: [x]\n    pass: report\n  - id: seal\n    run: [x]\n',
     );
     const err = await loadGateSet(bad).catch((e: unknown) => e);
     expect(err).to.be.instanceOf(GateSetInvalidError);
@@ -93,6 +93,8 @@ describe('gates', function () {
       '/gates/2 needs either run or builtin',
       '/gates/3/run must be an argv array (or set shell: true)',
       '/gates/4/report is required when pass is report',
+      // the gate run's own job has that id (a gate of it was never run, its gate run held until its budget ended)
+      "/gates/5/id seal is reserved (the gate run's own job); choose another id",
     ]);
     await fs.writeFile(
       path.join(bad, 'gates.yaml'),

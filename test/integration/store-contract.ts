@@ -1992,6 +1992,17 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
         ['lint', 'failure', running],
         ['test', 'success', succeeded],
       ]);
+      // a gate its sealed gate run did not run (the workspace's HEAD moved, or the gate left the set): the stand-in
+      // result the seal names is no gate's latest (readiness read it as a definition changed)
+      const obsolete = 'grn_sealed_5';
+      await store.gateRuns.insert(gateRun(obsolete));
+      await store.gateRuns.putResult('t1', obsolete, { ...result('test', at(5), 'success'), conclusion: 'cancelled', input_digest: '', definition_digest: '' });
+      await store.gateRuns.putResult('t1', obsolete, { ...result('build', at(5), 'success'), conclusion: 'skipped', input_digest: '', definition_digest: '' });
+      await store.gateRuns.update('t1', obsolete, { status: 'succeeded' }, ['running']);
+      expect((await store.gateRuns.latestResults('t1', 'sealed-only')).map((l) => [l.result.gate_id, l.result.conclusion, l.gate_run_id])).to.deep.equal([
+        ['lint', 'failure', running],
+        ['test', 'success', succeeded],
+      ]);
     });
   });
 }

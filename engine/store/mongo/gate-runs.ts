@@ -77,7 +77,7 @@ export function gateRunRepo(runs: Model<Stored<GateRunRecord>>, results: Model<S
       for (const gateId of gateIds) {
         for (let skip = 0; ; skip += LATEST_PAGE) {
           const page = await results
-            .find({ tenant_id: tenantId, workspace, gate_id: gateId })
+            .find({ tenant_id: tenantId, workspace, gate_id: gateId, 'result.definition_digest': { $ne: '' } })
             .sort({ finished_at: -1, gate_run_id: -1 })
             .skip(skip)
             .limit(LATEST_PAGE)

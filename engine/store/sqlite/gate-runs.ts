@@ -19,7 +19,8 @@ export function gateRunRepo(db: Db): GateRunRepo {
   // 10,000 gate runs of 5 gates): the gate ids come one after another from the index (the next one above the
   // last), and each gate's latest result is the top of its own range of the index, by finished_at, among the
   // results of sealed gate runs (each looked up by its key): a result is kept as its gate ends, and one of a
-  // gate run canceled later, or still running, was read as the gate's latest, though no seal holds it
+  // gate run canceled later, or still running, was read as the gate's latest, though no seal holds it. A gate
+  // its run did not run (HEAD moved, the gate left the set) has a stand-in result, with no digests: not a latest
   const latest = db.prepare<[{ tenant: string; workspace: string }], { gate_run_id: string; doc: string }>(
     `WITH RECURSIVE gate (id) AS (
        SELECT MIN(gate_id) FROM gate_results WHERE tenant_id = @tenant AND workspace = @workspace
@@ -29,6 +30,7 @@ export function gateRunRepo(db: Db): GateRunRepo {
      SELECT r.gate_run_id, r.doc FROM gate JOIN gate_results AS r ON r.tenant_id = @tenant AND r.gate_id = gate.id AND r.gate_run_id = (
        SELECT x.gate_run_id FROM gate_results AS x
        WHERE x.tenant_id = @tenant AND x.workspace = @workspace AND x.gate_id = gate.id
+         AND json_extract(x.doc, '$.definition_digest') <> ''
          AND EXISTS (SELECT 1 FROM gate_runs AS g WHERE g.id = x.gate_run_id AND g.tenant_id = @tenant AND g.status IN ('succeeded', 'failed'))
        ORDER BY x.finished_at DESC, x.gate_run_id DESC LIMIT 1
      ) ORDER BY gate.id`,
