@@ -536,7 +536,9 @@ export interface paths {
          * Evidence pack snapshot
          * @description The latest result of each gate for one subject (a commit; by default the latest one sealed), the gate
          *     runs and runs that produced them, and the ledger range that seals them: an in-toto Statement (v1) in a
-         *     DSSE envelope signed with the ledger's Ed25519 key, with the public key. `format=tar` adds the ledger
+         *     DSSE envelope signed with the ledger's Ed25519 key, with the public key. `workspace` may name a folder
+         *     gone since its gate runs were sealed (a run's checkout, `.checkouts/<run>`, removed as its attempt
+         *     ended): its gate runs are found by the name they keep. `format=tar` adds the ledger
          *     slice and every payload it names (`pack.json`, `public-key.pem`, `ledger.jsonl`, `payloads/`), so the
          *     pack stands alone: `automation-service gates verify <pack>` checks it offline.
          *

@@ -2,11 +2,13 @@
 // default the latest one sealed), the gate runs and runs that produced them, and the ledger range
 // that seals them (with the summaries of the workspace's audits sealed in that range), as an in-toto Statement in a DSSE envelope signed with the ledger's key. As a tar
 // it carries the ledger slice and every payload it names, so it can be checked offline.
+import path from 'node:path';
 import { setImmediate as turn } from 'node:timers/promises';
 import { STATEMENT_TYPE, type Ledger, type PackJson, type Statement } from '../evidence/index.js';
 import type { Platform } from '../deps.js';
 import { ConflictError, NotFoundError, ValidationError, type GateResult, type GateRunRecord, type GateSubject, type LedgerEntry } from '../platform/index.js';
 import type { GateRuns } from './gate-runs.js';
+import { staysInside } from './paths.js';
 
 export const PREDICATE_TYPE = 'https://automation-backend.dev/evidence-pack/v1';
 const RUNS_SCANNED = 500;
@@ -19,6 +21,12 @@ const SLICE_MAX = 10_000;
  * its gates' artifacts, not read: 50 gates of 5 MB each are read only for a tar, one at a time (`payloadsOf`).
  */
 export type EvidencePack = { pack: PackJson; entries: LedgerEntry[]; payloads: { digest: string; body: string }[]; artifacts: string[] };
+
+/** A workspace as the records name it (relative to the tenant's root, normalized), or null for one no record names. */
+function storedName(requested: string): string | null {
+  const name = path.posix.normalize(requested).replace(/\/+$/, '');
+  return name && name !== '.' && staysInside(name) ? name : null;
+}
 
 export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledger: Ledger; gates: GateRuns }) {
   const { store, clock, ledger, gates } = deps;
@@ -88,7 +96,13 @@ export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledg
       // RFC 3339's grammar takes a leap second (23:59:60), which no Date holds: no instant to compare with
       if (q.since !== undefined && !Number.isFinite(Date.parse(q.since)))
         throw new ValidationError('since is not a date and time this service can compare', [{ path: '/query/since', message: 'an RFC 3339 date and time' }]);
-      const ws = await gates.workspaceOf(tenantId, q.workspace, '/query/workspace');
+      const ws = await gates.workspaceOf(tenantId, q.workspace, '/query/workspace').catch(async (err: unknown) => {
+        // a folder gone since its gate runs were sealed (a run's checkout, removed as its attempt ended): its
+        // name as the gate runs keep it, read only from the tenant's records, never from the disk
+        const name = q.workspace === undefined ? null : storedName(q.workspace);
+        if (err instanceof ValidationError && name && (await store.gateRuns.list(tenantId, { workspace: name, limit: 1 })).items.length) return { name };
+        throw err;
+      });
       const { runs, latest } = await packRuns(tenantId, ws.name, q);
       if (!runs.length)
         throw new NotFoundError(`no sealed gate run of workspace ${ws.name}${q.subject ? ` for ${q.subject}` : ''}${q.since ? ` since ${q.since}` : ''}`);

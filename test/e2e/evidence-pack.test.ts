@@ -237,4 +237,29 @@ describe('evidence packs of large artifacts', function () {
     expect(res.headers.get('content-type')).to.contain('application/x-tar');
     expect(artifactsRead()).to.equal(0);
   });
+
+  it('packs the gate runs of a folder gone since they were sealed (a run’s checkout), by the name they keep; only for their tenant', async () => {
+    const dir = path.join(h.tenantDir(), 'checked-out');
+    await fs.mkdir(dir);
+    await fs.writeFile(path.join(dir, 'gates.yaml'), 'gates:\n  - id: unit\n    run: [/bin/true]\n');
+    const started = await h.rt.engine.gates.start('tenant-a', { workspace: 'checked-out', trigger: { type: 'api' } });
+    expect((await h.rt.engine.gates.wait('tenant-a', started.id)).status).to.equal('succeeded');
+    await fs.rm(dir, { recursive: true });
+    for (const name of ['checked-out', './checked-out/']) {
+      const json = await h.call<Body>('GET', `/api/v1/autonomy/evidence-pack?workspace=${encodeURIComponent(name)}`);
+      expect(json.status, json.text.slice(0, 500)).to.equal(200);
+      expect(json.body.statement.predicate).to.deep.include({ workspace: 'checked-out' });
+      expect(json.body.statement.predicate.gates.map((g: Body) => [g.gate_id, g.conclusion])).to.deep.equal([['unit', 'success']]);
+      expect(verifyPack({ pack: json.body as PackJson, publicKeyPem: json.body.public_key.pem, entries: null, payloads: null })).to.deep.include({ ok: true });
+    }
+    // a name no gate run of the tenant keeps is still a folder that is not there; another tenant's, too
+    for (const [name, key] of [
+      ['never-there', KEYS.a],
+      ['checked-out', KEYS.b],
+      ['../tenant-a/checked-out', KEYS.b],
+    ] as const) {
+      const refused = await h.call<Body>('GET', `/api/v1/autonomy/evidence-pack?workspace=${encodeURIComponent(name)}`, { key });
+      expect(refused.status, `${name}: ${refused.text}`).to.equal(400);
+    }
+  });
 });
