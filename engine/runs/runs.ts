@@ -772,7 +772,8 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
         // never before its Idempotency-Key's day is over, with an hour to spare (SERVICE_RUNS_KEPT_DAYS=1): a key
         // Redis still held for a run deleted would answer its retries "still being handled" until it lapsed
         const cutoff = clock.now().getTime() - Math.max(settings.runsKeptDays * 86_400_000, IDEMPOTENCY_TTL_SECONDS * 1000 + 3_600_000);
-        await pruneInPages((limit) => store.runs.prune(idBefore('run', cutoff), new Date(cutoff).toISOString(), limit));
+        // (days that reach back before 1970, as SERVICE_RUNS_KEPT_DAYS may, leave nothing to delete: no id is made there)
+        if (cutoff > 0) await pruneInPages((limit) => store.runs.prune(idBefore('run', cutoff), new Date(cutoff).toISOString(), limit));
       }
       if (requeued || lost || freed) log.warn({ requeued, lost, freed }, 'reconciler repaired runs');
       return { requeued, lost, freed };

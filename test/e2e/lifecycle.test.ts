@@ -350,6 +350,16 @@ describe('run lifecycle', function () {
     }
   });
 
+  it('keeps every run at the longest SERVICE_RUNS_KEPT_DAYS, whose days reach back before 1970 (no run id is made there)', async () => {
+    const own = await startHarness({ env: { SERVICE_RUNS_KEPT_DAYS: '36500' }, workers: false });
+    try {
+      // a cutoff before 1970 has no run id: each pass threw (ULID's time must be positive) and logged a failure
+      expect(await own.rt.engine.runs.reconcile({ isExecuting: () => false })).to.deep.equal({ requeued: 0, lost: 0, freed: 0 });
+    } finally {
+      await own.close();
+    }
+  });
+
   it('deletes an archived session SERVICE_RUNS_KEPT_DAYS after its work ended, with its tasks, messages and runs; one not archived stays', async () => {
     let ahead = 0;
     const own = await startHarness({ env: { SERVICE_RUNS_KEPT_DAYS: '7' }, runtime: { clock: { now: () => new Date(Date.now() + ahead) } } });
