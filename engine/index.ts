@@ -82,12 +82,11 @@ export function createEngine(given: EngineDeps) {
     connectionActions: (run) => ({
       async check(providers) {
         for (const p of providers) {
-          // the connection the run names for the provider; else the ones its steps name (each step may name
-          // its own), or the tenant's only one when a step names none
+          // each step's as act() below picks it: the step's own, else the one the run names for the provider,
+          // else the tenant's only one; with no step of the provider (an agent's calls), the run's
           const steps = (run.plan ?? []).filter((s) => s.tool === p);
-          const named = steps.length && steps.every((s) => typeof s.args?.connection === 'string');
-          const names =
-            run.connections?.[p] !== undefined ? [run.connections[p]] : named ? [...new Set(steps.map((s) => s.args!.connection as string))] : [undefined];
+          const actsThrough = (s?: (typeof steps)[number]) => (typeof s?.args?.connection === 'string' ? s.args.connection : run.connections?.[p]);
+          const names = new Set(steps.length ? steps.map(actsThrough) : [actsThrough()]);
           for (const name of names) {
             try {
               await connections.resolve(run.tenant_id, p, name);

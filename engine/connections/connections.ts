@@ -212,8 +212,9 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
       if (patch.base_url !== undefined) changes.base_url = baseUrl;
       if (patch.settings !== undefined) changes.settings = settingsOf;
       if (patch.credential !== undefined) changes.sealed = secretBox.seal(patch.credential, owner(tenantId, id));
-      // what the last test said was about the credential and the place it was tried
-      if (patch.credential !== undefined || patch.base_url !== undefined) changes.last_test = null;
+      // what the last test said was about the credential, the place it was tried and the settings it was tried
+      // with (an email login's username, a pager's from)
+      if (patch.credential !== undefined || patch.base_url !== undefined || patch.settings !== undefined) changes.last_test = null;
       const next = await store.connections.update(tenantId, id, changes);
       if (next === 'name-taken') throw new ConflictError(`this tenant already has a connection named ${patch.name}`);
       if (!next) throw new NotFoundError(`no connection ${id}`);
@@ -252,8 +253,8 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
         if (!(err instanceof ProviderError)) log.warn({ tenant_id: tenantId, connection_id: id, err: (err as Error).message }, 'connection test failed');
         result = { ok: false, identity: null, capabilities: [], error, checked_at: clock.now().toISOString() };
       }
-      // kept only while the connection still holds the credential and address tried: a test that a PATCH
-      // overtook would otherwise stand as the new credential's verdict
+      // kept only while the connection still holds the credential, address and settings tried: a test that a
+      // PATCH overtook would otherwise stand as the new credential's verdict
       await touch(record, { last_test: result }, record);
       return result;
     },

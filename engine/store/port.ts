@@ -220,7 +220,7 @@ export interface WebhookSecretRepo {
 export type ConnectionChanges = Partial<Pick<ConnectionRecord, 'name' | 'base_url' | 'settings' | 'sealed' | 'updated_at' | 'last_used_at' | 'last_test'>>;
 
 /** What a connection's test was about: its credential and where it was tried */
-export type ConnectionState = Pick<ConnectionRecord, 'sealed' | 'base_url'>;
+export type ConnectionState = Pick<ConnectionRecord, 'sealed' | 'base_url' | 'settings'>;
 
 export type ConnectionQuery = { provider?: ConnectionProvider; limit: number; cursor?: string };
 

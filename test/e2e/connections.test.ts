@@ -465,6 +465,11 @@ describe('connections', function () {
     expect(rotated.status, rotated.text).to.equal(200);
     expect(rotated.body).to.deep.include({ name: 'ghe-2', last_test: null });
     expect((await h.call<Body>('POST', `/api/v1/connections/${made.id}/test`)).body.ok, 'the new credential is used').to.equal(true);
+    // its settings are part of what was tried too
+    const resettled = await h.call<Body>('PATCH', `/api/v1/connections/${made.id}`, { body: { settings: {} } });
+    expect(resettled.status, resettled.text).to.equal(200);
+    expect(resettled.body.last_test).to.equal(null);
+    expect((await h.call<Body>('POST', `/api/v1/connections/${made.id}/test`)).body.ok).to.equal(true);
 
     expect((await h.call<Body>('PATCH', `/api/v1/connections/${made.id}`, { body: { name: 'github' } })).status, 'taken').to.equal(409);
     expect((await create({ provider: 'chat', name: 'github', credential: 'x' })).status, 'taken').to.equal(409);
@@ -857,6 +862,30 @@ describe('action tools', function () {
     });
     expect(stepNamed.error?.code, JSON.stringify(stepNamed.error)).to.not.equal('connection-missing');
     expect(stepNamed.steps[0].status, 'the step ran').to.not.equal('skipped');
+    // the check reads what each step acts through, as the step does: its own name over the run's
+    const ownOverRun = await start({
+      tools: ['chat'],
+      connections: { chat: 'gone' },
+      steps: [{ tool: 'chat', args: { action: 'post', channel: 'C1', text: 'hi', connection: 'slack-other' } }],
+    });
+    expect(ownOverRun.error?.code, JSON.stringify(ownOverRun.error)).to.not.equal('connection-missing');
+    expect(ownOverRun.steps[0].status, 'the step ran').to.not.equal('skipped');
+    const before2 = fake.requests.length;
+    const goneInStep = await start({
+      tools: ['chat'],
+      connections: { chat: 'slack-other' },
+      steps: [
+        { tool: 'chat', args: { action: 'post', channel: 'C1', text: 'first' } },
+        { tool: 'chat', args: { action: 'post', channel: 'C1', text: 'second', connection: 'gone' } },
+      ],
+    });
+    expect(goneInStep.error).to.deep.include({ code: 'connection-missing' });
+    expect(goneInStep.error.message).to.contain('no chat connection named gone');
+    expect(
+      goneInStep.steps.map((s: Body) => s.status),
+      'no step ran, not even the first, whose connection is there',
+    ).to.deep.equal(['skipped', 'skipped']);
+    expect(fake.requests.length, 'nothing reached the provider').to.equal(before2);
   });
 
   it('acts through the connection an automation names, kept on the automation and on each of its runs', async () => {

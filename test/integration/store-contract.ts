@@ -1075,6 +1075,11 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect(await store.connections.update('t1', a.id, { last_test: null }, { ...a, sealed: resealed, base_url: 'https://ghe.example.com' })).to.equal(null);
       expect((await store.connections.get('t1', a.id))!.last_test, 'nothing written on a failed condition').to.deep.equal(test);
       expect(await store.connections.update('t1', a.id, { last_test: null }, { ...a, sealed: resealed })).to.include({ last_test: null });
+      // and the settings tried (an email login's username)
+      const withTest = (await store.connections.update('t1', b.id, { last_test: test })) as ConnectionRecord;
+      expect(await store.connections.update('t1', b.id, { settings: { username: 'other', from: 'bot@example.com' } })).to.include({ name: 'smtp' });
+      expect(await store.connections.update('t1', b.id, { last_test: { ...test, identity: 'u' } }, withTest), 'the settings changed since').to.equal(null);
+      expect((await store.connections.get('t1', b.id))!.last_test).to.deep.equal(test);
       expect(await store.connections.insert(con('t1')), 'the old name is free again').to.equal(true);
       expect(await store.connections.delete('t2', a.id)).to.equal(false);
       expect(await store.connections.delete('t1', a.id)).to.equal(true);

@@ -59,7 +59,7 @@ export function connectionRepo(model: Model<Stored<ConnectionRecord>>, leases: L
       return toPage(await rows(tenantId, q.provider, decodeCursor(q.cursor, 'connections'), q.limit + 1), q.limit, 'connections');
     },
     async update(tenantId, id, changes, when) {
-      const unchanged = when ? { base_url: when.base_url, 'sealed.iv': when.sealed.iv, 'sealed.ct': when.sealed.ct } : {};
+      const unchanged = when ? { base_url: when.base_url, 'sealed.iv': when.sealed.iv, 'sealed.ct': when.sealed.ct, settings: when.settings } : {};
       try {
         const row = await model
           .findOneAndUpdate({ _id: id, tenant_id: tenantId, ...unchanged }, { $set: changes }, { returnDocument: 'after' })

@@ -21,7 +21,14 @@ export function connectionRepo(db: Db): ConnectionRepo {
     const row = one.get(tenantId, id);
     if (!row) return null;
     const current = JSON.parse(row.doc) as ConnectionRecord;
-    if (when && (current.base_url !== when.base_url || current.sealed.ct !== when.sealed.ct || current.sealed.iv !== when.sealed.iv)) return null;
+    if (
+      when &&
+      (current.base_url !== when.base_url ||
+        current.sealed.ct !== when.sealed.ct ||
+        current.sealed.iv !== when.sealed.iv ||
+        JSON.stringify(current.settings) !== JSON.stringify(when.settings))
+    )
+      return null;
     const next: ConnectionRecord = { ...current, ...changes };
     write.run(next.name, JSON.stringify(next), tenantId, id);
     return next;
