@@ -300,8 +300,10 @@ export async function runAgent(opts: {
   stepsLeft: () => number | undefined;
   /** a call with `refused` is kept as a failed step without running the tool (arguments that are not a JSON object) */
   callTool(name: string, args: Record<string, unknown>, refused?: ErrorInfo): Promise<ToolResult>;
-  /** the most a call's arguments may be (JSON, bytes), and all of the run's calls' together: a plan step's bounds */
+  /** the most a call's arguments may be (JSON, bytes), and all of the attempt's calls' together: a plan step's bounds */
   argsMaxBytes: { call: number; attempt: number };
+  /** what the attempt's arguments have left of `argsMaxBytes.attempt`, shared with its plan's steps and other agent steps */
+  argsRoom: { left: number };
   onTurn(turn: Omit<AgentTurn, 'index' | 'at'>): Promise<void>;
 }): Promise<AgentOutcome> {
   const messages: ChatMessage[] = opts.conversation
@@ -320,7 +322,6 @@ export async function runAgent(opts: {
     ...(opts.canAsk ? [askTool] : []),
   ];
   const model = opts.model ?? opts.client.defaultModel;
-  let argsLeft = opts.argsMaxBytes.attempt;
   // messages posted to the agent, read before each model call and once more before an answer is its last word
   let inbox = await opts.inbox();
   for (;;) {
@@ -329,7 +330,7 @@ export async function runAgent(opts: {
     const calls = message.tool_calls;
     const parsed = calls.map((c) => {
       const one = { id: c.id, tool: c.function.name, ...parseArgs(c.function.arguments, opts.argsMaxBytes.call) };
-      if (!one.refused && (argsLeft -= Buffer.byteLength(c.function.arguments)) < 0)
+      if (!one.refused && (opts.argsRoom.left -= Buffer.byteLength(c.function.arguments)) < 0)
         return { ...one, args: invalidArgs(c.function.arguments), refused: attemptArgsRefusal(opts.argsMaxBytes.attempt) };
       return one;
     });

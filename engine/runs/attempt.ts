@@ -473,10 +473,9 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
       step.status = 'skipped';
       touch(step);
     },
-    /** Records a model turn: a row of its own and an agent.turn event. */
-    async addTurn(turn: Omit<AgentTurn, 'index' | 'at'>, index: number): Promise<void> {
-      const full: AgentTurn = { ...turn, index, at: clock.now().toISOString() };
-      usage.model_turns++;
+    /** Records a model turn, numbered in the attempt (its agent steps' turns one after another): a row of its own and an agent.turn event. */
+    async addTurn(turn: Omit<AgentTurn, 'index' | 'at'>): Promise<void> {
+      const full: AgentTurn = { ...turn, index: usage.model_turns++, at: clock.now().toISOString() };
       if (turn.usage?.prompt_tokens) usage.prompt_tokens = (usage.prompt_tokens ?? 0) + turn.usage.prompt_tokens;
       if (turn.usage?.completion_tokens) usage.completion_tokens = (usage.completion_tokens ?? 0) + turn.usage.completion_tokens;
       await store.runs.appendTurn(run.tenant_id, run.id, run.attempt, full);

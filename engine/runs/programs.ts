@@ -183,13 +183,21 @@ export type AgentLoop = (a: Attempt, goal: string) => Promise<WorkOutcome>;
  * The plan's steps in order; the first failure skips the rest. A step whose `if` does not hold is
  * skipped. An `agent` step runs the agent loop (its tool calls are steps of their own).
  */
+/** The room an attempt's arguments have left (ATTEMPT_ARGS_MAX_BYTES in all): its plan steps' and its agents' calls share it. */
+const argsRooms = new WeakMap<Attempt, { left: number }>();
+const argsRoomOf = (a: Attempt): { left: number } => {
+  let room = argsRooms.get(a);
+  if (!room) argsRooms.set(a, (room = { left: ATTEMPT_ARGS_MAX_BYTES }));
+  return room;
+};
+
 export function stepsProgram(agent?: AgentLoop) {
   return async (a: Attempt): Promise<WorkOutcome> => {
     const plan = a.run.plan ?? [];
     // the steps' own fields alone: a step named `__proto__` is one like any other
     const outputs: Record<string, { output: unknown; status: string }> = Object.create(null);
     // the room the attempt's expanded arguments have left (the steps' records keep them whole)
-    let argsLeft = ATTEMPT_ARGS_MAX_BYTES;
+    const room = argsRoomOf(a);
     for (const [i, s] of plan.entries()) {
       if (a.signal.aborted) break;
       const scope = { inputs: a.run.inputs, steps: outputs };
@@ -210,9 +218,9 @@ export function stepsProgram(agent?: AgentLoop) {
         return { summary: '', error: { code: 'max-steps-reached', message: `max_steps (${a.run.budget.max_steps}) reached before step ${i}` } };
       }
       const written = s.tool === 'shell' ? expanded('args', () => liftShellReferences(s.args ?? {})) : (s.args ?? {});
-      const made = runs instanceof ToolError ? runs : written instanceof ToolError ? written : expanded('args', () => expandArgs(written, scope, argsLeft));
+      const made = runs instanceof ToolError ? runs : written instanceof ToolError ? written : expanded('args', () => expandArgs(written, scope, room.left));
       const args = made instanceof ToolError ? made : (made.args as Record<string, unknown>);
-      if (!(made instanceof ToolError)) argsLeft -= made.bytes;
+      if (!(made instanceof ToolError)) room.left -= made.bytes;
       if (args instanceof ToolError) {
         // refused before anything of it runs; its record keeps its arguments as the plan wrote them
         const step = a.newStep({ tool: s.tool, args: s.args ?? {}, name: s.name ?? null, source: 'plan' });
@@ -252,7 +260,6 @@ export function agentProgram(client: ModelClient, runOf: (runId: string) => Prom
     const own = a.sessions?.own;
     const trigger = a.run.trigger.type === 'task' ? a.run.trigger : null;
     let seen = trigger?.inbox_after ?? 0;
-    let turns = 0;
     try {
       const continued = trigger?.continues ? (await runOf(trigger.continues))?.result?.conversation : undefined;
       const outcome = await runAgent({
@@ -274,7 +281,8 @@ export function agentProgram(client: ModelClient, runOf: (runId: string) => Prom
         stepsLeft: () => stepsLeft(a),
         callTool: (tool, args, refused) => a.runStep(a.newStep({ tool, args, name: null, source: 'agent' }), refused),
         argsMaxBytes: { call: STEP_ARGS_MAX_BYTES, attempt: ATTEMPT_ARGS_MAX_BYTES },
-        onTurn: (turn) => a.addTurn(turn, turns++),
+        argsRoom: argsRoomOf(a),
+        onTurn: (turn) => a.addTurn(turn),
       });
       if (outcome.stopped_by === 'max_steps') {
         return { summary: '', error: { code: 'max-steps-reached', message: `max_steps (${a.run.budget.max_steps}) reached before the agent finished` } };

@@ -27,12 +27,17 @@ describe('agent runs', function () {
   this.timeout(30_000);
 
   it('lists a plan with an agent step as it ran: the agent’s tool calls, then the plan’s own steps once each', async () => {
-    const script: ScriptedTurn[] = [{ tool_calls: [{ name: 'write_file', args: { path: 'agent.txt', content: 'x' } }] }, { content: 'Done.' }];
+    const script: ScriptedTurn[] = [
+      { tool_calls: [{ name: 'write_file', args: { path: 'agent.txt', content: 'x' } }] },
+      { content: 'Done.' },
+      { content: 'Checked.' },
+    ];
     await withAgent(script, async (h) => {
       const res = await h.call('POST', '/api/v1/autonomy/run', {
         body: {
           steps: [
             { tool: 'agent', args: { goal: 'write a file' } },
+            { tool: 'agent', args: { goal: 'check it' } },
             { tool: 'message', args: { text: 'after' } },
             { tool: 'shell', args: { command: 'exit 1' } },
             { tool: 'message', args: { text: 'never' } },
@@ -49,6 +54,13 @@ describe('agent runs', function () {
         ['shell', 'plan', 'failed'],
         ['message', 'plan', 'skipped'],
       ]);
+      // the turns of the attempt's two agent steps, one after another: the second's did not write over the first's
+      expect(run.agent_turns.map((t: RunBody) => [t.index, t.content ?? t.tool_calls[0].tool])).to.deep.equal([
+        [0, 'write_file'],
+        [1, 'Done.'],
+        [2, 'Checked.'],
+      ]);
+      expect(run.usage.model_turns).to.equal(3);
     });
   });
 

@@ -1,0 +1,52 @@
+// The agent loop against a model client that answers from a script (no endpoint): what it counts across
+// the agent steps of one attempt.
+import { expect } from 'chai';
+import { runAgent, type ModelClient } from '../../engine/runs/agent.js';
+
+type Answer = Awaited<ReturnType<ModelClient['complete']>>;
+
+/** A client that answers each call with the next answer of the script. */
+function scripted(answers: Answer[]): ModelClient {
+  let next = 0;
+  return { defaultModel: 'scripted', complete: async () => answers[next++]! } as unknown as ModelClient;
+}
+
+const call = (id: string, args: string): Answer => ({
+  content: null,
+  tool_calls: [{ id, type: 'function', function: { name: 'write_file', arguments: args } }],
+});
+
+describe('agent loop', () => {
+  it('holds the calls of an attempt’s agent steps to one room for their arguments together, not one room each', async () => {
+    const room = { left: 100 };
+    const called: string[] = [];
+    const refused: string[] = [];
+    const loop = (client: ModelClient) =>
+      runAgent({
+        client,
+        model: null,
+        goal: 'write',
+        inputs: {},
+        tools: [],
+        canAsk: false,
+        inbox: async () => [],
+        signal: new AbortController().signal,
+        stepsLeft: () => undefined,
+        callTool: async (_tool, args, refusal) => {
+          if (refusal) refused.push(refusal.code);
+          else called.push(String(args.path));
+          return { output: {}, ...(refusal ? { error: refusal } : {}) };
+        },
+        argsMaxBytes: { call: 1000, attempt: 100 },
+        argsRoom: room,
+        onTurn: async () => undefined,
+      });
+    const args = (name: string) => JSON.stringify({ path: name, content: 'x'.repeat(40) }); // 60 bytes
+    await loop(scripted([call('1', args('first')), { content: 'done', tool_calls: [] }]));
+    expect(room.left).to.equal(100 - args('first').length);
+    // the second agent step of the same attempt: its 60 bytes no longer fit in the 40 left
+    await loop(scripted([call('2', args('second')), { content: 'done', tool_calls: [] }]));
+    expect(called).to.deep.equal(['first']);
+    expect(refused).to.deep.equal(['attempt-args-too-large']);
+  });
+});
