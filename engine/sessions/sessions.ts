@@ -375,7 +375,7 @@ export function sessionsOf(deps: SessionsDeps) {
             const repliesTo = (m: MessageRecord) => (m.in_reply_to ? (replied.get(m.in_reply_to)?.from ?? null) : null);
             const mine = page.filter(
               (m) =>
-                (m.to === agentId || (agentId !== null && repliesTo(m) === agentId) || (m.to === null && repliesTo(m) === null)) &&
+                ((agentId !== null && (m.to === agentId || repliesTo(m) === agentId)) || (m.to === null && repliesTo(m) === null)) &&
                 m.run_id !== run.id &&
                 !(agentId && m.from === agentId),
             );

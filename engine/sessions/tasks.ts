@@ -257,7 +257,8 @@ export function tasksOf(deps: TasksDeps) {
       if (now && now.status !== 'paused') await dispatch(now, held.id);
       return held !== null;
     }
-    const trigger = { prior_attempts: 0, ...(task.agent_id ? { inbox_after: task.inbox_after ?? 0 } : {}) };
+    // a plan's agent step reads the inbox too, with or without an agent of the task: from when the task was added
+    const trigger = { prior_attempts: 0, inbox_after: task.inbox_after ?? 0 };
     try {
       await startRun(
         session,

@@ -228,6 +228,18 @@ describe('agents of a session', function () {
     });
   });
 
+  it('gives a plan’s agent step of a task with no agent the messages to all posted since the task was added, not the log before it', async () => {
+    await withAgents([{ content: 'Noted.' }], async (h, model, session) => {
+      const old = await h.call<Body>('POST', `/api/v1/sessions/${session}/messages`, { body: { role: 'user', parts: text('OLD BROADCAST before the task') } });
+      expect(old.status, old.text).to.equal(201);
+      await task(h, session, { id: 'plan', steps: [{ tool: 'agent', args: { goal: 'List the notes' } }] });
+      const done = await sessionWhen(h, session, (s) => s.outcome !== null, 'the task to end');
+      expect(done.tasks[0].status, JSON.stringify(done.tasks[0].output)).to.equal('succeeded');
+      expect(model.requests).to.have.length(1);
+      expect(JSON.stringify(model.requests[0]!.body.messages)).to.contain('List the notes').and.not.contain('OLD BROADCAST');
+    });
+  });
+
   it('asks for input: the run ends and holds no worker, the task waits, and the answer continues the conversation in the task’s next run', async () => {
     const script: ScriptedTurn[] = [
       { content: 'I need to know where.', tool_calls: [{ name: 'ask_for_input', args: { question: 'Which branch should I deploy?' } }] },
