@@ -223,7 +223,7 @@ export function createApp(deps: AppDeps): Express {
   app.use('/api/v1/notification-deliveries', notificationDeliveriesRouter(deps.engine));
   app.use('/api/v1/webhook-deliveries', webhookDeliveriesRouter(deps.engine));
 
-  app.use(healthRouter({ redis: deps.redis, store: deps.store, sandbox: deps.sandbox, log: deps.log }));
+  app.use(healthRouter({ redis: deps.redis, queuePrefix: deps.queues.prefix, store: deps.store, sandbox: deps.sandbox, log: deps.log }));
   if (deps.docs) app.use(docsRouter(spec));
   app.use(adminRouter({ queues: deps.queues, adminKeys: deps.adminKeys, metrics: deps.metrics }));
   app.use(signInRouter({ sso: deps.engine.sso, allowedOrigins, ...deps.signIn }));

@@ -125,7 +125,9 @@ export interface paths {
         };
         /**
          * Readiness
-         * @description Answers 200 when Redis and the store answer, 503 when either does not.
+         * @description Answers 200 when Redis and the store each take a write within 1 s, 503 when either does not: a Redis at
+         *     its `maxmemory` or made a replica, a store whose file refused a write in the last 10 s (a full disk, a
+         *     read-only file) or whose write lock another process holds, answer reads and are not ready.
          */
         get: operations["getReadiness"];
         put?: never;
@@ -3779,7 +3781,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description Redis and the store answer. */
+            /** @description Redis and the store take writes. */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -3788,7 +3790,7 @@ export interface operations {
                     "application/json": components["schemas"]["Readiness"];
                 };
             };
-            /** @description Redis or the store does not answer. */
+            /** @description Redis or the store takes no write. */
             503: {
                 headers: {
                     [name: string]: unknown;

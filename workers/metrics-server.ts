@@ -4,7 +4,7 @@
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { ADMIN_CHALLENGE, adminRefusal, isAdminRequest } from '../engine/auth/index.js';
-import { answerClientError, answerProblem, withTimeout } from '../engine/platform/index.js';
+import { answerClientError, answerProblem, probeRedisWrite, withTimeout } from '../engine/platform/index.js';
 import { listenError, type Runtime } from '../engine/process/index.js';
 import type { Workers } from './index.js';
 
@@ -19,8 +19,9 @@ export async function startMetricsServer(rt: Runtime, workers: () => Workers | u
     if (pathname === '/healthz') {
       const all = workers()?.workers ?? [];
       const running = all.filter((w) => w.isRunning()).map((w) => w.name);
-      // a PING with a deadline, as the web's /readyz asks: a hung Redis keeps the connection 'ready' and answers nothing
-      void withTimeout(rt.redis.ping(), 1000, 'no answer')
+      // a write with a deadline, as the web's /readyz makes: a hung Redis keeps the connection 'ready' and answers
+      // nothing, and one out of memory or made a replica answers PING and takes no write
+      void withTimeout(probeRedisWrite(rt.redis, rt.queues.prefix), 1000, 'no answer')
         .then(
           () => 'ready',
           (err: Error) => err.message,

@@ -1,6 +1,6 @@
-// Liveness and readiness, unauthenticated. Readiness asks Redis and the store, each with a deadline.
+// Liveness and readiness, unauthenticated. Readiness writes to Redis and the store, each with a deadline.
 import { Router } from 'express';
-import { redisSettingsOf, withTimeout, type Logger, type Redis, type RedisSettings } from '../../engine/platform/index.js';
+import { DeadlineError, probeRedisWrite, redisSettingsOf, withTimeout, type Logger, type Redis, type RedisSettings } from '../../engine/platform/index.js';
 import type { Store } from '../../engine/store/index.js';
 
 type Check = { ok: boolean; latency_ms: number; error?: string };
@@ -11,13 +11,13 @@ const NO_ANSWER = 'no answer within 1 s';
 async function check(name: string, probe: () => Promise<unknown>, log: Logger): Promise<Check> {
   const started = performance.now();
   try {
-    await withTimeout(probe(), 1000, NO_ANSWER);
+    await withTimeout(probe(), 1000, 'no answer');
     return { ok: true, latency_ms: Math.round((performance.now() - started) * 100) / 100 };
   } catch (err) {
     const e = err as Error & { code?: unknown };
     log.warn({ check: name, err: e.message }, 'readiness check failed');
     const code = typeof e.code === 'string' && /^[A-Z][A-Z0-9_]{1,40}$/.test(e.code) ? e.code : null;
-    const error = e.message === NO_ANSWER ? NO_ANSWER : (code ?? (e.name !== 'Error' ? e.name : 'failed; the log says why'));
+    const error = e instanceof DeadlineError ? NO_ANSWER : (code ?? (e.name !== 'Error' ? e.name : 'failed; the log says why'));
     return { ok: false, latency_ms: Math.round(performance.now() - started), error };
   }
 }
@@ -25,16 +25,24 @@ async function check(name: string, probe: () => Promise<unknown>, log: Logger): 
 /** What /readyz says of the tool sandbox: a service that runs tools unsandboxed says so. */
 export type SandboxReport = { kind: string; process_limit: string; memory_limit: string; warning?: string };
 
-export function healthRouter(deps: { redis: Redis; store: Store; sandbox: SandboxReport; log: Logger }): Router {
+export function healthRouter(deps: { redis: Redis; queuePrefix: string; store: Store; sandbox: SandboxReport; log: Logger }): Router {
   const router = Router();
   router.get('/healthz', (_req, res) => {
     res.json({ status: 'ok' });
   });
   router.get('/readyz', async (_req, res) => {
-    // INFO answers as PING does, and says whether Redis may evict keys
+    // each takes a write, as the service's requests need (a Redis or a store that answers but takes none is
+    // not ready); INFO says whether Redis may evict keys
     let settings: RedisSettings | undefined;
     const [redis, store] = await Promise.all([
-      check('redis', async () => (settings = redisSettingsOf(await deps.redis.info('memory'))), deps.log),
+      check(
+        'redis',
+        async () => {
+          await probeRedisWrite(deps.redis, deps.queuePrefix);
+          settings = redisSettingsOf(await deps.redis.info('memory'));
+        },
+        deps.log,
+      ),
       check('store', () => deps.store.ping(), deps.log),
     ]);
     const ready = redis.ok && store.ok;

@@ -122,6 +122,14 @@ export async function probeRedis(url: string, timeoutMs = 2000, tls: RedisTls = 
   }
 }
 
+/**
+ * A write Redis must take for a process to be ready (GET /readyz, a worker's /healthz): a Redis at its maxmemory
+ * under noeviction, or one a failover made a replica, answers PING and INFO and refuses every write.
+ */
+export async function probeRedisWrite(redis: Redis, prefix: string): Promise<void> {
+  await redis.set(`${prefix}:readiness`, String(process.pid), 'PX', 10_000);
+}
+
 /** What /readyz and the start-up say of Redis's settings: anything but `noeviction` can drop BullMQ's keys. */
 export type RedisSettings = { maxmemory_policy: string | null; warning?: string };
 
@@ -135,10 +143,13 @@ export function redisSettingsOf(info: string): RedisSettings {
   };
 }
 
+/** What `withTimeout` throws when its deadline passes first. */
+export class DeadlineError extends Error {}
+
 export async function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
   let timer: NodeJS.Timeout | undefined;
   try {
-    return await Promise.race([p, new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`${what} within ${ms} ms`)), ms)))]);
+    return await Promise.race([p, new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new DeadlineError(`${what} within ${ms} ms`)), ms)))]);
   } finally {
     clearTimeout(timer);
   }

@@ -561,7 +561,7 @@ export interface Store {
   readonly tasks: TaskRepo;
   readonly evidence: EvidenceRepo;
   readonly gateRuns: GateRunRepo;
-  /** Throws when the store cannot be reached. */
+  /** Throws when the store cannot be reached or takes no write (it writes a row of its own to know). */
   ping(): Promise<void>;
   close(): Promise<void>;
 }

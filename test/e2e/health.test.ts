@@ -1,3 +1,5 @@
+import path from 'node:path';
+import Database from 'better-sqlite3';
 import { expect } from 'chai';
 import { startHarness } from '../support/harness.js';
 
@@ -49,6 +51,26 @@ describe('health', () => {
       expect(ready.body.checks.store.ok).to.equal(true);
       expect((await h.call('GET', '/healthz', { key: null })).status).to.equal(200);
     } finally {
+      await h.close();
+    }
+  });
+
+  it('answers /readyz 503 while the store takes no write (another process holds its write lock), and 200 once it does', async () => {
+    const h = await startHarness({ workers: false });
+    const other = new Database(path.join(h.config.dataDir, 'service.sqlite'));
+    try {
+      other.exec('BEGIN IMMEDIATE');
+      // reads still answer (a SELECT passed here), but nothing can be stored
+      const held = await h.call('GET', '/readyz', { key: null });
+      expect(held.status).to.equal(503);
+      expect(held.body.checks.store).to.deep.include({ ok: false, error: 'no answer within 1 s' });
+      expect(held.body.checks.redis.ok).to.equal(true);
+      other.exec('COMMIT');
+      const ready = await h.call('GET', '/readyz', { key: null });
+      expect(ready.status, JSON.stringify(ready.body)).to.equal(200);
+    } finally {
+      if (other.inTransaction) other.exec('ROLLBACK');
+      other.close();
       await h.close();
     }
   });

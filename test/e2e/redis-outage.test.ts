@@ -63,6 +63,29 @@ describe('Redis outage', function () {
     }
   });
 
+  it('answers /readyz 503 while Redis answers but takes no write: out of memory under noeviction, or made a replica', async () => {
+    const ready = async () => (await h.call<Record<string, any>>('GET', '/readyz', { key: null })).body;
+    expect((await ready()).status).to.equal('ready');
+    await h.rt.redis.config('SET', 'maxmemory', '1');
+    try {
+      const full = await ready();
+      expect(full.status).to.equal('unavailable');
+      expect(full.checks.redis).to.deep.include({ ok: false });
+      expect(full.checks.store.ok).to.equal(true);
+    } finally {
+      await h.rt.redis.config('SET', 'maxmemory', '0');
+    }
+    expect((await ready()).status).to.equal('ready');
+    // a replica of a primary that is not there (as after a failover): it answers PING and INFO, refuses writes
+    await h.rt.redis.call('REPLICAOF', '127.0.0.1', String(await freePort()));
+    try {
+      expect((await ready()).checks.redis).to.deep.include({ ok: false });
+    } finally {
+      await h.rt.redis.call('REPLICAOF', 'NO', 'ONE');
+    }
+    expect((await ready()).status).to.equal('ready');
+  });
+
   it('answers run creation within 2.5 s while Redis is stopped: 202 when stored, 503 with Retry-After for an Idempotency-Key; the run then runs', async () => {
     // the same two requests once while Redis answers, so that what is timed below is the outage, not this
     // process's first answer on the route (its request and response validators are compiled on first use)

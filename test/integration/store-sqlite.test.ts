@@ -3,6 +3,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { expect } from 'chai';
 import Database from 'better-sqlite3';
+import { groupCommit, openDatabase } from '../../engine/store/sqlite/db.js';
 import { openSqliteStore } from '../../engine/store/sqlite/index.js';
 import { MIGRATIONS } from '../../engine/store/sqlite/migrations.js';
 import { automationFixture, endpointFixture, runFixture, storeContract, taskFixture } from './store-contract.js';
@@ -233,6 +234,22 @@ describe('SQLite store', () => {
     const again = openSqliteStore(file);
     expect(await again.automations.get('t1', a.id)).to.deep.equal(a);
     await again.close();
+  });
+
+  it('keeps the last write the file refused for readiness: a full database, not a write that breaks a rule', async () => {
+    const db = openDatabase(path.join(dir, 'full.sqlite'));
+    const commit = groupCommit(db);
+    db.exec('CREATE TABLE filler (id INTEGER PRIMARY KEY, body TEXT NOT NULL)');
+    await commit(() => db.prepare('INSERT INTO filler (body) VALUES (?)').run('x'));
+    // a rule broken is the write's own fault, not the file's
+    await commit(() => db.prepare('INSERT INTO filler (id, body) VALUES (1, ?)').run('again')).catch(() => undefined);
+    expect(commit.lastStorageFailure()).to.equal(null);
+    // the file can grow no more: as on a full disk, the write that needs a page fails SQLITE_FULL
+    db.pragma(`max_page_count = ${db.pragma('page_count', { simple: true }) as number}`);
+    const full = await commit(() => db.prepare('INSERT INTO filler (body) VALUES (?)').run('y'.repeat(64 * 1024))).catch((err: { code?: string }) => err);
+    expect((full as { code?: string }).code).to.equal('SQLITE_FULL');
+    expect(commit.lastStorageFailure()).to.deep.include({ code: 'SQLITE_FULL' });
+    db.close();
   });
 
   it('fails ping once closed', async () => {

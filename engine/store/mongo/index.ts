@@ -110,6 +110,8 @@ export async function openMongoStore(uri: string): Promise<Store> {
     gateRuns: gateRunRepo(gateRuns as never, gateResults as never),
     async ping() {
       await pingConnection(conn);
+      // a write too: a server that takes none (a secondary after a failover, a full disk, a lost quorum) is not ready
+      await conn.db!.collection('readiness').updateOne({ _id: 'probe' as never }, { $set: { at: new Date() } }, { upsert: true });
     },
     async close() {
       await conn.close();

@@ -139,7 +139,12 @@ export type GroupCommit = {
   <T>(write: () => T): Promise<T>;
   /** resolves once every write asked for so far has been committed or has failed (before the file is closed) */
   drain(): Promise<void>;
+  /** the last write the file itself refused (full, read-only, an I/O error, not a database), or null */
+  lastStorageFailure(): { at: number; code: string } | null;
 };
+
+/** What a write fails with when the file cannot take it, whatever the write: the disk, its permissions, the file. */
+const STORAGE_FAILURE = /^SQLITE_(FULL|IOERR|READONLY|CANTOPEN|CORRUPT|NOTADB|PERM)/;
 
 /** one group per file: the repositories of a store share its batches */
 const commits = new WeakMap<Db, GroupCommit>();
@@ -166,6 +171,7 @@ function makeGroupCommit(db: Db): GroupCommit {
       db.pragma(`busy_timeout = ${BUSY_TIMEOUT_MS}`);
     }
   };
+  let storageFailure: { at: number; code: string } | null = null;
   /** how many writes the last flush took: more than one, and writes are coming from several callers at once */
   let lastFlushed = 0;
   /**
@@ -222,6 +228,8 @@ function makeGroupCommit(db: Db): GroupCommit {
         p.resolve(now(() => one.immediate(p)));
       } catch (err) {
         if (!isBusy(err)) {
+          const code = String((err as { code?: unknown } | null)?.code ?? '');
+          if (STORAGE_FAILURE.test(code)) storageFailure = { at: Date.now(), code };
           p.reject(err);
           continue;
         }
@@ -237,5 +245,6 @@ function makeGroupCommit(db: Db): GroupCommit {
     });
   return Object.assign(commit, {
     drain: () => (batch.length || scheduled ? new Promise<void>((resolve) => drained.push(resolve)) : Promise.resolve()),
+    lastStorageFailure: () => storageFailure,
   });
 }

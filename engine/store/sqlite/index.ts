@@ -32,9 +32,14 @@ function deploymentRepo(db: Db): Store['deployment'] {
   };
 }
 
+/** How long a write the file refused keeps the store not ready (GET /readyz), whatever writes pass since. */
+const STORAGE_FAILURE_MS = 10_000;
+
 export function openSqliteStore(file: string, onCheckpointerFailure: (err: Error) => void = () => {}): Store {
   const db = openDatabase(file);
   const checkpointer = startCheckpointer(db, onCheckpointerFailure);
+  const commit = groupCommit(db);
+  const probe = db.prepare('INSERT INTO readiness (id, at) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET at = excluded.at');
   return {
     kind: 'sqlite',
     deployment: deploymentRepo(db),
@@ -54,10 +59,17 @@ export function openSqliteStore(file: string, onCheckpointerFailure: (err: Error
     evidence: evidenceRepo(db),
     gateRuns: gateRunRepo(db),
     async ping() {
-      db.prepare('SELECT 1').get();
+      // a write, in the group commit as every write is: a file that takes none is not ready, nor one that refused
+      // another write of late (a full disk may still take this small one in the log's reused room)
+      const failed = commit.lastStorageFailure();
+      if (failed && Date.now() - failed.at < STORAGE_FAILURE_MS)
+        throw Object.assign(new Error(`the store refused a write ${Math.round((Date.now() - failed.at) / 1000)} s ago (${failed.code})`), {
+          code: failed.code,
+        });
+      await commit(() => probe.run(new Date().toISOString()));
     },
     async close() {
-      await groupCommit(db).drain(); // the writes asked for before the close are committed, not dropped
+      await commit.drain(); // the writes asked for before the close are committed, not dropped
       await checkpointer?.stop();
       if (db.open) db.close();
     },

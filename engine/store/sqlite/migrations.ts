@@ -442,3 +442,7 @@ MIGRATIONS.push(`
 MIGRATIONS.push(`
   CREATE INDEX sessions_archived_by_updated ON sessions (json_extract(doc, '$.updated_at')) WHERE kind = 'multi_agent' AND status = 'archived';
 `);
+// Readiness writes a row (GET /readyz): a file that takes no write (a full disk, read-only) is not ready.
+MIGRATIONS.push(`
+  CREATE TABLE readiness (id INTEGER PRIMARY KEY CHECK (id = 1), at TEXT NOT NULL);
+`);
