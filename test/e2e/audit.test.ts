@@ -332,6 +332,40 @@ describe('workspace audit', function () {
     expect(sanity.metrics).to.deep.include({ manifest: 'package.json', lockfile: 'package-lock.json', readme: 'README.md' });
   });
 
+  it('says what the phase could not read (a folder it may not enter), in a repository or not, never a clean scan of what it skipped', async () => {
+    const git = (cwd: string, ...args: string[]) => spawnSync('git', ['-c', 'user.email=t@t', '-c', 'user.name=t', ...args], { cwd, encoding: 'utf8' }).status;
+    for (const repository of [false, true]) {
+      const name = `locked-${repository ? 'repo' : 'plain'}`;
+      const dir = path.join(h.tenantDir(), name);
+      for (const sub of ['open', 'locked']) {
+        await fs.mkdir(path.join(dir, sub), { recursive: true });
+        await fs.writeFile(path.join(dir, sub, '.env'), 'PASSWORD=hunter2\n');
+      }
+      if (repository) {
+        expect(git(dir, 'init', '-q')).to.equal(0);
+        expect(git(dir, 'add', '-A')).to.equal(0);
+        expect(git(dir, 'commit', '-qm', 'all')).to.equal(0);
+      }
+      // the phases run as nobody in the sandbox: a folder of mode 000 is closed to them
+      await fs.chmod(path.join(dir, 'locked'), 0o000);
+      try {
+        const res = await h.call<Body>('POST', '/api/v1/autonomy/workspace-audit/run', {
+          body: { workspace: name, phases: ['security'], timeout_seconds: 60 },
+        });
+        expect(res.status, res.text).to.equal(200);
+        const security = res.body.phases.find((p: Body) => p.phase === 'security');
+        const notScanned = security.findings.filter((f: Body) => f.rule === 'file-not-scanned').map((f: Body) => f.file);
+        // the folder, once (not again for the file git tracks in it), whether git lists the folder's files or not
+        expect(notScanned, `${name}: ${JSON.stringify(security)}`).to.deep.equal(['locked/']);
+        expect(security.metrics.files_not_scanned, name).to.equal(1);
+        // what could be read is scanned as before
+        expect(security.findings.map((f: Body) => f.file)).to.include('open/.env');
+      } finally {
+        await fs.chmod(path.join(dir, 'locked'), 0o755);
+      }
+    }
+  });
+
   it('refuses /etc and its look-alikes with a 403 problem, and what is not a folder with a 400; nothing is started', async () => {
     const link = path.join(h.tenantDir(), 'etc-link');
     await fs.symlink('/etc', link);

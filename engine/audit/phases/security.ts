@@ -39,6 +39,13 @@ export async function securityPhase(ws: Workspace, findings: Findings): Promise<
     }
   }
 
+  // what could not even be listed or looked at: a folder's files, or a file, the scan never reached
+  for (const { path: rel, why } of ws.unreadable) {
+    notScanned++;
+    const what = rel.endsWith('/') ? `the folder ${rel} could not be read (${why}): its files were not` : `${rel} could not be read (${why}): it was not`;
+    findings.add('file-not-scanned', 'medium', rel, null, `${what} scanned for secrets, and is not known to hold none`);
+  }
+
   const committed = (rel: string) => (ws.tracked ? ws.tracked.has(rel) : true);
   // where git's state could not be read, whether a file is committed or ignored is not known: never said either way
   const where = ws.tracked ? 'committed' : ws.gitUnknown ? 'in the workspace (whether git tracks it is unknown)' : 'in the workspace';

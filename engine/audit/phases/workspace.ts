@@ -48,7 +48,22 @@ export type Workspace = {
    */
   gitUnknown: string | null;
   truncated: boolean;
+  /**
+   * What could not be read to be listed or looked at (a folder, ending in `/`, or a file, with why): kept out of
+   * `files` (a phase's parsers would fail on them) and never passed over in silence (the security phase says each)
+   */
+  unreadable: { path: string; why: string }[];
 };
+
+/** What could not be read, each once, in order: a file in a folder that could not be read is said by its folder. */
+function onceEach(unreadable: Workspace['unreadable']): Workspace['unreadable'] {
+  const folders = unreadable.filter((u) => u.path.endsWith('/')).map((u) => u.path);
+  return unreadable.filter((u) => !folders.some((f) => u.path !== f && u.path.startsWith(f))).sort((a, b) => (a.path < b.path ? -1 : a.path > b.path ? 1 : 0));
+}
+
+/** An error that says a path is not there (gone since it was listed): anything else is a path that could not be read. */
+const gone = (err: unknown) => ['ENOENT', 'ENOTDIR'].includes((err as { code?: string }).code ?? '');
+const why = (err: unknown) => (err as { code?: string }).code ?? (err as Error).message;
 
 /** Every git command of the phases: the private git folder `gitDir`, the workspace its work tree. */
 function git(gitDir: string, root: string, args: string[]): Promise<string | null> {
@@ -59,7 +74,7 @@ function git(gitDir: string, root: string, args: string[]): Promise<string | nul
  * As git, with what git said when it failed (its stderr's first line), for a report that must not read a failure as none.
  * `cwd`: where git runs, when the folder audited is a part of the work tree `root` (a package of a monorepo).
  */
-function gitSaid(gitDir: string, root: string, args: string[], cwd = root): Promise<{ out: string | null; error: string }> {
+function gitSaid(gitDir: string, root: string, args: string[], cwd = root): Promise<{ out: string | null; error: string; stderr: string }> {
   return new Promise((resolve) => {
     execFile(
       'git',
@@ -69,8 +84,12 @@ function gitSaid(gitDir: string, root: string, args: string[], cwd = root): Prom
       (err, stdout, stderr) =>
         resolve(
           err
-            ? { out: null, error: `git ${args[0]}: ${String(stderr).trim().split('\n')[0]?.slice(0, 300) || err.message.split('\n')[0]}` }
-            : { out: stdout, error: '' },
+            ? {
+                out: null,
+                error: `git ${args[0]}: ${String(stderr).trim().split('\n')[0]?.slice(0, 300) || err.message.split('\n')[0]}`,
+                stderr: String(stderr),
+              }
+            : { out: stdout, error: '', stderr: String(stderr) },
         ),
     );
   });
@@ -178,10 +197,13 @@ const insideTree = (rel: string) => rel !== '' && !path.isAbsolute(rel) && !rel.
  * larger): the cap is checked at every file, not only on entering a folder, so one folder of 150,000 files
  * stops at it too. Each folder's entries in name order, so the files kept are the same from run to run.
  */
-async function crawl(root: string, max: number): Promise<string[]> {
+async function crawl(root: string, max: number, unreadable: Workspace['unreadable']): Promise<string[]> {
   const out: string[] = [];
   const walk = async (rel: string) => {
-    const entries = await fs.readdir(path.join(root, rel), { withFileTypes: true }).catch(() => []);
+    const entries = await fs.readdir(path.join(root, rel), { withFileTypes: true }).catch((err: unknown) => {
+      if (!gone(err)) unreadable.push({ path: `${rel}/`, why: why(err) });
+      return [];
+    });
     entries.sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
     for (const e of entries) {
       if (out.length > max) return;
@@ -199,13 +221,18 @@ async function crawl(root: string, max: number): Promise<string[]> {
  * a device), and the parsers a phase hands its files to (dependency-cruiser, TypeScript) read them with
  * blocking calls, so a FIFO in place of a tracked source held the phase until its timeout.
  */
-async function regularFiles(root: string, rels: string[]): Promise<string[]> {
+async function regularFiles(root: string, rels: string[], unreadable: Workspace['unreadable']): Promise<string[]> {
   const keep = new Array<boolean>(rels.length);
   const BATCH = 256;
   for (let i = 0; i < rels.length; i += BATCH)
     await Promise.all(
       rels.slice(i, i + BATCH).map(async (rel, k) => {
-        keep[i + k] = Boolean((await fs.stat(path.join(root, rel)).catch(() => null))?.isFile());
+        const st = await fs.stat(path.join(root, rel)).catch((err: unknown) => {
+          // one that cannot be looked at (in a folder the phase may not enter) is said, not dropped as one that is gone
+          if (!gone(err)) unreadable.push({ path: rel, why: why(err) });
+          return null;
+        });
+        keep[i + k] = Boolean(st?.isFile());
       }),
     );
   return rels.filter((_, i) => keep[i]);
@@ -221,6 +248,7 @@ export async function openWorkspace(
   opts: { maxFiles?: number; repositoryAbove?: string | null; repository?: { root: string; dir: string } | null } = {},
 ): Promise<Workspace> {
   const max = opts.maxFiles ?? MAX_FILES;
+  const unreadable: Workspace['unreadable'] = [];
   const above = opts.repositoryAbove ? (opts.repository ?? null) : null;
   const gitDir = await privateGitDir(above ? above.root : root);
   let gitUnknown: string | null =
@@ -243,7 +271,10 @@ export async function openWorkspace(
     ]).finally(() => gitDir.close());
     if (cached.out !== null && others.out !== null) {
       const tracked = new Set(cached.out.split('\0').filter(insideTree));
-      const files = await regularFiles(root, [...new Set([...tracked, ...others.out.split('\0').filter(insideTree)])].sort());
+      // a folder git could not enter to list what is untracked in it: git warns, and lists the rest (exit 0)
+      for (const m of others.stderr.matchAll(/^warning: could not open directory '(.+)': (.+)$/gm))
+        if (m[1]!.startsWith(prefix)) unreadable.push({ path: m[1]!.slice(prefix.length), why: m[2]! });
+      const files = await regularFiles(root, [...new Set([...tracked, ...others.out.split('\0').filter(insideTree)])].sort(), unreadable);
       // a status that failed (objects it needs outside the folder: a clone's alternates) is not "no changes"
       const changed =
         status.out === null
@@ -262,13 +293,14 @@ export async function openWorkspace(
         // (a HEAD git cannot read fails the status too: `rev-parse -q` alone fails without a word, as with no commit)
         gitUnknown: status.out === null ? `git could not read the repository's state: ${status.error}` : null,
         truncated: files.length > max,
+        unreadable: onceEach(unreadable),
       };
     }
     gitUnknown = `the folder is a git repository, but git could not list its files: ${(cached.out === null ? cached : others).error}`;
   }
   // as in a repository: the first `max` in order kept, truncated only when there were more
-  const files = (await crawl(root, max)).sort();
-  return { root, files: files.slice(0, max), tracked: null, git: null, gitUnknown, truncated: files.length > max };
+  const files = (await crawl(root, max, unreadable)).sort();
+  return { root, files: files.slice(0, max), tracked: null, git: null, gitUnknown, truncated: files.length > max, unreadable: onceEach(unreadable) };
 }
 
 const realDirs = new Map<string, Promise<string | null>>();
