@@ -496,7 +496,15 @@ export function auditsOf(deps: AuditsDeps) {
       const claim = `${queues.prefix}:audit:assemble:${id}`;
       if ((await deps.redis.set(claim, '1', 'EX', ASSEMBLE_CLAIM_SECONDS, 'NX')) !== 'OK') return got.report;
       try {
-        return await assembleClaimed(tenantId, id, got.report, got.canceled);
+        // the phases read again as the report is closed to them: one that ended since the read above is kept, and
+        // one that ends from now on adds nothing (its phase_done would follow the one the assembly tells for it)
+        const closed = await reports.closeForAssembly(tenantId, id, clock.now().toISOString());
+        if (!closed) {
+          await reports.dropRunning(tenantId, id);
+          return null;
+        }
+        if (closed.report.status !== 'running') return closed.report;
+        return await assembleClaimed(tenantId, id, closed.report, closed.canceled);
       } catch (err) {
         // a retry (the job's, or the reconciler's) may try at once
         await deps.redis.del(claim).catch(() => undefined);

@@ -15,10 +15,16 @@ const FULL_RETRY_AFTER_SECONDS = 30;
 /** a running report outlives a long audit; once assembled it is kept for the TTL */
 const RUNNING_GRACE_SECONDS = 6 * 3600;
 
-// writes a phase only while the report exists (an evicted report is not brought back by a late phase)
-const PUT_IF_EXISTS = `if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+// writes a phase only while the report exists (an evicted report is not brought back by a late phase) and is
+// not being assembled (a phase that ends after the assembly read the phases would tell its end twice)
+const PUT_IF_EXISTS = `if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('HEXISTS', KEYS[1], 'assembling') == 1 then return 0 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 return 1`;
+
+// the report as the assembly takes it, closed to phases in the same step: what it reads is all it will have
+const CLOSE_FOR_ASSEMBLY = `if redis.call('EXISTS', KEYS[1]) == 0 then return {} end
+redis.call('HSET', KEYS[1], 'assembling', ARGV[1])
+return redis.call('HGETALL', KEYS[1])`;
 
 // a report is made only while its tenant has fewer than ARGV[3] running (those running longer than a
 // report may are not counted): the count and the report's keys in one step, so that two requests
@@ -62,7 +68,19 @@ type ReportRedis = Redis & {
   auditPutIfExists(key: string, field: string, value: string): Promise<number>;
   auditCreateIfRoom(...args: (string | number)[]): Promise<number>;
   auditMarkCanceled(key: string, at: string): Promise<number>;
+  auditCloseForAssembly(key: string, at: string): Promise<string[]>;
 };
+
+type Held = { report: AuditReport; options: AuditOptions; canceled: boolean };
+
+/** A report's hash as read: while it runs, its head with the phases ended so far; null when it is gone. */
+function heldOf(h: Record<string, string>): Held | null {
+  if (!h.head) return null;
+  const report = JSON.parse(h.head) as AuditReport;
+  if (report.status === 'running')
+    report.phases = report.phases_requested.flatMap((p) => (h[`phase:${p}`] ? [JSON.parse(h[`phase:${p}`]!) as AuditPhaseResult] : []));
+  return { report, options: JSON.parse(h.options ?? '{"phases":[],"layers":null}') as AuditOptions, canceled: h.canceled !== undefined };
+}
 
 export function reportStoreOf(redis: Redis, settings: ReportStoreSettings) {
   const { prefix, ttlSeconds, maxPerTenant, maxRunningPerTenant } = settings;
@@ -70,6 +88,7 @@ export function reportStoreOf(redis: Redis, settings: ReportStoreSettings) {
   if (!('auditCreateIfRoom' in redis)) redis.defineCommand('auditCreateIfRoom', { numberOfKeys: 4, lua: CREATE_IF_ROOM });
   if (!('auditFinish' in redis)) redis.defineCommand('auditFinish', { numberOfKeys: 3, lua: FINISH });
   if (!('auditMarkCanceled' in redis)) redis.defineCommand('auditMarkCanceled', { numberOfKeys: 1, lua: MARK_CANCELED });
+  if (!('auditCloseForAssembly' in redis)) redis.defineCommand('auditCloseForAssembly', { numberOfKeys: 1, lua: CLOSE_FOR_ASSEMBLY });
   const r = redis as ReportRedis;
   // {tenant} is a hash tag: a tenant's reports and its index live in one Redis Cluster slot
   const key = (tenantId: string, id: string) => `${prefix}:audit:{${tenantId}}:${id}`;
@@ -137,13 +156,19 @@ export function reportStoreOf(redis: Redis, settings: ReportStoreSettings) {
     },
 
     /** the report as it stands: while it runs, its head with the phases ended so far; `canceled` once marked */
-    async get(tenantId: string, id: string): Promise<{ report: AuditReport; options: AuditOptions; canceled: boolean } | null> {
-      const h = await redis.hgetall(key(tenantId, id));
-      if (!h.head) return null;
-      const report = JSON.parse(h.head) as AuditReport;
-      if (report.status === 'running')
-        report.phases = report.phases_requested.flatMap((p) => (h[`phase:${p}`] ? [JSON.parse(h[`phase:${p}`]!) as AuditPhaseResult] : []));
-      return { report, options: JSON.parse(h.options ?? '{"phases":[],"layers":null}') as AuditOptions, canceled: h.canceled !== undefined };
+    async get(tenantId: string, id: string): Promise<Held | null> {
+      return heldOf(await redis.hgetall(key(tenantId, id)));
+    },
+
+    /**
+     * The report as get() reads it, closed to phases in the same step (putPhase refuses from then on): the phases
+     * the assembly reads are all the report will have, and a phase that ends later tells nothing.
+     */
+    async closeForAssembly(tenantId: string, id: string, at: string): Promise<Held | null> {
+      const flat = await r.auditCloseForAssembly(key(tenantId, id), at);
+      const h: Record<string, string> = {};
+      for (let i = 0; i + 1 < flat.length; i += 2) h[flat[i]!] = flat[i + 1]!;
+      return heldOf(h);
     },
 
     /** marks a running report canceled, in one step with reading its state: false when it is over or gone */

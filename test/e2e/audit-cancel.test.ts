@@ -139,4 +139,42 @@ describe('workspace audit canceled', function () {
     expect(await placesTaken()).to.equal(0);
     expect(await ledgerEntries(reportId)).to.have.length(1);
   });
+
+  it('tells each phase’s end once: a phase that ends while its report is being assembled adds nothing, and the report keeps what the stream said', async () => {
+    const { reportId } = await auditHeldInSecurity();
+    // the assembly held at its ledger entry, after it has read the phases and told those missing as failed
+    const evidence = h.rt.store.evidence;
+    const append = evidence.append;
+    let reached!: () => void;
+    const atLedger = new Promise<void>((resolve) => (reached = resolve));
+    let go!: () => void;
+    const released = new Promise<void>((resolve) => (go = resolve));
+    evidence.append = async (...args) => {
+      reached();
+      await released;
+      return append.apply(evidence, args);
+    };
+    try {
+      const assembling = h.rt.engine.audits.assemble('tenant-a', reportId);
+      await atLedger;
+      // meanwhile the security phase ends, completed, its report still running: it must neither be kept nor told
+      for (const pid of held) process.kill(pid, 'SIGCONT');
+      await eventually(async () => (await securityPhase()).length === 0, 'the security phase to end', 30_000);
+      await eventually(async () => (await (await job(reportId, 'security'))?.getState()) === 'completed', 'its job to end', 30_000);
+      go();
+      expect((await assembling)!.status).to.equal('partial');
+    } finally {
+      evidence.append = append;
+      go();
+    }
+    await jobsEnded(reportId);
+    const events = await h.rt.events.after(`audit:${reportId}`, '0-0', 100);
+    const told = events.filter((e) => e.type === 'audit.phase_done').map((e) => (e.data as Body).phase);
+    expect(told.sort(), 'one phase_done a phase').to.deep.equal(['health', 'sanity', 'security']);
+    const report = await read(reportId);
+    expect(report.phases.find((p: Body) => p.phase === 'security').status).to.equal('failed');
+    const doneFor = (phase: string) => events.find((e) => e.type === 'audit.phase_done' && (e.data as Body).phase === phase)!.data as Body;
+    expect(doneFor('security').status, 'the stream and the report agree').to.equal('failed');
+    expect(await ledgerEntries(reportId)).to.have.length(1);
+  });
 });
