@@ -266,7 +266,9 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
     async resolve(tenantId: string, provider: ConnectionProvider, named?: string | null): Promise<ConnectionRecord> {
       // looked up directly (by id, then by name), not found in a list of them all: each action step resolves one
       if (named) {
-        const record = (await store.connections.get(tenantId, named)) ?? (await store.connections.getByName(tenantId, named));
+        // a name may be another provider's connection's id (names are free text): then it is looked up as a name too
+        const byId = await store.connections.get(tenantId, named);
+        const record = byId?.provider === provider ? byId : await store.connections.getByName(tenantId, named);
         if (record?.provider === provider) return record;
         throw new ConnectionMissingError(provider, `no ${provider} connection named ${named}`);
       }

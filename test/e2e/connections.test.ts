@@ -888,6 +888,20 @@ describe('action tools', function () {
     expect(fake.requests.length, 'nothing reached the provider').to.equal(before2);
   });
 
+  it('finds a connection by its name when that name is the id of another provider’s connection of the tenant', async () => {
+    const create = (body: Body) => h.call<Body>('POST', '/api/v1/connections', { body });
+    const codehost = await create({ provider: 'codehost', name: 'by-id-host', base_url: fake.github, credential: FAKE_TOKEN });
+    expect(codehost.status, codehost.text).to.equal(201);
+    const chat = await create({ provider: 'chat', name: codehost.body.id, base_url: fake.slack, credential: 'xoxb-named-like-an-id' });
+    expect(chat.status, chat.text).to.equal(201);
+    try {
+      expect((await h.rt.engine.connections.resolve('tenant-a', 'chat', codehost.body.id)).id).to.equal(chat.body.id);
+      expect((await h.rt.engine.connections.resolve('tenant-a', 'codehost', codehost.body.id)).id).to.equal(codehost.body.id);
+    } finally {
+      for (const id of [chat.body.id, codehost.body.id]) await h.call('DELETE', `/api/v1/connections/${id}`);
+    }
+  });
+
   it('acts through the connection an automation names, kept on the automation and on each of its runs', async () => {
     const made = await h.call<Body>('POST', '/api/v1/automations', {
       body: {
