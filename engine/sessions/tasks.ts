@@ -213,11 +213,19 @@ export function tasksOf(deps: TasksDeps) {
 
   /**
    * What a finished run of a task leaves as the task's output (its dependents' `inputs.upstream`): its
-   * steps' outputs up to OUTPUT_STEPS_MAX_BYTES, the latest first; a step left out keeps its place with
+   * steps' outputs, after those of the task's runs before it (`earlier`: it continues them after a question),
+   * up to OUTPUT_STEPS_MAX_BYTES, the latest first; a step left out keeps its place with
    * `output: null, output_truncated: true` (its run keeps every output whole).
    */
-  async function outputOf(run: Run): Promise<Record<string, unknown>> {
-    const steps = await store.runs.steps(run.tenant_id, run.id, run.attempt);
+  async function outputOf(run: Run, earlier: string[] = []): Promise<Record<string, unknown>> {
+    // a task continued after its question: the steps of its runs before, in their order, then this run's
+    const before = await Promise.all(
+      earlier.map(async (id) => {
+        const r = await store.runs.get(run.tenant_id, id);
+        return r ? store.runs.steps(r.tenant_id, r.id, r.attempt) : [];
+      }),
+    );
+    const steps = [...before.flat(), ...(await store.runs.steps(run.tenant_id, run.id, run.attempt))];
     const kept: { tool: string; output: unknown; output_truncated?: true }[] = new Array(steps.length);
     let left = OUTPUT_STEPS_MAX_BYTES;
     for (let i = steps.length - 1; i >= 0; i--) {
@@ -491,9 +499,9 @@ export function tasksOf(deps: TasksDeps) {
   async function onRunFinished(run: Run): Promise<void> {
     if (run.trigger.type !== 'task') return;
     const ref = { tenant_id: run.tenant_id, session_id: run.session_id, id: run.trigger.task_id };
-    // what the task's earlier runs used (a run that continues it adds to that)
-    const before = run.trigger.continues ? taskUsage((await store.tasks.get(ref.tenant_id, ref.session_id, ref.id)) ?? ({} as TaskRecord)) : {};
-    const usage = sumUsage(before, runUsage(run));
+    // what the task's earlier runs used and did (a run that continues it adds to that)
+    const task = run.trigger.continues ? await store.tasks.get(ref.tenant_id, ref.session_id, ref.id) : null;
+    const usage = sumUsage(task ? taskUsage(task) : {}, runUsage(run));
     const asked = run.status === 'succeeded' ? run.result?.input_required : undefined;
     if (asked) {
       // the task waits, holding no worker; it has not ended, so Redis keeps it running and releases nobody
@@ -515,7 +523,8 @@ export function tasksOf(deps: TasksDeps) {
     // the session read-only, its cancel came a moment late): its task is canceled, as the archive's others
     const archived = run.status !== 'succeeded' && (await store.sessions.get(run.tenant_id, run.session_id))?.status === 'archived';
     const outcome = archived ? 'canceled' : (OUTCOME[run.status] ?? 'failed');
-    await endTask(ref, outcome, { output: { ...(await outputOf(run)), usage }, attempts: attemptOf(run) });
+    const earlier = task ? task.run_ids.filter((id) => id !== run.id) : [];
+    await endTask(ref, outcome, { output: { ...(await outputOf(run, earlier)), usage }, attempts: attemptOf(run) });
   }
 
   /**

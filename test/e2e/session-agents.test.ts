@@ -240,6 +240,33 @@ describe('agents of a session', function () {
     });
   });
 
+  it('keeps in a continued task’s output the steps of its run before the question too, and hands them to its dependents', async () => {
+    const script: ScriptedTurn[] = [
+      { tool_calls: [{ name: 'list_files', args: {} }] },
+      { tool_calls: [{ name: 'ask_for_input', args: { question: 'Which one?' } }] },
+      { content: 'Done with the first.' },
+    ];
+    await withAgents(script, async (h, _model, session) => {
+      const lister = await agent(h, session, { name: 'lister', tool_allowlist: ['list_files'] });
+      await task(h, session, { id: 'look', goal: 'Look around', agent_id: lister.id });
+      await task(h, session, { id: 'after', depends_on: ['look'], steps: [{ tool: 'message', args: { text: '${inputs.upstream.look.steps.0.tool}' } }] });
+      const waiting = await sessionWhen(h, session, (s) => s.tasks[0].status === 'input_required', 'the task to ask');
+      const question = (await h.call<Body>('GET', `/api/v1/sessions/${session}/messages`)).body.data.find((m: Body) => m.kind === 'input_request');
+      expect(waiting.tasks[0].run_ids).to.have.length(1);
+      const answered = await h.call('POST', `/api/v1/sessions/${session}/messages`, {
+        body: { role: 'user', in_reply_to: question.id, to: lister.id, parts: text('The first.') },
+      });
+      expect(answered.status).to.equal(201);
+      const done = await sessionWhen(h, session, (s) => s.outcome !== null, 'both tasks to end');
+      expect(done.outcome).to.equal('succeeded');
+      const [look, after] = done.tasks;
+      expect(look.run_ids).to.have.length(2);
+      expect(look.output.steps.map((st: Body) => st.tool)).to.deep.equal(['list_files']);
+      expect(look.output.result.final_answer).to.equal('Done with the first.');
+      expect(after.output.steps[0].output.text).to.equal('list_files');
+    });
+  });
+
   it('asks for input: the run ends and holds no worker, the task waits, and the answer continues the conversation in the task’s next run', async () => {
     const script: ScriptedTurn[] = [
       { content: 'I need to know where.', tool_calls: [{ name: 'ask_for_input', args: { question: 'Which branch should I deploy?' } }] },
