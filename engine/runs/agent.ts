@@ -24,6 +24,17 @@ export class AgentError extends Error {
   }
 }
 
+/**
+ * A conversation picked up where it stopped (a question answered): its goal as it was asked, and the run's goal
+ * after it when that changed since (its agent's instructions edited while the task waited), which the run
+ * records and so the model is told.
+ */
+function continued(conversation: ChatMessage[], goal: string): ChatMessage[] {
+  const asked = conversation.find((m) => m.role === 'user');
+  if (!goal || (typeof asked?.content === 'string' && asked.content.startsWith(goal))) return [...conversation];
+  return [...conversation, { role: 'system', content: `Your instructions changed while you waited. From now on:\n${goal}` }];
+}
+
 /** What one tool result or inbox message may add to the conversation. */
 const CONTENT_MAX_CHARS = 16_000;
 const capped = (text: string) => (text.length > CONTENT_MAX_CHARS ? `${text.slice(0, CONTENT_MAX_CHARS)}…(truncated)` : text);
@@ -307,7 +318,7 @@ export async function runAgent(opts: {
   onTurn(turn: Omit<AgentTurn, 'index' | 'at'>): Promise<void>;
 }): Promise<AgentOutcome> {
   const messages: ChatMessage[] = opts.conversation
-    ? [...opts.conversation]
+    ? continued(opts.conversation, opts.goal)
     : [
         {
           role: 'system',

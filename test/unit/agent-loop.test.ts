@@ -5,10 +5,16 @@ import { runAgent, type ModelClient } from '../../engine/runs/agent.js';
 
 type Answer = Awaited<ReturnType<ModelClient['complete']>>;
 
-/** A client that answers each call with the next answer of the script. */
-function scripted(answers: Answer[]): ModelClient {
+/** A client that answers each call with the next answer of the script; `sent` keeps what each call was sent. */
+function scripted(answers: Answer[], sent: unknown[][] = []): ModelClient {
   let next = 0;
-  return { defaultModel: 'scripted', complete: async () => answers[next++]! } as unknown as ModelClient;
+  return {
+    defaultModel: 'scripted',
+    complete: async (_model: string, messages: unknown[]) => {
+      sent.push(structuredClone(messages));
+      return answers[next++]!;
+    },
+  } as unknown as ModelClient;
 }
 
 const call = (id: string, args: string): Answer => ({
@@ -48,5 +54,37 @@ describe('agent loop', () => {
     await loop(scripted([call('2', args('second')), { content: 'done', tool_calls: [] }]));
     expect(called).to.deep.equal(['first']);
     expect(refused).to.deep.equal(['attempt-args-too-large']);
+  });
+
+  it('tells a continued conversation its goal when it changed while the task waited (its agent’s instructions edited), and only then', async () => {
+    const conversation = [
+      { role: 'system' as const, content: 'You are an automation agent.' },
+      { role: 'user' as const, content: 'OLD-INSTR\n\nYour task: deploy\n\nInputs: {}' },
+      { role: 'assistant' as const, content: null },
+    ];
+    const firstCall = async (goal: string) => {
+      const sent: unknown[][] = [];
+      await runAgent({
+        client: scripted([{ content: 'done', tool_calls: [] }], sent),
+        model: null,
+        goal,
+        inputs: {},
+        tools: [],
+        conversation,
+        canAsk: true,
+        inbox: async () => [],
+        signal: new AbortController().signal,
+        stepsLeft: () => undefined,
+        callTool: async () => ({ output: {} }),
+        argsMaxBytes: { call: 1000, attempt: 1000 },
+        argsRoom: { left: 1000 },
+        onTurn: async () => undefined,
+      });
+      return JSON.stringify(sent[0]);
+    };
+    expect(await firstCall('OLD-INSTR\n\nYour task: deploy')).not.to.contain('instructions changed');
+    expect(await firstCall('NEW-INSTR\n\nYour task: deploy'))
+      .to.contain('Your instructions changed while you waited')
+      .and.contain('NEW-INSTR');
   });
 });
