@@ -30,10 +30,13 @@ export class AgentError extends Error {
  * records and so the model is told.
  */
 function continued(conversation: ChatMessage[], goal: string): ChatMessage[] {
-  const asked = conversation.find((m) => m.role === 'user');
-  if (!goal || (typeof asked?.content === 'string' && asked.content.startsWith(goal))) return [...conversation];
-  return [...conversation, { role: 'system', content: `Your instructions changed while you waited. From now on:\n${goal}` }];
+  // the goal it was last given: a change told at an earlier continuation, else the one it was asked
+  const told = conversation.findLast((m) => m.role === 'system' && typeof m.content === 'string' && m.content.startsWith(GOAL_CHANGED));
+  const last = told ? (told.content as string).slice(GOAL_CHANGED.length) : conversation.find((m) => m.role === 'user')?.content;
+  if (!goal || (typeof last === 'string' && last.startsWith(goal))) return [...conversation];
+  return [...conversation, { role: 'system', content: `${GOAL_CHANGED}${goal}` }];
 }
+const GOAL_CHANGED = 'Your instructions changed while you waited. From now on:\n';
 
 /** What one tool result or inbox message may add to the conversation. */
 const CONTENT_MAX_CHARS = 16_000;

@@ -86,5 +86,8 @@ describe('agent loop', () => {
     expect(await firstCall('NEW-INSTR\n\nYour task: deploy'))
       .to.contain('Your instructions changed while you waited')
       .and.contain('NEW-INSTR');
+    // told once: a later continuation with the same new goal adds nothing more
+    conversation.push({ role: 'system' as never, content: 'Your instructions changed while you waited. From now on:\nNEW-INSTR\n\nYour task: deploy' });
+    expect((await firstCall('NEW-INSTR\n\nYour task: deploy')).match(/instructions changed/g)).to.have.length(1);
   });
 });
