@@ -161,13 +161,20 @@ export const ACTIONS: Record<ConnectionProvider, Record<string, Action>> = {
       type Entry = { path: string; mode: '100644' | '100755' | '120000'; type: 'blob'; content?: string; sha?: null };
       const tree: Entry[] = [];
       for (const p of patches) {
-        const from = diffPath(p.oldFileName);
-        const to = diffPath(p.newFileName);
-        // a binary change or a change of mode alone has no hunk to apply: refused rather than guessed
-        if (to !== null && from !== null && p.hunks.length === 0)
-          throw new ActionArgsError(`the run's change to ${to} is binary or of its mode only: it cannot be opened as a pull request from its diff`);
-        const mode = ((from !== null && modes.get(from)) || '100644') as Entry['mode'];
-        if (mode === '120000' || modes.get(from ?? '') === '160000') throw new ActionArgsError(`${from} is a link or a submodule: it cannot be patched`);
+        // a file made or deleted has no side before or after (git names both paths in its header when it is empty)
+        const from = p.isCreate ? null : diffPath(p.oldFileName);
+        const to = p.isDelete ? null : diffPath(p.newFileName);
+        // a binary change has no hunk to apply: refused rather than guessed. Without a hunk otherwise: an empty file
+        // made, a file renamed as it was, a change of mode alone (the content is the base's, or none)
+        const bare = p.hunks.length === 0 && !p.isCreate && !p.isDelete && !p.isRename && !p.newMode;
+        if (p.isBinary || (to !== null && from !== null && bare))
+          throw new ActionArgsError(`the run's change to ${to ?? from} is binary: it cannot be opened as a pull request from its diff`);
+        const baseMode = from !== null ? modes.get(from) : undefined;
+        if (baseMode === '120000' || baseMode === '160000') throw new ActionArgsError(`${from} is a link or a submodule: it cannot be patched`);
+        // the mode the run gave it (a script made executable), else the base's
+        if (p.newMode && p.newMode !== '100644' && p.newMode !== '100755')
+          throw new ActionArgsError(`the run made ${to} a link or a submodule (mode ${p.newMode}): it cannot be opened as a pull request from its diff`);
+        const mode = (p.newMode ?? baseMode ?? '100644') as Entry['mode'];
         if (to === null) {
           if (from) tree.push({ path: from, mode: '100644', type: 'blob', sha: null });
           continue;
@@ -177,7 +184,7 @@ export const ACTIONS: Record<ConnectionProvider, Record<string, Action>> = {
           const file = (await gh.rest.repos.getContent({ owner, repo, path: from, ref: baseSha })).data as { content?: string; encoding?: string };
           source = Buffer.from(file.content ?? '', file.encoding === 'base64' ? 'base64' : 'utf8').toString('utf8');
         }
-        const patched = applyPatch(source, p);
+        const patched = p.hunks.length ? applyPatch(source, p) : source;
         if (patched === false) throw new ActionArgsError(`the run's change to ${to} does not apply to ${base} at ${baseSha.slice(0, 7)}`);
         tree.push({ path: to, mode, type: 'blob', content: patched });
         if (from !== null && from !== to) tree.push({ path: from, mode: '100644', type: 'blob', sha: null });

@@ -150,6 +150,8 @@ async function repositoryOf(workspace: string, root: string): Promise<string | n
   for (let dir = workspace; ; dir = path.dirname(dir)) {
     const st = await fs.lstat(path.join(dir, '.git')).catch(() => null);
     if (st?.isDirectory()) return dir;
+    // a submodule or a worktree: its files are not in the repository above (a clone of that has its folder empty)
+    if (st) return null;
     if (dir === root || !dir.startsWith(root + path.sep)) return null;
   }
 }
@@ -181,37 +183,61 @@ export async function makeScratch(
   // named by its run: one a dead process left is found and removed (sweepLeftovers)
   const base = await fs.mkdtemp(path.join(area, `vibe-${opts.runId}-`));
   const repo = await repositoryOf(workspace, root);
-  let top: string;
-  let dir: string;
-  let kind: Scratch['kind'];
+  let top = '';
+  let dir = '';
+  let kind: Scratch['kind'] = 'copy';
   let readOnlyBinds: string[] = [];
+  /** the commit the scratch was made at: the diff is against it, whatever the run commits, resets or checks out since */
+  let baseCommit = '';
   try {
     if (repo) {
       // a clone's config and hooks are its own (none): nothing of the repository's config runs
       readOnlyBinds = [path.join(repo, '.git')];
-      await sandboxedGit(sandbox, base, `git ${GIT_SAFE} clone --quiet --shared --no-hardlinks ${q(repo)} worktree`, readOnlyBinds, signal);
+      baseCommit = (
+        await sandboxedGit(
+          sandbox,
+          base,
+          `git ${GIT_SAFE} clone --quiet --shared --no-hardlinks ${q(repo)} worktree 2>/dev/null && { git -C worktree rev-parse -q --verify HEAD || true; }`,
+          readOnlyBinds,
+          signal,
+        )
+      ).trim();
       readOnlyBinds = [path.join(repo, '.git', 'objects')];
       top = path.join(base, 'worktree');
       dir = path.join(top, path.relative(repo, workspace));
-      kind = 'worktree';
-    } else {
+      // a repository with no commit yet, or a workspace folder its HEAD does not hold (untracked, ignored, empty):
+      // the clone has none of the workspace's files, which are copied instead
+      if (baseCommit && existsSync(dir)) kind = 'worktree';
+      else {
+        await fs.rm(top, { recursive: true, force: true });
+        readOnlyBinds = [];
+      }
+    }
+    if (kind === 'copy') {
       top = dir = path.join(base, 'copy');
       await fs.mkdir(dir);
+      // other runs' scratch copies and checkouts live in a tenant's root (the workspace root itself, for the local
+      // tenant): a copy of the root leaves them out
+      const theirs = workspace === root ? `--exclude=./${SCRATCH_DIR} --exclude=./${CHECKOUTS_DIR}` : '';
       // copied in the sandbox too (the workspace bound read-only by its handle, links copied as links): a
-      // copy made by the service, as its own user, followed a folder a step swapped for a link meanwhile
-      await sandboxedGit(
-        sandbox,
-        dir,
-        [
-          `tar -C ${q(workspace)} --exclude=node_modules --exclude=.git -cf /tmp/scratch.tar .`,
-          'tar -xf /tmp/scratch.tar',
-          'rm /tmp/scratch.tar',
-          `git ${GIT_SAFE} init -q && git ${GIT_SAFE} add -A && git ${GIT_SAFE} ${GIT_ID} commit -q --allow-empty -m 'scratch copy'`,
-        ].join(' && '),
-        [workspace],
-        signal,
-      );
-      kind = 'copy';
+      // copy made by the service, as its own user, followed a folder a step swapped for a link meanwhile. Every
+      // file copied is committed, ignored ones too, so a change to one is in the diff (which adds what is tracked
+      // whatever .gitignore says); a new file that .gitignore names (a build's output) is not
+      baseCommit = (
+        await sandboxedGit(
+          sandbox,
+          dir,
+          [
+            `tar -C ${q(workspace)} --exclude=node_modules --exclude=.git ${theirs} -cf /tmp/scratch.tar .`,
+            'tar -xf /tmp/scratch.tar',
+            'rm /tmp/scratch.tar',
+            `git ${GIT_SAFE} init -q && git ${GIT_SAFE} add -A --force && git ${GIT_SAFE} ${GIT_ID} commit -q --allow-empty -m 'scratch copy'`,
+            `git ${GIT_SAFE} rev-parse HEAD`,
+          ].join(' && '),
+          [workspace],
+          signal,
+        )
+      ).trim();
     }
   } catch (err) {
     await fs.rm(base, { recursive: true, force: true });
@@ -230,9 +256,9 @@ export async function makeScratch(
         [
           `cd ${q(rel)}`,
           `git ${GIT_SAFE} add -A .`,
-          `git ${GIT_SAFE} diff --cached --name-only -z --relative HEAD`,
+          `git ${GIT_SAFE} diff --cached --name-only -z --relative ${baseCommit}`,
           `printf '\\0@@\\0'`,
-          `git ${GIT_SAFE} diff --cached --no-color --no-ext-diff --no-textconv --relative HEAD | head -c ${DIFF_MAX_BYTES + 1}`,
+          `git ${GIT_SAFE} diff --cached --no-color --no-ext-diff --no-textconv --relative ${baseCommit} | head -c ${DIFF_MAX_BYTES + 1}`,
         ].join(' && '),
         readOnlyBinds,
         diffSignal,

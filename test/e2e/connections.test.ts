@@ -1144,6 +1144,13 @@ describe('action tools', function () {
           { tool: 'write_file', args: { path: 'src/app.mjs', content: 'export const answer = 42;\nexport const name = "app";\n' } },
           { tool: 'write_file', args: { path: 'docs/answer.md', content: 'The answer is 42.\n' } },
           { tool: 'write_file', args: { path: 'run.sh', content: '#!/bin/sh\necho 42\n' } },
+          // an empty file made, a file renamed as it was, a new script made executable
+          {
+            tool: 'shell',
+            args: {
+              command: "mkdir pkg && touch pkg/__init__.py && git mv README.md README.txt && printf '#!/bin/sh\\necho hi\\n' > deploy.sh && chmod +x deploy.sh",
+            },
+          },
         ],
       },
     });
@@ -1172,13 +1179,17 @@ describe('action tools', function () {
       { path: 'src/app.mjs', mode: '100644', type: 'blob', content: 'export const answer = 42;\nexport const name = "app";\n' },
       { path: 'docs/answer.md', mode: '100644', type: 'blob', content: 'The answer is 42.\n' },
       { path: 'run.sh', mode: '100755', type: 'blob', content: '#!/bin/sh\necho 42\n' },
+      { path: 'pkg/__init__.py', mode: '100644', type: 'blob', content: '' },
+      { path: 'README.txt', mode: '100644', type: 'blob', content: '# app\n' },
+      { path: 'README.md', mode: '100644', type: 'blob', sha: null },
+      { path: 'deploy.sh', mode: '100755', type: 'blob', content: '#!/bin/sh\necho hi\n' },
     ]);
     const commit = fake.requests.find((r) => r.path === '/github/repos/acme/app/git/commits' && r.method === 'POST')!.body;
     expect(commit).to.deep.include({ message: 'The answer is 42', parents: ['base-commit'] });
     expect(fake.requests.find((r) => r.path === '/github/repos/acme/app/git/refs')!.body.ref).to.equal('refs/heads/answer-42');
     const pr = fake.requests.find((r) => r.path === '/github/repos/acme/app/pulls' && r.method === 'POST')!.body;
     expect(pr).to.deep.include({ title: 'The answer is 42', head: 'answer-42', base: 'main', body: 'From a vibe run.' });
-    expect(run.steps[0].output).to.deep.include({ head: 'answer-42', base: 'main', files: 3 });
+    expect(run.steps[0].output).to.deep.include({ head: 'answer-42', base: 'main', files: 7 });
     // another tenant's vibe run is not there for it; a run of another kind neither
     const foreign = await start(
       {

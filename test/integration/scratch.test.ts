@@ -1,6 +1,7 @@
 // A vibe run's scratch copy (engine/runs/workspace.ts) stops with its run: the copy, the clone and the
 // diff are killed when the run's signal aborts (its budget, a cancel, a shutdown), and the diff of a run
 // that was stopped still has a few seconds to be taken (engine/runs/programs.ts).
+import { spawnSync } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import fs from 'node:fs/promises';
 import os from 'node:os';
@@ -49,6 +50,83 @@ describe('a vibe run’s scratch copy', () => {
     expect(diff).to.contain('+two');
     await scratch.remove();
     expect(await fs.readdir(path.join(dir, 'area'))).to.deep.equal([]);
+  });
+
+  const git = (cwd: string, ...args: string[]) => {
+    const r = spawnSync('git', ['-c', 'user.email=t@t', '-c', 'user.name=t', '-c', 'commit.gpgsign=false', ...args], { cwd, encoding: 'utf8' });
+    expect(r.status, r.stderr).to.equal(0);
+    return r.stdout;
+  };
+
+  it('diffs against the commit it was made at, whatever the run commits or resets in it since', async () => {
+    const root = path.join(dir, 'root');
+    git(root, 'init', '-q');
+    git(root, 'add', '-A');
+    git(root, 'commit', '-qm', 'base');
+    const scratch = await makeScratch(noSandbox(), opts());
+    expect(scratch.kind).to.equal('worktree');
+    await fs.appendFile(path.join(scratch.dir, 'a.txt'), 'two\n');
+    git(scratch.dir, 'add', '-A');
+    git(scratch.dir, 'commit', '-qm', 'the run’s own commit');
+    const { changed_files, diff } = await scratch.diff();
+    expect(changed_files).to.deep.equal(['a.txt']);
+    expect(diff).to.contain('+two');
+    await scratch.remove();
+  });
+
+  it('copies a workspace that its repository’s HEAD does not hold (untracked, no commit yet, a submodule), as a folder in no repository is', async () => {
+    const root = path.join(dir, 'root');
+    const cases: [string, () => Promise<void>][] = [
+      [
+        'untracked in a repository with commits',
+        async () => {
+          await fs.writeFile(path.join(root, 'top.txt'), 'x\n');
+          git(root, 'init', '-q');
+          git(root, 'add', 'top.txt');
+          git(root, 'commit', '-qm', 'base');
+        },
+      ],
+      ['in a repository with no commit yet', async () => void git(root, 'init', '-q')],
+      [
+        'a submodule’s folder (its .git a file)',
+        async () => {
+          git(root, 'init', '-q');
+          await fs.writeFile(path.join(root, 'ws', '.git'), 'gitdir: ../.git/modules/ws\n');
+        },
+      ],
+    ];
+    for (const [what, make] of cases) {
+      await fs.rm(path.join(root, '.git'), { recursive: true, force: true });
+      await fs.rm(path.join(root, 'ws', '.git'), { force: true });
+      await make();
+      const scratch = await makeScratch(noSandbox(), opts());
+      expect(scratch.kind, what).to.equal('copy');
+      expect(await fs.readFile(path.join(scratch.dir, 'a.txt'), 'utf8'), what).to.equal('one\n');
+      await fs.appendFile(path.join(scratch.dir, 'a.txt'), 'two\n');
+      expect((await scratch.diff()).changed_files, what).to.deep.equal(['a.txt']);
+      await scratch.remove();
+    }
+  });
+
+  it('copies ignored files a folder in no repository holds, so that their changes are in the diff, but not a new file .gitignore names', async () => {
+    const ws = path.join(dir, 'root', 'ws');
+    await fs.writeFile(path.join(ws, '.gitignore'), 'build/\n*.env\n');
+    await fs.writeFile(path.join(ws, 'app.env'), 'A=1\n');
+    const scratch = await makeScratch(noSandbox(), opts());
+    await fs.appendFile(path.join(scratch.dir, 'app.env'), 'B=2\n');
+    await fs.mkdir(path.join(scratch.dir, 'build'));
+    await fs.writeFile(path.join(scratch.dir, 'build', 'out.js'), 'built\n');
+    expect((await scratch.diff()).changed_files).to.deep.equal(['app.env']);
+    await scratch.remove();
+  });
+
+  it('leaves other runs’ scratch copies and checkouts out of a copy of the root they are in (the local tenant’s)', async () => {
+    const root = path.join(dir, 'root');
+    for (const other of ['.scratch/local/vibe-run_x/copy', '.checkouts/run_y'])
+      await fs.mkdir(path.join(root, other), { recursive: true }).then(() => fs.writeFile(path.join(root, other, 'draft.txt'), 'theirs\n'));
+    const scratch = await makeScratch(noSandbox(), { ...opts(), workspace: root });
+    expect((await fs.readdir(scratch.dir)).sort()).to.deep.equal(['.git', 'ws']);
+    await scratch.remove();
   });
 
   it('stops copying when the run stops, and leaves nothing behind', async () => {
