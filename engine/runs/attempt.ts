@@ -1,7 +1,6 @@
 // One attempt of a run as a worker executes it: its step records (kept current in the store at most
 // every PROGRESS_SAVE_MS, one row per changed step), its usage, the tool calls it makes and the events
 // they send. Programs (programs.ts) drive it; the executor settles it.
-import fs from 'node:fs/promises';
 import path from 'node:path';
 import type { Platform } from '../deps.js';
 import { AppError, OutsideError, type AgentTurn, type ErrorInfo, type EventBody, type Run, type RunStatus, type StepRecord } from '../platform/index.js';
@@ -19,7 +18,7 @@ import {
   runProcess,
 } from '../tools/index.js';
 import type { Transitions } from './transitions.js';
-import { CHECKOUTS_DIR, tenantRootPath } from './workspace.js';
+import { CHECKOUTS_DIR, removeCheckout, tenantRootPath } from './workspace.js';
 
 const OUTPUT_FLUSH_MS = 50;
 const OUTPUT_FLUSH_BYTES = 16 * 1024;
@@ -485,12 +484,17 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
       const toolCalls = full.tool_calls.map((call) => ({ ...call, args: forEvent(call.args, EVENT_VALUE_MAX_BYTES, room) }));
       emit({ type: 'agent.turn', data: { ...full, content, tool_calls: toolCalls } });
     },
-    /** Removes what the attempt made for itself (its checkout). */
+    /**
+     * Removes what the attempt made for itself (its checkout), in the sandbox as it was made: by path, as the
+     * service, a folder of it a step swapped for a link mid-removal led the removal into another tenant's root.
+     */
     async cleanup(): Promise<void> {
-      if (checkoutDir)
-        await fs
-          .rm(checkoutDir, { recursive: true, force: true })
-          .catch((err: Error) => log.warn({ run_id: run.id, err: err.message }, 'a checkout was not removed'));
+      if (!checkoutDir) return;
+      const failed = (why: string) => log.warn({ run_id: run.id, err: why }, 'a checkout was not removed (the leftovers sweep tries again)');
+      await removeCheckout(deps.sandbox, tenantRootPath(deps.settings, run.tenant_id), run.id, deps.settings.childEnv.PATH).then(
+        (code) => (code === 0 ? undefined : failed(`exit ${code}`)),
+        (err: Error) => failed(err.message),
+      );
     },
     /** Waits for the first try of the attempt's events (one Redis refused goes on being tried in the background). */
     async drained(): Promise<void> {

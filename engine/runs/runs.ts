@@ -41,8 +41,8 @@ import type { TenantSlots } from './concurrency.js';
 import { retryPolicyOf } from './retry.js';
 import { REDIS_DEADLINE_MS, STORE_RETRY_AFTER_SECONDS, KeyHeld, type AfterStored, type Transitions } from './transitions.js';
 import { allowlistOf, networkOf, requireAgentFor, type ToolPolicy } from './policy.js';
-import { CHECKOUTS_DIR, resolveWorkspace, sweepLeftovers, tenantRoot, tenantRootPath } from './workspace.js';
-import { runProcess, type Sandbox } from '../tools/index.js';
+import { removeCheckout, resolveWorkspace, sweepLeftovers, tenantRoot, tenantRootPath } from './workspace.js';
+import type { Sandbox } from '../tools/index.js';
 
 export type RunRequest = {
   kind: RunKind;
@@ -657,20 +657,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
         async (tenantId, runId) => (await store.runs.get(tenantId, runId))?.status ?? null,
         // in the sandbox, the tenant's root bound as its workspace: a `.checkouts` a step made a link leads nowhere
         // outside it (as the checkout's own folder is made)
-        async (root, runId) => {
-          await runProcess(
-            deps.sandbox,
-            [
-              '/bin/sh',
-              '-c',
-              'if [ -L "$1" ]; then exit 0; fi; if [ -e "$1/$2" ]; then chmod -R u+rwX "$1/$2"; fi; rm -rf "$1/$2"',
-              'sweep',
-              `${deps.sandbox.workspacePath(root)}/${CHECKOUTS_DIR}`,
-              runId,
-            ],
-            { workspace: root, env: { PATH: settings.childEnv.PATH ?? '/usr/bin:/bin' }, network: false, maxBytes: 64 * 1024 },
-          );
-        },
+        async (root, runId) => void (await removeCheckout(deps.sandbox, root, runId, settings.childEnv.PATH)),
       )),
 
     isCancelRequested,

@@ -91,6 +91,27 @@ export async function sweepLeftovers(
   return removed;
 }
 
+/**
+ * Removes a run's checkout (`.checkouts/<run>` in its tenant's root) in the sandbox, the root bound as its
+ * workspace: by path, as the service's own user, a folder a step swapped for a link mid-removal led it outside
+ * the root (another tenant's, or /). What a step made read-only there is made writable first. Exit code 0 when done.
+ */
+export async function removeCheckout(sandbox: Sandbox, root: string, runId: string, pathEnv: string | undefined): Promise<number | null> {
+  const r = await runProcess(
+    sandbox,
+    [
+      '/bin/sh',
+      '-c',
+      'if [ -L "$1" ]; then exit 0; fi; if [ -e "$1/$2" ]; then chmod -R u+rwX "$1/$2"; fi; rm -rf "$1/$2"',
+      'remove-checkout',
+      `${sandbox.workspacePath(root)}/${CHECKOUTS_DIR}`,
+      runId,
+    ],
+    { workspace: root, env: { PATH: pathEnv ?? '/usr/bin:/bin' }, network: false, maxBytes: 64 * 1024 },
+  );
+  return r.exit_code;
+}
+
 /** A tenant's scratch area (vibe runs' copies), made on first use. */
 export async function scratchRoot(roots: Roots, tenantId: string): Promise<string> {
   const dir = path.join(roots.workspaceRoot, SCRATCH_DIR, tenantId);

@@ -1019,6 +1019,32 @@ describe('action tools', function () {
     expect(after.status, JSON.stringify(after.steps)).to.equal('succeeded');
   });
 
+  it('removes a run’s checkout at its end in the sandbox, its tenant’s root bound (by path, as the service, a folder swapped for a link mid-removal led it elsewhere)', async () => {
+    const repo = makePullRequestRepo(fs.mkdtempSync(path.join(h.config.dataDir, 'cleanup-')), 11, { path: 'src/e.ts', content: 'export const e = 5;\n' });
+    fake.serveRepo('acme/cleanup', repo.bare);
+    const spawn = h.rt.sandbox.spawn.bind(h.rt.sandbox);
+    const removals: { argv: string[]; workspace: string }[] = [];
+    h.rt.sandbox.spawn = (argv, o) => {
+      if (argv.includes('remove-checkout')) removals.push({ argv, workspace: o.workspace });
+      return spawn(argv, o);
+    };
+    try {
+      const run = await start({
+        tools: ['codehost', 'shell'],
+        steps: [
+          { tool: 'codehost', args: { action: 'checkout', repository: 'acme/cleanup', ref: 'refs/pull/11/head' } },
+          // what a build leaves read-only is removed too
+          { tool: 'shell', args: { command: 'mkdir -p build/out && touch build/out/a && chmod -R a-w build' } },
+        ],
+      });
+      expect(run.status, JSON.stringify(run.steps.map((s: Body) => [s.status, s.error]))).to.equal('succeeded');
+      expect(fs.existsSync(path.join(h.tenantDir(), '.checkouts', run.id)), 'the checkout is gone').to.equal(false);
+      expect(removals.map((r) => [r.workspace, r.argv.at(-1)])).to.deep.equal([[fs.realpathSync(h.tenantDir()), run.id]]);
+    } finally {
+      h.rt.sandbox.spawn = spawn;
+    }
+  });
+
   it('puts a checkout’s git folder in place only in its own folder: one another step swapped for a link to another tenant’s repository is refused, and that repository left as it was', async () => {
     const repo = makePullRequestRepo(fs.mkdtempSync(path.join(h.config.dataDir, 'swapped-')), 9, { path: 'src/c.ts', content: 'export const c = 3;\n' });
     fake.serveRepo('acme/swapped', repo.bare);
