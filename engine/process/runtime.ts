@@ -121,10 +121,10 @@ async function keepPrivate(dirs: string[], log: Logger): Promise<void> {
 }
 
 /** The sandbox of this process, and the start-up rules around it. */
-function openProcessSandbox(config: Config, log: Logger): Sandbox {
+function openProcessSandbox(config: Config, log: Logger, hidden: string[]): Sandbox {
   let sandbox: Sandbox;
   try {
-    sandbox = openSandbox({ mode: config.sandbox.mode, limits: config.sandbox.limits, prefix: config.queuePrefix, pathVar: config.childEnv.PATH, log });
+    sandbox = openSandbox({ mode: config.sandbox.mode, limits: config.sandbox.limits, prefix: config.queuePrefix, pathVar: config.childEnv.PATH, log, hidden });
   } catch (err) {
     throw new ConfigError([`SERVICE_SANDBOX: ${(err as Error).message}`]);
   }
@@ -146,7 +146,8 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
   const workspaceRoot = await checkDataDirOutsideWorkspaces(config);
   await keepPrivate([config.dataDir, workspaceRoot], log);
   await probeRedis(config.redisUrl, undefined, { insecure: config.redisTlsInsecure });
-  const sandbox = openProcessSandbox(config, log);
+  // the data dir and the workspaces are no step's to see, even under a folder every step sees (/usr/src/app)
+  const sandbox = openProcessSandbox(config, log, [await fs.realpath(config.dataDir), workspaceRoot]);
   const closers: (() => Promise<unknown>)[] = [async () => sandbox.close()];
   try {
     const redis = createRedis(config.redisUrl, `${config.queuePrefix}:main`, {}, { insecure: config.redisTlsInsecure });

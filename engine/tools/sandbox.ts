@@ -224,8 +224,19 @@ export function closeInheritedDescriptors(): { closed: { fd: number; target: str
   return { closed, kept };
 }
 
-export function bwrapSandbox(opts: { bwrap: string; prlimit: string; limits: SandboxLimits; prefix: string; log: Logger }): Sandbox {
+/**
+ * Of `hidden` (the service's own folders: its data, the tenants' workspaces), those inside a folder every step
+ * sees read-only (/usr, /etc, Node's install folder), each covered by an empty folder: a data dir at
+ * /usr/src/app/data (a Dockerfile's WORKDIR) was readable by every tenant's step, its keys and store included.
+ */
+function hiddenInside(bound: string[], hidden: string[]): string[] {
+  const seen = ['/etc', ...bound.filter((_, i) => bound[i - 1] === '--ro-bind')];
+  return hidden.filter((h) => seen.some((b) => h !== b && h.startsWith(b.endsWith('/') ? b : `${b}/`))).flatMap((h) => ['--tmpfs', h]);
+}
+
+export function bwrapSandbox(opts: { bwrap: string; prlimit: string; limits: SandboxLimits; prefix: string; log: Logger; hidden?: string[] }): Sandbox {
   const secrets = etcSecrets();
+  const roots = systemRoots();
   const supports = optionsOf(opts.bwrap);
   const missing = ['--size', '--disable-userns'].filter((o) => !supports.has(o));
   if (missing.length)
@@ -258,12 +269,13 @@ export function bwrapSandbox(opts: { bwrap: string; prlimit: string; limits: San
     NOBODY,
     '--hostname',
     'sandbox',
-    ...systemRoots(),
+    ...roots,
     '--ro-bind',
     '/etc',
     '/etc',
     ...secrets.files.flatMap((f) => ['--ro-bind', '/dev/null', f]),
     ...secrets.dirs.flatMap((d) => ['--tmpfs', d]),
+    ...hiddenInside(roots, opts.hidden ?? []),
     '--proc',
     '/proc',
     // the kernel's settings are the host's: read-only, whatever user the step is to the host (as root, bwrap's
@@ -470,6 +482,8 @@ export function openSandbox(opts: {
   prefix: string;
   pathVar: string | undefined;
   log: Logger;
+  /** the service's own folders (real paths), never to be seen by a step even where a system folder holds them */
+  hidden?: string[];
 }): Sandbox {
   if (opts.mode === 'none') return noSandbox();
   const bwrap = which('bwrap', opts.pathVar);
@@ -479,5 +493,5 @@ export function openSandbox(opts: {
       throw new Error(`SERVICE_SANDBOX=bwrap, but ${bwrap ? 'prlimit' : 'bwrap'} is not installed (apt-get install bubblewrap util-linux)`);
     return noSandbox();
   }
-  return bwrapSandbox({ bwrap, prlimit, limits: opts.limits, prefix: opts.prefix, log: opts.log });
+  return bwrapSandbox({ bwrap, prlimit, limits: opts.limits, prefix: opts.prefix, log: opts.log, hidden: opts.hidden });
 }

@@ -183,6 +183,44 @@ describe('sandbox', function () {
     return { sandbox, ctx };
   };
 
+  it('hides the service’s own folders from a step where a folder every step sees holds them (a data dir under /usr)', async () => {
+    // as a Dockerfile's WORKDIR /usr/src/app with the default ./data
+    const app = await fs.mkdtemp('/usr/local/share/svc-hidden-');
+    const data = path.join(app, 'data');
+    await fs.mkdir(data);
+    await fs.writeFile(path.join(data, 'secret.key'), 'the key\n');
+    const limits = h.config.sandbox.limits;
+    const see = async (hidden: string[]) => {
+      const sandbox = bwrapSandbox({
+        bwrap: which('bwrap', process.env.PATH)!,
+        prlimit: which('prlimit', process.env.PATH)!,
+        limits,
+        prefix: h.config.queuePrefix,
+        log: h.rt.log,
+        hidden,
+      });
+      try {
+        const r = await runProcess(sandbox, ['/bin/sh', '-c', `cat ${data}/secret.key; ls ${app}`], {
+          workspace: h.tenantDir('tenant-a'),
+          env: { PATH: '/usr/bin:/bin' },
+          network: false,
+          maxBytes: 64 * 1024,
+        });
+        return r.stdout;
+      } finally {
+        sandbox.close();
+      }
+    };
+    try {
+      expect(await see([]), 'seen without it').to.contain('the key');
+      const hidden = await see([data]);
+      expect(hidden).not.to.contain('the key');
+      expect(hidden, 'the folder is there, empty').to.contain('data');
+    } finally {
+      await fs.rm(app, { recursive: true, force: true });
+    }
+  });
+
   it('bounds the memory of a step’s processes together, and says so when the kernel ended one for it', async function () {
     if (h.rt.sandbox.memoryLimit !== 'cgroup') {
       console.log('      (no memory cgroup can be made here: the memory of all of a step’s processes is not bounded together)');
