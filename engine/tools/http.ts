@@ -3,10 +3,25 @@
 import http from 'node:http';
 import https from 'node:https';
 import { guardedLookup, privateLiteral } from '../platform/index.js';
-import { stringArg, TailBuffer, ToolError, type Tool } from './tool.js';
+import { stringArg, ToolError, type Tool } from './tool.js';
 
 const BODY_MAX_BYTES = 256 * 1024;
 const TIMEOUT_MS = 30_000;
+
+/** The bytes kept as text: once the end was cut, up to the last whole character. */
+function headText(kept: Buffer, truncated: boolean): string {
+  let end = kept.length;
+  if (truncated) {
+    // a character cut short: its lead byte (11xxxxxx) and the continuation bytes after it are left out
+    let back = end - 1;
+    while (back >= 0 && end - back <= 4 && (kept[back]! & 0xc0) === 0x80) back--;
+    if (back >= 0 && (kept[back]! & 0xc0) === 0xc0) {
+      const need = kept[back]! >= 0xf0 ? 4 : kept[back]! >= 0xe0 ? 3 : 2;
+      if (end - back < need) end = back;
+    }
+  }
+  return kept.toString('utf8', 0, end);
+}
 
 export const httpTool: Tool = {
   name: 'http',
@@ -41,13 +56,32 @@ export const httpTool: Tool = {
         url,
         { method, headers, signal: ctx.signal, timeout: TIMEOUT_MS, ...(ctx.httpAllowPrivate ? {} : { lookup: guardedLookup as never }) },
         (res) => {
-          const buf = new TailBuffer(BODY_MAX_BYTES);
-          res.on('data', (d: Buffer) => buf.push(d));
-          res.on('end', () => {
-            const output = { status: res.statusCode, headers: res.headers, body: buf.text(), truncated: buf.truncated };
+          // the start of the body, as a file's is read: a document cut at its end still begins where it does
+          // (its last 256 KB began mid-document); past the bound nothing more is read (an endless body ends here)
+          const chunks: Buffer[] = [];
+          let size = 0;
+          let truncated = false;
+          const done = () => {
+            const output = { status: res.statusCode, headers: res.headers, body: headText(Buffer.concat(chunks), truncated), truncated };
             resolve(res.statusCode && res.statusCode >= 400 ? { output, error: { code: 'http-error', message: `HTTP ${res.statusCode}` } } : { output });
+          };
+          res.on('data', (d: Buffer) => {
+            if (truncated) return;
+            const room = BODY_MAX_BYTES - size;
+            chunks.push(d.length > room ? d.subarray(0, room) : d);
+            size += Math.min(d.length, room);
+            if (d.length > room) {
+              truncated = true;
+              done();
+              res.destroy();
+            }
           });
-          res.on('error', reject);
+          res.on('end', () => {
+            if (!truncated) done();
+          });
+          res.on('error', (err) => {
+            if (!truncated) reject(err);
+          });
         },
       );
       req.on('timeout', () => req.destroy(new ToolError('timeout', `no answer within ${TIMEOUT_MS} ms`)));
