@@ -152,13 +152,29 @@ export function schedulesOf(deps: Pick<Platform, 'queues' | 'store' | 'log' | 'r
     }
   }
 
-  /** Places the triggers of `a` in the set, and removes those `before` had that it has not; what it placed. */
+  /**
+   * Places the triggers of `a` in the set, and removes those `before` had that it has not; what it placed. A
+   * trigger placed for a time passed that its schedule still gives keeps it, as the reconcile keeps it: a fire
+   * missed while no worker ran is made once by the next tick, whatever change (a rename) came meanwhile.
+   */
   async function place(a: Automation, before?: Automation): Promise<Map<string, number | null>> {
-    const want = wanted(a, clock.now());
+    const now = clock.now();
+    const want = wanted(a, now);
+    const members = [...want.keys()];
+    const scores = members.length ? await redis.zmscore(key, ...members) : [];
+    const kept = new Set<string>();
+    members.forEach((member, i) => {
+      const at = scores[i] === null || scores[i] === undefined ? NaN : Number(scores[i]);
+      const t = a.triggers[parseMember(member)!.trigger_index];
+      if (at <= now.getTime() && want.get(member) !== null && t?.type === 'cron' && isCronFire(t.schedule, t.timezone, at)) {
+        kept.add(member);
+        want.set(member, at);
+      }
+    });
     const had = (before ?? a).triggers.flatMap((t, i) =>
       t.type === 'cron' ? [memberOf({ tenant_id: a.tenant_id, automation_id: a.id, trigger_index: i })] : [],
     );
-    const writes = [...want].map(([member, at]) => set(member, at));
+    const writes = [...want].filter(([member]) => !kept.has(member)).map(([member, at]) => set(member, at));
     for (const member of had) if (!want.has(member)) writes.push(set(member, null));
     await Promise.all(writes);
     return want;

@@ -264,6 +264,20 @@ describe('the cron ticker', function () {
     expect(await h.rt.engine.schedules.tick(), 'nothing more due').to.equal(0);
   });
 
+  it('keeps a fire missed while nothing ran through a change that leaves the cron triggers as they were (a rename, an enable again)', async () => {
+    const a = (await h.call<Body>('POST', '/api/v1/automations', { body: cronAutomation('missed-then-renamed', '0 0 1 1 *') })).body;
+    const missedAt = Date.parse('2026-01-01T00:00:00Z');
+    await h.rt.redis.zadd(cronDueKey(h.config.queuePrefix), missedAt, `${a.tenant_id}\t${a.id}\t0`); // every worker down since
+    // the change hands the missed fire over (it is due), once, and the trigger goes on from now
+    expect((await h.call('PATCH', `/api/v1/automations/${a.id}`, { body: { name: 'renamed' } })).status).to.equal(200);
+    expect((await h.call('POST', `/api/v1/automations/${a.id}/enable`)).status).to.equal(200);
+    expect(await h.rt.engine.schedules.tick()).to.equal(0);
+    const jobs = (await h.rt.queues.get('triggers').getJobs(['waiting', 'delayed'])).filter((j) => j.name === 'cron' && j.data.automation_id === a.id);
+    expect(jobs.map((j) => j.data.fire_at)).to.deep.equal(['2026-01-01T00:00:00.000Z']);
+    expect((await placed(h)).get(`${a.id}-0`)).to.equal(nextCronFire('0 0 1 1 *', 'UTC', new Date())!.getTime());
+    await h.call('DELETE', `/api/v1/automations/${a.id}`);
+  });
+
   it('hands over a fire that the spring clock change moved (02:30 in Paris that night is 03:30 summer time)', async () => {
     const a = (await h.call<Body>('POST', '/api/v1/automations', { body: cronAutomation('dst', '30 2 * * *', 'Europe/Paris') })).body;
     const movedAt = Date.parse('2026-03-29T01:30:00Z'); // what the schedule gave for that night, placed the evening before
