@@ -276,6 +276,19 @@ export function fileTriggersOf(
     return (await batch.gone.get(rel)) ?? 'gone';
   }
 
+  /** Whether every state (stateOf's) is a change made while the automation's latest run ran (from its start to its end, or now). */
+  async function madeByOwnRun(a: Automation, states: string[]): Promise<boolean> {
+    const latest = (await deps.store.runs.list(a.tenant_id, { automation_id: a.id, limit: 1 })).items[0];
+    if (!latest?.started_at) return false;
+    const from = Date.parse(latest.started_at);
+    const to = latest.finished_at ? Date.parse(latest.finished_at) : Date.now();
+    return states.every((state) => {
+      // `<ctime>:<size>`, or a removal's `gone:<its folder's ctime>` (`gone` alone: when, unknown)
+      const at = Number(state.startsWith('gone') ? state.slice(5) : state.split(':')[0]);
+      return state !== 'gone' && at >= from && at <= to;
+    });
+  }
+
   /**
    * Fires a batch: never rejects (it is started from a timer, where a rejection would end the process). A batch
    * whose lock or run cannot be had (Redis or the store did not answer, Redis refused the write) is not fired,
@@ -305,6 +318,13 @@ export function fileTriggersOf(
       // takes the same lock and only one fires; a later change of the same files is another state, so another
       // lock, and is never dropped for following the last too closely
       const states = await Promise.all(paths.map((p) => stateOf(root, p, batch)));
+      // what the automation's own run wrote does not fire it again (it started itself anew at every run): a
+      // batch whose every path changed while its latest run ran is that run's, as a change made while it runs
+      // is (a watcher's "do nothing while busy"); a change made after it ended fires
+      if (await madeByOwnRun(a, states)) {
+        deps.log.info({ automation_id: a.id, paths: paths.length }, 'file changes not fired: made while the automation’s own run ran');
+        return;
+      }
       const identity = createHash('sha256')
         .update(JSON.stringify([batch.more, paths, states]))
         .digest('hex')

@@ -14,6 +14,9 @@ import { eventually, freePort, KEYS, listening, startHarness, type Harness } fro
 
 type Body = Record<string, any>;
 
+/** A store of no runs, for the watchers made with a store of their own below (no automation's run is found running). */
+const noRuns = { list: async () => ({ items: [], next_cursor: null }) };
+
 /**
  * Waits until the process's file watcher has taken the automations of tenant A made so far and sees changes in
  * its root: a probe automation made now starts a run for a file written there (`watch-probe-*.tmp`, which no glob
@@ -95,7 +98,8 @@ describe('file_change triggers', function () {
     await fs.mkdir(path.join(h.tenantDir(), 'd0'), { recursive: true });
     await watching(h);
     await fs.writeFile(path.join(h.tenantDir(), 'd0/first.txt'), '1');
-    await new Promise((r) => setTimeout(r, 120));
+    // once its run has ended (a change made while it runs is its own run's), well within the first batch's lock
+    await eventually(async () => (await history(h, a.id)).some((r) => r.finished_at), 'the first run to end');
     await fs.writeFile(path.join(h.tenantDir(), 'd0/second.txt'), '2');
     const runs = await runsOnce(h, a.id, 2, 'a run for each change');
     expect(
@@ -104,6 +108,32 @@ describe('file_change triggers', function () {
         .flat()
         .sort(),
     ).to.deep.equal(['d0/first.txt', 'd0/second.txt']);
+  });
+
+  it('does not start itself again with what its own run writes where its trigger looks, and fires for a change made after that run', async () => {
+    const a = (
+      await h.call('POST', '/api/v1/automations', {
+        body: {
+          name: 'writes where it looks',
+          triggers: [{ type: 'file_change', paths: ['loop/**'], debounce_ms: 100 }],
+          steps: [{ tool: 'shell', args: { command: 'sleep 0.3; date +%s%N >> loop/log.txt' } }],
+        },
+      })
+    ).body;
+    await fs.mkdir(path.join(h.tenantDir(), 'loop'), { recursive: true });
+    await watching(h);
+    await fs.writeFile(path.join(h.tenantDir(), 'loop/seed.txt'), 'seed');
+    await runsOnce(h, a.id, 1, 'the seed’s run');
+    await eventually(async () => (await history(h, a.id)).every((r) => r.finished_at), 'its run to end');
+    // its run's write to loop/log.txt is seen, and starts nothing (it started a run at every run, for good)
+    await new Promise((r) => setTimeout(r, 1500));
+    expect(await history(h, a.id), 'one run: the seed’s').to.have.length(1);
+    expect((await fs.readFile(path.join(h.tenantDir(), 'loop/log.txt'), 'utf8')).trim().split('\n')).to.have.length(1);
+    // a change of someone else's after the run fires
+    await fs.writeFile(path.join(h.tenantDir(), 'loop/seed.txt'), 'again');
+    const [later] = await runsOnce(h, a.id, 2, 'a run for the later change'); // newest first
+    expect(later!.trigger.paths).to.deep.equal(['loop/seed.txt']);
+    await h.call('POST', `/api/v1/automations/${a.id}/disable`);
   });
 
   it('excludes the paths of a ! glob: a change there or elsewhere starts no run, one the other glob matches does', async () => {
@@ -257,6 +287,7 @@ describe('file_change triggers', function () {
             listEnabledWithTrigger: async () => enabled,
             get: async (t: string, id: string) => enabled.find((a) => a.tenant_id === t && a.id === id) ?? null,
           },
+          runs: noRuns,
         },
         tenantRootOf: (t: string) => path.join(roots, t),
         rootEntriesMax: 400,
@@ -331,6 +362,7 @@ describe('file_change triggers', function () {
         ...h.rt,
         store: {
           automations: { listEnabledWithTrigger: async () => enabled, get: async (_t: string, id: string) => enabled.find((a) => a.id === id) ?? null },
+          runs: noRuns,
         },
         tenantRootOf: () => root,
       } as never,
@@ -375,6 +407,7 @@ describe('file_change triggers', function () {
               listEnabledWithTrigger: async () => [a],
               get: async () => (await new Promise((r) => setTimeout(r, lateMs)), a),
             },
+            runs: noRuns,
           },
           tenantRootOf: (t: string) => path.join(roots, t),
         } as never,
@@ -420,7 +453,7 @@ describe('file_change triggers', function () {
         {
           ...h.rt,
           redis,
-          store: { automations: { listEnabledWithTrigger: async () => [a], get: async () => a } },
+          store: { automations: { listEnabledWithTrigger: async () => [a], get: async () => a }, runs: noRuns },
           tenantRootOf: (t: string) => path.join(roots, t),
         } as never,
         { refreshMs: 3_600_000, fire: async (_a, t) => void fired.push(t.type === 'file_change' ? t.paths : []) },
