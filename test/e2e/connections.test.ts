@@ -892,7 +892,7 @@ describe('action tools', function () {
     const create = (body: Body) => h.call<Body>('POST', '/api/v1/connections', { body });
     const codehost = await create({ provider: 'codehost', name: 'by-id-host', base_url: fake.github, credential: FAKE_TOKEN });
     expect(codehost.status, codehost.text).to.equal(201);
-    const chat = await create({ provider: 'chat', name: codehost.body.id, base_url: fake.slack, credential: 'xoxb-named-like-an-id' });
+    const chat = await create({ provider: 'chat', name: codehost.body.id, base_url: fake.slack, credential: 'chat-token-named-like-an-id' });
     expect(chat.status, chat.text).to.equal(201);
     try {
       expect((await h.rt.engine.connections.resolve('tenant-a', 'chat', codehost.body.id)).id).to.equal(chat.body.id);
