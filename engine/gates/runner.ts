@@ -243,9 +243,15 @@ export async function runGateSet(
 }
 
 /**
- * Puts the workspace's own gate definitions into a copy before its gates run: its gate file (or none),
- * and its package.json scripts (the detected gates and many gate commands run them), the rest of the
- * copy's package.json kept. What the copy holds at those names is removed first, never written through
+ * What says how a package manager runs scripts (npm's script-shell=/bin/true ran none of them, and every gate
+ * that runs one passed): the workspace's own is put in a copy before its gates run, as its gate file is.
+ */
+const RUNNER_CONFIG_FILES = ['.npmrc', '.yarnrc', '.yarnrc.yml'] as const;
+
+/**
+ * Puts the workspace's own gate definitions into a copy before its gates run: its gate file (or none), how its
+ * package manager runs scripts (RUNNER_CONFIG_FILES, or none), and its package.json scripts (the detected gates
+ * and many gate commands run them), the rest of the copy's package.json kept. What the copy holds at those names is removed first, never written through
  * (a link the run left there could point anywhere).
  */
 async function restoreGateDefinitions(workspace: string, copy: string): Promise<void> {
@@ -259,7 +265,7 @@ async function restoreGateDefinitions(workspace: string, copy: string): Promise<
     await fs.rm(path.join(copy, name), { force: true, recursive: true });
     if (text !== null) await fs.writeFile(path.join(copy, name), text, { flag: 'wx' });
   };
-  for (const name of GATE_FILES) await replace(name, await readPlain(workspace, name));
+  for (const name of [...GATE_FILES, ...RUNNER_CONFIG_FILES]) await replace(name, await readPlain(workspace, name));
   const original = await readPlain(workspace, 'package.json');
   if (original === null) return;
   const objectOf = (text: string | null): Record<string, unknown> | null => {

@@ -794,6 +794,21 @@ describe('gates in the service', function () {
     expect(judged.result.gates.results.find((g: Body) => g.gate_id === 'test')).to.deep.include({ conclusion: 'failure' });
     expect(judged.result.changed_files).to.deep.equal(['package.json', 'src/app.mjs']);
     expect(judged.result.diff).to.contain('"test":"true"');
+    // nor through how the package manager runs them: npm's script-shell=/bin/true ran no script and passed
+    const reshelled = await h.call<Body>('POST', '/api/v1/autonomy/vibe/run', {
+      body: {
+        workspace: 'vibe-pkg',
+        gates: true,
+        steps: [
+          { tool: 'write_file', args: { path: '.npmrc', content: 'script-shell=/bin/true\n' } },
+          { tool: 'write_file', args: { path: 'src/app.mjs', content: 'export const answer = ;\n' } },
+        ],
+      },
+    });
+    const shelled = await finishedRun(h, reshelled.body.run_id);
+    expect(shelled.status, JSON.stringify(shelled.result?.gates)).to.equal('failed');
+    expect(shelled.result.gates.results.find((g: Body) => g.gate_id === 'test')).to.deep.include({ conclusion: 'failure' });
+    expect(shelled.result.changed_files).to.deep.equal(['.npmrc', 'src/app.mjs']);
     // what the copy holds at those names is replaced, never written through: a link the run left there leads nowhere
     const target = path.join(h.tenantDir(), 'outside.txt');
     await fs.writeFile(target, 'untouched');
