@@ -51,6 +51,8 @@ export type Config = {
     phaseTimeoutSeconds: number;
     registryUrl: string | null;
     concurrency: number;
+    /** phases of one tenant running at once over every worker process (SERVICE_AUDIT_TENANT_CONCURRENCY) */
+    tenantConcurrency: number;
   };
   adminKeys: string[];
   secretKey: string | undefined;
@@ -352,6 +354,7 @@ const schema = z.object({
   SERVICE_AUDIT_PHASE_TIMEOUT_SECONDS: int(600, 1, 86_400),
   SERVICE_AUDIT_CONCURRENCY: int(4, 1, 100),
   SERVICE_AUDIT_TENANT_MAX_RUNNING: int(3, 1, 1000),
+  SERVICE_AUDIT_TENANT_CONCURRENCY: int(0, 0, 1000),
   SERVICE_AUDIT_REGISTRY_URL: z
     .string()
     .optional()
@@ -530,6 +533,9 @@ export function parseEnv(env: Record<string, string | undefined>, opts: { servic
       phaseTimeoutSeconds: e.SERVICE_AUDIT_PHASE_TIMEOUT_SECONDS,
       registryUrl: e.SERVICE_AUDIT_REGISTRY_URL === 'none' ? null : e.SERVICE_AUDIT_REGISTRY_URL,
       concurrency: e.SERVICE_AUDIT_CONCURRENCY,
+      // as the gates': one tenant alone (SERVICE_AUTH=none) has no other to leave a place for
+      tenantConcurrency:
+        e.SERVICE_AUDIT_TENANT_CONCURRENCY || (e.SERVICE_AUTH === 'none' ? e.SERVICE_AUDIT_CONCURRENCY : Math.max(1, e.SERVICE_AUDIT_CONCURRENCY - 1)),
     },
     adminKeys: e.SERVICE_ADMIN_KEYS,
     secretKey: e.SERVICE_SECRET_KEY,

@@ -13,6 +13,8 @@ import type { Runtime } from '../engine/process/index.js';
 const HELD_RETRY_MS = 5000;
 /** How long a gate whose workspace another gate run holds waits (with jitter) before it asks again. */
 const GATE_BUSY_RETRY_MS = 500;
+/** How long an audit phase whose tenant holds every place of its own waits before it asks again (with jitter). */
+const AUDIT_BUSY_RETRY_MS = 500;
 
 /**
  * How long before the end of the grace period running attempts are interrupted (at once when the grace
@@ -87,19 +89,23 @@ export function processorsOf(rt: Runtime): Processors {
     },
     audits: {
       concurrency: rt.config.audit.concurrency,
-      processor: async (job) => {
+      processor: async (job, token) => {
         const { tenant_id, report_id, phase } = job.data as AuditJob;
         try {
           // a child runs one phase; the parent assembles the report once every child has ended
           if (job.name === 'phase' && phase) {
             const result = await rt.engine.audits.runPhaseJob(tenant_id, report_id, phase);
-            return result && { phase, status: result.status };
+            if (result !== 'busy') return result && { phase, status: result.status };
+          } else {
+            const report = await rt.engine.audits.assemble(tenant_id, report_id);
+            return report && { status: report.status };
           }
-          const report = await rt.engine.audits.assemble(tenant_id, report_id);
-          return report && { status: report.status };
         } catch (err) {
           throw jobErrorOf(err);
         }
+        // its tenant's other phases hold every place of its own: this one waits, holding no worker
+        await job.moveToDelayed(Date.now() + AUDIT_BUSY_RETRY_MS * (1 + Math.random()), token);
+        throw new DelayedError();
       },
     },
     triggers: {

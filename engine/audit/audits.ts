@@ -21,6 +21,7 @@ import {
   scopes,
   ServiceUnavailableError,
   SEVERITIES,
+  TAKE_PLACE_LUA,
   type AuditLayer,
   type AuditPhase,
   type AuditPhaseResult,
@@ -51,6 +52,8 @@ export type AuditSettings = {
   /** audits one tenant may have running at once; more are refused (429) until one ends */
   tenantMaxRunning: number;
   phaseTimeoutSeconds: number;
+  /** phases of one tenant running at once over every worker process: the others wait, holding no worker */
+  tenantConcurrency: number;
   /** where outdated dependencies are looked up; null: not checked */
   registryUrl: string | null;
 };
@@ -102,6 +105,8 @@ const CANCEL_POLL_MS = 500;
 const CANCELED = 'the audit was canceled (the run that waited on it was canceled)';
 /** an assembly's claim: a redelivered parent job or a second reconciler leaves the ledger one entry */
 const ASSEMBLE_CLAIM_SECONDS = 120;
+/** A phase's place among its tenant's phases running (renewed a third of the way): one of a dead process lapses. */
+const PLACE_HOLD_MS = 30_000;
 const WEIGHTS: SeverityCounts = { critical: 40, high: 15, medium: 5, low: 1, info: 0 };
 
 const zero = (): SeverityCounts => ({ critical: 0, high: 0, medium: 0, low: 0, info: 0 });
@@ -414,7 +419,7 @@ export function auditsOf(deps: AuditsDeps) {
     },
 
     /** A child job: one phase in the sandbox; its result is kept and streamed at once. Null when the report is over or gone. */
-    async runPhaseJob(tenantId: string, id: string, phase: AuditPhase): Promise<AuditPhaseResult | null> {
+    async runPhaseJob(tenantId: string, id: string, phase: AuditPhase): Promise<AuditPhaseResult | null | 'busy'> {
       const got = await reports.get(tenantId, id);
       if (!got || got.report.status !== 'running') return null;
       const done = got.report.phases.find((p) => p.phase === phase);
@@ -427,6 +432,16 @@ export function auditsOf(deps: AuditsDeps) {
         await api.assemble(tenantId, id);
         return null;
       }
+      // a place among the tenant's phases running at once (SERVICE_AUDIT_TENANT_CONCURRENCY), renewed while it runs:
+      // the audits queue is one line for every tenant, and one tenant's three audits (twelve phases) held every
+      // worker place while another tenant's audit waited 147 s for its 7. Without one, the phase waits, holding no worker
+      const place = { key: `${queues.prefix}:audit-places:${tenantId}`, member: `${id}:${phase}` };
+      const takePlace = () => {
+        const now = Date.now();
+        return deps.redis.eval(TAKE_PLACE_LUA, 1, place.key, now, now + PLACE_HOLD_MS, settings.tenantConcurrency, place.member);
+      };
+      if (!(await takePlace())) return 'busy';
+      const renew = setInterval(() => void takePlace().catch(() => undefined), PLACE_HOLD_MS / 3);
       const started = performance.now();
       const controller = new AbortController();
       const mine = running.get(id) ?? new Set();
@@ -470,6 +485,8 @@ export function auditsOf(deps: AuditsDeps) {
         result = notCompleted(phase, err instanceof PhaseError ? err.status : 'failed', Math.round(performance.now() - started), (err as Error).message);
         log.warn({ tenant_id: tenantId, report_id: id, phase, err: result.error }, 'audit phase did not complete');
       } finally {
+        clearInterval(renew);
+        await deps.redis.zrem(place.key, place.member).catch(() => undefined);
         clearInterval(watch);
         mine.delete(controller);
         if (!mine.size) running.delete(id);

@@ -261,6 +261,7 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
         reportsMax: config.audit.reportsMax,
         tenantMaxRunning: config.audit.tenantMaxRunning,
         phaseTimeoutSeconds: config.audit.phaseTimeoutSeconds,
+        tenantConcurrency: config.audit.tenantConcurrency,
         registryUrl: config.audit.registryUrl,
       },
       secretBox: createSecretBox(secretKey.key),

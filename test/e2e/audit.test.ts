@@ -178,6 +178,38 @@ describe('workspace audit', function () {
     }
   });
 
+  it('runs at most SERVICE_AUDIT_TENANT_CONCURRENCY phases of a tenant at once: another tenant’s audit does not wait behind its queue', async () => {
+    // two places a worker, one a tenant: tenant-a's three audits of four phases wait their turns in one place
+    const shared = await startHarness({ env: { SERVICE_AUDIT_CONCURRENCY: '2', SERVICE_AUDIT_REGISTRY_URL: 'none' } });
+    try {
+      expect(shared.config.audit.tenantConcurrency).to.equal(1);
+      await makeFlawedProject(shared.tenantDir('tenant-a'));
+      await fs.writeFile(path.join(shared.tenantDir('tenant-b'), 'README.md'), '# b\n');
+      const a = await Promise.all([1, 2, 3].map(() => shared.call<Body>('POST', '/api/v1/autonomy/workspace-audit/run', { body: { timeout_seconds: 0 } })));
+      for (const r of a) expect(r.status, r.text).to.equal(202);
+      const places = `${shared.config.queuePrefix}:audit-places:tenant-a`;
+      let most = 0;
+      const sampler = setInterval(() => void shared.rt.redis.zcard(places).then((n) => (most = Math.max(most, n))), 20);
+      try {
+        const b = await shared.call<Body>('POST', '/api/v1/autonomy/workspace-audit/run', {
+          key: KEYS.b,
+          body: { timeout_seconds: 60, phases: ['sanity'] },
+        });
+        expect(b.status, b.text).to.equal(200);
+        // tenant-a's audits are still at it: b's did not wait for their twelve phases
+        const states = await Promise.all(
+          a.map(async (r) => (await shared.call<Body>('GET', `/api/v1/autonomy/workspace-audit/${r.body.report_id}`)).body.status),
+        );
+        expect(states, 'tenant-a’s audits when b’s ended').to.include('running');
+      } finally {
+        clearInterval(sampler);
+      }
+      expect(most, 'tenant-a’s phases running at once').to.equal(1);
+    } finally {
+      await shared.close();
+    }
+  });
+
   it('matches layer paths in linear time (RE2), so no pattern can hold an audit slot; refuses what RE2 does not take', async () => {
     // a name on which JavaScript's engine backtracks 2^40 times for these patterns (a checker of nested
     // repetitions let the second through)
