@@ -130,11 +130,14 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
    * the limit, the time left in the minute.
    */
   function countThisMinute(counter: 'rate' | 'refused', tenantId: string, seenKey: string | null, seenSeconds: number) {
-    const bucket = Math.floor(clock.now().getTime() / 60_000);
+    const now = clock.now().getTime();
+    const bucket = Math.floor(now / 60_000);
+    // the counter lapses as its minute ends (and a second more, for the clocks of other processes): its time to
+    // live is the Retry-After of a refusal, and was 61 s from the minute's first request (up to a minute too long)
     return batch.call<[number, number]>(
       'webhook.gate',
       [`${prefix}:webhook-${counter}:${tenantId}:${bucket}`, seenKey ?? `${prefix}:webhook-seen:-`],
-      [61_000, perMinute, seenKey ? seenSeconds : 0],
+      [(bucket + 1) * 60_000 - now + 1000, perMinute, seenKey ? seenSeconds : 0],
     );
   }
 
