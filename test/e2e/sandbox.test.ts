@@ -163,13 +163,14 @@ describe('sandbox', function () {
   });
 
   /** A bubblewrap sandbox of its own with these limits, and a shell step's context in tenant a's workspace (close the sandbox after). */
-  const shellIn = (limits: SandboxLimits) => {
+  const shellIn = (limits: SandboxLimits, hidden?: string[]) => {
     const sandbox = bwrapSandbox({
       bwrap: which('bwrap', process.env.PATH)!,
       prlimit: which('prlimit', process.env.PATH)!,
       limits,
       prefix: h.config.queuePrefix,
       log: h.rt.log,
+      hidden,
     });
     const ctx = {
       workspace: h.tenantDir('tenant-a'),
@@ -189,24 +190,10 @@ describe('sandbox', function () {
     const data = path.join(app, 'data');
     await fs.mkdir(data);
     await fs.writeFile(path.join(data, 'secret.key'), 'the key\n');
-    const limits = h.config.sandbox.limits;
     const see = async (hidden: string[]) => {
-      const sandbox = bwrapSandbox({
-        bwrap: which('bwrap', process.env.PATH)!,
-        prlimit: which('prlimit', process.env.PATH)!,
-        limits,
-        prefix: h.config.queuePrefix,
-        log: h.rt.log,
-        hidden,
-      });
+      const { sandbox, ctx } = shellIn(h.config.sandbox.limits, hidden);
       try {
-        const r = await runProcess(sandbox, ['/bin/sh', '-c', `cat ${data}/secret.key; ls ${app}`], {
-          workspace: h.tenantDir('tenant-a'),
-          env: { PATH: '/usr/bin:/bin' },
-          network: false,
-          maxBytes: 64 * 1024,
-        });
-        return r.stdout;
+        return String((await shellTool.execute({ command: `cat ${data}/secret.key; ls ${app}` }, ctx)).output.stdout);
       } finally {
         sandbox.close();
       }
