@@ -2,7 +2,7 @@
 // stream it per phase (resumable: the event ids name the report), and fetch a recent report.
 import { Ajv2020, type ValidateFunction } from 'ajv/dist/2020.js';
 import { Router, type Request, type Response } from 'express';
-import { nestsDeeperThan, scopes, ValidationError, type AuditPhase, type EventHub } from '../../engine/platform/index.js';
+import { scopes, unsafeJson, ValidationError, type AuditPhase, type EventHub } from '../../engine/platform/index.js';
 import type { Engine } from '../../engine/index.js';
 import { tenantOf } from '../auth.js';
 import type { components } from '../schema.js';
@@ -26,9 +26,11 @@ const rootOf = (req: Request) => {
  */
 function layersOfQuery(text: string | undefined): AuditRequest['layers'] {
   if (text === undefined) return undefined;
+  // the checks every JSON body gets (depth, lone surrogates, numbers past a double), as the POST's layers get them
+  const unsafe = unsafeJson(Buffer.from(text), 'the layers query');
+  if (unsafe) throw new ValidationError(`layers: ${unsafe.detail}`, [{ path: '/query/layers', message: unsafe.rule }]);
   let layers: unknown;
   try {
-    if (nestsDeeperThan(Buffer.from(text))) throw new Error('too deep');
     layers = JSON.parse(text);
   } catch {
     throw new ValidationError('layers: not valid JSON', [{ path: '/query/layers', message: 'must be a JSON list of layers' }]);

@@ -16,11 +16,6 @@ const OPEN_ARRAY = 0x5b;
 const CLOSE_OBJECT = 0x7d;
 const CLOSE_ARRAY = 0x5d;
 
-/** True when the JSON text nests objects and arrays deeper than `max` (brackets inside strings do not count). */
-export function nestsDeeperThan(text: Uint8Array, max = MAX_JSON_DEPTH): boolean {
-  return overLimit(text, { depth: max }) === 'depth';
-}
-
 const LOWER_U = 0x75;
 
 /**

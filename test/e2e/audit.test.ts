@@ -317,6 +317,12 @@ describe('workspace audit', function () {
       expect(refused.status, JSON.stringify(layers).slice(0, 80)).to.equal(400);
       expect(refused.body.errors[0].path, JSON.stringify(layers).slice(0, 80)).to.equal(path);
     }
+    // and to the checks every JSON body gets: a lone surrogate, a number past a double
+    for (const text of ['[{"name":"\\ud800","path":"^a"}]', '[{"name":"a","path":"^a","n":1e999}]']) {
+      const refused = await h.call<Body>('GET', `/api/v1/autonomy/workspace-audit/stream?phases=sanity&layers=${encodeURIComponent(text)}`);
+      expect(refused.status, text).to.equal(400);
+      expect(refused.body.errors[0].path, text).to.equal('/query/layers');
+    }
     expect(await h.rt.redis.zcard(indexed), 'audits started').to.equal(before);
     // no other audit was started by the reconnect
     expect(resumed.events.every((e) => (e.name === 'report' ? e.data.data.report_id : e.data.data.report_id) === reportId)).to.equal(true);
