@@ -8,7 +8,7 @@ import https from 'node:https';
 import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { TranscriptionFailedError } from '../platform/index.js';
+import { TranscriptionFailedError, wellFormed } from '../platform/index.js';
 import type { Transcriber, TranscriberAudio, TranscriberOptions, TranscriberResult } from './transcriber.js';
 
 export type OpenAiTranscriberSettings = {
@@ -175,8 +175,9 @@ function parse(body: Buffer): TranscriberResult {
     throw new TranscriptionFailedError('transcription-provider-error', 'the transcription provider answered something that is not JSON');
   }
   if (typeof json?.text !== 'string') throw new TranscriptionFailedError('transcription-provider-error', 'the transcription provider answered no text');
-  const num = (v: unknown) => (typeof v === 'number' && Number.isFinite(v) ? v : null);
-  return {
+  // a time is never negative; a text is well-formed Unicode (a lone surrogate made an answer strict readers refuse)
+  const num = (v: unknown) => (typeof v === 'number' && Number.isFinite(v) && v >= 0 ? v : null);
+  return wellFormed({
     text: json.text,
     language: typeof json.language === 'string' ? json.language : null,
     duration_seconds: num(json.duration),
@@ -185,5 +186,5 @@ function parse(body: Buffer): TranscriberResult {
       end: num(seg?.end) ?? 0,
       text: typeof seg?.text === 'string' ? seg.text : '',
     })),
-  };
+  });
 }

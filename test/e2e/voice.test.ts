@@ -161,6 +161,18 @@ describe('voice transcription', function () {
     expect(got.file!.mimeType).to.equal('audio/wav');
   });
 
+  it('answers a provider’s text as well-formed Unicode and no time of it negative', async () => {
+    // (JSON.stringify writes a lone surrogate as its escape, as a provider's JSON may hold it)
+    provider.play([{ status: 200, body: { text: 'ab\ud800c', language: 'english', duration: -1, segments: [{ start: -2, end: 1, text: '\udc00' }] } }]);
+    const form = new FormData();
+    form.append('file', new Blob([wav(0.5)], { type: 'audio/wav' }), 'note.wav');
+    const res = await upload(h, form);
+    expect(res.status, res.text).to.equal(200);
+    expect(res.body.text).to.equal('ab\ufffdc');
+    expect(res.body.segments).to.deep.equal([{ start: 0, end: 1, text: '\ufffd' }]);
+    expect(res.body.duration_seconds === null || res.body.duration_seconds >= 0, String(res.body.duration_seconds)).to.equal(true);
+  });
+
   it('takes a raw audio/wav body and logs one line with no text', async () => {
     provider.play([{ status: 200, body: { ...VERBOSE, text: 'secret words' } }]);
     const res = await raw(h, wav(1));
