@@ -60,6 +60,8 @@ const CACHE_MS = 5_000;
 const VERSION_WAIT_MS = 1000;
 /** The tries a delivery keeps: its last ones (each replay adds tries, and each try rewrites the whole row). */
 const TRIES_KEPT = 100;
+/** How long a delivery stays pending before the reconciler looks whether its job is there (as for webhook deliveries). */
+const STALE_AFTER_MS = 30_000;
 const keptTries = (tries: NotificationDelivery['attempts'], next: NotificationDelivery['attempts'][number]) => [...tries, next].slice(-TRIES_KEPT);
 
 /** Deliveries the store refused are asked for again STORE_TRIES times, STORE_RETRY_MS later and then twice as late (about a minute). */
@@ -466,14 +468,14 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
     },
 
     /**
-     * Repairs deliveries left pending longer than all their tries could take: their job was lost (the
-     * process died between storing and queueing) or ran out of tries on an error of the service's own.
+     * Repairs deliveries left pending whose job is gone (the process died between storing and queueing, Redis lost
+     * its data) or ran out of tries on an error of the service's own.
      * Deletes ended deliveries past their retention.
      */
     async reconcile(): Promise<{ requeued: number; retried: number; errors: number }> {
-      const window = settings.backoffMs * 2 ** settings.attempts + settings.attempts * settings.timeoutMs;
-      const before = new Date(clock.now().getTime() - Math.max(window, 10 * 60_000)).toISOString();
-      const done = await repairStale(before);
+      // pending for a little while: whether its job is there is what tells (one waiting out its backoff is), not the
+      // time all its tries could take (23 minutes by default, which a delivery whose job Redis lost waited)
+      const done = await repairStale(new Date(clock.now().getTime() - STALE_AFTER_MS).toISOString());
       if (done.requeued || done.retried || done.errors) log.warn(done, 'reconciler repaired notification deliveries');
       // ended deliveries are kept SERVICE_NOTIFICATION_DELIVERIES_KEPT_DAYS after their last try: a page at a time, within a bound
       const expired = new Date(clock.now().getTime() - settings.deliveriesKeptDays * 86_400_000).toISOString();

@@ -293,7 +293,8 @@ describe('outbound notifications', function () {
 
   it('repairs a delivery whose job was lost (stored, never queued): the reconciler queues it, and it is sent once', async () => {
     const made = await endpoint({ url: `${receiver.url}/lost`, event_types: ['run.finished'] });
-    const old = new Date(Date.now() - 3_600_000).toISOString();
+    // a minute old: its job's absence is what tells (the reconciler looked only past the time all tries could take, 23 minutes)
+    const old = new Date(Date.now() - 60_000).toISOString();
     const id = `ntf_${'0'.repeat(10)}${Date.now().toString(36).padStart(16, '0')}`.slice(0, 30);
     await storeDelivery(id, made.endpoint.id, 'run_lost', old, { status: 'pending', attempts: [] });
     expect(await h.rt.engine.notifications.reconcile()).to.deep.equal({ requeued: 1, retried: 0, errors: 0 });
