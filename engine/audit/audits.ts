@@ -20,6 +20,7 @@ import {
   redisOrUnavailable,
   scopes,
   ServiceUnavailableError,
+  renewedClaim,
   SEVERITIES,
   TAKE_PLACE_LUA,
   type AuditLayer,
@@ -103,8 +104,12 @@ const WAIT_POLL_MS = 100;
 const CANCEL_POLL_MS = 500;
 /** Why a canceled audit's phases stopped, or did not run. */
 const CANCELED = 'the audit was canceled (the run that waited on it was canceled)';
-/** an assembly's claim: a redelivered parent job or a second reconciler leaves the ledger one entry */
-const ASSEMBLE_CLAIM_SECONDS = 120;
+/**
+ * An assembly's claim (and that of a report's end appended late): a redelivered parent job or a second reconciler
+ * leaves the ledger one entry. Renewed while the work runs: one of a process that died lapses within it (it was
+ * 120 s, never renewed, and the report of a worker that died assembling stayed running that long).
+ */
+const ASSEMBLE_CLAIM_MS = 10_000;
 /** A phase's place among its tenant's phases running (renewed a third of the way): one of a dead process lapses. */
 const PLACE_HOLD_MS = 30_000;
 const WEIGHTS: SeverityCounts = { critical: 40, high: 15, medium: 5, low: 1, info: 0 };
@@ -229,13 +234,13 @@ export function auditsOf(deps: AuditsDeps) {
     if (report.status === 'running') return;
     const [last] = await events.newestFirst(scopes.audit(report.report_id).stream, '0-0', '+', 1);
     if (last?.type === 'audit.finished') return;
-    const claim = `${queues.prefix}:audit:end:${report.report_id}`;
-    if ((await deps.redis.set(claim, '1', 'EX', ASSEMBLE_CLAIM_SECONDS, 'NX')) !== 'OK') return;
+    const claim = renewedClaim(deps.redis, `${queues.prefix}:audit:end:${report.report_id}`, ASSEMBLE_CLAIM_MS);
+    const token = await claim.take();
+    if (!token) return;
     try {
-      await appendEnd(tenantId, report);
-    } catch (err) {
-      await deps.redis.del(claim).catch(() => undefined);
-      throw err;
+      await claim.holding(token, () => appendEnd(tenantId, report));
+    } finally {
+      await claim.release(token);
     }
   }
 
@@ -510,22 +515,24 @@ export function auditsOf(deps: AuditsDeps) {
         await ensureEnded(tenantId, got.report);
         return got.report;
       }
-      const claim = `${queues.prefix}:audit:assemble:${id}`;
-      if ((await deps.redis.set(claim, '1', 'EX', ASSEMBLE_CLAIM_SECONDS, 'NX')) !== 'OK') return got.report;
+      const claim = renewedClaim(deps.redis, `${queues.prefix}:audit:assemble:${id}`, ASSEMBLE_CLAIM_MS);
+      const token = await claim.take();
+      if (!token) return got.report;
       try {
-        // the phases read again as the report is closed to them: one that ended since the read above is kept, and
-        // one that ends from now on adds nothing (its phase_done would follow the one the assembly tells for it)
-        const closed = await reports.closeForAssembly(tenantId, id, clock.now().toISOString());
-        if (!closed) {
-          await reports.dropRunning(tenantId, id);
-          return null;
-        }
-        if (closed.report.status !== 'running') return closed.report;
-        return await assembleClaimed(tenantId, id, closed.report, closed.canceled);
-      } catch (err) {
-        // a retry (the job's, or the reconciler's) may try at once
-        await deps.redis.del(claim).catch(() => undefined);
-        throw err;
+        return await claim.holding(token, async () => {
+          // the phases read again as the report is closed to them: one that ended since the read above is kept, and
+          // one that ends from now on adds nothing (its phase_done would follow the one the assembly tells for it)
+          const closed = await reports.closeForAssembly(tenantId, id, clock.now().toISOString());
+          if (!closed) {
+            await reports.dropRunning(tenantId, id);
+            return null;
+          }
+          if (closed.report.status !== 'running') return closed.report;
+          return assembleClaimed(tenantId, id, closed.report, closed.canceled);
+        });
+      } finally {
+        // done (the report ended), or failed: a retry (the job's, or the reconciler's) may try at once
+        await claim.release(token);
       }
     },
     /** Whether a stream resumed after `afterId` has anything left to send: false once the report is out and seen. */

@@ -2,7 +2,7 @@
 // seals the results into the evidence ledger. Every child has `ignoreDependencyOnFailure`, so a gate
 // whose job fails never strands the seal; a gate the seal finds without a result counts as cancelled.
 // The record is written before the flow exists; results are kept as each gate ends.
-import { createHash, randomUUID } from 'node:crypto';
+import { createHash } from 'node:crypto';
 import path from 'node:path';
 import { FlowProducer } from 'bullmq';
 import type { Platform } from '../deps.js';
@@ -12,6 +12,9 @@ import {
   newId,
   NotFoundError,
   scopes,
+  LET_GO_LUA,
+  renewedClaim,
+  RENEW_LUA,
   TAKE_PLACE_LUA,
   ValidationError,
   type GateResult,
@@ -60,11 +63,6 @@ const WORKSPACE_HOLD_MS = 30_000;
 const HOLD = `local v = redis.call('GET', KEYS[1])
 if v == false or v == ARGV[1] then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end
 return 0`;
-const LET_GO = `if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0`;
-// renews only a hold the gate run has: a renewal after its seal or cancel let go takes nothing again
-const RENEW = `if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0`;
 /** Running gate runs the reconciler reads in one pass. */
 const STALE_GATE_RUNS_PAGE = 200;
 
@@ -97,29 +95,13 @@ export function gateRunsOf(deps: GatesDeps) {
   /** Takes (or renews) the gate run's hold of its workspace: false while another gate run holds it. */
   const hold = async (r: GateRunRecord) => (await deps.redis.eval(HOLD, 1, workspaceKey(r), r.id, WORKSPACE_HOLD_MS)) === 1;
   /** Lets go of the gate run's hold, if it has it. */
-  const letGo = (r: GateRunRecord) => deps.redis.eval(LET_GO, 1, workspaceKey(r), r.id).catch(() => undefined);
+  const letGo = (r: GateRunRecord) => deps.redis.eval(LET_GO_LUA, 1, workspaceKey(r), r.id).catch(() => undefined);
 
-  const sealClaim = (gateRunId: string) => `${queues.prefix}:gates:seal:${gateRunId}`;
-  const sealClaimMs = deps.sealClaimMs ?? SEAL_CLAIM_MS;
-  /** Takes the claim on a gate run's end (see SEAL_CLAIM_MS): its token, or null while another holds it. */
-  async function claimEnd(gateRunId: string): Promise<string | null> {
-    const token = randomUUID();
-    return (await deps.redis.set(sealClaim(gateRunId), token, 'PX', sealClaimMs, 'NX')) === 'OK' ? token : null;
-  }
-  /** Keeps the claim on a gate run's end while `work` runs, renewed every third of its lifetime. */
-  async function holdingEnd<T>(gateRunId: string, token: string, work: () => Promise<T>): Promise<T> {
-    const renew = setInterval(
-      () => void deps.redis.eval(RENEW, 1, sealClaim(gateRunId), token, sealClaimMs).catch(() => undefined),
-      Math.max(1, Math.floor(sealClaimMs / 3)),
-    );
-    try {
-      return await work();
-    } finally {
-      clearInterval(renew);
-    }
-  }
-  /** Lets go of the claim on a gate run's end, if this token still holds it. */
-  const releaseEnd = (gateRunId: string, token: string) => deps.redis.eval(LET_GO, 1, sealClaim(gateRunId), token).catch(() => undefined);
+  /** The claim on a gate run's end (see SEAL_CLAIM_MS), renewed while a seal writes. */
+  const endClaim = (gateRunId: string) => renewedClaim(deps.redis, `${queues.prefix}:gates:seal:${gateRunId}`, deps.sealClaimMs ?? SEAL_CLAIM_MS);
+  const claimEnd = (gateRunId: string) => endClaim(gateRunId).take();
+  const holdingEnd = <T>(gateRunId: string, token: string, work: () => Promise<T>) => endClaim(gateRunId).holding(token, work);
+  const releaseEnd = (gateRunId: string, token: string) => endClaim(gateRunId).release(token);
 
   /** A workspace of the tenant: its folder, and its name relative to the tenant's root. */
   async function workspaceOf(tenantId: string, requested: string | undefined, at?: string): Promise<{ dir: string; name: string }> {
@@ -385,7 +367,7 @@ export function gateRunsOf(deps: GatesDeps) {
         return null;
       }
       const renew = setInterval(() => {
-        void deps.redis.eval(RENEW, 1, workspaceKey(record), record.id, WORKSPACE_HOLD_MS).catch(() => undefined);
+        void deps.redis.eval(RENEW_LUA, 1, workspaceKey(record), record.id, WORKSPACE_HOLD_MS).catch(() => undefined);
         void takePlace().catch(() => undefined);
       }, WORKSPACE_HOLD_MS / 3);
       // claimed until its result is kept, not only while its gate runs: a reconciler never seals between the two

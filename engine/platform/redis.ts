@@ -1,5 +1,6 @@
 // The one Redis connection factory: one server, or a Redis Cluster when REDIS_URL lists its nodes.
 // BullMQ needs maxRetriesPerRequest: null on its connections.
+import { randomUUID } from 'node:crypto';
 import { Cluster, Redis, type RedisOptions } from 'ioredis';
 import { ServiceUnavailableError } from './errors.js';
 import type { Logger } from './log.js';
@@ -236,6 +237,39 @@ export async function untilTaken(
       if (tryNo >= RETRIES_AFTER_COMMIT) return void log.error({ ...about, err: (err as Error).message }, 'given up: the reconciler repairs what it can');
     }
   }
+}
+
+/** Deletes KEYS[1] while it holds ARGV[1] (a holder lets go of what is still its own). */
+export const LET_GO_LUA = `if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0`;
+/** Moves KEYS[1]'s lapse ARGV[2] ms on while it holds ARGV[1]: a renewal after the holder let go takes nothing again. */
+export const RENEW_LUA = `if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0`;
+
+/**
+ * One process's claim on a piece of work (`key`: a seal, an assembly), lapsing `ms` after it was taken or last
+ * renewed, and renewed a third of the way while the work runs: a process that dies holding it lets it go within
+ * `ms`, and a long piece of work keeps it however long it takes.
+ */
+export function renewedClaim(redis: Redis, key: string, ms: number) {
+  return {
+    /** the claim's token, or null while another holds it */
+    async take(): Promise<string | null> {
+      const token = randomUUID();
+      return (await redis.set(key, token, 'PX', ms, 'NX')) === 'OK' ? token : null;
+    },
+    /** runs `work` with the claim renewed */
+    async holding<T>(token: string, work: () => Promise<T>): Promise<T> {
+      const renew = setInterval(() => void redis.eval(RENEW_LUA, 1, key, token, ms).catch(() => undefined), Math.max(1, Math.floor(ms / 3)));
+      try {
+        return await work();
+      } finally {
+        clearInterval(renew);
+      }
+    },
+    /** lets go of the claim, if `token` still holds it */
+    release: (token: string) => redis.eval(LET_GO_LUA, 1, key, token).catch(() => undefined),
+  };
 }
 
 /**
