@@ -435,7 +435,9 @@ export function gateRunsOf(deps: GatesDeps) {
      * has, or canceled when no gate reported anything. A gate run never stays `running` for good.
      */
     async reconcile(
-      olderThanMs = 60_000,
+      // made this long ago: its flow, added in the same request as its record, is there unless it was lost (the seal
+      // job's state and the workers' claims tell the rest); at 60 s a gate run whose jobs Redis lost ended a minute late
+      olderThanMs = 20_000,
       opts: { elsewhere?: () => Promise<Set<string> | null>; isExecuting?: (runId: string) => boolean } = {},
     ): Promise<number> {
       const before = new Date(clock.now().getTime() - olderThanMs).toISOString();
