@@ -218,7 +218,7 @@ export async function makeScratch(
         await sandboxedGit(
           sandbox,
           base,
-          `git ${GIT_SAFE} clone --quiet --shared --no-hardlinks ${q(repo)} worktree 2>/dev/null && { git -C worktree rev-parse -q --verify HEAD || true; }`,
+          `git ${GIT_SAFE} clone --quiet --shared --no-hardlinks ${q(repo)} worktree && { git -C worktree rev-parse -q --verify HEAD || true; }`,
           readOnlyBinds,
           signal,
         )
