@@ -34,6 +34,8 @@ export function createEngine(given: EngineDeps) {
   const notifications = notificationsOf(given, given.notify);
   const deps: EngineDeps = { ...given, events: notifications.wrap(given.events) };
   const transitions = transitionsOf(deps);
+  // a run's end told again (its process died between its event and its deliveries) is offered to the endpoints again
+  transitions.offerEndAgainTo((event) => notifications.notify(event));
   const connections = connectionsOf(deps, { httpAllowPrivate: deps.settings.httpAllowPrivate, maxConnections: deps.limits.tenantMaxConnections });
   const runs = runsOf(deps, transitions);
   const sessions = sessionsOf({ ...deps, runs });

@@ -12,6 +12,8 @@ import {
   assertPublicHost,
   guardedLookup,
   privateLiteral,
+  canonicalJson,
+  idOf,
   newId,
   redisBatch,
   withTimeout,
@@ -418,8 +420,11 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
       if (!type) return 0;
       const endpoints = (await enabledOf(event.tenant_id)).filter((e) => subscribes(e.event_types, type));
       const now = clock.now().toISOString();
+      // an id of the endpoint and the event: the same event offered again (its run's end told again after its
+      // process died between the event and its deliveries) makes no delivery twice
+      const at = Date.parse(event.at);
       const deliveries = endpoints.map((e): NotificationDelivery => ({
-        id: newId('ntf'),
+        id: Number.isFinite(at) ? idOf('ntf', at, `${e.id}\n${canonicalJson(event)}`) : newId('ntf'),
         tenant_id: event.tenant_id,
         endpoint_id: e.id,
         event_type: type,

@@ -1,5 +1,5 @@
 // Prefixed, time-sortable ids (ULID after the prefix): `aut_01J…`. Sorting ids sorts by creation.
-import { randomFillSync } from 'node:crypto';
+import { createHash, randomFillSync } from 'node:crypto';
 import { encodeTime, monotonicFactory } from 'ulid';
 
 // ulid asks for one random byte per character; drawing them from a pool refilled by the CSPRNG
@@ -26,4 +26,18 @@ export function newId(prefix: IdPrefix, now: number = Date.now()): string {
  */
 export function idBefore(prefix: IdPrefix, now: number): string {
   return `${prefix}_${encodeTime(now, 10).toLowerCase()}${'0'.repeat(16)}`;
+}
+
+const CROCKFORD = '0123456789abcdefghjkmnpqrstvwxyz';
+
+/**
+ * The id of `prefix` made at `at` for `what`, the same each time it is asked for: its time leads, as a new id's
+ * does, and its random part is `what`'s digest. What is made again (an event offered again after a crash) gets
+ * the id it got the first time, which the store keeps once.
+ */
+export function idOf(prefix: IdPrefix, at: number, what: string): string {
+  const digest = createHash('sha256').update(what).digest();
+  let tail = '';
+  for (let i = 0; i < 16; i++) tail += CROCKFORD[digest[i]! & 31];
+  return `${prefix}_${encodeTime(at, 10).toLowerCase()}${tail}`;
 }

@@ -22,6 +22,7 @@ import {
   type NewEvent,
   type Run,
   type RunStatus,
+  type ServiceEvent,
   type StepRecord,
 } from '../platform/index.js';
 import type { IdempotencyRecord, KeyClaim } from '../store/index.js';
@@ -82,6 +83,9 @@ const OUTPUT_BUDGET_NOTICE =
   "\n[the output and messages that follow are not streamed: this tenant's runs streamed SERVICE_TENANT_OUTPUT_MB_PER_DAY today (UTC); each step's record keeps its last 64 KB of output, and its messages whole]\n";
 
 export const sessionStream = (sessionId: string) => `session:${sessionId}`;
+
+/** How many of a session's latest events a run's end told again is looked for among (it was its run's last, or near). */
+const TOLD_AGAIN_LOOKBACK = 500;
 
 export function transitionsOf(deps: TransitionsDeps) {
   const { store, clock, log, events, metrics, queues, slots } = deps;
@@ -273,25 +277,40 @@ export function transitionsOf(deps: TransitionsDeps) {
     }
   }
 
+  /** What the end of a run tells. */
+  const finishedEvent = (run: Run): EventBody => ({
+    type: 'run.finished',
+    data: {
+      status: run.status,
+      attempt: run.attempt,
+      summary: run.summary,
+      error: run.error,
+      duration_ms: run.duration_ms,
+      result: run.result?.changed_files ? { changed_files: run.result.changed_files } : null,
+    },
+  });
+
+  /** Who is offered a run's end told again (the notifications, whose deliveries of an event are made once). */
+  let offerAgain: ((event: ServiceEvent) => Promise<unknown>) | null = null;
+
+  /**
+   * A run's end told again by a job delivered again: the process that stored it may have died before its event,
+   * or between its event and what the event is offered to (its notifications' deliveries). The event is appended
+   * when the run's log lacks it among its latest, else offered again.
+   */
+  async function toldAgain(run: Run): Promise<void> {
+    const latest = await events.newestFirst(sessionStream(run.session_id), '0-0', '+', TOLD_AGAIN_LOOKBACK);
+    const told = latest.find((e) => e.type === 'run.finished' && e.run_id === run.id && (e.data as { attempt?: number }).attempt === run.attempt);
+    if (!told) await emitInOrder(run, finishedEvent(run));
+    else await offerAgain?.(told);
+  }
+
   /** The end of a run: event, metrics, slot, hooks. */
   async function ended(run: Run): Promise<void> {
     metrics.runDuration.observe({ kind: run.kind, status: run.status }, (run.duration_ms ?? 0) / 1000);
     metrics.runsFinished.inc({ kind: run.kind, status: run.status, reason: run.error?.code ?? 'none' });
     // the event and the slot in one round trip: both are asked for before either is waited for
-    const told = Promise.all([
-      emitInOrder(run, {
-        type: 'run.finished',
-        data: {
-          status: run.status,
-          attempt: run.attempt,
-          summary: run.summary,
-          error: run.error,
-          duration_ms: run.duration_ms,
-          result: run.result?.changed_files ? { changed_files: run.result.changed_files } : null,
-        },
-      }),
-      persist(() => release(run.tenant_id, run.id), { run_id: run.id, what: 'slot release' }),
-    ]);
+    const told = Promise.all([emitInOrder(run, finishedEvent(run)), persist(() => release(run.tenant_id, run.id), { run_id: run.id, what: 'slot release' })]);
     log.info(
       { tenant_id: run.tenant_id, run_id: run.id, status: run.status, attempt: run.attempt, duration_ms: run.duration_ms, request_id: run.request_id },
       'run finished',
@@ -441,7 +460,13 @@ export function transitionsOf(deps: TransitionsDeps) {
      * its end may have died before its hooks ran (its job was not completed, so it stalled and came back).
      */
     async finishedAgain(run: Run): Promise<void> {
+      await toldAgain(run).catch((err: Error) => log.warn({ run_id: run.id, err: err.message }, 'a run’s end was not told again'));
       await runHooks(repeatable, run, 'run-finished (again)');
+    },
+
+    /** Registers who is offered a run's end again when a job delivered again finds the run ended (toldAgain). */
+    offerEndAgainTo(offer: (event: ServiceEvent) => Promise<unknown>): void {
+      offerAgain = offer;
     },
 
     /** Registers a record stored with each new run (a run's session). */

@@ -285,6 +285,7 @@ export interface NotificationEndpointRepo {
 export type NotificationDeliveryChanges = Partial<Pick<NotificationDelivery, 'status' | 'attempts' | 'replays' | 'updated_at'>>;
 
 export interface NotificationDeliveryRepo {
+  /** Stores a delivery; one of the same id is there already (an event offered again): nothing is written. */
   insert(delivery: NotificationDelivery): Promise<void>;
   get(tenantId: string, id: string): Promise<NotificationDelivery | null>;
   /** Newest first, of one endpoint. */

@@ -228,10 +228,14 @@ describe('run lifecycle', function () {
       // the stalled job delivered again finds the run ended
       expect(await idle.rt.engine.executor.execute(id, 'tenant-a', 1)).to.equal(null);
       expect((await idle.call<Body>('GET', `/api/v1/sessions/${sessionId}`)).body).to.deep.include({ status: 'idle', outcome: 'succeeded' });
-      // again: nothing more changes, nor is the session's end told again
+      // the run's end its process never told is told now
+      const finishedEvents = async () => (await idle.rt.events.after(`session:${sessionId}`, '0-0', 100)).filter((e) => e.type === 'run.finished');
+      expect((await finishedEvents()).map((e) => (e.data as Body).status)).to.deep.equal(['succeeded']);
+      // again: nothing more changes, nor is the session's end or the run's told again
       const ended = (await idle.call<Body>('GET', `/api/v1/sessions/${sessionId}`)).body;
       await idle.rt.engine.executor.execute(id, 'tenant-a', 1);
       expect((await idle.call<Body>('GET', `/api/v1/sessions/${sessionId}`)).body).to.deep.equal(ended);
+      expect(await finishedEvents()).to.have.length(1);
       // an archived one takes the outcome once
       const other = await idle.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'true' } }] } });
       const otherId = other.body.run_id as string;

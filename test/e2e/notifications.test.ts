@@ -291,6 +291,30 @@ describe('outbound notifications', function () {
     expect(h.logs.join('')).to.contain(made.endpoint.id);
   });
 
+  it('makes a run’s deliveries when its job comes back after its process died between its end’s event and them, and never twice', async () => {
+    const made = await endpoint({ url: `${receiver.url}/told-again`, event_types: ['run.finished'] });
+    const ended = await run();
+    const sentOf = () => receiver.received.filter((r) => r.path === '/told-again' && r.body.includes(ended.id));
+    await eventually(() => sentOf().length === 1 || null, 'its delivery');
+    const [delivery] = (await h.rt.store.notificationDeliveries.list('tenant-a', made.endpoint.id, { limit: 5 })).items;
+    // offered again with nothing lost: its delivery (of the same id, the event's) is not made or sent twice
+    expect(await h.rt.engine.executor.execute(ended.id, 'tenant-a', ended.attempt)).to.equal(null);
+    await new Promise((r) => setTimeout(r, 500));
+    expect(sentOf()).to.have.length(1);
+    expect((await h.rt.store.notificationDeliveries.list('tenant-a', made.endpoint.id, { limit: 5 })).items.map((d) => d.id)).to.deep.equal([delivery!.id]);
+    // what a process that died after the event and before its deliveries left: the event, no delivery
+    await h.rt.store.notificationDeliveries.delete('tenant-a', delivery!.id);
+    await h.rt.queues.get('notifications').remove(`ntf-${delivery!.id}`);
+    expect(await h.rt.engine.executor.execute(ended.id, 'tenant-a', ended.attempt)).to.equal(null);
+    await eventually(() => sentOf().length === 2 || null, 'the delivery made again');
+    expect(sentOf()[1]!.headers['webhook-id'], 'the same delivery: its id is the event’s').to.equal(delivery!.id);
+    const events = await h.rt.events.after(`session:${ended.session_id}`, '0-0', 100);
+    expect(
+      events.filter((e) => e.type === 'run.finished'),
+      'the event told once',
+    ).to.have.length(1);
+  });
+
   it('repairs a delivery whose job was lost (stored, never queued): the reconciler queues it, and it is sent once', async () => {
     const made = await endpoint({ url: `${receiver.url}/lost`, event_types: ['run.finished'] });
     // a minute old: its job's absence is what tells (the reconciler looked only past the time all tries could take, 23 minutes)

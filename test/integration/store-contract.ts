@@ -1186,6 +1186,9 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       });
       const ds = [delivery(0), delivery(1), delivery(2)];
       for (const d of ds) await store.notificationDeliveries.insert(d);
+      // one of the same id again (an event offered again) writes nothing and throws nothing
+      await store.notificationDeliveries.insert({ ...ds[0]!, payload: { type: 'run.finished', data: { i: 99 } } });
+      expect((await store.notificationDeliveries.get('t1', ds[0]!.id))!.payload).to.deep.equal(ds[0]!.payload);
       const first = await store.notificationDeliveries.list('t1', e.id, { limit: 2 });
       expect(first.items.map((d) => d.id)).to.deep.equal([ds[2]!.id, ds[1]!.id]);
       const second = await store.notificationDeliveries.list('t1', e.id, { limit: 2, cursor: first.next_cursor! });

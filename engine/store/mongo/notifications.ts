@@ -1,7 +1,7 @@
 import { Schema, type Model } from 'mongoose';
 import type { NotificationDelivery, NotificationEndpoint } from '../../platform/index.js';
 import { decodeCursor, toPage, type NotificationDeliveryRepo, type NotificationEndpointRepo } from '../port.js';
-import { fromStored, insertOneOrNone, loose, toStored, type Stored } from './documents.js';
+import { fromStored, insertOneOrNone, isDuplicateKey, loose, toStored, type Stored } from './documents.js';
 import type { Leases } from './leases.js';
 
 export const notificationEndpointSchema = new Schema({ _id: String, tenant_id: { type: String, required: true } }, loose);
@@ -75,7 +75,9 @@ export function notificationEndpointRepo(
 export function notificationDeliveryRepo(model: Model<Stored<NotificationDelivery>>): NotificationDeliveryRepo {
   return {
     async insert(d) {
-      await model.collection.insertOne(toStored(d) as never);
+      await model.collection.insertOne(toStored(d) as never).catch((err: unknown) => {
+        if (!isDuplicateKey(err)) throw err;
+      });
     },
     async get(tenantId, id) {
       return fromStored(await model.findOne({ _id: id, tenant_id: tenantId }).lean<Stored<NotificationDelivery>>());

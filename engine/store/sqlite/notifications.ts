@@ -69,7 +69,7 @@ export function notificationEndpointRepo(db: Db): NotificationEndpointRepo {
 }
 
 export function notificationDeliveryRepo(db: Db): NotificationDeliveryRepo {
-  const insert = db.prepare('INSERT INTO notification_deliveries (id, tenant_id, endpoint_id, doc) VALUES (?, ?, ?, ?)');
+  const insert = db.prepare('INSERT INTO notification_deliveries (id, tenant_id, endpoint_id, doc) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING');
   const one = db.prepare<[string, string], { doc: string }>('SELECT doc FROM notification_deliveries WHERE tenant_id = ? AND id = ?');
   const page = db.prepare<[string, string, string, number], { doc: string }>(
     'SELECT doc FROM notification_deliveries WHERE tenant_id = ? AND endpoint_id = ? AND id < ? ORDER BY id DESC LIMIT ?',
