@@ -423,8 +423,9 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
       // an id of the endpoint and the event: the same event offered again (its run's end told again after its
       // process died between the event and its deliveries) makes no delivery twice
       const at = Date.parse(event.at);
+      const told = endpoints.length ? canonicalJson(event) : '';
       const deliveries = endpoints.map((e): NotificationDelivery => ({
-        id: Number.isFinite(at) ? idOf('ntf', at, `${e.id}\n${canonicalJson(event)}`) : newId('ntf'),
+        id: Number.isFinite(at) ? idOf('ntf', at, `${e.id}\n${told}`) : newId('ntf'),
         tenant_id: event.tenant_id,
         endpoint_id: e.id,
         event_type: type,
