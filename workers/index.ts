@@ -11,10 +11,11 @@ import type { Runtime } from '../engine/process/index.js';
 
 /** How long a held run's job waits before it is offered again, when no resume promotes it sooner. */
 const HELD_RETRY_MS = 5000;
-/** How long a gate whose workspace another gate run holds waits (with jitter) before it asks again. */
-const GATE_BUSY_RETRY_MS = 500;
-/** How long an audit phase whose tenant holds every place of its own waits before it asks again (with jitter). */
-const AUDIT_BUSY_RETRY_MS = 500;
+/**
+ * How long a job that found no place waits (with jitter) before it asks again: a gate whose workspace another gate
+ * run holds, or whose tenant's gates hold every place of its own; an audit phase whose tenant's phases do.
+ */
+const BUSY_RETRY_MS = 500;
 
 /**
  * How long before the end of the grace period running attempts are interrupted (at once when the grace
@@ -83,7 +84,7 @@ export function processorsOf(rt: Runtime): Processors {
           throw jobErrorOf(err);
         }
         // another gate run holds the workspace: this gate waits for it, holding no worker
-        await job.moveToDelayed(Date.now() + GATE_BUSY_RETRY_MS * (1 + Math.random()), token);
+        await job.moveToDelayed(Date.now() + BUSY_RETRY_MS * (1 + Math.random()), token);
         throw new DelayedError();
       },
     },
@@ -104,7 +105,7 @@ export function processorsOf(rt: Runtime): Processors {
           throw jobErrorOf(err);
         }
         // its tenant's other phases hold every place of its own: this one waits, holding no worker
-        await job.moveToDelayed(Date.now() + AUDIT_BUSY_RETRY_MS * (1 + Math.random()), token);
+        await job.moveToDelayed(Date.now() + BUSY_RETRY_MS * (1 + Math.random()), token);
         throw new DelayedError();
       },
     },

@@ -20,9 +20,9 @@ import {
   redisOrUnavailable,
   scopes,
   ServiceUnavailableError,
+  placeAmong,
   renewedClaim,
   SEVERITIES,
-  TAKE_PLACE_LUA,
   type AuditLayer,
   type AuditPhase,
   type AuditPhaseResult,
@@ -440,13 +440,9 @@ export function auditsOf(deps: AuditsDeps) {
       // a place among the tenant's phases running at once (SERVICE_AUDIT_TENANT_CONCURRENCY), renewed while it runs:
       // the audits queue is one line for every tenant, and one tenant's three audits (twelve phases) held every
       // worker place while another tenant's audit waited 147 s for its 7. Without one, the phase waits, holding no worker
-      const place = { key: `${queues.prefix}:audit-places:${tenantId}`, member: `${id}:${phase}` };
-      const takePlace = () => {
-        const now = Date.now();
-        return deps.redis.eval(TAKE_PLACE_LUA, 1, place.key, now, now + PLACE_HOLD_MS, settings.tenantConcurrency, place.member);
-      };
-      if (!(await takePlace())) return 'busy';
-      const renew = setInterval(() => void takePlace().catch(() => undefined), PLACE_HOLD_MS / 3);
+      const place = placeAmong(deps.redis, `${queues.prefix}:audit-places:${tenantId}`, `${id}:${phase}`, settings.tenantConcurrency, PLACE_HOLD_MS);
+      if (!(await place.take())) return 'busy';
+      const renew = setInterval(place.renew, PLACE_HOLD_MS / 3);
       const started = performance.now();
       const controller = new AbortController();
       const mine = running.get(id) ?? new Set();
@@ -491,7 +487,7 @@ export function auditsOf(deps: AuditsDeps) {
         log.warn({ tenant_id: tenantId, report_id: id, phase, err: result.error }, 'audit phase did not complete');
       } finally {
         clearInterval(renew);
-        await deps.redis.zrem(place.key, place.member).catch(() => undefined);
+        await place.give();
         clearInterval(watch);
         mine.delete(controller);
         if (!mine.size) running.delete(id);

@@ -13,9 +13,9 @@ import {
   NotFoundError,
   scopes,
   LET_GO_LUA,
+  placeAmong,
   renewedClaim,
   RENEW_LUA,
-  TAKE_PLACE_LUA,
   ValidationError,
   type GateResult,
   type GateRunRecord,
@@ -346,29 +346,30 @@ export function gateRunsOf(deps: GatesDeps) {
     async runGateJob(tenantId: string, gateRunId: string, gateId: string): Promise<GateResult | null | 'busy'> {
       const record = await store.gateRuns.get(tenantId, gateRunId);
       if (!record || record.status !== 'running') return null;
-      const place = { key: `${queues.prefix}:gate-places:${tenantId}`, member: `${gateRunId}:${gateId}` };
-      const takePlace = () => {
-        const now = Date.now();
-        return deps.redis.eval(TAKE_PLACE_LUA, 1, place.key, now, now + WORKSPACE_HOLD_MS, settings.gatesTenantConcurrency, place.member);
-      };
+      const place = placeAmong(
+        deps.redis,
+        `${queues.prefix}:gate-places:${tenantId}`,
+        `${gateRunId}:${gateId}`,
+        settings.gatesTenantConcurrency,
+        WORKSPACE_HOLD_MS,
+      );
       // a place among the tenant's gates running at once (SERVICE_GATES_TENANT_CONCURRENCY), renewed while its gate
       // runs: the gates queue is one line for every tenant, and one tenant's hundred gates held every worker place
       // while another tenant's run waited on its one gate until its budget ran out. When the tenant's other gates
       // hold every place of its own, this one waits, as for a held workspace
-      if (!(await takePlace())) return 'busy';
-      const givePlace = () => deps.redis.zrem(place.key, place.member).catch(() => undefined);
+      if (!(await place.take())) return 'busy';
       if (!(await hold(record))) {
-        await givePlace();
+        await place.give();
         return 'busy';
       }
       // ended (sealed, canceled) between its read and the hold: the hold goes back at once, not 30 s later
       if ((await store.gateRuns.get(tenantId, gateRunId))?.status !== 'running') {
-        await Promise.all([letGo(record), givePlace()]);
+        await Promise.all([letGo(record), place.give()]);
         return null;
       }
       const renew = setInterval(() => {
         void deps.redis.eval(RENEW_LUA, 1, workspaceKey(record), record.id, WORKSPACE_HOLD_MS).catch(() => undefined);
-        void takePlace().catch(() => undefined);
+        place.renew();
       }, WORKSPACE_HOLD_MS / 3);
       // claimed until its result is kept, not only while its gate runs: a reconciler never seals between the two
       claimed.set(gateRunId, (claimed.get(gateRunId) ?? 0) + 1);
@@ -376,7 +377,7 @@ export function gateRunsOf(deps: GatesDeps) {
         return await runGateClaimed(record, tenantId, gateRunId, gateId);
       } finally {
         clearInterval(renew);
-        await givePlace();
+        await place.give();
         const n = (claimed.get(gateRunId) ?? 1) - 1;
         if (n > 0) claimed.set(gateRunId, n);
         else claimed.delete(gateRunId);

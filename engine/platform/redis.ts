@@ -283,3 +283,20 @@ if redis.call('ZSCORE', KEYS[1], ARGV[4]) == false and redis.call('ZCARD', KEYS[
 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[4])
 redis.call('PEXPIREAT', KEYS[1], ARGV[2])
 return 1`;
+
+/**
+ * `member`'s place among at most `max` holders of `key` (TAKE_PLACE_LUA), lapsing `ms` after it was taken or last
+ * renewed: a tenant's gates or audit phases running at once over every worker process. `take` renews one held.
+ */
+export function placeAmong(redis: Redis, key: string, member: string, max: number, ms: number) {
+  const take = async () => {
+    const now = Date.now();
+    return (await redis.eval(TAKE_PLACE_LUA, 1, key, now, now + ms, max, member)) === 1;
+  };
+  return {
+    take,
+    /** renews it (a timer's call: a failure waits for the next) */
+    renew: () => void take().catch(() => undefined),
+    give: () => redis.zrem(key, member).catch(() => undefined),
+  };
+}
