@@ -15,6 +15,8 @@ import {
   canonicalJson,
   idOf,
   newId,
+  outboxEntry,
+  outboxMember,
   redisBatch,
   withTimeout,
   NOTIFICATION_TYPES,
@@ -25,6 +27,7 @@ import {
   ValidationError,
   ConflictError,
   type EventLog,
+  type EventOutbox,
   type FieldError,
   type NotificationDelivery,
   type NotificationEndpoint,
@@ -64,6 +67,9 @@ const VERSION_WAIT_MS = 1000;
 const TRIES_KEPT = 100;
 /** How long a delivery stays pending before the reconciler looks whether its job is there (as for webhook deliveries). */
 const STALE_AFTER_MS = 30_000;
+/** The events of the outbox (see wrap) a reconciler pass offers again at most, and how many at a time. */
+const OUTBOX_PER_PASS = 500;
+const OUTBOX_AT_ONCE = 20;
 const keptTries = (tries: NotificationDelivery['attempts'], next: NotificationDelivery['attempts'][number]) => [...tries, next].slice(-TRIES_KEPT);
 
 /** Deliveries the store refused are asked for again STORE_TRIES times, STORE_RETRY_MS later and then twice as late (about a minute). */
@@ -103,6 +109,8 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
   const batch = redisBatch(redis);
   batch.define('notify.endpoints', { keys: 1, args: 0, lua: "return redis.call('GET', KEYS[1]) or ''" });
   const versionKey = (tenantId: string) => `${queues.prefix}:notify-endpoints:{${tenantId}}`;
+  /** The events whose deliveries are not all stored yet (see wrap); in the prefix's slot, as the event logs are. */
+  const outboxKey = `${queues.prefix}:notify-outbox`;
   let events: EventLog | null = null;
 
   async function enabledOf(tenantId: string): Promise<NotificationEndpoint[]> {
@@ -116,6 +124,15 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
     cache.set(tenantId, { at: Date.now(), version, endpoints });
     if (cache.size > 10_000) cache.delete(cache.keys().next().value!);
     return endpoints;
+  }
+
+  /**
+   * Whether an event of `type` may have deliveries to make, as this process's copy of the tenant's endpoints
+   * says without asking anyone: so it is when there is no copy, or an old one.
+   */
+  function mayDeliver(tenantId: string, type: NotificationType): boolean {
+    const hit = cache.get(tenantId);
+    return !hit || Date.now() - hit.at >= CACHE_MS || hit.endpoints.some((e) => subscribes(e.event_types, type));
   }
 
   /**
@@ -329,6 +346,76 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
     ).unref();
   }
 
+  /**
+   * Makes a delivery of an event for each of its tenant's endpoints that subscribe to its type, each stored and
+   * then queued. Its id is made of the endpoint's and the event's, so an event offered again makes none twice. A
+   * delivery the store refuses is stored later (storeLater); `stored` says whether all were stored now.
+   */
+  async function deliveriesOf(event: ServiceEvent): Promise<{ endpoints: number; stored: boolean }> {
+    const type = outboundType(event.type);
+    if (!type) return { endpoints: 0, stored: true };
+    const endpoints = (await enabledOf(event.tenant_id)).filter((e) => subscribes(e.event_types, type));
+    const now = clock.now().toISOString();
+    // an id of the endpoint and the event: the same event offered again (its run's end told again after its
+    // process died between the event and its deliveries) makes no delivery twice
+    const at = Date.parse(event.at);
+    const told = endpoints.length ? canonicalJson(event) : '';
+    const deliveries = endpoints.map((e): NotificationDelivery => ({
+      id: Number.isFinite(at) ? idOf('ntf', at, `${e.id}\n${told}`) : newId('ntf'),
+      tenant_id: event.tenant_id,
+      endpoint_id: e.id,
+      event_type: type,
+      payload: {
+        type,
+        timestamp: event.at,
+        data: { ...(event.run_id ? { run_id: event.run_id } : {}), ...(event.session_id ? { session_id: event.session_id } : {}), ...event.data },
+      },
+      status: 'pending',
+      attempts: [],
+      replays: 0,
+      created_at: now,
+      updated_at: now,
+    }));
+    // all stored first (asked together, one group commit): a stored delivery is the reconciler's to queue
+    // again, so a queue that refuses one job loses none of them, and does not keep the others from theirs
+    const stored = await Promise.allSettled(deliveries.map((d) => store.notificationDeliveries.insert(d)));
+    const unstored = deliveries.filter((_, i) => stored[i]!.status === 'rejected');
+    await queueAll(deliveries.filter((_, i) => stored[i]!.status === 'fulfilled'));
+    // a store that refused them for a moment (busy, a failover) is asked again, while the event goes on
+    if (unstored.length) {
+      log.warn(
+        { tenant_id: event.tenant_id, type, err: (stored.find((r) => r.status === 'rejected') as PromiseRejectedResult).reason?.message },
+        'notification deliveries not stored yet: trying again',
+      );
+      storeLater(unstored, 0);
+    }
+    return { endpoints: endpoints.length, stored: !unstored.length };
+  }
+
+  /**
+   * Offers again the events of the outbox noted over STALE_AFTER_MS ago: their process died (or the store refused
+   * their deliveries) before they were all stored. One whose log no longer holds it has nothing left to offer.
+   */
+  async function offerNoted(): Promise<number> {
+    if (!events) return 0;
+    const eventLog = events;
+    const due = await redis.zrangebyscore(outboxKey, '-inf', clock.now().getTime() - STALE_AFTER_MS, 'LIMIT', 0, OUTBOX_PER_PASS);
+    let offered = 0;
+    for (let i = 0; i < due.length; i += OUTBOX_AT_ONCE)
+      await Promise.all(
+        due.slice(i, i + OUTBOX_AT_ONCE).map(async (member) => {
+          const { scope, id } = outboxEntry(member);
+          const [event] = await eventLog.newestFirst(scope, '0-0', id, 1);
+          if (event?.id === id) {
+            if (!(await deliveriesOf(event)).stored) return;
+            offered++;
+          }
+          await redis.zrem(outboxKey, member);
+        }),
+      );
+    return offered;
+  }
+
   const api = {
     /** Makes an endpoint; `secret` is the only time the signing secret exists in clear outside the store. */
     async create(tenantId: string, input: EndpointInput): Promise<{ endpoint: NotificationEndpoint; secret: string }> {
@@ -414,47 +501,8 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
       return next;
     },
 
-    /** Makes a delivery of an event for each of its tenant's endpoints that subscribe to its type; a delivery the store refuses is stored later (storeLater). */
-    async notify(event: ServiceEvent): Promise<number> {
-      const type = outboundType(event.type);
-      if (!type) return 0;
-      const endpoints = (await enabledOf(event.tenant_id)).filter((e) => subscribes(e.event_types, type));
-      const now = clock.now().toISOString();
-      // an id of the endpoint and the event: the same event offered again (its run's end told again after its
-      // process died between the event and its deliveries) makes no delivery twice
-      const at = Date.parse(event.at);
-      const told = endpoints.length ? canonicalJson(event) : '';
-      const deliveries = endpoints.map((e): NotificationDelivery => ({
-        id: Number.isFinite(at) ? idOf('ntf', at, `${e.id}\n${told}`) : newId('ntf'),
-        tenant_id: event.tenant_id,
-        endpoint_id: e.id,
-        event_type: type,
-        payload: {
-          type,
-          timestamp: event.at,
-          data: { ...(event.run_id ? { run_id: event.run_id } : {}), ...(event.session_id ? { session_id: event.session_id } : {}), ...event.data },
-        },
-        status: 'pending',
-        attempts: [],
-        replays: 0,
-        created_at: now,
-        updated_at: now,
-      }));
-      // all stored first (asked together, one group commit): a stored delivery is the reconciler's to queue
-      // again, so a queue that refuses one job loses none of them, and does not keep the others from theirs
-      const stored = await Promise.allSettled(deliveries.map((d) => store.notificationDeliveries.insert(d)));
-      const unstored = deliveries.filter((_, i) => stored[i]!.status === 'rejected');
-      await queueAll(deliveries.filter((_, i) => stored[i]!.status === 'fulfilled'));
-      // a store that refused them for a moment (busy, a failover) is asked again, while the event goes on
-      if (unstored.length) {
-        log.warn(
-          { tenant_id: event.tenant_id, type, err: (stored.find((r) => r.status === 'rejected') as PromiseRejectedResult).reason?.message },
-          'notification deliveries not stored yet: trying again',
-        );
-        storeLater(unstored, 0);
-      }
-      return endpoints.length;
-    },
+    /** Makes a delivery of an event for each of its tenant's endpoints that subscribe to its type (see deliveriesOf); how many. */
+    notify: async (event: ServiceEvent): Promise<number> => (await deliveriesOf(event)).endpoints,
 
     /**
      * One try of a delivery (the notifications queue's job). Throws when it failed and BullMQ will try
@@ -483,6 +531,8 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
       // time all its tries could take (23 minutes by default, which a delivery whose job Redis lost waited)
       const done = await repairStale(new Date(clock.now().getTime() - STALE_AFTER_MS).toISOString());
       if (done.requeued || done.retried || done.errors) log.warn(done, 'reconciler repaired notification deliveries');
+      const offered = await offerNoted();
+      if (offered) log.warn({ events: offered }, 'reconciler made the notifications of events whose process had not made them all');
       // ended deliveries are kept SERVICE_NOTIFICATION_DELIVERIES_KEPT_DAYS after their last try: a page at a time, within a bound
       const expired = new Date(clock.now().getTime() - settings.deliveriesKeptDays * 86_400_000).toISOString();
       await pruneInPages((limit) => store.notificationDeliveries.prune(expired, limit));
@@ -491,20 +541,34 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
 
     /**
      * The event log every capability writes through: each event appended is also offered to the
-     * tenant's endpoints. A failure to make its deliveries is logged; the event itself stands.
+     * tenant's endpoints. A failure to make its deliveries is logged; the event itself stands, and one noted in the
+     * outbox (its tenant's endpoints may subscribe to it) is offered again by the reconciler until they are made.
      */
     wrap(inner: EventLog): EventLog {
-      const offer = async <E extends ServiceEvent | null>(stored: E): Promise<E> => {
-        if (stored && outboundType(stored.type))
-          await api
-            .notify(stored)
-            .catch((err: Error) => log.error({ tenant_id: stored.tenant_id, type: stored.type, err: err.message }, 'notifications not made'));
+      const offer = async <E extends ServiceEvent | null>(stored: E, scope: string, noted: EventOutbox | undefined): Promise<E> => {
+        if (!stored || !outboundType(stored.type)) return stored;
+        try {
+          // all stored: the note is done with (a note left is offered again by the reconciler, and makes nothing twice)
+          if ((await deliveriesOf(stored)).stored && noted) void redis.zrem(outboxKey, outboxMember(scope, stored.id)).catch(() => undefined);
+        } catch (err) {
+          log.error(
+            { tenant_id: stored.tenant_id, type: stored.type, err: (err as Error).message },
+            noted ? 'notifications not made yet: the reconciler makes them' : 'notifications not made',
+          );
+        }
         return stored;
       };
       events = {
         ...inner,
-        append: async (scope, event) => offer(await inner.append(scope, event)),
-        appendWithin: async (scope, event, budget) => offer(await inner.appendWithin(scope, event, budget)),
+        // an event that may have deliveries is noted in the outbox with its append (one script): a process that dies
+        // before they are stored leaves it there for the reconciler. Decided without waiting, to keep appends in order
+        append: (scope, event) => {
+          const type = outboundType(event.type);
+          const noted = type && mayDeliver(event.tenant_id, type) ? { key: outboxKey, at: clock.now().getTime() } : undefined;
+          return inner.append(scope, event, noted).then((stored) => offer(stored, scope, noted));
+        },
+        // what spends a budget (a step's output, a message) is never an outbound type
+        appendWithin: async (scope, event, budget) => offer(await inner.appendWithin(scope, event, budget), scope, undefined),
       };
       return events;
     },

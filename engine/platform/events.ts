@@ -22,7 +22,7 @@ export type EventLog = {
    * Appends an event. Appends are sent in the order they are called (the call itself, not its promise,
    * takes the event's place), so a caller may ask for several before waiting for any.
    */
-  append(scope: string, event: NewEvent): Promise<ServiceEvent>;
+  append(scope: string, event: NewEvent, outbox?: EventOutbox): Promise<ServiceEvent>;
   /**
    * Appends an event that spends `budget.bytes` of a budget (a counter under `budget.name`, kept
    * `budget.ttlSeconds`), in the same script: taken while the budget has room; past it, the first such
@@ -43,6 +43,13 @@ export type EventLog = {
   lastId(scope: string): Promise<string>;
 };
 
+/**
+ * A note kept with an appended event, in the same script: the event's place (outboxMember) in the sorted
+ * set `key`, scored `at` (ms), until whoever the event is offered to is done with it (the notifications: their
+ * deliveries stored) and removes it. An event whose process died before that is found there by a reconciler.
+ */
+export type EventOutbox = { key: string; at: number };
+
 export type EventBudget = { name: string; bytes: number; limit: number; ttlSeconds: number; notice: NewEvent };
 
 /** Events anyAfter reads at a time. */
@@ -62,8 +69,8 @@ function parseEntries(entries: [string, string[]][]): ServiceEvent[] {
 // before 7.0 has no such field (XSETID takes no MAXDELETEDID): there the note fails alone, not the append,
 // and a reader is not told of a trim
 const TRIM_STEP = 100;
-const appendOf = (kept: number, body = 'ARGV[1]', answer = 'id') => `local id = redis.call('XADD', KEYS[1], '*', 'e', ${body})
-redis.call('EXPIRE', KEYS[1], ${TTL_SECONDS})
+const appendOf = (kept: number, body = 'ARGV[1]', answer = 'id', outbox = '') => `local id = redis.call('XADD', KEYS[1], '*', 'e', ${body})
+redis.call('EXPIRE', KEYS[1], ${TTL_SECONDS})${outbox}
 local over = redis.call('XLEN', KEYS[1]) - ${kept}
 if over >= ${TRIM_STEP} then
   local dropped = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', over)
@@ -87,18 +94,34 @@ else
 end
 ${appendOf(kept, 'body', '{id, notice}')}`;
 
+// KEYS[2]: the outbox; ARGV[2]: the time (ms) it scores the event with; ARGV[3]: the event's scope. The
+// member is the scope and the id, a line apart (outboxMember)
+const OUTBOX_NOTE = `
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3] .. '\\n' .. id)`;
+
+/** An event's member in an outbox (EventOutbox), and back. */
+export const outboxMember = (scope: string, id: string) => `${scope}\n${id}`;
+export function outboxEntry(member: string): { scope: string; id: string } {
+  const cut = member.lastIndexOf('\n');
+  return { scope: member.slice(0, cut), id: member.slice(cut + 1) };
+}
+
 export function createEventLog(redis: Redis, prefix: string, clock: { now(): Date } = { now: () => new Date() }, kept = EVENTS_KEPT): EventLog {
   const key = (scope: string) => `${prefix}:events:${scope}`;
   const batch = redisBatch(redis);
   const append = `event.append.${kept}`;
   batch.define(append, { keys: 1, args: 1, lua: appendOf(kept) });
+  const appendNoted = `event.append-noted.${kept}`;
+  batch.define(appendNoted, { keys: 2, args: 3, lua: appendOf(kept, 'ARGV[1]', 'id', OUTBOX_NOTE) });
   const appendWithin = `event.append-within.${kept}`;
   batch.define(appendWithin, { keys: 3, args: 5, lua: appendWithinOf(kept) });
   return {
     key,
-    async append(scope, event) {
+    async append(scope, event, outbox) {
       const body = { ...event, at: clock.now().toISOString() };
-      const id = await batch.call<string>(append, [key(scope)], [JSON.stringify(body)]);
+      const id = await (outbox
+        ? batch.call<string>(appendNoted, [key(scope), outbox.key], [JSON.stringify(body), outbox.at, scope])
+        : batch.call<string>(append, [key(scope)], [JSON.stringify(body)]));
       return { id, ...body } as ServiceEvent;
     },
     async appendWithin(scope, event, budget) {

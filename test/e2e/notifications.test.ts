@@ -315,6 +315,49 @@ describe('outbound notifications', function () {
     ).to.have.length(1);
   });
 
+  it('makes the deliveries of an event whose process did not make them, with no job to come back: the reconciler offers it again from the outbox, once', async () => {
+    const made = await endpoint({ url: `${receiver.url}/outbox`, event_types: ['run.finished'] });
+    const outbox = `${h.config.queuePrefix}:notify-outbox`;
+    const endpoints = h.rt.store.notificationEndpoints;
+    const list = endpoints.list.bind(endpoints);
+    // what a process that died after the event and before its deliveries leaves, as the store failing the read of the
+    // endpoints does: the event in the log, no delivery; and no job comes back to tell it again (its job had ended)
+    endpoints.list = (async () => {
+      throw new Error('SQLITE_IOERR: disk I/O error');
+    }) as typeof list;
+    let ended: Body;
+    try {
+      ended = await run();
+      await eventually(() => h.logs.join('').includes('notifications not made') || null, 'the failure');
+    } finally {
+      endpoints.list = list;
+    }
+    const sentOf = () => receiver.received.filter((r) => r.path === '/outbox' && r.body.includes(ended.id));
+    const noted = await h.rt.redis.zrange(outbox, 0, -1);
+    const ofRun = noted.filter((m) => m.startsWith(`session:${ended.session_id}\n`));
+    expect(ofRun.length, 'its events noted in the outbox').to.be.at.least(1);
+    // a note younger than 30 s is left to the process that is making its deliveries
+    await h.rt.engine.notifications.reconcile();
+    expect((await h.rt.store.notificationDeliveries.list('tenant-a', made.endpoint.id, { limit: 5 })).items).to.have.length(0);
+    // 30 s later: offered again, its delivery made and sent, and the notes done with
+    for (const m of ofRun) await h.rt.redis.zadd(outbox, Date.now() - 60_000, m);
+    await h.rt.engine.notifications.reconcile();
+    const got = await eventually(() => sentOf()[0], 'the delivery made by the reconciler');
+    expect(new Webhook(made.secret).verify(got.body, got.headers as Record<string, string>)).to.deep.include({ type: 'run.finished' });
+    expect((await h.rt.redis.zrange(outbox, 0, -1)).filter((m) => ofRun.includes(m))).to.deep.equal([]);
+    // offered once more (two reconcilers at once): the same delivery, not made or sent twice
+    for (const m of ofRun) await h.rt.redis.zadd(outbox, Date.now() - 60_000, m);
+    await h.rt.engine.notifications.reconcile();
+    await new Promise((r) => setTimeout(r, 500));
+    expect(sentOf()).to.have.length(1);
+    expect((await h.rt.store.notificationDeliveries.list('tenant-a', made.endpoint.id, { limit: 5 })).items).to.have.length(1);
+    // an event no endpoint of its tenant wants leaves no note (noted while the process's copy of them is old, then done with)
+    const before = await h.rt.redis.zcard(outbox);
+    await run(KEYS.b);
+    await run(KEYS.b);
+    expect(await h.rt.redis.zcard(outbox)).to.equal(before);
+  });
+
   it('repairs a delivery whose job was lost (stored, never queued): the reconciler queues it, and it is sent once', async () => {
     const made = await endpoint({ url: `${receiver.url}/lost`, event_types: ['run.finished'] });
     // a minute old: its job's absence is what tells (the reconciler looked only past the time all tries could take, 23 minutes)
