@@ -7,6 +7,7 @@ import {
   adminRefusal,
   ApiRateLimitedError,
   isAdminRequest,
+  isBrowserBasic,
   presentedKeyOf,
   type ApiKeys,
   type ApiRateLimit,
@@ -54,11 +55,20 @@ export function authenticate(opts: { mode: 'required' | 'none'; apiKeys: ApiKeys
       bindToRequestLog(req, { tenant_id: record.tenant_id, key_id: record.id });
       return next();
     }
+    // a credential sent that holds no key (`Bearer` alone, `Basic !!!`, a scheme the API does not take, an empty
+    // X-API-Key) is refused as a wrong key is, never passed over for the cookie: a caller is not served as someone
+    // it did not say it was. Only a browser's own Basic for the dashboard, which it sends by itself as it sends the
+    // cookie, is left to the cookie.
+    const auth = req.headers.authorization;
+    if (auth !== undefined && !isBrowserBasic(auth))
+      throw new UnauthorizedError('the Authorization header holds no API key: send "Authorization: Bearer <key>" or "X-API-Key: <key>"');
+    if (req.headers['x-api-key'] !== undefined) throw new UnauthorizedError('the X-API-Key header is empty: send "X-API-Key: <key>"');
     const sessionId = opts.sso ? cookiesOf(req)[SESSION_COOKIE] : undefined;
     if (sessionId) {
+      // the CSRF rule before the session is read: a request it refuses changes nothing, the session's idle clock included
+      assertSameOrigin(req, opts.allowedOrigins);
       const signedIn = await opts.sso!.resolve(sessionId);
       if (!signedIn) throw new UnauthorizedError('the session has ended; sign in again at /auth/login');
-      assertSameOrigin(req, opts.allowedOrigins);
       req.tenantId = signedIn.tenant_id;
       req.signedIn = signedIn;
       // checked without counting as a use: a stream left open does not keep an idle session alive

@@ -44,6 +44,9 @@ describe('authentication', () => {
     const bearerFirst = await h.call('GET', '/api/v1/me', { key: null, headers: { authorization: `Bearer ${KEYS.b}`, 'x-api-key': KEYS.a } });
     expect(bearerFirst.body.tenant_id).to.equal('tenant-b');
     expect((await h.call('GET', '/api/v1/me', { key: null, headers: { authorization: 'Bearer not-a-key', 'x-api-key': KEYS.a } })).status).to.equal(401);
+    // a Bearer that holds no one token is no key either: not passed over for the X-API-Key
+    for (const authorization of ['Bearer', 'Bearer two tokens'])
+      expect((await h.call('GET', '/api/v1/me', { key: null, headers: { authorization, 'x-api-key': KEYS.a } })).status, authorization).to.equal(401);
   });
 
   it('checks the key before the body: no key and a bad body is still 401, and nothing is stored', async () => {

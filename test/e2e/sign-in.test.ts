@@ -176,6 +176,68 @@ describe('sign-in with OpenID Connect', function () {
     expect(h.logs.join('\n')).not.to.contain(second!);
   });
 
+  it('leaves the session as it was when the CSRF rule refuses a request the cookie came with', async () => {
+    const alice = new Browser();
+    await alice.navigate(`${service()}/auth/login`, 'alice');
+    const id = alice.cookie(service(), '__Host-session')!;
+    const sessionKey = `${h.config.queuePrefix}:sso-session:${createHash('sha256').update(id).digest('hex')}`;
+    // an idle clock well short of its 8 hours: a use would set it back to them
+    await h.rt.redis.expire(sessionKey, 100);
+    const stored = await h.rt.redis.get(sessionKey);
+    const refused = [
+      await alice.fetch(`${service()}/api/v1/automations`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', origin: 'https://evil.example' },
+        body: JSON.stringify({ name: 'csrf?', steps: [{ tool: 'message', args: { text: 'x' } }] }),
+      }),
+      await alice.fetch(`${service()}/api/v1/autonomy/workspace-audit/stream?phases=sanity`, { headers: { 'sec-fetch-site': 'cross-site' } }),
+    ];
+    for (const res of refused) {
+      expect(res.status).to.equal(403);
+      expect(res.headers.get('content-type')).to.contain('application/problem+json');
+      expect(((await res.json()) as Body).code).to.equal('csrf-refused');
+    }
+    expect(await h.rt.redis.ttl(sessionKey), 'the idle clock not renewed').to.be.within(1, 100);
+    expect(await h.rt.redis.get(sessionKey)).to.equal(stored);
+    // a request the rule admits is a use
+    expect((await alice.fetch(`${service()}/api/v1/me`, { headers: { 'sec-fetch-site': 'same-origin' } })).status).to.equal(200);
+    expect(await h.rt.redis.ttl(sessionKey)).to.be.greaterThan(3600);
+  });
+
+  it('refuses a malformed or unknown Authorization (or an empty X-API-Key) that comes with the cookie, as a wrong key', async () => {
+    const alice = new Browser();
+    await alice.navigate(`${service()}/auth/login`, 'alice');
+    const cookie = `__Host-session=${alice.cookie(service(), '__Host-session')}`;
+    const me = (headers: Record<string, string>) => fetch(`${service()}/api/v1/me`, { headers: { cookie, ...headers } });
+    const sent: Record<string, string>[] = [
+      { authorization: 'Bearer' },
+      { authorization: 'Bearer   ' },
+      { authorization: 'Bearer two tokens' },
+      { authorization: 'Basic !!!' },
+      { authorization: 'Basic dXNlcg==' }, // no `:`, no browser's
+      { authorization: 'Negotiate abc' },
+      { authorization: 'Token abc' },
+      { authorization: '' },
+      { 'x-api-key': '' },
+      { 'x-api-key': '   ' },
+      // what a wrong key has always had: the same
+      { authorization: 'Bearer not-a-key' },
+      { 'x-api-key': 'not-a-key' },
+    ];
+    for (const headers of sent) {
+      const res = await me(headers);
+      expect(res.status, JSON.stringify(headers)).to.equal(401);
+      expect(res.headers.get('content-type'), JSON.stringify(headers)).to.contain('application/problem+json');
+      expect(((await res.json()) as Body).code).to.equal('unauthorized');
+    }
+    // the cookie alone still opens; so does it with the Basic a browser keeps for the dashboard and sends by itself
+    for (const headers of [{}, { authorization: 'Basic dTpw' }] as Record<string, string>[]) {
+      const res = await me(headers);
+      expect(res.status, JSON.stringify(headers)).to.equal(200);
+      expect(((await res.json()) as Body).auth).to.equal('session');
+    }
+  });
+
   it('ends a session whose tenant the mapping no longer gives, in every process', async () => {
     const alice = new Browser();
     await alice.navigate(`${service()}/auth/login`, 'alice');
