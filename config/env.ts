@@ -65,6 +65,8 @@ export type Config = {
   tenantMaxWaiting: number;
   /** MB of step output a tenant's runs stream into the event log a UTC day; the rest is not streamed (SERVICE_TENANT_OUTPUT_MB_PER_DAY) */
   tenantOutputMbPerDay: number;
+  /** how many times a run cut off by a crash runs again before it ends `worker-lost` (SERVICE_RUN_LOST_RERUNS) */
+  runLostReruns: number;
   agent: { baseUrl: string | undefined; apiKey: string | undefined; model: string | undefined; timeoutSeconds: number; maxRetries: number };
   /** voice transcription (SERVICE_TRANSCRIBE_*); provider undefined: the route answers 503 */
   transcribe: TranscribeConfig;
@@ -371,6 +373,7 @@ const schema = z.object({
   SERVICE_TENANT_MAX_RUNNING: int(10, 1, 10_000),
   SERVICE_TENANT_MAX_WAITING: int(50_000, 1, 10_000_000),
   SERVICE_TENANT_OUTPUT_MB_PER_DAY: int(256, 1, 1_000_000),
+  SERVICE_RUN_LOST_RERUNS: int(2, 0, 100),
   SERVICE_AGENT_BASE_URL: url(['http:', 'https:']),
   SERVICE_AGENT_API_KEY: optionalText,
   SERVICE_AGENT_MODEL: optionalText,
@@ -544,6 +547,7 @@ export function parseEnv(env: Record<string, string | undefined>, opts: { servic
     tenantMaxRunning: e.SERVICE_TENANT_MAX_RUNNING,
     tenantMaxWaiting: e.SERVICE_TENANT_MAX_WAITING,
     tenantOutputMbPerDay: e.SERVICE_TENANT_OUTPUT_MB_PER_DAY,
+    runLostReruns: e.SERVICE_RUN_LOST_RERUNS,
     agent: {
       baseUrl: e.SERVICE_AGENT_BASE_URL,
       apiKey: e.SERVICE_AGENT_API_KEY,

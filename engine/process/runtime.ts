@@ -233,6 +233,7 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
         tenantMaxApiKeys: config.tenantMaxApiKeys,
         tenantMaxConnections: config.tenantMaxConnections,
         tenantOutputBytesPerDay: config.tenantOutputMbPerDay * 1024 * 1024,
+        runLostReruns: config.runLostReruns,
       },
       settings: {
         workspaceRoot,

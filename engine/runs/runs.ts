@@ -90,6 +90,8 @@ export type RunLimits = {
   tenantMaxConnections?: number;
   /** the bytes of step output a tenant's runs stream into the event log a day, UTC (absent: no bound) */
   tenantOutputBytesPerDay?: number;
+  /** how many times a run cut off by a crash (its worker lost) runs again, at once, before it ends `worker-lost` (absent: 0) */
+  runLostReruns?: number;
 };
 
 /** A budget longer than the operator allows (SERVICE_RUN_MAX_BUDGET_SECONDS), as the error at `path`; null when it is not. */

@@ -74,7 +74,7 @@ export type Settled = { run: Run; next: 'ended' | 'retry' | 'interrupted' | 'hel
 export type TransitionsDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'events' | 'metrics' | 'queues'> & {
   slots: TenantSlots;
   /** the bytes of step output a tenant's runs stream into the event log a day (absent: no bound) */
-  limits?: { tenantOutputBytesPerDay?: number };
+  limits?: { tenantOutputBytesPerDay?: number; runLostReruns?: number };
 };
 
 /** A tenant's day of streamed output is counted by the UTC day; its counter outlives the day by one. */
@@ -237,6 +237,14 @@ export function transitionsOf(deps: TransitionsDeps) {
     if (await job.isDelayed()) await job.promote().catch(() => undefined);
   }
 
+  /**
+   * Whether a run whose attempt was cut off by a crash runs again, at once, as its next attempt (DESIGN: execution is at
+   * least once): while it has been lost fewer than SERVICE_RUN_LOST_RERUNS times, so a run that takes its worker down
+   * each time ends. A session task's run ends instead: its task runs again as its own next attempt (max_attempts).
+   */
+  const rerunsAfterLoss = (run: Run) =>
+    run.kind !== 'session_task' && run.attempts.filter((a) => a.outcome === 'lost').length < (deps.limits?.runLostReruns ?? 0);
+
   /** the attempt follows one its retry policy retried, whose settling gave the run's slot back */
   const afterRetry = (run: Run) => run.attempt > 1 && run.attempts.at(-1)?.outcome !== 'interrupted';
 
@@ -333,7 +341,7 @@ export function transitionsOf(deps: TransitionsDeps) {
   ): Promise<Settled> {
     const at = clock.now();
     const error = changes.error ?? null;
-    const delay = status === 'canceled' ? null : retryDelayMs(run, status);
+    const delay = status === 'canceled' ? null : (retryDelayMs(run, status) ?? (outcome === 'lost' && rerunsAfterLoss(run) ? 0 : null));
     if (delay !== null) {
       const retried = await store.runs.update(
         run.tenant_id,

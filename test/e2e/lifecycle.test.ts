@@ -586,8 +586,12 @@ describe('run lifecycle', function () {
       const repaired = await noWorkers.rt.engine.runs.reconcile({ olderThanMs: 0 });
       await stopClaims();
       expect(repaired).to.deep.equal({ requeued: 2, lost: 1, freed: 1 });
+      // cut off by a crash, it runs again as its next attempt (SERVICE_RUN_LOST_RERUNS)
       const lostRun = (await noWorkers.rt.store.runs.get('tenant-a', lost))!;
-      expect(lostRun.error!.code).to.equal('worker-lost');
+      expect(lostRun).to.deep.include({ status: 'queued', attempt: 2 });
+      expect(lostRun.attempts[0]).to.deep.include({ outcome: 'lost', status: 'failed' });
+      expect(lostRun.attempts[0]!.error!.code).to.equal('worker-lost');
+      expect(await (await queue.getJob(jobOf(lost, 2)))!.getState()).to.equal('waiting');
       // the lost attempt's usage counts what it kept: its turns and their tokens
       expect(lostRun.attempts.at(-1)!.usage).to.deep.include({ model_turns: 2, prompt_tokens: 20, completion_tokens: 10 });
       expect(await (await queue.getJob(jobOf(failedJob, 1)))!.getState()).to.equal('waiting');
@@ -603,6 +607,56 @@ describe('run lifecycle', function () {
       await new Promise((r) => setTimeout(r, 5));
       expect(await noWorkers.rt.engine.runs.reconcile({ olderThanMs: 0 })).to.deep.equal({ requeued: 0, lost: 0, freed: 1 });
       expect((await noWorkers.rt.engine.runs.reliabilityContext('tenant-a')).tenant.running).to.equal(2);
+    } finally {
+      await noWorkers.close();
+    }
+  });
+
+  it('runs a run cut off by a crash again as its next attempt, SERVICE_RUN_LOST_RERUNS times, then ends it worker-lost; a session task’s run ends at once', async () => {
+    const noWorkers = await startHarness({ workers: false, env: { SERVICE_RUN_LOST_RERUNS: '1' } });
+    try {
+      const queue = noWorkers.rt.queues.get('runs');
+      const id = (await noWorkers.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'true' } }] } })).body
+        .run_id as string;
+      /** its attempt started, then its worker and its job lost together */
+      const crash = async (attempt: number) => {
+        await queue.remove(jobOf(id, attempt));
+        const at = new Date().toISOString();
+        expect(await noWorkers.rt.store.runs.update('tenant-a', id, { status: 'running', started_at: at }, { status: ['queued'], attempt })).to.not.equal(null);
+      };
+      const stopClaims = noWorkers.rt.engine.runs.claims.start(() => [], 50);
+      await eventually(async () => (await noWorkers.rt.engine.runs.claims.elsewhere()) !== null, 'the registry of claims to be complete');
+      await crash(1);
+      expect(await noWorkers.rt.engine.runs.reconcile({ olderThanMs: 0 })).to.deep.include({ lost: 1 });
+      const again = (await noWorkers.rt.store.runs.get('tenant-a', id))!;
+      expect(again).to.deep.include({ status: 'queued', attempt: 2, finished_at: null });
+      expect(await (await queue.getJob(jobOf(id, 2)))!.getState()).to.equal('waiting');
+      const told = await noWorkers.rt.events.after(`session:${again.session_id}`, '0-0', 100);
+      expect(told.find((e) => e.type === 'run.retrying')?.data).to.deep.include({ attempt: 1, next_attempt: 2, status: 'failed', delay_ms: 0 });
+      // lost once more: it has run again as often as it may, and ends
+      await crash(2);
+      await noWorkers.rt.engine.runs.reconcile({ olderThanMs: 0 });
+      const lost = (await noWorkers.rt.store.runs.get('tenant-a', id))!;
+      expect(lost).to.deep.include({ status: 'failed', attempt: 2 });
+      expect(lost.error!.code).to.equal('worker-lost');
+      expect(lost.attempts.map((a) => a.outcome)).to.deep.equal(['lost', 'lost']);
+      // a session task's run ends: its task, not its run, runs again (max_attempts)
+      const session = (await noWorkers.call<Body>('POST', '/api/v1/sessions', { body: { title: 'lost' } })).body.id as string;
+      const added = await noWorkers.call<Body>('POST', `/api/v1/sessions/${session}/tasks`, {
+        body: { id: 't', max_attempts: 1, steps: [{ tool: 'shell', args: { command: 'true' } }] },
+      });
+      expect(added.status, added.text).to.equal(201);
+      const taskRun = await eventually(async () => {
+        const runs = (await noWorkers.call<Body>('GET', `/api/v1/sessions/${session}/runs`)).body.data as Body[];
+        return runs[0]?.id as string | undefined;
+      }, 'the task’s run');
+      await queue.remove(`${session}__t__1`);
+      await noWorkers.rt.store.runs.update('tenant-a', taskRun, { status: 'running', started_at: new Date().toISOString() }, { status: ['queued'] });
+      await noWorkers.rt.engine.runs.reconcile({ olderThanMs: 0 });
+      await stopClaims();
+      const ofTask = (await noWorkers.rt.store.runs.get('tenant-a', taskRun))!;
+      expect(ofTask).to.deep.include({ status: 'failed', attempt: 1 });
+      expect(ofTask.error!.code).to.equal('worker-lost');
     } finally {
       await noWorkers.close();
     }
@@ -626,7 +680,10 @@ describe('run lifecycle', function () {
       expect(await noWorkers.rt.engine.runs.reconcile({ olderThanMs: 0 })).to.deep.include({ requeued: 1, lost: 1 });
       await stopClaims();
       expect(await (await queue.getJob(jobOf(queued, 1)))!.getState()).to.equal('waiting');
-      expect((await noWorkers.rt.store.runs.get('tenant-a', running))!.error!.code).to.equal('worker-lost');
+      // lost: it runs again, as its next attempt
+      const lost = (await noWorkers.rt.store.runs.get('tenant-a', running))!;
+      expect(lost).to.deep.include({ status: 'queued', attempt: 2 });
+      expect(lost.attempts[0]!.error!.code).to.equal('worker-lost');
     } finally {
       await noWorkers.close();
     }

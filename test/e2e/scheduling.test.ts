@@ -285,17 +285,24 @@ describe('scheduling', function () {
     }
   });
 
-  it('ends a run failed with worker-lost when its worker is killed with SIGKILL', async () => {
+  it('runs a run again as its next attempt when its worker is killed with SIGKILL, its lost attempt kept; a canceled one ends canceled', async () => {
     const stalled = 1;
     const h = await startHarness({ workers: false, env: { SERVICE_STALLED_INTERVAL_SECONDS: String(stalled) } });
     const env = workerEnv(h, { SERVICE_STALLED_INTERVAL_SECONDS: String(stalled) });
     const worker = spawn(process.execPath, [builtEntry('workers/main.ts')], { env, detached: true, stdio: 'ignore' });
     let second: ReturnType<typeof spawn> | undefined;
     try {
-      const start = async () =>
-        (await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'sleep 60' } }], budget_seconds: 120 } })).body
-          .run_id as string;
-      const [id, canceledId] = [await start(), await start()];
+      // its first attempt sleeps until the kill; the next one finds the mark the first left, and ends at once
+      const start = async (mark: string) =>
+        (
+          await h.call('POST', '/api/v1/autonomy/run', {
+            body: {
+              steps: [{ tool: 'shell', args: { command: `if [ -e ${mark} ]; then echo again; else touch ${mark}; sleep 60; fi` } }],
+              budget_seconds: 120,
+            },
+          })
+        ).body.run_id as string;
+      const [id, canceledId] = [await start('lost-once'), await start('canceled-once')];
       // a running step's record is saved within 200 ms of its start (later on a busy machine): seen, not waited for
       for (const r of [id, canceledId]) await eventually(async () => (await runStatus(h, r)).steps[0]?.status === 'running', 'the runs’ steps to start');
       process.kill(-worker.pid!, 'SIGKILL');
@@ -313,16 +320,20 @@ describe('scheduling', function () {
           2 * stalled * 1000 + 30_000,
         );
       const run = await ended(id);
-      expect(run.status).to.equal('failed');
-      expect(run.error.code).to.equal('worker-lost');
+      expect(run).to.deep.include({ status: 'succeeded', attempt: 2 });
+      expect(run.steps.at(-1).output.stdout).to.equal('again\n');
       expect(Date.now() - killedAt).to.be.below(stalled * 2000 + 30_000);
-      // the step the worker was running ends with the attempt, and counts
-      expect(run.steps[0]).to.deep.include({ status: 'failed' });
-      expect(run.steps[0].error.code).to.equal('worker-lost');
-      expect(run.steps[0].finished_at).to.be.a('string');
-      expect(run.usage.steps).to.equal(1);
+      // the lost attempt is kept: the step the worker was running ended with it, and counted
+      const [lost] = run.attempts;
+      expect(lost).to.deep.include({ attempt: 1, outcome: 'lost', status: 'failed' });
+      expect(lost.error.code).to.equal('worker-lost');
+      expect(lost.usage.steps).to.equal(1);
       // its time is counted up to the loss, as a finished attempt's is
-      expect(run.usage.seconds).to.be.greaterThan(0);
+      expect(lost.usage.seconds).to.be.greaterThan(0);
+      const [cut] = await h.rt.store.runs.steps('tenant-a', id, 1);
+      expect(cut).to.deep.include({ status: 'failed' });
+      expect(cut!.error!.code).to.equal('worker-lost');
+      expect(cut!.finished_at).to.be.a('string');
       const canceled = await ended(canceledId);
       expect(canceled.status).to.equal('canceled');
       expect(canceled.attempt).to.equal(1);
