@@ -2,8 +2,9 @@
 // runs; a chat post or threaded reply; tracker labels, priority and comments; a pager note or
 // acknowledgement; an email reply. Each answers what the provider gave back (ids, URLs), never the
 // credential. Arguments are checked here, before anything is sent.
+import { isUtf8 } from 'node:buffer';
 import { applyPatch, parsePatch } from 'diff';
-import type { ConnectionProvider } from '../platform/index.js';
+import { applyBinaryPatch, BinaryPatchError, gitBlobName, type ConnectionProvider } from '../platform/index.js';
 import { linearOf, mailerOf, octokitOf, pagerCall, slackOf, untilAborted, type Access } from './kits.js';
 
 type Args = Record<string, unknown>;
@@ -104,6 +105,23 @@ const BRANCH = /^(?!-)(?!.*\.\.)[\w./-]{1,200}$/;
 /** a path of a git diff header (a/x, b/x), or null for /dev/null */
 const diffPath = (name: string | undefined): string | null => (!name || name === '/dev/null' ? null : name.replace(/^[ab]\//, ''));
 
+type Octokit = Awaited<ReturnType<typeof octokitOf>>;
+
+/** A file's bytes at a commit: the contents API gives them in base64 up to 1 MB, the blob API up to 100 MB. */
+async function baseBytes(gh: Octokit, owner: string, repo: string, file: string, ref: string): Promise<Buffer> {
+  const got = (await gh.rest.repos.getContent({ owner, repo, path: file, ref })).data as { content?: string; encoding?: string; sha?: string };
+  if (got.encoding === 'base64') return Buffer.from(got.content ?? '', 'base64');
+  if (got.encoding === 'none' && got.sha) return Buffer.from((await gh.rest.git.getBlob({ owner, repo, file_sha: got.sha })).data.content, 'base64');
+  return Buffer.from(got.content ?? '', 'utf8');
+}
+
+/** A blob of exactly these bytes, made from them in base64; its name. */
+const blobOf = async (gh: Octokit, owner: string, repo: string, bytes: Buffer): Promise<string> =>
+  (await gh.rest.git.createBlob({ owner, repo, content: bytes.toString('base64'), encoding: 'base64' })).data.sha;
+
+/** Whether `bytes` are the blob a diff's `index` line names (all zeros: none, a file made or deleted). */
+const sameBlob = (bytes: Buffer, name: string): boolean => (/^0+$/.test(name) ? bytes.length === 0 : gitBlobName(bytes, name.length) === name);
+
 export const ACTIONS: Record<ConnectionProvider, Record<string, Action>> = {
   codehost: {
     comment: once(async (a, args) => {
@@ -143,6 +161,8 @@ export const ACTIONS: Record<ConnectionProvider, Record<string, Action>> = {
     /**
      * A pull request from a vibe run's diff, made with the Git Data API: each changed file's content at
      * the base is patched, the new tree committed on the base, a branch made for it, the pull request opened.
+     * A file that is not UTF-8 text (a binary patch in the diff) is read and written as bytes: its blob is made
+     * from them in base64, never from text, which would replace what is not UTF-8 (U+FFFD).
      */
     open_pull_request: once(async (a, args, ctx) => {
       const { owner, repo } = repoOf(args);
@@ -150,7 +170,10 @@ export const ACTIONS: Record<ConnectionProvider, Record<string, Action>> = {
       const head = str(args, 'head');
       const title = str(args, 'title');
       if (!BRANCH.test(head) || !BRANCH.test(base)) throw new ActionArgsError('args.head and args.base must be branch names');
-      const patches = parsePatch(await ctx.vibeDiff(str(args, 'run_id')));
+      // each file's part of the diff (from its `diff --git` line to the next): a binary patch in one is read from it
+      // whole, as parsePatch reads its header only
+      const parts = (await ctx.vibeDiff(str(args, 'run_id'))).split(/^(?=diff --git )/m).filter((part) => part.trim());
+      const patches = parts.flatMap((part) => parsePatch(part).map((p) => ({ p, part })));
       if (!patches.length) throw new ActionArgsError('the run changed nothing: there is no pull request to open');
       const gh = await octokitOf(a);
       const baseSha = (await gh.rest.git.getRef({ owner, repo, ref: `heads/${base}` })).data.object.sha;
@@ -158,17 +181,19 @@ export const ACTIONS: Record<ConnectionProvider, Record<string, Action>> = {
       // the base's modes, so that a changed script stays executable and a link stays a link
       const baseEntries = (await gh.rest.git.getTree({ owner, repo, tree_sha: baseTree, recursive: 'true' })).data.tree;
       const modes = new Map(baseEntries.map((e) => [e.path, e.mode]));
-      type Entry = { path: string; mode: '100644' | '100755' | '120000'; type: 'blob'; content?: string; sha?: null };
+      type Entry = { path: string; mode: '100644' | '100755' | '120000'; type: 'blob'; content?: string; sha?: string | null };
       const tree: Entry[] = [];
-      for (const p of patches) {
+      for (const { p, part } of patches) {
         // a file made or deleted has no side before or after (git names both paths in its header when it is empty)
         const from = p.isCreate ? null : diffPath(p.oldFileName);
         const to = p.isDelete ? null : diffPath(p.newFileName);
-        // a binary change has no hunk to apply: refused rather than guessed. Without a hunk otherwise: an empty file
-        // made, a file renamed as it was, a change of mode alone (the content is the base's, or none)
-        const bare = p.hunks.length === 0 && !p.isCreate && !p.isDelete && !p.isRename && !p.newMode;
+        const binary = /^GIT binary patch$/m.test(part);
+        // a binary change without git's binary patch (`Binary files … differ`) has not the bytes: refused rather than
+        // guessed. Without a hunk otherwise: an empty file made, a file renamed as it was, a change of mode alone (the
+        // content is the base's, or none)
+        const bare = !binary && p.hunks.length === 0 && !p.isCreate && !p.isDelete && !p.isRename && !p.newMode;
         if (p.isBinary || (to !== null && from !== null && bare))
-          throw new ActionArgsError(`the run's change to ${to ?? from} is binary: it cannot be opened as a pull request from its diff`);
+          throw new ActionArgsError(`the run's change to ${to ?? from} is binary and its diff does not hold its bytes: it cannot be opened as a pull request`);
         const baseMode = from !== null ? modes.get(from) : undefined;
         if (baseMode === '120000' || baseMode === '160000') throw new ActionArgsError(`${from} is a link or a submodule: it cannot be patched`);
         // the mode the run gave it (a script made executable), else the base's
@@ -179,14 +204,28 @@ export const ACTIONS: Record<ConnectionProvider, Record<string, Action>> = {
           if (from) tree.push({ path: from, mode: '100644', type: 'blob', sha: null });
           continue;
         }
-        let source = '';
-        if (from !== null) {
-          const file = (await gh.rest.repos.getContent({ owner, repo, path: from, ref: baseSha })).data as { content?: string; encoding?: string };
-          source = Buffer.from(file.content ?? '', file.encoding === 'base64' ? 'base64' : 'utf8').toString('utf8');
-        }
-        const patched = p.hunks.length ? applyPatch(source, p) : source;
-        if (patched === false) throw new ActionArgsError(`the run's change to ${to} does not apply to ${base} at ${baseSha.slice(0, 7)}`);
-        tree.push({ path: to, mode, type: 'blob', content: patched });
+        const source = from !== null ? await baseBytes(gh, owner, repo, from, baseSha) : Buffer.alloc(0);
+        const refused = () => new ActionArgsError(`the run's change to ${to} does not apply to ${base} at ${baseSha.slice(0, 7)}`);
+        if (binary) {
+          // checked as git apply checks a binary patch: the base is the blob it was taken against, and so is the result
+          const names = /^index ([0-9a-f]+)\.\.([0-9a-f]+)/m.exec(part);
+          if (!names || !sameBlob(source, names[1]!)) throw refused();
+          let bytes: Buffer | null;
+          try {
+            bytes = applyBinaryPatch(part, source);
+          } catch (err) {
+            if (err instanceof BinaryPatchError) throw refused();
+            throw err;
+          }
+          if (!bytes || !sameBlob(bytes, names[2]!)) throw refused();
+          tree.push({ path: to, mode, type: 'blob', sha: await blobOf(gh, owner, repo, bytes) });
+        } else if (p.hunks.length) {
+          // a text patch is of UTF-8 text (the run's diff gives any other file as a binary patch)
+          const patched = isUtf8(source) ? applyPatch(source.toString('utf8'), p) : false;
+          if (patched === false) throw refused();
+          tree.push({ path: to, mode, type: 'blob', content: patched });
+        } else if (isUtf8(source)) tree.push({ path: to, mode, type: 'blob', content: source.toString('utf8') });
+        else tree.push({ path: to, mode, type: 'blob', sha: await blobOf(gh, owner, repo, source) });
         if (from !== null && from !== to) tree.push({ path: from, mode: '100644', type: 'blob', sha: null });
       }
       const newTree = (await gh.rest.git.createTree({ owner, repo, base_tree: baseTree, tree })).data.sha;

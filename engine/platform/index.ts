@@ -23,3 +23,4 @@ export * from './stats.js';
 export * from './temp.js';
 export * from './records.js';
 export * from './watch-share.js';
+export * from './git-binary.js';

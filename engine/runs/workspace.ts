@@ -3,10 +3,11 @@
 // workspace is resolved inside its tenant's root. A vibe run works on a scratch copy in its tenant's
 // scratch area: a clone at HEAD when the workspace is in a repository, else a copy made into a fresh
 // repository, so the diff of what the run changed comes from git (run in the sandbox).
+import { isUtf8 } from 'node:buffer';
 import { existsSync } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
-import { isTerminal, LOCAL_TENANT, ValidationError, type RunStatus } from '../platform/index.js';
+import { binaryPatch, gitBlobName, isTerminal, LOCAL_TENANT, ValidationError, type RunStatus } from '../platform/index.js';
 import { resolveInside, runProcess, type Sandbox } from '../tools/index.js';
 
 /** Options that keep git from running anything a repository's config names (beside the sandbox it runs in). */
@@ -14,6 +15,12 @@ const GIT_SAFE = "-c core.hooksPath=/dev/null -c core.fsmonitor=false -c safe.di
 const GIT_ID = '-c user.name=automation-service -c user.email=automation-service@localhost -c commit.gpgsign=false';
 const GIT_TIMEOUT_MS = 120_000;
 const DIFF_MAX_BYTES = 1024 * 1024;
+/**
+ * A vibe run's diff as `git apply` takes it: a binary file as git's binary patch (its bytes whole), every `index` line
+ * with its blobs' full names (a binary patch is checked against them), paths quoted in ASCII whatever the copy's config
+ * says, and never a program of the copy's (an external diff, a textconv)
+ */
+const GIT_DIFF = '-c core.quotePath=true diff --binary --full-index --no-color --no-ext-diff --no-textconv';
 
 /** Where scratch copies go, per tenant: beside the tenants' folders, never in a shared temp folder. */
 export const SCRATCH_DIR = '.scratch';
@@ -270,7 +277,8 @@ export async function makeScratch(
     kind,
     readOnlyBinds,
     async diff(diffSignal) {
-      // what the run changed, seen by git in the sandbox: the run may have given the copy's config programs to run
+      // what the run changed, seen by git in the sandbox: the run may have given the copy's config programs to run.
+      // The patch comes back in base64: its bytes are whatever the files hold, and are read as such (readDiff)
       const out = await sandboxedGit(
         sandbox,
         top,
@@ -279,19 +287,79 @@ export async function makeScratch(
           `git ${GIT_SAFE} add -A .`,
           `git ${GIT_SAFE} diff --cached --name-only -z --relative ${baseCommit}`,
           `printf '\\0@@\\0'`,
-          `git ${GIT_SAFE} diff --cached --no-color --no-ext-diff --no-textconv --relative ${baseCommit} | head -c ${DIFF_MAX_BYTES + 1}`,
+          `git ${GIT_SAFE} ${GIT_DIFF} --cached --relative ${baseCommit} | head -c ${DIFF_MAX_BYTES + 1} | base64`,
         ].join(' && '),
         readOnlyBinds,
         diffSignal,
       );
       const at = out.indexOf('\0@@\0');
       const names = out.slice(0, at).split('\0').filter(Boolean);
-      const full = out.slice(at + 4);
-      const truncated = Buffer.byteLength(full) > DIFF_MAX_BYTES;
-      return { diff: truncated ? Buffer.from(full).subarray(0, DIFF_MAX_BYTES).toString('utf8') : full, changed_files: names, truncated };
+      const blobs = (shas: string[]) =>
+        sandboxedGit(
+          sandbox,
+          top,
+          // each at most a byte over the diff's limit (one over it cuts the diff there), in base64, ended by a dot
+          shas.map((sha) => `{ git ${GIT_SAFE} cat-file blob ${sha} | head -c ${DIFF_MAX_BYTES + 1} | base64; printf .; }`).join(' && '),
+          readOnlyBinds,
+          diffSignal,
+        ).then((text) => text.split('.').map((b) => Buffer.from(b, 'base64')));
+      return { ...(await readDiff(Buffer.from(out.slice(at + 4), 'base64'), blobs)), changed_files: names };
     },
     async remove() {
       await fs.rm(base, { recursive: true, force: true });
     },
   };
+}
+
+/** `bytes` without a character its end cuts in two (at most 3 bytes of it), or null when they are not UTF-8 all the same. */
+function wholeUtf8(bytes: Buffer): Buffer | null {
+  for (let k = 0; k < 4 && k <= bytes.length; k++) if (isUtf8(bytes.subarray(0, bytes.length - k))) return bytes.subarray(0, bytes.length - k);
+  return null;
+}
+
+/** An `index` line's blob names (full with --full-index), the old and the new: all zeros for a file made or deleted. */
+const INDEX_LINE = /^index ([0-9a-f]{40,64})\.\.([0-9a-f]{40,64})(?: [0-7]+)?\n/m;
+const NO_BLOB = /^0+$/;
+
+/**
+ * A vibe run's diff as text that holds every byte, from git's bytes (cut a byte past the limit): a file that git diffed
+ * as text but that is not UTF-8 (Latin-1, say) becomes git's binary patch of it, as git gives a binary file, rather than
+ * text with its bytes replaced (U+FFFD), which no pull request or `git apply` could make the file from again. `blobs`
+ * reads blobs by name. Cut at the limit, at a whole character, and then said to be.
+ */
+async function readDiff(bytes: Buffer, blobs: (names: string[]) => Promise<Buffer[]>): Promise<{ diff: string; truncated: boolean }> {
+  let truncated = bytes.length > DIFF_MAX_BYTES;
+  // each file's part: from its `diff --git` line to the next file's (a line of a hunk starts with ' ', '+', '-' or '\')
+  const starts = [0];
+  for (let i = bytes.indexOf('\ndiff --git '); i >= 0; i = bytes.indexOf('\ndiff --git ', i + 1)) starts.push(i + 1);
+  const parts = starts.map((start, k) => bytes.subarray(start, starts[k + 1] ?? bytes.length));
+  // the last part, when the diff was cut, may end in the middle of a character: that alone does not make it binary
+  const last = parts.length - 1;
+  const text = parts.map((part, k) => (k === last && truncated ? wholeUtf8(part) : isUtf8(part) ? part : null));
+  // the parts that are not UTF-8: their headers are (paths are quoted in ASCII), and name the blobs before and after
+  const binary = new Map<number, { header: Buffer; old: string; new: string }>();
+  for (const [k, part] of parts.entries()) {
+    if (text[k]) continue;
+    const m = INDEX_LINE.exec(part.toString('latin1'));
+    if (m) binary.set(k, { header: part.subarray(0, m.index + m[0].length), old: m[1]!, new: m[2]! });
+  }
+  const names = [...new Set([...binary.values()].flatMap((b) => [b.old, b.new]).filter((n) => !NO_BLOB.test(n)))];
+  const read = names.length ? await blobs(names) : [];
+  // a blob is the one named only if its bytes hash to its name: one cut at the limit, or not read, is not
+  const blob = new Map(names.map((n, i) => [n, read[i] && gitBlobName(read[i], n.length) === n ? read[i] : undefined]));
+  const out: Buffer[] = [];
+  for (const k of parts.keys()) {
+    const b = binary.get(k);
+    const before = b && (NO_BLOB.test(b.old) ? Buffer.alloc(0) : blob.get(b.old));
+    const after = b && (NO_BLOB.test(b.new) ? Buffer.alloc(0) : blob.get(b.new));
+    // a part that cannot be carried whole (a blob over the limit or not read, no index line) ends the diff, which says it was cut
+    if (!text[k] && (!before || !after)) {
+      truncated = true;
+      break;
+    }
+    out.push(text[k] ?? Buffer.concat([b!.header, Buffer.from(binaryPatch(before!, after!))]));
+  }
+  const all = Buffer.concat(out);
+  if (all.length <= DIFF_MAX_BYTES) return { diff: all.toString('utf8'), truncated };
+  return { diff: wholeUtf8(all.subarray(0, DIFF_MAX_BYTES))!.toString('utf8'), truncated: true };
 }

@@ -9,7 +9,7 @@ import net, { type AddressInfo } from 'node:net';
 import { gzipSync } from 'node:zlib';
 import path from 'node:path';
 import { expect } from 'chai';
-import { FAKE_TOKEN, makePullRequestRepo, SMTP_USER, startFakeProviders, type FakeProviders } from '../support/fake-providers.js';
+import { FAKE_TOKEN, gitBlobSha, makePullRequestRepo, SMTP_USER, startFakeProviders, type FakeProviders } from '../support/fake-providers.js';
 import { startScriptedModel, type ScriptedModel } from '../support/scripted-model.js';
 import { connectionsOf as connectionsCapability } from '../../engine/connections/index.js';
 import { chatKit, codehostKit, emailKit, pagerKit, trackerKit } from '../../engine/connections/kits.js';
@@ -1231,6 +1231,83 @@ describe('action tools', function () {
     });
     expect(notVibe.steps[0].error).to.deep.include({ code: 'invalid-args' });
     expect(notVibe.steps[0].error.message).to.contain(`no vibe run ${run.id}`);
+  });
+
+  it('carries files that are not UTF-8 text byte for byte: git’s binary patch in the vibe run’s diff, blobs of their exact bytes in the pull request', async () => {
+    const repo = path.join(h.tenantDir(), 'vibe-bytes');
+    fs.mkdirSync(repo, { recursive: true });
+    // a binary file big enough that git sends its change as a delta against the base, and a Latin-1 text
+    let seed = 7;
+    const noise = Buffer.from(Array.from({ length: 4096 }, () => (seed = (seed * 1103515245 + 12345) % 2 ** 31) >> 23));
+    const base = { 'blob.bin': noise, 'old.txt': Buffer.from('caf\xe9\n', 'latin1'), 'app.txt': 'one\n' };
+    for (const [file, content] of Object.entries(base)) fs.writeFileSync(path.join(repo, file), content);
+    execFileSync('sh', ['-c', 'git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm init'], { cwd: repo });
+    fake.setFiles('acme/bytes', base);
+    const expected: Record<string, Buffer> = {
+      'logo.png': Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x00, 0xff, 0xfe, 0x0d, 0x0a]),
+      'latin1.txt': Buffer.from([0xe9, 0x74, 0xe9]),
+      'old.txt': Buffer.from('caf\xe9 cr\xe8me\n', 'latin1'),
+      'blob.bin': Buffer.concat([noise.subarray(0, 100), Buffer.from('XYZ'), noise.subarray(103)]),
+    };
+    const res = await h.call<Body>('POST', '/api/v1/autonomy/vibe/run', {
+      body: {
+        workspace: 'vibe-bytes',
+        steps: [
+          {
+            tool: 'shell',
+            args: {
+              command: [
+                "printf '\\211PNG\\000\\377\\376\\r\\n' > logo.png",
+                "printf '\\351t\\351' > latin1.txt",
+                "printf 'caf\\351 cr\\350me\\n' > old.txt",
+                "printf 'XYZ' | dd of=blob.bin bs=1 seek=100 conv=notrunc 2>/dev/null",
+                "printf 'two\\n' >> app.txt",
+              ].join(' && '),
+            },
+          },
+        ],
+      },
+    });
+    const vibe = await finishedRun(h, res.body.run_id);
+    expect(vibe.status, JSON.stringify([vibe.error, vibe.steps])).to.equal('succeeded');
+    const diff: string = vibe.result.diff;
+    expect(diff, 'no byte decoded into a replacement character').not.to.contain('\ufffd');
+    expect(diff).to.contain('+two');
+    // each file that is not UTF-8 text is git's binary patch, which git applies to the base byte for byte
+    for (const file of Object.keys(expected))
+      expect(diff).to.match(new RegExp(`^diff --git a/${file.replace('.', '\\.')} b/${file.replace('.', '\\.')}\\n(?:.+\\n)*?GIT binary patch\\n`, 'm'));
+    expect(diff, 'the binary file’s change is a delta against its base').to.match(/^index [0-9a-f]{40}\.\.[0-9a-f]{40} 100644\nGIT binary patch\ndelta \d+\n/m);
+    const applied = path.join(h.tenantDir(), 'vibe-bytes-applied');
+    execFileSync('git', ['clone', '-q', repo, applied]);
+    execFileSync('git', ['apply', '--binary', '-'], { cwd: applied, input: Buffer.from(diff, 'utf8') });
+    for (const [file, bytes] of Object.entries(expected)) expect(fs.readFileSync(path.join(applied, file)).equals(bytes), `git apply: ${file}`).to.equal(true);
+    fs.rmSync(applied, { recursive: true, force: true });
+
+    const before = fake.requests.length;
+    const run = await start({
+      tools: ['codehost'],
+      steps: [{ tool: 'codehost', args: { action: 'open_pull_request', repository: 'acme/bytes', run_id: vibe.id, head: 'bytes', title: 'Bytes' } }],
+    });
+    expect(run.status, JSON.stringify([run.error, run.steps[0]])).to.equal('succeeded');
+    const sent = fake.requests.slice(before);
+    const blobs = sent.filter((r) => r.method === 'POST' && r.path === '/github/repos/acme/bytes/git/blobs').map((r) => r.body);
+    expect(blobs.map((b) => b.encoding)).to.deep.equal(Object.keys(expected).map(() => 'base64'));
+    // each file is the blob of its exact bytes (the fake names a blob as git does), never text
+    const tree = sent.find((r) => r.path === '/github/repos/acme/bytes/git/trees')!.body.tree as Body[];
+    for (const [file, bytes] of Object.entries(expected))
+      expect(
+        tree.find((e) => e.path === file),
+        file,
+      ).to.deep.equal({ path: file, mode: '100644', type: 'blob', sha: gitBlobSha(bytes) });
+    expect(tree.find((e) => e.path === 'app.txt')).to.deep.include({ content: 'one\ntwo\n' });
+    // a base that is not the blob the binary patch was taken against: refused, as git apply refuses it, rather than patched into other bytes
+    fake.setFiles('acme/bytes-other', { ...base, 'blob.bin': Buffer.concat([noise.subarray(0, 4000), Buffer.from('changed on main')]) });
+    const other = await start({
+      tools: ['codehost'],
+      steps: [{ tool: 'codehost', args: { action: 'open_pull_request', repository: 'acme/bytes-other', run_id: vibe.id, head: 'bytes', title: 'Bytes' } }],
+    });
+    expect(other.steps[0].error).to.deep.include({ code: 'invalid-args' });
+    expect(other.steps[0].error.message).to.contain("the run's change to blob.bin does not apply to main");
   });
 
   it('opens the pull request after a 429 on it from the branch the first try made, and refuses a branch that holds other changes', async () => {

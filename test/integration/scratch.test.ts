@@ -120,6 +120,29 @@ describe('a vibe run’s scratch copy', () => {
     await scratch.remove();
   });
 
+  it('cuts a diff over its limit without a replaced byte: a file not UTF-8 too big to carry whole ends it, a character cut in two is left out', async () => {
+    const MB = 1024 * 1024;
+    // a Latin-1 text over the limit: its binary patch could not be carried whole, so the diff ends before it
+    const latin = await makeScratch(noSandbox(), opts());
+    await fs.appendFile(path.join(latin.dir, 'a.txt'), 'two\n');
+    await fs.writeFile(path.join(latin.dir, 'big.txt'), Buffer.alloc(MB + 100, Buffer.from('caf\xe9\n', 'latin1')));
+    const cut = await latin.diff();
+    expect(cut.changed_files).to.deep.equal(['a.txt', 'big.txt']);
+    expect(cut.truncated).to.equal(true);
+    expect(cut.diff).to.match(/^diff --git a\/a\.txt b\/a\.txt\n[^]*\+two\n$/);
+    await latin.remove();
+    // UTF-8 text over the limit, cut at a whole character whichever byte the limit falls on
+    for (const pad of ['', 'x']) {
+      const utf = await makeScratch(noSandbox(), opts());
+      await fs.writeFile(path.join(utf.dir, 'big.txt'), pad + 'é'.repeat(MB));
+      const { diff, truncated } = await utf.diff();
+      expect(truncated).to.equal(true);
+      expect(diff).not.to.contain('\ufffd');
+      expect(Buffer.byteLength(diff)).to.be.within(MB - 3, MB);
+      await utf.remove();
+    }
+  });
+
   it('leaves other runs’ scratch copies and checkouts out of a copy of the root they are in (the local tenant’s)', async () => {
     const root = path.join(dir, 'root');
     for (const other of ['.scratch/local/vibe-run_x/copy', '.checkouts/run_y'])

@@ -37,8 +37,8 @@ export type FakeProviders = {
   redirectRepo(from: string, to: string): void;
   /** answers the git requests of one repository with a smart-HTTP error that quotes the request's Authorization, decoded and not */
   echoAuthRepo(repository: string): void;
-  /** the files of main's one commit, for the Git Data API (a pull request from a diff) */
-  setFiles(repository: string, files: Record<string, string>): void;
+  /** the files of main's one commit, for the Git Data API (a pull request from a diff): text, or bytes */
+  setFiles(repository: string, files: Record<string, string | Buffer>): void;
   /**
    * the next `times` requests to a provider answer `status` (with Retry-After when given, and any other `headers`);
    * with `at` (`POST /github/repos/acme/app/pulls`), only the requests of that method and path
@@ -57,6 +57,12 @@ export const LINEAR_LABELS = [
   { id: 'label-p1', name: 'needs-triage' },
   { id: 'label-ui', name: 'ui' },
 ];
+
+/** The name git gives a blob of these bytes. */
+export const gitBlobSha = (bytes: Buffer): string =>
+  createHash('sha1')
+    .update(Buffer.concat([Buffer.from(`blob ${bytes.length}\0`), bytes]))
+    .digest('hex');
 
 function readBody(req: http.IncomingMessage): Promise<string> {
   return new Promise((resolve, reject) => {
@@ -83,7 +89,7 @@ export async function startFakeProviders(opts: { token?: string } = {}): Promise
   const repos = new Map<string, string>();
   const redirects = new Map<string, string>();
   const echoingRepos = new Set<string>();
-  const repoFiles = new Map<string, Record<string, string>>();
+  const repoFiles = new Map<string, Record<string, string | Buffer>>();
   /** what the Git Data API made: branches (repository and ref: a commit), commits (their tree and parents) */
   const refs = new Map<string, string>();
   const commits = new Map<string, { tree: string; parents: string[] }>();
@@ -129,8 +135,21 @@ export async function startFakeProviders(opts: { token?: string } = {}): Promise
       return json(res, 200, { type: 'file', encoding: 'base64', content: Buffer.from(content).toString('base64'), sha: 'blob' });
     }
     // trees by their content, as git names them; branches made once; commits and branches read back
-    const made = /^\/repos\/([\w.-]+\/[\w.-]+)\/git\/(trees|commits|refs|ref\/heads\/(.+)|commits\/(.+))$/.exec(p);
-    const sent = (typeof r.body === 'object' && r.body ? r.body : {}) as { base_tree?: string; tree?: unknown; ref?: string; sha?: string; parents?: string[] };
+    const made = /^\/repos\/([\w.-]+\/[\w.-]+)\/git\/(blobs|trees|commits|refs|ref\/heads\/(.+)|commits\/(.+))$/.exec(p);
+    const sent = (typeof r.body === 'object' && r.body ? r.body : {}) as {
+      base_tree?: string;
+      tree?: unknown;
+      ref?: string;
+      sha?: string;
+      parents?: string[];
+      content?: string;
+      encoding?: string;
+    };
+    // a blob named as git names it: by its bytes, given as UTF-8 text or base64
+    if (made && r.method === 'POST' && made[2] === 'blobs') {
+      const bytes = Buffer.from(String(sent.content ?? ''), sent.encoding === 'base64' ? 'base64' : 'utf8');
+      return json(res, 201, { sha: gitBlobSha(bytes), url: `${p}/${gitBlobSha(bytes)}` });
+    }
     if (made && r.method === 'POST' && made[2] === 'trees')
       return json(res, 201, {
         sha: `tree-${createHash('sha256')
