@@ -1498,6 +1498,35 @@ export interface paths {
         patch: operations["updateNotificationEndpoint"];
         trace?: never;
     };
+    "/api/v1/notification-endpoints/{id}/rotate-secret": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The endpoint's id. */
+                id: components["parameters"]["NotificationEndpointId"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Give a notification endpoint a new signing secret
+         * @description Makes a new signing secret, shown in this answer only, and signs every try from now with it. The secret it
+         *     replaces still signs too, beside it, for `keep_previous_seconds` (a day unless said; 0: no longer at all), so
+         *     a receiver that has not yet taken the new one goes on verifying: `webhook-signature` then holds two
+         *     signatures, space apart, as the Standard Webhooks scheme allows, and any verifier accepts a message one of
+         *     them matches. A secret rotated again in that time is dropped (one previous secret at most), as is one that no
+         *     longer opens (SERVICE_SECRET_KEY changed): rotating is how such an endpoint gets a secret that signs again.
+         *     Two rotations at once: one is made, the other is a 409.
+         */
+        post: operations["rotateNotificationEndpointSecret"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/notification-endpoints/{id}/deliveries": {
         parameters: {
             query?: never;
@@ -1781,6 +1810,16 @@ export interface components {
             disabled_reason: string | null;
             /** @description Deliveries that failed all their tries since the last one that succeeded. */
             consecutive_failures: number;
+            /**
+             * Format: date-time
+             * @description When its signing secret was last rotated; null when it has the one it was made with.
+             */
+            secret_rotated_at?: string | null;
+            /**
+             * Format: date-time
+             * @description Until when the secret it had before its last rotation still signs its tries, beside the new one; null when none does.
+             */
+            previous_secret_expires_at?: string | null;
             /** Format: date-time */
             created_at: string;
             /** Format: date-time */
@@ -1790,6 +1829,13 @@ export interface components {
             url: string;
             description?: string | null;
             event_types: components["schemas"]["NotificationType"][];
+        };
+        NotificationEndpointRotate: {
+            /**
+             * @description How long the secret replaced still signs, beside the new one (at most a week).
+             * @default 86400
+             */
+            keep_previous_seconds: number;
         };
         NotificationEndpointCreated: {
             /** @description The signing secret (`whsec_…`), shown this once; give it to a Standard Webhooks verifier. */
@@ -6069,6 +6115,41 @@ export interface operations {
             413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             422: components["responses"]["Unprocessable"];
+            429: components["responses"]["ApiRateLimited"];
+            default: components["responses"]["OtherProblem"];
+        };
+    };
+    rotateNotificationEndpointSecret: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The endpoint's id. */
+                id: components["parameters"]["NotificationEndpointId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["NotificationEndpointRotate"];
+            };
+        };
+        responses: {
+            /** @description Rotated; `secret` is shown this once. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["NotificationEndpointCreated"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
             429: components["responses"]["ApiRateLimited"];
             default: components["responses"]["OtherProblem"];
         };

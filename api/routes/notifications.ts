@@ -33,6 +33,11 @@ export function notificationEndpointsRouter(engine: Engine): Router {
     await engine.notifications.remove(tenantOf(req), String(req.params.id));
     res.status(204).end();
   });
+  router.post('/:id/rotate-secret', async (req, res) => {
+    const body = (req.body ?? {}) as Schemas['NotificationEndpointRotate'];
+    const { endpoint, secret } = await engine.notifications.rotateSecret(tenantOf(req), String(req.params.id), body.keep_previous_seconds);
+    res.json({ secret, endpoint: endpointView(endpoint) });
+  });
   router.get('/:id/deliveries', async (req, res) => {
     const q = req.query as { limit?: number; cursor?: string };
     const page = await engine.notifications.deliveries(tenantOf(req), String(req.params.id), { limit: q.limit ?? 20, cursor: q.cursor });

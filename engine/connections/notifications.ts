@@ -43,10 +43,14 @@ export type NotificationSettings = NotifyConfig & { httpAllowPrivate: boolean };
 
 export type EndpointInput = { url: string; description?: string | null; event_types: string[] };
 export type EndpointPatch = Partial<EndpointInput> & { status?: 'enabled' | 'disabled' };
-export type EndpointView = Omit<NotificationEndpoint, 'sealed_secret' | 'tenant_id'>;
+export type EndpointView = Omit<NotificationEndpoint, 'sealed_secret' | 'previous_sealed_secret' | 'tenant_id'>;
 export type NotificationJob = { tenant_id: string; delivery_id: string };
 
-export const endpointView = ({ sealed_secret: _s, tenant_id: _t, ...rest }: NotificationEndpoint): EndpointView => rest;
+export const endpointView = ({ sealed_secret: _s, previous_sealed_secret: _p, tenant_id: _t, ...rest }: NotificationEndpoint): EndpointView => ({
+  ...rest,
+  secret_rotated_at: rest.secret_rotated_at ?? null,
+  previous_secret_expires_at: rest.previous_secret_expires_at ?? null,
+});
 
 /** The outbound name of a catalogue event, when endpoints may subscribe to it. */
 function outboundType(type: ServiceEvent['type']): NotificationType | null {
@@ -76,6 +80,10 @@ const keptTries = (tries: NotificationDelivery['attempts'], next: NotificationDe
 const STORE_TRIES = 8;
 const STORE_RETRY_MS = 250;
 const jobId = (d: NotificationDelivery) => `ntf-${d.id}${d.replays ? `-r${d.replays}` : ''}`;
+
+/** How long a rotated secret still signs beside the new one unless the rotation says (Svix's default too). */
+const KEEP_PREVIOUS_SECONDS = 86_400;
+const newSecret = () => `whsec_${randomBytes(24).toString('base64')}`;
 
 const tooMany = (max: number) =>
   new ConflictError(`this tenant has ${max} notification endpoints, the most it may keep (SERVICE_TENANT_MAX_NOTIFICATION_ENDPOINTS): remove one first`);
@@ -265,7 +273,8 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
       secret = secretBox.open(endpoint.sealed_secret, owner(tenantId, endpoint.id));
     } catch {
       // sealed under another SERVICE_SECRET_KEY: no try will ever sign, so none is made; the endpoint stops until it is made again
-      const why = "the endpoint's signing secret does not open with SERVICE_SECRET_KEY (the key changed): make the endpoint again for a new secret";
+      const why =
+        "the endpoint's signing secret does not open with SERVICE_SECRET_KEY (the key changed): rotate its secret (POST /api/v1/notification-endpoints/{id}/rotate-secret) and enable it again";
       log.error({ tenant_id: tenantId, endpoint_id: endpoint.id, delivery_id: d.id }, why);
       const failed = await store.notificationDeliveries.update(tenantId, d.id, {
         status: 'failed',
@@ -275,7 +284,10 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
       await disable(tenantId, endpoint, why, endpoint.consecutive_failures);
       return failed;
     }
-    const signature = new Webhook(secret).sign(d.id, at, body);
+    // a secret rotated a while ago signs beside the new one until it expires: a receiver with either verifies
+    // (Standard Webhooks: signatures space apart, any one that matches will do)
+    const previous = previousSecret(tenantId, endpoint, at);
+    const signature = [secret, ...(previous ? [previous] : [])].map((s) => new Webhook(s).sign(d.id, at, body)).join(' ');
     const headers = {
       'content-type': 'application/json',
       'user-agent': 'automation-service-notifications',
@@ -298,6 +310,17 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
     if (counted && counted.status === 'enabled' && counted.consecutive_failures >= settings.disableAfter)
       await disable(tenantId, endpoint, `${counted.consecutive_failures} deliveries in a row failed (the last: ${sent.error})`, counted.consecutive_failures);
     return null;
+  }
+
+  /** The secret an endpoint had before its last rotation while it still signs at `at`; null when none does (or it does not open). */
+  function previousSecret(tenantId: string, endpoint: NotificationEndpoint, at: Date): string | null {
+    const until = endpoint.previous_secret_expires_at;
+    if (!endpoint.previous_sealed_secret || !until || Date.parse(until) <= at.getTime()) return null;
+    try {
+      return secretBox.open(endpoint.previous_sealed_secret, owner(tenantId, endpoint.id));
+    } catch {
+      return null;
+    }
   }
 
   const repairStale = staleJobRepair<NotificationDelivery, Pick<NotificationDelivery, 'updated_at' | 'id'>>({
@@ -427,7 +450,7 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
       await assertPublicHost(new URL(input.url), settings.httpAllowPrivate);
       const now = clock.now().toISOString();
       const id = newId('nep');
-      const secret = `whsec_${randomBytes(24).toString('base64')}`;
+      const secret = newSecret();
       const endpoint: NotificationEndpoint = {
         id,
         tenant_id: tenantId,
@@ -469,6 +492,37 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
       if (!next) throw new NotFoundError(`no notification endpoint ${id}`);
       await changed(tenantId);
       return next;
+    },
+
+    /**
+     * A new signing secret, shown this once; the one it replaces still signs beside it for `keepPreviousSeconds`
+     * (none when 0, or when it does not open: SERVICE_SECRET_KEY changed). Of two rotations at once, one is made.
+     */
+    async rotateSecret(tenantId: string, id: string, keepPreviousSeconds = KEEP_PREVIOUS_SECONDS): Promise<{ endpoint: NotificationEndpoint; secret: string }> {
+      const endpoint = await must(tenantId, id);
+      let opens = true;
+      try {
+        secretBox.open(endpoint.sealed_secret, owner(tenantId, id));
+      } catch {
+        opens = false;
+      }
+      const now = clock.now();
+      const secret = newSecret();
+      const keep = opens && keepPreviousSeconds > 0;
+      const rotated = await store.notificationEndpoints.rotateSecret(tenantId, id, endpoint.sealed_secret, {
+        sealed_secret: secretBox.seal(secret, owner(tenantId, id)),
+        secret_rotated_at: now.toISOString(),
+        previous_sealed_secret: keep ? endpoint.sealed_secret : null,
+        previous_secret_expires_at: keep ? new Date(now.getTime() + keepPreviousSeconds * 1000).toISOString() : null,
+        updated_at: now.toISOString(),
+      });
+      if (!rotated) {
+        if (!(await store.notificationEndpoints.get(tenantId, id))) throw new NotFoundError(`no notification endpoint ${id}`);
+        throw new ConflictError(`the secret of endpoint ${id} was rotated by another request meanwhile; its secret is the one that request was shown`);
+      }
+      await changed(tenantId);
+      log.info({ tenant_id: tenantId, endpoint_id: id, keep_previous_seconds: keep ? keepPreviousSeconds : 0 }, 'notification endpoint secret rotated');
+      return { endpoint: rotated, secret };
     },
 
     async remove(tenantId: string, id: string): Promise<void> {

@@ -335,6 +335,9 @@ export const NOTIFICATION_TYPES = [
 ] as const;
 export type NotificationType = (typeof NOTIFICATION_TYPES)[number];
 
+/** A secret sealed with AES-256-GCM (secret-box.ts). */
+export type SealedSecret = { v: 1; iv: string; tag: string; ct: string };
+
 /** A tenant's endpoint for outbound notifications, signed with the Standard Webhooks scheme. */
 export type NotificationEndpoint = {
   id: string;
@@ -347,8 +350,13 @@ export type NotificationEndpoint = {
   disabled_reason: string | null;
   /** deliveries that failed after all their attempts, since the last that succeeded */
   consecutive_failures: number;
-  /** the signing secret (whsec_…), AES-256-GCM sealed; shown once when made */
-  sealed_secret: { v: 1; iv: string; tag: string; ct: string };
+  /** the signing secret (whsec_…), AES-256-GCM sealed; shown once when made, or when rotated */
+  sealed_secret: SealedSecret;
+  /** when the secret was last rotated (absent or null: never) */
+  secret_rotated_at?: string | null;
+  /** the secret it had before its last rotation, which still signs beside it until previous_secret_expires_at */
+  previous_sealed_secret?: SealedSecret | null;
+  previous_secret_expires_at?: string | null;
   created_at: string;
   updated_at: string;
 };

@@ -13,6 +13,7 @@ import {
   type DeliveryStatus,
   type NotificationDelivery,
   type NotificationEndpoint,
+  type SealedSecret,
   type GateResult,
   type GateRunRecord,
   type GateRunStatus,
@@ -273,6 +274,18 @@ export interface NotificationEndpointRepo {
    * Nothing is written when there were none.
    */
   resetFailures(tenantId: string, id: string): Promise<void>;
+  /**
+   * Gives the endpoint a new secret, only while its secret is still `expected` (compared by its sealed text): the
+   * endpoint, or null when it is gone or its secret changed meanwhile (of two rotations that race, one wins).
+   */
+  rotateSecret(
+    tenantId: string,
+    id: string,
+    expected: SealedSecret,
+    changes: Required<
+      Pick<NotificationEndpoint, 'sealed_secret' | 'secret_rotated_at' | 'previous_sealed_secret' | 'previous_secret_expires_at' | 'updated_at'>
+    >,
+  ): Promise<NotificationEndpoint | null>;
   /** Disables the endpoint only while it is enabled: the endpoint, or null when it was not (of two that race, one wins). */
   disable(tenantId: string, id: string, reason: string, at: string): Promise<NotificationEndpoint | null>;
   /**

@@ -289,6 +289,69 @@ describe('outbound notifications', function () {
     expect(delivery!.attempts).to.have.length(1);
     expect(receiver.received.filter((r) => r.path === '/rekeyed')).to.deep.equal([]);
     expect(h.logs.join('')).to.contain(made.endpoint.id);
+    // a rotation gives it a secret that signs again (the old one, which does not open, is not kept), and it is enabled again
+    const rotated = await h.call<Body>('POST', `/api/v1/notification-endpoints/${made.endpoint.id}/rotate-secret`);
+    expect(rotated.status, rotated.text).to.equal(200);
+    expect(rotated.body.endpoint.previous_secret_expires_at).to.equal(null);
+    expect((await h.call('PATCH', `/api/v1/notification-endpoints/${made.endpoint.id}`, { body: { status: 'enabled' } })).status).to.equal(200);
+    const again = await run();
+    const got = await eventually(() => receiver.received.find((r) => r.path === '/rekeyed' && r.body.includes(again.id)), 'a delivery signed again');
+    expect(new Webhook(rotated.body.secret).verify(got.body, got.headers as Record<string, string>)).to.deep.include({ type: 'run.finished' });
+  });
+
+  it('rotates an endpoint’s secret: the new one shown once, the old one signing beside it for keep_previous_seconds, and of two rotations at once one is made', async () => {
+    const made = await endpoint({ url: `${receiver.url}/rotated`, event_types: ['run.finished'] });
+    const path_ = `/api/v1/notification-endpoints/${made.endpoint.id}/rotate-secret`;
+    const sentFor = (runId: string) => eventually(() => receiver.received.find((r) => r.path === '/rotated' && r.body.includes(runId)), 'the delivery');
+    const verifies = (secret: string, got: Received) => {
+      try {
+        new Webhook(secret).verify(got.body, got.headers as Record<string, string>);
+        return true;
+      } catch {
+        return false;
+      }
+    };
+    const first = await sentFor((await run()).id);
+    expect(String(first.headers['webhook-signature']).split(' ')).to.have.length(1);
+    const before = Date.now();
+    const rotated = await h.call<Body>('POST', path_);
+    expect(rotated.status, rotated.text).to.equal(200);
+    const { secret, endpoint: view } = rotated.body as { secret: string; endpoint: Body };
+    expect(secret)
+      .to.match(/^whsec_/)
+      .and.not.equal(made.secret);
+    expect(Object.keys(view)).to.not.include.members(['sealed_secret', 'previous_sealed_secret', 'tenant_id']);
+    expect(Date.parse(view.secret_rotated_at)).to.be.at.least(before - 1000);
+    expect(Date.parse(view.previous_secret_expires_at) - Date.parse(view.secret_rotated_at)).to.equal(86_400_000);
+    expect((await h.call<Body>('GET', `/api/v1/notification-endpoints/${made.endpoint.id}`)).body).to.deep.equal(view);
+    // both sign for a day: a receiver that has either verifies
+    const both = await sentFor((await run()).id);
+    expect(String(both.headers['webhook-signature']).split(' ')).to.have.length(2);
+    expect(verifies(secret, both), 'the new secret').to.equal(true);
+    expect(verifies(made.secret, both), 'the old secret, kept a day').to.equal(true);
+    // rotated again with no time kept: the new one alone signs
+    const now = await h.call<Body>('POST', path_, { body: { keep_previous_seconds: 0 } });
+    expect(now.status, now.text).to.equal(200);
+    expect(now.body.endpoint.previous_secret_expires_at).to.equal(null);
+    const alone = await sentFor((await run()).id);
+    expect(String(alone.headers['webhook-signature']).split(' ')).to.have.length(1);
+    expect(verifies(now.body.secret, alone)).to.equal(true);
+    expect(verifies(secret, alone)).to.equal(false);
+    expect(verifies(made.secret, alone)).to.equal(false);
+    // two at once: one is made (its secret is the endpoint's), the other a 409
+    const raced = await Promise.all([h.call<Body>('POST', path_), h.call<Body>('POST', path_)]);
+    expect(raced.map((r) => r.status).sort()).to.deep.equal([200, 409]);
+    const won = raced.find((r) => r.status === 200)!.body.secret as string;
+    expect(verifies(won, await sentFor((await run()).id))).to.equal(true);
+    // bad bodies change nothing; another tenant's endpoint is not found
+    const current = (await h.call<Body>('GET', `/api/v1/notification-endpoints/${made.endpoint.id}`)).body;
+    for (const body of [{ keep_previous_seconds: -1 }, { keep_previous_seconds: 604_801 }, { keep_previous_seconds: 'day' }, { other: 1 }])
+      expect((await h.call('POST', path_, { body })).status, JSON.stringify(body)).to.equal(400);
+    expect((await h.call('POST', path_, { key: KEYS.b })).status).to.equal(404);
+    expect((await h.call('POST', `/api/v1/notification-endpoints/nep_${'0'.repeat(26)}/rotate-secret`)).status).to.equal(404);
+    expect((await h.call<Body>('GET', `/api/v1/notification-endpoints/${made.endpoint.id}`)).body).to.deep.equal(current);
+    // no secret reaches the logs
+    for (const s of [secret, now.body.secret, won]) expect(h.logs.join('')).to.not.contain(s);
   });
 
   it('makes a run’s deliveries when its job comes back after its process died between its end’s event and them, and never twice', async () => {

@@ -1172,6 +1172,23 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect([won, lost].filter(Boolean), 'one of two disables wins').to.have.length(1);
       expect(await store.notificationEndpoints.get('t1', e.id)).to.deep.include({ status: 'disabled', consecutive_failures: 2 });
       expect(await store.notificationEndpoints.disable('t2', e.id, 'z', now)).to.equal(null);
+      // a rotation applies only to the secret it read: of two that race, one is made; another tenant's reaches nothing
+      const rotation = (ct: string) => ({
+        sealed_secret: { v: 1 as const, iv: 'aXYy', tag: 'dGFn', ct },
+        secret_rotated_at: now,
+        previous_sealed_secret: e.sealed_secret,
+        previous_secret_expires_at: now,
+        updated_at: now,
+      });
+      expect(await store.notificationEndpoints.rotateSecret('t2', e.id, e.sealed_secret, rotation('bm8='))).to.equal(null);
+      const rotations = await Promise.all([
+        store.notificationEndpoints.rotateSecret('t1', e.id, e.sealed_secret, rotation('b25l')),
+        store.notificationEndpoints.rotateSecret('t1', e.id, e.sealed_secret, rotation('dHdv')),
+      ]);
+      expect(rotations.filter(Boolean), 'one of two rotations is made').to.have.length(1);
+      const rotated = (await store.notificationEndpoints.get('t1', e.id))!;
+      expect(rotated.sealed_secret.ct).to.equal(rotations.find(Boolean)!.sealed_secret.ct);
+      expect(rotated).to.deep.include({ previous_sealed_secret: e.sealed_secret, secret_rotated_at: now, previous_secret_expires_at: now, status: 'disabled' });
       const delivery = (i: number): NotificationDelivery => ({
         id: newId('ntf'),
         tenant_id: 't1',

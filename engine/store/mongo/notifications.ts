@@ -52,6 +52,17 @@ export function notificationEndpointRepo(
     async resetFailures(tenantId, id) {
       await model.updateOne({ _id: id, tenant_id: tenantId, consecutive_failures: { $gt: 0 } }, { $set: { consecutive_failures: 0 } });
     },
+    async rotateSecret(tenantId, id, expected, changes) {
+      return fromStored(
+        await model
+          .findOneAndUpdate(
+            { _id: id, tenant_id: tenantId, 'sealed_secret.ct': expected.ct, 'sealed_secret.iv': expected.iv },
+            { $set: changes },
+            { returnDocument: 'after' },
+          )
+          .lean<Stored<NotificationEndpoint>>(),
+      );
+    },
     async disable(tenantId, id, reason, at) {
       return fromStored(
         await model

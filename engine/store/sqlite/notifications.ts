@@ -54,6 +54,15 @@ export function notificationEndpointRepo(db: Db): NotificationEndpointRepo {
         if (current?.consecutive_failures) write.run(JSON.stringify({ ...current, consecutive_failures: 0 }), tenantId, id);
       });
     },
+    async rotateSecret(tenantId, id, expected, changes) {
+      return commit(() => {
+        const current = parse(one.get(tenantId, id));
+        if (!current || current.sealed_secret.ct !== expected.ct || current.sealed_secret.iv !== expected.iv) return null;
+        const next: NotificationEndpoint = { ...current, ...changes };
+        write.run(JSON.stringify(next), tenantId, id);
+        return next;
+      });
+    },
     async disable(tenantId, id, reason, at) {
       return commit(() => disable(tenantId, id, reason, at));
     },
