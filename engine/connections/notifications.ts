@@ -116,6 +116,7 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
   const cache = new Map<string, { at: number; version: string | undefined; endpoints: NotificationEndpoint[] }>();
   const batch = redisBatch(redis);
   batch.define('notify.endpoints', { keys: 1, args: 0, lua: "return redis.call('GET', KEYS[1]) or ''" });
+  batch.define('notify.unnote', { keys: 1, args: 1, lua: "return redis.call('ZREM', KEYS[1], ARGV[1])" });
   const versionKey = (tenantId: string) => `${queues.prefix}:notify-endpoints:{${tenantId}}`;
   /** The events whose deliveries are not all stored yet (see wrap); in the prefix's slot, as the event logs are. */
   const outboxKey = `${queues.prefix}:notify-outbox`;
@@ -424,8 +425,8 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
     const eventLog = events;
     const due = await redis.zrangebyscore(outboxKey, '-inf', clock.now().getTime() - STALE_AFTER_MS, 'LIMIT', 0, OUTBOX_PER_PASS);
     let offered = 0;
-    for (let i = 0; i < due.length; i += OUTBOX_AT_ONCE)
-      await Promise.all(
+    for (let i = 0; i < due.length; i += OUTBOX_AT_ONCE) {
+      const done = await Promise.allSettled(
         due.slice(i, i + OUTBOX_AT_ONCE).map(async (member) => {
           const { scope, id } = outboxEntry(member);
           const [event] = await eventLog.newestFirst(scope, '0-0', id, 1);
@@ -436,6 +437,10 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
           await redis.zrem(outboxKey, member);
         }),
       );
+      // one that failed (the store, Redis) keeps its note for the next pass; the others go on
+      const failed = done.find((d) => d.status === 'rejected');
+      if (failed) log.warn({ err: (failed.reason as Error).message }, 'an event of the notifications outbox was not offered again; the next pass tries it');
+    }
     return offered;
   }
 
@@ -603,7 +608,8 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
         if (!stored || !outboundType(stored.type)) return stored;
         try {
           // all stored: the note is done with (a note left is offered again by the reconciler, and makes nothing twice)
-          if ((await deliveriesOf(stored)).stored && noted) void redis.zrem(outboxKey, outboxMember(scope, stored.id)).catch(() => undefined);
+          if ((await deliveriesOf(stored)).stored && noted)
+            void batch.call('notify.unnote', [outboxKey], [outboxMember(scope, stored.id)]).catch(() => undefined);
         } catch (err) {
           log.error(
             { tenant_id: stored.tenant_id, type: stored.type, err: (err as Error).message },

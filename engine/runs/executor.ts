@@ -19,8 +19,20 @@ function providersOf(run: Run): ConnectionProvider[] {
   return CONNECTION_PROVIDERS.filter((p) => run.tool_allowlist.includes(p));
 }
 
-/** How many times the settling write is tried before the attempt is left for the reconciler. */
+/** How many times the settling write is tried while its job waits; then again in the background (SETTLE_LATER_MS). */
 const SETTLE_TRIES = 4;
+/** How long a settling write the store keeps refusing is tried in the background, the run still claimed, before it is given up. */
+const SETTLE_LATER_MS = 5 * 60_000;
+
+/** A transition the store refused SETTLE_TRIES times: the attempt's work is done, and its end must not be lost. */
+class Unsettled extends Error {
+  constructor(
+    readonly what: () => Promise<Settled | Run | null>,
+    cause: unknown,
+  ) {
+    super(`the store did not take the run's end: ${(cause as Error).message}`, { cause });
+  }
+}
 
 /** The signals a platform sends every process of a machine it stops (Heroku's dynos: all of them, children too). */
 const SHUTDOWN_SIGNALS = new Set(['SIGTERM', 'SIGINT', 'SIGHUP']);
@@ -41,7 +53,7 @@ export type RunActions = {
 export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions, actions: RunActions = {}) {
   const { store, log, settings } = deps;
   /** the AbortController of each run this process is executing (and its tenant), for cancel requests and shutdown */
-  const inFlight = new Map<string, { controller: AbortController; tenantId: string }>();
+  const inFlight = new Map<string, { controller: AbortController; tenantId: string; attempt: number }>();
   /** the runs this process executes, from before their start until their end is written (a count: two attempts may overlap) */
   const claimed = new Map<string, number>();
   const model = settings.agent ? modelClientOf(settings.agent) : undefined;
@@ -64,19 +76,36 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
 
   /**
    * A transition whose store write fails is tried again a few times (the work is done; a brief
-   * outage of the store must not lose its result). Past that the error goes to the worker edge, and
-   * the reconciler repairs the run.
+   * outage of the store must not lose its result). Past that it is Unsettled: execute goes on trying it in
+   * the background, the run still claimed by this process, so that no job delivered again takes it for lost
+   * and runs it again.
    */
   async function settle(what: () => Promise<Settled | Run | null>): Promise<Settled | Run | null> {
     for (let i = 1; ; i++) {
       try {
         return await what();
       } catch (err) {
-        if (i >= SETTLE_TRIES) throw err;
+        if (i >= SETTLE_TRIES) throw new Unsettled(what, err);
         log.warn({ err: (err as Error).message, try: i }, 'settling a run failed; trying again');
         await new Promise((r) => setTimeout(r, 250 * 2 ** i));
       }
     }
+  }
+
+  /** An Unsettled transition tried again, every 5 s at most, for SETTLE_LATER_MS; then left to the reconciler, which takes the run for lost. */
+  async function settleLater(runId: string, unsettled: Unsettled): Promise<void> {
+    log.error({ run_id: runId, err: unsettled.message }, 'the store refused a run’s end; trying again in the background');
+    for (let i = 0, until = Date.now() + SETTLE_LATER_MS; Date.now() < until; i++) {
+      await new Promise((r) => setTimeout(r, Math.min(5000, 500 * 2 ** i)));
+      try {
+        await unsettled.what();
+        log.warn({ run_id: runId }, 'a run’s end the store had refused is stored');
+        return;
+      } catch (err) {
+        log.warn({ run_id: runId, err: (err as Error).message }, 'the store still refuses a run’s end');
+      }
+    }
+    log.error({ run_id: runId }, 'a run’s end was not stored: the reconciler takes the run for lost');
   }
 
   /** Puts an interrupted attempt back in the queue; the steps it changed are written once, with it, and what it used is kept. */
@@ -112,12 +141,23 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
     // claimed (told to the other processes) from before its start until its end is written: a job
     // delivered again meanwhile, or a reconcile elsewhere, never takes it for lost
     claimed.set(runId, (claimed.get(runId) ?? 0) + 1);
-    try {
-      return await attemptOf(found);
-    } finally {
+    const unclaim = () => {
       const n = (claimed.get(runId) ?? 1) - 1;
       if (n > 0) claimed.set(runId, n);
       else claimed.delete(runId);
+    };
+    let later = false;
+    try {
+      return await attemptOf(found);
+    } catch (err) {
+      if (!(err instanceof Unsettled)) throw err;
+      // its work done and its end refused: still claimed while it is tried again (a job delivered again meanwhile
+      // finds it executing here), its job completed: the end is this process's to store
+      later = true;
+      void settleLater(runId, err).finally(unclaim);
+      return null;
+    } finally {
+      if (!later) unclaim();
     }
   }
 
@@ -133,7 +173,7 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
     // registered before the start, so a cancel request published from here on reaches it; the key
     // covers one published before, and is read while the start is written
     const controller = new AbortController();
-    inFlight.set(runId, { controller, tenantId: found.tenant_id });
+    inFlight.set(runId, { controller, tenantId: found.tenant_id, attempt: found.attempt });
     let started: Run | Held | null = null;
     let cancelRequested = false;
     try {
@@ -254,6 +294,20 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
       const rest = going.filter((_, i) => !asked[i]);
       const stored = await Promise.all(rest.map(([runId, r]) => store.runs.get(r.tenantId, runId).catch(() => null)));
       aborted += rest.filter(([runId], i) => stored[i]?.cancel_requested_at && abort(runId)).length;
+      // the same read fences this process off an attempt the run went on without: taken for lost while this process
+      // was stalled or cut off from Redis past its claims' lapse (the run ended, or its next attempt is queued or
+      // runs elsewhere), it stops within one call of its coming back, and its end, which would not apply, is not written
+      for (const [i, [runId, r]] of rest.entries()) {
+        const now = stored[i];
+        if (!now || now.cancel_requested_at || r.controller.signal.aborted) continue;
+        if (now.attempt === r.attempt && !isTerminal(now.status)) continue;
+        log.warn({ run_id: runId, attempt: r.attempt, now: { attempt: now.attempt, status: now.status } }, 'an attempt the run went on without is stopped');
+        r.controller.abort({
+          status: 'canceled',
+          error: { code: 'superseded', message: 'the run went on without this attempt (taken for lost)' },
+        } satisfies StopReason);
+        aborted++;
+      }
       return aborted;
     },
     abort,

@@ -341,25 +341,30 @@ export function transitionsOf(deps: TransitionsDeps) {
   ): Promise<Settled> {
     const at = clock.now();
     const error = changes.error ?? null;
-    const delay = status === 'canceled' ? null : (retryDelayMs(run, status) ?? (outcome === 'lost' && rerunsAfterLoss(run) ? 0 : null));
-    if (delay !== null) {
-      const retried = await store.runs.update(
-        run.tenant_id,
-        run.id,
-        {
-          status: 'queued',
-          attempt: run.attempt + 1,
-          attempts: [...run.attempts, attemptRecord(run, outcome === 'lost' ? 'lost' : 'retried', status, error, at, changes.usage ?? run.usage)],
-          started_at: null,
-          usage: { steps: 0, model_turns: 0, seconds: 0 },
-          error,
-          summary: null,
-          result: null,
-        },
-        { status: ['running'], attempt: run.attempt },
-        steps,
-      );
-      if (!retried) return null;
+    // a retry policy that covers the status decides alone (spent, the run ends); else a lost attempt may run again
+    const policyCovers = Boolean(run.retry && (run.retry.on as RunStatus[]).includes(status));
+    const delay = status === 'canceled' ? null : policyCovers ? retryDelayMs(run, status) : outcome === 'lost' && rerunsAfterLoss(run) ? 0 : null;
+    const retried =
+      delay === null
+        ? null
+        : await store.runs.update(
+            run.tenant_id,
+            run.id,
+            {
+              status: 'queued',
+              attempt: run.attempt + 1,
+              attempts: [...run.attempts, attemptRecord(run, outcome === 'lost' ? 'lost' : 'retried', status, error, at, changes.usage ?? run.usage)],
+              started_at: null,
+              usage: { steps: 0, model_turns: 0, seconds: 0 },
+              error,
+              summary: null,
+              result: null,
+            },
+            // only while no cancel was asked: one asked meanwhile ends the run canceled (below), it never runs again
+            { status: ['running'], attempt: run.attempt, uncanceled: true },
+            steps,
+          );
+    if (delay !== null && retried) {
       await emitInOrder(retried, { type: 'run.retrying', data: { attempt: run.attempt, next_attempt: retried.attempt, status, error, delay_ms: delay } });
       metrics.runsRetried.inc({ kind: run.kind, status });
       // freed before its job is added, so that an attempt due at once takes its slot again after, not before. Tried

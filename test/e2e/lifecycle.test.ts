@@ -662,6 +662,96 @@ describe('run lifecycle', function () {
     }
   });
 
+  it('holds a lost run to its retry policy when the policy covers its end, and ends canceled one whose cancel was stored after it was read', async () => {
+    const noWorkers = await startHarness({ workers: false });
+    try {
+      const queue = noWorkers.rt.queues.get('runs');
+      const post = async (body: Body) => (await noWorkers.call<Body>('POST', '/api/v1/autonomy/run', { body })).body.run_id as string;
+      const stopClaims = noWorkers.rt.engine.runs.claims.start(() => [], 50);
+      await eventually(async () => (await noWorkers.rt.engine.runs.claims.elsewhere()) !== null, 'the registry of claims to be complete');
+      const crash = async (id: string, attempt: number) => {
+        await queue.remove(jobOf(id, attempt));
+        await noWorkers.rt.store.runs.update('tenant-a', id, { status: 'running', started_at: new Date().toISOString() }, { status: ['queued'], attempt });
+      };
+      // a policy of two attempts: lost twice, it ends (SERVICE_RUN_LOST_RERUNS does not add attempts to a policy that covers the end)
+      const retried = await post({ steps: [{ tool: 'shell', args: { command: 'true' } }], retry: { attempts: 2, backoff: { type: 'fixed', delay_ms: 100 } } });
+      await crash(retried, 1);
+      await noWorkers.rt.engine.runs.reconcile({ olderThanMs: 0 });
+      expect(await noWorkers.rt.store.runs.get('tenant-a', retried)).to.deep.include({ status: 'queued', attempt: 2 });
+      await crash(retried, 2);
+      await noWorkers.rt.engine.runs.reconcile({ olderThanMs: 0 });
+      const spent = (await noWorkers.rt.store.runs.get('tenant-a', retried))!;
+      expect(spent).to.deep.include({ status: 'failed', attempt: 2 });
+      expect(spent.attempts.map((a) => a.outcome)).to.deep.equal(['lost', 'lost']);
+      // read running, then a cancel stored before its loss is written: it ends canceled, it does not run again
+      const canceled = await post({ steps: [{ tool: 'shell', args: { command: 'true' } }] });
+      await crash(canceled, 1);
+      // the cancel lands as the loss reads the attempt's steps, after the run was read
+      const runs = noWorkers.rt.store.runs;
+      const steps = runs.steps.bind(runs);
+      runs.steps = (async (...args: Parameters<typeof steps>) => {
+        if (args[1] === canceled)
+          await runs.update('tenant-a', canceled, { cancel_requested_at: new Date().toISOString() }, { status: ['running'], attempt: 1 });
+        return steps(...args);
+      }) as typeof steps;
+      try {
+        await noWorkers.rt.engine.runs.reconcile({ olderThanMs: 0 });
+      } finally {
+        runs.steps = steps;
+      }
+      await stopClaims();
+      expect(await noWorkers.rt.store.runs.get('tenant-a', canceled)).to.deep.include({ status: 'canceled', attempt: 1 });
+      expect(await queue.getJob(jobOf(canceled, 2))).to.equal(undefined);
+    } finally {
+      await noWorkers.close();
+    }
+  });
+
+  it('stops an attempt the run went on without (its worker stalled past its claims), and keeps a run claimed while the store refuses its end', async () => {
+    const h = await startHarness({ workers: false });
+    try {
+      const ws = h.tenantDir();
+      const post = async (command: string) =>
+        (await h.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command } }] } })).body.run_id as string;
+      const executor = h.rt.engine.executor;
+      // taken for lost while it ran (its next attempt queued): the poll that looks for cancels stops it, and its end is not written
+      const zombie = await post('echo one >> zombie.log; sleep 30; echo two >> zombie.log');
+      const running = executor.execute(zombie, 'tenant-a', 1);
+      await eventually(async () => (await fs.readFile(path.join(ws, 'zombie.log'), 'utf8').catch(() => '')) === 'one\n', 'the step to start');
+      expect(await executor.abortCanceled(), 'nothing to stop while the run is its own').to.equal(0);
+      await h.rt.store.runs.update('tenant-a', zombie, { status: 'queued', attempt: 2, started_at: null }, { status: ['running'], attempt: 1 });
+      expect(await executor.abortCanceled()).to.equal(1);
+      expect(await running).to.equal(null);
+      expect(await h.rt.store.runs.get('tenant-a', zombie)).to.deep.include({ status: 'queued', attempt: 2 });
+      expect(await fs.readFile(path.join(ws, 'zombie.log'), 'utf8')).to.equal('one\n');
+      // its work done, its end refused four times: claimed here while it is tried again, so a job delivered again does not
+      // take it for lost and run it a second time; then stored
+      const refused = await post('echo did >> once.log');
+      const update = h.rt.store.runs.update.bind(h.rt.store.runs);
+      let refusals = 0;
+      h.rt.store.runs.update = (async (...args: Parameters<typeof update>) => {
+        if (args[2].status === 'succeeded' && refusals++ < 5) throw new Error('SQLITE_BUSY: database is locked');
+        return update(...args);
+      }) as typeof update;
+      try {
+        expect(await executor.execute(refused, 'tenant-a', 1)).to.equal(null);
+        expect(executor.isExecuting(refused)).to.equal(true);
+        expect(await executor.execute(refused, 'tenant-a', 1), 'the job delivered again').to.equal(null);
+        const ended = await eventually(async () => {
+          const r = await h.rt.store.runs.get('tenant-a', refused);
+          return r?.status === 'succeeded' ? r : null;
+        }, 'the end stored in the background');
+        expect(ended.attempt).to.equal(1);
+        expect(executor.isExecuting(refused)).to.equal(false);
+      } finally {
+        h.rt.store.runs.update = update;
+      }
+      expect(await fs.readFile(path.join(ws, 'once.log'), 'utf8')).to.equal('did\n');
+    } finally {
+      await h.close();
+    }
+  });
+
   it('repairs a run whose job is in no list of its queue (Redis evicted the list, its hash kept): queued goes back in line, running is lost', async () => {
     const noWorkers = await startHarness({ workers: false });
     try {
