@@ -1750,8 +1750,16 @@ export interface components {
             pager?: string | null;
             email?: string | null;
         };
-        /** @description Non-secret settings. `username` is the SMTP login (email); `from` is the sender address (email) or the PagerDuty user's email that notes and acknowledgements are made as (pager). */
+        /**
+         * @description Non-secret settings. `username` is the SMTP login (email); `from` is the sender address (email) or the PagerDuty
+         *     user's email that notes and acknowledgements are made as (pager). `app_id` and `installation_id` (code host, both
+         *     or neither) make the connection a GitHub App's installation: its credential is the App's private key, from which
+         *     the service makes installation tokens (an hour each, made again before they expire) for every call and checkout,
+         *     and only an App may write check runs.
+         */
         ConnectionSettings: {
+            app_id?: string;
+            installation_id?: string;
             username?: string;
             from?: string;
         };
@@ -1773,7 +1781,11 @@ export interface components {
             last_used_at: string | null;
             last_test: components["schemas"]["ConnectionTest"] | null;
         };
-        /** @description The token, API key or SMTP password, without control characters (a trailing newline is refused). Sealed at rest; never returned. */
+        /**
+         * @description The token, API key or SMTP password, without control characters (a trailing newline is refused); for a code host
+         *     connection with `settings.app_id`, the GitHub App's private key, the PEM file as it is (its lines kept). Sealed at
+         *     rest; never returned.
+         */
         ConnectionCredential: string;
         ConnectionCreate: {
             provider: components["schemas"]["ConnectionProvider"];

@@ -1,6 +1,7 @@
 // Connections: a tenant's credentials for the providers its runs act on. The credential is sealed at
 // rest under SERVICE_SECRET_KEY with the tenant and the connection as its owner, opened only in memory
 // for a call, and never returned, logged or put in an event.
+import { createPrivateKey, type KeyObject } from 'node:crypto';
 import {
   assertPublicHost,
   ConflictError,
@@ -16,7 +17,7 @@ import {
 import type { Platform } from '../deps.js';
 import type { ConnectionChanges, ConnectionQuery, ConnectionState, Page } from '../store/index.js';
 import { ACTIONS, ActionArgsError, type Answer } from './actions.js';
-import { KITS, type Access } from './kits.js';
+import { codehostGitToken, isGithubApp, KITS, type Access } from './kits.js';
 import { callProvider, ProviderError, PROVIDER_TIMEOUT_MS, reasonOf } from './retry.js';
 
 /**
@@ -112,7 +113,33 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
     }
     if (provider !== 'email' && provider !== 'pager' && s.from)
       errors.push({ path: `${at}/settings/from`, message: `only email and pager connections take from` });
+    if ((s.app_id || s.installation_id) && provider !== 'codehost')
+      errors.push({ path: `${at}/settings/app_id`, message: 'only code host connections take app_id and installation_id (a GitHub App)' });
+    else if (Boolean(s.app_id) !== Boolean(s.installation_id))
+      errors.push({
+        path: `${at}/settings/${s.app_id ? 'installation_id' : 'app_id'}`,
+        message: 'a GitHub App connection takes both app_id and installation_id',
+      });
     return errors;
+  }
+
+  /** The problems of a credential for the settings it goes with: a GitHub App's is its private key, and a private key is an App's. */
+  function credentialProblems(s: ConnectionRecord['settings'], credential: string, at: string): FieldError[] {
+    // one of the two is enough to mean an App (the other's absence is said by problemsOf)
+    if (s.app_id || s.installation_id) {
+      let key: KeyObject | null = null;
+      try {
+        key = createPrivateKey(credential);
+      } catch {
+        // said without the library's words, which may quote the key
+      }
+      return key?.asymmetricKeyType === 'rsa'
+        ? []
+        : [{ path: `${at}/credential`, message: "a GitHub App connection's credential is the App's RSA private key: the PEM file GitHub gave, as it is" }];
+    }
+    return credential.startsWith('-----BEGIN')
+      ? [{ path: `${at}/credential`, message: "a private key is a GitHub App's: give settings.app_id and settings.installation_id with it (code host)" }]
+      : [];
   }
 
   async function checkAddress(baseUrl: string | null): Promise<void> {
@@ -161,7 +188,7 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
     async create(tenantId: string, input: ConnectionInput): Promise<ConnectionRecord> {
       const baseUrl = input.base_url ?? null;
       const settingsOf = input.settings ?? {};
-      const errors = problemsOf(input.provider, baseUrl, settingsOf, '/body');
+      const errors = [...problemsOf(input.provider, baseUrl, settingsOf, '/body'), ...credentialProblems(settingsOf, input.credential, '/body')];
       if (errors.length) throw new ValidationError('the connection is not complete', errors);
       await checkAddress(baseUrl);
       const now = clock.now().toISOString();
@@ -199,6 +226,13 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
       const baseUrl = patch.base_url === undefined ? current.base_url : patch.base_url;
       const settingsOf = patch.settings ?? current.settings;
       const errors = problemsOf(current.provider, baseUrl, settingsOf, '/body');
+      if (patch.credential !== undefined) errors.push(...credentialProblems(settingsOf, patch.credential, '/body'));
+      // a token is not a private key, nor the other way round: a connection that becomes an App's, or stops being one, takes its credential again
+      else if (isGithubApp(settingsOf) !== isGithubApp(current.settings))
+        errors.push({
+          path: '/body/credential',
+          message: `required when the connection ${isGithubApp(settingsOf) ? 'becomes' : 'stops being'} a GitHub App's`,
+        });
       if (errors.length) throw new ValidationError('the connection would not be complete', errors);
       // the credential goes where the base URL points: a new place needs the credential given again, or a
       // key of the tenant could send the stored one to an address of its choosing and read it there
@@ -296,12 +330,24 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
      */
     async git(tenantId: string, named: string | null | undefined): Promise<{ connection_id: string; web_url: string; token: string }> {
       const record = await this.use(tenantId, 'codehost', named);
+      const access = accessOf(record);
+      // a GitHub App's: its installation's token, made (or kept from before) as every call of the App makes it
+      const token = isGithubApp(record.settings)
+        ? await callProvider(
+            'codehost',
+            (e) => KITS.codehost.classify(e, access.token),
+            (signal) => codehostGitToken({ ...access, signal }),
+            { timeoutMs, idempotent: true },
+          ).catch((err: unknown) => {
+            throw maskedError(err, access.token);
+          })
+        : access.token;
       const api = record.base_url ?? KITS.codehost.defaultBaseUrl!;
       const web = api
         .replace(/\/+$/, '')
         .replace(/\/api\/v3$/, '')
         .replace(/^https:\/\/api\.github\.com$/, 'https://github.com');
-      return { connection_id: record.id, web_url: web, token: accessOf(record).token };
+      return { connection_id: record.id, web_url: web, token };
     },
 
     /** One action on a provider through a connection; what the provider answered (ids, URLs). */

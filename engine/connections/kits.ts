@@ -2,6 +2,7 @@
 // uses one): @octokit/rest for the code host, @slack/web-api for chat, @linear/sdk for the tracker,
 // nodemailer over SMTP for email; the pager's REST API, plain JSON, through the service's own fetch. A kit
 // reads its SDK's errors (for the retry layer) and says who a credential is and what it may do.
+import { createHash } from 'node:crypto';
 import net from 'node:net';
 import type { Dispatcher } from 'undici';
 import { guardedLookup, type ConnectionProvider, type ConnectionRecord } from '../platform/index.js';
@@ -138,10 +139,57 @@ function boundFailure(err: unknown): ProviderFailure | null {
 
 // ---- code host: GitHub (or GitHub Enterprise through base_url) ----
 
+/** Whether a code host connection is a GitHub App's installation (its credential the App's private key). */
+export const isGithubApp = (settings: ConnectionRecord['settings']): boolean => Boolean(settings.app_id && settings.installation_id);
+
+/** Installation tokens a process keeps, per App connection's key material (at most this many connections). */
+const APP_TOKEN_CACHES = 1000;
+/** A token this close to its end (GitHub's: an hour after it was made) is made again rather than used. */
+const APP_TOKEN_MARGIN_MS = 5 * 60_000;
+const appTokenCaches = new Map<string, Map<string, string>>();
+
+/**
+ * The cache @octokit/auth-app keeps an App connection's installation tokens in, shared by the calls of one process. Keyed
+ * by the connection's key material (address, App, installation and private key, hashed): a token is only ever handed to
+ * a caller that could have made it. auth-app keeps `token|createdAt|expiresAt|...`, and reads no expiry back itself.
+ */
+function appTokenCache(a: Access): { get(key: string): Promise<string | undefined>; set(key: string, value: string): Promise<void> } {
+  const id = createHash('sha256')
+    .update([a.baseUrl ?? '', a.settings.app_id, a.settings.installation_id, a.token].join('\n'))
+    .digest('hex');
+  let tokens = appTokenCaches.get(id);
+  if (!tokens) {
+    tokens = new Map();
+    appTokenCaches.set(id, tokens);
+    if (appTokenCaches.size > APP_TOKEN_CACHES) appTokenCaches.delete(appTokenCaches.keys().next().value!);
+  }
+  const held = tokens;
+  return {
+    async get(key) {
+      const value = held.get(key);
+      const expiresAt = Date.parse(value?.split('|')[2] ?? '');
+      if (value && expiresAt - Date.now() > APP_TOKEN_MARGIN_MS) return value;
+      held.delete(key);
+      return undefined;
+    },
+    async set(key, value) {
+      held.set(key, value);
+    },
+  };
+}
+
 export async function octokitOf(a: Access) {
   const { Octokit } = await import('@octokit/rest');
+  // a GitHub App's installation: auth-app makes its tokens (a JWT signed with the private key, then the installation's
+  // token) through this Octokit's own request, so the address guard and the stop signal hold for them too
+  const auth = isGithubApp(a.settings)
+    ? {
+        authStrategy: (await import('@octokit/auth-app')).createAppAuth,
+        auth: { appId: a.settings.app_id!, privateKey: a.token, installationId: a.settings.installation_id!, cache: appTokenCache(a) },
+      }
+    : { auth: a.token };
   return new Octokit({
-    auth: a.token,
+    ...auth,
     baseUrl: (a.baseUrl ?? codehostKit.defaultBaseUrl!).replace(/\/+$/, ''),
     userAgent: 'automation-service',
     log: QUIET,
@@ -230,6 +278,13 @@ export const codehostKit: Kit = {
     }
   },
 };
+
+/** The token git fetches with: an App installation's token (made, or kept from before), else the credential itself. */
+export async function codehostGitToken(a: Access): Promise<string> {
+  if (!isGithubApp(a.settings)) return a.token;
+  const gh = await octokitOf(a);
+  return ((await gh.auth({ type: 'installation' })) as { token: string }).token;
+}
 
 // ---- chat: Slack ----
 

@@ -310,7 +310,8 @@ export type ConnectionRecord = {
   name: string;
   /** the provider's API (GitHub Enterprise, a self-hosted tracker, an SMTP server); null: the public one */
   base_url: string | null;
-  settings: { username?: string; from?: string };
+  /** `app_id` and `installation_id` (code host): a GitHub App's installation, its credential the App's private key */
+  settings: { username?: string; from?: string; app_id?: string; installation_id?: string };
   /** AES-256-GCM sealed credential, owned by the tenant and the connection's id */
   sealed: { v: 1; iv: string; tag: string; ct: string };
   created_at: string;

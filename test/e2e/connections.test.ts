@@ -1,7 +1,7 @@
 // Connections: per-tenant provider credentials, sealed at rest and never shown, checked against fake
 // providers on loopback through each provider's own SDK.
 import { execFileSync } from 'node:child_process';
-import { randomBytes } from 'node:crypto';
+import { generateKeyPairSync, randomBytes } from 'node:crypto';
 import dns from 'node:dns';
 import fs from 'node:fs';
 import http from 'node:http';
@@ -637,6 +637,115 @@ describe('connections', function () {
       slow.closeAllConnections();
       slow.close();
     }
+  });
+});
+
+describe('GitHub App connections', function () {
+  let h: Harness;
+  let fake: FakeProviders;
+  const keys = generateKeyPairSync('rsa', { modulusLength: 2048 });
+  const privateKey = keys.privateKey.export({ type: 'pkcs1', format: 'pem' }).toString();
+  const app = { id: '123456', installationId: '987654', publicKey: keys.publicKey };
+
+  before(async () => {
+    fake = await startFakeProviders({ app });
+    h = await startHarness({ env: { SERVICE_HTTP_ALLOW_PRIVATE: '1', SERVICE_SANDBOX_ALLOW_NETWORK: '1' } });
+  });
+  after(async () => {
+    await h?.close();
+    await fake?.close();
+  });
+
+  const create = (body: Body) => h.call<Body>('POST', '/api/v1/connections', { body });
+  const appConnection = (name: string, credential = privateKey, settings: Body = { app_id: app.id, installation_id: app.installationId }) => ({
+    provider: 'codehost',
+    name,
+    base_url: fake.github,
+    credential,
+    settings,
+  });
+
+  it('takes an App’s private key (the PEM as it is) with app_id and installation_id, and refuses (400) what does not make one', async () => {
+    const made = await create(appConnection('app'));
+    expect(made.status, made.text).to.equal(201);
+    expect(made.body.settings).to.deep.equal({ app_id: app.id, installation_id: app.installationId });
+    expect(made.text).to.not.contain('PRIVATE KEY');
+    const refused: [Body, string][] = [
+      [appConnection('no-installation', privateKey, { app_id: app.id }), '/body/settings/installation_id'],
+      [appConnection('a-token', FAKE_TOKEN), '/body/credential'],
+      [appConnection('a-public-key', keys.publicKey.export({ type: 'spki', format: 'pem' }).toString()), '/body/credential'],
+      [{ ...appConnection('a-pem-alone'), settings: {} }, '/body/credential'],
+      [{ ...appConnection('on-chat'), provider: 'chat', base_url: fake.slack }, '/body/settings/app_id'],
+    ];
+    for (const [body, at] of refused) {
+      const res = await create(body);
+      expect(res.status, `${body.name}: ${res.text}`).to.equal(400);
+      expect(
+        res.body.errors.map((e: Body) => e.path),
+        body.name,
+      ).to.include(at);
+      expect(res.text).to.not.contain('PRIVATE KEY');
+    }
+    // a token connection that becomes an App's takes the private key with it, and only then
+    const token = (await create({ provider: 'codehost', name: 'becomes-app', base_url: fake.github, credential: FAKE_TOKEN })).body.id;
+    const patch = (body: Body) => h.call<Body>('PATCH', `/api/v1/connections/${token}`, { body });
+    expect((await patch({ settings: { app_id: app.id, installation_id: app.installationId } })).status).to.equal(400);
+    expect((await patch({ settings: { app_id: app.id, installation_id: app.installationId }, credential: privateKey })).status).to.equal(200);
+    expect((await patch({ settings: {} })).status, 'and back: the token again').to.equal(400);
+    // a control character outside a PEM block is still refused
+    expect((await create({ provider: 'codehost', name: 'newline', base_url: fake.github, credential: `${FAKE_TOKEN}\n` })).status).to.equal(400);
+  });
+
+  it('tests, acts and checks out as the App’s installation: one token made and kept for every call, never shown', async () => {
+    const minted = fake.appTokens.length;
+    const id = (await create(appConnection('github'))).body.id;
+    const tested = await h.call<Body>('POST', `/api/v1/connections/${id}/test`);
+    expect(tested.body, tested.text).to.deep.include({ ok: true, identity: 'installation (2 repositories)', capabilities: ['installation'] });
+    expect(fake.appTokens.length).to.equal(minted + 1);
+    const installationToken = fake.appTokens.at(-1)!;
+    const repo = makePullRequestRepo(h.config.dataDir, 7, { path: 'src/app.ts', content: 'export const x = 1;\n' });
+    fake.serveRepo('acme/app', repo.bare);
+    fs.mkdirSync(path.join(h.tenantDir(), 'app-checkout'), { recursive: true });
+    const res = await h.call<Body>('POST', '/api/v1/autonomy/run', {
+      body: {
+        tools: ['codehost', 'shell'],
+        workspace: 'app-checkout',
+        connections: { codehost: 'github' },
+        steps: [
+          {
+            tool: 'codehost',
+            args: { action: 'create_check_run', repository: 'acme/app', head_sha: repo.head, name: 'gates', status: 'completed', conclusion: 'success' },
+          },
+          { tool: 'codehost', args: { action: 'comment', repository: 'acme/app', number: 7, body: 'Gates passed.' } },
+          { tool: 'codehost', args: { action: 'checkout', repository: 'acme/app', ref: 'refs/pull/7/head' } },
+          { tool: 'shell', args: { command: 'cat src/app.ts' } },
+        ],
+      },
+    });
+    expect(res.status, res.text).to.equal(202);
+    const run = await finishedRun(h, res.body.run_id);
+    expect(run.status, JSON.stringify(run.steps)).to.equal('succeeded');
+    expect(run.steps[3].output.stdout).to.equal('export const x = 1;\n');
+    // the token of the test is the one the run's calls and git used: made once, kept
+    expect(fake.appTokens.length).to.equal(minted + 1);
+    const calls = fake.requests.filter((r) => r.provider === 'github' && /check-runs|comments/.test(r.path));
+    expect(calls.map((r) => r.authorization)).to.deep.equal([`token ${installationToken}`, `token ${installationToken}`]);
+    const gitRequests = fake.requests.filter((r) => r.path.startsWith('/github/acme/app.git/'));
+    expect(gitRequests.length).to.be.greaterThan(0);
+    expect(gitRequests.every((r) => r.authorization === `Basic ${Buffer.from(`x-access-token:${installationToken}`).toString('base64')}`)).to.equal(true);
+    // neither the key nor the token it made is in what the run kept or told
+    const kept = JSON.stringify([run, await h.rt.events.after(`session:${run.session_id}`, '0-0')]);
+    expect(kept).to.not.contain(installationToken).and.not.contain('PRIVATE KEY');
+    expect(h.logs.join('')).to.not.contain(installationToken).and.not.contain('PRIVATE KEY');
+  });
+
+  it('says another App’s key is refused by the code host, with the provider’s code and no key in it', async () => {
+    const other = generateKeyPairSync('rsa', { modulusLength: 2048 }).privateKey.export({ type: 'pkcs1', format: 'pem' }).toString();
+    const id = (await create(appConnection('other-app', other))).body.id;
+    const tested = await h.call<Body>('POST', `/api/v1/connections/${id}/test`);
+    expect(tested.body).to.deep.include({ ok: false, identity: null });
+    expect(tested.body.error.code, tested.body.error.message).to.equal('provider-auth-failed');
+    expect(tested.text).to.not.contain('PRIVATE KEY');
   });
 });
 

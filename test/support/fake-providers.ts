@@ -4,7 +4,7 @@
 // the credential the way each provider does, answer with the shapes each SDK reads, and record every
 // request (and every mail) for the test to look at.
 import { execFileSync } from 'node:child_process';
-import { createHash } from 'node:crypto';
+import { createHash, createVerify, randomBytes, type KeyObject } from 'node:crypto';
 import fs from 'node:fs';
 import http from 'node:http';
 import path from 'node:path';
@@ -46,6 +46,8 @@ export type FakeProviders = {
   failNext(provider: Recorded['provider'], status: number, times?: number, retryAfter?: number, headers?: Record<string, string>, at?: string): void;
   /** Slack answers with the Authorization it was sent in its names, ids and scopes (a compatible server that echoes), or no longer */
   echoCredential(on: boolean): void;
+  /** the installation tokens the GitHub App (opts.app) was given, in the order they were made */
+  appTokens: string[];
   close(): Promise<void>;
 };
 
@@ -73,8 +75,27 @@ function readBody(req: http.IncomingMessage): Promise<string> {
   });
 }
 
-export async function startFakeProviders(opts: { token?: string } = {}): Promise<FakeProviders> {
+/** A GitHub App the fake code host knows: its id, an installation of it, and the public key its JWTs are checked with. */
+export type FakeApp = { id: string; installationId: string; publicKey: KeyObject };
+
+/** The claims of a JWT signed RS256 with the key, as GitHub checks an App's; null when it is not one. */
+function appClaims(jwt: string, publicKey: KeyObject): { iss?: unknown; iat?: number; exp?: number } | null {
+  const [head, body, signature] = jwt.split('.');
+  if (!head || !body || !signature) return null;
+  try {
+    if (JSON.parse(Buffer.from(head, 'base64url').toString()).alg !== 'RS256') return null;
+  } catch {
+    return null;
+  }
+  const verified = createVerify('RSA-SHA256').update(`${head}.${body}`).verify(publicKey, Buffer.from(signature, 'base64url'));
+  return verified ? JSON.parse(Buffer.from(body, 'base64url').toString()) : null;
+}
+
+export async function startFakeProviders(opts: { token?: string; app?: FakeApp } = {}): Promise<FakeProviders> {
   const token = opts.token ?? FAKE_TOKEN;
+  /** installation tokens made for opts.app: they act as the token does, except where GitHub refuses an installation */
+  const appTokens: string[] = [];
+  const tokenOk = (t: string) => t === token || appTokens.includes(t);
   const requests: Recorded[] = [];
   const mails: Mail[] = [];
   const failures = new Map<string, { status: number; times: number; retryAfter?: number; headers?: Record<string, string>; at?: string }>();
@@ -106,7 +127,9 @@ export async function startFakeProviders(opts: { token?: string } = {}): Promise
         return void res.end(`${(line.length + 4).toString(16).padStart(4, '0')}${line}`);
       }
       const dir = repos.get(git[1]!);
-      if (r.authorization !== `Basic ${Buffer.from(`x-access-token:${token}`).toString('base64')}`) {
+      const basicToken = /^Basic (.+)$/.exec(r.authorization)?.[1];
+      const gitUser = basicToken ? Buffer.from(basicToken, 'base64').toString() : '';
+      if (!gitUser.startsWith('x-access-token:') || !tokenOk(gitUser.slice('x-access-token:'.length))) {
         res.writeHead(401, { 'www-authenticate': 'Basic realm="git"' });
         return void res.end();
       }
@@ -115,9 +138,35 @@ export async function startFakeProviders(opts: { token?: string } = {}): Promise
       res.writeHead(200, { 'content-type': 'application/octet-stream' });
       return void res.end(fs.readFileSync(file));
     }
-    if (r.authorization !== `token ${token}` && r.authorization !== `Bearer ${token}`) return json(res, 401, { message: 'Bad credentials' });
     const p = r.path.replace(/^\/github/, '');
-    if (r.method === 'GET' && p === '/user') return json(res, 200, { login: 'acme-bot', id: 1 }, { 'x-oauth-scopes': 'repo, workflow' });
+    // an App's installation token, for a JWT the App signed (iss its id, an expiry within ten minutes)
+    const minting = /^\/app\/installations\/(\d+)\/access_tokens$/.exec(p);
+    if (minting && r.method === 'POST') {
+      const claims = opts.app && appClaims(r.authorization.replace(/^bearer /i, ''), opts.app.publicKey);
+      const now = Math.floor(Date.now() / 1000);
+      if (!claims || String(claims.iss) !== opts.app!.id || !claims.exp || claims.exp < now || claims.exp - now > 600)
+        return json(res, 401, { message: 'A JSON web token could not be decoded' });
+      if (minting[1] !== opts.app!.installationId) return json(res, 404, { message: 'Not Found' });
+      const made = `ghs_${randomBytes(18).toString('hex')}`;
+      appTokens.push(made);
+      return json(res, 201, {
+        token: made,
+        expires_at: new Date(Date.now() + 3_600_000).toISOString(),
+        permissions: { checks: 'write', contents: 'read', pull_requests: 'write' },
+        repository_selection: 'all',
+      });
+    }
+    const presented = /^(?:token|Bearer) (.+)$/.exec(r.authorization)?.[1] ?? '';
+    if (!tokenOk(presented)) return json(res, 401, { message: 'Bad credentials' });
+    const installation = appTokens.includes(presented);
+    if (r.method === 'GET' && p === '/user')
+      return installation
+        ? json(res, 403, { message: 'Resource not accessible by integration' })
+        : json(res, 200, { login: 'acme-bot', id: 1 }, { 'x-oauth-scopes': 'repo, workflow' });
+    if (r.method === 'GET' && p.startsWith('/installation/repositories'))
+      return installation
+        ? json(res, 200, { total_count: 2, repositories: [{ full_name: 'acme/app' }, { full_name: 'acme/lib' }] })
+        : json(res, 403, { message: 'You must authenticate with an installation access token' });
     // the Git Data API over files a test set: one base commit of main
     const data = /^\/repos\/([\w.-]+\/[\w.-]+)\/(git\/ref\/heads\/main|git\/commits\/base-commit|git\/trees\/base-tree|contents\/(.+))$/.exec(p);
     const files = data && repoFiles.get(data[1]!);
@@ -315,6 +364,7 @@ export async function startFakeProviders(opts: { token?: string } = {}): Promise
     failNext(provider, status, times = 1, retryAfter, headers, at) {
       failures.set(provider, { status, times, retryAfter, headers, at });
     },
+    appTokens,
     echoCredential(on) {
       echoing = on;
     },
