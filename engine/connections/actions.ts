@@ -107,7 +107,10 @@ const diffPath = (name: string | undefined): string | null => (!name || name ===
 
 type Octokit = Awaited<ReturnType<typeof octokitOf>>;
 
-/** A file's bytes at a commit: the contents API gives them in base64 up to 1 MB, the blob API up to 100 MB. */
+/**
+ * A file's bytes at a commit: the contents API gives them in base64 up to 1 MB, the blob API beyond (as far as an
+ * answer is read: 4 MB, some 3 MB of a file in base64; a larger base fails as an answer over the bound).
+ */
 async function baseBytes(gh: Octokit, owner: string, repo: string, file: string, ref: string): Promise<Buffer> {
   const got = (await gh.rest.repos.getContent({ owner, repo, path: file, ref })).data as { content?: string; encoding?: string; sha?: string };
   if (got.encoding === 'base64') return Buffer.from(got.content ?? '', 'base64');
@@ -118,6 +121,12 @@ async function baseBytes(gh: Octokit, owner: string, repo: string, file: string,
 /** A blob of exactly these bytes, made from them in base64; its name. */
 const blobOf = async (gh: Octokit, owner: string, repo: string, bytes: Buffer): Promise<string> =>
   (await gh.rest.git.createBlob({ owner, repo, content: bytes.toString('base64'), encoding: 'base64' })).data.sha;
+
+/**
+ * The most a pull request's binary files may hold together once applied: a diff within its 1 MB may deflate to
+ * 100 MB a file, each held as bytes and as base64 while its blob is made.
+ */
+const PR_BINARY_MAX_BYTES = 64 * 1024 * 1024;
 
 /** Whether `bytes` are the blob a diff's `index` line names (all zeros: none, a file made or deleted). */
 const sameBlob = (bytes: Buffer, name: string): boolean => (/^0+$/.test(name) ? bytes.length === 0 : gitBlobName(bytes, name.length) === name);
@@ -183,6 +192,7 @@ export const ACTIONS: Record<ConnectionProvider, Record<string, Action>> = {
       const modes = new Map(baseEntries.map((e) => [e.path, e.mode]));
       type Entry = { path: string; mode: '100644' | '100755' | '120000'; type: 'blob'; content?: string; sha?: string | null };
       const tree: Entry[] = [];
+      let binaryBytes = 0;
       for (const { p, part } of patches) {
         // a file made or deleted has no side before or after (git names both paths in its header when it is empty)
         const from = p.isCreate ? null : diffPath(p.oldFileName);
@@ -218,6 +228,11 @@ export const ACTIONS: Record<ConnectionProvider, Record<string, Action>> = {
             throw err;
           }
           if (!bytes || !sameBlob(bytes, names[2]!)) throw refused();
+          binaryBytes += bytes.length;
+          if (binaryBytes > PR_BINARY_MAX_BYTES)
+            throw new ActionArgsError(
+              `the run's binary files hold over ${PR_BINARY_MAX_BYTES / 1024 / 1024} MB together: more than a pull request made from its diff may carry`,
+            );
           tree.push({ path: to, mode, type: 'blob', sha: await blobOf(gh, owner, repo, bytes) });
         } else if (p.hunks.length) {
           // a text patch is of UTF-8 text (the run's diff gives any other file as a binary patch)

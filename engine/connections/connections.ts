@@ -17,7 +17,7 @@ import {
 import type { Platform } from '../deps.js';
 import type { ConnectionChanges, ConnectionQuery, ConnectionState, Page } from '../store/index.js';
 import { ACTIONS, ActionArgsError, type Answer } from './actions.js';
-import { codehostGitToken, isGithubApp, KITS, type Access } from './kits.js';
+import { installationToken, isGithubApp, KITS, type Access } from './kits.js';
 import { callProvider, ProviderError, PROVIDER_TIMEOUT_MS, reasonOf } from './retry.js';
 
 /**
@@ -169,6 +169,25 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
     return { token, baseUrl: record.base_url, settings: record.settings, allowPrivate: settings.httpAllowPrivate };
   }
 
+  /**
+   * What a call to the provider is made with: the credential, or for a GitHub App's installation the token made
+   * from its private key (installationToken), which every call, checkout and mask of an answer then uses. The
+   * key itself is never sent: only the JWT it signs, to the code host's own address.
+   */
+  async function providerAccess(record: ConnectionRecord): Promise<Access> {
+    const access = accessOf(record);
+    if (!isGithubApp(record.settings)) return access;
+    const token = await callProvider(
+      'codehost',
+      (e) => KITS.codehost.classify(e, access.token),
+      (signal) => installationToken({ ...access, signal }),
+      { timeoutMs, idempotent: true },
+    ).catch((err: unknown) => {
+      throw maskedError(err, access.token);
+    });
+    return { ...access, token };
+  }
+
   /** The diff a vibe run of the tenant left: whole, or refused. */
   async function vibeDiff(tenantId: string, runId: string): Promise<string> {
     const run = await store.runs.get(tenantId, runId);
@@ -268,7 +287,7 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
       let result: ConnectionTestResult;
       try {
         await checkAddress(record.base_url);
-        const access = accessOf(record);
+        const access = await providerAccess(record);
         const found = await callProvider(
           record.provider,
           (e) => kit.classify(e, access.token),
@@ -330,18 +349,7 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
      */
     async git(tenantId: string, named: string | null | undefined): Promise<{ connection_id: string; web_url: string; token: string }> {
       const record = await this.use(tenantId, 'codehost', named);
-      const access = accessOf(record);
-      // a GitHub App's: its installation's token, made (or kept from before) as every call of the App makes it
-      const token = isGithubApp(record.settings)
-        ? await callProvider(
-            'codehost',
-            (e) => KITS.codehost.classify(e, access.token),
-            (signal) => codehostGitToken({ ...access, signal }),
-            { timeoutMs, idempotent: true },
-          ).catch((err: unknown) => {
-            throw maskedError(err, access.token);
-          })
-        : access.token;
+      const { token } = await providerAccess(record);
       const api = record.base_url ?? KITS.codehost.defaultBaseUrl!;
       const web = api
         .replace(/\/+$/, '')
@@ -363,7 +371,7 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
       const run = Object.hasOwn(ACTIONS[provider], action) ? ACTIONS[provider][action] : undefined;
       if (!run) throw new ActionArgsError(`${provider} has no action ${action}; it has ${Object.keys(ACTIONS[provider]).join(', ')}`);
       const record = await this.use(tenantId, provider, named);
-      const access = accessOf(record);
+      const access = await providerAccess(record);
       const kit = KITS[provider];
       const answer = await callProvider(
         provider,

@@ -143,53 +143,51 @@ function boundFailure(err: unknown): ProviderFailure | null {
 export const isGithubApp = (settings: ConnectionRecord['settings']): boolean => Boolean(settings.app_id && settings.installation_id);
 
 /** Installation tokens a process keeps, per App connection's key material (at most this many connections). */
-const APP_TOKEN_CACHES = 1000;
+const APP_TOKENS_KEPT = 1000;
 /** A token this close to its end (GitHub's: an hour after it was made) is made again rather than used. */
 const APP_TOKEN_MARGIN_MS = 5 * 60_000;
-const appTokenCaches = new Map<string, Map<string, string>>();
+/** Per App connection's key material: its token and when it ends, or the one being made (one at a time). */
+const appTokens = new Map<string, { token: string; expiresAt: number } | Promise<string>>();
 
 /**
- * The cache @octokit/auth-app keeps an App connection's installation tokens in, shared by the calls of one process. Keyed
- * by the connection's key material (address, App, installation and private key, hashed): a token is only ever handed to
- * a caller that could have made it. auth-app keeps `token|createdAt|expiresAt|...`, and reads no expiry back itself.
+ * An App installation's token for a connection (its credential the App's private key): kept from before while it
+ * has over five minutes left, else made: a JWT the key signs (@octokit/auth-app's app authentication, made here,
+ * nothing sent), then `POST /app/installations/{id}/access_tokens` through the connection's guarded Octokit.
+ * Kept and made one at a time per connection's key material (address, App, installation and key, hashed): no
+ * caller is ever handed a token another connection made. auth-app's own installation path shares its tokens
+ * being made by installation id alone, across Apps and hosts, so it is not used.
  */
-function appTokenCache(a: Access): { get(key: string): Promise<string | undefined>; set(key: string, value: string): Promise<void> } {
+export async function installationToken(a: Access): Promise<string> {
   const id = createHash('sha256')
     .update([a.baseUrl ?? '', a.settings.app_id, a.settings.installation_id, a.token].join('\n'))
     .digest('hex');
-  let tokens = appTokenCaches.get(id);
-  if (!tokens) {
-    tokens = new Map();
-    appTokenCaches.set(id, tokens);
-    if (appTokenCaches.size > APP_TOKEN_CACHES) appTokenCaches.delete(appTokenCaches.keys().next().value!);
-  }
-  const held = tokens;
-  return {
-    async get(key) {
-      const value = held.get(key);
-      const expiresAt = Date.parse(value?.split('|')[2] ?? '');
-      if (value && expiresAt - Date.now() > APP_TOKEN_MARGIN_MS) return value;
-      held.delete(key);
-      return undefined;
-    },
-    async set(key, value) {
-      held.set(key, value);
-    },
-  };
+  const held = appTokens.get(id);
+  if (held instanceof Promise) return held;
+  if (held && held.expiresAt - Date.now() > APP_TOKEN_MARGIN_MS) return held.token;
+  const making = (async () => {
+    const { createAppAuth } = await import('@octokit/auth-app');
+    const { token: jwt } = await createAppAuth({ appId: a.settings.app_id!, privateKey: a.token })({ type: 'app' });
+    const gh = await octokitOf({ ...a, token: jwt });
+    const made = await gh.request('POST /app/installations/{installation_id}/access_tokens', {
+      installation_id: Number(a.settings.installation_id),
+      headers: { authorization: `bearer ${jwt}` },
+    });
+    const token = (made.data as { token?: unknown }).token;
+    if (typeof token !== 'string' || !token) throw new CodehostAnswerError(made.status);
+    appTokens.set(id, { token, expiresAt: Date.parse(String((made.data as { expires_at?: unknown }).expires_at)) || Date.now() + 3_600_000 });
+    if (appTokens.size > APP_TOKENS_KEPT) appTokens.delete(appTokens.keys().next().value!);
+    return token;
+  })();
+  appTokens.set(id, making);
+  // one that failed is not kept: the next call makes one again
+  making.catch(() => appTokens.get(id) === making && appTokens.delete(id));
+  return making;
 }
 
 export async function octokitOf(a: Access) {
   const { Octokit } = await import('@octokit/rest');
-  // a GitHub App's installation: auth-app makes its tokens (a JWT signed with the private key, then the installation's
-  // token) through this Octokit's own request, so the address guard and the stop signal hold for them too
-  const auth = isGithubApp(a.settings)
-    ? {
-        authStrategy: (await import('@octokit/auth-app')).createAppAuth,
-        auth: { appId: a.settings.app_id!, privateKey: a.token, installationId: a.settings.installation_id!, cache: appTokenCache(a) },
-      }
-    : { auth: a.token };
   return new Octokit({
-    ...auth,
+    auth: a.token,
     baseUrl: (a.baseUrl ?? codehostKit.defaultBaseUrl!).replace(/\/+$/, ''),
     userAgent: 'automation-service',
     log: QUIET,
@@ -278,13 +276,6 @@ export const codehostKit: Kit = {
     }
   },
 };
-
-/** The token git fetches with: an App installation's token (made, or kept from before), else the credential itself. */
-export async function codehostGitToken(a: Access): Promise<string> {
-  if (!isGithubApp(a.settings)) return a.token;
-  const gh = await octokitOf(a);
-  return ((await gh.auth({ type: 'installation' })) as { token: string }).token;
-}
 
 // ---- chat: Slack ----
 

@@ -15,6 +15,8 @@ const GIT_SAFE = "-c core.hooksPath=/dev/null -c core.fsmonitor=false -c safe.di
 const GIT_ID = '-c user.name=automation-service -c user.email=automation-service@localhost -c commit.gpgsign=false';
 const GIT_TIMEOUT_MS = 120_000;
 const DIFF_MAX_BYTES = 1024 * 1024;
+/** The blobs one sandboxed script reads (see makeScratch's diff). */
+const BLOBS_AT_ONCE = 200;
 /**
  * A vibe run's diff as `git apply` takes it: a binary file as git's binary patch (its bytes whole), every `index` line
  * with its blobs' full names (a binary patch is checked against them), paths quoted in ASCII whatever the copy's config
@@ -294,15 +296,29 @@ export async function makeScratch(
       );
       const at = out.indexOf('\0@@\0');
       const names = out.slice(0, at).split('\0').filter(Boolean);
-      const blobs = (shas: string[]) =>
-        sandboxedGit(
-          sandbox,
-          top,
-          // each at most a byte over the diff's limit (one over it cuts the diff there), in base64, ended by a dot
-          shas.map((sha) => `{ git ${GIT_SAFE} cat-file blob ${sha} | head -c ${DIFF_MAX_BYTES + 1} | base64; printf .; }`).join(' && '),
-          readOnlyBinds,
-          diffSignal,
-        ).then((text) => text.split('.').map((b) => Buffer.from(b, 'base64')));
+      // BLOBS_AT_ONCE a script (one argument of sh, which Linux holds to 128 KB: a few hundred names were E2BIG), and
+      // no more once what was read passes the diff's limit (the blobs not read cut the diff at their file)
+      const blobs = async (shas: string[]) => {
+        const read: Buffer[] = [];
+        for (let i = 0, bytes = 0; i < shas.length && bytes <= DIFF_MAX_BYTES; i += BLOBS_AT_ONCE) {
+          const text = await sandboxedGit(
+            sandbox,
+            top,
+            // each at most a byte over the diff's limit (one over it cuts the diff there), in base64, ended by a dot
+            shas
+              .slice(i, i + BLOBS_AT_ONCE)
+              .map((sha) => `{ git ${GIT_SAFE} cat-file blob ${sha} | head -c ${DIFF_MAX_BYTES + 1} | base64; printf .; }`)
+              .join(' && '),
+            readOnlyBinds,
+            diffSignal,
+          );
+          for (const b of text.split('.').slice(0, -1)) {
+            read.push(Buffer.from(b, 'base64'));
+            bytes += read.at(-1)!.length;
+          }
+        }
+        return read;
+      };
       return { ...(await readDiff(Buffer.from(out.slice(at + 4), 'base64'), blobs)), changed_files: names };
     },
     async remove() {
@@ -348,7 +364,8 @@ async function readDiff(bytes: Buffer, blobs: (names: string[]) => Promise<Buffe
   // a blob is the one named only if its bytes hash to its name: one cut at the limit, or not read, is not
   const blob = new Map(names.map((n, i) => [n, read[i] && gitBlobName(read[i], n.length) === n ? read[i] : undefined]));
   const out: Buffer[] = [];
-  for (const k of parts.keys()) {
+  // no part is made once the diff is past its limit: a binary patch of a large file costs the event loop its deflate
+  for (let k = 0, size = 0; k < parts.length && size <= DIFF_MAX_BYTES; k++) {
     const b = binary.get(k);
     const before = b && (NO_BLOB.test(b.old) ? Buffer.alloc(0) : blob.get(b.old));
     const after = b && (NO_BLOB.test(b.new) ? Buffer.alloc(0) : blob.get(b.new));
@@ -358,6 +375,7 @@ async function readDiff(bytes: Buffer, blobs: (names: string[]) => Promise<Buffe
       break;
     }
     out.push(text[k] ?? Buffer.concat([b!.header, Buffer.from(binaryPatch(before!, after!))]));
+    size += out.at(-1)!.length;
   }
   const all = Buffer.concat(out);
   if (all.length <= DIFF_MAX_BYTES) return { diff: all.toString('utf8'), truncated };

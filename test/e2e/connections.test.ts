@@ -13,6 +13,8 @@ import { FAKE_TOKEN, gitBlobSha, makePullRequestRepo, SMTP_USER, startFakeProvid
 import { startScriptedModel, type ScriptedModel } from '../support/scripted-model.js';
 import { connectionsOf as connectionsCapability } from '../../engine/connections/index.js';
 import { chatKit, codehostKit, emailKit, pagerKit, trackerKit } from '../../engine/connections/kits.js';
+import { ACTIONS } from '../../engine/connections/actions.js';
+import { binaryPatch } from '../../engine/platform/git-binary.js';
 import { createSecretBox } from '../../engine/platform/secret-box.js';
 import { eventually, finishedRun, freePort, KEYS, sameDeployment, startHarness, type Harness } from '../support/harness.js';
 
@@ -739,6 +741,46 @@ describe('GitHub App connections', function () {
     expect(h.logs.join('')).to.not.contain(installationToken).and.not.contain('PRIVATE KEY');
   });
 
+  it('never hands one connection the token another made: the same installation id on another host, its token still being made, gets its own', async () => {
+    // another code host, slow to make its token, whose installation has the same id (ids are small numbers on each host)
+    const seen: string[] = [];
+    const slow = http.createServer((req, res) => {
+      seen.push(`${req.method} ${req.url} ${req.headers.authorization}`);
+      const send = (status: number, body: unknown) => res.writeHead(status, { 'content-type': 'application/json' }).end(JSON.stringify(body));
+      if (req.method === 'POST' && req.url === `/app/installations/${app.installationId}/access_tokens`)
+        return void setTimeout(() => send(201, { token: 'ghs_made_by_the_other_host', expires_at: new Date(Date.now() + 3_600_000).toISOString() }), 400);
+      if (req.url === '/user') return send(403, { message: 'Resource not accessible by integration' });
+      send(200, { total_count: 1, repositories: [] });
+    });
+    await new Promise<void>((r) => slow.listen(0, '127.0.0.1', r));
+    try {
+      const other = generateKeyPairSync('rsa', { modulusLength: 2048 }).privateKey.export({ type: 'pkcs1', format: 'pem' }).toString();
+      const b = await h.call<Body>('POST', '/api/v1/connections', {
+        key: KEYS.b,
+        body: {
+          ...appConnection('b-app', other, { app_id: '42', installation_id: app.installationId }),
+          base_url: `http://127.0.0.1:${(slow.address() as AddressInfo).port}`,
+        },
+      });
+      expect(b.status, b.text).to.equal(201);
+      const a = (await create(appConnection('a-app'))).body.id;
+      const ofB = h.call<Body>('POST', `/api/v1/connections/${b.body.id}/test`, { key: KEYS.b });
+      await new Promise((r) => setTimeout(r, 100));
+      const ofA = await h.call<Body>('POST', `/api/v1/connections/${a}/test`);
+      expect(ofA.body, ofA.text).to.deep.include({ ok: true, identity: 'installation (2 repositories)' });
+      expect((await ofB).body).to.deep.include({ ok: true, identity: 'installation (1 repositories)' });
+      const mine = new Set(fake.appTokens);
+      expect(
+        seen.filter((l) => /ghs_/.test(l) && !l.includes('ghs_made_by_the_other_host')),
+        'a token of the other host sent here',
+      ).to.deep.equal([]);
+      expect(seen.some((l) => [...mine].some((t) => l.includes(t)))).to.equal(false);
+      expect(fake.requests.filter((r) => r.authorization.includes('ghs_made_by_the_other_host'))).to.deep.equal([]);
+    } finally {
+      await new Promise<void>((r) => slow.close(() => r()));
+    }
+  });
+
   it('says another App’s key is refused by the code host, with the provider’s code and no key in it', async () => {
     const other = generateKeyPairSync('rsa', { modulusLength: 2048 }).privateKey.export({ type: 'pkcs1', format: 'pem' }).toString();
     const id = (await create(appConnection('other-app', other))).body.id;
@@ -1340,6 +1382,27 @@ describe('action tools', function () {
     });
     expect(notVibe.steps[0].error).to.deep.include({ code: 'invalid-args' });
     expect(notVibe.steps[0].error.message).to.contain(`no vibe run ${run.id}`);
+  });
+
+  it('refuses a pull request whose binary files hold over 64 MB together once applied (a diff of 1 MB may inflate to 100 MB a file)', async () => {
+    fake.setFiles('acme/zeros', { 'README.md': 'zeros\n' });
+    const zeros = Buffer.alloc(40 * 1024 * 1024);
+    const part = (name: string) =>
+      `diff --git a/${name} b/${name}\nnew file mode 100644\nindex ${'0'.repeat(40)}..${gitBlobSha(zeros)}\n${binaryPatch(Buffer.alloc(0), zeros)}`;
+    const diff = part('a.bin') + part('b.bin');
+    expect(diff.length, 'the diff itself is small').to.be.below(200 * 1024);
+    const access = { token: FAKE_TOKEN, baseUrl: fake.github, settings: {}, allowPrivate: true };
+    const opened = ACTIONS.codehost.open_pull_request!(
+      access,
+      { repository: 'acme/zeros', base: 'main', head: 'zeros', title: 'zeros', run_id: 'run_x' },
+      {
+        vibeDiff: async () => diff,
+      },
+    );
+    await opened.then(
+      () => expect.fail('opened'),
+      (err: Error) => expect(err.message).to.contain('hold over 64 MB together'),
+    );
   });
 
   it('carries files that are not UTF-8 text byte for byte: git’s binary patch in the vibe run’s diff, blobs of their exact bytes in the pull request', async () => {

@@ -143,6 +143,18 @@ describe('a vibe run’s scratch copy', () => {
     }
   });
 
+  it('carries many files that are not UTF-8 whole: their blobs are read a few hundred a script (one script of all of them was E2BIG)', async () => {
+    const many = await makeScratch(noSandbox(), opts());
+    for (let i = 0; i < 800; i++)
+      await fs.writeFile(path.join(many.dir, `legacy-${String(i).padStart(3, '0')}.properties`), Buffer.from(`cl\xe9=${i}\n`, 'latin1'));
+    const { diff, truncated, changed_files } = await many.diff();
+    expect(truncated).to.equal(false);
+    expect(changed_files).to.have.length(800);
+    expect(diff.match(/^GIT binary patch$/gm)).to.have.length(800);
+    expect(diff).to.not.contain('\ufffd');
+    await many.remove();
+  });
+
   it('leaves other runs’ scratch copies and checkouts out of a copy of the root they are in (the local tenant’s)', async () => {
     const root = path.join(dir, 'root');
     for (const other of ['.scratch/local/vibe-run_x/copy', '.checkouts/run_y'])
