@@ -2120,10 +2120,23 @@ export interface components {
                 [key: string]: unknown;
             };
             retry?: components["schemas"]["RetryPolicyInput"];
+            overlap?: components["schemas"]["OverlapPolicy"];
             /** @description Let the run's tool processes use the network. Refused (403 `network-not-permitted`) unless the operator sets SERVICE_SANDBOX_ALLOW_NETWORK=1. */
             network?: boolean;
             connections?: components["schemas"]["ConnectionNames"];
         };
+        /**
+         * @description What a fire does while a run of the automation is queued or running (any trigger: cron, webhook, file
+         *     change, event, a manual run). `allow` (the default): its run starts beside it. `skip`: at most one runs; a
+         *     run that would start while another runs is canceled at its start, saying which one it met. `queue`: one at
+         *     a time, in order; a run waits (queued, holding no worker and no tenant slot) until the one before it ends.
+         *     `replace`: the fire cancels the automation's runs not yet ended, and its run starts once they have stopped.
+         *     Held with a key in Redis taken at a run's start and given back at its end (a run that waits out a retry's
+         *     backoff keeps it); a holder found ended is taken over.
+         * @default allow
+         * @enum {string}
+         */
+        OverlapPolicy: "allow" | "skip" | "queue" | "replace";
         /** @description A definition, or a template id with variables when `template_id` is present. */
         AutomationCreate: Record<string, never>;
         TemplateInstantiation: {
@@ -2143,6 +2156,7 @@ export interface components {
             tool_allowlist?: components["schemas"]["ToolName"][];
             budget?: components["schemas"]["BudgetPatch"];
             retry?: components["schemas"]["RetryPolicyInput"];
+            overlap?: components["schemas"]["OverlapPolicy"];
             network?: boolean;
             connections?: components["schemas"]["ConnectionNamesPatch"];
         };
@@ -2160,6 +2174,8 @@ export interface components {
             };
             steps: components["schemas"]["Step"][] | null;
             retry: components["schemas"]["RetryPolicy"];
+            /** @description Absent on an automation made before overlap policies existed (2026-11-30), which allows overlap. */
+            overlap?: components["schemas"]["OverlapPolicy"];
             network: boolean;
             connections?: components["schemas"]["ConnectionNames"];
             goal: string | null;
@@ -2347,6 +2363,11 @@ export interface components {
             attempts: components["schemas"]["Attempt"][];
             /** @description The run this one re-runs. */
             rerun_of: string | null;
+            /**
+             * @description The overlap policy of the automation it was made for, when not `allow` (see OverlapPolicy).
+             * @enum {string}
+             */
+            overlap?: "skip" | "queue" | "replace";
             inputs: {
                 [key: string]: unknown;
             };

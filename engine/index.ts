@@ -2,7 +2,7 @@
 import { apiKeysOf, apiRateLimitOf, ssoOf, type ApiRateLimitSettings, type SsoSettings } from './auth/index.js';
 import type { Platform } from './deps.js';
 import { executorOf, runsOf, tenantRootPath, transitionsOf, type RunLimits, type RunSettings, type TenantSlots } from './runs/index.js';
-import { automationsOf, fileTriggersOf, firesOf, schedulesOf, type TemplateCatalog } from './automations/index.js';
+import { automationsOf, fileTriggersOf, firesOf, overlapOf, schedulesOf, type TemplateCatalog } from './automations/index.js';
 import { webhooksOf, type WebhookSettings } from './webhooks/index.js';
 import { sessionsOf } from './sessions/index.js';
 import { ledgerOf, type EvidenceSigner } from './evidence/index.js';
@@ -144,7 +144,11 @@ export function createEngine(given: EngineDeps) {
   const automations = automationsOf(deps, { changed: (a, before) => schedules.sync(a, before), created: (a) => schedules.placeNew(a) });
   runs.guardRerun(automations.assertMayRerun);
   runs.guardStart(automations.mayStart);
-  const { fire, fireCron } = firesOf({ ...deps, automations, schedules, runs });
+  // after the automation's own guard: a run of a disabled automation is refused before it takes the key
+  const overlap = overlapOf({ ...deps, offerNow: runs.offerNow, cancel: (tenantId, id) => runs.cancel(tenantId, id) });
+  runs.guardStart(overlap.mayStart, overlap.mayHold);
+  runs.onRunFinished(overlap.ended, { repeatable: true });
+  const { fire, fireCron } = firesOf({ ...deps, automations, schedules, runs, overlap });
 
   return {
     evidence,
@@ -153,6 +157,8 @@ export function createEngine(given: EngineDeps) {
     audits,
     evidencePacks: evidencePacksOf({ ...deps, ledger: evidence, gates }),
     automations,
+    /** automations' overlap policies: a run a fire made under `replace` cancels the others (overlap.fired) */
+    overlap,
     apiKeys: apiKeysOf(deps),
     /** provider credentials, sealed; the action tools act through them */
     connections,

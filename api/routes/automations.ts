@@ -47,6 +47,7 @@ export function automationsRouter(engine: Engine): Router {
       { automation_id: body.automation_id, inputs: body.inputs ?? {} },
       request,
     );
+    await engine.overlap.fired(run, replayed);
     acceptRun(res, engine, run, replayed);
   });
 

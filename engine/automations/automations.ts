@@ -166,6 +166,7 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
       ...(def.connections && Object.keys(def.connections).length ? { connections: def.connections } : {}),
       budget,
       retry: retryPolicyOf(def.retry),
+      overlap: def.overlap ?? 'allow',
       steps: def.steps && def.steps.length ? def.steps : null,
       goal: def.goal?.trim() ? def.goal : null,
       inputs: def.inputs ?? {},
@@ -285,6 +286,7 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
       if (patch.connections !== undefined) members.connections = patch.connections;
       if (patch.budget !== undefined) members.budget = budgetMembers(patch.budget, '/body/budget', errors);
       if (patch.retry !== undefined) changes.retry = retryPolicyOf(patch.retry);
+      if (patch.overlap !== undefined) changes.overlap = patch.overlap;
       if (changes.tool_allowlist && current.steps)
         checkWork({ steps: current.steps, goal: current.goal ?? undefined, tool_allowlist: changes.tool_allowlist }, errors);
       check(errors);
@@ -334,6 +336,7 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
         budget_seconds: a.budget.seconds,
         max_steps: a.budget.max_steps,
         retry: a.retry,
+        overlap: a.overlap ?? 'allow',
         inputs: { ...a.inputs, ...opts.inputs },
         automation_id: a.id,
         trigger: opts.trigger,

@@ -4,11 +4,17 @@ import type { Platform } from '../deps.js';
 import { ConflictError, NotFoundError, type RunTrigger } from '../platform/index.js';
 import { serviceKey, type Runs } from '../runs/index.js';
 import type { Automations } from './automations.js';
+import type { Overlap } from './overlap.js';
 import type { CronJob, Schedules } from './schedules.js';
 import { isCronFire } from './triggers.js';
 
 export function firesOf(
-  deps: Pick<Platform, 'store' | 'log'> & { automations: Automations; schedules: Schedules; runs: Pick<Runs, 'createIdempotent' | 'cancel'> },
+  deps: Pick<Platform, 'store' | 'log'> & {
+    automations: Automations;
+    schedules: Schedules;
+    runs: Pick<Runs, 'createIdempotent' | 'cancel'>;
+    overlap: Pick<Overlap, 'fired'>;
+  },
 ) {
   const { automations, schedules, runs } = deps;
 
@@ -34,7 +40,10 @@ export function firesOf(
     if (replayed) return run;
     // a store that does not answer this read leaves the run as made: the automation was enabled as it fired
     const now = await deps.store.automations.get(tenantId, automationId).catch(() => undefined);
-    if (now === undefined || now?.status === 'enabled') return run;
+    if (now === undefined || now?.status === 'enabled') {
+      await deps.overlap.fired(run, replayed);
+      return run;
+    }
     deps.log.info({ automation_id: automationId, run_id: run.id, trigger: trigger.type }, 'fire canceled: the automation was disabled as it fired');
     return runs.cancel(tenantId, run.id).catch(() => run);
   }

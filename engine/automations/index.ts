@@ -3,6 +3,7 @@
 export * from './automations.js';
 export * from './file-triggers.js';
 export * from './fire.js';
+export * from './overlap.js';
 export * from './schedules.js';
 export * from './templates.js';
 export * from './triggers.js';

@@ -44,6 +44,10 @@ export type Step = { tool: ToolName; args: Record<string, unknown>; name?: strin
 
 export type Budget = { seconds: number; max_steps?: number };
 
+/** What a fire does while a run of its automation is queued or running (OverlapPolicy in the API). */
+export const OVERLAP_POLICIES = ['allow', 'skip', 'queue', 'replace'] as const;
+export type OverlapPolicy = (typeof OVERLAP_POLICIES)[number];
+
 /** What a caller supplies to create an automation; everything else is the service's. */
 export type AutomationDefinition = {
   name: string;
@@ -56,11 +60,12 @@ export type AutomationDefinition = {
   goal?: string;
   inputs?: Record<string, unknown>;
   retry?: RetryPolicyInput | null;
+  overlap?: OverlapPolicy;
   network?: boolean;
   connections?: ConnectionNames;
 };
 
-export type AutomationPatch = Partial<Pick<Automation, 'name' | 'description' | 'triggers' | 'tool_allowlist' | 'network'>> & {
+export type AutomationPatch = Partial<Pick<Automation, 'name' | 'description' | 'triggers' | 'tool_allowlist' | 'network' | 'overlap'>> & {
   /** merged into the automation's budget (RFC 7396): `max_steps: null` removes the bound */
   budget?: { seconds?: number; max_steps?: number | null };
   /** merged into the automation's connections (RFC 7396): a provider null takes the tenant's only connection again */
@@ -78,6 +83,8 @@ export type Automation = {
   tool_allowlist: ToolName[];
   budget: Budget;
   retry: RetryPolicy | null;
+  /** absent (made before it existed): allow */
+  overlap?: OverlapPolicy;
   network: boolean;
   /** the connection each action tool acts through, by provider (an id or a name); absent: the tenant's only one */
   connections?: ConnectionNames;
@@ -205,6 +212,8 @@ export type Run = {
   status: RunStatus;
   session_id: string;
   automation_id: string | null;
+  /** its automation's overlap policy when not allow: the run takes the automation's key at its start (overlap.ts) */
+  overlap?: Exclude<OverlapPolicy, 'allow'>;
   trigger: RunTrigger;
   goal: string | null;
   plan: Step[] | null;

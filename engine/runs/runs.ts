@@ -26,6 +26,7 @@ import {
   withTimeout,
   type ConnectionNames,
   type FieldError,
+  type OverlapPolicy,
   type RetryPolicyInput,
   type Run,
   type RunDetail,
@@ -58,6 +59,8 @@ export type RunRequest = {
   connections?: ConnectionNames;
   inputs?: Record<string, unknown>;
   automation_id?: string | null;
+  /** the automation's overlap policy (allow: none) */
+  overlap?: OverlapPolicy;
   session_id?: string;
   rerun_of?: string;
   /** a session task's agent, as it is now */
@@ -234,6 +237,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       status: 'queued',
       session_id: req.session_id ?? newId('ses'),
       automation_id: req.automation_id ?? null,
+      ...(req.overlap && req.overlap !== 'allow' ? { overlap: req.overlap } : {}),
       trigger: req.trigger,
       goal,
       plan: steps,
