@@ -145,7 +145,7 @@ export function createEngine(given: EngineDeps) {
   runs.guardRerun(automations.assertMayRerun);
   runs.guardStart(automations.mayStart);
   // after the automation's own guard: a run of a disabled automation is refused before it takes the key
-  const overlap = overlapOf({ ...deps, offerNow: runs.offerNow, cancel: (tenantId, id) => runs.cancel(tenantId, id) });
+  const overlap = overlapOf({ ...deps, cancel: (tenantId, id, why) => runs.cancel(tenantId, id, why) });
   runs.guardStart(overlap.mayStart, overlap.mayHold);
   runs.onRunFinished(overlap.ended, { repeatable: true });
   const { fire, fireCron } = firesOf({ ...deps, automations, schedules, runs, overlap });

@@ -47,7 +47,7 @@ export function automationsRouter(engine: Engine): Router {
       { automation_id: body.automation_id, inputs: body.inputs ?? {} },
       request,
     );
-    await engine.overlap.fired(run, replayed);
+    await engine.overlap.fired(run);
     acceptRun(res, engine, run, replayed);
   });
 

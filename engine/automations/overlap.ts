@@ -4,13 +4,19 @@
 // refuses a run that meets another at its start; `queue` holds it (queued, no worker, no slot) until the holder
 // ends and offers it the key; `replace` cancels the others at the fire, then waits for them as `queue` does.
 import type { Platform } from '../deps.js';
-import { isTerminal, type Run } from '../platform/index.js';
+import { isTerminal, jobIdOfRun, type Run } from '../platform/index.js';
 import type { StartVerdict } from '../runs/index.js';
 
 /** How long a key outlives its last start when no end gives it back (its holder's end is also checked: see claim). */
 const KEY_TTL_MS = 7 * 86_400_000;
-/** The runs of an automation a fire of `replace` cancels at most (a tenant's line is bounded well below). */
-const REPLACE_AT_MOST = 1000;
+/** The runs of an automation read at most to find those a fire replaces, or the one to offer next. */
+const READ_AT_MOST = 1000;
+/**
+ * The runs of an automation under `queue` that may wait at once: a fire past them makes its run canceled. Held runs
+ * are out of their tenant's line (they hold no slot), so this is their bound: a cron trigger that fires faster than
+ * its runs end would otherwise pile them up for good.
+ */
+export const QUEUE_MAX_WAITING = 100;
 
 // KEYS[1]: the automation's key; ARGV: the run, the key's TTL, and the holder it may take over ('' for none).
 // Answers '' when the run holds the key now, else the holder
@@ -27,9 +33,7 @@ type OverlapRedis = Platform['redis'] & {
 };
 
 export type OverlapDeps = Pick<Platform, 'store' | 'log' | 'redis' | 'queues'> & {
-  /** offers a queued run whose job waits, delayed, to the workers now */
-  offerNow(run: Run): Promise<void>;
-  cancel(tenantId: string, runId: string): Promise<unknown>;
+  cancel(tenantId: string, runId: string, message?: string): Promise<unknown>;
 };
 
 export function overlapOf(deps: OverlapDeps) {
@@ -45,7 +49,7 @@ export function overlapOf(deps: OverlapDeps) {
   /** The automation's runs not yet ended, oldest first. */
   async function unended(run: Pick<Run, 'tenant_id' | 'automation_id'>, statuses: Run['status'][]): Promise<Run[]> {
     const pages = await Promise.all(
-      statuses.map((status) => store.runs.list(run.tenant_id, { automation_id: run.automation_id!, status, limit: REPLACE_AT_MOST })),
+      statuses.map((status) => store.runs.list(run.tenant_id, { automation_id: run.automation_id!, status, limit: READ_AT_MOST })),
     );
     return pages.flatMap((p) => p.items).sort((a, b) => a.created_at.localeCompare(b.created_at) || a.id.localeCompare(b.id));
   }
@@ -79,26 +83,43 @@ export function overlapOf(deps: OverlapDeps) {
       if (!run.overlap || !run.automation_id) return;
       if (!(await redis.overlapRelease(keyOf(run), run.id))) return;
       if (run.overlap === 'skip') return;
-      const [next] = await unended(run, ['queued']);
-      if (next) await deps.offerNow(next);
+      // a run held at its first start: its job waits, delayed. Not one waiting out a retry's backoff, nor one in its
+      // tenant's line (it has no job yet, and making one would pass the tenant's cap)
+      const next = (await unended(run, ['queued'])).find((r) => (r.overlap === 'queue' || r.overlap === 'replace') && !r.attempts.length);
+      const job = next && (await deps.queues.get('runs').getJob(jobIdOfRun(next, next.attempt)));
+      if (job && (await job.isDelayed())) await job.promote().catch(() => undefined);
     },
 
     /**
-     * After a fire made its run (not an Idempotency-Key's replay): under `replace`, the automation's other runs not
-     * yet ended are canceled; the new run starts once their ends have given the key back.
+     * After a fire made its run (an Idempotency-Key's replay too: a process that died before this leaves it to the
+     * replay). Under `replace`, the automation's runs made before it and not yet ended are canceled (never a later
+     * one: of two fires at once, the later replaces the earlier, not each the other); the new run starts once their
+     * ends have given the key back. Under `queue`, a run that finds QUEUE_MAX_WAITING made before it and not yet
+     * ended is canceled.
      */
-    async fired(run: Run, replayed: boolean): Promise<void> {
-      if (replayed || run.overlap !== 'replace') return;
-      // the new run stands whatever becomes of this (a store that does not answer): it waits for the others' ends
-      const others = await unended(run, ['queued', 'running']).catch((err: Error) => {
-        log.warn({ run_id: run.id, err: err.message }, 'the runs a replace fire meant to cancel could not be read');
-        return [];
-      });
-      for (const r of others)
-        if (r.id !== run.id)
-          await deps
-            .cancel(run.tenant_id, r.id)
-            .catch((err: Error) => log.warn({ run_id: r.id, err: err.message }, 'a run a replace fire meant to cancel was not'));
+    async fired(run: Run): Promise<void> {
+      if (run.overlap !== 'replace' && run.overlap !== 'queue') return;
+      const before = (r: Run) => r.created_at < run.created_at || (r.created_at === run.created_at && r.id < run.id);
+      // the new run stands whatever becomes of this (a store that does not answer)
+      const older = await unended(run, ['queued', 'running'])
+        .then((runs) => runs.filter(before))
+        .catch((err: Error) => {
+          log.warn({ run_id: run.id, err: err.message }, 'the runs a fire of its automation meant to look at could not be read');
+          return [];
+        });
+      const cancel = (id: string, message?: string) =>
+        deps
+          .cancel(run.tenant_id, id, message)
+          .catch((err: Error) => log.warn({ run_id: id, err: err.message }, 'a run its overlap policy meant to cancel was not'));
+      if (run.overlap === 'queue') {
+        if (older.length >= QUEUE_MAX_WAITING)
+          await cancel(
+            run.id,
+            `skipped: ${older.length} runs of automation ${run.automation_id} wait or run before it (overlap: queue holds ${QUEUE_MAX_WAITING})`,
+          );
+        return;
+      }
+      for (const r of older) await cancel(r.id);
     },
   };
 }

@@ -492,6 +492,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       connections: run.connections,
       inputs: run.inputs,
       automation_id: run.automation_id,
+      overlap: run.overlap,
       agent: run.agent ?? null,
       gates: run.gates,
       trigger: run.trigger,
@@ -596,14 +597,14 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       });
     },
 
-    /** Cancels a queued run at once; asks the worker running a run to stop it. */
-    async cancel(tenantId: string, id: string): Promise<Run> {
+    /** Cancels a queued run at once (its summary `why`, when given); asks the worker running a run to stop it. */
+    async cancel(tenantId: string, id: string, why?: string): Promise<Run> {
       let run = await mustGet(tenantId, id);
       const ended = (r: Run) => new ConflictError(`run ${id} is ${r.status} already`, { status: r.status });
       if (isTerminal(run.status)) throw ended(run);
       if (run.status === 'queued') {
         // a run after its first attempt waits for its next (a retry's backoff, a deploy): it did start
-        const canceled = await transitions.cancel(run, run.attempt > 1 ? CANCELED_BEFORE_NEXT_ATTEMPT : 'canceled before it started');
+        const canceled = await transitions.cancel(run, why ?? (run.attempt > 1 ? CANCELED_BEFORE_NEXT_ATTEMPT : 'canceled before it started'));
         if (canceled) return canceled;
         // it moved meanwhile: another cancel ended it (this one is as late as one sent after it), or it started
         run = await mustGet(tenantId, id);

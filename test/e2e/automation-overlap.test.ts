@@ -4,6 +4,9 @@ import fs from 'node:fs/promises';
 import path from 'node:path';
 import { expect } from 'chai';
 import { eventually, finishedRun, KEYS, startHarness, type Harness } from '../support/harness.js';
+import { QUEUE_MAX_WAITING } from '../../engine/automations/index.js';
+import { newId } from '../../engine/platform/index.js';
+import { runFixture } from '../integration/store-contract.js';
 
 type Body = Record<string, any>;
 
@@ -104,6 +107,40 @@ describe('automation overlap policies', function () {
     // each started once the one it replaced had ended
     expect(Date.parse(two.started_at)).to.be.at.least(Date.parse(one.finished_at));
     expect(Date.parse(three.started_at)).to.be.at.least(Date.parse(two.finished_at));
+  });
+
+  it('replaces only runs made before: of two fires at once the later runs; a rerun keeps its run’s policy', async () => {
+    const res = await h.call<Body>('POST', '/api/v1/automations', {
+      body: { name: 'replace at once', steps: [{ tool: 'shell', args: { command: 'sleep 0.5' } }], overlap: 'replace' },
+    });
+    const ids = await Promise.all([fire(res.body.id), fire(res.body.id)]);
+    const ended = await Promise.all(ids.map((id) => finishedRun(h, id)));
+    expect(ended.map((r) => r.status).sort()).to.deep.equal(['canceled', 'succeeded']);
+    const later = ended.reduce((x, y) => (x.created_at > y.created_at || (x.created_at === y.created_at && x.id > y.id) ? x : y));
+    expect(later.status, 'the later one runs').to.equal('succeeded');
+    // a rerun is a run of the automation by hand: under its policy
+    const skip = await automation('skip', 'rerun.log', 0);
+    const first = await finishedRun(h, await fire(skip.id));
+    const rerun = await h.call<Body>('POST', `/api/v1/runs/${first.id}/rerun`);
+    expect(rerun.status, rerun.text).to.equal(202);
+    expect(rerun.body.run.overlap).to.equal('skip');
+  });
+
+  it(`cancels a fire that finds ${QUEUE_MAX_WAITING} runs of its automation before it (queue): held runs are out of the tenant's line, and bounded here`, async () => {
+    const a = await automation('queue', 'full.log', 0);
+    const at = new Date(Date.now() - 1000).toISOString();
+    const waiting = Array.from({ length: QUEUE_MAX_WAITING }, () =>
+      runFixture('tenant-a', { id: newId('run'), automation_id: a.id, overlap: 'queue', created_at: at, workspace: h.tenantDir() }),
+    );
+    for (const r of waiting) await h.rt.store.runs.insert(r);
+    try {
+      const over = await finishedRun(h, await fire(a.id));
+      expect(over.status).to.equal('canceled');
+      expect(over.summary).to.contain(`skipped: ${QUEUE_MAX_WAITING} runs of automation ${a.id} wait or run before it`);
+    } finally {
+      for (const r of waiting)
+        await h.rt.store.runs.update('tenant-a', r.id, { status: 'canceled', finished_at: new Date().toISOString() }, { status: ['queued'] });
+    }
   });
 
   it('takes over a key whose holder ended without giving it back, changes its policy by PATCH, refuses an unknown one, and keeps tenants apart', async () => {
