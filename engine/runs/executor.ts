@@ -299,7 +299,8 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
       // runs elsewhere), it stops within one call of its coming back, and its end, which would not apply, is not written
       for (const [i, [runId, r]] of rest.entries()) {
         const now = stored[i];
-        if (!now || now.cancel_requested_at || r.controller.signal.aborted) continue;
+        // read as it was executing: one that settled meanwhile (its end is the store's status now) is not stopped
+        if (!now || now.cancel_requested_at || r.controller.signal.aborted || inFlight.get(runId) !== r) continue;
         if (now.attempt === r.attempt && !isTerminal(now.status)) continue;
         log.warn({ run_id: runId, attempt: r.attempt, now: { attempt: now.attempt, status: now.status } }, 'an attempt the run went on without is stopped');
         r.controller.abort({
