@@ -126,6 +126,31 @@ describe('automation overlap policies', function () {
     expect(rerun.body.run.overlap).to.equal('skip');
   });
 
+  it('offers only a run its policy held when the holder ends: not one of the automation waiting out a retry’s backoff', async () => {
+    const made = await h.call<Body>('POST', '/api/v1/automations', {
+      body: {
+        name: 'backoff',
+        steps: [{ tool: 'shell', args: { command: '[ -e backoff.mark ] || exit 1' } }],
+        retry: { attempts: 2, backoff: { type: 'fixed', delay_ms: 30_000 } },
+      },
+    });
+    const a = made.body;
+    // made before the policy: it fails, and waits 30 s for its next attempt
+    const waiting = await fire(a.id);
+    await eventually(async () => {
+      const r = (await h.call<Body>('GET', `/api/v1/runs/${waiting}`)).body;
+      return r.status === 'queued' && r.attempt === 2 ? r : null;
+    }, 'the first attempt to fail');
+    expect((await h.call('PATCH', `/api/v1/automations/${a.id}`, { body: { overlap: 'queue' } })).status).to.equal(200);
+    await fs.writeFile(path.join(h.tenantDir(), 'backoff.mark'), '');
+    const next = await finishedRun(h, await fire(a.id));
+    expect(next.status).to.equal('succeeded');
+    await new Promise((r) => setTimeout(r, 1500));
+    const still = (await h.call<Body>('GET', `/api/v1/runs/${waiting}`)).body;
+    expect(still, 'its backoff kept').to.deep.include({ status: 'queued', attempt: 2 });
+    expect((await h.call('POST', `/api/v1/runs/${waiting}/cancel`)).status).to.be.oneOf([200, 202]);
+  });
+
   it(`cancels a fire that finds ${QUEUE_MAX_WAITING} runs of its automation before it (queue): held runs are out of the tenant's line, and bounded here`, async () => {
     const a = await automation('queue', 'full.log', 0);
     const at = new Date(Date.now() - 1000).toISOString();
