@@ -735,6 +735,22 @@ describe('GitHub App connections', function () {
     const gitRequests = fake.requests.filter((r) => r.path.startsWith('/github/acme/app.git/'));
     expect(gitRequests.length).to.be.greaterThan(0);
     expect(gitRequests.every((r) => r.authorization === `Basic ${Buffer.from(`x-access-token:${installationToken}`).toString('base64')}`)).to.equal(true);
+    // a code host that echoes what it was sent: the token made is masked in what the run keeps, as a token given is
+    fake.echoCredential(true);
+    try {
+      const echoed = await h.call<Body>('POST', '/api/v1/autonomy/run', {
+        body: {
+          tools: ['codehost'],
+          connections: { codehost: 'github' },
+          steps: [{ tool: 'codehost', args: { action: 'comment', repository: 'acme/app', number: 7, body: 'again' } }],
+        },
+      });
+      const done = await finishedRun(h, echoed.body.run_id);
+      expect(done.status, JSON.stringify(done.steps)).to.equal('succeeded');
+      expect(JSON.stringify(done.steps[0].output)).to.contain('token [credential]').and.not.contain(installationToken);
+    } finally {
+      fake.echoCredential(false);
+    }
     // neither the key nor the token it made is in what the run kept or told
     const kept = JSON.stringify([run, await h.rt.events.after(`session:${run.session_id}`, '0-0')]);
     expect(kept).to.not.contain(installationToken).and.not.contain('PRIVATE KEY');

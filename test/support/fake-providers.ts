@@ -44,7 +44,7 @@ export type FakeProviders = {
    * with `at` (`POST /github/repos/acme/app/pulls`), only the requests of that method and path
    */
   failNext(provider: Recorded['provider'], status: number, times?: number, retryAfter?: number, headers?: Record<string, string>, at?: string): void;
-  /** Slack answers with the Authorization it was sent in its names, ids and scopes (a compatible server that echoes), or no longer */
+  /** Slack answers with the Authorization it was sent in its names, ids and scopes (a compatible server that echoes), the code host in its URLs, or no longer */
   echoCredential(on: boolean): void;
   /** the installation tokens the GitHub App (opts.app) was given, in the order they were made */
   appTokens: string[];
@@ -225,7 +225,8 @@ export async function startFakeProviders(opts: { token?: string; app?: FakeApp }
     return json(res, r.method === 'POST' ? 201 : 200, {
       id,
       sha: `sha-${id}`,
-      html_url: `https://github.example/${p.slice(1)}#${id}`,
+      // a compatible server that echoes (echoCredential) puts what it was sent in the URL it answers
+      html_url: `https://github.example/${p.slice(1)}#${id}${echoing ? ` ${r.authorization}` : ''}`,
       number: id,
       ...(typeof r.body === 'object' ? r.body : {}),
     });
