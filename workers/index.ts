@@ -262,6 +262,8 @@ export async function startWorkers(rt: Runtime, processors: Processors = process
       }
       clearInterval(cancelPoll);
       await cancels.quit().catch(() => cancels.disconnect());
+      // the ends still being stored keep their runs claimed until they are, or the grace period ends
+      await rt.engine.executor.settled(deadline);
       await stopClaims();
       await swept;
     },

@@ -35,14 +35,20 @@ export function firesOf(
       return null;
     }
     const { run, replayed } = await runs.createIdempotent(tenantId, idempotencyKey, { trigger }, request);
-    // a replay too: the process that made the run may have died before its policy's cancels
-    await deps.overlap.fired(run);
+    // what its overlap policy asks (a replay's too: the process that made the run may have died before it), once
+    // the run stands: a fire a disable cancels replaces nothing
+    if (replayed) {
+      await deps.overlap.fired(run);
+      return run;
+    }
     // disabled or archived between the read above and the run's insert (a request answered meanwhile): the run
     // it made is canceled before it starts, as its answer promised (a fire never runs past a disable)
-    if (replayed) return run;
     // a store that does not answer this read leaves the run as made: the automation was enabled as it fired
     const now = await deps.store.automations.get(tenantId, automationId).catch(() => undefined);
-    if (now === undefined || now?.status === 'enabled') return run;
+    if (now === undefined || now?.status === 'enabled') {
+      await deps.overlap.fired(run);
+      return run;
+    }
     deps.log.info({ automation_id: automationId, run_id: run.id, trigger: trigger.type }, 'fire canceled: the automation was disabled as it fired');
     return runs.cancel(tenantId, run.id).catch(() => run);
   }

@@ -98,7 +98,8 @@ export function overlapOf(deps: OverlapDeps) {
      * ended is canceled.
      */
     async fired(run: Run): Promise<void> {
-      if (run.overlap !== 'replace' && run.overlap !== 'queue') return;
+      // a replay's run that has ended (it ran, or was canceled) replaces nothing
+      if ((run.overlap !== 'replace' && run.overlap !== 'queue') || isTerminal(run.status)) return;
       const before = (r: Run) => r.created_at < run.created_at || (r.created_at === run.created_at && r.id < run.id);
       // the new run stands whatever becomes of this (a store that does not answer)
       const older = await unended(run, ['queued', 'running'])

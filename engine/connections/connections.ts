@@ -17,7 +17,8 @@ import {
 import type { Platform } from '../deps.js';
 import type { ConnectionChanges, ConnectionQuery, ConnectionState, Page } from '../store/index.js';
 import { ACTIONS, ActionArgsError, type Answer } from './actions.js';
-import { installationToken, isGithubApp, KITS, type Access } from './kits.js';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { installationToken, isGithubApp, KITS, refusedInstallationToken, type Access } from './kits.js';
 import { callProvider, ProviderError, PROVIDER_TIMEOUT_MS, reasonOf } from './retry.js';
 
 /**
@@ -25,6 +26,9 @@ import { callProvider, ProviderError, PROVIDER_TIMEOUT_MS, reasonOf } from './re
  * before it leaves a call: such messages can quote a header (`Bearer <token> is not a legal HTTP header
  * value`). Its code, if any, is kept.
  */
+/** How long a GitHub App's installation token the host refused just after it was made is waited for (its replicas). */
+const APP_TOKEN_REFUSED_WAIT_MS = 2000;
+
 function maskedError(err: unknown, token: string): unknown {
   if (err instanceof ProviderError || err instanceof ActionArgsError || !(err instanceof Error) || !token || !err.message) return err;
   const message = reasonOf(err.message, token);
@@ -174,18 +178,34 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
    * from its private key (installationToken), which every call, checkout and mask of an answer then uses. The
    * key itself is never sent: only the JWT it signs, to the code host's own address.
    */
-  async function providerAccess(record: ConnectionRecord): Promise<Access> {
+  async function providerAccess(record: ConnectionRecord, signal?: AbortSignal): Promise<Access> {
     const access = accessOf(record);
     if (!isGithubApp(record.settings)) return access;
     const token = await callProvider(
       'codehost',
       (e) => KITS.codehost.classify(e, access.token),
-      (signal) => installationToken({ ...access, signal }),
-      { timeoutMs, idempotent: true },
+      (attempt) => installationToken({ ...access, signal: attempt }),
+      { signal, timeoutMs, idempotent: true },
     ).catch((err: unknown) => {
       throw maskedError(err, access.token);
     });
     return { ...access, token };
+  }
+
+  /**
+   * A call made with a connection's access (providerAccess). For a GitHub App's, a refusal (401) of its installation
+   * token is tried once more: with a new token, the one refused dropped (an installation suspended and resumed), or,
+   * for a token made a moment ago, with it again once the host's replicas know it. A refusal is of nothing done.
+   */
+  async function withAccess<T>(record: ConnectionRecord, signal: AbortSignal | undefined, call: (access: Access) => Promise<T>): Promise<T> {
+    const access = await providerAccess(record, signal);
+    try {
+      return await call(access);
+    } catch (err) {
+      if (!isGithubApp(record.settings) || (err as { code?: unknown }).code !== 'provider-auth-failed') throw err;
+      if (refusedInstallationToken(accessOf(record), access.token) === 'new') await sleep(APP_TOKEN_REFUSED_WAIT_MS, undefined, { signal });
+      return call(await providerAccess(record, signal));
+    }
   }
 
   /** The diff a vibe run of the tenant left: whole, or refused. */
@@ -287,17 +307,21 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
       let result: ConnectionTestResult;
       try {
         await checkAddress(record.base_url);
-        const access = await providerAccess(record);
-        const found = await callProvider(
-          record.provider,
-          (e) => kit.classify(e, access.token),
-          (signal) => kit.identify({ ...access, signal }),
-          { timeoutMs },
-        ).catch((err: unknown) => {
-          throw maskedError(err, access.token);
-        });
-        // kept on the connection and answered by GET: never the credential, whatever the provider echoed
-        result = { ok: true, ...maskedAnswer(found, access.token), error: null, checked_at: clock.now().toISOString() };
+        const found = await withAccess(record, undefined, (access) =>
+          callProvider(
+            record.provider,
+            (e) => kit.classify(e, access.token),
+            (signal) => kit.identify({ ...access, signal }),
+            { timeoutMs },
+          ).then(
+            // kept on the connection and answered by GET: never the credential, whatever the provider echoed
+            (answer) => maskedAnswer(answer, access.token),
+            (err: unknown) => {
+              throw maskedError(err, access.token);
+            },
+          ),
+        );
+        result = { ok: true, ...found, error: null, checked_at: clock.now().toISOString() };
       } catch (err) {
         const error =
           err instanceof ProviderError || (err as { code?: string }).code === 'address-not-allowed'
@@ -371,19 +395,23 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
       const run = Object.hasOwn(ACTIONS[provider], action) ? ACTIONS[provider][action] : undefined;
       if (!run) throw new ActionArgsError(`${provider} has no action ${action}; it has ${Object.keys(ACTIONS[provider]).join(', ')}`);
       const record = await this.use(tenantId, provider, named);
-      const access = await providerAccess(record);
       const kit = KITS[provider];
-      const answer = await callProvider(
-        provider,
-        (e) => (e instanceof ActionArgsError ? null : kit.classify(e, access.token)),
-        (attempt) => run({ ...access, signal: attempt }, args, { vibeDiff: (id) => vibeDiff(tenantId, id) }),
-        // one that makes something each time is asked again only when the provider said it did nothing
-        { signal, idempotent: run.idempotent, timeoutMs },
-      ).catch((err: unknown) => {
-        throw maskedError(err, access.token);
-      });
-      // a step's output and a provider.answer event: never the credential, whatever the provider echoed
-      return { connection_id: record.id, answer: maskedAnswer(answer, access.token) };
+      const answer = await withAccess(record, signal, (access) =>
+        callProvider(
+          provider,
+          (e) => (e instanceof ActionArgsError ? null : kit.classify(e, access.token)),
+          (attempt) => run({ ...access, signal: attempt }, args, { vibeDiff: (id) => vibeDiff(tenantId, id) }),
+          // one that makes something each time is asked again only when the provider said it did nothing
+          { signal, idempotent: run.idempotent, timeoutMs },
+        ).then(
+          // a step's output and a provider.answer event: never the credential, whatever the provider echoed
+          (found) => maskedAnswer(found, access.token),
+          (err: unknown) => {
+            throw maskedError(err, access.token);
+          },
+        ),
+      );
+      return { connection_id: record.id, answer };
     },
   };
 }

@@ -147,7 +147,29 @@ const APP_TOKENS_KEPT = 1000;
 /** A token this close to its end (GitHub's: an hour after it was made) is made again rather than used. */
 const APP_TOKEN_MARGIN_MS = 5 * 60_000;
 /** Per App connection's key material: its token and when it ends, or the one being made (one at a time). */
-const appTokens = new Map<string, { token: string; expiresAt: number } | Promise<string>>();
+const appTokens = new Map<string, { token: string; expiresAt: number; madeAt: number } | Promise<string>>();
+/** How long GitHub may refuse a token it has just made (its replicas learn of it a moment later). */
+const APP_TOKEN_NEW_MS = 5000;
+const appTokenId = (a: Access) =>
+  createHash('sha256')
+    .update([a.baseUrl ?? '', a.settings.app_id, a.settings.installation_id, a.token].join('\n'))
+    .digest('hex');
+
+/**
+ * A token the code host refused (401): dropped, so that the next call makes another (an installation suspended
+ * and resumed, its token revoked), unless it was made under APP_TOKEN_NEW_MS ago: then the refusal is the host's
+ * replicas not knowing it yet, and the caller waits that out and tries it again ('new'). `a`: the connection's
+ * access with its private key.
+ */
+export function refusedInstallationToken(a: Access, token: string): 'dropped' | 'new' {
+  const id = appTokenId(a);
+  const held = appTokens.get(id);
+  if (held && !(held instanceof Promise) && held.token === token) {
+    if (Date.now() - held.madeAt < APP_TOKEN_NEW_MS) return 'new';
+    appTokens.delete(id);
+  }
+  return 'dropped';
+}
 
 /**
  * An App installation's token for a connection (its credential the App's private key): kept from before while it
@@ -158,9 +180,7 @@ const appTokens = new Map<string, { token: string; expiresAt: number } | Promise
  * being made by installation id alone, across Apps and hosts, so it is not used.
  */
 export async function installationToken(a: Access): Promise<string> {
-  const id = createHash('sha256')
-    .update([a.baseUrl ?? '', a.settings.app_id, a.settings.installation_id, a.token].join('\n'))
-    .digest('hex');
+  const id = appTokenId(a);
   const held = appTokens.get(id);
   if (held instanceof Promise) return held;
   if (held && held.expiresAt - Date.now() > APP_TOKEN_MARGIN_MS) return held.token;
@@ -174,7 +194,11 @@ export async function installationToken(a: Access): Promise<string> {
     });
     const token = (made.data as { token?: unknown }).token;
     if (typeof token !== 'string' || !token) throw new CodehostAnswerError(made.status);
-    appTokens.set(id, { token, expiresAt: Date.parse(String((made.data as { expires_at?: unknown }).expires_at)) || Date.now() + 3_600_000 });
+    appTokens.set(id, {
+      token,
+      expiresAt: Date.parse(String((made.data as { expires_at?: unknown }).expires_at)) || Date.now() + 3_600_000,
+      madeAt: Date.now(),
+    });
     if (appTokens.size > APP_TOKENS_KEPT) appTokens.delete(appTokens.keys().next().value!);
     return token;
   })();

@@ -50,12 +50,25 @@ export type RunActions = {
   copyGates?: CopyGates;
 };
 
+/** An attempt this process executes: its stop, and whose it is. */
+type InFlight = { controller: AbortController; runId: string; tenantId: string; attempt: number };
+
 export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions, actions: RunActions = {}) {
   const { store, log, settings } = deps;
   /** the AbortController of each run this process is executing (and its tenant), for cancel requests and shutdown */
-  const inFlight = new Map<string, { controller: AbortController; tenantId: string; attempt: number }>();
+  // keyed by the run and its attempt: an attempt taken for lost may still run here when its next one is delivered here too
+  const inFlight = new Map<string, InFlight>();
+  const inFlightKey = (runId: string, attempt: number) => `${runId} ${attempt}`;
+  /** the attempts of a run this process executes */
+  const attemptsOf = (runId: string) => [...inFlight.values()].filter((r) => r.runId === runId);
+  const SUPERSEDED: StopReason = {
+    status: 'canceled',
+    error: { code: 'superseded', message: 'the run went on without this attempt (taken for lost)' },
+  };
   /** the runs this process executes, from before their start until their end is written (a count: two attempts may overlap) */
   const claimed = new Map<string, number>();
+  /** the ends the store refused, being tried again in the background (settleLater) */
+  const settling = new Set<Promise<void>>();
   const model = settings.agent ? modelClientOf(settings.agent) : undefined;
   /** set when this process starts shutting down (its workers close) */
   let draining = false;
@@ -154,7 +167,11 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
       // its work done and its end refused: still claimed while it is tried again (a job delivered again meanwhile
       // finds it executing here), its job completed: the end is this process's to store
       later = true;
-      void settleLater(runId, err).finally(unclaim);
+      const pending = settleLater(runId, err).finally(() => {
+        unclaim();
+        settling.delete(pending);
+      });
+      settling.add(pending);
       return null;
     } finally {
       if (!later) unclaim();
@@ -173,7 +190,10 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
     // registered before the start, so a cancel request published from here on reaches it; the key
     // covers one published before, and is read while the start is written
     const controller = new AbortController();
-    inFlight.set(runId, { controller, tenantId: found.tenant_id, attempt: found.attempt });
+    const key = inFlightKey(runId, found.attempt);
+    // an earlier attempt of the run still here was taken for lost (this one exists only so): it stops now
+    for (const earlier of attemptsOf(runId)) if (earlier.attempt < found.attempt) earlier.controller.abort(SUPERSEDED);
+    inFlight.set(key, { controller, runId, tenantId: found.tenant_id, attempt: found.attempt });
     let started: Run | Held | null = null;
     let cancelRequested = false;
     try {
@@ -182,7 +202,7 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
       // one asked of an earlier attempt, kept in the store where Redis may have lost its key
       cancelRequested ||= Boolean(found.cancel_requested_at);
     } finally {
-      if (!started || 'held' in started) inFlight.delete(runId);
+      if (!started || 'held' in started) inFlight.delete(key);
     }
     if (!started) return null; // canceled meanwhile
     if ('held' in started) return { run: found, next: 'held' }; // still queued: its job is tried again later
@@ -240,6 +260,8 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
         usage: a.usage,
       };
     } catch (err) {
+      // an interruption's write the store refused: execute settles it in the background, as it is
+      if (err instanceof Unsettled) throw err;
       const stop = a.stopReason();
       if (stop?.status === 'interrupted') {
         return await interrupted(run, stop.error.message, a);
@@ -255,7 +277,7 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
       }
     } finally {
       clearTimeout(deadline);
-      inFlight.delete(runId);
+      inFlight.delete(key);
     }
     // a cancel asked for while the attempt ran but never delivered (its message lost while the listener
     // reconnected, or published as the attempt settled) ends the run canceled: a canceled run is never retried
@@ -269,9 +291,9 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
 
   /** Aborts a run this process is executing; false when it is not here. */
   function abort(runId: string): boolean {
-    const c = inFlight.get(runId)?.controller;
-    c?.abort({ status: 'canceled', error: { code: 'canceled', message: 'canceled while running' } } satisfies StopReason);
-    return Boolean(c);
+    const found = attemptsOf(runId);
+    for (const { controller: c } of found) c.abort({ status: 'canceled', error: { code: 'canceled', message: 'canceled while running' } } satisfies StopReason);
+    return found.length > 0;
   }
 
   return {
@@ -285,33 +307,41 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
      * listener only while it is connected, its key stays (read at each start, and here, now and then).
      */
     async abortCanceled(): Promise<number> {
-      const going = [...inFlight].filter(([, r]) => !r.controller.signal.aborted);
-      const asked = await Promise.all(going.map(([runId]) => runs.isCancelRequested(runId).catch(() => false)));
-      let aborted = going.filter(([runId], i) => asked[i] && abort(runId)).length;
+      const going = [...inFlight.values()].filter((r) => !r.controller.signal.aborted);
+      const asked = await Promise.all(going.map((r) => runs.isCancelRequested(r.runId).catch(() => false)));
+      let aborted = going.filter((r, i) => asked[i] && abort(r.runId)).length;
       // the store keeps each ask too (cancel_requested_at): a key Redis lost with its data, or went back on (an
       // older save), whose message the listener missed, left the run going to its budget's end. A read of each
       // run this process executes (its concurrency's worth) at each call
       const rest = going.filter((_, i) => !asked[i]);
-      const stored = await Promise.all(rest.map(([runId, r]) => store.runs.get(r.tenantId, runId).catch(() => null)));
-      aborted += rest.filter(([runId], i) => stored[i]?.cancel_requested_at && abort(runId)).length;
+      const stored = await Promise.all(rest.map((r) => store.runs.get(r.tenantId, r.runId).catch(() => null)));
+      aborted += rest.filter((r, i) => stored[i]?.cancel_requested_at && abort(r.runId)).length;
       // the same read fences this process off an attempt the run went on without: taken for lost while this process
       // was stalled or cut off from Redis past its claims' lapse (the run ended, or its next attempt is queued or
       // runs elsewhere), it stops within one call of its coming back, and its end, which would not apply, is not written
-      for (const [i, [runId, r]] of rest.entries()) {
+      for (const [i, r] of rest.entries()) {
         const now = stored[i];
         // read as it was executing: one that settled meanwhile (its end is the store's status now) is not stopped
-        if (!now || now.cancel_requested_at || r.controller.signal.aborted || inFlight.get(runId) !== r) continue;
+        if (!now || now.cancel_requested_at || r.controller.signal.aborted || inFlight.get(inFlightKey(r.runId, r.attempt)) !== r) continue;
         if (now.attempt === r.attempt && !isTerminal(now.status)) continue;
-        log.warn({ run_id: runId, attempt: r.attempt, now: { attempt: now.attempt, status: now.status } }, 'an attempt the run went on without is stopped');
-        r.controller.abort({
-          status: 'canceled',
-          error: { code: 'superseded', message: 'the run went on without this attempt (taken for lost)' },
-        } satisfies StopReason);
+        log.warn({ run_id: r.runId, attempt: r.attempt, now: { attempt: now.attempt, status: now.status } }, 'an attempt the run went on without is stopped');
+        r.controller.abort(SUPERSEDED);
         aborted++;
       }
       return aborted;
     },
     abort,
+    /**
+     * Waits, until `deadline` (epoch ms), for the ends this process is storing in the background (settleLater):
+     * a shutdown keeps their runs claimed meanwhile, rather than leave them to be taken for lost and run again.
+     */
+    async settled(deadline: number): Promise<void> {
+      if (!settling.size) return;
+      log.warn({ runs: settling.size }, 'shutting down: waiting for run ends the store refused to be stored');
+      let timer: NodeJS.Timeout | undefined;
+      await Promise.race([Promise.allSettled([...settling]), new Promise((r) => (timer = setTimeout(r, Math.max(0, deadline - Date.now()))))]);
+      clearTimeout(timer);
+    },
     /** This process is shutting down: a step killed by the platform's signal from now on is not the run's failure. */
     drain(): void {
       draining = true;

@@ -797,6 +797,27 @@ describe('GitHub App connections', function () {
     }
   });
 
+  it('makes a new installation token when the host refuses the one kept, and waits out a refusal of one just made (its replicas)', async function () {
+    this.timeout(30_000);
+    const id = (await create(appConnection('refused'))).body.id;
+    const test = async () => (await h.call<Body>('POST', `/api/v1/connections/${id}/test`)).body;
+    expect(await test()).to.deep.include({ ok: true });
+    const kept = fake.appTokens.at(-1)!;
+    // revoked at the host (an installation suspended and resumed): once it is older than a moment, it is dropped
+    fake.appTokens.splice(fake.appTokens.indexOf(kept), 1);
+    await new Promise((r) => setTimeout(r, 5200));
+    expect(await test()).to.deep.include({ ok: true });
+    const made = fake.appTokens.at(-1)!;
+    expect(made).to.not.equal(kept);
+    // the host does not know a token it has just made yet: the same token, asked again a moment later
+    fake.appTokens.splice(fake.appTokens.indexOf(made), 1);
+    setTimeout(() => fake.appTokens.push(made), 800);
+    const count = fake.appTokens.length;
+    expect(await test()).to.deep.include({ ok: true });
+    expect(fake.appTokens.length, 'no other token made').to.equal(count + 1);
+    expect(fake.appTokens.at(-1)).to.equal(made);
+  });
+
   it('says another App’s key is refused by the code host, with the provider’s code and no key in it', async () => {
     const other = generateKeyPairSync('rsa', { modulusLength: 2048 }).privateKey.export({ type: 'pkcs1', format: 'pem' }).toString();
     const id = (await create(appConnection('other-app', other))).body.id;

@@ -724,6 +724,20 @@ describe('run lifecycle', function () {
       expect(await running).to.equal(null);
       expect(await h.rt.store.runs.get('tenant-a', zombie)).to.deep.include({ status: 'queued', attempt: 2 });
       expect(await fs.readFile(path.join(ws, 'zombie.log'), 'utf8')).to.equal('one\n');
+      // its next attempt delivered to this same process while it still runs: the earlier one stops at once, and the
+      // later one is the run's here (a cancel reaches it)
+      const twice = await post('echo start >> twice.log; sleep 30; echo end >> twice.log');
+      const first = executor.execute(twice, 'tenant-a', 1);
+      const started = async (n: number) =>
+        eventually(async () => ((await fs.readFile(path.join(ws, 'twice.log'), 'utf8').catch(() => '')) === 'start\n'.repeat(n) ? true : null), `start ${n}`);
+      await started(1);
+      await h.rt.store.runs.update('tenant-a', twice, { status: 'queued', attempt: 2, started_at: null }, { status: ['running'], attempt: 1 });
+      const second = executor.execute(twice, 'tenant-a', 2);
+      expect(await first, 'the earlier attempt, stopped').to.equal(null);
+      await started(2);
+      expect(executor.abort(twice), 'the later attempt is found by a cancel').to.equal(true);
+      expect((await second)!.run.status).to.equal('canceled');
+      expect(await fs.readFile(path.join(ws, 'twice.log'), 'utf8')).to.equal('start\nstart\n');
       // its work done, its end refused four times: claimed here while it is tried again, so a job delivered again does not
       // take it for lost and run it a second time; then stored
       const refused = await post('echo did >> once.log');
