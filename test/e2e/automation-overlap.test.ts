@@ -151,6 +151,35 @@ describe('automation overlap policies', function () {
     expect((await h.call('POST', `/api/v1/runs/${waiting}/cancel`)).status).to.be.oneOf([200, 202]);
   });
 
+  it('replaces nothing with a fire a disable cancels (disabled as it fired), nor with a replay of a run that ended', async () => {
+    const res = await h.call<Body>('POST', '/api/v1/automations', {
+      body: { name: 'replace, disabled', steps: [{ tool: 'shell', args: { command: 'sleep 20' } }], overlap: 'replace' },
+    });
+    const a = res.body;
+    const running = await fire(a.id);
+    await eventually(async () => (await h.call<Body>('GET', `/api/v1/runs/${running}`)).body.status === 'running' || null, 'the run to start');
+    // disabled between the fire's read of the automation and its run's insert
+    const automations = h.rt.store.automations;
+    const get = automations.get.bind(automations);
+    let reads = 0;
+    automations.get = (async (...args: Parameters<typeof get>) => {
+      const found = await get(...args);
+      return found && args[1] === a.id && ++reads > 1 ? { ...found, status: 'disabled' } : found;
+    }) as typeof get;
+    try {
+      const fired = await h.rt.engine.fire('tenant-a', a.id, { type: 'manual', request_id: 'disabled-as-it-fired' }, 'disabled-as-it-fired');
+      // canceled by the fire, or at its start by the automation's guard, whichever comes first
+      expect((await finishedRun(h, fired!.id)).status).to.equal('canceled');
+      // its replay (the same key) finds its run ended: it replaces nothing either
+      await h.rt.engine.fire('tenant-a', a.id, { type: 'manual', request_id: 'disabled-as-it-fired' }, 'disabled-as-it-fired');
+    } finally {
+      automations.get = get;
+    }
+    await new Promise((r) => setTimeout(r, 500));
+    expect((await h.call<Body>('GET', `/api/v1/runs/${running}`)).body.status, 'the run that stood').to.equal('running');
+    expect((await h.call('POST', `/api/v1/runs/${running}/cancel`)).status).to.be.oneOf([200, 202]);
+  });
+
   it(`cancels a fire that finds ${QUEUE_MAX_WAITING} runs of its automation before it (queue): held runs are out of the tenant's line, and bounded here`, async () => {
     const a = await automation('queue', 'full.log', 0);
     const at = new Date(Date.now() - 1000).toISOString();
