@@ -35,20 +35,17 @@ export function firesOf(
       return null;
     }
     const { run, replayed } = await runs.createIdempotent(tenantId, idempotencyKey, { trigger }, request);
-    // what its overlap policy asks (a replay's too: the process that made the run may have died before it), once
-    // the run stands: a fire a disable cancels replaces nothing
-    if (replayed) {
-      await deps.overlap.fired(run);
-      return run;
-    }
     // disabled or archived between the read above and the run's insert (a request answered meanwhile): the run
-    // it made is canceled before it starts, as its answer promised (a fire never runs past a disable)
-    // a store that does not answer this read leaves the run as made: the automation was enabled as it fired
+    // it made is canceled before it starts, as its answer promised (a fire never runs past a disable). A store that
+    // does not answer this read leaves the run as made: the automation was enabled as it fired
     const now = await deps.store.automations.get(tenantId, automationId).catch(() => undefined);
     if (now === undefined || now?.status === 'enabled') {
+      // what its overlap policy asks, once the run stands (a replay's too: the process that made the run may have
+      // died before it); a fire a disable cancels replaces nothing
       await deps.overlap.fired(run);
       return run;
     }
+    if (replayed) return run;
     deps.log.info({ automation_id: automationId, run_id: run.id, trigger: trigger.type }, 'fire canceled: the automation was disabled as it fired');
     return runs.cancel(tenantId, run.id).catch(() => run);
   }

@@ -202,7 +202,8 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
     try {
       return await call(access);
     } catch (err) {
-      if (!isGithubApp(record.settings) || (err as { code?: unknown }).code !== 'provider-auth-failed') throw err;
+      // 401 only: a 403 is a permission the App lacks, which no other token has
+      if (!isGithubApp(record.settings) || !(err instanceof ProviderError) || err.status !== 401) throw err;
       if (refusedInstallationToken(accessOf(record), access.token) === 'new') await sleep(APP_TOKEN_REFUSED_WAIT_MS, undefined, { signal });
       return call(await providerAccess(record, signal));
     }

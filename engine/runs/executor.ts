@@ -151,6 +151,8 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
       // a previous delivery started it and its worker died: its steps may have had effects
       return transitions.lose(found, 'the worker running this attempt stopped', await runs.isCancelRequested(runId).catch(() => false));
     }
+    // the same attempt delivered twice to this process while it was still queued (a stall's re-delivery): one runs it
+    if (inFlight.has(inFlightKey(runId, attempt))) return null;
     // claimed (told to the other processes) from before its start until its end is written: a job
     // delivered again meanwhile, or a reconcile elsewhere, never takes it for lost
     claimed.set(runId, (claimed.get(runId) ?? 0) + 1);
@@ -202,7 +204,7 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
       // one asked of an earlier attempt, kept in the store where Redis may have lost its key
       cancelRequested ||= Boolean(found.cancel_requested_at);
     } finally {
-      if (!started || 'held' in started) inFlight.delete(key);
+      if ((!started || 'held' in started) && inFlight.get(key)?.controller === controller) inFlight.delete(key);
     }
     if (!started) return null; // canceled meanwhile
     if ('held' in started) return { run: found, next: 'held' }; // still queued: its job is tried again later
@@ -277,7 +279,7 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
       }
     } finally {
       clearTimeout(deadline);
-      inFlight.delete(key);
+      if (inFlight.get(key)?.controller === controller) inFlight.delete(key);
     }
     // a cancel asked for while the attempt ran but never delivered (its message lost while the listener
     // reconnected, or published as the attempt settled) ends the run canceled: a canceled run is never retried
@@ -339,7 +341,8 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
       if (!settling.size) return;
       log.warn({ runs: settling.size }, 'shutting down: waiting for run ends the store refused to be stored');
       let timer: NodeJS.Timeout | undefined;
-      await Promise.race([Promise.allSettled([...settling]), new Promise((r) => (timer = setTimeout(r, Math.max(0, deadline - Date.now()))))]);
+      // a second before the end: the rest of the shutdown (claims given back, the store closed) runs within it
+      await Promise.race([Promise.allSettled([...settling]), new Promise((r) => (timer = setTimeout(r, Math.max(0, deadline - Date.now() - 1000))))]);
       clearTimeout(timer);
     },
     /** This process is shutting down: a step killed by the platform's signal from now on is not the run's failure. */

@@ -738,6 +738,15 @@ describe('run lifecycle', function () {
       expect(executor.abort(twice), 'the later attempt is found by a cancel').to.equal(true);
       expect((await second)!.run.status).to.equal('canceled');
       expect(await fs.readFile(path.join(ws, 'twice.log'), 'utf8')).to.equal('start\nstart\n');
+      // the same attempt delivered twice at once (a stall's re-delivery while it was still queued): one runs it, and a
+      // cancel finds it (the other's end removed its entry)
+      const doubled = await post('echo go >> doubled.log; sleep 30');
+      const [one, other] = [executor.execute(doubled, 'tenant-a', 1), executor.execute(doubled, 'tenant-a', 1)];
+      await eventually(async () => ((await fs.readFile(path.join(ws, 'doubled.log'), 'utf8').catch(() => '')) === 'go\n' ? true : null), 'it to start');
+      expect(executor.abort(doubled)).to.equal(true);
+      const settledBoth = await Promise.all([one, other]);
+      expect(settledBoth.filter(Boolean).map((x) => x!.run.status)).to.deep.equal(['canceled']);
+      expect(await fs.readFile(path.join(ws, 'doubled.log'), 'utf8')).to.equal('go\n');
       // its work done, its end refused four times: claimed here while it is tried again, so a job delivered again does not
       // take it for lost and run it a second time; then stored
       const refused = await post('echo did >> once.log');
