@@ -151,8 +151,10 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
       // a previous delivery started it and its worker died: its steps may have had effects
       return transitions.lose(found, 'the worker running this attempt stopped', await runs.isCancelRequested(runId).catch(() => false));
     }
-    // the same attempt delivered twice to this process while it was still queued (a stall's re-delivery): one runs it
-    if (inFlight.has(inFlightKey(runId, attempt))) return null;
+    // the same attempt delivered twice to this process while it was still queued (a stall's re-delivery): one runs
+    // it, and this copy, which holds the job's lock now, puts the job off (held) rather than complete it: the first
+    // copy may yet be held or fail at its start, and its job would be gone; back, it finds the run as that copy left it
+    if (inFlight.has(inFlightKey(runId, attempt))) return { run: found, next: 'held' };
     // claimed (told to the other processes) from before its start until its end is written: a job
     // delivered again meanwhile, or a reconcile elsewhere, never takes it for lost
     claimed.set(runId, (claimed.get(runId) ?? 0) + 1);
