@@ -120,6 +120,8 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
   const versionKey = (tenantId: string) => `${queues.prefix}:notify-endpoints:{${tenantId}}`;
   /** The events whose deliveries are not all stored yet (see wrap); in the prefix's slot, as the event logs are. */
   const outboxKey = `${queues.prefix}:notify-outbox`;
+  /** An outbox note done with, in the engine's Redis batch (with the event's other Redis work). */
+  const unnote = (member: string) => batch.call('notify.unnote', [outboxKey], [member]);
   let events: EventLog | null = null;
 
   async function enabledOf(tenantId: string): Promise<NotificationEndpoint[]> {
@@ -434,7 +436,7 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
             if (!(await deliveriesOf(event)).stored) return;
             offered++;
           }
-          await redis.zrem(outboxKey, member);
+          await unnote(member);
         }),
       );
       // one that failed (the store, Redis) keeps its note for the next pass; the others go on
@@ -608,8 +610,7 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
         if (!stored || !outboundType(stored.type)) return stored;
         try {
           // all stored: the note is done with (a note left is offered again by the reconciler, and makes nothing twice)
-          if ((await deliveriesOf(stored)).stored && noted)
-            void batch.call('notify.unnote', [outboxKey], [outboxMember(scope, stored.id)]).catch(() => undefined);
+          if ((await deliveriesOf(stored)).stored && noted) void unnote(outboxMember(scope, stored.id)).catch(() => undefined);
         } catch (err) {
           log.error(
             { tenant_id: stored.tenant_id, type: stored.type, err: (err as Error).message },

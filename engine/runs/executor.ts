@@ -319,14 +319,18 @@ export function executorOf(deps: RunsDeps, runs: Runs, transitions: Transitions,
       // run this process executes (its concurrency's worth) at each call
       const rest = going.filter((_, i) => !asked[i]);
       const stored = await Promise.all(rest.map((r) => store.runs.get(r.tenantId, r.runId).catch(() => null)));
-      aborted += rest.filter((r, i) => stored[i]?.cancel_requested_at && abort(r.runId)).length;
-      // the same read fences this process off an attempt the run went on without: taken for lost while this process
-      // was stalled or cut off from Redis past its claims' lapse (the run ended, or its next attempt is queued or
-      // runs elsewhere), it stops within one call of its coming back, and its end, which would not apply, is not written
       for (const [i, r] of rest.entries()) {
         const now = stored[i];
-        // read as it was executing: one that settled meanwhile (its end is the store's status now) is not stopped
-        if (!now || now.cancel_requested_at || r.controller.signal.aborted || inFlight.get(inFlightKey(r.runId, r.attempt)) !== r) continue;
+        if (!now || r.controller.signal.aborted) continue;
+        if (now.cancel_requested_at) {
+          if (abort(r.runId)) aborted++;
+          continue;
+        }
+        // the same read fences this process off an attempt the run went on without: taken for lost while this process
+        // was stalled or cut off from Redis past its claims' lapse (the run ended, or its next attempt is queued or
+        // runs elsewhere), it stops within one call of its coming back, and its end, which would not apply, is not
+        // written. One that settled while the store was read (its end is the store's status now) is not stopped
+        if (inFlight.get(inFlightKey(r.runId, r.attempt)) !== r) continue;
         if (now.attempt === r.attempt && !isTerminal(now.status)) continue;
         log.warn({ run_id: r.runId, attempt: r.attempt, now: { attempt: now.attempt, status: now.status } }, 'an attempt the run went on without is stopped');
         r.controller.abort(SUPERSEDED);

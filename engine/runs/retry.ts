@@ -17,13 +17,16 @@ export function retryPolicyOf(input: RetryPolicyInput | null | undefined): Retry
 /** Failed tries so far, the one that just ended included. */
 const failuresOf = (attempts: AttemptRecord[]) => attempts.filter((a) => a.outcome !== 'interrupted').length + 1;
 
+/** Whether the run's retry policy covers an attempt that ended with `status` (it then decides whether the run goes on). */
+export const policyCovers = (run: Pick<Run, 'retry'>, status: RunStatus): boolean => Boolean(run.retry && (run.retry.on as RunStatus[]).includes(status));
+
 /**
  * The delay before the next try when an attempt that ended with `status` is to be retried, or null
  * when the run ends here.
  */
 export function retryDelayMs(run: Pick<Run, 'retry' | 'attempts'>, status: RunStatus): number | null {
   const policy = run.retry;
-  if (!policy || !(policy.on as RunStatus[]).includes(status)) return null;
+  if (!policy || !policyCovers(run, status)) return null;
   const failures = failuresOf(run.attempts);
   if (failures >= policy.attempts) return null;
   const { type, delay_ms } = policy.backoff;

@@ -27,7 +27,7 @@ import {
 } from '../platform/index.js';
 import type { IdempotencyRecord, KeyClaim } from '../store/index.js';
 import type { TenantSlots } from './concurrency.js';
-import { retryDelayMs } from './retry.js';
+import { policyCovers, retryDelayMs } from './retry.js';
 
 /** How long run creation waits for Redis before answering 202 on the strength of the store alone. */
 export { REDIS_DEADLINE_MS };
@@ -342,8 +342,7 @@ export function transitionsOf(deps: TransitionsDeps) {
     const at = clock.now();
     const error = changes.error ?? null;
     // a retry policy that covers the status decides alone (spent, the run ends); else a lost attempt may run again
-    const policyCovers = Boolean(run.retry && (run.retry.on as RunStatus[]).includes(status));
-    const delay = status === 'canceled' ? null : policyCovers ? retryDelayMs(run, status) : outcome === 'lost' && rerunsAfterLoss(run) ? 0 : null;
+    const delay = status === 'canceled' ? null : policyCovers(run, status) ? retryDelayMs(run, status) : outcome === 'lost' && rerunsAfterLoss(run) ? 0 : null;
     const retried =
       delay === null
         ? null
