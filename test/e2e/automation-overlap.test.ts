@@ -88,7 +88,7 @@ describe('automation overlap policies', function () {
     const res = await h.call<Body>('POST', '/api/v1/automations', {
       body: {
         name: 'replace',
-        steps: [{ tool: 'shell', args: { command: 'if [ -e replaced.mark ]; then echo quick; else sleep 30; fi' } }],
+        steps: [{ tool: 'shell', args: { command: 'if [ -e replaced.mark ]; then echo quick; else echo asleep >> sleeping.log; sleep 30; fi' } }],
         overlap: 'replace',
       },
     });
@@ -96,9 +96,16 @@ describe('automation overlap policies', function () {
     const get = async (id: string) => (await h.call<Body>('GET', `/api/v1/runs/${id}`)).body;
     const first = await fire(a.id);
     await eventually(async () => (await get(first)).status === 'running' || null, 'the first run to start');
+    /** runs past their check of the mark, asleep (a loaded machine starts a shell well after its run's start is written) */
+    const asleep = (n: number) =>
+      eventually(
+        async () => (await fs.readFile(path.join(h.tenantDir(), 'sleeping.log'), 'utf8').catch(() => '')) === 'asleep\n'.repeat(n) || null,
+        `${n} asleep`,
+      );
+    await asleep(1);
     const second = await fire(a.id);
     expect((await finishedRun(h, first)).status).to.equal('canceled');
-    await eventually(async () => (await get(second)).status === 'running' || null, 'the second run to start');
+    await asleep(2);
     await fs.writeFile(path.join(h.tenantDir(), 'replaced.mark'), '');
     const third = await fire(a.id);
     const [one, two, three] = [await finishedRun(h, first), await finishedRun(h, second), await finishedRun(h, third)];
