@@ -3,6 +3,7 @@
 // earlier version taken over in its order.
 import { expect } from 'chai';
 import { Redis } from 'ioredis';
+import sinon from 'sinon';
 import { createTenantSlots } from '../../engine/runs/index.js';
 import { deleteRedisPrefix, testRedisUrl, uniquePrefix } from '../support/harness.js';
 
@@ -93,6 +94,40 @@ describe('tenant slots and line', () => {
     await redis.rpush(`${prefix}:tenant:t:pending`, 'a', 'b');
     expect(await slots.waiting('t')).to.equal(2);
     expect((await slots.holders()).get('t')!.waiting).to.deep.equal(new Set(['a', 'b']));
+  });
+
+  it('finds the tenants holding slots from their list, looking through the keyspace only at its first pass (not at every pass)', async () => {
+    const scan = sinon.spy(redis, 'scan');
+    // what an earlier version left: a tenant's slot and line with no list of tenants
+    await redis.sadd(`${prefix}:tenant:old:running`, 'o1');
+    await redis.zadd(`${prefix}:tenant:old:pending`, 1, 'o2');
+    const slots = createTenantSlots(redis, prefix, 1);
+    expect(await slots.admit('t', 'r1')).to.equal(true);
+    const first = await slots.holders();
+    expect(scan.called, 'the first pass looks through the keyspace').to.equal(true);
+    expect([...first.keys()].sort()).to.deep.equal(['old', 't']);
+    expect((await redis.smembers(`${prefix}:slot-tenants`)).sort(), 'what the look found is listed').to.deep.equal(['old', 't']);
+    scan.resetHistory();
+    // a tenant admitted since, one restored by the reconciler (Redis lost its slot), one in line: found without a scan
+    expect(await slots.admit('u', 'u1')).to.equal(true);
+    await slots.restore('v', 'v1');
+    expect(await slots.admit('t', 'r2')).to.equal(false);
+    const later = await slots.holders();
+    expect(scan.called, 'later passes read the list').to.equal(false);
+    expect([...later.keys()].sort()).to.deep.equal(['old', 't', 'u', 'v']);
+    expect([...later.get('t')!.waiting]).to.deep.equal(['r2']);
+    // a tenant whose runs have all left is no longer listed: its last release takes it out
+    await slots.release('t', 'r1');
+    expect(await redis.sismember(`${prefix}:slot-tenants`, 't'), 'r2 was admitted in r1\'s place').to.equal(1);
+    await slots.release('t', 'r2');
+    await slots.release('old', 'o1');
+    await slots.release('old', 'o2');
+    expect((await redis.smembers(`${prefix}:slot-tenants`)).sort()).to.deep.equal(['u', 'v']);
+    // listed with nothing held (its last run left between a look and its listing): the pass takes it out
+    await redis.sadd(`${prefix}:slot-tenants`, 'gone');
+    expect([...(await slots.holders()).keys()].sort()).to.deep.equal(['u', 'v']);
+    expect((await redis.smembers(`${prefix}:slot-tenants`)).sort()).to.deep.equal(['u', 'v']);
+    expect(scan.called).to.equal(false);
   });
 
   it('keeps each operation cheap with a long line: no scan of the line per admission or release', async () => {
