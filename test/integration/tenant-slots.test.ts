@@ -118,7 +118,7 @@ describe('tenant slots and line', () => {
     expect([...later.get('t')!.waiting]).to.deep.equal(['r2']);
     // a tenant whose runs have all left is no longer listed: its last release takes it out
     await slots.release('t', 'r1');
-    expect(await redis.sismember(`${prefix}:slot-tenants`, 't'), 'r2 was admitted in r1\'s place').to.equal(1);
+    expect(await redis.sismember(`${prefix}:slot-tenants`, 't'), "r2 was admitted in r1's place").to.equal(1);
     await slots.release('t', 'r2');
     await slots.release('old', 'o1');
     await slots.release('old', 'o2');
