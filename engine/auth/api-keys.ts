@@ -5,17 +5,29 @@ import { ConfigError, type ApiKeySeed } from '../../config/env.js';
 import { type ApiKeyRecord, type Clock, ConflictError, newId, NotFoundError, type Logger, UnauthorizedError, ValidationError } from '../platform/index.js';
 import type { Store } from '../store/index.js';
 
-/** Every key made with `root`, and those made with them, all the way down (revoked ones too, and through them). */
+/**
+ * Every key made with `root`, and those made with them, all the way down (revoked ones too, and through them).
+ * One pass over the tenant's keys, then a walk of the tree: time in line with the keys, however many (a
+ * tenant's revoked and expired keys stay listed, and a walk that read them all for each key held the event
+ * loop for seconds past a few thousand).
+ */
 function madeBelow(all: ApiKeyRecord[], root: ApiKeyRecord): ApiKeyRecord[] {
-  const below: ApiKeyRecord[] = [];
-  for (let queue = [root]; queue.length;) {
-    const maker = queue.shift()!;
-    for (const k of all)
-      if (k.created_by === `key:${maker.id}` && k.id !== root.id && !below.some((b) => b.id === k.id)) {
-        below.push(k);
-        queue.push(k);
-      }
+  const madeWith = new Map<string, ApiKeyRecord[]>();
+  for (const k of all) {
+    if (!k.created_by) continue;
+    const siblings = madeWith.get(k.created_by);
+    if (siblings) siblings.push(k);
+    else madeWith.set(k.created_by, [k]);
   }
+  const below: ApiKeyRecord[] = [];
+  const seen = new Set([root.id]);
+  for (let queue = [root], i = 0; i < queue.length; i++)
+    for (const k of madeWith.get(`key:${queue[i]!.id}`) ?? []) {
+      if (seen.has(k.id)) continue;
+      seen.add(k.id);
+      below.push(k);
+      queue.push(k);
+    }
   return below;
 }
 

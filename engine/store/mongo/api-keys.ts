@@ -43,8 +43,10 @@ export function apiKeyRepo(model: Model<Stored<ApiKeyRecord>>, leases: Leases): 
       );
       return done === 'over-cap' ? 'over-cap' : inserted;
     },
+    // a revocation reads the key, then lists what was made with it, from the primary: a secondary that lags
+    // could miss a key made with it just before it was revoked, and the cascade would end without it
     async get(tenantId, id) {
-      return fromStored(await model.findOne({ _id: id, tenant_id: tenantId }).lean<Stored<ApiKeyRecord>>());
+      return fromStored(await model.findOne({ _id: id, tenant_id: tenantId }).read('primary').lean<Stored<ApiKeyRecord>>());
     },
     page: (tenantId, q) => pageOf(model, { tenant_id: tenantId }, q),
     // every request's key: read from the primary, so a key revoked there is not let in by a secondary that lags
@@ -52,7 +54,7 @@ export function apiKeyRepo(model: Model<Stored<ApiKeyRecord>>, leases: Leases): 
       return fromStored(await model.findOne({ hash }).read('primary').lean<Stored<ApiKeyRecord>>());
     },
     async list(tenantId) {
-      const rows = await model.find({ tenant_id: tenantId }).sort({ _id: 1 }).lean<Stored<ApiKeyRecord>[]>();
+      const rows = await model.find({ tenant_id: tenantId }).sort({ _id: 1 }).read('primary').lean<Stored<ApiKeyRecord>[]>();
       return rows.map((r) => fromStored(r)!);
     },
     async listBootstrap() {
