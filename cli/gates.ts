@@ -1,9 +1,10 @@
 // `gates run` and `gates verify`: the same gate set the service runs, run here in-process (each
 // command in the sandbox), and offline verification of an evidence pack.
+import type { KeyObject } from 'node:crypto';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import { environmentValue, loadConfig, TENANT_ID_PATTERN } from '../config/env.js';
-import { EVIDENCE_KEY_FILE, ledgerOf, readPack, signerOf, verifyPack } from '../engine/evidence/index.js';
+import { EVIDENCE_KEY_FILE, ledgerOf, publicKeyFromText, readPack, signerOf, verifyPack } from '../engine/evidence/index.js';
 import {
   FileHasher,
   gateEnv,
@@ -166,15 +167,25 @@ export async function gatesVerify(file: string, values: { key?: string; tenant?:
   const data = await fs.readFile(file).catch(() => {
     throw new UsageError(`cannot read ${file}`);
   });
+  // the key pinned: the service's public key (every bit of it), or its id (the first 64 bits of its digest)
+  let pin: { keyId?: string; publicKey?: KeyObject } = {};
+  let pinnedBy: 'key id' | 'public key' | undefined;
+  if (values.key !== undefined && /^[0-9a-f]{16}$/.test(values.key)) [pin, pinnedBy] = [{ keyId: values.key }, 'key id'];
+  else if (values.key !== undefined) {
+    const publicKey = publicKeyFromText(values.key);
+    if (!publicKey)
+      throw new UsageError("--key is the service's key id (16 hex characters) or its Ed25519 public key (the base64 line of a pack's public-key.pem)");
+    [pin, pinnedBy] = [{ publicKey }, 'public key'];
+  }
   let verdict;
   try {
-    verdict = verifyPack(await readPack(data), { keyId: values.key, tenantId: values.tenant });
+    verdict = verifyPack(await readPack(data), { ...pin, tenantId: values.tenant });
   } catch (err) {
     verdict = { ok: false as const, problem: { part: 'envelope' as const, message: `not an evidence pack: ${(err as Error).message}` } };
   }
   if (values.json) {
     out(
-      `${JSON.stringify(verdict.ok ? { ok: true, pinned: Boolean(values.key), key_id: verdict.key_id, entries: verdict.entries, earlier_keys: verdict.earlier_keys, statement: verdict.statement } : verdict, null, 2)}\n`,
+      `${JSON.stringify(verdict.ok ? { ok: true, pinned: Boolean(values.key), ...(pinnedBy ? { pinned_by: pinnedBy } : {}), key_id: verdict.key_id, entries: verdict.entries, earlier_keys: verdict.earlier_keys, statement: verdict.statement } : verdict, null, 2)}\n`,
     );
     return verdict.ok ? (values.key ? 0 : 3) : 1;
   }
@@ -187,11 +198,11 @@ export async function gatesVerify(file: string, values: { key?: string; tenant?:
   if (!values.key) {
     // a pack checked against the key it carries proves only that someone signed it
     out(
-      `UNPINNED: the pack holds together, signed by key ${verdict.key_id}, the key it carries itself; pass --key <the service's key id> to check it is the service's\n`,
+      `UNPINNED: the pack holds together, signed by key ${verdict.key_id}, the key it carries itself; pass --key <the service's public key> (or its key id) to check it is the service's\n`,
     );
     return 3;
   }
-  out(`ok: signed by key ${verdict.key_id} (pinned)\n`);
+  out(`ok: signed by key ${verdict.key_id} (pinned by its ${pinnedBy})\n`);
   out(`tenant: ${typeof p.tenant_id === 'string' ? p.tenant_id : '(not named: a pack made before tenants were signed)'}\n`);
   const missing = Array.isArray(p.missing) ? (p.missing as string[]) : [];
   out(`ready: ${p.ready === true ? 'yes' : 'no'}${missing.length ? ` (no result for required gates: ${missing.join(', ')})` : ''}\n`);

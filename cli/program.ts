@@ -633,10 +633,16 @@ Examples:
     .description(
       'check an evidence pack (.tar, or its pack.json) offline: signature, hash chain, payload digests; exits 1 naming the first bad entry, 3 when it holds but no --key pinned the service key',
     )
-    .option('--key <key-id>', "the service's key id (the evidence-pack answer's public_key.key_id)")
+    .option(
+      '--key <public-key>',
+      "the service's public key (the base64 line of the evidence-pack answer's public_key.pem), or its key id (public_key.key_id, 64 bits)",
+    )
     .option('--tenant <tenant>', 'the tenant the pack must be about (the service signs every tenant’s packs with one key)')
     .option('--json', 'print the verdict as JSON')
-    .addHelpText('after', examples('automation-service gates verify evidence.tar --key 3f9a0c1d2e4b5a69 --tenant acme'))
+    .addHelpText(
+      'after',
+      examples('automation-service gates verify evidence.tar --key MCowBQYDK2VwAyEAXNmmwV5Krr/D1/4993/KgzAlB6sTmx0kRGncHMj6PJU= --tenant acme'),
+    )
     .action(async (pack: string, opts: { key?: string; tenant?: string; json?: boolean }) => {
       const { gatesVerify } = await import('./gates.js');
       process.exitCode = await gatesVerify(pack, opts, (t) => void process.stdout.write(t));

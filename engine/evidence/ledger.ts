@@ -14,9 +14,13 @@ export function ledgerOf(deps: Pick<Platform, 'store' | 'clock'> & { signer: Evi
   return {
     publicKey: { key_id: signer.keyId, pem: signer.publicKeyPem },
 
-    /** What is wrong with a slice of the ledger as stored (a chain, a hash, a signature, a payload), or null. */
-    verify: (entries: LedgerEntry[], payloads: Map<string, string>): Promise<EvidenceProblem | null> =>
-      verifyEntriesAsync(entries, { publicKey: verifyingKey, keyId: signer.keyId, earlier: signer.earlier, payloads }),
+    /**
+     * What is wrong with a slice of the tenant's ledger as stored (a chain, a hash, a signature, a payload, an
+     * entry of another tenant's ledger), or null: what `gates verify` checks of a pack's entries. The payloads
+     * are read a chunk of entries at a time (`payloadsOf`), and each chunk's let go before the next is read.
+     */
+    verify: (tenantId: string, entries: LedgerEntry[], payloadsOf: (chunk: LedgerEntry[]) => Promise<Map<string, string>>): Promise<EvidenceProblem | null> =>
+      verifyEntriesAsync(entries, { publicKey: verifyingKey, keyId: signer.keyId, earlier: signer.earlier, tenantId, payloadsOf }),
 
     /** The earlier keys (SERVICE_EVIDENCE_PREVIOUS_KEYS) that signed some of these entries, by id: a pack of them names them. */
     earlierKeysOf: (entries: LedgerEntry[]): LedgerKey[] =>

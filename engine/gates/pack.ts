@@ -20,7 +20,11 @@ const SLICE_MAX = 10_000;
  * A pack and what its tar rests on: the ledger slice and its payloads (read to verify it), and the digests of
  * its gates' artifacts, not read: 50 gates of 5 MB each are read only for a tar, one at a time (`payloadsOf`).
  */
-export type EvidencePack = { pack: PackJson; entries: LedgerEntry[]; payloads: { digest: string; body: string }[]; artifacts: string[] };
+/** A pack built: its signed JSON, its ledger slice, the digests of the slice's payloads and of the artifacts its results name (both read as its tar is written). */
+export type EvidencePack = { pack: PackJson; entries: LedgerEntry[]; payloads: string[]; artifacts: string[] };
+
+/** How many payloads a tar's writer is given from one read of the store. */
+const PAYLOADS_READ = 64;
 
 /** A workspace as the records name it (relative to the tenant's root, normalized), or null for one no record names. */
 function storedName(requested: string): string | null {
@@ -116,14 +120,22 @@ export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledg
       const entries = await ledger.list(tenantId, { afterSeq: from - 1, limit: to - from + 1 });
       const head = entries.at(-1)!;
       const bySeq = new Map(entries.map((e) => [e.seq, e]));
-      const payloads = await ledger.payloads(
-        tenantId,
-        entries.map((e) => e.payload_digest),
-      );
-      const payloadOf = new Map(payloads.map((p) => [p.digest, p.body]));
+      // what the statement reads of the slice's payloads: the latest gate results, the latest run's seal and the
+      // workspace's audits. The rest (up to 10,000 payloads of up to 72 KB) are read to be checked and let go:
+      // held together, six packs at once took the process past its heap
+      const sealAt = runs[0]!.ledger!.to_seq;
+      const read = (e: LedgerEntry) =>
+        e.seq === sealAt ||
+        (e.kind === 'gate.result' && latest.has(String(e.subject.gate_id))) ||
+        (e.kind === 'audit.report' && e.subject.workspace === ws.name);
+      const payloadOf = new Map<string, string>();
       // the service signs only what its ledger seals: a slice that does not verify as stored is refused,
       // and each gate's row is its sealed result, never the gate run's stored copy of it
-      const problem = await ledger.verify(entries, payloadOf);
+      const problem = await ledger.verify(tenantId, entries, async (chunk) => {
+        const bodies = new Map((await ledger.payloads(tenantId, [...new Set(chunk.map((e) => e.payload_digest))])).map((p) => [p.digest, p.body]));
+        for (const e of chunk) if (read(e) && bodies.has(e.payload_digest)) payloadOf.set(e.payload_digest, bodies.get(e.payload_digest)!);
+        return bodies;
+      });
       if (problem) throw new ConflictError(`the evidence ledger does not verify (${problem.message}); no pack is signed from it`, { problem });
       // entries signed before the ledger's key was rotated: the pack names their keys, and its signature vouches for them
       const earlier = ledger.earlierKeysOf(entries);
@@ -164,7 +176,9 @@ export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledg
       };
       // artifacts are payloads too: the tar carries them so that it stands alone (payloadsOf reads them)
       const rows = [...latest].map(([gateId, run]) => ({ run, ...sealedResult(run, gateId, subject.dirty === false) }));
-      const artifacts = [...new Set(rows.flatMap(({ result }) => result.artifacts.map((a) => a.payload_digest)))].filter((d) => !payloadOf.has(d));
+      const sliceDigests = [...new Set(entries.map((e) => e.payload_digest))];
+      const inSlice = new Set(sliceDigests);
+      const artifacts = [...new Set(rows.flatMap(({ result }) => result.artifacts.map((a) => a.payload_digest)))].filter((d) => !inSlice.has(d));
       // every row's result sealed for the commit the pack names, as `gates verify` holds it to: a gate run that
       // mixed commits (sealed before gate runs were held to one) is refused, not signed
       for (const { result, seq } of rows) {
@@ -229,7 +243,7 @@ export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledg
       return {
         pack: { envelope: ledger.envelope(statement), public_key: ledger.publicKey, statement },
         entries,
-        payloads: [...new Map(payloads.map((p) => [p.digest, p])).values()],
+        payloads: sliceDigests,
         artifacts,
       };
     },
@@ -243,7 +257,14 @@ export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledg
      * results name is not whole, and was served as if it were.
      */
     async *payloadsOf(tenantId: string, built: EvidencePack): AsyncGenerator<{ digest: string; body: string }> {
-      yield* built.payloads;
+      for (let i = 0; i < built.payloads.length; i += PAYLOADS_READ) {
+        await turn();
+        const page = built.payloads.slice(i, i + PAYLOADS_READ);
+        const found = await ledger.payloads(tenantId, page);
+        // checked as the pack was built: one gone since (the store's data lost) fails the tar, not a tar without it
+        if (found.length !== page.length) throw new Error(`the store no longer keeps every payload of the pack's ledger slice`);
+        yield* found;
+      }
       for (const digest of built.artifacts) {
         await turn();
         const [payload] = await ledger.payloads(tenantId, [digest]);

@@ -1,5 +1,6 @@
 // Gates through the service: a signed GitHub push fires the gates-on-push automation, whose `gates`
 // step runs the workspace's gate set as a BullMQ flow (one job per gate, sealed into the ledger).
+import { randomBytes } from 'node:crypto';
 import { spawnSync } from 'node:child_process';
 import fs from 'node:fs/promises';
 import os from 'node:os';
@@ -675,8 +676,22 @@ describe('gates in the service', function () {
     expect(unpinned.stdout).to.contain('UNPINNED');
     const ok = await cli('verify', file, '--key', key.key_id, '--tenant', 'tenant-a');
     expect(ok.status, ok.stdout + ok.stderr).to.equal(0);
-    expect(ok.stdout).to.contain(`ok: signed by key ${key.key_id} (pinned)`).and.contain('entries verified').and.contain('tenant: tenant-a');
+    expect(ok.stdout).to.contain(`ok: signed by key ${key.key_id} (pinned by its key id)`).and.contain('entries verified').and.contain('tenant: tenant-a');
     expect(ok.stdout).to.contain('ready: no\n'); // the test gate failed on this commit
+    // pinned by the whole public key (the id is 64 bits of its digest: a key made to match it is within some reach)
+    const spki = key.pem.split('\n').find((l) => l && !l.startsWith('-----'))!;
+    const byKey = await cli('verify', file, '--key', spki, '--tenant', 'tenant-a');
+    expect(byKey.status, byKey.stdout + byKey.stderr).to.equal(0);
+    expect(byKey.stdout).to.contain(`ok: signed by key ${key.key_id} (pinned by its public key)`);
+    const another = publicKeyFromPem(signerOf(randomBytes(32)).publicKeyPem)!
+      .export({ format: 'der', type: 'spki' })
+      .toString('base64');
+    const notIt = await cli('verify', file, '--key', another);
+    expect(notIt.status).to.equal(1);
+    expect(notIt.stdout).to.contain(`the pack is signed by key ${key.key_id}, not the public key given`);
+    const garbled = await cli('verify', file, '--key', 'not-a-key');
+    expect(garbled.status, 'a --key that is neither').to.equal(2);
+    expect(garbled.stderr).to.contain('--key is the service');
     const elsewhere = await cli('verify', file, '--key', key.key_id, '--tenant', 'tenant-b');
     expect(elsewhere.status).to.equal(1);
     expect(elsewhere.stdout).to.contain("the pack is tenant tenant-a's, not tenant-b's");

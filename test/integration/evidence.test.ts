@@ -114,6 +114,68 @@ describe('evidence ledger', () => {
     expect(await both(c)).to.deep.include({ part: 'signature', seq: 513 });
   });
 
+  it('refuses an entry of a key rotated out once another key signed after it, and an entry of another tenant', async () => {
+    // ledgers signed by key A, rotated to B, then to C (the service's key; A and B its earlier keys)
+    const [a, b, c] = [signerOf(randomBytes(32)), signerOf(randomBytes(32)), signerOf(randomBytes(32))];
+    const signedBy = async (tenant: string, signers: (typeof a)[]) => {
+      for (const [i, signer] of signers.entries())
+        await ledgerOf({ store, clock: systemClock, signer }).append(tenant, [{ kind: 'gate.result', subject: { workspace: '.' }, payload: { i } }]);
+      return store.evidence.list(tenant, { limit: 20 });
+    };
+    const keyOf = (s: typeof a) => publicKeyFromPem(s.publicKeyPem)!;
+    const earlier = new Map([
+      [a.keyId, keyOf(a)],
+      [b.keyId, keyOf(b)],
+    ]);
+    const check = async (list: LedgerEntry[]) => {
+      const opts = { publicKey: keyOf(c), keyId: c.keyId, earlier, prevHash: GENESIS_HASH, tenantId: list[0]!.tenant_id };
+      const found = verifyEntries(list, opts);
+      expect(await verifyEntriesAsync(list, opts)).to.deep.equal(found);
+      return found;
+    };
+    const run = `rotated-${Date.now()}`;
+    const rotated = await signedBy(`${run}-abc`, [a, a, b, b, c, c]);
+    expect(await check(rotated)).to.equal(null);
+    // whoever holds a leaked earlier seed and the store's write access appends in its name: refused, whichever seed
+    expect(await check(await signedBy(`${run}-a`, [a, a, b, b, c, c, a])), 'A after C').to.deep.include({ part: 'signature', seq: 7 });
+    expect(await check(await signedBy(`${run}-b`, [a, a, b, b, c, c, b])), 'B after C').to.deep.include({ part: 'signature', seq: 7 });
+    // before the current key has signed: a key that signs again after the key that took over from it
+    expect(await check(await signedBy(`${run}-aba`, [a, b, a])), 'A after B').to.deep.include({ part: 'signature', seq: 3 });
+    expect(await check(await signedBy(`${run}-ab`, [a, b])), 'A, then B: a rotation').to.equal(null);
+    // the same entries checked as another tenant's slice (moved under it in the store): refused at its first entry
+    const asAnother = { publicKey: keyOf(c), keyId: c.keyId, earlier, tenantId: 'someone-else' };
+    expect(verifyEntries(rotated, asAnother)).to.deep.include({ part: 'chain', seq: 1 });
+    expect(await verifyEntriesAsync(rotated, asAnother)).to.deep.include({ part: 'chain', seq: 1 });
+  });
+
+  it("reads a slice's payloads a chunk at a time when the service checks it, and still finds a payload changed in any chunk", async () => {
+    const signer = signerOf(randomBytes(32));
+    const ledger = ledgerOf({ store, clock: systemClock, signer });
+    const entries = await ledger.append(
+      'chunked',
+      Array.from({ length: 600 }, (_, i) => ({ kind: 'gate.result', subject: { workspace: '.' }, payload: { i } })),
+    );
+    const asked: number[] = [];
+    const payloadsOf = (change?: number) => async (chunk: LedgerEntry[]) => {
+      asked.push(chunk.length);
+      const bodies = new Map(
+        (
+          await ledger.payloads(
+            'chunked',
+            chunk.map((e) => e.payload_digest),
+          )
+        ).map((p) => [p.digest, p.body]),
+      );
+      const changed = chunk.find((e) => e.seq === change);
+      if (changed) bodies.set(changed.payload_digest, '{"i":-1}');
+      return bodies;
+    };
+    expect(await ledger.verify('chunked', entries, payloadsOf())).to.equal(null);
+    expect(asked, 'three reads of at most 256 payloads').to.deep.equal([256, 256, 88]);
+    expect(await ledger.verify('chunked', entries, payloadsOf(580))).to.deep.include({ part: 'payload', seq: 580 });
+    expect(await ledger.verify('another', entries, payloadsOf())).to.deep.include({ part: 'chain', seq: 1 });
+  });
+
   it('never dates an entry before the one it follows, even when the append that read the clock first commits second', async () => {
     const signer = signerOf(randomBytes(32));
     // two appends at once: the first reads 12:00:01, the second 12:00:00, and the second commits... second
