@@ -116,8 +116,12 @@ export function voiceRouter(engine: Engine, spec: OpenApiDocument): Router {
         throw new ValidationError('the transcript is too long to be a run goal', [
           { path: '/body/run', message: `a goal is at most ${MAX_GOAL_CHARS} characters` },
         ]);
+      const request = autonomyRunRequest(req, 'autonomy', spokenRun(text, opts.workspace));
+      // what would refuse the run refuses it before the message is posted (the line may have filled while the
+      // provider worked): a refused request posts nothing, so its retry posts the message once, not twice
+      await engine.runs.assertAcceptable(tenantId, request);
       await post();
-      return autonomyRunRequest(req, 'autonomy', spokenRun(text, opts.workspace));
+      return request;
     });
     out.run = acceptedRun(engine, run);
     acceptRun(res, engine, run, replayed, out);

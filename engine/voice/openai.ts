@@ -63,15 +63,18 @@ export function openAiTranscriber(s: OpenAiTranscriberSettings): Transcriber {
   async function transcribe(audio: TranscriberAudio, opts: TranscriberOptions): Promise<TranscriberResult> {
     // the provider's time starts once the upload is all here: a slow client is not the provider's fault
     const timeout = new AbortController();
+    // an upload refused as it arrives ends the provider's request at once: one that has stopped reading holds
+    // the transfer back, and the refusal (known already) waited for it for good
+    const refused = new AbortController();
     let timer: NodeJS.Timeout | undefined;
     let done = false;
     audio.settled.then(
       () => {
         if (!done) timer = setTimeout(() => timeout.abort(), timeoutMs);
       },
-      () => undefined,
+      () => refused.abort(),
     );
-    const signal = AbortSignal.any([opts.signal, timeout.signal]);
+    const signal = AbortSignal.any([opts.signal, timeout.signal, refused.signal]);
     const failed = (err: unknown): Error => {
       if (timeout.signal.aborted)
         return new TranscriptionFailedError('transcription-timeout', `the transcription provider did not answer within ${timeoutMs} ms`);

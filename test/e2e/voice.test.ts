@@ -21,7 +21,8 @@ const KEY = 'sk-test-0123456789abcdefSECRET';
 
 type Received = { at: number; authorization?: string; fields: Record<string, string>; file?: { bytes: Buffer; filename: string; mimeType: string } };
 /** `early`: answered as soon as the request arrives, before its body is read (as a rate limiter at the door does) */
-type Turn = { status: number; headers?: Record<string, string>; body?: unknown; early?: boolean } | 'hang';
+/** 'hang': reads the whole request and never answers; 'stall': reads none of it and never answers (a provider stuck behind its own backlog) */
+type Turn = { status: number; headers?: Record<string, string>; body?: unknown; early?: boolean; delayMs?: number } | 'hang' | 'stall';
 
 const VERBOSE = {
   task: 'transcribe',
@@ -40,6 +41,12 @@ async function startProvider() {
     const got: Received = { at: Date.now(), authorization: req.headers.authorization, fields: {} };
     req.on('data', (c: Buffer) => (live.bytes += c.length));
     const next = script[0];
+    if (next === 'stall') {
+      script.shift();
+      received.push(got);
+      req.pause();
+      return;
+    }
     if (next && next !== 'hang' && next.early) {
       script.shift();
       received.push(got);
@@ -59,10 +66,14 @@ async function startProvider() {
     bb.on('close', () => {
       received.push(got);
       const turn = script.shift() ?? { status: 200, body: VERBOSE };
-      if (turn === 'hang') return;
-      res
-        .writeHead(turn.status, { 'content-type': 'application/json', ...turn.headers })
-        .end(JSON.stringify(turn.body ?? { error: { message: `leaked ${KEY}` } }));
+      if (turn === 'hang' || turn === 'stall') return;
+      setTimeout(
+        () =>
+          res
+            .writeHead(turn.status, { 'content-type': 'application/json', ...turn.headers })
+            .end(JSON.stringify(turn.body ?? { error: { message: `leaked ${KEY}` } })),
+        turn.delayMs ?? 0,
+      );
     });
     req.pipe(bb);
   });
@@ -439,6 +450,27 @@ describe('voice transcription', function () {
     expect(res.body.code).to.equal('transcription-timeout');
   });
 
+  it('answers an upload refused while it was passed on at once, even to a provider that has stopped reading it', async () => {
+    provider.play(['stall']);
+    // a WAV whose header promises 21 MB of samples (55 s), cut off after 20 MB: refused once its end is read,
+    // while the provider, which read none of it, holds the transfer back
+    const cut = wav(55, 192_000).subarray(0, 20 * 1024 * 1024);
+    const started = Date.now();
+    const res = await fetch(`${h.url}/api/v1/autonomy/voice/transcribe`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${KEYS.a}`, 'content-type': 'audio/wav' },
+      body: cut,
+      // no answer: the test says so rather than wait for the client to give up (it waited for good)
+      signal: AbortSignal.timeout(15_000),
+    });
+    const body = (await res.json()) as Body;
+    expect(res.status, JSON.stringify(body)).to.equal(422);
+    expect(body.code).to.equal('audio-invalid');
+    // the provider's 2 s timeout does not run while the upload is still arriving: the refusal came without it
+    expect(Date.now() - started).to.be.below(12_000);
+    expect(provider.received, 'the provider was asked').to.have.length(1);
+  });
+
   it('refuses what is not audio, broken or too large before the provider sees it', async () => {
     provider.play([]);
     const text = await raw(h, Buffer.from('this is plainly text, not a recording'));
@@ -746,6 +778,33 @@ describe('voice transcription', function () {
       expect(res.status, res.text).to.equal(429);
       expect(res.headers.get('retry-after')).to.equal('30');
       expect(provider.received, 'the provider was not asked').to.have.length(0);
+    } finally {
+      await full.close();
+    }
+  });
+
+  it('posts no message for a spoken run refused because the line filled while the provider worked, and its retry posts it once', async () => {
+    const full = await startFullLine();
+    try {
+      const session = (await full.call<Body>('POST', '/api/v1/sessions', { body: { title: 'spoken' } })).body;
+      const messages = async () => (await full.call<Body>('GET', `/api/v1/sessions/${session.id}/messages`)).body.data as Body[];
+      const run = () => full.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'message', args: { text: 'x' } }] } });
+      expect((await run()).status).to.equal(202);
+      provider.play([0, 1].map(() => ({ status: 200, body: { ...VERBOSE, text: 'deploy the service' }, delayMs: 400 })));
+      const asked = () => raw(full, wav(0.3), 'audio/wav', { query: `run=true&session_id=${session.id}`, headers: { 'idempotency-key': 'voice-line' } });
+      const first = asked();
+      // the line fills while the provider works (the request was let in with room for one more)
+      await eventually(async () => provider.live.bytes > 0 || null, 'the provider to be asked');
+      const filler = await run();
+      expect(filler.status).to.equal(202);
+      const refused = await first;
+      expect(refused.status, refused.text).to.equal(429);
+      expect(await messages(), 'a refused spoken run posts nothing').to.deep.equal([]);
+      // once there is room again, its retry with the same key starts the run and posts the message, once
+      expect((await full.call('POST', `/api/v1/runs/${filler.body.run_id}/cancel`)).status).to.equal(200);
+      const again = await asked();
+      expect(again.status, again.text).to.equal(202);
+      expect((await messages()).map((m) => m.parts[0].text)).to.deep.equal(['deploy the service']);
     } finally {
       await full.close();
     }
