@@ -116,8 +116,9 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
         );
       }
     }
-    // a tenant exists once it has an API key; secrets can only be set with one
-    const known = records.length > 0 || (await store.apiKeys.list(tenantId)).length > 0;
+    // a tenant exists once it has an API key; secrets can only be set with one (one key read, not all of them:
+    // a tenant's revoked and expired keys stay listed, and this is asked for anyone's request)
+    const known = records.length > 0 || (await store.apiKeys.page(tenantId, { limit: 1 })).items.length > 0;
     const entry = { at: Date.now(), known, byKind };
     cache.set(tenantId, entry);
     if (cache.size > 10_000) cache.delete(cache.keys().next().value!);
