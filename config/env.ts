@@ -106,6 +106,8 @@ export type Config = {
   reconcileIntervalSeconds: number;
   /** days an ended run (its steps, turns and own session) is kept after it was made; 0: for good (SERVICE_RUNS_KEPT_DAYS) */
   runsKeptDays: number;
+  /** days an API key is kept after it was revoked or expired (SERVICE_API_KEYS_SPENT_KEPT_DAYS); 0: for good */
+  apiKeysSpentKeptDays: number;
   /** how long a worker's lock on a run lasts; a dead worker's run is noticed within about twice this */
   stalledIntervalSeconds: number;
   fileTriggerRefreshSeconds: number;
@@ -433,6 +435,7 @@ const schema = z.object({
   SERVICE_SSE_HEARTBEAT_SECONDS: int(15, 1, 300),
   SERVICE_RECONCILE_INTERVAL_SECONDS: int(30, 1, 3600),
   SERVICE_RUNS_KEPT_DAYS: int(90, 0, 36_500),
+  SERVICE_API_KEYS_SPENT_KEPT_DAYS: int(90, 0, 36_500),
   SERVICE_STALLED_INTERVAL_SECONDS: int(15, 1, 600),
   SERVICE_FILE_TRIGGER_REFRESH_SECONDS: int(5, 1, 3600),
   SERVICE_CRON_MIN_INTERVAL_SECONDS: int(60, 1, 86_400),
@@ -610,6 +613,7 @@ export function parseEnv(env: Record<string, string | undefined>, opts: { servic
     sseHeartbeatSeconds: e.SERVICE_SSE_HEARTBEAT_SECONDS,
     reconcileIntervalSeconds: e.SERVICE_RECONCILE_INTERVAL_SECONDS,
     runsKeptDays: e.SERVICE_RUNS_KEPT_DAYS,
+    apiKeysSpentKeptDays: e.SERVICE_API_KEYS_SPENT_KEPT_DAYS,
     stalledIntervalSeconds: e.SERVICE_STALLED_INTERVAL_SECONDS,
     fileTriggerRefreshSeconds: e.SERVICE_FILE_TRIGGER_REFRESH_SECONDS,
     cronMinIntervalSeconds: e.SERVICE_CRON_MIN_INTERVAL_SECONDS,

@@ -216,6 +216,7 @@ export async function startWorkers(rt: Runtime, processors: Processors = process
     ['notifications', () => rt.engine.notifications.reconcile()],
     ['gates', () => rt.engine.gates.reconcile(undefined, { elsewhere: () => rt.engine.runs.claims.elsewhere(), isExecuting: rt.engine.executor.isExecuting })],
     ['audits', () => rt.engine.audits.reconcile()],
+    ['api-keys', () => rt.engine.apiKeys.prune()],
   ];
   // a pass ends when every reconciler has (one that fails holds back no other, and is logged by its name)
   const reconcilePass = async () => {

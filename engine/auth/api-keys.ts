@@ -2,7 +2,17 @@
 // hashed and looked up by its hash, so no stored key is ever compared byte by byte.
 import { createHash, randomBytes } from 'node:crypto';
 import { ConfigError, type ApiKeySeed } from '../../config/env.js';
-import { type ApiKeyRecord, type Clock, ConflictError, newId, NotFoundError, type Logger, UnauthorizedError, ValidationError } from '../platform/index.js';
+import {
+  type ApiKeyRecord,
+  type Clock,
+  ConflictError,
+  newId,
+  NotFoundError,
+  type Logger,
+  pruneInPages,
+  UnauthorizedError,
+  ValidationError,
+} from '../platform/index.js';
 import type { Store } from '../store/index.js';
 
 /**
@@ -50,7 +60,7 @@ export function isSpent(k: ApiKeyRecord, now: Date): boolean {
   return !!k.revoked_at || (!!k.expires_at && !(Date.parse(k.expires_at) > now.getTime()));
 }
 
-export function apiKeysOf(deps: { store: Store; clock: Clock; log: Logger; limits?: { tenantMaxApiKeys?: number } }) {
+export function apiKeysOf(deps: { store: Store; clock: Clock; log: Logger; limits?: { tenantMaxApiKeys?: number; apiKeysSpentKeptDays?: number } }) {
   const { store, clock, log } = deps;
 
   function record(
@@ -145,6 +155,25 @@ export function apiKeysOf(deps: { store: Store; clock: Clock; log: Logger; limit
       }
       log.info({ tenant_id: tenantId, key_id: id, cascaded: cascaded.map((k) => k.id) }, 'api key revoked');
       return { key, cascaded };
+    },
+
+    /**
+     * Deletes the keys revoked or expired more than SERVICE_API_KEYS_SPENT_KEPT_DAYS ago (the reconciler's pass),
+     * a page at a time, within a bound: a tenant that makes a key for every CI job does not keep them all for
+     * good. How many were deleted.
+     */
+    async prune(): Promise<number> {
+      const days = deps.limits?.apiKeysSpentKeptDays;
+      if (!days) return 0;
+      const before = new Date(clock.now().getTime() - days * 86_400_000).toISOString();
+      let deleted = 0;
+      await pruneInPages(async (limit) => {
+        const n = await store.apiKeys.pruneSpent(before, limit);
+        deleted += n;
+        return n;
+      });
+      if (deleted) log.info({ deleted, kept_days: days }, 'api keys revoked or expired long ago deleted');
+      return deleted;
     },
 
     /** The key a presented secret is, when it may still be used; its last use is written now and then. */

@@ -231,6 +231,7 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
         cronMinIntervalSeconds: config.cronMinIntervalSeconds,
         tenantMaxAutomations: config.tenantMaxAutomations,
         tenantMaxApiKeys: config.tenantMaxApiKeys,
+        apiKeysSpentKeptDays: config.apiKeysSpentKeptDays,
         tenantMaxConnections: config.tenantMaxConnections,
         tenantOutputBytesPerDay: config.tenantOutputMbPerDay * 1024 * 1024,
         runLostReruns: config.runLostReruns,

@@ -89,6 +89,8 @@ export type RunLimits = {
   tenantMaxAutomations?: number;
   /** the most API keys not revoked a tenant may make through the API */
   tenantMaxApiKeys?: number;
+  /** days an API key is kept once revoked or expired (absent or 0: for good) */
+  apiKeysSpentKeptDays?: number;
   /** the most connections a tenant keeps (absent: any) */
   tenantMaxConnections?: number;
   /** the bytes of step output a tenant's runs stream into the event log a day, UTC (absent: no bound) */

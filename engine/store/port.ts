@@ -208,6 +208,13 @@ export interface ApiKeyRepo {
   listBootstrap(): Promise<ApiKeyRecord[]>;
   /** Changes one key of the tenant; the key as it is now, or null when the tenant has no such key. */
   update(tenantId: string, id: string, patch: ApiKeyPatch): Promise<ApiKeyRecord | null>;
+  /**
+   * Deletes keys of any tenant that were revoked, or expired, before `spentBefore` (whichever came first), up to
+   * `limit`; how many. Never a bootstrap key (SERVICE_API_KEYS: one revoked through the API must stay revoked
+   * when the variable lists it again), nor a key from which a key still stored was made (a cascading
+   * revocation walks through it to what it made: those go first, and it at a later pass).
+   */
+  pruneSpent(spentBefore: string, limit: number): Promise<number>;
 }
 
 export interface WebhookSecretRepo {

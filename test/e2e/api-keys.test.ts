@@ -175,6 +175,30 @@ describe('api keys', function () {
     expect(stalls.max / 1e6, 'the longest stall of the event loop, ms').to.be.below(400);
   });
 
+  it('deletes keys revoked or expired more than SERVICE_API_KEYS_SPENT_KEPT_DAYS ago (90), and keeps the rest', async () => {
+    const ago = (days: number) => new Date(Date.now() - days * 86_400_000).toISOString();
+    const row = (label: string, o: { revoked_at?: string; expires_at?: string }) => ({
+      id: `key_spent${label}${Date.now()}`,
+      tenant_id: 'tenant-a',
+      hash: `spent-${label}-${Date.now()}`,
+      label,
+      source: 'api' as const,
+      created_at: ago(400),
+      expires_at: o.expires_at ?? null,
+      revoked_at: o.revoked_at ?? null,
+      revoked_reason: o.revoked_at ? ('revoked' as const) : null,
+      last_used_at: null,
+      created_by: null,
+    });
+    const old = [row('revoked100', { revoked_at: ago(100) }), row('expired91', { expires_at: ago(91) })];
+    const kept = [row('revoked80', { revoked_at: ago(80) }), row('expires', { expires_at: ago(-10) })];
+    for (const k of [...old, ...kept]) expect(await h.rt.store.apiKeys.insert(k)).to.equal(true);
+    expect(await h.rt.engine.apiKeys.prune()).to.be.at.least(2);
+    const listed = (await h.rt.store.apiKeys.list('tenant-a')).map((k) => k.label);
+    expect(listed).to.include.members(['revoked80', 'expires']);
+    for (const gone of ['revoked100', 'expired91']) expect(listed).to.not.include(gone);
+  });
+
   it('leaves no key made with a revoked key: a request let in before a cascade makes none after it, however many race it', async () => {
     const works = async (key: string) => (await other.call('GET', '/api/v1/runs', { key })).status === 200;
     const leaked = (await h.call<Body>('POST', '/api/v1/api-keys', { body: { label: 'leaked' } })).body;

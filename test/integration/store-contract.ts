@@ -1007,6 +1007,54 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect(await store.apiKeys.insert(key('t-later', 3), { maxLive: 1, now: new Date(Date.parse(now) + 120_000).toISOString() })).to.equal(true);
     });
 
+    it('deletes keys spent before a time, oldest first, but never a bootstrap key nor one that made a key still stored', async () => {
+      const at = (days: number) => new Date(Date.now() - days * 86_400_000).toISOString();
+      const key = (tenant: string, o: Partial<ApiKeyRecord> = {}): ApiKeyRecord => ({
+        id: newId('key'),
+        tenant_id: tenant,
+        hash: createHash('sha256').update(`${tenant}-${Math.random()}`).digest('hex'),
+        label: null,
+        source: 'api',
+        created_at: at(400),
+        revoked_at: null,
+        expires_at: null,
+        created_by: null,
+        ...o,
+      });
+      const tenant = `t-prune-${Date.now()}`;
+      const revokedLongAgo = key(tenant, { revoked_at: at(200) });
+      const expiredLongAgo = key(tenant, { expires_at: at(150) });
+      // revoked recently, though it expired long ago: spent when it expired
+      const spentFirstByExpiry = key(tenant, { expires_at: at(300), revoked_at: at(1) });
+      const revokedRecently = key(tenant, { revoked_at: at(10) });
+      const live = key(tenant, { expires_at: at(-30) });
+      const bootstrap = key(tenant, { source: 'bootstrap', revoked_at: at(200) });
+      // a chain: a parent spent long ago that made a child spent long ago, which made a live grandchild
+      const parent = key(tenant, { revoked_at: at(250) });
+      const child = key(tenant, { revoked_at: at(250), created_by: `key:${parent.id}` });
+      const grandchild = key(tenant, { created_by: `key:${child.id}` });
+      // another tenant's key of the same id as a maker is not what this one made
+      const elsewhere = key(`${tenant}-b`, { revoked_at: at(100) });
+      const stranger = key(`${tenant}-c`, { created_by: `key:${elsewhere.id}` });
+      // the made before their makers (a key made with a revoked key is refused as it is written)
+      for (const k of [grandchild, child, parent, revokedLongAgo, expiredLongAgo, spentFirstByExpiry, revokedRecently, live, bootstrap, elsewhere, stranger])
+        expect(await store.apiKeys.insert(k), k.id).to.equal(true);
+      const ids = async (t: string) => (await store.apiKeys.list(t)).map((k) => k.id).sort();
+      // at most the limit, oldest spent first
+      expect(await store.apiKeys.pruneSpent(at(90), 1)).to.equal(1);
+      expect(await ids(tenant)).to.not.include(spentFirstByExpiry.id);
+      expect(await store.apiKeys.pruneSpent(at(90), 100)).to.equal(3);
+      expect(await ids(tenant)).to.deep.equal([parent.id, child.id, grandchild.id, revokedRecently.id, live.id, bootstrap.id].sort());
+      expect(await ids(`${tenant}-b`)).to.deep.equal([]);
+      // the grandchild revoked long ago since: the chain goes, a link a pass, from the bottom
+      await store.apiKeys.update(tenant, grandchild.id, { revoked_at: at(120), revoked_reason: 'revoked' });
+      expect(await store.apiKeys.pruneSpent(at(90), 100)).to.equal(1);
+      expect(await store.apiKeys.pruneSpent(at(90), 100)).to.equal(1);
+      expect(await store.apiKeys.pruneSpent(at(90), 100)).to.equal(1);
+      expect(await store.apiKeys.pruneSpent(at(90), 100)).to.equal(0);
+      expect(await ids(tenant)).to.deep.equal([revokedRecently.id, live.id, bootstrap.id].sort());
+    });
+
     it('changes a key only for its tenant, and lists the bootstrap keys of every tenant', async () => {
       const at = new Date().toISOString();
       const k: ApiKeyRecord = { id: newId('key'), tenant_id: 't3', hash: 'ef'.repeat(32), label: 'ci', source: 'api', created_at: at, expires_at: null };

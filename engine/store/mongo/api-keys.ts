@@ -7,6 +7,10 @@ import type { Leases } from './leases.js';
 export const apiKeySchema = new Schema({ _id: String, tenant_id: { type: String, required: true }, hash: { type: String, required: true } }, loose);
 apiKeySchema.index({ hash: 1 }, { unique: true });
 apiKeySchema.index({ tenant_id: 1, _id: 1 });
+// spent keys past their retention, and whether a key made one still stored (pruneSpent)
+apiKeySchema.index({ revoked_at: 1 }, { sparse: true });
+apiKeySchema.index({ expires_at: 1 }, { sparse: true });
+apiKeySchema.index({ tenant_id: 1, created_by: 1 }, { sparse: true });
 
 export function apiKeyRepo(model: Model<Stored<ApiKeyRecord>>, leases: Leases): ApiKeyRepo {
   /**
@@ -60,6 +64,33 @@ export function apiKeyRepo(model: Model<Stored<ApiKeyRecord>>, leases: Leases): 
     async listBootstrap() {
       const rows = await model.find({ source: 'bootstrap' }).sort({ _id: 1 }).lean<Stored<ApiKeyRecord>[]>();
       return rows.map((r) => fromStored(r)!);
+    },
+    async pruneSpent(spentBefore, limit) {
+      // the spent keys past the time that made no key still stored (a cascade walks through one that did: it
+      // goes once what it made has); a spent key makes none meanwhile
+      const spent = await model
+        .aggregate<{ _id: string; tenant_id: string }>([
+          { $match: { source: { $ne: 'bootstrap' }, $or: [{ revoked_at: { $ne: null, $lt: spentBefore } }, { expires_at: { $ne: null, $lt: spentBefore } }] } },
+          {
+            $lookup: {
+              from: model.collection.name,
+              let: { maker: { $concat: ['key:', '$_id'] }, tenant: '$tenant_id' },
+              pipeline: [
+                { $match: { $expr: { $and: [{ $eq: ['$tenant_id', '$$tenant'] }, { $eq: ['$created_by', '$$maker'] }] } } },
+                { $limit: 1 },
+                { $project: { _id: 1 } },
+              ],
+              as: 'made',
+            },
+          },
+          { $match: { made: { $size: 0 } } },
+          { $sort: { _id: 1 } },
+          { $limit: limit },
+          { $project: { _id: 1, tenant_id: 1 } },
+        ])
+        .read('primary');
+      if (!spent.length) return 0;
+      return (await model.deleteMany({ _id: { $in: spent.map((k) => k._id) } })).deletedCount;
     },
     async update(tenantId, id, patch) {
       const row = await model.findOneAndUpdate({ _id: id, tenant_id: tenantId }, { $set: patch }, { returnDocument: 'after' }).lean<Stored<ApiKeyRecord>>();

@@ -17,6 +17,16 @@ export function apiKeyRepo(db: Db): ApiKeyRepo {
     `SELECT COUNT(*) AS n FROM api_keys WHERE tenant_id = ? AND json_extract(doc, '$.source') = 'api' AND json_extract(doc, '$.revoked_at') IS NULL
      AND (json_extract(doc, '$.expires_at') IS NULL OR json_extract(doc, '$.expires_at') > ?)`,
   );
+  // when a key was spent (revoked or expired, whichever came first): the expression of the index api_keys_spent
+  const spentAt = `min(coalesce(json_extract(doc, '$.revoked_at'), json_extract(doc, '$.expires_at')), coalesce(json_extract(doc, '$.expires_at'), json_extract(doc, '$.revoked_at')))`;
+  const pruneSpent = db.prepare<[string, number]>(
+    `DELETE FROM api_keys WHERE rowid IN (
+       SELECT rowid FROM api_keys INDEXED BY api_keys_spent
+       WHERE json_extract(doc, '$.source') != 'bootstrap' AND (json_extract(doc, '$.revoked_at') IS NOT NULL OR json_extract(doc, '$.expires_at') IS NOT NULL)
+         AND ${spentAt} < ?
+         AND NOT EXISTS (SELECT 1 FROM api_keys made WHERE json_extract(made.doc, '$.created_by') = 'key:' || api_keys.id AND made.tenant_id = api_keys.tenant_id)
+       ORDER BY ${spentAt} LIMIT ?)`,
+  );
   const commit = groupCommit(db);
   const update = (tenantId: string, id: string, patch: ApiKeyPatch): ApiKeyRecord | null => {
     const row = one.get(tenantId, id);
@@ -60,6 +70,10 @@ export function apiKeyRepo(db: Db): ApiKeyRepo {
     },
     async update(tenantId, id, patch) {
       return commit(() => update(tenantId, id, patch));
+    },
+    async pruneSpent(spentBefore, limit) {
+      // in the write's IMMEDIATE transaction: no key is made with one of these between the check and the delete
+      return commit(() => pruneSpent.run(spentBefore, limit).changes);
     },
   };
 }

@@ -446,3 +446,11 @@ MIGRATIONS.push(`
 MIGRATIONS.push(`
   CREATE TABLE readiness (id INTEGER PRIMARY KEY CHECK (id = 1), at TEXT NOT NULL);
 `);
+// API keys revoked or expired are deleted past their retention (SERVICE_API_KEYS_SPENT_KEPT_DAYS): found by when
+// they were spent (the earlier of the two; live keys are not in the index), and by who made them (a key that made
+// one still stored is kept).
+MIGRATIONS.push(`
+  CREATE INDEX api_keys_spent ON api_keys (min(coalesce(json_extract(doc, '$.revoked_at'), json_extract(doc, '$.expires_at')), coalesce(json_extract(doc, '$.expires_at'), json_extract(doc, '$.revoked_at'))))
+    WHERE json_extract(doc, '$.source') != 'bootstrap' AND (json_extract(doc, '$.revoked_at') IS NOT NULL OR json_extract(doc, '$.expires_at') IS NOT NULL);
+  CREATE INDEX api_keys_by_maker ON api_keys (json_extract(doc, '$.created_by')) WHERE json_extract(doc, '$.created_by') IS NOT NULL;
+`);
