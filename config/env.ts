@@ -292,7 +292,12 @@ const schema = z.object({
   NODE_ENV: z
     .string()
     .optional()
-    .transform((v) => v?.trim() || 'development'),
+    .transform((v) => v?.trim() || 'development')
+    // Node's libraries (Express among them) and this service take only `production`, in lower case, for production:
+    // `Production` or `prod` ran with every production guard off (auth none, generated keys) and no word of it
+    .refine((v) => v === 'production' || !/^prod(uction)?$/i.test(v), {
+      message: 'write production, in lower case: this value is not production to the service or its libraries',
+    }),
   PORT: int(8080, 0, 65535),
   REDIS_URL: z
     .string()
@@ -503,15 +508,48 @@ function problemsTogether(e: Parsed, service = true): string[] {
   return problems;
 }
 
+/** The variables of the CLI's client (it reads them itself), which share the service's prefix. */
+const CLIENT_VARIABLES = new Set(['SERVICE_URL', 'SERVICE_API_KEY']);
+
+/** How many single-character edits turn `a` into `b` (Levenshtein). */
+function editDistance(a: string, b: string): number {
+  let row = Array.from({ length: b.length + 1 }, (_, j) => j);
+  for (let i = 1; i <= a.length; i++) {
+    const next = [i];
+    for (let j = 1; j <= b.length; j++) next[j] = Math.min(row[j]! + 1, next[j - 1]! + 1, row[j - 1]! + (a[i - 1] === b[j - 1] ? 0 : 1));
+    row = next;
+  }
+  return row[b.length]!;
+}
+
+/**
+ * The SERVICE_* variables set that are no setting of this service: a name misspelled was taken as its default
+ * in silence (SERVICE_SHUTDOWN_GRACE_SECOND=120 ran with 10 s of grace). Each named, with the setting it is
+ * likely meant to be.
+ */
+function unknownVariables(env: Record<string, string | undefined>): string[] {
+  const known = Object.keys(schema.shape).filter((k) => k.startsWith('SERVICE_'));
+  return Object.keys(env)
+    .filter((name) => name.startsWith('SERVICE_') && env[name] !== undefined && !(name in schema.shape) && !CLIENT_VARIABLES.has(name))
+    .sort()
+    .map((name) => {
+      const [nearest] = known.map((k) => [k, editDistance(name, k)] as const).sort((x, y) => x[1] - y[1]);
+      const hint = nearest && nearest[1] <= 3 ? `did you mean ${nearest[0]}?` : "the README's configuration table lists them";
+      return `${name}: not a setting of this service (${hint})`;
+    });
+}
+
 export function parseEnv(env: Record<string, string | undefined>, opts: { service?: boolean } = {}): Config {
+  const unknown = unknownVariables(env);
   const parsed = schema.safeParse(env);
+  if (unknown.length && parsed.success) throw new ConfigError([...unknown, ...problemsTogether(parsed.data, opts.service)]);
   if (!parsed.success) {
     // every bad variable in one message: those that do not read, then what the others say together (read
     // with the bad ones left to their defaults, so a rule that names one of them is left to its own message)
     const bad = [...new Set(parsed.error.issues.map((i) => String(i.path[0])))];
     const rest = schema.safeParse({ ...env, ...Object.fromEntries(bad.map((name) => [name, undefined])) });
     const together = rest.success ? problemsTogether(rest.data, opts.service).filter((p) => !bad.some((name) => p.includes(name))) : [];
-    throw new ConfigError([...parsed.error.issues.map((i) => `${String(i.path[0])}: ${i.message}`), ...together]);
+    throw new ConfigError([...unknown, ...parsed.error.issues.map((i) => `${String(i.path[0])}: ${i.message}`), ...together]);
   }
   const e = parsed.data;
   const isProduction = e.NODE_ENV === 'production';

@@ -35,6 +35,44 @@ describe('config/env', () => {
     });
   });
 
+  it('refuses a SERVICE_ variable that is no setting (a misspelled one was taken as its default), naming the one meant', () => {
+    const refused = (env: Record<string, string>) => {
+      try {
+        parseEnv(env);
+      } catch (err) {
+        if (err instanceof ConfigError) return err.message;
+        throw err;
+      }
+      return 'accepted';
+    };
+    const message = refused({ SERVICE_SHUTDOWN_GRACE_SECOND: '120', SERVICE_WORKER_CONCURENCY: '50', SERVICE_SOMETHING_ELSE: 'x' });
+    expect(message)
+      .to.contain('SERVICE_SHUTDOWN_GRACE_SECOND: not a setting of this service (did you mean SERVICE_SHUTDOWN_GRACE_SECONDS?)')
+      .and.contain('SERVICE_WORKER_CONCURENCY: not a setting of this service (did you mean SERVICE_WORKER_CONCURRENCY?)')
+      .and.contain("SERVICE_SOMETHING_ELSE: not a setting of this service (the README's configuration table lists them)");
+    // named beside the values that are bad
+    expect(refused({ SERVICE_ADMIN_KEY: 'k', PORT: 'eighty' }))
+      .to.contain('SERVICE_ADMIN_KEY: not a setting')
+      .and.contain('PORT');
+    // the CLI's own variables share the prefix
+    expect(parseEnv({ SERVICE_URL: 'http://x', SERVICE_API_KEY: 'sk_x' }).port).to.equal(8080);
+  });
+
+  it('refuses NODE_ENV written as production in another case or short (every production guard was off)', () => {
+    for (const value of ['Production', 'PRODUCTION', 'prod', 'Prod'])
+      expect(() => parseEnv({ NODE_ENV: value, SERVICE_AUTH: 'none' }), value).to.throw(ConfigError, 'NODE_ENV: write production, in lower case');
+    expect(parseEnv({ NODE_ENV: 'staging' }).isProduction).to.equal(false);
+    expect(
+      parseEnv({
+        NODE_ENV: ' production ',
+        SERVICE_STORE: 'sqlite',
+        SERVICE_SECRET_KEY: 'ab'.repeat(32),
+        SERVICE_EVIDENCE_KEY: 'cd'.repeat(32),
+        SERVICE_SANDBOX: 'none',
+      }).isProduction,
+    ).to.equal(true);
+  });
+
   it('parses tenant:key pairs and admin keys', () => {
     const c = parseEnv({ SERVICE_API_KEYS: 'acme:0123456789abcdef0, beta:fedcba9876543210x', SERVICE_ADMIN_KEYS: 'admin0123456789abc' });
     expect(c.apiKeys).to.deep.equal([
