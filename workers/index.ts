@@ -8,6 +8,7 @@ import type { GateJob } from '../engine/gates/index.js';
 import type { AuditJob } from '../engine/audit/index.js';
 import { notifyBusyWaitMs, type NotificationJob } from '../engine/connections/index.js';
 import type { Runtime } from '../engine/process/index.js';
+import { assertStoreIsOurs } from '../engine/store/index.js';
 
 /** How long a held run's job waits before it is offered again, when no resume promotes it sooner. */
 const HELD_RETRY_MS = 5000;
@@ -220,6 +221,13 @@ export async function startWorkers(rt: Runtime, processors: Processors = process
   ];
   // a pass ends when every reconciler has (one that fails holds back no other, and is logged by its name)
   const reconcilePass = async () => {
+    // a store moved to a new prefix's deployment: its runs are that deployment's to judge (this process sees none
+    // of its jobs or claims, and would take every one for lost)
+    const ours = await assertStoreIsOurs(rt.store, rt.config.queuePrefix).then(
+      () => true,
+      (err: Error) => (rt.log.error({ err: err.message }, 'reconcile skipped: stop this process (its /healthz says so)'), false),
+    );
+    if (!ours) return;
     const settled = await Promise.allSettled(reconcilers.map(([, pass]) => pass()));
     settled.forEach((r, i) => {
       if (r.status === 'rejected') rt.log.warn({ reconciler: reconcilers[i]![0], err: (r.reason as Error)?.message }, 'reconcile failed');

@@ -6,6 +6,7 @@ import type { AddressInfo } from 'node:net';
 import { ADMIN_CHALLENGE, adminRefusal, isAdminRequest } from '../engine/auth/index.js';
 import { answerClientError, answerProblem, probeRedisWrite, withTimeout } from '../engine/platform/index.js';
 import { listenError, type Runtime } from '../engine/process/index.js';
+import { assertStoreIsOurs } from '../engine/store/index.js';
 import type { Workers } from './index.js';
 
 export type MetricsServer = { url: string; close(): Promise<void> };
@@ -21,16 +22,17 @@ export async function startMetricsServer(rt: Runtime, workers: () => Workers | u
       const running = all.filter((w) => w.isRunning()).map((w) => w.name);
       // a write with a deadline, as the web's /readyz makes: a hung Redis keeps the connection 'ready' and answers
       // nothing, and one out of memory or made a replica answers PING and takes no write
-      void withTimeout(probeRedisWrite(rt.redis, rt.queues.prefix), 1000, 'no answer')
-        .then(
+      const said = (probe: Promise<unknown>) =>
+        withTimeout(probe, 1000, 'no answer').then(
           () => 'ready',
           (err: Error) => err.message,
-        )
-        .then((redis) => {
-          const ok = all.length > 0 && running.length === all.length && redis === 'ready';
-          res.writeHead(ok ? 200 : 503, { 'content-type': 'application/json' });
-          res.end(JSON.stringify({ status: ok ? 'ok' : 'degraded', process: 'worker', redis, queues: running }));
-        });
+        );
+      // and the store still this deployment's (a process of a new prefix may have moved it)
+      void Promise.all([said(probeRedisWrite(rt.redis, rt.queues.prefix)), said(assertStoreIsOurs(rt.store, rt.queues.prefix))]).then(([redis, store]) => {
+        const ok = all.length > 0 && running.length === all.length && redis === 'ready' && store === 'ready';
+        res.writeHead(ok ? 200 : 503, { 'content-type': 'application/json' });
+        res.end(JSON.stringify({ status: ok ? 'ok' : 'degraded', process: 'worker', redis, store, queues: running }));
+      });
       return;
     }
     if (pathname === '/metrics') {

@@ -1,7 +1,7 @@
 // Liveness and readiness, unauthenticated. Readiness writes to Redis and the store, each with a deadline.
 import { Router } from 'express';
 import { DeadlineError, probeRedisWrite, redisSettingsOf, withTimeout, type Logger, type Redis, type RedisSettings } from '../../engine/platform/index.js';
-import type { Store } from '../../engine/store/index.js';
+import { assertStoreIsOurs, type Store } from '../../engine/store/index.js';
 
 type Check = { ok: boolean; latency_ms: number; error?: string };
 
@@ -43,7 +43,14 @@ export function healthRouter(deps: { redis: Redis; queuePrefix: string; store: S
         },
         deps.log,
       ),
-      check('store', () => deps.store.ping(), deps.log),
+      check(
+        'store',
+        async () => {
+          await deps.store.ping();
+          await assertStoreIsOurs(deps.store, deps.queuePrefix);
+        },
+        deps.log,
+      ),
     ]);
     const ready = redis.ok && store.ok;
     res.status(ready ? 200 : 503).json({

@@ -55,6 +55,18 @@ export async function scanKeys(redis: Redis, pattern: string): Promise<string[]>
   return [...out];
 }
 
+/** The names of the connections open to the Redis (each master's, on a cluster): `CLIENT LIST`. */
+export async function connectionNames(redis: Redis): Promise<string[]> {
+  const servers = isCluster(redis) ? (redis as unknown as Cluster).nodes('master') : [redis];
+  const names: string[] = [];
+  for (const server of servers)
+    for (const line of String(await server.call('CLIENT', 'LIST')).split('\n')) {
+      const name = / name=(\S+)/.exec(line)?.[1];
+      if (name) names.push(name);
+    }
+  return names;
+}
+
 export class RedisUnreachableError extends Error {
   constructor(url: string, cause: unknown) {
     const safe = redactUrl(url);

@@ -17,6 +17,7 @@ import {
   type Queues,
   createRedis,
   isCluster,
+  connectionNames,
   probeRedis,
   redisSettingsOf,
   type Redis,
@@ -178,10 +179,14 @@ export async function openRuntime(config: Config, log: Logger, opts: RuntimeOpti
       // other's runs for lost from then on)
       const old = createQueues(redis, recorded);
       const workers = await Promise.all(old.all().map((q) => q.getWorkersCount())).finally(() => old.close());
+      // and no process of it at all: a web process has no worker to count, and one left serving would put runs in
+      // queues no one reads and stream event logs no one writes (every process names its connection `<prefix>:main`;
+      // a Redis that refuses CLIENT LIST leaves the workers' count alone to tell)
+      const processes = (await connectionNames(redis).catch(() => [])).filter((name) => name === `${recorded}:main`).length;
       const running = await store.runs.listStale('running', '9999-12-31T23:59:59.999Z', 1);
-      if (running.length || workers.some((n) => n > 0))
+      if (running.length || workers.some((n) => n > 0) || processes)
         throw new ConfigError([
-          `SERVICE_QUEUE_PREFIX: this store belongs to the deployment of prefix "${recorded}", not "${config.queuePrefix}", and ${running.length ? 'runs of it are running' : 'workers of it are running'} (they would take each other's runs for lost); stop that deployment's processes once no run runs, then start with the new prefix (the store moves to it), or use another SERVICE_DATA_DIR or MONGODB_URI`,
+          `SERVICE_QUEUE_PREFIX: this store belongs to the deployment of prefix "${recorded}", not "${config.queuePrefix}", and ${running.length ? 'runs of it are running' : workers.some((n) => n > 0) ? 'workers of it are running' : `${processes} process${processes > 1 ? 'es' : ''} of it ${processes > 1 ? 'are' : 'is'} connected`} (they would take each other's runs for lost, or serve queues no one reads); stop that deployment's processes once no run runs, then start with the new prefix (the store moves to it), or use another SERVICE_DATA_DIR or MONGODB_URI`,
         ]);
       await store.deployment.moveQueuePrefix(config.queuePrefix);
       log.warn(

@@ -564,6 +564,18 @@ export interface DeploymentRepo {
   moveQueuePrefix(prefix: string): Promise<void>;
 }
 
+/**
+ * Throws when the store no longer belongs to the deployment of `prefix` (a process of a new prefix moved it): a
+ * process left running of the old one is not ready, and its reconciler takes no run for lost.
+ */
+export async function assertStoreIsOurs(store: Pick<Store, 'deployment'>, prefix: string): Promise<void> {
+  const recorded = await store.deployment.claimQueuePrefix(prefix);
+  if (recorded !== prefix)
+    throw Object.assign(new Error(`the store moved to the deployment of queue prefix "${recorded}"; this process's is "${prefix}"`), {
+      code: 'STORE_MOVED',
+    });
+}
+
 export interface Store {
   readonly kind: 'sqlite' | 'mongo';
   readonly deployment: DeploymentRepo;

@@ -856,6 +856,18 @@ describe('run lifecycle', function () {
     // a deployment whose processes are stopped, with no run running, moves to a new prefix (a Redis Cluster's hash tag)
     const stopped = await startHarness({ workers: false });
     const moved = parseEnv({ ...sameDeployment(stopped), REDIS_URL: stopped.config.redisUrl, SERVICE_QUEUE_PREFIX: `${stopped.config.queuePrefix}-moved` });
+    // not while a web process of it is still connected (it has no worker to count): it would serve queues no one
+    // reads and stream event logs no one writes
+    const live = await refusalToOpen(moved);
+    expect(live).to.be.instanceOf(ConfigError);
+    expect(String((live as Error).message)).to.contain('1 process of it is connected');
+    // a process left running when its store moved anyway (CLIENT LIST refused, another Redis): not ready, saying why
+    expect((await stopped.call('GET', '/readyz')).status).to.equal(200);
+    await stopped.rt.store.deployment.moveQueuePrefix(moved.queuePrefix);
+    const notReady = await stopped.call<Body>('GET', '/readyz');
+    expect(notReady.status).to.equal(503);
+    expect(notReady.body.checks.store).to.deep.include({ ok: false, error: 'STORE_MOVED' });
+    await stopped.rt.store.deployment.moveQueuePrefix(stopped.config.queuePrefix);
     await stopped.web.close();
     await stopped.rt.close();
     const rt = await openRuntime(moved, createLogger('silent'));
