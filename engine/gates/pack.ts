@@ -17,10 +17,9 @@ const PAGE = 20;
 const SLICE_MAX = 10_000;
 
 /**
- * A pack and what its tar rests on: the ledger slice and its payloads (read to verify it), and the digests of
- * its gates' artifacts, not read: 50 gates of 5 MB each are read only for a tar, one at a time (`payloadsOf`).
+ * A pack and what its tar rests on: the ledger slice, and the digests of the slice's payloads and of its gates'
+ * artifacts, read only for a tar, a few at a time (`payloadsOf`): 50 gates of 5 MB each, 10,000 payloads of 72 KB.
  */
-/** A pack built: its signed JSON, its ledger slice, the digests of the slice's payloads and of the artifacts its results name (both read as its tar is written). */
 export type EvidencePack = { pack: PackJson; entries: LedgerEntry[]; payloads: string[]; artifacts: string[] };
 
 /** How many payloads a tar's writer is given from one read of the store. */
