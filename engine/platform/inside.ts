@@ -6,6 +6,7 @@
 // the root. Folders made for a write are made one at a time from an open, checked folder.
 import { constants } from 'node:fs';
 import fs, { type FileHandle } from 'node:fs/promises';
+import type { Stats } from 'node:fs';
 import path from 'node:path';
 
 /** What was named, or what its path led to, is not inside the root (a step that meets it fails with the code). */
@@ -84,17 +85,45 @@ async function failedOpen(err: unknown, root: string, full: string, rel: string,
   throw err;
 }
 
+/** Linux's O_PATH (Node names it not): a handle to where a path leads, opening nothing there (no device's or FIFO's open runs). */
+const O_PATH = 0o10000000;
+
+/** The error the kernel gives an open with O_NOFOLLOW whose last part is a link. */
+const linkRefused = (rel: string) => Object.assign(new Error(`ELOOP: too many symbolic links encountered, open '${rel}'`), { code: 'ELOOP', errno: -40 });
+
 /**
- * Opens `rel` under `root` (a real path) to read, or as a folder; never blocks (a FIFO opens at once,
- * for the caller's stat to refuse). `follow: false` refuses a link as the last part (ELOOP). Throws
- * OutsideError, or the file system's error (ENOENT, ...) for a path that leads inside the root.
+ * Opens `rel` under `root` (a real path) to read, or as a folder; never blocks. Where the path leads is found
+ * first with a handle that opens nothing (O_PATH) and checked; only a plain file or a folder inside the root is
+ * then opened, through that handle: a link to a device or a FIFO outside (another tenant's, the host's) was
+ * opened before it was refused, and a writer waiting on that FIFO went on. Anything else is answered with the
+ * O_PATH handle, for the caller's stat to refuse (it reads nothing). `follow: false` refuses a link as the last
+ * part (ELOOP). Throws OutsideError, or the file system's error (ENOENT, ...) for a path that leads inside the root.
  */
 export async function openInside(root: string, rel: string, opts: { follow?: boolean; folder?: boolean } = {}): Promise<FileHandle> {
   const full = path.resolve(root, rel);
   if (!within(root, full)) throw new OutsideError(`${rel} is not inside the workspace`);
-  const flags = O_RDONLY | O_NONBLOCK | (opts.follow === false ? O_NOFOLLOW : 0) | (opts.folder ? O_DIRECTORY : 0);
-  const opened = await fs.open(full, flags).catch((err: unknown) => failedOpen(err, root, full, rel, opts.follow !== false));
-  return keepInside(opened, root, rel);
+  const located = await fs
+    .open(full, O_PATH | (opts.follow === false ? O_NOFOLLOW : 0) | (opts.folder ? O_DIRECTORY : 0))
+    .catch((err: unknown) => failedOpen(err, root, full, rel, opts.follow !== false));
+  const inside = await keepInside(located, root, rel);
+  let kind: Stats;
+  try {
+    kind = await inside.stat();
+  } catch (err) {
+    await inside.close();
+    throw err;
+  }
+  // with O_NOFOLLOW, O_PATH opens a link itself where an open would refuse it
+  if (kind.isSymbolicLink()) {
+    await inside.close();
+    throw linkRefused(rel);
+  }
+  if (!kind.isFile() && !kind.isDirectory()) return inside;
+  try {
+    return await fs.open(fdPath(inside), O_RDONLY | O_NONBLOCK | (opts.folder ? O_DIRECTORY : 0));
+  } finally {
+    await inside.close();
+  }
 }
 
 /** Opens a folder found in an open folder, without following a link. */

@@ -129,10 +129,12 @@ function openProcessSandbox(config: Config, log: Logger, hidden: string[]): Sand
   } catch (err) {
     throw new ConfigError([`SERVICE_SANDBOX: ${(err as Error).message}`]);
   }
-  if (sandbox.kind === 'none' && config.toolsAllowed.includes('shell')) {
+  // whatever the tools allowed: a workspace's gates and audits run its own commands too (a gates.yaml's `run:`),
+  // and without shell in SERVICE_TOOLS_ALLOWED a production service ran them as its own user, in silence
+  if (sandbox.kind === 'none') {
     if (config.isProduction && !config.sandbox.explicit) {
       throw new ConfigError([
-        'SERVICE_SANDBOX: bwrap is not installed and tenants may use shell; install bubblewrap, take shell out of SERVICE_TOOLS_ALLOWED, or set SERVICE_SANDBOX=none to run tools unsandboxed',
+        "SERVICE_SANDBOX: bwrap is not installed, and tenants' commands (shell steps, a workspace's gates and audits) would run as the service's user; install bubblewrap, or set SERVICE_SANDBOX=none to run them unsandboxed",
       ]);
     }
     log.warn(

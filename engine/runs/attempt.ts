@@ -3,7 +3,17 @@
 // they send. Programs (programs.ts) drive it; the executor settles it.
 import path from 'node:path';
 import type { Platform } from '../deps.js';
-import { AppError, OutsideError, type AgentTurn, type ErrorInfo, type EventBody, type Run, type RunStatus, type StepRecord } from '../platform/index.js';
+import {
+  AppError,
+  OutsideError,
+  type AgentTurn,
+  type ErrorInfo,
+  type EventBody,
+  type Run,
+  type RunStatus,
+  type StepRecord,
+  type ToolName,
+} from '../platform/index.js';
 import {
   TOOLS,
   ToolError,
@@ -297,6 +307,17 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
   const stopReason = (): StopReason | undefined => (signal.aborted ? (signal.reason as StopReason) : undefined);
 
   /** Runs a step's tool; a step `refused` by its program (its arguments were too large) fails with that, and nothing of it runs. */
+  /** Why a tool may not run in this run (its allowlist, the operator's), or null when it may. */
+  function refusalOf(tool: string): ErrorInfo | null {
+    if (run.tool_allowlist.includes(tool as ToolName) && deps.settings.toolsAllowed.includes(tool as ToolName)) return null;
+    return {
+      code: 'tool-not-allowed',
+      message: run.tool_allowlist.includes(tool as ToolName)
+        ? `${tool} is not allowed by the operator (SERVICE_TOOLS_ALLOWED)`
+        : `${tool} is not in this run's tool allowlist (${run.tool_allowlist.join(', ') || 'empty'})`,
+    };
+  }
+
   async function runStep(step: StepRecord, refused?: ErrorInfo): Promise<ToolResult> {
     steps.push(step);
     const started = clock.now();
@@ -306,19 +327,10 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
     emit({ type: 'step.started', data: { index: step.index, tool: step.tool, name: step.name, args: forEvent(step.args), source: step.source } });
     let result: ToolResult;
     const tool = TOOLS.get(step.tool);
-    if (refused) result = { output: {}, error: refused };
-    else if (!run.tool_allowlist.includes(step.tool) || !deps.settings.toolsAllowed.includes(step.tool)) {
-      // refused before anything of it runs
-      result = {
-        output: {},
-        error: {
-          code: 'tool-not-allowed',
-          message: run.tool_allowlist.includes(step.tool)
-            ? `${step.tool} is not allowed by the operator (SERVICE_TOOLS_ALLOWED)`
-            : `${step.tool} is not in this run's tool allowlist (${run.tool_allowlist.join(', ') || 'empty'})`,
-        },
-      };
-    } else if (!tool) {
+    const notAllowed = refused ?? refusalOf(step.tool);
+    // refused before anything of it runs
+    if (notAllowed) result = { output: {}, error: notAllowed };
+    else if (!tool) {
       result = { output: {}, error: { code: 'tool-unavailable', message: `${step.tool} cannot run in this service yet` } };
     } else {
       step.status = 'running';
@@ -462,6 +474,7 @@ export function startAttempt(deps: AttemptDeps, run: Run, workspace: string, sig
     connections,
     stopReason,
     runStep,
+    refusalOf,
     /** A new step record at the end of the attempt's list. */
     newStep(fields: Pick<StepRecord, 'tool' | 'args' | 'name' | 'source'>): StepRecord {
       return { index: steps.length, ...fields, status: 'pending', started_at: null, finished_at: null, duration_ms: null, output: null, error: null };

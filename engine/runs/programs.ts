@@ -228,6 +228,13 @@ export function stepsProgram(agent?: AgentLoop) {
         return { summary: '', error: { code: args.code, message: `step ${step.index} (${step.tool}): ${args.message}` } };
       }
       if (s.tool === 'agent') {
+        // held to the run's allowlist and the operator's as every step is (an agent step ran with neither naming it)
+        const refused = a.refusalOf('agent');
+        if (refused) {
+          const step = a.newStep({ tool: 'agent', args, name: s.name ?? null, source: 'plan' });
+          keep((await a.runStep(step, refused)).output, step.status);
+          return { summary: '', error: { code: refused.code, message: `step ${step.index} (agent): ${refused.message}` } };
+        }
         if (!agent) return { summary: '', error: { code: 'agent-not-configured', message: `step ${i} (agent): no agent endpoint is configured` } };
         const outcome = await agent(a, typeof args.goal === 'string' ? args.goal : '');
         if (outcome.error) return { summary: '', error: { code: outcome.error.code, message: `step ${i} (agent): ${outcome.error.message}` } };

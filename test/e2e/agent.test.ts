@@ -118,6 +118,26 @@ describe('agent runs', function () {
     });
   });
 
+  it('refuses a plan’s agent step that the run’s allowlist does not name, before the model is called', async () => {
+    await withAgent([{ content: 'I ran anyway.' }], async (h, model) => {
+      const res = await h.call('POST', '/api/v1/autonomy/run', {
+        body: {
+          steps: [
+            { tool: 'agent', args: { goal: 'do things' } },
+            { tool: 'read_file', args: { path: 'x' } },
+          ],
+          tools: ['read_file'],
+        },
+      });
+      expect(res.status, res.text).to.equal(202);
+      const run = await finished(h, res.body.run_id);
+      expect(run.status).to.equal('failed');
+      expect(run.error.code).to.equal('tool-not-allowed');
+      expect(run.steps.map((s: RunBody) => [s.tool, s.status, s.error?.code])).to.deep.equal([['agent', 'failed', 'tool-not-allowed']]);
+      expect(model.requests, 'the model was never called').to.have.length(0);
+    });
+  });
+
   it('stops at max_steps, and fails with agent-error when the endpoint fails', async () => {
     const loop: ScriptedTurn[] = [{ tool_calls: [{ name: 'list_files', args: {} }] }];
     await withAgent(loop, async (h) => {

@@ -141,7 +141,7 @@ describe('processes that refuse to start', function () {
     expect(p.out()).to.match(/SERVICE_DATA_DIR: .* is inside SERVICE_WORKSPACE_ROOT/);
   });
 
-  it('refuses to start in production with no sandbox while tenants may use shell, unless SERVICE_SANDBOX=none is set', async () => {
+  it('refuses to start in production with no sandbox, shell allowed or not (gates run a workspace’s commands), unless SERVICE_SANDBOX=none is set', async () => {
     const prod = {
       ...env(),
       NODE_ENV: 'production',
@@ -154,7 +154,12 @@ describe('processes that refuse to start', function () {
     const p = start('api/main.ts', { ...prod, PATH: '/nonexistent' });
     procs.push(p);
     expect((await p.exited).code).to.equal(1);
-    expect(p.out()).to.contain('SERVICE_SANDBOX: bwrap is not installed and tenants may use shell');
+    expect(p.out()).to.contain("SERVICE_SANDBOX: bwrap is not installed, and tenants' commands");
+    // without shell: a gates.yaml's `run:` is a command too
+    const gatesOnly = start('api/main.ts', { ...prod, PATH: '/nonexistent', SERVICE_TOOLS_ALLOWED: 'read_file,write_file,gates' });
+    procs.push(gatesOnly);
+    expect((await gatesOnly.exited).code).to.equal(1);
+    expect(gatesOnly.out()).to.contain("SERVICE_SANDBOX: bwrap is not installed, and tenants' commands");
     const explicit = start('api/main.ts', { ...prod, PATH: '/nonexistent', SERVICE_SANDBOX: 'none' });
     procs.push(explicit);
     const [, url] = await waitFor(explicit, /"url":"(http:\/\/localhost:\d+)"/);

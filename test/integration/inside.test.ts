@@ -1,6 +1,6 @@
 // What the service opens in a tenant's folder while a step of the tenant's swaps a folder of the path for
 // a link to a folder outside, in a loop (engine/platform/inside.ts): nothing outside is read or written.
-import { spawn, type ChildProcess } from 'node:child_process';
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -55,6 +55,31 @@ describe('files opened in a folder whose path is being swapped for a link', func
       ).to.equal('path-outside-workspace');
     expect(await readInside(ctx.workspace, 'secret.txt', 1024)).to.equal(null);
     expect(await fs.readdir(outside)).to.deep.equal(['secret.txt']);
+  });
+
+  it('opens nothing a link leads to outside before it refuses it: a FIFO outside whose writer waits stays unopened', async () => {
+    flipper.kill();
+    const fifo = path.join(outside, 'pipe');
+    spawnSync('mkfifo', [fifo]);
+    // someone outside the workspace waits to write into the FIFO until a reader opens it
+    const writer = spawn('sh', ['-c', `echo data > ${fifo}`], { stdio: 'ignore' });
+    const wrote = new Promise((resolve) => writer.once('exit', resolve));
+    try {
+      await fs.symlink(fifo, path.join(ws, 'x'));
+      const ctx = { workspace: ws } as ToolContext;
+      const refused = await readFileTool.execute({ path: 'x' }, ctx).then(
+        () => 'read',
+        (err: { code?: string }) => err.code,
+      );
+      expect(refused).to.equal('path-outside-workspace');
+      const went = await Promise.race([
+        wrote.then(() => 'the writer went on: the FIFO was opened'),
+        new Promise((r) => setTimeout(() => r('still waiting'), 500)),
+      ]);
+      expect(went).to.equal('still waiting');
+    } finally {
+      writer.kill();
+    }
   });
 
   it('answers a path that leads outside the same whether or not what it leads to exists: nothing outside shows', async () => {
