@@ -1,7 +1,8 @@
 // The command-line tool's HTTP client: one base URL and key, JSON in and out, problem+json errors turned
 // into a CliError with the exit code CI scripts rely on, and a run's event stream followed across
 // dropped connections (resumed with Last-Event-ID, so no line is lost or repeated).
-import { createParser, type EventSourceMessage } from 'eventsource-parser';
+import { createParser, type EventSourceMessage, type ParseError } from 'eventsource-parser';
+import { visible } from './output.js';
 
 /** Exit codes: documented in `automation-service --help` and the README. */
 export const EXIT = { succeeded: 0, failed: 1, usage: 2, timedOut: 3, canceled: 4, unavailable: 5, interrupted: 130 } as const;
@@ -32,9 +33,11 @@ export class ApiError extends CliError {
     /** the answer's Retry-After, in seconds, when it had one */
     readonly retryAfterSeconds?: number,
   ) {
-    const errors = (problem.errors ?? []).map((e) => `\n  ${e.path ? `${e.path}: ` : ''}${e.message ?? ''}`).join('');
+    // every text of the answer is the server's (or a proxy's): shown, never obeyed by the terminal
+    const text = (value: unknown) => visible(String(value ?? ''));
+    const errors = (Array.isArray(problem.errors) ? problem.errors : []).map((e) => `\n  ${e?.path ? `${text(e.path)}: ` : ''}${text(e?.message)}`).join('');
     super(
-      `${status} ${problem.code ?? problem.title ?? 'error'}: ${problem.detail ?? problem.title ?? ''}${errors}`,
+      `${status} ${text(problem.code ?? problem.title ?? 'error')}: ${text(problem.detail ?? problem.title)}${errors}`,
       status >= 500 || status === 429 || retryAfterSeconds !== undefined ? EXIT.unavailable : EXIT.usage,
     );
   }
@@ -73,7 +76,7 @@ export class RedirectError extends CliError {
     } catch {
       // not a URL: named as it came
     }
-    const where = to ? ` to ${shownUrl(to)}` : location ? ` to "${location.slice(0, 200)}"` : ' without a Location';
+    const where = to ? ` to ${shownUrl(to)}` : location ? ` to "${visible(location.slice(0, 200))}"` : ' without a Location';
     super(
       `the service at ${shownUrl(requested)} answered ${status}, a redirect${where}; requests are not sent on (they carry the API key and their body): ` +
         `set --url or SERVICE_URL to ${to ? baseOf(to, apiPath) : 'the service itself'}`,
@@ -86,7 +89,7 @@ export class RedirectError extends CliError {
 export class NotAStreamError extends CliError {
   constructor(status: number, type: string | null) {
     super(
-      `the service answered ${status} with ${type ? `"${type.slice(0, 100)}"` : 'no content type'}, not an event stream: is a proxy in front of it answering instead?`,
+      `the service answered ${status} with ${type ? `"${visible(type.slice(0, 100))}"` : 'no content type'}, not an event stream: is a proxy in front of it answering instead?`,
       EXIT.unavailable,
     );
   }
@@ -114,10 +117,90 @@ export type RequestOptions = {
 /** How long one call (not a followed stream) waits for the service's whole answer by default. */
 export const DEFAULT_REQUEST_TIMEOUT_MS = 60_000;
 
+/**
+ * The most of one answer the tool reads. The service's largest answers (a page of 100 records, a run with its
+ * steps) are a few MB; read whole, an answer without end (a proxy's, or a service gone wrong) held all of itself
+ * in memory: 400 MB took the process to 1.7 GB.
+ */
+export const ANSWER_MAX_BYTES = 16 * 1024 * 1024;
+
+/**
+ * The most of one event a stream holds while it comes: its line not yet ended, or its data lines before the
+ * blank line that ends it. The service's largest event is about 400 KB; without a cap, a line that never ended
+ * grew until the process ran out of memory (600 MB took it to 2.3 GB).
+ */
+export const EVENT_MAX_CHARS = 4 * 1024 * 1024;
+
+/**
+ * A stream that breaks the service's own protocol: an event that is not a JSON object with a type, or one
+ * larger than the service ever sends. Not tried again: the next connection would resend the same event.
+ */
+export class StreamProtocolError extends CliError {
+  constructor(what: string) {
+    super(`the event stream sent ${what}: not the service's own stream (a proxy in between?)`, EXIT.unavailable);
+  }
+}
+
+/** An answer's body as text, refused past `max` bytes: a length announced that large is refused before reading. */
+async function textOf(res: Response, what: string, max = ANSWER_MAX_BYTES): Promise<string> {
+  const tooLarge = () =>
+    new CliError(
+      `the answer to ${what} is larger than ${max / 1024 / 1024} MB, more than the service sends: is a proxy in front of it answering instead?`,
+      EXIT.unavailable,
+    );
+  if (Number(res.headers.get('content-length')) > max) {
+    await res.body?.cancel().catch(() => undefined);
+    throw tooLarge();
+  }
+  if (!res.body) return '';
+  const chunks: Uint8Array[] = [];
+  let bytes = 0;
+  const reader = res.body.getReader();
+  try {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      bytes += value.byteLength;
+      if (bytes > max) throw tooLarge();
+      chunks.push(value);
+    }
+  } finally {
+    await reader.cancel().catch(() => undefined);
+  }
+  // (as res.text(): a byte order mark dropped)
+  return new TextDecoder().decode(Buffer.concat(chunks));
+}
+
 /** How long a followed event stream may stay silent: three of the service's heartbeats at their default of 15 s. */
 export const DEFAULT_IDLE_MS = 45_000;
 
 export type ServiceEvent = { id: string; type: string; data: Record<string, any>; at?: string; run_id?: string };
+
+/** The problem of an answer other than 2xx; its status text when it has none (a proxy's page, say: the status says enough). */
+function problemOf(text: string, res: Response): Problem {
+  try {
+    const problem: unknown = JSON.parse(text);
+    // (`null` or a number is JSON too: read as a problem, it ended the command with a TypeError)
+    if (typeof problem === 'object' && problem !== null && !Array.isArray(problem)) return problem as Problem;
+  } catch {
+    // not JSON
+  }
+  return { title: res.statusText };
+}
+
+/** An event's data as the service sends it: a JSON object with a type (a stream.truncated notice has no data). */
+function eventOf(text: string): ServiceEvent {
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch {
+    throw new StreamProtocolError(`an event that is not JSON ("${visible(text.slice(0, 40))}")`);
+  }
+  const isObject = (v: unknown): v is Record<string, any> => typeof v === 'object' && v !== null && !Array.isArray(v);
+  if (!isObject(value) || typeof value.type !== 'string' || (value.data !== undefined && !isObject(value.data)))
+    throw new StreamProtocolError(`an event that is not an object with a type ("${visible(text.slice(0, 40))}")`);
+  return { ...value, data: value.data ?? {} } as ServiceEvent;
+}
 
 /** A stream answered 204: nothing more will come of it. */
 const NOTHING_MORE = Symbol('nothing more');
@@ -184,25 +267,20 @@ export class ApiClient {
     let text: string;
     try {
       res = await this.send(method, path, { ...opts, signal: opts.signal ? AbortSignal.any([opts.signal, deadline.signal]) : deadline.signal });
-      text = await res.text();
+      text = await textOf(res, `${method} ${path}`);
     } catch (err) {
       throw deadline.signal.aborted ? (deadline.signal.reason as CliError) : err;
     } finally {
       clearTimeout(timer);
     }
-    if (!res.ok) {
-      let problem: Problem = { title: res.statusText };
-      try {
-        problem = JSON.parse(text) as Problem;
-      } catch {
-        // not JSON: a proxy's page, say; the status says enough
-      }
-      throw new ApiError(res.status, problem, retryAfterOf(res));
-    }
+    if (!res.ok) throw new ApiError(res.status, problemOf(text, res), retryAfterOf(res));
     try {
       return (text ? JSON.parse(text) : null) as T;
     } catch {
-      throw new CliError(`the service answered ${res.status} with something that is not JSON (a proxy in between?): ${text.slice(0, 80)}`, EXIT.unavailable);
+      throw new CliError(
+        `the service answered ${res.status} with something that is not JSON (a proxy in between?): ${visible(text.slice(0, 80))}`,
+        EXIT.unavailable,
+      );
     }
   }
 
@@ -210,7 +288,8 @@ export class ApiClient {
    * Reads a server-sent event stream to its end, reconnecting with Last-Event-ID whenever the connection
    * drops before `isLast` says the last event came, or when nothing (not even the service's heartbeat) came
    * for `idleMs`; a 429 or 502-504 is tried again after its Retry-After. Gives up after `reconnectForMs`
-   * without a connection. Returns the last event; null when the service answers 204, that nothing more will
+   * without a connection that brought something new (see below). Returns the last event; null when the
+   * service answers 204, that nothing more will
    * come (the stream's end was sent before, or its events are no longer kept): the resource says how it ended.
    */
   async follow(
@@ -232,18 +311,32 @@ export class ApiClient {
       let why: string;
       let retryAfterMs: number | undefined;
       try {
-        // the stream is up once it sends anything, a heartbeat too: a later drop starts the clock again (a step
-        // silent for minutes between two drops is not two minutes without a connection)
-        const last = await this.readStream(path, lastId, opts, (id) => {
-          if (id) lastId = id;
-          failingSince = undefined;
-          tries = 0;
+        // The clock starts again only for what shows the stream going on: an event not seen before, or, once
+        // one came, the service's heartbeat (a step silent for minutes between two drops is not two minutes
+        // without a connection). Any first byte did before: a stub that sent `retry: 2000` and closed, or an
+        // answer that failed the same way each time, was tried every 250 ms for good. The wait between tries
+        // grows until a new event comes.
+        const last = await this.readStream(path, lastId, opts, {
+          event: (id) => {
+            lastId = id;
+            failingSince = undefined;
+            tries = 0;
+          },
+          heartbeat: () => {
+            if (lastId) failingSince = undefined;
+          },
         });
         if (last === NOTHING_MORE) return null;
         if (last) return last;
         why = 'the stream ended early';
       } catch (err) {
-        if (err instanceof RedirectError || err instanceof NotAStreamError || (err instanceof ApiError && !RETRIED_STATUSES.has(err.status))) throw err;
+        if (
+          err instanceof RedirectError ||
+          err instanceof NotAStreamError ||
+          err instanceof StreamProtocolError ||
+          (err instanceof ApiError && !RETRIED_STATUSES.has(err.status))
+        )
+          throw err;
         if (opts.signal?.aborted) throw err;
         why = (err as Error).message;
         if (err instanceof ApiError && err.retryAfterSeconds !== undefined) retryAfterMs = Math.min(err.retryAfterSeconds * 1000, RETRY_AFTER_MAX_MS);
@@ -260,8 +353,8 @@ export class ApiClient {
     path: string,
     lastId: string | undefined,
     opts: { isLast: (e: ServiceEvent) => boolean; onEvent: (e: ServiceEvent) => void; idleMs?: number },
-    /** an event's id, or none for the stream's first bytes (the connection is up) */
-    seen: (id?: string) => void,
+    /** told of an event with an id other than `lastId`, and of each heartbeat */
+    seen: { event: (id: string) => void; heartbeat: () => void },
   ): Promise<ServiceEvent | typeof NOTHING_MORE | null> {
     // a service that froze, or a connection that died without a word (a NAT mapping or a proxy dropped it),
     // sends nothing, not even its heartbeat: without a deadline the read waits for the kernel's own, minutes
@@ -278,8 +371,7 @@ export class ApiClient {
     try {
       const res = await this.send('GET', path, { signal: silence.signal }, { accept: 'text/event-stream', ...(lastId ? { 'last-event-id': lastId } : {}) });
       if (!res.ok) {
-        const problem = (await res.json().catch(() => ({ title: res.statusText }))) as Problem;
-        throw new ApiError(res.status, problem, retryAfterOf(res));
+        throw new ApiError(res.status, problemOf(await textOf(res, `GET ${path}`), res), retryAfterOf(res));
       }
       if (res.status === 204) return NOTHING_MORE;
       // (its body, which would end at once, was read as a stream that dropped: reconnected every 250 ms, for good)
@@ -290,11 +382,19 @@ export class ApiClient {
       }
       if (!res.body) return null;
       let last: ServiceEvent | null = null;
+      let broken: ParseError | undefined;
       const parser = createParser({
+        maxBufferSize: EVENT_MAX_CHARS,
+        onError: (err) => {
+          if (err.type === 'max-buffer-size-exceeded') broken = err;
+        },
+        onComment: () => seen.heartbeat(),
         onEvent: (m: EventSourceMessage) => {
           if (last || !m.data) return;
-          const event = JSON.parse(m.data) as ServiceEvent;
-          if (m.id) seen(m.id);
+          // an event sent again after the id it was asked to follow is nothing new: not printed twice
+          if (m.id && m.id === lastId) return;
+          const event = eventOf(m.data);
+          if (m.id) seen.event((lastId = m.id));
           opts.onEvent(event);
           if (opts.isLast(event)) last = event;
         },
@@ -302,12 +402,12 @@ export class ApiClient {
       const decoder = new TextDecoder();
       const reader = res.body.getReader();
       try {
-        for (let first = true; !last; first = false) {
+        while (!last) {
           const { value, done } = await reader.read();
           if (done) break;
           heard();
-          if (first) seen();
           parser.feed(decoder.decode(value, { stream: true }));
+          if (broken) throw new StreamProtocolError(`an event or a line longer than ${EVENT_MAX_CHARS / 1024 / 1024} MB`);
         }
       } finally {
         await reader.cancel().catch(() => undefined);

@@ -1,6 +1,7 @@
 // `gates run` and `gates verify`: the same gate set the service runs, run here in-process (each
 // command in the sandbox), and offline verification of an evidence pack.
 import type { KeyObject } from 'node:crypto';
+import { existsSync } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import { environmentValue, loadConfig, TENANT_ID_PATTERN } from '../config/env.js';
@@ -21,6 +22,7 @@ import { tenantRootPath } from '../engine/runs/index.js';
 import { openStore } from '../engine/store/index.js';
 import { openSandbox } from '../engine/tools/index.js';
 import { UsageError } from './client.js';
+import { visible } from './output.js';
 
 const MARK: Record<GateResult['conclusion'], string> = {
   success: 'ok  ',
@@ -53,6 +55,8 @@ export async function gatesRun(values: GatesRunOptions, out: (text: string) => v
     if (!root || (dir !== root && !dir.startsWith(root + path.sep)))
       throw new UsageError(`--workspace must be inside the tenant's workspace root (${root || 'missing'})`);
     workspaceName = path.relative(root, dir) || '.';
+    // before the gates run (minutes): a record that could not reach the service's ledger is refused at once
+    requireServiceLedger();
   }
   const sandbox = openSandbox({
     mode: config.sandbox.mode,
@@ -91,7 +95,7 @@ export async function gatesRun(values: GatesRunOptions, out: (text: string) => v
       onResult: (r) => {
         if (!values.json)
           out(
-            `  ${MARK[r.conclusion]}  ${r.gate_id.padEnd(20)} ${(r.duration_ms / 1000).toFixed(1).padStart(6)} s  ${r.summary}${r.required ? '' : ' (optional)'}\n`,
+            `${visible(`  ${MARK[r.conclusion]}  ${r.gate_id.padEnd(20)} ${(r.duration_ms / 1000).toFixed(1).padStart(6)} s  ${r.summary}${r.required ? '' : ' (optional)'}`)}\n`,
           );
       },
     });
@@ -111,7 +115,7 @@ export async function gatesRun(values: GatesRunOptions, out: (text: string) => v
         `${JSON.stringify({ workspace: workspaceName, source: set.source, subject: subjectOf(ctx), ready: failed.length === 0, results: ordered, gate_run_id: sealed?.id ?? null, ledger: sealed?.ledger ?? null }, null, 2)}\n`,
       );
     } else {
-      out(failed.length ? `not ready: ${failed.join(', ')} did not pass\n` : 'ready: every required gate passed\n');
+      out(failed.length ? `not ready: ${visible(failed.join(', '))} did not pass\n` : 'ready: every required gate passed\n');
       if (sealed?.ledger)
         out(`recorded as ${sealed.id}: ledger entries ${sealed.ledger.from_seq}..${sealed.ledger.to_seq}, head ${sealed.ledger.head_hash.slice(0, 16)}\n`);
     }
@@ -122,21 +126,41 @@ export async function gatesRun(values: GatesRunOptions, out: (text: string) => v
   }
 }
 
+/**
+ * Refuses to record anywhere but the service's own ledger. Run outside the service's folder (or with another
+ * SERVICE_DATA_DIR), --record made a new store there and a new evidence key, and sealed the results into a
+ * ledger the service never reads, signed by a key no one pins: "recorded" and exit 0.
+ */
+function requireServiceLedger(): void {
+  const config = loadConfig();
+  const file = path.join(config.dataDir, 'service.sqlite');
+  if (!config.mongodbUri && !existsSync(file))
+    throw new UsageError(`--record: no store at ${file}: set SERVICE_DATA_DIR to the service's data folder (or MONGODB_URI to its MongoDB)`);
+  // loadKeyBytes would make a key of its own (its source 'generated'): a ledger signed by it is not the service's
+  if (!config.evidenceKey && !existsSync(path.join(config.dataDir, EVIDENCE_KEY_FILE)))
+    throw new UsageError(
+      `--record: no evidence key: set SERVICE_EVIDENCE_KEY to the service's, or SERVICE_DATA_DIR to the folder of its ${EVIDENCE_KEY_FILE} (not in ${config.dataDir})`,
+    );
+}
+
 /** Writes results to the service's store and ledger, as a gate run the CLI made. */
 async function record(
   tenantId: string,
   run: { workspace: string; source: string; required: string[]; subject: GateRunRecord['subject']; results: GateResult[]; artifacts: ArtifactPayload[] },
 ): Promise<GateRunRecord | null> {
   const config = loadConfig();
+  // checked again (the store or the key file gone while the gates ran), and before the store is opened, which would make it
+  requireServiceLedger();
+  const key = loadKeyBytes({
+    value: config.evidenceKey,
+    variable: 'SERVICE_EVIDENCE_KEY',
+    file: EVIDENCE_KEY_FILE,
+    dataDir: config.dataDir,
+    isProduction: config.isProduction,
+  });
+  if (key.source === 'generated') throw new UsageError(`--record: no evidence key: set SERVICE_EVIDENCE_KEY to the service's`);
   const store = await openStore({ mongodbUri: config.mongodbUri, dataDir: config.dataDir });
   try {
-    const key = loadKeyBytes({
-      value: config.evidenceKey,
-      variable: 'SERVICE_EVIDENCE_KEY',
-      file: EVIDENCE_KEY_FILE,
-      dataDir: config.dataDir,
-      isProduction: config.isProduction,
-    });
     const ledger = ledgerOf({ store, clock: systemClock, signer: signerOf(key.key) });
     const gateRun: GateRunRecord = {
       id: newId('grn'),
@@ -181,6 +205,7 @@ export async function gatesVerify(file: string, values: { key?: string; tenant?:
   try {
     verdict = verifyPack(await readPack(data), { ...pin, tenantId: values.tenant });
   } catch (err) {
+    // (JSON.parse's message quotes the file's bytes: shown as escapes below)
     verdict = { ok: false as const, problem: { part: 'envelope' as const, message: `not an evidence pack: ${(err as Error).message}` } };
   }
   if (values.json) {
@@ -189,8 +214,10 @@ export async function gatesVerify(file: string, values: { key?: string; tenant?:
     );
     return verdict.ok ? (values.key ? 0 : 3) : 1;
   }
+  // every text below but our own is the pack's, which anyone may have written: shown, never obeyed by the terminal
+  const line = (text: string) => out(`${visible(text)}\n`);
   if (!verdict.ok) {
-    out(`FAILED (${verdict.problem.part}${verdict.problem.seq === undefined ? '' : `, entry ${verdict.problem.seq}`}): ${verdict.problem.message}\n`);
+    line(`FAILED (${verdict.problem.part}${verdict.problem.seq === undefined ? '' : `, entry ${verdict.problem.seq}`}): ${verdict.problem.message}`);
     return 1;
   }
   const p = verdict.statement.predicate;
@@ -202,20 +229,20 @@ export async function gatesVerify(file: string, values: { key?: string; tenant?:
     );
     return 3;
   }
-  out(`ok: signed by key ${verdict.key_id} (pinned by its ${pinnedBy})\n`);
-  out(`tenant: ${typeof p.tenant_id === 'string' ? p.tenant_id : '(not named: a pack made before tenants were signed)'}\n`);
+  line(`ok: signed by key ${verdict.key_id} (pinned by its ${pinnedBy})`);
+  line(`tenant: ${typeof p.tenant_id === 'string' ? p.tenant_id : '(not named: a pack made before tenants were signed)'}`);
   const missing = Array.isArray(p.missing) ? (p.missing as string[]) : [];
-  out(`ready: ${p.ready === true ? 'yes' : 'no'}${missing.length ? ` (no result for required gates: ${missing.join(', ')})` : ''}\n`);
-  out(
+  line(`ready: ${p.ready === true ? 'yes' : 'no'}${missing.length ? ` (no result for required gates: ${missing.join(', ')})` : ''}`);
+  line(
     `subject: ${subject?.name ?? '-'} ${Object.entries(subject?.digest ?? {})
-      .map(([k, v]) => `${k}:${v.slice(0, 12)}`)
-      .join(' ')}\n`,
+      .map(([k, v]) => `${k}:${String(v).slice(0, 12)}`)
+      .join(' ')}`,
   );
   if (p.ledger && verdict.entries) {
-    out(`ledger: ${verdict.entries} entries verified (${p.ledger.from_seq}..${p.ledger.to_seq}), head ${p.ledger.head_hash.slice(0, 16)}\n`);
+    line(`ledger: ${verdict.entries} entries verified (${p.ledger.from_seq}..${p.ledger.to_seq}), head ${String(p.ledger.head_hash).slice(0, 16)}`);
     if (verdict.earlier_keys.length)
-      out(`  some signed by the ledger's earlier key ${verdict.earlier_keys.join(', ')}, which key ${verdict.key_id} vouches for (the key was rotated)\n`);
-  } else out('ledger: not in this file (the envelope alone was checked; get the pack with format=tar to check its ledger)\n');
-  for (const g of p.gates) out(`  ${g.gate_id}: ${(g as { conclusion?: string }).conclusion ?? '?'} (entry ${g.ledger_seq})\n`);
+      line(`  some signed by the ledger's earlier key ${verdict.earlier_keys.join(', ')}, which key ${verdict.key_id} vouches for (the key was rotated)`);
+  } else line('ledger: not in this file (the envelope alone was checked; get the pack with format=tar to check its ledger)');
+  for (const g of p.gates) line(`  ${g.gate_id}: ${(g as { conclusion?: string }).conclusion ?? '?'} (entry ${g.ledger_seq})`);
   return 0;
 }

@@ -4,6 +4,7 @@
 import { CommanderError } from 'commander';
 import { ConfigError } from '../config/env.js';
 import { ApiError, CliError, EXIT, UsageError } from './client.js';
+import { visibleLines } from './output.js';
 import { buildProgram } from './program.js';
 
 // a reader that went away (`runs list | head`, `gates verify ... | true`) is not the command's failure: what is
@@ -14,23 +15,27 @@ for (const stream of [process.stdout, process.stderr])
     if (err.code !== 'EPIPE' && err.code !== 'ERR_STREAM_DESTROYED') throw err;
   });
 
+// the one place an error's message is printed: whatever of it the server (or a file) wrote is shown, never obeyed
+// by the terminal, whichever error carried it
+const fail = (message: string, exitCode: number): never => {
+  process.stderr.write(`automation-service: ${visibleLines(message)}\n`);
+  process.exit(exitCode);
+};
+
 try {
   await buildProgram().parseAsync(process.argv);
 } catch (err) {
   if (err instanceof CommanderError) process.exit(err.exitCode === 0 ? 0 : EXIT.usage);
   if (err instanceof CliError) {
-    process.stderr.write(`automation-service: ${err.message}\n`);
-    if (err.exitCode === EXIT.usage && !(err instanceof ApiError)) process.stderr.write('(automation-service <command> --help shows the usage)\n');
-    process.exit(err.exitCode);
+    if (err.exitCode === EXIT.usage && !(err instanceof ApiError)) fail(`${err.message}\n(automation-service <command> --help shows the usage)`, err.exitCode);
+    fail(err.message, err.exitCode);
   }
   // what the engine refused in a local command (no such key, an expiry in the past, a gate set that is not
   // valid) is the caller's to correct, not a service away: a retry would be refused the same way. Known by
   // the engine's errors' own `retryable` (the engine's platform is not loaded for this: client commands skip it)
   if (err instanceof ConfigError || err instanceof UsageError || (err instanceof Error && (err as { retryable?: unknown }).retryable === false)) {
-    process.stderr.write(`automation-service: ${(err as Error).message}\n`);
-    process.exit(EXIT.usage);
+    fail((err as Error).message, EXIT.usage);
   }
   // anything else is not the run's failure (1): an answer the tool could not read, or its own fault
-  process.stderr.write(`automation-service: could not complete the command: ${(err as Error).message ?? String(err)}\n`);
-  process.exit(EXIT.unavailable);
+  fail(`could not complete the command: ${(err as Error).message ?? String(err)}`, EXIT.unavailable);
 }

@@ -47,4 +47,21 @@ export function outputOf(opts: { json: boolean; noColor: boolean; stdout?: NodeJ
  * move the cursor, erase or recolour another line (a table's cells, a record's fields). */
 export const visible = (text: string): string => text.replace(/[\u0000-\u001f\u007f-\u009f]/g, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`);
 
+/** visible() for text of several lines: an error's message, whose line breaks are the tool's own. */
+export const visibleLines = (text: string): string => text.split('\n').map(visible).join('\n');
+
+// A sequence that only colours (SGR: ESC [ numbers m); every other escape sequence, with the text an OSC, DCS, SOS,
+// PM or APC string carries (to its end, or to the end of the text when it has none); any other control character
+const SGR = /^\u001b\[[0-9;:]*m$/;
+const CONTROL =
+  /\u001b\[[\u0030-\u003f]*[\u0020-\u002f]*[\u0040-\u007e]?|\u001b[\u005d\u0050\u0058\u005e\u005f][^\u0007\u001b\u009c]*(?:\u0007|\u001b\\|\u009c)?|\u001b[\u0020-\u002f]*[\u0030-\u007e]?|\u009b[\u0030-\u003f]*[\u0020-\u002f]*[\u0040-\u007e]?|[\u0090\u0098\u009d\u009e\u009f][^\u0007\u001b\u009c]*(?:\u0007|\u001b\\|\u009c)?|[\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f]/g;
+
+/**
+ * A step's output as a terminal may show it: a tool's colours kept (ESC[...m), every other escape sequence
+ * dropped (a title set, a link, the cursor moved, a line or the screen erased, the terminal asked to answer),
+ * with the other control characters but tab, line feed and carriage return (which returns to the start of the
+ * tool's own line only: the tool's lines and ours never share one).
+ */
+export const terminalSafe = (text: string): string => text.replace(CONTROL, (seq) => (SGR.test(seq) ? seq : ''));
+
 export const seconds = (ms: number | null | undefined): string => (ms == null ? '-' : `${(ms / 1000).toFixed(1)} s`);

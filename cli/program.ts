@@ -23,8 +23,8 @@ type Globals = { url?: string; key?: string; json?: boolean; requestTimeout?: nu
 function clientCommand(parent: Command, nameAndArgs: string): Command {
   return parent
     .command(nameAndArgs)
-    .option('--url <url>', `the service (default: SERVICE_URL, else ${DEFAULT_URL})`)
-    .option('--key <key>', 'an API key (default: SERVICE_API_KEY)')
+    .option('--url <url>', `the service (default: SERVICE_URL, else ${DEFAULT_URL})`, notAFlag('--url'))
+    .option('--key <key>', 'an API key (default: SERVICE_API_KEY)', notAFlag('--key'))
     .option('--json', "print the service's JSON instead of lines and tables")
     .option(
       '--request-timeout <seconds>',
@@ -85,6 +85,25 @@ export function auditExitCode(
 }
 
 const collect = (value: string, previous: string[] = []) => [...previous, value];
+/**
+ * A value no one means to start with `--`: commander takes the word after an option as its value, whatever it
+ * is, so `--key $KEY --json` with KEY unset sent `Authorization: Bearer --json`. One dash (`--key=-abc`) is a
+ * value. What follows a `=` in the word taken is not printed (`--key --token=...`).
+ */
+const notAFlag =
+  (name: string) =>
+  (value: string): string => {
+    if (value.startsWith('--'))
+      throw usage(`${name} needs a value, and the next word is the option ${value.split('=')[0]}: is a variable empty? (quote it: ${name} "$VALUE")`);
+    return value;
+  };
+const collectValues = (name: string) => (value: string, previous?: string[]) => collect(notAFlag(name)(value), previous);
+/**
+ * An unknown option as commander names it without the value given with it (`--kye=sk_live_...`, a mistyped
+ * --key; `-ksk_live_...`, a short option there is none of): error output reaches CI logs.
+ */
+export const withoutOptionValues = (text: string): string =>
+  text.replace(/(unknown option '--[^'=]*)=[^']*'/g, "$1=...'").replace(/(unknown option '-[^-'])[^']+'/g, "$1...'");
 /** The most seconds a timer waits (2^31 - 1 ms): a larger wait fired at once, and every call timed out. */
 const MAX_SECONDS = 2_147_483;
 const positiveInt = (name: string) => (value: string) => {
@@ -187,7 +206,7 @@ async function startedRun(
   const { client, o } = contextOf(cmd);
   if (!opts.wait) {
     if (o.json) o.printJson(accepted);
-    else o.out(`${accepted.run_id}\n`);
+    else o.out(`${visible(String(accepted.run_id))}\n`);
     return EXIT.succeeded;
   }
   if (!o.json) o.err(`run ${accepted.run_id} queued; following its events (Ctrl-C to stop)\n`, 'dim');
@@ -203,7 +222,7 @@ export function buildProgram(): Command {
   const program = new Command('automation-service')
     .description('Start and follow runs, manage automations and webhooks of an automation service; make keys and run gates locally.')
     .showHelpAfterError()
-    .configureOutput({ outputError: (text, write) => write(text) })
+    .configureOutput({ outputError: (text, write) => write(withoutOptionValues(text)) })
     .exitOverride()
     .addHelpText(
       'after',
@@ -226,10 +245,11 @@ Examples:
     .option('--goal <text>', 'what the agent should reach (needs an agent configured on the service)')
     .option('--budget <seconds>', 'wall-clock budget', positiveInt('--budget'))
     .option('--max-steps <n>', 'at most this many steps', positiveInt('--max-steps'))
-    .option('--workspace <dir>', "a folder of the tenant's workspace root, relative to it")
+    .option('--workspace <dir>', "a folder of the tenant's workspace root, relative to it", notAFlag('--workspace'))
     .option(
       '--idempotency-key <key>',
       "the same key returns the first run (default: from the CI job's id on GitHub Actions, GitLab CI, CircleCI and Buildkite)",
+      notAFlag('--idempotency-key'),
     )
     .addHelpText(
       'after',
@@ -276,15 +296,15 @@ Examples:
       const { client, o } = contextOf(this);
       const run = await client.request('POST', `/api/v1/runs/${encodeURIComponent(id)}/cancel`);
       if (o.json) o.printJson(run);
-      else o.out(`${run.id ?? id} ${run.status ?? 'cancel requested'}\n`);
+      else o.out(`${visible(`${run.id ?? id} ${run.status ?? 'cancel requested'}`)}\n`);
     });
   clientCommand(runs, 'list')
     .description('runs, newest first')
-    .option('--automation <id>', "only this automation's runs")
-    .option('--status <status>', 'queued, running, succeeded, failed, canceled or timed_out')
-    .option('--kind <kind>', 'autonomy, vibe or automation')
+    .option('--automation <id>', "only this automation's runs", notAFlag('--automation'))
+    .option('--status <status>', 'queued, running, succeeded, failed, canceled or timed_out', notAFlag('--status'))
+    .option('--kind <kind>', 'autonomy, vibe or automation', notAFlag('--kind'))
     .option('--limit <n>', 'at most this many', positiveInt('--limit'))
-    .option('--cursor <cursor>', 'the next page')
+    .option('--cursor <cursor>', 'the next page', notAFlag('--cursor'))
     .addHelpText('after', examples('automation-service runs list --status failed --limit 5', 'automation-service runs list --automation aut_01... --json'))
     .action(async function (this: Command, opts) {
       const { client, o } = contextOf(this);
@@ -299,9 +319,9 @@ Examples:
   const automations = program.command('automations').description('reusable automations: list, get, run, enable, disable, archive');
   clientCommand(automations, 'list')
     .description('automations, newest first')
-    .option('--status <status>', 'enabled, disabled or archived')
+    .option('--status <status>', 'enabled, disabled or archived', notAFlag('--status'))
     .option('--limit <n>', 'at most this many', positiveInt('--limit'))
-    .option('--cursor <cursor>', 'the next page')
+    .option('--cursor <cursor>', 'the next page', notAFlag('--cursor'))
     .addHelpText('after', examples('automation-service automations list --status enabled', 'automation-service automations list --json'))
     .action(async function (this: Command, opts) {
       const { client, o } = contextOf(this);
@@ -314,7 +334,7 @@ Examples:
         ['TRIGGERS', (a) => (a.triggers ?? []).map((t: { type: string }) => t.type).join(',') || '-'],
         ['UPDATED', (a) => a.updated_at],
       ]);
-      if (page.next_cursor) o.out(`more: --cursor ${page.next_cursor}\n`);
+      if (page.next_cursor) o.out(`more: --cursor ${visible(page.next_cursor)}\n`);
     });
   clientCommand(automations, 'get <id>')
     .description('an automation')
@@ -323,15 +343,15 @@ Examples:
       const { client, o } = contextOf(this);
       const a = await client.request('GET', `/api/v1/automations/${encodeURIComponent(id)}`);
       if (o.json) return o.printJson(a);
-      o.out(`${a.id}  ${visible(a.name)}  ${a.status}\n`);
+      o.out(`${visible(`${a.id}  ${a.name}  ${a.status}`)}\n`);
       for (const t of a.triggers ?? [])
         o.out(visible(`  trigger ${t.type}${t.schedule ? ` ${t.schedule}` : ''}${t.paths ? ` ${t.paths.join(' ')}` : ''}`) + '\n');
-      for (const [i, s] of (a.steps ?? []).entries()) o.out(`  step ${i + 1} ${s.tool} ${JSON.stringify(s.args ?? {})}\n`);
+      for (const [i, s] of (a.steps ?? []).entries()) o.out(`${visible(`  step ${i + 1} ${s.tool} ${JSON.stringify(s.args ?? {})}`)}\n`);
     });
   const runAutomation = clientCommand(automations, 'run <id>')
     .description('run an automation now')
     .option('--input <name=value>', 'an input merged over the automation’s own (repeatable)', keyValue('--input'))
-    .option('--idempotency-key <key>', 'the same key returns the first run')
+    .option('--idempotency-key <key>', 'the same key returns the first run', notAFlag('--idempotency-key'))
     .addHelpText(
       'after',
       examples(
@@ -359,7 +379,7 @@ Examples:
         const { client, o } = contextOf(this);
         const a = await client.request(method, `/api/v1/automations/${encodeURIComponent(id)}${path}`);
         if (o.json) o.printJson(a);
-        else o.out(`${id} ${a?.status ?? `${verb}d`}\n`);
+        else o.out(`${visible(`${id} ${a?.status ?? `${verb}d`}`)}\n`);
       });
   }
 
@@ -391,16 +411,16 @@ Examples:
         body: { template_id: templateId, variables: opts.var ?? {}, ...(opts.name ? { name: opts.name } : {}) },
       });
       if (o.json) o.printJson(a);
-      else o.out(`${a.id}  ${visible(a.name)}  ${a.status}\n`);
+      else o.out(`${visible(`${a.id}  ${a.name}  ${a.status}`)}\n`);
     });
 
   const deliveries = program.command('deliveries').description('webhook deliveries: list, replay');
   clientCommand(deliveries, 'list')
     .description('webhook deliveries, newest first')
-    .option('--kind <kind>', 'codehost, chat, tracker, pager, email or generic')
-    .option('--status <status>', "a delivery's status")
+    .option('--kind <kind>', 'codehost, chat, tracker, pager, email or generic', notAFlag('--kind'))
+    .option('--status <status>', "a delivery's status", notAFlag('--status'))
     .option('--limit <n>', 'at most this many', positiveInt('--limit'))
-    .option('--cursor <cursor>', 'the next page')
+    .option('--cursor <cursor>', 'the next page', notAFlag('--cursor'))
     .addHelpText('after', examples('automation-service deliveries list --kind codehost --status failed', 'automation-service deliveries list --limit 5 --json'))
     .action(async function (this: Command, opts) {
       const { client, o } = contextOf(this);
@@ -415,7 +435,7 @@ Examples:
         ['STATUS', (d) => d.status],
         ['RECEIVED', (d) => d.received_at ?? d.created_at],
       ]);
-      if (page.next_cursor) o.out(`more: --cursor ${page.next_cursor}\n`);
+      if (page.next_cursor) o.out(`more: --cursor ${visible(page.next_cursor)}\n`);
     });
   clientCommand(deliveries, 'replay <id>')
     .description('process a stored delivery again')
@@ -424,7 +444,7 @@ Examples:
       const { client, o } = contextOf(this);
       const d = await client.request('POST', `/api/v1/webhook-deliveries/${encodeURIComponent(id)}/replay`);
       if (o.json) o.printJson(d);
-      else o.out(`${d?.id ?? id} ${d?.status ?? 'replayed'}\n`);
+      else o.out(`${visible(`${d?.id ?? id} ${d?.status ?? 'replayed'}`)}\n`);
     });
 
   const secrets = program.command('secrets').description('webhook signing secrets (read from stdin, never from an argument)');
@@ -453,7 +473,7 @@ Examples:
   const sessions = program.command('sessions').description('multi-agent sessions: list, get');
   clientCommand(sessions, 'list')
     .description('sessions, newest first')
-    .option('--status <status>', "a session's status")
+    .option('--status <status>', "a session's status", notAFlag('--status'))
     .option('--limit <n>', 'at most this many', positiveInt('--limit'))
     .addHelpText('after', examples('automation-service sessions list --limit 10', 'automation-service sessions list --json'))
     .action(async function (this: Command, opts) {
@@ -475,15 +495,15 @@ Examples:
       const { client, o } = contextOf(this);
       const s = await client.request('GET', `/api/v1/sessions/${encodeURIComponent(id)}`);
       if (o.json) return o.printJson(s);
-      o.out(`${s.id}  ${visible(s.title ?? '')}  ${s.status}${s.outcome ? ` (${s.outcome})` : ''}\n`);
+      o.out(`${visible(`${s.id}  ${s.title ?? ''}  ${s.status}${s.outcome ? ` (${s.outcome})` : ''}`)}\n`);
       for (const t of s.tasks ?? []) o.out(visible(`  task ${t.id} ${t.status}${t.depends_on?.length ? ` after ${t.depends_on.join(',')}` : ''}`) + '\n');
     });
 
   const audit = program.command('audit').description('workspace audits');
   clientCommand(audit, 'run')
     .description("audit a folder of the tenant's workspace; exits 1 when a finding reaches --fail-on")
-    .option('--workspace <dir>', "a folder of the tenant's workspace root")
-    .option('--phases <list>', 'comma-separated: security, architecture, sanity, health')
+    .option('--workspace <dir>', "a folder of the tenant's workspace root", notAFlag('--workspace'))
+    .option('--phases <list>', 'comma-separated: security, architecture, sanity, health', notAFlag('--phases'))
     .option('--timeout <seconds>', 'wait this long for the report, exit 3 if it is not done (the audit goes on after)', positiveInt('--timeout'), 300)
     .addOption(new Option('--fail-on <severity>', 'exit 1 when a finding is this severe or more').choices(['critical', 'high', 'medium', 'low']))
     .addHelpText(
@@ -519,30 +539,43 @@ Examples:
       if (o.json) o.printJson(report);
       if (report.status === 'running') {
         if (!o.json)
-          o.out(`audit ${report.report_id} still running after ${opts.timeout} s; get it with GET /api/v1/autonomy/workspace-audit/${report.report_id}\n`);
+          o.out(
+            `${visible(`audit ${report.report_id} still running after ${opts.timeout} s; get it with GET /api/v1/autonomy/workspace-audit/${report.report_id}`)}\n`,
+          );
         process.exitCode = EXIT.timedOut;
         return;
       }
       if (!o.json)
-        for (const p of report.phases) o.out(`${p.phase.padEnd(13)} ${p.status.padEnd(10)} ${JSON.stringify(p.counts ?? {})}  ${seconds(p.duration_ms)}\n`);
+        for (const p of report.phases)
+          o.out(`${visible(`${String(p.phase).padEnd(13)} ${String(p.status).padEnd(10)} ${JSON.stringify(p.counts ?? {})}  ${seconds(p.duration_ms)}`)}\n`);
       const { code, unfinished } = auditExitCode(report.phases, opts.failOn);
-      if (unfinished.length) process.stderr.write(`automation-service: not audited: ${unfinished.join(', ')}\n`);
+      if (unfinished.length) process.stderr.write(`automation-service: not audited: ${visible(unfinished.join(', '))}\n`);
       process.exitCode = code;
     });
 
   const keys = program.command('keys').description('API keys of a tenant, in the service’s store (local: MONGODB_URI or SERVICE_DATA_DIR)');
-  /** The service's store and its key manager, for one command. */
-  const withKeys = async <T>(tenant: string, fn: (apiKeys: ApiKeys, store: Store, where: string) => Promise<T>): Promise<T> => {
+  /**
+   * The service's store and its key manager, for one command. Only `create` may make the store: a list or a
+   * revoke run outside the service's folder read a store it had just made, printed `(none)` (or refused the
+   * key as unknown) and exited 0. Which store was read is said on stderr, every time.
+   */
+  const withKeys = async <T>(tenant: string, use: 'create' | 'read', fn: (apiKeys: ApiKeys, store: Store, where: string) => Promise<T>): Promise<T> => {
     if (!TENANT_ID_PATTERN.test(tenant)) throw usage('--tenant: letters, digits, _ or -, at most 64');
+    const config = loadConfig();
+    // where the keys are: a store made here and now (the command run outside the service's folder) is said to be new
+    const file = path.resolve(config.dataDir, 'service.sqlite');
+    const isNew = !config.mongodbUri && !existsSync(file);
+    if (isNew && use === 'read')
+      throw usage(
+        `no key store at ${file}: set SERVICE_DATA_DIR to the service's data folder (or MONGODB_URI to its MongoDB), or run this where the service runs`,
+      );
+    const where = config.mongodbUri ? 'the MongoDB store of MONGODB_URI' : `${isNew ? 'a new ' : ''}SQLite store ${file}`;
+    if (use === 'read') process.stderr.write(`keys of tenant ${tenant} in ${where}\n`);
     const [{ apiKeysOf }, { systemClock, createLogger, stderrDestination }, { openStore }] = await Promise.all([
       import('../engine/auth/index.js'),
       import('../engine/platform/index.js'),
       import('../engine/store/index.js'),
     ]);
-    const config = loadConfig();
-    // where the keys are: a store made here and now (the command run outside the service's folder) is said to be new
-    const file = path.resolve(config.dataDir, 'service.sqlite');
-    const where = config.mongodbUri ? 'the MongoDB store of MONGODB_URI' : `${existsSync(file) ? '' : 'a new '}SQLite store ${file}`;
     const store = await openStore({ mongodbUri: config.mongodbUri, dataDir: config.dataDir });
     try {
       return await fn(apiKeysOf({ store, clock: systemClock, log: createLogger('warn', stderrDestination()) }), store, where);
@@ -553,7 +586,7 @@ Examples:
   keys
     .command('create')
     .description("make an API key for a tenant; printed once, stored hashed (uses the service's environment: MONGODB_URI or SERVICE_DATA_DIR)")
-    .requiredOption('--tenant <tenant>', 'the tenant it belongs to')
+    .requiredOption('--tenant <tenant>', 'the tenant it belongs to', notAFlag('--tenant'))
     .option('--label <text>', 'what the key is for')
     .option('--expires <date>', 'when it stops working (an ISO 8601 date and time)')
     .addHelpText(
@@ -565,7 +598,7 @@ Examples:
     )
     .action(async (opts: { tenant: string; label?: string; expires?: string }) => {
       if (opts.expires && !isDateTime(opts.expires)) throw usage('--expires: an ISO 8601 date and time, e.g. 2027-01-31T00:00:00Z');
-      await withKeys(opts.tenant, async (apiKeys, _store, where) => {
+      await withKeys(opts.tenant, 'create', async (apiKeys, _store, where) => {
         const expires_at = opts.expires ? new Date(opts.expires).toISOString() : null;
         const created = await apiKeys.create(opts.tenant, { label: opts.label, source: 'cli', expires_at });
         // a new store is not the service's unless it runs with this SERVICE_DATA_DIR: said, so a key that opens nothing is not a surprise
@@ -577,11 +610,11 @@ Examples:
   keys
     .command('list')
     .description("a tenant's keys: id, label, source, state, last use (never the keys)")
-    .requiredOption('--tenant <tenant>', 'the tenant')
+    .requiredOption('--tenant <tenant>', 'the tenant', notAFlag('--tenant'))
     .option('--json', 'print the keys as JSON')
     .addHelpText('after', examples('automation-service keys list --tenant acme'))
     .action(async (opts: { tenant: string; json?: boolean }) => {
-      await withKeys(opts.tenant, async (apiKeys) => {
+      await withKeys(opts.tenant, 'read', async (apiKeys) => {
         const list = (await apiKeys.list(opts.tenant)).map(({ hash: _hash, ...k }) => k);
         const o = outputOf({ json: Boolean(opts.json), noColor: clientEnv.noColor });
         if (o.json) return o.printJson(list);
@@ -600,14 +633,14 @@ Examples:
   keys
     .command('revoke <id>')
     .description('revoke a key: every process refuses it from its next request')
-    .requiredOption('--tenant <tenant>', 'the tenant it belongs to')
+    .requiredOption('--tenant <tenant>', 'the tenant it belongs to', notAFlag('--tenant'))
     .option('--cascade', 'also revoke every key made with it, all the way down (a leaked key)')
     .addHelpText(
       'after',
       examples('automation-service keys revoke key_01... --tenant acme', 'automation-service keys revoke key_01... --tenant acme --cascade'),
     )
     .action(async (id: string, opts: { tenant: string; cascade?: boolean }) => {
-      await withKeys(opts.tenant, async (apiKeys) => {
+      await withKeys(opts.tenant, 'read', async (apiKeys) => {
         const { key: k, cascaded } = await apiKeys.revoke(opts.tenant, id, { cascade: opts.cascade });
         process.stderr.write(`Revoked key ${k.id} of tenant ${k.tenant_id} at ${k.revoked_at}\n`);
         for (const c of cascaded) process.stderr.write(`Revoked key ${c.id}, made with it (${c.created_by})\n`);
@@ -618,10 +651,10 @@ Examples:
   gates
     .command('run')
     .description("run the workspace's gates (gates.yaml, or those detected), each in the sandbox; exits 1 when a required gate does not pass")
-    .option('--workspace <dir>', 'the workspace', '.')
-    .option('--only <id>', 'only this gate (repeatable)', collect)
+    .option('--workspace <dir>', 'the workspace', notAFlag('--workspace'), '.')
+    .option('--only <id>', 'only this gate (repeatable)', collectValues('--only'))
     .option('--record', "seal the results into the service's ledger (its store and SERVICE_EVIDENCE_KEY, from the environment)")
-    .option('--tenant <tenant>', 'with --record: the tenant whose ledger it joins')
+    .option('--tenant <tenant>', 'with --record: the tenant whose ledger it joins', notAFlag('--tenant'))
     .option('--json', 'print the results as JSON')
     .addHelpText('after', examples('automation-service gates run', 'automation-service gates run --workspace ../api --only test --record --tenant acme'))
     .action(async function (this: Command, opts) {
@@ -636,8 +669,9 @@ Examples:
     .option(
       '--key <public-key>',
       "the service's public key (the base64 line of the evidence-pack answer's public_key.pem), or its key id (public_key.key_id, 64 bits)",
+      notAFlag('--key'),
     )
-    .option('--tenant <tenant>', 'the tenant the pack must be about (the service signs every tenant’s packs with one key)')
+    .option('--tenant <tenant>', 'the tenant the pack must be about (the service signs every tenant’s packs with one key)', notAFlag('--tenant'))
     .option('--json', 'print the verdict as JSON')
     .addHelpText(
       'after',

@@ -2,7 +2,7 @@
 // lines in order, finishes with timings) and end with the exit code of its status.
 import readline from 'node:readline/promises';
 import { type ApiClient, CliError, EXIT, type ServiceEvent } from './client.js';
-import { type Output, seconds } from './output.js';
+import { type Output, seconds, terminalSafe, visible } from './output.js';
 
 type Run = {
   id: string;
@@ -29,57 +29,68 @@ function describeStep(data: Record<string, any>): string {
 
 /**
  * Prints events as a person reads them. Output comes in chunks that may split a line: a line of the
- * tool's own is ended before one of ours is printed.
+ * tool's own is ended before one of ours is printed. A step's output is a tool's real output: its colours
+ * are kept, and reset before a line of ours (a colour, or text hidden, left on would reach it); every other
+ * escape sequence is dropped. Every other text of an event (a message, a reason, an error) is the server's,
+ * its control characters shown as escapes.
  */
 function eventPrinter(o: Output, runId: string): (e: ServiceEvent) => void {
   let midLine = false;
+  let styled = false;
   const line = (text: string) => {
     if (midLine) o.out('\n');
+    if (styled) o.out('\u001b[0m');
     midLine = false;
+    styled = false;
     o.out(text);
   };
   return (e) => {
     if (e.type === 'step.output') {
-      const text = String(e.data.text);
+      const text = terminalSafe(String(e.data.text));
       o.out(e.data.stream === 'stderr' ? o.paint('yellow', text) : text);
       midLine = text.length > 0 && !text.endsWith('\n');
-    } else printEvent(line, o, runId, e);
+      styled ||= text.includes('\u001b[');
+    } else printEvent((text, style) => line(`${style ? o.paint(style, visible(text)) : visible(text)}\n`), runId, e);
   };
 }
 
-function printEvent(line: (text: string) => void, o: Output, runId: string, e: ServiceEvent): void {
+/** One event as one line (or two), without its line break: `line` shows the server's text as escapes, and paints it. */
+function printEvent(line: (text: string, style?: Parameters<Output['paint']>[0]) => void, runId: string, e: ServiceEvent): void {
   const d = e.data;
   switch (e.type) {
     case 'run.started':
-      line(o.paint('dim', `run ${runId} started (attempt ${d.attempt}, waited ${seconds(d.queued_ms)} in the queue)\n`));
+      line(`run ${runId} started (attempt ${d.attempt}, waited ${seconds(d.queued_ms)} in the queue)`, 'dim');
       break;
     case 'step.started':
-      line(o.paint('cyan', `> step ${d.index + 1} ${describeStep(d)}\n`));
+      line(`> step ${d.index + 1} ${describeStep(d)}`, 'cyan');
       break;
     case 'step.finished': {
       const ok = d.status === 'succeeded';
       const code = d.exit_code == null ? '' : `, exit code ${d.exit_code}`;
       line(
-        o.paint(
-          ok ? 'green' : 'red',
-          `${ok ? 'ok' : 'FAIL'} step ${d.index + 1} ${d.status} in ${seconds(d.duration_ms)}${code}${d.error ? `: ${d.error.message}` : ''}\n`,
-        ),
+        `${ok ? 'ok' : 'FAIL'} step ${d.index + 1} ${d.status} in ${seconds(d.duration_ms)}${code}${d.error ? `: ${d.error.message}` : ''}`,
+        ok ? 'green' : 'red',
       );
       break;
     }
     case 'run.retrying':
-      line(o.paint('yellow', `attempt ${d.attempt} ${d.status}; retrying as attempt ${d.next_attempt} in ${seconds(d.delay_ms)}\n`));
+      line(`attempt ${d.attempt} ${d.status}; retrying as attempt ${d.next_attempt} in ${seconds(d.delay_ms)}`, 'yellow');
       break;
     case 'run.interrupted':
-      line(o.paint('yellow', `attempt ${d.attempt} interrupted (${d.reason}); it runs again as attempt ${d.next_attempt}\n`));
+      line(`attempt ${d.attempt} interrupted (${d.reason}); it runs again as attempt ${d.next_attempt}`, 'yellow');
       break;
     case 'message.created':
-      line(`[${d.role}] ${d.text}\n`);
+      // a message of several lines stays so, each line after its first indented: none reads as a line of ours
+      for (const [i, text] of String(d.text ?? '')
+        .replace(/\n+$/, '')
+        .split('\n')
+        .entries())
+        line(i ? `  ${text}` : `[${d.role}] ${text}`);
       break;
     case 'run.finished': {
       const colour = d.status === 'succeeded' ? 'green' : 'red';
-      line(o.paint(['bold', colour], `run ${runId} ${d.status} in ${seconds(d.duration_ms)}${d.summary ? `: ${d.summary}` : ''}\n`));
-      if (d.error && d.status !== 'succeeded') line(`  ${d.error.code}: ${d.error.message}\n`);
+      line(`run ${runId} ${d.status} in ${seconds(d.duration_ms)}${d.summary ? `: ${d.summary}` : ''}`, ['bold', colour]);
+      if (d.error && d.status !== 'succeeded') line(`  ${d.error.code}: ${d.error.message}`);
       break;
     }
   }
@@ -97,12 +108,14 @@ export async function watchRun(client: ApiClient, o: Output, run: Run, opts: Wat
     return exitCodeOf(run.status);
   }
   let interrupts = 0;
+  // the run's id as the service gave it (runs watch): shown, never obeyed by the terminal
+  const shown = visible(String(run.id));
   const detach = () => {
-    o.err(`left run ${run.id} running; follow it again with: automation-service runs watch ${run.id}\n`);
+    o.err(`left run ${shown} running; follow it again with: automation-service runs watch ${shown}\n`);
     process.exit(EXIT.interrupted);
   };
   const cancel = async () => {
-    o.err(`canceling run ${run.id}...\n`);
+    o.err(`canceling run ${shown}...\n`);
     await client.request('POST', `/api/v1/runs/${run.id}/cancel`).catch((err: Error) => o.err(`cancel failed: ${err.message}\n`));
   };
   const onInterrupt = async () => {
@@ -112,7 +125,7 @@ export async function watchRun(client: ApiClient, o: Output, run: Run, opts: Wat
     const rl = readline.createInterface({ input: process.stdin, output: process.stderr });
     // a second Ctrl-C at the prompt (or Ctrl-D) closes it without an answer: no is the default
     const answer = await rl
-      .question(`\ncancel run ${run.id}? [y/N] `)
+      .question(`\ncancel run ${shown}? [y/N] `)
       .catch(() => '')
       .finally(() => rl.close());
     if (/^y(es)?$/i.test(answer.trim())) return cancel();
@@ -164,12 +177,14 @@ const INTERRUPTS = ['SIGINT', 'SIGTERM', 'SIGHUP'] as const;
 
 export function printRun(o: Output, run: Run & Record<string, any>): void {
   if (o.json) return o.printJson(run);
-  o.out(`${run.id}  ${run.kind}  ${run.status}${run.duration_ms != null ? ` in ${seconds(run.duration_ms)}` : ''}\n`);
-  if (run.summary) o.out(`  ${run.summary}\n`);
-  if (run.error) o.out(`  ${run.error.code}: ${run.error.message}\n`);
+  // every field is the server's: shown, never obeyed by the terminal
+  const line = (text: string) => o.out(`${visible(text)}\n`);
+  line(`${run.id}  ${run.kind}  ${run.status}${run.duration_ms != null ? ` in ${seconds(run.duration_ms)}` : ''}`);
+  if (run.summary) line(`  ${run.summary}`);
+  if (run.error) line(`  ${run.error.code}: ${run.error.message}`);
   for (const [i, s] of (run.steps ?? []).entries())
-    o.out(`  step ${i + 1} ${s.tool} ${s.status ?? ''}${s.duration_ms != null ? ` in ${seconds(s.duration_ms)}` : ''}\n`);
-  o.out(`  session ${run.session_id}; created ${run.created_at ?? '-'}\n`);
+    line(`  step ${i + 1} ${s.tool} ${s.status ?? ''}${s.duration_ms != null ? ` in ${seconds(s.duration_ms)}` : ''}`);
+  line(`  session ${run.session_id}; created ${run.created_at ?? '-'}`);
 }
 
 export function printRuns(o: Output, page: { data: Run[]; next_cursor?: string | null }): void {
@@ -182,7 +197,7 @@ export function printRuns(o: Output, page: { data: Run[]; next_cursor?: string |
     ['CREATED', (r) => r.created_at],
     ['AUTOMATION', (r) => r.automation_id],
   ]);
-  if (page.next_cursor) o.out(`more: --cursor ${page.next_cursor}\n`);
+  if (page.next_cursor) o.out(`more: --cursor ${visible(page.next_cursor)}\n`);
 }
 
 export const usage = (message: string) => new CliError(message, EXIT.usage);

@@ -442,6 +442,202 @@ describe('the command-line tool (built) against stub servers', function () {
     expect(code, stderr).to.equal(0);
   });
 
+  // a window title, the screen erased, the cursor moved up a line and to its start, an 8-bit CSI, and a line of ours faked
+  const EVIL = '\u001b]0;pwned\u0007\u001b[2J\u001b[1A\r\u009b31m\nautomation-service: all good';
+  /** What a terminal would obey, less the colour sequences (ESC[...m) a step's output keeps. */
+  const obeyed = (text: string) => text.replace(/\u001b\[[0-9;]*m/g, '').match(/[\u0000-\u0009\u000b-\u001f\u007f-\u009f]/g) ?? [];
+
+  it("--wait shows the server's text of every event as escapes and a step's output with its colours only", async () => {
+    const url = await stub((req, res) => {
+      if (req.method === 'POST') return json(res, 202, { run_id: 'run_x', session_id: 'ses_x', status: 'queued' });
+      sse(res);
+      res.end(
+        [
+          event(1, 'run.started', { attempt: 1, queued_ms: 0 }),
+          event(2, 'step.started', { index: 0, tool: `shell${EVIL}`, args: { command: `echo${EVIL}` } }),
+          event(3, 'step.output', {
+            stream: 'stdout',
+            text: `\u001b[31mred\u001b[0m plain\u001b]8;;https://evil.example\u001b\\ link\u001b]8;;\u001b\\\u001b[2K\u001b[3A\n`,
+          }),
+          event(4, 'message.created', { role: 'assistant', text: `said${EVIL}\nsecond line` }),
+          event(5, 'run.interrupted', { attempt: 1, reason: `reason${EVIL}`, next_attempt: 2 }),
+          event(6, 'step.finished', { index: 0, status: 'failed', duration_ms: 1, error: { message: `step error${EVIL}` } }),
+          event(7, 'run.finished', { status: 'failed', duration_ms: 5, summary: `summary${EVIL}`, error: { code: `code${EVIL}`, message: `message${EVIL}` } }),
+        ].join(''),
+      );
+    });
+    const { code, stdout, stderr } = await spawnCli(['run', '--step', 'shell:true', '--wait', '--url', url], {}).done;
+    expect(code, stdout + stderr).to.equal(1);
+    expect(obeyed(stdout), stdout).to.deep.equal([]);
+    expect(stdout).to.contain('\u001b[31mred\u001b[0m plain link\n');
+    for (const text of ['shell', 'echo', 'said', 'reason', 'step error', 'summary', 'code', 'message'])
+      expect(stdout).to.contain(`${text}\\u001b]0;pwned\\u0007\\u001b[2J\\u001b[1A\\u000d\\u009b31m`);
+    // a message's own lines stay lines, indented: none reads as one of ours
+    expect(stdout).to.contain('\n  automation-service: all good\n  second line\n');
+    expect(stdout.split('\n').filter((l) => l.startsWith('automation-service'))).to.deep.equal([]);
+  });
+
+  it("shows the server's text as escapes in a run, a page's cursor, an audit's phases and an error; and a pack's in gates verify", async () => {
+    const url = await stub((req, res) => {
+      if (req.url === '/api/v1/runs/run_x')
+        return json(res, 200, {
+          id: 'run_x',
+          session_id: `ses${EVIL}`,
+          kind: 'autonomy',
+          status: 'failed',
+          summary: `summary${EVIL}`,
+          error: { code: 'c', message: `message${EVIL}` },
+          steps: [{ tool: `tool${EVIL}`, status: 'failed' }],
+        });
+      if (req.url === '/api/v1/runs') return json(res, 200, { data: [], next_cursor: `cursor${EVIL}` });
+      if (req.url === '/api/v1/autonomy/workspace-audit/run')
+        return json(res, 200, { report_id: 'aud_x', status: 'completed', phases: [{ phase: `phase${EVIL}`, status: 'failed', counts: {}, duration_ms: 1 }] });
+      json(res, 400, { title: `title${EVIL}`, detail: `detail${EVIL}`, errors: [{ path: `/path${EVIL}`, message: `wrong${EVIL}` }] });
+    });
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'cli-evil-'));
+    try {
+      // JSON.parse's error quotes the file's bytes
+      const pack = path.join(dir, 'pack.json');
+      fs.writeFileSync(pack, `{"a": ${EVIL}`);
+      const [get, list, audit, refused, verify] = await Promise.all([
+        spawnCli(['runs', 'get', 'run_x', '--url', url], {}).done,
+        spawnCli(['runs', 'list', '--url', url], {}).done,
+        spawnCli(['audit', 'run', '--url', url], {}).done,
+        spawnCli(['automations', 'get', 'aut_x', '--url', url], {}).done,
+        spawnCli(['gates', 'verify', pack], {}).done,
+      ]);
+      for (const [r, code, texts] of [
+        [get, 0, ['ses', 'summary', 'message', 'tool']],
+        [list, 0, ['cursor']],
+        [audit, 1, ['phase']],
+        [refused, 2, ['title', 'detail', '/path', 'wrong']],
+        [verify, 1, ['"a": ']],
+      ] as const) {
+        expect(r.code, r.stdout + r.stderr).to.equal(code);
+        expect(obeyed(r.stdout + r.stderr), r.stdout + r.stderr).to.deep.equal([]);
+        for (const text of texts) expect(r.stdout + r.stderr, text).to.contain(`${text}\\u001b]0;pwned\\u0007`);
+        expect(
+          (r.stdout + r.stderr).split('\n').filter((l) => l.startsWith('automation-service: all good')),
+          r.stdout + r.stderr,
+        ).to.deep.equal([]);
+      }
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('prints no value given with a mistyped option (exit 2): a mistyped --key reaches the CI log without its key', async () => {
+    const [mistyped, short] = await Promise.all([
+      spawnCli(['runs', 'list', '--kye=sk_live_SECRET123', '--url', 'http://127.0.0.1:1'], {}).done,
+      spawnCli(['runs', 'list', '-ksk_live_SECRET123', '--url', 'http://127.0.0.1:1'], {}).done,
+    ]);
+    for (const r of [mistyped, short]) {
+      expect(r.code, r.stderr).to.equal(2);
+      expect(r.stdout + r.stderr)
+        .to.contain('unknown option')
+        .and.not.contain('SECRET123');
+    }
+  });
+
+  it('takes no option for the value of --key, --url, --idempotency-key, --workspace or --cursor (exit 2, nothing sent); one dash is a value', async () => {
+    let requests = 0;
+    const url = await stub((_req, res) => {
+      requests++;
+      json(res, 200, { data: [], next_cursor: null });
+    });
+    // an unset, unquoted $KEY: `--key $KEY --json`
+    const taken = await Promise.all(
+      [
+        ['runs', 'get', 'run_x', '--key', '--json', '--url', url],
+        ['runs', 'list', '--url', '--key=sk_live_SECRET123'],
+        ['run', '--step', 'shell:true', '--idempotency-key', '--wait', '--url', url],
+        ['run', '--step', 'shell:true', '--workspace', '--wait', '--url', url],
+        ['runs', 'list', '--cursor', '--json', '--url', url],
+      ].map((args) => spawnCli(args, {}).done),
+    );
+    for (const r of taken) {
+      expect(r.code, r.stderr).to.equal(2);
+      expect(r.stderr).to.match(/needs a value, and the next word is the option --\w+/);
+      expect(r.stderr).not.to.contain('SECRET123');
+    }
+    expect(requests).to.equal(0);
+    // one dash is a value
+    const dash = await spawnCli(['runs', 'list', '--key=-abc', '--url', url], {}).done;
+    expect(dash.code, dash.stderr).to.equal(0);
+    expect(requests).to.equal(1);
+  });
+
+  it('keys list and revoke refuse a store that does not exist, and make none; every keys command names the store on stderr', async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'cli-keys-'));
+    try {
+      // run outside the service's folder: no SERVICE_DATA_DIR, so ./data of where it runs
+      const inDir = (args: string[], env: Record<string, string> = {}) => {
+        const child = spawn(process.execPath, [CLI, ...args], { cwd: dir, env: { PATH: process.env.PATH ?? '', ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+        let stdout = '';
+        let stderr = '';
+        child.stdout.on('data', (d) => (stdout += d));
+        child.stderr.on('data', (d) => (stderr += d));
+        return new Promise<Result>((resolve) => child.on('close', (code) => resolve({ code, stdout, stderr })));
+      };
+      const file = path.join(fs.realpathSync(dir), 'data', 'service.sqlite');
+      for (const args of [
+        ['keys', 'list', '--tenant', 'acme'],
+        ['keys', 'revoke', 'key_01x', '--tenant', 'acme'],
+      ]) {
+        const r = await inDir(args);
+        expect(r.code, r.stdout + r.stderr).to.equal(2);
+        expect(r.stdout).not.to.contain('(none)');
+        expect(r.stderr).to.contain(`no key store at ${file}`).and.contain('SERVICE_DATA_DIR');
+        expect(fs.existsSync(path.join(dir, 'data')), args.join(' ')).to.equal(false);
+      }
+      const created = await inDir(['keys', 'create', '--tenant', 'acme']);
+      expect(created.code, created.stderr).to.equal(0);
+      expect(created.stderr).to.contain(`in a new SQLite store ${file}`);
+      const listed = await inDir(['keys', 'list', '--tenant', 'acme']);
+      expect(listed.code, listed.stderr).to.equal(0);
+      expect(listed.stderr).to.contain(`keys of tenant acme in SQLite store ${file}`);
+      expect(listed.stdout).to.match(/^ID\s+LABEL/);
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('gates run --record refuses a store that does not exist or an evidence key it would make, before any gate runs', async () => {
+    const dir = fs.realpathSync(fs.mkdtempSync(path.join(os.tmpdir(), 'cli-record-')));
+    try {
+      const data = path.join(dir, 'data');
+      const ws = path.join(dir, 'workspaces', 'acme');
+      fs.mkdirSync(ws, { recursive: true });
+      fs.writeFileSync(path.join(ws, 'gates.yaml'), 'gates:\n  - id: ok\n    run: [/bin/true]\n');
+      const env = { SERVICE_DATA_DIR: data, SERVICE_WORKSPACE_ROOT: path.join(dir, 'workspaces'), LOG_LEVEL: 'silent' };
+      const record = () => spawnCli(['gates', 'run', '--workspace', ws, '--record', '--tenant', 'acme'], env).done;
+      // a wrong SERVICE_DATA_DIR: no store there
+      const noStore = await record();
+      expect(noStore.code, noStore.stdout + noStore.stderr).to.equal(2);
+      expect(noStore.stderr)
+        .to.contain(`--record: no store at ${path.join(data, 'service.sqlite')}`)
+        .and.contain('SERVICE_DATA_DIR');
+      expect(noStore.stdout).not.to.contain('gates of');
+      expect(fs.existsSync(data)).to.equal(false);
+      // a store, but no evidence key: one made here would sign a ledger no one pins
+      const made = await spawnCli(['keys', 'create', '--tenant', 'acme'], env).done;
+      expect(made.code, made.stderr).to.equal(0);
+      const noKey = await record();
+      expect(noKey.code, noKey.stdout + noKey.stderr).to.equal(2);
+      expect(noKey.stderr).to.contain('--record: no evidence key: set SERVICE_EVIDENCE_KEY');
+      expect(fs.existsSync(path.join(data, 'evidence.key'))).to.equal(false);
+      // the service's key: recorded
+      const recorded = await spawnCli(['gates', 'run', '--workspace', ws, '--record', '--tenant', 'acme'], {
+        ...env,
+        SERVICE_EVIDENCE_KEY: 'a'.repeat(64),
+      }).done;
+      expect(recorded.code, recorded.stdout + recorded.stderr).to.equal(0);
+      expect(recorded.stdout).to.match(/recorded as grn_\w+: ledger entries/);
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
   it('gives up on a call the service does not answer after --request-timeout (exit 5), headers or body', async () => {
     // one stub answers nothing at all; the other sends its headers and then nothing of the body
     const silent = await stub(() => {});
@@ -615,7 +811,7 @@ describe('the command-line tool (built) against stub servers', function () {
           args.join(' '),
         ).to.deep.equal([]);
       }
-      const keys = await loaded(['keys', 'list', '--tenant', 'acme'], { SERVICE_DATA_DIR: path.join(dir, 'data') });
+      const keys = await loaded(['keys', 'create', '--tenant', 'acme'], { SERVICE_DATA_DIR: path.join(dir, 'data') });
       expect(['better-sqlite3', 'pino'].filter((p) => keys.has(p))).to.deep.equal(['better-sqlite3', 'pino']);
     } finally {
       fs.rmSync(dir, { recursive: true, force: true });
