@@ -7,6 +7,7 @@
 // When several processes watch the same files, a Redis lock per automation and batch of changes (its
 // paths and their state) lets only one of them fire it.
 import { createHash } from 'node:crypto';
+import { realpathSync } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import type { Platform } from '../deps.js';
@@ -39,6 +40,8 @@ const PATHS_KEPT = 100;
 const MATCH_SLICE_MS = 10;
 /** File events waiting to be matched, at most: past it (a burst faster than matching), new ones are dropped, and said so. */
 const EVENTS_QUEUED_MAX = 100_000;
+/** How long a folder's check (its real path is its path: no link on the way) is trusted, unless the watcher sees it go or come. */
+const FOLDER_CHECK_MS = 1000;
 
 type Root = {
   watch: SharedWatch;
@@ -110,6 +113,8 @@ export function fileTriggersOf(
       .on('add', (f) => onChange(f))
       .on('change', (f) => onChange(f))
       .on('unlink', (f) => onChange(f, removal(f)))
+      .on('addDir', (d) => forgetChecks(d))
+      .on('unlinkDir', (d) => forgetChecks(d))
       .on('error', (err) => deps.log.warn({ err, root }, 'file watcher error'));
     return entry;
   }
@@ -192,7 +197,42 @@ export function fileTriggersOf(
   let matching = false;
   let dropped = 0;
 
+  /**
+   * Folders checked lately: whether each is where its path says, no link on the way. A folder a run removed and
+   * replaced at once by a link (`rmdir inbox && ln -s ../tenant-b inbox`) was read again by the watcher through the
+   * link: every file of another tenant's folder, or of the host's, came as an `add` under the watched path, and
+   * fired the automation with their names. Such files are dropped, and their folder is marked until it is a real
+   * folder again: what the watcher later says was removed from it (the link taken away) is not reported either.
+   */
+  const checked = new Map<string, { at: number; real: boolean }>();
+  const throughLinks = new Set<string>();
+  function forgetChecks(dir: string): void {
+    for (const d of checked.keys()) if (d === dir || d.startsWith(dir + path.sep)) checked.delete(d);
+  }
+  function isRealFolder(dir: string): boolean {
+    const hit = checked.get(dir);
+    if (hit && Date.now() - hit.at < FOLDER_CHECK_MS) return hit.real;
+    let real: boolean;
+    try {
+      real = realpathSync.native(dir) === dir;
+    } catch {
+      real = false;
+    }
+    if (checked.size > 10_000) checked.clear();
+    checked.set(dir, { at: Date.now(), real });
+    if (real) throughLinks.delete(dir);
+    else throughLinks.add(dir);
+    return real;
+  }
+  const underALink = (dir: string): boolean => {
+    for (let d = dir; d !== path.dirname(d); d = path.dirname(d)) if (throughLinks.has(d)) return true;
+    return false;
+  };
+
   function onChange(file: string, removed?: Promise<string>): void {
+    // a file seen through a link is not the tenant's: a change only in a folder that is where its path says;
+    // a removal unless it is under a folder found to be a link (a removed folder's files are reported)
+    if (removed ? underALink(path.dirname(file)) : !isRealFolder(path.dirname(file))) return;
     if (events.length - head >= EVENTS_QUEUED_MAX) {
       if (dropped++ === 0)
         deps.log.warn({ queued: events.length - head }, 'file events come faster than they are matched: new ones are dropped until the line drains');

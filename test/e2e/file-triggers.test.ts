@@ -485,6 +485,36 @@ describe('file_change triggers', function () {
     }
   });
 
+  it("reports nothing of a watched folder replaced by a link: another tenant's file names are not read through it", async () => {
+    await fs.mkdir(path.join(h.tenantDir(), 'inbox'), { recursive: true });
+    await fs.mkdir(path.join(h.tenantDir('tenant-b'), 'private'), { recursive: true });
+    await fs.writeFile(path.join(h.tenantDir('tenant-b'), 'customer-list.csv'), 'b');
+    await fs.writeFile(path.join(h.tenantDir('tenant-b'), 'private', 'acquisition.md'), 'b');
+    const a = (
+      await h.call('POST', '/api/v1/automations', {
+        body: {
+          name: 'inbox',
+          triggers: [{ type: 'file_change', paths: ['inbox/**'], debounce_ms: 100 }],
+          steps: [{ tool: 'message', args: { text: 'x' } }],
+        },
+      })
+    ).body;
+    await watching(h);
+    // what a run of the tenant's can do: its watched folder removed and at once a link in its place, later the link gone
+    await fs.rmdir(path.join(h.tenantDir(), 'inbox'));
+    await fs.symlink(h.tenantDir('tenant-b'), path.join(h.tenantDir(), 'inbox'));
+    await new Promise((r) => setTimeout(r, 1500));
+    await fs.unlink(path.join(h.tenantDir(), 'inbox'));
+    await new Promise((r) => setTimeout(r, 1500));
+    expect((await history(h, a.id)).map((r) => r.trigger)).to.deep.equal([]);
+    // a real folder again: its files fire, and its removals are reported
+    await fs.mkdir(path.join(h.tenantDir(), 'inbox'));
+    await new Promise((r) => setTimeout(r, 500));
+    await fs.writeFile(path.join(h.tenantDir(), 'inbox', 'mine.txt'), 'a');
+    const [run] = await runsOnce(h, a.id, 1, 'a run for the real folder');
+    expect(run!.trigger).to.deep.equal({ type: 'file_change', paths: ['inbox/mine.txt'] });
+  });
+
   it("never follows a link out of the tenant's root: another tenant's files are not seen through it", async () => {
     // one link there before the watch starts, one made while it runs; links are not watched at all (the
     // kernel's watch of a link's path watches the folder it points to)
