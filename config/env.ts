@@ -510,6 +510,15 @@ function problemsTogether(e: Parsed, service = true): string[] {
 
 /** The variables of the CLI's client (it reads them itself), which share the service's prefix. */
 const CLIENT_VARIABLES = new Set(['SERVICE_URL', 'SERVICE_API_KEY']);
+/**
+ * What Kubernetes sets in every pod for each Service of its namespace (`<NAME>_SERVICE_HOST`, `<NAME>_PORT_80_TCP_ADDR`,
+ * ...): a Service named `service...` gives names with the service's prefix that no operator wrote.
+ */
+const isKubernetesServiceLink = (name: string, value: string): boolean =>
+  /_SERVICE_(HOST|PORT)(_[A-Z0-9_]+)?$/.test(name) ||
+  /_PORT_\d+_(TCP|UDP|SCTP)_(PROTO|PORT|ADDR)$/.test(name) ||
+  // (`<NAME>_PORT` is an address: SERVICE_WORKER_METRIC_PORT=9100, a setting misspelled, is still refused)
+  (/_PORT(_\d+_(TCP|UDP|SCTP))?$/.test(name) && /^(tcp|udp|sctp):\/\//.test(value));
 
 /** How many single-character edits turn `a` into `b` (Levenshtein). */
 function editDistance(a: string, b: string): number {
@@ -530,7 +539,14 @@ function editDistance(a: string, b: string): number {
 function unknownVariables(env: Record<string, string | undefined>): string[] {
   const known = Object.keys(schema.shape).filter((k) => k.startsWith('SERVICE_'));
   return Object.keys(env)
-    .filter((name) => name.startsWith('SERVICE_') && env[name] !== undefined && !(name in schema.shape) && !CLIENT_VARIABLES.has(name))
+    .filter(
+      (name) =>
+        name.startsWith('SERVICE_') &&
+        env[name] !== undefined &&
+        !(name in schema.shape) &&
+        !CLIENT_VARIABLES.has(name) &&
+        !isKubernetesServiceLink(name, env[name]),
+    )
     .sort()
     .map((name) => {
       const [nearest] = known.map((k) => [k, editDistance(name, k)] as const).sort((x, y) => x[1] - y[1]);

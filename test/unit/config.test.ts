@@ -54,8 +54,17 @@ describe('config/env', () => {
     expect(refused({ SERVICE_ADMIN_KEY: 'k', PORT: 'eighty' }))
       .to.contain('SERVICE_ADMIN_KEY: not a setting')
       .and.contain('PORT');
-    // the CLI's own variables share the prefix
+    // the CLI's own variables share the prefix, and so do the links Kubernetes sets for a Service named `service`
     expect(parseEnv({ SERVICE_URL: 'http://x', SERVICE_API_KEY: 'sk_x' }).port).to.equal(8080);
+    const links = { SERVICE_SERVICE_HOST: '10.0.0.1', SERVICE_SERVICE_PORT: '80', SERVICE_SERVICE_PORT_HTTP: '80', SERVICE_PORT: 'tcp://10.0.0.1:80' };
+    const link80 = {
+      SERVICE_PORT_80_TCP: 'tcp://10.0.0.1:80',
+      SERVICE_PORT_80_TCP_PROTO: 'tcp',
+      SERVICE_PORT_80_TCP_PORT: '80',
+      SERVICE_PORT_80_TCP_ADDR: '10.0.0.1',
+    };
+    expect(parseEnv({ ...links, ...link80 }).port).to.equal(8080);
+    expect(refused({ SERVICE_WORKER_METRIC_PORT: '9100' })).to.contain('did you mean SERVICE_WORKER_METRICS_PORT?');
   });
 
   it('refuses NODE_ENV written as production in another case or short (every production guard was off)', () => {
