@@ -42,6 +42,8 @@ const MATCH_SLICE_MS = 10;
 const EVENTS_QUEUED_MAX = 100_000;
 /** How long a folder's check (its real path is its path: no link on the way) is trusted, unless the watcher sees it go or come. */
 const FOLDER_CHECK_MS = 1000;
+/** Where a folder a file event names is: at its path, somewhere else (a link on the way), or gone already. */
+type FolderCheck = 'real' | 'elsewhere' | 'gone';
 
 type Root = {
   watch: SharedWatch;
@@ -201,38 +203,47 @@ export function fileTriggersOf(
    * Folders checked lately: whether each is where its path says, no link on the way. A folder a run removed and
    * replaced at once by a link (`rmdir inbox && ln -s ../tenant-b inbox`) was read again by the watcher through the
    * link: every file of another tenant's folder, or of the host's, came as an `add` under the watched path, and
-   * fired the automation with their names. Such files are dropped, and their folder is marked until it is a real
-   * folder again: what the watcher later says was removed from it (the link taken away) is not reported either.
+   * fired the automation with their names. Such files are dropped, and remembered: the watcher's later word that
+   * they were removed (the link taken away, a real folder made in its place) is not reported either, while the
+   * removals of files it saw in real folders are.
    */
-  const checked = new Map<string, { at: number; real: boolean }>();
-  const throughLinks = new Set<string>();
+  const checked = new Map<string, { at: number; where: FolderCheck }>();
+  const seenThroughLinks = new Set<string>();
+  /** The watcher saw `dir` go or come: its checks, and those of the folders under it, are not trusted any more. */
   function forgetChecks(dir: string): void {
     for (const d of checked.keys()) if (d === dir || d.startsWith(dir + path.sep)) checked.delete(d);
   }
-  function isRealFolder(dir: string): boolean {
+  function checkFolder(dir: string): FolderCheck {
     const hit = checked.get(dir);
-    if (hit && Date.now() - hit.at < FOLDER_CHECK_MS) return hit.real;
-    let real: boolean;
+    if (hit && Date.now() - hit.at < FOLDER_CHECK_MS) return hit.where;
+    let where: FolderCheck;
     try {
-      real = realpathSync.native(dir) === dir;
+      where = realpathSync.native(dir) === dir ? 'real' : 'elsewhere';
     } catch {
-      real = false;
+      // gone already (a build's folder made and removed at once): its file is not reported, and is no link's either
+      where = 'gone';
     }
     if (checked.size > 10_000) checked.clear();
-    checked.set(dir, { at: Date.now(), real });
-    if (real) throughLinks.delete(dir);
-    else throughLinks.add(dir);
-    return real;
+    checked.set(dir, { at: Date.now(), where });
+    return where;
   }
-  const underALink = (dir: string): boolean => {
-    for (let d = dir; d !== path.dirname(d); d = path.dirname(d)) if (throughLinks.has(d)) return true;
-    return false;
-  };
 
   function onChange(file: string, removed?: Promise<string>): void {
-    // a file seen through a link is not the tenant's: a change only in a folder that is where its path says;
-    // a removal unless it is under a folder found to be a link (a removed folder's files are reported)
-    if (removed ? underALink(path.dirname(file)) : !isRealFolder(path.dirname(file))) return;
+    // a file seen through a link is not the tenant's: a change is reported only from a folder that is where its
+    // path says, and a removal unless the file was only ever seen through a link
+    if (removed) {
+      if (seenThroughLinks.delete(file)) return;
+    } else {
+      const where = checkFolder(path.dirname(file));
+      if (where === 'elsewhere') {
+        // (at most what the watchers hold: a root is let go past ROOT_ENTRIES_MAX)
+        if (seenThroughLinks.size >= 100_000) seenThroughLinks.delete(seenThroughLinks.values().next().value!);
+        seenThroughLinks.add(file);
+      }
+      if (where !== 'real') return;
+      // (seen in a real folder since: its removal is the tenant's)
+      seenThroughLinks.delete(file);
+    }
     if (events.length - head >= EVENTS_QUEUED_MAX) {
       if (dropped++ === 0)
         deps.log.warn({ queued: events.length - head }, 'file events come faster than they are matched: new ones are dropped until the line drains');
