@@ -520,6 +520,8 @@ describe('file_change triggers', function () {
     await fs.writeFile(path.join(h.tenantDir(), 'inbox', 'mine.txt'), 'a');
     const [run] = await runsOnce(h, a.id, 1, 'a run for the real folder');
     expect(run!.trigger).to.deep.equal({ type: 'file_change', paths: ['inbox/mine.txt'] });
+    // (ended first: a change made while the automation's own run runs is that run's)
+    await eventually(async () => ((await history(h, a.id))[0]?.finished_at ? true : null), 'the run to end');
     await fs.rm(path.join(h.tenantDir(), 'inbox', 'mine.txt'));
     const [removal] = await runsOnce(h, a.id, 2, 'a run for the removal');
     expect(removal!.trigger).to.deep.equal({ type: 'file_change', paths: ['inbox/mine.txt'] });
@@ -533,22 +535,32 @@ describe('file_change triggers', function () {
     ).body;
     await watching(h);
     const out = path.join(h.tenantDir(), 'out');
-    let runs = 0;
+    /** the automation's runs once none runs (a change made while its own run runs is that run's, and fires nothing) */
+    const settled = () =>
+      eventually(async () => {
+        const runs = await history(h, a.id);
+        return runs.every((r) => r.finished_at) ? runs : null;
+      }, 'its runs to end');
+    /** the runs whose trigger names `rel`, once there are `n` of them, all ended */
+    const naming = (rel: string, n: number) =>
+      eventually(async () => {
+        const runs = (await settled()).filter((r) => r.trigger.paths.includes(rel));
+        return runs.length >= n ? runs : null;
+      }, `${n} run(s) naming ${rel}`);
     for (let cycle = 0; cycle < 4; cycle++) {
       // made and removed faster than the watcher reads it: its files' folder is gone when their events come
       await fs.mkdir(out, { recursive: true });
       for (let i = 0; i < 20; i++) await fs.writeFile(path.join(out, `f${i}`), 'x');
       await fs.rm(out, { recursive: true, force: true });
       await new Promise((r) => setTimeout(r, 300));
-      runs = (await history(h, a.id)).length;
+      await settled();
       // then a real file, kept and removed: both fire
       await fs.mkdir(path.join(out, 'sub'), { recursive: true });
       await new Promise((r) => setTimeout(r, 200));
       await fs.writeFile(path.join(out, 'sub', `k${cycle}`), 'x');
-      await runsOnce(h, a.id, runs + 1, `cycle ${cycle}: the file made`);
+      await naming(`out/sub/k${cycle}`, 1);
       await fs.rm(path.join(out, 'sub', `k${cycle}`));
-      const [last] = await runsOnce(h, a.id, runs + 2, `cycle ${cycle}: its removal`);
-      expect(last!.trigger.paths).to.include(`out/sub/k${cycle}`);
+      await naming(`out/sub/k${cycle}`, 2);
     }
   });
 
