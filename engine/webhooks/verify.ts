@@ -439,11 +439,11 @@ const KEPT_HEADERS = [
   'x-service-delivery',
 ];
 
-export function keptHeaders(headers: Headers): Record<string, string> {
+export function keptHeaders(headers: Headers, chars = 512): Record<string, string> {
   const kept: Record<string, string> = {};
   for (const name of KEPT_HEADERS) {
     const v = header(headers, name);
-    if (v !== undefined) kept[name] = v.slice(0, 512);
+    if (v !== undefined) kept[name] = v.slice(0, chars);
   }
   return kept;
 }

@@ -36,6 +36,14 @@ export const BODY_LIMIT_BYTES: Record<WebhookProvider, number> = {
 /** How long one process trusts its copy of a tenant's secrets; changes made in this process apply at once. */
 const SECRET_CACHE_MS = 5000;
 const STALE_AFTER_MS = 30_000;
+/**
+ * How many refused requests of a tenant are recorded a minute (the rest are answered and not kept). It was the
+ * delivery limit (1,200 a minute by default): anyone who knows a tenant's intake URL could have it keep 12 million
+ * records a week, some 10 KB each, and the store's writes wait on their pruning.
+ */
+export const REJECTED_RECORDED_PER_MINUTE = 60;
+/** How much of each kept header a refused request's record keeps (an accepted delivery's: 512 characters). */
+const REJECTED_HEADER_CHARS = 128;
 /** How long a refused request's record is kept (its metadata only: a tenant sees who knocked, for a week). */
 export const REJECTED_KEPT_MS = 7 * 86_400_000;
 
@@ -131,6 +139,7 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
    * the limit, the time left in the minute.
    */
   function countThisMinute(counter: 'rate' | 'refused', tenantId: string, seenKey: string | null, seenSeconds: number) {
+    const limit = counter === 'rate' ? perMinute : Math.min(perMinute, REJECTED_RECORDED_PER_MINUTE);
     const now = clock.now().getTime();
     const bucket = Math.floor(now / 60_000);
     // the counter lapses as its minute ends (and a second more, for the clocks of other processes): its time to
@@ -138,7 +147,7 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
     return batch.call<[number, number]>(
       'webhook.gate',
       [`${prefix}:webhook-${counter}:${tenantId}:${bucket}`, seenKey ?? `${prefix}:webhook-seen:-`],
-      [(bucket + 1) * 60_000 - now + 1000, perMinute, seenKey ? seenSeconds : 0],
+      [(bucket + 1) * 60_000 - now + 1000, limit, seenKey ? seenSeconds : 0],
     );
   }
 
@@ -203,7 +212,7 @@ export function webhooksOf(deps: WebhooksDeps, fire: Fire) {
 
   async function recordRejection(tenantId: string, kind: WebhookProvider, headers: Headers, size: number, err: WebhookRejectedError): Promise<void> {
     const now = clock.now().toISOString();
-    const kept = keptHeaders(headers);
+    const kept = keptHeaders(headers, REJECTED_HEADER_CHARS);
     await store.deliveries
       .insert({
         id: newId('whd'),

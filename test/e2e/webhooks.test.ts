@@ -1402,6 +1402,31 @@ describe('webhook rate limit', function () {
     expect(rejected.length).to.be.within(3, 6);
   });
 
+  it('records at most 60 refused requests a minute, each header cut to 128 characters, whatever the delivery limit', async () => {
+    const roomy = await startHarness({ workers: false, env: { SERVICE_WEBHOOK_RATE_LIMIT_PER_MINUTE: '100000' } });
+    try {
+      await roomy.call('PUT', '/api/v1/webhook-secrets/generic', { body: { secrets: [SECRET.generic] } });
+      const answers = await Promise.all(
+        Array.from({ length: 80 }, (_, i) =>
+          fetch(`${roomy.url}/webhooks/tenant-a/generic`, {
+            method: 'POST',
+            headers: { 'content-type': 'application/json', 'user-agent': 'x'.repeat(1000) },
+            body: `{"i":${i}}`,
+          }).then((r) => r.status),
+        ),
+      );
+      expect(answers).to.deep.equal(Array(80).fill(401));
+      const kept = (await roomy.rt.store.deliveries.list('tenant-a', { status: 'rejected', limit: 100 })).items;
+      // (two minutes' worth should the minute turn meanwhile)
+      expect(kept.length).to.be.within(60, 80);
+      if (new Date().getUTCSeconds() > 5) expect(kept.length).to.equal(60);
+      const one = await roomy.rt.store.deliveries.get('tenant-a', kept[0]!.id);
+      expect(one!.headers['user-agent']).to.have.length(128);
+    } finally {
+      await roomy.close();
+    }
+  });
+
   it('keeps an accepted delivery when no worker runs, and the reconciler queues one whose job was lost', async () => {
     const store = h.rt.store;
     const listed = (await store.deliveries.list('tenant-a', { kind: 'generic', status: 'received', limit: 10 })).items;

@@ -17,6 +17,8 @@ deliverySchema.index({ tenant_id: 1, kind: 1, body_sha256: 1 });
 deliverySchema.index({ tenant_id: 1, kind: 1, signed_sha256: 1 }, { partialFilterExpression: { signed_sha256: { $type: 'string' } } });
 // the reconciler's scan of processed and failed deliveries whose body and event are past their retention
 deliverySchema.index({ status: 1, payload_pruned_at: 1, received_at: 1 });
+// refused requests past their week, oldest first (pruneRejected)
+deliverySchema.index({ received_at: 1 }, { partialFilterExpression: { status: 'rejected' } });
 deliverySchema.index(
   { tenant_id: 1, kind: 1, provider_delivery_id: 1 },
   { unique: true, partialFilterExpression: { provider_delivery_id: { $type: 'string' } } },

@@ -18,7 +18,7 @@ export function deliveryRepo(db: Db): DeliveryRepo {
     'SELECT doc FROM deliveries WHERE status = ? AND received_at < ? AND (received_at, id) > (?, ?) ORDER BY received_at, id LIMIT ?',
   );
   const pruneRejected = db.prepare(
-    `DELETE FROM deliveries WHERE id IN (SELECT id FROM deliveries WHERE status = 'rejected' AND received_at < ? ORDER BY received_at LIMIT ?)`,
+    `DELETE FROM deliveries WHERE id IN (SELECT id FROM deliveries INDEXED BY deliveries_rejected_at WHERE status = 'rejected' AND received_at < ? ORDER BY received_at LIMIT ?)`,
   );
   // through the partial index of those still kept (by status, the planner would read every processed delivery)
   const prunePayloads = db.prepare(

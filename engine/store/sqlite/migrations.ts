@@ -454,3 +454,8 @@ MIGRATIONS.push(`
     WHERE json_extract(doc, '$.source') != 'bootstrap' AND (json_extract(doc, '$.revoked_at') IS NOT NULL OR json_extract(doc, '$.expires_at') IS NOT NULL);
   CREATE INDEX api_keys_by_maker ON api_keys (json_extract(doc, '$.created_by')) WHERE json_extract(doc, '$.created_by') IS NOT NULL;
 `);
+// Refused requests' records past their week are found oldest first by this index (the prune read every refused
+// row by status and sorted them, holding the write lock: 2.8 s with 300,000 of them, every reconciler pass).
+MIGRATIONS.push(`
+  CREATE INDEX deliveries_rejected_at ON deliveries (received_at) WHERE status = 'rejected';
+`);
