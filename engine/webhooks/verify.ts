@@ -3,7 +3,7 @@
 // Pure functions over the exact bytes received; every comparison is constant-time.
 import { createHash, createHmac, timingSafeEqual } from 'node:crypto';
 import { unsafeJson, WebhookRejectedError, type WebhookProvider } from '../platform/index.js';
-import { mailgunFieldsOfForm, parseEmail } from './email.js';
+import { mailgunFieldsOfForm, mailgunFieldsOfMultipart, parseEmail } from './email.js';
 
 export type Headers = Record<string, string | string[] | undefined>;
 
@@ -354,6 +354,14 @@ async function email(inb: Inbound, ctx: VerifyContext): Promise<Verified> {
   const basicOk = emailBasic(inb.headers, ctx.secrets);
   // a urlencoded form's signature fields are checked before the rest of it is decoded
   if (!basicOk && mediaType(inb.headers) === 'application/x-www-form-urlencoded') mailgunToken(mailgunFieldsOfForm(inb.body), ctx);
+  // and a multipart one's, in a bounded pass, before the whole form is read (and read again in its charsets)
+  if (!basicOk && mediaType(inb.headers) === 'multipart/form-data')
+    mailgunToken(
+      await mailgunFieldsOfMultipart(header(inb.headers, 'content-type') ?? '', inb.body).catch((err: unknown) => {
+        throw err instanceof WebhookRejectedError ? err : new WebhookRejectedError('webhook-payload-invalid', 'the email delivery could not be read');
+      }),
+      ctx,
+    );
   // read before its signature is checked (Mailgun's is in the body): what it cannot read is the sender's fault, never a 500
   const parsed = await parseEmail(header(inb.headers, 'content-type') ?? '', inb.body).catch((err: unknown) => {
     throw err instanceof WebhookRejectedError ? err : new WebhookRejectedError('webhook-payload-invalid', 'the email delivery could not be read');

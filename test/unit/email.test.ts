@@ -1,7 +1,7 @@
 // Inbound mail's sender: the From address a provider vouches for (SPF or DKIM passed for its domain), as
 // the email-to-task template checks it, per provider; and the allowlist's match on one address.
 import { expect } from 'chai';
-import { parseEmail } from '../../engine/webhooks/email.js';
+import { mailgunFieldsOfMultipart, parseEmail } from '../../engine/webhooks/email.js';
 import { senderAllowed } from '../../engine/tools/session.js';
 
 const form = (fields: Record<string, string>) => ['application/x-www-form-urlencoded', Buffer.from(new URLSearchParams(fields).toString())] as const;
@@ -74,5 +74,27 @@ describe('engine/webhooks/email verified_from', () => {
     expect(senderAllowed('mallory@evil.example@trusted.example', '@trusted.example')).to.equal(false);
     expect(senderAllowed('a@nottrusted.example', '@trusted.example')).to.equal(false);
     expect(senderAllowed('', '*')).to.equal(false);
+  });
+});
+
+describe('engine/webhooks/email mailgunFieldsOfMultipart', () => {
+  it("reads a form's Mailgun signature fields in a bounded pass: no field kept past 4 KB, no file kept", async () => {
+    const boundary = 'b0undary';
+    const part = (name: string, value: string, file = false) =>
+      `--${boundary}\r\nContent-Disposition: form-data; name="${name}"${file ? '; filename="a.bin"' : ''}\r\n\r\n${value}\r\n`;
+    const body = Buffer.from(
+      part('body-plain', 'x'.repeat(3_000_000)) +
+        part('attachment-1', 'y'.repeat(1_000_000), true) +
+        part('timestamp', '1700000000') +
+        part('token', 't'.repeat(50)) +
+        part('signature', 's'.repeat(64)) +
+        part('charsets', '{"body-plain":"shift_jis"}') +
+        `--${boundary}--\r\n`,
+    );
+    const before = process.memoryUsage().heapUsed;
+    const fields = await mailgunFieldsOfMultipart(`multipart/form-data; boundary=${boundary}`, body);
+    expect(fields).to.deep.equal({ timestamp: '1700000000', token: 't'.repeat(50), signature: 's'.repeat(64) });
+    // the 3 MB field and the file were scanned, not kept (a whole read holds them, as strings: 6 MB and more)
+    expect(process.memoryUsage().heapUsed - before).to.be.below(2_000_000);
   });
 });
