@@ -124,11 +124,17 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
   const unnote = (member: string) => batch.call('notify.unnote', [outboxKey], [member]);
   let events: EventLog | null = null;
 
-  async function enabledOf(tenantId: string): Promise<NotificationEndpoint[]> {
-    // unanswered (within a second: a stalled Redis never answers), no copy is taken as current
-    const version = await withTimeout(batch.call<string>('notify.endpoints', [versionKey(tenantId)], []), VERSION_WAIT_MS, 'the endpoints’ version').catch(
-      () => undefined,
-    );
+  /**
+   * The tenant's endpoints' version as Redis has it, asked for now: in the engine's batch, so that asked for
+   * right after an event's append it is read in the append's own script call, after the event (no change of
+   * endpoints stored before the append can be missed), and costs the event no round trip of its own. Unanswered
+   * (within a second: a stalled Redis never answers), it is undefined: no copy is taken as current.
+   */
+  const versionOf = (tenantId: string): Promise<string | undefined> =>
+    withTimeout(batch.call<string>('notify.endpoints', [versionKey(tenantId)], []), VERSION_WAIT_MS, 'the endpoints’ version').catch(() => undefined);
+
+  async function enabledOf(tenantId: string, asked: Promise<string | undefined> = versionOf(tenantId)): Promise<NotificationEndpoint[]> {
+    const version = await asked;
     const hit = cache.get(tenantId);
     if (hit && version !== undefined && hit.version === version && Date.now() - hit.at < CACHE_MS) return hit.endpoints;
     const endpoints = (await store.notificationEndpoints.list(tenantId)).filter((e) => e.status === 'enabled');
@@ -377,10 +383,10 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
    * then queued. Its id is made of the endpoint's and the event's, so an event offered again makes none twice. A
    * delivery the store refuses is stored later (storeLater); `stored` says whether all were stored now.
    */
-  async function deliveriesOf(event: ServiceEvent): Promise<{ endpoints: number; stored: boolean }> {
+  async function deliveriesOf(event: ServiceEvent, version?: Promise<string | undefined>): Promise<{ endpoints: number; stored: boolean }> {
     const type = outboundType(event.type);
     if (!type) return { endpoints: 0, stored: true };
-    const endpoints = (await enabledOf(event.tenant_id)).filter((e) => subscribes(e.event_types, type));
+    const endpoints = (await enabledOf(event.tenant_id, version)).filter((e) => subscribes(e.event_types, type));
     const now = clock.now().toISOString();
     // an id of the endpoint and the event: the same event offered again (its run's end told again after its
     // process died between the event and its deliveries) makes no delivery twice
@@ -606,11 +612,16 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
      * outbox (its tenant's endpoints may subscribe to it) is offered again by the reconciler until they are made.
      */
     wrap(inner: EventLog): EventLog {
-      const offer = async <E extends ServiceEvent | null>(stored: E, scope: string, noted: EventOutbox | undefined): Promise<E> => {
+      const offer = async <E extends ServiceEvent | null>(
+        stored: E,
+        scope: string,
+        noted: EventOutbox | undefined,
+        version?: Promise<string | undefined>,
+      ): Promise<E> => {
         if (!stored || !outboundType(stored.type)) return stored;
         try {
           // all stored: the note is done with (a note left is offered again by the reconciler, and makes nothing twice)
-          if ((await deliveriesOf(stored)).stored && noted) void unnote(outboxMember(scope, stored.id)).catch(() => undefined);
+          if ((await deliveriesOf(stored, version)).stored && noted) void unnote(outboxMember(scope, stored.id)).catch(() => undefined);
         } catch (err) {
           log.error(
             { tenant_id: stored.tenant_id, type: stored.type, err: (err as Error).message },
@@ -622,11 +633,15 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
       events = {
         ...inner,
         // an event that may have deliveries is noted in the outbox with its append (one script): a process that dies
-        // before they are stored leaves it there for the reconciler. Decided without waiting, to keep appends in order
+        // before they are stored leaves it there for the reconciler. Decided without waiting, to keep appends in order.
+        // The endpoints' version is asked for right after the append (the log asks for it as it is called, on the same
+        // connection's batch): read in the same script call, after the event, not in a round trip after it
         append: (scope, event) => {
           const type = outboundType(event.type);
           const noted = type && mayDeliver(event.tenant_id, type) ? { key: outboxKey, at: clock.now().getTime() } : undefined;
-          return inner.append(scope, event, noted).then((stored) => offer(stored, scope, noted));
+          const appended = inner.append(scope, event, noted);
+          const version = type ? versionOf(event.tenant_id) : undefined;
+          return appended.then((stored) => offer(stored, scope, noted, version));
         },
         // what spends a budget (a step's output, a message) is never an outbound type
         appendWithin: async (scope, event, budget) => offer(await inner.appendWithin(scope, event, budget), scope, undefined),

@@ -172,6 +172,40 @@ describe('outbound notifications', function () {
     }
   });
 
+  it('reads the endpoints’ version in the script call of the event’s own append, after the event: no round trip of its own', async () => {
+    const { notificationsOf } = await import('../../engine/connections/index.js');
+    const { rt } = h;
+    const notifications = notificationsOf(
+      { store: rt.store, clock: rt.clock, log: rt.log, queues: rt.queues, redis: rt.redis, secretBox: createSecretBox(randomBytes(32)) },
+      { ...rt.config.notify, httpAllowPrivate: true },
+    );
+    const events = notifications.wrap(rt.events);
+    const tenant = `tenant-rt-${randomBytes(4).toString('hex')}`;
+    const scope = `session:ses_${randomBytes(6).toString('hex')}`;
+    const event = { type: 'task.updated' as const, tenant_id: tenant, data: { task_id: 't1', status: 'running' } };
+    await events.append(scope, event); // the script is loaded, and the tenant's (empty) endpoints copied
+    // the commands sent on the engine's connection that name this event's log or this tenant's endpoints' version
+    const sent: string[][] = [];
+    const redis = rt.redis as unknown as { sendCommand(cmd: { args: unknown[] }): unknown };
+    const send = redis.sendCommand;
+    redis.sendCommand = function (this: unknown, cmd: { args: unknown[] }) {
+      const args = cmd.args.map(String);
+      if (args.some((a) => a.endsWith(`:events:${scope}`) || a.endsWith(`:notify-endpoints:{${tenant}}`))) sent.push(args);
+      return send.call(this, cmd);
+    };
+    try {
+      await events.append(scope, event);
+    } finally {
+      redis.sendCommand = send;
+    }
+    expect(sent, 'one script call').to.have.length(1);
+    const keys = sent[0]!.filter((a) => a.endsWith(`:events:${scope}`) || a.endsWith(`:notify-endpoints:{${tenant}}`));
+    expect(
+      keys.map((k) => k.split(':').at(-1)),
+      'the append, then the version',
+    ).to.deep.equal([scope.split(':')[1], `{${tenant}}`]);
+  });
+
   it('retries a failing endpoint with backoff, disables it after repeated failure and tells the tenant, then replays with the same webhook-id', async () => {
     const watcher = await endpoint({ url: `${receiver.url}/ops`, event_types: ['notification.*'] });
     const failing = await endpoint({ url: `${receiver.url}/down`, event_types: ['run.*'] });
