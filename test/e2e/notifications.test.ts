@@ -182,7 +182,7 @@ describe('outbound notifications', function () {
     const events = notifications.wrap(rt.events);
     const tenant = `tenant-rt-${randomBytes(4).toString('hex')}`;
     const scope = `session:ses_${randomBytes(6).toString('hex')}`;
-    const event = { type: 'task.updated' as const, tenant_id: tenant, data: { task_id: 't1', status: 'running' } };
+    const event = { type: 'task.updated' as const, tenant_id: tenant, data: { task_id: 't1', status: 'running' as const, attempt: 1, run_id: null } };
     await events.append(scope, event); // the script is loaded, and the tenant's (empty) endpoints copied
     // the commands sent on the engine's connection that name this event's log or this tenant's endpoints' version
     const sent: string[][] = [];
