@@ -122,12 +122,19 @@ export function gateRunsOf(deps: GatesDeps) {
       record.subject?.commit && now.commit !== record.subject.commit
         ? `the workspace's HEAD moved from ${record.subject.commit} to ${now.commit ?? 'none'} during the gate run: no result of its commit`
         : null;
+    // and of the gate set it started with: the gate file is read again here, and a gate before this one (which runs
+    // the commit's code) could have rewritten this gate's command, or made it not required, and hidden the edit
+    const pinned = record.definitions?.[gateId];
+    const redefined =
+      gate && pinned && gate.digest !== pinned
+        ? `the gate's definition changed during the gate run (${pinned} when it started, ${gate.digest} now): not run`
+        : null;
     let result: GateResult;
-    const moved = movedFrom(git);
+    const moved = movedFrom(git) ?? redefined;
     if (!gate || moved) {
       const at = clock.now().toISOString();
       result = gate
-        ? { ...skipped(gateId, record.subject!, moved!, at), name: gate.name, required: gate.required, conclusion: 'cancelled' }
+        ? { ...skipped(gateId, record.subject ?? subjectOf(ctx), moved!, at), name: gate.name, required: gate.required, conclusion: 'cancelled' }
         : skipped(gateId, subjectOf(ctx), 'the gate is no longer in the gate set', at);
     } else {
       const controller = new AbortController();
@@ -165,6 +172,8 @@ export function gateRunsOf(deps: GatesDeps) {
         if (!mine.size) running.delete(gateRunId);
       }
     }
+    // required as the set said when the gate run started, whatever the gate file says now
+    result = { ...result, required: requiredIn(record, gateId, result.required) };
     // a gate run ended meanwhile (canceled, or sealed without this gate) keeps no result of it: smart gates
     // would read it as the gate's latest, which no ledger entry seals
     if ((await store.gateRuns.get(tenantId, gateRunId))?.status !== 'running') {
@@ -253,7 +262,8 @@ export function gateRunsOf(deps: GatesDeps) {
   /** A gate run that ended (sealed or canceled) lets go of its workspace and tells its end, once. */
   async function ended(r: GateRunRecord): Promise<void> {
     await letGo(r);
-    const failedRequired = r.status === 'canceled' ? [] : r.results.filter((x) => x.required && x.conclusion !== 'success').map((x) => x.gate_id);
+    const failedRequired =
+      r.status === 'canceled' ? [] : r.results.filter((x) => requiredIn(r, x.gate_id, x.required) && x.conclusion !== 'success').map((x) => x.gate_id);
     await emit(r, {
       type: 'gate.run_finished',
       data: { gate_run_id: r.id, status: r.status, failed_required: failedRequired, ledger_head: r.ledger?.head_hash ?? null },
@@ -320,6 +330,7 @@ export function gateRunsOf(deps: GatesDeps) {
         source: set.source,
         gates,
         required_gates: set.gates.filter((g) => g.required).map((g) => g.id),
+        definitions: Object.fromEntries(set.gates.filter((g) => gates.includes(g.id)).map((g) => [g.id, g.digest])),
         trigger: req.trigger,
         subject: subjectOf({ workspaceName: ws.name, git }),
         results: [],
@@ -513,7 +524,7 @@ export async function sealGateRun(deps: Pick<Platform, 'store' | 'clock'> & { le
   const results = record.gates.map(
     (id) => kept.get(id) ?? { ...skipped(id, subject, 'the gate did not report a result', at), conclusion: 'cancelled' as const },
   );
-  const status = results.some((r) => r.required && r.conclusion !== 'success') ? 'failed' : 'succeeded';
+  const status = results.some((r) => requiredIn(record, r.gate_id, r.required) && r.conclusion !== 'success') ? 'failed' : 'succeeded';
   const entries = await ledger.append(tenantId, [
     ...results.map((r) => ({
       kind: 'gate.result',
@@ -578,6 +589,14 @@ async function sealedInLedger(
     finished_at: run.at,
     ledger: { from_seq: Math.min(run.seq, ...byGate.map((e) => e.seq)), to_seq: run.seq, head_hash: run.hash },
   };
+}
+
+/**
+ * Whether a gate of a gate run is required: as its set said when the run started (`required_gates`), not as a
+ * result says (a result is made after the gate file was read again); `fallback` for a run recorded before it kept them.
+ */
+export function requiredIn(record: Pick<GateRunRecord, 'required_gates'>, gateId: string, fallback: boolean): boolean {
+  return record.required_gates ? record.required_gates.includes(gateId) : fallback;
 }
 
 function skipped(gateId: string, subject: GateSubject, summary: string, at: string): GateResult {

@@ -3,6 +3,7 @@
 // annotations, the subject and digests it is about, tool versions and the artifacts it keeps. The
 // service's gate runs and the CLI's `gates run` both call this.
 import fs from 'node:fs/promises';
+import os from 'node:os';
 import path from 'node:path';
 import { glob } from 'tinyglobby';
 import { canonicalJson, payloadDigest, sha256Hex } from '../evidence/index.js';
@@ -44,6 +45,17 @@ async function maskedAnnotations(annotations: Annotation[]): Promise<Annotation[
   }));
 }
 
+/** The most of a result's summary kept (a report's own, a bail-out's reason): what a line in a list can show. */
+const SUMMARY_MAX_CHARS = 1000;
+
+/** A result's summary with its secrets masked, cut to SUMMARY_MAX_CHARS (masked before the cut, with the context a key needs). */
+async function maskedSummary(summary: string): Promise<string> {
+  const masked = await maskSecrets(
+    summary.length > SUMMARY_MAX_CHARS + MASK_CONTEXT_BYTES ? summary.slice(0, SUMMARY_MAX_CHARS + MASK_CONTEXT_BYTES) : summary,
+  );
+  return masked.length > SUMMARY_MAX_CHARS ? `${masked.slice(0, SUMMARY_MAX_CHARS - 1)}…` : masked;
+}
+
 export async function maskedTail(output: string): Promise<string> {
   const windowed = output.length > OUTPUT_TAIL_BYTES + MASK_CONTEXT_BYTES ? output.slice(-(OUTPUT_TAIL_BYTES + MASK_CONTEXT_BYTES)) : output;
   const masked = await maskSecrets(windowed.replace(KEY_CUT_AT_START, (head) => (head.includes('-----BEGIN') ? head : '***')));
@@ -81,22 +93,42 @@ export type GateContext = {
 /** An artifact's content, to keep as a ledger payload beside the result. */
 export type ArtifactPayload = { digest: string; body: string };
 
-let versions: Promise<Record<string, string>> | undefined;
-/** node, npm and git as the sandbox sees them, asked once per process. */
-function toolVersions(sandbox: Sandbox, workspace: string): Promise<Record<string, string>> {
-  versions ??= runProcess(sandbox, ['/bin/sh', '-c', 'node --version; npm --version; git --version'], {
-    workspace,
-    env: { PATH: '/usr/local/bin:/usr/bin:/bin', HOME: '/tmp' },
-    network: false,
-    maxBytes: 4096,
-    timeoutMs: 20_000,
-  }).then((r) => {
-    const [node, npm, git] = r.stdout.split('\n');
-    return Object.fromEntries(
-      Object.entries({ node: node?.trim(), npm: npm?.trim(), git: git?.replace('git version', '').trim() }).filter(([, v]) => v),
-    ) as Record<string, string>;
-  });
-  return versions;
+/** each sandbox's answer (the CLI's and the service's see different tools) */
+const versions = new WeakMap<Sandbox, Promise<Record<string, string>>>();
+/**
+ * node, npm and git as the sandbox sees them, asked once per sandbox while the answer is whole. Asked in an empty
+ * folder of the service's own, not a tenant's workspace: its answer serves every tenant's results, and a
+ * workspace's `.npmrc` (or a FIFO by that name) would have chosen it, or stalled it. An answer that failed or
+ * is partial is not kept (a probe that failed once, kept, failed every later gate of the process).
+ */
+function toolVersions(sandbox: Sandbox): Promise<Record<string, string>> {
+  const known = versions.get(sandbox);
+  if (known) return known;
+  const asked = (async () => {
+    const empty = await fs.mkdtemp(path.join(os.tmpdir(), 'svc-tool-versions-'));
+    try {
+      const r = await runProcess(sandbox, ['/bin/sh', '-c', 'node --version; npm --version; git --version'], {
+        workspace: await fs.realpath(empty),
+        env: { PATH: '/usr/local/bin:/usr/bin:/bin', HOME: '/tmp' },
+        network: false,
+        maxBytes: 4096,
+        timeoutMs: 20_000,
+      });
+      const [node, npm, git] = r.stdout.split('\n');
+      const found = Object.fromEntries(
+        Object.entries({ node: node?.trim(), npm: npm?.trim(), git: git?.replace('git version', '').trim() }).filter(([, v]) => v),
+      ) as Record<string, string>;
+      if (r.exit_code !== 0 || Object.keys(found).length < 3) versions.delete(sandbox);
+      return found;
+    } catch {
+      versions.delete(sandbox);
+      return {};
+    } finally {
+      await fs.rm(empty, { recursive: true, force: true }).catch(() => undefined);
+    }
+  })();
+  versions.set(sandbox, asked);
+  return asked;
 }
 
 /**
@@ -131,19 +163,24 @@ export async function runGate(
 ): Promise<{ result: GateResult; artifacts: ArtifactPayload[]; after: GitState | null }> {
   const started = new Date();
   const files = await inputFiles(ctx.workspace, gate.inputs, ctx.git);
-  const [digest, tools] = await Promise.all([ctx.hasher.digest(ctx.workspace, files), toolVersions(ctx.sandbox, ctx.workspace)]);
+  const [digest, tools] = await Promise.all([ctx.hasher.digest(ctx.workspace, files), toolVersions(ctx.sandbox)]);
   let conclusion: GateConclusion;
   let summary: string;
   let exitCode: number | null = null;
   let tail = '';
   let report: Report | null = null;
   if (gate.builtin === 'secret-scan') {
-    const found = await scanSecrets(ctx.workspace, files);
+    const found = await scanSecrets(ctx.workspace, files, { signal: ctx.signal, deadline: started.getTime() + gate.timeout_seconds * 1000 });
     // a file it could not scan is not one without secrets: the scan does not pass, and names it
-    report = { ok: !found.failed && !found.unscanned.length, annotations: found.annotations, summary: '' };
-    conclusion = ctx.signal?.aborted ? 'cancelled' : report.ok ? 'success' : 'failure';
-    // a file's name may carry a token too
-    summary = await maskSecrets(scanSummary(found));
+    report = { ok: !found.failed && !found.unscanned.length && !found.stopped, annotations: found.annotations, summary: '' };
+    conclusion =
+      ctx.signal?.aborted || found.stopped === 'cancelled' ? 'cancelled' : found.stopped === 'timed_out' ? 'timed_out' : report.ok ? 'success' : 'failure';
+    summary =
+      found.stopped === 'cancelled'
+        ? 'stopped before it ended'
+        : found.stopped === 'timed_out'
+          ? `did not end within ${gate.timeout_seconds} s (${found.scanned} of ${files.length} files scanned)`
+          : scanSummary(found);
   } else {
     const env: Record<string, string> = { ...ctx.baseEnv, CI: 'true' };
     for (const name of gate.env) {
@@ -202,7 +239,10 @@ export async function runGate(
       name: gate.name,
       required: gate.required,
       conclusion,
-      summary,
+      // the gate's own words (a report's summary, a TAP bail-out's reason, a file's name) may carry a token, and a
+      // report's may run to megabytes: kept in the result, the ledger, every pack and event, masked and short
+      summary: await maskedSummary(summary),
+
       exit_code: exitCode,
       duration_ms: finished.getTime() - started.getTime(),
       output_tail: tail,

@@ -26,7 +26,18 @@ const SCAN_MAX_BYTES = 256 * 1024 * 1024;
 const UNSCANNED_NAMED = 10;
 const CONFIG = { rules: [{ id: '@secretlint/secretlint-rule-preset-recommend', rule: recommended }] };
 
+/** Why a scan ended before it read every file: its gate was canceled, or ran out of its time. */
+export type ScanStop = 'cancelled' | 'timed_out';
+
+class ScanStopped extends Error {
+  constructor(readonly why: ScanStop) {
+    super(`secret scan ${why}`);
+  }
+}
+
 export type SecretScan = {
+  /** set when the scan ended before it read every file (it then does not pass) */
+  stopped: ScanStop | null;
   annotations: Annotation[];
   found: number;
   failed: boolean;
@@ -45,7 +56,12 @@ export type SecretFound = { ruleId: string; line: number; severity: string; mess
  * True once scanned; null when it is not a plain file now (gone since it was listed, a link, whose target inside
  * is a file of its own, or not a file), nothing to scan; else why it could not be scanned (too large, unreadable).
  */
-export async function scanFileSecrets(workspace: string, rel: string, found: (secret: SecretFound) => void): Promise<true | null | string> {
+export async function scanFileSecrets(
+  workspace: string,
+  rel: string,
+  found: (secret: SecretFound) => void,
+  stop?: () => ScanStop | null,
+): Promise<true | null | string> {
   const entry = await entryOf(workspace, rel);
   if (entry?.kind !== 'file') return null;
   if (entry.size > SCAN_MAX_BYTES) return `over ${SCAN_MAX_BYTES / (1024 * 1024)} MB`;
@@ -56,6 +72,8 @@ export async function scanFileSecrets(workspace: string, rel: string, found: (se
   let linesBefore = 0;
   let previousEnd = 0;
   const read = await readChunksInside(workspace, rel, { maxBytes: SCAN_MAX_BYTES, chunkBytes: CHUNK_BYTES, overlapBytes: OVERLAP_BYTES }, async (chunk, at) => {
+    const stopped = stop?.();
+    if (stopped) throw new ScanStopped(stopped);
     // a file read whole that looks like text is linted as UTF-8, as before; any other chunk as latin1, a
     // character a byte, so that its offsets are the file's and its bytes all there
     const whole = at === 0 && chunk.length === entry.size;
@@ -87,23 +105,38 @@ export async function scanFileSecrets(workspace: string, rel: string, found: (se
  * scanned, whatever its size or content (scanFileSecrets: both a large file and a binary-looking one were
  * skipped, and a secret behind 1 MB of comment passed); a file that cannot be scanned is named in `unscanned`.
  */
-export async function scanSecrets(workspace: string, files: string[]): Promise<SecretScan> {
+export async function scanSecrets(workspace: string, files: string[], opts: { signal?: AbortSignal; deadline?: number } = {}): Promise<SecretScan> {
   const annotations: Annotation[] = [];
   let found = 0;
   let failed = false;
   let scanned = 0;
   const unscanned: string[] = [];
-  for (const rel of files) {
-    const done = await scanFileSecrets(workspace, rel, (m) => {
-      found++;
-      if (m.severity === 'error') failed = true;
-      if (annotations.length >= MAX_ANNOTATIONS) return;
-      annotations.push({ path: rel, line: m.line, level: m.severity === 'error' ? 'failure' : 'warning', title: m.ruleId, message: m.message });
-    });
-    if (done === true) scanned++;
-    else if (done !== null) unscanned.push(`${rel} (${done})`);
+  // the scan runs in the service's process, not the sandbox: it is held to its gate's cancel and timeout between
+  // chunks (a few files of 256 MB each held a gates worker's place, and the service's CPU, long after either)
+  const stop = (): ScanStop | null => (opts.signal?.aborted ? 'cancelled' : opts.deadline !== undefined && Date.now() >= opts.deadline ? 'timed_out' : null);
+  try {
+    for (const rel of files) {
+      const stopped = stop();
+      if (stopped) throw new ScanStopped(stopped);
+      const done = await scanFileSecrets(
+        workspace,
+        rel,
+        (m) => {
+          found++;
+          if (m.severity === 'error') failed = true;
+          if (annotations.length >= MAX_ANNOTATIONS) return;
+          annotations.push({ path: rel, line: m.line, level: m.severity === 'error' ? 'failure' : 'warning', title: m.ruleId, message: m.message });
+        },
+        stop,
+      );
+      if (done === true) scanned++;
+      else if (done !== null) unscanned.push(`${rel} (${done})`);
+    }
+  } catch (err) {
+    if (!(err instanceof ScanStopped)) throw err;
+    return { stopped: err.why, annotations, found, failed, scanned, unscanned };
   }
-  return { annotations, found, failed, scanned, unscanned };
+  return { stopped: null, annotations, found, failed, scanned, unscanned };
 }
 
 /** What a scan says of itself: what it found in how many files, and the files it could not scan. */

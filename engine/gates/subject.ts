@@ -53,8 +53,11 @@ export async function gitState(sandbox: Sandbox, workspace: string, readOnlyBind
     // the parts end with a NUL, which neither part holds (status quotes an odd name): a file's name may hold
     // any other byte (`a@@` and a newline split the listing when a line was the mark, dropping the files after it)
     "printf '\\0'",
-    // a status that fails says the tree has changes: its silence read as a clean tree
-    `{ ${q(GIT)} status --porcelain=v1 --untracked-files=${opts.tracked ? 'no' : 'normal'} || echo '?? (git status failed)'; } | head -c 4096`,
+    // a status that fails says the tree has changes: its silence read as a clean tree. A file the index marks
+    // assume-unchanged (a lower-case tag) or skip-worktree (S) is one status does not look at: a gate that edited
+    // a tracked file (the gate file, a script later gates run) and marked it so left the tree reading clean
+    `{ ${q(GIT)} status --porcelain=v1 --untracked-files=${opts.tracked ? 'no' : 'normal'} || echo '?? (git status failed)'; ` +
+      `${q(GIT)} ls-files -v | grep -q '^[a-zS] ' && echo '?? (files marked assume-unchanged or skip-worktree)'; } | head -c 4096`,
     "printf '\\0'",
     opts.tracked ? 'true' : `${q(GIT)} ls-files -z --cached --others --exclude-standard`,
   ].join('; ');

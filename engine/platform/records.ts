@@ -617,6 +617,12 @@ export type GateRunRecord = {
    * ready only when each has passed (absent on runs recorded before it was kept)
    */
   required_gates?: string[];
+  /**
+   * the definition digest of each gate it runs, as the set was when it started: a gate whose definition differs
+   * when its turn comes (the gate file edited meanwhile, by anyone, or by a gate before it) is not run (absent on
+   * runs recorded before it was kept)
+   */
+  definitions?: Record<string, string>;
   /** what started it: a run's `gates` step, the API, or the CLI posting its results */
   trigger: { type: 'run'; run_id: string; session_id: string } | { type: 'api' } | { type: 'cli' };
   subject: GateSubject | null;

@@ -447,6 +447,41 @@ describe('gates in the service', function () {
     }
   });
 
+  it('runs each gate as the set was when its gate run started: a gate that rewrites a later gate’s command, and hides the edit from git status, fails the run', async () => {
+    const { execFileSync } = await import('node:child_process');
+    const { gitState } = await import('../../engine/gates/index.js');
+    const one = await startHarness({ env: { SERVICE_GATES_CONCURRENCY: '1' } });
+    try {
+      const dir = path.join(one.tenantDir(), 'rewritten');
+      await fs.mkdir(dir, { recursive: true });
+      const later = (run: string) => `  - id: check\n    shell: true\n    run: "${run}"\n`;
+      // the first gate (the commit's own code, say its tests) puts in a set whose check passes, and marks the file
+      // skip-worktree so that git status no longer lists it
+      await fs.writeFile(path.join(dir, 'next.yaml'), `gates:\n  - id: first\n    shell: true\n    run: "true"\n${later('true')}`);
+      await fs.writeFile(
+        path.join(dir, 'gates.yaml'),
+        `gates:\n  - id: first\n    shell: true\n    run: "cp next.yaml gates.yaml && git update-index --skip-worktree gates.yaml"\n${later('false')}`,
+      );
+      const git = (script: string) => execFileSync('sh', ['-c', script], { cwd: dir, encoding: 'utf8' }).trim();
+      git('git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm one');
+      const run = await one.rt.engine.gates.start('tenant-a', { workspace: 'rewritten', trigger: { type: 'api' } });
+      const done = await one.rt.engine.gates.wait('tenant-a', run.id);
+      const check = done.results.find((r) => r.gate_id === 'check')!;
+      expect(check.conclusion, check.summary).to.equal('cancelled');
+      expect(check.summary).to.match(/^the gate's definition changed during the gate run \(sha256:[0-9a-f]+ when it started, sha256:[0-9a-f]+ now\): not run$/);
+      expect(check.required).to.equal(true);
+      expect(done.status).to.equal('failed');
+      // and the file the index hides from status makes the tree read as changed
+      expect((await gitState(one.rt.sandbox, dir, [], { tracked: true })).dirty, 'a skip-worktree file is not a clean tree').to.equal(true);
+      git('git update-index --no-skip-worktree gates.yaml && git checkout -q gates.yaml');
+      expect((await gitState(one.rt.sandbox, dir, [], { tracked: true })).dirty).to.equal(false);
+      git('git update-index --assume-unchanged next.yaml');
+      expect((await gitState(one.rt.sandbox, dir, [], { tracked: true })).dirty, 'nor an assume-unchanged one').to.equal(true);
+    } finally {
+      await one.close();
+    }
+  });
+
   it('runs a workspace’s gates for one gate run at a time: a second run’s gate never reads the first’s report as its own', async () => {
     const dir = path.join(h.tenantDir(), 'shared-report');
     await fs.mkdir(dir, { recursive: true });

@@ -538,6 +538,66 @@ describe('gates', function () {
     expect(unscanned.result.summary).to.equal('no secrets in 1 files; 1 not scanned, so not passed: huge.bin (over 256 MB)');
   });
 
+  it('holds the secret scan to its gate’s timeout and cancel: a few files of 256 MB are not read to the end', async () => {
+    const project = await fs.mkdtemp(path.join(dir, 'scan-time-'));
+    const names = ['big0.bin', 'big1.bin', 'big2.bin', 'big3.bin'];
+    for (const name of names) {
+      await fs.writeFile(path.join(project, name), '');
+      await fs.truncate(path.join(project, name), 255 * 1024 * 1024); // sparse: no disk, and about 3 s of linting each
+    }
+    const gate = shellGate('scan', '', { run: null, builtin: 'secret-scan', inputs: ['big*'], timeout_seconds: 1 });
+    let t0 = Date.now();
+    const timed = await runGate(gate, plainContext(project));
+    expect(Date.now() - t0, 'ended about its 1 s timeout').to.be.below(4000);
+    expect(timed.result.conclusion).to.equal('timed_out');
+    expect(timed.result.summary).to.match(/^did not end within 1 s \(\d of 4 files scanned\)$/);
+    const controller = new AbortController();
+    setTimeout(() => controller.abort(), 300);
+    t0 = Date.now();
+    const canceled = await runGate({ ...(gate as object), timeout_seconds: 600 } as never, { ...plainContext(project), signal: controller.signal });
+    expect(Date.now() - t0, 'ended about its cancel').to.be.below(3000);
+    expect(canceled.result).to.deep.include({ conclusion: 'cancelled', summary: 'stopped before it ended' });
+  });
+
+  it('keeps a gate’s summary masked and short: a TAP bail-out’s reason with a token and 3 MB after it', async () => {
+    const project = await fs.mkdtemp(path.join(dir, 'bail-'));
+    await fs.writeFile(path.join(project, 'tap.sh'), `printf '1..2\\nok 1 - a\\nBail out! token ${TOKEN} '\nhead -c 3000000 /dev/zero | tr '\\0' x\necho\n`);
+    const ran = await runGate(shellGate('tap', 'sh tap.sh', { report: { format: 'tap' }, pass: 'report' }), plainContext(project));
+    expect(ran.result.conclusion).to.equal('failure');
+    expect(ran.result.summary).to.match(/^1 of 1 passed; bailed out: token \*\*\* x{900}/);
+    expect(ran.result.summary).not.to.contain(TOKEN.slice(4));
+    expect(ran.result.summary.length).to.be.at.most(1000);
+  });
+
+  it('asks the sandbox for its tool versions again after a failed probe, in a folder of its own: one failure does not fail every later gate', async () => {
+    const project = await fs.mkdtemp(path.join(dir, 'versions-'));
+    const probed: string[] = [];
+    let failNext = true;
+    const flaky: Sandbox = {
+      ...sandbox,
+      spawn: (command, opts) => {
+        if (command.join(' ').includes('node --version')) {
+          probed.push(opts.workspace);
+          if (failNext) {
+            failNext = false;
+            throw new Error('the sandbox could not start (a moment’s cgroup failure)');
+          }
+        }
+        return sandbox.spawn(command, opts);
+      },
+    };
+    const first = await runGate(shellGate('ok', 'true'), plainContext(project, flaky));
+    expect(first.result.conclusion).to.equal('success');
+    expect(first.result.tool_versions).to.deep.equal({});
+    const second = await runGate(shellGate('ok', 'true'), plainContext(project, flaky));
+    expect(second.result.conclusion).to.equal('success');
+    expect(Object.keys(second.result.tool_versions).sort()).to.deep.equal(['git', 'node', 'npm']);
+    const third = await runGate(shellGate('ok', 'true'), plainContext(project, flaky));
+    expect(third.result.tool_versions).to.deep.equal(second.result.tool_versions);
+    expect(probed, 'asked twice: the failure was not kept, the answer was').to.have.length(2);
+    for (const cwd of probed) expect(cwd.startsWith(project), 'not in the tenant’s workspace').to.equal(false);
+  });
+
   it('keeps a bounded result whatever a gate leaves: at most 100 artifacts (tiny files each took a ledger payload), annotations within 64 KB', async () => {
     const project = await fs.mkdtemp(path.join(dir, 'bounded-'));
     const ctx = plainContext(project);
