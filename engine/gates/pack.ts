@@ -190,8 +190,7 @@ export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledg
       const gateRows = rows.map(({ result, run, seq }) => ({
         gate_id: result.gate_id,
         name: result.name,
-        // required as the latest run's set said when it started (its seal holds it), not as a result of it says
-        required: sealedRun.required_gates ? sealedRun.required_gates.includes(result.gate_id) : result.required,
+        required: result.required,
         conclusion: result.conclusion,
         summary: result.summary,
         finished_at: result.finished_at,
