@@ -815,7 +815,9 @@ export interface paths {
          *     cycle, an unknown agent, more tasks than a session holds (SERVICE_SESSION_MAX_TASKS, 10,000 unless set). A task starts when its dependencies allow (`all_success`: every one succeeded;
          *     `all_done`: every one ended); when one fails after its attempts, its `all_success` dependents end
          *     `upstream_failed`, and independent branches go on. A task's run (kind `session_task`) gets the
-         *     outputs of its dependencies as `inputs.upstream`. An archived session takes no task (409), nor one
+         *     outputs of its dependencies as `inputs.upstream`, up to 1 MB of JSON in all: each dependency keeps its
+         *     status, summary, result and usage, and its latest steps' outputs within an even share of the rest (a
+         *     step left out has `output: null, output_truncated: true`). An archived session takes no task (409), nor one
          *     archived while the request adds them: the archive's outcome stands.
          */
         post: operations["addSessionTasks"];
@@ -1752,7 +1754,8 @@ export interface components {
         };
         /**
          * @description Non-secret settings. `username` is the SMTP login (email); `from` is the sender address (email) or the PagerDuty
-         *     user's email that notes and acknowledgements are made as (pager). `app_id` and `installation_id` (code host, both
+         *     user's email that notes and acknowledgements are made as (pager: an address in visible ASCII, as it is sent in
+         *     the From header). `app_id` and `installation_id` (code host, both
          *     or neither) make the connection a GitHub App's installation: its credential is the App's private key, from which
          *     the service makes installation tokens (an hour each, made again before they expire) for every call and checkout,
          *     and only an App may write check runs.
@@ -1783,8 +1786,10 @@ export interface components {
         };
         /**
          * @description The token, API key or SMTP password, without control characters (a trailing newline is refused); for a code host
-         *     connection with `settings.app_id`, the GitHub App's private key, the PEM file as it is (its lines kept). Sealed at
-         *     rest; never returned.
+         *     connection with `settings.app_id`, the GitHub App's private key, the PEM file as it is (its lines kept). A code
+         *     host, chat, tracker or pager credential is sent in an HTTP header: it holds only visible ASCII characters (no
+         *     spaces, accents or emoji), or the connection is refused with a 400 `validation-failed` naming `credential`; an
+         *     SMTP password may be any UTF-8. Sealed at rest; never returned.
          */
         ConnectionCredential: string;
         ConnectionCreate: {
@@ -1802,9 +1807,15 @@ export interface components {
         };
         ConnectionTest: {
             ok: boolean;
-            /** @description Who the credential is at the provider (a login, a bot and team, a viewer's email, an account, an SMTP user). */
+            /**
+             * @description Who the credential is at the provider (a login, a bot and team, a viewer's email, an account, an SMTP user),
+             *     as the provider said it, cut to 256 characters.
+             */
             identity: string | null;
-            /** @description What it may do, as the provider says (token scopes, bot scopes, abilities); the action tools it allows. */
+            /**
+             * @description What it may do, as the provider says (token scopes, bot scopes, abilities); the action tools it allows. At
+             *     most the first 100 the provider named, each cut to 100 characters.
+             */
             capabilities: string[];
             error: components["schemas"]["ErrorInfo"];
             /** Format: date-time */
@@ -2288,7 +2299,11 @@ export interface components {
             /** Format: date-time */
             finished_at: string | null;
             duration_ms: number | null;
-            /** @description What the tool returned (for shell, exit_code, stdout and stderr, each capped to its last 64 KB). */
+            /**
+             * @description What the tool returned (for shell, exit_code, stdout and stderr, each capped to its last 64 KB; for an action
+             *     tool, what the provider answered, each string in it cut to 2000 characters and each list or object to its
+             *     first 100 items).
+             */
             output: {
                 [key: string]: unknown;
             } | null;
@@ -2648,6 +2663,7 @@ export interface components {
              * @description What its run left (status, summary, result, each step's output); what dependents receive as
              *     `inputs.upstream`. The steps' outputs are kept up to 256 KB of JSON in all, the latest first; a
              *     step left out has `output: null` and `output_truncated: true` (its run keeps every output whole).
+             *     A dependent's `inputs.upstream` holds at most 1 MB of its dependencies' outputs in all, trimmed the same way.
              *     `usage` sums every run of the task. While the task waits for input, `input_required` holds the question.
              */
             output: {
@@ -2946,6 +2962,7 @@ export interface components {
                 action?: string;
                 connection_id?: string | null;
                 ok?: boolean;
+                /** @description What the provider answered, each string in it cut to 2000 characters and each list or object to its first 100 items. */
                 answer?: Record<string, never> | null;
                 error?: components["schemas"]["ErrorInfo"];
                 duration_ms?: number;

@@ -18,7 +18,7 @@ import type { Platform } from '../deps.js';
 import type { ConnectionChanges, ConnectionQuery, ConnectionState, Page } from '../store/index.js';
 import { ACTIONS, ActionArgsError, type Answer } from './actions.js';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { installationToken, isGithubApp, KITS, refusedInstallationToken, type Access } from './kits.js';
+import { installationToken, isGithubApp, KITS, refusedInstallationToken, type Access, type Identity } from './kits.js';
 import { callProvider, ProviderError, PROVIDER_TIMEOUT_MS, reasonOf } from './retry.js';
 
 /**
@@ -37,18 +37,63 @@ function maskedError(err: unknown, token: string): unknown {
   return Object.assign(new Error(message), typeof code === 'string' ? { code } : {});
 }
 
+/** The most of who a credential is that a test keeps (a login, a bot and its team, an email). */
+const IDENTITY_MAX = 256;
+/** The most capabilities a test keeps, and the most of each (a scope, an ability). */
+const CAPABILITIES_MAX = 100;
+const CAPABILITY_MAX = 100;
+/** The most of each string of an action's answer (an id, a URL, a message's ts), and of each of its lists and objects. */
+const ANSWER_STRING_MAX = 2000;
+const ANSWER_ITEMS_MAX = 100;
+
 /**
- * What a provider answered, every string in it (however deep) with the credential masked as errors are: a
- * compatible server may echo what it was sent (the token as a Slack channel, a login), and the answer becomes a
- * step's output, an event, a test's verdict kept on the connection.
+ * `text` cut to `max` with the credential masked: cut first to `max` and twice the credential's length (a
+ * credential that starts within `max` is whole in it), masked, then cut to `max`, never between the halves of
+ * a surrogate pair. A provider's answer is the provider's to size: a tenant's own server answered a test with a
+ * 3.9 MB login, kept on the connection and sent with every list of them (390 MB for a hundred).
+ */
+function clipped(text: string, max: number, token: string): string {
+  const masked = maskCredential(text.slice(0, max + 2 * token.length), token);
+  if (masked.length <= max) return masked;
+  const cut = masked.slice(0, max);
+  return /[\ud800-\udbff]$/.test(cut) ? cut.slice(0, -1) : cut;
+}
+
+/**
+ * What a provider answered an action, bounded (each string to ANSWER_STRING_MAX, each list and object to
+ * ANSWER_ITEMS_MAX) and every string in it (however deep) with the credential masked as errors are: a compatible
+ * server may echo what it was sent (the token as a Slack channel, a login), and the answer becomes a step's output
+ * and an event.
  */
 function maskedAnswer<T>(value: T, token: string): T {
-  if (typeof value === 'string') return maskCredential(value, token) as T;
-  if (Array.isArray(value)) return value.map((v: unknown) => maskedAnswer(v, token)) as T;
+  if (typeof value === 'string') return clipped(value, ANSWER_STRING_MAX, token) as T;
+  if (Array.isArray(value)) return value.slice(0, ANSWER_ITEMS_MAX).map((v: unknown) => maskedAnswer(v, token)) as T;
   if (value && typeof value === 'object')
-    return Object.fromEntries(Object.entries(value).map(([k, v]) => [maskCredential(k, token), maskedAnswer(v, token)])) as T;
+    return Object.fromEntries(
+      Object.entries(value)
+        .slice(0, ANSWER_ITEMS_MAX)
+        .map(([k, v]) => [clipped(k, ANSWER_STRING_MAX, token), maskedAnswer(v, token)]),
+    ) as T;
   return value;
 }
+
+/**
+ * Who a provider says the credential is and what it may do, as a test keeps it on the connection and GET answers
+ * it: bounded (IDENTITY_MAX, CAPABILITIES_MAX of CAPABILITY_MAX), strings whatever the provider sent, and never
+ * the credential, whatever it echoed.
+ */
+function identified(found: Identity, token: string): Identity {
+  const { identity, capabilities } = found as { identity: unknown; capabilities: unknown };
+  return {
+    identity: identity === null || identity === undefined ? null : clipped(String(identity), IDENTITY_MAX, token),
+    capabilities: (Array.isArray(capabilities) ? capabilities.slice(0, CAPABILITIES_MAX) : []).map((c) => clipped(String(c), CAPABILITY_MAX, token)),
+  };
+}
+
+/** What an HTTP header carries as it is: the credential of every provider but email's is sent in one. */
+const VISIBLE_ASCII = /^[\x21-\x7e]+$/;
+/** An email address as the service checks it: something, an @, something, no whitespace. */
+const isAddress = (value: string): boolean => /^[^@\s]+@[^@\s]+$/.test(value);
 
 export type ConnectionSettings = {
   httpAllowPrivate: boolean;
@@ -111,12 +156,15 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
     }
     if (provider === 'email') {
       if (!s.username) errors.push({ path: `${at}/settings/username`, message: 'the SMTP login is required' });
-      if (!s.from || !/^[^@\s]+@[^@\s]+$/.test(s.from)) errors.push({ path: `${at}/settings/from`, message: 'the sender address is required' });
+      if (!s.from || !isAddress(s.from)) errors.push({ path: `${at}/settings/from`, message: 'the sender address is required' });
     } else if (s.username) {
       errors.push({ path: `${at}/settings/username`, message: `only email connections take a username` });
     }
     if (provider !== 'email' && provider !== 'pager' && s.from)
       errors.push({ path: `${at}/settings/from`, message: `only email and pager connections take from` });
+    // the pager's from is sent as PagerDuty's From header: an address, in characters a header carries
+    if (provider === 'pager' && s.from !== undefined && (!isAddress(s.from) || !VISIBLE_ASCII.test(s.from)))
+      errors.push({ path: `${at}/settings/from`, message: "the PagerDuty user's email address, in ASCII (it is sent in the From header)" });
     if ((s.app_id || s.installation_id) && provider !== 'codehost')
       errors.push({ path: `${at}/settings/app_id`, message: 'only code host connections take app_id and installation_id (a GitHub App)' });
     else if (Boolean(s.app_id) !== Boolean(s.installation_id))
@@ -127,8 +175,12 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
     return errors;
   }
 
-  /** The problems of a credential for the settings it goes with: a GitHub App's is its private key, and a private key is an App's. */
-  function credentialProblems(s: ConnectionRecord['settings'], credential: string, at: string): FieldError[] {
+  /**
+   * The problems of a credential for its provider and settings: a GitHub App's is its private key, and a private key
+   * is an App's; any other but an SMTP password (which may be UTF-8) is sent in an HTTP header, which carries only
+   * visible ASCII. Taken, `toké😀` failed every call with fetch's error, which named a character of it.
+   */
+  function credentialProblems(provider: ConnectionProvider, s: ConnectionRecord['settings'], credential: string, at: string): FieldError[] {
     // one of the two is enough to mean an App (the other's absence is said by problemsOf)
     if (s.app_id || s.installation_id) {
       let key: KeyObject | null = null;
@@ -141,9 +193,16 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
         ? []
         : [{ path: `${at}/credential`, message: "a GitHub App connection's credential is the App's RSA private key: the PEM file GitHub gave, as it is" }];
     }
-    return credential.startsWith('-----BEGIN')
-      ? [{ path: `${at}/credential`, message: "a private key is a GitHub App's: give settings.app_id and settings.installation_id with it (code host)" }]
-      : [];
+    if (credential.startsWith('-----BEGIN'))
+      return [{ path: `${at}/credential`, message: "a private key is a GitHub App's: give settings.app_id and settings.installation_id with it (code host)" }];
+    if (provider !== 'email' && !VISIBLE_ASCII.test(credential))
+      return [
+        {
+          path: `${at}/credential`,
+          message: `a ${provider} credential is sent in an HTTP header, which carries only visible ASCII characters (no spaces, accents or emoji)`,
+        },
+      ];
+    return [];
   }
 
   async function checkAddress(baseUrl: string | null): Promise<void> {
@@ -228,7 +287,10 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
     async create(tenantId: string, input: ConnectionInput): Promise<ConnectionRecord> {
       const baseUrl = input.base_url ?? null;
       const settingsOf = input.settings ?? {};
-      const errors = [...problemsOf(input.provider, baseUrl, settingsOf, '/body'), ...credentialProblems(settingsOf, input.credential, '/body')];
+      const errors = [
+        ...problemsOf(input.provider, baseUrl, settingsOf, '/body'),
+        ...credentialProblems(input.provider, settingsOf, input.credential, '/body'),
+      ];
       if (errors.length) throw new ValidationError('the connection is not complete', errors);
       await checkAddress(baseUrl);
       const now = clock.now().toISOString();
@@ -266,7 +328,7 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
       const baseUrl = patch.base_url === undefined ? current.base_url : patch.base_url;
       const settingsOf = patch.settings ?? current.settings;
       const errors = problemsOf(current.provider, baseUrl, settingsOf, '/body');
-      if (patch.credential !== undefined) errors.push(...credentialProblems(settingsOf, patch.credential, '/body'));
+      if (patch.credential !== undefined) errors.push(...credentialProblems(current.provider, settingsOf, patch.credential, '/body'));
       // a token is not a private key, nor the other way round: a connection that becomes an App's, or stops being one, takes its credential again
       else if (isGithubApp(settingsOf) !== isGithubApp(current.settings))
         errors.push({
@@ -315,8 +377,8 @@ export function connectionsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' | '
             (signal) => kit.identify({ ...access, signal }),
             { timeoutMs },
           ).then(
-            // kept on the connection and answered by GET: never the credential, whatever the provider echoed
-            (answer) => maskedAnswer(answer, access.token),
+            // kept on the connection and answered by GET and every list: bounded, never the credential
+            (answer) => identified(answer, access.token),
             (err: unknown) => {
               throw maskedError(err, access.token);
             },

@@ -151,12 +151,31 @@ export function retryAfterOf(value: string | number | null | undefined): number 
   return Number.isFinite(at) ? Math.max(0, Math.ceil((at - Date.now()) / 1000)) : null;
 }
 
+/** The most a reason says. */
+const REASON_MAX = 200;
+/** What fetch (webidl) says of a header value with a character over 255: `...at index 11 has a value of 55357...`. */
+const BYTESTRING = /Cannot convert argument to a ByteString/i;
+
+/** The most of a provider's error that a reason is looked for in (its credential's length aside). */
+const REASON_WINDOW_MAX = 64 * 1024;
+
 /**
- * A short reason from a provider's error, with the credential masked should it appear: masked first,
- * then clipped (clipped first, a credential cut by the clip kept its first part), and any part of it
- * long enough to tell (12 characters) masked too.
+ * A short reason from a provider's error, with the credential masked should it appear: cut to REASON_MAX and twice
+ * the credential's length (a credential that starts within the reason is whole in what is masked), masked, then
+ * cut to REASON_MAX; any part of it long enough to tell (12 characters) is masked too. Masking can shorten the
+ * text (a run of base64 holding the credential becomes `[credential]`): while what is left is shorter than
+ * REASON_MAX, more of the error is taken, up to REASON_WINDOW_MAX. Masked whole before the cut, a provider's error
+ * of 4 MB held the process for seconds. fetch's refusal of a header it cannot send names the place and the code
+ * of a character of the credential: it is said without them.
  */
 export function reasonOf(text: unknown, secret: string): string {
   if (typeof text !== 'string' || !text) return '';
-  return maskCredential(text, secret).replace(/\s+/g, ' ').trim().slice(0, 200);
+  const head = text.trimStart();
+  const most = REASON_WINDOW_MAX + 2 * secret.length;
+  for (let window = REASON_MAX + 2 * secret.length; ; window = Math.min(window * 4, most)) {
+    const taken = head.slice(0, window);
+    if (BYTESTRING.test(taken)) return "the credential holds characters the provider's HTTP header cannot carry (only visible ASCII)";
+    const said = maskCredential(taken, secret).replace(/\s+/g, ' ').trim();
+    if (said.length >= REASON_MAX || window >= head.length || window >= most) return said.slice(0, REASON_MAX);
+  }
 }

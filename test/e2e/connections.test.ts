@@ -15,11 +15,23 @@ import { connectionsOf as connectionsCapability } from '../../engine/connections
 import { chatKit, codehostKit, emailKit, pagerKit, trackerKit } from '../../engine/connections/kits.js';
 import { ACTIONS } from '../../engine/connections/actions.js';
 import { binaryPatch } from '../../engine/platform/git-binary.js';
-import { createSecretBox } from '../../engine/platform/secret-box.js';
+import { createSecretBox, loadSecretKey } from '../../engine/platform/secret-box.js';
 import { eventually, finishedRun, freePort, KEYS, sameDeployment, startHarness, type Harness } from '../support/harness.js';
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 type Body = Record<string, any>;
+
+/**
+ * A connection of tenant-a whose credential was stored before credentials were checked as they are now: made with a
+ * good one, then given `credential` sealed as the service seals it, past its checks.
+ */
+async function storedBefore(h: Harness, body: Body, credential: string): Promise<string> {
+  const made = await h.call<Body>('POST', '/api/v1/connections', { body: { ...body, credential: 'placeholder-token-0123456789' }, key: KEYS.a });
+  expect(made.status, made.text).to.equal(201);
+  const sealed = createSecretBox(loadSecretKey(h.config).key).seal(credential, `connection:tenant-a:${made.body.id}`);
+  await h.rt.store.connections.update('tenant-a', made.body.id, { sealed });
+  return made.body.id;
+}
 
 describe('connections', function () {
   let h: Harness;
@@ -270,18 +282,111 @@ describe('connections', function () {
     expect(newline.text).not.to.contain('ABCDEFGHIJ12345');
     // one stored before the check: fetch refuses the header and quotes the token in its error
     const secret = 'SECRETPART_abcdefgh\nX-Evil: 1';
-    const stored = await h.rt.engine.connections.create('tenant-a', {
-      provider: 'pager',
-      name: 'stored-nl',
-      base_url: fake.pager,
-      credential: secret,
-      settings: { from: 'a@b.test' },
-    });
-    const tested = await h.call<Body>('POST', `/api/v1/connections/${stored.id}/test`);
+    const stored = await storedBefore(h, { provider: 'pager', name: 'stored-nl', base_url: fake.pager, settings: { from: 'a@b.test' } }, secret);
+    const tested = await h.call<Body>('POST', `/api/v1/connections/${stored}/test`);
     expect(tested.body).to.deep.include({ ok: false });
-    const rotated = await h.call<Body>('PATCH', `/api/v1/connections/${stored.id}`, { body: { credential: 'two\tparts' } });
+    const rotated = await h.call<Body>('PATCH', `/api/v1/connections/${stored}`, { body: { credential: 'two\tparts' } });
     expect(rotated.status, 'a rotation is checked too').to.equal(400);
     for (const text of [JSON.stringify(tested.body), h.logs.join('')]) expect(text).not.to.contain('abcdefgh');
+  });
+
+  it('refuses (400) a credential an HTTP header cannot carry for every provider but email, and a pager’s from that is no ASCII address, storing nothing', async () => {
+    const before = (await h.call<Body>('GET', '/api/v1/connections?limit=100')).body.data.length;
+    const bodies: Array<[Body, string]> = [
+      [{ provider: 'chat', name: 'emoji', base_url: fake.slack, credential: 'toké😀' }, '/body/credential'],
+      [{ provider: 'codehost', name: 'accent', base_url: fake.github, credential: 'ghp_tokén0123456789' }, '/body/credential'],
+      [{ provider: 'tracker', name: 'spaced', base_url: fake.linear, credential: 'lin_api key 0123456789' }, '/body/credential'],
+      [{ provider: 'pager', name: 'latin', base_url: fake.pager, credential: 'u+PDkeyé', settings: { from: 'oncall@acme.test' } }, '/body/credential'],
+      [{ provider: 'pager', name: 'from-word', base_url: fake.pager, credential: FAKE_TOKEN, settings: { from: 'oncall' } }, '/body/settings/from'],
+      [{ provider: 'pager', name: 'from-utf8', base_url: fake.pager, credential: FAKE_TOKEN, settings: { from: 'oncall@acmé.test' } }, '/body/settings/from'],
+    ];
+    for (const [body, path] of bodies) {
+      const refused = await create(body);
+      expect(refused.status, `${body.name}: ${refused.text}`).to.equal(400);
+      expect(refused.headers.get('content-type')).to.match(/^application\/problem\+json/);
+      expect(refused.body.code).to.equal('validation-failed');
+      expect(refused.body.errors.map((e: Body) => e.path)).to.deep.equal([path]);
+      expect(refused.text, body.name).not.to.contain(body.credential);
+    }
+    expect((await h.call<Body>('GET', '/api/v1/connections?limit=100')).body.data.length, 'nothing stored').to.equal(before);
+    // a rotation is checked the same way, against the connection's provider
+    const chat = await create({ provider: 'chat', name: 'ascii-chat', base_url: fake.slack, credential: FAKE_TOKEN });
+    const rotated = await h.call<Body>('PATCH', `/api/v1/connections/${chat.body.id}`, { body: { credential: 'toké😀' } });
+    expect(rotated.status, rotated.text).to.equal(400);
+    expect(rotated.body.errors.map((e: Body) => e.path)).to.deep.equal(['/body/credential']);
+    // an SMTP password may be UTF-8
+    const mail = await create({
+      provider: 'email',
+      name: 'utf8-mail',
+      base_url: fake.smtp,
+      credential: 'pässwörd😀',
+      settings: { username: SMTP_USER, from: 'bot@acme.test' },
+    });
+    expect(mail.status, mail.text).to.equal(201);
+    for (const id of [chat.body.id, mail.body.id]) await h.call('DELETE', `/api/v1/connections/${id}`);
+  });
+
+  it('says a credential stored before with characters no header carries is refused as such, never which character or where', async () => {
+    for (const [body, credential] of [
+      [{ provider: 'chat', name: 'stored-emoji', base_url: fake.slack }, 'toké😀'],
+      [{ provider: 'pager', name: 'stored-emoji-pager', base_url: fake.pager, settings: { from: 'oncall@acme.test' } }, 'u+PDkey😀'],
+    ] as const) {
+      const id = await storedBefore(h, body, credential);
+      const tested = await h.call<Body>('POST', `/api/v1/connections/${id}/test`);
+      expect(tested.status, tested.text).to.equal(200);
+      expect(tested.body, body.provider).to.deep.include({ ok: false });
+      // (Slack's SDK wraps fetch's error in its own, which is the test's verdict; the pager's is logged)
+      if (body.provider === 'chat') expect(tested.body.error.message).to.contain("the credential holds characters the provider's HTTP header cannot carry");
+      for (const text of [tested.text, h.logs.join('')]) expect(text, body.provider).not.to.match(/ByteString|index \d+ has a value/);
+      await h.call('DELETE', `/api/v1/connections/${id}`);
+    }
+  });
+
+  it('keeps what a provider says of a credential bounded: a 3.9 MB login and hundreds of scopes are clipped before they are masked and kept, and so is an action’s answer', async () => {
+    const huge = 3.9 * 1024 * 1024;
+    // the credential straddles the 256-character cut of the identity: none of it is left
+    const user = `${'u'.repeat(250)}${FAKE_TOKEN}${'v'.repeat(huge)}`;
+    const scopes = [...Array.from({ length: 200 }, (_, i) => `scope:${i}:${'s'.repeat(30)}`), 'w'.repeat(500)].join(',');
+    const hostile = http.createServer((req, res) => {
+      req.resume();
+      req.on('end', () => {
+        if (req.url!.endsWith('/auth.test')) {
+          res.writeHead(200, { 'content-type': 'application/json', 'x-oauth-scopes': scopes });
+          return res.end(JSON.stringify({ ok: true, user, team: 'Acme', user_id: 'U1', team_id: 'T1' }));
+        }
+        if (req.url!.endsWith('/chat.postMessage')) {
+          res.writeHead(200, { 'content-type': 'application/json' });
+          return res.end(JSON.stringify({ ok: true, channel: 'C1', ts: `${FAKE_TOKEN}${'1'.repeat(huge)}` }));
+        }
+        res.writeHead(404).end();
+      });
+    });
+    await new Promise<void>((r) => hostile.listen(0, '127.0.0.1', r));
+    try {
+      const base = `http://127.0.0.1:${(hostile.address() as AddressInfo).port}/api/`;
+      const made = await create({ provider: 'chat', name: 'talkative', base_url: base, credential: FAKE_TOKEN });
+      expect(made.status, made.text).to.equal(201);
+      const tested = await h.call<Body>('POST', `/api/v1/connections/${made.body.id}/test`);
+      expect(tested.status, tested.text.slice(0, 300)).to.equal(200);
+      expect(tested.body.ok, tested.text.slice(0, 300)).to.equal(true);
+      expect(tested.body.identity).to.have.lengthOf(256);
+      expect(tested.body.identity).to.equal(`${'u'.repeat(250)}[credential]`.slice(0, 256));
+      expect(tested.body.capabilities).to.have.lengthOf(100);
+      expect(tested.body.capabilities.every((c: string) => c.length <= 100)).to.equal(true);
+      const kept = await h.call<Body>('GET', `/api/v1/connections/${made.body.id}`);
+      expect(kept.text.length, 'characters one connection takes').to.be.below(16 * 1024);
+      expect(kept.body.last_test).to.deep.equal(tested.body);
+      for (const text of [tested.text, kept.text]) expect(text).not.to.contain(FAKE_TOKEN.slice(0, 6));
+      // an action's answer: each string to 2000 characters, the credential masked before the cut
+      const acted = await h.rt.engine.connections.act('tenant-a', 'chat', 'talkative', 'post', { channel: 'C1', text: 'hi' });
+      expect(acted.answer.channel).to.equal('C1');
+      expect(acted.answer.ts).to.have.lengthOf(2000);
+      expect(String(acted.answer.ts).startsWith('[credential]1')).to.equal(true);
+      await h.call('DELETE', `/api/v1/connections/${made.body.id}`);
+    } finally {
+      hostile.closeAllConnections();
+      hostile.close();
+    }
   });
 
   it('masks a short SMTP password an AUTH LOGIN server echoes in base64, in the test’s answer and in last_test', async () => {
@@ -993,13 +1098,7 @@ describe('action tools', function () {
 
   it('masks a credential stored before credentials were checked from a step whose library quotes it in its error', async () => {
     const secret = 'SECRETPART_abcdefgh\nX-Evil: 1';
-    await h.rt.engine.connections.create('tenant-a', {
-      provider: 'pager',
-      name: 'stored-nl',
-      base_url: fake.pager,
-      credential: secret,
-      settings: { from: 'a@b.test' },
-    });
+    await storedBefore(h, { provider: 'pager', name: 'stored-nl', base_url: fake.pager, settings: { from: 'a@b.test' } }, secret);
     const ended = await start({
       tools: ['pager'],
       steps: [{ tool: 'pager', args: { action: 'add_note', connection: 'stored-nl', incident_id: 'P1', content: 'hi' } }],

@@ -40,3 +40,42 @@ describe('provider error reasons', () => {
     expect(maskCredential(git, token)).to.not.contain(token.slice(0, 12)).and.not.contain(basic.slice(0, 16));
   });
 });
+
+describe('provider error reasons and masks of large texts', () => {
+  // an 8 KB credential (the most one may be) in a 4 MB text (the most of an answer a provider's SDK reads)
+  const long = Array.from({ length: 8192 }, (_, i) => 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789'[(i * 7919) % 62]).join('');
+  const big = `${'error: quota exceeded; '.repeat(180_000)}echo ${long} and ${long.slice(100, 136)} end ${Buffer.from(long).toString('base64')}`;
+
+  it('masks a 4 MB text with an 8192-character credential in one pass, as it masks a short one', () => {
+    const started = performance.now();
+    const masked = maskCredential(big, long);
+    // splitting the text once per 12-character piece of the credential took 4 s; one pass takes about 150 ms
+    expect(performance.now() - started, 'ms').to.be.below(1000);
+    expect(masked.endsWith(`echo [credential] and [credential] end [credential]`), masked.slice(-80)).to.equal(true);
+  });
+
+  it('masks a part of the credential whole, its tail too, and two credentials side by side as two', () => {
+    const token = 'ghp_SUPERSECRETTOKEN1234567890abcdef';
+    expect(maskCredential(`x ${token.slice(3, 18)} y`, token)).to.equal('x [credential] y');
+    expect(maskCredential(`${token}${token}`, token)).to.equal('[credential][credential]');
+    expect(maskCredential('tok hunter2 hunter2hunter2', 'hunter2')).to.equal('tok [credential] [credential][credential]');
+  });
+
+  it('reads a reason from the head of a 4 MB error: at once, the credential masked, 200 characters at most', () => {
+    const started = performance.now();
+    const reason = reasonOf(`${'x'.repeat(190)} ${long} ${big}`, long);
+    expect(performance.now() - started, 'ms').to.be.below(100);
+    expect(reason).to.equal(`${'x'.repeat(190)} [credential]`.slice(0, 200));
+  });
+
+  it('says a header fetch could not send holds characters it cannot carry, never which character or where', () => {
+    const said = reasonOf(
+      'Cannot convert argument to a ByteString because the character at index 11 has a value of 55357 which is greater than 255.',
+      'toké😀',
+    );
+    expect(said).to.equal("the credential holds characters the provider's HTTP header cannot carry (only visible ASCII)");
+    expect(
+      reasonOf('A request error occurred: Cannot convert argument to a ByteString because the character at index 3 has a value of 233', 'toké'),
+    ).to.not.match(/index|233/);
+  });
+});
