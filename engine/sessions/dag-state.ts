@@ -23,18 +23,59 @@ const FAILED = `local function failed(s) return s == 'failed' or s == 'upstream_
 local function keep(base)
   for _, k in ipairs({':state', ':need', ':rule', ':sat', ':kids'}) do redis.call('PEXPIRE', base .. k, ${DAG_TTL_MS}) end
 end
-local function listOf(h, field)
-  local v = redis.call('HGET', h, field)
+local function listOf(h, id)
+  local v = redis.call('HGET', h, id)
   if v then return cjson.decode(v) end
   return {}
 end
--- adds x to the list in h[field] unless it is there already; answers the list's length
-local function addTo(h, field, x)
-  local list = listOf(h, field)
-  for _, y in ipairs(list) do if y == x then return #list end end
-  table.insert(list, x)
-  redis.call('HSET', h, field, cjson.encode(list))
-  return #list
+-- A task's state, rule and need, read from Redis once a script and kept here, every write of the script's
+-- written through: the tasks of a batch share their dependencies, and 450 tasks of 100 dependencies each
+-- asked Redis for the same 100 states 900 times over
+local known = {state = {}, rule = {}, need = {}}
+local function field(base, h, id)
+  local v = known[h][id]
+  if v == nil then
+    v = redis.call('HGET', base .. ':' .. h, id)
+    known[h][id] = v
+  end
+  return v
+end
+local function put(base, h, id, v)
+  redis.call('HSET', base .. ':' .. h, id, v)
+  known[h][id] = v
+end
+-- A task's satisfied dependencies, read from Redis once a script and kept here as a list and a set, and written
+-- back once, by flush, at its end: a task of 100 dependencies satisfied one by one decoded, scanned and wrote
+-- its list 100 times (a batch of 451 such tasks held Redis 860 ms, every other client waiting)
+local sats = {}
+local function satOf(base, task)
+  local c = sats[task]
+  if not c then
+    c = {list = listOf(base .. ':sat', task), has = {}, dirty = false}
+    for _, y in ipairs(c.list) do c.has[y] = true end
+    sats[task] = c
+  end
+  return c
+end
+-- adds dep to the task's satisfied dependencies unless it is there already; answers how many it has
+local function satisfy(base, task, dep)
+  local c = satOf(base, task)
+  if not c.has[dep] then
+    c.has[dep] = true
+    table.insert(c.list, dep)
+    c.dirty = true
+  end
+  return #c.list
+end
+-- the task waits no longer: its list goes, and what the script added to it is not written
+local function unsatisfy(base, task)
+  sats[task] = nil
+  redis.call('HDEL', base .. ':sat', task)
+end
+local function flush(base)
+  for task, c in pairs(sats) do
+    if c.dirty then redis.call('HSET', base .. ':sat', task, cjson.encode(c.list)) end
+  end
 end`;
 
 // Ends tasks and walks their dependents: all_success dependents of a failure end upstream_failed (and
@@ -44,19 +85,19 @@ local function walk(base, queue, ready, upstream)
   local i = 1
   while i <= #queue do
     local done = queue[i]
-    local outcome = redis.call('HGET', base .. ':state', done)
+    local outcome = field(base, 'state', done)
     for _, kid in ipairs(listOf(base .. ':kids', done)) do
-      if redis.call('HGET', base .. ':state', kid) == 'pending' then
-        local rule = redis.call('HGET', base .. ':rule', kid)
+      if field(base, 'state', kid) == 'pending' then
+        local rule = field(base, 'rule', kid)
         if outcome == 'succeeded' or rule == 'all_done' then
-          if addTo(base .. ':sat', kid, done) >= tonumber(redis.call('HGET', base .. ':need', kid)) then
-            redis.call('HSET', base .. ':state', kid, 'queued')
-            redis.call('HDEL', base .. ':sat', kid)
+          if satisfy(base, kid, done) >= tonumber(field(base, 'need', kid)) then
+            put(base, 'state', kid, 'queued')
+            unsatisfy(base, kid)
             table.insert(ready, kid)
           end
         elseif failed(outcome) then
-          redis.call('HSET', base .. ':state', kid, 'upstream_failed')
-          redis.call('HDEL', base .. ':sat', kid)
+          put(base, 'state', kid, 'upstream_failed')
+          unsatisfy(base, kid)
           table.insert(upstream, kid)
           table.insert(queue, kid)
         end
@@ -79,10 +120,10 @@ local base = KEYS[1]
 local tasks = cjson.decode(ARGV[1])
 local ready, upstream, queue, new = {}, {}, {}, {}
 for _, e in ipairs(cjson.decode(ARGV[2])) do
-  local s = redis.call('HGET', base .. ':state', e.id)
+  local s = field(base, 'state', e.id)
   if not (s == 'succeeded' or failed(s)) then
-    redis.call('HSET', base .. ':state', e.id, e.state)
-    redis.call('HDEL', base .. ':sat', e.id)
+    put(base, 'state', e.id, e.state)
+    unsatisfy(base, e.id)
     table.insert(queue, e.id)
   end
 end
@@ -90,10 +131,11 @@ end
 local kids, order = {}, {}
 for _, t in ipairs(tasks) do
   if redis.call('HSETNX', base .. ':state', t.id, 'pending') == 1 then
-    redis.call('HSET', base .. ':need', t.id, #t.deps)
-    redis.call('HSET', base .. ':rule', t.id, t.rule)
+    known.state[t.id] = 'pending'
+    put(base, 'need', t.id, #t.deps)
+    put(base, 'rule', t.id, t.rule)
     for _, d in ipairs(t.deps) do
-      local s = redis.call('HGET', base .. ':state', d)
+      local s = field(base, 'state', d)
       if not (s == 'succeeded' or failed(s)) then
         if not kids[d] then
           kids[d] = listOf(base .. ':kids', d)
@@ -109,25 +151,26 @@ for _, d in ipairs(order) do redis.call('HSET', base .. ':kids', d, cjson.encode
 -- every task given that waits, new or known (the reconciler's), is judged by its dependencies' states as
 -- they are now: one whose release the walk of an ended dependency would have made is made here
 for _, t in ipairs(tasks) do
-  if redis.call('HGET', base .. ':state', t.id) == 'pending' then
+  if field(base, 'state', t.id) == 'pending' then
     for _, d in ipairs(t.deps) do
-      local s = redis.call('HGET', base .. ':state', d)
+      local s = field(base, 'state', d)
       if s == 'succeeded' or (t.rule == 'all_done' and failed(s)) then
-        addTo(base .. ':sat', t.id, d)
-      elseif failed(s) and redis.call('HGET', base .. ':state', t.id) == 'pending' then
-        redis.call('HSET', base .. ':state', t.id, 'upstream_failed')
+        satisfy(base, t.id, d)
+      elseif failed(s) and field(base, 'state', t.id) == 'pending' then
+        put(base, 'state', t.id, 'upstream_failed')
         table.insert(upstream, t.id)
         table.insert(queue, t.id)
       end
     end
-    if redis.call('HGET', base .. ':state', t.id) == 'pending' and #listOf(base .. ':sat', t.id) >= #t.deps then
-      redis.call('HSET', base .. ':state', t.id, 'queued')
+    if field(base, 'state', t.id) == 'pending' and #satOf(base, t.id).list >= #t.deps then
+      put(base, 'state', t.id, 'queued')
       table.insert(ready, t.id)
     end
-    if redis.call('HGET', base .. ':state', t.id) ~= 'pending' then redis.call('HDEL', base .. ':sat', t.id) end
+    if field(base, 'state', t.id) ~= 'pending' then unsatisfy(base, t.id) end
   end
 end
 walk(base, queue, ready, upstream)
+flush(base)
 keep(base)
 return {ready, upstream}`;
 
@@ -136,11 +179,12 @@ return {ready, upstream}`;
 // dependents registered since are released, and a late duplicate of its run is fenced.
 const COMPLETE = `${WALK}
 local base = KEYS[1]
-local s = redis.call('HGET', base .. ':state', ARGV[1])
+local s = field(base, 'state', ARGV[1])
 if s == 'succeeded' or (s and failed(s)) then return false end
-redis.call('HSET', base .. ':state', ARGV[1], ARGV[2])
+put(base, 'state', ARGV[1], ARGV[2])
 local ready, upstream = {}, {}
 walk(base, {ARGV[1]}, ready, upstream)
+flush(base)
 keep(base)
 return {ready, upstream}`;
 

@@ -513,6 +513,9 @@ export interface GateRunRepo {
 
 export type TaskChanges = Partial<Pick<TaskRecord, 'status' | 'attempts' | 'run_ids' | 'output' | 'updated_at'>>;
 
+/** A task without its output (up to 256 KB of its steps' outputs): what its status, order, dependencies and runs need. */
+export type TaskBrief = Omit<TaskRecord, 'output'>;
+
 export interface TaskRepo {
   /**
    * Inserts a batch of tasks of one session, all or none; 'id-taken' (nothing stored) when an id is taken in
@@ -542,6 +545,10 @@ export interface TaskRepo {
   getMany(tenantId: string, sessionId: string, ids: string[]): Promise<TaskRecord[]>;
   /** Every task of a session, in creation order. */
   list(tenantId: string, sessionId: string): Promise<TaskRecord[]>;
+  /** The tasks of a session in a status, in creation order: a few among many, read through an index. */
+  listIn(tenantId: string, sessionId: string, status: TaskStatus): Promise<TaskRecord[]>;
+  /** Every task of a session without its output, in creation order: 10,000 tasks of 256 KB outputs are 2.5 GB with them. */
+  listBriefs(tenantId: string, sessionId: string): Promise<TaskBrief[]>;
   /** Applies `changes` only while the status is one of `ifStatusIn`; null when no row matched. */
   update(tenantId: string, sessionId: string, id: string, changes: TaskChanges, ifStatusIn: TaskStatus[]): Promise<TaskRecord | null>;
   /** How many of a session's tasks are in each status (statuses with none are absent). */

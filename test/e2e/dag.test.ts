@@ -589,6 +589,61 @@ describe('task DAG', function () {
     expect((await h.call<Body>('GET', `/api/v1/runs/${s.tasks[0].run_ids[0]}`)).body.steps[0].output.content).to.have.length(150 * 1024);
   });
 
+  it('keeps at most 1 MB of its dependencies’ outputs in a run’s inputs.upstream, each dependency’s status, summary and latest step kept', async () => {
+    const id = await session();
+    await fs.writeFile(path.join(h.tenantDir(), 'part.txt'), 'y'.repeat(200 * 1024));
+    const read = { tool: 'read_file' as const, args: { path: 'part.txt' } };
+    // 8 producers of 200 KB each: 1.6 MB, which each of the consumers' runs would carry whole
+    const producers = Array.from({ length: 8 }, (_, i) => ({ id: `p${i}`, steps: [read, ...sh(`echo last-${i}`)] }));
+    const consumers = Array.from({ length: 3 }, (_, i) => ({ id: `c${i}`, depends_on: producers.map((p) => p.id), steps: sh('true') }));
+    expect((await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, { body: { tasks: [...producers, ...consumers] } })).status).to.equal(201);
+    const s = await settled(id, 11);
+    expect(s.outcome).to.equal('succeeded');
+    for (const c of s.tasks.filter((t: Body) => t.id.startsWith('c'))) {
+      const upstream = (await h.call<Body>('GET', `/api/v1/runs/${c.run_ids[0]}`)).body.inputs.upstream as Body;
+      expect(Buffer.byteLength(JSON.stringify(upstream))).to.be.below(1024 * 1024);
+      expect(Object.keys(upstream).sort()).to.deep.equal(producers.map((p) => p.id));
+      producers.forEach((p, i) => {
+        expect(upstream[p.id]).to.include({ status: 'succeeded' }).and.to.have.property('summary');
+        expect(upstream[p.id].steps).to.have.length(2);
+        expect(upstream[p.id].steps[1].output.stdout).to.equal(`last-${i}\n`);
+      });
+      // what the even shares leave goes to the steps left out, in the order of depends_on: 5 reads of 200 KB fit
+      const whole = producers.filter((p) => upstream[p.id].steps[0].output?.content?.length === 200 * 1024).map((p) => p.id);
+      expect(whole).to.deep.equal(['p0', 'p1', 'p2', 'p3', 'p4']);
+      expect(upstream.p7.steps[0]).to.deep.equal({ tool: 'read_file', output: null, output_truncated: true });
+    }
+    // the producers' own outputs are whole
+    expect(s.tasks.find((t: Body) => t.id === 'p7').output.steps[0].output.content).to.have.length(200 * 1024);
+  });
+
+  it('starts the tasks one end makes ready at most 8 at a time, each holding its dependencies’ outputs, and starts them all', async () => {
+    const id = await session();
+    const consumers = Array.from({ length: 30 }, (_, i) => ({ id: `c${i}`, depends_on: ['a'], steps: sh('true') }));
+    const update = h.rt.store.tasks.update.bind(h.rt.store.tasks);
+    let starting = 0;
+    let most = 0;
+    // each start's move to queued is slowed, so the starts that overlap show: 30 at once, before
+    h.rt.store.tasks.update = async (...args: Parameters<typeof update>) => {
+      if (args[1] !== id || args[3].status !== 'queued' || args[2] === 'a') return update(...args);
+      most = Math.max(most, ++starting);
+      try {
+        await new Promise((r) => setTimeout(r, 100));
+        return await update(...args);
+      } finally {
+        starting--;
+      }
+    };
+    try {
+      const res = await h.call<Body>('POST', `/api/v1/sessions/${id}/tasks`, { body: { tasks: [{ id: 'a', steps: sh('true') }, ...consumers] } });
+      expect(res.status, res.text).to.equal(201);
+      expect((await settled(id, 31)).outcome).to.equal('succeeded');
+    } finally {
+      h.rt.store.tasks.update = update;
+    }
+    expect(most).to.be.within(2, 8);
+  });
+
   it('starts a task whose run key a client took first as an Idempotency-Key (task:<session>:<task>)', async () => {
     const id = await session();
     const taken = await h.call<Body>('POST', '/api/v1/autonomy/run', {

@@ -155,11 +155,12 @@ describe('agents of a session', function () {
       // answer B reads the tasks (the first question waiting) and is slow to go on; answer A continues the task,
       // whose next run reads both and asks again
       const tasks = h.rt.store.tasks;
-      const list = tasks.list.bind(tasks);
+      // an answer reads the waiting tasks alone
+      const list = tasks.listIn.bind(tasks);
       let held = false;
       let reached!: () => void;
       const holding = new Promise<void>((r) => (reached = r));
-      tasks.list = async (...args) => {
+      tasks.listIn = async (...args) => {
         const found = await list(...args);
         if (!held) {
           held = true;
@@ -177,7 +178,7 @@ describe('agents of a session', function () {
         await sessionWhen(h, session, (s) => s.tasks[0].status === 'input_required' && s.tasks[0].run_ids.length === 2, 'the second question');
         expect((await slow).status).to.equal(201);
       } finally {
-        tasks.list = list;
+        tasks.listIn = list;
       }
       await new Promise((r) => setTimeout(r, 500));
       const after = (await h.call<Body>('GET', `/api/v1/sessions/${session}`)).body.tasks[0];

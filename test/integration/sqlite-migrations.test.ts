@@ -46,6 +46,60 @@ describe('sqlite migrations', function () {
     }
   }
 
+  it('keeps the outputs of the tasks stored before outputs left the task’s document for a column of their own', async () => {
+    // the version whose next migration moves the outputs
+    const before = MIGRATIONS.findIndex((m) => m.includes('ALTER TABLE tasks ADD COLUMN output'));
+    expect(before).to.be.above(0);
+    const dir = await fs.mkdtemp(path.join(os.tmpdir(), 'migrate-'));
+    const file = path.join(dir, 'service.db');
+    try {
+      const old = new Database(file);
+      old.transaction(() => {
+        for (const m of MIGRATIONS.slice(0, before)) old.exec(m);
+        old.pragma(`user_version = ${before}`);
+      })();
+      const doc = (id: string, output: unknown) =>
+        JSON.stringify({
+          id,
+          tenant_id: 't1',
+          session_id: 'ses_1',
+          status: output ? 'succeeded' : 'pending',
+          run_ids: [],
+          created_at: id,
+          updated_at: id,
+          output,
+        });
+      const put = old.prepare("INSERT INTO tasks (tenant_id, session_id, id, status, created_at, updated_at, doc) VALUES ('t1', 'ses_1', ?, ?, ?, ?, ?)");
+      const output = { status: 'succeeded', steps: [{ tool: 'shell', output: { stdout: 'x'.repeat(100_000) } }] };
+      put.run('a', 'succeeded', 'a', 'a', doc('a', output));
+      put.run('b', 'pending', 'b', 'b', doc('b', null));
+      old.close();
+
+      const store = openSqliteStore(file);
+      try {
+        expect((await store.tasks.get('t1', 'ses_1', 'a'))!.output).to.deep.equal(output);
+        expect((await store.tasks.list('t1', 'ses_1')).map((t) => [t.id, t.output])).to.deep.equal([
+          ['a', output],
+          ['b', null],
+        ]);
+        expect((await store.tasks.listBriefs('t1', 'ses_1')).map((t) => [t.id, 'output' in t])).to.deep.equal([
+          ['a', false],
+          ['b', false],
+        ]);
+      } finally {
+        await store.close();
+      }
+      const db = new Database(file, { readonly: true });
+      try {
+        expect(db.prepare("SELECT json_type(doc, '$.output') AS kept FROM tasks WHERE id = 'a'").get()).to.deep.equal({ kept: null });
+      } finally {
+        db.close();
+      }
+    } finally {
+      await fs.rm(dir, { recursive: true, force: true });
+    }
+  });
+
   it('keeps the ledger payloads of a store from before they left WITHOUT ROWID, found by a unique index on the same key', async () => {
     // the version whose next migration rebuilds ledger_payloads as a rowid table
     const before = 32;

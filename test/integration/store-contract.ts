@@ -1724,6 +1724,33 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect(rest).to.have.length(1);
     });
 
+    it('lists a session’s tasks in one status, and all of them without their outputs, in creation order', async () => {
+      const at = (ms: number) => new Date(Date.UTC(2026, 0, 1) + ms).toISOString();
+      const task = (id: string, over: Partial<TaskRecord> = {}): TaskRecord =>
+        taskFixture({ id, session_id: 'ses_l', created_at: at(id.charCodeAt(0)), updated_at: at(0), ...over });
+      const output = { status: 'succeeded', steps: [{ tool: 'shell', output: { stdout: 'big' } }] };
+      await store.tasks.insertMany([
+        task('a', { status: 'input_required', output: { input_required: { message_id: 'msg_1', seq: 3 } } }),
+        task('b'),
+        task('c', { status: 'succeeded', output }),
+        task('d', { status: 'input_required', output: { input_required: { message_id: 'msg_2', seq: 4 } } }),
+        // the same status in another session and tenant: not this session's
+        task('e', { status: 'input_required', session_id: 'ses_l2' }),
+        task('f', { status: 'input_required', tenant_id: 't2' }),
+      ]);
+      const waiting = await store.tasks.listIn('t1', 'ses_l', 'input_required');
+      expect(waiting.map((t) => t.id)).to.deep.equal(['a', 'd']);
+      expect(waiting[1]!.output).to.deep.equal({ input_required: { message_id: 'msg_2', seq: 4 } });
+      expect(await store.tasks.listIn('t1', 'ses_l', 'running')).to.deep.equal([]);
+      // without outputs: every other field as list has it
+      const briefs = await store.tasks.listBriefs('t1', 'ses_l');
+      const full = await store.tasks.list('t1', 'ses_l');
+      expect(briefs.map((t) => t.id)).to.deep.equal(['a', 'b', 'c', 'd']);
+      expect(briefs.every((t) => !('output' in t))).to.equal(true);
+      expect(briefs).to.deep.equal(full.map(({ output: _, ...rest }) => rest));
+      expect((await store.tasks.listBriefs('t2', 'ses_l')).map((t) => t.id)).to.deep.equal(['f']);
+    });
+
     it('inserts a batch of tasks under a cap on what its session holds, and stores none of a batch that would pass it', async () => {
       const task = (id: string, session_id = 'ses_c') => taskFixture({ id, session_id });
       const cap = { maxHeld: 4 };

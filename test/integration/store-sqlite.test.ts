@@ -277,7 +277,7 @@ describe('SQLite store', () => {
     await store.close();
     const db = new Database(path.join(dir, 'partial.sqlite'), { readonly: true });
     const plan = (table: string) => {
-      const sql = prepared.find((q) => q.startsWith(`SELECT doc FROM ${table} WHERE`) && q.includes('status IN ('));
+      const sql = prepared.find((q) => new RegExp(`^SELECT doc(, output)? FROM ${table} WHERE`).test(q) && q.includes('status IN ('));
       expect(sql, `the reconciler's statement on ${table}`).to.be.a('string');
       // the status, the time, then the page (tasks page on by their last one): any values do for a plan
       const params = (sql!.match(/\?/g) ?? []).map((_, i, all) => (i === 0 ? 'running' : i === all.length - 1 ? 10 : '2026-01-01'));
@@ -286,6 +286,12 @@ describe('SQLite store', () => {
     expect(plan('runs')).to.contain('USING INDEX runs_live_by_created');
     expect(plan('sessions')).to.contain('USING INDEX sessions_live_by_updated');
     expect(plan('tasks')).to.contain('USING INDEX tasks_live_by_updated');
+    // a session's tasks in one status (the waiting ones a message may answer), through an index of their own
+    const inStatus = prepared.find((q) => q.includes('FROM tasks WHERE tenant_id = ? AND session_id = ? AND status = ?'));
+    expect(inStatus, 'the statement of a session’s tasks in a status').to.be.a('string');
+    expect((db.prepare(`EXPLAIN QUERY PLAN ${inStatus}`).all('t1', 'ses_1', 'input_required') as { detail: string }[]).map((r) => r.detail).join(' ')).to.match(
+      /USING (COVERING )?INDEX tasks_by_session_status/,
+    );
     // an automation's counts are kept as its runs are written, not counted from them
     expect(prepared.filter((q) => q.includes('COUNT(') && q.includes('FROM runs'))).to.deep.equal([]);
     // a run that ends leaves the index: only the live one is in it

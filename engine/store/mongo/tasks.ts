@@ -10,6 +10,8 @@ type StoredTask = Omit<TaskRecord, 'id'> & { _id: string; task_id: string };
 export const taskSchema = new Schema({ _id: String, tenant_id: { type: String, required: true }, session_id: String, task_id: String, status: String }, loose);
 taskSchema.index({ tenant_id: 1, session_id: 1, created_at: 1 });
 taskSchema.index({ status: 1, updated_at: 1, _id: 1 });
+// a session's tasks in a status (the waiting ones a message may answer), without reading the rest
+taskSchema.index({ tenant_id: 1, session_id: 1, status: 1, created_at: 1 });
 
 const keyOf = (tenantId: string, sessionId: string, id: string) => `${tenantId}:${sessionId}:${id}`;
 const toStored = (t: TaskRecord): StoredTask => {
@@ -105,6 +107,15 @@ export function taskRepo(model: Model<StoredTask>, leases: Leases, sessions: Mod
     },
     async list(tenantId, sessionId) {
       const rows = await model.find({ tenant_id: tenantId, session_id: sessionId }).sort({ created_at: 1, task_id: 1 }).lean<StoredTask[]>();
+      return rows.map((r) => fromStored(r)!);
+    },
+    async listIn(tenantId, sessionId, status) {
+      const rows = await model.find({ tenant_id: tenantId, session_id: sessionId, status }).sort({ created_at: 1, task_id: 1 }).lean<StoredTask[]>();
+      return rows.map((r) => fromStored(r)!);
+    },
+    async listBriefs(tenantId, sessionId) {
+      // the output stays in MongoDB: it is most of a task that has run
+      const rows = await model.find({ tenant_id: tenantId, session_id: sessionId }, { output: 0 }).sort({ created_at: 1, task_id: 1 }).lean<StoredTask[]>();
       return rows.map((r) => fromStored(r)!);
     },
     async update(tenantId, sessionId, id, changes, ifStatusIn) {

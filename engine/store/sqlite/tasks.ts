@@ -1,19 +1,35 @@
 // The tasks of multi-agent sessions, keyed by tenant, session and the task's own id.
 import type { TaskRecord, TaskStatus } from '../../platform/index.js';
-import type { CappedInsert, TaskRepo } from '../port.js';
+import type { CappedInsert, TaskBrief, TaskRepo } from '../port.js';
 import { groupCommit, type Db } from './db.js';
 
+type Row = { doc: string; output: string | null };
+
+/** A task as its row keeps it: the document without the output, and the output. */
+const stored = (t: TaskRecord): [string, string | null] => {
+  const { output, ...doc } = t;
+  return [JSON.stringify(doc), output === null || output === undefined ? null : JSON.stringify(output)];
+};
+
 export function taskRepo(db: Db): TaskRepo {
-  const insert = db.prepare('INSERT INTO tasks (tenant_id, session_id, id, status, created_at, updated_at, doc) VALUES (?, ?, ?, ?, ?, ?, ?)');
-  const get = db.prepare<[string, string, string], { doc: string }>('SELECT doc FROM tasks WHERE tenant_id = ? AND session_id = ? AND id = ?');
-  const list = db.prepare<[string, string], { doc: string }>('SELECT doc FROM tasks WHERE tenant_id = ? AND session_id = ? ORDER BY created_at, id');
-  const some = db.prepare<[string, string, string], { doc: string }>(
-    'SELECT doc FROM tasks WHERE tenant_id = ? AND session_id = ? AND id IN (SELECT value FROM json_each(?)) ORDER BY created_at, id',
+  // a task's output (up to 256 KB) is a column of its own, the row's last: a read of the document alone stops before it
+  const insert = db.prepare('INSERT INTO tasks (tenant_id, session_id, id, status, created_at, updated_at, doc, output) VALUES (?, ?, ?, ?, ?, ?, ?, ?)');
+  const get = db.prepare<[string, string, string], Row>('SELECT doc, output FROM tasks WHERE tenant_id = ? AND session_id = ? AND id = ?');
+  const list = db.prepare<[string, string], Row>('SELECT doc, output FROM tasks WHERE tenant_id = ? AND session_id = ? ORDER BY created_at, id');
+  // through tasks_by_session_status (an IN list of statuses made SQLite walk the session's rows instead): the few
+  // tasks in a status, not every task of the session, documents and all
+  const listIn = db.prepare<[string, string, string], Row>(
+    'SELECT doc, output FROM tasks WHERE tenant_id = ? AND session_id = ? AND status = ? ORDER BY created_at, id',
   );
-  const write = db.prepare('UPDATE tasks SET status = ?, updated_at = ?, doc = ? WHERE tenant_id = ? AND session_id = ? AND id = ?');
-  const stale = db.prepare<[string, string, string, string, string, string, number], { doc: string }>(
+  // the output column is not read: its pages are not even loaded
+  const briefs = db.prepare<[string, string], { doc: string }>('SELECT doc FROM tasks WHERE tenant_id = ? AND session_id = ? ORDER BY created_at, id');
+  const some = db.prepare<[string, string, string], Row>(
+    'SELECT doc, output FROM tasks WHERE tenant_id = ? AND session_id = ? AND id IN (SELECT value FROM json_each(?)) ORDER BY created_at, id',
+  );
+  const write = db.prepare('UPDATE tasks SET status = ?, updated_at = ?, doc = ?, output = ? WHERE tenant_id = ? AND session_id = ? AND id = ?');
+  const stale = db.prepare<[string, string, string, string, string, string, number], Row>(
     // the partial index's condition, word for word, so that SQLite uses it
-    `SELECT doc FROM tasks WHERE status IN ('pending', 'queued', 'running', 'input_required') AND status = ? AND updated_at < ? AND (updated_at, tenant_id, session_id, id) > (?, ?, ?, ?)
+    `SELECT doc, output FROM tasks WHERE status IN ('pending', 'queued', 'running', 'input_required') AND status = ? AND updated_at < ? AND (updated_at, tenant_id, session_id, id) > (?, ?, ?, ?)
      ORDER BY updated_at, tenant_id, session_id, id LIMIT ?`,
   );
   const counts = db.prepare<[string, string], { status: TaskStatus; n: number }>(
@@ -27,7 +43,13 @@ export function taskRepo(db: Db): TaskRepo {
     `UPDATE sessions SET doc = json_set(doc, '$.outcome', NULL, '$.updated_at', ?)
      WHERE tenant_id = ? AND id = ? AND status <> 'archived' AND json_extract(doc, '$.outcome') IS NOT NULL`,
   );
-  const read = (row: { doc: string } | undefined): TaskRecord | null => (row ? (JSON.parse(row.doc) as TaskRecord) : null);
+  const read = (row: Row | undefined): TaskRecord | null => {
+    if (!row) return null;
+    const task = JSON.parse(row.doc) as TaskRecord;
+    // a document that holds its output (a row written by hand) keeps it when the column has none
+    if (row.output !== null || task.output === undefined) task.output = row.output === null ? null : (JSON.parse(row.output) as TaskRecord['output']);
+    return task;
+  };
   // writes go in the store's group commit: the writes of one turn of the event loop share a commit
   const commit = groupCommit(db);
   // the session's status and the count are read inside the write's IMMEDIATE transaction: no other write, of
@@ -40,7 +62,7 @@ export function taskRepo(db: Db): TaskRepo {
       if (n + tasks.length > cap.maxHeld) return 'over-cap';
       tasks.forEach((t, i) => (t.position = n + 1 + i));
     }
-    for (const t of tasks) insert.run(t.tenant_id, t.session_id, t.id, t.status, t.created_at, t.updated_at, JSON.stringify(t));
+    for (const t of tasks) insert.run(t.tenant_id, t.session_id, t.id, t.status, t.created_at, t.updated_at, ...stored(t));
     if (cap?.reopenAt && first && reopen.run(cap.reopenAt, first.tenant_id, first.session_id).changes) return 'reopened';
     return 'inserted';
   };
@@ -48,7 +70,7 @@ export function taskRepo(db: Db): TaskRepo {
     const current = read(get.get(tenantId, sessionId, id));
     if (!current || !ifStatusIn.includes(current.status)) return null;
     const next: TaskRecord = { ...current, ...changes, id, tenant_id: tenantId, session_id: sessionId, created_at: current.created_at };
-    write.run(next.status, next.updated_at, JSON.stringify(next), tenantId, sessionId, id);
+    write.run(next.status, next.updated_at, ...stored(next), tenantId, sessionId, id);
     return next;
   };
   return {
@@ -69,6 +91,15 @@ export function taskRepo(db: Db): TaskRepo {
     },
     async list(tenantId, sessionId) {
       return list.all(tenantId, sessionId).map((r) => read(r)!);
+    },
+    async listIn(tenantId, sessionId, status) {
+      return listIn.all(tenantId, sessionId, status).map((r) => read(r)!);
+    },
+    async listBriefs(tenantId, sessionId) {
+      return briefs.all(tenantId, sessionId).map((r) => {
+        const { output: _, ...brief } = JSON.parse(r.doc) as TaskRecord;
+        return brief as TaskBrief;
+      });
     },
     async update(tenantId, sessionId, id, changes, ifStatusIn) {
       return commit(() => update(tenantId, sessionId, id, changes, ifStatusIn));
