@@ -341,6 +341,12 @@ describe('SQLite store', () => {
       await store.runs.list('t1', { automation_id: 'aut_1', status: 'queued', limit: 1 });
       await store.runs.list('t1', { session_id: 'ses_1', status: 'running', limit: 1 });
       await store.sessions.list('t1', { kind: 'multi_agent', limit: 1 });
+      // ended statuses and kinds: a session's, an automation's or a kind's runs by their own index, not the tenant's status index
+      await store.runs.list('t1', { session_id: 'ses_1', status: 'succeeded', limit: 1 });
+      await store.runs.list('t1', { kind: 'vibe', status: 'failed', limit: 1 });
+      await store.runs.list('t1', { kind: 'vibe', limit: 1 });
+      await store.sessions.list('t1', { kind: 'vibe', limit: 1 });
+      await store.runs.prune('run_~', '2026-01-01T00:00:00.000Z', 10);
       await store.gateRuns.list('t1', { workspace: 'app', limit: 1 });
       await store.gateRuns.latestResults('t1', 'app');
       await store.close();
@@ -368,6 +374,18 @@ describe('SQLite store', () => {
       expect(plan(runsWhere('status', 'session_id'), ['t1', 'running', 'ses_1', '~', 2])).to.contain('USING INDEX runs_by_tenant_status');
       expect(plan((q) => q.startsWith('SELECT doc FROM sessions') && q.includes('kind = ?'), ['t1', 'multi_agent', '~', 2])).to.contain(
         'USING INDEX sessions_multi_agent',
+      );
+      // the last prepared of each shape is the ended status's (the live one's came first)
+      const last = (needle: (sql: string) => boolean) => (q: string) => q === prepared.filter(needle).at(-1);
+      expect(plan(last(runsWhere('status', 'session_id')), ['t1', 'succeeded', 'ses_1', '~', 2])).to.contain('USING INDEX runs_by_session');
+      expect(plan(runsWhere('kind', 'status'), ['t1', 'vibe', 'failed', '~', 2])).to.contain('USING INDEX runs_by_tenant_kind');
+      expect(plan(runsWhere('kind'), ['t1', 'vibe', '~', 2])).to.contain('USING INDEX runs_by_tenant_kind');
+      expect(
+        plan((q) => q.startsWith('SELECT doc FROM sessions') && q.includes('kind = ?') && !q.includes("'multi_agent'"), ['t1', 'vibe', '~', 2]),
+      ).to.contain('USING INDEX sessions_by_tenant_kind');
+      // the prune walks the runs it may delete, not the task runs and live runs it keeps
+      expect(plan((q) => q.startsWith('SELECT id, tenant_id, kind, session_id FROM runs'), ['run_~', '2026-01-01', 10])).to.contain(
+        'USING INDEX runs_prunable',
       );
       expect(plan((q) => q.startsWith('SELECT doc FROM gate_runs') && q.includes('workspace = ?'), ['t1', 'app', '~', 2])).to.contain(
         'USING INDEX gate_runs_by_workspace (tenant_id=? AND workspace=? AND id<?)',

@@ -23,6 +23,8 @@ runSchema.index({ tenant_id: 1, kind: 1, finished_at: -1 });
 runSchema.index({ status: 1, created_at: 1, _id: 1 });
 runSchema.index({ tenant_id: 1, _id: -1 });
 runSchema.index({ tenant_id: 1, status: 1, _id: -1 });
+// a page of one kind of the tenant's runs without walking the others (as SQLite's runs_by_tenant_kind)
+runSchema.index({ tenant_id: 1, kind: 1, _id: -1 });
 
 /** A step record or an agent turn of one attempt: `_id` is run, attempt and index. */
 type AttemptRow<T> = { _id: string; tenant_id: string; run_id: string; attempt: number; idx: number; doc: T };

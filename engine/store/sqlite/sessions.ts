@@ -48,18 +48,21 @@ export function sessionRepo(db: Db): SessionRepo {
     'DELETE FROM sessions WHERE tenant_id = @tenant AND id = @session',
   ].map((sql) => db.prepare(sql));
   const listStatements = new Map<string, Statement<unknown[], { doc: string }>>();
-  const listStatement = (status: boolean, kind: boolean, multiAgent: boolean) => {
-    const shape = `${status}:${kind}:${multiAgent}`;
+  const listStatement = (status: boolean, kind: boolean, multiAgent: boolean, byKind: boolean) => {
+    const shape = `${status}:${kind}:${multiAgent}:${byKind}`;
     let stmt = listStatements.get(shape);
     if (!stmt) {
       // the multi-agent sessions by their partial index, whose condition is said word for word (SQLite uses it only then)
       const where = [
         'tenant_id = ?',
         status ? 'status = ?' : "status <> 'archived'",
-        ...(kind ? [multiAgent ? "kind = 'multi_agent' AND kind = ?" : 'kind = ?'] : []),
+        ...(kind ? [multiAgent ? "kind = 'multi_agent' AND kind = ?" : byKind ? "kind <> 'autonomy' AND kind = ?" : 'kind = ?'] : []),
         'id < ?',
       ];
-      stmt = db.prepare<unknown[], { doc: string }>(`SELECT doc FROM sessions WHERE ${where.join(' AND ')} ORDER BY id DESC LIMIT ?`);
+      // a kind of few sessions (vibe) by the tenant's kind index, whose condition is said word for word: SQLite read
+      // every session of the tenant to find them (`?kind=vibe` among 100,000 autonomy sessions: 167 ms)
+      const from = byKind ? 'sessions INDEXED BY sessions_by_tenant_kind' : 'sessions';
+      stmt = db.prepare<unknown[], { doc: string }>(`SELECT doc FROM ${from} WHERE ${where.join(' AND ')} ORDER BY id DESC LIMIT ?`);
       listStatements.set(shape, stmt);
     }
     return stmt;
@@ -84,7 +87,12 @@ export function sessionRepo(db: Db): SessionRepo {
     },
     async list(tenantId, q) {
       const params = [tenantId, ...(q.status ? [q.status] : []), ...(q.kind ? [q.kind] : []), decodeCursor(q.cursor, 'sessions') ?? TOP, q.limit + 1];
-      const rows = listStatement(Boolean(q.status), Boolean(q.kind), q.kind === 'multi_agent').all(...params);
+      // a status a session leaves (running, waiting, paused) is held by few: its index is the narrower then
+      const live = q.status === 'running' || q.status === 'waiting' || q.status === 'paused';
+      const multiAgent = q.kind === 'multi_agent';
+      const rows = listStatement(Boolean(q.status), Boolean(q.kind), multiAgent, Boolean(q.kind) && !multiAgent && q.kind !== 'autonomy' && !live).all(
+        ...params,
+      );
       return toPage(
         rows.map((r) => read(r)!),
         q.limit,
