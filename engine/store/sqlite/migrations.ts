@@ -484,3 +484,9 @@ MIGRATIONS.push(`
   CREATE INDEX runs_by_tenant_kind ON runs (tenant_id, kind, id);
   CREATE INDEX sessions_by_tenant_kind ON sessions (tenant_id, kind, id) WHERE kind <> 'autonomy';
 `);
+// The reconciler pages through stale runs by (created_at, id): with the id in the index a page is read in its order
+// (runs made in the same millisecond were sorted in a temporary tree: 50,000 of them, 111 ms a page).
+MIGRATIONS.push(`
+  DROP INDEX runs_live_by_created;
+  CREATE INDEX runs_live_by_created ON runs (status, created_at, id) WHERE status IN ('queued', 'running');
+`);
