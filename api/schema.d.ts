@@ -804,7 +804,11 @@ export interface paths {
         };
         /**
          * List tasks in DAG order
-         * @description Every task after its dependencies; tasks ready together in the order they were created.
+         * @description Every task after its dependencies; tasks ready together in the order they were created. A page of `limit`
+         *     tasks (default 100, at most 500) with their outputs; `next_cursor` reads on from the last task of the
+         *     page. A task added while the pages are read may come before the cursor (the order of the tasks read
+         *     stays as it was): a session of 10,000 tasks with 256 KB outputs each is 2.5 GB, which one answer cannot
+         *     carry.
          */
         get: operations["listSessionTasks"];
         put?: never;
@@ -2557,7 +2561,10 @@ export interface components {
             };
             task_counts: components["schemas"]["TaskCounts"];
             agents: components["schemas"]["Agent"][];
-            /** @description In DAG order. */
+            /**
+             * @description In DAG order, each with its output's summary only (its status, summary, error, usage, the question it
+             *     waits on and its run; not its result nor its steps' outputs, which `GET .../tasks` pages through).
+             */
             tasks: components["schemas"]["Task"][];
             /** @description The latest runs of the session, newest first. */
             runs: components["schemas"]["Run"][];
@@ -2680,6 +2687,10 @@ export interface components {
         };
         TaskList: {
             data: components["schemas"]["Task"][];
+        };
+        TaskPage: {
+            data: components["schemas"]["Task"][];
+            next_cursor: string | null;
         };
         MessagePart: {
             /** @enum {string} */
@@ -5013,7 +5024,12 @@ export interface operations {
     };
     listSessionTasks: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description Tasks per page. */
+                limit?: number;
+                /** @description The `next_cursor` of the previous page. */
+                cursor?: components["parameters"]["Cursor"];
+            };
             header?: never;
             path: {
                 /** @description The session's id. */
@@ -5023,13 +5039,13 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description The tasks. */
+            /** @description A page of the tasks. */
             200: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": components["schemas"]["TaskList"];
+                    "application/json": components["schemas"]["TaskPage"];
                 };
             };
             400: components["responses"]["BadRequest"];

@@ -63,7 +63,8 @@ export function sessionsRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
   });
 
   router.get('/:id/tasks', async (req, res) => {
-    res.json({ data: await sessions.tasks(tenantOf(req), idOf(req)) });
+    const page = await sessions.tasks(tenantOf(req), idOf(req), req.query as { limit?: number; cursor?: string });
+    res.json({ data: page.items, next_cursor: page.next_cursor });
   });
 
   router.post('/:id/tasks', async (req, res) => {

@@ -21,12 +21,14 @@ import {
   type Session,
   type SessionOutcome,
   type SessionStatus,
+  type TaskRecord,
   type TaskStatus,
   type ToolName,
 } from '../platform/index.js';
 import { allowlistOf, budgetTooLong, type RunLimits, type Runs, type ToolPolicy } from '../runs/index.js';
-import type { AgentMembers, NewMessage, SessionQuery } from '../store/index.js';
+import { decodeCursor, encodeCursor, type AgentMembers, type NewMessage, type Page, type SessionQuery } from '../store/index.js';
 import { ToolError, type SessionActions } from '../tools/index.js';
+import { dagOrder } from './dag.js';
 import { dagStateOf } from './dag-state.js';
 import { assertMultiAgent, longer, TASK_LIMITS, tasksOf, type TaskInput } from './tasks.js';
 
@@ -273,12 +275,16 @@ export function sessionsOf(deps: SessionsDeps) {
 
     view: withCounts,
 
-    /** The session with its agents, its tasks in DAG order, their counts by status, and its latest runs. */
+    /**
+     * The session with its agents, its tasks in DAG order (each with its output's summary, not its result and steps:
+     * 400 tasks of 256 KB outputs made one answer of 104 MB, and the cap of 10,000 one the process could not hold),
+     * their counts by status, and its latest runs.
+     */
     async detail(tenantId: string, id: string) {
       const session = await mustGet(tenantId, id);
       const [agents, all, latest] = await Promise.all([
         store.agents.list(tenantId, id),
-        tasks.list(tenantId, id),
+        store.tasks.listSummaries(tenantId, id).then(dagOrder),
         store.runs.list(tenantId, { session_id: id, limit: 10 }),
       ]);
       return { ...session, task_counts: tasks.countsOf(all), usage: tasks.usageOf(all), agents, tasks: all, runs: latest.items };
@@ -427,9 +433,24 @@ export function sessionsOf(deps: SessionsDeps) {
       return tasks.add(session, inputs);
     },
 
-    async tasks(tenantId: string, sessionId: string) {
+    /**
+     * A page of the session's tasks in DAG order, with their outputs: the order from every task without its output,
+     * then the outputs of the page's tasks alone. The cursor names the page's last task; the next page is what
+     * follows it in the order as it is then (a task added since keeps the order of those read before).
+     */
+    async tasks(tenantId: string, sessionId: string, q: { limit?: number; cursor?: string } = {}): Promise<Page<TaskRecord>> {
       await mustGet(tenantId, sessionId);
-      return tasks.list(tenantId, sessionId);
+      const limit = q.limit ?? 100;
+      const order = dagOrder(await store.tasks.listBriefs(tenantId, sessionId));
+      const after = decodeCursor(q.cursor, 'tasks');
+      const from = after === undefined ? 0 : order.findIndex((t) => t.id === after) + 1;
+      // a cursor of a task this session does not have (another session's): no page of this one
+      if (after !== undefined && from === 0)
+        throw new ValidationError('not a cursor of this session’s tasks', [{ path: '/query/cursor', message: 'not a cursor of this list' }]);
+      const ids = order.slice(from, from + limit).map((t) => t.id);
+      const byId = new Map((await store.tasks.getMany(tenantId, sessionId, ids)).map((t) => [t.id, t]));
+      const items = ids.flatMap((id) => byId.get(id) ?? []);
+      return { items, next_cursor: from + limit < order.length && items.length ? encodeCursor(items.at(-1)!.id, 'tasks') : null };
     },
 
     /**

@@ -27,7 +27,7 @@ import {
   type TriggerRule,
 } from '../platform/index.js';
 import { allowlistOf, requireAgentFor, serviceKey, type Runs, type StartVerdict, type ToolPolicy } from '../runs/index.js';
-import { dagErrors, dagOrder } from './dag.js';
+import { dagErrors } from './dag.js';
 import type { DagState } from './dag-state.js';
 import type { TaskBrief } from '../store/index.js';
 
@@ -759,11 +759,6 @@ export function tasksOf(deps: TasksDeps) {
         ).map((t) => [t.id, t]),
       );
       return records.map((t) => stored.get(t.id)!);
-    },
-
-    /** Every task of a session in DAG order (topological, ties by creation). */
-    async list(tenantId: string, sessionId: string): Promise<TaskRecord[]> {
-      return dagOrder(await store.tasks.list(tenantId, sessionId));
     },
 
     resume,

@@ -549,6 +549,11 @@ export interface TaskRepo {
   listIn(tenantId: string, sessionId: string, status: TaskStatus): Promise<TaskRecord[]>;
   /** Every task of a session without its output, in creation order: 10,000 tasks of 256 KB outputs are 2.5 GB with them. */
   listBriefs(tenantId: string, sessionId: string): Promise<TaskBrief[]>;
+  /**
+   * Every task of a session, in creation order, its output without its `result` and `steps` (what is left: its
+   * status, summary, error, usage, the question it waits on, its run): a session's detail, a few KB a task.
+   */
+  listSummaries(tenantId: string, sessionId: string): Promise<TaskRecord[]>;
   /** Applies `changes` only while the status is one of `ifStatusIn`; null when no row matched. */
   update(tenantId: string, sessionId: string, id: string, changes: TaskChanges, ifStatusIn: TaskStatus[]): Promise<TaskRecord | null>;
   /** How many of a session's tasks are in each status (statuses with none are absent). */

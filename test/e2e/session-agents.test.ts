@@ -260,7 +260,9 @@ describe('agents of a session', function () {
       expect(answered.status).to.equal(201);
       const done = await sessionWhen(h, session, (s) => s.outcome !== null, 'both tasks to end');
       expect(done.outcome).to.equal('succeeded');
-      const [look, after] = done.tasks;
+      // with their outputs whole (the detail has their summaries)
+      const [look, after] = (await h.call<Body>('GET', `/api/v1/sessions/${session}/tasks`)).body.data;
+      expect(done.tasks.map((t: Body) => t.id)).to.deep.equal([look.id, after.id]);
       expect(look.run_ids).to.have.length(2);
       expect(look.output.steps.map((st: Body) => st.tool)).to.deep.equal(['list_files']);
       expect(look.output.result.final_answer).to.equal('Done with the first.');
@@ -316,7 +318,8 @@ describe('agents of a session', function () {
       expect(t.status).to.equal('succeeded');
       expect(t.run_ids).to.have.length(2);
       expect(t.attempts).to.equal(2);
-      expect(t.output.result.final_answer).to.equal('Deployed to main.');
+      const whole = (await h.call<Body>('GET', `/api/v1/sessions/${session}/tasks`)).body.data[0];
+      expect(whole.output.result.final_answer).to.equal('Deployed to main.');
       // the tokens of both runs: two model calls of 10 prompt tokens each
       expect(t.output.usage).to.deep.include({ model_turns: 2, prompt_tokens: 20, completion_tokens: 10 });
       expect(done.usage).to.deep.equal({ prompt_tokens: 20, completion_tokens: 10 });

@@ -114,4 +114,54 @@ describe('the costs of a large session', function () {
     expect((await h.call<Body>('DELETE', `/api/v1/sessions/${s.id}`)).body).to.deep.include({ status: 'archived', outcome: 'succeeded' });
     expect((await h.rt.store.tasks.get(s.tenant_id, s.id, 'big-7'))!.output).to.deep.equal(output);
   });
+
+  it('answers a session of 300 tasks of 256 KB outputs with their summaries, and pages through the tasks with their outputs', async () => {
+    const s = await session();
+    const output = (i: number) => ({
+      status: 'succeeded',
+      summary: `done ${i}`,
+      usage: { steps: 1, model_turns: 0, seconds: 0, prompt_tokens: 2, completion_tokens: 1 },
+      result: { final_answer: 'x'.repeat(1000) },
+      steps: Array.from({ length: 64 }, (_, k) => ({ tool: 'shell', output: { stdout: `${k}`.repeat(4000) } })),
+    });
+    // a chain through every tenth task, the rest on their own: DAG order is not creation order
+    const tasks = Array.from({ length: 300 }, (_, i) =>
+      stored(s, `t${String(i).padStart(3, '0')}`, {
+        status: 'succeeded',
+        output: output(i),
+        position: i + 1,
+        depends_on: i % 10 === 0 && i ? [`t${String(i - 10).padStart(3, '0')}`] : [],
+      }),
+    );
+    for (let i = 0; i < tasks.length; i += 50) await h.rt.store.tasks.insertMany(tasks.slice(i, i + 50));
+    const detail = await h.call<Body>('GET', `/api/v1/sessions/${s.id}`);
+    expect(detail.status, detail.text).to.equal(200);
+    // 77 MB of outputs made an answer of 78 MB; the summaries are a few KB
+    expect(detail.text.length, 'the detail’s size').to.be.below(500_000);
+    expect(detail.body.tasks[5].output).to.deep.equal({ status: 'succeeded', summary: 'done 5', usage: output(5).usage });
+    expect(detail.body.usage).to.deep.equal({ prompt_tokens: 600, completion_tokens: 300 });
+    // the pages, 100 tasks each by default, are the detail's DAG order, each task once, with its whole output
+    const order = detail.body.tasks.map((t: Body) => t.id);
+    const read: Body[] = [];
+    let cursor: string | null = null;
+    do {
+      const page: { status: number; text: string; body: Body } = await h.call<Body>(
+        'GET',
+        `/api/v1/sessions/${s.id}/tasks${cursor ? `?cursor=${cursor}` : ''}`,
+      );
+      expect(page.status, page.text).to.equal(200);
+      expect(page.body.data.length).to.be.at.most(100);
+      read.push(...page.body.data);
+      cursor = page.body.next_cursor;
+    } while (cursor);
+    expect(read.map((t) => t.id)).to.deep.equal(order);
+    expect(read[42]!.output).to.deep.equal(output(Number(read[42]!.id.slice(1))));
+    const small = await h.call<Body>('GET', `/api/v1/sessions/${s.id}/tasks?limit=7`);
+    expect(small.body.data.map((t: Body) => t.id)).to.deep.equal(order.slice(0, 7));
+    // a cursor of another session's tasks, or a limit past 500: refused
+    const other = await session();
+    const foreign = await h.call<Body>('GET', `/api/v1/sessions/${other.id}/tasks?cursor=${small.body.next_cursor}`);
+    expect(foreign.status, foreign.text).to.equal(400);
+    expect((await h.call<Body>('GET', `/api/v1/sessions/${s.id}/tasks?limit=501`)).status).to.equal(400);
+  });
 });

@@ -631,10 +631,10 @@ describe('email to task (the session tool)', function () {
       expect(step.status, JSON.stringify(task).slice(0, 80)).to.equal('failed');
       expect(step.error.code).to.equal('task-graph-invalid');
     }
-    expect((await h.call<Body>('GET', `/api/v1/sessions/${session.id}/tasks`)).body.data).to.have.length(150);
+    expect((await h.call<Body>('GET', `/api/v1/sessions/${session.id}/tasks?limit=500`)).body.data).to.have.length(150);
     // within them, it is added
     expect((await viaTool({ depends_on: parents.slice(0, 100).map((p) => p.id) })).status).to.equal('succeeded');
-    expect((await h.call<Body>('GET', `/api/v1/sessions/${session.id}/tasks`)).body.data).to.have.length(151);
+    expect((await h.call<Body>('GET', `/api/v1/sessions/${session.id}/tasks?limit=500`)).body.data).to.have.length(151);
     // and a message it posts, to the API's 100,000 characters a text
     const post = async (text: string) => {
       const step = { tool: 'session', args: { action: 'post_message', session_id: session.id, message: { text } } };

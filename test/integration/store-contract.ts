@@ -1749,6 +1749,24 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
       expect(briefs.every((t) => !('output' in t))).to.equal(true);
       expect(briefs).to.deep.equal(full.map(({ output: _, ...rest }) => rest));
       expect((await store.tasks.listBriefs('t2', 'ses_l')).map((t) => t.id)).to.deep.equal(['f']);
+      // with the output's summary: all but its result and steps
+      const big = {
+        status: 'succeeded',
+        summary: 'done',
+        usage: { steps: 1 },
+        result: { final_answer: 'x'.repeat(1000) },
+        steps: [{ tool: 'shell', output: 'y' }],
+      };
+      await store.tasks.update('t1', 'ses_l', 'b', { status: 'succeeded', output: big }, ['pending']);
+      const summaries = await store.tasks.listSummaries('t1', 'ses_l');
+      expect(summaries.map((t) => t.id)).to.deep.equal(['a', 'b', 'c', 'd']);
+      expect(summaries.map((t) => t.output)).to.deep.equal([
+        { input_required: { message_id: 'msg_1', seq: 3 } },
+        { status: 'succeeded', summary: 'done', usage: { steps: 1 } },
+        { status: 'succeeded' },
+        { input_required: { message_id: 'msg_2', seq: 4 } },
+      ]);
+      expect(summaries.map(({ output: _, ...rest }) => rest)).to.deep.equal(await store.tasks.listBriefs('t1', 'ses_l'));
     });
 
     it('inserts a batch of tasks under a cap on what its session holds, and stores none of a batch that would pass it', async () => {

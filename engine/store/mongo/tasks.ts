@@ -113,6 +113,13 @@ export function taskRepo(model: Model<StoredTask>, leases: Leases, sessions: Mod
       const rows = await model.find({ tenant_id: tenantId, session_id: sessionId, status }).sort({ created_at: 1, task_id: 1 }).lean<StoredTask[]>();
       return rows.map((r) => fromStored(r)!);
     },
+    async listSummaries(tenantId, sessionId) {
+      const rows = await model
+        .find({ tenant_id: tenantId, session_id: sessionId }, { 'output.result': 0, 'output.steps': 0 })
+        .sort({ created_at: 1, task_id: 1 })
+        .lean<StoredTask[]>();
+      return rows.map((r) => fromStored(r)!);
+    },
     async listBriefs(tenantId, sessionId) {
       // the output stays in MongoDB: it is most of a task that has run
       const rows = await model.find({ tenant_id: tenantId, session_id: sessionId }, { output: 0 }).sort({ created_at: 1, task_id: 1 }).lean<StoredTask[]>();

@@ -21,6 +21,10 @@ export function taskRepo(db: Db): TaskRepo {
   const listIn = db.prepare<[string, string, string], Row>(
     'SELECT doc, output FROM tasks WHERE tenant_id = ? AND session_id = ? AND status = ? ORDER BY created_at, id',
   );
+  // the output without what makes it large, cut in SQLite: its result and steps never reach the process
+  const summaries = db.prepare<[string, string], Row>(
+    "SELECT doc, json_remove(output, '$.result', '$.steps') AS output FROM tasks WHERE tenant_id = ? AND session_id = ? ORDER BY created_at, id",
+  );
   // the output column is not read: its pages are not even loaded
   const briefs = db.prepare<[string, string], { doc: string }>('SELECT doc FROM tasks WHERE tenant_id = ? AND session_id = ? ORDER BY created_at, id');
   const some = db.prepare<[string, string, string], Row>(
@@ -94,6 +98,9 @@ export function taskRepo(db: Db): TaskRepo {
     },
     async listIn(tenantId, sessionId, status) {
       return listIn.all(tenantId, sessionId, status).map((r) => read(r)!);
+    },
+    async listSummaries(tenantId, sessionId) {
+      return summaries.all(tenantId, sessionId).map((r) => read(r)!);
     },
     async listBriefs(tenantId, sessionId) {
       return briefs.all(tenantId, sessionId).map((r) => {
