@@ -73,6 +73,11 @@ describe('sqlite migrations', function () {
       const output = { status: 'succeeded', steps: [{ tool: 'shell', output: { stdout: 'x'.repeat(100_000) } }] };
       put.run('a', 'succeeded', 'a', 'a', doc('a', output));
       put.run('b', 'pending', 'b', 'b', doc('b', null));
+      // an output nested deeper than SQLite's JSON functions read (a tool's answer): it stays in its document
+      let deep: unknown = 'bottom';
+      for (let i = 0; i < 1100; i++) deep = [deep];
+      const nested = { status: 'succeeded', steps: [{ tool: 'http', output: deep }] };
+      put.run('c', 'succeeded', 'c', 'c', doc('c', nested));
       old.close();
 
       const store = openSqliteStore(file);
@@ -81,11 +86,15 @@ describe('sqlite migrations', function () {
         expect((await store.tasks.list('t1', 'ses_1')).map((t) => [t.id, t.output])).to.deep.equal([
           ['a', output],
           ['b', null],
+          ['c', nested],
         ]);
         expect((await store.tasks.listBriefs('t1', 'ses_1')).map((t) => [t.id, 'output' in t])).to.deep.equal([
           ['a', false],
           ['b', false],
+          ['c', false],
         ]);
+        // its summary is read as none, not a failure of the whole list
+        expect((await store.tasks.listSummaries('t1', 'ses_1')).map((t) => t.output)).to.deep.equal([{ status: 'succeeded' }, null, { status: 'succeeded' }]);
       } finally {
         await store.close();
       }

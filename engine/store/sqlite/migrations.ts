@@ -466,11 +466,14 @@ MIGRATIONS.push(`
 `);
 // A task's output (up to 256 KB of its steps' outputs) leaves its document for a column of its own, the row's last: a
 // resume or an archive reads every task of its session for its status and runs, and read their outputs too (400
-// tasks: 100 MB; at the 10,000-task cap, 2.5 GB).
+// tasks: 100 MB; at the 10,000-task cap, 2.5 GB). A document SQLite's JSON functions refuse (nested over 1,000
+// deep: a step's output is what a tool or a provider answered) keeps its output where it is, which a read takes
+// as well: one such row failed the whole migration, and the store did not open.
 MIGRATIONS.push(`
   ALTER TABLE tasks ADD COLUMN output TEXT;
   UPDATE tasks SET output = CASE WHEN json_type(doc, '$.output') IN ('object', 'array') THEN json_extract(doc, '$.output') END,
-    doc = json_remove(doc, '$.output');
+    doc = json_remove(doc, '$.output')
+  WHERE json_valid(doc);
 `);
 // The runs a prune may delete, alone in an index: it walked every old run from the oldest, those it keeps too (a
 // multi-agent session's task runs, kept with their session; runs still queued or running), at each reconciler

@@ -21,9 +21,11 @@ export function taskRepo(db: Db): TaskRepo {
   const listIn = db.prepare<[string, string, string], Row>(
     'SELECT doc, output FROM tasks WHERE tenant_id = ? AND session_id = ? AND status = ? ORDER BY created_at, id',
   );
-  // the output without what makes it large, cut in SQLite: its result and steps never reach the process
+  // the output without what makes it large, cut in SQLite: its result and steps never reach the process (an output
+  // SQLite's JSON functions refuse, nested over 1,000 deep, gives none rather than fail the whole list)
   const summaries = db.prepare<[string, string], Row>(
-    "SELECT doc, json_remove(output, '$.result', '$.steps') AS output FROM tasks WHERE tenant_id = ? AND session_id = ? ORDER BY created_at, id",
+    `SELECT doc, CASE WHEN json_valid(output) THEN json_remove(output, '$.result', '$.steps') END AS output
+     FROM tasks WHERE tenant_id = ? AND session_id = ? ORDER BY created_at, id`,
   );
   // the output column is not read: its pages are not even loaded
   const briefs = db.prepare<[string, string], { doc: string }>('SELECT doc FROM tasks WHERE tenant_id = ? AND session_id = ? ORDER BY created_at, id');
@@ -100,7 +102,15 @@ export function taskRepo(db: Db): TaskRepo {
       return listIn.all(tenantId, sessionId, status).map((r) => read(r)!);
     },
     async listSummaries(tenantId, sessionId) {
-      return summaries.all(tenantId, sessionId).map((r) => read(r)!);
+      return summaries.all(tenantId, sessionId).map((r) => {
+        const task = read(r)!;
+        // a row whose output stayed in its document (see the migration that moved outputs) is cut here
+        if (task.output && ('result' in task.output || 'steps' in task.output)) {
+          const { result: _result, steps: _steps, ...summary } = task.output;
+          task.output = summary;
+        }
+        return task;
+      });
     },
     async listBriefs(tenantId, sessionId) {
       return briefs.all(tenantId, sessionId).map((r) => {
