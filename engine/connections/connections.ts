@@ -6,6 +6,7 @@ import {
   assertPublicHost,
   ConflictError,
   maskCredential,
+  maskCredentialCut,
   newId,
   NotFoundError,
   ValidationError,
@@ -53,7 +54,9 @@ const ANSWER_ITEMS_MAX = 100;
  * 3.9 MB login, kept on the connection and sent with every list of them (390 MB for a hundred).
  */
 function clipped(text: string, max: number, token: string): string {
-  const masked = maskCredential(text.slice(0, max + 2 * token.length), token);
+  const window = max + 2 * token.length;
+  // a window that ends before the text may end in the credential's start: masked too
+  const masked = text.length > window ? maskCredentialCut(text.slice(0, window), token) : maskCredential(text, token);
   if (masked.length <= max) return masked;
   const cut = masked.slice(0, max);
   return /[\ud800-\udbff]$/.test(cut) ? cut.slice(0, -1) : cut;

@@ -30,6 +30,41 @@ export function maskCredential(text: string, secret: string): string {
   return maskBase64Runs(masked, true, shortest, (run) => cores.some((c) => run.includes(c)));
 }
 
+/**
+ * `text`, a window cut from the start of a longer text, with the credential masked as maskCredential masks it, and
+ * an end that is the start of the credential (cut there, it is shorter than any piece maskCredential knows, or
+ * than the credential itself) masked too: a reason shown from such a window ended in `ghp_ABCDEFG`.
+ */
+export function maskCredentialCut(text: string, secret: string): string {
+  if (!secret) return text;
+  let cut = 0;
+  for (const form of new Set([secret, secret.replace(/\s+/g, ' ').trim()])) cut = Math.max(cut, endThatStarts(text, form));
+  return maskCredential(cut ? `${text.slice(0, text.length - cut)}[credential]` : text, secret);
+}
+
+/**
+ * How long the longest end of `text` is that is the start of `form` (shorter than `form`: a whole one is
+ * maskCredential's), in one pass (Knuth-Morris-Pratt over the end of `text` as long as `form`).
+ */
+function endThatStarts(text: string, form: string): number {
+  if (form.length < 2) return 0;
+  // fail[i]: the longest proper start of form[0..i] that is also its end
+  const fail = new Int32Array(form.length);
+  for (let i = 1, k = 0; i < form.length; i++) {
+    while (k > 0 && form[i] !== form[k]) k = fail[k - 1]!;
+    if (form[i] === form[k]) k++;
+    fail[i] = k;
+  }
+  let k = 0;
+  for (let i = Math.max(0, text.length - form.length + 1); i < text.length; i++) {
+    while (k > 0 && text[i] !== form[k]) k = fail[k - 1]!;
+    if (text[i] === form[k]) k++;
+    // a whole form is maskCredential's, and only a proper start counts here
+    if (k === form.length) k = fail[k - 1]!;
+  }
+  return k;
+}
+
 /** Whether a character is standard base64's (A-Z, a-z, 0-9, +, /), or with `urlSafe`, url-safe base64's as well (-, _). */
 function isBase64(c: number, urlSafe: boolean): boolean {
   return (c >= 65 && c <= 90) || (c >= 97 && c <= 122) || (c >= 48 && c <= 57) || c === 43 || c === 47 || (urlSafe && (c === 45 || c === 95));

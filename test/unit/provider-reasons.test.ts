@@ -1,7 +1,7 @@
 // What a provider's error says reaches answers, events, notifications and logs: never the credential.
 import { expect } from 'chai';
 import { reasonOf } from '../../engine/connections/retry.js';
-import { maskCredential } from '../../engine/platform/mask.js';
+import { maskCredential, maskCredentialCut } from '../../engine/platform/mask.js';
 
 describe('provider error reasons', () => {
   const token = 'ghp_SUPERSECRETTOKEN1234567890abcdef';
@@ -66,6 +66,23 @@ describe('provider error reasons and masks of large texts', () => {
     const reason = reasonOf(`${'x'.repeat(190)} ${long} ${big}`, long);
     expect(performance.now() - started, 'ms').to.be.below(100);
     expect(reason).to.equal(`${'x'.repeat(190)} [credential]`.slice(0, 200));
+  });
+
+  it('masks a credential cut by the end of the window a reason is read from, however far folding moved that end', () => {
+    const secret = 'S3cr3tPw';
+    // folded, the spaces leave the window's end (its second, of 864 characters) at the reason's 200th: the
+    // credential begins k characters before it
+    for (let k = 1; k < secret.length; k++) {
+      const text = `a${' '.repeat(864 - k - 1 - 197)}${'x'.repeat(197)}${secret}${' tail'.repeat(300)}`;
+      const reason = reasonOf(text, secret);
+      expect(reason, `k = ${k}`).to.equal(`a ${'x'.repeat(197)}[credential]`.slice(0, 200));
+    }
+    // what ends a window in the credential's start, of either form, is masked; what only looks like one is not
+    expect(maskCredentialCut('login ghp_ABCDEFG', 'ghp_ABCDEFGHIJKLMNOP')).to.equal('login [credential]');
+    expect(maskCredentialCut('login ghp_ABCDEFG', 'ghp_ABCDEFG')).to.equal('login [credential]');
+    expect(maskCredentialCut('a b c', 'c d e')).to.equal('a b [credential]');
+    expect(maskCredentialCut('login ghp_ABCDEFX', 'ghp_ABCDEFGHIJKLMNOP')).to.equal('login ghp_ABCDEFX');
+    expect(maskCredentialCut('aaaa', 'aab')).to.equal('aa[credential]');
   });
 
   it('says a header fetch could not send holds characters it cannot carry, never which character or where', () => {
