@@ -820,7 +820,8 @@ export interface paths {
          *     `all_done`: every one ended); when one fails after its attempts, its `all_success` dependents end
          *     `upstream_failed`, and independent branches go on. A task's run (kind `session_task`) gets the
          *     outputs of its dependencies as `inputs.upstream`, up to 1 MB of JSON in all: each dependency keeps its
-         *     status, summary, result and usage, and its latest steps' outputs within an even share of the rest (a
+         *     status, summary and usage, its result (an agent's final answer past an even share of half the room is cut,
+         *     with `final_answer_truncated: true`), and its latest steps' outputs within an even share of the rest (a
          *     step left out has `output: null, output_truncated: true`). An archived session takes no task (409), nor one
          *     archived while the request adds them: the archive's outcome stands.
          */

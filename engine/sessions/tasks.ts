@@ -925,22 +925,50 @@ async function inTurns<T>(items: readonly T[], n: number, fn: (item: T) => Promi
 
 type Kept = { tool: string; output: unknown; output_truncated?: true };
 
+const jsonBytes = (v: unknown) => Buffer.byteLength(JSON.stringify(v ?? null));
+
+/**
+ * A dependency's output with its `result` within `max` bytes of JSON: an agent's final answer (up to what the model
+ * endpoint may answer, 16 MB) cut to fit, with `final_answer_truncated: true`; another result too large for it is
+ * left out (`result: null, result_truncated: true`). Its status, summary, usage and steps are kept.
+ */
+function withResultWithin(out: unknown, max: number): unknown {
+  if (!out || typeof out !== 'object') return out;
+  const { result } = out as { result?: unknown };
+  if (result === undefined || result === null || jsonBytes(result) <= max) return out;
+  const answer = (result as { final_answer?: unknown }).final_answer;
+  if (typeof answer === 'string') {
+    // a character is at most 6 bytes of JSON (an escape); the marker and the quotes take the rest of the room
+    const cut = answer.slice(0, Math.max(0, Math.floor((max - 64) / 6)));
+    return { ...out, result: { final_answer: cut, final_answer_truncated: true } };
+  }
+  return { ...out, result: null, result_truncated: true };
+}
+
 /**
  * Dependencies' outputs trimmed to UPSTREAM_MAX_BYTES of JSON in all, as a task's own steps are trimmed: each
- * keeps its status, summary, result and usage, and its latest steps' outputs within an even share of what is
- * left (the share a small output does not use goes to the larger); what the shares leave then keeps, in the
- * order of `depends_on`, the latest of the steps left out that fit in it. A step left out has
- * `output: null, output_truncated: true`.
+ * keeps its status, summary, usage and result (a result past an even share of half the room is cut, see
+ * withResultWithin: a final answer of megabytes passed the cap whole), and its latest steps' outputs within an
+ * even share of what is left (the share a small output does not use goes to the larger); what the shares leave
+ * then keeps, in the order of `depends_on`, the latest of the steps left out that fit in it. A step left out has
+ * `output: null, output_truncated: true`, which is counted: the room a step's output takes is what it adds to that.
  */
-function withinUpstreamCap(entries: readonly (readonly [string, unknown])[]): (readonly [string, unknown])[] {
-  const sized = entries.map(([dep, out]) => {
+export function withinUpstreamCap(entries: readonly (readonly [string, unknown])[]): (readonly [string, unknown])[] {
+  if (entries.reduce((sum, [, out]) => sum + jsonBytes(out), 0) <= UPSTREAM_MAX_BYTES) return [...entries];
+  const resultMax = Math.floor(UPSTREAM_MAX_BYTES / 2 / Math.max(1, entries.length));
+  const sized = entries.map(([dep, given]) => {
+    const out = withResultWithin(given, resultMax);
     const steps = out && typeof out === 'object' && Array.isArray((out as { steps?: unknown }).steps) ? (out as { steps: Kept[] }).steps : [];
-    const bytes = steps.map((st) => Buffer.byteLength(JSON.stringify(st.output ?? null)));
+    const dropped = steps.map((st): Kept => ({ tool: st.tool, output: null, output_truncated: true }));
+    // what keeping each step's output adds to its marker (one smaller than its marker is kept for nothing)
+    const bytes = steps.map((st, j) => Math.max(0, jsonBytes(st) - jsonBytes(dropped[j])));
     const stepBytes = bytes.reduce((sum, b) => sum + b, 0);
-    return { dep, out, steps, bytes, stepBytes, rest: Buffer.byteLength(JSON.stringify(out ?? null)) - stepBytes, kept: bytes.map(() => false) };
+    // with its key in upstream, a colon and a comma
+    const rest = jsonBytes(steps.length ? { ...(out as object), steps: dropped } : out) + jsonBytes(dep) + 2;
+    return { dep, out, steps, dropped, bytes, stepBytes, rest, kept: bytes.map((b) => b === 0) };
   });
-  if (sized.reduce((sum, e) => sum + e.rest + e.stepBytes, 0) <= UPSTREAM_MAX_BYTES) return [...entries];
-  let left = Math.max(0, UPSTREAM_MAX_BYTES - sized.reduce((sum, e) => sum + e.rest, 0));
+  // and upstream's braces
+  let left = Math.max(0, UPSTREAM_MAX_BYTES - 2 - sized.reduce((sum, e) => sum + e.rest, 0));
   // the even shares, from the smallest up: each takes its share of what is left, or less
   const bySize = [...sized].sort((a, b) => a.stepBytes - b.stepBytes);
   let shared = left;
@@ -948,7 +976,7 @@ function withinUpstreamCap(entries: readonly (readonly [string, unknown])[]): (r
     let room = Math.min(e.stepBytes, Math.floor(shared / (bySize.length - i)));
     shared -= room;
     for (let j = e.steps.length - 1; j >= 0; j--)
-      if (e.bytes[j]! <= room) {
+      if (!e.kept[j] && e.bytes[j]! <= room) {
         room -= e.bytes[j]!;
         left -= e.bytes[j]!;
         e.kept[j] = true;
@@ -963,7 +991,7 @@ function withinUpstreamCap(entries: readonly (readonly [string, unknown])[]): (r
   return sized.map((e) =>
     e.kept.every(Boolean)
       ? ([e.dep, e.out] as const)
-      : ([e.dep, { ...(e.out as object), steps: e.steps.map((st, j) => (e.kept[j] ? st : { tool: st.tool, output: null, output_truncated: true })) }] as const),
+      : ([e.dep, { ...(e.out as object), steps: e.steps.map((st, j) => (e.kept[j] ? st : e.dropped[j])) }] as const),
   );
 }
 

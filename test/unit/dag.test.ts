@@ -89,3 +89,54 @@ describe('task DAG rules', () => {
     expect(ordered.value.map((t) => t.id)).to.deep.equal(half.map((t) => t.id));
   });
 });
+
+describe('a run’s inputs.upstream', () => {
+  const total = (entries: readonly (readonly [string, unknown])[]) => Buffer.byteLength(JSON.stringify(Object.fromEntries(entries)));
+
+  it('holds at most 1 MB however large its dependencies’ final answers: each cut, and said to be', async () => {
+    const { withinUpstreamCap } = await import('../../engine/sessions/tasks.js');
+    // 20 agents' answers of 260 KB each: 5.2 MB, which every dependent's run carried whole
+    const entries = Array.from(
+      { length: 20 },
+      (_, i) =>
+        [
+          `p${i}`,
+          {
+            status: 'succeeded',
+            summary: 'done',
+            result: { final_answer: 'é'.repeat(130_000) },
+            usage: { steps: 1 },
+            steps: [{ tool: 'message', output: { text: 'hi' } }],
+          },
+        ] as const,
+    );
+    const kept = withinUpstreamCap(entries);
+    expect(total(kept)).to.be.at.most(1024 * 1024);
+    const first = kept[0]![1] as { result: { final_answer: string; final_answer_truncated: true }; steps: unknown[]; summary: string };
+    expect(first.result.final_answer_truncated).to.equal(true);
+    expect(first.result.final_answer.length).to.be.above(1000);
+    expect(first.summary).to.equal('done');
+    expect(first.steps).to.deep.equal([{ tool: 'message', output: { text: 'hi' } }]);
+    // a small set passes as it is
+    expect(withinUpstreamCap(entries.slice(0, 1))).to.deep.equal(entries.slice(0, 1));
+  });
+
+  it('counts the mark of each step it leaves out: 100 dependencies of 50 steps stay within 1 MB', async () => {
+    const { withinUpstreamCap } = await import('../../engine/sessions/tasks.js');
+    const entries = Array.from(
+      { length: 100 },
+      (_, i) =>
+        [
+          `d${i}`,
+          { status: 'succeeded', summary: null, steps: Array.from({ length: 50 }, (_, j) => ({ tool: 'shell', output: { stdout: `${j}`.padEnd(300, '.') } })) },
+        ] as const,
+    );
+    expect(total(entries)).to.be.above(1024 * 1024);
+    const kept = withinUpstreamCap(entries);
+    expect(total(kept)).to.be.at.most(1024 * 1024);
+    const stepsOf = (i: number) => (kept[i]![1] as { steps: { tool: string; output: unknown; output_truncated?: true }[] }).steps;
+    // every dependency's latest step kept, older ones left out with their mark
+    for (let i = 0; i < 100; i++) expect(stepsOf(i).at(-1)!.output).to.deep.equal({ stdout: '49'.padEnd(300, '.') });
+    expect(stepsOf(99)[0]).to.deep.equal({ tool: 'shell', output: null, output_truncated: true });
+  });
+});
