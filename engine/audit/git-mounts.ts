@@ -4,6 +4,7 @@
 // the tenant's root are mounted read-only at their own paths; nothing outside it is. A folder inside a
 // repository above it (a package of a monorepo) has that repository's git data mounted, with the folder itself
 // at its own path, so that git reads the package as part of its work tree.
+import { constants } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 
@@ -22,11 +23,29 @@ export type GitMounts = {
 
 const within = (root: string, p: string) => p === root || p.startsWith(root + path.sep);
 
-/** A small file's text, or null (not a file, unreadable, over 64 KB). */
+/** The most of a small file read: a `.git` file, a `commondir`, an `alternates`. */
+const SMALL_MAX_BYTES = 64 * 1024;
+
+/**
+ * A small file's text, or null (not a plain file, unreadable, over 64 KB). Opened without following a link and
+ * without blocking, and judged on the open file: a check by name, then a read by name, let the tenant swap a FIFO
+ * in between, and the read waited for a writer for good, on one of the process's four threads for file work
+ * (four such, and no file, lookup or hash of any tenant went on in that worker).
+ */
 async function small(file: string): Promise<string | null> {
-  const st = await fs.lstat(file).catch(() => null);
-  if (!st?.isFile() || st.size > 64 * 1024) return null;
-  return fs.readFile(file, 'utf8').catch(() => null);
+  const handle = await fs.open(file, constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK).catch(() => null);
+  if (!handle) return null;
+  try {
+    const st = await handle.stat();
+    if (!st.isFile() || st.size > SMALL_MAX_BYTES) return null;
+    const buf = Buffer.alloc(st.size);
+    const { bytesRead } = await handle.read(buf, 0, buf.length, 0);
+    return buf.subarray(0, bytesRead).toString('utf8');
+  } catch {
+    return null;
+  } finally {
+    await handle.close();
+  }
 }
 
 /**

@@ -167,3 +167,39 @@ describe('audit hardening: the workspace’s git config runs nothing, and what i
       });
   });
 });
+
+describe('what the worker reads of a repository’s git data before a phase', function () {
+  this.timeout(30_000);
+
+  it('never waits on a FIFO swapped in for a file it reads (.git, commondir): each look ends at once, however the swaps fall', async () => {
+    const { spawn } = await import('node:child_process');
+    const { gitMountsOf } = await import('../../engine/audit/git-mounts.js');
+    const tenant = await fs.realpath(await fs.mkdtemp(path.join(os.tmpdir(), 'git-mounts-')));
+    const proj = path.join(tenant, 'proj');
+    const store = path.join(tenant, 'store', 'g');
+    await fs.mkdir(proj, { recursive: true });
+    await fs.mkdir(store, { recursive: true });
+    await fs.writeFile(path.join(proj, '.git'), `gitdir: ${store}\n`);
+    await fs.writeFile(path.join(store, 'plain'), '.\n');
+    // the tenant's own step, meanwhile: a plain file and a fresh FIFO renamed over commondir, again and again
+    const swapper = spawn('sh', ['-c', 'while :; do cp plain f && mv -f f commondir; mkfifo p && mv -f p commondir; done'], {
+      cwd: store,
+      stdio: 'ignore',
+      detached: true,
+    });
+    try {
+      const until = Date.now() + 3000;
+      let looks = 0;
+      while (Date.now() < until) {
+        const look = gitMountsOf(proj, tenant);
+        const hung = await Promise.race([look.then(() => false), new Promise<boolean>((r) => setTimeout(() => r(true), 1000))]);
+        expect(hung, `look ${looks + 1} waited past 1 s`).to.equal(false);
+        looks++;
+      }
+      expect(looks).to.be.above(20);
+    } finally {
+      process.kill(-swapper.pid!, 'SIGKILL');
+      await fs.rm(tenant, { recursive: true, force: true });
+    }
+  });
+});
