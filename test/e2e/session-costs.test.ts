@@ -4,6 +4,7 @@
 import { expect } from 'chai';
 import type { MessageRecord, TaskRecord } from '../../engine/platform/index.js';
 import { startHarness, type Harness } from '../support/harness.js';
+import { taskFixture } from '../integration/store-contract.js';
 
 type Body = Record<string, any>;
 
@@ -19,26 +20,8 @@ describe('the costs of a large session', function () {
 
   const past = new Date(Date.now() - 60_000).toISOString();
   const session = async () => (await h.call<Body>('POST', '/api/v1/sessions', { body: { title: 'answers' } })).body as Body;
-  const stored = (s: Body, id: string, over: Partial<TaskRecord>): TaskRecord => ({
-    id,
-    tenant_id: s.tenant_id,
-    session_id: s.id,
-    title: null,
-    goal: null,
-    steps: [{ tool: 'shell', args: { command: 'true' } }],
-    agent_id: null,
-    depends_on: [],
-    trigger_rule: 'all_success',
-    status: 'pending',
-    attempts: 1,
-    max_attempts: 2,
-    run_ids: [],
-    output: null,
-    position: 0,
-    created_at: past,
-    updated_at: past,
-    ...over,
-  });
+  const stored = (s: Body, id: string, over: Partial<TaskRecord>): TaskRecord =>
+    taskFixture({ id, tenant_id: s.tenant_id, session_id: s.id, attempts: 1, position: 0, created_at: past, updated_at: past, ...over });
   /** A task that asked a question after message `seq`, and waits for its answer. */
   const waiting = (s: Body, id: string, seq: number) =>
     stored(s, id, { status: 'input_required', output: { status: 'input_required', input_required: { message_id: `msg_q${seq}`, seq } } });
