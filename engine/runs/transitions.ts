@@ -534,8 +534,11 @@ export function transitionsOf(deps: TransitionsDeps) {
         { status: ['queued'], attempt: run.attempt },
       );
       if (!started) {
-        // ended meanwhile (canceled, its session archived): the slot it took again goes back, as its end gave it
-        if (admits) await release(run.tenant_id, run.id);
+        // ended meanwhile (canceled, its session archived): the slot it took again goes back, as its end gave it. Not
+        // when another process won the start of this attempt (its job delivered twice): the slot is that run's now,
+        // and given back it let the next run of the tenant's line start beside it, over the tenant's limit
+        const now = admits ? await store.runs.get(run.tenant_id, run.id) : null;
+        if (admits && !(now?.status === 'running' && now.attempt === run.attempt)) await release(run.tenant_id, run.id);
         return null;
       }
       const queuedMs = Math.max(0, at.getTime() - new Date(run.attempts.at(-1)?.finished_at ?? run.created_at).getTime());

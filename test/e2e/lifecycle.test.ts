@@ -258,6 +258,46 @@ describe('run lifecycle', function () {
     }
   });
 
+  it('keeps the slot of a run another process started when its job, delivered twice, loses the start here', async () => {
+    const idle = await startHarness({ workers: false, env: { SERVICE_TENANT_MAX_RUNNING: '1' } });
+    try {
+      // a session task's run takes its slot again at its start (it may have been held by a pause)
+      const session = (await idle.call<Body>('POST', '/api/v1/sessions', { body: { title: 'twice' } })).body.id as string;
+      const added = await idle.call<Body>('POST', `/api/v1/sessions/${session}/tasks`, {
+        body: { id: 'only', steps: [{ tool: 'shell', args: { command: 'true' } }] },
+      });
+      expect(added.status, added.text).to.equal(201);
+      const task = await eventually(async () => (await idle.rt.store.tasks.get('tenant-a', session, 'only'))?.run_ids[0], 'the task’s run');
+      const slots = `${idle.config.queuePrefix}:tenant:tenant-a:running`;
+      expect(await idle.rt.redis.smembers(slots)).to.deep.equal([task]);
+      // another process starts this attempt just before this one does (the same job, delivered again after a stall)
+      const runs = idle.rt.store.runs;
+      const update = runs.update.bind(runs);
+      let raced = false;
+      runs.update = async (tenantId, id, changes, guard, steps) => {
+        if (!raced && id === task && changes.status === 'running') {
+          raced = true;
+          expect(await update(tenantId, id, { ...changes }, guard, steps)).not.to.equal(null);
+        }
+        return update(tenantId, id, changes, guard, steps);
+      };
+      try {
+        expect(await idle.rt.engine.executor.execute(task, 'tenant-a', 1)).to.equal(null);
+      } finally {
+        runs.update = update;
+      }
+      expect(raced).to.equal(true);
+      expect((await idle.rt.store.runs.get('tenant-a', task))!.status).to.equal('running');
+      // the slot is the running run's still: the next run of the tenant waits in line
+      expect(await idle.rt.redis.smembers(slots)).to.deep.equal([task]);
+      const next = await idle.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'true' } }] } });
+      expect(next.status, next.text).to.equal(202);
+      expect(await idle.rt.redis.smembers(slots)).to.deep.equal([task]);
+    } finally {
+      await idle.close();
+    }
+  });
+
   it('puts a new run in line though Redis refused its run.queued event or its whole first round trip (an error, not silence)', async () => {
     // no reconciler pass during the test: what queues the run is the run's own retry
     const own = await startHarness({ env: { SERVICE_RECONCILE_INTERVAL_SECONDS: '3600' } });
