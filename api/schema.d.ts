@@ -1826,7 +1826,7 @@ export interface components {
             /** Format: date-time */
             checked_at: string;
         };
-        /** @description An event type endpoints subscribe to (`audit.report` is the audit's report), a prefix pattern such as `gate.*`, or `*`. */
+        /** @description An event type endpoints subscribe to (`audit.report` is the head of an audit's report, as its stream's `report` event), a prefix pattern such as `gate.*`, or `*`. */
         NotificationType: string;
         NotificationEndpoint: {
             id: string;
@@ -3152,8 +3152,10 @@ export interface components {
         AuditFinding: {
             rule: string;
             severity: components["schemas"]["Severity"];
+            /** @description At most 512 bytes (as JSON); a longer path is cut, ending `… (cut: <n> more characters)`. */
             file: string | null;
             line: number | null;
+            /** @description At most 1024 bytes (as JSON); a longer one is cut, ending `… (cut: <n> more characters)`. */
             message: string;
         };
         AuditPhaseResult: {
@@ -3167,6 +3169,10 @@ export interface components {
             counts: components["schemas"]["SeverityCounts"];
             /** @description 100 less 40 per critical, 15 per high, 5 per medium and 1 per low finding (at least 0); null when the phase did not complete. */
             score: number | null;
+            /**
+             * @description Each text at most 512 bytes and each key 200 (cut as a finding's message is); a map of more than 100 entries
+             *     (licenses by name) keeps its 100 largest, and `other` holds the rest's total.
+             */
             metrics: {
                 [key: string]: unknown;
             };
@@ -3222,7 +3228,11 @@ export interface components {
                 duration_ms: number;
             };
         };
-        /** @description The audit's report was assembled (SSE event name `report`); the last event of its stream. */
+        /**
+         * @description The audit's report was assembled (SSE event name `report`; the `audit.report` notification); the last event of
+         *     its stream. It carries the report's head, each phase without its findings and metrics: fetch the whole report
+         *     with `GET /api/v1/autonomy/workspace-audit/{report_id}`.
+         */
         EventAuditFinished: {
             id: string;
             /**
@@ -3233,7 +3243,44 @@ export interface components {
             /** Format: date-time */
             at: string;
             tenant_id: string;
-            data: components["schemas"]["AuditReport"];
+            data: components["schemas"]["AuditReportHead"];
+        };
+        /** @description An audit report without its phases' findings and metrics (those are in the report, fetched by its id). */
+        AuditReportHead: {
+            report_id: string;
+            workspace: string;
+            phases_requested: components["schemas"]["AuditPhase"][];
+            /** Format: date-time */
+            started_at: string;
+            /** Format: date-time */
+            finished_at: string | null;
+            /** @enum {string} */
+            status: "running" | "completed" | "partial";
+            trigger: {
+                /** @enum {string} */
+                type: "api" | "run";
+                request_id?: string;
+                run_id?: string;
+                session_id?: string;
+            };
+            phases: {
+                phase: components["schemas"]["AuditPhase"];
+                /** @enum {string} */
+                status: "completed" | "failed" | "timed_out";
+                counts: components["schemas"]["SeverityCounts"];
+                score: number | null;
+                duration_ms: number;
+                findings_omitted: number;
+                error: string | null;
+            }[];
+            totals: components["schemas"]["SeverityCounts"];
+            scores: {
+                [key: string]: number | null;
+            };
+            ledger: null | {
+                seq: number;
+                hash: string;
+            };
         };
         GateSubject: {
             workspace: string;
@@ -4592,7 +4639,9 @@ export interface operations {
         responses: {
             /**
              * @description The audit's server-sent events: `event: phase_done` per phase, then `event: report`. Each `data:` is one
-             *     ServiceEvent (`audit.phase_done`, `audit.finished`) as JSON.
+             *     ServiceEvent (`audit.phase_done`, `audit.finished`) as JSON; the `report` event carries the report's head
+             *     (status, totals, scores, each phase's counts), and the findings and metrics are fetched with the report
+             *     (`Content-Location`).
              */
             200: {
                 headers: {

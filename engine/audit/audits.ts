@@ -27,6 +27,7 @@ import {
   type AuditPhase,
   type AuditPhaseResult,
   type AuditReport,
+  type AuditReportHead,
   type LedgerEntry,
   type SeverityCounts,
   ValidationError,
@@ -221,8 +222,22 @@ export function auditsOf(deps: AuditsDeps) {
 
   async function appendEnd(tenantId: string, report: AuditReport): Promise<void> {
     const stream = scopes.audit(report.report_id).stream;
-    await events.append(stream, { tenant_id: tenantId, type: 'audit.finished', data: report });
-    // the stream holds the whole report too: it goes when the report does, not a week later
+    // the report's head, not the report: findings and metrics are fetched with the report (GET), once, by who wants them
+    const { phases, ...rest } = report;
+    const head: AuditReportHead = {
+      ...rest,
+      phases: phases.map((p) => ({
+        phase: p.phase,
+        status: p.status,
+        counts: p.counts,
+        score: p.score,
+        duration_ms: p.duration_ms,
+        findings_omitted: p.findings_omitted,
+        error: p.error,
+      })),
+    };
+    await events.append(stream, { tenant_id: tenantId, type: 'audit.finished', data: head });
+    // the stream goes when the report does, not a week later
     await deps.redis.expire(events.key(stream), settings.reportTtlSeconds);
   }
 

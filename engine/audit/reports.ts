@@ -5,7 +5,16 @@
 // whose flow was lost, and a set per tenant caps how many one tenant has running: audits are the
 // heaviest work a worker does, and a tenant that asks for a hundred must not hold every worker's
 // phases for an hour while the others wait behind it.
-import { RateLimitedError, type AuditOptions, type AuditPhase, type AuditPhaseResult, type AuditReport, type Redis } from '../platform/index.js';
+import {
+  eventLogKey,
+  RateLimitedError,
+  scopes,
+  type AuditOptions,
+  type AuditPhase,
+  type AuditPhaseResult,
+  type AuditReport,
+  type Redis,
+} from '../platform/index.js';
 
 export type ReportStoreSettings = { ttlSeconds: number; maxPerTenant: number; maxRunningPerTenant: number; prefix: string };
 
@@ -110,7 +119,8 @@ export function reportStoreOf(redis: Redis, settings: ReportStoreSettings) {
     const evicted = (await redis.zrange(index(tenantId), 0, excess + stillRunning.size - 1)).filter((id) => !stillRunning.has(id)).slice(0, excess);
     if (!evicted.length) return;
     const m = redis.multi();
-    for (const id of evicted) m.del(key(tenantId, id));
+    // and its event log, whose last event holds the whole report: left, an evicted report stayed in Redis for its TTL
+    for (const id of evicted) m.del(key(tenantId, id), eventLogKey(prefix, scopes.audit(id).stream));
     m.zrem(index(tenantId), ...evicted);
     await m.exec();
   }

@@ -8,10 +8,10 @@ import { buildIsCurrent, PROJECT_ROOT } from '../../config/paths.js';
 import type { AuditLayer, AuditPhase } from '../platform/index.js';
 import { runProcess, type Sandbox } from '../tools/index.js';
 import { gitMountsOf } from './git-mounts.js';
+import { PHASE_OUTPUT_MAX_BYTES } from './phases/bounds.js';
 import type { PhaseOutput } from './phases/workspace.js';
 
 const here = fileURLToPath(import.meta.url);
-const OUTPUT_MAX_BYTES = 64 * 1024 * 1024;
 
 export class PhaseError extends Error {
   constructor(
@@ -84,7 +84,7 @@ export async function runPhase(
     serviceBinds: binds,
     env: { ...ENV, ...env },
     network: false,
-    maxBytes: OUTPUT_MAX_BYTES,
+    maxBytes: PHASE_OUTPUT_MAX_BYTES,
     timeoutMs: opts.timeoutMs,
     signal: opts.signal,
   });

@@ -5,7 +5,7 @@
 import type {
   AgentTurn,
   AuditPhase,
-  AuditReport,
+  AuditReportHead,
   PhaseStatus,
   SeverityCounts,
   Budget,
@@ -96,7 +96,7 @@ export type EventBody =
       type: 'audit.phase_done';
       data: { report_id: string; phase: AuditPhase; status: PhaseStatus; counts: SeverityCounts; score: number | null; duration_ms: number };
     }
-  | { type: 'audit.finished'; data: AuditReport }
+  | { type: 'audit.finished'; data: AuditReportHead }
   // outbound notifications: one of the tenant's endpoints was disabled after repeated failure
   | { type: 'notification.endpoint_disabled'; data: { endpoint_id: string; url: string; reason: string; consecutive_failures: number } };
 

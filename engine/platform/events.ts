@@ -106,8 +106,11 @@ export function outboxEntry(member: string): { scope: string; id: string } {
   return { scope: member.slice(0, cut), id: member.slice(cut + 1) };
 }
 
+/** The Redis key of a scope's event log under a queue prefix (what else drops a scope's data drops it too). */
+export const eventLogKey = (prefix: string, scope: string) => `${prefix}:events:${scope}`;
+
 export function createEventLog(redis: Redis, prefix: string, clock: { now(): Date } = { now: () => new Date() }, kept = EVENTS_KEPT): EventLog {
-  const key = (scope: string) => `${prefix}:events:${scope}`;
+  const key = (scope: string) => eventLogKey(prefix, scope);
   const batch = redisBatch(redis);
   const append = `event.append.${kept}`;
   batch.define(append, { keys: 1, args: 1, lua: appendOf(kept) });

@@ -685,3 +685,13 @@ export type AuditReport = {
   /** the summary's entry in the evidence ledger, once the report is complete */
   ledger: { seq: number; hash: string } | null;
 };
+
+/**
+ * What the end of an audit's stream (`audit.finished`, SSE `report`, the `audit.report` notification) says of the
+ * report: all but each phase's findings and metrics, which a client fetches (GET the report). The event is kept in
+ * Redis with the report and sent to every reader and endpoint: carrying the report whole, it doubled what one
+ * report held in Redis and was sent again to each.
+ */
+export type AuditReportHead = Omit<AuditReport, 'phases'> & {
+  phases: Pick<AuditPhaseResult, 'phase' | 'status' | 'counts' | 'score' | 'duration_ms' | 'findings_omitted' | 'error'>[];
+};

@@ -9,7 +9,7 @@ import path from 'node:path';
 import { expect } from 'chai';
 import { EventSource } from 'eventsource';
 import { PROJECT_ROOT } from '../../config/paths.js';
-import { newId } from '../../engine/platform/index.js';
+import { newId, scopes } from '../../engine/platform/index.js';
 import { eventually, finishedRun, KEYS, scanKeys, startHarness, type Harness } from '../support/harness.js';
 import { makeFlawedProject, PLANTED_TOKEN } from '../support/projects.js';
 import { startWorkers } from '../../workers/index.js';
@@ -328,6 +328,50 @@ describe('workspace audit', function () {
     expect(resumed.events.every((e) => (e.name === 'report' ? e.data.data.report_id : e.data.data.report_id) === reportId)).to.equal(true);
   });
 
+  it('keeps a report a few MB whatever the workspace quotes: long texts cut, a map of licenses bounded, and the stream ending with the head', async () => {
+    // a lockfile of 1,000 packages, each with a license of 25,000 characters: a 50 MB report, 126 MB in Redis
+    const own = await startHarness({ env: { SERVICE_AUDIT_REGISTRY_URL: 'none' } });
+    try {
+      const long = 'x'.repeat(25_000);
+      const packages: Record<string, unknown> = { '': { name: 'big', version: '1.0.0' } };
+      for (let i = 0; i < 1000; i++) packages[`node_modules/p${i}`] = { version: '1.0.0', license: `GPL-${i}-${long}` };
+      await fs.writeFile(path.join(own.tenantDir(), 'package.json'), JSON.stringify({ name: 'big', version: '1.0.0' }));
+      await fs.writeFile(path.join(own.tenantDir(), 'package-lock.json'), JSON.stringify({ name: 'big', lockfileVersion: 3, packages }));
+      const res = await own.call<Body>('POST', '/api/v1/autonomy/workspace-audit/run', { body: { timeout_seconds: 110, phases: ['sanity'] } });
+      expect(res.status, own.logs.join('').slice(-2000)).to.equal(200);
+      expect(Buffer.byteLength(res.text), 'the report, as JSON').to.be.below(3 * 1024 * 1024);
+      const sanity = res.body.phases[0];
+      expect(sanity.status, sanity.error).to.equal('completed');
+      // every copyleft package is still counted; each message is cut, and says so
+      const copyleft = sanity.findings.filter((f: Body) => f.rule === 'license-copyleft');
+      expect(copyleft.length + sanity.findings_omitted).to.be.at.least(1000);
+      for (const f of copyleft) {
+        expect(Buffer.byteLength(f.message)).to.be.below(1100);
+        expect(f.message).to.match(/^p\d+@1\.0\.0 is GPL-\d+-x+… \(cut: \d+ more characters\)$/);
+      }
+      // the licenses: the 100 most used (here all used once), the rest counted in `other`, each name cut
+      const licenses = sanity.metrics.licenses as Record<string, number>;
+      expect(Object.keys(licenses)).to.have.length(101);
+      expect(licenses.other).to.equal(900);
+      expect(Object.values(licenses).reduce((n, v) => n + v, 0)).to.equal(1000);
+      for (const k of Object.keys(licenses)) expect(Buffer.byteLength(k)).to.be.below(250);
+      // the stream's end is the report's head: no findings or metrics, which are fetched with the report
+      const [end] = await own.rt.events.newestFirst(scopes.audit(res.body.report_id).stream, '0-0', '+', 1);
+      expect(end?.type).to.equal('audit.finished');
+      expect(Buffer.byteLength(JSON.stringify(end)), 'the audit.finished event').to.be.below(4096);
+      expect(end!.data).to.deep.include({ report_id: res.body.report_id, status: 'completed', totals: res.body.totals, scores: res.body.scores });
+      expect((end!.data as Body).phases[0]).to.have.all.keys('phase', 'status', 'counts', 'score', 'duration_ms', 'findings_omitted', 'error');
+      // all the report holds in Redis (its hash and its stream)
+      const keys = (await scanKeys(own.rt.redis, `${own.config.queuePrefix}:*`)).filter((k) => k.includes(res.body.report_id));
+      let bytes = 0;
+      for (const k of keys) bytes += Number(await own.rt.redis.call('MEMORY', 'USAGE', k, 'SAMPLES', '0'));
+      expect(keys.length).to.be.at.least(2);
+      expect(bytes, 'bytes in Redis').to.be.below(4 * 1024 * 1024);
+    } finally {
+      await own.close();
+    }
+  });
+
   it('starts no audit on HEAD, and refuses a Last-Event-ID that no event of a running audit can have', async () => {
     const reports = async () => (await h.rt.redis.zcard(`${h.config.queuePrefix}:audit-index:{tenant-a}`)) as number;
     const before = await reports();
@@ -472,6 +516,8 @@ describe('workspace audit reports: expiry, eviction and phases that do not compl
       const evicted = await h.call<Body>('GET', `/api/v1/autonomy/workspace-audit/${id}`);
       expect(evicted.status, id).to.equal(404);
       expect(evicted.body.detail).to.contain('kept for 2 s').and.contain('the last 2 per tenant');
+      // its event log, whose last event holds the whole report, goes with it
+      expect(await h.rt.redis.exists(`${h.config.queuePrefix}:events:audit:${id}`), `the event log of ${id}`).to.equal(0);
     }
     await eventually(
       async () => (await h.call<Body>('GET', `/api/v1/autonomy/workspace-audit/${ids[3]}`)).body.status === 'completed',

@@ -13,6 +13,7 @@ import { architecturePhase } from '../../engine/audit/phases/architecture.js';
 import { Findings, openWorkspace } from '../../engine/audit/phases/workspace.js';
 import { runPhase } from '../../engine/audit/run-phase.js';
 import { openAuditSandbox } from '../support/audit-sandbox.js';
+import { PLANTED_TOKEN } from '../support/projects.js';
 import { type ProcessResult, type Sandbox } from '../../engine/tools/index.js';
 
 const here = path.dirname(new URL(import.meta.url).pathname);
@@ -60,6 +61,22 @@ describe('audit workspace: caps, and files that change while a phase reads them'
     const repo = await openWorkspace(flat, { maxFiles: 10 });
     expect(repo.files).to.deep.equal(ws.files);
     expect(repo.truncated).to.equal(true);
+  });
+
+  it('security: scans the files a repository tracks under node_modules (vendored), and counts the untracked ones it leaves out', async () => {
+    const root = path.join(base, 'vendored');
+    const config = `export const token = '${PLANTED_TOKEN}';\n`;
+    await write(root, { 'src/config.js': config, 'vendor/node_modules/lib/config.js': config, 'README.md': 'r' });
+    git(root, 'init', '-q');
+    git(root, 'add', '-A');
+    git(root, 'commit', '-qm', 'vendored');
+    // installed and not ignored: not the repository's, left out and counted, never in silence
+    await write(root, { 'node_modules/dep/index.js': config });
+    const out = await runPhase(sandbox, root, 'security', { layers: null, timeoutMs: 60_000 });
+    const secrets = out.findings.filter((f) => f.rule.startsWith('secret:')).map((f) => f.file);
+    expect(secrets).to.have.members(['src/config.js', 'vendor/node_modules/lib/config.js']);
+    expect(out.metrics).to.deep.include({ files_scanned: 3, node_modules_untracked_skipped: 1 });
+    expect(JSON.stringify(out)).not.to.contain(PLANTED_TOKEN);
   });
 
   /** a workspace of four sources, listed, then changed by `swap` before the architecture phase reads it */

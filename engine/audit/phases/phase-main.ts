@@ -3,6 +3,7 @@
 // prints one JSON line (PhaseOutput) and exits 0, or prints why it failed on stderr and exits 1.
 import fs from 'node:fs';
 import type { AuditOptions, AuditPhase } from '../../platform/index.js';
+import { boundedMetrics, cutText, DEPENDENCIES_MAX, MESSAGE_MAX_BYTES, NAME_MAX_BYTES, TEXT_MAX_BYTES } from './bounds.js';
 import { masked } from './mask.js';
 import { Findings, FINDINGS_CAP, openWorkspace, type PhaseOutput, type Workspace } from './workspace.js';
 
@@ -34,14 +35,31 @@ async function main(phase: AuditPhase, options: Options): Promise<PhaseOutput> {
   const findings = new Findings(FINDINGS_CAP);
   const { metrics, dependencies } = await run(ws, findings, options);
   if (ws.truncated) metrics.files_truncated_at = ws.files.length;
+  if (ws.untrackedNodeModules) metrics.node_modules_untracked_skipped = ws.untrackedNodeModules;
   const { findings: listed, omitted } = findings.result();
+  // masked whole, then cut (bounds.ts): a secret cut in two would not be masked
   return {
-    findings: await Promise.all(listed.map(async (f) => ({ ...f, file: f.file === null ? null : await quoted(f.file), message: await quoted(f.message) }))),
+    findings: await Promise.all(
+      listed.map(async (f) => ({
+        ...f,
+        file: f.file === null ? null : cutText(await quoted(f.file), TEXT_MAX_BYTES),
+        message: cutText(await quoted(f.message), MESSAGE_MAX_BYTES),
+      })),
+    ),
     findings_omitted: omitted,
     counts: findings.counts,
-    metrics: (await maskedValue(metrics)) as PhaseOutput['metrics'],
-    // data for the service's registry lookup, not quoted in the report (the lookup's findings name a package and a version)
-    ...(dependencies ? { dependencies } : {}),
+    metrics: boundedMetrics(await maskedValue(metrics)) as PhaseOutput['metrics'],
+    // data for the service's registry lookup, not quoted in the report (the lookup's findings name a package and a
+    // version); bounded too, as it goes out with the rest: a name cut is no npm name, and is not looked up
+    ...(dependencies
+      ? {
+          dependencies: dependencies.slice(0, DEPENDENCIES_MAX).map((d) => ({
+            name: cutText(d.name, NAME_MAX_BYTES),
+            range: cutText(d.range, TEXT_MAX_BYTES),
+            locked: typeof d.locked === 'string' ? cutText(d.locked, NAME_MAX_BYTES) : null,
+          })),
+        }
+      : {}),
   };
 }
 

@@ -20,6 +20,7 @@ const GIT_ENV = { PATH: '/usr/local/bin:/usr/bin:/bin', GIT_CONFIG_NOSYSTEM: '1'
 const KEPT_CORE = new Set(['repositoryformatversion', 'filemode', 'symlinks', 'ignorecase', 'precomposeunicode', 'autocrlf', 'eol', 'checkstat', 'trustctime']);
 /** a lazy fetch of missing objects would start `git fetch` from a remote the config no longer names */
 const DROPPED_EXTENSIONS = new Set(['partialclone']);
+/** folders the crawl outside a repository does not enter: installed packages, and git's data */
 const SKIPPED_DIRS = new Set(['node_modules', '.git']);
 /** the findings a phase lists; more are counted, not listed (a report stays a few MB at most) */
 export const FINDINGS_CAP = 1000;
@@ -53,6 +54,13 @@ export type Workspace = {
    * `files` (a phase's parsers would fail on them) and never passed over in silence (the security phase says each)
    */
   unreadable: { path: string; why: string }[];
+  /**
+   * Untracked files under a `node_modules` folder that git does not ignore, left out of `files` and counted (the
+   * metrics say how many): installed packages, not the workspace's own (a repository without a .gitignore for them
+   * would otherwise fill the file cap before its sources). A tracked file under one (vendored, as a JavaScript
+   * GitHub Action commits its dependencies) is the repository's, and is in `files`.
+   */
+  untrackedNodeModules: number;
 };
 
 /** What could not be read, each once, in order: a file in a folder that could not be read is said by its folder. */
@@ -190,7 +198,9 @@ async function readSmall(dir: string, rel: string): Promise<string | null> {
   return Buffer.isBuffer(bytes) ? bytes.toString('utf8') : null;
 }
 
-const insideTree = (rel: string) => rel !== '' && !path.isAbsolute(rel) && !rel.split('/').some((p) => p === '..' || SKIPPED_DIRS.has(p));
+/** A path git listed that names a file of the work tree (git lists none in .git; a stray one is not read). */
+const insideTree = (rel: string) => rel !== '' && !path.isAbsolute(rel) && !rel.split('/').some((p) => p === '..' || p === '.git');
+const inNodeModules = (rel: string) => rel.split('/').includes('node_modules');
 
 /**
  * The files under the root outside a repository, at most `max + 1` (one more than kept says the tree was
@@ -274,7 +284,9 @@ export async function openWorkspace(
       // a folder git could not enter to list what is untracked in it: git warns, and lists the rest (exit 0)
       for (const m of others.stderr.matchAll(/^warning: could not open directory '(.+)': (.+)$/gm))
         if (m[1]!.startsWith(prefix)) unreadable.push({ path: m[1]!.slice(prefix.length), why: m[2]! });
-      const files = await regularFiles(root, [...new Set([...tracked, ...others.out.split('\0').filter(insideTree)])].sort(), unreadable);
+      const untracked = others.out.split('\0').filter(insideTree);
+      const installed = untracked.filter(inNodeModules).length;
+      const files = await regularFiles(root, [...new Set([...tracked, ...untracked.filter((rel) => !inNodeModules(rel))])].sort(), unreadable);
       // a status that failed (objects it needs outside the folder: a clone's alternates) is not "no changes"
       const changed =
         status.out === null
@@ -294,13 +306,23 @@ export async function openWorkspace(
         gitUnknown: status.out === null ? `git could not read the repository's state: ${status.error}` : null,
         truncated: files.length > max,
         unreadable: onceEach(unreadable),
+        untrackedNodeModules: installed,
       };
     }
     gitUnknown = `the folder is a git repository, but git could not list its files: ${(cached.out === null ? cached : others).error}`;
   }
   // as in a repository: the first `max` in order kept, truncated only when there were more
   const files = (await crawl(root, max, unreadable)).sort();
-  return { root, files: files.slice(0, max), tracked: null, git: null, gitUnknown, truncated: files.length > max, unreadable: onceEach(unreadable) };
+  return {
+    root,
+    files: files.slice(0, max),
+    tracked: null,
+    git: null,
+    gitUnknown,
+    truncated: files.length > max,
+    unreadable: onceEach(unreadable),
+    untrackedNodeModules: 0,
+  };
 }
 
 const realDirs = new Map<string, Promise<string | null>>();
