@@ -737,6 +737,7 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
         const current = await store.runs.get(run.tenant_id, run.id);
         if (current?.status !== 'queued' || current.attempt !== run.attempt) continue;
         await job?.remove();
+        await transitions.toldQueued(current);
         if (admitted(run)) await transitions.enqueue(run);
         else await transitions.admit(run);
         requeued++;

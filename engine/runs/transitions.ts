@@ -313,6 +313,22 @@ export function transitionsOf(deps: TransitionsDeps) {
     else await offerAgain?.(told);
   }
 
+  const queuedEvent = (run: Run): EventBody => ({
+    type: 'run.queued',
+    data: { kind: run.kind, trigger: run.trigger, attempt: run.attempt, rerun_of: run.rerun_of },
+  });
+
+  /**
+   * A new run the reconciler puts in line (it has no job): its `run.queued` is appended first when its log lacks it
+   * among its latest events (its process died between storing the run and telling it, or Redis refused the event
+   * for longer than its retries), so the log still says it was queued before it says it started.
+   */
+  async function toldQueued(run: Run): Promise<void> {
+    if (run.attempt !== 1) return;
+    const latest = await events.newestFirst(sessionStream(run.session_id), '0-0', '+', TOLD_AGAIN_LOOKBACK);
+    if (!latest.some((e) => e.type === 'run.queued' && e.run_id === run.id)) await emitInOrder(run, queuedEvent(run));
+  }
+
   /** The end of a run: event, metrics, slot, hooks. */
   async function ended(run: Run): Promise<void> {
     metrics.runDuration.observe({ kind: run.kind, status: run.status }, (run.duration_ms ?? 0) / 1000);
@@ -434,7 +450,7 @@ export function transitionsOf(deps: TransitionsDeps) {
       // the run stands without them: it runs, and what follows it (its session's status) finds nothing to move
       for (const other of others) if (other.status === 'rejected') log.error({ err: other.reason, run_id: run.id }, 'a record of the run was not stored');
       // run.queued is in the log before the job exists, so it always precedes run.started
-      const queued: EventBody = { type: 'run.queued', data: { kind: run.kind, trigger: run.trigger, attempt: run.attempt, rerun_of: run.rerun_of } };
+      const queued = queuedEvent(run);
       const lined = Promise.allSettled([emit(run, queued), slots.admit(run.tenant_id, run.id)]).then(([told, placed]) => {
         if (told.status === 'fulfilled' && placed.status === 'fulfilled')
           return placed.value ? enqueue(run).catch((err: Error) => refused(run, err, null, true)) : undefined;
@@ -455,6 +471,7 @@ export function transitionsOf(deps: TransitionsDeps) {
     },
     enqueue,
     admit,
+    toldQueued,
     release,
     offerNow,
 

@@ -258,6 +258,31 @@ describe('run lifecycle', function () {
     }
   });
 
+  it('tells a run’s run.queued before the reconciler puts it in line when its process died after storing it, once', async () => {
+    const idle = await startHarness({ workers: false });
+    try {
+      // stored, and nothing more: the process died before the event and the run's place in line
+      const run = runFixture('tenant-a', {
+        kind: 'autonomy',
+        plan: [{ tool: 'message', args: { text: 'hi' } }],
+        tool_allowlist: ['message'],
+        created_at: new Date(Date.now() - 60_000).toISOString(),
+      });
+      expect(await idle.rt.store.runs.insert(run)).to.equal(null);
+      const told = async () => (await idle.rt.events.after(`session:${run.session_id}`, '0-0', 100)).filter((e) => e.run_id === run.id).map((e) => e.type);
+      expect(await told()).to.deep.equal([]);
+      expect(await idle.rt.engine.runs.reconcile({ olderThanMs: 0 })).to.deep.include({ requeued: 1 });
+      expect(await told()).to.deep.equal(['run.queued']);
+      expect(await (await idle.rt.queues.get('runs').getJob(jobIdOfRun(run, 1)))!.getState()).to.equal('waiting');
+      // put in line again (its job lost once more): told once
+      await (await idle.rt.queues.get('runs').getJob(jobIdOfRun(run, 1)))!.remove();
+      expect(await idle.rt.engine.runs.reconcile({ olderThanMs: 0 })).to.deep.include({ requeued: 1 });
+      expect(await told()).to.deep.equal(['run.queued']);
+    } finally {
+      await idle.close();
+    }
+  });
+
   it('keeps the slot of a run another process started when its job, delivered twice, loses the start here', async () => {
     const idle = await startHarness({ workers: false, env: { SERVICE_TENANT_MAX_RUNNING: '1' } });
     try {
