@@ -693,8 +693,12 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       const [elsewhere, lines] = await Promise.all([claims.elsewhere(), slots.holders()]);
       const admitted = (run: Run) => lines.get(run.tenant_id)?.admitted.has(run.id) ?? false;
       /** a run that may be running somewhere keeps its slot, or gets it back when Redis lost it */
+      // a running run's slot, given back unless it holds it: read again first, since the list is a snapshot and a run
+      // that ended since (its end gave its slot back) would hold one again for a pass or two
       const keepSlot = async (run: Run) => {
-        if (!admitted(run)) await slots.restore(run.tenant_id, run.id);
+        if (admitted(run)) return;
+        const now = await store.runs.get(run.tenant_id, run.id);
+        if (now?.status === 'running' && now.attempt === run.attempt) await slots.restore(run.tenant_id, run.id);
       };
       // running runs first: one still running somewhere has its slot back before a queued run is admitted
       for await (const run of staleRuns('running', before)) {

@@ -283,6 +283,34 @@ describe('run lifecycle', function () {
     }
   });
 
+  it('gives no slot back to a run the reconciler listed as running that ended before it reached it', async () => {
+    const idle = await startHarness({ workers: false });
+    try {
+      const at = new Date(Date.now() - 60_000).toISOString();
+      const run = runFixture('tenant-a', { kind: 'autonomy', status: 'running', started_at: at, created_at: at });
+      expect(await idle.rt.store.runs.insert(run)).to.equal(null);
+      const slots = `${idle.config.queuePrefix}:tenant:tenant-a:running`;
+      // the run ends (its end gives its slot back) just after the pass has listed it as running
+      const runs = idle.rt.store.runs;
+      const listStale = runs.listStale.bind(runs);
+      runs.listStale = async (...args) => {
+        const listed = await listStale(...args);
+        for (const r of listed)
+          if (r.id === run.id) await runs.update('tenant-a', r.id, { status: 'succeeded', finished_at: new Date().toISOString() }, { status: ['running'] });
+        return listed;
+      };
+      try {
+        // a process says it executes it: the pass would keep its slot
+        await idle.rt.engine.runs.reconcile({ olderThanMs: 0, isExecuting: (id) => id === run.id });
+      } finally {
+        runs.listStale = listStale;
+      }
+      expect(await idle.rt.redis.smembers(slots)).to.deep.equal([]);
+    } finally {
+      await idle.close();
+    }
+  });
+
   it('keeps the slot of a run another process started when its job, delivered twice, loses the start here', async () => {
     const idle = await startHarness({ workers: false, env: { SERVICE_TENANT_MAX_RUNNING: '1' } });
     try {
