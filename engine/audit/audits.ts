@@ -99,6 +99,16 @@ type ReportSummary = Pick<AuditReport, 'report_id' | 'workspace' | 'status' | 's
   report_digest: string;
 };
 
+/** A phase's result without its findings and metrics: what the ledger's summary keeps of it (the stream's head adds its error). */
+const phaseSummaryOf = (p: AuditPhaseResult): ReportSummary['phases'][number] => ({
+  phase: p.phase,
+  status: p.status,
+  counts: p.counts,
+  score: p.score,
+  duration_ms: p.duration_ms,
+  findings_omitted: p.findings_omitted,
+});
+
 const REPORT_KIND = 'audit.report';
 const WAIT_POLL_MS = 100;
 /** How often a phase that runs looks whether its audit was canceled (or taken back) in another process. */
@@ -224,18 +234,7 @@ export function auditsOf(deps: AuditsDeps) {
     const stream = scopes.audit(report.report_id).stream;
     // the report's head, not the report: findings and metrics are fetched with the report (GET), once, by who wants them
     const { phases, ...rest } = report;
-    const head: AuditReportHead = {
-      ...rest,
-      phases: phases.map((p) => ({
-        phase: p.phase,
-        status: p.status,
-        counts: p.counts,
-        score: p.score,
-        duration_ms: p.duration_ms,
-        findings_omitted: p.findings_omitted,
-        error: p.error,
-      })),
-    };
+    const head: AuditReportHead = { ...rest, phases: phases.map((p) => ({ ...phaseSummaryOf(p), error: p.error })) };
     await events.append(stream, { tenant_id: tenantId, type: 'audit.finished', data: head });
     // the stream goes when the report does, not a week later
     await deps.redis.expire(events.key(stream), settings.reportTtlSeconds);
@@ -335,14 +334,7 @@ export function auditsOf(deps: AuditsDeps) {
           trigger: report.trigger,
           totals,
           scores: report.scores,
-          phases: phases.map((p) => ({
-            phase: p.phase,
-            status: p.status,
-            counts: p.counts,
-            score: p.score,
-            duration_ms: p.duration_ms,
-            findings_omitted: p.findings_omitted,
-          })),
+          phases: phases.map(phaseSummaryOf),
           /** the whole report's digest: a copy kept elsewhere can be checked against the ledger */
           report_digest: sha256Hex(canonicalJson({ ...report, ledger: null })),
         } satisfies ReportSummary,

@@ -5,8 +5,7 @@ import { createPrivateKey, type KeyObject } from 'node:crypto';
 import {
   assertPublicHost,
   ConflictError,
-  maskCredential,
-  maskCredentialCut,
+  maskCredentialWindow,
   newId,
   NotFoundError,
   ValidationError,
@@ -54,9 +53,7 @@ const ANSWER_ITEMS_MAX = 100;
  * 3.9 MB login, kept on the connection and sent with every list of them (390 MB for a hundred).
  */
 function clipped(text: string, max: number, token: string): string {
-  const window = max + 2 * token.length;
-  // a window that ends before the text may end in the credential's start: masked too
-  const masked = text.length > window ? maskCredentialCut(text.slice(0, window), token) : maskCredential(text, token);
+  const masked = maskCredentialWindow(text, max + 2 * token.length, token);
   if (masked.length <= max) return masked;
   const cut = masked.slice(0, max);
   return /[\ud800-\udbff]$/.test(cut) ? cut.slice(0, -1) : cut;

@@ -8,7 +8,7 @@
 // (10 s) is not cut short, which would ask again before the time it named: the call fails at once, saying the
 // wait. Each call is held to a time of its own (PROVIDER_TIMEOUT_MS): a provider that took the connection and
 // never answered held a step for the whole run's budget.
-import { maskCredential, maskCredentialCut, type ConnectionProvider } from '../platform/index.js';
+import { maskCredentialWindow, type ConnectionProvider } from '../platform/index.js';
 
 /** What a provider's SDK error says, read by that provider's kit; null for an error that is not the provider's. */
 export type ProviderFailure = {
@@ -175,8 +175,7 @@ export function reasonOf(text: unknown, secret: string): string {
   for (let window = REASON_MAX + 2 * secret.length; ; window = Math.min(window * 4, most)) {
     const taken = head.slice(0, window);
     if (BYTESTRING.test(taken)) return "the credential holds characters the provider's HTTP header cannot carry (only visible ASCII)";
-    // cut before the text ends, the window may end in the credential's start: masked too
-    const said = (window < head.length ? maskCredentialCut(taken, secret) : maskCredential(taken, secret)).replace(/\s+/g, ' ').trim();
+    const said = maskCredentialWindow(head, window, secret).replace(/\s+/g, ' ').trim();
     if (said.length >= REASON_MAX || window >= head.length || window >= most) return said.slice(0, REASON_MAX);
   }
 }

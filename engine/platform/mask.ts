@@ -43,6 +43,15 @@ export function maskCredentialCut(text: string, secret: string): string {
 }
 
 /**
+ * The first `end` characters of `text`, the credential masked: as maskCredentialCut when they stop before the text
+ * does (the window may end in the credential's start), else as maskCredential. A reason, a provider's answer.
+ */
+export function maskCredentialWindow(text: string, end: number, secret: string): string {
+  const taken = text.slice(0, end);
+  return end < text.length ? maskCredentialCut(taken, secret) : maskCredential(taken, secret);
+}
+
+/**
  * How long the longest end of `text` is that is the start of `form` (shorter than `form`: a whole one is
  * maskCredential's), in one pass (Knuth-Morris-Pratt over the end of `text` as long as `form`).
  */
