@@ -27,7 +27,7 @@ import { resolveWorkspace, tenantRoot } from '../runs/index.js';
 import type { Sandbox } from '../tools/index.js';
 import { loadGateSet, SEAL_JOB } from './definition.js';
 import { gateEnv, runGate, subjectOf } from './runner.js';
-import { FileHasher, gitState, type GitState } from './subject.js';
+import { committedDigest, FileHasher, gitState, type GitState } from './subject.js';
 
 export type GatesDeps = Pick<Platform, 'store' | 'clock' | 'log' | 'queues' | 'redis' | 'events'> & {
   sandbox: Sandbox;
@@ -155,6 +155,8 @@ export function gateRunsOf(deps: GatesDeps) {
           workspaceName: ws.name,
           git,
           hasher: hasherOf(ws.dir),
+          // a gate before this one may have edited the commit's files and hidden it from git: compared with the start
+          committedDigest: record.committed_digest,
           baseEnv: settings.childEnv,
           // a gate set is the tenant's: it gets none of the service's environment beyond the base
           envValue: gateEnv((name) => settings.childEnv[name]),
@@ -322,6 +324,7 @@ export function gateRunsOf(deps: GatesDeps) {
         ]);
       const gates = set.gates.filter((g) => !req.only?.length || req.only.includes(g.id)).map((g) => g.id);
       const git = await gitState(sandbox, ws.dir);
+      const found = git.dirty === false ? await committedDigest(hasherOf(ws.dir), ws.dir, git) : null;
       const record: GateRunRecord = {
         id: newId('grn'),
         tenant_id: tenantId,
@@ -331,6 +334,7 @@ export function gateRunsOf(deps: GatesDeps) {
         gates,
         required_gates: set.gates.filter((g) => g.required).map((g) => g.id),
         definitions: Object.fromEntries(set.gates.filter((g) => gates.includes(g.id)).map((g) => [g.id, g.digest])),
+        committed_digest: found,
         trigger: req.trigger,
         subject: subjectOf({ workspaceName: ws.name, git }),
         results: [],

@@ -13,7 +13,7 @@ import { GATE_FILES, loadGateSet, readPlainFile, type GateDefinition } from './d
 import { keptAnnotations, readReport, type Report } from './reports.js';
 import { maskSecrets, scanSecrets, scanSummary } from './secret-scan.js';
 import { entryOf, readInside, staysInside } from './paths.js';
-import { FileHasher, gitState, inputFiles, type GitState } from './subject.js';
+import { committedDigest, FileHasher, gitState, inputFiles, type GitState } from './subject.js';
 
 const OUTPUT_TAIL_BYTES = 8 * 1024;
 /** What is masked with the tail, before it: a key the tail's cut would halve is seen whole. */
@@ -78,6 +78,11 @@ export type GateContext = {
   workspaceName: string;
   git: GitState;
   hasher: FileHasher;
+  /**
+   * the digest of the commit's files when the gate run began (committedDigest), null when the tree was not clean
+   * then; absent or null, the gate's own start is taken (runGateSet takes the set's)
+   */
+  committedDigest?: string | null;
   /** the environment every gate starts from (a short allowlist) */
   baseEnv: Record<string, string>;
   /** the value of a name a gate asks for, or undefined when it is not given to gates */
@@ -163,7 +168,14 @@ export async function runGate(
 ): Promise<{ result: GateResult; artifacts: ArtifactPayload[]; after: GitState | null }> {
   const started = new Date();
   const files = await inputFiles(ctx.workspace, gate.inputs, ctx.git);
-  const [digest, tools] = await Promise.all([ctx.hasher.digest(ctx.workspace, files), toolVersions(ctx.sandbox)]);
+  // the commit's files as the service read them when the gate run began (a gate alone, or of a gate run whose
+  // tree was not clean then: as this gate finds them); git's status can be made to lie
+  const clean = ctx.git.dirty === false;
+  const [digest, tools, began] = await Promise.all([
+    ctx.hasher.digest(ctx.workspace, files),
+    toolVersions(ctx.sandbox),
+    clean ? (ctx.committedDigest ?? committedDigest(ctx.hasher, ctx.workspace, ctx.git)) : null,
+  ]);
   let conclusion: GateConclusion;
   let summary: string;
   let exitCode: number | null = null;
@@ -230,7 +242,11 @@ export async function runGate(
   // folder): what it read was then not the commit, whatever the tree was when it began
   const after = ctx.git.commit ? await gitState(ctx.sandbox, ctx.workspace, ctx.readOnlyBinds ?? [], { tracked: true }) : null;
   const subject = subjectOf(ctx);
-  if (after && subject.dirty === false && (after.commit !== subject.commit || after.dirty !== false)) subject.dirty = true;
+  // and its files are compared with the service's own reading of them when the gate run began: an edit hidden from
+  // git (an index or a filter this gate, or one before it, wrote) is a change all the same
+  const unchanged = async (now: GitState) =>
+    now.commit === subject.commit && now.dirty === false && (await committedDigest(ctx.hasher, ctx.workspace, now)) === began;
+  if (clean && after && !(await unchanged(after))) subject.dirty = true;
   const kept = await keepArtifacts(ctx.workspace, gate.artifacts);
   const finished = new Date();
   return {
@@ -270,6 +286,9 @@ export async function runGateSet(
   const results = new Map<string, GateResult>();
   const artifacts: ArtifactPayload[] = [];
   const queue = [...gates];
+  // every gate's files compared with the set's start, not its own: a gate's hidden edit is seen by those after it
+  if (ctx.committedDigest === undefined && ctx.git.dirty === false)
+    ctx = { ...ctx, committedDigest: await committedDigest(ctx.hasher, ctx.workspace, ctx.git) };
   const worker = async () => {
     for (let g = queue.shift(); g; g = queue.shift()) {
       const ran = await runGate(g, ctx);

@@ -10,9 +10,16 @@ import fs from 'node:fs/promises';
 import path from 'node:path';
 import { glob } from 'tinyglobby';
 import { runProcess, type Sandbox } from '../tools/index.js';
-import { entryOf, hashInside, staysInside } from './paths.js';
+import { entryOf, hashInside, staysInside, type FolderPaths } from './paths.js';
 
-export type GitState = { commit: string | null; tree: string | null; dirty: boolean | null; files: string[] | null };
+export type GitState = {
+  commit: string | null;
+  tree: string | null;
+  dirty: boolean | null;
+  files: string[] | null;
+  /** the files of HEAD's tree (what the commit tracks), read from the commit, not the index; null with no HEAD */
+  committed: string[] | null;
+};
 
 const GIT = ['git', '--no-optional-locks', '-c', 'safe.directory=*', '-c', 'core.fsmonitor=false', '-c', 'core.hooksPath=/dev/null'];
 const ALWAYS_IGNORED = ['.git/**', '**/node_modules/**'];
@@ -44,7 +51,7 @@ function limited(n: number) {
  * wrote of its own, a report or a build, is not a change of what it tested).
  */
 export async function gitState(sandbox: Sandbox, workspace: string, readOnlyBinds: string[] = [], opts: { tracked?: boolean } = {}): Promise<GitState> {
-  const none = { commit: null, tree: null, dirty: null, files: null };
+  const none = { commit: null, tree: null, dirty: null, files: null, committed: null };
   if (!(await fs.lstat(path.join(workspace, '.git')).catch(() => null))) return none;
   const q = (args: string[]) => args.map((a) => `'${a}'`).join(' ');
   const script = [
@@ -59,6 +66,9 @@ export async function gitState(sandbox: Sandbox, workspace: string, readOnlyBind
     `{ ${q(GIT)} status --porcelain=v1 --untracked-files=${opts.tracked ? 'no' : 'normal'} || echo '?? (git status failed)'; ` +
       `${q(GIT)} ls-files -v | grep -q '^[a-zS] ' && echo '?? (files marked assume-unchanged or skip-worktree)'; } | head -c 4096`,
     "printf '\\0'",
+    // each name ends with a NUL and one more closes the list: no name is empty, so two NULs are its end
+    `${q(GIT)} ls-tree -r -z --name-only --full-tree HEAD 2>/dev/null`,
+    "printf '\\0'",
     opts.tracked ? 'true' : `${q(GIT)} ls-files -z --cached --others --exclude-standard`,
   ].join('; ');
   const r = await runProcess(sandbox, ['/bin/sh', '-c', script], {
@@ -66,20 +76,36 @@ export async function gitState(sandbox: Sandbox, workspace: string, readOnlyBind
     env: { PATH: '/usr/bin:/bin', HOME: '/tmp' },
     network: false,
     readOnlyBinds,
-    maxBytes: 16 * 1024 * 1024,
+    maxBytes: 32 * 1024 * 1024,
     timeoutMs: 30_000,
   });
-  const headEnd = r.stdout.indexOf('\0');
-  const statusEnd = headEnd < 0 ? -1 : r.stdout.indexOf('\0', headEnd + 1);
-  if (r.exit_code !== 0 || r.truncated || statusEnd < 0) return none;
-  const [head, status, files] = [r.stdout.slice(0, headEnd), r.stdout.slice(headEnd + 1, statusEnd), r.stdout.slice(statusEnd + 1)];
+  const out = r.stdout;
+  const headEnd = out.indexOf('\0');
+  const statusEnd = headEnd < 0 ? -1 : out.indexOf('\0', headEnd + 1);
+  // the commit's list is empty (a lone NUL) or its names, each with its NUL, and the closing one
+  const committedEnd = statusEnd < 0 ? -1 : out[statusEnd + 1] === '\0' ? statusEnd + 1 : out.indexOf('\0\0', statusEnd + 1) + 1;
+  if (r.exit_code !== 0 || r.truncated || committedEnd <= 0) return none;
+  const [head, status] = [out.slice(0, headEnd), out.slice(headEnd + 1, statusEnd)];
+  const names = (from: number, to?: number) => out.slice(from, to).split('\0').filter(Boolean);
   const [commit, tree] = head.trim().split('\n');
   return {
     commit: commit || null,
     tree: tree || null,
     dirty: status.trim().length > 0,
-    files: opts.tracked ? null : files.split('\0').filter(Boolean),
+    files: opts.tracked ? null : names(committedEnd + 1),
+    committed: commit ? names(statusEnd + 1, committedEnd) : null,
   };
+}
+
+/**
+ * The digest of the commit's files as they are in the folder, read by the service (null outside a repository).
+ * git's own word that the tree is clean comes from the index, the repository's config and its attributes, all
+ * of which a gate can write: an index whose entries carry an edited file's times, or a clean filter that gives
+ * git the commit's bytes, kept an edit out of `git status`. A gate run takes this digest when it starts, and a
+ * tree whose digest is another when a gate ends is not the commit, whatever git says.
+ */
+export function committedDigest(hasher: FileHasher, workspace: string, git: GitState): Promise<string> | null {
+  return git.committed ? hasher.digest(workspace, git.committed.filter(staysInside)) : null;
 }
 
 /** The files of a gate's inputs, relative to the workspace, sorted. */
@@ -107,7 +133,8 @@ export class FileHasher {
   async digest(workspace: string, files: string[]): Promise<string> {
     const reads = limited(HASH_CONCURRENCY);
     const now = ++this.digests;
-    const lines = await Promise.all(files.map(async (f) => `${f}\0${await this.hashOf(workspace, f, reads, now)}\n`));
+    const folders: FolderPaths = new Map();
+    const lines = await Promise.all(files.map(async (f) => `${f}\0${await this.hashOf(workspace, f, reads, now, folders)}\n`));
     for (const [key, seen] of this.known) if (seen.digest <= now - HASHES_KEPT_DIGESTS) this.known.delete(key);
     return `sha256:${createHash('sha256').update(lines.join('')).digest('hex')}`;
   }
@@ -117,9 +144,9 @@ export class FileHasher {
     return this.known.size;
   }
 
-  private async hashOf(workspace: string, rel: string, reads: ReturnType<typeof limited>, now: number): Promise<string> {
+  private async hashOf(workspace: string, rel: string, reads: ReturnType<typeof limited>, now: number, folders: FolderPaths): Promise<string> {
     const key = path.join(workspace, rel);
-    const entry = await entryOf(workspace, rel);
+    const entry = await entryOf(workspace, rel, folders);
     if (!entry || entry.kind !== 'file') this.known.delete(key);
     if (!entry) return 'missing';
     if (entry.kind === 'link') return `link:${entry.target}`;

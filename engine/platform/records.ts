@@ -623,6 +623,12 @@ export type GateRunRecord = {
    * runs recorded before it was kept)
    */
   definitions?: Record<string, string>;
+  /**
+   * the digest of the commit's files as the service read them when it started (committedDigest in
+   * engine/gates/subject.ts), null when the tree was not clean then: each gate's files are compared with it
+   * (absent on runs recorded before it was kept)
+   */
+  committed_digest?: string | null;
   /** what started it: a run's `gates` step, the API, or the CLI posting its results */
   trigger: { type: 'run'; run_id: string; session_id: string } | { type: 'api' } | { type: 'cli' };
   subject: GateSubject | null;

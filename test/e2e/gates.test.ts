@@ -482,6 +482,48 @@ describe('gates in the service', function () {
     }
   });
 
+  it('reads the commit’s files itself: an edit a gate hides from git status (a clean filter, an index with the edited file’s times) makes every later result of a changed tree', async () => {
+    const { execFileSync } = await import('node:child_process');
+    const { gitState } = await import('../../engine/gates/index.js');
+    const one = await startHarness({ env: { SERVICE_GATES_CONCURRENCY: '1' } });
+    // the first gate (the commit's own code, say its tests) turns a later gate's failing script into a passing one
+    // of the same size, then hides the edit: git status reads the tree as clean either way
+    const hides = {
+      // a clean filter, in the repository's own config and attributes, gives git the commit's bytes
+      filter: `git config filter.hide.clean 'cat >/dev/null; git show HEAD:check.sh' && echo 'check.sh filter=hide' > .git/info/attributes`,
+      // the file keeps its times, and git is told to look at no more than those and the size: the index says it
+      // has not changed
+      index: `touch -r check.sh .git/stamp && git config core.checkStat minimal`,
+    };
+    try {
+      for (const [how, hide] of Object.entries(hides)) {
+        const dir = path.join(one.tenantDir(), `hidden-${how}`);
+        await fs.mkdir(dir, { recursive: true });
+        await fs.writeFile(path.join(dir, 'check.sh'), 'exit 1\n');
+        const edit = how === 'index' ? `${hide} && printf 'exit 0\\n' > check.sh && touch -r .git/stamp check.sh` : `printf 'exit 0\\n' > check.sh && ${hide}`;
+        await fs.writeFile(
+          path.join(dir, 'gates.yaml'),
+          `gates:\n  - id: first\n    shell: true\n    run: ${JSON.stringify(edit)}\n  - id: check\n    shell: true\n    run: sh check.sh\n`,
+        );
+        const git = (script: string) => execFileSync('sh', ['-c', script], { cwd: dir, encoding: 'utf8' }).trim();
+        git('git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm one');
+        // git's status is made clean again before the gates run: the index's times are the files' own
+        git('sleep 1 && git update-index --refresh -q');
+        const run = await one.rt.engine.gates.start('tenant-a', { workspace: `hidden-${how}`, trigger: { type: 'api' } });
+        expect(run.subject!.dirty).to.equal(false);
+        const done = await one.rt.engine.gates.wait('tenant-a', run.id);
+        const [first, check] = ['first', 'check'].map((id) => done.results.find((r) => r.gate_id === id)!) as [GateResult, GateResult];
+        expect(await fs.readFile(path.join(dir, 'check.sh'), 'utf8'), how).to.equal('exit 0\n');
+        expect((await gitState(one.rt.sandbox, dir, [], { tracked: true })).dirty, `${how}: git status is fooled`).to.equal(false);
+        expect(check.conclusion, `${how}: the edited script passes`).to.equal('success');
+        expect(first.subject.dirty, `${how}: the gate that edited the commit`).to.equal(true);
+        expect(check.subject.dirty, `${how}: the gate that ran the edited script`).to.equal(true);
+      }
+    } finally {
+      await one.close();
+    }
+  });
+
   it('runs a workspace’s gates for one gate run at a time: a second run’s gate never reads the first’s report as its own', async () => {
     const dir = path.join(h.tenantDir(), 'shared-report');
     await fs.mkdir(dir, { recursive: true });

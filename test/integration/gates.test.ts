@@ -69,7 +69,7 @@ describe('gates', function () {
     sandbox: on,
     workspace,
     workspaceName: '.',
-    git: { commit: null, tree: null, dirty: null, files: null },
+    git: { commit: null, tree: null, dirty: null, files: null, committed: null },
     hasher: new FileHasher(),
     baseEnv: { PATH: '/usr/bin:/bin' },
     envValue: () => undefined,
@@ -350,11 +350,13 @@ describe('gates', function () {
     expect(clean.commit).to.match(/^[0-9a-f]{40}$/);
     expect(clean.dirty).to.equal(false);
     expect(clean.files).to.deep.equal([...names].sort());
+    expect(clean.committed, 'the commit’s own files, read from its tree').to.have.members(names);
     // one untracked, named to look like the listing's old mark: the tree is dirty, and every file still listed
     await fs.writeFile(path.join(repo, 'new@@\nfile'), 'x');
     const dirty = await gitState(sandbox, repo);
     expect(dirty.dirty).to.equal(true);
     expect(dirty.files).to.have.members([...names, 'new@@\nfile']);
+    expect(dirty.committed).to.have.members(names);
     expect((await gitState(sandbox, repo, [], { tracked: true })).dirty).to.equal(false);
   });
 
