@@ -34,7 +34,8 @@ export function voiceRouter(engine: Engine, spec: OpenApiDocument): Router {
     // request would now be refused (the tenant's line full, its session archived since): those checks are
     // skipped for it. A session that is not the caller's is still refused: the key proves nothing about it.
     const key = idempotencyKeyOf(req);
-    const replaying = key ? (await engine.runs.heldRun(tenantId, key)) !== null : false;
+    const held = key ? await engine.runs.heldRun(tenantId, key) : null;
+    const replaying = held !== null;
     const assertCanTake = async (o: VoiceOptions) => {
       if (o.session_id)
         await engine.sessions.assertCanPost(tenantId, o.session_id, o.to).catch((err: unknown) => {
@@ -45,10 +46,13 @@ export function voiceRouter(engine: Engine, spec: OpenApiDocument): Router {
     let opts: VoiceOptions = {};
     // once every byte is here, before the provider gets the last of them: a raw body's options are query
     // parameters (checked by the validator), a form's are its fields (which may follow its file)
-    const complete = async () => {
+    const complete = async (sha256: string | null) => {
       opts = { ...(req.query as VoiceOptions), ...optionsOf(await incoming.fields) };
       if (opts.to && !opts.session_id) throw new ValidationError('`to` names an agent of a session', [{ path: '/body/to', message: 'needs session_id' }]);
       if (opts.workspace && !opts.run) throw new ValidationError('`workspace` is where a run starts', [{ path: '/body/workspace', message: 'needs run=true' }]);
+      // a key that started a run for another request (other audio, session, agent or workspace) is refused as
+      // `createIdempotent` refuses it, before the provider has the last of the audio: no transcript is paid for
+      if (held && opts.run) held.assertSame(spokenFingerprint(sha256, opts));
       // a session that is not there, not the caller's or archived, or a run that would be refused: the provider is not paid
       await assertCanTake(opts);
       return { language: opts.language, prompt: opts.prompt };
@@ -109,8 +113,7 @@ export function voiceRouter(engine: Engine, spec: OpenApiDocument): Router {
     // a retry with the same key and the same audio (and the same session and agent) returns the run the first
     // one started, whatever the provider hears the second time, and posts nothing again: the message is
     // posted, and the transcript judged, only for a new key
-    const fingerprint = { kind: 'autonomy', voice: heard.sha256, workspace: opts.workspace ?? null, session_id: opts.session_id ?? null, to: opts.to ?? null };
-    const { run, replayed } = await engine.runs.createIdempotent(tenantId, key, fingerprint, async () => {
+    const { run, replayed } = await engine.runs.createIdempotent(tenantId, key, spokenFingerprint(heard.sha256, opts), async () => {
       if (!text) throw silent();
       if (text.length > MAX_GOAL_CHARS)
         throw new ValidationError('the transcript is too long to be a run goal', [
@@ -129,6 +132,15 @@ export function voiceRouter(engine: Engine, spec: OpenApiDocument): Router {
 
   return router;
 }
+
+/** What a spoken run's Idempotency-Key is held to: the recording (its sha256), and where the run and its message go. */
+const spokenFingerprint = (sha256: string | null, o: VoiceOptions) => ({
+  kind: 'autonomy',
+  voice: sha256,
+  workspace: o.workspace ?? null,
+  session_id: o.session_id ?? null,
+  to: o.to ?? null,
+});
 
 /** The run a recording starts: its text as the goal, the defaults of `POST /autonomy/run` otherwise. */
 const spokenRun = (goal: string, workspace: string | undefined): AutonomyWork => ({ goal, workspace, network: false, gates: false });

@@ -384,15 +384,26 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
    * The stored run a tenant's Idempotency-Key holds, or null (none yet, or Redis and the store cannot say
    * now). It only reads: a caller that would check a new request first (its tenant's line, its session)
    * skips the checks for a retry, which `createIdempotent` answers with that run whatever they would say.
+   * `assertSame` throws the 422 `createIdempotent` would for a request of another fingerprint: a caller that
+   * learns its request's fingerprint before it pays for the request's input (an upload's digest) asks first.
    */
-  async function heldRun(tenantId: string, key: string): Promise<Run | null> {
+  async function heldRun(tenantId: string, key: string): Promise<{ run: Run; assertSame(fingerprint: unknown): void } | null> {
     const keyDigest = sha256Hex(key);
     try {
       const claimed = await heldClaim(`${prefix}:idempotency:${tenantId}:${keyDigest}`);
       // Redis forgets a key when it loses its data: the store keeps each key's run too, for its day
       const since = new Date(clock.now().getTime() - IDEMPOTENCY_TTL_SECONDS * 1000).toISOString();
-      const runId = claimed?.run_id ?? (await store.idempotencyKeys.get(tenantId, keyDigest, since))?.run_id;
-      return (runId && (await store.runs.get(tenantId, runId))) || null;
+      const record = claimed ? null : await store.idempotencyKeys.get(tenantId, keyDigest, since);
+      const runId = claimed?.run_id ?? record?.run_id;
+      const run = runId ? await store.runs.get(tenantId, runId) : null;
+      if (!run) return null;
+      const hash = claimed ? claimed.hash : record!.fingerprint;
+      return {
+        run,
+        assertSame(fingerprint) {
+          if (hash !== fingerprintOf(fingerprint) && hash !== legacyFingerprintOf(fingerprint)) throw keyReused();
+        },
+      };
     } catch {
       // not knowing is answered as a new request is: checked first
       return null;

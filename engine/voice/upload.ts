@@ -6,9 +6,9 @@
 // a refused one ends its transfer broken.
 //
 // Memory holds only what a provider that reads the upload as it arrives has not taken yet (nothing for one
-// that reads a file). Every byte also goes to a private temporary file, which a retry, a provider that
-// needs a file and the digest read; `discard()` removes it.
-import { createHash, randomUUID } from 'node:crypto';
+// that reads a file). Every byte also goes to a private temporary file, which a retry and a provider that
+// needs a file read; `discard()` removes it.
+import { createHash, randomUUID, type Hash } from 'node:crypto';
 import fs from 'node:fs';
 import type { Readable } from 'node:stream';
 import { finished } from 'node:stream/promises';
@@ -24,8 +24,13 @@ export type UploadLimits = {
   maxSeconds: number;
   /** the provider takes the bytes as they arrive (`body()`): memory holds them until it has; otherwise only the file does */
   live: boolean;
-  /** the caller's checks once every byte is here; what it answers is passed to the provider */
-  complete: () => Promise<UploadTerms>;
+  /** the upload's sha256 is taken as it arrives, for `complete` and `sha256()` (a caller that must know it again) */
+  digest?: boolean;
+  /**
+   * the caller's checks once every byte is here and before a provider has the last of them (with the upload's
+   * sha256 when `digest`, else null); what it answers is passed to the provider
+   */
+  complete: (sha256: string | null) => Promise<UploadTerms>;
 };
 
 /** Bytes read before the format is judged: a FLAC's STREAMINFO, an Ogg's first page; a WAV is read on to its data chunk's header. */
@@ -65,6 +70,9 @@ export class AudioUpload {
   private readonly spillPath = `${tempPrefix('upload')}${randomUUID()}`;
   private readonly spill = fs.createWriteStream(this.spillPath, { flags: 'wx', mode: 0o600 });
   private readonly spilled: Promise<void>;
+  /** the sha256 of what has arrived, with `digest`; its hex once every byte has */
+  private readonly hash: Hash | null;
+  private hex: string | null = null;
   private wake: () => void = () => {};
   private settle!: { resolve: (t: UploadTerms) => void; reject: (e: Error) => void };
 
@@ -73,6 +81,7 @@ export class AudioUpload {
     private readonly limits: UploadLimits,
   ) {
     this.pending = limits.live ? [] : null;
+    this.hash = limits.digest ? createHash('sha256') : null;
     this.settled = new Promise<UploadTerms>((resolve, reject) => (this.settle = { resolve, reject }));
     this.spilled = finished(this.spill);
     // a caller that never asks still must not see an unhandled rejection
@@ -143,12 +152,10 @@ export class AudioUpload {
     await fs.promises.copyFile(this.spillPath, file);
   }
 
-  /** sha256 of the whole upload, hex, once it has passed. */
-  async sha256(): Promise<string> {
-    await this.stored();
-    const hash = createHash('sha256');
-    for await (const chunk of fs.createReadStream(this.spillPath)) hash.update(chunk as Buffer);
-    return hash.digest('hex');
+  /** sha256 of the whole upload, hex, once it has passed; null unless opened with `digest`. */
+  async sha256(): Promise<string | null> {
+    await this.settled;
+    return this.hex;
   }
 
   /** Removes the temporary file: once the request is answered. */
@@ -202,6 +209,7 @@ export class AudioUpload {
           return;
         }
         this.spill.write(chunk);
+        this.hash?.update(chunk);
         this.pending?.push(chunk);
         this.keepTail(chunk);
         try {
@@ -272,7 +280,8 @@ export class AudioUpload {
       this.measured(
         this.format === 'wav' ? this.wav!.seconds(this.bytes) : durationOf(this.format, this.head[0]!, { size: this.bytes, tail: Buffer.concat(this.tail) }),
       );
-      const terms = await this.limits.complete();
+      this.hex = this.hash?.digest('hex') ?? null;
+      const terms = await this.limits.complete(this.hex);
       this.passed = true;
       this.notify();
       this.settle.resolve(terms);

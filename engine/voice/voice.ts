@@ -38,7 +38,7 @@ export type Transcription = {
   model: string;
 };
 
-type TranscribeOptions = { signal: AbortSignal; log?: Logger; complete: () => Promise<UploadTerms>; digest?: boolean };
+type TranscribeOptions = { signal: AbortSignal; log?: Logger; complete: (sha256: string | null) => Promise<UploadTerms>; digest?: boolean };
 type Transcribed = { transcript: Transcription; sha256: string | null };
 
 export function voiceOf(deps: VoiceDeps, settings: VoiceSettings) {
@@ -56,8 +56,9 @@ export function voiceOf(deps: VoiceDeps, settings: VoiceSettings) {
   /**
    * Transcribes the audio `stream` carries. What it is and how long it plays is judged from its first
    * bytes before the provider is asked; a provider that streams then takes it as it arrives. `complete` runs once
-   * every byte is here (a form's later fields, the caller's own checks) and names the language and prompt.
-   * Nothing of the audio is kept after the answer.
+   * every byte is here, before the provider has the last of them (a form's later fields, the caller's own checks,
+   * given the audio's sha256 with `digest`), and names the language and prompt. Nothing of the audio is kept
+   * after the answer.
    */
   async function transcribe(tenantId: string, stream: Readable, opts: TranscribeOptions): Promise<Transcribed> {
     const transcriber = assertConfigured();
@@ -83,6 +84,7 @@ export function voiceOf(deps: VoiceDeps, settings: VoiceSettings) {
       maxBytes: MAX_AUDIO_BYTES,
       maxSeconds: settings.maxSeconds,
       live: transcriber.streams,
+      digest: opts.digest,
       complete: opts.complete,
     });
     try {
@@ -123,7 +125,7 @@ export function voiceOf(deps: VoiceDeps, settings: VoiceSettings) {
         model: transcriber.model,
       };
       // `digest`: the caller must know the same recording again (an idempotent run)
-      return { transcript, sha256: opts.digest ? await upload.sha256() : null };
+      return { transcript, sha256: await upload.sha256() };
     } finally {
       await upload.discard();
     }

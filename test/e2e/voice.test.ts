@@ -695,6 +695,20 @@ describe('voice transcription', function () {
     expect(other.status).to.equal(422);
     expect(other.body.code).to.equal('idempotency-key-reused');
     expect(await messages(), 'nothing posted for a refused request').to.equal(1);
+    // the key's earlier request is known before the provider has the whole recording: it is not paid for a 422
+    await new Promise((r) => setTimeout(r, 200));
+    expect(provider.received, 'the provider heard the first request and its retry, not the other recording').to.have.length(2);
+    // nor for one whose key started a run of `POST /autonomy/run`
+    const typed = await h.call<Body>('POST', '/api/v1/autonomy/run', {
+      body: { goal: 'typed', workspace: 'voice' },
+      headers: { 'idempotency-key': 'voice-3' },
+    });
+    expect(typed.status, typed.text).to.equal(202);
+    const spoken = await raw(h, audio, 'audio/wav', { query: 'run=true&workspace=voice', headers: { 'idempotency-key': 'voice-3' } });
+    expect(spoken.status, spoken.text).to.equal(422);
+    expect(spoken.body.code).to.equal('idempotency-key-reused');
+    await new Promise((r) => setTimeout(r, 200));
+    expect(provider.received).to.have.length(2);
   });
 
   it('posts nothing, and starts nothing, when the transcript is longer than a message’s text or a goal may be', async () => {
