@@ -550,6 +550,12 @@ export interface paths {
          *     reading. A failure after the first byte cuts the connection, so a tar that was not finished never looks
          *     whole. There is no byte cap: `subject` and `since` choose which gate runs a pack is about, not how many
          *     artifacts their results keep.
+         *
+         *     A pack is checked before it is signed: every entry of its slice (up to 10,000) and its payloads are read
+         *     and their signatures verified, seconds of CPU and of the thread pool the process's file reads share. A
+         *     process checks 4 packs at once, a tenant's 2 of them: one more is refused before it starts (429 for
+         *     the tenant's third, 503 past the process's fourth, both with `Retry-After: 2`). The tar's streaming,
+         *     after the check, is not counted.
          */
         get: operations["getEvidencePack"];
         put?: never;
@@ -4554,7 +4560,31 @@ export interface operations {
                 };
             };
             422: components["responses"]["Unprocessable"];
-            429: components["responses"]["ApiRateLimited"];
+            /**
+             * @description The tenant's or the key's requests this minute are spent, or the tenant has 2 packs being checked in
+             *     this process already (`rate-limited`, `Retry-After: 2`).
+             */
+            429: {
+                headers: {
+                    /** @description Seconds to wait before trying again. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The process is checking 4 packs already, or the store or Redis did not answer (`unavailable`); retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before trying again. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             default: components["responses"]["OtherProblem"];
         };
     };

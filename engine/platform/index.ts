@@ -1,6 +1,7 @@
 // The platform: what every capability uses. Redis and the queues, the typed event log, ids, the
 // clock, the error hierarchy, logging, metrics and sealing of secrets. It imports no capability.
 export * from './addresses.js';
+export * from './admission.js';
 export * from './mail.js';
 export * from './canonical.js';
 export * from './clock.js';

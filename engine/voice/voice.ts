@@ -2,7 +2,7 @@
 // per transcription, with sizes and timings, never the text.
 import { performance } from 'node:perf_hooks';
 import type { Readable } from 'node:stream';
-import { AudioRejectedError, RateLimitedError, ServiceUnavailableError, TranscriptionNotConfiguredError, type Logger } from '../platform/index.js';
+import { admission, AudioRejectedError, TranscriptionNotConfiguredError, type Logger } from '../platform/index.js';
 import { AudioUpload, type UploadTerms } from './upload.js';
 import type { Transcriber } from './transcriber.js';
 
@@ -42,11 +42,12 @@ type TranscribeOptions = { signal: AbortSignal; log?: Logger; complete: (sha256:
 type Transcribed = { transcript: Transcription; sha256: string | null };
 
 export function voiceOf(deps: VoiceDeps, settings: VoiceSettings) {
-  const maxUploads = settings.maxUploads ?? MAX_UPLOADS_AT_ONCE;
-  const maxPerTenant = Math.max(1, Math.ceil(maxUploads / TENANT_SHARE));
-  let uploads = 0;
-  /** uploads in progress per tenant (a tenant with none has no entry) */
-  const byTenant = new Map<string, number>();
+  const uploads = admission({
+    max: settings.maxUploads ?? MAX_UPLOADS_AT_ONCE,
+    tenantShare: TENANT_SHARE,
+    what: 'uploads',
+    retryAfterSeconds: BUSY_RETRY_AFTER_SECONDS,
+  });
 
   function assertConfigured(): Transcriber {
     if (!settings.transcriber) throw new TranscriptionNotConfiguredError(settings.unavailable);
@@ -62,21 +63,7 @@ export function voiceOf(deps: VoiceDeps, settings: VoiceSettings) {
    */
   async function transcribe(tenantId: string, stream: Readable, opts: TranscribeOptions): Promise<Transcribed> {
     const transcriber = assertConfigured();
-    const mine = byTenant.get(tenantId) ?? 0;
-    if (mine >= maxPerTenant)
-      throw new RateLimitedError(`this tenant has ${mine} uploads in progress, the most it may have at once; try again shortly`, BUSY_RETRY_AFTER_SECONDS);
-    if (uploads >= maxUploads)
-      throw new ServiceUnavailableError(`the service is taking ${maxUploads} uploads already; try again shortly`, BUSY_RETRY_AFTER_SECONDS);
-    uploads++;
-    byTenant.set(tenantId, mine + 1);
-    try {
-      return await transcribeUpload(tenantId, transcriber, stream, opts);
-    } finally {
-      uploads--;
-      const left = byTenant.get(tenantId)! - 1;
-      if (left) byTenant.set(tenantId, left);
-      else byTenant.delete(tenantId);
-    }
+    return uploads.hold(tenantId, () => transcribeUpload(tenantId, transcriber, stream, opts));
   }
 
   async function transcribeUpload(tenantId: string, transcriber: Transcriber, stream: Readable, opts: TranscribeOptions): Promise<Transcribed> {

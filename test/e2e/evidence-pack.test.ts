@@ -77,6 +77,39 @@ describe('evidence packs of large artifacts', function () {
       expect(verifyPack(await readPack(Buffer.from(saved, 'utf8'))), JSON.stringify(saved.slice(0, 3))).to.deep.include({ ok: true });
   });
 
+  it('checks 2 of a tenant’s packs at once: a third is refused at once (429, Retry-After), and the tar’s streaming holds no place', async () => {
+    // the ledger's payloads are read while a pack is checked: held here, the first two packs stay in their check
+    const repo = h.rt.store.evidence;
+    const payloads = repo.payloads;
+    let open!: () => void;
+    const opened = new Promise<void>((r) => (open = r));
+    let waiting = 0;
+    repo.payloads = async (tenantId, digests) => {
+      waiting++;
+      await opened;
+      return payloads.call(repo, tenantId, digests);
+    };
+    try {
+      const pack = () => h.call<Body>('GET', '/api/v1/autonomy/evidence-pack?workspace=packed');
+      const held = [pack(), pack()];
+      await eventually(() => waiting === 2, 'both packs in their check');
+      const third = await pack();
+      expect(third.status, third.text).to.equal(429);
+      expect(third.body.code).to.equal('rate-limited');
+      expect(third.headers.get('retry-after')).to.equal('2');
+      open();
+      for (const done of await Promise.all(held)) expect(done.status, done.text.slice(0, 300)).to.equal(200);
+    } finally {
+      repo.payloads = payloads;
+    }
+    // the places are given back; two tars being streamed (their clients take nothing yet) hold none
+    const streaming = [await tar(), await tar()];
+    expect(streaming.map((r) => r.status)).to.deep.equal([200, 200]);
+    const json = await h.call<Body>('GET', '/api/v1/autonomy/evidence-pack?workspace=packed');
+    expect(json.status, json.text.slice(0, 300)).to.equal(200);
+    await Promise.all(streaming.map((r) => r.body!.cancel()));
+  });
+
   it('streams a tar of several MB, reading its artifacts one at a time as the client takes them; it verifies offline', async () => {
     const keyId = (await h.call<Body>('GET', '/api/v1/autonomy/evidence-pack?workspace=packed')).body.public_key.key_id as string;
     watchReads();
