@@ -513,11 +513,18 @@ describe('webhook intake', function () {
         },
         [{ field: 'attachment1', name: 'log.txt', type: 'text/plain', bytes: 2048 }],
       );
+      // compressed, with Basic: inflated and read (its credentials were checked before a byte of it was)
+      const gz = await post('email', {
+        body: gzipSync(body),
+        headers: { 'content-type': contentType, 'content-encoding': 'gzip', authorization: sign.basicAuth(SECRET.email) },
+      });
+      expect(gz.status, gz.text).to.equal(200);
       const r = await post('email', { body, headers: { 'content-type': contentType, authorization: sign.basicAuth(SECRET.email) } });
       expect(r.status, r.text).to.equal(200);
       const d = await delivery(r.body.delivery_id);
       expect(d.event).to.equal('email');
       expect(d.body).to.equal(null);
+      expect((await delivery(gz.body.delivery_id)).event_payload, 'the compressed one read as the plain one').to.deep.equal(d.event_payload);
       expect(d.event_payload).to.deep.equal({
         provider: 'sendgrid',
         from: 'Ada <ada@example.com>',
@@ -960,6 +967,10 @@ describe('webhook intake', function () {
       const wrongBasic = `Authorization: ${sign.basicAuth('wrong-password')}\r\n`;
       const cases: [string, number, string, string][] = [
         ['email', 20_000_000, json, 'webhook-signature-missing'],
+        // a compressed form without Basic: only its inflated fields could say it is Mailgun's (144 bytes of brotli
+        // were inflated to the 25 MB limit to be refused)
+        ['email', 20_000_000, 'Content-Type: multipart/form-data; boundary=B\r\nContent-Encoding: br\r\n', 'webhook-signature-missing'],
+        ['email', 20_000_000, 'Content-Type: application/x-www-form-urlencoded\r\nContent-Encoding: gzip\r\n', 'webhook-signature-missing'],
         ['email', 20_000_000, json + wrongBasic, 'webhook-signature-invalid'],
         ['email', 20_000_000, `Content-Type: multipart/form-data; boundary=B\r\n${wrongBasic}`, 'webhook-signature-invalid'],
         ['email', 20_000_000, `${json}Authorization: Bearer nope\r\n`, 'webhook-signature-invalid'],
