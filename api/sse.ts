@@ -168,8 +168,10 @@ async function openStream(req: Request, res: Response, opts: SseOptions, leave: 
   }
   res.flushHeaders();
   res.write('retry: 2000\n\n');
+  let ended = false;
   /** Tells the reader that events after `after` were trimmed from the log before it was sent them. */
   const truncated = (after: string, kept: string) =>
+    !ended &&
     res.write(
       `event: stream.truncated\ndata: ${JSON.stringify({
         type: 'stream.truncated',
@@ -181,7 +183,6 @@ async function openStream(req: Request, res: Response, opts: SseOptions, leave: 
   // the first event kept that the reader was last told of (once a gap)
   let told = firstKept;
   if (firstKept) truncated(opts.afterId, firstKept);
-  let ended = false;
   let sub: { close(): void } | undefined;
   // the key or sign-in that opened it, checked again each second (not each heartbeat, up to 300 s apart): a key
   // revoked or expired stops what reaches its stream within a second. A store or Redis that does not answer is not
@@ -221,6 +222,8 @@ async function openStream(req: Request, res: Response, opts: SseOptions, leave: 
   // the response's close, not the request's: a request whose body was read (a POST with stream: true) has
   // closed already, and would never tell that its client left
   res.on('close', end);
+  // a write no guard stopped after the end ends this stream, not the process (an 'error' no one hears throws)
+  res.on('error', end);
 
   // What a reader has not taken is held for it up to BUFFERED_MAX_BYTES, never more: a reader that does not
   // keep up (or does not read at all) would otherwise hold the whole log in this process's memory, once per
@@ -274,6 +277,9 @@ async function openStream(req: Request, res: Response, opts: SseOptions, leave: 
           // unless it says so (asked before, a trim between the two would go untold)
           const page = await opts.hub.after(opts.scope.stream, lastSent, CATCH_UP_PAGE);
           const dropped = await opts.hub.droppedAfter(opts.scope.stream, lastSent);
+          // the stream may have ended while the log was read (a key revoked, the process closing): nothing is
+          // written after its end (a write after it was an error no one heard, which ended the process)
+          if (ended || last) break;
           if (dropped && dropped !== told) truncated(lastSent, (told = dropped));
           let i = 0;
           // what the reader cannot take now is read again once it has (from the last event written)

@@ -94,6 +94,49 @@ describe('SSE streams', () => {
     }
   });
 
+  it('writes nothing after a stream ended while it read the log (its key revoked, the process closing): a write after the end was an error no one heard', async () => {
+    const event = (n: number) => ({ id: `1-${n}`, type: 'step.output', tenant_id: 't', at: '2026-01-01T00:00:00Z', data: { n } });
+    const log = [1, 2, 3].map(event);
+    const streams = new OpenStreams();
+    let catchingUp = false;
+    const hub = {
+      // the log is trimmed past the reader once its catch-up has begun
+      droppedAfter: async () => (catchingUp ? '1-2' : null),
+      lastId: async () => '1-3',
+      subscribe: async () => ({ close() {} }),
+      anyAfter: async () => false,
+      // while the catch-up reads the log, the stream is ended from elsewhere (here the process closing its streams)
+      after: async (_s: string, after: string, n: number) => {
+        catchingUp = true;
+        streams.closeAll();
+        return log.filter((e) => e.id > after).slice(0, n);
+      },
+    } as unknown as EventHub;
+    const afterEnd: string[] = [];
+    const errors: unknown[] = [];
+    const app = express();
+    app.get('/s', async (req, res) => {
+      const write = res.write.bind(res) as (chunk: string) => boolean;
+      res.write = ((chunk: string) => (res.writableEnded && afterEnd.push(chunk), write(chunk))) as typeof res.write;
+      res.on('error', (err) => errors.push(err));
+      await streamEvents(req, res, { tenantId: 't', streams, hub, scope: { stream: 's', isLast: () => false }, afterId: '1-1', heartbeatMs: 1000 });
+    });
+    const server = http.createServer(app);
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    try {
+      const { port } = server.address() as AddressInfo;
+      const text = await (await fetch(`http://127.0.0.1:${port}/s`)).text();
+      await new Promise((r) => setTimeout(r, 100));
+      expect(afterEnd, 'written after the end').to.deep.equal([]);
+      expect(errors).to.deep.equal([]);
+      expect(text).to.not.contain('stream.truncated');
+      expect(text).to.not.contain('id: 1-2');
+    } finally {
+      server.closeAllConnections();
+      server.close();
+    }
+  });
+
   it('opens no stream while Redis has not said where its log ends: a 503 before any header, not a future Last-Event-ID taken or a gap untold', async () => {
     const streams = new OpenStreams();
     let subscribed = 0;
