@@ -374,7 +374,9 @@ async function email(inb: Inbound, ctx: VerifyContext): Promise<Verified> {
   });
   const base = { event: 'email', action: null, keepBody: false, event_payload: parsed.email as unknown as Record<string, unknown> };
   const messageId = idOrNull(parsed.email.message_id);
-  if (basicOk) return { ...base, providerId: messageId, repeatIs: 'retry', replayKey: null };
+  // a mail without a Message-ID is known by its bytes: SendGrid's retry of a post whose answer it did not get sends
+  // the same bytes again, which started the automation twice (two tasks of one mail)
+  if (basicOk) return { ...base, providerId: messageId ?? `body:${sha256Hex(inb.body)}`, repeatIs: 'retry', replayKey: null };
   // a Mailgun token signs one request: seen again, it is a replay, refused before it is counted. The mail is
   // known by its Message-ID, as SendGrid's and Postmark's are: sent again (signed anew), it is a duplicate; one
   // without a Message-ID is known by its token, in the store too

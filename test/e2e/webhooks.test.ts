@@ -605,6 +605,18 @@ describe('webhook intake', function () {
       const taken = await post('email', { body: odd, headers: { 'content-type': 'application/json', authorization: sign.basicAuth(SECRET.email) } });
       expect(taken.status, taken.text).to.equal(200);
       expect((await delivery(taken.body.delivery_id)).event_payload.attachments).to.deep.equal([{ name: 'a.txt', type: 'application/octet-stream', size: 1 }]);
+      // a mail without a Message-ID is known by its bytes: the provider's retry of it is a duplicate, another mail is not
+      const anonymous = JSON.stringify({ From: 'x@example.com', Subject: 'no id', TextBody: 'once' });
+      const send = (text: string) =>
+        post('email', { body: text, headers: { 'content-type': 'application/json', authorization: sign.basicAuth(SECRET.email) } });
+      const first = await send(anonymous);
+      expect(first.status, first.text).to.equal(200);
+      expect((await delivery(first.body.delivery_id)).provider_delivery_id).to.match(/^body:[0-9a-f]{64}$/);
+      const retried = await send(anonymous);
+      expect(retried.body).to.deep.equal({ delivery_id: first.body.delivery_id, status: 'duplicate' });
+      const other = await send(anonymous.replace('once', 'twice'));
+      expect(other.status, other.text).to.equal(200);
+      expect(other.body.delivery_id).to.not.equal(first.body.delivery_id);
     });
 
     it('takes a Mailgun route post by its signature fields; a token is never taken twice; a forged one is refused', async () => {
