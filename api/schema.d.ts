@@ -1141,7 +1141,8 @@ export interface paths {
          *     secret as password (put it in the URL you give SendGrid or Postmark:
          *     `https://user:<secret>@host/webhooks/<tenant>/email`), or by Mailgun's `timestamp`, `token` and
          *     `signature` fields (hex HMAC-SHA256 of timestamp + token under the secret; the timestamp inside the
-         *     window, a token never accepted twice). Bodies up to 25 MB.
+         *     window, a token never accepted twice). Bodies up to 25 MB. The text and the html are kept to their first
+         *     1,000,000 characters each (`text_truncated: true` or `html_truncated: true` says one was cut).
          */
         post: operations["receiveEmailWebhook"];
         delete?: never;

@@ -23,6 +23,9 @@ export type EmailEvent = {
   subject: string | null;
   text: string | null;
   html: string | null;
+  /** the text or html was cut to EMAIL_BODY_MAX_CHARS (absent when whole) */
+  text_truncated?: true;
+  html_truncated?: true;
   message_id: string | null;
   attachments: EmailAttachment[];
 };
@@ -48,7 +51,19 @@ const MAX_FILES = 100;
 /** Parts past the fields and files kept are not read: a body of many tiny parts cost seconds of one thread. */
 const MAX_PARTS = MAX_FIELDS + MAX_FILES;
 
+/**
+ * The most of a mail's text, and of its html, kept (UTF-16 code units): a delivery keeps its event for days and
+ * each run it starts takes it as input, and a 25 MB mail of text was kept whole twice. Past it, the field is cut
+ * (never inside a character) and `text_truncated` or `html_truncated` says so.
+ */
+export const EMAIL_BODY_MAX_CHARS = 1_000_000;
+
 export async function parseEmail(contentType: string, body: Buffer): Promise<ParsedEmail> {
+  const parsed = await parsedEmail(contentType, body);
+  return { ...parsed, email: keptBodies(parsed.email) };
+}
+
+async function parsedEmail(contentType: string, body: Buffer): Promise<ParsedEmail> {
   const media = contentType.split(';')[0]!.trim().toLowerCase();
   if (media === 'application/json') return { email: fromPostmark(parseObject(body)) };
   if (media === 'multipart/form-data') return fromForm(await inTheirCharsets(contentType, body, await parseMultipart(contentType, body)));
@@ -57,6 +72,20 @@ export async function parseEmail(contentType: string, body: Buffer): Promise<Par
     return fromForm(urlEncodedForm(body.toString('utf8')));
   }
   throw new WebhookRejectedError('webhook-payload-invalid', 'an email delivery is multipart/form-data, application/x-www-form-urlencoded or application/json');
+}
+
+/** The mail with its text and html within EMAIL_BODY_MAX_CHARS each, and what was cut said. */
+function keptBodies(email: EmailEvent): EmailEvent {
+  const kept = { ...email };
+  for (const field of ['text', 'html'] as const) {
+    const value = email[field];
+    if (value === null || value.length <= EMAIL_BODY_MAX_CHARS) continue;
+    // a cut between the halves of a surrogate pair would leave half a character
+    const end = EMAIL_BODY_MAX_CHARS - (/[\uD800-\uDBFF]/.test(value[EMAIL_BODY_MAX_CHARS - 1]!) ? 1 : 0);
+    kept[field] = value.slice(0, end);
+    kept[`${field}_truncated`] = true;
+  }
+  return kept;
 }
 
 /** True when `byte` occurs in `body` more than `max` times (counted natively, stopping at max + 1). */

@@ -1,7 +1,7 @@
 // Inbound mail's sender: the From address a provider vouches for (SPF or DKIM passed for its domain), as
 // the email-to-task template checks it, per provider; and the allowlist's match on one address.
 import { expect } from 'chai';
-import { mailgunFieldsOfMultipart, parseEmail } from '../../engine/webhooks/email.js';
+import { EMAIL_BODY_MAX_CHARS, mailgunFieldsOfMultipart, parseEmail } from '../../engine/webhooks/email.js';
 import { senderAllowed } from '../../engine/tools/session.js';
 
 const form = (fields: Record<string, string>) => ['application/x-www-form-urlencoded', Buffer.from(new URLSearchParams(fields).toString())] as const;
@@ -67,6 +67,23 @@ describe('engine/webhooks/email verified_from', () => {
     expect(await verified([...sendgrid, 'dkim', '{@example.com:pass : fail, @evil.example : pass}'])).to.equal(null);
     expect(await verified([...sendgrid, 'dkim', '{@example.com : pass}', 'dkim', '{@evil.example : pass}'])).to.equal(null);
     expect(await verified([...sendgrid, 'dkim', '{@evil.example : pass, @example.com : pass}'])).to.equal('ops@example.com');
+  });
+
+  it('keeps a mail’s text and html to their first million characters each, never half a character, and says what it cut', async () => {
+    const long = 'a'.repeat(EMAIL_BODY_MAX_CHARS - 1) + '😀' + 'tail';
+    const { email } = await parseEmail(...form({ from: 'ops@example.com', text: long, html: '<p>short</p>' }));
+    expect(email.text).to.have.length(EMAIL_BODY_MAX_CHARS - 1);
+    expect(email.text_truncated).to.equal(true);
+    expect(email.html).to.equal('<p>short</p>');
+    expect(email).to.not.have.property('html_truncated');
+    const whole = await parseEmail(
+      'application/json',
+      Buffer.from(JSON.stringify({ From: 'ops@example.com', TextBody: 'b'.repeat(EMAIL_BODY_MAX_CHARS), HtmlBody: 'c'.repeat(EMAIL_BODY_MAX_CHARS + 1) })),
+    );
+    expect(whole.email.text).to.have.length(EMAIL_BODY_MAX_CHARS);
+    expect(whole.email).to.not.have.property('text_truncated');
+    expect(whole.email.html).to.have.length(EMAIL_BODY_MAX_CHARS);
+    expect(whole.email.html_truncated).to.equal(true);
   });
 
   it('matches an allowlist on exactly one address: two @ are no address, and an @domain is the whole domain', () => {
