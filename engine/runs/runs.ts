@@ -42,7 +42,7 @@ import type { TenantSlots } from './concurrency.js';
 import { retryPolicyOf } from './retry.js';
 import { REDIS_DEADLINE_MS, STORE_RETRY_AFTER_SECONDS, KeyHeld, type AfterStored, type Transitions } from './transitions.js';
 import { allowlistOf, networkOf, requireAgentFor, type ToolPolicy } from './policy.js';
-import { removeCheckout, resolveWorkspace, sweepLeftovers, tenantRoot, tenantRootPath } from './workspace.js';
+import { removeInSandbox, resolveWorkspace, sweepLeftovers, tenantRoot, tenantRootPath } from './workspace.js';
 import type { Sandbox } from '../tools/index.js';
 
 export type RunRequest = {
@@ -675,9 +675,9 @@ export function runsOf(deps: RunsDeps, transitions: Transitions) {
       (await sweepLeftovers(
         settings,
         async (tenantId, runId) => (await store.runs.get(tenantId, runId))?.status ?? null,
-        // in the sandbox, the tenant's root bound as its workspace: a `.checkouts` a step made a link leads nowhere
-        // outside it (as the checkout's own folder is made)
-        async (root, runId) => void (await removeCheckout(deps.sandbox, root, runId, settings.childEnv.PATH)),
+        // in the sandbox, the folder bound as its workspace: a link a step swapped in leads nowhere outside it (as the
+        // checkout's own folder is made)
+        (dir, parent, name) => removeInSandbox(deps.sandbox, dir, parent, name, settings.childEnv.PATH),
       )),
 
     isCancelRequested,

@@ -68,13 +68,14 @@ const realDirs = async (dir: string): Promise<string[]> => {
  * Removes what attempts whose process died left (their end's cleanup never ran): a scratch copy of a run not
  * running (each attempt's is its own, `vibe-<run>-*`), and the checkout of a run that ended or is gone
  * (`.checkouts/<run>`, which a later attempt of a queued run makes again). `statusOf` is the run's status, or
- * null when there is none. Only folders named by a run id, never through a link; a checkout, in a tenant's root
- * where its steps write, is removed by `removeCheckout` (in the sandbox, as it was made). How many went.
+ * null when there is none. Only folders named by a run id, never through a link, each removed by `remove(dir,
+ * parent, name)` (removeInSandbox: a tenant's root, and the local tenant's scratch area, are folders its steps
+ * write). How many went.
  */
 export async function sweepLeftovers(
   roots: Roots,
   statusOf: (tenantId: string, runId: string) => Promise<RunStatus | null>,
-  removeCheckout: (tenantRoot: string, runId: string) => Promise<void>,
+  remove: (dir: string, parent: string, name: string) => Promise<unknown>,
 ): Promise<number> {
   let removed = 0;
   const scratch = path.join(roots.workspaceRoot, SCRATCH_DIR);
@@ -82,7 +83,7 @@ export async function sweepLeftovers(
     for (const name of await realDirs(path.join(scratch, tenant))) {
       const runId = SCRATCH_OF_RUN.exec(name)?.[1];
       if (runId && (await statusOf(tenant, runId)) !== 'running') {
-        await fs.rm(path.join(scratch, tenant, name), { recursive: true, force: true });
+        await remove(path.join(scratch, tenant), '.', name);
         removed++;
       }
     }
@@ -92,7 +93,7 @@ export async function sweepLeftovers(
     for (const runId of (await realDirs(path.join(root, CHECKOUTS_DIR))).filter((n) => RUN_ID.test(n))) {
       const status = await statusOf(tenant, runId);
       if (status === null || isTerminal(status)) {
-        await removeCheckout(root, runId);
+        await remove(root, CHECKOUTS_DIR, runId);
         removed++;
       }
     }
@@ -101,25 +102,32 @@ export async function sweepLeftovers(
 }
 
 /**
- * Removes a run's checkout (`.checkouts/<run>` in its tenant's root) in the sandbox, the root bound as its
- * workspace: by path, as the service's own user, a folder a step swapped for a link mid-removal led it outside
- * the root (another tenant's, or /). What a step made read-only there is made writable first. Exit code 0 when done.
+ * Removes `name` from the folder `parent` of `dir` (`.`: from `dir` itself) in the sandbox, `dir` bound as its
+ * workspace. Removed by path as the service's own user, a folder a step swapped for a link mid-removal led it
+ * outside (another tenant's, or /): a checkout in its tenant's root, and a scratch copy in the local tenant's
+ * scratch area (inside its root, where another run's step writes; 50 files of a host folder went so). A `parent`
+ * that is a link is left alone; what a step made read-only is made writable first. Exit code 0 when done.
  */
-export async function removeCheckout(sandbox: Sandbox, root: string, runId: string, pathEnv: string | undefined): Promise<number | null> {
+export async function removeInSandbox(sandbox: Sandbox, dir: string, parent: string, name: string, pathEnv?: string): Promise<number | null> {
+  const inside = sandbox.workspacePath(dir);
   const r = await runProcess(
     sandbox,
     [
       '/bin/sh',
       '-c',
       'if [ -L "$1" ]; then exit 0; fi; if [ -e "$1/$2" ]; then chmod -R u+rwX "$1/$2"; fi; rm -rf "$1/$2"',
-      'remove-checkout',
-      `${sandbox.workspacePath(root)}/${CHECKOUTS_DIR}`,
-      runId,
+      'remove-in-sandbox',
+      parent === '.' ? inside : `${inside}/${parent}`,
+      name,
     ],
-    { workspace: root, env: { PATH: pathEnv ?? '/usr/bin:/bin' }, network: false, maxBytes: 64 * 1024 },
+    { workspace: dir, env: { PATH: pathEnv ?? '/usr/bin:/bin' }, network: false, maxBytes: 64 * 1024 },
   );
   return r.exit_code;
 }
+
+/** Removes a run's checkout (`.checkouts/<run>` in its tenant's root) in the sandbox (removeInSandbox). */
+export const removeCheckout = (sandbox: Sandbox, root: string, runId: string, pathEnv: string | undefined) =>
+  removeInSandbox(sandbox, root, CHECKOUTS_DIR, runId, pathEnv);
 
 /** A tenant's scratch area (vibe runs' copies), made on first use. */
 export async function scratchRoot(roots: Roots, tenantId: string): Promise<string> {
@@ -212,6 +220,9 @@ export async function makeScratch(
   const { root, workspace, area, signal } = opts;
   // named by its run: one a dead process left is found and removed (sweepLeftovers)
   const base = await fs.mkdtemp(path.join(area, `vibe-${opts.runId}-`));
+  // in the sandbox, the area bound: the local tenant's is in its root, where another run's step may swap a folder
+  // of this copy for a link while it is removed; one it cannot remove now is swept later
+  const removed = () => removeInSandbox(sandbox, area, '.', path.basename(base)).catch(() => null);
   const repo = await repositoryOf(workspace, root);
   let top = '';
   let dir = '';
@@ -239,7 +250,7 @@ export async function makeScratch(
       // the clone has none of the workspace's files, which are copied instead
       if (baseCommit && existsSync(dir)) kind = 'worktree';
       else {
-        await fs.rm(top, { recursive: true, force: true });
+        await removeInSandbox(sandbox, base, '.', 'worktree');
         readOnlyBinds = [];
       }
     }
@@ -270,7 +281,7 @@ export async function makeScratch(
       ).trim();
     }
   } catch (err) {
-    await fs.rm(base, { recursive: true, force: true });
+    await removed();
     throw err;
   }
   const rel = path.relative(top, dir) || '.';
@@ -322,7 +333,7 @@ export async function makeScratch(
       return { ...(await readDiff(Buffer.from(out.slice(at + 4), 'base64'), blobs)), changed_files: names };
     },
     async remove() {
-      await fs.rm(base, { recursive: true, force: true });
+      await removed();
     },
   };
 }

@@ -1312,7 +1312,7 @@ describe('action tools', function () {
     const spawn = h.rt.sandbox.spawn.bind(h.rt.sandbox);
     const removals: { argv: string[]; workspace: string }[] = [];
     h.rt.sandbox.spawn = (argv, o) => {
-      if (argv.includes('remove-checkout')) removals.push({ argv, workspace: o.workspace });
+      if (argv.includes('remove-in-sandbox')) removals.push({ argv, workspace: o.workspace });
       return spawn(argv, o);
     };
     try {

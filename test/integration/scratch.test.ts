@@ -52,6 +52,25 @@ describe('a vibe run’s scratch copy', () => {
     expect(await fs.readdir(path.join(dir, 'area'))).to.deep.equal([]);
   });
 
+  it('is removed in the sandbox, its area bound: a step that swapped a folder of it for a link mid-removal led the service’s own removal outside', async () => {
+    const spawned: { argv: string[]; workspace: string }[] = [];
+    const base = noSandbox();
+    const recording: Sandbox = { ...base, spawn: (argv, o) => (spawned.push({ argv, workspace: o.workspace }), base.spawn(argv, o)) };
+    const scratch = await makeScratch(recording, opts());
+    // a link in the copy to a folder outside: removed as a link, what it points to kept
+    const outside = path.join(dir, 'outside');
+    await fs.mkdir(outside);
+    await fs.writeFile(path.join(outside, 'keep.txt'), 'x');
+    await fs.symlink(outside, path.join(scratch.dir, 'link'));
+    spawned.length = 0;
+    await scratch.remove();
+    expect(await fs.readdir(path.join(dir, 'area'))).to.deep.equal([]);
+    expect(await fs.readdir(outside)).to.deep.equal(['keep.txt']);
+    expect(spawned, 'one process in the sandbox, the area bound as its workspace').to.have.length(1);
+    expect(spawned[0]!.workspace).to.equal(path.join(dir, 'area'));
+    expect(spawned[0]!.argv.join(' ')).to.contain('rm -rf');
+  });
+
   const git = (cwd: string, ...args: string[]) => {
     const r = spawnSync('git', ['-c', 'user.email=t@t', '-c', 'user.name=t', '-c', 'commit.gpgsign=false', ...args], { cwd, encoding: 'utf8' });
     expect(r.status, r.stderr).to.equal(0);
@@ -168,9 +187,11 @@ describe('a vibe run’s scratch copy', () => {
 
   it('stops copying when the run stops, and leaves nothing behind', async () => {
     const c = new AbortController();
-    setTimeout(() => c.abort(), 200);
+    const sandbox = slowSandbox();
+    // the copy is slow; what removes it once it stops is not (the removal runs in the sandbox too)
+    setTimeout(() => ((sandbox.slow = false), c.abort()), 200);
     const started = Date.now();
-    const err = await makeScratch(slowSandbox(), opts(c.signal)).catch((e: Error) => e);
+    const err = await makeScratch(sandbox, opts(c.signal)).catch((e: Error) => e);
     expect(err).to.be.instanceOf(Error);
     expect((err as Error).message).to.contain('stopped');
     expect(Date.now() - started).to.be.below(5000);
@@ -185,6 +206,7 @@ describe('a vibe run’s scratch copy', () => {
     const err = await scratch.diff(AbortSignal.timeout(200)).catch((e: Error) => e);
     expect((err as Error).message).to.contain('stopped');
     expect(Date.now() - started).to.be.below(5000);
+    sandbox.slow = false;
     await scratch.remove();
   });
 
@@ -232,7 +254,7 @@ describe('what attempts of a process that died left on disk', () => {
         asked.push(`${tenant}/${runId}`);
         return status[`${tenant}/${runId}`] ?? null;
       };
-      const removeCheckout = (root: string, runId: string) => fs.rm(path.join(root, '.checkouts', runId), { recursive: true, force: true });
+      const remove = (dir: string, parent: string, name: string) => fs.rm(path.join(dir, parent, name), { recursive: true, force: true });
       const made = async (...parts: string[]) => {
         await fs.mkdir(path.join(root, ...parts), { recursive: true });
         await fs.writeFile(path.join(root, ...parts, 'f'), 'x');
@@ -246,7 +268,7 @@ describe('what attempts of a process that died left on disk', () => {
       await fs.mkdir(path.join(root, 'tenant-b'));
       await fs.symlink(path.join(root, 'elsewhere'), path.join(root, 'tenant-b', '.checkouts'));
 
-      expect(await sweepLeftovers({ workspaceRoot: root, singleTenant: false }, statusOf, removeCheckout)).to.equal(5);
+      expect(await sweepLeftovers({ workspaceRoot: root, singleTenant: false }, statusOf, remove)).to.equal(5);
       expect((await fs.readdir(path.join(root, '.scratch', 'tenant-a'))).sort()).to.deep.equal([`vibe-${running}-x1`, 'vibe-x1y2z3']);
       // a queued run's checkout is the folder its next attempt makes again: kept until the run has ended
       expect((await fs.readdir(path.join(root, 'tenant-a', '.checkouts'))).sort()).to.deep.equal(['mine', running, queued].sort());
@@ -255,7 +277,7 @@ describe('what attempts of a process that died left on disk', () => {
       // the single local tenant's checkouts are in the root itself, its runs under its id: a running one stays
       await made('.checkouts', ended);
       await made('.checkouts', running);
-      expect(await sweepLeftovers({ workspaceRoot: root, singleTenant: true }, statusOf, removeCheckout)).to.equal(1);
+      expect(await sweepLeftovers({ workspaceRoot: root, singleTenant: true }, statusOf, remove)).to.equal(1);
       expect(await fs.readdir(path.join(root, '.checkouts'))).to.deep.equal([running]);
       expect(asked).to.include(`local/${running}`);
     } finally {
