@@ -2406,7 +2406,10 @@ export interface components {
                 /** @description Unified diff of what a vibe run changed. */
                 diff?: string;
                 diff_truncated?: boolean;
+                /** @description The paths a vibe run changed, the first 1,000 (and 256 KB of names) at most. */
                 changed_files?: string[];
+                /** @description More paths changed than `changed_files` lists (the diff names them all, up to its 1 MB). */
+                changed_files_truncated?: boolean;
                 final_answer?: string;
                 /**
                  * @description The agent asked for input and the run ended, holding no worker. The question is a message
@@ -2853,6 +2856,7 @@ export interface components {
                 summary?: string | null;
                 error?: components["schemas"]["ErrorInfo"];
                 duration_ms?: number | null;
+                /** @description A vibe run's `changed_files`, within 4 KB of JSON (`changed_files_truncated` when cut); the run keeps its own list. */
                 result?: {
                     [key: string]: unknown;
                 } | null;

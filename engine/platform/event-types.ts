@@ -36,7 +36,7 @@ export type EventBody =
         summary: string | null;
         error: ErrorInfo | null;
         duration_ms: number | null;
-        result: { changed_files?: string[] } | null;
+        result: { changed_files?: string[]; changed_files_truncated?: boolean } | null;
       };
     }
   | { type: 'workspace.ready'; data: { kind: 'worktree' | 'copy' } }

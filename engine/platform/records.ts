@@ -257,6 +257,8 @@ export type RunResult = {
   diff?: string;
   diff_truncated?: boolean;
   changed_files?: string[];
+  /** more paths changed than changed_files lists (CHANGED_FILES_MAX, CHANGED_FILES_MAX_BYTES) */
+  changed_files_truncated?: boolean;
   final_answer?: string;
   /** the agent asked for input and the run ended: an answering message starts the task's next run */
   input_required?: {

@@ -359,7 +359,7 @@ export function vibeProgram(
       // few seconds past it. Not at a shutdown: the attempt is put back in line and its result thrown
       // away, and the process has less time left than the grace. Taken before the gates, which put the
       // workspace's gate definitions back in the copy and may write files of their own
-      const { diff, changed_files, truncated } = await scratch.diff(withGrace(a.signal, diffGraceMs));
+      const { diff, changed_files, files_truncated, truncated } = await scratch.diff(withGrace(a.signal, diffGraceMs));
       // gates that cannot run (their set is invalid, say) fail the run with why, and cost it not its diff
       let gatesError: ErrorInfo | undefined;
       const checked =
@@ -377,7 +377,14 @@ export function vibeProgram(
         ...outcome,
         ...(failed.length ? { error: { code: 'gates-failed', message: `required gates did not pass on the edited copy: ${failed.join(', ')}` } } : {}),
         ...(gatesError ? { error: gatesError } : {}),
-        result: { ...outcome.result, diff, changed_files, ...(truncated ? { diff_truncated: true } : {}), ...(checked ? { gates: checked } : {}) },
+        result: {
+          ...outcome.result,
+          diff,
+          changed_files,
+          ...(files_truncated ? { changed_files_truncated: true } : {}),
+          ...(truncated ? { diff_truncated: true } : {}),
+          ...(checked ? { gates: checked } : {}),
+        },
       };
     } finally {
       await scratch.remove();

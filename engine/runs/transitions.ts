@@ -84,6 +84,20 @@ const OUTPUT_BUDGET_NOTICE =
 
 export const sessionStream = (sessionId: string) => `session:${sessionId}`;
 
+/** The most JSON of a vibe run's changed paths its `run.finished` carries: the event log is in the shared Redis. */
+const CHANGED_FILES_TOLD_BYTES = 4096;
+
+/** A vibe run's changed paths as its end tells them: the first that fit CHANGED_FILES_TOLD_BYTES, and whether more changed. */
+function changedFilesTold(result: NonNullable<Run['result']>): { changed_files: string[]; changed_files_truncated?: true } {
+  const all = result.changed_files ?? [];
+  const told: string[] = [];
+  for (let bytes = 2; told.length < all.length; told.push(all[told.length]!)) {
+    bytes += Buffer.byteLength(JSON.stringify(all[told.length])) + 1;
+    if (bytes > CHANGED_FILES_TOLD_BYTES) break;
+  }
+  return told.length < all.length || result.changed_files_truncated ? { changed_files: told, changed_files_truncated: true } : { changed_files: told };
+}
+
 /** How many of a session's latest events a run's end told again is looked for among (it was its run's last, or near). */
 const TOLD_AGAIN_LOOKBACK = 500;
 
@@ -294,7 +308,7 @@ export function transitionsOf(deps: TransitionsDeps) {
       summary: run.summary,
       error: run.error,
       duration_ms: run.duration_ms,
-      result: run.result?.changed_files ? { changed_files: run.result.changed_files } : null,
+      result: run.result?.changed_files ? changedFilesTold(run.result) : null,
     },
   });
 

@@ -15,6 +15,9 @@ const GIT_SAFE = "-c core.hooksPath=/dev/null -c core.fsmonitor=false -c safe.di
 const GIT_ID = '-c user.name=automation-service -c user.email=automation-service@localhost -c commit.gpgsign=false';
 const GIT_TIMEOUT_MS = 120_000;
 const DIFF_MAX_BYTES = 1024 * 1024;
+/** The most paths a vibe run's result lists as changed, and the most bytes of them (the diff names them all, up to its limit). */
+const CHANGED_FILES_MAX = 1000;
+const CHANGED_FILES_MAX_BYTES = 256 * 1024;
 /** The blobs one sandboxed script reads (see makeScratch's diff). */
 const BLOBS_AT_ONCE = 200;
 /**
@@ -200,7 +203,7 @@ export type Scratch = {
   /** folders outside `dir` that git needs inside a sandbox, read-only: the objects of the repository cloned from */
   readOnlyBinds: string[];
   /** unified diff of everything changed since the scratch was made, and the changed paths; stopped by `signal` */
-  diff(signal?: AbortSignal): Promise<{ diff: string; changed_files: string[]; truncated: boolean }>;
+  diff(signal?: AbortSignal): Promise<{ diff: string; changed_files: string[]; files_truncated: boolean; truncated: boolean }>;
   remove(): Promise<void>;
 };
 
@@ -298,7 +301,8 @@ export async function makeScratch(
         [
           `cd ${q(rel)}`,
           `git ${GIT_SAFE} add -A .`,
-          `git ${GIT_SAFE} diff --cached --name-only -z --relative ${baseCommit}`,
+          // a byte past the names kept: 100,000 made files of 200-character names were 21 MB in one run record and event
+          `git ${GIT_SAFE} diff --cached --name-only -z --relative ${baseCommit} | head -c ${CHANGED_FILES_MAX_BYTES + 1}`,
           `printf '\\0@@\\0'`,
           `git ${GIT_SAFE} ${GIT_DIFF} --cached --relative ${baseCommit} | head -c ${DIFF_MAX_BYTES + 1} | base64`,
         ].join(' && '),
@@ -306,7 +310,14 @@ export async function makeScratch(
         diffSignal,
       );
       const at = out.indexOf('\0@@\0');
-      const names = out.slice(0, at).split('\0').filter(Boolean);
+      const listed = out.slice(0, at);
+      // a list cut by its bytes ends in part of a name, which is left out
+      const cutByBytes = Buffer.byteLength(listed) > CHANGED_FILES_MAX_BYTES;
+      const all = listed
+        .split('\0')
+        .slice(0, cutByBytes ? -1 : undefined)
+        .filter(Boolean);
+      const names = all.slice(0, CHANGED_FILES_MAX);
       // BLOBS_AT_ONCE a script (one argument of sh, which Linux holds to 128 KB: a few hundred names were E2BIG), and
       // no more once what was read passes the diff's limit (the blobs not read cut the diff at their file)
       const blobs = async (shas: string[]) => {
@@ -330,7 +341,11 @@ export async function makeScratch(
         }
         return read;
       };
-      return { ...(await readDiff(Buffer.from(out.slice(at + 4), 'base64'), blobs)), changed_files: names };
+      return {
+        ...(await readDiff(Buffer.from(out.slice(at + 4), 'base64'), blobs)),
+        changed_files: names,
+        files_truncated: cutByBytes || all.length > names.length,
+      };
     },
     async remove() {
       await removed();

@@ -401,6 +401,43 @@ describe('agent runs', function () {
 
 describe('vibe runs', function () {
   this.timeout(30_000);
+  it('lists the first 1,000 paths it changed (256 KB of names at most), and its end tells those within 4 KB: 100,000 made files were 21 MB in one record and event', async () => {
+    const h = await startHarness();
+    try {
+      await fs.mkdir(path.join(h.tenantDir(), 'many'));
+      const make = (count: number, width: number) => `i=0; while [ $i -lt ${count} ]; do : > "$(printf '%0${width}d' $i)"; i=$((i+1)); done`;
+      const vibe = async (command: string) => {
+        const res = await h.call('POST', '/api/v1/autonomy/vibe/run', { body: { workspace: 'many', steps: [{ tool: 'shell', args: { command } }] } });
+        const run = await finished(h, res.body.run_id);
+        expect(run.status, JSON.stringify(run.error)).to.equal('succeeded');
+        const events = await h.rt.events.after(`session:${run.session_id}`, '0-0');
+        return { run, told: events.find((e) => e.type === 'run.finished')!.data as Record<string, any> };
+      };
+      // by count: 1,500 short names
+      const counted = await vibe(make(1500, 6));
+      expect(counted.run.result.changed_files).to.have.length(1000);
+      expect(counted.run.result.changed_files[0]).to.equal('000000');
+      expect(counted.run.result.changed_files_truncated).to.equal(true);
+      expect(JSON.stringify(counted.told.result).length).to.be.at.most(4096 + 40);
+      expect(counted.told.result.changed_files_truncated).to.equal(true);
+      expect(counted.run.result.changed_files.slice(0, counted.told.result.changed_files.length)).to.deep.equal(counted.told.result.changed_files);
+      // by bytes: 1,400 names of 200 characters (280 KB), none cut in part
+      const sized = await vibe(make(1400, 200));
+      const names: string[] = sized.run.result.changed_files;
+      expect(names.length).to.be.below(1400);
+      expect(names.reduce((n, f) => n + f.length + 1, 0)).to.be.at.most(256 * 1024);
+      expect(names.every((f) => f.length === 200)).to.equal(true);
+      expect(sized.run.result.changed_files_truncated).to.equal(true);
+      // a run that changed a few: all of them, nothing said cut
+      const few = await vibe(make(3, 3));
+      expect(few.run.result.changed_files).to.deep.equal(['000', '001', '002']);
+      expect(few.run.result).to.not.have.property('changed_files_truncated');
+      expect(few.told.result).to.deep.equal({ changed_files: ['000', '001', '002'] });
+    } finally {
+      await h.close();
+    }
+  });
+
   it('changes a scratch worktree, not the repository, and returns the diff', async () => {
     const h = await startHarness();
     try {
