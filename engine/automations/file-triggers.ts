@@ -99,7 +99,9 @@ export function fileTriggersOf(
       // a link is not watched at all: chokidar, not following it, still watched the link's path, and the
       // kernel's watch of a path follows the link, so a change in the folder a link points to (another
       // tenant's) came through as a change of the link itself
-      skip: (p, stats) => isIgnored(p) || Boolean(stats?.isSymbolicLink()),
+      // by the path inside the root: a root under a folder of that name (a tenant named `node_modules`, a workspace
+      // root below a `.checkouts`) was skipped whole, and its triggers never fired
+      skip: (p, stats) => isIgnored(path.relative(root, p)) || Boolean(stats?.isSymbolicLink()),
       max: rootMax,
       total,
       held: entriesHeld,

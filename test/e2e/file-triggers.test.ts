@@ -177,6 +177,25 @@ describe('file_change triggers', function () {
     }
   });
 
+  it('fires for a root whose own path names a folder triggers never look into (a workspace root below a node_modules)', async () => {
+    const parent = await fs.mkdtemp(path.join(os.tmpdir(), 'svc-under-'));
+    const under = await startHarness({ env: { SERVICE_FILE_TRIGGER_REFRESH_SECONDS: '1', SERVICE_WORKSPACE_ROOT: path.join(parent, 'node_modules', 'ws') } });
+    try {
+      const a = (
+        await under.call<Body>('POST', '/api/v1/automations', {
+          body: { name: 'under', triggers: [{ type: 'file_change', paths: ['*.txt'], debounce_ms: 100 }], steps: [{ tool: 'message', args: { text: 'x' } }] },
+        })
+      ).body;
+      await watching(under);
+      await fs.writeFile(path.join(under.tenantDir(), 'note.txt'), 'x');
+      const runs = await runsOnce(under, a.id, 1, 'a run');
+      expect(runs[0]!.trigger.paths).to.deep.equal(['note.txt']);
+    } finally {
+      await under.close();
+      await fs.rm(parent, { recursive: true, force: true });
+    }
+  });
+
   it('matches a glob of many wildcards against a long file name without holding the process, and refuses extended globs', async () => {
     // picomatch's regular expression for `*a*a…b` backtracks without end on a name of 200 a's
     const refused = await h.call<Body>('POST', '/api/v1/automations', {
