@@ -185,7 +185,11 @@ export function automationsOf(deps: AutomationsDeps, hooks: AutomationHooks) {
       ]);
     }
     const { definition, variables } = instantiateTemplate(template, req.variables ?? {});
-    const named = { ...definition, ...(req.name ? { name: req.name } : {}), ...(req.connections ? { connections: req.connections } : {}) };
+    // a budget the template fixes (not a variable's value, which the caller chose) is held to the deployment's
+    // most: the caller cannot name it, and a lower SERVICE_RUN_MAX_BUDGET_SECONDS made the template a dead end
+    const fixed = template.automation.budget?.seconds;
+    const budget = typeof fixed === 'number' && fixed > limits.maxBudgetSeconds ? { budget: { ...definition.budget, seconds: limits.maxBudgetSeconds } } : {};
+    const named = { ...definition, ...budget, ...(req.name ? { name: req.name } : {}), ...(req.connections ? { connections: req.connections } : {}) };
     return draft(tenantId, named, { id: template.id, variables });
   }
 

@@ -130,6 +130,25 @@ describe('automations API', () => {
     }
   });
 
+  it('makes a template whose own budget is over a lowered SERVICE_RUN_MAX_BUDGET_SECONDS with the most the deployment allows; a variable over it is still refused', async () => {
+    const short = await startHarness({ workers: false, env: { SERVICE_RUN_MAX_BUDGET_SECONDS: '600', SERVICE_RUN_DEFAULT_BUDGET_SECONDS: '300' } });
+    try {
+      const needs: Record<string, Record<string, string>> = { 'gates-on-push': { repository: 'acme/app' } };
+      for (const template_id of ['nightly-audit', 'gates-on-push', 'weekly-health-report']) {
+        const made = await short.call('POST', '/api/v1/automations/templates/instantiate', { body: { template_id, variables: needs[template_id] ?? {} } });
+        expect(made.status, `${template_id}: ${made.text}`).to.equal(201);
+        expect(made.body.budget.seconds, template_id).to.equal(600);
+      }
+      // the caller's own choice is the caller's to fix: refused, naming where
+      const chosen = await short.call('POST', '/api/v1/automations/templates/instantiate', {
+        body: { template_id: 'pr-review', variables: { repository: 'acme/app', budget_seconds: 900 } },
+      });
+      expect(chosen.status, chosen.text).to.equal(400);
+    } finally {
+      await short.close();
+    }
+  });
+
   it('keeps the cap when creates race: of two at once, one below it, one is made and the other refused with 409', async () => {
     const small = await startHarness({ workers: false, env: { SERVICE_TENANT_MAX_AUTOMATIONS: '2' } });
     try {
