@@ -1,7 +1,7 @@
 // The BullMQ workers of this process: one Worker per queue that has a processor, plus the listener
 // for cancel requests and the reconciler. Each Worker duplicates the connection for its blocking
 // reads. close() stops taking jobs and lets running ones finish.
-import { DelayedError, UnrecoverableError, Worker, type Processor } from 'bullmq';
+import { DelayedError, UnrecoverableError, Worker, type Job, type Processor } from 'bullmq';
 import { AppError, type QueueName } from '../engine/platform/index.js';
 import { CRON_TICK, type CronJob } from '../engine/automations/index.js';
 import type { GateJob } from '../engine/gates/index.js';
@@ -17,6 +17,12 @@ const HELD_RETRY_MS = 5000;
  * run holds, or whose tenant's gates hold every place of its own; an audit phase whose tenant's phases do.
  */
 const BUSY_RETRY_MS = 500;
+
+/** Hands back to the queue, at once, a job whose work this process stopped as it shuts down: none of its attempts or stalls spent. */
+async function handedBack(job: Job, token: string | undefined): Promise<never> {
+  await job.moveToDelayed(Date.now(), token);
+  throw new DelayedError();
+}
 
 /**
  * How long before the end of the grace period running attempts are interrupted (at once when the grace
@@ -76,6 +82,7 @@ export function processorsOf(rt: Runtime): Processors {
           // a child runs one gate; the parent seals the results once every child has ended
           if (job.name === 'gate' && gate_id) {
             const result = await rt.engine.gates.runGateJob(tenant_id, gate_run_id, gate_id);
+            if (result === 'interrupted') return await handedBack(job, token);
             if (result !== 'busy') return result && { gate_id, conclusion: result.conclusion };
           } else {
             const sealed = await rt.engine.gates.seal(tenant_id, gate_run_id);
@@ -97,6 +104,7 @@ export function processorsOf(rt: Runtime): Processors {
           // a child runs one phase; the parent assembles the report once every child has ended
           if (job.name === 'phase' && phase) {
             const result = await rt.engine.audits.runPhaseJob(tenant_id, report_id, phase);
+            if (result === 'interrupted') return await handedBack(job, token);
             if (result !== 'busy') return result && { phase, status: result.status };
           } else {
             const report = await rt.engine.audits.assemble(tenant_id, report_id);
@@ -258,7 +266,11 @@ export async function startWorkers(rt: Runtime, processors: Processors = process
       const timer = setTimeout(
         () => {
           const n = rt.engine.executor.interruptAll('the worker shut down (a deploy or a scale-in)');
-          if (n) rt.log.warn({ runs: n }, 'grace period ending: interrupting runs, they go back to the queue');
+          // and gates and audit phases: waited for, they outlived the grace period, and each job spent its one stall
+          const gates = rt.engine.gates.interruptAll();
+          const phases = rt.engine.audits.interruptAll();
+          if (n || gates || phases)
+            rt.log.warn({ runs: n, gates, phases }, 'grace period ending: interrupting runs, gates and audit phases; they go back to the queue');
         },
         Math.max(0, deadline - Date.now() - INTERRUPT_MARGIN_MS),
       );

@@ -60,6 +60,8 @@ const HASHERS_KEPT = 64;
  * Held in Redis by the gate run for this long, renewed while a gate of it runs, let go at its seal or cancel.
  */
 const WORKSPACE_HOLD_MS = 30_000;
+/** Why a gate stopped when its process stops (interruptAll): its job is handed back, no result kept. */
+const INTERRUPTED = 'the worker shut down (a deploy or a scale-in)';
 const HOLD = `local v = redis.call('GET', KEYS[1])
 if v == false or v == ARGV[1] then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end
 return 0`;
@@ -111,7 +113,7 @@ export function gateRunsOf(deps: GatesDeps) {
   }
 
   /** One gate of a gate run, claimed (see runGateJob): its result kept at once, and told. */
-  async function runGateClaimed(record: GateRunRecord, tenantId: string, gateRunId: string, gateId: string): Promise<GateResult> {
+  async function runGateClaimed(record: GateRunRecord, tenantId: string, gateRunId: string, gateId: string): Promise<GateResult | 'interrupted'> {
     const ws = await workspaceOf(tenantId, record.workspace);
     const gate = (await loadGateSet(ws.dir)).gates.find((g) => g.id === gateId);
     const git = await gitState(sandbox, ws.dir);
@@ -163,6 +165,8 @@ export function gateRunsOf(deps: GatesDeps) {
           network: false,
           signal: controller.signal,
         });
+        // stopped because this process stops (interruptAll): no result of it; its job goes back to the queue
+        if (controller.signal.reason === INTERRUPTED) return 'interrupted';
         result = ran.result;
         // the repository as the gate left it (runGate looked, to know whether its tree changed meanwhile)
         const movedMeanwhile = record.subject?.commit ? movedFrom(ran.after ?? (await gitState(sandbox, ws.dir, [], { tracked: true }))) : null;
@@ -313,6 +317,21 @@ export function gateRunsOf(deps: GatesDeps) {
     workspaceOf,
     hasherOf,
 
+    /**
+     * Stops every gate this process runs, as it shuts down: none keeps a result, and each one's job goes back to
+     * the queue for another worker (waited for, a gate outlived the grace period and its job spent its one stall).
+     * How many.
+     */
+    interruptAll(): number {
+      let n = 0;
+      for (const controllers of running.values())
+        for (const c of controllers) {
+          c.abort(INTERRUPTED);
+          n++;
+        }
+      return n;
+    },
+
     /** Starts the workspace's gates (or `only` those): the record first, then the flow. */
     async start(tenantId: string, req: { workspace?: string; only?: string[]; trigger: GateRunRecord['trigger'] }): Promise<GateRunRecord> {
       const ws = await workspaceOf(tenantId, req.workspace);
@@ -358,7 +377,7 @@ export function gateRunsOf(deps: GatesDeps) {
      * A child job: one gate, in the sandbox; its result is kept at once. Null when the gate run is over; `busy`
      * while another gate run holds the workspace (the job waits, holding no worker, and is tried again).
      */
-    async runGateJob(tenantId: string, gateRunId: string, gateId: string): Promise<GateResult | null | 'busy'> {
+    async runGateJob(tenantId: string, gateRunId: string, gateId: string): Promise<GateResult | null | 'busy' | 'interrupted'> {
       const record = await store.gateRuns.get(tenantId, gateRunId);
       if (!record || record.status !== 'running') return null;
       const place = placeAmong(

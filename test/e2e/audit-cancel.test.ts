@@ -177,4 +177,33 @@ describe('workspace audit canceled', function () {
     expect(doneFor('security').status, 'the stream and the report agree').to.equal('failed');
     expect(await ledgerEntries(reportId)).to.have.length(1);
   });
+
+  it('hands a phase it runs back to the queue as its workers close (a deploy): no result kept, none of the job’s attempts or stalls spent; another worker runs it', async () => {
+    const { reportId } = await auditHeldInSecurity();
+    const closing = workers[1]!;
+    const deadline = Date.now() + 3000;
+    // interrupted 2.5 s before the deadline: the phase, held, would otherwise be waited for past it
+    await closing.close(deadline);
+    expect(Date.now(), 'closed before the grace period’s end').to.be.below(deadline);
+    const security = (await job(reportId, 'security'))!;
+    expect(await security.getState()).to.be.oneOf(['waiting', 'delayed', 'wait']);
+    expect({ attempts: security.attemptsMade, stalls: security.stalledCounter }).to.deep.equal({ attempts: 0, stalls: 0 });
+    expect((await read(reportId)).status).to.equal('running');
+    await eventually(async () => (await securityPhase()).length === 0, 'the held phase to be stopped', 10_000);
+    // another worker runs it from the start, and the audit ends with every phase's result
+    workers[1] = await startWorkers(other.rt, { audits: processorsOf(other.rt).audits! });
+    const report = await eventually(
+      async () => {
+        const r = await read(reportId);
+        return r.status === 'running' ? null : r;
+      },
+      'the audit to end',
+      60_000,
+    );
+    expect(report.phases.map((p: Body) => [p.phase, p.status]).sort()).to.deep.equal([
+      ['health', 'completed'],
+      ['sanity', 'completed'],
+      ['security', 'completed'],
+    ]);
+  });
 });

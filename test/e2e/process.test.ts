@@ -244,6 +244,40 @@ describe('processes', function () {
     }
   });
 
+  it('hands a gate it runs back to the queue as it stops, within the grace period and exiting 0, spending none of the job’s stalls; another worker runs it', async () => {
+    const h = await startHarness({ workers: false });
+    try {
+      const dir = h.tenantDir();
+      const marker = `sleep ${7000 + Math.floor(Math.random() * 3000)}`;
+      const fs = await import('node:fs/promises');
+      await fs.writeFile(`${dir}/gates.yaml`, `gates:\n  - id: slow\n    shell: true\n    run: "if [ -e second ]; then exit 0; fi; touch second; ${marker}"\n`);
+      const worker = start('workers/main.ts', { ...sameDeployment(h), REDIS_URL: h.config.redisUrl, SERVICE_SHUTDOWN_GRACE_SECONDS: '3' });
+      procs.push(worker);
+      await waitFor(worker, /workers ready/);
+      const run = await h.rt.engine.gates.start('tenant-a', { trigger: { type: 'api' } });
+      await eventually(() => processesMatching(marker) > 0, 'the gate to run', 15_000);
+      const stoppedAt = Date.now();
+      worker.child.kill('SIGTERM');
+      // 0: before its grace timer, which exits 1 with the work unfinished (a gate was waited for until then)
+      expect((await worker.exited).code, worker.out()).to.equal(0);
+      expect(Date.now() - stoppedAt).to.be.below(4500);
+      expect(worker.out()).to.contain('interrupting runs, gates and audit phases');
+      await eventually(() => processesMatching(marker) === 0, 'the gate’s sleep to be killed', 10_000);
+      const job = (await h.rt.queues.get('gates').getJob(`${run.id}__slow`))!;
+      expect(await job.getState()).to.be.oneOf(['waiting', 'delayed', 'wait']);
+      expect({ attempts: job.attemptsMade, stalls: job.stalledCounter }).to.deep.equal({ attempts: 0, stalls: 0 });
+      const record = await h.rt.store.gateRuns.get('tenant-a', run.id);
+      expect({ status: record!.status, results: await h.rt.store.gateRuns.results('tenant-a', run.id) }).to.deep.equal({ status: 'running', results: [] });
+      // another worker takes it at once, and the gate run ends with its result
+      const next = start('workers/main.ts', { ...sameDeployment(h), REDIS_URL: h.config.redisUrl });
+      procs.push(next);
+      const sealed = await h.rt.engine.gates.wait('tenant-a', run.id);
+      expect(sealed.results.map((r) => [r.gate_id, r.conclusion])).to.deep.equal([['slow', 'success']]);
+    } finally {
+      await h.close();
+    }
+  });
+
   it('hands a run back to the queue when the platform signals every process of the machine (Heroku), the step’s included', async () => {
     const h = await startHarness({ workers: false });
     try {
