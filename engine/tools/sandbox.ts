@@ -451,7 +451,31 @@ function startFailure(err: unknown): Error {
   return err as Error;
 }
 
+/**
+ * The process groups of steps started with no sandbox that may still live (a step's daemon outlives its step):
+ * killed when this process exits, however it exits. bwrap's --die-with-parent does that for a sandboxed step; a
+ * step with none, its group of its own, lived on unowned after a worker's exit, beside its job's next run.
+ */
+const unsandboxedGroups = new Set<number>();
+let killedAtExit = false;
+
+/** Forgets the groups that are gone (a group of none answers ESRCH to signal 0). */
+function forgetGoneGroups(): void {
+  for (const pid of unsandboxedGroups)
+    try {
+      process.kill(-pid, 0);
+    } catch {
+      unsandboxedGroups.delete(pid);
+    }
+}
+
 export function noSandbox(): Sandbox {
+  if (!killedAtExit) {
+    killedAtExit = true;
+    process.on('exit', () => {
+      for (const pid of unsandboxedGroups) killGroup(pid, 'SIGKILL');
+    });
+  }
   return {
     kind: 'none',
     processLimit: 'none',
@@ -467,7 +491,8 @@ export function noSandbox(): Sandbox {
       } catch (err) {
         throw startFailure(err);
       }
-      return { child, kill: (signal) => killGroup(child.pid, signal), outOfMemory: () => false, done() {} };
+      if (child.pid !== undefined) unsandboxedGroups.add(child.pid);
+      return { child, kill: (signal) => killGroup(child.pid, signal), outOfMemory: () => false, done: forgetGoneGroups };
     },
   };
 }

@@ -278,6 +278,30 @@ describe('processes', function () {
     }
   });
 
+  it('kills the process groups of its unsandboxed steps however it exits (a second signal at once): none lives on unowned', async () => {
+    const h = await startHarness({ workers: false });
+    try {
+      const worker = start('workers/main.ts', {
+        ...sameDeployment(h),
+        REDIS_URL: h.config.redisUrl,
+        SERVICE_SANDBOX: 'none',
+        SERVICE_SHUTDOWN_GRACE_SECONDS: '10',
+      });
+      procs.push(worker);
+      await waitFor(worker, /workers ready/);
+      const marker = `sleep ${7000 + Math.floor(Math.random() * 3000)}`;
+      await h.call('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: `${marker} & wait` } }], budget_seconds: 120 } });
+      await eventually(() => processesMatching(marker) > 0, 'the step to run', 15_000);
+      worker.child.kill('SIGTERM');
+      await new Promise((r) => setTimeout(r, 200));
+      worker.child.kill('SIGINT');
+      expect((await worker.exited).code, worker.out()).to.equal(1);
+      await eventually(() => processesMatching(marker) === 0, 'the step’s sleep to be killed with its worker', 5000);
+    } finally {
+      await h.close();
+    }
+  });
+
   it('hands a run back to the queue when the platform signals every process of the machine (Heroku), the step’s included', async () => {
     const h = await startHarness({ workers: false });
     try {
