@@ -2,7 +2,7 @@
 // for cancel requests and the reconciler. Each Worker duplicates the connection for its blocking
 // reads. close() stops taking jobs and lets running ones finish.
 import { DelayedError, UnrecoverableError, Worker, type Job, type Processor } from 'bullmq';
-import { AppError, type QueueName } from '../engine/platform/index.js';
+import { AppError, SHUTDOWN_REASON, type QueueName } from '../engine/platform/index.js';
 import { CRON_TICK, type CronJob } from '../engine/automations/index.js';
 import type { GateJob } from '../engine/gates/index.js';
 import type { AuditJob } from '../engine/audit/index.js';
@@ -265,7 +265,7 @@ export async function startWorkers(rt: Runtime, processors: Processors = process
       // than being cut off by the exit and found lost later
       const timer = setTimeout(
         () => {
-          const n = rt.engine.executor.interruptAll('the worker shut down (a deploy or a scale-in)');
+          const n = rt.engine.executor.interruptAll(SHUTDOWN_REASON);
           // and gates and audit phases: waited for, they outlived the grace period, and each job spent its one stall
           const gates = rt.engine.gates.interruptAll();
           const phases = rt.engine.audits.interruptAll();

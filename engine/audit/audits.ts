@@ -13,6 +13,7 @@ import type { Platform } from '../deps.js';
 import { canonicalJson, sha256Hex, type Ledger } from '../evidence/index.js';
 import {
   AUDIT_PHASES,
+  interruptEvery,
   jobTree,
   newId,
   NotFoundError,
@@ -23,6 +24,7 @@ import {
   placeAmong,
   renewedClaim,
   SEVERITIES,
+  SHUTDOWN_REASON,
   type AuditLayer,
   type AuditPhase,
   type AuditPhaseResult,
@@ -115,8 +117,6 @@ const WAIT_POLL_MS = 100;
 const CANCEL_POLL_MS = 500;
 /** Why a canceled audit's phases stopped, or did not run. */
 const CANCELED = 'the audit was canceled (the run that waited on it was canceled)';
-/** Why a phase stopped when its process stops (interruptAll): its job is handed back, no result kept. */
-const INTERRUPTED = 'the worker shut down (a deploy or a scale-in)';
 /**
  * An assembly's claim (and that of a report's end appended late): a redelivered parent job or a second reconciler
  * leaves the ledger one entry. Renewed while the work runs: one of a process that died lapses within it (it was
@@ -438,15 +438,7 @@ export function auditsOf(deps: AuditsDeps) {
      * the queue for another worker (waited for, a phase outlived the grace period and its job spent its one stall;
      * two restarts failed the phase). How many.
      */
-    interruptAll(): number {
-      let n = 0;
-      for (const controllers of running.values())
-        for (const c of controllers) {
-          c.abort(INTERRUPTED);
-          n++;
-        }
-      return n;
-    },
+    interruptAll: (): number => interruptEvery(running),
 
     async runPhaseJob(tenantId: string, id: string, phase: AuditPhase): Promise<AuditPhaseResult | null | 'busy' | 'interrupted'> {
       const got = await reports.get(tenantId, id);
@@ -517,7 +509,7 @@ export function auditsOf(deps: AuditsDeps) {
         if (!mine.size) running.delete(id);
       }
       // stopped because this process stops: no result of it; its job goes back to the queue
-      if (controller.signal.reason === INTERRUPTED) return 'interrupted';
+      if (controller.signal.reason === SHUTDOWN_REASON) return 'interrupted';
       // stopped by a cancel after its report was assembled (which says the phase was canceled): nothing to add
       if (controller.signal.aborted && (await reports.status(tenantId, id)) !== 'running') return null;
       if (!(await reports.putPhase(tenantId, id, phase, result))) return null;

@@ -8,6 +8,7 @@ import { FlowProducer } from 'bullmq';
 import type { Platform } from '../deps.js';
 import type { Ledger } from '../evidence/index.js';
 import {
+  interruptEvery,
   jobTree,
   newId,
   NotFoundError,
@@ -16,6 +17,7 @@ import {
   placeAmong,
   renewedClaim,
   RENEW_LUA,
+  SHUTDOWN_REASON,
   ValidationError,
   type GateResult,
   type GateRunRecord,
@@ -60,8 +62,6 @@ const HASHERS_KEPT = 64;
  * Held in Redis by the gate run for this long, renewed while a gate of it runs, let go at its seal or cancel.
  */
 const WORKSPACE_HOLD_MS = 30_000;
-/** Why a gate stopped when its process stops (interruptAll): its job is handed back, no result kept. */
-const INTERRUPTED = 'the worker shut down (a deploy or a scale-in)';
 const HOLD = `local v = redis.call('GET', KEYS[1])
 if v == false or v == ARGV[1] then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end
 return 0`;
@@ -166,7 +166,7 @@ export function gateRunsOf(deps: GatesDeps) {
           signal: controller.signal,
         });
         // stopped because this process stops (interruptAll): no result of it; its job goes back to the queue
-        if (controller.signal.reason === INTERRUPTED) return 'interrupted';
+        if (controller.signal.reason === SHUTDOWN_REASON) return 'interrupted';
         result = ran.result;
         // the repository as the gate left it (runGate looked, to know whether its tree changed meanwhile)
         const movedMeanwhile = record.subject?.commit ? movedFrom(ran.after ?? (await gitState(sandbox, ws.dir, [], { tracked: true }))) : null;
@@ -322,15 +322,7 @@ export function gateRunsOf(deps: GatesDeps) {
      * the queue for another worker (waited for, a gate outlived the grace period and its job spent its one stall).
      * How many.
      */
-    interruptAll(): number {
-      let n = 0;
-      for (const controllers of running.values())
-        for (const c of controllers) {
-          c.abort(INTERRUPTED);
-          n++;
-        }
-      return n;
-    },
+    interruptAll: (): number => interruptEvery(running),
 
     /** Starts the workspace's gates (or `only` those): the record first, then the flow. */
     async start(tenantId: string, req: { workspace?: string; only?: string[]; trigger: GateRunRecord['trigger'] }): Promise<GateRunRecord> {

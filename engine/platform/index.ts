@@ -20,6 +20,7 @@ export * from './redis.js';
 export * from './redis-url.js';
 export * from './redis-batch.js';
 export * from './secret-box.js';
+export * from './shutdown.js';
 export * from './stats.js';
 export * from './temp.js';
 export * from './records.js';
