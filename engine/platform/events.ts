@@ -58,6 +58,13 @@ const ANY_AFTER_PAGE = 20;
 /** How many events a log keeps at least (it trims in steps of TRIM_STEP): the oldest go first. */
 export const EVENTS_KEPT = 10_000;
 
+/**
+ * What an event carries of a value the run's record keeps whole (a step's arguments, a provider's answer, a
+ * model turn, a vibe run's changed paths): at most this many bytes of JSON, cut past it. The event log lives in
+ * the shared Redis, and a step's arguments alone may be 1 MB.
+ */
+export const EVENT_VALUE_MAX_BYTES = 4 * 1024;
+
 function parseEntries(entries: [string, string[]][]): ServiceEvent[] {
   return entries.map(([id, fields]) => ({ id, ...(JSON.parse(fields[1]!) as Omit<ServiceEvent, 'id'>) }) as ServiceEvent);
 }

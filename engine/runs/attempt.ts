@@ -5,6 +5,7 @@ import path from 'node:path';
 import type { Platform } from '../deps.js';
 import {
   AppError,
+  EVENT_VALUE_MAX_BYTES,
   OutsideError,
   type AgentTurn,
   type ErrorInfo,
@@ -36,12 +37,6 @@ const STREAMED_MAX_BYTES = 1024 * 1024;
 /** What an attempt's steps stream in all: the event log lives in the shared Redis (a step's record keeps its own last 64 KB). */
 export const ATTEMPT_STREAMED_MAX_BYTES = 8 * 1024 * 1024;
 const PROGRESS_SAVE_MS = 200;
-/**
- * What an event carries of a value the run's record keeps whole (a step's arguments, a provider's answer, a
- * model turn): at most this many bytes of JSON, cut past it. The event log lives in the shared Redis, and a
- * step's arguments alone may be 1 MB.
- */
-export const EVENT_VALUE_MAX_BYTES = 4 * 1024;
 /** Where an event's value was cut: the run's record (GET /api/v1/runs/{id}) keeps all of it. */
 export const CUT_MARK = "…[cut: the run's record keeps it whole]";
 

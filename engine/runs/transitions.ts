@@ -11,6 +11,7 @@
 import type { Platform } from '../deps.js';
 import {
   afterStored,
+  EVENT_VALUE_MAX_BYTES,
   jobIdOfRun,
   REDIS_DEADLINE_MS,
   ServiceUnavailableError,
@@ -84,18 +85,15 @@ const OUTPUT_BUDGET_NOTICE =
 
 export const sessionStream = (sessionId: string) => `session:${sessionId}`;
 
-/** The most JSON of a vibe run's changed paths its `run.finished` carries: the event log is in the shared Redis. */
-const CHANGED_FILES_TOLD_BYTES = 4096;
-
-/** A vibe run's changed paths as its end tells them: the first that fit CHANGED_FILES_TOLD_BYTES, and whether more changed. */
-function changedFilesTold(result: NonNullable<Run['result']>): { changed_files: string[]; changed_files_truncated?: true } {
-  const all = result.changed_files ?? [];
-  const told: string[] = [];
-  for (let bytes = 2; told.length < all.length; told.push(all[told.length]!)) {
-    bytes += Buffer.byteLength(JSON.stringify(all[told.length])) + 1;
-    if (bytes > CHANGED_FILES_TOLD_BYTES) break;
-  }
-  return told.length < all.length || result.changed_files_truncated ? { changed_files: told, changed_files_truncated: true } : { changed_files: told };
+/**
+ * A vibe run's changed paths as its end tells them: the first whose JSON fits EVENT_VALUE_MAX_BYTES, whole (a
+ * path is a name to act on: never cut, as forEvent cuts a value), and whether more changed.
+ */
+function changedFilesTold(all: string[], cut = false): { changed_files: string[]; changed_files_truncated?: true } {
+  let n = 0;
+  for (let bytes = 2; n < all.length && (bytes += Buffer.byteLength(JSON.stringify(all[n])) + 1) <= EVENT_VALUE_MAX_BYTES; n++);
+  const told = all.slice(0, n);
+  return n < all.length || cut ? { changed_files: told, changed_files_truncated: true } : { changed_files: told };
 }
 
 /** How many of a session's latest events a run's end told again is looked for among (it was its run's last, or near). */
@@ -308,7 +306,7 @@ export function transitionsOf(deps: TransitionsDeps) {
       summary: run.summary,
       error: run.error,
       duration_ms: run.duration_ms,
-      result: run.result?.changed_files ? changedFilesTold(run.result) : null,
+      result: run.result?.changed_files ? changedFilesTold(run.result.changed_files, run.result.changed_files_truncated) : null,
     },
   });
 

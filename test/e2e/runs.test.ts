@@ -2,7 +2,8 @@ import { createHash } from 'node:crypto';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import { expect } from 'chai';
-import { CUT_MARK, EVENT_VALUE_MAX_BYTES } from '../../engine/runs/attempt.js';
+import { EVENT_VALUE_MAX_BYTES } from '../../engine/platform/index.js';
+import { CUT_MARK } from '../../engine/runs/attempt.js';
 import { eventually, finishedRun, KEYS, processesMatching, releasable, startHarness, type Harness } from '../support/harness.js';
 
 type RunBody = Record<string, any>;
