@@ -151,6 +151,7 @@ export function processorsOf(rt: Runtime): Processors {
         });
         // its tenant has all its tries in flight: the job waits, delayed, holding no worker and spending no try
         // (each start that found it busy is a start that was not a try)
+        if (d === 'interrupted') return await handedBack(job, token);
         if (d === 'busy') {
           await job.moveToDelayed(Date.now() + notifyBusyWaitMs(job.attemptsStarted - job.attemptsMade) * (1 + Math.random()), token);
           throw new DelayedError();
@@ -269,8 +270,13 @@ export async function startWorkers(rt: Runtime, processors: Processors = process
           // and gates and audit phases: waited for, they outlived the grace period, and each job spent its one stall
           const gates = rt.engine.gates.interruptAll();
           const phases = rt.engine.audits.interruptAll();
-          if (n || gates || phases)
-            rt.log.warn({ runs: n, gates, phases }, 'grace period ending: interrupting runs, gates and audit phases; they go back to the queue');
+          // and notifications' POSTs, which may wait SERVICE_NOTIFY_TIMEOUT_SECONDS (15 s) for an answer, past the grace period
+          const notifications = rt.engine.notifications.interruptAll();
+          if (n || gates || phases || notifications)
+            rt.log.warn(
+              { runs: n, gates, phases, notifications },
+              'grace period ending: interrupting runs, gates, audit phases and notifications; they go back to the queue',
+            );
         },
         Math.max(0, deadline - Date.now() - INTERRUPT_MARGIN_MS),
       );

@@ -23,6 +23,8 @@ import {
   staleJobRepair,
   pruneInPages,
   TAKE_PLACE_LUA,
+  SHUTDOWN_REASON,
+  interruptEvery,
   NotFoundError,
   ValidationError,
   ConflictError,
@@ -106,6 +108,8 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
   // {tenant} is a hash tag: one key, one Redis Cluster slot
   const inFlight = (tenantId: string) => `${queues.prefix}:notify-in-flight:{${tenantId}}`;
   const owner = (tenantId: string, id: string) => `notification-endpoint:${tenantId}:${id}`;
+  /** The POSTs this process is making, by delivery: interruptAll stops them as it shuts down. */
+  const sending = new Map<string, Set<AbortController>>();
   /**
    * A tenant's enabled endpoints, for the event path: each process keeps a copy, with the tenant's endpoints'
    * version as Redis had it when the copy was read. Every change of them (in any process) writes a new
@@ -212,14 +216,15 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
    * One POST of a delivery; the status code, or why there was none. The answer is its status line: the body
    * is not read (a receiver that took the delivery and sends a slow or endless body has still taken it).
    */
-  function post(url: URL, headers: Record<string, string>, body: string): Promise<{ status_code: number | null; error: string | null }> {
+  function post(url: URL, headers: Record<string, string>, body: string, stopped: AbortSignal): Promise<{ status_code: number | null; error: string | null }> {
     const client = url.protocol === 'https:' ? https : http;
     // an endpoint given as an address is checked here: no lookup is made for it at connect time
     const literal = settings.httpAllowPrivate ? null : privateLiteral(url);
     if (literal) return Promise.resolve({ status_code: null, error: `address-not-allowed: ${literal} is a private or loopback address` });
     const noAnswer = `no answer within ${settings.timeoutMs} ms`;
     // the whole try, not only a quiet socket: a slow endpoint cannot hold a worker's slot for long
-    const signal = AbortSignal.timeout(settings.timeoutMs);
+    const timeout = AbortSignal.timeout(settings.timeoutMs);
+    const signal = AbortSignal.any([timeout, stopped]);
     return new Promise((resolve) => {
       const req = client.request(
         url,
@@ -234,7 +239,7 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
       req.on('error', (err: NodeJS.ErrnoException) =>
         resolve({
           status_code: null,
-          error: err.code === 'EPRIVATE' ? `address-not-allowed: ${err.message}` : signal.aborted ? noAnswer : err.message,
+          error: err.code === 'EPRIVATE' ? `address-not-allowed: ${err.message}` : stopped.aborted ? SHUTDOWN_REASON : timeout.aborted ? noAnswer : err.message,
         }),
       );
       req.end(body);
@@ -256,7 +261,7 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
   }
 
   /** One try of a delivery, its tenant's place taken (see deliver). */
-  async function deliverInPlace(tenantId: string, deliveryId: string, last: boolean): Promise<NotificationDelivery | null> {
+  async function deliverInPlace(tenantId: string, deliveryId: string, last: boolean): Promise<NotificationDelivery | null | 'interrupted'> {
     const d = await store.notificationDeliveries.get(tenantId, deliveryId);
     if (!d || d.status !== 'pending') return d;
     const endpoint = await store.notificationEndpoints.get(tenantId, d.endpoint_id);
@@ -305,7 +310,19 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
       'webhook-signature': signature,
     };
     const started = Date.now();
-    const sent = await post(new URL(endpoint.url), headers, body);
+    // stopped as this process shuts down (interruptAll): not a try; the job goes back to the queue and sends it again
+    // with the same webhook-id (within the grace period: otherwise the exit cut it off, and its job spent its one stall)
+    const stop = new AbortController();
+    const mine = sending.get(d.id) ?? sending.set(d.id, new Set()).get(d.id)!;
+    mine.add(stop);
+    let sent: Awaited<ReturnType<typeof post>>;
+    try {
+      sent = await post(new URL(endpoint.url), headers, body, stop.signal);
+    } finally {
+      mine.delete(stop);
+      if (!mine.size) sending.delete(d.id);
+    }
+    if (stop.signal.aborted) return 'interrupted';
     const attempts = keptTries(d.attempts, { at: at.toISOString(), ...sent, duration_ms: Date.now() - started });
     if (!sent.error) {
       const done = await store.notificationDeliveries.update(tenantId, d.id, { status: 'succeeded', attempts, updated_at: clock.now().toISOString() });
@@ -575,8 +592,9 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
      * One try of a delivery (the notifications queue's job). Throws when it failed and BullMQ will try
      * again; on the last try, the failure counts against the endpoint, which may be disabled. `busy`: its
      * tenant has SERVICE_NOTIFY_TENANT_CONCURRENCY tries in flight; no try was made, and none is counted.
+     * `interrupted`: this process shut down during the POST (interruptAll); it is not counted as a try either.
      */
-    async deliver(tenantId: string, deliveryId: string, last: boolean): Promise<NotificationDelivery | null | 'busy'> {
+    async deliver(tenantId: string, deliveryId: string, last: boolean): Promise<NotificationDelivery | null | 'busy' | 'interrupted'> {
       // the tenant's place first: a delivery that waits for one costs a script, not reads and a signature
       const place = inFlight(tenantId);
       const now = Date.now();
@@ -587,6 +605,9 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
         await redis.zrem(place, deliveryId).catch(() => undefined);
       }
     },
+
+    /** Stops every POST this process is making, as it shuts down (their jobs go back to the queue, no try spent); how many. */
+    interruptAll: (): number => interruptEvery(sending),
 
     /**
      * Repairs deliveries left pending whose job is gone (the process died between storing and queueing, Redis lost

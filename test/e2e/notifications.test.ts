@@ -582,6 +582,28 @@ describe('outbound notifications', function () {
     expect(done.attempts[0].duration_ms).to.be.below(5000);
   });
 
+  it('stops a try in flight when its worker shuts down (interruptAll, as the grace period ends): no try counted, the job back in the queue, sent again with the same webhook-id', async () => {
+    const made = await endpoint({ url: `${receiver.url}/cut-off`, event_types: ['run.finished'] });
+    // the first POST is held past any grace period (SERVICE_NOTIFY_TIMEOUT_SECONDS is 15 s); the next is answered at once
+    let seen = 0;
+    receiver.plans.set('/cut-off', () => (++seen === 1 ? { status: 200, delayMs: 60_000 } : { status: 200, delayMs: 0 }));
+    const ended = await run();
+    const sentOf = () => receiver.received.filter((r) => r.path === '/cut-off' && r.body.includes(ended.id));
+    await eventually(() => sentOf().length === 1 || null, 'the first POST');
+    // (another endpoint of the tenant's, from a test before, may have a try in flight too)
+    expect(h.rt.engine.notifications.interruptAll()).to.be.at.least(1);
+    await eventually(() => sentOf().length === 2 || null, 'the delivery sent again', 5000);
+    expect(sentOf()[1]!.headers['webhook-id']).to.equal(sentOf()[0]!.headers['webhook-id']);
+    const done = await eventually(async () => {
+      const [d] = (await h.call<Body>('GET', `/api/v1/notification-endpoints/${made.endpoint.id}/deliveries`)).body.data as Body[];
+      return d?.status === 'pending' ? null : d;
+    }, 'the delivery to be settled');
+    expect(done.status).to.equal('succeeded');
+    expect(done.attempts, 'the interrupted POST is not a try').to.have.length(1);
+    const job = await h.rt.queues.get('notifications').getJob(`ntf-${done.id}`);
+    expect(job?.attemptsMade, 'of the job’s tries, only the one that completed spent').to.equal(1);
+  });
+
   it('holds one tenant to SERVICE_NOTIFY_TENANT_CONCURRENCY tries in flight: its endpoints that never answer do not delay another tenant’s', async () => {
     const fair = await startHarness({
       env: {
