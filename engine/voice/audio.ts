@@ -118,6 +118,11 @@ const WAV_FMT_BYTES = 40;
 /** Chunk ids as a little-endian number reads them: a file of empty chunks is millions of them. */
 const FMT_ID = 0x20746d66;
 const DATA_ID = 0x61746164;
+/**
+ * A data size a WAV written to a pipe declares for "the rest of the file" (espeak-ng --stdout, sox -t wav -):
+ * from it up to 0xFFFFFFFF, as 0 (other recorders), the data is what arrives.
+ */
+const STREAMED_DATA_SIZE = 0x7ffff000;
 
 /**
  * A WAV's length, followed as its bytes arrive: only each chunk's 8-byte header and the fmt chunk's fields are
@@ -141,6 +146,9 @@ export class WavLength {
   /** where a data chunk of unknown size starts (a recorder that streamed its WAV): the rest of the file is audio */
   private restAt = -1;
 
+  /** `maxBytes`: the most an upload may hold; a data chunk that declares more than can fit is of unknown size too. */
+  constructor(private readonly maxBytes = Infinity) {}
+
   push(chunk: Buffer): void {
     const from = this.received;
     this.received += chunk.length;
@@ -158,7 +166,7 @@ export class WavLength {
       } else if (id === DATA_ID) {
         if (this.playtime === undefined) throw broken('the WAV file has no usable fmt chunk before its data');
         this.found = true;
-        if (size === 0 || size === 0xffffffff) {
+        if (size === 0 || size >= STREAMED_DATA_SIZE || this.next + 8 + size > this.maxBytes) {
           this.restAt = this.next + 8;
           return;
         }

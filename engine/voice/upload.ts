@@ -263,7 +263,7 @@ export class AudioUpload {
     if (this.ended && head.length < MIN_AUDIO_BYTES) throw new AudioRejectedError('audio-invalid', `${head.length} bytes are too few to hold audio`);
     this.format = format;
     if (format === 'wav') {
-      this.wav = new WavLength();
+      this.wav = new WavLength(this.limits.maxBytes);
       this.wav.push(head);
       this.measured(this.wav.seconds(this.ended ? this.bytes : undefined));
     } else this.measured(durationOf(format, head, this.ended ? { size: this.bytes, tail: head } : undefined));

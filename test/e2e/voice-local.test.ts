@@ -97,6 +97,22 @@ describe('voice transcription on this machine (local provider)', function () {
     expect(h.logs.join('\n')).not.to.contain('pull request');
   });
 
+  it('takes a WAV written to a pipe, whose header cannot say its length (espeak-ng --stdout, sox -t wav -): the audio is what arrives', async () => {
+    const piped = execFileSync('espeak-ng', ['-v', 'en-us', '-s', '150', '--stdout', SENTENCES[0]!]);
+    const resoxed = execFileSync('sox', ['-t', 'wav', '-', '-t', 'wav', '-'], { input: piped, stdio: ['pipe', 'pipe', 'ignore'] });
+    for (const [what, wav] of [
+      ['espeak-ng', piped],
+      ['sox', resoxed],
+    ] as const) {
+      expect(wav.readUInt32LE(40), `${what} wrote its pipe's placeholder size`).to.be.at.least(0x7ffff000);
+      const res = await post(wav, 'audio/wav');
+      expect(res.status, `${what}: ${res.text}`).to.equal(200);
+      const header = wav.subarray(0, 44);
+      expect(res.body.duration_seconds, what).to.be.closeTo((wav.length - 44) / header.readUInt32LE(28), 0.05);
+      expect(res.body.text, what).to.match(/^[a-z' ]+$/);
+    }
+  });
+
   it('decodes FLAC the same way, and refuses what its decoder cannot read, a language it does not know and audio over the limit', async () => {
     const flac = await post(clip(3, 'flac'), 'audio/flac');
     expect(flac.status, flac.text).to.equal(200);

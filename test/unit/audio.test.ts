@@ -55,6 +55,14 @@ describe('audio sniffing', () => {
     arriving.push(streamed.subarray(0, 44 + 2000));
     expect(arriving.seconds()).to.equal(1);
     expect(measure(streamed)).to.deep.equal([2, 2]);
+    // written to a pipe by espeak-ng or sox: a placeholder near 2 GB, or any size more than the upload may hold
+    streamed.writeUInt32LE(0x7ffff000, 40);
+    expect(measure(streamed)).to.deep.equal([2, 2]);
+    streamed.writeUInt32LE(50_000, 40);
+    const bounded = new WavLength(40_000);
+    bounded.push(streamed);
+    expect(bounded.seconds(streamed.length)).to.equal(2);
+    expect(() => measure(streamed), 'a size that fits in what may arrive is taken at its word').to.throw(/truncated/);
     expect(() => measure(wavOf(1).subarray(0, 1000))).to.throw(/truncated: its header promises 32000 bytes of audio, 956 arrived/);
     expect(() => measure(junk.subarray(0, 100_000))).to.throw(/no data chunk/);
   });
