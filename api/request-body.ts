@@ -25,13 +25,14 @@ export function requestBody(spec: OpenApiDocument): RequestHandler[] {
   return [
     (req: Request, res: Response, next: NextFunction) => {
       if (!req.headers['content-type']) {
-        if (!hasBody(req)) return next();
         // bytes of no type are application/octet-stream (RFC 9110 §8.3), which a route of raw uploads reads
-        // (it judges the bytes); anywhere else they are refused, not dropped as if no body had been sent
+        // (it judges the bytes, none included: an empty upload is its 422, not the validator's 415 of no type);
+        // anywhere else they are refused, not dropped as if no body had been sent
         if (takesRaw(req)) {
           req.headers['content-type'] = 'application/octet-stream';
           return next();
         }
+        if (!hasBody(req)) return next();
         // chunks, their length unknown: the body is refused when its first byte comes, and one that ends
         // with none is no body (a client that streams every request, an empty one too)
         if (req.headers['content-length'] === undefined) return void whenEmpty(req, next);

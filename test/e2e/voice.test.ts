@@ -213,6 +213,10 @@ describe('voice transcription', function () {
     provider.play([{ status: 200, body: VERBOSE }]);
     const untyped = await h.call<Body>('POST', '/api/v1/autonomy/voice/transcribe', { raw: wav(1) });
     expect(untyped.status, untyped.text).to.equal(200);
+    // and with no bytes either: an empty upload (422), not a request of no type (415 "unsupported media type undefined")
+    const nothing = await h.call<Body>('POST', '/api/v1/autonomy/voice/transcribe', { raw: Buffer.alloc(0) });
+    expect(nothing.status, nothing.text).to.equal(422);
+    expect(nothing.body.code).to.equal('audio-invalid');
     // over the JSON bodies' 1 MB: audio has its own limit, raw as in a form
     const minute = wav(60);
     expect(minute.length).to.be.greaterThan(1024 * 1024);
