@@ -22,8 +22,34 @@ export function sniffAudio(b: Buffer): AudioFormat | null {
   if (ascii(b, 0, 'OggS')) return 'ogg';
   if (ascii(b, 0, 'fLaC')) return 'flac';
   if (ascii(b, 0, 'ID3') || mpegFrames(b)) return 'mp3';
-  if (b.length >= 4 && b.readUInt32BE(0) === 0x1a45dfa3) return 'webm';
-  if (ascii(b, 4, 'ftyp')) return 'mp4';
+  if (b.length >= 4 && b.readUInt32BE(0) === 0x1a45dfa3) return ebmlDocType(b) === 'matroska' ? null : 'webm';
+  if (ascii(b, 4, 'ftyp')) return stillOrQuickTime(b) ? null : 'mp4';
+  return null;
+}
+
+/**
+ * Brands of an ISO media file that is a picture (HEIF, HEIC, AVIF) or a QuickTime movie, which no provider
+ * takes for audio: sent on, they were a provider's 400 and the client's 502, and a call paid for.
+ */
+const NOT_AUDIO_BRANDS = new Set(['heic', 'heix', 'heim', 'heis', 'hevc', 'hevx', 'hevm', 'hevs', 'mif1', 'msf1', 'avif', 'avis', 'avio', 'qt  ']);
+
+/** Whether an ftyp box (its size, `ftyp`, the major brand, a version, then compatible brands) names a picture or a movie. */
+function stillOrQuickTime(b: Buffer): boolean {
+  const end = Math.min(b.length, b.readUInt32BE(0) || b.length);
+  if (NOT_AUDIO_BRANDS.has(b.toString('latin1', 8, 12))) return true;
+  // a HEIF picture may name an audio-like major brand and carry mif1 or msf1 among the compatible ones
+  for (let at = 16; at + 4 <= end; at += 4) if (['mif1', 'msf1'].includes(b.toString('latin1', at, at + 4))) return true;
+  return false;
+}
+
+/** An EBML header's DocType (`webm`, `matroska`), or null when the first bytes do not say. */
+function ebmlDocType(b: Buffer): string | null {
+  // the header's elements follow its ID and size; DocType is element 0x4282, its size a one-byte vint (0x80 | n)
+  for (let at = 5; at + 3 <= Math.min(b.length, 64); at++)
+    if (b[at] === 0x42 && b[at + 1] === 0x82 && b[at + 2]! & 0x80) {
+      const size = b[at + 2]! & 0x7f;
+      return b.length >= at + 3 + size ? b.toString('latin1', at + 3, at + 3 + size) : null;
+    }
   return null;
 }
 

@@ -87,6 +87,9 @@ export function openAiTranscriber(s: OpenAiTranscriberSettings): Transcriber {
       for (let attempt = 1; ; attempt++) {
         let res: Answer;
         try {
+          // a retry reads the upload from its file: it asks once that is whole, not holding the provider's request
+          // open and idle while the client sends the rest (a proxy in front of the provider closes such a request)
+          if (attempt > 1) await audio.settled;
           const boundary = `----transcribe${randomBytes(16).toString('hex')}`;
           res = await post(
             endpoint,

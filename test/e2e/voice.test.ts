@@ -265,7 +265,9 @@ describe('voice transcription', function () {
       req.on('response', (res) => res.resume().on('end', () => resolve(res.statusCode!)));
       req.on('error', reject);
     });
+    let lastSent = 0;
     for (let at = 0; at < audio.length; at += 32 * 1024) {
+      lastSent = Date.now();
       req.write(audio.subarray(at, at + 32 * 1024));
       await new Promise((r) => setTimeout(r, 10));
     }
@@ -273,6 +275,9 @@ describe('voice transcription', function () {
     expect(await answered).to.equal(200);
     expect(provider.received).to.have.length(2);
     expect(provider.received[1]!.file!.bytes.equals(audio), 'the retry carries every byte, in order').to.equal(true);
+    // the retry reads the upload's file: it is made once that is whole, not opened at once and left idle while the
+    // client sends the rest (a provider's proxy closes a request that sends nothing for a while: a 502 for a 429)
+    expect(provider.received[1]!.at, 'the retry asked once the upload had all arrived').to.be.at.least(lastSent);
   });
 
   it('survives forms cut short, refuses what busboy would drop, and leaves no temporary file when a client goes away', async () => {

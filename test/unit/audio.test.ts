@@ -27,6 +27,34 @@ describe('audio sniffing', () => {
     expect(sniffAudio(lone)).to.equal(null);
   });
 
+  it('takes MP4 audio and WebM, not a HEIF or AVIF picture, a QuickTime movie or a Matroska file that start the same', () => {
+    const ftyp = (major: string, ...compatible: string[]) => {
+      const box = Buffer.alloc(16 + 4 * compatible.length);
+      box.writeUInt32BE(box.length, 0);
+      box.write(`ftyp${major}`, 4, 'latin1');
+      compatible.forEach((c, i) => box.write(c, 16 + 4 * i, 'latin1'));
+      return Buffer.concat([box, Buffer.alloc(64)]);
+    };
+    expect(sniffAudio(ftyp('M4A ', 'M4A ', 'mp42', 'isom'))).to.equal('mp4');
+    expect(sniffAudio(ftyp('isom', 'isom', 'iso2', 'mp41'))).to.equal('mp4');
+    expect(sniffAudio(ftyp('heic', 'mif1', 'heic'))).to.equal(null);
+    expect(sniffAudio(ftyp('avif', 'avif', 'mif1', 'miaf'))).to.equal(null);
+    expect(sniffAudio(ftyp('mp42', 'mif1', 'miaf'))).to.equal(null);
+    expect(sniffAudio(ftyp('qt  ', 'qt  '))).to.equal(null);
+    // an EBML header: version fields, then DocType (0x4282) and its version
+    const ebml = (docType: string) => {
+      const fields = Buffer.concat([
+        Buffer.from([0x42, 0x86, 0x81, 1, 0x42, 0xf7, 0x81, 1, 0x42, 0xf2, 0x81, 4, 0x42, 0xf3, 0x81, 8]),
+        Buffer.from([0x42, 0x82, 0x80 | docType.length]),
+        Buffer.from(docType, 'latin1'),
+        Buffer.from([0x42, 0x87, 0x81, 4, 0x42, 0x85, 0x81, 2]),
+      ]);
+      return Buffer.concat([Buffer.from([0x1a, 0x45, 0xdf, 0xa3, 0x80 | fields.length]), fields, Buffer.alloc(64)]);
+    };
+    expect(sniffAudio(ebml('webm'))).to.equal('webm');
+    expect(sniffAudio(ebml('matroska'))).to.equal(null);
+  });
+
   it('refuses a WAV whose byte rate disagrees with its sample rate and block size', () => {
     const wav = wavOf(1);
     expect(measure(wav)).to.deep.equal([1, 1]);
