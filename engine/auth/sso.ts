@@ -21,6 +21,8 @@ export class SignInRefusedError extends AppError {
 export type SignedIn = {
   sub: string;
   email: string | null;
+  /** whether the provider said it verified the email (sessions stored before it was kept had passed the check with it) */
+  email_verified?: boolean;
   name: string | null;
   tenant_id: string;
   /** the claim's value the tenant was read from: a changed mapping ends the session */
@@ -69,6 +71,16 @@ export function ssoOf(deps: { redis: Redis; queues: Queues; clock: Clock; log: L
     return { tenant: mapped, claim: value };
   }
 
+  /** Whether an address may sign in under SERVICE_OIDC_ALLOWED_EMAIL_DOMAINS (any may when it is empty). */
+  function emailAllowed(email: string | null, verified: boolean): boolean {
+    if (!s.allowedEmailDomains.length) return true;
+    // the domain after the address's one `@`: an address with a quoted local part or more than one
+    // `@` ("x@corp.com@"@elsewhere.com goes to elsewhere.com) is refused, not read as corp.com
+    const domain = email ? /^[^@\s"]+@([^@\s"]+)$/.exec(email)?.[1] : undefined;
+    // only an address the provider says it verified
+    return Boolean(email && verified && domain && s.allowedEmailDomains.includes(domain));
+  }
+
   /** The session, read (and its end or idle clock written) within Redis's deadline, or a 503. */
   const read = (sessionId: string, touch: boolean): Promise<SignedIn | null> =>
     redisOrUnavailable(redis, 'reading the session', () => readNow(sessionId, touch));
@@ -86,9 +98,12 @@ export function ssoOf(deps: { redis: Redis; queues: Queues; clock: Clock; log: L
     } catch {
       tenantNow = null;
     }
-    if (left <= 0 || tenantNow !== session.tenant_id) {
+    // what a sign-in is held to now, as for the tenant: a narrowed list of email domains ends the sessions it no longer lets in
+    const emailNow = emailAllowed(session.email, session.email_verified !== false);
+    if (left <= 0 || tenantNow !== session.tenant_id || !emailNow) {
       await redis.del(key);
       if (tenantNow !== session.tenant_id) log.info({ tenant_id: session.tenant_id, sub: session.sub }, 'session ended: the tenant mapping changed');
+      else if (!emailNow) log.info({ tenant_id: session.tenant_id, sub: session.sub }, 'session ended: its email domain may no longer sign in');
       return null;
     }
     if (touch) await redis.expire(key, Math.min(s.idleSeconds, left));
@@ -156,19 +171,14 @@ export function ssoOf(deps: { redis: Redis; queues: Queues; clock: Clock; log: L
         throw new SignInRefusedError('the identity provider’s answer did not check out; start again');
       }
       const email = typeof claims.email === 'string' ? claims.email.toLowerCase() : null;
-      if (s.allowedEmailDomains.length) {
-        // the domain after the address's one `@`: an address with a quoted local part or more than one
-        // `@` ("x@corp.com@"@elsewhere.com goes to elsewhere.com) is refused, not read as corp.com
-        const domain = email ? /^[^@\s"]+@([^@\s"]+)$/.exec(email)?.[1] : undefined;
-        // only an address the provider says it verified
-        if (!email || claims.email_verified !== true || !domain || !s.allowedEmailDomains.includes(domain))
-          throw new SignInRefusedError('your email domain may not sign in here');
-      }
+      const emailVerified = claims.email_verified === true;
+      if (!emailAllowed(email, emailVerified)) throw new SignInRefusedError('your email domain may not sign in here');
       const { tenant, claim } = tenantOf(claims);
       const now = clock.now();
       const session: SignedIn = {
         sub: String(claims.sub),
         email,
+        email_verified: emailVerified,
         name: typeof claims.name === 'string' ? claims.name : null,
         tenant_id: tenant,
         tenant_claim: claim,

@@ -257,6 +257,37 @@ describe('sign-in with OpenID Connect', function () {
     expect((await fetch(`${service()}/api/v1/me`, { headers: { cookie } })).status, 'ended for every process').to.equal(401);
   });
 
+  it('ends a session whose email domain SERVICE_OIDC_ALLOWED_EMAIL_DOMAINS no longer lets in, as a changed mapping does', async () => {
+    const alice = new Browser();
+    await alice.navigate(`${service()}/auth/login`, 'alice');
+    const cookie = `__Host-session=${alice.cookie(service(), '__Host-session')}`;
+    // a process that still lets her domain in keeps her session; one that lets in example.org only ends it
+    // (both open together: a harness closed cleans its prefix's keys in Redis, the session's too)
+    const same = await startHarness({
+      workers: false,
+      env: { ...oidcEnv, SERVICE_OIDC_ALLOWED_EMAIL_DOMAINS: 'example.org,example.com', SERVICE_QUEUE_PREFIX: h.config.queuePrefix },
+    });
+    const narrowed = await startHarness({
+      workers: false,
+      env: { ...oidcEnv, SERVICE_OIDC_ALLOWED_EMAIL_DOMAINS: 'example.org', SERVICE_QUEUE_PREFIX: h.config.queuePrefix },
+    });
+    try {
+      expect((await fetch(`${same.url}/api/v1/me`, { headers: { cookie } })).status).to.equal(200);
+      expect((await fetch(`${narrowed.url}/api/v1/me`, { headers: { cookie } })).status).to.equal(401);
+      const minted = await fetch(`${narrowed.url}/api/v1/api-keys`, {
+        method: 'POST',
+        headers: { cookie, 'content-type': 'application/json', 'sec-fetch-site': 'same-origin' },
+        body: JSON.stringify({ name: 'after the list was narrowed' }),
+      });
+      expect(minted.status, 'no key minted by a session the list no longer lets in').to.equal(401);
+      expect(narrowed.logs.join('\n')).to.contain('its email domain may no longer sign in');
+      expect((await fetch(`${same.url}/api/v1/me`, { headers: { cookie } })).status, 'ended for every process').to.equal(401);
+    } finally {
+      await narrowed.close();
+      await same.close();
+    }
+  });
+
   it('ends a session at its absolute lifetime, and lets in only the allowed email domains', async () => {
     // a process whose clock the test moves past the session's absolute end (SERVICE_SESSION_MAX_SECONDS, 7 days by default)
     let offsetMs = 0;
