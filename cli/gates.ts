@@ -5,7 +5,16 @@ import { existsSync } from 'node:fs';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import { environmentValue, loadConfig, TENANT_ID_PATTERN } from '../config/env.js';
-import { EVIDENCE_KEY_FILE, ledgerOf, publicKeyFromText, readPack, signerOf, verifyPack } from '../engine/evidence/index.js';
+import {
+  assertSignsAfter,
+  EVIDENCE_KEY_FILE,
+  ledgerOf,
+  publicKeyFromText,
+  readPack,
+  signerOf,
+  verifyPack,
+  type EvidenceSigner,
+} from '../engine/evidence/index.js';
 import {
   FileHasher,
   gateEnv,
@@ -17,7 +26,16 @@ import {
   type ArtifactPayload,
   type GateContext,
 } from '../engine/gates/index.js';
-import { createLogger, stderrDestination, loadKeyBytes, newId, systemClock, type GateResult, type GateRunRecord } from '../engine/platform/index.js';
+import {
+  ConflictError,
+  createLogger,
+  stderrDestination,
+  loadKeyBytes,
+  newId,
+  systemClock,
+  type GateResult,
+  type GateRunRecord,
+} from '../engine/platform/index.js';
 import { tenantRootPath } from '../engine/runs/index.js';
 import { openStore } from '../engine/store/index.js';
 import { openSandbox } from '../engine/tools/index.js';
@@ -56,7 +74,7 @@ export async function gatesRun(values: GatesRunOptions, out: (text: string) => v
       throw new UsageError(`--workspace must be inside the tenant's workspace root (${root || 'missing'})`);
     workspaceName = path.relative(root, dir) || '.';
     // before the gates run (minutes): a record that could not reach the service's ledger is refused at once
-    requireServiceLedger();
+    await requireServiceLedger(values.tenant);
   }
   const sandbox = openSandbox({
     mode: config.sandbox.mode,
@@ -131,26 +149,32 @@ export async function gatesRun(values: GatesRunOptions, out: (text: string) => v
  * SERVICE_DATA_DIR), --record made a new store there and a new evidence key, and sealed the results into a
  * ledger the service never reads, signed by a key no one pins: "recorded" and exit 0.
  */
-function requireServiceLedger(): void {
+async function requireServiceLedger(tenantId: string): Promise<void> {
   const config = loadConfig();
   const file = path.join(config.dataDir, 'service.sqlite');
   if (!config.mongodbUri && !existsSync(file))
     throw new UsageError(`--record: no store at ${file}: set SERVICE_DATA_DIR to the service's data folder (or MONGODB_URI to its MongoDB)`);
+  const signer = serviceSigner();
+  // the key that signed the tenant's ledger last must be this one or one it took over from: a key of before a
+  // rotation, or of another folder, signed entries that broke every pack of the commit for good ("recorded", exit 0)
+  const store = await openStore({ mongodbUri: config.mongodbUri, dataDir: config.dataDir });
+  try {
+    assertSignsAfter(await store.evidence.head(tenantId), signer);
+  } catch (err) {
+    throw err instanceof ConflictError ? new UsageError(`--record: ${err.message}`) : err;
+  } finally {
+    await store.close();
+  }
+}
+
+/** The service's evidence signer, as it loads it: SERVICE_EVIDENCE_KEY (or its key file) and SERVICE_EVIDENCE_PREVIOUS_KEYS. */
+function serviceSigner(): EvidenceSigner {
+  const config = loadConfig();
   // loadKeyBytes would make a key of its own (its source 'generated'): a ledger signed by it is not the service's
   if (!config.evidenceKey && !existsSync(path.join(config.dataDir, EVIDENCE_KEY_FILE)))
     throw new UsageError(
       `--record: no evidence key: set SERVICE_EVIDENCE_KEY to the service's, or SERVICE_DATA_DIR to the folder of its ${EVIDENCE_KEY_FILE} (not in ${config.dataDir})`,
     );
-}
-
-/** Writes results to the service's store and ledger, as a gate run the CLI made. */
-async function record(
-  tenantId: string,
-  run: { workspace: string; source: string; required: string[]; subject: GateRunRecord['subject']; results: GateResult[]; artifacts: ArtifactPayload[] },
-): Promise<GateRunRecord | null> {
-  const config = loadConfig();
-  // checked again (the store or the key file gone while the gates ran), and before the store is opened, which would make it
-  requireServiceLedger();
   const key = loadKeyBytes({
     value: config.evidenceKey,
     variable: 'SERVICE_EVIDENCE_KEY',
@@ -159,9 +183,25 @@ async function record(
     isProduction: config.isProduction,
   });
   if (key.source === 'generated') throw new UsageError(`--record: no evidence key: set SERVICE_EVIDENCE_KEY to the service's`);
+  return signerOf(
+    key.key,
+    config.evidencePreviousKeys.map((text) => publicKeyFromText(text)!),
+  );
+}
+
+/** Writes results to the service's store and ledger, as a gate run the CLI made. */
+async function record(
+  tenantId: string,
+  run: { workspace: string; source: string; required: string[]; subject: GateRunRecord['subject']; results: GateResult[]; artifacts: ArtifactPayload[] },
+): Promise<GateRunRecord | null> {
+  const config = loadConfig();
+  // checked again (the store or the key file gone while the gates ran), and before the store is opened, which would
+  // make it; the ledger's head is checked again by the append itself, in its write
+  await requireServiceLedger(tenantId);
+  const signer = serviceSigner();
   const store = await openStore({ mongodbUri: config.mongodbUri, dataDir: config.dataDir });
   try {
-    const ledger = ledgerOf({ store, clock: systemClock, signer: signerOf(key.key) });
+    const ledger = ledgerOf({ store, clock: systemClock, signer });
     const gateRun: GateRunRecord = {
       id: newId('grn'),
       tenant_id: tenantId,

@@ -1,12 +1,26 @@
 // The evidence ledger: append-only per tenant, each entry chained to the one before and signed
 // (verify.ts says how). Payloads are canonical JSON kept by digest; an entry carries only the digest.
 import type { Platform } from '../deps.js';
-import type { LedgerEntry, LedgerSubject } from '../platform/index.js';
+import { ConflictError, type LedgerEntry, type LedgerSubject } from '../platform/index.js';
+import type { LedgerHead } from '../store/index.js';
 import { pemOf, publicKeyFromPem, type EvidenceSigner, type LedgerKey } from './keys.js';
 import { envelopeOf, type Statement } from './pack.js';
 import { canonicalJson, entryHash, GENESIS_HASH, payloadDigest, verifyEntriesAsync, type EvidenceProblem } from './verify.js';
 
 export type LedgerItem = { kind: string; subject: LedgerSubject; payload: unknown };
+
+/**
+ * Refuses to chain entries signed by this key after a head signed by a key it does not know: one that is neither
+ * this key nor an earlier one (SERVICE_EVIDENCE_PREVIOUS_KEYS). Written, such an entry broke every pack whose slice
+ * holds it, for good (a CLI's `gates run --record` with a key from before a rotation, another folder's key file,
+ * a typo; a service started with the wrong SERVICE_EVIDENCE_KEY).
+ */
+export function assertSignsAfter(head: LedgerHead, signer: Pick<EvidenceSigner, 'keyId' | 'earlier'>): void {
+  if (!head || head.key_id === signer.keyId || signer.earlier.has(head.key_id)) return;
+  throw new ConflictError(
+    `the tenant's evidence ledger ends with entry ${head.seq}, signed by key ${head.key_id}; this key is ${signer.keyId}: sign with the service's key (SERVICE_EVIDENCE_KEY), or name ${head.key_id} in SERVICE_EVIDENCE_PREVIOUS_KEYS if it is the key this one took over from`,
+  );
+}
 
 export function ledgerOf(deps: Pick<Platform, 'store' | 'clock'> & { signer: EvidenceSigner }) {
   const { store, clock, signer } = deps;
@@ -37,6 +51,7 @@ export function ledgerOf(deps: Pick<Platform, 'store' | 'clock'> & { signer: Evi
       return store.evidence.append(
         tenantId,
         (head, from) => {
+          assertSignsAfter(head, signer);
           let prev = head?.hash ?? GENESIS_HASH;
           let seq = head?.seq ?? 0;
           // never earlier than the head: an append that read the clock first can commit after another one

@@ -461,7 +461,8 @@ export interface MessageRepo {
 
 /** The head a new ledger entry chains to; null for an empty ledger. */
 /** What an append chains to: the head's seq, hash and time (an entry is never earlier than the one before it). */
-export type LedgerHead = { seq: number; hash: string; at: string } | null;
+/** What an append chains to: the head's seq, hash and time, and the key that signed it. */
+export type LedgerHead = { seq: number; hash: string; at: string; key_id: string } | null;
 
 export interface EvidenceRepo {
   /**

@@ -14,6 +14,7 @@ import path from 'node:path';
 import { expect } from 'chai';
 import { startWebServer, type WebServer } from '../../api/server.js';
 import { PROJECT_ROOT } from '../../config/paths.js';
+import { signerOf } from '../../engine/evidence/index.js';
 import { builtCli, CLI } from '../support/built.js';
 import { eventually, KEYS, startHarness, type Harness } from '../support/harness.js';
 
@@ -633,6 +634,29 @@ describe('the command-line tool (built) against stub servers', function () {
       }).done;
       expect(recorded.code, recorded.stdout + recorded.stderr).to.equal(0);
       expect(recorded.stdout).to.match(/recorded as grn_\w+: ledger entries/);
+      // a key that is not the one the ledger was signed with (a shell's key from before a rotation, a typo): refused
+      // before any gate runs; signed in, its entries broke every pack of the commit for good
+      const [keyA, keyB] = ['a'.repeat(64), 'b'.repeat(64)];
+      const withKey = (key: string, previous?: string) =>
+        spawnCli(['gates', 'run', '--workspace', ws, '--record', '--tenant', 'acme'], {
+          ...env,
+          SERVICE_EVIDENCE_KEY: key,
+          ...(previous ? { SERVICE_EVIDENCE_PREVIOUS_KEYS: previous } : {}),
+        }).done;
+      const idOf = (hex: string) => signerOf(Buffer.from(hex, 'hex')).keyId;
+      const wrong = await withKey(keyB);
+      expect(wrong.code, wrong.stdout + wrong.stderr).to.equal(2);
+      expect(wrong.stderr)
+        .to.contain(`signed by key ${idOf(keyA)}; this key is ${idOf(keyB)}`)
+        .and.contain('SERVICE_EVIDENCE_PREVIOUS_KEYS');
+      expect(wrong.stdout).not.to.contain('gates of');
+      // B told A is the key it took over from (a rotation): recorded; A after it is refused
+      const pemLine = (hex: string) => signerOf(Buffer.from(hex, 'hex')).publicKeyPem.split('\n')[1]!;
+      const rotated = await withKey(keyB, pemLine(keyA));
+      expect(rotated.code, rotated.stdout + rotated.stderr).to.equal(0);
+      const back = await withKey(keyA);
+      expect(back.code, back.stdout + back.stderr).to.equal(2);
+      expect(back.stderr).to.contain(`signed by key ${idOf(keyB)}`);
     } finally {
       fs.rmSync(dir, { recursive: true, force: true });
     }

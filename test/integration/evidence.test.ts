@@ -6,7 +6,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { expect } from 'chai';
 import { GENESIS_HASH, ledgerOf, publicKeyFromPem, signerOf, verifyEntries, verifyEntriesAsync } from '../../engine/evidence/index.js';
-import { systemClock, type LedgerEntry } from '../../engine/platform/index.js';
+import { ConflictError, systemClock, type LedgerEntry } from '../../engine/platform/index.js';
 import { openStore, type Store } from '../../engine/store/index.js';
 
 describe('evidence ledger', () => {
@@ -116,13 +116,18 @@ describe('evidence ledger', () => {
 
   it('refuses an entry of a key rotated out once another key signed after it, and an entry of another tenant', async () => {
     // ledgers signed by key A, rotated to B, then to C (the service's key; A and B its earlier keys)
-    const [a, b, c] = [signerOf(randomBytes(32)), signerOf(randomBytes(32)), signerOf(randomBytes(32))];
+    const seeds = [randomBytes(32), randomBytes(32), randomBytes(32)];
+    const [a, b, c] = [signerOf(seeds[0]!), signerOf(seeds[1]!), signerOf(seeds[2]!)];
+    const keyOf = (s: typeof a) => publicKeyFromPem(s.publicKeyPem)!;
+    // written as whoever holds a seed and the store writes: the append takes any order of these keys (each knows the others)
+    const writers = new Map(seeds.map((seed, i) => [[a, b, c][i]!.keyId, signerOf(seed, [a, b, c].map(keyOf))] as const));
     const signedBy = async (tenant: string, signers: (typeof a)[]) => {
       for (const [i, signer] of signers.entries())
-        await ledgerOf({ store, clock: systemClock, signer }).append(tenant, [{ kind: 'gate.result', subject: { workspace: '.' }, payload: { i } }]);
+        await ledgerOf({ store, clock: systemClock, signer: writers.get(signer.keyId)! }).append(tenant, [
+          { kind: 'gate.result', subject: { workspace: '.' }, payload: { i } },
+        ]);
       return store.evidence.list(tenant, { limit: 20 });
     };
-    const keyOf = (s: typeof a) => publicKeyFromPem(s.publicKeyPem)!;
     const earlier = new Map([
       [a.keyId, keyOf(a)],
       [b.keyId, keyOf(b)],
@@ -146,6 +151,30 @@ describe('evidence ledger', () => {
     const asAnother = { publicKey: keyOf(c), keyId: c.keyId, earlier, tenantId: 'someone-else' };
     expect(verifyEntries(rotated, asAnother)).to.deep.include({ part: 'chain', seq: 1 });
     expect(await verifyEntriesAsync(rotated, asAnother)).to.deep.include({ part: 'chain', seq: 1 });
+  });
+
+  it('appends after a head signed by this key or an earlier one only: an entry of a key the ledger does not know would break its packs', async () => {
+    const [a, b] = [signerOf(randomBytes(32)), signerOf(randomBytes(32))];
+    const tenant = `unknown-key-${Date.now()}`;
+    const item = { kind: 'gate.result', subject: { workspace: '.' }, payload: { ok: true } };
+    await ledgerOf({ store, clock: systemClock, signer: a }).append(tenant, [item]);
+    // B, not told A is the key it took over from: refused, nothing written
+    const refused = await ledgerOf({ store, clock: systemClock, signer: b })
+      .append(tenant, [item])
+      .then(
+        () => null,
+        (err: Error) => err,
+      );
+    expect(refused).to.be.instanceOf(ConflictError);
+    expect(refused!.message).to.contain(`signed by key ${a.keyId}`).and.contain('SERVICE_EVIDENCE_PREVIOUS_KEYS');
+    expect((await store.evidence.head(tenant))!.seq).to.equal(1);
+    // B with A among its earlier keys: a rotation, taken; A after it is refused
+    const rotated = signerOf(randomBytes(32), [publicKeyFromPem(a.publicKeyPem)!]);
+    expect(await ledgerOf({ store, clock: systemClock, signer: rotated }).append(tenant, [item])).to.have.length(1);
+    const back = await ledgerOf({ store, clock: systemClock, signer: a })
+      .append(tenant, [item])
+      .catch((err: Error) => err);
+    expect(back).to.be.instanceOf(ConflictError);
   });
 
   it("reads a slice's payloads a chunk at a time when the service checks it, and still finds a payload changed in any chunk", async () => {

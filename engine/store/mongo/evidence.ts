@@ -52,7 +52,7 @@ export function evidenceRepo(ledger: Model<StoredEntry>, payloads: Model<StoredP
       const written: LedgerEntry[] = [];
       for (let i = 1; ; i++) {
         const last = await head(tenantId);
-        const entries = build(last ? ({ seq: last.seq, hash: last.hash, at: last.at } satisfies LedgerHead) : null, written.length);
+        const entries = build(last ? ({ seq: last.seq, hash: last.hash, at: last.at, key_id: last.key_id } satisfies LedgerHead) : null, written.length);
         // payloads alone (a gate's artifacts): the driver refuses an empty batch
         if (!entries.length) return written;
         try {

@@ -6,9 +6,9 @@ import { groupCommit, type Db } from './db.js';
 
 export function evidenceRepo(db: Db): EvidenceRepo {
   const headRow = db.prepare<[string], { doc: string }>('SELECT doc FROM ledger WHERE tenant_id = ? ORDER BY seq DESC LIMIT 1');
-  // what an append chains to: the head's seq, hash and time, without reading its whole document
-  const headLink = db.prepare<[string], { seq: number; hash: string; at: string }>(
-    "SELECT seq, json_extract(doc, '$.hash') AS hash, at FROM ledger WHERE tenant_id = ? ORDER BY seq DESC LIMIT 1",
+  // what an append chains to (LedgerHead), without reading the head's whole document
+  const headLink = db.prepare<[string], NonNullable<LedgerHead>>(
+    "SELECT seq, json_extract(doc, '$.hash') AS hash, at, json_extract(doc, '$.key_id') AS key_id FROM ledger WHERE tenant_id = ? ORDER BY seq DESC LIMIT 1",
   );
   const insert = db.prepare('INSERT INTO ledger (tenant_id, seq, at, doc) VALUES (?, ?, ?, ?)');
   const keep = db.prepare('INSERT OR IGNORE INTO ledger_payloads (tenant_id, digest, body) VALUES (?, ?, ?)');
