@@ -3,9 +3,12 @@
 import type { Platform } from '../deps.js';
 import { ConflictError, type LedgerEntry, type LedgerSubject } from '../platform/index.js';
 import type { LedgerHead } from '../store/index.js';
-import { pemOf, publicKeyFromPem, type EvidenceSigner, type LedgerKey } from './keys.js';
+import { pemOf, publicKeyFromPem, verifySignatureAsync, type EvidenceSigner, type LedgerKey } from './keys.js';
 import { envelopeOf, type Statement } from './pack.js';
 import { canonicalJson, entryHash, GENESIS_HASH, payloadDigest, verifyEntriesAsync, type EvidenceProblem } from './verify.js';
+
+/** Entries read at a time on the way from a slice to the first entry of the current key after it (see anchored). */
+const ANCHOR_PAGE = 500;
 
 export type LedgerItem = { kind: string; subject: LedgerSubject; payload: unknown };
 
@@ -35,6 +38,31 @@ export function ledgerOf(deps: Pick<Platform, 'store' | 'clock'> & { signer: Evi
      */
     verify: (tenantId: string, entries: LedgerEntry[], payloadsOf: (chunk: LedgerEntry[]) => Promise<Map<string, string>>): Promise<EvidenceProblem | null> =>
       verifyEntriesAsync(entries, { publicKey: verifyingKey, keyId: signer.keyId, earlier: signer.earlier, tenantId, payloadsOf }),
+
+    /**
+     * What is wrong with the entries from `last` (a slice's last entry, verified) up to the first one this key signed:
+     * each must chain to the one before, and that one's signature hold. A slice signed by earlier keys alone is
+     * vouched for by this key only through its own entry that chains to it: rewritten whole and signed again with a
+     * leaked earlier seed, the slice verified by itself, and the service signed a pack of the forgery. Null also when
+     * no entry of this key follows yet (nothing to hold it to: the ledger's own head).
+     */
+    async anchored(tenantId: string, last: LedgerEntry): Promise<EvidenceProblem | null> {
+      let prev = last;
+      while (prev.key_id !== signer.keyId) {
+        const next = await store.evidence.list(tenantId, { afterSeq: prev.seq, limit: ANCHOR_PAGE });
+        if (!next.length) return null;
+        for (const e of next) {
+          if (e.seq !== prev.seq + 1 || e.prev_hash !== prev.hash || e.tenant_id !== tenantId || entryHash(e) !== e.hash)
+            return { part: 'chain', seq: e.seq, message: `entry ${e.seq}, after the slice, does not chain to entry ${prev.seq}` };
+          if (e.key_id === signer.keyId)
+            return (await verifySignatureAsync(verifyingKey, e.hash, e.sig))
+              ? null
+              : { part: 'signature', seq: e.seq, message: `entry ${e.seq}'s signature does not verify` };
+          prev = e;
+        }
+      }
+      return null;
+    },
 
     /** The earlier keys (SERVICE_EVIDENCE_PREVIOUS_KEYS) that signed some of these entries, by id: a pack of them names them. */
     earlierKeysOf: (entries: LedgerEntry[]): LedgerKey[] =>

@@ -143,12 +143,14 @@ export function evidencePacksOf(deps: Pick<Platform, 'store' | 'clock'> & { ledg
       e.seq === sealAt || (e.kind === 'gate.result' && latest.has(String(e.subject.gate_id))) || (e.kind === 'audit.report' && e.subject.workspace === ws.name);
     const payloadOf = new Map<string, string>();
     // the service signs only what its ledger seals: a slice that does not verify as stored is refused,
-    // and each gate's row is its sealed result, never the gate run's stored copy of it
-    const problem = await ledger.verify(tenantId, entries, async (chunk) => {
-      const bodies = new Map((await ledger.payloads(tenantId, [...new Set(chunk.map((e) => e.payload_digest))])).map((p) => [p.digest, p.body]));
-      for (const e of chunk) if (read(e) && bodies.has(e.payload_digest)) payloadOf.set(e.payload_digest, bodies.get(e.payload_digest)!);
-      return bodies;
-    });
+    // and each gate's row is its sealed result, never the gate run's stored copy of it; and what follows the slice,
+    // up to the current key's first entry after it, must chain to it (a slice of earlier keys alone, rewritten)
+    const problem =
+      (await ledger.verify(tenantId, entries, async (chunk) => {
+        const bodies = new Map((await ledger.payloads(tenantId, [...new Set(chunk.map((e) => e.payload_digest))])).map((p) => [p.digest, p.body]));
+        for (const e of chunk) if (read(e) && bodies.has(e.payload_digest)) payloadOf.set(e.payload_digest, bodies.get(e.payload_digest)!);
+        return bodies;
+      })) ?? (await ledger.anchored(tenantId, head));
     if (problem) throw new ConflictError(`the evidence ledger does not verify (${problem.message}); no pack is signed from it`, { problem });
     // entries signed before the ledger's key was rotated: the pack names their keys, and its signature vouches for them
     const earlier = ledger.earlierKeysOf(entries);

@@ -5,7 +5,7 @@ import fs from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { expect } from 'chai';
-import { GENESIS_HASH, ledgerOf, publicKeyFromPem, signerOf, verifyEntries, verifyEntriesAsync } from '../../engine/evidence/index.js';
+import { entryHash, GENESIS_HASH, ledgerOf, publicKeyFromPem, signerOf, verifyEntries, verifyEntriesAsync } from '../../engine/evidence/index.js';
 import { ConflictError, systemClock, type LedgerEntry } from '../../engine/platform/index.js';
 import { openStore, type Store } from '../../engine/store/index.js';
 
@@ -175,6 +175,30 @@ describe('evidence ledger', () => {
       .append(tenant, [item])
       .catch((err: Error) => err);
     expect(back).to.be.instanceOf(ConflictError);
+  });
+
+  it('holds a slice of earlier keys alone to the entries after it, up to the first of the current key: one rewritten with a leaked earlier seed is refused', async () => {
+    const a = signerOf(randomBytes(32));
+    const rotated = signerOf(randomBytes(32), [publicKeyFromPem(a.publicKeyPem)!]);
+    const tenant = `anchored-${Date.now()}`;
+    const item = (verdict: string) => ({ kind: 'gate.result', subject: { workspace: '.' }, payload: { verdict } });
+    await ledgerOf({ store, clock: systemClock, signer: a }).append(tenant, [item('failure'), item('failure')]);
+    const ledger = ledgerOf({ store, clock: systemClock, signer: rotated });
+    const [one, two] = await store.evidence.list(tenant, { limit: 10 });
+    // no entry of the current key yet: nothing to hold the slice to
+    expect(await ledger.anchored(tenant, two!)).to.equal(null);
+    await ledger.append(tenant, [item('success')]);
+    expect(await ledger.anchored(tenant, two!)).to.equal(null);
+    expect(await ledger.anchored(tenant, one!), 'through entry 2, signed by A').to.equal(null);
+    // entries 1 and 2 made again, chained and signed with A's seed: they verify by themselves, entry 3 does not follow them
+    let prev = GENESIS_HASH;
+    const forged = [one!, two!].map((e) => {
+      const fields = { ...e, payload_digest: `sha256:${'0'.repeat(64)}`, prev_hash: prev };
+      const hash = entryHash(fields);
+      prev = hash;
+      return { ...fields, hash, sig: a.sign(hash) };
+    });
+    expect(await ledger.anchored(tenant, forged[1]!)).to.deep.include({ part: 'chain', seq: 3 });
   });
 
   it("reads a slice's payloads a chunk at a time when the service checks it, and still finds a payload changed in any chunk", async () => {
