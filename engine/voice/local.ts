@@ -218,28 +218,45 @@ export function parseTimedOutput(stdout: string): TranscriptSegment[] {
  * waiting tenant served longest ago (one never served first), each tenant's own waiters in their order: a
  * tenant with many uploads in line waits behind one upload of each other tenant, never the reverse.
  */
+/** The idle tenants whose last turn a local transcriber keeps (see semaphore). */
+const SERVED_KEPT = 10_000;
+
 function semaphore(n: number) {
   let free = n;
   const waiting = new Map<string, (() => void)[]>();
-  /** places held by tenant, and the turn of each one's last grant (kept while it holds or waits) */
+  /** places held by tenant, and the turn of each one's last grant, oldest first */
   const holding = new Map<string, number>();
   const served = new Map<string, number>();
+  /** the turn a tenant not in `served` counts as served at: the latest of those let go, older than any kept */
+  let floor = 0;
   let turn = 0;
+  const servedAt = (tenant: string) => served.get(tenant) ?? floor;
   const grantTo = (tenant: string) => {
     holding.set(tenant, (holding.get(tenant) ?? 0) + 1);
+    served.delete(tenant);
     served.set(tenant, ++turn);
     return once(() => release(tenant));
   };
-  const forget = (tenant: string) => {
-    if (!holding.has(tenant) && !waiting.has(tenant)) served.delete(tenant);
+  /**
+   * Kept while a tenant is idle too: forgotten as soon as it was, a tenant that sends one upload at a time came
+   * back as never served and went first each time, every other place. Past SERVED_KEPT tenants, the idle ones
+   * served longest ago are let go.
+   */
+  const forget = () => {
+    for (const [t, at] of served) {
+      if (served.size <= SERVED_KEPT) return;
+      if (holding.has(t) || waiting.has(t)) continue;
+      served.delete(t);
+      floor = at;
+    }
   };
   const release = (tenant: string) => {
     const held = holding.get(tenant)! - 1;
     if (held) holding.set(tenant, held);
     else holding.delete(tenant);
-    forget(tenant);
+    forget();
     let next: string | undefined;
-    for (const t of waiting.keys()) if (next === undefined || (served.get(t) ?? 0) < (served.get(next) ?? 0)) next = t;
+    for (const t of waiting.keys()) if (next === undefined || servedAt(t) < servedAt(next)) next = t;
     if (next === undefined) {
       free++;
       return;
@@ -266,7 +283,6 @@ function semaphore(n: number) {
             line.splice(line.indexOf(grant), 1);
             if (!line.length) waiting.delete(tenant);
           }
-          forget(tenant);
           reject(signal.reason);
         };
         if (signal.aborted) return reject(signal.reason);

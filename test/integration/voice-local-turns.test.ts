@@ -61,6 +61,19 @@ describe('the local provider’s places, with stand-in programs', function () {
     expect(order).to.deep.equal(['a1', 'b1', 'a2', 'a3']);
   });
 
+  it('keeps a tenant’s last turn while it is idle: one that sends an upload at a time takes its turn, not every other place', async () => {
+    const t = localTranscriber({ programs: programs(0.2), sandbox, env: { PATH: process.env.PATH! }, timeoutMs: 20_000, concurrency: 1 });
+    const order: string[] = [];
+    const asked = (tenant: string, label: string) => transcribe(t, tenant).then(() => order.push(label));
+    // a sends its next upload when the one before is answered; b and c have three each in line
+    const one = (async () => {
+      for (const l of ['a1', 'a2', 'a3']) await asked('a', l);
+    })();
+    await new Promise((r) => setTimeout(r, 50));
+    await Promise.all([one, ...['b1', 'b2', 'b3'].map((l) => asked('b', l)), ...['c1', 'c2', 'c3'].map((l) => asked('c', l))]);
+    expect(order).to.deep.equal(['a1', 'b1', 'c1', 'a2', 'b2', 'c2', 'a3', 'b3', 'c3']);
+  });
+
   it('answers a decoder killed by a signal as the provider’s failure, not as audio it cannot decode', async () => {
     const t = localTranscriber({ programs: programs(0, 'kill -SEGV $$'), sandbox, env: { PATH: process.env.PATH! }, timeoutMs: 5000, concurrency: 1 });
     const err = (await transcribe(t, 'a').catch((e: unknown) => e)) as { code: string; message: string };
