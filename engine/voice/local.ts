@@ -213,14 +213,14 @@ export function parseTimedOutput(stdout: string): TranscriptSegment[] {
   return segments;
 }
 
+/** The idle tenants whose last turn a local transcriber keeps (see semaphore). */
+const SERVED_KEPT = 10_000;
+
 /**
  * At most `n` holders at once; a waiter gives up when its signal aborts. A place that frees goes to the
  * waiting tenant served longest ago (one never served first), each tenant's own waiters in their order: a
  * tenant with many uploads in line waits behind one upload of each other tenant, never the reverse.
  */
-/** The idle tenants whose last turn a local transcriber keeps (see semaphore). */
-const SERVED_KEPT = 10_000;
-
 function semaphore(n: number) {
   let free = n;
   const waiting = new Map<string, (() => void)[]>();
