@@ -261,7 +261,7 @@ describe('processes', function () {
       // 0: before its grace timer, which exits 1 with the work unfinished (a gate was waited for until then)
       expect((await worker.exited).code, worker.out()).to.equal(0);
       expect(Date.now() - stoppedAt).to.be.below(4500);
-      expect(worker.out()).to.contain('interrupting runs, gates and audit phases');
+      expect(worker.out()).to.contain('interrupting runs, gates, audit phases and notifications');
       await eventually(() => processesMatching(marker) === 0, 'the gate’s sleep to be killed', 10_000);
       const job = (await h.rt.queues.get('gates').getJob(`${run.id}__slow`))!;
       expect(await job.getState()).to.be.oneOf(['waiting', 'delayed', 'wait']);
