@@ -11,6 +11,7 @@
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
+import type { Writable } from 'node:stream';
 import { OutsideError, type Logger } from '../platform/index.js';
 import { stepCgroups, type StepGroup } from './step-cgroups.js';
 import { ToolError } from './tool-error.js';
@@ -317,9 +318,12 @@ export function bwrapSandbox(opts: { bwrap: string; prlimit: string; limits: San
       // what is bound is opened here and handed to bwrap open (fd 3 on): bwrap never follows the path again
       const fds: number[] = [];
       const bound = (p: string) => String(2 + fds.push(openBound(p)));
-      let args: string[];
+      // bubblewrap's options reach it through a pipe (--args), not its command line: the step's environment (a gate's
+      // token, a step's secret) was in bwrap's argv, which every user of the host reads (ps, /proc/<pid>/cmdline)
+      let options: string[];
+      let command: string[];
       try {
-        args = [
+        options = [
           ...fixed,
           ...(o.network ? [] : ['--unshare-net']),
           ...(o.binds ?? []).flatMap((b) => ['--bind-fd', bound(b), b]),
@@ -333,6 +337,8 @@ export function bwrapSandbox(opts: { bwrap: string; prlimit: string; limits: San
           '--chdir',
           INSIDE_WORKSPACE,
           ...Object.entries(env).flatMap(([k, v]) => ['--setenv', k, v]),
+        ];
+        command = [
           '--',
           opts.prlimit,
           ...prlimitArgs(opts.limits, { nproc: processLimit === 'rlimit', addressSpace: memoryLimit !== 'cgroup' }),
@@ -343,7 +349,9 @@ export function bwrapSandbox(opts: { bwrap: string; prlimit: string; limits: San
         for (const fd of fds) fs.closeSync(fd);
         throw err;
       }
-      const stdio: ('ignore' | 'pipe' | number)[] = ['ignore', 'pipe', 'pipe', ...fds];
+      const argsFd = 3 + fds.length;
+      const args = ['--args', String(argsFd), ...command];
+      const stdio: ('ignore' | 'pipe' | number)[] = ['ignore', 'pipe', 'pipe', ...fds, 'pipe'];
       let group: StepGroup | null = null;
       if (cgroups) {
         try {
@@ -379,6 +387,10 @@ export function bwrapSandbox(opts: { bwrap: string; prlimit: string; limits: San
         // the child has its own copies; bwrap closes them once bound, so the step never holds one
         for (const fd of fds) fs.closeSync(fd);
       }
+      // read to its end by bwrap before it starts anything (a bwrap that died first makes the write fail: its exit says why)
+      const optionsPipe = child.stdio[argsFd] as Writable;
+      optionsPipe.on('error', () => undefined);
+      optionsPipe.end(Buffer.from(options.map((o) => `${o}\0`).join('')));
       return {
         child,
         kill(signal) {
@@ -423,6 +435,8 @@ function openBound(p: string): number {
 /** No isolation: the process runs as the service's own user, in the workspace itself. */
 /** The most one argument or environment entry of a process may be, its ending NUL included (Linux's MAX_ARG_STRLEN). */
 const ARG_MAX_BYTES = 128 * 1024;
+/** What the kernel gives a process's arguments and environment together (a quarter of an 8 MB stack), less room for the sandbox's own. */
+const ARGV_ENV_MAX_BYTES = 2 * 1024 * 1024 - 16 * 1024;
 
 /**
  * A step the kernel would not start, refused before anything is made for it: a NUL byte (no argument or
@@ -435,6 +449,10 @@ function refuseUnstartable(argv: string[], env: Record<string, string>): void {
     throw new ToolError('invalid-args', 'the step’s command or environment holds a NUL byte, which no process can be given');
   const over =
     argv.find((a) => Buffer.byteLength(a) >= ARG_MAX_BYTES) ?? entries.find(([k, v]) => Buffer.byteLength(k) + Buffer.byteLength(v) + 1 >= ARG_MAX_BYTES)?.[0];
+  // together (each string, its NUL and its pointer): past the kernel's bound, the step's command could not be started
+  // (bubblewrap's own start no longer meets it: the environment reaches bubblewrap through a pipe)
+  const total = argv.reduce((n, a) => n + Buffer.byteLength(a) + 9, 0) + entries.reduce((n, [k, v]) => n + Buffer.byteLength(k) + Buffer.byteLength(v) + 10, 0);
+  if (total >= ARGV_ENV_MAX_BYTES) throw startFailure(Object.assign(new Error('E2BIG'), { code: 'E2BIG' }));
   if (over !== undefined)
     throw new ToolError(
       'invalid-args',

@@ -1,5 +1,6 @@
 // The sandbox, for real (bubblewrap): what a tenant's shell step can and cannot reach, limits, leftovers,
 // tenant isolation through every tool, and the operator's policy on tools and network.
+import { createHash } from 'node:crypto';
 import fs from 'node:fs/promises';
 import net from 'node:net';
 import os from 'node:os';
@@ -419,6 +420,20 @@ describe('sandbox', function () {
         await removeFolders(prefix);
       }
     });
+  });
+
+  it('keeps a step’s environment off every command line of the host (ps): bubblewrap takes its options through a pipe', async () => {
+    const secret = `tok-${Math.random().toString(36).slice(2)}`;
+    const marker = `sleep ${3 + Math.random()}`;
+    const res = await h.call<Body>('POST', '/api/v1/autonomy/run', {
+      // (the step's own command line names no secret: it prints what the secret's digest is)
+      body: { steps: [{ tool: 'shell', args: { command: `printf %s "$TOKEN" | sha256sum | cut -c1-16; ${marker}`, env: { TOKEN: secret } } }] },
+    });
+    expect(res.status, res.text).to.equal(202);
+    await eventually(() => processesMatching(marker) > 0, 'the step to run', 15_000);
+    expect(processesMatching(secret), 'processes whose command line holds the secret').to.equal(0);
+    const run = await finishedRun(h, res.body.run_id);
+    expect(run.steps[0].output.stdout, 'the step has its environment').to.equal(`${createHash('sha256').update(secret).digest('hex').slice(0, 16)}\n`);
   });
 
   it('hands a step nothing the service process was handed open by its parent', async () => {
