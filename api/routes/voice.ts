@@ -101,8 +101,14 @@ export function voiceRouter(engine: Engine, spec: OpenApiDocument): Router {
         throw new ValidationError('the transcript is too long to be a message', [
           { path: '/body/session_id', message: `a message's text is at most ${MESSAGE_TEXT_MAX} characters` },
         ]);
+      // with the run's Idempotency-Key: a retry of a request that posted it, and then could not store its run, posts it once
       if (opts.session_id)
-        out.message = await engine.sessions.postMessage(tenantId, opts.session_id, { role: 'user', to: opts.to, parts: [{ type: 'text', text }] });
+        out.message = await engine.sessions.postMessage(
+          tenantId,
+          opts.session_id,
+          { role: 'user', to: opts.to, parts: [{ type: 'text', text }] },
+          opts.run && key ? `voice-run:${key}` : undefined,
+        );
     };
     if (!opts.run) {
       if (!text) throw silent();

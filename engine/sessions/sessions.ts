@@ -9,6 +9,8 @@ import {
   pruneInPages,
   NotFoundError,
   afterStored,
+  redisOrUnavailable,
+  sha256Hex,
   MESSAGE_TEXT_MAX,
   scopes,
   untilTaken,
@@ -25,7 +27,7 @@ import {
   type TaskStatus,
   type ToolName,
 } from '../platform/index.js';
-import { allowlistOf, budgetTooLong, type RunLimits, type Runs, type ToolPolicy } from '../runs/index.js';
+import { allowlistOf, budgetTooLong, IDEMPOTENCY_TTL_SECONDS, type RunLimits, type Runs, type ToolPolicy } from '../runs/index.js';
 import { decodeCursor, encodeCursor, type AgentMembers, type NewMessage, type Page, type SessionQuery } from '../store/index.js';
 import { ToolError, type SessionActions } from '../tools/index.js';
 import { dagOrder } from './dag.js';
@@ -596,11 +598,17 @@ export function sessionsOf(deps: SessionsDeps) {
 
     assertCanPost,
 
-    /** Appends a message to the session's log and tells its trace. People and the system inject `user` or `system` messages. */
+    /**
+     * Appends a message to the session's log and tells its trace. People and the system inject `user` or `system`
+     * messages. `once`: a key of the request (its Idempotency-Key) whose retry gets the message its first try posted,
+     * not another, for IDEMPOTENCY_TTL_SECONDS: a spoken run's message is posted before its run is stored, and a
+     * store that refused the run had its retry post the message twice.
+     */
     async postMessage(
       tenantId: string,
       sessionId: string,
       req: { role: 'user' | 'system'; to?: string | null; kind?: string; parts: MessagePart[]; in_reply_to?: string | null },
+      once?: string,
     ): Promise<MessageRecord> {
       // the API's schema holds a text part to MESSAGE_TEXT_MAX; a caller that is not the API (a transcript) is held to it here
       const tooLong = req.parts.findIndex((p) => p.type === 'text' && longer(p.text, MESSAGE_TEXT_MAX));
@@ -612,7 +620,13 @@ export function sessionsOf(deps: SessionsDeps) {
       // a reply names a message of this session: another session's, another tenant's or a made-up id is refused
       if (req.in_reply_to && !(await store.messages.get(tenantId, sessionId, req.in_reply_to)))
         throw new NotFoundError(`no message ${req.in_reply_to} in session ${sessionId}`);
-      return append(session, {
+      const posted = once ? `${deps.queues.prefix}:message-once:{${tenantId}}:${sha256Hex(`${sessionId}\n${once}`)}` : null;
+      if (posted) {
+        const id = await redisOrUnavailable(deps.redis, 'reading what a retried request posted', () => deps.redis.get(posted));
+        const earlier = id ? await store.messages.get(tenantId, sessionId, id) : null;
+        if (earlier) return earlier;
+      }
+      const message = await append(session, {
         role: req.role,
         from: null,
         to: req.to ?? null,
@@ -622,6 +636,11 @@ export function sessionsOf(deps: SessionsDeps) {
         run_id: null,
         in_reply_to: req.in_reply_to ?? null,
       });
+      if (posted)
+        await deps.redis
+          .set(posted, message.id, 'EX', IDEMPOTENCY_TTL_SECONDS)
+          .catch((err: Error) => deps.log.warn({ session_id: sessionId, err: err.message }, 'a retry of this request may post its message again'));
+      return message;
     },
 
     async messages(tenantId: string, sessionId: string, q: { afterSeq?: number; limit?: number }) {

@@ -866,6 +866,32 @@ describe('voice transcription', function () {
     }
   });
 
+  it('posts a spoken run’s message once when the store refused its run the first time: the retry with its key gets the same message', async () => {
+    const session = (await h.call<Body>('POST', '/api/v1/sessions', { body: { title: 'spoken, stored late' } })).body;
+    const audio = wav(0.4);
+    const asked = () => raw(h, audio, 'audio/wav', { query: `run=true&session_id=${session.id}`, headers: { 'idempotency-key': 'voice-store-refused' } });
+    provider.play([0, 1].map(() => ({ status: 200, body: { ...VERBOSE, text: 'rotate the logs' } })));
+    const insert = h.rt.store.runs.insert;
+    h.rt.store.runs.insert = (async () => {
+      throw Object.assign(new Error('database is locked'), { code: 'SQLITE_BUSY' });
+    }) as typeof insert;
+    let refused;
+    try {
+      refused = await asked();
+    } finally {
+      h.rt.store.runs.insert = insert;
+    }
+    expect(refused.status, refused.text).to.be.oneOf([500, 503]);
+    const retried = await asked();
+    expect(retried.status, retried.text).to.equal(202);
+    const messages = (await h.call<Body>('GET', `/api/v1/sessions/${session.id}/messages`)).body.data as Body[];
+    expect(
+      messages.filter((m) => m.role === 'user').map((m) => m.parts[0].text),
+      'the message once',
+    ).to.deep.equal(['rotate the logs']);
+    expect(retried.body.message.id).to.equal(messages.find((m) => m.role === 'user')!.id);
+  });
+
   it('never writes the provider key to the logs', () => {
     expect(h.logs.join('\n')).not.to.contain(KEY);
   });
