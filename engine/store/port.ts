@@ -459,9 +459,10 @@ export interface MessageRepo {
   get(tenantId: string, sessionId: string, id: string): Promise<MessageRecord | null>;
 }
 
-/** The head a new ledger entry chains to; null for an empty ledger. */
-/** What an append chains to: the head's seq, hash and time (an entry is never earlier than the one before it). */
-/** What an append chains to: the head's seq, hash and time, and the key that signed it. */
+/**
+ * The head a new ledger entry chains to (null for an empty ledger): its seq, hash and time (an entry is never
+ * earlier than the one before it), and the key that signed it.
+ */
 export type LedgerHead = { seq: number; hash: string; at: string; key_id: string } | null;
 
 export interface EvidenceRepo {

@@ -440,7 +440,8 @@ const ARGV_ENV_MAX_BYTES = 2 * 1024 * 1024 - 16 * 1024;
 
 /**
  * A step the kernel would not start, refused before anything is made for it: a NUL byte (no argument or
- * environment entry can hold one), or one argument or entry past ARG_MAX_BYTES. Said without the sandbox's own
+ * environment entry can hold one), one argument or entry past ARG_MAX_BYTES, or all of them past
+ * ARGV_ENV_MAX_BYTES. Said without the sandbox's own
  * arguments (Node named the step's command `args[117]` of bubblewrap's).
  */
 function refuseUnstartable(argv: string[], env: Record<string, string>): void {
@@ -449,15 +450,15 @@ function refuseUnstartable(argv: string[], env: Record<string, string>): void {
     throw new ToolError('invalid-args', 'the step’s command or environment holds a NUL byte, which no process can be given');
   const over =
     argv.find((a) => Buffer.byteLength(a) >= ARG_MAX_BYTES) ?? entries.find(([k, v]) => Buffer.byteLength(k) + Buffer.byteLength(v) + 1 >= ARG_MAX_BYTES)?.[0];
-  // together (each string, its NUL and its pointer): past the kernel's bound, the step's command could not be started
-  // (bubblewrap's own start no longer meets it: the environment reaches bubblewrap through a pipe)
-  const total = argv.reduce((n, a) => n + Buffer.byteLength(a) + 9, 0) + entries.reduce((n, [k, v]) => n + Buffer.byteLength(k) + Buffer.byteLength(v) + 10, 0);
-  if (total >= ARGV_ENV_MAX_BYTES) throw startFailure(Object.assign(new Error('E2BIG'), { code: 'E2BIG' }));
   if (over !== undefined)
     throw new ToolError(
       'invalid-args',
       `one argument or environment entry of the step is over ${ARG_MAX_BYTES / 1024} KB, the most the kernel gives a process: put a longer script in a file of the workspace and run that`,
     );
+  // together (each string, its NUL and its pointer): past the kernel's bound, the step's command could not be started
+  // (bubblewrap's own start no longer meets it: the environment reaches bubblewrap through a pipe)
+  const total = argv.reduce((n, a) => n + Buffer.byteLength(a) + 9, 0) + entries.reduce((n, [k, v]) => n + Buffer.byteLength(k) + Buffer.byteLength(v) + 10, 0);
+  if (total >= ARGV_ENV_MAX_BYTES) throw startFailure(Object.assign(new Error('E2BIG'), { code: 'E2BIG' }));
 }
 
 /** A process the kernel did not start, said as the step's fault where it is (E2BIG: its arguments and environment together too large). */
