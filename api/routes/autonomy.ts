@@ -66,6 +66,23 @@ export function autonomyRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
       ...extra,
     });
 
+  /** The store's end of the stream's work is older than the retries of its last event's append: that event will not come. */
+  const endTriedOut = (session: Session | null, run: Run) => Date.parse(session?.updated_at ?? run.finished_at ?? '') < Date.now() - TRIED_AFTER_COMMIT_MS;
+  /**
+   * An end the log will not get (lost with Redis's later data, or refused past its retries while the stream was
+   * open) ends the stream when its retries are over: asked at each heartbeat, else it stayed open for good. An end
+   * still ahead of what this reader was sent is the stream's to reach (a long replay of an old run is not cut
+   * short); one behind it (read before the session took its outcome) is no end to wait for.
+   */
+  const stillThereOf =
+    (tenantId: string, sessionId: string) =>
+    async (lastSent: string): Promise<boolean> => {
+      const scope = scopes.runSession(sessionId);
+      const [now, nowRun] = await Promise.all([engine.sessions.get(tenantId, sessionId).catch(() => null), engine.runs.sessionRun(tenantId, sessionId)]);
+      if (!((now ? now.outcome !== null : isTerminal(nowRun.status)) && endTriedOut(now, nowRun))) return true;
+      return opts.hub.anyAfter(scope.stream, lastSent, (e) => scope.isLast(e));
+    };
+
   const start = (kind: RunKind) => async (req: Request, res: Response) => {
     const { stream, ...work } = req.body as AutonomyRunRequest;
     // a tenant at its streams' limit is refused before a run is started for a stream it would not get: the
@@ -86,6 +103,8 @@ export function autonomyRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
         place,
         // a run made by this request: its log is new (a replayed one's may be long, and trimmed)
         fresh: !replayed,
+        // a replayed run's end lost with Redis's data, or this run's refused past its retries: the stream ends, as a GET's does
+        stillThere: stillThereOf(run.tenant_id, run.session_id),
       });
     } catch (err) {
       // the run is stored and will run: a stream that could not open (Redis not answering, for a replayed run) is
@@ -111,8 +130,6 @@ export function autonomyRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
     }
     return ids;
   };
-  /** The store's end of the stream's work is older than the retries of its last event's append: that event will not come. */
-  const endTriedOut = (session: Session | null, run: Run) => Date.parse(session?.updated_at ?? run.finished_at ?? '') < Date.now() - TRIED_AFTER_COMMIT_MS;
   /** True when the log holds the run.finished of each of `runIds` (read newest first, until all are found). */
   const logHoldsEnds = (stream: string, runIds: string[]): Promise<boolean> => {
     const missing = new Set(runIds);
@@ -137,19 +154,7 @@ export function autonomyRouter(engine: Engine, opts: { hub: EventHub; heartbeatM
     const ended =
       storeEnded &&
       (endTriedOut(session, run) || (await logHoldsEnds(scope.stream, await endedRuns(run, session))) || (await opts.hub.lastId(scope.stream)) === '0-0');
-    // an end the log will not get (lost with Redis's later data, or refused past its retries while the stream
-    // was open) ends the stream when its retries are over: asked at each heartbeat, else it stayed open for good.
-    // An end still ahead of what this reader was sent is the stream's to reach (a long replay of an old run is
-    // not cut short); one behind it (read before the session took its outcome) is no end to wait for
-    const stillThere = async (lastSent: string) => {
-      const [now, nowRun] = await Promise.all([
-        engine.sessions.get(tenantOf(req), sessionId).catch(() => null),
-        engine.runs.sessionRun(tenantOf(req), sessionId),
-      ]);
-      if (!((now ? now.outcome !== null : isTerminal(nowRun.status)) && endTriedOut(now, nowRun))) return true;
-      return opts.hub.anyAfter(scope.stream, lastSent, (e) => scope.isLast(e));
-    };
-    await watch(req, res, sessionId, lastEventIdOf(req), { ended, stillThere });
+    await watch(req, res, sessionId, lastEventIdOf(req), { ended, stillThere: stillThereOf(tenantOf(req), sessionId) });
   });
 
   router.get('/reliability-context', async (req, res) => {

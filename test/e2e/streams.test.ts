@@ -404,6 +404,35 @@ describe('run session streams', function () {
     expect(again.status).to.equal(204);
   });
 
+  it('ends the stream a run is answered as (stream: true), replayed with its key, once its run.finished will not come', async () => {
+    const body = { steps: [{ tool: 'message', args: { text: 'answered as a stream' } }] };
+    const headers = { 'idempotency-key': `stream-lost-${Date.now()}` };
+    const first = await h.call<Record<string, string>>('POST', '/api/v1/autonomy/run', { body, headers });
+    const scope = `session:${first.body.session_id}`;
+    const log = await eventually(async () => {
+      const events = await h.rt.events.after(scope, '0-0');
+      const finished = events.findIndex((e) => e.type === 'run.finished');
+      return finished >= 0 && events.slice(finished + 1).some((e) => e.type === 'session.updated') ? events : null;
+    }, 'the run to end and its session to take its outcome');
+    // Redis came back from a save older than the run's end; the end's appends were tried out long ago
+    const end = log.findIndex((e) => e.type === 'run.finished');
+    await h.rt.redis.xdel(h.rt.events.key(scope), ...log.slice(end).map((e) => e.id));
+    const old = new Date(Date.now() - 7 * 60_000).toISOString();
+    expect(await h.rt.store.sessions.update('tenant-a', first.body.session_id, { updated_at: old }, ['idle'])).to.not.equal(null);
+    const replayed = await fetch(`${h.url}/api/v1/autonomy/run`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${KEYS.a}`, 'content-type': 'application/json', ...headers },
+      body: JSON.stringify({ ...body, stream: true }),
+      signal: AbortSignal.timeout(15_000),
+    });
+    expect(replayed.status).to.equal(200);
+    expect(replayed.headers.get('idempotent-replayed')).to.equal('true');
+    const t0 = Date.now();
+    const text = await replayed.text();
+    expect(Date.now() - t0, 'ms the stream stayed open').to.be.below(6000);
+    expect(text).to.contain('run.started').and.not.contain('run.finished');
+  });
+
   it('never cuts short the slow replay of a run that ended long ago, its end in the log (the check for an end that will not come finds it)', async () => {
     const steps = Array.from({ length: 4 }, (_, i) => ({ tool: 'message', args: { text: `m${i}` } }));
     const { body } = await h.call('POST', '/api/v1/autonomy/run', { body: { steps } });
