@@ -70,7 +70,7 @@ export function toProblem(err: unknown, requestId: string, instance: string): Pr
       title: TITLES[status] ?? 'Error',
       status,
       code: err.code,
-      detail: status === 500 ? 'The service failed to handle this request.' : err.message,
+      detail: status === 500 ? 'The service failed to handle this request.' : detailOf(err),
       ...(err instanceof ProblemsError ? listed(err.errors) : {}),
       ...base,
     };
@@ -106,6 +106,16 @@ export function toProblem(err: unknown, requestId: string, instance: string): Pr
 
 function problem(status: number, code: ErrorCode, detail: string, base: { request_id: string; instance: string }): Problem {
   return { type: `/problems/${code}`, title: TITLES[status] ?? 'Error', status, code, detail, ...base };
+}
+
+/**
+ * An error's detail: its message, or for one of more than MAX_LISTED_ERRORS errors the listed ones and a count of
+ * the rest, as the validator's (a DAG of 1,000 tasks whose every dependency was wrong was a 2.3 MB answer).
+ */
+function detailOf(err: AppError): string {
+  if (!(err instanceof ProblemsError) || err.errors.length <= MAX_LISTED_ERRORS) return err.message;
+  const shown = listed(err.errors);
+  return `${shown.errors.map((i) => `${i.path} ${i.message}`).join('; ')}; and ${shown.errors_omitted} more`;
 }
 
 /** The first MAX_LISTED_ERRORS errors, and how many more there were when there were more. */

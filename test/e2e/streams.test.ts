@@ -418,7 +418,7 @@ describe('run session streams', function () {
     const end = log.findIndex((e) => e.type === 'run.finished');
     await h.rt.redis.xdel(h.rt.events.key(scope), ...log.slice(end).map((e) => e.id));
     const old = new Date(Date.now() - 7 * 60_000).toISOString();
-    expect(await h.rt.store.sessions.update('tenant-a', first.body.session_id, { updated_at: old }, ['idle'])).to.not.equal(null);
+    expect(await h.rt.store.sessions.update('tenant-a', first.body.session_id!, { updated_at: old }, ['idle'])).to.not.equal(null);
     const replayed = await fetch(`${h.url}/api/v1/autonomy/run`, {
       method: 'POST',
       headers: { authorization: `Bearer ${KEYS.a}`, 'content-type': 'application/json', ...headers },

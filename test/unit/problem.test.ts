@@ -45,6 +45,11 @@ describe('api/problem', () => {
     expect(JSON.stringify(v).length).to.be.below(10_000);
     const own = toProblem(new ValidationError('bad', many.slice(0, 51)), 'r', '/');
     expect(own).to.include({ errors_omitted: 1 });
+    // our own error's message joined every error (a DAG's 46,000): its detail is the listed ones too
+    const joined = toProblem(new ValidationError(many.map((e) => `${e.path}: ${e.message}`).join('; '), many), 'r', '/');
+    expect(joined.detail).to.match(/^\.body\.steps\.0 must be object; .*\.body\.steps\.49 must be object; and 49951 more$/);
+    expect(JSON.stringify(joined).length).to.be.below(10_000);
+    expect(toProblem(new ValidationError('bad', many.slice(0, 50)), 'r', '/').detail, 'fifty or fewer: its message').to.equal('bad');
     expect(own.errors).to.have.length(50);
     const few = toProblem(new ValidationError('bad', many.slice(0, 50)), 'r', '/');
     expect(few.errors).to.have.length(50);
