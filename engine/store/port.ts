@@ -465,6 +465,9 @@ export interface MessageRepo {
  */
 export type LedgerHead = { seq: number; hash: string; at: string; key_id: string } | null;
 
+/** The characters of a waiting task's question that a session's detail keeps (TaskRepo.listSummaries). */
+export const SUMMARY_QUESTION_MAX = 500;
+
 export interface EvidenceRepo {
   /**
    * Appends to a tenant's ledger: `build` is given the head and returns the entries that follow it
@@ -553,7 +556,9 @@ export interface TaskRepo {
   listBriefs(tenantId: string, sessionId: string): Promise<TaskBrief[]>;
   /**
    * Every task of a session, in creation order, its output without its `result` and `steps` (what is left: its
-   * status, summary, error, usage, the question it waits on, its run): a session's detail, a few KB a task.
+   * status, summary, error, usage, the question it waits on, its run): a session's detail, a few KB a task. The
+   * question is cut to SUMMARY_QUESTION_MAX characters (`question_truncated: true`): a model's question may be
+   * 100,000, and 300 waiting tasks made a detail of 30 to 120 MB. The whole question is in the message log.
    */
   listSummaries(tenantId: string, sessionId: string): Promise<TaskRecord[]>;
   /** Applies `changes` only while the status is one of `ifStatusIn`; null when no row matched. */

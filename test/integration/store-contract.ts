@@ -15,7 +15,7 @@ import type {
   WebhookDelivery,
   WebhookSecretRecord,
 } from '../../engine/platform/records.js';
-import type { AutomationQuery, Page, Store } from '../../engine/store/port.js';
+import { SUMMARY_QUESTION_MAX, type AutomationQuery, type Page, type Store } from '../../engine/store/port.js';
 
 export function automationFixture(tenantId: string, over: Partial<Automation> = {}): Automation {
   const now = new Date().toISOString();
@@ -1767,6 +1767,16 @@ export function storeContract(name: string, open: () => Promise<Store>): void {
         { input_required: { message_id: 'msg_2', seq: 4 } },
       ]);
       expect(summaries.map(({ output: _, ...rest }) => rest)).to.deep.equal(await store.tasks.listBriefs('t1', 'ses_l'));
+      // a waiting task's question: its first SUMMARY_QUESTION_MAX characters (code points, not UTF-16 units) in the summary
+      const question = `${'é'.repeat(SUMMARY_QUESTION_MAX - 1)}😀${'z'.repeat(99_000)}`;
+      const asking = { input_required: { question, message_id: 'msg_9', seq: 9 }, run_id: 'run_9' };
+      await store.tasks.update('t1', 'ses_l', 'd', { output: asking }, ['input_required']);
+      const [cut] = (await store.tasks.listSummaries('t1', 'ses_l')).filter((t) => t.id === 'd');
+      expect(cut!.output).to.deep.equal({
+        input_required: { question: `${'é'.repeat(SUMMARY_QUESTION_MAX - 1)}😀`, question_truncated: true, message_id: 'msg_9', seq: 9 },
+        run_id: 'run_9',
+      });
+      expect((await store.tasks.get('t1', 'ses_l', 'd'))!.output, 'the task keeps it whole').to.deep.equal(asking);
     });
 
     it('inserts a batch of tasks under a cap on what its session holds, and stores none of a batch that would pass it', async () => {

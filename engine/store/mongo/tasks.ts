@@ -1,7 +1,7 @@
 // The tasks of multi-agent sessions; `_id` is tenant, session and the task's own id.
 import { Schema, type Model } from 'mongoose';
 import type { TaskRecord, TaskStatus } from '../../platform/index.js';
-import type { TaskRepo } from '../port.js';
+import { SUMMARY_QUESTION_MAX, type TaskRepo } from '../port.js';
 import { definedOnly, isDuplicateKey, loose } from './documents.js';
 import { sessionScope, type Leases } from './leases.js';
 
@@ -28,6 +28,15 @@ const fromStored = (d: StoredTask | null): TaskRecord | null => {
 type StoredSession = { _id: string; tenant_id: string; status: string; outcome: string | null; updated_at: string };
 
 /** `sessions`: the sessions' collection, whose status a batch `whileLive` is inserted under, and whose outcome one `reopenAt` clears. */
+/** A waiting task's question cut to SUMMARY_QUESTION_MAX characters, as SQLite cuts it (TaskRepo.listSummaries). */
+function cutQuestion(t: TaskRecord): TaskRecord {
+  const output = t.output as { input_required?: { question?: unknown } } | null | undefined;
+  const question = output?.input_required?.question;
+  if (typeof question !== 'string' || question.length <= SUMMARY_QUESTION_MAX || [...question].length <= SUMMARY_QUESTION_MAX) return t;
+  const input_required = { ...output!.input_required, question: [...question].slice(0, SUMMARY_QUESTION_MAX).join(''), question_truncated: true };
+  return { ...t, output: { ...output, input_required } as TaskRecord['output'] };
+}
+
 export function taskRepo(model: Model<StoredTask>, leases: Leases, sessions: Model<StoredSession>): TaskRepo {
   // a replica set would make this one transaction; ordered inserts stop at the first failure, and what
   // they stored before it is taken back, so the batch is all or none
@@ -118,7 +127,7 @@ export function taskRepo(model: Model<StoredTask>, leases: Leases, sessions: Mod
         .find({ tenant_id: tenantId, session_id: sessionId }, { 'output.result': 0, 'output.steps': 0 })
         .sort({ created_at: 1, task_id: 1 })
         .lean<StoredTask[]>();
-      return rows.map((r) => fromStored(r)!);
+      return rows.map((r) => cutQuestion(fromStored(r)!));
     },
     async listBriefs(tenantId, sessionId) {
       // the output stays in MongoDB: it is most of a task that has run

@@ -1,6 +1,6 @@
 // The tasks of multi-agent sessions, keyed by tenant, session and the task's own id.
 import type { TaskRecord, TaskStatus } from '../../platform/index.js';
-import type { CappedInsert, TaskBrief, TaskRepo } from '../port.js';
+import { SUMMARY_QUESTION_MAX, type CappedInsert, type TaskBrief, type TaskRepo } from '../port.js';
 import { groupCommit, type Db } from './db.js';
 
 type Row = { doc: string; output: string | null };
@@ -23,8 +23,11 @@ export function taskRepo(db: Db): TaskRepo {
   );
   // the output without what makes it large, cut in SQLite: its result and steps never reach the process (an output
   // SQLite's JSON functions refuse, nested over 1,000 deep, gives none rather than fail the whole list)
+  const question = "json_extract(output, '$.input_required.question')";
   const summaries = db.prepare<[string, string], Row>(
-    `SELECT doc, CASE WHEN json_valid(output) THEN json_remove(output, '$.result', '$.steps') END AS output
+    `SELECT doc, CASE WHEN NOT json_valid(output) THEN NULL
+       WHEN length(${question}) > ${SUMMARY_QUESTION_MAX} THEN json_remove(json_set(output, '$.input_required.question', substr(${question}, 1, ${SUMMARY_QUESTION_MAX}), '$.input_required.question_truncated', json('true')), '$.result', '$.steps')
+       ELSE json_remove(output, '$.result', '$.steps') END AS output
      FROM tasks WHERE tenant_id = ? AND session_id = ? ORDER BY created_at, id`,
   );
   // the output column is not read: its pages are not even loaded
