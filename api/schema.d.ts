@@ -2417,7 +2417,10 @@ export interface components {
                  *     message to the agent or to all) starts the task's next run, which continues the conversation.
                  */
                 input_required?: {
+                    /** @description The whole question; in a session's detail its first 500 characters. */
                     question: string;
+                    /** @description In a session's detail, the question was longer than 500 characters (the whole one is in the message log). */
+                    question_truncated?: boolean;
                     message_id: string;
                     seq: number;
                     /** @description The last message seq the agent read; the run that continues reads what follows. */
