@@ -182,12 +182,14 @@ export function refusedInstallationToken(a: Access, token: string): 'dropped' | 
 export async function installationToken(a: Access): Promise<string> {
   const id = appTokenId(a);
   const held = appTokens.get(id);
-  if (held instanceof Promise) return held;
+  if (held instanceof Promise) return untilAborted(held, a.signal);
   if (held && held.expiresAt - Date.now() > APP_TOKEN_MARGIN_MS) return held.token;
+  // made under no caller's signal: shared by every caller who asks meanwhile, it failed them all when the first was
+  // canceled or ran out of time. Each waits for it under its own signal; the making is held to a call's time alone
   const making = (async () => {
     const { createAppAuth } = await import('@octokit/auth-app');
     const { token: jwt } = await createAppAuth({ appId: a.settings.app_id!, privateKey: a.token })({ type: 'app' });
-    const gh = await octokitOf({ ...a, token: jwt });
+    const gh = await octokitOf({ ...a, token: jwt, signal: AbortSignal.timeout(PROVIDER_TIMEOUT_MS) });
     const made = await gh.request('POST /app/installations/{installation_id}/access_tokens', {
       installation_id: Number(a.settings.installation_id),
       headers: { authorization: `bearer ${jwt}` },
@@ -205,7 +207,7 @@ export async function installationToken(a: Access): Promise<string> {
   appTokens.set(id, making);
   // one that failed is not kept: the next call makes one again
   making.catch(() => appTokens.get(id) === making && appTokens.delete(id));
-  return making;
+  return untilAborted(making, a.signal);
 }
 
 export async function octokitOf(a: Access) {
@@ -543,11 +545,11 @@ export async function mailerOf(a: Access) {
   });
 }
 
-/** `work`, or an ETIMEDOUT error (nodemailer's code for no answer) once `signal` aborts. */
+/** `work`, or an ETIMEDOUT error (nodemailer's code for no answer) once `signal` aborts; the work goes on for others. */
 export function untilAborted<T>(work: Promise<T>, signal: AbortSignal | undefined): Promise<T> {
   if (!signal) return work;
   return new Promise<T>((resolve, reject) => {
-    const stop = () => reject(Object.assign(new Error('the SMTP server did not finish in time'), { code: 'ETIMEDOUT' }));
+    const stop = () => reject(Object.assign(new Error('no answer in time'), { code: 'ETIMEDOUT' }));
     if (signal.aborted) return stop();
     signal.addEventListener('abort', stop, { once: true });
     work.then(resolve, reject).finally(() => signal.removeEventListener('abort', stop));

@@ -902,6 +902,48 @@ describe('GitHub App connections', function () {
     }
   });
 
+  it('makes an installation token shared by the calls that wait for it under none of theirs: one call canceled fails no other', async () => {
+    const seen: string[] = [];
+    const slow = http.createServer((req, res) => {
+      seen.push(`${req.method} ${req.url}`);
+      const send = (status: number, body: unknown) => res.writeHead(status, { 'content-type': 'application/json' }).end(JSON.stringify(body));
+      if (req.method === 'POST' && req.url === `/app/installations/${app.installationId}/access_tokens`)
+        return void setTimeout(() => send(201, { token: 'ghs_shared_by_two', expires_at: new Date(Date.now() + 3_600_000).toISOString() }), 800);
+      if (req.method === 'POST' && req.url === '/repos/acme/app/issues/7/comments') return send(201, { id: 77, html_url: 'http://x/77' });
+      send(404, { message: 'Not Found' });
+    });
+    await new Promise<void>((r) => slow.listen(0, '127.0.0.1', r));
+    try {
+      const key = generateKeyPairSync('rsa', { modulusLength: 2048 }).privateKey.export({ type: 'pkcs1', format: 'pem' }).toString();
+      const made = await h.call<Body>('POST', '/api/v1/connections', {
+        key: KEYS.b,
+        body: {
+          ...appConnection('shared-token', key, { app_id: '77', installation_id: app.installationId }),
+          base_url: `http://127.0.0.1:${(slow.address() as AddressInfo).port}`,
+        },
+      });
+      expect(made.status, made.text).to.equal(201);
+      const comment = (signal?: AbortSignal) =>
+        h.rt.engine.connections.act('tenant-b', 'codehost', 'shared-token', 'comment', { repository: 'acme/app', number: 7, body: 'hi' }, signal);
+      const canceled = new AbortController();
+      const first = comment(canceled.signal).then(
+        () => 'done',
+        () => 'canceled',
+      );
+      await new Promise((r) => setTimeout(r, 200));
+      const second = comment();
+      canceled.abort(new Error('its run was canceled'));
+      expect(await first).to.equal('canceled');
+      expect((await second).answer, 'the call that was not canceled').to.deep.include({ comment_id: 77 });
+      expect(
+        seen.filter((l) => l.includes('access_tokens')),
+        'one token made',
+      ).to.have.length(1);
+    } finally {
+      await new Promise<void>((r) => slow.close(() => r()));
+    }
+  });
+
   it('makes a new installation token when the host refuses the one kept, and waits out a refusal of one just made (its replicas)', async function () {
     this.timeout(30_000);
     const id = (await create(appConnection('refused'))).body.id;
