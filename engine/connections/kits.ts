@@ -317,8 +317,24 @@ export async function slackOf(a: Access) {
     logger: SLACK_QUIET,
     timeout: PROVIDER_TIMEOUT_MS,
     // a redirect could lead past the address check of base_url: refused
-    fetch: await fetchOf(a),
+    fetch: slackRetryAfter(await fetchOf(a)),
   });
+}
+
+/**
+ * A 429's Retry-After as the Slack SDK reads it, a whole number of seconds: one of none, or an HTTP date, made it
+ * throw a plain error (no code), which was never tried again and said `provider-error` with the SDK's message. An
+ * HTTP date is its seconds from now; none is a second (the retry layer's first wait), as the SDK's own retries take.
+ */
+function slackRetryAfter(inner: typeof fetch): typeof fetch {
+  return async (url, init) => {
+    const res = await inner(url, init);
+    const named = res.headers.get('retry-after');
+    if (res.status !== 429 || (named !== null && /^\d+$/.test(named.trim()))) return res;
+    const headers = new Headers(res.headers);
+    headers.set('retry-after', String(Math.ceil(retryAfterOf(named) ?? 1)));
+    return new Response(res.body, { status: res.status, statusText: res.statusText, headers });
+  };
 }
 
 const SLACK_QUIET = { ...QUIET, setLevel() {}, getLevel: () => 'error' as never, setName() {} };

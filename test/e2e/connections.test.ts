@@ -443,11 +443,23 @@ describe('connections', function () {
     expect((await h.call<Body>('POST', `/api/v1/connections/${slack.id}/test`)).body.ok).to.equal(true);
     expect(Date.now() - started).to.be.within(950, 5000);
     expect(fake.requests.length - before, 'one failure and one success each').to.equal(4);
+    // Slack's 429 with no Retry-After, or one given as an HTTP date: tried again too (the SDK threw an error of no code)
+    for (const headers of [{}, { 'retry-after': new Date(Date.now() + 1500).toUTCString() }] as Record<string, string>[]) {
+      fake.failNext('slack', 429, 1, undefined, headers);
+      const tested = await h.call<Body>('POST', `/api/v1/connections/${slack.id}/test`);
+      expect(tested.body.ok, JSON.stringify(headers) + tested.text).to.equal(true);
+    }
+    fake.failNext('slack', 429, 5, undefined);
+    const limited = await h.call<Body>('POST', `/api/v1/connections/${slack.id}/test`);
+    expect(limited.body.error, limited.text).to.deep.include({ code: 'provider-rate-limited' });
+    expect(limited.text).not.to.contain('Retry header');
+    const counted = fake.requests.length;
+    fake.failNext('slack', 429, 0);
     // a provider that keeps failing: three calls, then the failure
     fake.failNext('github', 500, 5, 0);
     const failed = await h.call<Body>('POST', `/api/v1/connections/${gh.id}/test`);
     expect(failed.body.error.code).to.equal('provider-error');
-    expect(fake.requests.length - before).to.equal(7);
+    expect(fake.requests.length - counted).to.equal(3);
     fake.failNext('github', 500, 0);
   });
 
