@@ -218,8 +218,22 @@ export async function octokitOf(a: Access) {
     userAgent: 'automation-service',
     log: QUIET,
     // a redirect could lead anywhere, past the address check of base_url: refused
-    request: { signal: a.signal, redirect: 'error', fetch: await fetchOf(a) },
+    request: { signal: a.signal, redirect: 'error', fetch: readWhole(await fetchOf(a)) },
   });
+}
+
+/**
+ * A code host's answer of success read whole before Octokit has it: Octokit takes a body it fails to read (past
+ * ANSWER_MAX_BYTES, cut short) for an empty one, and an action made something (a comment) and answered `{}`, its
+ * ids missing to the steps after it. Read here, such a body is the failure it is: `provider-answer-unreadable`.
+ */
+function readWhole(inner: typeof fetch): typeof fetch {
+  return async (url, init) => {
+    const res = await inner(url, init);
+    if (res.status < 200 || res.status >= 300 || !res.body) return res;
+    const body = await res.arrayBuffer();
+    return new Response(body, { status: res.status, statusText: res.statusText, headers: res.headers });
+  };
 }
 
 /** A code host answer that names no user: cut short (no status), or not GitHub's. */

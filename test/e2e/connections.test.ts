@@ -187,6 +187,12 @@ describe('connections', function () {
         expect((top - before) / 1024 / 1024, `${path}: MB the answer took`).to.be.below(60);
         expect(answered.body.error.message, path).to.match(/over 4 MB|encoded/);
       }
+      // an action's answer of success past 4 MB: what it made is not said, and it is not taken for an empty success
+      await create({ provider: 'codehost', name: 'endless comment', base_url: `${base}/endless/api/v3`, credential: FAKE_TOKEN });
+      const commented = await h.rt.engine.connections
+        .act('tenant-a', 'codehost', 'endless comment', 'comment', { repository: 'acme/app', number: 7, body: 'hi' })
+        .catch((e: { code?: string }) => e);
+      expect(commented, JSON.stringify(commented)).to.deep.include({ code: 'provider-answer-unreadable' });
       const nologin = (await create({ provider: 'codehost', name: 'nologin', base_url: `${base}/nologin/api/v3`, credential: FAKE_TOKEN })).body.id;
       const named = await h.call<Body>('POST', `/api/v1/connections/${nologin}/test`);
       expect(named.status, named.text).to.equal(200);
