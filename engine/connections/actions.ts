@@ -3,6 +3,7 @@
 // acknowledgement; an email reply. Each answers what the provider gave back (ids, URLs), never the
 // credential. Arguments are checked here, before anything is sent.
 import { isUtf8 } from 'node:buffer';
+import path from 'node:path';
 import { applyPatch, parsePatch } from 'diff';
 import { applyBinaryPatch, BinaryPatchError, gitBlobName, type ConnectionProvider } from '../platform/index.js';
 import { linearOf, mailerOf, octokitOf, pagerCall, slackOf, untilAborted, type Access } from './kits.js';
@@ -187,9 +188,27 @@ export const ACTIONS: Record<ConnectionProvider, Record<string, Action>> = {
       const gh = await octokitOf(a);
       const baseSha = (await gh.rest.git.getRef({ owner, repo, ref: `heads/${base}` })).data.object.sha;
       const baseTree = (await gh.rest.git.getCommit({ owner, repo, commit_sha: baseSha })).data.tree.sha;
-      // the base's modes, so that a changed script stays executable and a link stays a link
-      const baseEntries = (await gh.rest.git.getTree({ owner, repo, tree_sha: baseTree, recursive: 'true' })).data.tree;
-      const modes = new Map(baseEntries.map((e) => [e.path, e.mode]));
+      // the base's modes, so that a changed script stays executable and a link stays a link: read folder by folder,
+      // only those of the changed files (the whole tree at once was past the 4 MB an answer may be from 20,000 files)
+      const folders = new Map<string, Promise<Map<string, { mode?: string; type?: string; sha?: string }> | null>>();
+      const folder = (dir: string): Promise<Map<string, { mode?: string; type?: string; sha?: string }> | null> => {
+        let listed = folders.get(dir);
+        if (!listed) {
+          listed = (async () => {
+            let sha: string | undefined = baseTree;
+            if (dir !== '.') {
+              const entry = (await folder(path.posix.dirname(dir)))?.get(path.posix.basename(dir));
+              if (entry?.type !== 'tree') return null;
+              sha = entry.sha;
+            }
+            const entries = (await gh.rest.git.getTree({ owner, repo, tree_sha: sha! })).data.tree;
+            return new Map(entries.map((e) => [e.path!, e]));
+          })();
+          folders.set(dir, listed);
+        }
+        return listed;
+      };
+      const baseModeOf = async (file: string) => (await folder(path.posix.dirname(file)))?.get(path.posix.basename(file))?.mode;
       type Entry = { path: string; mode: '100644' | '100755' | '120000'; type: 'blob'; content?: string; sha?: string | null };
       const tree: Entry[] = [];
       let binaryBytes = 0;
@@ -204,7 +223,7 @@ export const ACTIONS: Record<ConnectionProvider, Record<string, Action>> = {
         const bare = !binary && p.hunks.length === 0 && !p.isCreate && !p.isDelete && !p.isRename && !p.newMode;
         if (p.isBinary || (to !== null && from !== null && bare))
           throw new ActionArgsError(`the run's change to ${to ?? from} is binary and its diff does not hold its bytes: it cannot be opened as a pull request`);
-        const baseMode = from !== null ? modes.get(from) : undefined;
+        const baseMode = from !== null ? await baseModeOf(from) : undefined;
         if (baseMode === '120000' || baseMode === '160000') throw new ActionArgsError(`${from} is a link or a submodule: it cannot be patched`);
         // the mode the run gave it (a script made executable), else the base's
         if (p.newMode && p.newMode !== '100644' && p.newMode !== '100755')

@@ -1563,6 +1563,9 @@ describe('action tools', function () {
     const pr = fake.requests.find((r) => r.path === '/github/repos/acme/app/pulls' && r.method === 'POST')!.body;
     expect(pr).to.deep.include({ title: 'The answer is 42', head: 'answer-42', base: 'main', body: 'From a vibe run.' });
     expect(run.steps[0].output).to.deep.include({ head: 'answer-42', base: 'main', files: 7 });
+    // the base's modes read folder by folder, of the changed files only: never the whole tree at once
+    expect(fake.requests.filter((r) => r.path.includes('/git/trees/') && r.path.includes('recursive'))).to.deep.equal([]);
+    expect(fake.treesListed.slice(-2), 'the root and src/, once each').to.deep.equal(['', 'src']);
     // another tenant's vibe run is not there for it; a run of another kind neither
     const foreign = await start(
       {

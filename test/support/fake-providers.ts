@@ -48,6 +48,8 @@ export type FakeProviders = {
   echoCredential(on: boolean): void;
   /** the installation tokens the GitHub App (opts.app) was given, in the order they were made */
   appTokens: string[];
+  /** the folders whose trees were listed (the root as ''), in order */
+  treesListed: string[];
   close(): Promise<void>;
 };
 
@@ -95,6 +97,7 @@ export async function startFakeProviders(opts: { token?: string; app?: FakeApp }
   const token = opts.token ?? FAKE_TOKEN;
   /** installation tokens made for opts.app: they act as the token does, except where GitHub refuses an installation */
   const appTokens: string[] = [];
+  const treesListed: string[] = [];
   const tokenOk = (t: string) => t === token || appTokens.includes(t);
   const requests: Recorded[] = [];
   const mails: Mail[] = [];
@@ -168,18 +171,32 @@ export async function startFakeProviders(opts: { token?: string; app?: FakeApp }
         ? json(res, 200, { total_count: 2, repositories: [{ full_name: 'acme/app' }, { full_name: 'acme/lib' }] })
         : json(res, 403, { message: 'You must authenticate with an installation access token' });
     // the Git Data API over files a test set: one base commit of main
-    const data = /^\/repos\/([\w.-]+\/[\w.-]+)\/(git\/ref\/heads\/main|git\/commits\/base-commit|git\/trees\/base-tree|contents\/(.+))$/.exec(p);
+    const data = /^\/repos\/([\w.-]+\/[\w.-]+)\/(git\/ref\/heads\/main|git\/commits\/base-commit|git\/trees\/(base-tree|t-[0-9a-f]+)|contents\/(.+))$/.exec(p);
     const files = data && repoFiles.get(data[1]!);
     if (r.method === 'GET' && data && files) {
       if (data[2] === 'git/ref/heads/main') return json(res, 200, { ref: 'refs/heads/main', object: { type: 'commit', sha: 'base-commit' } });
       if (data[2] === 'git/commits/base-commit') return json(res, 200, { sha: 'base-commit', tree: { sha: 'base-tree' } });
-      if (data[2] === 'git/trees/base-tree')
-        return json(res, 200, {
-          sha: 'base-tree',
-          truncated: false,
-          tree: Object.keys(files).map((f) => ({ path: f, mode: f.endsWith('.sh') ? '100755' : '100644', type: 'blob', sha: 'blob' })),
-        });
-      const content = files[decodeURIComponent(data[3]!)];
+      if (data[3]) {
+        // a folder's own entries, as GitHub lists a tree (not recursive): its files, and its folders as trees (sha t-<hex of the path>)
+        const dir = data[3] === 'base-tree' ? '' : Buffer.from(data[3].slice(2), 'hex').toString();
+        treesListed.push(dir);
+        const inside = Object.keys(files)
+          .filter((f) => (dir ? f.startsWith(`${dir}/`) : true))
+          .map((f) => (dir ? f.slice(dir.length + 1) : f));
+        const entries = new Map<string, object>();
+        for (const rest of inside) {
+          const [name, ...deeper] = rest.split('/');
+          const full = dir ? `${dir}/${name}` : name!;
+          entries.set(
+            name!,
+            deeper.length
+              ? { path: name, mode: '040000', type: 'tree', sha: `t-${Buffer.from(full).toString('hex')}` }
+              : { path: name, mode: full.endsWith('.sh') ? '100755' : '100644', type: 'blob', sha: 'blob' },
+          );
+        }
+        return json(res, 200, { sha: data[3], truncated: false, tree: [...entries.values()] });
+      }
+      const content = files[decodeURIComponent(data[4]!)];
       if (content === undefined) return json(res, 404, { message: 'Not Found' });
       return json(res, 200, { type: 'file', encoding: 'base64', content: Buffer.from(content).toString('base64'), sha: 'blob' });
     }
@@ -366,6 +383,7 @@ export async function startFakeProviders(opts: { token?: string; app?: FakeApp }
       failures.set(provider, { status, times, retryAfter, headers, at });
     },
     appTokens,
+    treesListed,
     echoCredential(on) {
       echoing = on;
     },
