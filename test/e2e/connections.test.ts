@@ -1529,6 +1529,9 @@ describe('action tools', function () {
     });
     const vibe = await finishedRun(h, res.body.run_id);
     expect(vibe.status, JSON.stringify([vibe.error, vibe.steps])).to.equal('succeeded');
+    // the base files read a few at once, not one after another (300 of them at 100 ms each were past the action's 30 s)
+    fake.contents.delayMs = 300;
+    fake.contents.mostAtOnce = 0;
     const run = await start({
       tools: ['codehost'],
       steps: [
@@ -1545,7 +1548,9 @@ describe('action tools', function () {
         },
       ],
     });
+    fake.contents.delayMs = 0;
     expect(run.status, JSON.stringify([run.error, run.steps[0]])).to.equal('succeeded');
+    expect(fake.contents.mostAtOnce, 'the base files read at once (src/app.mjs, run.sh, README.md)').to.equal(3);
     const tree = fake.requests.find((r) => r.path === '/github/repos/acme/app/git/trees')!.body;
     expect(tree.base_tree).to.equal('base-tree');
     expect(tree.tree).to.deep.include.members([

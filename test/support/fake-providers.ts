@@ -50,6 +50,8 @@ export type FakeProviders = {
   appTokens: string[];
   /** the folders whose trees were listed (the root as ''), in order */
   treesListed: string[];
+  /** a file's content is answered `delayMs` late (0: at once); the most such answers awaited at once */
+  contents: { delayMs: number; inFlight: number; mostAtOnce: number };
   close(): Promise<void>;
 };
 
@@ -98,6 +100,7 @@ export async function startFakeProviders(opts: { token?: string; app?: FakeApp }
   /** installation tokens made for opts.app: they act as the token does, except where GitHub refuses an installation */
   const appTokens: string[] = [];
   const treesListed: string[] = [];
+  const contents = { delayMs: 0, inFlight: 0, mostAtOnce: 0 };
   const tokenOk = (t: string) => t === token || appTokens.includes(t);
   const requests: Recorded[] = [];
   const mails: Mail[] = [];
@@ -198,7 +201,11 @@ export async function startFakeProviders(opts: { token?: string; app?: FakeApp }
       }
       const content = files[decodeURIComponent(data[4]!)];
       if (content === undefined) return json(res, 404, { message: 'Not Found' });
-      return json(res, 200, { type: 'file', encoding: 'base64', content: Buffer.from(content).toString('base64'), sha: 'blob' });
+      const answer = () => json(res, 200, { type: 'file', encoding: 'base64', content: Buffer.from(content).toString('base64'), sha: 'blob' });
+      if (!contents.delayMs) return answer();
+      contents.inFlight++;
+      contents.mostAtOnce = Math.max(contents.mostAtOnce, contents.inFlight);
+      return void setTimeout(() => (contents.inFlight--, answer()), contents.delayMs);
     }
     // trees by their content, as git names them; branches made once; commits and branches read back
     const made = /^\/repos\/([\w.-]+\/[\w.-]+)\/git\/(blobs|trees|commits|refs|ref\/heads\/(.+)|commits\/(.+))$/.exec(p);
@@ -384,6 +391,7 @@ export async function startFakeProviders(opts: { token?: string; app?: FakeApp }
     },
     appTokens,
     treesListed,
+    contents,
     echoCredential(on) {
       echoing = on;
     },
