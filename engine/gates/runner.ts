@@ -158,6 +158,9 @@ export async function inputDigest(ctx: Pick<GateContext, 'workspace' | 'git' | '
   return ctx.hasher.digest(ctx.workspace, await inputFiles(ctx.workspace, gate.inputs, ctx.git));
 }
 
+/** The shortest value a gate is given by name that is masked in what it prints (a shorter one, `1` or `true`, is no secret). */
+const GIVEN_MASKED_MIN_CHARS = 6;
+
 /**
  * Runs a gate. `after` is the repository as the gate left it (null outside one): its result is of a clean
  * commit only if the tree was clean when it began and its tracked files still are the commit's when it ends.
@@ -195,10 +198,17 @@ export async function runGate(
           : scanSummary(found);
   } else {
     const env: Record<string, string> = { ...ctx.baseEnv, CI: 'true' };
+    const given: [string, string][] = [];
     for (const name of gate.env) {
       const value = ctx.envValue(name);
-      if (value !== undefined) env[name] = value;
+      if (value === undefined) continue;
+      env[name] = value;
+      if (value.length >= GIVEN_MASKED_MIN_CHARS) given.push([name, value]);
     }
+    // the values the gate was given by name (a deploy key, a token the secret patterns do not know) are its caller's
+    // secrets: never kept in what it printed or reported (results, the ledger, every pack), longest first
+    given.sort((a, b) => b[1].length - a[1].length);
+    const unsaid = (text: string) => given.reduce((t, [name, value]) => t.split(value).join(`[${name}]`), text);
     const r = await runProcess(ctx.sandbox, gate.run!, {
       workspace: ctx.workspace,
       env,
@@ -210,10 +220,10 @@ export async function runGate(
       onOutput: ctx.onOutput,
     });
     exitCode = r.exit_code;
-    const combined = `${r.stdout}${r.stderr ? `\n${r.stderr}` : ''}`;
+    const combined = unsaid(`${r.stdout}${r.stderr ? `\n${r.stderr}` : ''}`);
     // what a gate printed is kept (results, ledger, packs): the secrets in it are not
     tail = await maskedTail(combined);
-    const text = gate.report ? await reportText(ctx.workspace, gate.report.path, r.stdout, started) : '';
+    const text = gate.report ? unsaid(await reportText(ctx.workspace, gate.report.path, r.stdout, started)) : '';
     // tsc says nothing when it finds nothing; other tools always write a report
     if (gate.report)
       report =

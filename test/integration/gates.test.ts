@@ -571,6 +571,20 @@ describe('gates', function () {
     expect(ran.result.summary.length).to.be.at.most(1000);
   });
 
+  it('keeps out of what a gate printed and reported the values it was given by name (env), which no secret pattern knows', async () => {
+    const project = await fs.mkdtemp(path.join(dir, 'given-'));
+    const deployKey = 'q7Zx9LmN2pRt5VwY8bKd3HfJ';
+    const given: Record<string, string> = { DEPLOY_TOKEN: deployKey, REGION: 'eu', SHORT: 'abc' };
+    const ctx = { ...plainContext(project), envValue: (name: string) => given[name] };
+    const printing = shellGate('deploy', 'echo "token is $DEPLOY_TOKEN in $REGION"; echo "$DEPLOY_TOKEN" >&2; exit 1', { env: ['DEPLOY_TOKEN', 'REGION'] });
+    const ran = await runGate(printing, ctx);
+    expect(ran.result.output_tail).to.contain('token is [DEPLOY_TOKEN] in eu').and.not.contain(deployKey);
+    // in a report the gate wrote too (its summary and annotations are made from it)
+    const tap = shellGate('tap', 'printf "1..1\\nnot ok 1 - login as $DEPLOY_TOKEN\\n"', { env: ['DEPLOY_TOKEN'], report: { format: 'tap' }, pass: 'report' });
+    const reported = await runGate(tap, ctx);
+    expect(JSON.stringify(reported.result)).to.contain('[DEPLOY_TOKEN]').and.not.contain(deployKey);
+  });
+
   it('asks the sandbox for its tool versions again after a failed probe, in a folder of its own: one failure does not fail every later gate', async () => {
     const project = await fs.mkdtemp(path.join(dir, 'versions-'));
     const probed: string[] = [];
