@@ -117,6 +117,9 @@ export async function inputFiles(workspace: string, globs: string[] | null, git:
   return [...new Set(files)].filter(staysInside).sort();
 }
 
+/** The files a digest takes at once (see FileHasher.digest). */
+const DIGEST_SLICE = 1000;
+
 /** Digests after which a file none of them named is forgotten (gates of one workspace name different files). */
 const HASHES_KEPT_DIGESTS = 16;
 
@@ -129,14 +132,22 @@ export class FileHasher {
   private readonly known = new Map<string, { size: number; mtimeMs: number; ctimeMs: number; ino: number; hash: string; digest: number }>();
   private digests = 0;
 
-  /** `sha256:<hex>` over every file's path and hash; a missing file counts as missing. */
+  /**
+   * `sha256:<hex>` over every file's path and hash; a missing file counts as missing. Files are taken
+   * DIGEST_SLICE at a time: all at once, 100,000 of them were as many promises and stats started in one turn of
+   * the event loop (a web process's other requests waited 2.6 s behind a tenant's snapshot, its memory 600 MB up).
+   */
   async digest(workspace: string, files: string[]): Promise<string> {
     const reads = limited(HASH_CONCURRENCY);
     const now = ++this.digests;
     const folders: FolderPaths = new Map();
-    const lines = await Promise.all(files.map(async (f) => `${f}\0${await this.hashOf(workspace, f, reads, now, folders)}\n`));
+    const sum = createHash('sha256');
+    for (let at = 0; at < files.length; at += DIGEST_SLICE) {
+      const lines = await Promise.all(files.slice(at, at + DIGEST_SLICE).map(async (f) => `${f}\0${await this.hashOf(workspace, f, reads, now, folders)}\n`));
+      sum.update(lines.join(''));
+    }
     for (const [key, seen] of this.known) if (seen.digest <= now - HASHES_KEPT_DIGESTS) this.known.delete(key);
-    return `sha256:${createHash('sha256').update(lines.join('')).digest('hex')}`;
+    return `sha256:${sum.digest('hex')}`;
   }
 
   /** How many files' hashes are kept (for tests). */

@@ -70,6 +70,15 @@ describe('gate input hashing', function () {
     expect(await hasher.digest(dir, files)).to.equal(expected);
   });
 
+  it('keeps the digest of a few thousand files, taken a slice at a time, as it was when they were taken all at once', async () => {
+    const names = Array.from({ length: 2345 }, (_, i) => `f${String(i).padStart(5, '0')}.txt`);
+    await Promise.all(names.map((n, i) => fs.writeFile(path.join(dir, n), `file ${i}\n`)));
+    const files = [...names, 'gone.txt'];
+    expect(await new FileHasher().digest(dir, files)).to.equal(
+      digestOf([...names.map((n, i) => [n, sha256(`file ${i}\n`)] as [string, string]), ['gone.txt', 'missing']]),
+    );
+  });
+
   it('hashes 16 sparse 60 MB inputs without holding them in memory, and to the same digest as read whole', async () => {
     const files = Array.from({ length: 16 }, (_, i) => `sparse-${String(i).padStart(2, '0')}.bin`);
     for (const f of files) {
