@@ -149,7 +149,7 @@ export async function gatesRun(values: GatesRunOptions, out: (text: string) => v
  * SERVICE_DATA_DIR), --record made a new store there and a new evidence key, and sealed the results into a
  * ledger the service never reads, signed by a key no one pins: "recorded" and exit 0.
  */
-async function requireServiceLedger(tenantId: string): Promise<void> {
+async function requireServiceLedger(tenantId: string): Promise<EvidenceSigner> {
   const config = loadConfig();
   const file = path.join(config.dataDir, 'service.sqlite');
   if (!config.mongodbUri && !existsSync(file))
@@ -165,6 +165,7 @@ async function requireServiceLedger(tenantId: string): Promise<void> {
   } finally {
     await store.close();
   }
+  return signer;
 }
 
 /** The service's evidence signer, as it loads it: SERVICE_EVIDENCE_KEY (or its key file) and SERVICE_EVIDENCE_PREVIOUS_KEYS. */
@@ -197,8 +198,7 @@ async function record(
   const config = loadConfig();
   // checked again (the store or the key file gone while the gates ran), and before the store is opened, which would
   // make it; the ledger's head is checked again by the append itself, in its write
-  await requireServiceLedger(tenantId);
-  const signer = serviceSigner();
+  const signer = await requireServiceLedger(tenantId);
   const store = await openStore({ mongodbUri: config.mongodbUri, dataDir: config.dataDir });
   try {
     const ledger = ledgerOf({ store, clock: systemClock, signer });

@@ -5,7 +5,7 @@
 import { isUtf8 } from 'node:buffer';
 import path from 'node:path';
 import { applyPatch, parsePatch } from 'diff';
-import { applyBinaryPatch, BinaryPatchError, gitBlobName, type ConnectionProvider } from '../platform/index.js';
+import { applyBinaryPatch, BinaryPatchError, gitBlobName, limited, type ConnectionProvider } from '../platform/index.js';
 import { linearOf, mailerOf, octokitOf, pagerCall, slackOf, untilAborted, type Access } from './kits.js';
 
 type Args = Record<string, unknown>;
@@ -122,30 +122,6 @@ async function baseBytes(gh: Octokit, owner: string, repo: string, file: string,
 /** How many base files a pull request reads at once. */
 const BASE_READS_AT_ONCE = 8;
 
-/**
- * `read` of each key, BASE_READS_AT_ONCE at a time, started now: each promise settles with its own key's. One not
- * awaited (the action failed before it) is not an unhandled rejection.
- */
-function readAhead<T>(keys: string[], read: (key: string) => Promise<T>): Map<string, Promise<T>> {
-  const waiting = [...new Set(keys)].map((key) => {
-    let settle!: (work: Promise<T>) => void;
-    const promise = new Promise<T>((resolve, reject) => (settle = (work) => work.then(resolve, reject)));
-    promise.catch(() => undefined);
-    return { key, promise, settle };
-  });
-  const reads = new Map(waiting.map((w) => [w.key, w.promise] as const));
-  let next = 0;
-  const worker = async () => {
-    for (let w = waiting[next++]; w; w = waiting[next++]) {
-      const work = read(w.key);
-      w.settle(work);
-      await work.catch(() => undefined);
-    }
-  };
-  for (let i = 0; i < BASE_READS_AT_ONCE; i++) void worker();
-  return reads;
-}
-
 /** A blob of exactly these bytes, made from them in base64; its name. */
 const blobOf = async (gh: Octokit, owner: string, repo: string, bytes: Buffer): Promise<string> =>
   (await gh.rest.git.createBlob({ owner, repo, content: bytes.toString('base64'), encoding: 'base64' })).data.sha;
@@ -241,10 +217,11 @@ export const ACTIONS: Record<ConnectionProvider, Record<string, Action>> = {
       let binaryBytes = 0;
       // the files the patches start from, read a few at once: one after another, 300 files at 100 ms each were past
       // the 30 s the whole action is held to (each is awaited below, in the diff's order)
-      const sources = readAhead(
-        patches.flatMap(({ p }) => (p.isCreate || p.isDelete ? [] : [diffPath(p.oldFileName)].filter((f) => f !== null))),
-        (file) => baseBytes(gh, owner, repo, file, baseSha),
-      );
+      const reads = limited(BASE_READS_AT_ONCE);
+      const froms = new Set(patches.flatMap(({ p }) => (p.isCreate || p.isDelete ? [] : [diffPath(p.oldFileName)].filter((f) => f !== null))));
+      const sources = new Map([...froms].map((file) => [file, reads(() => baseBytes(gh, owner, repo, file, baseSha))] as const));
+      // one not awaited (the action failed before it) is no unhandled rejection
+      for (const read of sources.values()) read.catch(() => undefined);
       for (const { p, part } of patches) {
         // a file made or deleted has no side before or after (git names both paths in its header when it is empty)
         const from = p.isCreate ? null : diffPath(p.oldFileName);

@@ -9,6 +9,7 @@ import { createHash } from 'node:crypto';
 import fs from 'node:fs/promises';
 import path from 'node:path';
 import { glob } from 'tinyglobby';
+import { limited } from '../platform/index.js';
 import { runProcess, type Sandbox } from '../tools/index.js';
 import { entryOf, hashInside, staysInside, type FolderPaths } from './paths.js';
 
@@ -27,23 +28,6 @@ const ALWAYS_IGNORED = ['.git/**', '**/node_modules/**'];
 const HASH_MAX_BYTES = 64 * 1024 * 1024;
 /** Files a digest reads at once (each through a chunk of its own, never whole). */
 const HASH_CONCURRENCY = 8;
-
-/** Runs tasks given to it at most `n` at a time, in the order given. */
-function limited(n: number) {
-  let running = 0;
-  const waiting: (() => void)[] = [];
-  return async <T>(task: () => Promise<T>): Promise<T> => {
-    if (running < n) running++;
-    else await new Promise<void>((start) => waiting.push(start)); // its slot is handed over by the task that ends
-    try {
-      return await task();
-    } finally {
-      const next = waiting.shift();
-      if (next) next();
-      else running--;
-    }
-  };
-}
 
 /**
  * The repository at the workspace's root, seen from the sandbox; all null outside a repository. With

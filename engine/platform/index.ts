@@ -12,6 +12,7 @@ export * from './http-refusals.js';
 export * from './ids.js';
 export * from './inside.js';
 export * from './json-depth.js';
+export * from './limited.js';
 export * from './log.js';
 export * from './mask.js';
 export * from './metrics.js';

@@ -437,6 +437,7 @@ function openBound(p: string): number {
 const ARG_MAX_BYTES = 128 * 1024;
 /** What the kernel gives a process's arguments and environment together (a quarter of an 8 MB stack), less room for the sandbox's own. */
 const ARGV_ENV_MAX_BYTES = 2 * 1024 * 1024 - 16 * 1024;
+const TOO_LARGE_TO_START = 'the step’s arguments and environment together are more than the kernel gives a process';
 
 /**
  * A step the kernel would not start, refused before anything is made for it: a NUL byte (no argument or
@@ -458,13 +459,13 @@ function refuseUnstartable(argv: string[], env: Record<string, string>): void {
   // together (each string, its NUL and its pointer): past the kernel's bound, the step's command could not be started
   // (bubblewrap's own start no longer meets it: the environment reaches bubblewrap through a pipe)
   const total = argv.reduce((n, a) => n + Buffer.byteLength(a) + 9, 0) + entries.reduce((n, [k, v]) => n + Buffer.byteLength(k) + Buffer.byteLength(v) + 10, 0);
-  if (total >= ARGV_ENV_MAX_BYTES) throw startFailure(Object.assign(new Error('E2BIG'), { code: 'E2BIG' }));
+  if (total >= ARGV_ENV_MAX_BYTES) throw new ToolError('invalid-args', TOO_LARGE_TO_START);
 }
 
 /** A process the kernel did not start, said as the step's fault where it is (E2BIG: its arguments and environment together too large). */
 function startFailure(err: unknown): Error {
   const code = (err as NodeJS.ErrnoException)?.code;
-  if (code === 'E2BIG') return new ToolError('invalid-args', 'the step’s arguments and environment together are more than the kernel gives a process');
+  if (code === 'E2BIG') return new ToolError('invalid-args', TOO_LARGE_TO_START);
   if (code === 'ERR_INVALID_ARG_VALUE' || code === 'ERR_INVALID_ARG_TYPE')
     return new ToolError('invalid-args', 'the step’s command or environment cannot be given to a process');
   return err as Error;
