@@ -3099,7 +3099,7 @@ export interface components {
                 duration_ms?: number;
             };
         };
-        /** @description A gate run was sealed into the evidence ledger. */
+        /** @description A gate run ended; sealed into the evidence ledger unless `canceled`. */
         EventGateRunFinished: {
             id: string;
             /**
@@ -3118,6 +3118,8 @@ export interface components {
                 status?: "running" | "succeeded" | "failed" | "canceled";
                 failed_required?: string[];
                 ledger_head?: string | null;
+                /** @description Why a gate run whose gates ran ended `canceled` without a seal (the evidence ledger refused the service's key). */
+                error?: string;
             };
         };
         /** @enum {string} */

@@ -3,7 +3,7 @@
 export const EVIDENCE_KEY_FILE = 'evidence.key';
 
 export { keyIdOf, publicKeyFromPem, publicKeyFromText, signerOf, verifySignature, type EvidenceSigner, type LedgerKey } from './keys.js';
-export { assertSignsAfter, ledgerOf, type Ledger, type LedgerItem } from './ledger.js';
+export { assertSignsAfter, ledgerOf, LedgerKeyRefused, type Ledger, type LedgerItem } from './ledger.js';
 export { canonicalJson, entryHash, GENESIS_HASH, payloadDigest, sha256Hex, verifyEntries, verifyEntriesAsync, type EvidenceProblem } from './verify.js';
 export {
   envelopeOf,

@@ -12,6 +12,9 @@ const ANCHOR_PAGE = 500;
 
 export type LedgerItem = { kind: string; subject: LedgerSubject; payload: unknown };
 
+/** The ledger's refusal of this key (see assertSignsAfter): it holds until the key is set right, not for a retry. */
+export class LedgerKeyRefused extends ConflictError {}
+
 /**
  * Refuses to chain entries signed by this key after a head signed by a key it does not know: one that is neither
  * this key nor an earlier one (SERVICE_EVIDENCE_PREVIOUS_KEYS). Written, such an entry broke every pack whose slice
@@ -20,7 +23,7 @@ export type LedgerItem = { kind: string; subject: LedgerSubject; payload: unknow
  */
 export function assertSignsAfter(head: LedgerHead, signer: Pick<EvidenceSigner, 'keyId' | 'earlier'>): void {
   if (!head || head.key_id === signer.keyId || signer.earlier.has(head.key_id)) return;
-  throw new ConflictError(
+  throw new LedgerKeyRefused(
     `the tenant's evidence ledger ends with entry ${head.seq}, signed by key ${head.key_id}; this key is ${signer.keyId}: sign with the service's key (SERVICE_EVIDENCE_KEY), or name ${head.key_id} in SERVICE_EVIDENCE_PREVIOUS_KEYS if it is the key this one took over from`,
   );
 }

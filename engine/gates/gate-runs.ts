@@ -6,7 +6,7 @@ import { createHash } from 'node:crypto';
 import path from 'node:path';
 import { FlowProducer } from 'bullmq';
 import type { Platform } from '../deps.js';
-import type { Ledger } from '../evidence/index.js';
+import { LedgerKeyRefused, type Ledger } from '../evidence/index.js';
 import {
   interruptEvery,
   jobTree,
@@ -272,7 +272,13 @@ export function gateRunsOf(deps: GatesDeps) {
       r.status === 'canceled' ? [] : r.results.filter((x) => requiredIn(r, x.gate_id, x.required) && x.conclusion !== 'success').map((x) => x.gate_id);
     await emit(r, {
       type: 'gate.run_finished',
-      data: { gate_run_id: r.id, status: r.status, failed_required: failedRequired, ledger_head: r.ledger?.head_hash ?? null },
+      data: {
+        gate_run_id: r.id,
+        status: r.status,
+        failed_required: failedRequired,
+        ledger_head: r.ledger?.head_hash ?? null,
+        ...(r.error ? { error: r.error } : {}),
+      },
     });
     if (r.status !== 'canceled') log.info({ tenant_id: r.tenant_id, gate_run_id: r.id, status: r.status, failed_required: failedRequired }, 'gate run sealed');
   }
@@ -426,7 +432,23 @@ export function gateRunsOf(deps: GatesDeps) {
           await releaseEnd(gateRunId, claim);
           return current;
         }
-        sealed = await holdingEnd(gateRunId, claim, () => sealGateRun({ store, clock, ledger }, current));
+        sealed = await holdingEnd(gateRunId, claim, async () => {
+          try {
+            return await sealGateRun({ store, clock, ledger }, current);
+          } catch (err) {
+            if (!(err instanceof LedgerKeyRefused)) throw err;
+            // no retry seals it while the key is wrong (the seal job's, the reconciler's every pass): the gate run
+            // ends now, unsealed, with what its gates found and why, and the step that waits for it is told
+            log.error({ tenant_id: tenantId, gate_run_id: gateRunId, err: err.message }, 'gate run not sealed: the evidence ledger refused the service’s key');
+            const { results } = await endOf(store, current, clock.now().toISOString());
+            return store.gateRuns.update(
+              tenantId,
+              gateRunId,
+              { status: 'canceled', results, finished_at: clock.now().toISOString(), error: `not sealed: ${err.message}` },
+              ['running'],
+            );
+          }
+        });
       } catch (err) {
         // a retry (the reconciler's) may seal at once, not a claim's lifetime later
         await releaseEnd(gateRunId, claim);
@@ -533,13 +555,9 @@ export async function sealGateRun(deps: Pick<Platform, 'store' | 'clock'> & { le
   // update (its process died, its claim lapsed) is finished from its entries, never appended again
   const sealed = await sealedInLedger(store, record);
   if (sealed) return store.gateRuns.update(tenantId, record.id, sealed, ['running']);
-  const kept = new Map((await store.gateRuns.results(tenantId, record.id)).map((r) => [r.gate_id, r]));
   const at = clock.now().toISOString();
   const subject = record.subject ?? { workspace: record.workspace, commit: null, tree: null, dirty: null };
-  const results = record.gates.map(
-    (id) => kept.get(id) ?? { ...skipped(id, subject, 'the gate did not report a result', at), conclusion: 'cancelled' as const },
-  );
-  const status = results.some((r) => requiredIn(record, r.gate_id, r.required) && r.conclusion !== 'success') ? 'failed' : 'succeeded';
+  const { results, status } = await endOf(store, record, at);
   const entries = await ledger.append(tenantId, [
     ...results.map((r) => ({
       kind: 'gate.result',
@@ -567,6 +585,17 @@ export async function sealGateRun(deps: Pick<Platform, 'store' | 'clock'> & { le
     { status, results, finished_at: at, ledger: { from_seq: entries[0]!.seq, to_seq: entries.at(-1)!.seq, head_hash: entries.at(-1)!.hash } },
     ['running'],
   );
+}
+
+/** A gate run's end as its gates left it: every gate's kept result (cancelled when it has none), and its status. */
+async function endOf(store: Platform['store'], record: GateRunRecord, at: string): Promise<{ results: GateResult[]; status: 'succeeded' | 'failed' }> {
+  const kept = new Map((await store.gateRuns.results(record.tenant_id, record.id)).map((r) => [r.gate_id, r]));
+  const subject = record.subject ?? { workspace: record.workspace, commit: null, tree: null, dirty: null };
+  const results = record.gates.map(
+    (id) => kept.get(id) ?? { ...skipped(id, subject, 'the gate did not report a result', at), conclusion: 'cancelled' as const },
+  );
+  const status = results.some((r) => requiredIn(record, r.gate_id, r.required) && r.conclusion !== 'success') ? 'failed' : 'succeeded';
+  return { results, status };
 }
 
 /**

@@ -90,7 +90,7 @@ export type EventBody =
       type: 'gate.finished';
       data: { gate_run_id: string; gate_id: string; conclusion: GateConclusion; required: boolean; summary: string; duration_ms: number };
     }
-  | { type: 'gate.run_finished'; data: { gate_run_id: string; status: GateRunStatus; failed_required: string[]; ledger_head: string | null } }
+  | { type: 'gate.run_finished'; data: { gate_run_id: string; status: GateRunStatus; failed_required: string[]; ledger_head: string | null; error?: string } }
   // a workspace audit: one phase ended; the report is assembled (streamed as `phase_done` and `report`)
   | {
       type: 'audit.phase_done';

@@ -638,6 +638,8 @@ export type GateRunRecord = {
   results: GateResult[];
   /** the ledger entries that seal it */
   ledger: { from_seq: number; to_seq: number; head_hash: string } | null;
+  /** why it ended without a seal though its gates ran (canceled with their results: the ledger refused the service's key) */
+  error?: string;
   created_at: string;
   finished_at: string | null;
 };

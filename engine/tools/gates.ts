@@ -69,6 +69,7 @@ export const gatesTool: Tool = {
     const report = checkRunsOf(args);
     const check_runs = report ? await reportChecks(report, r, ctx) : undefined;
     if (check_runs) Object.assign(output, { check_runs });
+    if (r.status === 'canceled' && r.error) return { output: { ...output, error: r.error }, error: { code: 'gates-not-sealed', message: r.error } };
     if (r.status === 'canceled') return { output, error: { code: 'aborted', message: 'the gate run was stopped' } };
     const failed = r.results.filter((g) => g.required && g.conclusion !== 'success').map((g) => g.gate_id);
     if (failed.length) return { output, error: { code: 'gates-failed', message: `required gates did not pass: ${failed.join(', ')}` } };

@@ -10,7 +10,7 @@ import { parseEnv } from '../../config/env.js';
 import { ledgerOf, readPack, signerOf, verifyPack, type PackFiles } from '../../engine/evidence/index.js';
 import { evidencePacksOf, sealGateRun } from '../../engine/gates/index.js';
 import { newId, systemClock, type GateRunRecord } from '../../engine/platform/index.js';
-import { KEYS, startHarness, type Harness } from '../support/harness.js';
+import { finishedRun, KEYS, startHarness, type Harness } from '../support/harness.js';
 import { passed } from '../support/projects.js';
 
 type Body = Record<string, any>;
@@ -122,6 +122,39 @@ describe('evidence after the ledger key is rotated', function () {
       (err: Error & { status?: number }) => err,
     );
     expect(refused?.message).to.contain(`is signed by key ${OLD.keyId}, not ${NEW.keyId}`);
+  });
+
+  it("ends a gate run canceled, with its gates' results and why, when the ledger refuses the service's key: no retry seals it and its step fails", async () => {
+    // tenant-b's ledger was written with a key this service neither has nor names (another deployment's, a typo)
+    const stranger = signerOf(Buffer.alloc(32, 7));
+    const bDir = path.join(h.tenantDir('tenant-b'), 'refused');
+    await fs.mkdir(bDir, { recursive: true });
+    await fs.writeFile(path.join(bDir, 'gates.yaml'), 'gates:\n  - id: a\n    run: [/bin/true]\n');
+    execFileSync('sh', ['-c', 'git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm init'], { cwd: bDir });
+    await ledgerOf({ store: h.rt.store, clock: systemClock, signer: stranger }).append('tenant-b', [
+      { kind: 'note', subject: { workspace: 'refused' }, payload: {} },
+    ]);
+
+    const started = await h.rt.engine.gates.start('tenant-b', { workspace: 'refused', trigger: { type: 'api' } });
+    const end = await h.rt.engine.gates.wait('tenant-b', started.id);
+    expect(end).to.deep.include({ status: 'canceled', ledger: null });
+    expect(end.results.map((r) => [r.gate_id, r.conclusion])).to.deep.equal([['a', 'success']]);
+    expect(end.error).to.contain('not sealed').and.contain(`signed by key ${stranger.keyId}`).and.contain('SERVICE_EVIDENCE_PREVIOUS_KEYS');
+    expect((await h.rt.store.evidence.head('tenant-b'))!.key_id, "nothing chained after the stranger's entry").to.equal(stranger.keyId);
+    // nothing is left for the reconciler to seal again and again
+    expect(await h.rt.engine.gates.reconcile(0, { elsewhere: async () => new Set() })).to.equal(0);
+    expect(h.logs.some((l) => l.includes('the evidence ledger refused the service'))).to.equal(true);
+
+    // a run's gates step says so, and fails
+    const posted = await h.call<Body>('POST', '/api/v1/autonomy/run', { key: KEYS.b, body: { workspace: 'refused', steps: [{ tool: 'gates', args: {} }] } });
+    expect(posted.status, posted.text).to.equal(202);
+    const run = await finishedRun(h, posted.body.run_id, KEYS.b);
+    expect(run.status).to.equal('failed');
+    expect(run.error.code).to.equal('gates-not-sealed');
+    expect(run.steps[0].output).to.deep.include({ status: 'canceled', ledger: null });
+    expect(run.steps[0].output.results).to.deep.equal([
+      { gate_id: 'a', required: true, conclusion: 'success', summary: run.steps[0].output.results[0].summary },
+    ]);
   });
 
   it('takes earlier keys as raw bytes in hex or base64, or as a PEM line, and refuses anything else at start', () => {
