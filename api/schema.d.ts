@@ -2454,10 +2454,14 @@ export interface components {
             request_id: string | null;
             /** Format: date-time */
             created_at: string;
-            /** Format: date-time */
+            /**
+             * Format: date-time
+             * @description While it runs, when its attempt under way started; once it ended, when its first attempt started (each attempt's own start is in `attempts`).
+             */
             started_at: string | null;
             /** Format: date-time */
             finished_at: string | null;
+            /** @description From `started_at` to `finished_at`, over every attempt and the waits between them. */
             duration_ms: number | null;
             /**
              * Format: date-time

@@ -262,6 +262,9 @@ export function transitionsOf(deps: TransitionsDeps) {
 
   const elapsed = (run: Run, at: Date) => at.getTime() - new Date(run.started_at ?? run.created_at).getTime();
 
+  /** the start of a run's first attempt that started (its own while it runs its first), or null: a run's span is from it */
+  const firstStartOf = (run: Run): string | null => run.attempts.find((a) => a.started_at)?.started_at ?? run.started_at;
+
   /** `usage`: what the attempt used, kept with it when the run goes on to another attempt (which starts from nothing) */
   const attemptRecord = (
     run: Run,
@@ -416,7 +419,9 @@ export function transitionsOf(deps: TransitionsDeps) {
             ? { attempts: [...run.attempts, attemptRecord(run, 'lost', ending, more.error ?? error, at, changes.usage ?? run.usage)] }
             : {}),
           finished_at: at.toISOString(),
-          duration_ms: elapsed(run, at),
+          // the run's span, over every attempt (each attempt's own is in `attempts`), as a cancel between two counts it
+          started_at: firstStartOf(run),
+          duration_ms: Math.max(0, at.getTime() - Date.parse(firstStartOf(run) ?? run.created_at)),
         },
         // any other end only while no cancel was asked: a cancel answered 202 while the attempt ran ends it canceled
         { status: ['running'], attempt: run.attempt, uncanceled: ending !== 'canceled' },
@@ -640,7 +645,7 @@ export function transitionsOf(deps: TransitionsDeps) {
      */
     async cancel(run: Run, message: string): Promise<Run | null> {
       const at = clock.now();
-      const firstStart = run.attempts.find((a) => a.started_at)?.started_at ?? null;
+      const firstStart = firstStartOf(run);
       const canceled = await store.runs.update(
         run.tenant_id,
         run.id,

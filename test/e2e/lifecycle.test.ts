@@ -81,6 +81,10 @@ describe('run lifecycle', function () {
     expect(run.attempts[0]).to.deep.include({ attempt: 1, outcome: 'retried', status: 'failed' });
     expect(run.attempts[0].error.code).to.equal('nonzero-exit');
     expect(run.steps[0].output.stdout).to.equal('second\n');
+    // the run's span is over both attempts and the backoff between them, as a cancel between two counts it
+    expect(run.started_at).to.equal(run.attempts[0].started_at);
+    expect(run.duration_ms).to.equal(Date.parse(run.finished_at) - Date.parse(run.attempts[0].started_at));
+    expect(run.duration_ms).to.be.at.least(run.attempts[0].duration_ms + 100);
     const events = await h.rt.events.after(`session:${run.session_id}`, '0-0');
     expect(events.map((e) => e.type).filter((t) => t.startsWith('run.'))).to.deep.equal([
       'run.queued',
