@@ -184,6 +184,18 @@ const flag = z
     return z.NEVER;
   });
 
+/** A switch SPEC names by its one value `1` (a setting that widens what is reachable): anything else but 0 or unset is refused. */
+const exactlyOne = z
+  .string()
+  .optional()
+  .transform((v, ctx) => {
+    const s = (v ?? '').trim();
+    if (s === '1') return true;
+    if (s === '0' || s === '') return false;
+    ctx.addIssue({ code: 'custom', message: `expected 1 (on) or 0 (off), got "${v}"` });
+    return z.NEVER;
+  });
+
 const int = (def: number, min: number, max: number) =>
   z
     .string()
@@ -356,7 +368,7 @@ const schema = z.object({
     .string()
     .optional()
     .transform((v) => path.resolve(v?.trim() || 'workspaces')),
-  SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS: flag,
+  SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS: exactlyOne,
   SERVICE_AUDIT_ALLOWED_ROOTS: list,
   SERVICE_AUDIT_REPORT_TTL_SECONDS: int(3600, 1, 30 * 86_400),
   SERVICE_AUDIT_REPORTS_MAX: int(50, 1, 10_000),

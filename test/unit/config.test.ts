@@ -105,10 +105,26 @@ describe('config/env', () => {
   });
 
   it('reads 1/0 and true/false flags correctly', () => {
+    for (const [v, on] of [
+      ['1', true],
+      ['true', true],
+      ['Yes', true],
+      ['0', false],
+      ['false', false],
+      ['', false],
+    ] as const)
+      expect(parseEnv({ SERVICE_SANDBOX_ALLOW_NETWORK: v }).sandbox.allowNetwork, v).to.equal(on);
+  });
+
+  it('opens /etc, /proc and /sys to audits only when SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS equals 1 (SPEC), and refuses any other value than 0 at start', () => {
     expect(parseEnv({ SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS: '1' }).auditAllowSensitivePaths).to.equal(true);
-    expect(parseEnv({ SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS: 'true' }).auditAllowSensitivePaths).to.equal(true);
     expect(parseEnv({ SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS: '0' }).auditAllowSensitivePaths).to.equal(false);
-    expect(parseEnv({ SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS: 'false' }).auditAllowSensitivePaths).to.equal(false);
+    expect(parseEnv({}).auditAllowSensitivePaths).to.equal(false);
+    for (const v of ['true', 'yes', 'on', '01'])
+      expect(() => parseEnv({ SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS: v }), v).to.throw(
+        ConfigError,
+        /SERVICE_AUDIT_ALLOW_SENSITIVE_PATHS.*expected 1 \(on\) or 0 \(off\)/,
+      );
   });
 
   it('names every bad variable in one error', () => {
