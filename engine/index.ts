@@ -118,7 +118,8 @@ export function createEngine(given: EngineDeps) {
               const started = await gates.start(run.tenant_id, {
                 workspace: runs.workspaceOf(dir ? { tenant_id: run.tenant_id, workspace: dir } : run),
                 only,
-                trigger: { type: 'run', run_id: run.id, session_id: run.session_id },
+                // the attempt that waits for it: a gate run of an attempt that ended (its worker died) runs no more
+                trigger: { type: 'run', run_id: run.id, session_id: run.session_id, attempt: run.attempt },
               });
               return gates.wait(run.tenant_id, started.id, signal);
             },

@@ -232,6 +232,17 @@ export function gateRunsOf(deps: GatesDeps) {
   }
 
   /**
+   * A gate run that no one waits for any more: its run's step was of an attempt that ended (a worker that died
+   * mid-step left it; the run's next attempt starts gate runs of its own). Its gates do not run (again, for a job
+   * redelivered after the death) and it is not sealed: it is canceled.
+   */
+  async function abandoned(r: GateRunRecord): Promise<boolean> {
+    if (r.trigger.type !== 'run' || r.trigger.attempt === undefined) return false;
+    const run = await store.runs.get(r.tenant_id, r.trigger.run_id);
+    return run?.status !== 'running' || run.attempt !== r.trigger.attempt;
+  }
+
+  /**
    * Adds a lost flow again for the gates of `r` that have not reported, once however many reconcilers find
    * it lost at once: under a claim, with the seal job and the results read again. False when another
    * reconciler has it, or it is no longer lost.
@@ -378,6 +389,10 @@ export function gateRunsOf(deps: GatesDeps) {
     async runGateJob(tenantId: string, gateRunId: string, gateId: string): Promise<GateResult | null | 'busy' | 'interrupted'> {
       const record = await store.gateRuns.get(tenantId, gateRunId);
       if (!record || record.status !== 'running') return null;
+      if (await abandoned(record)) {
+        await cancelUnderClaim(tenantId, gateRunId, false);
+        return null;
+      }
       const place = placeAmong(
         deps.redis,
         `${queues.prefix}:gate-places:${tenantId}`,
@@ -420,6 +435,7 @@ export function gateRunsOf(deps: GatesDeps) {
     async seal(tenantId: string, gateRunId: string): Promise<GateRunRecord | null> {
       const record = await store.gateRuns.get(tenantId, gateRunId);
       if (!record || record.status !== 'running') return record;
+      if (await abandoned(record)) return (await cancelUnderClaim(tenantId, gateRunId, false)) ?? record;
       // one seal at a time (a redelivered seal job, two reconcilers), and no cancel meanwhile: the ledger gets
       // its entries once, and the record ends as they say
       const claim = await claimEnd(gateRunId);

@@ -632,7 +632,7 @@ export type GateRunRecord = {
    */
   committed_digest?: string | null;
   /** what started it: a run's `gates` step, the API, or the CLI posting its results */
-  trigger: { type: 'run'; run_id: string; session_id: string } | { type: 'api' } | { type: 'cli' };
+  trigger: { type: 'run'; run_id: string; session_id: string; attempt?: number } | { type: 'api' } | { type: 'cli' };
   subject: GateSubject | null;
   /** every gate's result, in the set's order, once sealed */
   results: GateResult[];

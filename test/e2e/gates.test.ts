@@ -1122,6 +1122,22 @@ describe('gates in the service', function () {
     expect(sealed.results.map((r) => [r.gate_id, r.conclusion])).to.deep.equal([['waits', 'success']]);
   });
 
+  it('runs no gate of a gate run whose run moved on from the attempt that started it (its worker died mid-step), and seals nothing of it', async () => {
+    const dir = path.join(h.tenantDir(), 'abandoned');
+    await fs.mkdir(dir, { recursive: true });
+    await fs.writeFile(path.join(dir, 'gates.yaml'), 'gates:\n  - id: quick\n    run: [/bin/true]\n');
+    const posted = await h.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'true' } }] } });
+    const run = await finishedRun(h, posted.body.run_id);
+    const before = (await h.rt.engine.evidence.head('tenant-a'))?.seq ?? 0;
+    // started by the run's attempt 1, whose step no one waits on any more: the run ended (or runs a later attempt)
+    const trigger = { type: 'run' as const, run_id: run.id, session_id: run.session_id, attempt: run.attempt };
+    const started = await h.rt.engine.gates.start('tenant-a', { workspace: 'abandoned', trigger });
+    const end = await h.rt.engine.gates.wait('tenant-a', started.id);
+    expect(end).to.deep.include({ status: 'canceled', ledger: null });
+    expect(await h.rt.store.gateRuns.results('tenant-a', started.id), 'its gate did not run').to.deep.equal([]);
+    expect((await h.rt.engine.evidence.head('tenant-a'))?.seq ?? 0, 'nothing sealed').to.equal(before);
+  });
+
   it('seals a gate run once when two seals race', async () => {
     const started = await h.rt.engine.gates.start('tenant-a', { workspace: 'vibe', trigger: { type: 'api' } });
     const done = await h.rt.engine.gates.wait('tenant-a', started.id);
