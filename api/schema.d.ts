@@ -1142,7 +1142,10 @@ export interface paths {
          *     `https://user:<secret>@host/webhooks/<tenant>/email`), or by Mailgun's `timestamp`, `token` and
          *     `signature` fields (hex HMAC-SHA256 of timestamp + token under the secret; the timestamp inside the
          *     window, a token never accepted twice). Bodies up to 25 MB. The text and the html are kept to their first
-         *     1,000,000 characters each (`text_truncated: true` or `html_truncated: true` says one was cut).
+         *     1,000,000 characters each (`text_truncated: true` or `html_truncated: true` says one was cut); the
+         *     subject, the From, the Message-ID, each address and each attachment's name and type to 998 characters
+         *     (a header line's length), To and Cc to 500 addresses each and the attachments to 100
+         *     (`headers_truncated: true` says something of these was cut).
          */
         post: operations["receiveEmailWebhook"];
         delete?: never;

@@ -26,6 +26,8 @@ export type EmailEvent = {
   /** the text or html was cut to EMAIL_BODY_MAX_CHARS (absent when whole) */
   text_truncated?: true;
   html_truncated?: true;
+  /** the subject, the From, the Message-ID, an address or an attachment's name was cut, or a list of addresses or attachments (EMAIL_HEADER_LIMITS) */
+  headers_truncated?: true;
   message_id: string | null;
   attachments: EmailAttachment[];
 };
@@ -74,17 +76,37 @@ async function parsedEmail(contentType: string, body: Buffer): Promise<ParsedEma
   throw new WebhookRejectedError('webhook-payload-invalid', 'an email delivery is multipart/form-data, application/x-www-form-urlencoded or application/json');
 }
 
-/** The mail with its text and html within EMAIL_BODY_MAX_CHARS each, and what was cut said. */
+/**
+ * The most of a mail's other parts kept: a header line's length (RFC 5322 §2.1.1) for the subject, the From, the
+ * Message-ID, each address and each attachment's name and type; so many addresses in To and in Cc, so many
+ * attachments. Within them and the bodies' limit a delivery's mail stays a few MB (a 17 MB subject passed the 25 MB
+ * intake whole, and MongoDB refuses a document past 16 MB: the provider was answered 5xx and sent it for good).
+ */
+export const EMAIL_HEADER_LIMITS = { chars: 998, addresses: 500, attachments: 100 } as const;
+
+/** `value` within `max` UTF-16 units: a cut between the halves of a surrogate pair would leave half a character. */
+function cut(value: string, max: number): string {
+  return value.length <= max ? value : value.slice(0, max - (/[\uD800-\uDBFF]/.test(value[max - 1]!) ? 1 : 0));
+}
+
+/** The mail with its text and html within EMAIL_BODY_MAX_CHARS each, its other parts within EMAIL_HEADER_LIMITS, and what was cut said. */
 function keptBodies(email: EmailEvent): EmailEvent {
   const kept = { ...email };
   for (const field of ['text', 'html'] as const) {
     const value = email[field];
     if (value === null || value.length <= EMAIL_BODY_MAX_CHARS) continue;
-    // a cut between the halves of a surrogate pair would leave half a character
-    const end = EMAIL_BODY_MAX_CHARS - (/[\uD800-\uDBFF]/.test(value[EMAIL_BODY_MAX_CHARS - 1]!) ? 1 : 0);
-    kept[field] = value.slice(0, end);
+    kept[field] = cut(value, EMAIL_BODY_MAX_CHARS);
     kept[`${field}_truncated`] = true;
   }
+  const { chars, addresses, attachments } = EMAIL_HEADER_LIMITS;
+  let over = false;
+  const line = (v: string) => (v.length > chars ? ((over = true), cut(v, chars)) : v);
+  const few = <T>(list: T[], max: number) => (list.length > max ? ((over = true), list.slice(0, max)) : list);
+  for (const field of ['from', 'verified_from', 'subject', 'message_id'] as const) if (email[field] !== null) kept[field] = line(email[field]);
+  kept.to = few(email.to, addresses).map(line);
+  kept.cc = few(email.cc, addresses).map(line);
+  kept.attachments = few(email.attachments, attachments).map((a) => ({ ...a, name: line(a.name), type: line(a.type) }));
+  if (over) kept.headers_truncated = true;
   return kept;
 }
 

@@ -1,7 +1,7 @@
 // Inbound mail's sender: the From address a provider vouches for (SPF or DKIM passed for its domain), as
 // the email-to-task template checks it, per provider; and the allowlist's match on one address.
 import { expect } from 'chai';
-import { EMAIL_BODY_MAX_CHARS, mailgunFieldsOfMultipart, parseEmail } from '../../engine/webhooks/email.js';
+import { EMAIL_BODY_MAX_CHARS, EMAIL_HEADER_LIMITS, mailgunFieldsOfMultipart, parseEmail } from '../../engine/webhooks/email.js';
 import { senderAllowed } from '../../engine/tools/session.js';
 
 const form = (fields: Record<string, string>) => ['application/x-www-form-urlencoded', Buffer.from(new URLSearchParams(fields).toString())] as const;
@@ -84,6 +84,33 @@ describe('engine/webhooks/email verified_from', () => {
     expect(whole.email).to.not.have.property('text_truncated');
     expect(whole.email.html).to.have.length(EMAIL_BODY_MAX_CHARS);
     expect(whole.email.html_truncated).to.equal(true);
+  });
+
+  it('keeps the subject, the addresses and the attachments within a header line’s length and a few hundred each, and says it cut them: a delivery stays a few MB', async () => {
+    const { chars, addresses, attachments } = EMAIL_HEADER_LIMITS;
+    const postmark = {
+      From: 'ops@example.com',
+      Subject: 's'.repeat(chars - 1) + '😀' + 's'.repeat(17 * 1024 * 1024),
+      To: Array.from({ length: addresses + 20 }, (_, i) => `u${i}@x.test`).join(', '),
+      Cc: `${'c'.repeat(5000)}@x.test`,
+      MessageID: 'm'.repeat(2000),
+      Attachments: Array.from({ length: attachments * 50 }, (_, i) => ({ Name: `${i}`.padEnd(3000, 'n'), ContentType: 'text/plain', ContentLength: 1 })),
+    };
+    const body = Buffer.from(JSON.stringify(postmark));
+    const { email } = await parseEmail('application/json', body);
+    expect(email.subject, 'never half a character').to.have.length(chars - 1);
+    expect(email.to).to.have.length(addresses);
+    expect(email.to.at(-1)).to.equal(`u${addresses - 1}@x.test`);
+    expect(email.cc[0]).to.have.length(chars);
+    expect(email.message_id).to.have.length(chars);
+    expect(email.attachments).to.have.length(attachments);
+    expect(email.attachments[0]).to.deep.equal({ name: '0'.padEnd(chars, 'n'), type: 'text/plain', size: 1 });
+    expect(email.headers_truncated).to.equal(true);
+    expect(Buffer.byteLength(JSON.stringify(email)), 'what a delivery keeps').to.be.below(2 * 1024 * 1024);
+    // a mail within them is kept whole, and says nothing was cut
+    const small = await parseEmail('application/json', Buffer.from(JSON.stringify({ From: 'ops@example.com', Subject: 'hi', To: 'a@x.test' })));
+    expect(small.email).to.deep.include({ subject: 'hi', to: ['a@x.test'] });
+    expect(small.email).to.not.have.property('headers_truncated');
   });
 
   it('matches an allowlist on exactly one address: two @ are no address, and an @domain is the whole domain', () => {
