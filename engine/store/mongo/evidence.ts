@@ -38,21 +38,23 @@ export function evidenceRepo(ledger: Model<StoredEntry>, payloads: Model<StoredP
   };
   return {
     async append(tenantId, build, kept) {
-      if (kept.length)
-        await payloads.bulkWrite(
-          kept.map((p) => ({
-            updateOne: {
-              filter: { _id: `${tenantId}:${p.digest}` },
-              update: { $setOnInsert: { tenant_id: tenantId, digest: p.digest, body: p.body } },
-              upsert: true,
-            },
-          })),
-        );
       // what this call has written so far: a part of the chain that stays; the rest is built on the new head
       const written: LedgerEntry[] = [];
       for (let i = 1; ; i++) {
         const last = await head(tenantId);
         const entries = build(last ? ({ seq: last.seq, hash: last.hash, at: last.at, key_id: last.key_id } satisfies LedgerHead) : null, written.length);
+        // the payloads once the first build took the head (one that refuses it, a key the ledger does not know,
+        // leaves none behind, as SQLite's transaction does), and before any entry that names them
+        if (i === 1 && kept.length)
+          await payloads.bulkWrite(
+            kept.map((p) => ({
+              updateOne: {
+                filter: { _id: `${tenantId}:${p.digest}` },
+                update: { $setOnInsert: { tenant_id: tenantId, digest: p.digest, body: p.body } },
+                upsert: true,
+              },
+            })),
+          );
         // payloads alone (a gate's artifacts): the driver refuses an empty batch
         if (!entries.length) return written;
         try {

@@ -101,18 +101,21 @@ export function runRepo(
       const filter: Record<string, unknown> = { _id: id, tenant_id: tenantId, status: { $in: guard.status } };
       if (guard.attempt !== undefined) filter.attempt = guard.attempt;
       if (guard.uncanceled) filter.cancel_requested_at = null;
+      // two writes (one transaction would need a replica set): the steps of the attempt the guard names go first,
+      // so that a transition that applied never stands without them (a process that died between the two, or a
+      // store that failed the second, ended a run with its last steps missing); written for a transition that
+      // then does not apply, they are that attempt's own records all the same (keyed by run, attempt and index)
+      if (steps.length && guard.attempt !== undefined) await this.putSteps(tenantId, id, guard.attempt, steps);
       const updated = fromStored(await model.findOneAndUpdate(filter, { $set: definedOnly(changes) }, { returnDocument: 'after' }).lean<Stored<Run>>());
-      // two writes (one transaction would need a replica set): once the run's change has applied, the
-      // transition stands, so its steps are tried a few more times rather than failing it (its caller
-      // would try the whole transition again, find the run moved on, and drop what follows it)
-      if (updated && steps.length) {
+      // an attempt the guard does not name is known once the change applied: its steps are tried a few more
+      // times then rather than failing a transition that stands
+      if (updated && steps.length && guard.attempt === undefined) {
         for (let i = 1; ; i++) {
           try {
-            await this.putSteps(tenantId, id, guard.attempt ?? updated.attempt, steps);
+            await this.putSteps(tenantId, id, updated.attempt, steps);
             break;
-          } catch {
-            // past that the steps keep what the attempt's progress saves last wrote
-            if (i >= STEP_WRITE_TRIES) break;
+          } catch (err) {
+            if (i >= STEP_WRITE_TRIES) throw err;
             await new Promise((r) => setTimeout(r, 200 * 2 ** i));
           }
         }

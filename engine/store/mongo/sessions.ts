@@ -1,7 +1,7 @@
 // Sessions, their agents and their message log. A message's seq comes from a counter document per
 // session, incremented atomically, so concurrent writers never share one.
 import { Schema, type Model } from 'mongoose';
-import type { AgentRecord, MessageRecord, Session } from '../../platform/index.js';
+import { ServiceUnavailableError, type AgentRecord, type MessageRecord, type Session } from '../../platform/index.js';
 import type { AgentRepo, MessageRepo, SessionRepo } from '../port.js';
 import { memberOperators } from '../members.js';
 import { definedOnly, fromStored, insertOneOrNone, isDuplicateKey, loose, pageOf, toStored, type Stored } from './documents.js';
@@ -191,7 +191,12 @@ export function messageRepo(model: Model<Stored<MessageRecord>>, sessions: Sessi
             await model.collection.insertOne(toStored(record) as never);
             return record;
           } catch (err) {
-            if (!isDuplicateKey(err) || i >= APPEND_TRIES) throw err;
+            if (!isDuplicateKey(err)) throw err;
+            // beaten that often: a crowd of appends to one session, told to come back, not a raw duplicate key (500)
+            if (i >= APPEND_TRIES)
+              throw new ServiceUnavailableError(`too many messages appended to session ${m.session_id} at once: try again`, 1, { cause: err });
+            // past a few, apart a little (a random wait), so that the crowd's retries stop meeting at the same seq
+            if (i >= 5) await new Promise((r) => setTimeout(r, Math.random() * 5 * i));
           }
         }
       };

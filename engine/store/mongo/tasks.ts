@@ -8,10 +8,11 @@ import { sessionScope, type Leases } from './leases.js';
 type StoredTask = Omit<TaskRecord, 'id'> & { _id: string; task_id: string };
 
 export const taskSchema = new Schema({ _id: String, tenant_id: { type: String, required: true }, session_id: String, task_id: String, status: String }, loose);
-taskSchema.index({ tenant_id: 1, session_id: 1, created_at: 1 });
+// each ends with the task id, as the lists sort (created_at, task_id): the index gives the order, no sort in memory
+taskSchema.index({ tenant_id: 1, session_id: 1, created_at: 1, task_id: 1 });
 taskSchema.index({ status: 1, updated_at: 1, _id: 1 });
 // a session's tasks in a status (the waiting ones a message may answer), without reading the rest
-taskSchema.index({ tenant_id: 1, session_id: 1, status: 1, created_at: 1 });
+taskSchema.index({ tenant_id: 1, session_id: 1, status: 1, created_at: 1, task_id: 1 });
 
 const keyOf = (tenantId: string, sessionId: string, id: string) => `${tenantId}:${sessionId}:${id}`;
 const toStored = (t: TaskRecord): StoredTask => {
