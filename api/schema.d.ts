@@ -3464,6 +3464,14 @@ export interface components {
         };
     };
     responses: {
+        /** @description Not Modified (RFC 9110 §15.4.5). The `If-None-Match` named the answer's current `ETag`; no body. */
+        NotModified: {
+            headers: {
+                ETag: components["headers"]["ETag"];
+                [name: string]: unknown;
+            };
+            content?: never;
+        };
         /**
          * @description Verified and stored (`accepted`; it will be matched to automations), a provider's retry of an id
          *     already stored (`duplicate`; not processed again), or the chat handshake's `challenge`. Slash
@@ -3698,7 +3706,8 @@ export interface components {
         /**
          * @description Any other refusal, as every error is: `application/problem+json` with its `code`. Among them, on any
          *     operation: 405 `method-not-allowed` (a method the path does not have), 408 `request-timeout` (a body
-         *     that stopped coming), 413 and 415 for a body an operation that takes none was sent, 417
+         *     that stopped coming), 413 (past 1 MB) and 415 (of no Content-Type) for a body sent to an operation
+         *     that takes none (one of a type within the limit is not read: it changes nothing), 417
          *     `expectation-failed` (an `Expect` other than `100-continue`), 429 `rate-limited`, 431
          *     `headers-too-large`, 400 for a query parameter the operation does not take, and 503 `unavailable`.
          */
@@ -3802,6 +3811,8 @@ export interface components {
     };
     requestBodies: never;
     headers: {
+        /** @description A weak validator of the answer (RFC 9110 §8.8.3); sent back in `If-None-Match`, a GET whose answer is the same gets 304 and no body. */
+        ETag: string;
         /**
          * @description Where the request stands in the budget nearest to its end (IETF draft ratelimit-headers):
          *     `"tenant";r=<requests left>;t=<seconds to the window's end>` (or `"key"`).
@@ -3924,6 +3935,7 @@ export interface operations {
                     "application/json": components["schemas"]["Me"];
                 };
             };
+            304: components["responses"]["NotModified"];
             401: components["responses"]["Unauthorized"];
             429: components["responses"]["ApiRateLimited"];
             default: components["responses"]["OtherProblem"];
@@ -3947,6 +3959,7 @@ export interface operations {
                     "application/json": components["schemas"]["Health"];
                 };
             };
+            304: components["responses"]["NotModified"];
             default: components["responses"]["OtherProblem"];
         };
     };
@@ -3998,6 +4011,7 @@ export interface operations {
                     "application/json": Record<string, never>;
                 };
             };
+            304: components["responses"]["NotModified"];
             default: components["responses"]["OtherProblem"];
         };
     };
@@ -4019,6 +4033,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
+            304: components["responses"]["NotModified"];
             default: components["responses"]["OtherProblem"];
         };
     };
@@ -4040,6 +4055,7 @@ export interface operations {
                     "text/html": string;
                 };
             };
+            304: components["responses"]["NotModified"];
             default: components["responses"]["OtherProblem"];
         };
     };
@@ -4069,6 +4085,7 @@ export interface operations {
                     "application/json": components["schemas"]["AutomationPage"];
                 };
             };
+            304: components["responses"]["NotModified"];
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             429: components["responses"]["ApiRateLimited"];
@@ -4124,6 +4141,7 @@ export interface operations {
                     };
                 };
             };
+            304: components["responses"]["NotModified"];
             401: components["responses"]["Unauthorized"];
             429: components["responses"]["ApiRateLimited"];
             default: components["responses"]["OtherProblem"];
@@ -4179,6 +4197,7 @@ export interface operations {
         requestBody?: never;
         responses: {
             200: components["responses"]["AutomationOk"];
+            304: components["responses"]["NotModified"];
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
@@ -4340,6 +4359,7 @@ export interface operations {
                     "application/json": components["schemas"]["AutomationRunStatus"];
                 };
             };
+            304: components["responses"]["NotModified"];
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
@@ -4373,6 +4393,7 @@ export interface operations {
                     "application/json": components["schemas"]["RunSummaryPage"];
                 };
             };
+            304: components["responses"]["NotModified"];
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
@@ -4502,6 +4523,7 @@ export interface operations {
                     "application/json": components["schemas"]["ReliabilityContext"];
                 };
             };
+            304: components["responses"]["NotModified"];
             401: components["responses"]["Unauthorized"];
             429: components["responses"]["ApiRateLimited"];
             503: components["responses"]["Unavailable"];
@@ -4529,6 +4551,7 @@ export interface operations {
                     "application/json": components["schemas"]["SmartGates"];
                 };
             };
+            304: components["responses"]["NotModified"];
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             422: components["responses"]["Unprocessable"];
@@ -4564,6 +4587,7 @@ export interface operations {
                     "application/x-tar": string;
                 };
             };
+            304: components["responses"]["NotModified"];
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
@@ -4738,6 +4762,7 @@ export interface operations {
                     "application/json": components["schemas"]["AuditReport"];
                 };
             };
+            304: components["responses"]["NotModified"];
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
@@ -4851,6 +4876,7 @@ export interface operations {
                     "application/json": components["schemas"]["SessionPage"];
                 };
             };
+            304: components["responses"]["NotModified"];
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             429: components["responses"]["ApiRateLimited"];
@@ -4915,6 +4941,7 @@ export interface operations {
                     "application/json": components["schemas"]["SessionDetail"];
                 };
             };
+            304: components["responses"]["NotModified"];
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
@@ -5006,6 +5033,7 @@ export interface operations {
                     "application/json": components["schemas"]["AgentList"];
                 };
             };
+            304: components["responses"]["NotModified"];
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
@@ -5073,6 +5101,7 @@ export interface operations {
                     "application/json": components["schemas"]["Agent"];
                 };
             };
+            304: components["responses"]["NotModified"];
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
@@ -5145,6 +5174,7 @@ export interface operations {
                     "application/json": components["schemas"]["TaskPage"];
                 };
             };
+            304: components["responses"]["NotModified"];
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
@@ -5246,6 +5276,7 @@ export interface operations {
                     "application/json": components["schemas"]["MessagePage"];
                 };
             };
+            304: components["responses"]["NotModified"];
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
@@ -5325,6 +5356,7 @@ export interface operations {
                     "application/json": components["schemas"]["RunPage"];
                 };
             };
+            304: components["responses"]["NotModified"];
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
@@ -5399,6 +5431,7 @@ export interface operations {
                     "application/json": components["schemas"]["RunPage"];
                 };
             };
+            304: components["responses"]["NotModified"];
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             429: components["responses"]["ApiRateLimited"];
@@ -5453,6 +5486,7 @@ export interface operations {
                     "application/json": components["schemas"]["Run"];
                 };
             };
+            304: components["responses"]["NotModified"];
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
@@ -5727,6 +5761,7 @@ export interface operations {
                     };
                 };
             };
+            304: components["responses"]["NotModified"];
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             429: components["responses"]["ApiRateLimited"];
@@ -5813,6 +5848,7 @@ export interface operations {
                     };
                 };
             };
+            304: components["responses"]["NotModified"];
             401: components["responses"]["Unauthorized"];
             429: components["responses"]["ApiRateLimited"];
             default: components["responses"]["OtherProblem"];
@@ -5903,6 +5939,7 @@ export interface operations {
                     };
                 };
             };
+            304: components["responses"]["NotModified"];
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             429: components["responses"]["ApiRateLimited"];
@@ -5922,6 +5959,7 @@ export interface operations {
         requestBody?: never;
         responses: {
             200: components["responses"]["DeliveryOk"];
+            304: components["responses"]["NotModified"];
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
@@ -5977,6 +6015,7 @@ export interface operations {
                     };
                 };
             };
+            304: components["responses"]["NotModified"];
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             429: components["responses"]["ApiRateLimited"];
@@ -6037,6 +6076,7 @@ export interface operations {
                     "application/json": components["schemas"]["Connection"];
                 };
             };
+            304: components["responses"]["NotModified"];
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
@@ -6154,6 +6194,7 @@ export interface operations {
                     };
                 };
             };
+            304: components["responses"]["NotModified"];
             401: components["responses"]["Unauthorized"];
             429: components["responses"]["ApiRateLimited"];
             default: components["responses"]["OtherProblem"];
@@ -6214,6 +6255,7 @@ export interface operations {
                     "application/json": components["schemas"]["NotificationEndpoint"];
                 };
             };
+            304: components["responses"]["NotModified"];
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
@@ -6346,6 +6388,7 @@ export interface operations {
                     };
                 };
             };
+            304: components["responses"]["NotModified"];
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
