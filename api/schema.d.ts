@@ -3737,6 +3737,15 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"];
             };
         };
+        /** @description The body is of a type its kind's deliveries do not come in (`unsupported-media-type`), or of none; refused before it is read, and kept as a rejected delivery. */
+        WebhookUnsupportedMediaType: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
         /** @description The body is not `application/json` (`unsupported-media-type`), or, for a voice upload, not audio of a known format (`unsupported-audio`). */
         UnsupportedMediaType: {
             headers: {
@@ -5564,6 +5573,7 @@ export interface operations {
             404: components["responses"]["WebhookNotFound"];
             409: components["responses"]["WebhookReplay"];
             413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["WebhookUnsupportedMediaType"];
             429: components["responses"]["RateLimited"];
             503: components["responses"]["Unavailable"];
             default: components["responses"]["OtherProblem"];
@@ -5598,6 +5608,7 @@ export interface operations {
             404: components["responses"]["WebhookNotFound"];
             409: components["responses"]["WebhookReplay"];
             413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["WebhookUnsupportedMediaType"];
             429: components["responses"]["RateLimited"];
             503: components["responses"]["Unavailable"];
             default: components["responses"]["OtherProblem"];
@@ -5631,6 +5642,7 @@ export interface operations {
             404: components["responses"]["WebhookNotFound"];
             409: components["responses"]["WebhookReplay"];
             413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["WebhookUnsupportedMediaType"];
             429: components["responses"]["RateLimited"];
             503: components["responses"]["Unavailable"];
             default: components["responses"]["OtherProblem"];
@@ -5662,6 +5674,7 @@ export interface operations {
             404: components["responses"]["WebhookNotFound"];
             409: components["responses"]["WebhookReplay"];
             413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["WebhookUnsupportedMediaType"];
             429: components["responses"]["RateLimited"];
             503: components["responses"]["Unavailable"];
             default: components["responses"]["OtherProblem"];
@@ -5695,6 +5708,7 @@ export interface operations {
             404: components["responses"]["WebhookNotFound"];
             409: components["responses"]["WebhookReplay"];
             413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["WebhookUnsupportedMediaType"];
             429: components["responses"]["RateLimited"];
             503: components["responses"]["Unavailable"];
             default: components["responses"]["OtherProblem"];
@@ -5730,6 +5744,7 @@ export interface operations {
             404: components["responses"]["WebhookNotFound"];
             409: components["responses"]["WebhookReplay"];
             413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["WebhookUnsupportedMediaType"];
             429: components["responses"]["RateLimited"];
             503: components["responses"]["Unavailable"];
             default: components["responses"]["OtherProblem"];

@@ -128,7 +128,8 @@ export class WebhookRejectedError extends AppError {
       | 'webhook-timestamp-outside-window'
       | 'webhook-replay'
       | 'webhook-not-configured'
-      | 'webhook-payload-invalid',
+      | 'webhook-payload-invalid'
+      | 'unsupported-media-type',
     message: string,
   ) {
     super(message);

@@ -420,11 +420,31 @@ const HEADER_CHECKS: Record<WebhookProvider, (headers: Headers, secrets: string[
 };
 
 /**
+ * The media types each kind's body comes in (its operation's in the OpenAPI document): GitHub and Slack send
+ * JSON or a form whose `payload` holds it, the mail providers multipart or a form or JSON, the others JSON.
+ */
+export const WEBHOOK_MEDIA_TYPES: Record<WebhookProvider, readonly string[]> = {
+  codehost: ['application/json', 'application/x-www-form-urlencoded'],
+  chat: ['application/json', 'application/x-www-form-urlencoded'],
+  tracker: ['application/json'],
+  pager: ['application/json'],
+  email: ['multipart/form-data', 'application/json', 'application/x-www-form-urlencoded'],
+  generic: ['application/json'],
+};
+
+/**
  * Refuses (throws) a request whose headers already decide its refusal, with the problem verifyDelivery would
- * give once its body is read: a signature header missing; for email, credentials that are wrong, or none for
- * JSON (a form without Basic may be Mailgun's, signed in its fields). What passes is verified whole after.
+ * give once its body is read: a body of a type its kind does not come in (415: a text/plain push was read as
+ * JSON and accepted); a signature header missing; for email, credentials that are wrong, or none for JSON (a
+ * form without Basic may be Mailgun's, signed in its fields). What passes is verified whole after.
  */
 export function checkHeaders(kind: WebhookProvider, headers: Headers, secrets: string[]): void {
+  const type = mediaType(headers);
+  if (!WEBHOOK_MEDIA_TYPES[kind].includes(type))
+    throw new WebhookRejectedError(
+      'unsupported-media-type',
+      `a ${kind} delivery is ${WEBHOOK_MEDIA_TYPES[kind].join(' or ')}, not ${type ? JSON.stringify(type.slice(0, 100)) : 'a body of no Content-Type'}`,
+    );
   HEADER_CHECKS[kind](headers, secrets);
 }
 

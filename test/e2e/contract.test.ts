@@ -2,6 +2,7 @@
 // it, and the statuses and headers the running service answers are declared where it answers them.
 import http from 'node:http';
 import { expect } from 'chai';
+import { WEBHOOK_MEDIA_TYPES } from '../../engine/webhooks/verify.js';
 import { KEYS, startHarness, type Harness } from '../support/harness.js';
 
 type Body = Record<string, any>;
@@ -71,6 +72,14 @@ describe('the served OpenAPI document against the running service', function () 
       }
     }
     expect(checked).to.be.at.least(15);
+  });
+
+  it('declares for each webhook kind the media types its intake takes, and no other', () => {
+    for (const [kind, types] of Object.entries(WEBHOOK_MEDIA_TYPES)) {
+      const op = spec.paths[`/webhooks/{tenant_id}/${kind}`]?.post;
+      expect(Object.keys(op?.requestBody?.content ?? {}).sort(), kind).to.deep.equal([...types].sort());
+      expect(op!.responses, kind).to.have.property('415');
+    }
   });
 
   it('declares the 304 that a GET answers to If-None-Match naming its ETag, on every GET that answers it', async () => {

@@ -112,6 +112,31 @@ describe('webhook intake', function () {
       for (const d of rejected) expect(await delivery(d.id)).to.deep.include({ body: null, event_payload: null, status: 'rejected' });
     });
 
+    it('refuses, unread, a body of a type its kind does not come in (415), though it is signed, and keeps it as a rejected delivery', async () => {
+      const signed = await sign.codehost(SECRET.codehost, { ref: 'refs/heads/main' }, { event: 'push' });
+      const plain = await post('codehost', { ...signed, headers: { ...signed.headers, 'content-type': 'text/plain' } });
+      expect(plain.status, plain.text).to.equal(415);
+      expect(plain.headers.get('content-type')).to.match(/application\/problem\+json/);
+      expect(plain.body).to.deep.include({ code: 'unsupported-media-type' });
+      expect(plain.body.detail).to.equal('a codehost delivery is application/json or application/x-www-form-urlencoded, not "text/plain"');
+      const rejected = (await h.call<Body>('GET', '/api/v1/webhook-deliveries?kind=codehost&status=rejected')).body.data;
+      expect(rejected.some((d: Body) => d.rejection?.code === 'unsupported-media-type')).to.equal(true);
+      const t = Math.floor(Date.now() / 1000);
+      const form = await post('generic', {
+        body: 'a=b',
+        headers: { 'content-type': 'application/x-www-form-urlencoded', 'x-service-signature': `t=${t},v1=${hmacHex(SECRET.generic, `${t}.a=b`)}` },
+      });
+      expect([form.status, form.body.code]).to.deep.equal([415, 'unsupported-media-type']);
+      const none = await post('tracker', { body: Buffer.from('{}'), headers: { 'tracker-signature': hmacHex(SECRET.tracker, '{}') } });
+      expect([none.status, none.body.code]).to.deep.equal([415, 'unsupported-media-type']);
+      expect(none.body.detail).to.contain('not a body of no Content-Type');
+      // the same body as JSON goes in: the type alone refused them
+      const ok = await post('codehost', signed);
+      expect(ok.status, ok.text).to.equal(200);
+    });
+  });
+
+  describe('secrets', () => {
     it('refuses a replay: the same delivery, the same id with another body, the same signed body with another id', async () => {
       const signed = await sign.codehost(SECRET.codehost, { replay: randomUUID() });
       expect((await post('codehost', signed)).status).to.equal(200);
@@ -1046,23 +1071,26 @@ describe('webhook intake', function () {
           { body: 'a=b', headers: { 'content-type': 'application/x-www-form-urlencoded', 'x-chat-signature': 'v0=zz', 'x-chat-request-timestamp': 'soon' } },
         ],
         ['chat', sign.chat(SECRET.chat, 'payload=%7Bnot-json', { contentType: 'application/x-www-form-urlencoded' })],
-        ['codehost', { body: '', headers: { 'x-hub-signature-256': 'sha256=' } }],
+        ['codehost', { body: '', headers: { 'content-type': 'application/json', 'x-hub-signature-256': 'sha256=' } }],
         ['codehost', { ...(await sign.codehost(SECRET.codehost, {})), body: '' }],
         ['tracker', { body: '[]', headers: { 'content-type': 'application/json', 'tracker-signature': hmacHex(SECRET.tracker, '[]') } }],
+        ['pager', { body: '{}', headers: { 'content-type': 'application/json', 'x-pager-signature': ',,,v1=,v2=abc' } }],
+        [
+          'generic',
+          { body: 'null', headers: { 'content-type': 'application/json', 'x-service-signature': `t=${t},v1=${hmacHex(SECRET.generic, `${t}.null`)}` } },
+        ],
+        // a body of a type its kind does not come in, or of none
         ['pager', { body: '{}', headers: { 'x-pager-signature': ',,,v1=,v2=abc' } }],
-        ['generic', { body: 'null', headers: { 'x-service-signature': `t=${t},v1=${hmacHex(SECRET.generic, `${t}.null`)}` } }],
       ];
       for (const [kind, req] of cases) {
         const r = await post(kind, req);
         expect(r.status, `${kind}: ${r.text}`).to.be.within(400, 499);
         expect(r.headers.get('content-type'), kind).to.match(/application\/problem\+json/);
-        expect(r.body.code, kind).to.match(/^webhook-/);
+        expect(r.body.code, kind).to.match(/^(webhook-|unsupported-media-type$)/);
       }
       expect((await h.call('GET', '/healthz', { key: null })).status).to.equal(200);
     });
-  });
 
-  describe('secrets', () => {
     it('lists configured kinds without the secrets, seals them at rest in a 0600-keyed store, never logs them', async () => {
       const list = await h.call('GET', '/api/v1/webhook-secrets');
       expect(list.status).to.equal(200);
