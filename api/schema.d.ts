@@ -3895,6 +3895,15 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            /** @description Sign-in is not configured (no SERVICE_OIDC_ISSUER), as for `/auth/login`. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             default: components["responses"]["OtherProblem"];
         };
     };

@@ -27,6 +27,8 @@ describe('health', () => {
       expect((await h.call('PATCH', '/no-such-path', { key: null })).status).to.equal(404);
       // sign-in is not configured here: its paths are none of the service's, whatever the method
       expect((await h.call('POST', '/auth/login', { key: null })).status).to.equal(404);
+      const callback = await h.call('GET', '/auth/callback?code=x&state=y', { key: null });
+      expect([callback.status, callback.body.code]).to.deep.equal([404, 'not-found']);
       const ready = await h.call('GET', '/readyz', { key: null });
       expect(ready.status).to.equal(200);
       expect(ready.body.status).to.equal('ready');
