@@ -1896,6 +1896,7 @@ export interface components {
             payload: Record<string, never>;
             /** @enum {string} */
             status: "pending" | "succeeded" | "failed";
+            /** @description Its last 100 tries, oldest first. A try is written before its POST as cut off (no status, the error says so), and its answer takes that entry's place; a process that died or stopped during the POST leaves it so, where the endpoint may have received it. */
             attempts: {
                 /** Format: date-time */
                 at: string;

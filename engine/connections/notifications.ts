@@ -71,6 +71,8 @@ const CACHE_MS = 5_000;
 const VERSION_WAIT_MS = 1000;
 /** The tries a delivery keeps: its last ones (each replay adds tries, and each try rewrites the whole row). */
 const TRIES_KEPT = 100;
+/** A try's entry while it is made, left as it is by a process that died or stopped before the answer. */
+export const TRY_CUT_OFF = 'cut off: the process sending it stopped before an answer (the endpoint may have received it, with the same webhook-id)';
 /** How long a delivery stays pending before the reconciler looks whether its job is there (as for webhook deliveries). */
 const STALE_AFTER_MS = 30_000;
 /** The events of the outbox (see wrap) a reconciler pass offers again at most, and how many at a time. */
@@ -309,6 +311,17 @@ export function notificationsOf(deps: Pick<Platform, 'store' | 'clock' | 'log' |
       'webhook-timestamp': String(Math.floor(at.getTime() / 1000)),
       'webhook-signature': signature,
     };
+    // the try is in the record before it is made, as cut off: a process that dies (or stops) during the POST leaves
+    // it so, where the endpoint may have received it, and its answer takes its place. Not made when the delivery
+    // changed since it was read (a replay took it over: its own job sends it)
+    const cutOff = { at: at.toISOString(), status_code: null, error: TRY_CUT_OFF, duration_ms: 0 };
+    const begun = await store.notificationDeliveries.update(
+      tenantId,
+      d.id,
+      { attempts: keptTries(d.attempts, cutOff), updated_at: at.toISOString() },
+      { replays: d.replays, status: ['pending'] },
+    );
+    if (!begun) return store.notificationDeliveries.get(tenantId, d.id);
     const started = Date.now();
     // stopped as this process shuts down (interruptAll): not a try; the job goes back to the queue and sends it again
     // with the same webhook-id (within the grace period: otherwise the exit cut it off, and its job spent its one stall)
