@@ -3219,6 +3219,8 @@ export interface components {
                 request_id?: string;
                 run_id?: string;
                 session_id?: string;
+                /** @description The attempt of the run whose step started it; once the run has moved on from it (its worker died), the audit's phases that did not run do not. */
+                attempt?: number;
             };
             phases: components["schemas"]["AuditPhaseResult"][];
             totals: components["schemas"]["SeverityCounts"];

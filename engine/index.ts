@@ -134,7 +134,8 @@ export function createEngine(given: EngineDeps) {
                 workspace: runs.workspaceOf(run),
                 phases,
                 layers,
-                trigger: { type: 'run', run_id: run.id, session_id: run.session_id },
+                // the attempt that waits for it, as for a gate run: a lost attempt's audit runs no more phases
+                trigger: { type: 'run', run_id: run.id, session_id: run.session_id, attempt: run.attempt },
                 waitForRedis: true,
               });
               return audits.wait(run.tenant_id, started.report_id, { timeoutMs: Number.POSITIVE_INFINITY, signal });

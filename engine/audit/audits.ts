@@ -65,7 +65,7 @@ export type AuditSettings = {
 /** What the service knows of a workspace's gates, for the health phase: null when it has no gate set. */
 export type GateHealth = (tenantId: string, workspace: string) => Promise<{ gate_id: string; required: boolean; state: string; reason: string }[] | null>;
 
-export type AuditsDeps = Pick<Platform, 'clock' | 'log' | 'queues' | 'redis' | 'events'> & {
+export type AuditsDeps = Pick<Platform, 'clock' | 'log' | 'queues' | 'redis' | 'events' | 'store'> & {
   sandbox: Sandbox;
   ledger: Ledger;
   gateHealth: GateHealth;
@@ -447,6 +447,16 @@ export function auditsOf(deps: AuditsDeps) {
       if (done) return done; // a redelivered job: the phase already reported
       // canceled before it started: it does not run, nor hold a worker (the report, assembled, says so)
       if (got.canceled) return null;
+      // started by a run's attempt that ended (its worker died mid-step; the job came back to another): no one
+      // waits for it, and the run's next attempt starts an audit of its own
+      const t = got.report.trigger;
+      if (t.type === 'run' && t.attempt !== undefined) {
+        const run = await deps.store.runs.get(tenantId, t.run_id);
+        if (run?.status !== 'running' || run.attempt !== t.attempt) {
+          await api.cancel(tenantId, id);
+          return null;
+        }
+      }
       // assembled already, though Redis reads it running (it came back with older data): the report is
       // finished from its ledger entry, and the phase does not run again
       if (await ledger.firstOfReport(tenantId, REPORT_KIND, id)) {

@@ -688,7 +688,7 @@ export type AuditReport = {
   started_at: string;
   finished_at: string | null;
   status: AuditStatus;
-  trigger: { type: 'api'; request_id: string } | { type: 'run'; run_id: string; session_id: string };
+  trigger: { type: 'api'; request_id: string } | { type: 'run'; run_id: string; session_id: string; attempt?: number };
   phases: AuditPhaseResult[];
   totals: SeverityCounts;
   scores: Partial<Record<AuditPhase, number | null>>;

@@ -125,6 +125,27 @@ describe('workspace audit canceled', function () {
     expect(await read(reportId)).to.deep.equal(report);
   });
 
+  it('runs no phase of an audit whose run moved on from the attempt that started it (its worker died mid-step): the report ends canceled', async () => {
+    const posted = await h.call<Body>('POST', '/api/v1/autonomy/run', { body: { steps: [{ tool: 'shell', args: { command: 'true' } }] } });
+    const run = await finishedRun(h, posted.body.run_id);
+    // started by the run's attempt 1, whose step no one waits on any more: the run ended (or runs a later attempt)
+    const started = await h.rt.engine.audits.start('tenant-a', {
+      phases: ['sanity', 'health'],
+      trigger: { type: 'run', run_id: run.id, session_id: run.session_id, attempt: run.attempt },
+      waitForRedis: true,
+    });
+    const report = await eventually(async () => ((await read(started.report_id)).status !== 'running' ? read(started.report_id) : null), 'the report', 30_000);
+    expect(report.status).to.equal('partial');
+    expect(report.trigger).to.deep.equal({ type: 'run', run_id: run.id, session_id: run.session_id, attempt: run.attempt });
+    for (const p of report.phases) {
+      expect(p.status, p.phase).to.equal('failed');
+      expect(p.error, p.phase).to.contain('canceled');
+    }
+    const ended = async (name: string) => (await (await job(started.report_id, name))?.getState()) === 'completed';
+    await eventually(async () => ((await ended('sanity')) && (await ended('health')) && (await ended('report'))) || null, 'the audit’s jobs to end', 30_000);
+    for (const name of ['sanity', 'health']) expect((await job(started.report_id, name))!.returnvalue, `${name} ran`).to.equal(null);
+  });
+
   it('ends an audit marked canceled though no process assembles it then: the running phase says it was canceled, not the signal it died by', async () => {
     const { reportId } = await auditHeldInSecurity();
     // the mark alone, as a cancel leaves it when its process stops before it assembles: the phases read it

@@ -482,7 +482,7 @@ describe('workspace audit', function () {
     expect(step.tool).to.equal('audit');
     expect(step.output.status).to.equal('completed');
     const report = await h.call<Body>('GET', `/api/v1/autonomy/workspace-audit/${step.output.report_id}`);
-    expect(report.body.trigger).to.deep.equal({ type: 'run', run_id: run.id, session_id: run.session_id });
+    expect(report.body.trigger).to.deep.equal({ type: 'run', run_id: run.id, session_id: run.session_id, attempt: 1 });
     expect(report.body.totals).to.deep.equal(step.output.totals);
   });
 });

@@ -73,7 +73,7 @@ describe('gates in the service', function () {
 
     const gateRun = await h.rt.engine.gates.get('tenant-a', step.output.gate_run_id);
     expect(gateRun).to.deep.include({ status: 'failed', workspace: '.', source: 'gates.yaml' });
-    expect(gateRun.trigger).to.deep.equal({ type: 'run', run_id: runId, session_id: run.session_id });
+    expect(gateRun.trigger).to.deep.equal({ type: 'run', run_id: runId, session_id: run.session_id, attempt: 1 });
     expect(gateRun.subject!.commit).to.match(/^[0-9a-f]{40}$/);
     const peekResult = gateRun.results.find((r) => r.gate_id === 'peek')!;
     expect(peekResult.output_tail).to.contain('No such file or directory').and.contain('key=[]');
